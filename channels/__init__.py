@@ -1,0 +1,7 @@
+"""Chat transports, one package per platform behind one interface (`channels.base.Channel`).
+
+`base` holds the channel-neutral view of a card and the interface; `errors` the small error
+tree every channel translates its platform's errors into, once, at its edge. A channel
+imports only `channels.base`, `channels.errors` and its platform's client library: never the
+service (`bridge`) nor a producer.
+"""

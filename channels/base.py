@@ -1,0 +1,192 @@
+"""The channel-neutral card view and the `Channel` interface every transport implements.
+
+The service composes a `CardView` per route (pure data, no platform syntax); the channel
+renders it into its own format (`render_card`), guaranteeing the result fits the platform's
+bound by shrinking the automatic slot first and then cutting the body with a visible marker
+(`fit_view`). Requests go through `send`/`edit`/`delete`/`pin`, which raise only
+`channels.errors` types. The service's route scheduler owns pacing: a channel declares which
+rate scopes a request consumes (`rate_scopes`) and never sleeps or retries on its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+AgentState = Literal["running", "idle", "waiting", "exited", "no output", "unknown"]
+Operation = Literal["send", "edit", "delete", "pin"]
+
+BODY_CUT_MARKER = "\n\n… (card cut to fit this chat; the full card is in taskcard/taskcard.md)"
+
+
+@dataclass(frozen=True)
+class ChatRef:
+    """Where a message goes: a chat and, on Telegram, an optional forum topic."""
+
+    chat_id: str
+    thread_id: str | None = None
+
+    def __str__(self) -> str:
+        return self.chat_id if self.thread_id is None else f"{self.chat_id}/{self.thread_id}"
+
+
+@dataclass(frozen=True)
+class CardView:
+    """What one resident message should show, channel-neutral.
+
+    `auto_rows` is the automatic slot as plain-text lines, most important first (shrinking
+    drops rows from the end). `body` is the programmable slot as Markdown, already redacted;
+    None when there is no card to show. `body_note` is a one-line note about the card itself
+    (for example that it stopped). `hidden` renders the one-line hidden notice instead.
+    """
+
+    agent_id: str
+    state: AgentState
+    auto_rows: tuple[str, ...] = ()
+    body: str | None = None
+    body_note: str | None = None
+    hidden: bool = False
+    body_cut: bool = False
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """A rendered message: plain text (fallback, console, logs-free), the platform payload,
+    and a fingerprint that changes exactly when what the chat would show changes."""
+
+    text: str
+    payload: Mapping[str, Any] = field(default_factory=dict)
+    fingerprint: str = ""
+
+    @staticmethod
+    def build(text: str, payload: Mapping[str, Any]) -> Outgoing:
+        digest = hashlib.sha256(
+            json.dumps([text, payload], sort_keys=True, ensure_ascii=False).encode()
+        ).hexdigest()
+        return Outgoing(text=text, payload=payload, fingerprint=digest)
+
+
+@dataclass(frozen=True)
+class RateScope:
+    """A rate-limit bucket: at most `max_calls` requests in any `period_s` window."""
+
+    key: str
+    max_calls: int
+    period_s: float
+
+
+@dataclass(frozen=True)
+class IncomingCommand:
+    """A `/taskcard ...` command from a chat, already stripped of the bot mention."""
+
+    chat: ChatRef
+    args: str
+    user_id: str | None
+    message_id: str | None = None
+
+
+CommandSink = Callable[[IncomingCommand], Awaitable[None]]
+
+
+class CursorStore(Protocol):
+    """Durable small values a channel needs across restarts (for example an update offset)."""
+
+    def get_cursor(self, key: str) -> str | None: ...
+
+    def set_cursor(self, key: str, value: str) -> None: ...
+
+
+class Channel(ABC):
+    """One chat transport. Lifecycle: `start(on_command)` then requests, then `stop()`.
+
+    `stop()` is idempotent. Requests raise only `channels.errors` types; `edit` raises
+    `NotModified` when the chat already shows that content, `MessageGone` when the message
+    cannot be edited any more.
+    """
+
+    name: str
+
+    @abstractmethod
+    async def start(self, on_command: CommandSink) -> None:
+        """Verify credentials, then begin receiving commands in owned background tasks."""
+
+    @abstractmethod
+    async def stop(self) -> None:
+        """Stop receiving, cancel and await background work, release connections."""
+
+    @abstractmethod
+    def render_card(self, view: CardView) -> Outgoing:
+        """The resident message for `view`, always within the platform's bound."""
+
+    @abstractmethod
+    def render_text(self, text: str) -> Outgoing:
+        """A short plain message (notices and command replies)."""
+
+    @abstractmethod
+    def rate_scopes(
+        self, chat: ChatRef, operation: Operation, message_id: str | None
+    ) -> tuple[RateScope, ...]:
+        """The buckets one request consumes, from the narrowest to the widest."""
+
+    @abstractmethod
+    async def send(self, chat: ChatRef, message: Outgoing) -> str:
+        """Post a new message and return its id."""
+
+    @abstractmethod
+    async def edit(self, chat: ChatRef, message_id: str, message: Outgoing) -> None:
+        """Replace the content of an existing message in place."""
+
+    @abstractmethod
+    async def delete(self, chat: ChatRef, message_id: str) -> None:
+        """Delete a message; a message already gone is not an error."""
+
+    @abstractmethod
+    async def pin(self, chat: ChatRef, message_id: str) -> None:
+        """Pin a message quietly."""
+
+
+def fit_view(view: CardView, size: Callable[[CardView], int], limit: int) -> CardView:
+    """Shrink `view` until `size(view) <= limit`: drop automatic rows from the end (keeping
+    the first), then cut the body to the longest prefix that fits, marked with `body_cut`.
+
+    `size` measures a rendering in the platform's unit (UTF-16 units, bytes, ...). The result
+    always fits when the view without body and with one automatic row fits.
+    """
+    if size(view) <= limit:
+        return view
+    rows = list(view.auto_rows)
+    while len(rows) > 1:
+        rows.pop()
+        candidate = replace(view, auto_rows=tuple(rows))
+        if size(candidate) <= limit:
+            return candidate
+    shrunk = replace(view, auto_rows=tuple(rows))
+    body = view.body or ""
+    low, high = 0, len(body)
+    best = replace(shrunk, body=None, body_cut=bool(body))
+    while low <= high:
+        middle = (low + high) // 2
+        candidate = replace(shrunk, body=body[:middle].rstrip(), body_cut=True)
+        if size(candidate) <= limit:
+            best, low = candidate, middle + 1
+        else:
+            high = middle - 1
+    return best
+
+
+class RateLimit(BaseModel):
+    """A configurable limit: at most `max_calls` requests in any window of `period_s`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_calls: int = Field(ge=1, description="Requests allowed in any window of period_s.")
+    period_s: float = Field(gt=0, description="Length of the sliding window in seconds.")
+
+    def scope(self, key: str) -> RateScope:
+        return RateScope(key=key, max_calls=self.max_calls, period_s=self.period_s)

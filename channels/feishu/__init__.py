@@ -1,0 +1,1 @@
+"""Feishu / Lark transport: interactive cards through lark-oapi (or a test fake)."""

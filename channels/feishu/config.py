@@ -1,0 +1,72 @@
+"""The `[feishu]` section of the service configuration."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from channels.base import RateLimit
+
+
+class FeishuLimits(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    message_update: RateLimit = Field(
+        default=RateLimit(max_calls=5, period_s=1.0), description="PATCHes per message."
+    )
+    chat_send: RateLimit = Field(
+        default=RateLimit(max_calls=5, period_s=1.0), description="New messages per chat."
+    )
+    app: RateLimit = Field(
+        default=RateLimit(max_calls=50, period_s=1.0), description="Requests per app."
+    )
+
+
+class FeishuWebhook(BaseModel):
+    """The HTTP callback endpoint, used when `events = "webhook"`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = Field(default="127.0.0.1", description="Listen address.")
+    port: int = Field(default=8088, ge=0, le=65535, description="Listen port (0: any free).")
+    path: str = Field(default="/feishu/events", description="Request path of the callback.")
+    verification_token_env: str = Field(
+        default="FEISHU_VERIFICATION_TOKEN",
+        description="Environment variable with the event verification token.",
+    )
+    encrypt_key_env: str = Field(
+        default="FEISHU_ENCRYPT_KEY",
+        description="Environment variable with the encrypt key (unset: plain payloads).",
+    )
+
+
+class FeishuRoute(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    chat_id: str = Field(description="Chat id (oc_...).")
+    agents: list[str] = Field(min_length=1, description='Agent ids, or ["*"] for all agents.')
+    pin: bool = Field(default=False, description="Pin the resident card.")
+    allowed_user_ids: list[str] | None = Field(
+        default=None, description="Only these open_ids may run /taskcard here; all when absent."
+    )
+
+
+class FeishuConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    app_id_env: str = Field(default="FEISHU_APP_ID", description="Env var with the app id.")
+    app_secret_env: str = Field(
+        default="FEISHU_APP_SECRET", description="Env var with the app secret."
+    )
+    domain: str = Field(
+        default="https://open.feishu.cn",
+        description="Open API root: Feishu, Lark (https://open.larksuite.com) or a test fake.",
+    )
+    events: Literal["websocket", "webhook", "none"] = Field(
+        default="websocket", description="How commands arrive."
+    )
+    webhook: FeishuWebhook = Field(default_factory=FeishuWebhook)
+    routes: list[FeishuRoute] = Field(default_factory=list)
+    limits: FeishuLimits = Field(default_factory=FeishuLimits)
+    request_timeout_s: float = Field(default=15.0, gt=0, description="Per-request timeout.")

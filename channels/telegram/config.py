@@ -1,0 +1,58 @@
+"""The `[telegram]` section of the service configuration."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from channels.base import RateLimit
+
+
+class TelegramLimits(BaseModel):
+    """Telegram publishes no exact flood numbers; these are the Bots FAQ observations."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    private_chat: RateLimit = Field(
+        default=RateLimit(max_calls=1, period_s=1.0),
+        description="Messages (sends and edits) per private chat.",
+    )
+    group_chat: RateLimit = Field(
+        default=RateLimit(max_calls=20, period_s=60.0),
+        description="Messages (sends and edits) per group or channel.",
+    )
+    bot: RateLimit = Field(
+        default=RateLimit(max_calls=30, period_s=1.0),
+        description="Requests across all chats of the bot.",
+    )
+
+
+class TelegramRoute(BaseModel):
+    """One chat (optionally one forum topic) and the agents whose cards it shows."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    chat_id: int = Field(description="Chat id; negative for groups and channels.")
+    thread_id: int | None = Field(default=None, description="Forum topic (message_thread_id).")
+    agents: list[str] = Field(min_length=1, description='Agent ids, or ["*"] for all agents.')
+    pin: bool = Field(default=False, description="Pin the resident message (needs admin).")
+    allowed_user_ids: list[int] | None = Field(
+        default=None, description="Only these users may run /taskcard here; all when absent."
+    )
+
+
+class TelegramConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    token_env: str = Field(
+        default="TELEGRAM_BOT_TOKEN",
+        description="Name of the environment variable holding the bot token.",
+    )
+    api_base_url: str = Field(
+        default="https://api.telegram.org",
+        description="Bot API root: the public API, a local Bot API server, or a test fake.",
+    )
+    routes: list[TelegramRoute] = Field(default_factory=list)
+    limits: TelegramLimits = Field(default_factory=TelegramLimits)
+    commands: bool = Field(default=True, description="Receive /taskcard commands by polling.")
+    poll_timeout_s: int = Field(default=25, ge=0, le=50, description="getUpdates long poll.")
+    request_timeout_s: float = Field(default=15.0, gt=0, description="Per-request timeout.")

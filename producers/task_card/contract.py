@@ -1,0 +1,254 @@
+"""The file contract between the `task_card` producer and every consumer of its files.
+
+This module is the only thing the projection service imports from the producer. It names the
+paths, the status values and the wire shapes, and gives small, dependency-free readers and an
+atomic writer. Any program that writes these files the same way is projected the same way.
+
+Layout under an agent's working directory::
+
+    taskcard/taskcard.md          the card body, UTF-8, replaced atomically
+    taskcard/status               exactly b"active" or b"inactive", no newline
+    taskcard/watch.json           the restart descriptor of the active watch
+    taskcard/taskcard.json        the owner document of the five settings
+    .notification/system.jsonl    typed notifications, one JSON object per line
+    logs/events.jsonl             the agent's activity log, one JSON object per line
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final, Literal
+
+TASKCARD_DIR: Final = "taskcard"
+BODY_FILE: Final = "taskcard.md"
+STATUS_FILE: Final = "status"
+WATCH_FILE: Final = "watch.json"
+SETTINGS_FILE: Final = "taskcard.json"
+NOTIFICATION_DIR: Final = ".notification"
+NOTIFICATION_FILE: Final = "system.jsonl"
+LOGS_DIR: Final = "logs"
+EVENTS_FILE: Final = "events.jsonl"
+
+STATUS_ACTIVE: Final = b"active"
+STATUS_INACTIVE: Final = b"inactive"
+
+# Notification sources the task card writes (the wire names of the reference system).
+SOURCE_ERROR: Final = "task_card.error"  # carries both error and recovered (see extra.state)
+SOURCE_LIMIT: Final = "task_card.limit"
+SOURCE_REMINDER: Final = "task_card.reminder"
+
+# Bound of the notification file before it is rotated to `system.jsonl.1`.
+NOTIFICATION_ROTATE_BYTES: Final = 1_000_000
+
+# Activity log kinds (DESIGN.md, "File contracts").
+EVENT_KINDS: Final = frozenset(
+    {
+        "agent.start",
+        "agent.exit",
+        "turn.start",
+        "turn.end",
+        "tool.start",
+        "tool.end",
+        "text",
+        "usage",
+        "wait.start",
+        "wait.end",
+    }
+)
+
+CardStatus = Literal["active", "inactive", "unknown"]
+
+
+@dataclass(frozen=True)
+class CardPaths:
+    """Every contract path of one working directory."""
+
+    workdir: Path
+
+    @property
+    def taskcard_dir(self) -> Path:
+        return self.workdir / TASKCARD_DIR
+
+    @property
+    def body(self) -> Path:
+        return self.taskcard_dir / BODY_FILE
+
+    @property
+    def status(self) -> Path:
+        return self.taskcard_dir / STATUS_FILE
+
+    @property
+    def watch(self) -> Path:
+        return self.taskcard_dir / WATCH_FILE
+
+    @property
+    def settings(self) -> Path:
+        return self.taskcard_dir / SETTINGS_FILE
+
+    @property
+    def notification_dir(self) -> Path:
+        return self.workdir / NOTIFICATION_DIR
+
+    @property
+    def notifications(self) -> Path:
+        return self.notification_dir / NOTIFICATION_FILE
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.workdir / LOGS_DIR
+
+    @property
+    def events(self) -> Path:
+        return self.logs_dir / EVENTS_FILE
+
+    @property
+    def legacy_telegram_settings(self) -> Path:
+        return self.workdir / "telegram" / SETTINGS_FILE
+
+
+def parse_status(raw: bytes | None) -> CardStatus:
+    """Exactly `active` or `inactive`; anything else (missing, partial, other) is `unknown`."""
+    if raw == STATUS_ACTIVE:
+        return "active"
+    if raw == STATUS_INACTIVE:
+        return "inactive"
+    return "unknown"
+
+
+def read_bytes(path: Path, limit: int = 4_000_000) -> bytes | None:
+    """The file's bytes, or None when it is missing or unreadable. Reads at most `limit`."""
+    try:
+        with path.open("rb") as handle:
+            return handle.read(limit)
+    except OSError:
+        return None
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Replace `path` with `data`: temp file in the same folder, fsync, rename, fsync folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def utc_now_iso() -> str:
+    """The current UTC time as ISO-8601 with a trailing `Z`, millisecond precision."""
+    return iso_utc(datetime.now(UTC))
+
+
+def iso_utc(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_iso(value: object) -> datetime | None:
+    """An aware UTC datetime from an ISO-8601 string, or None when it is not one."""
+    if not isinstance(value, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC)
+
+
+def append_jsonl_line(path: Path, record: dict[str, Any]) -> None:
+    """Append one whole JSON line with a single `write` on an `O_APPEND` descriptor."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class Notification:
+    """One line of `.notification/system.jsonl` as consumers see it.
+
+    Wire shape: `{"id", "source", "channel": "system", "ref_id", "priority", "header", "body",
+    "extra", "at"}`. For the task card, `extra` carries `state` ("error" | "recovered" |
+    "limit"), `code` (a stable error code, for errors) and `max_refreshes` (for limits).
+    Consumers must build people-facing text from these typed fields, never from header/body.
+    """
+
+    id: str
+    source: str
+    ref_id: str
+    priority: str
+    header: str
+    body: str
+    extra: dict[str, Any]
+    at: datetime | None
+
+
+def parse_notification(line: bytes) -> Notification | None:
+    """A notification from one line, or None when the line is not a well-formed one."""
+    try:
+        data = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    ident, source = data.get("id"), data.get("source")
+    if not isinstance(ident, str) or not ident or not isinstance(source, str):
+        return None
+    extra = data.get("extra")
+    return Notification(
+        id=ident,
+        source=source,
+        ref_id=str(data.get("ref_id") or ""),
+        priority=str(data.get("priority") or "normal"),
+        header=str(data.get("header") or ""),
+        body=str(data.get("body") or ""),
+        extra=extra if isinstance(extra, dict) else {},
+        at=parse_iso(data.get("at")),
+    )
+
+
+@dataclass(frozen=True)
+class ActivityEvent:
+    """One line of `logs/events.jsonl`: a known kind, its UTC time and its fields."""
+
+    kind: str
+    ts: datetime
+    fields: dict[str, Any]
+
+
+def parse_event(line: bytes) -> ActivityEvent | None:
+    """An event from one line, or None for malformed lines and unknown kinds."""
+    try:
+        data = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    kind = data.get("kind")
+    ts = parse_iso(data.get("ts"))
+    if kind not in EVENT_KINDS or ts is None:
+        return None
+    fields = {k: v for k, v in data.items() if k not in ("kind", "ts")}
+    return ActivityEvent(kind=str(kind), ts=ts, fields=fields)
