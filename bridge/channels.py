@@ -1,0 +1,155 @@
+"""The one registry of transports: how each configured channel and its routes are built.
+
+Adding a transport is one package under `channels/` plus one entry in `_BUILDERS` (and its
+section in `bridge.config`). Secrets are read here, at the edge, from the environment
+variables the configuration names, and handed to the channel; they are never logged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from bridge.config import ServiceConfig
+from channels.base import Channel, ChatRef, CursorStore
+
+
+class SecretMissing(Exception):
+    """A secret environment variable the configuration names is unset or empty."""
+
+
+@dataclass(frozen=True)
+class RouteSpec:
+    """One configured chat of one channel and the agents it shows."""
+
+    channel: str
+    chat: ChatRef
+    agents: tuple[str, ...]  # already expanded from "*"
+    pin: bool = False
+    allowed_user_ids: frozenset[str] | None = None
+
+
+@dataclass(frozen=True)
+class BuiltChannel:
+    channel: Channel
+    routes: tuple[RouteSpec, ...]
+    secrets: tuple[str, ...]  # values to scrub from every log line
+
+
+Builder = Callable[[ServiceConfig, CursorStore, Mapping[str, str]], BuiltChannel | None]
+
+
+def _need(env: Mapping[str, str], key_path: str, variable: str, what: str) -> str:
+    value = env.get(variable, "").strip()
+    if not value:
+        raise SecretMissing(
+            f"{key_path}: the environment variable {variable} is not set; export the {what} "
+            f"there (or point {key_path} at the variable that holds it)"
+        )
+    return value
+
+
+def _expand(agents: Sequence[str], config: ServiceConfig) -> tuple[str, ...]:
+    if "*" in agents:
+        return tuple(config.agent_ids())
+    return tuple(dict.fromkeys(agents))
+
+
+def _telegram(
+    config: ServiceConfig, cursor: CursorStore, env: Mapping[str, str]
+) -> BuiltChannel | None:
+    if config.telegram is None:
+        return None
+    from channels.telegram.channel import TelegramChannel
+
+    section = config.telegram
+    token = _need(env, "telegram.token_env", section.token_env, "bot token")
+    routes = tuple(
+        RouteSpec(
+            channel="telegram",
+            chat=ChatRef(
+                str(route.chat_id), None if route.thread_id is None else str(route.thread_id)
+            ),
+            agents=_expand(route.agents, config),
+            pin=route.pin,
+            allowed_user_ids=None
+            if route.allowed_user_ids is None
+            else frozenset(str(user) for user in route.allowed_user_ids),
+        )
+        for route in section.routes
+    )
+    return BuiltChannel(TelegramChannel(section, token, cursor), routes, (token,))
+
+
+def _feishu(
+    config: ServiceConfig, cursor: CursorStore, env: Mapping[str, str]
+) -> BuiltChannel | None:
+    if config.feishu is None:
+        return None
+    from channels.feishu.channel import FeishuChannel
+
+    section = config.feishu
+    app_id = _need(env, "feishu.app_id_env", section.app_id_env, "app id")
+    app_secret = _need(env, "feishu.app_secret_env", section.app_secret_env, "app secret")
+    verification_token: str | None = None
+    encrypt_key: str | None = None
+    if section.events == "webhook":
+        verification_token = _need(
+            env,
+            "feishu.webhook.verification_token_env",
+            section.webhook.verification_token_env,
+            "event verification token",
+        )
+        encrypt_key = env.get(section.webhook.encrypt_key_env, "").strip() or None
+    routes = tuple(
+        RouteSpec(
+            channel="feishu",
+            chat=ChatRef(route.chat_id),
+            agents=_expand(route.agents, config),
+            pin=route.pin,
+            allowed_user_ids=None
+            if route.allowed_user_ids is None
+            else frozenset(route.allowed_user_ids),
+        )
+        for route in section.routes
+    )
+    channel = FeishuChannel(
+        section,
+        app_id,
+        app_secret,
+        cursor,
+        verification_token=verification_token,
+        encrypt_key=encrypt_key,
+    )
+    secrets = tuple(s for s in (app_secret, verification_token, encrypt_key) if s)
+    return BuiltChannel(channel, routes, secrets)
+
+
+def _console(
+    config: ServiceConfig, cursor: CursorStore, env: Mapping[str, str]
+) -> BuiltChannel | None:
+    if not config.console_enabled:
+        return None
+    from channels.console.channel import CONSOLE_CHAT, ConsoleChannel
+
+    route = RouteSpec(channel="console", chat=CONSOLE_CHAT, agents=tuple(config.agent_ids()))
+    return BuiltChannel(ConsoleChannel(), (route,), ())
+
+
+_BUILDERS: dict[str, Builder] = {
+    "telegram": _telegram,
+    "feishu": _feishu,
+    "console": _console,
+}
+
+
+def build_channels(
+    config: ServiceConfig, cursor: CursorStore, env: Mapping[str, str]
+) -> dict[str, BuiltChannel]:
+    """Every configured channel with its routes; raises `SecretMissing` naming the variable."""
+    built: dict[str, BuiltChannel] = {}
+    for name, builder in _BUILDERS.items():
+        result = builder(config, cursor, env)
+        if result is not None:
+            built[name] = result
+    return built

@@ -1,0 +1,100 @@
+"""Sliding-window rate limits and 429 pauses, keyed by the channel's rate scopes.
+
+Why not a leaky bucket (aiolimiter)? A bucket of 20 per minute lets 20 requests through at once
+and then one every 3 s, which is up to 39 requests in some 60-second window: exactly what a
+platform that counts "20 per minute" per window punishes. Here a scope admits a request only
+while fewer than `max_calls` requests happened in the last `period_s`, and a finished request is
+recorded at its *completion* time, so even a request delayed in flight cannot make the platform
+observe more than `max_calls` in any window it measures.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from channels.base import RateScope
+
+
+@dataclass
+class _Slot:
+    at: float
+
+
+@dataclass
+class _Window:
+    max_calls: int
+    period_s: float
+    slots: deque[_Slot] = field(default_factory=deque)
+
+    def wait_s(self, now: float) -> float:
+        # A slot re-stamped at completion may sit behind older ones, so expire by value.
+        if self.slots and min(slot.at for slot in self.slots) <= now - self.period_s:
+            self.slots = deque(slot for slot in self.slots if slot.at > now - self.period_s)
+        if len(self.slots) < self.max_calls:
+            return 0.0
+        ordered = sorted(slot.at for slot in self.slots)
+        # The request may start once enough slots have left the window.
+        release_at = ordered[len(ordered) - self.max_calls] + self.period_s
+        return max(0.0, release_at - now)
+
+
+@dataclass
+class Reservation:
+    """The slots one request holds in its scopes; `complete()` re-stamps them at its end."""
+
+    slots: tuple[_Slot, ...]
+    clock: Callable[[], float]
+
+    def complete(self) -> None:
+        now = self.clock()
+        for slot in self.slots:
+            slot.at = max(slot.at, now)
+
+
+class RateLimiter:
+    """All scopes of one scheduler: windows plus pauses ordered by 429 answers."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._windows: dict[str, _Window] = {}
+        self._paused_until: dict[str, float] = {}
+
+    def pause(self, scope: str, seconds: float) -> None:
+        until = self._clock() + max(0.0, seconds)
+        self._paused_until[scope] = max(self._paused_until.get(scope, 0.0), until)
+
+    def paused_for(self, scope: str) -> float:
+        return max(0.0, self._paused_until.get(scope, 0.0) - self._clock())
+
+    def wait_s(self, scopes: Iterable[RateScope]) -> float:
+        """How long to wait before a request in all of `scopes` may start (0: now)."""
+        now = self._clock()
+        wait = 0.0
+        for scope in scopes:
+            wait = max(wait, self._paused_until.get(scope.key, 0.0) - now)
+            window = self._window(scope)
+            wait = max(wait, window.wait_s(now))
+        return wait
+
+    def reserve(self, scopes: Iterable[RateScope]) -> Reservation:
+        """Take a slot in every scope; call only when `wait_s` returned 0."""
+        now = self._clock()
+        slots = []
+        for scope in scopes:
+            slot = _Slot(now)
+            self._window(scope).slots.append(slot)
+            slots.append(slot)
+        return Reservation(tuple(slots), self._clock)
+
+    def _window(self, scope: RateScope) -> _Window:
+        window = self._windows.get(scope.key)
+        if window is None or (window.max_calls, window.period_s) != (
+            scope.max_calls,
+            scope.period_s,
+        ):
+            previous = window.slots if window else deque()
+            window = _Window(scope.max_calls, scope.period_s, previous)
+            self._windows[scope.key] = window
+        return window

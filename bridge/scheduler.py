@@ -1,0 +1,406 @@
+"""The route scheduler: one resident message per route, paced within the platforms' limits.
+
+A *route* is (channel, chat, forum thread, agent). Routes that share a chat share a *lane*:
+one worker task per chat that performs at most one request at a time, so a route never has
+more than one request in flight and the chat's limit is honoured. Each route keeps only the
+latest desired message (latest wins: a burst collapses into its final state), and the lane
+serves routes round-robin, so residents sharing a chat share its limit fairly.
+
+What a route does with its desired message:
+
+- no resident yet: send one, persist its id at once, pin it when the route asks;
+- otherwise edit it in place; `NotModified` counts as success;
+- `MessageGone`: forget the id and send one replacement (never for a rate-limited edit);
+- `RateLimited`: pause exactly the named scope for `retry_after` (also across restarts), keep
+  the message pending, send nothing in that scope meanwhile;
+- `Forbidden`: disable the route with the reason; other routes carry on;
+- `Transient`: retry with capped exponential backoff; `Permanent`: give up on those bytes.
+
+Committed state (fingerprint, time) advances only after the platform accepted the request.
+Short text messages (notices, command replies) use the same lanes and limits, ahead of cards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from bridge.ratelimit import RateLimiter, Reservation
+from bridge.store import StateStore
+from channels.base import Channel, ChatRef, Operation, Outgoing
+from channels.errors import (
+    ChannelError,
+    Forbidden,
+    MessageGone,
+    NotModified,
+    Permanent,
+    RateLimited,
+    Transient,
+)
+
+log = logging.getLogger("taskcard.scheduler")
+
+
+@dataclass(frozen=True)
+class RouteKey:
+    """Identity of one resident message: channel, chat (and thread), agent."""
+
+    channel: str
+    chat: ChatRef
+    agent_id: str
+
+    def __str__(self) -> str:
+        return f"{self.channel}:{self.chat.chat_id}:{self.chat.thread_id or ''}:{self.agent_id}"
+
+    @property
+    def chat_scope(self) -> str:
+        """The key of the chat (and thread) the route belongs to, used for preferences."""
+        return chat_scope(self.channel, self.chat)
+
+
+def chat_scope(channel: str, chat: ChatRef) -> str:
+    return f"{channel}:{chat.chat_id}:{chat.thread_id or ''}"
+
+
+@dataclass
+class _Resident:
+    key: RouteKey
+    pin: bool
+    message_id: str | None
+    committed: str | None
+    disabled: str | None
+    desired: Outgoing | None = None
+    failed: str | None = None  # fingerprint the platform rejected for good
+
+    @property
+    def pending(self) -> bool:
+        return (
+            self.disabled is None
+            and self.desired is not None
+            and self.desired.fingerprint != self.committed
+            and self.desired.fingerprint != self.failed
+        )
+
+
+@dataclass
+class _Text:
+    channel: str
+    chat: ChatRef
+    message: Outgoing
+    notice: tuple[str, str] | None  # (route, notice id) to mark delivered
+
+
+@dataclass
+class _Lane:
+    channel: str
+    chat_id: str
+    routes: deque[RouteKey] = field(default_factory=deque)
+    texts: deque[_Text] = field(default_factory=deque)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    backoff_s: float = 0.0
+    task: asyncio.Task[None] | None = None
+
+
+@dataclass(frozen=True)
+class RouteStatus:
+    route: str
+    message_id: str | None
+    committed_at: float | None
+    disabled: str | None
+    pending: bool
+
+
+CommitHook = Callable[[RouteKey, Outgoing], None]
+
+
+class RouteScheduler:
+    """Owns every lane task; `start()` then `submit`/`send_text`, then `stop()`."""
+
+    def __init__(
+        self,
+        channels: Mapping[str, Channel],
+        store: StateStore,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        max_backoff_s: float = 60.0,
+        on_commit: CommitHook | None = None,
+    ) -> None:
+        self._channels = channels
+        self._store = store
+        self._clock = clock
+        self._wall = wall_clock
+        self._max_backoff_s = max_backoff_s
+        self._on_commit = on_commit
+        self._limiter = RateLimiter(clock)
+        self._residents: dict[RouteKey, _Resident] = {}
+        self._lanes: dict[tuple[str, str], _Lane] = {}
+        self._closing = asyncio.Event()
+        self._started = False
+
+    # Configuration ---------------------------------------------------------------------
+
+    def add_route(self, key: RouteKey, *, pin: bool = False) -> None:
+        record = self._store.resident(str(key))
+        self._residents[key] = _Resident(
+            key=key,
+            pin=pin,
+            message_id=record.message_id if record else None,
+            committed=record.fingerprint if record else None,
+            # A restart gives a disabled route one more chance: the bot may be back.
+            disabled=None,
+        )
+        if record and record.disabled_reason:
+            self._store.set_disabled(str(key), None)
+
+    def has_message(self, key: RouteKey) -> bool:
+        return self._residents[key].message_id is not None
+
+    def disabled_reason(self, key: RouteKey) -> str | None:
+        return self._residents[key].disabled
+
+    def enable(self, key: RouteKey) -> None:
+        resident = self._residents[key]
+        if resident.disabled is not None:
+            resident.disabled = None
+            self._store.set_disabled(str(key), None)
+            self._enqueue(resident)
+
+    def is_idle(self) -> bool:
+        """True when no route has pending bytes and no text waits (for shutdown and tests)."""
+        return not any(r.pending for r in self._residents.values()) and not any(
+            lane.texts for lane in self._lanes.values()
+        )
+
+    def statuses(self) -> list[RouteStatus]:
+        return [
+            RouteStatus(str(k), r.message_id, None, r.disabled, r.pending)
+            for k, r in sorted(self._residents.items(), key=lambda item: str(item[0]))
+        ]
+
+    # Lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        now_wall = self._wall()
+        for scope, until in self._store.pauses().items():
+            if until > now_wall:
+                self._limiter.pause(scope, until - now_wall)
+                log.info("honouring a rate-limit pause from before the restart: %s", scope)
+
+    async def stop(self, grace_s: float = 10.0) -> None:
+        """Finish requests in flight (up to `grace_s`), then end every lane task."""
+        self._closing.set()
+        for lane in self._lanes.values():
+            lane.wake.set()
+        tasks = [lane.task for lane in self._lanes.values() if lane.task is not None]
+        if tasks:
+            _, still_running = await asyncio.wait(tasks, timeout=grace_s)
+            for task in still_running:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # Work --------------------------------------------------------------------------------
+
+    def submit(self, key: RouteKey, message: Outgoing) -> None:
+        """Make `message` the latest desired content of the route's resident message."""
+        resident = self._residents[key]
+        resident.desired = message
+        if resident.pending:
+            self._enqueue(resident)
+
+    def send_text(
+        self,
+        channel: str,
+        chat: ChatRef,
+        message: Outgoing,
+        *,
+        notice: tuple[str, str] | None = None,
+    ) -> None:
+        """Queue a short message (a notice or a command reply) in the chat's lane."""
+        lane = self._lane(channel, chat.chat_id)
+        lane.texts.append(_Text(channel, chat, message, notice))
+        lane.wake.set()
+
+    def _enqueue(self, resident: _Resident) -> None:
+        lane = self._lane(resident.key.channel, resident.key.chat.chat_id)
+        if resident.key not in lane.routes:
+            lane.routes.append(resident.key)
+        lane.wake.set()
+
+    def _lane(self, channel: str, chat_id: str) -> _Lane:
+        lane = self._lanes.get((channel, chat_id))
+        if lane is None:
+            lane = _Lane(channel, chat_id)
+            self._lanes[(channel, chat_id)] = lane
+        if lane.task is None and not self._closing.is_set():
+            lane.task = asyncio.create_task(self._run_lane(lane), name=f"lane {channel}:{chat_id}")
+        return lane
+
+    async def _run_lane(self, lane: _Lane) -> None:
+        while not self._closing.is_set():
+            if lane.texts:
+                await self._deliver_text(lane)
+                continue
+            key = self._next_route(lane)
+            if key is None:
+                lane.wake.clear()
+                if lane.texts or any(self._residents[k].pending for k in lane.routes):
+                    continue
+                await self._wait(lane.wake, None)
+                continue
+            await self._deliver_route(lane, key)
+
+    def _next_route(self, lane: _Lane) -> RouteKey | None:
+        while lane.routes:
+            key = lane.routes.popleft()
+            if self._residents[key].pending:
+                return key
+        return None
+
+    async def _wait(self, event: asyncio.Event | None, timeout_s: float | None) -> None:
+        """Sleep until `event` is set, the timeout passes, or the scheduler closes."""
+        waiters = [asyncio.ensure_future(self._closing.wait())]
+        if event is not None:
+            waiters.append(asyncio.ensure_future(event.wait()))
+        try:
+            await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
+
+    async def _admit(
+        self, channel: Channel, chat: ChatRef, op: Operation, mid: str | None
+    ) -> Reservation | None:
+        """Wait until every scope of the request has room; None when closing."""
+        scopes = channel.rate_scopes(chat, op, mid)
+        while True:
+            if self._closing.is_set():
+                return None
+            wait_s = self._limiter.wait_s(scopes)
+            if wait_s <= 0:
+                return self._limiter.reserve(scopes)
+            await self._wait(None, wait_s)
+
+    def _rate_limited(self, error: RateLimited, where: str) -> None:
+        log.warning(
+            "rate limited in %s: pausing scope %s for %.1fs",
+            where,
+            error.scope,
+            error.retry_after_s,
+        )
+        self._limiter.pause(error.scope, error.retry_after_s)
+        self._store.set_pause(error.scope, self._wall() + error.retry_after_s)
+
+    async def _backoff(self, lane: _Lane, error: ChannelError, where: str) -> None:
+        lane.backoff_s = min(self._max_backoff_s, max(1.0, lane.backoff_s * 2))
+        log.warning("transient failure in %s (%s); retrying in %.0fs", where, error, lane.backoff_s)
+        await self._wait(None, lane.backoff_s)
+
+    async def _deliver_route(self, lane: _Lane, key: RouteKey) -> None:
+        resident = self._residents[key]
+        channel = self._channels[key.channel]
+        op: Operation = "edit" if resident.message_id else "send"
+        reservation = await self._admit(channel, key.chat, op, resident.message_id)
+        if reservation is None:
+            return
+        # Latest wins: take the newest bytes after any wait.
+        message = resident.desired
+        if message is None or not resident.pending:
+            reservation.complete()
+            return
+        try:
+            if resident.message_id is not None:
+                await channel.edit(key.chat, resident.message_id, message)
+            else:
+                message_id = await channel.send(key.chat, message)
+                resident.message_id = message_id
+                self._store.set_message_id(str(key), message_id)
+                log.info("route %s: resident message %s created", key, message_id)
+                if resident.pin:
+                    reservation.complete()
+                    await self._pin(channel, key, message_id)
+            self._commit(resident, message)
+        except NotModified:
+            self._commit(resident, message)
+        except MessageGone:
+            log.warning(
+                "route %s: message %s is gone; sending one replacement", key, resident.message_id
+            )
+            resident.message_id = None
+            resident.committed = None
+            self._store.set_message_id(str(key), None)
+            lane.routes.appendleft(key)
+        except RateLimited as error:
+            self._rate_limited(error, str(key))
+            lane.routes.appendleft(key)
+        except Forbidden as error:
+            resident.disabled = error.reason
+            self._store.set_disabled(str(key), error.reason)
+            log.error("route %s disabled: %s", key, error.reason)
+        except Transient as error:
+            lane.routes.appendleft(key)
+            reservation.complete()
+            await self._backoff(lane, error, str(key))
+            return
+        except Permanent as error:
+            resident.failed = message.fingerprint
+            log.error("route %s: the platform refused this card for good: %s", key, error)
+        finally:
+            reservation.complete()
+        lane.backoff_s = 0.0
+
+    async def _pin(self, channel: Channel, key: RouteKey, message_id: str) -> None:
+        reservation = await self._admit(channel, key.chat, "pin", message_id)
+        if reservation is None:
+            return
+        try:
+            await channel.pin(key.chat, message_id)
+        except RateLimited as error:
+            self._rate_limited(error, f"{key} (pin)")
+        except ChannelError as error:
+            log.warning("route %s: could not pin the resident message: %s", key, error)
+        finally:
+            reservation.complete()
+
+    def _commit(self, resident: _Resident, message: Outgoing) -> None:
+        resident.committed = message.fingerprint
+        self._store.set_committed(str(resident.key), message.fingerprint, self._wall())
+        if self._on_commit is not None:
+            self._on_commit(resident.key, message)
+
+    async def _deliver_text(self, lane: _Lane) -> None:
+        text = lane.texts[0]
+        channel = self._channels[text.channel]
+        reservation = await self._admit(channel, text.chat, "send", None)
+        if reservation is None:
+            return
+        where = f"{text.channel}:{text.chat}"
+        try:
+            await channel.send(text.chat, text.message)
+        except RateLimited as error:
+            self._rate_limited(error, where)
+            return
+        except Transient as error:
+            reservation.complete()
+            await self._backoff(lane, error, where)
+            return
+        except ChannelError as error:
+            log.error("%s: a notice or reply was refused: %s", where, error)
+            lane.texts.popleft()
+            if text.notice is not None:
+                self._store.set_notice_state(*text.notice, state="failed")
+            return
+        finally:
+            reservation.complete()
+        lane.texts.popleft()
+        lane.backoff_s = 0.0
+        if text.notice is not None:
+            self._store.set_notice_state(*text.notice, state="delivered")

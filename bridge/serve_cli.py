@@ -1,0 +1,213 @@
+"""`taskcard serve`, `taskcard status` and `taskcard demo`: the operator's commands."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bridge.channels import SecretMissing, build_channels
+from bridge.config import ConfigError, ServiceConfig, load_config
+from bridge.service import Service
+from bridge.store import STATE_FILE, SqliteStore
+
+EXIT_CONFIG = 2
+EXIT_RUNTIME = 1
+
+
+class _ScrubSecrets(logging.Filter):
+    """Replaces every configured secret value in a log record, whatever logged it."""
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        super().__init__()
+        self._secrets = tuple(s for s in secrets if len(s) >= 4)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self._secrets:
+            return True
+        message = record.getMessage()
+        scrubbed = message
+        for secret in self._secrets:
+            scrubbed = scrubbed.replace(secret, "***")
+        if scrubbed != message:
+            record.msg, record.args = scrubbed, None
+        return True
+
+
+def setup_logging(level: str, secrets: Iterable[str] = ()) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%dT%H:%M:%S")
+    )
+    handler.addFilter(_ScrubSecrets(secrets))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    # HTTP client libraries log request URLs, and a Telegram URL carries the bot token.
+    for noisy in ("httpx", "httpcore", "telegram", "Lark", "lark_oapi", "websockets"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _load(path: Path) -> ServiceConfig | None:
+    try:
+        return load_config(path)
+    except ConfigError as error:
+        print(f"taskcard: invalid configuration {path}:", file=sys.stderr)
+        for message in error.messages:
+            print(f"  - {message}", file=sys.stderr)
+        return None
+
+
+async def serve(config: ServiceConfig, env: Mapping[str, str]) -> int:
+    store = SqliteStore.in_dir(config.state_dir)
+    try:
+        try:
+            built = build_channels(config, store, env)
+        except SecretMissing as error:
+            print(f"taskcard: {error}", file=sys.stderr)
+            return EXIT_CONFIG
+        setup_logging(config.log_level, [s for b in built.values() for s in b.secrets])
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        try:
+            await Service(config, built, store).run(stop)
+        finally:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(signum)
+        return 0
+    finally:
+        store.close()
+
+
+def _serve(args: argparse.Namespace) -> int:
+    config = _load(Path(args.config))
+    if config is None:
+        return EXIT_CONFIG
+    setup_logging(config.log_level)
+    try:
+        return asyncio.run(serve(config, os.environ))
+    except Exception as error:
+        logging.getLogger("taskcard").exception("the service stopped on an error: %s", error)
+        return EXIT_RUNTIME
+
+
+def _when(epoch: float | None) -> str | None:
+    if epoch is None:
+        return None
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def status_report(config: ServiceConfig) -> dict[str, Any]:
+    """Every configured route with what the store knows about it (read-only)."""
+    from bridge.scheduler import RouteKey
+
+    path = config.state_dir / STATE_FILE
+    store = SqliteStore(path, readonly=True) if path.exists() else None
+    try:
+        routes: list[dict[str, Any]] = []
+        pauses = store.pauses() if store else {}
+        now = datetime.now(UTC).timestamp()
+        active_pauses = {scope: until for scope, until in pauses.items() if until > now}
+        pending = store.pending_notices() if store else []
+        for channel, chat, agents in _configured_routes(config):
+            for agent_id in agents:
+                key = str(RouteKey(channel, chat, agent_id))
+                record = store.resident(key) if store else None
+                route_pauses = {
+                    scope: _when(until)
+                    for scope, until in active_pauses.items()
+                    if scope.startswith(f"{channel}:")
+                    and (
+                        scope.endswith(f":{chat.chat_id}")
+                        or scope.count(":") == 1
+                        or (record is not None and scope.endswith(f":{record.message_id}"))
+                    )
+                }
+                routes.append(
+                    {
+                        "route": key,
+                        "channel": channel,
+                        "chat": str(chat),
+                        "agent": agent_id,
+                        "message_id": record.message_id if record else None,
+                        "last_committed": _when(record.committed_at) if record else None,
+                        "disabled": record.disabled_reason if record else None,
+                        "paused_until": route_pauses,
+                        "pending_notices": [p.notice_id for p in pending if p.route == key],
+                    }
+                )
+        return {"state_file": str(path), "routes": routes}
+    finally:
+        if store:
+            store.close()
+
+
+def _configured_routes(config: ServiceConfig) -> list[tuple[str, Any, list[str]]]:
+    from channels.base import ChatRef
+
+    out: list[tuple[str, Any, list[str]]] = []
+    ids = config.agent_ids()
+
+    def expand(agents: list[str]) -> list[str]:
+        return ids if "*" in agents else list(dict.fromkeys(agents))
+
+    if config.telegram:
+        for t in config.telegram.routes:
+            thread = None if t.thread_id is None else str(t.thread_id)
+            out.append(("telegram", ChatRef(str(t.chat_id), thread), expand(t.agents)))
+    if config.feishu:
+        for f in config.feishu.routes:
+            out.append(("feishu", ChatRef(f.chat_id), expand(f.agents)))
+    if config.console_enabled:
+        out.append(("console", ChatRef("console"), ids))
+    return out
+
+
+def _status(args: argparse.Namespace) -> int:
+    config = _load(Path(args.config))
+    if config is None:
+        return EXIT_CONFIG
+    report = status_report(config)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"state: {report['state_file']}")
+    for route in report["routes"]:
+        print(f"{route['route']}")
+        print(f"  resident message: {route['message_id'] or '(none yet)'}")
+        print(f"  last committed edit: {route['last_committed'] or '(never)'}")
+        if route["disabled"]:
+            print(f"  DISABLED: {route['disabled']}")
+        for scope, until in route["paused_until"].items():
+            print(f"  paused: {scope} until {until}")
+        notices = route["pending_notices"]
+        print(
+            f"  pending notices: {len(notices)}" + (f" ({', '.join(notices)})" if notices else "")
+        )
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    serve_parser = subparsers.add_parser(
+        "serve", help="run the projection service", description="Run the projection service."
+    )
+    serve_parser.add_argument("--config", "-c", required=True, help="the TOML configuration")
+    serve_parser.set_defaults(handler=_serve)
+
+    status_parser = subparsers.add_parser(
+        "status",
+        help="print each route's resident message, last edit, pauses and pending notices",
+    )
+    status_parser.add_argument("--config", "-c", required=True, help="the TOML configuration")
+    status_parser.add_argument("--json", action="store_true", help="machine-readable output")
+    status_parser.set_defaults(handler=_status)

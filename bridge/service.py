@@ -1,0 +1,330 @@
+"""`taskcard serve`: files in, one resident message per route out.
+
+The pieces, in the order data flows through them:
+
+    FleetWatcher ─► AgentMonitor (per agent) ─► compose_view ─► channel.render_card
+                                   │                                   │
+                                   └─► notices (typed, content-safe)   └─► RouteScheduler
+    channel commands (/taskcard ...) ─► chat preferences (store) ──────────────┘
+
+The service never executes code from a workdir and never writes into one. Every background
+task is owned here and awaited on shutdown; SIGTERM lets requests in flight finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from bridge.agent import AgentMonitor
+from bridge.channels import BuiltChannel
+from bridge.compose import compose_view
+from bridge.config import ServiceConfig
+from bridge.notices import notice_text
+from bridge.scheduler import RouteKey, RouteScheduler, chat_scope
+from bridge.store import ChatPrefs, NoticeState, StateStore
+from bridge.watcher import FleetWatcher
+from channels.base import Channel, ChatRef, IncomingCommand
+from channels.errors import ChannelError, Transient
+from producers.task_card.contract import Notification
+
+log = logging.getLogger("taskcard.service")
+
+_ROWS_ARG = re.compile(r"^\d{1,2}$")
+HELP_TEXT = (
+    "/taskcard: show the state here · /taskcard off: hide the cards · "
+    "/taskcard on: show them · /taskcard N: show N activity rows (1-10)"
+)
+
+
+@dataclass(frozen=True)
+class Route:
+    key: RouteKey
+    pin: bool
+    allowed_user_ids: frozenset[str] | None
+
+
+class Service:
+    """Owns monitors, channels, the scheduler and the store for one `serve` run."""
+
+    def __init__(
+        self,
+        config: ServiceConfig,
+        channels: Mapping[str, BuiltChannel],
+        store: StateStore,
+        *,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._config = config
+        self._channels: dict[str, Channel] = {n: b.channel for n, b in channels.items()}
+        self._store = store
+        self._clock = clock
+        self._scheduler = RouteScheduler(self._channels, store)
+        self._routes: list[Route] = []
+        self._routes_by_agent: dict[str, list[Route]] = {a.id: [] for a in config.agents}
+        for name, built in channels.items():
+            for spec in built.routes:
+                for agent_id in spec.agents:
+                    route = Route(
+                        RouteKey(name, spec.chat, agent_id), spec.pin, spec.allowed_user_ids
+                    )
+                    self._routes.append(route)
+                    self._routes_by_agent.setdefault(agent_id, []).append(route)
+        self._monitors = {
+            agent.id: AgentMonitor(
+                agent.id,
+                agent.workdir,
+                store,
+                clock=clock,
+                no_output_after_s=config.display.no_output_after_s,
+            )
+            for agent in config.agents
+        }
+        self._prefs: dict[str, ChatPrefs] = {}
+        self._due: dict[str, datetime] = {}
+        self._started_channels: list[Channel] = []
+
+    @property
+    def scheduler(self) -> RouteScheduler:
+        return self._scheduler
+
+    # Lifecycle ---------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until `stop` is set, then shut down cleanly."""
+        await self._scheduler.start()
+        for route in self._routes:
+            self._scheduler.add_route(route.key, pin=route.pin)
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            for name, channel in self._channels.items():
+                await self._start_channel(name, channel, stop)
+                if stop.is_set():
+                    return
+            self._resend_pending_notices()
+            tasks = [
+                asyncio.create_task(self._watch_loop(), name="watch"),
+                asyncio.create_task(self._timer_loop(), name="timer"),
+            ]
+            log.info(
+                "serving %d agents on %d routes (%s)",
+                len(self._monitors),
+                len(self._routes),
+                ", ".join(self._channels) or "no channel",
+            )
+            stopper = asyncio.create_task(stop.wait())
+            done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            stopper.cancel()
+            for task in done:
+                if task is not stopper and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._scheduler.stop()
+            for channel in reversed(self._started_channels):
+                try:
+                    await channel.stop()
+                except ChannelError as error:
+                    log.warning("channel %s did not stop cleanly: %s", channel.name, error)
+            log.info("stopped")
+
+    async def _start_channel(self, name: str, channel: Channel, stop: asyncio.Event) -> None:
+        delay_s = 1.0
+        while not stop.is_set():
+            try:
+                await channel.start(functools.partial(self._on_command, name))
+            except Transient as error:
+                log.warning("channel %s unreachable (%s); retrying in %.0fs", name, error, delay_s)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=delay_s)
+                delay_s = min(60.0, delay_s * 2)
+                continue
+            self._started_channels.append(channel)
+            return
+
+    # Watching ----------------------------------------------------------------------------
+
+    async def _watch_loop(self) -> None:
+        watcher = FleetWatcher(
+            {agent.id: agent.workdir for agent in self._config.agents},
+            debounce_ms=self._config.watch.debounce_ms,
+            rescan_interval_s=self._config.watch.rescan_interval_s,
+        )
+        async for agent_ids in watcher.changes():
+            for agent_id in agent_ids:
+                self._refresh(agent_id)
+
+    async def _timer_loop(self) -> None:
+        """Recompose agents whose state changes with the passage of time alone."""
+        while True:
+            await asyncio.sleep(1.0)
+            now = self._clock()
+            for agent_id in [a for a, due in self._due.items() if due <= now]:
+                del self._due[agent_id]
+                self._refresh(agent_id)
+
+    def _refresh(self, agent_id: str) -> None:
+        monitor = self._monitors.get(agent_id)
+        if monitor is None:
+            return
+        try:
+            result = monitor.refresh()
+        except OSError as error:
+            # A broken workdir never stops the service; the next change or rescan retries.
+            log.warning("agent %s: cannot read its files: %s", agent_id, error)
+            return
+        for notification in result.notifications:
+            self._notify(agent_id, notification)
+        until = monitor.activity.state_valid_until
+        if until is not None:
+            self._due[agent_id] = until
+        if result.card_changed or result.activity_changed:
+            self._project(agent_id)
+
+    # Projection --------------------------------------------------------------------------
+
+    def _chat_prefs(self, scope: str) -> ChatPrefs:
+        prefs = self._prefs.get(scope)
+        if prefs is None:
+            prefs = self._store.prefs(scope)
+            self._prefs[scope] = prefs
+        return prefs
+
+    def _project(self, agent_id: str) -> None:
+        for route in self._routes_by_agent.get(agent_id, ()):
+            self._project_route(route)
+
+    def _project_route(self, route: Route) -> None:
+        monitor = self._monitors.get(route.key.agent_id)
+        if monitor is None:
+            return
+        channel = self._channels[route.key.channel]
+        prefs = self._chat_prefs(route.key.chat_scope)
+        has_message = self._scheduler.has_message(route.key)
+        if monitor.card.status == "none" and not has_message:
+            return  # the resident appears with the first card, not before
+        if prefs.hidden and not has_message:
+            return
+        view = compose_view(
+            route.key.agent_id,
+            monitor.card,
+            monitor.activity,
+            hidden=prefs.hidden,
+            activity_rows=prefs.activity_rows or self._config.display.activity_rows,
+            now=self._clock(),
+        )
+        self._scheduler.submit(route.key, channel.render_card(view))
+
+    # Notices -----------------------------------------------------------------------------
+
+    def _notify(self, agent_id: str, notification: Notification) -> None:
+        text = notice_text(agent_id, notification)
+        if text is None:
+            return
+        for route in self._routes_by_agent.get(agent_id, ()):
+            hidden = self._chat_prefs(route.key.chat_scope).hidden
+            disabled = self._scheduler.disabled_reason(route.key) is not None
+            state: NoticeState = "suppressed" if hidden or disabled else "pending"
+            if self._store.add_notice(str(route.key), notification.id, text, state) and (
+                state == "pending"
+            ):
+                self._queue_notice(route.key, notification.id, text)
+
+    def _queue_notice(self, key: RouteKey, notice_id: str, text: str) -> None:
+        channel = self._channels[key.channel]
+        self._scheduler.send_text(
+            key.channel, key.chat, channel.render_text(text), notice=(str(key), notice_id)
+        )
+
+    def _resend_pending_notices(self) -> None:
+        routes = {str(route.key): route.key for route in self._routes}
+        for pending in self._store.pending_notices():
+            key = routes.get(pending.route)
+            if key is not None:
+                self._queue_notice(key, pending.notice_id, pending.text)
+
+    # Commands ----------------------------------------------------------------------------
+
+    def _routes_in(self, channel: str, chat: ChatRef) -> list[Route]:
+        same_chat = [
+            r
+            for r in self._routes
+            if r.key.channel == channel and r.key.chat.chat_id == chat.chat_id
+        ]
+        exact = [r for r in same_chat if r.key.chat.thread_id == chat.thread_id]
+        return exact or [r for r in same_chat if r.key.chat.thread_id is None]
+
+    async def _on_command(self, channel_name: str, command: IncomingCommand) -> None:
+        routes = self._routes_in(channel_name, command.chat)
+        if not routes:
+            log.info("ignoring /taskcard from an unrouted chat %s:%s", channel_name, command.chat)
+            return
+        allowed = [
+            r
+            for r in routes
+            if r.allowed_user_ids is None or (command.user_id in r.allowed_user_ids)
+        ]
+        if not allowed:
+            log.info("ignoring /taskcard from a user not allowed in %s", routes[0].key.chat_scope)
+            return
+        for route in allowed:
+            self._scheduler.enable(route.key)  # the bot can read this chat: it is back
+        scope = allowed[0].key.chat_scope
+        reply_chat = allowed[0].key.chat
+        args = command.args.strip().lower()
+        prefs = self._chat_prefs(scope)
+        if args in ("", "status", "state"):
+            reply = self._state_text(allowed, prefs)
+        elif args == "off":
+            prefs = ChatPrefs(hidden=True, activity_rows=prefs.activity_rows)
+            reply = "Task cards hidden here. /taskcard on shows them again."
+        elif args == "on":
+            prefs = ChatPrefs(hidden=False, activity_rows=prefs.activity_rows)
+            reply = "Task cards shown here."
+        elif _ROWS_ARG.match(args) and 1 <= int(args) <= 10:
+            prefs = ChatPrefs(hidden=prefs.hidden, activity_rows=int(args))
+            reply = f"Task cards here now show {int(args)} activity rows."
+        else:
+            reply = f"Unknown option {command.args.strip()!r}. {HELP_TEXT}"
+        if prefs != self._chat_prefs(scope):
+            self._store.set_prefs(scope, prefs)
+            self._prefs[scope] = prefs
+            for route in allowed:
+                self._project_route(route)
+        channel = self._channels[channel_name]
+        self._scheduler.send_text(channel_name, reply_chat, channel.render_text(reply))
+
+    def _state_text(self, routes: list[Route], prefs: ChatPrefs) -> str:
+        rows = prefs.activity_rows or self._config.display.activity_rows
+        shown = "hidden" if prefs.hidden else f"shown, {rows} activity rows"
+        lines = [f"Task cards here: {shown}."]
+        for route in routes:
+            monitor = self._monitors.get(route.key.agent_id)
+            if monitor is None:
+                continue
+            card = monitor.card
+            card_text = {
+                "active": "card active",
+                "inactive": "card stopped",
+                "none": "no card published",
+            }[card.status]
+            if card.exhausted:
+                card_text += ", refreshes exhausted"
+            if card.error_code:
+                card_text += f", renderer error ({card.error_code})"
+            disabled = self._scheduler.disabled_reason(route.key)
+            extra = f" — delivery disabled: {disabled}" if disabled else ""
+            lines.append(f"• {route.key.agent_id}: {monitor.activity.state}; {card_text}{extra}")
+        return "\n".join(lines)
+
+
+def scope_of(channel: str, chat: ChatRef) -> str:
+    return chat_scope(channel, chat)

@@ -1,0 +1,1 @@
+"""Console transport: the terminal shows every agent's composed card, live (no credentials)."""

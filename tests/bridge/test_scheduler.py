@@ -1,0 +1,239 @@
+"""The route scheduler against a scripted in-memory channel (a fake of the platform edge).
+
+These tests check the scheduler's own promises: latest wins, round-robin fairness inside a
+chat, sliding-window limits never exceeded, 429 pauses, replacement of a gone message, a
+disabled route not stopping the others, and persistence of resident ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from pathlib import Path
+
+import pytest
+
+from bridge.scheduler import RouteKey, RouteScheduler
+from bridge.store import SqliteStore
+from channels.base import (
+    CardView,
+    Channel,
+    ChatRef,
+    CommandSink,
+    Operation,
+    Outgoing,
+    RateScope,
+)
+from channels.errors import ChannelError, Forbidden, MessageGone, NotModified, RateLimited
+
+
+class ScriptedChannel(Channel):
+    """Keeps messages like a chat would; errors can be queued per operation."""
+
+    name = "fake"
+
+    def __init__(self, per_chat: RateScope | None = None) -> None:
+        self.messages: dict[str, str] = {}
+        self.calls: list[tuple[float, str, str, str]] = []  # (time, op, chat, text)
+        self.errors: dict[str, deque[ChannelError]] = {"send": deque(), "edit": deque()}
+        self.per_chat = per_chat
+        self._next = 1
+
+    async def start(self, on_command: CommandSink) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    def render_card(self, view: CardView) -> Outgoing:
+        return Outgoing.build(view.body or "", {})
+
+    def render_text(self, text: str) -> Outgoing:
+        return Outgoing.build(text, {})
+
+    def rate_scopes(
+        self, chat: ChatRef, operation: Operation, message_id: str | None
+    ) -> tuple[RateScope, ...]:
+        if self.per_chat is None:
+            return ()
+        return (RateScope(f"fake:chat:{chat.chat_id}", self.per_chat.max_calls,
+                          self.per_chat.period_s),)
+
+    async def send(self, chat: ChatRef, message: Outgoing) -> str:
+        await asyncio.sleep(0.001)
+        self.calls.append((time.monotonic(), "send", chat.chat_id, message.text))
+        if self.errors["send"]:
+            raise self.errors["send"].popleft()
+        message_id = str(self._next)
+        self._next += 1
+        self.messages[message_id] = message.text
+        return message_id
+
+    async def edit(self, chat: ChatRef, message_id: str, message: Outgoing) -> None:
+        await asyncio.sleep(0.001)
+        self.calls.append((time.monotonic(), "edit", chat.chat_id, message.text))
+        if self.errors["edit"]:
+            raise self.errors["edit"].popleft()
+        if message_id not in self.messages:
+            raise MessageGone("gone")
+        if self.messages[message_id] == message.text:
+            raise NotModified("same")
+        self.messages[message_id] = message.text
+
+    async def delete(self, chat: ChatRef, message_id: str) -> None:
+        self.messages.pop(message_id, None)
+
+    async def pin(self, chat: ChatRef, message_id: str) -> None:
+        return None
+
+
+def text(value: str) -> Outgoing:
+    return Outgoing.build(value, {})
+
+
+async def settle(scheduler: RouteScheduler, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not scheduler.is_idle():
+        assert time.monotonic() < deadline, "scheduler did not settle"
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> SqliteStore:
+    db = SqliteStore.in_dir(tmp_path)
+    yield db  # type: ignore[misc]
+    db.close()
+
+
+async def test_send_then_edit_in_place_and_latest_wins(store: SqliteStore) -> None:
+    channel = ScriptedChannel()
+    scheduler = RouteScheduler({"fake": channel}, store)
+    key = RouteKey("fake", ChatRef("1"), "builder")
+    scheduler.add_route(key)
+    await scheduler.start()
+    scheduler.submit(key, text("v1"))
+    await settle(scheduler)
+    for i in range(2, 50):
+        scheduler.submit(key, text(f"v{i}"))
+    await settle(scheduler)
+    await scheduler.stop()
+    assert list(channel.messages.values()) == ["v49"]
+    assert [c[1] for c in channel.calls].count("send") == 1
+    assert len(channel.calls) < 49, "a burst must collapse into few edits"
+    record = store.resident(str(key))
+    assert record is not None and record.message_id == "1"
+    assert record.fingerprint == text("v49").fingerprint
+
+
+async def test_restart_edits_the_same_message(store: SqliteStore) -> None:
+    channel = ScriptedChannel()
+    key = RouteKey("fake", ChatRef("1"), "builder")
+    first = RouteScheduler({"fake": channel}, store)
+    first.add_route(key)
+    await first.start()
+    first.submit(key, text("before"))
+    await settle(first)
+    await first.stop()
+    second = RouteScheduler({"fake": channel}, store)
+    second.add_route(key)
+    await second.start()
+    second.submit(key, text("after"))
+    await settle(second)
+    await second.stop()
+    assert channel.messages == {"1": "after"}
+    assert [c[1] for c in channel.calls] == ["send", "edit"]
+
+
+async def test_window_never_exceeded_and_fair_share(store: SqliteStore) -> None:
+    window = RateScope("unused", max_calls=4, period_s=0.4)
+    channel = ScriptedChannel(per_chat=window)
+    scheduler = RouteScheduler({"fake": channel}, store)
+    keys = [RouteKey("fake", ChatRef("-100"), f"agent{i}") for i in range(6)]
+    for key in keys:
+        scheduler.add_route(key)
+    await scheduler.start()
+    for round_no in range(5):
+        for key in keys:
+            scheduler.submit(key, text(f"{key.agent_id} r{round_no}"))
+        await asyncio.sleep(0.05)
+    await settle(scheduler)
+    await scheduler.stop()
+    times = sorted(c[0] for c in channel.calls)
+    for i in range(len(times) - window.max_calls):
+        assert times[i + window.max_calls] - times[i] >= window.period_s * 0.99
+    shown = sorted(channel.messages.values())
+    assert shown == sorted(f"{k.agent_id} r4" for k in keys), "every final state lands"
+    # Fairness: every agent got its first message out before any agent got a third request.
+    first_sends = [c for c in channel.calls if c[1] == "send"]
+    assert len(first_sends) == len(keys)
+    last_first_send = max(c[0] for c in first_sends)
+    per_agent_before: dict[str, int] = {}
+    for when, _, _, body in channel.calls:
+        if when < last_first_send:
+            agent = body.split()[0]
+            per_agent_before[agent] = per_agent_before.get(agent, 0) + 1
+    assert max(per_agent_before.values(), default=0) <= 1
+
+
+async def test_rate_limited_pauses_scope_and_persists(store: SqliteStore) -> None:
+    channel = ScriptedChannel(per_chat=RateScope("x", 100, 1.0))
+    scheduler = RouteScheduler({"fake": channel}, store)
+    key = RouteKey("fake", ChatRef("5"), "a")
+    scheduler.add_route(key)
+    await scheduler.start()
+    scheduler.submit(key, text("v1"))
+    await settle(scheduler)
+    channel.errors["edit"].append(RateLimited(0.5, "fake:chat:5"))
+    scheduler.submit(key, text("v2"))
+    await asyncio.sleep(0.1)
+    scheduler.submit(key, text("v3"))
+    await settle(scheduler)
+    await scheduler.stop()
+    edits = [c for c in channel.calls if c[1] == "edit"]
+    assert len(edits) == 2, "the limited edit is retried once with the latest bytes"
+    assert edits[1][0] - edits[0][0] >= 0.45
+    assert edits[1][3] == "v3"
+    assert [c[1] for c in channel.calls].count("send") == 1, "never a new message on 429"
+    assert "fake:chat:5" in store.pauses()
+
+
+async def test_gone_message_replaced_once(store: SqliteStore) -> None:
+    channel = ScriptedChannel()
+    scheduler = RouteScheduler({"fake": channel}, store)
+    key = RouteKey("fake", ChatRef("5"), "a")
+    scheduler.add_route(key)
+    await scheduler.start()
+    scheduler.submit(key, text("v1"))
+    await settle(scheduler)
+    channel.messages.clear()  # a person deleted it
+    scheduler.submit(key, text("v2"))
+    await settle(scheduler)
+    scheduler.submit(key, text("v3"))
+    await settle(scheduler)
+    await scheduler.stop()
+    assert channel.messages == {"2": "v3"}
+    assert [c[1] for c in channel.calls] == ["send", "edit", "send", "edit"]
+    record = store.resident(str(key))
+    assert record is not None and record.message_id == "2"
+
+
+async def test_forbidden_disables_one_route_only(store: SqliteStore) -> None:
+    channel = ScriptedChannel()
+    scheduler = RouteScheduler({"fake": channel}, store)
+    kicked = RouteKey("fake", ChatRef("1"), "a")
+    fine = RouteKey("fake", ChatRef("2"), "a")
+    scheduler.add_route(kicked)
+    scheduler.add_route(fine)
+    await scheduler.start()
+    channel.errors["send"].append(Forbidden("bot was kicked from the group chat"))
+    scheduler.submit(kicked, text("k1"))
+    await settle(scheduler)
+    scheduler.submit(fine, text("f1"))
+    scheduler.submit(kicked, text("k2"))
+    await settle(scheduler)
+    await scheduler.stop()
+    assert list(channel.messages.values()) == ["f1"]
+    assert scheduler.disabled_reason(kicked) == "bot was kicked from the group chat"
+    record = store.resident(str(kicked))
+    assert record is not None and record.disabled_reason == "bot was kicked from the group chat"
