@@ -14,6 +14,7 @@ from importlib import import_module
 # Modules that contribute subcommands, in the order `taskcard --help` lists them.
 _COMMAND_MODULES = (
     "bridge.serve_cli",
+    "bridge.demo",
     "bridge.activity",
     "producers.task_card.cli",
 )

@@ -52,7 +52,7 @@ def setup_logging(level: str, secrets: Iterable[str] = ()) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     # HTTP client libraries log request URLs, and a Telegram URL carries the bot token.
-    for noisy in ("httpx", "httpcore", "telegram", "Lark", "lark_oapi", "websockets"):
+    for noisy in ("httpx", "httpcore", "telegram", "Lark", "lark_oapi", "websockets", "watchfiles"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
@@ -66,7 +66,10 @@ def _load(path: Path) -> ServiceConfig | None:
         return None
 
 
-async def serve(config: ServiceConfig, env: Mapping[str, str]) -> int:
+async def serve(
+    config: ServiceConfig, env: Mapping[str, str], *, stop: asyncio.Event | None = None
+) -> int:
+    """Run the service until SIGTERM/SIGINT (or `stop`); returns the exit code."""
     store = SqliteStore.in_dir(config.state_dir)
     try:
         try:
@@ -75,6 +78,9 @@ async def serve(config: ServiceConfig, env: Mapping[str, str]) -> int:
             print(f"taskcard: {error}", file=sys.stderr)
             return EXIT_CONFIG
         setup_logging(config.log_level, [s for b in built.values() for s in b.secrets])
+        if stop is not None:
+            await Service(config, built, store).run(stop)
+            return 0
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):

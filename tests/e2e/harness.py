@@ -1,0 +1,137 @@
+"""Running `taskcard serve` as a user would: a config file, a subprocess, the contract files."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from producers.task_card.contract import CardPaths, append_jsonl_line, atomic_write, utc_now_iso
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def publish(workdir: Path, body: str, status: str = "active") -> None:
+    """Publish a card exactly as the producer contract says: body first, then status."""
+    paths = CardPaths(workdir)
+    atomic_write(paths.body, body.encode())
+    atomic_write(paths.status, status.encode())
+
+
+def set_status(workdir: Path, status: str) -> None:
+    atomic_write(CardPaths(workdir).status, status.encode())
+
+
+def notify(workdir: Path, ident: str, state: str, *, code: str | None = None, **extra: Any) -> None:
+    """Append a typed task card notification as the producer's notification port would."""
+    source = {"limit": "task_card.limit"}.get(state, "task_card.error")
+    record = {
+        "id": ident,
+        "source": source,
+        "channel": "system",
+        "ref_id": "tc_1",
+        "priority": "high" if state == "error" else "normal",
+        "header": "Task card",
+        "body": "renderer said SECRET /home/agent/private/path",
+        "extra": {"state": state, "watch_id": "tc_1", **({"code": code} if code else {}), **extra},
+        "at": utc_now_iso(),
+    }
+    append_jsonl_line(CardPaths(workdir).notifications, record)
+
+
+def activity(workdir: Path, kind: str, **fields: Any) -> None:
+    append_jsonl_line(CardPaths(workdir).events, {"ts": utc_now_iso(), "kind": kind, **fields})
+
+
+class ServeProcess:
+    """`taskcard serve --config FILE` in a subprocess, its output captured line by line."""
+
+    def __init__(self, config: Path, env: dict[str, str] | None = None) -> None:
+        self.config = config
+        self.env = {**os.environ, **(env or {})}
+        self.env.setdefault("PYTHONUNBUFFERED", "1")
+        self.stdout: list[str] = []
+        self.stderr: list[str] = []
+        self.proc: subprocess.Popen[str] | None = None
+        self._readers: list[threading.Thread] = []
+
+    def start(self) -> ServeProcess:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bridge.cli", "serve", "--config", str(self.config)],
+            cwd=ROOT,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for stream, sink in ((self.proc.stdout, self.stdout), (self.proc.stderr, self.stderr)):
+            reader = threading.Thread(target=self._pump, args=(stream, sink), daemon=True)
+            reader.start()
+            self._readers.append(reader)
+        return self
+
+    @staticmethod
+    def _pump(stream: Any, sink: list[str]) -> None:
+        for line in stream:
+            sink.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.stdout)
+
+    @property
+    def logs(self) -> str:
+        return "".join(self.stderr)
+
+    def terminate(self, timeout_s: float = 30.0) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=timeout_s)
+        self._close()
+        return code
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        self._close()
+
+    def _close(self) -> None:
+        for reader in self._readers:
+            reader.join(timeout=10)
+        assert self.proc is not None
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+    def __enter__(self) -> ServeProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+        self._close()
+
+
+async def eventually(
+    predicate: Callable[[], Any], *, timeout_s: float = 30.0, what: str = "condition"
+) -> Any:
+    """Poll `predicate` until it returns something truthy; fail with `what` after the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)

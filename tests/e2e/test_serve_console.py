@@ -1,0 +1,76 @@
+"""`taskcard serve` with no chat channel projects every agent's card to the terminal."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.e2e.harness import ROOT, ServeProcess, eventually, publish, set_status
+
+
+def write_config(tmp_path: Path, extra: str = "") -> Path:
+    config = tmp_path / "taskcard.toml"
+    config.write_text(
+        'state_dir = ".taskcard"\n'
+        '[[agents]]\nid = "builder"\nworkdir = "agents/builder"\n'
+        '[[agents]]\nid = "reviewer"\nworkdir = "agents/reviewer"\n' + extra
+    )
+    return config
+
+
+async def test_console_shows_cards_live_and_stops_cleanly(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    builder = tmp_path / "agents" / "builder"
+    builder.mkdir(parents=True)
+    # The reviewer's workdir does not exist yet: it appears while the service runs.
+    with ServeProcess(config) as serve:
+        await eventually(lambda: "serving 2 agents" in serve.logs, what="service start")
+        publish(builder, "**compile** step 1 of 3")
+        await eventually(lambda: "compile" in serve.output, what="first card on the console")
+        publish(builder, "**tests** step 2 of 3")
+        await eventually(lambda: "step 2 of 3" in serve.output, what="the change")
+        reviewer = tmp_path / "agents" / "reviewer"
+        reviewer.mkdir(parents=True)
+        publish(reviewer, "reviewing PR 7")
+        await eventually(lambda: "reviewing PR 7" in serve.output, what="a late workdir")
+        set_status(builder, "inactive")
+        await eventually(
+            lambda: "stopped" in serve.output.split("step 2 of 3")[-1], what="the stopped note"
+        )
+        assert serve.terminate() == 0
+    assert "Traceback" not in serve.logs
+
+
+def test_invalid_config_names_the_key_and_exits_2(tmp_path: Path) -> None:
+    config = write_config(
+        tmp_path,
+        '[telegram]\ntoken_env = 5\n[[telegram.routes]]\nchat_id = "x"\nagents = ["nobody"]\n',
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "bridge.cli", "serve", "--config", str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "telegram.token_env" in result.stderr
+    assert "telegram.routes[0].chat_id" in result.stderr
+
+
+def test_missing_token_variable_is_named(tmp_path: Path) -> None:
+    config = write_config(
+        tmp_path,
+        '[telegram]\ntoken_env = "TC_TEST_NO_SUCH_TOKEN"\n'
+        '[[telegram.routes]]\nchat_id = 5\nagents = ["*"]\n',
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "bridge.cli", "serve", "--config", str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "TC_TEST_NO_SUCH_TOKEN" in result.stderr
