@@ -103,6 +103,20 @@ class ServeProcess:
         self.proc.wait(timeout=30)
         self._close()
 
+    async def aterminate(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM, then wait without blocking the loop (in-process fakes keep answering)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        code = await eventually(
+            lambda: self.proc is not None and self.proc.poll() is not None,
+            timeout_s=timeout_s,
+            what="the service to exit after SIGTERM",
+        )
+        del code
+        self._close()
+        assert self.proc.returncode is not None
+        return self.proc.returncode
+
     def _close(self) -> None:
         for reader in self._readers:
             reader.join(timeout=10)

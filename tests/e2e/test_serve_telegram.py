@@ -1,0 +1,307 @@
+"""`taskcard serve` end to end against the fake Telegram Bot API, driven as a user would.
+
+The service runs as a subprocess with a config file; the fake runs in the test's loop and
+enforces Telegram's limits with real 429 answers. Cards are published through the file
+contract, exactly as the producer does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.harness import ROOT, ServeProcess, eventually, notify, publish
+from tests.fakes.telegram_api import FakeLimits, FakeTelegram, Window, utf16_len
+
+GROUP = -1001234567890
+PRIVATE = 4242
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram() as server:
+        yield server
+
+
+def config_text(
+    fake: FakeTelegram,
+    agents: list[str],
+    routes: list[tuple[int, list[str]]],
+    limits: str = "",
+    allowed: str = "",
+) -> str:
+    lines = ['state_dir = ".taskcard"']
+    for agent in agents:
+        lines += ["[[agents]]", f'id = "{agent}"', f'workdir = "agents/{agent}"']
+    lines += [
+        "[telegram]",
+        'token_env = "TC_TEST_TOKEN"',
+        f'api_base_url = "{fake.base_url}"',
+        "poll_timeout_s = 1",
+    ]
+    for chat_id, route_agents in routes:
+        lines += [
+            "[[telegram.routes]]",
+            f"chat_id = {chat_id}",
+            f"agents = {json.dumps(route_agents)}",
+        ]
+        if allowed:
+            lines.append(allowed)
+    if limits:
+        lines.append(limits)
+    return "\n".join(lines) + "\n"
+
+
+def setup(
+    tmp_path: Path,
+    fake: FakeTelegram,
+    agents: list[str],
+    routes: list[tuple[int, list[str]]],
+    **kwargs: str,
+) -> ServeProcess:
+    for agent in agents:
+        (tmp_path / "agents" / agent).mkdir(parents=True, exist_ok=True)
+    config = tmp_path / "taskcard.toml"
+    config.write_text(config_text(fake, agents, routes, **kwargs))
+    return ServeProcess(config, env={"TC_TEST_TOKEN": fake.token})
+
+
+def shown(fake: FakeTelegram, chat: int) -> list[str]:
+    return [m.text for m in fake.bot_messages(chat)]
+
+
+def agent_dir(tmp_path: Path, agent: str) -> Path:
+    return tmp_path / "agents" / agent
+
+
+async def test_first_card_creates_resident_and_changes_edit_it(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])])
+    with serve:
+        publish(agent_dir(tmp_path, "builder"), "**compile** 1/3")
+        await eventually(lambda: any("compile" in t for t in shown(fake, GROUP)), what="card")
+        message = fake.bot_messages(GROUP)[0]
+        assert any(e["type"] == "bold" for e in message.entities), "Markdown sent as entities"
+        publish(agent_dir(tmp_path, "builder"), "**tests** 2/3")
+        await eventually(lambda: any("tests 2/3" in t for t in shown(fake, GROUP)), what="edit")
+        assert len(fake.bot_messages(GROUP)) == 1
+        assert fake.count("sendMessage") == 1
+        assert fake.count("editMessageText") >= 1
+        assert await serve.aterminate() == 0
+    assert fake.token not in serve.logs
+
+
+async def test_no_duplicate_after_sigkill_and_restart(tmp_path: Path, fake: FakeTelegram) -> None:
+    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])])
+    workdir = agent_dir(tmp_path, "builder")
+    with serve:
+        publish(workdir, "before the crash")
+        await eventually(lambda: any("before the crash" in t for t in shown(fake, GROUP)))
+        serve.kill()
+    publish(workdir, "after the restart")
+    with ServeProcess(serve.config, env=serve.env) as again:
+        await eventually(lambda: any("after the restart" in t for t in shown(fake, GROUP)))
+        assert len(fake.bot_messages(GROUP)) == 1
+        assert fake.count("sendMessage") == 1
+        assert await again.aterminate() == 0
+
+
+async def test_user_deleted_message_is_replaced_once(tmp_path: Path, fake: FakeTelegram) -> None:
+    serve = setup(tmp_path, fake, ["builder"], [(PRIVATE, ["builder"])])
+    workdir = agent_dir(tmp_path, "builder")
+    with serve:
+        publish(workdir, "v1")
+        await eventually(lambda: shown(fake, PRIVATE))
+        first = fake.bot_messages(PRIVATE)[0].message_id
+        fake.user_delete(PRIVATE, first)
+        publish(workdir, "v2 after delete")
+        await eventually(lambda: any("v2 after delete" in t for t in shown(fake, PRIVATE)))
+        publish(workdir, "v3")
+        await eventually(lambda: any("v3" in t for t in shown(fake, PRIVATE)))
+        assert len(fake.bot_messages(PRIVATE)) == 1
+        assert fake.count("sendMessage") == 2
+        assert await serve.aterminate() == 0
+
+
+async def test_kicked_route_is_disabled_and_others_continue(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"]), (PRIVATE, ["builder"])])
+    workdir = agent_dir(tmp_path, "builder")
+    with serve:
+        publish(workdir, "v1")
+        await eventually(lambda: shown(fake, GROUP) and shown(fake, PRIVATE))
+        fake.kick(GROUP)
+        publish(workdir, "v2")
+        await eventually(lambda: any("v2" in t for t in shown(fake, PRIVATE)))
+        status = await eventually(
+            lambda: _status_if(serve.config, "kicked"),
+            what="the route disabled with its reason",
+        )
+        publish(workdir, "v3")
+        await eventually(lambda: any("v3" in t for t in shown(fake, PRIVATE)))
+        assert await serve.aterminate() == 0
+    assert f"telegram:{GROUP}::builder" in status
+    assert "DISABLED" in status
+
+
+def _status_if(config: Path, needle: str) -> str | None:
+    out = _status(config)
+    return out if needle in out else None
+
+
+def _status(config: Path) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "bridge.cli", "status", "--config", str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=os.environ,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+async def test_off_hides_and_on_shows_current_card(tmp_path: Path, fake: FakeTelegram) -> None:
+    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])])
+    workdir = agent_dir(tmp_path, "builder")
+    with serve:
+        publish(workdir, "visible body")
+        await eventually(lambda: any("visible body" in t for t in shown(fake, GROUP)))
+        resident = fake.bot_messages(GROUP)[0].message_id
+        fake.inject_command(GROUP, f"/taskcard@{fake.username} off")
+        await eventually(
+            lambda: "hidden" in (fake.message(GROUP, resident) or _none).text.lower(),
+            what="the hidden notice",
+        )
+        edits_when_hidden = fake.count("editMessageText")
+        publish(workdir, "changed while hidden")
+        # A state query is answered after the change was seen; the resident must stay hidden.
+        fake.inject_command(GROUP, "/taskcard")
+        await eventually(lambda: any("Task cards here: hidden" in t for t in shown(fake, GROUP)))
+        assert "changed while hidden" not in (fake.message(GROUP, resident) or _none).text
+        assert fake.count("editMessageText") == edits_when_hidden
+        fake.inject_command(GROUP, "/taskcard on")
+        await eventually(
+            lambda: "changed while hidden" in (fake.message(GROUP, resident) or _none).text,
+            what="the current card shown again",
+        )
+        assert await serve.aterminate() == 0
+
+
+class _None:
+    text = ""
+
+
+_none = _None()
+
+
+async def test_commands_for_other_bots_and_edits_are_ignored(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])])
+    workdir = agent_dir(tmp_path, "builder")
+    with serve:
+        publish(workdir, "body")
+        await eventually(lambda: shown(fake, GROUP))
+        resident = fake.bot_messages(GROUP)[0].message_id
+        fake.inject_command(GROUP, "/taskcard@SomeOtherBot off")
+        fake.inject_command(GROUP, "/taskcard off", edited=True)
+        fake.inject_command(GROUP, "/taskcard 7")
+        await eventually(lambda: any("7 activity rows" in t for t in shown(fake, GROUP)))
+        assert "hidden" not in (fake.message(GROUP, resident) or _none).text.lower()
+        assert await serve.aterminate() == 0
+
+
+async def test_notices_once_each_across_restart(tmp_path: Path, fake: FakeTelegram) -> None:
+    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])])
+    workdir = agent_dir(tmp_path, "builder")
+    with serve:
+        publish(workdir, "body")
+        await eventually(lambda: shown(fake, GROUP))
+        notify(workdir, "task_card.error:tc_1:1:renderer_timeout", "error", code="renderer_timeout")
+        await eventually(lambda: len(shown(fake, GROUP)) == 2, what="the error notice")
+        assert await serve.aterminate() == 0
+    notify(workdir, "task_card.error:tc_1:1:renderer_timeout", "error", code="renderer_timeout")
+    notify(workdir, "task_card.recovered:tc_1:1", "recovered")
+    with ServeProcess(serve.config, env=serve.env) as again:
+        await eventually(lambda: len(shown(fake, GROUP)) >= 3, what="the recovery notice")
+        notify(workdir, "task_card.limit:tc_1:2000", "limit", max_refreshes=2000)
+        await eventually(lambda: len(shown(fake, GROUP)) >= 4, what="the limit notice")
+        fake.inject_command(GROUP, "/taskcard")
+        await eventually(lambda: len(shown(fake, GROUP)) >= 5, what="a sync point")
+        assert await again.aterminate() == 0
+    texts = shown(fake, GROUP)
+    assert len(texts) == 5, texts
+    for text in texts:
+        assert "SECRET" not in text and "/home/agent" not in text
+
+
+async def test_over_long_body_fits_4096_utf16_units(tmp_path: Path, fake: FakeTelegram) -> None:
+    serve = setup(tmp_path, fake, ["builder"], [(PRIVATE, ["builder"])])
+    with serve:
+        body = "**start** " + "进度🚀 line with emoji and CJK\n" * 600 + "THE END"
+        publish(agent_dir(tmp_path, "builder"), body)
+        await eventually(lambda: shown(fake, PRIVATE), what="the long card")
+        text = shown(fake, PRIVATE)[0]
+        assert utf16_len(text) <= 4096
+        assert "start" in text and "THE END" not in text
+        assert "cut" in text
+        assert await serve.aterminate() == 0
+
+
+async def test_storm_in_one_group_no_429_and_final_state_lands(tmp_path: Path) -> None:
+    # Telegram's 20 per minute per group, scaled to 20 per 2 s so the test stays short.
+    limits = FakeLimits(
+        private_chat=Window(1, 1.0), group_chat=Window(20, 2.0), bot=Window(30, 1.0)
+    )
+    agents = [f"agent{i:02d}" for i in range(50)]
+    async with FakeTelegram(limits=limits) as fake:
+        serve = setup(
+            tmp_path,
+            fake,
+            agents,
+            [(GROUP, ["*"])],
+            limits="[telegram.limits]\ngroup_chat = { max_calls = 20, period_s = 2.0 }",
+        )
+        with serve:
+            for round_no in range(30):  # every 100 ms for 3 s
+                for agent in agents:
+                    _quick_publish(agent_dir(tmp_path, agent), f"{agent} round {round_no}")
+                await _sleep(0.1)
+            for agent in agents:
+                _quick_publish(agent_dir(tmp_path, agent), f"{agent} FINAL")
+            await eventually(
+                lambda: sum("FINAL" in t for t in shown(fake, GROUP)) == 50,
+                timeout_s=120,
+                what="every resident's final state",
+            )
+            assert fake.rate_limited == []
+            assert len(fake.bot_messages(GROUP)) == 50
+            assert await serve.aterminate() == 0
+
+
+def _quick_publish(workdir: Path, body: str) -> None:
+    """An atomic publication without fsync (the storm writes 500 files a second)."""
+    card = workdir / "taskcard"
+    card.mkdir(exist_ok=True)
+    tmp = card / ".taskcard.md.tmp"
+    tmp.write_text(body)
+    os.replace(tmp, card / "taskcard.md")
+    status = card / "status"
+    if not status.exists():
+        status.write_bytes(b"active")
+
+
+async def _sleep(seconds: float) -> None:
+    import asyncio
+
+    await asyncio.sleep(seconds)
