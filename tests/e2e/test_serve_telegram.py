@@ -305,3 +305,77 @@ async def _sleep(seconds: float) -> None:
     import asyncio
 
     await asyncio.sleep(seconds)
+
+
+async def test_server_errors_retry_and_the_card_lands(tmp_path: Path, fake: FakeTelegram) -> None:
+    serve = setup(tmp_path, fake, ["builder"], [(PRIVATE, ["builder"])])
+    workdir = agent_dir(tmp_path, "builder")
+    with serve:
+        publish(workdir, "v1")
+        await eventually(lambda: shown(fake, PRIVATE))
+        fake.fail_next("editMessageText", 502, "Bad Gateway")
+        fake.fail_next("editMessageText", 500, "Internal Server Error")
+        publish(workdir, "v2 after outage")
+        await eventually(
+            lambda: any("v2 after outage" in t for t in shown(fake, PRIVATE)), timeout_s=60
+        )
+        assert len(fake.bot_messages(PRIVATE)) == 1
+        assert await serve.aterminate() == 0
+
+
+async def test_broken_workdir_does_not_stop_the_others(tmp_path: Path, fake: FakeTelegram) -> None:
+    serve = setup(tmp_path, fake, ["broken", "fine"], [(GROUP, ["*"])])
+    broken = agent_dir(tmp_path, "broken")
+    (broken / "taskcard").mkdir()
+    (broken / "taskcard" / "taskcard.md").mkdir()  # a folder where the body should be
+    (broken / "taskcard" / "status").write_bytes(b"active")
+    (broken / "logs").mkdir()
+    (broken / "logs" / "events.jsonl").write_bytes(b'\x00\xff not json\n{"kind": 5}\n')
+    with serve:
+        publish(agent_dir(tmp_path, "fine"), "fine agent body")
+        await eventually(lambda: any("fine agent body" in t for t in shown(fake, GROUP)))
+        publish(agent_dir(tmp_path, "fine"), "still fine")
+        await eventually(lambda: any("still fine" in t for t in shown(fake, GROUP)))
+        assert serve.proc is not None and serve.proc.poll() is None
+        assert await serve.aterminate() == 0
+    assert "Traceback" not in serve.logs
+
+
+async def test_forum_topic_pin_redaction_and_legacy_json(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    (tmp_path / "agents" / "builder").mkdir(parents=True)
+    config = tmp_path / "taskcard.toml"
+    config.write_text(
+        config_text(fake, ["builder"], [])
+        + f'[[telegram.routes]]\nchat_id = {GROUP}\nthread_id = 42\nagents = ["builder"]\n'
+        "pin = true\n"
+    )
+    token_like = "123456789:AAFakeSecretTokenValueForTesting_abcdefg"
+    legacy = json.dumps(
+        {"title": "Nightly build", "lines": ["step: link", f"token {token_like}"], "footer": "ok"}
+    )
+    with ServeProcess(config, env={"TC_TEST_TOKEN": fake.token}) as serve:
+        publish(agent_dir(tmp_path, "builder"), legacy)
+        await eventually(lambda: fake.bot_messages(GROUP, thread_id=42), what="card in topic")
+        message = fake.bot_messages(GROUP, thread_id=42)[0]
+        await eventually(lambda: fake.message(GROUP, message.message_id).pinned, what="pin")
+        assert "Nightly build" in message.text and "step: link" in message.text
+        assert token_like not in message.text
+        assert not message.text.lstrip().startswith("{"), "legacy JSON is shown as a card"
+        assert await serve.aterminate() == 0
+
+
+async def test_only_allowed_users_control_the_card(tmp_path: Path, fake: FakeTelegram) -> None:
+    serve = setup(
+        tmp_path, fake, ["builder"], [(GROUP, ["builder"])], allowed="allowed_user_ids = [7]"
+    )
+    with serve:
+        publish(agent_dir(tmp_path, "builder"), "body")
+        await eventually(lambda: shown(fake, GROUP))
+        resident = fake.bot_messages(GROUP)[0].message_id
+        fake.inject_command(GROUP, "/taskcard off", user_id=99)
+        fake.inject_command(GROUP, "/taskcard", user_id=7)
+        await eventually(lambda: any("Task cards here" in t for t in shown(fake, GROUP)))
+        assert "hidden" not in (fake.message(GROUP, resident) or _none).text.lower()
+        assert await serve.aterminate() == 0
