@@ -1,0 +1,312 @@
+"""`TelegramChannel`: the `Channel` interface over python-telegram-bot's `Bot`.
+
+Deliberately thin: no rate limiter, no retries, no sleeps. The service's route scheduler
+owns pacing, so this class only declares which scopes a request consumes, performs exactly
+one request (plus one plain-text retry when Telegram rejects our entities) and translates
+every PTB exception once (`channels.telegram.errors`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+from telegram import Bot, LinkPreviewOptions, MessageEntity
+from telegram import error as tg
+
+from channels.base import (
+    CardView,
+    Channel,
+    ChatRef,
+    CommandSink,
+    CursorStore,
+    Operation,
+    Outgoing,
+    RateScope,
+)
+from channels.errors import ChannelError, MessageGone, Permanent, Transient
+from channels.telegram import render
+from channels.telegram.commands import CommandPoller
+from channels.telegram.config import TelegramConfig
+from channels.telegram.errors import ParseEntitiesFailed, translate
+from channels.telegram.request import FloodAwareRequest
+
+_log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+BOT_SCOPE_KEY = "telegram:bot"
+# Requests to different chats run concurrently; the scheduler bounds how many.
+_POOL_SIZE = 64
+_NO_PREVIEW = LinkPreviewOptions(is_disabled=True)
+
+
+def chat_scope_key(chat: ChatRef) -> str:
+    """Telegram limits a chat as a whole, so forum topics share their chat's scope."""
+    return f"telegram:chat:{chat.chat_id}"
+
+
+def _api_chat_id(chat: ChatRef) -> int | str:
+    """Numeric ids go as ints; `@channelname` style ids are passed through."""
+    try:
+        return int(chat.chat_id)
+    except ValueError:
+        return chat.chat_id
+
+
+def _is_private(chat: ChatRef) -> bool:
+    """Private chats have positive ids; groups, supergroups and channels negative ones."""
+    chat_id = _api_chat_id(chat)
+    return isinstance(chat_id, int) and chat_id > 0
+
+
+def _numeric(value: str, error: type[ChannelError], what: str) -> int:
+    """Telegram ids are integers; a stored id that is not one can never be used."""
+    try:
+        return int(value)
+    except ValueError:
+        raise error(f"{what} {value!r} is not a Telegram id") from None
+
+
+def _entities(payload: Mapping[str, Any]) -> list[MessageEntity] | None:
+    raw = payload.get("entities")
+    if not raw:
+        return None
+    return [
+        MessageEntity(
+            type=item["type"],
+            offset=item["offset"],
+            length=item["length"],
+            url=item.get("url"),
+            language=item.get("language"),
+        )
+        for item in raw
+    ]
+
+
+class _TokenRedactor(logging.Filter):
+    """Rewrites records that contain the bot token.
+
+    httpx logs every request URL at INFO, and a Bot API URL contains the token
+    (`/bot<token>/method`): without this, an operator running at INFO would write the
+    credential into the service log.
+    """
+
+    def __init__(self, token: str) -> None:
+        super().__init__()
+        self._token = token
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self._token:
+            return True
+        message = record.getMessage()
+        if self._token in message:
+            record.msg = message.replace(self._token, "<token>")
+            record.args = None
+        return True
+
+
+# Loggers that may print a Bot API URL. A logger's filters do not apply to records of its
+# children, so each logger that emits such records is named.
+_URL_LOGGERS = (
+    "httpx",
+    "httpcore",
+    "telegram",
+    "telegram.Bot",
+    "telegram.request.BaseRequest",
+    "telegram.request.HTTPXRequest",
+)
+
+
+class TelegramChannel(Channel):
+    """One Telegram bot as a chat transport."""
+
+    name = "telegram"
+
+    def __init__(self, config: TelegramConfig, token: str, cursor: CursorStore) -> None:
+        self._config = config
+        self._token = token
+        self._cursor = cursor
+        self._bot: Bot | None = None
+        self._poll_task: asyncio.Task[None] | None = None
+        self._username = ""
+        self._redactor = _TokenRedactor(token)
+
+    @property
+    def bot_username(self) -> str:
+        """This bot's username (from getMe), empty before `start`."""
+        return self._username
+
+    def _make_bot(self) -> Bot:
+        timeout_s = self._config.request_timeout_s
+        request = FloodAwareRequest(
+            connection_pool_size=_POOL_SIZE,
+            read_timeout=timeout_s,
+            write_timeout=timeout_s,
+            connect_timeout=timeout_s,
+            pool_timeout=timeout_s,
+        )
+        # Long polls get their own connection so they never hold one a request needs; PTB
+        # adds the poll timeout to this read timeout.
+        poll_request = FloodAwareRequest(
+            connection_pool_size=1,
+            read_timeout=timeout_s,
+            write_timeout=timeout_s,
+            connect_timeout=timeout_s,
+            pool_timeout=timeout_s,
+        )
+        return Bot(
+            self._token,
+            base_url=f"{self._config.api_base_url.rstrip('/')}/bot",
+            request=request,
+            get_updates_request=poll_request,
+        )
+
+    async def start(self, on_command: CommandSink) -> None:
+        if self._bot is not None:
+            raise RuntimeError("TelegramChannel.start called twice")
+        for name in _URL_LOGGERS:
+            logging.getLogger(name).addFilter(self._redactor)
+        if not self._token.strip():
+            self._remove_redactor()
+            raise Permanent("no Telegram bot token: set the variable named by telegram.token_env")
+        bot = self._make_bot()
+        try:
+            await bot.initialize()
+        except tg.TelegramError as exc:
+            with contextlib.suppress(tg.TelegramError):
+                await bot.shutdown()
+            self._remove_redactor()
+            raise self._scrub(translate(exc, BOT_SCOPE_KEY)) from None
+        self._bot = bot
+        self._username = bot.username
+        _log.info("Telegram bot @%s connected", self._username)
+        if self._config.commands:
+            poller = CommandPoller(
+                bot, self._username, self._cursor, on_command, self._config.poll_timeout_s
+            )
+            self._poll_task = asyncio.create_task(poller.run(), name="telegram-command-poll")
+
+    async def stop(self) -> None:
+        task, self._poll_task = self._poll_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        bot, self._bot = self._bot, None
+        if bot is not None:
+            try:
+                await bot.shutdown()
+            except tg.TelegramError as exc:
+                _log.warning("closing the Telegram connection failed: %s", type(exc).__name__)
+        self._remove_redactor()
+
+    def _remove_redactor(self) -> None:
+        for name in _URL_LOGGERS:
+            logging.getLogger(name).removeFilter(self._redactor)
+
+    def render_card(self, view: CardView) -> Outgoing:
+        return render.render_card(view)
+
+    def render_text(self, text: str) -> Outgoing:
+        return render.render_text(text)
+
+    def rate_scopes(
+        self, chat: ChatRef, operation: Operation, message_id: str | None
+    ) -> tuple[RateScope, ...]:
+        limits = self._config.limits
+        bot_scope = limits.bot.scope(BOT_SCOPE_KEY)
+        if operation in ("delete", "pin"):
+            # Service actions, not messages: only the bot-wide request budget applies.
+            return (bot_scope,)
+        chat_limit = limits.private_chat if _is_private(chat) else limits.group_chat
+        return (chat_limit.scope(chat_scope_key(chat)), bot_scope)
+
+    async def send(self, chat: ChatRef, message: Outgoing) -> str:
+        bot = self._require_bot()
+        thread_id = (
+            None if chat.thread_id is None else _numeric(chat.thread_id, Permanent, "topic id")
+        )
+
+        async def attempt(with_entities: bool) -> str:
+            sent = await bot.send_message(
+                chat_id=_api_chat_id(chat),
+                text=self._text(message),
+                entities=_entities(message.payload) if with_entities else None,
+                message_thread_id=thread_id,
+                link_preview_options=_NO_PREVIEW,
+            )
+            return str(sent.message_id)
+
+        return await self._with_plain_fallback(chat, attempt)
+
+    async def edit(self, chat: ChatRef, message_id: str, message: Outgoing) -> None:
+        bot = self._require_bot()
+        numeric_id = _numeric(message_id, MessageGone, "message id")
+
+        async def attempt(with_entities: bool) -> None:
+            # editMessageText has no thread parameter: a message id is unique in its chat.
+            await bot.edit_message_text(
+                text=self._text(message),
+                chat_id=_api_chat_id(chat),
+                message_id=numeric_id,
+                entities=_entities(message.payload) if with_entities else None,
+                link_preview_options=_NO_PREVIEW,
+            )
+
+        await self._with_plain_fallback(chat, attempt)
+
+    async def delete(self, chat: ChatRef, message_id: str) -> None:
+        bot = self._require_bot()
+        try:
+            numeric_id = _numeric(message_id, MessageGone, "message id")
+            await self._call(chat, bot.delete_message(_api_chat_id(chat), numeric_id))
+        except MessageGone:
+            return
+
+    async def pin(self, chat: ChatRef, message_id: str) -> None:
+        bot = self._require_bot()
+        await self._call(
+            chat,
+            bot.pin_chat_message(
+                _api_chat_id(chat),
+                _numeric(message_id, Permanent, "message id"),
+                disable_notification=True,
+            ),
+        )
+
+    def _require_bot(self) -> Bot:
+        if self._bot is None:
+            raise Permanent("the Telegram channel is not started")
+        return self._bot
+
+    @staticmethod
+    def _text(message: Outgoing) -> str:
+        text = message.payload.get("text", message.text)
+        return str(text) if str(text).strip() else "…"
+
+    async def _with_plain_fallback(
+        self, chat: ChatRef, attempt: Callable[[bool], Awaitable[_T]]
+    ) -> _T:
+        """One request; if Telegram cannot parse our entities, once more as plain text."""
+        try:
+            return await self._call(chat, attempt(True))
+        except ParseEntitiesFailed:
+            _log.warning("Telegram rejected message entities in chat %s; sending plain", chat)
+            return await self._call(chat, attempt(False))
+
+    async def _call(self, chat: ChatRef, request: Awaitable[_T]) -> _T:
+        try:
+            return await request
+        except tg.TelegramError as exc:
+            raise self._scrub(translate(exc, chat_scope_key(chat))) from None
+        except (TimeoutError, OSError) as exc:
+            raise Transient(f"Telegram request failed: {type(exc).__name__}") from None
+
+    def _scrub(self, error: ChannelError) -> ChannelError:
+        """Belt and braces: no error message leaves this class carrying the token."""
+        if self._token and any(self._token in str(arg) for arg in error.args):
+            error.args = tuple(str(arg).replace(self._token, "<token>") for arg in error.args)
+        return error

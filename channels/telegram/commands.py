@@ -1,0 +1,152 @@
+"""Receiving `/taskcard` commands by long polling `getUpdates`.
+
+The offset is persisted in the cursor store after each batch has been handed to the sink,
+so a restart confirms what was handled and never replays it (Telegram keeps unconfirmed
+updates for 24 hours). Only new messages count: an edited message is never a command, and
+`allowed_updates=["message"]` keeps edits from even arriving. Routing and permissions are
+the service's decisions, not ours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from telegram import Bot, Update
+from telegram import error as tg
+
+from channels.base import ChatRef, CommandSink, CursorStore, IncomingCommand
+from channels.telegram.request import FloodWait
+
+OFFSET_CURSOR_KEY = "telegram:update_offset"
+COMMAND = "taskcard"
+
+_log = logging.getLogger(__name__)
+
+
+def parse_command(text: str, bot_username: str) -> str | None:
+    """The arguments of a `/taskcard` command addressed to this bot, or None.
+
+    `/taskcard@OtherBot` is someone else's command in a group and is ignored; the mention
+    of this bot is matched case-insensitively, as Telegram usernames are.
+    """
+    stripped = text.strip()
+    if not stripped.startswith("/"):
+        return None
+    head, _, args = stripped.partition(" ")
+    name, _, mention = head[1:].partition("@")
+    if name.lower() != COMMAND:
+        return None
+    if mention and mention.lower() != bot_username.lower():
+        return None
+    return " ".join(args.split())
+
+
+def command_from_update(update: Update, bot_username: str) -> IncomingCommand | None:
+    """The command in a new message of `update`, or None (edits are never commands)."""
+    message = update.message
+    if message is None or message.text is None:
+        return None
+    args = parse_command(message.text, bot_username)
+    if args is None:
+        return None
+    thread = message.message_thread_id if message.is_topic_message else None
+    return IncomingCommand(
+        chat=ChatRef(str(message.chat.id), None if thread is None else str(thread)),
+        args=args,
+        user_id=None if message.from_user is None else str(message.from_user.id),
+        message_id=str(message.message_id),
+    )
+
+
+@dataclass(frozen=True)
+class PollBackoff:
+    """Capped exponential backoff between failed polls, so an outage is not a busy loop."""
+
+    initial_s: float = 0.5
+    max_s: float = 30.0
+
+    def delay_s(self, failures: int) -> float:
+        return float(min(self.max_s, self.initial_s * (2 ** max(0, failures - 1))))
+
+
+class CommandPoller:
+    """Long-polls updates for one bot and hands `/taskcard` commands to a sink."""
+
+    def __init__(
+        self,
+        bot: Bot,
+        bot_username: str,
+        cursor: CursorStore,
+        sink: CommandSink,
+        poll_timeout_s: int,
+        backoff: PollBackoff = PollBackoff(),
+    ) -> None:
+        self._bot = bot
+        self._username = bot_username
+        self._cursor = cursor
+        self._sink = sink
+        self._poll_timeout_s = poll_timeout_s
+        self._backoff = backoff
+
+    def _stored_offset(self) -> int | None:
+        raw = self._cursor.get_cursor(OFFSET_CURSOR_KEY)
+        if raw is None:
+            return None
+        try:
+            return int(raw)
+        except ValueError:
+            _log.warning("ignoring a malformed stored Telegram update offset")
+            return None
+
+    async def run(self) -> None:
+        """Poll until cancelled. Errors back off and never end the loop."""
+        offset = self._stored_offset()
+        failures = 0
+        while True:
+            try:
+                updates = await self._bot.get_updates(
+                    offset=offset,
+                    timeout=self._poll_timeout_s,
+                    allowed_updates=["message"],
+                )
+            except tg.Conflict:
+                failures += 1
+                _log.error(
+                    "Telegram getUpdates conflict: another poller or a webhook uses this bot; "
+                    "commands are not received until it stops"
+                )
+                await asyncio.sleep(self._backoff.delay_s(failures))
+                continue
+            except FloodWait as exc:
+                failures += 1
+                _log.warning("Telegram getUpdates rate limited for %gs", exc.retry_after_s)
+                await asyncio.sleep(max(exc.retry_after_s, self._backoff.delay_s(failures)))
+                continue
+            except tg.TelegramError as exc:
+                failures += 1
+                _log.warning("Telegram getUpdates failed (%s); retrying", type(exc).__name__)
+                await asyncio.sleep(self._backoff.delay_s(failures))
+                continue
+            failures = 0
+            if not updates:
+                continue
+            for update in updates:
+                command = command_from_update(update, self._username)
+                if command is not None:
+                    await self._deliver(command)
+                    # Confirm each handled command at once: a stop mid-batch replays none.
+                    self._cursor.set_cursor(OFFSET_CURSOR_KEY, str(update.update_id + 1))
+            offset = updates[-1].update_id + 1
+            self._cursor.set_cursor(OFFSET_CURSOR_KEY, str(offset))
+
+    async def _deliver(self, command: IncomingCommand) -> None:
+        try:
+            await self._sink(command)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # One failing command must not stop commands for every chat; the sink owns
+            # its errors, we only make sure the failure is visible.
+            _log.exception("handling a /taskcard command from chat %s failed", command.chat)

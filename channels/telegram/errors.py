@@ -1,0 +1,92 @@
+"""The one place where python-telegram-bot exceptions become `channels.errors` types.
+
+Order matters: PTB's `BadRequest` and `TimedOut` both subclass `NetworkError`, so the
+specific classes are matched before the generic network case, and a bad request is never
+mistaken for something worth retrying. Messages carry Telegram's description, which never
+contains the token (it is only in the URL, which PTB does not echo).
+"""
+
+from __future__ import annotations
+
+from telegram import error as tg
+
+from channels.errors import (
+    ChannelError,
+    Forbidden,
+    MessageGone,
+    NotModified,
+    Permanent,
+    RateLimited,
+    Transient,
+)
+from channels.telegram.request import FloodWait
+
+
+class ParseEntitiesFailed(Permanent):
+    """Telegram rejected our entities; the channel retries once as plain text."""
+
+
+class ThreadNotFound(Permanent):
+    """The forum topic of the route was deleted or closed for the bot."""
+
+
+_GONE_MARKERS = (
+    "message to edit not found",
+    "message can't be edited",
+    "message_id_invalid",
+    "message to delete not found",
+    "message to pin not found",
+)
+_FORBIDDEN_REASONS = (
+    ("blocked", "bot was blocked by the user"),
+    ("kicked", "bot was kicked from the chat"),
+    ("deactivated", "the user is deactivated"),
+    ("not a member", "bot is not a member of the chat"),
+    ("can't initiate", "bot can't initiate a conversation with the user"),
+    ("not enough rights", "bot lacks the rights for this action"),
+)
+
+
+def forbidden_reason(description: str) -> str:
+    """A short, stable reason for a 403, for the operator view and logs."""
+    lowered = description.lower()
+    for marker, reason in _FORBIDDEN_REASONS:
+        if marker in lowered:
+            return reason
+    return f"forbidden: {description}"
+
+
+def translate(exc: tg.TelegramError, chat_scope: str) -> ChannelError:
+    """The channel error for a PTB exception raised by a request to the chat of `chat_scope`."""
+    description = exc.message
+    lowered = description.lower()
+    if isinstance(exc, FloodWait):
+        return RateLimited(exc.retry_after_s, chat_scope, "Telegram flood control")
+    if isinstance(exc, tg.RetryAfter):
+        # `_retry_after` is always a timedelta; the public property warns about its type.
+        return RateLimited(exc._retry_after.total_seconds(), chat_scope, "Telegram flood control")
+    if isinstance(exc, tg.InvalidToken):
+        return Permanent("Telegram rejected the bot token (invalid or revoked)")
+    if isinstance(exc, tg.Forbidden):
+        return Forbidden(forbidden_reason(description))
+    if isinstance(exc, tg.ChatMigrated):
+        return Permanent(f"the group moved to chat id {exc.new_chat_id}; update the route")
+    if isinstance(exc, tg.BadRequest):
+        return _translate_bad_request(description, lowered)
+    if isinstance(exc, tg.Conflict):
+        return Permanent(f"conflict: {description}")
+    if isinstance(exc, tg.TimedOut | tg.NetworkError):
+        return Transient(f"Telegram unreachable or failing: {description}")
+    return Permanent(f"Telegram error: {description}")
+
+
+def _translate_bad_request(description: str, lowered: str) -> ChannelError:
+    if "message is not modified" in lowered:
+        return NotModified(description)
+    if any(marker in lowered for marker in _GONE_MARKERS):
+        return MessageGone(description)
+    if "can't parse entities" in lowered or "can't find end of" in lowered:
+        return ParseEntitiesFailed(description)
+    if "message thread not found" in lowered or "topic_deleted" in lowered:
+        return ThreadNotFound(description)
+    return Permanent(description)

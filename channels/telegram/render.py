@@ -1,0 +1,220 @@
+"""Card views as Telegram plain text plus `entities` (pure functions, no I/O).
+
+We never send a `parse_mode`: text with an explicit entity list cannot fail on escaping, which
+is the classic MarkdownV2 failure. The Markdown body is converted by `telegramify-markdown`,
+whose entity offsets are already in UTF-16 code units, the unit Telegram counts in. The
+rendered message always fits `MAX_MESSAGE_UTF16` after entity parsing (`fit_view` shrinks the
+automatic slot first, then cuts the body) and is never empty, since Telegram rejects that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import telegramify_markdown
+from telegramify_markdown.config import RenderConfig
+
+from channels.base import BODY_CUT_MARKER, CardView, Outgoing, fit_view
+
+MAX_MESSAGE_UTF16 = 4096
+_SOURCE_BUDGET_FACTOR = 4
+SEPARATOR = "──────────"
+_STATE_ICONS = {
+    "running": "🟢",
+    "idle": "⚪",
+    "waiting": "🟡",
+    "exited": "⚫",
+    "no output": "🟠",
+    "unknown": "❔",
+}
+
+
+def utf16_len(text: str) -> int:
+    """Length in UTF-16 code units: how Telegram counts message length and entity offsets."""
+    if text.isascii():
+        return len(text)
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
+
+
+@dataclass(frozen=True)
+class Entity:
+    """One Bot API `MessageEntity`, offsets and lengths in UTF-16 code units."""
+
+    type: str
+    offset: int
+    length: int
+    url: str | None = None
+    language: str | None = None
+
+    def to_api(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"type": self.type, "offset": self.offset, "length": self.length}
+        if self.url is not None:
+            data["url"] = self.url
+        if self.language is not None:
+            data["language"] = self.language
+        return data
+
+
+@dataclass(frozen=True)
+class RichText:
+    """Plain text and the entities that format it."""
+
+    text: str
+    entities: tuple[Entity, ...] = ()
+
+
+class _Builder:
+    """Appends fragments, shifting each fragment's entities by the UTF-16 length so far."""
+
+    def __init__(self) -> None:
+        self._parts: list[str] = []
+        self._entities: list[Entity] = []
+        self._length_utf16 = 0
+
+    def add(self, text: str, entities: Sequence[Entity] = ()) -> None:
+        for entity in entities:
+            self._entities.append(
+                Entity(
+                    type=entity.type,
+                    offset=entity.offset + self._length_utf16,
+                    length=entity.length,
+                    url=entity.url,
+                    language=entity.language,
+                )
+            )
+        self._parts.append(text)
+        self._length_utf16 += utf16_len(text)
+
+    def add_styled(self, text: str, entity_type: str) -> None:
+        self.add(text, (Entity(entity_type, 0, utf16_len(text)),) if text else ())
+
+    def build(self) -> RichText:
+        return _trim_end(RichText("".join(self._parts), tuple(self._entities)))
+
+
+def _trim_end(rich: RichText) -> RichText:
+    """Drop trailing whitespace (Telegram strips it) and clamp entities to what is left."""
+    text = rich.text.rstrip()
+    limit = utf16_len(text)
+    kept: list[Entity] = []
+    for entity in rich.entities:
+        end = min(entity.offset + entity.length, limit)
+        if end > entity.offset:
+            kept.append(
+                Entity(entity.type, entity.offset, end - entity.offset, entity.url, entity.language)
+            )
+    return RichText(text, tuple(kept))
+
+
+def markdown_to_rich(markdown: str) -> RichText:
+    """Telegram text + entities for a Markdown body.
+
+    An isolated render config keeps us off the library's process-global one, and LaTeX
+    conversion is off because agent bodies use `$` for shell and money, not maths.
+    """
+    config = RenderConfig.isolated()
+    text, entities = telegramify_markdown.convert(markdown, latex_escape=False, config=config)
+    return _trim_end(
+        RichText(
+            text,
+            tuple(
+                Entity(e.type, e.offset, e.length, e.url, e.language)
+                for e in entities
+                if e.length > 0
+            ),
+        )
+    )
+
+
+def hidden_notice(agent_id: str) -> str:
+    return f"{agent_id}: task card hidden — /taskcard on to show"
+
+
+def compose_rich(view: CardView, body_cache: dict[str, RichText] | None = None) -> RichText:
+    """The full layout of one card, without any size bound.
+
+    `body_cache` lets a caller that measures many variants of one view (shrinking rows)
+    convert each distinct body only once.
+    """
+    agent = view.agent_id.strip() or "agent"
+    if view.hidden:
+        return RichText(hidden_notice(agent))
+    out = _Builder()
+    icon = _STATE_ICONS.get(view.state, "")
+    out.add_styled(f"{icon} {agent} · {view.state}".strip(), "bold")
+    for row in view.auto_rows:
+        out.add("\n" + row)
+    if view.body is not None or view.body_note is not None or view.body_cut:
+        out.add("\n" + SEPARATOR)
+    if view.body_note:
+        out.add("\n")
+        out.add_styled(view.body_note, "italic")
+    if view.body is not None and view.body.strip():
+        body = body_cache.get(view.body) if body_cache is not None else None
+        if body is None:
+            body = markdown_to_rich(view.body)
+            if body_cache is not None:
+                body_cache[view.body] = body
+        out.add("\n")
+        out.add(body.text, body.entities)
+    if view.body_cut:
+        out.add_styled(BODY_CUT_MARKER, "italic")
+    return out.build()
+
+
+def _outgoing(rich: RichText) -> Outgoing:
+    payload: dict[str, Any] = {"text": rich.text}
+    if rich.entities:
+        payload["entities"] = [entity.to_api() for entity in rich.entities]
+    return Outgoing.build(rich.text, payload)
+
+
+def render_card(view: CardView, limit_utf16: int = MAX_MESSAGE_UTF16) -> Outgoing:
+    """The resident message for `view`, always non-empty and within `limit_utf16`."""
+    view = _precut_body(view, limit_utf16)
+    cache: dict[str, RichText] = {}
+
+    def size_utf16(candidate: CardView) -> int:
+        return utf16_len(compose_rich(candidate, cache).text)
+
+    fitted = fit_view(view, size_utf16, limit_utf16)
+    rich = compose_rich(fitted, cache)
+    if utf16_len(rich.text) > limit_utf16:
+        # Only reachable when the header or the one kept row alone is too long: cut by code
+        # points, which never splits a surrogate pair.
+        rich = _trim_end(RichText(_cut_utf16(rich.text, limit_utf16), rich.entities))
+    return _outgoing(rich)
+
+
+def _precut_body(view: CardView, limit_utf16: int) -> CardView:
+    """Cut a huge Markdown source before fitting, so fitting stays cheap.
+
+    Fitting converts the body a dozen times; on a body of tens of thousands of characters
+    that would block the event loop for seconds. Visible text is rarely much shorter than
+    its source, so a source of `_SOURCE_BUDGET_FACTOR` times the limit loses nothing that
+    could be shown, except in bodies made mostly of link URLs (then the card is cut a little
+    earlier than necessary, still with the visible marker).
+    """
+    budget = limit_utf16 * _SOURCE_BUDGET_FACTOR
+    if view.body is None or len(view.body) <= budget:
+        return view
+    return replace(view, body=view.body[:budget].rstrip(), body_cut=True)
+
+
+def render_text(text: str, limit_utf16: int = MAX_MESSAGE_UTF16) -> Outgoing:
+    """A plain message (notice or command reply), cut to fit and never empty."""
+    cut = _cut_utf16(text.strip(), limit_utf16).rstrip()
+    return _outgoing(RichText(cut or "…"))
+
+
+def _cut_utf16(text: str, limit_utf16: int) -> str:
+    if utf16_len(text) <= limit_utf16:
+        return text
+    used = 0
+    for index, char in enumerate(text):
+        used += 2 if ord(char) > 0xFFFF else 1
+        if used > limit_utf16 - 1:
+            return text[:index] + "…"
+    return text

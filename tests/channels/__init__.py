@@ -1,0 +1,1 @@
+"""Channel tests: the shared contract suite and per-transport tests against fake APIs."""

@@ -1,0 +1,171 @@
+"""`/taskcard` commands over getUpdates long polling, real PTB against the fake API."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from telegram import Bot, Update
+
+from channels.base import ChatRef
+from channels.telegram.channel import TelegramChannel
+from channels.telegram.commands import (
+    OFFSET_CURSOR_KEY,
+    CommandPoller,
+    PollBackoff,
+    command_from_update,
+    parse_command,
+)
+from channels.telegram.config import TelegramConfig
+from tests.channels.conftest import CommandInbox, MemoryCursorStore, wait_until
+from tests.fakes.telegram_api import FakeTelegram
+
+GROUP = -100777
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("/taskcard", ""),
+        ("/taskcard off", "off"),
+        ("  /taskcard   3  ", "3"),
+        ("/TaskCard on", "on"),
+        ("/taskcard@TaskcardTestBot off", "off"),
+        ("/taskcard@taskcardtestbot", ""),
+        ("/taskcard@OtherBot off", None),
+        ("/taskcards", None),
+        ("/start", None),
+        ("taskcard off", None),
+        ("", None),
+    ],
+)
+def test_parse_command(text: str, expected: str | None) -> None:
+    assert parse_command(text, "TaskcardTestBot") == expected
+
+
+def test_backoff_is_capped() -> None:
+    backoff = PollBackoff(initial_s=0.5, max_s=30.0)
+    assert backoff.delay_s(1) == 0.5
+    assert backoff.delay_s(3) == 2.0
+    assert backoff.delay_s(50) == 30.0
+
+
+def _config(fake: FakeTelegram) -> TelegramConfig:
+    return TelegramConfig(api_base_url=fake.base_url, poll_timeout_s=1, request_timeout_s=10.0)
+
+
+async def _started(
+    fake: FakeTelegram, cursor: MemoryCursorStore, inbox: CommandInbox
+) -> TelegramChannel:
+    channel = TelegramChannel(_config(fake), fake.token, cursor)
+    await channel.start(inbox)
+    return channel
+
+
+async def test_mentions_threads_and_users(
+    telegram_fake: FakeTelegram, telegram_cursor: MemoryCursorStore
+) -> None:
+    inbox = CommandInbox()
+    channel = await _started(telegram_fake, telegram_cursor, inbox)
+    try:
+        telegram_fake.inject_command(GROUP, "/taskcard@OtherBot off", user_id=5)
+        telegram_fake.inject_command(GROUP, "hello everyone", user_id=5)
+        telegram_fake.inject_command(GROUP, "/taskcard@TASKCARDTESTBOT 4", user_id=6, thread_id=9)
+        telegram_fake.inject_command(4242, "/taskcard", user_id=4242)
+        commands = await inbox.wait_for(2)
+        assert [(c.chat, c.args, c.user_id) for c in commands] == [
+            (ChatRef(str(GROUP), "9"), "4", "6"),
+            (ChatRef("4242"), "", "4242"),
+        ]
+        assert all(c.message_id for c in commands)
+    finally:
+        await channel.stop()
+
+
+async def test_offset_persisted_and_not_replayed_after_restart(
+    telegram_fake: FakeTelegram,
+) -> None:
+    cursor = MemoryCursorStore()
+    first_inbox = CommandInbox()
+    first = await _started(telegram_fake, cursor, first_inbox)
+    telegram_fake.inject_command(GROUP, "/taskcard off", user_id=1)
+    await first_inbox.wait_for(1)
+    await wait_until(lambda: cursor.get_cursor(OFFSET_CURSOR_KEY) is not None, what="offset")
+    await first.stop()
+
+    second_inbox = CommandInbox()
+    second = await _started(telegram_fake, cursor, second_inbox)
+    try:
+        telegram_fake.inject_command(GROUP, "/taskcard on", user_id=1)
+        commands = await second_inbox.wait_for(1)
+        assert [c.args for c in commands] == ["on"], "the 'off' before the restart is not replayed"
+        await wait_until(lambda: not telegram_fake.pending_updates, what="updates confirmed")
+    finally:
+        await second.stop()
+
+
+async def test_commands_disabled_means_no_polling(
+    telegram_fake: FakeTelegram, telegram_channel: TelegramChannel
+) -> None:
+    telegram_fake.inject_command(GROUP, "/taskcard off")
+    await telegram_channel.send(ChatRef(str(GROUP)), telegram_channel.render_text("x"))
+    assert telegram_fake.count("getUpdates") == 0
+
+
+async def test_failing_sink_and_conflict_do_not_kill_the_loop(
+    telegram_fake: FakeTelegram,
+) -> None:
+    received: list[str] = []
+
+    async def flaky_sink(command: object) -> None:
+        received.append(getattr(command, "args", ""))
+        if len(received) == 1:
+            raise RuntimeError("sink failed")
+
+    cursor = MemoryCursorStore()
+    backoff = PollBackoff(initial_s=0.01, max_s=0.05)
+    async with (
+        Bot(telegram_fake.token, base_url=f"{telegram_fake.base_url}/bot") as bot,
+        Bot(telegram_fake.token, base_url=f"{telegram_fake.base_url}/bot") as rival_bot,
+    ):
+        poller = CommandPoller(bot, bot.username, cursor, flaky_sink, 1, backoff)
+        task = asyncio.create_task(poller.run())
+        try:
+            # A rival poller ends our long poll with 409 Conflict; we must keep polling.
+            await wait_until(lambda: telegram_fake.waiting_pollers == 1, what="a held poll")
+            await rival_bot.get_updates(timeout=0)
+            telegram_fake.inject_command(GROUP, "/taskcard 1")
+            await wait_until(lambda: len(received) >= 1, what="first command")
+            telegram_fake.inject_command(GROUP, "/taskcard 2")
+            await wait_until(lambda: received[-1] == "2", what="second command")
+            assert any(r.status == 409 for r in telegram_fake.requests)
+        finally:
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+
+def _update(kind: str, text: str, thread_id: int | None = None) -> Update:
+    message: dict[str, Any] = {
+        "message_id": 3,
+        "date": 0,
+        "chat": {"id": GROUP, "type": "supergroup", "title": "g"},
+        "from": {"id": 9, "is_bot": False, "first_name": "u"},
+        "text": text,
+    }
+    if thread_id is not None:
+        message.update(message_thread_id=thread_id, is_topic_message=True)
+    return Update.de_json({"update_id": 1, kind: message}, None)
+
+
+def test_edited_message_is_never_a_command() -> None:
+    assert command_from_update(_update("edited_message", "/taskcard off"), "Bot") is None
+    command = command_from_update(_update("message", "/taskcard off", thread_id=5), "Bot")
+    assert command is not None
+    assert (command.chat, command.args, command.user_id, command.message_id) == (
+        ChatRef(str(GROUP), "5"),
+        "off",
+        "9",
+        "3",
+    )

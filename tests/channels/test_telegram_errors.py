@@ -1,0 +1,88 @@
+"""Table test of the one place PTB exceptions become `channels.errors` types."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+from telegram import error as tg
+
+from channels.errors import (
+    ChannelError,
+    Forbidden,
+    MessageGone,
+    NotModified,
+    Permanent,
+    RateLimited,
+    Transient,
+)
+from channels.telegram.errors import ParseEntitiesFailed, ThreadNotFound, translate
+from channels.telegram.request import FloodWait, flood_wait_from
+
+SCOPE = "telegram:chat:-1"
+
+
+def _retry_after(seconds: int) -> tg.RetryAfter:
+    # PTB 22 warns about the attribute's future type while building the exception.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return tg.RetryAfter(seconds)
+
+
+@pytest.mark.parametrize(
+    ("exc", "expected"),
+    [
+        (tg.BadRequest("Message is not modified: specified new message content"), NotModified),
+        (tg.BadRequest("Message to edit not found"), MessageGone),
+        (tg.BadRequest("Message can't be edited"), MessageGone),
+        (tg.BadRequest("MESSAGE_ID_INVALID"), MessageGone),
+        (tg.BadRequest("Can't parse entities: unsupported start tag"), ParseEntitiesFailed),
+        (tg.BadRequest("Message thread not found"), ThreadNotFound),
+        (tg.BadRequest("Message is too long"), Permanent),
+        (tg.BadRequest("Chat not found"), Permanent),
+        (tg.Forbidden("Forbidden: bot was blocked by the user"), Forbidden),
+        (tg.Forbidden("Forbidden: bot was kicked from the group chat"), Forbidden),
+        (tg.TimedOut(), Transient),
+        (tg.NetworkError("Bad Gateway"), Transient),
+        (tg.InvalidToken("Unauthorized"), Permanent),
+        (tg.Conflict("terminated by other getUpdates request"), Permanent),
+        (tg.ChatMigrated(-100999), Permanent),
+    ],
+)
+def test_translation(exc: tg.TelegramError, expected: type[ChannelError]) -> None:
+    translated = translate(exc, SCOPE)
+    assert type(translated) is expected
+    # A bad request is never mistaken for a network problem worth retrying.
+    if isinstance(exc, tg.BadRequest):
+        assert not isinstance(translated, Transient)
+
+
+def test_forbidden_reasons() -> None:
+    blocked = translate(tg.Forbidden("Forbidden: bot was blocked by the user"), SCOPE)
+    kicked = translate(tg.Forbidden("Forbidden: bot was kicked from the group chat"), SCOPE)
+    assert isinstance(blocked, Forbidden) and "blocked" in blocked.reason
+    assert isinstance(kicked, Forbidden) and "kicked" in kicked.reason
+
+
+@pytest.mark.parametrize("exc", [FloodWait(12.0, "Too Many Requests"), _retry_after(12)])
+def test_rate_limited_names_the_scope(exc: tg.TelegramError) -> None:
+    translated = translate(exc, SCOPE)
+    assert isinstance(translated, RateLimited)
+    assert (translated.retry_after_s, translated.scope) == (12.0, SCOPE)
+
+
+@pytest.mark.parametrize(
+    ("payload", "retry_after_s"),
+    [
+        (
+            b'{"ok":false,"error_code":429,"description":"Too Many Requests: retry after 35",'
+            b'"parameters":{"retry_after":35}}',
+            35.0,
+        ),
+        (b'{"ok":false,"error_code":429,"description":"Too Many Requests"}', None),
+        (b"not json", None),
+    ],
+)
+def test_flood_wait_from_body(payload: bytes, retry_after_s: float | None) -> None:
+    flood = flood_wait_from(payload)
+    assert (None if flood is None else flood.retry_after_s) == retry_after_s

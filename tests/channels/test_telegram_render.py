@@ -1,0 +1,154 @@
+"""Table tests of the pure Telegram rendering: layout, entities, bounds, never empty."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from channels.base import BODY_CUT_MARKER, CardView
+from channels.telegram.render import (
+    MAX_MESSAGE_UTF16,
+    SEPARATOR,
+    hidden_notice,
+    render_card,
+    render_text,
+    utf16_len,
+)
+
+
+def _entity_texts(payload: Any) -> list[tuple[str, str]]:
+    """(type, covered text) for each entity, slicing by UTF-16 units as Telegram does."""
+    raw = payload["text"].encode("utf-16-le")
+    out = []
+    for entity in payload.get("entities", []):
+        start, end = entity["offset"] * 2, (entity["offset"] + entity["length"]) * 2
+        out.append((entity["type"], raw[start:end].decode("utf-16-le")))
+    return out
+
+
+def _assert_valid(payload: Any) -> None:
+    text = payload["text"]
+    assert text.strip(), "Telegram cannot show an empty message"
+    assert utf16_len(text) <= MAX_MESSAGE_UTF16
+    for entity in payload.get("entities", []):
+        assert entity["offset"] >= 0 and entity["length"] > 0
+        assert entity["offset"] + entity["length"] <= utf16_len(text)
+
+
+def test_layout_header_rows_separator_body() -> None:
+    view = CardView(
+        agent_id="builder",
+        state="running",
+        auto_rows=("last: pytest passed 2m ago", "turn: 12m"),
+        body="Step **3** of 5",
+    )
+    out = render_card(view)
+    lines = out.text.split("\n")
+    assert "builder" in lines[0] and "running" in lines[0]
+    assert lines[1:3] == ["last: pytest passed 2m ago", "turn: 12m"]
+    assert lines[3] == SEPARATOR
+    assert lines[4] == "Step 3 of 5"
+    covered = _entity_texts(out.payload)
+    assert ("bold", lines[0]) in covered
+    assert ("bold", "3") in covered
+    assert out.payload["text"] == out.text
+    _assert_valid(out.payload)
+
+
+@pytest.mark.parametrize(
+    ("markdown", "expected"),
+    [
+        ("**bold**", ("bold", "bold")),
+        ("_it_", ("italic", "it")),
+        ("`x = 1`", ("code", "x = 1")),
+        ("~~old~~", ("strikethrough", "old")),
+        ("[docs](https://example.org/a)", ("text_link", "docs")),
+        ("> quoted line", ("blockquote", "quoted line")),
+        ("# Heading", ("bold", "Heading")),
+    ],
+)
+def test_markdown_becomes_entities(markdown: str, expected: tuple[str, str]) -> None:
+    out = render_card(CardView(agent_id="a", state="idle", body=markdown))
+    covered = _entity_texts(out.payload)
+    kind, text = expected
+    assert any(k == kind and text in t for k, t in covered), covered
+    assert "**" not in out.text and "~~" not in out.text
+    _assert_valid(out.payload)
+
+
+def test_code_block_keeps_language_and_link_keeps_url() -> None:
+    body = "```python\nprint('hi')\n```\n\nsee [the log](https://example.org/log)"
+    out = render_card(CardView(agent_id="a", state="idle", body=body))
+    entities = out.payload["entities"]
+    pre = [e for e in entities if e["type"] == "pre"]
+    assert pre and pre[0]["language"] == "python"
+    links = [e for e in entities if e["type"] == "text_link"]
+    assert links and links[0]["url"] == "https://example.org/log"
+
+
+def test_lists_stay_text_bullets() -> None:
+    out = render_card(CardView(agent_id="a", state="idle", body="- one\n- two\n\n1. first"))
+    lines = out.text.split("\n")
+    assert any(line.endswith(" one") and line != "one" for line in lines), lines
+    assert "1. first" in out.text
+
+
+def test_markdown_v2_hostile_body_renders_as_is() -> None:
+    body = "cost: $5 (est.) - ratio 1+1=2 | a_b_c #tag {x} [y] v1.2! > not quote"
+    out = render_card(CardView(agent_id="a", state="idle", body=body))
+    assert "a_b_c" in out.text and "(est.)" in out.text and "v1.2!" in out.text
+    _assert_valid(out.payload)
+
+
+def test_hidden_renders_one_line_notice() -> None:
+    out = render_card(CardView(agent_id="builder", state="running", body="x", hidden=True))
+    assert out.text == hidden_notice("builder")
+    assert "\n" not in out.text
+
+
+def test_body_note_shown_when_no_body() -> None:
+    out = render_card(CardView(agent_id="b", state="exited", body=None, body_note="card stopped"))
+    assert "card stopped" in out.text
+    assert ("italic", "card stopped") in _entity_texts(out.payload)
+
+
+def test_body_cut_appends_marker() -> None:
+    out = render_card(CardView(agent_id="b", state="idle", body="short", body_cut=True))
+    assert out.text.endswith(BODY_CUT_MARKER.strip())
+
+
+@pytest.mark.parametrize("agent_id", ["", "   "])
+def test_never_empty(agent_id: str) -> None:
+    out = render_card(CardView(agent_id=agent_id, state="unknown"))
+    _assert_valid(out.payload)
+    assert render_text("   ").text.strip()
+
+
+@pytest.mark.parametrize(
+    "unit",
+    ["😀", "中", "a", "👨‍👩‍👧", "**粗**", "`😀`"],
+)
+def test_over_long_body_fits_in_utf16(unit: str) -> None:
+    body = unit * 10_000 + "\n\n**end**"
+    rows = tuple(f"row {i}: " + "🙂" * 40 for i in range(10))
+    out = render_card(CardView(agent_id="big", state="running", auto_rows=rows, body=body))
+    _assert_valid(out.payload)
+    assert utf16_len(out.text) > MAX_MESSAGE_UTF16 // 2, "the cut should keep most of the room"
+    assert out.text.endswith(BODY_CUT_MARKER.strip())
+    assert "row 0" in out.text, "the first automatic row is kept"
+    assert "row 9" not in out.text, "later automatic rows shrink first"
+
+
+def test_fingerprint_changes_exactly_with_content() -> None:
+    first = render_card(CardView(agent_id="a", state="idle", body="x"))
+    same = render_card(CardView(agent_id="a", state="idle", body="x"))
+    bolder = render_card(CardView(agent_id="a", state="idle", body="**x**"))
+    assert first.fingerprint == same.fingerprint
+    assert first.fingerprint != bolder.fingerprint
+
+
+def test_render_text_cuts_long_text() -> None:
+    out = render_text("😀" * 5000)
+    _assert_valid(out.payload)
+    assert "entities" not in out.payload

@@ -1,0 +1,687 @@
+"""A stateful fake of the Telegram Bot API on 127.0.0.1, for tests and benchmarks.
+
+It keeps chats and their messages (text + entities, ids increasing per chat, edit history),
+answers the methods taskcard uses with the real success and error shapes, validates what the
+real API validates (entity bounds, the 4096 UTF-16 limit, empty text), and enforces
+configurable sliding-window limits per private chat, per group and per bot, answering the
+real 429 body. Every request is recorded with its time; every 429 is recorded too.
+
+In-process::
+
+    async with FakeTelegram() as fake:
+        bot = Bot(fake.token, base_url=f"{fake.base_url}/bot")
+        fake.inject_command(-100, "/taskcard off", user_id=7)
+        fake.messages(-100)
+
+Standalone (benchmarks)::
+
+    python -m tests.fakes.telegram_api --port 8081 --token 1:T --group-limit 20/60
+
+aiohttp sets TCP_NODELAY on every connection and sends a small response in one write, so
+no delayed-ACK stall distorts latency figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import signal
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+Json = dict[str, Any]
+
+NOT_MODIFIED = (
+    "Bad Request: message is not modified: specified new message content and reply markup "
+    "are exactly the same as a current content and reply markup of the message"
+)
+EDIT_NOT_FOUND = "Bad Request: message to edit not found"
+DELETE_NOT_FOUND = "Bad Request: message to delete not found"
+PIN_NOT_FOUND = "Bad Request: message to pin not found"
+TOO_LONG = "Bad Request: message is too long"
+TEXT_EMPTY = "Bad Request: message text is empty"
+THREAD_NOT_FOUND = "Bad Request: message thread not found"
+KICKED = "Forbidden: bot was kicked from the group chat"
+BLOCKED = "Forbidden: bot was blocked by the user"
+CONFLICT = (
+    "Conflict: terminated by other getUpdates request; make sure that only one bot instance "
+    "is running"
+)
+MAX_TEXT_UTF16 = 4096
+ENTITY_TYPES = frozenset(
+    {
+        "mention",
+        "hashtag",
+        "cashtag",
+        "bot_command",
+        "url",
+        "email",
+        "phone_number",
+        "bold",
+        "italic",
+        "underline",
+        "strikethrough",
+        "spoiler",
+        "blockquote",
+        "expandable_blockquote",
+        "code",
+        "pre",
+        "text_link",
+        "text_mention",
+        "custom_emoji",
+    }
+)
+# Methods that put a message into a chat and so count against that chat's limit.
+CHAT_LIMITED_METHODS = frozenset({"sendMessage", "editMessageText"})
+# Methods that count against the bot-wide limit (polling and identity do not).
+BOT_LIMITED_METHODS = frozenset(
+    {"sendMessage", "editMessageText", "deleteMessage", "pinChatMessage"}
+)
+
+
+def utf16_len(text: str) -> int:
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
+
+
+@dataclass(frozen=True)
+class Window:
+    """At most `max_calls` requests in any `period_s` window."""
+
+    max_calls: int
+    period_s: float
+
+    @staticmethod
+    def parse(spec: str) -> Window:
+        """`"20/60"` means 20 calls per 60 seconds."""
+        calls, _, period = spec.partition("/")
+        return Window(int(calls), float(period or "1"))
+
+
+@dataclass(frozen=True)
+class FakeLimits:
+    """Limits the fake enforces; None disables one. Defaults follow the Bots FAQ."""
+
+    private_chat: Window | None = Window(1, 1.0)
+    group_chat: Window | None = Window(20, 60.0)
+    bot: Window | None = Window(30, 1.0)
+
+    @staticmethod
+    def unlimited() -> FakeLimits:
+        return FakeLimits(None, None, None)
+
+
+@dataclass
+class StoredMessage:
+    """One message as the chat shows it, with every earlier version of its text."""
+
+    chat_id: int
+    message_id: int
+    text: str
+    entities: list[Json]
+    thread_id: int | None
+    from_bot: bool
+    date: int
+    history: list[tuple[str, list[Json]]] = field(default_factory=list)
+    pinned: bool = False
+    deleted: bool = False
+    edit_count: int = 0
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    at_s: float
+    method: str
+    chat_id: int | None
+    status: int
+    params: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Recorded429:
+    at_s: float
+    method: str
+    chat_id: int | None
+    scope: str
+    retry_after_s: int
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, description: str, parameters: Json | None = None) -> None:
+        super().__init__(description)
+        self.status = status
+        self.description = description
+        self.parameters = parameters
+
+
+class _SlidingWindow:
+    def __init__(self, window: Window) -> None:
+        self.window = window
+        self.times: deque[float] = deque()
+
+    def retry_after_s(self, now_s: float) -> int | None:
+        """Whole seconds to wait, or None when one more call fits now."""
+        while self.times and self.times[0] <= now_s - self.window.period_s:
+            self.times.popleft()
+        if len(self.times) < self.window.max_calls:
+            return None
+        wait_s = self.times[0] + self.window.period_s - now_s
+        return max(1, math.ceil(wait_s))
+
+
+def _chat_json(chat_id: int) -> Json:
+    if chat_id > 0:
+        return {"id": chat_id, "type": "private", "first_name": f"User{chat_id}"}
+    return {"id": chat_id, "type": "supergroup", "title": f"Group {chat_id}", "is_forum": True}
+
+
+class FakeTelegram:
+    """The fake server plus its test controls. Use `async with` or `start()`/`stop()`."""
+
+    def __init__(
+        self,
+        token: str = "123456:FAKE-test-token",
+        username: str = "TaskcardTestBot",
+        limits: FakeLimits | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.token = token
+        self.username = username
+        self.bot_id = int(token.split(":", 1)[0]) if token.split(":", 1)[0].isdigit() else 1
+        self.limits = limits if limits is not None else FakeLimits()
+        self._host = host
+        self._port = port
+        self._clock = clock
+        self._runner: web.AppRunner | None = None
+        self._chats: dict[int, dict[int, StoredMessage]] = {}
+        self._next_id: dict[int, int] = {}
+        self._kicked: set[int] = set()
+        self._blocked: set[int] = set()
+        self._deleted_topics: set[tuple[int, int]] = set()
+        self._windows: dict[str, _SlidingWindow] = {}
+        self._updates: list[Json] = []
+        self._next_update_id = 1
+        self._update_waiters: set[asyncio.Future[None]] = set()
+        self._poll_generation = 0
+        self._failures: dict[str, deque[tuple[int, str]]] = {}
+        self.requests: list[RecordedRequest] = []
+        self.rate_limited: list[Recorded429] = []
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_route("*", "/bot{token}/{method}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host, self._port)
+        await site.start()
+        self._port = int(self._runner.addresses[0][1])
+
+    async def stop(self) -> None:
+        self._poll_generation += 1
+        self._wake_pollers()
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def __aenter__(self) -> FakeTelegram:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def base_url(self) -> str:
+        """The API root, without `/bot<token>`: what `api_base_url` in the config takes."""
+        return f"http://{self._host}:{self._port}"
+
+    # ---------------------------------------------------------------- test controls
+
+    def messages(self, chat_id: int | str, thread_id: int | None = None) -> list[StoredMessage]:
+        """Messages the chat shows now (not deleted), oldest first; one topic if given."""
+        chat = self._chats.get(int(chat_id), {})
+        return [
+            m
+            for m in chat.values()
+            if not m.deleted and (thread_id is None or m.thread_id == thread_id)
+        ]
+
+    def bot_messages(self, chat_id: int | str, thread_id: int | None = None) -> list[StoredMessage]:
+        return [m for m in self.messages(chat_id, thread_id) if m.from_bot]
+
+    def message(self, chat_id: int | str, message_id: int | str) -> StoredMessage | None:
+        return self._chats.get(int(chat_id), {}).get(int(message_id))
+
+    def edit_history(self, chat_id: int | str, message_id: int | str) -> list[str]:
+        """Every text the message has shown, the first send first and the current last."""
+        stored = self.message(chat_id, message_id)
+        if stored is None:
+            return []
+        return [text for text, _ in stored.history] + [stored.text]
+
+    def user_delete(self, chat_id: int | str, message_id: int | str) -> None:
+        """Delete a message as a person in the chat would."""
+        stored = self.message(chat_id, message_id)
+        if stored is not None:
+            stored.deleted = True
+
+    def kick(self, chat_id: int | str) -> None:
+        """Remove the bot from a group, or have the user block it in a private chat."""
+        chat = int(chat_id)
+        (self._blocked if chat > 0 else self._kicked).add(chat)
+
+    def block(self, chat_id: int | str) -> None:
+        self.kick(chat_id)
+
+    def readmit(self, chat_id: int | str) -> None:
+        self._kicked.discard(int(chat_id))
+        self._blocked.discard(int(chat_id))
+
+    def delete_topic(self, chat_id: int | str, thread_id: int) -> None:
+        self._deleted_topics.add((int(chat_id), thread_id))
+
+    def fail_next(self, method: str, status: int = 500, description: str = "Internal") -> None:
+        """Answer the next call of `method` with this error (for 5xx and odd cases)."""
+        self._failures.setdefault(method, deque()).append((status, description))
+
+    def inject_message(
+        self,
+        chat_id: int | str,
+        text: str,
+        user_id: int = 1000,
+        thread_id: int | None = None,
+        edit_of: int | None = None,
+    ) -> int:
+        """A person writes `text` (or edits their message `edit_of`); returns the update id."""
+        chat = int(chat_id)
+        if edit_of is None:
+            message_id = self._allocate_id(chat)
+            stored = StoredMessage(
+                chat, message_id, text, [], thread_id, from_bot=False, date=self._date()
+            )
+            self._chats.setdefault(chat, {})[message_id] = stored
+            kind = "message"
+        else:
+            existing = self.message(chat, edit_of)
+            if existing is None:
+                raise KeyError(f"no message {edit_of} in chat {chat}")
+            existing.history.append((existing.text, existing.entities))
+            existing.text = text
+            stored = existing
+            kind = "edited_message"
+        message = self._message_json(stored, user_id=user_id)
+        if text.startswith("/"):
+            command_length = len(text.split()[0])
+            message["entities"] = [{"type": "bot_command", "offset": 0, "length": command_length}]
+        if kind == "edited_message":
+            message["edit_date"] = self._date()
+        return self._push_update({kind: message})
+
+    def inject_command(
+        self,
+        chat_id: int | str,
+        text: str,
+        user_id: int = 1000,
+        thread_id: int | None = None,
+        edited: bool = False,
+    ) -> int:
+        """A command message; `edited=True` posts it and then delivers an edit of it."""
+        if not edited:
+            return self.inject_message(chat_id, text, user_id, thread_id)
+        self.inject_message(chat_id, "hello", user_id, thread_id)
+        original = self.messages(chat_id)[-1].message_id
+        return self.inject_message(chat_id, text, user_id, thread_id, edit_of=original)
+
+    @property
+    def waiting_pollers(self) -> int:
+        """getUpdates requests currently held open by a long poll."""
+        return sum(1 for waiter in self._update_waiters if not waiter.done())
+
+    @property
+    def pending_updates(self) -> list[Json]:
+        """Updates not yet confirmed by a getUpdates offset."""
+        return list(self._updates)
+
+    def count(self, method: str | None = None, chat_id: int | str | None = None) -> int:
+        """Requests received (including rejected ones) matching the filters."""
+        chat = None if chat_id is None else int(chat_id)
+        return sum(
+            1
+            for r in self.requests
+            if (method is None or r.method == method) and (chat is None or r.chat_id == chat)
+        )
+
+    def reset_counters(self) -> None:
+        """Forget recorded requests, recorded 429s and rate windows (not messages)."""
+        self.requests.clear()
+        self.rate_limited.clear()
+        self._windows.clear()
+
+    # ---------------------------------------------------------------- HTTP
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        method = request.match_info["method"]
+        params = await self._params(request)
+        chat_id = self._optional_int(params.get("chat_id"))
+        if request.match_info["token"] != self.token:
+            status, body = 401, {"ok": False, "error_code": 401, "description": "Unauthorized"}
+        else:
+            try:
+                result = await self._dispatch(method, params, chat_id)
+                status, body = 200, {"ok": True, "result": result}
+            except ApiError as exc:
+                status = exc.status
+                body = {"ok": False, "error_code": exc.status, "description": exc.description}
+                if exc.parameters:
+                    body["parameters"] = exc.parameters
+        self.requests.append(RecordedRequest(self._clock(), method, chat_id, status, params))
+        return web.Response(
+            body=json.dumps(body).encode(), status=status, content_type="application/json"
+        )
+
+    @staticmethod
+    async def _params(request: web.Request) -> Json:
+        """Query, form and JSON parameters merged, JSON-looking form values decoded."""
+        params: Json = dict(request.query)
+        if request.can_read_body:
+            if request.content_type == "application/json":
+                data = await request.json()
+                if isinstance(data, dict):
+                    params.update(data)
+            else:
+                form = await request.post()
+                params.update({k: v for k, v in form.items() if isinstance(v, str)})
+        for key, value in list(params.items()):
+            if isinstance(value, str) and value[:1] in ("[", "{"):
+                with contextlib.suppress(ValueError):
+                    params[key] = json.loads(value)
+        return params
+
+    @staticmethod
+    def _optional_int(value: Any) -> int | None:
+        if value is None or value == "":
+            return None
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            return None
+
+    async def _dispatch(self, method: str, params: Json, chat_id: int | None) -> Any:
+        failures = self._failures.get(method)
+        if failures:
+            status, description = failures.popleft()
+            raise ApiError(status, description)
+        handlers: dict[str, Callable[[Json, int | None], Any]] = {
+            "getMe": self._get_me,
+            "sendMessage": self._send_message,
+            "editMessageText": self._edit_message_text,
+            "deleteMessage": self._delete_message,
+            "pinChatMessage": self._pin_chat_message,
+            "setMyCommands": lambda p, c: True,
+            "deleteWebhook": lambda p, c: True,
+            "close": lambda p, c: True,
+            "logOut": lambda p, c: True,
+        }
+        if method == "getUpdates":
+            return await self._get_updates(params)
+        handler = handlers.get(method)
+        if handler is None:
+            raise ApiError(404, "Not Found")
+        if method in BOT_LIMITED_METHODS:
+            self._check_chat(chat_id)
+            self._check_limits(method, chat_id)
+        return handler(params, chat_id)
+
+    # ---------------------------------------------------------------- checks
+
+    def _check_chat(self, chat_id: int | None) -> None:
+        if chat_id is None:
+            raise ApiError(400, "Bad Request: chat_id is empty")
+        if chat_id in self._kicked:
+            raise ApiError(403, KICKED)
+        if chat_id in self._blocked:
+            raise ApiError(403, BLOCKED)
+
+    def _window(self, key: str, window: Window) -> _SlidingWindow:
+        current = self._windows.get(key)
+        if current is None or current.window != window:
+            current = self._windows[key] = _SlidingWindow(window)
+        return current
+
+    def _check_limits(self, method: str, chat_id: int | None) -> None:
+        now_s = self._clock()
+        windows: list[tuple[str, _SlidingWindow]] = []
+        if method in CHAT_LIMITED_METHODS and chat_id is not None:
+            limit = self.limits.private_chat if chat_id > 0 else self.limits.group_chat
+            if limit is not None:
+                key = f"chat:{chat_id}"
+                windows.append((key, self._window(key, limit)))
+        if self.limits.bot is not None:
+            windows.append(("bot", self._window("bot", self.limits.bot)))
+        for scope, window in windows:
+            wait_s = window.retry_after_s(now_s)
+            if wait_s is not None:
+                self.rate_limited.append(Recorded429(now_s, method, chat_id, scope, wait_s))
+                raise ApiError(
+                    429,
+                    f"Too Many Requests: retry after {wait_s}",
+                    {"retry_after": wait_s},
+                )
+        for _, window in windows:
+            window.times.append(now_s)
+
+    @staticmethod
+    def _validate_text(text: Any, entities: Any) -> tuple[str, list[Json]]:
+        if not isinstance(text, str) or not text.strip():
+            raise ApiError(400, TEXT_EMPTY)
+        length = utf16_len(text)
+        if length > MAX_TEXT_UTF16:
+            raise ApiError(400, TOO_LONG)
+        if entities is None:
+            return text, []
+        if not isinstance(entities, list):
+            raise ApiError(400, "Bad Request: can't parse entities JSON object")
+        checked: list[Json] = []
+        for index, entity in enumerate(entities):
+            if not isinstance(entity, dict) or entity.get("type") not in ENTITY_TYPES:
+                raise ApiError(400, f"Bad Request: can't parse entities: bad entity {index}")
+            offset, size = entity.get("offset"), entity.get("length")
+            if not isinstance(offset, int) or not isinstance(size, int):
+                raise ApiError(400, f"Bad Request: can't parse entities: entity {index}")
+            if offset < 0 or size <= 0 or offset + size > length:
+                raise ApiError(
+                    400, f"Bad Request: can't parse entities: entity {index} is out of the text"
+                )
+            if entity["type"] == "text_link" and not entity.get("url"):
+                raise ApiError(400, f"Bad Request: can't parse entities: entity {index} url")
+            checked.append(dict(entity))
+        return text, checked
+
+    # ---------------------------------------------------------------- methods
+
+    def _get_me(self, params: Json, chat_id: int | None) -> Json:
+        return {
+            "id": self.bot_id,
+            "is_bot": True,
+            "first_name": "Taskcard Test",
+            "username": self.username,
+            "can_join_groups": True,
+            "can_read_all_group_messages": False,
+            "supports_inline_queries": False,
+        }
+
+    def _send_message(self, params: Json, chat_id: int | None) -> Json:
+        assert chat_id is not None
+        text, entities = self._validate_text(params.get("text"), params.get("entities"))
+        thread_id = self._optional_int(params.get("message_thread_id"))
+        if thread_id is not None and (chat_id > 0 or (chat_id, thread_id) in self._deleted_topics):
+            raise ApiError(400, THREAD_NOT_FOUND)
+        message_id = self._allocate_id(chat_id)
+        stored = StoredMessage(
+            chat_id, message_id, text, entities, thread_id, from_bot=True, date=self._date()
+        )
+        self._chats.setdefault(chat_id, {})[message_id] = stored
+        return self._message_json(stored)
+
+    def _edit_message_text(self, params: Json, chat_id: int | None) -> Json:
+        assert chat_id is not None
+        stored = self._existing(chat_id, params.get("message_id"), EDIT_NOT_FOUND)
+        if not stored.from_bot:
+            raise ApiError(400, "Bad Request: message can't be edited")
+        text, entities = self._validate_text(params.get("text"), params.get("entities"))
+        if text == stored.text and entities == stored.entities:
+            raise ApiError(400, NOT_MODIFIED)
+        stored.history.append((stored.text, stored.entities))
+        stored.text, stored.entities = text, entities
+        stored.edit_count += 1
+        message = self._message_json(stored)
+        message["edit_date"] = self._date()
+        return message
+
+    def _delete_message(self, params: Json, chat_id: int | None) -> bool:
+        assert chat_id is not None
+        self._existing(chat_id, params.get("message_id"), DELETE_NOT_FOUND).deleted = True
+        return True
+
+    def _pin_chat_message(self, params: Json, chat_id: int | None) -> bool:
+        assert chat_id is not None
+        self._existing(chat_id, params.get("message_id"), PIN_NOT_FOUND).pinned = True
+        return True
+
+    async def _get_updates(self, params: Json) -> list[Json]:
+        offset = self._optional_int(params.get("offset"))
+        timeout_s = float(params.get("timeout") or 0)
+        allowed = params.get("allowed_updates")
+        if offset is not None:
+            self._updates = [u for u in self._updates if u["update_id"] >= offset]
+        # A newer poller ends the one still waiting, as the real API does.
+        self._poll_generation += 1
+        generation = self._poll_generation
+        self._wake_pollers()
+        deadline_s = time.monotonic() + timeout_s
+        while True:
+            ready = self._deliverable(allowed)
+            if ready or time.monotonic() >= deadline_s:
+                return ready
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._update_waiters.add(waiter)
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        asyncio.shield(waiter), max(0.0, deadline_s - time.monotonic())
+                    )
+            finally:
+                self._update_waiters.discard(waiter)
+            if generation != self._poll_generation:
+                raise ApiError(409, CONFLICT)
+
+    def _deliverable(self, allowed: Any) -> list[Json]:
+        if isinstance(allowed, list) and allowed:
+            # Updates of kinds the poller did not ask for are dropped, as Telegram does.
+            self._updates = [u for u in self._updates if any(k in u for k in allowed)]
+        return list(self._updates)
+
+    # ---------------------------------------------------------------- helpers
+
+    def _push_update(self, update: Json) -> int:
+        update_id = self._next_update_id
+        self._next_update_id += 1
+        self._updates.append({"update_id": update_id, **update})
+        self._wake_pollers()
+        return update_id
+
+    def _wake_pollers(self) -> None:
+        for waiter in self._update_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _allocate_id(self, chat_id: int) -> int:
+        next_id = self._next_id.get(chat_id, 1)
+        self._next_id[chat_id] = next_id + 1
+        return next_id
+
+    def _existing(self, chat_id: int, message_id: Any, missing: str) -> StoredMessage:
+        stored = self.message(chat_id, self._optional_int(message_id) or 0)
+        if stored is None or stored.deleted:
+            raise ApiError(400, missing)
+        return stored
+
+    @staticmethod
+    def _date() -> int:
+        return int(time.time())
+
+    def _message_json(self, stored: StoredMessage, user_id: int | None = None) -> Json:
+        sender: Json = (
+            {"id": self.bot_id, "is_bot": True, "first_name": "Taskcard Test"}
+            if stored.from_bot
+            else {"id": user_id, "is_bot": False, "first_name": f"User{user_id}"}
+        )
+        message: Json = {
+            "message_id": stored.message_id,
+            "date": stored.date,
+            "chat": _chat_json(stored.chat_id),
+            "from": sender,
+            "text": stored.text,
+        }
+        if sender["is_bot"]:
+            message["from"]["username"] = self.username
+        if stored.entities:
+            message["entities"] = stored.entities
+        if stored.thread_id is not None:
+            message["message_thread_id"] = stored.thread_id
+            message["is_topic_message"] = True
+        return message
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Run the fake Telegram Bot API server.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8081)
+    parser.add_argument("--token", default="123456:FAKE-test-token")
+    parser.add_argument("--username", default="TaskcardTestBot")
+    parser.add_argument("--private-limit", default="1/1", help="calls/seconds, or 'off'")
+    parser.add_argument("--group-limit", default="20/60", help="calls/seconds, or 'off'")
+    parser.add_argument("--bot-limit", default="30/1", help="calls/seconds, or 'off'")
+    return parser.parse_args(argv)
+
+
+def _window_arg(spec: str) -> Window | None:
+    return None if spec == "off" else Window.parse(spec)
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    limits = FakeLimits(
+        _window_arg(args.private_limit), _window_arg(args.group_limit), _window_arg(args.bot_limit)
+    )
+    fake = FakeTelegram(args.token, args.username, limits, args.host, args.port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    async with fake:
+        print(f"fake Telegram Bot API listening on {fake.base_url}", flush=True)
+        await stop.wait()
+        print(f"requests={len(fake.requests)} rate_limited={len(fake.rate_limited)}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    asyncio.run(_serve(_parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

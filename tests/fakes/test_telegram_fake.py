@@ -1,0 +1,127 @@
+"""The fake Bot API itself: wire shapes the channel tests rely on, over raw HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.fakes.telegram_api import (
+    EDIT_NOT_FOUND,
+    NOT_MODIFIED,
+    TOO_LONG,
+    FakeLimits,
+    FakeTelegram,
+    Window,
+)
+
+
+async def _call(
+    fake: FakeTelegram, method: str, how: str = "json", token: str | None = None, **params: Any
+) -> tuple[int, dict[str, Any]]:
+    url = f"{fake.base_url}/bot{token or fake.token}/{method}"
+    async with aiohttp.ClientSession() as session:
+        if how == "json":
+            response = await session.post(url, json=params)
+        elif how == "form":
+            response = await session.post(url, data={k: str(v) for k, v in params.items()})
+        else:
+            response = await session.get(url, params={k: str(v) for k, v in params.items()})
+        async with response:
+            return response.status, await response.json()
+
+
+@pytest.mark.parametrize("how", ["json", "form", "query"])
+async def test_send_accepts_every_encoding(how: str) -> None:
+    async with FakeTelegram() as fake:
+        status, body = await _call(fake, "sendMessage", how, chat_id=-5, text="hi")
+        assert status == 200 and body["result"]["message_id"] == 1
+        assert [m.text for m in fake.messages(-5)] == ["hi"]
+
+
+async def test_wrong_token_is_unauthorized() -> None:
+    async with FakeTelegram() as fake:
+        status, body = await _call(fake, "getMe", token="1:bad")
+        assert (status, body["description"]) == (401, "Unauthorized")
+
+
+async def test_edit_errors_and_history() -> None:
+    async with FakeTelegram() as fake:
+        await _call(fake, "sendMessage", chat_id=-5, text="v1")
+        status, body = await _call(fake, "editMessageText", chat_id=-5, message_id=1, text="v1")
+        assert (status, body["description"]) == (400, NOT_MODIFIED)
+        await _call(fake, "editMessageText", chat_id=-5, message_id=1, text="v2")
+        assert fake.edit_history(-5, 1) == ["v1", "v2"]
+        status, body = await _call(fake, "editMessageText", chat_id=-5, message_id=9, text="x")
+        assert (status, body["description"]) == (400, EDIT_NOT_FOUND)
+
+
+async def test_entities_and_length_are_validated() -> None:
+    async with FakeTelegram() as fake:
+        bad = [{"type": "bold", "offset": 1, "length": 5}]
+        status, body = await _call(fake, "sendMessage", chat_id=-5, text="abc", entities=bad)
+        assert status == 400 and "can't parse entities" in body["description"]
+        # An emoji is two UTF-16 units, so this entity covers it exactly.
+        ok = [{"type": "bold", "offset": 0, "length": 2}]
+        status, _ = await _call(fake, "sendMessage", chat_id=-5, text="😀", entities=ok)
+        assert status == 200
+        status, body = await _call(fake, "sendMessage", chat_id=-5, text="😀" * 2049)
+        assert (status, body["description"]) == (400, TOO_LONG)
+
+
+async def test_real_429_body_and_record() -> None:
+    limits = FakeLimits(private_chat=None, group_chat=Window(1, 10.0), bot=None)
+    async with FakeTelegram(limits=limits) as fake:
+        await _call(fake, "sendMessage", chat_id=-5, text="a")
+        status, body = await _call(fake, "editMessageText", chat_id=-5, message_id=1, text="b")
+        assert status == 429
+        retry = body["parameters"]["retry_after"]
+        assert body == {
+            "ok": False,
+            "error_code": 429,
+            "description": f"Too Many Requests: retry after {retry}",
+            "parameters": {"retry_after": retry},
+        }
+        assert 1 <= retry <= 10
+        assert [(r.scope, r.chat_id) for r in fake.rate_limited] == [("chat:-5", -5)]
+        # Another chat is not affected.
+        status, _ = await _call(fake, "sendMessage", chat_id=-6, text="a")
+        assert status == 200
+        fake.reset_counters()
+        assert fake.count() == 0 and not fake.rate_limited
+
+
+async def test_kicked_and_blocked() -> None:
+    async with FakeTelegram() as fake:
+        fake.kick(-5)
+        fake.block(7)
+        _, group = await _call(fake, "sendMessage", chat_id=-5, text="a")
+        _, private = await _call(fake, "sendMessage", chat_id=7, text="a")
+        assert group["description"] == "Forbidden: bot was kicked from the group chat"
+        assert private["description"] == "Forbidden: bot was blocked by the user"
+
+
+async def test_standalone_process_serves(unused_tcp_port: int) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.fakes.telegram_api",
+        "--port",
+        str(unused_tcp_port),
+        "--token",
+        "5:T",
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert process.stdout is not None
+        line = await asyncio.wait_for(process.stdout.readline(), 60)
+        assert str(unused_tcp_port) in line.decode()
+        url = f"http://127.0.0.1:{unused_tcp_port}/bot5:T/getMe"
+        async with aiohttp.ClientSession() as session, session.get(url) as response:
+            assert (await response.json())["result"]["is_bot"] is True
+    finally:
+        process.terminate()
+        await asyncio.wait_for(process.wait(), 60)
