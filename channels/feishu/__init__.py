@@ -1,1 +1,8 @@
-"""Feishu / Lark transport: interactive cards through lark-oapi (or a test fake)."""
+"""Feishu / Lark transport: interactive cards through lark-oapi (or a test fake).
+
+`channel` (the `Channel`), `card` (card JSON 2.0 rendering, pure), `errors` (answer
+translation, pure), `transport` and `token` (lark-oapi request models over one pooled HTTP
+client, tenant token), `events` (callback decoding, command parsing, duplicate ids),
+`webhook` (HTTP callback server), `longconn` (`lark_oapi.ws.Client` in its own thread).
+Imports only `channels.base`, `channels.errors`, lark-oapi, httpx and aiohttp.
+"""

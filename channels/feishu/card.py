@@ -1,0 +1,189 @@
+"""Rendering a `CardView` as a Feishu interactive card (card JSON 2.0), pure functions.
+
+The card has a header (agent id, state as subtitle, a template colour per state), the
+automatic slot as plain text (never interpreted, so agent-written text cannot inject
+markup), a divider, and the programmable body as a card `markdown` element.
+
+Feishu's card Markdown is not CommonMark: it interprets some HTML-like tags (`<at id=all>`
+mentions everyone, `<font>`, `<text_tag>`, ...), wants `http(s)` links, shows images only by
+uploaded `img_key`, and renders `#` headings large (older clients not at all). So the body
+is converted line by line: headings become bold lines, `& < >` become entities outside code,
+images become links, and a fenced code block left open by a cut is closed.
+
+Size: Feishu rejects a card whose request content exceeds 30 KB (code 230025). We measure
+the card exactly as it travels: the compact JSON string, escaped once more inside the
+request body, in UTF-8 bytes (`card_request_bytes`), and shrink with `fit_view`.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from channels.base import BODY_CUT_MARKER, AgentState, CardView, Outgoing, fit_view
+
+CARD_LIMIT_BYTES = 30 * 1024
+# Headroom under the documented bound for the rest of the request body (msg_type, ids).
+CARD_BUDGET_BYTES = CARD_LIMIT_BYTES - 512
+
+HIDDEN_NOTICE = "Task card hidden in this chat. Send /taskcard on to show it again."
+
+STATE_TEMPLATE: dict[AgentState, str] = {
+    "running": "blue",
+    "idle": "green",
+    "waiting": "orange",
+    "exited": "grey",
+    "no output": "red",
+    "unknown": "grey",
+}
+
+_HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
+_FENCE = re.compile(r"^\s{0,3}(```|~~~)")
+_IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]*)\)")
+_QUOTE_PREFIX = re.compile(r"^(\s{0,3}(?:>\s?)+)")
+
+
+def _escape_entities(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _image_to_link(match: re.Match[str]) -> str:
+    alt, url = match.group(1), match.group(2)
+    if url.startswith(("http://", "https://")):
+        return f"[{alt or url}]({url})"
+    return alt
+
+
+def _convert_line(line: str) -> str:
+    heading = _HEADING.match(line)
+    if heading is not None:
+        title = heading.group(2)
+        return f"**{_escape_entities(title)}**" if title else ""
+    quote = _QUOTE_PREFIX.match(line)
+    prefix = quote.group(1) if quote is not None else ""
+    rest = line[len(prefix) :]
+    rest = _IMAGE.sub(_image_to_link, rest)
+    return prefix + _escape_entities(rest)
+
+
+def feishu_markdown(body: str) -> str:
+    """Convert agent Markdown into Feishu card Markdown (see the module docstring)."""
+    out: list[str] = []
+    fence: str | None = None
+    for line in body.split("\n"):
+        marker = _FENCE.match(line)
+        if fence is None:
+            if marker is not None:
+                fence = marker.group(1)
+                out.append(line)
+            else:
+                out.append(_convert_line(line))
+        else:
+            out.append(line)
+            if marker is not None and marker.group(1) == fence:
+                fence = None
+    if fence is not None:
+        out.append(fence)
+    return "\n".join(out)
+
+
+def _plain(content: str, *, notation: bool = False) -> dict[str, Any]:
+    text: dict[str, Any] = {"tag": "plain_text", "content": content}
+    if notation:
+        text["text_size"] = "notation"
+        text["text_color"] = "grey"
+    return {"tag": "div", "text": text}
+
+
+def card_json(view: CardView) -> dict[str, Any]:
+    """The card JSON 2.0 document for `view` (no fitting: see `render_card`)."""
+    template = "grey" if view.hidden else STATE_TEMPLATE.get(view.state, "grey")
+    header = {
+        "title": {"tag": "plain_text", "content": view.agent_id},
+        "subtitle": {"tag": "plain_text", "content": "hidden" if view.hidden else view.state},
+        "template": template,
+    }
+    elements: list[dict[str, Any]] = []
+    if view.hidden:
+        elements.append(_plain(HIDDEN_NOTICE))
+    else:
+        if view.auto_rows:
+            elements.append(_plain("\n".join(view.auto_rows)))
+        if view.body_note:
+            elements.append(_plain(view.body_note, notation=True))
+        if view.body is not None or view.body_cut:
+            elements.append({"tag": "hr"})
+            markdown = feishu_markdown(view.body or "")
+            if view.body_cut:
+                markdown += _escape_entities(BODY_CUT_MARKER)
+            elements.append({"tag": "markdown", "content": markdown})
+    if not elements:
+        elements.append(_plain(view.state))
+    return {
+        "schema": "2.0",
+        "config": {"update_multi": True},
+        "header": header,
+        "body": {"elements": elements},
+    }
+
+
+def card_content(card: dict[str, Any]) -> str:
+    """The `content` field of a create or patch request: the card as compact JSON."""
+    return json.dumps(card, ensure_ascii=False, separators=(",", ":"))
+
+
+def card_request_bytes(content: str) -> int:
+    """Bytes the card takes inside the request body (escaped once more as a JSON string)."""
+    return len(json.dumps(content, ensure_ascii=False).encode("utf-8"))
+
+
+def card_plain_text(card: Mapping[str, Any]) -> str:
+    """What a card shows, as plain text: "title · subtitle", then each element's text.
+
+    `Outgoing.text` of a card is defined as this function of the card itself, so a reader
+    of the chat (a test fake, the console) can compare what is shown with what was sent.
+    """
+    header = card.get("header")
+    lines: list[str] = []
+    if isinstance(header, Mapping):
+        title = _text_of(header.get("title"))
+        subtitle = _text_of(header.get("subtitle"))
+        lines.append(f"{title} · {subtitle}" if subtitle else title)
+    body = card.get("body")
+    elements = body.get("elements") if isinstance(body, Mapping) else None
+    for element in elements if isinstance(elements, list) else []:
+        if not isinstance(element, Mapping):
+            continue
+        if element.get("tag") == "markdown":
+            lines.append(html.unescape(str(element.get("content", ""))))
+        elif element.get("tag") == "hr":
+            lines.append("")
+        else:
+            lines.append(_text_of(element.get("text")))
+    return "\n".join(lines)
+
+
+def _text_of(node: object) -> str:
+    if isinstance(node, Mapping):
+        return str(node.get("content", ""))
+    return ""
+
+
+def _view_size(view: CardView) -> int:
+    return card_request_bytes(card_content(card_json(view)))
+
+
+def render_card(view: CardView, limit_bytes: int = CARD_BUDGET_BYTES) -> Outgoing:
+    """The interactive message for `view`, shrunk until it fits `limit_bytes`."""
+    fitted = card_json(fit_view(view, _view_size, limit_bytes))
+    content = card_content(fitted)
+    return Outgoing.build(card_plain_text(fitted), {"msg_type": "interactive", "content": content})
+
+
+def render_text(text: str) -> Outgoing:
+    """A plain text message (notices and command replies)."""
+    content = json.dumps({"text": text}, ensure_ascii=False)
+    return Outgoing.build(text, {"msg_type": "text", "content": content})

@@ -1,0 +1,346 @@
+"""`FeishuChannel`: resident cards in Feishu / Lark chats through lark-oapi.
+
+Requests are lark-oapi's request models (`CreateMessageRequest`, `PatchMessageRequest`, ...)
+sent through our pooled `LarkTransport` with a tenant token from `TenantTokenSource`:
+lark-oapi's own async calls open a new HTTP client per request and fetch tokens with
+blocking `requests`, both on the event loop (see `transport` and `token`). A card is
+sent as `msg_type = interactive` and updated with `PATCH im/v1/messages/:id`, never with
+the text-edit PUT (limited to 20 edits per message). Every answer passes through
+`errors.translate` once; nothing here sleeps or retries (the route scheduler paces).
+
+Commands arrive over the long connection (`longconn`), the HTTP callback (`webhook`) or
+not at all, per `config.events`. Both paths end in `_accept_document` / `_dispatch` on our
+loop, where duplicates are dropped and each command runs as an owned task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import urllib.parse
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from lark_oapi.api.im.v1 import (
+    CreateMessageRequest,
+    CreateMessageRequestBody,
+    CreateMessageResponse,
+    CreatePinRequest,
+    CreatePinRequestBody,
+    CreatePinResponse,
+    DeleteMessageRequest,
+    DeleteMessageResponse,
+    PatchMessageRequest,
+    PatchMessageRequestBody,
+    PatchMessageResponse,
+)
+from lark_oapi.core.model import BaseRequest, BaseResponse
+
+from channels.base import (
+    CardView,
+    Channel,
+    ChatRef,
+    CommandSink,
+    CursorStore,
+    IncomingCommand,
+    Operation,
+    Outgoing,
+    RateScope,
+)
+from channels.errors import ChannelError, MessageGone, NotModified, Permanent, Transient
+from channels.feishu import card
+from channels.feishu.config import FeishuConfig
+from channels.feishu.errors import TOKEN_INVALID, translate
+from channels.feishu.events import SeenEvents, command_from_event
+from channels.feishu.longconn import LongConnection
+from channels.feishu.token import TenantTokenSource
+from channels.feishu.transport import LarkTransport
+from channels.feishu.webhook import WebhookServer
+
+log = logging.getLogger(__name__)
+
+APP_SCOPE = "feishu:app"
+SHOWN_CAPACITY = 4096
+Response = TypeVar("Response", bound=BaseResponse)
+
+
+def check_domain(domain: str) -> str:
+    """The Open API origin, refusing plain HTTP to anything but loopback (the app secret
+    travels in the token request)."""
+    parts = urllib.parse.urlsplit(domain)
+    loopback = parts.hostname in ("127.0.0.1", "localhost", "::1")
+    if parts.scheme != "https" and not (parts.scheme == "http" and loopback):
+        raise ValueError(f"feishu.domain must be https (or http on loopback), got {domain!r}")
+    if not parts.netloc or parts.path.strip("/") or parts.query:
+        raise ValueError(f"feishu.domain must be an origin like https://open.feishu.cn: {domain!r}")
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def chat_scope(chat_id: str) -> str:
+    return f"feishu:chat:{chat_id}"
+
+
+def message_scope(message_id: str) -> str:
+    return f"feishu:message:{message_id}"
+
+
+class FeishuChannel(Channel):
+    """The `Channel` for Feishu / Lark; see the module docstring."""
+
+    name = "feishu"
+
+    def __init__(
+        self,
+        config: FeishuConfig,
+        app_id: str,
+        app_secret: str,
+        cursor: CursorStore,
+        verification_token: str | None = None,
+        encrypt_key: str | None = None,
+    ) -> None:
+        self._config = config
+        self._app_id = app_id
+        self._app_secret = app_secret
+        self._verification_token = verification_token or None
+        self._encrypt_key = encrypt_key or None
+        self._domain = check_domain(config.domain)
+        self._transport: LarkTransport | None = None
+        self._tokens: TenantTokenSource | None = None
+        self._seen = SeenEvents(cursor=cursor)
+        self._on_command: CommandSink | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._webhook: WebhookServer | None = None
+        self._long_connection: LongConnection | None = None
+        self._started = False
+        # What each recent message shows (content digest), so an identical edit is reported
+        # as `NotModified` like on Telegram: Feishu accepts an identical PATCH silently.
+        self._shown: OrderedDict[str, str] = OrderedDict()
+
+    # Lifecycle ----------------------------------------------------------------------------
+
+    @property
+    def webhook_port(self) -> int:
+        """The port the HTTP callback listens on (useful with `port = 0`)."""
+        if self._webhook is None:
+            raise RuntimeError("the Feishu channel serves no webhook (events != 'webhook')")
+        return self._webhook.port
+
+    async def start(self, on_command: CommandSink) -> None:
+        """Verify the app credentials (a tenant token), then receive commands per
+        `config.events`. On failure everything opened so far is closed again."""
+        if self._started:
+            return
+        try:
+            await self._token_source().get()
+            self._on_command = on_command
+            self._loop = asyncio.get_running_loop()
+            if self._config.events == "webhook":
+                server = WebhookServer(
+                    self._config.webhook,
+                    self._dispatch,
+                    self._seen,
+                    self._verification_token,
+                    self._encrypt_key,
+                )
+                await server.start()
+                self._webhook = server
+                log.info(
+                    "feishu events over HTTP callback at %s:%d%s",
+                    self._config.webhook.host,
+                    server.port,
+                    self._config.webhook.path,
+                )
+            elif self._config.events == "websocket":
+                connection = LongConnection(
+                    self._app_id, self._app_secret, self._domain, self._deliver_from_thread
+                )
+                connection.start()
+                self._long_connection = connection
+                log.info("feishu events over the long connection")
+        except BaseException:
+            await self.stop()
+            raise
+        self._started = True
+
+    async def stop(self) -> None:
+        webhook, self._webhook = self._webhook, None
+        if webhook is not None:
+            await webhook.stop()
+        connection, self._long_connection = self._long_connection, None
+        if connection is not None:
+            await connection.stop()
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        transport, self._transport, self._tokens = self._transport, None, None
+        if transport is not None:
+            await transport.aclose()
+        self._started = False
+
+    def _open_transport(self) -> LarkTransport:
+        if self._transport is None:
+            self._transport = LarkTransport(self._domain, self._config.request_timeout_s)
+            self._tokens = TenantTokenSource(self._transport, self._app_id, self._app_secret)
+        return self._transport
+
+    def _token_source(self) -> TenantTokenSource:
+        self._open_transport()
+        assert self._tokens is not None
+        return self._tokens
+
+    # Incoming commands --------------------------------------------------------------------
+
+    def _deliver_from_thread(self, document: dict[str, Any]) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            loop.call_soon_threadsafe(self._accept_document, document)
+        except RuntimeError:
+            log.debug("feishu event arrived after the loop closed; dropped")
+
+    def _accept_document(self, document: Mapping[str, Any]) -> None:
+        header = document.get("header")
+        event_id = header.get("event_id") if isinstance(header, dict) else None
+        if isinstance(event_id, str) and not self._seen.first_time(event_id):
+            return
+        command = command_from_event(document)
+        if command is not None:
+            self._dispatch(command)
+
+    def _dispatch(self, command: IncomingCommand) -> None:
+        sink = self._on_command
+        if sink is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._run_command(sink, command))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    @staticmethod
+    async def _run_command(sink: CommandSink, command: IncomingCommand) -> None:
+        try:
+            await sink(command)
+        except ChannelError as error:
+            log.warning("feishu command in chat %s failed: %s", command.chat, error)
+        except Exception:
+            log.exception("feishu command handler failed in chat %s", command.chat)
+
+    # Rendering and pacing -----------------------------------------------------------------
+
+    def render_card(self, view: CardView) -> Outgoing:
+        return card.render_card(view)
+
+    def render_text(self, text: str) -> Outgoing:
+        return card.render_text(text)
+
+    def rate_scopes(
+        self, chat: ChatRef, operation: Operation, message_id: str | None
+    ) -> tuple[RateScope, ...]:
+        limits = self._config.limits
+        app = limits.app.scope(APP_SCOPE)
+        if operation == "edit" and message_id is not None:
+            return (limits.message_update.scope(message_scope(message_id)), app)
+        if operation == "send":
+            return (limits.chat_send.scope(chat_scope(chat.chat_id)), app)
+        return (app,)
+
+    # Requests -----------------------------------------------------------------------------
+
+    async def send(self, chat: ChatRef, message: Outgoing) -> str:
+        msg_type, content = _payload(message)
+        body = (
+            CreateMessageRequestBody.builder()
+            .receive_id(chat.chat_id)
+            .msg_type(msg_type)
+            .content(content)
+            .build()
+        )
+        request = (
+            CreateMessageRequest.builder().receive_id_type("chat_id").request_body(body).build()
+        )
+        response = await self._call(
+            request, CreateMessageResponse, narrow_scope=chat_scope(chat.chat_id)
+        )
+        message_id = getattr(response.data, "message_id", None)
+        if not isinstance(message_id, str) or not message_id:
+            raise Transient("feishu: message created without an id in the answer")
+        self._remember(message_id, content)
+        return message_id
+
+    async def edit(self, chat: ChatRef, message_id: str, message: Outgoing) -> None:
+        msg_type, content = _payload(message)
+        if msg_type != "interactive":
+            raise Permanent("feishu: only interactive cards can be updated in place")
+        request = (
+            PatchMessageRequest.builder()
+            .message_id(message_id)
+            .request_body(PatchMessageRequestBody.builder().content(content).build())
+            .build()
+        )
+        if self._shown.get(message_id) == _digest(content):
+            raise NotModified("feishu: the card already shows this content")
+        await self._call(request, PatchMessageResponse, narrow_scope=message_scope(message_id))
+        self._remember(message_id, content)
+
+    async def delete(self, chat: ChatRef, message_id: str) -> None:
+        request = DeleteMessageRequest.builder().message_id(message_id).build()
+        # A message already gone is what `delete` wants: not an error.
+        with contextlib.suppress(MessageGone):
+            await self._call(request, DeleteMessageResponse, narrow_scope=message_scope(message_id))
+        self._shown.pop(message_id, None)
+
+    async def pin(self, chat: ChatRef, message_id: str) -> None:
+        request = (
+            CreatePinRequest.builder()
+            .request_body(CreatePinRequestBody.builder().message_id(message_id).build())
+            .build()
+        )
+        await self._call(request, CreatePinResponse, narrow_scope=chat_scope(chat.chat_id))
+
+    def _remember(self, message_id: str, content: str) -> None:
+        self._shown[message_id] = _digest(content)
+        self._shown.move_to_end(message_id)
+        while len(self._shown) > SHOWN_CAPACITY:
+            self._shown.popitem(last=False)
+
+    async def _call(
+        self, request: BaseRequest, response_type: type[Response], *, narrow_scope: str
+    ) -> Response:
+        """One request, its answer translated once; a refused token is dropped."""
+        tokens = self._token_source()
+        transport = self._open_transport()
+        token = await tokens.get()
+        response = await transport.execute(request, response_type, token)
+        raw = response.raw
+        status = raw.status_code if raw is not None and raw.status_code is not None else 0
+        headers: Mapping[str, str] = raw.headers if raw is not None else {}
+        if response.code in TOKEN_INVALID:
+            tokens.invalidate()
+        failure = translate(
+            status=status,
+            code=response.code,
+            msg=response.msg,
+            headers=headers,
+            app_scope=APP_SCOPE,
+            narrow_scope=narrow_scope,
+        )
+        if failure is not None:
+            raise failure
+        return response
+
+
+def _digest(content: str) -> str:
+    return hashlib.sha256(content.encode("utf-8")).hexdigest()
+
+
+def _payload(message: Outgoing) -> tuple[str, str]:
+    """`msg_type` and `content` of a rendered message (or of plain text as a fallback)."""
+    msg_type = message.payload.get("msg_type")
+    content = message.payload.get("content")
+    if isinstance(msg_type, str) and isinstance(content, str):
+        return msg_type, content
+    return "text", json.dumps({"text": message.text}, ensure_ascii=False)

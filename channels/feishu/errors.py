@@ -1,0 +1,92 @@
+"""Feishu Open API answers translated into `channels.errors`, once, as a pure function.
+
+Feishu signals errors by a `code` in the JSON body, sometimes with an HTTP error status:
+rate limiting is HTTP 429 (on some APIs 400) with code 99991400 and the seconds to wait in
+the `x-ogw-ratelimit-reset` header; a message-level throttle is code 230020. The codes we
+act on are listed here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from channels.errors import (
+    ChannelError,
+    Forbidden,
+    MessageGone,
+    Permanent,
+    RateLimited,
+    Transient,
+)
+
+APP_RATE_LIMITED = 99991400
+MESSAGE_RATE_LIMITED = 230020
+MESSAGE_RECALLED = 230011
+MESSAGE_TOO_OLD = 230031
+MESSAGE_DELETED = 230110
+CONTENT_TOO_LONG = 230025
+BOT_NOT_IN_CHAT = 230002
+NO_AVAILABILITY = 230013
+NO_PERMISSION = 230027
+SEND_PERMISSION_DENIED = 230035
+SCOPE_MISSING = 99991672
+TOKEN_INVALID = frozenset({99991661, 99991663, 99991668, 99991677})
+
+GONE_CODES = frozenset({MESSAGE_RECALLED, MESSAGE_TOO_OLD, MESSAGE_DELETED})
+FORBIDDEN_CODES = frozenset(
+    {BOT_NOT_IN_CHAT, NO_AVAILABILITY, NO_PERMISSION, SEND_PERMISSION_DENIED, SCOPE_MISSING}
+)
+
+RESET_HEADER = "x-ogw-ratelimit-reset"
+DEFAULT_RETRY_AFTER_S = 1.0
+
+
+def retry_after_s(headers: Mapping[str, str]) -> float:
+    """Seconds from `x-ogw-ratelimit-reset` (any header case), else one second."""
+    for key, value in headers.items():
+        if key.lower() == RESET_HEADER:
+            try:
+                seconds = float(value)
+            except ValueError:
+                return DEFAULT_RETRY_AFTER_S
+            return seconds if seconds > 0 else DEFAULT_RETRY_AFTER_S
+    return DEFAULT_RETRY_AFTER_S
+
+
+def translate(
+    *,
+    status: int,
+    code: int | None,
+    msg: str | None,
+    headers: Mapping[str, str],
+    app_scope: str,
+    narrow_scope: str,
+) -> ChannelError | None:
+    """The error for one answer, or None when it is a success.
+
+    `app_scope` is the per-app bucket key; `narrow_scope` the message (edit) or chat (send)
+    bucket that a 230020 throttle pauses.
+    """
+    if code == 0 and status < 400:
+        return None
+    detail = f"feishu: HTTP {status}, code {code}: {msg or 'no message'}"
+    if status == 429 or code == APP_RATE_LIMITED:
+        return RateLimited(retry_after_s(headers), app_scope, detail)
+    if code == MESSAGE_RATE_LIMITED:
+        return RateLimited(retry_after_s(headers), narrow_scope, detail)
+    if code in GONE_CODES:
+        return MessageGone(detail)
+    if code == CONTENT_TOO_LONG:
+        return Permanent(detail)
+    if code in FORBIDDEN_CODES or status == 403:
+        return Forbidden(detail)
+    if code in TOKEN_INVALID:
+        # The cached tenant token was refused; the caller drops it and a retry fetches anew.
+        return Transient(detail)
+    if status >= 500 or status in (408,):
+        return Transient(detail)
+    if code is None:
+        return Transient(detail) if status >= 400 else Permanent(detail)
+    if status == 404:
+        return MessageGone(detail)
+    return Permanent(detail)

@@ -1,0 +1,137 @@
+"""Receiving events over Feishu's long connection (`events = "websocket"`).
+
+`lark_oapi.ws.Client` captures a module-level event loop when it is imported and drives it
+with `run_until_complete` (and fetches its endpoint with blocking `requests`), so it cannot
+share the service's loop. It runs here in one owned thread with a loop of its own, which
+is installed as that module-level loop before the client starts: consequently only one long
+connection can run per process (one Feishu app per service, which is all we need).
+
+Events leave the thread as plain JSON documents through `deliver`, which must be
+thread-safe (the channel passes `loop.call_soon_threadsafe`-based delivery). Stopping
+cancels every task of the private loop, which ends `Client.start()`; a thread blocked in
+the library's blocking endpoint request cannot be interrupted, so `stop` waits only
+`join_timeout_s` and the thread is a daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import lark_oapi
+import lark_oapi.ws.client as ws_client_module
+from lark_oapi.core.enum import LogLevel
+from lark_oapi.event.dispatcher_handler import EventDispatcherHandler
+
+log = logging.getLogger(__name__)
+
+
+def _cancel_everything(loop: asyncio.AbstractEventLoop) -> None:
+    for task in asyncio.all_tasks(loop):
+        task.cancel()
+
+
+class LongConnection:
+    """One `lark_oapi.ws.Client` in its own thread; `start` once, `stop` any number of times."""
+
+    def __init__(
+        self,
+        app_id: str,
+        app_secret: str,
+        domain: str,
+        deliver: Callable[[dict[str, Any]], None],
+    ) -> None:
+        self._app_id = app_id
+        self._app_secret = app_secret
+        self._domain = domain
+        self._deliver = deliver
+        self._guard = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.failure: str | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(
+            target=self._run, name="feishu-long-connection", daemon=True
+        )
+        self._thread.start()
+
+    async def stop(self, join_timeout_s: float = 5.0) -> None:
+        with self._guard:
+            self._stopping = True
+            loop = self._loop
+        if loop is not None and not loop.is_closed():
+            # The loop may close between the check and the call: then nothing is left to cancel.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_cancel_everything, loop)
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            await asyncio.to_thread(thread.join, join_timeout_s)
+            if thread.is_alive():
+                log.warning("feishu long connection thread did not stop within %gs", join_timeout_s)
+
+    def _on_message(self, data: Any) -> None:
+        document = json.loads(lark_oapi.JSON.marshal(data) or "{}")
+        if isinstance(document, dict):
+            self._deliver(document)
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        with self._guard:
+            if self._stopping:
+                loop.close()
+                return
+            self._loop = loop
+            # Borrow the module-level loop slot; the previous value is restored afterwards,
+            # so the loop the library made at import is neither closed nor left to the GC.
+            previous_loop = ws_client_module.loop
+            ws_client_module.loop = loop
+        handler = (
+            EventDispatcherHandler.builder("", "")
+            .register_p2_im_message_receive_v1(self._on_message)
+            .build()
+        )
+        client = lark_oapi.ws.Client(
+            self._app_id,
+            self._app_secret,
+            log_level=LogLevel.WARNING,
+            event_handler=handler,
+            domain=self._domain,
+        )
+        try:
+            client.start()
+        except asyncio.CancelledError:
+            log.debug("feishu long connection stopped")
+        except Exception as error:
+            # Bad credentials end the client for good; the reason is kept for `start`'s caller.
+            self.failure = f"{type(error).__name__}: {error}"
+            log.error("feishu long connection ended: %s", self.failure)
+        finally:
+            self._close(loop, client)
+            ws_client_module.loop = previous_loop
+
+    @staticmethod
+    def _close(loop: asyncio.AbstractEventLoop, client: Any) -> None:
+        try:
+            loop.run_until_complete(client._disconnect())
+        except (Exception, asyncio.CancelledError) as error:
+            log.debug("feishu long connection close: %s", type(error).__name__)
+        _cancel_everything(loop)
+        pending = asyncio.all_tasks(loop)
+        if pending:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()

@@ -1,0 +1,274 @@
+"""The Feishu channel over real HTTP against the stateful fake Open API."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+
+from channels.base import CardView, ChatRef, RateLimit
+from channels.errors import (
+    Forbidden,
+    MessageGone,
+    NotModified,
+    Permanent,
+    RateLimited,
+    Transient,
+)
+from channels.feishu.card import CARD_LIMIT_BYTES, card_plain_text
+from channels.feishu.channel import FeishuChannel
+from channels.feishu.config import FeishuConfig, FeishuLimits
+from tests.channels.conftest import CommandInbox, MemoryCursorStore
+from tests.fakes.feishu_api import FakeFeishu, FakeLimits
+
+CHAT = ChatRef("oc_group_1")
+
+
+def _view(body: str, state: str = "running") -> CardView:
+    return CardView("builder", state, ("last: tests 1m ago",), body=body)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeFeishu]:
+    async with FakeFeishu() as server:
+        yield server
+
+
+def _config(fake: FakeFeishu, **overrides: object) -> FeishuConfig:
+    return FeishuConfig(domain=fake.base_url, events="none", request_timeout_s=10.0, **overrides)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def channel(fake: FakeFeishu) -> AsyncIterator[FeishuChannel]:
+    channel = FeishuChannel(_config(fake), fake.app_id, fake.app_secret, MemoryCursorStore())
+    await channel.start(CommandInbox())
+    try:
+        yield channel
+    finally:
+        await channel.stop()
+
+
+async def test_create_then_patch_in_place(fake: FakeFeishu, channel: FeishuChannel) -> None:
+    message_id = await channel.send(CHAT, channel.render_card(_view("step 1")))
+    second = channel.render_card(_view("step 2", state="waiting"))
+    await channel.edit(CHAT, message_id, second)
+
+    shown = fake.chat(CHAT.chat_id)
+    assert [m.message_id for m in shown] == [message_id], "updated in place, not re-posted"
+    assert shown[0].update_count == 1
+    assert card_plain_text(shown[0].card) == second.text
+    assert shown[0].card["header"]["template"] == "orange"
+    assert [r.operation for r in fake.requests] == ["token", "send", "patch"]
+    assert [r.method for r in fake.requests[1:]] == ["POST", "PATCH"], "never the text PUT"
+
+
+async def test_identical_edit_is_not_modified(fake: FakeFeishu, channel: FeishuChannel) -> None:
+    message = channel.render_card(_view("same"))
+    message_id = await channel.send(CHAT, message)
+    with pytest.raises(NotModified):
+        await channel.edit(CHAT, message_id, message)
+    assert fake.requests_of("patch") == []
+
+
+async def test_huge_body_is_accepted_within_30_kb(fake: FakeFeishu, channel: FeishuChannel) -> None:
+    body = '进度 😀 **步骤** `code` "quoted" <tag>\n' * 5000
+    rows = tuple(f"activity row {i}" for i in range(10))
+    message = channel.render_card(CardView("builder", "running", rows, body=body))
+    message_id = await channel.send(CHAT, message)
+    await channel.edit(
+        CHAT, message_id, channel.render_card(CardView("builder", "idle", rows, body=body * 2))
+    )
+    stored = fake.messages[message_id]
+    for content in stored.contents:
+        assert len(json.dumps(content, ensure_ascii=False).encode()) <= CARD_LIMIT_BYTES
+    assert "card cut to fit" in stored.text
+    assert fake.errors() == []
+
+
+async def test_text_messages_for_notices(fake: FakeFeishu, channel: FeishuChannel) -> None:
+    await channel.send(CHAT, channel.render_text("agent builder: renderer failing"))
+    assert fake.texts(CHAT.chat_id) == ["agent builder: renderer failing"]
+
+
+async def test_rate_scopes(channel: FeishuChannel) -> None:
+    send = channel.rate_scopes(CHAT, "send", None)
+    assert [(s.key, s.max_calls, s.period_s) for s in send] == [
+        ("feishu:chat:oc_group_1", 5, 1.0),
+        ("feishu:app", 50, 1.0),
+    ]
+    edit = channel.rate_scopes(CHAT, "edit", "om_9")
+    assert [(s.key, s.max_calls) for s in edit] == [("feishu:message:om_9", 5), ("feishu:app", 50)]
+    assert [s.key for s in channel.rate_scopes(CHAT, "delete", "om_9")] == ["feishu:app"]
+
+
+async def test_rate_scopes_follow_configured_limits(fake: FakeFeishu) -> None:
+    limits = FeishuLimits(message_update=RateLimit(max_calls=2, period_s=3.0))
+    channel = FeishuChannel(
+        _config(fake, limits=limits), fake.app_id, fake.app_secret, MemoryCursorStore()
+    )
+    (message, _app) = channel.rate_scopes(CHAT, "edit", "om_1")
+    assert (message.max_calls, message.period_s) == (2, 3.0)
+
+
+async def test_app_limit_is_rate_limited_on_app_scope(
+    fake: FakeFeishu, channel: FeishuChannel
+) -> None:
+    fake.script_rate_limit("patch", reset_s=7)
+    message_id = await channel.send(CHAT, channel.render_card(_view("v1")))
+    with pytest.raises(RateLimited) as caught:
+        await channel.edit(CHAT, message_id, channel.render_card(_view("v2")))
+    assert caught.value.scope == "feishu:app"
+    assert caught.value.retry_after_s == 7.0
+    assert caught.value.scope in {s.key for s in channel.rate_scopes(CHAT, "edit", message_id)}
+    assert "v1" in fake.messages[message_id].text
+
+
+async def test_rate_limit_code_with_http_400(fake: FakeFeishu, channel: FeishuChannel) -> None:
+    fake.script_error("send", 99991400, http_status=400, headers={"x-ogw-ratelimit-reset": "4"})
+    with pytest.raises(RateLimited) as caught:
+        await channel.send(CHAT, channel.render_card(_view("v1")))
+    assert (caught.value.scope, caught.value.retry_after_s) == ("feishu:app", 4.0)
+    assert fake.chat(CHAT.chat_id) == []
+
+
+async def test_per_message_limit_pauses_that_message(fake: FakeFeishu) -> None:
+    fake.limits = FakeLimits(message_update=2, window_s=60.0)
+    channel = FeishuChannel(_config(fake), fake.app_id, fake.app_secret, MemoryCursorStore())
+    await channel.start(CommandInbox())
+    try:
+        message_id = await channel.send(CHAT, channel.render_card(_view("v0")))
+        await channel.edit(CHAT, message_id, channel.render_card(_view("v1")))
+        await channel.edit(CHAT, message_id, channel.render_card(_view("v2")))
+        with pytest.raises(RateLimited) as caught:
+            await channel.edit(CHAT, message_id, channel.render_card(_view("v3")))
+        assert caught.value.scope == f"feishu:message:{message_id}"
+        # Another message in the same chat is not paused.
+        other = await channel.send(CHAT, channel.render_card(_view("w0")))
+        await channel.edit(CHAT, other, channel.render_card(_view("w1")))
+    finally:
+        await channel.stop()
+    assert [e.code for e in fake.errors()] == [230020]
+
+
+async def test_per_chat_send_limit(fake: FakeFeishu) -> None:
+    fake.limits = FakeLimits(chat_send=1, window_s=60.0, reset_s=9)
+    channel = FeishuChannel(_config(fake), fake.app_id, fake.app_secret, MemoryCursorStore())
+    await channel.start(CommandInbox())
+    try:
+        await channel.send(CHAT, channel.render_text("first"))
+        with pytest.raises(RateLimited) as caught:
+            await channel.send(CHAT, channel.render_text("second"))
+        assert (caught.value.scope, caught.value.retry_after_s) == ("feishu:app", 9.0)
+        await channel.send(ChatRef("oc_other"), channel.render_text("elsewhere"))
+    finally:
+        await channel.stop()
+    assert fake.texts(CHAT.chat_id) == ["first"]
+
+
+async def test_card_older_than_14_days_is_gone(fake: FakeFeishu, channel: FeishuChannel) -> None:
+    message_id = await channel.send(CHAT, channel.render_card(_view("v1")))
+    fake.age_message(message_id, days=14.5)
+    with pytest.raises(MessageGone):
+        await channel.edit(CHAT, message_id, channel.render_card(_view("v2")))
+    assert [e.code for e in fake.errors()] == [230031]
+
+
+async def test_card_gone_after_clock_advance(fake: FakeFeishu, channel: FeishuChannel) -> None:
+    message_id = await channel.send(CHAT, channel.render_card(_view("v1")))
+    await channel.edit(CHAT, message_id, channel.render_card(_view("v2")))
+    fake.advance_time(13 * 24 * 3600)
+    await channel.edit(CHAT, message_id, channel.render_card(_view("v3")))
+    fake.advance_time(2 * 24 * 3600)
+    with pytest.raises(MessageGone):
+        await channel.edit(CHAT, message_id, channel.render_card(_view("v4")))
+
+
+@pytest.mark.parametrize("how", ["recall", "delete"])
+async def test_recalled_or_deleted_card_is_gone(
+    fake: FakeFeishu, channel: FeishuChannel, how: str
+) -> None:
+    message_id = await channel.send(CHAT, channel.render_card(_view("v1")))
+    if how == "recall":
+        fake.recall(message_id)
+    else:
+        fake.delete_message(message_id)
+    with pytest.raises(MessageGone):
+        await channel.edit(CHAT, message_id, channel.render_card(_view("v2")))
+    await channel.delete(CHAT, message_id)  # already gone: not an error
+    assert fake.chat(CHAT.chat_id) == []
+
+
+async def test_delete_recalls_and_pin_pins(fake: FakeFeishu, channel: FeishuChannel) -> None:
+    card_id = await channel.send(CHAT, channel.render_card(_view("v1")))
+    await channel.pin(CHAT, card_id)
+    assert fake.messages[card_id].pinned
+    notice_id = await channel.send(CHAT, channel.render_text("bye"))
+    await channel.delete(CHAT, notice_id)
+    assert [m.message_id for m in fake.chat(CHAT.chat_id)] == [card_id]
+
+
+async def test_removed_bot_is_forbidden(fake: FakeFeishu, channel: FeishuChannel) -> None:
+    message_id = await channel.send(CHAT, channel.render_card(_view("v1")))
+    fake.remove_bot(CHAT.chat_id)
+    with pytest.raises(Forbidden):
+        await channel.edit(CHAT, message_id, channel.render_card(_view("v2")))
+    with pytest.raises(Forbidden):
+        await channel.send(CHAT, channel.render_card(_view("v2")))
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "kind"),
+    [
+        (230027, 400, Forbidden),
+        (230025, 400, Permanent),
+        (230001, 400, Permanent),
+        (1, 500, Transient),
+        (230020, 400, RateLimited),
+    ],
+)
+async def test_scripted_errors_are_translated(
+    fake: FakeFeishu, channel: FeishuChannel, code: int, status: int, kind: type[Exception]
+) -> None:
+    message_id = await channel.send(CHAT, channel.render_card(_view("v1")))
+    fake.script_error("patch", code, http_status=status)
+    with pytest.raises(kind):
+        await channel.edit(CHAT, message_id, channel.render_card(_view("v2")))
+    # The script is used up: the same edit now succeeds.
+    await channel.edit(CHAT, message_id, channel.render_card(_view("v2")))
+    assert "v2" in fake.messages[message_id].text
+
+
+async def test_non_json_answer_is_transient(fake: FakeFeishu, channel: FeishuChannel) -> None:
+    fake.script_error("send", 0, http_status=502)
+    with pytest.raises(Transient):
+        await channel.send(CHAT, channel.render_text("x"))
+
+
+async def test_refused_token_is_fetched_again(fake: FakeFeishu, channel: FeishuChannel) -> None:
+    message_id = await channel.send(CHAT, channel.render_card(_view("v1")))
+    fake.revoke_tokens()
+    with pytest.raises(Transient):
+        await channel.edit(CHAT, message_id, channel.render_card(_view("v2")))
+    await channel.edit(CHAT, message_id, channel.render_card(_view("v2")))
+    assert [r.operation for r in fake.requests].count("token") == 2
+
+
+async def test_unreachable_api_is_transient(fake: FakeFeishu, channel: FeishuChannel) -> None:
+    await fake.stop()
+    with pytest.raises(Transient):
+        await channel.send(CHAT, channel.render_text("x"))
+
+
+async def test_wrong_secret_fails_start(fake: FakeFeishu) -> None:
+    channel = FeishuChannel(_config(fake), fake.app_id, "wrong", MemoryCursorStore())
+    with pytest.raises(Forbidden) as caught:
+        await channel.start(CommandInbox())
+    assert "wrong" not in str(caught.value)
+    await channel.stop()
+
+
+def test_plain_http_only_on_loopback() -> None:
+    config = FeishuConfig(domain="http://open.example.com", events="none")
+    with pytest.raises(ValueError, match="https"):
+        FeishuChannel(config, "cli", "secret", MemoryCursorStore())

@@ -1,0 +1,203 @@
+"""Feishu commands over the HTTP callback and the long connection, delivered by the fake
+the way Feishu delivers them (real HTTP, real AES sealing, real lark-oapi websocket)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+
+from channels.base import IncomingCommand
+from channels.feishu.channel import FeishuChannel
+from channels.feishu.config import FeishuConfig, FeishuWebhook
+from tests.channels.conftest import CommandInbox, MemoryCursorStore, wait_until
+from tests.fakes.feishu_api import FakeFeishu
+
+TOKEN = "verify-me"
+KEY = "an encrypt key"
+PATH = "/feishu/events"
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeFeishu]:
+    async with FakeFeishu() as server:
+        yield server
+
+
+@asynccontextmanager
+async def webhook_channel(
+    fake: FakeFeishu,
+    sink: Callable[[IncomingCommand], Awaitable[None]],
+    *,
+    cursor: MemoryCursorStore | None = None,
+    encrypt_key: str | None = None,
+) -> AsyncIterator[str]:
+    config = FeishuConfig(
+        domain=fake.base_url,
+        events="webhook",
+        webhook=FeishuWebhook(host="127.0.0.1", port=0, path=PATH),
+    )
+    channel = FeishuChannel(
+        config,
+        fake.app_id,
+        fake.app_secret,
+        cursor or MemoryCursorStore(),
+        verification_token=TOKEN,
+        encrypt_key=encrypt_key,
+    )
+    await channel.start(sink)
+    try:
+        yield f"http://127.0.0.1:{channel.webhook_port}{PATH}"
+    finally:
+        await channel.stop()
+
+
+async def test_url_verification_challenge(fake: FakeFeishu) -> None:
+    async with webhook_channel(fake, CommandInbox()) as url:
+        answer = await fake.url_verification(url, "c-123", verification_token=TOKEN)
+        assert (answer.status, answer.body) == (200, {"challenge": "c-123"})
+        refused = await fake.url_verification(url, "c-123", verification_token="forged")
+        assert refused.status == 401
+        assert "challenge" not in json.dumps(refused.body)
+
+
+async def test_encrypted_challenge(fake: FakeFeishu) -> None:
+    async with webhook_channel(fake, CommandInbox(), encrypt_key=KEY) as url:
+        answer = await fake.url_verification(
+            url, "c-enc", verification_token=TOKEN, encrypt_key=KEY
+        )
+        assert answer.body == {"challenge": "c-enc"}
+
+
+async def test_group_command_with_mention(fake: FakeFeishu) -> None:
+    inbox = CommandInbox()
+    async with webhook_channel(fake, inbox) as url:
+        answer = await fake.deliver_command(
+            url,
+            "oc_group",
+            "/taskcard off",
+            verification_token=TOKEN,
+            open_id="ou_alice",
+            message_id="om_cmd_1",
+        )
+        assert answer.status == 200
+        (command,) = await inbox.wait_for(1)
+    assert command.chat.chat_id == "oc_group"
+    assert (command.args, command.user_id, command.message_id) == ("off", "ou_alice", "om_cmd_1")
+
+
+async def test_private_command_without_mention_and_chatter_ignored(fake: FakeFeishu) -> None:
+    inbox = CommandInbox()
+    async with webhook_channel(fake, inbox) as url:
+        await fake.deliver_command(
+            url, "oc_p2p", "hello there", verification_token=TOKEN, mention_bot=False
+        )
+        await fake.deliver_command(
+            url, "oc_p2p", "/taskcard 3", verification_token=TOKEN, mention_bot=False
+        )
+        commands = await inbox.wait_for(1)
+    assert [(c.chat.chat_id, c.args) for c in commands] == [("oc_p2p", "3")]
+
+
+async def test_wrong_verification_token_is_rejected(fake: FakeFeishu) -> None:
+    inbox = CommandInbox()
+    async with webhook_channel(fake, inbox) as url:
+        answer = await fake.deliver_command(url, "oc_g", "/taskcard off", verification_token="x")
+        assert answer.status == 401
+        await fake.deliver_command(url, "oc_g", "/taskcard on", verification_token=TOKEN)
+        commands = await inbox.wait_for(1)
+    assert [c.args for c in commands] == ["on"]
+
+
+async def test_encrypted_and_signed_command(fake: FakeFeishu) -> None:
+    inbox = CommandInbox()
+    async with webhook_channel(fake, inbox, encrypt_key=KEY) as url:
+        document = fake.command_event("oc_g", "/taskcard on", verification_token=TOKEN)
+        forged = await fake.deliver_event(url, document, encrypt_key=KEY, bad_signature=True)
+        assert forged.status == 401
+        wrong_key = await fake.deliver_event(url, document, encrypt_key="another key")
+        assert wrong_key.status == 400
+        answer = await fake.deliver_event(url, document, encrypt_key=KEY)
+        assert answer.status == 200
+        commands = await inbox.wait_for(1)
+    assert [c.args for c in commands] == ["on"]
+
+
+async def test_duplicate_event_id_is_ignored_also_after_restart(fake: FakeFeishu) -> None:
+    inbox = CommandInbox()
+    cursor = MemoryCursorStore()
+    async with webhook_channel(fake, inbox, cursor=cursor) as url:
+        for _ in range(2):
+            answer = await fake.deliver_command(
+                url, "oc_g", "/taskcard off", verification_token=TOKEN, event_id="ev-1"
+            )
+            assert answer.status == 200
+        await fake.deliver_command(
+            url, "oc_g", "/taskcard on", verification_token=TOKEN, event_id="ev-2"
+        )
+        await inbox.wait_for(2)
+    async with webhook_channel(fake, inbox, cursor=cursor) as url:
+        await fake.deliver_command(
+            url, "oc_g", "/taskcard off", verification_token=TOKEN, event_id="ev-1"
+        )
+        await fake.deliver_command(
+            url, "oc_g", "/taskcard 4", verification_token=TOKEN, event_id="ev-3"
+        )
+        await inbox.wait_for(3)
+    assert [c.args for c in inbox.commands] == ["off", "on", "4"]
+
+
+async def test_answers_before_the_command_is_handled(fake: FakeFeishu) -> None:
+    """Feishu redelivers unless answered within 3 s: the answer must not wait for the work."""
+    release = asyncio.Event()
+    started: list[IncomingCommand] = []
+    finished: list[IncomingCommand] = []
+
+    async def slow_sink(command: IncomingCommand) -> None:
+        started.append(command)
+        await release.wait()
+        finished.append(command)
+
+    async with webhook_channel(fake, slow_sink) as url:
+        answer = await fake.deliver_command(url, "oc_g", "/taskcard", verification_token=TOKEN)
+        assert answer.status == 200
+        assert finished == []
+        await wait_until(lambda: len(started) == 1, what="the command to start")
+        release.set()
+    # stop() awaited the handler task.
+    assert [c.args for c in finished] == [""]
+
+
+async def test_long_connection_receives_commands(fake: FakeFeishu) -> None:
+    inbox = CommandInbox()
+    config = FeishuConfig(domain=fake.base_url, events="websocket")
+    channel = FeishuChannel(config, fake.app_id, fake.app_secret, MemoryCursorStore())
+    await channel.start(inbox)
+    try:
+        await wait_until(lambda: fake.ws_connections == 1, what="the long connection")
+        event = fake.command_event("oc_g", "/taskcard off", open_id="ou_bob", event_id="ws-1")
+        assert await fake.push_ws_event(event) == 1
+        assert await fake.push_ws_event(event) == 1  # redelivered: ignored
+        await fake.push_ws_event(fake.command_event("oc_g", "/taskcard on", event_id="ws-2"))
+        commands = await inbox.wait_for(2)
+        await wait_until(lambda: len(fake.ws_acks) == 3, what="acknowledgements")
+    finally:
+        await channel.stop()
+    assert [(c.args, c.chat.chat_id) for c in commands] == [("off", "oc_g"), ("on", "oc_g")]
+    assert commands[0].user_id == "ou_bob"
+    assert all(ack.get("code") == 200 for ack in fake.ws_acks)
+    await wait_until(lambda: fake.ws_connections == 0, what="the connection to close")
+
+
+async def test_long_connection_stops_when_endpoint_unreachable(fake: FakeFeishu) -> None:
+    fake.ws_endpoint_available = False
+    config = FeishuConfig(domain=fake.base_url, events="websocket")
+    channel = FeishuChannel(config, fake.app_id, fake.app_secret, MemoryCursorStore())
+    await channel.start(CommandInbox())
+    await wait_until(lambda: len(fake.requests_of("ws_endpoint")) >= 1, what="an endpoint attempt")
+    await channel.stop()  # must return although the client is in its reconnect back-off
+    await channel.stop()
+    assert fake.ws_connections == 0

@@ -1,0 +1,200 @@
+"""Feishu card rendering and error translation: pure functions, table-tested."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from channels.base import BODY_CUT_MARKER, AgentState, CardView
+from channels.errors import (
+    ChannelError,
+    Forbidden,
+    MessageGone,
+    Permanent,
+    RateLimited,
+    Transient,
+)
+from channels.feishu.card import (
+    CARD_LIMIT_BYTES,
+    HIDDEN_NOTICE,
+    card_plain_text,
+    card_request_bytes,
+    feishu_markdown,
+    render_card,
+    render_text,
+)
+from channels.feishu.errors import translate
+from channels.feishu.events import command_args
+
+
+def _card(view: CardView) -> dict[str, Any]:
+    message = render_card(view)
+    assert message.payload["msg_type"] == "interactive"
+    card = json.loads(message.payload["content"])
+    assert isinstance(card, dict)
+    return card
+
+
+def _markdown(card: dict[str, Any]) -> str:
+    return next(e["content"] for e in card["body"]["elements"] if e["tag"] == "markdown")
+
+
+@pytest.mark.parametrize(
+    ("state", "template"),
+    [
+        ("running", "blue"),
+        ("idle", "green"),
+        ("waiting", "orange"),
+        ("exited", "grey"),
+        ("no output", "red"),
+        ("unknown", "grey"),
+    ],
+)
+def test_header_names_agent_and_colours_state(state: AgentState, template: str) -> None:
+    card = _card(CardView("builder", state, ("row",), body="x"))
+    assert card["schema"] == "2.0"
+    assert card["config"]["update_multi"] is True
+    assert card["header"]["title"]["content"] == "builder"
+    assert card["header"]["subtitle"]["content"] == state
+    assert card["header"]["template"] == template
+
+
+def test_card_layout_rows_divider_body() -> None:
+    card = _card(CardView("a", "running", ("state: running", "last: tests"), body="**bold**"))
+    tags = [e["tag"] for e in card["body"]["elements"]]
+    assert tags == ["div", "hr", "markdown"]
+    assert card["body"]["elements"][0]["text"]["content"] == "state: running\nlast: tests"
+    assert _markdown(card) == "**bold**"
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("# Title", "**Title**"),
+        ("### Step 2 ###", "**Step 2**"),
+        ("<at id=all></at> hi", "&lt;at id=all&gt;&lt;/at&gt; hi"),
+        ("a & b", "a &amp; b"),
+        ("> quoted <b>", "> quoted &lt;b&gt;"),
+        ("![shot](https://x.test/a.png)", "[shot](https://x.test/a.png)"),
+        ("![local](img/a.png)", "local"),
+        ("- item **bold** `code`", "- item **bold** `code`"),
+        ("```\n<raw> # not heading\n```", "```\n<raw> # not heading\n```"),
+        ("```py\nunclosed <x>", "```py\nunclosed <x>\n```"),
+    ],
+)
+def test_markdown_is_converted_to_feishu_dialect(source: str, expected: str) -> None:
+    assert feishu_markdown(source) == expected
+
+
+def test_hidden_renders_one_line_notice_without_body() -> None:
+    card = _card(CardView("builder", "running", ("row",), body="secret plan", hidden=True))
+    text = card_plain_text(card)
+    assert HIDDEN_NOTICE in text
+    assert "secret plan" not in json.dumps(card)
+    assert card["header"]["template"] == "grey"
+
+
+def test_cut_body_carries_the_marker() -> None:
+    card = _card(CardView("a", "running", body="start", body_cut=True))
+    assert _markdown(card).endswith(BODY_CUT_MARKER.replace(">", "&gt;"))
+
+
+@pytest.mark.parametrize(
+    "unit",
+    ["a", "进度", "😀", '"\\', "<&>", "\n"],
+    ids=["ascii", "cjk", "emoji", "escaped", "entities", "newlines"],
+)
+def test_huge_body_always_fits_30_kb(unit: str) -> None:
+    rows = tuple(f"activity row {i} " + unit * 50 for i in range(10))
+    view = CardView("builder", "running", rows, body=unit * 100_000, body_note="note")
+    message = render_card(view)
+    content = message.payload["content"]
+    assert card_request_bytes(content) <= CARD_LIMIT_BYTES
+    card = json.loads(content)
+    assert _markdown(card).endswith(BODY_CUT_MARKER.replace(">", "&gt;"))
+    assert card["body"]["elements"][0]["text"]["content"].startswith("activity row 0")
+
+
+def test_small_card_is_not_shrunk() -> None:
+    rows = ("r1", "r2", "r3")
+    card = _card(CardView("a", "idle", rows, body="short"))
+    assert card["body"]["elements"][0]["text"]["content"] == "r1\nr2\nr3"
+    assert BODY_CUT_MARKER not in _markdown(card)
+
+
+def test_text_message_payload() -> None:
+    message = render_text("agent builder: renderer failing")
+    assert message.payload["msg_type"] == "text"
+    assert json.loads(message.payload["content"]) == {"text": "agent builder: renderer failing"}
+    assert message.text == "agent builder: renderer failing"
+
+
+def test_fingerprint_changes_exactly_with_content() -> None:
+    a = render_card(CardView("a", "running", ("r",), body="x"))
+    b = render_card(CardView("a", "running", ("r",), body="x"))
+    c = render_card(CardView("a", "running", ("r",), body="y"))
+    assert a.fingerprint == b.fingerprint != c.fingerprint
+
+
+APP, NARROW = "feishu:app", "feishu:message:om_1"
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "headers", "kind", "scope", "retry_after_s"),
+    [
+        (429, 99991400, {"x-ogw-ratelimit-reset": "7"}, RateLimited, APP, 7.0),
+        (400, 99991400, {"X-Ogw-Ratelimit-Reset": "3"}, RateLimited, APP, 3.0),
+        (429, None, {}, RateLimited, APP, 1.0),
+        (400, 230020, {}, RateLimited, NARROW, 1.0),
+        (400, 230031, {}, MessageGone, None, None),
+        (400, 230011, {}, MessageGone, None, None),
+        (400, 230110, {}, MessageGone, None, None),
+        (400, 230025, {}, Permanent, None, None),
+        (400, 230027, {}, Forbidden, None, None),
+        (400, 230002, {}, Forbidden, None, None),
+        (400, 99991663, {}, Transient, None, None),
+        (500, 1, {}, Transient, None, None),
+        (502, None, {}, Transient, None, None),
+        (400, 230001, {}, Permanent, None, None),
+    ],
+)
+def test_error_translation(
+    status: int,
+    code: int | None,
+    headers: dict[str, str],
+    kind: type[ChannelError],
+    scope: str | None,
+    retry_after_s: float | None,
+) -> None:
+    error = translate(
+        status=status, code=code, msg="m", headers=headers, app_scope=APP, narrow_scope=NARROW
+    )
+    assert type(error) is kind
+    if isinstance(error, RateLimited):
+        assert error.scope == scope
+        assert error.retry_after_s == retry_after_s
+
+
+def test_success_translates_to_nothing() -> None:
+    assert (
+        translate(status=200, code=0, msg="ok", headers={}, app_scope=APP, narrow_scope=APP) is None
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "args"),
+    [
+        ("/taskcard", ""),
+        ("/taskcard off", "off"),
+        ("@_user_1 /taskcard  on ", "on"),
+        ("@_user_1 @_user_2 /taskcard 3", "3"),
+        ("/taskcard@taskcard_bot 5", "5"),
+        ("hello /taskcard", None),
+        ("/taskcards", None),
+        ("@_user_1", None),
+    ],
+)
+def test_command_text(text: str, args: str | None) -> None:
+    assert command_args(text) == args

@@ -1,0 +1,825 @@
+"""A stateful fake of the Feishu Open API on 127.0.0.1, for tests and benches.
+
+What it serves (real paths, real answer shapes `{"code": 0, "msg": "success", "data": ...}`):
+
+- `POST /open-apis/auth/v3/tenant_access_token/internal`: tokens for the one configured app
+  (a wrong secret is refused with code 10014); every other call needs `Bearer <token>`
+  (missing: 99991661, unknown or expired: 99991663). Tokens expire on the rate clock, so
+  `advance_time` (for the 14-day window) does not expire them; `revoke_tokens` does.
+- `POST /open-apis/im/v1/messages?receive_id_type=chat_id`: text and interactive messages.
+  Cards are validated (JSON object, card 2.0 needs `body.elements`) and bounded to 30 KB
+  (230025).
+- `PATCH /open-apis/im/v1/messages/:id`: card update; needs `config.update_multi = true`;
+  recalled -> 230011, deleted -> 230110, older than 14 days (injectable clock) -> 230031,
+  more than 5 per second per message -> 230020.
+- `DELETE /open-apis/im/v1/messages/:id` (recall) and `POST /open-apis/im/v1/pins`.
+- Limits: sends per chat and requests per app -> HTTP 429, code 99991400 and the
+  `x-ogw-ratelimit-reset` header. Only accepted requests count toward a window.
+- The long connection: `POST /callback/ws/endpoint` and a websocket at `/ws` that speaks
+  lark-oapi's protobuf frames, so `lark_oapi.ws.Client` connects and receives events
+  pushed with `push_ws_event`.
+
+Controls (see `FakeFeishu`): scripted errors, recall / delete / age a message, remove the
+bot from a chat, revoke tokens, advance the wall clock. Inspection: the request log with
+times, each chat's visible messages with their latest card, and helpers that deliver a
+command event to a webhook URL the way Feishu does (optionally encrypted and signed).
+
+Run standalone with `python -m tests.fakes.feishu_api --port 8099`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import hashlib
+import itertools
+import json
+import os
+import secrets
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from Crypto.Cipher import AES
+from lark_oapi.ws.pb.pbbp2_pb2 import Frame
+
+CARD_LIMIT_BYTES = 30 * 1024
+UPDATE_WINDOW_S = 14 * 24 * 3600.0
+TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
+
+
+@dataclass(frozen=True)
+class FakeLimits:
+    """Per-window limits the fake enforces (Feishu's documented numbers by default)."""
+
+    message_update: int = 5
+    chat_send: int = 5
+    app: int = 50
+    window_s: float = 1.0
+    reset_s: int = 1
+
+
+@dataclass
+class FakeMessage:
+    """One message as the chat shows it; `contents` keeps every version, latest last."""
+
+    message_id: str
+    chat_id: str
+    msg_type: str
+    contents: list[str]
+    created_at_s: float
+    recalled: bool = False
+    deleted: bool = False
+    pinned: bool = False
+
+    @property
+    def content(self) -> str:
+        return self.contents[-1]
+
+    @property
+    def update_count(self) -> int:
+        return len(self.contents) - 1
+
+    @property
+    def visible(self) -> bool:
+        return not (self.recalled or self.deleted)
+
+    @property
+    def card(self) -> dict[str, Any]:
+        """The latest card document (interactive messages only)."""
+        document = json.loads(self.content)
+        assert isinstance(document, dict)
+        return document
+
+    @property
+    def text(self) -> str:
+        """Every human-visible string of the latest version, one per line."""
+        return "\n".join(_strings(json.loads(self.content)))
+
+
+def _strings(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        out: list[str] = []
+        for key, value in node.items():
+            if key in ("content", "text") and isinstance(value, str):
+                out.append(value)
+            else:
+                out.extend(_strings(value))
+        return out
+    if isinstance(node, list):
+        return [text for item in node for text in _strings(item)]
+    return []
+
+
+@dataclass(frozen=True)
+class LoggedRequest:
+    """One API request as the fake answered it. `at_s` is on the fake's rate clock."""
+
+    at_s: float
+    method: str
+    path: str
+    operation: str
+    chat_id: str | None
+    message_id: str | None
+    http_status: int
+    code: int
+
+
+@dataclass(frozen=True)
+class ScriptedError:
+    http_status: int
+    code: int
+    msg: str
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """How a webhook answered an event the fake delivered."""
+
+    status: int
+    body: Any
+    elapsed_s: float
+
+
+class _Refusal(Exception):
+    def __init__(
+        self, http_status: int, code: int, msg: str, headers: dict[str, str] | None = None
+    ):
+        super().__init__(msg)
+        self.http_status = http_status
+        self.code = code
+        self.msg = msg
+        self.headers = headers or {}
+
+
+class _Windows:
+    """Sliding-window counters keyed by scope."""
+
+    def __init__(self) -> None:
+        self._hits: dict[str, deque[float]] = {}
+
+    def full(self, key: str, limit: int, window_s: float, now_s: float) -> bool:
+        hits = self._hits.setdefault(key, deque())
+        while hits and hits[0] <= now_s - window_s:
+            hits.popleft()
+        return len(hits) >= limit
+
+    def record(self, key: str, now_s: float) -> None:
+        self._hits.setdefault(key, deque()).append(now_s)
+
+
+def encrypt_event(document: dict[str, Any], encrypt_key: str) -> str:
+    """Seal an event as Feishu does: AES-256-CBC, key SHA-256(encrypt key), IV first, base64."""
+    plain = json.dumps(document, ensure_ascii=False).encode()
+    pad = AES.block_size - len(plain) % AES.block_size
+    plain += bytes([pad]) * pad
+    iv = os.urandom(AES.block_size)
+    cipher = AES.new(hashlib.sha256(encrypt_key.encode()).digest(), AES.MODE_CBC, iv)
+    return base64.b64encode(iv + cipher.encrypt(plain)).decode()
+
+
+class FakeFeishu:
+    """The fake server. `async with FakeFeishu() as fake:` then point lark-oapi at
+    `fake.base_url`. All controls are plain methods; state is readable at any time."""
+
+    def __init__(
+        self,
+        app_id: str = "cli_fake_app",
+        app_secret: str = "fake-secret",
+        *,
+        limits: FakeLimits | None = None,
+        wall_clock: Callable[[], float] = time.time,
+        rate_clock: Callable[[], float] = time.monotonic,
+        token_lifetime_s: int = 7200,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self.app_id = app_id
+        self.app_secret = app_secret
+        self.limits = limits or FakeLimits()
+        self._wall_clock = wall_clock
+        self._rate_clock = rate_clock
+        self.time_offset_s = 0.0
+        self.token_lifetime_s = token_lifetime_s
+        self._host = host
+        self._port = port
+        self._tokens: dict[str, float] = {}
+        self.messages: dict[str, FakeMessage] = {}
+        self.requests: list[LoggedRequest] = []
+        self.removed_from: set[str] = set()
+        self._scripts: dict[str, deque[ScriptedError]] = {}
+        self._windows = _Windows()
+        self._ids = itertools.count(1)
+        self._runner: web.AppRunner | None = None
+        self._ws_clients: set[web.WebSocketResponse] = set()
+        self.ws_acks: list[dict[str, Any]] = []
+        self.ws_endpoint_available = True
+        self.base_url = ""
+
+    # Lifecycle ----------------------------------------------------------------------------
+
+    async def __aenter__(self) -> FakeFeishu:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        app = web.Application(client_max_size=4 * 1024 * 1024)
+        app.router.add_post(TOKEN_PATH, self._token)
+        app.router.add_post("/open-apis/im/v1/messages", self._create)
+        app.router.add_patch("/open-apis/im/v1/messages/{message_id}", self._patch)
+        app.router.add_delete("/open-apis/im/v1/messages/{message_id}", self._delete)
+        app.router.add_post("/open-apis/im/v1/pins", self._pin)
+        app.router.add_post("/callback/ws/endpoint", self._ws_endpoint)
+        app.router.add_get("/ws", self._ws)
+        app.router.add_get("/_fake/messages", self._dump)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, self._host, self._port)
+        await site.start()
+        self._runner = runner
+        port = int(runner.addresses[0][1])
+        self.base_url = f"http://{self._host}:{port}"
+
+    async def stop(self) -> None:
+        for socket in list(self._ws_clients):
+            await socket.close()
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    # Controls -----------------------------------------------------------------------------
+
+    def now_s(self) -> float:
+        """The fake's wall clock (epoch seconds), including `advance_time`."""
+        return self._wall_clock() + self.time_offset_s
+
+    def advance_time(self, seconds: float) -> None:
+        self.time_offset_s += seconds
+
+    def script_error(
+        self,
+        operation: str,
+        code: int,
+        *,
+        http_status: int = 400,
+        msg: str = "scripted error",
+        headers: dict[str, str] | None = None,
+        times: int = 1,
+    ) -> None:
+        """Answer the next `times` requests of `operation` (`send`, `patch`, `delete`,
+        `pin`, `token` or `any`) with this error instead of serving them."""
+        queue = self._scripts.setdefault(operation, deque())
+        for _ in range(times):
+            queue.append(ScriptedError(http_status, code, msg, tuple((headers or {}).items())))
+
+    def script_rate_limit(
+        self, operation: str = "any", *, reset_s: int = 2, times: int = 1
+    ) -> None:
+        """The app-level answer: HTTP 429, code 99991400, `x-ogw-ratelimit-reset`."""
+        self.script_error(
+            operation,
+            99991400,
+            http_status=429,
+            msg="request trigger frequency limit",
+            headers={"x-ogw-ratelimit-reset": str(reset_s)},
+            times=times,
+        )
+
+    def recall(self, message_id: str) -> None:
+        self.messages[message_id].recalled = True
+
+    def delete_message(self, message_id: str) -> None:
+        """A message deleted (not recalled): later calls answer 230110."""
+        self.messages[message_id].deleted = True
+
+    def age_message(self, message_id: str, days: float) -> None:
+        self.messages[message_id].created_at_s -= days * 24 * 3600
+
+    def remove_bot(self, chat_id: str) -> None:
+        self.removed_from.add(chat_id)
+
+    def add_bot(self, chat_id: str) -> None:
+        self.removed_from.discard(chat_id)
+
+    def revoke_tokens(self) -> None:
+        self._tokens.clear()
+
+    # Inspection ---------------------------------------------------------------------------
+
+    def chat(self, chat_id: str) -> list[FakeMessage]:
+        """What the chat shows: its visible messages, oldest first."""
+        return [m for m in self.messages.values() if m.chat_id == chat_id and m.visible]
+
+    def cards(self, chat_id: str) -> list[dict[str, Any]]:
+        """The latest card of each visible interactive message of the chat."""
+        return [m.card for m in self.chat(chat_id) if m.msg_type == "interactive"]
+
+    def texts(self, chat_id: str) -> list[str]:
+        """The visible text messages of the chat (notices, replies)."""
+        return [
+            str(json.loads(m.content).get("text", ""))
+            for m in self.chat(chat_id)
+            if m.msg_type == "text"
+        ]
+
+    def requests_of(self, operation: str) -> list[LoggedRequest]:
+        return [r for r in self.requests if r.operation == operation]
+
+    def errors(self) -> list[LoggedRequest]:
+        return [r for r in self.requests if r.code != 0]
+
+    # Event delivery (the fake plays Feishu's event push) ----------------------------------
+
+    def command_event(
+        self,
+        chat_id: str,
+        text: str,
+        *,
+        open_id: str = "ou_fake_user",
+        event_id: str | None = None,
+        message_id: str | None = None,
+        chat_type: str = "group",
+        mention_bot: bool = True,
+        verification_token: str | None = None,
+    ) -> dict[str, Any]:
+        """An `im.message.receive_v1` document for a text message `text` in `chat_id`."""
+        created_ms = str(int(self.now_s() * 1000))
+        mentions: list[dict[str, Any]] = []
+        if mention_bot:
+            text = f"@_user_1 {text}"
+            mentions.append(
+                {
+                    "key": "@_user_1",
+                    "id": {"open_id": "ou_fake_bot", "union_id": "on_fake_bot", "user_id": ""},
+                    "name": "taskcard",
+                    "tenant_key": "fake_tenant",
+                }
+            )
+        return {
+            "schema": "2.0",
+            "header": {
+                "event_id": event_id or secrets.token_hex(16),
+                "event_type": "im.message.receive_v1",
+                "create_time": created_ms,
+                "token": verification_token or "",
+                "app_id": self.app_id,
+                "tenant_key": "fake_tenant",
+            },
+            "event": {
+                "sender": {
+                    "sender_id": {"open_id": open_id, "union_id": "on_" + open_id, "user_id": ""},
+                    "sender_type": "user",
+                    "tenant_key": "fake_tenant",
+                },
+                "message": {
+                    "message_id": message_id or f"om_user_{next(self._ids):06d}",
+                    "root_id": "",
+                    "parent_id": "",
+                    "create_time": created_ms,
+                    "update_time": created_ms,
+                    "chat_id": chat_id,
+                    "chat_type": chat_type,
+                    "message_type": "text",
+                    "content": json.dumps({"text": text}, ensure_ascii=False),
+                    "mentions": mentions,
+                },
+            },
+        }
+
+    async def deliver_event(
+        self,
+        url: str,
+        document: dict[str, Any],
+        *,
+        encrypt_key: str | None = None,
+        bad_signature: bool = False,
+    ) -> Delivery:
+        """POST one callback to `url` as Feishu does (sealed and signed with `encrypt_key`)."""
+        headers = {"Content-Type": "application/json"}
+        if encrypt_key:
+            raw = json.dumps({"encrypt": encrypt_event(document, encrypt_key)}).encode()
+            stamp, nonce = str(int(self.now_s())), secrets.token_hex(8)
+            digest = hashlib.sha256((stamp + nonce + encrypt_key).encode() + raw).hexdigest()
+            headers["X-Lark-Request-Timestamp"] = stamp
+            headers["X-Lark-Request-Nonce"] = nonce
+            headers["X-Lark-Signature"] = "0" * 64 if bad_signature else digest
+        else:
+            raw = json.dumps(document, ensure_ascii=False).encode()
+        started = time.monotonic()
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(url, data=raw, headers=headers) as response,
+        ):
+            text = await response.text()
+            elapsed_s = time.monotonic() - started
+            try:
+                body: Any = json.loads(text)
+            except ValueError:
+                body = text
+            return Delivery(response.status, body, elapsed_s)
+
+    async def deliver_command(
+        self,
+        url: str,
+        chat_id: str,
+        text: str,
+        *,
+        encrypt_key: str | None = None,
+        verification_token: str | None = None,
+        **event: Any,
+    ) -> Delivery:
+        """Deliver a command message event (see `command_event` for the options)."""
+        document = self.command_event(chat_id, text, verification_token=verification_token, **event)
+        return await self.deliver_event(url, document, encrypt_key=encrypt_key)
+
+    async def url_verification(
+        self,
+        url: str,
+        challenge: str,
+        *,
+        verification_token: str | None = None,
+        encrypt_key: str | None = None,
+    ) -> Delivery:
+        document = {"type": "url_verification", "challenge": challenge}
+        if verification_token is not None:
+            document["token"] = verification_token
+        return await self.deliver_event(url, document, encrypt_key=encrypt_key)
+
+    async def push_ws_event(self, document: dict[str, Any]) -> int:
+        """Send an event to every connected long-connection client; returns how many."""
+        frame = Frame()
+        frame.SeqID = next(self._ids)
+        frame.LogID = frame.SeqID
+        frame.service = 1
+        frame.method = 1  # DATA
+        headers = {
+            "type": "event",
+            "message_id": f"ws_{frame.SeqID}",
+            "trace_id": secrets.token_hex(8),
+            "sum": "1",
+            "seq": "0",
+        }
+        for key, value in headers.items():
+            header = frame.headers.add()
+            header.key = key
+            header.value = value
+        frame.payload = json.dumps(document, ensure_ascii=False).encode()
+        sockets = list(self._ws_clients)
+        for socket in sockets:
+            await socket.send_bytes(frame.SerializeToString())
+        return len(sockets)
+
+    @property
+    def ws_connections(self) -> int:
+        return len(self._ws_clients)
+
+    # Handlers -----------------------------------------------------------------------------
+
+    def _answer(
+        self,
+        request: web.Request,
+        operation: str,
+        *,
+        status: int = 200,
+        code: int = 0,
+        msg: str = "success",
+        data: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        chat_id: str | None = None,
+        message_id: str | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> web.Response:
+        self.requests.append(
+            LoggedRequest(
+                self._rate_clock(),
+                request.method,
+                request.path,
+                operation,
+                chat_id,
+                message_id,
+                status,
+                code,
+            )
+        )
+        body: dict[str, Any] = {"code": code, "msg": msg}
+        if data is not None:
+            body["data"] = data
+        if code != 0:
+            body["error"] = {"log_id": secrets.token_hex(8)}
+        body.update(extra or {})
+        return web.json_response(body, status=status, headers=headers)
+
+    def _refusal(
+        self,
+        request: web.Request,
+        operation: str,
+        refusal: _Refusal,
+        chat_id: str | None,
+        message_id: str | None,
+    ) -> web.Response:
+        return self._answer(
+            request,
+            operation,
+            status=refusal.http_status,
+            code=refusal.code,
+            msg=refusal.msg,
+            headers=refusal.headers,
+            chat_id=chat_id,
+            message_id=message_id,
+        )
+
+    def _scripted(self, operation: str) -> None:
+        for key in (operation, "any"):
+            queue = self._scripts.get(key)
+            if queue:
+                error = queue.popleft()
+                raise _Refusal(error.http_status, error.code, error.msg, dict(error.headers))
+
+    def _authorize(self, request: web.Request) -> None:
+        auth = request.headers.get("Authorization", "")
+        if not auth.startswith("Bearer ") or not auth[7:].strip():
+            raise _Refusal(400, 99991661, "Missing access token for authorization.")
+        expires_at = self._tokens.get(auth[7:].strip())
+        if expires_at is None or expires_at <= self._rate_clock():
+            raise _Refusal(400, 99991663, "Invalid access token for authorization.")
+
+    def _check_app_limit(self, now_s: float) -> None:
+        limits = self.limits
+        if self._windows.full("app", limits.app, limits.window_s, now_s):
+            raise self._rate_limited()
+
+    def _rate_limited(self) -> _Refusal:
+        return _Refusal(
+            429,
+            99991400,
+            "request trigger frequency limit",
+            {"x-ogw-ratelimit-reset": str(self.limits.reset_s)},
+        )
+
+    def _check_card(self, content: str) -> dict[str, Any]:
+        if len(json.dumps(content, ensure_ascii=False).encode()) > CARD_LIMIT_BYTES:
+            raise _Refusal(400, 230025, "The message content exceeds the length limit.")
+        try:
+            card = json.loads(content)
+        except ValueError:
+            raise _Refusal(400, 230099, "Failed to create card content: not JSON") from None
+        if not isinstance(card, dict):
+            raise _Refusal(400, 230099, "Failed to create card content: not an object")
+        if card.get("schema") == "2.0":
+            body = card.get("body")
+            if not isinstance(body, dict) or not isinstance(body.get("elements"), list):
+                raise _Refusal(400, 230099, "Failed to create card content: body.elements")
+        return card
+
+    async def _json(self, request: web.Request) -> dict[str, Any]:
+        try:
+            document = await request.json()
+        except ValueError:
+            raise _Refusal(400, 9499, "Bad Request: body is not JSON") from None
+        if not isinstance(document, dict):
+            raise _Refusal(400, 9499, "Bad Request: body is not an object")
+        return document
+
+    async def _token(self, request: web.Request) -> web.Response:
+        try:
+            self._scripted("token")
+            document = await self._json(request)
+            if document.get("app_id") != self.app_id:
+                raise _Refusal(400, 10003, "invalid param: app_id")
+            if document.get("app_secret") != self.app_secret:
+                raise _Refusal(400, 10014, "app secret invalid")
+        except _Refusal as refusal:
+            return self._refusal(request, "token", refusal, None, None)
+        token = "t-" + secrets.token_hex(16)
+        self._tokens[token] = self._rate_clock() + self.token_lifetime_s
+        return self._answer(
+            request,
+            "token",
+            msg="ok",
+            extra={"tenant_access_token": token, "expire": self.token_lifetime_s},
+        )
+
+    async def _create(self, request: web.Request) -> web.Response:
+        chat_id: str | None = None
+        try:
+            self._authorize(request)
+            self._scripted("send")
+            document = await self._json(request)
+            chat_id = str(document.get("receive_id") or "")
+            if request.query.get("receive_id_type") != "chat_id":
+                raise _Refusal(400, 230001, "invalid receive_id_type for this fake")
+            if not chat_id:
+                raise _Refusal(400, 230001, "receive_id is required")
+            now = self._rate_clock()
+            self._check_app_limit(now)
+            if chat_id in self.removed_from:
+                raise _Refusal(400, 230002, "The bot is not in the chat.")
+            limits = self.limits
+            if self._windows.full(f"chat:{chat_id}", limits.chat_send, limits.window_s, now):
+                raise self._rate_limited()
+            msg_type = document.get("msg_type")
+            content = document.get("content")
+            if not isinstance(content, str):
+                raise _Refusal(400, 230001, "content is required")
+            if msg_type == "interactive":
+                self._check_card(content)
+            elif msg_type == "text":
+                try:
+                    parsed = json.loads(content)
+                except ValueError:
+                    raise _Refusal(400, 230001, "text content is not JSON") from None
+                if not isinstance(parsed, dict) or not isinstance(parsed.get("text"), str):
+                    raise _Refusal(400, 230001, "text content needs a text field")
+            else:
+                raise _Refusal(400, 230001, f"msg_type {msg_type!r} is not supported here")
+        except _Refusal as refusal:
+            return self._refusal(request, "send", refusal, chat_id, None)
+        self._windows.record("app", now)
+        self._windows.record(f"chat:{chat_id}", now)
+        message_id = f"om_{next(self._ids):08x}{secrets.token_hex(4)}"
+        message = FakeMessage(message_id, chat_id, str(msg_type), [content], self.now_s())
+        self.messages[message_id] = message
+        created_ms = str(int(message.created_at_s * 1000))
+        data = {
+            "message_id": message_id,
+            "root_id": "",
+            "parent_id": "",
+            "msg_type": msg_type,
+            "create_time": created_ms,
+            "update_time": created_ms,
+            "deleted": False,
+            "updated": False,
+            "chat_id": chat_id,
+            "sender": {
+                "id": self.app_id,
+                "id_type": "app_id",
+                "sender_type": "app",
+                "tenant_key": "fake_tenant",
+            },
+            "body": {"content": content},
+            "mentions": [],
+        }
+        return self._answer(request, "send", data=data, chat_id=chat_id, message_id=message_id)
+
+    def _existing(self, message_id: str) -> FakeMessage:
+        message = self.messages.get(message_id)
+        if message is None or message.deleted:
+            raise _Refusal(400, 230110, "Action unavailable as the message has been deleted.")
+        if message.recalled:
+            raise _Refusal(400, 230011, "The message was withdrawn.")
+        return message
+
+    async def _patch(self, request: web.Request) -> web.Response:
+        message_id = request.match_info["message_id"]
+        chat_id: str | None = None
+        try:
+            self._authorize(request)
+            self._scripted("patch")
+            document = await self._json(request)
+            now = self._rate_clock()
+            self._check_app_limit(now)
+            message = self._existing(message_id)
+            chat_id = message.chat_id
+            if chat_id in self.removed_from:
+                raise _Refusal(400, 230002, "The bot is not in the chat.")
+            if self.now_s() - message.created_at_s > UPDATE_WINDOW_S:
+                raise _Refusal(400, 230031, "The message cannot be updated after 14 days.")
+            limits = self.limits
+            key = f"message:{message_id}"
+            if self._windows.full(key, limits.message_update, limits.window_s, now):
+                raise _Refusal(400, 230020, "This operation triggers the frequency limit.")
+            if message.msg_type != "interactive":
+                raise _Refusal(400, 230001, "Only card messages can be patched.")
+            content = document.get("content")
+            if not isinstance(content, str):
+                raise _Refusal(400, 230001, "content is required")
+            card = self._check_card(content)
+            config = card.get("config")
+            if not isinstance(config, dict) or config.get("update_multi") is not True:
+                raise _Refusal(400, 230099, "A card must set config.update_multi to be updated.")
+        except _Refusal as refusal:
+            return self._refusal(request, "patch", refusal, chat_id, message_id)
+        self._windows.record("app", now)
+        self._windows.record(key, now)
+        message.contents.append(content)
+        return self._answer(request, "patch", data={}, chat_id=chat_id, message_id=message_id)
+
+    async def _delete(self, request: web.Request) -> web.Response:
+        message_id = request.match_info["message_id"]
+        chat_id: str | None = None
+        try:
+            self._authorize(request)
+            self._scripted("delete")
+            now = self._rate_clock()
+            self._check_app_limit(now)
+            message = self._existing(message_id)
+            chat_id = message.chat_id
+        except _Refusal as refusal:
+            return self._refusal(request, "delete", refusal, chat_id, message_id)
+        self._windows.record("app", now)
+        message.recalled = True
+        return self._answer(request, "delete", data={}, chat_id=chat_id, message_id=message_id)
+
+    async def _pin(self, request: web.Request) -> web.Response:
+        message_id: str | None = None
+        chat_id: str | None = None
+        try:
+            self._authorize(request)
+            self._scripted("pin")
+            document = await self._json(request)
+            message_id = str(document.get("message_id") or "")
+            now = self._rate_clock()
+            self._check_app_limit(now)
+            message = self._existing(message_id)
+            chat_id = message.chat_id
+            if chat_id in self.removed_from:
+                raise _Refusal(400, 230002, "The bot is not in the chat.")
+        except _Refusal as refusal:
+            return self._refusal(request, "pin", refusal, chat_id, message_id)
+        self._windows.record("app", now)
+        message.pinned = True
+        pin = {
+            "message_id": message_id,
+            "chat_id": chat_id,
+            "operator_id": self.app_id,
+            "operator_id_type": "app_id",
+            "create_time": str(int(self.now_s() * 1000)),
+        }
+        return self._answer(
+            request, "pin", data={"pin": pin}, chat_id=chat_id, message_id=message_id
+        )
+
+    async def _ws_endpoint(self, request: web.Request) -> web.Response:
+        if not self.ws_endpoint_available:
+            return self._answer(request, "ws_endpoint", status=503, code=1, msg="system busy")
+        document = await request.json()
+        if document.get("AppID") != self.app_id or document.get("AppSecret") != self.app_secret:
+            return self._answer(request, "ws_endpoint", code=1000040343, msg="auth failed")
+        host = request.host
+        data = {
+            "URL": f"ws://{host}/ws?device_id=fake_device&service_id=1",
+            "ClientConfig": {
+                "ReconnectCount": -1,
+                "ReconnectInterval": 1,
+                "ReconnectNonce": 0,
+                "PingInterval": 120,
+            },
+        }
+        return self._answer(request, "ws_endpoint", data=data)
+
+    async def _ws(self, request: web.Request) -> web.WebSocketResponse:
+        socket = web.WebSocketResponse()
+        await socket.prepare(request)
+        self._ws_clients.add(socket)
+        try:
+            async for message in socket:
+                if message.type == aiohttp.WSMsgType.BINARY:
+                    frame = Frame()
+                    frame.ParseFromString(message.data)
+                    if frame.method == 1:
+                        self.ws_acks.append(json.loads(frame.payload or b"{}"))
+        finally:
+            self._ws_clients.discard(socket)
+        return socket
+
+    async def _dump(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                message_id: {
+                    "chat_id": m.chat_id,
+                    "msg_type": m.msg_type,
+                    "content": m.content,
+                    "updates": m.update_count,
+                    "visible": m.visible,
+                }
+                for message_id, m in self.messages.items()
+            }
+        )
+
+
+async def _serve(port: int, app_id: str, app_secret: str) -> None:
+    async with FakeFeishu(app_id, app_secret, port=port) as fake:
+        print(f"fake Feishu Open API at {fake.base_url} (app {app_id})", flush=True)
+        await asyncio.Event().wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="A fake Feishu Open API on 127.0.0.1.")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--app-id", default="cli_fake_app")
+    parser.add_argument("--app-secret", default="fake-secret")
+    args = parser.parse_args()
+    asyncio.run(_serve(args.port, args.app_id, args.app_secret))
+
+
+if __name__ == "__main__":
+    main()
