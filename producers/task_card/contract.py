@@ -136,6 +136,8 @@ def atomic_write(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
+            # mkstemp creates 0600; the projection service may run as another user.
+            os.fchmod(handle.fileno(), 0o644)
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())

@@ -1,0 +1,29 @@
+"""The `task_card` capability: one truthful, self-refreshing task card per agent.
+
+An agent hands an LTP-v2 envelope to `TaskCard.call` (directly, through `taskcard tool|card`,
+or through the `taskcard mcp` server); a per-workdir host runs the agent's renderer on an
+interval and publishes the body through the file contract in `contract.py`.
+
+May import: the standard library, pydantic, mcp (only `mcp_server`). Never `bridge` or `channels`.
+"""
+
+from producers.task_card.capability import TaskCard
+from producers.task_card.envelope import (
+    ACTIONS,
+    EnvelopeError,
+    envelope_json_schema,
+    parse_envelope,
+)
+from producers.task_card.meta import MetaProjector, project_meta
+from producers.task_card.runtime import HostAlreadyRunning
+
+__all__ = [
+    "ACTIONS",
+    "EnvelopeError",
+    "HostAlreadyRunning",
+    "MetaProjector",
+    "TaskCard",
+    "envelope_json_schema",
+    "parse_envelope",
+    "project_meta",
+]

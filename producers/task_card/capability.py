@@ -1,0 +1,667 @@
+"""`TaskCard`: the in-process host of one workdir's card, and the one call agents make.
+
+One object per workdir holds the workdir's host lock, rehydrates a persisted watch, runs the
+updater in a background thread it owns, and answers envelopes with result dicts. Locks:
+`_lock` guards the watch table and every write to the contract files (short sections only);
+each watch's `render_lock` serialises its renders (a tick never overlaps a retry). Renders run
+outside `_lock`, so `inspect` and `stop` answer while a renderer is running, and a stopped
+watch's late render is discarded instead of resurrecting the card.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from producers.task_card.contract import (
+    STATUS_ACTIVE,
+    STATUS_INACTIVE,
+    CardPaths,
+    atomic_write,
+    parse_status,
+    read_bytes,
+    utc_now_iso,
+)
+from producers.task_card.descriptor import (
+    DescriptorCorrupt,
+    WatchDescriptor,
+    allocate_watch_id,
+    clear_descriptor,
+    read_descriptor,
+    watch_number,
+    write_descriptor,
+)
+from producers.task_card.envelope import (
+    EnvelopeError,
+    StartInput,
+    WatchInput,
+    parse_envelope,
+)
+from producers.task_card.meta import MetaProjector
+from producers.task_card.notifications import (
+    FileNotificationPort,
+    NotificationPort,
+    TaskCardErrorNotification,
+    TaskCardLimitNotification,
+    TaskCardRecoveredNotification,
+)
+from producers.task_card.renderer import (
+    Rendered,
+    RendererPathError,
+    RendererRunner,
+    RenderFailure,
+    RunRequest,
+    classify,
+    renderer_environment,
+    resolve_renderer,
+    run_renderer,
+    stdout_limit_for,
+)
+from producers.task_card.runtime import HostLock, HostPaths, default_runtime_dir
+from producers.task_card.settings import (
+    SettingsUnavailable,
+    load_settings,
+    migrate_legacy,
+    settings_or_defaults,
+    show_rows,
+)
+
+log = logging.getLogger(__name__)
+
+WatchState = Literal["watching", "error", "stopping", "stop_failed", "stopped", "exhausted"]
+LIVE_STATES: Final = frozenset({"watching", "error", "stopping", "stop_failed"})
+DEFAULT_QUIESCE_TIMEOUT_S: Final = 15.0
+Result = dict[str, Any]
+
+
+@dataclass
+class _Watch:
+    """Mutable runtime state of one watch; only touched under the owner's `_lock`."""
+
+    watch_id: str
+    renderer_rel: str
+    renderer: Path
+    interval_s: float
+    timeout_s: float
+    max_refreshes: int
+    refreshes_used: int
+    started_at: str
+    error_epoch: int
+    state: WatchState = "watching"
+    stop_reason: str | None = None
+    error: RenderFailure | None = None
+    error_at: str | None = None
+    stderr_tail: str = ""
+    last_body: str | None = None
+    last_body_at: str | None = None
+    stop_event: threading.Event = field(default_factory=threading.Event)
+    render_lock: threading.Lock = field(default_factory=threading.Lock)
+    thread: threading.Thread | None = None
+
+    def descriptor(self) -> WatchDescriptor:
+        return WatchDescriptor(
+            watch_id=self.watch_id,
+            renderer_path=self.renderer_rel,
+            interval_s=self.interval_s,
+            timeout_s=self.timeout_s,
+            max_refreshes=self.max_refreshes,
+            refreshes_used=self.refreshes_used,
+            started_at=self.started_at,
+            error_epoch=self.error_epoch,
+        )
+
+
+def _failed(message: str, **extra: Any) -> Result:
+    return {"status": "failed", "message": message, **extra}
+
+
+def load_manual() -> str:
+    """The capability's own manual, shipped as package data."""
+    return resources.files("producers.task_card").joinpath("SKILL.md").read_text("utf-8")
+
+
+class TaskCard:
+    """The task card capability of one workdir. Use as a context manager or call `close()`."""
+
+    def __init__(
+        self,
+        workdir: Path | str,
+        *,
+        runtime_dir: Path | None = None,
+        notifier: NotificationPort | None = None,
+        runner: RendererRunner = run_renderer,
+        environ: Mapping[str, str] | None = None,
+        clock: Callable[[], str] = utc_now_iso,
+        quiesce_timeout_s: float = DEFAULT_QUIESCE_TIMEOUT_S,
+    ) -> None:
+        env = os.environ if environ is None else environ
+        self.workdir = Path(workdir).resolve()
+        if not self.workdir.is_dir():
+            raise NotADirectoryError(f"workdir {self.workdir} is not a directory")
+        self.paths = CardPaths(self.workdir)
+        self.host_paths = HostPaths(runtime_dir or default_runtime_dir(env), self.workdir)
+        self._notifier: NotificationPort = notifier or FileNotificationPort(self.paths)
+        self._runner = runner
+        self._renderer_env = renderer_environment(env)
+        self._clock = clock
+        self._quiesce_timeout_s = quiesce_timeout_s
+        self._lock = threading.RLock()
+        self._watches: dict[str, _Watch] = {}
+        self._current: _Watch | None = None
+        self._starting = False
+        self._seen_watch_number = 0
+        self._turns_without_publish = 0
+        self._closed = False
+        self._meta = MetaProjector(self.paths)
+        self._host_lock = HostLock(self.host_paths)
+        self._host_lock.acquire()
+        try:
+            self._rehydrate()
+        except BaseException:
+            self._host_lock.release()
+            raise
+
+    # ----------------------------------------------------------------- public surface
+
+    def __enter__(self) -> TaskCard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def call(self, envelope: Mapping[str, Any] | str | bytes) -> Result:
+        """Validate and run one envelope; always returns a result dict, never raises for input."""
+        try:
+            parsed = parse_envelope(envelope)
+        except EnvelopeError as exc:
+            return _failed(str(exc))
+        result: Result
+        if parsed.action == "start":
+            assert isinstance(parsed.input, StartInput)
+            result = self.start(parsed.input)
+        elif parsed.action in ("inspect", "retry", "stop"):
+            assert isinstance(parsed.input, WatchInput)
+            handler = {"inspect": self.inspect, "retry": self.retry, "stop": self.stop}
+            result = handler[parsed.action](parsed.input.watch_id)
+        elif parsed.action == "remove":
+            result = self.remove()
+        elif parsed.action == "settings":
+            result = self.settings()
+        else:
+            result = {"status": "ok", "manual": load_manual()}
+        result = {"action": parsed.action, **result}
+        if parsed.summarize:
+            result["summary"] = _summary(result)
+        return result
+
+    def has_live_watch(self) -> bool:
+        with self._lock:
+            return self._starting or (
+                self._current is not None and self._current.state in LIVE_STATES
+            )
+
+    def on_completed_turn(self) -> None:
+        """Count a completed text turn; submit a reminder every `reminder-turns` quiet turns."""
+        turns = settings_or_defaults(self.paths).reminder_turns
+        with self._lock:
+            self._turns_without_publish += 1
+            if self._turns_without_publish < turns:
+                return
+            count, self._turns_without_publish = self._turns_without_publish, 0
+            current = self._current.watch_id if self._current is not None else None
+        self._notifier.submit_reminder(count, current)
+
+    def meta_update(self) -> dict[str, Any] | None:
+        """The `_meta.agent_meta.taskcard` payload when it changed since the last call."""
+        return self._meta.poll()
+
+    def meta_payload(self) -> dict[str, Any]:
+        """The payload as it is now, regardless of change."""
+        return self._meta.current()
+
+    def close(self) -> None:
+        """Stop the updater threads without ending the watch (a later host resumes it)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            watches = list(self._watches.values())
+        for watch in watches:
+            watch.stop_event.set()
+        for watch in watches:
+            if watch.thread is not None:
+                watch.thread.join()
+        self._host_lock.release()
+
+    # ----------------------------------------------------------------- actions
+
+    def start(self, request: StartInput) -> Result:
+        try:
+            renderer = resolve_renderer(self.workdir, request.renderer_path)
+        except RendererPathError as exc:
+            return _failed(str(exc))
+        with self._lock:
+            if self._closed:
+                return _failed("this task card host is shutting down; call again")
+            if self._starting:
+                return _failed("another start is in progress; one active watch per agent")
+            current = self._current
+            if current is not None and current.state in LIVE_STATES:
+                return _failed(
+                    f"watch {current.watch_id} is already active (one card per agent); "
+                    "stop or remove it first, or retry it",
+                    watch_id=current.watch_id,
+                )
+            self._starting = True
+        try:
+            return self._start_locked_out(request, renderer)
+        finally:
+            with self._lock:
+                self._starting = False
+
+    def _start_locked_out(self, request: StartInput, renderer: Path) -> Result:
+        try:
+            settings = load_settings(self.paths)
+        except SettingsUnavailable as exc:
+            return _failed(
+                f"settings unavailable: taskcard/{exc}; fix or delete taskcard/taskcard.json"
+            )
+        try:
+            migrate_legacy(self.paths, settings)
+            seen = max((watch_number(w) for w in self._watches), default=self._seen_watch_number)
+            watch_id = allocate_watch_id(self.paths, seen)
+        except OSError as exc:
+            return _failed(f"cannot write under taskcard/: {exc.strerror}", code="write_failed")
+        watch = _Watch(
+            watch_id=watch_id,
+            renderer_rel=str(renderer.relative_to(self.workdir)),
+            renderer=renderer,
+            interval_s=request.interval_s or settings.interval_s,
+            timeout_s=min(request.timeout_s or settings.timeout_s, settings.timeout_s),
+            max_refreshes=min(
+                request.max_refreshes or settings.max_refreshes, settings.max_refreshes
+            ),
+            refreshes_used=0,
+            started_at=self._clock(),
+            error_epoch=0,
+        )
+        verdict, stderr_tail = self._render(watch, threading.Event())
+        if verdict is None:
+            return _failed("the first render was cancelled; call start again")
+        if isinstance(verdict, RenderFailure):
+            return _failed(
+                f"first render failed, no watch was created: {verdict.message}",
+                code=verdict.code,
+                stderr_tail=stderr_tail,
+            )
+        with self._lock:
+            try:
+                changed = self._publish(verdict.body, activate=True)
+                write_descriptor(self.paths, watch.descriptor())
+            except OSError as exc:
+                return _failed(f"publishing failed: {exc.strerror}", code="write_failed")
+            self._record_success(watch, verdict.body)
+            self._watches[watch_id] = watch
+            self._current = watch
+            self._spawn_updater(watch)
+            log.info("task card watch %s started", watch_id)
+            return {**self._view(watch), "body_changed": changed}
+
+    def inspect(self, watch_id: str) -> Result:
+        with self._lock:
+            watch = self._watches.get(watch_id)
+            if watch is None:
+                return self._unknown(watch_id)
+            view = self._view(watch)
+            body = watch.last_body
+            if body is None:
+                raw = read_bytes(self.paths.body)
+                body = raw.decode("utf-8", errors="replace") if raw else None
+            error = None
+            if watch.error is not None:
+                error = {
+                    "code": watch.error.code,
+                    "message": watch.error.message,
+                    "at": watch.error_at,
+                    "stderr_tail": watch.stderr_tail,
+                }
+            return {
+                **view,
+                "last_body": body,
+                "last_body_at": watch.last_body_at,
+                "error": error,
+                "renderer_path": watch.renderer_rel,
+                "interval_s": watch.interval_s,
+                "timeout_s": watch.timeout_s,
+                "started_at": watch.started_at,
+            }
+
+    def retry(self, watch_id: str) -> Result:
+        with self._lock:
+            watch = self._watches.get(watch_id)
+            if watch is None:
+                return self._unknown(watch_id)
+            if watch.state == "exhausted":
+                return {
+                    **self._view(watch),
+                    "status": "failed",
+                    "message": f"watch {watch_id} used its whole refresh budget; start a new watch",
+                }
+            if watch.state in ("stopping", "stop_failed"):
+                return _failed(f"watch {watch_id} is stopping; stop it again or remove it")
+        outcome = self._refresh(watch, counted=watch.state != "stopped", from_tick=False)
+        with self._lock:
+            view = self._view(watch)
+            if outcome is not None:
+                view["refresh_error"] = {"code": outcome.code, "message": outcome.message}
+            return view
+
+    def stop(self, watch_id: str) -> Result:
+        with self._lock:
+            watch = self._watches.get(watch_id)
+            if watch is None:
+                return self._unknown(watch_id)
+            if watch.state in ("stopped", "exhausted"):
+                return self._view(watch)
+            try:
+                self._write_status(STATUS_INACTIVE)
+                clear_descriptor(self.paths)
+            except OSError as exc:
+                watch.state = "stop_failed"
+                return {**self._view(watch), "message": f"cannot write status: {exc.strerror}"}
+            watch.state = "stopping"
+            watch.stop_reason = "stopped"
+            watch.stop_event.set()
+        quiet = self._quiesce(watch)
+        with self._lock:
+            if not quiet:
+                watch.state = "stop_failed"
+                return {
+                    **self._view(watch),
+                    "message": "the updater did not quiesce; status is inactive; call stop again",
+                }
+            watch.state = "stopped"
+            log.info("task card watch %s stopped", watch_id)
+            return self._view(watch)
+
+    def remove(self) -> Result:
+        with self._lock:
+            watch = self._current
+        if watch is not None and watch.state in LIVE_STATES:
+            stopped = self.stop(watch.watch_id)
+            if stopped["status"] != "stopped":
+                return {
+                    **stopped,
+                    "status": "remove_blocked",
+                    "body_removed": False,
+                    "message": "the updater did not quiesce, so the body was left in place; "
+                    "call remove again",
+                }
+        with self._lock:
+            try:
+                self._write_status(STATUS_INACTIVE)
+                clear_descriptor(self.paths)
+                try:
+                    self.paths.body.unlink()
+                    removed = True
+                except FileNotFoundError:
+                    removed = False
+            except OSError as exc:
+                return {
+                    "status": "remove_failed",
+                    "message": f"cannot remove the card: {exc.strerror}",
+                    **self._paths_view(),
+                }
+            return {
+                "status": "removed",
+                "body_removed": removed,
+                "watch_id": watch.watch_id if watch else None,
+                **self._paths_view(),
+            }
+
+    def settings(self) -> Result:
+        try:
+            rows = show_rows(load_settings(self.paths))
+        except SettingsUnavailable as exc:
+            return _failed(
+                f"effective settings are unavailable: taskcard/{exc}. No rows are shown; "
+                "fix or delete taskcard/taskcard.json, then call settings again"
+            )
+        return {"status": "ok", "settings": rows, "settings_path": str(self.paths.settings)}
+
+    # ----------------------------------------------------------------- internals
+
+    def _unknown(self, watch_id: str) -> Result:
+        known = ", ".join(self._watches) or "none"
+        return _failed(
+            f"watch_id: {watch_id!r} is not a watch of this host (known: {known}); "
+            "call remove to clear the card without an id"
+        )
+
+    def _paths_view(self) -> Result:
+        return {
+            "taskcard_dir": str(self.paths.taskcard_dir),
+            "status_path": str(self.paths.status),
+            "body_path": str(self.paths.body),
+            "watch_path": str(self.paths.watch),
+            "status_value": parse_status(read_bytes(self.paths.status)),
+        }
+
+    def _view(self, watch: _Watch) -> Result:
+        return {
+            "status": watch.state,
+            "watch_id": watch.watch_id,
+            **self._paths_view(),
+            "refreshes_used": watch.refreshes_used,
+            "max_refreshes": watch.max_refreshes,
+            "refreshes_remaining": max(0, watch.max_refreshes - watch.refreshes_used),
+            "stop_reason": watch.stop_reason,
+        }
+
+    def _render(
+        self, watch: _Watch, cancel: threading.Event
+    ) -> tuple[Rendered | RenderFailure | None, str]:
+        """The verdict and stderr tail; None when the run was cancelled (it means nothing)."""
+        max_chars = settings_or_defaults(self.paths).max_body_chars
+        if not watch.renderer.is_file():
+            return RenderFailure("renderer_failed", "the renderer file is gone"), ""
+        request = RunRequest(
+            renderer=watch.renderer,
+            workdir=self.workdir,
+            timeout_s=watch.timeout_s,
+            stdout_limit_bytes=stdout_limit_for(max_chars),
+            env=self._renderer_env,
+        )
+        outcome = self._runner(request, cancel)
+        tail = outcome.stderr_tail.decode("utf-8", errors="replace")
+        if outcome.cancelled:
+            return None, tail
+        return classify(outcome, max_chars, watch.timeout_s), tail
+
+    def _write_status(self, value: bytes) -> None:
+        if read_bytes(self.paths.status) != value:
+            atomic_write(self.paths.status, value)
+
+    def _publish(self, body: str, *, activate: bool) -> bool:
+        """Body first, then `active`; identical bytes are left alone. True when the body changed."""
+        data = body.encode("utf-8")
+        changed = read_bytes(self.paths.body, limit=len(data) + 1) != data
+        if changed:
+            atomic_write(self.paths.body, data)
+        if activate:
+            self._write_status(STATUS_ACTIVE)
+        return changed
+
+    def _record_success(self, watch: _Watch, body: str) -> None:
+        watch.last_body = body
+        watch.last_body_at = self._clock()
+        self._turns_without_publish = 0
+        self._notifier.clear_reminder()
+
+    def _record_failure(self, watch: _Watch, failure: RenderFailure, tail: str) -> None:
+        if watch.error is None:
+            watch.error_epoch += 1
+            self._notifier.notify(
+                TaskCardErrorNotification(
+                    watch.watch_id, watch.error_epoch, failure.code, failure.message
+                )
+            )
+        watch.error = failure
+        watch.error_at = self._clock()
+        watch.stderr_tail = tail
+        if watch.state == "watching":
+            watch.state = "error"
+        log.warning("task card watch %s refresh failed: %s", watch.watch_id, failure.code)
+
+    def _refresh(self, watch: _Watch, *, counted: bool, from_tick: bool) -> RenderFailure | None:
+        """One render and its consequences. Returns the failure, if any."""
+        with watch.render_lock:
+            with self._lock:
+                live = watch.state in LIVE_STATES
+                if from_tick and (watch.state not in ("watching", "error") or self._closed):
+                    return None
+            cancel = watch.stop_event if live else threading.Event()
+            verdict, tail = self._render(watch, cancel)
+            if verdict is None:
+                return None  # cancelled by stop or host shutdown: no budget, no episode
+            with self._lock:
+                still_live = watch.state in ("watching", "error")
+                if live and not still_live:
+                    return None  # stopped meanwhile: a late body must not revive the card
+                if counted and still_live:
+                    watch.refreshes_used += 1
+                failure: RenderFailure | None = None
+                if isinstance(verdict, Rendered):
+                    try:
+                        self._publish(verdict.body, activate=still_live)
+                    except OSError as exc:
+                        failure = RenderFailure("write_failed", f"cannot write: {exc.strerror}")
+                    else:
+                        self._record_success(watch, verdict.body)
+                        if watch.error is not None:
+                            self._notifier.notify(
+                                TaskCardRecoveredNotification(watch.watch_id, watch.error_epoch)
+                            )
+                            watch.error = None
+                            watch.stderr_tail = ""
+                            if watch.state == "error":
+                                watch.state = "watching"
+                else:
+                    failure = verdict
+                if failure is not None:
+                    self._record_failure(watch, failure, tail)
+                if still_live and counted and watch.refreshes_used >= watch.max_refreshes:
+                    self._exhaust(watch)
+                elif still_live:
+                    with contextlib.suppress(OSError):
+                        write_descriptor(self.paths, watch.descriptor())
+                return failure
+
+    def _exhaust(self, watch: _Watch) -> None:
+        watch.state = "exhausted"
+        watch.stop_reason = "max_refreshes"
+        watch.stop_event.set()
+        try:
+            self._write_status(STATUS_INACTIVE)
+        except OSError as exc:
+            log.error("task card watch %s: cannot write inactive: %s", watch.watch_id, exc)
+        clear_descriptor(self.paths)
+        self._notifier.notify(TaskCardLimitNotification(watch.watch_id, watch.max_refreshes))
+        log.info("task card watch %s exhausted its refresh budget", watch.watch_id)
+
+    def _quiesce(self, watch: _Watch) -> bool:
+        thread = watch.thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(self._quiesce_timeout_s)
+            if thread.is_alive():
+                return False
+        acquired = watch.render_lock.acquire(timeout=self._quiesce_timeout_s)
+        if acquired:
+            watch.render_lock.release()
+        return acquired
+
+    def _spawn_updater(self, watch: _Watch) -> None:
+        thread = threading.Thread(
+            target=self._updater, args=(watch,), name=f"taskcard-{watch.watch_id}", daemon=True
+        )
+        watch.thread = thread
+        thread.start()
+
+    def _updater(self, watch: _Watch) -> None:
+        """Tick until stopped, exhausted or closed. A crash is recorded, never swallowed."""
+        while not watch.stop_event.wait(watch.interval_s):
+            try:
+                self._refresh(watch, counted=True, from_tick=True)
+            except Exception:  # the loop must outlive one bad tick; the error is recorded
+                log.exception("task card watch %s tick crashed", watch.watch_id)
+                with self._lock:
+                    self._record_failure(
+                        watch, RenderFailure("watch_crash", "the updater hit an internal error"), ""
+                    )
+
+    def _rehydrate(self) -> None:
+        """Resume the persisted watch, or clear a stale descriptor and leave the card inactive."""
+        try:
+            descriptor = read_descriptor(self.paths)
+        except DescriptorCorrupt as exc:
+            self._retire_stale(f"corrupt watch.json ({exc})")
+            return
+        if descriptor is None:
+            return
+        self._seen_watch_number = watch_number(descriptor.watch_id)
+        try:
+            renderer = resolve_renderer(self.workdir, descriptor.renderer_path)
+        except RendererPathError:
+            self._retire_stale(f"renderer of {descriptor.watch_id} is gone")
+            return
+        if descriptor.refreshes_used >= descriptor.max_refreshes:
+            self._retire_stale(f"{descriptor.watch_id} has no refresh budget left")
+            return
+        watch = _Watch(
+            watch_id=descriptor.watch_id,
+            renderer_rel=descriptor.renderer_path,
+            renderer=renderer,
+            interval_s=descriptor.interval_s,
+            timeout_s=descriptor.timeout_s,
+            max_refreshes=descriptor.max_refreshes,
+            refreshes_used=descriptor.refreshes_used,
+            started_at=descriptor.started_at,
+            error_epoch=descriptor.error_epoch,
+        )
+        verdict, tail = self._render(watch, watch.stop_event)
+        with self._lock:
+            if verdict is None:
+                pass  # cannot happen before the updater exists; nothing to record
+            elif isinstance(verdict, Rendered):
+                self._publish(verdict.body, activate=True)
+                self._record_success(watch, verdict.body)
+            else:
+                self._record_failure(watch, verdict, tail)
+            write_descriptor(self.paths, watch.descriptor())
+            self._watches[watch.watch_id] = watch
+            self._current = watch
+            self._spawn_updater(watch)
+        log.info("task card watch %s resumed", watch.watch_id)
+
+    def _retire_stale(self, why: str) -> None:
+        log.warning("task card: clearing stale descriptor: %s", why)
+        clear_descriptor(self.paths)
+        if self.paths.status.exists() or self.paths.body.exists():
+            self._write_status(STATUS_INACTIVE)
+
+
+def _summary(result: Result) -> str:
+    status = result.get("status")
+    watch = result.get("watch_id")
+    if status == "failed":
+        return f"{result.get('action')} failed: {result.get('message')}"
+    if "refreshes_remaining" in result:
+        return f"{watch}: {status}, {result['refreshes_remaining']} refreshes left"
+    return f"{result.get('action')}: {status}"

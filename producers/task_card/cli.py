@@ -1,0 +1,226 @@
+"""The producer's subcommands: `tool`, `card ...`, `host` and `mcp`.
+
+`bridge.cli` calls `register(subparsers)`; `python -m producers.task_card.cli` runs the same
+commands on their own (the detached host is started that way, so it never imports the
+projection service). Exit codes: 0 done, 1 the call was refused or failed, 3 a host already
+runs for the workdir, 4 no host could be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from producers.task_card.client import (
+    EXIT_ALREADY_RUNNING,
+    SPAWN_TIMEOUT_S,
+    HostUnavailable,
+    call_via_host,
+    host_log_file,
+    ping,
+)
+from producers.task_card.runtime import HostAlreadyRunning, HostPaths, default_runtime_dir
+
+EXIT_OK: Final = 0
+EXIT_FAILED: Final = 1
+EXIT_UNREACHABLE: Final = 4
+DEFAULT_IDLE_GRACE_S: Final = 120.0
+FAILED_STATES: Final = frozenset({"failed", "stop_failed", "remove_blocked", "remove_failed"})
+CLI_REASONING: Final = "requested from the taskcard command line"
+
+
+def _host_paths(args: argparse.Namespace) -> HostPaths:
+    runtime = Path(args.runtime_dir) if args.runtime_dir else default_runtime_dir(os.environ)
+    return HostPaths(runtime, Path(args.workdir).resolve())
+
+
+def _emit(result: dict[str, Any]) -> int:
+    print(json.dumps(result, indent=2, ensure_ascii=False))
+    return EXIT_FAILED if result.get("status") in FAILED_STATES else EXIT_OK
+
+
+def _call(args: argparse.Namespace, envelope: Any) -> dict[str, Any] | None:
+    try:
+        return call_via_host(_host_paths(args), envelope, args.idle_grace_s)
+    except (HostUnavailable, OSError, ValueError, subprocess.SubprocessError) as exc:
+        print(f"taskcard: {exc}", file=sys.stderr)
+        return None
+
+
+def run_tool(args: argparse.Namespace) -> int:
+    raw = args.envelope if args.envelope is not None else sys.stdin.read()
+    try:
+        envelope = json.loads(raw)
+    except ValueError:
+        return _emit({"status": "failed", "message": "envelope: not valid JSON"})
+    result = _call(args, envelope)
+    return EXIT_UNREACHABLE if result is None else _emit(result)
+
+
+def run_card(args: argparse.Namespace) -> int:
+    payload: dict[str, Any] = {}
+    if args.card_action == "start":
+        payload["renderer_path"] = args.renderer_path
+        for name in ("interval_s", "timeout_s", "max_refreshes"):
+            if getattr(args, name) is not None:
+                payload[name] = getattr(args, name)
+    elif args.card_action in ("inspect", "retry", "stop"):
+        payload["watch_id"] = args.watch_id
+    envelope = {"action": args.card_action, "input": payload, "reasoning": args.reasoning}
+    result = _call(args, envelope)
+    if result is None:
+        return EXIT_UNREACHABLE
+    if args.card_action == "manual" and result.get("status") == "ok":
+        print(result["manual"])
+        return EXIT_OK
+    return _emit(result)
+
+
+def run_host(args: argparse.Namespace) -> int:
+    paths = _host_paths(args)
+    if args.detach:
+        return _detach(args, paths)
+    # Imported here so `tool`/`card` stay light: they never run watches themselves.
+    from producers.task_card.capability import TaskCard
+    from producers.task_card.host import install_stop_signals, serve_host
+
+    stop = threading.Event()
+    install_stop_signals(stop)
+    try:
+        card = TaskCard(paths.workdir, runtime_dir=paths.runtime_dir)
+    except HostAlreadyRunning as exc:
+        print(f"taskcard host: {exc}", file=sys.stderr)
+        return EXIT_ALREADY_RUNNING
+    serve_host(card, args.idle_grace_s or DEFAULT_IDLE_GRACE_S, stop)
+    return EXIT_OK
+
+
+def _detach(args: argparse.Namespace, paths: HostPaths) -> int:
+    """Start the foreground host in its own session and return without waiting for it."""
+    command = [
+        sys.executable,
+        "-m",
+        "producers.task_card.cli",
+        "host",
+        "--workdir",
+        str(paths.workdir),
+        "--runtime-dir",
+        str(paths.runtime_dir),
+    ]
+    if args.idle_grace_s is not None:
+        command += ["--idle-grace-s", str(args.idle_grace_s)]
+    log_fd = host_log_file(paths)
+    try:
+        proc = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log_fd,
+            stderr=log_fd,
+            start_new_session=True,
+            close_fds=True,
+            cwd="/",
+        )
+    finally:
+        os.close(log_fd)
+    # Wait until it answers or dies, so a broken host is reported now, not after a timeout.
+    deadline = time.monotonic() + SPAWN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if ping(paths):
+            return EXIT_OK
+        code = proc.poll()
+        if code is not None:
+            if code != EXIT_ALREADY_RUNNING:
+                print(f"taskcard host exited with code {code}; see {paths.log}", file=sys.stderr)
+            return code
+        time.sleep(0.05)
+    print(f"taskcard host did not answer within {SPAWN_TIMEOUT_S:g} s", file=sys.stderr)
+    return EXIT_UNREACHABLE
+
+
+def run_mcp(args: argparse.Namespace) -> int:
+    import anyio
+
+    from producers.task_card.mcp_server import serve_stdio
+
+    anyio.run(serve_stdio, _host_paths(args))
+    return EXIT_OK
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workdir", default=".", help="the agent's working directory")
+    parser.add_argument(
+        "--runtime-dir",
+        default=None,
+        help="where host sockets and locks live (default: $TASKCARD_RUNTIME_DIR, "
+        "$XDG_RUNTIME_DIR/taskcard or /tmp/taskcard-UID); never inside the workdir",
+    )
+    parser.add_argument(
+        "--idle-grace-s",
+        type=float,
+        default=None,
+        help=f"seconds a host without a live watch waits before exiting "
+        f"(default {DEFAULT_IDLE_GRACE_S:g})",
+    )
+
+
+def register(subparsers: Any) -> None:
+    """Add `tool`, `card`, `host` and `mcp` to the `taskcard` command line."""
+    tool = subparsers.add_parser("tool", help="call the task_card tool with a JSON envelope")
+    _common(tool)
+    tool.add_argument("envelope", nargs="?", help="the envelope as JSON (default: stdin)")
+    tool.set_defaults(handler=run_tool)
+
+    card = subparsers.add_parser("card", help="friendly forms of the task_card actions")
+    actions = card.add_subparsers(dest="card_action", metavar="ACTION")
+    actions.required = True
+    start = actions.add_parser("start", help="start the agent's one watch")
+    start.add_argument("renderer_path")
+    start.add_argument("--interval-s", dest="interval_s", type=float)
+    start.add_argument("--timeout-s", dest="timeout_s", type=float)
+    start.add_argument("--max-refreshes", dest="max_refreshes", type=int)
+    for name, text in (
+        ("inspect", "show a watch's state, body, error and budget"),
+        ("retry", "render now"),
+        ("stop", "pause: status inactive, body kept"),
+    ):
+        sub = actions.add_parser(name, help=text)
+        sub.add_argument("watch_id")
+    actions.add_parser("remove", help="retire the card and delete its body")
+    actions.add_parser("settings", help="show the five settings")
+    actions.add_parser("manual", help="print the capability's manual")
+    for sub in actions.choices.values():
+        _common(sub)
+        sub.add_argument("--reasoning", default=CLI_REASONING)
+        sub.set_defaults(handler=run_card)
+
+    host = subparsers.add_parser("host", help="run a workdir's task card host")
+    _common(host)
+    host.add_argument("--detach", action="store_true", help="start it in the background")
+    host.set_defaults(handler=run_host)
+
+    mcp = subparsers.add_parser("mcp", help="serve the task_card tool over MCP stdio")
+    _common(mcp)
+    mcp.set_defaults(handler=run_mcp)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The producer's commands alone (used for the detached host)."""
+    parser = argparse.ArgumentParser(prog="taskcard")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    register(subparsers)
+    args = parser.parse_args(argv)
+    code: int = args.handler(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""`taskcard/watch.json`: what a restarted host needs to resume the same watch.
+
+Fields: watch_id, renderer_path (relative to the workdir), interval_s, timeout_s,
+max_refreshes, refreshes_used, started_at, plus error_epoch so that an error episode after a
+restart gets a fresh idempotency key instead of colliding with one already delivered.
+Watch ids come from `taskcard/.watch-seq`, a counter that only grows, so an id is never reused
+even after the descriptor is cleared.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import re
+from dataclasses import asdict, dataclass
+from typing import Any, Final
+
+from producers.task_card.contract import CardPaths, atomic_write
+
+SEQ_FILE: Final = ".watch-seq"
+_ID_RE: Final = re.compile(r"^tc_([1-9][0-9]*)$")
+
+
+@dataclass(frozen=True)
+class WatchDescriptor:
+    watch_id: str
+    renderer_path: str
+    interval_s: float
+    timeout_s: float
+    max_refreshes: int
+    refreshes_used: int
+    started_at: str
+    error_epoch: int = 0
+
+
+class DescriptorCorrupt(ValueError):
+    """The file exists but is not a descriptor we can trust."""
+
+
+def write_descriptor(paths: CardPaths, descriptor: WatchDescriptor) -> None:
+    data = json.dumps(asdict(descriptor), indent=2, sort_keys=True) + "\n"
+    atomic_write(paths.watch, data.encode())
+
+
+def clear_descriptor(paths: CardPaths) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        paths.watch.unlink()
+
+
+def _number(data: dict[str, Any], key: str, minimum: float) -> float:
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise DescriptorCorrupt(f"{key} is not a number")
+    if not math.isfinite(value) or value < minimum:
+        raise DescriptorCorrupt(f"{key} is out of range")
+    return float(value)
+
+
+def _integer(data: dict[str, Any], key: str, minimum: int) -> int:
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise DescriptorCorrupt(f"{key} is not an integer >= {minimum}")
+    return value
+
+
+def read_descriptor(paths: CardPaths) -> WatchDescriptor | None:
+    """The descriptor, None when there is none; raises `DescriptorCorrupt`."""
+    try:
+        raw = paths.watch.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise DescriptorCorrupt(f"unreadable ({exc.strerror})") from None
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise DescriptorCorrupt("not valid JSON") from None
+    if not isinstance(data, dict):
+        raise DescriptorCorrupt("not a JSON object")
+    watch_id = data.get("watch_id")
+    renderer = data.get("renderer_path")
+    started = data.get("started_at")
+    if not isinstance(watch_id, str) or not _ID_RE.match(watch_id):
+        raise DescriptorCorrupt("watch_id is missing or malformed")
+    if not isinstance(renderer, str) or not renderer:
+        raise DescriptorCorrupt("renderer_path is missing")
+    if not isinstance(started, str):
+        raise DescriptorCorrupt("started_at is missing")
+    return WatchDescriptor(
+        watch_id=watch_id,
+        renderer_path=renderer,
+        interval_s=_number(data, "interval_s", 1),
+        timeout_s=_number(data, "timeout_s", 0.1),
+        max_refreshes=_integer(data, "max_refreshes", 1),
+        refreshes_used=_integer(data, "refreshes_used", 0),
+        started_at=started,
+        error_epoch=_integer(data, "error_epoch", 0) if "error_epoch" in data else 0,
+    )
+
+
+def watch_number(watch_id: str) -> int:
+    match = _ID_RE.match(watch_id)
+    return int(match.group(1)) if match else 0
+
+
+def allocate_watch_id(paths: CardPaths, seen: int) -> str:
+    """The next id, persisted before use so a crash can never hand the same id out twice."""
+    seq_path = paths.taskcard_dir / SEQ_FILE
+    try:
+        last = int(seq_path.read_text().strip())
+    except (OSError, ValueError):
+        last = 0
+    number = max(last, seen) + 1
+    atomic_write(seq_path, str(number).encode())
+    return f"tc_{number}"

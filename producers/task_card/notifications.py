@@ -1,0 +1,180 @@
+"""The typed notification port of the task card, and its default file implementation.
+
+Task card code can only say *which* typed event happened (an error episode, a recovery, a
+limit, a reminder); the port decides the wire source, the channel (always `system`) and the
+idempotency key. There is no free-form source, channel or extra, so this capability cannot
+publish into another producer's namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from producers.task_card.contract import (
+    NOTIFICATION_ROTATE_BYTES,
+    SOURCE_ERROR,
+    SOURCE_LIMIT,
+    SOURCE_REMINDER,
+    CardPaths,
+    append_jsonl_line,
+    utc_now_iso,
+)
+
+
+@dataclass(frozen=True)
+class TaskCardErrorNotification:
+    watch_id: str
+    epoch: int
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
+class TaskCardRecoveredNotification:
+    watch_id: str
+    epoch: int
+
+
+@dataclass(frozen=True)
+class TaskCardLimitNotification:
+    watch_id: str
+    max_refreshes: int
+
+
+TaskCardNotification = (
+    TaskCardErrorNotification | TaskCardRecoveredNotification | TaskCardLimitNotification
+)
+
+
+def idempotency_key(event: TaskCardNotification) -> str:
+    """One key per episode, per recovery, per limit; keys survive restarts (epochs persist)."""
+    if isinstance(event, TaskCardErrorNotification):
+        return f"task_card.error:{event.watch_id}:{event.epoch}:{event.code}"
+    if isinstance(event, TaskCardRecoveredNotification):
+        return f"task_card.recovered:{event.watch_id}:{event.epoch}"
+    return f"task_card.limit:{event.watch_id}:{event.max_refreshes}"
+
+
+class NotificationPort(Protocol):
+    """Everything the task card may tell the system channel."""
+
+    def notify(self, event: TaskCardNotification) -> None: ...
+
+    def submit_reminder(self, turns: int, watch_id: str | None) -> None: ...
+
+    def clear_reminder(self) -> None: ...
+
+
+def _record(event: TaskCardNotification) -> dict[str, Any]:
+    if isinstance(event, TaskCardErrorNotification):
+        return {
+            "source": SOURCE_ERROR,
+            "priority": "high",
+            "header": "Task card renderer error",
+            "body": f"Watch {event.watch_id} failed to refresh ({event.code}); "
+            "the last valid body stays on the card.",
+            "extra": {"state": "error", "watch_id": event.watch_id, "code": event.code},
+        }
+    if isinstance(event, TaskCardRecoveredNotification):
+        return {
+            "source": SOURCE_ERROR,
+            "priority": "normal",
+            "header": "Task card recovered",
+            "body": f"Watch {event.watch_id} publishes again.",
+            "extra": {"state": "recovered", "watch_id": event.watch_id},
+        }
+    return {
+        "source": SOURCE_LIMIT,
+        "priority": "normal",
+        "header": "Task card refresh budget exhausted",
+        "body": f"Watch {event.watch_id} used all {event.max_refreshes} refreshes and stopped.",
+        "extra": {
+            "state": "limit",
+            "watch_id": event.watch_id,
+            "max_refreshes": event.max_refreshes,
+        },
+    }
+
+
+class FileNotificationPort:
+    """Appends to `.notification/system.jsonl`: deduped by id, rotated past a size bound."""
+
+    def __init__(self, paths: CardPaths, rotate_bytes: int = NOTIFICATION_ROTATE_BYTES) -> None:
+        self._paths = paths
+        self._rotate_bytes = rotate_bytes
+        self._lock = threading.Lock()
+        self._pending_reminder: str | None = None
+
+    def notify(self, event: TaskCardNotification) -> None:
+        record = _record(event)
+        self._append(idempotency_key(event), event.watch_id, record)
+
+    def submit_reminder(self, turns: int, watch_id: str | None) -> None:
+        key = f"task_card.reminder:{uuid.uuid4().hex}"
+        self._append(
+            key,
+            watch_id or "",
+            {
+                "source": SOURCE_REMINDER,
+                "priority": "normal",
+                "header": "Task Card reminder",
+                "body": f"{turns} turns without a task card update: check whether the card is "
+                "absent or stale, then update it, or remove it if the work is done.",
+                "extra": {"state": "reminder", "watch_id": watch_id or "", "turns": turns},
+            },
+        )
+        self._pending_reminder = key
+
+    def clear_reminder(self) -> None:
+        """Retract the pending reminder: a reader drops a reminder whose id a later line clears."""
+        pending, self._pending_reminder = self._pending_reminder, None
+        if pending is None:
+            return
+        self._append(
+            f"{pending}:cleared",
+            "",
+            {
+                "source": SOURCE_REMINDER,
+                "priority": "normal",
+                "header": "Task Card reminder cleared",
+                "body": "The card was published again.",
+                "extra": {"state": "reminder_cleared", "watch_id": "", "clears": pending},
+            },
+        )
+
+    def _known_ids(self) -> set[str]:
+        ids: set[str] = set()
+        current = self._paths.notifications
+        for path in (current.with_name(current.name + ".1"), current):
+            try:
+                data = path.read_bytes()
+            except OSError:
+                continue
+            for line in data.splitlines():
+                try:
+                    ident = json.loads(line).get("id")
+                except (ValueError, AttributeError):
+                    continue
+                if isinstance(ident, str):
+                    ids.add(ident)
+        return ids
+
+    def _append(self, key: str, ref_id: str, record: dict[str, Any]) -> None:
+        path: Path = self._paths.notifications
+        with self._lock:
+            if key in self._known_ids():
+                return
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:
+                size = 0
+            if size >= self._rotate_bytes:
+                os.replace(path, path.with_name(path.name + ".1"))
+            line = {"id": key, "channel": "system", "ref_id": ref_id, **record, "at": utc_now_iso()}
+            append_jsonl_line(path, line)

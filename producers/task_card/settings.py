@@ -1,0 +1,183 @@
+"""The five numeric settings owned by `taskcard/taskcard.json`, and their read-only SHOW.
+
+Each field is validated on its own and falls back to its built-in default on its own, so one
+typo never silently resets the others. A document that cannot be read as a JSON object at all
+means the effective values are unknown: SHOW then fails as a whole (no partial rows) and
+`start` refuses, rather than guessing. The one legacy source, a customised
+`telegram/taskcard.json` `max_refreshes`, is previewed by SHOW and written once by the first
+`start`, and only while the intrinsic document does not exist yet.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Final, TypeGuard
+
+from producers.task_card.contract import CardPaths, atomic_write
+
+DEFAULT_INTERVAL_S: Final = 5.0
+DEFAULT_TIMEOUT_S: Final = 10.0
+DEFAULT_MAX_REFRESHES: Final = 2000
+DEFAULT_REMINDER_TURNS: Final = 10
+DEFAULT_MAX_BODY_CHARS: Final = 2000
+LEGACY_UNTOUCHED_MAX_REFRESHES: Final = 1000
+MAX_SETTINGS_FILE_BYTES: Final = 1_000_000
+
+
+class SettingsUnavailable(RuntimeError):
+    """The owner document exists but its effective values cannot be determined."""
+
+
+@dataclass(frozen=True)
+class EffectiveSettings:
+    """The values in force, plus where `max_refreshes` came from (for SHOW's comment)."""
+
+    interval_s: float
+    timeout_s: float
+    max_refreshes: int
+    reminder_turns: int
+    max_body_chars: int
+    sources: dict[str, str]
+    pending_migration: int | None
+
+
+def _is_number(value: object) -> TypeGuard[float]:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _read_object(path: Any) -> dict[str, Any] | None:
+    """The JSON object at `path`, None when absent; raises SettingsUnavailable otherwise."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise SettingsUnavailable(f"{path.name} cannot be read ({exc.strerror})") from None
+    if len(raw) > MAX_SETTINGS_FILE_BYTES:
+        raise SettingsUnavailable(f"{path.name} is larger than {MAX_SETTINGS_FILE_BYTES} bytes")
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise SettingsUnavailable(f"{path.name} is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise SettingsUnavailable(f"{path.name} is not a JSON object")
+    return data
+
+
+def _legacy_max_refreshes(paths: CardPaths) -> int | None:
+    """A genuinely customised legacy ceiling; unreadable or untouched legacy files count as none."""
+    try:
+        data = _read_object(paths.legacy_telegram_settings)
+    except SettingsUnavailable:
+        return None
+    if data is None:
+        return None
+    value = data.get("max_refreshes")
+    if _is_int(value) and value > 0 and value != LEGACY_UNTOUCHED_MAX_REFRESHES:
+        return int(value)
+    return None
+
+
+def load_settings(paths: CardPaths) -> EffectiveSettings:
+    """Effective values with per-field fallback. Raises `SettingsUnavailable`."""
+    document = _read_object(paths.settings)
+    data = document or {}
+    sources: dict[str, str] = {}
+
+    def pick(key: str, valid: bool, default: Any) -> Any:
+        if key in data and valid:
+            sources[key] = "taskcard.json"
+            return data[key]
+        sources[key] = "invalid value in taskcard.json, default" if key in data else "default"
+        return default
+
+    interval = data.get("interval_s")
+    timeout = data.get("timeout_s")
+    refreshes = data.get("max_refreshes")
+    turns = data.get("reminder_turns")
+    chars = data.get("max_body_chars")
+    interval_ok = _is_number(interval) and interval >= 1
+    timeout_ok = _is_number(timeout) and timeout >= 0.1
+    interval_s = float(pick("interval_s", interval_ok, DEFAULT_INTERVAL_S))
+    timeout_s = float(pick("timeout_s", timeout_ok, DEFAULT_TIMEOUT_S))
+    max_refreshes = int(
+        pick("max_refreshes", _is_int(refreshes) and refreshes >= 1, DEFAULT_MAX_REFRESHES)
+    )
+    reminder_turns = int(
+        pick("reminder_turns", _is_int(turns) and turns >= 1, DEFAULT_REMINDER_TURNS)
+    )
+    max_body_chars = int(
+        pick("max_body_chars", _is_int(chars) and chars >= 100, DEFAULT_MAX_BODY_CHARS)
+    )
+    pending: int | None = None
+    if document is None:
+        pending = _legacy_max_refreshes(paths)
+        if pending is not None:
+            max_refreshes = pending
+            sources["max_refreshes"] = "legacy telegram/taskcard.json (migrated at first start)"
+    return EffectiveSettings(
+        interval_s=interval_s,
+        timeout_s=timeout_s,
+        max_refreshes=max_refreshes,
+        reminder_turns=reminder_turns,
+        max_body_chars=max_body_chars,
+        sources=sources,
+        pending_migration=pending,
+    )
+
+
+def settings_or_defaults(paths: CardPaths) -> EffectiveSettings:
+    """For per-publication and per-turn reads: a broken document must not stop a running card."""
+    try:
+        return load_settings(paths)
+    except SettingsUnavailable:
+        return EffectiveSettings(
+            interval_s=DEFAULT_INTERVAL_S,
+            timeout_s=DEFAULT_TIMEOUT_S,
+            max_refreshes=DEFAULT_MAX_REFRESHES,
+            reminder_turns=DEFAULT_REMINDER_TURNS,
+            max_body_chars=DEFAULT_MAX_BODY_CHARS,
+            sources={},
+            pending_migration=None,
+        )
+
+
+def migrate_legacy(paths: CardPaths, settings: EffectiveSettings) -> bool:
+    """Perform the one-time migration at the first start. Returns True when it wrote."""
+    if settings.pending_migration is None or paths.settings.exists():
+        return False
+    document = {"max_refreshes": settings.pending_migration}
+    atomic_write(paths.settings, (json.dumps(document, indent=2) + "\n").encode())
+    return True
+
+
+_ROWS: Final = (
+    ("interval-s", "interval_s", DEFAULT_INTERVAL_S, "Default seconds between refreshes"),
+    ("timeout-s", "timeout_s", DEFAULT_TIMEOUT_S, "Ceiling in seconds of one renderer run"),
+    ("max-refreshes", "max_refreshes", DEFAULT_MAX_REFRESHES, "Refresh budget ceiling of a watch"),
+    ("reminder-turns", "reminder_turns", DEFAULT_REMINDER_TURNS, "Turns between reminders"),
+    ("max-body-chars", "max_body_chars", DEFAULT_MAX_BODY_CHARS, "Longest body accepted"),
+)
+
+
+def show_rows(settings: EffectiveSettings) -> list[dict[str, Any]]:
+    """The five SHOW rows, each exactly key, current, default, configurable, comment."""
+    rows = []
+    for key, attr, default, meaning in _ROWS:
+        source = settings.sources.get(attr, "default")
+        rows.append(
+            {
+                "key": key,
+                "current": getattr(settings, attr),
+                "default": default,
+                "configurable": True,
+                "comment": f"{meaning} (source: {source}); see the manual, section {key}.",
+            }
+        )
+    return rows

@@ -1,0 +1,661 @@
+"""Points 2-5 and 7-10 through the Python API, with real renderers in a real workdir."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from producers.task_card.capability import TaskCard
+from producers.task_card.renderer import RunOutcome, RunRequest
+from producers.task_card.runtime import HostAlreadyRunning
+
+from .conftest import (
+    COUNTER_RENDERER,
+    FLAG_RENDERER,
+    STATIC_RENDERER,
+    envelope,
+    notifications,
+    wait_for,
+    write_renderer,
+)
+
+MakeCard = Callable[..., TaskCard]
+
+
+def start(card: TaskCard, renderer: str = "r.py", **inputs: object) -> dict[str, object]:
+    return card.call(envelope("start", renderer_path=renderer, **inputs))
+
+
+def test_start_publishes_body_then_active_then_descriptor(
+    workdir: Path, make_card: MakeCard
+) -> None:
+    write_renderer(workdir, "r.py", COUNTER_RENDERER)
+    card = make_card()
+    result = start(card, interval_s=3600)
+    assert result["status"] == "watching"
+    assert result["watch_id"] == "tc_1"
+    assert result["status_value"] == "active"
+    assert result["refreshes_used"] == 0
+    assert (workdir / "taskcard" / "taskcard.md").read_text() == "# Work\nrender 1\n"
+    assert (workdir / "taskcard" / "status").read_bytes() == b"active"
+    descriptor = json.loads((workdir / "taskcard" / "watch.json").read_text())
+    assert descriptor["watch_id"] == "tc_1"
+    assert descriptor["renderer_path"] == "r.py"
+    assert descriptor["interval_s"] == 3600
+    assert descriptor["refreshes_used"] == 0
+    assert {"timeout_s", "max_refreshes", "started_at"} <= set(descriptor)
+
+
+def test_the_updater_keeps_refreshing_on_its_interval(workdir: Path, make_card: MakeCard) -> None:
+    write_renderer(workdir, "r.py", COUNTER_RENDERER)
+    card = make_card()
+    start(card, interval_s=1)
+    wait_for(lambda: card.inspect("tc_1")["refreshes_used"] >= 2)
+    body = (workdir / "taskcard" / "taskcard.md").read_text()
+    assert body.startswith("# Work\nrender ") and body != "# Work\nrender 1\n"
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        ("import sys\nprint('x')\nsys.exit(4)\n", "renderer_nonzero_exit"),
+        ("print('   ')\n", "renderer_blank_output"),
+        ("import sys\nsys.stdout.buffer.write(b'\\xff\\xfe bad')\n", "renderer_invalid_utf8"),
+        ("print('x' * 2001)\n", "body_too_large"),
+        ("import time\ntime.sleep(60)\n", "renderer_timeout"),
+    ],
+)
+def test_a_failed_first_run_creates_no_watch(
+    workdir: Path, make_card: MakeCard, code: str, expected: str
+) -> None:
+    write_renderer(workdir, "r.py", code)
+    card = make_card()
+    result = start(card, timeout_s=1)
+    assert result["status"] == "failed"
+    assert result["code"] == expected
+    assert "no watch was created" in str(result["message"])
+    assert not (workdir / "taskcard" / "status").exists()
+    assert not (workdir / "taskcard" / "taskcard.md").exists()
+    assert not (workdir / "taskcard" / "watch.json").exists()
+    write_renderer(workdir, "ok.py", STATIC_RENDERER)
+    assert start(card, "ok.py")["status"] == "watching"
+
+
+def test_renderer_paths_outside_the_workdir_or_not_files_are_refused(
+    workdir: Path, tmp_path: Path, make_card: MakeCard
+) -> None:
+    outside = tmp_path / "evil.py"
+    outside.write_text(STATIC_RENDERER)
+    (workdir / "link.py").symlink_to(outside)
+    (workdir / "dir.py").mkdir()
+    card = make_card()
+    for path, why in (("link.py", "outside the workdir"), ("dir.py", "not a regular file")):
+        result = start(card, path)
+        assert result["status"] == "failed"
+        assert why in str(result["message"])
+    assert not (workdir / "taskcard" / "status").exists()
+
+
+def test_identical_bodies_are_not_rewritten_but_count_as_publications(
+    workdir: Path, make_card: MakeCard
+) -> None:
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    card = make_card()
+    start(card, interval_s=3600)
+    body = workdir / "taskcard" / "taskcard.md"
+    before = body.stat()
+    result = card.call(envelope("retry", watch_id="tc_1"))
+    assert result["status"] == "watching"
+    assert result["refreshes_used"] == 1
+    after = body.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert card.inspect("tc_1")["last_body_at"] is not None
+
+
+def test_an_oversized_body_is_refused_and_the_last_valid_body_stays(
+    workdir: Path, make_card: MakeCard
+) -> None:
+    write_renderer(
+        workdir,
+        "r.py",
+        "from pathlib import Path\n"
+        "print('x' * 5000 if Path('big.flag').exists() else '# small body')\n",
+    )
+    card = make_card()
+    start(card, interval_s=3600)
+    (workdir / "big.flag").touch()
+    result = card.call(envelope("retry", watch_id="tc_1"))
+    assert result["refresh_error"]["code"] == "body_too_large"
+    assert (workdir / "taskcard" / "taskcard.md").read_text() == "# small body\n"
+    assert (workdir / "taskcard" / "status").read_bytes() == b"active"
+    inspected = card.inspect("tc_1")
+    assert inspected["status"] == "error"
+    assert inspected["last_body"] == "# small body\n"
+    assert inspected["error"]["code"] == "body_too_large"
+
+
+def test_max_body_chars_is_read_at_every_publication(workdir: Path, make_card: MakeCard) -> None:
+    write_renderer(workdir, "r.py", "print('y' * 150)\n")
+    card = make_card()
+    start(card, interval_s=3600)
+    (workdir / "taskcard" / "taskcard.json").write_text('{"max_body_chars": 100}')
+    result = card.call(envelope("retry", watch_id="tc_1"))
+    assert result["refresh_error"]["code"] == "body_too_large"
+
+
+def test_inspect_reports_state_body_time_error_and_budget(
+    workdir: Path, make_card: MakeCard
+) -> None:
+    write_renderer(workdir, "r.py", FLAG_RENDERER)
+    card = make_card()
+    start(card, interval_s=3600, max_refreshes=5)
+    (workdir / "fail.flag").touch()
+    card.call(envelope("retry", watch_id="tc_1"))
+    result = card.call(envelope("inspect", watch_id="tc_1"))
+    assert result["status"] == "error"
+    assert result["last_body"] == "# Work\nall good\n"
+    assert str(result["last_body_at"]).endswith("Z")
+    assert result["error"] == {
+        "code": "renderer_nonzero_exit",
+        "message": "the renderer exited with code 3",
+        "at": result["error"]["at"],
+        "stderr_tail": "boom\n",
+    }
+    assert (result["refreshes_used"], result["max_refreshes"], result["refreshes_remaining"]) == (
+        1,
+        5,
+        4,
+    )
+    unknown = card.call(envelope("inspect", watch_id="tc_9"))
+    assert unknown["status"] == "failed" and "tc_9" in str(unknown["message"])
+
+
+def test_error_then_recovery_notify_once_per_episode(workdir: Path, make_card: MakeCard) -> None:
+    write_renderer(workdir, "r.py", FLAG_RENDERER)
+    card = make_card()
+    start(card, interval_s=3600)
+    (workdir / "fail.flag").touch()
+    for _ in range(3):
+        card.call(envelope("retry", watch_id="tc_1"))
+    (workdir / "fail.flag").unlink()
+    card.call(envelope("retry", watch_id="tc_1"))
+    card.call(envelope("retry", watch_id="tc_1"))
+    (workdir / "fail.flag").touch()
+    card.call(envelope("retry", watch_id="tc_1"))
+    lines = notifications(workdir)
+    assert [(n["id"], n["extra"]["state"]) for n in lines] == [
+        ("task_card.error:tc_1:1:renderer_nonzero_exit", "error"),
+        ("task_card.recovered:tc_1:1", "recovered"),
+        ("task_card.error:tc_1:2:renderer_nonzero_exit", "error"),
+    ]
+    first = lines[0]
+    assert first["source"] == "task_card.error"
+    assert first["channel"] == "system"
+    assert first["ref_id"] == "tc_1"
+    assert first["extra"] == {"state": "error", "watch_id": "tc_1", "code": "renderer_nonzero_exit"}
+    assert lines[1]["source"] == "task_card.error"
+
+
+def test_budget_exhaustion_retires_the_watch_with_one_limit_notification(
+    workdir: Path, make_card: MakeCard
+) -> None:
+    write_renderer(workdir, "r.py", COUNTER_RENDERER)
+    card = make_card()
+    assert start(card, interval_s=3600, max_refreshes=2)["refreshes_remaining"] == 2
+    assert card.call(envelope("retry", watch_id="tc_1"))["refreshes_remaining"] == 1
+    last = card.call(envelope("retry", watch_id="tc_1"))
+    assert last["status"] == "exhausted"
+    assert last["stop_reason"] == "max_refreshes"
+    assert last["status_value"] == "inactive"
+    assert (workdir / "taskcard" / "taskcard.md").read_text() == "# Work\nrender 3\n"
+    assert not (workdir / "taskcard" / "watch.json").exists()
+    again = card.call(envelope("retry", watch_id="tc_1"))
+    assert again["status"] == "failed" and "start a new watch" in str(again["message"])
+    limits = [n for n in notifications(workdir) if n["source"] == "task_card.limit"]
+    assert len(limits) == 1
+    assert limits[0]["id"] == "task_card.limit:tc_1:2"
+    assert limits[0]["extra"] == {"state": "limit", "watch_id": "tc_1", "max_refreshes": 2}
+    assert start(card, interval_s=3600)["watch_id"] == "tc_2"
+
+
+def test_failed_refreshes_count_against_the_budget(workdir: Path, make_card: MakeCard) -> None:
+    write_renderer(workdir, "r.py", FLAG_RENDERER)
+    card = make_card()
+    start(card, interval_s=3600, max_refreshes=1)
+    (workdir / "fail.flag").touch()
+    assert card.call(envelope("retry", watch_id="tc_1"))["status"] == "exhausted"
+
+
+def test_ceilings_cap_silently_and_interval_has_only_a_floor(
+    workdir: Path, make_card: MakeCard
+) -> None:
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    (workdir / "taskcard").mkdir()
+    (workdir / "taskcard" / "taskcard.json").write_text('{"timeout_s": 4, "max_refreshes": 50}')
+    card = make_card()
+    result = start(card, interval_s=86400, timeout_s=999, max_refreshes=10**6)
+    assert result["status"] == "watching"
+    assert result["max_refreshes"] == 50
+    inspected = card.inspect("tc_1")
+    assert (inspected["interval_s"], inspected["timeout_s"]) == (86400, 4)
+    card.stop("tc_1")
+    lower = start(card, timeout_s=0.5, max_refreshes=3)
+    assert lower["max_refreshes"] == 3
+    assert card.inspect("tc_2")["timeout_s"] == 0.5
+    assert card.inspect("tc_2")["interval_s"] == 5  # the default when not given
+
+
+def test_one_active_watch_per_agent_and_ids_are_never_reused(
+    workdir: Path, make_card: MakeCard
+) -> None:
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    card = make_card()
+    start(card, interval_s=3600)
+    refused = start(card)
+    assert refused["status"] == "failed" and "already active" in str(refused["message"])
+    assert card.call(envelope("stop", watch_id="tc_1"))["status"] == "stopped"
+    assert start(card, interval_s=3600)["watch_id"] == "tc_2"
+    card.call(envelope("remove"))
+    card.close()
+    reopened = make_card()
+    assert start(reopened, interval_s=3600)["watch_id"] == "tc_3"
+
+
+def test_two_concurrent_starts_exactly_one_wins(workdir: Path, make_card: MakeCard) -> None:
+    write_renderer(workdir, "r.py", "import time\ntime.sleep(0.5)\nprint('# slow start')\n")
+    card = make_card()
+    results: list[dict[str, object]] = []
+    barrier = threading.Barrier(2)
+
+    def go() -> None:
+        barrier.wait()
+        results.append(start(card, interval_s=3600))
+
+    threads = [threading.Thread(target=go) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(str(r["status"]) for r in results) == ["failed", "watching"]
+
+
+def test_stop_writes_inactive_keeps_the_body_and_clears_the_descriptor(
+    workdir: Path, make_card: MakeCard
+) -> None:
+    write_renderer(workdir, "r.py", COUNTER_RENDERER)
+    card = make_card()
+    start(card, interval_s=1)
+    result = card.call(envelope("stop", watch_id="tc_1"))
+    assert result["status"] == "stopped"
+    assert result["stop_reason"] == "stopped"
+    assert (workdir / "taskcard" / "status").read_bytes() == b"inactive"
+    assert (workdir / "taskcard" / "taskcard.md").exists()
+    assert not (workdir / "taskcard" / "watch.json").exists()
+    count = (workdir / "count.txt").read_text()
+    assert card.call(envelope("stop", watch_id="tc_1"))["status"] == "stopped"
+    # A retry on a stopped watch refreshes the body but neither revives it nor spends budget.
+    retried = card.call(envelope("retry", watch_id="tc_1"))
+    assert (retried["status"], retried["status_value"], retried["refreshes_used"]) == (
+        "stopped",
+        "inactive",
+        0,
+    )
+    assert (workdir / "count.txt").read_text() == str(int(count) + 1)
+
+
+class StuckRunner:
+    """A renderer runner that ignores cancellation until released: an updater that won't quiesce."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self.calls = 0
+
+    def __call__(self, request: RunRequest, cancel: threading.Event) -> RunOutcome:
+        self.calls += 1
+        if self.calls > 1:
+            self.entered.set()
+            self.release.wait(60)
+        return RunOutcome(0, False, False, b"# body\n", False, b"", None, 0.0)
+
+
+def test_stop_failed_is_retryable_and_remove_is_blocked_meanwhile(
+    workdir: Path, make_card: MakeCard
+) -> None:
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    runner = StuckRunner()
+    card = make_card(runner=runner, quiesce_timeout_s=0.3)
+    start(card, interval_s=1)
+    assert runner.entered.wait(30)
+    stopped = card.call(envelope("stop", watch_id="tc_1"))
+    assert stopped["status"] == "stop_failed"
+    assert (workdir / "taskcard" / "status").read_bytes() == b"inactive"
+    assert card.inspect("tc_1")["status"] == "stop_failed"
+    blocked = card.call(envelope("remove"))
+    assert blocked["status"] == "remove_blocked"
+    assert blocked["body_removed"] is False
+    assert (workdir / "taskcard" / "taskcard.md").exists()
+    runner.release.set()
+    assert card.call(envelope("stop", watch_id="tc_1"))["status"] == "stopped"
+    assert (workdir / "taskcard" / "taskcard.md").read_text() == "# body\n"
+    assert (workdir / "taskcard" / "status").read_bytes() == b"inactive"
+
+
+def test_remove_is_idempotent_and_needs_no_watch(workdir: Path, make_card: MakeCard) -> None:
+    card = make_card()
+    first = card.call(envelope("remove"))
+    assert (first["status"], first["body_removed"]) == ("removed", False)
+    assert (workdir / "taskcard" / "status").read_bytes() == b"inactive"
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    start(card, interval_s=1)
+    removed = card.call(envelope("remove"))
+    assert (removed["status"], removed["body_removed"]) == ("removed", True)
+    assert not (workdir / "taskcard" / "taskcard.md").exists()
+    assert not (workdir / "taskcard" / "watch.json").exists()
+    assert (workdir / "taskcard" / "status").read_bytes() == b"inactive"
+    assert card.call(envelope("remove"))["body_removed"] is False
+
+
+def test_closing_the_host_mid_render_records_no_error_and_spends_no_budget(
+    workdir: Path, make_card: MakeCard
+) -> None:
+    write_renderer(
+        workdir,
+        "r.py",
+        "import time\nfrom pathlib import Path\n"
+        "if Path('first.done').exists():\n    Path('started').touch()\n    time.sleep(60)\n"
+        "Path('first.done').touch()\nprint('# body')\n",
+    )
+    card = make_card()
+    start(card, interval_s=1)
+    wait_for(lambda: (workdir / "started").exists())
+    card.close()
+    assert notifications(workdir) == []
+    descriptor = json.loads((workdir / "taskcard" / "watch.json").read_text())
+    assert descriptor["refreshes_used"] == 0
+    assert (workdir / "taskcard" / "status").read_bytes() == b"active"
+
+
+def test_a_second_in_process_host_for_the_workdir_is_refused(make_card: MakeCard) -> None:
+    make_card()
+    with pytest.raises(HostAlreadyRunning, match="already runs"):
+        make_card()
+
+
+def test_a_restarted_host_resumes_the_same_watch_and_budget(
+    workdir: Path, make_card: MakeCard
+) -> None:
+    write_renderer(workdir, "r.py", COUNTER_RENDERER)
+    card = make_card()
+    start(card, interval_s=3600, max_refreshes=10)
+    card.call(envelope("retry", watch_id="tc_1"))
+    card.call(envelope("retry", watch_id="tc_1"))
+    card.close()
+    (workdir / "taskcard" / "status").write_bytes(b"inactive")  # whatever was left behind
+    resumed = make_card()
+    result = resumed.inspect("tc_1")
+    assert (result["status"], result["status_value"]) == ("watching", "active")
+    assert (result["refreshes_used"], result["refreshes_remaining"]) == (2, 8)
+    assert (result["interval_s"], result["renderer_path"]) == (3600, "r.py")
+    assert (workdir / "taskcard" / "taskcard.md").read_text() == "# Work\nrender 4\n"
+
+
+@pytest.mark.parametrize(
+    "descriptor",
+    [
+        "{not json",
+        '{"watch_id": "tc_1"}',
+        json.dumps(
+            {
+                "watch_id": "tc_1",
+                "renderer_path": "gone.py",
+                "interval_s": 5,
+                "timeout_s": 5,
+                "max_refreshes": 5,
+                "refreshes_used": 0,
+                "started_at": "2026-01-01T00:00:00Z",
+            }
+        ),
+        json.dumps(
+            {
+                "watch_id": "tc_1",
+                "renderer_path": "r.py",
+                "interval_s": 5,
+                "timeout_s": 5,
+                "max_refreshes": 5,
+                "refreshes_used": 5,
+                "started_at": "2026-01-01T00:00:00Z",
+            }
+        ),
+    ],
+)
+def test_a_stale_or_corrupt_descriptor_is_cleared_and_leaves_the_card_inactive(
+    workdir: Path, make_card: MakeCard, descriptor: str
+) -> None:
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    folder = workdir / "taskcard"
+    folder.mkdir()
+    (folder / "watch.json").write_text(descriptor)
+    (folder / ".watch-seq").write_text("1")
+    (folder / "status").write_bytes(b"active")
+    (folder / "taskcard.md").write_text("old body")
+    card = make_card()
+    assert not (folder / "watch.json").exists()
+    assert (folder / "status").read_bytes() == b"inactive"
+    assert card.call(envelope("inspect", watch_id="tc_1"))["status"] == "failed"
+    assert start(card, interval_s=3600)["watch_id"] == "tc_2"
+
+
+def test_a_stale_descriptor_id_is_not_reused_even_without_the_counter(
+    workdir: Path, make_card: MakeCard
+) -> None:
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    (workdir / "taskcard").mkdir()
+    (workdir / "taskcard" / "watch.json").write_text(
+        json.dumps(
+            {
+                "watch_id": "tc_7",
+                "renderer_path": "gone.py",
+                "interval_s": 5,
+                "timeout_s": 5,
+                "max_refreshes": 5,
+                "refreshes_used": 0,
+                "started_at": "2026-01-01T00:00:00Z",
+            }
+        )
+    )
+    assert start(make_card(), interval_s=3600)["watch_id"] == "tc_8"
+
+
+def test_settings_show_five_exact_rows_with_per_field_fallback(
+    workdir: Path, make_card: MakeCard
+) -> None:
+    (workdir / "taskcard").mkdir()
+    document = workdir / "taskcard" / "taskcard.json"
+    document.write_text(
+        '{"interval_s": 2, "timeout_s": true, "max_refreshes": 0, '
+        '"reminder_turns": 3, "max_body_chars": 99, "other": "kept"}'
+    )
+    before = document.read_bytes()
+    card = make_card()
+    result = card.call(envelope("settings"))
+    assert result["status"] == "ok"
+    rows = result["settings"]
+    assert [row["key"] for row in rows] == [
+        "interval-s",
+        "timeout-s",
+        "max-refreshes",
+        "reminder-turns",
+        "max-body-chars",
+    ]
+    for row in rows:
+        assert set(row) == {"key", "current", "default", "configurable", "comment"}
+        assert row["key"] in row["comment"]
+    current = {row["key"]: row["current"] for row in rows}
+    assert current == {
+        "interval-s": 2,
+        "timeout-s": 10,
+        "max-refreshes": 2000,
+        "reminder-turns": 3,
+        "max-body-chars": 2000,
+    }
+    assert document.read_bytes() == before
+
+
+def test_settings_never_create_the_document(workdir: Path, make_card: MakeCard) -> None:
+    card = make_card()
+    assert card.call(envelope("settings"))["status"] == "ok"
+    assert not (workdir / "taskcard" / "taskcard.json").exists()
+
+
+@pytest.mark.parametrize("content", [b"{broken", b"[1, 2]", b"\xff\xfe"])
+def test_a_corrupt_settings_document_fails_whole_without_rows(
+    workdir: Path, make_card: MakeCard, content: bytes
+) -> None:
+    (workdir / "taskcard").mkdir()
+    (workdir / "taskcard" / "taskcard.json").write_bytes(content)
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    card = make_card()
+    result = card.call(envelope("settings"))
+    assert result["status"] == "failed"
+    assert "settings" not in result
+    assert "taskcard.json" in str(result["message"])
+    assert "Traceback" not in str(result["message"])
+    refused = start(card)
+    assert refused["status"] == "failed" and "taskcard.json" in str(refused["message"])
+
+
+def test_legacy_max_refreshes_is_previewed_then_migrated_once_at_first_start(
+    workdir: Path, make_card: MakeCard
+) -> None:
+    (workdir / "telegram").mkdir()
+    (workdir / "telegram" / "taskcard.json").write_text('{"max_refreshes": 300}')
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    card = make_card()
+    rows = {r["key"]: r for r in card.call(envelope("settings"))["settings"]}
+    assert rows["max-refreshes"]["current"] == 300
+    assert "legacy" in rows["max-refreshes"]["comment"]
+    assert not (workdir / "taskcard" / "taskcard.json").exists()
+    assert start(card, interval_s=3600)["max_refreshes"] == 300
+    assert json.loads((workdir / "taskcard" / "taskcard.json").read_text()) == {
+        "max_refreshes": 300
+    }
+    (workdir / "telegram" / "taskcard.json").write_text('{"max_refreshes": 7}')
+    rows = {r["key"]: r for r in card.call(envelope("settings"))["settings"]}
+    assert rows["max-refreshes"]["current"] == 300
+
+
+def test_the_untouched_legacy_default_is_ignored(workdir: Path, make_card: MakeCard) -> None:
+    (workdir / "telegram").mkdir()
+    (workdir / "telegram" / "taskcard.json").write_text('{"max_refreshes": 1000}')
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    card = make_card()
+    assert start(card, interval_s=3600)["max_refreshes"] == 2000
+    assert not (workdir / "taskcard" / "taskcard.json").exists()
+
+
+def test_reminders_every_n_quiet_turns_and_publication_resets_the_count(
+    workdir: Path, make_card: MakeCard
+) -> None:
+    (workdir / "taskcard").mkdir()
+    (workdir / "taskcard" / "taskcard.json").write_text('{"reminder_turns": 3}')
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    card = make_card()
+
+    def reminders() -> list[dict[str, object]]:
+        return [n for n in notifications(workdir) if n["extra"]["state"] == "reminder"]
+
+    for _ in range(2):
+        card.on_completed_turn()
+    assert reminders() == []
+    card.on_completed_turn()
+    assert len(reminders()) == 1
+    assert reminders()[0]["source"] == "task_card.reminder"
+    card.on_completed_turn()
+    card.on_completed_turn()
+    start(card, interval_s=3600)  # a publication resets the count and clears the reminder
+    card.on_completed_turn()
+    card.on_completed_turn()
+    assert len(reminders()) == 1
+    cleared = [n for n in notifications(workdir) if n["extra"]["state"] == "reminder_cleared"]
+    assert len(cleared) == 1
+    card.on_completed_turn()
+    assert len(reminders()) == 2
+    assert reminders()[1]["extra"]["watch_id"] == "tc_1"  # type: ignore[index]
+
+
+def test_meta_projection_is_change_gated_and_covers_every_shape(
+    workdir: Path, make_card: MakeCard
+) -> None:
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    card = make_card()
+    absent = card.meta_update()
+    assert absent is not None and absent["present"] is False and "hint" in absent
+    assert card.meta_update() is None
+    start(card, interval_s=3600)
+    assert card.meta_update() == {
+        "present": True,
+        "status": "active",
+        "body": "# Work\nsteady body\n",
+    }
+    card.call(envelope("retry", watch_id="tc_1"))
+    assert card.meta_update() is None  # identical bytes are not re-injected
+    (workdir / "taskcard" / "taskcard.md").write_text("z" * 2500)
+    refused = card.meta_update()
+    assert refused is not None and (refused["present"], refused["status"]) == (True, "refused")
+    (workdir / "taskcard" / "status").write_bytes(b"act")
+    unreadable = card.meta_update()
+    assert unreadable is not None and unreadable["status"] == "unreadable"
+    assert unreadable["present"] is True
+
+
+def test_manual_returns_the_packaged_manual_covering_the_contract(make_card: MakeCard) -> None:
+    result = make_card().call({"action": "manual", "input": {}, "reasoning": "learn"})
+    text = str(result["manual"])
+    for needle in (
+        "start",
+        "inspect",
+        "retry",
+        "stop",
+        "remove",
+        "### interval-s",
+        "### timeout-s",
+        "### max-refreshes",
+        "### reminder-turns",
+        "### max-body-chars",
+        "renderer contract",
+        "Lifecycle",
+    ):
+        assert needle in text
+
+
+def test_summarize_adds_a_one_line_summary(workdir: Path, make_card: MakeCard) -> None:
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    card = make_card()
+    result = card.call(
+        {
+            "action": "start",
+            "input": {"renderer_path": "r.py", "max_refreshes": 4, "interval_s": 3600},
+            "reasoning": "r",
+            "summarize": True,
+        }
+    )
+    assert result["summary"] == "tc_1: watching, 4 refreshes left"
+
+
+def test_invalid_envelopes_come_back_as_failed_results(make_card: MakeCard) -> None:
+    result = make_card().call('{"action": "start", "input": {}, "reasoning": "r"}')
+    assert result["status"] == "failed"
+    assert "input.renderer_path: required" in str(result["message"])
+
+
+def test_contract_files_are_readable_by_another_user(workdir: Path, make_card: MakeCard) -> None:
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    start(make_card(), interval_s=3600)
+    for name in ("taskcard.md", "status"):
+        assert os.stat(workdir / "taskcard" / name).st_mode & 0o044 == 0o044

@@ -1,0 +1,113 @@
+"""The shell forms and the background host: detached, single, surviving SIGKILL (point 6)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from .conftest import (
+    COUNTER_RENDERER,
+    STATIC_RENDERER,
+    CliHost,
+    pid_alive,
+    wait_for,
+    write_renderer,
+)
+
+
+def test_a_watch_started_from_the_shell_keeps_refreshing_after_the_command_exits(
+    workdir: Path, cli: CliHost
+) -> None:
+    write_renderer(workdir, "r.py", COUNTER_RENDERER)
+    done = cli.run("card", "start", "r.py", "--interval-s", "1")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "watching"
+    wait_for(lambda: int((workdir / "count.txt").read_text()) >= 3)
+    inspected = cli.json("card", "inspect", "tc_1")
+    assert inspected["status"] == "watching"
+    assert inspected["refreshes_used"] >= 2
+    assert not str(cli.paths.socket).startswith(str(workdir))
+    removed = cli.json("card", "remove")
+    assert (removed["status"], removed["body_removed"]) == ("removed", True)
+
+
+def test_tool_takes_the_envelope_as_argument_or_stdin(workdir: Path, cli: CliHost) -> None:
+    settings = cli.json("tool", '{"action": "settings", "input": {}, "reasoning": "look"}')
+    assert settings["status"] == "ok" and len(settings["settings"]) == 5
+    manual = cli.json("tool", stdin='{"action": "manual", "input": {}, "reasoning": "read"}')
+    assert "### max-body-chars" in manual["manual"]
+    bad = cli.run("tool", '{"action": "start", "input": {"renderer_path": 3}, "reasoning": "x"}')
+    assert bad.returncode == 1
+    assert "input.renderer_path" in json.loads(bad.stdout)["message"]
+    assert "## Lifecycle" in cli.run("card", "manual").stdout
+
+
+def test_a_second_host_for_the_same_workdir_is_refused(workdir: Path, cli: CliHost) -> None:
+    cli.json("card", "settings")  # brings a host up
+    second = cli.run("host", timeout_s=60)
+    assert second.returncode == 3
+    assert "already runs" in second.stderr
+
+
+def test_concurrent_starts_from_two_processes_exactly_one_wins(workdir: Path, cli: CliHost) -> None:
+    write_renderer(workdir, "r.py", "import time\ntime.sleep(0.5)\nprint('# one card')\n")
+    with ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(lambda _: cli.run("card", "start", "r.py"), range(2)))
+    statuses = sorted(json.loads(run.stdout)["status"] for run in runs)
+    assert statuses == ["failed", "watching"]
+
+
+def test_sigkill_of_the_host_then_rehydration_with_the_same_id_and_budget(
+    workdir: Path, cli: CliHost
+) -> None:
+    write_renderer(workdir, "r.py", COUNTER_RENDERER)
+    started = cli.json("card", "start", "r.py", "--interval-s", "3600", "--max-refreshes", "9")
+    assert started["watch_id"] == "tc_1"
+    for _ in range(3):
+        cli.json("card", "retry", "tc_1")
+    pid = cli.host_pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not pid_alive(pid))
+    renders_before = int((workdir / "count.txt").read_text())
+    inspected = cli.json("card", "inspect", "tc_1")  # spawns a new host, which rehydrates
+    assert cli.host_pid() != pid
+    assert inspected["status"] == "watching"
+    assert inspected["status_value"] == "active"
+    assert (inspected["refreshes_used"], inspected["refreshes_remaining"]) == (3, 6)
+    assert inspected["interval_s"] == 3600
+    assert int((workdir / "count.txt").read_text()) == renders_before + 1  # reran on resume
+    assert cli.json("card", "start", "r.py")["status"] == "failed"  # still the one watch
+
+
+def test_a_corrupt_descriptor_found_by_a_new_host_leaves_the_card_inactive(
+    workdir: Path, cli: CliHost
+) -> None:
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    folder = workdir / "taskcard"
+    folder.mkdir()
+    (folder / "watch.json").write_text("{ this is not json")
+    (folder / "status").write_bytes(b"active")
+    cli.json("card", "settings")
+    assert not (folder / "watch.json").exists()
+    assert (folder / "status").read_bytes() == b"inactive"
+
+
+def test_the_lead_entry_point_registers_every_subcommand() -> None:
+    code = (
+        "import argparse\n"
+        "from producers.task_card.cli import register\n"
+        "p = argparse.ArgumentParser(); s = p.add_subparsers(dest='c'); register(s)\n"
+        "print(sorted(s.choices))\n"
+        "a = p.parse_args(['card', 'start', 'r.py', '--interval-s', '2'])\n"
+        "print(a.handler.__name__, a.card_action, a.interval_s)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.splitlines() == ["['card', 'host', 'mcp', 'tool']", "run_card start 2.0"]

@@ -1,0 +1,77 @@
+"""Point 8: the file notification port: wire shape, dedupe across rotation, bounded size."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from producers.task_card.contract import CardPaths, parse_notification
+from producers.task_card.notifications import (
+    FileNotificationPort,
+    TaskCardErrorNotification,
+    TaskCardLimitNotification,
+    TaskCardRecoveredNotification,
+)
+
+
+def lines(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_each_typed_event_has_the_wire_shape_consumers_parse(workdir: Path) -> None:
+    paths = CardPaths(workdir)
+    port = FileNotificationPort(paths)
+    port.notify(TaskCardErrorNotification("tc_1", 1, "renderer_timeout", "slow"))
+    port.notify(TaskCardRecoveredNotification("tc_1", 1))
+    port.notify(TaskCardLimitNotification("tc_1", 40))
+    parsed = [parse_notification(line) for line in paths.notifications.read_bytes().splitlines()]
+    assert [(n.id, n.source, n.ref_id, n.priority) for n in parsed if n] == [
+        ("task_card.error:tc_1:1:renderer_timeout", "task_card.error", "tc_1", "high"),
+        ("task_card.recovered:tc_1:1", "task_card.error", "tc_1", "normal"),
+        ("task_card.limit:tc_1:40", "task_card.limit", "tc_1", "normal"),
+    ]
+    assert all(n is not None and n.at is not None for n in parsed)
+    raw = lines(paths.notifications)
+    assert {r["channel"] for r in raw} == {"system"}
+    assert raw[2]["extra"] == {"state": "limit", "watch_id": "tc_1", "max_refreshes": 40}
+
+
+def test_an_id_already_present_is_not_appended_again_even_after_rotation(workdir: Path) -> None:
+    paths = CardPaths(workdir)
+    rotated = paths.notifications.with_name("system.jsonl.1")
+    port = FileNotificationPort(paths, rotate_bytes=1)  # every append rotates the previous file
+    first = TaskCardErrorNotification("tc_1", 1, "renderer_timeout", "slow")
+    port.notify(first)
+    port.notify(first)
+    assert len(lines(paths.notifications)) == 1
+    port.notify(TaskCardRecoveredNotification("tc_1", 1))
+    assert [r["id"] for r in lines(rotated)] == ["task_card.error:tc_1:1:renderer_timeout"]
+    port.notify(first)  # present in the rotated file: still a duplicate
+    assert [r["id"] for r in lines(paths.notifications)] == ["task_card.recovered:tc_1:1"]
+
+
+def test_the_file_is_rotated_past_its_bound(workdir: Path) -> None:
+    paths = CardPaths(workdir)
+    port = FileNotificationPort(paths, rotate_bytes=1000)
+    for epoch in range(1, 40):
+        port.notify(TaskCardErrorNotification("tc_1", epoch, "renderer_timeout", "slow"))
+    assert paths.notifications.stat().st_size < 1000 + 500
+    assert paths.notifications.with_name("system.jsonl.1").stat().st_size >= 1000
+
+
+def test_reminders_get_fresh_ids_and_can_be_cleared(workdir: Path) -> None:
+    paths = CardPaths(workdir)
+    port = FileNotificationPort(paths)
+    port.submit_reminder(10, None)
+    port.submit_reminder(10, "tc_2")
+    port.clear_reminder()
+    port.clear_reminder()
+    raw = lines(paths.notifications)
+    assert [r["extra"]["state"] for r in raw] == [  # type: ignore[index]
+        "reminder",
+        "reminder",
+        "reminder_cleared",
+    ]
+    assert {r["source"] for r in raw} == {"task_card.reminder"}
+    assert raw[0]["id"] != raw[1]["id"]
+    assert raw[2]["extra"]["clears"] == raw[1]["id"]  # type: ignore[index]

@@ -1,0 +1,143 @@
+"""Point 2: the renderer fence (process group, bounded output, stderr tail) and `classify`."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from producers.task_card.renderer import (
+    Rendered,
+    RendererPathError,
+    RenderFailure,
+    RunOutcome,
+    RunRequest,
+    classify,
+    renderer_environment,
+    resolve_renderer,
+    run_renderer,
+    stdout_limit_for,
+)
+
+from .conftest import pid_alive, wait_for, write_renderer
+
+
+def outcome(**changes: object) -> RunOutcome:
+    base: dict[str, object] = {
+        "exit_code": 0,
+        "timed_out": False,
+        "cancelled": False,
+        "stdout": b"# body\n",
+        "stdout_overflow": False,
+        "stderr_tail": b"",
+        "spawn_error": None,
+        "duration_s": 0.1,
+    }
+    base.update(changes)
+    return RunOutcome(**base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("run", "code"),
+    [
+        (outcome(spawn_error="no such file"), "renderer_failed"),
+        (outcome(timed_out=True, exit_code=None), "renderer_timeout"),
+        (outcome(stdout_overflow=True, exit_code=None), "body_too_large"),
+        (outcome(exit_code=2), "renderer_nonzero_exit"),
+        (outcome(stdout=b"\xff\xfe"), "renderer_invalid_utf8"),
+        (outcome(stdout=b"  \n\t"), "renderer_blank_output"),
+        (outcome(stdout=b"x" * 101), "body_too_large"),
+    ],
+)
+def test_classify_names_failures_from_typed_fields(run: RunOutcome, code: str) -> None:
+    verdict = classify(run, max_body_chars=100, timeout_s=1)
+    assert isinstance(verdict, RenderFailure)
+    assert verdict.code == code
+
+
+def test_classify_keeps_the_body_verbatim_and_counts_characters_not_bytes() -> None:
+    body = "é" * 100 + "\n"
+    assert classify(outcome(stdout=body.encode()), max_body_chars=101, timeout_s=1) == Rendered(
+        body
+    )
+
+
+def request(workdir: Path, renderer: Path, timeout_s: float = 10, chars: int = 2000) -> RunRequest:
+    return RunRequest(
+        renderer=renderer,
+        workdir=workdir,
+        timeout_s=timeout_s,
+        stdout_limit_bytes=stdout_limit_for(chars),
+        env=renderer_environment({"PATH": "/usr/bin:/bin", "SECRET_TOKEN": "hunter2"}),
+    )
+
+
+def test_a_timeout_kills_the_renderer_and_the_child_it_spawned(workdir: Path) -> None:
+    renderer = write_renderer(
+        workdir,
+        "slow.py",
+        "import os, subprocess, time\n"
+        "child = subprocess.Popen(['sleep', '300'])\n"
+        "open('pids', 'w').write(f'{os.getpid()} {child.pid}')\n"
+        "time.sleep(300)\n",
+    )
+    run = run_renderer(request(workdir, renderer, timeout_s=2), threading.Event())
+    assert run.timed_out
+    assert classify(run, 2000, 2).code == "renderer_timeout"  # type: ignore[union-attr]
+    parent, child = (int(x) for x in (workdir / "pids").read_text().split())
+    wait_for(lambda: not pid_alive(parent) and not pid_alive(child), 30)
+
+
+def test_a_renderer_printing_a_gigabyte_is_cut_off_with_bounded_memory(workdir: Path) -> None:
+    renderer = write_renderer(
+        workdir,
+        "flood.py",
+        "import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(1024):\n    sys.stdout.write(chunk)\n",
+    )
+    run = run_renderer(request(workdir, renderer, timeout_s=60, chars=2000), threading.Event())
+    assert run.stdout_overflow
+    assert len(run.stdout) <= stdout_limit_for(2000)
+    assert classify(run, 2000, 60).code == "body_too_large"  # type: ignore[union-attr]
+
+
+def test_stderr_tail_is_kept_bounded_and_the_environment_is_minimal(workdir: Path) -> None:
+    renderer = write_renderer(
+        workdir,
+        "noisy.py",
+        "import os, sys\nsys.stderr.write('e' * 100000 + 'THE END')\n"
+        "print(os.environ.get('SECRET_TOKEN', 'no secret'), os.getcwd())\nsys.exit(1)\n",
+    )
+    run = run_renderer(request(workdir, renderer), threading.Event())
+    assert run.exit_code == 1
+    assert run.stderr_tail.endswith(b"THE END")
+    assert len(run.stderr_tail) <= 4096
+    assert run.stdout.decode().split() == ["no", "secret", str(workdir.resolve())]
+
+
+def test_cancel_stops_a_running_renderer(workdir: Path) -> None:
+    renderer = write_renderer(workdir, "sleepy.py", "import time\ntime.sleep(300)\n")
+    cancel = threading.Event()
+    cancel.set()
+    run = run_renderer(request(workdir, renderer, timeout_s=60), cancel)
+    assert run.cancelled
+
+
+def test_renderer_paths_must_resolve_to_a_regular_file_inside_the_workdir(
+    workdir: Path, tmp_path: Path
+) -> None:
+    inside = write_renderer(workdir, "r.py", "print(1)")
+    assert resolve_renderer(workdir, "r.py") == inside.resolve()
+    assert resolve_renderer(workdir, str(inside)) == inside.resolve()
+    outside = tmp_path / "outside.py"
+    outside.write_text("print(1)")
+    (workdir / "link.py").symlink_to(outside)
+    (workdir / "folder.py").mkdir()
+    for bad, why in (
+        ("link.py", "outside the workdir"),
+        ("../outside.py", "outside the workdir"),
+        ("folder.py", "not a regular file"),
+        ("missing.py", "does not exist"),
+    ):
+        with pytest.raises(RendererPathError, match=why):
+            resolve_renderer(workdir, bad)
