@@ -1,0 +1,138 @@
+"""`taskcard activity --workdir W KIND [key=value ...]`: one line in `logs/events.jsonl`.
+
+Shell scripts and agent hooks feed the automatic slot with this command instead of writing
+JSON by hand, so every line the service reads is well formed: the kind is known, its required
+fields are present with the right types, `ts` is UTC ISO-8601, and the line is appended with
+one `write` so concurrent writers never interleave. Bad input exits with code 2 and a message
+naming the field and the fix; nothing is written then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Final
+
+from producers.task_card.contract import (
+    EVENT_KINDS,
+    CardPaths,
+    append_jsonl_line,
+    utc_now_iso,
+)
+
+# Required fields and their accepted types per kind (DESIGN.md, "File contracts").
+REQUIRED_FIELDS: Final[dict[str, dict[str, tuple[type, ...]]]] = {
+    "agent.start": {},
+    "agent.exit": {},
+    "turn.start": {},
+    "turn.end": {},
+    "tool.start": {"call_id": (str,), "name": (str,)},
+    "tool.end": {"call_id": (str,), "ok": (bool,)},
+    "text": {"text": (str,)},
+    "usage": {"input_tokens": (int,), "output_tokens": (int,)},
+    "wait.start": {"reason": (str,)},
+    "wait.end": {"reason": (str,)},
+}
+OPTIONAL_FIELDS: Final[dict[str, dict[str, tuple[type, ...]]]] = {
+    "agent.start": {"pid": (int,)},
+    "agent.exit": {"code": (int,)},
+    "tool.start": {"summary": (str,)},
+    "tool.end": {"duration_s": (int, float)},
+}
+_RESERVED: Final = frozenset({"kind", "ts"})
+_TYPE_NAMES: Final = {str: "text", int: "an integer", float: "a number", bool: "true or false"}
+
+
+class ActivityInputError(ValueError):
+    """The command line does not describe a valid event; the message says how to fix it."""
+
+
+def parse_value(text: str) -> Any:
+    """`12` -> int, `1.5` -> float, `true`/`false` -> bool, anything else stays text."""
+    if text in ("true", "false"):
+        return text == "true"
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return number if number == number and abs(number) != float("inf") else text
+
+
+def build_event(kind: str, assignments: list[str], *, ts: str) -> dict[str, Any]:
+    """The event record for `kind` and `key=value` assignments, validated."""
+    if kind not in EVENT_KINDS:
+        raise ActivityInputError(
+            f"KIND: unknown kind {kind!r}; use one of {', '.join(sorted(EVENT_KINDS))}"
+        )
+    required = REQUIRED_FIELDS[kind]
+    typed = {**OPTIONAL_FIELDS.get(kind, {}), **required}
+    record: dict[str, Any] = {"ts": ts, "kind": kind}
+    for item in assignments:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ActivityInputError(f"{item!r}: expected key=value, for example name=pytest")
+        if key in _RESERVED:
+            raise ActivityInputError(f"{key}: set by the command itself; remove {key}=...")
+        if key in record:
+            raise ActivityInputError(f"{key}: given twice; keep one {key}=...")
+        value = raw if typed.get(key) == (str,) else parse_value(raw)
+        expected = typed.get(key)
+        if expected is not None and (
+            not isinstance(value, expected) or (bool not in expected and isinstance(value, bool))
+        ):
+            names = " or ".join(_TYPE_NAMES[t] for t in expected)
+            raise ActivityInputError(f"{key}: must be {names} for {kind}, got {raw!r}")
+        record[key] = value
+    missing = [name for name in required if name not in record]
+    if missing:
+        example = " ".join(f"{name}=..." for name in missing)
+        raise ActivityInputError(f"{', '.join(missing)}: required for {kind}; add {example}")
+    return record
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handler of `taskcard activity`."""
+    try:
+        record = build_event(args.kind, list(args.fields), ts=utc_now_iso())
+    except ActivityInputError as exc:
+        print(f"taskcard activity: {exc}", file=sys.stderr)
+        return 2
+    workdir: Path = args.workdir
+    if not workdir.is_dir():
+        print(
+            f"taskcard activity: --workdir: {workdir} is not a directory; pass the agent's"
+            " working directory",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        append_jsonl_line(CardPaths(workdir).events, record)
+    except OSError as exc:
+        print(f"taskcard activity: cannot append to logs/events.jsonl: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    kinds = ", ".join(sorted(EVENT_KINDS))
+    parser = subparsers.add_parser(
+        "activity",
+        help="append one activity event to <workdir>/logs/events.jsonl",
+        description=(
+            "Append one well-formed activity event for the automatic slot of the card. "
+            f"Kinds: {kinds}. Values: integers, numbers, true/false, else text."
+        ),
+    )
+    parser.add_argument(
+        "--workdir", type=Path, default=Path("."), help="the agent's working directory"
+    )
+    parser.add_argument("kind", metavar="KIND", help="the event kind, for example tool.start")
+    parser.add_argument(
+        "fields", metavar="key=value", nargs="*", help="event fields, e.g. call_id=c1 name=pytest"
+    )
+    parser.set_defaults(handler=run)

@@ -1,0 +1,123 @@
+"""The composer: one agent's card state and activity to the channel-neutral `CardView`.
+
+Pure: the same inputs give the same view, so whether a resident message needs an edit is
+decided by comparing views, and the rules are table-tested. Times are absolute ("since 14:02
+UTC") rather than relative ("3 min ago"): a relative time would change every minute and force
+an edit that carries no news.
+
+Automatic rows, most important first (a channel drops rows from the end to fit):
+state line, last movement, token usage, card health, then recent activity.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from bridge.agent import ActivitySummary, CardState
+from bridge.redact import redact
+from channels.base import CardView
+
+
+def format_at(moment: datetime, now: datetime) -> str:
+    """`HH:MM UTC` on the day of `now`, with the date otherwise."""
+    moment, today = moment.astimezone(UTC), now.astimezone(UTC)
+    if moment.date() == today.date():
+        return f"{moment:%H:%M} UTC"
+    return f"{moment:%Y-%m-%d %H:%M} UTC"
+
+
+def format_tokens(count: int) -> str:
+    if count < 1_000:
+        return str(count)
+    if count < 1_000_000:
+        return f"{count / 1_000:.1f}k"
+    return f"{count / 1_000_000:.2f}M"
+
+
+def state_row(activity: ActivitySummary, now: datetime) -> str:
+    state, since = activity.state, activity.state_since
+    turn = activity.turn_started_at
+    if state == "running":
+        return f"▶ running, turn since {format_at(turn, now)}" if turn else "▶ running"
+    if state == "no output":
+        row = "⏸ no output"
+        if activity.last_event_at is not None:
+            row += f" since {format_at(activity.last_event_at, now)}"
+        return row + (f", turn since {format_at(turn, now)}" if turn else "")
+    if state == "waiting":
+        return f"⏳ waiting for a person since {format_at(since, now)}" if since else "⏳ waiting"
+    if state == "idle":
+        return f"💤 idle since {format_at(since, now)}" if since else "💤 idle"
+    if state == "exited":
+        return f"⏹ exited at {format_at(since, now)}" if since else "⏹ exited"
+    return "❔ state unknown: no activity reported"
+
+
+def movement_row(activity: ActivitySummary, now: datetime) -> str | None:
+    if activity.last_movement is None:
+        return None
+    when = f" ({format_at(activity.last_movement_at, now)})" if activity.last_movement_at else ""
+    return f"last: {activity.last_movement}{when}"
+
+
+def tokens_row(activity: ActivitySummary) -> str | None:
+    if activity.tokens_in is None and activity.tokens_out is None:
+        return None
+    scope = "this turn" if activity.state in ("running", "no output", "waiting") else "last turn"
+    return (
+        f"tokens {scope}: {format_tokens(activity.tokens_in or 0)} in,"
+        f" {format_tokens(activity.tokens_out or 0)} out"
+    )
+
+
+def health_row(card: CardState, now: datetime) -> str | None:
+    parts: list[str] = []
+    if card.status == "active" and card.body_changed_at is not None:
+        parts.append(f"card updated {format_at(card.body_changed_at, now)}")
+    if card.error_code is not None:
+        since = f" since {format_at(card.error_since, now)}" if card.error_since else ""
+        parts.append(f"⚠ renderer error{since} ({card.error_code})")
+    if card.exhausted:
+        parts.append("refresh budget used up")
+    return "; ".join(parts) if parts else None
+
+
+def body_slot(card: CardState, now: datetime) -> tuple[str | None, str | None]:
+    """The programmable slot: (redacted body, note about the card)."""
+    if card.status == "active" and card.body is not None:
+        return redact(card.body), None
+    if card.status == "inactive":
+        when = f" at {format_at(card.status_changed_at, now)}" if card.status_changed_at else ""
+        reason = ": refresh budget used up" if card.exhausted else ""
+        return None, f"The task card stopped{when}{reason}."
+    return None, "No task card is published."
+
+
+def compose_view(
+    agent_id: str,
+    card: CardState,
+    activity: ActivitySummary,
+    *,
+    hidden: bool,
+    activity_rows: int,
+    now: datetime,
+) -> CardView:
+    """The view of one agent for one route."""
+    rows = [state_row(activity, now)]
+    for row in (movement_row(activity, now), tokens_row(activity), health_row(card, now)):
+        if row is not None:
+            rows.append(row)
+    # The newest movement is already the "last:" row.
+    recent = activity.recent[1 : 1 + max(0, activity_rows)]
+    rows.extend(f"· {row}" for row in recent)
+    if activity.skipped_lines:
+        rows.append(f"activity log: {activity.skipped_lines} unreadable lines skipped")
+    body, note = body_slot(card, now)
+    return CardView(
+        agent_id=agent_id,
+        state=activity.state,
+        auto_rows=tuple(rows),
+        body=body,
+        body_note=note,
+        hidden=hidden,
+    )

@@ -1,0 +1,281 @@
+"""One file watcher for the whole fleet: which agents' contract files may have changed.
+
+Design, and why:
+
+- One `watchfiles.awatch` (one inotify instance) for every workdir: the kernel allows only
+  128 instances per user, so a watcher per agent would not scale to a fleet.
+- Non-recursive watches on each workdir root and on the contract folders that exist
+  (`taskcard/`, `.notification/`, `logs/`), never a workdir's whole tree: a workdir may be a
+  large repository whose churn we must not pay for. The root watch is there to see contract
+  folders appear or vanish; events for anything else in the root are ignored.
+- The set of watched paths is fixed when a watcher starts, so when a contract folder or a
+  workdir appears or vanishes the watcher is re-armed with the new set. A workdir that does not
+  exist yet is covered by a non-recursive watch on its nearest existing ancestor, so it is
+  noticed as soon as it is created rather than at the next rescan. Every agent is reported
+  again each time a watcher is armed, which covers the gap while none was running. Arming
+  costs loop time in proportion to the paths (`awatch` arms synchronously; about 0.3 ms per
+  path), so re-arms are paced to at most a tenth of the loop's time during bursts.
+- A periodic rescan also re-arms when the folders on disk no longer match the plan.
+- A periodic rescan reports every agent, a safety net for anything notifications miss
+  (overflowed event queues, network file systems, races while re-arming).
+- The blocking wait runs in the single worker thread that `awatch` owns; the generator talks
+  to it through a queue so that closing or cancelling `changes()` stops it promptly (the
+  thread checks the stop event every `step`) instead of after the watcher's timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncGenerator, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from watchfiles import awatch
+
+from producers.task_card.contract import LOGS_DIR, NOTIFICATION_DIR, TASKCARD_DIR
+
+logger = logging.getLogger(__name__)
+
+CONTRACT_DIRS: Final = (TASKCARD_DIR, NOTIFICATION_DIR, LOGS_DIR)
+# The watcher thread returns this often (ms) without events; a stop is noticed every `step`.
+_RUST_TIMEOUT_MS: Final = 5_000
+_RETRY_AFTER_FAILURE_S: Final = 1.0
+# A re-arm waits this many times the duration of the previous arming after it.
+_REARM_COST_FACTOR: Final = 9.0
+
+
+def _abs(path: Path) -> str:
+    return os.path.abspath(path)
+
+
+@dataclass
+class WatchPlan:
+    """The paths one watcher run observes, and how an event path maps to agents.
+
+    `files_in` maps a contract folder to the agents whose files live there; `structural`
+    maps paths whose creation or removal changes the plan itself (workdirs, contract folders,
+    the ancestors of missing workdirs) to the agents concerned.
+    """
+
+    paths: tuple[str, ...] = ()
+    files_in: dict[str, set[str]] = field(default_factory=dict)
+    structural: dict[str, set[str]] = field(default_factory=dict)
+
+    def agents_for(self, event_path: str) -> tuple[set[str], bool]:
+        """(agents whose files may have changed, whether the plan must be rebuilt)."""
+        agents: set[str] = set()
+        structural = self.structural.get(event_path)
+        if structural is not None:
+            agents |= structural
+        in_folder = self.files_in.get(os.path.dirname(event_path))
+        if in_folder is not None:
+            agents |= in_folder
+        return agents, structural is not None
+
+
+def plan_watch(workdirs: Mapping[str, Path]) -> WatchPlan:
+    """The current watch plan for `workdirs`, from a few `stat` calls per agent."""
+    plan = WatchPlan()
+    watched: dict[str, None] = {}
+    for agent_id, workdir in workdirs.items():
+        root = _abs(workdir)
+        plan.structural.setdefault(root, set()).add(agent_id)
+        if os.path.isdir(root):
+            watched[root] = None
+            for name in CONTRACT_DIRS:
+                folder = os.path.join(root, name)
+                plan.structural.setdefault(folder, set()).add(agent_id)
+                plan.files_in.setdefault(folder, set()).add(agent_id)
+                if os.path.isdir(folder):
+                    watched[folder] = None
+            continue
+        # Missing: watch the nearest existing ancestor; each step down is structural.
+        child, parent = root, os.path.dirname(root)
+        while parent != child and not os.path.isdir(parent):
+            plan.structural.setdefault(parent, set()).add(agent_id)
+            child, parent = parent, os.path.dirname(parent)
+        if os.path.isdir(parent):
+            watched[parent] = None
+    plan.paths = tuple(watched)
+    return plan
+
+
+@dataclass
+class _Arming:
+    """The plan the running watcher observes, and the event that makes it re-arm."""
+
+    plan: WatchPlan | None = None
+    rearm: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class FleetWatcher:
+    """Reports which agents' contract files may have changed, for many workdirs at once."""
+
+    def __init__(
+        self,
+        workdirs: Mapping[str, Path],
+        *,
+        debounce_ms: int = 50,
+        rescan_interval_s: float = 30.0,
+        step_ms: int = 10,
+    ) -> None:
+        self._workdirs = dict(workdirs)
+        self._debounce_ms = debounce_ms
+        self._rescan_interval_s = rescan_interval_s
+        self._step_ms = step_ms
+
+    async def changes(self) -> AsyncGenerator[frozenset[str], None]:
+        """All agents first, then the agents whose files may have changed, as they change.
+
+        Every agent is reported again after each rescan interval and after each re-arm.
+        Closing or cancelling the iteration stops the watcher thread.
+        """
+        everyone = frozenset(self._workdirs)
+        queue: asyncio.Queue[frozenset[str]] = asyncio.Queue()
+        stop = asyncio.Event()
+        arming = _Arming()
+        # Started before the first yield so the watcher arms while the caller reads everyone.
+        pump = asyncio.create_task(self._pump(queue, stop, arming), name="taskcard-watcher")
+        loop = asyncio.get_running_loop()
+        next_rescan = loop.time() + self._rescan_interval_s
+        try:
+            yield everyone
+            while True:
+                try:
+                    # `asyncio.timeout`, not `wait_for`: on 3.11 `wait_for` can swallow a
+                    # cancellation that races with a result, and the caller could not stop us.
+                    async with asyncio.timeout_at(next_rescan):
+                        batch = await queue.get()
+                except TimeoutError:
+                    next_rescan = loop.time() + self._rescan_interval_s
+                    self._check_plan(arming)
+                    yield everyone
+                    continue
+                merged = set(batch)
+                while not queue.empty():
+                    merged |= queue.get_nowait()
+                if pump.done():
+                    pump.result()  # surfaces an unexpected failure of the watcher task
+                yield frozenset(merged)
+        finally:
+            stop.set()
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
+
+    def _check_plan(self, arming: _Arming) -> None:
+        """Re-arm when folders appeared or vanished without an event (a safety net)."""
+        if arming.plan is not None and plan_watch(self._workdirs).paths != arming.plan.paths:
+            arming.rearm.set()
+
+    async def _pump(
+        self, queue: asyncio.Queue[frozenset[str]], stop: asyncio.Event, arming: _Arming
+    ) -> None:
+        """Run one watcher at a time; re-arm it whenever the plan changes."""
+        while not stop.is_set():
+            plan = plan_watch(self._workdirs)
+            arming.plan, arming.rearm = plan, asyncio.Event()
+            if not plan.paths:
+                # Nothing exists to watch (no workdir has an existing ancestor): rescan only.
+                await _wait_either(stop, arming.rearm)
+                continue
+            try:
+                await self._run_plan(plan, queue, _EitherEvent(stop, arming.rearm))
+            except OSError as exc:
+                # Typically a folder vanished between planning and arming; plan again.
+                logger.warning("file watcher could not be armed (%s); re-planning", exc)
+                await asyncio.sleep(_RETRY_AFTER_FAILURE_S)
+            except Exception:
+                # Watching is an optimisation over the rescan: it must not end the service.
+                logger.exception("file watcher failed; re-arming")
+                await asyncio.sleep(_RETRY_AFTER_FAILURE_S)
+
+    async def _run_plan(
+        self, plan: WatchPlan, queue: asyncio.Queue[frozenset[str]], stop: _EitherEvent
+    ) -> None:
+        """Watch `plan.paths` until the plan is stale or the service stops.
+
+        Every agent is reported once the watcher is armed: anything that changed between
+        planning and arming (or while no watcher ran) is caught by that report. `awatch` arms
+        synchronously in its first step, before it first suspends, so a callback scheduled now
+        runs after the watches exist.
+        """
+        everyone = frozenset(self._workdirs)
+        loop = asyncio.get_running_loop()
+        started_at = loop.time()
+        armed_at: list[float] = []
+
+        def on_armed() -> None:
+            armed_at.append(loop.time())
+            queue.put_nowait(everyone)
+
+        loop.call_soon(on_armed)
+        rearm: asyncio.TimerHandle | None = None
+        try:
+            async for raw in awatch(
+                *plan.paths,
+                watch_filter=None,
+                debounce=self._debounce_ms,
+                step=self._step_ms,
+                stop_event=stop,
+                rust_timeout=_RUST_TIMEOUT_MS,
+                recursive=False,
+                ignore_permission_denied=True,
+            ):
+                agents, stale = _map_changes(plan, (path for _, path in raw))
+                if agents:
+                    queue.put_nowait(frozenset(agents))
+                if stale and rearm is None:
+                    # Arming blocks the loop for a time proportional to the number of paths
+                    # (about 0.6 s for 2,000 workdirs); pace re-arms so that arming never
+                    # takes more than a tenth of the loop's time during a burst of new
+                    # folders. The current watcher keeps reporting meanwhile.
+                    cost_s = (armed_at[0] if armed_at else loop.time()) - started_at
+                    earliest = started_at + cost_s * (1 + _REARM_COST_FACTOR)
+                    rearm = loop.call_at(max(earliest, loop.time()), stop.second.set)
+        finally:
+            if rearm is not None:
+                rearm.cancel()
+
+
+async def _wait_either(first: asyncio.Event, second: asyncio.Event) -> None:
+    waits = [asyncio.ensure_future(first.wait()), asyncio.ensure_future(second.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
+
+
+def _map_changes(plan: WatchPlan, paths: Iterable[str]) -> tuple[set[str], bool]:
+    agents: set[str] = set()
+    stale = False
+    for path in paths:
+        found, structural = plan.agents_for(path)
+        agents |= found
+        stale = stale or structural
+    return agents, stale
+
+
+class _EitherEvent(asyncio.Event):
+    """Set when either event is set: the stop signal the watcher thread polls via `is_set`.
+
+    `awatch` sets its stop event when it is cancelled; that means the service is stopping,
+    so `set` forwards to the first (stop) event.
+    """
+
+    def __init__(self, first: asyncio.Event, second: asyncio.Event) -> None:
+        super().__init__()
+        self.first = first
+        self.second = second
+
+    def is_set(self) -> bool:
+        return self.first.is_set() or self.second.is_set()
+
+    def set(self) -> None:
+        self.first.set()

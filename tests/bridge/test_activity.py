@@ -1,0 +1,129 @@
+"""`taskcard activity`: one well-formed line per call, clear errors for bad input."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bridge import activity
+from bridge.agent import AgentMonitor, MemoryOffsetStore
+from producers.task_card.contract import CardPaths, parse_event, parse_iso
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run(workdir: Path, *argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    subparsers = parser.add_subparsers(dest="command")
+    activity.register(subparsers)
+    args = parser.parse_args(["activity", "--workdir", str(workdir), *argv])
+    handler = args.handler
+    result = handler(args)
+    assert isinstance(result, int)
+    return result
+
+
+def lines(workdir: Path) -> list[dict[str, object]]:
+    events = CardPaths(workdir).events
+    if not events.exists():
+        return []
+    return [json.loads(line) for line in events.read_text().splitlines()]
+
+
+def test_appends_typed_fields_and_a_utc_timestamp(tmp_path: Path) -> None:
+    code = run(tmp_path, "tool.start", "call_id=7", "name=pytest", "summary=tests/ -q", "attempt=2")
+    assert code == 0
+    code = run(tmp_path, "tool.end", "call_id=7", "ok=true", "duration_s=1.5")
+    assert code == 0
+    first, second = lines(tmp_path)
+    assert first["kind"] == "tool.start"
+    assert first["call_id"] == "7"  # declared text fields stay text
+    assert first["summary"] == "tests/ -q"
+    assert first["attempt"] == 2
+    assert second["ok"] is True
+    assert second["duration_s"] == 1.5
+    assert parse_iso(first["ts"]) is not None
+    assert str(first["ts"]).endswith("Z")
+    raw = CardPaths(tmp_path).events.read_bytes().splitlines()
+    assert all(parse_event(line) is not None for line in raw)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["dance"], "KIND: unknown kind 'dance'; use one of agent.exit"),
+        (["tool.start", "name=x"], "call_id: required for tool.start; add call_id=..."),
+        (["usage", "input_tokens=ten", "output_tokens=1"], "input_tokens: must be an integer"),
+        (["tool.end", "call_id=1", "ok=maybe"], "ok: must be true or false"),
+        (["text", "oops"], "'oops': expected key=value"),
+        (["text", "text=a", "ts=yesterday"], "ts: set by the command itself"),
+        (["text", "text=a", "text=b"], "text: given twice"),
+        (["agent.exit", "code=true"], "code: must be an integer"),
+    ],
+)
+def test_bad_input_exits_2_naming_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    assert run(tmp_path, *argv) == 2
+    assert message in capsys.readouterr().err
+    assert lines(tmp_path) == []
+
+
+def test_missing_workdir_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(tmp_path / "nope", "turn.start") == 2
+    assert "--workdir" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("12", 12), ("-3", -3), ("1.5", 1.5), ("true", True), ("false", False), ("nan", "nan")],
+)
+def test_parse_value(text: str, value: object) -> None:
+    assert activity.parse_value(text) == value
+
+
+def test_written_events_feed_the_automatic_slot(tmp_path: Path) -> None:
+    from datetime import UTC, datetime
+
+    assert run(tmp_path, "turn.start") == 0
+    assert run(tmp_path, "text", "text=compiling the kernel") == 0
+    monitor = AgentMonitor("a", tmp_path, MemoryOffsetStore(), clock=lambda: datetime.now(UTC))
+    # Written before the monitor existed: read from the tail at first sight.
+    monitor.refresh()
+    assert monitor.activity.state == "running"
+    assert monitor.activity.last_movement == "compiling the kernel"
+
+
+def test_through_the_taskcard_command_line(tmp_path: Path) -> None:
+    ok = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bridge.cli",
+            "activity",
+            "--workdir",
+            str(tmp_path),
+            "text",
+            "text=hello from a hook",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert lines(tmp_path)[0]["text"] == "hello from a hook"
+    bad = subprocess.run(
+        [sys.executable, "-m", "bridge.cli", "activity", "--workdir", str(tmp_path), "usage"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+    )
+    assert bad.returncode == 2
+    assert "input_tokens, output_tokens: required for usage" in bad.stderr

@@ -1,0 +1,463 @@
+"""AgentMonitor against real files: card rules, notifications, activity, and every file fault."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge.agent import (
+    TAIL_BYTES,
+    AgentMonitor,
+    MemoryOffsetStore,
+    legacy_json_to_markdown,
+)
+from producers.task_card.contract import CardPaths, append_jsonl_line, atomic_write, iso_utc
+
+START = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
+
+
+@dataclass
+class Clock:
+    now: datetime = START
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def paths(tmp_path: Path) -> CardPaths:
+    return CardPaths(tmp_path / "agent")
+
+
+def monitor(paths: CardPaths, clock: Clock, store: MemoryOffsetStore | None = None) -> AgentMonitor:
+    return AgentMonitor(
+        "builder", paths.workdir, store or MemoryOffsetStore(), clock=clock, no_output_after_s=60
+    )
+
+
+def publish(paths: CardPaths, body: bytes | str, status: bytes = b"active") -> None:
+    atomic_write(paths.body, body.encode() if isinstance(body, str) else body)
+    atomic_write(paths.status, status)
+
+
+def notify(paths: CardPaths, ident: str, source: str, **extra: Any) -> None:
+    append_jsonl_line(
+        paths.notifications,
+        {
+            "id": ident,
+            "source": source,
+            "channel": "system",
+            "ref_id": extra.get("watch_id", "tc_1"),
+            "priority": "high",
+            "header": "h",
+            "body": "b",
+            "extra": extra,
+            "at": "2026-05-01T11:00:00Z",
+        },
+    )
+
+
+def event(paths: CardPaths, kind: str, ts: datetime, **fields: Any) -> None:
+    append_jsonl_line(paths.events, {"ts": iso_utc(ts), "kind": kind, **fields})
+
+
+# -- card ------------------------------------------------------------------------------
+
+
+def test_missing_workdir_is_tolerated(paths: CardPaths, clock: Clock) -> None:
+    mon = monitor(paths, clock)
+    result = mon.refresh()
+    assert mon.card.status == "none"
+    assert mon.activity.state == "unknown"
+    assert result.notifications == ()
+    assert mon.refresh().card_changed is False
+
+
+def test_active_card_is_shown_and_identical_bytes_change_nothing(
+    paths: CardPaths, clock: Clock
+) -> None:
+    publish(paths, "# Build\n3/10")
+    mon = monitor(paths, clock)
+    assert mon.refresh().card_changed is True
+    assert (mon.card.status, mon.card.body) == ("active", "# Build\n3/10")
+    first_changed = mon.card.body_changed_at
+    assert first_changed is not None
+    # Same bytes rewritten (a new inode and mtime): nothing changes.
+    os.utime(paths.body, (1_900_000_000, 1_900_000_000))
+    publish(paths, "# Build\n3/10")
+    assert mon.refresh().card_changed is False
+    assert mon.card.body_changed_at == first_changed
+    # New bytes: the body and its change time move.
+    publish(paths, "# Build\n4/10")
+    os.utime(paths.body, (1_900_000_000, 1_900_000_000))
+    assert mon.refresh().card_changed is True
+    assert mon.card.body == "# Build\n4/10"
+    assert mon.card.body_changed_at == datetime.fromtimestamp(1_900_000_000, UTC)
+
+
+@pytest.mark.parametrize("status", [b"act", b"active\n", b"", b"\xff\xfe", b"ACTIVE"])
+def test_unknown_status_bytes_keep_the_last_good_state(
+    paths: CardPaths, clock: Clock, status: bytes
+) -> None:
+    publish(paths, "good body")
+    mon = monitor(paths, clock)
+    mon.refresh()
+    publish(paths, "new body", status=status)
+    assert mon.refresh().card_changed is False
+    assert (mon.card.status, mon.card.body) == ("active", "good body")
+
+
+def test_blank_or_missing_body_keeps_the_last_good_state(paths: CardPaths, clock: Clock) -> None:
+    publish(paths, "good body")
+    mon = monitor(paths, clock)
+    mon.refresh()
+    publish(paths, "  \n\t ")
+    mon.refresh()
+    assert mon.card.body == "good body"
+    paths.body.unlink()
+    mon.refresh()
+    assert (mon.card.status, mon.card.body) == ("active", "good body")
+    # A workdir that vanishes entirely keeps the card too.
+    for path in (paths.status,):
+        path.unlink()
+    assert mon.refresh().card_changed is False
+
+
+def test_inactive_stops_and_a_new_activation_shows_again(paths: CardPaths, clock: Clock) -> None:
+    publish(paths, "body one")
+    mon = monitor(paths, clock)
+    mon.refresh()
+    atomic_write(paths.status, b"inactive")
+    os.utime(paths.status, (1_800_000_000, 1_800_000_000))
+    assert mon.refresh().card_changed is True
+    assert mon.card.status == "inactive"
+    assert mon.card.status_changed_at == datetime.fromtimestamp(1_800_000_000, UTC)
+    publish(paths, "body two")
+    mon.refresh()
+    assert (mon.card.status, mon.card.body) == ("active", "body two")
+
+
+def test_legacy_json_body_becomes_markdown(paths: CardPaths, clock: Clock) -> None:
+    frame = {"title": "Nightly *build*", "lines": ["step 3/10", "eta: unknown"], "footer": "ci"}
+    publish(paths, json.dumps(frame))
+    mon = monitor(paths, clock)
+    mon.refresh()
+    assert mon.card.body == "**Nightly \\*build\\***\nstep 3/10\neta: unknown\n_ci_"
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"title": 3}', '{"other": "x"}', '{"lines": "not a list"}', "[1, 2]", '{"title": ""}', "{"],
+)
+def test_non_frames_are_not_converted(text: str) -> None:
+    assert legacy_json_to_markdown(text) is None
+
+
+# -- notifications ---------------------------------------------------------------------
+
+
+def test_first_sight_does_not_replay_history_but_learns_health(
+    paths: CardPaths, clock: Clock
+) -> None:
+    publish(paths, "body")
+    atomic_write(paths.watch, json.dumps({"watch_id": "tc_1"}).encode())
+    notify(paths, "e1", "task_card.error", state="error", code="renderer_timeout")
+    mon = monitor(paths, clock)
+    result = mon.refresh()
+    assert result.notifications == ()
+    assert mon.card.watch_id == "tc_1"
+    assert mon.card.error_code == "renderer_timeout"
+    assert mon.card.error_since == datetime(2026, 5, 1, 11, 0, tzinfo=UTC)
+    notify(paths, "r1", "task_card.error", state="recovered")
+    result = mon.refresh()
+    assert [n.id for n in result.notifications] == ["r1"]
+    assert result.card_changed is True
+    assert mon.card.error_code is None
+
+
+def test_limit_marks_exhausted_until_a_new_watch(paths: CardPaths, clock: Clock) -> None:
+    publish(paths, "body")
+    atomic_write(paths.watch, json.dumps({"watch_id": "tc_1"}).encode())
+    mon = monitor(paths, clock)
+    mon.refresh()
+    atomic_write(paths.status, b"inactive")
+    paths.watch.unlink()
+    notify(paths, "l1", "task_card.limit", state="limit", max_refreshes=5)
+    result = mon.refresh()
+    assert [n.id for n in result.notifications] == ["l1"]
+    assert (mon.card.status, mon.card.exhausted) == ("inactive", True)
+    atomic_write(paths.watch, json.dumps({"watch_id": "tc_2"}).encode())
+    publish(paths, "fresh")
+    mon.refresh()
+    assert (mon.card.status, mon.card.exhausted, mon.card.watch_id) == ("active", False, "tc_2")
+
+
+def test_old_watch_errors_do_not_mark_the_current_card(paths: CardPaths, clock: Clock) -> None:
+    publish(paths, "body")
+    atomic_write(paths.watch, json.dumps({"watch_id": "tc_2"}).encode())
+    notify(paths, "e1", "task_card.error", state="error", code="watch_crash", watch_id="tc_1")
+    mon = monitor(paths, clock)
+    mon.refresh()
+    assert mon.card.error_code is None
+
+
+def test_half_written_line_waits_for_its_newline(paths: CardPaths, clock: Clock) -> None:
+    paths.notification_dir.mkdir(parents=True)
+    paths.notifications.write_bytes(b"")
+    mon = monitor(paths, clock)
+    mon.refresh()
+    line = json.dumps({"id": "n1", "source": "task_card.error", "extra": {"state": "error"}})
+    with paths.notifications.open("ab") as handle:
+        handle.write(line[:20].encode())
+    assert mon.refresh().notifications == ()
+    with paths.notifications.open("ab") as handle:
+        handle.write(line[20:].encode() + b"\n")
+    assert [n.id for n in mon.refresh().notifications] == ["n1"]
+
+
+def test_malformed_lines_are_skipped(paths: CardPaths, clock: Clock) -> None:
+    mon = monitor(paths, clock)
+    mon.refresh()
+    paths.notification_dir.mkdir(parents=True)
+    paths.notifications.write_bytes(b"not json\n[1]\n{}\n\xff\xfe\n")
+    notify(paths, "ok", "task_card.error", state="error", code="write_failed")
+    assert [n.id for n in mon.refresh().notifications] == ["ok"]
+
+
+def test_rotation_delivers_the_rest_of_the_old_file_then_the_new(
+    paths: CardPaths, clock: Clock
+) -> None:
+    notify(paths, "old", "task_card.error", state="error")
+    mon = monitor(paths, clock)
+    mon.refresh()
+    notify(paths, "a", "task_card.error", state="recovered")
+    os.rename(paths.notifications, paths.notifications.with_name("system.jsonl.1"))
+    assert [n.id for n in mon.refresh().notifications] == ["a"]
+    notify(paths, "b", "task_card.error", state="error")
+    assert [n.id for n in mon.refresh().notifications] == ["b"]
+    # Rotated again with unseen lines on both sides of the rename.
+    notify(paths, "c", "task_card.error", state="recovered")
+    os.replace(paths.notifications, paths.notifications.with_name("system.jsonl.1"))
+    notify(paths, "d", "task_card.limit", state="limit")
+    assert [n.id for n in mon.refresh().notifications] == ["c", "d"]
+
+
+def test_truncation_and_replacement_read_from_the_start(paths: CardPaths, clock: Clock) -> None:
+    notify(paths, "x1", "task_card.error", state="error")
+    notify(paths, "x2", "task_card.error", state="recovered")
+    mon = monitor(paths, clock)
+    mon.refresh()
+    with paths.notifications.open("r+b") as handle:
+        handle.truncate(0)
+    notify(paths, "t1", "task_card.error", state="error")
+    assert [n.id for n in mon.refresh().notifications] == ["t1"]
+    replacement = paths.notifications.with_name("new.jsonl")
+    replacement.write_bytes(b'{"id":"r1","source":"task_card.limit","extra":{}}\n')
+    os.replace(replacement, paths.notifications)
+    assert [n.id for n in mon.refresh().notifications] == ["r1"]
+
+
+def test_a_file_appearing_later_is_read_from_its_start(paths: CardPaths, clock: Clock) -> None:
+    mon = monitor(paths, clock)
+    mon.refresh()
+    notify(paths, "first", "task_card.error", state="error")
+    assert [n.id for n in mon.refresh().notifications] == ["first"]
+
+
+def test_offsets_persist_across_a_restart(paths: CardPaths, clock: Clock) -> None:
+    store = MemoryOffsetStore()
+    notify(paths, "history", "task_card.error", state="error")
+    first = monitor(paths, clock, store)
+    first.refresh()
+    notify(paths, "n1", "task_card.error", state="recovered")
+    assert [n.id for n in first.refresh().notifications] == ["n1"]
+    first.commit()
+    notify(paths, "n2", "task_card.limit", state="limit")
+    # A restarted service continues after n1, and learns the health from what it had seen.
+    second = monitor(paths, clock, store)
+    assert [n.id for n in second.refresh().notifications] == ["n2"]
+    assert second.card.exhausted is True
+
+
+def test_uncommitted_notifications_are_returned_again_after_a_restart(
+    paths: CardPaths, clock: Clock
+) -> None:
+    store = MemoryOffsetStore()
+    first = monitor(paths, clock, store)
+    first.refresh()
+    notify(paths, "n1", "task_card.error", state="error")
+    assert [n.id for n in first.refresh().notifications] == ["n1"]
+    # Died before committing: n1 comes back (deduplicated by id downstream).
+    second = monitor(paths, clock, store)
+    assert [n.id for n in second.refresh().notifications] == ["n1"]
+
+
+# -- activity --------------------------------------------------------------------------
+
+
+def state_of(mon: AgentMonitor) -> str:
+    return mon.activity.state
+
+
+def test_state_follows_events_and_time(paths: CardPaths, clock: Clock) -> None:
+    mon = monitor(paths, clock)
+    mon.refresh()
+    assert state_of(mon) == "unknown"
+    event(paths, "agent.start", START, pid=1)
+    event(paths, "turn.start", START)
+    event(paths, "tool.start", START, call_id="c1", name="pytest", summary="tests/ -q")
+    result = mon.refresh()
+    assert result.activity_changed is True
+    summary = mon.activity
+    assert summary.state == "running"
+    assert summary.turn_started_at == START
+    assert summary.last_movement == "pytest: tests/ -q"
+    assert summary.state_valid_until == START + timedelta(seconds=60)
+    clock.advance(59)
+    assert state_of(mon) == "running"
+    clock.advance(1)
+    assert state_of(mon) == "no output"
+    assert mon.refresh().activity_changed is False  # already brought up to date on read
+    event(paths, "tool.end", clock.now, call_id="c1", ok=False, duration_s=60.5)
+    mon.refresh()
+    assert state_of(mon) == "running"
+    assert mon.activity.last_movement == "pytest failed in 60.5 s"
+    event(paths, "wait.start", clock.now, reason="approve deploy")
+    mon.refresh()
+    assert (state_of(mon), mon.activity.last_movement) == (
+        "waiting",
+        "waiting: approve deploy",
+    )
+    clock.advance(3600)
+    assert state_of(mon) == "waiting"
+    event(paths, "wait.end", clock.now, reason="approved")
+    event(paths, "turn.end", clock.now)
+    mon.refresh()
+    assert state_of(mon) == "idle"
+    event(paths, "agent.exit", clock.now, code=0)
+    mon.refresh()
+    assert (state_of(mon), mon.activity.last_movement) == ("exited", "agent exited (code 0)")
+    event(paths, "agent.start", clock.now)
+    mon.refresh()
+    assert state_of(mon) == "unknown"
+
+
+def test_usage_is_summed_per_turn_and_is_not_movement(paths: CardPaths, clock: Clock) -> None:
+    mon = monitor(paths, clock)
+    mon.refresh()
+    event(paths, "turn.start", START)
+    event(paths, "usage", START, input_tokens=100, output_tokens=10)
+    event(paths, "usage", START, input_tokens=50, output_tokens=5)
+    mon.refresh()
+    assert (mon.activity.tokens_in, mon.activity.tokens_out) == (150, 15)
+    assert mon.activity.last_movement == "turn started"
+    event(paths, "turn.start", START)
+    mon.refresh()
+    assert (mon.activity.tokens_in, mon.activity.tokens_out) == (None, None)
+
+
+def test_recent_rows_are_newest_first_bounded_and_redacted(paths: CardPaths, clock: Clock) -> None:
+    mon = monitor(paths, clock)
+    mon.refresh()
+    event(paths, "turn.start", START)
+    for index in range(12):
+        event(paths, "text", START + timedelta(seconds=index), text=f"step {index}")
+    event(paths, "text", START + timedelta(seconds=20), text="using token=supersecret1\nnext")
+    mon.refresh()
+    recent = mon.activity.recent
+    assert len(recent) == 10
+    assert recent[0] == "12:00:20 using token=[redacted] next"
+    assert recent[1] == "12:00:11 step 11"
+
+
+def test_unknown_kinds_and_malformed_lines_are_counted(paths: CardPaths, clock: Clock) -> None:
+    mon = monitor(paths, clock)
+    mon.refresh()
+    event(paths, "turn.start", START)
+    with paths.events.open("ab") as handle:
+        handle.write(b'garbage\n{"kind":"dance","ts":"2026-05-01T12:00:00Z"}\n{"kind":"text"}\n')
+    event(paths, "text", START, text="still fine")
+    mon.refresh()
+    assert mon.activity.skipped_lines == 3
+    assert mon.activity.last_movement == "still fine"
+
+
+def test_first_sight_reads_a_bounded_tail_of_a_long_log(paths: CardPaths, clock: Clock) -> None:
+    paths.logs_dir.mkdir(parents=True)
+    filler = json.dumps({"ts": iso_utc(START), "kind": "text", "text": "x" * 200}) + "\n"
+    with paths.events.open("w") as handle:
+        handle.write(json.dumps({"ts": iso_utc(START), "kind": "agent.exit"}) + "\n")
+        handle.write(filler * (2 * TAIL_BYTES // len(filler)))
+    event(paths, "turn.start", START)
+    event(paths, "text", START, text="latest")
+    mon = monitor(paths, clock)
+    mon.refresh()
+    # The exit lies outside the tail; what is read decides the state.
+    assert mon.activity.state == "running"
+    assert mon.activity.last_movement == "latest"
+    assert mon.activity.skipped_lines == 0
+
+
+def test_a_replaced_events_log_is_read_from_its_start(paths: CardPaths, clock: Clock) -> None:
+    event(paths, "turn.start", START)
+    mon = monitor(paths, clock)
+    mon.refresh()
+    replacement = paths.logs_dir / "tmp.jsonl"
+    replacement.write_text(json.dumps({"ts": iso_utc(START), "kind": "turn.end"}) + "\n")
+    os.replace(replacement, paths.events)
+    mon.refresh()
+    assert mon.activity.state == "idle"
+
+
+def test_card_refreshes_are_never_activity(paths: CardPaths, clock: Clock) -> None:
+    mon = monitor(paths, clock)
+    mon.refresh()
+    for step in range(3):
+        publish(paths, f"step {step}")
+        result = mon.refresh()
+        assert result.activity_changed is False
+    assert mon.activity.state == "unknown"
+    assert mon.activity.last_movement is None
+
+
+def test_a_refresh_with_nothing_new_reads_no_file(
+    paths: CardPaths, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    publish(paths, "body")
+    notify(paths, "n", "task_card.error", state="error")
+    event(paths, "turn.start", START)
+    mon = monitor(paths, clock)
+    mon.refresh()
+    mon.refresh()
+    opened: list[Path] = []
+    real_open = Path.open
+
+    def counting_open(self: Path, *args: Any, **kwargs: Any) -> Any:
+        opened.append(self)
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", counting_open)
+    result = mon.refresh()
+    assert (result.card_changed, result.activity_changed, result.notifications) == (
+        False,
+        False,
+        (),
+    )
+    assert opened == []
+    event(paths, "text", START, text="news")
+    assert mon.refresh().activity_changed is True
+    assert opened == [paths.events]

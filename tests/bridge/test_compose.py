@@ -1,0 +1,194 @@
+"""The composer as a table: card state and activity in, channel-neutral view out."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime
+
+import pytest
+
+from bridge.agent import ActivitySummary, CardState
+from bridge.compose import compose_view, format_at, format_tokens
+from channels.base import CardView
+
+NOW = datetime(2026, 3, 4, 15, 30, tzinfo=UTC)
+
+
+def at(hour: int, minute: int, day: int = 4) -> datetime:
+    return datetime(2026, 3, day, hour, minute, tzinfo=UTC)
+
+
+ACTIVE = CardState(status="active", body="**Build** 3/10 steps", body_changed_at=at(15, 20))
+RUNNING = ActivitySummary(
+    state="running",
+    state_since=at(15, 0),
+    turn_started_at=at(15, 0),
+    last_movement="pytest: tests/",
+    last_movement_at=at(15, 28),
+    last_event_at=at(15, 28),
+    recent=("15:28:00 pytest: tests/", "15:20:00 read README", "15:10:00 turn started"),
+)
+
+CASES: list[tuple[str, CardState, ActivitySummary, int, CardView]] = [
+    (
+        "running with card",
+        ACTIVE,
+        RUNNING,
+        3,
+        CardView(
+            agent_id="builder",
+            state="running",
+            auto_rows=(
+                "▶ running, turn since 15:00 UTC",
+                "last: pytest: tests/ (15:28 UTC)",
+                "card updated 15:20 UTC",
+                "· 15:20:00 read README",
+                "· 15:10:00 turn started",
+            ),
+            body="**Build** 3/10 steps",
+        ),
+    ),
+    (
+        "one activity row",
+        ACTIVE,
+        RUNNING,
+        1,
+        CardView(
+            agent_id="builder",
+            state="running",
+            auto_rows=(
+                "▶ running, turn since 15:00 UTC",
+                "last: pytest: tests/ (15:28 UTC)",
+                "card updated 15:20 UTC",
+                "· 15:20:00 read README",
+            ),
+            body="**Build** 3/10 steps",
+        ),
+    ),
+    (
+        "no card, no activity",
+        CardState(),
+        ActivitySummary(),
+        3,
+        CardView(
+            agent_id="builder",
+            state="unknown",
+            auto_rows=("❔ state unknown: no activity reported",),
+            body=None,
+            body_note="No task card is published.",
+        ),
+    ),
+    (
+        "stopped card after budget, idle agent with tokens",
+        CardState(
+            status="inactive",
+            body="old body",
+            body_changed_at=at(14, 0),
+            status_changed_at=at(14, 5),
+            exhausted=True,
+        ),
+        ActivitySummary(state="idle", state_since=at(14, 10), tokens_in=12_345, tokens_out=678),
+        3,
+        CardView(
+            agent_id="builder",
+            state="idle",
+            auto_rows=(
+                "💤 idle since 14:10 UTC",
+                "tokens last turn: 12.3k in, 678 out",
+                "refresh budget used up",
+            ),
+            body=None,
+            body_note="The task card stopped at 14:05 UTC: refresh budget used up.",
+        ),
+    ),
+    (
+        "error episode on an older day, no output, skipped lines",
+        replace(ACTIVE, error_code="renderer_timeout", error_since=at(23, 50, day=3)),
+        ActivitySummary(
+            state="no output",
+            state_since=at(15, 5),
+            turn_started_at=at(14, 0),
+            last_event_at=at(15, 0),
+            skipped_lines=2,
+        ),
+        3,
+        CardView(
+            agent_id="builder",
+            state="no output",
+            auto_rows=(
+                "⏸ no output since 15:00 UTC, turn since 14:00 UTC",
+                "card updated 15:20 UTC; ⚠ renderer error since 2026-03-03 23:50 UTC"
+                " (renderer_timeout)",
+                "activity log: 2 unreadable lines skipped",
+            ),
+            body="**Build** 3/10 steps",
+        ),
+    ),
+    (
+        "waiting and exited",
+        ACTIVE,
+        ActivitySummary(state="waiting", state_since=at(15, 25), tokens_in=5, tokens_out=1),
+        3,
+        CardView(
+            agent_id="builder",
+            state="waiting",
+            auto_rows=(
+                "⏳ waiting for a person since 15:25 UTC",
+                "tokens this turn: 5 in, 1 out",
+                "card updated 15:20 UTC",
+            ),
+            body="**Build** 3/10 steps",
+        ),
+    ),
+    (
+        "exited",
+        CardState(),
+        ActivitySummary(state="exited", state_since=at(15, 1)),
+        3,
+        CardView(
+            agent_id="builder",
+            state="exited",
+            auto_rows=("⏹ exited at 15:01 UTC",),
+            body_note="No task card is published.",
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("card", "activity", "rows", "expected"),
+    [case[1:] for case in CASES],
+    ids=[case[0] for case in CASES],
+)
+def test_compose_view(
+    card: CardState, activity: ActivitySummary, rows: int, expected: CardView
+) -> None:
+    view = compose_view("builder", card, activity, hidden=False, activity_rows=rows, now=NOW)
+    assert view == expected
+
+
+def test_body_is_redacted_and_hidden_is_passed_through() -> None:
+    card = replace(ACTIVE, body="deploy with token=abc123secret now")
+    view = compose_view("b", card, RUNNING, hidden=True, activity_rows=3, now=NOW)
+    assert view.hidden is True
+    assert view.body == "deploy with token=[redacted] now"
+
+
+def test_view_does_not_change_with_the_clock_alone() -> None:
+    first = compose_view("b", ACTIVE, RUNNING, hidden=False, activity_rows=3, now=NOW)
+    later = compose_view("b", ACTIVE, RUNNING, hidden=False, activity_rows=3, now=at(15, 59))
+    assert first == later
+
+
+@pytest.mark.parametrize(
+    ("count", "text"), [(0, "0"), (999, "999"), (1_000, "1.0k"), (2_500_000, "2.50M")]
+)
+def test_format_tokens(count: int, text: str) -> None:
+    assert format_tokens(count) == text
+
+
+def test_format_at_uses_utc() -> None:
+    from datetime import timedelta, timezone
+
+    local = datetime(2026, 3, 4, 17, 0, tzinfo=timezone(timedelta(hours=2)))
+    assert format_at(local, NOW) == "15:00 UTC"

@@ -1,0 +1,206 @@
+"""The config file: fixed keys, path resolution, error messages, example file and schema."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bridge.config import (
+    EXAMPLE_PATH,
+    SCHEMA_PATH,
+    ConfigError,
+    ServiceConfig,
+    config_json_schema,
+    load_config,
+)
+
+ISSUE_EXAMPLE = """
+state_dir = ".taskcard"                 # relative to the config file; SQLite lives here
+
+[[agents]]
+id = "builder"                          # shown in cards and logs
+workdir = "agents/builder"              # relative to the config file
+
+[telegram]
+token_env = "TELEGRAM_BOT_TOKEN"        # the token is read from this environment variable
+api_base_url = "https://api.telegram.org"   # a local Bot API server, or a test fake
+
+[[telegram.routes]]
+chat_id = -1001234567890
+thread_id = 42                          # optional: a forum topic
+agents = ["builder"]                    # or ["*"] for every agent
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "conf" / "taskcard.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def errors_of(tmp_path: Path, text: str) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, text))
+    return caught.value.messages
+
+
+def test_the_issue_keys_load_exactly_as_written(tmp_path: Path) -> None:
+    path = write(tmp_path, ISSUE_EXAMPLE)
+    config = load_config(path)
+    base = path.parent.resolve()
+    assert config.state_dir == base / ".taskcard"
+    assert [(a.id, a.workdir) for a in config.agents] == [("builder", base / "agents/builder")]
+    assert config.telegram is not None
+    assert config.telegram.token_env == "TELEGRAM_BOT_TOKEN"
+    assert config.telegram.api_base_url == "https://api.telegram.org"
+    route = config.telegram.routes[0]
+    assert (route.chat_id, route.thread_id, route.agents) == (-1001234567890, 42, ["builder"])
+    assert config.feishu is None
+    assert config.console_enabled is False
+
+
+def test_defaults_and_console_auto(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, '[[agents]]\nid = "a"\nworkdir = "/abs/a"\n'))
+    assert config.agents[0].workdir == Path("/abs/a")
+    assert config.console_enabled is True
+    assert config.watch.debounce_ms == 50
+    assert config.watch.rescan_interval_s == 30.0
+    assert config.display.activity_rows == 3
+    assert config.display.no_output_after_s == 300.0
+    assert config.log_level == "INFO"
+    forced = load_config(write(tmp_path, "[console]\nenabled = false\n"))
+    assert forced.console_enabled is False
+
+
+def test_models_are_frozen(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, ISSUE_EXAMPLE))
+    with pytest.raises(ValueError):
+        config.log_level = "DEBUG"
+
+
+def test_missing_file_names_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(tmp_path / "nope.toml")
+    (message,) = caught.value.messages
+    assert "nope.toml: no such file" in message
+    assert "taskcard.example.toml" in message
+
+
+def test_toml_syntax_error_names_the_line(tmp_path: Path) -> None:
+    (message,) = errors_of(tmp_path, 'state_dir = ".x"\n[[agents]\nid = "a"\n')
+    assert "TOML syntax error" in message
+    assert "line 2" in message
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            ISSUE_EXAMPLE.replace("chat_id = -1001234567890", 'chat_id = "general"'),
+            "telegram.routes[0].chat_id: Input should be a valid integer",
+        ),
+        (
+            ISSUE_EXAMPLE.replace("thread_id = 42", "thread = 42"),
+            "telegram.routes[0].thread: unknown key (did you mean 'thread_id'?); allowed keys"
+            " here: agents,"
+            " allowed_user_ids, chat_id, pin, thread_id",
+        ),
+        (ISSUE_EXAMPLE + "\n[display]\nactivity_rows = 11\n", "display.activity_rows:"),
+        (ISSUE_EXAMPLE.replace('id = "builder"', 'id = "has space"'), "agents[0].id:"),
+        (
+            ISSUE_EXAMPLE.replace('agents = ["builder"]', 'agents = ["builder", "ghost"]'),
+            "telegram.routes[0].agents[1]: unknown agent 'ghost'; use the id of an [[agents]]"
+            ' entry (builder) or "*"',
+        ),
+        (
+            ISSUE_EXAMPLE.replace('workdir = "agents/builder"', ""),
+            "agents[0].workdir: required key is missing; add it",
+        ),
+        (
+            ISSUE_EXAMPLE + '\n[[agents]]\nid = "builder"\nworkdir = "b"\n',
+            "agents[1].id: 'builder' is already used by agents[0]",
+        ),
+        ("statedir = 'x'\n", "statedir: unknown key (did you mean 'state_dir'?)"),
+        ("[console]\nenabled = 'yes'\n", "console.enabled: got 'yes'; use \"auto\", true or false"),
+        (
+            ISSUE_EXAMPLE + "\n[[telegram.routes]]\nchat_id = -1001234567890\nthread_id = 42\n"
+            'agents = ["*"]\n',
+            "telegram.routes[1]: the same chat (and thread) as telegram.routes[0]",
+        ),
+    ],
+)
+def test_invalid_values_name_the_key_path_and_the_fix(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    messages = errors_of(tmp_path, text)
+    assert any(expected in message for message in messages), messages
+    assert all(message.startswith(str(tmp_path)) for message in messages)
+
+
+def test_several_problems_are_reported_together(tmp_path: Path) -> None:
+    text = ISSUE_EXAMPLE.replace("chat_id = -1001234567890", 'chat_id = "x"') + "\nbogus = 1\n"
+    messages = errors_of(tmp_path, text)
+    assert len(messages) == 2
+
+
+def test_wildcard_routes_and_feishu_agents_are_checked(tmp_path: Path) -> None:
+    text = (
+        '[[agents]]\nid = "a"\nworkdir = "a"\n'
+        '[feishu]\n[[feishu.routes]]\nchat_id = "oc_1"\nagents = ["*"]\n'
+        '[[feishu.routes]]\nchat_id = "oc_2"\nagents = ["b"]\n'
+    )
+    messages = errors_of(tmp_path, text)
+    assert messages == [
+        f"{tmp_path / 'conf' / 'taskcard.toml'}: feishu.routes[1].agents[0]: unknown agent 'b';"
+        ' use the id of an [[agents]] entry (a) or "*"'
+    ]
+
+
+def test_the_example_file_documents_every_key_and_loads() -> None:
+    config = load_config(EXAMPLE_PATH)
+    assert config.telegram is not None and config.feishu is not None
+    text = EXAMPLE_PATH.read_text(encoding="utf-8")
+    for key in _all_keys(config_json_schema()):
+        assert key in text, f"{key} is not documented in {EXAMPLE_PATH.name}"
+
+
+def _all_keys(schema: dict[str, object]) -> set[str]:
+    keys: set[str] = set()
+    definitions = schema.get("$defs", {})
+    assert isinstance(definitions, dict)
+    for node in [schema, *definitions.values()]:
+        assert isinstance(node, dict)
+        properties = node.get("properties", {})
+        assert isinstance(properties, dict)
+        keys.update(properties)
+    return keys
+
+
+def test_the_committed_schema_matches_the_models() -> None:
+    committed = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    assert committed == config_json_schema(), (
+        "config/taskcard.schema.json is stale: run python -m bridge.config --write-schema"
+    )
+
+
+def test_check_command_exits_2_with_messages(tmp_path: Path) -> None:
+    path = write(tmp_path, "bogus = 1\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "bridge.config", "--check", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert result.returncode == 2
+    assert "bogus: unknown key" in result.stderr
+
+
+def test_constructed_directly_paths_stay_as_given() -> None:
+    config = ServiceConfig.model_validate({"agents": [{"id": "a", "workdir": "rel"}]})
+    assert config.agents[0].workdir == Path("rel")

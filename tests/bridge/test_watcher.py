@@ -1,0 +1,209 @@
+"""FleetWatcher: scripted change sets for the mapping, real `tmp_path` runs for the watching."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from bridge.watcher import FleetWatcher, plan_watch
+from producers.task_card.contract import CardPaths, append_jsonl_line, atomic_write
+
+TIMEOUT_S = 20.0
+
+
+# -- the plan, pure -------------------------------------------------------------------
+
+
+def test_plan_watches_roots_and_existing_contract_folders_only(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    (ready / "taskcard").mkdir(parents=True)
+    (ready / "src" / "deep").mkdir(parents=True)
+    missing = tmp_path / "later" / "agent"
+    plan = plan_watch({"ready": ready, "later": missing})
+    assert set(plan.paths) == {str(ready), str(ready / "taskcard"), str(tmp_path)}
+    assert plan.agents_for(str(ready / "taskcard" / "status")) == ({"ready"}, False)
+    assert plan.agents_for(str(ready / "logs")) == ({"ready"}, True)
+    assert plan.agents_for(str(ready / "src")) == (set(), False)
+    assert plan.agents_for(str(ready / "README.md")) == (set(), False)
+    assert plan.agents_for(str(tmp_path / "later")) == ({"later"}, True)
+    assert plan.agents_for(str(tmp_path / "unrelated")) == (set(), False)
+
+
+def test_agents_sharing_a_workdir_are_reported_together(tmp_path: Path) -> None:
+    (tmp_path / "w" / "logs").mkdir(parents=True)
+    plan = plan_watch({"a": tmp_path / "w", "b": tmp_path / "w"})
+    assert plan.agents_for(str(tmp_path / "w" / "logs" / "events.jsonl")) == ({"a", "b"}, False)
+    assert len(plan.paths) == len(set(plan.paths)) == 2
+
+
+# -- real watching ---------------------------------------------------------------------
+
+
+class Collector:
+    """Consumes `changes()` in a task, so tests can wait with timeouts without cancelling the
+    generator itself (cancelling its `__anext__` would close it)."""
+
+    def __init__(self, watcher: FleetWatcher) -> None:
+        self.batches: asyncio.Queue[frozenset[str]] = asyncio.Queue()
+        self.seen: list[frozenset[str]] = []
+        self._task = asyncio.create_task(self._run(watcher))
+
+    async def _run(self, watcher: FleetWatcher) -> None:
+        async for batch in watcher.changes():
+            self.seen.append(batch)
+            self.batches.put_nowait(batch)
+
+    async def next(self, timeout_s: float = TIMEOUT_S) -> frozenset[str]:
+        return await asyncio.wait_for(self.batches.get(), timeout_s)
+
+    async def until(self, accept: Callable[[frozenset[str]], bool]) -> frozenset[str]:
+        async def scan() -> frozenset[str]:
+            while True:
+                batch = await self.batches.get()
+                if accept(batch):
+                    return batch
+
+        return await asyncio.wait_for(scan(), TIMEOUT_S)
+
+    async def close(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(self._task, TIMEOUT_S)
+
+
+@contextlib.asynccontextmanager
+async def collecting(watcher: FleetWatcher, everyone: set[str]) -> AsyncIterator[Collector]:
+    """A collector whose watcher reported everyone and then armed (everyone again)."""
+    collector = Collector(watcher)
+    try:
+        assert await collector.next() == everyone
+        assert await collector.next() == everyone
+        yield collector
+    finally:
+        await collector.close()
+
+
+async def test_first_all_agents_then_changed_ones(tmp_path: Path) -> None:
+    a, b = CardPaths(tmp_path / "a"), CardPaths(tmp_path / "b")
+    for paths in (a, b):
+        paths.taskcard_dir.mkdir(parents=True)
+    watcher = FleetWatcher({"a": a.workdir, "b": b.workdir}, rescan_interval_s=3600)
+    async with collecting(watcher, {"a", "b"}) as changes:
+        atomic_write(b.status, b"active")
+        assert await changes.next() == {"b"}
+
+
+async def test_notifications_and_events_folders_are_watched(tmp_path: Path) -> None:
+    paths = CardPaths(tmp_path / "a")
+    paths.notification_dir.mkdir(parents=True)
+    paths.logs_dir.mkdir()
+    async with collecting(FleetWatcher({"a": paths.workdir}, rescan_interval_s=3600), {"a"}) as (
+        changes
+    ):
+        append_jsonl_line(paths.notifications, {"id": "1", "source": "x"})
+        assert await changes.next() == {"a"}
+        append_jsonl_line(paths.events, {"kind": "text"})
+        assert await changes.next() == {"a"}
+
+
+async def write_until_reported_alone(
+    changes: Collector, agent: str, write: Callable[[], None]
+) -> None:
+    """Write until a batch names only `agent`: re-arming has settled and its files are watched."""
+    for _ in range(50):
+        write()
+        try:
+            batch = await changes.next(timeout_s=1.0)
+        except TimeoutError:
+            continue
+        if batch == {agent}:
+            return
+    raise AssertionError(f"files of {agent} are not watched")
+
+
+async def test_folders_and_workdirs_appearing_later_are_picked_up(tmp_path: Path) -> None:
+    early = CardPaths(tmp_path / "early")
+    early.workdir.mkdir()
+    late = CardPaths(tmp_path / "not" / "yet" / "late")
+    watcher = FleetWatcher({"early": early.workdir, "late": late.workdir}, rescan_interval_s=3600)
+    async with collecting(watcher, {"early", "late"}) as changes:
+        # A contract folder created after the start: the watcher re-arms, then sees its files.
+        early.taskcard_dir.mkdir()
+        await changes.until(lambda batch: batch == {"early", "late"})
+        await write_until_reported_alone(
+            changes, "early", lambda: atomic_write(early.status, b"active")
+        )
+        # A workdir created after the start, several levels deep.
+        late.taskcard_dir.mkdir(parents=True)
+        await changes.until(lambda batch: "late" in batch)
+        await write_until_reported_alone(
+            changes, "late", lambda: atomic_write(late.status, b"active")
+        )
+
+
+async def test_a_vanished_and_recreated_folder_is_watched_again(tmp_path: Path) -> None:
+    paths, other = CardPaths(tmp_path / "a"), CardPaths(tmp_path / "b")
+    paths.logs_dir.mkdir(parents=True)
+    other.workdir.mkdir()
+    watcher = FleetWatcher({"a": paths.workdir, "b": other.workdir}, rescan_interval_s=3600)
+    async with collecting(watcher, {"a", "b"}) as changes:
+        os.rmdir(paths.logs_dir)
+        await changes.until(lambda batch: batch == {"a", "b"})  # re-armed without logs/
+        paths.logs_dir.mkdir()
+        await changes.until(lambda batch: batch == {"a", "b"})  # re-armed with logs/ again
+        append_jsonl_line(paths.events, {"kind": "text"})
+        assert await changes.next() == {"a"}
+
+
+async def test_unrelated_files_in_a_workdir_are_not_reported(tmp_path: Path) -> None:
+    noisy, quiet = CardPaths(tmp_path / "noisy"), CardPaths(tmp_path / "quiet")
+    (noisy.workdir / "src" / "deep").mkdir(parents=True)
+    noisy.taskcard_dir.mkdir()
+    quiet.taskcard_dir.mkdir(parents=True)
+    watcher = FleetWatcher({"noisy": noisy.workdir, "quiet": quiet.workdir}, rescan_interval_s=3600)
+    async with collecting(watcher, {"noisy", "quiet"}) as changes:
+        for index in range(20):
+            (noisy.workdir / "src" / "deep" / f"f{index}.py").write_text("x")
+            (noisy.workdir / f"top{index}.txt").write_text("x")
+        atomic_write(quiet.status, b"active")
+        await changes.until(lambda batch: "quiet" in batch)
+        assert all("noisy" not in batch for batch in changes.seen[2:]), changes.seen
+
+
+async def test_periodic_rescan_reports_everyone(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    watcher = FleetWatcher({"a": tmp_path / "a", "b": tmp_path / "b"}, rescan_interval_s=0.2)
+    collector = Collector(watcher)
+    try:
+        for _ in range(4):
+            assert await collector.next() == {"a", "b"}
+    finally:
+        await collector.close()
+
+
+async def test_cancelling_the_consumer_stops_the_watcher(tmp_path: Path) -> None:
+    (tmp_path / "a" / "taskcard").mkdir(parents=True)
+    watcher = FleetWatcher({"a": tmp_path / "a"}, rescan_interval_s=3600)
+    reached = asyncio.Event()
+
+    async def consume() -> None:
+        async for _ in watcher.changes():
+            reached.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(reached.wait(), TIMEOUT_S)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, TIMEOUT_S)
+    assert [t for t in asyncio.all_tasks() if t.get_name() == "taskcard-watcher"] == []
+
+
+async def test_no_agents_yields_an_empty_set_and_closes(tmp_path: Path) -> None:
+    changes = FleetWatcher({}, rescan_interval_s=3600).changes()
+    assert await anext(changes) == frozenset()
+    await changes.aclose()

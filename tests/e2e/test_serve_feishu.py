@@ -1,0 +1,210 @@
+"""`taskcard serve` end to end against the fake Feishu Open API, with real lark-oapi.
+
+Commands arrive through the HTTP callback endpoint, as Feishu delivers them (encrypted and
+signed); cards go out as interactive messages and are updated with PATCH.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.harness import ServeProcess, eventually, notify, publish
+from tests.fakes.feishu_api import FakeFeishu
+
+CHAT = "oc_fleet_group"
+VERIFY = "fake-verification-token"
+ENCRYPT = "fake-encrypt-key"
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeFeishu]:
+    async with FakeFeishu() as server:
+        yield server
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class Setup:
+    def __init__(self, tmp_path: Path, fake: FakeFeishu, agents: list[str]) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/feishu/events"
+        for agent in agents:
+            (tmp_path / "agents" / agent).mkdir(parents=True, exist_ok=True)
+        lines = ['state_dir = ".taskcard"']
+        for agent in agents:
+            lines += ["[[agents]]", f'id = "{agent}"', f'workdir = "agents/{agent}"']
+        lines += [
+            "[feishu]",
+            'app_id_env = "TC_FS_APP_ID"',
+            'app_secret_env = "TC_FS_APP_SECRET"',
+            f'domain = "{fake.base_url}"',
+            'events = "webhook"',
+            "[feishu.webhook]",
+            'host = "127.0.0.1"',
+            f"port = {self.port}",
+            'path = "/feishu/events"',
+            'verification_token_env = "TC_FS_VERIFY"',
+            'encrypt_key_env = "TC_FS_ENCRYPT"',
+            "[[feishu.routes]]",
+            f'chat_id = "{CHAT}"',
+            'agents = ["*"]',
+        ]
+        self.config = tmp_path / "taskcard.toml"
+        self.config.write_text("\n".join(lines) + "\n")
+        self.env = {
+            "TC_FS_APP_ID": fake.app_id,
+            "TC_FS_APP_SECRET": fake.app_secret,
+            "TC_FS_VERIFY": VERIFY,
+            "TC_FS_ENCRYPT": ENCRYPT,
+        }
+
+    def serve(self) -> ServeProcess:
+        return ServeProcess(self.config, env=self.env)
+
+
+def card_texts(fake: FakeFeishu) -> list[str]:
+    return [m.text for m in fake.chat(CHAT) if m.msg_type == "interactive"]
+
+
+async def test_create_then_patch_in_place(tmp_path: Path, fake: FakeFeishu) -> None:
+    setup = Setup(tmp_path, fake, ["builder"])
+    workdir = tmp_path / "agents" / "builder"
+    with setup.serve() as serve:
+        publish(workdir, "**compile** 1/3")
+        await eventually(lambda: any("compile" in t for t in card_texts(fake)), what="card")
+        card = fake.cards(CHAT)[0]
+        assert card["schema"] == "2.0" and card["config"]["update_multi"] is True
+        assert "builder" in str(card["header"])
+        publish(workdir, "**tests** 2/3")
+        await eventually(lambda: any("tests" in t for t in card_texts(fake)), what="patch")
+        assert len(fake.requests_of("send")) == 1
+        assert len(fake.requests_of("patch")) >= 1
+        assert len(card_texts(fake)) == 1
+        assert await serve.aterminate() == 0
+    assert fake.app_secret not in serve.logs
+
+
+async def test_no_duplicate_after_sigkill_and_restart(tmp_path: Path, fake: FakeFeishu) -> None:
+    setup = Setup(tmp_path, fake, ["builder"])
+    workdir = tmp_path / "agents" / "builder"
+    with setup.serve() as serve:
+        publish(workdir, "before the crash")
+        await eventually(lambda: any("before the crash" in t for t in card_texts(fake)))
+        serve.kill()
+    publish(workdir, "after the restart")
+    with setup.serve() as again:
+        await eventually(lambda: any("after the restart" in t for t in card_texts(fake)))
+        assert len(card_texts(fake)) == 1
+        assert len(fake.requests_of("send")) == 1
+        assert await again.aterminate() == 0
+
+
+async def test_card_older_than_14_days_is_replaced_once(tmp_path: Path, fake: FakeFeishu) -> None:
+    setup = Setup(tmp_path, fake, ["builder"])
+    workdir = tmp_path / "agents" / "builder"
+    with setup.serve() as serve:
+        publish(workdir, "v1")
+        await eventually(lambda: card_texts(fake))
+        first = fake.chat(CHAT)[0].message_id
+        fake.age_message(first, days=15)
+        publish(workdir, "v2 on a fresh card")
+        await eventually(lambda: any("v2 on a fresh card" in t for t in card_texts(fake)))
+        publish(workdir, "v3")
+        await eventually(lambda: any("v3" in t for t in card_texts(fake)))
+        assert len(fake.requests_of("send")) == 2
+        assert [r.code for r in fake.requests_of("patch")].count(230031) == 1
+        assert await serve.aterminate() == 0
+
+
+async def test_storm_is_coalesced_without_rate_limit_errors(
+    tmp_path: Path, fake: FakeFeishu
+) -> None:
+    import asyncio
+
+    agents = [f"agent{i:02d}" for i in range(20)]
+    setup = Setup(tmp_path, fake, agents)
+    with setup.serve() as serve:
+        for round_no in range(30):
+            for agent in agents:
+                publish(tmp_path / "agents" / agent, f"{agent} round {round_no}")
+            await asyncio.sleep(0.1)
+        for agent in agents:
+            publish(tmp_path / "agents" / agent, f"{agent} FINAL")
+        await eventually(
+            lambda: sum("FINAL" in t for t in card_texts(fake)) == 20,
+            timeout_s=120,
+            what="every card's final state",
+        )
+        assert [r for r in fake.errors() if r.code in (99991400, 230020)] == []
+        assert len(card_texts(fake)) == 20
+        assert await serve.aterminate() == 0
+
+
+async def test_off_and_on_through_webhook_events(tmp_path: Path, fake: FakeFeishu) -> None:
+    setup = Setup(tmp_path, fake, ["builder"])
+    workdir = tmp_path / "agents" / "builder"
+    with setup.serve() as serve:
+        publish(workdir, "visible body")
+        await eventually(lambda: any("visible body" in t for t in card_texts(fake)))
+        delivery = await eventually(
+            lambda: True, what="noop"
+        )  # the endpoint is up once the first card exists
+        del delivery
+        answer = await fake.deliver_command(
+            setup.url, CHAT, "/taskcard off", verification_token=VERIFY, encrypt_key=ENCRYPT
+        )
+        assert answer.status == 200
+        await eventually(lambda: any("hidden" in t.lower() for t in card_texts(fake)))
+        publish(workdir, "changed while hidden")
+        await fake.deliver_command(
+            setup.url, CHAT, "/taskcard", verification_token=VERIFY, encrypt_key=ENCRYPT
+        )
+        await eventually(lambda: any("hidden" in t for t in fake.texts(CHAT)), what="reply")
+        assert not any("changed while hidden" in t for t in card_texts(fake))
+        await fake.deliver_command(
+            setup.url, CHAT, "/taskcard on", verification_token=VERIFY, encrypt_key=ENCRYPT
+        )
+        await eventually(lambda: any("changed while hidden" in t for t in card_texts(fake)))
+        assert len(card_texts(fake)) == 1
+        assert await serve.aterminate() == 0
+
+
+async def test_notices_once_each(tmp_path: Path, fake: FakeFeishu) -> None:
+    setup = Setup(tmp_path, fake, ["builder"])
+    workdir = tmp_path / "agents" / "builder"
+    with setup.serve() as serve:
+        publish(workdir, "body")
+        await eventually(lambda: card_texts(fake))
+        notify(
+            workdir,
+            "task_card.error:tc_1:1:renderer_nonzero_exit",
+            "error",
+            code="renderer_nonzero_exit",
+        )
+        notify(
+            workdir,
+            "task_card.error:tc_1:1:renderer_nonzero_exit",
+            "error",
+            code="renderer_nonzero_exit",
+        )
+        await eventually(lambda: len(fake.texts(CHAT)) == 1, what="the error notice")
+        assert await serve.aterminate() == 0
+    notify(workdir, "task_card.recovered:tc_1:1", "recovered")
+    with setup.serve() as again:
+        await eventually(lambda: len(fake.texts(CHAT)) == 2, what="the recovery notice")
+        await fake.deliver_command(
+            setup.url, CHAT, "/taskcard", verification_token=VERIFY, encrypt_key=ENCRYPT
+        )
+        await eventually(lambda: len(fake.texts(CHAT)) == 3, what="a sync point")
+        assert await again.aterminate() == 0
+    texts = fake.texts(CHAT)
+    assert len(texts) == 3
+    assert all("SECRET" not in t and "/home/agent" not in t for t in texts)
