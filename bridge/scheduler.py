@@ -75,6 +75,7 @@ class _Resident:
     disabled: str | None
     desired: Outgoing | None = None
     failed: str | None = None  # fingerprint the platform rejected for good
+    replaced: str | None = None  # an old resident that could no longer be edited
 
     @property
     def pending(self) -> bool:
@@ -327,6 +328,10 @@ class RouteScheduler:
                 if resident.pin:
                     reservation.complete()
                     await self._pin(channel, key, message_id)
+                if resident.replaced is not None:
+                    old, resident.replaced = resident.replaced, None
+                    reservation.complete()
+                    await self._delete_stale(channel, key, old)
             self._commit(resident, message)
         except NotModified:
             self._commit(resident, message)
@@ -334,6 +339,7 @@ class RouteScheduler:
             log.warning(
                 "route %s: message %s is gone; sending one replacement", key, resident.message_id
             )
+            resident.replaced = resident.message_id
             resident.message_id = None
             resident.committed = None
             self._store.set_message_id(str(key), None)
@@ -367,6 +373,20 @@ class RouteScheduler:
             self._rate_limited(error, f"{key} (pin)")
         except ChannelError as error:
             log.warning("route %s: could not pin the resident message: %s", key, error)
+        finally:
+            reservation.complete()
+
+    async def _delete_stale(self, channel: Channel, key: RouteKey, message_id: str) -> None:
+        """Best effort: a message too old to edit may still show; remove that stale copy."""
+        reservation = await self._admit(channel, key.chat, "delete", message_id)
+        if reservation is None:
+            return
+        try:
+            await channel.delete(key.chat, message_id)
+        except RateLimited as error:
+            self._rate_limited(error, f"{key} (delete)")
+        except ChannelError as error:
+            log.info("route %s: the replaced message %s stays: %s", key, message_id, error)
         finally:
             reservation.complete()
 

@@ -183,6 +183,8 @@ class Service:
             return
         for notification in result.notifications:
             self._notify(agent_id, notification)
+        if result.notifications:
+            monitor.commit()  # recorded in the store: the offset may move past them
         until = monitor.activity.state_valid_until
         if until is not None:
             self._due[agent_id] = until

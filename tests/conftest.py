@@ -1,1 +1,19 @@
 """Shared test configuration. Area-specific fixtures live in each test folder's conftest."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_lark_module_loop() -> Iterator[None]:
+    """lark-oapi's long-connection module creates an event loop at import time and never
+    closes it; close it at the end of the session so the interpreter exits without warnings."""
+    yield
+    module = sys.modules.get("lark_oapi.ws.client")
+    loop = getattr(module, "loop", None)
+    if loop is not None and not loop.is_running() and not loop.is_closed():
+        loop.close()

@@ -57,8 +57,9 @@ class ScriptedChannel(Channel):
     ) -> tuple[RateScope, ...]:
         if self.per_chat is None:
             return ()
-        return (RateScope(f"fake:chat:{chat.chat_id}", self.per_chat.max_calls,
-                          self.per_chat.period_s),)
+        return (
+            RateScope(f"fake:chat:{chat.chat_id}", self.per_chat.max_calls, self.per_chat.period_s),
+        )
 
     async def send(self, chat: ChatRef, message: Outgoing) -> str:
         await asyncio.sleep(0.001)
