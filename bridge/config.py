@@ -135,6 +135,8 @@ class ServiceConfig(BaseModel):
 
     state_dir: Path = Field(
         default=Path(".taskcard"),
+        # The default goes through the validator too: relative to the config file, not the cwd.
+        validate_default=True,
         description="Service state (SQLite); relative paths are relative to this file.",
     )
     agents: list[AgentConfig] = Field(default_factory=list, description="The watched agents.")

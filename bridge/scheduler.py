@@ -328,8 +328,9 @@ class RouteScheduler:
                 if resident.pin:
                     reservation.complete()
                     await self._pin(channel, key, message_id)
-                if resident.replaced is not None:
-                    old, resident.replaced = resident.replaced, None
+                old, resident.replaced = resident.replaced, None
+                # Some platforms reuse ids (a fresh chat history): never delete the new one.
+                if old is not None and old != message_id:
                     reservation.complete()
                     await self._delete_stale(channel, key, old)
             self._commit(resident, message)

@@ -204,3 +204,12 @@ def test_check_command_exits_2_with_messages(tmp_path: Path) -> None:
 def test_constructed_directly_paths_stay_as_given() -> None:
     config = ServiceConfig.model_validate({"agents": [{"id": "a", "workdir": "rel"}]})
     assert config.agents[0].workdir == Path("rel")
+
+
+def test_default_state_dir_is_relative_to_the_config_file(tmp_path: Path) -> None:
+    from bridge.config import load_config
+
+    config_file = tmp_path / "deep" / "taskcard.toml"
+    config_file.parent.mkdir()
+    config_file.write_text('[[agents]]\nid = "a"\nworkdir = "a"\n')
+    assert load_config(config_file).state_dir == tmp_path / "deep" / ".taskcard"

@@ -238,3 +238,19 @@ async def test_forbidden_disables_one_route_only(store: SqliteStore) -> None:
     assert scheduler.disabled_reason(kicked) == "bot was kicked from the group chat"
     record = store.resident(str(kicked))
     assert record is not None and record.disabled_reason == "bot was kicked from the group chat"
+
+
+async def test_replacement_with_a_reused_id_is_not_deleted(store: SqliteStore) -> None:
+    channel = ScriptedChannel()
+    scheduler = RouteScheduler({"fake": channel}, store)
+    key = RouteKey("fake", ChatRef("5"), "a")
+    scheduler.add_route(key)
+    await scheduler.start()
+    scheduler.submit(key, text("v1"))
+    await settle(scheduler)
+    channel.messages.clear()
+    channel._next = 1  # a platform (or a fresh fake) that hands out the same id again
+    scheduler.submit(key, text("v2"))
+    await settle(scheduler)
+    await scheduler.stop()
+    assert channel.messages == {"1": "v2"}
