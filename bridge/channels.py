@@ -55,6 +55,47 @@ def _expand(agents: Sequence[str], config: ServiceConfig) -> tuple[str, ...]:
     return tuple(dict.fromkeys(agents))
 
 
+def _allowed(users: Sequence[int | str] | None) -> frozenset[str] | None:
+    return None if users is None else frozenset(str(user) for user in users)
+
+
+def route_specs(config: ServiceConfig) -> list[RouteSpec]:
+    """Every configured route of every enabled channel; needs no secret (`taskcard status`)."""
+    specs: list[RouteSpec] = []
+    if config.telegram is not None:
+        for t in config.telegram.routes:
+            thread = None if t.thread_id is None else str(t.thread_id)
+            specs.append(
+                RouteSpec(
+                    "telegram",
+                    ChatRef(str(t.chat_id), thread),
+                    _expand(t.agents, config),
+                    t.pin,
+                    _allowed(t.allowed_user_ids),
+                )
+            )
+    if config.feishu is not None:
+        for f in config.feishu.routes:
+            specs.append(
+                RouteSpec(
+                    "feishu",
+                    ChatRef(f.chat_id),
+                    _expand(f.agents, config),
+                    f.pin,
+                    _allowed(f.allowed_user_ids),
+                )
+            )
+    if config.console_enabled:
+        from channels.console.channel import CONSOLE_CHAT
+
+        specs.append(RouteSpec("console", CONSOLE_CHAT, tuple(config.agent_ids())))
+    return specs
+
+
+def _routes_of(config: ServiceConfig, channel: str) -> tuple[RouteSpec, ...]:
+    return tuple(spec for spec in route_specs(config) if spec.channel == channel)
+
+
 def _telegram(
     config: ServiceConfig, cursor: CursorStore, env: Mapping[str, str]
 ) -> BuiltChannel | None:
@@ -64,21 +105,8 @@ def _telegram(
 
     section = config.telegram
     token = _need(env, "telegram.token_env", section.token_env, "bot token")
-    routes = tuple(
-        RouteSpec(
-            channel="telegram",
-            chat=ChatRef(
-                str(route.chat_id), None if route.thread_id is None else str(route.thread_id)
-            ),
-            agents=_expand(route.agents, config),
-            pin=route.pin,
-            allowed_user_ids=None
-            if route.allowed_user_ids is None
-            else frozenset(str(user) for user in route.allowed_user_ids),
-        )
-        for route in section.routes
-    )
-    return BuiltChannel(TelegramChannel(section, token, cursor), routes, (token,))
+    channel = TelegramChannel(section, token, cursor)
+    return BuiltChannel(channel, _routes_of(config, "telegram"), (token,))
 
 
 def _feishu(
@@ -101,18 +129,6 @@ def _feishu(
             "event verification token",
         )
         encrypt_key = env.get(section.webhook.encrypt_key_env, "").strip() or None
-    routes = tuple(
-        RouteSpec(
-            channel="feishu",
-            chat=ChatRef(route.chat_id),
-            agents=_expand(route.agents, config),
-            pin=route.pin,
-            allowed_user_ids=None
-            if route.allowed_user_ids is None
-            else frozenset(route.allowed_user_ids),
-        )
-        for route in section.routes
-    )
     channel = FeishuChannel(
         section,
         app_id,
@@ -122,7 +138,7 @@ def _feishu(
         encrypt_key=encrypt_key,
     )
     secrets = tuple(s for s in (app_secret, verification_token, encrypt_key) if s)
-    return BuiltChannel(channel, routes, secrets)
+    return BuiltChannel(channel, _routes_of(config, "feishu"), secrets)
 
 
 def _console(
@@ -130,10 +146,9 @@ def _console(
 ) -> BuiltChannel | None:
     if not config.console_enabled:
         return None
-    from channels.console.channel import CONSOLE_CHAT, ConsoleChannel
+    from channels.console.channel import ConsoleChannel
 
-    route = RouteSpec(channel="console", chat=CONSOLE_CHAT, agents=tuple(config.agent_ids()))
-    return BuiltChannel(ConsoleChannel(), (route,), ())
+    return BuiltChannel(ConsoleChannel(), _routes_of(config, "console"), ())
 
 
 _BUILDERS: dict[str, Builder] = {

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bridge.channels import SecretMissing, build_channels
+from bridge.channels import SecretMissing, build_channels, route_specs
 from bridge.config import ConfigError, ServiceConfig, load_config
 from bridge.service import Service
 from bridge.store import STATE_FILE, SqliteStore
@@ -125,8 +125,9 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
         now = datetime.now(UTC).timestamp()
         active_pauses = {scope: until for scope, until in pauses.items() if until > now}
         pending = store.pending_notices() if store else []
-        for channel, chat, agents in _configured_routes(config):
-            for agent_id in agents:
+        for spec in route_specs(config):
+            channel, chat = spec.channel, spec.chat
+            for agent_id in spec.agents:
                 key = str(RouteKey(channel, chat, agent_id))
                 record = store.resident(key) if store else None
                 route_pauses = {
@@ -156,27 +157,6 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
     finally:
         if store:
             store.close()
-
-
-def _configured_routes(config: ServiceConfig) -> list[tuple[str, Any, list[str]]]:
-    from channels.base import ChatRef
-
-    out: list[tuple[str, Any, list[str]]] = []
-    ids = config.agent_ids()
-
-    def expand(agents: list[str]) -> list[str]:
-        return ids if "*" in agents else list(dict.fromkeys(agents))
-
-    if config.telegram:
-        for t in config.telegram.routes:
-            thread = None if t.thread_id is None else str(t.thread_id)
-            out.append(("telegram", ChatRef(str(t.chat_id), thread), expand(t.agents)))
-    if config.feishu:
-        for f in config.feishu.routes:
-            out.append(("feishu", ChatRef(f.chat_id), expand(f.agents)))
-    if config.console_enabled:
-        out.append(("console", ChatRef("console"), ids))
-    return out
 
 
 def _status(args: argparse.Namespace) -> int:

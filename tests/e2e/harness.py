@@ -50,6 +50,18 @@ def activity(workdir: Path, kind: str, **fields: Any) -> None:
     append_jsonl_line(CardPaths(workdir).events, {"ts": utc_now_iso(), "kind": kind, **fields})
 
 
+def run_cli(*args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
+    """Run `taskcard ARGS...` to completion, as a user at a shell would."""
+    return subprocess.run(
+        [sys.executable, "-m", "bridge.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=os.environ,
+    )
+
+
 class ServeProcess:
     """`taskcard serve --config FILE` in a subprocess, its output captured line by line."""
 

@@ -5,15 +5,12 @@ recovers and runs out, and `remove` leaves the card saying it stopped."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import ROOT, ServeProcess, eventually
+from tests.e2e.harness import ServeProcess, eventually, run_cli
 from tests.fakes.telegram_api import FakeTelegram
 
 CHAT = 777
@@ -33,25 +30,15 @@ async def fake() -> AsyncIterator[FakeTelegram]:
 
 
 def card(workdir: Path, runtime: Path, *args: str) -> dict[str, object]:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bridge.cli",
-            "card",
-            *args,
-            "--workdir",
-            str(workdir),
-            "--runtime-dir",
-            str(runtime),
-            "--idle-grace-s",
-            "2",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=os.environ,
+    result = run_cli(
+        "card",
+        *args,
+        "--workdir",
+        str(workdir),
+        "--runtime-dir",
+        str(runtime),
+        "--idle-grace-s",
+        "2",
     )
     parsed: dict[str, object] = json.loads(result.stdout)
     return parsed

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.e2e.harness import ROOT, ServeProcess, eventually, publish, set_status
+from tests.e2e.harness import ServeProcess, eventually, publish, run_cli, set_status
 
 
 def write_config(tmp_path: Path, extra: str = "") -> Path:
@@ -47,13 +45,7 @@ def test_invalid_config_names_the_key_and_exits_2(tmp_path: Path) -> None:
         tmp_path,
         '[telegram]\ntoken_env = 5\n[[telegram.routes]]\nchat_id = "x"\nagents = ["nobody"]\n',
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "bridge.cli", "serve", "--config", str(config)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_cli("serve", "--config", str(config))
     assert result.returncode == 2
     assert "telegram.token_env" in result.stderr
     assert "telegram.routes[0].chat_id" in result.stderr
@@ -65,12 +57,6 @@ def test_missing_token_variable_is_named(tmp_path: Path) -> None:
         '[telegram]\ntoken_env = "TC_TEST_NO_SUCH_TOKEN"\n'
         '[[telegram.routes]]\nchat_id = 5\nagents = ["*"]\n',
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "bridge.cli", "serve", "--config", str(config)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_cli("serve", "--config", str(config))
     assert result.returncode == 2
     assert "TC_TEST_NO_SUCH_TOKEN" in result.stderr

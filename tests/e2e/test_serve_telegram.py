@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import ROOT, ServeProcess, eventually, notify, publish
+from tests.e2e.harness import ServeProcess, eventually, notify, publish, run_cli
 from tests.fakes.telegram_api import FakeLimits, FakeTelegram, Window, utf16_len
 
 GROUP = -1001234567890
@@ -158,14 +156,7 @@ def _status_if(config: Path, needle: str) -> str | None:
 
 
 def _status(config: Path) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "bridge.cli", "status", "--config", str(config)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=os.environ,
-    )
+    result = run_cli("status", "--config", str(config))
     assert result.returncode == 0, result.stderr
     return result.stdout
 
