@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -76,6 +77,7 @@ class _Resident:
     desired: Outgoing | None = None
     failed: str | None = None  # fingerprint the platform rejected for good
     replaced: str | None = None  # an old resident that could no longer be edited
+    send_key: str | None = None  # the same for every retry of one intended send
 
     @property
     def pending(self) -> bool:
@@ -93,6 +95,7 @@ class _Text:
     chat: ChatRef
     message: Outgoing
     notice: tuple[str, str] | None  # (route, notice id) to mark delivered
+    idempotency_key: str
 
 
 @dataclass
@@ -104,6 +107,8 @@ class _Lane:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     backoff_s: float = 0.0
     task: asyncio.Task[None] | None = None
+    text_turn: bool = True  # texts and cards alternate, so neither starves the other
+    text_in_flight: bool = False
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,9 @@ class RouteStatus:
 
 
 CommitHook = Callable[[RouteKey, Outgoing], None]
+
+# Notices queued in one chat beyond this wait in the store (state "pending") for a restart.
+MAX_QUEUED_TEXTS = 100
 
 
 class RouteScheduler:
@@ -174,7 +182,7 @@ class RouteScheduler:
     def is_idle(self) -> bool:
         """True when no route has pending bytes and no text waits (for shutdown and tests)."""
         return not any(r.pending for r in self._residents.values()) and not any(
-            lane.texts for lane in self._lanes.values()
+            lane.texts or lane.text_in_flight for lane in self._lanes.values()
         )
 
     def statuses(self) -> list[RouteStatus]:
@@ -224,9 +232,22 @@ class RouteScheduler:
         *,
         notice: tuple[str, str] | None = None,
     ) -> None:
-        """Queue a short message (a notice or a command reply) in the chat's lane."""
+        """Queue a short message (a notice or a command reply) in the chat's lane.
+
+        Unsent command replies of a chat collapse into the latest one, and the queue is
+        bounded: a person repeating `/taskcard` cannot spend the chat's whole budget.
+        """
         lane = self._lane(channel, chat.chat_id)
-        lane.texts.append(_Text(channel, chat, message, notice))
+        if notice is None:
+            for stale in [t for t in lane.texts if t.notice is None and t.chat == chat]:
+                lane.texts.remove(stale)
+        elif len(lane.texts) >= MAX_QUEUED_TEXTS:
+            log.warning(
+                "%s:%s: too many queued notices; notice %s deferred", channel, chat, notice[1]
+            )
+            return  # it stays pending in the store and is sent after the next restart
+        key = f"{notice[0]}:{notice[1]}" if notice else f"reply:{uuid.uuid4().hex}"
+        lane.texts.append(_Text(channel, chat, message, notice, key))
         lane.wake.set()
 
     def _enqueue(self, resident: _Resident) -> None:
@@ -246,17 +267,36 @@ class RouteScheduler:
 
     async def _run_lane(self, lane: _Lane) -> None:
         while not self._closing.is_set():
-            if lane.texts:
-                await self._deliver_text(lane)
-                continue
+            try:
+                await self._lane_step(lane)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # A bug or an unexpected answer must not freeze this chat for good: log it,
+                # back off, and carry on with whatever is pending.
+                log.exception("lane %s:%s: unexpected failure", lane.channel, lane.chat_id)
+                await self._backoff(lane, f"lane {lane.channel}:{lane.chat_id}")
+
+    async def _lane_step(self, lane: _Lane) -> None:
+        key = None
+        if not (lane.texts and lane.text_turn):
             key = self._next_route(lane)
-            if key is None:
-                lane.wake.clear()
-                if lane.texts or any(self._residents[k].pending for k in lane.routes):
-                    continue
-                await self._wait(lane.wake, None)
-                continue
+        if key is not None:
+            lane.text_turn = True
             await self._deliver_route(lane, key)
+            return
+        if lane.texts:
+            lane.text_turn = False
+            lane.text_in_flight = True
+            try:
+                await self._deliver_text(lane)
+            finally:
+                lane.text_in_flight = False
+            return
+        lane.wake.clear()
+        if lane.texts or any(self._residents[k].pending for k in lane.routes):
+            return
+        await self._wait(lane.wake, None)
 
     def _next_route(self, lane: _Lane) -> RouteKey | None:
         while lane.routes:
@@ -300,9 +340,10 @@ class RouteScheduler:
         self._limiter.pause(error.scope, error.retry_after_s)
         self._store.set_pause(error.scope, self._wall() + error.retry_after_s)
 
-    async def _backoff(self, lane: _Lane, error: ChannelError, where: str) -> None:
+    async def _backoff(self, lane: _Lane, reason: str) -> None:
+        """Capped exponential backoff of the whole lane (reset by the next success)."""
         lane.backoff_s = min(self._max_backoff_s, max(1.0, lane.backoff_s * 2))
-        log.warning("transient failure in %s (%s); retrying in %.0fs", where, error, lane.backoff_s)
+        log.warning("%s; retrying in %.0fs", reason, lane.backoff_s)
         await self._wait(None, lane.backoff_s)
 
     async def _deliver_route(self, lane: _Lane, key: RouteKey) -> None:
@@ -321,7 +362,12 @@ class RouteScheduler:
             if resident.message_id is not None:
                 await channel.edit(key.chat, resident.message_id, message)
             else:
-                message_id = await channel.send(key.chat, message)
+                if resident.send_key is None:
+                    resident.send_key = f"{key}:{uuid.uuid4().hex}"
+                message_id = await channel.send(
+                    key.chat, message, idempotency_key=resident.send_key
+                )
+                resident.send_key = None
                 resident.message_id = message_id
                 self._store.set_message_id(str(key), message_id)
                 log.info("route %s: resident message %s created", key, message_id)
@@ -355,11 +401,18 @@ class RouteScheduler:
         except Transient as error:
             lane.routes.appendleft(key)
             reservation.complete()
-            await self._backoff(lane, error, str(key))
+            await self._backoff(lane, f"route {key}: transient failure ({error})")
             return
         except Permanent as error:
             resident.failed = message.fingerprint
             log.error("route %s: the platform refused this card for good: %s", key, error)
+        except Exception:
+            # Not a platform answer we know: keep the card pending and retry later.
+            log.exception("route %s: unexpected failure", key)
+            lane.routes.appendleft(key)
+            reservation.complete()
+            await self._backoff(lane, f"route {key}")
+            return
         finally:
             reservation.complete()
         lane.backoff_s = 0.0
@@ -398,30 +451,35 @@ class RouteScheduler:
             self._on_commit(resident.key, message)
 
     async def _deliver_text(self, lane: _Lane) -> None:
-        text = lane.texts[0]
+        # Taken off the queue while in flight, so `send_text` never coalesces it away.
+        text = lane.texts.popleft()
         channel = self._channels[text.channel]
         reservation = await self._admit(channel, text.chat, "send", None)
         if reservation is None:
+            lane.texts.appendleft(text)
             return
         where = f"{text.channel}:{text.chat}"
         try:
-            await channel.send(text.chat, text.message)
+            await channel.send(text.chat, text.message, idempotency_key=text.idempotency_key)
         except RateLimited as error:
+            lane.texts.appendleft(text)
             self._rate_limited(error, where)
             return
         except Transient as error:
+            lane.texts.appendleft(text)
             reservation.complete()
-            await self._backoff(lane, error, where)
+            await self._backoff(lane, f"{where}: transient failure ({error})")
             return
         except ChannelError as error:
             log.error("%s: a notice or reply was refused: %s", where, error)
-            lane.texts.popleft()
             if text.notice is not None:
                 self._store.set_notice_state(*text.notice, state="failed")
             return
+        except BaseException:
+            lane.texts.appendleft(text)
+            raise
         finally:
             reservation.complete()
-        lane.texts.popleft()
         lane.backoff_s = 0.0
         if text.notice is not None:
             self._store.set_notice_state(*text.notice, state="delivered")

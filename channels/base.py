@@ -135,8 +135,15 @@ class Channel(ABC):
         """The buckets one request consumes, from the narrowest to the widest."""
 
     @abstractmethod
-    async def send(self, chat: ChatRef, message: Outgoing) -> str:
-        """Post a new message and return its id."""
+    async def send(
+        self, chat: ChatRef, message: Outgoing, *, idempotency_key: str | None = None
+    ) -> str:
+        """Post a new message and return its id.
+
+        `idempotency_key` is the same for every retry of one intended message; a platform that
+        can deduplicate sends by such a key (Feishu's `uuid`) uses it, so a retried send after a
+        timeout does not post a second copy.
+        """
 
     @abstractmethod
     async def edit(self, chat: ChatRef, message_id: str, message: Outgoing) -> None:

@@ -77,7 +77,10 @@ class ConsoleChannel(Channel):
         """What the console shows now, by message id (for tests and the demo)."""
         return dict(self._messages)
 
-    async def send(self, chat: ChatRef, message: Outgoing) -> str:
+    async def send(
+        self, chat: ChatRef, message: Outgoing, *, idempotency_key: str | None = None
+    ) -> str:
+        del idempotency_key  # nothing to deduplicate on a terminal
         message_id = str(self._next_id)
         self._next_id += 1
         if message.payload.get("notice"):

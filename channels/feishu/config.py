@@ -10,6 +10,8 @@ from channels.base import RateLimit
 
 
 class FeishuLimits(BaseModel):
+    """Client-side pacing at Feishu's documented limits; a request counts in both app windows."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     message_update: RateLimit = Field(
@@ -19,7 +21,15 @@ class FeishuLimits(BaseModel):
         default=RateLimit(max_calls=5, period_s=1.0), description="New messages per chat."
     )
     app: RateLimit = Field(
-        default=RateLimit(max_calls=50, period_s=1.0), description="Requests per app."
+        default=RateLimit(max_calls=50, period_s=1.0),
+        description="Requests per app, the short window (Feishu: 50 per second).",
+    )
+    app_minute: RateLimit = Field(
+        default=RateLimit(max_calls=1000, period_s=60.0),
+        description=(
+            "Requests per app, the long window (Feishu: 1000 per minute for message create"
+            " and update). Applies together with `app`: 50/s alone would allow 3000/min."
+        ),
     )
 
 

@@ -4,12 +4,20 @@ Feishu signals errors by a `code` in the JSON body, sometimes with an HTTP error
 rate limiting is HTTP 429 (on some APIs 400) with code 99991400 and the seconds to wait in
 the `x-ogw-ratelimit-reset` header; a message-level throttle is code 230020. The codes we
 act on are listed here and nowhere else.
+
+The same answer can mean different things per operation. Feishu answers a PATCH or DELETE
+of a message id it does not know (deleted long ago, or never ours) with HTTP 400 and the
+generic "invalid request parameter" code 230001 naming `message_id`: for a request about an
+existing message (`edit`, `delete`, `pin`) that is `MessageGone`, so the service replaces the
+card once; on `send` the same code is a malformed request and stays `Permanent`.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
+from channels.base import Operation
 from channels.errors import (
     ChannelError,
     Forbidden,
@@ -19,6 +27,7 @@ from channels.errors import (
     Transient,
 )
 
+INVALID_PARAMETER = 230001
 APP_RATE_LIMITED = 99991400
 MESSAGE_RATE_LIMITED = 230020
 MESSAGE_RECALLED = 230011
@@ -36,6 +45,11 @@ GONE_CODES = frozenset({MESSAGE_RECALLED, MESSAGE_TOO_OLD, MESSAGE_DELETED})
 FORBIDDEN_CODES = frozenset(
     {BOT_NOT_IN_CHAT, NO_AVAILABILITY, NO_PERMISSION, SEND_PERMISSION_DENIED, SCOPE_MISSING}
 )
+
+# Requests about one existing message: an unknown id there means the message is gone.
+MESSAGE_OPERATIONS = frozenset({"edit", "delete", "pin"})
+# How 230001 names the offending parameter: "..., ext=invalid message_id."
+_NAMES_MESSAGE_ID = re.compile(r"message[_ ]?id", re.IGNORECASE)
 
 RESET_HEADER = "x-ogw-ratelimit-reset"
 DEFAULT_RETRY_AFTER_S = 1.0
@@ -61,8 +75,9 @@ def translate(
     headers: Mapping[str, str],
     app_scope: str,
     narrow_scope: str,
+    operation: Operation,
 ) -> ChannelError | None:
-    """The error for one answer, or None when it is a success.
+    """The error for one answer to `operation`, or None when it is a success.
 
     `app_scope` is the per-app bucket key; `narrow_scope` the message (edit) or chat (send)
     bucket that a 230020 throttle pauses.
@@ -76,6 +91,11 @@ def translate(
         return RateLimited(retry_after_s(headers), narrow_scope, detail)
     if code in GONE_CODES:
         return MessageGone(detail)
+    if operation in MESSAGE_OPERATIONS and (
+        status == 404
+        or (code == INVALID_PARAMETER and _NAMES_MESSAGE_ID.search(msg or "") is not None)
+    ):
+        return MessageGone(detail)
     if code == CONTENT_TOO_LONG:
         return Permanent(detail)
     if code in FORBIDDEN_CODES or status == 403:
@@ -87,6 +107,4 @@ def translate(
         return Transient(detail)
     if code is None:
         return Transient(detail) if status >= 400 else Permanent(detail)
-    if status == 404:
-        return MessageGone(detail)
     return Permanent(detail)

@@ -224,7 +224,10 @@ class TelegramChannel(Channel):
         chat_limit = limits.private_chat if _is_private(chat) else limits.group_chat
         return (chat_limit.scope(chat_scope_key(chat)), bot_scope)
 
-    async def send(self, chat: ChatRef, message: Outgoing) -> str:
+    async def send(
+        self, chat: ChatRef, message: Outgoing, *, idempotency_key: str | None = None
+    ) -> str:
+        del idempotency_key  # the Bot API cannot deduplicate sends
         bot = self._require_bot()
         thread_id = (
             None if chat.thread_id is None else _numeric(chat.thread_id, Permanent, "topic id")

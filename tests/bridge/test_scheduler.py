@@ -25,7 +25,7 @@ from channels.base import (
     Outgoing,
     RateScope,
 )
-from channels.errors import ChannelError, Forbidden, MessageGone, NotModified, RateLimited
+from channels.errors import Forbidden, MessageGone, NotModified, RateLimited
 
 
 class ScriptedChannel(Channel):
@@ -36,7 +36,7 @@ class ScriptedChannel(Channel):
     def __init__(self, per_chat: RateScope | None = None) -> None:
         self.messages: dict[str, str] = {}
         self.calls: list[tuple[float, str, str, str]] = []  # (time, op, chat, text)
-        self.errors: dict[str, deque[ChannelError]] = {"send": deque(), "edit": deque()}
+        self.errors: dict[str, deque[Exception]] = {"send": deque(), "edit": deque()}
         self.per_chat = per_chat
         self._next = 1
 
@@ -61,7 +61,9 @@ class ScriptedChannel(Channel):
             RateScope(f"fake:chat:{chat.chat_id}", self.per_chat.max_calls, self.per_chat.period_s),
         )
 
-    async def send(self, chat: ChatRef, message: Outgoing) -> str:
+    async def send(
+        self, chat: ChatRef, message: Outgoing, *, idempotency_key: str | None = None
+    ) -> str:
         await asyncio.sleep(0.001)
         self.calls.append((time.monotonic(), "send", chat.chat_id, message.text))
         if self.errors["send"]:
@@ -254,3 +256,52 @@ async def test_replacement_with_a_reused_id_is_not_deleted(store: SqliteStore) -
     await settle(scheduler)
     await scheduler.stop()
     assert channel.messages == {"1": "v2"}
+
+
+async def test_an_unexpected_exception_does_not_freeze_the_chat(store: SqliteStore) -> None:
+    channel = ScriptedChannel()
+    scheduler = RouteScheduler({"fake": channel}, store, max_backoff_s=0.2)
+    key = RouteKey("fake", ChatRef("5"), "a")
+    scheduler.add_route(key)
+    await scheduler.start()
+    scheduler.submit(key, text("v1"))
+    await settle(scheduler)
+    channel.errors["edit"].append(BrokenPipeError("stdout went away"))
+    scheduler.submit(key, text("v2"))
+    await settle(scheduler)
+    await scheduler.stop()
+    assert channel.messages == {"1": "v2"}
+
+
+async def test_notices_and_cards_take_turns(store: SqliteStore) -> None:
+    channel = ScriptedChannel(per_chat=RateScope("x", 2, 0.3))
+    scheduler = RouteScheduler({"fake": channel}, store)
+    key = RouteKey("fake", ChatRef("-7"), "a")
+    scheduler.add_route(key)
+    await scheduler.start()
+    scheduler.submit(key, text("v1"))
+    await settle(scheduler)
+    for i in range(6):
+        store.add_notice(str(key), f"n{i}", f"notice {i}", "pending")
+        scheduler.send_text("fake", key.chat, text(f"notice {i}"), notice=(str(key), f"n{i}"))
+    scheduler.submit(key, text("v2"))
+    await settle(scheduler)
+    await scheduler.stop()
+    order = [c[3] for c in channel.calls[1:]]
+    assert order.index("v2") <= 1, f"the card waited behind the notices: {order}"
+    assert sorted(o for o in order if o.startswith("notice")) == [f"notice {i}" for i in range(6)]
+    assert store.pending_notices() == []
+
+
+async def test_unsent_command_replies_collapse_to_the_latest(store: SqliteStore) -> None:
+    channel = ScriptedChannel(per_chat=RateScope("x", 1, 0.3))
+    scheduler = RouteScheduler({"fake": channel}, store)
+    await scheduler.start()
+    chat = ChatRef("-9")
+    for i in range(5):
+        scheduler.send_text("fake", chat, text(f"reply {i}"))
+    await settle(scheduler)
+    await scheduler.stop()
+    sent = [c[3] for c in channel.calls]
+    assert sent[-1] == "reply 4"
+    assert len(sent) <= 2
