@@ -14,6 +14,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from bridge.agent import ActivitySummary, CardState
+from bridge.notices import safe_error_code
 from bridge.redact import redact
 from channels.base import CardView
 
@@ -76,7 +77,7 @@ def health_row(card: CardState, now: datetime) -> str | None:
         parts.append(f"card updated {format_at(card.body_changed_at, now)}")
     if card.error_code is not None:
         since = f" since {format_at(card.error_since, now)}" if card.error_since else ""
-        parts.append(f"⚠ renderer error{since} ({card.error_code})")
+        parts.append(f"⚠ renderer error{since} ({safe_error_code(card.error_code)})")
     if card.exhausted:
         parts.append("refresh budget used up")
     return "; ".join(parts) if parts else None

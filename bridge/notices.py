@@ -22,11 +22,22 @@ ERROR_DESCRIPTIONS: Final[dict[str, str]] = {
     "body_too_large": "the renderer's card was too large to publish",
     "write_failed": "the card could not be written to disk",
     "watch_crash": "the card's refresh loop crashed",
+    "renderer_blank_output": "the renderer printed an empty card",
+    "renderer_invalid_utf8": "the renderer printed text that is not valid UTF-8",
 }
 _GENERIC_ERROR: Final = "the card could not be refreshed"
 
 # Watch ids are producer-assigned (`tc_1`); anything else is left out rather than echoed.
 _SAFE_WATCH_ID: Final = re.compile(r"[A-Za-z0-9_.-]{1,32}")
+
+
+def safe_error_code(code: object) -> str:
+    """A producer error code fit for a chat: one of the known codes, else `unknown`.
+
+    Any program may write the notification file, so a free-form code could carry a path or
+    a secret into a chat; only the closed vocabulary passes.
+    """
+    return code if isinstance(code, str) and code in ERROR_DESCRIPTIONS else "unknown"
 
 
 def _watch_suffix(notification: Notification) -> str:

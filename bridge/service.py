@@ -26,7 +26,7 @@ from bridge.agent import AgentMonitor
 from bridge.channels import BuiltChannel
 from bridge.compose import compose_view
 from bridge.config import ServiceConfig
-from bridge.notices import notice_text
+from bridge.notices import notice_text, safe_error_code
 from bridge.scheduler import RouteKey, RouteScheduler, chat_scope
 from bridge.store import ChatPrefs, NoticeState, StateStore
 from bridge.watcher import FleetWatcher
@@ -321,7 +321,7 @@ class Service:
             if card.exhausted:
                 card_text += ", refreshes exhausted"
             if card.error_code:
-                card_text += f", renderer error ({card.error_code})"
+                card_text += f", renderer error ({safe_error_code(card.error_code)})"
             disabled = self._scheduler.disabled_reason(route.key)
             extra = f" — delivery disabled: {disabled}" if disabled else ""
             lines.append(f"• {route.key.agent_id}: {monitor.activity.state}; {card_text}{extra}")

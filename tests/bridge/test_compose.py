@@ -192,3 +192,15 @@ def test_format_at_uses_utc() -> None:
 
     local = datetime(2026, 3, 4, 17, 0, tzinfo=timezone(timedelta(hours=2)))
     assert format_at(local, NOW) == "15:00 UTC"
+
+
+def test_unknown_error_codes_never_reach_the_chat() -> None:
+    from bridge.notices import safe_error_code
+
+    assert safe_error_code(None) == "unknown"
+    for code, shown in (("renderer_timeout", "renderer_timeout"), ("/home/a/.ssh key", "unknown")):
+        card = replace(ACTIVE, error_code=code, error_since=at(15, 25))
+        view = compose_view("builder", card, RUNNING, hidden=False, activity_rows=3, now=NOW)
+        health = " ".join(view.auto_rows)
+        assert f"({shown})" in health
+        assert ".ssh" not in health
