@@ -17,7 +17,7 @@ install: $(STAMP)
 
 ## The main job on the embedded defaults: a demo fleet projected to the console channel.
 run: $(STAMP)
-	$(BIN)/taskcard demo
+	$(BIN)/taskcard serve
 
 ## The whole test suite plus lint, format and type checks (what CI runs).
 test: check

@@ -134,14 +134,19 @@ async def _run(root: Path, duration_s: float | None) -> int:
     return code
 
 
-def _demo(args: argparse.Namespace) -> int:
+def run_demo(folder: str | None, duration_s: float | None) -> int:
+    """The embedded defaults: a demo fleet in `folder` (or a temporary one) on the console."""
     setup_logging("WARNING")
-    if args.dir:
-        root = Path(args.dir).resolve()
+    if folder:
+        root = Path(folder).resolve()
         root.mkdir(parents=True, exist_ok=True)
-        return asyncio.run(_run(root, args.duration))
+        return asyncio.run(_run(root, duration_s))
     with tempfile.TemporaryDirectory(prefix="taskcard-demo-") as tmp:
-        return asyncio.run(_run(Path(tmp), args.duration))
+        return asyncio.run(_run(Path(tmp), duration_s))
+
+
+def _demo(args: argparse.Namespace) -> int:
+    return run_demo(args.dir, args.duration)
 
 
 def register(subparsers: Any) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import fcntl
 import json
 import logging
 import os
@@ -16,11 +17,12 @@ from typing import Any
 
 from bridge.channels import SecretMissing, build_channels, route_specs
 from bridge.config import ConfigError, ServiceConfig, load_config
-from bridge.service import Service
+from bridge.service import Service, ServiceFailed
 from bridge.store import STATE_FILE, SqliteStore
 
 EXIT_CONFIG = 2
 EXIT_RUNTIME = 1
+EXIT_ALREADY_RUNNING = 3
 
 
 class _ScrubSecrets(logging.Filter):
@@ -70,6 +72,16 @@ async def serve(
     config: ServiceConfig, env: Mapping[str, str], *, stop: asyncio.Event | None = None
 ) -> int:
     """Run the service until SIGTERM/SIGINT (or `stop`); returns the exit code."""
+    lock = _ServeLock(config.state_dir)
+    holder = lock.acquire()
+    if holder is not None:
+        print(
+            f"taskcard: another `taskcard serve` (pid {holder}) already uses the state "
+            f"directory {config.state_dir}; two services on one state would post duplicate "
+            "cards. Stop it first, or give this configuration its own state_dir.",
+            file=sys.stderr,
+        )
+        return EXIT_ALREADY_RUNNING
     store = SqliteStore.in_dir(config.state_dir)
     try:
         try:
@@ -78,24 +90,60 @@ async def serve(
             print(f"taskcard: {error}", file=sys.stderr)
             return EXIT_CONFIG
         setup_logging(config.log_level, [s for b in built.values() for s in b.secrets])
-        if stop is not None:
-            await Service(config, built, store).run(stop)
-            return 0
-        stop = asyncio.Event()
+        own_signals = stop is None
+        stop = stop or asyncio.Event()
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
+        if own_signals:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(signum, stop.set)
         try:
             await Service(config, built, store).run(stop)
         finally:
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(signum)
+            if own_signals:
+                for signum in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(signum)
         return 0
+    except ServiceFailed as error:
+        logging.getLogger("taskcard").error("%s", error)
+        return EXIT_RUNTIME
     finally:
         store.close()
+        lock.release()
+
+
+class _ServeLock:
+    """One service per state directory: an exclusive `flock` held for the whole run."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self._path = state_dir / "serve.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> str | None:
+        """None when acquired; otherwise the pid recorded by the holder (or "unknown")."""
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            return holder
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._fd = fd
+        return None
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the lock
+            self._fd = None
 
 
 def _serve(args: argparse.Namespace) -> int:
+    if args.config is None:
+        from bridge.demo import run_demo
+
+        return run_demo(None, None)
     config = _load(Path(args.config))
     if config is None:
         return EXIT_CONFIG
@@ -185,9 +233,14 @@ def _status(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     serve_parser = subparsers.add_parser(
-        "serve", help="run the projection service", description="Run the projection service."
+        "serve",
+        help="run the projection service",
+        description=(
+            "Run the projection service. Without --config it runs on the embedded defaults: "
+            "a small demo fleet projected to this terminal (the same as `taskcard demo`)."
+        ),
     )
-    serve_parser.add_argument("--config", "-c", required=True, help="the TOML configuration")
+    serve_parser.add_argument("--config", "-c", help="the TOML configuration")
     serve_parser.set_defaults(handler=_serve)
 
     status_parser = subparsers.add_parser(

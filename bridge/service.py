@@ -14,7 +14,6 @@ task is owned here and awaited on shutdown; SIGTERM lets requests in flight fini
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import re
@@ -31,7 +30,7 @@ from bridge.scheduler import RouteKey, RouteScheduler, chat_scope
 from bridge.store import ChatPrefs, NoticeState, StateStore
 from bridge.watcher import FleetWatcher
 from channels.base import Channel, ChatRef, IncomingCommand
-from channels.errors import ChannelError, Transient
+from channels.errors import ChannelError, RateLimited, Transient
 from producers.task_card.contract import Notification
 
 log = logging.getLogger("taskcard.service")
@@ -41,6 +40,10 @@ HELP_TEXT = (
     "/taskcard: show the state here · /taskcard off: hide the cards · "
     "/taskcard on: show them · /taskcard N: show N activity rows (1-10)"
 )
+
+
+class ServiceFailed(Exception):
+    """The service cannot do anything useful (every channel failed for good)."""
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,8 @@ class Service:
         }
         self._prefs: dict[str, ChatPrefs] = {}
         self._due: dict[str, datetime] = {}
-        self._started_channels: list[Channel] = []
+        self._ready_channels: set[str] = set()
+        self._failed_channels: set[str] = set()
 
     @property
     def scheduler(self) -> RouteScheduler:
@@ -97,58 +101,75 @@ class Service:
     # Lifecycle ---------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Serve until `stop` is set, then shut down cleanly."""
+        """Serve until `stop` is set, then shut down cleanly.
+
+        Channels start concurrently and independently: one that is unreachable is retried in
+        the background while the others (and the watching) carry on. Raises `ServiceFailed`
+        when every channel failed for good (a wrong token, say).
+        """
         await self._scheduler.start()
         for route in self._routes:
             self._scheduler.add_route(route.key, pin=route.pin)
-        tasks: list[asyncio.Task[None]] = []
+        starters = [
+            asyncio.create_task(self._start_channel(name, channel), name=f"start {name}")
+            for name, channel in self._channels.items()
+        ]
+        tasks = [
+            asyncio.create_task(self._watch_loop(), name="watch"),
+            asyncio.create_task(self._timer_loop(), name="timer"),
+        ]
+        log.info(
+            "serving %d agents on %d routes (%s)",
+            len(self._monitors),
+            len(self._routes),
+            ", ".join(self._channels) or "no channel",
+        )
+        stopper = asyncio.create_task(stop.wait(), name="stop")
         try:
-            for name, channel in self._channels.items():
-                await self._start_channel(name, channel, stop)
-                if stop.is_set():
-                    return
-            self._resend_pending_notices()
-            tasks = [
-                asyncio.create_task(self._watch_loop(), name="watch"),
-                asyncio.create_task(self._timer_loop(), name="timer"),
-            ]
-            log.info(
-                "serving %d agents on %d routes (%s)",
-                len(self._monitors),
-                len(self._routes),
-                ", ".join(self._channels) or "no channel",
-            )
-            stopper = asyncio.create_task(stop.wait())
-            done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
-            stopper.cancel()
-            for task in done:
-                if task is not stopper and task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
+            pending = {stopper, *tasks, *starters}
+            while stopper in pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task is not stopper and task.exception() is not None:
+                        raise task.exception()  # type: ignore[misc]
+                if self._channels and len(self._failed_channels) == len(self._channels):
+                    raise ServiceFailed("no channel could start; see the errors above")
         finally:
-            for task in tasks:
+            stopper.cancel()
+            for task in (*tasks, *starters):
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(stopper, *tasks, *starters, return_exceptions=True)
             await self._scheduler.stop()
-            for channel in reversed(self._started_channels):
+            for channel in reversed(list(self._channels.values())):
                 try:
                     await channel.stop()
                 except ChannelError as error:
                     log.warning("channel %s did not stop cleanly: %s", channel.name, error)
             log.info("stopped")
 
-    async def _start_channel(self, name: str, channel: Channel, stop: asyncio.Event) -> None:
+    async def _start_channel(self, name: str, channel: Channel) -> None:
+        """Start one channel, retrying while it is unreachable; then show what is pending."""
         delay_s = 1.0
-        while not stop.is_set():
+        while True:
             try:
                 await channel.start(functools.partial(self._on_command, name))
-            except Transient as error:
-                log.warning("channel %s unreachable (%s); retrying in %.0fs", name, error, delay_s)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=delay_s)
+            except (Transient, RateLimited) as error:
+                wait_s = error.retry_after_s if isinstance(error, RateLimited) else delay_s
+                log.warning("channel %s not ready (%s); retrying in %.0fs", name, error, wait_s)
+                await asyncio.sleep(wait_s)
                 delay_s = min(60.0, delay_s * 2)
                 continue
-            self._started_channels.append(channel)
-            return
+            except ChannelError as error:
+                log.error("channel %s disabled: %s", name, error)
+                self._failed_channels.add(name)
+                return
+            break
+        self._ready_channels.add(name)
+        log.info("channel %s ready", name)
+        self._resend_pending_notices(name)
+        for route in self._routes:
+            if route.key.channel == name:
+                self._project_route(route)
 
     # Watching ----------------------------------------------------------------------------
 
@@ -206,7 +227,7 @@ class Service:
 
     def _project_route(self, route: Route) -> None:
         monitor = self._monitors.get(route.key.agent_id)
-        if monitor is None:
+        if monitor is None or route.key.channel not in self._ready_channels:
             return
         channel = self._channels[route.key.channel]
         prefs = self._chat_prefs(route.key.chat_scope)
@@ -235,8 +256,10 @@ class Service:
             hidden = self._chat_prefs(route.key.chat_scope).hidden
             disabled = self._scheduler.disabled_reason(route.key) is not None
             state: NoticeState = "suppressed" if hidden or disabled else "pending"
-            if self._store.add_notice(str(route.key), notification.id, text, state) and (
-                state == "pending"
+            if (
+                self._store.add_notice(str(route.key), notification.id, text, state)
+                and state == "pending"
+                and route.key.channel in self._ready_channels
             ):
                 self._queue_notice(route.key, notification.id, text)
 
@@ -246,8 +269,8 @@ class Service:
             key.channel, key.chat, channel.render_text(text), notice=(str(key), notice_id)
         )
 
-    def _resend_pending_notices(self) -> None:
-        routes = {str(route.key): route.key for route in self._routes}
+    def _resend_pending_notices(self, channel: str) -> None:
+        routes = {str(r.key): r.key for r in self._routes if r.key.channel == channel}
         for pending in self._store.pending_notices():
             key = routes.get(pending.route)
             if key is not None:

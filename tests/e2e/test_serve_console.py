@@ -60,3 +60,21 @@ def test_missing_token_variable_is_named(tmp_path: Path) -> None:
     result = run_cli("serve", "--config", str(config))
     assert result.returncode == 2
     assert "TC_TEST_NO_SUCH_TOKEN" in result.stderr
+
+
+async def test_a_second_service_on_the_same_state_is_refused(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    with ServeProcess(config) as first:
+        await eventually(lambda: "serving 2 agents" in first.logs, what="first service")
+        second = run_cli("serve", "--config", str(config))
+        assert second.returncode == 3
+        assert "already uses the state directory" in second.stderr
+        assert first.proc is not None and first.proc.poll() is None
+        assert first.terminate() == 0
+
+
+def test_embedded_demo_runs_and_ends_cleanly() -> None:
+    result = run_cli("demo", "--duration", "6")
+    assert result.returncode == 0, result.stderr
+    assert "builder" in result.stdout and "reviewer" in result.stdout
+    assert "Build and test release 2.4" in result.stdout

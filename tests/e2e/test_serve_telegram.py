@@ -370,3 +370,34 @@ async def test_only_allowed_users_control_the_card(tmp_path: Path, fake: FakeTel
         await eventually(lambda: any("Task cards here" in t for t in shown(fake, GROUP)))
         assert "hidden" not in (fake.message(GROUP, resident) or _none).text.lower()
         assert await serve.aterminate() == 0
+
+
+async def test_wrong_token_stops_the_service_with_a_clear_error(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])])
+    wrong = "999999:WRONG-token-value"
+    with ServeProcess(serve.config, env={"TC_TEST_TOKEN": wrong}) as bad:
+        await eventually(lambda: bad.proc is not None and bad.proc.poll() is not None)
+        assert bad.proc is not None and bad.proc.returncode == 1
+    assert "telegram" in bad.logs.lower()
+    assert wrong not in bad.logs and "WRONG-token" not in bad.logs
+
+
+async def test_notices_are_suppressed_while_the_route_is_off(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])])
+    workdir = agent_dir(tmp_path, "builder")
+    with serve:
+        publish(workdir, "body")
+        await eventually(lambda: shown(fake, GROUP))
+        fake.inject_command(GROUP, "/taskcard off")
+        await eventually(lambda: any("hidden here" in t for t in shown(fake, GROUP)))
+        notify(workdir, "task_card.error:tc_1:1:renderer_timeout", "error", code="renderer_timeout")
+        fake.inject_command(GROUP, "/taskcard on")
+        await eventually(lambda: any("shown here" in t for t in shown(fake, GROUP)))
+        notify(workdir, "task_card.recovered:tc_1:1", "recovered")
+        await eventually(lambda: any("recovered" in t for t in shown(fake, GROUP)))
+        assert not any("task card error" in t for t in shown(fake, GROUP))
+        assert await serve.aterminate() == 0

@@ -6,15 +6,20 @@ What it serves (real paths, real answer shapes `{"code": 0, "msg": "success", "d
   (a wrong secret is refused with code 10014); every other call needs `Bearer <token>`
   (missing: 99991661, unknown or expired: 99991663). Tokens expire on the rate clock, so
   `advance_time` (for the 14-day window) does not expire them; `revoke_tokens` does.
+- `GET /open-apis/bot/v3/info`: the bot's `open_id` (`bot_open_id`, also the id the
+  command events mention), in Feishu's shape with `bot` beside `code`; switched off with
+  `bot_info_available = False` (then 404, like a server without the route).
 - `POST /open-apis/im/v1/messages?receive_id_type=chat_id`: text and interactive messages.
   Cards are validated (JSON object, card 2.0 needs `body.elements`) and bounded to 30 KB
-  (230025).
+  (230025). A body `uuid` (at most 50 characters, else 230001) deduplicates: the same uuid
+  within an hour of the fake's wall clock answers the first message again, posting nothing.
 - `PATCH /open-apis/im/v1/messages/:id`: card update; needs `config.update_multi = true`;
+  an id the fake never issued -> 230001 "invalid message_id" (as Feishu documents),
   recalled -> 230011, deleted -> 230110, older than 14 days (injectable clock) -> 230031,
   more than 5 per second per message -> 230020.
 - `DELETE /open-apis/im/v1/messages/:id` (recall) and `POST /open-apis/im/v1/pins`.
-- Limits: sends per chat and requests per app -> HTTP 429, code 99991400 and the
-  `x-ogw-ratelimit-reset` header. Only accepted requests count toward a window.
+- Limits: sends per chat and requests per app (per second and per minute) -> HTTP 429,
+  code 99991400 and the `x-ogw-ratelimit-reset` header. Only accepted requests count toward a window.
 - The long connection: `POST /callback/ws/endpoint` and a websocket at `/ws` that speaks
   lark-oapi's protobuf frames, so `lark_oapi.ws.Client` connects and receives events
   pushed with `push_ws_event`.
@@ -51,6 +56,9 @@ from lark_oapi.ws.pb.pbbp2_pb2 import Frame
 CARD_LIMIT_BYTES = 30 * 1024
 UPDATE_WINDOW_S = 14 * 24 * 3600.0
 TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
+UUID_WINDOW_S = 3600.0
+UUID_MAX_CHARS = 50
+INVALID_MESSAGE_ID = "Your request contains an invalid request parameter, ext=invalid message_id."
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,8 @@ class FakeLimits:
     app: int = 50
     window_s: float = 1.0
     reset_s: int = 1
+    app_per_minute: int = 1000
+    minute_window_s: float = 60.0
 
 
 @dataclass
@@ -220,6 +230,10 @@ class FakeFeishu:
         self._ws_clients: set[web.WebSocketResponse] = set()
         self.ws_acks: list[dict[str, Any]] = []
         self.ws_endpoint_available = True
+        self.bot_open_id = "ou_fake_bot"
+        self.bot_info_available = True
+        # uuid -> (message id, wall-clock time of the first send)
+        self._sent_uuids: dict[str, tuple[str, float]] = {}
         self.base_url = ""
 
     # Lifecycle ----------------------------------------------------------------------------
@@ -234,6 +248,7 @@ class FakeFeishu:
     async def start(self) -> None:
         app = web.Application(client_max_size=4 * 1024 * 1024)
         app.router.add_post(TOKEN_PATH, self._token)
+        app.router.add_get("/open-apis/bot/v3/info", self._bot_info)
         app.router.add_post("/open-apis/im/v1/messages", self._create)
         app.router.add_patch("/open-apis/im/v1/messages/{message_id}", self._patch)
         app.router.add_delete("/open-apis/im/v1/messages/{message_id}", self._delete)
@@ -349,21 +364,33 @@ class FakeFeishu:
         message_id: str | None = None,
         chat_type: str = "group",
         mention_bot: bool = True,
+        mention_users: tuple[str, ...] = (),
         verification_token: str | None = None,
     ) -> dict[str, Any]:
-        """An `im.message.receive_v1` document for a text message `text` in `chat_id`."""
+        """An `im.message.receive_v1` document for a text message `text` in `chat_id`.
+
+        Mentions come first in the text as Feishu writes them (`@_user_1 ...`): the users
+        with the open_ids in `mention_users`, then the bot when `mention_bot`.
+        """
         created_ms = str(int(self.now_s() * 1000))
-        mentions: list[dict[str, Any]] = []
+        mentioned = [(user, user) for user in mention_users]
         if mention_bot:
-            text = f"@_user_1 {text}"
+            mentioned.append((self.bot_open_id, "taskcard"))
+        mentions: list[dict[str, Any]] = []
+        for number, (mentioned_id, name) in enumerate(mentioned, start=1):
             mentions.append(
                 {
-                    "key": "@_user_1",
-                    "id": {"open_id": "ou_fake_bot", "union_id": "on_fake_bot", "user_id": ""},
-                    "name": "taskcard",
+                    "key": f"@_user_{number}",
+                    "id": {
+                        "open_id": mentioned_id,
+                        "union_id": "on_" + mentioned_id,
+                        "user_id": "",
+                    },
+                    "name": name,
                     "tenant_key": "fake_tenant",
                 }
             )
+        text = " ".join([*(m["key"] for m in mentions), text])
         return {
             "schema": "2.0",
             "header": {
@@ -556,6 +583,12 @@ class FakeFeishu:
         limits = self.limits
         if self._windows.full("app", limits.app, limits.window_s, now_s):
             raise self._rate_limited()
+        if self._windows.full("app_minute", limits.app_per_minute, limits.minute_window_s, now_s):
+            raise self._rate_limited()
+
+    def _record_app(self, now_s: float) -> None:
+        self._windows.record("app", now_s)
+        self._windows.record("app_minute", now_s)
 
     def _rate_limited(self) -> _Refusal:
         return _Refusal(
@@ -608,6 +641,23 @@ class FakeFeishu:
             extra={"tenant_access_token": token, "expire": self.token_lifetime_s},
         )
 
+    async def _bot_info(self, request: web.Request) -> web.Response:
+        if not self.bot_info_available:
+            return web.Response(status=404, text="404: Not Found")
+        try:
+            self._authorize(request)
+            self._scripted("bot_info")
+        except _Refusal as refusal:
+            return self._refusal(request, "bot_info", refusal, None, None)
+        bot = {
+            "activate_status": 2,
+            "app_name": "taskcard",
+            "avatar_url": "https://example.invalid/avatar.png",
+            "ip_white_list": [],
+            "open_id": self.bot_open_id,
+        }
+        return self._answer(request, "bot_info", msg="ok", extra={"bot": bot})
+
     async def _create(self, request: web.Request) -> web.Response:
         chat_id: str | None = None
         try:
@@ -619,6 +669,24 @@ class FakeFeishu:
                 raise _Refusal(400, 230001, "invalid receive_id_type for this fake")
             if not chat_id:
                 raise _Refusal(400, 230001, "receive_id is required")
+            uuid = document.get("uuid")
+            if uuid is not None and (
+                not isinstance(uuid, str) or not uuid or len(uuid) > UUID_MAX_CHARS
+            ):
+                raise _Refusal(
+                    400, 230001, "Your request contains an invalid request parameter, ext=uuid."
+                )
+            earlier = self._sent_uuids.get(uuid) if isinstance(uuid, str) else None
+            if earlier is not None and self.now_s() - earlier[1] < UUID_WINDOW_S:
+                # A repeated send: the first message again, nothing posted, nothing counted.
+                first = self.messages[earlier[0]]
+                return self._answer(
+                    request,
+                    "send",
+                    data=self._message_data(first),
+                    chat_id=first.chat_id,
+                    message_id=first.message_id,
+                )
             now = self._rate_clock()
             self._check_app_limit(now)
             if chat_id in self.removed_from:
@@ -643,36 +711,44 @@ class FakeFeishu:
                 raise _Refusal(400, 230001, f"msg_type {msg_type!r} is not supported here")
         except _Refusal as refusal:
             return self._refusal(request, "send", refusal, chat_id, None)
-        self._windows.record("app", now)
+        self._record_app(now)
         self._windows.record(f"chat:{chat_id}", now)
         message_id = f"om_{next(self._ids):08x}{secrets.token_hex(4)}"
         message = FakeMessage(message_id, chat_id, str(msg_type), [content], self.now_s())
         self.messages[message_id] = message
+        if isinstance(uuid, str):
+            self._sent_uuids[uuid] = (message_id, message.created_at_s)
+        data = self._message_data(message)
+        return self._answer(request, "send", data=data, chat_id=chat_id, message_id=message_id)
+
+    def _message_data(self, message: FakeMessage) -> dict[str, Any]:
+        """The `data` of a create answer for `message`."""
         created_ms = str(int(message.created_at_s * 1000))
-        data = {
-            "message_id": message_id,
+        return {
+            "message_id": message.message_id,
             "root_id": "",
             "parent_id": "",
-            "msg_type": msg_type,
+            "msg_type": message.msg_type,
             "create_time": created_ms,
             "update_time": created_ms,
             "deleted": False,
             "updated": False,
-            "chat_id": chat_id,
+            "chat_id": message.chat_id,
             "sender": {
                 "id": self.app_id,
                 "id_type": "app_id",
                 "sender_type": "app",
                 "tenant_key": "fake_tenant",
             },
-            "body": {"content": content},
+            "body": {"content": message.contents[0]},
             "mentions": [],
         }
-        return self._answer(request, "send", data=data, chat_id=chat_id, message_id=message_id)
 
     def _existing(self, message_id: str) -> FakeMessage:
         message = self.messages.get(message_id)
-        if message is None or message.deleted:
+        if message is None:
+            raise _Refusal(400, 230001, INVALID_MESSAGE_ID)
+        if message.deleted:
             raise _Refusal(400, 230110, "Action unavailable as the message has been deleted.")
         if message.recalled:
             raise _Refusal(400, 230011, "The message was withdrawn.")
@@ -708,7 +784,7 @@ class FakeFeishu:
                 raise _Refusal(400, 230099, "A card must set config.update_multi to be updated.")
         except _Refusal as refusal:
             return self._refusal(request, "patch", refusal, chat_id, message_id)
-        self._windows.record("app", now)
+        self._record_app(now)
         self._windows.record(key, now)
         message.contents.append(content)
         return self._answer(request, "patch", data={}, chat_id=chat_id, message_id=message_id)
@@ -725,7 +801,7 @@ class FakeFeishu:
             chat_id = message.chat_id
         except _Refusal as refusal:
             return self._refusal(request, "delete", refusal, chat_id, message_id)
-        self._windows.record("app", now)
+        self._record_app(now)
         message.recalled = True
         return self._answer(request, "delete", data={}, chat_id=chat_id, message_id=message_id)
 
@@ -745,7 +821,7 @@ class FakeFeishu:
                 raise _Refusal(400, 230002, "The bot is not in the chat.")
         except _Refusal as refusal:
             return self._refusal(request, "pin", refusal, chat_id, message_id)
-        self._windows.record("app", now)
+        self._record_app(now)
         message.pinned = True
         pin = {
             "message_id": message_id,
