@@ -10,7 +10,12 @@ the text-edit PUT (limited to 20 edits per message). Every answer passes through
 
 Commands arrive over the long connection (`longconn`), the HTTP callback (`webhook`) or
 not at all, per `config.events`. Both paths end in `_accept_document` / `_dispatch` on our
-loop, where duplicates are dropped and each command runs as an owned task.
+loop, where duplicates are dropped and each command runs as an owned task. A group command
+must mention the bot, so `start` asks Feishu for the bot's open_id (`GET bot/v3/info`).
+
+A send carries the caller's idempotency key as the create body's `uuid`: Feishu posts at
+most one message per uuid within an hour, so a send retried after a timeout returns the
+first message instead of posting a second card.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from lark_oapi.api.im.v1 import (
     PatchMessageRequestBody,
     PatchMessageResponse,
 )
+from lark_oapi.core.enum import AccessTokenType, HttpMethod
 from lark_oapi.core.model import BaseRequest, BaseResponse
 
 from channels.base import (
@@ -64,6 +70,10 @@ from channels.feishu.webhook import WebhookServer
 log = logging.getLogger(__name__)
 
 APP_SCOPE = "feishu:app"
+APP_MINUTE_SCOPE = "feishu:app:minute"
+BOT_INFO_URI = "/open-apis/bot/v3/info"
+# Feishu's bound on the create body's `uuid` (characters).
+UUID_MAX_CHARS = 50
 SHOWN_CAPACITY = 4096
 Response = TypeVar("Response", bound=BaseResponse)
 
@@ -86,6 +96,28 @@ def chat_scope(chat_id: str) -> str:
 
 def message_scope(message_id: str) -> str:
     return f"feishu:message:{message_id}"
+
+
+def send_uuid(idempotency_key: str) -> str:
+    """The create body's `uuid` for an idempotency key: the key itself when it fits Feishu's
+    50 characters of plain ASCII, else a digest of it (the same key, the same uuid)."""
+    if len(idempotency_key) <= UUID_MAX_CHARS and idempotency_key.isascii():
+        return idempotency_key
+    # "h-" and 48 hex digits: 50 characters.
+    return "h-" + hashlib.blake2b(idempotency_key.encode("utf-8"), digest_size=24).hexdigest()
+
+
+def bot_open_id_from(answer: bytes | None) -> str | None:
+    """The bot's open_id in a `GET bot/v3/info` answer body:
+    `{"code": 0, "msg": "ok", "bot": {"open_id": "ou_...", ...}}` (beside `code`, not under
+    `data`, so lark-oapi's generic response model does not carry it)."""
+    try:
+        document = json.loads(answer or b"")
+    except ValueError:
+        return None
+    bot = document.get("bot") if isinstance(document, dict) else None
+    open_id = bot.get("open_id") if isinstance(bot, dict) else None
+    return open_id if isinstance(open_id, str) and open_id else None
 
 
 class FeishuChannel(Channel):
@@ -117,6 +149,8 @@ class FeishuChannel(Channel):
         self._webhook: WebhookServer | None = None
         self._long_connection: LongConnection | None = None
         self._started = False
+        # Learned at `start`; None when Feishu would not tell (then any mention counts).
+        self._bot_open_id: str | None = None
         # What each recent message shows (content digest), so an identical edit is reported
         # as `NotModified` like on Telegram: Feishu accepts an identical PATCH silently.
         self._shown: OrderedDict[str, str] = OrderedDict()
@@ -137,6 +171,8 @@ class FeishuChannel(Channel):
             return
         try:
             await self._token_source().get()
+            if self._config.events != "none":
+                self._bot_open_id = await self._learn_bot_open_id()
             self._on_command = on_command
             self._loop = asyncio.get_running_loop()
             if self._config.events == "webhook":
@@ -146,6 +182,7 @@ class FeishuChannel(Channel):
                     self._seen,
                     self._verification_token,
                     self._encrypt_key,
+                    self._command_from,
                 )
                 await server.start()
                 self._webhook = server
@@ -192,6 +229,30 @@ class FeishuChannel(Channel):
         assert self._tokens is not None
         return self._tokens
 
+    async def _learn_bot_open_id(self) -> str | None:
+        """The bot's open_id from `GET bot/v3/info`, or None (logged) when the call fails:
+        commands then still work, with any mention taken as the bot's."""
+        request = (
+            BaseRequest.builder()
+            .http_method(HttpMethod.GET)
+            .uri(BOT_INFO_URI)
+            .token_types({AccessTokenType.TENANT})
+            .build()
+        )
+        try:
+            # About no message: any failure is only logged, so "send" (no message-gone
+            # reading) is as good as any operation here.
+            response = await self._call(
+                request, BaseResponse, narrow_scope=APP_SCOPE, operation="send"
+            )
+        except ChannelError as error:
+            log.info("feishu bot info unavailable (%s); any mention counts in groups", error)
+            return None
+        open_id = bot_open_id_from(response.raw.content if response.raw is not None else None)
+        if open_id is None:
+            log.info("feishu bot info has no open_id; any mention counts in groups")
+        return open_id
+
     # Incoming commands --------------------------------------------------------------------
 
     def _deliver_from_thread(self, document: dict[str, Any]) -> None:
@@ -208,9 +269,12 @@ class FeishuChannel(Channel):
         event_id = header.get("event_id") if isinstance(header, dict) else None
         if isinstance(event_id, str) and not self._seen.first_time(event_id):
             return
-        command = command_from_event(document)
+        command = self._command_from(document)
         if command is not None:
             self._dispatch(command)
+
+    def _command_from(self, document: Mapping[str, Any]) -> IncomingCommand | None:
+        return command_from_event(document, self._bot_open_id)
 
     def _dispatch(self, command: IncomingCommand) -> None:
         sink = self._on_command
@@ -241,29 +305,35 @@ class FeishuChannel(Channel):
         self, chat: ChatRef, operation: Operation, message_id: str | None
     ) -> tuple[RateScope, ...]:
         limits = self._config.limits
-        app = limits.app.scope(APP_SCOPE)
+        app = (limits.app.scope(APP_SCOPE), limits.app_minute.scope(APP_MINUTE_SCOPE))
         if operation == "edit" and message_id is not None:
-            return (limits.message_update.scope(message_scope(message_id)), app)
+            return (limits.message_update.scope(message_scope(message_id)), *app)
         if operation == "send":
-            return (limits.chat_send.scope(chat_scope(chat.chat_id)), app)
-        return (app,)
+            return (limits.chat_send.scope(chat_scope(chat.chat_id)), *app)
+        return app
 
     # Requests -----------------------------------------------------------------------------
 
-    async def send(self, chat: ChatRef, message: Outgoing) -> str:
+    async def send(
+        self, chat: ChatRef, message: Outgoing, *, idempotency_key: str | None = None
+    ) -> str:
         msg_type, content = _payload(message)
-        body = (
+        builder = (
             CreateMessageRequestBody.builder()
             .receive_id(chat.chat_id)
             .msg_type(msg_type)
             .content(content)
+        )
+        if idempotency_key is not None:
+            builder = builder.uuid(send_uuid(idempotency_key))
+        request = (
+            CreateMessageRequest.builder()
+            .receive_id_type("chat_id")
+            .request_body(builder.build())
             .build()
         )
-        request = (
-            CreateMessageRequest.builder().receive_id_type("chat_id").request_body(body).build()
-        )
         response = await self._call(
-            request, CreateMessageResponse, narrow_scope=chat_scope(chat.chat_id)
+            request, CreateMessageResponse, narrow_scope=chat_scope(chat.chat_id), operation="send"
         )
         message_id = getattr(response.data, "message_id", None)
         if not isinstance(message_id, str) or not message_id:
@@ -283,14 +353,21 @@ class FeishuChannel(Channel):
         )
         if self._shown.get(message_id) == _digest(content):
             raise NotModified("feishu: the card already shows this content")
-        await self._call(request, PatchMessageResponse, narrow_scope=message_scope(message_id))
+        await self._call(
+            request, PatchMessageResponse, narrow_scope=message_scope(message_id), operation="edit"
+        )
         self._remember(message_id, content)
 
     async def delete(self, chat: ChatRef, message_id: str) -> None:
         request = DeleteMessageRequest.builder().message_id(message_id).build()
         # A message already gone is what `delete` wants: not an error.
         with contextlib.suppress(MessageGone):
-            await self._call(request, DeleteMessageResponse, narrow_scope=message_scope(message_id))
+            await self._call(
+                request,
+                DeleteMessageResponse,
+                narrow_scope=message_scope(message_id),
+                operation="delete",
+            )
         self._shown.pop(message_id, None)
 
     async def pin(self, chat: ChatRef, message_id: str) -> None:
@@ -299,7 +376,9 @@ class FeishuChannel(Channel):
             .request_body(CreatePinRequestBody.builder().message_id(message_id).build())
             .build()
         )
-        await self._call(request, CreatePinResponse, narrow_scope=chat_scope(chat.chat_id))
+        await self._call(
+            request, CreatePinResponse, narrow_scope=chat_scope(chat.chat_id), operation="pin"
+        )
 
     def _remember(self, message_id: str, content: str) -> None:
         self._shown[message_id] = _digest(content)
@@ -308,7 +387,12 @@ class FeishuChannel(Channel):
             self._shown.popitem(last=False)
 
     async def _call(
-        self, request: BaseRequest, response_type: type[Response], *, narrow_scope: str
+        self,
+        request: BaseRequest,
+        response_type: type[Response],
+        *,
+        narrow_scope: str,
+        operation: Operation,
     ) -> Response:
         """One request, its answer translated once; a refused token is dropped."""
         tokens = self._token_source()
@@ -327,6 +411,7 @@ class FeishuChannel(Channel):
             headers=headers,
             app_scope=APP_SCOPE,
             narrow_scope=narrow_scope,
+            operation=operation,
         )
         if failure is not None:
             raise failure

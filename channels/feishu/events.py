@@ -10,6 +10,12 @@ Feishu's callback rules we implement:
   hex SHA-256 of (`X-Lark-Request-Timestamp` + `X-Lark-Request-Nonce` + key + raw body);
 - the verification token is in `header.token` (schema 2.0) or `token` (URL verification);
 - the same event may be delivered more than once: `header.event_id` identifies it.
+
+In a group, a command counts only when it mentions the bot: with the permission to read all
+group messages, every `/taskcard off` typed in the group would reach us, and "@Alice
+/taskcard off" is addressed to Alice. Feishu writes each mention into the text as a key
+(`@_user_1`) listed in `message.mentions` with the mentioned open_id; we strip only the bot's
+key. A private (p2p) chat is with the bot alone and needs no mention.
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ from channels.base import ChatRef, CursorStore, IncomingCommand
 
 MESSAGE_EVENT = "im.message.receive_v1"
 COMMAND = "/taskcard"
-_MENTION = re.compile(r"@_user_\d+|@_all")
+PRIVATE_CHAT = "p2p"
+USER_MENTION_PREFIX = "@_user_"
 
 
 class EventRejected(Exception):
@@ -122,13 +129,17 @@ def decode_callback(
     )
 
 
-def command_args(text: str) -> str | None:
+def command_args(text: str, mention_key: str | None = None) -> str | None:
     """The arguments of a `/taskcard` command in message text, None when it is not one.
 
-    Mention placeholders (`@_user_1`, how Feishu writes an @mention of the bot into text)
-    are removed first, so "@_user_1 /taskcard off" in a group is the command `off`.
+    `mention_key` is the placeholder Feishu wrote for the bot's mention (`@_user_1`); it is
+    removed first, so "@_user_1 /taskcard off" is the command `off`. Other mentions stay, so
+    a command addressed to someone else ("@_user_2 /taskcard off") is not ours.
     """
-    words = _MENTION.sub(" ", text).split()
+    if mention_key:
+        # `(?!\d)`: removing `@_user_1` must not eat the start of `@_user_12`.
+        text = re.sub(re.escape(mention_key) + r"(?!\d)", " ", text)
+    words = text.split()
     if not words:
         return None
     head = words[0]
@@ -137,8 +148,34 @@ def command_args(text: str) -> str | None:
     return " ".join(words[1:])
 
 
-def command_from_event(document: Mapping[str, Any]) -> IncomingCommand | None:
-    """The command carried by an `im.message.receive_v1` event document, if any."""
+def bot_mention_key(mentions: object, bot_open_id: str | None) -> str | None:
+    """The text key of the bot's mention among `message.mentions`, None when not mentioned.
+
+    With the bot's open_id unknown (it could not be learned at start), any user mention is
+    taken as the bot's: a group still needs some mention, never none.
+    """
+    if not isinstance(mentions, list):
+        return None
+    for mention in mentions:
+        if not isinstance(mention, dict):
+            continue
+        key = mention.get("key")
+        if not isinstance(key, str) or not key.startswith(USER_MENTION_PREFIX):
+            continue
+        ids = mention.get("id")
+        open_id = ids.get("open_id") if isinstance(ids, dict) else None
+        if bot_open_id is None or open_id == bot_open_id:
+            return key
+    return None
+
+
+def command_from_event(
+    document: Mapping[str, Any], bot_open_id: str | None = None
+) -> IncomingCommand | None:
+    """The command carried by an `im.message.receive_v1` event document, if any.
+
+    `bot_open_id` is our bot's open_id when known; see the module docstring for mentions.
+    """
     header = document.get("header")
     if not isinstance(header, dict) or header.get("event_type") != MESSAGE_EVENT:
         return None
@@ -158,7 +195,11 @@ def command_from_event(document: Mapping[str, Any]) -> IncomingCommand | None:
     text = content.get("text") if isinstance(content, dict) else None
     if not isinstance(text, str):
         return None
-    args = command_args(text)
+    mention_key = bot_mention_key(message.get("mentions"), bot_open_id)
+    # Anything but a private chat (a group, a topic group, an unknown kind) needs a mention.
+    if mention_key is None and message.get("chat_type") != PRIVATE_CHAT:
+        return None
+    args = command_args(text, mention_key)
     if args is None:
         return None
     sender = event.get("sender")

@@ -1,7 +1,8 @@
 """The HTTP callback endpoint Feishu posts events to (`events = "webhook"`).
 
 Feishu expects an answer within 3 seconds and redelivers otherwise, so the endpoint only
-verifies, decodes and deduplicates, hands a command to `dispatch` (which schedules the
+verifies, decodes and deduplicates, reads the command with `parse` (the channel's, which
+knows the bot's open_id), hands it to `dispatch` (which schedules the
 work elsewhere and returns at once) and answers. lark-oapi's `EventDispatcherHandler` is
 not used because it is synchronous, answers 500 (so Feishu retries) for every event type
 without a registered processor, and logs the failure text; we reuse only its cipher.
@@ -10,18 +11,14 @@ without a registered processor, and logs the failure text; we reuse only its cip
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from aiohttp import web
 
 from channels.base import IncomingCommand
 from channels.feishu.config import FeishuWebhook
-from channels.feishu.events import (
-    EventRejected,
-    SeenEvents,
-    command_from_event,
-    decode_callback,
-)
+from channels.feishu.events import EventRejected, SeenEvents, decode_callback
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +35,11 @@ class WebhookServer:
         seen: SeenEvents,
         verification_token: str | None,
         encrypt_key: str | None,
+        parse: Callable[[Mapping[str, Any]], IncomingCommand | None],
     ) -> None:
         self._config = config
         self._dispatch = dispatch
+        self._parse = parse
         self._seen = seen
         self._verification_token = verification_token
         self._encrypt_key = encrypt_key
@@ -87,7 +86,7 @@ class WebhookServer:
         if decoded.event_id is not None and not self._seen.first_time(decoded.event_id):
             log.info("feishu event %s delivered again; ignored", decoded.event_id)
             return web.json_response({"msg": "duplicate"})
-        command = command_from_event(decoded.document)
+        command = self._parse(decoded.document)
         if command is not None:
             self._dispatch(command)
         return web.json_response({"msg": "success"})

@@ -150,6 +150,17 @@ async def test_kicked_route_is_disabled_and_others_continue(
     assert "DISABLED" in status
 
 
+def _ask_state(fake: FakeTelegram, needle: str) -> bool:
+    """Send `/taskcard` unless one is still unanswered; True once a reply contains `needle`."""
+    replies = [t for t in shown(fake, GROUP) if t.startswith("Task cards here")]
+    if any(needle in t for t in replies):
+        return True
+    asked = sum(1 for m in fake.messages(GROUP) if m.text == "/taskcard" and not m.from_bot)
+    if asked <= len(replies):
+        fake.inject_command(GROUP, "/taskcard")
+    return False
+
+
 def _status_if(config: Path, needle: str) -> str | None:
     out = _status(config)
     return out if needle in out else None
@@ -395,6 +406,8 @@ async def test_notices_are_suppressed_while_the_route_is_off(
         fake.inject_command(GROUP, "/taskcard off")
         await eventually(lambda: any("hidden here" in t for t in shown(fake, GROUP)))
         notify(workdir, "task_card.error:tc_1:1:renderer_timeout", "error", code="renderer_timeout")
+        # Sync point: the state reply mentions the error once the service has read it.
+        await eventually(lambda: _ask_state(fake, "renderer error"), what="the error read")
         fake.inject_command(GROUP, "/taskcard on")
         await eventually(lambda: any("shown here" in t for t in shown(fake, GROUP)))
         notify(workdir, "task_card.recovered:tc_1:1", "recovered")

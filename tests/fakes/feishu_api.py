@@ -19,7 +19,8 @@ What it serves (real paths, real answer shapes `{"code": 0, "msg": "success", "d
   more than 5 per second per message -> 230020.
 - `DELETE /open-apis/im/v1/messages/:id` (recall) and `POST /open-apis/im/v1/pins`.
 - Limits: sends per chat and requests per app (per second and per minute) -> HTTP 429,
-  code 99991400 and the `x-ogw-ratelimit-reset` header. Only accepted requests count toward a window.
+  code 99991400 and the `x-ogw-ratelimit-reset` header. Only accepted requests count
+  toward a window.
 - The long connection: `POST /callback/ws/endpoint` and a websocket at `/ws` that speaks
   lark-oapi's protobuf frames, so `lark_oapi.ws.Client` connects and receives events
   pushed with `push_ws_event`.
