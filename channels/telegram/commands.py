@@ -111,12 +111,22 @@ class CommandPoller:
                     timeout=self._poll_timeout_s,
                     allowed_updates=["message"],
                 )
-            except tg.Conflict:
+            except tg.Conflict as exc:
                 failures += 1
-                _log.error(
-                    "Telegram getUpdates conflict: another poller or a webhook uses this bot; "
-                    "commands are not received until it stops"
-                )
+                if "webhook" in str(exc).lower():
+                    # A webhook left on the bot blocks polling for good; we own this bot's
+                    # updates, so remove it (pending updates are kept) and poll again.
+                    _log.warning("a webhook is set on this bot; removing it to poll commands")
+                    try:
+                        await self._bot.delete_webhook(drop_pending_updates=False)
+                        continue
+                    except tg.TelegramError as delete_error:
+                        _log.error("could not remove the webhook: %s", delete_error)
+                else:
+                    _log.error(
+                        "Telegram getUpdates conflict: another poller uses this bot; "
+                        "commands are not received until it stops"
+                    )
                 await asyncio.sleep(self._backoff.delay_s(failures))
                 continue
             except FloodWait as exc:

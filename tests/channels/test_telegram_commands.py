@@ -169,3 +169,19 @@ def test_edited_message_is_never_a_command() -> None:
         "9",
         "3",
     )
+
+
+async def test_a_webhook_left_on_the_bot_is_removed_so_commands_arrive(
+    telegram_fake: FakeTelegram, telegram_cursor: MemoryCursorStore
+) -> None:
+    telegram_fake.webhook_url = "https://old.example/hook"
+    inbox = CommandInbox()
+    channel = await _started(telegram_fake, telegram_cursor, inbox)
+    try:
+        telegram_fake.inject_command(GROUP, "/taskcard", user_id=5)
+        commands = await inbox.wait_for(1)
+        assert [c.args for c in commands] == [""]
+        assert telegram_fake.webhook_url is None
+        assert telegram_fake.count("deleteWebhook") == 1
+    finally:
+        await channel.stop()

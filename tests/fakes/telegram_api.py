@@ -55,6 +55,10 @@ CONFLICT = (
     "Conflict: terminated by other getUpdates request; make sure that only one bot instance "
     "is running"
 )
+WEBHOOK_CONFLICT = (
+    "Conflict: can't use getUpdates method while webhook is active; "
+    "use deleteWebhook to delete the webhook first"
+)
 MAX_TEXT_UTF16 = 4096
 ENTITY_TYPES = frozenset(
     {
@@ -214,6 +218,7 @@ class FakeTelegram:
         self._poll_generation = 0
         self._failures: dict[str, deque[tuple[int, str]]] = {}
         self.requests: list[RecordedRequest] = []
+        self.webhook_url: str | None = None  # set: getUpdates answers 409 as Telegram does
         self.rate_limited: list[Recorded429] = []
 
     # ---------------------------------------------------------------- lifecycle
@@ -433,7 +438,8 @@ class FakeTelegram:
             "deleteMessage": self._delete_message,
             "pinChatMessage": self._pin_chat_message,
             "setMyCommands": lambda p, c: True,
-            "deleteWebhook": lambda p, c: True,
+            "deleteWebhook": self._delete_webhook,
+            "setWebhook": self._set_webhook,
             "close": lambda p, c: True,
             "logOut": lambda p, c: True,
         }
@@ -563,7 +569,17 @@ class FakeTelegram:
         self._existing(chat_id, params.get("message_id"), PIN_NOT_FOUND).pinned = True
         return True
 
+    def _set_webhook(self, params: Json, chat_id: int | None) -> bool:
+        self.webhook_url = str(params.get("url") or "") or None
+        return True
+
+    def _delete_webhook(self, params: Json, chat_id: int | None) -> bool:
+        self.webhook_url = None
+        return True
+
     async def _get_updates(self, params: Json) -> list[Json]:
+        if self.webhook_url:
+            raise ApiError(409, WEBHOOK_CONFLICT)
         offset = self._optional_int(params.get("offset"))
         timeout_s = float(params.get("timeout") or 0)
         allowed = params.get("allowed_updates")
