@@ -356,7 +356,8 @@ class TaskCard:
                 }
             if watch.state in ("stopping", "stop_failed"):
                 return _failed(f"watch {watch_id} is stopping; stop it again or remove it")
-        outcome = self._refresh(watch, counted=watch.state != "stopped", from_tick=False)
+        # Every retry counts against the budget, a stopped watch's included (manual, budget).
+        outcome = self._refresh(watch, counted=True, from_tick=False)
         with self._lock:
             view = self._view(watch)
             if outcome is not None:
@@ -535,7 +536,7 @@ class TaskCard:
                 still_live = watch.state in ("watching", "error")
                 if live and not still_live:
                     return None  # stopped meanwhile: a late body must not revive the card
-                if counted and still_live:
+                if counted:
                     watch.refreshes_used += 1
                 failure: RenderFailure | None = None
                 if isinstance(verdict, Rendered):
@@ -557,7 +558,8 @@ class TaskCard:
                     failure = verdict
                 if failure is not None:
                     self._record_failure(watch, failure, tail)
-                if still_live and counted and watch.refreshes_used >= watch.max_refreshes:
+                spent = counted and watch.refreshes_used >= watch.max_refreshes
+                if spent and watch.state in ("watching", "error", "stopped"):
                     self._exhaust(watch)
                 elif still_live:
                     with contextlib.suppress(OSError):

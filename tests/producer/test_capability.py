@@ -298,12 +298,13 @@ def test_stop_writes_inactive_keeps_the_body_and_clears_the_descriptor(
     assert not (workdir / "taskcard" / "watch.json").exists()
     count = (workdir / "count.txt").read_text()
     assert card.call(envelope("stop", watch_id="tc_1"))["status"] == "stopped"
-    # A retry on a stopped watch refreshes the body but neither revives it nor spends budget.
+    # A retry on a stopped watch refreshes the body without reviving it; like every retry,
+    # it spends one refresh of the budget.
     retried = card.call(envelope("retry", watch_id="tc_1"))
     assert (retried["status"], retried["status_value"], retried["refreshes_used"]) == (
         "stopped",
         "inactive",
-        0,
+        1,
     )
     assert (workdir / "count.txt").read_text() == str(int(count) + 1)
 
