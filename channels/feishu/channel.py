@@ -165,8 +165,9 @@ class FeishuChannel(Channel):
         return self._webhook.port
 
     async def start(self, on_command: CommandSink) -> None:
-        """Verify the app credentials (a tenant token), then receive commands per
-        `config.events`. On failure everything opened so far is closed again."""
+        """Verify the app credentials (a tenant token), learn the bot's open_id when commands
+        are on, then receive commands per `config.events`. On failure everything opened so
+        far is closed again."""
         if self._started:
             return
         try:

@@ -17,7 +17,7 @@ from channels.errors import (
     Transient,
 )
 from channels.feishu.card import CARD_LIMIT_BYTES, card_plain_text
-from channels.feishu.channel import FeishuChannel
+from channels.feishu.channel import FeishuChannel, send_uuid
 from channels.feishu.config import FeishuConfig, FeishuLimits
 from tests.channels.conftest import CommandInbox, MemoryCursorStore
 from tests.fakes.feishu_api import FakeFeishu, FakeLimits
@@ -92,23 +92,95 @@ async def test_text_messages_for_notices(fake: FakeFeishu, channel: FeishuChanne
 
 
 async def test_rate_scopes(channel: FeishuChannel) -> None:
+    app = [("feishu:app", 50, 1.0), ("feishu:app:minute", 1000, 60.0)]
     send = channel.rate_scopes(CHAT, "send", None)
     assert [(s.key, s.max_calls, s.period_s) for s in send] == [
         ("feishu:chat:oc_group_1", 5, 1.0),
-        ("feishu:app", 50, 1.0),
+        *app,
     ]
     edit = channel.rate_scopes(CHAT, "edit", "om_9")
-    assert [(s.key, s.max_calls) for s in edit] == [("feishu:message:om_9", 5), ("feishu:app", 50)]
-    assert [s.key for s in channel.rate_scopes(CHAT, "delete", "om_9")] == ["feishu:app"]
+    assert [(s.key, s.max_calls, s.period_s) for s in edit] == [
+        ("feishu:message:om_9", 5, 1.0),
+        *app,
+    ]
+    for operation in ("delete", "pin"):
+        scopes = channel.rate_scopes(CHAT, operation, "om_9")  # type: ignore[arg-type]
+        assert [(s.key, s.max_calls, s.period_s) for s in scopes] == app
 
 
 async def test_rate_scopes_follow_configured_limits(fake: FakeFeishu) -> None:
-    limits = FeishuLimits(message_update=RateLimit(max_calls=2, period_s=3.0))
+    limits = FeishuLimits(
+        message_update=RateLimit(max_calls=2, period_s=3.0),
+        app_minute=RateLimit(max_calls=600, period_s=60.0),
+    )
     channel = FeishuChannel(
         _config(fake, limits=limits), fake.app_id, fake.app_secret, MemoryCursorStore()
     )
-    (message, _app) = channel.rate_scopes(CHAT, "edit", "om_1")
+    (message, app, app_minute) = channel.rate_scopes(CHAT, "edit", "om_1")
     assert (message.max_calls, message.period_s) == (2, 3.0)
+    assert (app.max_calls, app.period_s) == (50, 1.0)
+    assert (app_minute.key, app_minute.max_calls, app_minute.period_s) == (
+        "feishu:app:minute",
+        600,
+        60.0,
+    )
+
+
+def test_limits_without_app_minute_keep_the_default() -> None:
+    """Configs written before the minute window still load, and get Feishu's 1000/min."""
+    limits = FeishuLimits.model_validate({"app": {"max_calls": 20, "period_s": 1.0}})
+    assert (limits.app.max_calls, limits.app_minute.max_calls) == (20, 1000)
+    assert limits.app_minute.period_s == 60.0
+
+
+async def test_app_minute_limit_of_the_fake(fake: FakeFeishu, channel: FeishuChannel) -> None:
+    fake.limits = FakeLimits(app_per_minute=2)
+    await channel.send(CHAT, channel.render_text("one"))
+    await channel.send(ChatRef("oc_other"), channel.render_text("two"))
+    with pytest.raises(RateLimited) as caught:
+        await channel.send(ChatRef("oc_third"), channel.render_text("three"))
+    assert caught.value.scope == "feishu:app"
+
+
+async def test_send_with_the_same_key_posts_once(fake: FakeFeishu, channel: FeishuChannel) -> None:
+    """A send retried with its idempotency key (say after a timeout) gets the first card."""
+    card = channel.render_card(_view("v1"))
+    first = await channel.send(CHAT, card, idempotency_key="route-a:1")
+    again = await channel.send(CHAT, card, idempotency_key="route-a:1")
+    assert again == first
+    other = await channel.send(CHAT, card, idempotency_key="route-a:2")
+    assert other != first
+    assert [m.message_id for m in fake.chat(CHAT.chat_id)] == [first, other]
+    assert len(fake.requests_of("send")) == 3
+    assert fake.errors() == []
+
+
+async def test_long_key_is_hashed_to_a_valid_uuid(fake: FakeFeishu, channel: FeishuChannel) -> None:
+    key = "feishu/oc_group_1/代理-builder:" + "x" * 100
+    first = await channel.send(CHAT, channel.render_text("hi"), idempotency_key=key)
+    again = await channel.send(CHAT, channel.render_text("hi"), idempotency_key=key)
+    near = await channel.send(CHAT, channel.render_text("hi"), idempotency_key=key + "y")
+    assert again == first != near
+    assert len(fake.texts(CHAT.chat_id)) == 2
+    assert fake.errors() == [], "the fake refuses a uuid longer than 50 characters"
+    assert len(send_uuid(key)) <= 50
+    assert send_uuid("short-key") == "short-key"
+
+
+async def test_sends_without_a_key_are_not_deduplicated(
+    fake: FakeFeishu, channel: FeishuChannel
+) -> None:
+    await channel.send(CHAT, channel.render_text("hi"))
+    await channel.send(CHAT, channel.render_text("hi"))
+    assert fake.texts(CHAT.chat_id) == ["hi", "hi"]
+
+
+async def test_key_deduplicates_for_one_hour(fake: FakeFeishu, channel: FeishuChannel) -> None:
+    first = await channel.send(CHAT, channel.render_text("hi"), idempotency_key="k")
+    fake.advance_time(3601)
+    later = await channel.send(CHAT, channel.render_text("hi"), idempotency_key="k")
+    assert later != first
+    assert len(fake.texts(CHAT.chat_id)) == 2
 
 
 async def test_app_limit_is_rate_limited_on_app_scope(
@@ -197,6 +269,37 @@ async def test_recalled_or_deleted_card_is_gone(
         await channel.edit(CHAT, message_id, channel.render_card(_view("v2")))
     await channel.delete(CHAT, message_id)  # already gone: not an error
     assert fake.chat(CHAT.chat_id) == []
+
+
+async def test_unknown_message_id_is_gone(fake: FakeFeishu, channel: FeishuChannel) -> None:
+    """Feishu answers an id it does not know with 400 / 230001 "invalid message_id": for an
+    edit that means the card is gone and must be replaced, not retried forever."""
+    with pytest.raises(MessageGone):
+        await channel.edit(CHAT, "om_never_issued", channel.render_card(_view("v2")))
+    await channel.delete(CHAT, "om_never_issued")  # gone already: not an error
+    assert [(e.operation, e.http_status, e.code) for e in fake.errors()] == [
+        ("patch", 400, 230001),
+        ("delete", 400, 230001),
+    ]
+
+
+async def test_http_404_on_edit_is_gone(fake: FakeFeishu, channel: FeishuChannel) -> None:
+    message_id = await channel.send(CHAT, channel.render_card(_view("v1")))
+    fake.script_error("patch", 230001, http_status=404, msg="not found")
+    with pytest.raises(MessageGone):
+        await channel.edit(CHAT, message_id, channel.render_card(_view("v2")))
+
+
+async def test_invalid_parameter_on_send_stays_permanent(
+    fake: FakeFeishu, channel: FeishuChannel
+) -> None:
+    fake.script_error(
+        "send",
+        230001,
+        msg="Your request contains an invalid request parameter, ext=invalid message_id.",
+    )
+    with pytest.raises(Permanent):
+        await channel.send(CHAT, channel.render_card(_view("v1")))
 
 
 async def test_delete_recalls_and_pin_pins(fake: FakeFeishu, channel: FeishuChannel) -> None:

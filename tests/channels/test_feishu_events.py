@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -92,14 +93,65 @@ async def test_group_command_with_mention(fake: FakeFeishu) -> None:
 async def test_private_command_without_mention_and_chatter_ignored(fake: FakeFeishu) -> None:
     inbox = CommandInbox()
     async with webhook_channel(fake, inbox) as url:
-        await fake.deliver_command(
-            url, "oc_p2p", "hello there", verification_token=TOKEN, mention_bot=False
-        )
-        await fake.deliver_command(
-            url, "oc_p2p", "/taskcard 3", verification_token=TOKEN, mention_bot=False
-        )
+        for text in ("hello there", "/taskcard 3"):
+            await fake.deliver_command(
+                url,
+                "oc_p2p",
+                text,
+                verification_token=TOKEN,
+                mention_bot=False,
+                chat_type="p2p",
+            )
         commands = await inbox.wait_for(1)
     assert [(c.chat.chat_id, c.args) for c in commands] == [("oc_p2p", "3")]
+
+
+async def test_group_commands_need_the_bot_mention(fake: FakeFeishu) -> None:
+    inbox = CommandInbox()
+    async with webhook_channel(fake, inbox) as url:
+
+        async def deliver(text: str, **event: object) -> None:
+            answer = await fake.deliver_command(
+                url, "oc_g", text, verification_token=TOKEN, **event
+            )
+            assert answer.status == 200
+
+        # Addressed to Alice, not to us.
+        await deliver("/taskcard off", mention_bot=False, mention_users=("ou_alice",))
+        # Alice first, then the bot: the command is still Alice's.
+        await deliver("/taskcard off", mention_users=("ou_alice",))
+        # Read with the read-all-group-messages permission, mentioning nobody.
+        await deliver("/taskcard off", mention_bot=False)
+        await deliver("/taskcard on")
+        await deliver("/taskcard 3", chat_type="p2p", mention_bot=False)
+        commands = await inbox.wait_for(2)
+    assert [(c.chat.chat_id, c.args) for c in inbox.commands] == [("oc_g", "on"), ("oc_g", "3")]
+    assert [(r.code, r.http_status) for r in fake.requests_of("bot_info")] == [(0, 200)]
+    assert commands == inbox.commands
+
+
+async def test_without_bot_info_any_mention_counts(
+    fake: FakeFeishu, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.bot_info_available = False
+    inbox = CommandInbox()
+    with caplog.at_level(logging.INFO, logger="channels.feishu.channel"):
+        async with webhook_channel(fake, inbox) as url:
+            await fake.deliver_command(url, "oc_g", "/taskcard off", verification_token=TOKEN)
+            await fake.deliver_command(
+                url, "oc_g", "/taskcard 4", verification_token=TOKEN, mention_bot=False
+            )
+            await fake.deliver_command(
+                url,
+                "oc_g",
+                "/taskcard on",
+                verification_token=TOKEN,
+                mention_bot=False,
+                mention_users=("ou_someone",),
+            )
+            await inbox.wait_for(2)
+    assert [c.args for c in inbox.commands] == ["off", "on"]
+    assert any("bot info unavailable" in r.getMessage() for r in caplog.records)
 
 
 async def test_wrong_verification_token_is_rejected(fake: FakeFeishu) -> None:

@@ -169,7 +169,13 @@ def test_error_translation(
     retry_after_s: float | None,
 ) -> None:
     error = translate(
-        status=status, code=code, msg="m", headers=headers, app_scope=APP, narrow_scope=NARROW
+        status=status,
+        code=code,
+        msg="m",
+        headers=headers,
+        app_scope=APP,
+        narrow_scope=NARROW,
+        operation="edit",
     )
     assert type(error) is kind
     if isinstance(error, RateLimited):
@@ -177,24 +183,63 @@ def test_error_translation(
         assert error.retry_after_s == retry_after_s
 
 
-def test_success_translates_to_nothing() -> None:
-    assert (
-        translate(status=200, code=0, msg="ok", headers={}, app_scope=APP, narrow_scope=APP) is None
-    )
+INVALID_MESSAGE_ID = "Your request contains an invalid request parameter, ext=invalid message_id."
 
 
 @pytest.mark.parametrize(
-    ("text", "args"),
+    ("status", "code", "msg", "operation", "kind"),
     [
-        ("/taskcard", ""),
-        ("/taskcard off", "off"),
-        ("@_user_1 /taskcard  on ", "on"),
-        ("@_user_1 @_user_2 /taskcard 3", "3"),
-        ("/taskcard@taskcard_bot 5", "5"),
-        ("hello /taskcard", None),
-        ("/taskcards", None),
-        ("@_user_1", None),
+        (400, 230001, INVALID_MESSAGE_ID, "edit", MessageGone),
+        (400, 230001, INVALID_MESSAGE_ID, "delete", MessageGone),
+        (400, 230001, INVALID_MESSAGE_ID, "pin", MessageGone),
+        (400, 230001, INVALID_MESSAGE_ID, "send", Permanent),
+        (400, 230001, "ext=invalid receive_id.", "send", Permanent),
+        (400, 230001, "ext=content is required.", "edit", Permanent),
+        (404, 230001, "not found", "edit", MessageGone),
+        (404, None, "", "delete", MessageGone),
+        (404, 1, "not found", "send", Permanent),
+        (400, 230110, "deleted", "edit", MessageGone),
+        (400, 230110, "deleted", "delete", MessageGone),
     ],
 )
-def test_command_text(text: str, args: str | None) -> None:
-    assert command_args(text) == args
+def test_error_translation_per_operation(
+    status: int, code: int | None, msg: str, operation: str, kind: type[ChannelError]
+) -> None:
+    error = translate(
+        status=status,
+        code=code,
+        msg=msg,
+        headers={},
+        app_scope=APP,
+        narrow_scope=NARROW,
+        operation=operation,  # type: ignore[arg-type]
+    )
+    assert type(error) is kind
+
+
+def test_success_translates_to_nothing() -> None:
+    success = translate(
+        status=200, code=0, msg="ok", headers={}, app_scope=APP, narrow_scope=APP, operation="send"
+    )
+    assert success is None
+
+
+@pytest.mark.parametrize(
+    ("text", "mention_key", "args"),
+    [
+        ("/taskcard", None, ""),
+        ("/taskcard off", None, "off"),
+        ("@_user_1 /taskcard  on ", "@_user_1", "on"),
+        ("@_user_1 @_user_2 /taskcard 3", "@_user_2", None),
+        ("@_user_2 /taskcard 3 @_user_1", "@_user_2", "3 @_user_1"),
+        ("/taskcard off @_user_1", "@_user_1", "off"),
+        ("@_user_12 /taskcard off", "@_user_1", None),
+        ("@_user_1 /taskcard off", None, None),
+        ("/taskcard@taskcard_bot 5", None, "5"),
+        ("hello /taskcard", None, None),
+        ("/taskcards", None, None),
+        ("@_user_1", "@_user_1", None),
+    ],
+)
+def test_command_text(text: str, mention_key: str | None, args: str | None) -> None:
+    assert command_args(text, mention_key) == args
