@@ -78,6 +78,7 @@ class _Resident:
     failed: str | None = None  # fingerprint the platform rejected for good
     replaced: str | None = None  # an old resident that could no longer be edited
     send_key: str | None = None  # the same for every retry of one intended send
+    send_key_restored: bool = False  # from before a restart: the content sent may be older
 
     @property
     def pending(self) -> bool:
@@ -162,6 +163,10 @@ class RouteScheduler:
             committed=record.fingerprint if record else None,
             # A restart gives a disabled route one more chance: the bot may be back.
             disabled=None,
+            # A send interrupted by a crash is retried with the same key, so a platform that
+            # deduplicates (Feishu) answers with the message it already posted.
+            send_key=record.send_key if record else None,
+            send_key_restored=bool(record and record.send_key),
         )
         if record and record.disabled_reason:
             self._store.set_disabled(str(key), None)
@@ -364,6 +369,7 @@ class RouteScheduler:
             else:
                 if resident.send_key is None:
                     resident.send_key = f"{key}:{uuid.uuid4().hex}"
+                    self._store.set_send_key(str(key), resident.send_key)
                 message_id = await channel.send(
                     key.chat, message, idempotency_key=resident.send_key
                 )
@@ -379,6 +385,12 @@ class RouteScheduler:
                 if old is not None and old != message_id:
                     reservation.complete()
                     await self._delete_stale(channel, key, old)
+                if resident.send_key_restored:
+                    # The platform may have answered with the message posted before the
+                    # restart, showing older bytes: edit it next instead of trusting it.
+                    resident.send_key_restored = False
+                    lane.routes.appendleft(key)
+                    return
             self._commit(resident, message)
         except NotModified:
             self._commit(resident, message)

@@ -305,3 +305,37 @@ async def test_unsent_command_replies_collapse_to_the_latest(store: SqliteStore)
     sent = [c[3] for c in channel.calls]
     assert sent[-1] == "reply 4"
     assert len(sent) <= 2
+
+
+async def test_a_send_interrupted_by_a_crash_reuses_its_key(store: SqliteStore) -> None:
+    class Dedupe(ScriptedChannel):
+        """Answers a repeated idempotency key with the message it already posted."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.by_key: dict[str, str] = {}
+
+        async def send(
+            self, chat: ChatRef, message: Outgoing, *, idempotency_key: str | None = None
+        ) -> str:
+            if idempotency_key in self.by_key:
+                return self.by_key[idempotency_key]
+            message_id = await super().send(chat, message)
+            if idempotency_key is not None:
+                self.by_key[idempotency_key] = message_id
+            return message_id
+
+    channel = Dedupe()
+    key = RouteKey("fake", ChatRef("5"), "a")
+    # The state a SIGKILL leaves between the platform accepting a send and the id landing.
+    store.set_send_key(str(key), "fake:5::a:crashed")
+    channel.by_key["fake:5::a:crashed"] = await channel.send(ChatRef("5"), text("old bytes"))
+    scheduler = RouteScheduler({"fake": channel}, store)
+    scheduler.add_route(key)
+    await scheduler.start()
+    scheduler.submit(key, text("new bytes"))
+    await settle(scheduler)
+    await scheduler.stop()
+    assert channel.messages == {"1": "new bytes"}, "no duplicate, and the content is current"
+    record = store.resident(str(key))
+    assert record is not None and record.message_id == "1" and record.send_key is None
