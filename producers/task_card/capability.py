@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -597,8 +598,17 @@ class TaskCard:
         thread.start()
 
     def _updater(self, watch: _Watch) -> None:
-        """Tick until stopped, exhausted or closed. A crash is recorded, never swallowed."""
-        while not watch.stop_event.wait(watch.interval_s):
+        """Tick until stopped, exhausted or closed. A crash is recorded, never swallowed.
+
+        Ticks run at a fixed rate (start + k * interval), not interval after the previous
+        render ended, so a slow render does not push every later tick back; a tick missed
+        entirely (a render longer than the interval) is skipped, never made up in a burst.
+        """
+        next_tick = time.monotonic() + watch.interval_s
+        while not watch.stop_event.wait(max(0.0, next_tick - time.monotonic())):
+            now = time.monotonic()
+            missed = max(0, int((now - next_tick) // watch.interval_s))
+            next_tick += (missed + 1) * watch.interval_s
             try:
                 self._refresh(watch, counted=True, from_tick=True)
             except Exception:  # the loop must outlive one bad tick; the error is recorded
