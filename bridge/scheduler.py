@@ -110,6 +110,7 @@ class _Lane:
     task: asyncio.Task[None] | None = None
     text_turn: bool = True  # texts and cards alternate, so neither starves the other
     text_in_flight: bool = False
+    route_in_flight: RouteKey | None = None
 
 
 @dataclass(frozen=True)
@@ -257,7 +258,9 @@ class RouteScheduler:
 
     def _enqueue(self, resident: _Resident) -> None:
         lane = self._lane(resident.key.channel, resident.key.chat.chat_id)
-        if resident.key not in lane.routes:
+        # A route in flight gets its place back (at the tail) when its turn ends: queuing it
+        # now would give it two turns in one round, ahead of residents still waiting.
+        if resident.key not in lane.routes and resident.key != lane.route_in_flight:
             lane.routes.append(resident.key)
         lane.wake.set()
 
@@ -288,7 +291,13 @@ class RouteScheduler:
             key = self._next_route(lane)
         if key is not None:
             lane.text_turn = True
-            await self._deliver_route(lane, key)
+            lane.route_in_flight = key
+            try:
+                await self._deliver_route(lane, key)
+            finally:
+                lane.route_in_flight = None
+            if self._residents[key].pending and key not in lane.routes:
+                lane.routes.append(key)
             return
         if lane.texts:
             lane.text_turn = False

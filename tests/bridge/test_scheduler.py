@@ -38,6 +38,7 @@ class ScriptedChannel(Channel):
         self.calls: list[tuple[float, str, str, str]] = []  # (time, op, chat, text)
         self.errors: dict[str, deque[Exception]] = {"send": deque(), "edit": deque()}
         self.per_chat = per_chat
+        self.delay_s = 0.001  # how long the platform takes to answer
         self._next = 1
 
     async def start(self, on_command: CommandSink) -> None:
@@ -64,7 +65,7 @@ class ScriptedChannel(Channel):
     async def send(
         self, chat: ChatRef, message: Outgoing, *, idempotency_key: str | None = None
     ) -> str:
-        await asyncio.sleep(0.001)
+        await asyncio.sleep(self.delay_s)
         self.calls.append((time.monotonic(), "send", chat.chat_id, message.text))
         if self.errors["send"]:
             raise self.errors["send"].popleft()
@@ -74,7 +75,7 @@ class ScriptedChannel(Channel):
         return message_id
 
     async def edit(self, chat: ChatRef, message_id: str, message: Outgoing) -> None:
-        await asyncio.sleep(0.001)
+        await asyncio.sleep(self.delay_s)
         self.calls.append((time.monotonic(), "edit", chat.chat_id, message.text))
         if self.errors["edit"]:
             raise self.errors["edit"].popleft()
@@ -339,3 +340,23 @@ async def test_a_send_interrupted_by_a_crash_reuses_its_key(store: SqliteStore) 
     assert channel.messages == {"1": "new bytes"}, "no duplicate, and the content is current"
     record = store.resident(str(key))
     assert record is not None and record.message_id == "1" and record.send_key is None
+
+
+async def test_a_route_changed_while_in_flight_waits_for_its_next_turn(
+    store: SqliteStore,
+) -> None:
+    channel = ScriptedChannel()
+    channel.delay_s = 0.2
+    scheduler = RouteScheduler({"fake": channel}, store)
+    a, b, c = (RouteKey("fake", ChatRef("-3"), name) for name in ("a", "b", "c"))
+    for key in (a, b, c):
+        scheduler.add_route(key)
+    await scheduler.start()
+    scheduler.submit(a, text("a 1"))
+    scheduler.submit(b, text("b 1"))
+    await asyncio.sleep(0.05)  # "a 1" is in flight
+    scheduler.submit(a, text("a 2"))
+    scheduler.submit(c, text("c 1"))  # c started waiting before a's second change is served
+    await settle(scheduler)
+    await scheduler.stop()
+    assert [call[3] for call in channel.calls] == ["a 1", "b 1", "c 1", "a 2"]
