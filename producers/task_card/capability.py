@@ -564,7 +564,8 @@ class TaskCard:
                     self._exhaust(watch)
                 elif still_live:
                     with contextlib.suppress(OSError):
-                        write_descriptor(self.paths, watch.descriptor())
+                        # Every tick moves `refreshes_used`: atomic, but no fsync per tick.
+                        write_descriptor(self.paths, watch.descriptor(), durable=False)
                 return failure
 
     def _exhaust(self, watch: _Watch) -> None:

@@ -130,8 +130,13 @@ def read_bytes(path: Path, limit: int = 4_000_000) -> bytes | None:
         return None
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Replace `path` with `data`: temp file in the same folder, fsync, rename, fsync folder."""
+def atomic_write(path: Path, data: bytes, *, durable: bool = True) -> None:
+    """Replace `path` with `data`: temp file in the same folder, fsync, rename, fsync folder.
+
+    Readers never see a partial file either way; `durable=False` skips the two fsyncs for
+    bookkeeping that is rewritten every tick (the crash of a process loses nothing, only a
+    power cut may roll it back to an earlier complete version).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -140,12 +145,15 @@ def atomic_write(path: Path, data: bytes) -> None:
             os.fchmod(handle.fileno(), 0o644)
             handle.write(data)
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    if not durable:
+        return
     with contextlib.suppress(OSError):
         dir_fd = os.open(path.parent, os.O_RDONLY)
         try:

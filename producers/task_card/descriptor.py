@@ -38,9 +38,12 @@ class DescriptorCorrupt(ValueError):
     """The file exists but is not a descriptor we can trust."""
 
 
-def write_descriptor(paths: CardPaths, descriptor: WatchDescriptor) -> None:
+def write_descriptor(
+    paths: CardPaths, descriptor: WatchDescriptor, *, durable: bool = True
+) -> None:
+    """Write watch.json atomically; per-tick budget updates pass `durable=False`."""
     data = json.dumps(asdict(descriptor), indent=2, sort_keys=True) + "\n"
-    atomic_write(paths.watch, data.encode())
+    atomic_write(paths.watch, data.encode(), durable=durable)
 
 
 def clear_descriptor(paths: CardPaths) -> None:
