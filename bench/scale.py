@@ -1,0 +1,145 @@
+"""Scale: a large fleet with a few agents changing, through a channel with no limits.
+
+2,000 agents configured and routed to 20 groups of 100; all publish a card first, and the
+measurement starts once every resident exists. Then 5% of them (every 20th agent) change
+every 5 s for 120 s, evenly spread (20 renames a second).
+
+"A channel with no limits": the fake Telegram with `FakeLimits.unlimited()`, and the service
+configured with limits far above the load. Why not the console channel writing to /dev/null:
+the Telegram path (rendering entities, python-telegram-bot, HTTP, the fake's answers) is what a
+fleet runs in production, and its client cost is a real part of CPU and memory; the console
+channel would measure a process that does less than any deployment does.
+
+Figures: CPU seconds per minute of the `serve` process during the changing phase (its own
+utime+stime from /proc), its peak RSS (VmHWM, which includes start-up and the creation of
+2,000 residents), and the rename-to-edit latency of every change. The polling baseline runs
+beside it on the same files, against its own unlimited fake; its process is measured the
+same way.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from bench.harness import (
+    UNLIMITED_CONFIG,
+    BaselineProcess,
+    CardWriter,
+    ProcessMeter,
+    Progress,
+    Route,
+    Shown,
+    agent_ids,
+    make_fleet,
+    sleep_until,
+    start_serve,
+    visible_delays,
+    wait_all_shown,
+)
+from bench.measure import percentile
+from bench.results import Figure, ScenarioResult
+from tests.fakes.telegram_api import FakeLimits, FakeTelegram
+
+PER_GROUP = 100
+FIRST_GROUP = -1008000000000
+CHANGE_PERIOD_S = 5.0
+CHANGING_EVERY_NTH = 20  # 5%
+
+
+async def run(
+    workspace: Path, *, quick: bool, agents: int | None = None, duration_s: float | None = None
+) -> ScenarioResult:
+    """`agents` and `duration_s` override the mode's sizes (for trying one dimension)."""
+    count = agents or (200 if quick else 2000)
+    duration_s = duration_s or (20.0 if quick else 120.0)
+    ids = agent_ids(count)
+    routes = [
+        Route(FIRST_GROUP - index, ids[offset : offset + PER_GROUP])
+        for index, offset in enumerate(range(0, count, PER_GROUP))
+    ]
+    fleet = make_fleet(workspace / "scale", ids, routes)
+    writer = CardWriter(fleet)
+    writer.activate_all()
+    changing = ids[::CHANGING_EVERY_NTH]
+    started = time.monotonic()
+    progress = Progress("scale")
+    async with (
+        FakeTelegram(limits=FakeLimits.unlimited()) as ours,
+        FakeTelegram(limits=FakeLimits.unlimited()) as theirs,
+    ):
+        serve = start_serve(fleet, ours, UNLIMITED_CONFIG)
+        baseline = BaselineProcess(fleet, theirs).start()
+        shown_ours, shown_theirs = Shown(ours), Shown(theirs)
+        keys = fleet.route_keys()
+        try:
+            warmup_ours_s = await wait_all_shown(shown_ours, keys, writer.versions, 300)
+            progress(f"taskcard shows all {len(keys)} residents")
+            await wait_all_shown(shown_theirs, keys, writer.versions, 300)
+            progress(f"the baseline shows all {len(keys)} residents; changing phase begins")
+            await sleep_until(time.monotonic() + 2.0)  # let both settle after the creation
+            meter_ours = ProcessMeter(serve.proc.pid if serve.proc else 0)
+            meter_theirs = ProcessMeter(baseline.pid)
+            meter_ours.begin()
+            meter_theirs.begin()
+            first = time.monotonic()
+            step_s = CHANGE_PERIOD_S / len(changing)
+            window_start = first
+            index = 0
+            while True:
+                due = first + index * step_s
+                if due > first + duration_s:
+                    break
+                await sleep_until(due)
+                writer.publish(changing[index % len(changing)])
+                index += 1
+            await sleep_until(time.monotonic() + 2.0)
+            meter_ours.end()
+            meter_theirs.end()
+            progress("changing phase over; stopping")
+        finally:
+            await baseline.stop()
+            progress("baseline stopped")
+            await serve.aterminate()
+            progress("serve stopped")
+        end_s = time.monotonic()
+        shown_ours.update()
+        shown_theirs.update()
+
+    def latencies_ms(shown: Shown) -> list[float]:
+        values: list[float] = []
+        for chat, agent in keys:
+            writes = [w for w in writer.log[agent] if w[0] >= window_start]
+            if not writes:
+                continue
+            timeline = shown.timeline.get((chat, agent), [])
+            values += [d * 1000 for d, _ in visible_delays(writes, timeline, end_s)]
+        return values
+
+    ours_ms, theirs_ms = latencies_ms(shown_ours), latencies_ms(shown_theirs)
+    cpu = meter_ours.cpu_s_per_min
+    rss = meter_ours.peak_rss_mb
+    p99 = percentile(ours_ms, 0.99)
+    result = ScenarioResult(
+        "scale",
+        f"{count} agents in {len(routes)} groups of {PER_GROUP}; {len(changing)} of them "
+        f"({100 / CHANGING_EVERY_NTH:.0f}%) change every {CHANGE_PERIOD_S:g} s for "
+        f"{duration_s:.0f} s ({len(ours_ms)} changes); unlimited fake Telegram.",
+        wall_s=time.monotonic() - started,
+    )
+    result.figures += [
+        Figure("serve CPU", cpu, "s/min", "< 6", cpu < 6, meter_theirs.cpu_s_per_min),
+        Figure(
+            "peak RSS",
+            rss,
+            "MB",
+            "< 200",
+            rss < 200,
+            meter_theirs.peak_rss_mb,
+            note="VmHWM of the process, start-up and resident creation included",
+        ),
+        Figure("latency p50", percentile(ours_ms, 0.5), "ms", "", None, percentile(theirs_ms, 0.5)),
+        Figure("latency p99", p99, "ms", "<= 500", p99 <= 500, percentile(theirs_ms, 0.99)),
+        Figure("first card on every route", warmup_ours_s, "s", "", None),
+    ]
+    return result
