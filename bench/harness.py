@@ -17,7 +17,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -209,6 +210,53 @@ def start_serve(fleet: Fleet, fake: FakeTelegram, limits: Limits) -> ServeProces
     config = fleet.root / "taskcard.toml"
     config.write_text(serve_config(fleet, fake.base_url, limits))
     return ServeProcess(config, env={TOKEN_ENV: fake.token}).start()
+
+
+@dataclass
+class SideBySide:
+    """taskcard and the polling baseline, each against its own fake with the same limits."""
+
+    serve: ServeProcess
+    baseline: BaselineProcess | None
+    ours: FakeTelegram
+    theirs: FakeTelegram
+    shown_ours: Shown
+    shown_theirs: Shown
+    keys: list[tuple[int, str]]
+
+
+@asynccontextmanager
+async def side_by_side(
+    fleet: Fleet,
+    fake_limits: FakeLimits,
+    serve_limits: Limits,
+    *,
+    with_baseline: bool = True,
+    progress: Progress | None = None,
+) -> AsyncIterator[SideBySide]:
+    """Start both fakes, `serve` and (optionally) the baseline; stop both processes on exit
+    and bring what each chat showed up to date."""
+    async with (
+        FakeTelegram(limits=fake_limits) as ours,
+        FakeTelegram(limits=fake_limits) as theirs,
+    ):
+        serve = start_serve(fleet, ours, serve_limits)
+        baseline = BaselineProcess(fleet, theirs).start() if with_baseline else None
+        run = SideBySide(
+            serve, baseline, ours, theirs, Shown(ours), Shown(theirs), fleet.route_keys()
+        )
+        try:
+            yield run
+        finally:
+            if baseline is not None:
+                await baseline.stop()
+                if progress is not None:
+                    progress("baseline stopped")
+            await serve.aterminate()
+            if progress is not None:
+                progress("serve stopped")
+            run.shown_ours.update()
+            run.shown_theirs.update()
 
 
 class BaselineProcess:

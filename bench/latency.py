@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 from bench.harness import (
-    BaselineProcess,
     CardWriter,
     Limits,
     ProcessMeter,
@@ -25,14 +24,13 @@ from bench.harness import (
     Shown,
     agent_ids,
     make_fleet,
+    side_by_side,
     sleep_until,
-    start_serve,
     visible_delays,
     wait_all_shown,
 )
 from bench.measure import percentile
 from bench.results import Figure, ScenarioResult
-from tests.fakes.telegram_api import FakeTelegram
 
 PERIOD_S = 2.0
 AGENTS = 8
@@ -52,33 +50,24 @@ async def run(workspace: Path, *, quick: bool) -> ScenarioResult:
     writer.activate_all()
     started = time.monotonic()
     progress = Progress("latency")
-    async with (
-        FakeTelegram(limits=limits.fake()) as ours,
-        FakeTelegram(limits=limits.fake()) as theirs,
-    ):
-        serve = start_serve(fleet, ours, limits)
-        baseline = BaselineProcess(fleet, theirs).start()
-        shown_ours, shown_theirs = Shown(ours), Shown(theirs)
-        keys = fleet.route_keys()
-        try:
-            await wait_all_shown(shown_ours, keys, writer.versions, 60)
-            await wait_all_shown(shown_theirs, keys, writer.versions, 60)
-            progress(f"both show their {len(keys)} residents; {samples} renames follow")
-            meter = ProcessMeter(serve.proc.pid if serve.proc else 0)
-            meter.begin()
-            first = time.monotonic() + 1.0
-            stagger_s = PERIOD_S / AGENTS
-            for index in range(samples):
-                await sleep_until(first + index * stagger_s)
-                writer.publish(agents[index % AGENTS])
-            await sleep_until(time.monotonic() + 3.0)
-            meter.end()
-            progress("done; stopping")
-        finally:
-            await baseline.stop()
-            await serve.aterminate()
-        shown_ours.update()
-        shown_theirs.update()
+    async with side_by_side(fleet, limits.fake(), limits) as run:
+        serve = run.serve
+        shown_ours = run.shown_ours
+        shown_theirs = run.shown_theirs
+        keys = run.keys
+        await wait_all_shown(shown_ours, keys, writer.versions, 60)
+        await wait_all_shown(shown_theirs, keys, writer.versions, 60)
+        progress(f"both show their {len(keys)} residents; {samples} renames follow")
+        meter = ProcessMeter(serve.proc.pid if serve.proc else 0)
+        meter.begin()
+        first = time.monotonic() + 1.0
+        stagger_s = PERIOD_S / AGENTS
+        for index in range(samples):
+            await sleep_until(first + index * stagger_s)
+            writer.publish(agents[index % AGENTS])
+        await sleep_until(time.monotonic() + 3.0)
+        meter.end()
+        progress("done; stopping")
     end_s = time.monotonic()
 
     def delays_ms(shown: Shown) -> tuple[list[float], int]:

@@ -24,7 +24,6 @@ from pathlib import Path
 
 from bench.harness import (
     UNLIMITED_CONFIG,
-    BaselineProcess,
     CardWriter,
     ProcessMeter,
     Progress,
@@ -32,14 +31,14 @@ from bench.harness import (
     Shown,
     agent_ids,
     make_fleet,
+    side_by_side,
     sleep_until,
-    start_serve,
     visible_delays,
     wait_all_shown,
 )
 from bench.measure import percentile
 from bench.results import Figure, ScenarioResult
-from tests.fakes.telegram_api import FakeLimits, FakeTelegram
+from tests.fakes.telegram_api import FakeLimits
 
 PER_GROUP = 100
 FIRST_GROUP = -1008000000000
@@ -64,47 +63,40 @@ async def run(
     changing = ids[::CHANGING_EVERY_NTH]
     started = time.monotonic()
     progress = Progress("scale")
-    async with (
-        FakeTelegram(limits=FakeLimits.unlimited()) as ours,
-        FakeTelegram(limits=FakeLimits.unlimited()) as theirs,
-    ):
-        serve = start_serve(fleet, ours, UNLIMITED_CONFIG)
-        baseline = BaselineProcess(fleet, theirs).start()
-        shown_ours, shown_theirs = Shown(ours), Shown(theirs)
-        keys = fleet.route_keys()
-        try:
-            warmup_ours_s = await wait_all_shown(shown_ours, keys, writer.versions, 300)
-            progress(f"taskcard shows all {len(keys)} residents")
-            await wait_all_shown(shown_theirs, keys, writer.versions, 300)
-            progress(f"the baseline shows all {len(keys)} residents; changing phase begins")
-            await sleep_until(time.monotonic() + 2.0)  # let both settle after the creation
-            meter_ours = ProcessMeter(serve.proc.pid if serve.proc else 0)
-            meter_theirs = ProcessMeter(baseline.pid)
-            meter_ours.begin()
-            meter_theirs.begin()
-            first = time.monotonic()
-            step_s = CHANGE_PERIOD_S / len(changing)
-            window_start = first
-            index = 0
-            while True:
-                due = first + index * step_s
-                if due > first + duration_s:
-                    break
-                await sleep_until(due)
-                writer.publish(changing[index % len(changing)])
-                index += 1
-            await sleep_until(time.monotonic() + 2.0)
-            meter_ours.end()
-            meter_theirs.end()
-            progress("changing phase over; stopping")
-        finally:
-            await baseline.stop()
-            progress("baseline stopped")
-            await serve.aterminate()
-            progress("serve stopped")
+    async with side_by_side(
+        fleet, FakeLimits.unlimited(), UNLIMITED_CONFIG, progress=progress
+    ) as run:
+        serve = run.serve
+        baseline = run.baseline
+        assert baseline is not None  # side_by_side starts it unless told not to
+        shown_ours = run.shown_ours
+        shown_theirs = run.shown_theirs
+        keys = run.keys
+        warmup_ours_s = await wait_all_shown(shown_ours, keys, writer.versions, 300)
+        progress(f"taskcard shows all {len(keys)} residents")
+        await wait_all_shown(shown_theirs, keys, writer.versions, 300)
+        progress(f"the baseline shows all {len(keys)} residents; changing phase begins")
+        await sleep_until(time.monotonic() + 2.0)  # let both settle after the creation
+        meter_ours = ProcessMeter(serve.proc.pid if serve.proc else 0)
+        meter_theirs = ProcessMeter(baseline.pid)
+        meter_ours.begin()
+        meter_theirs.begin()
+        first = time.monotonic()
+        step_s = CHANGE_PERIOD_S / len(changing)
+        window_start = first
+        index = 0
+        while True:
+            due = first + index * step_s
+            if due > first + duration_s:
+                break
+            await sleep_until(due)
+            writer.publish(changing[index % len(changing)])
+            index += 1
+        await sleep_until(time.monotonic() + 2.0)
+        meter_ours.end()
+        meter_theirs.end()
+        progress("changing phase over; stopping")
         end_s = time.monotonic()
-        shown_ours.update()
-        shown_theirs.update()
 
     def latencies_ms(shown: Shown) -> list[float]:
         values: list[float] = []

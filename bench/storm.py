@@ -29,7 +29,6 @@ from pathlib import Path
 
 from bench.harness import (
     CARD_METHODS,
-    BaselineProcess,
     CardWriter,
     Fleet,
     Limits,
@@ -39,8 +38,8 @@ from bench.harness import (
     Shown,
     agent_ids,
     make_fleet,
+    side_by_side,
     sleep_until,
-    start_serve,
     visible_delays,
 )
 from bench.measure import percentile
@@ -154,55 +153,48 @@ async def run(
     private_bound_s = PER_PRIVATE_CHAT / chat_rate(limits, FIRST_PRIVATE) + SLACK_S
     started = time.monotonic()
     progress = Progress("storm")
-    async with (
-        FakeTelegram(limits=limits.fake()) as ours,
-        FakeTelegram(limits=limits.fake()) as theirs,
-    ):
-        serve = start_serve(fleet, ours, limits)
-        baseline = BaselineProcess(fleet, theirs).start() if with_baseline else None
-        shown_ours, shown_theirs = Shown(ours), Shown(theirs)
-        keys = fleet.route_keys()
-        try:
-            await eventually(
-                lambda: ours.count("getMe") and (baseline is None or theirs.count("getMe")),
-                timeout_s=60,
-                what="serve and the baseline to reach their fakes",
-            )
-            meter = ProcessMeter(serve.proc.pid if serve.proc else 0)
-            meter.begin()
-            progress(f"storm of {duration_s:.0f} s begins")
-            storm_start = time.monotonic()
-            storm_stop = storm_start + duration_s
-            step_s = CHANGE_PERIOD_S / count
-            index = 0
-            while True:
-                due = storm_start + index * step_s
-                if due > storm_stop:
-                    break
-                await sleep_until(due)
-                writer.publish(ids[index % count])
-                index += 1
-            storm_stop = time.monotonic()
-            meter.end()
-            progress(f"storm over; observing the drain for up to {group_bound_s + 5:.0f} s")
-            # Observe the drain until both subjects are done or the group bound has passed.
-            deadline = storm_stop + group_bound_s + 5.0
-            while time.monotonic() < deadline:
-                if shown_ours.showing(keys, writer.versions) == len(keys) and (
-                    baseline is None or shown_theirs.showing(keys, writer.versions) == len(keys)
-                ):
-                    break
-                await sleep_until(time.monotonic() + 0.2)
-            end_s = time.monotonic()
-            progress("drain observed; stopping")
-        finally:
-            if baseline is not None:
-                await baseline.stop()
-            await serve.aterminate()
-        mine = _Analysis(fleet, limits, ours, shown_ours, writer, (storm_start, storm_stop), end_s)
-        base = _Analysis(
-            fleet, limits, theirs, shown_theirs, writer, (storm_start, storm_stop), end_s
+    async with side_by_side(fleet, limits.fake(), limits, with_baseline=with_baseline) as run:
+        serve = run.serve
+        baseline = run.baseline
+        ours = run.ours
+        theirs = run.theirs
+        shown_ours = run.shown_ours
+        shown_theirs = run.shown_theirs
+        keys = run.keys
+        await eventually(
+            lambda: ours.count("getMe") and (baseline is None or theirs.count("getMe")),
+            timeout_s=60,
+            what="serve and the baseline to reach their fakes",
         )
+        meter = ProcessMeter(serve.proc.pid if serve.proc else 0)
+        meter.begin()
+        progress(f"storm of {duration_s:.0f} s begins")
+        storm_start = time.monotonic()
+        storm_stop = storm_start + duration_s
+        step_s = CHANGE_PERIOD_S / count
+        index = 0
+        while True:
+            due = storm_start + index * step_s
+            if due > storm_stop:
+                break
+            await sleep_until(due)
+            writer.publish(ids[index % count])
+            index += 1
+        storm_stop = time.monotonic()
+        meter.end()
+        progress(f"storm over; observing the drain for up to {group_bound_s + 5:.0f} s")
+        # Observe the drain until both subjects are done or the group bound has passed.
+        deadline = storm_stop + group_bound_s + 5.0
+        while time.monotonic() < deadline:
+            if shown_ours.showing(keys, writer.versions) == len(keys) and (
+                baseline is None or shown_theirs.showing(keys, writer.versions) == len(keys)
+            ):
+                break
+            await sleep_until(time.monotonic() + 0.2)
+        end_s = time.monotonic()
+        progress("drain observed; stopping")
+    mine = _Analysis(fleet, limits, ours, shown_ours, writer, (storm_start, storm_stop), end_s)
+    base = _Analysis(fleet, limits, theirs, shown_theirs, writer, (storm_start, storm_stop), end_s)
     observed_s = end_s - storm_stop
     group_limit_per_min = 20 * 60 / group_period_s
     result = ScenarioResult(
