@@ -92,6 +92,17 @@ class ScriptedChannel(Channel):
         return None
 
 
+async def started(
+    store: SqliteStore, channel: Channel, *keys: RouteKey, **options: float
+) -> RouteScheduler:
+    """A started scheduler over `channel` with `keys` as its routes."""
+    scheduler = RouteScheduler({"fake": channel}, store, **options)
+    for key in keys:
+        scheduler.add_route(key)
+    await scheduler.start()
+    return scheduler
+
+
 def text(value: str) -> Outgoing:
     return Outgoing.build(value, {})
 
@@ -112,10 +123,8 @@ def store(tmp_path: Path) -> SqliteStore:
 
 async def test_send_then_edit_in_place_and_latest_wins(store: SqliteStore) -> None:
     channel = ScriptedChannel()
-    scheduler = RouteScheduler({"fake": channel}, store)
     key = RouteKey("fake", ChatRef("1"), "builder")
-    scheduler.add_route(key)
-    await scheduler.start()
+    scheduler = await started(store, channel, key)
     scheduler.submit(key, text("v1"))
     await settle(scheduler)
     for i in range(2, 50):
@@ -182,10 +191,8 @@ async def test_window_never_exceeded_and_fair_share(store: SqliteStore) -> None:
 
 async def test_rate_limited_pauses_scope_and_persists(store: SqliteStore) -> None:
     channel = ScriptedChannel(per_chat=RateScope("x", 100, 1.0))
-    scheduler = RouteScheduler({"fake": channel}, store)
     key = RouteKey("fake", ChatRef("5"), "a")
-    scheduler.add_route(key)
-    await scheduler.start()
+    scheduler = await started(store, channel, key)
     scheduler.submit(key, text("v1"))
     await settle(scheduler)
     channel.errors["edit"].append(RateLimited(0.5, "fake:chat:5"))
@@ -204,10 +211,8 @@ async def test_rate_limited_pauses_scope_and_persists(store: SqliteStore) -> Non
 
 async def test_gone_message_replaced_once(store: SqliteStore) -> None:
     channel = ScriptedChannel()
-    scheduler = RouteScheduler({"fake": channel}, store)
     key = RouteKey("fake", ChatRef("5"), "a")
-    scheduler.add_route(key)
-    await scheduler.start()
+    scheduler = await started(store, channel, key)
     scheduler.submit(key, text("v1"))
     await settle(scheduler)
     channel.messages.clear()  # a person deleted it
@@ -245,10 +250,8 @@ async def test_forbidden_disables_one_route_only(store: SqliteStore) -> None:
 
 async def test_replacement_with_a_reused_id_is_not_deleted(store: SqliteStore) -> None:
     channel = ScriptedChannel()
-    scheduler = RouteScheduler({"fake": channel}, store)
     key = RouteKey("fake", ChatRef("5"), "a")
-    scheduler.add_route(key)
-    await scheduler.start()
+    scheduler = await started(store, channel, key)
     scheduler.submit(key, text("v1"))
     await settle(scheduler)
     channel.messages.clear()
@@ -261,10 +264,8 @@ async def test_replacement_with_a_reused_id_is_not_deleted(store: SqliteStore) -
 
 async def test_an_unexpected_exception_does_not_freeze_the_chat(store: SqliteStore) -> None:
     channel = ScriptedChannel()
-    scheduler = RouteScheduler({"fake": channel}, store, max_backoff_s=0.2)
     key = RouteKey("fake", ChatRef("5"), "a")
-    scheduler.add_route(key)
-    await scheduler.start()
+    scheduler = await started(store, channel, key, max_backoff_s=0.2)
     scheduler.submit(key, text("v1"))
     await settle(scheduler)
     channel.errors["edit"].append(BrokenPipeError("stdout went away"))
@@ -276,10 +277,8 @@ async def test_an_unexpected_exception_does_not_freeze_the_chat(store: SqliteSto
 
 async def test_notices_and_cards_take_turns(store: SqliteStore) -> None:
     channel = ScriptedChannel(per_chat=RateScope("x", 2, 0.3))
-    scheduler = RouteScheduler({"fake": channel}, store)
     key = RouteKey("fake", ChatRef("-7"), "a")
-    scheduler.add_route(key)
-    await scheduler.start()
+    scheduler = await started(store, channel, key)
     scheduler.submit(key, text("v1"))
     await settle(scheduler)
     for i in range(6):
