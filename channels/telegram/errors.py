@@ -26,8 +26,13 @@ class ParseEntitiesFailed(Permanent):
     """Telegram rejected our entities; the channel retries once as plain text."""
 
 
-class ThreadNotFound(Permanent):
-    """The forum topic of the route was deleted or closed for the bot."""
+class ThreadNotFound(Forbidden):
+    """The forum topic of the route was deleted: like a kick, nothing can be posted there
+    any more, so the route is disabled with this reason instead of failing on every change."""
+
+    def __init__(self, description: str = "") -> None:
+        super().__init__("the forum topic was deleted (message thread not found)")
+        self.description = description
 
 
 _GONE_MARKERS = (

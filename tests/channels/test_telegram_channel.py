@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from channels.base import CardView, ChatRef, RateScope
-from channels.errors import MessageGone, Permanent, RateLimited, Transient
+from channels.errors import Forbidden, MessageGone, Permanent, RateLimited, Transient
 from channels.telegram.channel import TelegramChannel
 from channels.telegram.config import TelegramConfig, TelegramLimits
 from channels.telegram.errors import ThreadNotFound
@@ -62,13 +62,14 @@ async def test_thread_send_and_thread_free_edit(
     assert [m.text for m in telegram_fake.bot_messages(-100555, 42)] == [stored.text]
 
 
-async def test_deleted_topic_is_permanent(
+async def test_deleted_topic_disables_the_route_like_a_kick(
     telegram_fake: FakeTelegram, telegram_channel: TelegramChannel
 ) -> None:
     telegram_fake.delete_topic(-100555, 42)
     with pytest.raises(ThreadNotFound) as caught:
         await telegram_channel.send(ChatRef("-100555", "42"), telegram_channel.render_text("x"))
-    assert isinstance(caught.value, Permanent)
+    assert isinstance(caught.value, Forbidden)
+    assert "forum topic" in caught.value.reason
 
 
 async def test_markdown_entities_pass_the_fakes_validation(
