@@ -78,6 +78,11 @@ class RateLimiter:
             wait = max(wait, window.wait_s(now))
         return wait
 
+    def seed(self, scopes: Iterable[RateScope], at: float) -> None:
+        """Record a request finished at `at` (on this clock), e.g. one from before a restart."""
+        for scope in scopes:
+            self._window(scope).slots.append(_Slot(at))
+
     def reserve(self, scopes: Iterable[RateScope]) -> Reservation:
         """Take a slot in every scope; call only when `wait_s` returned 0."""
         now = self._clock()

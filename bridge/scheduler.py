@@ -76,9 +76,13 @@ class _Resident:
     disabled: str | None
     desired: Outgoing | None = None
     failed: str | None = None  # fingerprint the platform rejected for good
-    replaced: str | None = None  # an old resident that could no longer be edited
+    stale_id: str | None = None  # a replaced message still to delete (persisted)
     send_key: str | None = None  # the same for every retry of one intended send
-    send_key_restored: bool = False  # from before a restart: the content sent may be older
+    # Attempts made with `send_key` (one restored from before a restart counts): after a
+    # repeated attempt the platform may answer with the first post and its older bytes.
+    send_attempts: int = 0
+    retry_at: float = 0.0  # per-route backoff: not before this (monotonic) time
+    backoff_s: float = 0.0
 
     @property
     def pending(self) -> bool:
@@ -97,6 +101,8 @@ class _Text:
     message: Outgoing
     notice: tuple[str, str] | None  # (route, notice id) to mark delivered
     idempotency_key: str
+    retry_at: float = 0.0
+    backoff_s: float = 0.0
 
 
 @dataclass
@@ -111,6 +117,7 @@ class _Lane:
     text_turn: bool = True  # texts and cards alternate, so neither starves the other
     text_in_flight: bool = False
     route_in_flight: RouteKey | None = None
+    deferred: bool = False  # notices were left in the store when the queue was full
 
 
 @dataclass(frozen=True)
@@ -124,7 +131,7 @@ class RouteStatus:
 
 CommitHook = Callable[[RouteKey, Outgoing], None]
 
-# Notices queued in one chat beyond this wait in the store (state "pending") for a restart.
+# Notices queued in one chat beyond this wait in the store (state "pending") for room.
 MAX_QUEUED_TEXTS = 100
 
 
@@ -167,10 +174,19 @@ class RouteScheduler:
             # A send interrupted by a crash is retried with the same key, so a platform that
             # deduplicates (Feishu) answers with the message it already posted.
             send_key=record.send_key if record else None,
-            send_key_restored=bool(record and record.send_key),
+            send_attempts=1 if record and record.send_key else 0,
+            stale_id=record.stale_message_id if record else None,
         )
         if record and record.disabled_reason:
             self._store.set_disabled(str(key), None)
+        if record and record.committed_at is not None:
+            # The windows are in memory; seed them with the last accepted request so a quick
+            # restart does not spend a chat's whole window again at once.
+            age_s = self._wall() - record.committed_at
+            channel = self._channels.get(key.channel)
+            if channel is not None and 0 <= age_s < 3600:
+                scopes = channel.rate_scopes(key.chat, "edit", record.message_id)
+                self._limiter.seed(scopes, self._clock() - age_s)
 
     def has_message(self, key: RouteKey) -> bool:
         return self._residents[key].message_id is not None
@@ -209,8 +225,12 @@ class RouteScheduler:
                 self._limiter.pause(scope, until - now_wall)
                 log.info("honouring a rate-limit pause from before the restart: %s", scope)
 
-    async def stop(self, grace_s: float = 10.0) -> None:
-        """Finish requests in flight (up to `grace_s`), then end every lane task."""
+    async def stop(self, grace_s: float = 35.0) -> None:
+        """Finish requests in flight (up to `grace_s`), then end every lane task.
+
+        The grace covers a send at the channels' request timeout plus its fallback: a send
+        cancelled after the platform accepted it would lose the new message id.
+        """
         self._closing.set()
         for lane in self._lanes.values():
             lane.wake.set()
@@ -251,7 +271,8 @@ class RouteScheduler:
             log.warning(
                 "%s:%s: too many queued notices; notice %s deferred", channel, chat, notice[1]
             )
-            return  # it stays pending in the store and is sent after the next restart
+            lane.deferred = True  # it stays pending in the store; queued again once there is room
+            return
         key = f"{notice[0]}:{notice[1]}" if notice else f"reply:{uuid.uuid4().hex}"
         lane.texts.append(_Text(channel, chat, message, notice, key))
         lane.wake.set()
@@ -281,43 +302,96 @@ class RouteScheduler:
                 raise
             except Exception:
                 # A bug or an unexpected answer must not freeze this chat for good: log it,
-                # back off, and carry on with whatever is pending.
+                # put every pending route of the chat back, back off, carry on.
                 log.exception("lane %s:%s: unexpected failure", lane.channel, lane.chat_id)
-                await self._backoff(lane, f"lane {lane.channel}:{lane.chat_id}")
+                for resident in self._residents.values():
+                    key = resident.key
+                    same_lane = (key.channel, key.chat.chat_id) == (lane.channel, lane.chat_id)
+                    if same_lane and resident.pending and key not in lane.routes:
+                        lane.routes.append(key)
+                lane.backoff_s = min(self._max_backoff_s, max(1.0, lane.backoff_s * 2))
+                await self._wait(None, lane.backoff_s)
 
     async def _lane_step(self, lane: _Lane) -> None:
+        await asyncio.sleep(0)  # one step at a time: other lanes and the loop get their turn
+        now = self._clock()
+        text = self._due_text(lane, now)
         key = None
-        if not (lane.texts and lane.text_turn):
-            key = self._next_route(lane)
+        if text is None or not lane.text_turn:
+            key = self._next_route(lane, now)
         if key is not None:
             lane.text_turn = True
             lane.route_in_flight = key
             try:
-                await self._deliver_route(lane, key)
+                await self._deliver_route(key)
             finally:
                 lane.route_in_flight = None
-            if self._residents[key].pending and key not in lane.routes:
-                lane.routes.append(key)
+                if self._residents[key].pending and key not in lane.routes:
+                    lane.routes.append(key)
+            lane.backoff_s = 0.0
             return
-        if lane.texts:
+        if text is not None:
             lane.text_turn = False
+            lane.texts.remove(text)  # off the queue while in flight: never coalesced away
             lane.text_in_flight = True
             try:
-                await self._deliver_text(lane)
+                await self._deliver_text(lane, text)
             finally:
                 lane.text_in_flight = False
+            lane.backoff_s = 0.0
             return
+        if lane.deferred and len(lane.texts) < MAX_QUEUED_TEXTS // 2:
+            self._refill_notices(lane)
+            if lane.texts:
+                return
         lane.wake.clear()
-        if lane.texts or any(self._residents[k].pending for k in lane.routes):
+        due = [self._residents[k].retry_at for k in lane.routes if self._residents[k].pending]
+        due += [t.retry_at for t in lane.texts]
+        if due and min(due) <= self._clock():
             return
-        await self._wait(lane.wake, None)
+        await self._wait(lane.wake, max(0.0, min(due) - self._clock()) if due else None)
 
-    def _next_route(self, lane: _Lane) -> RouteKey | None:
-        while lane.routes:
-            key = lane.routes.popleft()
-            if self._residents[key].pending:
+    def _next_route(self, lane: _Lane, now: float) -> RouteKey | None:
+        """The first route in round-robin order that has work and is not backing off."""
+        for key in list(lane.routes):
+            resident = self._residents[key]
+            if not resident.pending:
+                lane.routes.remove(key)
+            elif resident.retry_at <= now:
+                lane.routes.remove(key)
                 return key
         return None
+
+    @staticmethod
+    def _due_text(lane: _Lane, now: float) -> _Text | None:
+        return next((t for t in lane.texts if t.retry_at <= now), None)
+
+    def _refill_notices(self, lane: _Lane) -> None:
+        """Queue notices that were left in the store while the chat's queue was full."""
+        lane.deferred = False
+        routes = {
+            str(k): k
+            for k in self._residents
+            if (k.channel, k.chat.chat_id) == (lane.channel, lane.chat_id)
+        }
+        queued = {t.notice for t in lane.texts if t.notice is not None}
+        channel = self._channels[lane.channel]
+        for notice in self._store.pending_notices():
+            key = routes.get(notice.route)
+            if key is None or (notice.route, notice.notice_id) in queued:
+                continue
+            self.send_text(
+                lane.channel,
+                key.chat,
+                channel.render_text(notice.text),
+                notice=(notice.route, notice.notice_id),
+            )
+
+    def _retry_later(self, item: _Resident | _Text, reason: str) -> None:
+        """Per-item capped exponential backoff: the rest of the chat keeps going meanwhile."""
+        item.backoff_s = min(self._max_backoff_s, max(1.0, item.backoff_s * 2))
+        item.retry_at = self._clock() + item.backoff_s
+        log.warning("%s; retrying in %.0fs", reason, item.backoff_s)
 
     async def _wait(self, event: asyncio.Event | None, timeout_s: float | None) -> None:
         """Sleep until `event` is set, the timeout passes, or the scheduler closes."""
@@ -354,13 +428,7 @@ class RouteScheduler:
         self._limiter.pause(error.scope, error.retry_after_s)
         self._store.set_pause(error.scope, self._wall() + error.retry_after_s)
 
-    async def _backoff(self, lane: _Lane, reason: str) -> None:
-        """Capped exponential backoff of the whole lane (reset by the next success)."""
-        lane.backoff_s = min(self._max_backoff_s, max(1.0, lane.backoff_s * 2))
-        log.warning("%s; retrying in %.0fs", reason, lane.backoff_s)
-        await self._wait(None, lane.backoff_s)
-
-    async def _deliver_route(self, lane: _Lane, key: RouteKey) -> None:
+    async def _deliver_route(self, key: RouteKey) -> None:
         resident = self._residents[key]
         channel = self._channels[key.channel]
         op: Operation = "edit" if resident.message_id else "send"
@@ -375,54 +443,30 @@ class RouteScheduler:
         try:
             if resident.message_id is not None:
                 await channel.edit(key.chat, resident.message_id, message)
+                self._commit(resident, message)
             else:
-                if resident.send_key is None:
-                    resident.send_key = f"{key}:{uuid.uuid4().hex}"
-                    self._store.set_send_key(str(key), resident.send_key)
-                message_id = await channel.send(
-                    key.chat, message, idempotency_key=resident.send_key
-                )
-                resident.send_key = None
-                resident.message_id = message_id
-                self._store.set_message_id(str(key), message_id)
-                log.info("route %s: resident message %s created", key, message_id)
-                if resident.pin:
-                    reservation.complete()
-                    await self._pin(channel, key, message_id)
-                old, resident.replaced = resident.replaced, None
-                # Some platforms reuse ids (a fresh chat history): never delete the new one.
-                if old is not None and old != message_id:
-                    reservation.complete()
-                    await self._delete_stale(channel, key, old)
-                if resident.send_key_restored:
-                    # The platform may have answered with the message posted before the
-                    # restart, showing older bytes: edit it next instead of trusting it.
-                    resident.send_key_restored = False
-                    lane.routes.appendleft(key)
-                    return
-            self._commit(resident, message)
+                await self._send_resident(channel, resident, message)
         except NotModified:
             self._commit(resident, message)
-        except MessageGone:
+        except MessageGone as error:
+            if resident.message_id is None:
+                self._retry_later(resident, f"route {key}: the send was refused ({error})")
+                return
             log.warning(
                 "route %s: message %s is gone; sending one replacement", key, resident.message_id
             )
-            resident.replaced = resident.message_id
+            resident.stale_id = resident.message_id
             resident.message_id = None
             resident.committed = None
-            self._store.set_message_id(str(key), None)
-            lane.routes.appendleft(key)
+            self._store.replace_message(str(key), stale_message_id=resident.stale_id)
         except RateLimited as error:
             self._rate_limited(error, str(key))
-            lane.routes.appendleft(key)
         except Forbidden as error:
             resident.disabled = error.reason
             self._store.set_disabled(str(key), error.reason)
             log.error("route %s disabled: %s", key, error.reason)
         except Transient as error:
-            lane.routes.appendleft(key)
-            reservation.complete()
-            await self._backoff(lane, f"route {key}: transient failure ({error})")
+            self._retry_later(resident, f"route {key}: transient failure ({error})")
             return
         except Permanent as error:
             resident.failed = message.fingerprint
@@ -430,13 +474,39 @@ class RouteScheduler:
         except Exception:
             # Not a platform answer we know: keep the card pending and retry later.
             log.exception("route %s: unexpected failure", key)
-            lane.routes.appendleft(key)
-            reservation.complete()
-            await self._backoff(lane, f"route {key}")
+            self._retry_later(resident, f"route {key}")
             return
         finally:
             reservation.complete()
-        lane.backoff_s = 0.0
+        resident.backoff_s = 0.0
+        if resident.stale_id is not None and resident.message_id is not None:
+            await self._delete_stale(channel, resident)
+
+    async def _send_resident(
+        self, channel: Channel, resident: _Resident, message: Outgoing
+    ) -> None:
+        key = resident.key
+        if resident.send_key is None:
+            resident.send_key = f"{key}:{uuid.uuid4().hex}"
+            self._store.set_send_key(str(key), resident.send_key)
+        resident.send_attempts += 1
+        message_id = await channel.send(key.chat, message, idempotency_key=resident.send_key)
+        repeated = resident.send_attempts > 1
+        resident.send_key, resident.send_attempts = None, 0
+        resident.message_id = message_id
+        self._store.set_message_id(str(key), message_id)
+        log.info("route %s: resident message %s created", key, message_id)
+        if resident.stale_id == message_id:
+            resident.stale_id = None  # some platforms reuse ids: never delete the new one
+            self._store.replace_message(str(key), message_id=message_id)
+        if resident.pin:
+            await self._pin(channel, key, message_id)
+        if repeated:
+            # A repeated attempt may have been answered with the first post, showing older
+            # bytes: leave the route pending so its next turn edits the message.
+            resident.committed = None
+            return
+        self._commit(resident, message)
 
     async def _pin(self, channel: Channel, key: RouteKey, message_id: str) -> None:
         reservation = await self._admit(channel, key.chat, "pin", message_id)
@@ -451,19 +521,28 @@ class RouteScheduler:
         finally:
             reservation.complete()
 
-    async def _delete_stale(self, channel: Channel, key: RouteKey, message_id: str) -> None:
-        """Best effort: a message too old to edit may still show; remove that stale copy."""
-        reservation = await self._admit(channel, key.chat, "delete", message_id)
+    async def _delete_stale(self, channel: Channel, resident: _Resident) -> None:
+        """Remove the copy a replacement superseded (it may still show, frozen); kept and tried
+        again after the route's next delivery while the platform cannot answer."""
+        key, stale = resident.key, resident.stale_id
+        assert stale is not None
+        reservation = await self._admit(channel, key.chat, "delete", stale)
         if reservation is None:
             return
         try:
-            await channel.delete(key.chat, message_id)
+            await channel.delete(key.chat, stale)
         except RateLimited as error:
             self._rate_limited(error, f"{key} (delete)")
+            return
+        except Transient as error:
+            log.info("route %s: deleting the replaced message failed for now: %s", key, error)
+            return
         except ChannelError as error:
-            log.info("route %s: the replaced message %s stays: %s", key, message_id, error)
+            log.info("route %s: the replaced message %s stays: %s", key, stale, error)
         finally:
             reservation.complete()
+        resident.stale_id = None
+        self._store.replace_message(str(key), message_id=resident.message_id)
 
     def _commit(self, resident: _Resident, message: Outgoing) -> None:
         resident.committed = message.fingerprint
@@ -471,9 +550,7 @@ class RouteScheduler:
         if self._on_commit is not None:
             self._on_commit(resident.key, message)
 
-    async def _deliver_text(self, lane: _Lane) -> None:
-        # Taken off the queue while in flight, so `send_text` never coalesces it away.
-        text = lane.texts.popleft()
+    async def _deliver_text(self, lane: _Lane, text: _Text) -> None:
         channel = self._channels[text.channel]
         reservation = await self._admit(channel, text.chat, "send", None)
         if reservation is None:
@@ -487,9 +564,8 @@ class RouteScheduler:
             self._rate_limited(error, where)
             return
         except Transient as error:
-            lane.texts.appendleft(text)
-            reservation.complete()
-            await self._backoff(lane, f"{where}: transient failure ({error})")
+            lane.texts.append(text)
+            self._retry_later(text, f"{where}: transient failure ({error})")
             return
         except ChannelError as error:
             log.error("%s: a notice or reply was refused: %s", where, error)
@@ -501,6 +577,5 @@ class RouteScheduler:
             raise
         finally:
             reservation.complete()
-        lane.backoff_s = 0.0
         if text.notice is not None:
             self._store.set_notice_state(*text.notice, state="delivered")

@@ -163,6 +163,11 @@ class Service:
                 log.error("channel %s disabled: %s", name, error)
                 self._failed_channels.add(name)
                 return
+            except Exception:
+                # A busy webhook port, a library bug: this channel is out, the others go on.
+                log.exception("channel %s could not start and is disabled", name)
+                self._failed_channels.add(name)
+                return
             break
         self._ready_channels.add(name)
         log.info("channel %s ready", name)
@@ -198,19 +203,21 @@ class Service:
             return
         try:
             result = monitor.refresh()
+            for notification in result.notifications:
+                self._notify(agent_id, notification)
+            if result.notifications:
+                monitor.commit()  # recorded in the store: the offset may move past them
+            until = monitor.activity.state_valid_until
+            if until is not None:
+                self._due[agent_id] = until
+            if result.card_changed or result.activity_changed:
+                self._project(agent_id)
         except OSError as error:
             # A broken workdir never stops the service; the next change or rescan retries.
             log.warning("agent %s: cannot read its files: %s", agent_id, error)
-            return
-        for notification in result.notifications:
-            self._notify(agent_id, notification)
-        if result.notifications:
-            monitor.commit()  # recorded in the store: the offset may move past them
-        until = monitor.activity.state_valid_until
-        if until is not None:
-            self._due[agent_id] = until
-        if result.card_changed or result.activity_changed:
-            self._project(agent_id)
+        except Exception:
+            # Nor does anything else about one agent: the others keep being served.
+            log.exception("agent %s: refresh failed; retrying on the next change", agent_id)
 
     # Projection --------------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ class ResidentRecord:
     committed_at: float | None
     disabled_reason: str | None
     send_key: str | None = None  # idempotency key of a send that may be in flight
+    stale_message_id: str | None = None  # a replaced message still to delete
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,13 @@ class StateStore(ABC):
     @abstractmethod
     def set_message_id(self, route: str, message_id: str | None) -> None:
         """Persist the resident id (None forgets it); the committed fingerprint is cleared."""
+
+    @abstractmethod
+    def replace_message(
+        self, route: str, *, message_id: str | None = None, stale_message_id: str | None = None
+    ) -> None:
+        """In one transaction: the resident id (None: send a replacement next) and the id of a
+        superseded message still to delete (None: nothing left to delete)."""
 
     @abstractmethod
     def set_send_key(self, route: str, key: str | None) -> None:
@@ -122,7 +130,8 @@ CREATE TABLE IF NOT EXISTS residents (
     fingerprint TEXT,
     committed_at REAL,
     disabled_reason TEXT,
-    send_key TEXT
+    send_key TEXT,
+    stale_message_id TEXT
 );
 CREATE TABLE IF NOT EXISTS prefs (
     scope TEXT PRIMARY KEY,
@@ -170,8 +179,9 @@ class SqliteStore(StateStore):
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
             columns = {row[1] for row in self._db.execute("PRAGMA table_info(residents)")}
-            if "send_key" not in columns:  # a state file from before send keys existed
-                self._db.execute("ALTER TABLE residents ADD COLUMN send_key TEXT")
+            for column in ("send_key", "stale_message_id"):  # state files from before them
+                if column not in columns:
+                    self._db.execute(f"ALTER TABLE residents ADD COLUMN {column} TEXT")
         self._db.row_factory = sqlite3.Row
 
     @classmethod
@@ -209,6 +219,19 @@ class SqliteStore(StateStore):
                 "UPDATE residents SET message_id = ?, fingerprint = NULL, send_key = NULL "
                 "WHERE route = ?",
                 (message_id, route),
+            )
+
+    def replace_message(
+        self, route: str, *, message_id: str | None = None, stale_message_id: str | None = None
+    ) -> None:
+        with self._tx() as db:
+            self._ensure_resident(db, route)
+            db.execute(
+                "UPDATE residents SET message_id = ?, stale_message_id = ?, "
+                "fingerprint = CASE WHEN message_id IS ? THEN fingerprint ELSE NULL END, "
+                "send_key = CASE WHEN ? IS NULL THEN NULL ELSE send_key END "
+                "WHERE route = ?",
+                (message_id, stale_message_id, message_id, message_id, route),
             )
 
     def set_send_key(self, route: str, key: str | None) -> None:
@@ -322,4 +345,5 @@ def _resident(row: sqlite3.Row) -> ResidentRecord:
         committed_at=row["committed_at"],
         disabled_reason=row["disabled_reason"],
         send_key=row["send_key"],
+        stale_message_id=row["stale_message_id"],
     )

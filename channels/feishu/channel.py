@@ -339,7 +339,10 @@ class FeishuChannel(Channel):
         message_id = getattr(response.data, "message_id", None)
         if not isinstance(message_id, str) or not message_id:
             raise Transient("feishu: message created without an id in the answer")
-        self._remember(message_id, content)
+        if idempotency_key is None:
+            # With a key, Feishu may answer with the message first posted under it, whose
+            # content can be older than this request's: do not claim to know what it shows.
+            self._remember(message_id, content)
         return message_id
 
     async def edit(self, chat: ChatRef, message_id: str, message: Outgoing) -> None:

@@ -25,7 +25,7 @@ from channels.base import (
     Outgoing,
     RateScope,
 )
-from channels.errors import Forbidden, MessageGone, NotModified, RateLimited
+from channels.errors import Forbidden, MessageGone, NotModified, RateLimited, Transient
 
 
 class ScriptedChannel(Channel):
@@ -36,7 +36,12 @@ class ScriptedChannel(Channel):
     def __init__(self, per_chat: RateScope | None = None) -> None:
         self.messages: dict[str, str] = {}
         self.calls: list[tuple[float, str, str, str]] = []  # (time, op, chat, text)
-        self.errors: dict[str, deque[Exception]] = {"send": deque(), "edit": deque()}
+        self.errors: dict[str, deque[Exception]] = {
+            "send": deque(),
+            "edit": deque(),
+            "delete": deque(),
+        }
+        self.uneditable: set[str] = set()  # shown, but too old to edit (Feishu's 14 days)
         self.per_chat = per_chat
         self.delay_s = 0.001  # how long the platform takes to answer
         self._next = 1
@@ -79,13 +84,15 @@ class ScriptedChannel(Channel):
         self.calls.append((time.monotonic(), "edit", chat.chat_id, message.text))
         if self.errors["edit"]:
             raise self.errors["edit"].popleft()
-        if message_id not in self.messages:
+        if message_id not in self.messages or message_id in self.uneditable:
             raise MessageGone("gone")
         if self.messages[message_id] == message.text:
             raise NotModified("same")
         self.messages[message_id] = message.text
 
     async def delete(self, chat: ChatRef, message_id: str) -> None:
+        if self.errors["delete"]:
+            raise self.errors["delete"].popleft()
         self.messages.pop(message_id, None)
 
     async def pin(self, chat: ChatRef, message_id: str) -> None:
@@ -359,3 +366,92 @@ async def test_a_route_changed_while_in_flight_waits_for_its_next_turn(
     await settle(scheduler)
     await scheduler.stop()
     assert [call[3] for call in channel.calls] == ["a 1", "b 1", "c 1", "a 2"]
+
+
+async def test_a_failing_route_does_not_starve_its_chat(store: SqliteStore) -> None:
+    channel = ScriptedChannel()
+    a, b = RouteKey("fake", ChatRef("-4"), "a"), RouteKey("fake", ChatRef("-4"), "b")
+    scheduler = await started(store, channel, a, b, max_backoff_s=30.0)
+    channel.errors["send"].extend(Transient("down") for _ in range(3))
+    scheduler.submit(a, text("a 1"))  # takes the three failures, then backs off for long
+    await asyncio.sleep(0.05)
+    scheduler.submit(b, text("b 1"))
+    deadline = time.monotonic() + 10
+    while "b 1" not in channel.messages.values():
+        assert time.monotonic() < deadline, "b waited behind a's backoff"
+        await asyncio.sleep(0.01)
+    await scheduler.stop(grace_s=1)
+
+
+async def test_the_stale_copy_of_a_replaced_card_is_deleted_later(store: SqliteStore) -> None:
+    channel = ScriptedChannel()
+    key = RouteKey("fake", ChatRef("5"), "a")
+    scheduler = await started(store, channel, key, max_backoff_s=0.2)
+    scheduler.submit(key, text("v1"))
+    await settle(scheduler)
+    channel.uneditable.add("1")  # still shown, but too old to edit
+    channel.errors["delete"].append(Transient("delete timed out"))
+    scheduler.submit(key, text("v2"))
+    await settle(scheduler)
+    assert channel.messages == {"1": "v1", "2": "v2"}
+    record = store.resident(str(key))
+    assert record is not None and record.stale_message_id == "1", "kept to delete later"
+    scheduler.submit(key, text("v3"))
+    await settle(scheduler)
+    await scheduler.stop()
+    assert channel.messages == {"2": "v3"}
+    record = store.resident(str(key))
+    assert record is not None and record.stale_message_id is None
+
+
+async def test_a_retried_send_that_had_posted_is_edited_to_the_latest(
+    store: SqliteStore,
+) -> None:
+    class PostsThenTimesOut(ScriptedChannel):
+        """The first send posts but its answer is lost; the retry is deduplicated by key."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.by_key: dict[str, str] = {}
+
+        async def send(
+            self, chat: ChatRef, message: Outgoing, *, idempotency_key: str | None = None
+        ) -> str:
+            assert idempotency_key is not None
+            if idempotency_key in self.by_key:
+                return self.by_key[idempotency_key]
+            self.by_key[idempotency_key] = await super().send(chat, message)
+            if len(self.by_key) == 1:
+                raise Transient("read timeout")
+            return self.by_key[idempotency_key]
+
+    channel = PostsThenTimesOut()
+    key = RouteKey("fake", ChatRef("5"), "a")
+    scheduler = await started(store, channel, key, max_backoff_s=0.2)
+    scheduler.submit(key, text("v1"))
+    await asyncio.sleep(0.1)
+    scheduler.submit(key, text("v2"))  # changes during the backoff
+    await settle(scheduler)
+    await scheduler.stop()
+    assert channel.messages == {"1": "v2"}
+
+
+async def test_notices_beyond_the_queue_bound_are_sent_without_a_restart(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import bridge.scheduler
+
+    monkeypatch.setattr(bridge.scheduler, "MAX_QUEUED_TEXTS", 2)
+    channel = ScriptedChannel()
+    key = RouteKey("fake", ChatRef("-8"), "a")
+    scheduler = await started(store, channel, key)
+    for i in range(6):
+        store.add_notice(str(key), f"n{i}", f"notice {i}", "pending")
+        scheduler.send_text("fake", key.chat, text(f"notice {i}"), notice=(str(key), f"n{i}"))
+    await settle(scheduler)
+    deadline = time.monotonic() + 10
+    while store.pending_notices():
+        assert time.monotonic() < deadline, "deferred notices were never sent"
+        await asyncio.sleep(0.01)
+    await scheduler.stop()
+    assert sorted(c[3] for c in channel.calls) == [f"notice {i}" for i in range(6)]

@@ -208,3 +208,27 @@ async def test_notices_once_each(tmp_path: Path, fake: FakeFeishu) -> None:
     texts = fake.texts(CHAT)
     assert len(texts) == 3
     assert all("SECRET" not in t and "/home/agent" not in t for t in texts)
+
+
+async def test_a_busy_webhook_port_disables_feishu_only(tmp_path: Path, fake: FakeFeishu) -> None:
+    from tests.fakes.telegram_api import FakeTelegram
+
+    setup = Setup(tmp_path, fake, ["builder"])
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", setup.port))
+        squatter.listen()
+        async with FakeTelegram() as telegram:
+            setup.config.write_text(
+                setup.config.read_text()
+                + f'[telegram]\ntoken_env = "TC_TEST_TOKEN"\napi_base_url = "{telegram.base_url}"\n'
+                + '[[telegram.routes]]\nchat_id = 99\nagents = ["*"]\n'
+            )
+            env = {**setup.env, "TC_TEST_TOKEN": telegram.token}
+            with ServeProcess(setup.config, env=env) as serve:
+                publish(tmp_path / "agents" / "builder", "still projected")
+                await eventually(
+                    lambda: any("still projected" in m.text for m in telegram.bot_messages(99)),
+                    what="the Telegram card while Feishu is down",
+                )
+                assert "channel feishu could not start" in serve.logs
+                assert await serve.aterminate() == 0
