@@ -110,6 +110,29 @@ async def started(
     return scheduler
 
 
+class DedupingChannel(ScriptedChannel):
+    """Answers a repeated idempotency key with the message first posted under it (Feishu's
+    `uuid`); optionally loses the answer to the very first send after posting it."""
+
+    def __init__(self, *, lose_first_answer: bool = False) -> None:
+        super().__init__()
+        self.by_key: dict[str, str] = {}
+        self._lose_next_answer = lose_first_answer
+
+    async def send(
+        self, chat: ChatRef, message: Outgoing, *, idempotency_key: str | None = None
+    ) -> str:
+        if idempotency_key in self.by_key:
+            return self.by_key[idempotency_key]
+        message_id = await super().send(chat, message)
+        if idempotency_key is not None:
+            self.by_key[idempotency_key] = message_id
+        if self._lose_next_answer:
+            self._lose_next_answer = False
+            raise Transient("read timeout after the message was posted")
+        return message_id
+
+
 def text(value: str) -> Outgoing:
     return Outgoing.build(value, {})
 
@@ -315,24 +338,7 @@ async def test_unsent_command_replies_collapse_to_the_latest(store: SqliteStore)
 
 
 async def test_a_send_interrupted_by_a_crash_reuses_its_key(store: SqliteStore) -> None:
-    class Dedupe(ScriptedChannel):
-        """Answers a repeated idempotency key with the message it already posted."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.by_key: dict[str, str] = {}
-
-        async def send(
-            self, chat: ChatRef, message: Outgoing, *, idempotency_key: str | None = None
-        ) -> str:
-            if idempotency_key in self.by_key:
-                return self.by_key[idempotency_key]
-            message_id = await super().send(chat, message)
-            if idempotency_key is not None:
-                self.by_key[idempotency_key] = message_id
-            return message_id
-
-    channel = Dedupe()
+    channel = DedupingChannel()
     key = RouteKey("fake", ChatRef("5"), "a")
     # The state a SIGKILL leaves between the platform accepting a send and the id landing.
     store.set_send_key(str(key), "fake:5::a:crashed")
@@ -407,25 +413,7 @@ async def test_the_stale_copy_of_a_replaced_card_is_deleted_later(store: SqliteS
 async def test_a_retried_send_that_had_posted_is_edited_to_the_latest(
     store: SqliteStore,
 ) -> None:
-    class PostsThenTimesOut(ScriptedChannel):
-        """The first send posts but its answer is lost; the retry is deduplicated by key."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.by_key: dict[str, str] = {}
-
-        async def send(
-            self, chat: ChatRef, message: Outgoing, *, idempotency_key: str | None = None
-        ) -> str:
-            assert idempotency_key is not None
-            if idempotency_key in self.by_key:
-                return self.by_key[idempotency_key]
-            self.by_key[idempotency_key] = await super().send(chat, message)
-            if len(self.by_key) == 1:
-                raise Transient("read timeout")
-            return self.by_key[idempotency_key]
-
-    channel = PostsThenTimesOut()
+    channel = DedupingChannel(lose_first_answer=True)
     key = RouteKey("fake", ChatRef("5"), "a")
     scheduler = await started(store, channel, key, max_backoff_s=0.2)
     scheduler.submit(key, text("v1"))
