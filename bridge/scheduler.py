@@ -27,7 +27,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from bridge.ratelimit import RateLimiter, Reservation
@@ -159,6 +159,7 @@ class RouteScheduler:
         self._lanes: dict[tuple[str, str], _Lane] = {}
         self._closing = asyncio.Event()
         self._started = False
+        self._withdrawn: set[tuple[str, str]] = set()
 
     # Configuration ---------------------------------------------------------------------
 
@@ -276,6 +277,21 @@ class RouteScheduler:
         key = f"{notice[0]}:{notice[1]}" if notice else f"reply:{uuid.uuid4().hex}"
         lane.texts.append(_Text(channel, chat, message, notice, key))
         lane.wake.set()
+
+    def suppress_notices(self, keys: Iterable[RouteKey]) -> None:
+        """Withdraw every unsent notice of these routes (people asked for quiet): queued
+        ones leave their lane, and all are recorded as suppressed, never to be sent."""
+        names = {str(key) for key in keys}
+        removed: set[tuple[str, str] | None] = set()
+        for lane in self._lanes.values():
+            for text in [t for t in lane.texts if t.notice and t.notice[0] in names]:
+                lane.texts.remove(text)
+                removed.add(text.notice)
+        for name in names:
+            for notice in self._store.pending_notices(name):
+                self._store.set_notice_state(name, notice.notice_id, "suppressed")
+                if (name, notice.notice_id) not in removed:
+                    self._withdrawn.add((name, notice.notice_id))  # may be waiting in flight
 
     def _enqueue(self, resident: _Resident) -> None:
         lane = self._lane(resident.key.channel, resident.key.chat.chat_id)
@@ -555,6 +571,10 @@ class RouteScheduler:
         reservation = await self._admit(channel, text.chat, "send", None)
         if reservation is None:
             lane.texts.appendleft(text)
+            return
+        if text.notice is not None and text.notice in self._withdrawn:
+            self._withdrawn.discard(text.notice)
+            reservation.complete()
             return
         where = f"{text.channel}:{text.chat}"
         try:

@@ -317,6 +317,7 @@ class Service:
             reply = self._state_text(allowed, prefs)
         elif args == "off":
             prefs = ChatPrefs(hidden=True, activity_rows=prefs.activity_rows)
+            self._scheduler.suppress_notices(route.key for route in allowed)
             reply = "Task cards hidden here. /taskcard on shows them again."
         elif args == "on":
             prefs = ChatPrefs(hidden=False, activity_rows=prefs.activity_rows)

@@ -443,3 +443,18 @@ async def test_notices_beyond_the_queue_bound_are_sent_without_a_restart(
         await asyncio.sleep(0.01)
     await scheduler.stop()
     assert sorted(c[3] for c in channel.calls) == [f"notice {i}" for i in range(6)]
+
+
+async def test_suppressed_notices_are_withdrawn_from_the_queue(store: SqliteStore) -> None:
+    channel = ScriptedChannel(per_chat=RateScope("x", 1, 0.5))
+    key = RouteKey("fake", ChatRef("-6"), "a")
+    scheduler = await started(store, channel, key)
+    for i in range(4):
+        store.add_notice(str(key), f"n{i}", f"notice {i}", "pending")
+        scheduler.send_text("fake", key.chat, text(f"notice {i}"), notice=(str(key), f"n{i}"))
+    await asyncio.sleep(0.1)  # the first one is on its way
+    scheduler.suppress_notices([key])
+    await settle(scheduler)
+    await scheduler.stop()
+    assert [c[3] for c in channel.calls] == ["notice 0"]
+    assert store.pending_notices() == []
