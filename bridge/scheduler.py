@@ -120,17 +120,6 @@ class _Lane:
     deferred: bool = False  # notices were left in the store when the queue was full
 
 
-@dataclass(frozen=True)
-class RouteStatus:
-    route: str
-    message_id: str | None
-    committed_at: float | None
-    disabled: str | None
-    pending: bool
-
-
-CommitHook = Callable[[RouteKey, Outgoing], None]
-
 # Notices queued in one chat beyond this wait in the store (state "pending") for room.
 MAX_QUEUED_TEXTS = 100
 
@@ -146,14 +135,12 @@ class RouteScheduler:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         max_backoff_s: float = 60.0,
-        on_commit: CommitHook | None = None,
     ) -> None:
         self._channels = channels
         self._store = store
         self._clock = clock
         self._wall = wall_clock
         self._max_backoff_s = max_backoff_s
-        self._on_commit = on_commit
         self._limiter = RateLimiter(clock)
         self._residents: dict[RouteKey, _Resident] = {}
         self._lanes: dict[tuple[str, str], _Lane] = {}
@@ -207,12 +194,6 @@ class RouteScheduler:
         return not any(r.pending for r in self._residents.values()) and not any(
             lane.texts or lane.text_in_flight for lane in self._lanes.values()
         )
-
-    def statuses(self) -> list[RouteStatus]:
-        return [
-            RouteStatus(str(k), r.message_id, None, r.disabled, r.pending)
-            for k, r in sorted(self._residents.items(), key=lambda item: str(item[0]))
-        ]
 
     # Lifecycle ---------------------------------------------------------------------------
 
@@ -563,8 +544,6 @@ class RouteScheduler:
     def _commit(self, resident: _Resident, message: Outgoing) -> None:
         resident.committed = message.fingerprint
         self._store.set_committed(str(resident.key), message.fingerprint, self._wall())
-        if self._on_commit is not None:
-            self._on_commit(resident.key, message)
 
     async def _deliver_text(self, lane: _Lane, text: _Text) -> None:
         channel = self._channels[text.channel]

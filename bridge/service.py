@@ -26,7 +26,7 @@ from bridge.channels import BuiltChannel
 from bridge.compose import compose_view
 from bridge.config import ServiceConfig
 from bridge.notices import notice_text, safe_error_code
-from bridge.scheduler import RouteKey, RouteScheduler, chat_scope
+from bridge.scheduler import RouteKey, RouteScheduler
 from bridge.store import ChatPrefs, NoticeState, StateStore
 from bridge.watcher import FleetWatcher
 from channels.base import Channel, ChatRef, IncomingCommand
@@ -93,10 +93,6 @@ class Service:
         self._due: dict[str, datetime] = {}
         self._ready_channels: set[str] = set()
         self._failed_channels: set[str] = set()
-
-    @property
-    def scheduler(self) -> RouteScheduler:
-        return self._scheduler
 
     # Lifecycle ---------------------------------------------------------------------------
 
@@ -357,7 +353,3 @@ class Service:
             extra = f" — delivery disabled: {disabled}" if disabled else ""
             lines.append(f"• {route.key.agent_id}: {monitor.activity.state}; {card_text}{extra}")
         return "\n".join(lines)
-
-
-def scope_of(channel: str, chat: ChatRef) -> str:
-    return chat_scope(channel, chat)
