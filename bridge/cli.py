@@ -13,8 +13,8 @@ from importlib import import_module
 
 # Modules that contribute subcommands, in the order `taskcard --help` lists them.
 _COMMAND_MODULES = (
-    "bridge.serve_cli",
-    "bridge.demo",
+    "bridge.run.serve_cli",
+    "bridge.run.demo",
     "bridge.activity",
     "producers.task_card.cli",
 )

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bridge import activity
-from bridge.agent import AgentMonitor, MemoryOffsetStore
+from bridge.track.monitor import AgentMonitor, MemoryOffsetStore
 from producers.task_card.contract import CardPaths, parse_event, parse_iso
 
 REPO = Path(__file__).resolve().parents[2]

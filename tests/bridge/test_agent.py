@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from bridge.agent import (
+from bridge.track.monitor import (
     TAIL_BYTES,
     AgentMonitor,
     MemoryOffsetStore,

@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from bridge.agent import ActivitySummary, CardState
-from bridge.compose import compose_view, format_at, format_tokens
+from bridge.compose.view import compose_view, format_at, format_tokens
+from bridge.track.monitor import ActivitySummary, CardState
 from channels.base import CardView
 
 NOW = datetime(2026, 3, 4, 15, 30, tzinfo=UTC)
@@ -195,7 +195,7 @@ def test_format_at_uses_utc() -> None:
 
 
 def test_unknown_error_codes_never_reach_the_chat() -> None:
-    from bridge.notices import safe_error_code
+    from bridge.notices.text import safe_error_code
 
     assert safe_error_code(None) == "unknown"
     for code, shown in (("renderer_timeout", "renderer_timeout"), ("/home/a/.ssh key", "unknown")):

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bridge.notices import notice_text
+from bridge.notices.text import notice_text
 from producers.task_card.contract import Notification, parse_notification
 
 LEAKY_HEADER = "renderer said: /home/alice/secret/path token=abc"

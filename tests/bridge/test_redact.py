@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.redact import MARKER, redact
+from bridge.compose.redact import MARKER, redact
 
 SECRET_CASES = [
     ("bot 123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw0 ok", "123456789:AAHdqTcv"),

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge.scheduler import RouteKey, RouteScheduler
-from bridge.store import SqliteStore
+from bridge.schedule.scheduler import RouteKey, RouteScheduler
+from bridge.store.sqlite import SqliteStore
 from channels.base import (
     CardView,
     Channel,
@@ -427,9 +427,9 @@ async def test_a_retried_send_that_had_posted_is_edited_to_the_latest(
 async def test_notices_beyond_the_queue_bound_are_sent_without_a_restart(
     store: SqliteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import bridge.scheduler
+    import bridge.schedule.scheduler
 
-    monkeypatch.setattr(bridge.scheduler, "MAX_QUEUED_TEXTS", 2)
+    monkeypatch.setattr(bridge.schedule.scheduler, "MAX_QUEUED_TEXTS", 2)
     channel = ScriptedChannel()
     key = RouteKey("fake", ChatRef("-8"), "a")
     scheduler = await started(store, channel, key)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.watcher import FleetWatcher, plan_watch
+from bridge.watch.watcher import FleetWatcher, plan_watch
 from producers.task_card.contract import CardPaths, append_jsonl_line, atomic_write
 
 TIMEOUT_S = 20.0

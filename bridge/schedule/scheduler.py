@@ -30,8 +30,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from bridge.ratelimit import RateLimiter, Reservation
-from bridge.store import StateStore
+from bridge.schedule.ratelimit import RateLimiter, Reservation
+from bridge.store.sqlite import StateStore
 from channels.base import Channel, ChatRef, Operation, Outgoing
 from channels.errors import (
     ChannelError,

@@ -21,14 +21,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from bridge.agent import AgentMonitor
-from bridge.channels import BuiltChannel
-from bridge.compose import compose_view
+from bridge.compose.view import compose_view
 from bridge.config import ServiceConfig
-from bridge.notices import notice_text, safe_error_code
-from bridge.scheduler import RouteKey, RouteScheduler
-from bridge.store import ChatPrefs, NoticeState, StateStore
-from bridge.watcher import FleetWatcher
+from bridge.deliver.registry import BuiltChannel
+from bridge.notices.text import notice_text, safe_error_code
+from bridge.schedule.scheduler import RouteKey, RouteScheduler
+from bridge.store.sqlite import ChatPrefs, NoticeState, StateStore
+from bridge.track.monitor import AgentMonitor
+from bridge.watch.watcher import FleetWatcher
 from channels.base import Channel, ChatRef, IncomingCommand
 from channels.errors import ChannelError, RateLimited, Transient
 from producers.task_card.contract import Notification

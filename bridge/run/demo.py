@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge.config import parse_config
-from bridge.serve_cli import serve, setup_logging
+from bridge.run.serve_cli import serve, setup_logging
 from producers.task_card.contract import CardPaths, append_jsonl_line, atomic_write, utc_now_iso
 
 RENDERER = '''\

@@ -31,7 +31,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final, Literal, Protocol
 
-from bridge.redact import redact
+from bridge.compose.redact import redact
 from channels.base import AgentState
 from producers.task_card.contract import (
     SOURCE_ERROR,

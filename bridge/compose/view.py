@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from bridge.agent import ActivitySummary, CardState
-from bridge.notices import safe_error_code
-from bridge.redact import redact
+from bridge.compose.redact import redact
+from bridge.notices.text import safe_error_code
+from bridge.track.monitor import ActivitySummary, CardState
 from channels.base import CardView
 
 

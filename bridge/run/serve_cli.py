@@ -15,10 +15,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bridge.channels import SecretMissing, build_channels, route_specs
 from bridge.config import ConfigError, ServiceConfig, load_config
-from bridge.service import Service, ServiceFailed
-from bridge.store import STATE_FILE, SqliteStore
+from bridge.deliver.registry import SecretMissing, build_channels, route_specs
+from bridge.run.service import Service, ServiceFailed
+from bridge.store.sqlite import STATE_FILE, SqliteStore
 
 EXIT_CONFIG = 2
 EXIT_RUNTIME = 1
@@ -141,7 +141,7 @@ class _ServeLock:
 
 def _serve(args: argparse.Namespace) -> int:
     if args.config is None:
-        from bridge.demo import run_demo
+        from bridge.run.demo import run_demo
 
         return run_demo(None, None)
     config = _load(Path(args.config))
@@ -163,7 +163,7 @@ def _when(epoch: float | None) -> str | None:
 
 def status_report(config: ServiceConfig) -> dict[str, Any]:
     """Every configured route with what the store knows about it (read-only)."""
-    from bridge.scheduler import RouteKey
+    from bridge.schedule.scheduler import RouteKey
 
     path = config.state_dir / STATE_FILE
     store = SqliteStore(path, readonly=True) if path.exists() else None

@@ -1,0 +1,7 @@
+"""Schedule: one resident message per route, paced within the platforms' limits.
+
+The route scheduler (lanes per chat, latest-wins coalescing, fair turns) and the sliding-window
+rate limiter it admits requests through. Talks to channels only through `channels.base`.
+
+May import: the standard library, `channels.base`, `channels.errors`, `bridge.store`.
+"""
