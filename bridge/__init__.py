@@ -5,4 +5,7 @@ message per route current through `channels`. It imports producers only through 
 contract modules (and the CLI registers the producer's own commands); it never runs code
 from a workdir and never writes into one (except `taskcard activity`, which is the agent's
 own tool for its own log).
+
+May import (its top-level modules: `cli`, `config`, `activity`): `bridge`, `channels`,
+`producers.*.contract`.
 """

@@ -4,4 +4,6 @@
 tree every channel translates its platform's errors into, once, at its edge. A channel
 imports only `channels.base`, `channels.errors` and its platform's client library: never the
 service (`bridge`) nor a producer.
+
+May import (`base`, `errors`): `channels.base`, `channels.errors`.
 """

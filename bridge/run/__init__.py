@@ -3,5 +3,6 @@
 The edge that wires the data path together: watch, track, compose, notices, schedule, deliver,
 with the state store and the configuration.
 
-May import: anything in `bridge`, `channels` and the producers' contract modules.
+May import: `bridge`, `channels`, `producers.*.contract`, and `producers.task_card.capability`
+(only the demo, which plays the agents' part through the producer's Python API).
 """

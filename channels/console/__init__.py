@@ -1,1 +1,4 @@
-"""Console transport: the terminal shows every agent's composed card, live (no credentials)."""
+"""Console transport: the terminal shows every agent's composed card, live (no credentials).
+
+May import: `channels.base`, `channels.errors`.
+"""

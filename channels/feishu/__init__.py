@@ -4,5 +4,5 @@
 translation, pure), `transport` and `token` (lark-oapi request models over one pooled HTTP
 client, tenant token), `events` (callback decoding, command parsing, duplicate ids),
 `webhook` (HTTP callback server), `longconn` (`lark_oapi.ws.Client` in its own thread).
-Imports only `channels.base`, `channels.errors`, lark-oapi, httpx and aiohttp.
+May import: `channels.base`, `channels.errors`, lark-oapi, httpx and aiohttp.
 """
