@@ -111,6 +111,11 @@ class Channel(ABC):
     """
 
     name: str
+    # None: a send whose answer was lost can be retried freely (the platform deduplicates it
+    # by the idempotency key, or the outcome is never in doubt). A number: the platform may
+    # have posted a copy for every such send, so the scheduler retries one at most and then
+    # holds further sends of that resident for this many seconds.
+    ambiguous_send_hold_s: float | None = None
 
     @abstractmethod
     async def start(self, on_command: CommandSink) -> None:

@@ -9,6 +9,8 @@ Nothing upstream of a channel matches error strings or codes; it sees only this 
     │                                       send one replacement and persist its id
     ├── Forbidden(reason)                   blocked, kicked, no permission: disable the route
     ├── Transient                           network error, timeout, 5xx: retry with backoff
+    │   └── OutcomeUnknown                  the request went out, no answer came back: it
+    │                                       may have taken effect (a send may have posted)
     └── Permanent                           a request the platform will never accept
 """
 
@@ -46,6 +48,12 @@ class Forbidden(ChannelError):
 
 class Transient(ChannelError):
     """A failure that may succeed later: network errors, timeouts, server errors."""
+
+
+class OutcomeUnknown(Transient):
+    """The request was written but no answer arrived (a read timeout, a connection dropped
+    before the answer): the platform may have performed it. Harmless for an edit; for a send
+    on a platform that cannot deduplicate, a retry may post a second copy."""
 
 
 class Permanent(ChannelError):

@@ -18,7 +18,7 @@ from typing import Any
 from bridge.config import ConfigError, ServiceConfig, load_config
 from bridge.deliver.registry import SecretMissing, build_channels, route_specs
 from bridge.run.service import Service, ServiceFailed
-from bridge.store.sqlite import STATE_FILE, SqliteStore
+from bridge.store.sqlite import STATE_FILE, ResidentRecord, SqliteStore
 
 EXIT_CONFIG = 2
 EXIT_RUNTIME = 1
@@ -197,6 +197,8 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
                         "message_id": record.message_id if record else None,
                         "last_committed": _when(record.committed_at) if record else None,
                         "disabled": record.disabled_reason if record else None,
+                        "unanswered_sends": record.unsure_sends if record else 0,
+                        "sends_held_until": _send_hold(config, channel, record, now),
                         "paused_until": route_pauses,
                         "pending_notices": [p.notice_id for p in pending if p.route == key],
                     }
@@ -205,6 +207,20 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
     finally:
         if store:
             store.close()
+
+
+def _send_hold(
+    config: ServiceConfig, channel: str, record: ResidentRecord | None, now: float
+) -> str | None:
+    """When a route whose sends got no answer may send again, if it is holding now."""
+    from bridge.schedule.scheduler import unsure_send_wait_s
+
+    telegram = config.telegram if channel == "telegram" else None
+    hold_s = telegram.ambiguous_send_hold_s if telegram else None
+    if record is None or record.unsure_at is None:
+        return None
+    wait_s = unsure_send_wait_s(record.unsure_sends, record.unsure_at, now, hold_s)
+    return _when(now + wait_s) if wait_s > 0 else None
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -222,6 +238,13 @@ def _status(args: argparse.Namespace) -> int:
         print(f"  last committed edit: {route['last_committed'] or '(never)'}")
         if route["disabled"]:
             print(f"  DISABLED: {route['disabled']}")
+        if route["unanswered_sends"]:
+            print(
+                f"  sends without an answer: {route['unanswered_sends']}"
+                " (each may have left a copy in the chat)"
+            )
+        if route["sends_held_until"]:
+            print(f"  sends held until {route['sends_held_until']}")
         for scope, until in route["paused_until"].items():
             print(f"  paused: {scope} until {until}")
         notices = route["pending_notices"]

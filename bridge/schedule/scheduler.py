@@ -14,7 +14,11 @@ What a route does with its desired message:
 - `RateLimited`: pause exactly the named scope for `retry_after` (also across restarts), keep
   the message pending, send nothing in that scope meanwhile;
 - `Forbidden`: disable the route with the reason; other routes carry on;
-- `Transient`: retry with capped exponential backoff; `Permanent`: give up on those bytes.
+- `Transient`: retry with capped exponential backoff; `Permanent`: give up on those bytes;
+- a send whose answer was lost (`OutcomeUnknown`, or a crash mid-send) on a platform that
+  cannot deduplicate sends may have posted a copy: it is counted in the store *before* the
+  request goes out, retried once, and after that no send of the route is tried for the
+  channel's `ambiguous_send_hold_s` (so each such episode leaves at most one extra copy).
 
 Committed state (fingerprint, time) advances only after the platform accepted the request.
 Short text messages (notices, command replies) use the same lanes and limits, ahead of cards.
@@ -38,6 +42,7 @@ from channels.errors import (
     Forbidden,
     MessageGone,
     NotModified,
+    OutcomeUnknown,
     Permanent,
     RateLimited,
     Transient,
@@ -81,6 +86,8 @@ class _Resident:
     # Attempts made with `send_key` (one restored from before a restart counts): after a
     # repeated attempt the platform may answer with the first post and its older bytes.
     send_attempts: int = 0
+    unsure_sends: int = 0  # sends begun without a known outcome (see MAX_UNSURE_SENDS)
+    unsure_at: float | None = None  # wall-clock start of the latest one
     retry_at: float = 0.0  # per-route backoff: not before this (monotonic) time
     backoff_s: float = 0.0
 
@@ -122,6 +129,24 @@ class _Lane:
 
 # Notices queued in one chat beyond this wait in the store (state "pending") for room.
 MAX_QUEUED_TEXTS = 100
+# Sends of one resident that may each have posted a copy before the route holds: the first
+# send and one retry.
+MAX_UNSURE_SENDS = 2
+
+
+def unsure_send_wait_s(
+    unsure_sends: int, unsure_at: float | None, now: float, hold_s: float | None
+) -> float:
+    """Seconds before a resident may be sent again (0: now), given its unanswered sends.
+
+    `hold_s` None: the channel deduplicates sends, so a retry is always safe. Below
+    `MAX_UNSURE_SENDS` the retry goes at once. At the bound, the route waits `hold_s` from the
+    start of the latest unanswered send (never longer, should the wall clock step back);
+    once that has passed a new episode may begin.
+    """
+    if hold_s is None or unsure_sends < MAX_UNSURE_SENDS or unsure_at is None:
+        return 0.0
+    return max(0.0, min(hold_s, unsure_at + hold_s - now))
 
 
 class RouteScheduler:
@@ -163,6 +188,9 @@ class RouteScheduler:
             # deduplicates (Feishu) answers with the message it already posted.
             send_key=record.send_key if record else None,
             send_attempts=1 if record and record.send_key else 0,
+            # Counted before each send: one cut short by a crash is among them.
+            unsure_sends=record.unsure_sends if record else 0,
+            unsure_at=record.unsure_at if record else None,
             stale_id=record.stale_message_id if record else None,
         )
         if record and record.disabled_reason:
@@ -429,6 +457,8 @@ class RouteScheduler:
         resident = self._residents[key]
         channel = self._channels[key.channel]
         op: Operation = "edit" if resident.message_id else "send"
+        if op == "send" and self._send_held(channel, resident):
+            return
         reservation = await self._admit(channel, key.chat, op, resident.message_id)
         if reservation is None:
             return
@@ -479,6 +509,37 @@ class RouteScheduler:
         if resident.stale_id is not None and resident.message_id is not None:
             await self._delete_stale(channel, resident)
 
+    def _send_held(self, channel: Channel, resident: _Resident) -> bool:
+        """True (and the route set to come back later) while its unanswered sends are at the
+        bound: each may have posted a copy, and the platform cannot tell us."""
+        wait_s = unsure_send_wait_s(
+            resident.unsure_sends, resident.unsure_at, self._wall(), channel.ambiguous_send_hold_s
+        )
+        if wait_s <= 0:
+            return False
+        resident.retry_at = self._clock() + wait_s
+        log.warning(
+            "route %s: %d sends got no answer (each may have posted a copy); "
+            "no further send for %.0fs",
+            resident.key,
+            resident.unsure_sends,
+            wait_s,
+        )
+        return True
+
+    def _count_unsure(self, channel: Channel, resident: _Resident, change: int) -> None:
+        """Record a send about to go out (+1) or one the platform answered with an error (-1).
+        Only where a lost answer may leave a copy; persisted before the request, so a crash
+        in the middle of it still counts."""
+        if channel.ambiguous_send_hold_s is None:
+            return
+        if change > 0:
+            if resident.unsure_sends >= MAX_UNSURE_SENDS:
+                resident.unsure_sends = 0  # the hold has passed: a new episode
+            resident.unsure_at = self._wall()
+        resident.unsure_sends = max(0, resident.unsure_sends + change)
+        self._store.set_unsure_sends(str(resident.key), resident.unsure_sends, resident.unsure_at)
+
     async def _send_resident(
         self, channel: Channel, resident: _Resident, message: Outgoing
     ) -> None:
@@ -487,9 +548,17 @@ class RouteScheduler:
             resident.send_key = f"{key}:{uuid.uuid4().hex}"
             self._store.set_send_key(str(key), resident.send_key)
         resident.send_attempts += 1
-        message_id = await channel.send(key.chat, message, idempotency_key=resident.send_key)
+        self._count_unsure(channel, resident, +1)
+        try:
+            message_id = await channel.send(key.chat, message, idempotency_key=resident.send_key)
+        except OutcomeUnknown:
+            raise  # it may have posted: it stays counted
+        except ChannelError:
+            self._count_unsure(channel, resident, -1)  # an answer: nothing was posted
+            raise
         repeated = resident.send_attempts > 1
         resident.send_key, resident.send_attempts = None, 0
+        resident.unsure_sends = 0  # the store resets it with the id
         resident.message_id = message_id
         self._store.set_message_id(str(key), message_id)
         log.info("route %s: resident message %s created", key, message_id)

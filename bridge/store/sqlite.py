@@ -32,6 +32,10 @@ class ResidentRecord:
     disabled_reason: str | None
     send_key: str | None = None  # idempotency key of a send that may be in flight
     stale_message_id: str | None = None  # a replaced message still to delete
+    # Sends of this resident begun and not answered (each may have posted a copy), and when
+    # the latest began; counted before each send so that a SIGKILL mid-send counts too.
+    unsure_sends: int = 0
+    unsure_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,11 @@ class StateStore(ABC):
     @abstractmethod
     def set_send_key(self, route: str, key: str | None) -> None:
         """Remember the idempotency key of the send about to happen (None: no send pending)."""
+
+    @abstractmethod
+    def set_unsure_sends(self, route: str, count: int, at: float | None) -> None:
+        """Persist how many sends of the resident have no answer yet (see ResidentRecord);
+        `set_message_id` with an id resets the count, the outcome being known."""
 
     @abstractmethod
     def set_committed(self, route: str, fingerprint: str, at: float) -> None: ...
@@ -131,7 +140,9 @@ CREATE TABLE IF NOT EXISTS residents (
     committed_at REAL,
     disabled_reason TEXT,
     send_key TEXT,
-    stale_message_id TEXT
+    stale_message_id TEXT,
+    unsure_sends INTEGER NOT NULL DEFAULT 0,
+    unsure_at REAL
 );
 CREATE TABLE IF NOT EXISTS prefs (
     scope TEXT PRIMARY KEY,
@@ -179,9 +190,15 @@ class SqliteStore(StateStore):
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
             columns = {row[1] for row in self._db.execute("PRAGMA table_info(residents)")}
-            for column in ("send_key", "stale_message_id"):  # state files from before them
+            added = {
+                "send_key": "TEXT",
+                "stale_message_id": "TEXT",
+                "unsure_sends": "INTEGER NOT NULL DEFAULT 0",
+                "unsure_at": "REAL",
+            }
+            for column, kind in added.items():  # state files from before them
                 if column not in columns:
-                    self._db.execute(f"ALTER TABLE residents ADD COLUMN {column} TEXT")
+                    self._db.execute(f"ALTER TABLE residents ADD COLUMN {column} {kind}")
         self._db.row_factory = sqlite3.Row
 
     @classmethod
@@ -216,9 +233,10 @@ class SqliteStore(StateStore):
         with self._tx() as db:
             self._ensure_resident(db, route)
             db.execute(
-                "UPDATE residents SET message_id = ?, fingerprint = NULL, send_key = NULL "
+                "UPDATE residents SET message_id = ?, fingerprint = NULL, send_key = NULL, "
+                "unsure_sends = CASE WHEN ? IS NULL THEN unsure_sends ELSE 0 END "
                 "WHERE route = ?",
-                (message_id, route),
+                (message_id, message_id, route),
             )
 
     def replace_message(
@@ -238,6 +256,14 @@ class SqliteStore(StateStore):
         with self._tx() as db:
             self._ensure_resident(db, route)
             db.execute("UPDATE residents SET send_key = ? WHERE route = ?", (key, route))
+
+    def set_unsure_sends(self, route: str, count: int, at: float | None) -> None:
+        with self._tx() as db:
+            self._ensure_resident(db, route)
+            db.execute(
+                "UPDATE residents SET unsure_sends = ?, unsure_at = ? WHERE route = ?",
+                (count, at, route),
+            )
 
     def set_committed(self, route: str, fingerprint: str, at: float) -> None:
         with self._tx() as db:
@@ -338,6 +364,7 @@ class SqliteStore(StateStore):
 
 
 def _resident(row: sqlite3.Row) -> ResidentRecord:
+    columns = set(row.keys())  # a Row's `in` looks at values, not names
     return ResidentRecord(
         route=row["route"],
         message_id=row["message_id"],
@@ -346,4 +373,7 @@ def _resident(row: sqlite3.Row) -> ResidentRecord:
         disabled_reason=row["disabled_reason"],
         send_key=row["send_key"],
         stale_message_id=row["stale_message_id"],
+        # A read-only open (`taskcard status`) does not migrate a file from before these.
+        unsure_sends=int(row["unsure_sends"] or 0) if "unsure_sends" in columns else 0,
+        unsure_at=row["unsure_at"] if "unsure_at" in columns else None,
     )

@@ -133,6 +133,7 @@ class TelegramChannel(Channel):
         self._poll_task: asyncio.Task[None] | None = None
         self._username = ""
         self._redactor = _TokenRedactor(token)
+        self.ambiguous_send_hold_s = config.ambiguous_send_hold_s
 
     @property
     def bot_username(self) -> str:
@@ -227,7 +228,7 @@ class TelegramChannel(Channel):
     async def send(
         self, chat: ChatRef, message: Outgoing, *, idempotency_key: str | None = None
     ) -> str:
-        del idempotency_key  # the Bot API cannot deduplicate sends
+        del idempotency_key  # the Bot API cannot deduplicate sends; see ambiguous_send_hold_s
         bot = self._require_bot()
         thread_id = (
             None if chat.thread_id is None else _numeric(chat.thread_id, Permanent, "topic id")
@@ -240,6 +241,10 @@ class TelegramChannel(Channel):
                 entities=_entities(message.payload) if with_entities else None,
                 message_thread_id=thread_id,
                 link_preview_options=_NO_PREVIEW,
+                # A slow answer is awaited rather than given up on: giving up cannot take
+                # the message back, and a retry would post a second copy.
+                read_timeout=self._config.send_timeout_s,
+                write_timeout=self._config.send_timeout_s,
             )
             return str(sent.message_id)
 

@@ -55,4 +55,24 @@ class TelegramConfig(BaseModel):
     limits: TelegramLimits = Field(default_factory=TelegramLimits)
     commands: bool = Field(default=True, description="Receive /taskcard commands by polling.")
     poll_timeout_s: int = Field(default=25, ge=0, le=50, description="getUpdates long poll.")
-    request_timeout_s: float = Field(default=15.0, gt=0, description="Per-request timeout.")
+    request_timeout_s: float = Field(
+        default=15.0, gt=0, le=300, description="Per-request timeout (edits, deletes, pins)."
+    )
+    send_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=300,
+        description=(
+            "How long a sendMessage answer is awaited. Generous on purpose: a send given up on "
+            "may still have posted, and the Bot API cannot deduplicate a retry."
+        ),
+    )
+    ambiguous_send_hold_s: float = Field(
+        default=600.0,
+        ge=0,
+        le=86400,
+        description=(
+            "After two sends of one resident ended without an answer (each may have posted a "
+            "copy), no further send for it is tried for this many seconds."
+        ),
+    )

@@ -15,11 +15,12 @@ from channels.errors import (
     Forbidden,
     MessageGone,
     NotModified,
+    OutcomeUnknown,
     Permanent,
     RateLimited,
     Transient,
 )
-from channels.telegram.request import FloodWait
+from channels.telegram.request import AnswerLost, FloodWait
 
 
 class ParseEntitiesFailed(Permanent):
@@ -80,6 +81,8 @@ def translate(exc: tg.TelegramError, chat_scope: str) -> ChannelError:
         return _translate_bad_request(description, lowered)
     if isinstance(exc, tg.Conflict):
         return Permanent(f"conflict: {description}")
+    if isinstance(exc, AnswerLost):
+        return OutcomeUnknown(f"Telegram may have performed the request: {description}")
     if isinstance(exc, tg.TimedOut | tg.NetworkError):
         return Transient(f"Telegram unreachable or failing: {description}")
     return Permanent(f"Telegram error: {description}")

@@ -1,4 +1,5 @@
-"""PTB's HTTPX transport with one change: a 429 becomes `FloodWait` before PTB sees it.
+"""PTB's HTTPX transport with two changes: a 429 becomes `FloodWait` before PTB sees it, and
+a failure after the request was written becomes `AnswerLost`.
 
 PTB 22 builds `RetryAfter` from a 429 and, in doing so, emits a deprecation warning about
 the type of `retry_after` unless the process opted in through an environment variable.
@@ -6,6 +7,12 @@ A process that treats warnings as errors (our tests) would then see the warning 
 of the 429. Reading the 429 here keeps the signal exact (the float the server sent, with
 its description) and independent of process-wide settings. PTB passes any `TelegramError`
 raised by the transport straight through to the caller.
+
+PTB folds every httpx failure into `TimedOut` or `NetworkError`, losing the one fact that
+matters for a send: whether Telegram may have received it. A connection that could not be
+opened or a pool that had no room means nothing was sent; a read that timed out or a
+connection closed before the answer means the request was written and may have been
+performed. Only this layer still sees the httpx exception, so it tells the two apart.
 """
 
 from __future__ import annotations
@@ -13,10 +20,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 from telegram import error as tg
 from telegram.request import HTTPXRequest, RequestData
 
 _TOO_MANY_REQUESTS = 429
+# httpx failures that happen after the whole request was handed to the connection.
+_AFTER_WRITE = (httpx.ReadTimeout, httpx.ReadError, httpx.RemoteProtocolError)
 
 
 class FloodWait(tg.TelegramError):
@@ -25,6 +35,15 @@ class FloodWait(tg.TelegramError):
     def __init__(self, retry_after_s: float, description: str) -> None:
         super().__init__(description)
         self.retry_after_s = retry_after_s
+
+
+class AnswerLost(tg.NetworkError):
+    """The request was written but no answer arrived: Telegram may have performed it."""
+
+
+def answer_lost(cause: BaseException | None) -> bool:
+    """True when the httpx failure behind a PTB error came after the request was written."""
+    return isinstance(cause, _AFTER_WRITE)
 
 
 def flood_wait_from(payload: bytes) -> FloodWait | None:
@@ -44,7 +63,8 @@ def flood_wait_from(payload: bytes) -> FloodWait | None:
 
 
 class FloodAwareRequest(HTTPXRequest):
-    """An `HTTPXRequest` that raises `FloodWait` for a 429 carrying `retry_after`."""
+    """An `HTTPXRequest` that raises `FloodWait` for a 429 carrying `retry_after` and
+    `AnswerLost` when the request went out but its answer did not come back."""
 
     async def do_request(
         self,
@@ -56,15 +76,21 @@ class FloodAwareRequest(HTTPXRequest):
         connect_timeout: Any = HTTPXRequest.DEFAULT_NONE,
         pool_timeout: Any = HTTPXRequest.DEFAULT_NONE,
     ) -> tuple[int, bytes]:
-        code, payload = await super().do_request(
-            url,
-            method,
-            request_data=request_data,
-            read_timeout=read_timeout,
-            write_timeout=write_timeout,
-            connect_timeout=connect_timeout,
-            pool_timeout=pool_timeout,
-        )
+        try:
+            code, payload = await super().do_request(
+                url,
+                method,
+                request_data=request_data,
+                read_timeout=read_timeout,
+                write_timeout=write_timeout,
+                connect_timeout=connect_timeout,
+                pool_timeout=pool_timeout,
+            )
+        except tg.NetworkError as exc:
+            if answer_lost(exc.__cause__):
+                name = type(exc.__cause__).__name__
+                raise AnswerLost(f"no answer after the request was written ({name})") from exc
+            raise
         if code == _TOO_MANY_REQUESTS:
             flood = flood_wait_from(payload)
             if flood is not None:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from bridge.schedule.scheduler import RouteKey, RouteScheduler
+from bridge.schedule.scheduler import RouteKey, RouteScheduler, unsure_send_wait_s
 from bridge.store.sqlite import SqliteStore
 from channels.base import (
     CardView,
@@ -25,7 +26,14 @@ from channels.base import (
     Outgoing,
     RateScope,
 )
-from channels.errors import Forbidden, MessageGone, NotModified, RateLimited, Transient
+from channels.errors import (
+    Forbidden,
+    MessageGone,
+    NotModified,
+    OutcomeUnknown,
+    RateLimited,
+    Transient,
+)
 
 
 class ScriptedChannel(Channel):
@@ -458,3 +466,82 @@ async def test_suppressed_notices_are_withdrawn_from_the_queue(store: SqliteStor
     await scheduler.stop()
     assert [c[3] for c in channel.calls] == ["notice 0"]
     assert store.pending_notices() == []
+
+
+@pytest.mark.parametrize(
+    ("unsure", "since", "now", "hold", "expected"),
+    [
+        (5, 100.0, 100.0, None, 0.0),  # the platform deduplicates: always safe
+        (0, None, 100.0, 600.0, 0.0),  # the first send
+        (1, 100.0, 100.0, 600.0, 0.0),  # the one retry
+        (2, 100.0, 100.0, 600.0, 600.0),  # then the hold
+        (2, 100.0, 400.0, 600.0, 300.0),
+        (2, 100.0, 700.0, 600.0, 0.0),  # the hold has passed: a new episode
+        (3, 100.0, 50.0, 600.0, 600.0),  # the wall clock stepped back: never longer
+    ],
+)
+def test_unsure_send_wait(
+    unsure: int, since: float | None, now: float, hold: float | None, expected: float
+) -> None:
+    assert unsure_send_wait_s(unsure, since, now, hold) == expected
+
+
+class AnswerLosingChannel(ScriptedChannel):
+    """Like Telegram: cannot deduplicate sends, and loses the answers of the next
+    `lose_answers` sends after posting them."""
+
+    ambiguous_send_hold_s = 600.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lose_answers = 0
+
+    async def send(
+        self, chat: ChatRef, message: Outgoing, *, idempotency_key: str | None = None
+    ) -> str:
+        message_id = await super().send(chat, message)
+        if self.lose_answers:
+            self.lose_answers -= 1
+            raise OutcomeUnknown("connection closed before the answer")
+        return message_id
+
+
+async def wait_for(predicate: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+async def test_an_unanswered_send_is_retried_once_then_held(store: SqliteStore) -> None:
+    channel = AnswerLosingChannel()
+    channel.lose_answers = 2
+    mono, wall = [1000.0], [1e9]
+    a, b = RouteKey("fake", ChatRef("5"), "a"), RouteKey("fake", ChatRef("5"), "b")
+    scheduler = await started(
+        store, channel, a, b, clock=lambda: mono[0], wall_clock=lambda: wall[0]
+    )
+
+    def sends() -> int:
+        return sum(1 for call in channel.calls if call[1] == "send")
+
+    scheduler.submit(a, text("a v1"))
+    await wait_for(lambda: sends() == 1, "the first send")
+    mono[0] += 5  # past the backoff
+    scheduler.submit(a, text("a v2"))
+    await wait_for(lambda: sends() == 2, "the one retry")
+    mono[0] += 60
+    scheduler.submit(a, text("a v3"))
+    scheduler.submit(b, text("b v1"))  # served after a's turn in the same chat
+    await wait_for(lambda: "b v1" in channel.messages.values(), "the other route")
+    assert sends() == 3 and sorted(channel.messages.values()) == ["a v1", "a v2", "b v1"]
+    record = store.resident(str(a))
+    assert record is not None and record.message_id is None and record.unsure_sends == 2
+
+    mono[0] += 600
+    wall[0] += 600
+    scheduler.submit(a, text("a v4"))
+    await wait_for(lambda: "a v4" in channel.messages.values(), "a send after the hold")
+    await scheduler.stop()
+    record = store.resident(str(a))
+    assert record is not None and record.message_id is not None and record.unsure_sends == 0

@@ -7,7 +7,14 @@ import logging
 import pytest
 
 from channels.base import CardView, ChatRef, RateScope
-from channels.errors import Forbidden, MessageGone, Permanent, RateLimited, Transient
+from channels.errors import (
+    Forbidden,
+    MessageGone,
+    OutcomeUnknown,
+    Permanent,
+    RateLimited,
+    Transient,
+)
 from channels.telegram.channel import TelegramChannel
 from channels.telegram.config import TelegramConfig, TelegramLimits
 from channels.telegram.errors import ThreadNotFound
@@ -121,8 +128,42 @@ async def test_server_error_is_transient(
 async def test_unreachable_api_is_transient() -> None:
     config = TelegramConfig(api_base_url="http://127.0.0.1:9", request_timeout_s=5.0)
     channel = TelegramChannel(config, "1:x", MemoryCursorStore())
-    with pytest.raises(Transient):
+    with pytest.raises(Transient) as caught:
         await channel.start(CommandInbox())
+    # Nothing reached Telegram, so nothing can have been performed.
+    assert not isinstance(caught.value, OutcomeUnknown)
+
+
+async def test_a_send_answer_lost_after_posting_is_an_unknown_outcome(
+    telegram_fake: FakeTelegram, telegram_channel: TelegramChannel
+) -> None:
+    telegram_fake.drop_after_accept("sendMessage")
+    with pytest.raises(OutcomeUnknown):
+        await telegram_channel.send(GROUP, telegram_channel.render_text("posted"))
+    assert [m.text for m in telegram_fake.bot_messages(-100555)] == ["posted"]
+
+
+async def test_a_slow_send_is_awaited_while_edits_keep_their_timeout(
+    telegram_fake: FakeTelegram, telegram_cursor: MemoryCursorStore
+) -> None:
+    config = TelegramConfig(
+        api_base_url=telegram_fake.base_url,
+        commands=False,
+        request_timeout_s=0.5,
+        send_timeout_s=60.0,
+    )
+    channel = TelegramChannel(config, telegram_fake.token, telegram_cursor)
+    await channel.start(CommandInbox())
+    try:
+        telegram_fake.delay_answers("sendMessage", 2.0)
+        telegram_fake.delay_answers("editMessageText", 5.0)
+        message_id = await channel.send(GROUP, channel.render_text("slow"))
+        assert telegram_fake.message(-100555, message_id) is not None
+        with pytest.raises(OutcomeUnknown):
+            await channel.edit(GROUP, message_id, channel.render_text("slow edit"))
+    finally:
+        telegram_fake.delay_answers("editMessageText", 0)
+        await channel.stop()
 
 
 async def test_invalid_token_fails_start_without_leaking_it(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 
+import httpx
 import pytest
 from telegram import error as tg
 
@@ -12,12 +13,13 @@ from channels.errors import (
     Forbidden,
     MessageGone,
     NotModified,
+    OutcomeUnknown,
     Permanent,
     RateLimited,
     Transient,
 )
 from channels.telegram.errors import ParseEntitiesFailed, ThreadNotFound, translate
-from channels.telegram.request import FloodWait, flood_wait_from
+from channels.telegram.request import AnswerLost, FloodWait, answer_lost, flood_wait_from
 
 SCOPE = "telegram:chat:-1"
 
@@ -44,6 +46,7 @@ def _retry_after(seconds: int) -> tg.RetryAfter:
         (tg.Forbidden("Forbidden: bot was kicked from the group chat"), Forbidden),
         (tg.TimedOut(), Transient),
         (tg.NetworkError("Bad Gateway"), Transient),
+        (AnswerLost("no answer after the request was written"), OutcomeUnknown),
         (tg.InvalidToken("Unauthorized"), Permanent),
         (tg.Conflict("terminated by other getUpdates request"), Permanent),
         (tg.ChatMigrated(-100999), Permanent),
@@ -86,3 +89,24 @@ def test_rate_limited_names_the_scope(exc: tg.TelegramError) -> None:
 def test_flood_wait_from_body(payload: bytes, retry_after_s: float | None) -> None:
     flood = flood_wait_from(payload)
     assert (None if flood is None else flood.retry_after_s) == retry_after_s
+
+
+@pytest.mark.parametrize(
+    ("cause", "lost"),
+    [
+        # Written, then no answer: Telegram may have performed it.
+        (httpx.ReadTimeout("read"), True),
+        (httpx.ReadError("reset"), True),
+        (httpx.RemoteProtocolError("Server disconnected without sending a response."), True),
+        # Never reached Telegram, or not completely: nothing was performed.
+        (httpx.ConnectError("refused"), False),
+        (httpx.ConnectTimeout("connect"), False),
+        (httpx.PoolTimeout("pool"), False),
+        (httpx.WriteTimeout("write"), False),
+        (None, False),
+    ],
+)
+def test_only_failures_after_the_write_lose_an_answer(
+    cause: BaseException | None, lost: bool
+) -> None:
+    assert answer_lost(cause) is lost

@@ -102,8 +102,10 @@ async def test_no_duplicate_after_sigkill_and_restart(tmp_path: Path, fake: Fake
     publish(workdir, "after the restart")
     with setup.serve() as again:
         await eventually(lambda: any("after the restart" in t for t in card_texts(fake)))
+        # What people see: one card. The kill may land before the new id was stored; the
+        # restart then sends again with the same uuid and Feishu answers with that card, so
+        # the number of send requests is not fixed.
         assert len(card_texts(fake)) == 1
-        assert len(fake.requests_of("send")) == 1
         assert await again.aterminate() == 0
 
 

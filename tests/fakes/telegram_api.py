@@ -6,6 +6,10 @@ real API validates (entity bounds, the 4096 UTF-16 limit, empty text), and enfor
 configurable sliding-window limits per private chat, per group and per bot, answering the
 real 429 body. Every request is recorded with its time; every 429 is recorded too.
 
+Unlucky networks on demand: `delay_answers` performs a method at once but answers late, and
+`drop_after_accept` performs the next calls of a method and then closes the connection
+without answering. Either way the message exists in the chat, as it would on Telegram.
+
 In-process::
 
     async with FakeTelegram() as fake:
@@ -217,6 +221,8 @@ class FakeTelegram:
         self._update_waiters: set[asyncio.Future[None]] = set()
         self._poll_generation = 0
         self._failures: dict[str, deque[tuple[int, str]]] = {}
+        self._answer_delay_s: dict[str, float] = {}
+        self._drops: dict[str, int] = {}
         self.requests: list[RecordedRequest] = []
         self.webhook_url: str | None = None  # set: getUpdates answers 409 as Telegram does
         self.rate_limited: list[Recorded429] = []
@@ -303,6 +309,14 @@ class FakeTelegram:
     def fail_next(self, method: str, status: int = 500, description: str = "Internal") -> None:
         """Answer the next call of `method` with this error (for 5xx and odd cases)."""
         self._failures.setdefault(method, deque()).append((status, description))
+
+    def delay_answers(self, method: str, seconds: float) -> None:
+        """Perform every call of `method` at once but answer it `seconds` later (0: at once)."""
+        self._answer_delay_s[method] = seconds
+
+    def drop_after_accept(self, method: str, times: int = 1) -> None:
+        """Perform the next `times` calls of `method`, then close each connection unanswered."""
+        self._drops[method] = self._drops.get(method, 0) + times
 
     def inject_message(
         self,
@@ -395,6 +409,15 @@ class FakeTelegram:
                 if exc.parameters:
                     body["parameters"] = exc.parameters
         self.requests.append(RecordedRequest(self._clock(), method, chat_id, status, params))
+        if self._drops.get(method, 0) > 0:
+            self._drops[method] -= 1
+            transport = request.transport
+            if transport is not None:
+                transport.close()
+            raise web.HTTPServiceUnavailable()  # never reaches the client: it is gone
+        delay_s = self._answer_delay_s.get(method, 0.0)
+        if delay_s > 0:
+            await asyncio.sleep(delay_s)
         return web.Response(
             body=json.dumps(body).encode(), status=status, content_type="application/json"
         )

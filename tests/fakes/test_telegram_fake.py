@@ -125,3 +125,29 @@ async def test_standalone_process_serves(unused_tcp_port: int) -> None:
     finally:
         process.terminate()
         await asyncio.wait_for(process.wait(), 60)
+
+
+async def test_a_dropped_send_is_performed_but_never_answered() -> None:
+    async with FakeTelegram() as fake:
+        fake.drop_after_accept("sendMessage")
+        with pytest.raises(aiohttp.ClientError):
+            await _call(fake, "sendMessage", chat_id=-5, text="lost answer")
+        status, body = await _call(fake, "sendMessage", chat_id=-5, text="answered")
+        assert status == 200 and body["result"]["message_id"] == 2
+        assert [m.text for m in fake.messages(-5)] == ["lost answer", "answered"]
+
+
+async def test_a_delayed_send_exists_before_its_answer() -> None:
+    async with FakeTelegram() as fake:
+        fake.delay_answers("sendMessage", 30.0)
+        call = asyncio.create_task(_call(fake, "sendMessage", chat_id=-5, text="slow"))
+        for _ in range(200):
+            if fake.messages(-5):
+                break
+            await asyncio.sleep(0.05)
+        assert [m.text for m in fake.messages(-5)] == ["slow"]
+        assert not call.done()
+        fake.delay_answers("sendMessage", 0)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
