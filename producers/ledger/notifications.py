@@ -14,17 +14,18 @@ from __future__ import annotations
 
 from typing import Final
 
+from producers.ledger.contract import (
+    SOURCE_BLOCKED,
+    SOURCE_COMPLETED,
+    SOURCE_HEARTBEAT,
+    SOURCE_INCONSISTENT,
+    SOURCE_NUDGE,
+    SOURCE_RECONCILE,
+    SOURCE_STALE,
+)
 from producers.ledger.model import OWNER_REPLIES, TaskRecord
 from producers.ledger.monitor import Decision
 from producers.task_card.notifications import FileNotificationPort
-
-SOURCE_NUDGE: Final = "ledger.nudge"
-SOURCE_RECONCILE: Final = "ledger.reconcile"
-SOURCE_INCONSISTENT: Final = "ledger.inconsistent"
-SOURCE_STALE: Final = "ledger.stale"
-SOURCE_HEARTBEAT: Final = "ledger.heartbeat"
-SOURCE_BLOCKED: Final = "ledger.blocked"
-SOURCE_COMPLETED: Final = "ledger.completed"
 
 WAKE_SOURCES: Final[dict[str, str]] = {
     "NUDGE_MAIN_AGENT": SOURCE_NUDGE,

@@ -21,6 +21,7 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
+from producers.ledger.contract import LEDGER_DIR, LEDGER_FILE
 from producers.ledger.model import (
     EVENT_TYPES,
     FAILURE_KINDS,
@@ -43,7 +44,7 @@ from producers.ledger.model import (
 )
 from producers.task_card.contract import atomic_write
 
-DEFAULT_LEDGER: Final = Path("ledger") / "long-task-ledger.json"
+DEFAULT_LEDGER: Final = Path(LEDGER_DIR) / LEDGER_FILE
 MAX_LEDGER_BYTES: Final = 16_000_000
 Clock = Callable[[], datetime]
 
