@@ -25,6 +25,7 @@ from bridge.agent import AgentMonitor
 from bridge.channels import BuiltChannel
 from bridge.compose import compose_view
 from bridge.config import ServiceConfig
+from bridge.ledger_view import LedgerView, ledger_row
 from bridge.notices import notice_text, safe_error_code
 from bridge.scheduler import RouteKey, RouteScheduler
 from bridge.store import ChatPrefs, NoticeState, StateStore
@@ -89,6 +90,7 @@ class Service:
             )
             for agent in config.agents
         }
+        self._ledgers = LedgerView()
         self._prefs: dict[str, ChatPrefs] = {}
         self._due: dict[str, datetime] = {}
         self._ready_channels: set[str] = set()
@@ -246,6 +248,7 @@ class Service:
             hidden=prefs.hidden,
             activity_rows=prefs.activity_rows or self._config.display.activity_rows,
             now=self._clock(),
+            ledger_line=ledger_row(self._ledgers.summary(monitor.paths.workdir)),
         )
         self._scheduler.submit(route.key, channel.render_card(view))
 

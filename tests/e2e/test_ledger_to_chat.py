@@ -1,5 +1,6 @@
 """A ledger block escalated by the monitor reaches the Telegram chat as a notice, built from
-typed fields only (never the agent's free-text reason)."""
+typed fields only (never the agent's free-text reason); the resident card shows the
+ledger's state and next gate in its automatic slot."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import ServeProcess, eventually, run_cli
+from tests.e2e.harness import ServeProcess, eventually, publish, run_cli
 from tests.fakes.telegram_api import FakeTelegram
 
 CHAT = 778
@@ -49,6 +50,15 @@ async def test_blocked_escalate_reaches_the_chat(tmp_path: Path, fake: FakeTeleg
             "train",
             "--reason",
             secret_reason,
+        )
+        publish(workdir, "**training** card")
+        await eventually(
+            lambda: any(
+                "ledger train-7: BLOCKED" in m.text and "decision on block MISSING_ACCESS" in m.text
+                for m in fake.bot_messages(CHAT)
+            ),
+            what="the ledger row in the automatic slot",
+            timeout_s=60,
         )
         ledger(workdir, "supervise", "--apply-supervision")
         notice = await eventually(
