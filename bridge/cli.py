@@ -17,6 +17,7 @@ _COMMAND_MODULES = (
     "bridge.run.demo",
     "bridge.activity",
     "producers.task_card.cli",
+    "producers.ledger.cli",
 )
 
 Handler = Callable[[argparse.Namespace], int]

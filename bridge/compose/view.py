@@ -102,10 +102,16 @@ def compose_view(
     hidden: bool,
     activity_rows: int,
     now: datetime,
+    ledger_line: str | None = None,
 ) -> CardView:
-    """The view of one agent for one route."""
+    """The view of one agent for one route (`ledger_line`: the workdir ledger's state row)."""
     rows = [state_row(activity, now)]
-    for row in (movement_row(activity, now), tokens_row(activity), health_row(card, now)):
+    for row in (
+        movement_row(activity, now),
+        ledger_line,
+        tokens_row(activity),
+        health_row(card, now),
+    ):
         if row is not None:
             rows.append(row)
     # The newest movement is already the "last:" row.

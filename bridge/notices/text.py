@@ -12,6 +12,13 @@ from __future__ import annotations
 import re
 from typing import Final
 
+from producers.ledger.contract import (
+    FAILURE_KIND_NAMES,
+    OUTCOMES,
+    SOURCE_BLOCKED,
+    SOURCE_COMPLETED,
+    safe_id,
+)
 from producers.task_card.contract import SOURCE_ERROR, SOURCE_LIMIT, Notification
 
 # Plain descriptions of the producer's stable error codes.
@@ -47,6 +54,8 @@ def _watch_suffix(notification: Notification) -> str:
 
 def notice_text(agent_id: str, notification: Notification) -> str | None:
     """The short message for people about `notification`, or None when it stays agent-side."""
+    if notification.source in (SOURCE_BLOCKED, SOURCE_COMPLETED):
+        return _ledger_notice(agent_id, notification)
     state = notification.extra.get("state")
     suffix = _watch_suffix(notification)
     if notification.source == SOURCE_ERROR and state == "error":
@@ -74,3 +83,19 @@ def notice_text(agent_id: str, notification: Notification) -> str | None:
         )
         return f"⏹ {agent_id}: task card stopped{suffix}: refresh budget used up{budget}."
     return None
+
+
+def _ledger_notice(agent_id: str, notification: Notification) -> str:
+    """A ledger block or completion, from the task id, failure kind and outcome only."""
+    extra = notification.extra
+    task_id = safe_id(extra.get("task_id"))
+    task = f" task {task_id}" if task_id else " a task"
+    if notification.source == SOURCE_BLOCKED:
+        kind = extra.get("kind")
+        shown = kind if isinstance(kind, str) and kind in FAILURE_KIND_NAMES else "unknown"
+        step = safe_id(extra.get("step"))
+        where = f" at step {step}" if step else ""
+        return f"⛔ {agent_id}:{task} is blocked{where} ({shown}); it needs a person to decide."
+    outcome = extra.get("outcome")
+    shown = outcome if isinstance(outcome, str) and outcome in OUTCOMES else "unknown"
+    return f"🏁 {agent_id}:{task} completed (outcome {shown}); its card is retired."

@@ -27,6 +27,7 @@ from bridge.deliver.registry import BuiltChannel
 from bridge.notices.text import notice_text, safe_error_code
 from bridge.schedule.scheduler import RouteKey, RouteScheduler
 from bridge.store.sqlite import ChatPrefs, NoticeState, StateStore
+from bridge.track.ledger import LedgerView, ledger_row
 from bridge.track.monitor import AgentMonitor
 from bridge.watch.watcher import FleetWatcher
 from channels.base import Channel, ChatRef, IncomingCommand
@@ -89,6 +90,7 @@ class Service:
             )
             for agent in config.agents
         }
+        self._ledgers = LedgerView()
         self._prefs: dict[str, ChatPrefs] = {}
         self._due: dict[str, datetime] = {}
         self._ready_channels: set[str] = set()
@@ -246,6 +248,7 @@ class Service:
             hidden=prefs.hidden,
             activity_rows=prefs.activity_rows or self._config.display.activity_rows,
             now=self._clock(),
+            ledger_line=ledger_row(self._ledgers.summary(monitor.paths.workdir)),
         )
         self._scheduler.submit(route.key, channel.render_card(view))
 

@@ -4,7 +4,8 @@ An agent hands an LTP-v2 envelope to `TaskCard.call` (directly, through `taskcar
 or through the `taskcard mcp` server); a per-workdir host runs the agent's renderer on an
 interval and publishes the body through the file contract in `contract.py`.
 
-May import: the standard library, pydantic, mcp (only `mcp_server`). Never `bridge` or `channels`.
+May import: the standard library, pydantic, mcp (only `mcp_server`), and `producers.ledger`
+only lazily where the host wires the ledger's monitor in. Never `bridge` or `channels`.
 """
 
 from producers.task_card.capability import TaskCard

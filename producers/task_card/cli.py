@@ -33,6 +33,7 @@ EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
 EXIT_UNREACHABLE: Final = 4
 DEFAULT_IDLE_GRACE_S: Final = 120.0
+DEFAULT_LEDGER_CHECK_S: Final = 30.0
 FAILED_STATES: Final = frozenset({"failed", "stop_failed", "remove_blocked", "remove_failed"})
 CLI_REASONING: Final = "requested from the taskcard command line"
 
@@ -99,7 +100,17 @@ def run_host(args: argparse.Namespace) -> int:
     except HostAlreadyRunning as exc:
         print(f"taskcard host: {exc}", file=sys.stderr)
         return EXIT_ALREADY_RUNNING
-    serve_host(card, args.idle_grace_s or DEFAULT_IDLE_GRACE_S, stop)
+    # The ledger's monitor runs here too, so a ledger needs no cron (lazy: the only import
+    # of the ledger from the task card, and only in the host process).
+    from producers.ledger.hosted import ledger_supervisor
+
+    serve_host(
+        card,
+        args.idle_grace_s or DEFAULT_IDLE_GRACE_S,
+        stop,
+        periodic=ledger_supervisor(card),
+        periodic_s=args.ledger_check_s,
+    )
     return EXIT_OK
 
 
@@ -117,6 +128,7 @@ def _detach(args: argparse.Namespace, paths: HostPaths) -> int:
     ]
     if args.idle_grace_s is not None:
         command += ["--idle-grace-s", str(args.idle_grace_s)]
+    command += ["--ledger-check-s", str(args.ledger_check_s)]
     log_fd = host_log_file(paths)
     try:
         proc = subprocess.Popen(
@@ -204,6 +216,13 @@ def register(subparsers: Any) -> None:
     host = subparsers.add_parser("host", help="run a workdir's task card host")
     _common(host)
     host.add_argument("--detach", action="store_true", help="start it in the background")
+    host.add_argument(
+        "--ledger-check-s",
+        dest="ledger_check_s",
+        type=float,
+        default=DEFAULT_LEDGER_CHECK_S,
+        help="seconds between runs of the ledger monitor when the workdir has a ledger",
+    )
     host.set_defaults(handler=run_host)
 
     mcp = subparsers.add_parser("mcp", help="serve the task_card tool over MCP stdio")

@@ -17,6 +17,7 @@ import signal
 import socketserver
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Final
 
 from producers.task_card.capability import TaskCard
@@ -84,8 +85,19 @@ class HostServer(socketserver.ThreadingUnixStreamServer):
         return {"ok": False, "error": f"unknown op {op!r}"}
 
 
-def serve_host(card: TaskCard, idle_grace_s: float, stop: threading.Event) -> None:
-    """Serve until `stop` is set or the host has been idle for `idle_grace_s`. Closes `card`."""
+def serve_host(
+    card: TaskCard,
+    idle_grace_s: float,
+    stop: threading.Event,
+    *,
+    periodic: Callable[[], None] | None = None,
+    periodic_s: float = 30.0,
+) -> None:
+    """Serve until `stop` is set or the host has been idle for `idle_grace_s`. Closes `card`.
+
+    `periodic` (the ledger's monitor, when the workdir has a ledger) runs every `periodic_s`
+    on this loop; a failing run is logged and the next one runs on time.
+    """
     paths = card.host_paths
     try:
         server = HostServer(card, paths, stop)
@@ -95,8 +107,15 @@ def serve_host(card: TaskCard, idle_grace_s: float, stop: threading.Event) -> No
     loop = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1})
     loop.start()
     log.info("task card host for %s listening (pid %d)", card.workdir, os.getpid())
+    next_periodic = time.monotonic()
     try:
         while not stop.wait(_IDLE_CHECK_S):
+            if periodic is not None and time.monotonic() >= next_periodic:
+                next_periodic = time.monotonic() + periodic_s
+                try:
+                    periodic()
+                except Exception:  # one bad run must not end the host or its watch
+                    log.exception("periodic check for %s failed", card.workdir)
             if card.has_live_watch():
                 server.touch()
             elif server.idle_for_s() >= idle_grace_s:

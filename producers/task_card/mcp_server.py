@@ -16,6 +16,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
+from producers.ledger import mcp_tool as ledger_tool
 from producers.task_card.client import HostUnavailable, call_via_host
 from producers.task_card.envelope import envelope_json_schema
 from producers.task_card.runtime import HostPaths
@@ -34,17 +35,27 @@ def build_server(paths: HostPaths) -> Server[Any]:
     tool = types.Tool(
         name=TOOL_NAME, description=TOOL_DESCRIPTION, input_schema=envelope_json_schema()
     )
+    ledger = types.Tool(
+        name=ledger_tool.TOOL_NAME,
+        description=ledger_tool.TOOL_DESCRIPTION,
+        input_schema=ledger_tool.input_schema(),
+    )
 
     async def list_tools(
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[tool])
+        return types.ListToolsResult(tools=[tool, ledger])
 
     async def call_tool(
         ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        if params.name != TOOL_NAME:
-            result: dict[str, Any] = {
+        result: dict[str, Any]
+        if params.name == ledger_tool.TOOL_NAME:
+            result = await anyio.to_thread.run_sync(
+                ledger_tool.call_ledger, paths, params.arguments or {}
+            )
+        elif params.name != TOOL_NAME:
+            result = {
                 "status": "failed",
                 "message": f"unknown tool {params.name!r}; this server has {TOOL_NAME}",
             }

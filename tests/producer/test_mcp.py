@@ -32,7 +32,7 @@ async def test_an_mcp_client_starts_inspects_and_removes_a_watch(
     async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         tools = (await session.list_tools()).tools
-        assert [tool.name for tool in tools] == ["task_card"]
+        assert [tool.name for tool in tools] == ["task_card", "ledger"]
         schema = tools[0].input_schema
         assert schema["properties"]["action"]["enum"] == list(ACTIONS)
         assert schema["additionalProperties"] is False

@@ -1,0 +1,380 @@
+"""`taskcard ledger ...`: the ledger's commands, one per kind of observation, plus the monitor.
+
+`bridge.cli` calls `register(subparsers)`; `python -m producers.ledger.cli` runs the same
+commands alone (the renderer `ledger init` writes uses that). Every command takes
+`--workdir` and `--ledger PATH` (relative paths start at the workdir). Exit codes: 0 done,
+2 bad input (one line on stderr naming the field and the fix).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from producers.ledger.model import EVENT_TYPES, FAILURE_KINDS, OWNER_REPLIES, TaskRecord, derive
+from producers.ledger.render import RENDERER_FILE, render_markdown, renderer_source
+from producers.ledger.store import DEFAULT_LEDGER, Ledger, LedgerError
+
+EXIT_OK: Final = 0
+EXIT_BAD_INPUT: Final = 2
+SOURCES: Final = ("owner", "executor", "external", "monitor")
+JOB_STATUSES: Final = ("submitted", "running", "succeeded", "failed", "cancelled")
+
+
+def _workdir(args: argparse.Namespace) -> Path:
+    return Path(args.workdir).resolve()
+
+
+def _ledger(args: argparse.Namespace) -> Ledger:
+    path = Path(args.ledger)
+    return Ledger(path if path.is_absolute() else _workdir(args) / path)
+
+
+def _summary(record: TaskRecord) -> dict[str, Any]:
+    derived = derive(record.observed)
+    return {
+        "task_id": record.task.task_id,
+        "workflow": derived.workflow,
+        "truth_state": derived.truth_state,
+        "current_step": derived.current_step,
+        "next_gate": derived.next_gate,
+        "inconsistencies": [i.code for i in derived.inconsistencies],
+    }
+
+
+def _print(data: Any) -> None:
+    print(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+
+
+def run_init(args: argparse.Namespace) -> int:
+    ledger = _ledger(args)
+    steps = [s.strip() for s in args.steps.split(",") if s.strip()] if args.steps else []
+    limits = {
+        name: getattr(args, name)
+        for name in (
+            "nudge_after_sec",
+            "timeout_sec",
+            "heartbeat_every_sec",
+            "renotify_sec",
+            "max_nudges",
+            "max_retries",
+            "external_max_wait_sec",
+        )
+        if getattr(args, name) is not None
+    }
+    record = ledger.init(args.task_id, args.purpose, steps, **limits)
+    result = _summary(record)
+    workdir = _workdir(args)
+    if not args.no_renderer and ledger.path.is_relative_to(workdir):
+        renderer = workdir / RENDERER_FILE
+        if not renderer.exists():
+            rel = str(ledger.path.relative_to(workdir))
+            renderer.write_text(renderer_source(rel, args.task_id), encoding="utf-8")
+        result["renderer"] = RENDERER_FILE
+        result["start_card"] = f"taskcard card start --workdir {workdir} {RENDERER_FILE}"
+    _print(result)
+    return EXIT_OK
+
+
+def run_checkpoint(args: argparse.Namespace) -> int:
+    fields: dict[str, Any] = {}
+    if args.event_type == "BLOCKED_CONFIRMED":
+        fields = {
+            "kind": args.kind,
+            "reason": args.reason,
+            "safe_next_step": args.safe_next_step,
+            "failed": args.failed,
+        }
+    elif args.event_type == "OWNER_REPLY_RECORDED":
+        fields = {
+            "reply": args.reply,
+            "reason": args.reason,
+            "safe_next_step": args.safe_next_step,
+            "kind": args.kind,
+        }
+    elif args.event_type == "EXTERNAL_OBSERVED":
+        fields = {
+            "job_id": args.job_id,
+            "status": args.status,
+            "provider": args.provider,
+            "evidence": args.evidence,
+            "max_wait_sec": args.max_wait_sec,
+        }
+    elif args.event_type == "DOWNLOAD_OBSERVED":
+        fields = {
+            "name": args.name,
+            "observed_bytes": args.bytes,
+            "expected_bytes": args.expected_bytes,
+            "complete": args.complete,
+            "corrupt": args.corrupt,
+        }
+    record = _ledger(args).checkpoint(
+        args.task_id,
+        args.event_type,
+        step=args.step,
+        note=args.note,
+        source=args.source,
+        artifacts=args.artifact,
+        **fields,
+    )
+    _print(_summary(record))
+    return EXIT_OK
+
+
+def run_block(args: argparse.Namespace) -> int:
+    record = _ledger(args).block(
+        args.task_id,
+        kind=args.kind,
+        reason=args.reason,
+        step=args.step,
+        safe_next_step=args.safe_next_step,
+        failed=args.failed,
+        source=args.source,
+    )
+    _print(_summary(record))
+    return EXIT_OK
+
+
+def run_external_job(args: argparse.Namespace) -> int:
+    record = _ledger(args).external_job(
+        args.task_id,
+        job_id=args.job_id,
+        status=args.status,
+        provider=args.provider,
+        evidence=args.evidence,
+        max_wait_sec=args.max_wait_sec,
+    )
+    _print(_summary(record))
+    return EXIT_OK
+
+
+def run_download(args: argparse.Namespace) -> int:
+    record = _ledger(args).download_observed(
+        args.task_id,
+        name=args.name,
+        observed_bytes=args.bytes,
+        expected_bytes=args.expected_bytes,
+        complete=args.complete,
+        corrupt=args.corrupt,
+    )
+    _print(_summary(record))
+    return EXIT_OK
+
+
+def run_owner_reply(args: argparse.Namespace) -> int:
+    record = _ledger(args).owner_reply(
+        args.task_id,
+        reply=args.reply,
+        note=args.note,
+        reason=args.reason,
+        safe_next_step=args.safe_next_step,
+        kind=args.kind,
+    )
+    _print(_summary(record))
+    return EXIT_OK
+
+
+def run_heartbeat(args: argparse.Namespace) -> int:
+    _print(_summary(_ledger(args).heartbeat(args.task_id, note=args.note)))
+    return EXIT_OK
+
+
+def run_show(args: argparse.Namespace) -> int:
+    ledger = _ledger(args)
+    record = ledger.task(args.task_id or ledger.default_task_id())
+    record.derived = derive(record.observed)
+    print(record.model_dump_json(indent=2))
+    return EXIT_OK
+
+
+def run_render(args: argparse.Namespace) -> int:
+    ledger = _ledger(args)
+    record = ledger.task(args.task_id or ledger.default_task_id())
+    sys.stdout.write(render_markdown(record, ledger.clock()))
+    return EXIT_OK
+
+
+def run_supervise(args: argparse.Namespace) -> int:
+    from producers.ledger.card import retire_via_host
+    from producers.ledger.notifications import LedgerNotificationPort
+    from producers.ledger.supervise import supervise
+    from producers.task_card.contract import CardPaths
+    from producers.task_card.runtime import HostPaths, default_runtime_dir
+
+    workdir = _workdir(args)
+    runtime = Path(args.runtime_dir) if args.runtime_dir else default_runtime_dir(os.environ)
+    host_paths = HostPaths(runtime, workdir)
+    decisions = supervise(
+        _ledger(args),
+        LedgerNotificationPort(CardPaths(workdir)),
+        apply=args.apply_supervision,
+        task_id=args.task_id,
+        retire_card=lambda: retire_via_host(host_paths),
+    )
+    for decision in decisions:
+        print(
+            json.dumps(
+                {"task_id": decision.task_id, "action": decision.action, "reason": decision.reason}
+            )
+        )
+    return EXIT_OK
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """Bad arguments get one line naming the argument and the fix, not a page of usage."""
+
+    def error(self, message: str) -> Any:
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: {message}; see `{self.prog} --help`\n")
+
+
+def _guarded(handler: Any) -> Any:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            code: int = handler(args)
+        except LedgerError as exc:
+            print(f"taskcard ledger: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        return code
+
+    return run
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workdir", default=".", help="the agent's working directory")
+    parser.add_argument(
+        "--ledger",
+        default=str(DEFAULT_LEDGER),
+        help=f"the ledger file, relative to the workdir (default {DEFAULT_LEDGER})",
+    )
+
+
+def _block_fields(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kind", choices=FAILURE_KINDS, help="what kind of failure blocks it")
+    parser.add_argument("--reason", help="what stops the task, in one sentence")
+    parser.add_argument("--safe-next-step", dest="safe_next_step", help="what is safe to do next")
+    parser.add_argument("--failed", action="store_true", help="the step failed for good")
+
+
+def _job_fields(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--job-id", dest="job_id", help="the external job's id")
+    parser.add_argument("--status", choices=JOB_STATUSES, help="the provider's status")
+    parser.add_argument("--provider", help="who runs the job")
+    parser.add_argument("--evidence", help="the provider's own id, URL or status line")
+    parser.add_argument(
+        "--max-wait-sec", dest="max_wait_sec", type=float, help="time limit while pending"
+    )
+
+
+def _download_fields(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--name", help="the download's id")
+    parser.add_argument("--bytes", type=int, help="bytes seen on disk")
+    parser.add_argument("--expected-bytes", dest="expected_bytes", type=int)
+    parser.add_argument("--complete", action="store_true", help="the download says it finished")
+    parser.add_argument("--corrupt", action="store_true", help="a check found it corrupt")
+
+
+def _reply_fields(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    parser.add_argument(
+        "--reply",
+        choices=tuple(OWNER_REPLIES),
+        required=required,
+        help="; ".join(f"{k} = {v}" for k, v in OWNER_REPLIES.items()),
+    )
+
+
+def register(subparsers: Any) -> None:
+    """Add `ledger` and its subcommands to the `taskcard` command line."""
+    ledger = subparsers.add_parser("ledger", help="long task ledger: observed truth and monitor")
+    commands = ledger.add_subparsers(
+        dest="ledger_command", metavar="COMMAND", parser_class=_OneLineParser
+    )
+    commands.required = True
+
+    def add(name: str, handler: Any, text: str, *, task: str = "required") -> Any:
+        parser = commands.add_parser(name, help=text)
+        _common(parser)
+        if task == "required":
+            parser.add_argument("task_id")
+        elif task == "optional":
+            parser.add_argument("task_id", nargs="?")
+        parser.set_defaults(handler=_guarded(handler))
+        return parser
+
+    init = add("init", run_init, "create a task (and a task card renderer for it)")
+    init.add_argument("--purpose", required=True, help="what the task is for, one line")
+    init.add_argument("--steps", help="the planned step ids, comma-separated")
+    for name in (
+        "nudge_after_sec",
+        "timeout_sec",
+        "heartbeat_every_sec",
+        "renotify_sec",
+        "external_max_wait_sec",
+    ):
+        init.add_argument("--" + name.replace("_", "-"), dest=name, type=float)
+    init.add_argument("--max-nudges", dest="max_nudges", type=int)
+    init.add_argument("--max-retries", dest="max_retries", type=int)
+    init.add_argument(
+        "--no-renderer", action="store_true", help=f"do not write {RENDERER_FILE} in the workdir"
+    )
+
+    checkpoint = add("checkpoint", run_checkpoint, "record one observation")
+    checkpoint.add_argument("--event-type", dest="event_type", required=True, choices=EVENT_TYPES)
+    checkpoint.add_argument("--step", help="the step that moved")
+    checkpoint.add_argument("--note", help="what was observed (TASK_COMPLETED: the evidence)")
+    checkpoint.add_argument("--source", choices=SOURCES, default="executor")
+    checkpoint.add_argument("--artifact", action="append", help="a delivered artifact (repeat)")
+    _block_fields(checkpoint)
+    _job_fields(checkpoint)
+    _download_fields(checkpoint)
+    _reply_fields(checkpoint, required=False)
+
+    block = add("block", run_block, "record a confirmed block")
+    block.add_argument("--step")
+    block.add_argument("--source", choices=SOURCES, default="executor")
+    _block_fields(block)
+
+    job = add("external-job", run_external_job, "record what a provider says about a job")
+    _job_fields(job)
+
+    download = add("download-observed", run_download, "record a download as seen on disk")
+    _download_fields(download)
+
+    reply = add("owner-reply", run_owner_reply, "record the owner's answer to the monitor")
+    _reply_fields(reply, required=True)
+    reply.add_argument("--note")
+    reply.add_argument("--reason")
+    reply.add_argument("--safe-next-step", dest="safe_next_step")
+    reply.add_argument("--kind", choices=FAILURE_KINDS)
+
+    heartbeat = add("heartbeat", run_heartbeat, "record that the executor is healthy")
+    heartbeat.add_argument("--note")
+
+    add("show", run_show, "print a task's record as JSON", task="optional")
+    add("render", run_render, "print a task's card (a task_card renderer)", task="optional")
+    supervise = add("supervise", run_supervise, "run the monitor once", task="optional")
+    supervise.add_argument(
+        "--apply-supervision",
+        dest="apply_supervision",
+        action="store_true",
+        help="deliver the actions (wakes, notices, retiring the card), not only print them",
+    )
+    supervise.add_argument("--runtime-dir", default=None, help="where task card hosts live")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="taskcard")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    register(subparsers)
+    args = parser.parse_args(["ledger", *(argv if argv is not None else sys.argv[1:])])
+    code: int = args.handler(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

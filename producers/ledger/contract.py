@@ -1,0 +1,105 @@
+"""The ledger's file contract for consumers: the path, the notification sources, a summary.
+
+The projection service imports only this module from the ledger (standard library only).
+`parse_summary` is total: any bytes give a `LedgerSummary`, with `unknown` wherever the file
+does not say something it can trust. Every value it returns is from a closed vocabulary or
+a short id, so it is safe to show in a chat.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Final
+
+LEDGER_DIR: Final = "ledger"
+LEDGER_FILE: Final = "long-task-ledger.json"
+MAX_SUMMARY_BYTES: Final = 4_000_000
+
+# Notification sources the ledger writes; the people-facing ones carry typed `extra` fields.
+SOURCE_NUDGE: Final = "ledger.nudge"
+SOURCE_RECONCILE: Final = "ledger.reconcile"
+SOURCE_INCONSISTENT: Final = "ledger.inconsistent"
+SOURCE_STALE: Final = "ledger.stale"
+SOURCE_HEARTBEAT: Final = "ledger.heartbeat"
+SOURCE_BLOCKED: Final = "ledger.blocked"  # extra: task_id, kind, step
+SOURCE_COMPLETED: Final = "ledger.completed"  # extra: task_id, outcome, steps_done, step_count
+
+WORKFLOWS: Final = frozenset(
+    {"NOT_STARTED", "RUNNING", "WAITING_EXTERNAL", "BLOCKED", "FAILED", "COMPLETED", "INCONSISTENT"}
+)
+OUTCOMES: Final = frozenset({"SUCCESS", "PARTIAL_SUCCESS", "BLOCKED", "FAILED", "IN_PROGRESS"})
+FAILURE_KIND_NAMES: Final = frozenset(
+    {
+        "TIMEOUT",
+        "DOWNLOAD_TIMEOUT",
+        "DOWNLOAD_INCOMPLETE",
+        "TRANSIENT_NETWORK",
+        "EXECUTION_ERROR",
+        "EXTERNAL_WAIT",
+        "NEEDS_OWNER_DECISION",
+        "MISSING_ACCESS",
+        "MISSING_INPUT",
+        "OTHER",
+    }
+)
+SAFE_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
+_GATE: Final = re.compile(
+    r"(unknown|none: completed|owner reconciles the truth|task completion"
+    r"|decision on block [A-Z_]{1,40}|external job [A-Za-z0-9][A-Za-z0-9_.:-]{0,63}"
+    r"|complete step [A-Za-z0-9][A-Za-z0-9_.:-]{0,63})"
+)
+
+
+def safe_id(value: object) -> str | None:
+    return value if isinstance(value, str) and SAFE_ID.fullmatch(value) else None
+
+
+@dataclass(frozen=True)
+class LedgerSummary:
+    """What a chat may see of a ledger: the newest open task's state and next gate."""
+
+    task_id: str | None = None
+    workflow: str = "unknown"
+    next_gate: str = "unknown"
+    steps_done: int | None = None
+    step_count: int | None = None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def parse_summary(data: bytes) -> LedgerSummary:
+    """The summary of the newest task not completed (else the newest). Never raises."""
+    try:
+        document = json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return LedgerSummary()
+    tasks = document.get("tasks") if isinstance(document, dict) else None
+    if not isinstance(tasks, dict):
+        return LedgerSummary()
+    candidates: list[tuple[bool, str, dict[str, Any]]] = []
+    for record in tasks.values():
+        if not isinstance(record, dict):
+            continue
+        task, derived = record.get("task"), record.get("derived")
+        if not isinstance(task, dict) or not isinstance(derived, dict):
+            continue
+        created = task.get("created_at")
+        open_task = derived.get("workflow") != "COMPLETED"
+        candidates.append((open_task, created if isinstance(created, str) else "", record))
+    if not candidates:
+        return LedgerSummary()
+    _, _, record = max(candidates, key=lambda item: (item[0], item[1]))
+    derived = record["derived"]
+    workflow = derived.get("workflow")
+    gate = derived.get("next_gate")
+    return LedgerSummary(
+        task_id=safe_id(record["task"].get("task_id")),
+        workflow=workflow if workflow in WORKFLOWS else "unknown",
+        next_gate=gate if isinstance(gate, str) and _GATE.fullmatch(gate) else "unknown",
+        steps_done=_int(derived.get("steps_done")),
+        step_count=_int(derived.get("step_count")),
+    )

@@ -1,0 +1,35 @@
+"""The ledger's monitor inside the workdir's task card host, so a ledger needs no cron.
+
+The host calls the returned function every few seconds. It does nothing while the workdir
+has no ledger at the default path; otherwise it applies supervision (wakes and notices are
+idempotent) and retires the host's own card through the `TaskCard` when the work is done.
+A broken ledger is logged and skipped: it never stops the host or the card.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from producers.ledger.card import retire_in_host
+from producers.ledger.notifications import LedgerNotificationPort
+from producers.ledger.store import DEFAULT_LEDGER, Ledger, LedgerError
+from producers.ledger.supervise import supervise
+from producers.task_card.capability import TaskCard
+
+log = logging.getLogger(__name__)
+
+
+def ledger_supervisor(card: TaskCard) -> Callable[[], None]:
+    ledger = Ledger(card.workdir / DEFAULT_LEDGER)
+    port = LedgerNotificationPort(card.paths)
+
+    def check() -> None:
+        if not ledger.path.is_file():
+            return
+        try:
+            supervise(ledger, port, apply=True, retire_card=lambda: retire_in_host(card))
+        except LedgerError as exc:
+            log.warning("ledger monitor skipped: %s", exc)
+
+    return check

@@ -1,0 +1,180 @@
+"""The `ledger` MCP tool: the ledger commands as one flat JSON object.
+
+The input schema is a single top-level object (no `oneOf`/`anyOf` at the root, which some
+MCP clients refuse): `command` picks the operation and the other properties are its fields,
+exactly the options of `taskcard ledger COMMAND`. The call runs in-process (a ledger is only
+files, there is no host to reach), always answers a dict, and never raises for bad input.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from pydantic import ValidationError
+
+from producers.ledger.model import EVENT_TYPES, FAILURE_KINDS, OWNER_REPLIES, TaskRecord, derive
+from producers.ledger.render import render_markdown
+from producers.ledger.store import DEFAULT_LEDGER, Ledger, LedgerError
+from producers.task_card.runtime import HostPaths
+
+TOOL_NAME: Final = "ledger"
+COMMANDS: Final = (
+    "init",
+    "checkpoint",
+    "block",
+    "external-job",
+    "download-observed",
+    "owner-reply",
+    "heartbeat",
+    "show",
+    "supervise",
+    "render",
+)
+TOOL_DESCRIPTION: Final = (
+    "Long task ledger: record observed truth (checkpoint with one of ten event types, block, "
+    "external-job, download-observed, owner-reply, heartbeat), read the derived state (show, "
+    "render) and run the monitor (supervise). Never write a state by hand: observe, record, "
+    "and the state is derived."
+)
+_STR: Final = {"type": "string"}
+
+
+def input_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "command": {"type": "string", "enum": list(COMMANDS)},
+            "task_id": {**_STR, "description": "the task (optional for show/render/supervise)"},
+            "purpose": {**_STR, "description": "init: what the task is for"},
+            "steps": {"type": "array", "items": _STR, "description": "init: planned step ids"},
+            "event_type": {"type": "string", "enum": list(EVENT_TYPES)},
+            "step": _STR,
+            "note": {**_STR, "description": "what was observed; TASK_COMPLETED: the evidence"},
+            "kind": {"type": "string", "enum": list(FAILURE_KINDS)},
+            "reason": _STR,
+            "safe_next_step": _STR,
+            "failed": {"type": "boolean"},
+            "job_id": _STR,
+            "status": {
+                "type": "string",
+                "enum": ["submitted", "running", "succeeded", "failed", "cancelled"],
+            },
+            "provider": _STR,
+            "evidence": {**_STR, "description": "the provider's own id, URL or status line"},
+            "max_wait_sec": {"type": "number"},
+            "name": _STR,
+            "observed_bytes": {"type": "integer"},
+            "expected_bytes": {"type": "integer"},
+            "complete": {"type": "boolean"},
+            "corrupt": {"type": "boolean"},
+            "reply": {
+                "type": "string",
+                "enum": list(OWNER_REPLIES),
+                "description": "; ".join(f"{k} = {v}" for k, v in OWNER_REPLIES.items()),
+            },
+            "apply_supervision": {"type": "boolean"},
+        },
+        "required": ["command"],
+        "additionalProperties": False,
+    }
+
+
+_FIELDS: Final[dict[str, tuple[str, ...]]] = {
+    "block": ("kind", "reason", "step", "safe_next_step", "failed"),
+    "external-job": ("job_id", "status", "provider", "evidence", "max_wait_sec"),
+    "download-observed": ("name", "observed_bytes", "expected_bytes", "complete", "corrupt"),
+    "owner-reply": ("reply", "note", "reason", "safe_next_step", "kind"),
+    "heartbeat": ("note",),
+}
+# Fields that only some event types take; a checkpoint passes on only those it needs.
+_EVENT_FIELDS: Final[dict[str, tuple[str, ...]]] = {
+    "BLOCKED_CONFIRMED": ("kind", "reason", "safe_next_step", "failed"),
+    "OWNER_REPLY_RECORDED": ("reply", "reason", "safe_next_step", "kind"),
+    "EXTERNAL_OBSERVED": _FIELDS["external-job"],
+    "DOWNLOAD_OBSERVED": _FIELDS["download-observed"],
+}
+
+
+def _failed(message: str) -> dict[str, Any]:
+    return {"status": "failed", "message": message}
+
+
+def call_ledger(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
+    """Run one ledger command for the workdir of `paths`; a result dict, never an exception."""
+    unknown = set(arguments) - set(input_schema()["properties"])
+    if unknown:
+        return _failed(f"{sorted(unknown)[0]}: not a field of the ledger tool; see its schema")
+    command = arguments.get("command")
+    if command not in COMMANDS:
+        return _failed(f"command: {command!r} is not a command; use one of {', '.join(COMMANDS)}")
+    ledger = Ledger(paths.workdir / DEFAULT_LEDGER)
+    try:
+        return {"status": "ok", "command": command, **_run(ledger, paths, command, arguments)}
+    except LedgerError as exc:
+        return _failed(str(exc))
+    except (TypeError, ValidationError):
+        return _failed(f"a field of {command} has the wrong type; see the ledger tool's schema")
+
+
+def _run(ledger: Ledger, paths: HostPaths, command: str, args: dict[str, Any]) -> dict[str, Any]:
+    task_id = args.get("task_id")
+    if command in ("show", "render") and task_id is None:
+        task_id = ledger.default_task_id()
+    if command == "supervise":
+        from producers.ledger.card import retire_via_host
+        from producers.ledger.notifications import LedgerNotificationPort
+        from producers.ledger.supervise import supervise
+        from producers.task_card.contract import CardPaths
+
+        decisions = supervise(
+            ledger,
+            LedgerNotificationPort(CardPaths(paths.workdir)),
+            apply=bool(args.get("apply_supervision")),
+            task_id=task_id,
+            retire_card=lambda: retire_via_host(paths),
+        )
+        return {
+            "decisions": [
+                {"task_id": d.task_id, "action": d.action, "reason": d.reason} for d in decisions
+            ]
+        }
+    if not isinstance(task_id, str):
+        raise LedgerError(f"task_id: {command} needs task_id (a string)")
+    if command == "show":
+        record = ledger.task(task_id)
+        record.derived = derive(record.observed)
+        return {"record": record.model_dump(mode="json")}
+    if command == "render":
+        return {"markdown": render_markdown(ledger.task(task_id), ledger.clock())}
+    if command == "init":
+        record = ledger.init(task_id, str(args.get("purpose") or ""), list(args.get("steps") or []))
+    else:
+        if command == "checkpoint":
+            event_type = str(args.get("event_type"))
+            names = ("step", "note", *_EVENT_FIELDS.get(event_type, ()))
+            fields = {k: args[k] for k in names if k in args}
+            record = ledger.checkpoint(task_id, event_type, **fields)
+            return _summary(task_id, record)
+        fields = {k: args[k] for k in _FIELDS[command] if k in args}
+        if command == "block":
+            record = ledger.block(task_id, **fields)
+        elif command == "external-job":
+            record = ledger.external_job(task_id, **fields)
+        elif command == "download-observed":
+            record = ledger.download_observed(task_id, **fields)
+        elif command == "owner-reply":
+            record = ledger.owner_reply(task_id, **fields)
+        else:
+            record = ledger.heartbeat(task_id, **fields)
+    return _summary(task_id, record)
+
+
+def _summary(task_id: str, record: TaskRecord) -> dict[str, Any]:
+    derived = derive(record.observed)
+    return {
+        "task_id": task_id,
+        "workflow": derived.workflow,
+        "truth_state": derived.truth_state,
+        "next_gate": derived.next_gate,
+        "inconsistencies": [i.code for i in derived.inconsistencies],
+    }

@@ -1,0 +1,430 @@
+"""The ledger document and the one pure projection from observed truth to derived state.
+
+Three kinds of data live in a task record, and they never mix:
+
+- `observations`: what happened, append-only (bounded: the oldest are dropped and counted,
+  the truth they carried stays folded into `observed`);
+- `observed`: the truth as owner, executor and external observers reported it;
+- `derived`: computed by `derive(observed)` and nothing else, rewritten on every write, so a
+  half-done state written by hand is overwritten by the projection rather than believed.
+
+`supervision` is the monitor's own bookkeeping (nudges sent, retries requested); it is
+neither truth nor projection and `derive` never reads it.
+
+Root rules, each enforced here and tested: nothing is OK without observed truth; progress on
+a step does not complete it; only completion truth completes the task; contradictory truth is
+reported as an inconsistency, never resolved by guessing.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Final, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+EventType = Literal[
+    "STARTED",
+    "STEP_PROGRESS",
+    "STEP_COMPLETED",
+    "TASK_COMPLETED",
+    "BLOCKED_CONFIRMED",
+    "OWNER_RESUMED",
+    "OWNER_REPLY_RECORDED",
+    "EXTERNAL_OBSERVED",
+    "DOWNLOAD_OBSERVED",
+    "HEARTBEAT",
+]
+EVENT_TYPES: Final[tuple[str, ...]] = get_args(EventType)
+
+# The events a `checkpoint` may record; the others have their own commands, which require
+# the fields that give them meaning (a block needs its kind, a reply its letter).
+CHECKPOINT_EVENTS: Final[tuple[str, ...]] = EVENT_TYPES
+
+FailureKind = Literal[
+    "TIMEOUT",
+    "DOWNLOAD_TIMEOUT",
+    "DOWNLOAD_INCOMPLETE",
+    "TRANSIENT_NETWORK",
+    "EXECUTION_ERROR",
+    "EXTERNAL_WAIT",
+    "NEEDS_OWNER_DECISION",
+    "MISSING_ACCESS",
+    "MISSING_INPUT",
+    "OTHER",
+]
+FAILURE_KINDS: Final[tuple[str, ...]] = get_args(FailureKind)
+# Kinds that are retried (once by default) before a block is escalated to people.
+RETRYABLE_KINDS: Final = frozenset(
+    {
+        "TIMEOUT",
+        "DOWNLOAD_TIMEOUT",
+        "DOWNLOAD_INCOMPLETE",
+        "TRANSIENT_NETWORK",
+        "EXECUTION_ERROR",
+        "EXTERNAL_WAIT",
+    }
+)
+
+Source = Literal["owner", "executor", "external", "monitor"]
+OwnerReply = Literal["A", "B", "C", "D", "E"]
+OWNER_REPLIES: Final[dict[str, str]] = {
+    "A": "in progress: the ledger was not updated",
+    "B": "blocked: a reason and a safe next step are recorded",
+    "C": "completed",
+    "D": "no reply: go and find external evidence",
+    "E": "forgotten or not being done: resume now",
+}
+JobStatus = Literal["submitted", "running", "succeeded", "failed", "cancelled"]
+PENDING_JOB_STATUSES: Final = frozenset({"submitted", "running"})
+StepState = Literal["PENDING", "RUNNING", "DONE", "BLOCKED", "FAILED"]
+Workflow = Literal[
+    "NOT_STARTED", "RUNNING", "WAITING_EXTERNAL", "BLOCKED", "FAILED", "COMPLETED", "INCONSISTENT"
+]
+TruthState = Literal["NO_TRUTH", "OBSERVED", "INCONSISTENT"]
+Outcome = Literal["SUCCESS", "PARTIAL_SUCCESS", "BLOCKED", "FAILED", "IN_PROGRESS"]
+
+MAX_OBSERVATIONS: Final = 500
+MAX_NOTE_CHARS: Final = 500
+
+Ident = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")]
+Note = Annotated[str, StringConstraints(max_length=MAX_NOTE_CHARS)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Limits(_Model):
+    """Inactivity thresholds: they measure time since the last progress delta, not task age."""
+
+    nudge_after_sec: float = Field(default=1800.0, gt=0)
+    timeout_sec: float = Field(default=7200.0, gt=0)
+    heartbeat_every_sec: float = Field(default=300.0, ge=0)  # 0: heartbeats are not expected
+    renotify_sec: float = Field(default=300.0, ge=0)
+    max_nudges: int = Field(default=2, ge=0)
+    max_retries: int = Field(default=1, ge=0)
+    external_max_wait_sec: float = Field(default=3600.0, gt=0)
+
+
+class TaskInfo(_Model):
+    task_id: Ident
+    purpose: Note
+    created_at: datetime
+    limits: Limits = Field(default_factory=Limits)
+
+
+class Observation(_Model):
+    seq: int = Field(ge=1)
+    at: datetime
+    event_type: EventType
+    source: Source
+    step: Ident | None = None
+    note: Note | None = None
+
+
+class StepTruth(_Model):
+    step_id: Ident
+    progress_at: datetime | None = None
+    progress_note: Note | None = None
+    completed_at: datetime | None = None
+    failed_at: datetime | None = None
+
+
+class CompletionTruth(_Model):
+    completed_at: datetime
+    source: Source
+    summary: Note
+    artifacts: list[Note] = Field(default_factory=list, max_length=50)
+
+
+class BlockTruth(_Model):
+    blocked_at: datetime
+    kind: FailureKind
+    reason: Note
+    source: Source
+    step: Ident | None = None
+    safe_next_step: Note | None = None
+    failed: bool = False  # the step failed for good (no retry can help)
+    resolved_at: datetime | None = None
+    resolved_by: EventType | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.resolved_at is None
+
+
+class OwnerTruth(_Model):
+    reply: OwnerReply | None = None
+    reply_at: datetime | None = None
+    note: Note | None = None
+    resumed_at: datetime | None = None
+
+
+class ExternalJob(_Model):
+    job_id: Ident
+    provider: Note
+    status: JobStatus
+    evidence: Note | None = None  # the provider's own id, URL or status line
+    observed_at: datetime
+    status_changed_at: datetime
+    max_wait_sec: float = Field(gt=0)
+
+
+class Download(_Model):
+    name: Ident
+    observed_at: datetime
+    observed_bytes: int = Field(ge=0)
+    expected_bytes: int | None = Field(default=None, ge=0)
+    complete: bool = False
+    corrupt: bool = False
+
+
+class ExecutorHealth(_Model):
+    last_success_at: datetime | None = None
+
+
+class Observed(_Model):
+    started_at: datetime | None = None
+    steps: list[StepTruth] = Field(default_factory=list)
+    task_completion: CompletionTruth | None = None
+    block: BlockTruth | None = None
+    owner: OwnerTruth = Field(default_factory=OwnerTruth)
+    external_jobs: list[ExternalJob] = Field(default_factory=list)
+    downloads: list[Download] = Field(default_factory=list)
+    executor_health: ExecutorHealth = Field(default_factory=ExecutorHealth)
+    last_delta_at: datetime | None = None
+    last_delta_source: EventType | None = None
+
+
+class Inconsistency(_Model):
+    code: str
+    detail: str
+
+
+class Derived(_Model):
+    workflow: Workflow = "NOT_STARTED"
+    current_step: str | None = None
+    step_index: int | None = None  # 1-based position of current_step
+    step_count: int = 0
+    steps_done: int = 0
+    step_states: dict[str, StepState] = Field(default_factory=dict)
+    pending_external: list[str] = Field(default_factory=list)
+    truth_state: TruthState = "NO_TRUTH"
+    outcome: Outcome = "IN_PROGRESS"
+    next_gate: str = "unknown"
+    inconsistencies: list[Inconsistency] = Field(default_factory=list)
+
+
+class Supervision(_Model):
+    """The monitor's bookkeeping: what it already asked for, so it asks once per episode."""
+
+    last_action: str | None = None
+    last_action_at: datetime | None = None
+    last_action_key: str | None = None
+    nudges_sent: int = 0
+    nudged_for: datetime | None = None  # the progress delta the nudges counted against
+    retries_requested: int = 0
+    retried_block: str | None = None  # "<step>:<kind>" of the block the retries belong to
+    last_retry_at: datetime | None = None
+    stopped_at: datetime | None = None
+
+
+class TaskRecord(_Model):
+    task: TaskInfo
+    observations: list[Observation] = Field(default_factory=list)
+    observations_dropped: int = 0
+    next_seq: int = 1
+    observed: Observed = Field(default_factory=Observed)
+    derived: Derived = Field(default_factory=Derived)
+    supervision: Supervision = Field(default_factory=Supervision)
+
+
+class LedgerDocument(_Model):
+    version: Literal[1] = 1
+    tasks: dict[str, TaskRecord] = Field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- derivation
+
+
+def step_state(step: StepTruth, block: BlockTruth | None) -> StepState:
+    """Blocked, then failed, then done, then running, else pending.
+
+    Only a completion makes a step DONE (progress never does). A block counts only while it
+    is active, so a step resumed and then completed is DONE, not blocked forever.
+    """
+    if block is not None and block.active and block.step == step.step_id and not block.failed:
+        return "BLOCKED"
+    if step.failed_at is not None or (
+        block is not None and block.active and block.failed and block.step == step.step_id
+    ):
+        return "FAILED"
+    if step.completed_at is not None:
+        return "DONE"
+    if step.progress_at is not None:
+        return "RUNNING"
+    return "PENDING"
+
+
+def find_inconsistencies(observed: Observed) -> list[Inconsistency]:
+    """Contradictions in the truth. Each one is reported; none is explained away."""
+    found: list[Inconsistency] = []
+    completion = observed.task_completion
+    block = observed.block if observed.block is not None and observed.block.active else None
+    states = [step_state(step, observed.block) for step in observed.steps]
+    for step in observed.steps:
+        if step.completed_at and step.progress_at and step.progress_at > step.completed_at:
+            found.append(
+                Inconsistency(
+                    code="progress_after_step_completed",
+                    detail=f"step {step.step_id} reported progress after its completion",
+                )
+            )
+        if completion and step.progress_at and step.progress_at > completion.completed_at:
+            found.append(
+                Inconsistency(
+                    code="progress_after_task_completed",
+                    detail=f"step {step.step_id} reported progress after the task completed",
+                )
+            )
+    for download in observed.downloads:
+        if download.corrupt:
+            found.append(
+                Inconsistency(
+                    code="download_corrupt", detail=f"download {download.name} is corrupt"
+                )
+            )
+        elif (
+            download.complete
+            and download.expected_bytes is not None
+            and download.observed_bytes != download.expected_bytes
+        ):
+            found.append(
+                Inconsistency(
+                    code="download_size_mismatch",
+                    detail=f"download {download.name} is called complete with "
+                    f"{download.observed_bytes} of {download.expected_bytes} bytes",
+                )
+            )
+    if completion and block:
+        found.append(
+            Inconsistency(code="completed_and_blocked", detail="the task is completed and blocked")
+        )
+    if completion:
+        open_steps = [
+            s.step_id for s, st in zip(observed.steps, states, strict=True) if st != "DONE"
+        ]
+        if open_steps:
+            found.append(
+                Inconsistency(
+                    code="completed_with_open_steps",
+                    detail="the task is completed but steps are not done: " + ", ".join(open_steps),
+                )
+            )
+    for job in observed.external_jobs:
+        if job.status not in PENDING_JOB_STATUSES:
+            continue
+        if completion:
+            found.append(
+                Inconsistency(
+                    code="external_pending_after_completion",
+                    detail=f"external job {job.job_id} is pending after the task completed",
+                )
+            )
+        if not job.evidence:
+            found.append(
+                Inconsistency(
+                    code="external_pending_without_evidence",
+                    detail=f"external job {job.job_id} is called pending without provider evidence",
+                )
+            )
+    first_open: str | None = None
+    for step, state in zip(observed.steps, states, strict=True):
+        if state in ("DONE", "RUNNING") and first_open is not None:
+            found.append(
+                Inconsistency(
+                    code="step_out_of_order",
+                    detail=f"step {step.step_id} is {state.lower()} while the earlier step "
+                    f"{first_open} is not done",
+                )
+            )
+        if state != "DONE" and first_open is None:
+            first_open = step.step_id
+    return found
+
+
+def _next_gate(observed: Observed, derived: Derived) -> str:
+    """What has to happen next for the task to move, in a closed vocabulary plus an id."""
+    if derived.truth_state == "NO_TRUTH":
+        return "unknown"
+    if derived.workflow == "COMPLETED":
+        return "none: completed"
+    if derived.workflow == "INCONSISTENT":
+        return "owner reconciles the truth"
+    block = observed.block
+    if block is not None and block.active:
+        return f"decision on block {block.kind}"
+    if derived.pending_external:
+        return f"external job {derived.pending_external[0]}"
+    if derived.current_step is not None:
+        return f"complete step {derived.current_step}"
+    return "task completion"
+
+
+def derive(observed: Observed) -> Derived:
+    """The derived state of a task: a pure function of its observed truth and nothing else."""
+    states = {step.step_id: step_state(step, observed.block) for step in observed.steps}
+    inconsistencies = find_inconsistencies(observed)
+    pending = [j.job_id for j in observed.external_jobs if j.status in PENDING_JOB_STATUSES]
+    current_index = next(
+        (i for i, step in enumerate(observed.steps) if states[step.step_id] != "DONE"), None
+    )
+    has_truth = observed.last_delta_at is not None or observed.task_completion is not None
+    block = observed.block if observed.block is not None and observed.block.active else None
+    failed = any(state == "FAILED" for state in states.values())
+    workflow: Workflow
+    if inconsistencies:
+        workflow = "INCONSISTENT"
+    elif observed.task_completion is not None:
+        workflow = "COMPLETED"
+    elif failed:
+        workflow = "FAILED"
+    elif block is not None:
+        workflow = "BLOCKED"
+    elif pending:
+        workflow = "WAITING_EXTERNAL"
+    elif has_truth or observed.started_at is not None:
+        workflow = "RUNNING"
+    else:
+        workflow = "NOT_STARTED"
+    truth_state: TruthState = (
+        "INCONSISTENT" if inconsistencies else ("OBSERVED" if has_truth else "NO_TRUTH")
+    )
+    steps_done = sum(1 for state in states.values() if state == "DONE")
+    has_artifacts = bool(observed.downloads) or bool(
+        observed.task_completion and observed.task_completion.artifacts
+    )
+    outcome: Outcome
+    if workflow == "COMPLETED":
+        outcome = "SUCCESS"
+    elif workflow == "FAILED":
+        outcome = "FAILED"
+    elif workflow == "BLOCKED":
+        outcome = "PARTIAL_SUCCESS" if has_artifacts or steps_done else "BLOCKED"
+    else:
+        outcome = "IN_PROGRESS"
+    derived = Derived(
+        workflow=workflow,
+        current_step=observed.steps[current_index].step_id if current_index is not None else None,
+        step_index=current_index + 1 if current_index is not None else None,
+        step_count=len(observed.steps),
+        steps_done=steps_done,
+        step_states=states,
+        pending_external=pending,
+        truth_state=truth_state,
+        outcome=outcome,
+        inconsistencies=inconsistencies,
+    )
+    derived.next_gate = _next_gate(observed, derived)
+    return derived

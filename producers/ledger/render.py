@@ -1,0 +1,91 @@
+"""`taskcard ledger render`: a ready task card renderer that tells only what the ledger knows.
+
+It prints Markdown: the purpose, time since the recorded start, the last movement and what
+moved, step k of n, the truth state, pending external work and its age, the blocker and the
+next gate. Where the ledger holds no truth the card says `unknown` instead of guessing.
+Relative times are rounded to minutes so the card changes when something changed, not every
+second. The derived state is recomputed from the truth, never read back from the file.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Final
+
+from producers.ledger.model import TaskRecord, derive
+
+UNKNOWN: Final = "unknown"
+RENDERER_FILE: Final = "ledger_renderer.py"
+
+
+def format_age(since: datetime | None, now: datetime) -> str:
+    """`3h 05m`, `12m`, `<1m`; `unknown` without a time."""
+    if since is None:
+        return UNKNOWN
+    minutes = max(0, int((now - since).total_seconds() // 60))
+    if minutes < 1:
+        return "<1m"
+    hours, minutes = divmod(minutes, 60)
+    if hours >= 24:
+        days, hours = divmod(hours, 24)
+        return f"{days}d {hours:02d}h"
+    return f"{hours}h {minutes:02d}m" if hours else f"{minutes}m"
+
+
+def _ago(since: datetime | None, now: datetime) -> str:
+    age = format_age(since, now)
+    return age if age == UNKNOWN else f"{age} ago"
+
+
+def render_markdown(record: TaskRecord, now: datetime) -> str:
+    """The card body for one task at `now`. Pure."""
+    observed = record.observed
+    derived = derive(observed)
+    purpose = " ".join(record.task.purpose.split()) or UNKNOWN
+    lines = [f"**{purpose}**", f"task `{record.task.task_id}`"]
+    lines.append(f"started: {_ago(observed.started_at, now)}")
+    if observed.last_delta_at is not None:
+        source = (observed.last_delta_source or UNKNOWN).replace("_", " ").lower()
+        lines.append(f"last movement: {_ago(observed.last_delta_at, now)} ({source})")
+    else:
+        lines.append(f"last movement: {UNKNOWN}")
+    if derived.step_count == 0:
+        lines.append(f"step: {UNKNOWN}")
+    elif derived.current_step is None:
+        lines.append(f"step: all {derived.step_count} done")
+    else:
+        lines.append(
+            f"step: {derived.step_index} of {derived.step_count} (`{derived.current_step}`, "
+            f"{derived.step_states[derived.current_step].lower()})"
+        )
+    state = derived.workflow if derived.truth_state != "NO_TRUTH" else UNKNOWN
+    lines.append(f"state: {state} · truth: {derived.truth_state.replace('_', ' ').lower()}")
+    pending = [j for j in observed.external_jobs if j.job_id in derived.pending_external]
+    if pending:
+        lines.append(
+            "waiting on: "
+            + ", ".join(
+                f"`{j.job_id}` {j.status} for {format_age(j.status_changed_at, now)}"
+                for j in pending
+            )
+        )
+    block = observed.block
+    if block is not None and block.active:
+        where = f" at `{block.step}`" if block.step else ""
+        lines.append(f"blocked{where}: {block.kind}: {' '.join(block.reason.split())}")
+    else:
+        lines.append("blocker: none")
+    lines.append(f"next gate: {derived.next_gate}")
+    for inconsistency in derived.inconsistencies[:3]:
+        lines.append(f"⚠ {inconsistency.detail}")
+    return "\n".join(lines) + "\n"
+
+
+def renderer_source(ledger_rel: str, task_id: str) -> str:
+    """The tiny renderer `ledger init` writes into the workdir for `taskcard card start`."""
+    return (
+        '"""Task card renderer for the long task ledger (written by `taskcard ledger init`)."""\n'
+        "import sys\n\n"
+        "from producers.ledger.cli import main\n\n"
+        f"sys.exit(main(['render', '--ledger', {ledger_rel!r}, {task_id!r}]))\n"
+    )

@@ -1,0 +1,502 @@
+"""`Ledger(path)`: every read-modify-write of a ledger file, under a lock, replaced atomically.
+
+Each write takes an exclusive `flock` on `<ledger>.lock` beside the file, reads the current
+document, applies one observation to one task, recomputes that task's `derived` state and
+replaces the file atomically (temp file, fsync, rename). Concurrent writers from many
+processes therefore queue instead of overwriting each other, and readers never see half a
+file. A write touches exactly one task record; other tasks' bytes are carried over as read.
+
+Bad input raises `LedgerError` with one line naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+from pydantic import ValidationError
+
+from producers.ledger.contract import LEDGER_DIR, LEDGER_FILE
+from producers.ledger.model import (
+    EVENT_TYPES,
+    FAILURE_KINDS,
+    MAX_NOTE_CHARS,
+    MAX_OBSERVATIONS,
+    OWNER_REPLIES,
+    BlockTruth,
+    CompletionTruth,
+    Download,
+    EventType,
+    ExternalJob,
+    LedgerDocument,
+    Limits,
+    Observation,
+    Source,
+    StepTruth,
+    TaskInfo,
+    TaskRecord,
+    derive,
+)
+from producers.task_card.contract import atomic_write
+
+DEFAULT_LEDGER: Final = Path(LEDGER_DIR) / LEDGER_FILE
+MAX_LEDGER_BYTES: Final = 16_000_000
+Clock = Callable[[], datetime]
+
+
+class LedgerError(ValueError):
+    """Bad input or an unreadable ledger: the message names the field and the fix."""
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _first_error(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    field = ".".join(str(part) for part in error["loc"]) or "value"
+    return f"{field}: {error['msg']}"
+
+
+def _check_id(field: str, value: str) -> None:
+    try:
+        StepTruth(step_id=value)
+    except ValidationError:
+        raise LedgerError(
+            f"{field}: {value!r} is not a valid id; use 1-64 letters, digits, '_', '.', ':' "
+            "or '-', starting with a letter or digit"
+        ) from None
+
+
+def _note(field: str, value: str | None) -> str | None:
+    if value is not None and len(value) > MAX_NOTE_CHARS:
+        raise LedgerError(f"{field}: {len(value)} characters; keep it under {MAX_NOTE_CHARS}")
+    return value
+
+
+def load_document(data: bytes, where: str) -> LedgerDocument:
+    if not data.strip():
+        return LedgerDocument()
+    try:
+        return LedgerDocument.model_validate_json(data)
+    except ValidationError as exc:
+        raise LedgerError(
+            f"ledger {where} is not a valid ledger ({_first_error(exc)}); "
+            "fix it or move it aside and run `taskcard ledger init` again"
+        ) from None
+
+
+class Ledger:
+    """One ledger file. All methods are safe to call from many processes at once."""
+
+    def __init__(self, path: Path | str, *, clock: Clock = utc_now) -> None:
+        self.path = Path(path)
+        self.lock_path = self.path.with_name(self.path.name + ".lock")
+        self._clock = clock
+
+    # ---------------------------------------------------------------------- reading
+
+    def read(self) -> LedgerDocument:
+        """The current document (empty when the file does not exist yet)."""
+        try:
+            with self.path.open("rb") as handle:
+                data = handle.read(MAX_LEDGER_BYTES + 1)
+        except FileNotFoundError:
+            return LedgerDocument()
+        except OSError as exc:
+            raise LedgerError(f"ledger {self.path}: cannot read it ({exc.strerror})") from None
+        if len(data) > MAX_LEDGER_BYTES:
+            raise LedgerError(f"ledger {self.path}: larger than {MAX_LEDGER_BYTES} bytes")
+        return load_document(data, str(self.path))
+
+    def task(self, task_id: str) -> TaskRecord:
+        return self.require(self.read(), task_id)
+
+    def default_task_id(self) -> str:
+        """The only task, else the newest one not completed, else the newest one."""
+        document = self.read()
+        if not document.tasks:
+            raise LedgerError(f"task_id: the ledger {self.path} has no task; run `ledger init`")
+        records = sorted(document.tasks.values(), key=lambda r: r.task.created_at)
+        open_records = [r for r in records if r.derived.workflow != "COMPLETED"]
+        return (open_records or records)[-1].task.task_id
+
+    # ---------------------------------------------------------------------- writing
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[LedgerDocument]:
+        """The document under the exclusive lock; written back atomically if it changed."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            document = self.read()
+            before = document.model_dump_json()
+            yield document
+            after = document.model_dump_json(indent=2)
+            if document.model_dump_json() != before:
+                atomic_write(self.path, after.encode("utf-8") + b"\n")
+        finally:
+            os.close(fd)  # closing the descriptor releases the flock
+
+    def clock(self) -> datetime:
+        return self._clock()
+
+    def require(self, document: LedgerDocument, task_id: str) -> TaskRecord:
+        record = document.tasks.get(task_id)
+        if record is None:
+            known = ", ".join(sorted(document.tasks)) or "none"
+            raise LedgerError(
+                f"task_id: {task_id!r} is not in {self.path} (known: {known}); "
+                "run `taskcard ledger init` first"
+            )
+        return record
+
+    def init(
+        self,
+        task_id: str,
+        purpose: str,
+        steps: list[str] | None = None,
+        **limits: float | int,
+    ) -> TaskRecord:
+        """Create a task. Creating an existing task is refused (its truth is never reset)."""
+        _check_id("task_id", task_id)
+        for step in steps or []:
+            _check_id("steps", step)
+        if len(set(steps or [])) != len(steps or []):
+            raise LedgerError("steps: a step id appears twice; give each step its own id")
+        try:
+            info = TaskInfo(
+                task_id=task_id,
+                purpose=purpose,
+                created_at=self._clock(),
+                limits=Limits.model_validate(limits),
+            )
+        except ValidationError as exc:
+            raise LedgerError(f"{_first_error(exc)}; see `taskcard ledger init --help`") from None
+        with self.locked() as document:
+            if task_id in document.tasks:
+                raise LedgerError(
+                    f"task_id: {task_id!r} already exists in {self.path}; "
+                    "choose another id (a task's truth is never reset)"
+                )
+            record = TaskRecord(task=info)
+            record.observed.steps = [StepTruth(step_id=step) for step in steps or []]
+            record.derived = derive(record.observed)
+            document.tasks[task_id] = record
+            return record.model_copy(deep=True)
+
+    def _observe(
+        self,
+        task_id: str,
+        event_type: EventType,
+        source: Source,
+        apply: Callable[[TaskRecord, datetime], bool | None],
+        *,
+        step: str | None = None,
+        note: str | None = None,
+        delta: bool = True,
+    ) -> TaskRecord:
+        """Record one observation and its truth for one task, then re-derive that task."""
+        with self.locked() as document:
+            record = self.require(document, task_id)
+            now = self._clock()
+            moved = apply(record, now) is not False
+            record.observations.append(
+                Observation(
+                    seq=record.next_seq,
+                    at=now,
+                    event_type=event_type,
+                    source=source,
+                    step=step,
+                    note=note,
+                )
+            )
+            record.next_seq += 1
+            overflow = len(record.observations) - MAX_OBSERVATIONS
+            if overflow > 0:
+                del record.observations[:overflow]
+                record.observations_dropped += overflow
+            observed = record.observed
+            if (
+                delta
+                and moved
+                and (observed.last_delta_at is None or now >= observed.last_delta_at)
+            ):
+                observed.last_delta_at = now
+                observed.last_delta_source = event_type
+            record.derived = derive(observed)
+            return record.model_copy(deep=True)
+
+    @staticmethod
+    def _step(record: TaskRecord, step_id: str) -> StepTruth:
+        for step in record.observed.steps:
+            if step.step_id == step_id:
+                return step
+        step = StepTruth(step_id=step_id)  # a step the plan did not list joins it at the end
+        record.observed.steps.append(step)
+        return step
+
+    @staticmethod
+    def _resolve_block_on(
+        record: TaskRecord, step_id: str | None, at: datetime, by: EventType
+    ) -> None:
+        block = record.observed.block
+        if block is not None and block.active and (step_id is None or block.step == step_id):
+            block.resolved_at = at
+            block.resolved_by = by
+
+    def checkpoint(
+        self,
+        task_id: str,
+        event_type: str,
+        *,
+        step: str | None = None,
+        note: str | None = None,
+        source: Source = "executor",
+        artifacts: list[str] | None = None,
+        **fields: Any,
+    ) -> TaskRecord:
+        """Record one of the ten event types; the typed ones delegate to their own method."""
+        if event_type not in EVENT_TYPES:
+            raise LedgerError(
+                f"event_type: {event_type!r} is not an event type; use one of "
+                + ", ".join(EVENT_TYPES)
+            )
+        if step is not None:
+            _check_id("step", step)
+        _note("note", note)
+        if event_type == "BLOCKED_CONFIRMED":
+            return self.block(task_id, step=step, source=source, **fields)
+        if event_type == "OWNER_REPLY_RECORDED":
+            return self.owner_reply(task_id, note=note, **fields)
+        if event_type == "EXTERNAL_OBSERVED":
+            return self.external_job(task_id, **fields)
+        if event_type == "DOWNLOAD_OBSERVED":
+            return self.download_observed(task_id, **fields)
+        if event_type in ("STEP_PROGRESS", "STEP_COMPLETED") and step is None:
+            raise LedgerError(f"step: {event_type} needs --step STEP_ID (which step moved)")
+        if event_type == "TASK_COMPLETED" and not (note or "").strip():
+            raise LedgerError(
+                "note: TASK_COMPLETED needs --note with the completion evidence "
+                "(what was delivered and where)"
+            )
+        for artifact in artifacts or []:
+            _note("artifacts", artifact)
+
+        def apply(record: TaskRecord, now: datetime) -> None:
+            observed = record.observed
+            if event_type == "STARTED":
+                observed.started_at = observed.started_at or now
+            elif event_type == "STEP_PROGRESS":
+                assert step is not None
+                truth = self._step(record, step)
+                truth.progress_at, truth.progress_note = now, note
+                self._resolve_block_on(record, step, now, "STEP_PROGRESS")
+            elif event_type == "STEP_COMPLETED":
+                assert step is not None
+                self._step(record, step).completed_at = now
+                self._resolve_block_on(record, step, now, "STEP_COMPLETED")
+            elif event_type == "TASK_COMPLETED":
+                observed.task_completion = CompletionTruth(
+                    completed_at=now, source=source, summary=note or "", artifacts=artifacts or []
+                )
+            elif event_type == "OWNER_RESUMED":
+                observed.owner.resumed_at = now
+                self._resolve_block_on(record, None, now, "OWNER_RESUMED")
+            elif event_type == "HEARTBEAT":
+                observed.executor_health.last_success_at = now
+
+        return self._observe(task_id, event_type, source, apply, step=step, note=note)  # type: ignore[arg-type]
+
+    def block(
+        self,
+        task_id: str,
+        *,
+        kind: str | None = None,
+        reason: str | None = None,
+        step: str | None = None,
+        safe_next_step: str | None = None,
+        failed: bool = False,
+        source: Source = "executor",
+    ) -> TaskRecord:
+        """A confirmed block: its kind (from the closed list) and reason are required."""
+        if kind not in FAILURE_KINDS:
+            what = "is required" if kind is None else f"{kind!r} is not a failure kind"
+            raise LedgerError(f"kind: {what}; give --kind, one of " + ", ".join(FAILURE_KINDS))
+        if not (reason or "").strip():
+            raise LedgerError("reason: a block needs --reason saying what stops the task")
+        if step is not None:
+            _check_id("step", step)
+        _note("reason", reason)
+        _note("safe_next_step", safe_next_step)
+
+        def apply(record: TaskRecord, now: datetime) -> None:
+            if step is not None:
+                truth = self._step(record, step)
+                if failed:
+                    truth.failed_at = now
+            record.observed.block = BlockTruth(
+                blocked_at=now,
+                kind=kind,  # type: ignore[arg-type]
+                reason=reason or "",
+                source=source,
+                step=step,
+                safe_next_step=safe_next_step,
+                failed=failed,
+            )
+
+        return self._observe(
+            task_id, "BLOCKED_CONFIRMED", source, apply, step=step, note=reason, delta=False
+        )
+
+    def external_job(
+        self,
+        task_id: str,
+        *,
+        job_id: str | None = None,
+        status: str | None = None,
+        provider: str | None = None,
+        evidence: str | None = None,
+        max_wait_sec: float | None = None,
+    ) -> TaskRecord:
+        """What a provider says about a job. A status change is progress; a repeat is not."""
+        if job_id is None:
+            raise LedgerError("job_id: give --job-id naming the external job")
+        _check_id("job_id", job_id)
+        statuses = ("submitted", "running", "succeeded", "failed", "cancelled")
+        if status not in statuses:
+            what = "is required" if status is None else f"{status!r} is not a job status"
+            raise LedgerError(f"status: {what}; give --status, one of {', '.join(statuses)}")
+        _note("evidence", evidence)
+        _note("provider", provider)
+        if max_wait_sec is not None and max_wait_sec <= 0:
+            raise LedgerError("max_wait_sec: must be a positive number of seconds")
+
+        def apply(record: TaskRecord, now: datetime) -> bool:
+            jobs = record.observed.external_jobs
+            existing = next((j for j in jobs if j.job_id == job_id), None)
+            limit = max_wait_sec or (
+                existing.max_wait_sec if existing else record.task.limits.external_max_wait_sec
+            )
+            if existing is None:
+                jobs.append(
+                    ExternalJob(
+                        job_id=job_id,
+                        provider=provider or "unknown",
+                        status=status,  # type: ignore[arg-type]
+                        evidence=evidence,
+                        observed_at=now,
+                        status_changed_at=now,
+                        max_wait_sec=limit,
+                    )
+                )
+                return True
+            changed = existing.status != status
+            if changed:
+                existing.status_changed_at = now
+            existing.status = status  # type: ignore[assignment]
+            existing.observed_at = now
+            existing.max_wait_sec = limit
+            if provider:
+                existing.provider = provider
+            if evidence:
+                existing.evidence = evidence
+            return changed
+
+        return self._observe(task_id, "EXTERNAL_OBSERVED", "external", apply, note=evidence)
+
+    def download_observed(
+        self,
+        task_id: str,
+        *,
+        name: str | None = None,
+        observed_bytes: int | None = None,
+        expected_bytes: int | None = None,
+        complete: bool = False,
+        corrupt: bool = False,
+    ) -> TaskRecord:
+        """A download as seen on disk: a new size or state is progress."""
+        if name is None:
+            raise LedgerError("name: give --name naming the download")
+        _check_id("name", name)
+        if observed_bytes is None or observed_bytes < 0:
+            raise LedgerError("observed_bytes: give --bytes with the size seen on disk (>= 0)")
+        if expected_bytes is not None and expected_bytes < 0:
+            raise LedgerError("expected_bytes: must be >= 0")
+
+        def apply(record: TaskRecord, now: datetime) -> bool:
+            before = next((d for d in record.observed.downloads if d.name == name), None)
+            downloads = [d for d in record.observed.downloads if d.name != name]
+            downloads.append(
+                Download(
+                    name=name,
+                    observed_at=now,
+                    observed_bytes=observed_bytes,
+                    expected_bytes=expected_bytes,
+                    complete=complete,
+                    corrupt=corrupt,
+                )
+            )
+            record.observed.downloads = downloads
+            return before is None or (before.observed_bytes, before.complete, before.corrupt) != (
+                observed_bytes,
+                complete,
+                corrupt,
+            )
+
+        return self._observe(task_id, "DOWNLOAD_OBSERVED", "external", apply, note=name)
+
+    def owner_reply(
+        self,
+        task_id: str,
+        *,
+        reply: str | None = None,
+        note: str | None = None,
+        reason: str | None = None,
+        safe_next_step: str | None = None,
+        kind: str | None = None,
+    ) -> TaskRecord:
+        """The owner's answer to the monitor. B records a block and C a completion, each with
+        the fields that make them truth; A counts as progress; D and E only record the reply
+        (the monitor then asks for external evidence, or tells the agent to resume)."""
+        if reply not in OWNER_REPLIES:
+            what = "is required" if reply is None else f"{reply!r} is not a reply"
+            raise LedgerError(
+                f"reply: {what}; give --reply, one of "
+                + "; ".join(f"{k} = {v}" for k, v in OWNER_REPLIES.items())
+            )
+        _note("note", note)
+        if reply == "B":
+            if not (reason or "").strip() or not (safe_next_step or "").strip():
+                raise LedgerError(
+                    "reason: reply B needs --reason and --safe-next-step (why it is blocked "
+                    "and what can safely be done next)"
+                )
+            self.block(
+                task_id,
+                kind=kind or "NEEDS_OWNER_DECISION",
+                reason=reason,
+                safe_next_step=safe_next_step,
+                source="owner",
+            )
+        if reply == "C":
+            if not (note or "").strip():
+                raise LedgerError("note: reply C needs --note with the completion evidence")
+            self.checkpoint(task_id, "TASK_COMPLETED", note=note, source="owner")
+
+        def apply(record: TaskRecord, now: datetime) -> None:
+            owner = record.observed.owner
+            owner.reply, owner.reply_at, owner.note = reply, now, note  # type: ignore[assignment]
+
+        return self._observe(
+            task_id, "OWNER_REPLY_RECORDED", "owner", apply, note=note, delta=reply == "A"
+        )
+
+    def heartbeat(self, task_id: str, note: str | None = None) -> TaskRecord:
+        return self.checkpoint(task_id, "HEARTBEAT", note=note)

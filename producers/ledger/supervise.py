@@ -1,0 +1,92 @@
+"""Applying monitor decisions: wakes to the agent, notices to people, retiring the card.
+
+`supervise` decides for every task of a ledger (or one), and with `apply` delivers each new
+decision once: it records the decision in that task's `supervision` bookkeeping (and only
+that task's), appends the typed notification, and after a completion retires the workdir's
+task card when no other task of the ledger is still open. A decision whose key was already
+delivered changes nothing, so running it every few seconds from the host and from cron at
+the same time is safe.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+
+from producers.ledger.model import TaskRecord, derive
+from producers.ledger.monitor import AGENT_ACTIONS, Decision, decide
+from producers.ledger.notifications import LedgerNotificationPort
+from producers.ledger.store import Ledger
+
+log = logging.getLogger(__name__)
+CardRetirer = Callable[[], None]
+
+
+def _record_delivery(record: TaskRecord, decision: Decision, now: datetime) -> None:
+    sup = record.supervision
+    sup.last_action, sup.last_action_at, sup.last_action_key = decision.action, now, decision.key
+    if decision.action == "NUDGE_MAIN_AGENT" and decision.reason == "no_progress":
+        baseline = record.observed.last_delta_at or record.task.created_at
+        sup.nudges_sent = sup.nudges_sent + 1 if sup.nudged_for == baseline else 1
+        sup.nudged_for = baseline
+    if decision.action == "OWNER_RECONCILE" and decision.reason == "retry":
+        block = record.observed.block
+        assert block is not None
+        block_key = f"{block.step or '-'}:{block.kind}"
+        sup.retries_requested = sup.retries_requested + 1 if sup.retried_block == block_key else 1
+        sup.retried_block, sup.last_retry_at = block_key, now
+    if decision.action == "STOP_AND_DELETE":
+        sup.stopped_at = now
+
+
+def _already_delivered(record: TaskRecord, decision: Decision) -> bool:
+    if decision.action in ("OK", "AWAITING_TRUTH"):
+        return True
+    return record.supervision.last_action_key == decision.key
+
+
+def supervise(
+    ledger: Ledger,
+    port: LedgerNotificationPort,
+    *,
+    apply: bool,
+    task_id: str | None = None,
+    retire_card: CardRetirer | None = None,
+    now: datetime | None = None,
+) -> list[Decision]:
+    """The decision for each task (or `task_id`); delivered when `apply` is set."""
+    if not apply:
+        document = ledger.read()
+        at = now or ledger.clock()
+        ids = [task_id] if task_id is not None else sorted(document.tasks)
+        return [decide(ledger.require(document, i), at) for i in ids]
+    decisions: list[Decision] = []
+    retire = False
+    with ledger.locked() as document:
+        at = now or ledger.clock()
+        ids = [task_id] if task_id is not None else sorted(document.tasks)
+        for ident in ids:
+            record = ledger.require(document, ident)
+            decision = decide(record, at)
+            decisions.append(decision)
+            if _already_delivered(record, decision):
+                continue
+            record.derived = derive(record.observed)
+            if decision.action in AGENT_ACTIONS:
+                port.wake(decision, record)
+            elif decision.action == "BLOCKED_ESCALATE":
+                port.blocked(decision, record)
+            elif decision.action == "STOP_AND_DELETE":
+                port.completed(decision, record)
+                retire = True
+            _record_delivery(record, decision, at)
+        still_open = any(
+            decide(record, at).action != "STOP_AND_DELETE" for record in document.tasks.values()
+        )
+    if retire and not still_open and retire_card is not None:
+        try:
+            retire_card()
+        except Exception:  # the card is the agent's; a failure to stop it must not undo truth
+            log.exception("ledger %s: the task card could not be retired", ledger.path)
+    return decisions

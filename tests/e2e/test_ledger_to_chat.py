@@ -1,0 +1,74 @@
+"""A ledger block escalated by the monitor reaches the Telegram chat as a notice, built from
+typed fields only (never the agent's free-text reason); the resident card shows the
+ledger's state and next gate in its automatic slot."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.harness import ServeProcess, eventually, publish, run_cli
+from tests.fakes.telegram_api import FakeTelegram
+
+CHAT = 778
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram() as server:
+        yield server
+
+
+def ledger(workdir: Path, *args: str) -> None:
+    done = run_cli("ledger", *args, "--workdir", str(workdir))
+    assert done.returncode == 0, done.stderr
+
+
+async def test_blocked_escalate_reaches_the_chat(tmp_path: Path, fake: FakeTelegram) -> None:
+    workdir = tmp_path / "agents" / "trainer"
+    workdir.mkdir(parents=True)
+    config = tmp_path / "taskcard.toml"
+    config.write_text(
+        '[[agents]]\nid = "trainer"\nworkdir = "agents/trainer"\n'
+        f'[telegram]\ntoken_env = "TC_TEST_TOKEN"\napi_base_url = "{fake.base_url}"\n'
+        "poll_timeout_s = 1\n"
+        f'[[telegram.routes]]\nchat_id = {CHAT}\nagents = ["*"]\n'
+    )
+    secret_reason = "token sk-live-123 rejected at /home/me/keys"
+    with ServeProcess(config, env={"TC_TEST_TOKEN": fake.token}) as serve:
+        ledger(workdir, "init", "train-7", "--purpose", "Train", "--steps", "prep,train")
+        ledger(workdir, "checkpoint", "train-7", "--event-type", "STARTED")
+        ledger(
+            workdir,
+            "block",
+            "train-7",
+            "--kind",
+            "MISSING_ACCESS",
+            "--step",
+            "train",
+            "--reason",
+            secret_reason,
+        )
+        publish(workdir, "**training** card")
+        await eventually(
+            lambda: any(
+                "ledger train-7: BLOCKED" in m.text and "decision on block MISSING_ACCESS" in m.text
+                for m in fake.bot_messages(CHAT)
+            ),
+            what="the ledger row in the automatic slot",
+            timeout_s=60,
+        )
+        ledger(workdir, "supervise", "--apply-supervision")
+        notice = await eventually(
+            lambda: next((m.text for m in fake.bot_messages(CHAT) if "blocked" in m.text), None),
+            what="the block notice",
+            timeout_s=60,
+        )
+        assert "trainer" in notice and "train-7" in notice and "MISSING_ACCESS" in notice
+        assert "sk-live" not in notice and "/home" not in notice
+        ledger(workdir, "supervise", "--apply-supervision")  # idempotent: no second notice
+        lines = (workdir / ".notification" / "system.jsonl").read_text().splitlines()
+        assert len([line for line in lines if '"ledger.blocked"' in line]) == 1
+        assert await serve.aterminate() == 0

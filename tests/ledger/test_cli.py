@@ -1,0 +1,120 @@
+"""`taskcard ledger ...` as a user runs it: separate processes, files in a workdir."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.ledger.conftest import notifications
+
+
+def taskcard(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bridge.cli", "ledger", *args, "--workdir", str(workdir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def ok(workdir: Path, *args: str) -> dict[str, object]:
+    done = taskcard(workdir, *args)
+    assert done.returncode == 0, done.stderr
+    result: dict[str, object] = json.loads(done.stdout)
+    return result
+
+
+def test_a_task_from_init_to_completion(workdir: Path) -> None:
+    created = ok(workdir, "init", "build", "--purpose", "Build the index", "--steps", "fetch,index")
+    assert created["truth_state"] == "NO_TRUTH"
+    assert (workdir / "ledger" / "long-task-ledger.json").is_file()
+    ok(workdir, "checkpoint", "build", "--event-type", "STARTED")
+    ok(workdir, "checkpoint", "build", "--event-type", "STEP_COMPLETED", "--step", "fetch")
+    ok(workdir, "external-job", "build", "--job-id", "j1", "--status", "running", "--evidence", "x")
+    ok(workdir, "download-observed", "build", "--name", "corpus", "--bytes", "10")
+    waiting = ok(workdir, "heartbeat", "build")
+    assert waiting["workflow"] == "WAITING_EXTERNAL"
+    assert waiting["next_gate"] == "external job j1"
+    ok(workdir, "external-job", "build", "--job-id", "j1", "--status", "succeeded")
+    ok(workdir, "checkpoint", "build", "--event-type", "STEP_COMPLETED", "--step", "index")
+    done = ok(workdir, "owner-reply", "build", "--reply", "C", "--note", "index in out/")
+    assert done["workflow"] == "COMPLETED"
+    shown = json.loads(taskcard(workdir, "show", "build").stdout)
+    assert [o["event_type"] for o in shown["observations"]][-2:] == [
+        "TASK_COMPLETED",
+        "OWNER_REPLY_RECORDED",
+    ]
+    supervised = taskcard(workdir, "supervise", "--apply-supervision")
+    assert json.loads(supervised.stdout)["action"] == "STOP_AND_DELETE"
+    assert [n["source"] for n in notifications(workdir)] == ["ledger.completed"]
+
+
+def test_render_is_a_working_task_card_renderer(workdir: Path) -> None:
+    ok(workdir, "init", "t", "--purpose", "Train the model", "--steps", "prep,train,eval")
+    rendered = subprocess.run(
+        [sys.executable, "ledger_renderer.py"],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+    assert rendered.returncode == 0, rendered.stderr
+    body = rendered.stdout
+    assert "**Train the model**" in body
+    for row in ("started: unknown", "last movement: unknown", "next gate: unknown"):
+        assert row in body
+    ok(workdir, "checkpoint", "t", "--event-type", "STEP_COMPLETED", "--step", "prep")
+    ok(
+        workdir,
+        "block",
+        "t",
+        "--kind",
+        "MISSING_ACCESS",
+        "--reason",
+        "no GPU quota",
+        "--step",
+        "train",
+    )
+    body = taskcard(workdir, "render").stdout
+    assert "step: 2 of 3 (`train`, blocked)" in body
+    assert "blocked at `train`: MISSING_ACCESS: no GPU quota" in body
+    assert "last movement: <1m ago (step completed)" in body
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["checkpoint", "t", "--event-type", "CHECKPOINT"], "--event-type"),
+        (["checkpoint", "t", "--event-type", "STEP_PROGRESS"], "step:"),
+        (["checkpoint", "t", "--event-type", "TASK_COMPLETED"], "note:"),
+        (["owner-reply", "t", "--reply", "F"], "--reply"),
+        (["owner-reply", "t", "--reply", "B"], "reason:"),
+        (["block", "t", "--reason", "x"], "kind:"),
+        (["external-job", "t", "--job-id", "j"], "status:"),
+        (["heartbeat", "nope"], "task_id:"),
+        (["init", "t", "--purpose", "again"], "task_id:"),
+        (["init", "bad id", "--purpose", "p"], "task_id:"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_field(workdir: Path, args: list[str], field: str) -> None:
+    ok(workdir, "init", "t", "--purpose", "p")
+    done = taskcard(workdir, *args)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and field in lines[0], done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_broken_ledger_file_is_reported_not_a_crash(workdir: Path) -> None:
+    (workdir / "ledger").mkdir()
+    (workdir / "ledger" / "long-task-ledger.json").write_text("{not json")
+    done = taskcard(workdir, "show")
+    assert done.returncode == 2
+    assert "not a valid ledger" in done.stderr and "Traceback" not in done.stderr

@@ -1,0 +1,79 @@
+"""The service's read of a workdir ledger: total, inside the workdir, never blocking."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bridge.compose.view import compose_view
+from bridge.track.ledger import LedgerView, ledger_row
+from bridge.track.monitor import ActivitySummary, CardState
+from producers.ledger.store import DEFAULT_LEDGER, Ledger
+
+
+def test_no_ledger_no_row(workdir: Path) -> None:
+    assert LedgerView().summary(workdir) is None
+    assert ledger_row(None) is None
+
+
+def test_state_and_next_gate(workdir: Path) -> None:
+    ledger = Ledger(workdir / DEFAULT_LEDGER)
+    ledger.init("train-7", "p", ["prep", "train"])
+    view = LedgerView()
+    assert (
+        ledger_row(view.summary(workdir))
+        == "ledger train-7: NOT_STARTED · 0/2 steps done · next: unknown"
+    )
+    ledger.checkpoint("train-7", "STEP_COMPLETED", step="prep")
+    assert ledger_row(view.summary(workdir)) == (
+        "ledger train-7: RUNNING · 1/2 steps done · next: complete step train"
+    )
+
+
+def test_a_broken_or_hostile_file_shows_unknown(workdir: Path) -> None:
+    path = workdir / DEFAULT_LEDGER
+    path.parent.mkdir()
+    for content in (
+        b"{broken",
+        b"[]",
+        b'{"tasks": {"t": {"task": {}, "derived": {"workflow": 3}}}}',
+    ):
+        path.write_bytes(content)
+        os.utime(path, ns=(len(content), len(content)))
+        assert ledger_row(LedgerView().summary(workdir)) == "ledger: unknown · next: unknown"
+    path.write_bytes(
+        b'{"tasks": {"t": {"task": {"task_id": "x/../y"}, '
+        b'"derived": {"workflow": "RUNNING", "next_gate": "rm -rf /"}}}}'
+    )
+    assert ledger_row(LedgerView().summary(workdir)) == "ledger: RUNNING · next: unknown"
+
+
+def test_symlinks_out_of_the_workdir_are_not_followed(workdir: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    Ledger(outside / DEFAULT_LEDGER).init("secret", "p")
+    (workdir / "ledger").symlink_to(outside / "ledger")
+    assert ledger_row(LedgerView().summary(workdir)) == "ledger: unknown · next: unknown"
+    os.unlink(workdir / "ledger")
+    (workdir / "ledger").mkdir()
+    (workdir / DEFAULT_LEDGER).symlink_to(outside / DEFAULT_LEDGER)
+    assert ledger_row(LedgerView().summary(workdir)) == "ledger: unknown · next: unknown"
+
+
+def test_a_fifo_does_not_block(workdir: Path) -> None:
+    (workdir / "ledger").mkdir()
+    os.mkfifo(workdir / DEFAULT_LEDGER)
+    assert ledger_row(LedgerView().summary(workdir)) == "ledger: unknown · next: unknown"
+
+
+def test_the_row_is_in_the_automatic_slot() -> None:
+    view = compose_view(
+        "a",
+        CardState(),
+        ActivitySummary(),
+        hidden=False,
+        activity_rows=3,
+        now=datetime(2026, 1, 1, tzinfo=UTC),
+        ledger_line="ledger t: BLOCKED · next: decision on block OTHER",
+    )
+    assert "ledger t: BLOCKED · next: decision on block OTHER" in view.auto_rows

@@ -1,0 +1,145 @@
+"""Writes: locked and atomic across processes, bounded, one task at a time; supervision."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from producers.ledger.model import MAX_OBSERVATIONS
+from producers.ledger.notifications import LedgerNotificationPort
+from producers.ledger.store import Ledger, LedgerError
+from producers.ledger.supervise import supervise
+from producers.task_card.contract import CardPaths
+from tests.ledger.conftest import FakeClock, notifications
+
+WRITER = """
+import sys
+from producers.ledger.store import Ledger, LedgerError
+Ledger(sys.argv[1]).checkpoint("t", "STEP_PROGRESS", step="s" + sys.argv[2], note=sys.argv[2])
+"""
+
+
+def test_twenty_concurrent_checkpoints_lose_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.json"
+    Ledger(path).init("t", "p")
+    writers = [
+        subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(n)]) for n in range(20)
+    ]
+    assert [w.wait(timeout=120) for w in writers] == [0] * 20
+    record = Ledger(path).task("t")
+    assert sorted(o.note or "" for o in record.observations) == sorted(str(n) for n in range(20))
+    assert {s.step_id for s in record.observed.steps} == {f"s{n}" for n in range(20)}
+    assert [o.seq for o in record.observations] == list(range(1, 21))
+
+
+def test_observations_are_bounded_and_truth_survives(ledger: Ledger) -> None:
+    ledger.init("t", "p", ["a"])
+    ledger.checkpoint("t", "STEP_COMPLETED", step="a")
+    for _ in range(MAX_OBSERVATIONS + 20):
+        ledger.heartbeat("t")
+    record = ledger.task("t")
+    assert len(record.observations) == MAX_OBSERVATIONS
+    assert record.observations_dropped == 21
+    assert record.observations[-1].seq == MAX_OBSERVATIONS + 21
+    assert record.derived.step_states == {"a": "DONE"}
+
+
+def test_supervising_one_task_never_changes_another(
+    ledger: Ledger, clock: FakeClock, workdir: Path
+) -> None:
+    ledger.init("quiet", "p", nudge_after_sec=60)
+    ledger.init("other", "p", nudge_after_sec=60)
+    ledger.checkpoint("quiet", "STARTED")
+    ledger.checkpoint("other", "STARTED")
+    clock.advance(120)
+    before = ledger.read().tasks["other"].model_dump_json()
+    port = LedgerNotificationPort(CardPaths(workdir))
+    decisions = supervise(ledger, port, apply=True, task_id="quiet")
+    assert [(d.task_id, d.action) for d in decisions] == [("quiet", "NUDGE_MAIN_AGENT")]
+    assert ledger.read().tasks["other"].model_dump_json() == before
+    assert ledger.task("quiet").supervision.nudges_sent == 1
+
+
+def test_wakes_are_typed_and_idempotent(ledger: Ledger, clock: FakeClock, workdir: Path) -> None:
+    ledger.init("t", "p", nudge_after_sec=60, renotify_sec=600)
+    ledger.checkpoint("t", "STARTED")
+    clock.advance(61)
+    port = LedgerNotificationPort(CardPaths(workdir))
+    for _ in range(3):
+        supervise(ledger, port, apply=True)
+    lines = notifications(workdir)
+    assert len(lines) == 1
+    assert lines[0]["source"] == "ledger.nudge"
+    assert lines[0]["extra"] == {
+        "state": "NUDGE_MAIN_AGENT",
+        "task_id": "t",
+        "reason": "no_progress",
+    }
+
+
+def test_a_pending_external_job_does_not_suppress_staleness_forever(
+    ledger: Ledger, clock: FakeClock, workdir: Path
+) -> None:
+    ledger.init("t", "p", nudge_after_sec=60)
+    ledger.external_job("t", job_id="j", status="running", evidence="prov-1", max_wait_sec=300)
+    port = LedgerNotificationPort(CardPaths(workdir))
+    clock.advance(200)
+    assert supervise(ledger, port, apply=True)[0].action == "OK"
+    clock.advance(101)
+    assert supervise(ledger, port, apply=True)[0].reason == "external_overdue"
+    assert notifications(workdir)[-1]["source"] == "ledger.reconcile"
+
+
+def test_repeating_the_same_job_status_is_not_progress(ledger: Ledger, clock: FakeClock) -> None:
+    ledger.init("t", "p")
+    first = ledger.external_job("t", job_id="j", status="running", evidence="e")
+    clock.advance(30)
+    same = ledger.external_job("t", job_id="j", status="running", evidence="e")
+    assert same.observed.last_delta_at == first.observed.last_delta_at
+    clock.advance(30)
+    changed = ledger.external_job("t", job_id="j", status="succeeded")
+    assert changed.observed.last_delta_at == clock.now
+
+
+def test_retry_first_then_escalate(ledger: Ledger, clock: FakeClock, workdir: Path) -> None:
+    ledger.init("t", "p", ["dl"], renotify_sec=60)
+    ledger.block("t", kind="DOWNLOAD_TIMEOUT", reason="mirror slow", step="dl")
+    port = LedgerNotificationPort(CardPaths(workdir))
+    assert supervise(ledger, port, apply=True)[0].reason == "retry"
+    clock.advance(30)
+    assert supervise(ledger, port, apply=True)[0].reason == "retry"
+    clock.advance(31)
+    assert supervise(ledger, port, apply=True)[0].action == "BLOCKED_ESCALATE"
+    sources = [line["source"] for line in notifications(workdir)]
+    assert sources == ["ledger.reconcile", "ledger.blocked"]
+    blocked = notifications(workdir)[-1]["extra"]
+    assert blocked == {"state": "blocked", "task_id": "t", "kind": "DOWNLOAD_TIMEOUT", "step": "dl"}
+
+
+def test_completion_notifies_once_and_retires_the_card_after_the_last_open_task(
+    ledger: Ledger, workdir: Path
+) -> None:
+    ledger.init("a", "p")
+    ledger.init("b", "p")
+    retired: list[str] = []
+    port = LedgerNotificationPort(CardPaths(workdir))
+    ledger.checkpoint("a", "TASK_COMPLETED", note="done")
+    supervise(ledger, port, apply=True, retire_card=lambda: retired.append("card"))
+    assert retired == [], "task b is still open"
+    ledger.checkpoint("b", "TASK_COMPLETED", note="done")
+    supervise(ledger, port, apply=True, retire_card=lambda: retired.append("card"))
+    supervise(ledger, port, apply=True, retire_card=lambda: retired.append("card"))
+    assert retired == ["card"]
+    completed = [n for n in notifications(workdir) if n["source"] == "ledger.completed"]
+    assert [n["extra"]["task_id"] for n in completed] == ["a", "b"]
+
+
+def test_a_corrupt_ledger_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.json"
+    path.write_text(json.dumps({"version": 1, "tasks": {"t": {"task": {}}}}))
+    with pytest.raises(LedgerError, match=r"not a valid ledger \(tasks\.t\.task\.task_id"):
+        Ledger(path).task("t")
