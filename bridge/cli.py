@@ -17,6 +17,7 @@ _COMMAND_MODULES = (
     "bridge.demo",
     "bridge.activity",
     "producers.task_card.cli",
+    "producers.agent_hooks.cli",
 )
 
 Handler = Callable[[argparse.Namespace], int]

@@ -141,8 +141,8 @@ class AgentMeta:
         self._wakes = WakeReader(card_paths, WAKE_CONSUMER)
 
     def prime(self) -> None:
-        """Place the wake cursor at the end: notices older than this server are not news."""
-        self._wakes.take()
+        """A first server for the workdir starts at the end: older notices are not news."""
+        self._wakes.prime()
 
     def take(self) -> dict[str, Any] | None:
         """The `_meta` of the next result, or None when there is nothing new."""

@@ -114,6 +114,12 @@ class WakeReader:
         self._paths = paths
         self._cursor_path = paths.notification_dir / CURSOR_DIR / f"{consumer}.json"
 
+    def prime(self) -> None:
+        """Place the cursor at the end if this consumer has none yet (a first session)."""
+        with self._locked():
+            if self._load() is None:
+                self._save(self._read_from(None)[1])
+
     def take(self) -> list[str]:
         """New wake texts since the last call (none on the very first call)."""
         with self._locked():
