@@ -168,9 +168,10 @@ class WakeReader:
         chunks = b""
         offset = cursor.offset
         if cursor.inode != stat.st_ino:
+            # Inode 0: there was no file when the cursor was placed, so all of it is new.
             with contextlib.suppress(OSError):
-                if cursor.inode and rotated.stat().st_ino == cursor.inode:
-                    chunks = _read_lines(rotated, offset)[0]
+                if cursor.inode == 0 or rotated.stat().st_ino == cursor.inode:
+                    chunks = _read_lines(rotated, offset if cursor.inode else 0)[0]
             offset = 0
         elif stat.st_size < offset:
             offset = 0  # truncated in place: start over
