@@ -15,9 +15,10 @@ from importlib import import_module
 _COMMAND_MODULES = (
     "bridge.run.serve_cli",
     "bridge.run.demo",
-    "bridge.activity",
+    "producers.agent_hooks.activity_cli",
     "producers.task_card.cli",
     "producers.ledger.cli",
+    "producers.agent_hooks.cli",
 )
 
 Handler = Callable[[argparse.Namespace], int]

@@ -75,7 +75,6 @@ def input_schema() -> dict[str, Any]:
             "apply_supervision": {"type": "boolean"},
         },
         "required": ["command"],
-        "additionalProperties": False,
     }
 
 

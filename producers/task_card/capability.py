@@ -73,6 +73,7 @@ from producers.task_card.settings import (
     settings_or_defaults,
     show_rows,
 )
+from producers.task_card.turns import add_completed_turn, reset_turns
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +159,6 @@ class TaskCard:
         self._current: _Watch | None = None
         self._starting = False
         self._seen_watch_number = 0
-        self._turns_without_publish = 0
         self._closed = False
         self._meta = MetaProjector(self.paths)
         self._host_lock = HostLock(self.host_paths)
@@ -209,13 +209,16 @@ class TaskCard:
             )
 
     def on_completed_turn(self) -> None:
-        """Count a completed text turn; submit a reminder every `reminder-turns` quiet turns."""
+        """Count a completed text turn; submit a reminder every `reminder-turns` quiet turns.
+
+        The count is the workdir's shared one (`turns.py`), so turns the agent host's hooks
+        count while no host runs and turns counted here add up.
+        """
         turns = settings_or_defaults(self.paths).reminder_turns
+        count = add_completed_turn(self.paths, turns)
+        if count is None:
+            return
         with self._lock:
-            self._turns_without_publish += 1
-            if self._turns_without_publish < turns:
-                return
-            count, self._turns_without_publish = self._turns_without_publish, 0
             current = self._current.watch_id if self._current is not None else None
         self._notifier.submit_reminder(count, current)
 
@@ -504,7 +507,7 @@ class TaskCard:
     def _record_success(self, watch: _Watch, body: str) -> None:
         watch.last_body = body
         watch.last_body_at = self._clock()
-        self._turns_without_publish = 0
+        reset_turns(self.paths)
         self._notifier.clear_reminder()
 
     def _record_failure(self, watch: _Watch, failure: RenderFailure, tail: str) -> None:

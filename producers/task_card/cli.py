@@ -158,6 +158,15 @@ def _detach(args: argparse.Namespace, paths: HostPaths) -> int:
 
 
 def run_mcp(args: argparse.Namespace) -> int:
+    # Refused before the MCP handshake: a client would otherwise list tools that all fail.
+    workdir = Path(args.workdir)
+    if not workdir.is_dir() or not os.access(workdir, os.W_OK | os.X_OK):
+        print(
+            f"taskcard mcp: --workdir {args.workdir} is not a writable directory; "
+            "pass the agent's working directory",
+            file=sys.stderr,
+        )
+        return 2
     import anyio
 
     from producers.task_card.mcp_server import serve_stdio

@@ -145,35 +145,67 @@ def parse_envelope(raw: Mapping[str, Any] | str | bytes) -> Envelope:
     return Envelope(action=name, input=parsed, reasoning=reasoning, summarize=bool(summarize))
 
 
+def _portable_field(schema: dict[str, Any], actions: list[str]) -> dict[str, Any]:
+    """One input field in the subset every major host accepts (see `envelope_json_schema`)."""
+    description = str(schema.get("description", "")).rstrip(".")
+    branches = schema.get("anyOf")
+    if isinstance(branches, list):  # `X | None`: the null branch means "may be omitted"
+        schema = next(branch for branch in branches if branch.get("type") != "null")
+    field: dict[str, Any] = {"type": schema["type"]}
+    for key in ("minimum", "minLength"):
+        if key in schema:
+            field[key] = schema[key]
+    if "exclusiveMinimum" in schema:
+        field["minimum"] = schema["exclusiveMinimum"]
+    used_by = ", ".join(actions)
+    field["description"] = f"{description}. For: {used_by}."
+    return field
+
+
 def envelope_json_schema() -> dict[str, Any]:
-    """The tool's input schema: a closed object whose variants are generated from the models."""
-    defs: dict[str, Any] = {}
-    variants: list[dict[str, Any]] = []
+    """The tool's input schema: one flat object, in the subset every major agent host loads.
+
+    Hosts differ in what they accept. Anthropic's API refuses `oneOf`/`anyOf`/`allOf` at the
+    top of a tool schema; OpenAI function calling wants an object at the root; Gemini's
+    function declarations take an OpenAPI subset without `$ref`/`$defs`, `const`,
+    `oneOf`/`allOf`/`not`, type lists or `additionalProperties`. So the schema uses only
+    `type`, `properties`, `required`, `enum`, `description`, `minimum` and `minLength`:
+    `input` lists every field of every action, each saying which actions take it. The exact
+    per-action rules (which fields, closed objects, strict types) are enforced by
+    `parse_envelope` on the server, whose errors name the field and the fix.
+    """
+    fields: dict[str, dict[str, Any]] = {}
+    users: dict[str, list[str]] = {}
     for action in ACTIONS:
-        model = INPUT_MODELS[action]
-        schema = model.model_json_schema(ref_template="#/$defs/{model}")
-        defs.update(schema.pop("$defs", {}))
-        defs[model.__name__] = schema
-        variants.append(
-            {
-                "type": "object",
-                "properties": {
-                    "action": {"const": action},
-                    "input": {"$ref": f"#/$defs/{model.__name__}"},
-                },
-                "required": ["action", "input"],
-            }
-        )
+        schema = INPUT_MODELS[action].model_json_schema()
+        for name, prop in schema.get("properties", {}).items():
+            fields.setdefault(name, prop)
+            users.setdefault(name, []).append(action)
+    per_action = "; ".join(f"{action}: {_allowed_fields(action)}" for action in ACTIONS)
     return {
         "type": "object",
         "properties": {
-            "action": {"type": "string", "enum": list(ACTIONS)},
-            "input": {"type": "object"},
-            "reasoning": {"type": "string", "minLength": 1},
-            "summarize": {"type": "boolean"},
+            "action": {
+                "type": "string",
+                "enum": list(ACTIONS),
+                "description": "What to do. Call manual first if you have not read it.",
+            },
+            "input": {
+                "type": "object",
+                "description": f"The action's fields, nothing else ({per_action}).",
+                "properties": {
+                    name: _portable_field(prop, users[name]) for name, prop in fields.items()
+                },
+            },
+            "reasoning": {
+                "type": "string",
+                "minLength": 1,
+                "description": "Why you make this call, in one sentence.",
+            },
+            "summarize": {
+                "type": "boolean",
+                "description": "Add a one-line summary of the result.",
+            },
         },
         "required": ["action", "input", "reasoning"],
-        "additionalProperties": False,
-        "oneOf": variants,
-        "$defs": defs,
     }

@@ -1,13 +1,26 @@
-"""`taskcard mcp`: a stdio MCP server exposing the one `task_card` tool.
+"""`taskcard mcp`: a stdio MCP server over a small registry of tools (today: `task_card`).
 
-The server itself owns no watch: every call goes to the workdir's background host (started on
-demand), so a watch keeps refreshing after the MCP client disconnects. The tool's input schema
-is `envelope_json_schema()`, generated from the same pydantic models the host validates with.
+Each tool is one `McpTool` entry in `TOOLS`: its name, description, input and output schemas,
+annotations and a plain function from (workdir paths, arguments) to a result dict, run in a
+worker thread. Adding a tool is adding one entry; the server code does not change.
+
+The server owns no watch: `task_card` calls go to the workdir's background host (started on
+demand), so a watch keeps refreshing after the MCP client disconnects. Input schemas stay in
+the subset every major host loads (see `envelope_json_schema`); the strict validation happens
+in the host, whose errors name the field and the fix.
+
+Every result also carries what the agent should hear about its card, in
+`_meta.agent_meta.taskcard`: the card as published, sent only when it changed since this
+server last sent it, plus the task card wakes (error, recovered, limit, reminder) this server
+has not delivered yet (`wakes.py`, consumer `mcp`).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
 from typing import Any, Final
 
 import anyio
@@ -18,9 +31,14 @@ from mcp.server.stdio import stdio_server
 
 from producers.ledger import mcp_tool as ledger_tool
 from producers.task_card.client import HostUnavailable, call_via_host
-from producers.task_card.envelope import envelope_json_schema
+from producers.task_card.contract import CardPaths
+from producers.task_card.envelope import ACTIONS, envelope_json_schema
+from producers.task_card.meta import MetaProjector
 from producers.task_card.runtime import HostPaths
+from producers.task_card.wakes import WakeReader
 
+SERVER_NAME: Final = "taskcard"
+WAKE_CONSUMER: Final = "mcp"
 TOOL_NAME: Final = "task_card"
 FAILED_STATES: Final = frozenset({"failed", "stop_failed", "remove_blocked", "remove_failed"})
 TOOL_DESCRIPTION: Final = (
@@ -28,50 +46,186 @@ TOOL_DESCRIPTION: Final = (
     "Actions: start, inspect, retry, stop, remove, settings, manual. "
     "Call action=manual with input={} for the full contract."
 )
+INSTRUCTIONS: Final = (
+    "The task_card tool keeps one progress card per agent, shown to the people following "
+    "your work in their chats.\n"
+    "Renderer contract: a Python file inside your working directory that prints the whole "
+    "card as Markdown to stdout and exits 0 (a goal, the state, the next step; at most "
+    "max-body-chars characters). start runs it now and then every interval_s seconds; "
+    "a failing run keeps the last good card and tells you.\n"
+    "Call remove when the work is done. Results may carry _meta.agent_meta.taskcard: the "
+    "card as published and notices about it. Read the manual action for the full contract."
+)
+
+ToolFunction = Callable[[HostPaths, dict[str, Any]], dict[str, Any]]
 
 
-def build_server(paths: HostPaths) -> Server[Any]:
-    """The low-level server with the tool bound to one workdir's host."""
-    tool = types.Tool(
-        name=TOOL_NAME, description=TOOL_DESCRIPTION, input_schema=envelope_json_schema()
-    )
-    ledger = types.Tool(
-        name=ledger_tool.TOOL_NAME,
-        description=ledger_tool.TOOL_DESCRIPTION,
-        input_schema=ledger_tool.input_schema(),
-    )
+@dataclass(frozen=True)
+class McpTool:
+    """One registry entry: everything the server needs to list and call a tool."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    output_schema: dict[str, Any]
+    annotations: types.ToolAnnotations
+    call: ToolFunction
+    is_error: Callable[[dict[str, Any]], bool]
+
+    def listing(self) -> types.Tool:
+        return types.Tool(
+            name=self.name,
+            description=self.description,
+            input_schema=self.input_schema,
+            output_schema=self.output_schema,
+            annotations=self.annotations,
+        )
+
+
+def task_card_output_schema() -> dict[str, Any]:
+    """The structured result of `task_card`: the fields every result has, the rest open."""
+    return {
+        "type": "object",
+        "properties": {
+            "action": {"type": "string", "enum": list(ACTIONS)},
+            "status": {
+                "type": "string",
+                "description": "watching, error, stopped, exhausted, removed, ok, failed, ...",
+            },
+            "message": {"type": "string", "description": "Why a call failed, and the fix."},
+            "summary": {"type": "string", "description": "One line, when summarize is true."},
+        },
+        "required": ["status"],
+    }
+
+
+def _call_task_card(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return call_via_host(paths, arguments)
+    except (HostUnavailable, OSError, ValueError) as exc:
+        return {"status": "failed", "message": f"task card host unavailable: {exc}"}
+
+
+TASK_CARD_TOOL: Final = McpTool(
+    name=TOOL_NAME,
+    description=TOOL_DESCRIPTION,
+    input_schema=envelope_json_schema(),
+    output_schema=task_card_output_schema(),
+    annotations=types.ToolAnnotations(
+        title="Task card",
+        read_only_hint=False,
+        destructive_hint=True,  # remove deletes the published body
+        idempotent_hint=False,
+        open_world_hint=False,
+    ),
+    call=_call_task_card,
+    is_error=lambda result: result.get("status") in FAILED_STATES,
+)
+
+LEDGER_TOOL: Final = McpTool(
+    name=ledger_tool.TOOL_NAME,
+    description=ledger_tool.TOOL_DESCRIPTION,
+    input_schema=ledger_tool.input_schema(),
+    output_schema={
+        "type": "object",
+        "properties": {
+            "status": {"type": "string", "description": "ok, or failed with a message"},
+            "command": {"type": "string", "enum": list(ledger_tool.COMMANDS)},
+            "message": {"type": "string", "description": "Why a call failed, and the fix."},
+        },
+        "required": ["status"],
+    },
+    annotations=types.ToolAnnotations(
+        title="Long-task ledger",
+        read_only_hint=False,
+        destructive_hint=False,  # observations are only ever appended
+        idempotent_hint=False,
+        open_world_hint=False,
+    ),
+    call=ledger_tool.call_ledger,
+    is_error=lambda result: result.get("status") == "failed",
+)
+
+# The registry: one entry per tool this server offers.
+TOOLS: Final[tuple[McpTool, ...]] = (TASK_CARD_TOOL, LEDGER_TOOL)
+
+
+def package_version() -> str:
+    try:
+        return metadata.version("taskcard")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+class AgentMeta:
+    """What this server still has to tell the agent about its card (change-gated, once)."""
+
+    def __init__(self, paths: HostPaths) -> None:
+        card_paths = CardPaths(paths.workdir)
+        self._projector = MetaProjector(card_paths)
+        self._wakes = WakeReader(card_paths, WAKE_CONSUMER)
+
+    def prime(self) -> None:
+        """A first server for the workdir starts at the end: older notices are not news."""
+        self._wakes.prime()
+
+    def take(self) -> dict[str, Any] | None:
+        """The `_meta` of the next result, or None when there is nothing new."""
+        projection = self._projector.poll()
+        wakes = self._wakes.take()
+        if projection is None and not wakes:
+            return None
+        payload = dict(projection if projection is not None else self._projector.current())
+        if wakes:
+            payload["notices"] = wakes
+        return {"agent_meta": {"taskcard": payload}}
+
+
+def build_server(paths: HostPaths, tools: tuple[McpTool, ...] = TOOLS) -> Server[Any]:
+    """The low-level server with every registry tool bound to one workdir."""
+    by_name = {tool.name: tool for tool in tools}
+    listing = [tool.listing() for tool in tools]
+    agent_meta = AgentMeta(paths)
+    agent_meta.prime()
 
     async def list_tools(
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[tool, ledger])
+        return types.ListToolsResult(tools=listing)
 
     async def call_tool(
         ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        result: dict[str, Any]
-        if params.name == ledger_tool.TOOL_NAME:
-            result = await anyio.to_thread.run_sync(
-                ledger_tool.call_ledger, paths, params.arguments or {}
-            )
-        elif params.name != TOOL_NAME:
-            result = {
+        tool = by_name.get(params.name)
+        if tool is None:
+            known = ", ".join(by_name)
+            result: dict[str, Any] = {
                 "status": "failed",
-                "message": f"unknown tool {params.name!r}; this server has {TOOL_NAME}",
+                "message": f"unknown tool {params.name!r}; this server has {known}",
             }
+            failed = True
         else:
-            envelope = params.arguments or {}
-            try:
-                result = await anyio.to_thread.run_sync(call_via_host, paths, envelope)
-            except (HostUnavailable, OSError, ValueError) as exc:
-                result = {"status": "failed", "message": f"task card host unavailable: {exc}"}
+            arguments = dict(params.arguments or {})
+            result = await anyio.to_thread.run_sync(tool.call, paths, arguments)
+            failed = tool.is_error(result)
+        try:
+            meta = await anyio.to_thread.run_sync(agent_meta.take)
+        except OSError:
+            meta = None  # the card's news waits for the next call; the result must not
         return types.CallToolResult(
+            _meta=meta,
             content=[types.TextContent(text=json.dumps(result, ensure_ascii=False))],
             structured_content=result,
-            is_error=result.get("status") in FAILED_STATES,
+            is_error=failed,
         )
 
-    return Server("taskcard", on_list_tools=list_tools, on_call_tool=call_tool)
+    return Server(
+        SERVER_NAME,
+        version=package_version(),
+        instructions=INSTRUCTIONS,
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+    )
 
 
 async def serve_stdio(paths: HostPaths) -> None:

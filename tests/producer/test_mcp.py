@@ -1,23 +1,29 @@
-"""The MCP form: the SDK's stdio client drives `taskcard mcp` (start, inspect, remove)."""
+"""The MCP form: the SDK's real stdio client drives `taskcard mcp` as a subprocess."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
+from typing import Any
 
+import jsonschema
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
+from producers.task_card.contract import CardPaths
 from producers.task_card.envelope import ACTIONS
+from producers.task_card.notifications import (
+    FileNotificationPort,
+    TaskCardErrorNotification,
+)
 
 from .conftest import STATIC_RENDERER, CliHost, write_renderer
 
 
-async def test_an_mcp_client_starts_inspects_and_removes_a_watch(
-    workdir: Path, cli: CliHost
-) -> None:
-    write_renderer(workdir, "r.py", STATIC_RENDERER)
-    server = StdioServerParameters(
+def server_for(workdir: Path, cli: CliHost) -> StdioServerParameters:
+    return StdioServerParameters(
         command=sys.executable,
         args=[
             "-m",
@@ -29,29 +35,97 @@ async def test_an_mcp_client_starts_inspects_and_removes_a_watch(
             str(cli.runtime_dir),
         ],
     )
-    async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
-        await session.initialize()
+
+
+def taskcard_meta(result: Any) -> dict[str, Any] | None:
+    meta = result.meta or {}
+    payload = meta.get("agent_meta", {}).get("taskcard")
+    assert payload is None or isinstance(payload, dict)
+    return payload
+
+
+async def test_an_mcp_client_starts_inspects_and_removes_a_watch(
+    workdir: Path, cli: CliHost
+) -> None:
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    async with (
+        stdio_client(server_for(workdir, cli)) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        init = await session.initialize()
+        assert init.server_info.name == "taskcard"
+        assert init.server_info.version == metadata.version("taskcard")
+        assert init.instructions is not None and "prints the whole card" in init.instructions
         tools = (await session.list_tools()).tools
         assert [tool.name for tool in tools] == ["task_card", "ledger"]
-        schema = tools[0].input_schema
-        assert schema["properties"]["action"]["enum"] == list(ACTIONS)
-        assert schema["additionalProperties"] is False
+        tool = tools[0]
+        assert tool.input_schema["properties"]["action"]["enum"] == list(ACTIONS)
+        assert "oneOf" not in tool.input_schema
+        assert tool.annotations is not None and tool.annotations.destructive_hint is True
+        assert tool.output_schema is not None
 
-        async def call(arguments: dict[str, object]) -> tuple[dict[str, object], bool]:
+        async def call(arguments: dict[str, object]) -> tuple[dict[str, Any], Any]:
             result = await session.call_tool("task_card", arguments)
             text = result.content[0].text  # type: ignore[union-attr]
-            return json.loads(text), result.is_error
+            assert result.structured_content == json.loads(text)
+            jsonschema.validate(result.structured_content, tool.output_schema)
+            return json.loads(text), result
 
-        started, error = await call(
+        started, raw = await call(
             {"action": "start", "input": {"renderer_path": "r.py"}, "reasoning": "mcp test"}
         )
-        assert (started["status"], started["watch_id"], error) == ("watching", "tc_1", False)
-        inspected, _ = await call(
+        assert (started["status"], started["watch_id"], raw.is_error) == ("watching", "tc_1", False)
+        assert taskcard_meta(raw) == {
+            "present": True,
+            "status": "active",
+            "body": "# Work\nsteady body\n",
+        }
+        inspected, raw = await call(
             {"action": "inspect", "input": {"watch_id": "tc_1"}, "reasoning": "check"}
         )
         assert inspected["last_body"] == "# Work\nsteady body\n"
-        refused, error = await call({"action": "start", "input": {}, "reasoning": "again"})
-        assert error is True and "input.renderer_path" in str(refused["message"])
-        removed, _ = await call({"action": "remove", "input": {}, "reasoning": "done"})
+        assert taskcard_meta(raw) is None  # unchanged card: not sent again
+        refused, raw = await call({"action": "start", "input": {}, "reasoning": "again"})
+        assert raw.is_error is True and "input.renderer_path" in str(refused["message"])
+        removed, raw = await call({"action": "remove", "input": {}, "reasoning": "done"})
         assert (removed["status"], removed["body_removed"]) == ("removed", True)
+        absent = taskcard_meta(raw)
+        assert absent is not None and absent["present"] is False
     assert (workdir / "taskcard" / "status").read_bytes() == b"inactive"
+
+
+async def test_a_task_card_wake_reaches_the_mcp_client_once(workdir: Path, cli: CliHost) -> None:
+    port = FileNotificationPort(CardPaths(workdir))
+    port.notify(TaskCardErrorNotification("tc_1", 1, "renderer_failed", "old"))  # before: not news
+    async with (
+        stdio_client(server_for(workdir, cli)) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        envelope = {"action": "settings", "input": {}, "reasoning": "look"}
+        first = taskcard_meta(await session.call_tool("task_card", envelope))
+        assert first is not None and "notices" not in first  # the first projection only
+        port.notify(TaskCardErrorNotification("tc_1", 2, "renderer_timeout", "slow"))
+        woken = taskcard_meta(await session.call_tool("task_card", envelope))
+        assert woken is not None
+        (notice,) = woken["notices"]
+        assert "tc_1 failed to refresh (renderer_timeout)" in notice
+        assert taskcard_meta(await session.call_tool("task_card", envelope)) is None
+
+
+def test_mcp_refuses_an_unusable_workdir_at_start(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    done = subprocess.run(
+        [sys.executable, "-m", "bridge.cli", "mcp", "--workdir", str(missing)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        f"taskcard mcp: --workdir {missing} is not a writable directory; "
+        "pass the agent's working directory"
+    ]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge import activity
 from bridge.track.monitor import AgentMonitor, MemoryOffsetStore
+from producers.agent_hooks import activity_cli as activity
 from producers.task_card.contract import CardPaths, parse_event, parse_iso
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,6 +14,12 @@ import sys
 from pathlib import Path
 from typing import Any, Final
 
+from producers.task_card.activity_log import (
+    OPTIONAL_FIELDS,
+    REQUIRED_FIELDS,
+    ActivityInputError,
+)
+from producers.task_card.activity_log import TYPE_NAMES as _TYPE_NAMES
 from producers.task_card.contract import (
     EVENT_KINDS,
     CardPaths,
@@ -21,31 +27,7 @@ from producers.task_card.contract import (
     utc_now_iso,
 )
 
-# Required fields and their accepted types per kind (DESIGN.md, "File contracts").
-REQUIRED_FIELDS: Final[dict[str, dict[str, tuple[type, ...]]]] = {
-    "agent.start": {},
-    "agent.exit": {},
-    "turn.start": {},
-    "turn.end": {},
-    "tool.start": {"call_id": (str,), "name": (str,)},
-    "tool.end": {"call_id": (str,), "ok": (bool,)},
-    "text": {"text": (str,)},
-    "usage": {"input_tokens": (int,), "output_tokens": (int,)},
-    "wait.start": {"reason": (str,)},
-    "wait.end": {"reason": (str,)},
-}
-OPTIONAL_FIELDS: Final[dict[str, dict[str, tuple[type, ...]]]] = {
-    "agent.start": {"pid": (int,)},
-    "agent.exit": {"code": (int,)},
-    "tool.start": {"summary": (str,)},
-    "tool.end": {"duration_s": (int, float)},
-}
 _RESERVED: Final = frozenset({"kind", "ts"})
-_TYPE_NAMES: Final = {str: "text", int: "an integer", float: "a number", bool: "true or false"}
-
-
-class ActivityInputError(ValueError):
-    """The command line does not describe a valid event; the message says how to fix it."""
 
 
 def parse_value(text: str) -> Any:

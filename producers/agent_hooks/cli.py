@@ -1,0 +1,94 @@
+"""`taskcard hook claude-code|codex` and `taskcard init claude-code|codex`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from producers.agent_hooks import runner
+from producers.agent_hooks.install import (
+    InitError,
+    codex_config_path,
+    init_claude_code,
+    init_codex,
+)
+
+
+def _read_stdin(limit: int) -> bytes:
+    return sys.stdin.buffer.read(limit + 1)
+
+
+def run_hook(args: argparse.Namespace) -> int:
+    """Always exit 0: a hook must not break its agent (errors go to the workdir's log)."""
+    if args.host == "claude-code":
+        try:
+            raw = _read_stdin(runner.MAX_PAYLOAD_BYTES)
+        except OSError:
+            raw = b""
+        text = runner.run_guarded(args.workdir, raw, lambda: runner.claude_code(raw, args.workdir))
+    else:
+        argument = args.payload or ""
+
+        def handle() -> str:
+            runner.codex(argument, args.workdir)
+            return ""
+
+        text = runner.run_guarded(args.workdir, argument, handle)
+    if text:
+        sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+def run_init(args: argparse.Namespace) -> int:
+    workdir = Path(args.workdir)
+    if not workdir.is_dir():
+        print(f"taskcard init: --workdir {workdir} is not a directory", file=sys.stderr)
+        return 2
+    try:
+        if args.host == "claude-code":
+            report = init_claude_code(workdir)
+        else:
+            config = Path(args.config) if args.config else codex_config_path(os.environ)
+            report = init_codex(workdir, config)
+    except InitError as exc:
+        print(f"taskcard init: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"taskcard init: cannot write: {exc}", file=sys.stderr)
+        return 1
+    for line in report:
+        print(line)
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    hook = subparsers.add_parser(
+        "hook", help="turn one agent-host hook event into activity (always exits 0)"
+    )
+    hosts = hook.add_subparsers(dest="host", metavar="HOST")
+    hosts.required = True
+    claude = hosts.add_parser("claude-code", help="one Claude Code hook payload on stdin")
+    claude.add_argument("--workdir", default=None, help="default: the payload's cwd")
+    codex = hosts.add_parser("codex", help="Codex's notify program: one JSON argument")
+    codex.add_argument("--workdir", default=None, help="default: the payload's cwd")
+    codex.add_argument("payload", nargs="?", help="the JSON Codex passes")
+    for sub in (claude, codex):
+        sub.set_defaults(handler=run_hook)
+
+    init = subparsers.add_parser("init", help="wire a project to the hooks and MCP server")
+    targets = init.add_subparsers(dest="host", metavar="HOST")
+    targets.required = True
+    claude_init = targets.add_parser(
+        "claude-code", help="merge into .claude/settings.json and .mcp.json"
+    )
+    codex_init = targets.add_parser("codex", help="merge into Codex's config.toml")
+    codex_init.add_argument(
+        "--config", default=None, help="default: $CODEX_HOME/config.toml or ~/.codex/config.toml"
+    )
+    for sub in (claude_init, codex_init):
+        sub.add_argument("--workdir", default=".", help="the agent's working directory")
+        sub.set_defaults(handler=run_init)

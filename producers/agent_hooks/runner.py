@@ -1,0 +1,177 @@
+"""The I/O around the pure hook decisions: workdir, per-session waits, files, error log.
+
+A hook runs inside the agent's loop, so `run_hook` never raises and never exits non-zero;
+whatever goes wrong is appended to `logs/taskcard-hook.log` under the workdir (or, when there
+is no usable workdir, one line on stderr, which hosts only show in their debug views).
+Stdout carries only the host's hook JSON, or nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, Final
+
+from producers.agent_hooks.claude_code import (
+    decide,
+    hook_output,
+    read_transcript_usage,
+)
+from producers.agent_hooks.codex import codex_events
+from producers.task_card.activity_log import append_event, event_record
+from producers.task_card.contract import CardPaths, atomic_write, utc_now_iso
+from producers.task_card.notifications import FileNotificationPort
+from producers.task_card.settings import settings_or_defaults
+from producers.task_card.turns import add_completed_turn
+from producers.task_card.wakes import WakeReader
+
+MAX_PAYLOAD_BYTES: Final = 32_000_000
+ERROR_LOG: Final = "taskcard-hook.log"
+ERROR_LOG_MAX_BYTES: Final = 256_000
+WAITS_FILE: Final = ".taskcard-hook-waits.json"
+MAX_SESSIONS: Final = 64
+CLAUDE_CONSUMER: Final = "claude-code"
+_SESSION = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+
+Clock = Callable[[], str]
+
+
+class HookInputError(ValueError):
+    """The payload cannot be used; the message says what was wrong with it."""
+
+
+def log_error(workdir: Path | None, message: str) -> None:
+    """Append one line to the workdir's hook log; stderr when there is no usable workdir."""
+    line = f"{utc_now_iso()} {message}\n"
+    if workdir is not None and workdir.is_dir():
+        path = CardPaths(workdir).logs_dir / ERROR_LOG
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                if path.stat().st_size > ERROR_LOG_MAX_BYTES:
+                    os.replace(path, path.with_name(path.name + ".1"))
+            with path.open("a", encoding="utf-8") as handle:
+                handle.write(line)
+            return
+    with contextlib.suppress(OSError):
+        os.write(2, f"taskcard hook: {message}\n".encode(errors="replace"))
+
+
+def parse_payload(raw: bytes) -> dict[str, Any]:
+    if len(raw) > MAX_PAYLOAD_BYTES:
+        raise HookInputError(f"payload over {MAX_PAYLOAD_BYTES} bytes, ignored")
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise HookInputError(f"payload is not JSON ({exc.__class__.__name__})") from None
+    if not isinstance(data, dict):
+        raise HookInputError("payload is not a JSON object")
+    return data
+
+
+def resolve_workdir(override: str | None, payload: Mapping[str, Any]) -> Path:
+    """`--workdir`, else the payload's `cwd`; it must be an existing directory."""
+    chosen = override if override is not None else payload.get("cwd")
+    if not isinstance(chosen, str) or not chosen:
+        raise HookInputError("no workdir: the payload has no cwd; pass --workdir")
+    path = Path(chosen)
+    if not path.is_dir():
+        raise HookInputError(f"workdir {chosen} is not a directory")
+    return path
+
+
+@contextlib.contextmanager
+def _session_waits(paths: CardPaths) -> Iterator[dict[str, str]]:
+    """The open waits per session, read and written back under a lock."""
+    paths.logs_dir.mkdir(parents=True, exist_ok=True)
+    path = paths.logs_dir / WAITS_FILE
+    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            data = json.loads(path.read_bytes()[:65536])
+        except (OSError, ValueError):
+            data = {}
+        waits = {
+            str(k): v
+            for k, v in (data if isinstance(data, dict) else {}).items()
+            if isinstance(v, str)
+        }
+        before = dict(waits)
+        yield waits
+        if waits != before:
+            kept = dict(list(waits.items())[-MAX_SESSIONS:])
+            atomic_write(path, json.dumps(kept).encode(), durable=False)
+    finally:
+        os.close(fd)
+
+
+def _append(paths: CardPaths, events: list[tuple[str, dict[str, Any]]], clock: Clock) -> None:
+    for kind, fields in events:
+        append_event(paths, event_record(kind, fields, ts=clock()))
+
+
+def _count_turn(paths: CardPaths) -> None:
+    """A completed turn for the reminder count; submits the reminder when it is due."""
+    count = add_completed_turn(paths, settings_or_defaults(paths).reminder_turns)
+    if count is not None:
+        FileNotificationPort(paths).submit_reminder(count, None)
+
+
+def claude_code(raw: bytes, workdir_override: str | None, clock: Clock = utc_now_iso) -> str:
+    """Handle one Claude Code hook payload; the text to print on stdout (maybe empty)."""
+    payload = parse_payload(raw)
+    paths = CardPaths(resolve_workdir(workdir_override, payload))
+    name = payload.get("hook_event_name")
+    session = payload.get("session_id")
+    key = session if isinstance(session, str) and _SESSION.match(session) else "-"
+    usage = read_transcript_usage(payload.get("transcript_path")) if name == "Stop" else None
+    with _session_waits(paths) as waits:
+        decision = decide(payload, waits.get(key), usage)
+        if decision.waiting is None:
+            waits.pop(key, None)
+        else:
+            waits[key] = decision.waiting
+        _append(paths, decision.events, clock)
+    if decision.completed_turn:
+        _count_turn(paths)
+    reader = WakeReader(paths, CLAUDE_CONSUMER)
+    if name == "SessionStart":
+        reader.prime()
+    output = (
+        hook_output(name, reader.take()) if name in ("UserPromptSubmit", "PostToolUse") else None
+    )
+    return json.dumps(output, ensure_ascii=False) if output is not None else ""
+
+
+def codex(argument: str, workdir_override: str | None, clock: Clock = utc_now_iso) -> None:
+    """Handle one Codex `notify` payload (its single JSON argument)."""
+    payload = parse_payload(argument.encode("utf-8", errors="replace"))
+    paths = CardPaths(resolve_workdir(workdir_override, payload))
+    events, completed = codex_events(payload)
+    _append(paths, events, clock)
+    if completed:
+        _count_turn(paths)
+
+
+def run_guarded(
+    workdir_hint: str | None, raw_for_hint: bytes | str, action: Callable[[], str]
+) -> str:
+    """Run `action`; on any error log it and return nothing to print."""
+    try:
+        return action()
+    except Exception as exc:  # a hook must never fail its agent; the log says what happened
+        workdir: Path | None = Path(workdir_hint) if workdir_hint else None
+        if workdir is None:
+            with contextlib.suppress(Exception):
+                cwd = json.loads(raw_for_hint).get("cwd")
+                workdir = Path(cwd) if isinstance(cwd, str) and cwd else None
+        detail = "" if isinstance(exc, HookInputError) else "\n" + traceback.format_exc()
+        log_error(workdir, f"{exc.__class__.__name__}: {exc}{detail}".rstrip())
+        return ""

@@ -1,0 +1,144 @@
+"""`taskcard hook claude-code`, driven as Claude Code drives it: one payload on stdin."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from producers.task_card.contract import CardPaths
+from producers.task_card.notifications import (
+    FileNotificationPort,
+    TaskCardErrorNotification,
+    TaskCardLimitNotification,
+)
+
+from .conftest import FIXTURES, events, hook, kinds, payload
+
+SESSION = [
+    "01_session_start.json",
+    "02_user_prompt_submit.json",
+    "03_pre_tool_use.json",
+    "04_post_tool_use.json",
+    "05_pre_tool_use_edit.json",
+    "06_notification_permission.json",
+    "07_post_tool_use_failure.json",
+    "08_pre_compact.json",
+    "09_subagent_stop.json",
+    "10_stop.json",
+    "11_session_end.json",
+]
+
+
+def test_a_recorded_session_becomes_the_activity_log(workdir: Path) -> None:
+    shutil.copy(FIXTURES / "claude_code" / "transcript.jsonl", workdir / "transcript.jsonl")
+    for name in SESSION:
+        done = hook(payload(name, workdir))
+        assert (done.returncode, done.stdout, done.stderr) == (0, b"", b""), name
+    assert kinds(workdir) == [
+        "agent.start",
+        "turn.start",
+        "tool.start",
+        "tool.end",
+        "tool.start",
+        "wait.start",
+        "wait.end",
+        "tool.end",
+        "text",
+        "usage",
+        "turn.end",
+        "agent.exit",
+    ]
+    log = events(workdir)
+    assert {k: log[2][k] for k in ("call_id", "name")} == {"call_id": "toolu_01ABC", "name": "Bash"}
+    assert (log[3]["call_id"], log[3]["ok"]) == ("toolu_01ABC", True)
+    assert (log[5]["reason"], log[6]["reason"]) == ("permission", "permission")
+    assert (log[7]["call_id"], log[7]["ok"]) == ("toolu_02DEF", False)
+    # The last turn only; one API message counted once; cached prompt tokens are input.
+    assert (log[9]["input_tokens"], log[9]["output_tokens"]) == (6300, 200)
+    assert all(event["ts"].endswith("Z") for event in log)
+    assert "command" not in json.dumps(log)  # a tool's input never reaches the log
+    assert not (workdir / "logs" / "taskcard-hook.log").exists()
+
+
+def test_stop_without_a_transcript_still_ends_the_turn(workdir: Path) -> None:
+    hook(payload("10_stop.json", workdir, transcript_path=str(workdir / "missing.jsonl")))
+    hook(payload("10_stop.json", workdir, stop_hook_active=True))  # Claude goes on: no end
+    assert kinds(workdir) == ["turn.end"]
+
+
+def test_workdir_option_overrides_the_payload_cwd(workdir: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "sub"
+    elsewhere.mkdir()
+    hook(payload("02_user_prompt_submit.json", elsewhere), "--workdir", str(workdir))
+    assert kinds(workdir) == ["turn.start"]
+    assert kinds(elsewhere) == []
+
+
+def test_task_card_wakes_reach_the_agent_once_as_additional_context(workdir: Path) -> None:
+    port = FileNotificationPort(CardPaths(workdir))
+    port.notify(TaskCardErrorNotification("tc_1", 1, "renderer_failed", "x"))  # before: old
+    assert hook(payload("01_session_start.json", workdir)).stdout == b""
+    assert hook(payload("02_user_prompt_submit.json", workdir)).stdout == b""
+    port.notify(TaskCardErrorNotification("tc_1", 2, "renderer_timeout", "slow"))
+    assert hook(payload("03_pre_tool_use.json", workdir)).stdout == b""  # no context there
+    woken = hook(payload("04_post_tool_use.json", workdir))
+    assert woken.returncode == 0
+    output = json.loads(woken.stdout)
+    assert output["hookSpecificOutput"]["hookEventName"] == "PostToolUse"
+    context = output["hookSpecificOutput"]["additionalContext"]
+    assert "watch tc_1 failed to refresh (renderer_timeout)" in context
+    assert "slow" not in context  # built from typed fields, not the line's free text
+    assert hook(payload("04_post_tool_use.json", workdir)).stdout == b""  # once
+    port.notify(TaskCardLimitNotification("tc_1", 50))
+    prompt = json.loads(hook(payload("02_user_prompt_submit.json", workdir)).stdout)
+    assert prompt["hookSpecificOutput"]["hookEventName"] == "UserPromptSubmit"
+    assert "used all 50 refreshes" in prompt["hookSpecificOutput"]["additionalContext"]
+
+
+def test_stop_events_count_turns_and_the_reminder_comes_back_to_the_agent(
+    workdir: Path,
+) -> None:
+    (workdir / "taskcard").mkdir()
+    (workdir / "taskcard" / "taskcard.json").write_text('{"reminder_turns": 2}')
+    hook(payload("01_session_start.json", workdir))
+    for _ in range(2):
+        hook(payload("02_user_prompt_submit.json", workdir))
+        hook(payload("10_stop.json", workdir))
+    lines = (workdir / ".notification" / "system.jsonl").read_text().splitlines()
+    (reminder,) = [json.loads(line) for line in lines]
+    assert (reminder["source"], reminder["extra"]["turns"]) == ("task_card.reminder", 2)
+    told = json.loads(hook(payload("02_user_prompt_submit.json", workdir)).stdout)
+    assert (
+        "2 turns passed without a card update" in (told["hookSpecificOutput"]["additionalContext"])
+    )
+
+
+def test_a_wait_closes_with_the_next_event_of_its_session_only(workdir: Path) -> None:
+    hook(payload("06_notification_permission.json", workdir))
+    hook(payload("02_user_prompt_submit.json", workdir, session_id="other"))
+    hook(payload("06_notification_permission.json", workdir))  # the same wait: no new line
+    hook(payload("03_pre_tool_use.json", workdir))
+    assert kinds(workdir) == ["wait.start", "turn.start", "wait.end", "tool.start"]
+
+
+def test_a_broken_payload_never_fails_the_agent_and_is_logged(workdir: Path) -> None:
+    for raw in (b"", b"{not json", b"[1, 2]", b"\xff\xfe", json.dumps({"cwd": 5}).encode()):
+        done = hook(raw, "--workdir", str(workdir))
+        assert (done.returncode, done.stdout) == (0, b"")
+    log = (workdir / "logs" / "taskcard-hook.log").read_text()
+    assert log.count("HookInputError") == 4  # the {"cwd": 5} one has --workdir, so it is fine
+    assert events(workdir) == []
+
+
+def test_a_payload_without_usable_cwd_exits_0_and_prints_nothing(tmp_path: Path) -> None:
+    for data in ({"hook_event_name": "Stop"}, {"hook_event_name": "Stop", "cwd": "/nonexist"}):
+        done = hook(json.dumps(data).encode())
+        assert (done.returncode, done.stdout) == (0, b"")
+        assert b"taskcard hook:" in done.stderr  # only there: no workdir log to write to
+
+
+def test_an_unwritable_log_never_fails_the_agent(workdir: Path) -> None:
+    (workdir / "logs").write_text("a file where the folder should be")
+    done = hook(payload("02_user_prompt_submit.json", workdir))
+    assert (done.returncode, done.stdout) == (0, b"")

@@ -1,0 +1,128 @@
+"""`taskcard hook codex` (Codex's notify program) and `taskcard init claude-code|codex`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import tomlkit
+
+from .conftest import FIXTURES, kinds, payload, run_taskcard
+
+
+def codex_payload(workdir: Path) -> str:
+    text = (FIXTURES / "codex_agent_turn_complete.json").read_text()
+    return text.replace("CWD", str(workdir))
+
+
+def test_codex_notify_ends_the_turn_in_the_payload_cwd(workdir: Path) -> None:
+    done = run_taskcard("hook", "codex", codex_payload(workdir))
+    assert (done.returncode, done.stdout) == (0, b"")
+    assert kinds(workdir) == ["turn.end"]
+    other = run_taskcard("hook", "codex", json.dumps({"type": "something-else", "cwd": "x"}))
+    assert other.returncode == 0
+
+
+def test_codex_notify_with_garbage_exits_0_and_logs(workdir: Path) -> None:
+    done = run_taskcard("hook", "codex", "--workdir", str(workdir), "{broken")
+    assert (done.returncode, done.stdout) == (0, b"")
+    assert "not JSON" in (workdir / "logs" / "taskcard-hook.log").read_text()
+
+
+def test_init_claude_code_merges_idempotently_and_the_hook_it_writes_works(
+    workdir: Path,
+) -> None:
+    settings = workdir / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    user_hook = {"matcher": "Bash", "hooks": [{"type": "command", "command": "./guard.sh"}]}
+    settings.write_text(
+        json.dumps({"model": "opus", "hooks": {"PreToolUse": [user_hook]}, "env": {"A": "1"}})
+    )
+    (workdir / ".mcp.json").write_text(json.dumps({"mcpServers": {"other": {"command": "x"}}}))
+    first = run_taskcard("init", "claude-code", "--workdir", str(workdir))
+    assert first.returncode == 0, first.stderr
+    merged = json.loads(settings.read_text())
+    assert (merged["model"], merged["env"]) == ("opus", {"A": "1"})
+    assert merged["hooks"]["PreToolUse"][0] == user_hook
+    ours = merged["hooks"]["PreToolUse"][1]
+    assert ours["matcher"] == "*"
+    command = ours["hooks"][0]["command"]
+    assert command.endswith('hook claude-code --workdir "$CLAUDE_PROJECT_DIR"')
+    assert set(merged["hooks"]) >= {"SessionStart", "Stop", "Notification", "SessionEnd"}
+    servers = json.loads((workdir / ".mcp.json").read_text())["mcpServers"]
+    assert servers["other"] == {"command": "x"}
+    assert servers["taskcard"]["args"] == ["mcp", "--workdir", str(workdir.resolve())]
+    before = (settings.read_bytes(), (workdir / ".mcp.json").read_bytes())
+    again = run_taskcard("init", "claude-code", "--workdir", str(workdir))
+    assert again.returncode == 0 and b"already set up" in again.stdout
+    assert (settings.read_bytes(), (workdir / ".mcp.json").read_bytes()) == before
+    # The command as Claude Code would run it: through a shell, with the project dir set.
+    env = {**os.environ, "CLAUDE_PROJECT_DIR": str(workdir)}
+    data = json.dumps(payload("02_user_prompt_submit.json", workdir / "sub"))
+    done = subprocess.run(
+        command, shell=True, input=data.encode(), env=env, capture_output=True, timeout=120
+    )
+    assert done.returncode == 0
+    assert kinds(workdir) == ["turn.start"]
+
+
+def test_init_claude_code_refuses_a_malformed_file_and_leaves_it(workdir: Path) -> None:
+    settings = workdir / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_text('{"hooks": [trailing,]')
+    done = run_taskcard("init", "claude-code", "--workdir", str(workdir))
+    assert done.returncode == 2
+    assert b"settings.json: not valid JSON" in done.stderr
+    assert settings.read_text() == '{"hooks": [trailing,]'
+    settings.write_text('{"hooks": []}')
+    done = run_taskcard("init", "claude-code", "--workdir", str(workdir))
+    assert (done.returncode, b"hooks must be an object" in done.stderr) == (2, True)
+    assert not (workdir / ".mcp.json").exists()
+
+
+CODEX_CONFIG = """# my codex settings
+model = "gpt-5-codex"  # keep this comment
+
+[mcp_servers.docs]
+command = "docs-server"
+args = ["--port", "0"]
+"""
+
+
+def test_init_codex_merges_into_config_toml_keeping_the_rest(workdir: Path, tmp_path: Path) -> None:
+    config = tmp_path / "codex" / "config.toml"
+    config.parent.mkdir()
+    config.write_text(CODEX_CONFIG)
+    done = run_taskcard("init", "codex", "--workdir", str(workdir), "--config", str(config))
+    assert done.returncode == 0, done.stderr
+    text = config.read_text()
+    assert text.startswith("# my codex settings\n") and "# keep this comment" in text
+    doc = tomlkit.parse(text).unwrap()
+    assert doc["notify"][1:] == ["hook", "codex"]
+    assert doc["mcp_servers"]["docs"] == {"command": "docs-server", "args": ["--port", "0"]}
+    assert doc["mcp_servers"]["taskcard"]["args"] == ["mcp", "--workdir", str(workdir.resolve())]
+    again = run_taskcard("init", "codex", "--workdir", str(workdir), "--config", str(config))
+    assert again.returncode == 0 and b"already set up" in again.stdout
+    assert config.read_text() == text
+
+
+def test_init_codex_uses_codex_home_and_refuses_what_it_must_not_overwrite(
+    workdir: Path, tmp_path: Path
+) -> None:
+    home = tmp_path / "codex-home"
+    env = {**os.environ, "CODEX_HOME": str(home)}
+    done = run_taskcard("init", "codex", "--workdir", str(workdir), env=env)
+    assert done.returncode == 0, done.stderr
+    assert "notify" in (home / "config.toml").read_text()
+    foreign = tmp_path / "foreign.toml"
+    foreign.write_text('notify = ["notify-send-wrapper"]\n')
+    done = run_taskcard("init", "codex", "--workdir", str(workdir), "--config", str(foreign))
+    assert done.returncode == 2 and b"notify already runs 'notify-send-wrapper'" in done.stderr
+    assert foreign.read_text() == 'notify = ["notify-send-wrapper"]\n'
+    broken = tmp_path / "broken.toml"
+    broken.write_text("model = \n")
+    done = run_taskcard("init", "codex", "--workdir", str(workdir), "--config", str(broken))
+    assert done.returncode == 2 and b"broken.toml: not valid TOML" in done.stderr
+    assert broken.read_text() == "model = \n"
