@@ -86,11 +86,11 @@ def test_imports_follow_the_package_rule(path: Path) -> None:
 
 def test_the_rule_parser_reads_what_a_docstring_states(tmp_path: Path) -> None:
     """The checker itself: a rule is read up to the sentence's end, and breaking it fails."""
-    assert _RULE.search("May import: `bridge.store`, `channels.base`. Never `bridge.run`.")
-    match = _RULE.search("May import: `bridge.store`, `channels.base`. Never `bridge.run`.")
+    assert _RULE.search("May import: `bridge.store.sqlite`, `channels.base`. Never `bridge.run`.")
+    match = _RULE.search("May import: `bridge.store.sqlite`, `channels.base`. Never `bridge.run`.")
     assert match is not None
-    assert _TOKEN.findall(match.group(1)) == ["bridge.store", "channels.base"]
+    assert _TOKEN.findall(match.group(1)) == ["bridge.store.sqlite", "channels.base"]
     assert _allowed("producers.task_card.contract", "bridge.watch", ("producers.*.contract",))
     assert not _allowed("producers.task_card.host", "bridge.watch", ("producers.*.contract",))
-    assert not _allowed("bridge.run.service", "bridge.schedule", ("bridge.store",))
-    assert _allowed("bridge.schedule.ratelimit", "bridge.schedule", ("bridge.store",))
+    assert not _allowed("bridge.run.service", "bridge.schedule", ("bridge.store.sqlite",))
+    assert _allowed("bridge.schedule.ratelimit", "bridge.schedule", ("bridge.store.sqlite",))

@@ -17,7 +17,7 @@ from typing import Any
 
 from bridge.config import ConfigError, ServiceConfig, load_config
 from bridge.deliver.registry import SecretMissing, build_channels, route_specs
-from bridge.run.service import Service, ServiceFailed
+from bridge.run.service import Service, ServiceFailed, agent_health_key, parse_agent_health
 from bridge.store.sqlite import STATE_FILE, ResidentRecord, SqliteStore
 
 EXIT_CONFIG = 2
@@ -203,7 +203,16 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
                         "pending_notices": [p.notice_id for p in pending if p.route == key],
                     }
                 )
-        return {"state_file": str(path), "routes": routes}
+        agents = [
+            {
+                "agent": agent.id,
+                "problems": parse_agent_health(
+                    store.get_cursor(agent_health_key(agent.id)) if store else None
+                ),
+            }
+            for agent in config.agents
+        ]
+        return {"state_file": str(path), "routes": routes, "agents": agents}
     finally:
         if store:
             store.close()
@@ -251,6 +260,11 @@ def _status(args: argparse.Namespace) -> int:
         print(
             f"  pending notices: {len(notices)}" + (f" ({', '.join(notices)})" if notices else "")
         )
+    for agent in report["agents"]:
+        if agent["problems"]:
+            print(f"agent {agent['agent']}: PROBLEMS")
+            for problem in agent["problems"]:
+                print(f"  - {problem}")
     return 0
 
 

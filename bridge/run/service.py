@@ -9,15 +9,22 @@ The pieces, in the order data flows through them:
 
 The service never executes code from a workdir and never writes into one. Every background
 task is owned here and awaited on shutdown; SIGTERM lets requests in flight finish.
+
+Each agent sits behind a fault barrier (`_guard`): whatever goes wrong while reading or
+composing one agent is caught at that agent's boundary, logged once per episode with the agent
+id, recorded as the agent's health (which `taskcard status` shows) and retried on the next
+change; it never reaches the loop or another agent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -28,7 +35,7 @@ from bridge.notices.text import notice_text, safe_error_code
 from bridge.schedule.scheduler import RouteKey, RouteScheduler
 from bridge.store.sqlite import ChatPrefs, NoticeState, StateStore
 from bridge.track.ledger import LedgerView, ledger_row
-from bridge.track.monitor import AgentMonitor
+from bridge.track.monitor import AgentMonitor, AgentRefresh
 from bridge.watch.watcher import FleetWatcher
 from channels.base import Channel, ChatRef, IncomingCommand
 from channels.errors import ChannelError, RateLimited, Transient
@@ -41,6 +48,27 @@ HELP_TEXT = (
     "/taskcard: show the state here · /taskcard off: hide the cards · "
     "/taskcard on: show them · /taskcard N: show N activity rows (1-10)"
 )
+
+
+AGENT_HEALTH_PREFIX = "agent-health:"
+
+
+def agent_health_key(agent_id: str) -> str:
+    """The store key under which an agent's current problems are kept for `taskcard status`."""
+    return AGENT_HEALTH_PREFIX + agent_id
+
+
+def parse_agent_health(raw: str | None) -> list[str]:
+    """The problems recorded for one agent (the store value), [] when none or unreadable."""
+    if not raw:
+        return []
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return []
+    if not isinstance(data, list):
+        return []
+    return [item for item in data if isinstance(item, str)]
 
 
 class ServiceFailed(Exception):
@@ -95,6 +123,13 @@ class Service:
         self._due: dict[str, datetime] = {}
         self._ready_channels: set[str] = set()
         self._failed_channels: set[str] = set()
+        # Per agent: the stage that failed ("reading its files", ...) -> what failed.
+        self._faults: dict[str, dict[str, str]] = {}
+        # What the store holds, so that only changes are written (a restart starts from it).
+        self._saved_health = {
+            agent_id: store.get_cursor(agent_health_key(agent_id)) or "[]"
+            for agent_id in self._monitors
+        }
 
     # Lifecycle ---------------------------------------------------------------------------
 
@@ -199,23 +234,69 @@ class Service:
         monitor = self._monitors.get(agent_id)
         if monitor is None:
             return
-        try:
-            result = monitor.refresh()
+        result: AgentRefresh | None = None
+        with self._guard(agent_id, "reading its files"):
+            try:
+                result = monitor.refresh()
+            except BaseException:
+                monitor.forget_signatures()  # the next change or rescan reads everything again
+                raise
             for notification in result.notifications:
-                self._notify(agent_id, notification)
+                with self._guard(agent_id, "notifying"):
+                    self._notify(agent_id, notification)
             if result.notifications:
                 monitor.commit()  # recorded in the store: the offset may move past them
             until = monitor.activity.state_valid_until
             if until is not None:
                 self._due[agent_id] = until
-            if result.card_changed or result.activity_changed:
-                self._project(agent_id)
-        except OSError as error:
-            # A broken workdir never stops the service; the next change or rescan retries.
-            log.warning("agent %s: cannot read its files: %s", agent_id, error)
-        except Exception:
-            # Nor does anything else about one agent: the others keep being served.
-            log.exception("agent %s: refresh failed; retrying on the next change", agent_id)
+            if result.failure is not None:
+                raise result.failure
+        if result is not None and (result.card_changed or result.activity_changed):
+            self._project(agent_id)
+        self._save_health(agent_id)
+
+    @contextmanager
+    def _guard(self, agent_id: str, stage: str) -> Iterator[None]:
+        """The per-agent fault barrier: an exception here stays with this agent.
+
+        Logged with its traceback once per episode (the first failure after a success of the
+        same stage), recorded for `taskcard status` by its type only (a message may quote the
+        agent's files), and cleared by the next success.
+        """
+        faults = self._faults.setdefault(agent_id, {})
+        try:
+            yield
+        except Exception as error:
+            fault = f"{stage} failed ({type(error).__name__}); retried on the next change"
+            if stage not in faults:
+                log.exception("agent %s: %s", agent_id, fault)
+            faults[stage] = fault
+            self._save_health(agent_id)
+        else:
+            if faults.pop(stage, None) is not None:
+                log.info("agent %s: %s works again", agent_id, stage)
+
+    def agent_problems(self, agent_id: str) -> list[str]:
+        """What is wrong with one agent now: refused files first, then failed stages."""
+        monitor = self._monitors.get(agent_id)
+        problems = [
+            f"{name}: {reason}"
+            for name, reason in sorted(monitor.files.problems.items() if monitor else ())
+        ]
+        return problems + sorted(self._faults.get(agent_id, {}).values())
+
+    def _save_health(self, agent_id: str) -> None:
+        """Persist the agent's problems when they changed, for `taskcard status`."""
+        value = json.dumps(self.agent_problems(agent_id))
+        if self._saved_health.get(agent_id) == value:
+            return
+        try:
+            self._store.set_cursor(agent_health_key(agent_id), value)
+        except Exception as error:
+            # Health is advisory: the next change tries again; serving goes on meanwhile.
+            log.warning("agent %s: its health could not be saved: %s", agent_id, error)
+            return
+        self._saved_health[agent_id] = value
 
     # Projection --------------------------------------------------------------------------
 
@@ -241,16 +322,18 @@ class Service:
             return  # the resident appears with the first card, not before
         if prefs.hidden and not has_message:
             return
-        view = compose_view(
-            route.key.agent_id,
-            monitor.card,
-            monitor.activity,
-            hidden=prefs.hidden,
-            activity_rows=prefs.activity_rows or self._config.display.activity_rows,
-            now=self._clock(),
-            ledger_line=ledger_row(self._ledgers.summary(monitor.paths.workdir)),
-        )
-        self._scheduler.submit(route.key, channel.render_card(view))
+        with self._guard(route.key.agent_id, "composing its card"):
+            view = compose_view(
+                route.key.agent_id,
+                monitor.card,
+                monitor.activity,
+                hidden=prefs.hidden,
+                activity_rows=prefs.activity_rows or self._config.display.activity_rows,
+                now=self._clock(),
+                ledger_line=ledger_row(self._ledgers.summary(monitor.paths.workdir)),
+            )
+            outgoing = channel.render_card(view)
+            self._scheduler.submit(route.key, outgoing)
 
     # Notices -----------------------------------------------------------------------------
 

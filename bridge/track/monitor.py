@@ -21,7 +21,6 @@ Rules (DESIGN.md, "File contracts" and "The service"):
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections import deque
@@ -32,17 +31,23 @@ from pathlib import Path
 from typing import Any, Final, Literal, Protocol
 
 from bridge.compose.redact import redact
+from bridge.follow.safe_read import WorkdirFiles
 from channels.base import AgentState
 from producers.task_card.contract import (
+    EARLIEST_TIME,
+    LATEST_TIME,
     SOURCE_ERROR,
     SOURCE_LIMIT,
     ActivityEvent,
     CardPaths,
     Notification,
+    count_field,
+    duration_field,
+    int_field,
     parse_event,
+    parse_json,
     parse_notification,
     parse_status,
-    read_bytes,
 )
 
 logger = logging.getLogger(__name__)
@@ -117,6 +122,9 @@ class AgentRefresh:
     card_changed: bool
     activity_changed: bool
     notifications: tuple[Notification, ...] = ()
+    # An unexpected error in one part of the reading (the others still ran); the caller's
+    # fault barrier reports it. Retried on the next refresh.
+    failure: Exception | None = None
 
 
 def _signature(path: Path) -> FileSignature | None:
@@ -128,9 +136,14 @@ def _signature(path: Path) -> FileSignature | None:
 
 
 def _mtime(signature: FileSignature | None) -> datetime | None:
+    """A file's modification time, or None when it is absurd (an agent may set any mtime)."""
     if signature is None:
         return None
-    return datetime.fromtimestamp(signature[2] / 1e9, UTC)
+    try:
+        moment = datetime.fromtimestamp(signature[2] / 1e9, UTC)
+    except (ValueError, OverflowError, OSError):
+        return None
+    return moment if EARLIEST_TIME <= moment < LATEST_TIME else None
 
 
 def _escape_markdown(text: str) -> str:
@@ -149,10 +162,7 @@ def legacy_json_to_markdown(text: str) -> str | None:
     stripped = text.strip()
     if not stripped.startswith("{"):
         return None
-    try:
-        data: Any = json.loads(stripped)
-    except ValueError:
-        return None
+    data: Any = parse_json(stripped)
     if not isinstance(data, dict) or not data or not set(data) <= {"title", "lines", "footer"}:
         return None
     title, lines, footer = data.get("title"), data.get("lines"), data.get("footer")
@@ -196,12 +206,17 @@ class _LineFollower:
     A file shorter than the offset was truncated and is read from its start.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, files: WorkdirFiles) -> None:
         self.path = path
+        self.files = files
         self.rotated = path.with_name(path.name + ".1")
         self.position: _Position | None = None
         self.signature: FileSignature | None = None
         self._signed = False
+
+    def forget(self) -> None:
+        """The next `unchanged` is False: the file is looked at again."""
+        self.signature, self._signed = None, False
 
     def unchanged(self) -> bool:
         """Whether the file looks as at the last call (one `stat`); records the new look."""
@@ -213,8 +228,11 @@ class _LineFollower:
 
     def tail(self, *, end: int | None = None, limit: int = TAIL_BYTES) -> tuple[list[bytes], int]:
         """Complete lines in the last `limit` bytes before `end`, and the offset after them."""
+        handle = self.files.open(self.path)
+        if handle is None:
+            return [], 0
         try:
-            with self.path.open("rb") as handle:
+            with handle:
                 size = os.fstat(handle.fileno()).st_size if end is None else end
                 start = max(0, size - limit)
                 handle.seek(start)
@@ -233,21 +251,18 @@ class _LineFollower:
 
     def start_at_end(self) -> list[bytes]:
         """Position at the end of the last complete line; return the tail before it."""
-        try:
-            inode = self.path.stat().st_ino
-        except OSError:
+        st = self.files.stat(self.path)
+        if st is None:
             self.position = None
             return []
+        inode = st.st_ino
         lines, end = self.tail()
         self.position = _Position(inode, end)
         return lines
 
     def read_new(self) -> list[bytes]:
         """Complete lines appended since the last read (all of a file seen for the first time)."""
-        try:
-            st = self.path.stat()
-        except OSError:
-            st = None
+        st = self.files.stat(self.path)
         lines: list[bytes] = []
         position = self.position
         if position is not None and (st is None or st.st_ino != position.inode):
@@ -268,9 +283,8 @@ class _LineFollower:
         return lines
 
     def _rotated_size(self, inode: int) -> int | None:
-        try:
-            st = self.rotated.stat()
-        except OSError:
+        st = self.files.stat(self.rotated)
+        if st is None:
             return None
         return st.st_size if st.st_ino == inode else None
 
@@ -281,8 +295,11 @@ class _LineFollower:
         start = position.offset
         if size - start > MAX_READ_BYTES:
             start = size - MAX_READ_BYTES
+        handle = self.files.open(path)
+        if handle is None:
+            return []
         try:
-            with path.open("rb") as handle:
+            with handle:
                 handle.seek(start)
                 chunk = handle.read(size - start)
         except OSError:
@@ -298,17 +315,15 @@ class _LineFollower:
         return complete.splitlines()
 
 
+def _text(value: object) -> str:
+    """A text field of an agent record; anything that is not text is unset."""
+    return value if isinstance(value, str) else ""
+
+
 def _short(text: str) -> str:
     """One redacted line of at most `ROW_CHARS` characters."""
     flat = " ".join(redact(text).split())
     return flat if len(flat) <= ROW_CHARS else flat[: ROW_CHARS - 1].rstrip() + "…"
-
-
-def _int_field(fields: dict[str, Any], name: str) -> int | None:
-    value = fields.get(name)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return int(value)
 
 
 class ActivityTracker:
@@ -358,7 +373,7 @@ class ActivityTracker:
         if kind == "agent.exit":
             self._exited_at = event.ts
             self._waiting_since = None
-            code = _int_field(fields, "code")
+            code = int_field(fields.get("code"))
             return "agent exited" if code is None else f"agent exited (code {code})"
         if kind == "turn.start":
             self._turn_started_at, self._turn_ended_at = event.ts, None
@@ -377,7 +392,7 @@ class ActivityTracker:
             self._waiting_since = None
             return "resumed"
         if kind == "tool.start":
-            name = str(fields.get("name") or "tool")
+            name = _text(fields.get("name")) or "tool"
             call_id = fields.get("call_id")
             if isinstance(call_id, str):
                 if len(self._calls) >= _MAX_OPEN_CALLS:
@@ -389,16 +404,16 @@ class ActivityTracker:
             call_id = fields.get("call_id")
             name = self._calls.pop(call_id, "tool") if isinstance(call_id, str) else "tool"
             outcome = "done" if fields.get("ok") is not False else "failed"
-            duration = fields.get("duration_s")
-            if isinstance(duration, int | float) and not isinstance(duration, bool):
+            duration = duration_field(fields.get("duration_s"))
+            if duration is not None:
                 return f"{name} {outcome} in {duration:.1f} s"
             return f"{name} {outcome}"
         if kind == "text":
             text = fields.get("text")
             return text if isinstance(text, str) and text.strip() else None
         if kind == "usage":
-            tokens_in = _int_field(fields, "input_tokens") or 0
-            tokens_out = _int_field(fields, "output_tokens") or 0
+            tokens_in = count_field(fields.get("input_tokens")) or 0
+            tokens_out = count_field(fields.get("output_tokens")) or 0
             before = self._tokens or (0, 0)
             self._tokens = (before[0] + tokens_in, before[1] + tokens_out)
             return None
@@ -459,8 +474,9 @@ class AgentMonitor:
         self._card = CardState()
         self._card_signatures: tuple[FileSignature | None, ...] | None = None
         self._body_raw: bytes | None = None
-        self._notifications = _LineFollower(self.paths.notifications)
-        self._events = _LineFollower(self.paths.events)
+        self.files = WorkdirFiles(agent_id, workdir)
+        self._notifications = _LineFollower(self.paths.notifications, self.files)
+        self._events = _LineFollower(self.paths.events, self.files)
         self._tracker = ActivityTracker()
         self._activity = ActivitySummary()
         self._primed = False
@@ -490,24 +506,37 @@ class AgentMonitor:
             self._offsets.set_offset(self.agent_id, NOTIFICATIONS_OFFSET, inode, offset)
             self._pending_offset = None
 
+    def forget_signatures(self) -> None:
+        """Read the card files again at the next refresh, even when they look unchanged.
+
+        Used after a refresh failed half-way, so that a retry is never skipped as "nothing new".
+        """
+        self._card_signatures = None
+        self._notifications.forget()
+        self._events.forget()
+
     def refresh(self) -> AgentRefresh:
         """Read what changed since the last refresh."""
         self.commit()
         card_before = self._card
         notifications: tuple[Notification, ...] = ()
+        failure: Exception | None = None
+        # The three parts are independent: a failure in one must not hide the others' news.
         try:
             self._refresh_card()
-        except (OSError, ValueError):
-            logger.exception("agent %s: card files could not be read", self.agent_id)
+        except Exception as error:
+            failure = error
         try:
             notifications = self._refresh_notifications()
-        except (OSError, ValueError):
-            logger.exception("agent %s: notifications could not be read", self.agent_id)
+        except Exception as error:
+            failure = failure or error
         events_read = True
         try:
             events_read = self._refresh_events()
-        except (OSError, ValueError):
-            logger.exception("agent %s: activity log could not be read", self.agent_id)
+        except Exception as error:
+            failure = failure or error
+        if failure is not None:
+            self.forget_signatures()
         self._primed = True
         now = self._clock()
         valid_until = self._activity.state_valid_until
@@ -520,6 +549,7 @@ class AgentMonitor:
             card_changed=self._card != card_before,
             activity_changed=activity_changed,
             notifications=notifications,
+            failure=failure,
         )
 
     # -- the card -------------------------------------------------------------------------
@@ -539,9 +569,9 @@ class AgentMonitor:
         card = self._card
         if previous is None or previous[2] != watch_sig:
             card = replace(card, watch_id=self._read_watch_id())
-        status = parse_status(read_bytes(paths.status, limit=64))
+        status = parse_status(self.files.read(paths.status, limit=64))
         if status == "active":
-            raw = read_bytes(paths.body, limit=MAX_BODY_BYTES)
+            raw = self.files.read(paths.body, limit=MAX_BODY_BYTES)
             if raw is not None and raw.strip():
                 activated = card.status != "active" or (
                     card.watch_id is not None and card.watch_id != self._card.watch_id
@@ -563,12 +593,11 @@ class AgentMonitor:
         self._card = card
 
     def _read_watch_id(self) -> str | None:
-        raw = read_bytes(self.paths.watch, limit=64 * 1024)
+        raw = self.files.read(self.paths.watch, limit=64 * 1024)
         if raw is None:
             return None
-        try:
-            data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
+        data = parse_json(raw)
+        if data is None:
             return self._card.watch_id  # half-written descriptor: keep what we knew
         watch_id = data.get("watch_id") if isinstance(data, dict) else None
         return watch_id if isinstance(watch_id, str) and watch_id else None
@@ -618,18 +647,17 @@ class AgentMonitor:
         """Notifications already delivered before a stored position, for health only."""
         follower = self._notifications
         for path in (follower.path, follower.rotated):
-            try:
-                st = path.stat()
-            except OSError:
+            st = self.files.stat(path)
+            if st is None:
                 continue
             if st.st_ino == inode:
-                lines, _ = _LineFollower(path).tail(end=min(offset, st.st_size))
+                lines, _ = _LineFollower(path, self.files).tail(end=min(offset, st.st_size))
                 return lines
         return []
 
     def _apply_health(self, notification: Notification) -> None:
         card = self._card
-        about = notification.ref_id or str(notification.extra.get("watch_id") or "")
+        about = notification.ref_id or _text(notification.extra.get("watch_id"))
         if card.status == "active" and card.watch_id and about and about != card.watch_id:
             return  # about an older watch than the one now showing
         state = notification.extra.get("state")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import tempfile
 from dataclasses import dataclass
@@ -171,17 +172,83 @@ def iso_utc(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+# Times outside this range are "unknown": far enough from both ends of `datetime` that adding
+# any accepted duration, or a time zone offset, can never overflow.
+EARLIEST_TIME: Final = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST_TIME: Final = datetime(9000, 1, 1, tzinfo=UTC)
+# The largest count (tokens, exit codes) and duration taken from an agent file; larger is
+# "unknown". Both are far beyond anything real and far below float overflow.
+MAX_COUNT: Final = 10**15
+MAX_DURATION_S: Final = 100 * 365 * 86_400.0
+_ISO_MAX_CHARS: Final = 64
+
+
 def parse_iso(value: object) -> datetime | None:
-    """An aware UTC datetime from an ISO-8601 string, or None when it is not one."""
-    if not isinstance(value, str):
+    """An aware UTC datetime from an ISO-8601 string, or None when it is not a usable one.
+
+    Total: any value gives a result. Year 1 with a positive offset, or year 9999 with a
+    negative one, overflows in the conversion to UTC; such times and anything outside
+    `EARLIEST_TIME`..`LATEST_TIME` are None (unknown), never an exception.
+    """
+    if not isinstance(value, str) or len(value) > _ISO_MAX_CHARS:
         return None
     try:
         moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        moment = moment.astimezone(UTC)
+    except (ValueError, OverflowError):
         return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC)
+    return moment if EARLIEST_TIME <= moment < LATEST_TIME else None
+
+
+def parse_json(raw: bytes | str) -> Any:
+    """The JSON value of `raw`, or None when it is not JSON this service can use.
+
+    Total: invalid UTF-8 or JSON, integers with too many digits and nesting deep enough to
+    exhaust the parser's recursion all give None. `NaN` and `Infinity` parse as floats; the
+    field readers below turn them into "unknown".
+    """
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+
+
+def count_field(value: object) -> int | None:
+    """A non-negative whole count (tokens, an exit code's size), or None when unusable.
+
+    Floats are accepted when whole and finite (`12.0`); booleans, NaN, infinities, negative
+    and absurd values (over `MAX_COUNT`) are unknown.
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if 0 <= value <= MAX_COUNT else None
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value) if 0 <= value <= MAX_COUNT else None
+    return None
+
+
+def int_field(value: object) -> int | None:
+    """A whole number within +-`MAX_COUNT` (an exit code may be negative), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and -MAX_COUNT <= value <= MAX_COUNT:
+        return value
+    return None
+
+
+def duration_field(value: object) -> float | None:
+    """A duration in seconds, finite and between 0 and `MAX_DURATION_S`, else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, int) and not -(10**18) < value < 10**18:
+        return None
+    seconds = float(value)
+    return seconds if math.isfinite(seconds) and 0 <= seconds <= MAX_DURATION_S else None
 
 
 def append_jsonl_line(path: Path, record: dict[str, Any]) -> None:
@@ -215,12 +282,18 @@ class Notification:
     at: datetime | None
 
 
+def _text_field(value: object, default: str) -> str:
+    """A text field: strings and plain numbers as text, anything else (lists, objects) unset."""
+    if isinstance(value, str):
+        return value or default
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return repr(value) if math.isfinite(value) and abs(value) < 1e18 else default
+    return default
+
+
 def parse_notification(line: bytes) -> Notification | None:
     """A notification from one line, or None when the line is not a well-formed one."""
-    try:
-        data = json.loads(line)
-    except (ValueError, UnicodeDecodeError):
-        return None
+    data = parse_json(line)
     if not isinstance(data, dict):
         return None
     ident, source = data.get("id"), data.get("source")
@@ -230,10 +303,10 @@ def parse_notification(line: bytes) -> Notification | None:
     return Notification(
         id=ident,
         source=source,
-        ref_id=str(data.get("ref_id") or ""),
-        priority=str(data.get("priority") or "normal"),
-        header=str(data.get("header") or ""),
-        body=str(data.get("body") or ""),
+        ref_id=_text_field(data.get("ref_id"), ""),
+        priority=_text_field(data.get("priority"), "normal"),
+        header=_text_field(data.get("header"), ""),
+        body=_text_field(data.get("body"), ""),
         extra=extra if isinstance(extra, dict) else {},
         at=parse_iso(data.get("at")),
     )
@@ -249,11 +322,12 @@ class ActivityEvent:
 
 
 def parse_event(line: bytes) -> ActivityEvent | None:
-    """An event from one line, or None for malformed lines and unknown kinds."""
-    try:
-        data = json.loads(line)
-    except (ValueError, UnicodeDecodeError):
-        return None
+    """An event from one line, or None for malformed lines, unknown kinds and unusable times.
+
+    The fields are passed on as parsed; readers take values out of them only through the
+    total field readers above (`count_field`, `duration_field`, `int_field`).
+    """
+    data = parse_json(line)
     if not isinstance(data, dict):
         return None
     kind = data.get("kind")

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from bridge.compose.view import compose_view
 from bridge.track.monitor import (
     TAIL_BYTES,
     AgentMonitor,
@@ -444,13 +445,13 @@ def test_a_refresh_with_nothing_new_reads_no_file(
     mon.refresh()
     mon.refresh()
     opened: list[Path] = []
-    real_open = Path.open
+    real_open = os.open
 
-    def counting_open(self: Path, *args: Any, **kwargs: Any) -> Any:
-        opened.append(self)
-        return real_open(self, *args, **kwargs)
+    def counting_open(path: Any, *args: Any, **kwargs: Any) -> Any:
+        opened.append(Path(path))
+        return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "open", counting_open)
+    monkeypatch.setattr(os, "open", counting_open)
     result = mon.refresh()
     assert (result.card_changed, result.activity_changed, result.notifications) == (
         False,
@@ -459,5 +460,68 @@ def test_a_refresh_with_nothing_new_reads_no_file(
     )
     assert opened == []
     event(paths, "text", START, text="news")
+    opened.clear()  # the writer's own open
     assert mon.refresh().activity_changed is True
-    assert opened == [paths.events]
+    assert opened == [paths.events.resolve()]
+
+
+# -- total parsing: one bad value costs that field or that line, never the agent ------------
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"ts": "2030-01-01T00:00:00Z", "kind": "usage", "input_tokens": 1e309}',
+        b'{"ts": "2030-01-01T00:00:00Z", "kind": "usage", "output_tokens": 1' + b"0" * 400 + b"}",
+        b'{"ts": "2030-01-01T00:00:00Z", "kind": "usage", "input_tokens": NaN}',
+        b'{"ts": "2030-01-01T00:00:00Z", "kind": "tool.end", "duration_s": Infinity}',
+        b'{"ts": "2030-01-01T00:00:00Z", "kind": "tool.end", "duration_s": -1e308}',
+        b'{"ts": "2030-01-01T00:00:00Z", "kind": "agent.exit", "code": 1e400}',
+        b'{"ts": "2030-01-01T00:00:00Z", "kind": "tool.start", "name": [1], "call_id": {}}',
+        b'{"ts": "0001-01-01T00:00:00+05:00", "kind": "turn.start"}',
+        b'{"ts": "9999-12-31T23:59:59-05:00", "kind": "turn.start"}',
+        b'{"ts": "9999-12-31T23:59:59Z", "kind": "turn.start"}',
+        b'{"ts": Infinity, "kind": "turn.start"}',
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"ts": "2030-01-01T00:00:00Z", "kind": "text", "text": "' + b"\xff" * 10 + b'"}',
+    ],
+)
+def test_absurd_values_never_raise_and_the_next_good_line_counts(
+    paths: CardPaths, clock: Clock, line: bytes
+) -> None:
+    publish(paths, "body")
+    paths.events.parent.mkdir(parents=True, exist_ok=True)
+    paths.events.write_bytes(line + b"\n")
+    mon = monitor(paths, clock)
+    result = mon.refresh()
+    assert result.failure is None
+    with paths.events.open("ab") as log:
+        log.write(line + b"\n")
+    event(paths, "usage", START, input_tokens=1200, output_tokens=300)
+    result = mon.refresh()
+    assert result.failure is None
+    summary = mon.activity
+    assert summary.tokens_in == 1200 and summary.tokens_out == 300
+    view = compose_view("a", mon.card, summary, hidden=False, activity_rows=10, now=clock.now)
+    assert "1.2k" in "\n".join(view.auto_rows)
+
+
+def test_an_absurd_mtime_is_unknown_not_an_error(paths: CardPaths, clock: Clock) -> None:
+    publish(paths, "body")
+    os.utime(paths.body, ns=(0, -(2**62)))  # 1823: before any real card
+    mon = monitor(paths, clock)
+    mon.refresh()
+    assert mon.card.body == "body"
+    assert mon.card.body_changed_at is None
+
+
+def test_a_pipe_at_any_file_is_a_problem_of_that_file(paths: CardPaths, clock: Clock) -> None:
+    publish(paths, "body")
+    paths.events.parent.mkdir(parents=True)
+    os.mkfifo(paths.events)
+    paths.notifications.parent.mkdir(parents=True)
+    os.mkfifo(paths.notifications)
+    mon = monitor(paths, clock)
+    mon.refresh()
+    assert mon.card.body == "body"
+    assert set(mon.files.problems) == {"logs/events.jsonl", ".notification/system.jsonl"}

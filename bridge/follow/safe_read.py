@@ -1,0 +1,200 @@
+"""Reading an agent's files without trusting them: the one way the service opens agent paths.
+
+An agent owns its working directory and may put anything at a contract path: a named pipe
+(whose blocking `open` would freeze the event loop and every other agent with it), a device,
+a socket, a folder, or a symlink to `/proc/self/environ` or to the service's own config
+(which would be posted to a chat, secrets included). So every read goes through
+`WorkdirFiles`, which:
+
+- resolves the path and requires it to stay inside the agent's resolved workdir (symlinks
+  that stay inside are followed; a contract folder symlinked out counts as outside);
+- looks at the file with `lstat` before opening it, so a pipe or a device is never opened;
+- opens with `O_NONBLOCK | O_NOFOLLOW`, then checks with `fstat` that what was opened is the
+  regular file that was looked at (a swap in between is refused, never followed), and on
+  Linux that the descriptor's own path is still inside the workdir;
+- never raises for the agent's doing: a missing file is `None`, anything else refused is
+  `None` plus a reason in `problems`, keyed by the path relative to the workdir, so the
+  operator sees it (`taskcard status`) and the other files and agents carry on.
+
+A reason names the file, what is wrong and the fix; it never names the symlink's target.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+from pathlib import Path
+from typing import BinaryIO, Final
+
+logger = logging.getLogger(__name__)
+
+_OPEN_FLAGS: Final = (
+    os.O_RDONLY
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+    | getattr(os, "O_NOCTTY", 0)
+)
+_PROC_FD: Final = Path("/proc/self/fd")
+_MISSING: Final = frozenset({errno.ENOENT})
+
+
+class Refused(Exception):
+    """An agent path the service will not read; the message is the operator-facing reason."""
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, in words an operator knows."""
+    if stat.S_ISFIFO(mode):
+        return "a named pipe"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISLNK(mode):
+        return "a symlink that cannot be resolved"
+    return "not a regular file"
+
+
+def is_inside(root: str, path: str) -> bool:
+    """Whether the absolute `path` is `root` or below it (both already resolved)."""
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+class WorkdirFiles:
+    """Safe reads of the files under one agent's workdir, with the problems they had."""
+
+    def __init__(self, agent_id: str, workdir: Path) -> None:
+        self.agent_id = agent_id
+        self.workdir = Path(os.path.abspath(workdir))
+        self.problems: dict[str, str] = {}
+
+    # -- public reads -----------------------------------------------------------------------
+
+    def stat(self, path: Path) -> os.stat_result | None:
+        """The regular file's status, or None when it is missing or refused."""
+        try:
+            checked = self._check(path)
+        except Refused as refusal:
+            self._refused(path, str(refusal))
+            return None
+        self._fine(path)
+        return checked[1] if checked else None
+
+    def open(self, path: Path) -> BinaryIO | None:
+        """The regular file opened for binary reading (the caller closes it), or None."""
+        try:
+            handle = self._open(path)
+        except Refused as refusal:
+            self._refused(path, str(refusal))
+            return None
+        self._fine(path)
+        return handle
+
+    def read(self, path: Path, limit: int) -> bytes | None:
+        """At most `limit` bytes of the regular file, or None when it is missing or refused."""
+        handle = self.open(path)
+        if handle is None:
+            return None
+        try:
+            with handle:
+                return handle.read(limit)
+        except OSError as error:
+            self._refused(path, f"cannot be read ({error.strerror or 'I/O error'})")
+            return None
+
+    # -- the checks -------------------------------------------------------------------------
+
+    def _check(self, path: Path) -> tuple[str, os.stat_result] | None:
+        """(resolved path, lstat) of a regular file inside the workdir; None when missing."""
+        try:
+            root = os.path.realpath(self.workdir)
+            real = os.path.realpath(path)
+        except (OSError, ValueError) as error:
+            raise Refused(f"cannot be resolved ({error}); fix the path") from None
+        if not is_inside(root, real):
+            raise Refused(
+                "resolves outside the agent's workdir (a symlink out of it); only files inside "
+                "the workdir are read, so replace the symlink with the file itself"
+            )
+        try:
+            st = os.lstat(real)
+        except OSError as error:
+            if error.errno in _MISSING:
+                return None
+            raise Refused(_os_reason(error)) from None
+        if not stat.S_ISREG(st.st_mode):
+            raise Refused(
+                f"is {file_kind(st.st_mode)}, not a regular file; replace it with a regular file"
+            )
+        return real, st
+
+    def _open(self, path: Path) -> BinaryIO | None:
+        checked = self._check(path)
+        if checked is None:
+            return None
+        real, looked_at = checked
+        try:
+            fd = os.open(real, _OPEN_FLAGS)
+        except OSError as error:
+            if error.errno in _MISSING:
+                return None
+            raise Refused(_os_reason(error)) from None
+        try:
+            opened = os.fstat(fd)
+            if not stat.S_ISREG(opened.st_mode) or (opened.st_dev, opened.st_ino) != (
+                looked_at.st_dev,
+                looked_at.st_ino,
+            ):
+                raise Refused("was replaced while being opened; it is read again when it changes")
+            self._check_descriptor(fd)
+            return os.fdopen(fd, "rb")
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _check_descriptor(self, fd: int) -> None:
+        """On Linux, the path the kernel opened, which no component swap can fake."""
+        try:
+            opened = os.readlink(_PROC_FD / str(fd))
+            root = os.path.realpath(self.workdir)
+        except OSError:
+            return  # no /proc: the lstat/fstat identity check above is what we have
+        if not is_inside(root, opened):
+            raise Refused(
+                "resolves outside the agent's workdir (a folder on its path was swapped for a "
+                "symlink); only files inside the workdir are read"
+            )
+
+    # -- bookkeeping ------------------------------------------------------------------------
+
+    def _name(self, path: Path) -> str:
+        try:
+            return Path(os.path.abspath(path)).relative_to(self.workdir).as_posix()
+        except ValueError:
+            return path.name
+
+    def _refused(self, path: Path, reason: str) -> None:
+        name = self._name(path)
+        if self.problems.get(name) != reason:
+            logger.warning("agent %s: %s %s; not read", self.agent_id, name, reason)
+        self.problems[name] = reason
+
+    def _fine(self, path: Path) -> None:
+        name = self._name(path)
+        if self.problems.pop(name, None) is not None:
+            logger.info("agent %s: %s is readable again", self.agent_id, name)
+
+
+def _os_reason(error: OSError) -> str:
+    if error.errno == errno.ELOOP:
+        return "is a symlink loop or was swapped for a symlink; replace it with a regular file"
+    if error.errno == errno.ENOTDIR:
+        return "has a folder on its path that is not a folder; make it a folder"
+    if error.errno in (errno.EACCES, errno.EPERM):
+        return "is not readable by the service (permission denied); grant read access"
+    return f"cannot be opened ({error.strerror or 'error'})"

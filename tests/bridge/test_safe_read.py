@@ -1,0 +1,141 @@
+"""`WorkdirFiles`: only regular files inside the agent's resolved workdir are ever read."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from bridge.follow.safe_read import WorkdirFiles, file_kind, is_inside
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    path = tmp_path / "agent"
+    (path / "taskcard").mkdir(parents=True)
+    return path
+
+
+def make_fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def make_dir(path: Path) -> None:
+    path.mkdir()
+
+
+def make_socket(path: Path) -> None:
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.close()
+
+
+def make_loop(path: Path) -> None:
+    path.symlink_to(path.name)
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (make_fifo, "named pipe"),
+        (make_dir, "a folder"),
+        (make_socket, "a socket"),
+        (make_loop, "symlink"),
+    ],
+)
+def test_non_regular_files_are_refused_without_blocking(
+    workdir: Path, make: Callable[[Path], None], reason: str
+) -> None:
+    target = workdir / "taskcard" / "status"
+    make(target)
+    files = WorkdirFiles("a", workdir)
+    assert files.read(target, limit=64) is None
+    assert files.open(target) is None
+    assert files.stat(target) is None
+    assert reason in files.problems["taskcard/status"]
+    if target.is_dir() and not target.is_symlink():
+        target.rmdir()
+    else:
+        target.unlink()
+    target.write_bytes(b"active")
+    assert files.read(target, limit=64) == b"active"
+    assert files.problems == {}
+
+
+def test_missing_files_are_none_without_a_problem(workdir: Path) -> None:
+    files = WorkdirFiles("a", workdir)
+    assert files.read(workdir / "taskcard" / "status", limit=64) is None
+    assert files.read(workdir / "nowhere" / "status", limit=64) is None
+    assert WorkdirFiles("a", workdir / "gone").read(workdir / "gone" / "x", limit=1) is None
+    assert files.problems == {}
+
+
+def test_symlinks_inside_are_followed_and_out_are_refused(tmp_path: Path, workdir: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("SECRET")
+    inside = workdir / "real.md"
+    inside.write_text("inside")
+    files = WorkdirFiles("a", workdir)
+    (workdir / "taskcard" / "in.md").symlink_to(inside)
+    (workdir / "taskcard" / "out.md").symlink_to(secret)
+    (workdir / "taskcard" / "dotdot.md").symlink_to("../../secret")
+    assert files.read(workdir / "taskcard" / "in.md", limit=100) == b"inside"
+    for name in ("out.md", "dotdot.md"):
+        assert files.read(workdir / "taskcard" / name, limit=100) is None
+        assert "outside" in files.problems[f"taskcard/{name}"]
+    # A contract folder symlinked out of the workdir counts as outside too.
+    outside = tmp_path / "logs"
+    outside.mkdir()
+    (outside / "events.jsonl").write_text("{}\n")
+    (workdir / "logs").symlink_to(outside)
+    assert files.stat(workdir / "logs" / "events.jsonl") is None
+    assert "outside" in files.problems["logs/events.jsonl"]
+
+
+def test_a_workdir_that_is_itself_a_symlink_is_resolved_first(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    (real / "taskcard").mkdir(parents=True)
+    (real / "taskcard" / "status").write_bytes(b"active")
+    (tmp_path / "link").symlink_to(real)
+    files = WorkdirFiles("a", tmp_path / "link")
+    assert files.read(tmp_path / "link" / "taskcard" / "status", limit=64) == b"active"
+
+
+def test_a_device_is_never_opened(tmp_path: Path) -> None:
+    # /dev is outside any workdir; a workdir of / shows the type check on its own.
+    files = WorkdirFiles("a", Path("/"))
+    assert files.read(Path("/dev/null"), limit=1) is None
+    assert "a device" in files.problems["dev/null"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "kind"),
+    [
+        (stat.S_IFIFO, "a named pipe"),
+        (stat.S_IFDIR, "a folder"),
+        (stat.S_IFSOCK, "a socket"),
+        (stat.S_IFCHR, "a device"),
+        (stat.S_IFBLK, "a device"),
+        (stat.S_IFLNK, "a symlink that cannot be resolved"),
+    ],
+)
+def test_file_kinds_are_named(mode: int, kind: str) -> None:
+    assert file_kind(mode) == kind
+
+
+@pytest.mark.parametrize(
+    ("root", "path", "inside"),
+    [
+        ("/w/a", "/w/a", True),
+        ("/w/a", "/w/a/taskcard/status", True),
+        ("/w/a", "/w/ab/status", False),
+        ("/w/a", "/w", False),
+        ("/", "/etc/passwd", True),
+    ],
+)
+def test_is_inside(root: str, path: str, inside: bool) -> None:
+    assert is_inside(root, path) is inside

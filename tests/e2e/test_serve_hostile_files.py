@@ -1,0 +1,251 @@
+"""`taskcard serve` against agents whose files are hostile or broken, beside a healthy agent.
+
+Every agent's files are untrusted: a named pipe, a symlink out of the workdir or one poisoned
+activity line must cost only that agent (shown in `taskcard status`), never the service, the
+other agents, SIGTERM or a secret. Once the files are fixed, the agent's card updates again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from producers.task_card.contract import CardPaths, atomic_write
+from tests.e2e.harness import ServeProcess, activity, eventually, publish, run_cli
+from tests.fakes.telegram_api import FakeLimits, FakeTelegram
+
+GROUP = -1009876543210
+PRIVATE = 5151
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram(limits=FakeLimits.unlimited()) as server:
+        yield server
+
+
+def setup(tmp_path: Path, fake: FakeTelegram, bad: list[str]) -> ServeProcess:
+    """`good` is routed to a private chat, every agent in `bad` to the group."""
+    lines = ['state_dir = ".taskcard"']
+    for agent in ["good", *bad]:
+        (tmp_path / "agents" / agent).mkdir(parents=True, exist_ok=True)
+        lines += ["[[agents]]", f'id = "{agent}"', f'workdir = "agents/{agent}"']
+    lines += [
+        "[telegram]",
+        'token_env = "TC_TEST_TOKEN"',
+        f'api_base_url = "{fake.base_url}"',
+        "poll_timeout_s = 1",
+        "[telegram.limits.private_chat]",
+        "max_calls = 1000",
+        "period_s = 1.0",
+        "[telegram.limits.group_chat]",
+        "max_calls = 1000",
+        "period_s = 1.0",
+        "[telegram.limits.bot]",
+        "max_calls = 1000",
+        "period_s = 1.0",
+        "[[telegram.routes]]",
+        f"chat_id = {PRIVATE}",
+        'agents = ["good"]',
+        "[[telegram.routes]]",
+        f"chat_id = {GROUP}",
+        f"agents = {json.dumps(bad)}",
+    ]
+    config = tmp_path / "taskcard.toml"
+    config.write_text("\n".join(lines) + "\n")
+    return ServeProcess(config, env={"TC_TEST_TOKEN": fake.token})
+
+
+def workdir(tmp_path: Path, agent: str) -> Path:
+    return tmp_path / "agents" / agent
+
+
+def texts(fake: FakeTelegram, chat: int) -> list[str]:
+    return [m.text for m in fake.bot_messages(chat)]
+
+
+def shows(fake: FakeTelegram, chat: int, needle: str) -> bool:
+    return any(needle in text for text in texts(fake, chat))
+
+
+def every_text(fake: FakeTelegram) -> str:
+    """Everything the bot ever showed, earlier versions of edited messages included."""
+    shown: list[str] = []
+    for chat in (GROUP, PRIVATE):
+        for message in fake.bot_messages(chat):
+            shown += fake.edit_history(chat, message.message_id)
+            shown.append(message.text)
+    return "\n".join(shown)
+
+
+def status_text(config: Path) -> str:
+    result = run_cli("status", "--config", str(config))
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def status_json(config: Path) -> dict[str, list[str]]:
+    result = run_cli("status", "--config", str(config), "--json")
+    assert result.returncode == 0, result.stderr
+    return {a["agent"]: a["problems"] for a in json.loads(result.stdout)["agents"]}
+
+
+def fifo(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() or path.is_symlink():
+        path.unlink()
+    os.mkfifo(path)
+
+
+async def test_named_pipes_cost_only_their_agent_and_sigterm_still_stops(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    serve = setup(tmp_path, fake, ["piped", "later"])
+    piped, later, good = (workdir(tmp_path, a) for a in ("piped", "later", "good"))
+    paths = CardPaths(piped)
+    # At start: pipes at the body, the activity log and the notifications (and its rotation).
+    atomic_write(paths.status, b"active")
+    for path in (
+        paths.body,
+        paths.events,
+        paths.notifications,
+        paths.notifications.with_name("system.jsonl.1"),
+    ):
+        fifo(path)
+    publish(later, "later v1")
+    with serve:
+        publish(good, "good v1")
+        await eventually(lambda: shows(fake, PRIVATE, "good v1"), what="the healthy card")
+        await eventually(lambda: shows(fake, GROUP, "later v1"), what="later's card")
+        problems = await eventually(
+            lambda: (p := status_json(serve.config)["piped"]) and len(p) >= 3 and p,
+            what="the pipes in taskcard status",
+        )
+        for name in ("taskcard/taskcard.md", "logs/events.jsonl", ".notification/system.jsonl"):
+            assert any(p.startswith(name) and "named pipe" in p for p in problems), problems
+        # Later: pipes replace the status file of a served agent, and a folder its body.
+        fifo(CardPaths(later).status)
+        publish(good, "good v2")
+        await eventually(lambda: shows(fake, PRIVATE, "good v2"), what="good served on")
+        await eventually(
+            lambda: "taskcard/status" in "".join(status_json(serve.config)["later"]),
+            what="the later pipe in taskcard status",
+        )
+        assert "named pipe" in status_text(serve.config)
+        # Fixed: regular files again, and the card of the piped agent appears.
+        for path in (paths.body, paths.events, paths.notifications):
+            path.unlink()
+        CardPaths(later).status.unlink()
+        publish(piped, "piped fixed")
+        publish(later, "later v2")
+        await eventually(lambda: shows(fake, GROUP, "piped fixed"), what="fix")
+        await eventually(lambda: shows(fake, GROUP, "later v2"), what="later")
+        await eventually(
+            lambda: not status_json(serve.config)["piped"], what="the problems cleared"
+        )
+        assert await serve.aterminate() == 0
+
+
+async def test_symlinks_out_of_the_workdir_are_refused_never_posted(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    serve = setup(tmp_path, fake, ["leaky", "linked"])
+    leaky, linked, good = (workdir(tmp_path, a) for a in ("leaky", "linked", "good"))
+    secret = tmp_path / "secret.env"
+    secret.write_text("API_KEY=LEAKED-SECRET-VALUE\n")
+    # leaky: the body is a symlink to a file outside, its logs folder a symlink out.
+    (leaky / "taskcard").mkdir()
+    (leaky / "taskcard" / "taskcard.md").symlink_to(secret)
+    atomic_write(CardPaths(leaky).status, b"active")
+    outside_logs = tmp_path / "outside-logs"
+    outside_logs.mkdir()
+    (outside_logs / "events.jsonl").write_text(
+        json.dumps({"ts": "2030-01-01T00:00:00Z", "kind": "text", "text": "LEAKED-LOG-ROW"}) + "\n"
+    )
+    (leaky / "logs").symlink_to(outside_logs)
+    # linked: the whole taskcard folder is a symlink to a folder outside.
+    outside_card = tmp_path / "outside-card"
+    publish(outside_card, "LEAKED-OUTSIDE-CARD")
+    (linked / "taskcard").symlink_to(outside_card / "taskcard")
+    # good: symlinks that stay inside its own workdir are followed.
+    (good / "drafts").mkdir()
+    (good / "drafts" / "card.md").write_text("good via an inside symlink")
+    (good / "taskcard").mkdir()
+    (good / "taskcard" / "taskcard.md").symlink_to(good / "drafts" / "card.md")
+    with serve:
+        atomic_write(CardPaths(good).status, b"active")
+        await eventually(
+            lambda: shows(fake, PRIVATE, "good via an inside symlink"), what="the inside link"
+        )
+        problems = await eventually(
+            lambda: (s := status_json(serve.config))["leaky"] and s["linked"] and s,
+            what="the refusals in taskcard status",
+        )
+        assert any(
+            p.startswith("taskcard/taskcard.md") and "outside" in p for p in problems["leaky"]
+        )
+        assert any(p.startswith("logs/events.jsonl") and "outside" in p for p in problems["leaky"])
+        assert any(p.startswith("taskcard/status") and "outside" in p for p in problems["linked"])
+        assert "outside the agent's workdir" in serve.logs or "outside" in serve.logs
+        # Fixed: the body is a regular file; the card appears without the outside log rows.
+        (leaky / "taskcard" / "taskcard.md").unlink()
+        publish(leaky, "leaky fixed")
+        await eventually(lambda: shows(fake, GROUP, "leaky fixed"), what="fix")
+        assert await serve.aterminate() == 0
+    shown = every_text(fake)
+    for leaked in ("LEAKED-SECRET-VALUE", "API_KEY", "LEAKED-LOG-ROW", "LEAKED-OUTSIDE-CARD"):
+        assert leaked not in shown
+    assert "LEAKED-SECRET-VALUE" not in serve.logs
+
+
+POISON_LINES = [
+    # A token count beyond float range, as a float literal and as an integer.
+    '{"ts": "2030-01-01T00:00:00Z", "kind": "usage", "input_tokens": 1e309, "output_tokens": 1}',
+    '{"ts": "2030-01-01T00:00:01Z", "kind": "usage", "input_tokens": 1'
+    + "0" * 400
+    + ', "output_tokens": 2}',
+    # Year 1 with an offset overflows in the conversion to UTC; year 9999 the other way.
+    '{"ts": "0001-01-01T00:00:00+05:00", "kind": "turn.start"}',
+    '{"ts": "9999-12-31T23:59:59-05:00", "kind": "turn.start"}',
+    # Non-finite and absurd values, wrong types.
+    '{"ts": "2030-01-01T00:00:02Z", "kind": "tool.end", "call_id": "c", "duration_s": Infinity}',
+    '{"ts": "2030-01-01T00:00:03Z", "kind": "tool.end", "call_id": "c", "duration_s": 1e300}',
+    '{"ts": "2030-01-01T00:00:04Z", "kind": "agent.exit", "code": NaN}',
+    '{"ts": "2030-01-01T00:00:05Z", "kind": "tool.start", "name": {"x": [1]}, "call_id": 7}',
+    '{"ts": 1e309, "kind": "turn.end"}',
+    # Nesting deeper than the JSON parser's recursion allows.
+    "[" * 100_000 + "]" * 100_000,
+]
+
+
+async def test_poisoned_activity_lines_cost_only_those_lines(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    serve = setup(tmp_path, fake, ["poisoned"])
+    poisoned, good = workdir(tmp_path, "poisoned"), workdir(tmp_path, "good")
+    publish(poisoned, "poisoned v1")
+    events = CardPaths(poisoned).events
+    events.parent.mkdir(parents=True)
+    events.write_text("\n".join(POISON_LINES) + "\n")
+    with serve:
+        publish(good, "good v1")
+        await eventually(lambda: shows(fake, PRIVATE, "good v1"), what="the healthy card")
+        await eventually(lambda: shows(fake, GROUP, "poisoned v1"), what="card")
+        # Later, the same poison again while the service runs, then a good line after it.
+        with events.open("a") as log:
+            log.write("\n".join(POISON_LINES) + "\n")
+        activity(poisoned, "usage", input_tokens=1200, output_tokens=300)
+        publish(poisoned, "poisoned v2")
+        await eventually(
+            lambda: any("poisoned v2" in t and "1.2k" in t for t in texts(fake, GROUP)),
+            what="the poisoned agent's card updated with the good line",
+        )
+        publish(good, "good v2")
+        await eventually(lambda: shows(fake, PRIVATE, "good v2"), what="good served on")
+        assert serve.proc is not None and serve.proc.poll() is None
+        assert await serve.aterminate() == 0
+    assert "Traceback" not in serve.logs
