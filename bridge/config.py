@@ -5,6 +5,11 @@ resolved against the folder of the config file, so a service started from any di
 the same agents. Every problem is reported as a `ConfigError` whose messages each name the key
 path (`telegram.routes[0].chat_id`) and say how to fix it; nothing is half-loaded.
 
+Every number has a documented range (a timeout of 1e12 seconds passes a type check and breaks
+the service hours later), every URL is checked for its form, and `load_config` also checks the
+paths against the filesystem: a `state_dir` that is a file, or that cannot be written, is
+refused here rather than at the first state write.
+
 Run `python -m bridge.config --write-schema` to regenerate `config/taskcard.schema.json` after
 changing a model; a test fails while the two disagree.
 """
@@ -13,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import ipaddress
 import json
+import os
 import re
 import sys
 import tomllib
@@ -21,6 +28,7 @@ import types
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -109,7 +117,10 @@ class WatchConfig(BaseModel):
         default=50, ge=1, le=10_000, description="Group file events arriving within this window."
     )
     rescan_interval_s: float = Field(
-        default=30.0, gt=0, description="Safety-net rescan of every agent, in seconds."
+        default=30.0,
+        ge=1,
+        le=3600,
+        description="Safety-net rescan of every agent, in seconds (1-3600).",
     )
 
 
@@ -123,8 +134,25 @@ class DisplayConfig(BaseModel):
     )
     no_output_after_s: float = Field(
         default=300.0,
-        gt=0,
-        description='An open turn silent this long is shown as "no output".',
+        ge=1,
+        le=86_400,
+        description='An open turn silent this long is shown as "no output" (1-86400 s).',
+    )
+
+
+class LimitsConfig(BaseModel):
+    """Bounds the service applies to what the platforms ask of it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_pause_s: float = Field(
+        default=3600.0,
+        ge=1,
+        le=86_400,
+        description=(
+            "Longest pause a 429 may impose on a chat or bot (1-86400 s); longer requests"
+            " are capped and logged."
+        ),
     )
 
 
@@ -145,6 +173,7 @@ class ServiceConfig(BaseModel):
     console: ConsoleConfig = Field(default_factory=ConsoleConfig)
     watch: WatchConfig = Field(default_factory=WatchConfig)
     display: DisplayConfig = Field(default_factory=DisplayConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", description="Log verbosity."
     )
@@ -185,6 +214,7 @@ def _cross_problems(config: ServiceConfig) -> list[str]:
             )
         else:
             seen[agent.id] = index
+    problems.extend(_endpoint_problems(config))
     known = sorted(seen)
     route_groups: list[tuple[str, Sequence[tuple[object, Sequence[str]]]]] = []
     if config.telegram is not None:
@@ -221,6 +251,130 @@ def _cross_problems(config: ServiceConfig) -> list[str]:
     return problems
 
 
+_LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain"})
+
+
+def url_problem(value: str) -> str | None:
+    """Why `value` cannot be an API root URL, or None when it can.
+
+    An https URL with a host and nothing after the path; plain http only towards this
+    machine (a local Bot API server or a test fake), never across a network with a token.
+    """
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError as exc:
+        return f"{value!r} is not a URL ({exc}); use e.g. https://host"
+    del port
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"{value!r} is not an http(s) URL with a host; use e.g. https://host"
+    if parts.username is not None or parts.password is not None:
+        return f"{value!r} carries credentials; put secrets in the environment, not the URL"
+    if parts.query or parts.fragment or any(c.isspace() for c in value):
+        return f"{value!r} has a query, fragment or spaces; give only scheme, host and path"
+    if parts.scheme == "http" and not _is_loopback(parts.hostname):
+        return f"{value!r} uses plain http to another host; use https"
+    return None
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def path_problems(config: ServiceConfig) -> list[str]:
+    """Problems of the configured paths on this machine (the one impure check).
+
+    `state_dir` must be a writable directory, or creatable in one; an agent's `workdir` may
+    not exist yet, but when it exists it must be a directory.
+    """
+    problems: list[str] = []
+    state_problem = _state_dir_problem(config.state_dir)
+    if state_problem is not None:
+        problems.append(f"state_dir: {state_problem}")
+    for index, agent in enumerate(config.agents):
+        if agent.workdir.exists() and not agent.workdir.is_dir():
+            problems.append(
+                f"agents[{index}].workdir: {agent.workdir} exists and is not a directory;"
+                " point it at the agent's working directory"
+            )
+    return problems
+
+
+def _state_dir_problem(state_dir: Path) -> str | None:
+    probe = state_dir
+    while not probe.exists():  # the nearest existing ancestor is where it will be created
+        if probe.parent == probe:
+            break
+        if probe.is_symlink():
+            return f"{probe} is a dangling symlink; fix the link or choose another state_dir"
+        probe = probe.parent
+    if not probe.is_dir():
+        if probe == state_dir:
+            return f"{state_dir} exists and is not a directory; choose a directory path"
+        return f"{probe} is not a directory, so {state_dir} cannot be created; fix the path"
+    if not _writable(probe):
+        what = state_dir if probe == state_dir else f"{probe} (to create {state_dir})"
+        return (
+            f"{what} is not writable by this user or is on a read-only file system;"
+            " fix its permissions or mount, or choose another state_dir"
+        )
+    return None
+
+
+def _writable(directory: Path) -> bool:
+    """Writable for real: `os.access` alone says yes to root on a read-only mount."""
+    try:
+        if os.statvfs(directory).f_flag & os.ST_RDONLY:
+            return False
+    except OSError:
+        return False
+    return os.access(directory, os.W_OK | os.X_OK)
+
+
+def _endpoint_problems(config: ServiceConfig) -> list[str]:
+    """URL and listen-address keys, checked for their form (the channel models hold text)."""
+    problems: list[str] = []
+    urls: list[tuple[str, str]] = []
+    if config.telegram is not None:
+        urls.append(("telegram.api_base_url", config.telegram.api_base_url))
+    if config.feishu is not None:
+        urls.append(("feishu.domain", config.feishu.domain))
+        webhook = config.feishu.webhook
+        if not webhook.path.startswith("/") or any(c.isspace() or c in "?#" for c in webhook.path):
+            problems.append(
+                f"feishu.webhook.path: {webhook.path!r} is not a request path; use e.g."
+                ' "/feishu/events"'
+            )
+        if not _is_host(webhook.host):
+            problems.append(
+                f"feishu.webhook.host: {webhook.host!r} is not an IP address or host name;"
+                ' use e.g. "127.0.0.1" or "0.0.0.0"'
+            )
+    for key, value in urls:
+        problem = url_problem(value)
+        if problem is not None:
+            problems.append(f"{key}: {problem}")
+    return problems
+
+
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def _is_host(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+        return True
+    except ValueError:
+        pass
+    labels = value.removesuffix(".").split(".")
+    return 0 < len(value) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels)
+
+
 def load_config(path: Path) -> ServiceConfig:
     """Read and validate the TOML file at `path`; raise `ConfigError` with every problem."""
     try:
@@ -239,7 +393,11 @@ def load_config(path: Path) -> ServiceConfig:
         raise ConfigError([f"{path}: not UTF-8 text; save the file as UTF-8"]) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"{path}: TOML syntax error: {exc}; fix the file there"]) from None
-    return parse_config(data, base_dir=path.resolve().parent, source=str(path))
+    config = parse_config(data, base_dir=path.resolve().parent, source=str(path))
+    problems = path_problems(config)
+    if problems:
+        raise ConfigError([f"{path}: {line}" for line in problems])
+    return config
 
 
 def parse_config(data: dict[str, Any], *, base_dir: Path, source: str = "config") -> ServiceConfig:

@@ -197,8 +197,12 @@ class RateLimit(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_calls: int = Field(ge=1, description="Requests allowed in any window of period_s.")
-    period_s: float = Field(gt=0, description="Length of the sliding window in seconds.")
+    max_calls: int = Field(
+        ge=1, le=100_000, description="Requests allowed in any window of period_s (1-100000)."
+    )
+    period_s: float = Field(
+        ge=0.01, le=86_400, description="Length of the sliding window in seconds (0.01-86400)."
+    )
 
     def scope(self, key: str) -> RateScope:
         return RateScope(key=key, max_calls=self.max_calls, period_s=self.period_s)

@@ -16,6 +16,31 @@ Nothing upstream of a channel matches error strings or codes; it sees only this 
 
 from __future__ import annotations
 
+import math
+
+# A platform's wait hint above this is not a wait but a fault (a 429 once asked for 1e9 s);
+# the service then applies its own, configurable cap below it.
+RETRY_AFTER_CEILING_S = 86_400.0
+DEFAULT_RETRY_AFTER_S = 1.0
+
+
+def sane_retry_after_s(value: object, default_s: float = DEFAULT_RETRY_AFTER_S) -> float:
+    """A usable wait from a platform's retry hint, whatever it sent.
+
+    A hint that is not a number, negative or NaN says "wait" without saying how long: the
+    default. One that is huge or infinite is bounded by `RETRY_AFTER_CEILING_S`, so no
+    header or body can pause a chat for years.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return default_s
+    try:
+        seconds = float(value)
+    except (ValueError, OverflowError):
+        return default_s
+    if math.isnan(seconds) or seconds < 0:
+        return default_s
+    return min(seconds, RETRY_AFTER_CEILING_S)
+
 
 class ChannelError(Exception):
     """Base of every error a channel raises. The message never contains a secret."""

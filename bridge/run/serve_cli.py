@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import signal
+import sqlite3
 import sys
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
@@ -18,7 +19,14 @@ from typing import Any
 from bridge.config import ConfigError, ServiceConfig, load_config
 from bridge.deliver.registry import SecretMissing, build_channels, route_specs
 from bridge.run.service import Service, ServiceFailed, agent_health_key, parse_agent_health
-from bridge.store.sqlite import STATE_FILE, ResidentRecord, SqliteStore
+from bridge.store.sqlite import (
+    STATE_FILE,
+    ResidentRecord,
+    SqliteStore,
+    StateFileError,
+    check_state_file,
+    read_health,
+)
 
 EXIT_CONFIG = 2
 EXIT_RUNTIME = 1
@@ -73,7 +81,15 @@ async def serve(
 ) -> int:
     """Run the service until SIGTERM/SIGINT (or `stop`); returns the exit code."""
     lock = _ServeLock(config.state_dir)
-    holder = lock.acquire()
+    try:
+        holder = lock.acquire()
+    except OSError as error:
+        print(
+            f"taskcard: cannot use the state directory {config.state_dir} ({error.strerror});"
+            " fix its permissions or mount, or choose another state_dir",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG
     if holder is not None:
         print(
             f"taskcard: another `taskcard serve` (pid {holder}) already uses the state "
@@ -82,7 +98,12 @@ async def serve(
             file=sys.stderr,
         )
         return EXIT_ALREADY_RUNNING
-    store = SqliteStore.in_dir(config.state_dir)
+    try:
+        store = SqliteStore.in_dir(config.state_dir)
+    except StateFileError as error:
+        print(f"taskcard: {error}", file=sys.stderr)
+        lock.release()
+        return EXIT_CONFIG
     try:
         try:
             built = build_channels(config, store, env)
@@ -141,12 +162,23 @@ class _ServeLock:
 
 def _serve(args: argparse.Namespace) -> int:
     if args.config is None:
+        if args.check:
+            print("taskcard: --check needs --config FILE", file=sys.stderr)
+            return EXIT_CONFIG
         from bridge.run.demo import run_demo
 
         return run_demo(None, None)
     config = _load(Path(args.config))
     if config is None:
         return EXIT_CONFIG
+    if args.check:
+        try:
+            check_state_file(config.state_dir / STATE_FILE)
+        except StateFileError as error:
+            print(f"taskcard: {error}", file=sys.stderr)
+            return EXIT_CONFIG
+        print(f"{args.config}: valid")
+        return 0
     setup_logging(config.log_level)
     try:
         return asyncio.run(serve(config, os.environ))
@@ -171,7 +203,12 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
         routes: list[dict[str, Any]] = []
         pauses = store.pauses() if store else {}
         now = datetime.now(UTC).timestamp()
-        active_pauses = {scope: until for scope, until in pauses.items() if until > now}
+        # The service caps a stored pause when it starts; show what it will honour.
+        ceiling = now + config.limits.max_pause_s
+        active_pauses = {
+            scope: min(until, ceiling) for scope, until in pauses.items() if until > now
+        }
+        health = read_health(config.state_dir)
         pending = store.pending_notices() if store else []
         for spec in route_specs(config):
             channel, chat = spec.channel, spec.chat
@@ -212,7 +249,24 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
             }
             for agent in config.agents
         ]
-        return {"state_file": str(path), "routes": routes, "agents": agents}
+        return {
+            "state_file": str(path),
+            "state_writes": (
+                {
+                    "failing_since": _when(health.failing_since),
+                    "reason": health.reason,
+                    "waiting_writes": health.waiting_writes,
+                }
+                if health is not None
+                else None
+            ),
+            "pauses": [
+                {"scope": scope, "until": _when(until)}
+                for scope, until in sorted(active_pauses.items())
+            ],
+            "routes": routes,
+            "agents": agents,
+        }
     finally:
         if store:
             store.close()
@@ -236,11 +290,24 @@ def _status(args: argparse.Namespace) -> int:
     config = _load(Path(args.config))
     if config is None:
         return EXIT_CONFIG
-    report = status_report(config)
+    try:
+        check_state_file(config.state_dir / STATE_FILE)
+        report = status_report(config)
+    except (StateFileError, sqlite3.Error) as error:
+        print(f"taskcard: {error}", file=sys.stderr)
+        return EXIT_CONFIG
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
     print(f"state: {report['state_file']}")
+    writes = report["state_writes"]
+    if writes:
+        print(
+            f"STATE WRITES FAILING since {writes['failing_since']}: {writes['reason']}"
+            f" ({writes['waiting_writes']} writes waiting; the service retries)"
+        )
+    for pause in report["pauses"]:
+        print(f"rate-limit pause: {pause['scope']} until {pause['until']}")
     for route in report["routes"]:
         print(f"{route['route']}")
         print(f"  resident message: {route['message_id'] or '(none yet)'}")
@@ -278,6 +345,11 @@ def register(subparsers: Any) -> None:
         ),
     )
     serve_parser.add_argument("--config", "-c", help="the TOML configuration")
+    serve_parser.add_argument(
+        "--check",
+        action="store_true",
+        help="validate the configuration and the state file, then exit (2: invalid)",
+    )
     serve_parser.set_defaults(handler=_serve)
 
     status_parser = subparsers.add_parser(

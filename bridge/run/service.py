@@ -97,7 +97,9 @@ class Service:
         self._channels: dict[str, Channel] = {n: b.channel for n, b in channels.items()}
         self._store = store
         self._clock = clock
-        self._scheduler = RouteScheduler(self._channels, store)
+        self._scheduler = RouteScheduler(
+            self._channels, store, max_pause_s=config.limits.max_pause_s
+        )
         self._routes: list[Route] = []
         self._routes_by_agent: dict[str, list[Route]] = {a.id: [] for a in config.agents}
         for name, built in channels.items():
@@ -187,7 +189,9 @@ class Service:
             try:
                 await channel.start(functools.partial(self._on_command, name))
             except (Transient, RateLimited) as error:
-                wait_s = error.retry_after_s if isinstance(error, RateLimited) else delay_s
+                wait_s = delay_s
+                if isinstance(error, RateLimited):
+                    wait_s = min(error.retry_after_s, self._config.limits.max_pause_s)
                 log.warning("channel %s not ready (%s); retrying in %.0fs", name, error, wait_s)
                 await asyncio.sleep(wait_s)
                 delay_s = min(60.0, delay_s * 2)
@@ -225,6 +229,7 @@ class Service:
         """Recompose agents whose state changes with the passage of time alone."""
         while True:
             await asyncio.sleep(1.0)
+            self._store.retry_pending()  # state writes a failing disk held back, when due
             now = self._clock()
             for agent_id in [a for a, due in self._due.items() if due <= now]:
                 del self._due[agent_id]

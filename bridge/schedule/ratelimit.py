@@ -6,15 +6,29 @@ platform that counts "20 per minute" per window punishes. Here a scope admits a 
 while fewer than `max_calls` requests happened in the last `period_s`, and a finished request is
 recorded at its *completion* time, so even a request delayed in flight cannot make the platform
 observe more than `max_calls` in any window it measures.
+
+A 429 pause is bounded by `max_pause_s` (one hour unless configured): the platform's hint is
+untrusted input, and a chat paused until 2058 is a chat lost, while an hour's wait that turns
+out short costs one more 429.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from channels.base import RateScope
+
+DEFAULT_MAX_PAUSE_S = 3600.0
+
+
+def bounded_pause_s(seconds: float, max_pause_s: float) -> float:
+    """The pause actually applied for a requested one: within [0, max_pause_s]; NaN is 0."""
+    if math.isnan(seconds) or seconds <= 0:
+        return 0.0
+    return min(seconds, max_pause_s)
 
 
 @dataclass
@@ -56,14 +70,22 @@ class Reservation:
 class RateLimiter:
     """All scopes of one scheduler: windows plus pauses ordered by 429 answers."""
 
-    def __init__(self, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, clock: Callable[[], float], *, max_pause_s: float = DEFAULT_MAX_PAUSE_S
+    ) -> None:
         self._clock = clock
+        self.max_pause_s = max_pause_s
         self._windows: dict[str, _Window] = {}
         self._paused_until: dict[str, float] = {}
 
-    def pause(self, scope: str, seconds: float) -> None:
-        until = self._clock() + max(0.0, seconds)
-        self._paused_until[scope] = max(self._paused_until.get(scope, 0.0), until)
+    def pause(self, scope: str, seconds: float) -> float:
+        """Pause `scope` for `seconds`, bounded by `max_pause_s`; returns the seconds applied."""
+        applied = bounded_pause_s(seconds, self.max_pause_s)
+        until = self._clock() + applied
+        # A longer pause already running is kept, but never beyond the cap from now.
+        current = min(self._paused_until.get(scope, 0.0), self._clock() + self.max_pause_s)
+        self._paused_until[scope] = max(current, until)
+        return applied
 
     def paused_for(self, scope: str) -> float:
         return max(0.0, self._paused_until.get(scope, 0.0) - self._clock())

@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from bridge.schedule.ratelimit import RateLimiter, Reservation
+from bridge.schedule.ratelimit import DEFAULT_MAX_PAUSE_S, RateLimiter, Reservation
 from bridge.store.sqlite import StateStore
 from channels.base import Channel, ChatRef, Operation, Outgoing
 from channels.errors import (
@@ -160,13 +160,14 @@ class RouteScheduler:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         max_backoff_s: float = 60.0,
+        max_pause_s: float = DEFAULT_MAX_PAUSE_S,
     ) -> None:
         self._channels = channels
         self._store = store
         self._clock = clock
         self._wall = wall_clock
         self._max_backoff_s = max_backoff_s
-        self._limiter = RateLimiter(clock)
+        self._limiter = RateLimiter(clock, max_pause_s=max_pause_s)
         self._residents: dict[RouteKey, _Resident] = {}
         self._lanes: dict[tuple[str, str], _Lane] = {}
         self._closing = asyncio.Event()
@@ -232,7 +233,17 @@ class RouteScheduler:
         now_wall = self._wall()
         for scope, until in self._store.pauses().items():
             if until > now_wall:
-                self._limiter.pause(scope, until - now_wall)
+                # A state file from before the cap (or a clock jump) may hold a pause that
+                # ends in decades: bounded like a fresh one, and the bound is persisted.
+                applied = self._limiter.pause(scope, until - now_wall)
+                if applied < until - now_wall:
+                    log.warning(
+                        "a stored rate-limit pause of %s ran %.0fs more; capped to %.0fs",
+                        scope,
+                        until - now_wall,
+                        applied,
+                    )
+                    self._store.set_pause(scope, now_wall + applied)
                 log.info("honouring a rate-limit pause from before the restart: %s", scope)
 
     async def stop(self, grace_s: float = 35.0) -> None:
@@ -444,14 +455,21 @@ class RouteScheduler:
             await self._wait(None, wait_s)
 
     def _rate_limited(self, error: RateLimited, where: str) -> None:
-        log.warning(
-            "rate limited in %s: pausing scope %s for %.1fs",
-            where,
-            error.scope,
-            error.retry_after_s,
-        )
-        self._limiter.pause(error.scope, error.retry_after_s)
-        self._store.set_pause(error.scope, self._wall() + error.retry_after_s)
+        applied = self._limiter.pause(error.scope, error.retry_after_s)
+        if applied < error.retry_after_s:
+            log.warning(
+                "rate limited in %s: the platform asked for %gs; pausing scope %s for the"
+                " maximum of %.0fs (limits.max_pause_s)",
+                where,
+                error.retry_after_s,
+                error.scope,
+                applied,
+            )
+        else:
+            log.warning(
+                "rate limited in %s: pausing scope %s for %.1fs", where, error.scope, applied
+            )
+        self._store.set_pause(error.scope, self._wall() + applied)
 
     async def _deliver_route(self, key: RouteKey) -> None:
         resident = self._residents[key]

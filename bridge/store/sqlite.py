@@ -5,18 +5,35 @@
 at once so that a SIGKILL loses nothing that was acknowledged. Calls are short and synchronous:
 each is a single indexed statement on a local file (well under a millisecond), cheaper than a
 thread hop, so the event loop calls them directly.
+
+Disks fail. A write that fails at run time (disk full, I/O error, a read-only remount) never
+raises into the service: it joins an ordered backlog (a later write of the same row replaces
+an earlier one), the store retries the backlog in one transaction with capped backoff
+(`retry_pending`, driven by the service's timer), and the fault is logged once per episode
+and recorded in a small pre-allocated health file that `taskcard status` reads, because a full
+disk still lets a file be rewritten in place. What was committed before stays committed: a
+failed transaction is rolled back, never half-applied. At start it is the other way round: a
+state file that is not a healthy taskcard database, or cannot be written, stops the service
+with `StateFileError` (one line: the file and the fix) instead of a fresh start that would
+post every resident message a second time.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import sqlite3
+import stat
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
+
+log = logging.getLogger("taskcard.store")
 
 NoticeState = Literal["pending", "delivered", "suppressed", "failed"]
 
@@ -54,11 +71,33 @@ class PendingNotice:
     created_at: float
 
 
+class StateFileError(Exception):
+    """The state file cannot be used; the message is one line naming the file and the fix."""
+
+
+@dataclass(frozen=True)
+class StateHealth:
+    """A running fault of state writes: since when, why, and how many writes wait."""
+
+    failing_since: float
+    reason: str
+    waiting_writes: int
+
+
 class StateStore(ABC):
     """Everything the service must remember across restarts."""
 
     @abstractmethod
     def close(self) -> None: ...
+
+    def retry_pending(self, *, force: bool = False) -> bool:
+        """Retry writes that failed (when due, or now with `force`); True when none wait."""
+        del force
+        return True
+
+    def health(self) -> StateHealth | None:
+        """The running write fault, or None when every write so far is committed."""
+        return None
 
     # Resident messages -------------------------------------------------------------------
     @abstractmethod
@@ -171,34 +210,160 @@ CREATE TABLE IF NOT EXISTS pauses (scope TEXT PRIMARY KEY, until_epoch REAL NOT 
 """
 
 STATE_FILE = "state.sqlite3"
+HEALTH_FILE = "state.health"
+_SQLITE_HEADER = b"SQLite format 3\x00"
+_HEALTH_SIZE = 1024
+_FRESH_START = "or move it away to start afresh (every chat then gets a second resident message)"
+
+# Errors that mean "our SQL is wrong", not "the disk is": they still raise.
+_BUG_ERRORS = (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError)
+
+WriteOp = Callable[[sqlite3.Connection], Any]
+
+
+def check_state_file(path: Path) -> None:
+    """Raise `StateFileError` unless `path` is absent or a readable taskcard state database.
+
+    Read-only, so `taskcard status` and `serve --check` use it too. Absent is fine (a first
+    start); anything else must be a regular, non-empty SQLite file with our tables that
+    passes SQLite's quick check.
+    """
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise StateFileError(
+            f"{path}: cannot be examined ({exc.strerror}); fix the permissions of its folder"
+        ) from None
+    if stat.S_ISDIR(info.st_mode):
+        raise StateFileError(
+            f"{path} is a directory, not the state database; remove or rename it"
+            " (the service creates the file itself)"
+        )
+    if not stat.S_ISREG(info.st_mode):
+        raise StateFileError(
+            f"{path} is not a regular file; remove it (the service creates the file itself)"
+        )
+    if info.st_size == 0:
+        raise StateFileError(
+            f"{path} is empty, not a taskcard state database; restore it from a backup,"
+            f" {_FRESH_START}"
+        )
+    try:
+        with path.open("rb") as handle:
+            header = handle.read(len(_SQLITE_HEADER))
+    except OSError as exc:
+        raise StateFileError(
+            f"{path}: cannot be read ({exc.strerror}); fix its permissions"
+        ) from None
+    if header != _SQLITE_HEADER:
+        raise StateFileError(
+            f"{path} is not a SQLite database (damaged or foreign); restore it from a backup,"
+            f" {_FRESH_START}"
+        )
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
+        try:
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+            verdict = [str(row[0]) for row in db.execute("PRAGMA quick_check(1)")]
+        finally:
+            db.close()
+    except sqlite3.Error as exc:
+        raise StateFileError(
+            f"{path} is damaged ({exc}); restore it from a backup, {_FRESH_START}"
+        ) from None
+    if verdict != ["ok"]:
+        raise StateFileError(
+            f"{path} is damaged ({'; '.join(verdict)[:120]}); restore it from a backup,"
+            f" {_FRESH_START}"
+        )
+    if "residents" not in tables:
+        raise StateFileError(
+            f"{path} is a SQLite database without taskcard's tables (another program's file?);"
+            f" choose another state_dir, {_FRESH_START}"
+        )
+
+
+def read_health(state_dir: Path) -> StateHealth | None:
+    """The write fault last recorded by `taskcard serve` in `state_dir`, if any."""
+    try:
+        raw = (state_dir / HEALTH_FILE).read_bytes()[:_HEALTH_SIZE]
+        data = json.loads(raw.decode("utf-8").strip() or "{}")
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("failing_since") is None:
+        return None
+    try:
+        return StateHealth(
+            float(data["failing_since"]), str(data["reason"]), int(data["waiting_writes"])
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+class _HealthFile:
+    """A fixed-size file rewritten in place: it stays writable when the disk is full."""
+
+    def __init__(self, path: Path) -> None:
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        self.write(None)
+
+    def write(self, health: StateHealth | None) -> None:
+        data: dict[str, Any] = {"failing_since": None}
+        if health is not None:
+            data = {
+                "failing_since": health.failing_since,
+                "reason": health.reason[:300],
+                "waiting_writes": health.waiting_writes,
+            }
+        text = json.dumps(data).encode()[: _HEALTH_SIZE - 1]
+        try:
+            os.pwrite(self._fd, text.ljust(_HEALTH_SIZE), 0)
+        except OSError as exc:
+            log.debug("cannot record state health: %s", exc)
+
+    def close(self) -> None:
+        os.close(self._fd)
 
 
 class SqliteStore(StateStore):
     """SQLite in WAL mode; `readonly=True` opens an existing file for `taskcard status`."""
 
-    def __init__(self, path: Path, *, readonly: bool = False) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        readonly: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        max_retry_s: float = 30.0,
+    ) -> None:
+        """Open (or create) the state file; `StateFileError` when it is unusable."""
         self.path = path
+        self._clock = clock
+        self._wall = wall_clock
+        self._max_retry_s = max_retry_s
+        self._backlog: dict[tuple[str, ...], WriteOp] = {}
+        # Notice states written to the backlog, so reads do not re-send a delivered one.
+        self._notice_overlay: dict[tuple[str, str], tuple[str, NoticeState, float]] = {}
+        self._health: StateHealth | None = None
+        self._retry_at = 0.0
+        self._retry_s = 0.0
+        self._health_file: _HealthFile | None = None
+        check_state_file(path)
         if readonly:
             self._db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
         else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(path, timeout=5.0, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            # In WAL mode NORMAL survives a crash of this process (SIGKILL included); only a
-            # power cut may lose the last commits. It keeps a commit in microseconds, which
-            # matters right after a send: the new message id is persisted at once.
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SCHEMA)
-            columns = {row[1] for row in self._db.execute("PRAGMA table_info(residents)")}
-            added = {
-                "send_key": "TEXT",
-                "stale_message_id": "TEXT",
-                "unsure_sends": "INTEGER NOT NULL DEFAULT 0",
-                "unsure_at": "REAL",
-            }
-            for column, kind in added.items():  # state files from before them
-                if column not in columns:
-                    self._db.execute(f"ALTER TABLE residents ADD COLUMN {column} {kind}")
+            self._db = _open_writable(path)
+            try:
+                self._health_file = _HealthFile(path.parent / HEALTH_FILE)
+            except OSError as exc:
+                self._db.close()
+                raise StateFileError(
+                    f"{path.parent / HEALTH_FILE}: cannot be written ({exc.strerror});"
+                    " fix the permissions of the state directory or remove that entry"
+                ) from None
         self._db.row_factory = sqlite3.Row
 
     @classmethod
@@ -206,17 +371,101 @@ class SqliteStore(StateStore):
         return cls(state_dir / STATE_FILE, readonly=readonly)
 
     def close(self) -> None:
+        """A last try at writes still waiting, then close (what cannot be written is logged)."""
+        if self._backlog and not self.retry_pending(force=True):
+            log.error(
+                "%d state writes could not be saved to %s before stopping (%s); the next start"
+                " works from the state last committed",
+                len(self._backlog),
+                self.path,
+                self._health.reason if self._health else "unknown",
+            )
         self._db.close()
+        if self._health_file is not None:
+            self._health_file.close()
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
         self._db.execute("BEGIN IMMEDIATE")
         try:
             yield self._db
+            self._db.execute("COMMIT")
         except BaseException:
-            self._db.execute("ROLLBACK")
+            # SQLite may already have rolled back (a full disk does); never mask the cause.
+            if self._db.in_transaction:
+                try:
+                    self._db.execute("ROLLBACK")
+                except sqlite3.Error as exc:
+                    log.debug("rollback after a failed write failed too: %s", exc)
             raise
-        self._db.execute("COMMIT")
+
+    def _write(self, key: tuple[str, ...], op: WriteOp) -> None:
+        """Commit `op` now, or keep it in the backlog (after the writes already waiting)."""
+        if self._backlog:
+            self._backlog.pop(key, None)  # the newer write of the same row supersedes it
+            self._backlog[key] = op
+            self.retry_pending()
+            return
+        try:
+            with self._tx() as db:
+                op(db)
+        except _BUG_ERRORS:
+            raise
+        except sqlite3.Error as exc:
+            self._backlog[key] = op
+            self._failed(exc)
+
+    def retry_pending(self, *, force: bool = False) -> bool:
+        if not self._backlog:
+            return True
+        if not force and self._clock() < self._retry_at:
+            return False
+        try:
+            with self._tx() as db:
+                for op in self._backlog.values():
+                    op(db)
+        except _BUG_ERRORS:
+            raise
+        except sqlite3.Error as exc:
+            self._failed(exc)
+            return False
+        log.warning(
+            "state writes to %s work again; %d waiting writes saved", self.path, len(self._backlog)
+        )
+        self._backlog.clear()
+        self._notice_overlay.clear()
+        self._health, self._retry_s, self._retry_at = None, 0.0, 0.0
+        if self._health_file is not None:
+            self._health_file.write(None)
+        return True
+
+    def health(self) -> StateHealth | None:
+        return self._health
+
+    def _failed(self, exc: sqlite3.Error) -> None:
+        reason = _fault_reason(exc)
+        first = self._health is None
+        since = self._wall() if self._health is None else self._health.failing_since
+        self._health = StateHealth(since, reason, len(self._backlog))
+        self._retry_s = min(self._max_retry_s, max(0.5, self._retry_s * 2))
+        self._retry_at = self._clock() + self._retry_s
+        if first:
+            log.error(
+                "cannot write the state file %s (%s); the service carries on and retries"
+                " with backoff; free space or fix the disk",
+                self.path,
+                reason,
+            )
+        else:
+            log.warning(
+                "state file %s still not writable (%s); %d writes waiting, next try in %.0fs",
+                self.path,
+                reason,
+                len(self._backlog),
+                self._retry_s,
+            )
+        if self._health_file is not None:
+            self._health_file.write(self._health)
 
     def _ensure_resident(self, db: sqlite3.Connection, route: str) -> None:
         db.execute("INSERT OR IGNORE INTO residents (route) VALUES (?)", (route,))
@@ -230,7 +479,7 @@ class SqliteStore(StateStore):
         return [_resident(row) for row in rows]
 
     def set_message_id(self, route: str, message_id: str | None) -> None:
-        with self._tx() as db:
+        def op(db: sqlite3.Connection) -> None:
             self._ensure_resident(db, route)
             db.execute(
                 "UPDATE residents SET message_id = ?, fingerprint = NULL, send_key = NULL, "
@@ -239,10 +488,12 @@ class SqliteStore(StateStore):
                 (message_id, message_id, route),
             )
 
+        self._write(("message_id", route), op)
+
     def replace_message(
         self, route: str, *, message_id: str | None = None, stale_message_id: str | None = None
     ) -> None:
-        with self._tx() as db:
+        def op(db: sqlite3.Connection) -> None:
             self._ensure_resident(db, route)
             db.execute(
                 "UPDATE residents SET message_id = ?, stale_message_id = ?, "
@@ -252,31 +503,41 @@ class SqliteStore(StateStore):
                 (message_id, stale_message_id, message_id, message_id, route),
             )
 
+        self._write(("replace_message", route), op)
+
     def set_send_key(self, route: str, key: str | None) -> None:
-        with self._tx() as db:
+        def op(db: sqlite3.Connection) -> None:
             self._ensure_resident(db, route)
             db.execute("UPDATE residents SET send_key = ? WHERE route = ?", (key, route))
 
+        self._write(("send_key", route), op)
+
     def set_unsure_sends(self, route: str, count: int, at: float | None) -> None:
-        with self._tx() as db:
+        def op(db: sqlite3.Connection) -> None:
             self._ensure_resident(db, route)
             db.execute(
                 "UPDATE residents SET unsure_sends = ?, unsure_at = ? WHERE route = ?",
                 (count, at, route),
             )
 
+        self._write(("unsure_sends", route), op)
+
     def set_committed(self, route: str, fingerprint: str, at: float) -> None:
-        with self._tx() as db:
+        def op(db: sqlite3.Connection) -> None:
             self._ensure_resident(db, route)
             db.execute(
                 "UPDATE residents SET fingerprint = ?, committed_at = ? WHERE route = ?",
                 (fingerprint, at, route),
             )
 
+        self._write(("committed", route), op)
+
     def set_disabled(self, route: str, reason: str | None) -> None:
-        with self._tx() as db:
+        def op(db: sqlite3.Connection) -> None:
             self._ensure_resident(db, route)
             db.execute("UPDATE residents SET disabled_reason = ? WHERE route = ?", (reason, route))
+
+        self._write(("disabled", route), op)
 
     def prefs(self, scope: str) -> ChatPrefs:
         row = self._db.execute("SELECT * FROM prefs WHERE scope = ?", (scope,)).fetchone()
@@ -285,7 +546,7 @@ class SqliteStore(StateStore):
         return ChatPrefs(hidden=bool(row["hidden"]), activity_rows=row["activity_rows"])
 
     def set_prefs(self, scope: str, prefs: ChatPrefs) -> None:
-        with self._tx() as db:
+        def op(db: sqlite3.Connection) -> None:
             db.execute(
                 "INSERT INTO prefs (scope, hidden, activity_rows) VALUES (?, ?, ?) "
                 "ON CONFLICT(scope) DO UPDATE SET hidden = excluded.hidden, "
@@ -293,16 +554,27 @@ class SqliteStore(StateStore):
                 (scope, int(prefs.hidden), prefs.activity_rows),
             )
 
+        self._write(("prefs", scope), op)
+
     def add_notice(self, route: str, notice_id: str, text: str, state: NoticeState) -> bool:
+        if (route, notice_id) in self._notice_overlay or self._db.execute(
+            "SELECT 1 FROM notices WHERE route = ? AND notice_id = ?", (route, notice_id)
+        ).fetchone():
+            return False
         now = time.time()
-        with self._tx() as db:
-            cursor = db.execute(
+
+        def op(db: sqlite3.Connection) -> None:
+            db.execute(
                 "INSERT OR IGNORE INTO notices "
                 "(route, notice_id, text, state, created_at, updated_at) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
                 (route, notice_id, text, state, now, now),
             )
-            return cursor.rowcount == 1
+
+        self._write(("notice", route, notice_id), op)
+        if self._backlog:
+            self._notice_overlay[(route, notice_id)] = (text, state, now)
+        return True
 
     def pending_notices(self, route: str | None = None) -> list[PendingNotice]:
         query = "SELECT route, notice_id, text, created_at FROM notices WHERE state = 'pending'"
@@ -311,17 +583,35 @@ class SqliteStore(StateStore):
             query += " AND route = ?"
             params = (route,)
         rows = self._db.execute(query + " ORDER BY created_at, notice_id", params).fetchall()
-        return [
-            PendingNotice(row["route"], row["notice_id"], row["text"], row["created_at"])
+        found = {
+            (row["route"], row["notice_id"]): PendingNotice(
+                row["route"], row["notice_id"], row["text"], row["created_at"]
+            )
             for row in rows
-        ]
+        }
+        # Writes waiting in the backlog are newer than the file: they decide.
+        for (notice_route, notice_id), (text, state, at) in self._notice_overlay.items():
+            if route is not None and notice_route != route:
+                continue
+            if state != "pending":
+                found.pop((notice_route, notice_id), None)
+            elif text and (notice_route, notice_id) not in found:
+                found[(notice_route, notice_id)] = PendingNotice(notice_route, notice_id, text, at)
+        return sorted(found.values(), key=lambda n: (n.created_at, n.notice_id))
 
     def set_notice_state(self, route: str, notice_id: str, state: NoticeState) -> None:
-        with self._tx() as db:
+        now = time.time()
+
+        def op(db: sqlite3.Connection) -> None:
             db.execute(
                 "UPDATE notices SET state = ?, updated_at = ? WHERE route = ? AND notice_id = ?",
-                (state, time.time(), route, notice_id),
+                (state, now, route, notice_id),
             )
+
+        self._write(("notice_state", route, notice_id), op)
+        if self._backlog:
+            known = self._notice_overlay.get((route, notice_id))
+            self._notice_overlay[(route, notice_id)] = (known[0] if known else "", state, now)
 
     def get_offset(self, agent_id: str, name: str) -> tuple[int, int] | None:
         row = self._db.execute(
@@ -330,7 +620,7 @@ class SqliteStore(StateStore):
         return (int(row["inode"]), int(row["offset"])) if row else None
 
     def set_offset(self, agent_id: str, name: str, inode: int, offset: int) -> None:
-        with self._tx() as db:
+        def op(db: sqlite3.Connection) -> None:
             db.execute(
                 "INSERT INTO offsets (agent_id, name, inode, offset) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT(agent_id, name) DO UPDATE SET inode = excluded.inode, "
@@ -338,29 +628,84 @@ class SqliteStore(StateStore):
                 (agent_id, name, inode, offset),
             )
 
+        self._write(("offset", agent_id, name), op)
+
     def get_cursor(self, key: str) -> str | None:
         row = self._db.execute("SELECT value FROM cursors WHERE key = ?", (key,)).fetchone()
         return str(row["value"]) if row else None
 
     def set_cursor(self, key: str, value: str) -> None:
-        with self._tx() as db:
+        def op(db: sqlite3.Connection) -> None:
             db.execute(
                 "INSERT INTO cursors (key, value) VALUES (?, ?) "
                 "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                 (key, value),
             )
 
+        self._write(("cursor", key), op)
+
     def pauses(self) -> dict[str, float]:
         rows = self._db.execute("SELECT scope, until_epoch FROM pauses").fetchall()
         return {str(row["scope"]): float(row["until_epoch"]) for row in rows}
 
     def set_pause(self, scope: str, until_epoch: float) -> None:
-        with self._tx() as db:
+        def op(db: sqlite3.Connection) -> None:
             db.execute(
                 "INSERT INTO pauses (scope, until_epoch) VALUES (?, ?) "
                 "ON CONFLICT(scope) DO UPDATE SET until_epoch = excluded.until_epoch",
                 (scope, until_epoch),
             )
+
+        self._write(("pause", scope), op)
+
+
+def _open_writable(path: Path) -> sqlite3.Connection:
+    """Open the state file for writing and prove it with a real write, or `StateFileError`."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(path, timeout=5.0, isolation_level=None)
+    except (OSError, sqlite3.Error) as exc:
+        raise StateFileError(
+            f"{path}: cannot be opened ({_fault_reason(exc)}); fix the permissions or mount of"
+            " the state directory, or choose another state_dir"
+        ) from None
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        # In WAL mode NORMAL survives a crash of this process (SIGKILL included); only a
+        # power cut may lose the last commits. It keeps a commit in microseconds, which
+        # matters right after a send: the new message id is persisted at once.
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(_SCHEMA)
+        columns = {row[1] for row in db.execute("PRAGMA table_info(residents)")}
+        added = {
+            "send_key": "TEXT",
+            "stale_message_id": "TEXT",
+            "unsure_sends": "INTEGER NOT NULL DEFAULT 0",
+            "unsure_at": "REAL",
+        }
+        for column, kind in added.items():  # state files from before them
+            if column not in columns:
+                db.execute(f"ALTER TABLE residents ADD COLUMN {column} {kind}")
+        # A real write: a read-only mount, an immutable file or a full disk shows here.
+        db.execute(
+            "INSERT INTO cursors (key, value) VALUES ('service:opened_at', ?) "
+            "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            (str(time.time()),),
+        )
+    except sqlite3.Error as exc:
+        db.close()
+        raise StateFileError(
+            f"{path}: cannot be written ({_fault_reason(exc)}); free space, or fix its"
+            " permissions, attributes (chattr -i) or mount (read-write), then start again"
+        ) from None
+    return db
+
+
+def _fault_reason(exc: BaseException) -> str:
+    """A short reason for logs and the status: SQLite's message, or the OS error's text."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
 
 
 def _resident(row: sqlite3.Row) -> ResidentRecord:

@@ -79,4 +79,6 @@ class FeishuConfig(BaseModel):
     webhook: FeishuWebhook = Field(default_factory=FeishuWebhook)
     routes: list[FeishuRoute] = Field(default_factory=list)
     limits: FeishuLimits = Field(default_factory=FeishuLimits)
-    request_timeout_s: float = Field(default=15.0, gt=0, description="Per-request timeout.")
+    request_timeout_s: float = Field(
+        default=15.0, ge=1, le=300, description="Per-request timeout (1-300 s)."
+    )

@@ -25,6 +25,7 @@ from channels.errors import (
     Permanent,
     RateLimited,
     Transient,
+    sane_retry_after_s,
 )
 
 INVALID_PARAMETER = 230001
@@ -56,13 +57,14 @@ DEFAULT_RETRY_AFTER_S = 1.0
 
 
 def retry_after_s(headers: Mapping[str, str]) -> float:
-    """Seconds from `x-ogw-ratelimit-reset` (any header case), else one second."""
+    """Seconds from `x-ogw-ratelimit-reset` (any header case), else one second.
+
+    The header is untrusted text: a zero, negative, non-numeric or NaN value means one
+    second, and a huge or infinite one is bounded (see `sane_retry_after_s`).
+    """
     for key, value in headers.items():
         if key.lower() == RESET_HEADER:
-            try:
-                seconds = float(value)
-            except ValueError:
-                return DEFAULT_RETRY_AFTER_S
+            seconds = sane_retry_after_s(value.strip(), DEFAULT_RETRY_AFTER_S)
             return seconds if seconds > 0 else DEFAULT_RETRY_AFTER_S
     return DEFAULT_RETRY_AFTER_S
 

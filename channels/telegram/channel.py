@@ -194,8 +194,13 @@ class TelegramChannel(Channel):
         task, self._poll_task = self._poll_task, None
         if task is not None:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await task
+            except asyncio.CancelledError:
+                pass
+            except Exception:
+                # A poller that died must not turn a clean stop into a failed one.
+                _log.exception("the Telegram command poller had failed")
         bot, self._bot = self._bot, None
         if bot is not None:
             try:

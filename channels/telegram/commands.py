@@ -21,6 +21,8 @@ from channels.telegram.request import FloodWait
 
 OFFSET_CURSOR_KEY = "telegram:update_offset"
 COMMAND = "taskcard"
+# The longest getUpdates flood wait honoured: commands are never shut out for longer.
+MAX_FLOOD_WAIT_S = 3600.0
 
 _log = logging.getLogger(__name__)
 
@@ -132,7 +134,8 @@ class CommandPoller:
             except FloodWait as exc:
                 failures += 1
                 _log.warning("Telegram getUpdates rate limited for %gs", exc.retry_after_s)
-                await asyncio.sleep(max(exc.retry_after_s, self._backoff.delay_s(failures)))
+                wait_s = min(exc.retry_after_s, MAX_FLOOD_WAIT_S)  # the hint is untrusted
+                await asyncio.sleep(max(wait_s, self._backoff.delay_s(failures)))
                 continue
             except tg.TelegramError as exc:
                 failures += 1
@@ -147,9 +150,16 @@ class CommandPoller:
                 if command is not None:
                     await self._deliver(command)
                     # Confirm each handled command at once: a stop mid-batch replays none.
-                    self._cursor.set_cursor(OFFSET_CURSOR_KEY, str(update.update_id + 1))
+                    self._confirm(update.update_id + 1)
             offset = updates[-1].update_id + 1
+            self._confirm(offset)
+
+    def _confirm(self, offset: int) -> None:
+        """Persist the offset; a failing store is logged, and polling goes on regardless."""
+        try:
             self._cursor.set_cursor(OFFSET_CURSOR_KEY, str(offset))
+        except Exception:
+            _log.exception("could not record the Telegram update offset; polling on")
 
     async def _deliver(self, command: IncomingCommand) -> None:
         try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from channels.base import RateLimit
@@ -31,11 +33,17 @@ class TelegramRoute(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    chat_id: int = Field(description="Chat id; negative for groups and channels.")
-    thread_id: int | None = Field(default=None, description="Forum topic (message_thread_id).")
+    chat_id: int = Field(
+        ge=-(2**53 - 1),
+        le=2**53 - 1,
+        description="Chat id; negative for groups and channels (at most 2**53 - 1 either way).",
+    )
+    thread_id: int | None = Field(
+        default=None, ge=1, le=2**31 - 1, description="Forum topic (message_thread_id)."
+    )
     agents: list[str] = Field(min_length=1, description='Agent ids, or ["*"] for all agents.')
     pin: bool = Field(default=False, description="Pin the resident message (needs admin).")
-    allowed_user_ids: list[int] | None = Field(
+    allowed_user_ids: list[Annotated[int, Field(ge=1, le=2**53 - 1)]] | None = Field(
         default=None, description="Only these users may run /taskcard here; all when absent."
     )
 
@@ -56,7 +64,10 @@ class TelegramConfig(BaseModel):
     commands: bool = Field(default=True, description="Receive /taskcard commands by polling.")
     poll_timeout_s: int = Field(default=25, ge=0, le=50, description="getUpdates long poll.")
     request_timeout_s: float = Field(
-        default=15.0, gt=0, le=300, description="Per-request timeout (edits, deletes, pins)."
+        default=15.0,
+        ge=0.1,
+        le=300,
+        description="Per-request timeout of edits, deletes, pins (s).",
     )
     send_timeout_s: float = Field(
         default=30.0,

@@ -19,6 +19,7 @@ from channels.errors import (
     Permanent,
     RateLimited,
     Transient,
+    sane_retry_after_s,
 )
 from channels.telegram.request import AnswerLost, FloodWait
 
@@ -70,7 +71,8 @@ def translate(exc: tg.TelegramError, chat_scope: str) -> ChannelError:
         return RateLimited(exc.retry_after_s, chat_scope, "Telegram flood control")
     if isinstance(exc, tg.RetryAfter):
         # `_retry_after` is always a timedelta; the public property warns about its type.
-        return RateLimited(exc._retry_after.total_seconds(), chat_scope, "Telegram flood control")
+        wait_s = sane_retry_after_s(exc._retry_after.total_seconds())
+        return RateLimited(wait_s, chat_scope, "Telegram flood control")
     if isinstance(exc, tg.InvalidToken):
         return Permanent("Telegram rejected the bot token (invalid or revoked)")
     if isinstance(exc, tg.Forbidden):

@@ -24,6 +24,8 @@ import httpx
 from telegram import error as tg
 from telegram.request import HTTPXRequest, RequestData
 
+from channels.errors import sane_retry_after_s
+
 _TOO_MANY_REQUESTS = 429
 # httpx failures that happen after the whole request was handed to the connection.
 _AFTER_WRITE = (httpx.ReadTimeout, httpx.ReadError, httpx.RemoteProtocolError)
@@ -56,10 +58,11 @@ def flood_wait_from(payload: bytes) -> FloodWait | None:
         return None
     parameters = body.get("parameters")
     retry_after = parameters.get("retry_after") if isinstance(parameters, dict) else None
-    if not isinstance(retry_after, int | float) or retry_after < 0:
+    if retry_after is None:
         return None
+    # Bounded here, at the edge: a retry_after of 1e9 (or Infinity, or -1) is not a plan.
     description = str(body.get("description") or "Too Many Requests")
-    return FloodWait(float(retry_after), description)
+    return FloodWait(sane_retry_after_s(retry_after), description)
 
 
 class FloodAwareRequest(HTTPXRequest):

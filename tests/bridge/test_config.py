@@ -213,3 +213,84 @@ def test_default_state_dir_is_relative_to_the_config_file(tmp_path: Path) -> Non
     config_file.parent.mkdir()
     config_file.write_text('[[agents]]\nid = "a"\nworkdir = "a"\n')
     assert load_config(config_file).state_dir == tmp_path / "deep" / ".taskcard"
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("[display]\nno_output_after_s = 1e12\n", "display.no_output_after_s"),
+        ("[display]\nno_output_after_s = nan\n", "display.no_output_after_s"),
+        ("[watch]\nrescan_interval_s = inf\n", "watch.rescan_interval_s"),
+        ("[limits]\nmax_pause_s = 1e9\n", "limits.max_pause_s"),
+        ("[limits]\nmax_pause_s = 0\n", "limits.max_pause_s"),
+        ('[feishu]\ndomain = "open.feishu.cn"\n', "feishu.domain"),
+        ('[feishu]\ndomain = "ftp://open.feishu.cn"\n', "feishu.domain"),
+        ('[feishu]\ndomain = "http://open.feishu.cn"\n', "feishu.domain"),
+        ('[feishu]\ndomain = "https://"\n', "feishu.domain"),
+        ('[feishu]\ndomain = "https://user:pw@open.feishu.cn"\n', "feishu.domain"),
+        ('[feishu]\ndomain = "https://open.feishu.cn:99999"\n', "feishu.domain"),
+        ('[feishu.webhook]\npath = "events"\n', "feishu.webhook.path"),
+        ('[feishu.webhook]\nhost = "not a host"\n', "feishu.webhook.host"),
+        ("[feishu]\nrequest_timeout_s = 1e9\n", "feishu.request_timeout_s"),
+        ('[telegram]\napi_base_url = "api.telegram.org"\n', "telegram.api_base_url"),
+        ('[telegram]\napi_base_url = "https://api.telegram.org?x=1"\n', "telegram.api_base_url"),
+        ("[telegram]\nrequest_timeout_s = 0.0001\n", "telegram.request_timeout_s"),
+        ("[telegram.limits.bot]\nmax_calls = 30\nperiod_s = 1e12\n", "telegram.limits.bot"),
+        ('[[telegram.routes]]\nchat_id = 1\nthread_id = 0\nagents = ["*"]\n', "thread_id"),
+    ],
+)
+def test_out_of_range_numbers_and_malformed_urls_name_the_key(
+    tmp_path: Path, text: str, key: str
+) -> None:
+    messages = errors_of(tmp_path, text)
+    assert any(key in message for message in messages), messages
+
+
+def test_loopback_http_is_allowed_for_fakes_and_local_servers(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        '[telegram]\napi_base_url = "http://127.0.0.1:8081"\n'
+        '[feishu]\ndomain = "http://localhost:9000"\n',
+    )
+    config = load_config(path)
+    assert config.feishu is not None and config.feishu.domain == "http://localhost:9000"
+
+
+@pytest.mark.parametrize("where", ["file", "under_a_file", "workdir_file"])
+def test_unusable_paths_are_refused_by_serve_check_and_at_start(tmp_path: Path, where: str) -> None:
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "occupied").write_text("not a directory")
+    lines = {
+        "file": ('state_dir = "occupied"\n', "state_dir"),
+        "under_a_file": ('state_dir = "occupied/state"\n', "state_dir"),
+        "workdir_file": (
+            '[[agents]]\nid = "a"\nworkdir = "occupied"\n[console]\nenabled = true\n',
+            "agents[0].workdir",
+        ),
+    }
+    text, key = lines[where]
+    path = write(tmp_path, text)
+    for args in (["serve", "--config", str(path), "--check"], ["serve", "--config", str(path)]):
+        result = subprocess.run(
+            [sys.executable, "-m", "bridge.cli", *args],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        assert result.returncode == 2, result.stderr
+        assert f"{key}:" in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_serve_check_accepts_the_example(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "bridge.cli", "serve", "--config", str(EXAMPLE_PATH), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert result.returncode == 0, result.stderr
+    assert "valid" in result.stdout

@@ -8,7 +8,9 @@ import httpx
 import pytest
 from telegram import error as tg
 
+from bridge.schedule.ratelimit import bounded_pause_s
 from channels.errors import (
+    RETRY_AFTER_CEILING_S,
     ChannelError,
     Forbidden,
     MessageGone,
@@ -18,6 +20,7 @@ from channels.errors import (
     RateLimited,
     Transient,
 )
+from channels.feishu.errors import retry_after_s as feishu_retry_after_s
 from channels.telegram.errors import ParseEntitiesFailed, ThreadNotFound, translate
 from channels.telegram.request import AnswerLost, FloodWait, answer_lost, flood_wait_from
 
@@ -110,3 +113,53 @@ def test_only_failures_after_the_write_lose_an_answer(
     cause: BaseException | None, lost: bool
 ) -> None:
     assert answer_lost(cause) is lost
+
+
+@pytest.mark.parametrize(
+    ("body", "expected_s"),
+    [
+        (b'{"ok":false,"parameters":{"retry_after":5}}', 5.0),
+        (b'{"ok":false,"parameters":{"retry_after":1000000000}}', RETRY_AFTER_CEILING_S),
+        (b'{"ok":false,"parameters":{"retry_after":1e999}}', RETRY_AFTER_CEILING_S),
+        (b'{"ok":false,"parameters":{"retry_after":Infinity}}', RETRY_AFTER_CEILING_S),
+        (b'{"ok":false,"parameters":{"retry_after":NaN}}', 1.0),
+        (b'{"ok":false,"parameters":{"retry_after":-30}}', 1.0),
+        (b'{"ok":false,"parameters":{"retry_after":"soon"}}', 1.0),
+        (b'{"ok":false,"parameters":{"retry_after":true}}', 1.0),
+    ],
+)
+def test_flood_wait_is_bounded_whatever_the_body_says(body: bytes, expected_s: float) -> None:
+    flood = flood_wait_from(body)
+    assert flood is not None
+    assert flood.retry_after_s == expected_s
+
+
+@pytest.mark.parametrize(
+    ("header", "expected_s"),
+    [
+        ("7", 7.0),
+        ("1e9", RETRY_AFTER_CEILING_S),
+        ("inf", RETRY_AFTER_CEILING_S),
+        ("nan", 1.0),
+        ("-5", 1.0),
+        ("0", 1.0),
+        ("later", 1.0),
+        (" 3 ", 3.0),
+    ],
+)
+def test_feishu_reset_header_is_bounded(header: str, expected_s: float) -> None:
+    assert feishu_retry_after_s({"X-Ogw-Ratelimit-Reset": header}) == expected_s
+
+
+@pytest.mark.parametrize(
+    ("requested", "cap", "applied"),
+    [
+        (5.0, 3600.0, 5.0),
+        (1e9, 3600.0, 3600.0),
+        (float("inf"), 60.0, 60.0),
+        (float("nan"), 60.0, 0.0),
+        (-3.0, 60.0, 0.0),
+    ],
+)
+def test_pauses_are_bounded(requested: float, cap: float, applied: float) -> None:
+    assert bounded_pause_s(requested, cap) == applied

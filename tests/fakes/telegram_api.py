@@ -220,7 +220,7 @@ class FakeTelegram:
         self._next_update_id = 1
         self._update_waiters: set[asyncio.Future[None]] = set()
         self._poll_generation = 0
-        self._failures: dict[str, deque[tuple[int, str]]] = {}
+        self._failures: dict[str, deque[tuple[int, str, Json | None]]] = {}
         self._answer_delay_s: dict[str, float] = {}
         self._drops: dict[str, int] = {}
         self.requests: list[RecordedRequest] = []
@@ -306,9 +306,19 @@ class FakeTelegram:
     def delete_topic(self, chat_id: int | str, thread_id: int) -> None:
         self._deleted_topics.add((int(chat_id), thread_id))
 
-    def fail_next(self, method: str, status: int = 500, description: str = "Internal") -> None:
-        """Answer the next call of `method` with this error (for 5xx and odd cases)."""
-        self._failures.setdefault(method, deque()).append((status, description))
+    def fail_next(
+        self,
+        method: str,
+        status: int = 500,
+        description: str = "Internal",
+        parameters: Json | None = None,
+    ) -> None:
+        """Answer the next call of `method` with this error (for 5xx and odd cases).
+
+        `parameters` is the Bot API's `ResponseParameters` object of the error body, e.g.
+        `{"retry_after": 5}` for a scripted 429.
+        """
+        self._failures.setdefault(method, deque()).append((status, description, parameters))
 
     def delay_answers(self, method: str, seconds: float) -> None:
         """Perform every call of `method` at once but answer it `seconds` later (0: at once)."""
@@ -452,8 +462,8 @@ class FakeTelegram:
     async def _dispatch(self, method: str, params: Json, chat_id: int | None) -> Any:
         failures = self._failures.get(method)
         if failures:
-            status, description = failures.popleft()
-            raise ApiError(status, description)
+            status, description, parameters = failures.popleft()
+            raise ApiError(status, description, parameters)
         handlers: dict[str, Callable[[Json, int | None], Any]] = {
             "getMe": self._get_me,
             "sendMessage": self._send_message,

@@ -1,0 +1,104 @@
+"""429 pauses are bounded: whatever `retry_after` a platform sends, a chat waits at most
+`limits.max_pause_s`, also when the pause comes from an old state file, and `taskcard status`
+shows each pause with its end time. Driven through the fake Bot API's real 429 error shape."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from bridge.store.sqlite import SqliteStore
+from tests.e2e.harness import eventually, publish, run_cli
+from tests.e2e.test_serve_telegram import GROUP, agent_dir, setup, shown
+from tests.fakes.telegram_api import FakeTelegram
+
+HUGE = 1_000_000_000  # about 31 years
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram() as server:
+        yield server
+
+
+def flood(fake: FakeTelegram, method: str, retry_after: object) -> None:
+    fake.fail_next(
+        method, 429, f"Too Many Requests: retry after {retry_after}", {"retry_after": retry_after}
+    )
+
+
+def pause_ends(config: Path) -> list[float]:
+    """The end times `taskcard status` prints for the active pauses, as epochs."""
+    result = run_cli("status", "--config", str(config))
+    assert result.returncode == 0, result.stderr
+    ends = []
+    for line in result.stdout.splitlines():
+        if line.startswith("rate-limit pause:"):
+            ends.append(datetime.fromisoformat(line.rsplit(" until ", 1)[1]).timestamp())
+    return ends
+
+
+async def test_a_huge_retry_after_is_capped_and_the_card_lands(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    serve = setup(
+        tmp_path, fake, ["builder"], [(GROUP, ["builder"])], limits="[limits]\nmax_pause_s = 2"
+    )
+    flood(fake, "sendMessage", HUGE)
+    with serve:
+        publish(agent_dir(tmp_path, "builder"), "after the flood")
+        await eventually(
+            lambda: any("after the flood" in t for t in shown(fake, GROUP)),
+            timeout_s=60,
+            what="the card after a capped pause",
+        )
+        assert await serve.aterminate() == 0
+    assert "max_pause_s" in serve.logs, "the cap is logged"
+
+
+@pytest.mark.parametrize("retry_after", [HUGE, 1e300, "Infinity"])
+async def test_status_shows_each_pause_ending_within_the_cap(
+    tmp_path: Path, fake: FakeTelegram, retry_after: object
+) -> None:
+    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])])
+    if retry_after == "Infinity":
+        # Python's JSON writer emits the bare token Infinity, as a broken server might.
+        retry_after = float("inf")
+    flood(fake, "sendMessage", retry_after)
+    with serve:
+        publish(agent_dir(tmp_path, "builder"), "paused card")
+        await eventually(lambda: fake.count("sendMessage") >= 1, what="the flooded send")
+        started = time.time()
+        ends = await eventually(lambda: pause_ends(serve.config), what="a pause in the status")
+        assert all(started < end <= started + 3600 + 60 for end in ends), ends
+        assert await serve.aterminate() == 0
+    # Across a restart the pause is still the capped one, never the asked-for one.
+    ends = pause_ends(serve.config)
+    assert ends and all(end <= time.time() + 3600 for end in ends), ends
+
+
+async def test_a_stored_pause_from_an_old_state_file_is_capped(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    serve = setup(
+        tmp_path, fake, ["builder"], [(GROUP, ["builder"])], limits="[limits]\nmax_pause_s = 3"
+    )
+    old = SqliteStore.in_dir(tmp_path / ".taskcard")
+    old.set_pause(f"telegram:chat:{GROUP}", time.time() + HUGE)
+    old.set_pause("telegram:bot", time.time() + HUGE)
+    old.close()
+    ends = pause_ends(serve.config)
+    assert len(ends) == 2 and all(end <= time.time() + 3 for end in ends), ends
+    with serve:
+        publish(agent_dir(tmp_path, "builder"), "despite the old pause")
+        await eventually(
+            lambda: any("despite the old pause" in t for t in shown(fake, GROUP)),
+            timeout_s=60,
+            what="the card once the capped pause ended",
+        )
+        assert await serve.aterminate() == 0
+    assert "capped" in serve.logs

@@ -1,0 +1,243 @@
+"""The state disk fails: a full disk at run time, and unusable state files at start.
+
+The full disk is real: the state directory sits on a small tmpfs mounted for the test (root
+only; skipped elsewhere) and a filler file takes the rest of it. Unusable files at start are
+made the way they happen: garbage bytes, an empty file, a truncated database, another
+program's database, a directory in the file's place, a read-only mount.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.harness import ROOT, eventually, publish, run_cli
+from tests.e2e.test_serve_telegram import GROUP, agent_dir, setup, shown
+from tests.fakes.telegram_api import FakeTelegram
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram() as server:
+        yield server
+
+
+def _mount_tmpfs(where: Path, size: str) -> bool:
+    where.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        return False
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+        capture_output=True,
+        check=False,
+    )
+    return result.returncode == 0
+
+
+def _umount(where: Path) -> None:
+    subprocess.run(["umount", "-l", str(where)], capture_output=True, check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    where = tmp_path / ".taskcard"
+    if not _mount_tmpfs(where, "8m"):
+        pytest.skip("needs root and tmpfs mounts to fill a real disk")
+    try:
+        yield where
+    finally:
+        _umount(where)
+
+
+def fill(disk: Path) -> Path:
+    """Take every free byte of `disk` with one file; returns it (delete it to free space)."""
+    filler = disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for size in (65536, 4096, 512, 1):  # down to the last byte
+            while True:
+                try:
+                    os.write(fd, b"\0" * size)
+                except OSError:
+                    break
+    finally:
+        os.close(fd)
+    return filler
+
+
+def status_text(config: Path) -> str:
+    result = run_cli("status", "--config", str(config))
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+async def test_a_full_state_disk_keeps_commands_working_and_loses_nothing(
+    tmp_path: Path, fake: FakeTelegram, small_disk: Path
+) -> None:
+    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])])
+    workdir = agent_dir(tmp_path, "builder")
+    with serve:
+        publish(workdir, "card before the disk filled")
+        await eventually(lambda: any("before the disk" in t for t in shown(fake, GROUP)))
+        resident = fake.bot_messages(GROUP)[0].message_id
+        filler = fill(small_disk)
+        fake.inject_command(GROUP, "/taskcard 5")
+        await eventually(
+            lambda: any("5 activity rows" in t for t in shown(fake, GROUP)),
+            what="a reply while the disk is full",
+        )
+        await eventually(
+            lambda: "STATE WRITES FAILING" in status_text(serve.config),
+            what="the fault in taskcard status",
+        )
+        # The poller is still alive: later commands are read and answered too.
+        fake.inject_command(GROUP, "/taskcard 7")
+        await eventually(
+            lambda: any("7 activity rows" in t for t in shown(fake, GROUP)),
+            what="a second reply while the disk is full",
+        )
+        filler.unlink()
+        await eventually(
+            lambda: "STATE WRITES FAILING" not in status_text(serve.config),
+            timeout_s=90,
+            what="the fault to clear once space returned",
+        )
+        fake.inject_command(GROUP, "/taskcard 2")
+        await eventually(lambda: any("2 activity rows" in t for t in shown(fake, GROUP)))
+        assert await serve.aterminate() == 0
+    assert "Traceback" not in serve.logs
+    db = sqlite3.connect(small_disk / "state.sqlite3")
+    try:
+        rows = db.execute("SELECT activity_rows FROM prefs").fetchall()
+        (message_id,) = db.execute("SELECT message_id FROM residents").fetchone()
+    finally:
+        db.close()
+    assert rows == [(2,)]
+    assert message_id == str(resident), "the resident id committed before the fault is kept"
+    assert len(fake.bot_messages(GROUP)) >= 1
+    assert [m.message_id for m in fake.bot_messages(GROUP) if "card before" in m.text] == [resident]
+
+
+def _console_config(tmp_path: Path) -> Path:
+    (tmp_path / "agents" / "a").mkdir(parents=True, exist_ok=True)
+    config = tmp_path / "taskcard.toml"
+    config.write_text(
+        'state_dir = "state"\n[[agents]]\nid = "a"\nworkdir = "agents/a"\n'
+        "[console]\nenabled = true\n"
+    )
+    return config
+
+
+def _real_database(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE residents (route TEXT PRIMARY KEY, message_id TEXT)")
+    for n in range(400):
+        db.execute("INSERT INTO residents VALUES (?, ?)", (f"route-{n}" * 20, str(n)))
+    db.commit()
+    db.close()
+
+
+def _garbage(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(os.urandom(8192))
+
+
+def _empty(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"")
+
+
+def _truncated(path: Path) -> None:
+    _real_database(path)
+    with path.open("r+b") as handle:
+        handle.truncate(path.stat().st_size // 3)
+
+
+def _foreign(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE photos (id INTEGER PRIMARY KEY)")
+    db.commit()
+    db.close()
+
+
+def _directory(path: Path) -> None:
+    path.mkdir(parents=True)
+
+
+def _header_only(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"SQLite format 3\0" + b"\xff" * 84)
+
+
+def _run(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`taskcard ARGS --config FILE`; a service that starts anyway is stopped and fails."""
+    command = [sys.executable, "-m", "bridge.cli", *args, "--config", str(config)]
+    try:
+        return subprocess.run(
+            command, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"`{' '.join(args)}` started on an unusable state file instead of stopping")
+
+
+@pytest.mark.parametrize(
+    "spoil", [_garbage, _empty, _truncated, _foreign, _directory, _header_only]
+)
+def test_an_unusable_state_file_stops_serve_and_status_with_one_line(
+    tmp_path: Path, spoil: object
+) -> None:
+    config = _console_config(tmp_path)
+    state_file = tmp_path / "state" / "state.sqlite3"
+    assert callable(spoil)
+    spoil(state_file)
+    before = state_file.read_bytes() if state_file.is_file() else None
+    for args in (("serve",), ("serve", "--check"), ("status",)):
+        result = _run(config, *args)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2, (args, result.stderr)
+        assert len(lines) == 1 and str(state_file) in lines[0], (args, result.stderr)
+        assert "Traceback" not in result.stderr
+    if before is not None:
+        assert state_file.read_bytes() == before, "the damaged file is left for the operator"
+
+
+def test_a_read_only_state_disk_stops_serve_with_one_line(tmp_path: Path) -> None:
+    config = _console_config(tmp_path)
+    state_dir = tmp_path / "state"
+    if not _mount_tmpfs(state_dir, "4m"):
+        pytest.skip("needs root and tmpfs mounts to make a read-only disk")
+    try:
+        # A healthy state file from an earlier run, then the disk goes read-only.
+        first = subprocess.Popen(
+            [sys.executable, "-m", "bridge.cli", "serve", "--config", str(config)],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        while not (state_dir / "state.sqlite3").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        first.terminate()
+        assert first.wait(timeout=60) == 0
+        remount = subprocess.run(
+            ["mount", "-o", "remount,ro", str(state_dir)], capture_output=True, check=False
+        )
+        if remount.returncode != 0:
+            pytest.skip("cannot remount read-only here")
+        for args in (("serve",), ("serve", "--check")):
+            result = _run(config, *args)
+            assert result.returncode == 2, result.stderr
+            problems = [line for line in result.stderr.splitlines() if str(state_dir) in line]
+            assert len(problems) == 1 and "read-only" in problems[0], result.stderr
+            assert "Traceback" not in result.stderr
+    finally:
+        _umount(state_dir)
