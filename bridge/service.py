@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from bridge.agent import AgentMonitor
@@ -26,16 +27,20 @@ from bridge.channels import BuiltChannel
 from bridge.compose import compose_view
 from bridge.config import ServiceConfig
 from bridge.notices import notice_text, safe_error_code
+from bridge.redact import Redactor
 from bridge.scheduler import RouteKey, RouteScheduler
 from bridge.store import ChatPrefs, NoticeState, StateStore
 from bridge.watcher import FleetWatcher
-from channels.base import Channel, ChatRef, IncomingCommand
+from channels.base import CardView, Channel, ChatRef, IncomingCommand, Outgoing
 from channels.errors import ChannelError, RateLimited, Transient
 from producers.task_card.contract import Notification
 
 log = logging.getLogger("taskcard.service")
 
 _ROWS_ARG = re.compile(r"^\d{1,2}$")
+# Shown instead of a card body that still spelled a configured secret after rendering (for
+# example split by Markdown emphasis, `12345**6789:AA...**`, and joined again by the renderer).
+WITHHELD_BODY = "(card body withheld: it contained one of this service's own secrets)"
 HELP_TEXT = (
     "/taskcard: show the state here · /taskcard off: hide the cards · "
     "/taskcard on: show them · /taskcard N: show N activity rows (1-10)"
@@ -69,6 +74,8 @@ class Service:
         self._store = store
         self._clock = clock
         self._scheduler = RouteScheduler(self._channels, store)
+        # Every outgoing text loses the exact values of the configured secrets, not only logs.
+        self._redact = Redactor(secret for b in channels.values() for secret in b.secrets)
         self._routes: list[Route] = []
         self._routes_by_agent: dict[str, list[Route]] = {a.id: [] for a in config.agents}
         for name, built in channels.items():
@@ -247,7 +254,33 @@ class Service:
             activity_rows=prefs.activity_rows or self._config.display.activity_rows,
             now=self._clock(),
         )
-        self._scheduler.submit(route.key, channel.render_card(view))
+        self._scheduler.submit(route.key, self._render_card(channel, view))
+
+    def _render_card(self, channel: Channel, view: CardView) -> Outgoing:
+        """`view` rendered for `channel` with every configured secret removed.
+
+        The view's texts are scrubbed before rendering; what the renderer produced is checked
+        again, and a body that still spells a secret there is withheld whole.
+        """
+        scrub = self._redact
+        view = replace(
+            view,
+            auto_rows=tuple(scrub(row) for row in view.auto_rows),
+            body=None if view.body is None else scrub(view.body),
+            body_note=None if view.body_note is None else scrub(view.body_note),
+        )
+        outgoing = channel.render_card(view)
+        if self._leaks(outgoing) and view.body is not None:
+            log.warning("agent %s: card body spelled a configured secret; withheld", view.agent_id)
+            outgoing = channel.render_card(replace(view, body=WITHHELD_BODY, body_cut=False))
+        return outgoing
+
+    def _render_text(self, channel: Channel, text: str) -> Outgoing:
+        return channel.render_text(self._redact(text))
+
+    def _leaks(self, outgoing: Outgoing) -> bool:
+        payload = json.dumps(outgoing.payload, ensure_ascii=False)
+        return self._redact.leaks(outgoing.text) or self._redact.leaks(payload)
 
     # Notices -----------------------------------------------------------------------------
 
@@ -255,6 +288,7 @@ class Service:
         text = notice_text(agent_id, notification)
         if text is None:
             return
+        text = self._redact(text)  # stored scrubbed: the scheduler re-renders stored texts
         for route in self._routes_by_agent.get(agent_id, ()):
             hidden = self._chat_prefs(route.key.chat_scope).hidden
             disabled = self._scheduler.disabled_reason(route.key) is not None
@@ -269,7 +303,7 @@ class Service:
     def _queue_notice(self, key: RouteKey, notice_id: str, text: str) -> None:
         channel = self._channels[key.channel]
         self._scheduler.send_text(
-            key.channel, key.chat, channel.render_text(text), notice=(str(key), notice_id)
+            key.channel, key.chat, self._render_text(channel, text), notice=(str(key), notice_id)
         )
 
     def _resend_pending_notices(self, channel: str) -> None:
@@ -322,14 +356,16 @@ class Service:
             prefs = ChatPrefs(hidden=prefs.hidden, activity_rows=int(args))
             reply = f"Task cards here now show {int(args)} activity rows."
         else:
-            reply = f"Unknown option {command.args.strip()!r}. {HELP_TEXT}"
+            # Never echoed: the arguments are a chat member's text, and a reply quoting them
+            # could carry a platform mention (Feishu `<at user_id="all">`) or markup.
+            reply = f"Unknown option. {HELP_TEXT}"
         if prefs != self._chat_prefs(scope):
             self._store.set_prefs(scope, prefs)
             self._prefs[scope] = prefs
             for route in allowed:
                 self._project_route(route)
         channel = self._channels[channel_name]
-        self._scheduler.send_text(channel_name, reply_chat, channel.render_text(reply))
+        self._scheduler.send_text(channel_name, reply_chat, self._render_text(channel, reply))
 
     def _state_text(self, routes: list[Route], prefs: ChatPrefs) -> str:
         rows = prefs.activity_rows or self._config.display.activity_rows
