@@ -26,7 +26,14 @@ from bridge.agent import AgentMonitor
 from bridge.channels import BuiltChannel
 from bridge.compose import compose_view
 from bridge.config import ServiceConfig
-from bridge.notices import notice_text, safe_error_code
+from bridge.notices import (
+    FoldedNotices,
+    NoticeGate,
+    notice_kind,
+    notice_text,
+    safe_error_code,
+    summary_text,
+)
 from bridge.redact import Redactor
 from bridge.scheduler import RouteKey, RouteScheduler
 from bridge.store import ChatPrefs, NoticeState, StateStore
@@ -45,6 +52,11 @@ HELP_TEXT = (
     "/taskcard: show the state here · /taskcard off: hide the cards · "
     "/taskcard on: show them · /taskcard N: show N activity rows (1-10)"
 )
+
+
+def _folded_cursor(key: RouteKey) -> str:
+    """Where a route's open fold episode is saved, so its summary survives a restart."""
+    return f"notices:folded:{key}"
 
 
 class ServiceFailed(Exception):
@@ -96,6 +108,11 @@ class Service:
             )
             for agent in config.agents
         }
+        self._notice_gate = NoticeGate(config.notices.max_per_minute)
+        for route in self._routes:
+            saved = FoldedNotices.from_json(store.get_cursor(_folded_cursor(route.key)))
+            if saved is not None:
+                self._notice_gate.restore(str(route.key), saved)  # a summary still owed
         self._prefs: dict[str, ChatPrefs] = {}
         self._due: dict[str, datetime] = {}
         self._ready_channels: set[str] = set()
@@ -199,6 +216,7 @@ class Service:
             for agent_id in [a for a, due in self._due.items() if due <= now]:
                 del self._due[agent_id]
                 self._refresh(agent_id)
+            self._send_due_summaries()
 
     def _refresh(self, agent_id: str) -> None:
         monitor = self._monitors.get(agent_id)
@@ -289,16 +307,43 @@ class Service:
         if text is None:
             return
         text = self._redact(text)  # stored scrubbed: the scheduler re-renders stored texts
+        now_s = self._clock().timestamp()
         for route in self._routes_by_agent.get(agent_id, ()):
             hidden = self._chat_prefs(route.key.chat_scope).hidden
             disabled = self._scheduler.disabled_reason(route.key) is not None
             state: NoticeState = "suppressed" if hidden or disabled else "pending"
+            route_id = str(route.key)
+            if state == "pending" and not self._notice_gate.allows(route_id, now_s):
+                state = "folded"  # over the route's cap: counted into the owed summary
+            if not self._store.add_notice(route_id, notification.id, text, state):
+                continue  # already recorded (idempotent): neither sent nor counted again
+            if state == "folded":
+                folded = self._notice_gate.fold(route_id, notice_kind(notification) or "", now_s)
+                self._store.set_cursor(_folded_cursor(route.key), folded.to_json())
+            elif state == "pending":
+                self._notice_gate.record(route_id, now_s)
+                if route.key.channel in self._ready_channels:
+                    self._queue_notice(route.key, notification.id, text)
+
+    def _send_due_summaries(self) -> None:
+        """One summary notice for each route whose folded notices are due (see NoticeGate)."""
+        routes = {str(route.key): route for route in self._routes}
+        for route_id, folded in self._notice_gate.due(self._clock().timestamp()):
+            route = routes.get(route_id)
+            if route is None:
+                continue
+            text = self._redact(summary_text(route.key.agent_id, folded.counts))
+            hidden = self._chat_prefs(route.key.chat_scope).hidden
+            disabled = self._scheduler.disabled_reason(route.key) is not None
+            state: NoticeState = "suppressed" if hidden or disabled else "pending"
+            # Recorded before the episode is cleared: a crash in between finds the same id.
             if (
-                self._store.add_notice(str(route.key), notification.id, text, state)
+                self._store.add_notice(route_id, folded.summary_id, text, state)
                 and state == "pending"
                 and route.key.channel in self._ready_channels
             ):
-                self._queue_notice(route.key, notification.id, text)
+                self._queue_notice(route.key, folded.summary_id, text)
+            self._store.set_cursor(_folded_cursor(route.key), "")
 
     def _queue_notice(self, key: RouteKey, notice_id: str, text: str) -> None:
         channel = self._channels[key.channel]

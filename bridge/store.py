@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-NoticeState = Literal["pending", "delivered", "suppressed", "failed"]
+NoticeState = Literal["pending", "delivered", "suppressed", "failed", "folded"]
 
 
 @dataclass(frozen=True)
