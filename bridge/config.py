@@ -156,6 +156,22 @@ class LimitsConfig(BaseModel):
     )
 
 
+class NoticesConfig(BaseModel):
+    """How many notices one route shows before the rest are folded into a summary."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_per_minute: int = Field(
+        default=5,
+        ge=1,
+        le=60,
+        description=(
+            "Notices per route in any minute (1-60); the excess is folded into one summary"
+            " message per minute."
+        ),
+    )
+
+
 class ServiceConfig(BaseModel):
     """The whole configuration of `taskcard serve`."""
 
@@ -174,6 +190,7 @@ class ServiceConfig(BaseModel):
     watch: WatchConfig = Field(default_factory=WatchConfig)
     display: DisplayConfig = Field(default_factory=DisplayConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    notices: NoticesConfig = Field(default_factory=NoticesConfig)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", description="Log verbosity."
     )

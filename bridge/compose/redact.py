@@ -1,24 +1,41 @@
 """Secret redaction for everything the service shows to people.
 
 Card bodies and activity rows are written by agents and renderers we do not control; a
-renderer that prints an environment dump must not post a bot token into a group chat. The
-patterns aim at shapes that are secrets with near certainty (vendor prefixes, JWT structure,
-`key=value` assignments with a secret-sounding key, credentials inside URLs), so ordinary prose
-and file paths pass unchanged. Each hit is replaced by a visible marker so readers know
-something was removed.
+renderer that prints an environment dump must not post a bot token into a group chat. Two
+layers:
+
+- patterns aim at shapes that are secrets with near certainty (vendor prefixes, a bot token
+  even when glued into a Bot API URL path, JWT structure, `key=value` / `"key": "value"` /
+  `key = "value"` assignments with a secret-sounding key, credentials inside URLs), so
+  ordinary prose and file paths pass unchanged;
+- a `Redactor` also knows the exact values of the service's own configured secrets (handed
+  over once at start, never read from the environment here) and removes them wherever they
+  appear, including their URL-encoded, JSON-escaped and HTML-escaped spellings: an app secret
+  has no recognisable shape, so only its value can find it.
+
+Each hit is replaced by a visible marker so readers know something was removed.
 """
 
 from __future__ import annotations
 
+import html
+import json
 import re
+from collections.abc import Iterable
 from typing import Final
+from urllib.parse import quote
 
 MARKER: Final = "[redacted]"
 
+# A configured value shorter than this is not searched for: scrubbing every "abc" in every
+# card would mangle prose, and a secret that short protects nothing anyway.
+MIN_SECRET_CHARS: Final = 4
+
 # Ordered: the specific vendor shapes first, so a token inside `token=...` is still one marker.
 _PATTERNS: Final[tuple[re.Pattern[str], ...]] = (
-    # Telegram bot token: numeric bot id, a colon, 35 url-safe characters.
-    re.compile(r"\b\d{6,12}:[A-Za-z0-9_-]{30,}"),
+    # Telegram bot token: numeric bot id, a colon (maybe URL-encoded), 30+ url-safe characters.
+    # No word boundary before it: in the Bot API URL form it is glued to `/bot`.
+    re.compile(r"(?<!\d)\d{6,12}(?::|%3[Aa])[A-Za-z0-9_-]{30,}"),
     # OpenAI and Anthropic style keys: sk-..., sk-proj-..., sk-ant-...
     re.compile(r"\bsk-[A-Za-z0-9_-]{16,}"),
     # GitHub tokens: classic (ghp_, gho_, ghu_, ghs_, ghr_) and fine-grained.
@@ -34,20 +51,32 @@ _PATTERNS: Final[tuple[re.Pattern[str], ...]] = (
     re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
 )
 
-# `Authorization: Bearer abc...`: keep the scheme word, hide the credential.
-_BEARER: Final = re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]{8,}")
+# `Authorization: Bearer abc...` (or Basic): keep the scheme word, hide the credential.
+_BEARER: Final = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}")
 
-# `password=...`, `api_key: ...`, `"token": "..."`: keep the key, hide the value.
-_ASSIGNMENT: Final = re.compile(
-    r"""(?ix)
-    \b(
-        (?:[a-z0-9_-]*[_-])?
-        (?:password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key|private[_-]?key
-           |client[_-]?secret|auth)
+# Key names whose value is a secret: `password`, `api_key`, `FEISHU_ENCRYPT_KEY`,
+# `verification_token`, `app_secret`, `client-secret`... A bare `key` is not one (`sort key`).
+_SECRET_KEY: Final = r"""
+    (?:[a-z0-9_-]*[_-])?
+    (?:password|passwd|pwd|secret|token|auth|credentials?|cookie
+       |(?:api|access|private|secret|encrypt|encryption|signing|master|session|app|client)
+        [_-]?(?:key|secret)
     )
-    (["']?\s*[:=]\s*["']?)
-    (?!\[redacted\])
-    ([^\s"',;&]{3,})
+"""
+
+# `password=...`, `api_key: ...`, `"token": "..."`, `encrypt_key = "..."`, and the same inside
+# a JSON string (`\"token\": \"...\"`): keep the key, hide the value. A quoted value is hidden
+# up to its closing quote, spaces included.
+_ASSIGNMENT: Final = re.compile(
+    rf"""(?ix)
+    \b({_SECRET_KEY})
+    (\\?["']?\s*[:=]\s*)
+    (?!\\?["']?\[redacted\])
+    (
+        \\?"(?:[^"\\\n]|\\[^"\n])+\\?"
+      | '[^'\n]+'
+      | [^\s"',;&]{{3,}}
+    )
     """
 )
 
@@ -55,10 +84,81 @@ _ASSIGNMENT: Final = re.compile(
 _URL_CREDENTIALS: Final = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s/:@]+):[^\s/@]+@")
 
 
+def _hide_value(match: re.Match[str]) -> str:
+    key, separator, value = match.group(1), match.group(2), match.group(3)
+    if value.startswith(('"', '\\"', "'")):
+        quote_mark = '\\"' if value.startswith('\\"') else value[0]
+        return f"{key}{separator}{quote_mark}{MARKER}{quote_mark}"
+    return f"{key}{separator}{MARKER}"
+
+
 def redact(text: str) -> str:
-    """`text` with every recognised secret replaced by `[redacted]`."""
+    """`text` with every recognised secret shape replaced by `[redacted]`."""
     for pattern in _PATTERNS:
         text = pattern.sub(MARKER, text)
     text = _URL_CREDENTIALS.sub(rf"\1:{MARKER}@", text)
     text = _BEARER.sub(rf"\1 {MARKER}", text)
-    return _ASSIGNMENT.sub(rf"\1\2{MARKER}", text)
+    return _ASSIGNMENT.sub(_hide_value, text)
+
+
+def secret_spellings(secret: str) -> frozenset[str]:
+    """The ways one secret value may be written in text: as is, URL-encoded, JSON-escaped
+    and HTML-escaped (a renderer quoting a config file, a URL or a JSON dump)."""
+    return frozenset(
+        {
+            secret,
+            quote(secret, safe=""),
+            quote(secret, safe="/:"),
+            json.dumps(secret)[1:-1],
+            html.escape(secret),
+        }
+    )
+
+
+class Redactor:
+    """Redaction with the exact values of the service's configured secrets.
+
+    Built once at start from the values the configuration names (bot tokens, app secrets,
+    encrypt keys, verification tokens) and passed down; it never reads the environment.
+    """
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        spellings: set[str] = set()
+        for secret in secrets:
+            if len(secret) >= MIN_SECRET_CHARS:
+                spellings |= secret_spellings(secret)
+        # Longest first, so a secret that contains another is removed whole.
+        self._spellings: tuple[str, ...] = tuple(sorted(spellings, key=len, reverse=True))
+        bare_spellings = (_without_markup(spelling) for spelling in spellings)
+        self._bare = frozenset(b for b in bare_spellings if len(b) >= MIN_SECRET_CHARS)
+
+    def scrub(self, text: str) -> str:
+        """`text` without any spelling of a configured secret (no pattern matching)."""
+        for spelling in self._spellings:
+            if spelling in text:
+                text = text.replace(spelling, MARKER)
+        return text
+
+    def __call__(self, text: str) -> str:
+        """`text` without configured secrets and without recognised secret shapes."""
+        return redact(self.scrub(text))
+
+    def leaks(self, text: str) -> bool:
+        """Whether `text` still shows a configured secret: a final check on what is sent.
+
+        Markup characters are ignored on both sides, because a chat joins `Xq7V**b2Ln**` into
+        one word on screen: a secret split by emphasis is still shown.
+        """
+        if any(spelling in text for spelling in self._spellings):
+            return True
+        bare = _without_markup(text)
+        return any(secret in bare for secret in self._bare)
+
+
+# Emphasis, code and strike marks, backslash escapes and zero-width characters: they change
+# how text looks, not which characters a reader sees joined.
+_MARKUP: Final = re.compile(r"[*_~`\\\u200b\u200c\u200d\u2060\ufeff]")
+
+
+def _without_markup(text: str) -> str:
+    return _MARKUP.sub("", text)

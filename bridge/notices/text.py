@@ -5,12 +5,19 @@ paths or provider errors; none of that may reach a chat. So the text here is ass
 from fields with a closed vocabulary: the source, `extra.state`, the stable `extra.code`,
 `extra.max_refreshes` and the watch id (`ref_id`, a short producer-assigned name).
 Reminders and unknown sources stay agent-side (`None`).
+
+`NoticeGate` caps how many notices one route shows per minute and folds the rest into one
+summary, so a flood of errors cannot bury a chat.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from typing import Final
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final, Literal
 
 from producers.ledger.contract import (
     FAILURE_KIND_NAMES,
@@ -99,3 +106,152 @@ def _ledger_notice(agent_id: str, notification: Notification) -> str:
     outcome = extra.get("outcome")
     shown = outcome if isinstance(outcome, str) and outcome in OUTCOMES else "unknown"
     return f"🏁 {agent_id}:{task} completed (outcome {shown}); its card is retired."
+
+
+NoticeKind = Literal["error", "recovery", "stop"]
+_KIND_WORDS: Final[dict[NoticeKind, tuple[str, str]]] = {
+    "error": ("error", "errors"),
+    "recovery": ("recovery", "recoveries"),
+    "stop": ("stop", "stops"),
+}
+
+
+def notice_kind(notification: Notification) -> NoticeKind | None:
+    """What a people-facing notice is about, for the folded summary; None when agent-side."""
+    state = notification.extra.get("state")
+    if notification.source == SOURCE_ERROR and state == "error":
+        return "error"
+    if notification.source == SOURCE_ERROR and state == "recovered":
+        return "recovery"
+    if notification.source == SOURCE_LIMIT or (
+        notification.source == SOURCE_ERROR and state == "limit"
+    ):
+        return "stop"
+    return None
+
+
+def summary_text(agent_id: str, counts: Mapping[str, int]) -> str:
+    """The one notice that stands for folded ones: "12 more from builder: 9 errors, 3 ..."."""
+    parts = []
+    for kind, (one, many) in _KIND_WORDS.items():
+        count = counts.get(kind, 0)
+        if count > 0:
+            parts.append(f"{count} {one if count == 1 else many}")
+    total = sum(count for count in counts.values() if count > 0)
+    return (
+        f"📦 {total} more from {agent_id}: {', '.join(parts)}"
+        " (folded into one message to keep this chat readable)."
+    )
+
+
+@dataclass
+class FoldedNotices:
+    """Notices of one route held back by the cap, waiting for their summary."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    first_s: float = 0.0
+    last_s: float = 0.0
+
+    @property
+    def summary_id(self) -> str:
+        """Stable for one fold episode, so a summary recorded before a crash is not doubled."""
+        return f"fold:{self.first_s:.6f}"
+
+    def to_json(self) -> str:
+        return json.dumps({"counts": self.counts, "first_s": self.first_s, "last_s": self.last_s})
+
+    @staticmethod
+    def from_json(saved: str | None) -> FoldedNotices | None:
+        """The saved episode, or None when there is none or it cannot be read."""
+        try:
+            data = json.loads(saved) if saved else None
+        except ValueError:
+            return None
+        if not isinstance(data, dict) or not isinstance(data.get("counts"), dict):
+            return None
+        counts = {
+            str(kind): count
+            for kind, count in data["counts"].items()
+            if isinstance(count, int) and not isinstance(count, bool) and count > 0
+        }
+        first_s, last_s = data.get("first_s"), data.get("last_s")
+        numbers = isinstance(first_s, int | float) and isinstance(last_s, int | float)
+        if not counts or not numbers:
+            return None
+        return FoldedNotices(counts, float(first_s), float(last_s))  # type: ignore[arg-type]
+
+
+@dataclass
+class _RouteWindow:
+    sent_s: deque[float] = field(default_factory=deque)
+    folded: FoldedNotices | None = None
+    last_summary_s: float | None = None
+
+
+class NoticeGate:
+    """At most `max_per_minute` notices per route in any minute; the excess is folded.
+
+    A broken renderer can produce hundreds of distinct errors in a minute, and a chat that
+    receives them one by one is unreadable (and spends the group's send budget that the cards
+    need). So each route admits `max_per_minute` notices in any sliding minute; the rest are
+    counted per kind into one episode, and one summary stands for them. The summary goes out
+    once the episode has been quiet for `settle_s` (so a burst gets one summary, not several)
+    or has lasted a minute, and at most one summary per route per minute: a route shows at
+    most `max_per_minute` notices plus one summary in any minute. While an episode is open,
+    new notices join it, so the summary precedes anything admitted after it. Pure: time comes
+    in as arguments; the caller records what was folded.
+    """
+
+    WINDOW_S: Final = 60.0
+
+    def __init__(self, max_per_minute: int, settle_s: float = 5.0) -> None:
+        self._max = max_per_minute
+        self._settle_s = settle_s
+        self._routes: dict[str, _RouteWindow] = {}
+
+    def _route(self, route: str) -> _RouteWindow:
+        return self._routes.setdefault(route, _RouteWindow())
+
+    def allows(self, route: str, now_s: float) -> bool:
+        """Whether a notice may be sent now; False means it is to be folded."""
+        window = self._route(route)
+        while window.sent_s and now_s - window.sent_s[0] >= self.WINDOW_S:
+            window.sent_s.popleft()
+        return window.folded is None and len(window.sent_s) < self._max
+
+    def record(self, route: str, now_s: float) -> None:
+        """Count a notice that is being sent (after `allows` said yes)."""
+        self._route(route).sent_s.append(now_s)
+
+    def fold(self, route: str, kind: str, now_s: float) -> FoldedNotices:
+        """Count one folded notice of `kind`; returns the open episode (to persist it)."""
+        window = self._route(route)
+        if window.folded is None:
+            window.folded = FoldedNotices(first_s=now_s, last_s=now_s)
+        folded = window.folded
+        folded.counts[kind] = folded.counts.get(kind, 0) + 1
+        folded.last_s = now_s
+        return folded
+
+    def restore(self, route: str, folded: FoldedNotices) -> None:
+        """Reopen an episode saved before a restart; its summary is still owed."""
+        self._route(route).folded = folded
+
+    def due(self, now_s: float) -> list[tuple[str, FoldedNotices]]:
+        """The episodes whose summary is to be sent now; they are closed."""
+        ready: list[tuple[str, FoldedNotices]] = []
+        for route, window in self._routes.items():
+            folded = window.folded
+            if folded is None:
+                continue
+            settled = now_s - folded.last_s >= self._settle_s
+            if not settled and now_s - folded.first_s < self.WINDOW_S:
+                continue
+            if window.last_summary_s is not None and (
+                now_s - window.last_summary_s < self.WINDOW_S
+            ):
+                continue
+            window.folded = None
+            window.last_summary_s = now_s
+            ready.append((route, folded))
+        return ready

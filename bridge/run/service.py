@@ -25,25 +25,36 @@ import logging
 import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
+from bridge.compose.redact import Redactor
 from bridge.compose.view import compose_view
 from bridge.config import ServiceConfig
 from bridge.deliver.registry import BuiltChannel
-from bridge.notices.text import notice_text, safe_error_code
+from bridge.notices.text import (
+    FoldedNotices,
+    NoticeGate,
+    notice_kind,
+    notice_text,
+    safe_error_code,
+    summary_text,
+)
 from bridge.schedule.scheduler import RouteKey, RouteScheduler
 from bridge.store.sqlite import ChatPrefs, NoticeState, StateStore
 from bridge.track.ledger import LedgerView, ledger_row
 from bridge.track.monitor import AgentMonitor, AgentRefresh
 from bridge.watch.watcher import FleetWatcher
-from channels.base import Channel, ChatRef, IncomingCommand
+from channels.base import CardView, Channel, ChatRef, IncomingCommand, Outgoing
 from channels.errors import ChannelError, RateLimited, Transient
 from producers.task_card.contract import Notification
 
 log = logging.getLogger("taskcard.service")
 
 _ROWS_ARG = re.compile(r"^\d{1,2}$")
+# Shown instead of a card body that still spelled a configured secret after rendering (for
+# example split by Markdown emphasis, `12345**6789:AA...**`, and joined again by the renderer).
+WITHHELD_BODY = "(card body withheld: it contained one of this service's own secrets)"
 HELP_TEXT = (
     "/taskcard: show the state here · /taskcard off: hide the cards · "
     "/taskcard on: show them · /taskcard N: show N activity rows (1-10)"
@@ -69,6 +80,11 @@ def parse_agent_health(raw: str | None) -> list[str]:
     if not isinstance(data, list):
         return []
     return [item for item in data if isinstance(item, str)]
+
+
+def _folded_cursor(key: RouteKey) -> str:
+    """Where a route's open fold episode is saved, so its summary survives a restart."""
+    return f"notices:folded:{key}"
 
 
 class ServiceFailed(Exception):
@@ -100,6 +116,8 @@ class Service:
         self._scheduler = RouteScheduler(
             self._channels, store, max_pause_s=config.limits.max_pause_s
         )
+        # Every outgoing text loses the exact values of the configured secrets, not only logs.
+        self._redact = Redactor(secret for b in channels.values() for secret in b.secrets)
         self._routes: list[Route] = []
         self._routes_by_agent: dict[str, list[Route]] = {a.id: [] for a in config.agents}
         for name, built in channels.items():
@@ -121,6 +139,11 @@ class Service:
             for agent in config.agents
         }
         self._ledgers = LedgerView()
+        self._notice_gate = NoticeGate(config.notices.max_per_minute)
+        for route in self._routes:
+            saved = FoldedNotices.from_json(store.get_cursor(_folded_cursor(route.key)))
+            if saved is not None:
+                self._notice_gate.restore(str(route.key), saved)  # a summary still owed
         self._prefs: dict[str, ChatPrefs] = {}
         self._due: dict[str, datetime] = {}
         self._ready_channels: set[str] = set()
@@ -234,6 +257,7 @@ class Service:
             for agent_id in [a for a, due in self._due.items() if due <= now]:
                 del self._due[agent_id]
                 self._refresh(agent_id)
+            self._send_due_summaries()
 
     def _refresh(self, agent_id: str) -> None:
         monitor = self._monitors.get(agent_id)
@@ -337,8 +361,33 @@ class Service:
                 now=self._clock(),
                 ledger_line=ledger_row(self._ledgers.summary(monitor.paths.workdir)),
             )
-            outgoing = channel.render_card(view)
-            self._scheduler.submit(route.key, outgoing)
+            self._scheduler.submit(route.key, self._render_card(channel, view))
+
+    def _render_card(self, channel: Channel, view: CardView) -> Outgoing:
+        """`view` rendered for `channel` with every configured secret removed.
+
+        The view's texts are scrubbed before rendering; what the renderer produced is checked
+        again, and a body that still spells a secret there is withheld whole.
+        """
+        scrub = self._redact
+        view = replace(
+            view,
+            auto_rows=tuple(scrub(row) for row in view.auto_rows),
+            body=None if view.body is None else scrub(view.body),
+            body_note=None if view.body_note is None else scrub(view.body_note),
+        )
+        outgoing = channel.render_card(view)
+        if self._leaks(outgoing) and view.body is not None:
+            log.warning("agent %s: card body spelled a configured secret; withheld", view.agent_id)
+            outgoing = channel.render_card(replace(view, body=WITHHELD_BODY, body_cut=False))
+        return outgoing
+
+    def _render_text(self, channel: Channel, text: str) -> Outgoing:
+        return channel.render_text(self._redact(text))
+
+    def _leaks(self, outgoing: Outgoing) -> bool:
+        payload = json.dumps(outgoing.payload, ensure_ascii=False)
+        return self._redact.leaks(outgoing.text) or self._redact.leaks(payload)
 
     # Notices -----------------------------------------------------------------------------
 
@@ -346,21 +395,49 @@ class Service:
         text = notice_text(agent_id, notification)
         if text is None:
             return
+        text = self._redact(text)  # stored scrubbed: the scheduler re-renders stored texts
+        now_s = self._clock().timestamp()
         for route in self._routes_by_agent.get(agent_id, ()):
             hidden = self._chat_prefs(route.key.chat_scope).hidden
             disabled = self._scheduler.disabled_reason(route.key) is not None
             state: NoticeState = "suppressed" if hidden or disabled else "pending"
+            route_id = str(route.key)
+            if state == "pending" and not self._notice_gate.allows(route_id, now_s):
+                state = "folded"  # over the route's cap: counted into the owed summary
+            if not self._store.add_notice(route_id, notification.id, text, state):
+                continue  # already recorded (idempotent): neither sent nor counted again
+            if state == "folded":
+                folded = self._notice_gate.fold(route_id, notice_kind(notification) or "", now_s)
+                self._store.set_cursor(_folded_cursor(route.key), folded.to_json())
+            elif state == "pending":
+                self._notice_gate.record(route_id, now_s)
+                if route.key.channel in self._ready_channels:
+                    self._queue_notice(route.key, notification.id, text)
+
+    def _send_due_summaries(self) -> None:
+        """One summary notice for each route whose folded notices are due (see NoticeGate)."""
+        routes = {str(route.key): route for route in self._routes}
+        for route_id, folded in self._notice_gate.due(self._clock().timestamp()):
+            route = routes.get(route_id)
+            if route is None:
+                continue
+            text = self._redact(summary_text(route.key.agent_id, folded.counts))
+            hidden = self._chat_prefs(route.key.chat_scope).hidden
+            disabled = self._scheduler.disabled_reason(route.key) is not None
+            state: NoticeState = "suppressed" if hidden or disabled else "pending"
+            # Recorded before the episode is cleared: a crash in between finds the same id.
             if (
-                self._store.add_notice(str(route.key), notification.id, text, state)
+                self._store.add_notice(route_id, folded.summary_id, text, state)
                 and state == "pending"
                 and route.key.channel in self._ready_channels
             ):
-                self._queue_notice(route.key, notification.id, text)
+                self._queue_notice(route.key, folded.summary_id, text)
+            self._store.set_cursor(_folded_cursor(route.key), "")
 
     def _queue_notice(self, key: RouteKey, notice_id: str, text: str) -> None:
         channel = self._channels[key.channel]
         self._scheduler.send_text(
-            key.channel, key.chat, channel.render_text(text), notice=(str(key), notice_id)
+            key.channel, key.chat, self._render_text(channel, text), notice=(str(key), notice_id)
         )
 
     def _resend_pending_notices(self, channel: str) -> None:
@@ -413,14 +490,16 @@ class Service:
             prefs = ChatPrefs(hidden=prefs.hidden, activity_rows=int(args))
             reply = f"Task cards here now show {int(args)} activity rows."
         else:
-            reply = f"Unknown option {command.args.strip()!r}. {HELP_TEXT}"
+            # Never echoed: the arguments are a chat member's text, and a reply quoting them
+            # could carry a platform mention (Feishu `<at user_id="all">`) or markup.
+            reply = f"Unknown option. {HELP_TEXT}"
         if prefs != self._chat_prefs(scope):
             self._store.set_prefs(scope, prefs)
             self._prefs[scope] = prefs
             for route in allowed:
                 self._project_route(route)
         channel = self._channels[channel_name]
-        self._scheduler.send_text(channel_name, reply_chat, channel.render_text(reply))
+        self._scheduler.send_text(channel_name, reply_chat, self._render_text(channel, reply))
 
     def _state_text(self, routes: list[Route], prefs: ChatPrefs) -> str:
         rows = prefs.activity_rows or self._config.display.activity_rows

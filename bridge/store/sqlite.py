@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 log = logging.getLogger("taskcard.store")
 
-NoticeState = Literal["pending", "delivered", "suppressed", "failed"]
+NoticeState = Literal["pending", "delivered", "suppressed", "failed", "folded"]
 
 
 @dataclass(frozen=True)

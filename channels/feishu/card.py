@@ -183,7 +183,14 @@ def render_card(view: CardView, limit_bytes: int = CARD_BUDGET_BYTES) -> Outgoin
     return Outgoing.build(card_plain_text(fitted), {"msg_type": "interactive", "content": content})
 
 
+def text_message_safe(text: str) -> str:
+    """`text` fit for a Feishu text message, which reads `<at user_id="all">` as a mention of
+    everyone and has no escape for it: angle brackets become full-width look-alikes."""
+    return text.replace("<", "\uff1c").replace(">", "\uff1e")
+
+
 def render_text(text: str) -> Outgoing:
-    """A plain text message (notices and command replies)."""
+    """A plain text message (notices and command replies); no tag in it takes effect."""
+    text = text_message_safe(text)
     content = json.dumps({"text": text}, ensure_ascii=False)
     return Outgoing.build(text, {"msg_type": "text", "content": content})

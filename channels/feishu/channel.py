@@ -61,7 +61,7 @@ from channels.errors import ChannelError, MessageGone, NotModified, Permanent, T
 from channels.feishu import card
 from channels.feishu.config import FeishuConfig
 from channels.feishu.errors import TOKEN_INVALID, translate
-from channels.feishu.events import SeenEvents, command_from_event
+from channels.feishu.events import DecodedEvent, SeenEvents, command_from_event, duplicate_key
 from channels.feishu.longconn import LongConnection
 from channels.feishu.token import TenantTokenSource
 from channels.feishu.transport import LarkTransport
@@ -142,7 +142,7 @@ class FeishuChannel(Channel):
         self._domain = check_domain(config.domain)
         self._transport: LarkTransport | None = None
         self._tokens: TenantTokenSource | None = None
-        self._seen = SeenEvents(cursor=cursor)
+        self._seen = SeenEvents(config.event_dedup_window_s, cursor=cursor)
         self._on_command: CommandSink | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -268,7 +268,8 @@ class FeishuChannel(Channel):
     def _accept_document(self, document: Mapping[str, Any]) -> None:
         header = document.get("header")
         event_id = header.get("event_id") if isinstance(header, dict) else None
-        if isinstance(event_id, str) and not self._seen.first_time(event_id):
+        event = DecodedEvent(None, event_id if isinstance(event_id, str) else None, None, document)
+        if not self._seen.first_time(duplicate_key(event)):
             return
         command = self._command_from(document)
         if command is not None:

@@ -49,6 +49,24 @@ class FeishuWebhook(BaseModel):
         default="FEISHU_ENCRYPT_KEY",
         description="Environment variable with the encrypt key (unset: plain payloads).",
     )
+    max_request_age_s: float = Field(
+        default=300.0,
+        gt=0,
+        le=3600,
+        description=(
+            "Refuse a request whose signed X-Lark-Request-Timestamp is older than this"
+            " (replays); at most 3600."
+        ),
+    )
+    clock_skew_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=300,
+        description=(
+            "Clock difference tolerated with Feishu, both ways: a timestamp up to this far in"
+            " the future is accepted, and max_request_age_s gets this much slack; at most 300."
+        ),
+    )
 
 
 class FeishuRoute(BaseModel):
@@ -77,6 +95,15 @@ class FeishuConfig(BaseModel):
         default="websocket", description="How commands arrive."
     )
     webhook: FeishuWebhook = Field(default_factory=FeishuWebhook)
+    event_dedup_window_s: float = Field(
+        default=86_400.0,
+        ge=3600,
+        le=7 * 86_400,
+        description=(
+            "How long a handled event id is remembered (persisted), so a redelivery or replay"
+            " is ignored; 1 hour to 7 days."
+        ),
+    )
     routes: list[FeishuRoute] = Field(default_factory=list)
     limits: FeishuLimits = Field(default_factory=FeishuLimits)
     request_timeout_s: float = Field(

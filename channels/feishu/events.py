@@ -11,6 +11,13 @@ Feishu's callback rules we implement:
 - the verification token is in `header.token` (schema 2.0) or `token` (URL verification);
 - the same event may be delivered more than once: `header.event_id` identifies it.
 
+Replays: a captured signed request stays valid forever as far as the signature goes, so the
+signed `X-Lark-Request-Timestamp` must lie within a window of now (`check_request_age`), and
+every event is remembered for a duration, not a count (`SeenEvents`, persisted): a replay
+inside the age window is a duplicate, one outside it is stale. An event without
+`header.event_id` is identified by its schema 1.0 `uuid`, else by a hash of its decrypted
+document, and de-duplicated the same way (`duplicate_key`).
+
 In a group, a command counts only when it mentions the bot: with the permission to read all
 group messages, every `/taskcard off` typed in the group would reach us, and "@Alice
 /taskcard off" is addressed to Alice. Feishu writes each mention into the text as a key
@@ -23,9 +30,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
+import math
 import re
+import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +47,8 @@ MESSAGE_EVENT = "im.message.receive_v1"
 COMMAND = "/taskcard"
 PRIVATE_CHAT = "p2p"
 USER_MENTION_PREFIX = "@_user_"
+
+log = logging.getLogger(__name__)
 
 
 class EventRejected(Exception):
@@ -129,6 +141,36 @@ def decode_callback(
     )
 
 
+def check_request_age(stamp: str | None, now_s: float, max_age_s: float, skew_s: float) -> None:
+    """Raise `EventRejected` unless `stamp` (epoch seconds) is at most `max_age_s` old and at
+    most `skew_s` in the future, with `skew_s` of slack on the old side too (clocks differ)."""
+    if stamp is None:
+        raise EventRejected(401, "request timestamp missing")
+    try:
+        sent_s = float(stamp.strip())
+    except ValueError:
+        raise EventRejected(401, "request timestamp is not a number") from None
+    if not math.isfinite(sent_s):
+        raise EventRejected(401, "request timestamp is not a number")
+    age_s = now_s - sent_s
+    if age_s > max_age_s + skew_s:
+        raise EventRejected(401, "request timestamp too old (replayed or delayed)")
+    if age_s < -skew_s:
+        raise EventRejected(401, "request timestamp in the future")
+
+
+def duplicate_key(decoded: DecodedEvent) -> str:
+    """What identifies one event for de-duplication: its event id, the schema 1.0 `uuid`,
+    or else a hash of the decrypted document (a redelivery carries the same document)."""
+    if decoded.event_id:
+        return decoded.event_id
+    uuid = decoded.document.get("uuid")
+    if isinstance(uuid, str) and uuid:
+        return "uuid:" + uuid
+    canonical = json.dumps(decoded.document, sort_keys=True, ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
 def command_args(text: str, mention_key: str | None = None) -> str | None:
     """The arguments of a `/taskcard` command in message text, None when it is not one.
 
@@ -215,45 +257,94 @@ def command_from_event(
 
 
 class SeenEvents:
-    """The most recent event ids, so a redelivered event is handled once.
+    """Events seen within the last `window_s`, so a redelivered or replayed event is handled once.
 
-    Kept in memory as an ordered set bounded to `capacity`; when a `CursorStore` is given,
-    the ids are also saved there (one JSON list under `key`) so a restart does not replay
-    an event Feishu redelivers shortly after.
+    Kept by time, not by count: a burst of other events cannot push an id out early. With a
+    `CursorStore` the ids are saved in buckets of `BUCKET_S` seconds (one JSON object of
+    id -> first-seen epoch per bucket), so a write rewrites only the current bucket and a
+    restart still knows the whole window. `max_entries` only bounds memory against a flood:
+    beyond it the oldest ids go first, which the request-age check already makes stale unless
+    that many events arrived within its window.
     """
+
+    BUCKET_S = 600
 
     def __init__(
         self,
-        capacity: int = 512,
+        window_s: float = 86_400.0,
         cursor: CursorStore | None = None,
-        key: str = "feishu:event_ids",
+        key: str = "feishu:seen_events",
+        *,
+        clock: Callable[[], float] = time.time,
+        max_entries: int = 200_000,
     ) -> None:
-        self._capacity = capacity
+        self._window_s = window_s
         self._cursor = cursor
         self._key = key
-        self._ids: OrderedDict[str, None] = OrderedDict()
+        self._clock = clock
+        self._max_entries = max_entries
+        self._seen: OrderedDict[str, float] = OrderedDict()
+        self._bucket: tuple[int, dict[str, float]] | None = None
         if cursor is not None:
-            self._load(cursor.get_cursor(key))
+            self._load(cursor)
 
-    def _load(self, saved: str | None) -> None:
-        if not saved:
-            return
-        try:
-            ids = json.loads(saved)
-        except ValueError:
-            return
-        if isinstance(ids, list):
-            for event_id in ids[-self._capacity :]:
-                if isinstance(event_id, str):
-                    self._ids[event_id] = None
+    def _bucket_key(self, bucket: int) -> str:
+        return f"{self._key}:{bucket}"
 
-    def first_time(self, event_id: str) -> bool:
-        """Record `event_id`; True when it had not been seen before."""
-        if event_id in self._ids:
+    def _buckets_in_window(self, now_s: float) -> range:
+        last = int(now_s // self.BUCKET_S)
+        return range(last - math.ceil(self._window_s / self.BUCKET_S), last + 1)
+
+    def _load(self, cursor: CursorStore) -> None:
+        now_s = self._clock()
+        loaded: dict[str, float] = {}
+        for bucket in self._buckets_in_window(now_s):
+            saved = cursor.get_cursor(self._bucket_key(bucket))
+            try:
+                entries = json.loads(saved) if saved else {}
+            except ValueError:
+                log.warning("ignoring an unreadable saved Feishu event bucket")
+                continue
+            if not isinstance(entries, dict):
+                continue
+            for event_key, seen_s in entries.items():
+                if isinstance(seen_s, int | float) and now_s - seen_s <= self._window_s:
+                    loaded[event_key] = float(seen_s)
+        for event_key, seen_s in sorted(loaded.items(), key=lambda item: item[1]):
+            self._seen[event_key] = seen_s
+
+    def _forget_expired(self, now_s: float) -> None:
+        while self._seen:
+            oldest_key, oldest_s = next(iter(self._seen.items()))
+            if now_s - oldest_s <= self._window_s and len(self._seen) <= self._max_entries:
+                return
+            del self._seen[oldest_key]
+
+    def _save(self, event_key: str, now_s: float) -> None:
+        if self._cursor is None:
+            return
+        bucket = int(now_s // self.BUCKET_S)
+        if self._bucket is None or self._bucket[0] != bucket:
+            saved = self._cursor.get_cursor(self._bucket_key(bucket))
+            try:
+                entries = json.loads(saved) if saved else {}
+            except ValueError:
+                entries = {}
+            self._bucket = (bucket, entries if isinstance(entries, dict) else {})
+            # The bucket that just left the window is no longer needed.
+            expired = self._buckets_in_window(now_s).start - 1
+            if self._cursor.get_cursor(self._bucket_key(expired)):
+                self._cursor.set_cursor(self._bucket_key(expired), "")
+        entries = self._bucket[1]
+        entries[event_key] = now_s
+        self._cursor.set_cursor(self._bucket_key(bucket), json.dumps(entries))
+
+    def first_time(self, event_key: str) -> bool:
+        """Record `event_key`; True when it was not seen within the window."""
+        now_s = self._clock()
+        self._forget_expired(now_s)
+        if event_key in self._seen:
             return False
-        self._ids[event_id] = None
-        while len(self._ids) > self._capacity:
-            self._ids.popitem(last=False)
-        if self._cursor is not None:
-            self._cursor.set_cursor(self._key, json.dumps(list(self._ids)))
+        self._seen[event_key] = now_s
+        self._save(event_key, now_s)
         return True

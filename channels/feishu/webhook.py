@@ -11,6 +11,7 @@ without a registered processor, and logs the failure text; we reuse only its cip
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -18,7 +19,13 @@ from aiohttp import web
 
 from channels.base import IncomingCommand
 from channels.feishu.config import FeishuWebhook
-from channels.feishu.events import EventRejected, SeenEvents, decode_callback
+from channels.feishu.events import (
+    EventRejected,
+    SeenEvents,
+    check_request_age,
+    decode_callback,
+    duplicate_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +43,8 @@ class WebhookServer:
         verification_token: str | None,
         encrypt_key: str | None,
         parse: Callable[[Mapping[str, Any]], IncomingCommand | None],
+        *,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._config = config
         self._dispatch = dispatch
@@ -43,6 +52,7 @@ class WebhookServer:
         self._seen = seen
         self._verification_token = verification_token
         self._encrypt_key = encrypt_key
+        self._clock = clock
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
 
@@ -78,13 +88,20 @@ class WebhookServer:
             decoded = decode_callback(
                 raw_body, request.headers, self._verification_token, self._encrypt_key
             )
+            stamp = request.headers.get("X-Lark-Request-Timestamp")
+            # Signed when there is an encrypt key (decode_callback required it then); without
+            # one a stale timestamp is still refused, though a forger could write a fresh one.
+            if decoded.challenge is None and (self._encrypt_key or stamp is not None):
+                check_request_age(
+                    stamp, self._clock(), self._config.max_request_age_s, self._config.clock_skew_s
+                )
         except EventRejected as rejected:
             log.warning("feishu callback rejected: %s", rejected.reason)
             return web.json_response({"msg": rejected.reason}, status=rejected.status)
         if decoded.challenge is not None:
             return web.json_response({"challenge": decoded.challenge})
-        if decoded.event_id is not None and not self._seen.first_time(decoded.event_id):
-            log.info("feishu event %s delivered again; ignored", decoded.event_id)
+        if not self._seen.first_time(duplicate_key(decoded)):
+            log.info("feishu event %s delivered again; ignored", decoded.event_id or "(no id)")
             return web.json_response({"msg": "duplicate"})
         command = self._parse(decoded.document)
         if command is not None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bridge.notices.text import notice_text
+from bridge.notices.text import FoldedNotices, NoticeGate, notice_text, summary_text
 from producers.task_card.contract import Notification, parse_notification
 
 LEAKY_HEADER = "renderer said: /home/alice/secret/path token=abc"
@@ -98,3 +98,83 @@ def test_from_a_wire_line() -> None:
     assert notice_text("ops", parsed) == (
         "⏹ ops: task card stopped (watch tc_9): refresh budget used up after 50 refreshes."
     )
+
+
+def run_gate(gate: NoticeGate, arrivals: list[tuple[float, str]]) -> list[str]:
+    """Feed notices (time, kind) through the gate as the service does; what the chat gets."""
+    shown: list[str] = []
+    for now_s, kind in arrivals:
+        for _route, folded in gate.due(now_s):
+            shown.append(summary_text("builder", folded.counts))
+        if gate.allows("r", now_s):
+            gate.record("r", now_s)
+            shown.append(kind)
+        else:
+            gate.fold("r", kind, now_s)
+    return shown
+
+
+def test_a_burst_shows_the_cap_then_one_summary() -> None:
+    gate = NoticeGate(max_per_minute=3, settle_s=5.0)
+    burst = [(0.01 * n, "error") for n in range(9)] + [(0.2, "recovery")] * 3
+    shown = run_gate(gate, [*burst, (10.0, "probe-due")])
+    assert shown[:3] == ["error"] * 3
+    assert shown[3] == (
+        "📦 9 more from builder: 6 errors, 3 recoveries"
+        " (folded into one message to keep this chat readable)."
+    )
+
+
+@pytest.mark.parametrize(
+    ("max_per_minute", "period_s", "minutes"),
+    [(1, 1.0, 3), (5, 0.5, 4), (10, 2.0, 5), (3, 30.0, 6)],
+)
+def test_any_minute_shows_at_most_cap_plus_one_summary(
+    max_per_minute: int, period_s: float, minutes: int
+) -> None:
+    """A steady stream of notices: in every sliding minute, cap notices and one summary."""
+    gate = NoticeGate(max_per_minute, settle_s=5.0)
+    times: list[float] = []
+    counted = 0
+    now_s = 0.0
+    while now_s < minutes * 60:
+        for _route, folded in gate.due(now_s):
+            times.append(now_s)
+            counted += sum(folded.counts.values())
+        if gate.allows("r", now_s):
+            gate.record("r", now_s)
+            times.append(now_s)
+            counted += 1
+        else:
+            gate.fold("r", "error", now_s)
+        now_s += period_s
+    for start in times:
+        assert sum(1 for t in times if start <= t < start + 60) <= max_per_minute + 1
+    # Nothing is lost: what was shown or summarised, plus what is still folded, is everything.
+    still_folded = sum(f.counts.get("error", 0) for _r, f in gate.due(now_s + 3600))
+    assert counted + still_folded == int(minutes * 60 / period_s + 0.5)
+
+
+def test_no_summary_while_nothing_was_folded() -> None:
+    gate = NoticeGate(max_per_minute=2)
+    assert run_gate(gate, [(0.0, "error"), (30.0, "error"), (61.0, "error")]) == ["error"] * 3
+    assert gate.due(500.0) == []
+
+
+def test_a_restored_episode_is_summarised_with_a_stable_id() -> None:
+    saved = FoldedNotices({"error": 4, "stop": 1}, first_s=100.0, last_s=101.0)
+    loaded = FoldedNotices.from_json(saved.to_json())
+    assert loaded == saved
+    gate = NoticeGate(max_per_minute=2)
+    gate.restore("r", loaded)
+    assert not gate.allows("r", 102.0)  # the owed summary comes first
+    ((route, due),) = gate.due(200.0)
+    assert (route, due.summary_id) == ("r", saved.summary_id)
+    assert summary_text("b", due.counts).startswith("📦 5 more from b: 4 errors, 1 stop ")
+
+
+@pytest.mark.parametrize(
+    "saved", [None, "", "{", "[]", '{"counts": {}}', '{"counts": {"error": true}}', '{"counts": 3}']
+)
+def test_unusable_saved_episodes_are_ignored(saved: str | None) -> None:
+    assert FoldedNotices.from_json(saved) is None

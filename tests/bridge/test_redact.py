@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.compose.redact import MARKER, redact
+from bridge.compose.redact import MARKER, Redactor, redact
 
 SECRET_CASES = [
     ("bot 123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw0 ok", "123456789:AAHdqTcv"),
@@ -67,3 +67,83 @@ def test_ordinary_prose_and_paths_are_unchanged(text: str) -> None:
 def test_redaction_is_idempotent() -> None:
     once = redact("token=abc123456 and sk-abcdefghijklmnopqrstu")
     assert redact(once) == once
+
+
+URL_AND_KEY_FORMS = [
+    # The Bot API URL form: the token is glued to `/bot`, no word boundary before it.
+    ("GET https://api.telegram.org/bot123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw/getMe", "AAHdq"),
+    ("proxy http://10.0.0.2:8081/bot987654321:AAF-abcdefghijklmnopqrstuvwxyz01234/send", "AAF-ab"),
+    ("encoded bot123456789%3AAAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw", "AAHdq"),
+    ('{"encrypt_key": "9f8e7d6c5b4a"}', "9f8e7d6c5b4a"),
+    ('{\\"encrypt_key\\": \\"9f8e7d6c5b4a\\"}', "9f8e7d6c5b4a"),
+    ('encrypt_key = "with spaces inside"', "spaces inside"),
+    ("encrypt_key: 9f8e7d6c5b4a", "9f8e7d6c5b4a"),
+    ("FEISHU_ENCRYPT_KEY=9f8e7d6c5b4a", "9f8e7d6c5b4a"),
+    ("verification_token=vt-0a1b2c3d", "vt-0a1b2c3d"),
+    ("app_secret: 'Ab12Cd34Ef56'", "Ab12Cd34Ef56"),
+    ("appSecret=Ab12Cd34Ef56", "Ab12Cd34Ef56"),
+    ("signing-key = Zx98Yw76", "Zx98Yw76"),
+    ("Authorization: Basic dXNlcjpwYXNzd29yZA==", "dXNlcjpw"),
+]
+
+
+@pytest.mark.parametrize(("text", "secret"), URL_AND_KEY_FORMS)
+def test_url_and_key_value_forms_are_redacted(text: str, secret: str) -> None:
+    result = redact(text)
+    assert secret not in result
+    assert MARKER in result
+
+
+def test_a_quoted_value_keeps_its_quotes() -> None:
+    assert redact('encrypt_key = "a b"') == f'encrypt_key = "{MARKER}"'
+
+
+CONFIGURED = "Xq7Vb2Ln9Rt4Wm8Kc3Pz"  # an app secret has no recognisable shape
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"dump: {CONFIGURED}",
+        f"the value `{CONFIGURED}` in code",
+        f"url https://api.example.com/bot{CONFIGURED}/getMe",
+        f'json {{"x": "{CONFIGURED}"}}',
+        f"glued{CONFIGURED}glued",
+    ],
+)
+def test_configured_secret_values_are_removed_wherever_they_appear(text: str) -> None:
+    redactor = Redactor([CONFIGURED])
+    result = redactor(text)
+    assert CONFIGURED not in result
+    assert MARKER in result
+    assert not redactor.leaks(result)
+
+
+def test_configured_secret_spellings_cover_encodings() -> None:
+    secret = 'a/b:c"d<e'
+    redactor = Redactor([secret])
+    for spelling in ("a%2Fb%3Ac%22d%3Ce", 'a/b:c\\"d<e', "a/b:c&quot;d&lt;e", secret):
+        assert redactor.scrub(f"x {spelling} y") == f"x {MARKER} y"
+
+
+def test_very_short_configured_values_are_not_searched() -> None:
+    assert Redactor(["abc"])("abc abc") == "abc abc"
+
+
+@pytest.mark.parametrize(
+    "shown",
+    [
+        f"{CONFIGURED[:5]}**{CONFIGURED[5:]}**",
+        f"`{CONFIGURED[:3]}`{CONFIGURED[3:]}",
+        f"{CONFIGURED[:6]}\u200b{CONFIGURED[6:]}",
+        f"{CONFIGURED[:4]}~~{CONFIGURED[4:]}~~",
+    ],
+)
+def test_a_secret_split_by_markup_still_counts_as_shown(shown: str) -> None:
+    redactor = Redactor([CONFIGURED])
+    assert redactor.scrub(shown) == shown  # the halves alone are not the secret...
+    assert redactor.leaks(shown)  # ...but a chat shows them joined
+
+
+def test_text_without_a_configured_secret_does_not_leak() -> None:
+    assert not Redactor([CONFIGURED]).leaks("an ordinary card **with** `code`")

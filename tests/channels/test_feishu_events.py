@@ -4,18 +4,23 @@ the way Feishu delivers them (real HTTP, real AES sealing, real lark-oapi websoc
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
+import secrets
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
+import aiohttp
 import pytest
 
 from channels.base import IncomingCommand
 from channels.feishu.channel import FeishuChannel
 from channels.feishu.config import FeishuConfig, FeishuWebhook
+from channels.feishu.events import SeenEvents
 from tests.channels.conftest import CommandInbox, MemoryCursorStore, wait_until
-from tests.fakes.feishu_api import FakeFeishu
+from tests.fakes.feishu_api import FakeFeishu, encrypt_event
 
 TOKEN = "verify-me"
 KEY = "an encrypt key"
@@ -253,3 +258,106 @@ async def test_long_connection_stops_when_endpoint_unreachable(fake: FakeFeishu)
     await channel.stop()  # must return although the client is in its reconnect back-off
     await channel.stop()
     assert fake.ws_connections == 0
+
+
+def signed_request(
+    document: dict[str, object], stamp: str, key: str = KEY
+) -> tuple[bytes, dict[str, str]]:
+    """One callback request exactly as Feishu would sign it at `stamp`, to send (and resend)."""
+    raw = json.dumps({"encrypt": encrypt_event(document, key)}).encode()
+    nonce = secrets.token_hex(8)
+    headers = {
+        "Content-Type": "application/json",
+        "X-Lark-Request-Timestamp": stamp,
+        "X-Lark-Request-Nonce": nonce,
+        "X-Lark-Signature": hashlib.sha256((stamp + nonce + key).encode() + raw).hexdigest(),
+    }
+    return raw, headers
+
+
+async def post(url: str, raw: bytes, headers: dict[str, str]) -> tuple[int, object]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url, data=raw, headers=headers) as answer,
+    ):
+        return answer.status, await answer.json(content_type=None)
+
+
+@pytest.mark.parametrize(
+    ("offset_s", "accepted"),
+    [(0, True), (-250, True), (20, True), (-400, False), (-86_400, False), (120, False)],
+)
+async def test_signed_timestamp_outside_the_window_is_rejected(
+    fake: FakeFeishu, offset_s: float, accepted: bool
+) -> None:
+    inbox = CommandInbox()
+    async with webhook_channel(fake, inbox, encrypt_key=KEY) as url:
+        document = fake.command_event("oc_g", "/taskcard off", verification_token=TOKEN)
+        raw, headers = signed_request(document, str(int(time.time() + offset_s)))
+        status, body = await post(url, raw, headers)
+        if accepted:
+            assert status == 200
+            await inbox.wait_for(1)
+        else:
+            assert status == 401
+            assert "timestamp" in json.dumps(body)
+            assert inbox.commands == []
+
+
+@pytest.mark.parametrize("stamp", ["", "soon", "nan", "inf", "1e400"])
+async def test_unreadable_signed_timestamp_is_rejected(fake: FakeFeishu, stamp: str) -> None:
+    async with webhook_channel(fake, CommandInbox(), encrypt_key=KEY) as url:
+        document = fake.command_event("oc_g", "/taskcard off", verification_token=TOKEN)
+        status, _ = await post(url, *signed_request(document, stamp))
+        assert status == 401
+
+
+async def test_replay_after_many_other_events_is_still_a_duplicate(fake: FakeFeishu) -> None:
+    inbox = CommandInbox()
+    async with webhook_channel(fake, inbox, encrypt_key=KEY) as url:
+        captured = signed_request(
+            fake.command_event("oc_g", "/taskcard off", verification_token=TOKEN),
+            str(int(time.time())),
+        )
+        assert (await post(url, *captured))[0] == 200
+        for number in range(600):
+            other = fake.command_event("oc_g", f"chatter {number}", verification_token=TOKEN)
+            assert (await post(url, *signed_request(other, str(int(time.time())))))[0] == 200
+        status, body = await post(url, *captured)
+        assert (status, body) == (200, {"msg": "duplicate"})
+        await inbox.wait_for(1)
+    assert [c.args for c in inbox.commands] == ["off"]
+
+
+async def test_event_without_id_is_handled_once(fake: FakeFeishu) -> None:
+    inbox = CommandInbox()
+    async with webhook_channel(fake, inbox) as url:
+        document = fake.command_event("oc_g", "/taskcard 4", verification_token=TOKEN)
+        del document["header"]["event_id"]  # type: ignore[attr-defined]
+        for _ in range(3):
+            assert (await fake.deliver_event(url, document)).status == 200
+        fresh = fake.command_event("oc_g", "/taskcard 5", verification_token=TOKEN)
+        del fresh["header"]["event_id"]  # type: ignore[attr-defined]
+        await fake.deliver_event(url, fresh)
+        await inbox.wait_for(2)
+    assert [c.args for c in inbox.commands] == ["4", "5"]
+
+
+def test_seen_events_are_kept_by_time_and_across_restarts() -> None:
+    now = [1_800_000_000.0]
+    cursor = MemoryCursorStore()
+    seen = SeenEvents(3600, cursor, clock=lambda: now[0])
+    assert seen.first_time("ev-1")
+    for number in range(2000):
+        seen.first_time(f"other-{number}")
+    now[0] += 3000
+    assert not seen.first_time("ev-1")
+    restarted = SeenEvents(3600, cursor, clock=lambda: now[0])
+    assert not restarted.first_time("ev-1")
+    assert not restarted.first_time("other-1999")
+    now[0] += 700  # ev-1 was first seen 3700 s ago: outside the window
+    assert restarted.first_time("ev-1")
+    now[0] += 4 * 3600
+    again = SeenEvents(3600, cursor, clock=lambda: now[0])
+    assert again.first_time("other-5")
+    assert not again.first_time("other-5")

@@ -1,0 +1,172 @@
+"""What agents and chat members write never carries a secret or a platform mention out.
+
+Issue 8, items 4 and 5, end to end through `taskcard serve` and the fake chat APIs:
+- the exact values of the service's own configured secrets are removed from cards in every
+  spelling an agent might print them (plain, inside a Bot API URL, inside Markdown, split by
+  Markdown so that only the rendered text joins them);
+- a chat member's `/taskcard` arguments are never echoed back as markup or mentions.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.harness import ServeProcess, eventually, publish
+from tests.e2e.test_serve_feishu import CHAT, ENCRYPT, VERIFY, Setup, card_texts
+from tests.fakes.feishu_api import FakeFeishu
+from tests.fakes.telegram_api import FakeTelegram
+
+GROUP = -1001234567890
+# Deliberately not shaped like a real bot token (too short for the token pattern): only the
+# configured-value layer can find it.
+TOKEN = "987654:Conf1guredValue-xyz"
+
+
+def body_spelling(secret: str) -> str:
+    return "\n".join(
+        [
+            "# build 3/7 visible-marker",
+            f"env dump: {secret}",
+            f"calling https://api.telegram.org/bot{secret}/getMe",
+            f"**{secret}** and `{secret}` and _{secret}_",
+            f"[status](https://example.com/hook?k={secret})",
+            f"```\nexport X={secret}\n```",
+        ]
+    )
+
+
+def split_by_markdown(secret: str) -> str:
+    """The secret cut in two by emphasis: only the rendered text joins the halves."""
+    return f"split-marker {secret[:4]}**{secret[4:]}**"
+
+
+@pytest.fixture
+async def telegram() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram(token=TOKEN) as server:
+        yield server
+
+
+@pytest.fixture
+async def feishu() -> AsyncIterator[FakeFeishu]:
+    async with FakeFeishu() as server:
+        yield server
+
+
+def telegram_serve(tmp_path: Path, fake: FakeTelegram) -> ServeProcess:
+    (tmp_path / "agents" / "builder").mkdir(parents=True)
+    config = tmp_path / "taskcard.toml"
+    config.write_text(
+        "\n".join(
+            [
+                'state_dir = ".taskcard"',
+                "[[agents]]",
+                'id = "builder"',
+                'workdir = "agents/builder"',
+                "[telegram]",
+                'token_env = "TC_TEST_TOKEN"',
+                f'api_base_url = "{fake.base_url}"',
+                "poll_timeout_s = 1",
+                "[[telegram.routes]]",
+                f"chat_id = {GROUP}",
+                'agents = ["builder"]',
+            ]
+        )
+        + "\n"
+    )
+    return ServeProcess(config, env={"TC_TEST_TOKEN": TOKEN})
+
+
+def telegram_everything(fake: FakeTelegram) -> str:
+    """Every version of every bot message, with its entities (link URLs included)."""
+    parts: list[str] = []
+    for message in fake.bot_messages(GROUP):
+        for text, entities in [*message.history, (message.text, message.entities)]:
+            parts += [text, json.dumps(entities)]
+    return "\n".join(parts)
+
+
+def feishu_everything(fake: FakeFeishu) -> str:
+    return "\n".join(c for m in fake.messages.values() for c in m.contents)
+
+
+async def test_configured_bot_token_never_reaches_telegram(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    workdir = tmp_path / "agents" / "builder"
+    with telegram_serve(tmp_path, telegram) as serve:
+        publish(workdir, body_spelling(TOKEN))
+        await eventually(lambda: "visible-marker" in telegram_everything(telegram), what="the card")
+        publish(workdir, split_by_markdown(TOKEN))
+        await eventually(lambda: "withheld" in telegram_everything(telegram), what="withheld")
+        assert await serve.aterminate() == 0
+    everything = telegram_everything(telegram)
+    assert "[redacted]" in everything
+    assert TOKEN not in everything
+    assert TOKEN.split(":", 1)[1] not in everything
+    assert TOKEN not in serve.logs
+
+
+async def test_configured_feishu_secrets_never_reach_feishu(
+    tmp_path: Path, feishu: FakeFeishu
+) -> None:
+    setup = Setup(tmp_path, feishu, ["builder"])
+    workdir = tmp_path / "agents" / "builder"
+    secrets = [feishu.app_secret, ENCRYPT, VERIFY]
+    with setup.serve() as serve:
+        publish(workdir, "\n".join(body_spelling(secret) for secret in secrets))
+        await eventually(lambda: any("visible-marker" in t for t in card_texts(feishu)))
+        publish(workdir, split_by_markdown(feishu.app_secret))
+        await eventually(lambda: any("withheld" in t for t in card_texts(feishu)))
+        assert await serve.aterminate() == 0
+    everything = feishu_everything(feishu)
+    assert "[redacted]" in everything
+    for secret in secrets:
+        assert secret not in everything
+
+
+HOSTILE_ARGS = '<at user_id="all"></at> <b>bold</b> *star* [x](tg://user?id=1) @all'
+
+
+async def test_telegram_reply_does_not_echo_user_markup(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    workdir = tmp_path / "agents" / "builder"
+    with telegram_serve(tmp_path, telegram) as serve:
+        publish(workdir, "body")
+        await eventually(lambda: telegram.bot_messages(GROUP), what="the card")
+        telegram.inject_command(GROUP, f"/taskcard {HOSTILE_ARGS}")
+        await eventually(
+            lambda: any("Unknown option" in m.text for m in telegram.bot_messages(GROUP)),
+            what="the reply",
+        )
+        assert await serve.aterminate() == 0
+    reply = next(m for m in telegram.bot_messages(GROUP) if "Unknown option" in m.text)
+    assert reply.entities == []
+    for fragment in ("<at", "<b>", "*star*", "tg://", "@all"):
+        assert fragment not in reply.text
+
+
+async def test_feishu_reply_does_not_echo_a_mention_of_everyone(
+    tmp_path: Path, feishu: FakeFeishu
+) -> None:
+    setup = Setup(tmp_path, feishu, ["builder"])
+    workdir = tmp_path / "agents" / "builder"
+    with setup.serve() as serve:
+        publish(workdir, "body")
+        await eventually(lambda: card_texts(feishu), what="the card")
+        answer = await feishu.deliver_command(
+            setup.url,
+            CHAT,
+            f"/taskcard {HOSTILE_ARGS}",
+            verification_token=VERIFY,
+            encrypt_key=ENCRYPT,
+        )
+        assert answer.status == 200
+        await eventually(lambda: any("Unknown option" in t for t in feishu.texts(CHAT)))
+        assert await serve.aterminate() == 0
+    for text in feishu.texts(CHAT):
+        assert "<at" not in text and "<b>" not in text and "@all" not in text
