@@ -14,6 +14,7 @@ from importlib import import_module
 # Modules that contribute subcommands, in the order `taskcard --help` lists them.
 _COMMAND_MODULES = (
     "bridge.run.serve_cli",
+    "bridge.run.chats_cli",
     "bridge.run.demo",
     "bridge.activity",
     "producers.task_card.cli",

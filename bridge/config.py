@@ -32,6 +32,7 @@ from pydantic import (
     model_validator,
 )
 
+from bridge.observe.config import MetricsConfig
 from channels.feishu.config import FeishuConfig
 from channels.telegram.config import TelegramConfig
 
@@ -145,6 +146,7 @@ class ServiceConfig(BaseModel):
     console: ConsoleConfig = Field(default_factory=ConsoleConfig)
     watch: WatchConfig = Field(default_factory=WatchConfig)
     display: DisplayConfig = Field(default_factory=DisplayConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", description="Log verbosity."
     )

@@ -25,8 +25,9 @@ from bridge.compose.view import compose_view
 from bridge.config import ServiceConfig
 from bridge.deliver.registry import BuiltChannel
 from bridge.notices.text import notice_text, safe_error_code
+from bridge.observe.metrics import ServiceSnapshot
 from bridge.schedule.scheduler import RouteKey, RouteScheduler
-from bridge.store.sqlite import ChatPrefs, NoticeState, StateStore
+from bridge.store.sqlite import ChatPrefs, NoticeState, SeenChat, StateStore
 from bridge.track.monitor import AgentMonitor
 from bridge.watch.watcher import FleetWatcher
 from channels.base import Channel, ChatRef, IncomingCommand
@@ -93,6 +94,8 @@ class Service:
         self._due: dict[str, datetime] = {}
         self._ready_channels: set[str] = set()
         self._failed_channels: set[str] = set()
+        self._running = False
+        self.started = asyncio.Event()  # set once the loop runs (systemd readiness)
 
     # Lifecycle ---------------------------------------------------------------------------
 
@@ -106,6 +109,8 @@ class Service:
         await self._scheduler.start()
         for route in self._routes:
             self._scheduler.add_route(route.key, pin=route.pin)
+        self._running = True
+        self.started.set()
         starters = [
             asyncio.create_task(self._start_channel(name, channel), name=f"start {name}")
             for name, channel in self._channels.items()
@@ -131,6 +136,7 @@ class Service:
                 if self._channels and len(self._failed_channels) == len(self._channels):
                     raise ServiceFailed("no channel could start; see the errors above")
         finally:
+            self._running = False
             stopper.cancel()
             for task in (*tasks, *starters):
                 task.cancel()
@@ -291,6 +297,16 @@ class Service:
         return exact or [r for r in same_chat if r.key.chat.thread_id is None]
 
     async def _on_command(self, channel_name: str, command: IncomingCommand) -> None:
+        chat = command.chat
+        self._store.record_chat(  # routed or not: `taskcard chats` lists it for the operator
+            SeenChat(
+                channel_name,
+                chat.chat_id,
+                chat.thread_id,
+                command.chat_title,
+                self._clock().timestamp(),
+            )
+        )
         routes = self._routes_in(channel_name, command.chat)
         if not routes:
             log.info("ignoring /taskcard from an unrouted chat %s:%s", channel_name, command.chat)
@@ -353,3 +369,19 @@ class Service:
             extra = f" — delivery disabled: {disabled}" if disabled else ""
             lines.append(f"• {route.key.agent_id}: {monitor.activity.state}; {card_text}{extra}")
         return "\n".join(lines)
+
+    # Observing ---------------------------------------------------------------------------
+
+    def snapshot(self) -> ServiceSnapshot:
+        """The levels metrics and `/healthz` report, read now (on the loop)."""
+        now = self._clock().timestamp()
+        return ServiceSnapshot(
+            running=self._running,
+            channels=tuple(self._channels),
+            ready_channels=tuple(n for n in self._channels if n in self._ready_channels),
+            agents_watched=len(self._monitors),
+            agents_faulted=sum(1 for m in self._monitors.values() if m.card.error_code),
+            active_pauses=sum(1 for until in self._store.pauses().values() if until > now),
+            lane_depths=self._scheduler.lane_depths(),
+            notices=self._store.notice_counts(),
+        )

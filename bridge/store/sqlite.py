@@ -54,6 +54,17 @@ class PendingNotice:
     created_at: float
 
 
+@dataclass(frozen=True)
+class SeenChat:
+    """A chat (and forum topic) the bot received a command from, routed or not."""
+
+    channel: str
+    chat_id: str
+    thread_id: str | None
+    title: str | None
+    last_seen: float
+
+
 class StateStore(ABC):
     """Everything the service must remember across restarts."""
 
@@ -131,6 +142,17 @@ class StateStore(ABC):
     @abstractmethod
     def set_pause(self, scope: str, until_epoch: float) -> None: ...
 
+    # What operators read: notices by state, and where commands came from -----------------
+    @abstractmethod
+    def notice_counts(self) -> dict[str, int]: ...
+
+    @abstractmethod
+    def record_chat(self, chat: SeenChat) -> None:
+        """Remember (or refresh) a chat commands came from; a known title is kept."""
+
+    @abstractmethod
+    def seen_chats(self) -> list[SeenChat]: ...
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS residents (
@@ -168,6 +190,14 @@ CREATE TABLE IF NOT EXISTS offsets (
 );
 CREATE TABLE IF NOT EXISTS cursors (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS pauses (scope TEXT PRIMARY KEY, until_epoch REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS seen_chats (
+    channel TEXT NOT NULL,
+    chat_id TEXT NOT NULL,
+    thread_id TEXT NOT NULL DEFAULT '',
+    title TEXT,
+    last_seen REAL NOT NULL,
+    PRIMARY KEY (channel, chat_id, thread_id)
+);
 """
 
 STATE_FILE = "state.sqlite3"
@@ -361,6 +391,37 @@ class SqliteStore(StateStore):
                 "ON CONFLICT(scope) DO UPDATE SET until_epoch = excluded.until_epoch",
                 (scope, until_epoch),
             )
+
+    def notice_counts(self) -> dict[str, int]:
+        rows = self._db.execute("SELECT state, COUNT(*) AS n FROM notices GROUP BY state")
+        return {str(row["state"]): int(row["n"]) for row in rows}
+
+    def record_chat(self, chat: SeenChat) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO seen_chats (channel, chat_id, thread_id, title, last_seen) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT(channel, chat_id, thread_id) DO UPDATE SET "
+                "title = COALESCE(excluded.title, title), last_seen = excluded.last_seen",
+                (chat.channel, chat.chat_id, chat.thread_id or "", chat.title, chat.last_seen),
+            )
+
+    def seen_chats(self) -> list[SeenChat]:
+        try:
+            rows = self._db.execute(
+                "SELECT * FROM seen_chats ORDER BY last_seen DESC, channel, chat_id, thread_id"
+            ).fetchall()
+        except sqlite3.OperationalError:
+            return []  # a read-only open of a state file from before this table
+        return [
+            SeenChat(
+                row["channel"],
+                row["chat_id"],
+                row["thread_id"] or None,
+                row["title"],
+                float(row["last_seen"]),
+            )
+            for row in rows
+        ]
 
 
 def _resident(row: sqlite3.Row) -> ResidentRecord:
