@@ -14,6 +14,7 @@ from importlib import import_module
 # Modules that contribute subcommands, in the order `taskcard --help` lists them.
 _COMMAND_MODULES = (
     "bridge.run.serve_cli",
+    "bridge.run.chats_cli",
     "bridge.run.demo",
     "producers.agent_hooks.activity_cli",
     "producers.task_card.cli",

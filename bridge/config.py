@@ -40,6 +40,7 @@ from pydantic import (
     model_validator,
 )
 
+from bridge.observe.config import MetricsConfig
 from channels.feishu.config import FeishuConfig
 from channels.telegram.config import TelegramConfig
 
@@ -191,6 +192,7 @@ class ServiceConfig(BaseModel):
     display: DisplayConfig = Field(default_factory=DisplayConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     notices: NoticesConfig = Field(default_factory=NoticesConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", description="Log verbosity."
     )

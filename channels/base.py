@@ -89,6 +89,7 @@ class IncomingCommand:
     args: str
     user_id: str | None
     message_id: str | None = None
+    chat_title: str | None = None  # the group's title (or a person's name), when sent along
 
 
 CommandSink = Callable[[IncomingCommand], Awaitable[None]]

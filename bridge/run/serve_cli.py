@@ -12,12 +12,16 @@ import signal
 import sqlite3
 import sys
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from bridge.config import ConfigError, ServiceConfig, load_config
 from bridge.deliver.registry import SecretMissing, build_channels, route_specs
+from bridge.observe.listener import MetricsListener
+from bridge.observe.metrics import MeteredChannel, ServiceMetrics
+from bridge.observe.sdnotify import READY, STOPPING, sd_notify
 from bridge.run.service import Service, ServiceFailed, agent_health_key, parse_agent_health
 from bridge.store.sqlite import (
     STATE_FILE,
@@ -117,9 +121,30 @@ async def serve(
         if own_signals:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, stop.set)
+        metrics = ServiceMetrics()
+        built = {
+            n: replace(b, channel=MeteredChannel(b.channel, metrics)) for n, b in built.items()
+        }
+        service = Service(config, built, store)
+        metrics.bind(service.snapshot)
+        listener = None
+        if config.metrics.address is not None:
+            listener = MetricsListener(metrics, *config.metrics.address)
+            try:
+                await listener.start()
+            except OSError as error:
+                print(
+                    f"taskcard: cannot listen on {config.metrics.listen}: {error}", file=sys.stderr
+                )
+                return EXIT_RUNTIME
+        systemd = asyncio.create_task(_tell_systemd(service, stop, env), name="sd_notify")
         try:
-            await Service(config, built, store).run(stop)
+            await service.run(stop)
         finally:
+            systemd.cancel()
+            await asyncio.gather(systemd, return_exceptions=True)
+            if listener is not None:
+                await listener.stop()
             if own_signals:
                 for signum in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(signum)
@@ -130,6 +155,30 @@ async def serve(
     finally:
         store.close()
         lock.release()
+
+
+async def _tell_systemd(service: Service, stop: asyncio.Event, env: Mapping[str, str]) -> None:
+    """`Type=notify`: READY=1 once the service loop runs, STOPPING=1 when asked to stop."""
+    await service.started.wait()
+    sd_notify(READY, env)
+    await stop.wait()
+    sd_notify(STOPPING, env)
+
+
+def running_pid(state_dir: Path) -> str | None:
+    """The pid of the `taskcard serve` holding `state_dir`'s lock, or None when none does."""
+    try:
+        fd = os.open(state_dir / "serve.lock", os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+    else:
+        return None  # we got the lock, so nobody holds it; closing drops ours
+    finally:
+        os.close(fd)
 
 
 class _ServeLock:
@@ -240,6 +289,7 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
                         "pending_notices": [p.notice_id for p in pending if p.route == key],
                     }
                 )
+        pid = running_pid(config.state_dir)
         agents = [
             {
                 "agent": agent.id,
@@ -251,6 +301,7 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
         ]
         return {
             "state_file": str(path),
+            "service": {"running": pid is not None, "pid": pid},
             "state_writes": (
                 {
                     "failing_since": _when(health.failing_since),
@@ -300,6 +351,8 @@ def _status(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
         return 0
     print(f"state: {report['state_file']}")
+    pid = report["service"]["pid"]
+    print(f"service: running (pid {pid})" if pid else "service: not running")
     writes = report["state_writes"]
     if writes:
         print(

@@ -40,8 +40,9 @@ from bridge.notices.text import (
     safe_error_code,
     summary_text,
 )
+from bridge.observe.metrics import ServiceSnapshot
 from bridge.schedule.scheduler import RouteKey, RouteScheduler
-from bridge.store.sqlite import ChatPrefs, NoticeState, StateStore
+from bridge.store.sqlite import ChatPrefs, NoticeState, SeenChat, StateStore
 from bridge.track.ledger import LedgerView, ledger_row
 from bridge.track.monitor import AgentMonitor, AgentRefresh
 from bridge.watch.watcher import FleetWatcher
@@ -155,6 +156,8 @@ class Service:
             agent_id: store.get_cursor(agent_health_key(agent_id)) or "[]"
             for agent_id in self._monitors
         }
+        self._running = False
+        self.started = asyncio.Event()  # set once the loop runs (systemd readiness)
 
     # Lifecycle ---------------------------------------------------------------------------
 
@@ -168,6 +171,8 @@ class Service:
         await self._scheduler.start()
         for route in self._routes:
             self._scheduler.add_route(route.key, pin=route.pin)
+        self._running = True
+        self.started.set()
         starters = [
             asyncio.create_task(self._start_channel(name, channel), name=f"start {name}")
             for name, channel in self._channels.items()
@@ -193,6 +198,7 @@ class Service:
                 if self._channels and len(self._failed_channels) == len(self._channels):
                     raise ServiceFailed("no channel could start; see the errors above")
         finally:
+            self._running = False
             stopper.cancel()
             for task in (*tasks, *starters):
                 task.cancel()
@@ -459,6 +465,16 @@ class Service:
         return exact or [r for r in same_chat if r.key.chat.thread_id is None]
 
     async def _on_command(self, channel_name: str, command: IncomingCommand) -> None:
+        chat = command.chat
+        self._store.record_chat(  # routed or not: `taskcard chats` lists it for the operator
+            SeenChat(
+                channel_name,
+                chat.chat_id,
+                chat.thread_id,
+                command.chat_title,
+                self._clock().timestamp(),
+            )
+        )
         routes = self._routes_in(channel_name, command.chat)
         if not routes:
             log.info("ignoring /taskcard from an unrouted chat %s:%s", channel_name, command.chat)
@@ -523,3 +539,19 @@ class Service:
             extra = f" — delivery disabled: {disabled}" if disabled else ""
             lines.append(f"• {route.key.agent_id}: {monitor.activity.state}; {card_text}{extra}")
         return "\n".join(lines)
+
+    # Observing ---------------------------------------------------------------------------
+
+    def snapshot(self) -> ServiceSnapshot:
+        """The levels metrics and `/healthz` report, read now (on the loop)."""
+        now = self._clock().timestamp()
+        return ServiceSnapshot(
+            running=self._running,
+            channels=tuple(self._channels),
+            ready_channels=tuple(n for n in self._channels if n in self._ready_channels),
+            agents_watched=len(self._monitors),
+            agents_faulted=sum(1 for m in self._monitors.values() if m.card.error_code),
+            active_pauses=sum(1 for until in self._store.pauses().values() if until > now),
+            lane_depths=self._scheduler.lane_depths(),
+            notices=self._store.notice_counts(),
+        )

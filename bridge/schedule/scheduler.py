@@ -224,6 +224,15 @@ class RouteScheduler:
             lane.texts or lane.text_in_flight for lane in self._lanes.values()
         )
 
+    def lane_depths(self) -> dict[tuple[str, str], int]:
+        """Per lane (channel, chat id): routes with undelivered bytes plus queued texts."""
+        depths = {key: len(lane.texts) for key, lane in self._lanes.items()}
+        for resident in self._residents.values():
+            if resident.pending:
+                lane_key = (resident.key.channel, resident.key.chat.chat_id)
+                depths[lane_key] = depths.get(lane_key, 0) + 1
+        return depths
+
     # Lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:

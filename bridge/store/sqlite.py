@@ -84,6 +84,17 @@ class StateHealth:
     waiting_writes: int
 
 
+@dataclass(frozen=True)
+class SeenChat:
+    """A chat (and forum topic) the bot received a command from, routed or not."""
+
+    channel: str
+    chat_id: str
+    thread_id: str | None
+    title: str | None
+    last_seen: float
+
+
 class StateStore(ABC):
     """Everything the service must remember across restarts."""
 
@@ -170,6 +181,17 @@ class StateStore(ABC):
     @abstractmethod
     def set_pause(self, scope: str, until_epoch: float) -> None: ...
 
+    # What operators read: notices by state, and where commands came from -----------------
+    @abstractmethod
+    def notice_counts(self) -> dict[str, int]: ...
+
+    @abstractmethod
+    def record_chat(self, chat: SeenChat) -> None:
+        """Remember (or refresh) a chat commands came from; a known title is kept."""
+
+    @abstractmethod
+    def seen_chats(self) -> list[SeenChat]: ...
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS residents (
@@ -207,6 +229,14 @@ CREATE TABLE IF NOT EXISTS offsets (
 );
 CREATE TABLE IF NOT EXISTS cursors (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS pauses (scope TEXT PRIMARY KEY, until_epoch REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS seen_chats (
+    channel TEXT NOT NULL,
+    chat_id TEXT NOT NULL,
+    thread_id TEXT NOT NULL DEFAULT '',
+    title TEXT,
+    last_seen REAL NOT NULL,
+    PRIMARY KEY (channel, chat_id, thread_id)
+);
 """
 
 STATE_FILE = "state.sqlite3"
@@ -657,6 +687,39 @@ class SqliteStore(StateStore):
             )
 
         self._write(("pause", scope), op)
+
+    def notice_counts(self) -> dict[str, int]:
+        rows = self._db.execute("SELECT state, COUNT(*) AS n FROM notices GROUP BY state")
+        return {str(row["state"]): int(row["n"]) for row in rows}
+
+    def record_chat(self, chat: SeenChat) -> None:
+        def op(db: sqlite3.Connection) -> None:
+            db.execute(
+                "INSERT INTO seen_chats (channel, chat_id, thread_id, title, last_seen) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT(channel, chat_id, thread_id) DO UPDATE SET "
+                "title = COALESCE(excluded.title, title), last_seen = excluded.last_seen",
+                (chat.channel, chat.chat_id, chat.thread_id or "", chat.title, chat.last_seen),
+            )
+
+        self._write(("seen_chat", chat.channel, chat.chat_id, chat.thread_id or ""), op)
+
+    def seen_chats(self) -> list[SeenChat]:
+        try:
+            rows = self._db.execute(
+                "SELECT * FROM seen_chats ORDER BY last_seen DESC, channel, chat_id, thread_id"
+            ).fetchall()
+        except sqlite3.OperationalError:
+            return []  # a read-only open of a state file from before this table
+        return [
+            SeenChat(
+                row["channel"],
+                row["chat_id"],
+                row["thread_id"] or None,
+                row["title"],
+                float(row["last_seen"]),
+            )
+            for row in rows
+        ]
 
 
 def _open_writable(path: Path) -> sqlite3.Connection:

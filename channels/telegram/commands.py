@@ -59,6 +59,7 @@ def command_from_update(update: Update, bot_username: str) -> IncomingCommand | 
         args=args,
         user_id=None if message.from_user is None else str(message.from_user.id),
         message_id=str(message.message_id),
+        chat_title=message.chat.effective_name,
     )
 
 

@@ -1,0 +1,50 @@
+"""The `[metrics]` section: where the metrics and health listener binds, if anywhere."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """`host:port` (`[v6]:port` for IPv6) as a (host, port) pair; ValueError names the fix."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f'{value!r} is not host:port; write for example "127.0.0.1:9464"')
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"{value!r}: {host!r} is not an IPv6 address") from None
+    elif ":" in host:
+        raise ValueError(f'{value!r}: put an IPv6 address in brackets, as "[::1]:9464"')
+    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise ValueError(f"{value!r}: the port must be a number from 1 to 65535")
+    return host, int(port_text)
+
+
+class MetricsConfig(BaseModel):
+    """Opt-in: without `listen`, the service opens no port for metrics."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    listen: str | None = Field(
+        default=None,
+        description=(
+            'host:port serving Prometheus /metrics and /healthz (e.g. "127.0.0.1:9464"); '
+            "unset: no listener. Bind to loopback unless a firewall guards the port."
+        ),
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_listen(value)
+        return value
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        return None if self.listen is None else parse_listen(self.listen)

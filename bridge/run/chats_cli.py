@@ -1,0 +1,98 @@
+"""`taskcard chats`: the chats and forum topics the bot has received commands from.
+
+Finding a chat id (and a topic's thread id) is the first hurdle of a new route: the service
+records every chat a `/taskcard` arrives from, routed or not, so an operator sends the command
+once in the chat and reads the id here instead of digging it out of an API response.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bridge.config import ServiceConfig
+from bridge.deliver.registry import route_specs
+from bridge.run.serve_cli import EXIT_CONFIG, _load
+from bridge.store.sqlite import STATE_FILE, SqliteStore
+
+
+def seen_chats_report(config: ServiceConfig) -> list[dict[str, Any]]:
+    """Every chat seen, newest first, with whether a route of this config covers it."""
+    path = config.state_dir / STATE_FILE
+    if not path.exists():
+        return []
+    routed = {
+        (spec.channel, spec.chat.chat_id, spec.chat.thread_id) for spec in route_specs(config)
+    }
+    store = SqliteStore(path, readonly=True)
+    try:
+        chats = store.seen_chats()
+    finally:
+        store.close()
+    return [
+        {
+            "channel": chat.channel,
+            "chat_id": chat.chat_id,
+            "thread_id": chat.thread_id,
+            "title": chat.title,
+            "last_seen": datetime.fromtimestamp(chat.last_seen, UTC)
+            .isoformat(timespec="seconds")
+            .replace("+00:00", "Z"),
+            "routed": (chat.channel, chat.chat_id, chat.thread_id) in routed,
+        }
+        for chat in chats
+    ]
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    header = ("CHANNEL", "CHAT ID", "THREAD", "TITLE", "LAST SEEN", "ROUTED")
+    lines = [
+        (
+            row["channel"],
+            row["chat_id"],
+            row["thread_id"] or "-",
+            row["title"] or "-",
+            row["last_seen"],
+            "yes" if row["routed"] else "no",
+        )
+        for row in rows
+    ]
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *lines, strict=True)]
+    return "\n".join(
+        "  ".join(str(cell).ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in (header, *lines)
+    )
+
+
+def _chats(args: argparse.Namespace) -> int:
+    config = _load(Path(args.config))
+    if config is None:
+        return EXIT_CONFIG
+    rows = seen_chats_report(config)
+    if args.json:
+        print(json.dumps(rows, indent=2, ensure_ascii=False))
+    elif not rows:
+        print(
+            "No command seen yet. With `taskcard serve` running, send /taskcard in the chat "
+            "(or forum topic), then run this again."
+        )
+    else:
+        print(_table(rows))
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "chats",
+        help="list the chats and topics the bot has received /taskcard from (to find ids)",
+        description=(
+            "List every chat and forum topic a /taskcard command arrived from while the "
+            "service ran, routed or not: channel, chat id, thread id, title, last seen."
+        ),
+    )
+    parser.add_argument("--config", "-c", required=True, help="the TOML configuration")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(handler=_chats)

@@ -1,0 +1,242 @@
+"""What an operator's tools see of a running `taskcard serve`: metrics, health, status, chats.
+
+The service runs as a subprocess with a config file, against the fake Telegram Bot API in the
+test's loop; everything is read the way an operator reads it: HTTP requests to the metrics
+listener, `taskcard status` and `taskcard chats` on the command line, and systemd's readiness
+datagrams on a real unix socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import httpx
+import pytest
+
+from tests.e2e.harness import ServeProcess, eventually, publish, run_cli
+from tests.fakes.telegram_api import FakeTelegram
+
+T = TypeVar("T")
+GROUP = -1001234567890
+UNROUTED = -1009876543210
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram() as server:
+        yield server
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def write_config(tmp_path: Path, api_base_url: str, metrics_port: int | None) -> Path:
+    (tmp_path / "agents" / "builder").mkdir(parents=True, exist_ok=True)
+    lines = [
+        'state_dir = ".taskcard"',
+        "[[agents]]",
+        'id = "builder"',
+        'workdir = "agents/builder"',
+        "[telegram]",
+        'token_env = "TC_TEST_TOKEN"',
+        f'api_base_url = "{api_base_url}"',
+        "poll_timeout_s = 1",
+        "[[telegram.routes]]",
+        f"chat_id = {GROUP}",
+        'agents = ["builder"]',
+    ]
+    if metrics_port is not None:
+        lines += ["[metrics]", f'listen = "127.0.0.1:{metrics_port}"']
+    config = tmp_path / "taskcard.toml"
+    config.write_text("\n".join(lines) + "\n")
+    return config
+
+
+def sample(metrics_text: str, name: str, **labels: str) -> float | None:
+    """The value of one sample in Prometheus text, or None when it is absent."""
+    for line in metrics_text.splitlines():
+        match = re.fullmatch(r"([a-zA-Z_:][\w:]*)(?:\{(.*)\})? (\S+)", line)
+        if match is None or match.group(1) != name:
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
+        if all(found.get(k) == v for k, v in labels.items()):
+            return float(match.group(3))
+    return None
+
+
+async def until(
+    probe: Callable[[], Awaitable[T | None]], *, what: str, timeout_s: float = 60.0
+) -> T:
+    """Await `probe` until it returns a value; fail with `what` after a generous timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = await probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+async def get(url: str) -> httpx.Response | None:
+    """A GET that answers None while the listener is not up yet."""
+    try:
+        async with httpx.AsyncClient(timeout=10.0) as client:
+            return await client.get(url)
+    except httpx.TransportError:
+        return None
+
+
+async def test_metrics_count_deliveries_and_healthz_is_ok(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    config = write_config(tmp_path, fake.base_url, port)
+    with ServeProcess(config, env={"TC_TEST_TOKEN": fake.token}) as serve:
+        await until(lambda: _get_ok(serve, base + "/healthz"), what="a healthy service")
+        before = await until(lambda: get(base + "/metrics"), what="/metrics")
+        assert before.headers["content-type"].startswith("text/plain")
+        assert sample(before.text, "taskcard_requests_total", operation="send") is None
+        assert sample(before.text, "taskcard_agents_watched") == 1.0
+        assert sample(before.text, "taskcard_channel_ready", channel="telegram") == 1.0
+
+        publish(tmp_path / "agents" / "builder", "**compile** 1/3")
+        await eventually(lambda: fake.bot_messages(GROUP), what="the card in the chat")
+        after = await until(
+            lambda: _metrics_with(base, "taskcard_requests_total", operation="send"),
+            what="the send counted",
+        )
+        labels = {"channel": "telegram", "operation": "send", "outcome": "ok"}
+        assert sample(after, "taskcard_requests_total", **labels) == 1.0
+        delivered = sample(after, "taskcard_last_delivery_timestamp_seconds", channel="telegram")
+        assert delivered is not None and abs(delivered - time.time()) < 3600
+        assert sample(after, "taskcard_agents_faulted") == 0.0
+        assert sample(after, "taskcard_active_pauses") == 0.0
+        assert fake.token not in after
+
+        healthz = await until(lambda: get(base + "/healthz"), what="/healthz")
+        assert healthz.status_code == 200
+        assert healthz.json() == {"status": "ok", "ready_channels": ["telegram"]}
+        assert await serve.aterminate() == 0
+    assert await get(base + "/healthz") is None, "the listener closes with the service"
+
+
+async def test_healthz_is_503_with_a_reason_while_no_channel_is_ready(tmp_path: Path) -> None:
+    port = free_port()
+    unreachable = f"http://127.0.0.1:{free_port()}"  # nothing listens: Telegram keeps retrying
+    config = write_config(tmp_path, unreachable, port)
+    with ServeProcess(config, env={"TC_TEST_TOKEN": "123:not-a-real-token"}) as serve:
+        healthz = await until(lambda: get(f"http://127.0.0.1:{port}/healthz"), what="/healthz")
+        assert healthz.status_code == 503
+        assert healthz.json()["status"] == "unavailable"
+        assert "no channel ready" in healthz.json()["reason"]
+        assert "not-a-real-token" not in healthz.text
+        assert await serve.aterminate() == 0
+
+
+async def test_status_says_whether_a_service_runs_on_the_state_dir(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    config = write_config(tmp_path, fake.base_url, None)
+    with ServeProcess(config, env={"TC_TEST_TOKEN": fake.token}) as serve:
+        assert serve.proc is not None
+        pid = serve.proc.pid
+        # Once it polls for commands the state file is set up (a bare new file is not yet).
+        await eventually(lambda: fake.waiting_pollers, what="the service polling")
+        text = await until(
+            lambda: _status_containing(config, f"service: running (pid {pid})"),
+            what="status to see the running service",
+        )
+        assert "not running" not in text
+        report = json.loads(_cli_ok("status", "--config", str(config), "--json"))
+        assert report["service"] == {"running": True, "pid": str(pid)}
+        assert await serve.aterminate() == 0
+    assert "service: not running" in _cli_ok("status", "--config", str(config))
+    report = json.loads(_cli_ok("status", "--config", str(config), "--json"))
+    assert report["service"] == {"running": False, "pid": None}
+
+
+async def test_systemd_is_told_ready_and_stopping(tmp_path: Path, fake: FakeTelegram) -> None:
+    config = write_config(tmp_path, fake.base_url, None)
+    notify_path = tmp_path / "notify.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify_socket:
+        notify_socket.bind(str(notify_path))
+        notify_socket.setblocking(False)
+        received: list[str] = []
+
+        async def datagram(expected: str) -> bool | None:
+            with contextlib.suppress(BlockingIOError):
+                received.append(notify_socket.recv(4096).decode())
+            return expected in received or None
+
+        env = {"TC_TEST_TOKEN": fake.token, "NOTIFY_SOCKET": str(notify_path)}
+        with ServeProcess(config, env=env) as serve:
+            await until(lambda: datagram("READY=1"), what="READY=1 on the notify socket")
+            assert "STOPPING=1" not in received
+            assert await serve.aterminate() == 0
+            await until(lambda: datagram("STOPPING=1"), what="STOPPING=1 on the notify socket")
+        assert received.index("READY=1") < received.index("STOPPING=1")
+
+
+async def test_chats_lists_chats_and_topics_commands_came_from(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    config = write_config(tmp_path, fake.base_url, None)
+    assert "No command seen yet" in _cli_ok("chats", "--config", str(config))
+    with ServeProcess(config, env={"TC_TEST_TOKEN": fake.token}) as serve:
+        fake.inject_command(UNROUTED, "/taskcard")
+        fake.inject_command(GROUP, "/taskcard", thread_id=7)
+        rows = await until(lambda: _chats_json(config, 2), what="two chats in `taskcard chats`")
+        assert await serve.aterminate() == 0
+    by_chat = {(row["chat_id"], row["thread_id"]): row for row in rows}
+    unrouted = by_chat[(str(UNROUTED), None)]
+    assert unrouted["channel"] == "telegram"
+    assert unrouted["title"] == f"Group {UNROUTED}"
+    assert unrouted["routed"] is False
+    assert by_chat[(str(GROUP), "7")]["routed"] is False  # the route is for the main chat
+    table = _cli_ok("chats", "--config", str(config))
+    header, *lines = table.splitlines()
+    assert header.split()[:3] == ["CHANNEL", "CHAT", "ID"]
+    unrouted_line = next(line for line in lines if str(UNROUTED) in line)
+    assert f"Group {UNROUTED}" in unrouted_line and unrouted_line.rstrip().endswith("no")
+
+
+async def _get_ok(serve: ServeProcess, url: str) -> bool | None:
+    assert serve.proc is not None and serve.proc.poll() is None, serve.logs
+    response = await get(url)
+    return True if response is not None and response.status_code == 200 else None
+
+
+async def _metrics_with(base: str, name: str, **labels: str) -> str | None:
+    response = await get(base + "/metrics")
+    if response is not None and sample(response.text, name, **labels):
+        return response.text
+    return None
+
+
+async def _status_containing(config: Path, needle: str) -> str | None:
+    text = _cli_ok("status", "--config", str(config))
+    return text if needle in text else None
+
+
+async def _chats_json(config: Path, count: int) -> list[dict[str, object]] | None:
+    rows: list[dict[str, object]] = json.loads(_cli_ok("chats", "--config", str(config), "--json"))
+    return rows if len(rows) >= count else None
+
+
+def _cli_ok(*args: str) -> str:
+    result = run_cli(*args)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
