@@ -33,7 +33,7 @@ from channels.base import Channel, ChatRef, IncomingCommand
 from channels.errors import ChannelError, RateLimited, Transient
 from producers.task_card.contract import Notification
 
-log = logging.getLogger("taskcard.service")
+log = logging.getLogger(__name__)
 
 _ROWS_ARG = re.compile(r"^\d{1,2}$")
 HELP_TEXT = (
