@@ -32,6 +32,7 @@ from pydantic import (
     model_validator,
 )
 
+from channels.base import TIMEZONE_HELP, TimeZoneName
 from channels.feishu.config import FeishuConfig
 from channels.telegram.config import TelegramConfig
 
@@ -91,6 +92,7 @@ class ConsoleConfig(BaseModel):
         default="auto",
         description='"auto": on exactly when no chat channel is configured; or true / false.',
     )
+    timezone: TimeZoneName = Field(default="UTC", description=TIMEZONE_HELP)
 
     @field_validator("enabled", mode="before")
     @classmethod

@@ -19,9 +19,9 @@ import logging
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 
-from bridge.compose.view import compose_view
+from bridge.compose.view import compose_view, route_zone
 from bridge.config import ServiceConfig
 from bridge.deliver.registry import BuiltChannel
 from bridge.notices.text import notice_text, safe_error_code
@@ -51,6 +51,7 @@ class Route:
     key: RouteKey
     pin: bool
     allowed_user_ids: frozenset[str] | None
+    zone: tzinfo = UTC
 
 
 class Service:
@@ -75,7 +76,10 @@ class Service:
             for spec in built.routes:
                 for agent_id in spec.agents:
                     route = Route(
-                        RouteKey(name, spec.chat, agent_id), spec.pin, spec.allowed_user_ids
+                        RouteKey(name, spec.chat, agent_id),
+                        spec.pin,
+                        spec.allowed_user_ids,
+                        route_zone(spec.timezone),
                     )
                     self._routes.append(route)
                     self._routes_by_agent.setdefault(agent_id, []).append(route)
@@ -246,6 +250,7 @@ class Service:
             hidden=prefs.hidden,
             activity_rows=prefs.activity_rows or self._config.display.activity_rows,
             now=self._clock(),
+            zone=route.zone,
         )
         self._scheduler.submit(route.key, channel.render_card(view))
 

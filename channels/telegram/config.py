@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from channels.base import RateLimit
+from channels.base import TIMEZONE_HELP, RateLimit, TimeZoneName
 
 
 class TelegramLimits(BaseModel):
@@ -35,6 +35,7 @@ class TelegramRoute(BaseModel):
     thread_id: int | None = Field(default=None, description="Forum topic (message_thread_id).")
     agents: list[str] = Field(min_length=1, description='Agent ids, or ["*"] for all agents.')
     pin: bool = Field(default=False, description="Pin the resident message (needs admin).")
+    timezone: TimeZoneName = Field(default="UTC", description=TIMEZONE_HELP)
     allowed_user_ids: list[int] | None = Field(
         default=None, description="Only these users may run /taskcard here; all when absent."
     )

@@ -239,3 +239,10 @@ def test_an_unknown_shell_is_a_usage_error(shell: str) -> None:
     result = taskcard("completion", shell)
     assert result.returncode == 2
     assert "invalid choice" in result.stderr
+
+
+def test_an_unknown_route_timezone_is_a_config_error_naming_the_key(tmp_path: Path) -> None:
+    config = console_config(tmp_path, AGENT, extra='[console]\ntimezone = "Mars/Olympus"\n')
+    result = taskcard("config", "check", str(config))
+    assert result.returncode == 2
+    assert "console.timezone" in result.stderr and "IANA" in result.stderr
