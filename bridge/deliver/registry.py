@@ -156,9 +156,13 @@ def _console(
 ) -> BuiltChannel | None:
     if not config.console_enabled:
         return None
-    from channels.console.channel import ConsoleChannel
+    from channels.console.channel import ConsoleChannel, ConsoleHeader, route_lines
 
-    return BuiltChannel(ConsoleChannel(), _routes_of(config, "console"), ())
+    header = ConsoleHeader(
+        agents=tuple(config.agent_ids()),
+        routes=route_lines([(s.channel, str(s.chat), s.agents) for s in route_specs(config)]),
+    )
+    return BuiltChannel(ConsoleChannel(header=header), _routes_of(config, "console"), ())
 
 
 _BUILDERS: dict[str, Builder] = {
