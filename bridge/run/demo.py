@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from bridge.config import parse_config
-from bridge.run.serve_cli import serve, setup_logging
+from bridge.run.logs import choose
+from bridge.run.serve_cli import add_log_options, serve, setup_logging
 from producers.task_card.contract import CardPaths, append_jsonl_line, atomic_write, utc_now_iso
 
 # Each demo agent keeps a snapshot of its own work; its renderer turns that into its card.
@@ -243,6 +244,7 @@ def run_demo(folder: str | None, duration_s: float | None) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    choose(args.log_level, args.log_format)
     return run_demo(args.dir, args.duration)
 
 
@@ -257,4 +259,5 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--dir", help="keep the demo fleet in this folder (default: temporary)")
     parser.add_argument("--duration", type=float, help="stop after this many seconds")
+    add_log_options(parser)
     parser.set_defaults(handler=_demo)

@@ -7,12 +7,15 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
 from bridge.cli import build_parser
+from bridge.config import parse_config
+from bridge.run.serve_cli import nothing_served
 from tests.e2e.harness import ROOT, ServeProcess, eventually
 
 
@@ -246,3 +249,28 @@ def test_an_unknown_route_timezone_is_a_config_error_naming_the_key(tmp_path: Pa
     result = taskcard("config", "check", str(config))
     assert result.returncode == 2
     assert "console.timezone" in result.stderr and "IANA" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("toml", "expected"),
+    [
+        ("", ["no [[agents]] are configured: nothing is served"]),
+        (
+            AGENT + "[console]\nenabled = false\n",
+            ["no routes are configured: no card reaches any chat"],
+        ),
+        (
+            AGENT
+            + '[[agents]]\nid = "idle"\nworkdir = "agents/idle"\n'
+            + '[telegram]\n[[telegram.routes]]\nchat_id = 5\nagents = ["builder"]\n',
+            ["agent 'idle' is in no route: its card is shown nowhere"],
+        ),
+        (AGENT, []),
+    ],
+)
+def test_nothing_served_warnings(tmp_path: Path, toml: str, expected: list[str]) -> None:
+    config = parse_config(tomllib.loads(toml), base_dir=tmp_path)
+    warnings = nothing_served(config)
+    assert len(warnings) == len(expected)
+    for warning, start in zip(warnings, expected, strict=True):
+        assert warning.startswith(start)
