@@ -25,10 +25,14 @@ def capture() -> Iterator[io.StringIO]:
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     saved = (logs._Settings.level, logs._Settings.fmt)
+    # setup_logging quiets the HTTP libraries; other tests read their debug records.
+    quieted = {name: logging.getLogger(name).level for name in logs._NOISY}
     stream = io.StringIO()
     yield stream
     root.handlers[:] = handlers
     root.setLevel(level)
+    for name, old in quieted.items():
+        logging.getLogger(name).setLevel(old)
     logs._Settings.level, logs._Settings.fmt = saved
 
 
