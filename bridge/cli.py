@@ -1,7 +1,10 @@
 """The `taskcard` command line: one parser, subcommands registered by the modules that own them.
 
 Each owner module exposes `register(subparsers)`, adding its subcommands with a `handler`
-default: a function from the parsed arguments to an exit code.
+default: a function from the parsed arguments to an exit code. The conventions live here, so
+every subcommand gets them: help text that shows each default, the exit codes below in
+`--help`, `--version`, and a command group given no subcommand prints its help and exits 2
+(a usage error, as argparse's own), whether that is `taskcard` alone or `taskcard card`.
 """
 
 from __future__ import annotations
@@ -10,6 +13,31 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from importlib import import_module
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Final
+
+EXIT_OK: Final = 0
+EXIT_RUNTIME: Final = 1
+EXIT_USAGE: Final = 2
+EXIT_ALREADY_RUNNING: Final = 3
+EXIT_UNREACHABLE: Final = 4
+EXIT_INTERRUPTED: Final = 130
+
+EXIT_CODES_EPILOG: Final = f"""\
+exit codes:
+  {EXIT_OK}    done
+  {EXIT_RUNTIME}    runtime failure (the service stopped on an error, a task card call failed)
+  {EXIT_USAGE}    usage or configuration error (bad arguments, invalid config, missing workdir
+       or secret)
+  {EXIT_ALREADY_RUNNING}    already running (a service on that state_dir, a host for that workdir)
+  {EXIT_UNREACHABLE}    no task card host could be reached or started
+  {EXIT_INTERRUPTED}  interrupted (Ctrl-C)
+
+environment:
+  TASKCARD_CONFIG      default for --config
+  TASKCARD_LOG_LEVEL   default for --log-level
+  TASKCARD_LOG_FORMAT  default for --log-format
+"""
 
 # Modules that contribute subcommands, in the order `taskcard --help` lists them.
 _COMMAND_MODULES = (
@@ -25,16 +53,88 @@ _COMMAND_MODULES = (
 Handler = Callable[[argparse.Namespace], int]
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps hand-wrapped epilogs and appends `(default: X)` to options that have a default.
+
+    Unlike `ArgumentDefaultsHelpFormatter` it leaves out defaults that say nothing (None,
+    False for a flag) and help that already names its default.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "%(default)" in text
+            or "default" in text
+            or default is None
+            or default is False
+            or default is argparse.SUPPRESS
+            or not action.option_strings
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    """Every parser of the command line, subcommands included, formats help the same way."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def print_help_handler(parser: argparse.ArgumentParser) -> Handler:
+    """The handler of a command group called without a subcommand: its help, exit 2."""
+
+    def show(args: argparse.Namespace) -> int:
+        del args
+        parser.print_help()
+        return EXIT_USAGE
+
+    return show
+
+
+def package_version() -> str:
+    try:
+        return version("taskcard")
+    except PackageNotFoundError:  # running from a checkout that was never installed
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="taskcard",
         description="Keep one truthful task card per agent in Telegram and Feishu chats.",
+        epilog=EXIT_CODES_EPILOG,
     )
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    subparsers.required = True
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    parser.set_defaults(handler=print_help_handler(parser))
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for name in _COMMAND_MODULES:
         import_module(name).register(subparsers)
+    _register_completion(subparsers)
     return parser
+
+
+def _register_completion(subparsers: Any) -> None:
+    completion = subparsers.add_parser(
+        "completion",
+        help="print a shell completion script",
+        description=(
+            "Print a completion script for the shell. Bash: "
+            "`taskcard completion bash > ~/.local/share/bash-completion/completions/taskcard`. "
+            "Zsh: `taskcard completion zsh > ~/.zfunc/_taskcard` (with ~/.zfunc in $fpath)."
+        ),
+    )
+    completion.add_argument("shell", choices=("bash", "zsh"), help="the shell to complete for")
+    completion.set_defaults(handler=_completion)
+
+
+def _completion(args: argparse.Namespace) -> int:
+    import shtab
+
+    print(shtab.complete(build_parser(), shell=args.shell))
+    return EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -44,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from pydantic import (
 )
 
 from bridge.observe.config import MetricsConfig
+from channels.base import TIMEZONE_HELP, TimeZoneName
 from channels.feishu.config import FeishuConfig
 from channels.telegram.config import TelegramConfig
 
@@ -100,6 +101,7 @@ class ConsoleConfig(BaseModel):
         default="auto",
         description='"auto": on exactly when no chat channel is configured; or true / false.',
     )
+    timezone: TimeZoneName = Field(default="UTC", description=TIMEZONE_HELP)
 
     @field_validator("enabled", mode="before")
     @classmethod

@@ -15,9 +15,10 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 AgentState = Literal["running", "idle", "waiting", "exited", "no output", "unknown"]
 Operation = Literal["send", "edit", "delete", "pin"]
@@ -191,6 +192,23 @@ def fit_view(view: CardView, size: Callable[[CardView], int], limit: int) -> Car
         else:
             high = middle - 1
     return best
+
+
+def check_timezone(name: str) -> str:
+    """An IANA time zone name the system knows (`Europe/Berlin`, `UTC`), else a fixable error."""
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(
+            f"{name!r} is not a known IANA time zone; use a name like 'UTC',"
+            " 'Europe/Berlin' or 'Asia/Shanghai'"
+        ) from None
+    return name
+
+
+# A route's `timezone`: every time on its cards is shown in this zone.
+TimeZoneName = Annotated[str, AfterValidator(check_timezone)]
+TIMEZONE_HELP = "IANA time zone of the times shown on this route's cards, e.g. Europe/Berlin."
 
 
 class RateLimit(BaseModel):

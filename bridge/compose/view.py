@@ -3,7 +3,8 @@
 Pure: the same inputs give the same view, so whether a resident message needs an edit is
 decided by comparing views, and the rules are table-tested. Times are absolute ("since 14:02
 UTC") rather than relative ("3 min ago"): a relative time would change every minute and force
-an edit that carries no news.
+an edit that carries no news. Every time on a card goes through `format_at`, in the route's
+time zone, so one card never mixes two formats or two zones.
 
 Automatic rows, most important first (a channel drops rows from the end to fit):
 state line, last movement, token usage, card health, then recent activity.
@@ -11,7 +12,8 @@ state line, last movement, token usage, card health, then recent activity.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
+from zoneinfo import ZoneInfo
 
 from bridge.compose.redact import redact
 from bridge.notices.text import safe_error_code
@@ -19,12 +21,20 @@ from bridge.track.monitor import ActivitySummary, CardState
 from channels.base import CardView
 
 
-def format_at(moment: datetime, now: datetime) -> str:
-    """`HH:MM UTC` on the day of `now`, with the date otherwise."""
-    moment, today = moment.astimezone(UTC), now.astimezone(UTC)
+def route_zone(name: str) -> tzinfo:
+    """The route's configured IANA zone (validated with the configuration)."""
+    return UTC if name == "UTC" else ZoneInfo(name)
+
+
+def format_at(moment: datetime, now: datetime, zone: tzinfo = UTC) -> str:
+    """The one format of a time on a card: `HH:MM ZONE` on the day of `now` in that zone,
+    `YYYY-MM-DD HH:MM ZONE` otherwise. ZONE is the zone's abbreviation at that moment
+    (`UTC`, `CET`, `CEST`) or its offset where it has none (`+08`)."""
+    moment, today = moment.astimezone(zone), now.astimezone(zone)
+    label = moment.tzname() or moment.strftime("%z")
     if moment.date() == today.date():
-        return f"{moment:%H:%M} UTC"
-    return f"{moment:%Y-%m-%d %H:%M} UTC"
+        return f"{moment:%H:%M} {label}"
+    return f"{moment:%Y-%m-%d %H:%M} {label}"
 
 
 def format_tokens(count: int) -> str:
@@ -35,29 +45,35 @@ def format_tokens(count: int) -> str:
     return f"{count / 1_000_000:.2f}M"
 
 
-def state_row(activity: ActivitySummary, now: datetime) -> str:
+def state_row(activity: ActivitySummary, now: datetime, zone: tzinfo = UTC) -> str:
     state, since = activity.state, activity.state_since
     turn = activity.turn_started_at
     if state == "running":
-        return f"▶ running, turn since {format_at(turn, now)}" if turn else "▶ running"
+        return f"▶ running, turn since {format_at(turn, now, zone)}" if turn else "▶ running"
     if state == "no output":
         row = "⏸ no output"
         if activity.last_event_at is not None:
-            row += f" since {format_at(activity.last_event_at, now)}"
-        return row + (f", turn since {format_at(turn, now)}" if turn else "")
+            row += f" since {format_at(activity.last_event_at, now, zone)}"
+        return row + (f", turn since {format_at(turn, now, zone)}" if turn else "")
     if state == "waiting":
-        return f"⏳ waiting for a person since {format_at(since, now)}" if since else "⏳ waiting"
+        return (
+            f"⏳ waiting for a person since {format_at(since, now, zone)}"
+            if since
+            else "⏳ waiting"
+        )
     if state == "idle":
-        return f"💤 idle since {format_at(since, now)}" if since else "💤 idle"
+        return f"💤 idle since {format_at(since, now, zone)}" if since else "💤 idle"
     if state == "exited":
-        return f"⏹ exited at {format_at(since, now)}" if since else "⏹ exited"
+        return f"⏹ exited at {format_at(since, now, zone)}" if since else "⏹ exited"
     return "❔ state unknown: no activity reported"
 
 
-def movement_row(activity: ActivitySummary, now: datetime) -> str | None:
+def movement_row(activity: ActivitySummary, now: datetime, zone: tzinfo = UTC) -> str | None:
     if activity.last_movement is None:
         return None
-    when = f" ({format_at(activity.last_movement_at, now)})" if activity.last_movement_at else ""
+    when = (
+        f" ({format_at(activity.last_movement_at, now, zone)})" if activity.last_movement_at else ""
+    )
     return f"last: {activity.last_movement}{when}"
 
 
@@ -71,24 +87,26 @@ def tokens_row(activity: ActivitySummary) -> str | None:
     )
 
 
-def health_row(card: CardState, now: datetime) -> str | None:
+def health_row(card: CardState, now: datetime, zone: tzinfo = UTC) -> str | None:
     parts: list[str] = []
     if card.status == "active" and card.body_changed_at is not None:
-        parts.append(f"card updated {format_at(card.body_changed_at, now)}")
+        parts.append(f"card updated {format_at(card.body_changed_at, now, zone)}")
     if card.error_code is not None:
-        since = f" since {format_at(card.error_since, now)}" if card.error_since else ""
+        since = f" since {format_at(card.error_since, now, zone)}" if card.error_since else ""
         parts.append(f"⚠ renderer error{since} ({safe_error_code(card.error_code)})")
     if card.exhausted:
         parts.append("refresh budget used up")
     return "; ".join(parts) if parts else None
 
 
-def body_slot(card: CardState, now: datetime) -> tuple[str | None, str | None]:
+def body_slot(card: CardState, now: datetime, zone: tzinfo = UTC) -> tuple[str | None, str | None]:
     """The programmable slot: (redacted body, note about the card)."""
     if card.status == "active" and card.body is not None:
         return redact(card.body), None
     if card.status == "inactive":
-        when = f" at {format_at(card.status_changed_at, now)}" if card.status_changed_at else ""
+        when = (
+            f" at {format_at(card.status_changed_at, now, zone)}" if card.status_changed_at else ""
+        )
         reason = ": refresh budget used up" if card.exhausted else ""
         return None, f"The task card stopped{when}{reason}."
     return None, "No task card is published."
@@ -102,24 +120,26 @@ def compose_view(
     hidden: bool,
     activity_rows: int,
     now: datetime,
+    zone: tzinfo = UTC,
     ledger_line: str | None = None,
 ) -> CardView:
-    """The view of one agent for one route (`ledger_line`: the workdir ledger's state row)."""
-    rows = [state_row(activity, now)]
+    """The view of one agent for one route, its times in the route's `zone` (`ledger_line`:
+    the workdir ledger's state row)."""
+    rows = [state_row(activity, now, zone)]
     for row in (
-        movement_row(activity, now),
+        movement_row(activity, now, zone),
         ledger_line,
         tokens_row(activity),
-        health_row(card, now),
+        health_row(card, now, zone),
     ):
         if row is not None:
             rows.append(row)
     # The newest movement is already the "last:" row.
     recent = activity.recent[1 : 1 + max(0, activity_rows)]
-    rows.extend(f"· {row}" for row in recent)
+    rows.extend(f"· {format_at(at, now, zone)} {row}" for row, at in recent)
     if activity.skipped_lines:
         rows.append(f"activity log: {activity.skipped_lines} unreadable lines skipped")
-    body, note = body_slot(card, now)
+    body, note = body_slot(card, now, zone)
     return CardView(
         agent_id=agent_id,
         state=activity.state,

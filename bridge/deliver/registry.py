@@ -27,6 +27,7 @@ class RouteSpec:
     agents: tuple[str, ...]  # already expanded from "*"
     pin: bool = False
     allowed_user_ids: frozenset[str] | None = None
+    timezone: str = "UTC"  # IANA name, already validated
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ def route_specs(config: ServiceConfig) -> list[RouteSpec]:
                     _expand(t.agents, config),
                     t.pin,
                     _allowed(t.allowed_user_ids),
+                    t.timezone,
                 )
             )
     if config.feishu is not None:
@@ -83,12 +85,20 @@ def route_specs(config: ServiceConfig) -> list[RouteSpec]:
                     _expand(f.agents, config),
                     f.pin,
                     _allowed(f.allowed_user_ids),
+                    f.timezone,
                 )
             )
     if config.console_enabled:
         from channels.console.channel import CONSOLE_CHAT
 
-        specs.append(RouteSpec("console", CONSOLE_CHAT, tuple(config.agent_ids())))
+        specs.append(
+            RouteSpec(
+                "console",
+                CONSOLE_CHAT,
+                tuple(config.agent_ids()),
+                timezone=config.console.timezone,
+            )
+        )
     return specs
 
 
@@ -146,9 +156,13 @@ def _console(
 ) -> BuiltChannel | None:
     if not config.console_enabled:
         return None
-    from channels.console.channel import ConsoleChannel
+    from channels.console.channel import ConsoleChannel, ConsoleHeader, route_lines
 
-    return BuiltChannel(ConsoleChannel(), _routes_of(config, "console"), ())
+    header = ConsoleHeader(
+        agents=tuple(config.agent_ids()),
+        routes=route_lines([(s.channel, str(s.chat), s.agents) for s in route_specs(config)]),
+    )
+    return BuiltChannel(ConsoleChannel(header=header), _routes_of(config, "console"), ())
 
 
 _BUILDERS: dict[str, Builder] = {

@@ -1,10 +1,12 @@
 """`taskcard demo`: the service on its embedded defaults, with a small simulated fleet.
 
-It needs no credentials and nothing but this package: it creates two agent workdirs, each with
-a renderer that reads a progress snapshot, starts a real `task_card` watch in each (through the
-producer's Python API), feeds their activity logs like an agent host would, and runs the
-projection service with the console channel until interrupted or `--duration` passes. On the
-way out it removes both cards, as an agent would when its work is done.
+It needs no credentials and nothing but this package: it creates two agent workdirs (one agent
+runs a test suite, the other migrates data, with their own phases, tool calls and token use),
+each with its own renderer reading the agent's progress snapshot, starts a real `task_card`
+watch in each (through the producer's Python API), feeds their activity logs like an agent
+host would, and runs the projection service with the console channel until interrupted or
+`--duration` passes. On the way out it removes both cards, as an agent would when its work is
+done.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import copy
 import json
 import os
 import signal
@@ -21,57 +24,152 @@ from pathlib import Path
 from typing import Any
 
 from bridge.config import parse_config
-from bridge.run.serve_cli import serve, setup_logging
+from bridge.run.logs import choose
+from bridge.run.serve_cli import add_log_options, serve, setup_logging
 from producers.task_card.contract import CardPaths, append_jsonl_line, atomic_write, utc_now_iso
 
-RENDERER = '''\
-"""Demo renderer: a truthful card from the snapshot the (simulated) agent keeps."""
+# Each demo agent keeps a snapshot of its own work; its renderer turns that into its card.
+TESTER_RENDERER = '''\
+"""Demo renderer of the test runner: suites, counts, the failure being looked at."""
 import json
 from pathlib import Path
 
-snapshot = json.loads(Path("progress.json").read_text())
-done, total = snapshot["done"], snapshot["total"]
-bar = "#" * done + "." * (total - done)
-print(f"**{snapshot['goal']}**")
+s = json.loads(Path("progress.json").read_text())
+print(f"**{s['goal']}**")
 print()
-print(f"- progress: `{bar}` {done}/{total} steps")
-print(f"- current step: {snapshot['step']}")
-print(f"- next gate: {snapshot['gate']}")
-print(f"- blocker: {snapshot.get('blocker') or 'none'}")
+print("| suite | passed | failed |")
+print("|---|---|---|")
+for suite in s["suites"]:
+    print(f"| {suite['name']} | {suite['passed']} | {suite['failed']} |")
+print()
+print(f"- phase: {s['phase']}")
+if s.get("failure"):
+    print(f"- looking at: `{s['failure']}`")
 '''
 
+MIGRATOR_RENDERER = '''\
+"""Demo renderer of the data migration: rows copied, batches, the check that gates the switch."""
+import json
+from pathlib import Path
+
+s = json.loads(Path("progress.json").read_text())
+done, total = s["rows_done"], s["rows_total"]
+width = 20
+bar = "#" * (width * done // total) + "." * (width - width * done // total)
+print(f"**{s['goal']}**")
+print()
+print(f"- phase: {s['phase']}")
+print(f"- rows: `{bar}` {done:,} / {total:,}")
+print(f"- batch: {s['batch']}")
+print(f"- next gate: {s['gate']}")
+'''
+
+# One step of simulated work: the phase it belongs to, the tool it calls, how long the call
+# takes, the tokens the turn spends on it, and how the agent's snapshot changes afterwards.
+Step = tuple[str, str, float, tuple[int, int], dict[str, Any]]
+
+TESTER_STEPS: list[Step] = [
+    ("collect", "pytest --collect-only", 2.1, (1800, 120), {}),
+    ("unit tests", "pytest tests/unit", 14.2, (900, 80), {"suite": ("unit", 412, 0)}),
+    (
+        "integration tests",
+        "pytest tests/integration",
+        31.5,
+        (1100, 60),
+        {"suite": ("integration", 86, 2)},
+    ),
+    (
+        "triage",
+        "read tests/integration/test_export.py",
+        0.2,
+        (5200, 640),
+        {"failure": "test_export_utf16"},
+    ),
+    ("fix", "edit bridge/export.py", 0.3, (3400, 1900), {}),
+    ("re-run failures", "pytest --lf", 6.8, (700, 90), {"suite": ("integration", 88, 0)}),
+    ("coverage", "coverage report", 3.0, (600, 150), {"suite": ("coverage gate", 1, 0)}),
+]
+MIGRATOR_STEPS: list[Step] = [
+    ("snapshot", "pg_dump orders", 42.0, (400, 60), {"gate": "snapshot restored in staging"}),
+    ("schema", "alembic upgrade v3", 5.5, (2600, 700), {"gate": "schema diff empty"}),
+    ("copy", "copy_batch 1-40", 18.0, (300, 40), {"rows": 40}),
+    ("copy", "copy_batch 41-80", 17.2, (300, 40), {"rows": 80}),
+    ("copy", "copy_batch 81-120", 19.4, (300, 40), {"rows": 120}),
+    ("verify", "checksum orders v2 v3", 11.0, (1500, 420), {"gate": "checksums match"}),
+    ("switch", "flip read path to v3", 0.8, (900, 300), {"gate": "error rate under 0.1%"}),
+]
 AGENTS: dict[str, dict[str, Any]] = {
-    "builder": {"goal": "Build and test release 2.4", "total": 8, "gate": "all tests green"},
-    "reviewer": {"goal": "Review the 2.4 pull requests", "total": 5, "gate": "approvals"},
+    "tester": {
+        "renderer": TESTER_RENDERER,
+        "steps": TESTER_STEPS,
+        "snapshot": {"goal": "Run the 2.4 test suite", "phase": "starting", "suites": []},
+    },
+    "migrator": {
+        "renderer": MIGRATOR_RENDERER,
+        "steps": MIGRATOR_STEPS,
+        "snapshot": {
+            "goal": "Migrate orders to the v3 schema",
+            "phase": "starting",
+            "rows_done": 0,
+            "rows_total": 1_200_000,
+            "batch": "none yet",
+            "gate": "snapshot restored in staging",
+        },
+    },
 }
-STEPS = ["fetch sources", "compile", "unit tests", "lint", "package", "integration", "sign"]
+BATCH_ROWS = 10_000
 
 
 def _event(workdir: Path, kind: str, **fields: Any) -> None:
     append_jsonl_line(CardPaths(workdir).events, {"ts": utc_now_iso(), "kind": kind, **fields})
 
 
-def _snapshot(workdir: Path, agent: dict[str, Any], done: int) -> None:
-    step = STEPS[done % len(STEPS)]
-    data = {**agent, "done": min(done, agent["total"]), "step": step}
-    atomic_write(workdir / "progress.json", json.dumps(data).encode())
+def _write_snapshot(workdir: Path, snapshot: dict[str, Any]) -> None:
+    atomic_write(workdir / "progress.json", json.dumps(snapshot).encode())
+
+
+def _advance(snapshot: dict[str, Any], phase: str, tool: str, change: dict[str, Any]) -> None:
+    """The agent's own bookkeeping after a step: what its renderer will show."""
+    snapshot["phase"] = phase
+    if "suite" in change:
+        name, passed, failed = change["suite"]
+        suites = [s for s in snapshot["suites"] if s["name"] != name]
+        snapshot["suites"] = [*suites, {"name": name, "passed": passed, "failed": failed}]
+        if not failed:
+            snapshot.pop("failure", None)
+    if "failure" in change:
+        snapshot["failure"] = change["failure"]
+    if "rows" in change:
+        snapshot["rows_done"] = min(change["rows"] * BATCH_ROWS, snapshot["rows_total"])
+        snapshot["batch"] = tool.removeprefix("copy_batch ")
+    if "gate" in change:
+        snapshot["gate"] = change["gate"]
 
 
 async def _simulate(workdirs: dict[str, Path], stop: asyncio.Event) -> None:
-    tick = 0
+    """Each agent works through its own steps, turn after turn, like an agent host reports."""
     for agent_id, workdir in workdirs.items():
         _event(workdir, "agent.start", pid=os.getpid())
         _event(workdir, "turn.start")
         _event(workdir, "text", text=f"{agent_id} picked up its task")
+    snapshots = {agent_id: copy.deepcopy(AGENTS[agent_id]["snapshot"]) for agent_id in workdirs}
+    tick = 0
     while not stop.is_set():
         for agent_id, workdir in workdirs.items():
             agent = AGENTS[agent_id]
+            steps: list[Step] = agent["steps"]
+            phase, tool, duration_s, (tokens_in, tokens_out), change = steps[tick % len(steps)]
             call_id = f"c{tick}"
-            name = STEPS[tick % len(STEPS)]
-            _event(workdir, "tool.start", call_id=call_id, name=name)
-            _event(workdir, "tool.end", call_id=call_id, ok=True, duration_s=1.5)
-            _event(workdir, "usage", input_tokens=1200, output_tokens=300)
-            _snapshot(workdir, agent, (tick // 2) % (agent["total"] + 1))
+            _event(workdir, "tool.start", call_id=call_id, name=tool)
+            _event(workdir, "tool.end", call_id=call_id, ok=True, duration_s=duration_s)
+            _event(workdir, "usage", input_tokens=tokens_in, output_tokens=tokens_out)
+            snapshot = snapshots[agent_id]
+            _advance(snapshot, phase, tool, change)
+            _write_snapshot(workdir, snapshot)
+            if tick % len(steps) == len(steps) - 1:  # the work is done: a new turn starts over
+                _event(workdir, "turn.end")
+                _event(workdir, "turn.start")
+                snapshots[agent_id] = copy.deepcopy(agent["snapshot"])
         tick += 1
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=3.0)
@@ -86,8 +184,8 @@ def _fleet(root: Path) -> Iterator[dict[str, Path]]:
     try:
         for agent_id, workdir in workdirs.items():
             workdir.mkdir(parents=True, exist_ok=True)
-            (workdir / "card.py").write_text(RENDERER)
-            _snapshot(workdir, AGENTS[agent_id], 0)
+            (workdir / "card.py").write_text(AGENTS[agent_id]["renderer"])
+            _write_snapshot(workdir, AGENTS[agent_id]["snapshot"])
             card = TaskCard(workdir, runtime_dir=root / "run")
             cards.append(card)
             result = card.call(
@@ -146,6 +244,7 @@ def run_demo(folder: str | None, duration_s: float | None) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    choose(args.log_level, args.log_format)
     return run_demo(args.dir, args.duration)
 
 
@@ -160,4 +259,5 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--dir", help="keep the demo fleet in this folder (default: temporary)")
     parser.add_argument("--duration", type=float, help="stop after this many seconds")
+    add_log_options(parser)
     parser.set_defaults(handler=_demo)

@@ -11,7 +11,7 @@ import os
 import signal
 import sqlite3
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,6 +22,7 @@ from bridge.deliver.registry import SecretMissing, build_channels, route_specs
 from bridge.observe.listener import MetricsListener
 from bridge.observe.metrics import MeteredChannel, ServiceMetrics
 from bridge.observe.sdnotify import READY, STOPPING, sd_notify
+from bridge.run.logs import LOG_FORMATS, LOG_LEVELS, choose, setup_logging
 from bridge.run.service import Service, ServiceFailed, agent_health_key, parse_agent_health
 from bridge.store.sqlite import (
     STATE_FILE,
@@ -36,38 +37,9 @@ EXIT_CONFIG = 2
 EXIT_RUNTIME = 1
 EXIT_ALREADY_RUNNING = 3
 
+log = logging.getLogger(__name__)
 
-class _ScrubSecrets(logging.Filter):
-    """Replaces every configured secret value in a log record, whatever logged it."""
-
-    def __init__(self, secrets: Iterable[str]) -> None:
-        super().__init__()
-        self._secrets = tuple(s for s in secrets if len(s) >= 4)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not self._secrets:
-            return True
-        message = record.getMessage()
-        scrubbed = message
-        for secret in self._secrets:
-            scrubbed = scrubbed.replace(secret, "***")
-        if scrubbed != message:
-            record.msg, record.args = scrubbed, None
-        return True
-
-
-def setup_logging(level: str, secrets: Iterable[str] = ()) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%dT%H:%M:%S")
-    )
-    handler.addFilter(_ScrubSecrets(secrets))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    # HTTP client libraries log request URLs, and a Telegram URL carries the bot token.
-    for noisy in ("httpx", "httpcore", "telegram", "Lark", "lark_oapi", "websockets", "watchfiles"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+__all__ = ["serve", "setup_logging"]
 
 
 def _load(path: Path) -> ServiceConfig | None:
@@ -150,7 +122,7 @@ async def serve(
                     loop.remove_signal_handler(signum)
         return 0
     except ServiceFailed as error:
-        logging.getLogger("taskcard").error("%s", error)
+        log.error("%s", error)
         return EXIT_RUNTIME
     finally:
         store.close()
@@ -209,7 +181,30 @@ class _ServeLock:
             self._fd = None
 
 
+def nothing_served(config: ServiceConfig) -> list[str]:
+    """Warnings for a configuration that runs but shows nothing (or leaves agents out)."""
+    if not config.agents:
+        return ["no [[agents]] are configured: nothing is served; add an agent and its workdir"]
+    specs = route_specs(config)
+    if not specs:
+        return [
+            "no routes are configured: no card reaches any chat; add [[telegram.routes]] or"
+            " [[feishu.routes]], or set console.enabled = true"
+        ]
+    routed = {agent for spec in specs for agent in spec.agents}
+    return [
+        f"agent {agent!r} is in no route: its card is shown nowhere"
+        for agent in config.agent_ids()
+        if agent not in routed
+    ]
+
+
+def _apply_log_options(args: argparse.Namespace) -> None:
+    choose(getattr(args, "log_level", None), getattr(args, "log_format", None))
+
+
 def _serve(args: argparse.Namespace) -> int:
+    _apply_log_options(args)
     if args.config is None:
         if args.check:
             print("taskcard: --check needs --config FILE", file=sys.stderr)
@@ -229,11 +224,31 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"{args.config}: valid")
         return 0
     setup_logging(config.log_level)
+    for warning in nothing_served(config):
+        log.warning("%s", warning)
     try:
         return asyncio.run(serve(config, os.environ))
     except Exception as error:
-        logging.getLogger("taskcard").exception("the service stopped on an error: %s", error)
+        log.exception("the service stopped on an error: %s", error)
         return EXIT_RUNTIME
+
+
+def _config_check(args: argparse.Namespace) -> int:
+    if args.file is None:
+        print("taskcard: no configuration file given (FILE or TASKCARD_CONFIG)", file=sys.stderr)
+        return EXIT_CONFIG
+    config = _load(Path(args.file))
+    if config is None:
+        return EXIT_CONFIG
+    specs = route_specs(config)
+    channels = sorted({spec.channel for spec in specs})
+    print(
+        f"{args.file}: valid; {len(config.agents)} agents, {len(specs)} routes"
+        + (f" ({', '.join(channels)})" if channels else "")
+    )
+    for warning in nothing_served(config):
+        print(f"warning: {warning}", file=sys.stderr)
+    return 0
 
 
 def _when(epoch: float | None) -> str | None:
@@ -388,27 +403,88 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_log_options(parser: argparse.ArgumentParser) -> None:
+    """`--log-level` and `--log-format`, defaulting to their TASKCARD_* variables."""
+    level = os.environ.get("TASKCARD_LOG_LEVEL", "").upper() or None
+    fmt = os.environ.get("TASKCARD_LOG_FORMAT", "").lower() or None
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default=level if level in LOG_LEVELS else None,
+        help="log verbosity (env TASKCARD_LOG_LEVEL; default: the config's log_level)",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=fmt if fmt in LOG_FORMATS else "text",
+        help="text for people, json for one object per line (env TASKCARD_LOG_FORMAT)",
+    )
+
+
+def _config_option(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    default = os.environ.get("TASKCARD_CONFIG") or None
+    parser.add_argument(
+        "--config",
+        "-c",
+        default=default,
+        required=required and default is None,
+        help="the TOML configuration (env TASKCARD_CONFIG)",
+    )
+
+
 def register(subparsers: Any) -> None:
     serve_parser = subparsers.add_parser(
         "serve",
         help="run the projection service",
         description=(
-            "Run the projection service. Without --config it runs on the embedded defaults: "
-            "a small demo fleet projected to this terminal (the same as `taskcard demo`)."
+            "Run the projection service. Without --config (or TASKCARD_CONFIG) it runs on the "
+            "embedded defaults: a small demo fleet projected to this terminal (the same as "
+            "`taskcard demo`)."
         ),
     )
-    serve_parser.add_argument("--config", "-c", help="the TOML configuration")
+    _config_option(serve_parser, required=False)
     serve_parser.add_argument(
         "--check",
         action="store_true",
         help="validate the configuration and the state file, then exit (2: invalid)",
     )
+    add_log_options(serve_parser)
     serve_parser.set_defaults(handler=_serve)
 
     status_parser = subparsers.add_parser(
         "status",
         help="print each route's resident message, last edit, pauses and pending notices",
     )
-    status_parser.add_argument("--config", "-c", required=True, help="the TOML configuration")
+    _config_option(status_parser, required=True)
     status_parser.add_argument("--json", action="store_true", help="machine-readable output")
     status_parser.set_defaults(handler=_status)
+
+    config_parser = subparsers.add_parser("config", help="work with configuration files")
+    config_actions = config_parser.add_subparsers(dest="config_action", metavar="ACTION")
+    check = config_actions.add_parser(
+        "check",
+        help="validate a configuration file without starting anything",
+        description=(
+            "Validate FILE: exit 0 when it can be served (with warnings for a configuration "
+            "that shows nothing), 2 with one line per problem otherwise."
+        ),
+    )
+    check.add_argument(
+        "file",
+        metavar="FILE",
+        nargs="?",
+        default=os.environ.get("TASKCARD_CONFIG") or None,
+        help="the TOML configuration (default: $TASKCARD_CONFIG)",
+    )
+    check.set_defaults(handler=_config_check)
+    config_parser.set_defaults(handler=_group_help(config_parser))
+
+
+def _group_help(parser: argparse.ArgumentParser) -> Any:
+    def show(args: argparse.Namespace) -> int:
+        del args
+        parser.print_help()
+        return EXIT_CONFIG
+
+    return show

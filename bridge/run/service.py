@@ -26,10 +26,10 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 
 from bridge.compose.redact import Redactor
-from bridge.compose.view import compose_view
+from bridge.compose.view import compose_view, route_zone
 from bridge.config import ServiceConfig
 from bridge.deliver.registry import BuiltChannel
 from bridge.notices.text import (
@@ -50,7 +50,7 @@ from channels.base import CardView, Channel, ChatRef, IncomingCommand, Outgoing
 from channels.errors import ChannelError, RateLimited, Transient
 from producers.task_card.contract import Notification
 
-log = logging.getLogger("taskcard.service")
+log = logging.getLogger(__name__)
 
 _ROWS_ARG = re.compile(r"^\d{1,2}$")
 # Shown instead of a card body that still spelled a configured secret after rendering (for
@@ -97,6 +97,7 @@ class Route:
     key: RouteKey
     pin: bool
     allowed_user_ids: frozenset[str] | None
+    zone: tzinfo = UTC
 
 
 class Service:
@@ -125,7 +126,10 @@ class Service:
             for spec in built.routes:
                 for agent_id in spec.agents:
                     route = Route(
-                        RouteKey(name, spec.chat, agent_id), spec.pin, spec.allowed_user_ids
+                        RouteKey(name, spec.chat, agent_id),
+                        spec.pin,
+                        spec.allowed_user_ids,
+                        route_zone(spec.timezone),
                     )
                     self._routes.append(route)
                     self._routes_by_agent.setdefault(agent_id, []).append(route)
@@ -365,6 +369,7 @@ class Service:
                 hidden=prefs.hidden,
                 activity_rows=prefs.activity_rows or self._config.display.activity_rows,
                 now=self._clock(),
+                zone=route.zone,
                 ledger_line=ledger_row(self._ledgers.summary(monitor.paths.workdir)),
             )
             self._scheduler.submit(route.key, self._render_card(channel, view))

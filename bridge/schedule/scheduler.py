@@ -48,7 +48,7 @@ from channels.errors import (
     Transient,
 )
 
-log = logging.getLogger("taskcard.scheduler")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-log = logging.getLogger("taskcard.store")
+log = logging.getLogger(__name__)
 
 NoticeState = Literal["pending", "delivered", "suppressed", "failed", "folded"]
 

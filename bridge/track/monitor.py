@@ -108,7 +108,7 @@ class ActivitySummary:
     turn_started_at: datetime | None = None
     tokens_in: int | None = None
     tokens_out: int | None = None
-    recent: tuple[str, ...] = ()
+    recent: tuple[tuple[str, datetime], ...] = ()  # (row, when), newest first
     skipped_lines: int = 0
     state_valid_until: datetime | None = None
     last_event_at: datetime | None = None
@@ -429,7 +429,7 @@ class ActivityTracker:
             turn_started_at=self._turn_started_at,
             tokens_in=self._tokens[0] if self._tokens else None,
             tokens_out=self._tokens[1] if self._tokens else None,
-            recent=tuple(f"{at:%H:%M:%S} {row}" for row, at in self._recent),
+            recent=tuple(self._recent),
             skipped_lines=self.skipped_lines,
             state_valid_until=valid_until,
             last_event_at=self._last_event_at,

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
-from telegram import Bot, LinkPreviewOptions, MessageEntity
+from telegram import Bot, BotCommand, LinkPreviewOptions, MessageEntity
 from telegram import error as tg
 
 from channels.base import (
@@ -41,6 +41,8 @@ BOT_SCOPE_KEY = "telegram:bot"
 # Requests to different chats run concurrently; the scheduler bounds how many.
 _POOL_SIZE = 64
 _NO_PREVIEW = LinkPreviewOptions(is_disabled=True)
+# The bot's command menu (the "/" button): people find `/taskcard` without reading docs.
+MENU_COMMANDS = (BotCommand("taskcard", "show the task cards' state; on, off, or 1-10 rows"),)
 
 
 def chat_scope_key(chat: ChatRef) -> str:
@@ -185,10 +187,18 @@ class TelegramChannel(Channel):
         self._username = bot.username
         _log.info("Telegram bot @%s connected", self._username)
         if self._config.commands:
+            await self._register_menu(bot)
             poller = CommandPoller(
                 bot, self._username, self._cursor, on_command, self._config.poll_timeout_s
             )
             self._poll_task = asyncio.create_task(poller.run(), name="telegram-command-poll")
+
+    async def _register_menu(self, bot: Bot) -> None:
+        """Put `/taskcard` in the command menu; a failure costs only the menu, not the start."""
+        try:
+            await bot.set_my_commands(MENU_COMMANDS)
+        except tg.TelegramError as exc:
+            _log.warning("registering the /taskcard menu command failed: %s", type(exc).__name__)
 
     async def stop(self) -> None:
         task, self._poll_task = self._poll_task, None

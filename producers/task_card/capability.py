@@ -129,6 +129,18 @@ def load_manual() -> str:
     return resources.files("producers.task_card").joinpath("SKILL.md").read_text("utf-8")
 
 
+def settings_result(paths: CardPaths) -> Result:
+    """The `settings` action: read-only, so callers need no host to answer it."""
+    try:
+        rows = show_rows(load_settings(paths))
+    except SettingsUnavailable as exc:
+        return _failed(
+            f"effective settings are unavailable: taskcard/{exc}. No rows are shown; "
+            "fix or delete taskcard/taskcard.json, then call settings again"
+        )
+    return {"status": "ok", "settings": rows, "settings_path": str(paths.settings)}
+
+
 class TaskCard:
     """The task card capability of one workdir. Use as a context manager or call `close()`."""
 
@@ -432,14 +444,7 @@ class TaskCard:
             }
 
     def settings(self) -> Result:
-        try:
-            rows = show_rows(load_settings(self.paths))
-        except SettingsUnavailable as exc:
-            return _failed(
-                f"effective settings are unavailable: taskcard/{exc}. No rows are shown; "
-                "fix or delete taskcard/taskcard.json, then call settings again"
-            )
-        return {"status": "ok", "settings": rows, "settings_path": str(self.paths.settings)}
+        return settings_result(self.paths)
 
     # ----------------------------------------------------------------- internals
 

@@ -2,8 +2,10 @@
 
 `bridge.cli` calls `register(subparsers)`; `python -m producers.task_card.cli` runs the same
 commands on their own (the detached host is started that way, so it never imports the
-projection service). Exit codes: 0 done, 1 the call was refused or failed, 3 a host already
-runs for the workdir, 4 no host could be reached.
+projection service). Exit codes: 0 done, 1 the call was refused or failed, 2 a usage error
+(a missing workdir, no action given), 3 a host already runs for the workdir, 4 no host could be
+reached. `card` prints a short summary for people; `--json` prints the result object.
+`card manual` and `card settings` only read files, so they answer without starting a host.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from producers.task_card.runtime import HostAlreadyRunning, HostPaths, default_r
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
+EXIT_USAGE: Final = 2
 EXIT_UNREACHABLE: Final = 4
 DEFAULT_IDLE_GRACE_S: Final = 120.0
 DEFAULT_LEDGER_CHECK_S: Final = 30.0
@@ -43,9 +46,55 @@ def _host_paths(args: argparse.Namespace) -> HostPaths:
     return HostPaths(runtime, Path(args.workdir).resolve())
 
 
-def _emit(result: dict[str, Any]) -> int:
-    print(json.dumps(result, indent=2, ensure_ascii=False))
+def _missing_workdir(args: argparse.Namespace) -> bool:
+    """Say so in one line when the workdir is not a directory (no host, no log to read)."""
+    workdir = Path(args.workdir).expanduser()
+    if workdir.is_dir():
+        return False
+    print(
+        f"taskcard: the workdir {workdir} does not exist or is not a directory;"
+        " create it or fix --workdir",
+        file=sys.stderr,
+    )
+    return True
+
+
+def _emit(result: dict[str, Any], as_json: bool = True) -> int:
+    if as_json:
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+    else:
+        print(summarize(result))
     return EXIT_FAILED if result.get("status") in FAILED_STATES else EXIT_OK
+
+
+def summarize(result: dict[str, Any]) -> str:
+    """A few lines for people: the outcome first, then what the result says about the watch."""
+    head = f"{result.get('action', 'call')}: {result.get('status', 'unknown')}"
+    if result.get("watch_id"):
+        head += f" (watch {result['watch_id']})"
+    lines = [head]
+    if result.get("message"):
+        lines.append(f"  {result['message']}")
+    if "refreshes_remaining" in result:
+        lines.append(
+            f"  refreshes: {result.get('refreshes_used')} of {result.get('max_refreshes')}"
+            f" used, {result['refreshes_remaining']} left"
+        )
+    if result.get("interval_s") is not None:
+        lines.append(f"  every {result['interval_s']:g} s, renderer {result.get('renderer_path')}")
+    if result.get("stop_reason"):
+        lines.append(f"  stopped: {result['stop_reason']}")
+    error = result.get("error")
+    if isinstance(error, dict):
+        lines.append(f"  error: {error.get('code')}: {error.get('message')}")
+    if result.get("last_body"):
+        body = str(result["last_body"]).strip().splitlines()
+        lines.append(f"  card ({len(body)} lines): {body[0] if body else ''}")
+    for row in result.get("settings") or ():
+        lines.append(f"  {row['key']} = {row['current']} (default {row['default']})")
+    if result.get("body_removed") is not None:
+        lines.append(f"  card body removed: {'yes' if result['body_removed'] else 'no'}")
+    return "\n".join(lines)
 
 
 def _call(args: argparse.Namespace, envelope: Any) -> dict[str, Any] | None:
@@ -57,6 +106,8 @@ def _call(args: argparse.Namespace, envelope: Any) -> dict[str, Any] | None:
 
 
 def run_tool(args: argparse.Namespace) -> int:
+    if _missing_workdir(args):
+        return EXIT_USAGE
     raw = args.envelope if args.envelope is not None else sys.stdin.read()
     try:
         envelope = json.loads(raw)
@@ -67,6 +118,21 @@ def run_tool(args: argparse.Namespace) -> int:
 
 
 def run_card(args: argparse.Namespace) -> int:
+    if args.card_action == "manual":
+        from producers.task_card.capability import load_manual
+
+        if args.json:
+            return _emit({"action": "manual", "status": "ok", "manual": load_manual()})
+        print(load_manual())
+        return EXIT_OK
+    if _missing_workdir(args):
+        return EXIT_USAGE
+    if args.card_action == "settings":
+        from producers.task_card.capability import settings_result
+        from producers.task_card.contract import CardPaths
+
+        paths = CardPaths(Path(args.workdir).resolve())
+        return _emit({"action": "settings", **settings_result(paths)}, args.json)
     payload: dict[str, Any] = {}
     if args.card_action == "start":
         payload["renderer_path"] = args.renderer_path
@@ -79,13 +145,12 @@ def run_card(args: argparse.Namespace) -> int:
     result = _call(args, envelope)
     if result is None:
         return EXIT_UNREACHABLE
-    if args.card_action == "manual" and result.get("status") == "ok":
-        print(result["manual"])
-        return EXIT_OK
-    return _emit(result)
+    return _emit(result, args.json)
 
 
 def run_host(args: argparse.Namespace) -> int:
+    if _missing_workdir(args):
+        return EXIT_USAGE
     paths = _host_paths(args)
     if args.detach:
         return _detach(args, paths)
@@ -159,14 +224,14 @@ def _detach(args: argparse.Namespace, paths: HostPaths) -> int:
 
 def run_mcp(args: argparse.Namespace) -> int:
     # Refused before the MCP handshake: a client would otherwise list tools that all fail.
-    workdir = Path(args.workdir)
+    workdir = Path(args.workdir).expanduser()
     if not workdir.is_dir() or not os.access(workdir, os.W_OK | os.X_OK):
         print(
             f"taskcard mcp: --workdir {args.workdir} is not a writable directory; "
             "pass the agent's working directory",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_USAGE
     import anyio
 
     from producers.task_card.mcp_server import serve_stdio
@@ -200,26 +265,44 @@ def register(subparsers: Any) -> None:
     tool.set_defaults(handler=run_tool)
 
     card = subparsers.add_parser("card", help="friendly forms of the task_card actions")
+    card.set_defaults(handler=_usage_help(card))
     actions = card.add_subparsers(dest="card_action", metavar="ACTION")
-    actions.required = True
     start = actions.add_parser("start", help="start the agent's one watch")
-    start.add_argument("renderer_path")
-    start.add_argument("--interval-s", dest="interval_s", type=float)
-    start.add_argument("--timeout-s", dest="timeout_s", type=float)
-    start.add_argument("--max-refreshes", dest="max_refreshes", type=int)
+    start.add_argument("renderer_path", help="the renderer, a Python file inside the workdir")
+    start.add_argument(
+        "--interval-s",
+        dest="interval_s",
+        type=float,
+        help="seconds between refreshes (default: the workdir's settings)",
+    )
+    start.add_argument(
+        "--timeout-s",
+        dest="timeout_s",
+        type=float,
+        help="time limit of one render, capped by the settings (default: the settings)",
+    )
+    start.add_argument(
+        "--max-refreshes",
+        dest="max_refreshes",
+        type=int,
+        help="refresh budget, capped by the settings (default: the settings)",
+    )
     for name, text in (
         ("inspect", "show a watch's state, body, error and budget"),
         ("retry", "render now"),
         ("stop", "pause: status inactive, body kept"),
     ):
         sub = actions.add_parser(name, help=text)
-        sub.add_argument("watch_id")
+        sub.add_argument("watch_id", help="the watch's id, as `start` printed it (tc_1)")
     actions.add_parser("remove", help="retire the card and delete its body")
     actions.add_parser("settings", help="show the five settings")
     actions.add_parser("manual", help="print the capability's manual")
     for sub in actions.choices.values():
         _common(sub)
-        sub.add_argument("--reasoning", default=CLI_REASONING)
+        sub.add_argument(
+            "--reasoning", default=CLI_REASONING, help="why, as recorded in the envelope"
+        )
+        sub.add_argument("--json", action="store_true", help="print the result as JSON")
         sub.set_defaults(handler=run_card)
 
     host = subparsers.add_parser("host", help="run a workdir's task card host")
@@ -237,6 +320,17 @@ def register(subparsers: Any) -> None:
     mcp = subparsers.add_parser("mcp", help="serve the task_card tool over MCP stdio")
     _common(mcp)
     mcp.set_defaults(handler=run_mcp)
+
+
+def _usage_help(parser: argparse.ArgumentParser) -> Any:
+    """A command group called without its subcommand prints its help: a usage error."""
+
+    def show(args: argparse.Namespace) -> int:
+        del args
+        parser.print_help()
+        return EXIT_USAGE
+
+    return show
 
 
 def main(argv: Sequence[str] | None = None) -> int:

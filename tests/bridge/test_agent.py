@@ -381,8 +381,8 @@ def test_recent_rows_are_newest_first_bounded_and_redacted(paths: CardPaths, clo
     mon.refresh()
     recent = mon.activity.recent
     assert len(recent) == 10
-    assert recent[0] == "12:00:20 using token=[redacted] next"
-    assert recent[1] == "12:00:11 step 11"
+    assert recent[0] == ("using token=[redacted] next", START + timedelta(seconds=20))
+    assert recent[1] == ("step 11", START + timedelta(seconds=11))
 
 
 def test_unknown_kinds_and_malformed_lines_are_counted(paths: CardPaths, clock: Clock) -> None:

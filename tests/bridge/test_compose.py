@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from bridge.compose.view import compose_view, format_at, format_tokens
+from bridge.compose.view import compose_view, format_at, format_tokens, route_zone
 from bridge.track.monitor import ActivitySummary, CardState
 from channels.base import CardView
 
@@ -26,7 +26,11 @@ RUNNING = ActivitySummary(
     last_movement="pytest: tests/",
     last_movement_at=at(15, 28),
     last_event_at=at(15, 28),
-    recent=("15:28:00 pytest: tests/", "15:20:00 read README", "15:10:00 turn started"),
+    recent=(
+        ("pytest: tests/", at(15, 28)),
+        ("read README", at(15, 20)),
+        ("turn started", at(15, 10)),
+    ),
 )
 
 CASES: list[tuple[str, CardState, ActivitySummary, int, CardView]] = [
@@ -42,8 +46,8 @@ CASES: list[tuple[str, CardState, ActivitySummary, int, CardView]] = [
                 "▶ running, turn since 15:00 UTC",
                 "last: pytest: tests/ (15:28 UTC)",
                 "card updated 15:20 UTC",
-                "· 15:20:00 read README",
-                "· 15:10:00 turn started",
+                "· 15:20 UTC read README",
+                "· 15:10 UTC turn started",
             ),
             body="**Build** 3/10 steps",
         ),
@@ -60,7 +64,7 @@ CASES: list[tuple[str, CardState, ActivitySummary, int, CardView]] = [
                 "▶ running, turn since 15:00 UTC",
                 "last: pytest: tests/ (15:28 UTC)",
                 "card updated 15:20 UTC",
-                "· 15:20:00 read README",
+                "· 15:20 UTC read README",
             ),
             body="**Build** 3/10 steps",
         ),
@@ -192,6 +196,43 @@ def test_format_at_uses_utc() -> None:
 
     local = datetime(2026, 3, 4, 17, 0, tzinfo=timezone(timedelta(hours=2)))
     assert format_at(local, NOW) == "15:00 UTC"
+
+
+@pytest.mark.parametrize(
+    ("moment", "zone", "text"),
+    [
+        (at(15, 0), "UTC", "15:00 UTC"),
+        (at(15, 0), "Europe/Berlin", "16:00 CET"),
+        (datetime(2026, 7, 4, 15, 0, tzinfo=UTC), "Europe/Berlin", "2026-07-04 17:00 CEST"),
+        (at(15, 0), "Asia/Shanghai", "23:00 CST"),
+        (at(15, 0), "Asia/Dubai", "19:00 +04"),
+        # Another day in the route's zone: the date is shown.
+        (at(15, 0, day=3), "UTC", "2026-03-03 15:00 UTC"),
+        (at(23, 0, day=3), "Asia/Tokyo", "2026-03-04 08:00 JST"),
+    ],
+)
+def test_format_at_in_the_route_zone(moment: datetime, zone: str, text: str) -> None:
+    # NOW is 15:30 UTC on the 4th: in Tokyo that is the 5th, so the 4th gets its date.
+    assert format_at(moment, NOW, route_zone(zone)) == text
+
+
+def test_every_time_on_a_card_uses_the_route_zone_and_one_format() -> None:
+    view = compose_view(
+        "b",
+        ACTIVE,
+        RUNNING,
+        hidden=False,
+        activity_rows=3,
+        now=NOW,
+        zone=route_zone("America/New_York"),
+    )
+    assert view.auto_rows == (
+        "▶ running, turn since 10:00 EST",
+        "last: pytest: tests/ (10:28 EST)",
+        "card updated 10:20 EST",
+        "· 10:20 EST read README",
+        "· 10:10 EST turn started",
+    )
 
 
 def test_unknown_error_codes_never_reach_the_chat() -> None:

@@ -39,6 +39,7 @@ def card(workdir: Path, runtime: Path, *args: str) -> dict[str, object]:
         str(runtime),
         "--idle-grace-s",
         "2",
+        "--json",
     )
     parsed: dict[str, object] = json.loads(result.stdout)
     return parsed

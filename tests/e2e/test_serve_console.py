@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.e2e.harness import ServeProcess, eventually, publish, run_cli, set_status
+from tests.e2e.harness import ServeProcess, eventually, notify, publish, run_cli, set_status
 
 
 def write_config(tmp_path: Path, extra: str = "") -> Path:
@@ -76,5 +76,25 @@ async def test_a_second_service_on_the_same_state_is_refused(tmp_path: Path) -> 
 def test_embedded_demo_runs_and_ends_cleanly() -> None:
     result = run_cli("demo", "--duration", "6")
     assert result.returncode == 0, result.stderr
-    assert "builder" in result.stdout and "reviewer" in result.stdout
-    assert "Build and test release 2.4" in result.stdout
+    out = result.stdout
+    assert "Ctrl-C to stop" in out and "2 agents: tester, migrator" in out
+    # Two different kinds of work, each with its own card and tools.
+    assert "Run the 2.4 test suite" in out and "Migrate orders to the v3 schema" in out
+    assert "pytest" in out and "pg_dump orders" in out
+    assert "**" not in out  # the cards' Markdown is rendered, not printed as source
+
+
+async def test_console_has_a_header_renders_markdown_and_shows_notices(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    builder = tmp_path / "agents" / "builder"
+    builder.mkdir(parents=True)
+    with ServeProcess(config) as serve:
+        await eventually(lambda: "Ctrl-C to stop" in serve.output, what="the header")
+        assert "2 agents: builder, reviewer" in serve.output
+        assert "console: builder, reviewer" in serve.output
+        publish(builder, "# Release\n\n- **compile** done\n- `tests` running")
+        await eventually(lambda: "compile done" in serve.output, what="the rendered card")
+        assert "**compile**" not in serve.output and "`tests`" not in serve.output
+        notify(builder, "n1", "error", code="renderer_timeout")
+        await eventually(lambda: "task card error" in serve.output, what="the notice")
+        assert serve.terminate() == 0

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import ServeProcess, eventually, notify, publish, run_cli
+from tests.e2e.harness import ServeProcess, activity, eventually, notify, publish, run_cli
 from tests.fakes.telegram_api import FakeLimits, FakeTelegram, Window, utf16_len
 
 GROUP = -1001234567890
@@ -94,6 +95,36 @@ async def test_first_card_creates_resident_and_changes_edit_it(
         assert fake.count("editMessageText") >= 1
         assert await serve.aterminate() == 0
     assert fake.token not in serve.logs
+
+
+async def test_taskcard_is_in_the_bot_command_menu(tmp_path: Path, fake: FakeTelegram) -> None:
+    with setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])]) as serve:
+        menu = await eventually(lambda: fake.my_commands.get(("default", "")), what="the menu")
+        assert [item["command"] for item in menu] == ["taskcard"]
+        assert "on, off" in menu[0]["description"]
+        assert await serve.aterminate() == 0
+
+
+async def test_times_on_the_card_are_in_the_route_timezone(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    serve = setup(
+        tmp_path, fake, ["builder"], [(GROUP, ["builder"])], allowed='timezone = "Asia/Tokyo"'
+    )
+    workdir = agent_dir(tmp_path, "builder")
+    with serve:
+        activity(workdir, "turn.start")
+        activity(workdir, "tool.start", call_id="c1", name="pytest")
+        publish(workdir, "**compile** 1/3")
+        text = await eventually(
+            lambda: next((t for t in shown(fake, GROUP) if "pytest" in t), None), what="card"
+        )
+        assert "running, turn since" in text
+        # Every time on the card, in one format and the route's zone.
+        times = re.findall(r"\b\d\d:\d\d(?::\d\d)?(?: [A-Z+0-9]+)?", text)
+        assert times and all(re.fullmatch(r"\d\d:\d\d JST", t) for t in times), times
+        assert "UTC" not in text
+        assert await serve.aterminate() == 0
 
 
 async def test_no_duplicate_after_sigkill_and_restart(tmp_path: Path, fake: FakeTelegram) -> None:

@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import json
 import math
+import re
 import signal
 import time
 from collections import deque
@@ -64,6 +65,7 @@ WEBHOOK_CONFLICT = (
     "use deleteWebhook to delete the webhook first"
 )
 MAX_TEXT_UTF16 = 4096
+_COMMAND_NAME = re.compile(r"[a-z0-9_]{1,32}")
 ENTITY_TYPES = frozenset(
     {
         "mention",
@@ -225,6 +227,8 @@ class FakeTelegram:
         self._drops: dict[str, int] = {}
         self.requests: list[RecordedRequest] = []
         self.webhook_url: str | None = None  # set: getUpdates answers 409 as Telegram does
+        # The bot's command menu per (scope type, language code), as setMyCommands left it.
+        self.my_commands: dict[tuple[str, str], list[Json]] = {}
         self.rate_limited: list[Recorded429] = []
 
     # ---------------------------------------------------------------- lifecycle
@@ -470,7 +474,8 @@ class FakeTelegram:
             "editMessageText": self._edit_message_text,
             "deleteMessage": self._delete_message,
             "pinChatMessage": self._pin_chat_message,
-            "setMyCommands": lambda p, c: True,
+            "setMyCommands": self._set_my_commands,
+            "getMyCommands": self._get_my_commands,
             "deleteWebhook": self._delete_webhook,
             "setWebhook": self._set_webhook,
             "close": lambda p, c: True,
@@ -601,6 +606,36 @@ class FakeTelegram:
         assert chat_id is not None
         self._existing(chat_id, params.get("message_id"), PIN_NOT_FOUND).pinned = True
         return True
+
+    @staticmethod
+    def _menu_key(params: Json) -> tuple[str, str]:
+        scope = params.get("scope")
+        if isinstance(scope, str):  # form-encoded requests carry JSON-serialized objects
+            scope = json.loads(scope)
+        kind = scope.get("type", "default") if isinstance(scope, dict) else "default"
+        return str(kind), str(params.get("language_code") or "")
+
+    def _set_my_commands(self, params: Json, chat_id: int | None) -> bool:
+        """Validates what the real API does: 1-100 commands, names 1-32 of [a-z0-9_]."""
+        commands = params.get("commands")
+        if isinstance(commands, str):
+            commands = json.loads(commands)
+        if not isinstance(commands, list) or len(commands) > 100:
+            raise ApiError(400, "Bad Request: can't parse commands JSON object")
+        for item in commands:
+            name = item.get("command") if isinstance(item, dict) else None
+            text = item.get("description") if isinstance(item, dict) else None
+            if not isinstance(name, str) or not _COMMAND_NAME.fullmatch(name):
+                raise ApiError(400, "Bad Request: BOT_COMMAND_INVALID")
+            if not isinstance(text, str) or not 1 <= len(text) <= 256:
+                raise ApiError(400, "Bad Request: command description is empty")
+        self.my_commands[self._menu_key(params)] = [
+            {"command": c["command"], "description": c["description"]} for c in commands
+        ]
+        return True
+
+    def _get_my_commands(self, params: Json, chat_id: int | None) -> list[Json]:
+        return list(self.my_commands.get(self._menu_key(params), []))
 
     def _set_webhook(self, params: Json, chat_id: int | None) -> bool:
         self.webhook_url = str(params.get("url") or "") or None

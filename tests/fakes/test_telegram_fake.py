@@ -151,3 +151,17 @@ async def test_a_delayed_send_exists_before_its_answer() -> None:
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
+
+
+async def test_set_my_commands_is_validated_and_read_back() -> None:
+    async with FakeTelegram() as fake:
+        menu = [{"command": "taskcard", "description": "show the cards"}]
+        status, body = await _call(fake, "setMyCommands", commands=menu)
+        assert (status, body["result"]) == (200, True)
+        status, body = await _call(fake, "getMyCommands")
+        assert body["result"] == menu
+        status, body = await _call(
+            fake, "setMyCommands", commands=[{"command": "Task-Card", "description": "x"}]
+        )
+        assert (status, body["description"]) == (400, "Bad Request: BOT_COMMAND_INVALID")
+        assert fake.my_commands[("default", "")] == menu

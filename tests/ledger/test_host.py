@@ -63,7 +63,7 @@ def test_completion_retires_the_ledger_card(
     workdir: Path, runtime_dir: Path, host: subprocess.Popen[bytes]
 ) -> None:
     ok(workdir, "init", "t", "--purpose", "Ship it", "--steps", "build")
-    command = [sys.executable, "-m", "bridge.cli", "card", "start", "ledger_renderer.py"]
+    command = [sys.executable, "-m", "bridge.cli", "card", "start", "--json", "ledger_renderer.py"]
     command += ["--workdir", str(workdir), "--runtime-dir", str(runtime_dir), "--interval-s", "60"]
     started = subprocess.run(
         command,

@@ -131,7 +131,8 @@ class CliHost:
         )
 
     def json(self, *args: str, stdin: str | None = None) -> dict[str, Any]:
-        done = self.run(*args, stdin=stdin)
+        """The parsed result; `card` prints it as JSON only when asked with `--json`."""
+        done = self.run(*args, *(("--json",) if args[0] == "card" else ()), stdin=stdin)
         result: dict[str, Any] = json.loads(done.stdout)
         return result
 

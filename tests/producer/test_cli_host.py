@@ -19,12 +19,15 @@ from .conftest import (
     write_renderer,
 )
 
+# A call through the host (`card settings` answers without one).
+SETTINGS = '{"action": "settings", "input": {}, "reasoning": "start a host"}'
+
 
 def test_a_watch_started_from_the_shell_keeps_refreshing_after_the_command_exits(
     workdir: Path, cli: CliHost
 ) -> None:
     write_renderer(workdir, "r.py", COUNTER_RENDERER)
-    done = cli.run("card", "start", "r.py", "--interval-s", "1")
+    done = cli.run("card", "start", "r.py", "--interval-s", "1", "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["status"] == "watching"
     wait_for(lambda: int((workdir / "count.txt").read_text()) >= 3)
@@ -48,7 +51,7 @@ def test_tool_takes_the_envelope_as_argument_or_stdin(workdir: Path, cli: CliHos
 
 
 def test_a_second_host_for_the_same_workdir_is_refused(workdir: Path, cli: CliHost) -> None:
-    cli.json("card", "settings")  # brings a host up
+    cli.json("tool", SETTINGS)  # brings a host up
     second = cli.run("host", timeout_s=60)
     assert second.returncode == 3
     assert "already runs" in second.stderr
@@ -57,7 +60,7 @@ def test_a_second_host_for_the_same_workdir_is_refused(workdir: Path, cli: CliHo
 def test_concurrent_starts_from_two_processes_exactly_one_wins(workdir: Path, cli: CliHost) -> None:
     write_renderer(workdir, "r.py", "import time\ntime.sleep(0.5)\nprint('# one card')\n")
     with ThreadPoolExecutor(2) as pool:
-        runs = list(pool.map(lambda _: cli.run("card", "start", "r.py"), range(2)))
+        runs = list(pool.map(lambda _: cli.run("card", "start", "r.py", "--json"), range(2)))
     statuses = sorted(json.loads(run.stdout)["status"] for run in runs)
     assert statuses == ["failed", "watching"]
 
@@ -93,7 +96,7 @@ def test_a_corrupt_descriptor_found_by_a_new_host_leaves_the_card_inactive(
     folder.mkdir()
     (folder / "watch.json").write_text("{ this is not json")
     (folder / "status").write_bytes(b"active")
-    cli.json("card", "settings")
+    cli.json("tool", SETTINGS)  # a host starts and finds the descriptor
     assert not (folder / "watch.json").exists()
     assert (folder / "status").read_bytes() == b"inactive"
 

@@ -1,0 +1,176 @@
+"""How the service's log lines look: one handler on stderr, text or JSON, scrubbed, not noisy.
+
+Every module logs through `logging.getLogger(__name__)`, so a record's name says where it came
+from (`bridge.schedule.scheduler`); this module only decides the shape of the line:
+
+- timestamps are ISO 8601 with milliseconds and the UTC offset, so lines from machines in
+  different zones (or a log shipper) sort and compare without guessing;
+- `json` writes one object per line (`ts`, `level`, `logger`, `message`, then any `extra=`
+  fields) for log pipelines; `text` is for people;
+- the configured secrets are replaced in the finished line, whatever format, whatever part of
+  the record (message, extra field, traceback) carried them;
+- a warning that repeats (a refresh failing every second) is let through once per interval
+  and per kind of message; the next one after the interval says how many were held back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+import time
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from typing import Any, Final, Literal, TextIO
+
+LogFormat = Literal["text", "json"]
+LOG_FORMATS: Final = ("text", "json")
+LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
+REPEAT_INTERVAL_S: Final = 60.0
+SECRET_MASK: Final = "***"
+
+# HTTP client libraries log request URLs, and a Telegram URL carries the bot token.
+_NOISY: Final = ("httpx", "httpcore", "telegram", "Lark", "lark_oapi", "websockets", "watchfiles")
+# Attributes every LogRecord has; anything else on a record came from `extra=`.
+_STANDARD_ATTRS: Final = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
+    "message",
+    "asctime",
+    "taskName",
+}
+_DIGITS: Final = re.compile(r"\d+")
+
+
+def iso_timestamp(created: float) -> str:
+    """`2026-11-30T14:02:03.123+00:00`: local time, milliseconds, explicit offset."""
+    return datetime.fromtimestamp(created).astimezone().isoformat(timespec="milliseconds")
+
+
+def _extras(record: logging.LogRecord) -> dict[str, Any]:
+    return {k: v for k, v in record.__dict__.items() if k not in _STANDARD_ATTRS}
+
+
+class TextFormatter(logging.Formatter):
+    """`TS LEVEL logger: message key=value ...` with the traceback, if any, below."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = f"{iso_timestamp(record.created)} {record.levelname} {record.name}: "
+        line += record.getMessage()
+        extras = _extras(record)
+        if extras:
+            line += " " + " ".join(f"{k}={v}" for k, v in extras.items())
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line; values that are not JSON become their `str`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        data: dict[str, Any] = {
+            "ts": iso_timestamp(record.created),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        data.update(_extras(record))
+        if record.exc_info:
+            data["exc"] = self.formatException(record.exc_info)
+        return json.dumps(data, ensure_ascii=False, default=str)
+
+
+class ScrubbingFormatter(logging.Formatter):
+    """Wraps a formatter and replaces every secret in the finished line."""
+
+    def __init__(self, inner: logging.Formatter, secrets: Iterable[str]) -> None:
+        super().__init__()
+        self._inner = inner
+        # Short values would match ordinary text; a secret is never that short.
+        self._secrets = tuple(sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True))
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = self._inner.format(record)
+        for secret in self._secrets:
+            line = line.replace(secret, SECRET_MASK)
+            # JSON escapes some characters; a secret containing them must match escaped too.
+            escaped = json.dumps(secret)[1:-1]
+            if escaped != secret:
+                line = line.replace(escaped, SECRET_MASK)
+        return line
+
+
+class RepeatLimiter(logging.Filter):
+    """Lets the first of a kind of warning through, then one per `interval_s` with a count.
+
+    Messages are of one kind when the logger, the level and the text with its numbers blanked
+    out agree ("refresh of builder failed (attempt 7)" and "... (attempt 8)"). Below WARNING
+    nothing is held back: debug output is asked for on purpose. A held-back count is reported
+    on the next message of its kind after the interval; `time_s` is injectable for tests.
+    """
+
+    def __init__(
+        self,
+        interval_s: float = REPEAT_INTERVAL_S,
+        *,
+        time_s: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        self._interval_s = interval_s
+        self._time_s = time_s
+        self._windows: dict[tuple[str, int, str], tuple[float, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        message = record.getMessage()
+        key = (record.name, record.levelno, _DIGITS.sub("#", message))
+        now = self._time_s()
+        window = self._windows.get(key)
+        if window is not None and now - window[0] < self._interval_s:
+            self._windows[key] = (window[0], window[1] + 1)
+            return False
+        suppressed = window[1] if window is not None else 0
+        self._windows[key] = (now, 0)
+        if suppressed:
+            record.msg = (
+                f"{message} ({suppressed} similar messages suppressed"
+                f" in the last {self._interval_s:g} s)"
+            )
+            record.args = None
+            record.suppressed = suppressed
+        return True
+
+
+class _Settings:
+    """The choices made on the command line, which outlive a later `setup_logging` call."""
+
+    level: str | None = None
+    fmt: LogFormat = "text"
+
+
+def choose(level: str | None, fmt: LogFormat | None) -> None:
+    """Record the command line's `--log-level` / `--log-format`; they win over the config."""
+    if level is not None:
+        _Settings.level = level
+    if fmt is not None:
+        _Settings.fmt = fmt
+
+
+def setup_logging(
+    level: str,
+    secrets: Iterable[str] = (),
+    *,
+    stream: TextIO | None = None,
+    repeat_interval_s: float = REPEAT_INTERVAL_S,
+) -> None:
+    """One handler on the root logger (stderr by default), replacing any earlier one."""
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    inner: logging.Formatter = JsonFormatter() if _Settings.fmt == "json" else TextFormatter()
+    handler.setFormatter(ScrubbingFormatter(inner, secrets))
+    handler.addFilter(RepeatLimiter(repeat_interval_s))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(_Settings.level or level)
+    for noisy in _NOISY:
+        logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -1,0 +1,276 @@
+"""The command line's conventions, checked by running `taskcard` as a user at a shell would."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+from bridge.cli import build_parser
+from bridge.config import parse_config
+from bridge.run.serve_cli import nothing_served
+from tests.e2e.harness import ROOT, ServeProcess, eventually
+
+
+def taskcard(
+    *args: str, env: dict[str, str] | None = None, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    environment = {
+        k: v for k, v in os.environ.items() if not k.startswith("TASKCARD_") or k.endswith("_DIR")
+    }
+    environment.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "bridge.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environment,
+        input=stdin,
+    )
+
+
+def console_config(tmp_path: Path, agents: str = "", extra: str = "") -> Path:
+    config = tmp_path / "taskcard.toml"
+    config.write_text('state_dir = ".taskcard"\n' + extra + agents)
+    return config
+
+
+AGENT = '[[agents]]\nid = "builder"\nworkdir = "agents/builder"\n'
+
+
+def test_no_arguments_prints_help_and_exits_2() -> None:
+    result = taskcard()
+    assert result.returncode == 2
+    assert "usage: taskcard" in result.stdout
+    assert "serve" in result.stdout and "card" in result.stdout
+
+
+def test_a_command_group_without_its_subcommand_prints_its_help_and_exits_2() -> None:
+    for group in ("card", "config"):
+        result = taskcard(group)
+        assert result.returncode == 2, group
+        assert f"usage: taskcard {group}" in result.stdout
+
+
+def test_version_comes_from_the_package_metadata() -> None:
+    result = taskcard("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"taskcard {version('taskcard')}"
+
+
+def test_help_lists_the_exit_codes_and_environment() -> None:
+    text = taskcard("--help").stdout
+    for line in ("0    done", "1    runtime failure", "2    usage or configuration error"):
+        assert line in text
+    assert "3    already running" in text and "4    no task card host" in text
+    assert "TASKCARD_CONFIG" in text and "TASKCARD_LOG_LEVEL" in text
+
+
+def _all_parsers(
+    parser: argparse.ArgumentParser, path: str = "taskcard"
+) -> list[tuple[str, argparse.ArgumentParser]]:
+    found = [(path, parser)]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += _all_parsers(sub, f"{path} {name}")
+    return found
+
+
+def test_every_option_has_help_and_shows_its_default() -> None:
+    parsers = _all_parsers(build_parser())
+    assert len(parsers) > 15
+    for path, parser in parsers:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction | argparse._HelpAction):
+                continue
+            assert action.help, f"{path}: {action.dest} has no help text"
+            meaningful = action.default not in (None, False, argparse.SUPPRESS)
+            if action.option_strings and meaningful:
+                text = parser.format_help()
+                assert "default" in text, f"{path}: {action.dest} does not show its default"
+    idle = taskcard("card", "start", "--help").stdout
+    assert "(default: .)" in idle  # --workdir
+    assert "(default: text)" in taskcard("serve", "--help").stdout  # --log-format
+
+
+def test_completion_scripts_for_bash_and_zsh() -> None:
+    bash = taskcard("completion", "bash")
+    assert bash.returncode == 0
+    assert "complete" in bash.stdout and "serve" in bash.stdout and "--workdir" in bash.stdout
+    checked = subprocess.run(["bash", "-n"], input=bash.stdout, text=True, capture_output=True)
+    assert checked.returncode == 0, checked.stderr
+    zsh = taskcard("completion", "zsh")
+    assert zsh.returncode == 0
+    assert zsh.stdout.startswith("#compdef taskcard")
+
+
+def test_config_check_reports_valid_invalid_and_empty(tmp_path: Path) -> None:
+    good = console_config(tmp_path, AGENT)
+    result = taskcard("config", "check", str(good))
+    assert result.returncode == 0, result.stderr
+    assert "valid; 1 agents, 1 routes (console)" in result.stdout
+    assert "warning" not in result.stderr
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[[agents]]\nid = 5\n")
+    result = taskcard("config", "check", str(bad))
+    assert result.returncode == 2
+    assert "agents[0].id" in result.stderr and "agents[0].workdir" in result.stderr
+
+    empty = tmp_path / "empty.toml"
+    empty.write_text("")
+    result = taskcard("config", "check", str(empty))
+    assert result.returncode == 0
+    assert "nothing is served" in result.stderr
+
+
+def test_config_check_takes_the_file_from_taskcard_config(tmp_path: Path) -> None:
+    config = console_config(tmp_path, AGENT)
+    result = taskcard("config", "check", env={"TASKCARD_CONFIG": str(config)})
+    assert result.returncode == 0, result.stderr
+    assert str(config) in result.stdout
+    assert taskcard("config", "check").returncode == 2
+
+
+async def test_an_empty_config_warns_in_json_logs_from_the_environment(tmp_path: Path) -> None:
+    config = console_config(tmp_path)
+    with ServeProcess(config, env={"TASKCARD_LOG_FORMAT": "json"}) as serve:
+        await eventually(lambda: "serving 0 agents" in serve.logs, what="the service start")
+        assert serve.terminate() == 0
+    records = [json.loads(line) for line in serve.logs.splitlines()]
+    warning = next(r for r in records if "nothing is served" in r["message"])
+    assert warning["level"] == "WARNING"
+    assert warning["logger"] == "bridge.run.serve_cli"
+    assert {"ts", "level", "logger", "message"} <= set(records[-1])
+
+
+def test_log_level_on_the_command_line_wins_over_the_config(tmp_path: Path) -> None:
+    config = console_config(tmp_path, AGENT, extra='log_level = "WARNING"\n')
+    (tmp_path / "agents" / "builder").mkdir(parents=True)
+    env = {"TASKCARD_CONFIG": str(config), "TASKCARD_LOG_LEVEL": "info"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bridge.cli", "serve", "--log-level", "INFO"],
+        cwd=ROOT,
+        env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        line = ""
+        while "serving 1 agents" not in line:
+            line = proc.stderr.readline()
+            assert line, f"the service exited with {proc.wait()}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        if proc.stderr is not None:
+            proc.stderr.close()
+    # ISO 8601 with milliseconds and an offset, then the level and the module's logger name.
+    stamp, level, name = line.split(" ")[:3]
+    assert len(stamp) == len("2026-11-30T14:02:03.123+00:00") and stamp[19] == "."
+    assert stamp[23] in "+-" and stamp[26] == ":"
+    assert (level, name) == ("INFO", "bridge.run.service:")
+
+
+def test_a_missing_workdir_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    for args in (
+        ("card", "inspect", "tc_1"),
+        ("card", "settings"),
+        ("card", "start", "card.py"),
+        ("tool", '{"action":"settings","input":{},"reasoning":"x"}'),
+        ("host",),
+    ):
+        result = taskcard(*args, "--workdir", str(missing), "--runtime-dir", str(tmp_path / "r"))
+        assert result.returncode == 2, (args, result.stderr)
+        assert result.stderr.count("\n") == 1, result.stderr
+        assert str(missing) in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "r").exists()  # nothing tried to start a host
+
+
+def test_card_manual_and_settings_answer_without_a_host(tmp_path: Path) -> None:
+    runtime = tmp_path / "run"
+    common = ("--workdir", str(tmp_path), "--runtime-dir", str(runtime))
+    manual = taskcard("card", "manual", *common)
+    assert manual.returncode == 0
+    assert "settings" in manual.stdout and "renderer" in manual.stdout
+    settings = taskcard("card", "settings", *common)
+    assert settings.returncode == 0, settings.stderr
+    assert settings.stdout.startswith("settings: ok")
+    assert "interval-s = 5.0 (default 5.0)" in settings.stdout
+    as_json = json.loads(taskcard("card", "settings", "--json", *common).stdout)
+    assert as_json["status"] == "ok" and len(as_json["settings"]) == 5
+    assert not runtime.exists()  # no host was started, so no socket directory either
+
+
+def test_card_commands_print_a_summary_or_json(tmp_path: Path) -> None:
+    (tmp_path / "card.py").write_text('print("**building** step 1")\n')
+    # A short idle grace: the host exits soon after the card is removed.
+    common = ("--workdir", str(tmp_path), "--runtime-dir", str(tmp_path / "run"))
+    common += ("--idle-grace-s", "1")
+    started = taskcard("card", "start", "card.py", "--interval-s", "30", *common)
+    try:
+        assert started.returncode == 0, started.stderr
+        first = started.stdout.splitlines()[0]
+        assert first.startswith("start: watching (watch tc_")
+        assert "refreshes:" in started.stdout and not started.stdout.lstrip().startswith("{")
+        watch_id = first.split("(watch ")[1].rstrip(")")
+        inspected = json.loads(taskcard("card", "inspect", watch_id, "--json", *common).stdout)
+        assert inspected["watch_id"] == watch_id and inspected["status"] == "watching"
+        human = taskcard("card", "inspect", watch_id, *common)
+        assert human.returncode == 0
+        assert "card (1 lines): **building** step 1" in human.stdout
+    finally:
+        removed = taskcard("card", "remove", *common)
+        assert removed.returncode == 0, removed.stderr
+        assert removed.stdout.startswith("remove: removed")
+
+
+@pytest.mark.parametrize("shell", ["fish"])
+def test_an_unknown_shell_is_a_usage_error(shell: str) -> None:
+    result = taskcard("completion", shell)
+    assert result.returncode == 2
+    assert "invalid choice" in result.stderr
+
+
+def test_an_unknown_route_timezone_is_a_config_error_naming_the_key(tmp_path: Path) -> None:
+    config = console_config(tmp_path, AGENT, extra='[console]\ntimezone = "Mars/Olympus"\n')
+    result = taskcard("config", "check", str(config))
+    assert result.returncode == 2
+    assert "console.timezone" in result.stderr and "IANA" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("toml", "expected"),
+    [
+        ("", ["no [[agents]] are configured: nothing is served"]),
+        (
+            AGENT + "[console]\nenabled = false\n",
+            ["no routes are configured: no card reaches any chat"],
+        ),
+        (
+            AGENT
+            + '[[agents]]\nid = "idle"\nworkdir = "agents/idle"\n'
+            + '[telegram]\n[[telegram.routes]]\nchat_id = 5\nagents = ["builder"]\n',
+            ["agent 'idle' is in no route: its card is shown nowhere"],
+        ),
+        (AGENT, []),
+    ],
+)
+def test_nothing_served_warnings(tmp_path: Path, toml: str, expected: list[str]) -> None:
+    config = parse_config(tomllib.loads(toml), base_dir=tmp_path)
+    warnings = nothing_served(config)
+    assert len(warnings) == len(expected)
+    for warning, start in zip(warnings, expected, strict=True):
+        assert warning.startswith(start)
