@@ -153,6 +153,13 @@ def decode_envelope(
     """
     size = len(raw) if isinstance(raw, bytes) else len(raw.encode("utf-8", "surrogatepass"))
     if size > max_bytes:
+        head = raw[: max_bytes + 1]
+        prefix = head.decode("utf-8", "replace") if isinstance(head, bytes) else head
+        if _nesting_depth(prefix, max_depth) > max_depth:  # name the worse problem
+            raise EnvelopeError(
+                f"{what}: nested deeper than {max_depth} levels (and over the "
+                f"{max_bytes}-byte limit); an envelope is a flat object"
+            )
         raise EnvelopeError(
             f"{what}: {size} bytes, over the {max_bytes}-byte limit; send a short envelope "
             "(put long detail in files the renderer reads)"
@@ -227,18 +234,25 @@ def check_unicode(text: str) -> str | None:
     return None
 
 
-def check_values(data: object, *, max_depth: int = MAX_ENVELOPE_DEPTH) -> str | None:
+def check_values(
+    data: object, *, max_depth: int = MAX_ENVELOPE_DEPTH, max_bytes: int = MAX_ENVELOPE_BYTES
+) -> str | None:
     """The first transport problem inside an already decoded value, or None.
 
     Iterative, so a hostile value nested thousands deep (the Python API accepts objects)
     costs a bounded walk, never a RecursionError. Catches what JSON escapes can smuggle past
-    the byte checks: `\\ud800` and `\\u0000` inside keys or strings.
+    the byte checks (`\\ud800` and `\\u0000` inside keys or strings), and applies the size
+    cap to objects that never were bytes (MCP arguments, Python callers), counting text.
     """
     stack: list[tuple[object, str, int]] = [(data, "envelope", 0)]
+    size = 0
     while stack:
         value, where, depth = stack.pop()
         if depth > max_depth:
             return f"nested deeper than {max_depth} levels; an envelope is a flat object"
+        size += len(value) if isinstance(value, str) else 1
+        if size > max_bytes:
+            return f"larger than the {max_bytes}-byte limit; send a short envelope"
         if isinstance(value, str):
             if "\0" in value:
                 return f"{where}: contains a NUL character; remove it"

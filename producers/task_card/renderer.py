@@ -178,10 +178,10 @@ def decide_doomed(
         while current is not None and current not in chain and len(chain) < 4096:
             if current in protected:
                 break
+            chain.append(current)
             if current in doomed or current in roots:
                 verdict = True
                 break
-            chain.append(current)
             entry = rows.get(current)
             current = entry.ppid if entry is not None and entry.ppid > 0 else None
         if verdict:
