@@ -190,8 +190,7 @@ def decode_envelope(
     except json.JSONDecodeError as exc:
         if exc.msg.startswith("Unterminated string") or exc.pos >= len(exc.doc.rstrip()):
             raise EnvelopeError(
-                f"{what}: not valid JSON, the text ends before the object is complete "
-                "(truncated?)"
+                f"{what}: not valid JSON, the text ends before the object is complete (truncated?)"
             ) from None
         raise EnvelopeError(
             f"{what}: not valid JSON at line {exc.lineno}, column {exc.colno}; "

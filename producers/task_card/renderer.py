@@ -43,7 +43,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Literal, Protocol
+from typing import ClassVar, Final, Literal, Protocol
 
 STDERR_TAIL_BYTES: Final = 4096
 _READ_CHUNK: Final = 65536
@@ -192,9 +192,9 @@ def decide_doomed(
 class _Fence:
     """Process-wide state of the sweep: running renderers and whether we are a subreaper."""
 
-    lock = threading.Lock()
-    live_leaders: set[int] = set()
-    subreaper = False
+    lock: ClassVar[threading.Lock] = threading.Lock()
+    live_leaders: ClassVar[set[int]] = set()
+    subreaper: ClassVar[bool] = False
 
 
 def become_subreaper() -> bool:

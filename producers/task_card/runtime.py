@@ -56,9 +56,7 @@ def ensure_private_dir(path: Path) -> None:
     try:
         info = os.lstat(path)
     except OSError as exc:
-        raise RuntimeDirUnsafe(
-            f"runtime dir {path} cannot be checked ({exc.strerror})"
-        ) from None
+        raise RuntimeDirUnsafe(f"runtime dir {path} cannot be checked ({exc.strerror})") from None
     problem = runtime_dir_problem(info.st_mode, info.st_uid, os.getuid())
     if problem is not None:
         raise RuntimeDirUnsafe(
@@ -119,8 +117,7 @@ class HostLock:
             fd = os.open(self._paths.lock, flags, 0o600)
         except OSError as exc:
             raise RuntimeDirUnsafe(
-                f"host lock {self._paths.lock} cannot be opened safely ({exc.strerror}); "
-                "remove it"
+                f"host lock {self._paths.lock} cannot be opened safely ({exc.strerror}); remove it"
             ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
