@@ -273,7 +273,9 @@ def _job_fields(parser: argparse.ArgumentParser) -> None:
 def _download_fields(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", help="the download's id")
     parser.add_argument("--bytes", type=int, help="bytes seen on disk")
-    parser.add_argument("--expected-bytes", dest="expected_bytes", type=int)
+    parser.add_argument(
+        "--expected-bytes", dest="expected_bytes", type=int, help="the download's full size"
+    )
     parser.add_argument("--complete", action="store_true", help="the download says it finished")
     parser.add_argument("--corrupt", action="store_true", help="a check found it corrupt")
 
@@ -299,34 +301,47 @@ def register(subparsers: Any) -> None:
         parser = commands.add_parser(name, help=text)
         _common(parser)
         if task == "required":
-            parser.add_argument("task_id")
+            parser.add_argument("task_id", help="the task's id in the ledger")
         elif task == "optional":
-            parser.add_argument("task_id", nargs="?")
+            parser.add_argument(
+                "task_id", nargs="?", help="the task's id (default: the ledger's only open task)"
+            )
         parser.set_defaults(handler=_guarded(handler))
         return parser
 
     init = add("init", run_init, "create a task (and a task card renderer for it)")
     init.add_argument("--purpose", required=True, help="what the task is for, one line")
     init.add_argument("--steps", help="the planned step ids, comma-separated")
-    for name in (
-        "nudge_after_sec",
-        "timeout_sec",
-        "heartbeat_every_sec",
-        "renotify_sec",
-        "external_max_wait_sec",
-    ):
-        init.add_argument("--" + name.replace("_", "-"), dest=name, type=float)
-    init.add_argument("--max-nudges", dest="max_nudges", type=int)
-    init.add_argument("--max-retries", dest="max_retries", type=int)
+    thresholds = {
+        "nudge_after_sec": "seconds without progress before the agent is nudged",
+        "timeout_sec": "seconds without progress before the task counts as stale",
+        "heartbeat_every_sec": "seconds between expected heartbeats while waiting",
+        "renotify_sec": "seconds before the same action is sent again",
+        "external_max_wait_sec": "longest wait on pending external work",
+    }
+    for name, text in thresholds.items():
+        init.add_argument(
+            "--" + name.replace("_", "-"), dest=name, type=float, help=text + " (default: policy)"
+        )
+    init.add_argument("--max-nudges", dest="max_nudges", type=int, help="nudges before escalating")
+    init.add_argument(
+        "--max-retries", dest="max_retries", type=int, help="retries before escalating"
+    )
     init.add_argument(
         "--no-renderer", action="store_true", help=f"do not write {RENDERER_FILE} in the workdir"
     )
 
     checkpoint = add("checkpoint", run_checkpoint, "record one observation")
-    checkpoint.add_argument("--event-type", dest="event_type", required=True, choices=EVENT_TYPES)
+    checkpoint.add_argument(
+        "--event-type",
+        dest="event_type",
+        required=True,
+        choices=EVENT_TYPES,
+        help="what was observed",
+    )
     checkpoint.add_argument("--step", help="the step that moved")
     checkpoint.add_argument("--note", help="what was observed (TASK_COMPLETED: the evidence)")
-    checkpoint.add_argument("--source", choices=SOURCES, default="executor")
+    checkpoint.add_argument("--source", choices=SOURCES, default="executor", help="who observed it")
     checkpoint.add_argument("--artifact", action="append", help="a delivered artifact (repeat)")
     _block_fields(checkpoint)
     _job_fields(checkpoint)
@@ -334,8 +349,8 @@ def register(subparsers: Any) -> None:
     _reply_fields(checkpoint, required=False)
 
     block = add("block", run_block, "record a confirmed block")
-    block.add_argument("--step")
-    block.add_argument("--source", choices=SOURCES, default="executor")
+    block.add_argument("--step", help="the blocked step")
+    block.add_argument("--source", choices=SOURCES, default="executor", help="who observed it")
     _block_fields(block)
 
     job = add("external-job", run_external_job, "record what a provider says about a job")
@@ -346,13 +361,13 @@ def register(subparsers: Any) -> None:
 
     reply = add("owner-reply", run_owner_reply, "record the owner's answer to the monitor")
     _reply_fields(reply, required=True)
-    reply.add_argument("--note")
-    reply.add_argument("--reason")
-    reply.add_argument("--safe-next-step", dest="safe_next_step")
-    reply.add_argument("--kind", choices=FAILURE_KINDS)
+    reply.add_argument("--note", help="what the owner observed")
+    reply.add_argument("--reason", help="why the task is blocked (with a block reply)")
+    reply.add_argument("--safe-next-step", dest="safe_next_step", help="what is safe to do next")
+    reply.add_argument("--kind", choices=FAILURE_KINDS, help="the kind of failure, if any")
 
     heartbeat = add("heartbeat", run_heartbeat, "record that the executor is healthy")
-    heartbeat.add_argument("--note")
+    heartbeat.add_argument("--note", help="what the executor is doing")
 
     add("show", run_show, "print a task's record as JSON", task="optional")
     add("render", run_render, "print a task's card (a task_card renderer)", task="optional")

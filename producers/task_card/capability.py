@@ -106,6 +106,7 @@ class _Watch:
     stop_event: threading.Event = field(default_factory=threading.Event)
     render_lock: threading.Lock = field(default_factory=threading.Lock)
     thread: threading.Thread | None = None
+    updater_died: bool = False
 
     def descriptor(self) -> WatchDescriptor:
         return WatchDescriptor(
@@ -132,13 +133,17 @@ def load_manual() -> str:
 def settings_result(paths: CardPaths) -> Result:
     """The `settings` action: read-only, so callers need no host to answer it."""
     try:
-        rows = show_rows(load_settings(paths))
+        effective = load_settings(paths)
+        rows = show_rows(effective)
     except SettingsUnavailable as exc:
         return _failed(
             f"effective settings are unavailable: taskcard/{exc}. No rows are shown; "
             "fix or delete taskcard/taskcard.json, then call settings again"
         )
-    return {"status": "ok", "settings": rows, "settings_path": str(paths.settings)}
+    result: Result = {"status": "ok", "settings": rows, "settings_path": str(paths.settings)}
+    if effective.problems:
+        result["problems"] = list(effective.problems)
+    return result
 
 
 class TaskCard:
@@ -328,7 +333,10 @@ class TaskCard:
             self._current = watch
             self._spawn_updater(watch)
             log.info("task card watch %s started", watch_id)
-            return {**self._view(watch), "body_changed": changed}
+            result = {**self._view(watch), "body_changed": changed}
+            if settings.problems:
+                result["settings_problems"] = list(settings.problems)
+            return result
 
     def inspect(self, watch_id: str) -> Result:
         with self._lock:
@@ -375,6 +383,11 @@ class TaskCard:
         # Every retry counts against the budget, a stopped watch's included (manual, budget).
         outcome = self._refresh(watch, counted=True, from_tick=False)
         with self._lock:
+            thread = watch.thread
+            dead = thread is not None and not thread.is_alive() and not watch.stop_event.is_set()
+            if dead and watch.state in ("watching", "error") and not self._closed:
+                watch.updater_died = False
+                self._spawn_updater(watch)  # retry is the documented way back from a crash
             view = self._view(watch)
             if outcome is not None:
                 view["refresh_error"] = {"code": outcome.code, "message": outcome.message}
@@ -465,6 +478,9 @@ class TaskCard:
         }
 
     def _view(self, watch: _Watch) -> Result:
+        thread = watch.thread
+        if thread is not None and not thread.is_alive() and not watch.stop_event.is_set():
+            self._updater_died(watch, "its thread is gone")
         return {
             "status": watch.state,
             "watch_id": watch.watch_id,
@@ -607,6 +623,37 @@ class TaskCard:
         thread.start()
 
     def _updater(self, watch: _Watch) -> None:
+        """The updater thread: ticks, and if the thread itself ends abnormally, says so.
+
+        A tick's own failure is recorded inside the loop and the loop goes on; this outer
+        barrier is for what escapes it (a BaseException, a bug in the loop's own arithmetic).
+        Without it the thread would vanish while `inspect` kept answering `watching`.
+        """
+        try:
+            self._tick_loop(watch)
+        except BaseException as exc:  # the thread is ending either way: record why
+            log.exception("task card watch %s updater died", watch.watch_id)
+            with self._lock:
+                self._updater_died(watch, type(exc).__name__)
+
+    def _updater_died(self, watch: _Watch, why: str) -> None:
+        """Turn a dead updater of a live watch into a visible error (and one notification)."""
+        if self._closed or watch.updater_died or watch.state not in ("watching", "error"):
+            return
+        watch.updater_died = True
+        failure = RenderFailure(
+            "watch_crash",
+            f"the updater stopped ({why}); the card is no longer refreshed. "
+            "Call retry to restart it, or stop and start a new watch",
+        )
+        try:
+            self._record_failure(watch, failure, "")
+        except Exception:  # the notification port failed too; the state below still holds
+            log.exception("task card watch %s: cannot record the dead updater", watch.watch_id)
+        watch.state = "error"
+        watch.error = failure
+
+    def _tick_loop(self, watch: _Watch) -> None:
         """Tick until stopped, exhausted or closed. A crash is recorded, never swallowed.
 
         Ticks run at a fixed rate (start + k * interval), not interval after the previous

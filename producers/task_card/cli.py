@@ -2,10 +2,12 @@
 
 `bridge.cli` calls `register(subparsers)`; `python -m producers.task_card.cli` runs the same
 commands on their own (the detached host is started that way, so it never imports the
-projection service). Exit codes: 0 done, 1 the call was refused or failed, 2 a usage error
-(a missing workdir, no action given), 3 a host already runs for the workdir, 4 no host could be
-reached. `card` prints a short summary for people; `--json` prints the result object.
-`card manual` and `card settings` only read files, so they answer without starting a host.
+projection service). Exit codes: 0 done, 1 the call was refused or failed, 2 a usage error or
+input that cannot be used at all (a missing workdir, no action given, an envelope that is not a
+UTF-8 JSON object within the limits, a runtime folder that is not private to us), 3 a host
+already runs for the workdir, 4 no host could be reached. `card` prints a short summary for
+people; `--json` prints the result object. `card manual` and `card settings` only read files,
+so they answer without starting a host.
 """
 
 from __future__ import annotations
@@ -29,11 +31,25 @@ from producers.task_card.client import (
     host_log_file,
     ping,
 )
-from producers.task_card.runtime import HostAlreadyRunning, HostPaths, default_runtime_dir
+from producers.task_card.envelope import (
+    MAX_ENVELOPE_BYTES,
+    EnvelopeError,
+    check_values,
+    decode_envelope,
+)
+from producers.task_card.runtime import (
+    HostAlreadyRunning,
+    HostPaths,
+    RuntimeDirUnsafe,
+    default_runtime_dir,
+)
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
 EXIT_USAGE: Final = 2
+# After a refusal for size, stdin is read on (and dropped) up to this much, so a writer still
+# sending gets EOF semantics instead of a broken pipe.
+_STDIN_DRAIN_BYTES: Final = 64 * 1024 * 1024
 EXIT_UNREACHABLE: Final = 4
 DEFAULT_IDLE_GRACE_S: Final = 120.0
 DEFAULT_LEDGER_CHECK_S: Final = 30.0
@@ -61,7 +77,12 @@ def _missing_workdir(args: argparse.Namespace) -> bool:
 
 def _emit(result: dict[str, Any], as_json: bool = True) -> int:
     if as_json:
-        print(json.dumps(result, indent=2, ensure_ascii=False))
+        text = json.dumps(result, indent=2, ensure_ascii=False)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a path with undecodable bytes: escape rather than crash
+            text = json.dumps(result, indent=2)
+        print(text)
     else:
         print(summarize(result))
     return EXIT_FAILED if result.get("status") in FAILED_STATES else EXIT_OK
@@ -97,24 +118,48 @@ def summarize(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _call(args: argparse.Namespace, envelope: Any) -> dict[str, Any] | None:
+def _refuse(message: str) -> int:
+    """An envelope we cannot use at all: the reason as a result, exit 2."""
+    _emit({"status": "failed", "code": "bad_envelope", "message": message})
+    return EXIT_USAGE
+
+
+def _call(args: argparse.Namespace, envelope: Any) -> dict[str, Any] | int:
+    """The host's result, or the exit code when it could not be obtained."""
     try:
         return call_via_host(_host_paths(args), envelope, args.idle_grace_s)
+    except RuntimeDirUnsafe as exc:
+        print(f"taskcard: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except (HostUnavailable, OSError, ValueError, subprocess.SubprocessError) as exc:
         print(f"taskcard: {exc}", file=sys.stderr)
-        return None
+        return EXIT_UNREACHABLE
+
+
+def _read_stdin_envelope() -> bytes:
+    """At most one byte over the cap; the rest of an oversized input is drained, not left."""
+    raw = sys.stdin.buffer.read(MAX_ENVELOPE_BYTES + 1)
+    if len(raw) > MAX_ENVELOPE_BYTES:
+        drained = 0
+        while drained < _STDIN_DRAIN_BYTES:
+            chunk = sys.stdin.buffer.read(65536)
+            if not chunk:
+                break
+            drained += len(chunk)
+    return raw
 
 
 def run_tool(args: argparse.Namespace) -> int:
     if _missing_workdir(args):
         return EXIT_USAGE
-    raw = args.envelope if args.envelope is not None else sys.stdin.read()
+    # argv arrives decoded with surrogateescape; back to bytes so bad UTF-8 is named as such.
+    raw = os.fsencode(args.envelope) if args.envelope is not None else _read_stdin_envelope()
     try:
-        envelope = json.loads(raw)
-    except ValueError:
-        return _emit({"status": "failed", "message": "envelope: not valid JSON"})
+        envelope = decode_envelope(raw)
+    except EnvelopeError as exc:
+        return _refuse(str(exc))
     result = _call(args, envelope)
-    return EXIT_UNREACHABLE if result is None else _emit(result)
+    return result if isinstance(result, int) else _emit(result)
 
 
 def run_card(args: argparse.Namespace) -> int:
@@ -142,29 +187,51 @@ def run_card(args: argparse.Namespace) -> int:
     elif args.card_action in ("inspect", "retry", "stop"):
         payload["watch_id"] = args.watch_id
     envelope = {"action": args.card_action, "input": payload, "reasoning": args.reasoning}
+    problem = check_values(envelope)  # argv may carry bytes that are not UTF-8
+    if problem:
+        return _refuse(f"envelope: {problem}")
     result = _call(args, envelope)
-    if result is None:
-        return EXIT_UNREACHABLE
+    if isinstance(result, int):
+        return result
     return _emit(result, args.json)
+
+
+def _private_paths(args: argparse.Namespace) -> HostPaths | None:
+    """The host paths once the runtime folder is known to be ours; None after one line."""
+    paths = _host_paths(args)
+    try:
+        paths.ensure_dir()
+    except RuntimeDirUnsafe as exc:
+        print(f"taskcard: {exc}", file=sys.stderr)
+        return None
+    return paths
 
 
 def run_host(args: argparse.Namespace) -> int:
     if _missing_workdir(args):
         return EXIT_USAGE
-    paths = _host_paths(args)
+    paths = _private_paths(args)
+    if paths is None:
+        return EXIT_USAGE
     if args.detach:
         return _detach(args, paths)
     # Imported here so `tool`/`card` stay light: they never run watches themselves.
     from producers.task_card.capability import TaskCard
     from producers.task_card.host import install_stop_signals, serve_host
+    from producers.task_card.renderer import become_subreaper
 
     stop = threading.Event()
     install_stop_signals(stop)
+    # Orphans of renderers reparent to us, so the sweep after each render can find them.
+    become_subreaper()
     try:
         card = TaskCard(paths.workdir, runtime_dir=paths.runtime_dir)
     except HostAlreadyRunning as exc:
         print(f"taskcard host: {exc}", file=sys.stderr)
         return EXIT_ALREADY_RUNNING
+    except RuntimeDirUnsafe as exc:
+        print(f"taskcard host: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     # The ledger's monitor runs here too, so a ledger needs no cron (lazy: the only import
     # of the ledger from the task card, and only in the host process).
     from producers.ledger.hosted import ledger_supervisor
@@ -194,7 +261,11 @@ def _detach(args: argparse.Namespace, paths: HostPaths) -> int:
     if args.idle_grace_s is not None:
         command += ["--idle-grace-s", str(args.idle_grace_s)]
     command += ["--ledger-check-s", str(args.ledger_check_s)]
-    log_fd = host_log_file(paths)
+    try:
+        log_fd = host_log_file(paths)
+    except RuntimeDirUnsafe as exc:
+        print(f"taskcard: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         proc = subprocess.Popen(
             command,
@@ -236,7 +307,10 @@ def run_mcp(args: argparse.Namespace) -> int:
 
     from producers.task_card.mcp_server import serve_stdio
 
-    anyio.run(serve_stdio, _host_paths(args))
+    paths = _private_paths(args)
+    if paths is None:
+        return EXIT_USAGE
+    anyio.run(serve_stdio, paths)
     return EXIT_OK
 
 

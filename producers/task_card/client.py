@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
+import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, Final
 
-from producers.task_card.runtime import HostPaths
+from producers.task_card.envelope import check_values
+from producers.task_card.runtime import HostPaths, RuntimeDirUnsafe
 
 SPAWN_TIMEOUT_S: Final = 60.0
 EXIT_ALREADY_RUNNING: Final = 3
@@ -27,7 +30,9 @@ def request_host(paths: HostPaths, request: dict[str, Any], timeout_s: float) ->
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(timeout_s)
         conn.connect(str(paths.socket))
-        conn.sendall((json.dumps(request) + "\n").encode())
+        _check_peer(conn, paths)
+        # Not ASCII-escaped: escapes would triple non-Latin text past the host's line cap.
+        conn.sendall((json.dumps(request, ensure_ascii=False) + "\n").encode())
         chunks = []
         while True:
             chunk = conn.recv(65536)
@@ -40,6 +45,14 @@ def request_host(paths: HostPaths, request: dict[str, Any], timeout_s: float) ->
     if not isinstance(reply, dict):
         raise OSError("malformed reply from the task card host")
     return reply
+
+
+def _check_peer(conn: socket.socket, paths: HostPaths) -> None:
+    """Talk only to a host running as ourselves: envelopes carry the agent's reasoning."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    if uid != os.getuid():
+        raise OSError(f"the socket {paths.socket} is served by uid {uid}, not by you")
 
 
 def ping(paths: HostPaths) -> bool:
@@ -76,7 +89,11 @@ def spawn_detached_host(paths: HostPaths, idle_grace_s: float | None = None) -> 
 
 
 def ensure_host(paths: HostPaths, idle_grace_s: float | None = None) -> None:
-    """Make sure a host answers for the workdir (it rehydrates a persisted watch on start)."""
+    """Make sure a host answers for the workdir (it rehydrates a persisted watch on start).
+
+    Raises `RuntimeDirUnsafe` before anything is sent when the runtime folder is not ours.
+    """
+    paths.ensure_dir()
     if ping(paths):
         return
     spawn_detached_host(paths, idle_grace_s)
@@ -93,7 +110,14 @@ def ensure_host(paths: HostPaths, idle_grace_s: float | None = None) -> None:
 def call_via_host(
     paths: HostPaths, envelope: Any, idle_grace_s: float | None = None
 ) -> dict[str, Any]:
-    """Hand one envelope to the workdir's host, starting it if needed; the result dict."""
+    """Hand one envelope to the workdir's host, starting it if needed; the result dict.
+
+    An envelope that fails the transport checks (see `envelope.check_values`) is refused here
+    with the same result shape the host would give, before any host is started or contacted.
+    """
+    problem = check_values(envelope)
+    if problem:
+        return {"status": "failed", "code": "bad_envelope", "message": f"envelope: {problem}"}
     ensure_host(paths, idle_grace_s)
     reply = request_host(paths, {"op": "call", "envelope": envelope}, CALL_TIMEOUT_S)
     if not reply.get("ok"):
@@ -104,9 +128,25 @@ def call_via_host(
 
 
 def host_log_file(paths: HostPaths) -> int:
-    """An append descriptor for the detached host's stdout and stderr."""
+    """An append descriptor for the detached host's stdout and stderr.
+
+    Never through a symlink and only onto our own regular file: the log may carry paths and
+    errors, and a planted link must not make us append to (or create) a file elsewhere.
+    """
     paths.ensure_dir()
-    return os.open(paths.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        fd = os.open(paths.log, flags, 0o600)
+    except OSError as exc:
+        raise RuntimeDirUnsafe(
+            f"host log {paths.log} cannot be opened safely ({exc.strerror}); remove it"
+        ) from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+        os.close(fd)
+        raise RuntimeDirUnsafe(f"host log {paths.log} is not your regular file; remove it")
+    os.set_blocking(fd, True)
+    return fd
 
 
 def workdir_paths(workdir: str | Path, runtime_dir: Path) -> HostPaths:

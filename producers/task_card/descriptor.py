@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Final
 
 from producers.task_card.contract import CardPaths, atomic_write
+from producers.task_card.settings import BOUNDS, setting_problem
 
 SEQ_FILE: Final = ".watch-seq"
 _ID_RE: Final = re.compile(r"^tc_([1-9][0-9]*)$")
@@ -51,19 +52,20 @@ def clear_descriptor(paths: CardPaths) -> None:
         paths.watch.unlink()
 
 
-def _number(data: dict[str, Any], key: str, minimum: float) -> float:
+def _number(data: dict[str, Any], key: str) -> float:
+    """A cadence or timeout within its setting's range: an edited file cannot exceed it."""
     value = data.get(key)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise DescriptorCorrupt(f"{key} is not a number")
-    if not math.isfinite(value) or value < minimum:
-        raise DescriptorCorrupt(f"{key} is out of range")
+    if not math.isfinite(value) or setting_problem(key, value) is not None:
+        raise DescriptorCorrupt(f"{key} is out of range ({BOUNDS[key].describe()})")
     return float(value)
 
 
-def _integer(data: dict[str, Any], key: str, minimum: int) -> int:
+def _integer(data: dict[str, Any], key: str, minimum: int, maximum: float) -> int:
     value = data.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise DescriptorCorrupt(f"{key} is not an integer >= {minimum}")
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise DescriptorCorrupt(f"{key} is not an integer from {minimum} to {maximum:g}")
     return value
 
 
@@ -77,7 +79,7 @@ def read_descriptor(paths: CardPaths) -> WatchDescriptor | None:
         raise DescriptorCorrupt(f"unreadable ({exc.strerror})") from None
     try:
         data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise DescriptorCorrupt("not valid JSON") from None
     if not isinstance(data, dict):
         raise DescriptorCorrupt("not a JSON object")
@@ -93,12 +95,12 @@ def read_descriptor(paths: CardPaths) -> WatchDescriptor | None:
     return WatchDescriptor(
         watch_id=watch_id,
         renderer_path=renderer,
-        interval_s=_number(data, "interval_s", 1),
-        timeout_s=_number(data, "timeout_s", 0.1),
-        max_refreshes=_integer(data, "max_refreshes", 1),
-        refreshes_used=_integer(data, "refreshes_used", 0),
+        interval_s=_number(data, "interval_s"),
+        timeout_s=_number(data, "timeout_s"),
+        max_refreshes=_integer(data, "max_refreshes", 1, BOUNDS["max_refreshes"].ceiling),
+        refreshes_used=_integer(data, "refreshes_used", 0, BOUNDS["max_refreshes"].ceiling),
         started_at=started,
-        error_epoch=_integer(data, "error_epoch", 0) if "error_epoch" in data else 0,
+        error_epoch=_integer(data, "error_epoch", 0, 2**53) if "error_epoch" in data else 0,
     )
 
 

@@ -5,16 +5,27 @@ One pydantic model per action input, closed (`extra="forbid"`) and strict (no co
 host applies come from the same source and cannot drift. Validation errors are rewritten into
 one sentence per problem that names the field and what is allowed, because the reader is an
 agent that has to fix its call, not a developer reading a traceback.
+
+Before the schema, the transport: every way in (the `tool` argument or stdin, the host
+socket, MCP arguments, the Python API) goes through `decode_envelope` / `check_values`, so
+hostile bytes get the same one-sentence refusal everywhere instead of a decoder's message or
+a traceback. Refused: more than `MAX_ENVELOPE_BYTES`, invalid UTF-8, a NUL byte, nesting
+deeper than `MAX_ENVELOPE_DEPTH` (checked by a linear scan before any recursive parser sees
+the text), `NaN`/`Infinity`, truncated or otherwise invalid JSON, a top level that is not an
+object, and strings that are not valid Unicode (a lone surrogate such as `"\\ud800"`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from producers.task_card.settings import BOUNDS
 
 ActionName = Literal["start", "inspect", "retry", "stop", "remove", "settings", "manual"]
 
@@ -29,6 +40,9 @@ ACTIONS: Final[tuple[ActionName, ...]] = (
     "manual",
 )
 ROOT_FIELDS: Final = ("action", "input", "reasoning", "summarize")
+# A real envelope is a few hundred bytes; the cap leaves room for long reasoning.
+MAX_ENVELOPE_BYTES: Final = 256 * 1024
+MAX_ENVELOPE_DEPTH: Final = 32
 
 
 class _ClosedInput(BaseModel):
@@ -42,13 +56,22 @@ class StartInput(_ClosedInput):
         min_length=1, description="Python file, relative to the workdir or inside it."
     )
     interval_s: float | None = Field(
-        default=None, ge=1, description="Seconds between refreshes (floor 1, no ceiling)."
+        default=None,
+        ge=BOUNDS["interval_s"].floor,
+        le=BOUNDS["interval_s"].ceiling,
+        description="Seconds between refreshes, 1 to 86400.",
     )
     timeout_s: float | None = Field(
-        default=None, ge=0.1, description="Ceiling of one renderer run; capped to the setting."
+        default=None,
+        ge=BOUNDS["timeout_s"].floor,
+        le=BOUNDS["timeout_s"].ceiling,
+        description="Ceiling of one renderer run, 0.1 to 300; capped to the setting.",
     )
     max_refreshes: int | None = Field(
-        default=None, ge=1, description="Refresh budget after the first render; capped."
+        default=None,
+        ge=BOUNDS["max_refreshes"].floor,
+        le=BOUNDS["max_refreshes"].ceiling,
+        description="Refresh budget after the first render, 1 to 1000000; capped to the setting.",
     )
 
 
@@ -84,7 +107,170 @@ class Envelope:
 
 
 class EnvelopeError(ValueError):
-    """The envelope broke the schema; the message names each field and what is allowed."""
+    """The envelope broke the transport rules or the schema; the message says which and how."""
+
+
+def _nesting_depth(text: str, limit: int) -> int:
+    """Deepest `[`/`{` nesting outside strings, counting only up to `limit + 1`. Linear."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > limit:
+                    return deepest
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def _refuse_constant(name: str) -> Any:
+    raise EnvelopeError(f"envelope: {name} is not a JSON number; use a finite number")
+
+
+def decode_envelope(
+    raw: str | bytes,
+    *,
+    what: str = "envelope",
+    max_bytes: int = MAX_ENVELOPE_BYTES,
+    max_depth: int = MAX_ENVELOPE_DEPTH,
+) -> dict[str, Any]:
+    """Bytes or text off a transport into a JSON object; raises `EnvelopeError` naming why.
+
+    A `str` that came from a byte source with `surrogateescape` (argv, for instance) should
+    be passed as bytes (`os.fsencode`) so invalid UTF-8 is reported as such.
+    """
+    size = len(raw) if isinstance(raw, bytes) else len(raw.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        head = raw[: max_bytes + 1]
+        prefix = head.decode("utf-8", "replace") if isinstance(head, bytes) else head
+        if _nesting_depth(prefix, max_depth) > max_depth:  # name the worse problem
+            raise EnvelopeError(
+                f"{what}: nested deeper than {max_depth} levels (and over the "
+                f"{max_bytes}-byte limit); an envelope is a flat object"
+            )
+        raise EnvelopeError(
+            f"{what}: {size} bytes, over the {max_bytes}-byte limit; send a short envelope "
+            "(put long detail in files the renderer reads)"
+        )
+    if isinstance(raw, bytes):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise EnvelopeError(
+                f"{what}: not valid UTF-8 (byte offset {exc.start}); send UTF-8 text"
+            ) from None
+    else:
+        text = raw
+    nul = text.find("\0")
+    if nul >= 0:
+        raise EnvelopeError(f"{what}: contains a NUL byte (offset {nul}); remove it")
+    bad = check_unicode(text)
+    if bad:
+        raise EnvelopeError(f"{what}: {bad}")
+    if not text.strip():
+        raise EnvelopeError(f"{what}: empty; send one JSON object with action, input, reasoning")
+    if _nesting_depth(text, max_depth) > max_depth:
+        raise EnvelopeError(
+            f"{what}: nested deeper than {max_depth} levels; an envelope is a flat object"
+        )
+    try:
+        data = json.loads(text, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as exc:
+        if exc.msg.startswith("Unterminated string") or exc.pos >= len(exc.doc.rstrip()):
+            raise EnvelopeError(
+                f"{what}: not valid JSON, the text ends before the object is complete (truncated?)"
+            ) from None
+        raise EnvelopeError(
+            f"{what}: not valid JSON at line {exc.lineno}, column {exc.colno}; "
+            "send exactly one JSON object"
+        ) from None
+    except RecursionError:  # unreachable after the depth scan; kept as a last barrier
+        raise EnvelopeError(f"{what}: nested too deeply") from None
+    if not isinstance(data, dict):
+        raise EnvelopeError(
+            f"{what}: must be a JSON object with action, input and reasoning; "
+            f"the top level is {_json_kind(data)}"
+        )
+    problem = check_values(data, max_depth=max_depth)
+    if problem:
+        raise EnvelopeError(f"{what}: {problem}")
+    return data
+
+
+def _json_kind(value: object) -> str:
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        return "a string"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    return "a number"
+
+
+def check_unicode(text: str) -> str | None:
+    """Why `text` cannot be encoded as UTF-8 (a lone surrogate), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (
+            f"contains {text[exc.start]!r} at character {exc.start}, a lone surrogate "
+            "(or bytes that were not UTF-8), which is not valid Unicode"
+        )
+    return None
+
+
+def check_values(
+    data: object, *, max_depth: int = MAX_ENVELOPE_DEPTH, max_bytes: int = MAX_ENVELOPE_BYTES
+) -> str | None:
+    """The first transport problem inside an already decoded value, or None.
+
+    Iterative, so a hostile value nested thousands deep (the Python API accepts objects)
+    costs a bounded walk, never a RecursionError. Catches what JSON escapes can smuggle past
+    the byte checks (`\\ud800` and `\\u0000` inside keys or strings), and applies the size
+    cap to objects that never were bytes (MCP arguments, Python callers), counting text.
+    """
+    stack: list[tuple[object, str, int]] = [(data, "envelope", 0)]
+    size = 0
+    while stack:
+        value, where, depth = stack.pop()
+        if depth > max_depth:
+            return f"nested deeper than {max_depth} levels; an envelope is a flat object"
+        size += len(value) if isinstance(value, str) else 1
+        if size > max_bytes:
+            return f"larger than the {max_bytes}-byte limit; send a short envelope"
+        if isinstance(value, str):
+            if "\0" in value:
+                return f"{where}: contains a NUL character; remove it"
+            bad = check_unicode(value)
+            if bad:
+                return f"{where}: {bad}"
+        elif isinstance(value, Mapping):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    return f"{where}: keys must be strings, got {type(key).__name__}"
+                if "\0" in key or check_unicode(key):
+                    return f"{where}: a key is not valid text (a NUL or a lone surrogate)"
+                stack.append((item, key if depth == 0 else f"{where}.{key}", depth + 1))
+        elif isinstance(value, list | tuple):
+            for index, item in enumerate(value):
+                stack.append((item, f"{where}[{index}]", depth + 1))
+        elif isinstance(value, float) and not math.isfinite(value):
+            return f"{where}: {value!r} is not a finite number"
+    return None
 
 
 def _allowed_fields(action: ActionName) -> str:
@@ -108,12 +294,12 @@ def parse_envelope(raw: Mapping[str, Any] | str | bytes) -> Envelope:
     """Validate a call. Raises `EnvelopeError` with every problem, one per line."""
     data: object = raw
     if isinstance(raw, str | bytes):
-        try:
-            data = json.loads(raw)
-        except ValueError as exc:
-            raise EnvelopeError(f"envelope: not valid JSON ({exc.__class__.__name__})") from None
+        data = decode_envelope(raw)
     if not isinstance(data, Mapping):
         raise EnvelopeError("envelope: must be a JSON object with action, input and reasoning")
+    problem = check_values(data)
+    if problem:
+        raise EnvelopeError(f"envelope: {problem}")
     problems: list[str] = []
     for key in data:
         if key not in ROOT_FIELDS:

@@ -5,6 +5,12 @@ this host. Protocol: one JSON line per connection, one JSON line back. Requests:
 `{"op": "call", "envelope": {...}}`, `{"op": "ping"}`, `{"op": "turn"}`, `{"op": "meta"}`,
 `{"op": "shutdown"}`. The host exits after `idle_grace_s` without a live watch or a request,
 and on SIGTERM/SIGINT; exiting never ends a watch (its descriptor stays for the next host).
+
+A request line goes through the same transport checks as an envelope (`decode_envelope`):
+size, UTF-8, NUL, nesting, JSON, object, valid Unicode. A refusal is answered, never dropped:
+an oversized line is read on and thrown away (bounded) before the reply, so the sender sees
+the reason instead of a reset connection. Replies are ASCII-escaped JSON, so no value can
+make the reply itself unencodable.
 """
 
 from __future__ import annotations
@@ -21,12 +27,22 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from producers.task_card.capability import TaskCard
+from producers.task_card.envelope import (
+    MAX_ENVELOPE_BYTES,
+    MAX_ENVELOPE_DEPTH,
+    EnvelopeError,
+    decode_envelope,
+)
+from producers.task_card.renderer import reap_orphans
 from producers.task_card.runtime import HostAlreadyRunning, HostPaths
 
 __all__ = ["HostAlreadyRunning", "HostServer", "serve_host"]
 
 log = logging.getLogger(__name__)
-MAX_REQUEST_BYTES: Final = 1_000_000
+# The envelope cap plus room for the wrapper and for escapes added by re-encoding.
+MAX_REQUEST_BYTES: Final = 2 * MAX_ENVELOPE_BYTES + 4096
+_DRAIN_BYTES: Final = 64 * 1024 * 1024
+_DRAIN_TIMEOUT_S: Final = 5.0
 _IDLE_CHECK_S: Final = 0.2
 
 
@@ -35,16 +51,29 @@ class _Handler(socketserver.StreamRequestHandler):
 
     def handle(self) -> None:
         self.server.touch()
-        line = self.rfile.readline(MAX_REQUEST_BYTES)
+        line = self.rfile.readline(MAX_REQUEST_BYTES + 1)
         try:
-            request = json.loads(line)
-            if not isinstance(request, dict):
-                raise ValueError("not an object")
+            if len(line) > MAX_REQUEST_BYTES:
+                self._drain()
+            request = decode_envelope(
+                line, what="request", max_bytes=MAX_REQUEST_BYTES, max_depth=MAX_ENVELOPE_DEPTH + 1
+            )
             reply = self.server.answer(request)
-        except ValueError as exc:
+        except EnvelopeError as exc:
             reply = {"ok": False, "error": f"bad request: {exc}"}
-        self.wfile.write((json.dumps(reply, ensure_ascii=False) + "\n").encode())
+        self.wfile.write((json.dumps(reply) + "\n").encode())
         self.server.touch()
+
+    def _drain(self) -> None:
+        """Read the rest of an oversized request, bounded in bytes and time."""
+        self.connection.settimeout(_DRAIN_TIMEOUT_S)
+        drained = 0
+        with contextlib.suppress(OSError):
+            while drained < _DRAIN_BYTES:
+                chunk = self.rfile.read1(65536)
+                if not chunk or chunk.endswith(b"\n"):
+                    break
+                drained += len(chunk)
 
 
 class HostServer(socketserver.ThreadingUnixStreamServer):
@@ -116,6 +145,7 @@ def serve_host(
                     periodic()
                 except Exception:  # one bad run must not end the host or its watch
                     log.exception("periodic check for %s failed", card.workdir)
+            reap_orphans()  # a subreaper collects orphans that die between renders
             if card.has_live_watch():
                 server.touch()
             elif server.idle_for_s() >= idle_grace_s:
@@ -128,6 +158,7 @@ def serve_host(
         with contextlib.suppress(FileNotFoundError):
             paths.socket.unlink()
         card.close()
+        reap_orphans()
 
 
 def install_stop_signals(stop: threading.Event) -> None:

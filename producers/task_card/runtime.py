@@ -5,6 +5,14 @@ The folder is `$TASKCARD_RUNTIME_DIR`, else `$XDG_RUNTIME_DIR/taskcard`, else
 that a path of any length maps to a socket path under the 108-byte limit. The lock is an
 `flock` the kernel releases when the holder dies, so a SIGKILLed host never blocks its
 successor.
+
+The folder is trusted only when it is ours: whoever controls it can answer on the socket,
+read every envelope (reasoning included) and forge results. In the shared `/tmp` another
+user may have created `/tmp/taskcard-<uid>` first, so before any lock, socket or log is
+used the folder must be a real directory (not a symlink), owned by our uid, with no access
+for group or others; anything else is refused (`RuntimeDirUnsafe`) rather than repaired,
+because repairing a folder someone else owns is exactly what they would want. Files inside
+are opened without following symlinks.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +29,40 @@ from pathlib import Path
 
 class HostAlreadyRunning(RuntimeError):
     """Another host holds this workdir's lock."""
+
+
+class RuntimeDirUnsafe(RuntimeError):
+    """The runtime folder could be read or replaced by someone else; nothing is sent there."""
+
+
+def runtime_dir_problem(mode: int, owner_uid: int, my_uid: int) -> str | None:
+    """Why a folder with this `lstat` mode and owner is not private to us, or None. Pure."""
+    if stat.S_ISLNK(mode):
+        return "is a symlink"
+    if not stat.S_ISDIR(mode):
+        return "is not a directory"
+    if owner_uid != my_uid:
+        return f"is owned by uid {owner_uid}, not by you (uid {my_uid})"
+    if stat.S_IMODE(mode) & 0o077:
+        return f"has mode {stat.S_IMODE(mode):04o}, looser than 0700"
+    return None
+
+
+def ensure_private_dir(path: Path) -> None:
+    """Create `path` 0700 if missing; raise `RuntimeDirUnsafe` unless it is ours alone."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    try:
+        info = os.lstat(path)
+    except OSError as exc:
+        raise RuntimeDirUnsafe(f"runtime dir {path} cannot be checked ({exc.strerror})") from None
+    problem = runtime_dir_problem(info.st_mode, info.st_uid, os.getuid())
+    if problem is not None:
+        raise RuntimeDirUnsafe(
+            f"runtime dir {path} {problem}; refusing to use it. Remove it if it is not "
+            "yours, or set TASKCARD_RUNTIME_DIR (or --runtime-dir) to a private directory"
+        )
 
 
 def default_runtime_dir(environ: Mapping[str, str]) -> Path:
@@ -56,7 +99,8 @@ class HostPaths:
         return self.runtime_dir / f"{self.key}.log"
 
     def ensure_dir(self) -> None:
-        self.runtime_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        """Create or check the runtime folder; raises `RuntimeDirUnsafe`."""
+        ensure_private_dir(self.runtime_dir)
 
 
 class HostLock:
@@ -68,7 +112,13 @@ class HostLock:
 
     def acquire(self) -> None:
         self._paths.ensure_dir()
-        fd = os.open(self._paths.lock, os.O_RDWR | os.O_CREAT, 0o600)
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(self._paths.lock, flags, 0o600)
+        except OSError as exc:
+            raise RuntimeDirUnsafe(
+                f"host lock {self._paths.lock} cannot be opened safely ({exc.strerror}); remove it"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -6,6 +6,12 @@ means the effective values are unknown: SHOW then fails as a whole (no partial r
 `start` refuses, rather than guessing. The one legacy source, a customised
 `telegram/taskcard.json` `max_refreshes`, is previewed by SHOW and written once by the first
 `start`, and only while the intrinsic document does not exist yet.
+
+Every setting has a floor and a ceiling (`BOUNDS`). Ceilings exist because each value sizes
+something real: `max_body_chars` sizes the stdout buffer of every run, `interval_s` and
+`timeout_s` become thread and socket timeouts (which overflow past ~1e9 s), `max_refreshes`
+and `reminder_turns` are budgets nobody can mean at a billion. A value out of range is refused
+for that field alone, with its range in the message; the other fields keep their values.
 """
 
 from __future__ import annotations
@@ -26,6 +32,37 @@ LEGACY_UNTOUCHED_MAX_REFRESHES: Final = 1000
 MAX_SETTINGS_FILE_BYTES: Final = 1_000_000
 
 
+@dataclass(frozen=True)
+class Bound:
+    """The accepted range of one setting, inclusive; `integer` refuses fractions."""
+
+    floor: float
+    ceiling: float
+    integer: bool
+
+    def describe(self) -> str:
+        kind = "an integer" if self.integer else "a number"
+        return f"{kind} from {self.floor:g} to {self.ceiling:g}"
+
+
+BOUNDS: Final[dict[str, Bound]] = {
+    "interval_s": Bound(1, 86_400, integer=False),  # one refresh a day is the slowest card
+    "timeout_s": Bound(0.1, 300, integer=False),  # a start waits for the first render
+    "max_refreshes": Bound(1, 1_000_000, integer=True),
+    "reminder_turns": Bound(1, 10_000, integer=True),
+    "max_body_chars": Bound(100, 100_000, integer=True),  # stdout is bounded at 4x this
+}
+
+
+def setting_problem(key: str, value: object) -> str | None:
+    """Why `value` is not acceptable for setting `key`, naming the range; None when it is. Pure."""
+    bound = BOUNDS[key]
+    number_ok = _is_int(value) if bound.integer else _is_number(value)
+    if number_ok and bound.floor <= value <= bound.ceiling:  # type: ignore[operator]
+        return None
+    return f"{key}: {value!r} is not allowed; use {bound.describe()}"
+
+
 class SettingsUnavailable(RuntimeError):
     """The owner document exists but its effective values cannot be determined."""
 
@@ -41,6 +78,7 @@ class EffectiveSettings:
     max_body_chars: int
     sources: dict[str, str]
     pending_migration: int | None
+    problems: tuple[str, ...] = ()
 
 
 def _is_number(value: object) -> TypeGuard[float]:
@@ -63,7 +101,7 @@ def _read_object(path: Any) -> dict[str, Any] | None:
         raise SettingsUnavailable(f"{path.name} is larger than {MAX_SETTINGS_FILE_BYTES} bytes")
     try:
         data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise SettingsUnavailable(f"{path.name} is not valid JSON") from None
     if not isinstance(data, dict):
         raise SettingsUnavailable(f"{path.name} is not a JSON object")
@@ -79,7 +117,11 @@ def _legacy_max_refreshes(paths: CardPaths) -> int | None:
     if data is None:
         return None
     value = data.get("max_refreshes")
-    if _is_int(value) and value > 0 and value != LEGACY_UNTOUCHED_MAX_REFRESHES:
+    if (
+        _is_int(value)
+        and setting_problem("max_refreshes", value) is None
+        and value != LEGACY_UNTOUCHED_MAX_REFRESHES
+    ):
         return int(value)
     return None
 
@@ -90,31 +132,25 @@ def load_settings(paths: CardPaths) -> EffectiveSettings:
     data = document or {}
     sources: dict[str, str] = {}
 
-    def pick(key: str, valid: bool, default: Any) -> Any:
-        if key in data and valid:
+    problems: list[str] = []
+
+    def pick(key: str, default: Any) -> Any:
+        if key not in data:
+            sources[key] = "default"
+            return default
+        problem = setting_problem(key, data[key])
+        if problem is None:
             sources[key] = "taskcard.json"
             return data[key]
-        sources[key] = "invalid value in taskcard.json, default" if key in data else "default"
+        sources[key] = f"refused value in taskcard.json ({problem}), default"
+        problems.append(f"taskcard.json {problem}; the default {default:g} is in force")
         return default
 
-    interval = data.get("interval_s")
-    timeout = data.get("timeout_s")
-    refreshes = data.get("max_refreshes")
-    turns = data.get("reminder_turns")
-    chars = data.get("max_body_chars")
-    interval_ok = _is_number(interval) and interval >= 1
-    timeout_ok = _is_number(timeout) and timeout >= 0.1
-    interval_s = float(pick("interval_s", interval_ok, DEFAULT_INTERVAL_S))
-    timeout_s = float(pick("timeout_s", timeout_ok, DEFAULT_TIMEOUT_S))
-    max_refreshes = int(
-        pick("max_refreshes", _is_int(refreshes) and refreshes >= 1, DEFAULT_MAX_REFRESHES)
-    )
-    reminder_turns = int(
-        pick("reminder_turns", _is_int(turns) and turns >= 1, DEFAULT_REMINDER_TURNS)
-    )
-    max_body_chars = int(
-        pick("max_body_chars", _is_int(chars) and chars >= 100, DEFAULT_MAX_BODY_CHARS)
-    )
+    interval_s = float(pick("interval_s", DEFAULT_INTERVAL_S))
+    timeout_s = float(pick("timeout_s", DEFAULT_TIMEOUT_S))
+    max_refreshes = int(pick("max_refreshes", DEFAULT_MAX_REFRESHES))
+    reminder_turns = int(pick("reminder_turns", DEFAULT_REMINDER_TURNS))
+    max_body_chars = int(pick("max_body_chars", DEFAULT_MAX_BODY_CHARS))
     pending: int | None = None
     if document is None:
         pending = _legacy_max_refreshes(paths)
@@ -129,6 +165,7 @@ def load_settings(paths: CardPaths) -> EffectiveSettings:
         max_body_chars=max_body_chars,
         sources=sources,
         pending_migration=pending,
+        problems=tuple(problems),
     )
 
 

@@ -1,0 +1,489 @@
+"""Hostile input on the producer side: envelope bytes, runtime folders, settings, renderers.
+
+Each test drives a class of input the way an agent or another local user would (the CLI,
+the host socket, the Python API, files on disk) and checks the refusal is clear and names
+the problem, and that nothing else breaks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from producers.task_card.capability import TaskCard
+from producers.task_card.contract import CardPaths
+from producers.task_card.notifications import FileNotificationPort, TaskCardNotification
+from producers.task_card.renderer import (
+    ProcEntry,
+    RunOutcome,
+    RunRequest,
+    decide_doomed,
+    run_renderer,
+)
+
+from .conftest import (
+    COUNTER_RENDERER,
+    STATIC_RENDERER,
+    CliHost,
+    envelope,
+    notifications,
+    wait_for,
+    write_renderer,
+)
+
+MakeCard = Any
+
+# ----------------------------------------------------------------- envelope transport (12)
+
+DEEP = b"[" * 200_000 + b"]" * 200_000
+BIG = b'{"action": "settings", "input": {}, "reasoning": "' + b"a" * 2_000_000 + b'"}'
+
+# (id, raw bytes, words the refusal must contain)
+BAD_ENVELOPES: list[tuple[str, bytes, str]] = [
+    ("invalid-utf8", b'{"action": "settings", "input": {}, "reasoning": "\xff\xfe"}', "UTF-8"),
+    (
+        "lone-surrogate",
+        b'{"action": "settings", "input": {}, "reasoning": "\\ud800"}',
+        "surrogate",
+    ),
+    ("deep-nesting", b'{"action": "settings", "input": ' + DEEP + b', "reasoning": "x"}', "nested"),
+    ("two-megabytes", BIG, "limit"),
+    ("truncated", b'{"action": "settings", "input": {}, "reas', "truncated"),
+    ("top-level-array", b'[{"action": "settings"}]', "JSON object"),
+    ("nul-byte", b'{"action": "settings", "input": {}, "reasoning": "a\x00b"}', "NUL"),
+    ("nan", b'{"action": "start", "input": {"renderer_path": "r.py", "interval_s": NaN}}', "NaN"),
+    ("empty", b"", "empty"),
+]
+# What the kernel will not put in an argument: NUL ends the string, 128 KiB is the cap.
+NOT_AS_ARGUMENT = {"nul-byte", "two-megabytes", "deep-nesting", "empty"}
+
+
+def _run_tool(cli: CliHost, *, arg: bytes | None, stdin: bytes | None) -> tuple[int, str, str]:
+    command = [sys.executable, "-m", "bridge.cli", "tool"]
+    command += ["--workdir", str(cli.workdir), "--runtime-dir", str(cli.runtime_dir)]
+    if arg is not None:
+        command.append(os.fsdecode(arg))
+    done = subprocess.run(command, input=stdin or b"", capture_output=True, timeout=120)
+    return done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode()
+
+
+@pytest.mark.parametrize(("raw", "words"), [case[1:] for case in BAD_ENVELOPES],
+                         ids=[case[0] for case in BAD_ENVELOPES])  # fmt: skip
+def test_tool_refuses_unusable_envelopes_on_stdin_with_exit_2(
+    cli: CliHost, raw: bytes, words: str
+) -> None:
+    code, out, err = _run_tool(cli, arg=None, stdin=raw)
+    assert code == 2, (out, err)
+    result = json.loads(out)
+    assert result["status"] == "failed" and result["code"] == "bad_envelope"
+    assert words in result["message"]
+    for noise in ("Traceback", "Expecting value", "Broken pipe"):
+        assert noise not in out + err
+
+
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [case[1:] for case in BAD_ENVELOPES if case[0] not in NOT_AS_ARGUMENT],
+    ids=[case[0] for case in BAD_ENVELOPES if case[0] not in NOT_AS_ARGUMENT],
+)
+def test_tool_refuses_unusable_envelopes_as_argument_with_exit_2(
+    cli: CliHost, raw: bytes, words: str
+) -> None:
+    code, out, err = _run_tool(cli, arg=raw, stdin=None)
+    assert code == 2, (out, err)
+    assert words in json.loads(out)["message"]
+    assert "Traceback" not in err
+
+
+def test_card_refuses_an_argument_that_is_not_utf8(cli: CliHost) -> None:
+    command = [sys.executable, "-m", "bridge.cli", "card", "start", os.fsdecode(b"r\xff.py")]
+    command += ["--workdir", str(cli.workdir), "--runtime-dir", str(cli.runtime_dir)]
+    done = subprocess.run(command, capture_output=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "input.renderer_path" in json.loads(done.stdout)["message"]
+
+
+def _socket_exchange(cli: CliHost, line: bytes) -> dict[str, Any]:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(60)
+        conn.connect(str(cli.paths.socket))
+        conn.sendall(line + b"\n")
+        reply = b""
+        while not reply.endswith(b"\n"):
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+    result: dict[str, Any] = json.loads(reply)
+    return result
+
+
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [case[1:] for case in BAD_ENVELOPES if case[0] != "empty"],
+    ids=[case[0] for case in BAD_ENVELOPES if case[0] != "empty"],
+)
+def test_the_host_socket_answers_unusable_requests_and_keeps_serving(
+    cli: CliHost, raw: bytes, words: str
+) -> None:
+    settings = '{"action": "settings", "input": {}, "reasoning": "bring the host up"}'
+    assert cli.json("tool", stdin=settings)["status"] == "ok"  # `tool` starts the host
+    if raw.startswith(b"{"):
+        raw = b'{"op": "call", "envelope": ' + raw + b"}"
+    reply = _socket_exchange(cli, raw)
+    assert reply["ok"] is False or reply["result"]["status"] == "failed"
+    text = reply.get("error") or reply["result"]["message"]
+    assert words in text or "JSON" in text
+    assert _socket_exchange(cli, b'{"op": "ping"}')["ok"] is True
+
+
+@pytest.mark.parametrize(("raw", "words"), [case[1:] for case in BAD_ENVELOPES],
+                         ids=[case[0] for case in BAD_ENVELOPES])  # fmt: skip
+def test_the_python_api_refuses_unusable_envelopes_as_results(
+    make_card: MakeCard, raw: bytes, words: str
+) -> None:
+    card = make_card()
+    for form in (raw, raw.decode("utf-8", "surrogateescape")):
+        result = card.call(form)
+        assert result["status"] == "failed"
+        assert words in result["message"] or "UTF-8" in result["message"]
+    assert card.call(envelope("settings"))["status"] == "ok"
+
+
+def test_the_python_api_refuses_hostile_objects_too(make_card: MakeCard) -> None:
+    card = make_card()
+    deep: dict[str, Any] = {}
+    cursor = deep
+    for _ in range(200_000):
+        cursor["a"] = {}
+        cursor = cursor["a"]
+    cases = [
+        ({"action": "settings", "input": deep, "reasoning": "x"}, "nested"),
+        ({"action": "settings", "input": {}, "reasoning": "\ud800"}, "surrogate"),
+        ({"action": "settings", "input": {}, "reasoning": "a" * 2_000_000}, "limit"),
+        ({"action": "start", "input": {"renderer_path": "r\x00.py"}, "reasoning": "x"}, "NUL"),
+    ]
+    for raw, words in cases:
+        result = card.call(raw)
+        assert result["status"] == "failed" and words in result["message"]
+
+
+# ----------------------------------------------------------------- runtime folder (6)
+
+
+@pytest.fixture
+def foreign_runtime_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="tcrt"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _make_unsafe(path: Path, how: str) -> Path:
+    if how == "other-owner":
+        os.chown(path, 65534, 65534)
+        return path
+    if how == "group-writable":
+        path.chmod(0o770)
+        return path
+    if how == "world-readable":
+        path.chmod(0o755)
+        return path
+    link = path.with_name(path.name + "-link")
+    link.symlink_to(path)
+    return link
+
+
+@pytest.mark.parametrize("how", ["other-owner", "group-writable", "world-readable", "symlink"])
+def test_an_unsafe_runtime_dir_is_refused_with_one_line_and_exit_2(
+    workdir: Path, foreign_runtime_dir: Path, how: str
+) -> None:
+    runtime = _make_unsafe(foreign_runtime_dir, how)
+    for args in (["card", "inspect", "tc_1"], ["tool", '{"action": "manual"}'], ["host"], ["mcp"]):
+        command = [sys.executable, "-m", "bridge.cli", *args]
+        command += ["--workdir", str(workdir), "--runtime-dir", str(runtime)]
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
+        )
+        assert done.returncode == 2, (args, done.stdout, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and str(runtime) in lines[0] and "refusing" in lines[0]
+    assert not list(foreign_runtime_dir.glob("*.sock"))
+    with pytest.raises(RuntimeError, match="refusing"):
+        TaskCard(workdir, runtime_dir=runtime, environ={"PATH": os.defpath})
+
+
+def _private_tmp_available() -> bool:
+    probe = ["unshare", "--mount", "--propagation", "private", "sh", "-c", "mount -t tmpfs n /tmp"]
+    try:
+        return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+@pytest.mark.skipif(not _private_tmp_available(), reason="needs a private /tmp (unshare)")
+def test_the_tmp_fallback_is_created_0700_and_a_planted_one_is_refused() -> None:
+    """In a private mount namespace, so the real /tmp/taskcard-<uid> is never touched."""
+    workdir = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="tcwd"))
+    try:
+        (workdir / "r.py").write_text(STATIC_RENDERER)
+        settings = """'{"action": "settings", "input": {}, "reasoning": "x"}'"""
+        taskcard = f"{sys.executable} -m bridge.cli tool {settings} --workdir {workdir}"
+        fallback = f"/tmp/taskcard-{os.getuid()}"
+        script = f"""
+            mount -t tmpfs none /tmp || exit 99
+            {taskcard} --idle-grace-s 1 >/dev/null; echo "fresh=$? $(stat -c %a {fallback})"
+            rm -rf {fallback}; mkdir -m 0755 {fallback}
+            {taskcard} >/dev/null 2>/tmp/err; echo "loose=$? $(wc -l </tmp/err)"
+            rm -rf {fallback}; mkdir -m 0700 {fallback}; chown 65534 {fallback}
+            {taskcard} >/dev/null 2>/tmp/err; echo "foreign=$? $(cat /tmp/err)"
+        """
+        env = {k: v for k, v in os.environ.items() if "RUNTIME_DIR" not in k}
+        env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+        done = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+            cwd=str(Path(__file__).resolve().parents[2]),
+        )
+        lines = done.stdout.strip().splitlines()
+        assert lines[0] == "fresh=0 700", done.stdout + done.stderr
+        assert lines[1] == "loose=2 1", done.stdout + done.stderr
+        assert lines[2].startswith("foreign=2 ") and "uid 65534" in lines[2]
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_the_host_log_is_never_opened_through_a_symlink(workdir: Path, runtime_dir: Path) -> None:
+    cli = CliHost(workdir, runtime_dir)
+    target = runtime_dir.parent / f"{runtime_dir.name}-target"
+    target.write_text("")
+    try:
+        cli.paths.log.symlink_to(target)
+        done = cli.run("host", "--detach")
+        assert done.returncode == 2, done.stderr
+        assert "host log" in done.stderr and "Traceback" not in done.stderr
+        assert target.read_text() == ""
+    finally:
+        target.unlink()
+        cli.shutdown()
+
+
+# ----------------------------------------------------------------- settings ceilings (11)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("interval_s", 1e10, "less than or equal to 86400"),
+        ("timeout_s", 1e9, "less than or equal to 300"),
+        ("max_refreshes", 10**12, "less than or equal to 1000000"),
+    ],
+)
+def test_start_refuses_values_past_a_ceiling_naming_the_field(
+    workdir: Path, make_card: MakeCard, field: str, value: float, words: str
+) -> None:
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    card = make_card()
+    result = card.call(envelope("start", renderer_path="r.py", **{field: value}))
+    assert result["status"] == "failed"
+    assert f"input.{field}" in result["message"] and words in result["message"]
+    assert not (workdir / "taskcard" / "watch.json").exists()
+
+
+def test_out_of_range_settings_are_refused_per_field_with_their_range(
+    workdir: Path, make_card: MakeCard
+) -> None:
+    (workdir / "taskcard").mkdir()
+    document = {"max_body_chars": 10**12, "interval_s": 1e10, "reminder_turns": 7}
+    (workdir / "taskcard" / "taskcard.json").write_text(json.dumps(document))
+    card = make_card()
+    result = card.call(envelope("settings"))
+    assert result["status"] == "ok"
+    rows = {row["key"]: row for row in result["settings"]}
+    assert rows["max-body-chars"]["current"] == 2000
+    assert "100 to 100000" in rows["max-body-chars"]["comment"]
+    assert rows["interval-s"]["current"] == 5
+    assert rows["reminder-turns"]["current"] == 7  # the good field is kept
+    problems = " ".join(result["problems"])
+    assert "max_body_chars" in problems and "interval_s" in problems and "1 to 86400" in problems
+
+
+def test_a_descriptor_past_a_ceiling_is_cleared_not_resumed(
+    workdir: Path, make_card: MakeCard
+) -> None:
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    (workdir / "taskcard").mkdir()
+    descriptor = {
+        "watch_id": "tc_4",
+        "renderer_path": "r.py",
+        "interval_s": 1e10,
+        "timeout_s": 5,
+        "max_refreshes": 10,
+        "refreshes_used": 0,
+        "started_at": "2024-01-01T00:00:00Z",
+    }
+    (workdir / "taskcard" / "watch.json").write_text(json.dumps(descriptor))
+    card = make_card()
+    assert not card.has_live_watch()
+    assert not (workdir / "taskcard" / "watch.json").exists()
+
+
+class _UpdaterKiller(BaseException):
+    """Escapes `except Exception`, as a bug or an interpreter-level error would."""
+
+
+def test_a_dead_updater_shows_as_an_error_with_a_notification_never_as_watching(
+    workdir: Path, make_card: MakeCard
+) -> None:
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    runs = []
+    killed = threading.Event()
+
+    def runner(request: RunRequest, cancel: threading.Event) -> RunOutcome:
+        runs.append(request)
+        if len(runs) == 2:  # the first tick after start
+            killed.set()
+            raise _UpdaterKiller()
+        return run_renderer(request, cancel)
+
+    card = make_card(runner=runner)
+    assert card.call(envelope("start", renderer_path="r.py", interval_s=1))["status"] == "watching"
+    assert killed.wait(60)
+    wait_for(lambda: card.inspect("tc_1")["status"] == "error")
+    inspected = card.inspect("tc_1")
+    assert inspected["error"]["code"] == "watch_crash"
+    assert "updater stopped" in inspected["error"]["message"]
+    wait_for(lambda: any(n["source"] == "task_card.error" for n in notifications(workdir)))
+    retried = card.call(envelope("retry", watch_id="tc_1"))  # restarts the updater
+    assert retried["status"] == "watching"
+    wait_for(lambda: len(runs) >= 4)
+    assert card.inspect("tc_1")["status"] == "watching"
+
+
+class _BrokenPort(FileNotificationPort):
+    def notify(self, event: TaskCardNotification) -> None:
+        raise OSError("disk full")
+
+
+def test_a_dead_updater_is_an_error_even_when_the_notification_fails(
+    workdir: Path, make_card: MakeCard
+) -> None:
+    write_renderer(workdir, "r.py", COUNTER_RENDERER)
+    calls = []
+
+    def runner(request: RunRequest, cancel: threading.Event) -> RunOutcome:
+        calls.append(1)
+        if len(calls) >= 2:
+            raise _UpdaterKiller()
+        return run_renderer(request, cancel)
+
+    card = make_card(runner=runner, notifier=_BrokenPort(CardPaths(workdir)))
+    card.call(envelope("start", renderer_path="r.py", interval_s=1))
+    wait_for(lambda: card.inspect("tc_1")["status"] == "error")
+
+
+# ----------------------------------------------------------------- renderer descendants (10)
+
+
+def _marked_processes(marker: str) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
+            state = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in cmdline and state != "Z":
+            found.append(int(name))
+    return found
+
+
+def _escaping_renderer(marker: str, *, clear_env: bool) -> str:
+    """Starts a grandchild in its own session (and maybe a clean environment) every run."""
+    prefix = "env -i " if clear_env else ""
+    sleeper = f"{sys.executable} -c 'import time; time.sleep(1000)' {marker}"
+    return (
+        "import os\n"
+        f'os.system("{prefix}setsid {sleeper} &")\n'
+        'print("# Work\\nspawned a grandchild")\n'
+    )
+
+
+@pytest.mark.parametrize("clear_env", [False, True], ids=["setsid", "setsid-env-i"])
+def test_grandchildren_of_renderers_die_with_the_render_in_the_host(
+    workdir: Path, cli: CliHost, clear_env: bool
+) -> None:
+    marker = f"tcmark-{uuid.uuid4().hex}"
+    write_renderer(workdir, "r.py", _escaping_renderer(marker, clear_env=clear_env))
+    started = cli.json("card", "start", "r.py", "--interval-s", "1", "--timeout-s", "30")
+    assert started["status"] == "watching", started
+    wait_for(lambda: cli.json("card", "inspect", "tc_1")["refreshes_used"] >= 3)
+    inspected = cli.json("card", "inspect", "tc_1")
+    assert inspected["error"] is None, inspected["error"]  # pipes were not held to a timeout
+    cli.json("card", "stop", "tc_1")
+    wait_for(lambda: not _marked_processes(marker), 30)
+    cli.json("card", "retry", "tc_1")
+    cli.json("card", "remove")
+    wait_for(lambda: not _marked_processes(marker), 30)
+
+
+def test_grandchildren_of_renderers_die_with_the_render_in_process(
+    workdir: Path, make_card: MakeCard
+) -> None:
+    marker = f"tcmark-{uuid.uuid4().hex}"
+    write_renderer(workdir, "r.py", _escaping_renderer(marker, clear_env=False))
+    card = make_card()
+    assert card.call(envelope("start", renderer_path="r.py", interval_s=3600))["status"] == (
+        "watching"
+    )
+    for _ in range(3):
+        card.call(envelope("retry", watch_id="tc_1"))
+    wait_for(lambda: not _marked_processes(marker), 30)
+    card.call(envelope("remove"))
+    wait_for(lambda: not _marked_processes(marker), 30)
+
+
+def _row(pid: int, ppid: int, *, zombie: bool = False, tagged: bool = False) -> ProcEntry:
+    return ProcEntry(pid, ppid, zombie, tagged)
+
+
+@pytest.mark.parametrize(
+    ("table", "leader", "live", "subreaper", "expected"),
+    [
+        # the renderer's subtree, not its siblings
+        ([_row(10, 1), _row(11, 10), _row(12, 11), _row(20, 1)], 10, set(), False, {10, 11, 12}),
+        # a tagged orphan under init and its own child
+        ([_row(30, 1, tagged=True), _row(31, 30)], None, set(), False, {30, 31}),
+        # as subreaper: our orphaned children die, a running renderer does not
+        ([_row(40, 5), _row(41, 40), _row(50, 5)], None, {50}, True, {40, 41}),
+        # not a subreaper: our other children are the agent's business
+        ([_row(40, 5), _row(50, 5)], None, set(), False, set()),
+        # never ourselves, even when tagged
+        ([_row(5, 1, tagged=True), _row(60, 5)], None, set(), False, set()),
+        # a parent cycle in a torn snapshot terminates
+        ([_row(70, 71), _row(71, 70)], None, set(), False, set()),
+    ],
+)
+def test_decide_doomed(
+    table: list[ProcEntry], leader: int | None, live: set[int], subreaper: bool, expected: set[int]
+) -> None:
+    doomed = decide_doomed(
+        table, me=5, leader=leader, live_leaders=frozenset(live), subreaper=subreaper
+    )
+    assert doomed == expected
