@@ -722,10 +722,30 @@ class SqliteStore(StateStore):
         ]
 
 
+def _create_atomically(path: Path) -> None:
+    """Create a new state file with its schema under a temporary name, then rename it.
+
+    So the state file either does not exist or has every table: `taskcard status` run in the
+    first instant of a first start, or a start after a crash during creation, never meets an
+    empty or half-made database (which the start-up check rightly refuses).
+    """
+    fresh = path.with_name(path.name + ".new")
+    fresh.unlink(missing_ok=True)  # left by a creation that crashed: never committed to
+    db = sqlite3.connect(fresh, timeout=5.0, isolation_level=None)
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.executescript(_SCHEMA)
+    finally:
+        db.close()  # the last connection's close folds the WAL back into the file
+    os.replace(fresh, path)
+
+
 def _open_writable(path: Path) -> sqlite3.Connection:
     """Open the state file for writing and prove it with a real write, or `StateFileError`."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            _create_atomically(path)
         db = sqlite3.connect(path, timeout=5.0, isolation_level=None)
     except (OSError, sqlite3.Error) as exc:
         raise StateFileError(
