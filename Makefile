@@ -1,34 +1,42 @@
-# One entry point for newcomers, CI and benchmarks. Everything runs inside .venv,
-# which the first target that needs it creates from pyproject.toml.
+# One entry point for newcomers, CI and benchmarks. Everything runs inside .venv, which the
+# first target that needs it creates from pyproject.toml: `make run` installs only what the
+# service needs to run; the check, test and bench targets add the development tools.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
+DEV_STAMP := $(VENV)/.installed-dev
 
 .PHONY: install run test check lint typecheck bench clean
 
-$(STAMP): pyproject.toml
+$(BIN)/pip:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
-	touch $(STAMP)
 
-install: $(STAMP)
+$(RUN_STAMP): pyproject.toml | $(BIN)/pip
+	$(BIN)/pip install --quiet -e .
+	touch $(RUN_STAMP)
+
+$(DEV_STAMP): pyproject.toml | $(BIN)/pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(DEV_STAMP) $(RUN_STAMP)
+
+install: $(DEV_STAMP)
 
 ## The main job on the embedded defaults: a demo fleet projected to the console channel.
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/taskcard serve
 
 ## The whole test suite plus lint, format and type checks (what CI runs).
 test: check
 
-check: $(STAMP)
+check: $(DEV_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/pytest -q -W error --timeout=300
 
-bench: $(STAMP)
+bench: $(DEV_STAMP)
 	$(BIN)/python -m bench all
 
 clean:
