@@ -48,6 +48,7 @@ _COMMAND_MODULES = (
     "producers.task_card.cli",
     "producers.ledger.cli",
     "producers.agent_hooks.cli",
+    "producers.inbox.cli",
 )
 
 Handler = Callable[[argparse.Namespace], int]
