@@ -49,6 +49,7 @@ _COMMAND_MODULES = (
     "producers.ledger.cli",
     "producers.agent_hooks.cli",
     "producers.inbox.cli",
+    "producers.reports.cli",
 )
 
 Handler = Callable[[argparse.Namespace], int]
