@@ -48,6 +48,8 @@ _COMMAND_MODULES = (
     "producers.task_card.cli",
     "producers.ledger.cli",
     "producers.agent_hooks.cli",
+    "producers.inbox.cli",
+    "producers.reports.cli",
 )
 
 Handler = Callable[[argparse.Namespace], int]

@@ -6,5 +6,6 @@ completed turns for reminders and hands undelivered task card wakes back to the 
 loop, so it never fails its agent: errors go to `logs/taskcard-hook.log` and it exits 0.
 
 May import: the standard library, tomlkit (only `install`), `producers.task_card` modules
-that do not start a host. Never `bridge` or `channels`.
+that do not start a host, `producers.inbox` (queued chat texts for the hooks). Never
+`bridge` or `channels`.
 """

@@ -20,10 +20,12 @@ from typing import Any, Final
 
 from producers.agent_hooks.claude_code import (
     decide,
-    hook_output,
     read_transcript_usage,
 )
 from producers.agent_hooks.codex import codex_events
+from producers.agent_hooks.inbox_hook import output as inbox_output
+from producers.agent_hooks.inbox_hook import steer
+from producers.agent_hooks.inbox_hook import take as take_inbox
 from producers.task_card.activity_log import append_event, event_record
 from producers.task_card.contract import CardPaths, atomic_write, utc_now_iso
 from producers.task_card.notifications import FileNotificationPort
@@ -132,8 +134,11 @@ def claude_code(raw: bytes, workdir_override: str | None, clock: Clock = utc_now
     session = payload.get("session_id")
     key = session if isinstance(session, str) and _SESSION.match(session) else "-"
     usage = read_transcript_usage(payload.get("transcript_path")) if name == "Stop" else None
+    inbox = take_inbox(paths, name, payload, key, lambda line: log_error(paths.workdir, line))
+    if inbox.ends_blocked_turn:
+        payload = {**payload, "stop_hook_active": False}  # our block held the turn: end it
     with _session_waits(paths) as waits:
-        decision = decide(payload, waits.get(key), usage)
+        decision = steer(name, decide(payload, waits.get(key), usage), inbox.messages)
         if decision.waiting is None:
             waits.pop(key, None)
         else:
@@ -144,9 +149,8 @@ def claude_code(raw: bytes, workdir_override: str | None, clock: Clock = utc_now
     reader = WakeReader(paths, CLAUDE_CONSUMER)
     if name == "SessionStart":
         reader.prime()
-    output = (
-        hook_output(name, reader.take()) if name in ("UserPromptSubmit", "PostToolUse") else None
-    )
+    wakes = reader.take() if name in ("UserPromptSubmit", "PostToolUse") else []
+    output = inbox_output(name, wakes, inbox.messages)
     return json.dumps(output, ensure_ascii=False) if output is not None else ""
 
 

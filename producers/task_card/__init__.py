@@ -5,8 +5,9 @@ or through the `taskcard mcp` server); a per-workdir host runs the agent's rende
 interval and publishes the body through the file contract in `contract.py`.
 
 May import: the standard library, pydantic, mcp (only `mcp_server`), and `producers.ledger`
-(only where the MCP server lists its tool and the host wires its monitor in). Never `bridge`
-or `channels`.
+(only where the MCP server lists its tool and the host wires its monitor in), `producers.inbox`
+and `producers.reports` (only where the MCP server lists their tools). Never `bridge` or
+`channels`.
 """
 
 from producers.task_card.capability import TaskCard

@@ -25,10 +25,12 @@ REQUIRED_FIELDS: Final[dict[str, dict[str, tuple[type, ...]]]] = {
     "usage": {"input_tokens": (int,), "output_tokens": (int,)},
     "wait.start": {"reason": (str,)},
     "wait.end": {"reason": (str,)},
+    "turn.origin": {"origin": (str,)},
 }
 OPTIONAL_FIELDS: Final[dict[str, dict[str, tuple[type, ...]]]] = {
     "agent.start": {"pid": (int,)},
     "agent.exit": {"code": (int,)},
+    "turn.start": {"origin": (str,)},
     "tool.start": {"summary": (str,)},
     "tool.end": {"duration_s": (int, float)},
 }

@@ -60,6 +60,7 @@ EVENT_KINDS: Final = frozenset(
         "usage",
         "wait.start",
         "wait.end",
+        "turn.origin",
     }
 )
 

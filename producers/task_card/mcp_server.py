@@ -1,4 +1,5 @@
-"""`taskcard mcp`: a stdio MCP server over a small registry of tools (today: `task_card`).
+"""`taskcard mcp`: a stdio MCP server over a small registry of tools (task_card, ledger, report,
+spawn, inbox).
 
 Each tool is one `McpTool` entry in `TOOLS`: its name, description, input and output schemas,
 annotations and a plain function from (workdir paths, arguments) to a result dict, run in a
@@ -29,7 +30,9 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
+from producers.inbox import mcp_tool as inbox_tool
 from producers.ledger import mcp_tool as ledger_tool
+from producers.reports import mcp_tool as reports_tool
 from producers.task_card.client import HostUnavailable, call_via_host
 from producers.task_card.contract import CardPaths
 from producers.task_card.envelope import ACTIONS, envelope_json_schema
@@ -146,8 +149,62 @@ LEDGER_TOOL: Final = McpTool(
     is_error=lambda result: result.get("status") == "failed",
 )
 
+REPORT_TOOL: Final = McpTool(
+    name=reports_tool.REPORT_TOOL,
+    description=reports_tool.REPORT_DESCRIPTION,
+    input_schema=reports_tool.report_schema(),
+    output_schema=reports_tool.result_schema(),
+    annotations=types.ToolAnnotations(
+        title="Report",
+        read_only_hint=False,
+        destructive_hint=False,  # reports are only ever appended
+        idempotent_hint=False,
+        open_world_hint=False,
+    ),
+    call=reports_tool.call_report,
+    is_error=lambda result: result.get("status") == "failed",
+)
+
+SPAWN_TOOL: Final = McpTool(
+    name=reports_tool.SPAWN_TOOL,
+    description=reports_tool.SPAWN_DESCRIPTION,
+    input_schema=reports_tool.spawn_schema(),
+    output_schema=reports_tool.result_schema(),
+    annotations=types.ToolAnnotations(
+        title="Record a spawned agent",
+        read_only_hint=False,
+        destructive_hint=False,
+        idempotent_hint=False,
+        open_world_hint=False,
+    ),
+    call=reports_tool.call_spawn,
+    is_error=lambda result: result.get("status") == "failed",
+)
+
+INBOX_TOOL: Final = McpTool(
+    name=inbox_tool.TOOL_NAME,
+    description=inbox_tool.TOOL_DESCRIPTION,
+    input_schema=inbox_tool.input_schema(),
+    output_schema=inbox_tool.output_schema(),
+    annotations=types.ToolAnnotations(
+        title="Messages from the chat",
+        read_only_hint=False,  # claims what it returns
+        destructive_hint=False,
+        idempotent_hint=False,
+        open_world_hint=False,
+    ),
+    call=inbox_tool.call_inbox,
+    is_error=lambda result: result.get("status") == "failed",
+)
+
 # The registry: one entry per tool this server offers.
-TOOLS: Final[tuple[McpTool, ...]] = (TASK_CARD_TOOL, LEDGER_TOOL)
+TOOLS: Final[tuple[McpTool, ...]] = (
+    TASK_CARD_TOOL,
+    LEDGER_TOOL,
+    REPORT_TOOL,
+    SPAWN_TOOL,
+    INBOX_TOOL,
+)
 
 
 def package_version() -> str:

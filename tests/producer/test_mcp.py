@@ -57,7 +57,7 @@ async def test_an_mcp_client_starts_inspects_and_removes_a_watch(
         assert init.server_info.version == metadata.version("taskcard")
         assert init.instructions is not None and "prints the whole card" in init.instructions
         tools = (await session.list_tools()).tools
-        assert [tool.name for tool in tools] == ["task_card", "ledger"]
+        assert [tool.name for tool in tools] == ["task_card", "ledger", "report", "spawn", "inbox"]
         tool = tools[0]
         assert tool.input_schema["properties"]["action"]["enum"] == list(ACTIONS)
         assert "oneOf" not in tool.input_schema

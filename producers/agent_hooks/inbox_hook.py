@@ -1,0 +1,146 @@
+"""The chat's queued texts in a Claude Code session: when each hook hands them over.
+
+- `UserPromptSubmit`: the texts join the prompt as `additionalContext`, and the turn's
+  `turn.start` carries the first text's `origin` (the turn now also answers that chat). When
+  `TASKCARD_ORIGIN` names another origin for the session, the message's origin wins for
+  this turn: it is the concrete reason for the turn, the variable only a default.
+- `PostToolUse`: the texts reach the model in the middle of its turn (`additionalContext`);
+  one `turn.origin` per distinct origin marks the running turn as steered by that chat.
+- `Stop` (not `stop_hook_active`): queued texts BLOCK the stop, `{"decision": "block",
+  "reason": ...}`, so the model handles them in this turn instead of leaving them parked;
+  `turn.origin` as above, and no `turn.end` (the turn goes on; the turn's usage so far is
+  still written, since the next stop counts only what follows the block). The session is
+  marked, so that its next `Stop`, which comes with `stop_hook_active`, ends the turn as a
+  plain stop would (`usage`, `turn.end`, a completed turn) and never blocks again.
+
+An idle session runs no hook, so its texts stay in `inbox/queued/` (parked) until the next
+turn. The texts of one output are bounded (`MAX_TEXT_BYTES`; one larger message goes
+alone); the rest waits for the next hook. Texts are framed as messages from people in a
+chat, wakes as notices (`producers.inbox.contract.frame`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
+
+from producers.agent_hooks.claude_code import HookDecision, hook_output
+from producers.inbox import InboxUnsafe, Message, claim_all, frame
+from producers.task_card.contract import CardPaths, atomic_write
+
+MAX_TEXT_BYTES: Final = 5 * 1024  # plus at most ten short task card wakes: about 8 KiB
+BLOCKED_FILE: Final = ".taskcard-hook-blocked.json"
+MAX_BLOCKED_SESSIONS: Final = 64
+DELIVERING_EVENTS: Final = frozenset({"UserPromptSubmit", "PostToolUse", "Stop"})
+STOP_PREFACE: Final = (
+    "Before you stop: these arrived for you through taskcard while you worked. Handle them "
+    "in this turn (answer, adjust your work, or say why not)."
+)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What this hook claimed from the inbox, and whether it ends a turn it had blocked."""
+
+    messages: list[Message] = field(default_factory=list)
+    ends_blocked_turn: bool = False
+
+
+def origins(messages: list[Message]) -> list[str]:
+    """The distinct origins of the messages, in order."""
+    seen: list[str] = []
+    for message in messages:
+        if message.origin is not None and message.origin not in seen:
+            seen.append(message.origin)
+    return seen
+
+
+def steer(name: object, decision: HookDecision, messages: list[Message]) -> HookDecision:
+    """The hook's events once the claimed messages are part of the turn (pure)."""
+    if not messages:
+        return decision
+    found = origins(messages)
+    marks = [("turn.origin", {"origin": origin}) for origin in found]
+    if name == "UserPromptSubmit":
+        if not found:
+            return decision
+        events = [
+            (kind, {**fields, "origin": found[0]} if kind == "turn.start" else fields)
+            for kind, fields in decision.events
+        ]
+        return replace(decision, events=events)
+    if name == "PostToolUse":
+        return replace(decision, events=[*decision.events, *marks])
+    if name == "Stop":
+        kept = [(kind, fields) for kind, fields in decision.events if kind != "turn.end"]
+        return replace(decision, events=[*kept, *marks], completed_turn=False)
+    return decision
+
+
+def output(name: object, wakes: list[str], messages: list[Message]) -> dict[str, Any] | None:
+    """The JSON for Claude Code's stdout: a blocked stop, a context, or nothing (pure)."""
+    texts = [frame(message) for message in messages]
+    if name == "Stop":
+        if not texts:
+            return None
+        return {"decision": "block", "reason": "\n\n".join([STOP_PREFACE, *texts])}
+    return hook_output(name, ["\n\n".join(texts), *wakes] if texts else wakes)
+
+
+def take(
+    paths: CardPaths,
+    name: object,
+    payload: Mapping[str, Any],
+    session: str,
+    log: Callable[[str], None],
+) -> Delivery:
+    """Claim what this hook delivers, and settle the session's blocked stop; never raises."""
+    if name not in DELIVERING_EVENTS:
+        return Delivery()
+    try:
+        if name == "Stop" and payload.get("stop_hook_active") is True:
+            with _blocked_sessions(paths) as blocked:
+                ended = session in blocked
+                if ended:
+                    blocked.remove(session)
+            return Delivery(ends_blocked_turn=ended)
+        batch = claim_all(paths.workdir, f"claude-code:{name}", max_bytes=MAX_TEXT_BYTES)
+        for problem in batch.problems:
+            log(f"inbox: {problem}")
+        if name == "Stop" and batch.messages:
+            with _blocked_sessions(paths) as blocked:
+                if session not in blocked:
+                    blocked.append(session)
+        return Delivery(messages=batch.messages)
+    except InboxUnsafe as exc:
+        log(f"inbox: {exc}")
+    except OSError as exc:
+        log(f"inbox: cannot read: {exc.__class__.__name__}: {exc.strerror}")
+    return Delivery()
+
+
+@contextlib.contextmanager
+def _blocked_sessions(paths: CardPaths) -> Iterator[list[str]]:
+    """The sessions whose stop this hook blocked, read and written back under a lock."""
+    paths.logs_dir.mkdir(parents=True, exist_ok=True)
+    path = paths.logs_dir / BLOCKED_FILE
+    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            data = json.loads(path.read_bytes()[:65536])
+        except (OSError, ValueError):
+            data = []
+        sessions = [s for s in data if isinstance(s, str)] if isinstance(data, list) else []
+        before = list(sessions)
+        yield sessions
+        if sessions != before:
+            kept = sessions[-MAX_BLOCKED_SESSIONS:]
+            atomic_write(path, json.dumps(kept).encode(), durable=False)
+    finally:
+        os.close(fd)

@@ -1,0 +1,17 @@
+"""The agent side of the chat -> agent inbox: claim queued texts, acknowledge them.
+
+The service queues a person's text (or a typed wake) as `inbox/queued/<id>.json` in the
+agent's workdir; whatever host reads the agent (the Claude Code hooks, `taskcard inbox`, the
+`inbox` MCP tool) claims it by renaming it to `inbox/taken/`, which races safely against the
+service's cancel rename to `inbox/cancelled/`, then appends one line to `inbox/acks.jsonl`.
+The file contract is in `contract.py` and docs/producer.md; nothing here follows a link.
+
+May import: the standard library, `producers.task_card.contract`,
+`producers.task_card.runtime` (only `mcp_tool`, for its type). Never `bridge` or
+`channels`.
+"""
+
+from producers.inbox.claim import InboxUnsafe, claim_all, peek
+from producers.inbox.contract import Message, frame
+
+__all__ = ["InboxUnsafe", "Message", "claim_all", "frame", "peek"]

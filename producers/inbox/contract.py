@@ -1,0 +1,168 @@
+"""The inbox's file contract (shared with the service) and total parsing of one message.
+
+Layout under the agent's workdir, all folders real directories (never links)::
+
+    inbox/tmp/<id>.json        the service writes a message here first
+    inbox/queued/<id>.json     then renames it here (atomic): waiting for the agent
+    inbox/taken/<id>.json      the agent side claimed it (its rename won)
+    inbox/cancelled/<id>.json  the service withdrew it (its rename won)
+    inbox/acks.jsonl           one line per claimed message, appended by the agent side
+
+A message is one UTF-8 JSON object of at most 16 KiB: `{"v": 1, "id", "kind": "message" |
+"wake", "text", "from": {"channel", "chat_id", "thread_id", "user"}, "origin", "queued_at"}`.
+Everything in it is untrusted text: `parse_message` checks every field and says which one is
+wrong; `frame` quotes the text so that it can never pose as the frame around it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+INBOX_DIR: Final = "inbox"
+QUEUED_DIR: Final = "queued"
+TAKEN_DIR: Final = "taken"
+CANCELLED_DIR: Final = "cancelled"
+TMP_DIR: Final = "tmp"
+ACKS_FILE: Final = "acks.jsonl"
+MAX_MESSAGE_BYTES: Final = 16 * 1024
+VERSION: Final = 1
+KINDS: Final = ("message", "wake")
+VIAS: Final = frozenset(
+    {
+        "claude-code:PostToolUse",
+        "claude-code:Stop",
+        "claude-code:UserPromptSubmit",
+        "inbox-cli",
+        "mcp",
+    }
+)
+MESSAGE_ID: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# `<channel>:<chat_id>[:<thread_id>]`; the service checks the channel's own id rules.
+ORIGIN: Final = re.compile(
+    r"[a-z][a-z0-9_-]{0,31}:-?[A-Za-z0-9_.@-]{1,128}(:[A-Za-z0-9_.@-]{1,64})?"
+)
+_LABEL_CHARS: Final = 64
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+Kind = Literal["message", "wake"]
+
+
+@dataclass(frozen=True)
+class Message:
+    """One queued text, as parsed from its file."""
+
+    id: str
+    kind: Kind
+    text: str
+    channel: str | None
+    chat_id: str | None
+    thread_id: str | None
+    user: str | None
+    origin: str | None
+    queued_at: str
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON shape `taskcard inbox --json` and the `inbox` MCP tool answer with."""
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "text": self.text,
+            "from": {
+                "channel": self.channel,
+                "chat_id": self.chat_id,
+                "thread_id": self.thread_id,
+                "user": self.user,
+            },
+            "origin": self.origin,
+            "queued_at": self.queued_at,
+            "framed": frame(self),
+        }
+
+
+class MessageError(ValueError):
+    """A message file that does not follow the contract; the text names the field."""
+
+
+def _optional_str(data: dict[str, Any], key: str, where: str) -> str | None:
+    value = data.get(key)
+    if value is None or (isinstance(value, str) and len(value) <= 256):
+        return value
+    raise MessageError(f"{where}{key}: must be text of at most 256 characters or null")
+
+
+def parse_message(raw: bytes, expected_id: str) -> Message:
+    """The message in `raw` (the file named `<expected_id>.json`); raises `MessageError`."""
+    if len(raw) > MAX_MESSAGE_BYTES:
+        raise MessageError(f"over {MAX_MESSAGE_BYTES} bytes; the service never writes that")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise MessageError("not UTF-8 JSON") from None
+    if not isinstance(data, dict):
+        raise MessageError("not a JSON object")
+    if data.get("v") != VERSION:
+        raise MessageError(f"v: must be {VERSION}, got {data.get('v')!r}")
+    ident = data.get("id")
+    if ident != expected_id:
+        raise MessageError("id: must equal the file name without .json")
+    kind = data.get("kind")
+    if kind not in KINDS:
+        raise MessageError(f"kind: must be one of {', '.join(KINDS)}")
+    text = data.get("text")
+    if not isinstance(text, str) or not text.strip():
+        raise MessageError("text: must be non-blank text")
+    sender = data.get("from")
+    if sender is None and kind == "wake":
+        sender = {}
+    if not isinstance(sender, dict):
+        raise MessageError("from: must be an object with channel, chat_id, thread_id, user")
+    channel = _optional_str(sender, "channel", "from.")
+    chat_id = _optional_str(sender, "chat_id", "from.")
+    if kind == "message" and (channel is None or chat_id is None):
+        raise MessageError("from.channel, from.chat_id: required for a person's message")
+    origin = data.get("origin")
+    if origin is not None and not (isinstance(origin, str) and ORIGIN.fullmatch(origin)):
+        raise MessageError("origin: must be <channel>:<chat_id>[:<thread_id>] or null")
+    queued_at = data.get("queued_at")
+    if not isinstance(queued_at, str) or len(queued_at) > 64:
+        raise MessageError("queued_at: must be an ISO-8601 UTC time")
+    return Message(
+        id=expected_id,
+        kind=kind,
+        text=text,
+        channel=channel,
+        chat_id=chat_id,
+        thread_id=_optional_str(sender, "thread_id", "from."),
+        user=_optional_str(sender, "user", "from."),
+        origin=origin,
+        queued_at=queued_at,
+    )
+
+
+def label(value: str | None, fallback: str) -> str:
+    """A one-line, bounded name for the frame: no control or direction characters."""
+    cleaned = _CONTROL.sub(" ", value or "").strip()
+    if not cleaned:
+        return fallback
+    return cleaned if len(cleaned) <= _LABEL_CHARS else cleaned[: _LABEL_CHARS - 1] + "…"
+
+
+def frame(message: Message) -> str:
+    """The text as the agent reads it: who sent it, from where, then the text quoted.
+
+    Every line of the text starts with `> `, so a text cannot end the quote and pose as a
+    second frame or as an instruction of the agent's own operator.
+    """
+    lines = message.text.splitlines() or [""]
+    quoted = "\n".join(f"> {line}" for line in lines)
+    if message.kind == "wake":
+        when = label(message.queued_at, "?")
+        return f"Notice from taskcard (the service, not a person), queued {when}:\n{quoted}"
+    who = label(message.user, "someone")
+    where = f"{label(message.channel, 'a')} chat {label(message.chat_id, '?')}"
+    if message.thread_id:
+        where += f" (thread {label(message.thread_id, '?')})"
+    return f"Message from {who} in {where}, sent to you through taskcard:\n{quoted}"

@@ -1,0 +1,73 @@
+"""The `inbox` MCP tool: claim the chat's queued texts (acknowledged with via `mcp`).
+
+For hosts without hooks: the agent calls it to read what people wrote to it. One result
+carries at most `MAX_RESULT_BYTES` of framed text; `more_queued` says to call again.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from producers.inbox.claim import InboxUnsafe, claim_all, peek
+from producers.task_card.runtime import HostPaths
+
+TOOL_NAME: Final = "inbox"
+VIA: Final = "mcp"
+MAX_RESULT_BYTES: Final = 8 * 1024
+TOOL_DESCRIPTION: Final = (
+    "Read the messages people sent you from a chat (and taskcard's notices, such as a "
+    "child agent's report). Claims them: each is returned once. peek=true lists without "
+    "claiming. When more_queued is true, call again."
+)
+
+
+def input_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "peek": {"type": "boolean", "description": "list only, claim nothing"},
+        },
+    }
+
+
+def output_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "status": {"type": "string", "description": "ok, or failed with a message"},
+            "messages": {
+                "type": "array",
+                "items": {"type": "object"},
+                "description": "oldest first; `framed` is the text as you should read it",
+            },
+            "more_queued": {"type": "boolean"},
+            "message": {"type": "string", "description": "Why a call failed, and the fix."},
+        },
+        "required": ["status"],
+    }
+
+
+def call_inbox(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
+    """Claim (or peek at) the workdir's queued messages; a result dict, never an exception."""
+    unknown = set(arguments) - {"peek"}
+    if unknown:
+        return {"status": "failed", "message": f"{sorted(unknown)[0]}: not a field; use peek"}
+    only_peek = arguments.get("peek", False)
+    if not isinstance(only_peek, bool):
+        return {"status": "failed", "message": "peek: must be true or false"}
+    try:
+        if only_peek:
+            batch = peek(paths.workdir)
+            more = False
+        else:
+            batch = claim_all(paths.workdir, VIA, max_bytes=MAX_RESULT_BYTES)
+            more = bool(peek(paths.workdir).messages)
+    except InboxUnsafe as exc:
+        return {"status": "failed", "message": str(exc)}
+    except OSError as exc:
+        return {"status": "failed", "message": f"cannot read the inbox: {exc.strerror}"}
+    return {
+        "status": "ok",
+        "messages": [message.summary() for message in batch.messages],
+        "more_queued": more,
+    }

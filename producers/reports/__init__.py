@@ -1,0 +1,17 @@
+"""Reports and lineage: results that outlive the agent, and who created whom.
+
+`Reports(workdir).add(...)` appends a numbered report to `reports/reports.jsonl` (the seq
+only grows, across restarts and concurrent writers); `after(seq)` reads the next one.
+`spawn(child, parent=..., reason=...)` records a child agent's lineage in
+`<child>/lineage.json` under a depth cap. The same calls are `taskcard report|reports|spawn`
+and the `report` and `spawn` MCP tools; the file contracts are in docs/producer.md.
+
+May import: the standard library, `producers.task_card.contract`,
+`producers.task_card.runtime` (only `mcp_tool`, for its type). Never `bridge` or
+`channels`.
+"""
+
+from producers.reports.lineage import LineageError, read_lineage, spawn
+from producers.reports.store import ReportError, Reports
+
+__all__ = ["LineageError", "ReportError", "Reports", "read_lineage", "spawn"]

@@ -1,0 +1,156 @@
+"""`taskcard report`, `taskcard reports` and `taskcard spawn`.
+
+Each prints one JSON object on stdout. Exit codes: 0 done (`reports` with nothing newer
+too: `{"report": null}`), 2 bad input (one line on stderr naming the field and the fix),
+1 the files could not be written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from producers.reports.lineage import DEFAULT_MAX_DEPTH, LineageError, spawn
+from producers.reports.store import MAX_PAYLOAD_BYTES, VERDICTS, ReportError, Reports
+
+
+def _print(data: Any) -> None:
+    print(json.dumps(data, ensure_ascii=False))
+
+
+def _fail(command: str, message: str, code: int = 2) -> int:
+    print(f"taskcard {command}: {message}", file=sys.stderr)
+    return code
+
+
+def _read_payload(source: str) -> str:
+    try:
+        if source == "-":
+            raw = sys.stdin.buffer.read(MAX_PAYLOAD_BYTES + 1)
+        else:
+            with Path(source).open("rb") as handle:
+                raw = handle.read(MAX_PAYLOAD_BYTES + 1)
+    except OSError as exc:
+        raise ReportError(f"--payload: cannot read {source} ({exc.strerror})") from None
+    if len(raw) > MAX_PAYLOAD_BYTES:
+        raise ReportError(
+            f"--payload: over {MAX_PAYLOAD_BYTES} bytes; write the rest to a file in the "
+            "workdir and name it in the payload"
+        )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ReportError("--payload: not UTF-8 text") from None
+
+
+def run_report(args: argparse.Namespace) -> int:
+    try:
+        payload = _read_payload(args.payload) if args.payload is not None else None
+        record = Reports(args.workdir, channel="cli").add(
+            ok=args.ok,
+            verdict=args.verdict,
+            role=args.role,
+            summary=args.summary,
+            payload=payload,
+        )
+    except ReportError as exc:
+        return _fail("report", str(exc))
+    except OSError as exc:
+        return _fail("report", f"cannot write reports/: {exc.strerror}", 1)
+    _print(record)
+    return 0
+
+
+def run_reports(args: argparse.Namespace) -> int:
+    if not args.workdir.is_dir():
+        return _fail("reports", f"--workdir: {args.workdir} is not a directory")
+    try:
+        report = Reports(args.workdir, channel="cli").after(args.after)
+    except ReportError as exc:
+        return _fail("reports", str(exc))
+    except OSError as exc:
+        return _fail("reports", f"cannot read reports/: {exc.strerror}", 1)
+    _print({"report": report})
+    return 0
+
+
+def run_spawn(args: argparse.Namespace) -> int:
+    try:
+        record = spawn(
+            args.workdir,
+            parent=args.parent,
+            reason=args.reason,
+            provider=args.provider,
+            parent_workdir=args.parent_workdir,
+            max_depth=args.max_depth,
+        )
+    except LineageError as exc:
+        return _fail("spawn", str(exc))
+    except OSError as exc:
+        return _fail("spawn", f"cannot write lineage.json: {exc.strerror}", 1)
+    _print(record)
+    return 0
+
+
+def _seq(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: the last seq you read, e.g. 3") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a seq is 0 or more")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    report = subparsers.add_parser(
+        "report",
+        help="append a numbered report (the result of this agent's work)",
+        description=(
+            "Append one report to <workdir>/reports/reports.jsonl with the next seq. The "
+            "channel (cli) is stamped by this command."
+        ),
+    )
+    report.add_argument("--workdir", type=Path, default=Path("."), help="the agent's workdir")
+    outcome = report.add_mutually_exclusive_group(required=True)
+    outcome.add_argument("--ok", dest="ok", action="store_true", help="the work succeeded")
+    outcome.add_argument("--failed", dest="ok", action="store_false", help="a declared failure")
+    report.add_argument("--verdict", choices=VERDICTS, default=None, help="when it is a review")
+    report.add_argument("--role", default=None, help="your role now, e.g. reviewer")
+    report.add_argument("--summary", default=None, help="one short paragraph")
+    report.add_argument(
+        "--payload", default=None, metavar="FILE|-", help="details, UTF-8, at most 64 KiB"
+    )
+    report.set_defaults(handler=run_report)
+
+    reports = subparsers.add_parser(
+        "reports",
+        help="read the next report after a seq (or the latest)",
+        description=(
+            'Print {"report": ...} for the first report with a seq above --after (the '
+            'latest without it); {"report": null} when there is nothing newer.'
+        ),
+    )
+    reports.add_argument("--workdir", type=Path, default=Path("."), help="the agent's workdir")
+    reports.add_argument("--after", type=_seq, default=None, metavar="SEQ", help="last seq read")
+    reports.set_defaults(handler=run_reports)
+
+    spawn_parser = subparsers.add_parser(
+        "spawn",
+        help="record who created an agent and why (<child>/lineage.json)",
+        description="Write the child's lineage record; refuses spawns deeper than the cap.",
+    )
+    spawn_parser.add_argument("--workdir", type=Path, required=True, help="the child's workdir")
+    spawn_parser.add_argument("--parent", required=True, help="the parent's agent id")
+    spawn_parser.add_argument("--reason", required=True, help="why the child is created")
+    spawn_parser.add_argument("--provider", default=None, help="e.g. claude-code, codex")
+    spawn_parser.add_argument(
+        "--parent-workdir", type=Path, default=None, help="gives the depth (default: depth 1)"
+    )
+    spawn_parser.add_argument(
+        "--max-depth", type=int, default=DEFAULT_MAX_DEPTH, help="the depth cap"
+    )
+    spawn_parser.set_defaults(handler=run_spawn)

@@ -1,0 +1,110 @@
+"""`<child>/lineage.json`: who created this agent, why, with which provider, how deep.
+
+`{"parent": agent id, "reason": str, "provider": str | null, "depth": int, "created_at":
+ISO-8601 UTC}`, replaced atomically (it survives restarts: it is a file). The reason is the
+one field nothing can derive, so it is required and must say something. The depth is the
+parent's depth plus one when the parent's workdir is known (a parent without lineage is a
+root, depth 0), else 1; a spawn deeper than the cap (default 3) is refused, and so is a
+parent whose own lineage file is broken, since that would let a chain escape the cap.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final
+
+from producers.task_card.contract import atomic_write, utc_now_iso
+
+LINEAGE_FILE: Final = "lineage.json"
+DEFAULT_MAX_DEPTH: Final = 3
+MAX_DEPTH_LIMIT: Final = 32
+MAX_REASON_CHARS: Final = 1000
+MAX_FILE_BYTES: Final = 16 * 1024
+AGENT_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+PROVIDER: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/ -]{0,63}")
+
+
+class LineageError(ValueError):
+    """A spawn that cannot be recorded; the text names the field and the fix."""
+
+
+def read_lineage(workdir: Path) -> dict[str, Any] | None:
+    """The workdir's lineage record, None when it has none; `LineageError` when broken."""
+    path = Path(workdir) / LINEAGE_FILE
+    try:
+        raw = path.read_bytes()[: MAX_FILE_BYTES + 1]
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise LineageError(f"{path}: cannot be read ({exc.strerror})") from None
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        data = None
+    depth = data.get("depth") if isinstance(data, dict) else None
+    if (
+        not isinstance(data, dict)
+        or not isinstance(depth, int)
+        or isinstance(depth, bool)
+        or not 1 <= depth <= MAX_DEPTH_LIMIT
+    ):
+        raise LineageError(
+            f"{path}: not a lineage record with a depth of 1..{MAX_DEPTH_LIMIT}; "
+            "fix or remove it (then the agent counts as a root)"
+        )
+    return data
+
+
+def spawn(
+    child: Path,
+    *,
+    parent: str,
+    reason: str,
+    provider: str | None = None,
+    parent_workdir: Path | None = None,
+    max_depth: int = DEFAULT_MAX_DEPTH,
+    clock: Callable[[], str] = utc_now_iso,
+) -> dict[str, Any]:
+    """Write `<child>/lineage.json` and return the record; raises `LineageError`."""
+    if not isinstance(parent, str) or not AGENT_ID.fullmatch(parent):
+        raise LineageError("parent: the parent's agent id, 1-64 letters, digits, '_', '.', '-'")
+    if not isinstance(reason, str) or not reason.strip():
+        raise LineageError("reason: required; say why this agent is created")
+    if len(reason) > MAX_REASON_CHARS:
+        raise LineageError(f"reason: at most {MAX_REASON_CHARS} characters; say it shorter")
+    if provider is not None and not (isinstance(provider, str) and PROVIDER.fullmatch(provider)):
+        raise LineageError("provider: 1-64 letters, digits, spaces or _.:/-, e.g. claude-code")
+    if isinstance(max_depth, bool) or not isinstance(max_depth, int):
+        raise LineageError("max_depth: must be a whole number")
+    if not 1 <= max_depth <= MAX_DEPTH_LIMIT:
+        raise LineageError(f"max_depth: must be 1..{MAX_DEPTH_LIMIT}")
+    child = Path(child)
+    if not child.is_dir():
+        raise LineageError(f"workdir: {child} is not a directory; create the child's first")
+    depth = 1
+    if parent_workdir is not None:
+        if not Path(parent_workdir).is_dir():
+            raise LineageError(f"parent_workdir: {parent_workdir} is not a directory")
+        if Path(parent_workdir).resolve() == child.resolve():
+            raise LineageError(
+                "parent_workdir: is the child's own workdir; an agent is not its own parent"
+            )
+        record = read_lineage(Path(parent_workdir))
+        depth = 1 if record is None else int(record["depth"]) + 1
+    if depth > max_depth:
+        raise LineageError(
+            f"depth: this spawn would be depth {depth}, over the cap of {max_depth}; "
+            "do the work in this agent, or ask a person to raise the cap (max_depth)"
+        )
+    record = {
+        "parent": parent,
+        "reason": reason.strip(),
+        "provider": provider,
+        "depth": depth,
+        "created_at": clock(),
+    }
+    atomic_write(child / LINEAGE_FILE, json.dumps(record, ensure_ascii=False).encode())
+    return record

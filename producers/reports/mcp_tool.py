@@ -1,0 +1,108 @@
+"""The `report` and `spawn` MCP tools: flat input schemas, results as dicts, never raising.
+
+The server is bound to one workdir (the calling agent's): `report` reports for it with the
+channel `mcp`; `spawn` records a child with this agent as the parent (its id defaults to the
+workdir's directory name, which is the agent id a discovering service gives it) and this
+workdir's lineage for the depth.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Final
+
+from producers.reports.lineage import DEFAULT_MAX_DEPTH, MAX_DEPTH_LIMIT, LineageError, spawn
+from producers.reports.store import MAX_SUMMARY_CHARS, VERDICTS, ReportError, Reports
+from producers.task_card.runtime import HostPaths
+
+REPORT_TOOL: Final = "report"
+SPAWN_TOOL: Final = "spawn"
+REPORT_DESCRIPTION: Final = (
+    "Report the result of your work, numbered, kept after you exit: ok=true when it "
+    "succeeded, false for a declared failure; verdict approved/rejected when it is a review; "
+    "your role now; a short summary; details in payload (at most 64 KiB)."
+)
+SPAWN_DESCRIPTION: Final = (
+    "Record that you create another agent: its workdir, why (required), its provider. "
+    "Refused past the depth cap. Call it before you start the child."
+)
+_STR: Final = {"type": "string"}
+
+
+def report_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "ok": {"type": "boolean", "description": "true: succeeded; false: a declared failure"},
+            "verdict": {"type": "string", "enum": list(VERDICTS), "description": "reviews only"},
+            "role": {**_STR, "description": "your role at this moment, e.g. reviewer"},
+            "summary": {**_STR, "maxLength": MAX_SUMMARY_CHARS},
+            "payload": {**_STR, "description": "details, at most 64 KiB of text"},
+        },
+        "required": ["ok"],
+    }
+
+
+def spawn_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "child_workdir": {**_STR, "description": "absolute, or relative to your workdir"},
+            "reason": {**_STR, "description": "why the child is created (required)"},
+            "provider": {**_STR, "description": "e.g. claude-code, codex"},
+            "parent": {**_STR, "description": "your agent id; default: your workdir's name"},
+            "max_depth": {"type": "integer", "minimum": 1, "maximum": MAX_DEPTH_LIMIT},
+        },
+        "required": ["child_workdir", "reason"],
+    }
+
+
+def result_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "status": {"type": "string", "description": "ok, or failed with a message"},
+            "message": {"type": "string", "description": "Why a call failed, and the fix."},
+        },
+        "required": ["status"],
+    }
+
+
+def _failed(message: str) -> dict[str, Any]:
+    return {"status": "failed", "message": message}
+
+
+def call_report(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
+    try:
+        record = Reports(paths.workdir, channel="mcp").add(**arguments)
+    except ReportError as exc:
+        return _failed(str(exc))
+    except TypeError:
+        return _failed("ok: required (true or false)")
+    except OSError as exc:
+        return _failed(f"cannot write reports/: {exc.strerror}")
+    return {"status": "ok", **record}
+
+
+def call_spawn(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
+    unknown = set(arguments) - set(spawn_schema()["properties"])
+    if unknown:
+        return _failed(f"{sorted(unknown)[0]}: not a field of spawn; see its schema")
+    child = arguments.get("child_workdir")
+    if not isinstance(child, str) or not child:
+        return _failed("child_workdir: required, the child's working directory")
+    workdir = Path(paths.workdir)
+    try:
+        record = spawn(
+            workdir / child,
+            parent=arguments.get("parent", workdir.resolve().name),
+            reason=arguments.get("reason", ""),
+            provider=arguments.get("provider"),
+            parent_workdir=workdir,
+            max_depth=arguments.get("max_depth", DEFAULT_MAX_DEPTH),
+        )
+    except LineageError as exc:
+        return _failed(str(exc))
+    except OSError as exc:
+        return _failed(f"cannot write lineage.json: {exc.strerror}")
+    return {"status": "ok", **record}

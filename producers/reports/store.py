@@ -1,0 +1,226 @@
+"""`reports/reports.jsonl`: numbered reports, one JSON object per line, seq never reused.
+
+A report line is `{"seq", "at", "ok", "verdict", "role", "channel", "summary",
+"payload_file", "payload_bytes"}`. The `channel` (cli, mcp, python, hook) is stamped by the
+side that received the report; a caller that passes one is refused. The payload (at most
+64 KiB of UTF-8 text) goes to a side file `reports/payloads/<seq>.txt`, written before its
+line, so every line stays small for the service's tail reader and one report is one line.
+
+Numbering: under an exclusive `flock` on `reports/.lock`, the writer takes the larger of the
+last seq in the file (a bounded tail read) and the counter in `reports/.seq`, adds one,
+writes the line with one `write` on an `O_APPEND` descriptor and then the counter. Either
+source alone survives the loss of the other (a truncated file, a deleted counter), so a seq
+is never handed out twice. Reading with `after(seq)` returns the first report with a larger
+seq: reading with the last seq seen walks every round once, and old rounds stay in the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Final
+
+from producers.task_card.contract import atomic_write, utc_now_iso
+
+REPORTS_DIR: Final = "reports"
+REPORTS_FILE: Final = "reports.jsonl"
+PAYLOADS_DIR: Final = "payloads"
+LOCK_FILE: Final = ".lock"
+COUNTER_FILE: Final = ".seq"
+CHANNELS: Final = ("cli", "mcp", "python", "hook")
+VERDICTS: Final = ("approved", "rejected")
+MAX_PAYLOAD_BYTES: Final = 64 * 1024
+MAX_SUMMARY_CHARS: Final = 2000
+TAIL_BYTES: Final = 256 * 1024
+MAX_LINE_BYTES: Final = 64 * 1024
+ROLE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_. -]{0,63}")
+
+Clock = Callable[[], str]
+
+
+class ReportError(ValueError):
+    """A report or a read that cannot be done; the text names the field and the fix."""
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def parse_line(raw: bytes) -> dict[str, Any] | None:
+    """One report line, or None when it is not one (total)."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or _int(data.get("seq")) is None:
+        return None
+    return data
+
+
+def check_report(
+    *,
+    ok: object,
+    verdict: object = None,
+    role: object = None,
+    summary: object = None,
+    payload: object = None,
+) -> None:
+    """Raise `ReportError` naming the first field that is wrong (pure)."""
+    if not isinstance(ok, bool):
+        raise ReportError("ok: must be true (succeeded) or false (a declared failure)")
+    if verdict is not None and verdict not in VERDICTS:
+        raise ReportError(
+            f"verdict: must be {' or '.join(VERDICTS)}, or left out when not a review"
+        )
+    if role is not None and not (isinstance(role, str) and ROLE.fullmatch(role)):
+        raise ReportError("role: 1-64 letters, digits, spaces, '_', '.' or '-', e.g. reviewer")
+    if summary is not None:
+        if not isinstance(summary, str) or not summary.strip():
+            raise ReportError("summary: must be non-blank text, or left out")
+        if len(summary) > MAX_SUMMARY_CHARS:
+            raise ReportError(
+                f"summary: {len(summary)} characters, at most {MAX_SUMMARY_CHARS}; "
+                "put the details in the payload"
+            )
+    if payload is not None:
+        if not isinstance(payload, str):
+            raise ReportError("payload: must be text")
+        size = len(payload.encode("utf-8", errors="surrogatepass"))
+        if size > MAX_PAYLOAD_BYTES:
+            raise ReportError(
+                f"payload: {size} bytes, at most {MAX_PAYLOAD_BYTES}; "
+                "write the rest to a file in the workdir and name it in the payload"
+            )
+
+
+class Reports:
+    """The reports of one workdir; `channel` is who receives them (stamped on each)."""
+
+    def __init__(self, workdir: Path, *, channel: str = "python", clock: Clock = utc_now_iso):
+        if channel not in CHANNELS:
+            raise ValueError(f"channel: {channel!r} is not one of {', '.join(CHANNELS)}")
+        self.workdir = Path(workdir)
+        self.dir = self.workdir / REPORTS_DIR
+        self.path = self.dir / REPORTS_FILE
+        self._channel = channel
+        self._clock = clock
+
+    def add(
+        self,
+        *,
+        ok: bool,
+        verdict: str | None = None,
+        role: str | None = None,
+        summary: str | None = None,
+        payload: str | None = None,
+        **unknown: object,
+    ) -> dict[str, Any]:
+        """Append one report; the stored record (with its seq). Raises `ReportError`."""
+        if "channel" in unknown:
+            raise ReportError("channel: stamped by the side that receives the report; remove it")
+        if unknown:
+            raise ReportError(
+                f"{sorted(unknown)[0]}: not a report field; use ok, verdict, role, summary, payload"
+            )
+        check_report(ok=ok, verdict=verdict, role=role, summary=summary, payload=payload)
+        if not self.workdir.is_dir():
+            raise ReportError(f"workdir: {self.workdir} is not a directory")
+        with self._locked():
+            seq = max(self._last_seq(), self._counter()) + 1
+            record: dict[str, Any] = {
+                "seq": seq,
+                "at": self._clock(),
+                "ok": ok,
+                "verdict": verdict,
+                "role": role,
+                "channel": self._channel,
+                "summary": summary,
+                "payload_file": None,
+                "payload_bytes": None,
+            }
+            if payload is not None:
+                data = payload.encode("utf-8", errors="replace")
+                name = f"{PAYLOADS_DIR}/{seq}.txt"
+                atomic_write(self.dir / name, data)
+                record["payload_file"] = name
+                record["payload_bytes"] = len(data)
+            line = json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line.encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            atomic_write(self.dir / COUNTER_FILE, str(seq).encode(), durable=False)
+        return record
+
+    def after(self, seq: int | None = None) -> dict[str, Any] | None:
+        """The first report with a seq above `seq` (the latest when None), or None."""
+        if seq is None:
+            lines = self._tail_lines()
+            reports = [r for line in reversed(lines) if (r := parse_line(line))]
+            return self._with_payload(reports[0]) if reports else None
+        if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
+            raise ReportError("after: must be a whole number >= 0 (the last seq you read)")
+        try:
+            handle = self.path.open("rb")
+        except FileNotFoundError:
+            return None
+        with handle:
+            for line in handle:
+                if len(line) > MAX_LINE_BYTES:
+                    continue
+                report = parse_line(line)
+                if report is not None and report["seq"] > seq:
+                    return self._with_payload(report)
+        return None
+
+    def _with_payload(self, report: dict[str, Any]) -> dict[str, Any]:
+        """The report with its payload text, read from its side file (bounded)."""
+        name = report.get("payload_file")
+        text: str | None = None
+        if isinstance(name, str) and re.fullmatch(rf"{PAYLOADS_DIR}/[0-9]{{1,18}}\.txt", name):
+            with contextlib.suppress(OSError):
+                fd = os.open(self.dir / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+                try:
+                    text = os.read(fd, MAX_PAYLOAD_BYTES).decode("utf-8", errors="replace")
+                finally:
+                    os.close(fd)
+        return {**report, "payload": text}
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _tail_lines(self) -> list[bytes]:
+        try:
+            with self.path.open("rb") as handle:
+                size = handle.seek(0, os.SEEK_END)
+                start = max(0, size - TAIL_BYTES)
+                handle.seek(start)
+                data = handle.read(TAIL_BYTES)
+        except FileNotFoundError:
+            return []
+        lines = data.splitlines()
+        return lines[1:] if start > 0 and lines else lines
+
+    def _last_seq(self) -> int:
+        seqs = [r["seq"] for line in self._tail_lines() if (r := parse_line(line))]
+        return max(seqs, default=0)
+
+    def _counter(self) -> int:
+        try:
+            return _int(int((self.dir / COUNTER_FILE).read_bytes()[:32])) or 0
+        except (OSError, ValueError):
+            return 0

@@ -1,0 +1,97 @@
+"""Queued chat texts reach a Claude Code session through its hooks (real subprocesses)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from producers.task_card.contract import CardPaths
+from producers.task_card.notifications import FileNotificationPort, TaskCardErrorNotification
+
+from ..hooks.conftest import events, hook, kinds, payload
+from .conftest import acks, names, queue
+
+
+def output(done: object) -> dict[str, object]:
+    stdout = getattr(done, "stdout", b"")
+    assert getattr(done, "returncode", None) == 0
+    data = json.loads(stdout)
+    assert isinstance(data, dict)
+    return data
+
+
+def test_post_tool_use_delivers_once_with_the_wakes_and_marks_the_origin(workdir: Path) -> None:
+    hook(payload("01_session_start.json", workdir))  # primes the wake cursor
+    FileNotificationPort(CardPaths(workdir)).notify(
+        TaskCardErrorNotification("tc_1", 1, "renderer_failed", "x")
+    )
+    queue(workdir, "m1", "use the staging database, not prod")
+    first = output(hook(payload("04_post_tool_use.json", workdir)))
+    context = first["hookSpecificOutput"]["additionalContext"]  # type: ignore[index]
+    assert context.startswith("Message from ana in telegram chat -1001 (thread 7)")
+    assert "> use the staging database, not prod" in context
+    assert "watch tc_1 failed to refresh (renderer_failed)" in context
+    assert [(a["id"], a["via"]) for a in acks(workdir)] == [("m1", "claude-code:PostToolUse")]
+    assert names(workdir, "taken") == ["m1.json"]
+    assert kinds(workdir)[-2:] == ["tool.end", "turn.origin"]
+    assert events(workdir)[-1]["origin"] == "telegram:-1001:7"
+    again = hook(payload("04_post_tool_use.json", workdir))
+    assert (again.returncode, again.stdout) == (0, b"")
+    assert len(acks(workdir)) == 1
+    assert kinds(workdir).count("turn.origin") == 1
+
+
+def test_stop_blocks_with_the_text_and_the_next_stop_ends_the_turn(workdir: Path) -> None:
+    queue(workdir, "m1", "stop now: the deploy is frozen")
+    blocked = output(hook(payload("10_stop.json", workdir, transcript_path="")))
+    assert blocked["decision"] == "block"
+    reason = blocked["reason"]
+    assert isinstance(reason, str)
+    assert "> stop now: the deploy is frozen" in reason
+    assert [a["via"] for a in acks(workdir)] == ["claude-code:Stop"]
+    assert kinds(workdir) == ["turn.origin"]  # the turn goes on: no turn.end yet
+    queue(workdir, "m2", "and one more", queued_at="2026-01-01T00:01:00.000Z")
+    second = hook(payload("10_stop.json", workdir, transcript_path="", stop_hook_active=True))
+    assert (second.returncode, second.stdout) == (0, b"")  # never blocks twice
+    assert kinds(workdir) == ["turn.origin", "turn.end"]
+    assert names(workdir, "queued") == ["m2.json"]  # parked until the next turn
+    third = hook(payload("10_stop.json", workdir, transcript_path="", stop_hook_active=True))
+    assert (third.returncode, third.stdout) == (0, b"")
+    assert kinds(workdir) == ["turn.origin", "turn.end"]  # not our block: nothing, as before
+
+
+def test_stop_with_nothing_queued_ends_the_turn_as_before(workdir: Path) -> None:
+    done = hook(payload("10_stop.json", workdir, transcript_path=""))
+    assert (done.returncode, done.stdout) == (0, b"")
+    assert kinds(workdir) == ["turn.end"]
+
+
+def test_user_prompt_submit_delivers_and_the_turn_starts_from_that_chat(workdir: Path) -> None:
+    queue(workdir, "w1", "child agent b reported: ok", kind="wake", origin=None, user=None)
+    queue(
+        workdir,
+        "m1",
+        "what is the status?",
+        origin="feishu:oc_abc",
+        queued_at="2026-01-01T00:00:05.000Z",
+    )
+    done = output(hook(payload("02_user_prompt_submit.json", workdir)))
+    context = done["hookSpecificOutput"]["additionalContext"]  # type: ignore[index]
+    assert context.index("Notice from taskcard") < context.index("> what is the status?")
+    assert events(workdir) == [
+        {"ts": events(workdir)[0]["ts"], "kind": "turn.start", "origin": "feishu:oc_abc"}
+    ]
+    assert [a["via"] for a in acks(workdir)] == ["claude-code:UserPromptSubmit"] * 2
+
+
+def test_a_symlinked_inbox_is_logged_and_the_hook_still_works(
+    workdir: Path, tmp_path: Path
+) -> None:
+    queue(tmp_path / "elsewhere", "m1", "from a link")
+    (workdir / "inbox").symlink_to(tmp_path / "elsewhere" / "inbox")
+    done = hook(payload("04_post_tool_use.json", workdir))
+    assert (done.returncode, done.stdout) == (0, b"")
+    assert kinds(workdir) == ["tool.end"]
+    log = (workdir / "logs" / "taskcard-hook.log").read_text()
+    assert "inbox/ is a symlink or not a directory" in log
+    assert (tmp_path / "elsewhere" / "inbox" / "queued" / "m1.json").exists()

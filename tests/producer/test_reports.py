@@ -1,0 +1,206 @@
+"""Reports and lineage through the CLI, Python and the real MCP client."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import ClientSession, StdioServerParameters, stdio_client
+
+from producers.reports import LineageError, ReportError, Reports, read_lineage, spawn
+
+from ..inbox.conftest import acks, names, queue
+from .conftest import CliHost
+
+TASKCARD = str(Path(sys.executable).parent / "taskcard")
+
+
+def taskcard(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [TASKCARD, *args], input=stdin, capture_output=True, timeout=120, check=False
+    )
+
+
+def next_report(workdir: Path, *after: str) -> dict[str, Any] | None:
+    done = taskcard("reports", "--workdir", str(workdir), *after)
+    assert (done.returncode, done.stderr) == (0, b"")
+    report: dict[str, Any] | None = json.loads(done.stdout)["report"]
+    return report
+
+
+def test_twenty_concurrent_report_processes_get_unique_gapless_seqs(workdir: Path) -> None:
+    processes = [
+        subprocess.Popen(
+            [TASKCARD, "report", "--workdir", str(workdir), "--ok", "--summary", f"round {n}"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for n in range(20)
+    ]
+    seqs = []
+    for process in processes:
+        out, err = process.communicate(timeout=120)
+        assert (process.returncode, err) == (0, b"")
+        seqs.append(json.loads(out)["seq"])
+    assert sorted(seqs) == list(range(1, 21))
+    lines = (workdir / "reports" / "reports.jsonl").read_text().splitlines()
+    assert [json.loads(line)["seq"] for line in lines] == list(range(1, 21))
+
+
+def test_reading_with_the_last_seq_walks_every_round_once(workdir: Path) -> None:
+    assert next_report(workdir) is None
+    taskcard("report", "--workdir", str(workdir), "--failed", "--role", "implementer")
+    taskcard(
+        "report", "--workdir", str(workdir), "--ok", "--verdict", "rejected", "--role", "reviewer"
+    )
+    taskcard(
+        "report", "--workdir", str(workdir), "--ok", "--verdict", "approved", "--role", "reviewer"
+    )
+    walked = []
+    last = 0
+    while (report := next_report(workdir, "--after", str(last))) is not None:
+        walked.append((report["seq"], report["ok"], report["verdict"], report["role"]))
+        last = report["seq"]
+    assert walked == [
+        (1, False, None, "implementer"),
+        (2, True, "rejected", "reviewer"),
+        (3, True, "approved", "reviewer"),
+    ]
+    latest = next_report(workdir)
+    assert latest is not None and latest["seq"] == 3 and latest["channel"] == "cli"
+
+
+def test_a_seq_is_never_reused_after_the_file_or_the_counter_is_lost(workdir: Path) -> None:
+    reports = Reports(workdir)
+    assert [reports.add(ok=True)["seq"] for _ in range(3)] == [1, 2, 3]
+    (workdir / "reports" / "reports.jsonl").write_bytes(b"")  # truncated
+    assert reports.add(ok=True)["seq"] == 4
+    (workdir / "reports" / ".seq").unlink()
+    assert reports.add(ok=True)["seq"] == 5
+    with (workdir / "reports" / "reports.jsonl").open("ab") as handle:
+        handle.write(b"{broken line\n")
+    record = reports.add(ok=False, summary="after garbage")
+    assert (record["seq"], record["channel"]) == (6, "python")
+    following = reports.after(5)
+    assert following is not None and following["summary"] == "after garbage"
+
+
+def test_the_channel_is_stamped_never_taken_from_the_caller(workdir: Path) -> None:
+    with pytest.raises(ReportError, match=r"^channel: stamped"):
+        Reports(workdir).add(ok=True, channel="cli")
+    with pytest.raises(ReportError, match=r"^verdict"):
+        Reports(workdir).add(ok=True, verdict="aprovado")
+
+
+def test_a_payload_goes_to_a_side_file_and_is_bounded(workdir: Path, tmp_path: Path) -> None:
+    done = taskcard("report", "--workdir", str(workdir), "--ok", "--payload", "-", stdin=b"diff")
+    assert done.returncode == 0
+    assert json.loads(done.stdout)["payload_file"] == "payloads/1.txt"
+    assert (workdir / "reports" / "payloads" / "1.txt").read_text() == "diff"
+    report = next_report(workdir)
+    assert report is not None and report["payload"] == "diff"
+    big = tmp_path / "big.txt"
+    big.write_bytes(b"x" * (64 * 1024 + 1))
+    refused = taskcard("report", "--workdir", str(workdir), "--ok", "--payload", str(big))
+    assert refused.returncode == 2
+    assert refused.stderr.startswith(b"taskcard report: --payload: over 65536 bytes")
+    assert refused.stderr.count(b"\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["--ok", "--role", "a\nb"], b"role:"),
+        (["--ok", "--summary", " "], b"summary:"),
+        (["--ok", "--verdict", "maybe"], b"--verdict"),
+        ([], b"--ok"),
+    ],
+)
+def test_bad_report_input_exits_2_naming_the_field(
+    workdir: Path, args: list[str], field: bytes
+) -> None:
+    done = taskcard("report", "--workdir", str(workdir), *args)
+    assert done.returncode == 2
+    assert field in done.stderr
+    assert not (workdir / "reports" / "reports.jsonl").exists()
+
+
+def test_spawn_records_lineage_with_depth_and_refuses_past_the_cap(tmp_path: Path) -> None:
+    dirs = [tmp_path / f"a{n}" for n in range(5)]
+    for path in dirs:
+        path.mkdir()
+    done = taskcard(
+        "spawn", "--workdir", str(dirs[1]), "--parent", "a0", "--reason", "split the tests",
+        "--provider", "claude-code", "--parent-workdir", str(dirs[0]),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    record = read_lineage(dirs[1])
+    assert record is not None
+    assert {k: record[k] for k in ("parent", "reason", "provider", "depth")} == {
+        "parent": "a0",
+        "reason": "split the tests",
+        "provider": "claude-code",
+        "depth": 1,
+    }
+    spawn(dirs[2], parent="a1", reason="r", parent_workdir=dirs[1])
+    spawn(dirs[3], parent="a2", reason="r", parent_workdir=dirs[2])
+    assert read_lineage(dirs[3]) is not None and read_lineage(dirs[3])["depth"] == 3  # type: ignore[index]
+    refused = taskcard(
+        "spawn", "--workdir", str(dirs[4]), "--parent", "a3", "--reason", "deeper",
+        "--parent-workdir", str(dirs[3]),
+    )  # fmt: skip
+    assert refused.returncode == 2
+    assert b"depth 4, over the cap of 3" in refused.stderr
+    assert not (dirs[4] / "lineage.json").exists()
+    blank = taskcard("spawn", "--workdir", str(dirs[4]), "--parent", "a3", "--reason", "  ")
+    assert (blank.returncode, blank.stderr.split(b":")[1].strip()) == (2, b"reason")
+    (dirs[3] / "lineage.json").write_text('{"depth": "zero"}')
+    with pytest.raises(LineageError, match="fix or remove it"):
+        spawn(dirs[4], parent="a3", reason="r", parent_workdir=dirs[3])
+
+
+async def test_report_spawn_and_inbox_through_the_real_mcp_client(
+    workdir: Path, cli: CliHost
+) -> None:
+    queue(workdir, "m1", "please report when the suite is green")
+    (workdir / "child").mkdir()
+    server = StdioServerParameters(
+        command=TASKCARD,
+        args=["mcp", "--workdir", str(workdir), "--runtime-dir", str(cli.runtime_dir)],
+    )
+    async with (
+        stdio_client(server) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+
+        async def call(name: str, arguments: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+            result = await session.call_tool(name, arguments)
+            assert isinstance(result.structured_content, dict)
+            return result.structured_content, result.is_error
+
+        inbox, failed = await call("inbox", {})
+        assert (failed, [m["id"] for m in inbox["messages"]]) == (False, ["m1"])
+        assert "> please report when the suite is green" in inbox["messages"][0]["framed"]
+        assert [a["via"] for a in acks(workdir)] == ["mcp"]
+        assert names(workdir, "taken") == ["m1.json"]
+        again, _ = await call("inbox", {})
+        assert (again["messages"], again["more_queued"]) == ([], False)
+
+        report, failed = await call(
+            "report", {"ok": True, "role": "implementer", "summary": "suite green"}
+        )
+        assert (failed, report["seq"], report["channel"]) == (False, 1, "mcp")
+        forged, failed = await call("report", {"ok": True, "channel": "cli"})
+        assert failed and forged["message"].startswith("channel:")
+
+        child, failed = await call("spawn", {"child_workdir": "child", "reason": "run lint"})
+        assert (failed, child["parent"], child["depth"]) == (False, workdir.name, 1)
+        none, failed = await call("spawn", {"child_workdir": "child", "reason": ""})
+        assert failed and none["message"].startswith("reason:")
+    latest = next_report(workdir)
+    assert latest is not None and latest["summary"] == "suite green"
