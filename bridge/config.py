@@ -127,6 +127,26 @@ class WatchConfig(BaseModel):
     )
 
 
+class DiscoverConfig(BaseModel):
+    """Folders whose immediate subdirectories are agents, found while serving."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    roots: list[Path] = Field(
+        default_factory=list,
+        max_length=64,
+        description=(
+            "Each immediate subdirectory of a root is an agent whose id is the folder's name"
+            " (relative roots: to this file); at most 64 roots."
+        ),
+    )
+
+    @field_validator("roots")
+    @classmethod
+    def _resolve_roots(cls, value: list[Path], info: ValidationInfo) -> list[Path]:
+        return [_resolve_against_config(root, info) for root in value]
+
+
 class DisplayConfig(BaseModel):
     """What the automatic slot shows by default."""
 
@@ -191,6 +211,7 @@ class ServiceConfig(BaseModel):
     feishu: FeishuConfig | None = Field(default=None, description="The Feishu channel.")
     console: ConsoleConfig = Field(default_factory=ConsoleConfig)
     watch: WatchConfig = Field(default_factory=WatchConfig)
+    discover: DiscoverConfig = Field(default_factory=DiscoverConfig)
     display: DisplayConfig = Field(default_factory=DisplayConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     notices: NoticesConfig = Field(default_factory=NoticesConfig)
@@ -263,7 +284,8 @@ def _cross_problems(config: ServiceConfig) -> list[str]:
             if ALL_AGENTS in agents and len(agents) > 1:
                 problems.append(f'{where}.agents: "*" already means every agent; list it alone')
             for position, name in enumerate(agents):
-                if name != ALL_AGENTS and name not in seen:
+                # With discovery roots, a name may be a folder that appears while serving.
+                if name != ALL_AGENTS and name not in seen and not config.discover.roots:
                     choices = ", ".join(known) if known else "none configured"
                     problems.append(
                         f"{where}.agents[{position}]: unknown agent {name!r}; use the id of an"
@@ -317,6 +339,12 @@ def path_problems(config: ServiceConfig) -> list[str]:
     state_problem = _state_dir_problem(config.state_dir)
     if state_problem is not None:
         problems.append(f"state_dir: {state_problem}")
+    for index, root in enumerate(config.discover.roots):
+        if root.exists() and not root.is_dir():
+            problems.append(
+                f"discover.roots[{index}]: {root} exists and is not a directory; point it at"
+                " the folder that holds the agents' folders"
+            )
     for index, agent in enumerate(config.agents):
         if agent.workdir.exists() and not agent.workdir.is_dir():
             problems.append(

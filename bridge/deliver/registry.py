@@ -28,6 +28,7 @@ class RouteSpec:
     pin: bool = False
     allowed_user_ids: frozenset[str] | None = None
     timezone: str = "UTC"  # IANA name, already validated
+    all_agents: bool = False  # written ["*"]: also every agent discovered while serving
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ def route_specs(config: ServiceConfig) -> list[RouteSpec]:
                     t.pin,
                     _allowed(t.allowed_user_ids),
                     t.timezone,
+                    "*" in t.agents,
                 )
             )
     if config.feishu is not None:
@@ -86,6 +88,7 @@ def route_specs(config: ServiceConfig) -> list[RouteSpec]:
                     f.pin,
                     _allowed(f.allowed_user_ids),
                     f.timezone,
+                    "*" in f.agents,
                 )
             )
     if config.console_enabled:
@@ -97,6 +100,7 @@ def route_specs(config: ServiceConfig) -> list[RouteSpec]:
                 CONSOLE_CHAT,
                 tuple(config.agent_ids()),
                 timezone=config.console.timezone,
+                all_agents=True,
             )
         )
     return specs

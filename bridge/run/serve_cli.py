@@ -52,10 +52,32 @@ def _load(path: Path) -> ServiceConfig | None:
         return None
 
 
+def reload_config(service: Service, path: Path) -> bool:
+    """SIGHUP: read `path` again and apply it; an invalid file is refused with the same
+    messages as at start (logged), and the running configuration stays."""
+    try:
+        config = load_config(path)
+    except ConfigError as error:
+        log.error("config reload refused: %s is invalid; the running configuration stays", path)
+        for message in error.messages:
+            log.error("  - %s", message)
+        return False
+    for warning in nothing_served(config):
+        log.warning("%s", warning)
+    return service.reload(config)
+
+
 async def serve(
-    config: ServiceConfig, env: Mapping[str, str], *, stop: asyncio.Event | None = None
+    config: ServiceConfig,
+    env: Mapping[str, str],
+    *,
+    stop: asyncio.Event | None = None,
+    config_path: Path | None = None,
 ) -> int:
-    """Run the service until SIGTERM/SIGINT (or `stop`); returns the exit code."""
+    """Run the service until SIGTERM/SIGINT (or `stop`); returns the exit code.
+
+    With `config_path`, SIGHUP reloads that file while serving (see `reload_config`).
+    """
     lock = _ServeLock(config.state_dir)
     try:
         holder = lock.acquire()
@@ -98,6 +120,8 @@ async def serve(
             n: replace(b, channel=MeteredChannel(b.channel, metrics)) for n, b in built.items()
         }
         service = Service(config, built, store)
+        if own_signals and config_path is not None:
+            loop.add_signal_handler(signal.SIGHUP, reload_config, service, config_path)
         metrics.bind(service.snapshot)
         listener = None
         if config.metrics.address is not None:
@@ -118,7 +142,7 @@ async def serve(
             if listener is not None:
                 await listener.stop()
             if own_signals:
-                for signum in (signal.SIGTERM, signal.SIGINT):
+                for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                     loop.remove_signal_handler(signum)
         return 0
     except ServiceFailed as error:
@@ -183,7 +207,7 @@ class _ServeLock:
 
 def nothing_served(config: ServiceConfig) -> list[str]:
     """Warnings for a configuration that runs but shows nothing (or leaves agents out)."""
-    if not config.agents:
+    if not config.agents and not config.discover.roots:
         return ["no [[agents]] are configured: nothing is served; add an agent and its workdir"]
     specs = route_specs(config)
     if not specs:
@@ -227,7 +251,7 @@ def _serve(args: argparse.Namespace) -> int:
     for warning in nothing_served(config):
         log.warning("%s", warning)
     try:
-        return asyncio.run(serve(config, os.environ))
+        return asyncio.run(serve(config, os.environ, config_path=Path(args.config)))
     except Exception as error:
         log.exception("the service stopped on an error: %s", error)
         return EXIT_RUNTIME

@@ -25,13 +25,13 @@ import logging
 import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
-from datetime import UTC, datetime, tzinfo
+from dataclasses import replace
+from datetime import UTC, datetime
 
 from bridge.compose.redact import Redactor
-from bridge.compose.view import compose_view, route_zone
+from bridge.compose.view import compose_view
 from bridge.config import ServiceConfig
-from bridge.deliver.registry import BuiltChannel
+from bridge.deliver.registry import BuiltChannel, RouteSpec, route_specs
 from bridge.notices.text import (
     FoldedNotices,
     NoticeGate,
@@ -41,14 +41,26 @@ from bridge.notices.text import (
     summary_text,
 )
 from bridge.observe.metrics import ServiceSnapshot
+from bridge.run.fleet import (
+    RETIRED_NOTE,
+    Discovery,
+    Fleet,
+    Route,
+    desired_fleet,
+    discover_agents,
+    origin_chats,
+    origin_route,
+    restart_needed,
+)
+from bridge.run.origins import OriginBook
 from bridge.schedule.scheduler import RouteKey, RouteScheduler
 from bridge.store.sqlite import ChatPrefs, NoticeState, SeenChat, StateStore
 from bridge.track.ledger import LedgerView, ledger_row
 from bridge.track.monitor import AgentMonitor, AgentRefresh
-from bridge.watch.watcher import FleetWatcher
+from bridge.watch.watcher import ROOTS, FleetWatcher
 from channels.base import CardView, Channel, ChatRef, IncomingCommand, Outgoing
 from channels.errors import ChannelError, RateLimited, Transient
-from producers.task_card.contract import Notification
+from producers.task_card.contract import Notification, Origin, parse_origin
 
 log = logging.getLogger(__name__)
 
@@ -92,12 +104,9 @@ class ServiceFailed(Exception):
     """The service cannot do anything useful (every channel failed for good)."""
 
 
-@dataclass(frozen=True)
-class Route:
-    key: RouteKey
-    pin: bool
-    allowed_user_ids: frozenset[str] | None
-    zone: tzinfo = UTC
+# A closing route whose last edit cannot go out (a long pause, a held send) is dropped anyway
+# after this long.
+CLOSE_GRACE_S = 120.0
 
 
 class Service:
@@ -120,48 +129,30 @@ class Service:
         )
         # Every outgoing text loses the exact values of the configured secrets, not only logs.
         self._redact = Redactor(secret for b in channels.values() for secret in b.secrets)
+        # The fleet: configured routes, discovered agents and origin routes (see `apply`).
+        self._specs: list[RouteSpec] = [spec for b in channels.values() for spec in b.routes]
+        self._origins = OriginBook(store)
+        self._discovery = Discovery()
+        self._origin_refused: set[tuple[str, str]] = set()
+        self._closing: dict[RouteKey, float] = {}  # route -> when it began closing (monotonic)
+        self._scheduled: set[RouteKey] = set()
+        self._watcher: FleetWatcher | None = None
         self._routes: list[Route] = []
-        self._routes_by_agent: dict[str, list[Route]] = {a.id: [] for a in config.agents}
-        for name, built in channels.items():
-            for spec in built.routes:
-                for agent_id in spec.agents:
-                    route = Route(
-                        RouteKey(name, spec.chat, agent_id),
-                        spec.pin,
-                        spec.allowed_user_ids,
-                        route_zone(spec.timezone),
-                    )
-                    self._routes.append(route)
-                    self._routes_by_agent.setdefault(agent_id, []).append(route)
-        self._monitors = {
-            agent.id: AgentMonitor(
-                agent.id,
-                agent.workdir,
-                store,
-                clock=clock,
-                no_output_after_s=config.display.no_output_after_s,
-            )
-            for agent in config.agents
-        }
+        self._routes_by_agent: dict[str, list[Route]] = {}
+        self._monitors: dict[str, AgentMonitor] = {}
         self._ledgers = LedgerView()
         self._notice_gate = NoticeGate(config.notices.max_per_minute)
-        for route in self._routes:
-            saved = FoldedNotices.from_json(store.get_cursor(_folded_cursor(route.key)))
-            if saved is not None:
-                self._notice_gate.restore(str(route.key), saved)  # a summary still owed
+        self._saved_health: dict[str, str] = {}
         self._prefs: dict[str, ChatPrefs] = {}
         self._due: dict[str, datetime] = {}
         self._ready_channels: set[str] = set()
         self._failed_channels: set[str] = set()
         # Per agent: the stage that failed ("reading its files", ...) -> what failed.
         self._faults: dict[str, dict[str, str]] = {}
-        # What the store holds, so that only changes are written (a restart starts from it).
-        self._saved_health = {
-            agent_id: store.get_cursor(agent_health_key(agent_id)) or "[]"
-            for agent_id in self._monitors
-        }
         self._running = False
         self.started = asyncio.Event()  # set once the loop runs (systemd readiness)
+        self._rediscover()
+        self.apply(self._desired())
 
     # Lifecycle ---------------------------------------------------------------------------
 
@@ -174,7 +165,7 @@ class Service:
         """
         await self._scheduler.start()
         for route in self._routes:
-            self._scheduler.add_route(route.key, pin=route.pin)
+            self._schedule(route)
         self._running = True
         self.started.set()
         starters = [
@@ -242,21 +233,216 @@ class Service:
         self._ready_channels.add(name)
         log.info("channel %s ready", name)
         self._resend_pending_notices(name)
-        for route in self._routes:
+        for route in list(self._routes):
             if route.key.channel == name:
                 self._project_route(route)
 
     # Watching ----------------------------------------------------------------------------
 
     async def _watch_loop(self) -> None:
-        watcher = FleetWatcher(
-            {agent.id: agent.workdir for agent in self._config.agents},
+        watcher = self._watcher = FleetWatcher(
+            {agent_id: m.paths.workdir for agent_id, m in self._monitors.items()},
             debounce_ms=self._config.watch.debounce_ms,
             rescan_interval_s=self._config.watch.rescan_interval_s,
+            roots=self._config.discover.roots,
         )
         async for agent_ids in watcher.changes():
+            if ROOTS in agent_ids and self._rediscover():
+                self.apply(self._desired())
             for agent_id in agent_ids:
                 self._refresh(agent_id)
+
+    # The fleet -------------------------------------------------------------------------
+
+    def _desired(self) -> Fleet:
+        return desired_fleet(
+            self._config, self._specs, self._discovery.agents, self._origins.open_routes()
+        )
+
+    def _rediscover(self) -> bool:
+        """List the discovery roots again; whether the discovered agents changed."""
+        found = discover_agents(self._config.discover.roots, self._config.agent_ids())
+        for problem in sorted(found.problems - self._discovery.problems):
+            log.warning("%s", problem)
+        changed = found.agents != self._discovery.agents
+        self._discovery = found
+        return changed
+
+    def apply(self, fleet: Fleet) -> None:
+        """Make the running agents and routes those of `fleet`.
+
+        Agents that left are retired: each of their residents gets a last edit saying so,
+        then their routes close. New agents are read at once; routes that are new start
+        showing their card, changed ones take their new settings. Residents (their message
+        ids) and chat preferences live in the store and are kept.
+        """
+        for agent_id in [a for a in self._monitors if a not in fleet.agents]:
+            self._retire(agent_id)
+        fresh: list[str] = []
+        for agent_id, workdir in fleet.agents.items():
+            monitor = self._monitors.get(agent_id)
+            if monitor is not None and monitor.paths.workdir == workdir:
+                continue
+            self._monitors[agent_id] = AgentMonitor(
+                agent_id,
+                workdir,
+                self._store,
+                clock=self._clock,
+                no_output_after_s=self._config.display.no_output_after_s,
+            )
+            self._saved_health.setdefault(
+                agent_id, self._store.get_cursor(agent_health_key(agent_id)) or "[]"
+            )
+            fresh.append(agent_id)
+        wanted = {route.key: route for route in fleet.routes}
+        for route in [r for r in self._routes if r.key not in wanted]:
+            self._close_route(route, None)
+        current = {route.key: route for route in self._routes}
+        added: list[Route] = []
+        for key, route in wanted.items():
+            if current.get(key) == route:
+                continue
+            if key not in current:
+                added.append(route)
+                saved = FoldedNotices.from_json(self._store.get_cursor(_folded_cursor(key)))
+                if saved is not None:
+                    self._notice_gate.restore(str(key), saved)  # a summary still owed
+            self._closing.pop(key, None)
+            if self._running:
+                self._schedule(route)
+        self._routes = list(wanted.values())
+        self._routes_by_agent = {agent_id: [] for agent_id in fleet.agents}
+        for route in self._routes:
+            self._routes_by_agent.setdefault(route.key.agent_id, []).append(route)
+        if self._watcher is not None:
+            self._watcher.set_workdirs({a: m.paths.workdir for a, m in self._monitors.items()})
+        if not self._running:
+            return
+        for agent_id in fresh:
+            log.info("now serving agent %s", agent_id)
+            self._refresh(agent_id)
+        for route in added:
+            if route.key.agent_id not in fresh:
+                self._project_route(route)
+
+    def _schedule(self, route: Route) -> None:
+        if route.key not in self._scheduled:
+            self._scheduler.add_route(route.key, pin=route.pin)
+            self._scheduled.add(route.key)
+
+    def _retire(self, agent_id: str) -> None:
+        """The agent left the fleet: its residents say so, then its routes close."""
+        monitor = self._monitors.pop(agent_id)
+        log.info("agent %s retired", agent_id)
+        self._due.pop(agent_id, None)
+        self._faults.pop(agent_id, None)
+        for route in list(self._routes_by_agent.get(agent_id, ())):
+            final = None
+            channel = self._channels.get(route.key.channel)
+            if channel is not None and self._running and self._scheduler.has_message(route.key):
+                view = compose_view(
+                    agent_id,
+                    monitor.card,
+                    monitor.activity,
+                    hidden=False,
+                    activity_rows=0,
+                    now=self._clock(),
+                    zone=route.zone,
+                )
+                final = self._render_card(channel, replace(view, body=None, body_note=RETIRED_NOTE))
+            self._close_route(route, final)
+
+    def _close_route(self, route: Route, final: Outgoing | None) -> None:
+        """Stop projecting `route`; its last edit (`final`) still goes out, then it is dropped."""
+        if route in self._routes:
+            self._routes.remove(route)
+        by_agent = self._routes_by_agent.get(route.key.agent_id)
+        if by_agent is not None and route in by_agent:
+            by_agent.remove(route)
+        if route.key not in self._scheduled:
+            return
+        if final is not None:
+            self._scheduler.submit(route.key, final)
+        self._closing[route.key] = asyncio.get_running_loop().time() if self._running else 0.0
+
+    def _drop_closed_routes(self) -> None:
+        """Forget closing routes in the scheduler once their last edit went out."""
+        now = asyncio.get_running_loop().time()
+        for key, since in list(self._closing.items()):
+            if self._scheduler.settled(key) or (
+                now - since > CLOSE_GRACE_S and self._scheduler.settled(key, in_flight_only=True)
+            ):
+                self._scheduler.remove_route(key)
+                self._scheduled.discard(key)
+                del self._closing[key]
+
+    def reload(self, config: ServiceConfig) -> bool:
+        """Apply a new configuration (SIGHUP) while serving; False when it needs a restart.
+
+        Agents, discovery roots, display defaults and each channel's routes and origin_chats
+        change in place; a change of anything else is refused (logged) and nothing changes.
+        """
+        needs_restart = restart_needed(self._config, config)
+        if needs_restart:
+            log.error(
+                "config reload refused: %s changed; restart to change channels and those keys"
+                " (the running configuration stays)",
+                ", ".join(needs_restart),
+            )
+            return False
+        self._config = config
+        self._specs = [spec for spec in route_specs(config) if spec.channel in self._channels]
+        self._origin_refused.clear()
+        self._rediscover()
+        self.apply(self._desired())
+        for route in list(self._routes):
+            self._project_route(route)  # display defaults may have changed
+        log.info("config reloaded: %d agents on %d routes", len(self._monitors), len(self._routes))
+        return True
+
+    # Origins -----------------------------------------------------------------------------
+
+    def _on_origin(self, agent_id: str, written: str, at: datetime) -> None:
+        """A turn of `agent_id` came from a chat: open that route when the chat allows it."""
+        origin = parse_origin(written)
+        if not isinstance(origin, Origin):
+            if (agent_id, written) not in self._origin_refused:
+                self._origin_refused.add((agent_id, written))
+                log.warning("agent %s: unusable turn origin ignored: %s", agent_id, origin)
+            return
+        allowed = origin_chats(self._config)
+        key = origin_route(origin, agent_id, allowed) if origin.channel in self._channels else None
+        if key is None:
+            if (agent_id, str(origin)) not in self._origin_refused:
+                self._origin_refused.add((agent_id, str(origin)))
+                log.warning(
+                    "agent %s: turn origin %s ignored: that chat is not in %s.origin_chats",
+                    agent_id,
+                    origin,
+                    origin.channel,
+                )
+            return
+        if any(route.key == key for route in self._routes):
+            return  # already shown there (a configured route, or an open origin route)
+        if self._origins.open(key, at.timestamp()):
+            log.info("agent %s: route to %s opened by a turn's origin", agent_id, origin)
+            self.apply(self._desired())
+
+    def _close_finished_origin_routes(self) -> None:
+        """Close origin routes whose card was removed after they opened (once it shows so)."""
+        for route in [r for r in self._routes if r.origin]:
+            monitor = self._monitors.get(route.key.agent_id)
+            opened = self._origins.opened_at(route.key)
+            if monitor is None or opened is None or route.key.channel not in self._ready_channels:
+                continue
+            card = monitor.card
+            stopped = card.status_changed_at
+            if card.status != "inactive" or stopped is None or stopped.timestamp() < opened:
+                continue
+            self._project_route(route)  # the resident shows the card stopped
+            self._origins.close(route.key, self._clock().timestamp())
+            log.info("route %s closed: its card was removed", route.key)
+            self._close_route(route, None)
 
     async def _timer_loop(self) -> None:
         """Recompose agents whose state changes with the passage of time alone."""
@@ -268,6 +454,8 @@ class Service:
                 del self._due[agent_id]
                 self._refresh(agent_id)
             self._send_due_summaries()
+            self._close_finished_origin_routes()
+            self._drop_closed_routes()
 
     def _refresh(self, agent_id: str) -> None:
         monitor = self._monitors.get(agent_id)
@@ -283,6 +471,8 @@ class Service:
             for notification in result.notifications:
                 with self._guard(agent_id, "notifying"):
                     self._notify(agent_id, notification)
+            for origin, at in monitor.take_origins():
+                self._on_origin(agent_id, origin, at)
             if result.notifications:
                 monitor.commit()  # recorded in the store: the offset may move past them
             until = monitor.activity.state_valid_until
@@ -347,7 +537,7 @@ class Service:
         return prefs
 
     def _project(self, agent_id: str) -> None:
-        for route in self._routes_by_agent.get(agent_id, ()):
+        for route in list(self._routes_by_agent.get(agent_id, ())):
             self._project_route(route)
 
     def _project_route(self, route: Route) -> None:
@@ -501,9 +691,15 @@ class Service:
         if args in ("", "status", "state"):
             reply = self._state_text(allowed, prefs)
         elif args == "off":
-            prefs = ChatPrefs(hidden=True, activity_rows=prefs.activity_rows)
             self._scheduler.suppress_notices(route.key for route in allowed)
             reply = "Task cards hidden here. /taskcard on shows them again."
+            if any(route.origin for route in allowed):
+                self._close_origin_routes([r for r in allowed if r.origin], scope)
+                allowed = [r for r in allowed if not r.origin]
+                if not allowed:
+                    reply = "Task cards from turns of this chat are off here until its next turn."
+            if allowed:
+                prefs = ChatPrefs(hidden=True, activity_rows=prefs.activity_rows)
         elif args == "on":
             prefs = ChatPrefs(hidden=False, activity_rows=prefs.activity_rows)
             reply = "Task cards shown here."
@@ -521,6 +717,28 @@ class Service:
                 self._project_route(route)
         channel = self._channels[channel_name]
         self._scheduler.send_text(channel_name, reply_chat, self._render_text(channel, reply))
+
+    def _close_origin_routes(self, routes: list[Route], scope: str) -> None:
+        """`/taskcard off` where turns opened routes: each resident says hidden, then closes."""
+        prefs = self._chat_prefs(scope)
+        for route in routes:
+            channel = self._channels[route.key.channel]
+            final = None
+            monitor = self._monitors.get(route.key.agent_id)
+            if monitor is not None and self._scheduler.has_message(route.key):
+                view = compose_view(
+                    route.key.agent_id,
+                    monitor.card,
+                    monitor.activity,
+                    hidden=True,
+                    activity_rows=prefs.activity_rows or self._config.display.activity_rows,
+                    now=self._clock(),
+                    zone=route.zone,
+                )
+                final = self._render_card(channel, view)
+            self._origins.close(route.key, self._clock().timestamp())
+            log.info("route %s closed by /taskcard off", route.key)
+            self._close_route(route, final)
 
     def _state_text(self, routes: list[Route], prefs: ChatPrefs) -> str:
         rows = prefs.activity_rows or self._config.display.activity_rows

@@ -205,6 +205,25 @@ class RouteScheduler:
                 scopes = channel.rate_scopes(key.chat, "edit", record.message_id)
                 self._limiter.seed(scopes, self._clock() - age_s)
 
+    def settled(self, key: RouteKey, *, in_flight_only: bool = False) -> bool:
+        """Whether nothing of the route is in flight (and, unless `in_flight_only`, nothing
+        waits to go out): it may be removed without losing its last edit."""
+        resident = self._residents.get(key)
+        if resident is None:
+            return True
+        lane = self._lanes.get((key.channel, key.chat.chat_id))
+        if lane is not None and lane.route_in_flight == key:
+            return False
+        return in_flight_only or not resident.pending
+
+    def remove_route(self, key: RouteKey) -> None:
+        """Forget a route closed while serving (check `settled` first); what the store holds
+        about its resident stays, so a route opened again edits the same message."""
+        self._residents.pop(key, None)
+        lane = self._lanes.get((key.channel, key.chat.chat_id))
+        if lane is not None and key in lane.routes:
+            lane.routes.remove(key)
+
     def has_message(self, key: RouteKey) -> bool:
         return self._residents[key].message_id is not None
 

@@ -343,6 +343,8 @@ class ActivityTracker:
         self._recent: deque[tuple[str, datetime]] = deque(maxlen=MAX_RECENT)
         self._tokens: tuple[int, int] | None = None
         self._calls: dict[str, str] = {}
+        # Origins (`turn.start` origin / `turn.origin`) not yet taken by the service.
+        self.origins: deque[tuple[str, datetime]] = deque(maxlen=MAX_RECENT)
 
     def feed(self, line: bytes) -> None:
         if not line.strip():
@@ -375,6 +377,8 @@ class ActivityTracker:
             self._waiting_since = None
             code = int_field(fields.get("code"))
             return "agent exited" if code is None else f"agent exited (code {code})"
+        if kind in ("turn.start", "turn.origin") and isinstance(fields.get("origin"), str):
+            self.origins.append((fields["origin"], event.ts))
         if kind == "turn.start":
             self._turn_started_at, self._turn_ended_at = event.ts, None
             self._waiting_since = None
@@ -505,6 +509,12 @@ class AgentMonitor:
             inode, offset = self._pending_offset
             self._offsets.set_offset(self.agent_id, NOTIFICATIONS_OFFSET, inode, offset)
             self._pending_offset = None
+
+    def take_origins(self) -> list[tuple[str, datetime]]:
+        """The chats turns came from since the last call, as written (unchecked), with when."""
+        taken = list(self._tracker.origins)
+        self._tracker.origins.clear()
+        return taken
 
     def forget_signatures(self) -> None:
         """Read the card files again at the next refresh, even when they look unchanged.

@@ -18,6 +18,10 @@ Design, and why:
 - A periodic rescan also re-arms when the folders on disk no longer match the plan.
 - A periodic rescan reports every agent, a safety net for anything notifications miss
   (overflowed event queues, network file systems, races while re-arming).
+- Discovery roots are watched non-recursively too: a folder appearing or vanishing directly
+  in a root is reported as `ROOTS` (never an agent id), and so is every rescan, so the owner
+  lists the roots again. The owner changes the set of workdirs while watching with
+  `set_workdirs`, which re-arms.
 - The blocking wait runs in the single worker thread that `awatch` owns; the generator talks
   to it through a queue so that closing or cancelling `changes()` stops it promptly (the
   thread checks the stop event every `step`) instead of after the watcher's timeout.
@@ -46,6 +50,8 @@ _RUST_TIMEOUT_MS: Final = 5_000
 _RETRY_AFTER_FAILURE_S: Final = 1.0
 # A re-arm waits this many times the duration of the previous arming after it.
 _REARM_COST_FACTOR: Final = 9.0
+# Reported when something changed directly in a discovery root (no agent id is empty).
+ROOTS: Final = ""
 
 
 def _abs(path: Path) -> str:
@@ -77,10 +83,23 @@ class WatchPlan:
         return agents, structural is not None
 
 
-def plan_watch(workdirs: Mapping[str, Path]) -> WatchPlan:
-    """The current watch plan for `workdirs`, from a few `stat` calls per agent."""
+def plan_watch(workdirs: Mapping[str, Path], roots: Iterable[Path] = ()) -> WatchPlan:
+    """The current watch plan for `workdirs` (and discovery `roots`), from a few `stat` calls
+    per agent."""
     plan = WatchPlan()
     watched: dict[str, None] = {}
+    for root_path in roots:
+        root = _abs(root_path)
+        plan.structural.setdefault(root, set()).add(ROOTS)
+        plan.files_in.setdefault(root, set()).add(ROOTS)
+        child, parent = root, root
+        while not os.path.isdir(parent):
+            child, parent = parent, os.path.dirname(parent)
+            plan.structural.setdefault(child, set()).add(ROOTS)
+            if parent == child:
+                break
+        if os.path.isdir(parent):
+            watched[parent] = None
     for agent_id, workdir in workdirs.items():
         root = _abs(workdir)
         plan.structural.setdefault(root, set()).add(agent_id)
@@ -122,11 +141,25 @@ class FleetWatcher:
         debounce_ms: int = 50,
         rescan_interval_s: float = 30.0,
         step_ms: int = 10,
+        roots: Iterable[Path] = (),
     ) -> None:
         self._workdirs = dict(workdirs)
+        self._roots = tuple(roots)
+        self._arming: _Arming | None = None
         self._debounce_ms = debounce_ms
         self._rescan_interval_s = rescan_interval_s
         self._step_ms = step_ms
+
+    def set_workdirs(self, workdirs: Mapping[str, Path]) -> None:
+        """Watch these workdirs from now on (agents added or removed while serving)."""
+        if dict(workdirs) == self._workdirs:
+            return
+        self._workdirs = dict(workdirs)
+        if self._arming is not None:
+            self._arming.rearm.set()
+
+    def _everyone(self) -> frozenset[str]:
+        return frozenset(self._workdirs) | (frozenset({ROOTS}) if self._roots else frozenset())
 
     async def changes(self) -> AsyncGenerator[frozenset[str], None]:
         """All agents first, then the agents whose files may have changed, as they change.
@@ -134,16 +167,15 @@ class FleetWatcher:
         Every agent is reported again after each rescan interval and after each re-arm.
         Closing or cancelling the iteration stops the watcher thread.
         """
-        everyone = frozenset(self._workdirs)
         queue: asyncio.Queue[frozenset[str]] = asyncio.Queue()
         stop = asyncio.Event()
-        arming = _Arming()
+        arming = self._arming = _Arming()
         # Started before the first yield so the watcher arms while the caller reads everyone.
         pump = asyncio.create_task(self._pump(queue, stop, arming), name="taskcard-watcher")
         loop = asyncio.get_running_loop()
         next_rescan = loop.time() + self._rescan_interval_s
         try:
-            yield everyone
+            yield self._everyone()
             while True:
                 try:
                     # `asyncio.timeout`, not `wait_for`: on 3.11 `wait_for` can swallow a
@@ -153,7 +185,7 @@ class FleetWatcher:
                 except TimeoutError:
                     next_rescan = loop.time() + self._rescan_interval_s
                     self._check_plan(arming)
-                    yield everyone
+                    yield self._everyone()
                     continue
                 merged = set(batch)
                 while not queue.empty():
@@ -169,7 +201,8 @@ class FleetWatcher:
 
     def _check_plan(self, arming: _Arming) -> None:
         """Re-arm when folders appeared or vanished without an event (a safety net)."""
-        if arming.plan is not None and plan_watch(self._workdirs).paths != arming.plan.paths:
+        plan = plan_watch(self._workdirs, self._roots)
+        if arming.plan is not None and plan.paths != arming.plan.paths:
             arming.rearm.set()
 
     async def _pump(
@@ -177,7 +210,7 @@ class FleetWatcher:
     ) -> None:
         """Run one watcher at a time; re-arm it whenever the plan changes."""
         while not stop.is_set():
-            plan = plan_watch(self._workdirs)
+            plan = plan_watch(self._workdirs, self._roots)
             arming.plan, arming.rearm = plan, asyncio.Event()
             if not plan.paths:
                 # Nothing exists to watch (no workdir has an existing ancestor): rescan only.
@@ -204,7 +237,7 @@ class FleetWatcher:
         synchronously in its first step, before it first suspends, so a callback scheduled now
         runs after the watches exist.
         """
-        everyone = frozenset(self._workdirs)
+        everyone = self._everyone()
         loop = asyncio.get_running_loop()
         started_at = loop.time()
         armed_at: list[float] = []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -106,6 +106,14 @@ class FeishuConfig(BaseModel):
         ),
     )
     routes: list[FeishuRoute] = Field(default_factory=list)
+    origin_chats: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(
+        default_factory=list,
+        max_length=1000,
+        description=(
+            "Chat ids (oc_...) where a turn's origin (feishu:<chat id>) may open a route for"
+            " that agent; empty: origins are ignored."
+        ),
+    )
     limits: FeishuLimits = Field(default_factory=FeishuLimits)
     request_timeout_s: float = Field(
         default=15.0, ge=1, le=300, description="Per-request timeout (1-300 s)."

@@ -61,6 +61,14 @@ class TelegramConfig(BaseModel):
         description="Bot API root: the public API, a local Bot API server, or a test fake.",
     )
     routes: list[TelegramRoute] = Field(default_factory=list)
+    origin_chats: list[Annotated[int, Field(ge=-(2**53 - 1), le=2**53 - 1)]] = Field(
+        default_factory=list,
+        max_length=1000,
+        description=(
+            "Chat ids where a turn's origin (telegram:<chat id>[:<topic id>]) may open a route"
+            " for that agent; empty: origins are ignored."
+        ),
+    )
     limits: TelegramLimits = Field(default_factory=TelegramLimits)
     commands: bool = Field(default=True, description="Receive /taskcard commands by polling.")
     poll_timeout_s: int = Field(default=25, ge=0, le=50, description="getUpdates long poll.")

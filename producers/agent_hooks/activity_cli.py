@@ -18,6 +18,7 @@ from producers.task_card.activity_log import (
     OPTIONAL_FIELDS,
     REQUIRED_FIELDS,
     ActivityInputError,
+    check_origin,
 )
 from producers.task_card.activity_log import TYPE_NAMES as _TYPE_NAMES
 from producers.task_card.contract import (
@@ -74,6 +75,7 @@ def build_event(kind: str, assignments: list[str], *, ts: str) -> dict[str, Any]
     if missing:
         example = " ".join(f"{name}=..." for name in missing)
         raise ActivityInputError(f"{', '.join(missing)}: required for {kind}; add {example}")
+    check_origin(record)
     return record
 
 

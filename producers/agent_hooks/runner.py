@@ -27,7 +27,14 @@ from producers.agent_hooks.inbox_hook import output as inbox_output
 from producers.agent_hooks.inbox_hook import steer
 from producers.agent_hooks.inbox_hook import take as take_inbox
 from producers.task_card.activity_log import append_event, event_record
-from producers.task_card.contract import CardPaths, atomic_write, utc_now_iso
+from producers.task_card.contract import (
+    ORIGIN_FORMS,
+    CardPaths,
+    Origin,
+    atomic_write,
+    parse_origin,
+    utc_now_iso,
+)
 from producers.task_card.notifications import FileNotificationPort
 from producers.task_card.settings import settings_or_defaults
 from producers.task_card.turns import add_completed_turn
@@ -39,6 +46,7 @@ ERROR_LOG_MAX_BYTES: Final = 256_000
 WAITS_FILE: Final = ".taskcard-hook-waits.json"
 MAX_SESSIONS: Final = 64
 CLAUDE_CONSUMER: Final = "claude-code"
+ORIGIN_ENV: Final = "TASKCARD_ORIGIN"
 _SESSION = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 
 Clock = Callable[[], str]
@@ -114,6 +122,28 @@ def _session_waits(paths: CardPaths) -> Iterator[dict[str, str]]:
         os.close(fd)
 
 
+def with_origin(
+    events: list[tuple[str, dict[str, Any]]], paths: CardPaths, env: Mapping[str, str]
+) -> list[tuple[str, dict[str, Any]]]:
+    """Each `turn.start` with the origin that `TASKCARD_ORIGIN` names (the chat the host's
+    turn came from). An invalid value is logged to the hook log and left out: the turn is
+    still written, and the hook still succeeds."""
+    raw = env.get(ORIGIN_ENV, "").strip()
+    if not raw or not any(kind == "turn.start" for kind, _ in events):
+        return events
+    origin = parse_origin(raw)
+    if not isinstance(origin, Origin):
+        log_error(
+            paths.workdir,
+            f"{ORIGIN_ENV}: {origin} (forms: {ORIGIN_FORMS}); turn written without it",
+        )
+        return events
+    return [
+        (kind, {**fields, "origin": str(origin)} if kind == "turn.start" else fields)
+        for kind, fields in events
+    ]
+
+
 def _append(paths: CardPaths, events: list[tuple[str, dict[str, Any]]], clock: Clock) -> None:
     for kind, fields in events:
         append_event(paths, event_record(kind, fields, ts=clock()))
@@ -126,7 +156,12 @@ def _count_turn(paths: CardPaths) -> None:
         FileNotificationPort(paths).submit_reminder(count, None)
 
 
-def claude_code(raw: bytes, workdir_override: str | None, clock: Clock = utc_now_iso) -> str:
+def claude_code(
+    raw: bytes,
+    workdir_override: str | None,
+    clock: Clock = utc_now_iso,
+    env: Mapping[str, str] = os.environ,
+) -> str:
     """Handle one Claude Code hook payload; the text to print on stdout (maybe empty)."""
     payload = parse_payload(raw)
     paths = CardPaths(resolve_workdir(workdir_override, payload))
@@ -143,7 +178,7 @@ def claude_code(raw: bytes, workdir_override: str | None, clock: Clock = utc_now
             waits.pop(key, None)
         else:
             waits[key] = decision.waiting
-        _append(paths, decision.events, clock)
+        _append(paths, with_origin(decision.events, paths, env), clock)
     if decision.completed_turn:
         _count_turn(paths)
     reader = WakeReader(paths, CLAUDE_CONSUMER)
@@ -154,12 +189,17 @@ def claude_code(raw: bytes, workdir_override: str | None, clock: Clock = utc_now
     return json.dumps(output, ensure_ascii=False) if output is not None else ""
 
 
-def codex(argument: str, workdir_override: str | None, clock: Clock = utc_now_iso) -> None:
+def codex(
+    argument: str,
+    workdir_override: str | None,
+    clock: Clock = utc_now_iso,
+    env: Mapping[str, str] = os.environ,
+) -> None:
     """Handle one Codex `notify` payload (its single JSON argument)."""
     payload = parse_payload(argument.encode("utf-8", errors="replace"))
     paths = CardPaths(resolve_workdir(workdir_override, payload))
     events, completed = codex_events(payload)
-    _append(paths, events, clock)
+    _append(paths, with_origin(events, paths, env), clock)
     if completed:
         _count_turn(paths)
 

@@ -11,7 +11,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from producers.task_card.contract import EVENT_KINDS, CardPaths, append_jsonl_line
+from producers.task_card.contract import (
+    EVENT_KINDS,
+    ORIGIN_FORMS,
+    CardPaths,
+    Origin,
+    append_jsonl_line,
+    parse_origin,
+)
 
 # Required fields and their accepted types per kind (the activity log contract).
 REQUIRED_FIELDS: Final[dict[str, dict[str, tuple[type, ...]]]] = {
@@ -72,7 +79,18 @@ def event_record(kind: str, fields: Mapping[str, Any], *, ts: str) -> dict[str, 
     if missing:
         example = " ".join(f"{name}=..." for name in missing)
         raise ActivityInputError(f"{', '.join(missing)}: required for {kind}; add {example}")
+    check_origin(record)
     return record
+
+
+def check_origin(record: Mapping[str, Any]) -> None:
+    """An `origin` field must be written `<channel>:<chat_id>[:<thread_id>]`; raises
+    `ActivityInputError` naming the field and the accepted forms otherwise."""
+    if "origin" not in record:
+        return
+    origin = parse_origin(record["origin"])
+    if not isinstance(origin, Origin):
+        raise ActivityInputError(f"origin: {origin} (forms: {ORIGIN_FORMS})")
 
 
 def append_event(paths: CardPaths, record: dict[str, Any]) -> None:

@@ -20,6 +20,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -337,3 +338,54 @@ def parse_event(line: bytes) -> ActivityEvent | None:
         return None
     fields = {k: v for k, v in data.items() if k not in ("kind", "ts")}
     return ActivityEvent(kind=str(kind), ts=ts, fields=fields)
+
+
+# A turn's origin: the chat a turn came from, `<channel>:<chat_id>[:<thread_id>]`.
+ORIGIN_CHANNELS: Final = ("telegram", "feishu")
+ORIGIN_FORMS: Final = "telegram:<chat id>[:<topic id>] or feishu:<chat id>"
+_TELEGRAM_CHAT = re.compile(r"-?[0-9]{1,16}")
+_TELEGRAM_THREAD = re.compile(r"[1-9][0-9]{0,9}")
+_FEISHU_CHAT = re.compile(r"[A-Za-z0-9_-]{1,128}")
+
+
+@dataclass(frozen=True)
+class Origin:
+    """The chat (and forum topic) a turn came from; `str()` gives the written form back."""
+
+    channel: str
+    chat_id: str
+    thread_id: str | None = None
+
+    def __str__(self) -> str:
+        tail = f":{self.thread_id}" if self.thread_id is not None else ""
+        return f"{self.channel}:{self.chat_id}{tail}"
+
+
+def parse_origin(value: object) -> Origin | str:
+    """The origin written in `value`, or why it is not one (a sentence ending in the fix).
+
+    Strict: the channel is one with chats (telegram or feishu), a Telegram chat id is an
+    integer within the Bot API's range with an optional positive topic id, a Feishu chat id is
+    one token of letters, digits, `_` and `-` (Feishu has no topics here).
+    """
+    if not isinstance(value, str):
+        return f"must be text written {ORIGIN_FORMS}"
+    shown = value if len(value) <= 80 else value[:77] + "..."
+    channel, _, rest = value.partition(":")
+    if channel not in ORIGIN_CHANNELS:
+        return f"{shown!r} names no known channel; write {ORIGIN_FORMS}"
+    parts = rest.split(":")
+    if channel == "telegram":
+        if len(parts) > 2 or not _TELEGRAM_CHAT.fullmatch(parts[0]):
+            return f"{shown!r} is not telegram:<chat id>[:<topic id>] with integer ids"
+        if abs(int(parts[0])) > 2**53 - 1 or int(parts[0]) == 0:
+            return f"{shown!r}: the chat id is out of range; copy the chat id Telegram gives"
+        thread = parts[1] if len(parts) == 2 else None
+        if thread is not None and (
+            not _TELEGRAM_THREAD.fullmatch(thread) or int(thread) > 2**31 - 1
+        ):
+            return f"{shown!r}: the topic id must be a positive integer; drop it or fix it"
+        return Origin(channel, parts[0], thread)
+    if len(parts) != 1 or not _FEISHU_CHAT.fullmatch(parts[0]):
+        return f"{shown!r} is not feishu:<chat id> (one id such as oc_abc123, no topic)"
+    return Origin(channel, parts[0])

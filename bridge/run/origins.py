@@ -1,0 +1,120 @@
+"""Routes opened by a turn's origin, persisted so that they survive a restart.
+
+An origin route is open from the origin event that opened it until its card is removed or
+people turn it off with `/taskcard off` in that chat. A closed route remembers when it closed:
+only an origin written after that moment opens it again, so replaying an old tail of the
+activity log (after a restart, or when an agent is seen for the first time) never reopens a
+route that people closed.
+
+Kept as one JSON document under one store cursor: the `StateStore` interface needs nothing
+new, whichever store backs it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Final
+
+from bridge.schedule.scheduler import RouteKey
+from bridge.store.sqlite import StateStore
+from channels.base import ChatRef
+
+log = logging.getLogger(__name__)
+
+ORIGIN_ROUTES_CURSOR: Final = "origin-routes"
+# Closed routes kept (for their closing time); the oldest are forgotten first.
+MAX_REMEMBERED: Final = 5_000
+
+
+@dataclass
+class _Entry:
+    key: RouteKey
+    opened_at: float
+    closed_at: float | None = None
+
+
+class OriginBook:
+    """Open and closed origin routes, saved on every change."""
+
+    def __init__(self, store: StateStore) -> None:
+        self._store = store
+        self._entries: dict[RouteKey, _Entry] = {}
+        for entry in _parse(store.get_cursor(ORIGIN_ROUTES_CURSOR)):
+            self._entries[entry.key] = entry
+
+    def open_routes(self) -> list[RouteKey]:
+        return [e.key for e in self._entries.values() if e.closed_at is None]
+
+    def opened_at(self, key: RouteKey) -> float | None:
+        entry = self._entries.get(key)
+        return entry.opened_at if entry is not None and entry.closed_at is None else None
+
+    def open(self, key: RouteKey, at: float) -> bool:
+        """Open `key` for an origin written at `at`; whether it was not open before."""
+        entry = self._entries.get(key)
+        if entry is not None and (entry.closed_at is None or at <= entry.closed_at):
+            return False
+        self._entries.pop(key, None)
+        self._entries[key] = _Entry(key, at)
+        self._save()
+        return True
+
+    def close(self, key: RouteKey, at: float) -> None:
+        entry = self._entries.get(key)
+        if entry is None or entry.closed_at is not None:
+            return
+        entry.closed_at = at
+        self._save()
+
+    def _save(self) -> None:
+        while len(self._entries) > MAX_REMEMBERED:
+            oldest = next((k for k, e in self._entries.items() if e.closed_at is not None), None)
+            if oldest is None:
+                break
+            del self._entries[oldest]
+        data = [
+            {
+                "channel": e.key.channel,
+                "chat_id": e.key.chat.chat_id,
+                "thread_id": e.key.chat.thread_id,
+                "agent": e.key.agent_id,
+                "opened_at": e.opened_at,
+                "closed_at": e.closed_at,
+            }
+            for e in self._entries.values()
+        ]
+        self._store.set_cursor(ORIGIN_ROUTES_CURSOR, json.dumps(data))
+
+
+def _parse(raw: str | None) -> list[_Entry]:
+    """The saved entries; unusable ones are dropped (the store is ours, but be total)."""
+    if not raw:
+        return []
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        log.warning("the saved origin routes are unreadable; starting without them")
+        return []
+    entries: list[_Entry] = []
+    for item in data if isinstance(data, list) else []:
+        if not isinstance(item, dict):
+            continue
+        channel, chat_id, thread_id = (
+            item.get("channel"),
+            item.get("chat_id"),
+            item.get("thread_id"),
+        )
+        agent, opened, closed = item.get("agent"), item.get("opened_at"), item.get("closed_at")
+        if not all(isinstance(v, str) for v in (channel, chat_id, agent)):
+            continue
+        if thread_id is not None and not isinstance(thread_id, str):
+            continue
+        if not isinstance(opened, int | float) or not (
+            closed is None or isinstance(closed, int | float)
+        ):
+            continue
+        key = RouteKey(str(channel), ChatRef(str(chat_id), thread_id), str(agent))
+        entries.append(_Entry(key, float(opened), None if closed is None else float(closed)))
+    return entries

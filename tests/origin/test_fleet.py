@@ -1,0 +1,151 @@
+"""The pure decisions behind a changing fleet: desired agents and routes, reload limits,
+discovery, origin routes and their memory, and the watch plan of discovery roots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bridge.config import ServiceConfig, parse_config
+from bridge.deliver.registry import route_specs
+from bridge.run.fleet import (
+    desired_fleet,
+    discover_agents,
+    origin_chats,
+    origin_route,
+    restart_needed,
+)
+from bridge.run.origins import OriginBook
+from bridge.schedule.scheduler import RouteKey
+from bridge.store.sqlite import SqliteStore
+from bridge.watch.watcher import ROOTS, plan_watch
+from channels.base import ChatRef
+from producers.task_card.contract import Origin
+
+
+def config(tmp_path: Path, **sections: object) -> ServiceConfig:
+    data: dict[str, object] = {
+        "agents": [{"id": "builder", "workdir": "b"}],
+        "discover": {"roots": ["fleet"]},
+        "telegram": {
+            "routes": [
+                {"chat_id": -100, "agents": ["*"]},
+                {"chat_id": 7, "agents": ["builder", "scout"]},
+            ],
+            "origin_chats": [-200],
+        },
+    }
+    data.update(sections)
+    return parse_config(data, base_dir=tmp_path)
+
+
+def test_star_routes_cover_discovered_agents_and_named_ones_once_found(tmp_path: Path) -> None:
+    cfg = config(tmp_path)
+    specs = route_specs(cfg)
+    before = desired_fleet(cfg, specs, {}, [])
+    assert [str(r.key) for r in before.routes] == ["telegram:-100::builder", "telegram:7::builder"]
+    after = desired_fleet(cfg, specs, {"scout": tmp_path / "fleet/scout"}, [])
+    assert sorted(str(r.key) for r in after.routes) == [
+        "telegram:-100::builder",
+        "telegram:-100::scout",
+        "telegram:7::builder",
+        "telegram:7::scout",
+    ]
+    assert list(after.agents) == ["builder", "scout"]
+
+
+def test_origin_routes_need_their_agent_and_yield_to_configured_ones(tmp_path: Path) -> None:
+    cfg = config(tmp_path)
+    opened = RouteKey("telegram", ChatRef("-200", "3"), "builder")
+    same_as_config = RouteKey("telegram", ChatRef("-100"), "builder")
+    gone = RouteKey("telegram", ChatRef("-200"), "nobody")
+    fleet = desired_fleet(cfg, route_specs(cfg), {}, [opened, same_as_config, gone])
+    origin = [r for r in fleet.routes if r.origin]
+    assert [r.key for r in origin] == [opened]
+    assert not next(r for r in fleet.routes if r.key == same_as_config).origin
+
+
+@pytest.mark.parametrize(
+    ("origin", "expected"),
+    [
+        (Origin("telegram", "-200", "3"), RouteKey("telegram", ChatRef("-200", "3"), "a")),
+        (Origin("telegram", "-100"), None),  # routed by config, but not an origin chat
+        (Origin("feishu", "-200"), None),  # no feishu section
+    ],
+)
+def test_origin_route_only_for_allowed_chats(
+    tmp_path: Path, origin: Origin, expected: RouteKey | None
+) -> None:
+    allowed = origin_chats(config(tmp_path))
+    assert origin_route(origin, "a", allowed) == expected
+
+
+@pytest.mark.parametrize(
+    ("change", "refused"),
+    [
+        ({"agents": []}, []),
+        ({"discover": {"roots": ["other"]}}, []),
+        ({"display": {"activity_rows": 5}}, []),
+        ({"telegram": {"routes": [], "origin_chats": [-1]}}, []),
+        ({"telegram": {"api_base_url": "https://example.org", "routes": []}}, ["telegram"]),
+        ({"feishu": {}}, ["feishu"]),
+        ({"state_dir": "elsewhere"}, ["state_dir"]),
+        ({"notices": {"max_per_minute": 9}}, ["notices"]),
+    ],
+)
+def test_reload_applies_fleet_keys_and_refuses_the_rest(
+    tmp_path: Path, change: dict[str, object], refused: list[str]
+) -> None:
+    running = config(tmp_path)
+    assert restart_needed(running, config(tmp_path, **change)) == refused
+
+
+def test_discovery_skips_bad_names_clashes_and_files(tmp_path: Path) -> None:
+    first, second = tmp_path / "one", tmp_path / "two"
+    for folder in (first / "scout", first / "builder", first / "bad name", first / ".git"):
+        folder.mkdir(parents=True)
+    (first / "notes.txt").write_text("x")
+    (second / "scout").mkdir(parents=True)
+    found = discover_agents([first, second, tmp_path / "missing"], ["builder"])
+    assert found.agents == {"scout": first / "scout"}
+    assert len(found.problems) == 3
+    assert any("not a valid agent id" in p for p in found.problems)
+    assert any("configured in [[agents]], which wins" in p for p in found.problems)
+    assert any("already found" in p for p in found.problems)
+
+
+def test_origin_book_persists_and_never_reopens_on_an_older_origin(tmp_path: Path) -> None:
+    store = SqliteStore.in_dir(tmp_path)
+    key = RouteKey("feishu", ChatRef("oc_1"), "coder")
+    book = OriginBook(store)
+    assert book.open(key, 100.0) is True
+    assert book.open(key, 150.0) is False  # already open
+    assert OriginBook(store).open_routes() == [key]  # survives a restart
+    book.close(key, 200.0)
+    assert book.open_routes() == [] and book.opened_at(key) is None
+    again = OriginBook(store)
+    assert again.open(key, 180.0) is False  # written before it was closed: a replay
+    assert again.open(key, 250.0) is True
+    assert again.opened_at(key) == 250.0
+    store.close()
+
+
+def test_unreadable_saved_origin_routes_start_empty(tmp_path: Path) -> None:
+    store = SqliteStore.in_dir(tmp_path)
+    store.set_cursor("origin-routes", '[{"channel": 1}, "x", {"channel": "telegram"}]')
+    assert OriginBook(store).open_routes() == []
+    store.set_cursor("origin-routes", "{not json")
+    assert OriginBook(store).open_routes() == []
+    store.close()
+
+
+def test_a_discovery_root_is_watched_and_its_entries_report_roots(tmp_path: Path) -> None:
+    root = tmp_path / "fleet"
+    root.mkdir()
+    plan = plan_watch({}, [root])
+    assert plan.paths == (str(root),)
+    assert plan.agents_for(str(root / "new-agent")) == ({ROOTS}, False)
+    missing = plan_watch({}, [tmp_path / "later" / "fleet"])
+    assert missing.paths == (str(tmp_path),)
+    assert missing.agents_for(str(tmp_path / "later")) == ({ROOTS}, True)
