@@ -139,7 +139,8 @@ def with_origin(
         )
         return events
     return [
-        (kind, {**fields, "origin": str(origin)} if kind == "turn.start" else fields)
+        # A turn started by a message from a chat keeps that message's origin.
+        (kind, {"origin": str(origin), **fields} if kind == "turn.start" else fields)
         for kind, fields in events
     ]
 

@@ -92,11 +92,14 @@ def make_card(workdir: Path, runtime_dir: Path) -> Iterator[Callable[..., TaskCa
         card.close()
 
 
+# Counts its runs in count.txt, replaced whole so a test reading it never sees it half-written.
 COUNTER_RENDERER = """
+import os
 from pathlib import Path
 p = Path("count.txt")
 n = int(p.read_text()) + 1 if p.exists() else 1
-p.write_text(str(n))
+Path("count.txt.tmp").write_text(str(n))
+os.replace("count.txt.tmp", p)
 print(f"# Work\\nrender {n}")
 """
 
