@@ -46,6 +46,7 @@ from bridge.store.sqlite import ChatPrefs, NoticeState, SeenChat, StateStore
 from bridge.track.ledger import LedgerView, ledger_row
 from bridge.track.monitor import AgentMonitor, AgentRefresh
 from bridge.watch.watcher import FleetWatcher
+from channels.aio import Backoff
 from channels.base import CardView, Channel, ChatRef, IncomingCommand, Outgoing
 from channels.errors import ChannelError, RateLimited, Transient
 from producers.task_card.contract import Notification
@@ -217,17 +218,16 @@ class Service:
 
     async def _start_channel(self, name: str, channel: Channel) -> None:
         """Start one channel, retrying while it is unreachable; then show what is pending."""
-        delay_s = 1.0
+        backoff = Backoff(initial_s=1.0, max_s=60.0)
         while True:
             try:
                 await channel.start(functools.partial(self._on_command, name))
             except (Transient, RateLimited) as error:
-                wait_s = delay_s
+                wait_s = backoff.next_delay_s()
                 if isinstance(error, RateLimited):
                     wait_s = min(error.retry_after_s, self._config.limits.max_pause_s)
                 log.warning("channel %s not ready (%s); retrying in %.0fs", name, error, wait_s)
                 await asyncio.sleep(wait_s)
-                delay_s = min(60.0, delay_s * 2)
                 continue
             except ChannelError as error:
                 log.error("channel %s disabled: %s", name, error)

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 from bridge.schedule.ratelimit import DEFAULT_MAX_PAUSE_S, RateLimiter, Reservation
 from bridge.store.sqlite import StateStore
+from channels.aio import Backoff, wait_first
 from channels.base import Channel, ChatRef, Operation, Outgoing
 from channels.errors import (
     ChannelError,
@@ -89,7 +90,7 @@ class _Resident:
     unsure_sends: int = 0  # sends begun without a known outcome (see MAX_UNSURE_SENDS)
     unsure_at: float | None = None  # wall-clock start of the latest one
     retry_at: float = 0.0  # per-route backoff: not before this (monotonic) time
-    backoff_s: float = 0.0
+    failures: int = 0  # failed attempts in a row, for the backoff
 
     @property
     def pending(self) -> bool:
@@ -109,7 +110,7 @@ class _Text:
     notice: tuple[str, str] | None  # (route, notice id) to mark delivered
     idempotency_key: str
     retry_at: float = 0.0
-    backoff_s: float = 0.0
+    failures: int = 0
 
 
 @dataclass
@@ -119,7 +120,7 @@ class _Lane:
     routes: deque[RouteKey] = field(default_factory=deque)
     texts: deque[_Text] = field(default_factory=deque)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-    backoff_s: float = 0.0
+    failures: int = 0  # unexpected lane failures in a row, for the backoff
     task: asyncio.Task[None] | None = None
     text_turn: bool = True  # texts and cards alternate, so neither starves the other
     text_in_flight: bool = False
@@ -166,7 +167,7 @@ class RouteScheduler:
         self._store = store
         self._clock = clock
         self._wall = wall_clock
-        self._max_backoff_s = max_backoff_s
+        self._backoff = Backoff(initial_s=min(1.0, max_backoff_s), max_s=max_backoff_s)
         self._limiter = RateLimiter(clock, max_pause_s=max_pause_s)
         self._residents: dict[RouteKey, _Resident] = {}
         self._lanes: dict[tuple[str, str], _Lane] = {}
@@ -354,8 +355,8 @@ class RouteScheduler:
                     same_lane = (key.channel, key.chat.chat_id) == (lane.channel, lane.chat_id)
                     if same_lane and resident.pending and key not in lane.routes:
                         lane.routes.append(key)
-                lane.backoff_s = min(self._max_backoff_s, max(1.0, lane.backoff_s * 2))
-                await self._wait(None, lane.backoff_s)
+                lane.failures += 1
+                await self._wait(None, self._backoff.delay_s(lane.failures))
 
     async def _lane_step(self, lane: _Lane) -> None:
         await asyncio.sleep(0)  # one step at a time: other lanes and the loop get their turn
@@ -373,7 +374,7 @@ class RouteScheduler:
                 lane.route_in_flight = None
                 if self._residents[key].pending and key not in lane.routes:
                     lane.routes.append(key)
-            lane.backoff_s = 0.0
+            lane.failures = 0
             return
         if text is not None:
             lane.text_turn = False
@@ -383,7 +384,7 @@ class RouteScheduler:
                 await self._deliver_text(lane, text)
             finally:
                 lane.text_in_flight = False
-            lane.backoff_s = 0.0
+            lane.failures = 0
             return
         if lane.deferred and len(lane.texts) < MAX_QUEUED_TEXTS // 2:
             self._refill_notices(lane)
@@ -434,21 +435,15 @@ class RouteScheduler:
 
     def _retry_later(self, item: _Resident | _Text, reason: str) -> None:
         """Per-item capped exponential backoff: the rest of the chat keeps going meanwhile."""
-        item.backoff_s = min(self._max_backoff_s, max(1.0, item.backoff_s * 2))
-        item.retry_at = self._clock() + item.backoff_s
-        log.warning("%s; retrying in %.0fs", reason, item.backoff_s)
+        item.failures += 1
+        delay_s = self._backoff.delay_s(item.failures)
+        item.retry_at = self._clock() + delay_s
+        log.warning("%s; retrying in %.0fs", reason, delay_s)
 
     async def _wait(self, event: asyncio.Event | None, timeout_s: float | None) -> None:
         """Sleep until `event` is set, the timeout passes, or the scheduler closes."""
-        waiters = [asyncio.ensure_future(self._closing.wait())]
-        if event is not None:
-            waiters.append(asyncio.ensure_future(event.wait()))
-        try:
-            await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
-            await asyncio.gather(*waiters, return_exceptions=True)
+        events = (self._closing,) if event is None else (self._closing, event)
+        await wait_first(*events, timeout_s=timeout_s)
 
     async def _admit(
         self, channel: Channel, chat: ChatRef, op: Operation, mid: str | None
@@ -532,7 +527,7 @@ class RouteScheduler:
             return
         finally:
             reservation.complete()
-        resident.backoff_s = 0.0
+        resident.failures = 0
         if resident.stale_id is not None and resident.message_id is not None:
             await self._delete_stale(channel, resident)
 
