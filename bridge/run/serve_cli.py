@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge.config import ConfigError, ServiceConfig, load_config
-from bridge.deliver.registry import route_specs
+from bridge.deliver.registry import describe_scope, route_specs, scope_rules
 from bridge.run.logs import choose, setup_logging
 from bridge.run.runner import (
     EXIT_CONFIG,
@@ -146,15 +146,12 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
             for agent_id in spec.agents:
                 key = str(RouteKey(channel, chat, agent_id))
                 record = store.resident(key) if store else None
+                rules = scope_rules(channel)
+                message_id = record.message_id if record else None
                 route_pauses = {
                     scope: _when(until)
                     for scope, until in active_pauses.items()
-                    if scope.startswith(f"{channel}:")
-                    and (
-                        scope.endswith(f":{chat.chat_id}")
-                        or scope.count(":") == 1
-                        or (record is not None and scope.endswith(f":{record.message_id}"))
-                    )
+                    if rules is not None and rules.covers(scope, chat, message_id)
                 }
                 routes.append(
                     {
@@ -194,7 +191,7 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
                 else None
             ),
             "pauses": [
-                {"scope": scope, "until": _when(until)}
+                {"scope": scope, "what": describe_scope(scope), "until": _when(until)}
                 for scope, until in sorted(active_pauses.items())
             ],
             "routes": routes,
@@ -242,7 +239,7 @@ def _status(args: argparse.Namespace) -> int:
             f" ({writes['waiting_writes']} writes waiting; the service retries)"
         )
     for pause in report["pauses"]:
-        print(f"rate-limit pause: {pause['scope']} until {pause['until']}")
+        print(f"rate-limit pause: {pause['scope']} ({pause['what']}) until {pause['until']}")
     for route in report["routes"]:
         print(f"{route['route']}")
         print(f"  resident message: {route['message_id'] or '(none yet)'}")
