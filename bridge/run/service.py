@@ -32,24 +32,17 @@ from bridge.compose.redact import Redactor
 from bridge.compose.view import compose_view, route_zone
 from bridge.config import ServiceConfig
 from bridge.deliver.registry import BuiltChannel
-from bridge.notices.text import (
-    FoldedNotices,
-    NoticeGate,
-    notice_kind,
-    notice_text,
-    safe_error_code,
-    summary_text,
-)
+from bridge.notices.outbox import NoticeOutbox
+from bridge.notices.text import safe_error_code
 from bridge.observe.metrics import ServiceSnapshot
 from bridge.schedule.scheduler import RouteKey, RouteScheduler
-from bridge.store.sqlite import ChatPrefs, NoticeState, SeenChat, StateStore
+from bridge.store.sqlite import ChatPrefs, SeenChat, StateStore
 from bridge.track.ledger import LedgerView, ledger_row
 from bridge.track.monitor import AgentMonitor, AgentRefresh
 from bridge.watch.watcher import FleetWatcher
 from channels.aio import Backoff
 from channels.base import CardView, Channel, ChatRef, IncomingCommand, Outgoing
 from channels.errors import ChannelError, RateLimited, Transient
-from producers.task_card.contract import Notification
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +77,6 @@ def parse_agent_health(raw: str | None) -> list[str]:
     return [item for item in data if isinstance(item, str)]
 
 
-def _folded_cursor(key: RouteKey) -> str:
-    """Where a route's open fold episode is saved, so its summary survives a restart."""
-    return f"notices:folded:{key}"
-
-
 class ServiceFailed(Exception):
     """The service cannot do anything useful (every channel failed for good)."""
 
@@ -116,11 +104,20 @@ class Service:
         self._channels: dict[str, Channel] = {n: b.channel for n, b in channels.items()}
         self._store = store
         self._clock = clock
-        self._scheduler = RouteScheduler(
-            self._channels, store, max_pause_s=config.limits.max_pause_s
-        )
         # Every outgoing text loses the exact values of the configured secrets, not only logs.
         self._redact = Redactor(secret for b in channels.values() for secret in b.secrets)
+        self._outbox = NoticeOutbox(
+            store,
+            self._channels,
+            render=self._render_text,
+            scrub=self._redact,
+            max_per_minute=config.notices.max_per_minute,
+            quiet=self._quiet,
+            clock=lambda: self._clock().timestamp(),
+        )
+        self._scheduler = RouteScheduler(
+            self._channels, store, max_pause_s=config.limits.max_pause_s, outbox=self._outbox
+        )
         self._routes: list[Route] = []
         self._routes_by_agent: dict[str, list[Route]] = {a.id: [] for a in config.agents}
         for name, built in channels.items():
@@ -145,11 +142,8 @@ class Service:
             for agent in config.agents
         }
         self._ledgers = LedgerView()
-        self._notice_gate = NoticeGate(config.notices.max_per_minute)
         for route in self._routes:
-            saved = FoldedNotices.from_json(store.get_cursor(_folded_cursor(route.key)))
-            if saved is not None:
-                self._notice_gate.restore(str(route.key), saved)  # a summary still owed
+            self._outbox.add_route(route.key)
         self._prefs: dict[str, ChatPrefs] = {}
         self._due: dict[str, datetime] = {}
         self._ready_channels: set[str] = set()
@@ -241,7 +235,7 @@ class Service:
             break
         self._ready_channels.add(name)
         log.info("channel %s ready", name)
-        self._resend_pending_notices(name)
+        self._outbox.channel_ready(name)
         for route in self._routes:
             if route.key.channel == name:
                 self._project_route(route)
@@ -267,7 +261,7 @@ class Service:
             for agent_id in [a for a, due in self._due.items() if due <= now]:
                 del self._due[agent_id]
                 self._refresh(agent_id)
-            self._send_due_summaries()
+            self._outbox.send_due_summaries()
 
     def _refresh(self, agent_id: str) -> None:
         monitor = self._monitors.get(agent_id)
@@ -282,7 +276,8 @@ class Service:
                 raise
             for notification in result.notifications:
                 with self._guard(agent_id, "notifying"):
-                    self._notify(agent_id, notification)
+                    routes = [route.key for route in self._routes_by_agent.get(agent_id, ())]
+                    self._outbox.notify(routes, agent_id, notification)
             if result.notifications:
                 monitor.commit()  # recorded in the store: the offset may move past them
             until = monitor.activity.state_valid_until
@@ -402,61 +397,11 @@ class Service:
 
     # Notices -----------------------------------------------------------------------------
 
-    def _notify(self, agent_id: str, notification: Notification) -> None:
-        text = notice_text(agent_id, notification)
-        if text is None:
-            return
-        text = self._redact(text)  # stored scrubbed: the scheduler re-renders stored texts
-        now_s = self._clock().timestamp()
-        for route in self._routes_by_agent.get(agent_id, ()):
-            hidden = self._chat_prefs(route.key.chat_scope).hidden
-            disabled = self._scheduler.disabled_reason(route.key) is not None
-            state: NoticeState = "suppressed" if hidden or disabled else "pending"
-            route_id = str(route.key)
-            if state == "pending" and not self._notice_gate.allows(route_id, now_s):
-                state = "folded"  # over the route's cap: counted into the owed summary
-            if not self._store.add_notice(route_id, notification.id, text, state):
-                continue  # already recorded (idempotent): neither sent nor counted again
-            if state == "folded":
-                folded = self._notice_gate.fold(route_id, notice_kind(notification) or "", now_s)
-                self._store.set_cursor(_folded_cursor(route.key), folded.to_json())
-            elif state == "pending":
-                self._notice_gate.record(route_id, now_s)
-                if route.key.channel in self._ready_channels:
-                    self._queue_notice(route.key, notification.id, text)
-
-    def _send_due_summaries(self) -> None:
-        """One summary notice for each route whose folded notices are due (see NoticeGate)."""
-        routes = {str(route.key): route for route in self._routes}
-        for route_id, folded in self._notice_gate.due(self._clock().timestamp()):
-            route = routes.get(route_id)
-            if route is None:
-                continue
-            text = self._redact(summary_text(route.key.agent_id, folded.counts))
-            hidden = self._chat_prefs(route.key.chat_scope).hidden
-            disabled = self._scheduler.disabled_reason(route.key) is not None
-            state: NoticeState = "suppressed" if hidden or disabled else "pending"
-            # Recorded before the episode is cleared: a crash in between finds the same id.
-            if (
-                self._store.add_notice(route_id, folded.summary_id, text, state)
-                and state == "pending"
-                and route.key.channel in self._ready_channels
-            ):
-                self._queue_notice(route.key, folded.summary_id, text)
-            self._store.set_cursor(_folded_cursor(route.key), "")
-
-    def _queue_notice(self, key: RouteKey, notice_id: str, text: str) -> None:
-        channel = self._channels[key.channel]
-        self._scheduler.send_text(
-            key.channel, key.chat, self._render_text(channel, text), notice=(str(key), notice_id)
-        )
-
-    def _resend_pending_notices(self, channel: str) -> None:
-        routes = {str(r.key): r.key for r in self._routes if r.key.channel == channel}
-        for pending in self._store.pending_notices():
-            key = routes.get(pending.route)
-            if key is not None:
-                self._queue_notice(key, pending.notice_id, pending.text)
+    def _quiet(self, key: RouteKey) -> bool:
+        """People hid the cards in the route's chat, or its delivery is disabled: notices
+        for it are recorded as suppressed, never sent (see `NoticeOutbox`)."""
+        hidden = self._chat_prefs(key.chat_scope).hidden
+        return hidden or self._scheduler.disabled_reason(key) is not None
 
     # Commands ----------------------------------------------------------------------------
 
@@ -502,7 +447,7 @@ class Service:
             reply = self._state_text(allowed, prefs)
         elif args == "off":
             prefs = ChatPrefs(hidden=True, activity_rows=prefs.activity_rows)
-            self._scheduler.suppress_notices(route.key for route in allowed)
+            self._outbox.suppress(route.key for route in allowed)
             reply = "Task cards hidden here. /taskcard on shows them again."
         elif args == "on":
             prefs = ChatPrefs(hidden=False, activity_rows=prefs.activity_rows)
@@ -520,7 +465,7 @@ class Service:
             for route in allowed:
                 self._project_route(route)
         channel = self._channels[channel_name]
-        self._scheduler.send_text(channel_name, reply_chat, self._render_text(channel, reply))
+        self._scheduler.send_reply(channel_name, reply_chat, self._render_text(channel, reply))
 
     def _state_text(self, routes: list[Route], prefs: ChatPrefs) -> str:
         rows = prefs.activity_rows or self._config.display.activity_rows

@@ -4,5 +4,5 @@ The route scheduler (lanes per chat, latest-wins coalescing, fair turns) and the
 rate limiter it admits requests through. Talks to channels only through `channels.base`.
 
 May import: the standard library, `channels.base`, `channels.errors`, `channels.aio`,
-`bridge.store.sqlite`.
+`bridge.store.sqlite`, `bridge.notices.outbox` (the lanes pull notices from it).
 """
