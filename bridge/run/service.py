@@ -502,6 +502,8 @@ class Service:
             agents_watched=len(self._monitors),
             agents_faulted=sum(1 for m in self._monitors.values() if m.card.error_code),
             active_pauses=sum(1 for until in self._store.pauses().values() if until > now),
-            lane_depths=self._scheduler.lane_depths(),
+            lane_depths={
+                (lane.channel, lane.chat_id): n for lane, n in self._scheduler.lane_depths().items()
+            },
             notices=self._store.notice_counts(),
         )

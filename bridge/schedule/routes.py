@@ -7,6 +7,7 @@ and the scheduler (which delivers them) share the identity without importing eac
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from channels.base import ChatRef
 
@@ -38,9 +39,9 @@ class RouteKey:
         return chat_scope(self.channel, self.chat)
 
 
-@dataclass(frozen=True)
-class LaneKey:
-    """One chat of one channel: the unit of pacing (one request at a time)."""
+class LaneKey(NamedTuple):
+    """One chat of one channel: the unit of pacing (one request at a time). A named pair, so
+    that layers that may not import this one (metrics) read it as `(channel, chat_id)`."""
 
     channel: str
     chat_id: str

@@ -161,7 +161,7 @@ class RouteScheduler:
         self._backoff = Backoff(initial_s=min(1.0, max_backoff_s), max_s=max_backoff_s)
         self._limiter = RateLimiter(clock, max_pause_s=max_pause_s)
         self._residents: dict[RouteKey, _Resident] = {}
-        self._lanes: dict[tuple[str, str], _Lane] = {}
+        self._lanes: dict[LaneKey, _Lane] = {}
         self._closing = asyncio.Event()
         self._started = False
         self._outbox = outbox
@@ -220,17 +220,15 @@ class RouteScheduler:
             lane.replies or lane.text_in_flight for lane in self._lanes.values()
         )
 
-    def lane_depths(self) -> dict[tuple[str, str], int]:
-        """Per lane (channel, chat id): routes with undelivered bytes plus queued texts."""
+    def lane_depths(self) -> dict[LaneKey, int]:
+        """Per lane: routes with undelivered bytes plus queued texts (replies and notices)."""
         depths = {key: len(lane.replies) for key, lane in self._lanes.items()}
         if self._outbox is not None:
             for lane in self._outbox.lanes():
-                pair = (lane.channel, lane.chat_id)
-                depths[pair] = depths.get(pair, 0) + self._outbox.depth(lane)
+                depths[lane] = depths.get(lane, 0) + self._outbox.depth(lane)
         for resident in self._residents.values():
             if resident.pending:
-                lane_key = (resident.key.channel, resident.key.chat.chat_id)
-                depths[lane_key] = depths.get(lane_key, 0) + 1
+                depths[resident.key.lane] = depths.get(resident.key.lane, 0) + 1
         return depths
 
     # Lifecycle ---------------------------------------------------------------------------
@@ -305,10 +303,10 @@ class RouteScheduler:
         lane.wake.set()
 
     def _lane(self, channel: str, chat_id: str) -> _Lane:
-        lane = self._lanes.get((channel, chat_id))
+        lane = self._lanes.get(LaneKey(channel, chat_id))
         if lane is None:
             lane = _Lane(channel, chat_id)
-            self._lanes[(channel, chat_id)] = lane
+            self._lanes[lane.key] = lane
         if lane.task is None and not self._closing.is_set():
             lane.task = asyncio.create_task(self._run_lane(lane), name=f"lane {channel}:{chat_id}")
         return lane
@@ -325,8 +323,7 @@ class RouteScheduler:
                 log.exception("lane %s:%s: unexpected failure", lane.channel, lane.chat_id)
                 for resident in self._residents.values():
                     key = resident.key
-                    same_lane = (key.channel, key.chat.chat_id) == (lane.channel, lane.chat_id)
-                    if same_lane and resident.pending and key not in lane.routes:
+                    if key.lane == lane.key and resident.pending and key not in lane.routes:
                         lane.routes.append(key)
                 lane.failures += 1
                 await self._wait(None, self._backoff.delay_s(lane.failures))
