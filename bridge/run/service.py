@@ -22,7 +22,6 @@ import asyncio
 import functools
 import json
 import logging
-import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -35,6 +34,7 @@ from bridge.deliver.registry import BuiltChannel
 from bridge.notices.outbox import NoticeOutbox
 from bridge.notices.text import safe_error_code
 from bridge.observe.metrics import ServiceSnapshot
+from bridge.run.commands import apply_to_prefs, parse_taskcard
 from bridge.schedule.scheduler import RouteKey, RouteScheduler
 from bridge.store.sqlite import ChatPrefs, SeenChat, StateStore
 from bridge.track.ledger import LedgerView, ledger_row
@@ -46,7 +46,6 @@ from channels.errors import ChannelError, RateLimited, Transient
 
 log = logging.getLogger(__name__)
 
-_ROWS_ARG = re.compile(r"^\d{1,2}$")
 # Shown instead of a card body that still spelled a configured secret after rendering (for
 # example split by Markdown emphasis, `12345**6789:AA...**`, and joined again by the renderer).
 WITHHELD_BODY = "(card body withheld: it contained one of this service's own secrets)"
@@ -441,20 +440,17 @@ class Service:
             self._scheduler.enable(route.key)  # the bot can read this chat: it is back
         scope = allowed[0].key.chat_scope
         reply_chat = allowed[0].key.chat
-        args = command.args.strip().lower()
-        prefs = self._chat_prefs(scope)
-        if args in ("", "status", "state"):
+        parsed = parse_taskcard(command.args)
+        prefs = apply_to_prefs(parsed, self._chat_prefs(scope))
+        if parsed.action == "state":
             reply = self._state_text(allowed, prefs)
-        elif args == "off":
-            prefs = ChatPrefs(hidden=True, activity_rows=prefs.activity_rows)
+        elif parsed.action == "off":
             self._outbox.suppress(route.key for route in allowed)
             reply = "Task cards hidden here. /taskcard on shows them again."
-        elif args == "on":
-            prefs = ChatPrefs(hidden=False, activity_rows=prefs.activity_rows)
+        elif parsed.action == "on":
             reply = "Task cards shown here."
-        elif _ROWS_ARG.match(args) and 1 <= int(args) <= 10:
-            prefs = ChatPrefs(hidden=prefs.hidden, activity_rows=int(args))
-            reply = f"Task cards here now show {int(args)} activity rows."
+        elif parsed.action == "rows":
+            reply = f"Task cards here now show {parsed.rows} activity rows."
         else:
             # Never echoed: the arguments are a chat member's text, and a reply quoting them
             # could carry a platform mention (Feishu `<at user_id="all">`) or markup.
