@@ -141,6 +141,19 @@ class Channel(ABC):
     ) -> tuple[RateScope, ...]:
         """The buckets one request consumes, from the narrowest to the widest."""
 
+    # A scope's key is built by the channel that defines it (in `rate_scopes`, and in the
+    # `RateLimited` errors it raises) and read back only by that channel, through these two.
+
+    @classmethod
+    def scope_covers(cls, scope: str, chat: ChatRef, message_id: str | None) -> bool:
+        """Whether a pause of `scope` holds up a route in `chat` with resident `message_id`."""
+        return False
+
+    @classmethod
+    def describe_scope(cls, scope: str) -> str | None:
+        """The scope for people (`taskcard status`); None when it is not this channel's."""
+        return None
+
     @abstractmethod
     async def send(
         self, chat: ChatRef, message: Outgoing, *, idempotency_key: str | None = None

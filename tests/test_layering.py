@@ -94,3 +94,70 @@ def test_the_rule_parser_reads_what_a_docstring_states(tmp_path: Path) -> None:
     assert not _allowed("producers.task_card.host", "bridge.watch", ("producers.*.contract",))
     assert not _allowed("bridge.run.service", "bridge.schedule", ("bridge.store.sqlite",))
     assert _allowed("bridge.schedule.ratelimit", "bridge.schedule", ("bridge.store.sqlite",))
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Project module -> project modules it imports (at any depth of its code)."""
+    modules = {_module_name(path): path for path in _project_modules()}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets: set[str] = set()
+        for _, imported in _imports(path):
+            # `from a.b import c` may name the module a.b.c or a name in a.b.
+            while imported and imported not in modules:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name:
+                targets.add(imported)
+        graph[name] = targets
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group: list[str] = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    """An import cycle (demo -> serve_cli -> demo, once) makes the load order matter and the
+    two modules one: each module's imports must form a tree over the others."""
+    package_inits = {name for name in _import_graph() if "." not in name}
+    graph = {
+        name: {t for t in targets if t not in package_inits}
+        for name, targets in _import_graph().items()
+    }
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []

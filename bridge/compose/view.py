@@ -15,9 +15,11 @@ from __future__ import annotations
 from datetime import UTC, datetime, tzinfo
 from zoneinfo import ZoneInfo
 
+from bridge.compose.activity import movement_text
 from bridge.compose.redact import redact
 from bridge.notices.text import safe_error_code
-from bridge.track.monitor import ActivitySummary, CardState
+from bridge.track.activity import ActivitySummary
+from bridge.track.monitor import CardState
 from channels.base import CardView
 
 
@@ -69,12 +71,10 @@ def state_row(activity: ActivitySummary, now: datetime, zone: tzinfo = UTC) -> s
 
 
 def movement_row(activity: ActivitySummary, now: datetime, zone: tzinfo = UTC) -> str | None:
-    if activity.last_movement is None:
+    movement = activity.last_movement
+    if movement is None:
         return None
-    when = (
-        f" ({format_at(activity.last_movement_at, now, zone)})" if activity.last_movement_at else ""
-    )
-    return f"last: {activity.last_movement}{when}"
+    return f"last: {movement_text(movement)} ({format_at(movement.at, now, zone)})"
 
 
 def tokens_row(activity: ActivitySummary) -> str | None:
@@ -136,7 +136,7 @@ def compose_view(
             rows.append(row)
     # The newest movement is already the "last:" row.
     recent = activity.recent[1 : 1 + max(0, activity_rows)]
-    rows.extend(f"· {format_at(at, now, zone)} {row}" for row, at in recent)
+    rows.extend(f"· {format_at(m.at, now, zone)} {movement_text(m)}" for m in recent)
     if activity.skipped_lines:
         rows.append(f"activity log: {activity.skipped_lines} unreadable lines skipped")
     body, note = body_slot(card, now, zone)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from bridge.config import ServiceConfig
 from channels.base import Channel, ChatRef, CursorStore
@@ -167,6 +168,38 @@ def _console(
         routes=route_lines([(s.channel, str(s.chat), s.agents) for s in route_specs(config)]),
     )
     return BuiltChannel(ConsoleChannel(header=header), _routes_of(config, "console"), ())
+
+
+class ScopeRules(Protocol):
+    """How a channel reads its own rate-scope keys back (its `scopes` module)."""
+
+    def covers(self, scope: str, chat: ChatRef, message_id: str | None) -> bool: ...
+
+    def describe(self, scope: str) -> str | None: ...
+
+
+def scope_rules(channel: str) -> ScopeRules | None:
+    """The channel's reading of its scope keys, without loading its client library (for
+    `taskcard status`); None for a channel without rate scopes."""
+    if channel == "telegram":
+        from channels.telegram import scopes as telegram_scopes
+
+        return telegram_scopes
+    if channel == "feishu":
+        from channels.feishu import scopes as feishu_scopes
+
+        return feishu_scopes
+    return None
+
+
+def describe_scope(scope: str) -> str:
+    """A stored scope key for people, worded by the channel whose key it is."""
+    for channel in ("telegram", "feishu"):
+        rules = scope_rules(channel)
+        described = rules.describe(scope) if rules is not None else None
+        if described is not None:
+            return described
+    return "an unknown scope"
 
 
 _BUILDERS: dict[str, Builder] = {

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from bridge.config import parse_config
-from bridge.run.logs import choose
-from bridge.run.serve_cli import add_log_options, serve, setup_logging
+from bridge.run.logs import choose, setup_logging
+from bridge.run.runner import add_log_options, serve
 from producers.task_card.contract import CardPaths, append_jsonl_line, atomic_write, utc_now_iso
 
 # Each demo agent keeps a snapshot of its own work; its renderer turns that into its card.

@@ -22,7 +22,6 @@ import asyncio
 import functools
 import json
 import logging
-import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
@@ -32,15 +31,10 @@ from bridge.compose.redact import Redactor
 from bridge.compose.view import compose_view
 from bridge.config import ServiceConfig
 from bridge.deliver.registry import BuiltChannel, RouteSpec, route_specs
-from bridge.notices.text import (
-    FoldedNotices,
-    NoticeGate,
-    notice_kind,
-    notice_text,
-    safe_error_code,
-    summary_text,
-)
+from bridge.notices.outbox import NoticeOutbox
+from bridge.notices.text import safe_error_code
 from bridge.observe.metrics import ServiceSnapshot
+from bridge.run.commands import apply_to_prefs, parse_taskcard
 from bridge.run.fleet import (
     RETIRED_NOTE,
     Discovery,
@@ -54,17 +48,17 @@ from bridge.run.fleet import (
 )
 from bridge.run.origins import OriginBook
 from bridge.schedule.scheduler import RouteKey, RouteScheduler
-from bridge.store.sqlite import ChatPrefs, NoticeState, SeenChat, StateStore
+from bridge.store.sqlite import ChatPrefs, SeenChat, StateStore
 from bridge.track.ledger import LedgerView, ledger_row
 from bridge.track.monitor import AgentMonitor, AgentRefresh
 from bridge.watch.watcher import ROOTS, FleetWatcher
+from channels.aio import Backoff
 from channels.base import CardView, Channel, ChatRef, IncomingCommand, Outgoing
 from channels.errors import ChannelError, RateLimited, Transient
-from producers.task_card.contract import Notification, Origin, parse_origin
+from producers.task_card.contract import Origin, parse_origin
 
 log = logging.getLogger(__name__)
 
-_ROWS_ARG = re.compile(r"^\d{1,2}$")
 # Shown instead of a card body that still spelled a configured secret after rendering (for
 # example split by Markdown emphasis, `12345**6789:AA...**`, and joined again by the renderer).
 WITHHELD_BODY = "(card body withheld: it contained one of this service's own secrets)"
@@ -95,11 +89,6 @@ def parse_agent_health(raw: str | None) -> list[str]:
     return [item for item in data if isinstance(item, str)]
 
 
-def _folded_cursor(key: RouteKey) -> str:
-    """Where a route's open fold episode is saved, so its summary survives a restart."""
-    return f"notices:folded:{key}"
-
-
 class ServiceFailed(Exception):
     """The service cannot do anything useful (every channel failed for good)."""
 
@@ -124,9 +113,6 @@ class Service:
         self._channels: dict[str, Channel] = {n: b.channel for n, b in channels.items()}
         self._store = store
         self._clock = clock
-        self._scheduler = RouteScheduler(
-            self._channels, store, max_pause_s=config.limits.max_pause_s
-        )
         # Every outgoing text loses the exact values of the configured secrets, not only logs.
         self._redact = Redactor(secret for b in channels.values() for secret in b.secrets)
         # The fleet: configured routes, discovered agents and origin routes (see `apply`).
@@ -137,11 +123,22 @@ class Service:
         self._closing: dict[RouteKey, float] = {}  # route -> when it began closing (monotonic)
         self._scheduled: set[RouteKey] = set()
         self._watcher: FleetWatcher | None = None
+        self._outbox = NoticeOutbox(
+            store,
+            self._channels,
+            render=self._render_text,
+            scrub=self._redact,
+            max_per_minute=config.notices.max_per_minute,
+            quiet=self._quiet,
+            clock=lambda: self._clock().timestamp(),
+        )
+        self._scheduler = RouteScheduler(
+            self._channels, store, max_pause_s=config.limits.max_pause_s, outbox=self._outbox
+        )
         self._routes: list[Route] = []
         self._routes_by_agent: dict[str, list[Route]] = {}
         self._monitors: dict[str, AgentMonitor] = {}
         self._ledgers = LedgerView()
-        self._notice_gate = NoticeGate(config.notices.max_per_minute)
         self._saved_health: dict[str, str] = {}
         self._prefs: dict[str, ChatPrefs] = {}
         self._due: dict[str, datetime] = {}
@@ -208,17 +205,16 @@ class Service:
 
     async def _start_channel(self, name: str, channel: Channel) -> None:
         """Start one channel, retrying while it is unreachable; then show what is pending."""
-        delay_s = 1.0
+        backoff = Backoff(initial_s=1.0, max_s=60.0)
         while True:
             try:
                 await channel.start(functools.partial(self._on_command, name))
             except (Transient, RateLimited) as error:
-                wait_s = delay_s
+                wait_s = backoff.next_delay_s()
                 if isinstance(error, RateLimited):
                     wait_s = min(error.retry_after_s, self._config.limits.max_pause_s)
                 log.warning("channel %s not ready (%s); retrying in %.0fs", name, error, wait_s)
                 await asyncio.sleep(wait_s)
-                delay_s = min(60.0, delay_s * 2)
                 continue
             except ChannelError as error:
                 log.error("channel %s disabled: %s", name, error)
@@ -232,7 +228,7 @@ class Service:
             break
         self._ready_channels.add(name)
         log.info("channel %s ready", name)
-        self._resend_pending_notices(name)
+        self._outbox.channel_ready(name)
         for route in list(self._routes):
             if route.key.channel == name:
                 self._project_route(route)
@@ -304,9 +300,7 @@ class Service:
                 continue
             if key not in current:
                 added.append(route)
-                saved = FoldedNotices.from_json(self._store.get_cursor(_folded_cursor(key)))
-                if saved is not None:
-                    self._notice_gate.restore(str(key), saved)  # a summary still owed
+                self._outbox.add_route(key)  # a fold episode saved before a restart still owes
             self._closing.pop(key, None)
             if self._running:
                 self._schedule(route)
@@ -453,7 +447,7 @@ class Service:
             for agent_id in [a for a, due in self._due.items() if due <= now]:
                 del self._due[agent_id]
                 self._refresh(agent_id)
-            self._send_due_summaries()
+            self._outbox.send_due_summaries()
             self._close_finished_origin_routes()
             self._drop_closed_routes()
 
@@ -470,7 +464,8 @@ class Service:
                 raise
             for notification in result.notifications:
                 with self._guard(agent_id, "notifying"):
-                    self._notify(agent_id, notification)
+                    routes = [route.key for route in self._routes_by_agent.get(agent_id, ())]
+                    self._outbox.notify(routes, agent_id, notification)
             for origin, at in monitor.take_origins():
                 self._on_origin(agent_id, origin, at)
             if result.notifications:
@@ -592,61 +587,11 @@ class Service:
 
     # Notices -----------------------------------------------------------------------------
 
-    def _notify(self, agent_id: str, notification: Notification) -> None:
-        text = notice_text(agent_id, notification)
-        if text is None:
-            return
-        text = self._redact(text)  # stored scrubbed: the scheduler re-renders stored texts
-        now_s = self._clock().timestamp()
-        for route in self._routes_by_agent.get(agent_id, ()):
-            hidden = self._chat_prefs(route.key.chat_scope).hidden
-            disabled = self._scheduler.disabled_reason(route.key) is not None
-            state: NoticeState = "suppressed" if hidden or disabled else "pending"
-            route_id = str(route.key)
-            if state == "pending" and not self._notice_gate.allows(route_id, now_s):
-                state = "folded"  # over the route's cap: counted into the owed summary
-            if not self._store.add_notice(route_id, notification.id, text, state):
-                continue  # already recorded (idempotent): neither sent nor counted again
-            if state == "folded":
-                folded = self._notice_gate.fold(route_id, notice_kind(notification) or "", now_s)
-                self._store.set_cursor(_folded_cursor(route.key), folded.to_json())
-            elif state == "pending":
-                self._notice_gate.record(route_id, now_s)
-                if route.key.channel in self._ready_channels:
-                    self._queue_notice(route.key, notification.id, text)
-
-    def _send_due_summaries(self) -> None:
-        """One summary notice for each route whose folded notices are due (see NoticeGate)."""
-        routes = {str(route.key): route for route in self._routes}
-        for route_id, folded in self._notice_gate.due(self._clock().timestamp()):
-            route = routes.get(route_id)
-            if route is None:
-                continue
-            text = self._redact(summary_text(route.key.agent_id, folded.counts))
-            hidden = self._chat_prefs(route.key.chat_scope).hidden
-            disabled = self._scheduler.disabled_reason(route.key) is not None
-            state: NoticeState = "suppressed" if hidden or disabled else "pending"
-            # Recorded before the episode is cleared: a crash in between finds the same id.
-            if (
-                self._store.add_notice(route_id, folded.summary_id, text, state)
-                and state == "pending"
-                and route.key.channel in self._ready_channels
-            ):
-                self._queue_notice(route.key, folded.summary_id, text)
-            self._store.set_cursor(_folded_cursor(route.key), "")
-
-    def _queue_notice(self, key: RouteKey, notice_id: str, text: str) -> None:
-        channel = self._channels[key.channel]
-        self._scheduler.send_text(
-            key.channel, key.chat, self._render_text(channel, text), notice=(str(key), notice_id)
-        )
-
-    def _resend_pending_notices(self, channel: str) -> None:
-        routes = {str(r.key): r.key for r in self._routes if r.key.channel == channel}
-        for pending in self._store.pending_notices():
-            key = routes.get(pending.route)
-            if key is not None:
-                self._queue_notice(key, pending.notice_id, pending.text)
+    def _quiet(self, key: RouteKey) -> bool:
+        """People hid the cards in the route's chat, or its delivery is disabled: notices
+        for it are recorded as suppressed, never sent (see `NoticeOutbox`)."""
+        hidden = self._chat_prefs(key.chat_scope).hidden
+        return hidden or self._scheduler.disabled_reason(key) is not None
 
     # Commands ----------------------------------------------------------------------------
 
@@ -686,26 +631,23 @@ class Service:
             self._scheduler.enable(route.key)  # the bot can read this chat: it is back
         scope = allowed[0].key.chat_scope
         reply_chat = allowed[0].key.chat
-        args = command.args.strip().lower()
-        prefs = self._chat_prefs(scope)
-        if args in ("", "status", "state"):
+        parsed = parse_taskcard(command.args)
+        prefs = apply_to_prefs(parsed, self._chat_prefs(scope))
+        if parsed.action == "state":
             reply = self._state_text(allowed, prefs)
-        elif args == "off":
-            self._scheduler.suppress_notices(route.key for route in allowed)
+        elif parsed.action == "off":
+            self._outbox.suppress(route.key for route in allowed)
             reply = "Task cards hidden here. /taskcard on shows them again."
             if any(route.origin for route in allowed):
                 self._close_origin_routes([r for r in allowed if r.origin], scope)
                 allowed = [r for r in allowed if not r.origin]
                 if not allowed:
                     reply = "Task cards from turns of this chat are off here until its next turn."
-            if allowed:
-                prefs = ChatPrefs(hidden=True, activity_rows=prefs.activity_rows)
-        elif args == "on":
-            prefs = ChatPrefs(hidden=False, activity_rows=prefs.activity_rows)
+                    prefs = self._chat_prefs(scope)  # nothing left here to hide
+        elif parsed.action == "on":
             reply = "Task cards shown here."
-        elif _ROWS_ARG.match(args) and 1 <= int(args) <= 10:
-            prefs = ChatPrefs(hidden=prefs.hidden, activity_rows=int(args))
-            reply = f"Task cards here now show {int(args)} activity rows."
+        elif parsed.action == "rows":
+            reply = f"Task cards here now show {parsed.rows} activity rows."
         else:
             # Never echoed: the arguments are a chat member's text, and a reply quoting them
             # could carry a platform mention (Feishu `<at user_id="all">`) or markup.
@@ -716,7 +658,7 @@ class Service:
             for route in allowed:
                 self._project_route(route)
         channel = self._channels[channel_name]
-        self._scheduler.send_text(channel_name, reply_chat, self._render_text(channel, reply))
+        self._scheduler.send_reply(channel_name, reply_chat, self._render_text(channel, reply))
 
     def _close_origin_routes(self, routes: list[Route], scope: str) -> None:
         """`/taskcard off` where turns opened routes: each resident says hidden, then closes."""
@@ -775,6 +717,8 @@ class Service:
             agents_watched=len(self._monitors),
             agents_faulted=sum(1 for m in self._monitors.values() if m.card.error_code),
             active_pauses=sum(1 for until in self._store.pauses().values() if until > now),
-            lane_depths=self._scheduler.lane_depths(),
+            lane_depths={
+                (lane.channel, lane.chat_id): n for lane, n in self._scheduler.lane_depths().items()
+            },
             notices=self._store.notice_counts(),
         )

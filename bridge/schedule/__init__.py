@@ -3,5 +3,6 @@
 The route scheduler (lanes per chat, latest-wins coalescing, fair turns) and the sliding-window
 rate limiter it admits requests through. Talks to channels only through `channels.base`.
 
-May import: the standard library, `channels.base`, `channels.errors`, `bridge.store.sqlite`.
+May import: the standard library, `channels.base`, `channels.errors`, `channels.aio`,
+`bridge.store.sqlite`, `bridge.notices.outbox` (the lanes pull notices from it).
 """

@@ -21,7 +21,9 @@ What a route does with its desired message:
   channel's `ambiguous_send_hold_s` (so each such episode leaves at most one extra copy).
 
 Committed state (fingerprint, time) advances only after the platform accepted the request.
-Short text messages (notices, command replies) use the same lanes and limits, ahead of cards.
+Short text messages use the same lanes and limits, taking turns with cards: notices are
+pulled from the notice outbox (`bridge.notices.outbox`, which owns their life and records their
+outcome), command replies are queued here (they are not persisted, and unsent ones collapse).
 """
 
 from __future__ import annotations
@@ -31,11 +33,16 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from bridge.notices.outbox import NoticeOutbox, QueuedNotice
 from bridge.schedule.ratelimit import DEFAULT_MAX_PAUSE_S, RateLimiter, Reservation
+from bridge.schedule.routes import LaneKey as LaneKey
+from bridge.schedule.routes import RouteKey as RouteKey
+from bridge.schedule.routes import chat_scope as chat_scope
 from bridge.store.sqlite import StateStore
+from channels.aio import Backoff, wait_first
 from channels.base import Channel, ChatRef, Operation, Outgoing
 from channels.errors import (
     ChannelError,
@@ -49,27 +56,6 @@ from channels.errors import (
 )
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RouteKey:
-    """Identity of one resident message: channel, chat (and thread), agent."""
-
-    channel: str
-    chat: ChatRef
-    agent_id: str
-
-    def __str__(self) -> str:
-        return f"{self.channel}:{self.chat.chat_id}:{self.chat.thread_id or ''}:{self.agent_id}"
-
-    @property
-    def chat_scope(self) -> str:
-        """The key of the chat (and thread) the route belongs to, used for preferences."""
-        return chat_scope(self.channel, self.chat)
-
-
-def chat_scope(channel: str, chat: ChatRef) -> str:
-    return f"{channel}:{chat.chat_id}:{chat.thread_id or ''}"
 
 
 @dataclass
@@ -89,7 +75,7 @@ class _Resident:
     unsure_sends: int = 0  # sends begun without a known outcome (see MAX_UNSURE_SENDS)
     unsure_at: float | None = None  # wall-clock start of the latest one
     retry_at: float = 0.0  # per-route backoff: not before this (monotonic) time
-    backoff_s: float = 0.0
+    failures: int = 0  # failed attempts in a row, for the backoff
 
     @property
     def pending(self) -> bool:
@@ -102,14 +88,17 @@ class _Resident:
 
 
 @dataclass
-class _Text:
-    channel: str
+class _Reply:
+    """A command reply: not persisted, collapsed to the latest while unsent."""
+
     chat: ChatRef
     message: Outgoing
-    notice: tuple[str, str] | None  # (route, notice id) to mark delivered
     idempotency_key: str
     retry_at: float = 0.0
-    backoff_s: float = 0.0
+    failures: int = 0
+
+
+_Text = _Reply | QueuedNotice
 
 
 @dataclass
@@ -117,18 +106,19 @@ class _Lane:
     channel: str
     chat_id: str
     routes: deque[RouteKey] = field(default_factory=deque)
-    texts: deque[_Text] = field(default_factory=deque)
+    replies: deque[_Reply] = field(default_factory=deque)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-    backoff_s: float = 0.0
+    failures: int = 0  # unexpected lane failures in a row, for the backoff
     task: asyncio.Task[None] | None = None
     text_turn: bool = True  # texts and cards alternate, so neither starves the other
     text_in_flight: bool = False
     route_in_flight: RouteKey | None = None
-    deferred: bool = False  # notices were left in the store when the queue was full
+
+    @property
+    def key(self) -> LaneKey:
+        return LaneKey(self.channel, self.chat_id)
 
 
-# Notices queued in one chat beyond this wait in the store (state "pending") for room.
-MAX_QUEUED_TEXTS = 100
 # Sends of one resident that may each have posted a copy before the route holds: the first
 # send and one retry.
 MAX_UNSURE_SENDS = 2
@@ -161,23 +151,27 @@ class RouteScheduler:
         wall_clock: Callable[[], float] = time.time,
         max_backoff_s: float = 60.0,
         max_pause_s: float = DEFAULT_MAX_PAUSE_S,
+        outbox: NoticeOutbox | None = None,
     ) -> None:
+        """`outbox`: where the lanes take notices from (None: this scheduler sends none)."""
         self._channels = channels
         self._store = store
         self._clock = clock
         self._wall = wall_clock
-        self._max_backoff_s = max_backoff_s
+        self._backoff = Backoff(initial_s=min(1.0, max_backoff_s), max_s=max_backoff_s)
         self._limiter = RateLimiter(clock, max_pause_s=max_pause_s)
         self._residents: dict[RouteKey, _Resident] = {}
-        self._lanes: dict[tuple[str, str], _Lane] = {}
+        self._lanes: dict[LaneKey, _Lane] = {}
         self._closing = asyncio.Event()
         self._started = False
-        self._withdrawn: set[tuple[str, str]] = set()
+        self._outbox = outbox
+        if outbox is not None:
+            outbox.on_queued = self._wake_lane
 
     # Configuration ---------------------------------------------------------------------
 
     def add_route(self, key: RouteKey, *, pin: bool = False) -> None:
-        record = self._store.resident(str(key))
+        record = self._store.resident(key.store_key)
         self._residents[key] = _Resident(
             key=key,
             pin=pin,
@@ -195,7 +189,7 @@ class RouteScheduler:
             stale_id=record.stale_message_id if record else None,
         )
         if record and record.disabled_reason:
-            self._store.set_disabled(str(key), None)
+            self._store.set_disabled(key.store_key, None)
         if record and record.committed_at is not None:
             # The windows are in memory; seed them with the last accepted request so a quick
             # restart does not spend a chat's whole window again at once.
@@ -211,7 +205,7 @@ class RouteScheduler:
         resident = self._residents.get(key)
         if resident is None:
             return True
-        lane = self._lanes.get((key.channel, key.chat.chat_id))
+        lane = self._lanes.get(key.lane)
         if lane is not None and lane.route_in_flight == key:
             return False
         return in_flight_only or not resident.pending
@@ -220,7 +214,7 @@ class RouteScheduler:
         """Forget a route closed while serving (check `settled` first); what the store holds
         about its resident stays, so a route opened again edits the same message."""
         self._residents.pop(key, None)
-        lane = self._lanes.get((key.channel, key.chat.chat_id))
+        lane = self._lanes.get(key.lane)
         if lane is not None and key in lane.routes:
             lane.routes.remove(key)
 
@@ -234,22 +228,26 @@ class RouteScheduler:
         resident = self._residents[key]
         if resident.disabled is not None:
             resident.disabled = None
-            self._store.set_disabled(str(key), None)
+            self._store.set_disabled(key.store_key, None)
             self._enqueue(resident)
 
     def is_idle(self) -> bool:
         """True when no route has pending bytes and no text waits (for shutdown and tests)."""
+        if self._outbox is not None and not self._outbox.idle():
+            return False
         return not any(r.pending for r in self._residents.values()) and not any(
-            lane.texts or lane.text_in_flight for lane in self._lanes.values()
+            lane.replies or lane.text_in_flight for lane in self._lanes.values()
         )
 
-    def lane_depths(self) -> dict[tuple[str, str], int]:
-        """Per lane (channel, chat id): routes with undelivered bytes plus queued texts."""
-        depths = {key: len(lane.texts) for key, lane in self._lanes.items()}
+    def lane_depths(self) -> dict[LaneKey, int]:
+        """Per lane: routes with undelivered bytes plus queued texts (replies and notices)."""
+        depths = {key: len(lane.replies) for key, lane in self._lanes.items()}
+        if self._outbox is not None:
+            for lane in self._outbox.lanes():
+                depths[lane] = depths.get(lane, 0) + self._outbox.depth(lane)
         for resident in self._residents.values():
             if resident.pending:
-                lane_key = (resident.key.channel, resident.key.chat.chat_id)
-                depths[lane_key] = depths.get(lane_key, 0) + 1
+                depths[resident.key.lane] = depths.get(resident.key.lane, 0) + 1
         return depths
 
     # Lifecycle ---------------------------------------------------------------------------
@@ -299,47 +297,21 @@ class RouteScheduler:
         if resident.pending:
             self._enqueue(resident)
 
-    def send_text(
-        self,
-        channel: str,
-        chat: ChatRef,
-        message: Outgoing,
-        *,
-        notice: tuple[str, str] | None = None,
-    ) -> None:
-        """Queue a short message (a notice or a command reply) in the chat's lane.
+    def send_reply(self, channel: str, chat: ChatRef, message: Outgoing) -> None:
+        """Queue a command reply in the chat's lane.
 
-        Unsent command replies of a chat collapse into the latest one, and the queue is
-        bounded: a person repeating `/taskcard` cannot spend the chat's whole budget.
+        Unsent replies of a chat collapse into the latest one: a person repeating `/taskcard`
+        cannot spend the chat's whole budget. (Notices come from the outbox instead.)
         """
         lane = self._lane(channel, chat.chat_id)
-        if notice is None:
-            for stale in [t for t in lane.texts if t.notice is None and t.chat == chat]:
-                lane.texts.remove(stale)
-        elif len(lane.texts) >= MAX_QUEUED_TEXTS:
-            log.warning(
-                "%s:%s: too many queued notices; notice %s deferred", channel, chat, notice[1]
-            )
-            lane.deferred = True  # it stays pending in the store; queued again once there is room
-            return
-        key = f"{notice[0]}:{notice[1]}" if notice else f"reply:{uuid.uuid4().hex}"
-        lane.texts.append(_Text(channel, chat, message, notice, key))
+        for stale in [r for r in lane.replies if r.chat == chat]:
+            lane.replies.remove(stale)
+        lane.replies.append(_Reply(chat, message, f"reply:{uuid.uuid4().hex}"))
         lane.wake.set()
 
-    def suppress_notices(self, keys: Iterable[RouteKey]) -> None:
-        """Withdraw every unsent notice of these routes (people asked for quiet): queued
-        ones leave their lane, and all are recorded as suppressed, never to be sent."""
-        names = {str(key) for key in keys}
-        removed: set[tuple[str, str] | None] = set()
-        for lane in self._lanes.values():
-            for text in [t for t in lane.texts if t.notice and t.notice[0] in names]:
-                lane.texts.remove(text)
-                removed.add(text.notice)
-        for name in names:
-            for notice in self._store.pending_notices(name):
-                self._store.set_notice_state(name, notice.notice_id, "suppressed")
-                if (name, notice.notice_id) not in removed:
-                    self._withdrawn.add((name, notice.notice_id))  # may be waiting in flight
+    def _wake_lane(self, lane_key: LaneKey) -> None:
+        """The outbox queued a notice in this lane."""
+        self._lane(lane_key.channel, lane_key.chat_id).wake.set()
 
     def _enqueue(self, resident: _Resident) -> None:
         lane = self._lane(resident.key.channel, resident.key.chat.chat_id)
@@ -350,10 +322,10 @@ class RouteScheduler:
         lane.wake.set()
 
     def _lane(self, channel: str, chat_id: str) -> _Lane:
-        lane = self._lanes.get((channel, chat_id))
+        lane = self._lanes.get(LaneKey(channel, chat_id))
         if lane is None:
             lane = _Lane(channel, chat_id)
-            self._lanes[(channel, chat_id)] = lane
+            self._lanes[lane.key] = lane
         if lane.task is None and not self._closing.is_set():
             lane.task = asyncio.create_task(self._run_lane(lane), name=f"lane {channel}:{chat_id}")
         return lane
@@ -370,16 +342,17 @@ class RouteScheduler:
                 log.exception("lane %s:%s: unexpected failure", lane.channel, lane.chat_id)
                 for resident in self._residents.values():
                     key = resident.key
-                    same_lane = (key.channel, key.chat.chat_id) == (lane.channel, lane.chat_id)
-                    if same_lane and resident.pending and key not in lane.routes:
+                    if key.lane == lane.key and resident.pending and key not in lane.routes:
                         lane.routes.append(key)
-                lane.backoff_s = min(self._max_backoff_s, max(1.0, lane.backoff_s * 2))
-                await self._wait(None, lane.backoff_s)
+                lane.failures += 1
+                await self._wait(None, self._backoff.delay_s(lane.failures))
 
     async def _lane_step(self, lane: _Lane) -> None:
         await asyncio.sleep(0)  # one step at a time: other lanes and the loop get their turn
         now = self._clock()
-        text = self._due_text(lane, now)
+        text: _Text | None = self._due_reply(lane, now)
+        if text is None and self._outbox is not None:
+            text = self._outbox.next_due(lane.key, now)
         key = None
         if text is None or not lane.text_turn:
             key = self._next_route(lane, now)
@@ -392,25 +365,23 @@ class RouteScheduler:
                 lane.route_in_flight = None
                 if self._residents[key].pending and key not in lane.routes:
                     lane.routes.append(key)
-            lane.backoff_s = 0.0
+            lane.failures = 0
             return
         if text is not None:
             lane.text_turn = False
-            lane.texts.remove(text)  # off the queue while in flight: never coalesced away
+            self._take(lane, text)  # off the queue while in flight: never coalesced away
             lane.text_in_flight = True
             try:
                 await self._deliver_text(lane, text)
             finally:
                 lane.text_in_flight = False
-            lane.backoff_s = 0.0
+            lane.failures = 0
             return
-        if lane.deferred and len(lane.texts) < MAX_QUEUED_TEXTS // 2:
-            self._refill_notices(lane)
-            if lane.texts:
-                return
         lane.wake.clear()
         due = [self._residents[k].retry_at for k in lane.routes if self._residents[k].pending]
-        due += [t.retry_at for t in lane.texts]
+        due += [r.retry_at for r in lane.replies]
+        if self._outbox is not None:
+            due += self._outbox.retry_times(lane.key)
         if due and min(due) <= self._clock():
             return
         await self._wait(lane.wake, max(0.0, min(due) - self._clock()) if due else None)
@@ -427,47 +398,36 @@ class RouteScheduler:
         return None
 
     @staticmethod
-    def _due_text(lane: _Lane, now: float) -> _Text | None:
-        return next((t for t in lane.texts if t.retry_at <= now), None)
+    def _due_reply(lane: _Lane, now: float) -> _Reply | None:
+        return next((r for r in lane.replies if r.retry_at <= now), None)
 
-    def _refill_notices(self, lane: _Lane) -> None:
-        """Queue notices that were left in the store while the chat's queue was full."""
-        lane.deferred = False
-        routes = {
-            str(k): k
-            for k in self._residents
-            if (k.channel, k.chat.chat_id) == (lane.channel, lane.chat_id)
-        }
-        queued = {t.notice for t in lane.texts if t.notice is not None}
-        channel = self._channels[lane.channel]
-        for notice in self._store.pending_notices():
-            key = routes.get(notice.route)
-            if key is None or (notice.route, notice.notice_id) in queued:
-                continue
-            self.send_text(
-                lane.channel,
-                key.chat,
-                channel.render_text(notice.text),
-                notice=(notice.route, notice.notice_id),
-            )
+    def _take(self, lane: _Lane, text: _Text) -> None:
+        if isinstance(text, _Reply):
+            lane.replies.remove(text)
+        elif self._outbox is not None:
+            self._outbox.take(text)
 
-    def _retry_later(self, item: _Resident | _Text, reason: str) -> None:
+    def _put_back(self, lane: _Lane, text: _Text, *, front: bool) -> None:
+        """A text not sent this time goes back in its queue (at the head keeps its order)."""
+        if isinstance(text, _Reply):
+            if front:
+                lane.replies.appendleft(text)
+            else:
+                lane.replies.append(text)
+        elif self._outbox is not None:
+            self._outbox.put_back(text, front=front)
+
+    def _retry_later(self, item: _Resident | _Reply | QueuedNotice, reason: str) -> None:
         """Per-item capped exponential backoff: the rest of the chat keeps going meanwhile."""
-        item.backoff_s = min(self._max_backoff_s, max(1.0, item.backoff_s * 2))
-        item.retry_at = self._clock() + item.backoff_s
-        log.warning("%s; retrying in %.0fs", reason, item.backoff_s)
+        item.failures += 1
+        delay_s = self._backoff.delay_s(item.failures)
+        item.retry_at = self._clock() + delay_s
+        log.warning("%s; retrying in %.0fs", reason, delay_s)
 
     async def _wait(self, event: asyncio.Event | None, timeout_s: float | None) -> None:
         """Sleep until `event` is set, the timeout passes, or the scheduler closes."""
-        waiters = [asyncio.ensure_future(self._closing.wait())]
-        if event is not None:
-            waiters.append(asyncio.ensure_future(event.wait()))
-        try:
-            await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
-            await asyncio.gather(*waiters, return_exceptions=True)
+        events = (self._closing,) if event is None else (self._closing, event)
+        await wait_first(*events, timeout_s=timeout_s)
 
     async def _admit(
         self, channel: Channel, chat: ChatRef, op: Operation, mid: str | None
@@ -531,12 +491,12 @@ class RouteScheduler:
             resident.stale_id = resident.message_id
             resident.message_id = None
             resident.committed = None
-            self._store.replace_message(str(key), stale_message_id=resident.stale_id)
+            self._store.replace_message(key.store_key, stale_message_id=resident.stale_id)
         except RateLimited as error:
-            self._rate_limited(error, str(key))
+            self._rate_limited(error, key.store_key)
         except Forbidden as error:
             resident.disabled = error.reason
-            self._store.set_disabled(str(key), error.reason)
+            self._store.set_disabled(key.store_key, error.reason)
             log.error("route %s disabled: %s", key, error.reason)
         except Transient as error:
             self._retry_later(resident, f"route {key}: transient failure ({error})")
@@ -551,7 +511,7 @@ class RouteScheduler:
             return
         finally:
             reservation.complete()
-        resident.backoff_s = 0.0
+        resident.failures = 0
         if resident.stale_id is not None and resident.message_id is not None:
             await self._delete_stale(channel, resident)
 
@@ -584,7 +544,9 @@ class RouteScheduler:
                 resident.unsure_sends = 0  # the hold has passed: a new episode
             resident.unsure_at = self._wall()
         resident.unsure_sends = max(0, resident.unsure_sends + change)
-        self._store.set_unsure_sends(str(resident.key), resident.unsure_sends, resident.unsure_at)
+        self._store.set_unsure_sends(
+            resident.key.store_key, resident.unsure_sends, resident.unsure_at
+        )
 
     async def _send_resident(
         self, channel: Channel, resident: _Resident, message: Outgoing
@@ -592,7 +554,7 @@ class RouteScheduler:
         key = resident.key
         if resident.send_key is None:
             resident.send_key = f"{key}:{uuid.uuid4().hex}"
-            self._store.set_send_key(str(key), resident.send_key)
+            self._store.set_send_key(key.store_key, resident.send_key)
         resident.send_attempts += 1
         self._count_unsure(channel, resident, +1)
         try:
@@ -606,11 +568,11 @@ class RouteScheduler:
         resident.send_key, resident.send_attempts = None, 0
         resident.unsure_sends = 0  # the store resets it with the id
         resident.message_id = message_id
-        self._store.set_message_id(str(key), message_id)
+        self._store.set_message_id(key.store_key, message_id)
         log.info("route %s: resident message %s created", key, message_id)
         if resident.stale_id == message_id:
             resident.stale_id = None  # some platforms reuse ids: never delete the new one
-            self._store.replace_message(str(key), message_id=message_id)
+            self._store.replace_message(key.store_key, message_id=message_id)
         if resident.pin:
             await self._pin(channel, key, message_id)
         if repeated:
@@ -654,42 +616,43 @@ class RouteScheduler:
         finally:
             reservation.complete()
         resident.stale_id = None
-        self._store.replace_message(str(key), message_id=resident.message_id)
+        self._store.replace_message(key.store_key, message_id=resident.message_id)
 
     def _commit(self, resident: _Resident, message: Outgoing) -> None:
         resident.committed = message.fingerprint
-        self._store.set_committed(str(resident.key), message.fingerprint, self._wall())
+        self._store.set_committed(resident.key.store_key, message.fingerprint, self._wall())
 
     async def _deliver_text(self, lane: _Lane, text: _Text) -> None:
-        channel = self._channels[text.channel]
-        reservation = await self._admit(channel, text.chat, "send", None)
+        channel = self._channels[lane.channel]
+        chat = text.chat if isinstance(text, _Reply) else text.ref.route.chat
+        reservation = await self._admit(channel, chat, "send", None)
         if reservation is None:
-            lane.texts.appendleft(text)
+            self._put_back(lane, text, front=True)
             return
-        if text.notice is not None and text.notice in self._withdrawn:
-            self._withdrawn.discard(text.notice)
-            reservation.complete()
+        if isinstance(text, QueuedNotice) and self._outbox and not self._outbox.wanted(text):
+            reservation.complete()  # people silenced the route while it waited
             return
-        where = f"{text.channel}:{text.chat}"
+        key = text.idempotency_key if isinstance(text, _Reply) else text.ref.idempotency_key
+        where = f"{lane.channel}:{chat}"
         try:
-            await channel.send(text.chat, text.message, idempotency_key=text.idempotency_key)
+            await channel.send(chat, text.message, idempotency_key=key)
         except RateLimited as error:
-            lane.texts.appendleft(text)
+            self._put_back(lane, text, front=True)
             self._rate_limited(error, where)
             return
         except Transient as error:
-            lane.texts.append(text)
             self._retry_later(text, f"{where}: transient failure ({error})")
+            self._put_back(lane, text, front=False)
             return
         except ChannelError as error:
             log.error("%s: a notice or reply was refused: %s", where, error)
-            if text.notice is not None:
-                self._store.set_notice_state(*text.notice, state="failed")
+            if isinstance(text, QueuedNotice) and self._outbox is not None:
+                self._outbox.done(text, "failed")
             return
         except BaseException:
-            lane.texts.appendleft(text)
+            self._put_back(lane, text, front=True)
             raise
         finally:
             reservation.complete()
-        if text.notice is not None:
-            self._store.set_notice_state(*text.notice, state="delivered")
+        if isinstance(text, QueuedNotice) and self._outbox is not None:
+            self._outbox.done(text, "delivered")

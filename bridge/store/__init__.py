@@ -2,5 +2,5 @@
 
 `StateStore` is the interface; `SqliteStore` the embedded default (one file, WAL).
 
-May import: the standard library only.
+May import: the standard library and `channels.aio` (the shared backoff).
 """

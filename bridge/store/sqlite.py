@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from channels.aio import Backoff
+
 log = logging.getLogger(__name__)
 
 NoticeState = Literal["pending", "delivered", "suppressed", "failed", "folded"]
@@ -373,13 +375,12 @@ class SqliteStore(StateStore):
         self.path = path
         self._clock = clock
         self._wall = wall_clock
-        self._max_retry_s = max_retry_s
+        self._backoff = Backoff(initial_s=min(0.5, max_retry_s), max_s=max_retry_s)
         self._backlog: dict[tuple[str, ...], WriteOp] = {}
         # Notice states written to the backlog, so reads do not re-send a delivered one.
         self._notice_overlay: dict[tuple[str, str], tuple[str, NoticeState, float]] = {}
         self._health: StateHealth | None = None
         self._retry_at = 0.0
-        self._retry_s = 0.0
         self._health_file: _HealthFile | None = None
         check_state_file(path)
         if readonly:
@@ -464,7 +465,8 @@ class SqliteStore(StateStore):
         )
         self._backlog.clear()
         self._notice_overlay.clear()
-        self._health, self._retry_s, self._retry_at = None, 0.0, 0.0
+        self._health, self._retry_at = None, 0.0
+        self._backoff.reset()
         if self._health_file is not None:
             self._health_file.write(None)
         return True
@@ -477,8 +479,8 @@ class SqliteStore(StateStore):
         first = self._health is None
         since = self._wall() if self._health is None else self._health.failing_since
         self._health = StateHealth(since, reason, len(self._backlog))
-        self._retry_s = min(self._max_retry_s, max(0.5, self._retry_s * 2))
-        self._retry_at = self._clock() + self._retry_s
+        retry_s = self._backoff.next_delay_s()
+        self._retry_at = self._clock() + retry_s
         if first:
             log.error(
                 "cannot write the state file %s (%s); the service carries on and retries"
@@ -492,7 +494,7 @@ class SqliteStore(StateStore):
                 self.path,
                 reason,
                 len(self._backlog),
-                self._retry_s,
+                retry_s,
             )
         if self._health_file is not None:
             self._health_file.write(self._health)

@@ -5,6 +5,6 @@ summary (the automatic slot's facts) and new notifications, reading every file a
 input. Facts only: formatting text for people is `compose`'s job.
 
 May import: the standard library, `channels.base` (shared value types), `producers.*.contract`,
-`bridge.follow`, `bridge.compose.redact`. Never `schedule`, `deliver`, `run` or a channel
+`bridge.follow`. Never `schedule`, `deliver`, `run` or a channel
 implementation.
 """

@@ -1,12 +1,16 @@
 """Per-agent reading of the contract files: the card, its health, new notifications, activity.
 
+One job: the monitor. Following the JSONL logs is `bridge.follow.tail`, the legacy JSON card
+frame is `bridge.track.legacy`, the activity fold is `bridge.track.activity`; here they are put
+together into one agent's last good reading.
+
 An `AgentMonitor` is refreshed whenever the watcher says an agent's files may have changed
 (and on every rescan), for up to thousands of agents, so a refresh with nothing new costs a
 handful of `stat` calls and no reads. Every file may be missing, half-written, replaced,
 truncated or rotated at any moment; none of that raises, and none of it loses the last good
 state: a card is only replaced by a better reading of the files, never by a worse one.
 
-Rules (DESIGN.md, "File contracts" and "The service"):
+Rules (docs/architecture.md, "File contracts"):
 
 - `taskcard/status` exactly `active` with a non-blank body shows the body; exactly `inactive`
   means the card stopped; anything else keeps the last good state. Byte-identical bodies
@@ -22,29 +26,25 @@ Rules (DESIGN.md, "File contracts" and "The service"):
 from __future__ import annotations
 
 import logging
-import os
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final, Literal, Protocol
+from typing import Final, Literal, Protocol
 
-from bridge.compose.redact import redact
 from bridge.follow.safe_read import WorkdirFiles
-from channels.base import AgentState
+from bridge.follow.tail import TAIL_BYTES as TAIL_BYTES
+from bridge.follow.tail import FileSignature, LineFollower, Position, signature
+from bridge.track.activity import ActivitySummary as ActivitySummary
+from bridge.track.activity import ActivityTracker
+from bridge.track.legacy import body_markdown
 from producers.task_card.contract import (
     EARLIEST_TIME,
     LATEST_TIME,
     SOURCE_ERROR,
     SOURCE_LIMIT,
-    ActivityEvent,
     CardPaths,
     Notification,
-    count_field,
-    duration_field,
-    int_field,
-    parse_event,
     parse_json,
     parse_notification,
     parse_status,
@@ -53,14 +53,7 @@ from producers.task_card.contract import (
 logger = logging.getLogger(__name__)
 
 NOTIFICATIONS_OFFSET: Final = "notifications"
-TAIL_BYTES: Final = 256 * 1024
-MAX_READ_BYTES: Final = 8 * 1024 * 1024
 MAX_BODY_BYTES: Final = 512 * 1024
-MAX_RECENT: Final = 10
-ROW_CHARS: Final = 100
-_MAX_OPEN_CALLS: Final = 256
-
-FileSignature = tuple[int, int, int]
 
 
 class OffsetStore(Protocol):
@@ -99,23 +92,6 @@ class CardState:
 
 
 @dataclass(frozen=True)
-class ActivitySummary:
-    """The automatic slot's facts, decided only from the activity log and its timestamps."""
-
-    state: AgentState = "unknown"
-    last_movement: str | None = None
-    last_movement_at: datetime | None = None
-    turn_started_at: datetime | None = None
-    tokens_in: int | None = None
-    tokens_out: int | None = None
-    recent: tuple[tuple[str, datetime], ...] = ()  # (row, when), newest first
-    skipped_lines: int = 0
-    state_valid_until: datetime | None = None
-    last_event_at: datetime | None = None
-    state_since: datetime | None = None
-
-
-@dataclass(frozen=True)
 class AgentRefresh:
     """What one `refresh` found: whether the card or the activity changed, new notifications."""
 
@@ -125,14 +101,6 @@ class AgentRefresh:
     # An unexpected error in one part of the reading (the others still ran); the caller's
     # fault barrier reports it. Retried on the next refresh.
     failure: Exception | None = None
-
-
-def _signature(path: Path) -> FileSignature | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _mtime(signature: FileSignature | None) -> datetime | None:
@@ -146,316 +114,9 @@ def _mtime(signature: FileSignature | None) -> datetime | None:
     return moment if EARLIEST_TIME <= moment < LATEST_TIME else None
 
 
-def _escape_markdown(text: str) -> str:
-    """Show legacy plain-text fields literally inside Markdown."""
-    for char in ("\\", "`", "*", "_", "[", "]"):
-        text = text.replace(char, "\\" + char)
-    return text
-
-
-def legacy_json_to_markdown(text: str) -> str | None:
-    """A `{title, lines, footer}` renderer frame as Markdown, or None when `text` is not one.
-
-    The older Telegram renderer contract printed this JSON object; it is shown as a card:
-    the title in bold, the lines as they are, the footer in italics.
-    """
-    stripped = text.strip()
-    if not stripped.startswith("{"):
-        return None
-    data: Any = parse_json(stripped)
-    if not isinstance(data, dict) or not data or not set(data) <= {"title", "lines", "footer"}:
-        return None
-    title, lines, footer = data.get("title"), data.get("lines"), data.get("footer")
-    if title is not None and not isinstance(title, str):
-        return None
-    if footer is not None and not isinstance(footer, str):
-        return None
-    if lines is not None and not (
-        isinstance(lines, list) and all(isinstance(line, str) for line in lines)
-    ):
-        return None
-    parts: list[str] = []
-    if title and title.strip():
-        parts.append(f"**{_escape_markdown(title.strip())}**")
-    parts.extend(_escape_markdown(line) for line in lines or [])
-    if footer and footer.strip():
-        parts.append(f"_{_escape_markdown(footer.strip())}_")
-    if not any(part.strip() for part in parts):
-        return None
-    return "\n".join(parts)
-
-
-def body_markdown(raw: bytes) -> str:
-    """The body bytes as Markdown: the legacy JSON frame converted, anything else verbatim."""
-    text = raw.decode("utf-8", errors="replace")
-    return legacy_json_to_markdown(text) or text
-
-
-@dataclass
-class _Position:
-    inode: int
-    offset: int
-
-
-class _LineFollower:
-    """Follows one append-only JSONL file (and its `.1` rotation) by inode and byte offset.
-
-    Only complete lines are returned: a line without its newline is still being written and
-    is picked up by a later read. A new inode means the file was replaced or rotated: the rest
-    of the old file is read from `<name>.1` when it is there, then the new file from its start.
-    A file shorter than the offset was truncated and is read from its start.
-    """
-
-    def __init__(self, path: Path, files: WorkdirFiles) -> None:
-        self.path = path
-        self.files = files
-        self.rotated = path.with_name(path.name + ".1")
-        self.position: _Position | None = None
-        self.signature: FileSignature | None = None
-        self._signed = False
-
-    def forget(self) -> None:
-        """The next `unchanged` is False: the file is looked at again."""
-        self.signature, self._signed = None, False
-
-    def unchanged(self) -> bool:
-        """Whether the file looks as at the last call (one `stat`); records the new look."""
-        signature = _signature(self.path)
-        if self._signed and signature == self.signature:
-            return True
-        self.signature, self._signed = signature, True
-        return False
-
-    def tail(self, *, end: int | None = None, limit: int = TAIL_BYTES) -> tuple[list[bytes], int]:
-        """Complete lines in the last `limit` bytes before `end`, and the offset after them."""
-        handle = self.files.open(self.path)
-        if handle is None:
-            return [], 0
-        try:
-            with handle:
-                size = os.fstat(handle.fileno()).st_size if end is None else end
-                start = max(0, size - limit)
-                handle.seek(start)
-                chunk = handle.read(size - start)
-        except OSError:
-            return [], 0
-        last_newline = chunk.rfind(b"\n")
-        if last_newline < 0:
-            return [], start
-        complete = chunk[: last_newline + 1]
-        if start > 0:
-            # The first line may be cut by the window; it is not trustworthy.
-            first_newline = complete.find(b"\n")
-            complete = complete[first_newline + 1 :]
-        return complete.splitlines(), start + last_newline + 1
-
-    def start_at_end(self) -> list[bytes]:
-        """Position at the end of the last complete line; return the tail before it."""
-        st = self.files.stat(self.path)
-        if st is None:
-            self.position = None
-            return []
-        inode = st.st_ino
-        lines, end = self.tail()
-        self.position = _Position(inode, end)
-        return lines
-
-    def read_new(self) -> list[bytes]:
-        """Complete lines appended since the last read (all of a file seen for the first time)."""
-        st = self.files.stat(self.path)
-        lines: list[bytes] = []
-        position = self.position
-        if position is not None and (st is None or st.st_ino != position.inode):
-            rotated_size = self._rotated_size(position.inode)
-            if rotated_size is not None:
-                lines += self._read_range(self.rotated, position, rotated_size)
-                if st is None:
-                    return lines
-            elif st is None:
-                return lines
-            position = None
-        if st is None:
-            return lines
-        if position is None or st.st_size < position.offset:
-            position = _Position(st.st_ino, 0)
-        lines += self._read_range(self.path, position, st.st_size)
-        self.position = position
-        return lines
-
-    def _rotated_size(self, inode: int) -> int | None:
-        st = self.files.stat(self.rotated)
-        if st is None:
-            return None
-        return st.st_size if st.st_ino == inode else None
-
-    def _read_range(self, path: Path, position: _Position, size: int) -> list[bytes]:
-        """Lines between `position.offset` and `size`; advances `position` in place."""
-        if size <= position.offset:
-            return []
-        start = position.offset
-        if size - start > MAX_READ_BYTES:
-            start = size - MAX_READ_BYTES
-        handle = self.files.open(path)
-        if handle is None:
-            return []
-        try:
-            with handle:
-                handle.seek(start)
-                chunk = handle.read(size - start)
-        except OSError:
-            return []
-        last_newline = chunk.rfind(b"\n")
-        if last_newline < 0:
-            return []
-        complete = chunk[: last_newline + 1]
-        if start > position.offset:
-            complete = complete[complete.find(b"\n") + 1 :]
-        position.offset = start + last_newline + 1
-        self.position = position
-        return complete.splitlines()
-
-
 def _text(value: object) -> str:
     """A text field of an agent record; anything that is not text is unset."""
     return value if isinstance(value, str) else ""
-
-
-def _short(text: str) -> str:
-    """One redacted line of at most `ROW_CHARS` characters."""
-    flat = " ".join(redact(text).split())
-    return flat if len(flat) <= ROW_CHARS else flat[: ROW_CHARS - 1].rstrip() + "…"
-
-
-class ActivityTracker:
-    """Folds activity events into the facts of the automatic slot.
-
-    Transitions follow line order; silence is measured from the newest timestamp seen.
-    """
-
-    def __init__(self) -> None:
-        self.skipped_lines = 0
-        self._exited_at: datetime | None = None
-        self._turn_started_at: datetime | None = None
-        self._turn_ended_at: datetime | None = None
-        self._waiting_since: datetime | None = None
-        self._last_event_at: datetime | None = None
-        self._movement: tuple[str, datetime] | None = None
-        self._recent: deque[tuple[str, datetime]] = deque(maxlen=MAX_RECENT)
-        self._tokens: tuple[int, int] | None = None
-        self._calls: dict[str, str] = {}
-        # Origins (`turn.start` origin / `turn.origin`) not yet taken by the service.
-        self.origins: deque[tuple[str, datetime]] = deque(maxlen=MAX_RECENT)
-
-    def feed(self, line: bytes) -> None:
-        if not line.strip():
-            return
-        event = parse_event(line)
-        if event is None:
-            self.skipped_lines += 1
-            return
-        self.apply(event)
-
-    def apply(self, event: ActivityEvent) -> None:
-        if self._last_event_at is None or event.ts > self._last_event_at:
-            self._last_event_at = event.ts
-        movement = self._transition(event)
-        if movement is not None:
-            row = _short(movement)
-            self._movement = (row, event.ts)
-            self._recent.appendleft((row, event.ts))
-
-    def _transition(self, event: ActivityEvent) -> str | None:
-        fields = event.fields
-        kind = event.kind
-        if kind == "agent.start":
-            self._exited_at = None
-            self._turn_started_at = self._turn_ended_at = self._waiting_since = None
-            self._tokens = None
-            return "agent started"
-        if kind == "agent.exit":
-            self._exited_at = event.ts
-            self._waiting_since = None
-            code = int_field(fields.get("code"))
-            return "agent exited" if code is None else f"agent exited (code {code})"
-        if kind in ("turn.start", "turn.origin") and isinstance(fields.get("origin"), str):
-            self.origins.append((fields["origin"], event.ts))
-        if kind == "turn.start":
-            self._turn_started_at, self._turn_ended_at = event.ts, None
-            self._waiting_since = None
-            self._tokens = None
-            return "turn started"
-        if kind == "turn.end":
-            self._turn_ended_at = event.ts
-            self._waiting_since = None
-            return "turn ended"
-        if kind == "wait.start":
-            self._waiting_since = event.ts
-            reason = fields.get("reason")
-            return f"waiting: {reason}" if isinstance(reason, str) and reason else "waiting"
-        if kind == "wait.end":
-            self._waiting_since = None
-            return "resumed"
-        if kind == "tool.start":
-            name = _text(fields.get("name")) or "tool"
-            call_id = fields.get("call_id")
-            if isinstance(call_id, str):
-                if len(self._calls) >= _MAX_OPEN_CALLS:
-                    self._calls.pop(next(iter(self._calls)))
-                self._calls[call_id] = name
-            summary = fields.get("summary")
-            return f"{name}: {summary}" if isinstance(summary, str) and summary else name
-        if kind == "tool.end":
-            call_id = fields.get("call_id")
-            name = self._calls.pop(call_id, "tool") if isinstance(call_id, str) else "tool"
-            outcome = "done" if fields.get("ok") is not False else "failed"
-            duration = duration_field(fields.get("duration_s"))
-            if duration is not None:
-                return f"{name} {outcome} in {duration:.1f} s"
-            return f"{name} {outcome}"
-        if kind == "text":
-            text = fields.get("text")
-            return text if isinstance(text, str) and text.strip() else None
-        if kind == "usage":
-            tokens_in = count_field(fields.get("input_tokens")) or 0
-            tokens_out = count_field(fields.get("output_tokens")) or 0
-            before = self._tokens or (0, 0)
-            self._tokens = (before[0] + tokens_in, before[1] + tokens_out)
-            return None
-        return None
-
-    def summary(self, now: datetime, no_output_after_s: float) -> ActivitySummary:
-        state, since, valid_until = self._state(now, no_output_after_s)
-        movement, moved_at = self._movement if self._movement else (None, None)
-        return ActivitySummary(
-            state=state,
-            last_movement=movement,
-            last_movement_at=moved_at,
-            turn_started_at=self._turn_started_at,
-            tokens_in=self._tokens[0] if self._tokens else None,
-            tokens_out=self._tokens[1] if self._tokens else None,
-            recent=tuple(self._recent),
-            skipped_lines=self.skipped_lines,
-            state_valid_until=valid_until,
-            last_event_at=self._last_event_at,
-            state_since=since,
-        )
-
-    def _state(
-        self, now: datetime, no_output_after_s: float
-    ) -> tuple[AgentState, datetime | None, datetime | None]:
-        if self._exited_at is not None:
-            return "exited", self._exited_at, None
-        if self._waiting_since is not None:
-            return "waiting", self._waiting_since, None
-        if self._turn_started_at is not None and self._turn_ended_at is None:
-            last = self._last_event_at or self._turn_started_at
-            silent_from = last + timedelta(seconds=no_output_after_s)
-            if now >= silent_from:
-                return "no output", silent_from, None
-            return "running", self._turn_started_at, silent_from
-        if self._turn_ended_at is not None:
-            return "idle", self._turn_ended_at, None
-        return "unknown", None, None
 
 
 class AgentMonitor:
@@ -479,8 +140,8 @@ class AgentMonitor:
         self._card_signatures: tuple[FileSignature | None, ...] | None = None
         self._body_raw: bytes | None = None
         self.files = WorkdirFiles(agent_id, workdir)
-        self._notifications = _LineFollower(self.paths.notifications, self.files)
-        self._events = _LineFollower(self.paths.events, self.files)
+        self._notifications = LineFollower(self.paths.notifications, self.files)
+        self._events = LineFollower(self.paths.events, self.files)
         self._tracker = ActivityTracker()
         self._activity = ActivitySummary()
         self._primed = False
@@ -567,9 +228,9 @@ class AgentMonitor:
     def _refresh_card(self) -> None:
         paths = self.paths
         status_sig, body_sig, watch_sig = (
-            _signature(paths.status),
-            _signature(paths.body),
-            _signature(paths.watch),
+            signature(paths.status),
+            signature(paths.body),
+            signature(paths.watch),
         )
         signatures = (status_sig, body_sig, watch_sig)
         if signatures == self._card_signatures:
@@ -640,13 +301,13 @@ class AgentMonitor:
             history = follower.start_at_end()
             # No file yet is recorded as inode 0: whatever appears later is new, also after a
             # restart, so it is read from its start rather than skipped as history.
-            position = follower.position or _Position(0, 0)
+            position = follower.position or Position(0, 0)
             self._offsets.set_offset(
                 self.agent_id, NOTIFICATIONS_OFFSET, position.inode, position.offset
             )
         else:
             inode, offset = stored
-            follower.position = _Position(inode, offset)
+            follower.position = Position(inode, offset)
             history = self._history_before(inode, offset)
         for line in history:
             notification = parse_notification(line)
@@ -661,7 +322,7 @@ class AgentMonitor:
             if st is None:
                 continue
             if st.st_ino == inode:
-                lines, _ = _LineFollower(path, self.files).tail(end=min(offset, st.st_size))
+                lines, _ = LineFollower(path, self.files).tail(end=min(offset, st.st_size))
                 return lines
         return []
 

@@ -40,6 +40,7 @@ from typing import Final
 
 from watchfiles import awatch
 
+from channels.aio import AnyEvent, Backoff, wait_first
 from producers.task_card.contract import LOGS_DIR, NOTIFICATION_DIR, TASKCARD_DIR
 
 logger = logging.getLogger(__name__)
@@ -47,7 +48,9 @@ logger = logging.getLogger(__name__)
 CONTRACT_DIRS: Final = (TASKCARD_DIR, NOTIFICATION_DIR, LOGS_DIR)
 # The watcher thread returns this often (ms) without events; a stop is noticed every `step`.
 _RUST_TIMEOUT_MS: Final = 5_000
-_RETRY_AFTER_FAILURE_S: Final = 1.0
+# After a failure to arm, re-plan after 1 s, then backing off to 10 s while it keeps failing.
+_RETRY_INITIAL_S: Final = 1.0
+_RETRY_MAX_S: Final = 10.0
 # A re-arm waits this many times the duration of the previous arming after it.
 _REARM_COST_FACTOR: Final = 9.0
 # Reported when something changed directly in a discovery root (no agent id is empty).
@@ -209,26 +212,29 @@ class FleetWatcher:
         self, queue: asyncio.Queue[frozenset[str]], stop: asyncio.Event, arming: _Arming
     ) -> None:
         """Run one watcher at a time; re-arm it whenever the plan changes."""
+        backoff = Backoff(initial_s=_RETRY_INITIAL_S, max_s=_RETRY_MAX_S)
         while not stop.is_set():
             plan = plan_watch(self._workdirs, self._roots)
             arming.plan, arming.rearm = plan, asyncio.Event()
             if not plan.paths:
                 # Nothing exists to watch (no workdir has an existing ancestor): rescan only.
-                await _wait_either(stop, arming.rearm)
+                await wait_first(stop, arming.rearm)
                 continue
             try:
-                await self._run_plan(plan, queue, _EitherEvent(stop, arming.rearm))
+                await self._run_plan(plan, queue, AnyEvent(stop, arming.rearm))
             except OSError as exc:
                 # Typically a folder vanished between planning and arming; plan again.
                 logger.warning("file watcher could not be armed (%s); re-planning", exc)
-                await asyncio.sleep(_RETRY_AFTER_FAILURE_S)
+                await backoff.asleep()
             except Exception:
                 # Watching is an optimisation over the rescan: it must not end the service.
                 logger.exception("file watcher failed; re-arming")
-                await asyncio.sleep(_RETRY_AFTER_FAILURE_S)
+                await backoff.asleep()
+            else:
+                backoff.reset()
 
     async def _run_plan(
-        self, plan: WatchPlan, queue: asyncio.Queue[frozenset[str]], stop: _EitherEvent
+        self, plan: WatchPlan, queue: asyncio.Queue[frozenset[str]], stop: AnyEvent
     ) -> None:
         """Watch `plan.paths` until the plan is stale or the service stops.
 
@@ -269,20 +275,10 @@ class FleetWatcher:
                     # folders. The current watcher keeps reporting meanwhile.
                     cost_s = (armed_at[0] if armed_at else loop.time()) - started_at
                     earliest = started_at + cost_s * (1 + _REARM_COST_FACTOR)
-                    rearm = loop.call_at(max(earliest, loop.time()), stop.second.set)
+                    rearm = loop.call_at(max(earliest, loop.time()), stop.events[1].set)
         finally:
             if rearm is not None:
                 rearm.cancel()
-
-
-async def _wait_either(first: asyncio.Event, second: asyncio.Event) -> None:
-    waits = [asyncio.ensure_future(first.wait()), asyncio.ensure_future(second.wait())]
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for wait in waits:
-            wait.cancel()
-        await asyncio.gather(*waits, return_exceptions=True)
 
 
 def _map_changes(plan: WatchPlan, paths: Iterable[str]) -> tuple[set[str], bool]:
@@ -293,22 +289,3 @@ def _map_changes(plan: WatchPlan, paths: Iterable[str]) -> tuple[set[str], bool]
         agents |= found
         stale = stale or structural
     return agents, stale
-
-
-class _EitherEvent(asyncio.Event):
-    """Set when either event is set: the stop signal the watcher thread polls via `is_set`.
-
-    `awatch` sets its stop event when it is cancelled; that means the service is stopping,
-    so `set` forwards to the first (stop) event.
-    """
-
-    def __init__(self, first: asyncio.Event, second: asyncio.Event) -> None:
-        super().__init__()
-        self.first = first
-        self.second = second
-
-    def is_set(self) -> bool:
-        return self.first.is_set() or self.second.is_set()
-
-    def set(self) -> None:
-        self.first.set()

@@ -58,19 +58,23 @@ from channels.base import (
     RateScope,
 )
 from channels.errors import ChannelError, MessageGone, NotModified, Permanent, Transient
-from channels.feishu import card
+from channels.feishu import card, scopes
 from channels.feishu.config import FeishuConfig
 from channels.feishu.errors import TOKEN_INVALID, translate
 from channels.feishu.events import DecodedEvent, SeenEvents, command_from_event, duplicate_key
 from channels.feishu.longconn import LongConnection
+from channels.feishu.scopes import (
+    APP_MINUTE_SCOPE,
+    APP_SCOPE,
+    chat_scope,
+    message_scope,
+)
 from channels.feishu.token import TenantTokenSource
 from channels.feishu.transport import LarkTransport
 from channels.feishu.webhook import WebhookServer
 
 log = logging.getLogger(__name__)
 
-APP_SCOPE = "feishu:app"
-APP_MINUTE_SCOPE = "feishu:app:minute"
 BOT_INFO_URI = "/open-apis/bot/v3/info"
 # Feishu's bound on the create body's `uuid` (characters).
 UUID_MAX_CHARS = 50
@@ -88,14 +92,6 @@ def check_domain(domain: str) -> str:
     if not parts.netloc or parts.path.strip("/") or parts.query:
         raise ValueError(f"feishu.domain must be an origin like https://open.feishu.cn: {domain!r}")
     return f"{parts.scheme}://{parts.netloc}"
-
-
-def chat_scope(chat_id: str) -> str:
-    return f"feishu:chat:{chat_id}"
-
-
-def message_scope(message_id: str) -> str:
-    return f"feishu:message:{message_id}"
 
 
 def send_uuid(idempotency_key: str) -> str:
@@ -302,6 +298,14 @@ class FeishuChannel(Channel):
 
     def render_text(self, text: str) -> Outgoing:
         return card.render_text(text)
+
+    @classmethod
+    def scope_covers(cls, scope: str, chat: ChatRef, message_id: str | None) -> bool:
+        return scopes.covers(scope, chat, message_id)
+
+    @classmethod
+    def describe_scope(cls, scope: str) -> str | None:
+        return scopes.describe(scope)
 
     def rate_scopes(
         self, chat: ChatRef, operation: Operation, message_id: str | None

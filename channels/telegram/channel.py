@@ -28,26 +28,21 @@ from channels.base import (
     RateScope,
 )
 from channels.errors import ChannelError, MessageGone, Permanent, Transient
-from channels.telegram import render
+from channels.telegram import render, scopes
 from channels.telegram.commands import CommandPoller
 from channels.telegram.config import TelegramConfig
 from channels.telegram.errors import ParseEntitiesFailed, translate
 from channels.telegram.request import FloodAwareRequest
+from channels.telegram.scopes import BOT_SCOPE_KEY, chat_scope_key
 
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
-BOT_SCOPE_KEY = "telegram:bot"
 # Requests to different chats run concurrently; the scheduler bounds how many.
 _POOL_SIZE = 64
 _NO_PREVIEW = LinkPreviewOptions(is_disabled=True)
 # The bot's command menu (the "/" button): people find `/taskcard` without reading docs.
 MENU_COMMANDS = (BotCommand("taskcard", "show the task cards' state; on, off, or 1-10 rows"),)
-
-
-def chat_scope_key(chat: ChatRef) -> str:
-    """Telegram limits a chat as a whole, so forum topics share their chat's scope."""
-    return f"telegram:chat:{chat.chat_id}"
 
 
 def _api_chat_id(chat: ChatRef) -> int | str:
@@ -228,6 +223,14 @@ class TelegramChannel(Channel):
 
     def render_text(self, text: str) -> Outgoing:
         return render.render_text(text)
+
+    @classmethod
+    def scope_covers(cls, scope: str, chat: ChatRef, message_id: str | None) -> bool:
+        return scopes.covers(scope, chat, message_id)
+
+    @classmethod
+    def describe_scope(cls, scope: str) -> str | None:
+        return scopes.describe(scope)
 
     def rate_scopes(
         self, chat: ChatRef, operation: Operation, message_id: str | None

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 
 from telegram import Bot, Update
 from telegram import error as tg
 
+from channels.aio import Backoff
 from channels.base import ChatRef, CommandSink, CursorStore, IncomingCommand
 from channels.telegram.request import FloodWait
 
@@ -63,15 +63,9 @@ def command_from_update(update: Update, bot_username: str) -> IncomingCommand | 
     )
 
 
-@dataclass(frozen=True)
-class PollBackoff:
-    """Capped exponential backoff between failed polls, so an outage is not a busy loop."""
-
-    initial_s: float = 0.5
-    max_s: float = 30.0
-
-    def delay_s(self, failures: int) -> float:
-        return float(min(self.max_s, self.initial_s * (2 ** max(0, failures - 1))))
+def poll_backoff() -> Backoff:
+    """Between failed polls (so an outage is not a busy loop): 0.5 s doubling to 30 s."""
+    return Backoff(initial_s=0.5, max_s=30.0)
 
 
 class CommandPoller:
@@ -84,14 +78,14 @@ class CommandPoller:
         cursor: CursorStore,
         sink: CommandSink,
         poll_timeout_s: int,
-        backoff: PollBackoff = PollBackoff(),
+        backoff: Backoff | None = None,
     ) -> None:
         self._bot = bot
         self._username = bot_username
         self._cursor = cursor
         self._sink = sink
         self._poll_timeout_s = poll_timeout_s
-        self._backoff = backoff
+        self._backoff = backoff or poll_backoff()
 
     def _stored_offset(self) -> int | None:
         raw = self._cursor.get_cursor(OFFSET_CURSOR_KEY)
@@ -106,7 +100,7 @@ class CommandPoller:
     async def run(self) -> None:
         """Poll until cancelled. Errors back off and never end the loop."""
         offset = self._stored_offset()
-        failures = 0
+        backoff = self._backoff
         while True:
             try:
                 updates = await self._bot.get_updates(
@@ -115,7 +109,6 @@ class CommandPoller:
                     allowed_updates=["message"],
                 )
             except tg.Conflict as exc:
-                failures += 1
                 if "webhook" in str(exc).lower():
                     # A webhook left on the bot blocks polling for good; we own this bot's
                     # updates, so remove it (pending updates are kept) and poll again.
@@ -130,20 +123,18 @@ class CommandPoller:
                         "Telegram getUpdates conflict: another poller uses this bot; "
                         "commands are not received until it stops"
                     )
-                await asyncio.sleep(self._backoff.delay_s(failures))
+                await backoff.asleep()
                 continue
             except FloodWait as exc:
-                failures += 1
                 _log.warning("Telegram getUpdates rate limited for %gs", exc.retry_after_s)
                 wait_s = min(exc.retry_after_s, MAX_FLOOD_WAIT_S)  # the hint is untrusted
-                await asyncio.sleep(max(wait_s, self._backoff.delay_s(failures)))
+                await asyncio.sleep(max(wait_s, backoff.next_delay_s()))
                 continue
             except tg.TelegramError as exc:
-                failures += 1
                 _log.warning("Telegram getUpdates failed (%s); retrying", type(exc).__name__)
-                await asyncio.sleep(self._backoff.delay_s(failures))
+                await backoff.asleep()
                 continue
-            failures = 0
+            backoff.reset()
             if not updates:
                 continue
             for update in updates:

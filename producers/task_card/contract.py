@@ -48,7 +48,7 @@ SOURCE_REMINDER: Final = "task_card.reminder"
 # Bound of the notification file before it is rotated to `system.jsonl.1`.
 NOTIFICATION_ROTATE_BYTES: Final = 1_000_000
 
-# Activity log kinds (DESIGN.md, "File contracts").
+# Activity log kinds (docs/architecture.md, "File contracts").
 EVENT_KINDS: Final = frozenset(
     {
         "agent.start",

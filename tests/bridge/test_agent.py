@@ -11,13 +11,11 @@ from typing import Any
 
 import pytest
 
+from bridge.compose.activity import movement_text
 from bridge.compose.view import compose_view
-from bridge.track.monitor import (
-    TAIL_BYTES,
-    AgentMonitor,
-    MemoryOffsetStore,
-    legacy_json_to_markdown,
-)
+from bridge.follow.tail import TAIL_BYTES
+from bridge.track.legacy import legacy_json_to_markdown
+from bridge.track.monitor import AgentMonitor, MemoryOffsetStore
 from producers.task_card.contract import CardPaths, append_jsonl_line, atomic_write, iso_utc
 
 START = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
@@ -32,6 +30,12 @@ class Clock:
 
     def advance(self, seconds: float) -> None:
         self.now += timedelta(seconds=seconds)
+
+
+def last_text(mon: AgentMonitor) -> str | None:
+    """The last movement as a card words it."""
+    movement = mon.activity.last_movement
+    return None if movement is None else movement_text(movement)
 
 
 @pytest.fixture
@@ -326,7 +330,7 @@ def test_state_follows_events_and_time(paths: CardPaths, clock: Clock) -> None:
     summary = mon.activity
     assert summary.state == "running"
     assert summary.turn_started_at == START
-    assert summary.last_movement == "pytest: tests/ -q"
+    assert last_text(mon) == "pytest: tests/ -q"
     assert summary.state_valid_until == START + timedelta(seconds=60)
     clock.advance(59)
     assert state_of(mon) == "running"
@@ -336,10 +340,10 @@ def test_state_follows_events_and_time(paths: CardPaths, clock: Clock) -> None:
     event(paths, "tool.end", clock.now, call_id="c1", ok=False, duration_s=60.5)
     mon.refresh()
     assert state_of(mon) == "running"
-    assert mon.activity.last_movement == "pytest failed in 60.5 s"
+    assert last_text(mon) == "pytest failed in 60.5 s"
     event(paths, "wait.start", clock.now, reason="approve deploy")
     mon.refresh()
-    assert (state_of(mon), mon.activity.last_movement) == (
+    assert (state_of(mon), last_text(mon)) == (
         "waiting",
         "waiting: approve deploy",
     )
@@ -351,7 +355,7 @@ def test_state_follows_events_and_time(paths: CardPaths, clock: Clock) -> None:
     assert state_of(mon) == "idle"
     event(paths, "agent.exit", clock.now, code=0)
     mon.refresh()
-    assert (state_of(mon), mon.activity.last_movement) == ("exited", "agent exited (code 0)")
+    assert (state_of(mon), last_text(mon)) == ("exited", "agent exited (code 0)")
     event(paths, "agent.start", clock.now)
     mon.refresh()
     assert state_of(mon) == "unknown"
@@ -365,7 +369,7 @@ def test_usage_is_summed_per_turn_and_is_not_movement(paths: CardPaths, clock: C
     event(paths, "usage", START, input_tokens=50, output_tokens=5)
     mon.refresh()
     assert (mon.activity.tokens_in, mon.activity.tokens_out) == (150, 15)
-    assert mon.activity.last_movement == "turn started"
+    assert last_text(mon) == "turn started"
     event(paths, "turn.start", START)
     mon.refresh()
     assert (mon.activity.tokens_in, mon.activity.tokens_out) == (None, None)
@@ -379,7 +383,7 @@ def test_recent_rows_are_newest_first_bounded_and_redacted(paths: CardPaths, clo
         event(paths, "text", START + timedelta(seconds=index), text=f"step {index}")
     event(paths, "text", START + timedelta(seconds=20), text="using token=supersecret1\nnext")
     mon.refresh()
-    recent = mon.activity.recent
+    recent = [(movement_text(m), m.at) for m in mon.activity.recent]
     assert len(recent) == 10
     assert recent[0] == ("using token=[redacted] next", START + timedelta(seconds=20))
     assert recent[1] == ("step 11", START + timedelta(seconds=11))
@@ -394,7 +398,7 @@ def test_unknown_kinds_and_malformed_lines_are_counted(paths: CardPaths, clock: 
     event(paths, "text", START, text="still fine")
     mon.refresh()
     assert mon.activity.skipped_lines == 3
-    assert mon.activity.last_movement == "still fine"
+    assert last_text(mon) == "still fine"
 
 
 def test_first_sight_reads_a_bounded_tail_of_a_long_log(paths: CardPaths, clock: Clock) -> None:
@@ -409,7 +413,7 @@ def test_first_sight_reads_a_bounded_tail_of_a_long_log(paths: CardPaths, clock:
     mon.refresh()
     # The exit lies outside the tail; what is read decides the state.
     assert mon.activity.state == "running"
-    assert mon.activity.last_movement == "latest"
+    assert last_text(mon) == "latest"
     assert mon.activity.skipped_lines == 0
 
 

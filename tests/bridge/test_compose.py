@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 import pytest
 
 from bridge.compose.view import compose_view, format_at, format_tokens, route_zone
-from bridge.track.monitor import ActivitySummary, CardState
+from bridge.track.activity import ActivitySummary, Movement
+from bridge.track.monitor import CardState
 from channels.base import CardView
 
 NOW = datetime(2026, 3, 4, 15, 30, tzinfo=UTC)
@@ -23,13 +24,12 @@ RUNNING = ActivitySummary(
     state="running",
     state_since=at(15, 0),
     turn_started_at=at(15, 0),
-    last_movement="pytest: tests/",
-    last_movement_at=at(15, 28),
+    last_movement=Movement("tool.start", at(15, 28), name="pytest", detail="tests/"),
     last_event_at=at(15, 28),
     recent=(
-        ("pytest: tests/", at(15, 28)),
-        ("read README", at(15, 20)),
-        ("turn started", at(15, 10)),
+        Movement("tool.start", at(15, 28), name="pytest", detail="tests/"),
+        Movement("text", at(15, 20), detail="read README"),
+        Movement("turn.start", at(15, 10)),
     ),
 )
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from bridge.notices.outbox import NoticeOutbox
 from bridge.schedule.scheduler import RouteKey, RouteScheduler, unsure_send_wait_s
 from bridge.store.sqlite import SqliteStore
 from channels.base import (
@@ -107,15 +108,43 @@ class ScriptedChannel(Channel):
         return None
 
 
+def outbox_of(store: SqliteStore, channel: Channel, *keys: RouteKey) -> NoticeOutbox:
+    """A notice outbox over `channel` with `keys` as its routes; never folds, never quiet."""
+    outbox = NoticeOutbox(
+        store,
+        {"fake": channel},
+        render=lambda _channel, value: text(value),
+        scrub=lambda value: value,
+        max_per_minute=60,
+        quiet=lambda _key: False,
+        clock=time.time,
+    )
+    for key in keys:
+        outbox.add_route(key)
+    return outbox
+
+
 async def started(
-    store: SqliteStore, channel: Channel, *keys: RouteKey, **options: float
+    store: SqliteStore,
+    channel: Channel,
+    *keys: RouteKey,
+    outbox: NoticeOutbox | None = None,
+    **options: float,
 ) -> RouteScheduler:
-    """A started scheduler over `channel` with `keys` as its routes."""
-    scheduler = RouteScheduler({"fake": channel}, store, **options)
+    """A started scheduler over `channel` with `keys` as its routes (notices from `outbox`)."""
+    scheduler = RouteScheduler({"fake": channel}, store, outbox=outbox, **options)
     for key in keys:
         scheduler.add_route(key)
     await scheduler.start()
     return scheduler
+
+
+def queue_notices(store: SqliteStore, outbox: NoticeOutbox, key: RouteKey, count: int) -> None:
+    """`count` notices recorded pending for `key`, then queued as the channel gets ready (the
+    way a restart finds them)."""
+    for i in range(count):
+        store.add_notice(key.store_key, f"n{i}", f"notice {i}", "pending")
+    outbox.channel_ready("fake")
 
 
 class DedupingChannel(ScriptedChannel):
@@ -316,12 +345,11 @@ async def test_an_unexpected_exception_does_not_freeze_the_chat(store: SqliteSto
 async def test_notices_and_cards_take_turns(store: SqliteStore) -> None:
     channel = ScriptedChannel(per_chat=RateScope("x", 2, 0.3))
     key = RouteKey("fake", ChatRef("-7"), "a")
-    scheduler = await started(store, channel, key)
+    outbox = outbox_of(store, channel, key)
+    scheduler = await started(store, channel, key, outbox=outbox)
     scheduler.submit(key, text("v1"))
     await settle(scheduler)
-    for i in range(6):
-        store.add_notice(str(key), f"n{i}", f"notice {i}", "pending")
-        scheduler.send_text("fake", key.chat, text(f"notice {i}"), notice=(str(key), f"n{i}"))
+    queue_notices(store, outbox, key, 6)
     scheduler.submit(key, text("v2"))
     await settle(scheduler)
     await scheduler.stop()
@@ -337,7 +365,7 @@ async def test_unsent_command_replies_collapse_to_the_latest(store: SqliteStore)
     await scheduler.start()
     chat = ChatRef("-9")
     for i in range(5):
-        scheduler.send_text("fake", chat, text(f"reply {i}"))
+        scheduler.send_reply("fake", chat, text(f"reply {i}"))
     await settle(scheduler)
     await scheduler.stop()
     sent = [c[3] for c in channel.calls]
@@ -435,15 +463,14 @@ async def test_a_retried_send_that_had_posted_is_edited_to_the_latest(
 async def test_notices_beyond_the_queue_bound_are_sent_without_a_restart(
     store: SqliteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import bridge.schedule.scheduler
+    import bridge.notices.outbox
 
-    monkeypatch.setattr(bridge.schedule.scheduler, "MAX_QUEUED_TEXTS", 2)
+    monkeypatch.setattr(bridge.notices.outbox, "MAX_QUEUED", 2)
     channel = ScriptedChannel()
     key = RouteKey("fake", ChatRef("-8"), "a")
-    scheduler = await started(store, channel, key)
-    for i in range(6):
-        store.add_notice(str(key), f"n{i}", f"notice {i}", "pending")
-        scheduler.send_text("fake", key.chat, text(f"notice {i}"), notice=(str(key), f"n{i}"))
+    outbox = outbox_of(store, channel, key)
+    scheduler = await started(store, channel, key, outbox=outbox)
+    queue_notices(store, outbox, key, 6)
     await settle(scheduler)
     deadline = time.monotonic() + 10
     while store.pending_notices():
@@ -456,12 +483,11 @@ async def test_notices_beyond_the_queue_bound_are_sent_without_a_restart(
 async def test_suppressed_notices_are_withdrawn_from_the_queue(store: SqliteStore) -> None:
     channel = ScriptedChannel(per_chat=RateScope("x", 1, 0.5))
     key = RouteKey("fake", ChatRef("-6"), "a")
-    scheduler = await started(store, channel, key)
-    for i in range(4):
-        store.add_notice(str(key), f"n{i}", f"notice {i}", "pending")
-        scheduler.send_text("fake", key.chat, text(f"notice {i}"), notice=(str(key), f"n{i}"))
+    outbox = outbox_of(store, channel, key)
+    scheduler = await started(store, channel, key, outbox=outbox)
+    queue_notices(store, outbox, key, 4)
     await asyncio.sleep(0.1)  # the first one is on its way
-    scheduler.suppress_notices([key])
+    outbox.suppress([key])
     await settle(scheduler)
     await scheduler.stop()
     assert [c[3] for c in channel.calls] == ["notice 0"]

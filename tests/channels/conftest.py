@@ -1,6 +1,6 @@
 """Fixtures for channel tests: fake-backed channels and the shared contract harness.
 
-`channel_harness` is the seam of the contract suite (DESIGN.md habit 9): every transport
+`channel_harness` is the seam of the contract suite (docs/architecture.md, "Tests"): every transport
 provides a `ChannelHarness` that builds its real channel against its fake server and reads
 back what the chat shows. A channel-neutral test takes `channel_harness` and runs once per
 transport; add a transport by adding its name to `HARNESSES` and a branch in the fixture.

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from telegram import Bot, Update
 
+from channels.aio import Backoff
 from channels.base import ChatRef
 from channels.telegram.channel import TelegramChannel
 from channels.telegram.commands import (
     OFFSET_CURSOR_KEY,
     CommandPoller,
-    PollBackoff,
     command_from_update,
     parse_command,
+    poll_backoff,
 )
 from channels.telegram.config import TelegramConfig
 from tests.channels.conftest import CommandInbox, MemoryCursorStore, wait_until
@@ -44,8 +46,8 @@ def test_parse_command(text: str, expected: str | None) -> None:
     assert parse_command(text, "TaskcardTestBot") == expected
 
 
-def test_backoff_is_capped() -> None:
-    backoff = PollBackoff(initial_s=0.5, max_s=30.0)
+def test_poll_backoff_is_capped() -> None:
+    backoff = replace(poll_backoff(), jitter=0.0)
     assert backoff.delay_s(1) == 0.5
     assert backoff.delay_s(3) == 2.0
     assert backoff.delay_s(50) == 30.0
@@ -124,7 +126,7 @@ async def test_failing_sink_and_conflict_do_not_kill_the_loop(
             raise RuntimeError("sink failed")
 
     cursor = MemoryCursorStore()
-    backoff = PollBackoff(initial_s=0.01, max_s=0.05)
+    backoff = Backoff(initial_s=0.01, max_s=0.05)
     async with (
         Bot(telegram_fake.token, base_url=f"{telegram_fake.base_url}/bot") as bot,
         Bot(telegram_fake.token, base_url=f"{telegram_fake.base_url}/bot") as rival_bot,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from bridge.compose.activity import movement_text
 from bridge.track.monitor import AgentMonitor, MemoryOffsetStore
 from producers.agent_hooks import activity_cli as activity
 from producers.task_card.contract import CardPaths, parse_event, parse_iso
@@ -96,7 +97,8 @@ def test_written_events_feed_the_automatic_slot(tmp_path: Path) -> None:
     # Written before the monitor existed: read from the tail at first sight.
     monitor.refresh()
     assert monitor.activity.state == "running"
-    assert monitor.activity.last_movement == "compiling the kernel"
+    movement = monitor.activity.last_movement
+    assert movement is not None and movement_text(movement) == "compiling the kernel"
 
 
 def test_through_the_taskcard_command_line(tmp_path: Path) -> None:

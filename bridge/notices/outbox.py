@@ -1,0 +1,260 @@
+"""The notice outbox: a notice's whole life, from the producer's notification to its outcome.
+
+Every notice is recorded in the state store before anything is sent, in one of the states
+`pending` (to be sent), `folded` (over the route's cap, counted into a summary owed later,
+see `NoticeGate`), `suppressed` (people hid the cards there, or the route is disabled: never
+sent), then `delivered` or `failed`. The outbox owns every store call for notices and the
+queues the scheduler's lanes pull from:
+
+- `notify` records a notification for each route of its agent and queues what is pending;
+- `send_due_summaries` records and queues the summary of folded notices when it is due;
+- `suppress` withdraws every unsent notice of routes people silenced (also one in flight);
+- `channel_ready` queues what a restart left pending, once the channel can send;
+- a lane asks `next_due` for its next notice, `take`s it, and reports the outcome with
+  `delivered`, `failed` or `put_back` (rate limited, transient failure, shutting down).
+
+A lane's queue is bounded (`MAX_QUEUED`): beyond it notices wait in the store (`pending`) and
+are queued again once the lane has room, so a flood cannot grow memory. Command replies are
+not notices (they are not persisted) and never pass through here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from bridge.notices.text import FoldedNotices, NoticeGate, notice_kind, notice_text, summary_text
+from bridge.schedule.routes import LaneKey, RouteKey
+from bridge.store.sqlite import NoticeState, StateStore
+from channels.base import Channel, Outgoing
+from producers.task_card.contract import Notification
+
+log = logging.getLogger(__name__)
+
+# Notices queued in one chat beyond this wait in the store (state "pending") for room.
+MAX_QUEUED: Final = 100
+
+NoticeOutcome = Literal["delivered", "failed"]
+
+
+@dataclass(frozen=True)
+class NoticeRef:
+    """One notice of one route: its identity in the store and on the platform."""
+
+    route: RouteKey
+    notice_id: str
+
+    @property
+    def idempotency_key(self) -> str:
+        """The same for every attempt, so a platform that deduplicates sends posts it once."""
+        return f"{self.route.store_key}:{self.notice_id}"
+
+
+@dataclass
+class QueuedNotice:
+    """A notice waiting in (or taken from) its lane, rendered for its channel."""
+
+    ref: NoticeRef
+    message: Outgoing
+    retry_at: float = 0.0  # the scheduler's backoff: not before this (monotonic) time
+    failures: int = 0
+
+
+@dataclass
+class _LaneQueue:
+    items: deque[QueuedNotice]
+    deferred: bool = False  # notices were left in the store when the queue was full
+
+
+def _folded_cursor(key: RouteKey) -> str:
+    """Where a route's open fold episode is saved, so its summary survives a restart."""
+    return f"notices:folded:{key.store_key}"
+
+
+class NoticeOutbox:
+    """Owns the notices of one service: store records, fold gate, lane queues, outcomes.
+
+    `render(channel, text)` renders a (scrubbed) text for a channel; `scrub` removes the
+    configured secrets from a text before it is stored; `quiet(route)` says whether people
+    hid the cards of the route or its delivery is disabled; `clock` gives epoch seconds.
+    """
+
+    def __init__(
+        self,
+        store: StateStore,
+        channels: Mapping[str, Channel],
+        *,
+        render: Callable[[Channel, str], Outgoing],
+        scrub: Callable[[str], str],
+        max_per_minute: int,
+        quiet: Callable[[RouteKey], bool],
+        clock: Callable[[], float],
+    ) -> None:
+        self._store = store
+        self._channels = channels
+        self._render = render
+        self._scrub = scrub
+        self._quiet = quiet
+        self._clock = clock
+        self._gate = NoticeGate(max_per_minute)
+        self._routes: dict[str, RouteKey] = {}
+        self._ready: set[str] = set()
+        self._lanes: dict[LaneKey, _LaneQueue] = {}
+        self._known: set[NoticeRef] = set()  # queued or in flight
+        self._withdrawn: set[NoticeRef] = set()  # suppressed while in flight
+        # Called with a lane that has a new notice; the scheduler wakes (or starts) it.
+        self.on_queued: Callable[[LaneKey], None] = lambda lane: None
+
+    # Routes and channels -----------------------------------------------------------------
+
+    def add_route(self, key: RouteKey) -> None:
+        """Know a route; a fold episode saved before a restart still owes its summary."""
+        self._routes[key.store_key] = key
+        saved = FoldedNotices.from_json(self._store.get_cursor(_folded_cursor(key)))
+        if saved is not None:
+            self._gate.restore(key.store_key, saved)
+
+    def channel_ready(self, channel: str) -> None:
+        """The channel can send: queue what is pending for its routes (from before a restart,
+        or recorded while it was starting)."""
+        self._ready.add(channel)
+        for pending in self._store.pending_notices():
+            key = self._routes.get(pending.route)
+            if key is not None and key.channel == channel:
+                self._queue(NoticeRef(key, pending.notice_id), pending.text)
+
+    # Recording ---------------------------------------------------------------------------
+
+    def notify(self, routes: Iterable[RouteKey], agent_id: str, notification: Notification) -> None:
+        """Record the agent's notification for each of its routes; queue what may be sent."""
+        text = notice_text(agent_id, notification)
+        if text is None:
+            return
+        text = self._scrub(text)  # stored scrubbed: stored texts are rendered again later
+        now_s = self._clock()
+        for key in routes:
+            route_id = key.store_key
+            state = self._initial_state(key)
+            if state == "pending" and not self._gate.allows(route_id, now_s):
+                state = "folded"  # over the route's cap: counted into the owed summary
+            if not self._store.add_notice(route_id, notification.id, text, state):
+                continue  # already recorded (idempotent): neither sent nor counted again
+            if state == "folded":
+                folded = self._gate.fold(route_id, notice_kind(notification) or "", now_s)
+                self._store.set_cursor(_folded_cursor(key), folded.to_json())
+            elif state == "pending":
+                self._gate.record(route_id, now_s)
+                self._queue(NoticeRef(key, notification.id), text)
+
+    def send_due_summaries(self) -> None:
+        """One summary notice for each route whose folded notices are due (see NoticeGate)."""
+        for route_id, folded in self._gate.due(self._clock()):
+            key = self._routes.get(route_id)
+            if key is None:
+                continue
+            text = self._scrub(summary_text(key.agent_id, folded.counts))
+            state = self._initial_state(key)
+            # Recorded before the episode is cleared: a crash in between finds the same id.
+            if self._store.add_notice(route_id, folded.summary_id, text, state) and (
+                state == "pending"
+            ):
+                self._queue(NoticeRef(key, folded.summary_id), text)
+            self._store.set_cursor(_folded_cursor(key), "")
+
+    def suppress(self, routes: Iterable[RouteKey]) -> None:
+        """Withdraw every unsent notice of these routes (people asked for quiet): queued ones
+        leave their lane, and all are recorded as suppressed, never to be sent."""
+        keys = set(routes)
+        removed: set[NoticeRef] = set()
+        for queue in self._lanes.values():
+            for item in [i for i in queue.items if i.ref.route in keys]:
+                queue.items.remove(item)
+                removed.add(item.ref)
+                self._known.discard(item.ref)
+        for key in keys:
+            for notice in self._store.pending_notices(key.store_key):
+                self._store.set_notice_state(key.store_key, notice.notice_id, "suppressed")
+                ref = NoticeRef(key, notice.notice_id)
+                if ref not in removed and ref in self._known:
+                    self._withdrawn.add(ref)  # taken by a lane, waiting for its turn
+
+    def _initial_state(self, key: RouteKey) -> NoticeState:
+        return "suppressed" if self._quiet(key) else "pending"
+
+    def _queue(self, ref: NoticeRef, text: str) -> None:
+        key = ref.route
+        if key.channel not in self._ready or ref in self._known:
+            return  # sent once the channel is ready (`channel_ready` reads the store)
+        queue = self._lanes.setdefault(key.lane, _LaneQueue(deque()))
+        if len(queue.items) >= MAX_QUEUED:
+            log.warning("%s: too many queued notices; notice %s deferred", key.lane, ref.notice_id)
+            queue.deferred = True  # it stays pending in the store; queued again with room
+            return
+        channel = self._channels[key.channel]
+        queue.items.append(QueuedNotice(ref, self._render(channel, text)))
+        self._known.add(ref)
+        self.on_queued(key.lane)
+
+    # The lanes' side ---------------------------------------------------------------------
+
+    def next_due(self, lane: LaneKey, now: float) -> QueuedNotice | None:
+        """The lane's first notice not backing off at `now` (monotonic), or None."""
+        queue = self._lanes.get(lane)
+        if queue is None:
+            return None
+        if queue.deferred and len(queue.items) < MAX_QUEUED // 2:
+            self._refill(lane, queue)
+        return next((item for item in queue.items if item.retry_at <= now), None)
+
+    def retry_times(self, lane: LaneKey) -> list[float]:
+        """When the lane's queued notices may go (for the lane's sleep)."""
+        queue = self._lanes.get(lane)
+        return [item.retry_at for item in queue.items] if queue else []
+
+    def take(self, item: QueuedNotice) -> None:
+        """Off the queue while in flight: never withdrawn from under a request."""
+        self._lanes[item.ref.route.lane].items.remove(item)
+
+    def wanted(self, item: QueuedNotice) -> bool:
+        """False when people silenced the route while the notice waited for its turn."""
+        if item.ref in self._withdrawn:
+            self._withdrawn.discard(item.ref)
+            self._known.discard(item.ref)
+            return False
+        return True
+
+    def put_back(self, item: QueuedNotice, *, front: bool) -> None:
+        """Not sent this time (rate limited, failing for now, shutting down): queue it again,
+        at the head to keep the order, or at the tail behind the rest while it backs off."""
+        queue = self._lanes.setdefault(item.ref.route.lane, _LaneQueue(deque()))
+        if front:
+            queue.items.appendleft(item)
+        else:
+            queue.items.append(item)
+
+    def done(self, item: QueuedNotice, outcome: NoticeOutcome) -> None:
+        """The platform's final answer for this notice."""
+        self._known.discard(item.ref)
+        self._store.set_notice_state(item.ref.route.store_key, item.ref.notice_id, outcome)
+
+    def depth(self, lane: LaneKey) -> int:
+        queue = self._lanes.get(lane)
+        return len(queue.items) if queue else 0
+
+    def lanes(self) -> list[LaneKey]:
+        return list(self._lanes)
+
+    def idle(self) -> bool:
+        """No notice is queued in any lane."""
+        return not any(queue.items for queue in self._lanes.values())
+
+    def _refill(self, lane: LaneKey, queue: _LaneQueue) -> None:
+        """Queue notices that were left in the store while the lane's queue was full."""
+        queue.deferred = False
+        for pending in self._store.pending_notices():
+            key = self._routes.get(pending.route)
+            if key is not None and key.lane == lane:
+                self._queue(NoticeRef(key, pending.notice_id), pending.text)

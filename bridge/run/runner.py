@@ -1,0 +1,223 @@
+"""Running one service: the serve lock, the run itself, and the options every runner shares.
+
+`taskcard serve` (`serve_cli`) and `taskcard demo` (`demo`) both run the service through
+`serve`; it lives here so that neither command module imports the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import fcntl
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+
+from bridge.config import ConfigError, ServiceConfig, load_config
+from bridge.deliver.registry import SecretMissing, build_channels, route_specs
+from bridge.observe.listener import MetricsListener
+from bridge.observe.metrics import MeteredChannel, ServiceMetrics
+from bridge.observe.sdnotify import READY, STOPPING, sd_notify
+from bridge.run.logs import LOG_FORMATS, LOG_LEVELS, setup_logging
+from bridge.run.service import Service, ServiceFailed
+from bridge.store.sqlite import SqliteStore, StateFileError
+
+EXIT_CONFIG = 2
+EXIT_RUNTIME = 1
+EXIT_ALREADY_RUNNING = 3
+
+log = logging.getLogger(__name__)
+
+
+def nothing_served(config: ServiceConfig) -> list[str]:
+    """Warnings for a configuration that runs but shows nothing (or leaves agents out)."""
+    if not config.agents and not config.discover.roots:
+        return ["no [[agents]] are configured: nothing is served; add an agent and its workdir"]
+    specs = route_specs(config)
+    if not specs:
+        return [
+            "no routes are configured: no card reaches any chat; add [[telegram.routes]] or"
+            " [[feishu.routes]], or set console.enabled = true"
+        ]
+    routed = {agent for spec in specs for agent in spec.agents}
+    return [
+        f"agent {agent!r} is in no route: its card is shown nowhere"
+        for agent in config.agent_ids()
+        if agent not in routed
+    ]
+
+
+def reload_config(service: Service, path: Path) -> bool:
+    """SIGHUP: read `path` again and apply it; an invalid file is refused with the same
+    messages as at start (logged), and the running configuration stays."""
+    try:
+        config = load_config(path)
+    except ConfigError as error:
+        log.error("config reload refused: %s is invalid; the running configuration stays", path)
+        for message in error.messages:
+            log.error("  - %s", message)
+        return False
+    for warning in nothing_served(config):
+        log.warning("%s", warning)
+    return service.reload(config)
+
+
+async def serve(
+    config: ServiceConfig,
+    env: Mapping[str, str],
+    *,
+    stop: asyncio.Event | None = None,
+    config_path: Path | None = None,
+) -> int:
+    """Run the service until SIGTERM/SIGINT (or `stop`); returns the exit code.
+
+    With `config_path`, SIGHUP reloads that file while serving (see `reload_config`).
+    """
+    lock = ServeLock(config.state_dir)
+    try:
+        holder = lock.acquire()
+    except OSError as error:
+        print(
+            f"taskcard: cannot use the state directory {config.state_dir} ({error.strerror});"
+            " fix its permissions or mount, or choose another state_dir",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG
+    if holder is not None:
+        print(
+            f"taskcard: another `taskcard serve` (pid {holder}) already uses the state "
+            f"directory {config.state_dir}; two services on one state would post duplicate "
+            "cards. Stop it first, or give this configuration its own state_dir.",
+            file=sys.stderr,
+        )
+        return EXIT_ALREADY_RUNNING
+    try:
+        store = SqliteStore.in_dir(config.state_dir)
+    except StateFileError as error:
+        print(f"taskcard: {error}", file=sys.stderr)
+        lock.release()
+        return EXIT_CONFIG
+    try:
+        try:
+            built = build_channels(config, store, env)
+        except SecretMissing as error:
+            print(f"taskcard: {error}", file=sys.stderr)
+            return EXIT_CONFIG
+        setup_logging(config.log_level, [s for b in built.values() for s in b.secrets])
+        own_signals = stop is None
+        stop = stop or asyncio.Event()
+        loop = asyncio.get_running_loop()
+        if own_signals:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(signum, stop.set)
+        metrics = ServiceMetrics()
+        built = {
+            n: replace(b, channel=MeteredChannel(b.channel, metrics)) for n, b in built.items()
+        }
+        service = Service(config, built, store)
+        if own_signals and config_path is not None:
+            loop.add_signal_handler(signal.SIGHUP, reload_config, service, config_path)
+        metrics.bind(service.snapshot)
+        listener = None
+        if config.metrics.address is not None:
+            listener = MetricsListener(metrics, *config.metrics.address)
+            try:
+                await listener.start()
+            except OSError as error:
+                print(
+                    f"taskcard: cannot listen on {config.metrics.listen}: {error}", file=sys.stderr
+                )
+                return EXIT_RUNTIME
+        systemd = asyncio.create_task(_tell_systemd(service, stop, env), name="sd_notify")
+        try:
+            await service.run(stop)
+        finally:
+            systemd.cancel()
+            await asyncio.gather(systemd, return_exceptions=True)
+            if listener is not None:
+                await listener.stop()
+            if own_signals:
+                for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                    loop.remove_signal_handler(signum)
+        return 0
+    except ServiceFailed as error:
+        log.error("%s", error)
+        return EXIT_RUNTIME
+    finally:
+        store.close()
+        lock.release()
+
+
+async def _tell_systemd(service: Service, stop: asyncio.Event, env: Mapping[str, str]) -> None:
+    """`Type=notify`: READY=1 once the service loop runs, STOPPING=1 when asked to stop."""
+    await service.started.wait()
+    sd_notify(READY, env)
+    await stop.wait()
+    sd_notify(STOPPING, env)
+
+
+def running_pid(state_dir: Path) -> str | None:
+    """The pid of the `taskcard serve` holding `state_dir`'s lock, or None when none does."""
+    try:
+        fd = os.open(state_dir / "serve.lock", os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+    else:
+        return None  # we got the lock, so nobody holds it; closing drops ours
+    finally:
+        os.close(fd)
+
+
+class ServeLock:
+    """One service per state directory: an exclusive `flock` held for the whole run."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self._path = state_dir / "serve.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> str | None:
+        """None when acquired; otherwise the pid recorded by the holder (or "unknown")."""
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            return holder
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._fd = fd
+        return None
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the lock
+            self._fd = None
+
+
+def add_log_options(parser: argparse.ArgumentParser) -> None:
+    """`--log-level` and `--log-format`, defaulting to their TASKCARD_* variables."""
+    level = os.environ.get("TASKCARD_LOG_LEVEL", "").upper() or None
+    fmt = os.environ.get("TASKCARD_LOG_FORMAT", "").lower() or None
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default=level if level in LOG_LEVELS else None,
+        help="log verbosity (env TASKCARD_LOG_LEVEL; default: the config's log_level)",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=fmt if fmt in LOG_FORMATS else "text",
+        help="text for people, json for one object per line (env TASKCARD_LOG_FORMAT)",
+    )

@@ -1,0 +1,54 @@
+"""Route identities: which resident message, in which chat, for which agent.
+
+Kept apart from the scheduler so that the notice outbox (which addresses notices to routes)
+and the scheduler (which delivers them) share the identity without importing each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from channels.base import ChatRef
+
+
+@dataclass(frozen=True)
+class RouteKey:
+    """Identity of one resident message: channel, chat (and thread), agent."""
+
+    channel: str
+    chat: ChatRef
+    agent_id: str
+
+    def __str__(self) -> str:
+        return self.store_key
+
+    @property
+    def store_key(self) -> str:
+        """The route's key in the state store (stable across releases: stored rows use it)."""
+        return f"{self.channel}:{self.chat.chat_id}:{self.chat.thread_id or ''}:{self.agent_id}"
+
+    @property
+    def lane(self) -> LaneKey:
+        """The chat whose limits the route shares (forum topics share their chat's lane)."""
+        return LaneKey(self.channel, self.chat.chat_id)
+
+    @property
+    def chat_scope(self) -> str:
+        """The key of the chat (and thread) the route belongs to, used for preferences."""
+        return chat_scope(self.channel, self.chat)
+
+
+class LaneKey(NamedTuple):
+    """One chat of one channel: the unit of pacing (one request at a time). A named pair, so
+    that layers that may not import this one (metrics) read it as `(channel, chat_id)`."""
+
+    channel: str
+    chat_id: str
+
+    def __str__(self) -> str:
+        return f"{self.channel}:{self.chat_id}"
+
+
+def chat_scope(channel: str, chat: ChatRef) -> str:
+    return f"{channel}:{chat.chat_id}:{chat.thread_id or ''}"

@@ -1,0 +1,196 @@
+"""The activity fold: `logs/events.jsonl` lines in, the automatic slot's facts out.
+
+Facts only: which kind of movement happened when, with the typed fields it carried (a tool's
+name, a wait's reason, an exit code). How a movement reads for people, and the redaction of
+the agent's text in it, is `bridge.compose.activity`'s job: one place words text for people.
+The agent state comes only from these events and their timestamps, never from card refreshes
+(see docs/architecture.md, "File contracts").
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Final
+
+from channels.base import AgentState
+from producers.task_card.contract import (
+    ActivityEvent,
+    count_field,
+    duration_field,
+    int_field,
+    parse_event,
+)
+
+MAX_RECENT: Final = 10
+# An agent's free text kept per movement; rows show far less (bounds memory, not meaning).
+MAX_DETAIL_CHARS: Final = 4096
+_MAX_OPEN_CALLS: Final = 256
+
+
+@dataclass(frozen=True)
+class Movement:
+    """One thing the agent visibly did, as the typed fields of its event.
+
+    `kind` is the event kind (`tool.end`, `wait.start`, ...); `name` a tool's name (None when
+    the event named none); `detail` the agent's own text (a tool summary, a wait reason, a
+    `text` event); `code`, `ok`, `duration_s` an exit code, a tool's outcome and duration.
+    """
+
+    kind: str
+    at: datetime
+    name: str | None = None
+    detail: str | None = None
+    code: int | None = None
+    ok: bool | None = None
+    duration_s: float | None = None
+
+
+@dataclass(frozen=True)
+class ActivitySummary:
+    """The automatic slot's facts, decided only from the activity log and its timestamps."""
+
+    state: AgentState = "unknown"
+    last_movement: Movement | None = None
+    turn_started_at: datetime | None = None
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    recent: tuple[Movement, ...] = ()  # newest first
+    skipped_lines: int = 0
+    state_valid_until: datetime | None = None
+    last_event_at: datetime | None = None
+    state_since: datetime | None = None
+
+
+def _text(value: object) -> str | None:
+    """A non-blank text field of an agent record, bounded; anything else is unset."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    return value[:MAX_DETAIL_CHARS]
+
+
+class ActivityTracker:
+    """Folds activity events into the facts of the automatic slot.
+
+    Transitions follow line order; silence is measured from the newest timestamp seen.
+    """
+
+    def __init__(self) -> None:
+        self.skipped_lines = 0
+        self._exited_at: datetime | None = None
+        self._turn_started_at: datetime | None = None
+        self._turn_ended_at: datetime | None = None
+        self._waiting_since: datetime | None = None
+        self._last_event_at: datetime | None = None
+        self._recent: deque[Movement] = deque(maxlen=MAX_RECENT)
+        # Origins (`turn.start` origin / `turn.origin`) not yet taken by the service.
+        self.origins: deque[tuple[str, datetime]] = deque(maxlen=MAX_RECENT)
+        self._tokens: tuple[int, int] | None = None
+        self._calls: dict[str, str | None] = {}
+
+    def feed(self, line: bytes) -> None:
+        if not line.strip():
+            return
+        event = parse_event(line)
+        if event is None:
+            self.skipped_lines += 1
+            return
+        self.apply(event)
+
+    def apply(self, event: ActivityEvent) -> None:
+        if self._last_event_at is None or event.ts > self._last_event_at:
+            self._last_event_at = event.ts
+        movement = self._transition(event)
+        if movement is not None:
+            self._recent.appendleft(movement)
+
+    def _transition(self, event: ActivityEvent) -> Movement | None:
+        fields = event.fields
+        kind, at = event.kind, event.ts
+        if kind == "agent.start":
+            self._exited_at = None
+            self._turn_started_at = self._turn_ended_at = self._waiting_since = None
+            self._tokens = None
+            return Movement(kind, at)
+        if kind == "agent.exit":
+            self._exited_at = at
+            self._waiting_since = None
+            return Movement(kind, at, code=int_field(fields.get("code")))
+        if kind in ("turn.start", "turn.origin") and isinstance(fields.get("origin"), str):
+            self.origins.append((fields["origin"], event.ts))
+        if kind == "turn.start":
+            self._turn_started_at, self._turn_ended_at = at, None
+            self._waiting_since = None
+            self._tokens = None
+            return Movement(kind, at)
+        if kind == "turn.end":
+            self._turn_ended_at = at
+            self._waiting_since = None
+            return Movement(kind, at)
+        if kind == "wait.start":
+            self._waiting_since = at
+            return Movement(kind, at, detail=_text(fields.get("reason")))
+        if kind == "wait.end":
+            self._waiting_since = None
+            return Movement(kind, at)
+        if kind == "tool.start":
+            name = _text(fields.get("name"))
+            call_id = fields.get("call_id")
+            if isinstance(call_id, str):
+                if len(self._calls) >= _MAX_OPEN_CALLS:
+                    self._calls.pop(next(iter(self._calls)))
+                self._calls[call_id] = name
+            return Movement(kind, at, name=name, detail=_text(fields.get("summary")))
+        if kind == "tool.end":
+            call_id = fields.get("call_id")
+            name = self._calls.pop(call_id, None) if isinstance(call_id, str) else None
+            return Movement(
+                kind,
+                at,
+                name=name,
+                ok=fields.get("ok") is not False,
+                duration_s=duration_field(fields.get("duration_s")),
+            )
+        if kind == "text":
+            text = _text(fields.get("text"))
+            return None if text is None else Movement(kind, at, detail=text)
+        if kind == "usage":
+            tokens_in = count_field(fields.get("input_tokens")) or 0
+            tokens_out = count_field(fields.get("output_tokens")) or 0
+            before = self._tokens or (0, 0)
+            self._tokens = (before[0] + tokens_in, before[1] + tokens_out)
+            return None
+        return None
+
+    def summary(self, now: datetime, no_output_after_s: float) -> ActivitySummary:
+        state, since, valid_until = self._state(now, no_output_after_s)
+        return ActivitySummary(
+            state=state,
+            last_movement=self._recent[0] if self._recent else None,
+            turn_started_at=self._turn_started_at,
+            tokens_in=self._tokens[0] if self._tokens else None,
+            tokens_out=self._tokens[1] if self._tokens else None,
+            recent=tuple(self._recent),
+            skipped_lines=self.skipped_lines,
+            state_valid_until=valid_until,
+            last_event_at=self._last_event_at,
+            state_since=since,
+        )
+
+    def _state(
+        self, now: datetime, no_output_after_s: float
+    ) -> tuple[AgentState, datetime | None, datetime | None]:
+        if self._exited_at is not None:
+            return "exited", self._exited_at, None
+        if self._waiting_since is not None:
+            return "waiting", self._waiting_since, None
+        if self._turn_started_at is not None and self._turn_ended_at is None:
+            last = self._last_event_at or self._turn_started_at
+            silent_from = last + timedelta(seconds=no_output_after_s)
+            if now >= silent_from:
+                return "no output", silent_from, None
+            return "running", self._turn_started_at, silent_from
+        if self._turn_ended_at is not None:
+            return "idle", self._turn_ended_at, None
+        return "unknown", None, None

@@ -1,0 +1,56 @@
+"""The legacy card format: a `{title, lines, footer}` JSON frame read as Markdown.
+
+The older Telegram renderer contract printed this JSON object instead of Markdown. Reading it
+is part of reading the card format (what the body file means), so it lives with the monitor
+that reads that file; anything that is not exactly such a frame is shown verbatim.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from producers.task_card.contract import parse_json
+
+
+def _escape_markdown(text: str) -> str:
+    """Show legacy plain-text fields literally inside Markdown."""
+    for char in ("\\", "`", "*", "_", "[", "]"):
+        text = text.replace(char, "\\" + char)
+    return text
+
+
+def legacy_json_to_markdown(text: str) -> str | None:
+    """A `{title, lines, footer}` renderer frame as Markdown, or None when `text` is not one.
+
+    Shown as a card: the title in bold, the lines as they are, the footer in italics.
+    """
+    stripped = text.strip()
+    if not stripped.startswith("{"):
+        return None
+    data: Any = parse_json(stripped)
+    if not isinstance(data, dict) or not data or not set(data) <= {"title", "lines", "footer"}:
+        return None
+    title, lines, footer = data.get("title"), data.get("lines"), data.get("footer")
+    if title is not None and not isinstance(title, str):
+        return None
+    if footer is not None and not isinstance(footer, str):
+        return None
+    if lines is not None and not (
+        isinstance(lines, list) and all(isinstance(line, str) for line in lines)
+    ):
+        return None
+    parts: list[str] = []
+    if title and title.strip():
+        parts.append(f"**{_escape_markdown(title.strip())}**")
+    parts.extend(_escape_markdown(line) for line in lines or [])
+    if footer and footer.strip():
+        parts.append(f"_{_escape_markdown(footer.strip())}_")
+    if not any(part.strip() for part in parts):
+        return None
+    return "\n".join(parts)
+
+
+def body_markdown(raw: bytes) -> str:
+    """The body bytes as Markdown: the legacy JSON frame converted, anything else verbatim."""
+    text = raw.decode("utf-8", errors="replace")
+    return legacy_json_to_markdown(text) or text

@@ -1,0 +1,203 @@
+"""`/taskcard` handling as tables: what people type, what it does to the chat's preferences,
+and how the service dispatches it (replies, hidden cards, suppressed notices, who may ask).
+
+The platform parsers (Telegram's `parse_command`, Feishu's `command_args`) have their own
+tables in tests/channels; here the service's side runs a real `Service` over a recording
+channel, calling the command sink a channel calls."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from bridge.config import parse_config
+from bridge.deliver.registry import BuiltChannel, RouteSpec
+from bridge.run.commands import TaskcardCommand, apply_to_prefs, parse_taskcard
+from bridge.run.service import Service
+from bridge.schedule.scheduler import RouteKey
+from bridge.store.sqlite import ChatPrefs, SqliteStore
+from channels.base import (
+    CardView,
+    Channel,
+    ChatRef,
+    CommandSink,
+    IncomingCommand,
+    Operation,
+    Outgoing,
+    RateScope,
+)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ("", TaskcardCommand("state")),
+        ("   ", TaskcardCommand("state")),
+        ("status", TaskcardCommand("state")),
+        ("STATE", TaskcardCommand("state")),
+        ("off", TaskcardCommand("off")),
+        (" Off ", TaskcardCommand("off")),
+        ("on", TaskcardCommand("on")),
+        ("1", TaskcardCommand("rows", 1)),
+        ("10", TaskcardCommand("rows", 10)),
+        ("05", TaskcardCommand("rows", 5)),
+        ("0", TaskcardCommand("unknown")),
+        ("11", TaskcardCommand("unknown")),
+        ("100", TaskcardCommand("unknown")),
+        ("-3", TaskcardCommand("unknown")),
+        ("3.5", TaskcardCommand("unknown")),
+        ("on off", TaskcardCommand("unknown")),
+        ('<at user_id="all">', TaskcardCommand("unknown")),
+        ("٣", TaskcardCommand("unknown")),  # a digit, but not an ASCII one
+    ],
+)
+def test_parse_taskcard(args: str, expected: TaskcardCommand) -> None:
+    assert parse_taskcard(args) == expected
+
+
+@pytest.mark.parametrize(
+    ("command", "before", "after"),
+    [
+        (TaskcardCommand("off"), ChatPrefs(), ChatPrefs(hidden=True)),
+        (TaskcardCommand("off"), ChatPrefs(activity_rows=4), ChatPrefs(True, 4)),
+        (TaskcardCommand("on"), ChatPrefs(True, 4), ChatPrefs(False, 4)),
+        (TaskcardCommand("rows", 7), ChatPrefs(True, 4), ChatPrefs(True, 7)),
+        (TaskcardCommand("state"), ChatPrefs(True, 4), ChatPrefs(True, 4)),
+        (TaskcardCommand("unknown"), ChatPrefs(True, 4), ChatPrefs(True, 4)),
+    ],
+)
+def test_what_a_command_does_to_the_preferences(
+    command: TaskcardCommand, before: ChatPrefs, after: ChatPrefs
+) -> None:
+    assert apply_to_prefs(command, before) == after
+
+
+class RecordingChannel(Channel):
+    """Accepts every request and keeps what was sent, by chat."""
+
+    name = "rec"
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[ChatRef, str]] = []
+
+    async def start(self, on_command: CommandSink) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    def render_card(self, view: CardView) -> Outgoing:
+        return Outgoing.build(f"card {view.agent_id} hidden={view.hidden}", {})
+
+    def render_text(self, text: str) -> Outgoing:
+        return Outgoing.build(text, {})
+
+    def rate_scopes(
+        self, chat: ChatRef, operation: Operation, message_id: str | None
+    ) -> tuple[RateScope, ...]:
+        return ()
+
+    async def send(
+        self, chat: ChatRef, message: Outgoing, *, idempotency_key: str | None = None
+    ) -> str:
+        self.sent.append((chat, message.text))
+        return str(len(self.sent))
+
+    async def edit(self, chat: ChatRef, message_id: str, message: Outgoing) -> None:
+        self.sent.append((chat, message.text))
+
+    async def delete(self, chat: ChatRef, message_id: str) -> None:
+        return None
+
+    async def pin(self, chat: ChatRef, message_id: str) -> None:
+        return None
+
+
+GROUP = ChatRef("-100")
+STRANGER_CHAT = ChatRef("-999")
+
+
+class Running:
+    """A real service over the recording channel, started on the test's loop."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        (tmp_path / "agent").mkdir()
+        config = parse_config(
+            {"agents": [{"id": "a", "workdir": "agent"}], "state_dir": "state"}, base_dir=tmp_path
+        )
+        self.channel = RecordingChannel()
+        self.store = SqliteStore.in_dir(tmp_path / "state")
+        route = RouteSpec("rec", GROUP, ("a",), allowed_user_ids=frozenset({"7"}))
+        built = {"rec": BuiltChannel(self.channel, (route,), ())}
+        self.service = Service(config, built, self.store)
+        self.key = RouteKey("rec", GROUP, "a")
+        self.stop = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+    async def command(self, args: str, *, user: str = "7", chat: ChatRef = GROUP) -> None:
+        await self.service._on_command("rec", IncomingCommand(chat, args, user_id=user))
+
+    async def replies(self, count: int) -> list[str]:
+        deadline = time.monotonic() + 30
+        while len(self.channel.sent) < count:
+            assert time.monotonic() < deadline, f"only {self.channel.sent}"
+            await asyncio.sleep(0.01)
+        return [text for _, text in self.channel.sent]
+
+
+@pytest.fixture
+async def running(tmp_path: Path) -> AsyncIterator[Running]:
+    service = Running(tmp_path)
+    service.task = asyncio.create_task(service.service.run(service.stop))
+    await asyncio.wait_for(service.service.started.wait(), timeout=30)
+    yield service
+    service.stop.set()
+    await asyncio.wait_for(service.task, timeout=60)
+    service.store.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "reply", "prefs"),
+    [
+        ("", "Task cards here: shown, 3 activity rows.", ChatPrefs()),
+        ("off", "Task cards hidden here. /taskcard on shows them again.", ChatPrefs(True)),
+        ("on", "Task cards shown here.", ChatPrefs(False)),
+        ("4", "Task cards here now show 4 activity rows.", ChatPrefs(False, 4)),
+        ("dance <b>", "Unknown option. /taskcard: show the state here", ChatPrefs()),
+    ],
+)
+async def test_a_command_is_answered_and_remembered(
+    running: Running, args: str, reply: str, prefs: ChatPrefs
+) -> None:
+    await running.command(args)
+    (text,) = await running.replies(1)
+    assert text.startswith(reply)
+    assert "dance" not in text and "<b>" not in text  # never echoed
+    assert running.store.prefs(running.key.chat_scope) == prefs
+
+
+async def test_off_suppresses_the_notices_still_owed(running: Running) -> None:
+    running.store.add_notice(running.key.store_key, "n1", "an old notice", "pending")
+    await running.command("off")
+    await running.replies(1)
+    assert running.store.pending_notices() == []
+    assert running.store.notice_counts() == {"suppressed": 1}
+
+
+@pytest.mark.parametrize(
+    ("user", "chat"),
+    [("8", GROUP), (None, GROUP), ("7", STRANGER_CHAT)],
+    ids=["user not allowed", "anonymous", "unrouted chat"],
+)
+async def test_commands_from_others_are_ignored(
+    running: Running, user: str | None, chat: ChatRef
+) -> None:
+    await running.service._on_command("rec", IncomingCommand(chat, "off", user_id=user))
+    await running.command("")  # an allowed command after it, to know the lane has run
+    (text,) = await running.replies(1)
+    assert "shown" in text  # the ignored `off` changed nothing and got no reply
+    assert running.store.prefs(running.key.chat_scope) == ChatPrefs()

@@ -1,0 +1,208 @@
+"""The notice outbox alone: what is recorded in which state, what a lane gets, and outcomes.
+
+The scheduler tests and the e2e flood and restart tests show the same through a platform; here
+each step of a notice's life is checked against the real store, with time injected."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bridge.notices.outbox import NoticeOutbox, QueuedNotice
+from bridge.schedule.routes import LaneKey, RouteKey
+from bridge.store.sqlite import SqliteStore
+from channels.base import CardView, Channel, ChatRef, CommandSink, Operation, Outgoing, RateScope
+from producers.task_card.contract import SOURCE_ERROR, Notification
+
+GROUP = ChatRef("-100", "7")
+KEY = RouteKey("rec", GROUP, "a")
+LANE = LaneKey("rec", "-100")
+
+
+class TextOnly(Channel):
+    """Renders texts; the outbox never sends, so requests are not expected."""
+
+    name = "rec"
+
+    async def start(self, on_command: CommandSink) -> None: ...
+    async def stop(self) -> None: ...
+    def render_card(self, view: CardView) -> Outgoing:
+        raise AssertionError("the outbox renders no card")
+
+    def render_text(self, text: str) -> Outgoing:
+        return Outgoing.build(text, {})
+
+    def rate_scopes(
+        self, chat: ChatRef, operation: Operation, message_id: str | None
+    ) -> tuple[RateScope, ...]:
+        return ()
+
+    async def send(
+        self, chat: ChatRef, message: Outgoing, *, idempotency_key: str | None = None
+    ) -> str:
+        raise AssertionError("the outbox sends nothing itself")
+
+    async def edit(self, chat: ChatRef, message_id: str, message: Outgoing) -> None: ...
+    async def delete(self, chat: ChatRef, message_id: str) -> None: ...
+    async def pin(self, chat: ChatRef, message_id: str) -> None: ...
+
+
+def error(notice_id: str, code: str = "renderer_timeout") -> Notification:
+    return Notification(
+        id=notice_id,
+        source=SOURCE_ERROR,
+        ref_id="tc_1",
+        priority="high",
+        header="ignored header",
+        body="ignored body with token=abc",
+        extra={"state": "error", "code": code},
+        at=None,
+    )
+
+
+class Clock:
+    now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SqliteStore]:
+    opened = SqliteStore.in_dir(tmp_path)
+    yield opened
+    opened.close()
+
+
+def make(store: SqliteStore, *, quiet: bool = False, per_minute: int = 5) -> NoticeOutbox:
+    outbox = NoticeOutbox(
+        store,
+        {"rec": TextOnly()},
+        render=lambda channel, text: channel.render_text(text),
+        scrub=lambda text: text.replace("secret", "[redacted]"),
+        max_per_minute=per_minute,
+        quiet=lambda key: quiet,
+        clock=Clock(),
+    )
+    outbox.add_route(KEY)
+    return outbox
+
+
+def test_a_notice_is_recorded_and_queued_once_the_channel_is_ready(store: SqliteStore) -> None:
+    outbox = make(store)
+    woken: list[LaneKey] = []
+    outbox.on_queued = woken.append
+    outbox.notify([KEY], "a", error("n1"))
+    assert [p.notice_id for p in store.pending_notices()] == ["n1"]
+    assert outbox.next_due(LANE, 0.0) is None  # the channel is not ready yet
+    outbox.channel_ready("rec")
+    item = outbox.next_due(LANE, 0.0)
+    assert item is not None and item.ref.notice_id == "n1" and woken == [LANE]
+    assert "task card error" in item.message.text and "ignored" not in item.message.text
+    assert item.ref.idempotency_key == "rec:-100:7:a:n1"
+
+
+def test_the_same_notification_is_never_recorded_twice(store: SqliteStore) -> None:
+    outbox = make(store)
+    outbox.channel_ready("rec")
+    outbox.notify([KEY], "a", error("n1"))
+    outbox.notify([KEY], "a", error("n1"))
+    assert outbox.depth(LANE) == 1
+
+
+def test_a_quiet_route_records_its_notices_as_suppressed(store: SqliteStore) -> None:
+    outbox = make(store, quiet=True)
+    outbox.channel_ready("rec")
+    outbox.notify([KEY], "a", error("n1"))
+    assert store.notice_counts() == {"suppressed": 1}
+    assert outbox.idle()
+
+
+def test_notices_over_the_cap_are_folded_into_one_summary(store: SqliteStore) -> None:
+    outbox = make(store, per_minute=2)
+    outbox.channel_ready("rec")
+    for index in range(5):
+        outbox.notify([KEY], "a", error(f"n{index}"))
+    assert store.notice_counts() == {"pending": 2, "folded": 3}
+    assert outbox.depth(LANE) == 2
+
+
+def test_an_outcome_is_recorded(store: SqliteStore) -> None:
+    outbox = make(store)
+    outbox.channel_ready("rec")
+    outbox.notify([KEY], "a", error("n1"))
+    outbox.notify([KEY], "a", error("n2", code="renderer_crashed"))
+    first = outbox.next_due(LANE, 0.0)
+    assert first is not None
+    outbox.take(first)
+    outbox.done(first, "delivered")
+    second = outbox.next_due(LANE, 0.0)
+    assert second is not None
+    outbox.take(second)
+    outbox.done(second, "failed")
+    assert store.notice_counts() == {"delivered": 1, "failed": 1}
+    assert outbox.idle()
+
+
+def test_a_notice_put_back_keeps_its_place_or_waits_its_backoff(store: SqliteStore) -> None:
+    outbox = make(store)
+    outbox.channel_ready("rec")
+    outbox.notify([KEY], "a", error("n1"))
+    outbox.notify([KEY], "a", error("n2", code="renderer_crashed"))
+    first = outbox.next_due(LANE, 0.0)
+    assert isinstance(first, QueuedNotice)
+    outbox.take(first)
+    outbox.put_back(first, front=True)  # rate limited: still first
+    assert outbox.next_due(LANE, 0.0) is first
+    outbox.take(first)
+    first.retry_at = 10.0
+    outbox.put_back(first, front=False)  # failing for now: behind, and not before 10
+    second = outbox.next_due(LANE, 0.0)
+    assert second is not None and second.ref.notice_id == "n2"
+    assert outbox.retry_times(LANE) == [0.0, 10.0]
+
+
+def test_suppressing_withdraws_queued_and_in_flight_notices(store: SqliteStore) -> None:
+    outbox = make(store)
+    outbox.channel_ready("rec")
+    outbox.notify([KEY], "a", error("n1"))
+    outbox.notify([KEY], "a", error("n2", code="renderer_crashed"))
+    in_flight = outbox.next_due(LANE, 0.0)
+    assert in_flight is not None
+    outbox.take(in_flight)
+    outbox.suppress([KEY])
+    assert outbox.idle()
+    assert outbox.wanted(in_flight) is False  # the lane drops it after its wait
+    assert store.notice_counts() == {"suppressed": 2}
+
+
+def test_a_restart_queues_what_was_left_pending(store: SqliteStore) -> None:
+    store.add_notice(KEY.store_key, "old", "left over from the last run", "pending")
+    store.add_notice("rec:-100:7:someone-else", "x", "not our route", "pending")
+    outbox = make(store)
+    outbox.channel_ready("rec")
+    item = outbox.next_due(LANE, 0.0)
+    assert item is not None and item.message.text == "left over from the last run"
+    assert outbox.depth(LANE) == 1
+
+
+def test_a_full_lane_defers_to_the_store_and_refills(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import bridge.notices.outbox
+
+    monkeypatch.setattr(bridge.notices.outbox, "MAX_QUEUED", 2)
+    outbox = make(store, per_minute=60)
+    outbox.channel_ready("rec")
+    for index in range(4):
+        outbox.notify([KEY], "a", error(f"n{index}", code=f"c{index}"))
+    assert outbox.depth(LANE) == 2
+    assert len(store.pending_notices()) == 4
+    for _ in range(4):
+        item = outbox.next_due(LANE, 0.0)
+        assert item is not None
+        outbox.take(item)
+        outbox.done(item, "delivered")
+    assert store.pending_notices() == []

@@ -1,0 +1,112 @@
+"""Feishu's command parsing as tables: message text, mentions and event documents in, the
+`/taskcard` command (or nothing) out. The transport paths (webhook, long connection) are
+tested against the fake in test_feishu_events.py."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from channels.base import ChatRef, IncomingCommand
+from channels.feishu.events import bot_mention_key, command_args, command_from_event
+
+BOT = "ou_bot"
+
+
+@pytest.mark.parametrize(
+    ("text", "mention_key", "expected"),
+    [
+        ("/taskcard", None, ""),
+        ("/taskcard off", None, "off"),
+        ("  /taskcard   3  ", None, "3"),
+        ("/taskcard@bot on", None, "on"),
+        ("@_user_1 /taskcard off", "@_user_1", "off"),
+        ("/taskcard @_user_1 off", "@_user_1", "off"),
+        ("@_user_12 /taskcard off", "@_user_1", None),  # another user's mention stays
+        ("@_user_2 /taskcard off", "@_user_1", None),  # addressed to someone else
+        ("/taskcards", None, None),
+        ("taskcard off", None, None),
+        ("please /taskcard off", None, None),
+        ("", None, None),
+        ("@_user_1", "@_user_1", None),
+    ],
+)
+def test_command_args(text: str, mention_key: str | None, expected: str | None) -> None:
+    assert command_args(text, mention_key) == expected
+
+
+def mention(key: str, open_id: str) -> dict[str, Any]:
+    return {"key": key, "id": {"open_id": open_id}, "name": "someone"}
+
+
+@pytest.mark.parametrize(
+    ("mentions", "bot_open_id", "expected"),
+    [
+        ([mention("@_user_1", BOT)], BOT, "@_user_1"),
+        ([mention("@_user_1", "ou_alice"), mention("@_user_2", BOT)], BOT, "@_user_2"),
+        ([mention("@_user_1", "ou_alice")], BOT, None),
+        ([mention("@_user_1", "ou_alice")], None, "@_user_1"),  # bot unknown: any user
+        ([mention("@_all", "")], None, None),  # not a user mention
+        ("not a list", BOT, None),
+        ([None, 3, {"key": 5}], BOT, None),
+        (None, BOT, None),
+    ],
+)
+def test_bot_mention_key(mentions: object, bot_open_id: str | None, expected: str | None) -> None:
+    assert bot_mention_key(mentions, bot_open_id) == expected
+
+
+def event(
+    text: object,
+    *,
+    chat_type: str = "group",
+    mentions: object = None,
+    message_type: str = "text",
+    event_type: str = "im.message.receive_v1",
+    sender: object = None,
+) -> dict[str, Any]:
+    content = json.dumps({"text": text}) if not isinstance(text, bytes) else text.decode()
+    return {
+        "schema": "2.0",
+        "header": {"event_id": "e1", "event_type": event_type},
+        "event": {
+            "sender": {"sender_id": {"open_id": "ou_alice"}} if sender is None else sender,
+            "message": {
+                "message_id": "om_1",
+                "chat_id": "oc_group",
+                "chat_type": chat_type,
+                "message_type": message_type,
+                "content": content,
+                "mentions": [mention("@_user_1", BOT)] if mentions is None else mentions,
+            },
+        },
+    }
+
+
+def command(args: str, user: str | None = "ou_alice") -> IncomingCommand:
+    return IncomingCommand(chat=ChatRef("oc_group"), args=args, user_id=user, message_id="om_1")
+
+
+@pytest.mark.parametrize(
+    ("document", "expected"),
+    [
+        (event("@_user_1 /taskcard off"), command("off")),
+        (event("@_user_1 /taskcard"), command("")),
+        (event("/taskcard off", mentions=[]), None),  # a group needs the bot's mention
+        (event("/taskcard off", mentions=[], chat_type="p2p"), command("off")),
+        (event("/taskcard off", mentions=[], chat_type="topic_group"), None),
+        (event("@_user_1 hello"), None),
+        (event("@_user_1 /taskcard off", message_type="image"), None),
+        (event("@_user_1 /taskcard off", event_type="im.chat.member.bot.added_v1"), None),
+        (event(["not", "text"]), None),
+        (event(b"{not json"), None),
+        (event("@_user_1 /taskcard 2", sender="nobody"), command("2", user=None)),
+        ({"header": "not an object"}, None),
+        ({"header": {"event_type": "im.message.receive_v1"}, "event": []}, None),
+        ({}, None),
+    ],
+)
+def test_command_from_event(document: dict[str, Any], expected: IncomingCommand | None) -> None:
+    assert command_from_event(document, BOT) == expected
