@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test check lint typecheck bench clean
+.PHONY: install run test check lint typecheck bench clean redis-server
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -20,7 +20,11 @@ run: $(STAMP)
 	$(BIN)/taskcard serve
 
 ## The whole test suite plus lint, format and type checks (what CI runs).
-test: check
+test: redis-server check
+
+## The cluster tests start their own Redis on loopback; install Debian's server when missing.
+redis-server:
+	command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
 
 check: $(STAMP)
 	$(BIN)/ruff check .

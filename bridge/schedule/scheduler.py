@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from bridge.schedule.ratelimit import DEFAULT_MAX_PAUSE_S, RateLimiter, Reservation
+from bridge.schedule.ratelimit import DEFAULT_MAX_PAUSE_S, Admission, Limiter, RateLimiter
 from bridge.store.sqlite import StateStore
 from channels.base import Channel, ChatRef, Operation, Outgoing
 from channels.errors import (
@@ -161,13 +161,15 @@ class RouteScheduler:
         wall_clock: Callable[[], float] = time.time,
         max_backoff_s: float = 60.0,
         max_pause_s: float = DEFAULT_MAX_PAUSE_S,
+        limiter: Limiter | None = None,
     ) -> None:
         self._channels = channels
         self._store = store
         self._clock = clock
         self._wall = wall_clock
         self._max_backoff_s = max_backoff_s
-        self._limiter = RateLimiter(clock, max_pause_s=max_pause_s)
+        # Shared by several instances when clustered; in memory otherwise.
+        self._limiter = limiter or RateLimiter(clock, max_pause_s=max_pause_s)
         self._residents: dict[RouteKey, _Resident] = {}
         self._lanes: dict[tuple[str, str], _Lane] = {}
         self._closing = asyncio.Event()
@@ -270,6 +272,7 @@ class RouteScheduler:
             for task in still_running:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+        await self._limiter.close()
 
     # Work --------------------------------------------------------------------------------
 
@@ -452,16 +455,16 @@ class RouteScheduler:
 
     async def _admit(
         self, channel: Channel, chat: ChatRef, op: Operation, mid: str | None
-    ) -> Reservation | None:
+    ) -> Admission | None:
         """Wait until every scope of the request has room; None when closing."""
         scopes = channel.rate_scopes(chat, op, mid)
         while True:
             if self._closing.is_set():
                 return None
-            wait_s = self._limiter.wait_s(scopes)
-            if wait_s <= 0:
-                return self._limiter.reserve(scopes)
-            await self._wait(None, wait_s)
+            admitted = await self._limiter.acquire(scopes)
+            if isinstance(admitted, Admission):
+                return admitted
+            await self._wait(None, admitted)
 
     def _rate_limited(self, error: RateLimited, where: str) -> None:
         applied = self._limiter.pause(error.scope, error.retry_after_s)

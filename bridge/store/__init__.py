@@ -1,6 +1,7 @@
 """Store: the service's durable state (resident ids, preferences, notices, offsets, pauses).
 
-`StateStore` is the interface; `SqliteStore` the embedded default (one file, WAL).
+`StateStore` (in `base`) is the interface; `SqliteStore` the embedded default (one file, WAL);
+`RedisStore` the shared one for several instances (`[cluster]`).
 
-May import: the standard library only.
+May import: the standard library and redis only.
 """
