@@ -41,6 +41,7 @@ from bridge.notices.text import (
     summary_text,
 )
 from bridge.observe.metrics import ServiceSnapshot
+from bridge.schedule.ratelimit import Limiter
 from bridge.schedule.scheduler import RouteKey, RouteScheduler
 from bridge.store.sqlite import ChatPrefs, NoticeState, SeenChat, StateStore
 from bridge.track.ledger import LedgerView, ledger_row
@@ -110,14 +111,18 @@ class Service:
         store: StateStore,
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        limiter: Limiter | None = None,
+        clustered: bool = False,
     ) -> None:
         self._config = config
         self._channels: dict[str, Channel] = {n: b.channel for n, b in channels.items()}
         self._store = store
         self._clock = clock
         self._scheduler = RouteScheduler(
-            self._channels, store, max_pause_s=config.limits.max_pause_s
+            self._channels, store, max_pause_s=config.limits.max_pause_s, limiter=limiter
         )
+        # Clustered: only agents whose lease this instance holds (`take_agent`); else all.
+        self._owned: set[str] | None = set() if clustered else None
         # Every outgoing text loses the exact values of the configured secrets, not only logs.
         self._redact = Redactor(secret for b in channels.values() for secret in b.secrets)
         self._routes: list[Route] = []
@@ -174,7 +179,8 @@ class Service:
         """
         await self._scheduler.start()
         for route in self._routes:
-            self._scheduler.add_route(route.key, pin=route.pin)
+            if self._serves(route.key.agent_id):
+                self._scheduler.add_route(route.key, pin=route.pin)
         self._running = True
         self.started.set()
         starters = [
@@ -246,6 +252,34 @@ class Service:
             if route.key.channel == name:
                 self._project_route(route)
 
+    # Ownership (clustered) ---------------------------------------------------------------
+
+    def _serves(self, agent_id: str) -> bool:
+        return self._owned is None or agent_id in self._owned
+
+    def take_agent(self, agent_id: str) -> None:
+        """Serve this agent here from now on (its lease was gained): its routes start from
+        the shared store, so the resident another instance posted is edited, not doubled."""
+        if self._owned is None or agent_id in self._owned:
+            return
+        self._owned.add(agent_id)
+        routes = self._routes_by_agent.get(agent_id, [])
+        for route in routes:
+            self._scheduler.add_route(route.key, pin=route.pin)
+        self._refresh(agent_id)
+        for route in routes:
+            if route.key.channel in self._ready_channels:
+                self._resend_pending_notices(route.key.channel, route.key)
+            self._project_route(route)
+
+    def drop_agent(self, agent_id: str) -> None:
+        """Stop serving this agent (another instance holds its lease now)."""
+        if self._owned is None or agent_id not in self._owned:
+            return
+        self._owned.discard(agent_id)
+        for route in self._routes_by_agent.get(agent_id, []):
+            self._scheduler.remove_route(route.key)
+
     # Watching ----------------------------------------------------------------------------
 
     async def _watch_loop(self) -> None:
@@ -271,8 +305,8 @@ class Service:
 
     def _refresh(self, agent_id: str) -> None:
         monitor = self._monitors.get(agent_id)
-        if monitor is None:
-            return
+        if monitor is None or not self._serves(agent_id):
+            return  # another instance reads it (and moves its shared offsets)
         result: AgentRefresh | None = None
         with self._guard(agent_id, "reading its files"):
             try:
@@ -353,6 +387,8 @@ class Service:
     def _project_route(self, route: Route) -> None:
         monitor = self._monitors.get(route.key.agent_id)
         if monitor is None or route.key.channel not in self._ready_channels:
+            return
+        if not self._serves(route.key.agent_id):
             return
         channel = self._channels[route.key.channel]
         prefs = self._chat_prefs(route.key.chat_scope)
@@ -451,8 +487,14 @@ class Service:
             key.channel, key.chat, self._render_text(channel, text), notice=(str(key), notice_id)
         )
 
-    def _resend_pending_notices(self, channel: str) -> None:
-        routes = {str(r.key): r.key for r in self._routes if r.key.channel == channel}
+    def _resend_pending_notices(self, channel: str, only: RouteKey | None = None) -> None:
+        routes = {
+            str(r.key): r.key
+            for r in self._routes
+            if r.key.channel == channel
+            and self._serves(r.key.agent_id)
+            and (only is None or r.key == only)
+        }
         for pending in self._store.pending_notices():
             key = routes.get(pending.route)
             if key is not None:
@@ -519,6 +561,8 @@ class Service:
             self._prefs[scope] = prefs
             for route in allowed:
                 self._project_route(route)
+        if not command.reply:
+            return  # clustered: another instance that routes this chat answers
         channel = self._channels[channel_name]
         self._scheduler.send_text(channel_name, reply_chat, self._render_text(channel, reply))
 

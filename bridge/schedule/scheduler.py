@@ -207,15 +207,25 @@ class RouteScheduler:
                 scopes = channel.rate_scopes(key.chat, "edit", record.message_id)
                 self._limiter.seed(scopes, self._clock() - age_s)
 
+    def remove_route(self, key: RouteKey) -> None:
+        """Stop serving a route here (another instance serves its agent now); what the store
+        holds stays for whoever serves it, and `add_route` brings it back."""
+        self._residents.pop(key, None)
+        lane = self._lanes.get((key.channel, key.chat.chat_id))
+        if lane is not None and key in lane.routes:
+            lane.routes.remove(key)
+
     def has_message(self, key: RouteKey) -> bool:
-        return self._residents[key].message_id is not None
+        resident = self._residents.get(key)
+        return resident is not None and resident.message_id is not None
 
     def disabled_reason(self, key: RouteKey) -> str | None:
-        return self._residents[key].disabled
+        resident = self._residents.get(key)
+        return None if resident is None else resident.disabled
 
     def enable(self, key: RouteKey) -> None:
-        resident = self._residents[key]
-        if resident.disabled is not None:
+        resident = self._residents.get(key)
+        if resident is not None and resident.disabled is not None:
             resident.disabled = None
             self._store.set_disabled(str(key), None)
             self._enqueue(resident)
@@ -278,7 +288,9 @@ class RouteScheduler:
 
     def submit(self, key: RouteKey, message: Outgoing) -> None:
         """Make `message` the latest desired content of the route's resident message."""
-        resident = self._residents[key]
+        resident = self._residents.get(key)
+        if resident is None:
+            return  # not served here (see remove_route)
         resident.desired = message
         if resident.pending:
             self._enqueue(resident)
@@ -374,7 +386,8 @@ class RouteScheduler:
                 await self._deliver_route(key)
             finally:
                 lane.route_in_flight = None
-                if self._residents[key].pending and key not in lane.routes:
+                resident = self._residents.get(key)  # removed meanwhile: not served here
+                if resident is not None and resident.pending and key not in lane.routes:
                     lane.routes.append(key)
             lane.backoff_s = 0.0
             return

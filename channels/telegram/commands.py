@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from telegram import Bot, Update
 from telegram import error as tg
 
-from channels.base import ChatRef, CommandSink, CursorStore, IncomingCommand
+from channels.base import ChatRef, CommandSink, CursorStore, IncomingCommand, PollGate
 from channels.telegram.request import FloodWait
 
 OFFSET_CURSOR_KEY = "telegram:update_offset"
@@ -85,6 +85,7 @@ class CommandPoller:
         sink: CommandSink,
         poll_timeout_s: int,
         backoff: PollBackoff = PollBackoff(),
+        gate: PollGate | None = None,
     ) -> None:
         self._bot = bot
         self._username = bot_username
@@ -92,6 +93,7 @@ class CommandPoller:
         self._sink = sink
         self._poll_timeout_s = poll_timeout_s
         self._backoff = backoff
+        self._gate = gate
 
     def _stored_offset(self) -> int | None:
         raw = self._cursor.get_cursor(OFFSET_CURSOR_KEY)
@@ -108,6 +110,9 @@ class CommandPoller:
         offset = self._stored_offset()
         failures = 0
         while True:
+            if self._gate is not None and await self._gate.wait_turn():
+                # Another instance polled meanwhile: go on from what it committed.
+                offset = self._stored_offset()
             try:
                 updates = await self._bot.get_updates(
                     offset=offset,
