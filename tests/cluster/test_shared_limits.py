@@ -26,9 +26,7 @@ async def client(redis_url: str) -> AsyncIterator[Redis]:
 
 def limiters(client: Redis, count: int, max_pause_s: float = 3600) -> list[RedisLimiter]:
     prefix = f"t-{uuid.uuid4().hex}"
-    return [
-        RedisLimiter(client, prefix, f"i{n}", max_pause_s=max_pause_s) for n in range(count)
-    ]
+    return [RedisLimiter(client, prefix, f"i{n}", max_pause_s=max_pause_s) for n in range(count)]
 
 
 async def test_racing_instances_never_exceed_the_window(client: Redis) -> None:

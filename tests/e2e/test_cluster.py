@@ -239,3 +239,46 @@ def test_an_unreachable_redis_at_start_is_one_line_and_exit_2(tmp_path: Path) ->
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot reach the Redis of [cluster]" in lines[0], lines
+
+
+async def test_feishu_a_command_delivered_to_one_instance_reaches_all_answered_once(
+    tmp_path: Path, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    from tests.e2e.test_serve_feishu import CHAT, ENCRYPT, VERIFY, Setup, card_texts
+    from tests.fakes.feishu_api import FakeFeishu
+
+    async with FakeFeishu() as fake:
+        setups = []
+        for name in ("i0", "i1"):
+            folder = tmp_path / name
+            folder.mkdir()
+            setup = Setup(folder, fake, [f"{name}agent"])
+            cluster = (
+                f'[cluster]\nredis_url_env = "TC_REDIS_URL"\ninstance = "{name}"\n'
+                f'key_prefix = "{prefix}"\nlease_ttl_s = 2\n'
+            )
+            setup.config.write_text(setup.config.read_text() + cluster)
+            setup.env["TC_REDIS_URL"] = redis_url
+            fleet.enter_context(setup.serve())
+            publish(folder / "agents" / f"{name}agent", f"card of {name}")
+            setups.append(setup)
+        await eventually(lambda: len(card_texts(fake)) == 2, timeout_s=60, what="two cards")
+        event = fake.command_event(CHAT, "/taskcard off", verification_token=VERIFY)
+        # Feishu delivers to one endpoint: i1 learns of the command through Redis only.
+        answer = await fake.deliver_event(setups[0].url, event, encrypt_key=ENCRYPT)
+        assert answer.status == 200
+        await eventually(
+            lambda: sum("hidden" in t.lower() for t in card_texts(fake)) == 2,
+            timeout_s=30,
+            what="both instances' cards hidden",
+        )
+        await eventually(lambda: replies_in(fake.texts(CHAT)), what="the reply")
+        # A redelivery of the same event to the other instance is not a second command.
+        answer = await fake.deliver_event(setups[1].url, event, encrypt_key=ENCRYPT)
+        assert answer.status == 200
+        await _sleep(2.0)  # a second answer would have arrived by now
+        assert replies_in(fake.texts(CHAT)) == 1
+
+
+def replies_in(texts: list[str]) -> int:
+    return sum(HIDDEN_REPLY in t for t in texts)
