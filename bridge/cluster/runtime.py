@@ -38,6 +38,27 @@ def _scrub(text: str, url: str) -> str:
     return text.replace(password, "<password>") if password else text
 
 
+def probe(url: str) -> None:
+    """Raise `ClusterUnreachable` unless the Redis at `url` answers a PING within seconds."""
+    client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
+    try:
+        client.ping()
+    except redis.RedisError as error:
+        reason = _scrub(f"{type(error).__name__}: {error}", url)
+        raise ClusterUnreachable(
+            f"cannot reach the Redis of [cluster] ({reason}); start Redis or fix"
+            " cluster.redis_url_env / cluster.redis_url"
+        ) from None
+    finally:
+        client.close()
+
+
+def shared_store(config: ClusterConfig, url: str) -> RedisStore:
+    """The cluster's state store alone (for `taskcard status`), after a probe."""
+    probe(url)
+    return RedisStore(connect(url), config.key_prefix)
+
+
 class Cluster:
     """The clients, store, limiter and leases of this instance."""
 
@@ -58,17 +79,7 @@ class Cluster:
 
     @classmethod
     def connect(cls, config: ClusterConfig, url: str) -> Cluster:
-        probe = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
-        try:
-            probe.ping()
-        except redis.RedisError as error:
-            reason = _scrub(f"{type(error).__name__}: {error}", url)
-            raise ClusterUnreachable(
-                f"cannot reach the Redis of [cluster] ({reason}); start Redis or fix"
-                " cluster.redis_url_env / cluster.redis_url"
-            ) from None
-        finally:
-            probe.close()
+        probe(url)
         return cls(config, url)
 
     def key(self, *parts: str) -> str:

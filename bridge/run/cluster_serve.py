@@ -15,9 +15,10 @@ from dataclasses import replace
 from bridge.cluster.commands import ClusteredChannel
 from bridge.cluster.config import ClusterUrlMissing, resolve_redis_url
 from bridge.cluster.lease import PollLease
-from bridge.cluster.runtime import Cluster, ClusterUnreachable
+from bridge.cluster.runtime import Cluster, ClusterUnreachable, shared_store
 from bridge.config import ServiceConfig
 from bridge.deliver.registry import BuiltChannel
+from bridge.store.base import StateFileError, StateStore
 from channels.base import CursorStore
 from channels.telegram.commands import OFFSET_CURSOR_KEY
 
@@ -30,6 +31,14 @@ def open_cluster(config: ServiceConfig, env: Mapping[str, str]) -> Cluster | Non
     except (ClusterUrlMissing, ClusterUnreachable) as error:
         print(f"taskcard: {error}", file=sys.stderr)
         return None
+
+
+def status_store(config: ServiceConfig, env: Mapping[str, str]) -> StateStore:
+    """The shared store `taskcard status` reads; `StateFileError` (one line) if unreachable."""
+    try:
+        return shared_store(config.cluster, resolve_redis_url(config.cluster, env))
+    except (ClusterUrlMissing, ClusterUnreachable) as error:
+        raise StateFileError(str(error)) from None
 
 
 class ClusterWiring:

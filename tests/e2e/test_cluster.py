@@ -170,7 +170,12 @@ async def test_killing_the_poller_moves_polling_and_loses_no_command(
 
 
 async def test_killing_an_agents_owner_hands_it_over_without_a_second_resident(
-    tmp_path: Path, fake: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+    tmp_path: Path,
+    fake: FakeTelegram,
+    redis_url: str,
+    prefix: str,
+    fleet: ExitStack,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     serves = {
         name: fleet.enter_context(
@@ -194,6 +199,13 @@ async def test_killing_an_agents_owner_hands_it_over_without_a_second_resident(
         )
         assert len(fake.bot_messages(GROUP)) == 1, "the same resident, edited"
     assert fake.count("sendMessage") == 1
+    # `taskcard status` of any instance reads the shared state.
+    monkeypatch.setenv("TC_REDIS_URL", redis_url)
+    (survivor,) = serves.values()
+    status = run_cli("status", "--config", str(survivor.config))
+    assert status.returncode == 0, status.stderr
+    message_id = fake.bot_messages(GROUP)[0].message_id
+    assert f"resident message: {message_id}" in status.stdout
 
 
 async def test_a_redis_restart_is_survived(
