@@ -85,6 +85,12 @@ class Cluster:
     def key(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
 
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """Values to scrub from logs and everything sent: the Redis password, if any."""
+        password = urlsplit(self._url).password
+        return (password,) if password else ()
+
     def limiter(self, max_pause_s: float) -> RedisLimiter:
         return RedisLimiter(self.aio, self.prefix, self.owner, max_pause_s=max_pause_s)
 
@@ -110,18 +116,26 @@ class Cluster:
         interval_s = self.config.lease_ttl_s / 3
         log.info("cluster member %s on Redis (key prefix %s)", self.instance, self.prefix)
         while True:
-            for gate in self._poll_leases:
-                await gate.lease.hold()
-            for agent, lease in self._agent_leases.items():
-                before = lease.held
-                now = await lease.hold()
-                if now and not before:
-                    log.info("agent %s: this instance serves it now", agent)
-                    take(agent)
-                elif before and not now:
-                    log.warning("agent %s: another instance serves it now", agent)
-                    drop(agent)
+            try:
+                await self._renew(take, drop)
+            except Exception:
+                # Renewal must go on whatever happened: a lease left to lapse while this
+                # instance still serves its agent would give the agent two servers.
+                log.exception("renewing the cluster leases failed; trying again")
             await asyncio.sleep(interval_s)
+
+    async def _renew(self, take: Callable[[str], None], drop: Callable[[str], None]) -> None:
+        for gate in self._poll_leases:
+            await gate.lease.hold()
+        for agent, lease in self._agent_leases.items():
+            before = lease.held
+            now = await lease.hold()
+            if now and not before:
+                log.info("agent %s: this instance serves it now", agent)
+                take(agent)
+            elif before and not now:
+                log.warning("agent %s: another instance serves it now", agent)
+                drop(agent)
 
     async def close(self) -> None:
         """Release every lease (others take over at once, not after the TTL), close clients."""

@@ -59,6 +59,7 @@ class ClusterWiring:
     def attach(self, built: Mapping[str, BuiltChannel]) -> dict[str, BuiltChannel]:
         wired: dict[str, BuiltChannel] = {}
         for name, item in built.items():
+            item = replace(item, secrets=item.secrets + self.cluster.secrets)
             if name == "console":
                 wired[name] = item  # a terminal of this instance: nothing to share
                 continue

@@ -294,3 +294,23 @@ async def test_feishu_a_command_delivered_to_one_instance_reaches_all_answered_o
 
 def replies_in(texts: list[str]) -> int:
     return sum(HIDDEN_REPLY in t for t in texts)
+
+
+def test_a_redis_url_with_a_password_is_never_printed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "a").mkdir()
+    config = tmp_path / "taskcard.toml"
+    config.write_text(
+        '[[agents]]\nid = "a"\nworkdir = "a"\n[console]\nenabled = true\n'
+        '[cluster]\nredis_url_env = "TC_REDIS_URL"\n'
+    )
+    monkeypatch.delenv("TC_REDIS_URL", raising=False)
+    missing = run_cli("serve", "--config", str(config))
+    assert missing.returncode == 2 and "TC_REDIS_URL is not set" in missing.stderr
+    monkeypatch.setenv("TC_REDIS_URL", f"redis://:Pa55w0rd-x@127.0.0.1:{free_port()}/0")
+    for command in ("serve", "status"):
+        result = run_cli(command, "--config", str(config))
+        assert result.returncode == 2, result.stderr
+        assert "cannot reach the Redis" in result.stderr
+        assert "Pa55w0rd" not in result.stderr + result.stdout
