@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 RUN_STAMP := $(VENV)/.installed-run
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: install run test check lint typecheck bench clean
+.PHONY: install run test check lint typecheck bench clean redis-server
 
 $(BIN)/pip:
 	$(PY) -m venv $(VENV)
@@ -28,7 +28,11 @@ run: $(RUN_STAMP)
 	$(BIN)/taskcard serve
 
 ## The whole test suite plus lint, format and type checks (what CI runs).
-test: check
+test: redis-server check
+
+## The cluster tests start their own Redis on loopback; install Debian's server when missing.
+redis-server:
+	command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
 
 check: $(DEV_STAMP)
 	$(BIN)/ruff check .

@@ -40,6 +40,7 @@ from pydantic import (
     model_validator,
 )
 
+from bridge.cluster.config import ClusterConfig
 from bridge.observe.config import MetricsConfig
 from channels.base import TIMEZONE_HELP, TimeZoneName
 from channels.feishu.config import FeishuConfig
@@ -216,6 +217,7 @@ class ServiceConfig(BaseModel):
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     notices: NoticesConfig = Field(default_factory=NoticesConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", description="Log verbosity."
     )

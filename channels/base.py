@@ -91,9 +91,20 @@ class IncomingCommand:
     user_id: str | None
     message_id: str | None = None
     chat_title: str | None = None  # the group's title (or a person's name), when sent along
+    # False when another instance of a cluster answers this command (each still applies it).
+    reply: bool = True
 
 
 CommandSink = Callable[[IncomingCommand], Awaitable[None]]
+
+
+class PollGate(Protocol):
+    """Who may receive a bot's updates now, when several instances share the bot."""
+
+    async def wait_turn(self) -> bool:
+        """Return once this instance may poll; True when it had to wait (or the turn is a
+        new one), so the poller re-reads the committed offset first."""
+        ...
 
 
 class CursorStore(Protocol):
@@ -118,6 +129,8 @@ class Channel(ABC):
     # have posted a copy for every such send, so the scheduler retries one at most and then
     # holds further sends of that resident for this many seconds.
     ambiguous_send_hold_s: float | None = None
+    # Set when instances share the bot: the channel receives updates only while it passes.
+    poll_gate: PollGate | None = None
 
     @abstractmethod
     async def start(self, on_command: CommandSink) -> None:

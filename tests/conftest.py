@@ -17,3 +17,15 @@ def _close_lark_module_loop() -> Iterator[None]:
     loop = getattr(module, "loop", None)
     if loop is not None and not loop.is_running() and not loop.is_closed():
         loop.close()
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One real Redis for the session, on a free loopback port, stopped at the end."""
+    from tests.redis_server import RedisServer, have_redis
+
+    if not have_redis():
+        pytest.fail("redis-server is not installed: run `make test`, which installs it")
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server.url
+    server.stop()

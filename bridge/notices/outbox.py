@@ -92,12 +92,15 @@ class NoticeOutbox:
         max_per_minute: int,
         quiet: Callable[[RouteKey], bool],
         clock: Callable[[], float],
+        serves: Callable[[RouteKey], bool] = lambda key: True,
     ) -> None:
         self._store = store
         self._channels = channels
         self._render = render
         self._scrub = scrub
         self._quiet = quiet
+        # Clustered: only routes of agents this instance holds the lease of are sent from here.
+        self._serves = serves
         self._clock = clock
         self._gate = NoticeGate(max_per_minute)
         self._routes: dict[str, RouteKey] = {}
@@ -121,9 +124,18 @@ class NoticeOutbox:
         """The channel can send: queue what is pending for its routes (from before a restart,
         or recorded while it was starting)."""
         self._ready.add(channel)
+        self._queue_pending(lambda key: key.channel == channel)
+
+    def route_ready(self, key: RouteKey) -> None:
+        """This instance serves `key` from now on: queue what is pending for it (left by the
+        instance that served it before)."""
+        if key.channel in self._ready:
+            self._queue_pending(lambda other: other == key)
+
+    def _queue_pending(self, wanted: Callable[[RouteKey], bool]) -> None:
         for pending in self._store.pending_notices():
             key = self._routes.get(pending.route)
-            if key is not None and key.channel == channel:
+            if key is not None and wanted(key) and self._serves(key):
                 self._queue(NoticeRef(key, pending.notice_id), pending.text)
 
     # Recording ---------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from bridge.observe.metrics import MeteredChannel, ServiceMetrics
 from bridge.observe.sdnotify import READY, STOPPING, sd_notify
 from bridge.run.logs import LOG_FORMATS, LOG_LEVELS, setup_logging
 from bridge.run.service import Service, ServiceFailed
-from bridge.store.sqlite import SqliteStore, StateFileError
+from bridge.store.sqlite import SqliteStore, StateFileError, StateStore
 
 EXIT_CONFIG = 2
 EXIT_RUNTIME = 1
@@ -95,18 +95,32 @@ async def serve(
             file=sys.stderr,
         )
         return EXIT_ALREADY_RUNNING
-    try:
-        store = SqliteStore.in_dir(config.state_dir)
-    except StateFileError as error:
-        print(f"taskcard: {error}", file=sys.stderr)
-        lock.release()
-        return EXIT_CONFIG
+    wiring = None
+    store: StateStore
+    if config.cluster.enabled:
+        from bridge.run.cluster_serve import ClusterWiring, open_cluster
+
+        cluster = open_cluster(config, env)
+        if cluster is None:
+            lock.release()
+            return EXIT_CONFIG
+        wiring, store = ClusterWiring(cluster), cluster.store
+    else:
+        try:
+            store = SqliteStore.in_dir(config.state_dir)
+        except StateFileError as error:
+            print(f"taskcard: {error}", file=sys.stderr)
+            lock.release()
+            return EXIT_CONFIG
     try:
         try:
-            built = build_channels(config, store, env)
+            cursors = wiring.cursor_store(config) if wiring else store
+            built = build_channels(config, cursors, env)
         except SecretMissing as error:
             print(f"taskcard: {error}", file=sys.stderr)
             return EXIT_CONFIG
+        if wiring is not None:
+            built = wiring.attach(built)
         setup_logging(config.log_level, [s for b in built.values() for s in b.secrets])
         own_signals = stop is None
         stop = stop or asyncio.Event()
@@ -118,7 +132,13 @@ async def serve(
         built = {
             n: replace(b, channel=MeteredChannel(b.channel, metrics)) for n, b in built.items()
         }
-        service = Service(config, built, store)
+        service = Service(
+            config,
+            built,
+            store,
+            limiter=wiring.cluster.limiter(config.limits.max_pause_s) if wiring else None,
+            clustered=wiring is not None,
+        )
         if own_signals and config_path is not None:
             loop.add_signal_handler(signal.SIGHUP, reload_config, service, config_path)
         metrics.bind(service.snapshot)
@@ -133,11 +153,21 @@ async def serve(
                 )
                 return EXIT_RUNTIME
         systemd = asyncio.create_task(_tell_systemd(service, stop, env), name="sd_notify")
+        leases = None
+        if wiring is not None:
+            agents = [agent.id for agent in config.agents]
+            leases = asyncio.create_task(
+                wiring.cluster.run(agents, service.take_agent, service.drop_agent), name="leases"
+            )
         try:
             await service.run(stop)
         finally:
             systemd.cancel()
             await asyncio.gather(systemd, return_exceptions=True)
+            if leases is not None and wiring is not None:
+                leases.cancel()
+                await asyncio.gather(leases, return_exceptions=True)
+                await wiring.cluster.close()
             if listener is not None:
                 await listener.stop()
             if own_signals:

@@ -30,6 +30,7 @@ from bridge.store.sqlite import (
     ResidentRecord,
     SqliteStore,
     StateFileError,
+    StateStore,
     check_state_file,
     read_health,
 )
@@ -112,7 +113,13 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
     from bridge.schedule.scheduler import RouteKey
 
     path = config.state_dir / STATE_FILE
-    store = SqliteStore(path, readonly=True) if path.exists() else None
+    store: StateStore | None = None
+    if config.cluster.enabled:
+        from bridge.run.cluster_serve import status_store
+
+        store = status_store(config, os.environ)  # the state is in the shared Redis
+    elif path.exists():
+        store = SqliteStore(path, readonly=True)
     try:
         routes: list[dict[str, Any]] = []
         pauses = store.pauses() if store else {}

@@ -47,6 +47,7 @@ from bridge.run.fleet import (
     restart_needed,
 )
 from bridge.run.origins import OriginBook
+from bridge.schedule.ratelimit import Limiter
 from bridge.schedule.scheduler import RouteKey, RouteScheduler
 from bridge.store.sqlite import ChatPrefs, SeenChat, StateStore
 from bridge.track.ledger import LedgerView, ledger_row
@@ -108,11 +109,15 @@ class Service:
         store: StateStore,
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        limiter: Limiter | None = None,
+        clustered: bool = False,
     ) -> None:
         self._config = config
         self._channels: dict[str, Channel] = {n: b.channel for n, b in channels.items()}
         self._store = store
         self._clock = clock
+        # Clustered: only agents whose lease this instance holds (`take_agent`); else all.
+        self._owned: set[str] | None = set() if clustered else None
         # Every outgoing text loses the exact values of the configured secrets, not only logs.
         self._redact = Redactor(secret for b in channels.values() for secret in b.secrets)
         # The fleet: configured routes, discovered agents and origin routes (see `apply`).
@@ -130,10 +135,15 @@ class Service:
             scrub=self._redact,
             max_per_minute=config.notices.max_per_minute,
             quiet=self._quiet,
+            serves=lambda key: self._serves(key.agent_id),
             clock=lambda: self._clock().timestamp(),
         )
         self._scheduler = RouteScheduler(
-            self._channels, store, max_pause_s=config.limits.max_pause_s, outbox=self._outbox
+            self._channels,
+            store,
+            max_pause_s=config.limits.max_pause_s,
+            outbox=self._outbox,
+            limiter=limiter,
         )
         self._routes: list[Route] = []
         self._routes_by_agent: dict[str, list[Route]] = {}
@@ -162,7 +172,8 @@ class Service:
         """
         await self._scheduler.start()
         for route in self._routes:
-            self._schedule(route)
+            if self._serves(route.key.agent_id):
+                self._schedule(route)
         self._running = True
         self.started.set()
         starters = [
@@ -233,6 +244,34 @@ class Service:
             if route.key.channel == name:
                 self._project_route(route)
 
+    # Ownership (clustered) ---------------------------------------------------------------
+
+    def _serves(self, agent_id: str) -> bool:
+        return self._owned is None or agent_id in self._owned
+
+    def take_agent(self, agent_id: str) -> None:
+        """Serve this agent here from now on (its lease was gained): its routes start from
+        the shared store, so the resident another instance posted is edited, not doubled."""
+        if self._owned is None or agent_id in self._owned:
+            return
+        self._owned.add(agent_id)
+        routes = self._routes_by_agent.get(agent_id, [])
+        for route in routes:
+            self._schedule(route)
+        self._refresh(agent_id)
+        for route in routes:
+            self._outbox.route_ready(route.key)  # what another instance left pending
+            self._project_route(route)
+
+    def drop_agent(self, agent_id: str) -> None:
+        """Stop serving this agent (another instance holds its lease now)."""
+        if self._owned is None or agent_id not in self._owned:
+            return
+        self._owned.discard(agent_id)
+        for route in self._routes_by_agent.get(agent_id, []):
+            self._scheduler.remove_route(route.key)
+            self._scheduled.discard(route.key)
+
     # Watching ----------------------------------------------------------------------------
 
     async def _watch_loop(self) -> None:
@@ -302,7 +341,7 @@ class Service:
                 added.append(route)
                 self._outbox.add_route(key)  # a fold episode saved before a restart still owes
             self._closing.pop(key, None)
-            if self._running:
+            if self._running and self._serves(key.agent_id):
                 self._schedule(route)
         self._routes = list(wanted.values())
         self._routes_by_agent = {agent_id: [] for agent_id in fleet.agents}
@@ -453,8 +492,8 @@ class Service:
 
     def _refresh(self, agent_id: str) -> None:
         monitor = self._monitors.get(agent_id)
-        if monitor is None:
-            return
+        if monitor is None or not self._serves(agent_id):
+            return  # another instance reads it (and moves its shared offsets)
         result: AgentRefresh | None = None
         with self._guard(agent_id, "reading its files"):
             try:
@@ -538,6 +577,8 @@ class Service:
     def _project_route(self, route: Route) -> None:
         monitor = self._monitors.get(route.key.agent_id)
         if monitor is None or route.key.channel not in self._ready_channels:
+            return
+        if not self._serves(route.key.agent_id):
             return
         channel = self._channels[route.key.channel]
         prefs = self._chat_prefs(route.key.chat_scope)
@@ -657,6 +698,8 @@ class Service:
             self._prefs[scope] = prefs
             for route in allowed:
                 self._project_route(route)
+        if not command.reply:
+            return  # clustered: another instance that routes this chat answers
         channel = self._channels[channel_name]
         self._scheduler.send_reply(channel_name, reply_chat, self._render_text(channel, reply))
 

@@ -15,6 +15,7 @@ out short costs one more 429.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -54,8 +55,39 @@ class _Window:
         return max(0.0, release_at - now)
 
 
+class Admission(ABC):
+    """What a request holds while in flight; `complete()` once it has ended, whatever the
+    outcome, so the request counts at its completion time."""
+
+    @abstractmethod
+    def complete(self) -> None: ...
+
+
+class Limiter(ABC):
+    """The seam the scheduler admits requests through: in memory for one instance
+    (`RateLimiter`), or shared by several instances (the cluster's Redis limiter)."""
+
+    max_pause_s: float
+
+    @abstractmethod
+    async def acquire(self, scopes: tuple[RateScope, ...]) -> Admission | float:
+        """Check every scope and, when all have room, take a slot in each in one step (an
+        `Admission`); otherwise the seconds to wait before asking again."""
+
+    @abstractmethod
+    def pause(self, scope: str, seconds: float) -> float:
+        """Pause `scope` (bounded by `max_pause_s`); returns the seconds applied."""
+
+    @abstractmethod
+    def seed(self, scopes: Iterable[RateScope], at: float) -> None:
+        """Record a request finished at `at` (monotonic clock), e.g. from before a restart."""
+
+    async def close(self) -> None:  # noqa: B027 - optional: only shared limiters have work
+        """Finish background work (nothing by default)."""
+
+
 @dataclass
-class Reservation:
+class Reservation(Admission):
     """The slots one request holds in its scopes; `complete()` re-stamps them at its end."""
 
     slots: tuple[_Slot, ...]
@@ -67,7 +99,7 @@ class Reservation:
             slot.at = max(slot.at, now)
 
 
-class RateLimiter:
+class RateLimiter(Limiter):
     """All scopes of one scheduler: windows plus pauses ordered by 429 answers."""
 
     def __init__(
@@ -104,6 +136,10 @@ class RateLimiter:
         """Record a request finished at `at` (on this clock), e.g. one from before a restart."""
         for scope in scopes:
             self._window(scope).slots.append(_Slot(at))
+
+    async def acquire(self, scopes: tuple[RateScope, ...]) -> Admission | float:
+        wait_s = self.wait_s(scopes)
+        return self.reserve(scopes) if wait_s <= 0 else wait_s
 
     def reserve(self, scopes: Iterable[RateScope]) -> Reservation:
         """Take a slot in every scope; call only when `wait_s` returned 0."""

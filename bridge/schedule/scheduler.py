@@ -37,7 +37,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from bridge.notices.outbox import NoticeOutbox, QueuedNotice
-from bridge.schedule.ratelimit import DEFAULT_MAX_PAUSE_S, RateLimiter, Reservation
+from bridge.schedule.ratelimit import (
+    DEFAULT_MAX_PAUSE_S,
+    Admission,
+    Limiter,
+    RateLimiter,
+)
 from bridge.schedule.routes import LaneKey as LaneKey
 from bridge.schedule.routes import RouteKey as RouteKey
 from bridge.schedule.routes import chat_scope as chat_scope
@@ -152,6 +157,7 @@ class RouteScheduler:
         max_backoff_s: float = 60.0,
         max_pause_s: float = DEFAULT_MAX_PAUSE_S,
         outbox: NoticeOutbox | None = None,
+        limiter: Limiter | None = None,
     ) -> None:
         """`outbox`: where the lanes take notices from (None: this scheduler sends none)."""
         self._channels = channels
@@ -159,7 +165,8 @@ class RouteScheduler:
         self._clock = clock
         self._wall = wall_clock
         self._backoff = Backoff(initial_s=min(1.0, max_backoff_s), max_s=max_backoff_s)
-        self._limiter = RateLimiter(clock, max_pause_s=max_pause_s)
+        # Shared by several instances when clustered; in memory otherwise.
+        self._limiter = limiter or RateLimiter(clock, max_pause_s=max_pause_s)
         self._residents: dict[RouteKey, _Resident] = {}
         self._lanes: dict[LaneKey, _Lane] = {}
         self._closing = asyncio.Event()
@@ -219,14 +226,16 @@ class RouteScheduler:
             lane.routes.remove(key)
 
     def has_message(self, key: RouteKey) -> bool:
-        return self._residents[key].message_id is not None
+        resident = self._residents.get(key)
+        return resident is not None and resident.message_id is not None
 
     def disabled_reason(self, key: RouteKey) -> str | None:
-        return self._residents[key].disabled
+        resident = self._residents.get(key)
+        return None if resident is None else resident.disabled
 
     def enable(self, key: RouteKey) -> None:
-        resident = self._residents[key]
-        if resident.disabled is not None:
+        resident = self._residents.get(key)
+        if resident is not None and resident.disabled is not None:
             resident.disabled = None
             self._store.set_disabled(key.store_key, None)
             self._enqueue(resident)
@@ -287,12 +296,15 @@ class RouteScheduler:
             for task in still_running:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+        await self._limiter.close()
 
     # Work --------------------------------------------------------------------------------
 
     def submit(self, key: RouteKey, message: Outgoing) -> None:
         """Make `message` the latest desired content of the route's resident message."""
-        resident = self._residents[key]
+        resident = self._residents.get(key)
+        if resident is None:
+            return  # not served here (see remove_route)
         resident.desired = message
         if resident.pending:
             self._enqueue(resident)
@@ -363,7 +375,8 @@ class RouteScheduler:
                 await self._deliver_route(key)
             finally:
                 lane.route_in_flight = None
-                if self._residents[key].pending and key not in lane.routes:
+                resident = self._residents.get(key)  # removed meanwhile: not served here
+                if resident is not None and resident.pending and key not in lane.routes:
                     lane.routes.append(key)
             lane.failures = 0
             return
@@ -431,16 +444,16 @@ class RouteScheduler:
 
     async def _admit(
         self, channel: Channel, chat: ChatRef, op: Operation, mid: str | None
-    ) -> Reservation | None:
+    ) -> Admission | None:
         """Wait until every scope of the request has room; None when closing."""
         scopes = channel.rate_scopes(chat, op, mid)
         while True:
             if self._closing.is_set():
                 return None
-            wait_s = self._limiter.wait_s(scopes)
-            if wait_s <= 0:
-                return self._limiter.reserve(scopes)
-            await self._wait(None, wait_s)
+            admitted = await self._limiter.acquire(scopes)
+            if isinstance(admitted, Admission):
+                return admitted
+            await self._wait(None, admitted)
 
     def _rate_limited(self, error: RateLimited, where: str) -> None:
         applied = self._limiter.pause(error.scope, error.retry_after_s)

@@ -1,6 +1,7 @@
 """Store: the service's durable state (resident ids, preferences, notices, offsets, pauses).
 
-`StateStore` is the interface; `SqliteStore` the embedded default (one file, WAL).
+`StateStore` (in `base`) is the interface; `SqliteStore` the embedded default (one file, WAL);
+`RedisStore` the shared one for several instances (`[cluster]`).
 
-May import: the standard library and `channels.aio` (the shared backoff).
+May import: the standard library, `channels.aio` (the shared backoff), and redis.
 """

@@ -184,7 +184,12 @@ class TelegramChannel(Channel):
         if self._config.commands:
             await self._register_menu(bot)
             poller = CommandPoller(
-                bot, self._username, self._cursor, on_command, self._config.poll_timeout_s
+                bot,
+                self._username,
+                self._cursor,
+                on_command,
+                self._config.poll_timeout_s,
+                gate=self.poll_gate,
             )
             self._poll_task = asyncio.create_task(poller.run(), name="telegram-command-poll")
 

@@ -16,7 +16,7 @@ from telegram import Bot, Update
 from telegram import error as tg
 
 from channels.aio import Backoff
-from channels.base import ChatRef, CommandSink, CursorStore, IncomingCommand
+from channels.base import ChatRef, CommandSink, CursorStore, IncomingCommand, PollGate
 from channels.telegram.request import FloodWait
 
 OFFSET_CURSOR_KEY = "telegram:update_offset"
@@ -79,6 +79,7 @@ class CommandPoller:
         sink: CommandSink,
         poll_timeout_s: int,
         backoff: Backoff | None = None,
+        gate: PollGate | None = None,
     ) -> None:
         self._bot = bot
         self._username = bot_username
@@ -86,6 +87,7 @@ class CommandPoller:
         self._sink = sink
         self._poll_timeout_s = poll_timeout_s
         self._backoff = backoff or poll_backoff()
+        self._gate = gate
 
     def _stored_offset(self) -> int | None:
         raw = self._cursor.get_cursor(OFFSET_CURSOR_KEY)
@@ -102,6 +104,9 @@ class CommandPoller:
         offset = self._stored_offset()
         backoff = self._backoff
         while True:
+            if self._gate is not None and await self._gate.wait_turn():
+                # Another instance polled meanwhile: go on from what it committed.
+                offset = self._stored_offset()
             try:
                 updates = await self._bot.get_updates(
                     offset=offset,

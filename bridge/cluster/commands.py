@@ -1,0 +1,230 @@
+"""Commands across instances: whoever receives a command publishes it, every instance reads.
+
+The instance that receives a bot's updates (the poll lease holder on Telegram; whichever
+instance Feishu delivers an event to) does not handle it directly: it appends the command to
+the channel's stream in Redis, once (a command's chat and message id are claimed with `SET NX`
+in the same script, so a poller that took over and fetched the batch again adds nothing twice).
+Every instance reads the stream from where it was and hands each command to its service: each
+applies it to the routes it serves (preferences are shared, so any may write them), and exactly
+one of the instances that route the chat answers (the first to claim the reply).
+
+`ClusteredChannel` wraps a channel for this and delegates everything else unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from dataclasses import replace
+from typing import cast
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from channels.base import (
+    CardView,
+    Channel,
+    ChatRef,
+    CommandSink,
+    IncomingCommand,
+    Operation,
+    Outgoing,
+    RateScope,
+)
+
+log = logging.getLogger(__name__)
+
+STREAM_MAXLEN = 10_000
+SEEN_TTL_S = 86_400
+READ_BLOCK_MS = 2_000
+
+# KEYS: seen key ('' : no dedupe), stream; ARGV: payload, maxlen, ttl.
+_PUBLISH = """
+if KEYS[1] ~= '' and not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[3]) then
+  return false
+end
+return redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'command', ARGV[1])
+"""
+
+
+def encode(command: IncomingCommand) -> str:
+    return json.dumps(
+        {
+            "chat_id": command.chat.chat_id,
+            "thread_id": command.chat.thread_id,
+            "args": command.args,
+            "user_id": command.user_id,
+            "message_id": command.message_id,
+            "chat_title": command.chat_title,
+        }
+    )
+
+
+def decode(raw: str) -> IncomingCommand | None:
+    """The command in a stream entry; None for an entry this version cannot read."""
+    try:
+        data = json.loads(raw)
+        text = {k: data.get(k) for k in ("thread_id", "user_id", "message_id", "chat_title")}
+        if not isinstance(data["chat_id"], str) or not isinstance(data["args"], str):
+            return None
+        if not all(v is None or isinstance(v, str) for v in text.values()):
+            return None
+    except (ValueError, KeyError, TypeError):
+        return None
+    return IncomingCommand(
+        chat=ChatRef(data["chat_id"], text["thread_id"]),
+        args=data["args"],
+        user_id=text["user_id"],
+        message_id=text["message_id"],
+        chat_title=text["chat_title"],
+    )
+
+
+class ClusteredChannel(Channel):
+    """`inner` with its commands relayed through a Redis stream shared by every instance."""
+
+    def __init__(
+        self,
+        inner: Channel,
+        client: Redis,
+        prefix: str,
+        instance: str,
+        routed_chats: frozenset[str],
+    ) -> None:
+        self._inner = inner
+        self.name = inner.name
+        self.ambiguous_send_hold_s = inner.ambiguous_send_hold_s
+        self._client = client
+        self._prefix = prefix
+        self._instance = instance
+        self._routed = routed_chats
+        self._stream = f"{prefix}:cmd:{inner.name}"
+        self._publish = client.register_script(_PUBLISH)
+        self._reader: asyncio.Task[None] | None = None
+
+    @property
+    def inner(self) -> Channel:
+        return self._inner
+
+    async def start(self, on_command: CommandSink) -> None:
+        # Read from the stream's current end: commands older than this start were answered.
+        # A real id, never "$", which would skip what is added between two reads.
+        last_id = await self._stream_end()
+        await self._inner.start(self._published)
+        self._reader = asyncio.create_task(
+            self._read(on_command, last_id), name=f"{self.name}-cluster-commands"
+        )
+
+    async def stop(self) -> None:
+        task, self._reader = self._reader, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self._inner.stop()
+
+    async def _stream_end(self) -> str:
+        delay_s = 0.2
+        while True:
+            try:
+                newest = await self._client.xrevrange(self._stream, count=1)
+                return str(newest[0][0]) if newest else "0-0"
+            except RedisError as error:
+                log.warning("reading the command stream failed (%s)", type(error).__name__)
+                await asyncio.sleep(delay_s)
+                delay_s = min(5.0, delay_s * 2)
+
+    async def _published(self, command: IncomingCommand) -> None:
+        """The inner channel's sink: append the command to the stream once."""
+        seen = ""
+        if command.message_id is not None:
+            chat = f"{command.chat.chat_id}:{command.message_id}"
+            seen = f"{self._prefix}:seen:{self.name}:{chat}"
+        while True:
+            try:
+                await self._publish(
+                    keys=[seen, self._stream], args=[encode(command), STREAM_MAXLEN, SEEN_TTL_S]
+                )
+                return
+            except RedisError as error:
+                # The offset is committed only after this returns: keep the command.
+                log.warning("publishing a command failed (%s); retrying", type(error).__name__)
+                await asyncio.sleep(1.0)
+
+    async def _read(self, on_command: CommandSink, last_id: str) -> None:
+        failures = 0
+        while True:
+            try:
+                answer = cast(
+                    list[tuple[str, list[tuple[str, dict[str, str]]]]],
+                    await self._client.xread(
+                        {self._stream: last_id}, count=100, block=READ_BLOCK_MS
+                    ),
+                )
+            except RedisError as error:
+                failures += 1
+                if failures == 1:
+                    log.warning("reading commands from Redis failed (%s)", type(error).__name__)
+                await asyncio.sleep(min(5.0, 0.2 * 2**failures))
+                continue
+            if failures:
+                log.info("reading commands from Redis works again")
+                failures = 0
+            for _stream, entries in answer or ():
+                for entry_id, fields in entries:
+                    last_id = entry_id
+                    await self._handle(on_command, entry_id, fields)
+
+    async def _handle(self, on_command: CommandSink, entry_id: str, fields: dict[str, str]) -> None:
+        command = decode(fields.get("command", ""))
+        if command is None:
+            log.warning("skipping an unreadable command in the stream")
+            return
+        reply = False
+        if command.chat.chat_id in self._routed:
+            try:
+                reply = bool(
+                    await self._client.set(
+                        f"{self._prefix}:reply:{self.name}:{entry_id}",
+                        self._instance,
+                        nx=True,
+                        ex=SEEN_TTL_S,
+                    )
+                )
+            except RedisError:
+                reply = False
+        try:
+            await on_command(replace(command, reply=reply))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("handling a /taskcard command from chat %s failed", command.chat)
+
+    # Everything else is the inner channel's --------------------------------------------
+
+    def render_card(self, view: CardView) -> Outgoing:
+        return self._inner.render_card(view)
+
+    def render_text(self, text: str) -> Outgoing:
+        return self._inner.render_text(text)
+
+    def rate_scopes(
+        self, chat: ChatRef, operation: Operation, message_id: str | None
+    ) -> tuple[RateScope, ...]:
+        return self._inner.rate_scopes(chat, operation, message_id)
+
+    async def send(
+        self, chat: ChatRef, message: Outgoing, *, idempotency_key: str | None = None
+    ) -> str:
+        return await self._inner.send(chat, message, idempotency_key=idempotency_key)
+
+    async def edit(self, chat: ChatRef, message_id: str, message: Outgoing) -> None:
+        await self._inner.edit(chat, message_id, message)
+
+    async def delete(self, chat: ChatRef, message_id: str) -> None:
+        await self._inner.delete(chat, message_id)
+
+    async def pin(self, chat: ChatRef, message_id: str) -> None:
+        await self._inner.pin(chat, message_id)

@@ -1,0 +1,140 @@
+"""The `[cluster]` section: where the shared Redis is, and how leases are timed."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_SCHEMES = ("redis", "rediss", "unix")
+
+
+def redis_url_problem(value: str) -> str | None:
+    """Why `value` is not a usable Redis URL (None: it is); never quotes the URL itself,
+    which may carry a password."""
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        return "is not a URL; write redis://host:6379/0"
+    if parts.scheme not in _SCHEMES:
+        return "must start with redis://, rediss:// or unix:// (e.g. redis://127.0.0.1:6379/0)"
+    if parts.scheme != "unix" and not parts.hostname:
+        return "has no host; write redis://host:6379/0"
+    try:
+        parts.port  # noqa: B018 - a bad port raises here
+    except ValueError:
+        return "has a port that is not a number from 0 to 65535"
+    return None
+
+
+class ClusterConfig(BaseModel):
+    """Opt-in: without a Redis URL the service runs alone on its SQLite state."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    redis_url_env: str | None = Field(
+        default=None,
+        description=(
+            "Name of the environment variable holding the Redis URL (preferred: the URL may"
+            " carry a password)."
+        ),
+    )
+    redis_url: str | None = Field(
+        default=None,
+        description=(
+            "The Redis URL (redis://host:6379/0); only for a Redis without a password, else"
+            " use redis_url_env."
+        ),
+    )
+    instance: str = Field(
+        default="",
+        description=(
+            "This instance's name in leases and logs (1-64 of [A-Za-z0-9_.-]); empty: the"
+            " host name and process id."
+        ),
+    )
+    key_prefix: str = Field(
+        default="taskcard",
+        description="Prefix of every Redis key (1-64 of [A-Za-z0-9_.-]); one per fleet.",
+    )
+    lease_ttl_s: float = Field(
+        default=6.0,
+        ge=1.0,
+        le=60.0,
+        description=(
+            "Lifetime of the polling and agent leases (1-60 s); a dead instance's work moves"
+            " to another within this time, renewed every third of it."
+        ),
+    )
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            problem = redis_url_problem(value)
+            if problem:
+                raise ValueError(f"the Redis URL {problem}")
+            if urlsplit(value).password:
+                raise ValueError(
+                    "the Redis URL carries a password: put the URL in an environment variable"
+                    " and name it in cluster.redis_url_env instead"
+                )
+        return value
+
+    @field_validator("instance", "key_prefix")
+    @classmethod
+    def _check_name(cls, value: str, info: object) -> str:
+        if value and not _NAME.match(value):
+            raise ValueError("use 1-64 of the characters A-Z a-z 0-9 _ . -")
+        return value
+
+    @field_validator("redis_url_env")
+    @classmethod
+    def _check_env(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$", value):
+            raise ValueError("must be an environment variable name like TASKCARD_REDIS_URL")
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ClusterConfig:
+        if self.redis_url is not None and self.redis_url_env is not None:
+            raise ValueError("set either cluster.redis_url_env or cluster.redis_url, not both")
+        if not self.key_prefix:
+            raise ValueError("cluster.key_prefix must not be empty")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.redis_url is not None or self.redis_url_env is not None
+
+    def instance_name(self) -> str:
+        return self.instance or f"{socket.gethostname()[:40]}-{os.getpid()}"
+
+
+class ClusterUrlMissing(Exception):
+    """The environment variable named by `cluster.redis_url_env` is unset or not a URL."""
+
+
+def resolve_redis_url(config: ClusterConfig, env: Mapping[str, str]) -> str:
+    """The Redis URL to connect to; `ClusterUrlMissing` (naming the variable, never its
+    value) when the variable is unset or malformed."""
+    if config.redis_url is not None:
+        return config.redis_url
+    assert config.redis_url_env is not None
+    value = env.get(config.redis_url_env, "").strip()
+    if not value:
+        raise ClusterUrlMissing(
+            f"cluster.redis_url_env: the environment variable {config.redis_url_env} is not"
+            " set; export the Redis URL there (redis://:password@host:6379/0)"
+        )
+    problem = redis_url_problem(value)
+    if problem:
+        raise ClusterUrlMissing(
+            f"cluster.redis_url_env: the value of {config.redis_url_env} {problem}"
+        )
+    return value

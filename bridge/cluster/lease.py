@@ -1,0 +1,165 @@
+"""Leases in Redis: who polls a bot, who serves an agent.
+
+A lease is one key holding `owner|fence` with a TTL (`SET ... PX`), renewed by its holder every
+third of the TTL; when the holder dies the key expires and the next instance to try takes it.
+Every acquisition increments a fencing counter, so a holder that lost its lease (a long pause,
+a partition) and comes back carries an old token: writes that matter (the committed update
+offset) are made by a script that checks the token first, and a stale holder's write is
+refused rather than moving the offset under the new holder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+import redis
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from channels.base import CursorStore
+
+log = logging.getLogger(__name__)
+
+# KEYS: lease, fence counter; ARGV: owner, ttl ms. Returns the token held (renewed or new),
+# or nil when another owner holds the lease.
+_HOLD = """
+local current = redis.call('GET', KEYS[1])
+if current then
+  if string.sub(current, 1, #ARGV[1] + 1) == ARGV[1] .. '|' then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return current
+  end
+  return false
+end
+local token = ARGV[1] .. '|' .. redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
+return token
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+# KEYS: lease, hash; ARGV: token, field, value. The write happens only under the token.
+FENCED_HSET = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+return 1
+"""
+
+
+class LeaseLost(Exception):
+    """A fenced write was refused: this instance no longer holds the lease."""
+
+
+class Lease:
+    """One named lease; `hold()` acquires or renews it, `token` is set while held."""
+
+    def __init__(
+        self,
+        client: Redis,
+        key: str,
+        owner: str,
+        ttl_s: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.key = key
+        self._owner = owner
+        self._ttl_ms = int(ttl_s * 1000)
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._hold = client.register_script(_HOLD)
+        self._release = client.register_script(_RELEASE)
+        self.token: str | None = None
+        self._held_at = 0.0
+        self.changed = asyncio.Event()  # set whenever the lease is gained or lost
+
+    @property
+    def held(self) -> bool:
+        return self.token is not None
+
+    async def hold(self) -> bool:
+        """Acquire or renew; True while held. An unreachable Redis keeps a lease only until
+        it would have expired there."""
+        try:
+            token = await self._hold(
+                keys=[self.key, f"{self.key}:fence"], args=[self._owner, self._ttl_ms]
+            )
+        except RedisError as error:
+            if self.token is not None and self._clock() - self._held_at >= self._ttl_s:
+                log.warning(
+                    "lease %s lapsed: Redis unreachable (%s)", self.key, type(error).__name__
+                )
+                self._set(None)
+            return self.held
+        if token is not None:
+            self._held_at = self._clock()
+        self._set(None if token is None else str(token))
+        return self.held
+
+    async def release(self) -> None:
+        token, self.token = self.token, None
+        if token is not None:
+            with contextlib.suppress(RedisError):  # else it expires on its own
+                await self._release(keys=[self.key], args=[token])
+
+    def _set(self, token: str | None) -> None:
+        if (token is None) != (self.token is None) or (token and token != self.token):
+            self.changed.set()
+        self.token = token
+
+
+class PollLease:
+    """The `PollGate` of one bot: polling only while this instance holds its lease."""
+
+    def __init__(self, lease: Lease) -> None:
+        self.lease = lease
+        self._polled_with: str | None = None
+
+    async def wait_turn(self) -> bool:
+        while self.lease.token is None:
+            self.lease.changed.clear()
+            await self.lease.changed.wait()
+        fresh = self.lease.token != self._polled_with
+        if fresh:
+            log.info("this instance polls the bot's updates now (%s)", self.lease.key)
+        self._polled_with = self.lease.token
+        return fresh
+
+
+class FencedCursors:
+    """The cursor store the poller commits its offset to: writes of `fenced_key` go through
+    only under the current lease token (else `LeaseLost`); everything else passes through."""
+
+    def __init__(
+        self,
+        inner: CursorStore,
+        client: redis.Redis,
+        hash_key: str,
+        fenced_key: str,
+        lease: Lease,
+    ) -> None:
+        self._inner = inner
+        self._hset = client.register_script(FENCED_HSET)
+        self._hash_key = hash_key
+        self._fenced_key = fenced_key
+        self._lease = lease
+
+    def get_cursor(self, key: str) -> str | None:
+        return self._inner.get_cursor(key)
+
+    def set_cursor(self, key: str, value: str) -> None:
+        if key != self._fenced_key:
+            self._inner.set_cursor(key, value)
+            return
+        token = self._lease.token
+        if token is None or not self._hset(
+            keys=[self._lease.key, self._hash_key], args=[token, key, value]
+        ):
+            raise LeaseLost(f"{self._lease.key} is held by another instance; offset not moved")

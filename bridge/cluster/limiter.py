@@ -1,0 +1,184 @@
+"""`RedisLimiter`: the scheduler's rate windows and 429 pauses, shared by every instance.
+
+The same sliding-window rule as `bridge.schedule.ratelimit`: a scope admits a request only
+while fewer than `max_calls` requests happened in its last `period_s`. Here each window is a
+sorted set of request ids scored by time, and one Lua script checks every scope of a request
+and, only when all have room, takes a slot in each: atomically, so three instances racing for
+the last slot of a chat cannot all win it. Time is Redis's own clock (`TIME`), so instances with
+skewed clocks still agree. A finished request is re-stamped at its completion time (`ZADD XX
+GT`), keeping the guarantee that a request delayed in flight never lets the platform observe
+more than `max_calls` in any window.
+
+A 429 seen by one instance is a key with a TTL (capped like every pause), checked by the same
+script, so the scope pauses everywhere. While Redis cannot be reached nothing is sent (the
+script cannot vouch for the window): requests wait and ask again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+from collections.abc import Awaitable, Iterable
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from bridge.schedule.ratelimit import DEFAULT_MAX_PAUSE_S, Admission, Limiter, bounded_pause_s
+from channels.base import RateScope
+
+log = logging.getLogger(__name__)
+
+# While Redis cannot answer, requests ask again after this long.
+UNREACHABLE_WAIT_S = 0.5
+
+_NOW_MS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+# KEYS: window 1, pause 1, window 2, pause 2, ...; ARGV: request id, then per scope max calls
+# and period in ms. Returns 0 (slots taken) or the milliseconds to wait.
+_ACQUIRE = (
+    _NOW_MS
+    + """
+local wait = 0
+local n = #KEYS / 2
+for i = 1, n do
+  local window, pause = KEYS[2 * i - 1], KEYS[2 * i]
+  local max_calls, period = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  local paused = redis.call('PTTL', pause)
+  if paused > wait then wait = paused end
+  redis.call('ZREMRANGEBYSCORE', window, '-inf', now - period)
+  local count = redis.call('ZCARD', window)
+  if count >= max_calls then
+    local oldest = redis.call('ZRANGE', window, count - max_calls, count - max_calls, 'WITHSCORES')
+    local release = tonumber(oldest[2]) + period - now
+    if release > wait then wait = release end
+  end
+end
+if wait > 0 then return math.ceil(wait) end
+for i = 1, n do
+  local window, period = KEYS[2 * i - 1], tonumber(ARGV[2 * i + 1])
+  redis.call('ZADD', window, now, ARGV[1])
+  redis.call('PEXPIRE', window, period * 2 + 60000)
+end
+return 0
+"""
+)
+
+# KEYS: windows; ARGV: request id. The slot moves to now, never backwards.
+_COMPLETE = (
+    _NOW_MS
+    + """
+for i = 1, #KEYS do redis.call('ZADD', KEYS[i], 'XX', 'GT', now, ARGV[1]) end
+return 0
+"""
+)
+
+# KEYS: pause; ARGV: ms applied, cap ms. A longer running pause is kept, within the cap.
+_PAUSE = """
+local current = redis.call('PTTL', KEYS[1])
+local cap, applied = tonumber(ARGV[2]), tonumber(ARGV[1])
+if current > cap then current = cap end
+local ms = math.max(current, applied)
+if ms > 0 then redis.call('SET', KEYS[1], '1', 'PX', ms) end
+return ms
+"""
+
+
+class _SharedAdmission(Admission):
+    def __init__(self, limiter: RedisLimiter, member: str, windows: list[str]) -> None:
+        self._limiter = limiter
+        self._member = member
+        self._windows = windows
+
+    def complete(self) -> None:
+        self._limiter.later(self._limiter.complete_script(keys=self._windows, args=[self._member]))
+
+
+class RedisLimiter(Limiter):
+    """Every scope's window and pause in Redis, under `prefix`."""
+
+    def __init__(
+        self,
+        client: Redis,
+        prefix: str,
+        instance: str,
+        *,
+        max_pause_s: float = DEFAULT_MAX_PAUSE_S,
+    ) -> None:
+        self._client = client
+        self._prefix = prefix
+        self._instance = instance
+        self.max_pause_s = max_pause_s
+        self._ids = itertools.count(1)
+        self._acquire = client.register_script(_ACQUIRE)
+        self.complete_script = client.register_script(_COMPLETE)
+        self._pause = client.register_script(_PAUSE)
+        self._tasks: set[asyncio.Task[object]] = set()
+        self._failing = False
+
+    def window_key(self, scope: str) -> str:
+        return f"{self._prefix}:rl:{scope}"
+
+    def pause_key(self, scope: str) -> str:
+        return f"{self._prefix}:pause:{scope}"
+
+    async def acquire(self, scopes: tuple[RateScope, ...]) -> Admission | float:
+        member = f"{self._instance}:{next(self._ids)}"
+        keys: list[str] = []
+        args: list[str | int] = [member]
+        for scope in scopes:
+            keys += [self.window_key(scope.key), self.pause_key(scope.key)]
+            args += [scope.max_calls, max(1, math.ceil(scope.period_s * 1000))]
+        try:
+            wait_ms = int(await self._acquire(keys=keys, args=args))
+        except RedisError as error:
+            if not self._failing:
+                log.error(
+                    "the shared rate limits in Redis cannot be checked (%s); nothing is sent"
+                    " until Redis answers again",
+                    type(error).__name__,
+                )
+                self._failing = True
+            return UNREACHABLE_WAIT_S
+        if self._failing:
+            log.warning("the shared rate limits in Redis answer again")
+            self._failing = False
+        if wait_ms > 0:
+            return wait_ms / 1000
+        return _SharedAdmission(self, member, keys[0::2])
+
+    def pause(self, scope: str, seconds: float) -> float:
+        applied = bounded_pause_s(seconds, self.max_pause_s)
+        if applied > 0:
+            cap_ms = math.ceil(self.max_pause_s * 1000)
+            self.later(
+                self._pause(keys=[self.pause_key(scope)], args=[math.ceil(applied * 1000), cap_ms])
+            )
+        return applied
+
+    def seed(self, scopes: Iterable[RateScope], at: float) -> None:
+        """Nothing to do: the shared windows outlive any one instance's restart."""
+        del scopes, at
+
+    def later(self, work: Awaitable[Any]) -> None:
+        """Run a write in the background, owned here and awaited by `close`."""
+        task: asyncio.Task[object] = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[object]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning(
+                "a shared rate-limit write failed (%s); the window expires on its own",
+                type(task.exception()).__name__,
+            )
+
+    async def close(self) -> None:
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=5)

@@ -1,0 +1,145 @@
+"""One instance's membership of a cluster: its Redis clients, leases and their renewal.
+
+`Cluster.connect` proves Redis answers before anything starts (an unreachable Redis is one
+line and exit 2, not a service that half-runs). `run` renews this instance's leases every third
+of their TTL: the poll lease of each bot it receives commands for, and one lease per configured
+agent. Gaining an agent's lease makes this instance serve the agent's routes (`take`); losing
+it stops that (`drop`). The resident ids live in the shared store, so the instance that takes
+over edits the message the previous owner posted instead of posting a second one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable, Sequence
+from urllib.parse import urlsplit
+
+import redis
+from redis.asyncio import Redis as AsyncRedis
+
+from bridge.cluster.config import ClusterConfig
+from bridge.cluster.lease import FencedCursors, Lease, PollLease
+from bridge.cluster.limiter import RedisLimiter
+from bridge.store.redis import RedisStore, connect
+from channels.base import CursorStore
+
+log = logging.getLogger(__name__)
+
+
+class ClusterUnreachable(Exception):
+    """Redis did not answer at start; the message is one line without the URL's secret."""
+
+
+def _scrub(text: str, url: str) -> str:
+    password = urlsplit(url).password
+    text = " ".join(text.split())
+    return text.replace(password, "<password>") if password else text
+
+
+def probe(url: str) -> None:
+    """Raise `ClusterUnreachable` unless the Redis at `url` answers a PING within seconds."""
+    client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
+    try:
+        client.ping()
+    except redis.RedisError as error:
+        reason = _scrub(f"{type(error).__name__}: {error}", url)
+        raise ClusterUnreachable(
+            f"cannot reach the Redis of [cluster] ({reason}); start Redis or fix"
+            " cluster.redis_url_env / cluster.redis_url"
+        ) from None
+    finally:
+        client.close()
+
+
+def shared_store(config: ClusterConfig, url: str) -> RedisStore:
+    """The cluster's state store alone (for `taskcard status`), after a probe."""
+    probe(url)
+    return RedisStore(connect(url), config.key_prefix)
+
+
+class Cluster:
+    """The clients, store, limiter and leases of this instance."""
+
+    def __init__(self, config: ClusterConfig, url: str) -> None:
+        self.config = config
+        self.prefix = config.key_prefix
+        self.instance = config.instance_name()
+        # Unique per process: a restarted instance of the same name never mistakes the dead
+        # process's lease for its own.
+        self.owner = f"{self.instance}#{uuid.uuid4().hex[:8]}"
+        self._url = url
+        self.store = RedisStore(connect(url), self.prefix)
+        self.aio = AsyncRedis.from_url(
+            url, decode_responses=True, socket_timeout=5, socket_connect_timeout=2
+        )
+        self._poll_leases: list[PollLease] = []
+        self._agent_leases: dict[str, Lease] = {}
+
+    @classmethod
+    def connect(cls, config: ClusterConfig, url: str) -> Cluster:
+        probe(url)
+        return cls(config, url)
+
+    def key(self, *parts: str) -> str:
+        return ":".join((self.prefix, *parts))
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """Values to scrub from logs and everything sent: the Redis password, if any."""
+        password = urlsplit(self._url).password
+        return (password,) if password else ()
+
+    def limiter(self, max_pause_s: float) -> RedisLimiter:
+        return RedisLimiter(self.aio, self.prefix, self.owner, max_pause_s=max_pause_s)
+
+    def lease(self, *parts: str) -> Lease:
+        return Lease(self.aio, self.key("lease", *parts), self.owner, self.config.lease_ttl_s)
+
+    def poll_gate(
+        self, channel: str, inner: CursorStore, offset_key: str
+    ) -> tuple[PollLease, FencedCursors]:
+        """The gate a channel polls through, and the cursors whose `offset_key` it fences."""
+        gate = PollLease(self.lease("poll", channel))
+        self._poll_leases.append(gate)
+        cursors = FencedCursors(
+            inner, self.store.client, self.key("cursors"), offset_key, gate.lease
+        )
+        return gate, cursors
+
+    async def run(
+        self, agents: Sequence[str], take: Callable[[str], None], drop: Callable[[str], None]
+    ) -> None:
+        """Renew every lease until cancelled; call `take`/`drop` as agents' leases change."""
+        self._agent_leases = {agent: self.lease("agent", agent) for agent in agents}
+        interval_s = self.config.lease_ttl_s / 3
+        log.info("cluster member %s on Redis (key prefix %s)", self.instance, self.prefix)
+        while True:
+            try:
+                await self._renew(take, drop)
+            except Exception:
+                # Renewal must go on whatever happened: a lease left to lapse while this
+                # instance still serves its agent would give the agent two servers.
+                log.exception("renewing the cluster leases failed; trying again")
+            await asyncio.sleep(interval_s)
+
+    async def _renew(self, take: Callable[[str], None], drop: Callable[[str], None]) -> None:
+        for gate in self._poll_leases:
+            await gate.lease.hold()
+        for agent, lease in self._agent_leases.items():
+            before = lease.held
+            now = await lease.hold()
+            if now and not before:
+                log.info("agent %s: this instance serves it now", agent)
+                take(agent)
+            elif before and not now:
+                log.warning("agent %s: another instance serves it now", agent)
+                drop(agent)
+
+    async def close(self) -> None:
+        """Release every lease (others take over at once, not after the TTL), close clients."""
+        for lease in [g.lease for g in self._poll_leases] + list(self._agent_leases.values()):
+            await lease.release()
+        await self.aio.aclose()
+        self.store.close()

@@ -1,0 +1,73 @@
+"""`taskcard serve` with `[cluster]`: the shared store, limiter, leases and command relay.
+
+Kept apart from `serve_cli` so that the embedded (SQLite) path reads as before: `open_cluster`
+connects (or says in one line why it cannot), `cursor_store` fences the Telegram update
+offset with the poll lease, and `attach` wraps every built channel so its commands go through
+the shared stream and its polling through the lease.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import replace
+
+from bridge.cluster.commands import ClusteredChannel
+from bridge.cluster.config import ClusterUrlMissing, resolve_redis_url
+from bridge.cluster.lease import PollLease
+from bridge.cluster.runtime import Cluster, ClusterUnreachable, shared_store
+from bridge.config import ServiceConfig
+from bridge.deliver.registry import BuiltChannel
+from bridge.store.base import StateFileError, StateStore
+from channels.base import CursorStore
+from channels.telegram.commands import OFFSET_CURSOR_KEY
+
+
+def open_cluster(config: ServiceConfig, env: Mapping[str, str]) -> Cluster | None:
+    """The connected cluster, or None after printing one line (the caller exits 2)."""
+    try:
+        url = resolve_redis_url(config.cluster, env)
+        return Cluster.connect(config.cluster, url)
+    except (ClusterUrlMissing, ClusterUnreachable) as error:
+        print(f"taskcard: {error}", file=sys.stderr)
+        return None
+
+
+def status_store(config: ServiceConfig, env: Mapping[str, str]) -> StateStore:
+    """The shared store `taskcard status` reads; `StateFileError` (one line) if unreachable."""
+    try:
+        return shared_store(config.cluster, resolve_redis_url(config.cluster, env))
+    except (ClusterUrlMissing, ClusterUnreachable) as error:
+        raise StateFileError(str(error)) from None
+
+
+class ClusterWiring:
+    """What `serve` hands to the channel registry and gets back wrapped."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self._telegram_gate: PollLease | None = None
+
+    def cursor_store(self, config: ServiceConfig) -> CursorStore:
+        store = self.cluster.store
+        if config.telegram is None or not config.telegram.commands:
+            return store
+        gate, cursors = self.cluster.poll_gate("telegram", store, OFFSET_CURSOR_KEY)
+        self._telegram_gate = gate
+        return cursors
+
+    def attach(self, built: Mapping[str, BuiltChannel]) -> dict[str, BuiltChannel]:
+        wired: dict[str, BuiltChannel] = {}
+        for name, item in built.items():
+            item = replace(item, secrets=item.secrets + self.cluster.secrets)
+            if name == "console":
+                wired[name] = item  # a terminal of this instance: nothing to share
+                continue
+            if name == "telegram" and self._telegram_gate is not None:
+                item.channel.poll_gate = self._telegram_gate
+            chats = frozenset(spec.chat.chat_id for spec in item.routes)
+            channel = ClusteredChannel(
+                item.channel, self.cluster.aio, self.cluster.prefix, self.cluster.owner, chats
+            )
+            wired[name] = replace(item, channel=channel)
+        return wired

@@ -1,0 +1,169 @@
+"""The state store's interface and its value types, shared by every backend.
+
+`StateStore` is the seam: `SqliteStore` (one file, the embedded default) and `RedisStore` (shared
+by several `taskcard serve` instances) implement it. Calls are synchronous: each is one small
+statement on a local file or a loopback round trip, cheaper than a thread hop.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Literal
+
+NoticeState = Literal["pending", "delivered", "suppressed", "failed", "folded"]
+
+
+@dataclass(frozen=True)
+class ResidentRecord:
+    """What the store knows about one route's resident message."""
+
+    route: str
+    message_id: str | None
+    fingerprint: str | None
+    committed_at: float | None
+    disabled_reason: str | None
+    send_key: str | None = None  # idempotency key of a send that may be in flight
+    stale_message_id: str | None = None  # a replaced message still to delete
+    # Sends of this resident begun and not answered (each may have posted a copy), and when
+    # the latest began; counted before each send so that a SIGKILL mid-send counts too.
+    unsure_sends: int = 0
+    unsure_at: float | None = None
+
+
+@dataclass(frozen=True)
+class ChatPrefs:
+    """Preferences people set with `/taskcard` in one chat (and forum topic)."""
+
+    hidden: bool = False
+    activity_rows: int | None = None
+
+
+@dataclass(frozen=True)
+class PendingNotice:
+    route: str
+    notice_id: str
+    text: str
+    created_at: float
+
+
+class StateFileError(Exception):
+    """The state file cannot be used; the message is one line naming the file and the fix."""
+
+
+@dataclass(frozen=True)
+class StateHealth:
+    """A running fault of state writes: since when, why, and how many writes wait."""
+
+    failing_since: float
+    reason: str
+    waiting_writes: int
+
+
+@dataclass(frozen=True)
+class SeenChat:
+    """A chat (and forum topic) the bot received a command from, routed or not."""
+
+    channel: str
+    chat_id: str
+    thread_id: str | None
+    title: str | None
+    last_seen: float
+
+
+class StateStore(ABC):
+    """Everything the service must remember across restarts."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def retry_pending(self, *, force: bool = False) -> bool:
+        """Retry writes that failed (when due, or now with `force`); True when none wait."""
+        del force
+        return True
+
+    def health(self) -> StateHealth | None:
+        """The running write fault, or None when every write so far is committed."""
+        return None
+
+    # Resident messages -------------------------------------------------------------------
+    @abstractmethod
+    def resident(self, route: str) -> ResidentRecord | None: ...
+
+    @abstractmethod
+    def residents(self) -> list[ResidentRecord]: ...
+
+    @abstractmethod
+    def set_message_id(self, route: str, message_id: str | None) -> None:
+        """Persist the resident id (None forgets it); the committed fingerprint is cleared."""
+
+    @abstractmethod
+    def replace_message(
+        self, route: str, *, message_id: str | None = None, stale_message_id: str | None = None
+    ) -> None:
+        """In one transaction: the resident id (None: send a replacement next) and the id of a
+        superseded message still to delete (None: nothing left to delete)."""
+
+    @abstractmethod
+    def set_send_key(self, route: str, key: str | None) -> None:
+        """Remember the idempotency key of the send about to happen (None: no send pending)."""
+
+    @abstractmethod
+    def set_unsure_sends(self, route: str, count: int, at: float | None) -> None:
+        """Persist how many sends of the resident have no answer yet (see ResidentRecord);
+        `set_message_id` with an id resets the count, the outcome being known."""
+
+    @abstractmethod
+    def set_committed(self, route: str, fingerprint: str, at: float) -> None: ...
+
+    @abstractmethod
+    def set_disabled(self, route: str, reason: str | None) -> None: ...
+
+    # Preferences ---------------------------------------------------------------------------
+    @abstractmethod
+    def prefs(self, scope: str) -> ChatPrefs: ...
+
+    @abstractmethod
+    def set_prefs(self, scope: str, prefs: ChatPrefs) -> None: ...
+
+    # Notices -------------------------------------------------------------------------------
+    @abstractmethod
+    def add_notice(self, route: str, notice_id: str, text: str, state: NoticeState) -> bool:
+        """Record a notice for a route; False when that id was already known for the route."""
+
+    @abstractmethod
+    def pending_notices(self, route: str | None = None) -> list[PendingNotice]: ...
+
+    @abstractmethod
+    def set_notice_state(self, route: str, notice_id: str, state: NoticeState) -> None: ...
+
+    # Offsets and cursors -------------------------------------------------------------------
+    @abstractmethod
+    def get_offset(self, agent_id: str, name: str) -> tuple[int, int] | None: ...
+
+    @abstractmethod
+    def set_offset(self, agent_id: str, name: str, inode: int, offset: int) -> None: ...
+
+    @abstractmethod
+    def get_cursor(self, key: str) -> str | None: ...
+
+    @abstractmethod
+    def set_cursor(self, key: str, value: str) -> None: ...
+
+    # Rate-limit pauses (wall-clock epochs, so a restart honours a running 429 window) ------
+    @abstractmethod
+    def pauses(self) -> dict[str, float]: ...
+
+    @abstractmethod
+    def set_pause(self, scope: str, until_epoch: float) -> None: ...
+
+    # What operators read: notices by state, and where commands came from -----------------
+    @abstractmethod
+    def notice_counts(self) -> dict[str, int]: ...
+
+    @abstractmethod
+    def record_chat(self, chat: SeenChat) -> None:
+        """Remember (or refresh) a chat commands came from; a known title is kept."""
+
+    @abstractmethod
+    def seen_chats(self) -> list[SeenChat]: ...

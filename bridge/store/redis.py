@@ -1,0 +1,311 @@
+"""`RedisStore`: the state of several `taskcard serve` instances in one shared Redis.
+
+Why synchronous: `StateStore` is called directly from the event loop, and each call here is one
+round trip (or one short Lua script) to a Redis that should sit next to the instances, well
+under a millisecond; making the interface async would touch every caller in the data path for
+no gain. A Redis that restarts is bridged by the client's retries (capped backoff, a few
+seconds in all), which briefly hold the loop; a longer outage raises `redis.RedisError`, which
+the service's per-agent and per-lane barriers catch and retry like any other failure.
+
+Read-modify-write steps (a notice recorded once cluster-wide, a resident's replacement) are
+Lua scripts, so two instances never interleave inside one. Durability is Redis's: run it with
+`appendonly yes` so that an acknowledged write survives a restart of Redis itself.
+
+Layout under the prefix `P`: `P:res:<route>` hashes of resident fields (and the set
+`P:residents`), hashes `P:prefs`, `P:offsets`, `P:cursors`, `P:pauses`, `P:chats`, and for
+notices the hashes `P:n:text`, `P:n:state`, `P:n:at` keyed by route and id, with the sorted set
+`P:n:pending` (by creation time) as the index of pending ones.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, cast
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+from bridge.store.base import (
+    ChatPrefs,
+    NoticeState,
+    PendingNotice,
+    ResidentRecord,
+    SeenChat,
+    StateStore,
+)
+
+# Enough to ride out a Redis restart (a second or two) without failing the call.
+_RETRIES = 12
+
+_ADD_NOTICE = """
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[4])
+if ARGV[3] == 'pending' then redis.call('ZADD', KEYS[4], ARGV[4], ARGV[1]) end
+return 1
+"""
+
+_NOTICE_STATE = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+if ARGV[2] == 'pending' then
+  redis.call('ZADD', KEYS[2], redis.call('HGET', KEYS[3], ARGV[1]), ARGV[1])
+else
+  redis.call('ZREM', KEYS[2], ARGV[1])
+end
+return 1
+"""
+
+# replace_message: the fingerprint stays only when the id stays; without an id the send key
+# goes too (the replacement is a new send with a new key).
+# ARGV: message id, stale id ('' for None each), route.
+_REPLACE = """
+local current = redis.call('HGET', KEYS[1], 'message_id') or ''
+if ARGV[1] == '' then redis.call('HDEL', KEYS[1], 'message_id')
+else redis.call('HSET', KEYS[1], 'message_id', ARGV[1]) end
+if ARGV[2] == '' then redis.call('HDEL', KEYS[1], 'stale_message_id')
+else redis.call('HSET', KEYS[1], 'stale_message_id', ARGV[2]) end
+if current ~= ARGV[1] then redis.call('HDEL', KEYS[1], 'fingerprint') end
+if ARGV[1] == '' then redis.call('HDEL', KEYS[1], 'send_key') end
+redis.call('SADD', KEYS[2], ARGV[3])
+return 1
+"""
+
+
+def connect(url: str, *, timeout_s: float = 2.0) -> redis.Redis:
+    """A synchronous client for `url` that retries through a short outage."""
+    return redis.Redis.from_url(
+        url,
+        decode_responses=True,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(
+            ExponentialBackoff(cap=0.5, base=0.05),
+            _RETRIES,
+            supported_errors=(RedisConnectionError, RedisTimeoutError, ConnectionError),
+        ),
+        health_check_interval=10,
+    )
+
+
+def _member(*parts: str) -> str:
+    """One hash field or set member for a tuple of strings (any characters allowed)."""
+    return json.dumps(parts, ensure_ascii=False)
+
+
+def _parts(member: str) -> list[str]:
+    value = json.loads(member)
+    return [str(part) for part in value]
+
+
+def _float(value: str | None) -> float | None:
+    return None if value is None else float(value)
+
+
+class RedisStore(StateStore):
+    """Every `StateStore` call against one Redis, keys under `prefix`."""
+
+    def __init__(self, client: redis.Redis, prefix: str) -> None:
+        self._r = client
+        self._p = prefix
+        self._add_notice = client.register_script(_ADD_NOTICE)
+        self._notice_state = client.register_script(_NOTICE_STATE)
+        self._replace = client.register_script(_REPLACE)
+
+    @property
+    def client(self) -> redis.Redis:
+        return self._r
+
+    def key(self, *parts: str) -> str:
+        return ":".join((self._p, *parts))
+
+    def close(self) -> None:
+        self._r.close()
+
+    # Residents -----------------------------------------------------------------------------
+
+    def _res(self, route: str) -> str:
+        return self.key("res", route)
+
+    def _update(self, route: str, set_: dict[str, str], delete: tuple[str, ...] = ()) -> None:
+        pipe = self._r.pipeline(transaction=True)
+        pipe.sadd(self.key("residents"), route)
+        if set_:
+            pipe.hset(self._res(route), mapping=cast(dict[Any, Any], set_))
+        if delete:
+            pipe.hdel(self._res(route), *delete)
+        pipe.hset(self._res(route), "route", route)
+        pipe.execute()
+
+    def resident(self, route: str) -> ResidentRecord | None:
+        data = cast(dict[str, str], self._r.hgetall(self._res(route)))
+        return _record(route, data) if data else None
+
+    def residents(self) -> list[ResidentRecord]:
+        routes = sorted(cast(set[str], self._r.smembers(self.key("residents"))))
+        records = [self.resident(route) for route in routes]
+        return [record for record in records if record is not None]
+
+    def set_message_id(self, route: str, message_id: str | None) -> None:
+        if message_id is None:
+            self._update(route, {}, ("message_id", "fingerprint", "send_key"))
+        else:
+            self._update(
+                route, {"message_id": message_id, "unsure_sends": "0"}, ("fingerprint", "send_key")
+            )
+
+    def replace_message(
+        self, route: str, *, message_id: str | None = None, stale_message_id: str | None = None
+    ) -> None:
+        self._replace(
+            keys=[self._res(route), self.key("residents")],
+            args=[message_id or "", stale_message_id or "", route],
+        )
+        self._r.hset(self._res(route), "route", route)
+
+    def set_send_key(self, route: str, key: str | None) -> None:
+        if key is None:
+            self._update(route, {}, ("send_key",))
+        else:
+            self._update(route, {"send_key": key})
+
+    def set_unsure_sends(self, route: str, count: int, at: float | None) -> None:
+        if at is None:
+            self._update(route, {"unsure_sends": str(count)}, ("unsure_at",))
+        else:
+            self._update(route, {"unsure_sends": str(count), "unsure_at": repr(at)})
+
+    def set_committed(self, route: str, fingerprint: str, at: float) -> None:
+        self._update(route, {"fingerprint": fingerprint, "committed_at": repr(at)})
+
+    def set_disabled(self, route: str, reason: str | None) -> None:
+        if reason is None:
+            self._update(route, {}, ("disabled_reason",))
+        else:
+            self._update(route, {"disabled_reason": reason})
+
+    # Preferences ---------------------------------------------------------------------------
+
+    def prefs(self, scope: str) -> ChatPrefs:
+        raw = cast(str | None, self._r.hget(self.key("prefs"), scope))
+        if raw is None:
+            return ChatPrefs()
+        data = json.loads(raw)
+        rows = data.get("activity_rows")
+        return ChatPrefs(
+            hidden=bool(data.get("hidden")), activity_rows=rows if isinstance(rows, int) else None
+        )
+
+    def set_prefs(self, scope: str, prefs: ChatPrefs) -> None:
+        value = json.dumps({"hidden": prefs.hidden, "activity_rows": prefs.activity_rows})
+        self._r.hset(self.key("prefs"), scope, value)
+
+    # Notices -------------------------------------------------------------------------------
+
+    def _notice_keys(self) -> list[str]:
+        return [self.key("n", "text"), self.key("n", "state"), self.key("n", "at")]
+
+    def add_notice(self, route: str, notice_id: str, text: str, state: NoticeState) -> bool:
+        keys = [*self._notice_keys(), self.key("n", "pending")]
+        added = self._add_notice(
+            keys=keys, args=[_member(route, notice_id), text, state, repr(time.time())]
+        )
+        return bool(added)
+
+    def pending_notices(self, route: str | None = None) -> list[PendingNotice]:
+        members = cast(list[str], self._r.zrange(self.key("n", "pending"), 0, -1))
+        if not members:
+            return []
+        texts = cast(list[str | None], self._r.hmget(self.key("n", "text"), members))
+        ats = cast(list[str | None], self._r.hmget(self.key("n", "at"), members))
+        found = []
+        for member, text, at in zip(members, texts, ats, strict=True):
+            notice_route, notice_id = _parts(member)
+            if route is not None and notice_route != route:
+                continue
+            found.append(PendingNotice(notice_route, notice_id, text or "", float(at or 0.0)))
+        return sorted(found, key=lambda n: (n.created_at, n.notice_id))
+
+    def set_notice_state(self, route: str, notice_id: str, state: NoticeState) -> None:
+        keys = [self.key("n", "state"), self.key("n", "pending"), self.key("n", "at")]
+        self._notice_state(keys=keys, args=[_member(route, notice_id), state])
+
+    def notice_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for state in cast(list[str], self._r.hvals(self.key("n", "state"))):
+            counts[state] = counts.get(state, 0) + 1
+        return counts
+
+    # Offsets and cursors -------------------------------------------------------------------
+
+    def get_offset(self, agent_id: str, name: str) -> tuple[int, int] | None:
+        raw = cast(str | None, self._r.hget(self.key("offsets"), _member(agent_id, name)))
+        if raw is None:
+            return None
+        inode, _, offset = raw.partition(":")
+        return int(inode), int(offset)
+
+    def set_offset(self, agent_id: str, name: str, inode: int, offset: int) -> None:
+        self._r.hset(self.key("offsets"), _member(agent_id, name), f"{inode}:{offset}")
+
+    def get_cursor(self, key: str) -> str | None:
+        return cast(str | None, self._r.hget(self.key("cursors"), key))
+
+    def set_cursor(self, key: str, value: str) -> None:
+        self._r.hset(self.key("cursors"), key, value)
+
+    # Pauses --------------------------------------------------------------------------------
+
+    def pauses(self) -> dict[str, float]:
+        raw = cast(dict[str, str], self._r.hgetall(self.key("pauses")))
+        return {scope: float(until) for scope, until in raw.items()}
+
+    def set_pause(self, scope: str, until_epoch: float) -> None:
+        self._r.hset(self.key("pauses"), scope, repr(until_epoch))
+
+    # Chats ---------------------------------------------------------------------------------
+
+    def record_chat(self, chat: SeenChat) -> None:
+        field = _member(chat.channel, chat.chat_id, chat.thread_id or "")
+        title = chat.title
+        if title is None:
+            known = cast(str | None, self._r.hget(self.key("chats"), field))
+            title = json.loads(known).get("title") if known else None
+        self._r.hset(
+            self.key("chats"), field, json.dumps({"title": title, "last_seen": chat.last_seen})
+        )
+
+    def seen_chats(self) -> list[SeenChat]:
+        raw = cast(dict[str, str], self._r.hgetall(self.key("chats")))
+        chats = []
+        for field, value in raw.items():
+            channel, chat_id, thread_id = _parts(field)
+            data: dict[str, Any] = json.loads(value)
+            chats.append(
+                SeenChat(
+                    channel,
+                    chat_id,
+                    thread_id or None,
+                    data.get("title"),
+                    float(data.get("last_seen", 0.0)),
+                )
+            )
+        return sorted(chats, key=lambda c: (-c.last_seen, c.channel, c.chat_id, c.thread_id or ""))
+
+
+def _record(route: str, data: dict[str, str]) -> ResidentRecord:
+    return ResidentRecord(
+        route=route,
+        message_id=data.get("message_id"),
+        fingerprint=data.get("fingerprint"),
+        committed_at=_float(data.get("committed_at")),
+        disabled_reason=data.get("disabled_reason"),
+        send_key=data.get("send_key"),
+        stale_message_id=data.get("stale_message_id"),
+        unsure_sends=int(data.get("unsure_sends") or 0),
+        unsure_at=_float(data.get("unsure_at")),
+    )

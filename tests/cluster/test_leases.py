@@ -1,0 +1,46 @@
+"""Leases against a real Redis: one holder at a time, renewal keeps it, expiry hands it over
+with a new fencing token, and a holder that lost its lease cannot move the update offset."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+
+from bridge.cluster.lease import FencedCursors, Lease, LeaseLost, PollLease
+from bridge.store.redis import RedisStore, connect
+
+
+@pytest.fixture
+async def client(redis_url: str) -> AsyncIterator[Redis]:
+    redis = Redis.from_url(redis_url, decode_responses=True)
+    yield redis
+    await redis.aclose()
+
+
+async def test_one_holder_then_takeover_with_a_new_fence(client: Redis, redis_url: str) -> None:
+    key = f"t-{uuid.uuid4().hex}:lease:poll:telegram"
+    first, second = Lease(client, key, "a#1", 1.0), Lease(client, key, "b#2", 1.0)
+    assert await first.hold() and not await second.hold()
+    assert await first.hold(), "renewed by its holder"
+    old_token = first.token
+    store = RedisStore(connect(redis_url), f"t-{uuid.uuid4().hex}")
+    cursors = FencedCursors(store, store.client, store.key("cursors"), "offset", first)
+    cursors.set_cursor("offset", "10")
+    cursors.set_cursor("other", "x")  # not fenced
+    await asyncio.sleep(1.2)  # the holder stops renewing (it died, or paused)
+    assert await second.hold() and second.token != old_token
+    with pytest.raises(LeaseLost):
+        cursors.set_cursor("offset", "11")
+    assert store.get_cursor("offset") == "10", "the stale holder did not move the offset"
+    assert not await first.hold(), "the old holder learns it lost"
+    assert first.token is None
+    gate = PollLease(second)
+    assert await gate.wait_turn() is True, "a new turn: re-read the offset"
+    assert await gate.wait_turn() is False
+    await second.release()
+    assert await first.hold(), "a released lease is free at once"
+    store.close()

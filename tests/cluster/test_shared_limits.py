@@ -1,0 +1,71 @@
+"""The shared limiter against a real Redis: three limiters (three instances) racing for one
+chat's window never admit more than the limit in any window, and a 429 pause taken by one
+pauses the scope for all, bounded by the cap."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+
+from bridge.cluster.limiter import RedisLimiter
+from bridge.schedule.ratelimit import Admission
+from channels.base import RateScope
+
+
+@pytest.fixture
+async def client(redis_url: str) -> AsyncIterator[Redis]:
+    redis = Redis.from_url(redis_url, decode_responses=True)
+    yield redis
+    await redis.aclose()
+
+
+def limiters(client: Redis, count: int, max_pause_s: float = 3600) -> list[RedisLimiter]:
+    prefix = f"t-{uuid.uuid4().hex}"
+    return [RedisLimiter(client, prefix, f"i{n}", max_pause_s=max_pause_s) for n in range(count)]
+
+
+async def test_racing_instances_never_exceed_the_window(client: Redis) -> None:
+    scope = RateScope("telegram:chat:-1", max_calls=5, period_s=1.0)
+    bot = RateScope("telegram:bot", max_calls=30, period_s=1.0)
+    ends: list[float] = []
+
+    async def worker(limiter: RedisLimiter) -> None:
+        for _ in range(5):
+            while True:
+                got = await limiter.acquire((scope, bot))
+                if isinstance(got, Admission):
+                    break
+                assert 0 < got <= 1.0
+                await asyncio.sleep(got)
+            await asyncio.sleep(0.01)  # the request in flight
+            ends.append(time.monotonic())
+            got.complete()
+
+    shared = limiters(client, 3)
+    await asyncio.wait_for(asyncio.gather(*(worker(limiter) for limiter in shared)), 60)
+    for limiter in shared:
+        await limiter.close()
+    assert len(ends) == 15
+    ends.sort()
+    # Completion times: any 5 + 1 consecutive ones span at least the period (less a clock
+    # tick: Redis stamps in milliseconds).
+    for first, sixth in zip(ends, ends[5:], strict=False):
+        assert sixth - first >= 1.0 - 0.01, (first, sixth)
+
+
+async def test_a_pause_seen_by_one_instance_pauses_every_instance(client: Redis) -> None:
+    one, other = limiters(client, 2, max_pause_s=2.0)
+    scope = RateScope("telegram:chat:-2", max_calls=100, period_s=1.0)
+    assert one.pause("telegram:chat:-2", 1e9) == 2.0, "capped"
+    await one.close()
+    waited = await other.acquire((scope,))
+    assert isinstance(waited, float) and 1.0 < waited <= 2.0
+    unrelated = await other.acquire((RateScope("telegram:chat:-3", 100, 1.0),))
+    assert isinstance(unrelated, Admission)
+    unrelated.complete()
+    await other.close()

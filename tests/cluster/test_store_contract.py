@@ -1,0 +1,134 @@
+"""The `StateStore` contract, checked on every backend: the embedded SQLite file and the
+shared Redis. A behaviour the service relies on (a notice recorded once, a replacement that
+clears the fingerprint, prefs and cursors across a reopen) must be the same on both."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from bridge.store.base import ChatPrefs, SeenChat, StateStore
+from bridge.store.redis import RedisStore, connect
+from bridge.store.sqlite import SqliteStore
+
+Opener = Callable[[], StateStore]
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
+    """A function that opens the same store again (a restart of the service)."""
+    opened: list[StateStore] = []
+    if request.param == "sqlite":
+
+        def open_store() -> StateStore:
+            opened.append(SqliteStore.in_dir(tmp_path))
+            return opened[-1]
+    else:
+        url = request.getfixturevalue("redis_url")
+        prefix = f"test-{uuid.uuid4().hex}"
+
+        def open_store() -> StateStore:
+            opened.append(RedisStore(connect(url), prefix))
+            return opened[-1]
+
+    yield open_store
+    for store in opened:
+        store.close()
+
+
+def test_resident_fields_round_trip_and_survive_a_reopen(opener: Opener) -> None:
+    store = opener()
+    assert store.resident("r1") is None
+    store.set_send_key("r1", "k1")
+    store.set_unsure_sends("r1", 2, 100.5)
+    record = store.resident("r1")
+    assert record is not None and record.send_key == "k1" and record.unsure_sends == 2
+    assert record.unsure_at == 100.5 and record.message_id is None
+    store.set_message_id("r1", "42")
+    store.set_committed("r1", "fp", 123.25)
+    store.set_disabled("r1", "kicked")
+    again = opener().resident("r1")
+    assert again is not None
+    assert (again.message_id, again.fingerprint, again.committed_at) == ("42", "fp", 123.25)
+    assert again.send_key is None and again.unsure_sends == 0, "an id settles the send"
+    assert again.disabled_reason == "kicked"
+    store.set_disabled("r1", None)
+    assert [r.route for r in store.residents()] == ["r1"]
+    assert store.residents()[0].disabled_reason is None
+
+
+def test_forgetting_the_id_clears_the_fingerprint(opener: Opener) -> None:
+    store = opener()
+    store.set_message_id("r", "1")
+    store.set_committed("r", "fp", 1.0)
+    store.set_message_id("r", None)
+    record = store.resident("r")
+    assert record is not None and record.message_id is None and record.fingerprint is None
+
+
+def test_replace_message_keeps_the_fingerprint_only_for_the_same_id(opener: Opener) -> None:
+    store = opener()
+    store.set_message_id("r", "1")
+    store.set_committed("r", "fp", 1.0)
+    store.replace_message("r", message_id="1", stale_message_id="0")
+    record = store.resident("r")
+    assert record is not None and record.fingerprint == "fp" and record.stale_message_id == "0"
+    store.set_send_key("r", "k")
+    store.replace_message("r", stale_message_id="1")
+    record = store.resident("r")
+    assert record is not None
+    assert (record.message_id, record.fingerprint, record.stale_message_id) == (None, None, "1")
+    assert record.send_key is None, "the replacement is a new send with a new key"
+    store.set_send_key("r", "k2")
+    store.replace_message("r", message_id="2")
+    record = store.resident("r")
+    assert record is not None and record.stale_message_id is None and record.send_key == "k2"
+
+
+def test_prefs_default_and_round_trip(opener: Opener) -> None:
+    store = opener()
+    assert store.prefs("telegram:1:") == ChatPrefs()
+    store.set_prefs("telegram:1:", ChatPrefs(hidden=True, activity_rows=4))
+    assert opener().prefs("telegram:1:") == ChatPrefs(hidden=True, activity_rows=4)
+
+
+def test_a_notice_is_recorded_once_and_leaves_pending_by_state(opener: Opener) -> None:
+    store = opener()
+    assert store.add_notice("r", "n1", "first", "pending")
+    assert not store.add_notice("r", "n1", "again", "pending"), "idempotent by (route, id)"
+    assert store.add_notice("r", "n2", "second", "pending")
+    assert store.add_notice("other", "n1", "elsewhere", "suppressed")
+    pending = opener().pending_notices("r")
+    assert [(p.notice_id, p.text) for p in pending] == [("n1", "first"), ("n2", "second")]
+    assert [p.route for p in store.pending_notices()] == ["r", "r"]
+    store.set_notice_state("r", "n1", "delivered")
+    assert [p.notice_id for p in store.pending_notices()] == ["n2"]
+    assert store.notice_counts() == {"delivered": 1, "pending": 1, "suppressed": 1}
+
+
+def test_offsets_cursors_and_pauses(opener: Opener) -> None:
+    store = opener()
+    assert store.get_offset("a", "notifications") is None
+    store.set_offset("a", "notifications", 7, 1024)
+    store.set_cursor("telegram:update_offset", "99")
+    store.set_pause("telegram:bot", 1234.5)
+    again = opener()
+    assert again.get_offset("a", "notifications") == (7, 1024)
+    assert again.get_cursor("telegram:update_offset") == "99"
+    assert again.get_cursor("missing") is None
+    assert again.pauses()["telegram:bot"] == 1234.5
+
+
+def test_seen_chats_keep_a_known_title(opener: Opener) -> None:
+    store = opener()
+    store.record_chat(SeenChat("telegram", "-1", None, "Ops", 10.0))
+    store.record_chat(SeenChat("telegram", "-1", None, None, 20.0))
+    store.record_chat(SeenChat("feishu", "oc_1", None, "Team", 15.0))
+    chats = opener().seen_chats()
+    assert [(c.chat_id, c.title, c.last_seen) for c in chats] == [
+        ("-1", "Ops", 20.0),
+        ("oc_1", "Team", 15.0),
+    ]

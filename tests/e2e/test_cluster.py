@@ -1,0 +1,316 @@
+"""Several `taskcard serve` instances sharing one bot through a real Redis, end to end.
+
+Each instance is a subprocess with its own config file and state directory; they share the
+fake Bot API (which enforces Telegram's limits with real 429 answers) and one `redis-server`
+on loopback. What the issue promises, checked the way an operator would see it: limits hold
+across instances, polling moves when the poller is killed and no command is lost or answered
+twice, a killed owner's agent is taken over without a second resident, a Redis restart is
+survived, and an unreachable Redis is one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.harness import ServeProcess, eventually, publish, run_cli
+from tests.e2e.test_serve_telegram import GROUP, _quick_publish, _sleep, shown
+from tests.fakes.telegram_api import FakeLimits, FakeTelegram, Window
+from tests.redis_server import RedisServer, free_port, have_redis
+
+POLLING = "this instance polls the bot's updates now"
+HIDDEN_REPLY = "Task cards hidden here."
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram() as server:
+        yield server
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"e2e-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def fleet() -> Iterator[ExitStack]:
+    with ExitStack() as stack:
+        yield stack
+
+
+def instance(
+    tmp_path: Path,
+    name: str,
+    fake: FakeTelegram,
+    agents: list[str],
+    *,
+    redis_url: str,
+    prefix: str,
+    limits: str = "",
+) -> ServeProcess:
+    """One instance: its own folder and state, agents' workdirs shared under tmp_path."""
+    folder = tmp_path / name
+    folder.mkdir()
+    lines = [f'state_dir = "{folder / "state"}"']
+    for agent in agents:
+        workdir = tmp_path / "agents" / agent
+        workdir.mkdir(parents=True, exist_ok=True)
+        lines += ["[[agents]]", f'id = "{agent}"', f'workdir = "{workdir}"']
+    lines += [
+        "[telegram]",
+        'token_env = "TC_TEST_TOKEN"',
+        f'api_base_url = "{fake.base_url}"',
+        "poll_timeout_s = 1",
+        "[[telegram.routes]]",
+        f"chat_id = {GROUP}",
+        f"agents = {json.dumps(agents)}",
+    ]
+    if limits:
+        lines.append(limits)
+    lines += [
+        "[cluster]",
+        'redis_url_env = "TC_REDIS_URL"',
+        f'instance = "{name}"',
+        f'key_prefix = "{prefix}"',
+        "lease_ttl_s = 2",
+    ]
+    config = folder / "taskcard.toml"
+    config.write_text("\n".join(lines) + "\n")
+    return ServeProcess(config, env={"TC_TEST_TOKEN": fake.token, "TC_REDIS_URL": redis_url})
+
+
+def replies(fake: FakeTelegram, text: str) -> int:
+    return sum(text in t for t in shown(fake, GROUP))
+
+
+async def test_a_storm_across_three_instances_stays_within_every_limit(
+    tmp_path: Path, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    # Telegram's 20 per minute per group, scaled to 10 per 2 s: three instances together.
+    limits = FakeLimits(private_chat=Window(1, 1.0), group_chat=Window(10, 2.0), bot=Window(30, 1))
+    config_limits = "[telegram.limits]\ngroup_chat = { max_calls = 10, period_s = 2.0 }"
+    names = {f"i{n}": [f"i{n}a{k}" for k in range(4)] for n in range(3)}
+    async with FakeTelegram(limits=limits) as fake:
+        for name, agents in names.items():
+            serve = instance(
+                tmp_path, name, fake, agents, redis_url=redis_url, prefix=prefix,
+                limits=config_limits,
+            )  # fmt: skip
+            fleet.enter_context(serve)
+        every = [agent for agents in names.values() for agent in agents]
+        for round_no in range(20):  # every 100 ms for 2 s, every agent
+            for agent in every:
+                _quick_publish(tmp_path / "agents" / agent, f"{agent} round {round_no}")
+            await _sleep(0.1)
+        for agent in every:
+            _quick_publish(tmp_path / "agents" / agent, f"{agent} FINAL")
+        await eventually(
+            lambda: sum("FINAL" in t for t in shown(fake, GROUP)) == len(every),
+            timeout_s=180,
+            what="every resident's final state",
+        )
+        assert fake.rate_limited == [], "no 429 across the instances"
+        assert len(fake.bot_messages(GROUP)) == len(every), "one resident per agent"
+        accepted = sorted(
+            r.at_s
+            for r in fake.requests
+            if r.chat_id == GROUP and r.status == 200 and r.method != "getUpdates"
+        )
+        for first, eleventh in zip(accepted, accepted[10:], strict=False):
+            assert eleventh - first >= 2.0, "never more than 10 in any 2 s window"
+
+
+async def test_killing_the_poller_moves_polling_and_loses_no_command(
+    tmp_path: Path, fake: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    serves = {
+        name: fleet.enter_context(
+            instance(tmp_path, name, fake, [f"{name}agent"], redis_url=redis_url, prefix=prefix)
+        )
+        for name in ("i0", "i1", "i2")
+    }
+    for name in serves:
+        publish(tmp_path / "agents" / f"{name}agent", f"card of {name}")
+    await eventually(lambda: len(shown(fake, GROUP)) == 3, what="three residents")
+    poller = await eventually(
+        lambda: next((n for n, s in serves.items() if POLLING in s.logs), None),
+        what="one instance polling",
+    )
+    fake.inject_command(GROUP, "/taskcard 3")
+    await eventually(lambda: replies(fake, "3 activity rows"), what="the reply")
+    serves[poller].kill()
+    killed_at = time.monotonic()
+    fake.inject_command(GROUP, "/taskcard off")  # arrives while nobody polls
+    others = [s for n, s in serves.items() if n != poller]
+    await eventually(
+        lambda: any(POLLING in s.logs for s in others), timeout_s=60, what="a new poller"
+    )
+    assert time.monotonic() - killed_at < 10, "polling moved within 10 s"
+    await eventually(lambda: replies(fake, HIDDEN_REPLY), timeout_s=30, what="the off reply")
+    # The survivors hide their cards: the command reached the instances that serve them.
+    survivors = [f"{n}agent: task card hidden" for n in serves if n != poller]
+    await eventually(
+        lambda: all(any(card in t for t in shown(fake, GROUP)) for card in survivors),
+        timeout_s=30,
+        what="the survivors' cards hidden",
+    )
+    await _sleep(2.0)  # a second delivery would have arrived by now
+    assert replies(fake, HIDDEN_REPLY) == 1, "answered once, not once per instance"
+    assert replies(fake, "3 activity rows") == 1
+    assert fake.pending_updates == [], "the new poller committed the offset"
+    for serve in others:
+        assert await serve.aterminate() == 0
+
+
+async def test_killing_an_agents_owner_hands_it_over_without_a_second_resident(
+    tmp_path: Path,
+    fake: FakeTelegram,
+    redis_url: str,
+    prefix: str,
+    fleet: ExitStack,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    serves = {
+        name: fleet.enter_context(
+            instance(tmp_path, name, fake, ["shared"], redis_url=redis_url, prefix=prefix)
+        )
+        for name in ("i0", "i1", "i2")
+    }
+    workdir = tmp_path / "agents" / "shared"
+    publish(workdir, "first card")
+    await eventually(lambda: any("first card" in t for t in shown(fake, GROUP)), what="card")
+    serving = "agent shared: this instance serves it now"
+    for _ in range(2):  # kill the owner, then the next owner
+        owner = next(n for n, s in serves.items() if s.proc and serving in s.logs)
+        serves.pop(owner).kill()
+        text = f"after {owner} died"
+        publish(workdir, text)
+        await eventually(
+            lambda text=text: any(text in t for t in shown(fake, GROUP)),
+            timeout_s=60,
+            what="the card edited by the next owner",
+        )
+        assert len(fake.bot_messages(GROUP)) == 1, "the same resident, edited"
+    assert fake.count("sendMessage") == 1
+    # `taskcard status` of any instance reads the shared state.
+    monkeypatch.setenv("TC_REDIS_URL", redis_url)
+    (survivor,) = serves.values()
+    status = run_cli("status", "--config", str(survivor.config))
+    assert status.returncode == 0, status.stderr
+    message_id = fake.bot_messages(GROUP)[0].message_id
+    assert f"resident message: {message_id}" in status.stdout
+
+
+async def test_a_redis_restart_is_survived(
+    tmp_path: Path, fake: FakeTelegram, prefix: str, fleet: ExitStack
+) -> None:
+    if not have_redis():
+        pytest.fail("redis-server is not installed: run `make test`, which installs it")
+    server = RedisServer(tmp_path / "redis", appendonly=True).start()
+    fleet.callback(server.stop)
+    serves = [
+        fleet.enter_context(
+            instance(tmp_path, name, fake, [f"{name}agent"], redis_url=server.url, prefix=prefix)
+        )
+        for name in ("i0", "i1")
+    ]
+    for name in ("i0", "i1"):
+        publish(tmp_path / "agents" / f"{name}agent", f"{name} before")
+    await eventually(lambda: len(shown(fake, GROUP)) == 2, what="two residents")
+    server.restart()
+    for name in ("i0", "i1"):
+        publish(tmp_path / "agents" / f"{name}agent", f"{name} after the restart")
+    await eventually(
+        lambda: sum("after the restart" in t for t in shown(fake, GROUP)) == 2,
+        timeout_s=60,
+        what="both cards edited after the restart",
+    )
+    assert len(fake.bot_messages(GROUP)) == 2, "resident ids survived: no second resident"
+    fake.inject_command(GROUP, "/taskcard off")
+    await eventually(lambda: replies(fake, HIDDEN_REPLY), timeout_s=30, what="a command")
+    for serve in serves:
+        assert await serve.aterminate() == 0
+        assert "Traceback" not in serve.logs
+
+
+def test_an_unreachable_redis_at_start_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    config = tmp_path / "taskcard.toml"
+    config.write_text(
+        '[[agents]]\nid = "a"\nworkdir = "a"\n[console]\nenabled = true\n'
+        f'[cluster]\nredis_url = "redis://127.0.0.1:{free_port()}/0"\n'
+    )
+    result = run_cli("serve", "--config", str(config))
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot reach the Redis of [cluster]" in lines[0], lines
+
+
+async def test_feishu_a_command_delivered_to_one_instance_reaches_all_answered_once(
+    tmp_path: Path, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    from tests.e2e.test_serve_feishu import CHAT, ENCRYPT, VERIFY, Setup, card_texts
+    from tests.fakes.feishu_api import FakeFeishu
+
+    async with FakeFeishu() as fake:
+        setups = []
+        for name in ("i0", "i1"):
+            folder = tmp_path / name
+            folder.mkdir()
+            setup = Setup(folder, fake, [f"{name}agent"])
+            cluster = (
+                f'[cluster]\nredis_url_env = "TC_REDIS_URL"\ninstance = "{name}"\n'
+                f'key_prefix = "{prefix}"\nlease_ttl_s = 2\n'
+            )
+            setup.config.write_text(setup.config.read_text() + cluster)
+            setup.env["TC_REDIS_URL"] = redis_url
+            fleet.enter_context(setup.serve())
+            publish(folder / "agents" / f"{name}agent", f"card of {name}")
+            setups.append(setup)
+        await eventually(lambda: len(card_texts(fake)) == 2, timeout_s=60, what="two cards")
+        event = fake.command_event(CHAT, "/taskcard off", verification_token=VERIFY)
+        # Feishu delivers to one endpoint: i1 learns of the command through Redis only.
+        answer = await fake.deliver_event(setups[0].url, event, encrypt_key=ENCRYPT)
+        assert answer.status == 200
+        await eventually(
+            lambda: sum("hidden" in t.lower() for t in card_texts(fake)) == 2,
+            timeout_s=30,
+            what="both instances' cards hidden",
+        )
+        await eventually(lambda: replies_in(fake.texts(CHAT)), what="the reply")
+        # A redelivery of the same event to the other instance is not a second command.
+        answer = await fake.deliver_event(setups[1].url, event, encrypt_key=ENCRYPT)
+        assert answer.status == 200
+        await _sleep(2.0)  # a second answer would have arrived by now
+        assert replies_in(fake.texts(CHAT)) == 1
+
+
+def replies_in(texts: list[str]) -> int:
+    return sum(HIDDEN_REPLY in t for t in texts)
+
+
+def test_a_redis_url_with_a_password_is_never_printed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "a").mkdir()
+    config = tmp_path / "taskcard.toml"
+    config.write_text(
+        '[[agents]]\nid = "a"\nworkdir = "a"\n[console]\nenabled = true\n'
+        '[cluster]\nredis_url_env = "TC_REDIS_URL"\n'
+    )
+    monkeypatch.delenv("TC_REDIS_URL", raising=False)
+    missing = run_cli("serve", "--config", str(config))
+    assert missing.returncode == 2 and "TC_REDIS_URL is not set" in missing.stderr
+    monkeypatch.setenv("TC_REDIS_URL", f"redis://:Pa55w0rd-x@127.0.0.1:{free_port()}/0")
+    for command in ("serve", "status"):
+        result = run_cli(command, "--config", str(config))
+        assert result.returncode == 2, result.stderr
+        assert "cannot reach the Redis" in result.stderr
+        assert "Pa55w0rd" not in result.stderr + result.stdout
