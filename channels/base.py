@@ -20,7 +20,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-AgentState = Literal["running", "idle", "waiting", "exited", "no output", "unknown"]
+AgentState = Literal["running", "idle", "at prompt", "waiting", "exited", "no output", "unknown"]
 Operation = Literal["send", "edit", "delete", "pin"]
 
 BODY_CUT_MARKER = "\n\n… (card cut to fit this chat; the full card is in taskcard/taskcard.md)"

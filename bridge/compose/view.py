@@ -51,10 +51,11 @@ def state_row(activity: ActivitySummary, now: datetime, zone: tzinfo = UTC) -> s
     if state == "running":
         return f"▶ running, turn since {format_at(turn, now, zone)}" if turn else "▶ running"
     if state == "no output":
+        started = activity.agent_started_at
         row = "⏸ no output"
-        if activity.last_event_at is not None:
-            row += f" since {format_at(activity.last_event_at, now, zone)}"
-        return row + (f", turn since {format_at(turn, now, zone)}" if turn else "")
+        return row + (f" since it started at {format_at(started, now, zone)}" if started else "")
+    if state == "at prompt":
+        return f"⌨ at the prompt since {format_at(since, now, zone)}" if since else "⌨ at prompt"
     if state == "waiting":
         return (
             f"⏳ waiting for a person since {format_at(since, now, zone)}"
@@ -65,6 +66,13 @@ def state_row(activity: ActivitySummary, now: datetime, zone: tzinfo = UTC) -> s
         return f"💤 idle since {format_at(since, now, zone)}" if since else "💤 idle"
     if state == "exited":
         return f"⏹ exited at {format_at(since, now, zone)}" if since else "⏹ exited"
+    if since is not None and turn is not None:
+        return (
+            f"❔ state unknown: quiet since {format_at(since, now, zone)} in a turn begun"
+            f" {format_at(turn, now, zone)}; work cannot be told from silence"
+        )
+    if since is not None:
+        return f"❔ state unknown: started {format_at(since, now, zone)}, nothing said yet"
     return "❔ state unknown: no activity reported"
 
 
@@ -80,7 +88,7 @@ def movement_row(activity: ActivitySummary, now: datetime, zone: tzinfo = UTC) -
 def tokens_row(activity: ActivitySummary) -> str | None:
     if activity.tokens_in is None and activity.tokens_out is None:
         return None
-    scope = "this turn" if activity.state in ("running", "no output", "waiting") else "last turn"
+    scope = "this turn" if activity.state in ("running", "unknown", "waiting") else "last turn"
     return (
         f"tokens {scope}: {format_tokens(activity.tokens_in or 0)} in,"
         f" {format_tokens(activity.tokens_out or 0)} out"

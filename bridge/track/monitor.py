@@ -32,6 +32,7 @@ from typing import Any, Final, Literal, Protocol
 
 from bridge.compose.redact import redact
 from bridge.follow.safe_read import WorkdirFiles
+from bridge.track.status import StateFacts, agent_state
 from channels.base import AgentState
 from producers.task_card.contract import (
     EARLIEST_TIME,
@@ -113,6 +114,10 @@ class ActivitySummary:
     state_valid_until: datetime | None = None
     last_event_at: datetime | None = None
     state_since: datetime | None = None
+    # Facts the signals are decided from (bridge.notices.signals).
+    agent_started_at: datetime | None = None
+    exited_at: datetime | None = None
+    turn_ended_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -338,6 +343,10 @@ class ActivityTracker:
         self._turn_started_at: datetime | None = None
         self._turn_ended_at: datetime | None = None
         self._waiting_since: datetime | None = None
+        self._waiting_reason: str | None = None
+        self._started_at: datetime | None = None
+        self._after_start = False  # any event since the latest `agent.start`
+        self._turns_after_start = False  # any turn fact since it (a shell has none)
         self._last_event_at: datetime | None = None
         self._movement: tuple[str, datetime] | None = None
         self._recent: deque[tuple[str, datetime]] = deque(maxlen=MAX_RECENT)
@@ -356,6 +365,10 @@ class ActivityTracker:
     def apply(self, event: ActivityEvent) -> None:
         if self._last_event_at is None or event.ts > self._last_event_at:
             self._last_event_at = event.ts
+        if event.kind != "agent.start":
+            self._after_start = True
+        if event.kind in ("turn.start", "turn.end"):
+            self._turns_after_start = True
         movement = self._transition(event)
         if movement is not None:
             row = _short(movement)
@@ -367,6 +380,8 @@ class ActivityTracker:
         kind = event.kind
         if kind == "agent.start":
             self._exited_at = None
+            self._started_at = event.ts
+            self._after_start = self._turns_after_start = False
             self._turn_started_at = self._turn_ended_at = self._waiting_since = None
             self._tokens = None
             return "agent started"
@@ -387,6 +402,7 @@ class ActivityTracker:
         if kind == "wait.start":
             self._waiting_since = event.ts
             reason = fields.get("reason")
+            self._waiting_reason = reason if isinstance(reason, str) else None
             return f"waiting: {reason}" if isinstance(reason, str) and reason else "waiting"
         if kind == "wait.end":
             self._waiting_since = None
@@ -419,8 +435,12 @@ class ActivityTracker:
             return None
         return None
 
-    def summary(self, now: datetime, no_output_after_s: float) -> ActivitySummary:
-        state, since, valid_until = self._state(now, no_output_after_s)
+    def summary(
+        self, now: datetime, no_output_after_s: float, start_silence_s: float = 30.0
+    ) -> ActivitySummary:
+        state, since, valid_until = agent_state(
+            self.facts(), now, no_output_after_s, start_silence_s
+        )
         movement, moved_at = self._movement if self._movement else (None, None)
         return ActivitySummary(
             state=state,
@@ -434,24 +454,23 @@ class ActivityTracker:
             state_valid_until=valid_until,
             last_event_at=self._last_event_at,
             state_since=since,
+            agent_started_at=self._started_at,
+            exited_at=self._exited_at,
+            turn_ended_at=self._turn_ended_at,
         )
 
-    def _state(
-        self, now: datetime, no_output_after_s: float
-    ) -> tuple[AgentState, datetime | None, datetime | None]:
-        if self._exited_at is not None:
-            return "exited", self._exited_at, None
-        if self._waiting_since is not None:
-            return "waiting", self._waiting_since, None
-        if self._turn_started_at is not None and self._turn_ended_at is None:
-            last = self._last_event_at or self._turn_started_at
-            silent_from = last + timedelta(seconds=no_output_after_s)
-            if now >= silent_from:
-                return "no output", silent_from, None
-            return "running", self._turn_started_at, silent_from
-        if self._turn_ended_at is not None:
-            return "idle", self._turn_ended_at, None
-        return "unknown", None, None
+    def facts(self) -> StateFacts:
+        return StateFacts(
+            exited_at=self._exited_at,
+            waiting_since=self._waiting_since,
+            waiting_reason=self._waiting_reason,
+            started_at=self._started_at,
+            after_start=self._after_start,
+            turns_after_start=self._turns_after_start,
+            turn_started_at=self._turn_started_at,
+            turn_ended_at=self._turn_ended_at,
+            last_event_at=self._last_event_at,
+        )
 
 
 class AgentMonitor:
@@ -465,12 +484,14 @@ class AgentMonitor:
         *,
         clock: Callable[[], datetime],
         no_output_after_s: float = 300.0,
+        start_silence_s: float = 30.0,
     ) -> None:
         self.agent_id = agent_id
         self.paths = CardPaths(workdir)
         self._offsets = offsets
         self._clock = clock
         self._no_output_after_s = no_output_after_s
+        self._start_silence_s = start_silence_s
         self._card = CardState()
         self._card_signatures: tuple[FileSignature | None, ...] | None = None
         self._body_raw: bytes | None = None
@@ -491,7 +512,9 @@ class AgentMonitor:
         """The activity summary; its time-dependent state is brought up to date on read."""
         valid_until = self._activity.state_valid_until
         if valid_until is not None and self._clock() >= valid_until:
-            self._activity = self._tracker.summary(self._clock(), self._no_output_after_s)
+            self._activity = self._tracker.summary(
+                self._clock(), self._no_output_after_s, self._start_silence_s
+            )
         return self._activity
 
     def commit(self) -> None:
@@ -542,7 +565,7 @@ class AgentMonitor:
         valid_until = self._activity.state_valid_until
         activity_changed = False
         if events_read or (valid_until is not None and now >= valid_until):
-            summary = self._tracker.summary(now, self._no_output_after_s)
+            summary = self._tracker.summary(now, self._no_output_after_s, self._start_silence_s)
             activity_changed = summary != self._activity
             self._activity = summary
         return AgentRefresh(

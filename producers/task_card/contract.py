@@ -54,6 +54,7 @@ EVENT_KINDS: Final = frozenset(
         "agent.exit",
         "turn.start",
         "turn.end",
+        "turn.origin",
         "tool.start",
         "tool.end",
         "text",
