@@ -2,5 +2,5 @@
 
 Built only from typed fields of the producer's notifications, never from renderer output.
 
-May import: the standard library, `producers.*.contract`.
+May import: the standard library, `producers.*.contract`, `bridge.compose.redact`.
 """

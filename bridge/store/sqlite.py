@@ -55,6 +55,29 @@ class ResidentRecord:
     unsure_at: float | None = None
 
 
+InboxOutcome = Literal["open", "delivered", "failed", "cancelled"]
+
+
+@dataclass(frozen=True)
+class InboxRecord:
+    """A message people sent an agent through its inbox, and where it ended.
+
+    `outcome` is "open" while the file waits in `inbox/queued/` (the finer states people see,
+    queued/parked/unconfirmed, are derived from the agent's activity and never stored).
+    """
+
+    message_id: str
+    agent_id: str
+    channel: str
+    chat_id: str
+    thread_id: str | None
+    author: str | None
+    queued_at: float
+    outcome: InboxOutcome = "open"
+    reason: str | None = None  # why it failed or was cancelled; via which host it arrived
+    closed_at: float | None = None
+
+
 @dataclass(frozen=True)
 class ChatPrefs:
     """Preferences people set with `/taskcard` in one chat (and forum topic)."""
@@ -192,6 +215,21 @@ class StateStore(ABC):
     @abstractmethod
     def seen_chats(self) -> list[SeenChat]: ...
 
+    # Messages to agents (the inbox) ------------------------------------------------------
+    @abstractmethod
+    def add_inbox_message(self, record: InboxRecord) -> None:
+        """Record a message about to be queued (before the file is written)."""
+
+    @abstractmethod
+    def set_inbox_outcome(
+        self, message_id: str, outcome: InboxOutcome, reason: str | None, at: float
+    ) -> None:
+        """Close (or reopen) a message: delivered, failed or cancelled, with why or how."""
+
+    @abstractmethod
+    def inbox_messages(self, since: float) -> list[InboxRecord]:
+        """Every open message, and closed ones queued at or after `since`, oldest first."""
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS residents (
@@ -229,6 +267,19 @@ CREATE TABLE IF NOT EXISTS offsets (
 );
 CREATE TABLE IF NOT EXISTS cursors (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS pauses (scope TEXT PRIMARY KEY, until_epoch REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS inbox (
+    message_id TEXT PRIMARY KEY,
+    agent_id TEXT NOT NULL,
+    channel TEXT NOT NULL,
+    chat_id TEXT NOT NULL,
+    thread_id TEXT,
+    author TEXT,
+    queued_at REAL NOT NULL,
+    outcome TEXT NOT NULL,
+    reason TEXT,
+    closed_at REAL
+);
+CREATE INDEX IF NOT EXISTS inbox_open ON inbox (outcome, queued_at);
 CREATE TABLE IF NOT EXISTS seen_chats (
     channel TEXT NOT NULL,
     chat_id TEXT NOT NULL,
@@ -717,6 +768,66 @@ class SqliteStore(StateStore):
                 row["thread_id"] or None,
                 row["title"],
                 float(row["last_seen"]),
+            )
+            for row in rows
+        ]
+
+    def add_inbox_message(self, record: InboxRecord) -> None:
+        def op(db: sqlite3.Connection) -> None:
+            db.execute(
+                "INSERT OR REPLACE INTO inbox (message_id, agent_id, channel, chat_id,"
+                " thread_id, author, queued_at, outcome, reason, closed_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    record.message_id,
+                    record.agent_id,
+                    record.channel,
+                    record.chat_id,
+                    record.thread_id,
+                    record.author,
+                    record.queued_at,
+                    record.outcome,
+                    record.reason,
+                    record.closed_at,
+                ),
+            )
+
+        self._write(("inbox", record.message_id), op)
+
+    def set_inbox_outcome(
+        self, message_id: str, outcome: InboxOutcome, reason: str | None, at: float
+    ) -> None:
+        def op(db: sqlite3.Connection) -> None:
+            db.execute(
+                "UPDATE inbox SET outcome = ?, reason = ?, closed_at = ? WHERE message_id = ?",
+                (outcome, reason, None if outcome == "open" else at, message_id),
+            )
+
+        self._write(("inbox_outcome", message_id), op)
+
+    def inbox_messages(self, since: float) -> list[InboxRecord]:
+        try:
+            rows = self._db.execute(
+                "SELECT * FROM inbox WHERE outcome = 'open' OR queued_at >= ?"
+                " ORDER BY queued_at, message_id",
+                (since,),
+            ).fetchall()
+        except sqlite3.OperationalError:
+            return []  # a read-only open of a state file from before this table
+        return [
+            InboxRecord(
+                message_id=row["message_id"],
+                agent_id=row["agent_id"],
+                channel=row["channel"],
+                chat_id=row["chat_id"],
+                thread_id=row["thread_id"],
+                author=row["author"],
+                queued_at=float(row["queued_at"]),
+                outcome=row["outcome"]
+                if row["outcome"] in ("open", "delivered", "failed", "cancelled")
+                else "failed",
+                reason=row["reason"],
+                closed_at=row["closed_at"],
             )
             for row in rows
         ]
