@@ -82,15 +82,26 @@ class RateScope:
     period_s: float
 
 
+CommandName = Literal["taskcard", "tell", "reply"]
+
+
 @dataclass(frozen=True)
 class IncomingCommand:
-    """A `/taskcard ...` command from a chat, already stripped of the bot mention."""
+    """A command from a chat, already stripped of the bot mention.
+
+    `command` "taskcard" and "tell" are `/taskcard ARGS` and `/tell AGENT TEXT` (`args` holds
+    what follows the command); "reply" is a message written as a reply to one of the bot's
+    messages: `args` is its text and `reply_to` the ids it answers (the replied-to message
+    and, on Feishu, the thread's root), for the service to match against its own messages.
+    """
 
     chat: ChatRef
     args: str
     user_id: str | None
     message_id: str | None = None
     chat_title: str | None = None  # the group's title (or a person's name), when sent along
+    command: CommandName = "taskcard"
+    reply_to: tuple[str, ...] = ()
 
 
 CommandSink = Callable[[IncomingCommand], Awaitable[None]]

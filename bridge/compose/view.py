@@ -19,6 +19,7 @@ from bridge.compose.redact import redact
 from bridge.notices.text import safe_error_code
 from bridge.track.monitor import ActivitySummary, CardState
 from channels.base import CardView
+from producers.reports.contract import Lineage
 
 
 def route_zone(name: str) -> tzinfo:
@@ -76,6 +77,20 @@ def state_row(activity: ActivitySummary, now: datetime, zone: tzinfo = UTC) -> s
     return "❔ state unknown: no activity reported"
 
 
+LINEAGE_REASON_CHARS = 120
+
+
+def lineage_row(lineage: Lineage | None) -> str | None:
+    """Who created this agent and why (`lineage.json`), the reason redacted and cut."""
+    if lineage is None:
+        return None
+    reason = " ".join(redact(lineage.reason).split())
+    if len(reason) > LINEAGE_REASON_CHARS:
+        reason = reason[: LINEAGE_REASON_CHARS - 1].rstrip() + "…"
+    parent = " ".join(redact(lineage.parent).split())[:64]
+    return f"↳ spawned by {parent}: {reason}"
+
+
 def movement_row(activity: ActivitySummary, now: datetime, zone: tzinfo = UTC) -> str | None:
     if activity.last_movement is None:
         return None
@@ -130,11 +145,13 @@ def compose_view(
     now: datetime,
     zone: tzinfo = UTC,
     ledger_line: str | None = None,
+    lineage: Lineage | None = None,
 ) -> CardView:
     """The view of one agent for one route, its times in the route's `zone` (`ledger_line`:
     the workdir ledger's state row)."""
     rows = [state_row(activity, now, zone)]
     for row in (
+        lineage_row(lineage),
         movement_row(activity, now, zone),
         ledger_line,
         tokens_row(activity),

@@ -29,9 +29,10 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, tzinfo
 
 from bridge.compose.redact import Redactor
-from bridge.compose.view import compose_view, route_zone
+from bridge.compose.view import compose_view, format_at, route_zone
 from bridge.config import ServiceConfig
 from bridge.deliver.registry import BuiltChannel
+from bridge.notices.signals import Signal, SignalFacts, due_signals, report_signal
 from bridge.notices.text import (
     FoldedNotices,
     NoticeGate,
@@ -41,10 +42,12 @@ from bridge.notices.text import (
     summary_text,
 )
 from bridge.observe.metrics import ServiceSnapshot
+from bridge.run.inbox_desk import InboxDesk
 from bridge.schedule.scheduler import RouteKey, RouteScheduler
 from bridge.store.sqlite import ChatPrefs, NoticeState, SeenChat, StateStore
 from bridge.track.ledger import LedgerView, ledger_row
 from bridge.track.monitor import AgentMonitor, AgentRefresh
+from bridge.track.reports import AgentSide
 from bridge.watch.watcher import FleetWatcher
 from channels.base import CardView, Channel, ChatRef, IncomingCommand, Outgoing
 from channels.errors import ChannelError, RateLimited, Transient
@@ -58,7 +61,9 @@ _ROWS_ARG = re.compile(r"^\d{1,2}$")
 WITHHELD_BODY = "(card body withheld: it contained one of this service's own secrets)"
 HELP_TEXT = (
     "/taskcard: show the state here · /taskcard off: hide the cards · "
-    "/taskcard on: show them · /taskcard N: show N activity rows (1-10)"
+    "/taskcard on: show them · /taskcard N: show N activity rows (1-10) · "
+    "/tell AGENT TEXT (or a reply to an agent's card): send it text · "
+    "/taskcard cancel: withdraw your latest queued text"
 )
 
 
@@ -140,9 +145,26 @@ class Service:
                 store,
                 clock=clock,
                 no_output_after_s=config.display.no_output_after_s,
+                start_silence_s=config.signals.no_output_after_start_s,
             )
             for agent in config.agents
         }
+        # Reports, inbox acks and lineage: what the agent side writes for the service.
+        self._sides = {
+            agent.id: AgentSide(agent.id, agent.workdir, self._monitors[agent.id].files, store)
+            for agent in config.agents
+        }
+        self._desk = InboxDesk(
+            config.inbox,
+            store,
+            self._scheduler,
+            self._channels,
+            {agent.id: agent.workdir for agent in config.agents},
+            clock=clock,
+            activity=lambda agent_id: self._monitors[agent_id].activity,
+            zone=self._chat_zone,
+            render=self._render_card,
+        )
         self._ledgers = LedgerView()
         self._notice_gate = NoticeGate(config.notices.max_per_minute)
         for route in self._routes:
@@ -175,6 +197,7 @@ class Service:
         await self._scheduler.start()
         for route in self._routes:
             self._scheduler.add_route(route.key, pin=route.pin)
+        self._desk.load()
         self._running = True
         self.started.set()
         starters = [
@@ -242,6 +265,7 @@ class Service:
         self._ready_channels.add(name)
         log.info("channel %s ready", name)
         self._resend_pending_notices(name)
+        self._desk.channel_ready(name)
         for route in self._routes:
             if route.key.channel == name:
                 self._project_route(route)
@@ -268,6 +292,7 @@ class Service:
                 del self._due[agent_id]
                 self._refresh(agent_id)
             self._send_due_summaries()
+            self._desk.refresh()  # open messages turn unconfirmed with time alone
 
     def _refresh(self, agent_id: str) -> None:
         monitor = self._monitors.get(agent_id)
@@ -290,9 +315,58 @@ class Service:
                 self._due[agent_id] = until
             if result.failure is not None:
                 raise result.failure
-        if result is not None and (result.card_changed or result.activity_changed):
+        lineage_changed = False
+        with self._guard(agent_id, "reading its reports and inbox"):
+            lineage_changed = self._follow_agent_side(agent_id, monitor)
+        if result is not None and (
+            result.card_changed or result.activity_changed or lineage_changed
+        ):
             self._project(agent_id)
         self._save_health(agent_id)
+
+    def _follow_agent_side(self, agent_id: str, monitor: AgentMonitor) -> bool:
+        """Reports, signals, inbox acks; whether the lineage changed (the card shows it)."""
+        side = self._sides[agent_id]
+        try:
+            news = side.refresh()
+        except BaseException:
+            side.forget()
+            raise
+        for report in news.reports:
+            self._signal(agent_id, report_signal(agent_id, report))
+        activity, card = monitor.activity, monitor.card
+        facts = SignalFacts(
+            agent_id=agent_id,
+            state=activity.state,
+            card_live=card.status == "active",
+            card_since=card.status_changed_at,
+            started_at=activity.agent_started_at,
+            exited_at=activity.exited_at,
+            turn_started_at=activity.turn_started_at,
+            turn_ended_at=activity.turn_ended_at,
+            last_event_at=activity.last_event_at,
+            latest_report=side.latest_report,
+        )
+        signals, next_due = due_signals(facts, self._clock(), self._config.signals.idle_floor_s)
+        for signal in signals:
+            self._signal(agent_id, signal)
+        if next_due is not None:
+            self._due[agent_id] = min(self._due.get(agent_id, next_due), next_due)
+        self._desk.on_acks(agent_id, news.acks)
+        self._desk.refresh(agent_id)
+        side.commit()  # recorded in the store: the offsets may move past them
+        return news.lineage_changed
+
+    def _signal(self, agent_id: str, signal: Signal) -> None:
+        """A signal to the agent's routes and, as a wake, to its parent when known here."""
+        self._announce(agent_id, signal.episode, self._redact(signal.text), "signal")
+        lineage = self._sides[agent_id].lineage
+        if lineage is not None and lineage.parent in self._monitors:
+            self._desk.wake(lineage.parent, agent_id, signal.episode, self._redact(signal.text))
+
+    def _chat_zone(self, channel: str, chat: ChatRef) -> tzinfo:
+        routes = self._routes_in(channel, chat)
+        return routes[0].zone if routes else UTC
 
     @contextmanager
     def _guard(self, agent_id: str, stage: str) -> Iterator[None]:
@@ -322,7 +396,10 @@ class Service:
             f"{name}: {reason}"
             for name, reason in sorted(monitor.files.problems.items() if monitor else ())
         ]
-        return problems + sorted(self._faults.get(agent_id, {}).values())
+        inbox = self._desk.problems.get(agent_id)
+        return (
+            problems + sorted(self._faults.get(agent_id, {}).values()) + ([inbox] if inbox else [])
+        )
 
     def _save_health(self, agent_id: str) -> None:
         """Persist the agent's problems when they changed, for `taskcard status`."""
@@ -371,6 +448,7 @@ class Service:
                 now=self._clock(),
                 zone=route.zone,
                 ledger_line=ledger_row(self._ledgers.summary(monitor.paths.workdir)),
+                lineage=self._sides[route.key.agent_id].lineage,
             )
             self._scheduler.submit(route.key, self._render_card(channel, view))
 
@@ -406,7 +484,13 @@ class Service:
         text = notice_text(agent_id, notification)
         if text is None:
             return
-        text = self._redact(text)  # stored scrubbed: the scheduler re-renders stored texts
+        # Stored scrubbed: the scheduler re-renders stored texts.
+        self._announce(
+            agent_id, notification.id, self._redact(text), notice_kind(notification) or ""
+        )
+
+    def _announce(self, agent_id: str, notice_id: str, text: str, kind: str) -> None:
+        """One notice to each route of the agent, once per id (idempotent across restarts)."""
         now_s = self._clock().timestamp()
         for route in self._routes_by_agent.get(agent_id, ()):
             hidden = self._chat_prefs(route.key.chat_scope).hidden
@@ -415,15 +499,15 @@ class Service:
             route_id = str(route.key)
             if state == "pending" and not self._notice_gate.allows(route_id, now_s):
                 state = "folded"  # over the route's cap: counted into the owed summary
-            if not self._store.add_notice(route_id, notification.id, text, state):
+            if not self._store.add_notice(route_id, notice_id, text, state):
                 continue  # already recorded (idempotent): neither sent nor counted again
             if state == "folded":
-                folded = self._notice_gate.fold(route_id, notice_kind(notification) or "", now_s)
+                folded = self._notice_gate.fold(route_id, kind, now_s)
                 self._store.set_cursor(_folded_cursor(route.key), folded.to_json())
             elif state == "pending":
                 self._notice_gate.record(route_id, now_s)
                 if route.key.channel in self._ready_channels:
-                    self._queue_notice(route.key, notification.id, text)
+                    self._queue_notice(route.key, notice_id, text)
 
     def _send_due_summaries(self) -> None:
         """One summary notice for each route whose folded notices are due (see NoticeGate)."""
@@ -496,6 +580,14 @@ class Service:
             self._scheduler.enable(route.key)  # the bot can read this chat: it is back
         scope = allowed[0].key.chat_scope
         reply_chat = allowed[0].key.chat
+        channel = self._channels[channel_name]
+        if command.command != "taskcard":
+            answer = self._text_for_agent(channel_name, command, allowed)
+            if answer is not None:
+                self._scheduler.send_text(
+                    channel_name, reply_chat, self._render_text(channel, answer)
+                )
+            return
         args = command.args.strip().lower()
         prefs = self._chat_prefs(scope)
         if args in ("", "status", "state"):
@@ -507,6 +599,8 @@ class Service:
         elif args == "on":
             prefs = ChatPrefs(hidden=False, activity_rows=prefs.activity_rows)
             reply = "Task cards shown here."
+        elif args == "cancel":
+            reply = self._desk.cancel_latest(channel_name, command.chat, command.user_id)
         elif _ROWS_ARG.match(args) and 1 <= int(args) <= 10:
             prefs = ChatPrefs(hidden=prefs.hidden, activity_rows=int(args))
             reply = f"Task cards here now show {int(args)} activity rows."
@@ -519,8 +613,36 @@ class Service:
             self._prefs[scope] = prefs
             for route in allowed:
                 self._project_route(route)
-        channel = self._channels[channel_name]
         self._scheduler.send_text(channel_name, reply_chat, self._render_text(channel, reply))
+
+    def _text_for_agent(
+        self, channel_name: str, command: IncomingCommand, routes: list[Route]
+    ) -> str | None:
+        """`/tell AGENT TEXT` or a reply to an agent's resident: queue the text in its inbox.
+
+        The answer (a refusal) never quotes the person's text or the agent name they typed.
+        """
+        if command.command == "reply":
+            agent_id = next(
+                (
+                    r.key.agent_id
+                    for r in routes
+                    if self._scheduler.message_id(r.key) in command.reply_to
+                ),
+                None,
+            )
+            if agent_id is None:
+                return None  # a reply to a notice or to someone else: not for an agent
+            text = command.args
+        else:
+            name, _, text = command.args.strip().partition(" ")
+            here = sorted({r.key.agent_id for r in routes})
+            if name not in here:
+                return f"/tell AGENT TEXT: AGENT is one of {', '.join(here)}."
+            agent_id = name
+        if not self._desk.accepts(agent_id):
+            return None
+        return self._desk.queue(channel_name, command.chat, agent_id, command.user_id, text)
 
     def _state_text(self, routes: list[Route], prefs: ChatPrefs) -> str:
         rows = prefs.activity_rows or self._config.display.activity_rows
@@ -543,6 +665,11 @@ class Service:
             disabled = self._scheduler.disabled_reason(route.key)
             extra = f" — delivery disabled: {disabled}" if disabled else ""
             lines.append(f"• {route.key.agent_id}: {monitor.activity.state}; {card_text}{extra}")
+            report = self._sides[route.key.agent_id].latest_report
+            if report is not None:
+                signal = report_signal(route.key.agent_id, report)
+                when = format_at(report.at, self._clock(), route.zone)
+                lines.append(f"  latest report ({when}): " + signal.text.split(": ", 1)[-1])
         return "\n".join(lines)
 
     # Observing ---------------------------------------------------------------------------

@@ -208,6 +208,11 @@ class RouteScheduler:
     def has_message(self, key: RouteKey) -> bool:
         return self._residents[key].message_id is not None
 
+    def message_id(self, key: RouteKey) -> str | None:
+        """The id of the route's resident message, None before it was sent."""
+        resident = self._residents.get(key)
+        return None if resident is None else resident.message_id
+
     def disabled_reason(self, key: RouteKey) -> str | None:
         return self._residents[key].disabled
 
