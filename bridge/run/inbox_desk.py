@@ -147,6 +147,7 @@ class InboxDesk:
         )
         self._store.add_inbox_message(record)  # first: a crash after the write still knows it
         self._records[record.message_id] = record
+        self._scheduler.add_route(status_key(record))
         message = inbox_message(
             ident=record.message_id,
             kind="message",
@@ -167,7 +168,6 @@ class InboxDesk:
         else:
             self.problems.pop(agent_id, None)
             log.info("agent %s: message %s queued from %s", agent_id, record.message_id, channel)
-        self._scheduler.add_route(status_key(record))
         self._show(self._records[record.message_id])
         return None
 
