@@ -421,7 +421,8 @@ async def test_signals_reach_the_chat_and_the_parent(platform: str, tmp_path: Pa
                 timeout_s=60,
                 what="idle notice",
             )
-            # exited without report
+            # exited without report: a new run that owes one (the report was the last run's)
+            activity(worker, "agent.start")
             activity(worker, "agent.exit", code=1)
             await eventually(
                 lambda: any("worker exited without a report" in t for t in chat.bot_texts()),
