@@ -160,7 +160,60 @@ class DisplayConfig(BaseModel):
         default=300.0,
         ge=1,
         le=86_400,
-        description='An open turn silent this long is shown as "no output" (1-86400 s).',
+        description=(
+            'An open turn silent this long is shown as "unknown": work cannot be told from'
+            " silence (1-86400 s)."
+        ),
+    )
+
+
+class SignalsConfig(BaseModel):
+    """When the service tells people (and a parent agent) that an agent owes a report."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    idle_floor_s: float = Field(
+        default=180.0,
+        ge=5,
+        le=86_400,
+        description=(
+            "Quiet this long with a live card and no report since the turn began gives one"
+            ' "idle without report" notice (5-86400 s).'
+        ),
+    )
+    no_output_after_start_s: float = Field(
+        default=30.0,
+        ge=1,
+        le=3600,
+        description=(
+            'An agent that started and wrote no event for this long is "no output": one'
+            " warning, cleared by its first event (1-3600 s)."
+        ),
+    )
+
+
+class InboxConfig(BaseModel):
+    """Text people send to an agent (a reply to its card, `/tell`): limits and timeouts."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_messages: int = Field(
+        default=5,
+        ge=1,
+        le=100,
+        description="Messages one person may send one agent in any window of period_s (1-100).",
+    )
+    period_s: float = Field(
+        default=10.0, ge=1, le=3600, description="The window of max_messages (1-3600 s)."
+    )
+    unconfirmed_after_s: float = Field(
+        default=120.0,
+        ge=5,
+        le=86_400,
+        description=(
+            'A message still queued this long during a running turn is shown as "unconfirmed"'
+            " (5-86400 s)."
+        ),
     )
 
 
@@ -216,6 +269,8 @@ class ServiceConfig(BaseModel):
     display: DisplayConfig = Field(default_factory=DisplayConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     notices: NoticesConfig = Field(default_factory=NoticesConfig)
+    signals: SignalsConfig = Field(default_factory=SignalsConfig)
+    inbox: InboxConfig = Field(default_factory=InboxConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(

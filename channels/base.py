@@ -20,7 +20,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-AgentState = Literal["running", "idle", "waiting", "exited", "no output", "unknown"]
+AgentState = Literal["running", "idle", "at prompt", "waiting", "exited", "no output", "unknown"]
 Operation = Literal["send", "edit", "delete", "pin"]
 
 BODY_CUT_MARKER = "\n\n… (card cut to fit this chat; the full card is in taskcard/taskcard.md)"
@@ -82,9 +82,18 @@ class RateScope:
     period_s: float
 
 
+CommandName = Literal["taskcard", "tell", "reply"]
+
+
 @dataclass(frozen=True)
 class IncomingCommand:
-    """A `/taskcard ...` command from a chat, already stripped of the bot mention."""
+    """A command from a chat, already stripped of the bot mention.
+
+    `command` "taskcard" and "tell" are `/taskcard ARGS` and `/tell AGENT TEXT` (`args` holds
+    what follows the command); "reply" is a message written as a reply to one of the bot's
+    messages: `args` is its text and `reply_to` the ids it answers (the replied-to message
+    and, on Feishu, the thread's root), for the service to match against its own messages.
+    """
 
     chat: ChatRef
     args: str
@@ -93,6 +102,8 @@ class IncomingCommand:
     chat_title: str | None = None  # the group's title (or a person's name), when sent along
     # False when another instance of a cluster answers this command (each still applies it).
     reply: bool = True
+    command: CommandName = "taskcard"
+    reply_to: tuple[str, ...] = ()
 
 
 CommandSink = Callable[[IncomingCommand], Awaitable[None]]

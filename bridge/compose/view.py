@@ -21,6 +21,7 @@ from bridge.notices.text import safe_error_code
 from bridge.track.activity import ActivitySummary
 from bridge.track.monitor import CardState
 from channels.base import CardView
+from producers.reports.contract import Lineage
 
 
 def route_zone(name: str) -> tzinfo:
@@ -53,10 +54,11 @@ def state_row(activity: ActivitySummary, now: datetime, zone: tzinfo = UTC) -> s
     if state == "running":
         return f"▶ running, turn since {format_at(turn, now, zone)}" if turn else "▶ running"
     if state == "no output":
+        started = activity.agent_started_at
         row = "⏸ no output"
-        if activity.last_event_at is not None:
-            row += f" since {format_at(activity.last_event_at, now, zone)}"
-        return row + (f", turn since {format_at(turn, now, zone)}" if turn else "")
+        return row + (f" since it started at {format_at(started, now, zone)}" if started else "")
+    if state == "at prompt":
+        return f"⌨ at the prompt since {format_at(since, now, zone)}" if since else "⌨ at prompt"
     if state == "waiting":
         return (
             f"⏳ waiting for a person since {format_at(since, now, zone)}"
@@ -67,7 +69,28 @@ def state_row(activity: ActivitySummary, now: datetime, zone: tzinfo = UTC) -> s
         return f"💤 idle since {format_at(since, now, zone)}" if since else "💤 idle"
     if state == "exited":
         return f"⏹ exited at {format_at(since, now, zone)}" if since else "⏹ exited"
+    if since is not None and turn is not None:
+        return (
+            f"❔ state unknown: quiet since {format_at(since, now, zone)} in a turn begun"
+            f" {format_at(turn, now, zone)}; work cannot be told from silence"
+        )
+    if since is not None:
+        return f"❔ state unknown: started {format_at(since, now, zone)}, nothing said yet"
     return "❔ state unknown: no activity reported"
+
+
+LINEAGE_REASON_CHARS = 120
+
+
+def lineage_row(lineage: Lineage | None) -> str | None:
+    """Who created this agent and why (`lineage.json`), the reason redacted and cut."""
+    if lineage is None:
+        return None
+    reason = " ".join(redact(lineage.reason).split())
+    if len(reason) > LINEAGE_REASON_CHARS:
+        reason = reason[: LINEAGE_REASON_CHARS - 1].rstrip() + "…"
+    parent = " ".join(redact(lineage.parent).split())[:64]
+    return f"↳ spawned by {parent}: {reason}"
 
 
 def movement_row(activity: ActivitySummary, now: datetime, zone: tzinfo = UTC) -> str | None:
@@ -80,7 +103,7 @@ def movement_row(activity: ActivitySummary, now: datetime, zone: tzinfo = UTC) -
 def tokens_row(activity: ActivitySummary) -> str | None:
     if activity.tokens_in is None and activity.tokens_out is None:
         return None
-    scope = "this turn" if activity.state in ("running", "no output", "waiting") else "last turn"
+    scope = "this turn" if activity.state in ("running", "unknown", "waiting") else "last turn"
     return (
         f"tokens {scope}: {format_tokens(activity.tokens_in or 0)} in,"
         f" {format_tokens(activity.tokens_out or 0)} out"
@@ -122,11 +145,13 @@ def compose_view(
     now: datetime,
     zone: tzinfo = UTC,
     ledger_line: str | None = None,
+    lineage: Lineage | None = None,
 ) -> CardView:
     """The view of one agent for one route, its times in the route's `zone` (`ledger_line`:
     the workdir ledger's state row)."""
     rows = [state_row(activity, now, zone)]
     for row in (
+        lineage_row(lineage),
         movement_row(activity, now, zone),
         ledger_line,
         tokens_row(activity),

@@ -5,5 +5,5 @@ Built only from typed fields of the producer's notifications, never from rendere
 and holds the queues the scheduler's lanes pull notices from.
 
 May import: the standard library, `producers.*.contract`, `channels.base`,
-`bridge.store.sqlite`, `bridge.schedule.routes`.
+`bridge.store.sqlite`, `bridge.schedule.routes`, `bridge.compose.redact`.
 """

@@ -145,6 +145,11 @@ class NoticeOutbox:
         text = notice_text(agent_id, notification)
         if text is None:
             return
+        self.announce(routes, notification.id, text, notice_kind(notification) or "")
+
+    def announce(self, routes: Iterable[RouteKey], notice_id: str, text: str, kind: str) -> None:
+        """Record one notice (built from typed fields) for each route, once per `notice_id`
+        (idempotent across restarts); `kind` counts it in a fold summary."""
         text = self._scrub(text)  # stored scrubbed: stored texts are rendered again later
         now_s = self._clock()
         for key in routes:
@@ -152,14 +157,14 @@ class NoticeOutbox:
             state = self._initial_state(key)
             if state == "pending" and not self._gate.allows(route_id, now_s):
                 state = "folded"  # over the route's cap: counted into the owed summary
-            if not self._store.add_notice(route_id, notification.id, text, state):
+            if not self._store.add_notice(route_id, notice_id, text, state):
                 continue  # already recorded (idempotent): neither sent nor counted again
             if state == "folded":
-                folded = self._gate.fold(route_id, notice_kind(notification) or "", now_s)
+                folded = self._gate.fold(route_id, kind, now_s)
                 self._store.set_cursor(_folded_cursor(key), folded.to_json())
             elif state == "pending":
                 self._gate.record(route_id, now_s)
-                self._queue(NoticeRef(key, notification.id), text)
+                self._queue(NoticeRef(key, notice_id), text)
 
     def send_due_summaries(self) -> None:
         """One summary notice for each route whose folded notices are due (see NoticeGate)."""

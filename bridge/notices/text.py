@@ -108,11 +108,12 @@ def _ledger_notice(agent_id: str, notification: Notification) -> str:
     return f"🏁 {agent_id}:{task} completed (outcome {shown}); its card is retired."
 
 
-NoticeKind = Literal["error", "recovery", "stop"]
+NoticeKind = Literal["error", "recovery", "stop", "signal"]
 _KIND_WORDS: Final[dict[NoticeKind, tuple[str, str]]] = {
     "error": ("error", "errors"),
     "recovery": ("recovery", "recoveries"),
     "stop": ("stop", "stops"),
+    "signal": ("signal", "signals"),
 }
 
 

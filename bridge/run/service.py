@@ -25,13 +25,14 @@ import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 
 from bridge.compose.redact import Redactor
-from bridge.compose.view import compose_view
+from bridge.compose.view import compose_view, format_at
 from bridge.config import ServiceConfig
 from bridge.deliver.registry import BuiltChannel, RouteSpec, route_specs
 from bridge.notices.outbox import NoticeOutbox
+from bridge.notices.signals import Signal, SignalFacts, due_signals, report_signal
 from bridge.notices.text import safe_error_code
 from bridge.observe.metrics import ServiceSnapshot
 from bridge.run.commands import apply_to_prefs, parse_taskcard
@@ -46,12 +47,14 @@ from bridge.run.fleet import (
     origin_route,
     restart_needed,
 )
+from bridge.run.inbox_desk import InboxDesk
 from bridge.run.origins import OriginBook
 from bridge.schedule.ratelimit import Limiter
 from bridge.schedule.scheduler import RouteKey, RouteScheduler
 from bridge.store.sqlite import ChatPrefs, SeenChat, StateStore
 from bridge.track.ledger import LedgerView, ledger_row
 from bridge.track.monitor import AgentMonitor, AgentRefresh
+from bridge.track.reports import AgentSide
 from bridge.watch.watcher import ROOTS, FleetWatcher
 from channels.aio import Backoff
 from channels.base import CardView, Channel, ChatRef, IncomingCommand, Outgoing
@@ -65,7 +68,9 @@ log = logging.getLogger(__name__)
 WITHHELD_BODY = "(card body withheld: it contained one of this service's own secrets)"
 HELP_TEXT = (
     "/taskcard: show the state here · /taskcard off: hide the cards · "
-    "/taskcard on: show them · /taskcard N: show N activity rows (1-10)"
+    "/taskcard on: show them · /taskcard N: show N activity rows (1-10) · "
+    "/tell AGENT TEXT (or a reply to an agent's card): send it text · "
+    "/taskcard cancel: withdraw your latest queued text"
 )
 
 
@@ -148,6 +153,20 @@ class Service:
         self._routes: list[Route] = []
         self._routes_by_agent: dict[str, list[Route]] = {}
         self._monitors: dict[str, AgentMonitor] = {}
+        # Reports, inbox acks and lineage: what the agent side writes for the service (per
+        # agent, made and dropped with its monitor in `apply`).
+        self._sides: dict[str, AgentSide] = {}
+        self._desk = InboxDesk(
+            config.inbox,
+            store,
+            self._scheduler,
+            self._channels,
+            {},  # agents join with `apply`
+            clock=clock,
+            activity=lambda agent_id: self._monitors[agent_id].activity,
+            zone=self._chat_zone,
+            render=self._render_card,
+        )
         self._ledgers = LedgerView()
         self._saved_health: dict[str, str] = {}
         self._prefs: dict[str, ChatPrefs] = {}
@@ -174,6 +193,7 @@ class Service:
         for route in self._routes:
             if self._serves(route.key.agent_id):
                 self._schedule(route)
+        self._desk.load()
         self._running = True
         self.started.set()
         starters = [
@@ -240,6 +260,7 @@ class Service:
         self._ready_channels.add(name)
         log.info("channel %s ready", name)
         self._outbox.channel_ready(name)
+        self._desk.channel_ready(name)
         for route in list(self._routes):
             if route.key.channel == name:
                 self._project_route(route)
@@ -318,13 +339,16 @@ class Service:
             monitor = self._monitors.get(agent_id)
             if monitor is not None and monitor.paths.workdir == workdir:
                 continue
-            self._monitors[agent_id] = AgentMonitor(
+            monitor = self._monitors[agent_id] = AgentMonitor(
                 agent_id,
                 workdir,
                 self._store,
                 clock=self._clock,
                 no_output_after_s=self._config.display.no_output_after_s,
+                start_silence_s=self._config.signals.no_output_after_start_s,
             )
+            self._sides[agent_id] = AgentSide(agent_id, workdir, monitor.files, self._store)
+            self._desk.add_agent(agent_id, workdir)
             self._saved_health.setdefault(
                 agent_id, self._store.get_cursor(agent_health_key(agent_id)) or "[]"
             )
@@ -367,6 +391,8 @@ class Service:
         """The agent left the fleet: its residents say so, then its routes close."""
         monitor = self._monitors.pop(agent_id)
         log.info("agent %s retired", agent_id)
+        self._desk.remove_agent(agent_id, "the agent was retired")
+        self._sides.pop(agent_id, None)
         self._due.pop(agent_id, None)
         self._faults.pop(agent_id, None)
         for route in list(self._routes_by_agent.get(agent_id, ())):
@@ -489,6 +515,7 @@ class Service:
             self._outbox.send_due_summaries()
             self._close_finished_origin_routes()
             self._drop_closed_routes()
+            self._desk.refresh()  # open messages turn unconfirmed with time alone
 
     def _refresh(self, agent_id: str) -> None:
         monitor = self._monitors.get(agent_id)
@@ -514,9 +541,58 @@ class Service:
                 self._due[agent_id] = until
             if result.failure is not None:
                 raise result.failure
-        if result is not None and (result.card_changed or result.activity_changed):
+        lineage_changed = False
+        with self._guard(agent_id, "reading its reports and inbox"):
+            lineage_changed = self._follow_agent_side(agent_id, monitor)
+        if result is not None and (
+            result.card_changed or result.activity_changed or lineage_changed
+        ):
             self._project(agent_id)
         self._save_health(agent_id)
+
+    def _follow_agent_side(self, agent_id: str, monitor: AgentMonitor) -> bool:
+        """Reports, signals, inbox acks; whether the lineage changed (the card shows it)."""
+        side = self._sides[agent_id]
+        try:
+            news = side.refresh()
+        except BaseException:
+            side.forget()
+            raise
+        for report in news.reports:
+            self._signal(agent_id, report_signal(agent_id, report))
+        activity, card = monitor.activity, monitor.card
+        facts = SignalFacts(
+            agent_id=agent_id,
+            state=activity.state,
+            card_live=card.status == "active",
+            card_since=card.status_changed_at,
+            started_at=activity.agent_started_at,
+            exited_at=activity.exited_at,
+            turn_started_at=activity.turn_started_at,
+            turn_ended_at=activity.turn_ended_at,
+            last_event_at=activity.last_event_at,
+            latest_report=side.latest_report,
+        )
+        signals, next_due = due_signals(facts, self._clock(), self._config.signals.idle_floor_s)
+        for signal in signals:
+            self._signal(agent_id, signal)
+        if next_due is not None:
+            self._due[agent_id] = min(self._due.get(agent_id, next_due), next_due)
+        self._desk.on_acks(agent_id, news.acks)
+        self._desk.refresh(agent_id)
+        side.commit()  # recorded in the store: the offsets may move past them
+        return news.lineage_changed
+
+    def _signal(self, agent_id: str, signal: Signal) -> None:
+        """A signal to the agent's routes and, as a wake, to its parent when known here."""
+        self._announce(agent_id, signal.episode, self._redact(signal.text), "signal")
+        lineage = self._sides[agent_id].lineage
+        if lineage is not None and lineage.parent in self._monitors:
+            self._desk.wake(lineage.parent, agent_id, signal.episode, self._redact(signal.text))
+
+    def _chat_zone(self, channel: str, chat: ChatRef) -> tzinfo:
+        routes = self._routes_in(channel, chat)
+        return routes[0].zone if routes else UTC
 
     @contextmanager
     def _guard(self, agent_id: str, stage: str) -> Iterator[None]:
@@ -546,7 +622,10 @@ class Service:
             f"{name}: {reason}"
             for name, reason in sorted(monitor.files.problems.items() if monitor else ())
         ]
-        return problems + sorted(self._faults.get(agent_id, {}).values())
+        inbox = self._desk.problems.get(agent_id)
+        return (
+            problems + sorted(self._faults.get(agent_id, {}).values()) + ([inbox] if inbox else [])
+        )
 
     def _save_health(self, agent_id: str) -> None:
         """Persist the agent's problems when they changed, for `taskcard status`."""
@@ -597,6 +676,7 @@ class Service:
                 now=self._clock(),
                 zone=route.zone,
                 ledger_line=ledger_row(self._ledgers.summary(monitor.paths.workdir)),
+                lineage=self._sides[route.key.agent_id].lineage,
             )
             self._scheduler.submit(route.key, self._render_card(channel, view))
 
@@ -633,6 +713,11 @@ class Service:
         for it are recorded as suppressed, never sent (see `NoticeOutbox`)."""
         hidden = self._chat_prefs(key.chat_scope).hidden
         return hidden or self._scheduler.disabled_reason(key) is not None
+
+    def _announce(self, agent_id: str, notice_id: str, text: str, kind: str) -> None:
+        """One notice to each route of the agent, once per id (idempotent across restarts)."""
+        routes = [route.key for route in self._routes_by_agent.get(agent_id, ())]
+        self._outbox.announce(routes, notice_id, text, kind)
 
     # Commands ----------------------------------------------------------------------------
 
@@ -672,6 +757,14 @@ class Service:
             self._scheduler.enable(route.key)  # the bot can read this chat: it is back
         scope = allowed[0].key.chat_scope
         reply_chat = allowed[0].key.chat
+        channel = self._channels[channel_name]
+        if command.command != "taskcard":
+            answer = self._text_for_agent(channel_name, command, allowed)
+            if answer is not None and command.reply:
+                self._scheduler.send_reply(
+                    channel_name, reply_chat, self._render_text(channel, answer)
+                )
+            return
         parsed = parse_taskcard(command.args)
         prefs = apply_to_prefs(parsed, self._chat_prefs(scope))
         if parsed.action == "state":
@@ -689,6 +782,8 @@ class Service:
             reply = "Task cards shown here."
         elif parsed.action == "rows":
             reply = f"Task cards here now show {parsed.rows} activity rows."
+        elif parsed.action == "cancel":
+            reply = self._desk.cancel_latest(channel_name, command.chat, command.user_id)
         else:
             # Never echoed: the arguments are a chat member's text, and a reply quoting them
             # could carry a platform mention (Feishu `<at user_id="all">`) or markup.
@@ -700,7 +795,6 @@ class Service:
                 self._project_route(route)
         if not command.reply:
             return  # clustered: another instance that routes this chat answers
-        channel = self._channels[channel_name]
         self._scheduler.send_reply(channel_name, reply_chat, self._render_text(channel, reply))
 
     def _close_origin_routes(self, routes: list[Route], scope: str) -> None:
@@ -725,6 +819,35 @@ class Service:
             log.info("route %s closed by /taskcard off", route.key)
             self._close_route(route, final)
 
+    def _text_for_agent(
+        self, channel_name: str, command: IncomingCommand, routes: list[Route]
+    ) -> str | None:
+        """`/tell AGENT TEXT` or a reply to an agent's resident: queue the text in its inbox.
+
+        The answer (a refusal) never quotes the person's text or the agent name they typed.
+        """
+        if command.command == "reply":
+            agent_id = next(
+                (
+                    r.key.agent_id
+                    for r in routes
+                    if self._scheduler.message_id(r.key) in command.reply_to
+                ),
+                None,
+            )
+            if agent_id is None:
+                return None  # a reply to a notice or to someone else: not for an agent
+            text = command.args
+        else:
+            name, _, text = command.args.strip().partition(" ")
+            here = sorted({r.key.agent_id for r in routes})
+            if name not in here:
+                return f"/tell AGENT TEXT: AGENT is one of {', '.join(here)}."
+            agent_id = name
+        if not self._desk.accepts(agent_id):
+            return None
+        return self._desk.queue(channel_name, command.chat, agent_id, command.user_id, text)
+
     def _state_text(self, routes: list[Route], prefs: ChatPrefs) -> str:
         rows = prefs.activity_rows or self._config.display.activity_rows
         shown = "hidden" if prefs.hidden else f"shown, {rows} activity rows"
@@ -746,6 +869,11 @@ class Service:
             disabled = self._scheduler.disabled_reason(route.key)
             extra = f" — delivery disabled: {disabled}" if disabled else ""
             lines.append(f"• {route.key.agent_id}: {monitor.activity.state}; {card_text}{extra}")
+            report = self._sides[route.key.agent_id].latest_report
+            if report is not None:
+                signal = report_signal(route.key.agent_id, report)
+                when = format_at(report.at, self._clock(), route.zone)
+                lines.append(f"  latest report ({when}): " + signal.text.split(": ", 1)[-1])
         return "\n".join(lines)
 
     # Observing ---------------------------------------------------------------------------

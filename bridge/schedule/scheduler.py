@@ -145,7 +145,7 @@ def unsure_send_wait_s(
 
 
 class RouteScheduler:
-    """Owns every lane task; `start()` then `submit`/`send_text`, then `stop()`."""
+    """Owns every lane task; `start()` then `submit`/`send_reply`, then `stop()`."""
 
     def __init__(
         self,
@@ -228,6 +228,11 @@ class RouteScheduler:
     def has_message(self, key: RouteKey) -> bool:
         resident = self._residents.get(key)
         return resident is not None and resident.message_id is not None
+
+    def message_id(self, key: RouteKey) -> str | None:
+        """The id of the route's resident message, None before it was sent."""
+        resident = self._residents.get(key)
+        return None if resident is None else resident.message_id
 
     def disabled_reason(self, key: RouteKey) -> str | None:
         resident = self._residents.get(key)

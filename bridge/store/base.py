@@ -31,6 +31,29 @@ class ResidentRecord:
     unsure_at: float | None = None
 
 
+InboxOutcome = Literal["open", "delivered", "failed", "cancelled"]
+
+
+@dataclass(frozen=True)
+class InboxRecord:
+    """A message people sent an agent through its inbox, and where it ended.
+
+    `outcome` is "open" while the file waits in `inbox/queued/` (the finer states people see,
+    queued/parked/unconfirmed, are derived from the agent's activity and never stored).
+    """
+
+    message_id: str
+    agent_id: str
+    channel: str
+    chat_id: str
+    thread_id: str | None
+    author: str | None
+    queued_at: float
+    outcome: InboxOutcome = "open"
+    reason: str | None = None  # why it failed or was cancelled; via which host it arrived
+    closed_at: float | None = None
+
+
 @dataclass(frozen=True)
 class ChatPrefs:
     """Preferences people set with `/taskcard` in one chat (and forum topic)."""
@@ -167,3 +190,18 @@ class StateStore(ABC):
 
     @abstractmethod
     def seen_chats(self) -> list[SeenChat]: ...
+
+    # Messages to agents (the inbox) ------------------------------------------------------
+    @abstractmethod
+    def add_inbox_message(self, record: InboxRecord) -> None:
+        """Record a message about to be queued (before the file is written)."""
+
+    @abstractmethod
+    def set_inbox_outcome(
+        self, message_id: str, outcome: InboxOutcome, reason: str | None, at: float
+    ) -> None:
+        """Close (or reopen) a message: delivered, failed or cancelled, with why or how."""
+
+    @abstractmethod
+    def inbox_messages(self, since: float) -> list[InboxRecord]:
+        """Every open message, and closed ones queued at or after `since`, oldest first."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import asdict
 from typing import Any, cast
 
 import redis
@@ -31,6 +32,8 @@ from redis.retry import Retry
 
 from bridge.store.base import (
     ChatPrefs,
+    InboxOutcome,
+    InboxRecord,
     NoticeState,
     PendingNotice,
     ResidentRecord,
@@ -295,6 +298,30 @@ class RedisStore(StateStore):
                 )
             )
         return sorted(chats, key=lambda c: (-c.last_seen, c.channel, c.chat_id, c.thread_id or ""))
+
+    # Messages to agents (the inbox) ------------------------------------------------------
+
+    def add_inbox_message(self, record: InboxRecord) -> None:
+        pipe = self._r.pipeline(transaction=True)
+        pipe.hset(self.key("inbox"), record.message_id, json.dumps(asdict(record)))
+        pipe.zadd(self.key("inbox", "queued"), {record.message_id: record.queued_at})
+        pipe.execute()
+
+    def set_inbox_outcome(
+        self, message_id: str, outcome: InboxOutcome, reason: str | None, at: float
+    ) -> None:
+        raw = cast(str | None, self._r.hget(self.key("inbox"), message_id))
+        if raw is None:
+            return
+        data: dict[str, Any] = json.loads(raw)
+        data.update(outcome=outcome, reason=reason, closed_at=at)
+        self._r.hset(self.key("inbox"), message_id, json.dumps(data))
+
+    def inbox_messages(self, since: float) -> list[InboxRecord]:
+        raw = cast(dict[str, str], self._r.hgetall(self.key("inbox")))
+        records = [InboxRecord(**json.loads(value)) for value in raw.values()]
+        wanted = [r for r in records if r.outcome == "open" or r.queued_at >= since]
+        return sorted(wanted, key=lambda r: (r.queued_at, r.message_id))
 
 
 def _record(route: str, data: dict[str, str]) -> ResidentRecord:

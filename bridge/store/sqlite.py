@@ -33,6 +33,8 @@ from typing import Any
 
 from bridge.store.base import (
     ChatPrefs,
+    InboxOutcome,
+    InboxRecord,
     NoticeState,
     PendingNotice,
     ResidentRecord,
@@ -47,6 +49,8 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "ChatPrefs",
+    "InboxOutcome",
+    "InboxRecord",
     "NoticeState",
     "PendingNotice",
     "ResidentRecord",
@@ -95,6 +99,19 @@ CREATE TABLE IF NOT EXISTS offsets (
 );
 CREATE TABLE IF NOT EXISTS cursors (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS pauses (scope TEXT PRIMARY KEY, until_epoch REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS inbox (
+    message_id TEXT PRIMARY KEY,
+    agent_id TEXT NOT NULL,
+    channel TEXT NOT NULL,
+    chat_id TEXT NOT NULL,
+    thread_id TEXT,
+    author TEXT,
+    queued_at REAL NOT NULL,
+    outcome TEXT NOT NULL,
+    reason TEXT,
+    closed_at REAL
+);
+CREATE INDEX IF NOT EXISTS inbox_open ON inbox (outcome, queued_at);
 CREATE TABLE IF NOT EXISTS seen_chats (
     channel TEXT NOT NULL,
     chat_id TEXT NOT NULL,
@@ -583,6 +600,66 @@ class SqliteStore(StateStore):
                 row["thread_id"] or None,
                 row["title"],
                 float(row["last_seen"]),
+            )
+            for row in rows
+        ]
+
+    def add_inbox_message(self, record: InboxRecord) -> None:
+        def op(db: sqlite3.Connection) -> None:
+            db.execute(
+                "INSERT OR REPLACE INTO inbox (message_id, agent_id, channel, chat_id,"
+                " thread_id, author, queued_at, outcome, reason, closed_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    record.message_id,
+                    record.agent_id,
+                    record.channel,
+                    record.chat_id,
+                    record.thread_id,
+                    record.author,
+                    record.queued_at,
+                    record.outcome,
+                    record.reason,
+                    record.closed_at,
+                ),
+            )
+
+        self._write(("inbox", record.message_id), op)
+
+    def set_inbox_outcome(
+        self, message_id: str, outcome: InboxOutcome, reason: str | None, at: float
+    ) -> None:
+        def op(db: sqlite3.Connection) -> None:
+            db.execute(
+                "UPDATE inbox SET outcome = ?, reason = ?, closed_at = ? WHERE message_id = ?",
+                (outcome, reason, None if outcome == "open" else at, message_id),
+            )
+
+        self._write(("inbox_outcome", message_id), op)
+
+    def inbox_messages(self, since: float) -> list[InboxRecord]:
+        try:
+            rows = self._db.execute(
+                "SELECT * FROM inbox WHERE outcome = 'open' OR queued_at >= ?"
+                " ORDER BY queued_at, message_id",
+                (since,),
+            ).fetchall()
+        except sqlite3.OperationalError:
+            return []  # a read-only open of a state file from before this table
+        return [
+            InboxRecord(
+                message_id=row["message_id"],
+                agent_id=row["agent_id"],
+                channel=row["channel"],
+                chat_id=row["chat_id"],
+                thread_id=row["thread_id"],
+                author=row["author"],
+                queued_at=float(row["queued_at"]),
+                outcome=row["outcome"]
+                if row["outcome"] in ("open", "delivered", "failed", "cancelled")
+                else "failed",
+                reason=row["reason"],
+                closed_at=row["closed_at"],
             )
             for row in rows
         ]

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Final
 
+from bridge.track.status import StateFacts, agent_state
 from channels.base import AgentState
 from producers.task_card.contract import (
     ActivityEvent,
@@ -61,6 +62,10 @@ class ActivitySummary:
     state_valid_until: datetime | None = None
     last_event_at: datetime | None = None
     state_since: datetime | None = None
+    # Facts the signals are decided from (bridge.notices.signals).
+    agent_started_at: datetime | None = None
+    exited_at: datetime | None = None
+    turn_ended_at: datetime | None = None
 
 
 def _text(value: object) -> str | None:
@@ -82,6 +87,10 @@ class ActivityTracker:
         self._turn_started_at: datetime | None = None
         self._turn_ended_at: datetime | None = None
         self._waiting_since: datetime | None = None
+        self._waiting_reason: str | None = None
+        self._started_at: datetime | None = None
+        self._after_start = False  # any event since the latest `agent.start`
+        self._turns_after_start = False  # any turn fact since it (a shell has none)
         self._last_event_at: datetime | None = None
         self._recent: deque[Movement] = deque(maxlen=MAX_RECENT)
         # Origins (`turn.start` origin / `turn.origin`) not yet taken by the service.
@@ -101,6 +110,10 @@ class ActivityTracker:
     def apply(self, event: ActivityEvent) -> None:
         if self._last_event_at is None or event.ts > self._last_event_at:
             self._last_event_at = event.ts
+        if event.kind != "agent.start":
+            self._after_start = True
+        if event.kind in ("turn.start", "turn.end"):
+            self._turns_after_start = True
         movement = self._transition(event)
         if movement is not None:
             self._recent.appendleft(movement)
@@ -110,6 +123,8 @@ class ActivityTracker:
         kind, at = event.kind, event.ts
         if kind == "agent.start":
             self._exited_at = None
+            self._started_at = at
+            self._after_start = self._turns_after_start = False
             self._turn_started_at = self._turn_ended_at = self._waiting_since = None
             self._tokens = None
             return Movement(kind, at)
@@ -130,6 +145,8 @@ class ActivityTracker:
             return Movement(kind, at)
         if kind == "wait.start":
             self._waiting_since = at
+            reason = fields.get("reason")
+            self._waiting_reason = reason if isinstance(reason, str) else None
             return Movement(kind, at, detail=_text(fields.get("reason")))
         if kind == "wait.end":
             self._waiting_since = None
@@ -163,8 +180,12 @@ class ActivityTracker:
             return None
         return None
 
-    def summary(self, now: datetime, no_output_after_s: float) -> ActivitySummary:
-        state, since, valid_until = self._state(now, no_output_after_s)
+    def summary(
+        self, now: datetime, no_output_after_s: float, start_silence_s: float = 30.0
+    ) -> ActivitySummary:
+        state, since, valid_until = agent_state(
+            self.facts(), now, no_output_after_s, start_silence_s
+        )
         return ActivitySummary(
             state=state,
             last_movement=self._recent[0] if self._recent else None,
@@ -176,21 +197,20 @@ class ActivityTracker:
             state_valid_until=valid_until,
             last_event_at=self._last_event_at,
             state_since=since,
+            agent_started_at=self._started_at,
+            exited_at=self._exited_at,
+            turn_ended_at=self._turn_ended_at,
         )
 
-    def _state(
-        self, now: datetime, no_output_after_s: float
-    ) -> tuple[AgentState, datetime | None, datetime | None]:
-        if self._exited_at is not None:
-            return "exited", self._exited_at, None
-        if self._waiting_since is not None:
-            return "waiting", self._waiting_since, None
-        if self._turn_started_at is not None and self._turn_ended_at is None:
-            last = self._last_event_at or self._turn_started_at
-            silent_from = last + timedelta(seconds=no_output_after_s)
-            if now >= silent_from:
-                return "no output", silent_from, None
-            return "running", self._turn_started_at, silent_from
-        if self._turn_ended_at is not None:
-            return "idle", self._turn_ended_at, None
-        return "unknown", None, None
+    def facts(self) -> StateFacts:
+        return StateFacts(
+            exited_at=self._exited_at,
+            waiting_since=self._waiting_since,
+            waiting_reason=self._waiting_reason,
+            started_at=self._started_at,
+            after_start=self._after_start,
+            turns_after_start=self._turns_after_start,
+            turn_started_at=self._turn_started_at,
+            turn_ended_at=self._turn_ended_at,
+            last_event_at=self._last_event_at,
+        )

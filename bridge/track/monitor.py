@@ -130,12 +130,14 @@ class AgentMonitor:
         *,
         clock: Callable[[], datetime],
         no_output_after_s: float = 300.0,
+        start_silence_s: float = 30.0,
     ) -> None:
         self.agent_id = agent_id
         self.paths = CardPaths(workdir)
         self._offsets = offsets
         self._clock = clock
         self._no_output_after_s = no_output_after_s
+        self._start_silence_s = start_silence_s
         self._card = CardState()
         self._card_signatures: tuple[FileSignature | None, ...] | None = None
         self._body_raw: bytes | None = None
@@ -156,7 +158,9 @@ class AgentMonitor:
         """The activity summary; its time-dependent state is brought up to date on read."""
         valid_until = self._activity.state_valid_until
         if valid_until is not None and self._clock() >= valid_until:
-            self._activity = self._tracker.summary(self._clock(), self._no_output_after_s)
+            self._activity = self._tracker.summary(
+                self._clock(), self._no_output_after_s, self._start_silence_s
+            )
         return self._activity
 
     def commit(self) -> None:
@@ -213,7 +217,7 @@ class AgentMonitor:
         valid_until = self._activity.state_valid_until
         activity_changed = False
         if events_read or (valid_until is not None and now >= valid_until):
-            summary = self._tracker.summary(now, self._no_output_after_s)
+            summary = self._tracker.summary(now, self._no_output_after_s, self._start_silence_s)
             activity_changed = summary != self._activity
             self._activity = summary
         return AgentRefresh(

@@ -43,6 +43,7 @@ MAX_NOTICES: Final = 8
 STATE_STYLES: Final[dict[str, str]] = {
     "running": "green",
     "no output": "yellow",
+    "at prompt": "cyan",
     "waiting": "magenta",
     "idle": "blue",
     "exited": "bright_black",

@@ -37,6 +37,7 @@ STATE_TEMPLATE: dict[AgentState, str] = {
     "waiting": "orange",
     "exited": "grey",
     "no output": "red",
+    "at prompt": "blue",
     "unknown": "grey",
 }
 

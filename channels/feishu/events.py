@@ -41,10 +41,11 @@ from typing import Any
 
 from lark_oapi.core.utils.decryptor import AESCipher
 
-from channels.base import ChatRef, CursorStore, IncomingCommand
+from channels.base import ChatRef, CommandName, CursorStore, IncomingCommand
 
 MESSAGE_EVENT = "im.message.receive_v1"
 COMMAND = "/taskcard"
+TELL = "/tell"
 PRIVATE_CHAT = "p2p"
 USER_MENTION_PREFIX = "@_user_"
 
@@ -171,7 +172,7 @@ def duplicate_key(decoded: DecodedEvent) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def command_args(text: str, mention_key: str | None = None) -> str | None:
+def command_args(text: str, mention_key: str | None = None, command: str = COMMAND) -> str | None:
     """The arguments of a `/taskcard` command in message text, None when it is not one.
 
     `mention_key` is the placeholder Feishu wrote for the bot's mention (`@_user_1`); it is
@@ -185,8 +186,11 @@ def command_args(text: str, mention_key: str | None = None) -> str | None:
     if not words:
         return None
     head = words[0]
-    if head != COMMAND and not head.startswith(COMMAND + "@"):
+    if head != command and not head.startswith(command + "@"):
         return None
+    if command == TELL:
+        # The text for the agent keeps its line breaks: only the command word goes.
+        return re.sub(r"^\s*\S+\s*", "", text, count=1).strip()
     return " ".join(words[1:])
 
 
@@ -238,12 +242,24 @@ def command_from_event(
     if not isinstance(text, str):
         return None
     mention_key = bot_mention_key(message.get("mentions"), bot_open_id)
-    # Anything but a private chat (a group, a topic group, an unknown kind) needs a mention.
-    if mention_key is None and message.get("chat_type") != PRIVATE_CHAT:
-        return None
-    args = command_args(text, mention_key)
+    name: CommandName = "taskcard"
+    reply_to = tuple(
+        value
+        for value in (message.get("parent_id"), message.get("root_id"))
+        if isinstance(value, str) and value
+    )
+    # Anything but a private chat (a group, a topic group, an unknown kind) needs a mention
+    # for a command; a reply names the message it answers, which the service matches.
+    addressed = mention_key is not None or message.get("chat_type") == PRIVATE_CHAT
+    args = command_args(text, mention_key) if addressed else None
+    if args is None and addressed:
+        name, args = "tell", command_args(text, mention_key, TELL)
     if args is None:
-        return None
+        if not reply_to:
+            return None
+        name = "reply"
+        args = re.sub(re.escape(mention_key) + r"(?!\d)", " ", text) if mention_key else text
+        args = args.strip()
     sender = event.get("sender")
     sender_ids = sender.get("sender_id") if isinstance(sender, dict) else None
     open_id = sender_ids.get("open_id") if isinstance(sender_ids, dict) else None
@@ -253,6 +269,8 @@ def command_from_event(
         args=args,
         user_id=open_id if isinstance(open_id, str) else None,
         message_id=message_id if isinstance(message_id, str) else None,
+        command=name,
+        reply_to=reply_to if name == "reply" else (),
     )
 
 

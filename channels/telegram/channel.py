@@ -42,7 +42,10 @@ _T = TypeVar("_T")
 _POOL_SIZE = 64
 _NO_PREVIEW = LinkPreviewOptions(is_disabled=True)
 # The bot's command menu (the "/" button): people find `/taskcard` without reading docs.
-MENU_COMMANDS = (BotCommand("taskcard", "show the task cards' state; on, off, or 1-10 rows"),)
+MENU_COMMANDS = (
+    BotCommand("taskcard", "show the task cards' state; on, off, or 1-10 rows"),
+    BotCommand("tell", "send text to an agent: /tell AGENT TEXT"),
+)
 
 
 def _api_chat_id(chat: ChatRef) -> int | str:

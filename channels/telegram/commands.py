@@ -16,19 +16,20 @@ from telegram import Bot, Update
 from telegram import error as tg
 
 from channels.aio import Backoff
-from channels.base import ChatRef, CommandSink, CursorStore, IncomingCommand, PollGate
+from channels.base import ChatRef, CommandName, CommandSink, CursorStore, IncomingCommand, PollGate
 from channels.telegram.request import FloodWait
 
 OFFSET_CURSOR_KEY = "telegram:update_offset"
 COMMAND = "taskcard"
+TELL = "tell"
 # The longest getUpdates flood wait honoured: commands are never shut out for longer.
 MAX_FLOOD_WAIT_S = 3600.0
 
 _log = logging.getLogger(__name__)
 
 
-def parse_command(text: str, bot_username: str) -> str | None:
-    """The arguments of a `/taskcard` command addressed to this bot, or None.
+def parse_command(text: str, bot_username: str, command: str = COMMAND) -> str | None:
+    """The arguments of a `/taskcard` (or `command`) command addressed to this bot, or None.
 
     `/taskcard@OtherBot` is someone else's command in a group and is ignored; the mention
     of this bot is matched case-insensitively, as Telegram usernames are.
@@ -38,10 +39,12 @@ def parse_command(text: str, bot_username: str) -> str | None:
         return None
     head, _, args = stripped.partition(" ")
     name, _, mention = head[1:].partition("@")
-    if name.lower() != COMMAND:
+    if name.lower() != command:
         return None
     if mention and mention.lower() != bot_username.lower():
         return None
+    if command == TELL:
+        return args.strip()  # text for an agent keeps its line breaks
     return " ".join(args.split())
 
 
@@ -50,9 +53,21 @@ def command_from_update(update: Update, bot_username: str) -> IncomingCommand | 
     message = update.message
     if message is None or message.text is None:
         return None
+    name: CommandName = "taskcard"
+    reply_to: tuple[str, ...] = ()
     args = parse_command(message.text, bot_username)
     if args is None:
-        return None
+        name, args = "tell", parse_command(message.text, bot_username, TELL)
+    if args is None:
+        # A reply to one of this bot's messages (privacy mode still delivers those): text
+        # for the agent whose message it answers, when the service knows that message.
+        replied = message.reply_to_message
+        author = None if replied is None else replied.from_user
+        if replied is None or author is None or not author.is_bot:
+            return None
+        if (author.username or "").lower() != bot_username.lower():
+            return None
+        name, args, reply_to = "reply", message.text, (str(replied.message_id),)
     thread = message.message_thread_id if message.is_topic_message else None
     return IncomingCommand(
         chat=ChatRef(str(message.chat.id), None if thread is None else str(thread)),
@@ -60,6 +75,8 @@ def command_from_update(update: Update, bot_username: str) -> IncomingCommand | 
         user_id=None if message.from_user is None else str(message.from_user.id),
         message_id=str(message.message_id),
         chat_title=message.chat.effective_name,
+        command=name,
+        reply_to=reply_to,
     )
 
 

@@ -27,6 +27,7 @@ _STATE_ICONS = {
     "waiting": "🟡",
     "exited": "⚫",
     "no output": "🟠",
+    "at prompt": "⌨",
     "unknown": "❔",
 }
 

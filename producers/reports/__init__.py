@@ -4,7 +4,8 @@
 only grows, across restarts and concurrent writers); `after(seq)` reads the next one.
 `spawn(child, parent=..., reason=...)` records a child agent's lineage in
 `<child>/lineage.json` under a depth cap. The same calls are `taskcard report|reports|spawn`
-and the `report` and `spawn` MCP tools; the file contracts are in docs/producer.md.
+and the `report` and `spawn` MCP tools. `contract` holds the paths and total parsers the
+service reads (and the inbox message it writes); the file contracts are in docs/reports.md.
 
 May import: the standard library, `producers.task_card.contract`,
 `producers.task_card.runtime` (only `mcp_tool`, for its type). Never `bridge` or

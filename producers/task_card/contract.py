@@ -55,13 +55,13 @@ EVENT_KINDS: Final = frozenset(
         "agent.exit",
         "turn.start",
         "turn.end",
+        "turn.origin",
         "tool.start",
         "tool.end",
         "text",
         "usage",
         "wait.start",
         "wait.end",
-        "turn.origin",
     }
 )
 

@@ -335,7 +335,7 @@ def test_state_follows_events_and_time(paths: CardPaths, clock: Clock) -> None:
     clock.advance(59)
     assert state_of(mon) == "running"
     clock.advance(1)
-    assert state_of(mon) == "no output"
+    assert state_of(mon) == "unknown"  # a silent open turn: work cannot be told from silence
     assert mon.refresh().activity_changed is False  # already brought up to date on read
     event(paths, "tool.end", clock.now, call_id="c1", ok=False, duration_s=60.5)
     mon.refresh()
@@ -359,6 +359,11 @@ def test_state_follows_events_and_time(paths: CardPaths, clock: Clock) -> None:
     event(paths, "agent.start", clock.now)
     mon.refresh()
     assert state_of(mon) == "unknown"
+    clock.advance(30)
+    assert state_of(mon) == "no output"  # came up and said nothing: a warning
+    event(paths, "text", clock.now, text="hello")
+    mon.refresh()
+    assert state_of(mon) == "at prompt"  # spoke, but never had a turn
 
 
 def test_usage_is_summed_per_turn_and_is_not_movement(paths: CardPaths, clock: Clock) -> None:

@@ -106,11 +106,37 @@ CASES: list[tuple[str, CardState, ActivitySummary, int, CardView]] = [
         ),
     ),
     (
-        "error episode on an older day, no output, skipped lines",
+        "came up and said nothing",
+        CardState(),
+        ActivitySummary(state="no output", state_since=at(15, 0), agent_started_at=at(15, 0)),
+        3,
+        CardView(
+            agent_id="builder",
+            state="no output",
+            auto_rows=("⏸ no output since it started at 15:00 UTC",),
+            body=None,
+            body_note="No task card is published.",
+        ),
+    ),
+    (
+        "a shell at its prompt",
+        CardState(),
+        ActivitySummary(state="at prompt", state_since=at(15, 0)),
+        3,
+        CardView(
+            agent_id="builder",
+            state="at prompt",
+            auto_rows=("⌨ at the prompt since 15:00 UTC",),
+            body=None,
+            body_note="No task card is published.",
+        ),
+    ),
+    (
+        "error episode on an older day, silent turn unknown, skipped lines",
         replace(ACTIVE, error_code="renderer_timeout", error_since=at(23, 50, day=3)),
         ActivitySummary(
-            state="no output",
-            state_since=at(15, 5),
+            state="unknown",
+            state_since=at(15, 0),
             turn_started_at=at(14, 0),
             last_event_at=at(15, 0),
             skipped_lines=2,
@@ -118,9 +144,10 @@ CASES: list[tuple[str, CardState, ActivitySummary, int, CardView]] = [
         3,
         CardView(
             agent_id="builder",
-            state="no output",
+            state="unknown",
             auto_rows=(
-                "⏸ no output since 15:00 UTC, turn since 14:00 UTC",
+                "❔ state unknown: quiet since 15:00 UTC in a turn begun 14:00 UTC;"
+                " work cannot be told from silence",
                 "card updated 15:20 UTC; ⚠ renderer error since 2026-03-03 23:50 UTC"
                 " (renderer_timeout)",
                 "activity log: 2 unreadable lines skipped",

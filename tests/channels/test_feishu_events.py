@@ -18,7 +18,7 @@ import pytest
 from channels.base import IncomingCommand
 from channels.feishu.channel import FeishuChannel
 from channels.feishu.config import FeishuConfig, FeishuWebhook
-from channels.feishu.events import SeenEvents
+from channels.feishu.events import SeenEvents, command_from_event
 from tests.channels.conftest import CommandInbox, MemoryCursorStore, wait_until
 from tests.fakes.feishu_api import FakeFeishu, encrypt_event
 
@@ -361,3 +361,18 @@ def test_seen_events_are_kept_by_time_and_across_restarts() -> None:
     again = SeenEvents(3600, cursor, clock=lambda: now[0])
     assert again.first_time("other-5")
     assert not again.first_time("other-5")
+
+
+def test_tell_needs_the_mention_and_a_reply_names_its_parent(fake: FakeFeishu) -> None:
+    bot = fake.bot_open_id
+    tell = command_from_event(fake.command_event("oc_g", "/tell builder stop now"), bot)
+    assert tell is not None and (tell.command, tell.args) == ("tell", "builder stop now")
+    unaddressed = fake.command_event("oc_g", "/tell builder stop", mention_bot=False)
+    assert command_from_event(unaddressed, bot) is None
+    reply = command_from_event(
+        fake.command_event("oc_g", "please stop", mention_bot=False, parent_id="om_card_1"), bot
+    )
+    assert reply is not None
+    assert (reply.command, reply.args, reply.reply_to) == ("reply", "please stop", ("om_card_1",))
+    chatter = fake.command_event("oc_g", "please stop", mention_bot=False)
+    assert command_from_event(chatter, bot) is None

@@ -187,3 +187,26 @@ async def test_a_webhook_left_on_the_bot_is_removed_so_commands_arrive(
         assert telegram_fake.count("deleteWebhook") == 1
     finally:
         await channel.stop()
+
+
+def _reply(text: str, to_bot: bool, username: str = "Bot") -> Update:
+    update = _update("message", text).to_dict()
+    update["message"]["reply_to_message"] = {
+        "message_id": 77,
+        "date": 0,
+        "chat": {"id": GROUP, "type": "supergroup", "title": "g"},
+        "from": {"id": 1, "is_bot": to_bot, "first_name": "b", "username": username},
+        "text": "card",
+    }
+    return Update.de_json(update, None)
+
+
+def test_tell_and_replies_to_the_bot_reach_the_service() -> None:
+    tell = command_from_update(_update("message", "/tell@Bot builder stop\nnow"), "Bot")
+    assert tell is not None and (tell.command, tell.args) == ("tell", "builder stop\nnow")
+    reply = command_from_update(_reply("please stop", to_bot=True), "bot")
+    assert reply is not None
+    assert (reply.command, reply.args, reply.reply_to) == ("reply", "please stop", ("77",))
+    assert command_from_update(_reply("hi", to_bot=False), "Bot") is None
+    assert command_from_update(_reply("hi", to_bot=True, username="OtherBot"), "Bot") is None
+    assert command_from_update(_update("message", "just chatting"), "Bot") is None

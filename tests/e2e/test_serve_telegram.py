@@ -100,7 +100,7 @@ async def test_first_card_creates_resident_and_changes_edit_it(
 async def test_taskcard_is_in_the_bot_command_menu(tmp_path: Path, fake: FakeTelegram) -> None:
     with setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])]) as serve:
         menu = await eventually(lambda: fake.my_commands.get(("default", "")), what="the menu")
-        assert [item["command"] for item in menu] == ["taskcard"]
+        assert [item["command"] for item in menu] == ["taskcard", "tell"]
         assert "on, off" in menu[0]["description"]
         assert await serve.aterminate() == 0
 

@@ -367,6 +367,8 @@ class FakeFeishu:
         mention_bot: bool = True,
         mention_users: tuple[str, ...] = (),
         verification_token: str | None = None,
+        parent_id: str = "",
+        root_id: str = "",
     ) -> dict[str, Any]:
         """An `im.message.receive_v1` document for a text message `text` in `chat_id`.
 
@@ -410,8 +412,8 @@ class FakeFeishu:
                 },
                 "message": {
                     "message_id": message_id or f"om_user_{next(self._ids):06d}",
-                    "root_id": "",
-                    "parent_id": "",
+                    "root_id": root_id,
+                    "parent_id": parent_id,
                     "create_time": created_ms,
                     "update_time": created_ms,
                     "chat_id": chat_id,

@@ -339,8 +339,10 @@ class FakeTelegram:
         user_id: int = 1000,
         thread_id: int | None = None,
         edit_of: int | None = None,
+        reply_to: int | None = None,
     ) -> int:
-        """A person writes `text` (or edits their message `edit_of`); returns the update id."""
+        """A person writes `text` (or edits their message `edit_of`), as a reply to message
+        `reply_to` when given; returns the update id."""
         chat = int(chat_id)
         if edit_of is None:
             message_id = self._allocate_id(chat)
@@ -358,6 +360,10 @@ class FakeTelegram:
             stored = existing
             kind = "edited_message"
         message = self._message_json(stored, user_id=user_id)
+        if reply_to is not None:
+            message["reply_to_message"] = self._message_json(
+                self._existing(chat, reply_to, "Bad Request: message to be replied not found")
+            )
         if text.startswith("/"):
             command_length = len(text.split()[0])
             message["entities"] = [{"type": "bot_command", "offset": 0, "length": command_length}]

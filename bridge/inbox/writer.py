@@ -1,0 +1,151 @@
+"""Writing into an agent's `inbox/`: narrow, atomic, refusing links.
+
+Every step goes through directory descriptors opened with `O_NOFOLLOW | O_DIRECTORY`, starting
+from the resolved workdir, so a symlink planted at `inbox` or at one of its folders is refused
+(`InboxRefused`, naming the path and the fix) instead of followed out of the workdir. A message
+is written to `inbox/tmp/<id>.json` and renamed into `inbox/queued/` (readers never see half a
+file); a cancel is a rename from `queued/` to `cancelled/` that races the agent side's claim
+(rename to `taken/`): whichever rename happens first wins, and the loser sees
+`FileNotFoundError`. Folders are created with mode 0700.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+from producers.reports.contract import (
+    CANCELLED_DIR,
+    INBOX_DIR,
+    INBOX_SUBDIRS,
+    MAX_INBOX_MESSAGE_BYTES,
+    MESSAGE_ID,
+    QUEUED_DIR,
+    TAKEN_DIR,
+    TMP_DIR,
+)
+
+Location = Literal["queued", "taken", "cancelled", "missing"]
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class InboxRefused(Exception):
+    """The inbox cannot be written safely; the message says what and how to fix it."""
+
+
+def _open_dir(name: str, parent_fd: int, shown: str, *, create: bool) -> int:
+    if create:
+        try:
+            os.mkdir(name, 0o700, dir_fd=parent_fd)
+        except FileExistsError:
+            pass
+        except OSError as error:
+            raise InboxRefused(f"{shown} could not be created ({error.strerror})") from None
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except OSError as error:
+        if error.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise InboxRefused(
+                f"{shown} is a symlink or not a directory; remove it so the service can"
+                " create a real folder"
+            ) from None
+        raise InboxRefused(f"{shown} cannot be opened ({error.strerror})") from None
+
+
+class InboxWriter:
+    """One agent's inbox as the service sees it."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+
+    @contextmanager
+    def _folders(self, *, create: bool) -> Iterator[dict[str, int]]:
+        try:
+            root = os.open(self.workdir.resolve(), _DIR_FLAGS)
+        except OSError as error:
+            raise InboxRefused(f"the workdir cannot be opened ({error.strerror})") from None
+        fds: dict[str, int] = {}
+        try:
+            inbox = _open_dir(INBOX_DIR, root, INBOX_DIR, create=create)
+            fds[""] = inbox
+            for sub in INBOX_SUBDIRS:
+                fds[sub] = _open_dir(sub, inbox, f"{INBOX_DIR}/{sub}", create=create)
+            yield fds
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+            os.close(root)
+
+    def queue(self, message: dict[str, Any]) -> None:
+        """Write `message` (its `id` a valid message id) into `queued/`, atomically."""
+        ident = str(message.get("id"))
+        if not MESSAGE_ID.match(ident):
+            raise InboxRefused("the message id is not valid")
+        data = json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode()
+        if len(data) > MAX_INBOX_MESSAGE_BYTES:
+            raise InboxRefused(f"the message is over {MAX_INBOX_MESSAGE_BYTES // 1024} KiB")
+        name = f"{ident}.json"
+        with self._folders(create=True) as fds:
+            try:
+                fd = os.open(
+                    name,
+                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    0o600,
+                    dir_fd=fds[TMP_DIR],
+                )
+            except OSError as error:
+                raise InboxRefused(f"inbox/tmp/{name} ({error.strerror})") from None
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            except OSError as error:
+                os.close(fd)
+                os.unlink(name, dir_fd=fds[TMP_DIR])
+                raise InboxRefused(f"inbox/tmp/{name} ({error.strerror})") from None
+            os.close(fd)
+            try:
+                os.rename(name, name, src_dir_fd=fds[TMP_DIR], dst_dir_fd=fds[QUEUED_DIR])
+            except OSError as error:
+                raise InboxRefused(f"inbox/queued/{name} ({error.strerror})") from None
+
+    def cancel(self, ident: str) -> bool:
+        """Withdraw a queued message; False when the agent side claimed it first (or gone)."""
+        if not MESSAGE_ID.match(ident):
+            return False
+        name = f"{ident}.json"
+        with self._folders(create=False) as fds:
+            try:
+                os.rename(name, name, src_dir_fd=fds[QUEUED_DIR], dst_dir_fd=fds[CANCELLED_DIR])
+            except FileNotFoundError:
+                return False
+            except OSError as error:
+                raise InboxRefused(f"inbox/queued/{name} ({error.strerror})") from None
+        return True
+
+    def location(self, ident: str) -> Location:
+        """Which folder holds the message now ("missing" also when the inbox is unusable)."""
+        if not MESSAGE_ID.match(ident):
+            return "missing"
+        name = f"{ident}.json"
+        try:
+            with self._folders(create=False) as fds:
+                for folder in (QUEUED_DIR, TAKEN_DIR, CANCELLED_DIR):
+                    try:
+                        os.stat(name, dir_fd=fds[folder], follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    return (
+                        "queued"
+                        if folder == QUEUED_DIR
+                        else "taken"
+                        if folder == TAKEN_DIR
+                        else "cancelled"
+                    )
+        except InboxRefused:
+            pass
+        return "missing"

@@ -1,0 +1,147 @@
+"""Signals: the four notices that tell people (and a parent agent) an agent owes them news.
+
+| signal          | due when                                                              |
+|-----------------|-----------------------------------------------------------------------|
+| report          | a new report line (seq greater than any seen)                          |
+| exited          | `agent.exit` with no report since `agent.start`                        |
+| idle            | a live card, no report since the turn began, quiet beyond the floor    |
+| no output       | `agent.start` and not one event since, past the start grace           |
+
+Idle has three sentences because three different mechanisms lead there, and a wrong alarm
+teaches people to ignore the true one: no host reads the agent (it *could not* report: no
+accusation); the agent declared its turn finished (`turn.end`, a fact it wrote); or nothing
+says whether a turn ended (inferred silence: how long, and a request to check, never a claim
+that the agent gave up). No output warns and never kills: a slow start is not a failure.
+
+Each signal has an episode id (the notice id): the same episode is announced once, across
+restarts too, because the store refuses a notice id it already holds. Texts are built from
+typed fields only; the one free text, a report's summary, is redacted and cut like a card.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Final, Literal
+
+from bridge.compose.redact import redact
+from producers.reports.contract import Report
+from producers.task_card.contract import iso_utc
+
+SignalKind = Literal["report", "exited", "idle", "no output"]
+IdleMechanism = Literal["no host", "turn ended", "silence"]
+SUMMARY_CHARS: Final = 300
+ROLE_CHARS: Final = 40
+
+
+@dataclass(frozen=True)
+class SignalFacts:
+    """What the signals are decided from (the tracked activity, card and latest report)."""
+
+    agent_id: str
+    state: str
+    card_live: bool
+    card_since: datetime | None
+    started_at: datetime | None
+    exited_at: datetime | None
+    turn_started_at: datetime | None
+    turn_ended_at: datetime | None
+    last_event_at: datetime | None
+    latest_report: Report | None
+
+
+@dataclass(frozen=True)
+class Signal:
+    kind: SignalKind
+    episode: str  # the notice id: one announcement per episode
+    text: str
+
+
+def _one_line(text: str, limit: int) -> str:
+    flat = " ".join(redact(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
+
+
+def _minutes(seconds: float) -> str:
+    minutes = max(1, round(seconds / 60))
+    return "1 minute" if minutes == 1 else f"{minutes} minutes"
+
+
+def report_signal(agent_id: str, report: Report) -> Signal:
+    """The "report available" notice of one report."""
+    outcome = "ok" if report.ok else "failed"
+    parts = [f"📋 {agent_id} reported (#{report.seq}): {outcome}"]
+    if report.verdict is not None:
+        parts.append(f"verdict {report.verdict}")
+    if report.role is not None:
+        parts.append(f"as {_one_line(report.role, ROLE_CHARS)}")
+    text = ", ".join(parts) + "."
+    if report.summary is not None:
+        text += f"\n{_one_line(report.summary, SUMMARY_CHARS)}"
+    return Signal("report", f"signal:report:{report.seq}", text)
+
+
+def _reported_since(report: Report | None, moment: datetime | None) -> bool:
+    if report is None:
+        return False
+    return moment is None or report.at >= moment
+
+
+def due_signals(
+    facts: SignalFacts, now: datetime, idle_floor_s: float
+) -> tuple[list[Signal], datetime | None]:
+    """The time-driven signals due now, and when the next one may become due."""
+    agent = facts.agent_id
+    due: list[Signal] = []
+    if facts.exited_at is not None:
+        if not _reported_since(facts.latest_report, facts.started_at):
+            due.append(
+                Signal(
+                    "exited",
+                    f"signal:exited:{iso_utc(facts.exited_at)}",
+                    f"⏹ {agent} exited without a report.",
+                )
+            )
+        return due, None
+    if facts.state == "no output" and facts.started_at is not None:
+        quiet_s = (now - facts.started_at).total_seconds()
+        due.append(
+            Signal(
+                "no output",
+                f"signal:no-output:{iso_utc(facts.started_at)}",
+                f"⏸ {agent} started {round(quiet_s)} s ago and has written nothing since. It is"
+                " still running; nothing was stopped.",
+            )
+        )
+    if not facts.card_live or facts.state in ("waiting", "no output"):
+        return due, None
+    turn_began = facts.turn_started_at or facts.started_at
+    if _reported_since(facts.latest_report, turn_began):
+        return due, None
+    anchor = facts.last_event_at or facts.card_since
+    if anchor is None:
+        return due, None
+    ready_at = anchor + timedelta(seconds=idle_floor_s)
+    if now < ready_at:
+        return due, ready_at
+    quiet = _minutes((now - anchor).total_seconds())
+    mechanism: IdleMechanism
+    if facts.last_event_at is None:
+        mechanism = "no host"
+        text = (
+            f"💤 {agent} has a live card, but no host reads its activity, so it could not"
+            f" report. Nothing has been heard from it for {quiet}."
+        )
+    elif facts.turn_ended_at is not None and (
+        facts.turn_started_at is None or facts.turn_ended_at >= facts.turn_started_at
+    ):
+        mechanism = "turn ended"
+        text = f"💤 {agent} declared its turn finished {quiet} ago and has not reported."
+    else:
+        mechanism = "silence"
+        text = (
+            f"💤 {agent} has been quiet for {quiet} with a live card and no report since its"
+            " turn began. Please check on it: this is silence, not proof that it stopped."
+        )
+    due.append(Signal("idle", f"signal:idle:{mechanism}:{iso_utc(anchor)}", text))
+    return due, None

@@ -1,0 +1,300 @@
+"""The service's half of talking to an agent: queue text in its inbox, follow the text's fate.
+
+A person replies to an agent's resident message or writes `/tell AGENT TEXT`; the desk checks
+the per-author rate, records the message, writes it into the agent's `inbox/queued/` (the one
+place the service writes into a workdir, see `bridge.inbox.writer`) and answers with ONE
+status message that is edited as the message moves: queued -> parked/unconfirmed ->
+delivered, or failed / cancelled. That status message is a resident of the route scheduler
+keyed by the message id (`inbox:<id>` in the agent slot of the route key), so it is paced by
+the chat's lane, survives a restart (its id is in the store: edited, never sent again) and
+needs no second delivery mechanism.
+
+Wakes (`kind: "wake"`) are typed notices to a parent agent; they have no status message and
+are written once per episode (the store refuses a known episode id).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
+from datetime import datetime, tzinfo
+from pathlib import Path
+
+from bridge.config import InboxConfig
+from bridge.inbox.states import MessageState, message_state, state_line
+from bridge.inbox.writer import InboxRefused, InboxWriter
+from bridge.schedule.scheduler import RouteKey, RouteScheduler
+from bridge.store.sqlite import InboxRecord, StateStore
+from bridge.track.monitor import ActivitySummary
+from channels.base import CardView, Channel, ChatRef, Outgoing
+from producers.reports.contract import Ack, inbox_message
+
+log = logging.getLogger(__name__)
+
+STATUS_AGENT_PREFIX = "inbox:"
+# Closed messages younger than this get their status message back after a restart (its last
+# edit may not have gone out); older ones are history.
+KEEP_CLOSED_S = 86_400.0
+WAKE_ROUTE_PREFIX = "wake:"
+
+
+def status_key(record: InboxRecord) -> RouteKey:
+    """The scheduler route of a message's status message."""
+    return RouteKey(
+        record.channel,
+        ChatRef(record.chat_id, record.thread_id),
+        STATUS_AGENT_PREFIX + record.message_id,
+    )
+
+
+class AuthorRate:
+    """At most `max_messages` per `period_s` per (author, agent): a sliding window."""
+
+    def __init__(self, max_messages: int, period_s: float) -> None:
+        self._max = max_messages
+        self._period_s = period_s
+        self._sent: dict[tuple[str, str], deque[float]] = {}
+
+    def allow(self, author: str, agent_id: str, now_s: float) -> bool:
+        window = self._sent.setdefault((author, agent_id), deque())
+        while window and window[0] <= now_s - self._period_s:
+            window.popleft()
+        if len(window) >= self._max:
+            return False
+        window.append(now_s)
+        return True
+
+
+class InboxDesk:
+    """Owns the messages people sent agents and their status messages."""
+
+    def __init__(
+        self,
+        config: InboxConfig,
+        store: StateStore,
+        scheduler: RouteScheduler,
+        channels: Mapping[str, Channel],
+        workdirs: Mapping[str, Path],
+        *,
+        clock: Callable[[], datetime],
+        activity: Callable[[str], ActivitySummary],
+        zone: Callable[[str, ChatRef], tzinfo],
+        render: Callable[[Channel, CardView], Outgoing],
+    ) -> None:
+        self._config = config
+        self._store = store
+        self._scheduler = scheduler
+        self._channels = channels
+        self._writers = {agent: InboxWriter(workdir) for agent, workdir in workdirs.items()}
+        self._clock = clock
+        self._activity = activity
+        self._zone = zone
+        self._render = render
+        self._rate = AuthorRate(config.max_messages, config.period_s)
+        self._records: dict[str, InboxRecord] = {}
+        self._ready: set[str] = set()
+        self.problems: dict[str, str] = {}  # agent -> why its inbox cannot be written
+
+    # Lifecycle -------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Take up the messages of the last day (after the scheduler started)."""
+        since = self._clock().timestamp() - KEEP_CLOSED_S
+        for record in self._store.inbox_messages(since):
+            if record.channel not in self._channels:
+                continue
+            self._records[record.message_id] = record
+            self._scheduler.add_route(status_key(record))
+        for agent_id in {r.agent_id for r in self._records.values()} - set(self._writers):
+            self.retire(agent_id, "the agent was removed")
+
+    def channel_ready(self, channel: str) -> None:
+        self._ready.add(channel)
+        for record in self._records.values():
+            if record.channel == channel:
+                self._show(record)
+
+    # People's messages -----------------------------------------------------------------
+
+    def accepts(self, agent_id: str) -> bool:
+        return agent_id in self._writers
+
+    def queue(
+        self, channel: str, chat: ChatRef, agent_id: str, author: str | None, text: str
+    ) -> str | None:
+        """Queue `text` for `agent_id`; a short refusal for the person, or None when queued
+        (the status message then says what happens)."""
+        now = self._clock()
+        if not self._rate.allow(author or "", agent_id, now.timestamp()):
+            return (
+                f"Too many messages to {agent_id}: at most {self._config.max_messages} in"
+                f" {self._config.period_s:g} s per person. Wait a moment and send it again."
+            )
+        if not text.strip():
+            return f"Nothing to send: write the text after /tell {agent_id}."
+        record = InboxRecord(
+            message_id="m_" + secrets.token_hex(10),
+            agent_id=agent_id,
+            channel=channel,
+            chat_id=chat.chat_id,
+            thread_id=chat.thread_id,
+            author=author,
+            queued_at=now.timestamp(),
+        )
+        self._store.add_inbox_message(record)  # first: a crash after the write still knows it
+        self._records[record.message_id] = record
+        self._scheduler.add_route(status_key(record))
+        message = inbox_message(
+            ident=record.message_id,
+            kind="message",
+            text=text,
+            channel=channel,
+            chat_id=chat.chat_id,
+            thread_id=chat.thread_id,
+            user=author,
+            queued_at=now,
+        )
+        try:
+            self._writers[agent_id].queue(message)
+        except (InboxRefused, OSError) as error:
+            reason = str(error) if isinstance(error, InboxRefused) else "the inbox is unusable"
+            log.warning("agent %s: message %s not queued: %s", agent_id, record.message_id, reason)
+            self.problems[agent_id] = f"inbox: {reason}"
+            self._close(record, "failed", reason)
+        else:
+            self.problems.pop(agent_id, None)
+            log.info("agent %s: message %s queued from %s", agent_id, record.message_id, channel)
+        self._show(self._records[record.message_id])
+        return None
+
+    def cancel_latest(self, channel: str, chat: ChatRef, author: str | None) -> str:
+        """`/taskcard cancel`: withdraw the author's latest message still in `queued/`."""
+        mine = [
+            r
+            for r in self._records.values()
+            if r.outcome == "open"
+            and r.author == author
+            and (r.channel, r.chat_id, r.thread_id) == (channel, chat.chat_id, chat.thread_id)
+        ]
+        if not mine:
+            return "You have no queued message here to cancel."
+        record = max(mine, key=lambda r: r.queued_at)
+        writer = self._writers.get(record.agent_id)
+        try:
+            won = writer is not None and writer.cancel(record.message_id)
+        except InboxRefused as error:
+            log.warning(
+                "agent %s: cancel of %s failed: %s", record.agent_id, record.message_id, error
+            )
+            won = False
+        if won:
+            self._close(record, "cancelled", "withdrawn by its author")
+            return f"Your latest message to {record.agent_id} was cancelled."
+        return f"Too late: {record.agent_id} already took your latest message."
+
+    def add_agent(self, agent_id: str, workdir: Path) -> None:
+        """Serve an agent's inbox (an agent joined the fleet, or its workdir changed)."""
+        self._writers[agent_id] = InboxWriter(workdir)
+
+    def remove_agent(self, agent_id: str, reason: str = "the agent was removed") -> None:
+        """The agent left the fleet: its queued messages are cancelled, then it is forgotten."""
+        self.retire(agent_id, reason)
+        self._writers.pop(agent_id, None)
+
+    def retire(self, agent_id: str, reason: str = "the agent was removed") -> None:
+        """Cancel every queued message of an agent that is gone."""
+        writer = self._writers.get(agent_id)
+        for record in [r for r in self._records.values() if r.agent_id == agent_id]:
+            if record.outcome != "open":
+                continue
+            try:
+                if writer is not None and not writer.cancel(record.message_id):
+                    continue  # taken first: its ack decides
+            except InboxRefused:
+                pass
+            self._close(record, "cancelled", reason)
+
+    # What the agent side did -----------------------------------------------------------
+
+    def on_acks(self, agent_id: str, acks: Iterable[Ack]) -> None:
+        for ack in acks:
+            record = self._records.get(ack.id)
+            if record is None or record.agent_id != agent_id or record.outcome == "delivered":
+                continue
+            self._close(record, "delivered", ack.via, ack.at)
+
+    def refresh(self, agent_id: str | None = None) -> None:
+        """Show the current state of open messages (of one agent, or all: the timer)."""
+        for record in self._records.values():
+            if record.outcome == "open" and agent_id in (None, record.agent_id):
+                self._show(record)
+
+    def open_messages(self) -> int:
+        return sum(1 for r in self._records.values() if r.outcome == "open")
+
+    # Wakes -----------------------------------------------------------------------------
+
+    def wake(self, parent_id: str, child_id: str, episode: str, text: str) -> None:
+        """Write a typed notice about `child_id` into the parent's inbox, once per episode."""
+        writer = self._writers.get(parent_id)
+        if writer is None:
+            return
+        route = WAKE_ROUTE_PREFIX + parent_id
+        notice_id = f"{child_id}:{episode}"
+        if not self._store.add_notice(route, notice_id, text, "pending"):
+            return
+        digest = hashlib.sha256(notice_id.encode()).hexdigest()[:24]
+        message = inbox_message(
+            ident="wake_" + digest,
+            kind="wake",
+            text=text,
+            channel="taskcard",
+            chat_id=child_id,
+            thread_id=None,
+            user=None,
+            queued_at=self._clock(),
+        )
+        try:
+            writer.queue(message)
+        except (InboxRefused, OSError) as error:
+            log.warning("agent %s: wake about %s not queued: %s", parent_id, child_id, error)
+            self._store.set_notice_state(route, notice_id, "failed")
+            return
+        self._store.set_notice_state(route, notice_id, "delivered")
+        log.info("agent %s: woken about %s (%s)", parent_id, child_id, episode)
+
+    # Status messages -------------------------------------------------------------------
+
+    def _close(
+        self, record: InboxRecord, outcome: str, reason: str | None, at: datetime | None = None
+    ) -> None:
+        moment = (at or self._clock()).timestamp()
+        closed = replace(record, outcome=outcome, reason=reason, closed_at=moment)  # type: ignore[arg-type]
+        self._records[record.message_id] = closed
+        self._store.set_inbox_outcome(record.message_id, closed.outcome, reason, moment)
+        self._show(closed)
+
+    def state_of(self, record: InboxRecord) -> MessageState:
+        state, _ = message_state(
+            record,
+            self._activity(record.agent_id),
+            self._clock(),
+            self._config.unconfirmed_after_s,
+        )
+        return state
+
+    def _show(self, record: InboxRecord) -> None:
+        if record.channel not in self._ready:
+            return
+        channel = self._channels[record.channel]
+        chat = ChatRef(record.chat_id, record.thread_id)
+        activity = self._activity(record.agent_id)
+        now = self._clock()
+        state, _ = message_state(record, activity, now, self._config.unconfirmed_after_s)
+        line = state_line(record, state, activity, now, self._zone(record.channel, chat))
+        view = CardView(agent_id=record.agent_id, state=activity.state, auto_rows=(line,))
+        self._scheduler.submit(status_key(record), self._render(channel, view))

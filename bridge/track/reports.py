@@ -1,0 +1,154 @@
+"""Per agent: its reports, the acks of its inbox and its lineage, read as untrusted files.
+
+`reports/reports.jsonl` and `inbox/acks.jsonl` are followed like the notification file: by
+(inode, offset) persisted through the `OffsetStore`; an agent seen for the first time starts
+at the end (old reports are not announced again) but a bounded tail tells which report is the
+latest. `lineage.json` is read again whenever its signature changes; a broken one keeps the
+last good reading. Offsets move only through `commit`, after the caller recorded what
+`refresh` returned, so a crash in between repeats (idempotent) rather than loses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from bridge.follow.safe_read import WorkdirFiles
+from bridge.follow.tail import FileSignature, LineFollower, Position, signature
+from bridge.track.monitor import OffsetStore
+from producers.reports.contract import (
+    Ack,
+    Lineage,
+    Report,
+    ReportPaths,
+    parse_ack,
+    parse_lineage,
+    parse_report,
+)
+
+REPORTS_OFFSET: Final = "reports"
+ACKS_OFFSET: Final = "inbox-acks"
+MAX_LINEAGE_BYTES: Final = 64 * 1024
+
+
+@dataclass(frozen=True)
+class SideRefresh:
+    """What one `refresh` found: new reports (seq only grows), new acks, a lineage change."""
+
+    reports: tuple[Report, ...] = ()
+    acks: tuple[Ack, ...] = ()
+    lineage_changed: bool = False
+
+
+class _Followed:
+    """One followed file with its persisted offset (see the module docstring)."""
+
+    def __init__(
+        self, agent_id: str, name: str, path: Path, files: WorkdirFiles, offsets: OffsetStore
+    ) -> None:
+        self._agent_id = agent_id
+        self._name = name
+        self._offsets = offsets
+        self.follower = LineFollower(path, files)
+        self._primed = False
+        self._pending: tuple[int, int] | None = None
+
+    def read(self) -> tuple[list[bytes], list[bytes]]:
+        """(history lines seen at first sight, new lines)."""
+        follower = self.follower
+        if not self._primed:
+            self._primed = True
+            follower.unchanged()
+            stored = self._offsets.get_offset(self._agent_id, self._name)
+            if stored is None:
+                history = follower.start_at_end()
+                position = follower.position or Position(0, 0)
+                self._offsets.set_offset(
+                    self._agent_id, self._name, position.inode, position.offset
+                )
+                return history, []
+            follower.position = Position(*stored)
+            history, _ = follower.tail(end=stored[1]) if stored[0] else ([], 0)
+            return history, self._new()
+        if follower.unchanged():
+            return [], []
+        return [], self._new()
+
+    def _new(self) -> list[bytes]:
+        lines = self.follower.read_new()
+        position = self.follower.position
+        if position is not None:
+            self._pending = (position.inode, position.offset)
+        return lines
+
+    def commit(self) -> None:
+        if self._pending is not None:
+            self._offsets.set_offset(self._agent_id, self._name, *self._pending)
+            self._pending = None
+
+    def forget(self) -> None:
+        self.follower.forget()
+
+
+class AgentSide:
+    """Reads what the agent side wrote for the service: reports, acks, lineage."""
+
+    def __init__(
+        self, agent_id: str, workdir: Path, files: WorkdirFiles, offsets: OffsetStore
+    ) -> None:
+        self.paths = ReportPaths(workdir)
+        self._files = files
+        self._reports = _Followed(agent_id, REPORTS_OFFSET, self.paths.reports, files, offsets)
+        self._acks = _Followed(agent_id, ACKS_OFFSET, self.paths.acks, files, offsets)
+        self._lineage_signature: FileSignature | None = None
+        self.latest_report: Report | None = None
+        self.lineage: Lineage | None = None
+
+    def refresh(self) -> SideRefresh:
+        self.commit()
+        history, lines = self._reports.read()
+        for line in history:
+            self._learn(parse_report(line))
+        reports: list[Report] = []
+        for line in lines:
+            report = parse_report(line)
+            if report is not None and self._learn(report):
+                reports.append(report)
+        _, ack_lines = self._acks.read()
+        acks = tuple(ack for ack in map(parse_ack, ack_lines) if ack is not None)
+        return SideRefresh(tuple(reports), acks, self._refresh_lineage())
+
+    def _learn(self, report: Report | None) -> bool:
+        """Keep the newest report; True when `report` is newer than any seen (seq grows)."""
+        if report is None:
+            return False
+        if self.latest_report is not None and report.seq <= self.latest_report.seq:
+            return False
+        self.latest_report = report
+        return True
+
+    def _refresh_lineage(self) -> bool:
+        seen = signature(self.paths.lineage)
+        if seen == self._lineage_signature:
+            return False
+        self._lineage_signature = seen
+        if seen is None:
+            changed = self.lineage is not None
+            self.lineage = None
+            return changed
+        lineage = parse_lineage(self._files.read(self.paths.lineage, limit=MAX_LINEAGE_BYTES))
+        if lineage is None or lineage == self.lineage:
+            return False  # half-written or unchanged: keep the last good reading
+        self.lineage = lineage
+        return True
+
+    def commit(self) -> None:
+        """Persist the offsets of what the last `refresh` returned."""
+        self._reports.commit()
+        self._acks.commit()
+
+    def forget(self) -> None:
+        self._reports.forget()
+        self._acks.forget()
+        self._lineage_signature = None

@@ -1,0 +1,195 @@
+"""The file contract of reports, lineage and the inbox, shared by the agent side and the service.
+
+Layout under an agent's working directory::
+
+    reports/reports.jsonl   one report per line: {"seq", "at", "ok", "verdict", "role",
+                            "channel", "summary", ...}; `seq` only grows
+    lineage.json            who created this agent: {"parent", "reason", "provider",
+                            "depth", "created_at"}
+    inbox/queued/<id>.json  a message waiting for the agent (written by the service only
+                            through inbox/tmp/ and an atomic rename)
+    inbox/taken/<id>.json   claimed by the agent side (rename from queued/)
+    inbox/cancelled/<id>.json  withdrawn by the service (rename from queued/)
+    inbox/acks.jsonl        one line per delivered message: {"id", "state", "at", "via"}
+
+Every parser here is total: whatever an agent wrote gives a value or None, never an exception.
+Constants and parsers only: writing these files is each side's own business.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from producers.task_card.contract import count_field, iso_utc, parse_iso, parse_json
+
+REPORTS_DIR: Final = "reports"
+REPORTS_FILE: Final = "reports.jsonl"
+LINEAGE_FILE: Final = "lineage.json"
+INBOX_DIR: Final = "inbox"
+QUEUED_DIR: Final = "queued"
+TAKEN_DIR: Final = "taken"
+CANCELLED_DIR: Final = "cancelled"
+TMP_DIR: Final = "tmp"
+INBOX_SUBDIRS: Final = (QUEUED_DIR, TAKEN_DIR, CANCELLED_DIR, TMP_DIR)
+ACKS_FILE: Final = "acks.jsonl"
+
+INBOX_VERSION: Final = 1
+MAX_INBOX_MESSAGE_BYTES: Final = 16 * 1024
+MESSAGE_ID: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+MAX_TEXT_CHARS: Final = 4000  # a field longer than this is cut when read for people
+Verdict = Literal["approved", "rejected"]
+MessageKind = Literal["message", "wake"]
+ACK_VIAS: Final = frozenset(
+    {
+        "claude-code:PostToolUse",
+        "claude-code:Stop",
+        "claude-code:UserPromptSubmit",
+        "inbox-cli",
+        "mcp",
+    }
+)
+
+
+@dataclass(frozen=True)
+class ReportPaths:
+    """Every path of this contract in one working directory."""
+
+    workdir: Path
+
+    @property
+    def reports(self) -> Path:
+        return self.workdir / REPORTS_DIR / REPORTS_FILE
+
+    @property
+    def lineage(self) -> Path:
+        return self.workdir / LINEAGE_FILE
+
+    @property
+    def inbox(self) -> Path:
+        return self.workdir / INBOX_DIR
+
+    @property
+    def acks(self) -> Path:
+        return self.inbox / ACKS_FILE
+
+
+def _short_text(value: object) -> str | None:
+    if not isinstance(value, str) or not value.strip():
+        return None
+    return value[:MAX_TEXT_CHARS]
+
+
+@dataclass(frozen=True)
+class Report:
+    """One line of `reports/reports.jsonl`, reduced to the typed fields people may see."""
+
+    seq: int
+    at: datetime
+    ok: bool
+    verdict: Verdict | None
+    role: str | None
+    channel: str | None
+    summary: str | None
+
+
+def parse_report(line: bytes) -> Report | None:
+    """A report, or None when the line lacks a usable `seq`, `at` or boolean `ok`."""
+    data: Any = parse_json(line)
+    if not isinstance(data, dict):
+        return None
+    seq = count_field(data.get("seq"))
+    at = parse_iso(data.get("at"))
+    ok = data.get("ok")
+    if seq is None or at is None or not isinstance(ok, bool):
+        return None
+    verdict = data.get("verdict")
+    return Report(
+        seq=seq,
+        at=at,
+        ok=ok,
+        verdict=verdict if verdict in ("approved", "rejected") else None,
+        role=_short_text(data.get("role")),
+        channel=_short_text(data.get("channel")),
+        summary=_short_text(data.get("summary")),
+    )
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """`lineage.json`: which agent created this one and why."""
+
+    parent: str
+    reason: str
+    provider: str | None
+    depth: int | None
+    created_at: datetime | None
+
+
+def parse_lineage(raw: bytes | None) -> Lineage | None:
+    """The lineage record, or None when missing or without a parent and a reason."""
+    if raw is None:
+        return None
+    data: Any = parse_json(raw)
+    if not isinstance(data, dict):
+        return None
+    parent, reason = _short_text(data.get("parent")), _short_text(data.get("reason"))
+    if parent is None or reason is None:
+        return None
+    return Lineage(
+        parent=parent,
+        reason=reason,
+        provider=_short_text(data.get("provider")),
+        depth=count_field(data.get("depth")),
+        created_at=parse_iso(data.get("created_at")),
+    )
+
+
+@dataclass(frozen=True)
+class Ack:
+    """One line of `inbox/acks.jsonl`: the agent side has handed message `id` to the agent."""
+
+    id: str
+    at: datetime | None
+    via: str | None
+
+
+def parse_ack(line: bytes) -> Ack | None:
+    """An ack of a delivered message, or None (bad id, other state, not JSON)."""
+    data: Any = parse_json(line)
+    if not isinstance(data, dict) or data.get("state") != "delivered":
+        return None
+    ident = data.get("id")
+    if not isinstance(ident, str) or not MESSAGE_ID.match(ident):
+        return None
+    via = data.get("via")
+    return Ack(id=ident, at=parse_iso(data.get("at")), via=via if via in ACK_VIAS else None)
+
+
+def inbox_message(
+    *,
+    ident: str,
+    kind: MessageKind,
+    text: str,
+    channel: str,
+    chat_id: str,
+    thread_id: str | None,
+    user: str | None,
+    queued_at: datetime,
+) -> dict[str, Any]:
+    """The JSON object of one queued message (see the module docstring for the fields)."""
+    origin = None
+    if kind == "message":
+        origin = f"{channel}:{chat_id}" + (f":{thread_id}" if thread_id else "")
+    return {
+        "v": INBOX_VERSION,
+        "id": ident,
+        "kind": kind,
+        "text": text,
+        "from": {"channel": channel, "chat_id": chat_id, "thread_id": thread_id, "user": user},
+        "origin": origin,
+        "queued_at": iso_utc(queued_at),
+    }

@@ -1,0 +1,139 @@
+"""The inbox as the service writes it (bridge.inbox) and the states people see."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from bridge.inbox.states import message_state, state_line
+from bridge.inbox.writer import InboxRefused, InboxWriter
+from bridge.run.inbox_desk import AuthorRate
+from bridge.store.sqlite import InboxRecord
+from bridge.track.monitor import ActivitySummary
+from producers.reports.contract import inbox_message, parse_ack
+
+T0 = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
+
+
+def message(ident: str = "m_1", text: str = "stop now") -> dict[str, object]:
+    return inbox_message(
+        ident=ident,
+        kind="message",
+        text=text,
+        channel="telegram",
+        chat_id="-100",
+        thread_id=None,
+        user="42",
+        queued_at=T0,
+    )
+
+
+def test_queue_writes_one_file_through_tmp_with_private_folders(tmp_path: Path) -> None:
+    InboxWriter(tmp_path).queue(message())
+    inbox = tmp_path / "inbox"
+    for folder in ("queued", "taken", "cancelled", "tmp"):
+        assert stat.S_IMODE((inbox / folder).stat().st_mode) == 0o700
+    assert list((inbox / "tmp").iterdir()) == []
+    data = json.loads((inbox / "queued" / "m_1.json").read_text())
+    assert data["v"] == 1 and data["kind"] == "message" and data["text"] == "stop now"
+    assert data["origin"] == "telegram:-100"
+    assert data["from"] == {
+        "channel": "telegram",
+        "chat_id": "-100",
+        "thread_id": None,
+        "user": "42",
+    }
+
+
+@pytest.mark.parametrize("where", ["inbox", "inbox/queued", "inbox/tmp"])
+def test_a_symlink_in_the_inbox_is_refused_never_followed(tmp_path: Path, where: str) -> None:
+    workdir, outside = tmp_path / "agent", tmp_path / "outside"
+    workdir.mkdir()
+    outside.mkdir()
+    target = workdir / where
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.symlink_to(outside, target_is_directory=True)
+    with pytest.raises(InboxRefused, match="symlink or not a directory"):
+        InboxWriter(workdir).queue(message())
+    assert list(outside.iterdir()) == []
+
+
+def test_a_file_where_the_inbox_should_be_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "inbox").write_text("not a folder")
+    with pytest.raises(InboxRefused, match="inbox is a symlink or not a directory"):
+        InboxWriter(tmp_path).queue(message())
+
+
+def test_too_large_and_bad_ids_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(InboxRefused, match="KiB"):
+        InboxWriter(tmp_path).queue(message(text="x" * 20_000))
+    with pytest.raises(InboxRefused, match="id"):
+        InboxWriter(tmp_path).queue(message(ident="../evil"))
+
+
+def test_cancel_and_claim_race_one_winner(tmp_path: Path) -> None:
+    writer = InboxWriter(tmp_path)
+    writer.queue(message("m_a"))
+    writer.queue(message("m_b"))
+    inbox = tmp_path / "inbox"
+    os.rename(inbox / "queued" / "m_a.json", inbox / "taken" / "m_a.json")  # the agent side
+    assert writer.cancel("m_a") is False
+    assert writer.cancel("m_b") is True
+    assert (writer.location("m_a"), writer.location("m_b")) == ("taken", "cancelled")
+    assert writer.location("m_c") == "missing"
+
+
+def test_ack_lines_are_parsed_totally() -> None:
+    good = b'{"id":"m_1","state":"delivered","at":"2026-05-01T12:00:00Z","via":"mcp"}'
+    assert parse_ack(good) is not None and parse_ack(good).via == "mcp"  # type: ignore[union-attr]
+    for bad in (b"", b"[]", b'{"id":"../x","state":"delivered"}', b'{"id":"m_1","state":"x"}'):
+        assert parse_ack(bad) is None
+
+
+RECORD = InboxRecord("m_1", "builder", "telegram", "-100", None, "42", T0.timestamp())
+RUNNING = ActivitySummary(state="running", last_event_at=T0)
+
+STATE_CASES = [
+    ("running turn, fresh", RECORD, RUNNING, 10, "queued"),
+    ("running turn, overdue", RECORD, RUNNING, 120, "unconfirmed"),
+    ("idle session", RECORD, ActivitySummary(state="idle", last_event_at=T0), 999, "parked"),
+    ("no host at all", RECORD, ActivitySummary(), 1, "unconfirmed"),
+    ("exited", RECORD, ActivitySummary(state="exited", last_event_at=T0), 1, "unconfirmed"),
+    ("acked", InboxRecord(**{**RECORD.__dict__, "outcome": "delivered"}), RUNNING, 1, "delivered"),
+    (
+        "cancelled",
+        InboxRecord(**{**RECORD.__dict__, "outcome": "cancelled"}),
+        RUNNING,
+        1,
+        "cancelled",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "record", "activity", "after_s", "state"), STATE_CASES, ids=[c[0] for c in STATE_CASES]
+)
+def test_message_state(
+    name: str, record: InboxRecord, activity: ActivitySummary, after_s: float, state: str
+) -> None:
+    now = T0 + timedelta(seconds=after_s)
+    assert message_state(record, activity, now, unconfirmed_after_s=120)[0] == state
+
+
+def test_state_line_says_parked_is_not_delivered() -> None:
+    idle = ActivitySummary(state="idle", last_event_at=T0)
+    line = state_line(RECORD, "parked", idle, T0, UTC)
+    assert "parked" in line and "Not delivered yet" in line and "builder" in line
+
+
+def test_author_rate_is_a_sliding_window_per_author_and_agent() -> None:
+    rate = AuthorRate(5, 10.0)
+    assert all(rate.allow("ann", "builder", float(i)) for i in range(5))
+    assert not rate.allow("ann", "builder", 5.0)
+    assert rate.allow("bob", "builder", 5.0) and rate.allow("ann", "tester", 5.0)
+    assert rate.allow("ann", "builder", 10.5)

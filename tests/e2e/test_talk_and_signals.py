@@ -1,0 +1,462 @@
+"""Talking to an agent from a chat, signals and status, through `taskcard serve`.
+
+Both platforms run through one small adapter (`Chat`): the fake Telegram Bot API (commands and
+replies by long polling) and the fake Feishu Open API (events on the webhook). The agent side
+is played exactly as the contracts say: activity lines in `logs/events.jsonl`, reports in
+`reports/reports.jsonl`, `lineage.json`, and for a delivery the claim rename
+`inbox/queued/<id>.json -> inbox/taken/<id>.json` followed by one ack line in
+`inbox/acks.jsonl`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Protocol
+
+import pytest
+
+from producers.task_card.contract import append_jsonl_line, atomic_write, utc_now_iso
+from tests.e2e.harness import ServeProcess, activity, eventually, publish
+from tests.fakes.feishu_api import FakeFeishu
+from tests.fakes.telegram_api import FakeTelegram
+
+GROUP = -1001234567890
+FS_CHAT = "oc_fleet_group"
+PERSON = 7
+FS_PERSON = "ou_person"
+FS_VERIFY = "fake-verification-token"
+STATUS = "✉ Message to"
+
+
+class Chat(Protocol):
+    """One chat with the bot in it, as a person and an observer see it."""
+
+    serve: ServeProcess
+
+    async def say(self, text: str, *, reply_to: str | None = None, user: int = PERSON) -> None: ...
+
+    def bot_texts(self) -> list[str]: ...
+
+    def message_id_with(self, words: str) -> str | None: ...
+
+    def edits_of(self, message_id: str) -> int: ...
+
+    def restart(self) -> ServeProcess: ...
+
+
+def _config_head(tmp_path: Path, agents: list[str], extra: str) -> list[str]:
+    lines = ['state_dir = ".taskcard"']
+    for agent in agents:
+        (tmp_path / "agents" / agent).mkdir(parents=True, exist_ok=True)
+        lines += ["[[agents]]", f'id = "{agent}"', f'workdir = "agents/{agent}"']
+    return [*lines, extra]
+
+
+class TelegramChat:
+    def __init__(self, tmp_path: Path, fake: FakeTelegram, agents: list[str], extra: str) -> None:
+        self.fake = fake
+        lines = _config_head(tmp_path, agents, extra)
+        lines += [
+            "[telegram]",
+            'token_env = "TC_TEST_TOKEN"',
+            f'api_base_url = "{fake.base_url}"',
+            "poll_timeout_s = 1",
+            "[[telegram.routes]]",
+            f"chat_id = {GROUP}",
+            f"agents = {json.dumps(agents)}",
+            f"allowed_user_ids = [{PERSON}]",
+        ]
+        self.config = tmp_path / "taskcard.toml"
+        self.config.write_text("\n".join(lines) + "\n")
+        self.serve = self.restart()
+
+    def restart(self) -> ServeProcess:
+        self.serve = ServeProcess(self.config, env={"TC_TEST_TOKEN": self.fake.token})
+        return self.serve
+
+    async def say(self, text: str, *, reply_to: str | None = None, user: int = PERSON) -> None:
+        self.fake.inject_message(
+            GROUP, text, user_id=user, reply_to=None if reply_to is None else int(reply_to)
+        )
+
+    def bot_texts(self) -> list[str]:
+        return [m.text for m in self.fake.bot_messages(GROUP)]
+
+    def message_id_with(self, words: str) -> str | None:
+        found = [m for m in self.fake.bot_messages(GROUP) if words in m.text]
+        return str(found[0].message_id) if found else None
+
+    def edits_of(self, message_id: str) -> int:
+        return len(self.fake.edit_history(GROUP, message_id))
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class FeishuChat:
+    def __init__(self, tmp_path: Path, fake: FakeFeishu, agents: list[str], extra: str) -> None:
+        self.fake = fake
+        port = _free_port()
+        self.url = f"http://127.0.0.1:{port}/feishu/events"
+        lines = _config_head(tmp_path, agents, extra)
+        lines += [
+            "[feishu]",
+            'app_id_env = "TC_FS_APP_ID"',
+            'app_secret_env = "TC_FS_APP_SECRET"',
+            f'domain = "{fake.base_url}"',
+            'events = "webhook"',
+            "[feishu.webhook]",
+            'host = "127.0.0.1"',
+            f"port = {port}",
+            'path = "/feishu/events"',
+            'verification_token_env = "TC_FS_VERIFY"',
+            "[[feishu.routes]]",
+            f'chat_id = "{FS_CHAT}"',
+            f"agents = {json.dumps(agents)}",
+            f'allowed_user_ids = ["{FS_PERSON}"]',
+        ]
+        self.config = tmp_path / "taskcard.toml"
+        self.config.write_text("\n".join(lines) + "\n")
+        self.serve = self.restart()
+
+    def restart(self) -> ServeProcess:
+        env = {
+            "TC_FS_APP_ID": self.fake.app_id,
+            "TC_FS_APP_SECRET": self.fake.app_secret,
+            "TC_FS_VERIFY": FS_VERIFY,
+        }
+        self.serve = ServeProcess(self.config, env=env)
+        return self.serve
+
+    async def say(self, text: str, *, reply_to: str | None = None, user: int = PERSON) -> None:
+        open_id = FS_PERSON if user == PERSON else f"ou_other_{user}"
+        # A reply answers the card itself; a command in a group mentions the bot.
+        document = self.fake.command_event(
+            FS_CHAT,
+            text,
+            open_id=open_id,
+            mention_bot=reply_to is None,
+            parent_id=reply_to or "",
+            root_id=reply_to or "",
+            verification_token=FS_VERIFY,
+        )
+
+        async def delivered() -> bool:
+            try:
+                answer = await self.fake.deliver_event(self.url, document)
+            except OSError:
+                return False  # the webhook is not listening yet
+            return answer.status == 200
+
+        await eventually_async(delivered, what="the event to be accepted")
+
+    def bot_texts(self) -> list[str]:
+        return [m.text for m in self.fake.chat(FS_CHAT) if m.visible]
+
+    def message_id_with(self, words: str) -> str | None:
+        found = [m for m in self.fake.chat(FS_CHAT) if m.visible and words in m.text]
+        return found[0].message_id if found else None
+
+    def edits_of(self, message_id: str) -> int:
+        return next(m.update_count for m in self.fake.chat(FS_CHAT) if m.message_id == message_id)
+
+
+async def eventually_async(check: Any, *, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.2)
+
+
+@pytest.fixture(params=["telegram", "feishu"])
+def platform(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@asynccontextmanager
+async def chat_for(
+    platform: str, tmp_path: Path, agents: list[str], extra: str = ""
+) -> AsyncIterator[Chat]:
+    if platform == "telegram":
+        async with FakeTelegram() as telegram:
+            yield TelegramChat(tmp_path, telegram, agents, extra)
+    else:
+        async with FakeFeishu() as feishu:
+            yield FeishuChat(tmp_path, feishu, agents, extra)
+
+
+def workdir(tmp_path: Path, agent: str = "builder") -> Path:
+    return tmp_path / "agents" / agent
+
+
+def queued(tmp_path: Path, agent: str = "builder", folder: str = "queued") -> list[Path]:
+    path = workdir(tmp_path, agent) / "inbox" / folder
+    return sorted(path.glob("*.json")) if path.is_dir() else []
+
+
+def claim_and_ack(tmp_path: Path, message: Path, via: str = "claude-code:PostToolUse") -> None:
+    """The agent side's delivery, exactly as the inbox contract says."""
+    inbox = message.parent.parent
+    os.rename(message, inbox / "taken" / message.name)
+    ident = message.stem
+    append_jsonl_line(
+        inbox / "acks.jsonl", {"id": ident, "state": "delivered", "at": utc_now_iso(), "via": via}
+    )
+
+
+def status_texts(chat: Chat) -> list[str]:
+    return [t for t in chat.bot_texts() if STATUS in t]
+
+
+async def wait_status(chat: Chat, words: str) -> str:
+    found: str = await eventually(
+        lambda: next((t for t in status_texts(chat) if words in t), None),
+        timeout_s=60,
+        what=f"a status message saying {words!r}",
+    )
+    return found
+
+
+def running_agent(tmp_path: Path) -> None:
+    wd = workdir(tmp_path)
+    activity(wd, "agent.start")
+    activity(wd, "turn.start")
+    activity(wd, "tool.start", call_id="c1", name="pytest")
+    publish(wd, "**compile** 1/3")
+
+
+async def test_tell_is_queued_then_delivered_on_one_edited_message(
+    platform: str, tmp_path: Path
+) -> None:
+    async with chat_for(platform, tmp_path, ["builder"]) as chat:
+        running_agent(tmp_path)
+        with chat.serve:
+            await eventually(lambda: chat.message_id_with("compile"), timeout_s=60, what="card")
+            await chat.say("/tell builder stop now <b>please</b>")
+            await wait_status(chat, "queued")
+            [message] = queued(tmp_path)
+            data = json.loads(message.read_text())
+            assert data["text"] == "stop now <b>please</b>" and data["kind"] == "message"
+            assert data["origin"].split(":")[0] == platform
+            claim_and_ack(tmp_path, message)
+            await wait_status(chat, "delivered")
+            assert len(status_texts(chat)) == 1  # one message, edited as the state changed
+            status_id = chat.message_id_with(STATUS)
+            assert status_id is not None and chat.edits_of(status_id) >= 1
+            assert not any("stop now" in t or "please" in t for t in chat.bot_texts())
+            assert await chat.serve.aterminate() == 0
+
+
+async def test_reply_to_the_resident_is_parked_then_cancelled(
+    platform: str, tmp_path: Path
+) -> None:
+    async with chat_for(platform, tmp_path, ["builder"]) as chat:
+        wd = workdir(tmp_path)
+        activity(wd, "agent.start")
+        activity(wd, "turn.start")
+        activity(wd, "turn.end")
+        publish(wd, "**done** 3/3")
+        with chat.serve:
+            resident = await eventually(
+                lambda: chat.message_id_with("done"), timeout_s=60, what="card"
+            )
+            await chat.say("and now the docs", reply_to=resident)
+            await wait_status(chat, "parked")
+            assert "Not delivered yet" in status_texts(chat)[0]
+            [message] = queued(tmp_path)
+            await chat.say("/taskcard cancel")
+            await wait_status(chat, "cancelled")
+            assert queued(tmp_path) == [] and [
+                p.name for p in queued(tmp_path, folder="cancelled")
+            ] == [message.name]
+            await eventually(
+                lambda: any("was cancelled" in t for t in chat.bot_texts()), what="the answer"
+            )
+            assert len(status_texts(chat)) == 1
+            assert await chat.serve.aterminate() == 0
+
+
+async def test_rate_limit_and_who_may_write(platform: str, tmp_path: Path) -> None:
+    async with chat_for(platform, tmp_path, ["builder"]) as chat:
+        running_agent(tmp_path)
+        with chat.serve:
+            await eventually(lambda: chat.message_id_with("compile"), timeout_s=60, what="card")
+            await chat.say("/tell builder from a stranger", user=99)
+            for index in range(6):
+                await chat.say(f"/tell builder step {index}")
+            await eventually(
+                lambda: any("Too many messages to builder" in t for t in chat.bot_texts()),
+                timeout_s=60,
+                what="the refusal",
+            )
+            await eventually(lambda: len(status_texts(chat)) == 5, timeout_s=60, what="5 statuses")
+            assert len(queued(tmp_path)) == 5
+            texts = {json.loads(p.read_text())["text"] for p in queued(tmp_path)}
+            assert "from a stranger" not in texts
+            assert await chat.serve.aterminate() == 0
+
+
+async def test_restart_between_queue_and_delivery(platform: str, tmp_path: Path) -> None:
+    async with chat_for(platform, tmp_path, ["builder"]) as chat:
+        running_agent(tmp_path)
+        with chat.serve:
+            await eventually(lambda: chat.message_id_with("compile"), timeout_s=60, what="card")
+            await chat.say("/tell builder keep going")
+            await wait_status(chat, "queued")
+            assert await chat.serve.aterminate() == 0
+        [message] = queued(tmp_path)
+        claim_and_ack(tmp_path, message, via="inbox-cli")  # delivered while the service is down
+        with chat.restart():
+            text = await wait_status(chat, "via inbox-cli")
+            assert "delivered" in text
+            assert len(status_texts(chat)) == 1  # edited, never sent again
+            assert queued(tmp_path) == [] and len(queued(tmp_path, folder="taken")) == 1
+            assert await chat.serve.aterminate() == 0
+
+
+async def test_no_host_is_unconfirmed_and_a_symlinked_inbox_fails(
+    platform: str, tmp_path: Path
+) -> None:
+    async with chat_for(platform, tmp_path, ["builder", "tester"]) as chat:
+        publish(workdir(tmp_path), "**quiet** card")
+        publish(workdir(tmp_path, "tester"), "**tests** card")
+        outside = tmp_path / "outside"
+        outside.mkdir()
+        (workdir(tmp_path, "tester") / "inbox").symlink_to(outside, target_is_directory=True)
+        with chat.serve:
+            await eventually(lambda: chat.message_id_with("tests"), timeout_s=60, what="cards")
+            await chat.say("/tell builder hello")
+            await wait_status(chat, "unconfirmed: no host reads builder")
+            await chat.say("/tell tester hello")
+            await wait_status(chat, "failed: inbox is a symlink")
+            assert list(outside.iterdir()) == []
+            await chat.say("/tell nobody hello")
+            await eventually(
+                lambda: any("AGENT is one of builder, tester" in t for t in chat.bot_texts()),
+                what="the usage answer",
+            )
+            assert await chat.serve.aterminate() == 0
+
+
+SIGNALS = "[signals]\nidle_floor_s = 5\nno_output_after_start_s = 2\n"
+
+
+def report(wd: Path, seq: int, **fields: Any) -> None:
+    append_jsonl_line(
+        wd / "reports" / "reports.jsonl",
+        {
+            "seq": seq,
+            "at": utc_now_iso(),
+            "channel": "cli",
+            "verdict": None,
+            "role": None,
+            "summary": None,
+            **fields,
+        },
+    )
+
+
+async def test_signals_reach_the_chat_and_the_parent(platform: str, tmp_path: Path) -> None:
+    async with chat_for(platform, tmp_path, ["lead", "worker", "shy"], SIGNALS) as chat:
+        lead, worker, shy = (workdir(tmp_path, a) for a in ("lead", "worker", "shy"))
+        atomic_write(
+            worker / "lineage.json",
+            json.dumps(
+                {
+                    "parent": "lead",
+                    "reason": "split the migration",
+                    "provider": None,
+                    "depth": 1,
+                    "created_at": utc_now_iso(),
+                }
+            ).encode(),
+        )
+        activity(worker, "agent.start")
+        activity(worker, "turn.start")
+        publish(worker, "**migrating** 1/9")
+        publish(lead, "**leading**")
+        with chat.serve:
+            card = await eventually(
+                lambda: next((t for t in chat.bot_texts() if "migrating" in t), None),
+                timeout_s=60,
+                what="worker card",
+            )
+            assert "spawned by lead: split the migration" in card
+            # report available: typed fields, the summary redacted
+            report(
+                worker,
+                1,
+                ok=True,
+                verdict="approved",
+                role="reviewer",
+                summary="all green token=supersecret123456",
+            )
+            text = await eventually(
+                lambda: next((t for t in chat.bot_texts() if "worker reported" in t), None),
+                timeout_s=60,
+                what="report notice",
+            )
+            assert "ok, verdict approved, as reviewer" in text and "supersecret" not in text
+            wakes = await eventually(
+                lambda: queued(tmp_path, "lead"), timeout_s=30, what="a wake for the parent"
+            )
+            wake = json.loads(wakes[0].read_text())
+            assert wake["kind"] == "wake" and "worker reported" in wake["text"]
+            # idle without report: the turn was declared finished, and no report since
+            activity(worker, "turn.start")
+            activity(worker, "turn.end")
+            await eventually(
+                lambda: any("declared its turn finished" in t for t in chat.bot_texts()),
+                timeout_s=60,
+                what="idle notice",
+            )
+            # exited without report: a new run that owes one (the report was the last run's)
+            activity(worker, "agent.start")
+            activity(worker, "agent.exit", code=1)
+            await eventually(
+                lambda: any("worker exited without a report" in t for t in chat.bot_texts()),
+                timeout_s=60,
+                what="exit notice",
+            )
+            # no output: started, then nothing at all
+            activity(shy, "agent.start")
+            await eventually(
+                lambda: any(
+                    "shy started" in t and "nothing was stopped" in t for t in chat.bot_texts()
+                ),
+                timeout_s=60,
+                what="no-output warning",
+            )
+            await eventually(lambda: len(queued(tmp_path, "lead")) >= 3, what="three wakes")
+            await chat.say("/taskcard")
+            answer = await eventually(
+                lambda: next((t for t in chat.bot_texts() if "Task cards here" in t), None),
+                timeout_s=60,
+                what="/taskcard answer",
+            )
+            assert "worker: exited" in answer and "shy: no output" in answer
+            assert "latest report" in answer and "ok, verdict approved" in answer
+            assert await chat.serve.aterminate() == 0
+        # once per episode, also across a restart
+        before = [t for t in chat.bot_texts() if "exited without a report" in t]
+        with chat.restart():
+            await eventually(lambda: "ready" in chat.serve.logs, timeout_s=60, what="restart")
+            activity(lead, "text", text="poke")  # something to read after the restart
+            await eventually(
+                lambda: "channel" in chat.serve.logs and "ready" in chat.serve.logs,
+                what="channel ready",
+            )
+            assert await chat.serve.aterminate() == 0
+        assert [t for t in chat.bot_texts() if "exited without a report" in t] == before
+        assert len(queued(tmp_path, "lead")) == len({p.name for p in queued(tmp_path, "lead")})
