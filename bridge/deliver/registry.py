@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from bridge.config import ServiceConfig
-from channels.base import Channel, ChatRef, CursorStore
+from channels.base import Channel, ChatRef, CursorStore, RouteView
 
 
 class SecretMissing(Exception):
@@ -28,6 +28,7 @@ class RouteSpec:
     pin: bool = False
     allowed_user_ids: frozenset[str] | None = None
     timezone: str = "UTC"  # IANA name, already validated
+    view: RouteView = "cards"  # the chat's view until a /taskcard board|cards there
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ def route_specs(config: ServiceConfig) -> list[RouteSpec]:
                     t.pin,
                     _allowed(t.allowed_user_ids),
                     t.timezone,
+                    t.view,
                 )
             )
     if config.feishu is not None:
@@ -86,6 +88,7 @@ def route_specs(config: ServiceConfig) -> list[RouteSpec]:
                     f.pin,
                     _allowed(f.allowed_user_ids),
                     f.timezone,
+                    f.view,
                 )
             )
     if config.console_enabled:

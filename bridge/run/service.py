@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, tzinfo
 
+from bridge.compose.board import BoardEntry, compose_board, fit_board, needs_attention
 from bridge.compose.redact import Redactor
 from bridge.compose.view import compose_view, route_zone
 from bridge.config import ServiceConfig
@@ -41,12 +42,21 @@ from bridge.notices.text import (
     summary_text,
 )
 from bridge.observe.metrics import ServiceSnapshot
+from bridge.run.boards import ChatViews, board_key
 from bridge.schedule.scheduler import RouteKey, RouteScheduler
 from bridge.store.sqlite import ChatPrefs, NoticeState, SeenChat, StateStore
 from bridge.track.ledger import LedgerView, ledger_row
 from bridge.track.monitor import AgentMonitor, AgentRefresh
 from bridge.watch.watcher import FleetWatcher
-from channels.base import CardView, Channel, ChatRef, IncomingCommand, Outgoing
+from channels.base import (
+    BoardView,
+    CardView,
+    Channel,
+    ChatRef,
+    IncomingCommand,
+    Outgoing,
+    RouteView,
+)
 from channels.errors import ChannelError, RateLimited, Transient
 from producers.task_card.contract import Notification
 
@@ -58,8 +68,12 @@ _ROWS_ARG = re.compile(r"^\d{1,2}$")
 WITHHELD_BODY = "(card body withheld: it contained one of this service's own secrets)"
 HELP_TEXT = (
     "/taskcard: show the state here · /taskcard off: hide the cards · "
-    "/taskcard on: show them · /taskcard N: show N activity rows (1-10)"
+    "/taskcard on: show them · /taskcard N: show N activity rows (1-10) · "
+    "/taskcard board: one board for all agents · /taskcard cards: one card per agent"
 )
+# The last word of a card retired beside a board, and of a board retired for cards.
+RETIRED_CARD_NOTE = "Needs no one now: followed on this chat's task board."
+RETIRED_BOARD_SUMMARY = "replaced by one card per agent (/taskcard board brings it back)"
 
 
 AGENT_HEALTH_PREFIX = "agent-health:"
@@ -98,6 +112,7 @@ class Route:
     pin: bool
     allowed_user_ids: frozenset[str] | None
     zone: tzinfo = UTC
+    view: RouteView = "cards"
 
 
 class Service:
@@ -130,6 +145,7 @@ class Service:
                         spec.pin,
                         spec.allowed_user_ids,
                         route_zone(spec.timezone),
+                        spec.view,
                     )
                     self._routes.append(route)
                     self._routes_by_agent.setdefault(agent_id, []).append(route)
@@ -150,6 +166,12 @@ class Service:
             if saved is not None:
                 self._notice_gate.restore(str(route.key), saved)  # a summary still owed
         self._prefs: dict[str, ChatPrefs] = {}
+        self._routes_by_scope: dict[str, list[Route]] = {}
+        for route in self._routes:
+            self._routes_by_scope.setdefault(route.key.chat_scope, []).append(route)
+        self._views = ChatViews(
+            store, [(scope, rs[0].view) for scope, rs in self._routes_by_scope.items()]
+        )
         self._due: dict[str, datetime] = {}
         self._ready_channels: set[str] = set()
         self._failed_channels: set[str] = set()
@@ -175,6 +197,8 @@ class Service:
         await self._scheduler.start()
         for route in self._routes:
             self._scheduler.add_route(route.key, pin=route.pin)
+        for routes in self._routes_by_scope.values():  # every chat may switch to a board
+            self._scheduler.add_route(board_key(routes[0].key), pin=routes[0].pin)
         self._running = True
         self.started.set()
         starters = [
@@ -357,6 +381,12 @@ class Service:
         channel = self._channels[route.key.channel]
         prefs = self._chat_prefs(route.key.chat_scope)
         has_message = self._scheduler.has_message(route.key)
+        if self._views.view(route.key.chat_scope) == "board":
+            self._mark_board(route.key.chat_scope)
+            if not needs_attention(monitor.card, monitor.activity):
+                if has_message:  # its own card is retired: the board follows it now
+                    self._retire_card(route, channel)
+                return
         if monitor.card.status == "none" and not has_message:
             return  # the resident appears with the first card, not before
         if prefs.hidden and not has_message:
@@ -373,6 +403,65 @@ class Service:
                 ledger_line=ledger_row(self._ledgers.summary(monitor.paths.workdir)),
             )
             self._scheduler.submit(route.key, self._render_card(channel, view))
+
+    def _retire_card(self, route: Route, channel: Channel) -> None:
+        monitor = self._monitors[route.key.agent_id]
+        with self._guard(route.key.agent_id, "composing its card"):
+            view = compose_view(
+                route.key.agent_id,
+                monitor.card,
+                monitor.activity,
+                hidden=self._chat_prefs(route.key.chat_scope).hidden,
+                activity_rows=0,
+                now=self._clock(),
+                zone=route.zone,
+            )
+            view = replace(
+                view, auto_rows=view.auto_rows[:1], body=None, body_note=RETIRED_CARD_NOTE
+            )
+            self._scheduler.submit(route.key, self._render_card(channel, view), release=True)
+
+    # Boards ------------------------------------------------------------------------------
+
+    def _mark_board(self, scope: str) -> None:
+        """Compose the chat's board once this turn of the loop is done: a burst of changes
+        (a rescan, a restart) makes one board, not one per agent."""
+        if self._views.mark(scope):
+            asyncio.get_running_loop().call_soon(self._flush_boards)
+
+    def _flush_boards(self) -> None:
+        for scope in self._views.take_dirty():
+            try:
+                self._project_board(scope)
+            except Exception:
+                # The board is every agent's: a bug here must not reach the loop.
+                log.exception("chat %s: the board could not be composed", scope)
+
+    def _project_board(self, scope: str) -> None:
+        routes = self._routes_by_scope.get(scope, [])
+        if not routes or routes[0].key.channel not in self._ready_channels:
+            return
+        key = board_key(routes[0].key)
+        channel = self._channels[key.channel]
+        has_message = self._scheduler.has_message(key)
+        if self._views.view(scope) == "cards":
+            if has_message:
+                retired = BoardView(summary=RETIRED_BOARD_SUMMARY)
+                self._scheduler.submit(key, channel.render_board(retired), release=True)
+            return
+        prefs = self._chat_prefs(scope)
+        entries = [
+            BoardEntry(route.key.agent_id, monitor.card, monitor.activity)
+            for route in routes
+            if (monitor := self._monitors.get(route.key.agent_id)) is not None
+        ]
+        started = any(e.card.status != "none" or e.activity.state != "unknown" for e in entries)
+        if not has_message and (prefs.hidden or not started):
+            return  # the board appears with the first sign of life, not before
+        board = compose_board(
+            entries, hidden=prefs.hidden, now=self._clock(), zone=routes[0].zone, scrub=self._redact
+        )
+        self._scheduler.submit(key, channel.render_board(fit_board(board, channel.board_fits)))
 
     def _render_card(self, channel: Channel, view: CardView) -> Outgoing:
         """`view` rendered for `channel` with every configured secret removed.
@@ -507,6 +596,8 @@ class Service:
         elif args == "on":
             prefs = ChatPrefs(hidden=False, activity_rows=prefs.activity_rows)
             reply = "Task cards shown here."
+        elif args in ("board", "cards"):
+            reply = self._switch_view(allowed, "board" if args == "board" else "cards")
         elif _ROWS_ARG.match(args) and 1 <= int(args) <= 10:
             prefs = ChatPrefs(hidden=prefs.hidden, activity_rows=int(args))
             reply = f"Task cards here now show {int(args)} activity rows."
@@ -519,12 +610,30 @@ class Service:
             self._prefs[scope] = prefs
             for route in allowed:
                 self._project_route(route)
+            self._mark_board(scope)
         channel = self._channels[channel_name]
         self._scheduler.send_text(channel_name, reply_chat, self._render_text(channel, reply))
+
+    def _switch_view(self, routes: list[Route], view: RouteView) -> str:
+        """`/taskcard board` or `/taskcard cards`: persist the chat's choice, then re-project
+        every agent of the chat (cards are retired or return) and the board."""
+        scope = routes[0].key.chat_scope
+        self._views.set_view(scope, view)
+        for route in routes:
+            self._project_route(route)
+        self._mark_board(scope)
+        if view == "board":
+            return (
+                "This chat now shows one task board, plus a card for each agent that needs"
+                " people. /taskcard cards shows one card per agent again."
+            )
+        return "This chat now shows one task card per agent. /taskcard board shows one board."
 
     def _state_text(self, routes: list[Route], prefs: ChatPrefs) -> str:
         rows = prefs.activity_rows or self._config.display.activity_rows
         shown = "hidden" if prefs.hidden else f"shown, {rows} activity rows"
+        view = self._views.view(routes[0].key.chat_scope)
+        shown += ", one board" if view == "board" else ""
         lines = [f"Task cards here: {shown}."]
         for route in routes:
             monitor = self._monitors.get(route.key.agent_id)

@@ -18,6 +18,7 @@ from telegram import Bot, BotCommand, LinkPreviewOptions, MessageEntity
 from telegram import error as tg
 
 from channels.base import (
+    BoardView,
     CardView,
     Channel,
     ChatRef,
@@ -42,7 +43,9 @@ BOT_SCOPE_KEY = "telegram:bot"
 _POOL_SIZE = 64
 _NO_PREVIEW = LinkPreviewOptions(is_disabled=True)
 # The bot's command menu (the "/" button): people find `/taskcard` without reading docs.
-MENU_COMMANDS = (BotCommand("taskcard", "show the task cards' state; on, off, or 1-10 rows"),)
+MENU_COMMANDS = (
+    BotCommand("taskcard", "show the task cards' state; on, off, board, cards, or 1-10 rows"),
+)
 
 
 def chat_scope_key(chat: ChatRef) -> str:
@@ -228,6 +231,12 @@ class TelegramChannel(Channel):
 
     def render_text(self, text: str) -> Outgoing:
         return render.render_text(text)
+
+    def render_board(self, view: BoardView) -> Outgoing:
+        return render.render_board(view)
+
+    def board_fits(self, view: BoardView) -> bool:
+        return render.board_fits(view)
 
     def rate_scopes(
         self, chat: ChatRef, operation: Operation, message_id: str | None
