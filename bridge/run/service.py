@@ -45,6 +45,7 @@ from bridge.observe.metrics import ServiceSnapshot
 from bridge.run.boards import ChatViews, board_key
 from bridge.schedule.scheduler import RouteKey, RouteScheduler
 from bridge.store.sqlite import ChatPrefs, NoticeState, SeenChat, StateStore
+from bridge.track.due import DueAgents
 from bridge.track.ledger import LedgerView, ledger_row
 from bridge.track.monitor import AgentMonitor, AgentRefresh
 from bridge.watch.watcher import FleetWatcher
@@ -172,7 +173,7 @@ class Service:
         self._views = ChatViews(
             store, [(scope, rs[0].view) for scope, rs in self._routes_by_scope.items()]
         )
-        self._due: dict[str, datetime] = {}
+        self._due = DueAgents()  # agents whose state changes with time alone, by when
         self._ready_channels: set[str] = set()
         self._failed_channels: set[str] = set()
         # Per agent: the stage that failed ("reading its files", ...) -> what failed.
@@ -283,15 +284,20 @@ class Service:
                 self._refresh(agent_id)
 
     async def _timer_loop(self) -> None:
-        """Recompose agents whose state changes with the passage of time alone."""
+        """Once a second, the work that waits for a time (see `_timer_tick`)."""
         while True:
             await asyncio.sleep(1.0)
-            self._store.retry_pending()  # state writes a failing disk held back, when due
-            now = self._clock()
-            for agent_id in [a for a, due in self._due.items() if due <= now]:
-                del self._due[agent_id]
-                self._refresh(agent_id)
-            self._send_due_summaries()
+            self._timer_tick()
+
+    def _timer_tick(self) -> None:
+        """Recompose agents whose state changes with the passage of time alone, retry held
+        back state writes, send owed notice summaries. Each looks only at what waits (a heap
+        of due agents, the store's backlog, the open fold episodes), so an idle fleet costs
+        the same here whatever its size."""
+        self._store.retry_pending()  # state writes a failing disk held back, when due
+        for agent_id in self._due.pop_due(self._clock().timestamp()):
+            self._refresh(agent_id)
+        self._send_due_summaries()
 
     def _refresh(self, agent_id: str) -> None:
         monitor = self._monitors.get(agent_id)
@@ -311,7 +317,7 @@ class Service:
                 monitor.commit()  # recorded in the store: the offset may move past them
             until = monitor.activity.state_valid_until
             if until is not None:
-                self._due[agent_id] = until
+                self._due.set(agent_id, until.timestamp())
             if result.failure is not None:
                 raise result.failure
         if result is not None and (result.card_changed or result.activity_changed):
@@ -516,8 +522,9 @@ class Service:
 
     def _send_due_summaries(self) -> None:
         """One summary notice for each route whose folded notices are due (see NoticeGate)."""
-        routes = {str(route.key): route for route in self._routes}
-        for route_id, folded in self._notice_gate.due(self._clock().timestamp()):
+        due = self._notice_gate.due(self._clock().timestamp())
+        routes = {str(route.key): route for route in self._routes} if due else {}
+        for route_id, folded in due:
             route = routes.get(route_id)
             if route is None:
                 continue
@@ -657,7 +664,11 @@ class Service:
     # Observing ---------------------------------------------------------------------------
 
     def snapshot(self) -> ServiceSnapshot:
-        """The levels metrics and `/healthz` report, read now (on the loop)."""
+        """The levels metrics and `/healthz` report, read now (on the loop).
+
+        Read per scrape, not on a timer: counting faulted agents and pending residents walks
+        the fleet (a few ms at 10,000 agents), which a level needs to be exact; the scraper
+        sets the pace, and an unscraped service never pays it."""
         now = self._clock().timestamp()
         return ServiceSnapshot(
             running=self._running,
