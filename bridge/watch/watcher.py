@@ -234,12 +234,20 @@ class FleetWatcher:
         started_at = loop.time()
         armed_at: list[float] = []
 
+        rearm: asyncio.TimerHandle | None = None
+
         def on_armed() -> None:
+            nonlocal rearm
             armed_at.append(loop.time())
             queue.put_nowait(everyone)
+            # A folder created between planning and arming raised no event, so nothing would
+            # re-arm for it until the rescan's round ends: compare once more now (as many
+            # stats as arming costs anyway) and re-arm, paced, when the plan is already stale.
+            if plan_watch(self._workdirs).paths != plan.paths:
+                cost_s = armed_at[0] - started_at
+                rearm = loop.call_at(armed_at[0] + cost_s * _REARM_COST_FACTOR, stop.second.set)
 
         loop.call_soon(on_armed)
-        rearm: asyncio.TimerHandle | None = None
         try:
             async for raw in awatch(
                 *plan.paths,

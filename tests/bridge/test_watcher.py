@@ -207,3 +207,31 @@ async def test_no_agents_yields_an_empty_set_and_closes(tmp_path: Path) -> None:
     changes = FleetWatcher({}, rescan_interval_s=3600).changes()
     assert await anext(changes) == frozenset()
     await changes.aclose()
+
+
+async def test_a_folder_made_between_planning_and_arming_is_watched_soon(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The contract folder appears after the plan was made and before the watches exist, so
+    no event tells of it; the watcher notices at arming, not only at the end of a rescan."""
+    import bridge.watch.watcher as watcher_module
+
+    paths = CardPaths(tmp_path / "a")
+    paths.workdir.mkdir()
+    real_plan = watcher_module.plan_watch
+    planned: list[int] = []
+
+    def plan_then_make_the_folder(workdirs: dict[str, Path]) -> object:
+        plan = real_plan(workdirs)
+        if not planned:
+            paths.taskcard_dir.mkdir()  # the race, made certain
+        planned.append(1)
+        return plan
+
+    monkeypatch.setattr(watcher_module, "plan_watch", plan_then_make_the_folder)
+    watcher = FleetWatcher({"a": paths.workdir}, rescan_interval_s=3600)
+    async with collecting(watcher, {"a"}) as changes:
+        await write_until_reported_alone(
+            changes, "a", lambda: atomic_write(paths.status, b"active")
+        )
+    assert len(planned) >= 2, "planned again once the folder was found at arming"
