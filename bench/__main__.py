@@ -1,4 +1,7 @@
-"""`python -m bench all|latency|storm|scale|producer [--quick] [--real-limits] [--no-record]`."""
+"""`python -m bench SCENARIO [--quick] [--real-limits] [--no-record]`.
+
+SCENARIO: all, latency, storm, scale, idle or producer.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import latency, producer, scale, storm
+from bench import idle, latency, producer, scale, storm
 from bench.measure import git_revision, machine
 from bench.results import RESULTS_PATH, ScenarioResult, append_results, markdown, table
 from tests.e2e.harness import ROOT
@@ -23,6 +26,7 @@ SCENARIOS: dict[str, Scenario] = {
     "latency": lambda w, a: latency.run(w, quick=a.quick),
     "storm": lambda w, a: storm.run(w, quick=a.quick, real_limits=a.real_limits),
     "scale": lambda w, a: scale.run(w, quick=a.quick),
+    "idle": lambda w, a: idle.run(w, quick=a.quick),
     "producer": lambda w, a: producer.run(w, quick=a.quick),
 }
 

@@ -121,10 +121,13 @@ class WatchConfig(BaseModel):
         default=50, ge=1, le=10_000, description="Group file events arriving within this window."
     )
     rescan_interval_s: float = Field(
-        default=30.0,
+        default=300.0,
         ge=1,
         le=3600,
-        description="Safety-net rescan of every agent, in seconds (1-3600).",
+        description=(
+            "Safety-net rescan: every agent is re-read once in this many seconds (1-3600),"
+            " a slice of the fleet each second; file events do the rest."
+        ),
     )
 
 

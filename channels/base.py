@@ -56,6 +56,68 @@ class CardView:
     body_cut: bool = False
 
 
+# How a chat shows its agents: a resident card each, or one board (see `BoardView`).
+RouteView = Literal["cards", "board"]
+ROUTE_VIEW_HELP = (
+    '"cards": one resident card per agent; "board": one resident board with a line per agent,'
+    " plus a card for each agent while it needs people. /taskcard board|cards switches it."
+)
+BoardMark = Literal["error", "limit", "waiting"]
+# How each mark reads on a board line, in the order people should act on them.
+BOARD_MARKS: dict[BoardMark, str] = {
+    "error": "⚠ error",
+    "limit": "⛔ refresh limit",
+    "waiting": "✋ waiting for a person",
+}
+
+
+@dataclass(frozen=True)
+class BoardLine:
+    """One agent's line on a chat's board (plain text parts, already redacted and bounded)."""
+
+    agent_id: str
+    state: AgentState
+    marks: tuple[BoardMark, ...] = ()
+    headline: str | None = None  # the first line of the agent's card
+    movement: str | None = None  # the last movement with its time
+
+
+@dataclass(frozen=True)
+class BoardView:
+    """One resident message for a whole chat: a line per agent, the ones needing people
+    first. `omitted` counts the agents cut off so the message fits the platform."""
+
+    summary: str
+    lines: tuple[BoardLine, ...] = ()
+    omitted: int = 0
+    hidden: bool = False
+
+    @property
+    def attention(self) -> bool:
+        return any(line.marks for line in self.lines)
+
+
+BOARD_TITLE = "Task board"
+BOARD_HIDDEN_NOTICE = "Task board hidden in this chat. Send /taskcard on to show it again."
+
+
+def board_line_parts(line: BoardLine) -> tuple[str, str]:
+    """A board line as (lead, rest): the lead (agent and state) is emphasised where the
+    platform can; both channels word a line the same way."""
+    lead = f"{line.agent_id} · {line.state}"
+    rest = "".join(f" · {BOARD_MARKS[mark]}" for mark in line.marks)
+    if line.headline:
+        rest += f" — {line.headline}"
+    if line.movement:
+        rest += f" · {line.movement}"
+    return lead, rest
+
+
+def board_omitted_text(omitted: int) -> str:
+    noun = "agent" if omitted == 1 else "agents"
+    return f"… {omitted} more {noun} not shown: the board is cut to fit this chat"
+
+
 @dataclass(frozen=True)
 class Outgoing:
     """A rendered message: plain text (fallback, console, logs-free), the platform payload,
@@ -155,6 +217,18 @@ class Channel(ABC):
     def render_card(self, view: CardView) -> Outgoing:
         """The resident message for `view`, always within the platform's bound."""
 
+    def render_board(self, view: BoardView) -> Outgoing:
+        """The board message for `view`, always within the platform's bound (the lines that
+        do not fit are cut off by `board_fits` beforehand; this is the last safeguard).
+
+        The default is plain text; chat channels override it with their own formatting.
+        """
+        return self.render_text(board_plain_text(view))
+
+    def board_fits(self, view: BoardView) -> bool:
+        """Whether `view` rendered whole stays within the platform's bound."""
+        return len(board_plain_text(view)) <= 4096
+
     @abstractmethod
     def render_text(self, text: str) -> Outgoing:
         """A short plain message (notices and command replies)."""
@@ -229,6 +303,17 @@ def fit_view(view: CardView, size: Callable[[CardView], int], limit: int) -> Car
         else:
             high = middle - 1
     return best
+
+
+def board_plain_text(view: BoardView) -> str:
+    """The board as plain text: the title and summary, a line per agent, the cut count."""
+    if view.hidden:
+        return BOARD_HIDDEN_NOTICE
+    lines = [f"{BOARD_TITLE} · {view.summary}"]
+    lines += ["".join(board_line_parts(line)) for line in view.lines]
+    if view.omitted:
+        lines.append(board_omitted_text(view.omitted))
+    return "\n".join(lines)
 
 
 def check_timezone(name: str) -> str:

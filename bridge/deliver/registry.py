@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from bridge.config import ServiceConfig
-from channels.base import Channel, ChatRef, CursorStore
+from channels.base import Channel, ChatRef, CursorStore, RouteView
 
 
 class SecretMissing(Exception):
@@ -30,6 +30,7 @@ class RouteSpec:
     allowed_user_ids: frozenset[str] | None = None
     timezone: str = "UTC"  # IANA name, already validated
     all_agents: bool = False  # written ["*"]: also every agent discovered while serving
+    view: RouteView = "cards"  # the chat's view until a /taskcard board|cards there
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ def route_specs(config: ServiceConfig) -> list[RouteSpec]:
                     _allowed(t.allowed_user_ids),
                     t.timezone,
                     "*" in t.agents,
+                    t.view,
                 )
             )
     if config.feishu is not None:
@@ -90,6 +92,7 @@ def route_specs(config: ServiceConfig) -> list[RouteSpec]:
                     _allowed(f.allowed_user_ids),
                     f.timezone,
                     "*" in f.agents,
+                    f.view,
                 )
             )
     if config.console_enabled:

@@ -209,6 +209,7 @@ class NoticeGate:
         self._max = max_per_minute
         self._settle_s = settle_s
         self._routes: dict[str, _RouteWindow] = {}
+        self._open: set[str] = set()  # routes with a folded episode: all `due` looks at
 
     def _route(self, route: str) -> _RouteWindow:
         return self._routes.setdefault(route, _RouteWindow())
@@ -232,18 +233,22 @@ class NoticeGate:
         folded = window.folded
         folded.counts[kind] = folded.counts.get(kind, 0) + 1
         folded.last_s = now_s
+        self._open.add(route)
         return folded
 
     def restore(self, route: str, folded: FoldedNotices) -> None:
         """Reopen an episode saved before a restart; its summary is still owed."""
         self._route(route).folded = folded
+        self._open.add(route)
 
     def due(self, now_s: float) -> list[tuple[str, FoldedNotices]]:
         """The episodes whose summary is to be sent now; they are closed."""
         ready: list[tuple[str, FoldedNotices]] = []
-        for route, window in self._routes.items():
+        for route in sorted(self._open):  # called every second: never a walk over all routes
+            window = self._routes[route]
             folded = window.folded
             if folded is None:
+                self._open.discard(route)
                 continue
             settled = now_s - folded.last_s >= self._settle_s
             if not settled and now_s - folded.first_s < self.WINDOW_S:
@@ -253,6 +258,7 @@ class NoticeGate:
             ):
                 continue
             window.folded = None
+            self._open.discard(route)
             window.last_summary_s = now_s
             ready.append((route, folded))
         return ready

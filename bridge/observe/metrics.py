@@ -24,7 +24,16 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from channels.base import CardView, Channel, ChatRef, CommandSink, Operation, Outgoing, RateScope
+from channels.base import (
+    BoardView,
+    CardView,
+    Channel,
+    ChatRef,
+    CommandSink,
+    Operation,
+    Outgoing,
+    RateScope,
+)
 from channels.errors import (
     Forbidden,
     MessageGone,
@@ -196,6 +205,12 @@ class MeteredChannel(Channel):
 
     def render_text(self, text: str) -> Outgoing:
         return self.inner.render_text(text)
+
+    def render_board(self, view: BoardView) -> Outgoing:
+        return self.inner.render_board(view)
+
+    def board_fits(self, view: BoardView) -> bool:
+        return self.inner.board_fits(view)
 
     def rate_scopes(
         self, chat: ChatRef, operation: Operation, message_id: str | None

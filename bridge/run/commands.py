@@ -17,7 +17,7 @@ MIN_ROWS: Final = 1
 MAX_ROWS: Final = 10
 _ROWS_ARG: Final = re.compile(r"^[0-9]{1,2}$")  # ASCII digits only, not "٣"
 
-TaskcardAction = Literal["state", "off", "on", "rows", "cancel", "unknown"]
+TaskcardAction = Literal["state", "off", "on", "rows", "cancel", "board", "cards", "unknown"]
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,8 @@ class TaskcardCommand:
 def parse_taskcard(args: str) -> TaskcardCommand:
     """`""`/`status`/`state`: show the state; `off`/`on`: hide/show the cards; `1`-`10`: that
     many activity rows; `cancel`: withdraw the author's latest message still queued for an
-    agent; anything else is unknown (case and surrounding space ignored)."""
+    agent; `board`/`cards`: one board for the chat, or one card per agent; anything else is
+    unknown (case and surrounding space ignored)."""
     word = args.strip().lower()
     if word in ("", "status", "state"):
         return TaskcardCommand("state")
@@ -41,6 +42,8 @@ def parse_taskcard(args: str) -> TaskcardCommand:
         return TaskcardCommand("on")
     if word == "cancel":
         return TaskcardCommand("cancel")
+    if word in ("board", "cards"):
+        return TaskcardCommand("board" if word == "board" else "cards")
     if _ROWS_ARG.match(word) and MIN_ROWS <= int(word) <= MAX_ROWS:
         return TaskcardCommand("rows", int(word))
     return TaskcardCommand("unknown")

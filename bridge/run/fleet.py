@@ -19,7 +19,7 @@ from bridge.compose.view import route_zone
 from bridge.config import AGENT_ID_PATTERN, ServiceConfig
 from bridge.deliver.registry import RouteSpec
 from bridge.schedule.scheduler import RouteKey
-from channels.base import ChatRef
+from channels.base import ChatRef, RouteView
 from producers.task_card.contract import Origin
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,7 @@ class Route:
     allowed_user_ids: frozenset[str] | None
     zone: tzinfo = UTC
     origin: bool = False
+    view: RouteView = "cards"  # the chat's view until a /taskcard board|cards there
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,14 @@ def desired_fleet(
                 continue  # named but not (yet) discovered
             key = RouteKey(spec.channel, spec.chat, agent_id)
             routes.setdefault(
-                key, Route(key, spec.pin, spec.allowed_user_ids, route_zone(spec.timezone))
+                key,
+                Route(
+                    key,
+                    spec.pin,
+                    spec.allowed_user_ids,
+                    route_zone(spec.timezone),
+                    view=spec.view,
+                ),
             )
     for key in origin_routes:
         if key.agent_id in agents and key not in routes:

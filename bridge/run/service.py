@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime, tzinfo
 
+from bridge.compose.board import BoardEntry, compose_board, fit_board, needs_attention
 from bridge.compose.redact import Redactor
 from bridge.compose.view import compose_view, format_at
 from bridge.config import ServiceConfig
@@ -35,6 +36,7 @@ from bridge.notices.outbox import NoticeOutbox
 from bridge.notices.signals import Signal, SignalFacts, due_signals, report_signal
 from bridge.notices.text import safe_error_code
 from bridge.observe.metrics import ServiceSnapshot
+from bridge.run.boards import ChatViews, board_key
 from bridge.run.commands import apply_to_prefs, parse_taskcard
 from bridge.run.fleet import (
     RETIRED_NOTE,
@@ -52,12 +54,21 @@ from bridge.run.origins import OriginBook
 from bridge.schedule.ratelimit import Limiter
 from bridge.schedule.scheduler import RouteKey, RouteScheduler
 from bridge.store.sqlite import ChatPrefs, SeenChat, StateStore
+from bridge.track.due import DueAgents
 from bridge.track.ledger import LedgerView, ledger_row
 from bridge.track.monitor import AgentMonitor, AgentRefresh
 from bridge.track.reports import AgentSide
 from bridge.watch.watcher import ROOTS, FleetWatcher
 from channels.aio import Backoff
-from channels.base import CardView, Channel, ChatRef, IncomingCommand, Outgoing
+from channels.base import (
+    BoardView,
+    CardView,
+    Channel,
+    ChatRef,
+    IncomingCommand,
+    Outgoing,
+    RouteView,
+)
 from channels.errors import ChannelError, RateLimited, Transient
 from producers.task_card.contract import Origin, parse_origin
 
@@ -70,8 +81,12 @@ HELP_TEXT = (
     "/taskcard: show the state here · /taskcard off: hide the cards · "
     "/taskcard on: show them · /taskcard N: show N activity rows (1-10) · "
     "/tell AGENT TEXT (or a reply to an agent's card): send it text · "
-    "/taskcard cancel: withdraw your latest queued text"
+    "/taskcard cancel: withdraw your latest queued text · "
+    "/taskcard board: one board for all agents · /taskcard cards: one card per agent"
 )
+# The last word of a card retired beside a board, and of a board retired for cards.
+RETIRED_CARD_NOTE = "Needs no one now: followed on this chat's task board."
+RETIRED_BOARD_SUMMARY = "replaced by one card per agent (/taskcard board brings it back)"
 
 
 AGENT_HEALTH_PREFIX = "agent-health:"
@@ -170,7 +185,10 @@ class Service:
         self._ledgers = LedgerView()
         self._saved_health: dict[str, str] = {}
         self._prefs: dict[str, ChatPrefs] = {}
-        self._due: dict[str, datetime] = {}
+        self._due = DueAgents()  # agents whose state changes with time alone, by when
+        self._routes_by_scope: dict[str, list[Route]] = {}
+        self._views = ChatViews(store, ())
+        self._boards: set[RouteKey] = set()  # board residents the scheduler knows
         self._ready_channels: set[str] = set()
         self._failed_channels: set[str] = set()
         # Per agent: the stage that failed ("reading its files", ...) -> what failed.
@@ -193,6 +211,7 @@ class Service:
         for route in self._routes:
             if self._serves(route.key.agent_id):
                 self._schedule(route)
+        self._schedule_boards()
         self._desk.load()
         self._running = True
         self.started.set()
@@ -371,6 +390,13 @@ class Service:
         self._routes_by_agent = {agent_id: [] for agent_id in fleet.agents}
         for route in self._routes:
             self._routes_by_agent.setdefault(route.key.agent_id, []).append(route)
+        self._routes_by_scope = {}
+        for route in self._routes:
+            self._routes_by_scope.setdefault(route.key.chat_scope, []).append(route)
+        for scope, routes in self._routes_by_scope.items():
+            self._views.add_scope(scope, routes[0].view)
+        if self._running:
+            self._schedule_boards()
         if self._watcher is not None:
             self._watcher.set_workdirs({a: m.paths.workdir for a, m in self._monitors.items()})
         if not self._running:
@@ -381,6 +407,14 @@ class Service:
         for route in added:
             if route.key.agent_id not in fresh:
                 self._project_route(route)
+
+    def _schedule_boards(self) -> None:
+        """Every routed chat may switch to a board: its resident is known to the scheduler."""
+        for routes in self._routes_by_scope.values():
+            key = board_key(routes[0].key)
+            if key not in self._boards:
+                self._scheduler.add_route(key, pin=routes[0].pin)
+                self._boards.add(key)
 
     def _schedule(self, route: Route) -> None:
         if route.key not in self._scheduled:
@@ -393,7 +427,7 @@ class Service:
         log.info("agent %s retired", agent_id)
         self._desk.remove_agent(agent_id, "the agent was retired")
         self._sides.pop(agent_id, None)
-        self._due.pop(agent_id, None)
+        self._due.discard(agent_id)
         self._faults.pop(agent_id, None)
         for route in list(self._routes_by_agent.get(agent_id, ())):
             final = None
@@ -426,6 +460,8 @@ class Service:
 
     def _drop_closed_routes(self) -> None:
         """Forget closing routes in the scheduler once their last edit went out."""
+        if not self._closing:
+            return
         now = asyncio.get_running_loop().time()
         for key, since in list(self._closing.items()):
             if self._scheduler.settled(key) or (
@@ -504,18 +540,24 @@ class Service:
             self._close_route(route, None)
 
     async def _timer_loop(self) -> None:
-        """Recompose agents whose state changes with the passage of time alone."""
+        """Once a second, the work that waits for a time (see `_timer_tick`)."""
         while True:
             await asyncio.sleep(1.0)
-            self._store.retry_pending()  # state writes a failing disk held back, when due
-            now = self._clock()
-            for agent_id in [a for a, due in self._due.items() if due <= now]:
-                del self._due[agent_id]
-                self._refresh(agent_id)
-            self._outbox.send_due_summaries()
-            self._close_finished_origin_routes()
-            self._drop_closed_routes()
-            self._desk.refresh()  # open messages turn unconfirmed with time alone
+            self._timer_tick()
+
+    def _timer_tick(self) -> None:
+        """Recompose agents whose state changes with the passage of time alone, retry held
+        back state writes, send owed notice summaries, close finished routes. Each looks only
+        at what waits (a heap of due agents, the store's backlog, the open fold episodes,
+        routes closing, open inbox messages), so an idle fleet costs the same here whatever
+        its size."""
+        self._store.retry_pending()  # state writes a failing disk held back, when due
+        for agent_id in self._due.pop_due(self._clock().timestamp()):
+            self._refresh(agent_id)
+        self._outbox.send_due_summaries()
+        self._close_finished_origin_routes()
+        self._drop_closed_routes()
+        self._desk.refresh()  # open messages turn unconfirmed with time alone
 
     def _refresh(self, agent_id: str) -> None:
         monitor = self._monitors.get(agent_id)
@@ -538,7 +580,7 @@ class Service:
                 monitor.commit()  # recorded in the store: the offset may move past them
             until = monitor.activity.state_valid_until
             if until is not None:
-                self._due[agent_id] = until
+                self._due.set(agent_id, until.timestamp())
             if result.failure is not None:
                 raise result.failure
         lineage_changed = False
@@ -577,7 +619,7 @@ class Service:
         for signal in signals:
             self._signal(agent_id, signal)
         if next_due is not None:
-            self._due[agent_id] = min(self._due.get(agent_id, next_due), next_due)
+            self._due.set_earliest(agent_id, next_due.timestamp())
         self._desk.on_acks(agent_id, news.acks)
         self._desk.refresh(agent_id)
         side.commit()  # recorded in the store: the offsets may move past them
@@ -662,6 +704,12 @@ class Service:
         channel = self._channels[route.key.channel]
         prefs = self._chat_prefs(route.key.chat_scope)
         has_message = self._scheduler.has_message(route.key)
+        if self._views.view(route.key.chat_scope) == "board":
+            self._mark_board(route.key.chat_scope)
+            if not needs_attention(monitor.card, monitor.activity):
+                if has_message:  # its own card is retired: the board follows it now
+                    self._retire_card(route, channel)
+                return
         if monitor.card.status == "none" and not has_message:
             return  # the resident appears with the first card, not before
         if prefs.hidden and not has_message:
@@ -679,6 +727,68 @@ class Service:
                 lineage=self._sides[route.key.agent_id].lineage,
             )
             self._scheduler.submit(route.key, self._render_card(channel, view))
+
+    def _retire_card(self, route: Route, channel: Channel) -> None:
+        monitor = self._monitors[route.key.agent_id]
+        with self._guard(route.key.agent_id, "composing its card"):
+            view = compose_view(
+                route.key.agent_id,
+                monitor.card,
+                monitor.activity,
+                hidden=self._chat_prefs(route.key.chat_scope).hidden,
+                activity_rows=0,
+                now=self._clock(),
+                zone=route.zone,
+            )
+            view = replace(
+                view, auto_rows=view.auto_rows[:1], body=None, body_note=RETIRED_CARD_NOTE
+            )
+            self._scheduler.submit(route.key, self._render_card(channel, view), release=True)
+
+    # Boards ------------------------------------------------------------------------------
+
+    def _mark_board(self, scope: str) -> None:
+        """Compose the chat's board once this turn of the loop is done: a burst of changes
+        (a rescan, a restart) makes one board, not one per agent."""
+        if self._views.mark(scope):
+            asyncio.get_running_loop().call_soon(self._flush_boards)
+
+    def _flush_boards(self) -> None:
+        for scope in self._views.take_dirty():
+            try:
+                self._project_board(scope)
+            except Exception:
+                # The board is every agent's: a bug here must not reach the loop.
+                log.exception("chat %s: the board could not be composed", scope)
+
+    def _project_board(self, scope: str) -> None:
+        routes = self._routes_by_scope.get(scope, [])
+        if not routes or routes[0].key.channel not in self._ready_channels:
+            return
+        key = board_key(routes[0].key)
+        if key not in self._boards:
+            return  # not scheduled yet (the service is starting)
+        channel = self._channels[key.channel]
+        has_message = self._scheduler.has_message(key)
+        if self._views.view(scope) == "cards":
+            if has_message:
+                retired = BoardView(summary=RETIRED_BOARD_SUMMARY)
+                self._scheduler.submit(key, channel.render_board(retired), release=True)
+            return
+        prefs = self._chat_prefs(scope)
+        entries = [
+            BoardEntry(route.key.agent_id, monitor.card, monitor.activity)
+            for route in routes
+            if self._serves(route.key.agent_id)
+            and (monitor := self._monitors.get(route.key.agent_id)) is not None
+        ]
+        started = any(e.card.status != "none" or e.activity.state != "unknown" for e in entries)
+        if not has_message and (prefs.hidden or not started):
+            return  # the board appears with the first sign of life, not before
+        board = compose_board(
+            entries, hidden=prefs.hidden, now=self._clock(), zone=routes[0].zone, scrub=self._redact
+        )
+        self._scheduler.submit(key, channel.render_board(fit_board(board, channel.board_fits)))
 
     def _render_card(self, channel: Channel, view: CardView) -> Outgoing:
         """`view` rendered for `channel` with every configured secret removed.
@@ -784,6 +894,8 @@ class Service:
             reply = f"Task cards here now show {parsed.rows} activity rows."
         elif parsed.action == "cancel":
             reply = self._desk.cancel_latest(channel_name, command.chat, command.user_id)
+        elif parsed.action in ("board", "cards"):
+            reply = self._switch_view(allowed, "board" if parsed.action == "board" else "cards")
         else:
             # Never echoed: the arguments are a chat member's text, and a reply quoting them
             # could carry a platform mention (Feishu `<at user_id="all">`) or markup.
@@ -793,6 +905,7 @@ class Service:
             self._prefs[scope] = prefs
             for route in allowed:
                 self._project_route(route)
+            self._mark_board(scope)
         if not command.reply:
             return  # clustered: another instance that routes this chat answers
         self._scheduler.send_reply(channel_name, reply_chat, self._render_text(channel, reply))
@@ -848,9 +961,26 @@ class Service:
             return None
         return self._desk.queue(channel_name, command.chat, agent_id, command.user_id, text)
 
+    def _switch_view(self, routes: list[Route], view: RouteView) -> str:
+        """`/taskcard board` or `/taskcard cards`: persist the chat's choice, then re-project
+        every agent of the chat (cards are retired or return) and the board."""
+        scope = routes[0].key.chat_scope
+        self._views.set_view(scope, view)
+        for route in routes:
+            self._project_route(route)
+        self._mark_board(scope)
+        if view == "board":
+            return (
+                "This chat now shows one task board, plus a card for each agent that needs"
+                " people. /taskcard cards shows one card per agent again."
+            )
+        return "This chat now shows one task card per agent. /taskcard board shows one board."
+
     def _state_text(self, routes: list[Route], prefs: ChatPrefs) -> str:
         rows = prefs.activity_rows or self._config.display.activity_rows
         shown = "hidden" if prefs.hidden else f"shown, {rows} activity rows"
+        if self._views.view(routes[0].key.chat_scope) == "board":
+            shown += ", one board"
         lines = [f"Task cards here: {shown}."]
         for route in routes:
             monitor = self._monitors.get(route.key.agent_id)
@@ -879,7 +1009,11 @@ class Service:
     # Observing ---------------------------------------------------------------------------
 
     def snapshot(self) -> ServiceSnapshot:
-        """The levels metrics and `/healthz` report, read now (on the loop)."""
+        """The levels metrics and `/healthz` report, read now (on the loop).
+
+        Read per scrape, not on a timer: counting faulted agents and pending residents walks
+        the fleet (a few ms at 10,000 agents), which a level needs to be exact; the scraper
+        sets the pace, and an unscraped service never pays it."""
         now = self._clock().timestamp()
         return ServiceSnapshot(
             running=self._running,

@@ -81,6 +81,7 @@ class _Resident:
     unsure_at: float | None = None  # wall-clock start of the latest one
     retry_at: float = 0.0  # per-route backoff: not before this (monotonic) time
     failures: int = 0  # failed attempts in a row, for the backoff
+    release: bool = False  # once `desired` is shown, let go of the message (see `submit`)
 
     @property
     def pending(self) -> bool:
@@ -305,12 +306,18 @@ class RouteScheduler:
 
     # Work --------------------------------------------------------------------------------
 
-    def submit(self, key: RouteKey, message: Outgoing) -> None:
-        """Make `message` the latest desired content of the route's resident message."""
+    def submit(self, key: RouteKey, message: Outgoing, *, release: bool = False) -> None:
+        """Make `message` the latest desired content of the route's resident message.
+
+        `release`: `message` is the resident's last word (a card retired beside a board):
+        once it is shown, the route lets go of the message, which stays in the chat as it is,
+        and a later `submit` sends a new one. Without a message to edit, nothing is sent.
+        """
         resident = self._residents.get(key)
         if resident is None:
             return  # not served here (see remove_route)
         resident.desired = message
+        resident.release = release
         if resident.pending:
             self._enqueue(resident)
 
@@ -481,6 +488,9 @@ class RouteScheduler:
         resident = self._residents[key]
         channel = self._channels[key.channel]
         op: Operation = "edit" if resident.message_id else "send"
+        if op == "send" and resident.release:
+            resident.desired, resident.release = None, False  # nothing left to retire
+            return
         if op == "send" and self._send_held(channel, resident):
             return
         reservation = await self._admit(channel, key.chat, op, resident.message_id)
@@ -639,6 +649,11 @@ class RouteScheduler:
     def _commit(self, resident: _Resident, message: Outgoing) -> None:
         resident.committed = message.fingerprint
         self._store.set_committed(resident.key.store_key, message.fingerprint, self._wall())
+        if resident.release and resident.desired is message:
+            log.info("route %s: resident message %s retired", resident.key, resident.message_id)
+            resident.release = False
+            resident.desired = resident.committed = resident.message_id = None
+            self._store.set_message_id(resident.key.store_key, None)
 
     async def _deliver_text(self, lane: _Lane, text: _Text) -> None:
         channel = self._channels[lane.channel]

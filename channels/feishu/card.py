@@ -23,7 +23,18 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from channels.base import BODY_CUT_MARKER, AgentState, CardView, Outgoing, fit_view
+from channels.base import (
+    BOARD_HIDDEN_NOTICE,
+    BOARD_TITLE,
+    BODY_CUT_MARKER,
+    AgentState,
+    BoardView,
+    CardView,
+    Outgoing,
+    board_line_parts,
+    board_omitted_text,
+    fit_view,
+)
 
 CARD_LIMIT_BYTES = 30 * 1024
 # Headroom under the documented bound for the rest of the request body (msg_type, ids).
@@ -182,6 +193,59 @@ def render_card(view: CardView, limit_bytes: int = CARD_BUDGET_BYTES) -> Outgoin
     fitted = card_json(fit_view(view, _view_size, limit_bytes))
     content = card_content(fitted)
     return Outgoing.build(card_plain_text(fitted), {"msg_type": "interactive", "content": content})
+
+
+# Characters Feishu card Markdown may read as markup, written as character references so an
+# agent's text shows as typed (`&`, `<`, `>` first of all: `<at id=all>` mentions everyone).
+_BOARD_ESCAPES = str.maketrans(
+    {c: f"&#{ord(c)};" for c in "&<>*_~`[]()#|\\!"},
+)
+
+
+def board_markdown_text(text: str) -> str:
+    """Agent-written text for a board line in card Markdown: shown as typed, never markup."""
+    return text.translate(_BOARD_ESCAPES)
+
+
+def board_card_json(view: BoardView) -> dict[str, Any]:
+    """The board as a card: the summary as subtitle, one Markdown line per agent with its
+    agent and state in bold, the cut count in grey; orange while an agent needs people."""
+    header = {
+        "title": {"tag": "plain_text", "content": BOARD_TITLE},
+        "subtitle": {"tag": "plain_text", "content": "hidden" if view.hidden else view.summary},
+        "template": "grey" if view.hidden else ("orange" if view.attention else "blue"),
+    }
+    elements: list[dict[str, Any]] = []
+    if view.hidden:
+        elements.append(_plain(BOARD_HIDDEN_NOTICE))
+    else:
+        rows = []
+        for line in view.lines:
+            lead, rest = board_line_parts(line)
+            rows.append(f"**{board_markdown_text(lead)}**{board_markdown_text(rest)}")
+        if rows:
+            elements.append({"tag": "markdown", "content": "\n".join(rows)})
+        if view.omitted:
+            elements.append(_plain(board_omitted_text(view.omitted), notation=True))
+        if not elements:
+            elements.append(_plain(view.summary))
+    return {
+        "schema": "2.0",
+        "config": {"update_multi": True},
+        "header": header,
+        "body": {"elements": elements},
+    }
+
+
+def board_fits(view: BoardView, limit_bytes: int = CARD_BUDGET_BYTES) -> bool:
+    return card_request_bytes(card_content(board_card_json(view))) <= limit_bytes
+
+
+def render_board(view: BoardView) -> Outgoing:
+    """The board card (`fit_board` has cut it to `CARD_BUDGET_BYTES` beforehand)."""
+    board = board_card_json(view)
+    content = card_content(board)
+    return Outgoing.build(card_plain_text(board), {"msg_type": "interactive", "content": content})
 
 
 def text_message_safe(text: str) -> str:

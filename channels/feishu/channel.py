@@ -47,6 +47,7 @@ from lark_oapi.core.enum import AccessTokenType, HttpMethod
 from lark_oapi.core.model import BaseRequest, BaseResponse
 
 from channels.base import (
+    BoardView,
     CardView,
     Channel,
     ChatRef,
@@ -306,6 +307,12 @@ class FeishuChannel(Channel):
     @classmethod
     def describe_scope(cls, scope: str) -> str | None:
         return scopes.describe(scope)
+
+    def render_board(self, view: BoardView) -> Outgoing:
+        return card.render_board(view)
+
+    def board_fits(self, view: BoardView) -> bool:
+        return card.board_fits(view)
 
     def rate_scopes(
         self, chat: ChatRef, operation: Operation, message_id: str | None

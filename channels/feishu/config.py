@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from channels.base import TIMEZONE_HELP, RateLimit, TimeZoneName
+from channels.base import ROUTE_VIEW_HELP, TIMEZONE_HELP, RateLimit, RouteView, TimeZoneName
 
 
 class FeishuLimits(BaseModel):
@@ -76,6 +76,7 @@ class FeishuRoute(BaseModel):
     agents: list[str] = Field(min_length=1, description='Agent ids, or ["*"] for all agents.')
     pin: bool = Field(default=False, description="Pin the resident card.")
     timezone: TimeZoneName = Field(default="UTC", description=TIMEZONE_HELP)
+    view: RouteView = Field(default="cards", description=ROUTE_VIEW_HELP)
     allowed_user_ids: list[str] | None = Field(
         default=None, description="Only these open_ids may run /taskcard here; all when absent."
     )

@@ -18,6 +18,7 @@ from telegram import Bot, BotCommand, LinkPreviewOptions, MessageEntity
 from telegram import error as tg
 
 from channels.base import (
+    BoardView,
     CardView,
     Channel,
     ChatRef,
@@ -43,7 +44,7 @@ _POOL_SIZE = 64
 _NO_PREVIEW = LinkPreviewOptions(is_disabled=True)
 # The bot's command menu (the "/" button): people find `/taskcard` without reading docs.
 MENU_COMMANDS = (
-    BotCommand("taskcard", "show the task cards' state; on, off, or 1-10 rows"),
+    BotCommand("taskcard", "show the task cards' state; on, off, board, cards, or 1-10 rows"),
     BotCommand("tell", "send text to an agent: /tell AGENT TEXT"),
 )
 
@@ -239,6 +240,12 @@ class TelegramChannel(Channel):
     @classmethod
     def describe_scope(cls, scope: str) -> str | None:
         return scopes.describe(scope)
+
+    def render_board(self, view: BoardView) -> Outgoing:
+        return render.render_board(view)
+
+    def board_fits(self, view: BoardView) -> bool:
+        return render.board_fits(view)
 
     def rate_scopes(
         self, chat: ChatRef, operation: Operation, message_id: str | None

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from channels.base import TIMEZONE_HELP, RateLimit, TimeZoneName
+from channels.base import ROUTE_VIEW_HELP, TIMEZONE_HELP, RateLimit, RouteView, TimeZoneName
 
 
 class TelegramLimits(BaseModel):
@@ -44,6 +44,7 @@ class TelegramRoute(BaseModel):
     agents: list[str] = Field(min_length=1, description='Agent ids, or ["*"] for all agents.')
     pin: bool = Field(default=False, description="Pin the resident message (needs admin).")
     timezone: TimeZoneName = Field(default="UTC", description=TIMEZONE_HELP)
+    view: RouteView = Field(default="cards", description=ROUTE_VIEW_HELP)
     allowed_user_ids: list[Annotated[int, Field(ge=1, le=2**53 - 1)]] | None = Field(
         default=None, description="Only these users may run /taskcard here; all when absent."
     )

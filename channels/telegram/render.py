@@ -16,7 +16,17 @@ from typing import Any
 import telegramify_markdown
 from telegramify_markdown.config import RenderConfig
 
-from channels.base import BODY_CUT_MARKER, CardView, Outgoing, fit_view
+from channels.base import (
+    BOARD_HIDDEN_NOTICE,
+    BOARD_TITLE,
+    BODY_CUT_MARKER,
+    BoardView,
+    CardView,
+    Outgoing,
+    board_line_parts,
+    board_omitted_text,
+    fit_view,
+)
 
 MAX_MESSAGE_UTF16 = 4096
 _SOURCE_BUDGET_FACTOR = 4
@@ -202,6 +212,37 @@ def _precut_body(view: CardView, limit_utf16: int) -> CardView:
     if view.body is None or len(view.body) <= budget:
         return view
     return replace(view, body=view.body[:budget].rstrip(), body_cut=True)
+
+
+def board_rich(view: BoardView) -> RichText:
+    """The board as text and entities: a bold title, each line's agent and state in bold, the
+    cut count in italics. Agent-written parts are plain text, never parsed as markup."""
+    if view.hidden:
+        return RichText(BOARD_HIDDEN_NOTICE)
+    out = _Builder()
+    out.add_styled(f"{'🟠' if view.attention else '📋'} {BOARD_TITLE}", "bold")
+    out.add(f" · {view.summary}")
+    for line in view.lines:
+        lead, rest = board_line_parts(line)
+        out.add(f"\n{_STATE_ICONS.get(line.state, '')} ")
+        out.add_styled(lead, "bold")
+        out.add(rest)
+    if view.omitted:
+        out.add("\n")
+        out.add_styled(board_omitted_text(view.omitted), "italic")
+    return out.build()
+
+
+def board_fits(view: BoardView, limit_utf16: int = MAX_MESSAGE_UTF16) -> bool:
+    return utf16_len(board_rich(view).text) <= limit_utf16
+
+
+def render_board(view: BoardView, limit_utf16: int = MAX_MESSAGE_UTF16) -> Outgoing:
+    """The board message; `fit_board` has cut it to fit, so the hard cut here is a safeguard."""
+    rich = board_rich(view)
+    if utf16_len(rich.text) > limit_utf16:
+        rich = _trim_end(RichText(_cut_utf16(rich.text, limit_utf16), rich.entities))
+    return _outgoing(rich)
 
 
 def render_text(text: str, limit_utf16: int = MAX_MESSAGE_UTF16) -> Outgoing:

@@ -69,7 +69,7 @@ def test_defaults_and_console_auto(tmp_path: Path) -> None:
     assert config.agents[0].workdir == Path("/abs/a")
     assert config.console_enabled is True
     assert config.watch.debounce_ms == 50
-    assert config.watch.rescan_interval_s == 30.0
+    assert config.watch.rescan_interval_s == 300.0
     assert config.display.activity_rows == 3
     assert config.display.no_output_after_s == 300.0
     assert config.log_level == "INFO"

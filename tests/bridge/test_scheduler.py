@@ -571,3 +571,43 @@ async def test_an_unanswered_send_is_retried_once_then_held(store: SqliteStore) 
     await scheduler.stop()
     record = store.resident(str(a))
     assert record is not None and record.message_id is not None and record.unsure_sends == 0
+
+
+async def test_a_released_resident_shows_its_last_word_then_a_new_message(
+    store: SqliteStore,
+) -> None:
+    """A card retired beside a board: edited once more, then let go (also in the store), so
+    the next content is a new message; with nothing to edit, a release sends nothing."""
+    channel = ScriptedChannel()
+    key = RouteKey("fake", ChatRef("1"), "builder")
+    never_shown = RouteKey("fake", ChatRef("1"), "quiet")
+    scheduler = await started(store, channel, key, never_shown)
+    scheduler.submit(key, text("needs people"))
+    await settle(scheduler)
+    scheduler.submit(key, text("resolved"), release=True)
+    scheduler.submit(never_shown, text("resolved too"), release=True)
+    await settle(scheduler)
+    assert channel.messages == {"1": "resolved"}
+    assert not scheduler.has_message(key)
+    record = store.resident(str(key))
+    assert record is not None and record.message_id is None
+    scheduler.submit(key, text("needs people again"))
+    await settle(scheduler)
+    await scheduler.stop()
+    assert channel.messages == {"1": "resolved", "2": "needs people again"}
+    assert [c[1] for c in channel.calls] == ["send", "edit", "send"]
+
+
+async def test_a_newer_submit_cancels_a_pending_release(store: SqliteStore) -> None:
+    channel = ScriptedChannel()
+    channel.delay_s = 0.05
+    key = RouteKey("fake", ChatRef("1"), "builder")
+    scheduler = await started(store, channel, key)
+    scheduler.submit(key, text("v1"))
+    await settle(scheduler)
+    scheduler.submit(key, text("resolved"), release=True)
+    scheduler.submit(key, text("needs people again"))  # before the release went out
+    await settle(scheduler)
+    await scheduler.stop()
+    assert scheduler.has_message(key)
+    assert channel.messages == {"1": "needs people again"}

@@ -1,0 +1,173 @@
+"""The board: one resident message for a whole chat, a line per agent (pure functions).
+
+In a group that follows many agents, one card per agent shares the chat's few messages a
+minute among all of them, so each card goes minutes stale. A board spends that budget on one
+message instead: every change lands in it at the chat's pace (the scheduler's latest-wins
+coalescing makes a burst of changes one edit).
+
+A line says, in plain text: the agent and its state, marks for what needs a person (a
+renderer error, the refresh limit reached, waiting for a person), the first line of its card
+and its last movement with the time. Lines that need people come first (the most urgent mark
+first), then by state (moving agents before resting ones), then by agent id, so a line only
+moves when its agent's situation changes. Everything agent-written is scrubbed (pattern
+redaction here, the service's own secrets through `scrub`) *before* it is cut to its bound,
+so a cut never leaves half a secret that the scrubbing can no longer recognise.
+
+`fit_board` cuts the board to a platform's size by dropping lines from the end (the least
+urgent ones) and counting them, so the reader knows how many are not shown.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, tzinfo
+
+from bridge.compose.activity import movement_words as activity_movement_words
+from bridge.compose.redact import redact
+from bridge.compose.view import format_at
+from bridge.track.monitor import ActivitySummary, CardState
+from channels.base import AgentState, BoardLine, BoardMark, BoardView
+
+# Bounds of the agent-written parts of a line, in characters: a line stays short enough
+# that a Telegram board shows a few dozen agents, whatever an agent writes.
+HEADLINE_MAX_CHARS = 80
+MOVEMENT_MAX_CHARS = 60
+
+_MARK_RANK: dict[BoardMark, int] = {"error": 0, "limit": 1, "waiting": 2}
+_STATE_RANK: dict[AgentState, int] = {
+    "running": 0,
+    "no output": 1,
+    "waiting": 2,
+    "idle": 3,
+    "unknown": 4,
+    "exited": 5,
+}
+# Markdown that only decorates a line: list and quote markers, heading hashes, emphasis.
+_LINE_MARKERS = re.compile(r"^\s*(?:#{1,6}\s+|>\s*|[-*+]\s+(?:\[[ xX]\]\s+)?|\d{1,9}[.)]\s+)+")
+_EMPHASIS = re.compile(r"(\*\*|__|\*|`+|~~)")
+_SPACE = re.compile(r"\s+")
+
+
+@dataclass(frozen=True)
+class BoardEntry:
+    """What the board knows of one agent: its card and its activity, as last read."""
+
+    agent_id: str
+    card: CardState
+    activity: ActivitySummary
+
+
+def board_marks(card: CardState, activity: ActivitySummary) -> tuple[BoardMark, ...]:
+    """What about this agent needs a person, most urgent first (empty: nothing)."""
+    marks: list[BoardMark] = []
+    if card.error_code is not None:
+        marks.append("error")
+    if card.exhausted:
+        marks.append("limit")
+    if activity.state == "waiting":
+        marks.append("waiting")
+    return tuple(marks)
+
+
+def needs_attention(card: CardState, activity: ActivitySummary) -> bool:
+    """Whether the agent gets its own card beside the board (see `board_marks`)."""
+    return bool(board_marks(card, activity))
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def card_headline(body: str | None, scrub: Callable[[str], str] = str) -> str | None:
+    """The first line of a card body with text in it, as plain text: decorations dropped,
+    whitespace collapsed, secrets removed, cut to `HEADLINE_MAX_CHARS` (None: no text)."""
+    if body is None:
+        return None
+    for raw in body.splitlines():
+        line = _EMPHASIS.sub("", _LINE_MARKERS.sub("", raw))
+        line = _SPACE.sub(" ", line).strip()
+        if line and not set(line) <= set("-=_|:~ "):  # a rule or table border says nothing
+            return _cut(scrub(redact(line)), HEADLINE_MAX_CHARS)
+    return None
+
+
+def movement_text(
+    activity: ActivitySummary, now: datetime, zone: tzinfo, scrub: Callable[[str], str] = str
+) -> str | None:
+    """`last: <movement> (<time>)`, the movement scrubbed and cut (None: none reported)."""
+    last = activity.last_movement
+    if last is None:
+        return None
+    words = _SPACE.sub(" ", activity_movement_words(last)).strip()
+    movement = _cut(scrub(redact(words)), MOVEMENT_MAX_CHARS)
+    return f"last: {movement} ({format_at(last.at, now, zone)})"
+
+
+def board_line(
+    entry: BoardEntry, now: datetime, zone: tzinfo = UTC, scrub: Callable[[str], str] = str
+) -> BoardLine:
+    headline = card_headline(entry.card.body, scrub) if entry.card.status == "active" else None
+    if headline is None and entry.card.status == "inactive":
+        headline = "card stopped"
+    return BoardLine(
+        agent_id=entry.agent_id,
+        state=entry.activity.state,
+        marks=board_marks(entry.card, entry.activity),
+        headline=headline,
+        movement=movement_text(entry.activity, now, zone, scrub),
+    )
+
+
+def line_order(line: BoardLine) -> tuple[int, int, str]:
+    """Sort key: the most urgent mark first, then moving before resting, then the id."""
+    urgency = min((_MARK_RANK[mark] for mark in line.marks), default=len(_MARK_RANK))
+    return urgency, _STATE_RANK.get(line.state, len(_STATE_RANK)), line.agent_id
+
+
+def board_summary(lines: Sequence[BoardLine]) -> str:
+    """`N agents · K need people · 3 running · 2 idle`: counts over every line, shown or not."""
+    noun = "agent" if len(lines) == 1 else "agents"
+    parts = [f"{len(lines)} {noun}"]
+    attention = sum(1 for line in lines if line.marks)
+    if attention:
+        parts.append(f"{attention} need{'s' if attention == 1 else ''} people")
+    counts: dict[AgentState, int] = {}
+    for line in lines:
+        counts[line.state] = counts.get(line.state, 0) + 1
+    for state in sorted(counts, key=lambda s: _STATE_RANK.get(s, len(_STATE_RANK))):
+        parts.append(f"{counts[state]} {state}")
+    return " · ".join(parts)
+
+
+def compose_board(
+    entries: Sequence[BoardEntry],
+    *,
+    hidden: bool,
+    now: datetime,
+    zone: tzinfo = UTC,
+    scrub: Callable[[str], str] = str,
+) -> BoardView:
+    """The whole board of one chat, uncut (see `fit_board`)."""
+    lines = sorted((board_line(entry, now, zone, scrub) for entry in entries), key=line_order)
+    return BoardView(summary=board_summary(lines), lines=tuple(lines), hidden=hidden)
+
+
+def fit_board(view: BoardView, fits: Callable[[BoardView], bool]) -> BoardView:
+    """The longest head of `view`'s lines for which `fits` holds, the rest counted in
+    `omitted`. `fits` is the platform's measure (monotonic: fewer lines never grow the
+    message); with no line fitting, the board keeps only its summary and the count."""
+    if view.hidden or fits(view):
+        return view
+    lines = view.lines
+    low, high = 0, len(lines) - 1  # `high` lines are known not to fit whole
+    best = replace(view, lines=(), omitted=len(lines))
+    while low <= high:
+        middle = (low + high) // 2
+        candidate = replace(view, lines=lines[:middle], omitted=len(lines) - middle)
+        if fits(candidate):
+            best, low = candidate, middle + 1
+        else:
+            high = middle - 1
+    return best

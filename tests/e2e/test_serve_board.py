@@ -1,0 +1,282 @@
+"""The board end to end: `taskcard serve` with a config file, the contract files, the fake
+Telegram Bot API (with Telegram's group limit of 20 messages a minute) and the fake Feishu
+Open API (commands through the signed, encrypted callback), as people would see it."""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.harness import ServeProcess, eventually, notify, publish
+from tests.e2e.test_serve_feishu import CHAT, ENCRYPT, VERIFY, free_port
+from tests.fakes.feishu_api import FakeFeishu
+from tests.fakes.telegram_api import FakeTelegram, StoredMessage
+
+GROUP = -1009876543210
+BOARD_TITLE = "Task board"
+RETIRED_NOTE = "followed on this chat's task board"
+
+
+@pytest.fixture
+async def telegram() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram() as server:
+        yield server
+
+
+@pytest.fixture
+async def feishu() -> AsyncIterator[FakeFeishu]:
+    async with FakeFeishu() as server:
+        yield server
+
+
+def agents_lines(tmp_path: Path, agents: list[str]) -> list[str]:
+    lines = ['state_dir = ".taskcard"']
+    for agent in agents:
+        (tmp_path / "agents" / agent).mkdir(parents=True, exist_ok=True)
+        lines += ["[[agents]]", f'id = "{agent}"', f'workdir = "agents/{agent}"']
+    return lines
+
+
+def telegram_serve(
+    tmp_path: Path, fake: FakeTelegram, agents: list[str], view: str
+) -> ServeProcess:
+    lines = [
+        *agents_lines(tmp_path, agents),
+        "[telegram]",
+        'token_env = "TC_TEST_TOKEN"',
+        f'api_base_url = "{fake.base_url}"',
+        "poll_timeout_s = 1",
+        "[[telegram.routes]]",
+        f"chat_id = {GROUP}",
+        f"agents = {json.dumps(agents)}",
+        f'view = "{view}"',
+    ]
+    config = tmp_path / "taskcard.toml"
+    config.write_text("\n".join(lines) + "\n")
+    return ServeProcess(config, env={"TC_TEST_TOKEN": fake.token})
+
+
+def boards(fake: FakeTelegram) -> list[StoredMessage]:
+    return [
+        m
+        for m in fake.bot_messages(GROUP)
+        if m.text.startswith(f"📋 {BOARD_TITLE}") or m.text.startswith(f"🟠 {BOARD_TITLE}")
+    ]
+
+
+def board_text(fake: FakeTelegram) -> str:
+    found = boards(fake)
+    return found[0].text if len(found) == 1 else ""
+
+
+async def test_telegram_board_of_30_agents_one_message_and_an_error_card(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    agents = [f"agent{i:02d}" for i in range(30)]
+    with telegram_serve(tmp_path, telegram, agents, "board") as serve:
+        for agent in agents:
+            publish(tmp_path / "agents" / agent, f"**{agent}** step 1/5")
+        await eventually(
+            lambda: all(f"{a} step 1/5" in board_text(telegram) for a in agents),
+            what="every agent on the one board",
+        )
+        assert "30 agents" in board_text(telegram)
+        assert len(telegram.bot_messages(GROUP)) == 1, "only the board: no card per agent"
+        board = boards(telegram)[0]
+        assert any(e["type"] == "bold" for e in board.entities)
+
+        publish(tmp_path / "agents" / "agent07", "**agent07** step 4/5")
+        await eventually(lambda: "agent07 step 4/5" in board_text(telegram), what="the edit")
+
+        notify(tmp_path / "agents" / "agent13", "n-err-1", "error", code="timeout")
+        await eventually(
+            lambda: "agent13 · unknown · ⚠ error" in board_text(telegram),
+            what="the mark",
+            timeout_s=90,
+        )
+        lines = board_text(telegram).splitlines()
+        assert "agent13" in lines[1], "what needs people comes first"
+        card = await eventually(
+            lambda: next(
+                (
+                    m
+                    for m in telegram.bot_messages(GROUP)
+                    if "agent13 ·" in m.text.split("\n")[0] and "renderer error" in m.text
+                ),
+                None,
+            ),
+            what="the agent in error gets its own card",
+            timeout_s=90,
+        )
+        assert "agent13 step 1/5" in card.text
+        assert len(boards(telegram)) == 1
+
+        notify(tmp_path / "agents" / "agent13", "n-err-2", "recovered")
+        await eventually(
+            lambda: RETIRED_NOTE in (telegram.message(GROUP, card.message_id) or card).text,
+            what="its card says it needs no one now",
+            timeout_s=90,
+        )
+        await eventually(
+            lambda: "⚠ error" not in board_text(telegram), what="mark cleared", timeout_s=90
+        )
+        assert telegram.rate_limited == []
+        assert await serve.aterminate() == 0
+
+
+async def test_telegram_board_and_cards_commands_switch_and_persist(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    agents = ["alpha", "beta", "gamma"]
+    serve = telegram_serve(tmp_path, telegram, agents, "cards")
+    with serve:
+        for agent in agents:
+            publish(tmp_path / "agents" / agent, f"{agent} card v1")
+        await eventually(lambda: len(telegram.bot_messages(GROUP)) == 3, what="three cards")
+        cards = [m.message_id for m in telegram.bot_messages(GROUP)]
+        telegram.inject_command(GROUP, "/taskcard board")
+        await eventually(lambda: "alpha card v1" in board_text(telegram), what="the board")
+        await eventually(
+            lambda: all(
+                RETIRED_NOTE in (telegram.message(GROUP, mid) or _none).text for mid in cards
+            ),
+            what="the three cards retired",
+        )
+        await eventually(
+            lambda: any("now shows one task board" in m.text for m in telegram.bot_messages(GROUP))
+        )
+        assert await serve.aterminate() == 0
+
+    count = len(telegram.bot_messages(GROUP))
+    publish(tmp_path / "agents" / "beta", "beta card v2")
+    with ServeProcess(serve.config, env=serve.env) as again:
+        await eventually(lambda: "beta card v2" in board_text(telegram), what="board after restart")
+        assert len(telegram.bot_messages(GROUP)) == count, "still the board: no new card"
+        telegram.inject_command(GROUP, "/taskcard cards")
+        await eventually(lambda: "replaced by one card per agent" in boards(telegram)[0].text)
+        fresh = await eventually(
+            lambda: [
+                m
+                for m in telegram.bot_messages(GROUP)
+                if m.message_id not in cards
+                and "beta card v2" in m.text
+                and BOARD_TITLE not in m.text
+            ],
+            what="a fresh card per agent",
+        )
+        assert len(fresh) == 1
+        assert await again.aterminate() == 0
+
+
+class _None:
+    text = ""
+
+
+_none = _None()
+
+
+class FeishuSetup:
+    def __init__(self, tmp_path: Path, fake: FakeFeishu, agents: list[str]) -> None:
+        self.url = f"http://127.0.0.1:{free_port()}/feishu/events"
+        port = self.url.split(":")[2].split("/")[0]
+        lines = [
+            *agents_lines(tmp_path, agents),
+            "[feishu]",
+            'app_id_env = "TC_FS_APP_ID"',
+            'app_secret_env = "TC_FS_APP_SECRET"',
+            f'domain = "{fake.base_url}"',
+            'events = "webhook"',
+            "[feishu.webhook]",
+            'host = "127.0.0.1"',
+            f"port = {port}",
+            'path = "/feishu/events"',
+            'verification_token_env = "TC_FS_VERIFY"',
+            'encrypt_key_env = "TC_FS_ENCRYPT"',
+            "[[feishu.routes]]",
+            f'chat_id = "{CHAT}"',
+            'agents = ["*"]',
+            'view = "board"',
+        ]
+        self.config = tmp_path / "taskcard.toml"
+        self.config.write_text("\n".join(lines) + "\n")
+        self.env = {
+            "TC_FS_APP_ID": fake.app_id,
+            "TC_FS_APP_SECRET": fake.app_secret,
+            "TC_FS_VERIFY": VERIFY,
+            "TC_FS_ENCRYPT": ENCRYPT,
+        }
+
+    def serve(self) -> ServeProcess:
+        return ServeProcess(self.config, env=self.env)
+
+
+def feishu_cards(fake: FakeFeishu) -> list[str]:
+    """Each card's visible strings (title, subtitle, elements), entities read as a client does."""
+    return [html.unescape(m.text) for m in fake.chat(CHAT) if m.msg_type == "interactive"]
+
+
+def feishu_board(fake: FakeFeishu) -> str:
+    found = [t for t in feishu_cards(fake) if t.startswith(BOARD_TITLE + "\n")]
+    return found[0] if len(found) == 1 else ""
+
+
+def feishu_card_of(fake: FakeFeishu, agent: str) -> str | None:
+    return next((t for t in feishu_cards(fake) if t.split("\n")[0] == agent), None)
+
+
+async def test_feishu_board_error_card_and_switch_persisting_across_restart(
+    tmp_path: Path, feishu: FakeFeishu
+) -> None:
+    agents = [f"worker{i}" for i in range(6)]
+    setup = FeishuSetup(tmp_path, feishu, agents)
+    with setup.serve() as serve:
+        for agent in agents:
+            publish(tmp_path / "agents" / agent, f"# {agent} *phase* 1 <at id=all>")
+        await eventually(
+            lambda: all(f"{a} phase 1 <at id=all>" in feishu_board(feishu) for a in agents),
+            what="the board with every agent, their text shown as typed",
+        )
+        assert len(feishu_cards(feishu)) == 1
+        board_card = next(c for c in feishu.cards(CHAT) if "Task board" in str(c["header"]))
+        markdown = board_card["body"]["elements"][0]
+        assert markdown["tag"] == "markdown" and "**worker" in markdown["content"]
+        assert "<at" not in markdown["content"]
+
+        notify(tmp_path / "agents" / "worker4", "f-err-1", "error", code="crash")
+        await eventually(
+            lambda: "renderer error" in (feishu_card_of(feishu, "worker4") or ""),
+            what="worker4's own card",
+        )
+        await eventually(
+            lambda: (
+                feishu_board(feishu).split("\n")[2].startswith("**worker4 · unknown** · ⚠ error")
+            ),
+            what="worker4 first on the board, marked",
+        )
+
+        answer = await feishu.deliver_command(
+            setup.url, CHAT, "/taskcard cards", verification_token=VERIFY, encrypt_key=ENCRYPT
+        )
+        assert answer.status == 200
+        await eventually(
+            lambda: "replaced by one card per agent" in feishu_board(feishu), what="board retired"
+        )
+        await eventually(
+            lambda: all(feishu_card_of(feishu, agent) for agent in agents),
+            what="one card per agent",
+        )
+        assert await serve.aterminate() == 0
+
+    publish(tmp_path / "agents" / "worker1", "worker1 after the restart")
+    with setup.serve() as again:
+        await eventually(
+            lambda: any("worker1 after the restart" in t for t in feishu_cards(feishu)),
+            what="the card edited after the restart",
+        )
+        assert "replaced by one card per agent" in feishu_board(feishu), "the choice persisted"
+        assert len(feishu_cards(feishu)) == 7
+        assert await again.aterminate() == 0
