@@ -165,7 +165,7 @@ class FoldedNotices:
         """The saved episode, or None when there is none or it cannot be read."""
         try:
             data = json.loads(saved) if saved else None
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
         if not isinstance(data, dict) or not isinstance(data.get("counts"), dict):
             return None

@@ -76,7 +76,7 @@ def parse_agent_health(raw: str | None) -> list[str]:
         return []
     try:
         data = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return []
     if not isinstance(data, list):
         return []

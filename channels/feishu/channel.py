@@ -113,7 +113,7 @@ def bot_open_id_from(answer: bytes | None) -> str | None:
     `data`, so lark-oapi's generic response model does not carry it)."""
     try:
         document = json.loads(answer or b"")
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     bot = document.get("bot") if isinstance(document, dict) else None
     open_id = bot.get("open_id") if isinstance(bot, dict) else None

@@ -148,7 +148,7 @@ def turn_usage(lines: list[bytes]) -> tuple[int, int] | None:
     for raw in lines:
         try:
             entry = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if not isinstance(entry, dict):
             continue

@@ -55,7 +55,7 @@ def _load_json(path: Path) -> dict[str, Any]:
         return {}
     try:
         data = json.loads(path.read_bytes())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise InitError(
             f"{path}: not valid JSON ({exc.__class__.__name__}); fix or move it, then run "
             "init again (it was left untouched)"

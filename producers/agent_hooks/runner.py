@@ -68,7 +68,7 @@ def parse_payload(raw: bytes) -> dict[str, Any]:
         raise HookInputError(f"payload over {MAX_PAYLOAD_BYTES} bytes, ignored")
     try:
         data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise HookInputError(f"payload is not JSON ({exc.__class__.__name__})") from None
     if not isinstance(data, dict):
         raise HookInputError("payload is not a JSON object")
@@ -96,7 +96,7 @@ def _session_waits(paths: CardPaths) -> Iterator[dict[str, str]]:
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             data = json.loads(path.read_bytes()[:65536])
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             data = {}
         waits = {
             str(k): v

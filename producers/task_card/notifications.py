@@ -159,7 +159,7 @@ class FileNotificationPort:
             for line in data.splitlines():
                 try:
                     ident = json.loads(line).get("id")
-                except (ValueError, AttributeError):
+                except (ValueError, AttributeError, RecursionError):
                     continue
                 if isinstance(ident, str):
                     ids.add(ident)

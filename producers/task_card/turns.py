@@ -39,7 +39,7 @@ def _locked(paths: CardPaths) -> Iterator[None]:
 def _read_count(path: Path) -> int:
     try:
         data = json.loads(path.read_bytes()[:4096])
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return 0
     turns = data.get("turns") if isinstance(data, dict) else None
     return turns if isinstance(turns, int) and not isinstance(turns, bool) and turns > 0 else 0

@@ -147,7 +147,7 @@ class WakeReader:
         try:
             data = json.loads(self._cursor_path.read_bytes()[:4096])
             return Cursor(inode=int(data["inode"]), offset=int(data["offset"]))
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
             return None
 
     def _save(self, cursor: Cursor) -> None:

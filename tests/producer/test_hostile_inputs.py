@@ -65,6 +65,13 @@ BAD_ENVELOPES: list[tuple[str, bytes, str]] = [
     ("nul-byte", b'{"action": "settings", "input": {}, "reasoning": "a\x00b"}', "NUL"),
     ("nan", b'{"action": "start", "input": {"renderer_path": "r.py", "interval_s": NaN}}', "NaN"),
     ("empty", b"", "empty"),
+    (
+        "huge-integer",
+        b'{"action": "start", "input": {"renderer_path": "r.py", "interval_s": '
+        + b"9" * 5000
+        + b'}, "reasoning": "x"}',
+        "digits",
+    ),
 ]
 # What the kernel will not put in an argument: NUL ends the string, 128 KiB is the cap.
 NOT_AS_ARGUMENT = {"nul-byte", "two-megabytes", "deep-nesting", "empty"}
@@ -174,6 +181,7 @@ def test_the_python_api_refuses_hostile_objects_too(make_card: MakeCard) -> None
         ({"action": "settings", "input": {}, "reasoning": "\ud800"}, "surrogate"),
         ({"action": "settings", "input": {}, "reasoning": "a" * 2_000_000}, "limit"),
         ({"action": "start", "input": {"renderer_path": "r\x00.py"}, "reasoning": "x"}, "NUL"),
+        ({"action": "settings", "input": {"n": 10**4000}, "reasoning": "x"}, "digits"),
     ]
     for raw, words in cases:
         result = card.call(raw)
