@@ -371,7 +371,7 @@ class Service:
                 activity_rows=prefs.activity_rows or self._config.display.activity_rows,
                 now=self._clock(),
                 zone=route.zone,
-                ledger_line=ledger_row(self._ledgers.summary(monitor.paths.workdir)),
+                ledger_line=ledger_row(self._ledgers.summary(monitor.files)),
             )
             self._scheduler.submit(route.key, self._render_card(channel, view))
 
