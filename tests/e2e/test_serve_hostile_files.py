@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from producers.task_card.contract import CardPaths, atomic_write
-from tests.e2e.harness import ServeProcess, activity, eventually, publish, run_cli
+from tests.e2e.harness import ServeProcess, activity, eventually, notify, publish, run_cli
 from tests.fakes.telegram_api import FakeLimits, FakeTelegram
 
 GROUP = -1009876543210
@@ -295,3 +295,35 @@ async def test_ledger_refusals_show_in_status_and_the_log_like_other_files(
         assert shows(fake, GROUP, "piped v1") and shows(fake, GROUP, "linked v1")
         assert await serve.aterminate() == 0
     assert "OUTSIDE1" not in every_text(fake)
+
+
+async def test_absurd_numbers_in_ledger_and_notices_become_unknown(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    serve = setup(tmp_path, fake, ["ledg", "notif"])
+    ledg, notif, good = (workdir(tmp_path, a) for a in ("ledg", "notif", "good"))
+    huge = 10**4200  # as many digits as json still writes
+    (ledg / "ledger").mkdir()
+    (ledg / "ledger/long-task-ledger.json").write_text(
+        _ledger_document("T1", steps_done=huge, step_count=huge)
+    )
+    publish(ledg, "ledg v1")
+    publish(notif, "notif v1")
+    with serve:
+        publish(good, "good v1")
+        await eventually(lambda: shows(fake, GROUP, "notif v1"), what="notif card")
+        await eventually(
+            lambda: shows(fake, GROUP, "ledger T1: RUNNING · next: task completion"),
+            what="the ledger row without the absurd step counts",
+        )
+        for ident, budget in (("n1", huge), ("n2", -5), ("n3", 0), ("n4", 40)):
+            notify(notif, ident, "limit", max_refreshes=budget)
+        await eventually(lambda: shows(fake, GROUP, "after 40 refreshes"), what="the sane one")
+        stopped = [t for t in texts(fake, GROUP) if "task card stopped" in t]
+        assert len(stopped) == 4, stopped
+        assert sum(t.endswith("refresh budget used up.") for t in stopped) == 3, stopped
+        assert all(len(t) < 200 for t in stopped)
+        assert shows(fake, PRIVATE, "good v1")
+        assert await serve.aterminate() == 0
+    assert "-5 refreshes" not in every_text(fake)
+    assert "Traceback" not in serve.logs

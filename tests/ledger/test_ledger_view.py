@@ -121,3 +121,16 @@ def test_the_row_is_in_the_automatic_slot() -> None:
         ledger_line="ledger t: BLOCKED · next: decision on block OTHER",
     )
     assert "ledger t: BLOCKED · next: decision on block OTHER" in view.auto_rows
+
+
+def test_absurd_step_counts_are_unknown(workdir: Path) -> None:
+    path = workdir / DEFAULT_LEDGER
+    path.parent.mkdir()
+    for steps in ("1" + "0" * 4200, "-3", "2.5", "true", "1e400"):
+        derived = f'"workflow": "RUNNING", "steps_done": {steps}, "step_count": {steps}'
+        path.write_text(
+            '{"tasks": {"t": {"task": {"task_id": "x"}, "derived": {' + derived + "}}}}"
+        )
+        os.utime(path, ns=(len(steps), len(steps)))
+        row = ledger_row(LedgerView().summary(WorkdirFiles("a", workdir)))
+        assert row == "ledger x: RUNNING · next: unknown", steps
