@@ -142,7 +142,7 @@ class FeishuChannel(Channel):
         self._domain = check_domain(config.domain)
         self._transport: LarkTransport | None = None
         self._tokens: TenantTokenSource | None = None
-        self._seen = SeenEvents(config.event_dedup_window_s, cursor=cursor)
+        self._seen = SeenEvents(config.replay_window_s(), cursor=cursor)
         self._on_command: CommandSink | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[None]] = set()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from channels.base import TIMEZONE_HELP, RateLimit, TimeZoneName
 
@@ -110,3 +110,23 @@ class FeishuConfig(BaseModel):
     request_timeout_s: float = Field(
         default=15.0, ge=1, le=300, description="Per-request timeout (1-300 s)."
     )
+
+    @model_validator(mode="after")
+    def _replay_window(self) -> FeishuConfig:
+        """A signed request is accepted until it is `max_request_age_s + clock_skew_s` old; an
+        id forgotten sooner than that lets a captured request be replayed and run again."""
+        needed = self.webhook.max_request_age_s + self.webhook.clock_skew_s
+        if self.event_dedup_window_s < needed:
+            raise ValueError(
+                f"event_dedup_window_s = {self.event_dedup_window_s:g} is shorter than"
+                f" webhook.max_request_age_s + webhook.clock_skew_s = {needed:g}: a replayed"
+                " request would be accepted after its id is forgotten; raise"
+                f" event_dedup_window_s to at least {needed:g} or lower max_request_age_s"
+            )
+        return self
+
+    def replay_window_s(self) -> float:
+        """How long handled event ids are kept: the configured window, and never less than
+        the longest a request can be replayed (its age limit plus skew both ways)."""
+        webhook = self.webhook
+        return max(self.event_dedup_window_s, webhook.max_request_age_s + 2 * webhook.clock_skew_s)

@@ -237,6 +237,17 @@ def test_default_state_dir_is_relative_to_the_config_file(tmp_path: Path) -> Non
         ("[telegram]\nrequest_timeout_s = 0.0001\n", "telegram.request_timeout_s"),
         ("[telegram.limits.bot]\nmax_calls = 30\nperiod_s = 1e12\n", "telegram.limits.bot"),
         ('[[telegram.routes]]\nchat_id = 1\nthread_id = 0\nagents = ["*"]\n', "thread_id"),
+        (
+            "[feishu]\nevent_dedup_window_s = 3600\n"
+            "[feishu.webhook]\nmax_request_age_s = 3600\nclock_skew_s = 300\n",
+            "feishu: event_dedup_window_s = 3600 is shorter than webhook.max_request_age_s"
+            " + webhook.clock_skew_s = 3900",
+        ),
+        (
+            "[feishu]\nevent_dedup_window_s = 3700\n"
+            "[feishu.webhook]\nmax_request_age_s = 3500\nclock_skew_s = 201\n",
+            "raise event_dedup_window_s to at least 3701",
+        ),
     ],
 )
 def test_out_of_range_numbers_and_malformed_urls_name_the_key(
