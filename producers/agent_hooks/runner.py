@@ -25,7 +25,7 @@ from producers.agent_hooks.claude_code import (
 )
 from producers.agent_hooks.codex import codex_events
 from producers.task_card.activity_log import append_event, event_record
-from producers.task_card.contract import CardPaths, atomic_write, utc_now_iso
+from producers.task_card.contract import CardPaths, atomic_write, read_regular, utc_now_iso
 from producers.task_card.notifications import FileNotificationPort
 from producers.task_card.settings import settings_or_defaults
 from producers.task_card.turns import add_completed_turn
@@ -95,7 +95,7 @@ def _session_waits(paths: CardPaths) -> Iterator[dict[str, str]]:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
-            data = json.loads(path.read_bytes()[:65536])
+            data = json.loads(read_regular(path, 65536))
         except (OSError, ValueError, RecursionError):
             data = {}
         waits = {

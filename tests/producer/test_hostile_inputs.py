@@ -502,3 +502,42 @@ def test_decide_doomed(
         table, me=5, leader=leader, live_leaders=frozenset(live), subreaper=subreaper
     )
     assert doomed == expected
+
+
+# ----------------------------------------------------------------- non-regular files (1)
+
+
+def _plant(path: Path, kind: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "device":
+        path.symlink_to("/dev/zero")
+    else:
+        path.mkdir()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "folder"])
+def test_a_planted_watch_descriptor_never_stalls_the_host(cli: CliHost, kind: str) -> None:
+    """Rehydration meets it first: the host retires it as corrupt and serves calls."""
+    _plant(CardPaths(cli.workdir).watch, kind)
+    settings = '{"action": "settings", "input": {}, "reasoning": "bring the host up"}'
+    done = cli.run("tool", stdin=settings)  # times out after 120 s if the host hangs
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "ok"
+    assert "Traceback" not in done.stderr
+    assert _socket_exchange(cli, b'{"op": "ping"}')["ok"] is True
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "folder"])
+def test_a_planted_settings_file_is_refused_by_name_never_read(cli: CliHost, kind: str) -> None:
+    _plant(CardPaths(cli.workdir).settings, kind)
+    for command in (("card", "settings", "--json"), ("card", "start", "r.py", "--json")):
+        done = cli.run(*command)
+        assert done.returncode in (1, 2), done.stderr
+        assert "Traceback" not in done.stderr and "MemoryError" not in done.stderr
+        result = json.loads(done.stdout)
+        assert result["status"] == "failed"
+        if command[1] == "settings":
+            assert "taskcard.json" in result["message"]
+            assert "not a regular file" in result["message"]
