@@ -71,10 +71,13 @@ def _resolve_against_config(value: Path, info: ValidationInfo) -> Path:
 class AgentConfig(BaseModel):
     """One agent whose working directory holds the card files."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     id: str = Field(description="Agent id shown in cards and logs; 1-64 of [A-Za-z0-9_.-].")
-    workdir: Path = Field(description="The agent's working directory (relative: to this file).")
+    workdir: Path = Field(
+        strict=False,  # TOML gives text; strict mode would ask for a Path object
+        description="The agent's working directory (relative: to this file).",
+    )
 
     @field_validator("id")
     @classmethod
@@ -95,7 +98,7 @@ class AgentConfig(BaseModel):
 class ConsoleConfig(BaseModel):
     """The terminal projection: every agent's composed card, live."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     enabled: Literal["auto"] | bool = Field(
         default="auto",
@@ -114,7 +117,7 @@ class ConsoleConfig(BaseModel):
 class WatchConfig(BaseModel):
     """How quickly file changes are noticed."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     debounce_ms: int = Field(
         default=50, ge=1, le=10_000, description="Group file events arriving within this window."
@@ -130,7 +133,7 @@ class WatchConfig(BaseModel):
 class DisplayConfig(BaseModel):
     """What the automatic slot shows by default."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     activity_rows: int = Field(
         default=3, ge=1, le=10, description="Recent activity rows (routes may override, 1-10)."
@@ -146,7 +149,7 @@ class DisplayConfig(BaseModel):
 class LimitsConfig(BaseModel):
     """Bounds the service applies to what the platforms ask of it."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     max_pause_s: float = Field(
         default=3600.0,
@@ -162,7 +165,7 @@ class LimitsConfig(BaseModel):
 class NoticesConfig(BaseModel):
     """How many notices one route shows before the rest are folded into a summary."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     max_per_minute: int = Field(
         default=5,
@@ -178,10 +181,11 @@ class NoticesConfig(BaseModel):
 class ServiceConfig(BaseModel):
     """The whole configuration of `taskcard serve`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     state_dir: Path = Field(
         default=Path(".taskcard"),
+        strict=False,  # TOML gives text; strict mode would ask for a Path object
         # The default goes through the validator too: relative to the config file, not the cwd.
         validate_default=True,
         description="Service state (SQLite); relative paths are relative to this file.",

@@ -12,7 +12,7 @@ from channels.base import TIMEZONE_HELP, RateLimit, TimeZoneName
 class FeishuLimits(BaseModel):
     """Client-side pacing at Feishu's documented limits; a request counts in both app windows."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     message_update: RateLimit = Field(
         default=RateLimit(max_calls=5, period_s=1.0), description="PATCHes per message."
@@ -36,7 +36,7 @@ class FeishuLimits(BaseModel):
 class FeishuWebhook(BaseModel):
     """The HTTP callback endpoint, used when `events = "webhook"`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     host: str = Field(default="127.0.0.1", description="Listen address.")
     port: int = Field(default=8088, ge=0, le=65535, description="Listen port (0: any free).")
@@ -70,7 +70,7 @@ class FeishuWebhook(BaseModel):
 
 
 class FeishuRoute(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     chat_id: str = Field(description="Chat id (oc_...).")
     agents: list[str] = Field(min_length=1, description='Agent ids, or ["*"] for all agents.')
@@ -82,7 +82,7 @@ class FeishuRoute(BaseModel):
 
 
 class FeishuConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     app_id_env: str = Field(default="FEISHU_APP_ID", description="Env var with the app id.")
     app_secret_env: str = Field(
