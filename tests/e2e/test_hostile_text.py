@@ -229,3 +229,41 @@ async def test_feishu_secrets_with_invisible_characters_inside_never_reach_feish
     assert "[redacted]" in everything
     for secret in secrets:
         assert secret not in everything
+
+
+def fence_games() -> str:
+    """A mention of everyone hidden where a fence might (or might not) make it code."""
+    at, ticks = '<at id="all"></at>', "`" * 3
+    return "\n".join(
+        [
+            "fence-marker",
+            "~~~",
+            f"{at} tilde fence",
+            "~~~",
+            f"{ticks}{at}",
+            ticks,
+            f"    {ticks}",
+            f"{at} indented fence",
+            f"    {ticks}",
+            f"{ticks}`",
+            ticks,
+            f"{at} four ticks",
+            f"{ticks}`",
+            ticks,
+            f"{at} in plain code",
+            ticks,
+        ]
+    )
+
+
+async def test_no_fence_lets_a_mention_of_everyone_into_a_feishu_card(
+    tmp_path: Path, feishu: FakeFeishu
+) -> None:
+    setup = Setup(tmp_path, feishu, ["builder"])
+    with setup.serve() as serve:
+        publish(tmp_path / "agents" / "builder", fence_games())
+        await eventually(lambda: any("fence-marker" in t for t in card_texts(feishu)))
+        assert await serve.aterminate() == 0
+    everything = feishu_everything(feishu).lower().replace(" ", "")
+    assert "four ticks" in feishu_everything(feishu)
+    assert "<at" not in everything and "\\u003cat" not in everything
