@@ -27,7 +27,7 @@ import tomllib
 import types
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -72,10 +72,13 @@ def _resolve_against_config(value: Path, info: ValidationInfo) -> Path:
 class AgentConfig(BaseModel):
     """One agent whose working directory holds the card files."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     id: str = Field(description="Agent id shown in cards and logs; 1-64 of [A-Za-z0-9_.-].")
-    workdir: Path = Field(description="The agent's working directory (relative: to this file).")
+    workdir: Path = Field(
+        strict=False,  # TOML gives text; strict mode would ask for a Path object
+        description="The agent's working directory (relative: to this file).",
+    )
 
     @field_validator("id")
     @classmethod
@@ -96,7 +99,7 @@ class AgentConfig(BaseModel):
 class ConsoleConfig(BaseModel):
     """The terminal projection: every agent's composed card, live."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     enabled: Literal["auto"] | bool = Field(
         default="auto",
@@ -115,7 +118,7 @@ class ConsoleConfig(BaseModel):
 class WatchConfig(BaseModel):
     """How quickly file changes are noticed."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     debounce_ms: int = Field(
         default=50, ge=1, le=10_000, description="Group file events arriving within this window."
@@ -134,9 +137,10 @@ class WatchConfig(BaseModel):
 class DiscoverConfig(BaseModel):
     """Folders whose immediate subdirectories are agents, found while serving."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
-    roots: list[Path] = Field(
+    # TOML gives text; strict mode would ask for Path objects.
+    roots: list[Annotated[Path, Field(strict=False)]] = Field(
         default_factory=list,
         max_length=64,
         description=(
@@ -154,7 +158,7 @@ class DiscoverConfig(BaseModel):
 class DisplayConfig(BaseModel):
     """What the automatic slot shows by default."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     activity_rows: int = Field(
         default=3, ge=1, le=10, description="Recent activity rows (routes may override, 1-10)."
@@ -173,7 +177,7 @@ class DisplayConfig(BaseModel):
 class SignalsConfig(BaseModel):
     """When the service tells people (and a parent agent) that an agent owes a report."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     idle_floor_s: float = Field(
         default=180.0,
@@ -198,7 +202,7 @@ class SignalsConfig(BaseModel):
 class InboxConfig(BaseModel):
     """Text people send to an agent (a reply to its card, `/tell`): limits and timeouts."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     max_messages: int = Field(
         default=5,
@@ -223,7 +227,7 @@ class InboxConfig(BaseModel):
 class LimitsConfig(BaseModel):
     """Bounds the service applies to what the platforms ask of it."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     max_pause_s: float = Field(
         default=3600.0,
@@ -239,7 +243,7 @@ class LimitsConfig(BaseModel):
 class NoticesConfig(BaseModel):
     """How many notices one route shows before the rest are folded into a summary."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     max_per_minute: int = Field(
         default=5,
@@ -255,10 +259,11 @@ class NoticesConfig(BaseModel):
 class ServiceConfig(BaseModel):
     """The whole configuration of `taskcard serve`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     state_dir: Path = Field(
         default=Path(".taskcard"),
+        strict=False,  # TOML gives text; strict mode would ask for a Path object
         # The default goes through the validator too: relative to the config file, not the cwd.
         validate_default=True,
         description="Service state (SQLite); relative paths are relative to this file.",

@@ -336,7 +336,7 @@ TIMEZONE_HELP = "IANA time zone of the times shown on this route's cards, e.g. E
 class RateLimit(BaseModel):
     """A configurable limit: at most `max_calls` requests in any window of `period_s`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     max_calls: int = Field(
         ge=1, le=100_000, description="Requests allowed in any window of period_s (1-100000)."

@@ -35,7 +35,7 @@ def redis_url_problem(value: str) -> str | None:
 class ClusterConfig(BaseModel):
     """Opt-in: without a Redis URL the service runs alone on its SQLite state."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     redis_url_env: str | None = Field(
         default=None,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import html
 import json
 import re
+import unicodedata
 from collections.abc import Iterable
 from typing import Final
 from urllib.parse import quote
@@ -129,14 +130,37 @@ class Redactor:
                 spellings |= secret_spellings(secret)
         # Longest first, so a secret that contains another is removed whole.
         self._spellings: tuple[str, ...] = tuple(sorted(spellings, key=len, reverse=True))
-        bare_spellings = (_without_markup(spelling) for spelling in spellings)
+        folded = {fold(spelling)[0] for spelling in spellings}
+        self._folded = tuple(
+            sorted((f for f in folded if len(f) >= MIN_SECRET_CHARS), key=len, reverse=True)
+        )
+        bare_spellings = (fold(spelling, markup=True)[0] for spelling in spellings)
         self._bare = frozenset(b for b in bare_spellings if len(b) >= MIN_SECRET_CHARS)
 
     def scrub(self, text: str) -> str:
-        """`text` without any spelling of a configured secret (no pattern matching)."""
+        """`text` without any spelling of a configured secret (no pattern matching).
+
+        Also found where invisible characters, line breaks or spaces were put inside a value,
+        or its characters were written in compatibility forms (full-width digits): a chat
+        shows those joined, so the whole stretch they span is replaced.
+        """
         for spelling in self._spellings:
             if spelling in text:
                 text = text.replace(spelling, MARKER)
+        if not self._folded:
+            return text
+        if not any(secret in _folded_text(text) for secret in self._folded):
+            return text  # the common case, without building the index map
+        folded, origin = fold(text)
+        spans: list[tuple[int, int]] = []
+        for secret in self._folded:
+            at = folded.find(secret)
+            while at >= 0:
+                end = at + len(secret)
+                spans.append((origin[at], origin[end - 1] + 1))
+                at = folded.find(secret, end)
+        for start, end in _merged(spans)[::-1]:
+            text = text[:start] + MARKER + text[end:]
         return text
 
     def __call__(self, text: str) -> str:
@@ -146,19 +170,80 @@ class Redactor:
     def leaks(self, text: str) -> bool:
         """Whether `text` still shows a configured secret: a final check on what is sent.
 
-        Markup characters are ignored on both sides, because a chat joins `Xq7V**b2Ln**` into
-        one word on screen: a secret split by emphasis is still shown.
+        Compared after folding both sides (NFKC, invisible characters and all whitespace
+        dropped) and ignoring markup characters, because a chat joins `Xq7V**b2Ln**` or a
+        value with a soft hyphen inside into one word on screen.
         """
         if any(spelling in text for spelling in self._spellings):
             return True
-        bare = _without_markup(text)
+        bare = _folded_text(text, markup=True)
         return any(secret in bare for secret in self._bare)
 
 
-# Emphasis, code and strike marks, backslash escapes and zero-width characters: they change
-# how text looks, not which characters a reader sees joined.
-_MARKUP: Final = re.compile(r"[*_~`\\\u200b\u200c\u200d\u2060\ufeff]")
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
+    return merged
 
 
-def _without_markup(text: str) -> str:
-    return _MARKUP.sub("", text)
+# Unicode's default-ignorable code points that are not format (Cf) characters: the combining
+# grapheme joiner, Hangul fillers, Mongolian and variation selectors, tags' neighbours.
+_IGNORABLE_RANGES: Final = (
+    (0x034F, 0x034F),
+    (0x115F, 0x1160),
+    (0x17B4, 0x17B5),
+    (0x180B, 0x180F),
+    (0x2060, 0x206F),
+    (0x3164, 0x3164),
+    (0xFE00, 0xFE0F),
+    (0xFFA0, 0xFFA0),
+    (0xFFF0, 0xFFF8),
+    (0xE0000, 0xE0FFF),
+)
+
+_MARKUP_CHARS: Final = frozenset("*_~`\\")
+
+
+def _invisible(char: str) -> bool:
+    """Whether a chat shows `char` as nothing (or as a gap a reader skips)."""
+    if char.isspace() or unicodedata.category(char) == "Cf":
+        return True
+    point = ord(char)
+    return any(low <= point <= high for low, high in _IGNORABLE_RANGES)
+
+
+_ASCII_GAPS: Final = {ord(c): None for c in " \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"}
+_ASCII_GAPS_AND_MARKUP: Final = {**_ASCII_GAPS, **{ord(c): None for c in _MARKUP_CHARS}}
+
+
+def _folded_text(text: str, *, markup: bool = False) -> str:
+    """`fold(text)[0]`, fast for plain ASCII text (most cards)."""
+    if text.isascii():
+        return text.translate(_ASCII_GAPS_AND_MARKUP if markup else _ASCII_GAPS)
+    return fold(text, markup=markup)[0]
+
+
+def fold(text: str, *, markup: bool = False) -> tuple[str, list[int]]:
+    """`text` as a reader sees it joined, and for each folded character its index in `text`.
+
+    Each character is NFKC-normalised; whitespace, format (Cf) and other default-ignorable
+    characters are dropped, and with `markup` also emphasis, code and escape marks.
+    """
+    out: list[str] = []
+    origin: list[int] = []
+    for index, char in enumerate(text):
+        if char.isascii():
+            if char.isspace() or (markup and char in _MARKUP_CHARS):
+                continue
+            out.append(char)
+            origin.append(index)
+            continue
+        for piece in unicodedata.normalize("NFKC", char):
+            if not _invisible(piece) and not (markup and piece in _MARKUP_CHARS):
+                out.append(piece)
+                origin.append(index)
+    return "".join(out), origin

@@ -26,7 +26,11 @@ from producers.ledger.contract import (
     SOURCE_COMPLETED,
     safe_id,
 )
-from producers.task_card.contract import SOURCE_ERROR, SOURCE_LIMIT, Notification
+from producers.task_card.contract import SOURCE_ERROR, SOURCE_LIMIT, Notification, count_field
+
+# The producer's ceiling for the `max_refreshes` setting; a notice naming a budget outside
+# 1..this came from a hand-written line, and says "refresh budget used up" without a number.
+MAX_REFRESHES: Final = 1_000_000
 
 # Plain descriptions of the producer's stable error codes.
 ERROR_DESCRIPTIONS: Final[dict[str, str]] = {
@@ -55,7 +59,8 @@ def safe_error_code(code: object) -> str:
 
 
 def _watch_suffix(notification: Notification) -> str:
-    watch_id = notification.ref_id or str(notification.extra.get("watch_id") or "")
+    extra_id = notification.extra.get("watch_id")
+    watch_id = notification.ref_id or (extra_id if isinstance(extra_id, str) else "")
     return f" (watch {watch_id})" if _SAFE_WATCH_ID.fullmatch(watch_id) else ""
 
 
@@ -82,11 +87,9 @@ def notice_text(agent_id: str, notification: Notification) -> str | None:
     if notification.source == SOURCE_LIMIT or (
         notification.source == SOURCE_ERROR and state == "limit"
     ):
-        limit = notification.extra.get("max_refreshes")
+        limit = count_field(notification.extra.get("max_refreshes"))
         budget = (
-            f" after {limit} refreshes"
-            if isinstance(limit, int) and not isinstance(limit, bool)
-            else ""
+            f" after {limit} refreshes" if limit is not None and 1 <= limit <= MAX_REFRESHES else ""
         )
         return f"⏹ {agent_id}: task card stopped{suffix}: refresh budget used up{budget}."
     return None
@@ -166,14 +169,14 @@ class FoldedNotices:
         """The saved episode, or None when there is none or it cannot be read."""
         try:
             data = json.loads(saved) if saved else None
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
         if not isinstance(data, dict) or not isinstance(data.get("counts"), dict):
             return None
         counts = {
             str(kind): count
             for kind, count in data["counts"].items()
-            if isinstance(count, int) and not isinstance(count, bool) and count > 0
+            if (count_field(count) or 0) > 0
         }
         first_s, last_s = data.get("first_s"), data.get("last_s")
         numbers = isinstance(first_s, int | float) and isinstance(last_s, int | float)

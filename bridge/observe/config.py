@@ -28,7 +28,7 @@ def parse_listen(value: str) -> tuple[str, int]:
 class MetricsConfig(BaseModel):
     """Opt-in: without `listen`, the service opens no port for metrics."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     listen: str | None = Field(
         default=None,

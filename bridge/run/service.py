@@ -77,6 +77,7 @@ log = logging.getLogger(__name__)
 # Shown instead of a card body that still spelled a configured secret after rendering (for
 # example split by Markdown emphasis, `12345**6789:AA...**`, and joined again by the renderer).
 WITHHELD_BODY = "(card body withheld: it contained one of this service's own secrets)"
+WITHHELD_ROWS = "(activity withheld: it contained one of this service's own secrets)"
 HELP_TEXT = (
     "/taskcard: show the state here · /taskcard off: hide the cards · "
     "/taskcard on: show them · /taskcard N: show N activity rows (1-10) · "
@@ -103,7 +104,7 @@ def parse_agent_health(raw: str | None) -> list[str]:
         return []
     try:
         data = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return []
     if not isinstance(data, list):
         return []
@@ -723,7 +724,7 @@ class Service:
                 activity_rows=prefs.activity_rows or self._config.display.activity_rows,
                 now=self._clock(),
                 zone=route.zone,
-                ledger_line=ledger_row(self._ledgers.summary(monitor.paths.workdir)),
+                ledger_line=ledger_row(self._ledgers.summary(monitor.files)),
                 lineage=self._sides[route.key.agent_id].lineage,
             )
             self._scheduler.submit(route.key, self._render_card(channel, view))
@@ -806,7 +807,11 @@ class Service:
         outgoing = channel.render_card(view)
         if self._leaks(outgoing) and view.body is not None:
             log.warning("agent %s: card body spelled a configured secret; withheld", view.agent_id)
-            outgoing = channel.render_card(replace(view, body=WITHHELD_BODY, body_cut=False))
+            view = replace(view, body=WITHHELD_BODY, body_cut=False)
+            outgoing = channel.render_card(view)
+        if self._leaks(outgoing) and view.auto_rows:
+            log.warning("agent %s: activity spelled a configured secret; withheld", view.agent_id)
+            outgoing = channel.render_card(replace(view, auto_rows=(WITHHELD_ROWS,)))
         return outgoing
 
     def _render_text(self, channel: Channel, text: str) -> Outgoing:

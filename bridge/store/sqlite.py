@@ -134,6 +134,15 @@ _BUG_ERRORS = (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.Interfa
 WriteOp = Callable[[sqlite3.Connection], Any]
 
 
+def _readonly_uri(path: Path) -> str:
+    """A read-only SQLite URI for `path`, percent-encoded.
+
+    Why: a raw `file:{path}` URI reads `#`, `?` and `%41` in a directory name as URI syntax,
+    so the check and `taskcard status` would open (and create) a different file.
+    """
+    return f"{path.absolute().as_uri()}?mode=ro"
+
+
 def check_state_file(path: Path) -> None:
     """Raise `StateFileError` unless `path` is absent or a readable taskcard state database.
 
@@ -176,7 +185,7 @@ def check_state_file(path: Path) -> None:
             f" {_FRESH_START}"
         )
     try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
+        db = sqlite3.connect(_readonly_uri(path), uri=True, timeout=5.0)
         try:
             tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
             verdict = [str(row[0]) for row in db.execute("PRAGMA quick_check(1)")]
@@ -203,7 +212,7 @@ def read_health(state_dir: Path) -> StateHealth | None:
     try:
         raw = (state_dir / HEALTH_FILE).read_bytes()[:_HEALTH_SIZE]
         data = json.loads(raw.decode("utf-8").strip() or "{}")
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(data, dict) or data.get("failing_since") is None:
         return None
@@ -265,7 +274,7 @@ class SqliteStore(StateStore):
         self._health_file: _HealthFile | None = None
         check_state_file(path)
         if readonly:
-            self._db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
+            self._db = sqlite3.connect(_readonly_uri(path), uri=True, timeout=5.0)
         else:
             self._db = _open_writable(path)
             try:

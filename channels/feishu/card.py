@@ -7,8 +7,10 @@ markup), a divider, and the programmable body as a card `markdown` element.
 Feishu's card Markdown is not CommonMark: it interprets some HTML-like tags (`<at id=all>`
 mentions everyone, `<font>`, `<text_tag>`, ...), wants `http(s)` links, shows images only by
 uploaded `img_key`, and renders `#` headings large (older clients not at all). So the body
-is converted line by line: headings become bold lines, `& < >` become entities outside code,
-images become links, and a fenced code block left open by a cut is closed.
+is converted line by line: headings become bold lines, `& < >` become entities outside code
+(only a clean ```` ``` ```` fence counts as code; `~~~` and other fence-like lines are text),
+a mention tag inside code gets a zero-width space, images become links, and a fenced code block
+left open by a cut is closed.
 
 Size: Feishu rejects a card whose request content exceeds 30 KB (code 230025). We measure
 the card exactly as it travels: the compact JSON string, escaped once more inside the
@@ -53,13 +55,27 @@ STATE_TEMPLATE: dict[AgentState, str] = {
 }
 
 _HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
-_FENCE = re.compile(r"^\s{0,3}(```|~~~)")
+# The only code fences trusted to stay code: exactly three backticks (at most three spaces in),
+# an opener with at most a plain language word, a closer with nothing after it. Any other
+# fence-like line (`~~~`, four backticks, an opener with an info string) is text to Feishu's
+# parser as far as we can tell, so it and what follows it are escaped.
+_OPEN_FENCE = re.compile(r"^ {0,3}```[A-Za-z0-9_+.#-]*[ \t]*$")
+_CLOSE_FENCE = re.compile(r"^ {0,3}```[ \t]*$")
+_FENCE_LIKE = re.compile(r"^\s*(`{3,}|~{3,})")
 _IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]*)\)")
 _QUOTE_PREFIX = re.compile(r"^(\s{0,3}(?:>\s?)+)")
 
 
 def _escape_entities(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+# A mention tag (`<at id=all>`, `</at>`), however spaced or cased.
+_AT_TAG = re.compile(r"<(?=\s*/?\s*at\b)", re.IGNORECASE)
+
+
+def _defuse_tags(code_line: str) -> str:
+    return _AT_TAG.sub("<\u200b", code_line)
 
 
 def _image_to_link(match: re.Match[str]) -> str:
@@ -82,23 +98,33 @@ def _convert_line(line: str) -> str:
 
 
 def feishu_markdown(body: str) -> str:
-    """Convert agent Markdown into Feishu card Markdown (see the module docstring)."""
+    """Convert agent Markdown into Feishu card Markdown (see the module docstring).
+
+    Only lines between a clean ```` ``` ```` opener and its clean closer are left as code; an
+    ambiguous fence-like line inside a block ends the block first. Even in code a mention tag
+    gets a zero-width space after its `<`: should a parser read the fences differently,
+    `<at id=all>` there still mentions no one, and it looks the same in code.
+    """
     out: list[str] = []
-    fence: str | None = None
+    in_code = False
     for line in body.split("\n"):
-        marker = _FENCE.match(line)
-        if fence is None:
-            if marker is not None:
-                fence = marker.group(1)
+        if in_code:
+            if _CLOSE_FENCE.match(line):
                 out.append(line)
-            else:
-                out.append(_convert_line(line))
-        else:
+                in_code = False
+                continue
+            if not _FENCE_LIKE.match(line):
+                out.append(_defuse_tags(line))
+                continue
+            out.append("```")  # ambiguous: close here, then the line is text
+            in_code = False
+        if _OPEN_FENCE.match(line):
             out.append(line)
-            if marker is not None and marker.group(1) == fence:
-                fence = None
-    if fence is not None:
-        out.append(fence)
+            in_code = True
+        else:
+            out.append(_convert_line(line))
+    if in_code:
+        out.append("```")
     return "\n".join(out)
 
 

@@ -110,7 +110,7 @@ def bot_open_id_from(answer: bytes | None) -> str | None:
     `data`, so lark-oapi's generic response model does not carry it)."""
     try:
         document = json.loads(answer or b"")
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     bot = document.get("bot") if isinstance(document, dict) else None
     open_id = bot.get("open_id") if isinstance(bot, dict) else None
@@ -139,7 +139,7 @@ class FeishuChannel(Channel):
         self._domain = check_domain(config.domain)
         self._transport: LarkTransport | None = None
         self._tokens: TenantTokenSource | None = None
-        self._seen = SeenEvents(config.event_dedup_window_s, cursor=cursor)
+        self._seen = SeenEvents(config.replay_window_s(), cursor=cursor)
         self._on_command: CommandSink | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[None]] = set()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from channels.base import ROUTE_VIEW_HELP, TIMEZONE_HELP, RateLimit, RouteView, TimeZoneName
 
@@ -12,7 +12,7 @@ from channels.base import ROUTE_VIEW_HELP, TIMEZONE_HELP, RateLimit, RouteView, 
 class FeishuLimits(BaseModel):
     """Client-side pacing at Feishu's documented limits; a request counts in both app windows."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     message_update: RateLimit = Field(
         default=RateLimit(max_calls=5, period_s=1.0), description="PATCHes per message."
@@ -36,7 +36,7 @@ class FeishuLimits(BaseModel):
 class FeishuWebhook(BaseModel):
     """The HTTP callback endpoint, used when `events = "webhook"`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     host: str = Field(default="127.0.0.1", description="Listen address.")
     port: int = Field(default=8088, ge=0, le=65535, description="Listen port (0: any free).")
@@ -70,7 +70,7 @@ class FeishuWebhook(BaseModel):
 
 
 class FeishuRoute(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     chat_id: str = Field(description="Chat id (oc_...).")
     agents: list[str] = Field(min_length=1, description='Agent ids, or ["*"] for all agents.')
@@ -83,7 +83,7 @@ class FeishuRoute(BaseModel):
 
 
 class FeishuConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     app_id_env: str = Field(default="FEISHU_APP_ID", description="Env var with the app id.")
     app_secret_env: str = Field(
@@ -119,3 +119,23 @@ class FeishuConfig(BaseModel):
     request_timeout_s: float = Field(
         default=15.0, ge=1, le=300, description="Per-request timeout (1-300 s)."
     )
+
+    @model_validator(mode="after")
+    def _replay_window(self) -> FeishuConfig:
+        """A signed request is accepted until it is `max_request_age_s + clock_skew_s` old; an
+        id forgotten sooner than that lets a captured request be replayed and run again."""
+        needed = self.webhook.max_request_age_s + self.webhook.clock_skew_s
+        if self.event_dedup_window_s < needed:
+            raise ValueError(
+                f"event_dedup_window_s = {self.event_dedup_window_s:g} is shorter than"
+                f" webhook.max_request_age_s + webhook.clock_skew_s = {needed:g}: a replayed"
+                " request would be accepted after its id is forgotten; raise"
+                f" event_dedup_window_s to at least {needed:g} or lower max_request_age_s"
+            )
+        return self
+
+    def replay_window_s(self) -> float:
+        """How long handled event ids are kept: the configured window, and never less than
+        the longest a request can be replayed (its age limit plus skew both ways)."""
+        webhook = self.webhook
+        return max(self.event_dedup_window_s, webhook.max_request_age_s + 2 * webhook.clock_skew_s)

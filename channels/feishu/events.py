@@ -75,7 +75,7 @@ def decrypt_body(raw_body: bytes, encrypt_key: str | None) -> dict[str, Any]:
     """The JSON document of a callback body, decrypted when it is `{"encrypt": ...}`."""
     try:
         outer = json.loads(raw_body)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise EventRejected(400, "body is not JSON") from None
     if not isinstance(outer, dict):
         raise EventRejected(400, "body is not a JSON object")
@@ -86,7 +86,7 @@ def decrypt_body(raw_body: bytes, encrypt_key: str | None) -> dict[str, Any]:
         raise EventRejected(400, "encrypted event but no encrypt key configured")
     try:
         inner = json.loads(AESCipher(encrypt_key).decrypt_str(str(sealed)))
-    except ValueError:
+    except (ValueError, RecursionError):
         raise EventRejected(400, "cannot decrypt the event") from None
     if not isinstance(inner, dict):
         raise EventRejected(400, "decrypted event is not a JSON object")
@@ -236,7 +236,7 @@ def command_from_event(
         return None
     try:
         content = json.loads(str(message.get("content") or "{}"))
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     text = content.get("text") if isinstance(content, dict) else None
     if not isinstance(text, str):
@@ -320,7 +320,7 @@ class SeenEvents:
             saved = cursor.get_cursor(self._bucket_key(bucket))
             try:
                 entries = json.loads(saved) if saved else {}
-            except ValueError:
+            except (ValueError, RecursionError):
                 log.warning("ignoring an unreadable saved Feishu event bucket")
                 continue
             if not isinstance(entries, dict):
@@ -346,7 +346,7 @@ class SeenEvents:
             saved = self._cursor.get_cursor(self._bucket_key(bucket))
             try:
                 entries = json.loads(saved) if saved else {}
-            except ValueError:
+            except (ValueError, RecursionError):
                 entries = {}
             self._bucket = (bucket, entries if isinstance(entries, dict) else {})
             # The bucket that just left the window is no longer needed.

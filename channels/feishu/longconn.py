@@ -83,7 +83,11 @@ class LongConnection:
                 log.warning("feishu long connection thread did not stop within %gs", join_timeout_s)
 
     def _on_message(self, data: Any) -> None:
-        document = json.loads(lark_oapi.JSON.marshal(data) or "{}")
+        try:
+            document = json.loads(lark_oapi.JSON.marshal(data) or "{}")
+        except (ValueError, RecursionError):
+            log.warning("feishu long connection: an event that is not JSON was skipped")
+            return
         if isinstance(document, dict):
             self._deliver(document)
 

@@ -78,7 +78,7 @@ class LarkTransport:
         raw.content = answer.content
         try:
             document: Any = json.loads(answer.content)
-        except ValueError:
+        except (ValueError, RecursionError):
             document = None
         response: Response
         try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from channels.base import ROUTE_VIEW_HELP, TIMEZONE_HELP, RateLimit, RouteView, TimeZoneName
 
@@ -12,7 +12,7 @@ from channels.base import ROUTE_VIEW_HELP, TIMEZONE_HELP, RateLimit, RouteView, 
 class TelegramLimits(BaseModel):
     """Telegram publishes no exact flood numbers; these are the Bots FAQ observations."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     private_chat: RateLimit = Field(
         default=RateLimit(max_calls=1, period_s=1.0),
@@ -31,7 +31,7 @@ class TelegramLimits(BaseModel):
 class TelegramRoute(BaseModel):
     """One chat (optionally one forum topic) and the agents whose cards it shows."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     chat_id: int = Field(
         ge=-(2**53 - 1),
@@ -49,9 +49,16 @@ class TelegramRoute(BaseModel):
         default=None, description="Only these users may run /taskcard here; all when absent."
     )
 
+    @field_validator("chat_id")
+    @classmethod
+    def _nonzero_chat(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError("0 is no Telegram chat; use the chat's id (negative for groups)")
+        return value
+
 
 class TelegramConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     token_env: str = Field(
         default="TELEGRAM_BOT_TOKEN",
@@ -81,11 +88,11 @@ class TelegramConfig(BaseModel):
     )
     send_timeout_s: float = Field(
         default=30.0,
-        gt=0,
+        ge=5,
         le=300,
         description=(
             "How long a sendMessage answer is awaited. Generous on purpose: a send given up on "
-            "may still have posted, and the Bot API cannot deduplicate a retry."
+            "may still have posted, and the Bot API cannot deduplicate a retry; 5-300 s."
         ),
     )
     ambiguous_send_hold_s: float = Field(

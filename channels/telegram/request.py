@@ -52,7 +52,7 @@ def flood_wait_from(payload: bytes) -> FloodWait | None:
     """The flood wait described by a 429 body, or None when it names no `retry_after`."""
     try:
         body = json.loads(payload)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(body, dict):
         return None

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from producers.task_card.contract import open_regular
+
 Event = tuple[str, dict[str, Any]]
 
 # Events after which Claude Code reads `hookSpecificOutput.additionalContext`.
@@ -148,7 +150,7 @@ def turn_usage(lines: list[bytes]) -> tuple[int, int] | None:
     for raw in lines:
         try:
             entry = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if not isinstance(entry, dict):
             continue
@@ -181,7 +183,7 @@ def read_transcript_usage(path: object) -> tuple[int, int] | None:
     if not isinstance(path, str) or not path:
         return None
     try:
-        with Path(path).open("rb") as handle:
+        with open_regular(Path(path)) as handle:  # a pipe there must not hang the hook
             size = handle.seek(0, 2)
             start = max(0, size - TRANSCRIPT_TAIL_BYTES)
             handle.seek(start)

@@ -20,7 +20,7 @@ from typing import Any, Final
 import tomlkit
 import tomlkit.exceptions
 
-from producers.task_card.contract import atomic_write
+from producers.task_card.contract import atomic_write, read_bytes, read_regular
 
 SERVER_NAME: Final = "taskcard"
 CLAUDE_HOOK_MARK: Final = " hook claude-code"
@@ -38,6 +38,8 @@ CLAUDE_EVENTS: Final = (
 )
 MATCHER_EVENTS: Final = frozenset({"PreToolUse", "PostToolUse", "PostToolUseFailure"})
 HOOK_TIMEOUT_S: Final = 10
+# An agent host's settings file is small; a bigger one (or a pipe) is refused, never slurped.
+_MAX_CONFIG_BYTES: Final = 10_000_000
 
 
 class InitError(ValueError):
@@ -54,8 +56,8 @@ def _load_json(path: Path) -> dict[str, Any]:
     if not path.exists():
         return {}
     try:
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError) as exc:
+        data = json.loads(read_regular(path, _MAX_CONFIG_BYTES))
+    except (OSError, ValueError, RecursionError) as exc:
         raise InitError(
             f"{path}: not valid JSON ({exc.__class__.__name__}); fix or move it, then run "
             "init again (it was left untouched)"
@@ -100,7 +102,7 @@ def merge_claude_settings(settings: dict[str, Any], command: str, path: Path) ->
 
 def _write_json(path: Path, data: Mapping[str, Any]) -> bool:
     text = (json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode()
-    if path.exists() and path.read_bytes() == text:
+    if path.exists() and read_bytes(path, len(text) + 1) == text:
         return False
     atomic_write(path, text)
     return True
@@ -137,7 +139,7 @@ def init_codex(workdir: Path, config: Path, command: str | None = None) -> list[
     """Merge `notify` and `[mcp_servers.taskcard]` into Codex's config.toml."""
     exe = command or taskcard_command()
     try:
-        text = config.read_text("utf-8") if config.exists() else ""
+        text = read_regular(config, _MAX_CONFIG_BYTES).decode("utf-8") if config.exists() else ""
         document = tomlkit.parse(text)
     except (OSError, UnicodeDecodeError, tomlkit.exceptions.TOMLKitError) as exc:
         raise InitError(

@@ -33,6 +33,7 @@ from producers.task_card.contract import (
     Origin,
     atomic_write,
     parse_origin,
+    read_regular,
     utc_now_iso,
 )
 from producers.task_card.notifications import FileNotificationPort
@@ -78,7 +79,7 @@ def parse_payload(raw: bytes) -> dict[str, Any]:
         raise HookInputError(f"payload over {MAX_PAYLOAD_BYTES} bytes, ignored")
     try:
         data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise HookInputError(f"payload is not JSON ({exc.__class__.__name__})") from None
     if not isinstance(data, dict):
         raise HookInputError("payload is not a JSON object")
@@ -105,8 +106,8 @@ def _session_waits(paths: CardPaths) -> Iterator[dict[str, str]]:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
-            data = json.loads(path.read_bytes()[:65536])
-        except (OSError, ValueError):
+            data = json.loads(read_regular(path, 65536))
+        except (OSError, ValueError, RecursionError):
             data = {}
         waits = {
             str(k): v

@@ -1,6 +1,7 @@
 """The ledger's file contract for consumers: the path, the notification sources, a summary.
 
-The projection service imports only this module from the ledger (standard library only).
+The projection service imports only this module from the ledger (standard library and the
+task card contract only).
 `parse_summary` is total: any bytes give a `LedgerSummary`, with `unknown` wherever the file
 does not say something it can trust. Every value it returns is from a closed vocabulary or
 a short id, so it is safe to show in a chat.
@@ -12,6 +13,8 @@ import json
 import re
 from dataclasses import dataclass
 from typing import Any, Final
+
+from producers.task_card.contract import count_field
 
 LEDGER_DIR: Final = "ledger"
 LEDGER_FILE: Final = "long-task-ledger.json"
@@ -68,7 +71,9 @@ class LedgerSummary:
 
 
 def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    """A step count, or None: the task card contract's total count parser (no 4,000-digit
+    number reaches a row, which could not even be printed)."""
+    return count_field(value)
 
 
 def parse_summary(data: bytes) -> LedgerSummary:

@@ -42,7 +42,7 @@ from producers.ledger.model import (
     TaskRecord,
     derive,
 )
-from producers.task_card.contract import atomic_write
+from producers.task_card.contract import atomic_write, open_regular
 
 DEFAULT_LEDGER: Final = Path(LEDGER_DIR) / LEDGER_FILE
 MAX_LEDGER_BYTES: Final = 16_000_000
@@ -104,7 +104,7 @@ class Ledger:
     def read(self) -> LedgerDocument:
         """The current document (empty when the file does not exist yet)."""
         try:
-            with self.path.open("rb") as handle:
+            with open_regular(self.path) as handle:
                 data = handle.read(MAX_LEDGER_BYTES + 1)
         except FileNotFoundError:
             return LedgerDocument()

@@ -720,7 +720,10 @@ class TaskCard:
 
     def _retire_stale(self, why: str) -> None:
         log.warning("task card: clearing stale descriptor: %s", why)
-        clear_descriptor(self.paths)
+        try:
+            clear_descriptor(self.paths)
+        except OSError as exc:  # a folder planted there: the host still serves, start says why
+            log.warning("task card: cannot clear %s (%s)", self.paths.watch, exc.strerror)
         if self.paths.status.exists() or self.paths.body.exists():
             self._write_status(STATUS_INACTIVE)
 

@@ -41,7 +41,10 @@ def request_host(paths: HostPaths, request: dict[str, Any], timeout_s: float) ->
             chunks.append(chunk)
             if chunk.endswith(b"\n"):
                 break
-    reply = json.loads(b"".join(chunks))
+    try:
+        reply = json.loads(b"".join(chunks))
+    except (ValueError, RecursionError):
+        raise OSError("malformed reply from the task card host") from None
     if not isinstance(reply, dict):
         raise OSError("malformed reply from the task card host")
     return reply

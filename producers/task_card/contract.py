@@ -17,15 +17,17 @@ Layout under an agent's working directory::
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
 import re
+import stat
 import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, BinaryIO, Final, Literal
 
 TASKCARD_DIR: Final = "taskcard"
 BODY_FILE: Final = "taskcard.md"
@@ -124,11 +126,63 @@ def parse_status(raw: bytes | None) -> CardStatus:
     return "unknown"
 
 
-def read_bytes(path: Path, limit: int = 4_000_000) -> bytes | None:
-    """The file's bytes, or None when it is missing or unreadable. Reads at most `limit`."""
+_READ_FLAGS: Final = (
+    os.O_RDONLY
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+    | getattr(os, "O_NOCTTY", 0)
+)
+
+
+class NotRegularFile(OSError):
+    """A path that is a named pipe, device, socket or folder: never read, never waited on."""
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a named pipe"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """`path` opened for binary reading when it is a regular file (symlinks followed).
+
+    Anyone may put a named pipe or a symlink to `/dev/zero` at a path in a workdir: a plain
+    `open` of a pipe waits for a writer forever (holding whatever lock the caller holds, deaf
+    to SIGTERM), and reading a device never ends. So the open is non-blocking, and what was
+    opened is checked with `fstat` before a byte is read. Raises `FileNotFoundError` when
+    missing and `NotRegularFile` (an `OSError` whose `strerror` says what it is) otherwise.
+    """
+    fd = os.open(path, _READ_FLAGS)
     try:
-        with path.open("rb") as handle:
-            return handle.read(limit)
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(
+                errno.EINVAL, f"{_kind(mode)}, not a regular file; replace it with a file"
+            )
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: Path, limit: int) -> bytes:
+    """At most `limit` bytes of the regular file at `path`; raises as `open_regular` does."""
+    with open_regular(path) as handle:
+        return handle.read(limit)
+
+
+def read_bytes(path: Path, limit: int = 4_000_000) -> bytes | None:
+    """The file's bytes, or None when it is missing, unreadable or not a regular file. Reads
+    at most `limit`."""
+    try:
+        return read_regular(path, limit)
     except OSError:
         return None
 
@@ -257,8 +311,14 @@ def append_jsonl_line(path: Path, record: dict[str, Any]) -> None:
     """Append one whole JSON line with a single `write` on an `O_APPEND` descriptor."""
     path.parent.mkdir(parents=True, exist_ok=True)
     line = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    # O_NONBLOCK: a named pipe at `path` fails (no reader) or is refused, never waited on.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
     try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(
+                errno.EINVAL, f"{_kind(mode)}, not a regular file; replace it with a file"
+            )
         os.write(fd, line)
     finally:
         os.close(fd)

@@ -16,10 +16,11 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
-from producers.task_card.contract import CardPaths, atomic_write
+from producers.task_card.contract import CardPaths, atomic_write, read_regular
 from producers.task_card.settings import BOUNDS, setting_problem
 
 SEQ_FILE: Final = ".watch-seq"
+MAX_DESCRIPTOR_BYTES: Final = 64 * 1024  # a descriptor is a few hundred bytes
 _ID_RE: Final = re.compile(r"^tc_([1-9][0-9]*)$")
 
 
@@ -72,11 +73,13 @@ def _integer(data: dict[str, Any], key: str, minimum: int, maximum: float) -> in
 def read_descriptor(paths: CardPaths) -> WatchDescriptor | None:
     """The descriptor, None when there is none; raises `DescriptorCorrupt`."""
     try:
-        raw = paths.watch.read_bytes()
+        raw = read_regular(paths.watch, MAX_DESCRIPTOR_BYTES + 1)
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise DescriptorCorrupt(f"unreadable ({exc.strerror})") from None
+    if len(raw) > MAX_DESCRIPTOR_BYTES:
+        raise DescriptorCorrupt(f"larger than {MAX_DESCRIPTOR_BYTES} bytes")
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError):
@@ -113,7 +116,7 @@ def allocate_watch_id(paths: CardPaths, seen: int) -> str:
     """The next id, persisted before use so a crash can never hand the same id out twice."""
     seq_path = paths.taskcard_dir / SEQ_FILE
     try:
-        last = int(seq_path.read_text().strip())
+        last = int(read_regular(seq_path, 64).decode().strip())
     except (OSError, ValueError):
         last = 0
     number = max(last, seen) + 1

@@ -196,6 +196,12 @@ def decode_envelope(
             f"{what}: not valid JSON at line {exc.lineno}, column {exc.colno}; "
             "send exactly one JSON object"
         ) from None
+    except EnvelopeError:
+        raise
+    except ValueError:  # json's integer-digits limit: a plain ValueError
+        raise EnvelopeError(
+            f"{what}: a number with thousands of digits; send numbers of ordinary size"
+        ) from None
     except RecursionError:  # unreachable after the depth scan; kept as a last barrier
         raise EnvelopeError(f"{what}: nested too deeply") from None
     if not isinstance(data, dict):
@@ -231,6 +237,11 @@ def check_unicode(text: str) -> str | None:
             "(or bytes that were not UTF-8), which is not valid Unicode"
         )
     return None
+
+
+_MAX_INT_BITS: Final = 13_000
+"""About 3,900 decimal digits: below json's 4,300-digit limit, so any accepted number can be
+written back out in a reply."""
 
 
 def check_values(
@@ -270,6 +281,8 @@ def check_values(
                 stack.append((item, f"{where}[{index}]", depth + 1))
         elif isinstance(value, float) and not math.isfinite(value):
             return f"{where}: {value!r} is not a finite number"
+        elif isinstance(value, int) and value.bit_length() > _MAX_INT_BITS:
+            return f"{where}: a number with thousands of digits; send numbers of ordinary size"
     return None
 
 

@@ -61,6 +61,9 @@ class _Handler(socketserver.StreamRequestHandler):
             reply = self.server.answer(request)
         except EnvelopeError as exc:
             reply = {"ok": False, "error": f"bad request: {exc}"}
+        except Exception:  # a barrier: one bad request never leaves a client without an answer
+            log.exception("a request failed inside the host")
+            reply = {"ok": False, "error": "the host failed on this request; see its log"}
         self.wfile.write((json.dumps(reply) + "\n").encode())
         self.server.touch()
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Final
 
-from producers.task_card.contract import CardPaths, parse_status
+from producers.task_card.contract import CardPaths, open_regular, parse_status
 from producers.task_card.settings import settings_or_defaults
 
 ABSENT_HINT: Final = "no taskcard present, consider maintaining one, see task_card manual"
@@ -27,7 +27,7 @@ _READ_LIMIT_BYTES: Final = 4_000_000
 def _read(path: Any) -> bytes | None:
     """Bytes, None when missing; raises OSError when present but unreadable."""
     try:
-        with path.open("rb") as handle:
+        with open_regular(path) as handle:
             data: bytes = handle.read(_READ_LIMIT_BYTES)
             return data
     except FileNotFoundError:

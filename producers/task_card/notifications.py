@@ -23,6 +23,7 @@ from producers.task_card.contract import (
     SOURCE_REMINDER,
     CardPaths,
     append_jsonl_line,
+    read_regular,
     utc_now_iso,
 )
 
@@ -153,13 +154,13 @@ class FileNotificationPort:
         current = self._paths.notifications
         for path in (current.with_name(current.name + ".1"), current):
             try:
-                data = path.read_bytes()
+                data = read_regular(path, 2 * NOTIFICATION_ROTATE_BYTES)
             except OSError:
                 continue
             for line in data.splitlines():
                 try:
                     ident = json.loads(line).get("id")
-                except (ValueError, AttributeError):
+                except (ValueError, AttributeError, RecursionError):
                     continue
                 if isinstance(ident, str):
                     ids.add(ident)

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Final, TypeGuard
 
-from producers.task_card.contract import CardPaths, atomic_write
+from producers.task_card.contract import CardPaths, atomic_write, read_regular
 
 DEFAULT_INTERVAL_S: Final = 5.0
 DEFAULT_TIMEOUT_S: Final = 10.0
@@ -92,7 +92,7 @@ def _is_int(value: object) -> TypeGuard[int]:
 def _read_object(path: Any) -> dict[str, Any] | None:
     """The JSON object at `path`, None when absent; raises SettingsUnavailable otherwise."""
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path, MAX_SETTINGS_FILE_BYTES + 1)
     except FileNotFoundError:
         return None
     except OSError as exc:

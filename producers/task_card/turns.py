@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
-from producers.task_card.contract import CardPaths, atomic_write
+from producers.task_card.contract import CardPaths, atomic_write, read_regular
 
 TURNS_FILE: Final = "turns.json"
 _LOCK_FILE: Final = ".turns.lock"
@@ -38,8 +38,8 @@ def _locked(paths: CardPaths) -> Iterator[None]:
 
 def _read_count(path: Path) -> int:
     try:
-        data = json.loads(path.read_bytes()[:4096])
-    except (OSError, ValueError):
+        data = json.loads(read_regular(path, 4096))
+    except (OSError, ValueError, RecursionError):
         return 0
     turns = data.get("turns") if isinstance(data, dict) else None
     return turns if isinstance(turns, int) and not isinstance(turns, bool) and turns > 0 else 0

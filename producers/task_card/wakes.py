@@ -34,7 +34,9 @@ from producers.task_card.contract import (
     CardPaths,
     Notification,
     atomic_write,
+    open_regular,
     parse_notification,
+    read_regular,
 )
 
 CURSOR_DIR: Final = "cursors"
@@ -145,9 +147,9 @@ class WakeReader:
 
     def _load(self) -> Cursor | None:
         try:
-            data = json.loads(self._cursor_path.read_bytes()[:4096])
+            data = json.loads(read_regular(self._cursor_path, 4096))
             return Cursor(inode=int(data["inode"]), offset=int(data["offset"]))
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
             return None
 
     def _save(self, cursor: Cursor) -> None:
@@ -182,7 +184,7 @@ class WakeReader:
 def _read_lines(path: Path, offset: int) -> tuple[bytes, int]:
     """Whole lines from `offset`, at most `MAX_READ_BYTES`; the offset after the last line."""
     try:
-        with path.open("rb") as handle:
+        with open_regular(path) as handle:
             handle.seek(offset)
             data = handle.read(MAX_READ_BYTES)
     except OSError:

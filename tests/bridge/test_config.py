@@ -237,6 +237,38 @@ def test_default_state_dir_is_relative_to_the_config_file(tmp_path: Path) -> Non
         ("[telegram]\nrequest_timeout_s = 0.0001\n", "telegram.request_timeout_s"),
         ("[telegram.limits.bot]\nmax_calls = 30\nperiod_s = 1e12\n", "telegram.limits.bot"),
         ('[[telegram.routes]]\nchat_id = 1\nthread_id = 0\nagents = ["*"]\n', "thread_id"),
+        ("[notices]\nmax_per_minute = true\n", "notices.max_per_minute"),
+        ('[limits]\nmax_pause_s = "3600"\n', "limits.max_pause_s"),
+        ("[watch]\ndebounce_ms = 200.0\n", "watch.debounce_ms"),
+        (
+            "[display]\nno_output_after_s = nan\n",
+            "display.no_output_after_s: Input should be a finite",
+        ),
+        ("[limits]\nmax_pause_s = inf\n", "limits.max_pause_s: Input should be a finite number"),
+        ("[limits]\nmax_pause_s = -inf\n", "limits.max_pause_s: Input should be a finite number"),
+        ('[limits]\nmax_pause_s = "NaN"\n', "limits.max_pause_s"),
+        ("[telegram]\nsend_timeout_s = 0.01\n", "telegram.send_timeout_s"),
+        ("[telegram]\npoll_timeout_s = false\n", "telegram.poll_timeout_s"),
+        (
+            '[[telegram.routes]]\nchat_id = 0\nagents = ["*"]\n',
+            "telegram.routes[0].chat_id: 0 is no",
+        ),
+        ('[[telegram.routes]]\nchat_id = "-100"\nagents = ["*"]\n', "telegram.routes[0].chat_id"),
+        ("[telegram.limits.bot]\nmax_calls = true\nperiod_s = 1.0\n", "telegram.limits.bot"),
+        ("[feishu.webhook]\nport = 80.0\n", "feishu.webhook.port"),
+        ("[feishu]\nrequest_timeout_s = nan\n", "feishu.request_timeout_s"),
+        ('[[feishu.routes]]\nchat_id = "oc_1"\nagents = ["*"]\npin = 1\n', "feishu.routes[0].pin"),
+        (
+            "[feishu]\nevent_dedup_window_s = 3600\n"
+            "[feishu.webhook]\nmax_request_age_s = 3600\nclock_skew_s = 300\n",
+            "feishu: event_dedup_window_s = 3600 is shorter than webhook.max_request_age_s"
+            " + webhook.clock_skew_s = 3900",
+        ),
+        (
+            "[feishu]\nevent_dedup_window_s = 3700\n"
+            "[feishu.webhook]\nmax_request_age_s = 3500\nclock_skew_s = 201\n",
+            "raise event_dedup_window_s to at least 3701",
+        ),
     ],
 )
 def test_out_of_range_numbers_and_malformed_urls_name_the_key(

@@ -55,6 +55,17 @@ CASES: list[tuple[Notification, str | None]] = [
         note("task_card.limit", ref_id="", state="limit"),
         "⏹ builder: task card stopped: refresh budget used up.",
     ),
+    *[
+        (
+            note("task_card.limit", state="limit", max_refreshes=odd),
+            "⏹ builder: task card stopped (watch tc_3): refresh budget used up.",
+        )
+        for odd in (10**4096, -5, 0, 10**7, True, 2.5, float("inf"), float("nan"), "50", [3])
+    ],
+    (
+        note("task_card.limit", ref_id="", state="limit", watch_id=10**4200, max_refreshes=1.0),
+        "⏹ builder: task card stopped: refresh budget used up after 1 refreshes.",
+    ),
     (note("task_card.reminder", state="reminder"), None),
     (note("something.else", state="error", code="renderer_timeout"), None),
     (note("task_card.error", state="weird"), None),

@@ -135,7 +135,6 @@ def test_very_short_configured_values_are_not_searched() -> None:
     [
         f"{CONFIGURED[:5]}**{CONFIGURED[5:]}**",
         f"`{CONFIGURED[:3]}`{CONFIGURED[3:]}",
-        f"{CONFIGURED[:6]}\u200b{CONFIGURED[6:]}",
         f"{CONFIGURED[:4]}~~{CONFIGURED[4:]}~~",
     ],
 )
@@ -147,3 +146,33 @@ def test_a_secret_split_by_markup_still_counts_as_shown(shown: str) -> None:
 
 def test_text_without_a_configured_secret_does_not_leak() -> None:
     assert not Redactor([CONFIGURED]).leaks("an ordinary card **with** `code`")
+
+
+INVISIBLE_INSIDE = ["\u00ad", "\u2063", "\u034f", "\u200b", "\ufeff", "\u180e", "\ufe0f",
+                    "\U000e0041", "\u3164", "\n", "\r\n", " ", "\t", "\u00a0",
+                    "\u3000"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "gap", INVISIBLE_INSIDE, ids=[f"U+{ord(g[0]):04X}" for g in INVISIBLE_INSIDE]
+)
+@pytest.mark.parametrize("at", [1, 5, 11])
+def test_a_secret_with_an_invisible_character_or_break_inside_is_removed(gap: str, at: int) -> None:
+    redactor = Redactor([CONFIGURED])
+    shown = f"before {CONFIGURED[:at]}{gap}{CONFIGURED[at:]} after"
+    assert redactor.leaks(shown)
+    result = redactor.scrub(shown)
+    assert result == f"before {MARKER} after"
+    assert not redactor.leaks(result)
+
+
+def test_a_secret_in_compatibility_characters_is_removed() -> None:
+    fullwidth = {ord(c): ord(c) + 0xFEE0 for c in "0123456789ABCDEFabcdef"}
+    redactor = Redactor([CONFIGURED])
+    shown = f"x {CONFIGURED.translate(fullwidth)} y"
+    assert redactor.scrub(shown) == f"x {MARKER} y"
+
+
+def test_folding_keeps_ordinary_text_apart() -> None:
+    redactor = Redactor([CONFIGURED])
+    assert redactor.scrub("an ordinary card with spaces") == "an ordinary card with spaces"

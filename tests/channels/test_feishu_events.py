@@ -376,3 +376,17 @@ def test_tell_needs_the_mention_and_a_reply_names_its_parent(fake: FakeFeishu) -
     assert (reply.command, reply.args, reply.reply_to) == ("reply", "please stop", ("om_card_1",))
     chatter = fake.command_event("oc_g", "please stop", mention_bot=False)
     assert command_from_event(chatter, bot) is None
+
+
+def test_event_ids_outlive_the_longest_replayable_request_whatever_the_config() -> None:
+    """Kept for max age plus skew both ways, even where the configured window is shorter."""
+    webhook = FeishuWebhook(max_request_age_s=3600, clock_skew_s=300)
+    config = FeishuConfig.model_construct(event_dedup_window_s=3600.0, webhook=webhook)
+    assert config.replay_window_s() == 4200
+    now = [1_800_000_000.0]
+    seen = SeenEvents(config.replay_window_s(), MemoryCursorStore(), clock=lambda: now[0])
+    assert seen.first_time("captured")
+    now[0] += 3900  # the oldest a signed request is still accepted, plus a future stamp
+    assert not seen.first_time("captured")
+    now[0] += 299
+    assert not seen.first_time("captured")

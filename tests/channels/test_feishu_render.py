@@ -243,3 +243,29 @@ def test_success_translates_to_nothing() -> None:
 )
 def test_command_text(text: str, mention_key: str | None, args: str | None) -> None:
     assert command_args(text, mention_key) == args
+
+
+AT_ALL = "<at id=all></at>"
+TICKS = "```"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        f"~~~\n{AT_ALL} tilde fence\n~~~",
+        f"{TICKS}{AT_ALL}\n{TICKS}",
+        f"    {TICKS}\n{AT_ALL} indented fence\n    {TICKS}",
+        f"{TICKS}`\n{TICKS}\n{AT_ALL} four ticks\n{TICKS}`",
+        f"{TICKS}\n{AT_ALL} plain code\n{TICKS}",
+        f"{TICKS}\n< AT id=all></ at> spaced\n{TICKS}",
+        f"{TICKS}\nx\n~~~\n{AT_ALL} after a tilde inside code",
+        f"{TICKS}js title={AT_ALL}\n{TICKS}",
+        f"{TICKS}\nunclosed {AT_ALL}",
+    ],
+    ids=["tilde", "info-string", "indented", "four-ticks", "code", "spaced", "tilde-in-code",
+         "attribute", "unclosed"],
+)  # fmt: skip
+def test_no_live_mention_reaches_the_card_markdown_anywhere(body: str) -> None:
+    markdown = feishu_markdown(body)
+    lowered = markdown.lower().replace(" ", "")
+    assert "<at" not in lowered and "</at" not in lowered, markdown

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import ServeProcess, eventually, publish
+from tests.e2e.harness import ServeProcess, activity, eventually, publish
 from tests.e2e.test_serve_feishu import CHAT, ENCRYPT, VERIFY, Setup, card_texts
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram
@@ -170,3 +170,100 @@ async def test_feishu_reply_does_not_echo_a_mention_of_everyone(
         assert await serve.aterminate() == 0
     for text in feishu.texts(CHAT):
         assert "<at" not in text and "<b>" not in text and "@all" not in text
+
+
+def invisible_spellings(secret: str) -> str:
+    """The secret with something a chat shows as nothing, or as a line break, inside it."""
+    return "\n".join(
+        [
+            "invisible-marker",
+            f"shy {secret[:7]}\u00ad{secret[7:]}",
+            f"sep {secret[:9]}\u2063{secret[9:]}",
+            f"cgj {secret[:5]}\u034f{secret[5:]}",
+            f"wrapped {secret[:8]}",
+            f"{secret[8:]} end",
+            f"spaced {secret[:10]} {secret[10:]}",
+        ]
+    )
+
+
+def joined(text: str) -> str:
+    """What a reader sees: invisible characters, breaks and escapes gone."""
+    for gone in ("\u00ad", "\u2063", "\u034f", "\\n", "\n", " ", "\\u00ad", "\\u2063", "\\u034f"):
+        text = text.replace(gone, "")
+    return text
+
+
+async def test_a_bot_token_with_invisible_characters_inside_never_reaches_telegram(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    workdir = tmp_path / "agents" / "builder"
+    with telegram_serve(tmp_path, telegram) as serve:
+        publish(workdir, invisible_spellings(TOKEN))
+        activity(workdir, "tool.start", call_id="c1", name=f"{TOKEN[:6]}\u00ad{TOKEN[6:]}")
+        await eventually(
+            lambda: (
+                "invisible-marker" in telegram_everything(telegram)
+                and "[redacted]" in telegram_everything(telegram).split("invisible-marker")[-1]
+            ),
+            what="the card",
+        )
+        assert await serve.aterminate() == 0
+    everything = joined(telegram_everything(telegram))
+    assert TOKEN not in everything
+    assert TOKEN.split(":", 1)[1] not in everything
+
+
+async def test_feishu_secrets_with_invisible_characters_inside_never_reach_feishu(
+    tmp_path: Path, feishu: FakeFeishu
+) -> None:
+    setup = Setup(tmp_path, feishu, ["builder"])
+    workdir = tmp_path / "agents" / "builder"
+    secrets = [feishu.app_secret, ENCRYPT, VERIFY]
+    with setup.serve() as serve:
+        publish(workdir, "\n".join(invisible_spellings(secret) for secret in secrets))
+        activity(workdir, "tool.start", call_id="c1", name=f"{ENCRYPT[:6]}\u00ad{ENCRYPT[6:]}")
+        await eventually(lambda: any("invisible-marker" in t for t in card_texts(feishu)))
+        assert await serve.aterminate() == 0
+    everything = joined(feishu_everything(feishu))
+    assert "[redacted]" in everything
+    for secret in secrets:
+        assert secret not in everything
+
+
+def fence_games() -> str:
+    """A mention of everyone hidden where a fence might (or might not) make it code."""
+    at, ticks = '<at id="all"></at>', "`" * 3
+    return "\n".join(
+        [
+            "fence-marker",
+            "~~~",
+            f"{at} tilde fence",
+            "~~~",
+            f"{ticks}{at}",
+            ticks,
+            f"    {ticks}",
+            f"{at} indented fence",
+            f"    {ticks}",
+            f"{ticks}`",
+            ticks,
+            f"{at} four ticks",
+            f"{ticks}`",
+            ticks,
+            f"{at} in plain code",
+            ticks,
+        ]
+    )
+
+
+async def test_no_fence_lets_a_mention_of_everyone_into_a_feishu_card(
+    tmp_path: Path, feishu: FakeFeishu
+) -> None:
+    setup = Setup(tmp_path, feishu, ["builder"])
+    with setup.serve() as serve:
+        publish(tmp_path / "agents" / "builder", fence_games())
+        await eventually(lambda: any("fence-marker" in t for t in card_texts(feishu)))
+        assert await serve.aterminate() == 0
+    everything = feishu_everything(feishu).lower().replace(" ", "")
+    assert "four ticks" in feishu_everything(feishu)
+    assert "<at" not in everything and "\\u003cat" not in everything

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from producers.task_card.contract import CardPaths, atomic_write
-from tests.e2e.harness import ServeProcess, activity, eventually, publish, run_cli
+from tests.e2e.harness import ServeProcess, activity, eventually, notify, publish, run_cli
 from tests.fakes.telegram_api import FakeLimits, FakeTelegram
 
 GROUP = -1009876543210
@@ -248,4 +248,82 @@ async def test_poisoned_activity_lines_cost_only_those_lines(
         await eventually(lambda: shows(fake, PRIVATE, "good v2"), what="good served on")
         assert serve.proc is not None and serve.proc.poll() is None
         assert await serve.aterminate() == 0
+    assert "Traceback" not in serve.logs
+
+
+def _ledger_document(task_id: str, **derived: object) -> str:
+    fields = {"workflow": "RUNNING", "next_gate": "task completion", **derived}
+    return json.dumps({"tasks": {"t": {"task": {"task_id": task_id}, "derived": fields}}})
+
+
+async def test_ledger_refusals_show_in_status_and_the_log_like_other_files(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    serve = setup(tmp_path, fake, ["piped", "linked"])
+    piped, linked, good = (workdir(tmp_path, a) for a in ("piped", "linked", "good"))
+    ledger_name = "ledger/long-task-ledger.json"
+    fifo(piped / ledger_name)
+    outside = tmp_path / "outside" / ledger_name
+    outside.parent.mkdir(parents=True)
+    outside.write_text(_ledger_document("OUTSIDE1"))
+    (linked / "ledger").mkdir()
+    (linked / ledger_name).symlink_to(outside)
+    # good: a ledger symlinked to a file inside its own workdir is followed.
+    (good / "kept").mkdir()
+    (good / "kept" / "ledger.json").write_text(_ledger_document("INSIDE7"))
+    (good / "ledger").mkdir()
+    (good / ledger_name).symlink_to(good / "kept" / "ledger.json")
+    publish(piped, "piped v1")
+    publish(linked, "linked v1")
+    with serve:
+        publish(good, "good v1")
+        await eventually(lambda: shows(fake, PRIVATE, "ledger INSIDE7: RUNNING"), what="inside")
+        problems = await eventually(
+            lambda: (s := status_json(serve.config))["piped"] and s["linked"] and s,
+            what="the ledger refusals in taskcard status",
+        )
+        assert any(p.startswith(ledger_name) and "named pipe" in p for p in problems["piped"])
+        assert any(p.startswith(ledger_name) and "outside" in p for p in problems["linked"])
+        assert problems["good"] == []
+        await eventually(
+            lambda: (
+                f"agent piped: {ledger_name}" in serve.logs
+                and f"agent linked: {ledger_name}" in serve.logs
+            ),
+            what="the refusals in the log",
+        )
+        assert shows(fake, GROUP, "piped v1") and shows(fake, GROUP, "linked v1")
+        assert await serve.aterminate() == 0
+    assert "OUTSIDE1" not in every_text(fake)
+
+
+async def test_absurd_numbers_in_ledger_and_notices_become_unknown(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    serve = setup(tmp_path, fake, ["ledg", "notif"])
+    ledg, notif, good = (workdir(tmp_path, a) for a in ("ledg", "notif", "good"))
+    huge = 10**4200  # as many digits as json still writes
+    (ledg / "ledger").mkdir()
+    (ledg / "ledger/long-task-ledger.json").write_text(
+        _ledger_document("T1", steps_done=huge, step_count=huge)
+    )
+    publish(ledg, "ledg v1")
+    publish(notif, "notif v1")
+    with serve:
+        publish(good, "good v1")
+        await eventually(lambda: shows(fake, GROUP, "notif v1"), what="notif card")
+        await eventually(
+            lambda: shows(fake, GROUP, "ledger T1: RUNNING · next: task completion"),
+            what="the ledger row without the absurd step counts",
+        )
+        for ident, budget in (("n1", huge), ("n2", -5), ("n3", 0), ("n4", 40)):
+            notify(notif, ident, "limit", max_refreshes=budget)
+        await eventually(lambda: shows(fake, GROUP, "after 40 refreshes"), what="the sane one")
+        stopped = [t for t in texts(fake, GROUP) if "task card stopped" in t]
+        assert len(stopped) == 4, stopped
+        assert sum(t.endswith("refresh budget used up.") for t in stopped) == 3, stopped
+        assert all(len(t) < 200 for t in stopped)
+        assert shows(fake, PRIVATE, "good v1")
+        assert await serve.aterminate() == 0
+    assert "-5 refreshes" not in every_text(fake)
     assert "Traceback" not in serve.logs

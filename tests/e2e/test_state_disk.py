@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import ROOT, eventually, publish, run_cli
+from tests.e2e.harness import ROOT, ServeProcess, eventually, publish, run_cli
 from tests.e2e.test_serve_telegram import GROUP, agent_dir, setup, shown
 from tests.fakes.telegram_api import FakeTelegram
 
@@ -241,3 +241,29 @@ def test_a_read_only_state_disk_stops_serve_with_one_line(tmp_path: Path) -> Non
             assert "Traceback" not in result.stderr
     finally:
         _umount(state_dir)
+
+
+@pytest.mark.parametrize("name", ["state#1", "state?x=1", "state%41", "a%2Fb"])
+async def test_a_state_dir_with_uri_characters_survives_restarts_and_status(
+    tmp_path: Path, fake: FakeTelegram, name: str
+) -> None:
+    """`#`, `?` and `%41` in the state directory are path characters, never URI syntax."""
+    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])])
+    text = serve.config.read_text()
+    assert 'state_dir = ".taskcard"' in text
+    serve.config.write_text(text.replace('state_dir = ".taskcard"', f'state_dir = "{name}"'))
+    check = _run(serve.config, "serve", "--check")
+    assert check.returncode == 0, check.stderr
+    for version in ("v1", "v2"):  # the second start reopens the file the first one created
+        with serve:
+            publish(agent_dir(tmp_path, "builder"), f"card {version}")
+            await eventually(lambda v=version: any(f"card {v}" in t for t in shown(fake, GROUP)),
+                             what=f"card {version}")  # fmt: skip
+            assert await serve.aterminate() == 0, serve.logs
+        serve = ServeProcess(serve.config, env=serve.env)
+    assert len(fake.bot_messages(GROUP)) == 1, "the restart edits the resident it remembered"
+    status = _run(serve.config, "status")
+    assert status.returncode == 0, status.stderr
+    assert str(fake.bot_messages(GROUP)[0].message_id) in status.stdout
+    strays = sorted(os.listdir(tmp_path))
+    assert strays == sorted(["agents", name, "taskcard.toml"]), f"stray files: {strays}"

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
+
+import pytest
 
 from producers.task_card.contract import CardPaths
 from producers.task_card.notifications import (
@@ -142,3 +145,18 @@ def test_an_unwritable_log_never_fails_the_agent(workdir: Path) -> None:
     (workdir / "logs").write_text("a file where the folder should be")
     done = hook(payload("02_user_prompt_submit.json", workdir))
     assert (done.returncode, done.stdout) == (0, b"")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "folder"])
+def test_a_transcript_that_is_not_a_file_never_hangs_the_hook(workdir: Path, kind: str) -> None:
+    transcript = workdir / "transcript.jsonl"
+    if kind == "fifo":
+        os.mkfifo(transcript)
+    elif kind == "device":
+        transcript.symlink_to("/dev/zero")
+    else:
+        transcript.mkdir()
+    done = hook(payload("10_stop.json", workdir))  # the run itself times out after 120 s
+    assert done.returncode == 0, done.stderr
+    assert b"Traceback" not in done.stderr
+    assert kinds(workdir)[-1] == "turn.end"

@@ -65,6 +65,13 @@ BAD_ENVELOPES: list[tuple[str, bytes, str]] = [
     ("nul-byte", b'{"action": "settings", "input": {}, "reasoning": "a\x00b"}', "NUL"),
     ("nan", b'{"action": "start", "input": {"renderer_path": "r.py", "interval_s": NaN}}', "NaN"),
     ("empty", b"", "empty"),
+    (
+        "huge-integer",
+        b'{"action": "start", "input": {"renderer_path": "r.py", "interval_s": '
+        + b"9" * 5000
+        + b'}, "reasoning": "x"}',
+        "digits",
+    ),
 ]
 # What the kernel will not put in an argument: NUL ends the string, 128 KiB is the cap.
 NOT_AS_ARGUMENT = {"nul-byte", "two-megabytes", "deep-nesting", "empty"}
@@ -174,6 +181,7 @@ def test_the_python_api_refuses_hostile_objects_too(make_card: MakeCard) -> None
         ({"action": "settings", "input": {}, "reasoning": "\ud800"}, "surrogate"),
         ({"action": "settings", "input": {}, "reasoning": "a" * 2_000_000}, "limit"),
         ({"action": "start", "input": {"renderer_path": "r\x00.py"}, "reasoning": "x"}, "NUL"),
+        ({"action": "settings", "input": {"n": 10**4000}, "reasoning": "x"}, "digits"),
     ]
     for raw, words in cases:
         result = card.call(raw)
@@ -494,3 +502,42 @@ def test_decide_doomed(
         table, me=5, leader=leader, live_leaders=frozenset(live), subreaper=subreaper
     )
     assert doomed == expected
+
+
+# ----------------------------------------------------------------- non-regular files (1)
+
+
+def _plant(path: Path, kind: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "device":
+        path.symlink_to("/dev/zero")
+    else:
+        path.mkdir()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "folder"])
+def test_a_planted_watch_descriptor_never_stalls_the_host(cli: CliHost, kind: str) -> None:
+    """Rehydration meets it first: the host retires it as corrupt and serves calls."""
+    _plant(CardPaths(cli.workdir).watch, kind)
+    settings = '{"action": "settings", "input": {}, "reasoning": "bring the host up"}'
+    done = cli.run("tool", stdin=settings)  # times out after 120 s if the host hangs
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "ok"
+    assert "Traceback" not in done.stderr
+    assert _socket_exchange(cli, b'{"op": "ping"}')["ok"] is True
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "folder"])
+def test_a_planted_settings_file_is_refused_by_name_never_read(cli: CliHost, kind: str) -> None:
+    _plant(CardPaths(cli.workdir).settings, kind)
+    for command in (("card", "settings", "--json"), ("card", "start", "r.py", "--json")):
+        done = cli.run(*command)
+        assert done.returncode in (1, 2), done.stderr
+        assert "Traceback" not in done.stderr and "MemoryError" not in done.stderr
+        result = json.loads(done.stdout)
+        assert result["status"] == "failed"
+        if command[1] == "settings":
+            assert "taskcard.json" in result["message"]
+            assert "not a regular file" in result["message"]
