@@ -26,7 +26,7 @@ from telegram import Bot
 from telegram import error as tg
 from telegram.request import HTTPXRequest
 
-from producers.task_card.contract import STATUS_ACTIVE, CardPaths, read_bytes
+from taskcard.producers.task_card.contract import STATUS_ACTIVE, CardPaths, read_bytes
 
 POLL_INTERVAL_S = 1.0
 _POOL_SIZE = 64

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO
 
 from bench.measure import CpuSample, cpu_of, memory_of
-from producers.task_card.contract import BODY_FILE, STATUS_FILE, TASKCARD_DIR
+from taskcard.producers.task_card.contract import BODY_FILE, STATUS_FILE, TASKCARD_DIR
 from tests.e2e.harness import ROOT, ServeProcess, eventually
 from tests.fakes.telegram_api import FakeLimits, FakeTelegram, Window
 

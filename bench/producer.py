@@ -35,7 +35,7 @@ from bench.harness import Progress
 from bench.measure import cpu_of, percentile
 from bench.producer_host import RENDERER
 from bench.results import Figure, ScenarioResult
-from producers.task_card.renderer import RunRequest, renderer_environment, run_renderer
+from taskcard.producers.task_card.renderer import RunRequest, renderer_environment, run_renderer
 from tests.e2e.harness import ROOT
 
 INTERVAL_S = 1.0

@@ -19,8 +19,8 @@ import threading
 import time
 from pathlib import Path
 
-from producers.task_card.capability import TaskCard
-from producers.task_card.renderer import RunOutcome, RunRequest, run_renderer
+from taskcard.producers.task_card.capability import TaskCard
+from taskcard.producers.task_card.renderer import RunOutcome, RunRequest, run_renderer
 
 RENDERER = """\
 import time

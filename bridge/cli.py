@@ -41,15 +41,15 @@ environment:
 
 # Modules that contribute subcommands, in the order `taskcard --help` lists them.
 _COMMAND_MODULES = (
-    "bridge.run.serve_cli",
-    "bridge.run.chats_cli",
-    "bridge.run.demo",
-    "producers.agent_hooks.activity_cli",
-    "producers.task_card.cli",
-    "producers.ledger.cli",
-    "producers.agent_hooks.cli",
-    "producers.inbox.cli",
-    "producers.reports.cli",
+    "taskcard.bridge.run.serve_cli",
+    "taskcard.bridge.run.chats_cli",
+    "taskcard.bridge.run.demo",
+    "taskcard.producers.agent_hooks.activity_cli",
+    "taskcard.producers.task_card.cli",
+    "taskcard.producers.ledger.cli",
+    "taskcard.producers.agent_hooks.cli",
+    "taskcard.producers.inbox.cli",
+    "taskcard.producers.reports.cli",
 )
 
 Handler = Callable[[argparse.Namespace], int]

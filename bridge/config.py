@@ -10,8 +10,8 @@ the service hours later), every URL is checked for its form, and `load_config` a
 paths against the filesystem: a `state_dir` that is a file, or that cannot be written, is
 refused here rather than at the first state write.
 
-Run `python -m bridge.config --write-schema` to regenerate `config/taskcard.schema.json` after
-changing a model; a test fails while the two disagree.
+Run `python -m taskcard.bridge.config --write-schema` to regenerate
+`config/taskcard.schema.json` after changing a model; a test fails while the two disagree.
 """
 
 from __future__ import annotations
@@ -40,11 +40,11 @@ from pydantic import (
     model_validator,
 )
 
-from bridge.cluster.config import ClusterConfig
-from bridge.observe.config import MetricsConfig
-from channels.base import TIMEZONE_HELP, TimeZoneName
-from channels.feishu.config import FeishuConfig
-from channels.telegram.config import TelegramConfig
+from taskcard.bridge.cluster.config import ClusterConfig
+from taskcard.bridge.observe.config import MetricsConfig
+from taskcard.channels.base import TIMEZONE_HELP, TimeZoneName
+from taskcard.channels.feishu.config import FeishuConfig
+from taskcard.channels.telegram.config import TelegramConfig
 
 AGENT_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 ALL_AGENTS = "*"
@@ -596,7 +596,7 @@ def schema_text() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bridge.config")
+    parser = argparse.ArgumentParser(prog="python -m taskcard.bridge.config")
     parser.add_argument("--write-schema", action="store_true", help="regenerate the schema file")
     parser.add_argument("--check", type=Path, metavar="FILE", help="validate a config file")
     args = parser.parse_args(argv)

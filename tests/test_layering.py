@@ -61,7 +61,8 @@ def _imports(path: Path) -> list[tuple[int, str]]:
             found.extend((node.lineno, alias.name) for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.append((node.lineno, node.module))
-    return [(line, name) for line, name in found if name.split(".")[0] in PROJECT_PACKAGES]
+    project = [(line, name.removeprefix("taskcard.")) for line, name in found]
+    return [(line, name) for line, name in project if name.split(".")[0] in PROJECT_PACKAGES]
 
 
 def _allowed(name: str, package: str, rule: tuple[str, ...]) -> bool:

@@ -23,7 +23,7 @@ from typing import cast
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from channels.base import (
+from taskcard.channels.base import (
     CardView,
     Channel,
     ChatRef,

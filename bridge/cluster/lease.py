@@ -20,7 +20,7 @@ import redis
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from channels.base import CursorStore
+from taskcard.channels.base import CursorStore
 
 log = logging.getLogger(__name__)
 

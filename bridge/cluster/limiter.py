@@ -26,8 +26,13 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from bridge.schedule.ratelimit import DEFAULT_MAX_PAUSE_S, Admission, Limiter, bounded_pause_s
-from channels.base import RateScope
+from taskcard.bridge.schedule.ratelimit import (
+    DEFAULT_MAX_PAUSE_S,
+    Admission,
+    Limiter,
+    bounded_pause_s,
+)
+from taskcard.channels.base import RateScope
 
 log = logging.getLogger(__name__)
 

@@ -19,11 +19,11 @@ from urllib.parse import urlsplit
 import redis
 from redis.asyncio import Redis as AsyncRedis
 
-from bridge.cluster.config import ClusterConfig
-from bridge.cluster.lease import FencedCursors, Lease, PollLease
-from bridge.cluster.limiter import RedisLimiter
-from bridge.store.redis import RedisStore, connect
-from channels.base import CursorStore
+from taskcard.bridge.cluster.config import ClusterConfig
+from taskcard.bridge.cluster.lease import FencedCursors, Lease, PollLease
+from taskcard.bridge.cluster.limiter import RedisLimiter
+from taskcard.bridge.store.redis import RedisStore, connect
+from taskcard.channels.base import CursorStore
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from bridge.compose.redact import redact
-from bridge.track.activity import Movement
+from taskcard.bridge.compose.redact import redact
+from taskcard.bridge.track.activity import Movement
 
 ROW_CHARS: Final = 100
 

@@ -24,11 +24,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, tzinfo
 
-from bridge.compose.activity import movement_words as activity_movement_words
-from bridge.compose.redact import redact
-from bridge.compose.view import format_at
-from bridge.track.monitor import ActivitySummary, CardState
-from channels.base import AgentState, BoardLine, BoardMark, BoardView
+from taskcard.bridge.compose.activity import movement_words as activity_movement_words
+from taskcard.bridge.compose.redact import redact
+from taskcard.bridge.compose.view import format_at
+from taskcard.bridge.track.monitor import ActivitySummary, CardState
+from taskcard.channels.base import AgentState, BoardLine, BoardMark, BoardView
 
 # Bounds of the agent-written parts of a line, in characters: a line stays short enough
 # that a Telegram board shows a few dozen agents, whatever an agent writes.

@@ -15,13 +15,13 @@ from __future__ import annotations
 from datetime import UTC, datetime, tzinfo
 from zoneinfo import ZoneInfo
 
-from bridge.compose.activity import movement_text
-from bridge.compose.redact import redact
-from bridge.notices.text import safe_error_code
-from bridge.track.activity import ActivitySummary
-from bridge.track.monitor import CardState
-from channels.base import CardView
-from producers.reports.contract import Lineage
+from taskcard.bridge.compose.activity import movement_text
+from taskcard.bridge.compose.redact import redact
+from taskcard.bridge.notices.text import safe_error_code
+from taskcard.bridge.track.activity import ActivitySummary
+from taskcard.bridge.track.monitor import CardState
+from taskcard.channels.base import CardView
+from taskcard.producers.reports.contract import Lineage
 
 
 def route_zone(name: str) -> tzinfo:

@@ -11,8 +11,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from bridge.config import ServiceConfig
-from channels.base import Channel, ChatRef, CursorStore, RouteView
+from taskcard.bridge.config import ServiceConfig
+from taskcard.channels.base import Channel, ChatRef, CursorStore, RouteView
 
 
 class SecretMissing(Exception):
@@ -96,7 +96,7 @@ def route_specs(config: ServiceConfig) -> list[RouteSpec]:
                 )
             )
     if config.console_enabled:
-        from channels.console.channel import CONSOLE_CHAT
+        from taskcard.channels.console.channel import CONSOLE_CHAT
 
         specs.append(
             RouteSpec(
@@ -119,7 +119,7 @@ def _telegram(
 ) -> BuiltChannel | None:
     if config.telegram is None:
         return None
-    from channels.telegram.channel import TelegramChannel
+    from taskcard.channels.telegram.channel import TelegramChannel
 
     section = config.telegram
     token = _need(env, "telegram.token_env", section.token_env, "bot token")
@@ -132,7 +132,7 @@ def _feishu(
 ) -> BuiltChannel | None:
     if config.feishu is None:
         return None
-    from channels.feishu.channel import FeishuChannel
+    from taskcard.channels.feishu.channel import FeishuChannel
 
     section = config.feishu
     app_id = _need(env, "feishu.app_id_env", section.app_id_env, "app id")
@@ -164,7 +164,7 @@ def _console(
 ) -> BuiltChannel | None:
     if not config.console_enabled:
         return None
-    from channels.console.channel import ConsoleChannel, ConsoleHeader, route_lines
+    from taskcard.channels.console.channel import ConsoleChannel, ConsoleHeader, route_lines
 
     header = ConsoleHeader(
         agents=tuple(config.agent_ids()),
@@ -185,11 +185,11 @@ def scope_rules(channel: str) -> ScopeRules | None:
     """The channel's reading of its scope keys, without loading its client library (for
     `taskcard status`); None for a channel without rate scopes."""
     if channel == "telegram":
-        from channels.telegram import scopes as telegram_scopes
+        from taskcard.channels.telegram import scopes as telegram_scopes
 
         return telegram_scopes
     if channel == "feishu":
-        from channels.feishu import scopes as feishu_scopes
+        from taskcard.channels.feishu import scopes as feishu_scopes
 
         return feishu_scopes
     return None

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from bridge.follow.safe_read import WorkdirFiles
+from taskcard.bridge.follow.safe_read import WorkdirFiles
 
 TAIL_BYTES: Final = 256 * 1024
 MAX_READ_BYTES: Final = 8 * 1024 * 1024

@@ -20,9 +20,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta, tzinfo
 from typing import Literal
 
-from bridge.compose.view import format_at
-from bridge.store.sqlite import InboxRecord
-from bridge.track.monitor import ActivitySummary
+from taskcard.bridge.compose.view import format_at
+from taskcard.bridge.store.sqlite import InboxRecord
+from taskcard.bridge.track.monitor import ActivitySummary
 
 MessageState = Literal["queued", "parked", "unconfirmed", "delivered", "failed", "cancelled"]
 

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from producers.reports.contract import (
+from taskcard.producers.reports.contract import (
     CANCELLED_DIR,
     INBOX_DIR,
     INBOX_SUBDIRS,

@@ -26,11 +26,17 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from bridge.notices.text import FoldedNotices, NoticeGate, notice_kind, notice_text, summary_text
-from bridge.schedule.routes import LaneKey, RouteKey
-from bridge.store.sqlite import NoticeState, StateStore
-from channels.base import Channel, Outgoing
-from producers.task_card.contract import Notification
+from taskcard.bridge.notices.text import (
+    FoldedNotices,
+    NoticeGate,
+    notice_kind,
+    notice_text,
+    summary_text,
+)
+from taskcard.bridge.schedule.routes import LaneKey, RouteKey
+from taskcard.bridge.store.sqlite import NoticeState, StateStore
+from taskcard.channels.base import Channel, Outgoing
+from taskcard.producers.task_card.contract import Notification
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final, Literal
 
-from bridge.compose.redact import redact
-from producers.reports.contract import Report
-from producers.task_card.contract import iso_utc
+from taskcard.bridge.compose.redact import redact
+from taskcard.producers.reports.contract import Report
+from taskcard.producers.task_card.contract import iso_utc
 
 SignalKind = Literal["report", "exited", "idle", "no output"]
 IdleMechanism = Literal["no host", "turn ended", "silence"]

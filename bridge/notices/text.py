@@ -19,14 +19,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from producers.ledger.contract import (
+from taskcard.producers.ledger.contract import (
     FAILURE_KIND_NAMES,
     OUTCOMES,
     SOURCE_BLOCKED,
     SOURCE_COMPLETED,
     safe_id,
 )
-from producers.task_card.contract import SOURCE_ERROR, SOURCE_LIMIT, Notification, count_field
+from taskcard.producers.task_card.contract import (
+    SOURCE_ERROR,
+    SOURCE_LIMIT,
+    Notification,
+    count_field,
+)
 
 # The producer's ceiling for the `max_refreshes` setting; a notice naming a budget outside
 # 1..this came from a hand-written line, and says "refresh budget used up" without a number.

@@ -11,7 +11,7 @@ import logging
 
 from aiohttp import web
 
-from bridge.observe.metrics import CONTENT_TYPE, ServiceMetrics
+from taskcard.bridge.observe.metrics import CONTENT_TYPE, ServiceMetrics
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from channels.base import (
+from taskcard.channels.base import (
     BoardView,
     CardView,
     Channel,
@@ -34,7 +34,7 @@ from channels.base import (
     Outgoing,
     RateScope,
 )
-from channels.errors import (
+from taskcard.channels.errors import (
     Forbidden,
     MessageGone,
     NotModified,

@@ -26,9 +26,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from bridge.schedule.scheduler import RouteKey
-from bridge.store.sqlite import StateStore
-from channels.base import RouteView
+from taskcard.bridge.schedule.scheduler import RouteKey
+from taskcard.bridge.store.sqlite import StateStore
+from taskcard.channels.base import RouteView
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bridge.config import ServiceConfig
-from bridge.deliver.registry import route_specs
-from bridge.run.serve_cli import EXIT_CONFIG, _load
-from bridge.store.sqlite import STATE_FILE, SqliteStore
+from taskcard.bridge.config import ServiceConfig
+from taskcard.bridge.deliver.registry import route_specs
+from taskcard.bridge.run.serve_cli import EXIT_CONFIG, _load
+from taskcard.bridge.store.sqlite import STATE_FILE, SqliteStore
 
 
 def seen_chats_report(config: ServiceConfig) -> list[dict[str, Any]]:

@@ -12,15 +12,15 @@ import sys
 from collections.abc import Mapping
 from dataclasses import replace
 
-from bridge.cluster.commands import ClusteredChannel
-from bridge.cluster.config import ClusterUrlMissing, resolve_redis_url
-from bridge.cluster.lease import PollLease
-from bridge.cluster.runtime import Cluster, ClusterUnreachable, shared_store
-from bridge.config import ServiceConfig
-from bridge.deliver.registry import BuiltChannel
-from bridge.store.base import StateFileError, StateStore
-from channels.base import CursorStore
-from channels.telegram.commands import OFFSET_CURSOR_KEY
+from taskcard.bridge.cluster.commands import ClusteredChannel
+from taskcard.bridge.cluster.config import ClusterUrlMissing, resolve_redis_url
+from taskcard.bridge.cluster.lease import PollLease
+from taskcard.bridge.cluster.runtime import Cluster, ClusterUnreachable, shared_store
+from taskcard.bridge.config import ServiceConfig
+from taskcard.bridge.deliver.registry import BuiltChannel
+from taskcard.bridge.store.base import StateFileError, StateStore
+from taskcard.channels.base import CursorStore
+from taskcard.channels.telegram.commands import OFFSET_CURSOR_KEY
 
 
 def open_cluster(config: ServiceConfig, env: Mapping[str, str]) -> Cluster | None:

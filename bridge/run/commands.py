@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from bridge.store.sqlite import ChatPrefs
+from taskcard.bridge.store.sqlite import ChatPrefs
 
 MIN_ROWS: Final = 1
 MAX_ROWS: Final = 10

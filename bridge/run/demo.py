@@ -23,10 +23,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bridge.config import parse_config
-from bridge.run.logs import choose, setup_logging
-from bridge.run.runner import add_log_options, serve
-from producers.task_card.contract import CardPaths, append_jsonl_line, atomic_write, utc_now_iso
+from taskcard.bridge.config import parse_config
+from taskcard.bridge.run.logs import choose, setup_logging
+from taskcard.bridge.run.runner import add_log_options, serve
+from taskcard.producers.task_card.contract import (
+    CardPaths,
+    append_jsonl_line,
+    atomic_write,
+    utc_now_iso,
+)
 
 # Each demo agent keeps a snapshot of its own work; its renderer turns that into its card.
 TESTER_RENDERER = '''\
@@ -177,7 +182,7 @@ async def _simulate(workdirs: dict[str, Path], stop: asyncio.Event) -> None:
 
 @contextlib.contextmanager
 def _fleet(root: Path) -> Iterator[dict[str, Path]]:
-    from producers.task_card.capability import TaskCard
+    from taskcard.producers.task_card.capability import TaskCard
 
     workdirs = {agent_id: root / "agents" / agent_id for agent_id in AGENTS}
     cards = []

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, tzinfo
 from pathlib import Path
 
-from bridge.compose.view import route_zone
-from bridge.config import AGENT_ID_PATTERN, ServiceConfig
-from bridge.deliver.registry import RouteSpec
-from bridge.schedule.scheduler import RouteKey
-from channels.base import ChatRef, RouteView
-from producers.task_card.contract import Origin
+from taskcard.bridge.compose.view import route_zone
+from taskcard.bridge.config import AGENT_ID_PATTERN, ServiceConfig
+from taskcard.bridge.deliver.registry import RouteSpec
+from taskcard.bridge.schedule.scheduler import RouteKey
+from taskcard.channels.base import ChatRef, RouteView
+from taskcard.producers.task_card.contract import Origin
 
 log = logging.getLogger(__name__)
 

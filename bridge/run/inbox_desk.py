@@ -24,14 +24,14 @@ from dataclasses import replace
 from datetime import datetime, tzinfo
 from pathlib import Path
 
-from bridge.config import InboxConfig
-from bridge.inbox.states import MessageState, message_state, state_line
-from bridge.inbox.writer import InboxRefused, InboxWriter
-from bridge.schedule.scheduler import RouteKey, RouteScheduler
-from bridge.store.sqlite import InboxRecord, StateStore
-from bridge.track.monitor import ActivitySummary
-from channels.base import CardView, Channel, ChatRef, Outgoing
-from producers.reports.contract import Ack, inbox_message
+from taskcard.bridge.config import InboxConfig
+from taskcard.bridge.inbox.states import MessageState, message_state, state_line
+from taskcard.bridge.inbox.writer import InboxRefused, InboxWriter
+from taskcard.bridge.schedule.scheduler import RouteKey, RouteScheduler
+from taskcard.bridge.store.sqlite import InboxRecord, StateStore
+from taskcard.bridge.track.monitor import ActivitySummary
+from taskcard.channels.base import CardView, Channel, ChatRef, Outgoing
+from taskcard.producers.reports.contract import Ack, inbox_message
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ import logging
 from dataclasses import dataclass
 from typing import Final
 
-from bridge.schedule.scheduler import RouteKey
-from bridge.store.sqlite import StateStore
-from channels.base import ChatRef
+from taskcard.bridge.schedule.scheduler import RouteKey
+from taskcard.bridge.store.sqlite import StateStore
+from taskcard.channels.base import ChatRef
 
 log = logging.getLogger(__name__)
 

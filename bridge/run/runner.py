@@ -17,14 +17,14 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from bridge.config import ConfigError, ServiceConfig, load_config
-from bridge.deliver.registry import SecretMissing, build_channels, route_specs
-from bridge.observe.listener import MetricsListener
-from bridge.observe.metrics import MeteredChannel, ServiceMetrics
-from bridge.observe.sdnotify import READY, STOPPING, sd_notify
-from bridge.run.logs import LOG_FORMATS, LOG_LEVELS, setup_logging
-from bridge.run.service import Service, ServiceFailed
-from bridge.store.sqlite import SqliteStore, StateFileError, StateStore
+from taskcard.bridge.config import ConfigError, ServiceConfig, load_config
+from taskcard.bridge.deliver.registry import SecretMissing, build_channels, route_specs
+from taskcard.bridge.observe.listener import MetricsListener
+from taskcard.bridge.observe.metrics import MeteredChannel, ServiceMetrics
+from taskcard.bridge.observe.sdnotify import READY, STOPPING, sd_notify
+from taskcard.bridge.run.logs import LOG_FORMATS, LOG_LEVELS, setup_logging
+from taskcard.bridge.run.service import Service, ServiceFailed
+from taskcard.bridge.store.sqlite import SqliteStore, StateFileError, StateStore
 
 EXIT_CONFIG = 2
 EXIT_RUNTIME = 1
@@ -98,7 +98,7 @@ async def serve(
     wiring = None
     store: StateStore
     if config.cluster.enabled:
-        from bridge.run.cluster_serve import ClusterWiring, open_cluster
+        from taskcard.bridge.run.cluster_serve import ClusterWiring, open_cluster
 
         cluster = open_cluster(config, env)
         if cluster is None:

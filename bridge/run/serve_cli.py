@@ -13,10 +13,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bridge.config import ConfigError, ServiceConfig, load_config
-from bridge.deliver.registry import describe_scope, route_specs, scope_rules
-from bridge.run.logs import choose, setup_logging
-from bridge.run.runner import (
+from taskcard.bridge.config import ConfigError, ServiceConfig, load_config
+from taskcard.bridge.deliver.registry import describe_scope, route_specs, scope_rules
+from taskcard.bridge.run.logs import choose, setup_logging
+from taskcard.bridge.run.runner import (
     EXIT_CONFIG,
     EXIT_RUNTIME,
     add_log_options,
@@ -24,8 +24,8 @@ from bridge.run.runner import (
     running_pid,
     serve,
 )
-from bridge.run.service import agent_health_key, parse_agent_health
-from bridge.store.sqlite import (
+from taskcard.bridge.run.service import agent_health_key, parse_agent_health
+from taskcard.bridge.store.sqlite import (
     STATE_FILE,
     ResidentRecord,
     SqliteStore,
@@ -60,7 +60,7 @@ def _serve(args: argparse.Namespace) -> int:
         if args.check:
             print("taskcard: --check needs --config FILE", file=sys.stderr)
             return EXIT_CONFIG
-        from bridge.run.demo import run_demo
+        from taskcard.bridge.run.demo import run_demo
 
         return run_demo(None, None)
     config = _load(Path(args.config))
@@ -110,12 +110,12 @@ def _when(epoch: float | None) -> str | None:
 
 def status_report(config: ServiceConfig) -> dict[str, Any]:
     """Every configured route with what the store knows about it (read-only)."""
-    from bridge.schedule.scheduler import RouteKey
+    from taskcard.bridge.schedule.scheduler import RouteKey
 
     path = config.state_dir / STATE_FILE
     store: StateStore | None = None
     if config.cluster.enabled:
-        from bridge.run.cluster_serve import status_store
+        from taskcard.bridge.run.cluster_serve import status_store
 
         store = status_store(config, os.environ)  # the state is in the shared Redis
     elif path.exists():
@@ -196,7 +196,7 @@ def _send_hold(
     config: ServiceConfig, channel: str, record: ResidentRecord | None, now: float
 ) -> str | None:
     """When a route whose sends got no answer may send again, if it is holding now."""
-    from bridge.schedule.scheduler import unsure_send_wait_s
+    from taskcard.bridge.schedule.scheduler import unsure_send_wait_s
 
     telegram = config.telegram if channel == "telegram" else None
     hold_s = telegram.ambiguous_send_hold_s if telegram else None

@@ -27,18 +27,18 @@ from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime, tzinfo
 
-from bridge.compose.board import BoardEntry, compose_board, fit_board, needs_attention
-from bridge.compose.redact import Redactor
-from bridge.compose.view import compose_view, format_at
-from bridge.config import ServiceConfig
-from bridge.deliver.registry import BuiltChannel, RouteSpec, route_specs
-from bridge.notices.outbox import NoticeOutbox
-from bridge.notices.signals import Signal, SignalFacts, due_signals, report_signal
-from bridge.notices.text import safe_error_code
-from bridge.observe.metrics import ServiceSnapshot
-from bridge.run.boards import ChatViews, board_key
-from bridge.run.commands import apply_to_prefs, parse_taskcard
-from bridge.run.fleet import (
+from taskcard.bridge.compose.board import BoardEntry, compose_board, fit_board, needs_attention
+from taskcard.bridge.compose.redact import Redactor
+from taskcard.bridge.compose.view import compose_view, format_at
+from taskcard.bridge.config import ServiceConfig
+from taskcard.bridge.deliver.registry import BuiltChannel, RouteSpec, route_specs
+from taskcard.bridge.notices.outbox import NoticeOutbox
+from taskcard.bridge.notices.signals import Signal, SignalFacts, due_signals, report_signal
+from taskcard.bridge.notices.text import safe_error_code
+from taskcard.bridge.observe.metrics import ServiceSnapshot
+from taskcard.bridge.run.boards import ChatViews, board_key
+from taskcard.bridge.run.commands import apply_to_prefs, parse_taskcard
+from taskcard.bridge.run.fleet import (
     RETIRED_NOTE,
     Discovery,
     Fleet,
@@ -49,18 +49,18 @@ from bridge.run.fleet import (
     origin_route,
     restart_needed,
 )
-from bridge.run.inbox_desk import InboxDesk
-from bridge.run.origins import OriginBook
-from bridge.schedule.ratelimit import Limiter
-from bridge.schedule.scheduler import RouteKey, RouteScheduler
-from bridge.store.sqlite import ChatPrefs, SeenChat, StateStore
-from bridge.track.due import DueAgents
-from bridge.track.ledger import LedgerView, ledger_row
-from bridge.track.monitor import AgentMonitor, AgentRefresh
-from bridge.track.reports import AgentSide
-from bridge.watch.watcher import ROOTS, FleetWatcher
-from channels.aio import Backoff
-from channels.base import (
+from taskcard.bridge.run.inbox_desk import InboxDesk
+from taskcard.bridge.run.origins import OriginBook
+from taskcard.bridge.schedule.ratelimit import Limiter
+from taskcard.bridge.schedule.scheduler import RouteKey, RouteScheduler
+from taskcard.bridge.store.sqlite import ChatPrefs, SeenChat, StateStore
+from taskcard.bridge.track.due import DueAgents
+from taskcard.bridge.track.ledger import LedgerView, ledger_row
+from taskcard.bridge.track.monitor import AgentMonitor, AgentRefresh
+from taskcard.bridge.track.reports import AgentSide
+from taskcard.bridge.watch.watcher import ROOTS, FleetWatcher
+from taskcard.channels.aio import Backoff
+from taskcard.channels.base import (
     BoardView,
     CardView,
     Channel,
@@ -69,8 +69,8 @@ from channels.base import (
     Outgoing,
     RouteView,
 )
-from channels.errors import ChannelError, RateLimited, Transient
-from producers.task_card.contract import Origin, parse_origin
+from taskcard.channels.errors import ChannelError, RateLimited, Transient
+from taskcard.producers.task_card.contract import Origin, parse_origin
 
 log = logging.getLogger(__name__)
 
@@ -728,6 +728,9 @@ class Service:
                 lineage=self._sides[route.key.agent_id].lineage,
             )
             self._scheduler.submit(route.key, self._render_card(channel, view))
+        # Composing reads the ledger too: a refusal found there shows in `taskcard status`
+        # now, not only after the agent's next change.
+        self._save_health(route.key.agent_id)
 
     def _retire_card(self, route: Route, channel: Channel) -> None:
         monitor = self._monitors[route.key.agent_id]

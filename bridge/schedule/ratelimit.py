@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from channels.base import RateScope
+from taskcard.channels.base import RateScope
 
 DEFAULT_MAX_PAUSE_S = 3600.0
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from channels.base import ChatRef
+from taskcard.channels.base import ChatRef
 
 
 @dataclass(frozen=True)

@@ -36,20 +36,20 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from bridge.notices.outbox import NoticeOutbox, QueuedNotice
-from bridge.schedule.ratelimit import (
+from taskcard.bridge.notices.outbox import NoticeOutbox, QueuedNotice
+from taskcard.bridge.schedule.ratelimit import (
     DEFAULT_MAX_PAUSE_S,
     Admission,
     Limiter,
     RateLimiter,
 )
-from bridge.schedule.routes import LaneKey as LaneKey
-from bridge.schedule.routes import RouteKey as RouteKey
-from bridge.schedule.routes import chat_scope as chat_scope
-from bridge.store.sqlite import StateStore
-from channels.aio import Backoff, wait_first
-from channels.base import Channel, ChatRef, Operation, Outgoing
-from channels.errors import (
+from taskcard.bridge.schedule.routes import LaneKey as LaneKey
+from taskcard.bridge.schedule.routes import RouteKey as RouteKey
+from taskcard.bridge.schedule.routes import chat_scope as chat_scope
+from taskcard.bridge.store.sqlite import StateStore
+from taskcard.channels.aio import Backoff, wait_first
+from taskcard.channels.base import Channel, ChatRef, Operation, Outgoing
+from taskcard.channels.errors import (
     ChannelError,
     Forbidden,
     MessageGone,

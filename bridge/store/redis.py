@@ -30,7 +30,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from bridge.store.base import (
+from taskcard.bridge.store.base import (
     ChatPrefs,
     InboxOutcome,
     InboxRecord,

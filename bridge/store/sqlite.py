@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bridge.store.base import (
+from taskcard.bridge.store.base import (
     ChatPrefs,
     InboxOutcome,
     InboxRecord,
@@ -43,7 +43,7 @@ from bridge.store.base import (
     StateHealth,
     StateStore,
 )
-from channels.aio import Backoff
+from taskcard.channels.aio import Backoff
 
 log = logging.getLogger(__name__)
 

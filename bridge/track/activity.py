@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
 
-from bridge.track.status import StateFacts, agent_state
-from channels.base import AgentState
-from producers.task_card.contract import (
+from taskcard.bridge.track.status import StateFacts, agent_state
+from taskcard.channels.base import AgentState
+from taskcard.producers.task_card.contract import (
     ActivityEvent,
     count_field,
     duration_field,

@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Final
 
-from bridge.follow.safe_read import WorkdirFiles
-from producers.ledger.contract import (
+from taskcard.bridge.follow.safe_read import WorkdirFiles
+from taskcard.producers.ledger.contract import (
     LEDGER_DIR,
     LEDGER_FILE,
     MAX_SUMMARY_BYTES,

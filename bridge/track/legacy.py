@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from producers.task_card.contract import parse_json
+from taskcard.producers.task_card.contract import parse_json
 
 
 def _escape_markdown(text: str) -> str:

@@ -32,13 +32,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final, Literal, Protocol
 
-from bridge.follow.safe_read import WorkdirFiles
-from bridge.follow.tail import TAIL_BYTES as TAIL_BYTES
-from bridge.follow.tail import FileSignature, LineFollower, Position, signature
-from bridge.track.activity import ActivitySummary as ActivitySummary
-from bridge.track.activity import ActivityTracker
-from bridge.track.legacy import body_markdown
-from producers.task_card.contract import (
+from taskcard.bridge.follow.safe_read import WorkdirFiles
+from taskcard.bridge.follow.tail import TAIL_BYTES as TAIL_BYTES
+from taskcard.bridge.follow.tail import FileSignature, LineFollower, Position, signature
+from taskcard.bridge.track.activity import ActivitySummary as ActivitySummary
+from taskcard.bridge.track.activity import ActivityTracker
+from taskcard.bridge.track.legacy import body_markdown
+from taskcard.producers.task_card.contract import (
     EARLIEST_TIME,
     LATEST_TIME,
     SOURCE_ERROR,

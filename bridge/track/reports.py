@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from bridge.follow.safe_read import WorkdirFiles
-from bridge.follow.tail import FileSignature, LineFollower, Position, signature
-from bridge.track.monitor import OffsetStore
-from producers.reports.contract import (
+from taskcard.bridge.follow.safe_read import WorkdirFiles
+from taskcard.bridge.follow.tail import FileSignature, LineFollower, Position, signature
+from taskcard.bridge.track.monitor import OffsetStore
+from taskcard.producers.reports.contract import (
     Ack,
     Lineage,
     Report,

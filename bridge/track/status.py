@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from channels.base import AgentState
+from taskcard.channels.base import AgentState
 
 INPUT_WAIT = "input"
 

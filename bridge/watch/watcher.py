@@ -45,10 +45,10 @@ from typing import Final
 
 from watchfiles import awatch
 
-from channels.aio import AnyEvent, Backoff, wait_first
-from producers.ledger.contract import LEDGER_DIR
-from producers.reports.contract import INBOX_DIR, REPORTS_DIR
-from producers.task_card.contract import LOGS_DIR, NOTIFICATION_DIR, TASKCARD_DIR
+from taskcard.channels.aio import AnyEvent, Backoff, wait_first
+from taskcard.producers.ledger.contract import LEDGER_DIR
+from taskcard.producers.reports.contract import INBOX_DIR, REPORTS_DIR
+from taskcard.producers.task_card.contract import LOGS_DIR, NOTIFICATION_DIR, TASKCARD_DIR
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from rich.panel import Panel
 from rich.rule import Rule
 from rich.text import Text
 
-from channels.base import (
+from taskcard.channels.base import (
     BODY_CUT_MARKER,
     CardView,
     Channel,
@@ -35,7 +35,7 @@ from channels.base import (
     RateScope,
     fit_view,
 )
-from channels.errors import MessageGone, NotModified
+from taskcard.channels.errors import MessageGone, NotModified
 
 CONSOLE_CHAT = ChatRef("console")
 MAX_CARD_CHARS = 8000

@@ -25,7 +25,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from channels.base import (
+from taskcard.channels.base import (
     BOARD_HIDDEN_NOTICE,
     BOARD_TITLE,
     BODY_CUT_MARKER,

@@ -46,7 +46,7 @@ from lark_oapi.api.im.v1 import (
 from lark_oapi.core.enum import AccessTokenType, HttpMethod
 from lark_oapi.core.model import BaseRequest, BaseResponse
 
-from channels.base import (
+from taskcard.channels.base import (
     BoardView,
     CardView,
     Channel,
@@ -58,21 +58,26 @@ from channels.base import (
     Outgoing,
     RateScope,
 )
-from channels.errors import ChannelError, MessageGone, NotModified, Permanent, Transient
-from channels.feishu import card, scopes
-from channels.feishu.config import FeishuConfig
-from channels.feishu.errors import TOKEN_INVALID, translate
-from channels.feishu.events import DecodedEvent, SeenEvents, command_from_event, duplicate_key
-from channels.feishu.longconn import LongConnection
-from channels.feishu.scopes import (
+from taskcard.channels.errors import ChannelError, MessageGone, NotModified, Permanent, Transient
+from taskcard.channels.feishu import card, scopes
+from taskcard.channels.feishu.config import FeishuConfig
+from taskcard.channels.feishu.errors import TOKEN_INVALID, translate
+from taskcard.channels.feishu.events import (
+    DecodedEvent,
+    SeenEvents,
+    command_from_event,
+    duplicate_key,
+)
+from taskcard.channels.feishu.longconn import LongConnection
+from taskcard.channels.feishu.scopes import (
     APP_MINUTE_SCOPE,
     APP_SCOPE,
     chat_scope,
     message_scope,
 )
-from channels.feishu.token import TenantTokenSource
-from channels.feishu.transport import LarkTransport
-from channels.feishu.webhook import WebhookServer
+from taskcard.channels.feishu.token import TenantTokenSource
+from taskcard.channels.feishu.transport import LarkTransport
+from taskcard.channels.feishu.webhook import WebhookServer
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,13 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from channels.base import ROUTE_VIEW_HELP, TIMEZONE_HELP, RateLimit, RouteView, TimeZoneName
+from taskcard.channels.base import (
+    ROUTE_VIEW_HELP,
+    TIMEZONE_HELP,
+    RateLimit,
+    RouteView,
+    TimeZoneName,
+)
 
 
 class FeishuLimits(BaseModel):

@@ -17,8 +17,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from channels.base import Operation
-from channels.errors import (
+from taskcard.channels.base import Operation
+from taskcard.channels.errors import (
     ChannelError,
     Forbidden,
     MessageGone,

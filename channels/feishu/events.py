@@ -41,7 +41,7 @@ from typing import Any
 
 from lark_oapi.core.utils.decryptor import AESCipher
 
-from channels.base import ChatRef, CommandName, CursorStore, IncomingCommand
+from taskcard.channels.base import ChatRef, CommandName, CursorStore, IncomingCommand
 
 MESSAGE_EVENT = "im.message.receive_v1"
 COMMAND = "/taskcard"

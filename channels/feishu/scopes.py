@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from channels.base import ChatRef
+from taskcard.channels.base import ChatRef
 
 APP_SCOPE: Final = "feishu:app"
 APP_MINUTE_SCOPE: Final = "feishu:app:minute"

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from lark_oapi.core.token import AccessTokenResponse, CreateSelfTenantTokenRequest
 from lark_oapi.core.token.create_token_request_body import CreateTokenRequestBody
 
-from channels.errors import Forbidden, Transient
-from channels.feishu.transport import LarkTransport
+from taskcard.channels.errors import Forbidden, Transient
+from taskcard.channels.feishu.transport import LarkTransport
 
 # Renew this long before the announced expiry (Feishu tokens live two hours).
 RENEW_AHEAD_S = 300.0

@@ -22,7 +22,7 @@ from lark_oapi.core.exception import UnmarshalException
 from lark_oapi.core.json import JSON
 from lark_oapi.core.model import BaseRequest, BaseResponse, RawResponse
 
-from channels.errors import Transient
+from taskcard.channels.errors import Transient
 
 Response = TypeVar("Response", bound=BaseResponse)
 

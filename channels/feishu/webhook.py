@@ -17,9 +17,9 @@ from typing import Any
 
 from aiohttp import web
 
-from channels.base import IncomingCommand
-from channels.feishu.config import FeishuWebhook
-from channels.feishu.events import (
+from taskcard.channels.base import IncomingCommand
+from taskcard.channels.feishu.config import FeishuWebhook
+from taskcard.channels.feishu.events import (
     EventRejected,
     SeenEvents,
     check_request_age,

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from telegram import Bot, BotCommand, LinkPreviewOptions, MessageEntity
 from telegram import error as tg
 
-from channels.base import (
+from taskcard.channels.base import (
     BoardView,
     CardView,
     Channel,
@@ -28,13 +28,13 @@ from channels.base import (
     Outgoing,
     RateScope,
 )
-from channels.errors import ChannelError, MessageGone, Permanent, Transient
-from channels.telegram import render, scopes
-from channels.telegram.commands import CommandPoller
-from channels.telegram.config import TelegramConfig
-from channels.telegram.errors import ParseEntitiesFailed, translate
-from channels.telegram.request import FloodAwareRequest
-from channels.telegram.scopes import BOT_SCOPE_KEY, chat_scope_key
+from taskcard.channels.errors import ChannelError, MessageGone, Permanent, Transient
+from taskcard.channels.telegram import render, scopes
+from taskcard.channels.telegram.commands import CommandPoller
+from taskcard.channels.telegram.config import TelegramConfig
+from taskcard.channels.telegram.errors import ParseEntitiesFailed, translate
+from taskcard.channels.telegram.request import FloodAwareRequest
+from taskcard.channels.telegram.scopes import BOT_SCOPE_KEY, chat_scope_key
 
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")

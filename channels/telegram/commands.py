@@ -15,9 +15,16 @@ import logging
 from telegram import Bot, Update
 from telegram import error as tg
 
-from channels.aio import Backoff
-from channels.base import ChatRef, CommandName, CommandSink, CursorStore, IncomingCommand, PollGate
-from channels.telegram.request import FloodWait
+from taskcard.channels.aio import Backoff
+from taskcard.channels.base import (
+    ChatRef,
+    CommandName,
+    CommandSink,
+    CursorStore,
+    IncomingCommand,
+    PollGate,
+)
+from taskcard.channels.telegram.request import FloodWait
 
 OFFSET_CURSOR_KEY = "telegram:update_offset"
 COMMAND = "taskcard"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from telegram import error as tg
 
-from channels.errors import (
+from taskcard.channels.errors import (
     ChannelError,
     Forbidden,
     MessageGone,
@@ -21,7 +21,7 @@ from channels.errors import (
     Transient,
     sane_retry_after_s,
 )
-from channels.telegram.request import AnswerLost, FloodWait
+from taskcard.channels.telegram.request import AnswerLost, FloodWait
 
 
 class ParseEntitiesFailed(Permanent):

@@ -16,7 +16,7 @@ from typing import Any
 import telegramify_markdown
 from telegramify_markdown.config import RenderConfig
 
-from channels.base import (
+from taskcard.channels.base import (
     BOARD_HIDDEN_NOTICE,
     BOARD_TITLE,
     BODY_CUT_MARKER,

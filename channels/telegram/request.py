@@ -24,7 +24,7 @@ import httpx
 from telegram import error as tg
 from telegram.request import HTTPXRequest, RequestData
 
-from channels.errors import sane_retry_after_s
+from taskcard.channels.errors import sane_retry_after_s
 
 _TOO_MANY_REQUESTS = 429
 # httpx failures that happen after the whole request was handed to the connection.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from channels.base import ChatRef
+from taskcard.channels.base import ChatRef
 
 BOT_SCOPE_KEY: Final = "telegram:bot"
 _CHAT_PREFIX: Final = "telegram:chat:"

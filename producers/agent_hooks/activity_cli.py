@@ -14,14 +14,14 @@ import sys
 from pathlib import Path
 from typing import Any, Final
 
-from producers.task_card.activity_log import (
+from taskcard.producers.task_card.activity_log import (
     OPTIONAL_FIELDS,
     REQUIRED_FIELDS,
     ActivityInputError,
     check_origin,
 )
-from producers.task_card.activity_log import TYPE_NAMES as _TYPE_NAMES
-from producers.task_card.contract import (
+from taskcard.producers.task_card.activity_log import TYPE_NAMES as _TYPE_NAMES
+from taskcard.producers.task_card.contract import (
     EVENT_KINDS,
     CardPaths,
     append_jsonl_line,

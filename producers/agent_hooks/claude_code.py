@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from producers.task_card.contract import open_regular
+from taskcard.producers.task_card.contract import open_regular
 
 Event = tuple[str, dict[str, Any]]
 

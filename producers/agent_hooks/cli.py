@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from producers.agent_hooks import runner
-from producers.agent_hooks.install import (
+from taskcard.producers.agent_hooks import runner
+from taskcard.producers.agent_hooks.install import (
     InitError,
     codex_config_path,
     init_claude_code,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from producers.agent_hooks.claude_code import Event
+from taskcard.producers.agent_hooks.claude_code import Event
 
 
 def codex_events(payload: Mapping[str, Any]) -> tuple[list[Event], bool]:

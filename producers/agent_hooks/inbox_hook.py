@@ -29,9 +29,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from producers.agent_hooks.claude_code import HookDecision, hook_output
-from producers.inbox import InboxUnsafe, Message, claim_all, frame
-from producers.task_card.contract import CardPaths, atomic_write
+from taskcard.producers.agent_hooks.claude_code import HookDecision, hook_output
+from taskcard.producers.inbox import InboxUnsafe, Message, claim_all, frame
+from taskcard.producers.task_card.contract import CardPaths, atomic_write
 
 MAX_TEXT_BYTES: Final = 5 * 1024  # plus at most ten short task card wakes: about 8 KiB
 BLOCKED_FILE: Final = ".taskcard-hook-blocked.json"

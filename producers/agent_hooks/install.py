@@ -20,7 +20,7 @@ from typing import Any, Final
 import tomlkit
 import tomlkit.exceptions
 
-from producers.task_card.contract import atomic_write, read_bytes, read_regular
+from taskcard.producers.task_card.contract import atomic_write, read_bytes, read_regular
 
 SERVER_NAME: Final = "taskcard"
 CLAUDE_HOOK_MARK: Final = " hook claude-code"

@@ -18,16 +18,16 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from producers.agent_hooks.claude_code import (
+from taskcard.producers.agent_hooks.claude_code import (
     decide,
     read_transcript_usage,
 )
-from producers.agent_hooks.codex import codex_events
-from producers.agent_hooks.inbox_hook import output as inbox_output
-from producers.agent_hooks.inbox_hook import steer
-from producers.agent_hooks.inbox_hook import take as take_inbox
-from producers.task_card.activity_log import append_event, event_record
-from producers.task_card.contract import (
+from taskcard.producers.agent_hooks.codex import codex_events
+from taskcard.producers.agent_hooks.inbox_hook import output as inbox_output
+from taskcard.producers.agent_hooks.inbox_hook import steer
+from taskcard.producers.agent_hooks.inbox_hook import take as take_inbox
+from taskcard.producers.task_card.activity_log import append_event, event_record
+from taskcard.producers.task_card.contract import (
     ORIGIN_FORMS,
     CardPaths,
     Origin,
@@ -36,10 +36,10 @@ from producers.task_card.contract import (
     read_regular,
     utc_now_iso,
 )
-from producers.task_card.notifications import FileNotificationPort
-from producers.task_card.settings import settings_or_defaults
-from producers.task_card.turns import add_completed_turn
-from producers.task_card.wakes import WakeReader
+from taskcard.producers.task_card.notifications import FileNotificationPort
+from taskcard.producers.task_card.settings import settings_or_defaults
+from taskcard.producers.task_card.turns import add_completed_turn
+from taskcard.producers.task_card.wakes import WakeReader
 
 MAX_PAYLOAD_BYTES: Final = 32_000_000
 ERROR_LOG: Final = "taskcard-hook.log"

@@ -11,7 +11,7 @@ May import: the standard library, `producers.task_card.contract`,
 `channels`.
 """
 
-from producers.inbox.claim import InboxUnsafe, claim_all, peek
-from producers.inbox.contract import Message, frame
+from taskcard.producers.inbox.claim import InboxUnsafe, claim_all, peek
+from taskcard.producers.inbox.contract import Message, frame
 
 __all__ = ["InboxUnsafe", "Message", "claim_all", "frame", "peek"]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from producers.inbox.contract import (
+from taskcard.producers.inbox.contract import (
     ACKS_FILE,
     INBOX_DIR,
     MAX_MESSAGE_BYTES,
@@ -33,7 +33,7 @@ from producers.inbox.contract import (
     frame,
     parse_message,
 )
-from producers.task_card.contract import utc_now_iso
+from taskcard.producers.task_card.contract import utc_now_iso
 
 MAX_FILES: Final = 256  # read per call; the rest waits for the next one
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Final
 
-from producers.inbox.claim import Batch, InboxUnsafe, claim_all, peek
-from producers.inbox.contract import frame
+from taskcard.producers.inbox.claim import Batch, InboxUnsafe, claim_all, peek
+from taskcard.producers.inbox.contract import frame
 
 VIA: Final = "inbox-cli"
 

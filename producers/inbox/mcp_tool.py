@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from producers.inbox.claim import InboxUnsafe, claim_all, peek
-from producers.task_card.runtime import HostPaths
+from taskcard.producers.inbox.claim import InboxUnsafe, claim_all, peek
+from taskcard.producers.task_card.runtime import HostPaths
 
 TOOL_NAME: Final = "inbox"
 VIA: Final = "mcp"

@@ -10,8 +10,8 @@ May import: the standard library, pydantic, `producers.task_card` (its contract,
 port, runtime and capability). Never the service or a channel.
 """
 
-from producers.ledger.model import EVENT_TYPES, FAILURE_KINDS, derive
-from producers.ledger.monitor import Decision, decide
-from producers.ledger.store import Ledger, LedgerError
+from taskcard.producers.ledger.model import EVENT_TYPES, FAILURE_KINDS, derive
+from taskcard.producers.ledger.monitor import Decision, decide
+from taskcard.producers.ledger.store import Ledger, LedgerError
 
 __all__ = ["EVENT_TYPES", "FAILURE_KINDS", "Decision", "Ledger", "LedgerError", "decide", "derive"]

@@ -8,11 +8,11 @@ the artifacts stay. Inside the host the `TaskCard` is called directly; from the 
 
 from __future__ import annotations
 
-from producers.task_card.capability import TaskCard
-from producers.task_card.client import call_via_host
-from producers.task_card.contract import CardPaths
-from producers.task_card.descriptor import DescriptorCorrupt, read_descriptor
-from producers.task_card.runtime import HostPaths
+from taskcard.producers.task_card.capability import TaskCard
+from taskcard.producers.task_card.client import call_via_host
+from taskcard.producers.task_card.contract import CardPaths
+from taskcard.producers.task_card.descriptor import DescriptorCorrupt, read_descriptor
+from taskcard.producers.task_card.runtime import HostPaths
 
 REASONING = "the ledger's task completed: final render, then retire the card"
 

@@ -1,6 +1,6 @@
 """`taskcard ledger ...`: the ledger's commands, one per kind of observation, plus the monitor.
 
-`bridge.cli` calls `register(subparsers)`; `python -m producers.ledger.cli` runs the same
+`bridge.cli` calls `register(subparsers)`; `python -m taskcard.producers.ledger.cli` runs the same
 commands alone (the renderer `ledger init` writes uses that). Every command takes
 `--workdir` and `--ledger PATH` (relative paths start at the workdir). Exit codes: 0 done,
 2 bad input (one line on stderr naming the field and the fix).
@@ -16,9 +16,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from producers.ledger.model import EVENT_TYPES, FAILURE_KINDS, OWNER_REPLIES, TaskRecord, derive
-from producers.ledger.render import RENDERER_FILE, render_markdown, renderer_source
-from producers.ledger.store import DEFAULT_LEDGER, Ledger, LedgerError
+from taskcard.producers.ledger.model import (
+    EVENT_TYPES,
+    FAILURE_KINDS,
+    OWNER_REPLIES,
+    TaskRecord,
+    derive,
+)
+from taskcard.producers.ledger.render import RENDERER_FILE, render_markdown, renderer_source
+from taskcard.producers.ledger.store import DEFAULT_LEDGER, Ledger, LedgerError
 
 EXIT_OK: Final = 0
 EXIT_BAD_INPUT: Final = 2
@@ -200,11 +206,11 @@ def run_render(args: argparse.Namespace) -> int:
 
 
 def run_supervise(args: argparse.Namespace) -> int:
-    from producers.ledger.card import retire_via_host
-    from producers.ledger.notifications import LedgerNotificationPort
-    from producers.ledger.supervise import supervise
-    from producers.task_card.contract import CardPaths
-    from producers.task_card.runtime import HostPaths, default_runtime_dir
+    from taskcard.producers.ledger.card import retire_via_host
+    from taskcard.producers.ledger.notifications import LedgerNotificationPort
+    from taskcard.producers.ledger.supervise import supervise
+    from taskcard.producers.task_card.contract import CardPaths
+    from taskcard.producers.task_card.runtime import HostPaths, default_runtime_dir
 
     workdir = _workdir(args)
     runtime = Path(args.runtime_dir) if args.runtime_dir else default_runtime_dir(os.environ)

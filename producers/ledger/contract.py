@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Final
 
-from producers.task_card.contract import count_field
+from taskcard.producers.task_card.contract import count_field
 
 LEDGER_DIR: Final = "ledger"
 LEDGER_FILE: Final = "long-task-ledger.json"

@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from producers.ledger.card import retire_in_host
-from producers.ledger.notifications import LedgerNotificationPort
-from producers.ledger.store import DEFAULT_LEDGER, Ledger, LedgerError
-from producers.ledger.supervise import supervise
-from producers.task_card.capability import TaskCard
+from taskcard.producers.ledger.card import retire_in_host
+from taskcard.producers.ledger.notifications import LedgerNotificationPort
+from taskcard.producers.ledger.store import DEFAULT_LEDGER, Ledger, LedgerError
+from taskcard.producers.ledger.supervise import supervise
+from taskcard.producers.task_card.capability import TaskCard
 
 log = logging.getLogger(__name__)
 

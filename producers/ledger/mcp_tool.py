@@ -12,10 +12,16 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from producers.ledger.model import EVENT_TYPES, FAILURE_KINDS, OWNER_REPLIES, TaskRecord, derive
-from producers.ledger.render import render_markdown
-from producers.ledger.store import DEFAULT_LEDGER, Ledger, LedgerError
-from producers.task_card.runtime import HostPaths
+from taskcard.producers.ledger.model import (
+    EVENT_TYPES,
+    FAILURE_KINDS,
+    OWNER_REPLIES,
+    TaskRecord,
+    derive,
+)
+from taskcard.producers.ledger.render import render_markdown
+from taskcard.producers.ledger.store import DEFAULT_LEDGER, Ledger, LedgerError
+from taskcard.producers.task_card.runtime import HostPaths
 
 TOOL_NAME: Final = "ledger"
 COMMANDS: Final = (
@@ -120,10 +126,10 @@ def _run(ledger: Ledger, paths: HostPaths, command: str, args: dict[str, Any]) -
     if command in ("show", "render") and task_id is None:
         task_id = ledger.default_task_id()
     if command == "supervise":
-        from producers.ledger.card import retire_via_host
-        from producers.ledger.notifications import LedgerNotificationPort
-        from producers.ledger.supervise import supervise
-        from producers.task_card.contract import CardPaths
+        from taskcard.producers.ledger.card import retire_via_host
+        from taskcard.producers.ledger.notifications import LedgerNotificationPort
+        from taskcard.producers.ledger.supervise import supervise
+        from taskcard.producers.task_card.contract import CardPaths
 
         decisions = supervise(
             ledger,

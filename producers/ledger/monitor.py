@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final, Literal
 
-from producers.ledger.model import RETRYABLE_KINDS, TaskRecord, derive
+from taskcard.producers.ledger.model import RETRYABLE_KINDS, TaskRecord, derive
 
 Action = Literal[
     "STOP_AND_DELETE",

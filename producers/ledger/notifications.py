@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from producers.ledger.contract import (
+from taskcard.producers.ledger.contract import (
     SOURCE_BLOCKED,
     SOURCE_COMPLETED,
     SOURCE_HEARTBEAT,
@@ -23,9 +23,9 @@ from producers.ledger.contract import (
     SOURCE_RECONCILE,
     SOURCE_STALE,
 )
-from producers.ledger.model import OWNER_REPLIES, TaskRecord
-from producers.ledger.monitor import Decision
-from producers.task_card.notifications import FileNotificationPort
+from taskcard.producers.ledger.model import OWNER_REPLIES, TaskRecord
+from taskcard.producers.ledger.monitor import Decision
+from taskcard.producers.task_card.notifications import FileNotificationPort
 
 WAKE_SOURCES: Final[dict[str, str]] = {
     "NUDGE_MAIN_AGENT": SOURCE_NUDGE,

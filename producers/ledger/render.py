@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Final
 
-from producers.ledger.model import TaskRecord, derive
+from taskcard.producers.ledger.model import TaskRecord, derive
 
 UNKNOWN: Final = "unknown"
 RENDERER_FILE: Final = "ledger_renderer.py"
@@ -86,6 +86,6 @@ def renderer_source(ledger_rel: str, task_id: str) -> str:
     return (
         '"""Task card renderer for the long task ledger (written by `taskcard ledger init`)."""\n'
         "import sys\n\n"
-        "from producers.ledger.cli import main\n\n"
+        "from taskcard.producers.ledger.cli import main\n\n"
         f"sys.exit(main(['render', '--ledger', {ledger_rel!r}, {task_id!r}]))\n"
     )

@@ -21,8 +21,8 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from producers.ledger.contract import LEDGER_DIR, LEDGER_FILE
-from producers.ledger.model import (
+from taskcard.producers.ledger.contract import LEDGER_DIR, LEDGER_FILE
+from taskcard.producers.ledger.model import (
     EVENT_TYPES,
     FAILURE_KINDS,
     MAX_NOTE_CHARS,
@@ -42,7 +42,7 @@ from producers.ledger.model import (
     TaskRecord,
     derive,
 )
-from producers.task_card.contract import atomic_write, open_regular
+from taskcard.producers.task_card.contract import atomic_write, open_regular
 
 DEFAULT_LEDGER: Final = Path(LEDGER_DIR) / LEDGER_FILE
 MAX_LEDGER_BYTES: Final = 16_000_000

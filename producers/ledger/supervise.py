@@ -14,10 +14,10 @@ import logging
 from collections.abc import Callable
 from datetime import datetime
 
-from producers.ledger.model import TaskRecord, derive
-from producers.ledger.monitor import AGENT_ACTIONS, Decision, decide
-from producers.ledger.notifications import LedgerNotificationPort
-from producers.ledger.store import Ledger
+from taskcard.producers.ledger.model import TaskRecord, derive
+from taskcard.producers.ledger.monitor import AGENT_ACTIONS, Decision, decide
+from taskcard.producers.ledger.notifications import LedgerNotificationPort
+from taskcard.producers.ledger.store import Ledger
 
 log = logging.getLogger(__name__)
 CardRetirer = Callable[[], None]

@@ -12,7 +12,7 @@ May import: the standard library, `producers.task_card.contract`,
 `channels`.
 """
 
-from producers.reports.lineage import LineageError, read_lineage, spawn
-from producers.reports.store import ReportError, Reports
+from taskcard.producers.reports.lineage import LineageError, read_lineage, spawn
+from taskcard.producers.reports.store import ReportError, Reports
 
 __all__ = ["LineageError", "ReportError", "Reports", "read_lineage", "spawn"]

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from producers.reports.lineage import DEFAULT_MAX_DEPTH, LineageError, spawn
-from producers.reports.store import MAX_PAYLOAD_BYTES, VERDICTS, ReportError, Reports
+from taskcard.producers.reports.lineage import DEFAULT_MAX_DEPTH, LineageError, spawn
+from taskcard.producers.reports.store import MAX_PAYLOAD_BYTES, VERDICTS, ReportError, Reports
 
 
 def _print(data: Any) -> None:

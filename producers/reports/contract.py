@@ -24,7 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from producers.task_card.contract import count_field, iso_utc, parse_iso, parse_json
+from taskcard.producers.task_card.contract import count_field, iso_utc, parse_iso, parse_json
 
 REPORTS_DIR: Final = "reports"
 REPORTS_FILE: Final = "reports.jsonl"

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
-from producers.task_card.contract import atomic_write, utc_now_iso
+from taskcard.producers.task_card.contract import atomic_write, utc_now_iso
 
 LINEAGE_FILE: Final = "lineage.json"
 DEFAULT_MAX_DEPTH: Final = 3

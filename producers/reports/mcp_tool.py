@@ -11,9 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Final
 
-from producers.reports.lineage import DEFAULT_MAX_DEPTH, MAX_DEPTH_LIMIT, LineageError, spawn
-from producers.reports.store import MAX_SUMMARY_CHARS, VERDICTS, ReportError, Reports
-from producers.task_card.runtime import HostPaths
+from taskcard.producers.reports.lineage import (
+    DEFAULT_MAX_DEPTH,
+    MAX_DEPTH_LIMIT,
+    LineageError,
+    spawn,
+)
+from taskcard.producers.reports.store import MAX_SUMMARY_CHARS, VERDICTS, ReportError, Reports
+from taskcard.producers.task_card.runtime import HostPaths
 
 REPORT_TOOL: Final = "report"
 SPAWN_TOOL: Final = "spawn"

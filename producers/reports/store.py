@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final
 
-from producers.task_card.contract import atomic_write, utc_now_iso
+from taskcard.producers.task_card.contract import atomic_write, utc_now_iso
 
 REPORTS_DIR: Final = "reports"
 REPORTS_FILE: Final = "reports.jsonl"

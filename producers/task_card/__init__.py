@@ -10,15 +10,15 @@ and `producers.reports` (only where the MCP server lists their tools). Never `br
 `channels`.
 """
 
-from producers.task_card.capability import TaskCard
-from producers.task_card.envelope import (
+from taskcard.producers.task_card.capability import TaskCard
+from taskcard.producers.task_card.envelope import (
     ACTIONS,
     EnvelopeError,
     envelope_json_schema,
     parse_envelope,
 )
-from producers.task_card.meta import MetaProjector, project_meta
-from producers.task_card.runtime import HostAlreadyRunning
+from taskcard.producers.task_card.meta import MetaProjector, project_meta
+from taskcard.producers.task_card.runtime import HostAlreadyRunning
 
 __all__ = [
     "ACTIONS",

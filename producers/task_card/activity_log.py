@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from producers.task_card.contract import (
+from taskcard.producers.task_card.contract import (
     EVENT_KINDS,
     ORIGIN_FORMS,
     CardPaths,

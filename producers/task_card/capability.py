@@ -21,7 +21,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from producers.task_card.contract import (
+from taskcard.producers.task_card.contract import (
     STATUS_ACTIVE,
     STATUS_INACTIVE,
     CardPaths,
@@ -30,7 +30,7 @@ from producers.task_card.contract import (
     read_bytes,
     utc_now_iso,
 )
-from producers.task_card.descriptor import (
+from taskcard.producers.task_card.descriptor import (
     DescriptorCorrupt,
     WatchDescriptor,
     allocate_watch_id,
@@ -39,21 +39,21 @@ from producers.task_card.descriptor import (
     watch_number,
     write_descriptor,
 )
-from producers.task_card.envelope import (
+from taskcard.producers.task_card.envelope import (
     EnvelopeError,
     StartInput,
     WatchInput,
     parse_envelope,
 )
-from producers.task_card.meta import MetaProjector
-from producers.task_card.notifications import (
+from taskcard.producers.task_card.meta import MetaProjector
+from taskcard.producers.task_card.notifications import (
     FileNotificationPort,
     NotificationPort,
     TaskCardErrorNotification,
     TaskCardLimitNotification,
     TaskCardRecoveredNotification,
 )
-from producers.task_card.renderer import (
+from taskcard.producers.task_card.renderer import (
     Rendered,
     RendererPathError,
     RendererRunner,
@@ -65,15 +65,15 @@ from producers.task_card.renderer import (
     run_renderer,
     stdout_limit_for,
 )
-from producers.task_card.runtime import HostLock, HostPaths, default_runtime_dir
-from producers.task_card.settings import (
+from taskcard.producers.task_card.runtime import HostLock, HostPaths, default_runtime_dir
+from taskcard.producers.task_card.settings import (
     SettingsUnavailable,
     load_settings,
     migrate_legacy,
     settings_or_defaults,
     show_rows,
 )
-from producers.task_card.turns import add_completed_turn, reset_turns
+from taskcard.producers.task_card.turns import add_completed_turn, reset_turns
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ def _failed(message: str, **extra: Any) -> Result:
 
 def load_manual() -> str:
     """The capability's own manual, shipped as package data."""
-    return resources.files("producers.task_card").joinpath("SKILL.md").read_text("utf-8")
+    return resources.files("taskcard.producers.task_card").joinpath("SKILL.md").read_text("utf-8")
 
 
 def settings_result(paths: CardPaths) -> Result:

@@ -1,7 +1,7 @@
 """The producer's subcommands: `tool`, `card ...`, `host` and `mcp`.
 
-`bridge.cli` calls `register(subparsers)`; `python -m producers.task_card.cli` runs the same
-commands on their own (the detached host is started that way, so it never imports the
+`bridge.cli` calls `register(subparsers)`; `python -m taskcard.producers.task_card.cli` runs
+the same commands on their own (the detached host is started that way, so it never imports the
 projection service). Exit codes: 0 done, 1 the call was refused or failed, 2 a usage error or
 input that cannot be used at all (a missing workdir, no action given, an envelope that is not a
 UTF-8 JSON object within the limits, a runtime folder that is not private to us), 3 a host
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from producers.task_card.client import (
+from taskcard.producers.task_card.client import (
     EXIT_ALREADY_RUNNING,
     SPAWN_TIMEOUT_S,
     HostUnavailable,
@@ -31,13 +31,13 @@ from producers.task_card.client import (
     host_log_file,
     ping,
 )
-from producers.task_card.envelope import (
+from taskcard.producers.task_card.envelope import (
     MAX_ENVELOPE_BYTES,
     EnvelopeError,
     check_values,
     decode_envelope,
 )
-from producers.task_card.runtime import (
+from taskcard.producers.task_card.runtime import (
     HostAlreadyRunning,
     HostPaths,
     RuntimeDirUnsafe,
@@ -164,7 +164,7 @@ def run_tool(args: argparse.Namespace) -> int:
 
 def run_card(args: argparse.Namespace) -> int:
     if args.card_action == "manual":
-        from producers.task_card.capability import load_manual
+        from taskcard.producers.task_card.capability import load_manual
 
         if args.json:
             return _emit({"action": "manual", "status": "ok", "manual": load_manual()})
@@ -173,8 +173,8 @@ def run_card(args: argparse.Namespace) -> int:
     if _missing_workdir(args):
         return EXIT_USAGE
     if args.card_action == "settings":
-        from producers.task_card.capability import settings_result
-        from producers.task_card.contract import CardPaths
+        from taskcard.producers.task_card.capability import settings_result
+        from taskcard.producers.task_card.contract import CardPaths
 
         paths = CardPaths(Path(args.workdir).resolve())
         return _emit({"action": "settings", **settings_result(paths)}, args.json)
@@ -216,9 +216,9 @@ def run_host(args: argparse.Namespace) -> int:
     if args.detach:
         return _detach(args, paths)
     # Imported here so `tool`/`card` stay light: they never run watches themselves.
-    from producers.task_card.capability import TaskCard
-    from producers.task_card.host import install_stop_signals, serve_host
-    from producers.task_card.renderer import become_subreaper
+    from taskcard.producers.task_card.capability import TaskCard
+    from taskcard.producers.task_card.host import install_stop_signals, serve_host
+    from taskcard.producers.task_card.renderer import become_subreaper
 
     stop = threading.Event()
     install_stop_signals(stop)
@@ -234,7 +234,7 @@ def run_host(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     # The ledger's monitor runs here too, so a ledger needs no cron (lazy: the only import
     # of the ledger from the task card, and only in the host process).
-    from producers.ledger.hosted import ledger_supervisor
+    from taskcard.producers.ledger.hosted import ledger_supervisor
 
     serve_host(
         card,
@@ -251,7 +251,7 @@ def _detach(args: argparse.Namespace, paths: HostPaths) -> int:
     command = [
         sys.executable,
         "-m",
-        "producers.task_card.cli",
+        "taskcard.producers.task_card.cli",
         "host",
         "--workdir",
         str(paths.workdir),
@@ -305,7 +305,7 @@ def run_mcp(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     import anyio
 
-    from producers.task_card.mcp_server import serve_stdio
+    from taskcard.producers.task_card.mcp_server import serve_stdio
 
     paths = _private_paths(args)
     if paths is None:

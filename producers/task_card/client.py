@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-from producers.task_card.envelope import check_values
-from producers.task_card.runtime import HostPaths, RuntimeDirUnsafe
+from taskcard.producers.task_card.envelope import check_values
+from taskcard.producers.task_card.runtime import HostPaths, RuntimeDirUnsafe
 
 SPAWN_TIMEOUT_S: Final = 60.0
 EXIT_ALREADY_RUNNING: Final = 3
@@ -74,7 +74,7 @@ def spawn_detached_host(paths: HostPaths, idle_grace_s: float | None = None) -> 
     command = [
         sys.executable,
         "-m",
-        "producers.task_card.cli",
+        "taskcard.producers.task_card.cli",
         "host",
         "--detach",
         "--workdir",

@@ -16,8 +16,8 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
-from producers.task_card.contract import CardPaths, atomic_write, read_regular
-from producers.task_card.settings import BOUNDS, setting_problem
+from taskcard.producers.task_card.contract import CardPaths, atomic_write, read_regular
+from taskcard.producers.task_card.settings import BOUNDS, setting_problem
 
 SEQ_FILE: Final = ".watch-seq"
 MAX_DESCRIPTOR_BYTES: Final = 64 * 1024  # a descriptor is a few hundred bytes

@@ -25,7 +25,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from producers.task_card.settings import BOUNDS
+from taskcard.producers.task_card.settings import BOUNDS
 
 ActionName = Literal["start", "inspect", "retry", "stop", "remove", "settings", "manual"]
 

@@ -26,15 +26,15 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-from producers.task_card.capability import TaskCard
-from producers.task_card.envelope import (
+from taskcard.producers.task_card.capability import TaskCard
+from taskcard.producers.task_card.envelope import (
     MAX_ENVELOPE_BYTES,
     MAX_ENVELOPE_DEPTH,
     EnvelopeError,
     decode_envelope,
 )
-from producers.task_card.renderer import reap_orphans
-from producers.task_card.runtime import HostAlreadyRunning, HostPaths
+from taskcard.producers.task_card.renderer import reap_orphans
+from taskcard.producers.task_card.runtime import HostAlreadyRunning, HostPaths
 
 __all__ = ["HostAlreadyRunning", "HostServer", "serve_host"]
 

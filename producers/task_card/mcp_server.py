@@ -30,15 +30,15 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
-from producers.inbox import mcp_tool as inbox_tool
-from producers.ledger import mcp_tool as ledger_tool
-from producers.reports import mcp_tool as reports_tool
-from producers.task_card.client import HostUnavailable, call_via_host
-from producers.task_card.contract import CardPaths
-from producers.task_card.envelope import ACTIONS, envelope_json_schema
-from producers.task_card.meta import MetaProjector
-from producers.task_card.runtime import HostPaths
-from producers.task_card.wakes import WakeReader
+from taskcard.producers.inbox import mcp_tool as inbox_tool
+from taskcard.producers.ledger import mcp_tool as ledger_tool
+from taskcard.producers.reports import mcp_tool as reports_tool
+from taskcard.producers.task_card.client import HostUnavailable, call_via_host
+from taskcard.producers.task_card.contract import CardPaths
+from taskcard.producers.task_card.envelope import ACTIONS, envelope_json_schema
+from taskcard.producers.task_card.meta import MetaProjector
+from taskcard.producers.task_card.runtime import HostPaths
+from taskcard.producers.task_card.wakes import WakeReader
 
 SERVER_NAME: Final = "taskcard"
 WAKE_CONSUMER: Final = "mcp"

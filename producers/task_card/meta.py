@@ -11,8 +11,8 @@ from __future__ import annotations
 import threading
 from typing import Any, Final
 
-from producers.task_card.contract import CardPaths, open_regular, parse_status
-from producers.task_card.settings import settings_or_defaults
+from taskcard.producers.task_card.contract import CardPaths, open_regular, parse_status
+from taskcard.producers.task_card.settings import settings_or_defaults
 
 ABSENT_HINT: Final = "no taskcard present, consider maintaining one, see task_card manual"
 REFUSED_HINT: Final = (

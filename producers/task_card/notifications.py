@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from producers.task_card.contract import (
+from taskcard.producers.task_card.contract import (
     NOTIFICATION_ROTATE_BYTES,
     SOURCE_ERROR,
     SOURCE_LIMIT,

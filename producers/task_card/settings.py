@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Final, TypeGuard
 
-from producers.task_card.contract import CardPaths, atomic_write, read_regular
+from taskcard.producers.task_card.contract import CardPaths, atomic_write, read_regular
 
 DEFAULT_INTERVAL_S: Final = 5.0
 DEFAULT_TIMEOUT_S: Final = 10.0

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
-from producers.task_card.contract import CardPaths, atomic_write, read_regular
+from taskcard.producers.task_card.contract import CardPaths, atomic_write, read_regular
 
 TURNS_FILE: Final = "turns.json"
 _LOCK_FILE: Final = ".turns.lock"

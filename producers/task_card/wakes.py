@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from producers.task_card.contract import (
+from taskcard.producers.task_card.contract import (
     SOURCE_ERROR,
     SOURCE_LIMIT,
     SOURCE_REMINDER,

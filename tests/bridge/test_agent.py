@@ -11,12 +11,17 @@ from typing import Any
 
 import pytest
 
-from bridge.compose.activity import movement_text
-from bridge.compose.view import compose_view
-from bridge.follow.tail import TAIL_BYTES
-from bridge.track.legacy import legacy_json_to_markdown
-from bridge.track.monitor import AgentMonitor, MemoryOffsetStore
-from producers.task_card.contract import CardPaths, append_jsonl_line, atomic_write, iso_utc
+from taskcard.bridge.compose.activity import movement_text
+from taskcard.bridge.compose.view import compose_view
+from taskcard.bridge.follow.tail import TAIL_BYTES
+from taskcard.bridge.track.legacy import legacy_json_to_markdown
+from taskcard.bridge.track.monitor import AgentMonitor, MemoryOffsetStore
+from taskcard.producers.task_card.contract import (
+    CardPaths,
+    append_jsonl_line,
+    atomic_write,
+    iso_utc,
+)
 
 START = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from bridge.compose.board import (
+from taskcard.bridge.compose.board import (
     HEADLINE_MAX_CHARS,
     BoardEntry,
     board_marks,
@@ -18,13 +18,13 @@ from bridge.compose.board import (
     fit_board,
     needs_attention,
 )
-from bridge.compose.redact import Redactor
-from bridge.run.boards import BOARD_AGENT, parse_view
-from bridge.track.activity import Movement
-from bridge.track.monitor import ActivitySummary, CardState
-from channels.base import BoardLine, BoardView, board_plain_text
-from channels.feishu import card as feishu
-from channels.telegram import render as telegram
+from taskcard.bridge.compose.redact import Redactor
+from taskcard.bridge.run.boards import BOARD_AGENT, parse_view
+from taskcard.bridge.track.activity import Movement
+from taskcard.bridge.track.monitor import ActivitySummary, CardState
+from taskcard.channels.base import BoardLine, BoardView, board_plain_text
+from taskcard.channels.feishu import card as feishu
+from taskcard.channels.telegram import render as telegram
 
 NOW = datetime(2026, 3, 4, 15, 30, tzinfo=UTC)
 ACTIVE = CardState(status="active", body="# Build\n**3/10** steps")
@@ -196,7 +196,7 @@ def test_hidden_board_shows_only_the_notice() -> None:
 
 
 def test_board_key_and_stored_view_values() -> None:
-    from bridge.config import AGENT_ID_PATTERN
+    from taskcard.bridge.config import AGENT_ID_PATTERN
 
     assert not AGENT_ID_PATTERN.fullmatch(BOARD_AGENT)
     assert [parse_view(v) for v in ("board", "cards", "", None, "BOARD")] == [

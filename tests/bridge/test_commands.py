@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from bridge.config import parse_config
-from bridge.deliver.registry import BuiltChannel, RouteSpec
-from bridge.run.commands import TaskcardCommand, apply_to_prefs, parse_taskcard
-from bridge.run.service import Service
-from bridge.schedule.scheduler import RouteKey
-from bridge.store.sqlite import ChatPrefs, SqliteStore
-from channels.base import (
+from taskcard.bridge.config import parse_config
+from taskcard.bridge.deliver.registry import BuiltChannel, RouteSpec
+from taskcard.bridge.run.commands import TaskcardCommand, apply_to_prefs, parse_taskcard
+from taskcard.bridge.run.service import Service
+from taskcard.bridge.schedule.scheduler import RouteKey
+from taskcard.bridge.store.sqlite import ChatPrefs, SqliteStore
+from taskcard.channels.base import (
     CardView,
     Channel,
     ChatRef,

@@ -7,10 +7,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from bridge.compose.view import compose_view, format_at, format_tokens, route_zone
-from bridge.track.activity import ActivitySummary, Movement
-from bridge.track.monitor import CardState
-from channels.base import CardView
+from taskcard.bridge.compose.view import compose_view, format_at, format_tokens, route_zone
+from taskcard.bridge.track.activity import ActivitySummary, Movement
+from taskcard.bridge.track.monitor import CardState
+from taskcard.channels.base import CardView
 
 NOW = datetime(2026, 3, 4, 15, 30, tzinfo=UTC)
 
@@ -263,7 +263,7 @@ def test_every_time_on_a_card_uses_the_route_zone_and_one_format() -> None:
 
 
 def test_unknown_error_codes_never_reach_the_chat() -> None:
-    from bridge.notices.text import safe_error_code
+    from taskcard.bridge.notices.text import safe_error_code
 
     assert safe_error_code(None) == "unknown"
     for code, shown in (("renderer_timeout", "renderer_timeout"), ("/home/a/.ssh key", "unknown")):

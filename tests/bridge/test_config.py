@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.config import (
+from taskcard.bridge.config import (
     EXAMPLE_PATH,
     SCHEMA_PATH,
     ConfigError,
@@ -184,14 +184,14 @@ def _all_keys(schema: dict[str, object]) -> set[str]:
 def test_the_committed_schema_matches_the_models() -> None:
     committed = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
     assert committed == config_json_schema(), (
-        "config/taskcard.schema.json is stale: run python -m bridge.config --write-schema"
+        "config/taskcard.schema.json is stale: run python -m taskcard.bridge.config --write-schema"
     )
 
 
 def test_check_command_exits_2_with_messages(tmp_path: Path) -> None:
     path = write(tmp_path, "bogus = 1\n")
     result = subprocess.run(
-        [sys.executable, "-m", "bridge.config", "--check", str(path)],
+        [sys.executable, "-m", "taskcard.bridge.config", "--check", str(path)],
         capture_output=True,
         text=True,
         check=False,
@@ -207,7 +207,7 @@ def test_constructed_directly_paths_stay_as_given() -> None:
 
 
 def test_default_state_dir_is_relative_to_the_config_file(tmp_path: Path) -> None:
-    from bridge.config import load_config
+    from taskcard.bridge.config import load_config
 
     config_file = tmp_path / "deep" / "taskcard.toml"
     config_file.parent.mkdir()
@@ -304,7 +304,7 @@ def test_unusable_paths_are_refused_by_serve_check_and_at_start(tmp_path: Path, 
     path = write(tmp_path, text)
     for args in (["serve", "--config", str(path), "--check"], ["serve", "--config", str(path)]):
         result = subprocess.run(
-            [sys.executable, "-m", "bridge.cli", *args],
+            [sys.executable, "-m", "taskcard.bridge.cli", *args],
             capture_output=True,
             text=True,
             check=False,
@@ -317,7 +317,15 @@ def test_unusable_paths_are_refused_by_serve_check_and_at_start(tmp_path: Path, 
 
 def test_serve_check_accepts_the_example(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "bridge.cli", "serve", "--config", str(EXAMPLE_PATH), "--check"],
+        [
+            sys.executable,
+            "-m",
+            "taskcard.bridge.cli",
+            "serve",
+            "--config",
+            str(EXAMPLE_PATH),
+            "--check",
+        ],
         capture_output=True,
         text=True,
         check=False,

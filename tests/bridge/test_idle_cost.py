@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from bridge.config import parse_config
-from bridge.run.service import Service
-from bridge.store.sqlite import SqliteStore
-from bridge.track.due import DueAgents
-from bridge.watch.watcher import FleetWatcher, sweep_slices
+from taskcard.bridge.config import parse_config
+from taskcard.bridge.run.service import Service
+from taskcard.bridge.store.sqlite import SqliteStore
+from taskcard.bridge.track.due import DueAgents
+from taskcard.bridge.watch.watcher import FleetWatcher, sweep_slices
 
 TIMEOUT_S = 30.0
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from bridge.inbox.states import message_state, state_line
-from bridge.inbox.writer import InboxRefused, InboxWriter
-from bridge.run.inbox_desk import AuthorRate
-from bridge.store.sqlite import InboxRecord
-from bridge.track.monitor import ActivitySummary
-from producers.reports.contract import inbox_message, parse_ack
+from taskcard.bridge.inbox.states import message_state, state_line
+from taskcard.bridge.inbox.writer import InboxRefused, InboxWriter
+from taskcard.bridge.run.inbox_desk import AuthorRate
+from taskcard.bridge.store.sqlite import InboxRecord
+from taskcard.bridge.track.monitor import ActivitySummary
+from taskcard.producers.reports.contract import inbox_message, parse_ack
 
 T0 = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge.run import logs
-from bridge.run.logs import RepeatLimiter, iso_timestamp
+from taskcard.bridge.run import logs
+from taskcard.bridge.run.logs import RepeatLimiter, iso_timestamp
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "123456:AAE-very-secret-token"
@@ -44,18 +44,20 @@ def test_timestamps_have_milliseconds_and_an_offset() -> None:
 def test_text_lines_carry_time_level_logger_and_extras(capture: io.StringIO) -> None:
     logs.choose("INFO", "text")
     logs.setup_logging("WARNING", stream=capture)
-    logging.getLogger("bridge.schedule.scheduler").info("edited %s", "m1", extra={"route": "r"})
+    logging.getLogger("taskcard.bridge.schedule.scheduler").info(
+        "edited %s", "m1", extra={"route": "r"}
+    )
     line = capture.getvalue().strip()
     stamp, rest = line.split(" ", 1)
     assert stamp[19] == "." and stamp[23] in "+-"
-    assert rest == "INFO bridge.schedule.scheduler: edited m1 route=r"
+    assert rest == "INFO taskcard.bridge.schedule.scheduler: edited m1 route=r"
 
 
 @pytest.mark.parametrize("fmt", ["text", "json"])
 def test_secrets_are_scrubbed_in_both_formats(capture: io.StringIO, fmt: logs.LogFormat) -> None:
     logs.choose(None, fmt)
     logs.setup_logging("INFO", [SECRET], stream=capture)
-    log = logging.getLogger("bridge.run.service")
+    log = logging.getLogger("taskcard.bridge.run.service")
     log.warning("token %s leaked", SECRET, extra={"url": f"https://x/bot{SECRET}/getMe"})
     try:
         raise RuntimeError(f"failed with {SECRET}")
@@ -74,12 +76,14 @@ def test_secrets_are_scrubbed_in_both_formats(capture: io.StringIO, fmt: logs.Lo
 def test_json_is_one_object_per_line(capture: io.StringIO) -> None:
     logs.choose("DEBUG", "json")
     logs.setup_logging("INFO", stream=capture)
-    logging.getLogger("bridge.track.monitor").debug("a\nb", extra={"agent": "builder", "n": 3})
+    logging.getLogger("taskcard.bridge.track.monitor").debug(
+        "a\nb", extra={"agent": "builder", "n": 3}
+    )
     (line,) = capture.getvalue().splitlines()
     record = json.loads(line)
     assert record["message"] == "a\nb" and record["level"] == "DEBUG"
     assert (record["logger"], record["agent"], record["n"]) == (
-        "bridge.track.monitor",
+        "taskcard.bridge.track.monitor",
         "builder",
         3,
     )
@@ -94,7 +98,7 @@ class Clock:
 
 
 def _record(
-    message: str, level: int = logging.WARNING, name: str = "bridge.x"
+    message: str, level: int = logging.WARNING, name: str = "taskcard.bridge.x"
 ) -> logging.LogRecord:
     return logging.LogRecord(name, level, __file__, 1, message, None, None)
 
@@ -130,17 +134,17 @@ def test_repeat_limiter(events: list[tuple[float, str]], expected: list[str]) ->
 
 def test_repeat_limiter_keys_by_logger_and_level_and_never_holds_back_debug() -> None:
     limiter = RepeatLimiter(60, time_s=Clock())
-    assert limiter.filter(_record("x", name="bridge.a"))
-    assert limiter.filter(_record("x", name="bridge.b"))
-    assert limiter.filter(_record("x", level=logging.ERROR, name="bridge.a"))
-    assert not limiter.filter(_record("x", name="bridge.a"))
+    assert limiter.filter(_record("x", name="taskcard.bridge.a"))
+    assert limiter.filter(_record("x", name="taskcard.bridge.b"))
+    assert limiter.filter(_record("x", level=logging.ERROR, name="taskcard.bridge.a"))
+    assert not limiter.filter(_record("x", name="taskcard.bridge.a"))
     assert all(limiter.filter(_record("x", level=logging.DEBUG)) for _ in range(3))
 
 
 def test_a_warning_repeated_every_second_is_printed_once(capture: io.StringIO) -> None:
     logs.choose(None, "text")
     logs.setup_logging("INFO", stream=capture)
-    log = logging.getLogger("bridge.run.service")
+    log = logging.getLogger("taskcard.bridge.run.service")
     for attempt in range(30):
         log.warning("refresh of builder failed (attempt %d)", attempt)
     assert capture.getvalue().count("refresh of builder failed") == 1

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from bridge.notices.text import FoldedNotices, NoticeGate, notice_text, summary_text
-from producers.task_card.contract import Notification, parse_notification
+from taskcard.bridge.notices.text import FoldedNotices, NoticeGate, notice_text, summary_text
+from taskcard.producers.task_card.contract import Notification, parse_notification
 
 LEAKY_HEADER = "renderer said: /home/alice/secret/path token=abc"
 LEAKY_BODY = "Traceback ... sk-abcdefghijklmnopqrstuvwx"

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from bridge.config import ConfigError, parse_config
-from bridge.observe.config import parse_listen
-from bridge.observe.metrics import ServiceMetrics, ServiceSnapshot, outcome_of
-from bridge.observe.sdnotify import READY, STOPPING, sd_notify
-from channels.errors import (
+from taskcard.bridge.config import ConfigError, parse_config
+from taskcard.bridge.observe.config import parse_listen
+from taskcard.bridge.observe.metrics import ServiceMetrics, ServiceSnapshot, outcome_of
+from taskcard.bridge.observe.sdnotify import READY, STOPPING, sd_notify
+from taskcard.channels.errors import (
     Forbidden,
     MessageGone,
     NotModified,

@@ -10,11 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from bridge.notices.outbox import NoticeOutbox, QueuedNotice
-from bridge.schedule.routes import LaneKey, RouteKey
-from bridge.store.sqlite import SqliteStore
-from channels.base import CardView, Channel, ChatRef, CommandSink, Operation, Outgoing, RateScope
-from producers.task_card.contract import SOURCE_ERROR, Notification
+from taskcard.bridge.notices.outbox import NoticeOutbox, QueuedNotice
+from taskcard.bridge.schedule.routes import LaneKey, RouteKey
+from taskcard.bridge.store.sqlite import SqliteStore
+from taskcard.channels.base import (
+    CardView,
+    Channel,
+    ChatRef,
+    CommandSink,
+    Operation,
+    Outgoing,
+    RateScope,
+)
+from taskcard.producers.task_card.contract import SOURCE_ERROR, Notification
 
 GROUP = ChatRef("-100", "7")
 KEY = RouteKey("rec", GROUP, "a")
@@ -191,9 +199,9 @@ def test_a_restart_queues_what_was_left_pending(store: SqliteStore) -> None:
 def test_a_full_lane_defers_to_the_store_and_refills(
     store: SqliteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import bridge.notices.outbox
+    import taskcard.bridge.notices.outbox
 
-    monkeypatch.setattr(bridge.notices.outbox, "MAX_QUEUED", 2)
+    monkeypatch.setattr(taskcard.bridge.notices.outbox, "MAX_QUEUED", 2)
     outbox = make(store, per_minute=60)
     outbox.channel_ready("rec")
     for index in range(4):

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from bridge.schedule.ratelimit import RateLimiter, bounded_pause_s
-from channels.base import RateScope
+from taskcard.bridge.schedule.ratelimit import RateLimiter, bounded_pause_s
+from taskcard.channels.base import RateScope
 
 CHAT = RateScope("chat:1", max_calls=3, period_s=60.0)
 BOT = RateScope("bot", max_calls=30, period_s=1.0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.compose.redact import MARKER, Redactor, redact
+from taskcard.bridge.compose.redact import MARKER, Redactor, redact
 
 SECRET_CASES = [
     ("bot 123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw0 ok", "123456789:AAHdqTcv"),

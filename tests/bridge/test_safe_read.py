@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.follow.safe_read import WorkdirFiles, file_kind, is_inside
+from taskcard.bridge.follow.safe_read import WorkdirFiles, file_kind, is_inside
 
 
 @pytest.fixture

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from bridge.notices.outbox import NoticeOutbox
-from bridge.schedule.scheduler import RouteKey, RouteScheduler, unsure_send_wait_s
-from bridge.store.sqlite import SqliteStore
-from channels.base import (
+from taskcard.bridge.notices.outbox import NoticeOutbox
+from taskcard.bridge.schedule.scheduler import RouteKey, RouteScheduler, unsure_send_wait_s
+from taskcard.bridge.store.sqlite import SqliteStore
+from taskcard.channels.base import (
     CardView,
     Channel,
     ChatRef,
@@ -27,7 +27,7 @@ from channels.base import (
     Outgoing,
     RateScope,
 )
-from channels.errors import (
+from taskcard.channels.errors import (
     Forbidden,
     MessageGone,
     NotModified,
@@ -463,9 +463,9 @@ async def test_a_retried_send_that_had_posted_is_edited_to_the_latest(
 async def test_notices_beyond_the_queue_bound_are_sent_without_a_restart(
     store: SqliteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import bridge.notices.outbox
+    import taskcard.bridge.notices.outbox
 
-    monkeypatch.setattr(bridge.notices.outbox, "MAX_QUEUED", 2)
+    monkeypatch.setattr(taskcard.bridge.notices.outbox, "MAX_QUEUED", 2)
     channel = ScriptedChannel()
     key = RouteKey("fake", ChatRef("-8"), "a")
     outbox = outbox_of(store, channel, key)

@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from bridge.notices.signals import SignalFacts, due_signals, report_signal
-from producers.reports.contract import Report
+from taskcard.bridge.notices.signals import SignalFacts, due_signals, report_signal
+from taskcard.producers.reports.contract import Report
 
 T0 = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 

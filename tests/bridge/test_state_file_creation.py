@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.store.sqlite import STATE_FILE, SqliteStore, StateFileError, check_state_file
+from taskcard.bridge.store.sqlite import STATE_FILE, SqliteStore, StateFileError, check_state_file
 
 
 def test_a_first_start_leaves_a_complete_file_and_no_temporary(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from bridge.track.status import StateFacts, agent_state
+from taskcard.bridge.track.status import StateFacts, agent_state
 
 T0 = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 

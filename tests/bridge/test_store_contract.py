@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.store.sqlite import ChatPrefs, SeenChat, SqliteStore, StateStore
+from taskcard.bridge.store.sqlite import ChatPrefs, SeenChat, SqliteStore, StateStore
 
 BACKENDS = ["sqlite"]
 

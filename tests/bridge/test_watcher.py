@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge.watch.watcher import FleetWatcher, plan_watch
-from producers.task_card.contract import CardPaths, append_jsonl_line, atomic_write
+from taskcard.bridge.watch.watcher import FleetWatcher, plan_watch
+from taskcard.producers.task_card.contract import CardPaths, append_jsonl_line, atomic_write
 
 TIMEOUT_S = 20.0
 
@@ -214,7 +214,7 @@ async def test_a_folder_made_between_planning_and_arming_is_watched_soon(
 ) -> None:
     """The contract folder appears after the plan was made and before the watches exist, so
     no event tells of it; the watcher notices at arming, not only at the end of a rescan."""
-    import bridge.watch.watcher as watcher_module
+    import taskcard.bridge.watch.watcher as watcher_module
 
     paths = CardPaths(tmp_path / "a")
     paths.workdir.mkdir()

@@ -17,12 +17,12 @@ from typing import Protocol
 
 import pytest
 
-from channels.base import Channel, ChatRef, IncomingCommand
-from channels.feishu.card import card_plain_text as feishu_card_plain_text
-from channels.feishu.channel import FeishuChannel
-from channels.feishu.config import FeishuConfig, FeishuWebhook
-from channels.telegram.channel import TelegramChannel
-from channels.telegram.config import TelegramConfig
+from taskcard.channels.base import Channel, ChatRef, IncomingCommand
+from taskcard.channels.feishu.card import card_plain_text as feishu_card_plain_text
+from taskcard.channels.feishu.channel import FeishuChannel
+from taskcard.channels.feishu.config import FeishuConfig, FeishuWebhook
+from taskcard.channels.telegram.channel import TelegramChannel
+from taskcard.channels.telegram.config import TelegramConfig
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.feishu_api import FakeLimits as FakeFeishuLimits
 from tests.fakes.feishu_api import FakeMessage as FakeFeishuMessage

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from channels.aio import AnyEvent, Backoff, wait_first
+from taskcard.channels.aio import AnyEvent, Backoff, wait_first
 
 
 @pytest.mark.parametrize(

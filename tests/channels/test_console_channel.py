@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import io
 
-from channels.base import CardView
-from channels.console.channel import CONSOLE_CHAT, ConsoleChannel, ConsoleHeader
-from channels.errors import NotModified
+from taskcard.channels.base import CardView
+from taskcard.channels.console.channel import CONSOLE_CHAT, ConsoleChannel, ConsoleHeader
+from taskcard.channels.errors import NotModified
 
 CLEAR = "\x1b[2J\x1b[H"  # what rich writes to clear the screen
 HEADER = ConsoleHeader(agents=("builder", "migrator"), routes=("console: builder, migrator",))

@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from channels.base import CardView, ChatRef, RateLimit
-from channels.errors import (
+from taskcard.channels.base import CardView, ChatRef, RateLimit
+from taskcard.channels.errors import (
     Forbidden,
     MessageGone,
     NotModified,
@@ -16,9 +16,9 @@ from channels.errors import (
     RateLimited,
     Transient,
 )
-from channels.feishu.card import CARD_LIMIT_BYTES, card_plain_text
-from channels.feishu.channel import FeishuChannel, send_uuid
-from channels.feishu.config import FeishuConfig, FeishuLimits
+from taskcard.channels.feishu.card import CARD_LIMIT_BYTES, card_plain_text
+from taskcard.channels.feishu.channel import FeishuChannel, send_uuid
+from taskcard.channels.feishu.config import FeishuConfig, FeishuLimits
 from tests.channels.conftest import CommandInbox, MemoryCursorStore
 from tests.fakes.feishu_api import FakeFeishu, FakeLimits
 

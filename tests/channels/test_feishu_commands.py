@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from channels.base import ChatRef, IncomingCommand
-from channels.feishu.events import bot_mention_key, command_args, command_from_event
+from taskcard.channels.base import ChatRef, IncomingCommand
+from taskcard.channels.feishu.events import bot_mention_key, command_args, command_from_event
 
 BOT = "ou_bot"
 

@@ -15,10 +15,10 @@ from contextlib import asynccontextmanager
 import aiohttp
 import pytest
 
-from channels.base import IncomingCommand
-from channels.feishu.channel import FeishuChannel
-from channels.feishu.config import FeishuConfig, FeishuWebhook
-from channels.feishu.events import SeenEvents, command_from_event
+from taskcard.channels.base import IncomingCommand
+from taskcard.channels.feishu.channel import FeishuChannel
+from taskcard.channels.feishu.config import FeishuConfig, FeishuWebhook
+from taskcard.channels.feishu.events import SeenEvents, command_from_event
 from tests.channels.conftest import CommandInbox, MemoryCursorStore, wait_until
 from tests.fakes.feishu_api import FakeFeishu, encrypt_event
 
@@ -140,7 +140,7 @@ async def test_without_bot_info_any_mention_counts(
 ) -> None:
     fake.bot_info_available = False
     inbox = CommandInbox()
-    with caplog.at_level(logging.INFO, logger="channels.feishu.channel"):
+    with caplog.at_level(logging.INFO, logger="taskcard.channels.feishu.channel"):
         async with webhook_channel(fake, inbox) as url:
             await fake.deliver_command(url, "oc_g", "/taskcard off", verification_token=TOKEN)
             await fake.deliver_command(

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from channels.base import BODY_CUT_MARKER, AgentState, CardView
-from channels.errors import (
+from taskcard.channels.base import BODY_CUT_MARKER, AgentState, CardView
+from taskcard.channels.errors import (
     ChannelError,
     Forbidden,
     MessageGone,
@@ -16,7 +16,7 @@ from channels.errors import (
     RateLimited,
     Transient,
 )
-from channels.feishu.card import (
+from taskcard.channels.feishu.card import (
     CARD_LIMIT_BYTES,
     HIDDEN_NOTICE,
     card_plain_text,
@@ -25,8 +25,8 @@ from channels.feishu.card import (
     render_card,
     render_text,
 )
-from channels.feishu.errors import translate
-from channels.feishu.events import command_args
+from taskcard.channels.feishu.errors import translate
+from taskcard.channels.feishu.events import command_args
 
 
 def _card(view: CardView) -> dict[str, Any]:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.deliver.registry import describe_scope, scope_rules
-from channels.base import ChatRef
-from channels.feishu import scopes as feishu
-from channels.feishu.channel import FeishuChannel
-from channels.telegram import scopes as telegram
-from channels.telegram.channel import TelegramChannel
+from taskcard.bridge.deliver.registry import describe_scope, scope_rules
+from taskcard.channels.base import ChatRef
+from taskcard.channels.feishu import scopes as feishu
+from taskcard.channels.feishu.channel import FeishuChannel
+from taskcard.channels.telegram import scopes as telegram
+from taskcard.channels.telegram.channel import TelegramChannel
 
 GROUP = ChatRef("-100123")
 TOPIC = ChatRef("-100123", "7")

@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from channels.base import CardView, ChatRef, RateScope
-from channels.errors import (
+from taskcard.channels.base import CardView, ChatRef, RateScope
+from taskcard.channels.errors import (
     Forbidden,
     MessageGone,
     OutcomeUnknown,
@@ -15,10 +15,10 @@ from channels.errors import (
     RateLimited,
     Transient,
 )
-from channels.telegram.channel import TelegramChannel
-from channels.telegram.config import TelegramConfig, TelegramLimits
-from channels.telegram.errors import ThreadNotFound
-from channels.telegram.render import MAX_MESSAGE_UTF16, utf16_len
+from taskcard.channels.telegram.channel import TelegramChannel
+from taskcard.channels.telegram.config import TelegramConfig, TelegramLimits
+from taskcard.channels.telegram.errors import ThreadNotFound
+from taskcard.channels.telegram.render import MAX_MESSAGE_UTF16, utf16_len
 from tests.channels.conftest import CommandInbox, MemoryCursorStore
 from tests.fakes.telegram_api import FakeLimits, FakeTelegram, Window
 
@@ -190,7 +190,7 @@ async def test_pin_is_quiet(telegram_fake: FakeTelegram, telegram_channel: Teleg
 async def test_fake_rejects_text_over_4096_utf16(
     telegram_fake: FakeTelegram, telegram_channel: TelegramChannel
 ) -> None:
-    from channels.base import Outgoing
+    from taskcard.channels.base import Outgoing
 
     raw = "😀" * 2049  # 4098 UTF-16 units, 2049 code points
     assert utf16_len(raw) > MAX_MESSAGE_UTF16

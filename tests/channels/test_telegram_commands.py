@@ -9,17 +9,17 @@ from typing import Any
 import pytest
 from telegram import Bot, Update
 
-from channels.aio import Backoff
-from channels.base import ChatRef
-from channels.telegram.channel import TelegramChannel
-from channels.telegram.commands import (
+from taskcard.channels.aio import Backoff
+from taskcard.channels.base import ChatRef
+from taskcard.channels.telegram.channel import TelegramChannel
+from taskcard.channels.telegram.commands import (
     OFFSET_CURSOR_KEY,
     CommandPoller,
     command_from_update,
     parse_command,
     poll_backoff,
 )
-from channels.telegram.config import TelegramConfig
+from taskcard.channels.telegram.config import TelegramConfig
 from tests.channels.conftest import CommandInbox, MemoryCursorStore, wait_until
 from tests.fakes.telegram_api import FakeTelegram
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from channels.base import CardView
-from channels.errors import Forbidden, MessageGone, NotModified, RateLimited
+from taskcard.channels.base import CardView
+from taskcard.channels.errors import Forbidden, MessageGone, NotModified, RateLimited
 from tests.channels.conftest import ChannelHarness, CommandInbox, wait_until
 
 

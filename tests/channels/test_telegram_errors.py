@@ -8,8 +8,8 @@ import httpx
 import pytest
 from telegram import error as tg
 
-from bridge.schedule.ratelimit import bounded_pause_s
-from channels.errors import (
+from taskcard.bridge.schedule.ratelimit import bounded_pause_s
+from taskcard.channels.errors import (
     RETRY_AFTER_CEILING_S,
     ChannelError,
     Forbidden,
@@ -20,9 +20,9 @@ from channels.errors import (
     RateLimited,
     Transient,
 )
-from channels.feishu.errors import retry_after_s as feishu_retry_after_s
-from channels.telegram.errors import ParseEntitiesFailed, ThreadNotFound, translate
-from channels.telegram.request import AnswerLost, FloodWait, answer_lost, flood_wait_from
+from taskcard.channels.feishu.errors import retry_after_s as feishu_retry_after_s
+from taskcard.channels.telegram.errors import ParseEntitiesFailed, ThreadNotFound, translate
+from taskcard.channels.telegram.request import AnswerLost, FloodWait, answer_lost, flood_wait_from
 
 SCOPE = "telegram:chat:-1"
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from channels.base import BODY_CUT_MARKER, CardView
-from channels.telegram.render import (
+from taskcard.channels.base import BODY_CUT_MARKER, CardView
+from taskcard.channels.telegram.render import (
     MAX_MESSAGE_UTF16,
     SEPARATOR,
     hidden_notice,

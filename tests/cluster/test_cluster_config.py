@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge.cluster.config import ClusterConfig, ClusterUrlMissing, resolve_redis_url
-from bridge.config import ConfigError, parse_config
+from taskcard.bridge.cluster.config import ClusterConfig, ClusterUrlMissing, resolve_redis_url
+from taskcard.bridge.config import ConfigError, parse_config
 
 
 @pytest.mark.parametrize(

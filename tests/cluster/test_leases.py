@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from bridge.cluster.lease import FencedCursors, Lease, LeaseLost, PollLease
-from bridge.store.redis import RedisStore, connect
+from taskcard.bridge.cluster.lease import FencedCursors, Lease, LeaseLost, PollLease
+from taskcard.bridge.store.redis import RedisStore, connect
 
 
 @pytest.fixture

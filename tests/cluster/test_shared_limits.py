@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from bridge.cluster.limiter import RedisLimiter
-from bridge.schedule.ratelimit import Admission
-from channels.base import RateScope
+from taskcard.bridge.cluster.limiter import RedisLimiter
+from taskcard.bridge.schedule.ratelimit import Admission
+from taskcard.channels.base import RateScope
 
 
 @pytest.fixture

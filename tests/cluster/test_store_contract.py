@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from bridge.store.base import ChatPrefs, SeenChat, StateStore
-from bridge.store.redis import RedisStore, connect
-from bridge.store.sqlite import SqliteStore
+from taskcard.bridge.store.base import ChatPrefs, SeenChat, StateStore
+from taskcard.bridge.store.redis import RedisStore, connect
+from taskcard.bridge.store.sqlite import SqliteStore
 
 Opener = Callable[[], StateStore]
 

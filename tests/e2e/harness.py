@@ -13,7 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from producers.task_card.contract import CardPaths, append_jsonl_line, atomic_write, utc_now_iso
+from taskcard.producers.task_card.contract import (
+    CardPaths,
+    append_jsonl_line,
+    atomic_write,
+    utc_now_iso,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,7 +58,7 @@ def activity(workdir: Path, kind: str, **fields: Any) -> None:
 def run_cli(*args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
     """Run `taskcard ARGS...` to completion, as a user at a shell would."""
     return subprocess.run(
-        [sys.executable, "-m", "bridge.cli", *args],
+        [sys.executable, "-m", "taskcard.bridge.cli", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -76,7 +81,7 @@ class ServeProcess:
 
     def start(self) -> ServeProcess:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bridge.cli", "serve", "--config", str(self.config)],
+            [sys.executable, "-m", "taskcard.bridge.cli", "serve", "--config", str(self.config)],
             cwd=ROOT,
             env=self.env,
             stdout=subprocess.PIPE,

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from bridge.cli import build_parser
-from bridge.config import parse_config
-from bridge.run.serve_cli import nothing_served
+from taskcard.bridge.cli import build_parser
+from taskcard.bridge.config import parse_config
+from taskcard.bridge.run.serve_cli import nothing_served
 from tests.e2e.harness import ROOT, ServeProcess, eventually
 
 
@@ -27,7 +27,7 @@ def taskcard(
     }
     environment.update(env or {})
     return subprocess.run(
-        [sys.executable, "-m", "bridge.cli", *args],
+        [sys.executable, "-m", "taskcard.bridge.cli", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -149,7 +149,7 @@ async def test_an_empty_config_warns_in_json_logs_from_the_environment(tmp_path:
     records = [json.loads(line) for line in serve.logs.splitlines()]
     warning = next(r for r in records if "nothing is served" in r["message"])
     assert warning["level"] == "WARNING"
-    assert warning["logger"] == "bridge.run.serve_cli"
+    assert warning["logger"] == "taskcard.bridge.run.serve_cli"
     assert {"ts", "level", "logger", "message"} <= set(records[-1])
 
 
@@ -158,7 +158,7 @@ def test_log_level_on_the_command_line_wins_over_the_config(tmp_path: Path) -> N
     (tmp_path / "agents" / "builder").mkdir(parents=True)
     env = {"TASKCARD_CONFIG": str(config), "TASKCARD_LOG_LEVEL": "info"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bridge.cli", "serve", "--log-level", "INFO"],
+        [sys.executable, "-m", "taskcard.bridge.cli", "serve", "--log-level", "INFO"],
         cwd=ROOT,
         env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
         stdout=subprocess.DEVNULL,
@@ -180,7 +180,7 @@ def test_log_level_on_the_command_line_wins_over_the_config(tmp_path: Path) -> N
     stamp, level, name = line.split(" ")[:3]
     assert len(stamp) == len("2026-11-30T14:02:03.123+00:00") and stamp[19] == "."
     assert stamp[23] in "+-" and stamp[26] == ":"
-    assert (level, name) == ("INFO", "bridge.run.service:")
+    assert (level, name) == ("INFO", "taskcard.bridge.run.service:")
 
 
 def test_a_missing_workdir_is_one_line_and_exit_2(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.store.sqlite import STATE_FILE
+from taskcard.bridge.store.sqlite import STATE_FILE
 from tests.e2e.harness import ServeProcess, eventually, notify, publish
 from tests.fakes.telegram_api import FakeTelegram
 

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
-from producers.task_card.client import request_host
-from producers.task_card.runtime import HostPaths
+from taskcard.producers.task_card.client import request_host
+from taskcard.producers.task_card.runtime import HostPaths
 from tests.e2e.harness import ServeProcess, eventually, publish
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram
@@ -82,7 +82,7 @@ async def task_card(workdir: Path, runtime_dir: Path, action: str, **fields: Any
         command=sys.executable,
         args=[
             "-m",
-            "bridge.cli",
+            "taskcard.bridge.cli",
             "mcp",
             "--workdir",
             str(workdir),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.store.sqlite import SqliteStore
+from taskcard.bridge.store.sqlite import SqliteStore
 from tests.e2e.harness import eventually, publish, run_cli
 from tests.e2e.test_serve_telegram import GROUP, agent_dir, setup, shown
 from tests.fakes.telegram_api import FakeTelegram

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from producers.task_card.contract import CardPaths, atomic_write
+from taskcard.producers.task_card.contract import CardPaths, atomic_write
 from tests.e2e.harness import ServeProcess, activity, eventually, notify, publish, run_cli
 from tests.fakes.telegram_api import FakeLimits, FakeTelegram
 

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from producers.task_card.contract import EVENT_KINDS, CardPaths, atomic_write
+from taskcard.producers.task_card.contract import EVENT_KINDS, CardPaths, atomic_write
 from tests.e2e.harness import eventually, publish
 from tests.e2e.test_serve_hostile_files import GROUP, PRIVATE, setup, shows, workdir
 from tests.fakes.telegram_api import FakeLimits, FakeTelegram

@@ -180,7 +180,7 @@ def _header_only(path: Path) -> None:
 
 def _run(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """`taskcard ARGS --config FILE`; a service that starts anyway is stopped and fails."""
-    command = [sys.executable, "-m", "bridge.cli", *args, "--config", str(config)]
+    command = [sys.executable, "-m", "taskcard.bridge.cli", *args, "--config", str(config)]
     try:
         return subprocess.run(
             command, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
@@ -218,7 +218,7 @@ def test_a_read_only_state_disk_stops_serve_with_one_line(tmp_path: Path) -> Non
     try:
         # A healthy state file from an earlier run, then the disk goes read-only.
         first = subprocess.Popen(
-            [sys.executable, "-m", "bridge.cli", "serve", "--config", str(config)],
+            [sys.executable, "-m", "taskcard.bridge.cli", "serve", "--config", str(config)],
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

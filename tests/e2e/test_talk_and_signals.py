@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import pytest
 
-from producers.task_card.contract import append_jsonl_line, atomic_write, utc_now_iso
+from taskcard.producers.task_card.contract import append_jsonl_line, atomic_write, utc_now_iso
 from tests.e2e.harness import ServeProcess, activity, eventually, publish
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from bridge.compose.activity import movement_text
-from bridge.track.monitor import AgentMonitor, MemoryOffsetStore
-from producers.agent_hooks import activity_cli as activity
-from producers.task_card.contract import CardPaths, parse_event, parse_iso
+from taskcard.bridge.compose.activity import movement_text
+from taskcard.bridge.track.monitor import AgentMonitor, MemoryOffsetStore
+from taskcard.producers.agent_hooks import activity_cli as activity
+from taskcard.producers.task_card.contract import CardPaths, parse_event, parse_iso
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -106,7 +106,7 @@ def test_through_the_taskcard_command_line(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "bridge.cli",
+            "taskcard.bridge.cli",
             "activity",
             "--workdir",
             str(tmp_path),
@@ -121,7 +121,15 @@ def test_through_the_taskcard_command_line(tmp_path: Path) -> None:
     assert ok.returncode == 0, ok.stderr
     assert lines(tmp_path)[0]["text"] == "hello from a hook"
     bad = subprocess.run(
-        [sys.executable, "-m", "bridge.cli", "activity", "--workdir", str(tmp_path), "usage"],
+        [
+            sys.executable,
+            "-m",
+            "taskcard.bridge.cli",
+            "activity",
+            "--workdir",
+            str(tmp_path),
+            "usage",
+        ],
         capture_output=True,
         text=True,
         check=False,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from producers.task_card.contract import CardPaths
-from producers.task_card.notifications import (
+from taskcard.producers.task_card.contract import CardPaths
+from taskcard.producers.task_card.notifications import (
     FileNotificationPort,
     TaskCardErrorNotification,
     TaskCardLimitNotification,

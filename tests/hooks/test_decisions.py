@@ -9,11 +9,14 @@ from typing import Any
 
 import pytest
 
-from producers.agent_hooks.claude_code import decide, hook_output, turn_usage, wait_reason
-from producers.agent_hooks.codex import codex_events
-from producers.task_card.contract import CardPaths, Notification
-from producers.task_card.notifications import FileNotificationPort, TaskCardErrorNotification
-from producers.task_card.wakes import WakeReader, select_wakes, wake_text
+from taskcard.producers.agent_hooks.claude_code import decide, hook_output, turn_usage, wait_reason
+from taskcard.producers.agent_hooks.codex import codex_events
+from taskcard.producers.task_card.contract import CardPaths, Notification
+from taskcard.producers.task_card.notifications import (
+    FileNotificationPort,
+    TaskCardErrorNotification,
+)
+from taskcard.producers.task_card.wakes import WakeReader, select_wakes, wake_text
 
 
 @pytest.mark.parametrize(

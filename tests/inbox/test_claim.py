@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from producers.inbox import InboxUnsafe, claim_all, peek
-from producers.inbox.contract import MessageError, frame, parse_message
+from taskcard.producers.inbox import InboxUnsafe, claim_all, peek
+from taskcard.producers.inbox.contract import MessageError, frame, parse_message
 
 from ..hooks.conftest import run_taskcard
 from .conftest import acks, names, queue

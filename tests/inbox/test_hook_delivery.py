@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from producers.task_card.contract import CardPaths
-from producers.task_card.notifications import FileNotificationPort, TaskCardErrorNotification
+from taskcard.producers.task_card.contract import CardPaths
+from taskcard.producers.task_card.notifications import (
+    FileNotificationPort,
+    TaskCardErrorNotification,
+)
 
 from ..hooks.conftest import events, hook, kinds, payload
 from .conftest import acks, names, queue

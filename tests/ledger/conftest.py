@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from producers.ledger.store import DEFAULT_LEDGER, Ledger
+from taskcard.producers.ledger.store import DEFAULT_LEDGER, Ledger
 
 T0 = datetime(2026, 3, 1, 9, 0, 0, tzinfo=UTC)
 

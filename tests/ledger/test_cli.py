@@ -14,7 +14,7 @@ from tests.ledger.conftest import notifications
 
 def taskcard(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "bridge.cli", "ledger", *args, "--workdir", str(workdir)],
+        [sys.executable, "-m", "taskcard.bridge.cli", "ledger", *args, "--workdir", str(workdir)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from producers.ledger.model import derive
-from producers.ledger.store import Ledger
+from taskcard.producers.ledger.model import derive
+from taskcard.producers.ledger.store import Ledger
 from tests.ledger.conftest import FakeClock
 
 

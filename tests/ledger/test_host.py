@@ -40,7 +40,7 @@ def runtime_dir() -> Iterator[Path]:
 
 @pytest.fixture
 def host(workdir: Path, runtime_dir: Path) -> Iterator[subprocess.Popen[bytes]]:
-    command = [sys.executable, "-m", "bridge.cli", "host", "--workdir", str(workdir)]
+    command = [sys.executable, "-m", "taskcard.bridge.cli", "host", "--workdir", str(workdir)]
     command += ["--runtime-dir", str(runtime_dir), "--ledger-check-s", "0.2"]
     command += ["--idle-grace-s", "300"]
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -63,7 +63,15 @@ def test_completion_retires_the_ledger_card(
     workdir: Path, runtime_dir: Path, host: subprocess.Popen[bytes]
 ) -> None:
     ok(workdir, "init", "t", "--purpose", "Ship it", "--steps", "build")
-    command = [sys.executable, "-m", "bridge.cli", "card", "start", "--json", "ledger_renderer.py"]
+    command = [
+        sys.executable,
+        "-m",
+        "taskcard.bridge.cli",
+        "card",
+        "start",
+        "--json",
+        "ledger_renderer.py",
+    ]
     command += ["--workdir", str(workdir), "--runtime-dir", str(runtime_dir), "--interval-s", "60"]
     started = subprocess.run(
         command,

@@ -6,11 +6,11 @@ import os
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bridge.compose.view import compose_view
-from bridge.follow.safe_read import WorkdirFiles
-from bridge.track.ledger import LedgerView, ledger_row
-from bridge.track.monitor import ActivitySummary, CardState
-from producers.ledger.store import DEFAULT_LEDGER, Ledger
+from taskcard.bridge.compose.view import compose_view
+from taskcard.bridge.follow.safe_read import WorkdirFiles
+from taskcard.bridge.track.ledger import LedgerView, ledger_row
+from taskcard.bridge.track.monitor import ActivitySummary, CardState
+from taskcard.producers.ledger.store import DEFAULT_LEDGER, Ledger
 
 
 def test_no_ledger_no_row(workdir: Path) -> None:

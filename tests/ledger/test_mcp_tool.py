@@ -15,7 +15,15 @@ async def test_an_mcp_client_keeps_a_ledger(workdir: Path) -> None:
     runtime = Path(tempfile.mkdtemp(prefix="tclm"))
     server = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "bridge.cli", "mcp", "--workdir", str(workdir), "--runtime-dir", str(runtime)],
+        args=[
+            "-m",
+            "taskcard.bridge.cli",
+            "mcp",
+            "--workdir",
+            str(workdir),
+            "--runtime-dir",
+            str(runtime),
+        ],
     )
     try:
         async with stdio_client(server) as (read, write), ClientSession(read, write) as session:

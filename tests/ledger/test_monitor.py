@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from producers.ledger.model import (
+from taskcard.producers.ledger.model import (
     BlockTruth,
     CompletionTruth,
     ExternalJob,
@@ -18,7 +18,7 @@ from producers.ledger.model import (
     TaskInfo,
     TaskRecord,
 )
-from producers.ledger.monitor import decide
+from taskcard.producers.ledger.monitor import decide
 from tests.ledger.conftest import T0
 
 LIMITS = Limits(

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from bridge.notices.text import notice_text
-from producers.task_card.contract import Notification
+from taskcard.bridge.notices.text import notice_text
+from taskcard.producers.task_card.contract import Notification
 
 
 def note(source: str, **extra: Any) -> Notification:

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from producers.ledger.model import MAX_OBSERVATIONS
-from producers.ledger.notifications import LedgerNotificationPort
-from producers.ledger.store import Ledger, LedgerError
-from producers.ledger.supervise import supervise
-from producers.task_card.contract import CardPaths
+from taskcard.producers.ledger.model import MAX_OBSERVATIONS
+from taskcard.producers.ledger.notifications import LedgerNotificationPort
+from taskcard.producers.ledger.store import Ledger, LedgerError
+from taskcard.producers.ledger.supervise import supervise
+from taskcard.producers.task_card.contract import CardPaths
 from tests.ledger.conftest import FakeClock, notifications
 
 WRITER = """
 import sys
-from producers.ledger.store import Ledger, LedgerError
+from taskcard.producers.ledger.store import Ledger, LedgerError
 Ledger(sys.argv[1]).checkpoint("t", "STEP_PROGRESS", step="s" + sys.argv[2], note=sys.argv[2])
 """
 

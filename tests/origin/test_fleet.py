@@ -7,21 +7,21 @@ from pathlib import Path
 
 import pytest
 
-from bridge.config import ServiceConfig, parse_config
-from bridge.deliver.registry import route_specs
-from bridge.run.fleet import (
+from taskcard.bridge.config import ServiceConfig, parse_config
+from taskcard.bridge.deliver.registry import route_specs
+from taskcard.bridge.run.fleet import (
     desired_fleet,
     discover_agents,
     origin_chats,
     origin_route,
     restart_needed,
 )
-from bridge.run.origins import OriginBook
-from bridge.schedule.scheduler import RouteKey
-from bridge.store.sqlite import SqliteStore
-from bridge.watch.watcher import ROOTS, plan_watch
-from channels.base import ChatRef
-from producers.task_card.contract import Origin
+from taskcard.bridge.run.origins import OriginBook
+from taskcard.bridge.schedule.scheduler import RouteKey
+from taskcard.bridge.store.sqlite import SqliteStore
+from taskcard.bridge.watch.watcher import ROOTS, plan_watch
+from taskcard.channels.base import ChatRef
+from taskcard.producers.task_card.contract import Origin
 
 
 def config(tmp_path: Path, **sections: object) -> ServiceConfig:

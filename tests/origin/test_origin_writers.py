@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from producers.task_card.contract import Origin, parse_origin
+from taskcard.producers.task_card.contract import Origin, parse_origin
 from tests.hooks.conftest import TASKCARD, events, payload
 
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from producers.task_card.capability import TaskCard
-from producers.task_card.client import request_host
-from producers.task_card.runtime import HostPaths
+from taskcard.producers.task_card.capability import TaskCard
+from taskcard.producers.task_card.client import request_host
+from taskcard.producers.task_card.runtime import HostPaths
 
 POLL_TIMEOUT_S = 60.0
 
@@ -127,7 +127,7 @@ class CliHost:
     def run(
         self, *args: str, stdin: str | None = None, timeout_s: float = 120
     ) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "bridge.cli", *args]
+        command = [sys.executable, "-m", "taskcard.bridge.cli", *args]
         command += ["--workdir", str(self.workdir), "--runtime-dir", str(self.runtime_dir)]
         return subprocess.run(
             command, input=stdin, capture_output=True, text=True, timeout=timeout_s, check=False

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from producers.task_card.capability import TaskCard
-from producers.task_card.renderer import RunOutcome, RunRequest
-from producers.task_card.runtime import HostAlreadyRunning
+from taskcard.producers.task_card.capability import TaskCard
+from taskcard.producers.task_card.renderer import RunOutcome, RunRequest
+from taskcard.producers.task_card.runtime import HostAlreadyRunning
 
 from .conftest import (
     COUNTER_RENDERER,

@@ -104,7 +104,7 @@ def test_a_corrupt_descriptor_found_by_a_new_host_leaves_the_card_inactive(
 def test_the_lead_entry_point_registers_every_subcommand() -> None:
     code = (
         "import argparse\n"
-        "from producers.task_card.cli import register\n"
+        "from taskcard.producers.task_card.cli import register\n"
         "p = argparse.ArgumentParser(); s = p.add_subparsers(dest='c'); register(s)\n"
         "print(sorted(s.choices))\n"
         "a = p.parse_args(['card', 'start', 'r.py', '--interval-s', '2'])\n"

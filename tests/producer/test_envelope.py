@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from producers.task_card.envelope import (
+from taskcard.producers.task_card.envelope import (
     ACTIONS,
     EnvelopeError,
     StartInput,

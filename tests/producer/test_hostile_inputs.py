@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
-from producers.task_card.capability import TaskCard
-from producers.task_card.contract import CardPaths
-from producers.task_card.notifications import FileNotificationPort, TaskCardNotification
-from producers.task_card.renderer import (
+from taskcard.producers.task_card.capability import TaskCard
+from taskcard.producers.task_card.contract import CardPaths
+from taskcard.producers.task_card.notifications import FileNotificationPort, TaskCardNotification
+from taskcard.producers.task_card.renderer import (
     ProcEntry,
     RunOutcome,
     RunRequest,
@@ -78,7 +78,7 @@ NOT_AS_ARGUMENT = {"nul-byte", "two-megabytes", "deep-nesting", "empty"}
 
 
 def _run_tool(cli: CliHost, *, arg: bytes | None, stdin: bytes | None) -> tuple[int, str, str]:
-    command = [sys.executable, "-m", "bridge.cli", "tool"]
+    command = [sys.executable, "-m", "taskcard.bridge.cli", "tool"]
     command += ["--workdir", str(cli.workdir), "--runtime-dir", str(cli.runtime_dir)]
     if arg is not None:
         command.append(os.fsdecode(arg))
@@ -115,7 +115,14 @@ def test_tool_refuses_unusable_envelopes_as_argument_with_exit_2(
 
 
 def test_card_refuses_an_argument_that_is_not_utf8(cli: CliHost) -> None:
-    command = [sys.executable, "-m", "bridge.cli", "card", "start", os.fsdecode(b"r\xff.py")]
+    command = [
+        sys.executable,
+        "-m",
+        "taskcard.bridge.cli",
+        "card",
+        "start",
+        os.fsdecode(b"r\xff.py"),
+    ]
     command += ["--workdir", str(cli.workdir), "--runtime-dir", str(cli.runtime_dir)]
     done = subprocess.run(command, capture_output=True, timeout=120)
     assert done.returncode == 2, done.stderr
@@ -219,7 +226,7 @@ def test_an_unsafe_runtime_dir_is_refused_with_one_line_and_exit_2(
 ) -> None:
     runtime = _make_unsafe(foreign_runtime_dir, how)
     for args in (["card", "inspect", "tc_1"], ["tool", '{"action": "manual"}'], ["host"], ["mcp"]):
-        command = [sys.executable, "-m", "bridge.cli", *args]
+        command = [sys.executable, "-m", "taskcard.bridge.cli", *args]
         command += ["--workdir", str(workdir), "--runtime-dir", str(runtime)]
         done = subprocess.run(
             command, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL

@@ -12,9 +12,9 @@ from typing import Any
 import jsonschema
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
-from producers.task_card.contract import CardPaths
-from producers.task_card.envelope import ACTIONS
-from producers.task_card.notifications import (
+from taskcard.producers.task_card.contract import CardPaths
+from taskcard.producers.task_card.envelope import ACTIONS
+from taskcard.producers.task_card.notifications import (
     FileNotificationPort,
     TaskCardErrorNotification,
 )
@@ -27,7 +27,7 @@ def server_for(workdir: Path, cli: CliHost) -> StdioServerParameters:
         command=sys.executable,
         args=[
             "-m",
-            "producers.task_card.cli",
+            "taskcard.producers.task_card.cli",
             "mcp",
             "--workdir",
             str(workdir),
@@ -116,7 +116,7 @@ async def test_a_task_card_wake_reaches_the_mcp_client_once(workdir: Path, cli: 
 def test_mcp_refuses_an_unusable_workdir_at_start(tmp_path: Path) -> None:
     missing = tmp_path / "nowhere"
     done = subprocess.run(
-        [sys.executable, "-m", "bridge.cli", "mcp", "--workdir", str(missing)],
+        [sys.executable, "-m", "taskcard.bridge.cli", "mcp", "--workdir", str(missing)],
         capture_output=True,
         text=True,
         timeout=60,

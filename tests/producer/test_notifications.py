@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from producers.task_card.contract import CardPaths, parse_notification
-from producers.task_card.notifications import (
+from taskcard.producers.task_card.contract import CardPaths, parse_notification
+from taskcard.producers.task_card.notifications import (
     FileNotificationPort,
     TaskCardErrorNotification,
     TaskCardLimitNotification,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from producers.task_card.renderer import (
+from taskcard.producers.task_card.renderer import (
     Rendered,
     RendererPathError,
     RenderFailure,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
-from producers.reports import LineageError, ReportError, Reports, read_lineage, spawn
+from taskcard.producers.reports import LineageError, ReportError, Reports, read_lineage, spawn
 
 from ..inbox.conftest import acks, names, queue
 from .conftest import CliHost

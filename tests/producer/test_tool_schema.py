@@ -12,8 +12,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from producers.task_card.envelope import ACTIONS
-from producers.task_card.mcp_server import TOOLS
+from taskcard.producers.task_card.envelope import ACTIONS
+from taskcard.producers.task_card.mcp_server import TOOLS
 
 ALLOWED_KEYS = {
     "type",
