@@ -76,6 +76,19 @@ def hook(name: str, workdir: Path, origin: str | None = None) -> None:
     assert done.returncode == 0 and done.stderr == b"", done.stderr
 
 
+def hook_run(name: str, workdir: Path) -> subprocess.CompletedProcess[bytes]:
+    """One Claude Code hook call whose output the test reads (no TASKCARD_ORIGIN set)."""
+    env = {k: v for k, v in os.environ.items() if k != "TASKCARD_ORIGIN"}
+    return subprocess.run(
+        [TASKCARD, "hook", "claude-code"],
+        input=json.dumps(payload(name, workdir)).encode(),
+        capture_output=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
+
+
 async def task_card(workdir: Path, runtime_dir: Path, action: str, **fields: Any) -> Any:
     """One `task_card` call through the real MCP client over stdio (`taskcard mcp`)."""
     server = StdioServerParameters(
@@ -329,3 +342,74 @@ async def test_sighup_adds_and_refuses_and_a_removed_folder_retires(
             what="the retired resident",
         )
         assert await serve.aterminate() == 0
+
+
+async def test_a_tell_in_a_topic_becomes_a_turn_whose_card_appears_in_that_topic(
+    tmp_path: Path, telegram: FakeTelegram, runtime_dir: Path
+) -> None:
+    """The whole loop: a person's `/tell` in a forum topic is queued in the agent's inbox,
+    the service restarts before the agent takes it (nothing lost, nothing doubled), the
+    Claude Code hook hands it to the agent at its next prompt as that turn's origin, the agent
+    starts its card through the real MCP client, and the card appears in the person's topic;
+    the person's status message is edited to "delivered", never sent again."""
+    person = 7
+    route = (
+        f'[[telegram.routes]]\nchat_id = {GROUP}\nagents = ["*"]\nallowed_user_ids = [{person}]\n'
+    )
+    config = telegram_config(tmp_path, telegram, extra=route)
+    builder = tmp_path / "fleet" / "builder"
+    builder.mkdir(parents=True)
+    env = {"TC_TEST_TOKEN": telegram.token}
+    try:
+        with ServeProcess(config, env=env) as serve:
+            await ready(serve, "telegram")
+            hook("01_session_start.json", builder)
+            telegram.inject_message(
+                GROUP, "/tell builder please start the migration card", person, TOPIC
+            )
+            queued = builder / "inbox" / "queued"
+            await eventually(lambda: list(queued.glob("*.json")), what="the text in the inbox")
+            await eventually(
+                lambda: [t for t in texts(telegram, GROUP) if "Message to builder" in t],
+                what="the person's status message",
+            )
+            assert await serve.aterminate() == 0
+
+        with ServeProcess(config, env=env) as serve:
+            await ready(serve, "telegram")
+            prompt = hook_run("02_user_prompt_submit.json", builder)
+            assert prompt.returncode == 0, prompt.stderr
+            context = json.loads(prompt.stdout)["hookSpecificOutput"]["additionalContext"]
+            assert "please start the migration card" in context
+            events = [
+                json.loads(line)
+                for line in (builder / "logs" / "events.jsonl").read_text().splitlines()
+            ]
+            starts = [e for e in events if e["kind"] == "turn.start"]
+            assert starts[-1]["origin"] == f"telegram:{GROUP}:{TOPIC}"
+
+            (builder / "r.py").write_text(RENDERER)
+            started = await task_card(builder, runtime_dir, "start", renderer_path="r.py")
+            assert started["status"] == "watching"
+            await eventually(
+                lambda: any("steady body" in t for t in texts(telegram, GROUP, TOPIC)),
+                timeout_s=60,
+                what="the card in the topic the person wrote from",
+            )
+
+            def statuses() -> list[str]:
+                return [t for t in texts(telegram, GROUP) if "Message to builder" in t]
+
+            await eventually(
+                lambda: any("delivered" in t for t in statuses()),
+                what="the status message saying delivered",
+            )
+            assert len(statuses()) == 1, "edited in place across the restart, never re-sent"
+
+            again = hook_run("02_user_prompt_submit.json", builder)
+            assert b"please start the migration card" not in again.stdout
+            acks = (builder / "inbox" / "acks.jsonl").read_text().splitlines()
+            assert len(acks) == 1, "delivered exactly once"
+            assert await serve.aterminate() == 0
+    finally:
+        shutdown_host(builder, runtime_dir)
