@@ -28,6 +28,8 @@ import stat
 from pathlib import Path
 from typing import BinaryIO, Final
 
+from taskcard.producers.task_card.contract import file_kind as contract_file_kind
+
 logger = logging.getLogger(__name__)
 
 _OPEN_FLAGS: Final = (
@@ -46,18 +48,10 @@ class Refused(Exception):
 
 
 def file_kind(mode: int) -> str:
-    """What a non-regular file is, in words an operator knows."""
-    if stat.S_ISFIFO(mode):
-        return "a named pipe"
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
+    """What a non-regular file is, in words an operator knows (a dangling link included)."""
     if stat.S_ISLNK(mode):
         return "a symlink that cannot be resolved"
-    return "not a regular file"
+    return contract_file_kind(mode)
 
 
 def is_inside(root: str, path: str) -> bool:

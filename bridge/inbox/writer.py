@@ -19,15 +19,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from taskcard.producers.reports.contract import (
+from taskcard.producers.inbox.contract import (
     CANCELLED_DIR,
     INBOX_DIR,
-    INBOX_SUBDIRS,
-    MAX_INBOX_MESSAGE_BYTES,
-    MESSAGE_ID,
     QUEUED_DIR,
     TAKEN_DIR,
     TMP_DIR,
+)
+from taskcard.producers.reports.contract import (
+    INBOX_SUBDIRS,
+    MAX_INBOX_MESSAGE_BYTES,
+    MESSAGE_ID,
 )
 
 Location = Literal["queued", "taken", "cancelled", "missing"]

@@ -46,8 +46,9 @@ from typing import Final
 from watchfiles import awatch
 
 from taskcard.channels.aio import AnyEvent, Backoff, wait_first
+from taskcard.producers.inbox.contract import INBOX_DIR
 from taskcard.producers.ledger.contract import LEDGER_DIR
-from taskcard.producers.reports.contract import INBOX_DIR, REPORTS_DIR
+from taskcard.producers.reports.contract import REPORTS_DIR
 from taskcard.producers.task_card.contract import LOGS_DIR, NOTIFICATION_DIR, TASKCARD_DIR
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ only grows, across restarts and concurrent writers); `after(seq)` reads the next
 and the `report` and `spawn` MCP tools. `contract` holds the paths and total parsers the
 service reads (and the inbox message it writes); the file contracts are in docs/reports.md.
 
-May import: the standard library, `producers.task_card.contract`,
+May import: the standard library, `producers.task_card.contract`, `producers.inbox.contract`,
 `producers.task_card.runtime` (only `mcp_tool`, for its type). Never `bridge` or
 `channels`.
 """

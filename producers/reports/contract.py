@@ -24,21 +24,25 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from taskcard.producers.inbox.contract import (
+    ACKS_FILE,
+    CANCELLED_DIR,
+    INBOX_DIR,
+    MAX_MESSAGE_BYTES,
+    QUEUED_DIR,
+    TAKEN_DIR,
+    TMP_DIR,
+    VERSION,
+)
 from taskcard.producers.task_card.contract import count_field, iso_utc, parse_iso, parse_json
 
 REPORTS_DIR: Final = "reports"
 REPORTS_FILE: Final = "reports.jsonl"
 LINEAGE_FILE: Final = "lineage.json"
-INBOX_DIR: Final = "inbox"
-QUEUED_DIR: Final = "queued"
-TAKEN_DIR: Final = "taken"
-CANCELLED_DIR: Final = "cancelled"
-TMP_DIR: Final = "tmp"
+# The inbox's names come from its own contract (the agent side reads the same ones).
 INBOX_SUBDIRS: Final = (QUEUED_DIR, TAKEN_DIR, CANCELLED_DIR, TMP_DIR)
-ACKS_FILE: Final = "acks.jsonl"
-
-INBOX_VERSION: Final = 1
-MAX_INBOX_MESSAGE_BYTES: Final = 16 * 1024
+INBOX_VERSION: Final = VERSION
+MAX_INBOX_MESSAGE_BYTES: Final = MAX_MESSAGE_BYTES
 MESSAGE_ID: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_TEXT_CHARS: Final = 4000  # a field longer than this is cut when read for people
 Verdict = Literal["approved", "rejected"]

@@ -138,7 +138,8 @@ class NotRegularFile(OSError):
     """A path that is a named pipe, device, socket or folder: never read, never waited on."""
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, in words an operator knows."""
     if stat.S_ISFIFO(mode):
         return "a named pipe"
     if stat.S_ISDIR(mode):
@@ -164,7 +165,7 @@ def open_regular(path: Path) -> BinaryIO:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             raise NotRegularFile(
-                errno.EINVAL, f"{_kind(mode)}, not a regular file; replace it with a file"
+                errno.EINVAL, f"{file_kind(mode)}, not a regular file; replace it with a file"
             )
         return os.fdopen(fd, "rb")
     except BaseException:
@@ -317,7 +318,7 @@ def append_jsonl_line(path: Path, record: dict[str, Any]) -> None:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             raise NotRegularFile(
-                errno.EINVAL, f"{_kind(mode)}, not a regular file; replace it with a file"
+                errno.EINVAL, f"{file_kind(mode)}, not a regular file; replace it with a file"
             )
         os.write(fd, line)
     finally:
