@@ -120,8 +120,12 @@ class ServeProcess:
         self.proc.wait(timeout=30)
         self._close()
 
-    async def aterminate(self, timeout_s: float = 30.0) -> int:
-        """SIGTERM, then wait without blocking the loop (in-process fakes keep answering)."""
+    async def aterminate(self, timeout_s: float = 60.0) -> int:
+        """SIGTERM, then wait without blocking the loop (in-process fakes keep answering).
+
+        The service lets requests in flight finish for up to 35 s on SIGTERM (a send is not
+        cut short: its message id would be lost), so a loaded machine may need most of that;
+        the default leaves room for it and still fails a service that hangs."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
         code = await eventually(
