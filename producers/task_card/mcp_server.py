@@ -125,11 +125,40 @@ TASK_CARD_TOOL: Final = McpTool(
     is_error=lambda result: result.get("status") in FAILED_STATES,
 )
 
-LEDGER_TOOL: Final = McpTool(
-    name=ledger_tool.TOOL_NAME,
-    description=ledger_tool.TOOL_DESCRIPTION,
-    input_schema=ledger_tool.input_schema(),
-    output_schema={
+
+def _recording_tool(
+    name: str,
+    description: str,
+    input_schema: dict[str, Any],
+    output_schema: dict[str, Any],
+    title: str,
+    call: ToolFunction,
+) -> McpTool:
+    """A tool that records something in the workdir (an observation, a report, a spawn, a
+    claimed message): never read-only, never destructive (its files are only appended to),
+    not idempotent, and failed exactly when its result says so."""
+    return McpTool(
+        name=name,
+        description=description,
+        input_schema=input_schema,
+        output_schema=output_schema,
+        annotations=types.ToolAnnotations(
+            title=title,
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=False,
+            open_world_hint=False,
+        ),
+        call=call,
+        is_error=lambda result: result.get("status") == "failed",
+    )
+
+
+LEDGER_TOOL: Final = _recording_tool(
+    ledger_tool.TOOL_NAME,
+    ledger_tool.TOOL_DESCRIPTION,
+    ledger_tool.input_schema(),
+    {
         "type": "object",
         "properties": {
             "status": {"type": "string", "description": "ok, or failed with a message"},
@@ -138,63 +167,32 @@ LEDGER_TOOL: Final = McpTool(
         },
         "required": ["status"],
     },
-    annotations=types.ToolAnnotations(
-        title="Long-task ledger",
-        read_only_hint=False,
-        destructive_hint=False,  # observations are only ever appended
-        idempotent_hint=False,
-        open_world_hint=False,
-    ),
-    call=ledger_tool.call_ledger,
-    is_error=lambda result: result.get("status") == "failed",
+    "Long-task ledger",
+    ledger_tool.call_ledger,
 )
-
-REPORT_TOOL: Final = McpTool(
-    name=reports_tool.REPORT_TOOL,
-    description=reports_tool.REPORT_DESCRIPTION,
-    input_schema=reports_tool.report_schema(),
-    output_schema=reports_tool.result_schema(),
-    annotations=types.ToolAnnotations(
-        title="Report",
-        read_only_hint=False,
-        destructive_hint=False,  # reports are only ever appended
-        idempotent_hint=False,
-        open_world_hint=False,
-    ),
-    call=reports_tool.call_report,
-    is_error=lambda result: result.get("status") == "failed",
+REPORT_TOOL: Final = _recording_tool(
+    reports_tool.REPORT_TOOL,
+    reports_tool.REPORT_DESCRIPTION,
+    reports_tool.report_schema(),
+    reports_tool.result_schema(),
+    "Report",
+    reports_tool.call_report,
 )
-
-SPAWN_TOOL: Final = McpTool(
-    name=reports_tool.SPAWN_TOOL,
-    description=reports_tool.SPAWN_DESCRIPTION,
-    input_schema=reports_tool.spawn_schema(),
-    output_schema=reports_tool.result_schema(),
-    annotations=types.ToolAnnotations(
-        title="Record a spawned agent",
-        read_only_hint=False,
-        destructive_hint=False,
-        idempotent_hint=False,
-        open_world_hint=False,
-    ),
-    call=reports_tool.call_spawn,
-    is_error=lambda result: result.get("status") == "failed",
+SPAWN_TOOL: Final = _recording_tool(
+    reports_tool.SPAWN_TOOL,
+    reports_tool.SPAWN_DESCRIPTION,
+    reports_tool.spawn_schema(),
+    reports_tool.result_schema(),
+    "Record a spawned agent",
+    reports_tool.call_spawn,
 )
-
-INBOX_TOOL: Final = McpTool(
-    name=inbox_tool.TOOL_NAME,
-    description=inbox_tool.TOOL_DESCRIPTION,
-    input_schema=inbox_tool.input_schema(),
-    output_schema=inbox_tool.output_schema(),
-    annotations=types.ToolAnnotations(
-        title="Messages from the chat",
-        read_only_hint=False,  # claims what it returns
-        destructive_hint=False,
-        idempotent_hint=False,
-        open_world_hint=False,
-    ),
-    call=inbox_tool.call_inbox,
-    is_error=lambda result: result.get("status") == "failed",
+INBOX_TOOL: Final = _recording_tool(
+    inbox_tool.TOOL_NAME,
+    inbox_tool.TOOL_DESCRIPTION,
+    inbox_tool.input_schema(),
+    inbox_tool.output_schema(),
+    "Messages from the chat",  # it claims what it returns
+    inbox_tool.call_inbox,
 )
 
 # The registry: one entry per tool this server offers.
