@@ -14,8 +14,9 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
-from telegram import Bot, BotCommand, LinkPreviewOptions, MessageEntity
+from telegram import Bot, BotCommand
 from telegram import error as tg
+from telegram.request import BaseRequest
 
 from taskcard.channels.base import (
     BoardView,
@@ -33,15 +34,20 @@ from taskcard.channels.telegram import render, scopes
 from taskcard.channels.telegram.commands import CommandPoller
 from taskcard.channels.telegram.config import TelegramConfig
 from taskcard.channels.telegram.errors import ParseEntitiesFailed, translate
+from taskcard.channels.telegram.http11 import LeanRequest, proxy_configured
 from taskcard.channels.telegram.request import FloodAwareRequest
 from taskcard.channels.telegram.scopes import BOT_SCOPE_KEY, chat_scope_key
 
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
-# Requests to different chats run concurrently; the scheduler bounds how many.
+# Requests to different chats run concurrently, one at a time per chat lane; the scheduler
+# bounds how many. 64 keep-alive connections carry far more than Telegram's 30 requests a
+# second at any plausible round trip, and bound the sockets a large fleet can hold open;
+# a request that finds all of them busy waits (its pool timeout) rather than open more.
 _POOL_SIZE = 64
-_NO_PREVIEW = LinkPreviewOptions(is_disabled=True)
+_NO_PREVIEW = {"is_disabled": True}
+_ENTITY_KEYS = ("type", "offset", "length", "url", "language")
 # The bot's command menu (the "/" button): people find `/taskcard` without reading docs.
 MENU_COMMANDS = (
     BotCommand("taskcard", "show the task cards' state; on, off, board, cards, or 1-10 rows"),
@@ -71,20 +77,17 @@ def _numeric(value: str, error: type[ChannelError], what: str) -> int:
         raise error(f"{what} {value!r} is not a Telegram id") from None
 
 
-def _entities(payload: Mapping[str, Any]) -> list[MessageEntity] | None:
-    raw = payload.get("entities")
-    if not raw:
-        return None
-    return [
-        MessageEntity(
-            type=item["type"],
-            offset=item["offset"],
-            length=item["length"],
-            url=item.get("url"),
-            language=item.get("language"),
-        )
-        for item in raw
-    ]
+def _raw_params(payload: Mapping[str, Any], with_entities: bool) -> dict[str, Any]:
+    """Entities and link preview options as the JSON the Bot API takes, passed to PTB as
+    `api_kwargs`: building `MessageEntity` objects only for PTB to turn them back into
+    dicts cost more CPU per edit than the HTTP exchange itself."""
+    params: dict[str, Any] = {"link_preview_options": _NO_PREVIEW}
+    raw = payload.get("entities") if with_entities else None
+    if raw:
+        params["entities"] = [
+            {key: item[key] for key in _ENTITY_KEYS if item.get(key) is not None} for item in raw
+        ]
+    return params
 
 
 class _TokenRedactor(logging.Filter):
@@ -143,22 +146,31 @@ class TelegramChannel(Channel):
 
     def _make_bot(self) -> Bot:
         timeout_s = self._config.request_timeout_s
-        request = FloodAwareRequest(
-            connection_pool_size=_POOL_SIZE,
-            read_timeout=timeout_s,
-            write_timeout=timeout_s,
-            connect_timeout=timeout_s,
-            pool_timeout=timeout_s,
-        )
-        # Long polls get their own connection so they never hold one a request needs; PTB
-        # adds the poll timeout to this read timeout.
-        poll_request = FloodAwareRequest(
-            connection_pool_size=1,
-            read_timeout=timeout_s,
-            write_timeout=timeout_s,
-            connect_timeout=timeout_s,
-            pool_timeout=timeout_s,
-        )
+        request: BaseRequest
+        poll_request: BaseRequest
+        if proxy_configured(self._config.api_base_url):
+            # Our lean transport has no proxy support; PTB's httpx transport reads the
+            # proxy variables of the environment, as it always did.
+            request = FloodAwareRequest(
+                connection_pool_size=_POOL_SIZE,
+                read_timeout=timeout_s,
+                write_timeout=timeout_s,
+                connect_timeout=timeout_s,
+                pool_timeout=timeout_s,
+            )
+            poll_request = FloodAwareRequest(
+                connection_pool_size=1,
+                read_timeout=timeout_s,
+                write_timeout=timeout_s,
+                connect_timeout=timeout_s,
+                pool_timeout=timeout_s,
+            )
+        else:
+            # The channel reads only a sent message's id: answers are slimmed to it.
+            request = LeanRequest(pool_size=_POOL_SIZE, timeout_s=timeout_s, slim_answers=True)
+            # Long polls get their own connection so they never hold one a request needs;
+            # PTB adds the poll timeout to this read timeout.
+            poll_request = LeanRequest(pool_size=1, timeout_s=timeout_s)
         return Bot(
             self._token,
             base_url=f"{self._config.api_base_url.rstrip('/')}/bot",
@@ -271,9 +283,8 @@ class TelegramChannel(Channel):
             sent = await bot.send_message(
                 chat_id=_api_chat_id(chat),
                 text=self._text(message),
-                entities=_entities(message.payload) if with_entities else None,
                 message_thread_id=thread_id,
-                link_preview_options=_NO_PREVIEW,
+                api_kwargs=_raw_params(message.payload, with_entities),
                 # A slow answer is awaited rather than given up on: giving up cannot take
                 # the message back, and a retry would post a second copy.
                 read_timeout=self._config.send_timeout_s,
@@ -293,8 +304,7 @@ class TelegramChannel(Channel):
                 text=self._text(message),
                 chat_id=_api_chat_id(chat),
                 message_id=numeric_id,
-                entities=_entities(message.payload) if with_entities else None,
-                link_preview_options=_NO_PREVIEW,
+                api_kwargs=_raw_params(message.payload, with_entities),
             )
 
         await self._with_plain_fallback(chat, attempt)
