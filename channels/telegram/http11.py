@@ -224,6 +224,15 @@ class LeanRequest(BaseRequest):
     def read_timeout(self) -> float | None:
         return self._timeout_s
 
+    def idle_connections(self) -> int:
+        """Idle keep-alive connections the loop has not yet seen the server close."""
+        return sum(
+            1
+            for stack in self._pool.idle.values()
+            for connection in stack
+            if not connection.reader.at_eof()
+        )
+
     async def initialize(self) -> None:
         self._closed = False
 
@@ -254,7 +263,9 @@ class LeanRequest(BaseRequest):
         head = f"{method} {target.path} HTTP/1.1\r\nHost: {target.host}\r\n"
         head += _FIXED_HEADERS
         if request_data is not None:
-            body = request_data.json_payload
+            # One JSON document of the raw values (PTB's `json_payload` would encode each
+            # value to a string first, nesting JSON in JSON).
+            body = json.dumps(request_data.parameters, separators=(",", ":")).encode()
             head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
             payload = head.encode() + body
         else:

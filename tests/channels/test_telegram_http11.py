@@ -1,0 +1,406 @@
+"""The lean Telegram transport's failure modes, against scripted HTTP servers on 127.0.0.1.
+
+Each server answers requests as its script says (answer, answer then hang up, cut the answer
+off, stay silent) and counts what arrived, so every test can say both what the caller saw
+and how many times the request reached the server: a request that may have been performed
+is never sent a second time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import ssl
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from telegram import error as tg
+from telegram.request import RequestData
+from telegram.request._requestparameter import RequestParameter
+
+from taskcard.channels.base import ChatRef
+from taskcard.channels.errors import Transient
+from taskcard.channels.telegram.channel import TelegramChannel
+from taskcard.channels.telegram.config import TelegramConfig
+from taskcard.channels.telegram.http11 import (
+    LeanRequest,
+    _Incomplete,
+    _read_answer,
+    proxy_configured,
+    slim_answer,
+)
+from taskcard.channels.telegram.request import AnswerLost, FloodWait
+from tests.channels.conftest import MemoryCursorStore, wait_until
+
+OK_BODY = b'{"ok":true,"result":{"message_id":5,"date":1,"chat":{"id":-1,"type":"group"}}}'
+PATH = "/bot1:T/sendMessage"
+
+
+def _answer(body: bytes = OK_BODY, status: str = "200 OK", extra: bytes = b"") -> bytes:
+    head = f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n".encode()
+    return head + extra + b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+
+@dataclass
+class ScriptedServer:
+    """Per connection, the n-th request gets `script[n]`: bytes to answer with, or one of
+    "close" (read it, hang up), "silent" (read it, never answer). Past the script's end
+    the connection is closed after answering the last step's bytes."""
+
+    script: list[bytes | str]
+    close_after_script: bool = True
+    requests: list[bytes] = field(default_factory=list)
+    connections: int = 0
+    server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        port = self.server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            for step in self.script:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                self.requests.append(head + await reader.readexactly(length))
+                if step == "close":
+                    return  # `finally` hangs up
+                if step == "silent":
+                    await asyncio.Event().wait()
+                assert isinstance(step, bytes)
+                writer.write(step)
+                await writer.drain()
+            if not self.close_after_script:
+                await asyncio.Event().wait()
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass  # the test ended (its loop cancels a silent connection) or the client left
+        finally:
+            writer.close()
+
+
+@asynccontextmanager
+async def scripted(
+    *script: bytes | str, ssl_context: ssl.SSLContext | None = None, keep_open: bool = False
+) -> AsyncIterator[ScriptedServer]:
+    server = ScriptedServer(list(script), close_after_script=not keep_open)
+    server.server = await asyncio.start_server(server._handle, "127.0.0.1", 0, ssl=ssl_context)
+    try:
+        yield server
+    finally:
+        server.server.close()
+
+
+def _data(text: str = "hello") -> RequestData:
+    return RequestData(
+        [RequestParameter.from_input("chat_id", -1), RequestParameter.from_input("text", text)]
+    )
+
+
+async def _post(request: LeanRequest, base: str, **timeouts: float) -> object:
+    return await request.post(f"{base}{PATH}", request_data=_data(), **timeouts)
+
+
+@pytest.fixture
+async def lean() -> AsyncIterator[LeanRequest]:
+    request = LeanRequest(pool_size=4, timeout_s=20.0)
+    await request.initialize()
+    yield request
+    await request.shutdown()
+
+
+async def test_keep_alive_reuses_one_connection_and_sends_json(lean: LeanRequest) -> None:
+    async with scripted(_answer(), _answer(), keep_open=True) as server:
+        assert (await _post(lean, server.url))["message_id"] == 5  # type: ignore[index]
+        assert (await _post(lean, server.url))["message_id"] == 5  # type: ignore[index]
+    assert server.connections == 1
+    head, _, body = server.requests[0].partition(b"\r\n\r\n")
+    assert head.startswith(b"POST /bot1:T/sendMessage HTTP/1.1\r\n")
+    assert b"content-type: application/json" in head.lower()
+    assert json.loads(body) == {"chat_id": -1, "text": "hello"}
+
+
+async def test_connection_refused_is_a_network_error_that_sent_nothing(
+    lean: LeanRequest,
+) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(tg.NetworkError) as caught:
+        await _post(lean, f"http://127.0.0.1:{port}")
+    assert not isinstance(caught.value, AnswerLost)
+    assert "nothing was sent" in caught.value.message
+
+
+async def test_answer_cut_off_after_the_write_is_answer_lost(lean: LeanRequest) -> None:
+    cut = _answer()[:-10]
+    async with scripted(cut) as server:
+        with pytest.raises(AnswerLost):
+            await _post(lean, server.url)
+    assert len(server.requests) == 1
+
+
+async def test_hang_up_without_an_answer_is_answer_lost_and_not_resent(
+    lean: LeanRequest,
+) -> None:
+    # The second request goes out on the reused connection, which the server then drops
+    # without answering: it may have been performed, so it is not tried again.
+    async with scripted(_answer(), "close", keep_open=True) as server:
+        await _post(lean, server.url)
+        with pytest.raises(AnswerLost):
+            await _post(lean, server.url)
+    assert len(server.requests) == 2
+    assert server.connections == 1
+
+
+async def test_a_keep_alive_connection_closed_while_idle_is_replaced(
+    lean: LeanRequest,
+) -> None:
+    # Each connection answers one request and is then closed by the server.
+    async with scripted(_answer()) as server:
+        await _post(lean, server.url)
+        await wait_until(lambda: lean.idle_connections() == 0, what="the client sees the close")
+        assert (await _post(lean, server.url))["message_id"] == 5  # type: ignore[index]
+    assert len(server.requests) == 2
+    assert server.connections == 2
+
+
+async def test_connection_close_header_is_honoured(lean: LeanRequest) -> None:
+    closing = _answer(extra=b"Connection: close\r\n")
+    async with scripted(closing, closing, keep_open=True) as server:
+        await _post(lean, server.url)
+        assert lean.idle_connections() == 0
+        await _post(lean, server.url)
+    assert server.connections == 2
+
+
+async def test_read_timeout_is_answer_lost(lean: LeanRequest) -> None:
+    async with scripted("silent") as server:
+        with pytest.raises(AnswerLost) as caught:
+            await _post(lean, server.url, read_timeout=0.2)
+    assert "TimeoutError" in caught.value.message
+    assert len(server.requests) == 1
+
+
+async def test_pool_timeout_sends_nothing() -> None:
+    request = LeanRequest(pool_size=1, timeout_s=20.0)
+    async with scripted("silent") as server:
+        hanging = asyncio.create_task(_post(request, server.url))
+        await wait_until(lambda: len(server.requests) == 1, what="the first request")
+        with pytest.raises(tg.TimedOut) as caught:
+            await _post(request, server.url, pool_timeout=0.1)
+        assert not isinstance(caught.value, AnswerLost)
+        assert "not sent" in caught.value.message
+        hanging.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await hanging
+    assert len(server.requests) == 1
+    await request.shutdown()
+
+
+async def test_429_with_retry_after_is_flood_wait(lean: LeanRequest) -> None:
+    body = b'{"ok":false,"error_code":429,"description":"Too Many Requests: retry after 7",'
+    body += b'"parameters":{"retry_after":7}}'
+    async with scripted(_answer(body, "429 Too Many Requests")) as server:
+        with pytest.raises(FloodWait) as caught:
+            await _post(lean, server.url)
+    assert caught.value.retry_after_s == 7
+    assert "retry after 7" in caught.value.message
+
+
+async def test_an_error_status_reaches_ptb_unchanged(lean: LeanRequest) -> None:
+    body = b'{"ok":false,"error_code":400,"description":"Bad Request: message is too long"}'
+    async with scripted(_answer(body, "400 Bad Request")) as server:
+        with pytest.raises(tg.BadRequest, match=r"(?i)message is too long"):
+            await _post(lean, server.url)
+
+
+async def test_channel_over_a_refused_port_is_transient() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = TelegramConfig(api_base_url=f"http://127.0.0.1:{port}", commands=False)
+    channel = TelegramChannel(config, "1:T", MemoryCursorStore())
+
+    async def ignore(command: object) -> None:
+        del command
+
+    with pytest.raises(Transient):
+        await channel.start(ignore)
+
+
+def _feed(data: bytes) -> asyncio.StreamReader:
+    reader = asyncio.StreamReader()
+    reader.feed_data(data)
+    reader.feed_eof()
+    return reader
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "body", "keep_alive"),
+    [
+        (_answer(b"{}"), 200, b"{}", True),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b'3\r\n{"a\r\n4;x=1\r\n":1}\r\n0\r\nTrailer: t\r\n\r\n',
+            200,
+            b'{"a":1}',
+            True,
+        ),
+        (b"HTTP/1.1 200 OK\r\n\r\nuntil the end", 200, b"until the end", False),
+        (b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok", 200, b"ok", False),
+        (
+            b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\nok",
+            200,
+            b"ok",
+            True,
+        ),
+        (b"HTTP/1.1 204 No Content\r\n\r\n", 204, b"", True),
+    ],
+)
+async def test_answers_are_read_by_length_chunks_or_end(
+    raw: bytes, status: int, body: bytes, keep_alive: bool
+) -> None:
+    answer = await _read_answer(_feed(raw))
+    assert (answer.status, answer.body, answer.keep_alive) == (status, body, keep_alive)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"SMTP ready\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabXY",
+    ],
+)
+async def test_broken_answers_are_incomplete(raw: bytes) -> None:
+    with pytest.raises(_Incomplete):
+        await _read_answer(_feed(raw))
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "payload", "expected"),
+    [
+        ("editMessageText", OK_BODY, {"ok": True, "result": True}),
+        ("deleteMessage", b'{"ok":true,"result":true}', {"ok": True, "result": True}),
+        ("pinChatMessage", b'{"ok":true,"result":true}', {"ok": True, "result": True}),
+        (
+            "sendMessage",
+            b'{"ok":true,"result":{"message_id":9,"date":3,"text":"x","entities":[],'
+            b'"chat":{"id":-5,"type":"group","title":"t"},"from":{"id":1,"is_bot":true}}}',
+            {
+                "ok": True,
+                "result": {"message_id": 9, "date": 3, "chat": {"id": -5, "type": "group"}},
+            },
+        ),
+        ("sendMessage", b"not json", None),
+        ("sendMessage", b'{"ok":true,"result":true}', None),
+        ("getUpdates", b'{"ok":true,"result":[]}', None),
+        ("getMe", b'{"ok":true,"result":{"id":1}}', None),
+    ],
+)
+def test_slim_answer(endpoint: str, payload: bytes, expected: object) -> None:
+    slim = slim_answer(endpoint, payload)
+    if expected is None:
+        assert slim == payload  # untouched: PTB sees exactly what came
+    else:
+        assert json.loads(slim) == expected
+
+
+@pytest.mark.parametrize(
+    ("env", "configured"),
+    [
+        ({}, False),
+        ({"https_proxy": "http://proxy:3128"}, True),
+        ({"ALL_PROXY": "socks5://proxy:1080"}, True),
+        ({"http_proxy": "http://proxy:3128"}, False),  # the API is https
+        ({"https_proxy": "http://proxy:3128", "no_proxy": "api.telegram.org"}, False),
+    ],
+)
+def test_proxy_configured(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], configured: bool
+) -> None:
+    for name in ("https_proxy", "http_proxy", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert proxy_configured("https://api.telegram.org") is configured
+
+
+@pytest.fixture
+def certificate(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("needs the openssl command to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            openssl,
+            *("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"),
+            *("-keyout", str(key), "-out", str(cert)),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    yield cert, key
+
+
+async def test_https_verifies_the_certificate(certificate: tuple[Path, Path]) -> None:
+    cert, key = certificate
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_context.load_cert_chain(cert, key)
+    async with scripted(_answer(), ssl_context=server_context) as server:
+        https = server.url.replace("http://", "https://")
+        # The public CA bundle does not vouch for a self-signed certificate: refused, unsent.
+        default = LeanRequest(pool_size=1, timeout_s=20.0)
+        with pytest.raises(tg.NetworkError) as caught:
+            await _post(default, https)
+        assert not isinstance(caught.value, AnswerLost)
+        assert server.requests == []
+        # Trusting it, the same server answers over TLS.
+        trusting = LeanRequest(
+            pool_size=1, timeout_s=20.0, ssl_context=ssl.create_default_context(cafile=cert)
+        )
+        assert (await _post(trusting, https))["message_id"] == 5  # type: ignore[index]
+        await trusting.shutdown()
+    assert len(server.requests) == 1
+
+
+async def test_channel_edit_sends_raw_entities_and_no_preview() -> None:
+    # Entities and preview options go as plain JSON (no PTB objects); the edit's answer is
+    # not turned into a message.
+    async with scripted(
+        _answer(b'{"ok":true,"result":{"id":1,"is_bot":true,"first_name":"b","username":"b"}}'),
+        _answer(OK_BODY),
+        keep_open=True,
+    ) as server:
+        config = TelegramConfig(api_base_url=server.url, commands=False)
+        channel = TelegramChannel(config, "1:T", MemoryCursorStore())
+
+        async def ignore(command: object) -> None:
+            del command
+
+        await channel.start(ignore)
+        message = channel.render_text("**bold** move")
+        await channel.edit(ChatRef("-1"), "5", message)
+        await channel.stop()
+    sent = json.loads(server.requests[1].partition(b"\r\n\r\n")[2])
+    assert sent["link_preview_options"] == {"is_disabled": True}
+    assert sent["message_id"] == 5 and sent["chat_id"] == -1
+    assert sent.get("entities", []) == message.payload.get("entities", [])
