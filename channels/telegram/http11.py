@@ -68,6 +68,7 @@ class _Target:
     host: str
     port: int
     path: str
+    authority: str  # the Host header: host and any explicit port, without user info
 
     @property
     def endpoint(self) -> str:
@@ -88,7 +89,8 @@ def _target(url: str) -> _Target:
     path = parts.path or "/"
     if parts.query:
         path = f"{path}?{parts.query}"
-    return _Target(secure, parts.hostname, parts.port or (443 if secure else 80), path)
+    authority = parts.netloc.rpartition("@")[2]
+    return _Target(secure, parts.hostname, parts.port or (443 if secure else 80), path, authority)
 
 
 def slim_answer(endpoint: str, payload: bytes) -> bytes:
@@ -260,7 +262,7 @@ class LeanRequest(BaseRequest):
         if request_data is not None and request_data.contains_files:
             raise tg.TelegramError("file uploads are not supported by this transport")
         target = _target(url)
-        head = f"{method} {target.path} HTTP/1.1\r\nHost: {target.host}\r\n"
+        head = f"{method} {target.path} HTTP/1.1\r\nHost: {target.authority}\r\n"
         head += _FIXED_HEADERS
         if request_data is not None:
             # One JSON document of the raw values (PTB's `json_payload` would encode each
@@ -272,13 +274,16 @@ class LeanRequest(BaseRequest):
             payload = (head + "\r\n").encode()
         default = self._timeout_s
         slots = self._pool.semaphore()
-        try:
-            async with asyncio.timeout(_timeout(pool_timeout, default)):
-                await slots.acquire()
-        except TimeoutError:
-            raise tg.TimedOut(
-                "no free connection in time; the request was not sent to Telegram"
-            ) from None
+        if not slots.locked():
+            await slots.acquire()  # a free slot: taken at once, no timer needed
+        else:
+            try:
+                async with asyncio.timeout(_timeout(pool_timeout, default)):
+                    await slots.acquire()
+            except TimeoutError:
+                raise tg.TimedOut(
+                    "no free connection in time; the request was not sent to Telegram"
+                ) from None
         try:
             answer = await self._exchange(
                 target,

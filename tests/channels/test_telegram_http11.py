@@ -122,11 +122,13 @@ async def lean() -> AsyncIterator[LeanRequest]:
 
 async def test_keep_alive_reuses_one_connection_and_sends_json(lean: LeanRequest) -> None:
     async with scripted(_answer(), _answer(), keep_open=True) as server:
+        authority = server.url.removeprefix("http://")
         assert (await _post(lean, server.url))["message_id"] == 5  # type: ignore[index]
         assert (await _post(lean, server.url))["message_id"] == 5  # type: ignore[index]
     assert server.connections == 1
     head, _, body = server.requests[0].partition(b"\r\n\r\n")
     assert head.startswith(b"POST /bot1:T/sendMessage HTTP/1.1\r\n")
+    assert f"\r\nHost: {authority}\r\n".encode() in head
     assert b"content-type: application/json" in head.lower()
     assert json.loads(body) == {"chat_id": -1, "text": "hello"}
 
