@@ -73,7 +73,7 @@ class Phase:
     def line(self) -> str:
         per_us = self.cpu_s / self.count * 1e6
         return (
-            f"{self.name:<8} {self.count:>6} requests  {per_us:8.0f} µs CPU each"
+            f"{self.name:<10} {self.count:>6} requests  {per_us:8.0f} µs CPU each"
             f"  ({self.cpu_s:.2f} s CPU, {self.wall_s:.2f} s wall)"
         )
 
@@ -164,6 +164,13 @@ async def run(edits: int, lanes: int, profile: str | None) -> list[Phase]:
         sends = max(lanes, per_lane * lanes // 10)
         phases.append(await _timed("send", sends, lanes, send_more))
         phases.append(await _timed("delete", sends, lanes, delete))
+        bot = channel._require_bot()
+
+        async def poll(lane: int, _: int) -> None:
+            await bot.get_updates(timeout=0, allowed_updates=["message"])
+
+        # Empty answers on the poll connection: what each long poll costs when it returns.
+        phases.append(await _timed("getUpdates", sends, 1, poll))
         phases.append(render)
         await channel.stop()
         return phases
