@@ -9,6 +9,7 @@ automatic slot first, then cuts the body) and is never empty, since Telegram rej
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -119,11 +120,16 @@ def _trim_end(rich: RichText) -> RichText:
     return RichText(text, tuple(kept))
 
 
+@functools.lru_cache(maxsize=256)
 def markdown_to_rich(markdown: str) -> RichText:
     """Telegram text + entities for a Markdown body.
 
     An isolated render config keeps us off the library's process-global one, and LaTeX
     conversion is off because agent bodies use `$` for shell and money, not maths.
+
+    Cached (the result is immutable): the service renders a card once per route, and again
+    when only its automatic rows moved, both with the same body. 256 bodies of at most
+    4 x 4096 characters bound the cache to a few MB.
     """
     config = RenderConfig.isolated()
     text, entities = telegramify_markdown.convert(markdown, latex_escape=False, config=config)
@@ -186,12 +192,18 @@ def render_card(view: CardView, limit_utf16: int = MAX_MESSAGE_UTF16) -> Outgoin
     """The resident message for `view`, always non-empty and within `limit_utf16`."""
     view = _precut_body(view, limit_utf16)
     cache: dict[str, RichText] = {}
+    # The last view measured and its layout: a card that fits as it is (the usual case) is
+    # then composed once, not once to measure and again to send.
+    measured: list[tuple[CardView, RichText]] = []
 
     def size_utf16(candidate: CardView) -> int:
-        return utf16_len(compose_rich(candidate, cache).text)
+        composed = compose_rich(candidate, cache)
+        measured[:] = [(candidate, composed)]
+        return utf16_len(composed.text)
 
     fitted = fit_view(view, size_utf16, limit_utf16)
-    rich = compose_rich(fitted, cache)
+    last = measured[0] if measured else None
+    rich = last[1] if last is not None and last[0] is fitted else compose_rich(fitted, cache)
     if utf16_len(rich.text) > limit_utf16:
         # Only reachable when the header or the one kept row alone is too long: cut by code
         # points, which never splits a surrogate pair.
