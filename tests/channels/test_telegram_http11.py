@@ -406,3 +406,26 @@ async def test_channel_edit_sends_raw_entities_and_no_preview() -> None:
     assert sent["link_preview_options"] == {"is_disabled": True}
     assert sent["message_id"] == 5 and sent["chat_id"] == -1
     assert sent.get("entities", []) == message.payload.get("entities", [])
+
+
+async def test_a_proxy_in_the_environment_carries_the_requests(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The lean transport has no proxy support, so with a proxy configured the channel uses
+    # PTB's httpx transport, which sends every request through it.
+    get_me = b'{"ok":true,"result":{"id":1,"is_bot":true,"first_name":"b","username":"b"}}'
+    for name in ("https_proxy", "http_proxy", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    async with scripted(_answer(get_me), keep_open=True) as proxy:
+        monkeypatch.setenv("http_proxy", proxy.url)
+        config = TelegramConfig(api_base_url="http://bot-api.invalid:8081", commands=False)
+        channel = TelegramChannel(config, "1:T", MemoryCursorStore())
+
+        async def ignore(command: object) -> None:
+            del command
+
+        await channel.start(ignore)
+        assert channel.bot_username == "b"
+        await channel.stop()
+    assert proxy.requests[0].startswith(b"POST http://bot-api.invalid:8081/bot1:T/getMe ")
