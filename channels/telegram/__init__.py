@@ -6,6 +6,6 @@ card-to-text-and-entities rendering, `errors` the one translation of PTB excepti
 transport under PTB, `request` the 429 and lost-answer signals (and PTB's httpx transport
 with them, used when a proxy is configured), `config` the `[telegram]` settings. May import:
 `channels.base`, `channels.errors`, `channels.aio`, python-telegram-bot, httpx, certifi and
-telegramify-markdown; this `__init__` imports
-nothing so that loading the config does not load the client library.
+telegramify-markdown; this `__init__` imports nothing so that loading the config does not
+load the client library.
 """

@@ -241,6 +241,7 @@ class LeanRequest(BaseRequest):
     async def shutdown(self) -> None:
         self._closed = True
         self._pool.close_all()
+        self._pool.slots = None  # a later start may run on another event loop
 
     def _ssl_context(self) -> ssl.SSLContext:
         if self._ssl is None:
@@ -355,17 +356,20 @@ class LeanRequest(BaseRequest):
 
 
 async def _read_answer(reader: asyncio.StreamReader) -> _Answer:
-    """One HTTP/1.1 response: status, headers, and a body by length, chunks or end of stream."""
-    try:
-        head = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.IncompleteReadError as exc:
-        raise _Incomplete("the connection closed before an answer") from exc
-    lines = head.decode("latin-1").split("\r\n")
-    version, _, rest = lines[0].partition(" ")
-    code = rest[:3]
-    if not version.startswith("HTTP/1.") or not code.isdigit():
-        raise _Incomplete(f"not an HTTP/1 status line: {lines[0][:40]!r}")
-    status = int(code)
+    """One HTTP/1.1 response: status, headers, and a body by length, chunks or end of stream.
+    Informational answers (1xx) before it are skipped."""
+    status = 100
+    while 100 <= status < 200:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError as exc:
+            raise _Incomplete("the connection closed before an answer") from exc
+        lines = head.decode("latin-1").split("\r\n")
+        version, _, rest = lines[0].partition(" ")
+        code = rest[:3]
+        if not version.startswith("HTTP/1.") or not code.isdigit():
+            raise _Incomplete(f"not an HTTP/1 status line: {lines[0][:40]!r}")
+        status = int(code)
     length: int | None = None
     chunked = False
     keep_alive = version == "HTTP/1.1"
@@ -382,7 +386,7 @@ async def _read_answer(reader: asyncio.StreamReader) -> _Answer:
             tokens = value.lower()
             keep_alive = "close" not in tokens and (keep_alive or "keep-alive" in tokens)
     try:
-        if status in (204, 304) or 100 <= status < 200:
+        if status in (204, 304):
             body = b""
         elif chunked:
             body = await _read_chunks(reader)

@@ -269,6 +269,7 @@ def _feed(data: bytes) -> asyncio.StreamReader:
             True,
         ),
         (b"HTTP/1.1 204 No Content\r\n\r\n", 204, b"", True),
+        (b"HTTP/1.1 100 Continue\r\n\r\n" + _answer(b"{}"), 200, b"{}", True),
     ],
 )
 async def test_answers_are_read_by_length_chunks_or_end(
