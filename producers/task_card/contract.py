@@ -26,6 +26,7 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any, BinaryIO, Final, Literal
 
@@ -72,47 +73,47 @@ CardStatus = Literal["active", "inactive", "unknown"]
 
 @dataclass(frozen=True)
 class CardPaths:
-    """Every contract path of one working directory."""
+    """Every contract path of one working directory (each built once: a tick asks often)."""
 
     workdir: Path
 
-    @property
+    @cached_property
     def taskcard_dir(self) -> Path:
         return self.workdir / TASKCARD_DIR
 
-    @property
+    @cached_property
     def body(self) -> Path:
         return self.taskcard_dir / BODY_FILE
 
-    @property
+    @cached_property
     def status(self) -> Path:
         return self.taskcard_dir / STATUS_FILE
 
-    @property
+    @cached_property
     def watch(self) -> Path:
         return self.taskcard_dir / WATCH_FILE
 
-    @property
+    @cached_property
     def settings(self) -> Path:
         return self.taskcard_dir / SETTINGS_FILE
 
-    @property
+    @cached_property
     def notification_dir(self) -> Path:
         return self.workdir / NOTIFICATION_DIR
 
-    @property
+    @cached_property
     def notifications(self) -> Path:
         return self.notification_dir / NOTIFICATION_FILE
 
-    @property
+    @cached_property
     def logs_dir(self) -> Path:
         return self.workdir / LOGS_DIR
 
-    @property
+    @cached_property
     def events(self) -> Path:
         return self.logs_dir / EVENTS_FILE
 
-    @property
+    @cached_property
     def legacy_telegram_settings(self) -> Path:
         return self.workdir / "telegram" / SETTINGS_FILE
 

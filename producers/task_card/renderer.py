@@ -135,6 +135,7 @@ class RunRequest:
     stdout_limit_bytes: int
     env: Mapping[str, str]
     nice_increment: int = RENDER_NICE_INCREMENT
+    due: float | None = None  # the monotonic time the tick was due (None: not a tick)
 
 
 @dataclass(frozen=True)
