@@ -76,6 +76,7 @@ _PR_SET_CHILD_SUBREAPER: Final = 36
 _SWEEP_ROUNDS: Final = 100
 _SWEEP_PAUSE_S: Final = 0.01
 RENDER_NICE_INCREMENT: Final = 10
+_Selector: Final = getattr(selectors, "PollSelector", selectors.DefaultSelector)
 _NICE_MAX: Final = 19
 _PROBE_MAX: Final = 256  # a pid window up to this size is probed instead of listing /proc
 _RESERVED_PIDS: Final = 300  # the kernel restarts the pid counter here after a wrap
@@ -474,7 +475,7 @@ def _supervise(
     out = bytearray()
     err = bytearray()
     overflow = timed_out = cancelled = leader_gone = clean = False
-    selector = selectors.DefaultSelector()
+    selector = _Selector()  # poll(2): no kernel object to create and close per run
     selector.register(proc.stdout, selectors.EVENT_READ, "out")
     selector.register(proc.stderr, selectors.EVENT_READ, "err")
     try:
