@@ -13,7 +13,8 @@ with `setsid` or double-forked. Three nets, because each alone has a hole:
 - every run's environment carries a fresh `TASKCARD_RENDER_TOKEN`; after the run (and as soon
   as the renderer itself exits, so held pipes close) every process whose environment carries
   that token, or whose parent chain leads to the renderer, is SIGKILLed (covers `setsid`
-  children whose parent is still alive, and orphans, in any process);
+  children whose parent is still alive, and orphans, in any process; a subreaper does not
+  need to read environments, see `_snapshot`);
 - `taskcard host` makes itself a child subreaper (`prctl(PR_SET_CHILD_SUBREAPER)` through
   ctypes), so orphans reparent to the host instead of init; there, every child that is not a
   renderer currently running is a leftover and is killed with its subtree, and zombies are
@@ -349,8 +350,14 @@ def _snapshot(token: bytes | None, window: PidWindow | None = None) -> list[Proc
     than the probes). A probe also finds threads, which the listing hides; a thread other than
     its process's first has `exit_signal` -1 in its stat and is left out, so a thread of a live
     renderer is never taken for an orphan.
+
+    In a subreaper the environments are not read: every descendant of a finished renderer
+    then hangs, through descendants only, under an orphan reparented to us, which
+    `decide_doomed` takes as a root; the token only matters where orphans go to init.
     """
-    marker = f"{RENDER_TOKEN_ENV}=".encode() + token if token else None
+    marker = None
+    if token and not _Fence.subreaper:
+        marker = f"{RENDER_TOKEN_ENV}=".encode() + token
     if window is not None and window.first <= window.last <= window.first + _PROBE_MAX:
         pids: Iterable[int] = range(window.first, window.last + 1)
         probing = True
