@@ -1,9 +1,10 @@
 """A producer host holding many watches, for the producer benchmark (run as a subprocess).
 
 The product's host serves one workdir; here one process holds one `TaskCard` per workdir and
-starts one watch in each, which is what "one host with 50 watches" means with today's API. The
-renderer runner is the product's `run_renderer`, wrapped only to stamp when each run started
-and ended (the host's own record of its ticks).
+starts one watch in each, which is what "one host with 50 watches" means with today's API. Like
+`taskcard host`, the process makes itself the child subreaper of renderer descendants. The
+renderer runner is the product's `run_renderer`, wrapped only to stamp when each tick was due,
+started and ended (the host's own record of its ticks).
 
 Protocol: prints `ready` once every watch has started, keeps them running for `--hold-s`
 seconds, closes every card (the updater threads end, the watches are left for a later host)
@@ -20,7 +21,12 @@ import time
 from pathlib import Path
 
 from taskcard.producers.task_card.capability import TaskCard
-from taskcard.producers.task_card.renderer import RunOutcome, RunRequest, run_renderer
+from taskcard.producers.task_card.renderer import (
+    RunOutcome,
+    RunRequest,
+    become_subreaper,
+    run_renderer,
+)
 
 RENDERER = """\
 import time
@@ -30,15 +36,20 @@ print(f"**tick** {time.time():.3f}: all good")
 
 
 class RecordingRunner:
-    """`run_renderer`, plus (start, end) monotonic stamps of every run of one watch."""
+    """`run_renderer`, plus (due, start, end) monotonic stamps of every tick of one watch.
+
+    `due` is the grid point the product gave the tick (`RunRequest.due`); renders that are
+    not ticks (the first one, at start) are not recorded.
+    """
 
     def __init__(self) -> None:
-        self.runs: list[tuple[float, float]] = []
+        self.runs: list[tuple[float, float, float]] = []
 
     def __call__(self, request: RunRequest, cancel: threading.Event) -> RunOutcome:
         started = time.monotonic()
         outcome = run_renderer(request, cancel)
-        self.runs.append((started, time.monotonic()))
+        if request.due is not None:
+            self.runs.append((request.due, started, time.monotonic()))
         return outcome
 
 
@@ -61,6 +72,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
 
+    become_subreaper()  # as `taskcard host` does
     runtime = args.root / "runtime"
     workdirs = prepare(args.root, args.watches)
     runners = [RecordingRunner() for _ in workdirs]

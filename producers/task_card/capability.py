@@ -66,6 +66,7 @@ from taskcard.producers.task_card.renderer import (
     stdout_limit_for,
 )
 from taskcard.producers.task_card.runtime import HostLock, HostPaths, default_runtime_dir
+from taskcard.producers.task_card.schedule import next_slot, slot_due
 from taskcard.producers.task_card.settings import (
     SettingsUnavailable,
     load_settings,
@@ -73,6 +74,7 @@ from taskcard.producers.task_card.settings import (
     settings_or_defaults,
     show_rows,
 )
+from taskcard.producers.task_card.tally import RefreshTally, read_tally
 from taskcard.producers.task_card.turns import add_completed_turn, reset_turns
 
 log = logging.getLogger(__name__)
@@ -107,6 +109,10 @@ class _Watch:
     render_lock: threading.Lock = field(default_factory=threading.Lock)
     thread: threading.Thread | None = None
     updater_died: bool = False
+    tally: RefreshTally | None = None  # where spent refreshes go between descriptor writes
+    tally_failed: bool = False
+    persisted_epoch: int = 0  # the error_epoch in the last descriptor written
+    ticks_skipped: int = 0  # grid points passed while a render overran (schedule.py)
 
     def descriptor(self) -> WatchDescriptor:
         return WatchDescriptor(
@@ -259,6 +265,9 @@ class TaskCard:
         for watch in watches:
             if watch.thread is not None:
                 watch.thread.join()
+        with self._lock:
+            for watch in watches:
+                self._drop_tally(watch)
         self._host_lock.release()
 
     # ----------------------------------------------------------------- actions
@@ -328,6 +337,7 @@ class TaskCard:
                 write_descriptor(self.paths, watch.descriptor())
             except OSError as exc:
                 return _failed(f"publishing failed: {exc.strerror}", code="write_failed")
+            self._restart_tally(watch)
             self._record_success(watch, verdict.body)
             self._watches[watch_id] = watch
             self._current = watch
@@ -365,6 +375,7 @@ class TaskCard:
                 "interval_s": watch.interval_s,
                 "timeout_s": watch.timeout_s,
                 "started_at": watch.started_at,
+                "ticks_skipped": watch.ticks_skipped,
             }
 
     def retry(self, watch_id: str) -> Result:
@@ -400,6 +411,7 @@ class TaskCard:
                 return self._unknown(watch_id)
             if watch.state in ("stopped", "exhausted"):
                 return self._view(watch)
+            self._drop_tally(watch)
             try:
                 self._write_status(STATUS_INACTIVE)
                 clear_descriptor(self.paths)
@@ -492,7 +504,7 @@ class TaskCard:
         }
 
     def _render(
-        self, watch: _Watch, cancel: threading.Event
+        self, watch: _Watch, cancel: threading.Event, due: float | None = None
     ) -> tuple[Rendered | RenderFailure | None, str]:
         """The verdict and stderr tail; None when the run was cancelled (it means nothing)."""
         max_chars = settings_or_defaults(self.paths).max_body_chars
@@ -504,6 +516,7 @@ class TaskCard:
             timeout_s=watch.timeout_s,
             stdout_limit_bytes=stdout_limit_for(max_chars),
             env=self._renderer_env,
+            due=due,
         )
         outcome = self._runner(request, cancel)
         tail = outcome.stderr_tail.decode("utf-8", errors="replace")
@@ -515,12 +528,17 @@ class TaskCard:
         if read_bytes(self.paths.status) != value:
             atomic_write(self.paths.status, value)
 
-    def _publish(self, body: str, *, activate: bool) -> bool:
-        """Body first, then `active`; identical bytes are left alone. True when the body changed."""
+    def _publish(self, body: str, *, activate: bool, durable: bool = True) -> bool:
+        """Body first, then `active`; identical bytes are left alone. True when the body changed.
+
+        Ticks pass `durable=False`: the body is still replaced atomically (a reader sees the
+        old or the new one, and a killed process loses nothing), only a power cut may show an
+        earlier body, until the resumed watch's first render (free) replaces it.
+        """
         data = body.encode("utf-8")
         changed = read_bytes(self.paths.body, limit=len(data) + 1) != data
         if changed:
-            atomic_write(self.paths.body, data)
+            atomic_write(self.paths.body, data, durable=durable)
         if activate:
             self._write_status(STATUS_ACTIVE)
         return changed
@@ -546,7 +564,9 @@ class TaskCard:
             watch.state = "error"
         log.warning("task card watch %s refresh failed: %s", watch.watch_id, failure.code)
 
-    def _refresh(self, watch: _Watch, *, counted: bool, from_tick: bool) -> RenderFailure | None:
+    def _refresh(
+        self, watch: _Watch, *, counted: bool, from_tick: bool, due: float | None = None
+    ) -> RenderFailure | None:
         """One render and its consequences. Returns the failure, if any."""
         with watch.render_lock:
             with self._lock:
@@ -554,7 +574,7 @@ class TaskCard:
                 if from_tick and (watch.state not in ("watching", "error") or self._closed):
                     return None
             cancel = watch.stop_event if live else threading.Event()
-            verdict, tail = self._render(watch, cancel)
+            verdict, tail = self._render(watch, cancel, due)
             if verdict is None:
                 return None  # cancelled by stop or host shutdown: no budget, no episode
             with self._lock:
@@ -566,7 +586,7 @@ class TaskCard:
                 failure: RenderFailure | None = None
                 if isinstance(verdict, Rendered):
                     try:
-                        self._publish(verdict.body, activate=still_live)
+                        self._publish(verdict.body, activate=still_live, durable=not from_tick)
                     except OSError as exc:
                         failure = RenderFailure("write_failed", f"cannot write: {exc.strerror}")
                     else:
@@ -587,9 +607,7 @@ class TaskCard:
                 if spent and watch.state in ("watching", "error", "stopped"):
                     self._exhaust(watch)
                 elif still_live:
-                    with contextlib.suppress(OSError):
-                        # Every tick moves `refreshes_used`: atomic, but no fsync per tick.
-                        write_descriptor(self.paths, watch.descriptor(), durable=False)
+                    self._persist_budget(watch)
                 return failure
 
     def _exhaust(self, watch: _Watch) -> None:
@@ -600,9 +618,52 @@ class TaskCard:
             self._write_status(STATUS_INACTIVE)
         except OSError as exc:
             log.error("task card watch %s: cannot write inactive: %s", watch.watch_id, exc)
+        self._drop_tally(watch)
         clear_descriptor(self.paths)
         self._notifier.notify(TaskCardLimitNotification(watch.watch_id, watch.max_refreshes))
         log.info("task card watch %s exhausted its refresh budget", watch.watch_id)
+
+    def _persist_budget(self, watch: _Watch) -> None:
+        """Record one spent refresh: a line in the tally, or the descriptor when it must change.
+
+        Atomic without fsync either way (see `tally.py`); the descriptor is rewritten when its
+        other fields moved (a new error episode) or when the tally cannot be used.
+        """
+        if watch.tally is not None and watch.error_epoch == watch.persisted_epoch:
+            try:
+                watch.tally.record(watch.refreshes_used)
+                return
+            except OSError as exc:
+                log.warning("task card watch %s: tally unusable: %s", watch.watch_id, exc)
+                watch.tally_failed = True
+                self._drop_tally(watch)
+        with contextlib.suppress(OSError):
+            write_descriptor(self.paths, watch.descriptor(), durable=False)
+            self._restart_tally(watch)
+
+    def _restart_tally(self, watch: _Watch) -> None:
+        """After a descriptor write: the tally restarts from the count just written."""
+        watch.persisted_epoch = watch.error_epoch
+        if watch.tally_failed:
+            return
+        try:
+            if watch.tally is None:
+                watch.tally = RefreshTally(self.paths, watch.watch_id, watch.refreshes_used)
+            else:
+                watch.tally.restart(watch.refreshes_used)
+        except OSError as exc:
+            log.warning(
+                "task card watch %s: no budget tally (%s); watch.json is rewritten per tick",
+                watch.watch_id,
+                exc.strerror or exc,
+            )
+            watch.tally_failed = True
+            self._drop_tally(watch)
+
+    def _drop_tally(self, watch: _Watch) -> None:
+        if watch.tally is not None:
+            watch.tally.close()
+            watch.tally = None
 
     def _quiesce(self, watch: _Watch) -> bool:
         thread = watch.thread
@@ -656,17 +717,21 @@ class TaskCard:
     def _tick_loop(self, watch: _Watch) -> None:
         """Tick until stopped, exhausted or closed. A crash is recorded, never swallowed.
 
-        Ticks run at a fixed rate (start + k * interval), not interval after the previous
-        render ended, so a slow render does not push every later tick back; a tick missed
-        entirely (a render longer than the interval) is skipped, never made up in a burst.
+        Ticks stand on a fixed grid from the updater's start (`schedule.py`): a render that
+        overruns one or more grid points skips those ticks, the next waits for its grid point.
         """
-        next_tick = time.monotonic() + watch.interval_s
-        while not watch.stop_event.wait(max(0.0, next_tick - time.monotonic())):
-            now = time.monotonic()
-            missed = max(0, int((now - next_tick) // watch.interval_s))
-            next_tick += (missed + 1) * watch.interval_s
+        origin = time.monotonic()
+        slot = 0
+        while True:
+            slot, skipped = next_slot(origin, watch.interval_s, slot, time.monotonic())
+            if skipped:
+                with self._lock:
+                    watch.ticks_skipped += skipped
+            due = slot_due(origin, watch.interval_s, slot)
+            if watch.stop_event.wait(max(0.0, due - time.monotonic())):
+                return
             try:
-                self._refresh(watch, counted=True, from_tick=True)
+                self._refresh(watch, counted=True, from_tick=True, due=due)
             except Exception:  # the loop must outlive one bad tick; the error is recorded
                 log.exception("task card watch %s tick crashed", watch.watch_id)
                 with self._lock:
@@ -689,7 +754,11 @@ class TaskCard:
         except RendererPathError:
             self._retire_stale(f"renderer of {descriptor.watch_id} is gone")
             return
-        if descriptor.refreshes_used >= descriptor.max_refreshes:
+        used = descriptor.refreshes_used
+        tallied = read_tally(self.paths, descriptor.watch_id, descriptor.max_refreshes)
+        if tallied is not None:
+            used = max(used, tallied)  # refreshes spent after the descriptor was written
+        if used >= descriptor.max_refreshes:
             self._retire_stale(f"{descriptor.watch_id} has no refresh budget left")
             return
         watch = _Watch(
@@ -699,7 +768,7 @@ class TaskCard:
             interval_s=descriptor.interval_s,
             timeout_s=descriptor.timeout_s,
             max_refreshes=descriptor.max_refreshes,
-            refreshes_used=descriptor.refreshes_used,
+            refreshes_used=used,
             started_at=descriptor.started_at,
             error_epoch=descriptor.error_epoch,
         )
@@ -713,6 +782,7 @@ class TaskCard:
             else:
                 self._record_failure(watch, verdict, tail)
             write_descriptor(self.paths, watch.descriptor())
+            self._restart_tally(watch)
             self._watches[watch.watch_id] = watch
             self._current = watch
             self._spawn_updater(watch)

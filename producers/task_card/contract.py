@@ -26,6 +26,7 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any, BinaryIO, Final, Literal
 
@@ -72,47 +73,47 @@ CardStatus = Literal["active", "inactive", "unknown"]
 
 @dataclass(frozen=True)
 class CardPaths:
-    """Every contract path of one working directory."""
+    """Every contract path of one working directory (each built once: a tick asks often)."""
 
     workdir: Path
 
-    @property
+    @cached_property
     def taskcard_dir(self) -> Path:
         return self.workdir / TASKCARD_DIR
 
-    @property
+    @cached_property
     def body(self) -> Path:
         return self.taskcard_dir / BODY_FILE
 
-    @property
+    @cached_property
     def status(self) -> Path:
         return self.taskcard_dir / STATUS_FILE
 
-    @property
+    @cached_property
     def watch(self) -> Path:
         return self.taskcard_dir / WATCH_FILE
 
-    @property
+    @cached_property
     def settings(self) -> Path:
         return self.taskcard_dir / SETTINGS_FILE
 
-    @property
+    @cached_property
     def notification_dir(self) -> Path:
         return self.workdir / NOTIFICATION_DIR
 
-    @property
+    @cached_property
     def notifications(self) -> Path:
         return self.notification_dir / NOTIFICATION_FILE
 
-    @property
+    @cached_property
     def logs_dir(self) -> Path:
         return self.workdir / LOGS_DIR
 
-    @property
+    @cached_property
     def events(self) -> Path:
         return self.logs_dir / EVENTS_FILE
 
-    @property
+    @cached_property
     def legacy_telegram_settings(self) -> Path:
         return self.workdir / "telegram" / SETTINGS_FILE
 
@@ -198,13 +199,16 @@ def atomic_write(path: Path, data: bytes, *, durable: bool = True) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as handle:
+        try:
             # mkstemp creates 0600; the projection service may run as another user.
-            os.fchmod(handle.fileno(), 0o644)
-            handle.write(data)
-            handle.flush()
+            os.fchmod(fd, 0o644)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
             if durable:
-                os.fsync(handle.fileno())
+                os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -18,6 +18,7 @@ from typing import Any, Final
 
 from taskcard.producers.task_card.contract import CardPaths, atomic_write, read_regular
 from taskcard.producers.task_card.settings import BOUNDS, setting_problem
+from taskcard.producers.task_card.tally import clear_tally
 
 SEQ_FILE: Final = ".watch-seq"
 MAX_DESCRIPTOR_BYTES: Final = 64 * 1024  # a descriptor is a few hundred bytes
@@ -49,8 +50,10 @@ def write_descriptor(
 
 
 def clear_descriptor(paths: CardPaths) -> None:
+    """No watch to resume: the descriptor goes, and the budget tally that belonged to it."""
     with contextlib.suppress(FileNotFoundError):
         paths.watch.unlink()
+    clear_tally(paths)
 
 
 def _number(data: dict[str, Any], key: str) -> float:

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 
 from taskcard.producers.task_card.renderer import (
+    RENDER_NICE_INCREMENT,
+    PidWindow,
     Rendered,
     RendererPathError,
     RenderFailure,
     RunOutcome,
     RunRequest,
+    _snapshot,
     classify,
+    pid_window,
     renderer_environment,
     resolve_renderer,
     run_renderer,
@@ -141,3 +148,87 @@ def test_renderer_paths_must_resolve_to_a_regular_file_inside_the_workdir(
     ):
         with pytest.raises(RendererPathError, match=why):
             resolve_renderer(workdir, bad)
+
+
+# ----------------------------------------------------------------- the sweep's pid window
+
+
+@pytest.mark.parametrize(
+    ("leader", "forks", "cursor", "pid_max", "expected"),
+    [
+        # the usual case: a few pids allocated since the spawn
+        (1000, (50, 60), (1012, 400), 32768, PidWindow(1000, 1012)),
+        # nothing allocated since: the leader alone
+        (1000, (50, 50), (1000, 400), 32768, PidWindow(1000, 1000)),
+        # the counter wrapped once: the window is circular
+        (32700, (50, 200), (420, 400), 32768, PidWindow(32700, 420)),
+        # so many forks the counter may have gone all the way round: read everything
+        (1000, (0, 16000), (1012, 400), 32768, None),
+        # forks plus threads alive reach half the ring: read everything
+        (1000, (0, 15900), (1012, 400), 32768, None),
+        # a large pid_max leaves room for the same numbers
+        (1000, (0, 16000), (1012, 400), 4194304, PidWindow(1000, 1012)),
+        # anything unreadable or absurd: read everything
+        (1000, (None, 60), (1012, 400), 32768, None),
+        (1000, (50, None), (1012, 400), 32768, None),
+        (1000, (50, 60), None, 32768, None),
+        (1000, (50, 60), (1012, 400), None, None),
+        (1000, (60, 50), (1012, 400), 32768, None),
+        (40000, (50, 60), (1012, 400), 32768, None),
+        (1000, (50, 60), (0, 400), 32768, None),
+    ],
+)
+def test_pid_window(
+    leader: int,
+    forks: tuple[int | None, int | None],
+    cursor: tuple[int, int] | None,
+    pid_max: int | None,
+    expected: PidWindow | None,
+) -> None:
+    assert pid_window(leader, forks[0], forks[1], cursor, pid_max) == expected
+
+
+@pytest.mark.parametrize(
+    ("window", "inside", "outside"),
+    [
+        (PidWindow(100, 200), [100, 150, 200], [99, 201, 5]),
+        (PidWindow(32700, 420), [32700, 32767, 300, 420], [421, 32699, 1000]),
+    ],
+)
+def test_pid_window_membership(window: PidWindow, inside: list[int], outside: list[int]) -> None:
+    assert all(pid in window for pid in inside)
+    assert not any(pid in window for pid in outside)
+
+
+def test_a_probed_window_finds_processes_but_never_threads() -> None:
+    """A thread of a live renderer must never look like an orphan child of the host."""
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert thread.native_id is not None
+        low, high = sorted((thread.native_id, child.pid))
+        if high - low <= 256:  # the probing path; past that /proc is listed (no threads)
+            pids = {entry.pid for entry in _snapshot(None, PidWindow(low, high))}
+            assert child.pid in pids
+            assert thread.native_id not in pids
+        listed = {entry.pid for entry in _snapshot(None, None)}
+        assert child.pid in listed
+        assert thread.native_id not in listed
+    finally:
+        stop.set()
+        thread.join()
+        child.kill()
+        child.wait()
+
+
+def test_renderers_run_at_a_lower_cpu_priority_than_the_host(workdir: Path) -> None:
+    # The renice lands right after the spawn; the sleep keeps a loaded machine from racing it.
+    renderer = write_renderer(
+        workdir, "nice.py", "import os, time\ntime.sleep(0.3)\nprint(os.nice(0))\n"
+    )
+    mine = os.nice(0)
+    run = run_renderer(request(workdir, renderer), threading.Event())
+    assert run.exit_code == 0, run
+    assert int(run.stdout) == min(19, mine + RENDER_NICE_INCREMENT)
