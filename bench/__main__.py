@@ -1,6 +1,6 @@
 """`python -m bench SCENARIO [--quick] [--real-limits] [--no-record]`.
 
-SCENARIO: all, latency, storm, scale, idle or producer.
+SCENARIO: all, latency, storm, cluster_storm, scale, idle or producer.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import idle, latency, producer, scale, storm
+from bench import cluster_storm, idle, latency, producer, scale, storm
 from bench.measure import git_revision, machine
 from bench.results import RESULTS_PATH, ScenarioResult, append_results, markdown, table
 from tests.e2e.harness import ROOT
@@ -25,6 +25,7 @@ Scenario = Callable[[Path, argparse.Namespace], Awaitable[ScenarioResult]]
 SCENARIOS: dict[str, Scenario] = {
     "latency": lambda w, a: latency.run(w, quick=a.quick),
     "storm": lambda w, a: storm.run(w, quick=a.quick, real_limits=a.real_limits),
+    "cluster_storm": lambda w, a: cluster_storm.run(w, quick=a.quick, real_limits=a.real_limits),
     "scale": lambda w, a: scale.run(w, quick=a.quick),
     "idle": lambda w, a: idle.run(w, quick=a.quick),
     "producer": lambda w, a: producer.run(w, quick=a.quick),
@@ -43,8 +44,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--real-limits",
         action="store_true",
-        help="storm: Telegram's 20 per 60 s group window instead of 20 per 20 s (the run "
-        "then takes about four minutes longer)",
+        help="storm and cluster_storm: Telegram's 20 per 60 s group window instead of 20 per "
+        "20 s (the run then takes about four minutes longer)",
     )
     parser.add_argument(
         "--no-record", action="store_true", help=f"do not append to {RESULTS_PATH.name}"

@@ -92,6 +92,8 @@ class ClusteredChannel(Channel):
         prefix: str,
         instance: str,
         routed_chats: frozenset[str],
+        *,
+        read_block_ms: int = READ_BLOCK_MS,
     ) -> None:
         self._inner = inner
         self.name = inner.name
@@ -103,6 +105,7 @@ class ClusteredChannel(Channel):
         self._stream = f"{prefix}:cmd:{inner.name}"
         self._publish = client.register_script(_PUBLISH)
         self._reader: asyncio.Task[None] | None = None
+        self._read_block_ms = read_block_ms
 
     @property
     def inner(self) -> Channel:
@@ -118,6 +121,8 @@ class ClusteredChannel(Channel):
         )
 
     async def stop(self) -> None:
+        """Cancel the reader, which interrupts its blocking XREAD at once (redis-py closes a
+        connection whose command was cancelled): a stop never waits out the read's block."""
         task, self._reader = self._reader, None
         if task is not None:
             task.cancel()
@@ -160,7 +165,7 @@ class ClusteredChannel(Channel):
                 answer = cast(
                     list[tuple[str, list[tuple[str, dict[str, str]]]]],
                     await self._client.xread(
-                        {self._stream: last_id}, count=100, block=READ_BLOCK_MS
+                        {self._stream: last_id}, count=100, block=self._read_block_ms
                     ),
                 )
             except RedisError as error:

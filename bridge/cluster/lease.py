@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import redis
 from redis.asyncio import Redis
@@ -43,6 +43,15 @@ return token
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
+"""
+
+# KEYS: leases; ARGV: the token held for each. Deletes those still held with that token.
+_RELEASE_ALL = """
+local released = 0
+for i = 1, #KEYS do
+  if redis.call('GET', KEYS[i]) == ARGV[i] then released = released + redis.call('DEL', KEYS[i]) end
+end
+return released
 """
 
 # KEYS: lease, hash; ARGV: token, field, value. The write happens only under the token.
@@ -113,6 +122,26 @@ class Lease:
         if (token is None) != (self.token is None) or (token and token != self.token):
             self.changed.set()
         self.token = token
+
+
+async def release_all(client: Redis, leases: Sequence[Lease]) -> None:
+    """Give up every held lease in one round trip, so the others take over at once.
+
+    One call whatever the number of leases: releasing an instance's agents one by one on its
+    way out cost one round trip each, and each waited up to the socket timeout when Redis did
+    not answer, holding a SIGTERM for minutes with many agents. When this call fails, the
+    leases expire on their own after their TTL."""
+    held = [(lease.key, lease.token) for lease in leases if lease.token is not None]
+    for lease in leases:
+        lease.token = None
+    if not held:
+        return
+    keys = [key for key, _ in held]
+    tokens = [token for _, token in held if token is not None]
+    try:
+        await client.eval(_RELEASE_ALL, len(keys), *keys, *tokens)
+    except RedisError as error:
+        log.warning("could not release the leases (%s); they expire", type(error).__name__)
 
 
 class PollLease:

@@ -20,7 +20,7 @@ import redis
 from redis.asyncio import Redis as AsyncRedis
 
 from taskcard.bridge.cluster.config import ClusterConfig
-from taskcard.bridge.cluster.lease import FencedCursors, Lease, PollLease
+from taskcard.bridge.cluster.lease import FencedCursors, Lease, PollLease, release_all
 from taskcard.bridge.cluster.limiter import RedisLimiter
 from taskcard.bridge.store.redis import RedisStore, connect
 from taskcard.channels.base import CursorStore
@@ -139,7 +139,7 @@ class Cluster:
 
     async def close(self) -> None:
         """Release every lease (others take over at once, not after the TTL), close clients."""
-        for lease in [g.lease for g in self._poll_leases] + list(self._agent_leases.values()):
-            await lease.release()
+        leases = [g.lease for g in self._poll_leases] + list(self._agent_leases.values())
+        await release_all(self.aio, leases)
         await self.aio.aclose()
         self.store.close()

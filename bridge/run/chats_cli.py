@@ -3,12 +3,19 @@
 Finding a chat id (and a topic's thread id) is the first hurdle of a new route: the service
 records every chat a `/taskcard` arrives from, routed or not, so an operator sends the command
 once in the chat and reads the id here instead of digging it out of an API response.
+
+With `[cluster]` the chats are read from the shared Redis, where every instance records the
+commands it reads from the shared stream; the local state file of one instance would miss the
+chats the others were asked from. `routed` then says whether THIS configuration routes the
+chat (another instance's configuration may route it instead).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -16,22 +23,39 @@ from typing import Any
 from taskcard.bridge.config import ServiceConfig
 from taskcard.bridge.deliver.registry import route_specs
 from taskcard.bridge.run.serve_cli import EXIT_CONFIG, _load
+from taskcard.bridge.store.base import SeenChat, StateFileError
 from taskcard.bridge.store.sqlite import STATE_FILE, SqliteStore
+
+
+def _seen_chats(config: ServiceConfig) -> list[SeenChat]:
+    """The chats the store recorded: the cluster's shared one, else this state file's.
+
+    Raises `StateFileError` (one line, no secret) when the cluster's Redis cannot be reached.
+    """
+    if config.cluster.enabled:
+        from taskcard.bridge.run.cluster_serve import status_store
+
+        shared = status_store(config, os.environ)
+        try:
+            return shared.seen_chats()
+        finally:
+            shared.close()
+    path = config.state_dir / STATE_FILE
+    if not path.exists():
+        return []
+    store = SqliteStore(path, readonly=True)
+    try:
+        return store.seen_chats()
+    finally:
+        store.close()
 
 
 def seen_chats_report(config: ServiceConfig) -> list[dict[str, Any]]:
     """Every chat seen, newest first, with whether a route of this config covers it."""
-    path = config.state_dir / STATE_FILE
-    if not path.exists():
-        return []
+    chats = _seen_chats(config)
     routed = {
         (spec.channel, spec.chat.chat_id, spec.chat.thread_id) for spec in route_specs(config)
     }
-    store = SqliteStore(path, readonly=True)
-    try:
-        chats = store.seen_chats()
-    finally:
-        store.close()
     return [
         {
             "channel": chat.channel,
@@ -71,7 +95,11 @@ def _chats(args: argparse.Namespace) -> int:
     config = _load(Path(args.config))
     if config is None:
         return EXIT_CONFIG
-    rows = seen_chats_report(config)
+    try:
+        rows = seen_chats_report(config)
+    except StateFileError as error:
+        print(f"taskcard: {error}", file=sys.stderr)
+        return EXIT_CONFIG
     if args.json:
         print(json.dumps(rows, indent=2, ensure_ascii=False))
     elif not rows:
@@ -90,7 +118,8 @@ def register(subparsers: Any) -> None:
         help="list the chats and topics the bot has received /taskcard from (to find ids)",
         description=(
             "List every chat and forum topic a /taskcard command arrived from while the "
-            "service ran, routed or not: channel, chat id, thread id, title, last seen."
+            "service ran, routed or not: channel, chat id, thread id, title, last seen. With "
+            "[cluster], the chats every instance saw, from the shared Redis."
         ),
     )
     parser.add_argument("--config", "-c", required=True, help="the TOML configuration")

@@ -9,9 +9,10 @@ import logging
 import os
 import sqlite3
 import sys
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from taskcard.bridge.config import ConfigError, ServiceConfig, load_config
 from taskcard.bridge.deliver.registry import describe_scope, route_specs, scope_rules
@@ -34,6 +35,9 @@ from taskcard.bridge.store.sqlite import (
     check_state_file,
     read_health,
 )
+
+if TYPE_CHECKING:
+    from taskcard.bridge.schedule.scheduler import RouteKey
 
 log = logging.getLogger(__name__)
 
@@ -109,9 +113,8 @@ def _when(epoch: float | None) -> str | None:
 
 
 def status_report(config: ServiceConfig) -> dict[str, Any]:
-    """Every configured route with what the store knows about it (read-only)."""
-    from taskcard.bridge.schedule.scheduler import RouteKey
-
+    """Every route `serve` would run (configured ones, those opened by turn origins) with what
+    the store knows about it, and every agent (configured or discovered); read-only."""
     path = config.state_dir / STATE_FILE
     store: StateStore | None = None
     if config.cluster.enabled:
@@ -131,42 +134,45 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
         }
         health = read_health(config.state_dir)
         pending = store.pending_notices() if store else []
-        for spec in route_specs(config):
-            channel, chat = spec.channel, spec.chat
-            for agent_id in spec.agents:
-                key = str(RouteKey(channel, chat, agent_id))
-                record = store.resident(key) if store else None
-                rules = scope_rules(channel)
-                message_id = record.message_id if record else None
-                route_pauses = {
-                    scope: _when(until)
-                    for scope, until in active_pauses.items()
-                    if rules is not None and rules.covers(scope, chat, message_id)
+        fleet = _fleet(config, store)
+        for route_key, opened_by in fleet.routes:
+            channel, chat, agent_id = route_key.channel, route_key.chat, route_key.agent_id
+            key = str(route_key)
+            record = store.resident(key) if store else None
+            rules = scope_rules(channel)
+            message_id = record.message_id if record else None
+            route_pauses = {
+                scope: _when(until)
+                for scope, until in active_pauses.items()
+                if rules is not None and rules.covers(scope, chat, message_id)
+            }
+            routes.append(
+                {
+                    "route": key,
+                    "channel": channel,
+                    "chat": str(chat),
+                    "agent": agent_id,
+                    "opened_by": opened_by,
+                    "message_id": record.message_id if record else None,
+                    "last_committed": _when(record.committed_at) if record else None,
+                    "disabled": record.disabled_reason if record else None,
+                    "unanswered_sends": record.unsure_sends if record else 0,
+                    "sends_held_until": _send_hold(config, channel, record, now),
+                    "paused_until": route_pauses,
+                    "pending_notices": [p.notice_id for p in pending if p.route == key],
                 }
-                routes.append(
-                    {
-                        "route": key,
-                        "channel": channel,
-                        "chat": str(chat),
-                        "agent": agent_id,
-                        "message_id": record.message_id if record else None,
-                        "last_committed": _when(record.committed_at) if record else None,
-                        "disabled": record.disabled_reason if record else None,
-                        "unanswered_sends": record.unsure_sends if record else 0,
-                        "sends_held_until": _send_hold(config, channel, record, now),
-                        "paused_until": route_pauses,
-                        "pending_notices": [p.notice_id for p in pending if p.route == key],
-                    }
-                )
+            )
         pid = running_pid(config.state_dir)
         agents = [
             {
-                "agent": agent.id,
+                "agent": agent_id,
+                "workdir": str(workdir),
+                "found_by": found_by,
                 "problems": parse_agent_health(
-                    store.get_cursor(agent_health_key(agent.id)) if store else None
+                    store.get_cursor(agent_health_key(agent_id)) if store else None
                 ),
             }
-            for agent in config.agents
+            for agent_id, (workdir, found_by) in fleet.agents.items()
         ]
         return {
             "state_file": str(path),
@@ -190,6 +196,41 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
     finally:
         if store:
             store.close()
+
+
+@dataclass(frozen=True)
+class _StatusFleet:
+    """What `serve` would serve now: each route with what opened it ("config" or "origin"),
+    each agent with its workdir and how it was found ("config" or "discovered")."""
+
+    routes: list[tuple[RouteKey, str]]
+    agents: dict[str, tuple[Path, str]]
+
+
+def _fleet(config: ServiceConfig, store: StateStore | None) -> _StatusFleet:
+    """The configured routes (also of agents named but not found yet), the routes origins
+    opened (from the store) and the agents under `[discover] roots`, as `serve` builds them."""
+    from taskcard.bridge.run.fleet import desired_fleet, discover_agents
+    from taskcard.bridge.run.origins import OriginBook
+    from taskcard.bridge.schedule.scheduler import RouteKey
+
+    specs = route_specs(config)
+    discovered = discover_agents(config.discover.roots, config.agent_ids()).agents
+    origins = OriginBook(store).open_routes() if store is not None else []
+    fleet = desired_fleet(config, specs, discovered, origins)
+    routes: dict[RouteKey, str] = {}
+    for spec in specs:  # configured first, in the file's order, found or not
+        names = list(fleet.agents) if spec.all_agents else list(spec.agents)
+        for agent_id in names:
+            routes.setdefault(RouteKey(spec.channel, spec.chat, agent_id), "config")
+    for route in fleet.routes:
+        routes.setdefault(route.key, "origin" if route.origin else "config")
+    configured = set(config.agent_ids())
+    agents = {
+        agent_id: (workdir, "config" if agent_id in configured else "discovered")
+        for agent_id, workdir in fleet.agents.items()
+    }
+    return _StatusFleet(list(routes.items()), agents)
 
 
 def _send_hold(
@@ -231,7 +272,8 @@ def _status(args: argparse.Namespace) -> int:
     for pause in report["pauses"]:
         print(f"rate-limit pause: {pause['scope']} ({pause['what']}) until {pause['until']}")
     for route in report["routes"]:
-        print(f"{route['route']}")
+        opened = " (opened by a turn origin)" if route["opened_by"] == "origin" else ""
+        print(f"{route['route']}{opened}")
         print(f"  resident message: {route['message_id'] or '(none yet)'}")
         print(f"  last committed edit: {route['last_committed'] or '(never)'}")
         if route["disabled"]:
@@ -250,6 +292,8 @@ def _status(args: argparse.Namespace) -> int:
             f"  pending notices: {len(notices)}" + (f" ({', '.join(notices)})" if notices else "")
         )
     for agent in report["agents"]:
+        if agent["found_by"] == "discovered":
+            print(f"agent {agent['agent']}: discovered at {agent['workdir']}")
         if agent["problems"]:
             print(f"agent {agent['agent']}: PROBLEMS")
             for problem in agent["problems"]:

@@ -3,9 +3,15 @@
 Why synchronous: `StateStore` is called directly from the event loop, and each call here is one
 round trip (or one short Lua script) to a Redis that should sit next to the instances, well
 under a millisecond; making the interface async would touch every caller in the data path for
-no gain. A Redis that restarts is bridged by the client's retries (capped backoff, a few
-seconds in all), which briefly hold the loop; a longer outage raises `redis.RedisError`, which
-the service's per-agent and per-lane barriers catch and retry like any other failure.
+no gain. A Redis that restarts is bridged by the client's retries (capped backoff), which
+briefly hold the loop; a longer outage raises `redis.RedisError`, which the service's per-agent
+and per-lane barriers catch and retry like any other failure.
+
+The retries are bounded by time, not only by count (`BudgetRetry`): while a call retries, the
+loop is held and nothing else runs, not even the SIGTERM handler. Twelve retries of a Redis
+that does not answer at all (a host gone, a partition: every attempt waits out its socket
+timeout) held the loop for half a minute per call; the budget keeps one call to a few seconds
+whatever the failure looks like.
 
 Read-modify-write steps (a notice recorded once cluster-wide, a resident's replacement) are
 Lua scripts, so two instances never interleave inside one. Durability is Redis's: run it with
@@ -21,8 +27,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -41,8 +48,12 @@ from taskcard.bridge.store.base import (
     StateStore,
 )
 
-# Enough to ride out a Redis restart (a second or two) without failing the call.
+# Enough to ride out a Redis restart (a second or two) without failing the call...
 _RETRIES = 12
+# ...and never more than this in all: the loop waits for the call (see the module's doc).
+RETRY_BUDGET_S = 3.0
+
+T = TypeVar("T")
 
 _ADD_NOTICE = """
 if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
@@ -79,18 +90,69 @@ return 1
 """
 
 
-def connect(url: str, *, timeout_s: float = 2.0) -> redis.Redis:
-    """A synchronous client for `url` that retries through a short outage."""
+class BudgetRetry(Retry):
+    """redis-py's retry, plus a time budget: no new attempt once `budget_s` has passed since
+    the first, or would pass during the backoff before it. The count alone bounds a Redis that
+    refuses connections (each attempt fails at once) but not one that does not answer (each
+    attempt waits its socket timeout)."""
+
+    def __init__(
+        self,
+        retries: int,
+        *,
+        budget_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        super().__init__(
+            ExponentialBackoff(cap=0.5, base=0.05),
+            retries,
+            supported_errors=(RedisConnectionError, RedisTimeoutError, ConnectionError),
+        )
+        self.budget_s = budget_s
+        self._clock = clock
+        self._sleep = sleep
+
+    def call_with_retry(
+        self,
+        do: Callable[[], T],
+        fail: Callable[..., Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> T:
+        self._backoff.reset()  # type: ignore[no-untyped-call]
+        started = self._clock()
+        failures = 0
+        while True:
+            try:
+                return do()
+            except self._supported_errors as error:
+                if is_retryable is not None and not is_retryable(error):
+                    raise
+                failures += 1
+                if with_failure_count:
+                    fail(error, failures)
+                else:
+                    fail(error)
+                delay_s = self._backoff.compute(failures)
+                spent_s = self._clock() - started
+                if failures > self._retries or spent_s + delay_s >= self.budget_s:
+                    raise error
+                if delay_s > 0:
+                    self._sleep(delay_s)
+
+
+def connect(
+    url: str, *, timeout_s: float = 2.0, retry_budget_s: float = RETRY_BUDGET_S
+) -> redis.Redis:
+    """A synchronous client for `url` that retries through a short outage, for at most
+    `retry_budget_s` per call."""
     return redis.Redis.from_url(
         url,
         decode_responses=True,
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
-        retry=Retry(
-            ExponentialBackoff(cap=0.5, base=0.05),
-            _RETRIES,
-            supported_errors=(RedisConnectionError, RedisTimeoutError, ConnectionError),
-        ),
+        retry=BudgetRetry(_RETRIES, budget_s=retry_budget_s),
         health_check_interval=10,
     )
 

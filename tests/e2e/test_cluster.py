@@ -54,8 +54,10 @@ def instance(
     redis_url: str,
     prefix: str,
     limits: str = "",
+    chat_id: int = GROUP,
 ) -> ServeProcess:
-    """One instance: its own folder and state, agents' workdirs shared under tmp_path."""
+    """One instance: its own folder and state, agents' workdirs shared under tmp_path; its
+    agents are routed to `chat_id`."""
     folder = tmp_path / name
     folder.mkdir()
     lines = [f'state_dir = "{folder / "state"}"']
@@ -69,7 +71,7 @@ def instance(
         f'api_base_url = "{fake.base_url}"',
         "poll_timeout_s = 1",
         "[[telegram.routes]]",
-        f"chat_id = {GROUP}",
+        f"chat_id = {chat_id}",
         f"agents = {json.dumps(agents)}",
     ]
     if limits:
@@ -314,3 +316,61 @@ def test_a_redis_url_with_a_password_is_never_printed(
         assert result.returncode == 2, result.stderr
         assert "cannot reach the Redis" in result.stderr
         assert "Pa55w0rd" not in result.stderr + result.stdout
+
+
+async def test_chats_lists_what_every_instance_saw_from_the_shared_state(
+    tmp_path: Path,
+    fake: FakeTelegram,
+    redis_url: str,
+    prefix: str,
+    fleet: ExitStack,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    other, unrouted = -1009876543210, -1005555555555
+    serves = {
+        "i0": instance(tmp_path, "i0", fake, ["i0agent"], redis_url=redis_url, prefix=prefix),
+        "i1": instance(
+            tmp_path, "i1", fake, ["i1agent"], redis_url=redis_url, prefix=prefix, chat_id=other
+        ),
+    }
+    for serve in serves.values():
+        fleet.enter_context(serve)
+    await eventually(lambda: any(POLLING in s.logs for s in serves.values()), what="a poller")
+    for chat in (GROUP, other, unrouted):
+        fake.inject_command(chat, "/taskcard")
+    monkeypatch.setenv("TC_REDIS_URL", redis_url)
+
+    def rows(name: str) -> dict[str, dict[str, object]] | None:
+        result = run_cli("chats", "--config", str(serves[name].config), "--json")
+        assert result.returncode == 0, result.stderr
+        found = {str(row["chat_id"]): row for row in json.loads(result.stdout)}
+        return found if len(found) == 3 else None
+
+    # Neither instance's own state file knows all three chats: the shared state does.
+    seen_by_i0 = await eventually(lambda: rows("i0"), what="three chats in `taskcard chats`")
+    assert {chat: row["routed"] for chat, row in seen_by_i0.items()} == {
+        str(GROUP): True,
+        str(other): False,
+        str(unrouted): False,
+    }
+    assert seen_by_i0[str(unrouted)]["title"] == f"Group {unrouted}"
+    seen_by_i1 = rows("i1")
+    assert seen_by_i1 is not None and seen_by_i1[str(other)]["routed"] is True
+    assert seen_by_i1[str(GROUP)]["routed"] is False
+    table = run_cli("chats", "--config", str(serves["i1"].config))
+    assert table.returncode == 0 and str(unrouted) in table.stdout, table.stderr
+    for serve in serves.values():
+        assert await serve.aterminate() == 0
+
+
+def test_chats_with_an_unreachable_redis_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    config = tmp_path / "taskcard.toml"
+    config.write_text(
+        '[[agents]]\nid = "a"\nworkdir = "a"\n[console]\nenabled = true\n'
+        f'[cluster]\nredis_url = "redis://127.0.0.1:{free_port()}/0"\n'
+    )
+    result = run_cli("chats", "--config", str(config))
+    assert result.returncode == 2, result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot reach the Redis of [cluster]" in lines[0], lines

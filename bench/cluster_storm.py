@@ -1,0 +1,377 @@
+"""Cluster storm: the storm scenario served by three `taskcard serve` instances on one Redis.
+
+The agents and routes are those of `storm` (100 agents, each body replaced every 200 ms for
+120 s; one group with every resident, private chats of 5), but the workdirs are split across
+three instances as if on three machines: the private chats are dealt out round-robin, each
+instance gets the agents of its chats, and each routes the group for its own share. So the
+group receives cards from all three, and the group's, the private chats' and the bot's
+limits hold only if the instances share them through Redis (a real `redis-server` on
+loopback, started here). One fake Telegram enforces the limits for all three with real 429s.
+
+The group window is shortened to 20 per 20 s by default exactly as in `storm` (see there why);
+`--real-limits` runs 20 per 60 s.
+
+Figures: 429 answers; the most requests the fake accepted in any window of each limit (the
+group's, one private chat's, the bot's), from the fake's own log; staleness per chat kind and
+the drain after the storm, computed as in `storm`; residents duplicated (a second message of
+one agent in one chat: must be 0); and the serve CPU of each instance.
+
+The baseline beside it is the polling baseline of `storm` (one process reading every agent,
+against its own fake with the same limits): what the same fleet costs without taskcard. It
+is one process, so its CPU compares with the three instances' sum, not with one of them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from bench.harness import (
+    CARD_METHODS,
+    TOKEN_ENV,
+    VERSION_TAG,
+    BaselineProcess,
+    CardWriter,
+    Fleet,
+    Limits,
+    ProcessMeter,
+    Progress,
+    Route,
+    Shown,
+    agent_ids,
+    make_fleet,
+    sleep_until,
+    visible_delays,
+)
+from bench.measure import percentile
+from bench.results import Figure, ScenarioResult
+from tests.e2e.harness import ServeProcess, eventually
+from tests.fakes.telegram_api import BOT_LIMITED_METHODS, FakeTelegram, Window
+from tests.redis_server import RedisServer, have_redis
+
+GROUP = -1009000000001
+FIRST_PRIVATE = 7001
+PER_PRIVATE_CHAT = 5
+CHANGE_PERIOD_S = 0.2
+SLACK_S = 2.0
+INSTANCES = 3
+
+
+@dataclass(frozen=True)
+class Share:
+    """What one instance serves: its agents and its routes (the group's part among them)."""
+
+    name: str
+    agents: tuple[str, ...]
+    routes: tuple[Route, ...]
+
+
+def split(routes: Sequence[Route], instances: int) -> list[Share]:
+    """Deal the private chats round-robin; each instance routes the group for its agents."""
+    private = [route for route in routes if route.chat_id > 0]
+    shares = []
+    for index in range(instances):
+        mine = private[index::instances]
+        agents = tuple(agent for route in mine for agent in route.agents)
+        shares.append(Share(f"i{index}", agents, (Route(GROUP, agents), *mine)))
+    return shares
+
+
+def max_in_window(times: Iterable[float], period_s: float) -> int:
+    """The most events in any window of `period_s` (events closer than `period_s` apart
+    share a window, as the fake counts them)."""
+    ordered = sorted(times)
+    best, start = 0, 0
+    for end, moment in enumerate(ordered):
+        while moment - ordered[start] >= period_s:
+            start += 1
+        best = max(best, end - start + 1)
+    return best
+
+
+def instance_config(
+    fleet: Fleet, share: Share, folder: Path, base_url: str, limits: Limits, redis: str, prefix: str
+) -> str:
+    lines = [f'state_dir = "{folder / "state"}"', 'log_level = "INFO"']
+    for agent in share.agents:
+        lines += ["[[agents]]", f'id = "{agent}"', f'workdir = "{fleet.workdir(agent)}"']
+    lines += ["[telegram]", f'token_env = "{TOKEN_ENV}"', f'api_base_url = "{base_url}"']
+    for name in ("private_chat", "group_chat", "bot"):
+        window: Window | None = getattr(limits, name)
+        assert window is not None, "the service always enforces a limit"
+        lines.append(
+            f"limits.{name} = {{ max_calls = {window.max_calls}, period_s = {window.period_s} }}"
+        )
+    for route in share.routes:
+        lines += [
+            "[[telegram.routes]]",
+            f"chat_id = {route.chat_id}",
+            f"agents = {json.dumps(list(route.agents))}",
+        ]
+    lines += ["[console]", "enabled = false"]
+    lines += ["[cluster]", f'redis_url = "{redis}"', f'instance = "{share.name}"']
+    lines.append(f'key_prefix = "{prefix}"')
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class _Analysis:
+    """The figures of one subject (the three instances, or the baseline) from its fake."""
+
+    rate_limited: int = 0
+    group_max: int = 0
+    private_max: int = 0
+    bot_max: int = 0
+    duplicated: int = 0
+    staleness: dict[str, list[float]] = field(default_factory=dict)
+    drain: dict[str, float] = field(default_factory=dict)
+    final: dict[str, int] = field(default_factory=dict)
+    routes: dict[str, int] = field(default_factory=dict)
+
+
+def analyse(
+    fleet: Fleet,
+    limits: Limits,
+    fake: FakeTelegram,
+    shown: Shown,
+    writer: CardWriter,
+    storm: tuple[float, float],
+    end_s: float,
+) -> _Analysis:
+    start_s, stop_s = storm
+    shown.update()
+    result = _Analysis(rate_limited=len(fake.rate_limited))
+    accepted = [r for r in fake.requests if r.status != 429]
+    per_chat: dict[int, list[float]] = {}
+    for request in accepted:
+        if request.method in CARD_METHODS and request.chat_id is not None:
+            per_chat.setdefault(request.chat_id, []).append(request.at_s)
+    assert limits.group_chat and limits.private_chat and limits.bot
+    result.group_max = max_in_window(per_chat.get(GROUP, []), limits.group_chat.period_s)
+    result.private_max = max(
+        (max_in_window(t, limits.private_chat.period_s) for c, t in per_chat.items() if c > 0),
+        default=0,
+    )
+    result.bot_max = max_in_window(
+        (r.at_s for r in accepted if r.method in BOT_LIMITED_METHODS), limits.bot.period_s
+    )
+    for route in fleet.routes:
+        seen: dict[str, int] = {}
+        for message in fake.bot_messages(route.chat_id):
+            match = VERSION_TAG.search(message.text)
+            if match is not None:
+                seen[match.group(1)] = seen.get(match.group(1), 0) + 1
+        result.duplicated += sum(count - 1 for count in seen.values() if count > 1)
+    for kind in ("group", "private"):
+        result.staleness[kind], result.drain[kind] = [], 0.0
+        result.final[kind] = result.routes[kind] = 0
+    for route in fleet.routes:
+        kind = "group" if route.chat_id < 0 else "private"
+        for agent in route.agents:
+            timeline = shown.timeline.get((route.chat_id, agent), [])
+            writes = [w for w in writer.log[agent] if start_s <= w[0] <= stop_s]
+            result.staleness[kind] += [d for d, _ in visible_delays(writes, timeline, end_s)]
+            result.routes[kind] += 1
+            shown_at = next((t for t, v in timeline if v >= writer.versions[agent]), None)
+            if shown_at is None:
+                result.drain[kind] = math.inf
+            else:
+                result.final[kind] += 1
+                result.drain[kind] = max(result.drain[kind], shown_at - stop_s)
+    return result
+
+
+async def run(
+    workspace: Path,
+    *,
+    quick: bool,
+    real_limits: bool = False,
+    agents: int | None = None,
+    duration_s: float | None = None,
+    with_baseline: bool = True,
+) -> ScenarioResult:
+    """`agents` and `duration_s` override the mode's sizes; `with_baseline=False` runs the
+    three instances alone."""
+    if not have_redis():
+        raise RuntimeError("redis-server is not installed (`make redis-server` installs it)")
+    count = agents or (30 if quick else 100)
+    duration_s = duration_s or (20.0 if quick else 120.0)
+    group_period_s = 60.0 if real_limits else 20.0
+    limits = Limits(group_chat=Window(20, group_period_s))
+    ids = agent_ids(count)
+    routes = [Route(GROUP, ids)] + [
+        Route(FIRST_PRIVATE + index, ids[offset : offset + PER_PRIVATE_CHAT])
+        for index, offset in enumerate(range(0, count, PER_PRIVATE_CHAT))
+    ]
+    root = workspace / "cluster_storm"
+    fleet = make_fleet(root, ids, routes)
+    shares = split(routes, INSTANCES)
+    writer = CardWriter(fleet)
+    writer.activate_all()
+    group_rate = 20 / group_period_s
+    group_bound_s = count / group_rate + SLACK_S
+    private_bound_s = PER_PRIVATE_CHAT / 1.0 + SLACK_S
+    keys = fleet.route_keys()
+    started = time.monotonic()
+    progress = Progress("cluster_storm")
+    redis = RedisServer(root / "redis").start()
+    serves: list[ServeProcess] = []
+    baseline: BaselineProcess | None = None
+    try:
+        async with (
+            FakeTelegram(limits=limits.fake()) as ours,
+            FakeTelegram(limits=limits.fake()) as theirs,
+        ):
+            prefix = f"bench-{uuid.uuid4().hex[:8]}"
+            for share in shares:
+                folder = root / share.name
+                folder.mkdir(parents=True, exist_ok=True)
+                config = folder / "taskcard.toml"
+                config.write_text(
+                    instance_config(fleet, share, folder, ours.base_url, limits, redis.url, prefix)
+                )
+                serves.append(ServeProcess(config, env={TOKEN_ENV: ours.token}).start())
+            baseline = BaselineProcess(fleet, theirs).start() if with_baseline else None
+            shown_ours, shown_theirs = Shown(ours), Shown(theirs)
+            await eventually(
+                lambda: (
+                    ours.count("getMe") >= INSTANCES and (baseline is None or theirs.count("getMe"))
+                ),
+                timeout_s=60,
+                what="the instances and the baseline to reach their fakes",
+            )
+            meters = [ProcessMeter(serve.proc.pid if serve.proc else 0) for serve in serves]
+            for meter in meters:
+                meter.begin()
+            progress(f"storm of {duration_s:.0f} s begins on {INSTANCES} instances")
+            storm_start = time.monotonic()
+            storm_stop = storm_start + duration_s
+            step_s = CHANGE_PERIOD_S / count
+            index = 0
+            while True:
+                due = storm_start + index * step_s
+                if due > storm_stop:
+                    break
+                await sleep_until(due)
+                writer.publish(ids[index % count])
+                index += 1
+            storm_stop = time.monotonic()
+            for meter in meters:
+                meter.end()
+            progress(f"storm over; observing the drain for up to {group_bound_s + 5:.0f} s")
+            deadline = storm_stop + group_bound_s + 5.0
+            while time.monotonic() < deadline:
+                if shown_ours.showing(keys, writer.versions) == len(keys) and (
+                    baseline is None or shown_theirs.showing(keys, writer.versions) == len(keys)
+                ):
+                    break
+                await sleep_until(time.monotonic() + 0.2)
+            end_s = time.monotonic()
+            progress("drain observed; stopping")
+            if baseline is not None:
+                await baseline.stop()
+            for serve in serves:
+                await serve.aterminate()
+            window = (storm_start, storm_stop)
+            mine = analyse(fleet, limits, ours, shown_ours, writer, window, end_s)
+            base = analyse(fleet, limits, theirs, shown_theirs, writer, window, end_s)
+    finally:
+        for serve in serves:
+            if serve.proc is not None and serve.proc.poll() is None:
+                serve.kill()
+        if baseline is not None:
+            await baseline.stop()
+        redis.stop()
+    observed_s = end_s - storm_stop
+    result = ScenarioResult(
+        "cluster_storm",
+        f"storm at {INSTANCES} instances on one Redis: {count} agents, each body replaced "
+        f"every {CHANGE_PERIOD_S * 1000:.0f} ms for {duration_s:.0f} s; one group with all "
+        f"{count} residents (fed by all {INSTANCES}), {len(routes) - 1} private chats of "
+        f"{PER_PRIVATE_CHAT} dealt out round-robin (agents per instance: "
+        f"{', '.join(str(len(s.agents)) for s in shares)}); cold start; limits 1/s per "
+        f"private chat, 20 per {group_period_s:.0f} s per group, 30/s per bot, one fake.",
+        wall_s=time.monotonic() - started,
+    )
+    assert limits.bot is not None
+    windows = [
+        ("group", mine.group_max, base.group_max, 20, f"{group_period_s:.0f} s"),
+        ("private chat", mine.private_max, base.private_max, 1, "1 s"),
+        ("bot", mine.bot_max, base.bot_max, limits.bot.max_calls, "1 s"),
+    ]
+    figures = [
+        Figure("429 answers", float(mine.rate_limited), "", "0", mine.rate_limited == 0,
+               float(base.rate_limited)),
+    ]  # fmt: skip
+    for label, value, theirs_value, limit, period in windows:
+        figures.append(
+            Figure(
+                f"{label}: requests in any {period} (max)",
+                float(value),
+                "",
+                f"<= {limit}",
+                value <= limit,
+                float(theirs_value),
+                note="accepted by the fake (429s excluded), all instances together",
+            )
+        )
+    for kind in ("group", "private"):
+        for label, fraction in (("p50", 0.5), ("p99", 0.99)):
+            figures.append(
+                Figure(
+                    f"{kind}: staleness {label}",
+                    percentile(mine.staleness[kind], fraction),
+                    "s",
+                    baseline=percentile(base.staleness[kind], fraction),
+                )
+            )
+    for kind, bound_s in (("group", group_bound_s), ("private", private_bound_s)):
+        drained = mine.drain[kind]
+        missing = [
+            f"{label}: only {who.final[kind]}/{who.routes[kind]} final after {observed_s:.0f} s"
+            for who, label in ((mine, "taskcard"), (base, "baseline"))
+            if not math.isfinite(who.drain[kind]) and (who is mine or with_baseline)
+        ]
+        figures.append(
+            Figure(
+                f"{kind}: drain after the storm",
+                drained if math.isfinite(drained) else observed_s,
+                "s",
+                f"<= {bound_s:.0f}",
+                drained <= bound_s,
+                base.drain[kind] if math.isfinite(base.drain[kind]) else observed_s,
+                note="; ".join(missing),
+            )
+        )
+    figures.append(
+        Figure("residents duplicated", float(mine.duplicated), "", "0", mine.duplicated == 0,
+               float(base.duplicated))
+    )  # fmt: skip
+    per_instance = [meter.cpu_s_per_min for meter in meters]
+    figures.append(
+        Figure(
+            "serve CPU per instance (max)",
+            max(per_instance),
+            "s/min",
+            note="each instance: " + ", ".join(f"{cpu:.1f}" for cpu in per_instance),
+        )
+    )
+    figures.append(
+        Figure(
+            "serve CPU, three instances together",
+            sum(per_instance),
+            "s/min",
+            baseline=None,
+            note="compare with the single-process storm row and the baseline's process",
+        )
+    )
+    if baseline is None:
+        figures = [replace(figure, baseline=None) for figure in figures]
+        result.notes.append("run without the polling baseline beside it")
+    result.figures += figures
+    return result

@@ -1,0 +1,75 @@
+"""`taskcard status` shows the whole fleet `serve` runs, not only the configured part.
+
+Routes opened by a turn's origin and agents found under `[discover] roots` are served without
+a line of their own in the configuration; an operator reading `status` must see them too, in
+the human output and in `--json`, while the service runs and after it stopped (the origin
+routes are kept in the state).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.harness import ServeProcess, eventually, publish, run_cli
+from tests.e2e.test_origin_fleet import GROUP, TOPIC, hook, ready, telegram_config, texts
+from tests.fakes.telegram_api import FakeTelegram
+
+
+@pytest.fixture
+async def telegram() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram() as server:
+        yield server
+
+
+def status(config: Path, *extra: str) -> str:
+    result = run_cli("status", "--config", str(config), *extra)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+async def test_status_lists_origin_routes_and_discovered_agents(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    config = telegram_config(
+        tmp_path,
+        telegram,
+        extra=f'[[telegram.routes]]\nchat_id = {GROUP}\nagents = ["*"]',
+    )
+    coder = tmp_path / "fleet" / "coder"
+    idle = tmp_path / "fleet" / "idle"
+    origin_route = f"telegram:{GROUP}:{TOPIC}:coder"
+    with ServeProcess(config, env={"TC_TEST_TOKEN": telegram.token}) as serve:
+        await ready(serve, "telegram")
+        coder.mkdir()
+        idle.mkdir()
+        hook("01_session_start.json", coder)
+        hook("02_user_prompt_submit.json", coder, f"telegram:{GROUP}:{TOPIC}")
+        publish(coder, "coder at work")
+        await eventually(
+            lambda: any("coder at work" in t for t in texts(telegram, GROUP, TOPIC)),
+            timeout_s=60,
+            what="the card in the origin topic",
+        )
+        running = status(config)
+        assert await serve.aterminate() == 0
+    stopped = status(config)
+    for text in (running, stopped):
+        assert f"{origin_route} (opened by a turn origin)" in text, text
+        assert f"agent idle: discovered at {idle}" in text, text
+        assert f"agent coder: discovered at {coder}" in text, text
+    report: dict[str, Any] = json.loads(status(config, "--json"))
+    routes = {route["route"]: route for route in report["routes"]}
+    assert routes[origin_route]["opened_by"] == "origin"
+    assert routes[origin_route]["message_id"] is not None, "the resident in the topic"
+    # The configured ["*"] route covers the discovered agents too.
+    assert routes[f"telegram:{GROUP}::idle"]["opened_by"] == "config"
+    assert routes[f"telegram:{GROUP}::coder"]["opened_by"] == "config"
+    agents = {agent["agent"]: agent for agent in report["agents"]}
+    assert agents["idle"]["found_by"] == "discovered"
+    assert agents["idle"]["workdir"] == str(idle)
+    assert agents["coder"]["found_by"] == "discovered"
