@@ -39,7 +39,7 @@ _OPEN_FLAGS: Final = (
     | getattr(os, "O_CLOEXEC", 0)
     | getattr(os, "O_NOCTTY", 0)
 )
-_PROC_FD: Final = Path("/proc/self/fd")
+_PROC_FD: Final = "/proc/self/fd/"
 _MISSING: Final = frozenset({errno.ENOENT})
 
 
@@ -77,7 +77,7 @@ class WorkdirFiles:
             self._refused(path, str(refusal))
             return None
         self._fine(path)
-        return checked[1] if checked else None
+        return checked[2] if checked else None
 
     def open(self, path: Path) -> BinaryIO | None:
         """The regular file opened for binary reading (the caller closes it), or None."""
@@ -103,8 +103,9 @@ class WorkdirFiles:
 
     # -- the checks -------------------------------------------------------------------------
 
-    def _check(self, path: Path) -> tuple[str, os.stat_result] | None:
-        """(resolved path, lstat) of a regular file inside the workdir; None when missing."""
+    def _check(self, path: Path) -> tuple[str, str, os.stat_result] | None:
+        """(resolved workdir, resolved path, lstat) of a regular file inside the workdir;
+        None when missing."""
         try:
             root = os.path.realpath(self.workdir)
             real = os.path.realpath(path)
@@ -125,13 +126,13 @@ class WorkdirFiles:
             raise Refused(
                 f"is {file_kind(st.st_mode)}, not a regular file; replace it with a regular file"
             )
-        return real, st
+        return root, real, st
 
     def _open(self, path: Path) -> BinaryIO | None:
         checked = self._check(path)
         if checked is None:
             return None
-        real, looked_at = checked
+        root, real, looked_at = checked
         try:
             fd = os.open(real, _OPEN_FLAGS)
         except OSError as error:
@@ -145,17 +146,17 @@ class WorkdirFiles:
                 looked_at.st_ino,
             ):
                 raise Refused("was replaced while being opened; it is read again when it changes")
-            self._check_descriptor(fd)
+            self._check_descriptor(fd, root)
             return os.fdopen(fd, "rb")
         except BaseException:
             os.close(fd)
             raise
 
-    def _check_descriptor(self, fd: int) -> None:
-        """On Linux, the path the kernel opened, which no component swap can fake."""
+    def _check_descriptor(self, fd: int, root: str) -> None:
+        """On Linux, the path the kernel opened, which no component swap can fake, checked
+        against the workdir as `_check` resolved it for this same read."""
         try:
-            opened = os.readlink(_PROC_FD / str(fd))
-            root = os.path.realpath(self.workdir)
+            opened = os.readlink(_PROC_FD + str(fd))
         except OSError:
             return  # no /proc: the lstat/fstat identity check above is what we have
         if not is_inside(root, opened):
@@ -179,6 +180,8 @@ class WorkdirFiles:
         self.problems[name] = reason
 
     def _fine(self, path: Path) -> None:
+        if not self.problems:
+            return  # the common case: nothing to clear, no name to work out
         name = self._name(path)
         if self.problems.pop(name, None) is not None:
             logger.info("agent %s: %s is readable again", self.agent_id, name)
