@@ -62,6 +62,8 @@ def is_inside(root: str, path: str) -> bool:
 class WorkdirFiles:
     """Safe reads of the files under one agent's workdir, with the problems they had."""
 
+    __slots__ = ("agent_id", "problems", "workdir")
+
     def __init__(self, agent_id: str, workdir: Path) -> None:
         self.agent_id = agent_id
         self.workdir = Path(os.path.abspath(workdir))

@@ -47,13 +47,20 @@ class LineFollower:
     A file shorter than the offset was truncated and is read from its start.
     """
 
+    # One per followed file, four per agent: slots, and the rotation's path made when needed.
+    __slots__ = ("_signed", "files", "path", "position", "signature")
+
     def __init__(self, path: Path, files: WorkdirFiles) -> None:
         self.path = path
         self.files = files
-        self.rotated = path.with_name(path.name + ".1")
         self.position: Position | None = None
         self.signature: FileSignature | None = None
         self._signed = False
+
+    @property
+    def rotated(self) -> Path:
+        """`<name>.1`, where the rest of a rotated file is."""
+        return self.path.with_name(self.path.name + ".1")
 
     def forget(self) -> None:
         """The next `unchanged` is False: the file is looked at again."""
