@@ -26,11 +26,14 @@ import logging
 import os
 import stat
 from pathlib import Path
-from typing import BinaryIO, Final
+from typing import BinaryIO, Final, TypeAlias
 
 from taskcard.producers.task_card.contract import file_kind as contract_file_kind
 
 logger = logging.getLogger(__name__)
+
+# A path as the callers hold it: a `Path`, or text where thousands are kept (followers).
+StrPath: TypeAlias = str | os.PathLike[str]
 
 _OPEN_FLAGS: Final = (
     os.O_RDONLY
@@ -71,7 +74,7 @@ class WorkdirFiles:
 
     # -- public reads -----------------------------------------------------------------------
 
-    def stat(self, path: Path) -> os.stat_result | None:
+    def stat(self, path: StrPath) -> os.stat_result | None:
         """The regular file's status, or None when it is missing or refused."""
         try:
             checked = self._check(path)
@@ -81,7 +84,7 @@ class WorkdirFiles:
         self._fine(path)
         return checked[2] if checked else None
 
-    def open(self, path: Path) -> BinaryIO | None:
+    def open(self, path: StrPath) -> BinaryIO | None:
         """The regular file opened for binary reading (the caller closes it), or None."""
         try:
             handle = self._open(path)
@@ -91,7 +94,7 @@ class WorkdirFiles:
         self._fine(path)
         return handle
 
-    def read(self, path: Path, limit: int) -> bytes | None:
+    def read(self, path: StrPath, limit: int) -> bytes | None:
         """At most `limit` bytes of the regular file, or None when it is missing or refused."""
         handle = self.open(path)
         if handle is None:
@@ -105,7 +108,7 @@ class WorkdirFiles:
 
     # -- the checks -------------------------------------------------------------------------
 
-    def _check(self, path: Path) -> tuple[str, str, os.stat_result] | None:
+    def _check(self, path: StrPath) -> tuple[str, str, os.stat_result] | None:
         """(resolved workdir, resolved path, lstat) of a regular file inside the workdir;
         None when missing."""
         try:
@@ -130,7 +133,7 @@ class WorkdirFiles:
             )
         return root, real, st
 
-    def _open(self, path: Path) -> BinaryIO | None:
+    def _open(self, path: StrPath) -> BinaryIO | None:
         checked = self._check(path)
         if checked is None:
             return None
@@ -169,19 +172,19 @@ class WorkdirFiles:
 
     # -- bookkeeping ------------------------------------------------------------------------
 
-    def _name(self, path: Path) -> str:
+    def _name(self, path: StrPath) -> str:
         try:
             return Path(os.path.abspath(path)).relative_to(self.workdir).as_posix()
         except ValueError:
-            return path.name
+            return os.path.basename(path)
 
-    def _refused(self, path: Path, reason: str) -> None:
+    def _refused(self, path: StrPath, reason: str) -> None:
         name = self._name(path)
         if self.problems.get(name) != reason:
             logger.warning("agent %s: %s %s; not read", self.agent_id, name, reason)
         self.problems[name] = reason
 
-    def _fine(self, path: Path) -> None:
+    def _fine(self, path: StrPath) -> None:
         if not self.problems:
             return  # the common case: nothing to clear, no name to work out
         name = self._name(path)
