@@ -26,11 +26,14 @@ import logging
 import os
 import stat
 from pathlib import Path
-from typing import BinaryIO, Final
+from typing import BinaryIO, Final, TypeAlias
 
 from taskcard.producers.task_card.contract import file_kind as contract_file_kind
 
 logger = logging.getLogger(__name__)
+
+# A path as the callers hold it: a `Path`, or text where thousands are kept (followers).
+StrPath: TypeAlias = str | os.PathLike[str]
 
 _OPEN_FLAGS: Final = (
     os.O_RDONLY
@@ -39,7 +42,7 @@ _OPEN_FLAGS: Final = (
     | getattr(os, "O_CLOEXEC", 0)
     | getattr(os, "O_NOCTTY", 0)
 )
-_PROC_FD: Final = Path("/proc/self/fd")
+_PROC_FD: Final = "/proc/self/fd/"
 _MISSING: Final = frozenset({errno.ENOENT})
 
 
@@ -62,6 +65,8 @@ def is_inside(root: str, path: str) -> bool:
 class WorkdirFiles:
     """Safe reads of the files under one agent's workdir, with the problems they had."""
 
+    __slots__ = ("agent_id", "problems", "workdir")
+
     def __init__(self, agent_id: str, workdir: Path) -> None:
         self.agent_id = agent_id
         self.workdir = Path(os.path.abspath(workdir))
@@ -69,7 +74,7 @@ class WorkdirFiles:
 
     # -- public reads -----------------------------------------------------------------------
 
-    def stat(self, path: Path) -> os.stat_result | None:
+    def stat(self, path: StrPath) -> os.stat_result | None:
         """The regular file's status, or None when it is missing or refused."""
         try:
             checked = self._check(path)
@@ -77,9 +82,9 @@ class WorkdirFiles:
             self._refused(path, str(refusal))
             return None
         self._fine(path)
-        return checked[1] if checked else None
+        return checked[2] if checked else None
 
-    def open(self, path: Path) -> BinaryIO | None:
+    def open(self, path: StrPath) -> BinaryIO | None:
         """The regular file opened for binary reading (the caller closes it), or None."""
         try:
             handle = self._open(path)
@@ -89,7 +94,7 @@ class WorkdirFiles:
         self._fine(path)
         return handle
 
-    def read(self, path: Path, limit: int) -> bytes | None:
+    def read(self, path: StrPath, limit: int) -> bytes | None:
         """At most `limit` bytes of the regular file, or None when it is missing or refused."""
         handle = self.open(path)
         if handle is None:
@@ -103,8 +108,9 @@ class WorkdirFiles:
 
     # -- the checks -------------------------------------------------------------------------
 
-    def _check(self, path: Path) -> tuple[str, os.stat_result] | None:
-        """(resolved path, lstat) of a regular file inside the workdir; None when missing."""
+    def _check(self, path: StrPath) -> tuple[str, str, os.stat_result] | None:
+        """(resolved workdir, resolved path, lstat) of a regular file inside the workdir;
+        None when missing."""
         try:
             root = os.path.realpath(self.workdir)
             real = os.path.realpath(path)
@@ -125,13 +131,13 @@ class WorkdirFiles:
             raise Refused(
                 f"is {file_kind(st.st_mode)}, not a regular file; replace it with a regular file"
             )
-        return real, st
+        return root, real, st
 
-    def _open(self, path: Path) -> BinaryIO | None:
+    def _open(self, path: StrPath) -> BinaryIO | None:
         checked = self._check(path)
         if checked is None:
             return None
-        real, looked_at = checked
+        root, real, looked_at = checked
         try:
             fd = os.open(real, _OPEN_FLAGS)
         except OSError as error:
@@ -145,17 +151,17 @@ class WorkdirFiles:
                 looked_at.st_ino,
             ):
                 raise Refused("was replaced while being opened; it is read again when it changes")
-            self._check_descriptor(fd)
+            self._check_descriptor(fd, root)
             return os.fdopen(fd, "rb")
         except BaseException:
             os.close(fd)
             raise
 
-    def _check_descriptor(self, fd: int) -> None:
-        """On Linux, the path the kernel opened, which no component swap can fake."""
+    def _check_descriptor(self, fd: int, root: str) -> None:
+        """On Linux, the path the kernel opened, which no component swap can fake, checked
+        against the workdir as `_check` resolved it for this same read."""
         try:
-            opened = os.readlink(_PROC_FD / str(fd))
-            root = os.path.realpath(self.workdir)
+            opened = os.readlink(_PROC_FD + str(fd))
         except OSError:
             return  # no /proc: the lstat/fstat identity check above is what we have
         if not is_inside(root, opened):
@@ -166,19 +172,21 @@ class WorkdirFiles:
 
     # -- bookkeeping ------------------------------------------------------------------------
 
-    def _name(self, path: Path) -> str:
+    def _name(self, path: StrPath) -> str:
         try:
             return Path(os.path.abspath(path)).relative_to(self.workdir).as_posix()
         except ValueError:
-            return path.name
+            return os.path.basename(path)
 
-    def _refused(self, path: Path, reason: str) -> None:
+    def _refused(self, path: StrPath, reason: str) -> None:
         name = self._name(path)
         if self.problems.get(name) != reason:
             logger.warning("agent %s: %s %s; not read", self.agent_id, name, reason)
         self.problems[name] = reason
 
-    def _fine(self, path: Path) -> None:
+    def _fine(self, path: StrPath) -> None:
+        if not self.problems:
+            return  # the common case: nothing to clear, no name to work out
         name = self._name(path)
         if self.problems.pop(name, None) is not None:
             logger.info("agent %s: %s is readable again", self.agent_id, name)

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Final
 
-from taskcard.bridge.follow.safe_read import WorkdirFiles
+from taskcard.bridge.follow.safe_read import StrPath, WorkdirFiles
 
 TAIL_BYTES: Final = 256 * 1024
 MAX_READ_BYTES: Final = 8 * 1024 * 1024
@@ -21,10 +20,10 @@ MAX_READ_BYTES: Final = 8 * 1024 * 1024
 FileSignature = tuple[int, int, int]
 
 
-def signature(path: Path) -> FileSignature | None:
+def signature(path: StrPath) -> FileSignature | None:
     """(inode, size, mtime in ns) of `path`, None when it cannot be looked at: one `stat`."""
     try:
-        st = path.stat()
+        st = os.stat(path)
     except OSError:
         return None
     return (st.st_ino, st.st_size, st.st_mtime_ns)
@@ -47,13 +46,21 @@ class LineFollower:
     A file shorter than the offset was truncated and is read from its start.
     """
 
-    def __init__(self, path: Path, files: WorkdirFiles) -> None:
-        self.path = path
+    # One per followed file, four per agent: slots, the path kept as text (a `Path` keeps a
+    # list of its parts besides), and the rotation's path made when needed.
+    __slots__ = ("_signed", "files", "path", "position", "signature")
+
+    def __init__(self, path: StrPath, files: WorkdirFiles) -> None:
+        self.path = os.fspath(path)
         self.files = files
-        self.rotated = path.with_name(path.name + ".1")
         self.position: Position | None = None
         self.signature: FileSignature | None = None
         self._signed = False
+
+    @property
+    def rotated(self) -> str:
+        """`<name>.1`, where the rest of a rotated file is."""
+        return self.path + ".1"
 
     def forget(self) -> None:
         """The next `unchanged` is False: the file is looked at again."""
@@ -129,7 +136,7 @@ class LineFollower:
             return None
         return st.st_size if st.st_ino == inode else None
 
-    def _read_range(self, path: Path, position: Position, size: int) -> list[bytes]:
+    def _read_range(self, path: StrPath, position: Position, size: int) -> list[bytes]:
         """Lines between `position.offset` and `size`; advances `position` in place."""
         if size <= position.offset:
             return []

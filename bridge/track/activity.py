@@ -9,7 +9,6 @@ The agent state comes only from these events and their timestamps, never from ca
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
@@ -81,6 +80,25 @@ class ActivityTracker:
     Transitions follow line order; silence is measured from the newest timestamp seen.
     """
 
+    # Thousands live at once, one per agent: slots, and no container until there is something
+    # to hold (an empty bounded deque costs over 600 bytes).
+    __slots__ = (
+        "_after_start",
+        "_calls",
+        "_exited_at",
+        "_last_event_at",
+        "_recent",
+        "_started_at",
+        "_tokens",
+        "_turn_ended_at",
+        "_turn_started_at",
+        "_turns_after_start",
+        "_waiting_reason",
+        "_waiting_since",
+        "origins",
+        "skipped_lines",
+    )
+
     def __init__(self) -> None:
         self.skipped_lines = 0
         self._exited_at: datetime | None = None
@@ -92,9 +110,10 @@ class ActivityTracker:
         self._after_start = False  # any event since the latest `agent.start`
         self._turns_after_start = False  # any turn fact since it (a shell has none)
         self._last_event_at: datetime | None = None
-        self._recent: deque[Movement] = deque(maxlen=MAX_RECENT)
-        # Origins (`turn.start` origin / `turn.origin`) not yet taken by the service.
-        self.origins: deque[tuple[str, datetime]] = deque(maxlen=MAX_RECENT)
+        self._recent: tuple[Movement, ...] = ()  # newest first, at most MAX_RECENT
+        # Origins (`turn.start` origin / `turn.origin`) not yet taken by the service, the
+        # latest MAX_RECENT.
+        self.origins: list[tuple[str, datetime]] = []
         self._tokens: tuple[int, int] | None = None
         self._calls: dict[str, str | None] = {}
 
@@ -116,7 +135,7 @@ class ActivityTracker:
             self._turns_after_start = True
         movement = self._transition(event)
         if movement is not None:
-            self._recent.appendleft(movement)
+            self._recent = (movement, *self._recent[: MAX_RECENT - 1])
 
     def _transition(self, event: ActivityEvent) -> Movement | None:
         fields = event.fields
@@ -134,6 +153,7 @@ class ActivityTracker:
             return Movement(kind, at, code=int_field(fields.get("code")))
         if kind in ("turn.start", "turn.origin") and isinstance(fields.get("origin"), str):
             self.origins.append((fields["origin"], event.ts))
+            del self.origins[:-MAX_RECENT]
         if kind == "turn.start":
             self._turn_started_at, self._turn_ended_at = at, None
             self._waiting_since = None
@@ -192,7 +212,7 @@ class ActivityTracker:
             turn_started_at=self._turn_started_at,
             tokens_in=self._tokens[0] if self._tokens else None,
             tokens_out=self._tokens[1] if self._tokens else None,
-            recent=tuple(self._recent),
+            recent=self._recent,
             skipped_lines=self.skipped_lines,
             state_valid_until=valid_until,
             last_event_at=self._last_event_at,

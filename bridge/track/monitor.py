@@ -122,6 +122,26 @@ def _text(value: object) -> str:
 class AgentMonitor:
     """Reads one agent's contract files incrementally; never raises on bad or missing files."""
 
+    # One per agent, thousands at once: slots keep each a few hundred bytes smaller.
+    __slots__ = (
+        "_activity",
+        "_body_raw",
+        "_card",
+        "_card_signatures",
+        "_clock",
+        "_events",
+        "_no_output_after_s",
+        "_notifications",
+        "_offsets",
+        "_pending_offset",
+        "_primed",
+        "_start_silence_s",
+        "_tracker",
+        "agent_id",
+        "files",
+        "paths",
+    )
+
     def __init__(
         self,
         agent_id: str,

@@ -44,6 +44,8 @@ class SideRefresh:
 class _Followed:
     """One followed file with its persisted offset (see the module docstring)."""
 
+    __slots__ = ("_agent_id", "_name", "_offsets", "_pending", "_primed", "follower")
+
     def __init__(
         self, agent_id: str, name: str, path: Path, files: WorkdirFiles, offsets: OffsetStore
     ) -> None:
@@ -93,6 +95,16 @@ class _Followed:
 
 class AgentSide:
     """Reads what the agent side wrote for the service: reports, acks, lineage."""
+
+    __slots__ = (
+        "_acks",
+        "_files",
+        "_lineage_signature",
+        "_reports",
+        "latest_report",
+        "lineage",
+        "paths",
+    )
 
     def __init__(
         self, agent_id: str, workdir: Path, files: WorkdirFiles, offsets: OffsetStore

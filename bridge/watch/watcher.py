@@ -101,18 +101,20 @@ class WatchPlan:
     """
 
     paths: tuple[str, ...] = ()
-    files_in: dict[str, set[str]] = field(default_factory=dict)
-    structural: dict[str, set[str]] = field(default_factory=dict)
+    # Tuples, not sets: six folders per agent, mostly of one agent each, and a set of one
+    # costs four times a tuple of one (tens of MB at 10,000 agents).
+    files_in: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    structural: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def agents_for(self, event_path: str) -> tuple[set[str], bool]:
         """(agents whose files may have changed, whether the plan must be rebuilt)."""
         agents: set[str] = set()
         structural = self.structural.get(event_path)
         if structural is not None:
-            agents |= structural
+            agents.update(structural)
         in_folder = self.files_in.get(os.path.dirname(event_path))
         if in_folder is not None:
-            agents |= in_folder
+            agents.update(in_folder)
         return agents, structural is not None
 
 
@@ -120,39 +122,43 @@ def plan_watch(workdirs: Mapping[str, Path], roots: Iterable[Path] = ()) -> Watc
     """The current watch plan for `workdirs` (and discovery `roots`), from a few `stat` calls
     per agent."""
     plan = WatchPlan()
+    structural: dict[str, set[str]] = {}
+    files_in: dict[str, set[str]] = {}
     watched: dict[str, None] = {}
     for root_path in roots:
         root = _abs(root_path)
-        plan.structural.setdefault(root, set()).add(ROOTS)
-        plan.files_in.setdefault(root, set()).add(ROOTS)
+        structural.setdefault(root, set()).add(ROOTS)
+        files_in.setdefault(root, set()).add(ROOTS)
         child, parent = root, root
         while not os.path.isdir(parent):
             child, parent = parent, os.path.dirname(parent)
-            plan.structural.setdefault(child, set()).add(ROOTS)
+            structural.setdefault(child, set()).add(ROOTS)
             if parent == child:
                 break
         if os.path.isdir(parent):
             watched[parent] = None
     for agent_id, workdir in workdirs.items():
         root = _abs(workdir)
-        plan.structural.setdefault(root, set()).add(agent_id)
+        structural.setdefault(root, set()).add(agent_id)
         if os.path.isdir(root):
             watched[root] = None
             for name in CONTRACT_DIRS:
                 folder = os.path.join(root, name)
-                plan.structural.setdefault(folder, set()).add(agent_id)
-                plan.files_in.setdefault(folder, set()).add(agent_id)
+                structural.setdefault(folder, set()).add(agent_id)
+                files_in.setdefault(folder, set()).add(agent_id)
                 if os.path.isdir(folder):
                     watched[folder] = None
             continue
         # Missing: watch the nearest existing ancestor; each step down is structural.
         child, parent = root, os.path.dirname(root)
         while parent != child and not os.path.isdir(parent):
-            plan.structural.setdefault(parent, set()).add(agent_id)
+            structural.setdefault(parent, set()).add(agent_id)
             child, parent = parent, os.path.dirname(parent)
         if os.path.isdir(parent):
             watched[parent] = None
     plan.paths = tuple(watched)
+    plan.structural = {path: tuple(agents) for path, agents in structural.items()}
+    plan.files_in = {path: tuple(agents) for path, agents in files_in.items()}
     return plan
 
 

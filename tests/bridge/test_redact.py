@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from taskcard.bridge.compose.redact import MARKER, Redactor, redact
+from taskcard.bridge.compose.redact import MARKER, Redactor, _folded_text, fold, redact
 
 SECRET_CASES = [
     ("bot 123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw0 ok", "123456789:AAHdqTcv"),
@@ -176,3 +178,20 @@ def test_a_secret_in_compatibility_characters_is_removed() -> None:
 def test_folding_keeps_ordinary_text_apart() -> None:
     redactor = Redactor([CONFIGURED])
     assert redactor.scrub("an ordinary card with spaces") == "an ordinary card with spaces"
+
+
+@given(st.text(max_size=200), st.booleans())
+@settings(max_examples=300, deadline=None)
+def test_the_fast_fold_sees_the_same_text_as_the_full_fold(text: str, markup: bool) -> None:
+    """The check every card passes before it is sent folds by stretches and cached glyphs;
+    it must see exactly what the character-by-character fold sees, for any text."""
+    assert _folded_text(text, markup=markup) == fold(text, markup=markup)[0]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["ok · 3/4 done — ✅", "\uff0a\uff0abold\uff0a\uff0a", "a\u00a0b\u200bc", "e\u0301 ﬁ ①"],
+)
+@pytest.mark.parametrize("markup", [False, True])
+def test_the_fast_fold_agrees_on_glyphs_cards_use(text: str, markup: bool) -> None:
+    assert _folded_text(text, markup=markup) == fold(text, markup=markup)[0]
