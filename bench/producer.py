@@ -163,13 +163,13 @@ async def run(workspace: Path, *, quick: bool) -> ScenarioResult:
         return percentile(samples[key], 0.5)
 
     result.figures += [
-        Figure("host CPU beyond renderers", host_cpu_pct, "% core", "< 5", host_cpu_pct < 5),
+        Figure("host CPU beyond renderers", host_cpu_pct, "% core", "<= 2", host_cpu_pct <= 2),
         Figure(
             "tick drift p99",
             drift_p99,
             "ms",
-            "<= 50",
-            drift_p99 <= 50,
+            "<= 10",
+            drift_p99 <= 10,
             note="lateness against start + k * interval_s",
         ),
         Figure("tick drift max", max(lateness_ms, default=float("nan")), "ms"),
