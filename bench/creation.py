@@ -136,6 +136,10 @@ async def run(
     for request in budgeted:
         if request.at_s <= last_s:
             by_method[request.method] = by_method.get(request.method, 0) + 1
+    others: dict[str, int] = {}
+    for request in fake.requests:
+        if request.method not in BOT_LIMITED_METHODS and request.at_s <= last_s:
+            others[request.method] = others.get(request.method, 0) + 1
     lead, lead_at = max_lead(created, residents)
     spread_s = completion_spread(created, residents)
     spread_bound_s = ROUNDS * groups / bot_rate
@@ -188,4 +192,9 @@ async def run(
         Figure("every chat shows a first card", every_chat_s, "s", note="from serve's start"),
         Figure("serve CPU during creation", meter.cpu_s_per_min, "s/min"),
     ]
+    result.notes.append(
+        "requests outside the bot's message budget until the last resident (the fake, like "
+        "Telegram, does not count them): "
+        + (", ".join(f"{method} {n}" for method, n in sorted(others.items())) or "none")
+    )
     return result
