@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 RUN_STAMP := $(VENV)/.installed-run
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: install run test check lint typecheck bench clean redis-server
+.PHONY: install run test check lint typecheck bench bench-quick clean redis-server
 
 $(BIN)/pip:
 	$(PY) -m venv $(VENV)
@@ -40,8 +40,14 @@ check: $(DEV_STAMP)
 	$(BIN)/mypy
 	$(BIN)/pytest -q -W error --timeout=300
 
+## Every benchmark scenario at full size (10,000 agents; about 30 minutes on 2 cores),
+## appended to bench/RESULTS.md.
 bench: $(DEV_STAMP)
 	$(BIN)/python -m bench all
+
+## The same scenarios at reduced sizes (about 5 minutes), for development: nothing recorded.
+bench-quick: $(DEV_STAMP)
+	$(BIN)/python -m bench all --quick --no-record
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

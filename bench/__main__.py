@@ -1,6 +1,6 @@
 """`python -m bench SCENARIO [--quick] [--real-limits] [--no-record]`.
 
-SCENARIO: all, latency, storm, cluster_storm, scale, idle or producer.
+SCENARIO: all, latency, storm, board, cluster_storm, scale, scale2k, idle, creation or producer.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import cluster_storm, idle, latency, producer, scale, storm
+from bench import cluster_storm, creation, idle, latency, producer, scale, storm
 from bench.measure import git_revision, machine
 from bench.results import RESULTS_PATH, ScenarioResult, append_results, markdown, table
 from tests.e2e.harness import ROOT
@@ -25,9 +25,12 @@ Scenario = Callable[[Path, argparse.Namespace], Awaitable[ScenarioResult]]
 SCENARIOS: dict[str, Scenario] = {
     "latency": lambda w, a: latency.run(w, quick=a.quick),
     "storm": lambda w, a: storm.run(w, quick=a.quick, real_limits=a.real_limits),
+    "board": lambda w, a: storm.run(w, quick=a.quick, real_limits=a.real_limits, board=True),
     "cluster_storm": lambda w, a: cluster_storm.run(w, quick=a.quick, real_limits=a.real_limits),
     "scale": lambda w, a: scale.run(w, quick=a.quick),
+    "scale2k": lambda w, a: scale.run(w, quick=a.quick, size=scale.FLEET_2K),
     "idle": lambda w, a: idle.run(w, quick=a.quick),
+    "creation": lambda w, a: creation.run(w, quick=a.quick),
     "producer": lambda w, a: producer.run(w, quick=a.quick),
 }
 
@@ -44,8 +47,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--real-limits",
         action="store_true",
-        help="storm and cluster_storm: Telegram's 20 per 60 s group window instead of 20 per "
-        "20 s (the run then takes about four minutes longer)",
+        help="storm, board and cluster_storm: Telegram's 20 per 60 s group window instead of "
+        "20 per 20 s (each of them then takes about four minutes longer)",
     )
     parser.add_argument(
         "--no-record", action="store_true", help=f"do not append to {RESULTS_PATH.name}"

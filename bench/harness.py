@@ -62,6 +62,7 @@ UNLIMITED_CONFIG = Limits(Window(10_000, 1.0), Window(10_000, 1.0), Window(100_0
 class Route:
     chat_id: int
     agents: tuple[str, ...]
+    view: str = "cards"  # "board": one resident board for the chat (bridge/run/boards.py)
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,8 @@ class Shown:
     """Which version each route (chat, agent) showed and since when, from a fake's log.
 
     Only accepted sends and edits count: a request answered 429 or 400 showed nothing.
+    Every version tag in a message counts, so a board (one message, a line per agent, each
+    line starting with the first line of the agent's card) shows each agent on it.
     `update()` reads only the requests recorded since its last call.
     """
 
@@ -140,13 +143,13 @@ class Shown:
         for request in requests[self._next :]:
             if request.status != 200 or request.method not in CARD_METHODS:
                 continue
-            match = VERSION_TAG.search(str(request.params.get("text", "")))
-            if match is None or request.chat_id is None:
+            if request.chat_id is None:
                 continue
-            key = (request.chat_id, match.group(1))
-            version = int(match.group(2))
-            self.timeline.setdefault(key, []).append((request.at_s, version))
-            self.latest[key] = max(version, self.latest.get(key, -1))
+            for match in VERSION_TAG.finditer(str(request.params.get("text", ""))):
+                key = (request.chat_id, match.group(1))
+                version = int(match.group(2))
+                self.timeline.setdefault(key, []).append((request.at_s, version))
+                self.latest[key] = max(version, self.latest.get(key, -1))
         self._next = len(requests)
 
     def showing(self, keys: Iterable[tuple[int, str]], versions: dict[str, int]) -> int:
@@ -200,6 +203,8 @@ def serve_config(
             f"chat_id = {route.chat_id}",
             f"agents = {json.dumps(list(route.agents))}",
         ]
+        if route.view != "cards":
+            lines.append(f'view = "{route.view}"')
     lines += ["[console]", "enabled = false"]
     if debounce_ms is not None:
         lines += ["[watch]", f"debounce_ms = {debounce_ms}"]

@@ -414,7 +414,8 @@ class Service:
         for routes in self._routes_by_scope.values():
             key = board_key(routes[0].key)
             if key not in self._boards:
-                self._scheduler.add_route(key, pin=routes[0].pin)
+                # Paced: a board changes with every agent, so bursts would starve it.
+                self._scheduler.add_route(key, pin=routes[0].pin, paced=True)
                 self._boards.add(key)
 
     def _schedule(self, route: Route) -> None:

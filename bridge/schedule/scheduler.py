@@ -33,10 +33,11 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from taskcard.bridge.notices.outbox import NoticeOutbox, QueuedNotice
+from taskcard.bridge.schedule.admission import AdmissionQueue
 from taskcard.bridge.schedule.ratelimit import (
     DEFAULT_MAX_PAUSE_S,
     Admission,
@@ -48,7 +49,7 @@ from taskcard.bridge.schedule.routes import RouteKey as RouteKey
 from taskcard.bridge.schedule.routes import chat_scope as chat_scope
 from taskcard.bridge.store.sqlite import StateStore
 from taskcard.channels.aio import Backoff, wait_first
-from taskcard.channels.base import Channel, ChatRef, Operation, Outgoing
+from taskcard.channels.base import Channel, ChatRef, Operation, Outgoing, RateScope
 from taskcard.channels.errors import (
     ChannelError,
     Forbidden,
@@ -82,6 +83,7 @@ class _Resident:
     retry_at: float = 0.0  # per-route backoff: not before this (monotonic) time
     failures: int = 0  # failed attempts in a row, for the backoff
     release: bool = False  # once `desired` is shown, let go of the message (see `submit`)
+    paced: bool = False  # requests spread at the chat's pace rather than in bursts (a board)
 
     @property
     def pending(self) -> bool:
@@ -130,6 +132,17 @@ class _Lane:
 MAX_UNSURE_SENDS = 2
 
 
+def pace_s(scopes: Sequence[RateScope]) -> float:
+    """The spacing that spends a request's scopes at their sustained rate (0: no scope).
+
+    A sliding window of 20 per 60 s lets 20 requests go at once and then none for a minute:
+    for a resident that changes all the time (a board in a busy group) that is a minute of
+    staleness after every burst. Spaced by period / max_calls of its slowest scope, the same
+    budget gives one request every 3 s, and no window ever fills.
+    """
+    return max((scope.period_s / scope.max_calls for scope in scopes), default=0.0)
+
+
 def unsure_send_wait_s(
     unsure_sends: int, unsure_at: float | None, now: float, hold_s: float | None
 ) -> float:
@@ -168,6 +181,8 @@ class RouteScheduler:
         self._backoff = Backoff(initial_s=min(1.0, max_backoff_s), max_s=max_backoff_s)
         # Shared by several instances when clustered; in memory otherwise.
         self._limiter = limiter or RateLimiter(clock, max_pause_s=max_pause_s)
+        # Chats waiting for room in a shared scope (the bot's budget) take turns.
+        self._admission = AdmissionQueue(self._limiter, clock)
         self._residents: dict[RouteKey, _Resident] = {}
         self._lanes: dict[LaneKey, _Lane] = {}
         self._closing = asyncio.Event()
@@ -178,11 +193,15 @@ class RouteScheduler:
 
     # Configuration ---------------------------------------------------------------------
 
-    def add_route(self, key: RouteKey, *, pin: bool = False) -> None:
+    def add_route(self, key: RouteKey, *, pin: bool = False, paced: bool = False) -> None:
+        """`paced`: the route's requests are spread at its chat's sustained rate (`pace_s`)
+        instead of spending the chat's window in bursts; for a resident that changes all the
+        time, such as a board."""
         record = self._store.resident(key.store_key)
         self._residents[key] = _Resident(
             key=key,
             pin=pin,
+            paced=paced,
             message_id=record.message_id if record else None,
             committed=record.fingerprint if record else None,
             # A restart gives a disabled route one more chance: the bot may be back.
@@ -302,6 +321,7 @@ class RouteScheduler:
             for task in still_running:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+        await self._admission.close()
         await self._limiter.close()
 
     # Work --------------------------------------------------------------------------------
@@ -457,15 +477,13 @@ class RouteScheduler:
     async def _admit(
         self, channel: Channel, chat: ChatRef, op: Operation, mid: str | None
     ) -> Admission | None:
-        """Wait until every scope of the request has room; None when closing."""
+        """Wait until every scope of the request has room, in turn with the other chats
+        that wait for a scope they share (see `bridge.schedule.admission`); None when
+        closing."""
+        if self._closing.is_set():
+            return None
         scopes = channel.rate_scopes(chat, op, mid)
-        while True:
-            if self._closing.is_set():
-                return None
-            admitted = await self._limiter.acquire(scopes)
-            if isinstance(admitted, Admission):
-                return admitted
-            await self._wait(None, admitted)
+        return await self._admission.admit((channel.name, chat.chat_id), scopes, self._closing)
 
     def _rate_limited(self, error: RateLimited, where: str) -> None:
         applied = self._limiter.pause(error.scope, error.retry_after_s)
@@ -496,6 +514,9 @@ class RouteScheduler:
         reservation = await self._admit(channel, key.chat, op, resident.message_id)
         if reservation is None:
             return
+        if resident.paced:  # the next request of the route no sooner than its pace allows
+            spacing_s = pace_s(channel.rate_scopes(key.chat, op, resident.message_id))
+            resident.retry_at = max(resident.retry_at, self._clock() + spacing_s)
         # Latest wins: take the newest bytes after any wait.
         message = resident.desired
         if message is None or not resident.pending:

@@ -1,0 +1,149 @@
+"""Fair admission: requests of many chats that share a scope (the bot's budget) take turns.
+
+Each chat's lane asks the limiter for room before a request. When a shared scope is full
+(Telegram's 30 a second per bot, with a hundred groups waiting), letting every lane sleep
+until the scope frees a slot and then race for it serves whichever lane the event loop wakes
+first: some chats fill up while others wait, although the bot's budget is fully used. Here
+the lanes that have to wait queue, and one dispatcher hands out room in turn order
+(`turn_order`):
+
+- the chat that got the fewest requests through in the last minute goes first, and among
+  equals the one that began to wait first. Served chats go to the back when they ask again,
+  so chats sharing the bot take turns; and a chat that joined late (at start-up the service
+  reads thousands of cards, so the first chats have work seconds before the last) catches up
+  with the others within a minute instead of staying behind for the whole run. Credit older
+  than `HORIZON_S` is forgotten, so a chat that was quiet for an hour cannot hold the bot;
+- a waiter without room (its own chat's window is full) does not hold up the waiters after it
+  whose scopes have room: no capacity is left unused while someone could use it
+  (work-conserving);
+- with nobody waiting, a request asks the limiter at once (no queue, no extra step).
+
+`AdmissionQueue` asks a `Limiter` (in memory, or shared by a cluster) for each waiter in turn
+whenever time frees room or a waiter arrives; the limiter stays the only judge of room.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from taskcard.bridge.schedule.ratelimit import Admission, Limiter
+from taskcard.channels.aio import wait_first
+from taskcard.channels.base import RateScope
+
+log = logging.getLogger(__name__)
+
+# How long a request through counts as a chat's share (the longest platform window, a minute).
+HORIZON_S = 60.0
+
+
+def turn_order(waiting: Sequence[Hashable], served: Mapping[Hashable, int]) -> list[int]:
+    """The order in which waiters are offered room: indices into `waiting` (each waiter's
+    chat, in the order they began to wait), fewest requests `served` in the horizon first,
+    then first come first."""
+    return sorted(range(len(waiting)), key=lambda index: (served.get(waiting[index], 0), index))
+
+
+@dataclass
+class _Waiter:
+    who: Hashable
+    scopes: tuple[RateScope, ...]
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    admission: Admission | None = None
+    gone: bool = False  # gave up (closing): the dispatcher drops it
+
+
+class AdmissionQueue:
+    """Waiters in arrival order and the dispatcher that admits them (see the module doc)."""
+
+    def __init__(self, limiter: Limiter, clock: Callable[[], float]) -> None:
+        self._limiter = limiter
+        self._clock = clock
+        self._served: dict[Hashable, deque[float]] = {}  # admission times in the horizon
+        self._waiters: deque[_Waiter] = deque()
+        self._arrived = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    def served(self, who: Hashable) -> int:
+        """Requests of `who` admitted in the last `HORIZON_S`."""
+        times = self._served.get(who)
+        if times is None:
+            return 0
+        horizon = self._clock() - HORIZON_S
+        while times and times[0] <= horizon:
+            times.popleft()
+        if not times:
+            del self._served[who]
+            return 0
+        return len(times)
+
+    def _record(self, who: Hashable) -> None:
+        self.served(who)  # drops what left the horizon
+        self._served.setdefault(who, deque()).append(self._clock())
+
+    async def admit(
+        self, who: Hashable, scopes: tuple[RateScope, ...], closing: asyncio.Event
+    ) -> Admission | None:
+        """Wait for room in every scope, in turn with the other chats (`who`) waiting;
+        None when `closing` is set first."""
+        if not self._waiters:
+            admitted = await self._limiter.acquire(scopes)
+            if isinstance(admitted, Admission):
+                self._record(who)
+                return admitted
+        waiter = _Waiter(who, scopes)
+        self._waiters.append(waiter)
+        self._arrived.set()
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._dispatch(), name="admission")
+        try:
+            await wait_first(waiter.ready, closing)
+        finally:
+            if waiter.admission is None:
+                waiter.gone = True  # closing (or cancelled): the dispatcher drops it
+                self._arrived.set()
+        return waiter.admission
+
+    async def close(self) -> None:
+        """End the dispatcher (the scheduler stops: nobody waits any more)."""
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _dispatch(self) -> None:
+        """Hand out room in arrival order until nobody waits."""
+        while self._waiters:
+            self._arrived.clear()
+            wait_s: float | None = None
+            try:
+                waiters = list(self._waiters)
+                served = {waiter.who: self.served(waiter.who) for waiter in waiters}
+                for index in turn_order([waiter.who for waiter in waiters], served):
+                    waiter = waiters[index]
+                    if waiter.gone:
+                        self._waiters.remove(waiter)
+                        continue
+                    admitted = await self._limiter.acquire(waiter.scopes)
+                    if not isinstance(admitted, Admission):
+                        wait_s = admitted if wait_s is None else min(wait_s, admitted)
+                        continue
+                    self._waiters.remove(waiter)
+                    if waiter.gone:
+                        admitted.complete()  # unused, but counted: errs on the safe side
+                        continue
+                    self._record(waiter.who)
+                    waiter.admission = admitted
+                    waiter.ready.set()
+            except Exception:  # a shared limiter that cannot answer: try again soon
+                log.exception("admission: the rate limiter failed; asking again in 1 s")
+                wait_s = 1.0
+            if self._waiters:
+                await wait_first(self._arrived, timeout_s=wait_s)

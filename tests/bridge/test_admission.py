@@ -1,0 +1,190 @@
+"""Fair admission between chats that share a scope, and the pacing of a busy resident (a
+board).
+
+The turn order and the pace are pure rules, shown as tables; the queue is then driven by
+lanes that ask the in-memory limiter the way the scheduler's lanes do, checking the order in
+which chats got through (never times: the suite runs on a loaded machine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Hashable, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from taskcard.bridge.schedule.admission import HORIZON_S, AdmissionQueue, turn_order
+from taskcard.bridge.schedule.ratelimit import RateLimiter
+from taskcard.bridge.schedule.scheduler import RouteKey, RouteScheduler, pace_s
+from taskcard.bridge.store.sqlite import SqliteStore
+from taskcard.channels.base import ChatRef, Outgoing, RateScope
+from tests.bridge.test_scheduler import ScriptedChannel, settle
+from tests.e2e.harness import eventually
+
+
+@pytest.mark.parametrize(
+    ("waiting", "served", "order"),
+    [
+        # Nobody served yet: first come, first served.
+        (["a", "b", "c"], {}, [0, 1, 2]),
+        # The chat with the fewest requests through goes first, whatever its arrival.
+        (["a", "b", "c"], {"a": 5, "b": 5}, [2, 0, 1]),
+        (["a", "b", "c"], {"a": 2, "b": 0, "c": 1}, [1, 2, 0]),
+        # Equals keep their arrival order.
+        (["c", "a", "b"], {"a": 1, "b": 1, "c": 1}, [0, 1, 2]),
+        # One chat waiting twice (a card and a notice are never both in flight, but the rule
+        # does not care): both turns by arrival.
+        (["a", "b", "a"], {"a": 1}, [1, 0, 2]),
+        ([], {"a": 3}, []),
+    ],
+)
+def test_turn_order(
+    waiting: Sequence[Hashable], served: Mapping[Hashable, int], order: list[int]
+) -> None:
+    assert turn_order(waiting, served) == order
+
+
+@pytest.mark.parametrize(
+    ("scopes", "expected_s"),
+    [
+        ([], 0.0),
+        # A Telegram group: 20 per minute is one request every 3 s.
+        ([RateScope("chat", 20, 60.0), RateScope("bot", 30, 1.0)], 3.0),
+        # A private chat: the chat's 1 a second, not the bot's 30.
+        ([RateScope("chat", 1, 1.0), RateScope("bot", 30, 1.0)], 1.0),
+        # Only the bot's budget (a pin or a delete).
+        ([RateScope("bot", 30, 1.0)], 1 / 30),
+    ],
+)
+def test_pace_is_the_slowest_scopes_sustained_rate(
+    scopes: list[RateScope], expected_s: float
+) -> None:
+    assert pace_s(scopes) == pytest.approx(expected_s)
+
+
+BOT = RateScope("bot", max_calls=1, period_s=0.05)
+
+
+async def lane(
+    queue: AdmissionQueue, who: str, requests: int, order: list[str], closing: asyncio.Event
+) -> None:
+    """A chat's lane: one request at a time, asking again as soon as one is done."""
+    for _ in range(requests):
+        admission = await queue.admit(who, (BOT, RateScope(f"chat:{who}", 100, 1.0)), closing)
+        assert admission is not None
+        order.append(who)
+        admission.complete()
+
+
+def leads(order: Sequence[str], chats: Sequence[str]) -> list[int]:
+    """After each admission: the most requests any chat got minus the fewest."""
+    counts = dict.fromkeys(chats, 0)
+    out = []
+    for who in order:
+        counts[who] += 1
+        out.append(max(counts.values()) - min(counts.values()))
+    return out
+
+
+async def test_chats_sharing_the_bot_take_turns() -> None:
+    queue = AdmissionQueue(RateLimiter(time.monotonic), time.monotonic)
+    closing = asyncio.Event()
+    order: list[str] = []
+    chats = ["a", "b", "c", "d"]
+    await asyncio.gather(*(lane(queue, who, 6, order, closing) for who in chats))
+    await queue.close()
+    assert sorted(order) == sorted(chats * 6)
+    # Round-robin: no chat is ever two requests ahead of another.
+    assert max(leads(order, chats)) <= 1, order
+
+
+async def test_a_chat_that_joins_late_catches_up_before_the_others_go_on() -> None:
+    queue = AdmissionQueue(RateLimiter(time.monotonic), time.monotonic)
+    closing = asyncio.Event()
+    order: list[str] = []
+    early = [asyncio.create_task(lane(queue, who, 12, order, closing)) for who in "ab"]
+    await eventually(lambda: len(order) >= 8, what="the first chats to get ahead")
+    joined_at = len(order)
+    late = asyncio.create_task(lane(queue, "c", 12, order, closing))
+    await asyncio.gather(*early, late)
+    await queue.close()
+    ahead = min(order[:joined_at].count("a"), order[:joined_at].count("b"))
+    assert ahead >= 3, order
+    # Once it waits, the late chat gets every turn until it has as many as the others
+    # (the first of its requests may race one turn of a chat already waiting).
+    after = order[joined_at:]
+    first_c = after.index("c")
+    assert first_c <= 2, order
+    assert after[first_c : first_c + ahead - 1] == ["c"] * (ahead - 1), order
+
+
+async def test_a_chat_whose_own_window_is_full_does_not_hold_up_the_others() -> None:
+    limiter = RateLimiter(time.monotonic)
+    queue = AdmissionQueue(limiter, time.monotonic)
+    closing = asyncio.Event()
+    full = RateScope("chat:full", max_calls=1, period_s=3600.0)
+    shared = RateScope("bot", max_calls=100, period_s=1.0)
+    first = await queue.admit("full", (full, shared), closing)
+    assert first is not None
+    first.complete()
+    blocked = asyncio.create_task(queue.admit("full", (full, shared), closing))
+    await asyncio.sleep(0.05)
+    assert queue.waiting == 1 and not blocked.done()
+    other = await asyncio.wait_for(
+        queue.admit("other", (RateScope("chat:other", 1, 1.0), shared), closing), 30
+    )
+    assert other is not None, "the waiter ahead of it has no room: it must not block"
+    other.complete()
+    closing.set()
+    assert await asyncio.wait_for(blocked, 30) is None, "closing ends the wait empty-handed"
+    await queue.close()
+
+
+async def test_credit_older_than_the_horizon_is_forgotten() -> None:
+    now = [1000.0]
+    queue = AdmissionQueue(RateLimiter(lambda: now[0]), lambda: now[0])
+    closing = asyncio.Event()
+    for _ in range(3):
+        admission = await queue.admit("busy", (RateScope("chat:busy", 100, 1.0),), closing)
+        assert admission is not None
+        admission.complete()
+    assert queue.served("busy") == 3
+    now[0] += HORIZON_S + 0.1
+    assert queue.served("busy") == 0
+    await queue.close()
+
+
+class StartStamped(ScriptedChannel):
+    """Records when each request starts (the pace is about starts), not when it ends."""
+
+    def __init__(self, per_chat: RateScope) -> None:
+        super().__init__(per_chat=per_chat)
+        self.starts: list[float] = []
+
+    async def edit(self, chat: ChatRef, message_id: str, message: Outgoing) -> None:
+        self.starts.append(time.monotonic())
+        await super().edit(chat, message_id, message)
+
+
+async def test_a_paced_route_spreads_a_stream_of_changes_at_the_chats_rate(
+    tmp_path: Path,
+) -> None:
+    store = SqliteStore.in_dir(tmp_path)
+    window = RateScope("unused", max_calls=5, period_s=0.5)  # a pace of one per 0.1 s
+    channel = StartStamped(per_chat=window)
+    scheduler = RouteScheduler({"fake": channel}, store)
+    key = RouteKey("fake", ChatRef("-100"), "#board")
+    scheduler.add_route(key, paced=True)
+    await scheduler.start()
+    for version in range(60):  # a change every 10 ms: the window alone would burst 5 at once
+        scheduler.submit(key, Outgoing.build(f"board v{version}", {}))
+        await asyncio.sleep(0.01)
+    await settle(scheduler)
+    await scheduler.stop()
+    store.close()
+    assert channel.messages == {"1": "board v59"}, "the latest change lands"
+    assert len(channel.starts) >= 2
+    gaps = [b - a for a, b in zip(channel.starts, channel.starts[1:], strict=False)]
+    assert min(gaps) >= pace_s([window]) * 0.99, gaps
