@@ -41,10 +41,11 @@ import os
 from collections.abc import AsyncGenerator, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Final, Literal
 
 from watchfiles import awatch
 
+from taskcard.bridge.watch.inotify import InotifyWatches, WatchLimitReached, inotify_available
 from taskcard.channels.aio import AnyEvent, Backoff, wait_first
 from taskcard.producers.inbox.contract import INBOX_DIR
 from taskcard.producers.ledger.contract import LEDGER_DIR
@@ -75,6 +76,19 @@ ROOTS: Final = ""
 
 # How often the rescan reports its next slice of agents.
 SWEEP_STEP_S: Final = 1.0
+# How often agents whose folders could not be watched (the inotify limit) are reported.
+POLL_UNWATCHED_S: Final = 2.0
+
+Backend = Literal["auto", "inotify", "watchfiles"]
+# What `backend="auto"` means; tests switch it to run the same checks on both.
+DEFAULT_BACKEND: Backend = "auto"
+
+
+def resolve_backend(backend: Backend) -> Literal["inotify", "watchfiles"]:
+    """`auto`: inotify where the system has it (Linux), watchfiles elsewhere."""
+    if backend == "auto":
+        return "inotify" if inotify_available() else "watchfiles"
+    return backend
 
 
 def sweep_slices(
@@ -103,6 +117,15 @@ class WatchPlan:
     paths: tuple[str, ...] = ()
     files_in: dict[str, set[str]] = field(default_factory=dict)
     structural: dict[str, set[str]] = field(default_factory=dict)
+    # Each watched path: the agents (or ROOTS) it is watched for.
+    owners: dict[str, set[str]] = field(default_factory=dict)
+
+    def owners_of(self, paths: Iterable[str]) -> set[str]:
+        """The agents some of `paths` are watched for."""
+        found: set[str] = set()
+        for path in paths:
+            found |= self.owners.get(path, set())
+        return found
 
     def agents_for(self, event_path: str) -> tuple[set[str], bool]:
         """(agents whose files may have changed, whether the plan must be rebuilt)."""
@@ -133,17 +156,20 @@ def plan_watch(workdirs: Mapping[str, Path], roots: Iterable[Path] = ()) -> Watc
                 break
         if os.path.isdir(parent):
             watched[parent] = None
+            plan.owners.setdefault(parent, set()).add(ROOTS)
     for agent_id, workdir in workdirs.items():
         root = _abs(workdir)
         plan.structural.setdefault(root, set()).add(agent_id)
         if os.path.isdir(root):
             watched[root] = None
+            plan.owners.setdefault(root, set()).add(agent_id)
             for name in CONTRACT_DIRS:
                 folder = os.path.join(root, name)
                 plan.structural.setdefault(folder, set()).add(agent_id)
                 plan.files_in.setdefault(folder, set()).add(agent_id)
                 if os.path.isdir(folder):
                     watched[folder] = None
+                    plan.owners.setdefault(folder, set()).add(agent_id)
             continue
         # Missing: watch the nearest existing ancestor; each step down is structural.
         child, parent = root, os.path.dirname(root)
@@ -152,6 +178,7 @@ def plan_watch(workdirs: Mapping[str, Path], roots: Iterable[Path] = ()) -> Watc
             child, parent = parent, os.path.dirname(parent)
         if os.path.isdir(parent):
             watched[parent] = None
+            plan.owners.setdefault(parent, set()).add(agent_id)
     plan.paths = tuple(watched)
     return plan
 
@@ -176,7 +203,9 @@ class FleetWatcher:
         step_ms: int = 10,
         roots: Iterable[Path] = (),
         sweep_step_s: float = SWEEP_STEP_S,
+        backend: Backend | None = None,
     ) -> None:
+        self._backend = resolve_backend(backend or DEFAULT_BACKEND)
         self._workdirs = dict(workdirs)
         self._roots = tuple(roots)
         self._arming: _Arming | None = None
@@ -212,7 +241,12 @@ class FleetWatcher:
         stop = asyncio.Event()
         arming = self._arming = _Arming()
         # Started before the first yield so the watcher arms while the caller reads everyone.
-        pump = asyncio.create_task(self._pump(queue, stop, arming), name="taskcard-watcher")
+        pump = asyncio.create_task(
+            self._pump_inotify(queue, stop, arming)
+            if self._backend == "inotify"
+            else self._pump(queue, stop, arming),
+            name="taskcard-watcher",
+        )
         loop = asyncio.get_running_loop()
         next_rescan = loop.time() + self._sweep_step_s
         next_slice = 0
@@ -278,6 +312,98 @@ class FleetWatcher:
                 await backoff.asleep()
             else:
                 backoff.reset()
+
+    async def _pump_inotify(
+        self, queue: asyncio.Queue[frozenset[str]], stop: asyncio.Event, arming: _Arming
+    ) -> None:
+        """Keep one inotify instance's watches in step with the plan, re-planning on events.
+
+        Unlike a watchfiles re-arm, a re-plan only adds and removes the watches that differ,
+        so it reports only the agents of newly watched folders (what changed in them before
+        the watch existed); every agent is reported after the first arming. Planning stats
+        every workdir, so re-plans are paced like re-arms: at most a tenth of the loop's time.
+        """
+        loop = asyncio.get_running_loop()
+        plan_cost_s = 0.0
+        planned_at = 0.0
+        rearm_at: asyncio.TimerHandle | None = None
+
+        def on_events(paths: list[str], overflow: bool) -> None:
+            nonlocal rearm_at
+            plan = arming.plan
+            if plan is None:
+                return
+            agents, stale = _map_changes(plan, paths)
+            if overflow:
+                logger.warning("file events were lost (inotify queue overflow); rereading all")
+                agents |= self._everyone()
+                stale = True
+            if agents:
+                queue.put_nowait(frozenset(agents))
+            if stale and rearm_at is None:
+                earliest = planned_at + plan_cost_s * (1 + _REARM_COST_FACTOR)
+                rearm_at = loop.call_at(max(earliest, loop.time()), arming.rearm.set)
+
+        try:
+            watches = InotifyWatches(on_events)
+        except OSError as exc:  # no inotify instance left for this user (max_user_instances)
+            logger.warning("inotify unavailable (%s); watching with watchfiles instead", exc)
+            await self._pump(queue, stop, arming)
+            return
+        watches.start(loop)
+        first = True
+        limit_logged = False
+        backoff = Backoff(initial_s=_RETRY_INITIAL_S, max_s=_RETRY_MAX_S)
+        try:
+            while not stop.is_set():
+                planned_at = loop.time()
+                plan = plan_watch(self._workdirs, self._roots)
+                arming.plan, arming.rearm = plan, asyncio.Event()
+                rearm_at = None
+                try:
+                    added, unwatched = watches.sync(plan.paths)
+                except WatchLimitReached:
+                    added, unwatched = [], list(plan.paths)
+                except OSError as exc:
+                    # Watching is an optimisation over the rescan: it must not end the service.
+                    logger.warning("file watches could not be set (%s); re-planning", exc)
+                    first = True  # what changed meanwhile is caught by reporting everyone
+                    await backoff.asleep()
+                    continue
+                backoff.reset()
+                plan_cost_s = loop.time() - planned_at
+                polled = plan.owners_of(unwatched)
+                if unwatched and not limit_logged:
+                    logger.error(
+                        "inotify watch limit reached (fs.inotify.max_user_watches): %d folders"
+                        " of %d agents are not watched and are polled every %gs instead;"
+                        " raise the limit (sysctl fs.inotify.max_user_watches) to watch them",
+                        len(unwatched),
+                        len(polled),
+                        POLL_UNWATCHED_S,
+                    )
+                limit_logged = bool(unwatched)
+                report = self._everyone() if first else plan.owners_of(added) | polled
+                first = False
+                if report:
+                    queue.put_nowait(frozenset(report))
+                # A folder created between planning and watching raised no event for us:
+                # plan once more after the pause a re-plan costs anyway.
+                if plan_watch(self._workdirs, self._roots).paths != plan.paths:
+                    rearm_at = loop.call_at(
+                        planned_at + max(plan_cost_s, 0.001) * (1 + _REARM_COST_FACTOR),
+                        arming.rearm.set,
+                    )
+                while not await wait_first(
+                    stop, arming.rearm, timeout_s=POLL_UNWATCHED_S if polled else None
+                ):
+                    queue.put_nowait(frozenset(polled))
+                if rearm_at is not None:
+                    rearm_at.cancel()
+        finally:
+            if rearm_at is not None:
+                rearm_at.cancel()
+            watches.close()
 
     async def _run_plan(
         self, plan: WatchPlan, queue: asyncio.Queue[frozenset[str]], stop: AnyEvent
