@@ -133,10 +133,18 @@ class WatchPlan:
         structural = self.structural.get(event_path)
         if structural is not None:
             agents |= structural
-        in_folder = self.files_in.get(os.path.dirname(event_path))
-        if in_folder is not None:
+        folder, name = os.path.split(event_path)
+        in_folder = self.files_in.get(folder)
+        if in_folder is not None and not is_writer_temp(name):
             agents |= in_folder
         return agents, structural is not None
+
+
+def is_writer_temp(name: str) -> bool:
+    """Whether `name` is the temp file of an atomic write (`.<name>.<random>.tmp`, renamed
+    over the real name once complete): no reader opens it, and reporting its creation would
+    read the agent once more, for nothing, before the rename that matters."""
+    return name.startswith(".") and name.endswith(".tmp")
 
 
 def plan_watch(workdirs: Mapping[str, Path], roots: Iterable[Path] = ()) -> WatchPlan:

@@ -47,6 +47,31 @@ def test_plan_watches_roots_and_existing_contract_folders_only(tmp_path: Path) -
     assert plan.agents_for(str(tmp_path / "unrelated")) == (set(), False)
 
 
+def test_the_temp_files_of_atomic_writes_are_not_reported(tmp_path: Path) -> None:
+    (tmp_path / "w" / "taskcard").mkdir(parents=True)
+    plan = plan_watch({"a": tmp_path / "w"})
+    folder = tmp_path / "w" / "taskcard"
+    assert plan.agents_for(str(folder / ".card.md.k2j4x9.tmp")) == (set(), False)
+    assert plan.agents_for(str(folder / "card.md")) == ({"a"}, False)
+    assert plan.agents_for(str(folder / "card.tmp")) == ({"a"}, False)  # not hidden: a file
+    assert plan.agents_for(str(folder / ".hidden")) == ({"a"}, False)
+
+
+async def test_an_atomic_write_is_reported_once_for_its_rename(tmp_path: Path) -> None:
+    """The temp file's creation, writes and fsync raise events too; only the rename counts,
+    so the agent is read once per write, and only once the new content is in place."""
+    paths = CardPaths(tmp_path / "a")
+    paths.taskcard_dir.mkdir(parents=True)
+    watcher = FleetWatcher({"a": paths.workdir}, rescan_interval_s=3600)
+    async with collecting(watcher, {"a"}) as changes:
+        for _ in range(5):
+            # From another thread, as another process would: the loop runs meanwhile.
+            await asyncio.to_thread(atomic_write, paths.body, b"# card")
+            assert await changes.next() == {"a"}
+            with pytest.raises(TimeoutError):
+                await changes.next(timeout_s=0.5)
+
+
 def test_agents_sharing_a_workdir_are_reported_together(tmp_path: Path) -> None:
     (tmp_path / "w" / "logs").mkdir(parents=True)
     plan = plan_watch({"a": tmp_path / "w", "b": tmp_path / "w"})
