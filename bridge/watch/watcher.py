@@ -2,19 +2,30 @@
 
 Design, and why:
 
-- One `watchfiles.awatch` (one inotify instance) for every workdir: the kernel allows only
-  128 instances per user, so a watcher per agent would not scale to a fleet.
+- One watcher (one inotify instance) for every workdir: the kernel allows only 128 instances
+  per user, so a watcher per agent would not scale to a fleet. Two backends behind one plan:
+  on Linux (`inotify`, the default there) the loop reads the inotify descriptor itself, so a
+  change is seen in well under a millisecond and an idle fleet costs no wake-up (see
+  `inotify.py`); elsewhere `watchfiles.awatch`, whose thread wakes every `step` and holds a
+  batch for one more quiet step (10-20 ms at the 10 ms step).
 - Non-recursive watches on each workdir root and on the contract folders that exist
   (`taskcard/`, `.notification/`, `logs/`), never a workdir's whole tree: a workdir may be a
   large repository whose churn we must not pay for. The root watch is there to see contract
   folders appear or vanish; events for anything else in the root are ignored.
-- The set of watched paths is fixed when a watcher starts, so when a contract folder or a
-  workdir appears or vanishes the watcher is re-armed with the new set. A workdir that does not
-  exist yet is covered by a non-recursive watch on its nearest existing ancestor, so it is
-  noticed as soon as it is created rather than at the next rescan. Every agent is reported
-  again each time a watcher is armed, which covers the gap while none was running. Arming
+- When a contract folder or a workdir appears or vanishes the plan is made again. A workdir
+  that does not exist yet is covered by a non-recursive watch on its nearest existing
+  ancestor, so it is noticed as soon as it is created rather than at the next rescan.
+  watchfiles fixes its paths when it starts, so it is re-armed with the new set, and every
+  agent is reported again each time, which covers the gap while none was running; arming
   costs loop time in proportion to the paths (`awatch` arms synchronously; about 0.3 ms per
-  path), so re-arms are paced to at most a tenth of the loop's time during bursts.
+  path), so re-arms are paced to at most a tenth of the loop's time during bursts. inotify
+  adds and removes only the watches that differ and reports the agents of the folders newly
+  watched; its re-plans (a `stat` per contract folder of every agent) are paced the same way.
+- Events for the temp file of an atomic write (`.<name>.<random>.tmp`) are dropped: the
+  rename that follows is the change, and reporting the temp file would read the agent a
+  second time for nothing.
+- At the inotify watch limit, the agents whose folders could not be watched are named in an
+  error log and reported every `POLL_UNWATCHED_S` instead: slower, never blind.
 - A periodic rescan reports every agent, a safety net for anything notifications miss
   (overflowed event queues, network file systems, races while re-arming). It is the one
   periodic work here that grows with the fleet, because only re-reading can catch a missed
@@ -27,8 +38,9 @@ Design, and why:
   in a root is reported as `ROOTS` (never an agent id), and so is each full rescan round, so
   the owner lists the roots again. The owner changes the set of workdirs while watching with
   `set_workdirs`, which re-arms.
-- The blocking wait runs in the single worker thread that `awatch` owns; the generator talks
-  to it through a queue so that closing or cancelling `changes()` stops it promptly (the
+- Both backends hand their batches to `changes()` through a queue, so whatever arrived while
+  the owner was busy goes out as one batch. watchfiles' blocking wait runs in the single
+  worker thread that `awatch` owns; closing or cancelling `changes()` stops it promptly (the
   thread checks the stop event every `step`) instead of after the watcher's timeout.
 """
 
