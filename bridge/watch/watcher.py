@@ -430,7 +430,13 @@ class FleetWatcher:
                 while not await wait_first(
                     stop, arming.rearm, timeout_s=POLL_UNWATCHED_S if polled else None
                 ):
-                    queue.put_nowait(frozenset(polled))
+                    # Degraded: try again for room (one refused call when there is none).
+                    added, unwatched = watches.sync(plan.paths)
+                    queue.put_nowait(frozenset(polled | plan.owners_of(added)))
+                    polled = plan.owners_of(unwatched)
+                    if not unwatched:
+                        logger.warning("inotify watches available again: every folder watched")
+                        limit_logged = False
                 if rearm_at is not None:
                     rearm_at.cancel()
         finally:

@@ -321,9 +321,10 @@ async def test_at_the_watch_limit_unwatched_agents_are_polled_and_logged(
         pytest.skip("the limit path belongs to the inotify backend")
     real_add = inotify_simple.INotify.add_watch
     granted: list[str] = []
+    limit = [2]
 
     def add_watch_with_a_limit(self: object, path: str, mask: int) -> int:
-        if len(granted) >= 2:
+        if len(granted) >= limit[0]:
             raise OSError(errno.ENOSPC, "No space left on device")
         granted.append(path)
         result: int = real_add(self, path, mask)
@@ -341,5 +342,16 @@ async def test_at_the_watch_limit_unwatched_agents_are_polled_and_logged(
                 await changes.until(lambda batch: batch == {"b"})
             atomic_write(watched.status, b"active")
             await changes.until(lambda batch: "a" in batch)
+            assert granted == [str(watched.workdir), str(watched.taskcard_dir)]
+            limit[0] = 100  # the operator raised the limit: watched from the next poll on
+            await write_until_reported_alone(
+                changes, "b", lambda: atomic_write(starved.status, b"active")
+            )
+            with contextlib.suppress(TimeoutError):
+                while True:  # what the writes above still raise
+                    await changes.next(timeout_s=1.0)
+            with pytest.raises(TimeoutError):  # no longer polled
+                await changes.next(timeout_s=1.0)
+            atomic_write(starved.status, b"done")  # but watched
+            assert await changes.next() == {"b"}
     assert any("max_user_watches" in r.getMessage() for r in caplog.records)
-    assert granted == [str(watched.workdir), str(watched.taskcard_dir)]
