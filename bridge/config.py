@@ -120,8 +120,18 @@ class WatchConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
+    backend: Literal["auto", "inotify", "watchfiles"] = Field(
+        default="auto",
+        description=(
+            "How file events are read: inotify from the service's loop (Linux, the default"
+            " there as `auto`: no polling), or watchfiles (its own thread, any system)."
+        ),
+    )
     debounce_ms: int = Field(
-        default=50, ge=1, le=10_000, description="Group file events arriving within this window."
+        default=50,
+        ge=1,
+        le=10_000,
+        description="watchfiles only: group file events arriving within this window.",
     )
     rescan_interval_s: float = Field(
         default=300.0,

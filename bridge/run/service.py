@@ -320,6 +320,7 @@ class Service:
             {agent_id: m.paths.workdir for agent_id, m in self._monitors.items()},
             debounce_ms=self._config.watch.debounce_ms,
             rescan_interval_s=self._config.watch.rescan_interval_s,
+            backend=self._config.watch.backend,
             roots=self._config.discover.roots,
         )
         async for agent_ids in watcher.changes():

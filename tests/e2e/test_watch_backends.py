@@ -1,0 +1,78 @@
+"""Both file watchers behind `taskcard serve`: `[watch] backend` picks one, and either way a
+card change, and a workdir that only appears while serving, reach Telegram and Feishu.
+
+The rescan is set to an hour, so what arrives came through the watcher.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.harness import eventually, publish
+from tests.e2e.test_serve_feishu import Setup, card_texts
+from tests.e2e.test_serve_telegram import GROUP, setup, shown
+from tests.fakes.feishu_api import FakeFeishu
+from tests.fakes.telegram_api import FakeTelegram
+
+BACKENDS = ["inotify", "watchfiles"]
+
+
+def watch_section(backend: str) -> str:
+    return f'[watch]\nbackend = "{backend}"\nrescan_interval_s = 3600.0\n'
+
+
+@pytest.fixture
+async def telegram() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram() as server:
+        yield server
+
+
+@pytest.fixture
+async def feishu() -> AsyncIterator[FakeFeishu]:
+    async with FakeFeishu() as server:
+        yield server
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_telegram_cards_follow_renames_and_late_workdirs(
+    tmp_path: Path, telegram: FakeTelegram, backend: str
+) -> None:
+    serve = setup(tmp_path, telegram, ["early", "late"], [(GROUP, ["early", "late"])])
+    late = tmp_path / "agents" / "late"
+    late.rmdir()  # appears only while serving
+    with serve.config.open("a") as config:
+        config.write(watch_section(backend))
+    with serve:
+        early = tmp_path / "agents" / "early"
+        publish(early, "step 1")
+        await eventually(lambda: any("step 1" in t for t in shown(telegram, GROUP)), what="card")
+        publish(early, "step 2")
+        await eventually(lambda: any("step 2" in t for t in shown(telegram, GROUP)), what="edit")
+        publish(late, "late card")
+        await eventually(
+            lambda: any("late card" in t for t in shown(telegram, GROUP)), what="late card"
+        )
+        assert await serve.aterminate() == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_feishu_cards_follow_renames_and_late_workdirs(
+    tmp_path: Path, feishu: FakeFeishu, backend: str
+) -> None:
+    setup_ = Setup(tmp_path, feishu, ["early", "late"])
+    late = tmp_path / "agents" / "late"
+    late.rmdir()
+    with setup_.config.open("a") as config:
+        config.write(watch_section(backend))
+    with setup_.serve() as serve:
+        early = tmp_path / "agents" / "early"
+        publish(early, "step 1")
+        await eventually(lambda: any("step 1" in t for t in card_texts(feishu)), what="card")
+        publish(early, "step 2")
+        await eventually(lambda: any("step 2" in t for t in card_texts(feishu)), what="patch")
+        publish(late, "late card")
+        await eventually(lambda: any("late card" in t for t in card_texts(feishu)), what="late")
+        assert await serve.aterminate() == 0
