@@ -62,7 +62,12 @@ from taskcard.channels.aio import AnyEvent, Backoff, wait_first
 from taskcard.producers.inbox.contract import INBOX_DIR
 from taskcard.producers.ledger.contract import LEDGER_DIR
 from taskcard.producers.reports.contract import REPORTS_DIR
-from taskcard.producers.task_card.contract import LOGS_DIR, NOTIFICATION_DIR, TASKCARD_DIR
+from taskcard.producers.task_card.contract import (
+    LOGS_DIR,
+    NOTIFICATION_DIR,
+    TALLY_FILE,
+    TASKCARD_DIR,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +152,7 @@ class WatchPlan:
             agents |= structural
         folder, name = os.path.split(event_path)
         in_folder = self.files_in.get(folder)
-        if in_folder is not None and not is_writer_temp(name):
+        if in_folder is not None and not unread(name):
             agents |= in_folder
         return agents, structural is not None
 
@@ -157,6 +162,13 @@ def is_writer_temp(name: str) -> bool:
     over the real name once complete): no reader opens it, and reporting its creation would
     read the agent once more, for nothing, before the rename that matters."""
     return name.startswith(".") and name.endswith(".tmp")
+
+
+def unread(name: str) -> bool:
+    """Whether a file named `name` in a contract folder is one the service never reads: a
+    writer's temp file, or the producer host's refresh tally (appended to on every tick, so
+    reporting it would read the agent once more per tick for nothing)."""
+    return name == TALLY_FILE or is_writer_temp(name)
 
 
 def _add(mapping: dict[str, frozenset[str]], key: str, who: frozenset[str]) -> None:

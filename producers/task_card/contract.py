@@ -35,6 +35,8 @@ BODY_FILE: Final = "taskcard.md"
 STATUS_FILE: Final = "status"
 WATCH_FILE: Final = "watch.json"
 SETTINGS_FILE: Final = "taskcard.json"
+# The host's own running count of spent refreshes (see `tally.py`); no reader but the host.
+TALLY_FILE: Final = ".refreshes"
 NOTIFICATION_DIR: Final = ".notification"
 NOTIFICATION_FILE: Final = "system.jsonl"
 LOGS_DIR: Final = "logs"

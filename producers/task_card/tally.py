@@ -32,9 +32,13 @@ import os
 import stat
 from typing import Final
 
-from taskcard.producers.task_card.contract import CardPaths, atomic_write, read_regular
+from taskcard.producers.task_card.contract import (
+    TALLY_FILE,
+    CardPaths,
+    atomic_write,
+    read_regular,
+)
 
-TALLY_FILE: Final = ".refreshes"
 MAX_TALLY_BYTES: Final = 4096
 _APPEND_FLAGS: Final = (
     os.O_WRONLY

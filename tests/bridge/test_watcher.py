@@ -55,6 +55,8 @@ def test_the_temp_files_of_atomic_writes_are_not_reported(tmp_path: Path) -> Non
     assert plan.agents_for(str(folder / "card.md")) == ({"a"}, False)
     assert plan.agents_for(str(folder / "card.tmp")) == ({"a"}, False)  # not hidden: a file
     assert plan.agents_for(str(folder / ".hidden")) == ({"a"}, False)
+    # The host appends its refresh tally on every tick; the service never reads it.
+    assert plan.agents_for(str(folder / ".refreshes")) == (set(), False)
 
 
 async def test_an_atomic_write_is_reported_once_for_its_rename(tmp_path: Path) -> None:
