@@ -42,11 +42,11 @@ check: $(DEV_STAMP)
 
 ## Every benchmark scenario at full size (10,000 agents; about 30 minutes on 2 cores),
 ## appended to bench/RESULTS.md.
-bench: $(DEV_STAMP)
+bench: redis-server $(DEV_STAMP)
 	$(BIN)/python -m bench all
 
 ## The same scenarios at reduced sizes (about 5 minutes), for development: nothing recorded.
-bench-quick: $(DEV_STAMP)
+bench-quick: redis-server $(DEV_STAMP)
 	$(BIN)/python -m bench all --quick --no-record
 
 clean:
