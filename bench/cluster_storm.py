@@ -27,7 +27,7 @@ import json
 import math
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -50,15 +50,18 @@ from bench.harness import (
 )
 from bench.measure import percentile
 from bench.results import Figure, ScenarioResult
+from bench.storm import (
+    CHANGE_PERIOD_S,
+    FIRST_PRIVATE,
+    GROUP,
+    PER_PRIVATE_CHAT,
+    SLACK_S,
+    max_in_window,
+)
 from tests.e2e.harness import ServeProcess, eventually
 from tests.fakes.telegram_api import BOT_LIMITED_METHODS, FakeTelegram, Window
 from tests.redis_server import RedisServer, have_redis
 
-GROUP = -1009000000001
-FIRST_PRIVATE = 7001
-PER_PRIVATE_CHAT = 5
-CHANGE_PERIOD_S = 0.2
-SLACK_S = 2.0
 INSTANCES = 3
 
 
@@ -80,18 +83,6 @@ def split(routes: Sequence[Route], instances: int) -> list[Share]:
         agents = tuple(agent for route in mine for agent in route.agents)
         shares.append(Share(f"i{index}", agents, (Route(GROUP, agents), *mine)))
     return shares
-
-
-def max_in_window(times: Iterable[float], period_s: float) -> int:
-    """The most events in any window of `period_s` (events closer than `period_s` apart
-    share a window, as the fake counts them)."""
-    ordered = sorted(times)
-    best, start = 0, 0
-    for end, moment in enumerate(ordered):
-        while moment - ordered[start] >= period_s:
-            start += 1
-        best = max(best, end - start + 1)
-    return best
 
 
 def instance_config(

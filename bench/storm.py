@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -80,14 +80,21 @@ def round_s(limits: Limits, route: Route, board: bool) -> float:
     return edits / chat_rate(limits, route.chat_id)
 
 
-def max_per_minute(times: Sequence[float]) -> int:
-    """The most events in any 60 s window of the sorted `times`."""
+def max_in_window(times: Iterable[float], period_s: float) -> int:
+    """The most events in any window of `period_s` (events closer than `period_s` apart
+    share a window, as the fake counts them)."""
+    ordered = sorted(times)
     best, start = 0, 0
-    for end, moment in enumerate(times):
-        while moment - times[start] >= 60.0:
+    for end, moment in enumerate(ordered):
+        while moment - ordered[start] >= period_s:
             start += 1
         best = max(best, end - start + 1)
     return best
+
+
+def max_per_minute(times: Sequence[float]) -> int:
+    """The most events in any 60 s window of `times`."""
+    return max_in_window(times, 60.0)
 
 
 class _Analysis:
