@@ -45,7 +45,6 @@ from bench.harness import (
     Shown,
     agent_ids,
     make_fleet,
-    sleep_until,
     visible_delays,
 )
 from bench.measure import percentile
@@ -57,6 +56,8 @@ from bench.storm import (
     PER_PRIVATE_CHAT,
     SLACK_S,
     max_in_window,
+    watch_drain,
+    write_storm,
 )
 from tests.e2e.harness import ServeProcess, eventually
 from tests.fakes.telegram_api import BOT_LIMITED_METHODS, FakeTelegram, Window
@@ -240,29 +241,17 @@ async def run(
             for meter in meters:
                 meter.begin()
             progress(f"storm of {duration_s:.0f} s begins on {INSTANCES} instances")
-            storm_start = time.monotonic()
-            storm_stop = storm_start + duration_s
-            step_s = CHANGE_PERIOD_S / count
-            index = 0
-            while True:
-                due = storm_start + index * step_s
-                if due > storm_stop:
-                    break
-                await sleep_until(due)
-                writer.publish(ids[index % count])
-                index += 1
-            storm_stop = time.monotonic()
+            storm_start, storm_stop = await write_storm(writer, ids, duration_s)
             for meter in meters:
                 meter.end()
             progress(f"storm over; observing the drain for up to {group_bound_s + 5:.0f} s")
-            deadline = storm_stop + group_bound_s + 5.0
-            while time.monotonic() < deadline:
-                if shown_ours.showing(keys, writer.versions) == len(keys) and (
-                    baseline is None or shown_theirs.showing(keys, writer.versions) == len(keys)
-                ):
-                    break
-                await sleep_until(time.monotonic() + 0.2)
-            end_s = time.monotonic()
+            end_s = await watch_drain(
+                writer,
+                keys,
+                shown_ours,
+                shown_theirs if baseline is not None else None,
+                storm_stop + group_bound_s + 5.0,
+            )
             progress("drain observed; stopping")
             if baseline is not None:
                 await baseline.stop()

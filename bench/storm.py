@@ -97,6 +97,43 @@ def max_per_minute(times: Sequence[float]) -> int:
     return max_in_window(times, 60.0)
 
 
+async def write_storm(
+    writer: CardWriter, ids: Sequence[str], duration_s: float
+) -> tuple[float, float]:
+    """Replace every agent's body once per `CHANGE_PERIOD_S`, the renames spread evenly,
+    for `duration_s`; returns (start, stop) of the storm."""
+    start = time.monotonic()
+    stop = start + duration_s
+    step_s = CHANGE_PERIOD_S / len(ids)
+    index = 0
+    while True:
+        due = start + index * step_s
+        if due > stop:
+            break
+        await sleep_until(due)
+        writer.publish(ids[index % len(ids)])
+        index += 1
+    return start, time.monotonic()
+
+
+async def watch_drain(
+    writer: CardWriter,
+    keys: Sequence[tuple[int, str]],
+    ours: Shown,
+    theirs: Shown | None,
+    deadline: float,
+) -> float:
+    """Wait until every route shows its latest version (on both subjects, when `theirs` is
+    given) or `deadline` passes; returns when the watch ended."""
+    while time.monotonic() < deadline:
+        if ours.showing(keys, writer.versions) == len(keys) and (
+            theirs is None or theirs.showing(keys, writer.versions) == len(keys)
+        ):
+            break
+        await sleep_until(time.monotonic() + 0.2)
+    return time.monotonic()
+
+
 class _Analysis:
     """Every figure of one subject (ours or the baseline) from its fake's logs."""
 
@@ -200,29 +237,17 @@ async def run(
         meter = ProcessMeter(serve.proc.pid if serve.proc else 0)
         meter.begin()
         progress(f"storm of {duration_s:.0f} s begins")
-        storm_start = time.monotonic()
-        storm_stop = storm_start + duration_s
-        step_s = CHANGE_PERIOD_S / count
-        index = 0
-        while True:
-            due = storm_start + index * step_s
-            if due > storm_stop:
-                break
-            await sleep_until(due)
-            writer.publish(ids[index % count])
-            index += 1
-        storm_stop = time.monotonic()
+        storm_start, storm_stop = await write_storm(writer, ids, duration_s)
         meter.end()
         progress(f"storm over; observing the drain for up to {drain_watch_s + 5:.0f} s")
         # Observe the drain until both subjects are done or a card round has passed.
-        deadline = storm_stop + drain_watch_s + 5.0
-        while time.monotonic() < deadline:
-            if shown_ours.showing(keys, writer.versions) == len(keys) and (
-                baseline is None or shown_theirs.showing(keys, writer.versions) == len(keys)
-            ):
-                break
-            await sleep_until(time.monotonic() + 0.2)
-        end_s = time.monotonic()
+        end_s = await watch_drain(
+            writer,
+            keys,
+            shown_ours,
+            shown_theirs if baseline is not None else None,
+            storm_stop + drain_watch_s + 5.0,
+        )
         progress("drain observed; stopping")
     storm = (storm_start, storm_stop)
     mine = _Analysis(fleet, limits, ours, shown_ours, writer, storm, end_s, board)
