@@ -19,7 +19,6 @@ from pathlib import Path
 
 from taskcard.bridge.config import ConfigError, ServiceConfig, load_config
 from taskcard.bridge.deliver.registry import SecretMissing, build_channels, route_specs
-from taskcard.bridge.observe.listener import MetricsListener
 from taskcard.bridge.observe.metrics import MeteredChannel, ServiceMetrics
 from taskcard.bridge.observe.sdnotify import READY, STOPPING, sd_notify
 from taskcard.bridge.run.logs import LOG_FORMATS, LOG_LEVELS, setup_logging
@@ -144,6 +143,10 @@ async def serve(
         metrics.bind(service.snapshot)
         listener = None
         if config.metrics.address is not None:
+            # Imported here: aiohttp and its helpers cost ~5 MB of RSS that a service without
+            # a metrics listener (the default) never needs.
+            from taskcard.bridge.observe.listener import MetricsListener
+
             listener = MetricsListener(metrics, *config.metrics.address)
             try:
                 await listener.start()

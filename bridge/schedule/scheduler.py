@@ -95,6 +95,19 @@ class _Resident:
         )
 
 
+def _already_shown(resident: _Resident, message: Outgoing, in_flight: bool) -> bool:
+    """Whether `message` is what the resident shows now, with nothing on its way that could
+    replace it: then it need not be kept. (With a newer card waiting or a delivery in flight,
+    the latest is kept as before: it must win over the bytes on their way.)"""
+    return (
+        not in_flight
+        and resident.desired is None
+        and not resident.release
+        and resident.message_id is not None
+        and message.fingerprint == resident.committed
+    )
+
+
 @dataclass
 class _Reply:
     """A command reply: not persisted, collapsed to the latest while unsent."""
@@ -336,10 +349,17 @@ class RouteScheduler:
         resident = self._residents.get(key)
         if resident is None:
             return  # not served here (see remove_route)
-        resident.desired = message
         resident.release = release
+        if _already_shown(resident, message, self._in_flight(key)):
+            resident.desired = None  # the fingerprint is enough (see `_commit`)
+            return
+        resident.desired = message
         if resident.pending:
             self._enqueue(resident)
+
+    def _in_flight(self, key: RouteKey) -> bool:
+        lane = self._lanes.get(LaneKey(key.channel, key.chat.chat_id))
+        return lane is not None and lane.route_in_flight == key
 
     def send_reply(self, channel: str, chat: ChatRef, message: Outgoing) -> None:
         """Queue a command reply in the chat's lane.
@@ -675,6 +695,11 @@ class RouteScheduler:
             resident.release = False
             resident.desired = resident.committed = resident.message_id = None
             self._store.set_message_id(resident.key.store_key, None)
+        elif resident.desired is message:
+            # Shown: keep its fingerprint, not its bytes (~1 KB a resident, ~10 MB at 10,000).
+            # Nothing sends it again: a gone message is noticed by the edit of a newer card,
+            # which is the replacement, and a repeated send skips this commit.
+            resident.desired = None
 
     async def _deliver_text(self, lane: _Lane, text: _Text) -> None:
         channel = self._channels[lane.channel]

@@ -611,3 +611,23 @@ async def test_a_newer_submit_cancels_a_pending_release(store: SqliteStore) -> N
     await scheduler.stop()
     assert scheduler.has_message(key)
     assert channel.messages == {"1": "needs people again"}
+
+
+async def test_a_shown_card_is_kept_as_its_fingerprint_only(store: SqliteStore) -> None:
+    """Memory: a resident holds no copy of the card it shows; a gone message is still replaced
+    by the next card, and the same card again sends nothing."""
+    channel = ScriptedChannel()
+    key = RouteKey("fake", ChatRef("7"), "a")
+    scheduler = await started(store, channel, key)
+    scheduler.submit(key, text("v1"))
+    await settle(scheduler)
+    assert scheduler._residents[key].desired is None, "the shown card must not be kept"
+    scheduler.submit(key, text("v1"))
+    await settle(scheduler)
+    assert scheduler._residents[key].desired is None
+    channel.messages.clear()  # a person deleted it
+    scheduler.submit(key, text("v2"))
+    await settle(scheduler)
+    await scheduler.stop()
+    assert channel.messages == {"2": "v2"}
+    assert [c[1] for c in channel.calls] == ["send", "edit", "send"]
