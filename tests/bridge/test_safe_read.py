@@ -105,6 +105,37 @@ def test_a_workdir_that_is_itself_a_symlink_is_resolved_first(tmp_path: Path) ->
     assert files.read(tmp_path / "link" / "taskcard" / "status", limit=64) == b"active"
 
 
+def test_the_kept_workdir_never_lets_a_read_escape_after_a_swap(tmp_path: Path) -> None:
+    """The workdir is resolved once and kept: after the workdir (a symlink) is re-pointed,
+    reads follow it as a fresh resolution would; after its contract folder is swapped for a
+    symlink out, reads are refused; never is a file outside read."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "status").write_bytes(b"SECRET")
+    first, second = tmp_path / "first", tmp_path / "second"
+    for folder, text in ((first, b"active"), (second, b"inactive")):
+        (folder / "taskcard").mkdir(parents=True)
+        (folder / "taskcard" / "status").write_bytes(text)
+    link = tmp_path / "link"
+    link.symlink_to(first)
+    files = WorkdirFiles("a", link)
+    status = link / "taskcard" / "status"
+    assert files.read(status, limit=64) == b"active"
+
+    link.unlink()
+    link.symlink_to(second)  # the workdir moved: read where it is now
+    assert files.read(status, limit=64) == b"inactive"
+    assert files.problems == {}
+
+    (second / "taskcard" / "status").unlink()
+    (second / "taskcard").rmdir()
+    (second / "taskcard").symlink_to(outside)  # a folder swapped for a symlink out
+    assert files.read(status, limit=64) is None
+    assert files.open(status) is None
+    assert files.stat(status) is None
+    assert "outside" in files.problems["taskcard/status"]
+
+
 def test_a_device_is_never_opened(tmp_path: Path) -> None:
     # /dev is outside any workdir; a workdir of / shows the type check on its own.
     files = WorkdirFiles("a", Path("/"))
