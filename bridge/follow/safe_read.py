@@ -151,6 +151,9 @@ class WorkdirFiles:
         return root, real, st
 
     def _open(self, path: StrPath) -> BinaryIO | None:
+        direct = self._open_direct(os.fspath(path))
+        if direct is not None:
+            return direct
         checked = self._check(path)
         if checked is None:
             return None
@@ -173,6 +176,43 @@ class WorkdirFiles:
         except BaseException:
             os.close(fd)
             raise
+
+    def _open_direct(self, path: str) -> BinaryIO | None:
+        """The file at `path` when `path` is already its own real location, without resolving
+        it component by component (one `lstat` per component, on every read); None when that
+        cannot be shown, and the full check decides (missing, refused or read) instead.
+
+        Taken only when `path` is absolute and normal and inside the resolved workdir, and
+        accepted only when the kernel's own path of the opened descriptor is exactly `path`:
+        the file read is then the regular file (looked at with `lstat` first, so a pipe or a
+        device is never opened) whose real location is `path`, inside the workdir, which is
+        what resolving `path` first would have read. A symlink anywhere on the way makes the
+        kernel's path differ, so it always goes the long way.
+        """
+        if path != os.path.abspath(path) or not is_inside(self._resolved_root(), path):
+            return None
+        try:
+            looked_at = os.lstat(path)
+            if not stat.S_ISREG(looked_at.st_mode):
+                return None
+            fd = os.open(path, _OPEN_FLAGS)
+        except OSError:
+            return None
+        try:
+            opened = os.fstat(fd)
+            if (
+                stat.S_ISREG(opened.st_mode)
+                and (opened.st_dev, opened.st_ino) == (looked_at.st_dev, looked_at.st_ino)
+                and os.readlink(_PROC_FD + str(fd)) == path
+            ):
+                return os.fdopen(fd, "rb")
+        except OSError:
+            pass  # no /proc, or the file went: the full check decides
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+        return None
 
     def _check_descriptor(self, fd: int, root: str) -> None:
         """On Linux, the path the kernel opened, which no component swap can fake, checked
