@@ -65,12 +65,19 @@ def is_inside(root: str, path: str) -> bool:
 class WorkdirFiles:
     """Safe reads of the files under one agent's workdir, with the problems they had."""
 
-    __slots__ = ("agent_id", "problems", "workdir")
+    __slots__ = ("_root", "agent_id", "problems", "workdir")
 
     def __init__(self, agent_id: str, workdir: Path) -> None:
         self.agent_id = agent_id
         self.workdir = Path(os.path.abspath(workdir))
         self.problems: dict[str, str] = {}
+        # The workdir as last resolved. Resolving it walks every component with `lstat`, once
+        # per read, thousands of times a minute; so it is kept, and resolved again only when a
+        # read is refused against it. A stale root can only refuse (what is inside the old
+        # location is compared against the old location, and the descriptor's kernel path must
+        # still be inside it), never admit: a refusal is then re-judged against a fresh root,
+        # which is exactly what a read without the kept root would have done.
+        self._root: str | None = None
 
     # -- public reads -----------------------------------------------------------------------
 
@@ -108,13 +115,23 @@ class WorkdirFiles:
 
     # -- the checks -------------------------------------------------------------------------
 
+    def _resolved_root(self) -> str:
+        root = self._root
+        if root is None:
+            root = self._root = os.path.realpath(self.workdir)
+        return root
+
     def _check(self, path: StrPath) -> tuple[str, str, os.stat_result] | None:
         """(resolved workdir, resolved path, lstat) of a regular file inside the workdir;
         None when missing."""
         try:
-            root = os.path.realpath(self.workdir)
+            kept = self._root
+            root = self._resolved_root()
             real = os.path.realpath(path)
+            if kept is not None and not is_inside(root, real):
+                root = self._fresh_root()  # re-judged against the workdir as it is now
         except (OSError, ValueError) as error:
+            self._root = None
             raise Refused(f"cannot be resolved ({error}); fix the path") from None
         if not is_inside(root, real):
             raise Refused(
@@ -134,6 +151,9 @@ class WorkdirFiles:
         return root, real, st
 
     def _open(self, path: StrPath) -> BinaryIO | None:
+        direct = self._open_direct(os.fspath(path))
+        if direct is not None:
+            return direct
         checked = self._check(path)
         if checked is None:
             return None
@@ -157,18 +177,60 @@ class WorkdirFiles:
             os.close(fd)
             raise
 
+    def _open_direct(self, path: str) -> BinaryIO | None:
+        """The file at `path` when `path` is already its own real location, without resolving
+        it component by component (one `lstat` per component, on every read); None when that
+        cannot be shown, and the full check decides (missing, refused or read) instead.
+
+        Taken only when `path` is absolute and normal and inside the resolved workdir, and
+        accepted only when the kernel's own path of the opened descriptor is exactly `path`:
+        the file read is then the regular file (looked at with `lstat` first, so a pipe or a
+        device is never opened) whose real location is `path`, inside the workdir, which is
+        what resolving `path` first would have read. A symlink anywhere on the way makes the
+        kernel's path differ, so it always goes the long way.
+        """
+        if path != os.path.abspath(path) or not is_inside(self._resolved_root(), path):
+            return None
+        try:
+            looked_at = os.lstat(path)
+            if not stat.S_ISREG(looked_at.st_mode):
+                return None
+            fd = os.open(path, _OPEN_FLAGS)
+        except OSError:
+            return None
+        try:
+            opened = os.fstat(fd)
+            if (
+                stat.S_ISREG(opened.st_mode)
+                and (opened.st_dev, opened.st_ino) == (looked_at.st_dev, looked_at.st_ino)
+                and os.readlink(_PROC_FD + str(fd)) == path
+            ):
+                return os.fdopen(fd, "rb")
+        except OSError:
+            pass  # no /proc, or the file went: the full check decides
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+        return None
+
     def _check_descriptor(self, fd: int, root: str) -> None:
         """On Linux, the path the kernel opened, which no component swap can fake, checked
-        against the workdir as `_check` resolved it for this same read."""
+        against the workdir as `_check` resolved it for this same read (and, if it was the
+        kept root and the check fails, against the workdir resolved afresh)."""
         try:
             opened = os.readlink(_PROC_FD + str(fd))
         except OSError:
             return  # no /proc: the lstat/fstat identity check above is what we have
-        if not is_inside(root, opened):
+        if not is_inside(root, opened) and not is_inside(self._fresh_root(), opened):
             raise Refused(
                 "resolves outside the agent's workdir (a folder on its path was swapped for a "
                 "symlink); only files inside the workdir are read"
             )
+
+    def _fresh_root(self) -> str:
+        self._root = None
+        return self._resolved_root()
 
     # -- bookkeeping ------------------------------------------------------------------------
 

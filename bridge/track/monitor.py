@@ -44,6 +44,7 @@ from taskcard.producers.task_card.contract import (
     SOURCE_ERROR,
     SOURCE_LIMIT,
     CardPaths,
+    CardStatus,
     Notification,
     parse_json,
     parse_notification,
@@ -136,6 +137,7 @@ class AgentMonitor:
         "_pending_offset",
         "_primed",
         "_start_silence_s",
+        "_status_read",
         "_tracker",
         "agent_id",
         "files",
@@ -161,6 +163,9 @@ class AgentMonitor:
         self._card = CardState()
         self._card_signatures: tuple[FileSignature | None, ...] | None = None
         self._body_raw: bytes | None = None
+        # The status file's signature and what it said, when it was last read successfully:
+        # a body change (the usual one) then costs no second read of an unchanged status.
+        self._status_read: tuple[FileSignature, CardStatus] | None = None
         self.files = WorkdirFiles(agent_id, workdir)
         self._notifications = LineFollower(self.paths.notifications, self.files)
         self._events = LineFollower(self.paths.events, self.files)
@@ -207,6 +212,7 @@ class AgentMonitor:
         Used after a refresh failed half-way, so that a retry is never skipped as "nothing new".
         """
         self._card_signatures = None
+        self._status_read = None
         self._notifications.forget()
         self._events.forget()
 
@@ -264,7 +270,7 @@ class AgentMonitor:
         card = self._card
         if previous is None or previous[2] != watch_sig:
             card = replace(card, watch_id=self._read_watch_id())
-        status = parse_status(self.files.read(paths.status, limit=64))
+        status = self._status(status_sig)
         if status == "active":
             raw = self.files.read(paths.body, limit=MAX_BODY_BYTES)
             if raw is not None and raw.strip():
@@ -286,6 +292,18 @@ class AgentMonitor:
                 card, status="inactive", status_changed_at=_mtime(status_sig) or self._clock()
             )
         self._card = card
+
+    def _status(self, status_sig: FileSignature | None) -> CardStatus:
+        """What the status file says: read again unless it is the very file (same inode, size
+        and mtime) last read successfully. A missing or refused status is always read again,
+        so a fixed file is noticed."""
+        kept = self._status_read
+        if kept is not None and status_sig is not None and kept[0] == status_sig:
+            return kept[1]
+        raw = self.files.read(self.paths.status, limit=64)
+        status = parse_status(raw)
+        self._status_read = (status_sig, status) if raw is not None and status_sig else None
+        return status
 
     def _read_watch_id(self) -> str | None:
         raw = self.files.read(self.paths.watch, limit=64 * 1024)

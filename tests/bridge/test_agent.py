@@ -479,6 +479,35 @@ def test_a_refresh_with_nothing_new_reads_no_file(
     assert opened == [paths.events.resolve()]
 
 
+def test_a_body_change_reads_the_body_alone_and_a_status_change_is_still_seen(
+    paths: CardPaths, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    publish(paths, "first")
+    mon = monitor(paths, clock)
+    mon.refresh()
+    opened: list[Path] = []
+    real_open = os.open
+
+    def counting_open(path: Any, *args: Any, **kwargs: Any) -> Any:
+        opened.append(Path(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", counting_open)
+    atomic_write(paths.body, b"second")
+    opened.clear()  # the writer's own opens
+    assert mon.refresh().card_changed is True
+    assert mon.card.body == "second"
+    assert opened == [paths.body.resolve()]
+
+    atomic_write(paths.status, b"inactive")
+    assert mon.refresh().card_changed is True
+    assert mon.card.status == "inactive"
+    atomic_write(paths.status, b"active")
+    atomic_write(paths.body, b"third")
+    mon.refresh()
+    assert (mon.card.status, mon.card.body) == ("active", "third")
+
+
 # -- total parsing: one bad value costs that field or that line, never the agent ------------
 
 

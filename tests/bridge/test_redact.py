@@ -195,3 +195,25 @@ def test_the_fast_fold_sees_the_same_text_as_the_full_fold(text: str, markup: bo
 @pytest.mark.parametrize("markup", [False, True])
 def test_the_fast_fold_agrees_on_glyphs_cards_use(text: str, markup: bool) -> None:
     assert _folded_text(text, markup=markup) == fold(text, markup=markup)[0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(
+            [CONFIGURED, CONFIGURED[:5], CONFIGURED[5:], *INVISIBLE_INSIDE, *"*`~\\ﬁ１x", '"']
+        ),
+        max_size=6,
+    ).map("".join),
+    st.text(max_size=8),
+    st.text(max_size=8),
+)
+def test_a_leak_in_a_text_is_a_leak_in_any_text_around_it(
+    text: str, before: str, after: str
+) -> None:
+    """What the service relies on to check a payload that carries the text verbatim once,
+    not the text again: both checks look for substrings of the text and of a fold made
+    character by character, so wrapping a text never hides what it shows."""
+    redactor = Redactor([CONFIGURED])
+    if redactor.leaks(text):
+        assert redactor.leaks(f"{before}{text}{after}")

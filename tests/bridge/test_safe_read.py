@@ -105,6 +105,67 @@ def test_a_workdir_that_is_itself_a_symlink_is_resolved_first(tmp_path: Path) ->
     assert files.read(tmp_path / "link" / "taskcard" / "status", limit=64) == b"active"
 
 
+def test_the_kept_workdir_never_lets_a_read_escape_after_a_swap(tmp_path: Path) -> None:
+    """The workdir is resolved once and kept: after the workdir (a symlink) is re-pointed,
+    reads follow it as a fresh resolution would; after its contract folder is swapped for a
+    symlink out, reads are refused; never is a file outside read."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "status").write_bytes(b"SECRET")
+    first, second = tmp_path / "first", tmp_path / "second"
+    for folder, text in ((first, b"active"), (second, b"inactive")):
+        (folder / "taskcard").mkdir(parents=True)
+        (folder / "taskcard" / "status").write_bytes(text)
+    link = tmp_path / "link"
+    link.symlink_to(first)
+    files = WorkdirFiles("a", link)
+    status = link / "taskcard" / "status"
+    assert files.read(status, limit=64) == b"active"
+
+    link.unlink()
+    link.symlink_to(second)  # the workdir moved: read where it is now
+    assert files.read(status, limit=64) == b"inactive"
+    assert files.problems == {}
+
+    (second / "taskcard" / "status").unlink()
+    (second / "taskcard").rmdir()
+    (second / "taskcard").symlink_to(outside)  # a folder swapped for a symlink out
+    assert files.read(status, limit=64) is None
+    assert files.open(status) is None
+    assert files.stat(status) is None
+    assert "outside" in files.problems["taskcard/status"]
+
+
+def test_a_plain_path_is_read_without_resolving_it_and_a_symlinked_one_is_checked(
+    tmp_path: Path, workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A path that is its own real location is read without resolving each component; any
+    symlink on it sends the read through the full check, which still refuses a way out."""
+    (workdir / "taskcard" / "status").write_bytes(b"active")
+    (tmp_path / "secret").write_bytes(b"SECRET")
+    files = WorkdirFiles("a", workdir)
+    assert files.read(workdir / "taskcard" / "status", limit=64) == b"active"
+    resolved: list[str] = []
+    real_realpath = os.path.realpath
+
+    def counting_realpath(path: str, **kwargs: bool) -> str:
+        resolved.append(os.fspath(path))
+        return real_realpath(path, **kwargs)
+
+    monkeypatch.setattr(os.path, "realpath", counting_realpath)
+    for _ in range(3):
+        assert files.read(workdir / "taskcard" / "status", limit=64) == b"active"
+    assert resolved == []
+    (workdir / "out").symlink_to(tmp_path)
+    assert files.read(workdir / "out" / "secret", limit=64) is None
+    assert "outside" in files.problems["out/secret"]
+    assert resolved  # the symlinked path took the full check
+    (workdir / "taskcard" / "status").unlink()
+    (workdir / "taskcard" / "status").symlink_to(tmp_path / "secret")
+    assert files.read(workdir / "taskcard" / "status", limit=64) is None
+    assert "outside" in files.problems["taskcard/status"]
+
+
 def test_a_device_is_never_opened(tmp_path: Path) -> None:
     # /dev is outside any workdir; a workdir of / shows the type check on its own.
     files = WorkdirFiles("a", Path("/"))
