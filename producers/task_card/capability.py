@@ -67,6 +67,7 @@ from taskcard.producers.task_card.renderer import (
 from taskcard.producers.task_card.runtime import HostLock, HostPaths, default_runtime_dir
 from taskcard.producers.task_card.schedule import next_slot, slot_due
 from taskcard.producers.task_card.settings import (
+    SettingsCache,
     SettingsUnavailable,
     load_settings,
     migrate_legacy,
@@ -185,6 +186,7 @@ class TaskCard:
         self._closed = False
         self._meta = MetaProjector(self.paths)
         self._written = WrittenFiles()  # status and body as this host last wrote them
+        self._settings = SettingsCache(self.paths)  # read per tick, parsed when changed
         self._host_lock = HostLock(self.host_paths)
         self._host_lock.acquire()
         try:
@@ -508,7 +510,7 @@ class TaskCard:
         self, watch: _Watch, cancel: threading.Event, due: float | None = None
     ) -> tuple[Rendered | RenderFailure | None, str]:
         """The verdict and stderr tail; None when the run was cancelled (it means nothing)."""
-        max_chars = settings_or_defaults(self.paths).max_body_chars
+        max_chars = self._settings.get().max_body_chars
         if not watch.renderer.is_file():
             return RenderFailure("renderer_failed", "the renderer file is gone"), ""
         request = RunRequest(
