@@ -25,7 +25,6 @@ from taskcard.producers.task_card.contract import (
     STATUS_ACTIVE,
     STATUS_INACTIVE,
     CardPaths,
-    atomic_write,
     parse_status,
     read_bytes,
     utc_now_iso,
@@ -68,6 +67,7 @@ from taskcard.producers.task_card.renderer import (
 from taskcard.producers.task_card.runtime import HostLock, HostPaths, default_runtime_dir
 from taskcard.producers.task_card.schedule import next_slot, slot_due
 from taskcard.producers.task_card.settings import (
+    SettingsCache,
     SettingsUnavailable,
     load_settings,
     migrate_legacy,
@@ -76,6 +76,7 @@ from taskcard.producers.task_card.settings import (
 )
 from taskcard.producers.task_card.tally import RefreshTally, read_tally
 from taskcard.producers.task_card.turns import add_completed_turn, reset_turns
+from taskcard.producers.task_card.written import WrittenFiles
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +185,8 @@ class TaskCard:
         self._seen_watch_number = 0
         self._closed = False
         self._meta = MetaProjector(self.paths)
+        self._written = WrittenFiles()  # status and body as this host last wrote them
+        self._settings = SettingsCache(self.paths)  # read per tick, parsed when changed
         self._host_lock = HostLock(self.host_paths)
         self._host_lock.acquire()
         try:
@@ -507,7 +510,7 @@ class TaskCard:
         self, watch: _Watch, cancel: threading.Event, due: float | None = None
     ) -> tuple[Rendered | RenderFailure | None, str]:
         """The verdict and stderr tail; None when the run was cancelled (it means nothing)."""
-        max_chars = settings_or_defaults(self.paths).max_body_chars
+        max_chars = self._settings.get().max_body_chars
         if not watch.renderer.is_file():
             return RenderFailure("renderer_failed", "the renderer file is gone"), ""
         request = RunRequest(
@@ -525,20 +528,21 @@ class TaskCard:
         return classify(outcome, max_chars, watch.timeout_s), tail
 
     def _write_status(self, value: bytes) -> None:
-        if read_bytes(self.paths.status) != value:
-            atomic_write(self.paths.status, value)
+        if not self._written.holds(self.paths.status, value):
+            self._written.write(self.paths.status, value)
 
     def _publish(self, body: str, *, activate: bool, durable: bool = True) -> bool:
         """Body first, then `active`; identical bytes are left alone. True when the body changed.
 
         Ticks pass `durable=False`: the body is still replaced atomically (a reader sees the
         old or the new one, and a killed process loses nothing), only a power cut may show an
-        earlier body, until the resumed watch's first render (free) replaces it.
+        earlier body, until the resumed watch's first render (free) replaces it. Files this
+        host wrote and nobody touched since are not read back (`written.py`).
         """
         data = body.encode("utf-8")
-        changed = read_bytes(self.paths.body, limit=len(data) + 1) != data
+        changed = not self._written.holds(self.paths.body, data)
         if changed:
-            atomic_write(self.paths.body, data, durable=durable)
+            self._written.write(self.paths.body, data, durable=durable)
         if activate:
             self._write_status(STATUS_ACTIVE)
         return changed

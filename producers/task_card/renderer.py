@@ -55,8 +55,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import os
-import selectors
+import select
 import signal
 import subprocess
 import sys
@@ -77,7 +78,6 @@ _PR_SET_CHILD_SUBREAPER: Final = 36
 _SWEEP_ROUNDS: Final = 100
 _SWEEP_PAUSE_S: Final = 0.01
 RENDER_NICE_INCREMENT: Final = 10
-_Selector: Final = getattr(selectors, "PollSelector", selectors.DefaultSelector)
 _NICE_MAX: Final = 19
 _PROBE_MAX: Final = 256  # a pid window up to this size is probed instead of listing /proc
 _RESERVED_PIDS: Final = 300  # the kernel restarts the pid counter here after a wrap
@@ -435,31 +435,54 @@ def reap_orphans() -> None:
         _sweep(None, None)
 
 
+def _devnull() -> int:
+    """One read-only /dev/null for every renderer's stdin, opened once (close-on-exec here;
+    the spawn duplicates it onto the child's fd 0)."""
+    global _DEVNULL_FD
+    if _DEVNULL_FD is None:
+        _DEVNULL_FD = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    return _DEVNULL_FD
+
+
+_DEVNULL_FD: int | None = None
+
+
 def run_renderer(request: RunRequest, cancel: threading.Event) -> RunOutcome:
-    """Run `[sys.executable, renderer]` in its own session with every bound enforced."""
+    """Run `[sys.executable, renderer]` in its own session with every bound enforced.
+
+    The pipes are made here and handed to `Popen` as plain descriptors, so the spawn builds
+    no file objects and opens no /dev/null of its own; the parent reads them with `os.read`.
+    """
     started = time.monotonic()
     token = uuid.uuid4().hex
     env = {**request.env, RENDER_TOKEN_ENV: token}
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
     try:
         with _Fence.lock:
             proc = subprocess.Popen(
                 [sys.executable, str(request.renderer)],
                 cwd=request.workdir,
                 env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
+                stdin=_devnull(),
+                stdout=out_w,
+                stderr=err_w,
                 start_new_session=True,
                 close_fds=True,
             )
             _Fence.live_leaders.add(proc.pid)
     except OSError as exc:
+        for fd in (out_r, err_r):
+            os.close(fd)
         return RunOutcome(None, False, False, b"", False, b"", exc.strerror or "spawn failed", 0.0)
+    finally:
+        os.close(out_w)
+        os.close(err_w)
     _lower_priority(proc.pid, request.nice_increment)
     mark = SpawnMark(proc.pid, _fork_count())
     clean = False
     try:
-        outcome, clean = _supervise(proc, request, cancel, started, token.encode(), mark)
+        outcome, clean = _supervise(proc, (out_r, err_r), request, cancel, started, token, mark)
         return outcome
     finally:
         with _Fence.lock:
@@ -468,25 +491,49 @@ def run_renderer(request: RunRequest, cancel: threading.Event) -> RunOutcome:
                 _sweep(token.encode(), proc.pid, mark)
 
 
+def _exit_watch(pid: int) -> int | None:
+    """A pidfd that polls readable once `pid` exits (Linux 5.3+), or None: poll the status."""
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is None:
+        return None
+    try:
+        return int(pidfd_open(pid))
+    except OSError:
+        return None
+
+
 def _supervise(
     proc: subprocess.Popen[bytes],
+    pipes: tuple[int, int],
     request: RunRequest,
     cancel: threading.Event,
     started: float,
-    token: bytes,
+    token_text: str,
     mark: SpawnMark,
 ) -> tuple[RunOutcome, bool]:
-    """The run's outcome, and whether a sweep after the renderer's exit proved it left nothing."""
-    assert proc.stdout is not None and proc.stderr is not None
+    """The run's outcome, and whether a sweep after the renderer's exit proved it left nothing.
+
+    One `poll(2)` set holds both pipes and, where the kernel has them, a pidfd of the
+    renderer: a normal run wakes the loop about three times (output, end of output, exit)
+    instead of polling the exit status in a sleep loop. Without a pidfd, the exit is polled
+    as before: a short wait once both pipes have closed, and a status check per wake.
+    """
+    out_fd, err_fd = pipes
+    token = token_text.encode()
     deadline = started + request.timeout_s
     out = bytearray()
     err = bytearray()
     overflow = timed_out = cancelled = leader_gone = clean = False
-    selector = _Selector()  # poll(2): no kernel object to create and close per run
-    selector.register(proc.stdout, selectors.EVENT_READ, "out")
-    selector.register(proc.stderr, selectors.EVENT_READ, "err")
+    pidfd = _exit_watch(proc.pid)
+    poller = select.poll()
+    open_fds = {out_fd, err_fd}
+    for fd in open_fds:
+        poller.register(fd, select.POLLIN)
+    if pidfd is not None:
+        poller.register(pidfd, select.POLLIN)
+    grace_end: float | None = None  # both pipes closed: the exit is due by then
     try:
-        while selector.get_map():
+        while open_fds or not leader_gone:
             now = time.monotonic()
             if now >= deadline:
                 timed_out = True
@@ -494,39 +541,60 @@ def _supervise(
             if cancel.is_set():
                 cancelled = True
                 break
-            for key, _ in selector.select(timeout=min(_POLL_S, deadline - now)):
-                chunk = os.read(key.fd, _READ_CHUNK)
-                if not chunk:
-                    selector.unregister(key.fileobj)
-                elif key.data == "out":
-                    out += chunk
-                    if len(out) > request.stdout_limit_bytes:
-                        overflow = True
-                else:
-                    err += chunk
-                    del err[:-STDERR_TAIL_BYTES]
-            if overflow:
-                break
-            if not selector.get_map() and not leader_gone:
+            exited = False
+            if not open_fds:
                 # Both pipes closed: the renderer is normally in the middle of exiting. Give it
-                # a moment, so the one sweep below runs after its exit and can prove it clean.
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(min(_EXIT_GRACE_S, max(0.0, deadline - time.monotonic())))
-            if proc.poll() is not None and not leader_gone:
+                # a moment, so the one sweep below runs after its exit and can prove it clean;
+                # one that lingers longer is killed by the sweep after the loop, as ever.
+                if grace_end is None:
+                    grace_end = min(now + _EXIT_GRACE_S, deadline)
+                if now >= grace_end:
+                    break
+                if pidfd is None:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(grace_end - now)
+                    exited = True
+            if not exited:
+                wait_s = min(_POLL_S, deadline - now, (grace_end or deadline) - now)
+                for fd, _ in poller.poll(max(1, math.ceil(wait_s * 1000))):
+                    if fd == pidfd:
+                        poller.unregister(fd)
+                        exited = True
+                        continue
+                    chunk = os.read(fd, _READ_CHUNK)
+                    if not chunk:
+                        poller.unregister(fd)
+                        open_fds.discard(fd)
+                    elif fd == out_fd:
+                        out += chunk
+                        if len(out) > request.stdout_limit_bytes:
+                            overflow = True
+                    else:
+                        err += chunk
+                        del err[:-STDERR_TAIL_BYTES]
+                if overflow:
+                    break
+            if leader_gone or not (exited or pidfd is None):
+                continue
+            if proc.poll() is not None:
                 # The leader is gone: drain what is buffered, then stop waiting for pipes that
                 # a leftover descendant might hold open forever.
                 leader_gone = True
                 _kill_group(proc.pid)
                 with _Fence.lock:
                     clean = _sweep(token, proc.pid, mark)
+            elif exited and pidfd is not None:
+                pidfd_fd, pidfd = pidfd, None  # readable pidfd, no status yet: poll the status
+                os.close(pidfd_fd)
     finally:
-        selector.close()
+        if pidfd is not None:
+            os.close(pidfd)
         if not clean:
             with _Fence.lock:
                 _sweep(token, proc.pid, mark)  # while the renderer's ancestry is still intact
-        _kill_group(proc.pid)
-        proc.stdout.close()
-        proc.stderr.close()
+            _kill_group(proc.pid)  # a clean sweep already proved the group empty
+        os.close(out_fd)
+        os.close(err_fd)
         exit_code = proc.wait()
     outcome = RunOutcome(
         exit_code=None if (timed_out or cancelled or overflow) else exit_code,

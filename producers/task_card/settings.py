@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, TypeGuard
 
@@ -218,3 +221,51 @@ def show_rows(settings: EffectiveSettings) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+_FRESH_NS: Final = 2_000_000_000  # a file changed this recently may change again unseen
+
+
+_StatKey = tuple[int, int, int, int, int]
+
+
+def _stat_key(path: Any) -> _StatKey | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+class SettingsCache:
+    """`settings_or_defaults` for a running watch: the document re-read only when it changed.
+
+    Every tick needs `max_body_chars`; reading and parsing the document each time cost an
+    open, a read and a JSON parse per tick for a value that changes a few times a year. The
+    effective settings are kept with the stat of both source files (the document and the
+    legacy one) and reused while both stats are unchanged. A file modified within the last
+    two seconds is re-read every time: a second edit within the file system's timestamp
+    granularity, of the same size, would otherwise go unseen. A broken document is never
+    kept: its defaults are recomputed (and its problem re-detected) on every call.
+    """
+
+    def __init__(self, paths: CardPaths, clock_ns: Callable[[], int] = time.time_ns) -> None:
+        self._paths = paths
+        self._clock_ns = clock_ns
+        # One attribute, replaced whole: threads calling `get` at once never mix two entries.
+        self._entry: tuple[tuple[_StatKey | None, _StatKey | None], EffectiveSettings] | None = None
+
+    def get(self) -> EffectiveSettings:
+        key = (_stat_key(self._paths.settings), _stat_key(self._paths.legacy_telegram_settings))
+        entry = self._entry
+        if entry is not None and entry[0] == key:
+            return entry[1]
+        self._entry = None
+        try:
+            value = load_settings(self._paths)
+        except SettingsUnavailable:
+            return settings_or_defaults(self._paths)
+        now = self._clock_ns()
+        if all(part is None or now - part[3] >= _FRESH_NS for part in key):
+            self._entry = (key, value)
+        return value

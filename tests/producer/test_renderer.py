@@ -232,3 +232,49 @@ def test_renderers_run_at_a_lower_cpu_priority_than_the_host(workdir: Path) -> N
     run = run_renderer(request(workdir, renderer), threading.Event())
     assert run.exit_code == 0, run
     assert int(run.stdout) == min(19, mine + RENDER_NICE_INCREMENT)
+
+
+def test_a_renderer_that_closes_its_pipes_and_lingers_is_killed_long_before_its_timeout(
+    workdir: Path,
+) -> None:
+    renderer = write_renderer(
+        workdir,
+        "linger.py",
+        "import os, time\nprint('# body', flush=True)\nos.close(1)\nos.close(2)\n"
+        "open('pid', 'w').write(str(os.getpid()))\ntime.sleep(300)\n",
+    )
+    run = run_renderer(request(workdir, renderer, timeout_s=120), threading.Event())
+    assert not run.timed_out
+    assert run.stdout == b"# body\n"
+    assert run.exit_code is not None and run.exit_code < 0  # killed, not waited for
+    assert classify(run, 2000, 120).code == "renderer_nonzero_exit"  # type: ignore[union-attr]
+    wait_for(lambda: not pid_alive(int((workdir / "pid").read_text())), 30)
+
+
+def test_output_left_behind_by_an_exited_renderer_is_read_and_its_pipe_holder_killed(
+    workdir: Path,
+) -> None:
+    renderer = write_renderer(
+        workdir,
+        "holder.py",
+        "import os, subprocess, sys\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+        "open('child', 'w').write(str(child.pid))\n"
+        "print('# body from a renderer whose child keeps the pipes')\n",
+    )
+    run = run_renderer(request(workdir, renderer, timeout_s=120), threading.Event())
+    assert not run.timed_out
+    assert run.exit_code == 0
+    assert run.stdout == b"# body from a renderer whose child keeps the pipes\n"
+    wait_for(lambda: not pid_alive(int((workdir / "child").read_text())), 30)
+
+
+def test_stdin_is_empty_and_many_runs_leave_no_descriptor_behind(workdir: Path) -> None:
+    renderer = write_renderer(
+        workdir, "stdin.py", "import sys\nprint(repr(sys.stdin.read()) or 'x')\n"
+    )
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        run = run_renderer(request(workdir, renderer), threading.Event())
+        assert (run.exit_code, run.stdout) == (0, b"''\n")
+    assert len(os.listdir("/proc/self/fd")) <= before + 1  # at most the shared /dev/null
