@@ -118,6 +118,11 @@ class ServiceFailed(Exception):
 # A closing route whose last edit cannot go out (a long pause, a held send) is dropped anyway
 # after this long.
 CLOSE_GRACE_S = 120.0
+# A board is composed at most this often. Each change of any agent on it would otherwise
+# compose and render all of its lines again (in a storm of 500 changes a second, a whole
+# core), while the chat shows at most one edit every few seconds and only the latest
+# composition is ever sent; this adds at most this much to a board's staleness.
+BOARD_COMPOSE_EVERY_S = 0.5
 
 
 class Service:
@@ -189,6 +194,8 @@ class Service:
         self._due = DueAgents()  # agents whose state changes with time alone, by when
         self._routes_by_scope: dict[str, list[Route]] = {}
         self._views = ChatViews(store, ())
+        self._board_timer: asyncio.TimerHandle | None = None
+        self._boards_composed_at = -BOARD_COMPOSE_EVERY_S
         self._boards: set[RouteKey] = set()  # board residents the scheduler knows
         self._ready_channels: set[str] = set()
         self._failed_channels: set[str] = set()
@@ -242,6 +249,8 @@ class Service:
                     raise ServiceFailed("no channel could start; see the errors above")
         finally:
             self._running = False
+            if self._board_timer is not None:
+                self._board_timer.cancel()
             stopper.cancel()
             for task in (*tasks, *starters):
                 task.cancel()
@@ -754,12 +763,18 @@ class Service:
     # Boards ------------------------------------------------------------------------------
 
     def _mark_board(self, scope: str) -> None:
-        """Compose the chat's board once this turn of the loop is done: a burst of changes
-        (a rescan, a restart) makes one board, not one per agent."""
-        if self._views.mark(scope):
-            asyncio.get_running_loop().call_soon(self._flush_boards)
+        """Compose the chat's board after this turn of the loop, and no sooner than
+        `BOARD_COMPOSE_EVERY_S` after the last composition: a burst of changes (a rescan, a
+        restart, a storm) makes one board, not one per change."""
+        self._views.mark(scope)
+        if self._board_timer is None:
+            loop = asyncio.get_running_loop()
+            at = max(loop.time(), self._boards_composed_at + BOARD_COMPOSE_EVERY_S)
+            self._board_timer = loop.call_at(at, self._flush_boards)
 
     def _flush_boards(self) -> None:
+        self._board_timer = None
+        self._boards_composed_at = asyncio.get_running_loop().time()
         for scope in self._views.take_dirty():
             try:
                 self._project_board(scope)
