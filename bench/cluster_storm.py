@@ -33,6 +33,7 @@ from pathlib import Path
 
 from bench.harness import (
     CARD_METHODS,
+    NO_HOST_SIGNALS,
     TOKEN_ENV,
     VERSION_TAG,
     BaselineProcess,
@@ -105,7 +106,7 @@ def instance_config(
             f"chat_id = {route.chat_id}",
             f"agents = {json.dumps(list(route.agents))}",
         ]
-    lines += ["[console]", "enabled = false"]
+    lines += ["[console]", "enabled = false", *NO_HOST_SIGNALS]
     lines += ["[cluster]", f'redis_url = "{redis}"', f'instance = "{share.name}"']
     lines.append(f'key_prefix = "{prefix}"')
     return "\n".join(lines) + "\n"

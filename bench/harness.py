@@ -180,6 +180,13 @@ def visible_delays(
     return delays
 
 
+# The bench's agents have cards but no agent host reading their activity, so after three
+# quiet minutes the service would rightly post one "no host reads its activity" notice per
+# agent: 10,000 notices in the idle and creation runs, sent through the same chats and
+# budgets the scenarios measure. Scenarios measure cards, so that signal waits a day.
+NO_HOST_SIGNALS = ("[signals]", "idle_floor_s = 86400")
+
+
 def serve_config(
     fleet: Fleet, base_url: str, limits: Limits, *, debounce_ms: int | None = None
 ) -> str:
@@ -205,7 +212,7 @@ def serve_config(
         ]
         if route.view != "cards":
             lines.append(f'view = "{route.view}"')
-    lines += ["[console]", "enabled = false"]
+    lines += ["[console]", "enabled = false", *NO_HOST_SIGNALS]
     if debounce_ms is not None:
         lines += ["[watch]", f"debounce_ms = {debounce_ms}"]
     return "\n".join(lines) + "\n"
