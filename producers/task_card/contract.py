@@ -178,14 +178,17 @@ def open_regular(path: Path) -> BinaryIO:
         raise
 
 
-def read_regular(path: Path, limit: int) -> bytes:
+def read_regular(path: Path, limit: int, *, follow: bool = True) -> bytes:
     """At most `limit` bytes of the regular file at `path`; raises as `open_regular` does.
+
+    `follow=False` refuses a symbolic link as the last component (`OSError`, ELOOP): for files
+    only the host creates, where a link can only have been planted.
 
     Read straight from the descriptor in pieces sized by `fstat` (plus one byte, so growth is
     seen), never through a buffer of `limit` bytes: asking a buffered reader for 4 MB to read
     a 7-byte status file allocated and faulted in the whole 4 MB on every call.
     """
-    fd = os.open(path, _READ_FLAGS)
+    fd = os.open(path, _READ_FLAGS if follow else _READ_FLAGS | getattr(os, "O_NOFOLLOW", 0))
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):

@@ -18,7 +18,8 @@ when the header names the same watch, so a crash between the two writes never gi
 back. The write reaches the page cache, so a killed process loses nothing; like the per-tick
 descriptor before it, only a power cut may roll the count back to an earlier value.
 
-The file lives in the agent's workdir, so it is untrusted on read (a regular file only,
+The file lives in the agent's workdir, so it is untrusted on read (a regular file only, never
+through a symbolic link, which only a planter makes: the host creates the tally by rename;
 bounded, parsed totally; a value past the watch's ceiling is ignored) and opened for append
 with `O_NOFOLLOW | O_NONBLOCK` and checked with `fstat`, so a planted pipe or link is never
 written through. When anything about it fails the caller falls back to rewriting
@@ -68,7 +69,7 @@ def parse_tally(raw: bytes, watch_id: str, ceiling: int) -> int | None:
 def read_tally(paths: CardPaths, watch_id: str, ceiling: int) -> int | None:
     """The tally's count for `watch_id`; None when missing, unusable or for another watch."""
     try:
-        raw = read_regular(paths.taskcard_dir / TALLY_FILE, 2 * MAX_TALLY_BYTES + 1)
+        raw = read_regular(paths.taskcard_dir / TALLY_FILE, 2 * MAX_TALLY_BYTES + 1, follow=False)
     except OSError:
         return None
     if len(raw) > 2 * MAX_TALLY_BYTES:

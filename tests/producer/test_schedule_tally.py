@@ -174,3 +174,40 @@ def test_a_planted_tally_is_never_written_through_and_the_budget_stays_exact(
         assert planted.read_bytes() == b"tc_1\n0\n1\n2\n"
     card.close()
     assert make_card().inspect("tc_1")["refreshes_used"] == 2
+
+
+@pytest.mark.parametrize("kind", ["symlink_out", "fifo", "garbage", "nan", "huge_number", "huge"])
+def test_a_hostile_tally_found_at_resume_is_ignored_and_replaced(
+    workdir: Path, tmp_path: Path, make_card: MakeCard, kind: str
+) -> None:
+    write_renderer(workdir, "r.py", COUNTER_RENDERER)
+    card = make_card()
+    card.call(envelope("start", renderer_path="r.py", interval_s=3600, max_refreshes=10))
+    for _ in range(2):
+        card.call(envelope("retry", watch_id="tc_1"))
+    card.close()
+    descriptor_path = workdir / "taskcard" / "watch.json"
+    descriptor = json.loads(descriptor_path.read_text())
+    descriptor_path.write_text(json.dumps({**descriptor, "refreshes_used": 2}))
+    planted = workdir / "taskcard" / TALLY_FILE
+    planted.unlink()
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"tc_1\n5\n")  # would count, if a link out of the workdir were read
+    if kind == "symlink_out":
+        planted.symlink_to(outside)
+    elif kind == "fifo":
+        os.mkfifo(planted)  # opened for reading it would block the resume
+    elif kind == "garbage":
+        planted.write_bytes(b"tc_1\n\x00\xff<b>5</b>\n")
+    elif kind == "nan":
+        planted.write_bytes(b"tc_1\nNaN\n")
+    elif kind == "huge_number":
+        planted.write_bytes(b"tc_1\n" + b"9" * 400 + b"\n")
+    else:
+        planted.write_bytes(b"tc_1\n" + b"3\n" * 10_000 + b"5\n")  # past the size bound
+    resumed = make_card()
+    assert resumed.inspect("tc_1")["refreshes_used"] == 2
+    assert resumed.call(envelope("retry", watch_id="tc_1"))["status"] == "watching"
+    assert stat.S_ISREG(planted.lstat().st_mode)  # replaced by the host's own tally
+    assert planted.read_bytes() == b"tc_1\n2\n3\n"
+    assert outside.read_bytes() == b"tc_1\n5\n"  # never written through
