@@ -172,20 +172,24 @@ def load_settings(paths: CardPaths) -> EffectiveSettings:
     )
 
 
+def _defaults() -> EffectiveSettings:
+    return EffectiveSettings(
+        interval_s=DEFAULT_INTERVAL_S,
+        timeout_s=DEFAULT_TIMEOUT_S,
+        max_refreshes=DEFAULT_MAX_REFRESHES,
+        reminder_turns=DEFAULT_REMINDER_TURNS,
+        max_body_chars=DEFAULT_MAX_BODY_CHARS,
+        sources={},
+        pending_migration=None,
+    )
+
+
 def settings_or_defaults(paths: CardPaths) -> EffectiveSettings:
     """For per-publication and per-turn reads: a broken document must not stop a running card."""
     try:
         return load_settings(paths)
     except SettingsUnavailable:
-        return EffectiveSettings(
-            interval_s=DEFAULT_INTERVAL_S,
-            timeout_s=DEFAULT_TIMEOUT_S,
-            max_refreshes=DEFAULT_MAX_REFRESHES,
-            reminder_turns=DEFAULT_REMINDER_TURNS,
-            max_body_chars=DEFAULT_MAX_BODY_CHARS,
-            sources={},
-            pending_migration=None,
-        )
+        return _defaults()
 
 
 def migrate_legacy(paths: CardPaths, settings: EffectiveSettings) -> bool:
@@ -264,7 +268,7 @@ class SettingsCache:
         try:
             value = load_settings(self._paths)
         except SettingsUnavailable:
-            return settings_or_defaults(self._paths)
+            return _defaults()  # not `settings_or_defaults`: that would read the file again
         now = self._clock_ns()
         if all(part is None or now - part[3] >= _FRESH_NS for part in key):
             self._entry = (key, value)
