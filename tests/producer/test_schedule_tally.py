@@ -13,9 +13,16 @@ from pathlib import Path
 import pytest
 
 from taskcard.producers.task_card.capability import TaskCard
+from taskcard.producers.task_card.contract import CardPaths
 from taskcard.producers.task_card.renderer import RunOutcome, RunRequest, run_renderer
 from taskcard.producers.task_card.schedule import next_slot, slot_due
-from taskcard.producers.task_card.tally import TALLY_FILE, parse_tally
+from taskcard.producers.task_card.tally import (
+    MAX_TALLY_BYTES,
+    TALLY_FILE,
+    RefreshTally,
+    parse_tally,
+    read_tally,
+)
 
 from .conftest import COUNTER_RENDERER, envelope, wait_for, write_renderer
 
@@ -211,3 +218,15 @@ def test_a_hostile_tally_found_at_resume_is_ignored_and_replaced(
     assert stat.S_ISREG(planted.lstat().st_mode)  # replaced by the host's own tally
     assert planted.read_bytes() == b"tc_1\n2\n3\n"
     assert outside.read_bytes() == b"tc_1\n5\n"  # never written through
+
+
+def test_the_tally_restarts_before_it_passes_its_size_bound(workdir: Path) -> None:
+    paths = CardPaths(workdir)
+    tally = RefreshTally(paths, "tc_3", 0)
+    try:
+        for used in range(1, 5001):
+            tally.record(used)
+            assert (workdir / "taskcard" / TALLY_FILE).stat().st_size <= MAX_TALLY_BYTES
+    finally:
+        tally.close()
+    assert read_tally(paths, "tc_3", ceiling=5000) == 5000
