@@ -13,12 +13,11 @@ from pathlib import Path
 import pytest
 
 from taskcard.producers.task_card.capability import TaskCard
-from taskcard.producers.task_card.contract import CardPaths
+from taskcard.producers.task_card.contract import TALLY_FILE, CardPaths
 from taskcard.producers.task_card.renderer import RunOutcome, RunRequest, run_renderer
 from taskcard.producers.task_card.schedule import next_slot, slot_due
 from taskcard.producers.task_card.tally import (
     MAX_TALLY_BYTES,
-    TALLY_FILE,
     RefreshTally,
     parse_tally,
     read_tally,
