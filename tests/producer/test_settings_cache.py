@@ -75,3 +75,19 @@ def test_a_fresh_document_is_re_read_until_it_settles(workdir: Path) -> None:
     path.write_text(json.dumps({"max_body_chars": 5000}))
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert cache.get().max_body_chars == 5000
+
+
+@pytest.mark.parametrize("planted", ["fifo", "folder"])
+def test_a_document_swapped_for_a_non_file_while_cached_falls_back_to_defaults(
+    workdir: Path, planted: str
+) -> None:
+    path = _document(workdir, 3000)
+    cache = SettingsCache(CardPaths(workdir))
+    assert cache.get().max_body_chars == 3000
+    path.unlink()
+    if planted == "fifo":
+        os.mkfifo(path)  # opened for reading it would block the tick
+    else:
+        path.mkdir()
+    assert cache.get().max_body_chars == DEFAULT_MAX_BODY_CHARS
+    assert cache.get().max_body_chars == DEFAULT_MAX_BODY_CHARS
