@@ -45,7 +45,7 @@ from typing import Any
 from telegram import error as tg
 from telegram.request import BaseRequest, RequestData
 
-from taskcard.channels.telegram.request import AnswerLost, flood_wait_from
+from taskcard.channels.telegram.request import lost_after_write, raise_for_flood
 
 IDLE_EXPIRY_S = 30.0
 # Successful answers whose result the channel never reads: PTB would build a `Message` (with
@@ -55,7 +55,6 @@ _TRUE_ANSWER = b'{"ok":true,"result":true}'
 _FIXED_HEADERS = f"User-Agent: {BaseRequest.USER_AGENT}\r\nAccept: application/json\r\n"
 
 _OK = 200
-_TOO_MANY_REQUESTS = 429
 _MAX_HEAD = 64 * 1024
 _MAX_BODY = 64 * 1024 * 1024
 
@@ -295,10 +294,7 @@ class LeanRequest(BaseRequest):
             )
         finally:
             slots.release()
-        if answer.status == _TOO_MANY_REQUESTS:
-            flood = flood_wait_from(answer.body)
-            if flood is not None:
-                raise flood
+        raise_for_flood(answer.status, answer.body)
         if self._slim and answer.status == _OK:
             return answer.status, slim_answer(target.endpoint, answer.body)
         return answer.status, answer.body
@@ -325,9 +321,7 @@ class LeanRequest(BaseRequest):
                 answer = await _read_answer(connection.reader)
         except (TimeoutError, OSError, EOFError, asyncio.LimitOverrunError, _Incomplete) as exc:
             connection.close()
-            raise AnswerLost(
-                f"no answer after the request was written ({type(exc).__name__})"
-            ) from exc
+            raise lost_after_write(exc) from exc
         except BaseException:
             connection.close()  # cancelled mid-answer: the stream position is unknown
             raise

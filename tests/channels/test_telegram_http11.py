@@ -25,7 +25,7 @@ from telegram.request import RequestData
 from telegram.request._requestparameter import RequestParameter
 
 from taskcard.channels.base import ChatRef
-from taskcard.channels.errors import Transient
+from taskcard.channels.errors import OutcomeUnknown, RateLimited, Transient
 from taskcard.channels.telegram.channel import TelegramChannel
 from taskcard.channels.telegram.config import TelegramConfig
 from taskcard.channels.telegram.http11 import (
@@ -430,3 +430,37 @@ async def test_a_proxy_in_the_environment_carries_the_requests(
         assert channel.bot_username == "b"
         await channel.stop()
     assert proxy.requests[0].startswith(b"POST http://bot-api.invalid:8081/bot1:T/getMe ")
+
+
+async def test_through_a_proxy_a_429_and_a_lost_answer_keep_their_meaning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # PTB's httpx transport (used with a proxy) translates the same two signals as the lean
+    # one: a 429 is a rate limit with its wait, a hang-up after the write an unknown outcome
+    # that is not sent again.
+    get_me = b'{"ok":true,"result":{"id":1,"is_bot":true,"first_name":"b","username":"b"}}'
+    flood = b'{"ok":false,"error_code":429,"description":"Too Many Requests: retry after 7",'
+    flood += b'"parameters":{"retry_after":7}}'
+    for name in ("https_proxy", "http_proxy", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    async with scripted(
+        _answer(get_me), _answer(flood, "429 Too Many Requests"), "close", keep_open=True
+    ) as proxy:
+        monkeypatch.setenv("http_proxy", proxy.url)
+        config = TelegramConfig(api_base_url="http://bot-api.invalid:8081", commands=False)
+        channel = TelegramChannel(config, "1:T", MemoryCursorStore())
+
+        async def ignore(command: object) -> None:
+            del command
+
+        await channel.start(ignore)
+        message = channel.render_text("move")
+        with pytest.raises(RateLimited) as limited:
+            await channel.edit(ChatRef("-1"), "5", message)
+        assert limited.value.retry_after_s == 7
+        with pytest.raises(OutcomeUnknown):
+            await channel.edit(ChatRef("-1"), "5", message)
+        await channel.stop()
+    assert len(proxy.requests) == 3
+    assert proxy.connections == 1
