@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import re
 import ssl
 import urllib.parse
 import urllib.request
@@ -57,6 +58,7 @@ _FIXED_HEADERS = f"User-Agent: {BaseRequest.USER_AGENT}\r\nAccept: application/j
 _OK = 200
 _MAX_HEAD = 64 * 1024
 _MAX_BODY = 64 * 1024 * 1024
+_HEX = re.compile(rb"[0-9A-Fa-f]+")
 
 
 @dataclass(frozen=True)
@@ -349,6 +351,11 @@ class LeanRequest(BaseRequest):
         return _Connection(reader, writer)
 
 
+def _is_decimal(text: str) -> bool:
+    """ASCII digits only: `str.isdigit` also takes `²` (a latin-1 byte), which `int` refuses."""
+    return text.isascii() and text.isdigit()
+
+
 async def _read_answer(reader: asyncio.StreamReader) -> _Answer:
     """One HTTP/1.1 response: status, headers, and a body by length, chunks or end of stream.
     Informational answers (1xx) before it are skipped."""
@@ -361,7 +368,7 @@ async def _read_answer(reader: asyncio.StreamReader) -> _Answer:
         lines = head.decode("latin-1").split("\r\n")
         version, _, rest = lines[0].partition(" ")
         code = rest[:3]
-        if not version.startswith("HTTP/1.") or not code.isdigit():
+        if not version.startswith("HTTP/1.") or not _is_decimal(code):
             raise _Incomplete(f"not an HTTP/1 status line: {lines[0][:40]!r}")
         status = int(code)
     length: int | None = None
@@ -371,7 +378,7 @@ async def _read_answer(reader: asyncio.StreamReader) -> _Answer:
         name, _, value = line.partition(":")
         name = name.strip().lower()
         if name == "content-length":
-            if not value.strip().isdigit():
+            if not _is_decimal(value.strip()):
                 raise _Incomplete("a Content-Length that is not a number")
             length = int(value)
         elif name == "transfer-encoding":
@@ -413,10 +420,10 @@ async def _read_chunks(reader: asyncio.StreamReader) -> bytes:
     total = 0
     while True:
         size_line = await reader.readuntil(b"\r\n")
-        try:
-            size = int(size_line.split(b";", 1)[0].strip(), 16)
-        except ValueError:
-            raise _Incomplete("a chunk size that is not a number") from None
+        size_hex = size_line.split(b";", 1)[0].strip()
+        if _HEX.fullmatch(size_hex) is None:
+            raise _Incomplete("a chunk size that is not a number")
+        size = int(size_hex, 16)
         if size == 0:
             while await reader.readuntil(b"\r\n") != b"\r\n":
                 pass  # trailers

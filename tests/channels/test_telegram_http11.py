@@ -288,6 +288,10 @@ async def test_answers_are_read_by_length_chunks_or_end(
         b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabXY",
+        # Digits `str.isdigit` accepts and `int` refuses, and a negative chunk size.
+        b"HTTP/1.1 \xb200 OK\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: \xb2\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\nabc",
     ],
 )
 async def test_broken_answers_are_incomplete(raw: bytes) -> None:
