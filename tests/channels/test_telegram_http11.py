@@ -24,7 +24,7 @@ from telegram import error as tg
 from telegram.request import RequestData
 from telegram.request._requestparameter import RequestParameter
 
-from taskcard.channels.base import ChatRef
+from taskcard.channels.base import CardView, ChatRef
 from taskcard.channels.errors import OutcomeUnknown, RateLimited, Transient
 from taskcard.channels.telegram.channel import TelegramChannel
 from taskcard.channels.telegram.config import TelegramConfig
@@ -404,13 +404,15 @@ async def test_channel_edit_sends_raw_entities_and_no_preview() -> None:
             del command
 
         await channel.start(ignore)
-        message = channel.render_text("**bold** move")
+        # A card: its bold header and Markdown body carry entities (plain text has none).
+        view = CardView(agent_id="a", state="running", auto_rows=(), body="**bold** move")
+        message = channel.render_card(view)
         await channel.edit(ChatRef("-1"), "5", message)
         await channel.stop()
     sent = json.loads(server.requests[1].partition(b"\r\n\r\n")[2])
     assert sent["link_preview_options"] == {"is_disabled": True}
     assert sent["message_id"] == 5 and sent["chat_id"] == -1
-    assert sent.get("entities", []) == message.payload.get("entities", [])
+    assert sent["entities"] == message.payload["entities"] != []
 
 
 async def test_a_proxy_in_the_environment_carries_the_requests(
