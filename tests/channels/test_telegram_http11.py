@@ -153,6 +153,17 @@ async def test_answer_cut_off_after_the_write_is_answer_lost(lean: LeanRequest) 
     assert len(server.requests) == 1
 
 
+async def test_an_oversized_answer_head_is_answer_lost(lean: LeanRequest) -> None:
+    # A head past the reader's 64 KiB limit: the request went out, the answer is unusable.
+    huge = _answer(extra=b"X-Filler: " + b"x" * (70 * 1024) + b"\r\n")
+    async with scripted(huge) as server:
+        with pytest.raises(AnswerLost) as caught:
+            await _post(lean, server.url)
+    assert "LimitOverrunError" in caught.value.message
+    assert len(server.requests) == 1
+    assert lean.idle_connections() == 0
+
+
 async def test_hang_up_without_an_answer_is_answer_lost_and_not_resent(
     lean: LeanRequest,
 ) -> None:
