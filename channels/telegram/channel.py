@@ -47,7 +47,6 @@ _T = TypeVar("_T")
 # a request that finds all of them busy waits (its pool timeout) rather than open more.
 _POOL_SIZE = 64
 _NO_PREVIEW = {"is_disabled": True}
-_ENTITY_KEYS = ("type", "offset", "length", "url", "language")
 # The bot's command menu (the "/" button): people find `/taskcard` without reading docs.
 MENU_COMMANDS = (
     BotCommand("taskcard", "show the task cards' state; on, off, board, cards, or 1-10 rows"),
@@ -80,13 +79,12 @@ def _numeric(value: str, error: type[ChannelError], what: str) -> int:
 def _raw_params(payload: Mapping[str, Any], with_entities: bool) -> dict[str, Any]:
     """Entities and link preview options as the JSON the Bot API takes, passed to PTB as
     `api_kwargs`: building `MessageEntity` objects only for PTB to turn them back into
-    dicts cost more CPU per edit than the HTTP exchange itself."""
+    dicts cost more CPU per edit than the HTTP exchange itself. The entities are already
+    in that shape (`render.Entity.to_api`), so they go as they are."""
     params: dict[str, Any] = {"link_preview_options": _NO_PREVIEW}
     raw = payload.get("entities") if with_entities else None
     if raw:
-        params["entities"] = [
-            {key: item[key] for key in _ENTITY_KEYS if item.get(key) is not None} for item in raw
-        ]
+        params["entities"] = raw
     return params
 
 

@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import re
 import ssl
 import urllib.parse
 import urllib.request
@@ -45,7 +46,7 @@ from typing import Any
 from telegram import error as tg
 from telegram.request import BaseRequest, RequestData
 
-from taskcard.channels.telegram.request import AnswerLost, flood_wait_from
+from taskcard.channels.telegram.request import lost_after_write, raise_for_flood
 
 IDLE_EXPIRY_S = 30.0
 # Successful answers whose result the channel never reads: PTB would build a `Message` (with
@@ -55,9 +56,9 @@ _TRUE_ANSWER = b'{"ok":true,"result":true}'
 _FIXED_HEADERS = f"User-Agent: {BaseRequest.USER_AGENT}\r\nAccept: application/json\r\n"
 
 _OK = 200
-_TOO_MANY_REQUESTS = 429
 _MAX_HEAD = 64 * 1024
 _MAX_BODY = 64 * 1024 * 1024
+_HEX = re.compile(rb"[0-9A-Fa-f]+")
 
 
 @dataclass(frozen=True)
@@ -295,10 +296,7 @@ class LeanRequest(BaseRequest):
             )
         finally:
             slots.release()
-        if answer.status == _TOO_MANY_REQUESTS:
-            flood = flood_wait_from(answer.body)
-            if flood is not None:
-                raise flood
+        raise_for_flood(answer.status, answer.body)
         if self._slim and answer.status == _OK:
             return answer.status, slim_answer(target.endpoint, answer.body)
         return answer.status, answer.body
@@ -325,9 +323,7 @@ class LeanRequest(BaseRequest):
                 answer = await _read_answer(connection.reader)
         except (TimeoutError, OSError, EOFError, asyncio.LimitOverrunError, _Incomplete) as exc:
             connection.close()
-            raise AnswerLost(
-                f"no answer after the request was written ({type(exc).__name__})"
-            ) from exc
+            raise lost_after_write(exc) from exc
         except BaseException:
             connection.close()  # cancelled mid-answer: the stream position is unknown
             raise
@@ -355,6 +351,11 @@ class LeanRequest(BaseRequest):
         return _Connection(reader, writer)
 
 
+def _is_decimal(text: str) -> bool:
+    """ASCII digits only: `str.isdigit` also takes `²` (a latin-1 byte), which `int` refuses."""
+    return text.isascii() and text.isdigit()
+
+
 async def _read_answer(reader: asyncio.StreamReader) -> _Answer:
     """One HTTP/1.1 response: status, headers, and a body by length, chunks or end of stream.
     Informational answers (1xx) before it are skipped."""
@@ -367,7 +368,7 @@ async def _read_answer(reader: asyncio.StreamReader) -> _Answer:
         lines = head.decode("latin-1").split("\r\n")
         version, _, rest = lines[0].partition(" ")
         code = rest[:3]
-        if not version.startswith("HTTP/1.") or not code.isdigit():
+        if not version.startswith("HTTP/1.") or not _is_decimal(code):
             raise _Incomplete(f"not an HTTP/1 status line: {lines[0][:40]!r}")
         status = int(code)
     length: int | None = None
@@ -377,7 +378,7 @@ async def _read_answer(reader: asyncio.StreamReader) -> _Answer:
         name, _, value = line.partition(":")
         name = name.strip().lower()
         if name == "content-length":
-            if not value.strip().isdigit():
+            if not _is_decimal(value.strip()):
                 raise _Incomplete("a Content-Length that is not a number")
             length = int(value)
         elif name == "transfer-encoding":
@@ -419,10 +420,10 @@ async def _read_chunks(reader: asyncio.StreamReader) -> bytes:
     total = 0
     while True:
         size_line = await reader.readuntil(b"\r\n")
-        try:
-            size = int(size_line.split(b";", 1)[0].strip(), 16)
-        except ValueError:
-            raise _Incomplete("a chunk size that is not a number") from None
+        size_hex = size_line.split(b";", 1)[0].strip()
+        if _HEX.fullmatch(size_hex) is None:
+            raise _Incomplete("a chunk size that is not a number")
+        size = int(size_hex, 16)
         if size == 0:
             while await reader.readuntil(b"\r\n") != b"\r\n":
                 pass  # trailers

@@ -149,12 +149,9 @@ def hidden_notice(agent_id: str) -> str:
     return f"{agent_id}: task card hidden — /taskcard on to show"
 
 
-def compose_rich(view: CardView, body_cache: dict[str, RichText] | None = None) -> RichText:
-    """The full layout of one card, without any size bound.
-
-    `body_cache` lets a caller that measures many variants of one view (shrinking rows)
-    convert each distinct body only once.
-    """
+def compose_rich(view: CardView) -> RichText:
+    """The full layout of one card, without any size bound (the body's conversion is cached
+    by `markdown_to_rich`, so measuring many variants of one view converts it once)."""
     agent = view.agent_id.strip() or "agent"
     if view.hidden:
         return RichText(hidden_notice(agent))
@@ -169,11 +166,7 @@ def compose_rich(view: CardView, body_cache: dict[str, RichText] | None = None) 
         out.add("\n")
         out.add_styled(view.body_note, "italic")
     if view.body is not None and view.body.strip():
-        body = body_cache.get(view.body) if body_cache is not None else None
-        if body is None:
-            body = markdown_to_rich(view.body)
-            if body_cache is not None:
-                body_cache[view.body] = body
+        body = markdown_to_rich(view.body)
         out.add("\n")
         out.add(body.text, body.entities)
     if view.body_cut:
@@ -191,19 +184,18 @@ def _outgoing(rich: RichText) -> Outgoing:
 def render_card(view: CardView, limit_utf16: int = MAX_MESSAGE_UTF16) -> Outgoing:
     """The resident message for `view`, always non-empty and within `limit_utf16`."""
     view = _precut_body(view, limit_utf16)
-    cache: dict[str, RichText] = {}
     # The last view measured and its layout: a card that fits as it is (the usual case) is
     # then composed once, not once to measure and again to send.
     measured: list[tuple[CardView, RichText]] = []
 
     def size_utf16(candidate: CardView) -> int:
-        composed = compose_rich(candidate, cache)
+        composed = compose_rich(candidate)
         measured[:] = [(candidate, composed)]
         return utf16_len(composed.text)
 
     fitted = fit_view(view, size_utf16, limit_utf16)
     last = measured[0] if measured else None
-    rich = last[1] if last is not None and last[0] is fitted else compose_rich(fitted, cache)
+    rich = last[1] if last is not None and last[0] is fitted else compose_rich(fitted)
     if utf16_len(rich.text) > limit_utf16:
         # Only reachable when the header or the one kept row alone is too long: cut by code
         # points, which never splits a surrogate pair.

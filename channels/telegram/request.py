@@ -48,6 +48,20 @@ def answer_lost(cause: BaseException | None) -> bool:
     return isinstance(cause, _AFTER_WRITE)
 
 
+def lost_after_write(cause: BaseException) -> AnswerLost:
+    """The `AnswerLost` for a failure (`cause`) after the request was written."""
+    return AnswerLost(f"no answer after the request was written ({type(cause).__name__})")
+
+
+def raise_for_flood(status: int, payload: bytes) -> None:
+    """Raise `FloodWait` when the answer is a 429 naming `retry_after`; both transports
+    call this before PTB sees the answer."""
+    if status == _TOO_MANY_REQUESTS:
+        flood = flood_wait_from(payload)
+        if flood is not None:
+            raise flood
+
+
 def flood_wait_from(payload: bytes) -> FloodWait | None:
     """The flood wait described by a 429 body, or None when it names no `retry_after`."""
     try:
@@ -90,12 +104,8 @@ class FloodAwareRequest(HTTPXRequest):
                 pool_timeout=pool_timeout,
             )
         except tg.NetworkError as exc:
-            if answer_lost(exc.__cause__):
-                name = type(exc.__cause__).__name__
-                raise AnswerLost(f"no answer after the request was written ({name})") from exc
+            if exc.__cause__ is not None and answer_lost(exc.__cause__):
+                raise lost_after_write(exc.__cause__) from exc
             raise
-        if code == _TOO_MANY_REQUESTS:
-            flood = flood_wait_from(payload)
-            if flood is not None:
-                raise flood
+        raise_for_flood(code, payload)
         return code, payload

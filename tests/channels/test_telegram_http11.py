@@ -24,8 +24,8 @@ from telegram import error as tg
 from telegram.request import RequestData
 from telegram.request._requestparameter import RequestParameter
 
-from taskcard.channels.base import ChatRef
-from taskcard.channels.errors import Transient
+from taskcard.channels.base import CardView, ChatRef
+from taskcard.channels.errors import OutcomeUnknown, RateLimited, Transient
 from taskcard.channels.telegram.channel import TelegramChannel
 from taskcard.channels.telegram.config import TelegramConfig
 from taskcard.channels.telegram.http11 import (
@@ -151,6 +151,17 @@ async def test_answer_cut_off_after_the_write_is_answer_lost(lean: LeanRequest) 
         with pytest.raises(AnswerLost):
             await _post(lean, server.url)
     assert len(server.requests) == 1
+
+
+async def test_an_oversized_answer_head_is_answer_lost(lean: LeanRequest) -> None:
+    # A head past the reader's 64 KiB limit: the request went out, the answer is unusable.
+    huge = _answer(extra=b"X-Filler: " + b"x" * (70 * 1024) + b"\r\n")
+    async with scripted(huge) as server:
+        with pytest.raises(AnswerLost) as caught:
+            await _post(lean, server.url)
+    assert "LimitOverrunError" in caught.value.message
+    assert len(server.requests) == 1
+    assert lean.idle_connections() == 0
 
 
 async def test_hang_up_without_an_answer_is_answer_lost_and_not_resent(
@@ -288,6 +299,10 @@ async def test_answers_are_read_by_length_chunks_or_end(
         b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabXY",
+        # Digits `str.isdigit` accepts and `int` refuses, and a negative chunk size.
+        b"HTTP/1.1 \xb200 OK\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: \xb2\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\nabc",
     ],
 )
 async def test_broken_answers_are_incomplete(raw: bytes) -> None:
@@ -400,13 +415,15 @@ async def test_channel_edit_sends_raw_entities_and_no_preview() -> None:
             del command
 
         await channel.start(ignore)
-        message = channel.render_text("**bold** move")
+        # A card: its bold header and Markdown body carry entities (plain text has none).
+        view = CardView(agent_id="a", state="running", auto_rows=(), body="**bold** move")
+        message = channel.render_card(view)
         await channel.edit(ChatRef("-1"), "5", message)
         await channel.stop()
     sent = json.loads(server.requests[1].partition(b"\r\n\r\n")[2])
     assert sent["link_preview_options"] == {"is_disabled": True}
     assert sent["message_id"] == 5 and sent["chat_id"] == -1
-    assert sent.get("entities", []) == message.payload.get("entities", [])
+    assert sent["entities"] == message.payload["entities"] != []
 
 
 async def test_a_proxy_in_the_environment_carries_the_requests(
@@ -430,3 +447,37 @@ async def test_a_proxy_in_the_environment_carries_the_requests(
         assert channel.bot_username == "b"
         await channel.stop()
     assert proxy.requests[0].startswith(b"POST http://bot-api.invalid:8081/bot1:T/getMe ")
+
+
+async def test_through_a_proxy_a_429_and_a_lost_answer_keep_their_meaning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # PTB's httpx transport (used with a proxy) translates the same two signals as the lean
+    # one: a 429 is a rate limit with its wait, a hang-up after the write an unknown outcome
+    # that is not sent again.
+    get_me = b'{"ok":true,"result":{"id":1,"is_bot":true,"first_name":"b","username":"b"}}'
+    flood = b'{"ok":false,"error_code":429,"description":"Too Many Requests: retry after 7",'
+    flood += b'"parameters":{"retry_after":7}}'
+    for name in ("https_proxy", "http_proxy", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    async with scripted(
+        _answer(get_me), _answer(flood, "429 Too Many Requests"), "close", keep_open=True
+    ) as proxy:
+        monkeypatch.setenv("http_proxy", proxy.url)
+        config = TelegramConfig(api_base_url="http://bot-api.invalid:8081", commands=False)
+        channel = TelegramChannel(config, "1:T", MemoryCursorStore())
+
+        async def ignore(command: object) -> None:
+            del command
+
+        await channel.start(ignore)
+        message = channel.render_text("move")
+        with pytest.raises(RateLimited) as limited:
+            await channel.edit(ChatRef("-1"), "5", message)
+        assert limited.value.retry_after_s == 7
+        with pytest.raises(OutcomeUnknown):
+            await channel.edit(ChatRef("-1"), "5", message)
+        await channel.stop()
+    assert len(proxy.requests) == 3
+    assert proxy.connections == 1
