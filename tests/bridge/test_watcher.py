@@ -357,3 +357,35 @@ async def test_at_the_watch_limit_unwatched_agents_are_polled_and_logged(
             atomic_write(starved.status, b"done")  # but watched
             assert await changes.next() == {"b"}
     assert any("max_user_watches" in r.getMessage() for r in caplog.records)
+
+
+async def test_with_no_watch_to_be_had_every_agent_is_polled_until_there_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    """Another process of the user holds every watch: not one folder can be watched, the
+    watcher keeps polling (it does not end) and watches once the limit allows it."""
+    if backend != "inotify":
+        pytest.skip("the limit path belongs to the inotify backend")
+    real_add = inotify_simple.INotify.add_watch
+    room = [False]
+
+    def add_watch_without_room(self: object, path: str, mask: int) -> int:
+        if not room[0]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        result: int = real_add(self, path, mask)
+        return result
+
+    monkeypatch.setattr(inotify_simple.INotify, "add_watch", add_watch_without_room)
+    monkeypatch.setattr(watcher_module, "POLL_UNWATCHED_S", 0.2)
+    paths = CardPaths(tmp_path / "a")
+    paths.taskcard_dir.mkdir(parents=True)
+    watcher = FleetWatcher({"a": paths.workdir}, rescan_interval_s=3600)
+    async with collecting(watcher, {"a"}) as changes:
+        for _ in range(3):  # polled again and again, with nothing written
+            assert await changes.next() == {"a"}
+        room[0] = True
+        with contextlib.suppress(TimeoutError):
+            while True:  # the polls still under way, and the one that finds room
+                await changes.next(timeout_s=1.0)
+        atomic_write(paths.status, b"active")  # watched now
+        assert await changes.next() == {"a"}
