@@ -152,7 +152,7 @@ async def test_notifications_and_events_folders_are_watched(tmp_path: Path) -> N
 
 
 async def write_until_reported_alone(
-    changes: Collector, agent: str, write: Callable[[], None]
+    changes: Collector, agent: str, write: Callable[[], object]
 ) -> None:
     """Write until a batch names only `agent`: re-arming has settled and its files are watched."""
     for _ in range(50):
