@@ -138,6 +138,29 @@ async def test_first_all_agents_then_changed_ones(tmp_path: Path) -> None:
         assert await changes.next() == {"b"}
 
 
+async def test_file_names_with_odd_bytes_are_reported_and_break_nothing(
+    tmp_path: Path, backend: str
+) -> None:
+    """An agent may create any name: bytes that are no UTF-8, a newline, markup. The change
+    is reported for its agent, and the watcher goes on for everyone. (watchfiles cannot
+    decode such a name: its watcher fails and is re-armed, which reports every agent.)"""
+    a, b = CardPaths(tmp_path / "a"), CardPaths(tmp_path / "b")
+    for paths in (a, b):
+        paths.taskcard_dir.mkdir(parents=True)
+    watcher = FleetWatcher({"a": a.workdir, "b": b.workdir}, rescan_interval_s=3600)
+    async with collecting(watcher, {"a", "b"}) as changes:
+        odd = os.fsencode(a.taskcard_dir) + b"/\xff\xfe\n<b>*x*<i>.tmp\x1b[2J"
+        with open(odd, "wb") as handle:
+            handle.write(b"x")
+        reported = await changes.next()
+        assert reported == {"a"} if backend == "inotify" else "a" in reported
+        with contextlib.suppress(TimeoutError):
+            while True:  # the events the write above still raises
+                await changes.next(timeout_s=1.0)
+        atomic_write(b.status, b"active")
+        assert await changes.next() == {"b"}
+
+
 async def test_notifications_and_events_folders_are_watched(tmp_path: Path) -> None:
     paths = CardPaths(tmp_path / "a")
     paths.notification_dir.mkdir(parents=True)
