@@ -149,9 +149,8 @@ async def test_file_names_with_odd_bytes_are_reported_and_break_nothing(
         paths.taskcard_dir.mkdir(parents=True)
     watcher = FleetWatcher({"a": a.workdir, "b": b.workdir}, rescan_interval_s=3600)
     async with collecting(watcher, {"a", "b"}) as changes:
-        odd = os.fsencode(a.taskcard_dir) + b"/\xff\xfe\n<b>*x*<i>.tmp\x1b[2J"
-        with open(odd, "wb") as handle:
-            handle.write(b"x")
+        odd = a.taskcard_dir / os.fsdecode(b"\xff\xfe\n<b>*x*<i>.tmp\x1b[2J")
+        odd.write_bytes(b"x")
         reported = await changes.next()
         assert reported == {"a"} if backend == "inotify" else "a" in reported
         with contextlib.suppress(TimeoutError):
