@@ -23,6 +23,7 @@ from typing import Any
 from taskcard.bridge.config import ServiceConfig
 from taskcard.bridge.deliver.registry import route_specs
 from taskcard.bridge.run.serve_cli import EXIT_CONFIG, _load
+from taskcard.bridge.run.terminal import printable
 from taskcard.bridge.store.base import SeenChat, StateFileError
 from taskcard.bridge.store.sqlite import STATE_FILE, SqliteStore
 
@@ -76,9 +77,9 @@ def _table(rows: list[dict[str, Any]]) -> str:
     lines = [
         (
             row["channel"],
-            row["chat_id"],
-            row["thread_id"] or "-",
-            row["title"] or "-",
+            printable(row["chat_id"]),
+            printable(row["thread_id"] or "-"),
+            printable(row["title"] or "-"),
             row["last_seen"],
             "yes" if row["routed"] else "no",
         )

@@ -26,6 +26,7 @@ from taskcard.bridge.run.runner import (
     serve,
 )
 from taskcard.bridge.run.service import agent_health_key, parse_agent_health
+from taskcard.bridge.run.terminal import printable
 from taskcard.bridge.store.sqlite import (
     STATE_FILE,
     ResidentRecord,
@@ -277,7 +278,7 @@ def _status(args: argparse.Namespace) -> int:
         print(f"  resident message: {route['message_id'] or '(none yet)'}")
         print(f"  last committed edit: {route['last_committed'] or '(never)'}")
         if route["disabled"]:
-            print(f"  DISABLED: {route['disabled']}")
+            print(f"  DISABLED: {printable(route['disabled'])}")
         if route["unanswered_sends"]:
             print(
                 f"  sends without an answer: {route['unanswered_sends']}"
@@ -293,11 +294,11 @@ def _status(args: argparse.Namespace) -> int:
         )
     for agent in report["agents"]:
         if agent["found_by"] == "discovered":
-            print(f"agent {agent['agent']}: discovered at {agent['workdir']}")
+            print(printable(f"agent {agent['agent']}: discovered at {agent['workdir']}"))
         if agent["problems"]:
-            print(f"agent {agent['agent']}: PROBLEMS")
+            print(printable(f"agent {agent['agent']}: PROBLEMS"))
             for problem in agent["problems"]:
-                print(f"  - {problem}")
+                print(f"  - {printable(problem)}")
     return 0
 
 

@@ -56,10 +56,6 @@ WATCH_MASK: Final = (
 _SELF_GONE: Final = IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED | IN_UNMOUNT
 
 
-class WatchLimitReached(OSError):
-    """The user's inotify watches are all in use (`fs.inotify.max_user_watches`)."""
-
-
 def inotify_available() -> bool:
     """Whether this system gives us an inotify instance (Linux with a free instance slot)."""
     if inotify_simple is None:
@@ -108,8 +104,8 @@ class InotifyWatches:
         """Watch exactly `paths` from now on: (paths newly watched, paths that could not be).
 
         A path that vanished, is no folder or may not be read is left out quietly (the plan
-        sees it at its next check); one refused for the kernel's limit is listed as unwatched.
-        Raises `WatchLimitReached` only when not a single new path could be watched.
+        sees it at its next check); one refused for the kernel's limit is listed as unwatched,
+        even when not a single path could be watched (the caller polls those instead).
         """
         wanted = dict.fromkeys(paths)
         for path in [p for p in self._wd_of if p not in wanted]:
@@ -135,8 +131,6 @@ class InotifyWatches:
             self._wd_of[path] = wd
             self._paths_of.setdefault(wd, []).append(path)
             added.append(path)
-        if unwatched and not added and not self._wd_of:
-            raise WatchLimitReached(errno.ENOSPC, "inotify watch limit reached")
         return added, unwatched
 
     def _unwatch(self, path: str) -> None:

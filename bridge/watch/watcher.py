@@ -57,7 +57,7 @@ from typing import Final, Literal
 
 from watchfiles import awatch
 
-from taskcard.bridge.watch.inotify import InotifyWatches, WatchLimitReached, inotify_available
+from taskcard.bridge.watch.inotify import InotifyWatches, inotify_available
 from taskcard.channels.aio import AnyEvent, Backoff, wait_first
 from taskcard.producers.inbox.contract import INBOX_DIR
 from taskcard.producers.ledger.contract import LEDGER_DIR
@@ -407,8 +407,6 @@ class FleetWatcher:
                 rearm_at = None
                 try:
                     added, unwatched = watches.sync(plan.paths)
-                except WatchLimitReached:
-                    added, unwatched = [], list(plan.paths)
                 except OSError as exc:
                     # Watching is an optimisation over the rescan: it must not end the service.
                     logger.warning("file watches could not be set (%s); re-planning", exc)

@@ -138,6 +138,28 @@ async def test_first_all_agents_then_changed_ones(tmp_path: Path) -> None:
         assert await changes.next() == {"b"}
 
 
+async def test_file_names_with_odd_bytes_are_reported_and_break_nothing(
+    tmp_path: Path, backend: str
+) -> None:
+    """An agent may create any name: bytes that are no UTF-8, a newline, markup. The change
+    is reported for its agent, and the watcher goes on for everyone. (watchfiles cannot
+    decode such a name: its watcher fails and is re-armed, which reports every agent.)"""
+    a, b = CardPaths(tmp_path / "a"), CardPaths(tmp_path / "b")
+    for paths in (a, b):
+        paths.taskcard_dir.mkdir(parents=True)
+    watcher = FleetWatcher({"a": a.workdir, "b": b.workdir}, rescan_interval_s=3600)
+    async with collecting(watcher, {"a", "b"}) as changes:
+        odd = a.taskcard_dir / os.fsdecode(b"\xff\xfe\n<b>*x*<i>.tmp\x1b[2J")
+        odd.write_bytes(b"x")
+        reported = await changes.next()
+        assert reported == {"a"} if backend == "inotify" else "a" in reported
+        with contextlib.suppress(TimeoutError):
+            while True:  # the events the write above still raises
+                await changes.next(timeout_s=1.0)
+        atomic_write(b.status, b"active")
+        assert await changes.next() == {"b"}
+
+
 async def test_notifications_and_events_folders_are_watched(tmp_path: Path) -> None:
     paths = CardPaths(tmp_path / "a")
     paths.notification_dir.mkdir(parents=True)
@@ -152,7 +174,7 @@ async def test_notifications_and_events_folders_are_watched(tmp_path: Path) -> N
 
 
 async def write_until_reported_alone(
-    changes: Collector, agent: str, write: Callable[[], None]
+    changes: Collector, agent: str, write: Callable[[], object]
 ) -> None:
     """Write until a batch names only `agent`: re-arming has settled and its files are watched."""
     for _ in range(50):
@@ -357,3 +379,35 @@ async def test_at_the_watch_limit_unwatched_agents_are_polled_and_logged(
             atomic_write(starved.status, b"done")  # but watched
             assert await changes.next() == {"b"}
     assert any("max_user_watches" in r.getMessage() for r in caplog.records)
+
+
+async def test_with_no_watch_to_be_had_every_agent_is_polled_until_there_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    """Another process of the user holds every watch: not one folder can be watched, the
+    watcher keeps polling (it does not end) and watches once the limit allows it."""
+    if backend != "inotify":
+        pytest.skip("the limit path belongs to the inotify backend")
+    real_add = inotify_simple.INotify.add_watch
+    room = [False]
+
+    def add_watch_without_room(self: object, path: str, mask: int) -> int:
+        if not room[0]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        result: int = real_add(self, path, mask)
+        return result
+
+    monkeypatch.setattr(inotify_simple.INotify, "add_watch", add_watch_without_room)
+    monkeypatch.setattr(watcher_module, "POLL_UNWATCHED_S", 0.2)
+    paths = CardPaths(tmp_path / "a")
+    paths.taskcard_dir.mkdir(parents=True)
+    watcher = FleetWatcher({"a": paths.workdir}, rescan_interval_s=3600)
+    async with collecting(watcher, {"a"}) as changes:
+        for _ in range(3):  # polled again and again, with nothing written
+            assert await changes.next() == {"a"}
+        room[0] = True
+        with contextlib.suppress(TimeoutError):
+            while True:  # the polls still under way, and the one that finds room
+                await changes.next(timeout_s=1.0)
+        atomic_write(paths.status, b"active")  # watched now
+        assert await changes.next() == {"a"}
