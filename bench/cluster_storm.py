@@ -23,7 +23,6 @@ is one process, so its CPU compares with the three instances' sum, not with one 
 
 from __future__ import annotations
 
-import json
 import math
 import time
 import uuid
@@ -33,7 +32,6 @@ from pathlib import Path
 
 from bench.harness import (
     CARD_METHODS,
-    NO_HOST_SIGNALS,
     TOKEN_ENV,
     VERSION_TAG,
     BaselineProcess,
@@ -46,6 +44,7 @@ from bench.harness import (
     Shown,
     agent_ids,
     make_fleet,
+    serve_config,
     visible_delays,
 )
 from bench.measure import percentile
@@ -88,28 +87,13 @@ def split(routes: Sequence[Route], instances: int) -> list[Share]:
 
 
 def instance_config(
-    fleet: Fleet, share: Share, folder: Path, base_url: str, limits: Limits, redis: str, prefix: str
+    fleet: Fleet, share: Share, base_url: str, limits: Limits, redis: str, prefix: str
 ) -> str:
-    lines = [f'state_dir = "{folder / "state"}"', 'log_level = "INFO"']
-    for agent in share.agents:
-        lines += ["[[agents]]", f'id = "{agent}"', f'workdir = "{fleet.workdir(agent)}"']
-    lines += ["[telegram]", f'token_env = "{TOKEN_ENV}"', f'api_base_url = "{base_url}"']
-    for name in ("private_chat", "group_chat", "bot"):
-        window: Window | None = getattr(limits, name)
-        assert window is not None, "the service always enforces a limit"
-        lines.append(
-            f"limits.{name} = {{ max_calls = {window.max_calls}, period_s = {window.period_s} }}"
-        )
-    for route in share.routes:
-        lines += [
-            "[[telegram.routes]]",
-            f"chat_id = {route.chat_id}",
-            f"agents = {json.dumps(list(route.agents))}",
-        ]
-    lines += ["[console]", "enabled = false", *NO_HOST_SIGNALS]
-    lines += ["[cluster]", f'redis_url = "{redis}"', f'instance = "{share.name}"']
-    lines.append(f'key_prefix = "{prefix}"')
-    return "\n".join(lines) + "\n"
+    """The config of one instance, written in `fleet.root` beside the others (its own state)."""
+    mine = replace(fleet, agents=share.agents, routes=share.routes)
+    cluster = ["[cluster]", f'redis_url = "{redis}"', f'instance = "{share.name}"']
+    cluster.append(f'key_prefix = "{prefix}"')
+    return serve_config(mine, base_url, limits, state_dir=f"{share.name}/state", extra=cluster)
 
 
 @dataclass
@@ -222,11 +206,9 @@ async def run(
         ):
             prefix = f"bench-{uuid.uuid4().hex[:8]}"
             for share in shares:
-                folder = root / share.name
-                folder.mkdir(parents=True, exist_ok=True)
-                config = folder / "taskcard.toml"
+                config = root / f"{share.name}.toml"
                 config.write_text(
-                    instance_config(fleet, share, folder, ours.base_url, limits, redis.url, prefix)
+                    instance_config(fleet, share, ours.base_url, limits, redis.url, prefix)
                 )
                 serves.append(ServeProcess(config, env={TOKEN_ENV: ours.token}).start())
             baseline = BaselineProcess(fleet, theirs).start() if with_baseline else None

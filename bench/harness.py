@@ -188,9 +188,17 @@ NO_HOST_SIGNALS = ("[signals]", "idle_floor_s = 86400")
 
 
 def serve_config(
-    fleet: Fleet, base_url: str, limits: Limits, *, debounce_ms: int | None = None
+    fleet: Fleet,
+    base_url: str,
+    limits: Limits,
+    *,
+    debounce_ms: int | None = None,
+    state_dir: str = "state",
+    extra: Sequence[str] = (),
 ) -> str:
-    lines = ['state_dir = "state"', 'log_level = "INFO"']
+    """The config of one `serve` for the fleet, written beside `fleet.root` (relative paths);
+    `extra` lines go at the end (a cluster instance's `[cluster]` table)."""
+    lines = [f'state_dir = "{state_dir}"', 'log_level = "INFO"']
     for agent in fleet.agents:
         lines += ["[[agents]]", f'id = "{agent}"', f'workdir = "agents/{agent}"']
     lines += [
@@ -215,6 +223,7 @@ def serve_config(
     lines += ["[console]", "enabled = false", *NO_HOST_SIGNALS]
     if debounce_ms is not None:
         lines += ["[watch]", f"debounce_ms = {debounce_ms}"]
+    lines += extra
     return "\n".join(lines) + "\n"
 
 
