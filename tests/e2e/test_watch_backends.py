@@ -6,7 +6,6 @@ The rescan is set to an hour, so what arrives came through the watcher.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -22,18 +21,6 @@ BACKENDS = ["inotify", "watchfiles"]
 
 def watch_section(backend: str) -> str:
     return f'[watch]\nbackend = "{backend}"\nrescan_interval_s = 3600.0\n'
-
-
-@pytest.fixture
-async def telegram() -> AsyncIterator[FakeTelegram]:
-    async with FakeTelegram() as server:
-        yield server
-
-
-@pytest.fixture
-async def feishu() -> AsyncIterator[FakeFeishu]:
-    async with FakeFeishu() as server:
-        yield server
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
