@@ -43,6 +43,7 @@ from bench.harness import (
     Route,
     Shown,
     agent_ids,
+    chat_routes,
     make_fleet,
     serve_config,
     visible_delays,
@@ -181,10 +182,7 @@ async def run(
     group_period_s = 60.0 if real_limits else 20.0
     limits = Limits(group_chat=Window(20, group_period_s))
     ids = agent_ids(count)
-    routes = [Route(GROUP, ids)] + [
-        Route(FIRST_PRIVATE + index, ids[offset : offset + PER_PRIVATE_CHAT])
-        for index, offset in enumerate(range(0, count, PER_PRIVATE_CHAT))
-    ]
+    routes = [Route(GROUP, ids), *chat_routes(ids, PER_PRIVATE_CHAT, FIRST_PRIVATE, 1)]
     root = workspace / "cluster_storm"
     fleet = make_fleet(root, ids, routes)
     shares = split(routes, INSTANCES)

@@ -82,6 +82,15 @@ def agent_ids(count: int) -> tuple[str, ...]:
     return tuple(f"a{index:04d}" for index in range(count))
 
 
+def chat_routes(ids: Sequence[str], per_chat: int, first_chat: int, step: int) -> list[Route]:
+    """Deal the agents in order into chats of `per_chat`, numbered from `first_chat` by `step`
+    (-1 for groups, whose ids are negative; 1 for private chats)."""
+    return [
+        Route(first_chat + step * index, tuple(ids[offset : offset + per_chat]))
+        for index, offset in enumerate(range(0, len(ids), per_chat))
+    ]
+
+
 def make_fleet(root: Path, agents: Sequence[str], routes: Sequence[Route]) -> Fleet:
     fleet = Fleet(root, tuple(agents), tuple(routes))
     for agent in agents:

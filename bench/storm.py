@@ -48,6 +48,7 @@ from bench.harness import (
     Route,
     Shown,
     agent_ids,
+    chat_routes,
     make_fleet,
     side_by_side,
     sleep_until,
@@ -209,9 +210,9 @@ async def run(
     group_period_s = 60.0 if real_limits else 20.0
     limits = Limits(group_chat=Window(20, group_period_s))
     ids = agent_ids(count)
-    routes = [Route(GROUP, ids, "board" if board else "cards")] + [
-        Route(FIRST_PRIVATE + index, ids[offset : offset + PER_PRIVATE_CHAT])
-        for index, offset in enumerate(range(0, count, PER_PRIVATE_CHAT))
+    routes = [
+        Route(GROUP, ids, "board" if board else "cards"),
+        *chat_routes(ids, PER_PRIVATE_CHAT, FIRST_PRIVATE, 1),
     ]
     fleet = make_fleet(workspace / name, ids, routes)
     writer = CardWriter(fleet)
