@@ -17,6 +17,7 @@ from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram
 
 BACKENDS = ["inotify", "watchfiles"]
+FELL_BACK = "watching with watchfiles instead"  # inotify's fallback, logged when it happens
 
 
 def watch_section(backend: str) -> str:
@@ -43,6 +44,7 @@ async def test_telegram_cards_follow_renames_and_late_workdirs(
             lambda: any("late card" in t for t in shown(telegram, GROUP)), what="late card"
         )
         assert await serve.aterminate() == 0
+        assert FELL_BACK not in serve.logs, "the backend asked for is the one that ran"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -63,3 +65,4 @@ async def test_feishu_cards_follow_renames_and_late_workdirs(
         publish(late, "late card")
         await eventually(lambda: any("late card" in t for t in card_texts(feishu)), what="late")
         assert await serve.aterminate() == 0
+        assert FELL_BACK not in serve.logs, "the backend asked for is the one that ran"
