@@ -27,7 +27,7 @@ import math
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.harness import (
@@ -46,7 +46,6 @@ from bench.harness import (
     chat_routes,
     make_fleet,
     serve_config,
-    visible_delays,
 )
 from bench.measure import percentile
 from bench.results import Figure, ScenarioResult
@@ -56,6 +55,7 @@ from bench.storm import (
     GROUP,
     PER_PRIVATE_CHAT,
     SLACK_S,
+    Analysis,
     max_in_window,
     watch_drain,
     write_storm,
@@ -97,71 +97,43 @@ def instance_config(
     return serve_config(mine, base_url, limits, state_dir=f"{share.name}/state", extra=cluster)
 
 
-@dataclass
-class _Analysis:
-    """The figures of one subject (the three instances, or the baseline) from its fake."""
+class ClusterAnalysis(Analysis):
+    """`storm`'s figures of one subject (the three instances, or the baseline), plus the most
+    requests its fake accepted in any window of each limit and the residents duplicated."""
 
-    rate_limited: int = 0
-    group_max: int = 0
-    private_max: int = 0
-    bot_max: int = 0
-    duplicated: int = 0
-    staleness: dict[str, list[float]] = field(default_factory=dict)
-    drain: dict[str, float] = field(default_factory=dict)
-    final: dict[str, int] = field(default_factory=dict)
-    routes: dict[str, int] = field(default_factory=dict)
-
-
-def analyse(
-    fleet: Fleet,
-    limits: Limits,
-    fake: FakeTelegram,
-    shown: Shown,
-    writer: CardWriter,
-    storm: tuple[float, float],
-    end_s: float,
-) -> _Analysis:
-    start_s, stop_s = storm
-    shown.update()
-    result = _Analysis(rate_limited=len(fake.rate_limited))
-    accepted = [r for r in fake.requests if r.status != 429]
-    per_chat: dict[int, list[float]] = {}
-    for request in accepted:
-        if request.method in CARD_METHODS and request.chat_id is not None:
-            per_chat.setdefault(request.chat_id, []).append(request.at_s)
-    assert limits.group_chat and limits.private_chat and limits.bot
-    result.group_max = max_in_window(per_chat.get(GROUP, []), limits.group_chat.period_s)
-    result.private_max = max(
-        (max_in_window(t, limits.private_chat.period_s) for c, t in per_chat.items() if c > 0),
-        default=0,
-    )
-    result.bot_max = max_in_window(
-        (r.at_s for r in accepted if r.method in BOT_LIMITED_METHODS), limits.bot.period_s
-    )
-    for route in fleet.routes:
-        seen: dict[str, int] = {}
-        for message in fake.bot_messages(route.chat_id):
-            match = VERSION_TAG.search(message.text)
-            if match is not None:
-                seen[match.group(1)] = seen.get(match.group(1), 0) + 1
-        result.duplicated += sum(count - 1 for count in seen.values() if count > 1)
-    for kind in ("group", "private"):
-        result.staleness[kind], result.drain[kind] = [], 0.0
-        result.final[kind] = result.routes[kind] = 0
-    for route in fleet.routes:
-        kind = "group" if route.chat_id < 0 else "private"
-        for agent in route.agents:
-            timeline = shown.timeline.get((route.chat_id, agent), [])
-            writes = [w for w in writer.log[agent] if start_s <= w[0] <= stop_s]
-            result.staleness[kind] += [d for d, _ in visible_delays(writes, timeline, end_s)]
-            result.routes[kind] += 1
-            shown_at = next((t for t, v in timeline if v >= writer.versions[agent]), None)
-            if shown_at is None:
-                result.drain[kind] = math.inf
-            else:
-                result.final[kind] += 1
-                result.drain[kind] = max(result.drain[kind], shown_at - stop_s)
-    return result
+    def __init__(
+        self,
+        fleet: Fleet,
+        limits: Limits,
+        fake: FakeTelegram,
+        shown: Shown,
+        writer: CardWriter,
+        storm: tuple[float, float],
+        end_s: float,
+    ) -> None:
+        super().__init__(fleet, limits, fake, shown, writer, storm, end_s)
+        accepted = [r for r in fake.requests if r.status != 429]
+        per_chat: dict[int, list[float]] = {}
+        for request in accepted:
+            if request.method in CARD_METHODS and request.chat_id is not None:
+                per_chat.setdefault(request.chat_id, []).append(request.at_s)
+        assert limits.group_chat and limits.private_chat and limits.bot
+        self.group_max = max_in_window(per_chat.get(GROUP, []), limits.group_chat.period_s)
+        self.private_max = max(
+            (max_in_window(t, limits.private_chat.period_s) for c, t in per_chat.items() if c > 0),
+            default=0,
+        )
+        self.bot_max = max_in_window(
+            (r.at_s for r in accepted if r.method in BOT_LIMITED_METHODS), limits.bot.period_s
+        )
+        self.duplicated = 0
+        for route in fleet.routes:
+            seen: dict[str, int] = {}
+            for message in fake.bot_messages(route.chat_id):
+                match = VERSION_TAG.search(message.text)
+                if match is not None:
+                    seen[match.group(1)] = seen.get(match.group(1), 0) + 1
+            self.duplicated += sum(count - 1 for count in seen.values() if count > 1)
 
 
 async def run(
@@ -239,8 +211,8 @@ async def run(
             for serve in serves:
                 await serve.aterminate()
             window = (storm_start, storm_stop)
-            mine = analyse(fleet, limits, ours, shown_ours, writer, window, end_s)
-            base = analyse(fleet, limits, theirs, shown_theirs, writer, window, end_s)
+            mine = ClusterAnalysis(fleet, limits, ours, shown_ours, writer, window, end_s)
+            base = ClusterAnalysis(fleet, limits, theirs, shown_theirs, writer, window, end_s)
     finally:
         for serve in serves:
             if serve.proc is not None and serve.proc.poll() is None:
