@@ -10,6 +10,9 @@ reduced size in about 5 minutes, for development, with `--no-record`). Scenarios
 - `storm`: 100 agents changing every 200 ms, one group of 100 cards and 20 private chats;
   `board`: the same storm with the group on `view = "board"` (target: the group's p99
   staleness under 10 s, zero 429s);
+- `cluster_storm`: the storm's agents split across three `serve` instances sharing one Redis
+  (started on loopback; `make redis-server` installs it): zero 429s, every limit held across
+  the instances, no resident duplicated;
 - `scale`: 10,000 agents in 100 groups of 100, 5% changing every 5 s, no limits (targets:
   CPU <= 5 s/min, peak RSS <= 150 MB, latency p50 <= 20 ms and p99 <= 100 ms, first card on
   every route within 15 s); `scale2k`: the same at 2,000 agents (CPU <= 2 s/min);

@@ -23,17 +23,15 @@ is one process, so its CPU compares with the three instances' sum, not with one 
 
 from __future__ import annotations
 
-import json
 import math
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.harness import (
     CARD_METHODS,
-    NO_HOST_SIGNALS,
     TOKEN_ENV,
     VERSION_TAG,
     BaselineProcess,
@@ -45,8 +43,9 @@ from bench.harness import (
     Route,
     Shown,
     agent_ids,
+    chat_routes,
     make_fleet,
-    visible_delays,
+    serve_config,
 )
 from bench.measure import percentile
 from bench.results import Figure, ScenarioResult
@@ -56,6 +55,7 @@ from bench.storm import (
     GROUP,
     PER_PRIVATE_CHAT,
     SLACK_S,
+    Analysis,
     max_in_window,
     watch_drain,
     write_storm,
@@ -88,95 +88,52 @@ def split(routes: Sequence[Route], instances: int) -> list[Share]:
 
 
 def instance_config(
-    fleet: Fleet, share: Share, folder: Path, base_url: str, limits: Limits, redis: str, prefix: str
+    fleet: Fleet, share: Share, base_url: str, limits: Limits, redis: str, prefix: str
 ) -> str:
-    lines = [f'state_dir = "{folder / "state"}"', 'log_level = "INFO"']
-    for agent in share.agents:
-        lines += ["[[agents]]", f'id = "{agent}"', f'workdir = "{fleet.workdir(agent)}"']
-    lines += ["[telegram]", f'token_env = "{TOKEN_ENV}"', f'api_base_url = "{base_url}"']
-    for name in ("private_chat", "group_chat", "bot"):
-        window: Window | None = getattr(limits, name)
-        assert window is not None, "the service always enforces a limit"
-        lines.append(
-            f"limits.{name} = {{ max_calls = {window.max_calls}, period_s = {window.period_s} }}"
+    """The config of one instance, written in `fleet.root` beside the others (its own state)."""
+    mine = replace(fleet, agents=share.agents, routes=share.routes)
+    cluster = ["[cluster]", f'redis_url = "{redis}"', f'instance = "{share.name}"']
+    cluster.append(f'key_prefix = "{prefix}"')
+    return serve_config(mine, base_url, limits, state_dir=f"{share.name}/state", extra=cluster)
+
+
+class ClusterAnalysis(Analysis):
+    """`storm`'s figures of one subject (the three instances, or the baseline), plus the most
+    requests its fake accepted in any window of each limit and the residents duplicated."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        limits: Limits,
+        fake: FakeTelegram,
+        shown: Shown,
+        writer: CardWriter,
+        storm: tuple[float, float],
+        end_s: float,
+    ) -> None:
+        super().__init__(fleet, limits, fake, shown, writer, storm, end_s)
+        accepted = [r for r in fake.requests if r.status != 429]
+        per_chat: dict[int, list[float]] = {}
+        for request in accepted:
+            if request.method in CARD_METHODS and request.chat_id is not None:
+                per_chat.setdefault(request.chat_id, []).append(request.at_s)
+        assert limits.group_chat and limits.private_chat and limits.bot
+        self.group_max = max_in_window(per_chat.get(GROUP, []), limits.group_chat.period_s)
+        self.private_max = max(
+            (max_in_window(t, limits.private_chat.period_s) for c, t in per_chat.items() if c > 0),
+            default=0,
         )
-    for route in share.routes:
-        lines += [
-            "[[telegram.routes]]",
-            f"chat_id = {route.chat_id}",
-            f"agents = {json.dumps(list(route.agents))}",
-        ]
-    lines += ["[console]", "enabled = false", *NO_HOST_SIGNALS]
-    lines += ["[cluster]", f'redis_url = "{redis}"', f'instance = "{share.name}"']
-    lines.append(f'key_prefix = "{prefix}"')
-    return "\n".join(lines) + "\n"
-
-
-@dataclass
-class _Analysis:
-    """The figures of one subject (the three instances, or the baseline) from its fake."""
-
-    rate_limited: int = 0
-    group_max: int = 0
-    private_max: int = 0
-    bot_max: int = 0
-    duplicated: int = 0
-    staleness: dict[str, list[float]] = field(default_factory=dict)
-    drain: dict[str, float] = field(default_factory=dict)
-    final: dict[str, int] = field(default_factory=dict)
-    routes: dict[str, int] = field(default_factory=dict)
-
-
-def analyse(
-    fleet: Fleet,
-    limits: Limits,
-    fake: FakeTelegram,
-    shown: Shown,
-    writer: CardWriter,
-    storm: tuple[float, float],
-    end_s: float,
-) -> _Analysis:
-    start_s, stop_s = storm
-    shown.update()
-    result = _Analysis(rate_limited=len(fake.rate_limited))
-    accepted = [r for r in fake.requests if r.status != 429]
-    per_chat: dict[int, list[float]] = {}
-    for request in accepted:
-        if request.method in CARD_METHODS and request.chat_id is not None:
-            per_chat.setdefault(request.chat_id, []).append(request.at_s)
-    assert limits.group_chat and limits.private_chat and limits.bot
-    result.group_max = max_in_window(per_chat.get(GROUP, []), limits.group_chat.period_s)
-    result.private_max = max(
-        (max_in_window(t, limits.private_chat.period_s) for c, t in per_chat.items() if c > 0),
-        default=0,
-    )
-    result.bot_max = max_in_window(
-        (r.at_s for r in accepted if r.method in BOT_LIMITED_METHODS), limits.bot.period_s
-    )
-    for route in fleet.routes:
-        seen: dict[str, int] = {}
-        for message in fake.bot_messages(route.chat_id):
-            match = VERSION_TAG.search(message.text)
-            if match is not None:
-                seen[match.group(1)] = seen.get(match.group(1), 0) + 1
-        result.duplicated += sum(count - 1 for count in seen.values() if count > 1)
-    for kind in ("group", "private"):
-        result.staleness[kind], result.drain[kind] = [], 0.0
-        result.final[kind] = result.routes[kind] = 0
-    for route in fleet.routes:
-        kind = "group" if route.chat_id < 0 else "private"
-        for agent in route.agents:
-            timeline = shown.timeline.get((route.chat_id, agent), [])
-            writes = [w for w in writer.log[agent] if start_s <= w[0] <= stop_s]
-            result.staleness[kind] += [d for d, _ in visible_delays(writes, timeline, end_s)]
-            result.routes[kind] += 1
-            shown_at = next((t for t, v in timeline if v >= writer.versions[agent]), None)
-            if shown_at is None:
-                result.drain[kind] = math.inf
-            else:
-                result.final[kind] += 1
-                result.drain[kind] = max(result.drain[kind], shown_at - stop_s)
-    return result
+        self.bot_max = max_in_window(
+            (r.at_s for r in accepted if r.method in BOT_LIMITED_METHODS), limits.bot.period_s
+        )
+        self.duplicated = 0
+        for route in fleet.routes:
+            seen: dict[str, int] = {}
+            for message in fake.bot_messages(route.chat_id):
+                match = VERSION_TAG.search(message.text)
+                if match is not None:
+                    seen[match.group(1)] = seen.get(match.group(1), 0) + 1
+            self.duplicated += sum(count - 1 for count in seen.values() if count > 1)
 
 
 async def run(
@@ -197,10 +154,7 @@ async def run(
     group_period_s = 60.0 if real_limits else 20.0
     limits = Limits(group_chat=Window(20, group_period_s))
     ids = agent_ids(count)
-    routes = [Route(GROUP, ids)] + [
-        Route(FIRST_PRIVATE + index, ids[offset : offset + PER_PRIVATE_CHAT])
-        for index, offset in enumerate(range(0, count, PER_PRIVATE_CHAT))
-    ]
+    routes = [Route(GROUP, ids), *chat_routes(ids, PER_PRIVATE_CHAT, FIRST_PRIVATE, 1)]
     root = workspace / "cluster_storm"
     fleet = make_fleet(root, ids, routes)
     shares = split(routes, INSTANCES)
@@ -222,11 +176,9 @@ async def run(
         ):
             prefix = f"bench-{uuid.uuid4().hex[:8]}"
             for share in shares:
-                folder = root / share.name
-                folder.mkdir(parents=True, exist_ok=True)
-                config = folder / "taskcard.toml"
+                config = root / f"{share.name}.toml"
                 config.write_text(
-                    instance_config(fleet, share, folder, ours.base_url, limits, redis.url, prefix)
+                    instance_config(fleet, share, ours.base_url, limits, redis.url, prefix)
                 )
                 serves.append(ServeProcess(config, env={TOKEN_ENV: ours.token}).start())
             baseline = BaselineProcess(fleet, theirs).start() if with_baseline else None
@@ -259,8 +211,8 @@ async def run(
             for serve in serves:
                 await serve.aterminate()
             window = (storm_start, storm_stop)
-            mine = analyse(fleet, limits, ours, shown_ours, writer, window, end_s)
-            base = analyse(fleet, limits, theirs, shown_theirs, writer, window, end_s)
+            mine = ClusterAnalysis(fleet, limits, ours, shown_ours, writer, window, end_s)
+            base = ClusterAnalysis(fleet, limits, theirs, shown_theirs, writer, window, end_s)
     finally:
         for serve in serves:
             if serve.proc is not None and serve.proc.poll() is None:

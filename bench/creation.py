@@ -44,8 +44,8 @@ from bench.harness import (
     Limits,
     ProcessMeter,
     Progress,
-    Route,
     agent_ids,
+    chat_routes,
     make_fleet,
     side_by_side,
     wait_all_shown,
@@ -100,10 +100,7 @@ async def run(
     per_group = per_group or (10 if quick else 100)
     count = groups * per_group
     ids = agent_ids(count)
-    routes = [
-        Route(FIRST_GROUP - index, ids[index * per_group : (index + 1) * per_group])
-        for index in range(groups)
-    ]
+    routes = chat_routes(ids, per_group, FIRST_GROUP, -1)
     limits = Limits()
     assert limits.bot is not None
     bot_rate = limits.bot.max_calls / limits.bot.period_s

@@ -82,6 +82,15 @@ def agent_ids(count: int) -> tuple[str, ...]:
     return tuple(f"a{index:04d}" for index in range(count))
 
 
+def chat_routes(ids: Sequence[str], per_chat: int, first_chat: int, step: int) -> list[Route]:
+    """Deal the agents in order into chats of `per_chat`, numbered from `first_chat` by `step`
+    (-1 for groups, whose ids are negative; 1 for private chats)."""
+    return [
+        Route(first_chat + step * index, tuple(ids[offset : offset + per_chat]))
+        for index, offset in enumerate(range(0, len(ids), per_chat))
+    ]
+
+
 def make_fleet(root: Path, agents: Sequence[str], routes: Sequence[Route]) -> Fleet:
     fleet = Fleet(root, tuple(agents), tuple(routes))
     for agent in agents:
@@ -188,9 +197,17 @@ NO_HOST_SIGNALS = ("[signals]", "idle_floor_s = 86400")
 
 
 def serve_config(
-    fleet: Fleet, base_url: str, limits: Limits, *, debounce_ms: int | None = None
+    fleet: Fleet,
+    base_url: str,
+    limits: Limits,
+    *,
+    debounce_ms: int | None = None,
+    state_dir: str = "state",
+    extra: Sequence[str] = (),
 ) -> str:
-    lines = ['state_dir = "state"', 'log_level = "INFO"']
+    """The config of one `serve` for the fleet, written beside `fleet.root` (relative paths);
+    `extra` lines go at the end (a cluster instance's `[cluster]` table)."""
+    lines = [f'state_dir = "{state_dir}"', 'log_level = "INFO"']
     for agent in fleet.agents:
         lines += ["[[agents]]", f'id = "{agent}"', f'workdir = "agents/{agent}"']
     lines += [
@@ -215,6 +232,7 @@ def serve_config(
     lines += ["[console]", "enabled = false", *NO_HOST_SIGNALS]
     if debounce_ms is not None:
         lines += ["[watch]", f"debounce_ms = {debounce_ms}"]
+    lines += extra
     return "\n".join(lines) + "\n"
 
 

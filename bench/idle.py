@@ -22,8 +22,8 @@ from bench.harness import (
     CardWriter,
     ProcessMeter,
     Progress,
-    Route,
     agent_ids,
+    chat_routes,
     make_fleet,
     side_by_side,
     sleep_until,
@@ -45,10 +45,7 @@ async def run(
     count = agents or (500 if quick else 10_000)
     duration_s = duration_s or (30.0 if quick else 300.0)
     ids = agent_ids(count)
-    routes = [
-        Route(FIRST_GROUP - index, ids[offset : offset + PER_GROUP])
-        for index, offset in enumerate(range(0, count, PER_GROUP))
-    ]
+    routes = chat_routes(ids, PER_GROUP, FIRST_GROUP, -1)
     fleet = make_fleet(workspace / "idle", ids, routes)
     writer = CardWriter(fleet)
     writer.activate_all()

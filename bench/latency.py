@@ -20,9 +20,9 @@ from bench.harness import (
     Limits,
     ProcessMeter,
     Progress,
-    Route,
     Shown,
     agent_ids,
+    chat_routes,
     make_fleet,
     side_by_side,
     sleep_until,
@@ -40,11 +40,7 @@ FIRST_CHAT = 5001
 async def run(workspace: Path, *, quick: bool) -> ScenarioResult:
     samples = 40 if quick else 200
     agents = agent_ids(AGENTS)
-    fleet = make_fleet(
-        workspace / "latency",
-        agents,
-        [Route(FIRST_CHAT + index, (agent,)) for index, agent in enumerate(agents)],
-    )
+    fleet = make_fleet(workspace / "latency", agents, chat_routes(agents, 1, FIRST_CHAT, 1))
     limits = Limits()
     writer = CardWriter(fleet)
     writer.activate_all()

@@ -33,9 +33,9 @@ from bench.harness import (
     CardWriter,
     ProcessMeter,
     Progress,
-    Route,
     Shown,
     agent_ids,
+    chat_routes,
     make_fleet,
     side_by_side,
     sleep_until,
@@ -88,10 +88,7 @@ async def run(
     count = agents or (size.quick_agents if quick else size.agents)
     duration_s = duration_s or (20.0 if quick else 120.0)
     ids = agent_ids(count)
-    routes = [
-        Route(FIRST_GROUP - index, ids[offset : offset + PER_GROUP])
-        for index, offset in enumerate(range(0, count, PER_GROUP))
-    ]
+    routes = chat_routes(ids, PER_GROUP, FIRST_GROUP, -1)
     fleet = make_fleet(workspace / size.name, ids, routes)
     writer = CardWriter(fleet)
     writer.activate_all()

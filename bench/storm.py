@@ -48,6 +48,7 @@ from bench.harness import (
     Route,
     Shown,
     agent_ids,
+    chat_routes,
     make_fleet,
     side_by_side,
     sleep_until,
@@ -134,7 +135,7 @@ async def watch_drain(
     return time.monotonic()
 
 
-class _Analysis:
+class Analysis:
     """Every figure of one subject (ours or the baseline) from its fake's logs."""
 
     def __init__(
@@ -209,9 +210,9 @@ async def run(
     group_period_s = 60.0 if real_limits else 20.0
     limits = Limits(group_chat=Window(20, group_period_s))
     ids = agent_ids(count)
-    routes = [Route(GROUP, ids, "board" if board else "cards")] + [
-        Route(FIRST_PRIVATE + index, ids[offset : offset + PER_PRIVATE_CHAT])
-        for index, offset in enumerate(range(0, count, PER_PRIVATE_CHAT))
+    routes = [
+        Route(GROUP, ids, "board" if board else "cards"),
+        *chat_routes(ids, PER_PRIVATE_CHAT, FIRST_PRIVATE, 1),
     ]
     fleet = make_fleet(workspace / name, ids, routes)
     writer = CardWriter(fleet)
@@ -250,8 +251,8 @@ async def run(
         )
         progress("drain observed; stopping")
     storm = (storm_start, storm_stop)
-    mine = _Analysis(fleet, limits, ours, shown_ours, writer, storm, end_s, board)
-    base = _Analysis(fleet, limits, theirs, shown_theirs, writer, storm, end_s)
+    mine = Analysis(fleet, limits, ours, shown_ours, writer, storm, end_s, board)
+    base = Analysis(fleet, limits, theirs, shown_theirs, writer, storm, end_s)
     observed_s = end_s - storm_stop
     group_limit_per_min = 20 * 60 / group_period_s
     group_shows = "one board" if board else f"all {count} residents"
@@ -264,7 +265,7 @@ async def run(
         wall_s=time.monotonic() - started,
     )
 
-    def pct(kind: str, who: _Analysis, fraction: float) -> float:
+    def pct(kind: str, who: Analysis, fraction: float) -> float:
         return percentile(who.staleness[kind], fraction)
 
     figures = [
@@ -358,7 +359,7 @@ def writer_rate(count: int) -> float:
     return count / CHANGE_PERIOD_S
 
 
-def _drain_note(kind: str, mine: _Analysis, base: _Analysis | None, observed_s: float) -> str:
+def _drain_note(kind: str, mine: Analysis, base: Analysis | None, observed_s: float) -> str:
     parts = []
     subjects = [(mine, "taskcard")] + ([(base, "baseline")] if base is not None else [])
     for who, label in subjects:

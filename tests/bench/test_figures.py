@@ -5,13 +5,25 @@ from. The scenarios themselves run against the fakes in `python -m bench`."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bench.cluster_storm import instance_config, split
 from bench.creation import completion_spread, max_lead
-from bench.harness import Limits, Route, Shown, card_body, visible_delays
+from bench.harness import (
+    Limits,
+    Route,
+    Shown,
+    agent_ids,
+    card_body,
+    chat_routes,
+    make_fleet,
+    visible_delays,
+)
 from bench.storm import round_s
+from taskcard.bridge.config import load_config
 from tests.fakes.telegram_api import RecordedRequest, Window
 
 A, B, C = -1, -2, -3
@@ -113,3 +125,46 @@ def test_a_board_edit_shows_every_agent_on_it() -> None:
 def test_round_of_a_chat(route: Route, board: bool, expected_s: float) -> None:
     limits = Limits(group_chat=Window(20, 20.0))
     assert round_s(limits, route, board) == pytest.approx(expected_s)
+
+
+@pytest.mark.parametrize(
+    ("count", "per_chat", "first", "step", "expected"),
+    [
+        (
+            5,
+            2,
+            -100,
+            -1,
+            [(-100, ("a0000", "a0001")), (-101, ("a0002", "a0003")), (-102, ("a0004",))],
+        ),
+        (3, 1, 7, 1, [(7, ("a0000",)), (8, ("a0001",)), (9, ("a0002",))]),
+        (0, 5, 1, 1, []),
+    ],
+)
+def test_chat_routes_deal_agents_in_order(
+    count: int, per_chat: int, first: int, step: int, expected: list[tuple[int, tuple[str, ...]]]
+) -> None:
+    routes = chat_routes(agent_ids(count), per_chat, first, step)
+    assert [(route.chat_id, route.agents) for route in routes] == expected
+
+
+def test_each_cluster_instance_config_loads_with_only_its_share(tmp_path: Path) -> None:
+    """The instances' configs are the harness's, plus the shared Redis and their own state."""
+    ids = agent_ids(6)
+    routes = [Route(-1, ids), *chat_routes(ids, 2, 10, 1)]
+    fleet = make_fleet(tmp_path, ids, routes)
+    shares = split(routes, 3)
+    for share in shares:
+        path = tmp_path / f"{share.name}.toml"
+        path.write_text(
+            instance_config(fleet, share, "http://127.0.0.1:1", Limits(), "redis://x:1/0", "p")
+        )
+        config = load_config(path)
+        assert [agent.id for agent in config.agents] == list(share.agents)
+        assert config.state_dir == tmp_path / share.name / "state"
+        assert config.cluster.instance == share.name and config.cluster.key_prefix == "p"
+        assert config.telegram is not None
+        assert [route.chat_id for route in config.telegram.routes] == [
+            route.chat_id for route in share.routes
+        ]
+    assert sorted(a for share in shares for a in share.agents) == list(ids)

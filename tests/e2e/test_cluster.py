@@ -252,15 +252,17 @@ async def test_a_redis_restart_is_survived(
         assert "Traceback" not in serve.logs
 
 
-def test_an_unreachable_redis_at_start_is_one_line_and_exit_2(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", ["serve", "chats"])
+def test_an_unreachable_redis_is_one_line_and_exit_2(tmp_path: Path, command: str) -> None:
+    """`serve` at start and `chats` both need the shared state: one clear line, no trace."""
     (tmp_path / "a").mkdir()
     config = tmp_path / "taskcard.toml"
     config.write_text(
         '[[agents]]\nid = "a"\nworkdir = "a"\n[console]\nenabled = true\n'
         f'[cluster]\nredis_url = "redis://127.0.0.1:{free_port()}/0"\n'
     )
-    result = run_cli("serve", "--config", str(config))
-    assert result.returncode == 2, result.stderr
+    result = run_cli(command, "--config", str(config))
+    assert result.returncode == 2, (result.stdout, result.stderr)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot reach the Redis of [cluster]" in lines[0], lines
 
@@ -371,16 +373,3 @@ async def test_chats_lists_what_every_instance_saw_from_the_shared_state(
     assert table.returncode == 0 and str(unrouted) in table.stdout, table.stderr
     for serve in serves.values():
         assert await serve.aterminate() == 0
-
-
-def test_chats_with_an_unreachable_redis_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    (tmp_path / "a").mkdir()
-    config = tmp_path / "taskcard.toml"
-    config.write_text(
-        '[[agents]]\nid = "a"\nworkdir = "a"\n[console]\nenabled = true\n'
-        f'[cluster]\nredis_url = "redis://127.0.0.1:{free_port()}/0"\n'
-    )
-    result = run_cli("chats", "--config", str(config))
-    assert result.returncode == 2, result.stdout
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "cannot reach the Redis of [cluster]" in lines[0], lines

@@ -50,12 +50,6 @@ async def telegram() -> AsyncIterator[FakeTelegram]:
         yield server
 
 
-@pytest.fixture
-async def feishu() -> AsyncIterator[FakeFeishu]:
-    async with FakeFeishu() as server:
-        yield server
-
-
 def telegram_serve(tmp_path: Path, fake: FakeTelegram) -> ServeProcess:
     (tmp_path / "agents" / "builder").mkdir(parents=True)
     config = tmp_path / "taskcard.toml"

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,18 +35,6 @@ TOPIC = 42
 STRANGER_CHAT = 4242
 FEISHU_CHAT = "oc_origin_group"
 RENDERER = 'print("# Work\\nsteady body from the renderer")\n'
-
-
-@pytest.fixture
-async def telegram() -> AsyncIterator[FakeTelegram]:
-    async with FakeTelegram() as server:
-        yield server
-
-
-@pytest.fixture
-async def feishu() -> AsyncIterator[FakeFeishu]:
-    async with FakeFeishu() as server:
-        yield server
 
 
 @pytest.fixture

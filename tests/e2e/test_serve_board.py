@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
-
-import pytest
 
 from tests.e2e.harness import ServeProcess, eventually, notify, publish
 from tests.e2e.test_serve_feishu import CHAT, ENCRYPT, VERIFY, free_port
@@ -19,18 +16,6 @@ from tests.fakes.telegram_api import FakeTelegram, StoredMessage
 GROUP = -1009876543210
 BOARD_TITLE = "Task board"
 RETIRED_NOTE = "followed on this chat's task board"
-
-
-@pytest.fixture
-async def telegram() -> AsyncIterator[FakeTelegram]:
-    async with FakeTelegram() as server:
-        yield server
-
-
-@pytest.fixture
-async def feishu() -> AsyncIterator[FakeFeishu]:
-    async with FakeFeishu() as server:
-        yield server
 
 
 def agents_lines(tmp_path: Path, agents: list[str]) -> list[str]:

@@ -9,21 +9,12 @@ routes are kept in the state).
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from tests.e2e.harness import ServeProcess, eventually, publish, run_cli
 from tests.e2e.test_origin_fleet import GROUP, TOPIC, hook, ready, telegram_config, texts
 from tests.fakes.telegram_api import FakeTelegram
-
-
-@pytest.fixture
-async def telegram() -> AsyncIterator[FakeTelegram]:
-    async with FakeTelegram() as server:
-        yield server
 
 
 def status(config: Path, *extra: str) -> str:
