@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from taskcard.bridge.config import ConfigError, ServiceConfig, load_config
 from taskcard.bridge.deliver.registry import describe_scope, route_specs, scope_rules
+from taskcard.bridge.run import stackdump
 from taskcard.bridge.run.logs import choose, setup_logging
 from taskcard.bridge.run.runner import (
     EXIT_CONFIG,
@@ -82,6 +83,7 @@ def _serve(args: argparse.Namespace) -> int:
     setup_logging(config.log_level)
     for warning in nothing_served(config):
         log.warning("%s", warning)
+    stackdump.install()  # SIGUSR1: where is it? (a stop that takes too long)
     try:
         return asyncio.run(serve(config, os.environ, config_path=Path(args.config)))
     except Exception as error:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from taskcard.bridge.run.stackdump import TASKS_FOOTER
 from taskcard.producers.task_card.contract import (
     CardPaths,
     append_jsonl_line,
@@ -21,6 +23,11 @@ from taskcard.producers.task_card.contract import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
+# A service that does not stop in time is asked for its stacks (SIGUSR1) and given this long
+# to print them; its failure message carries them and this much of the log before them.
+DUMP_WAIT_S = 10.0
+REPORT_LOG_LINES = 60
+REPORT_STACK_LINES = 600
 
 
 def publish(workdir: Path, body: str, status: str = "active") -> None:
@@ -110,7 +117,14 @@ class ServeProcess:
     def terminate(self, timeout_s: float = 30.0) -> int:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(timeout=timeout_s)
+        try:
+            code = self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            mark = self._ask_for_stacks()
+            deadline = time.monotonic() + DUMP_WAIT_S
+            while not self._stacks_arrived(mark) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            raise AssertionError(self._hang_report(timeout_s, mark)) from None
         self._close()
         return code
 
@@ -125,18 +139,56 @@ class ServeProcess:
 
         The service lets requests in flight finish for up to 35 s on SIGTERM (a send is not
         cut short: its message id would be lost), so a loaded machine may need most of that;
-        the default leaves room for it and still fails a service that hangs."""
+        the default leaves room for it and still fails a service that hangs. A service
+        still running then fails the test with its stacks (SIGUSR1) and its log's tail."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
-        code = await eventually(
-            lambda: self.proc is not None and self.proc.poll() is not None,
-            timeout_s=timeout_s,
-            what="the service to exit after SIGTERM",
-        )
-        del code
+        try:
+            await eventually(
+                lambda: self.proc is not None and self.proc.poll() is not None,
+                timeout_s=timeout_s,
+                what="the service to exit after SIGTERM",
+            )
+        except AssertionError:
+            mark = self._ask_for_stacks()
+            with contextlib.suppress(AssertionError):  # report what there is
+                await eventually(
+                    lambda: self._stacks_arrived(mark), timeout_s=DUMP_WAIT_S, what="stacks"
+                )
+            raise AssertionError(self._hang_report(timeout_s, mark)) from None
         self._close()
         assert self.proc.returncode is not None
         return self.proc.returncode
+
+    def _ask_for_stacks(self) -> int:
+        """SIGUSR1: the service prints every thread's and task's stack to stderr (see
+        `bridge.run.stackdump`). Returns where in stderr the dump starts."""
+        assert self.proc is not None
+        mark = len(self.stderr)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGUSR1)
+        return mark
+
+    def _stacks_arrived(self, mark: int) -> bool:
+        return any(TASKS_FOOTER in line for line in self.stderr[mark:]) or (
+            self.proc is not None and self.proc.poll() is not None
+        )
+
+    def _hang_report(self, timeout_s: float, mark: int) -> str:
+        """Why a stop failed, for the test's failure message: the process's stacks at the
+        time (SIGUSR1) and the tail of its log before them."""
+        assert self.proc is not None
+        exited = self.proc.poll()
+        head = (
+            f"`taskcard serve` (pid {self.proc.pid}) did not exit within {timeout_s:g}s after"
+            " SIGTERM" + ("" if exited is None else f" (it exited with {exited} since)")
+        )
+        log_tail = "".join(self.stderr[max(0, mark - REPORT_LOG_LINES) : mark])
+        stacks = "".join(self.stderr[mark : mark + REPORT_STACK_LINES]) or "(no stacks came)\n"
+        return (
+            f"{head}\n--- the last {REPORT_LOG_LINES} log lines before SIGUSR1 ---\n{log_tail}"
+            f"--- stacks (SIGUSR1) ---\n{stacks}"
+        )
 
     def _close(self) -> None:
         for reader in self._readers:

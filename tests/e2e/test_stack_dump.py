@@ -1,0 +1,101 @@
+"""SIGUSR1 on `taskcard serve`: every thread's and task's stack on stderr, the service goes on.
+
+And the harness's side of it: a service that does not exit in time after SIGTERM fails its
+test with those stacks and the tail of its log in the failure message, so that a stop which
+hangs once under load can be read afterwards instead of guessed at.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.harness import ServeProcess, eventually, publish
+from tests.fakes.telegram_api import FakeLimits, FakeTelegram
+
+GROUP = -1007000000000
+FOOTER = "--- end of asyncio tasks ---"
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram(limits=FakeLimits.unlimited()) as server:
+        yield server
+
+
+def serving(tmp_path: Path, fake: FakeTelegram) -> ServeProcess:
+    (tmp_path / "agents" / "builder").mkdir(parents=True)
+    config = tmp_path / "taskcard.toml"
+    config.write_text(
+        "\n".join(
+            [
+                'state_dir = ".taskcard"',
+                "[[agents]]",
+                'id = "builder"',
+                'workdir = "agents/builder"',
+                "[telegram]",
+                'token_env = "TC_TEST_TOKEN"',
+                f'api_base_url = "{fake.base_url}"',
+                "poll_timeout_s = 1",
+                "[[telegram.routes]]",
+                f"chat_id = {GROUP}",
+                'agents = ["builder"]',
+            ]
+        )
+        + "\n"
+    )
+    return ServeProcess(config, env={"TC_TEST_TOKEN": fake.token})
+
+
+def texts(fake: FakeTelegram) -> list[str]:
+    return [m.text for m in fake.bot_messages(GROUP)]
+
+
+async def test_sigusr1_prints_every_stack_and_the_service_goes_on(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    with serving(tmp_path, fake) as serve:
+        workdir = tmp_path / "agents" / "builder"
+        publish(workdir, "first card")
+        await eventually(lambda: any("first card" in t for t in texts(fake)), what="the card")
+        mark = len(serve.stderr)
+        serve._ask_for_stacks()
+        await eventually(lambda: FOOTER in "".join(serve.stderr[mark:]), what="the stacks")
+        dump = "".join(serve.stderr[mark:])
+        # Every thread, by faulthandler (the main thread sits in the event loop) ...
+        assert "most recent call first" in dump
+        assert "run_forever" in dump
+        # ... and every asyncio task, with what it awaits.
+        for task in ("'watch'", "'timer'", "'telegram-command-poll'"):
+            assert f"task {task}" in dump, task
+        assert "get_updates" in dump or "wait_turn" in dump or "_read_answer" in dump
+        assert serve.proc is not None and serve.proc.poll() is None, "still running"
+        publish(workdir, "second card")
+        await eventually(lambda: any("second card" in t for t in texts(fake)), what="an edit")
+        assert fake.rate_limited == []
+        assert await serve.aterminate() == 0
+
+
+async def test_a_service_that_does_not_stop_in_time_fails_with_its_stacks(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    # The card's send is performed but answered minutes later: on SIGTERM the service waits
+    # for that answer (its grace), so it cannot be gone within the harness's short wait.
+    fake.delay_answers("sendMessage", 600.0)
+    with serving(tmp_path, fake) as serve:
+        publish(tmp_path / "agents" / "builder", "held card")
+        await eventually(lambda: fake.count("sendMessage") == 1, what="the send performed")
+        with pytest.raises(AssertionError) as failure:
+            await serve.aterminate(timeout_s=1.0)
+        message = str(failure.value)
+        assert "did not exit within 1s after SIGTERM" in message
+        assert "log lines before SIGUSR1" in message
+        assert "serving 1 agents" in message, "the log's tail"
+        assert "most recent call first" in message, "the threads' stacks"
+        # The lane of the chat, awaiting the send's answer: what held the stop.
+        assert f"task 'lane telegram:{GROUP}'" in message
+        assert "_read_answer" in message
+        assert fake.token not in message
+        serve.kill()
