@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import math
 import os
 import select
@@ -534,6 +535,31 @@ def _exit_watch(pid: int) -> int | None:
         return None
 
 
+def _pipe_holds(fd: int, limit: int) -> bool:
+    """Whether the pipe `fd` reads from can hold more than `limit` bytes unread (Linux)."""
+    get_size = getattr(fcntl, "F_GETPIPE_SZ", None)
+    if get_size is None:
+        return False
+    try:
+        return int(fcntl.fcntl(fd, get_size)) > limit
+    except OSError:
+        return False
+
+
+def _drain(fd: int, out: bytearray, limit: int) -> tuple[bool, bool]:
+    """Read a non-blocking pipe into `out` until it is empty: (ended, over the limit)."""
+    while True:
+        try:
+            chunk = os.read(fd, _READ_CHUNK)
+        except BlockingIOError:
+            return False, False
+        if not chunk:
+            return True, False
+        out += chunk
+        if len(out) > limit:
+            return False, True
+
+
 def _supervise(
     proc: subprocess.Popen[bytes],
     pipes: tuple[int, int],
@@ -545,10 +571,17 @@ def _supervise(
 ) -> tuple[RunOutcome, bool]:
     """The run's outcome, and whether a sweep after the renderer's exit proved it left nothing.
 
-    One `poll(2)` set holds both pipes and, where the kernel has them, a pidfd of the
-    renderer: a normal run wakes the loop about three times (output, end of output, exit)
-    instead of polling the exit status in a sleep loop. Without a pidfd, the exit is polled
-    as before: a short wait once both pipes have closed, and a status check per wake.
+    One `poll(2)` set holds stderr and, where the kernel has them, a pidfd of the renderer.
+    stdout is in it too unless its pipe can hold more than the stdout limit (64 KiB against
+    the default limit of 12 KiB): then the renderer can never block on it before going past
+    the limit, so stdout is read without waiting (non-blocking) on every wake of the loop
+    instead of waking it: at the end of stderr, at the exit, every `_POLL_S` while the
+    renderer runs (a renderer flooding stdout is cut off at the first of these once the pipe
+    holds more than the limit), and it is polled again once the renderer is gone (a
+    descendant may still hold it). A normal run then wakes the loop twice (end of output,
+    exit) instead of four times (output, end of stderr, end of stdout, exit). Without a
+    pidfd, every pipe is polled and the exit is polled as before: a short wait once both
+    pipes have closed, and a status check per wake.
     """
     out_fd, err_fd = pipes
     token = token_text.encode()
@@ -559,8 +592,12 @@ def _supervise(
     pidfd = _exit_watch(proc.pid)
     poller = select.poll()
     open_fds = {out_fd, err_fd}
+    out_polled = pidfd is None or not _pipe_holds(out_fd, request.stdout_limit_bytes)
+    if not out_polled:
+        os.set_blocking(out_fd, False)
     for fd in open_fds:
-        poller.register(fd, select.POLLIN)
+        if fd != out_fd or out_polled:
+            poller.register(fd, select.POLLIN)
     if pidfd is not None:
         poller.register(pidfd, select.POLLIN)
     grace_end: float | None = None  # both pipes closed: the exit is due by then
@@ -593,7 +630,10 @@ def _supervise(
                         poller.unregister(fd)
                         exited = True
                         continue
-                    chunk = os.read(fd, _READ_CHUNK)
+                    try:
+                        chunk = os.read(fd, _READ_CHUNK)
+                    except BlockingIOError:  # stdout, non-blocking: nothing after all
+                        continue
                     if not chunk:
                         poller.unregister(fd)
                         open_fds.discard(fd)
@@ -604,6 +644,11 @@ def _supervise(
                     else:
                         err += chunk
                         del err[:-STDERR_TAIL_BYTES]
+                if not out_polled and out_fd in open_fds:
+                    ended, over = _drain(out_fd, out, request.stdout_limit_bytes)
+                    overflow = overflow or over
+                    if ended:
+                        open_fds.discard(out_fd)
                 if overflow:
                     break
             if leader_gone or not (exited or pidfd is None):
@@ -612,6 +657,11 @@ def _supervise(
                 # The leader is gone: drain what is buffered, then stop waiting for pipes that
                 # a leftover descendant might hold open forever.
                 leader_gone = True
+                if not out_polled and out_fd in open_fds:
+                    # Its output so far is read below; what a descendant may still write
+                    # until the sweep kills it must now wake the loop.
+                    poller.register(out_fd, select.POLLIN)
+                    out_polled = True
                 _kill_group(proc.pid)
                 with _Fence.lock:
                     clean = _sweep(token, proc.pid, mark)
