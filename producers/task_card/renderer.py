@@ -72,6 +72,7 @@ from typing import ClassVar, Final, Literal, Protocol
 
 STDERR_TAIL_BYTES: Final = 4096
 _READ_CHUNK: Final = 65536
+_DRAIN_CHUNKS: Final = 16
 _POLL_S: Final = 0.05
 _EXIT_GRACE_S: Final = 0.05  # from closing its pipes to exiting, a renderer takes microseconds
 RENDER_TOKEN_ENV: Final = "TASKCARD_RENDER_TOKEN"
@@ -546,18 +547,26 @@ def _pipe_holds(fd: int, limit: int) -> bool:
         return False
 
 
-def _drain(fd: int, out: bytearray, limit: int) -> tuple[bool, bool]:
-    """Read a non-blocking pipe into `out` until it is empty: (ended, over the limit)."""
-    while True:
+def _drain(fd: int, into: bytearray, limit: int | None) -> bool:
+    """Read what a non-blocking pipe holds into `into`; True when the pipe has ended.
+
+    With a `limit` (stdout) it stops once `into` is past it; without one (stderr) it keeps
+    the last `STDERR_TAIL_BYTES` and reads at most `_DRAIN_CHUNKS` chunks, so a renderer
+    writing as fast as we read cannot hold the loop.
+    """
+    for _ in range(_DRAIN_CHUNKS):
         try:
             chunk = os.read(fd, _READ_CHUNK)
         except BlockingIOError:
-            return False, False
+            return False
         if not chunk:
-            return True, False
-        out += chunk
-        if len(out) > limit:
-            return False, True
+            return True
+        into += chunk
+        if limit is None:
+            del into[:-STDERR_TAIL_BYTES]
+        elif len(into) > limit:
+            return False
+    return False
 
 
 def _supervise(
@@ -571,17 +580,17 @@ def _supervise(
 ) -> tuple[RunOutcome, bool]:
     """The run's outcome, and whether a sweep after the renderer's exit proved it left nothing.
 
-    One `poll(2)` set holds stderr and, where the kernel has them, a pidfd of the renderer.
-    stdout is in it too unless its pipe can hold more than the stdout limit (64 KiB against
-    the default limit of 12 KiB): then the renderer can never block on it before going past
-    the limit, so stdout is read without waiting (non-blocking) on every wake of the loop
-    instead of waking it: at the end of stderr, at the exit, every `_POLL_S` while the
-    renderer runs (a renderer flooding stdout is cut off at the first of these once the pipe
-    holds more than the limit), and it is polled again once the renderer is gone (a
-    descendant may still hold it). A normal run then wakes the loop twice (end of output,
-    exit) instead of four times (output, end of stderr, end of stdout, exit). Without a
-    pidfd, every pipe is polled and the exit is polled as before: a short wait once both
-    pipes have closed, and a status check per wake.
+    One `poll(2)` set holds a pidfd of the renderer (Linux 5.3+). When stdout's pipe can
+    hold more than the stdout limit (64 KiB against the default limit of 12 KiB), the
+    renderer can never block on stdout before going past the limit, so neither pipe wakes
+    the loop at first: both are read without waiting (non-blocking) on every wake, which is
+    the exit for a normal run, or every `_POLL_S` while it runs (a renderer flooding stdout
+    is cut off at the first of these). After the first quiet `_POLL_S`, stderr joins the
+    poll set, so a long renderer writing much to stderr is read as it writes; once the
+    renderer is gone both pipes do (a descendant may still hold them). A normal run then
+    wakes the loop once (exit) instead of four times (output, end of stderr, end of stdout,
+    exit). Otherwise both pipes are polled from the start; without a pidfd the exit is
+    polled as before: a short wait once both pipes have closed, and a status check per wake.
     """
     out_fd, err_fd = pipes
     token = token_text.encode()
@@ -593,11 +602,12 @@ def _supervise(
     poller = select.poll()
     open_fds = {out_fd, err_fd}
     out_polled = pidfd is None or not _pipe_holds(out_fd, request.stdout_limit_bytes)
-    if not out_polled:
-        os.set_blocking(out_fd, False)
-    for fd in open_fds:
-        if fd != out_fd or out_polled:
+    err_polled = out_polled  # stderr waits for the first quiet `_POLL_S` (see above)
+    for fd, polled in ((out_fd, out_polled), (err_fd, err_polled)):
+        if polled:
             poller.register(fd, select.POLLIN)
+        else:
+            os.set_blocking(fd, False)
     if pidfd is not None:
         poller.register(pidfd, select.POLLIN)
     grace_end: float | None = None  # both pipes closed: the exit is due by then
@@ -625,14 +635,18 @@ def _supervise(
                     exited = True
             if not exited:
                 wait_s = min(_POLL_S, deadline - now, (grace_end or deadline) - now)
-                for fd, _ in poller.poll(max(1, math.ceil(wait_s * 1000))):
+                events = poller.poll(max(1, math.ceil(wait_s * 1000)))
+                if not events and not err_polled and err_fd in open_fds:
+                    poller.register(err_fd, select.POLLIN)  # a long run: read stderr as it comes
+                    err_polled = True
+                for fd, _ in events:
                     if fd == pidfd:
                         poller.unregister(fd)
                         exited = True
                         continue
                     try:
                         chunk = os.read(fd, _READ_CHUNK)
-                    except BlockingIOError:  # stdout, non-blocking: nothing after all
+                    except BlockingIOError:  # a non-blocking pipe: nothing after all
                         continue
                     if not chunk:
                         poller.unregister(fd)
@@ -644,11 +658,12 @@ def _supervise(
                     else:
                         err += chunk
                         del err[:-STDERR_TAIL_BYTES]
+                if not err_polled and err_fd in open_fds and _drain(err_fd, err, None):
+                    open_fds.discard(err_fd)
                 if not out_polled and out_fd in open_fds:
-                    ended, over = _drain(out_fd, out, request.stdout_limit_bytes)
-                    overflow = overflow or over
-                    if ended:
+                    if _drain(out_fd, out, request.stdout_limit_bytes):
                         open_fds.discard(out_fd)
+                    overflow = len(out) > request.stdout_limit_bytes
                 if overflow:
                     break
             if leader_gone or not (exited or pidfd is None):
@@ -657,11 +672,12 @@ def _supervise(
                 # The leader is gone: drain what is buffered, then stop waiting for pipes that
                 # a leftover descendant might hold open forever.
                 leader_gone = True
-                if not out_polled and out_fd in open_fds:
-                    # Its output so far is read below; what a descendant may still write
-                    # until the sweep kills it must now wake the loop.
-                    poller.register(out_fd, select.POLLIN)
-                    out_polled = True
+                # What a descendant may still write until the sweep kills it must now wake
+                # the loop.
+                for fd, polled in ((out_fd, out_polled), (err_fd, err_polled)):
+                    if not polled and fd in open_fds:
+                        poller.register(fd, select.POLLIN)
+                out_polled = err_polled = True
                 _kill_group(proc.pid)
                 with _Fence.lock:
                     clean = _sweep(token, proc.pid, mark)
