@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import math
 import os
 import select
@@ -71,6 +72,7 @@ from typing import ClassVar, Final, Literal, Protocol
 
 STDERR_TAIL_BYTES: Final = 4096
 _READ_CHUNK: Final = 65536
+_DRAIN_CHUNKS: Final = 16
 _POLL_S: Final = 0.05
 _EXIT_GRACE_S: Final = 0.05  # from closing its pipes to exiting, a renderer takes microseconds
 RENDER_TOKEN_ENV: Final = "TASKCARD_RENDER_TOKEN"
@@ -332,15 +334,46 @@ def pid_window(
     return PidWindow(leader, last)
 
 
+_FORKS_REUSE_S: Final = 5.0  # an older reading is read again: it would only widen the bound
+
+
+class _Forks:
+    """The last reading of the fork count, shared by the runs of this process.
+
+    A spawn mark needs the fork count at the spawn, as a lower bound: any reading taken
+    before the spawn is one (the count only grows), and it only makes the count since the
+    spawn look larger, so `pid_window` falls back to reading all of /proc sooner, never
+    later. So the mark takes the last reading of any run's sweep (recent enough) instead of
+    reading /proc/stat again: one read of it per clean run instead of two. Reads and writes
+    happen under `_Fence.lock`, which also covers the spawn.
+    """
+
+    seen: ClassVar[tuple[float, int] | None] = None
+
+    @classmethod
+    def now(cls) -> int | None:
+        count = _fork_count()
+        if count is not None:
+            cls.seen = (time.monotonic(), count)
+        return count
+
+    @classmethod
+    def before_spawn(cls) -> int | None:
+        seen = cls.seen
+        if seen is not None and time.monotonic() - seen[0] < _FORKS_REUSE_S:
+            return seen[1]
+        return cls.now()
+
+
 @dataclass(frozen=True)
 class SpawnMark:
-    """Where the kernel's fork count stood just after a renderer was spawned."""
+    """A lower bound of the kernel's fork count when a renderer was spawned."""
 
     leader: int
     forks: int | None
 
     def window(self) -> PidWindow | None:
-        return pid_window(self.leader, self.forks, _fork_count(), _pid_cursor(), _PID_MAX)
+        return pid_window(self.leader, self.forks, _Forks.now(), _pid_cursor(), _PID_MAX)
 
 
 def _snapshot(token: bytes | None, window: PidWindow | None = None) -> list[ProcEntry]:
@@ -460,6 +493,7 @@ def run_renderer(request: RunRequest, cancel: threading.Event) -> RunOutcome:
     err_r, err_w = os.pipe()
     try:
         with _Fence.lock:
+            forks = _Forks.before_spawn()
             proc = subprocess.Popen(
                 [sys.executable, str(request.renderer)],
                 cwd=request.workdir,
@@ -471,6 +505,7 @@ def run_renderer(request: RunRequest, cancel: threading.Event) -> RunOutcome:
                 close_fds=True,
             )
             _Fence.live_leaders.add(proc.pid)
+            mark = SpawnMark(proc.pid, forks)
     except OSError as exc:
         for fd in (out_r, err_r):
             os.close(fd)
@@ -479,7 +514,6 @@ def run_renderer(request: RunRequest, cancel: threading.Event) -> RunOutcome:
         os.close(out_w)
         os.close(err_w)
     _lower_priority(proc.pid, request.nice_increment)
-    mark = SpawnMark(proc.pid, _fork_count())
     clean = False
     try:
         outcome, clean = _supervise(proc, (out_r, err_r), request, cancel, started, token, mark)
@@ -502,6 +536,39 @@ def _exit_watch(pid: int) -> int | None:
         return None
 
 
+def _pipe_holds(fd: int, limit: int) -> bool:
+    """Whether the pipe `fd` reads from can hold more than `limit` bytes unread (Linux)."""
+    get_size = getattr(fcntl, "F_GETPIPE_SZ", None)
+    if get_size is None:
+        return False
+    try:
+        return int(fcntl.fcntl(fd, get_size)) > limit
+    except OSError:
+        return False
+
+
+def _drain(fd: int, into: bytearray, limit: int | None) -> bool:
+    """Read what a non-blocking pipe holds into `into`; True when the pipe has ended.
+
+    With a `limit` (stdout) it stops once `into` is past it; without one (stderr) it keeps
+    the last `STDERR_TAIL_BYTES` and reads at most `_DRAIN_CHUNKS` chunks, so a renderer
+    writing as fast as we read cannot hold the loop.
+    """
+    for _ in range(_DRAIN_CHUNKS):
+        try:
+            chunk = os.read(fd, _READ_CHUNK)
+        except BlockingIOError:
+            return False
+        if not chunk:
+            return True
+        into += chunk
+        if limit is None:
+            del into[:-STDERR_TAIL_BYTES]
+        elif len(into) > limit:
+            return False
+    return False
+
+
 def _supervise(
     proc: subprocess.Popen[bytes],
     pipes: tuple[int, int],
@@ -513,10 +580,17 @@ def _supervise(
 ) -> tuple[RunOutcome, bool]:
     """The run's outcome, and whether a sweep after the renderer's exit proved it left nothing.
 
-    One `poll(2)` set holds both pipes and, where the kernel has them, a pidfd of the
-    renderer: a normal run wakes the loop about three times (output, end of output, exit)
-    instead of polling the exit status in a sleep loop. Without a pidfd, the exit is polled
-    as before: a short wait once both pipes have closed, and a status check per wake.
+    One `poll(2)` set holds a pidfd of the renderer (Linux 5.3+). When stdout's pipe can
+    hold more than the stdout limit (64 KiB against the default limit of 12 KiB), the
+    renderer can never block on stdout before going past the limit, so neither pipe wakes
+    the loop at first: both are read without waiting (non-blocking) on every wake, which is
+    the exit for a normal run, or every `_POLL_S` while it runs (a renderer flooding stdout
+    is cut off at the first of these). After the first quiet `_POLL_S`, stderr joins the
+    poll set, so a long renderer writing much to stderr is read as it writes; once the
+    renderer is gone both pipes do (a descendant may still hold them). A normal run then
+    wakes the loop once (exit) instead of four times (output, end of stderr, end of stdout,
+    exit). Otherwise both pipes are polled from the start; without a pidfd the exit is
+    polled as before: a short wait once both pipes have closed, and a status check per wake.
     """
     out_fd, err_fd = pipes
     token = token_text.encode()
@@ -527,8 +601,13 @@ def _supervise(
     pidfd = _exit_watch(proc.pid)
     poller = select.poll()
     open_fds = {out_fd, err_fd}
-    for fd in open_fds:
-        poller.register(fd, select.POLLIN)
+    out_polled = pidfd is None or not _pipe_holds(out_fd, request.stdout_limit_bytes)
+    err_polled = out_polled  # stderr waits for the first quiet `_POLL_S` (see above)
+    for fd, polled in ((out_fd, out_polled), (err_fd, err_polled)):
+        if polled:
+            poller.register(fd, select.POLLIN)
+        else:
+            os.set_blocking(fd, False)
     if pidfd is not None:
         poller.register(pidfd, select.POLLIN)
     grace_end: float | None = None  # both pipes closed: the exit is due by then
@@ -556,12 +635,19 @@ def _supervise(
                     exited = True
             if not exited:
                 wait_s = min(_POLL_S, deadline - now, (grace_end or deadline) - now)
-                for fd, _ in poller.poll(max(1, math.ceil(wait_s * 1000))):
+                events = poller.poll(max(1, math.ceil(wait_s * 1000)))
+                if not events and not err_polled and err_fd in open_fds:
+                    poller.register(err_fd, select.POLLIN)  # a long run: read stderr as it comes
+                    err_polled = True
+                for fd, _ in events:
                     if fd == pidfd:
                         poller.unregister(fd)
                         exited = True
                         continue
-                    chunk = os.read(fd, _READ_CHUNK)
+                    try:
+                        chunk = os.read(fd, _READ_CHUNK)
+                    except BlockingIOError:  # a non-blocking pipe: nothing after all
+                        continue
                     if not chunk:
                         poller.unregister(fd)
                         open_fds.discard(fd)
@@ -572,6 +658,12 @@ def _supervise(
                     else:
                         err += chunk
                         del err[:-STDERR_TAIL_BYTES]
+                if not err_polled and err_fd in open_fds and _drain(err_fd, err, None):
+                    open_fds.discard(err_fd)
+                if not out_polled and out_fd in open_fds:
+                    if _drain(out_fd, out, request.stdout_limit_bytes):
+                        open_fds.discard(out_fd)
+                    overflow = len(out) > request.stdout_limit_bytes
                 if overflow:
                     break
             if leader_gone or not (exited or pidfd is None):
@@ -580,6 +672,12 @@ def _supervise(
                 # The leader is gone: drain what is buffered, then stop waiting for pipes that
                 # a leftover descendant might hold open forever.
                 leader_gone = True
+                # What a descendant may still write until the sweep kills it must now wake
+                # the loop.
+                for fd, polled in ((out_fd, out_polled), (err_fd, err_polled)):
+                    if not polled and fd in open_fds:
+                        poller.register(fd, select.POLLIN)
+                out_polled = err_polled = True
                 _kill_group(proc.pid)
                 with _Fence.lock:
                     clean = _sweep(token, proc.pid, mark)

@@ -278,3 +278,42 @@ def test_stdin_is_empty_and_many_runs_leave_no_descriptor_behind(workdir: Path) 
         run = run_renderer(request(workdir, renderer), threading.Event())
         assert (run.exit_code, run.stdout) == (0, b"''\n")
     assert len(os.listdir("/proc/self/fd")) <= before + 1  # at most the shared /dev/null
+
+
+@pytest.mark.parametrize(
+    ("chars", "size"),
+    [
+        (2000, 1999),  # stdout fits the pipe: read without waking the loop, in pieces
+        (100_000, 99_000),  # larger than a pipe: stdout is polled as it comes
+    ],
+)
+def test_output_written_in_pieces_while_the_renderer_runs_arrives_whole(
+    workdir: Path, chars: int, size: int
+) -> None:
+    renderer = write_renderer(
+        workdir,
+        "pieces.py",
+        "import sys, time\n"
+        f"size = {size}\n"
+        "for start in range(0, size, 7000):\n"
+        "    sys.stdout.write('x' * min(7000, size - start))\n"
+        "    sys.stdout.flush()\n"
+        "    time.sleep(0.02)\n"
+        "sys.stderr.write('done')\n",
+    )
+    run = run_renderer(request(workdir, renderer, timeout_s=60, chars=chars), threading.Event())
+    assert (run.exit_code, run.stdout_overflow, run.stderr_tail) == (0, False, b"done")
+    assert classify(run, chars, 60) == Rendered("x" * size)
+
+
+def test_a_renderer_flooding_stdout_and_never_exiting_is_cut_off_long_before_its_timeout(
+    workdir: Path,
+) -> None:
+    renderer = write_renderer(
+        workdir,
+        "flood_and_stay.py",
+        "import os, time\nos.write(1, b'x' * 20000)\ntime.sleep(300)\n",
+    )
+    run = run_renderer(request(workdir, renderer, timeout_s=120, chars=2000), threading.Event())
+    assert run.stdout_overflow and not run.timed_out
+    assert classify(run, 2000, 120).code == "body_too_large"  # type: ignore[union-attr]
