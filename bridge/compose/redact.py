@@ -150,7 +150,8 @@ class Redactor:
                 text = text.replace(spelling, MARKER)
         if not self._folded:
             return text
-        if not any(secret in _folded_text(text) for secret in self._folded):
+        folded_text = _folded_text(text)  # once, not once per secret spelling
+        if not any(secret in folded_text for secret in self._folded):
             return text  # the common case, without building the index map
         folded, origin = fold(text)
         spans: list[tuple[int, int]] = []
