@@ -683,7 +683,8 @@ class Service:
 
     def _save_health(self, agent_id: str) -> None:
         """Persist the agent's problems when they changed, for `taskcard status`."""
-        value = json.dumps(self.agent_problems(agent_id))
+        problems = self.agent_problems(agent_id)
+        value = json.dumps(problems) if problems else "[]"  # twice per change: no encoder
         if self._saved_health.get(agent_id) == value:
             return
         try:
