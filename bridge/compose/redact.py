@@ -94,13 +94,63 @@ def _hide_value(match: re.Match[str]) -> str:
     return f"{key}{separator}{MARKER}"
 
 
-def redact(text: str) -> str:
-    """`text` with every recognised secret shape replaced by `[redacted]`."""
+def redact_every_shape(text: str) -> str:
+    """`redact` without the literal pre-checks: every pattern runs over the text."""
     for pattern in _PATTERNS:
         text = pattern.sub(MARKER, text)
     text = _URL_CREDENTIALS.sub(rf"\1:{MARKER}@", text)
     text = _BEARER.sub(rf"\1 {MARKER}", text)
     return _ASSIGNMENT.sub(_hide_value, text)
+
+
+# The non-ASCII characters a case-insensitive pattern takes for an ASCII letter (dotted and
+# dotless i, long s, Kelvin sign); `str.lower` turns only the last into one. A text with any
+# of them skips the pre-checks below.
+_FOLDS_TO_ASCII: Final = ("\u0130", "\u0131", "\u017f", "\u212a")
+
+# Words one of which every key of `_ASSIGNMENT` contains (the compound keys end in one).
+_KEY_WORDS: Final = (
+    "password", "passwd", "pwd", "secret", "token", "auth", "credential", "cookie", "key",
+)  # fmt: skip
+
+# Each shape pattern (all case-sensitive) with the literals it cannot match without any of.
+_PRECHECKED: Final[tuple[tuple[re.Pattern[str], tuple[str, ...]], ...]] = (
+    (_PATTERNS[0], (":", "%3")),
+    (_PATTERNS[1], ("sk-",)),
+    (_PATTERNS[2], ("gh",)),
+    (_PATTERNS[3], ("github_pat_",)),
+    (_PATTERNS[4], ("xox",)),
+    (_PATTERNS[5], ("AKIA", "ASIA")),
+    (_PATTERNS[6], ("AIza",)),
+    (_PATTERNS[7], ("eyJ",)),
+)
+assert len(_PRECHECKED) == len(_PATTERNS)
+
+
+def redact(text: str) -> str:
+    """`text` with every recognised secret shape replaced by `[redacted]`.
+
+    Every card text passes here several times per change, and a dozen regular expression
+    scans cost more than the rest of the redaction: a pattern runs only when the text holds
+    a literal it cannot match without (`sk-` for `sk-...` keys, `://` for URL credentials, a
+    key word and `:` or `=` for assignments). The checks look at the text as it is when
+    the pattern's turn comes, so the result is `redact_every_shape`'s
+    (`tests/bridge/test_redact.py` compares them).
+    """
+    if any(char in text for char in _FOLDS_TO_ASCII):
+        return redact_every_shape(text)
+    for pattern, literals in _PRECHECKED:
+        if any(literal in text for literal in literals):
+            text = pattern.sub(MARKER, text)
+    if "://" in text:
+        text = _URL_CREDENTIALS.sub(rf"\1:{MARKER}@", text)
+    lowered = text.lower()
+    if "bearer" in lowered or "basic" in lowered:
+        text = _BEARER.sub(rf"\1 {MARKER}", text)
+        lowered = text.lower()
+    if ("=" in text or ":" in text) and any(word in lowered for word in _KEY_WORDS):
+        text = _ASSIGNMENT.sub(_hide_value, text)
+    return text
 
 
 def secret_spellings(secret: str) -> frozenset[str]:
@@ -150,7 +200,8 @@ class Redactor:
                 text = text.replace(spelling, MARKER)
         if not self._folded:
             return text
-        if not any(secret in _folded_text(text) for secret in self._folded):
+        folded_text = _folded_text(text)  # once, not once per secret spelling
+        if not any(secret in folded_text for secret in self._folded):
             return text  # the common case, without building the index map
         folded, origin = fold(text)
         spans: list[tuple[int, int]] = []

@@ -83,6 +83,9 @@ class WorkdirFiles:
 
     def stat(self, path: StrPath) -> os.stat_result | None:
         """The regular file's status, or None when it is missing or refused."""
+        if self._plainly_missing(os.fspath(path)):
+            self._fine(path)
+            return None
         try:
             checked = self._check(path)
         except Refused as refusal:
@@ -176,6 +179,27 @@ class WorkdirFiles:
         except BaseException:
             os.close(fd)
             raise
+
+    def _plainly_missing(self, path: str) -> bool:
+        """Whether nothing at all is at `path`, shown with one `lstat` instead of resolving
+        each component (a ledger, a rotation, a report file most agents never write is looked
+        for on every change).
+
+        Taken only for an absolute, normal path (no `..` the kernel could resolve differently
+        from the text) inside the resolved workdir. `lstat` follows every symlink on the way
+        and not the last name, so ENOENT means no entry at the end of any resolution; a
+        dangling or outward symlink, a folder or a file answers otherwise and goes the long
+        way. Nothing is opened or read here: the answer can only be "missing".
+        """
+        if path != os.path.abspath(path) or not is_inside(self._resolved_root(), path):
+            return False
+        try:
+            os.lstat(path)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return False
 
     def _open_direct(self, path: str) -> BinaryIO | None:
         """The file at `path` when `path` is already its own real location, without resolving

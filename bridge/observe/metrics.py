@@ -108,6 +108,8 @@ class ServiceMetrics:
             registry=self.registry,
         )
         self.registry.register(_LevelCollector(self))
+        self._counted: dict[tuple[str, str, str], Counter] = {}
+        self._delivered: dict[str, Gauge] = {}
 
     def bind(self, source: SnapshotSource) -> None:
         """Read levels (and health) from `source` from now on."""
@@ -118,11 +120,20 @@ class ServiceMetrics:
 
     def record(self, channel: str, operation: Operation, error: BaseException | None) -> None:
         outcome = outcome_of(error)
-        self.requests.labels(channel, operation, outcome).inc()
+        # `labels()` checks and locks on every call; a request is counted on a kept child.
+        counted = self._counted.get((channel, operation, outcome))
+        if counted is None:
+            counted = self._counted[(channel, operation, outcome)] = self.requests.labels(
+                channel, operation, outcome
+            )
+        counted.inc()
         if outcome == "rate_limited":
             self.rate_limited.labels(channel, operation).inc()
         if operation in ("send", "edit") and outcome in ("ok", "not_modified"):
-            self.last_delivery.labels(channel).set(self._wall())
+            delivered = self._delivered.get(channel)
+            if delivered is None:
+                delivered = self._delivered[channel] = self.last_delivery.labels(channel)
+            delivered.set(self._wall())
 
     def exposition(self) -> bytes:
         """The text Prometheus scrapes."""

@@ -683,7 +683,8 @@ class Service:
 
     def _save_health(self, agent_id: str) -> None:
         """Persist the agent's problems when they changed, for `taskcard status`."""
-        value = json.dumps(self.agent_problems(agent_id))
+        problems = self.agent_problems(agent_id)
+        value = json.dumps(problems) if problems else "[]"  # twice per change: no encoder
         if self._saved_health.get(agent_id) == value:
             return
         try:
@@ -825,11 +826,13 @@ class Service:
             body_note=None if view.body_note is None else scrub(view.body_note),
         )
         outgoing = channel.render_card(view)
-        if self._leaks(outgoing) and view.body is not None:
+        leaks = self._leaks(outgoing)  # checked again only after a new rendering
+        if leaks and view.body is not None:
             log.warning("agent %s: card body spelled a configured secret; withheld", view.agent_id)
             view = replace(view, body=WITHHELD_BODY, body_cut=False)
             outgoing = channel.render_card(view)
-        if self._leaks(outgoing) and view.auto_rows:
+            leaks = self._leaks(outgoing)
+        if leaks and view.auto_rows:
             log.warning("agent %s: activity spelled a configured secret; withheld", view.agent_id)
             outgoing = channel.render_card(replace(view, auto_rows=(WITHHELD_ROWS,)))
         return outgoing

@@ -491,8 +491,18 @@ class RouteScheduler:
 
     async def _wait(self, event: asyncio.Event | None, timeout_s: float | None) -> None:
         """Sleep until `event` is set, the timeout passes, or the scheduler closes."""
-        events = (self._closing,) if event is None else (self._closing, event)
-        await wait_first(*events, timeout_s=timeout_s)
+        if event is None:
+            await wait_first(self._closing, timeout_s=timeout_s)
+            return
+        # A lane's own event is enough: `stop` sets every lane's too. Awaited directly, an
+        # idle lane's wait creates no waiter tasks (it happens after every delivery).
+        if self._closing.is_set() or event.is_set():
+            return
+        try:
+            async with asyncio.timeout(timeout_s):
+                await event.wait()
+        except TimeoutError:
+            pass
 
     async def _admit(
         self, channel: Channel, chat: ChatRef, op: Operation, mid: str | None

@@ -2,7 +2,15 @@
 
 `StateStore` is the seam (a shared database can replace SQLite when one machine is not enough);
 `SqliteStore` is the default: one file in the state directory, WAL mode, every write committed
-at once so that a SIGKILL loses nothing that was acknowledged. Calls are short and synchronous:
+at once so that a SIGKILL loses nothing that was acknowledged, with one exception: the
+fingerprint of the card a resident shows (`set_committed`, one per edit, the most frequent
+write by far) is kept in memory and committed with the next other write or the service's next
+timer tick (`retry_pending`, once a second), many in one transaction. What a SIGKILL can lose
+is therefore at most the last second's fingerprints: those routes are edited once more after
+the restart with the bytes they already show (the platform answers "not modified"), and the
+rate limiter's restart seed is up to a second older. Message ids, send keys and unsure-send
+counts, which guard against a second copy of a resident, are still committed at once.
+Calls are short and synchronous:
 each is a single indexed statement on a local file (well under a millisecond), cheaper than a
 thread hop, so the event loop calls them directly.
 
@@ -28,6 +36,7 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +138,8 @@ _HEALTH_SIZE = 1024
 _FRESH_START = "or move it away to start afresh (every chat then gets a second resident message)"
 
 # Errors that mean "our SQL is wrong", not "the disk is": they still raise.
+# Fingerprints kept in memory before they are committed at once, whatever the timer says.
+MAX_UNSAVED_COMMITS = 1000
 _BUG_ERRORS = (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError)
 
 WriteOp = Callable[[sqlite3.Connection], Any]
@@ -269,6 +280,9 @@ class SqliteStore(StateStore):
         self._backlog: dict[tuple[str, ...], WriteOp] = {}
         # Notice states written to the backlog, so reads do not re-send a delivered one.
         self._notice_overlay: dict[tuple[str, str], tuple[str, NoticeState, float]] = {}
+        # Fingerprints of shown cards not committed yet, per route, in the order written
+        # (see the module docstring); reads see them.
+        self._unsaved_commits: dict[str, tuple[str, float]] = {}
         self._health: StateHealth | None = None
         self._retry_at = 0.0
         self._health_file: _HealthFile | None = None
@@ -293,6 +307,7 @@ class SqliteStore(StateStore):
 
     def close(self) -> None:
         """A last try at writes still waiting, then close (what cannot be written is logged)."""
+        self._save_commits()
         if self._backlog and not self.retry_pending(force=True):
             log.error(
                 "%d state writes could not be saved to %s before stopping (%s); the next start"
@@ -321,22 +336,65 @@ class SqliteStore(StateStore):
             raise
 
     def _write(self, key: tuple[str, ...], op: WriteOp) -> None:
-        """Commit `op` now, or keep it in the backlog (after the writes already waiting)."""
+        """Commit `op` now, or keep it in the backlog (after the writes already waiting).
+
+        Fingerprints not committed yet go first, in the same transaction: they were written
+        before `op`, which may overwrite the same row (a retired resident's `message_id`).
+        """
         if self._backlog:
+            self._commits_to_backlog()
             self._backlog.pop(key, None)  # the newer write of the same row supersedes it
             self._backlog[key] = op
             self.retry_pending()
             return
         try:
             with self._tx() as db:
+                for route, (fingerprint, at) in self._unsaved_commits.items():
+                    _save_commit(db, route, fingerprint, at)
                 op(db)
         except _BUG_ERRORS:
             raise
         except sqlite3.Error as exc:
+            self._commits_to_backlog()
             self._backlog[key] = op
             self._failed(exc)
+        else:
+            self._unsaved_commits.clear()
+
+    def _save_commits(self) -> None:
+        """Commit the fingerprints kept in memory, in one transaction (the backlog on error)."""
+        if not self._unsaved_commits:
+            return
+        if self._backlog:
+            self._commits_to_backlog()
+            return
+        try:
+            with self._tx() as db:
+                for route, (fingerprint, at) in self._unsaved_commits.items():
+                    _save_commit(db, route, fingerprint, at)
+        except _BUG_ERRORS:
+            raise
+        except sqlite3.Error as exc:
+            self._commits_to_backlog()
+            self._failed(exc)
+        else:
+            self._unsaved_commits.clear()
+
+    def _commits_to_backlog(self) -> None:
+        """Hand the kept fingerprints to the backlog (its order, its retries, its health)."""
+        for route, (fingerprint, at) in self._unsaved_commits.items():
+
+            def op(
+                db: sqlite3.Connection, route: str = route, fp: str = fingerprint, at: float = at
+            ) -> None:
+                _save_commit(db, route, fp, at)
+
+            self._backlog.pop(("committed", route), None)
+            self._backlog[("committed", route)] = op
+        self._unsaved_commits.clear()
 
     def retry_pending(self, *, force: bool = False) -> bool:
+        self._save_commits()
         if not self._backlog:
             return True
         if not force and self._clock() < self._retry_at:
@@ -394,11 +452,27 @@ class SqliteStore(StateStore):
 
     def resident(self, route: str) -> ResidentRecord | None:
         row = self._db.execute("SELECT * FROM residents WHERE route = ?", (route,)).fetchone()
-        return _resident(row) if row else None
+        if row is None:
+            return (
+                None
+                if route not in self._unsaved_commits
+                else self._with_commit(ResidentRecord(route, None, None, None, None))
+            )
+        return self._with_commit(_resident(row))
 
     def residents(self) -> list[ResidentRecord]:
         rows = self._db.execute("SELECT * FROM residents ORDER BY route").fetchall()
-        return [_resident(row) for row in rows]
+        records = {row["route"]: self._with_commit(_resident(row)) for row in rows}
+        for route in self._unsaved_commits.keys() - records.keys():
+            records[route] = self._with_commit(ResidentRecord(route, None, None, None, None))
+        return [records[route] for route in sorted(records)]
+
+    def _with_commit(self, record: ResidentRecord) -> ResidentRecord:
+        """`record` as it reads once its kept fingerprint is committed."""
+        unsaved = self._unsaved_commits.get(record.route)
+        if unsaved is None:
+            return record
+        return replace(record, fingerprint=unsaved[0], committed_at=unsaved[1])
 
     def set_message_id(self, route: str, message_id: str | None) -> None:
         def op(db: sqlite3.Connection) -> None:
@@ -445,14 +519,11 @@ class SqliteStore(StateStore):
         self._write(("unsure_sends", route), op)
 
     def set_committed(self, route: str, fingerprint: str, at: float) -> None:
-        def op(db: sqlite3.Connection) -> None:
-            self._ensure_resident(db, route)
-            db.execute(
-                "UPDATE residents SET fingerprint = ?, committed_at = ? WHERE route = ?",
-                (fingerprint, at, route),
-            )
-
-        self._write(("committed", route), op)
+        """Kept in memory until the next other write or `retry_pending` (module docstring)."""
+        self._unsaved_commits.pop(route, None)  # keeps the dict in write order
+        self._unsaved_commits[route] = (fingerprint, at)
+        if self._backlog or len(self._unsaved_commits) >= MAX_UNSAVED_COMMITS:
+            self._save_commits()
 
     def set_disabled(self, route: str, reason: str | None) -> None:
         def op(db: sqlite3.Connection) -> None:
@@ -741,6 +812,19 @@ def _fault_reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
     return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+
+
+def _save_commit(db: sqlite3.Connection, route: str, fingerprint: str, at: float) -> None:
+    """The shown card's fingerprint; the row is created only when it is missing (rarely)."""
+    changed = db.execute(
+        "UPDATE residents SET fingerprint = ?, committed_at = ? WHERE route = ?",
+        (fingerprint, at, route),
+    ).rowcount
+    if not changed:
+        db.execute(
+            "INSERT INTO residents (route, fingerprint, committed_at) VALUES (?, ?, ?)",
+            (route, fingerprint, at),
+        )
 
 
 def _resident(row: sqlite3.Row) -> ResidentRecord:

@@ -10,6 +10,7 @@ size, mtime), so an unchanged ledger is not parsed again on every composition.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Final
 
@@ -23,6 +24,7 @@ from taskcard.producers.ledger.contract import (
 )
 
 _UNKNOWN: Final = LedgerSummary()
+_LEDGER_NAME: Final = f"{LEDGER_DIR}/{LEDGER_FILE}"
 Signature = tuple[int, int, int]
 
 
@@ -33,8 +35,9 @@ class LedgerView:
         self._cache: dict[Path, tuple[Signature, LedgerSummary]] = {}
 
     def summary(self, files: WorkdirFiles) -> LedgerSummary | None:
-        path = files.workdir / LEDGER_DIR / LEDGER_FILE
-        name = path.relative_to(files.workdir).as_posix()
+        # Asked on every composition: joined as text, not built as `Path` objects.
+        path = os.path.join(files.workdir, _LEDGER_NAME)
+        name = _LEDGER_NAME
         info = files.stat(path)
         if info is None:
             self._cache.pop(files.workdir, None)

@@ -54,6 +54,8 @@ WATCH_MASK: Final = (
 )
 # The watch is gone (or about to be): the path must be watched again once it is a folder.
 _SELF_GONE: Final = IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED | IN_UNMOUNT
+# Bytes asked for per read: a few hundred events (one needs at most 16 + NAME_MAX + 1).
+_READ_BYTES: Final = 64 * 1024
 
 
 def inotify_available() -> bool:
@@ -151,10 +153,14 @@ class InotifyWatches:
         return paths
 
     def _read(self) -> None:
+        # One `read` of whole events (the kernel never splits one); `INotify.read` asks for
+        # the queued size with an `ioctl` through ctypes first, which cost as much again on
+        # every wake-up. What does not fit waits: the descriptor stays readable.
         try:
-            events = self._inotify.read(timeout=0)
+            data = os.read(self._fd, _READ_BYTES)
         except BlockingIOError:
             return
+        events = inotify_simple.parse_events(data)
         changed: list[str] = []
         overflow = False
         for event in events:

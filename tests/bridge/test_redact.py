@@ -6,7 +6,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from taskcard.bridge.compose.redact import MARKER, Redactor, _folded_text, fold, redact
+from taskcard.bridge.compose.redact import (
+    MARKER,
+    Redactor,
+    _folded_text,
+    fold,
+    redact,
+    redact_every_shape,
+)
 
 SECRET_CASES = [
     ("bot 123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw0 ok", "123456789:AAHdqTcv"),
@@ -217,3 +224,28 @@ def test_a_leak_in_a_text_is_a_leak_in_any_text_around_it(
     redactor = Redactor([CONFIGURED])
     if redactor.leaks(text):
         assert redactor.leaks(f"{before}{text}{after}")
+
+
+# Pieces that make (or nearly make) every shape, in both cases, with the characters a
+# case-insensitive pattern folds to ASCII letters: `redact` skips a pattern only when the
+# text lacks a literal the pattern needs, so it must agree with running them all.
+_SHAPE_PIECES = [
+    *(text for text, _ in SECRET_CASES),
+    "123456789", ":", "%3A", "%3a", "sk-", "gh", "p_", "github_pat_", "xoxb-", "AKIA", "ASIA",
+    "AIza", "eyJ", ".", "://", "@", "user", "Bearer ", "BASIC ", "bearer", "Token", "PASSWORD",
+    "api_key", "Api-Key", "secret", "cookie", "auth", "credentials", "=", ": ", '"', "'",
+    "\\\"", " ", "\n", "[redacted]", "\u0130", "\u0131", "\u017f", "\u212a", "\u00b7",
+    "AbCdEfGhIjKlMnOpQrStUvWxYz0123456789_-",
+]  # fmt: skip
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(st.sampled_from(_SHAPE_PIECES) | st.text(max_size=3), max_size=14))
+def test_the_prechecked_redaction_agrees_with_every_pattern(pieces: list[str]) -> None:
+    text = "".join(pieces)
+    assert redact(text) == redact_every_shape(text)
+
+
+@pytest.mark.parametrize("text", [text for text, _ in SECRET_CASES] + PLAIN_CASES)
+def test_the_prechecked_redaction_agrees_on_the_table(text: str) -> None:
+    assert redact(text) == redact_every_shape(text)

@@ -96,6 +96,45 @@ def test_symlinks_inside_are_followed_and_out_are_refused(tmp_path: Path, workdi
     assert "outside" in files.problems["logs/events.jsonl"]
 
 
+def test_a_plainly_missing_file_is_looked_for_without_resolving_it(
+    tmp_path: Path, workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Most agents never write a ledger or a rotation: looking for one costs one `lstat`.
+    Anything at the path (a dangling or outward symlink, a folder) still goes the long way
+    and is judged as before; what is missing behind an outward folder is missing."""
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "there.json").write_text("{}")
+    (workdir / "out").symlink_to(outside)
+    (workdir / "dangling.json").symlink_to(tmp_path / "nothing")
+    (workdir / "folder.json").mkdir()
+    files = WorkdirFiles("a", workdir)
+    files.stat(workdir / "taskcard" / "warm-up")  # the workdir's resolution is kept
+    resolved: list[str] = []
+    real_realpath = os.path.realpath
+
+    def counting(path: str, *args: object, **kwargs: object) -> str:
+        if os.fspath(path) != str(workdir):  # an outward answer re-resolves the workdir too
+            resolved.append(os.fspath(path))
+        return real_realpath(path)
+
+    monkeypatch.setattr(os.path, "realpath", counting)
+    assert files.stat(workdir / "ledger" / "long-task-ledger.json") is None
+    assert files.stat(str(workdir / "taskcard" / "status.1")) is None
+    assert files.stat(workdir / "out" / "absent.json") is None
+    assert resolved == [] and files.problems == {}
+    assert files.stat(workdir / "out" / "there.json") is None
+    assert files.stat(workdir / "dangling.json") is None
+    assert files.stat(workdir / "folder.json") is None
+    assert len(resolved) == 3
+    assert "outside" in files.problems["out/there.json"]
+    assert "outside" in files.problems["dangling.json"]
+    assert "folder" in files.problems["folder.json"]
+    # Lexically odd paths are never taken the short way.
+    assert files.stat(f"{workdir}/taskcard/../ledger/x.json") is None
+    assert len(resolved) == 4
+
+
 def test_a_workdir_that_is_itself_a_symlink_is_resolved_first(tmp_path: Path) -> None:
     real = tmp_path / "real"
     (real / "taskcard").mkdir(parents=True)

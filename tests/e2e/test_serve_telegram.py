@@ -144,6 +144,32 @@ async def test_no_duplicate_after_sigkill_and_restart(tmp_path: Path, fake: Fake
         assert await again.aterminate() == 0
 
 
+async def test_edit_just_before_sigkill_costs_at_most_one_repeated_edit(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """A shown card's fingerprint is committed up to a timer tick late (the store batches
+    them): a SIGKILL right after an edit may cost one more edit with the same bytes after
+    the restart, never a second resident or an unshown change."""
+    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])])
+    workdir = agent_dir(tmp_path, "builder")
+    with serve:
+        publish(workdir, "first version")
+        await eventually(lambda: any("first version" in t for t in shown(fake, GROUP)))
+        await eventually(lambda: _status_if(serve.config, "resident message: 1"), what="the id")
+        publish(workdir, "second version")
+        await eventually(lambda: any("second version" in t for t in shown(fake, GROUP)))
+        serve.kill()
+    edits_before = fake.count("editMessageText")
+    with ServeProcess(serve.config, env=serve.env) as again:
+        publish(workdir, "third version")
+        await eventually(lambda: any("third version" in t for t in shown(fake, GROUP)))
+        assert len(fake.bot_messages(GROUP)) == 1
+        assert fake.count("sendMessage") == 1
+        # The third version's edit, and at most one repeat of the second version's bytes.
+        assert 1 <= fake.count("editMessageText") - edits_before <= 2
+        assert await again.aterminate() == 0
+
+
 async def test_user_deleted_message_is_replaced_once(tmp_path: Path, fake: FakeTelegram) -> None:
     serve = setup(tmp_path, fake, ["builder"], [(PRIVATE, ["builder"])])
     workdir = agent_dir(tmp_path, "builder")
