@@ -69,7 +69,10 @@ class WorkdirFiles:
 
     def __init__(self, agent_id: str, workdir: Path) -> None:
         self.agent_id = agent_id
-        self.workdir = Path(os.path.abspath(workdir))
+        absolute = os.path.abspath(workdir)
+        # The caller's object when it already is that path (a config's workdir is): one
+        # `Path` less per agent, thousands of them. Equal either way; only the copy is saved.
+        self.workdir = workdir if os.fspath(workdir) == absolute else Path(absolute)
         self.problems: dict[str, str] = {}
         # The workdir as last resolved. Resolving it walks every component with `lstat`, once
         # per read, thousands of times a minute; so it is kept, and resolved again only when a
