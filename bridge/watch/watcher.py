@@ -55,8 +55,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal
 
-from watchfiles import awatch
-
 from taskcard.bridge.watch.inotify import InotifyWatches, inotify_available
 from taskcard.channels.aio import AnyEvent, Backoff, wait_first
 from taskcard.producers.inbox.contract import INBOX_DIR
@@ -481,6 +479,10 @@ class FleetWatcher:
             if plan_watch(self._workdirs, self._roots).paths != plan.paths:
                 cost_s = armed_at[0] - started_at
                 rearm = loop.call_at(armed_at[0] + cost_s * _REARM_COST_FACTOR, stop.events[1].set)
+
+        # Imported here: on Linux inotify does the watching and watchfiles (with anyio under
+        # it, about 5 MB) is never loaded unless inotify fails.
+        from watchfiles import awatch
 
         loop.call_soon(on_armed)
         try:
