@@ -166,6 +166,55 @@ def test_a_plain_path_is_read_without_resolving_it_and_a_symlinked_one_is_checke
     assert "outside" in files.problems["taskcard/status"]
 
 
+def test_plain_and_missing_paths_are_judged_without_resolving_and_symlinks_still_refused(
+    tmp_path: Path, workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`stat` of a plain file, and `stat` or `read` of a missing one under plain folders, are
+    answered without resolving each component; a symlink on the way (to an existing folder
+    out, or dangling) still takes the full check, which refuses it even when the file is
+    missing there, exactly as before."""
+    (workdir / "taskcard" / "status").write_bytes(b"active")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    files = WorkdirFiles("a", workdir)
+    files.stat(workdir / "taskcard" / "status")  # the workdir is resolved once, and kept
+    resolved: list[str] = []
+    real_realpath = os.path.realpath
+
+    def counting_realpath(path: str, **kwargs: bool) -> str:
+        resolved.append(os.fspath(path))
+        return real_realpath(path, **kwargs)
+
+    monkeypatch.setattr(os.path, "realpath", counting_realpath)
+    status = files.stat(workdir / "taskcard" / "status")
+    assert status is not None
+    assert status.st_ino == os.lstat(workdir / "taskcard" / "status").st_ino
+    for missing in (
+        workdir / "taskcard" / "watch.json",
+        workdir / "logs" / "events.jsonl",  # its folder is missing too
+        workdir / "a" / "b" / "c",
+    ):
+        assert files.stat(missing) is None
+        assert files.read(missing, limit=8) is None
+    assert resolved == []
+    assert files.problems == {}
+
+    (workdir / "out").symlink_to(outside)  # a folder out of the workdir, file missing there
+    (workdir / "dangling").symlink_to(tmp_path / "nothing")
+    (workdir / "file").write_bytes(b"x")
+    for name in ("out", "dangling"):
+        assert files.stat(workdir / name / "events.jsonl") is None
+        assert files.read(workdir / name / "events.jsonl", limit=8) is None
+        assert "outside" in files.problems[f"{name}/events.jsonl"]
+    assert files.stat(workdir / "file" / "below") is None  # a file on the way: refused
+    assert "file/below" in files.problems
+    assert resolved  # each of those took the full check
+    (workdir / "taskcard" / "link").symlink_to(workdir / "taskcard" / "status")
+    resolved.clear()
+    assert files.stat(workdir / "taskcard" / "link") is not None  # inside: followed
+    assert resolved
+
+
 def test_a_device_is_never_opened(tmp_path: Path) -> None:
     # /dev is outside any workdir; a workdir of / shows the type check on its own.
     files = WorkdirFiles("a", Path("/"))
