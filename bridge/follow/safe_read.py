@@ -43,6 +43,10 @@ _OPEN_FLAGS: Final = (
     | getattr(os, "O_NOCTTY", 0)
 )
 _PROC_FD: Final = "/proc/self/fd/"
+# A descriptor that names a file without opening it (Linux): no read permission needed, no
+# side effect of opening a device or a pipe, and the kernel's path of it can be read back.
+_O_PATH: Final = getattr(os, "O_PATH", 0)
+_LOOK_FLAGS: Final = _O_PATH | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 _MISSING: Final = frozenset({errno.ENOENT})
 
 
@@ -69,7 +73,10 @@ class WorkdirFiles:
 
     def __init__(self, agent_id: str, workdir: Path) -> None:
         self.agent_id = agent_id
-        self.workdir = Path(os.path.abspath(workdir))
+        absolute = os.path.abspath(workdir)
+        # The caller's object when it already is that path (a config's workdir is): one
+        # `Path` less per agent, thousands of them. Equal either way; only the copy is saved.
+        self.workdir = workdir if os.fspath(workdir) == absolute else Path(absolute)
         self.problems: dict[str, str] = {}
         # The workdir as last resolved. Resolving it walks every component with `lstat`, once
         # per read, thousands of times a minute; so it is kept, and resolved again only when a
@@ -83,9 +90,10 @@ class WorkdirFiles:
 
     def stat(self, path: StrPath) -> os.stat_result | None:
         """The regular file's status, or None when it is missing or refused."""
-        if self._plainly_missing(os.fspath(path)):
+        direct = self._stat_direct(os.fspath(path))
+        if direct is not None:
             self._fine(path)
-            return None
+            return direct[0]
         try:
             checked = self._check(path)
         except Refused as refusal:
@@ -157,6 +165,8 @@ class WorkdirFiles:
         direct = self._open_direct(os.fspath(path))
         if direct is not None:
             return direct
+        if self._missing_direct(os.fspath(path)):
+            return None
         checked = self._check(path)
         if checked is None:
             return None
@@ -179,27 +189,6 @@ class WorkdirFiles:
         except BaseException:
             os.close(fd)
             raise
-
-    def _plainly_missing(self, path: str) -> bool:
-        """Whether nothing at all is at `path`, shown with one `lstat` instead of resolving
-        each component (a ledger, a rotation, a report file most agents never write is looked
-        for on every change).
-
-        Taken only for an absolute, normal path (no `..` the kernel could resolve differently
-        from the text) inside the resolved workdir. `lstat` follows every symlink on the way
-        and not the last name, so ENOENT means no entry at the end of any resolution; a
-        dangling or outward symlink, a folder or a file answers otherwise and goes the long
-        way. Nothing is opened or read here: the answer can only be "missing".
-        """
-        if path != os.path.abspath(path) or not is_inside(self._resolved_root(), path):
-            return False
-        try:
-            os.lstat(path)
-        except FileNotFoundError:
-            return True
-        except OSError:
-            return False
-        return False
 
     def _open_direct(self, path: str) -> BinaryIO | None:
         """The file at `path` when `path` is already its own real location, without resolving
@@ -237,6 +226,74 @@ class WorkdirFiles:
             raise
         os.close(fd)
         return None
+
+    def _stat_direct(self, path: str) -> tuple[os.stat_result | None] | None:
+        """`(status,)` of the regular file at `path`, or `(None,)` when it is missing, shown
+        without resolving `path` component by component; None when that cannot be shown, and
+        the full check decides instead.
+
+        The same proof as `_open_direct`, without opening the file: `path` (absolute, normal,
+        inside the resolved workdir) is looked at through an `O_PATH` descriptor, which opens
+        nothing (a pipe or a device is only named), and accepted only when it is a regular
+        file and the kernel's path of the descriptor is exactly `path`.
+        """
+        if not _O_PATH or path != os.path.abspath(path):
+            return None
+        if not is_inside(self._resolved_root(), path):
+            return None
+        try:
+            fd = os.open(path, _LOOK_FLAGS)
+        except FileNotFoundError:
+            return (None,) if self._missing_direct(path) else None
+        except OSError:
+            return None
+        try:
+            found = os.fstat(fd)
+            if stat.S_ISREG(found.st_mode) and os.readlink(_PROC_FD + str(fd)) == path:
+                return (found,)
+        except OSError:
+            pass  # no /proc, or the file went: the full check decides
+        finally:
+            os.close(fd)
+        return None
+
+    def _missing_direct(self, path: str) -> bool:
+        """Whether `path` is shown missing without resolving it: it does not exist, and its
+        nearest existing ancestor is a folder inside the resolved workdir whose kernel path is
+        exactly its own text. Then no symlink lies on the way, so resolving `path` would have
+        given `path` itself, inside the workdir and missing: the full check's answer too. A
+        symlink anywhere (dangling or not), or any doubt, answers False: the full check
+        decides, and refuses a way out of the workdir even for a missing file."""
+        if not _O_PATH or path != os.path.abspath(path):
+            return False
+        root = self._resolved_root()
+        if not is_inside(root, path) or path == root:
+            return False
+        try:
+            os.lstat(path)
+            return False  # it exists after all
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return False
+        folder = os.path.dirname(path)
+        while is_inside(root, folder):
+            try:
+                fd = os.open(folder, _LOOK_FLAGS | os.O_DIRECTORY)
+            except FileNotFoundError:
+                if folder == root:
+                    return False
+                folder = os.path.dirname(folder)
+                continue
+            except OSError:
+                return False  # a symlink (O_NOFOLLOW), a file, no permission: full check
+            try:
+                return os.readlink(_PROC_FD + str(fd)) == folder
+            except OSError:
+                return False
+            finally:
+                os.close(fd)
+        return False
 
     def _check_descriptor(self, fd: int, root: str) -> None:
         """On Linux, the path the kernel opened, which no component swap can fake, checked

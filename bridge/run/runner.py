@@ -65,6 +65,18 @@ def reload_config(service: Service, path: Path) -> bool:
     return service.reload(config)
 
 
+def skip_cli_only_imports() -> None:
+    """Keep httpx's command-line tool out of the service process.
+
+    python-telegram-bot imports httpx, and httpx's `__init__` imports its `httpx` command
+    (click, rich, pygments: about 6 MB of RSS) whenever those happen to be installed. A `None`
+    entry in `sys.modules` makes that one import fail, which httpx expects (it then defines a
+    stub `main`); nothing in the service runs that command.
+    """
+    if "httpx" not in sys.modules:
+        sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
+
+
 async def serve(
     config: ServiceConfig,
     env: Mapping[str, str],
@@ -76,6 +88,7 @@ async def serve(
 
     With `config_path`, SIGHUP reloads that file while serving (see `reload_config`).
     """
+    skip_cli_only_imports()
     lock = ServeLock(config.state_dir)
     try:
         holder = lock.acquire()

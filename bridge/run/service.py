@@ -656,18 +656,22 @@ class Service:
         same stage), recorded for `taskcard status` by its type only (a message may quote the
         agent's files), and cleared by the next success.
         """
-        faults = self._faults.setdefault(agent_id, {})
         try:
             yield
         except Exception as error:
             fault = f"{stage} failed ({type(error).__name__}); retried on the next change"
+            # Made on the first failure only: an empty dict per healthy agent is 10,000 dicts.
+            faults = self._faults.setdefault(agent_id, {})
             if stage not in faults:
                 log.exception("agent %s: %s", agent_id, fault)
             faults[stage] = fault
             self._save_health(agent_id)
         else:
-            if faults.pop(stage, None) is not None:
+            kept = self._faults.get(agent_id)
+            if kept is not None and kept.pop(stage, None) is not None:
                 log.info("agent %s: %s works again", agent_id, stage)
+                if not kept:
+                    del self._faults[agent_id]
 
     def agent_problems(self, agent_id: str) -> list[str]:
         """What is wrong with one agent now: refused files first, then failed stages."""

@@ -37,13 +37,13 @@ from taskcard.bridge.follow.tail import TAIL_BYTES as TAIL_BYTES
 from taskcard.bridge.follow.tail import FileSignature, LineFollower, Position, signature
 from taskcard.bridge.track.activity import ActivitySummary as ActivitySummary
 from taskcard.bridge.track.activity import ActivityTracker
+from taskcard.bridge.track.files import CardFiles
 from taskcard.bridge.track.legacy import body_markdown
 from taskcard.producers.task_card.contract import (
     EARLIEST_TIME,
     LATEST_TIME,
     SOURCE_ERROR,
     SOURCE_LIMIT,
-    CardPaths,
     CardStatus,
     Notification,
     parse_json,
@@ -155,7 +155,7 @@ class AgentMonitor:
         start_silence_s: float = 30.0,
     ) -> None:
         self.agent_id = agent_id
-        self.paths = CardPaths(workdir)
+        self.paths = CardFiles(workdir)
         self._offsets = offsets
         self._clock = clock
         self._no_output_after_s = no_output_after_s

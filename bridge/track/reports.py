@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from taskcard.bridge.follow.safe_read import WorkdirFiles
+from taskcard.bridge.follow.safe_read import StrPath, WorkdirFiles
 from taskcard.bridge.follow.tail import FileSignature, LineFollower, Position, signature
+from taskcard.bridge.track.files import SideFiles
 from taskcard.bridge.track.monitor import OffsetStore
 from taskcard.producers.reports.contract import (
     Ack,
     Lineage,
     Report,
-    ReportPaths,
     parse_ack,
     parse_lineage,
     parse_report,
@@ -47,7 +47,7 @@ class _Followed:
     __slots__ = ("_agent_id", "_name", "_offsets", "_pending", "_primed", "follower")
 
     def __init__(
-        self, agent_id: str, name: str, path: Path, files: WorkdirFiles, offsets: OffsetStore
+        self, agent_id: str, name: str, path: StrPath, files: WorkdirFiles, offsets: OffsetStore
     ) -> None:
         self._agent_id = agent_id
         self._name = name
@@ -109,7 +109,7 @@ class AgentSide:
     def __init__(
         self, agent_id: str, workdir: Path, files: WorkdirFiles, offsets: OffsetStore
     ) -> None:
-        self.paths = ReportPaths(workdir)
+        self.paths = SideFiles(workdir)
         self._files = files
         self._reports = _Followed(agent_id, REPORTS_OFFSET, self.paths.reports, files, offsets)
         self._acks = _Followed(agent_id, ACKS_OFFSET, self.paths.acks, files, offsets)

@@ -55,8 +55,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal
 
-from watchfiles import awatch
-
 from taskcard.bridge.watch.inotify import InotifyWatches, inotify_available
 from taskcard.channels.aio import AnyEvent, Backoff, wait_first
 from taskcard.producers.inbox.contract import INBOX_DIR
@@ -81,6 +79,7 @@ CONTRACT_DIRS: Final = (
     INBOX_DIR,
     LEDGER_DIR,
 )
+CONTRACT_NAMES: Final = frozenset(CONTRACT_DIRS)
 # The watcher thread returns this often (ms) without events; a stop is noticed every `step`.
 _RUST_TIMEOUT_MS: Final = 5_000
 # After a failure to arm, re-plan after 1 s, then backing off to 10 s while it keeps failing.
@@ -126,35 +125,60 @@ def _abs(path: Path) -> str:
 class WatchPlan:
     """The paths one watcher run observes, and how an event path maps to agents.
 
-    `files_in` maps a contract folder to the agents whose files live there; `structural`
-    maps paths whose creation or removal changes the plan itself (workdirs, contract folders,
-    the ancestors of missing workdirs) to the agents concerned.
+    `workdirs` maps each agent workdir to its agents. A workdir, and each contract folder
+    directly in it (`<workdir>/<one of CONTRACT_DIRS>`), is structural: its creation or
+    removal changes the plan; files directly in a contract folder are the agents' files.
+    Those rules are applied to an event's path by splitting it, so the plan keeps one entry
+    per workdir instead of a dozen per agent (at 10,000 agents, tens of thousands of path
+    strings and dict entries less, twice over while a fresh plan is compared).
+
+    The other maps hold what is not a workdir: `files_in` maps a discovery root to ROOTS;
+    `structural` maps discovery roots and the ancestors of missing workdirs to the agents
+    concerned; `owners` maps such watched ancestors to the agents (or ROOTS) they stand for.
     """
 
     paths: tuple[str, ...] = ()
+    workdirs: dict[str, frozenset[str]] = field(default_factory=dict)
     files_in: dict[str, frozenset[str]] = field(default_factory=dict)
     structural: dict[str, frozenset[str]] = field(default_factory=dict)
-    # Each watched path: the agents (or ROOTS) it is watched for.
     owners: dict[str, frozenset[str]] = field(default_factory=dict)
 
+    def _contract_folder(self, path: str) -> frozenset[str] | None:
+        """The agents whose contract folder `path` is, if it is one."""
+        workdir, name = os.path.split(path)
+        return self.workdirs.get(workdir) if name in CONTRACT_NAMES else None
+
     def owners_of(self, paths: Iterable[str]) -> set[str]:
-        """The agents some of `paths` are watched for."""
+        """The agents some of `paths` (watched folders) are watched for."""
         found: set[str] = set()
         for path in paths:
-            found |= self.owners.get(path, frozenset())
+            for who in (
+                self.owners.get(path),
+                self.workdirs.get(path),
+                self._contract_folder(path),
+            ):
+                if who is not None:
+                    found |= who
         return found
 
     def agents_for(self, event_path: str) -> tuple[set[str], bool]:
         """(agents whose files may have changed, whether the plan must be rebuilt)."""
         agents: set[str] = set()
-        structural = self.structural.get(event_path)
-        if structural is not None:
-            agents |= structural
+        stale = False
+        for who in (
+            self.structural.get(event_path),
+            self.workdirs.get(event_path),
+            self._contract_folder(event_path),
+        ):
+            if who is not None:
+                agents |= who
+                stale = True
         folder, name = os.path.split(event_path)
-        in_folder = self.files_in.get(folder)
-        if in_folder is not None and not unread(name):
-            agents |= in_folder
-        return agents, structural is not None
+        if not unread(name):
+            for who in (self.files_in.get(folder), self._contract_folder(folder)):
+                if who is not None:
+                    agents |= who
+        return agents, stale
 
 
 def is_writer_temp(name: str) -> bool:
@@ -204,17 +228,13 @@ def plan_watch(workdirs: Mapping[str, Path], roots: Iterable[Path] = ()) -> Watc
     for agent_id, workdir in workdirs.items():
         mine = frozenset({agent_id})
         root = _abs(workdir)
-        _add(structural, root, mine)
+        _add(plan.workdirs, root, mine)
         if os.path.isdir(root):
             watched[root] = None
-            _add(owners, root, mine)
             for name in CONTRACT_DIRS:
                 folder = os.path.join(root, name)
-                _add(structural, folder, mine)
-                _add(files_in, folder, mine)
                 if os.path.isdir(folder):
                     watched[folder] = None
-                    _add(owners, folder, mine)
             continue
         # Missing: watch the nearest existing ancestor; each step down is structural.
         child, parent = root, os.path.dirname(root)
@@ -481,6 +501,10 @@ class FleetWatcher:
             if plan_watch(self._workdirs, self._roots).paths != plan.paths:
                 cost_s = armed_at[0] - started_at
                 rearm = loop.call_at(armed_at[0] + cost_s * _REARM_COST_FACTOR, stop.events[1].set)
+
+        # Imported here: on Linux inotify does the watching and watchfiles (with anyio under
+        # it, about 5 MB) is never loaded unless inotify fails.
+        from watchfiles import awatch
 
         loop.call_soon(on_armed)
         try:

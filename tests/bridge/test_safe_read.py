@@ -101,7 +101,7 @@ def test_a_plainly_missing_file_is_looked_for_without_resolving_it(
 ) -> None:
     """Most agents never write a ledger or a rotation: looking for one costs one `lstat`.
     Anything at the path (a dangling or outward symlink, a folder) still goes the long way
-    and is judged as before; what is missing behind an outward folder is missing."""
+    and is judged as before, and so is a missing file behind an outward folder."""
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     (outside / "there.json").write_text("{}")
@@ -121,18 +121,20 @@ def test_a_plainly_missing_file_is_looked_for_without_resolving_it(
     monkeypatch.setattr(os.path, "realpath", counting)
     assert files.stat(workdir / "ledger" / "long-task-ledger.json") is None
     assert files.stat(str(workdir / "taskcard" / "status.1")) is None
-    assert files.stat(workdir / "out" / "absent.json") is None
     assert resolved == [] and files.problems == {}
+    assert files.stat(workdir / "out" / "absent.json") is None
+    assert len(resolved) == 1
     assert files.stat(workdir / "out" / "there.json") is None
     assert files.stat(workdir / "dangling.json") is None
     assert files.stat(workdir / "folder.json") is None
-    assert len(resolved) == 3
+    assert len(resolved) == 4
+    assert "outside" in files.problems["out/absent.json"]
     assert "outside" in files.problems["out/there.json"]
     assert "outside" in files.problems["dangling.json"]
     assert "folder" in files.problems["folder.json"]
     # Lexically odd paths are never taken the short way.
     assert files.stat(f"{workdir}/taskcard/../ledger/x.json") is None
-    assert len(resolved) == 4
+    assert len(resolved) == 5
 
 
 def test_a_workdir_that_is_itself_a_symlink_is_resolved_first(tmp_path: Path) -> None:
@@ -203,6 +205,55 @@ def test_a_plain_path_is_read_without_resolving_it_and_a_symlinked_one_is_checke
     (workdir / "taskcard" / "status").symlink_to(tmp_path / "secret")
     assert files.read(workdir / "taskcard" / "status", limit=64) is None
     assert "outside" in files.problems["taskcard/status"]
+
+
+def test_plain_and_missing_paths_are_judged_without_resolving_and_symlinks_still_refused(
+    tmp_path: Path, workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`stat` of a plain file, and `stat` or `read` of a missing one under plain folders, are
+    answered without resolving each component; a symlink on the way (to an existing folder
+    out, or dangling) still takes the full check, which refuses it even when the file is
+    missing there, exactly as before."""
+    (workdir / "taskcard" / "status").write_bytes(b"active")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    files = WorkdirFiles("a", workdir)
+    files.stat(workdir / "taskcard" / "status")  # the workdir is resolved once, and kept
+    resolved: list[str] = []
+    real_realpath = os.path.realpath
+
+    def counting_realpath(path: str, **kwargs: bool) -> str:
+        resolved.append(os.fspath(path))
+        return real_realpath(path, **kwargs)
+
+    monkeypatch.setattr(os.path, "realpath", counting_realpath)
+    status = files.stat(workdir / "taskcard" / "status")
+    assert status is not None
+    assert status.st_ino == os.lstat(workdir / "taskcard" / "status").st_ino
+    for missing in (
+        workdir / "taskcard" / "watch.json",
+        workdir / "logs" / "events.jsonl",  # its folder is missing too
+        workdir / "a" / "b" / "c",
+    ):
+        assert files.stat(missing) is None
+        assert files.read(missing, limit=8) is None
+    assert resolved == []
+    assert files.problems == {}
+
+    (workdir / "out").symlink_to(outside)  # a folder out of the workdir, file missing there
+    (workdir / "dangling").symlink_to(tmp_path / "nothing")
+    (workdir / "file").write_bytes(b"x")
+    for name in ("out", "dangling"):
+        assert files.stat(workdir / name / "events.jsonl") is None
+        assert files.read(workdir / name / "events.jsonl", limit=8) is None
+        assert "outside" in files.problems[f"{name}/events.jsonl"]
+    assert files.stat(workdir / "file" / "below") is None  # a file on the way: refused
+    assert "file/below" in files.problems
+    assert resolved  # each of those took the full check
+    (workdir / "taskcard" / "link").symlink_to(workdir / "taskcard" / "status")
+    resolved.clear()
+    assert files.stat(workdir / "taskcard" / "link") is not None  # inside: followed
+    assert resolved
 
 
 def test_a_device_is_never_opened(tmp_path: Path) -> None:

@@ -59,6 +59,27 @@ def test_the_temp_files_of_atomic_writes_are_not_reported(tmp_path: Path) -> Non
     assert plan.agents_for(str(folder / ".refreshes")) == (set(), False)
 
 
+def test_a_workdir_inside_another_agents_contract_folder_maps_to_both(tmp_path: Path) -> None:
+    """The plan keeps one entry per workdir and applies the contract rules to an event's path
+    by splitting it; nested workdirs must still reach exactly the agents they did."""
+    outer = tmp_path / "outer"
+    inner = outer / "taskcard"  # agent b lives in agent a's card folder
+    (inner / "logs").mkdir(parents=True)
+    plan = plan_watch({"a": outer, "b": inner, "c": tmp_path / "c"})
+    assert plan.agents_for(str(inner / "status")) == ({"a"}, False)
+    assert plan.agents_for(str(inner)) == ({"a", "b"}, True)
+    assert plan.agents_for(str(inner / "logs")) == ({"a", "b"}, True)  # also a file of a
+    assert plan.agents_for(str(inner / "logs" / "events.jsonl")) == ({"b"}, False)
+    assert plan.agents_for(str(inner / "src" / "x")) == (set(), False)
+    assert plan.owners_of([str(inner)]) == {"a", "b"}
+    assert plan.owners_of([str(outer), str(inner / "logs")]) == {"a", "b"}
+    assert plan.owners_of([str(tmp_path)]) == {"c"}  # watched for the missing workdir
+    assert plan.agents_for(str(tmp_path / "c")) == ({"c"}, True)
+    # A contract folder of a workdir missing at planning time: it exists by now, so re-plan.
+    assert plan.agents_for(str(tmp_path / "c" / "logs")) == ({"c"}, True)
+    assert plan.agents_for(str(tmp_path / "c" / "notes")) == (set(), False)
+
+
 async def test_an_atomic_write_is_reported_once_for_its_rename(tmp_path: Path) -> None:
     """The temp file's creation, writes and fsync raise events too; only the rename counts,
     so the agent is read once per write, and only once the new content is in place."""
