@@ -336,7 +336,7 @@ class Service:
             if ROOTS in agent_ids and self._rediscover():
                 self.apply(self._desired())
             for agent_id in agent_ids:
-                self._refresh(agent_id)
+                self._refresh(agent_id, watcher.take_changed(agent_id))
 
     # The fleet -------------------------------------------------------------------------
 
@@ -571,14 +571,16 @@ class Service:
         self._drop_closed_routes()
         self._desk.refresh()  # open messages turn unconfirmed with time alone
 
-    def _refresh(self, agent_id: str) -> None:
+    def _refresh(self, agent_id: str, changed: frozenset[str] | None = None) -> None:
+        """Read one agent's files and project what changed; `changed` names the files the
+        watcher saw change when that is all it saw (None: look at every file)."""
         monitor = self._monitors.get(agent_id)
         if monitor is None or not self._serves(agent_id):
             return  # another instance reads it (and moves its shared offsets)
         result: AgentRefresh | None = None
         with self._guard(agent_id, "reading its files"):
             try:
-                result = monitor.refresh()
+                result = monitor.refresh(changed)
             except BaseException:
                 monitor.forget_signatures()  # the next change or rescan reads everything again
                 raise
@@ -597,18 +599,20 @@ class Service:
                 raise result.failure
         lineage_changed = False
         with self._guard(agent_id, "reading its reports and inbox"):
-            lineage_changed = self._follow_agent_side(agent_id, monitor)
+            lineage_changed = self._follow_agent_side(agent_id, monitor, changed)
         if result is not None and (
             result.card_changed or result.activity_changed or lineage_changed
         ):
             self._project(agent_id)
         self._save_health(agent_id)
 
-    def _follow_agent_side(self, agent_id: str, monitor: AgentMonitor) -> bool:
+    def _follow_agent_side(
+        self, agent_id: str, monitor: AgentMonitor, changed: frozenset[str] | None
+    ) -> bool:
         """Reports, signals, inbox acks; whether the lineage changed (the card shows it)."""
         side = self._sides[agent_id]
         try:
-            news = side.refresh()
+            news = side.refresh(changed)
         except BaseException:
             side.forget()
             raise

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Final
 
 from taskcard.producers.inbox.contract import ACKS_FILE, INBOX_DIR
 from taskcard.producers.reports.contract import LINEAGE_FILE, REPORTS_DIR, REPORTS_FILE
@@ -28,6 +29,17 @@ from taskcard.producers.task_card.contract import (
     TASKCARD_DIR,
     WATCH_FILE,
 )
+
+# How the watcher names a changed file (`FleetWatcher.take_changed`): its contract folder and
+# its name, or the name alone for the lineage file in the workdir itself.
+STATUS_NAME: Final = f"{TASKCARD_DIR}/{STATUS_FILE}"
+BODY_NAME: Final = f"{TASKCARD_DIR}/{BODY_FILE}"
+WATCH_NAME: Final = f"{TASKCARD_DIR}/{WATCH_FILE}"
+NOTIFICATIONS_NAME: Final = f"{NOTIFICATION_DIR}/{NOTIFICATION_FILE}"
+EVENTS_NAME: Final = f"{LOGS_DIR}/{EVENTS_FILE}"
+REPORTS_NAME: Final = f"{REPORTS_DIR}/{REPORTS_FILE}"
+ACKS_NAME: Final = f"{INBOX_DIR}/{ACKS_FILE}"
+LINEAGE_NAME: Final = LINEAGE_FILE
 
 
 def _in(folder: Path, name: str) -> str:

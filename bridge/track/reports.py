@@ -16,7 +16,7 @@ from typing import Final
 
 from taskcard.bridge.follow.safe_read import StrPath, WorkdirFiles
 from taskcard.bridge.follow.tail import FileSignature, LineFollower, Position, signature
-from taskcard.bridge.track.files import SideFiles
+from taskcard.bridge.track.files import ACKS_NAME, LINEAGE_NAME, REPORTS_NAME, SideFiles
 from taskcard.bridge.track.monitor import OffsetStore
 from taskcard.producers.reports.contract import (
     Ack,
@@ -99,6 +99,7 @@ class AgentSide:
     __slots__ = (
         "_acks",
         "_files",
+        "_full_next",
         "_lineage_signature",
         "_reports",
         "latest_report",
@@ -116,20 +117,32 @@ class AgentSide:
         self._lineage_signature: FileSignature | None = None
         self.latest_report: Report | None = None
         self.lineage: Lineage | None = None
+        self._full_next = True
 
-    def refresh(self) -> SideRefresh:
+    def refresh(self, changed: frozenset[str] | None = None) -> SideRefresh:
+        """What is new; `changed` as in `AgentMonitor.refresh` (None: look at every file).
+        The first refresh and the one after `forget` look at every file."""
         self.commit()
-        history, lines = self._reports.read()
-        for line in history:
-            self._learn(parse_report(line))
+        if self._full_next:
+            changed = None
+            self._full_next = False
         reports: list[Report] = []
-        for line in lines:
-            report = parse_report(line)
-            if report is not None and self._learn(report):
-                reports.append(report)
-        _, ack_lines = self._acks.read()
-        acks = tuple(ack for ack in map(parse_ack, ack_lines) if ack is not None)
-        return SideRefresh(tuple(reports), acks, self._refresh_lineage())
+        if changed is None or REPORTS_NAME in changed:
+            history, lines = self._reports.read()
+            for line in history:
+                self._learn(parse_report(line))
+            for line in lines:
+                report = parse_report(line)
+                if report is not None and self._learn(report):
+                    reports.append(report)
+        acks: tuple[Ack, ...] = ()
+        if changed is None or ACKS_NAME in changed:
+            _, ack_lines = self._acks.read()
+            acks = tuple(ack for ack in map(parse_ack, ack_lines) if ack is not None)
+        lineage_changed = (
+            self._refresh_lineage() if changed is None or LINEAGE_NAME in changed else False
+        )
+        return SideRefresh(tuple(reports), acks, lineage_changed)
 
     def _learn(self, report: Report | None) -> bool:
         """Keep the newest report; True when `report` is newer than any seen (seq grows)."""
@@ -164,3 +177,4 @@ class AgentSide:
         self._reports.forget()
         self._acks.forget()
         self._lineage_signature = None
+        self._full_next = True

@@ -59,7 +59,7 @@ from taskcard.bridge.watch.inotify import InotifyWatches, inotify_available
 from taskcard.channels.aio import AnyEvent, Backoff, wait_first
 from taskcard.producers.inbox.contract import INBOX_DIR
 from taskcard.producers.ledger.contract import LEDGER_DIR
-from taskcard.producers.reports.contract import REPORTS_DIR
+from taskcard.producers.reports.contract import LINEAGE_FILE, REPORTS_DIR
 from taskcard.producers.task_card.contract import (
     LOGS_DIR,
     NOTIFICATION_DIR,
@@ -96,6 +96,10 @@ SWEEP_STEP_S: Final = 1.0
 POLL_UNWATCHED_S: Final = 2.0
 
 Backend = Literal["auto", "inotify", "watchfiles"]
+# Per agent reported and not yet taken: the contract files events named since
+# (`<contract folder>/<file name>`, or the lineage file's name), or None for "anything may
+# have changed" (a rescan, a structural event, the report after arming, an overflow).
+ChangedFiles = dict[str, set[str] | None]
 # What `backend="auto"` means; tests switch it to run the same checks on both.
 DEFAULT_BACKEND: Backend = "auto"
 
@@ -163,6 +167,12 @@ class WatchPlan:
 
     def agents_for(self, event_path: str) -> tuple[set[str], bool]:
         """(agents whose files may have changed, whether the plan must be rebuilt)."""
+        agents, stale, _ = self.classify(event_path)
+        return agents, stale
+
+    def classify(self, event_path: str) -> tuple[set[str], bool, tuple[frozenset[str], str] | None]:
+        """`agents_for`, plus the file the event names when it is one of a contract folder's
+        files and nothing structural: (its agents, `<contract folder>/<file name>`)."""
         agents: set[str] = set()
         stale = False
         for who in (
@@ -174,11 +184,23 @@ class WatchPlan:
                 agents |= who
                 stale = True
         folder, name = os.path.split(event_path)
+        file: tuple[frozenset[str], str] | None = None
         if not unread(name):
-            for who in (self.files_in.get(folder), self._contract_folder(folder)):
-                if who is not None:
-                    agents |= who
-        return agents, stale
+            structural = frozenset(agents)
+            roots = self.files_in.get(folder)
+            if roots is not None:
+                agents |= roots
+            owners = self._contract_folder(folder)
+            if owners is not None:
+                agents |= owners
+                file = (owners - structural, os.path.basename(folder) + "/" + name)
+            elif name == LINEAGE_FILE:
+                # The lineage sits in the workdir itself, whose root is watched.
+                owners = self.workdirs.get(folder)
+                if owners is not None:
+                    agents |= owners
+                    file = (owners - structural, name)
+        return agents, stale, file
 
 
 def is_writer_temp(name: str) -> bool:
@@ -280,6 +302,24 @@ class FleetWatcher:
         self._sweep_step_wanted_s = sweep_step_s
         self._slices = sweep_slices(self._workdirs, rescan_interval_s, sweep_step_s)
         self._sweep_step_s = rescan_interval_s / len(self._slices)
+        self._changed: ChangedFiles = {}
+
+    def take_changed(self, agent_id: str) -> frozenset[str] | None:
+        """Which of `agent_id`'s files changed since it was last reported and taken: the
+        names events gave (see `ChangedFiles`), or None when anything may have changed.
+
+        An agent that was reported for any other reason than events naming its files (or was
+        never taken) answers None, so a reader that honours the names misses nothing the
+        watcher saw; the owner takes it for every agent of a batch, before reading it.
+        """
+        names = self._changed.pop(agent_id, None)
+        return None if names is None else frozenset(names)
+
+    def _report_all(self, agents: Iterable[str]) -> None:
+        """Mark `agents` as reported for "anything may have changed"."""
+        changed = self._changed
+        for agent_id in agents:
+            changed[agent_id] = None
 
     def set_workdirs(self, workdirs: Mapping[str, Path]) -> None:
         """Watch these workdirs from now on (agents added or removed while serving)."""
@@ -290,6 +330,8 @@ class FleetWatcher:
             self._workdirs, self._rescan_interval_s, self._sweep_step_wanted_s
         )
         self._sweep_step_s = self._rescan_interval_s / len(self._slices)
+        for agent_id in [a for a in self._changed if a not in self._workdirs]:
+            del self._changed[agent_id]  # left the fleet: never taken
         if self._arming is not None:
             self._arming.rearm.set()
 
@@ -316,7 +358,9 @@ class FleetWatcher:
         next_rescan = loop.time() + self._sweep_step_s
         next_slice = 0
         try:
-            yield self._everyone()
+            everyone = self._everyone()
+            self._report_all(everyone)
+            yield everyone
             while True:
                 try:
                     # `asyncio.timeout`, not `wait_for`: on 3.11 `wait_for` can swallow a
@@ -333,6 +377,7 @@ class FleetWatcher:
                         if self._roots:
                             sweep = sweep | {ROOTS}  # and the roots are listed again
                     if sweep:
+                        self._report_all(sweep)
                         yield sweep
                     continue
                 merged = set(batch)
@@ -398,10 +443,12 @@ class FleetWatcher:
             plan = arming.plan
             if plan is None:
                 return
-            agents, stale = _map_changes(plan, paths)
+            agents, stale = _map_changes(plan, paths, self._changed)
             if overflow:
                 logger.warning("file events were lost (inotify queue overflow); rereading all")
-                agents |= self._everyone()
+                everyone = self._everyone()
+                self._report_all(everyone)
+                agents |= everyone
                 stale = True
             if agents:
                 queue.put_nowait(frozenset(agents))
@@ -449,6 +496,7 @@ class FleetWatcher:
                 report = self._everyone() if first else plan.owners_of(added) | polled
                 first = False
                 if report:
+                    self._report_all(report)
                     queue.put_nowait(frozenset(report))
                 # A folder created between planning and watching raised no event for us:
                 # plan once more after the pause a re-plan costs anyway.
@@ -462,7 +510,9 @@ class FleetWatcher:
                 ):
                     # Degraded: try again for room (one refused call when there is none).
                     added, unwatched = watches.sync(plan.paths)
-                    queue.put_nowait(frozenset(polled | plan.owners_of(added)))
+                    report = polled | plan.owners_of(added)
+                    self._report_all(report)
+                    queue.put_nowait(frozenset(report))
                     polled = plan.owners_of(unwatched)
                     if not unwatched:
                         logger.warning("inotify watches available again: every folder watched")
@@ -494,6 +544,7 @@ class FleetWatcher:
         def on_armed() -> None:
             nonlocal rearm
             armed_at.append(loop.time())
+            self._report_all(everyone)
             queue.put_nowait(everyone)
             # A folder created between planning and arming raised no event, so nothing would
             # re-arm for it until the rescan's round ends: compare once more now (as many
@@ -518,7 +569,7 @@ class FleetWatcher:
                 recursive=False,
                 ignore_permission_denied=True,
             ):
-                agents, stale = _map_changes(plan, (path for _, path in raw))
+                agents, stale = _map_changes(plan, (path for _, path in raw), self._changed)
                 if agents:
                     queue.put_nowait(frozenset(agents))
                 if stale and rearm is None:
@@ -534,11 +585,26 @@ class FleetWatcher:
                 rearm.cancel()
 
 
-def _map_changes(plan: WatchPlan, paths: Iterable[str]) -> tuple[set[str], bool]:
+def _map_changes(
+    plan: WatchPlan, paths: Iterable[str], changed: ChangedFiles
+) -> tuple[set[str], bool]:
+    """The agents `paths` concern and whether the plan is stale; records in `changed` which
+    of each agent's files the events named (everything, for any other kind of event)."""
     agents: set[str] = set()
     stale = False
     for path in paths:
-        found, structural = plan.agents_for(path)
+        found, structural, file = plan.classify(path)
         agents |= found
         stale = stale or structural
+        if file is not None:
+            owners, name = file
+            for agent_id in owners:
+                if agent_id not in changed:
+                    changed[agent_id] = {name}
+                else:
+                    names = changed[agent_id]
+                    if names is not None:
+                        names.add(name)
+        for agent_id in found if file is None else found - file[0]:
+            changed[agent_id] = None
     return agents, stale

@@ -14,6 +14,7 @@ import pytest
 from taskcard.bridge.compose.activity import movement_text
 from taskcard.bridge.compose.view import compose_view
 from taskcard.bridge.follow.tail import TAIL_BYTES
+from taskcard.bridge.track.files import BODY_NAME, EVENTS_NAME, STATUS_NAME
 from taskcard.bridge.track.legacy import legacy_json_to_markdown
 from taskcard.bridge.track.monitor import AgentMonitor, MemoryOffsetStore
 from taskcard.producers.task_card.contract import (
@@ -508,6 +509,50 @@ def test_a_body_change_reads_the_body_alone_and_a_status_change_is_still_seen(
     atomic_write(paths.body, b"third")
     mon.refresh()
     assert (mon.card.status, mon.card.body) == ("active", "third")
+
+
+def test_a_refresh_told_which_files_changed_looks_at_those_alone(
+    paths: CardPaths, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watcher names the files it saw change: a body change then costs one `stat` (and
+    a read) of the body, nothing else; what no event named waits for a full refresh (the
+    rescan), and a refresh after a failure is always full."""
+    publish(paths, "first")
+    event(paths, "turn.start", START)
+    mon = monitor(paths, clock)
+    mon.refresh()
+    stated: list[str] = []
+    real_stat = os.stat
+
+    def counting_stat(path: Any, *args: Any, **kwargs: Any) -> Any:
+        stated.append(os.fspath(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", counting_stat)
+    atomic_write(paths.body, b"second")
+    atomic_write(paths.status, b"inactive")  # named by no event below
+    event(paths, "text", START, text="news")  # nor this
+    stated.clear()
+    result = mon.refresh(frozenset({BODY_NAME}))
+    assert (result.card_changed, result.activity_changed) == (True, False)
+    assert (mon.card.status, mon.card.body) == ("active", "second")
+    assert stated == [os.fspath(paths.body)]
+
+    assert mon.refresh(frozenset({EVENTS_NAME})).activity_changed is True
+    assert mon.card.status == "active"  # the status file was still not named
+    assert mon.refresh(frozenset({STATUS_NAME})).card_changed is True
+    assert (mon.card.status, mon.card.body) == ("inactive", "second")
+
+    atomic_write(paths.status, b"active")
+    atomic_write(paths.body, b"third")
+    assert mon.refresh(frozenset()).card_changed is False  # nothing named: nothing looked at
+    assert mon.refresh(None).card_changed is True  # the rescan's full look
+    assert (mon.card.status, mon.card.body) == ("active", "third")
+
+    atomic_write(paths.body, b"fourth")
+    mon.forget_signatures()  # what the service does after a failed refresh
+    assert mon.refresh(frozenset()).card_changed is True
+    assert mon.card.body == "fourth"
 
 
 # -- total parsing: one bad value costs that field or that line, never the agent ------------

@@ -194,6 +194,37 @@ async def test_notifications_and_events_folders_are_watched(tmp_path: Path) -> N
         assert await changes.next() == {"a"}
 
 
+async def test_the_files_events_named_are_told_and_anything_else_means_everything(
+    tmp_path: Path,
+) -> None:
+    """`take_changed` names the contract files events named since the agent was last taken
+    (the lineage file in the workdir itself included), and answers None ("read everything")
+    after any other report: the first one, a folder appearing."""
+    a = CardPaths(tmp_path / "a")
+    a.taskcard_dir.mkdir(parents=True)
+    watcher = FleetWatcher({"a": a.workdir}, rescan_interval_s=3600)
+    async with collecting(watcher, {"a"}) as changes:
+        assert watcher.take_changed("a") is None
+        atomic_write(a.body, b"body")
+        assert await changes.next() == {"a"}
+        assert watcher.take_changed("a") == frozenset({"taskcard/taskcard.md"})
+        atomic_write(a.status, b"active")
+        atomic_write(a.workdir / "lineage.json", b"{}")
+        named: set[str] = set()
+        while named != {"taskcard/status", "lineage.json"}:  # however the backend batches them
+            assert await changes.next() == {"a"}
+            taken = watcher.take_changed("a")
+            assert taken is not None
+            named |= taken
+        atomic_write(a.body, b"again")
+        (a.workdir / "logs").mkdir()  # structural: the names no longer say it all
+        assert "a" in await changes.next()
+        with contextlib.suppress(TimeoutError):
+            while True:  # the rest of both changes' batches
+                await changes.next(timeout_s=1.0)
+        assert watcher.take_changed("a") is None
+
+
 async def write_until_reported_alone(
     changes: Collector, agent: str, write: Callable[[], object]
 ) -> None:
