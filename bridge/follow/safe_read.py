@@ -61,6 +61,23 @@ def file_kind(mode: int) -> str:
     return contract_file_kind(mode)
 
 
+def _read_up_to(handle: BinaryIO, limit: int) -> bytes:
+    """At most `limit` bytes from `handle`, as `handle.read(limit)` returns them.
+
+    Asking for the file's size (plus one byte, to see the end) rather than for `limit`: a
+    buffered read allocates the whole amount asked for first, and `limit` is often far larger
+    than the file (a 512 KB allocation, through `mmap`, to read a card body of 60 bytes).
+    A file that grew after its size was taken is read on up to `limit`, as before.
+    """
+    size = os.fstat(handle.fileno()).st_size
+    if size >= limit:
+        return handle.read(limit)
+    first = handle.read(size + 1)
+    if len(first) <= size:
+        return first
+    return first + handle.read(limit - len(first))
+
+
 def is_inside(root: str, path: str) -> bool:
     """Whether the absolute `path` is `root` or below it (both already resolved)."""
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
@@ -119,7 +136,7 @@ class WorkdirFiles:
             return None
         try:
             with handle:
-                return handle.read(limit)
+                return _read_up_to(handle, limit)
         except OSError as error:
             self._refused(path, f"cannot be read ({error.strerror or 'I/O error'})")
             return None

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from taskcard.bridge.follow.safe_read import WorkdirFiles, file_kind, is_inside
+from taskcard.bridge.follow.safe_read import WorkdirFiles, _read_up_to, file_kind, is_inside
 
 
 @pytest.fixture
@@ -290,3 +290,24 @@ def test_file_kinds_are_named(mode: int, kind: str) -> None:
 )
 def test_is_inside(root: str, path: str, inside: bool) -> None:
     assert is_inside(root, path) is inside
+
+
+@pytest.mark.parametrize("size", [0, 1, 9, 10, 11, 100])
+def test_a_read_returns_at_most_the_limit_whatever_the_file_size(workdir: Path, size: int) -> None:
+    """Reads ask for the file's size, not the limit; what they return is unchanged."""
+    content = bytes(range(256))[:size] if size <= 256 else b""
+    (workdir / "f").write_bytes(content)
+    files = WorkdirFiles("a", workdir)
+    assert files.read(workdir / "f", limit=10) == content[:10]
+    assert files.read(workdir / "f", limit=512 * 1024) == content
+
+
+def test_a_size_that_says_less_than_the_content_never_bounds_a_read() -> None:
+    """The size is a hint, never a bound: a file that grew after its size was taken (here a
+    pipe, whose size is always 0) is read on up to the limit."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"x" * 50)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as handle:
+        assert _read_up_to(handle, 20) == b"x" * 20
+        assert _read_up_to(handle, 100) == b"x" * 30
