@@ -78,6 +78,24 @@ def _read_up_to(handle: BinaryIO, limit: int) -> bytes:
     return first + handle.read(limit - len(first))
 
 
+def _read_fd(fd: int, size: int, limit: int) -> bytes:
+    """At most `limit` bytes from `fd`, a regular file of `size` bytes when it was looked at:
+    `_read_up_to` on a bare descriptor (a short read of a regular file is its end)."""
+    want = min(limit, size + 1)
+    data = os.read(fd, want)
+    if len(data) < want:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < limit:
+        more = os.read(fd, limit - got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
 def is_inside(root: str, path: str) -> bool:
     """Whether the absolute `path` is `root` or below it (both already resolved)."""
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
@@ -131,6 +149,19 @@ class WorkdirFiles:
 
     def read(self, path: StrPath, limit: int) -> bytes | None:
         """At most `limit` bytes of the regular file, or None when it is missing or refused."""
+        direct = self._open_direct_fd(os.fspath(path))
+        if direct is not None:
+            # The usual case, read straight from the descriptor: no file object is built.
+            fd, size = direct
+            try:
+                data = _read_fd(fd, size, limit)
+            except OSError as error:
+                self._refused(path, f"cannot be read ({error.strerror or 'I/O error'})")
+                return None
+            finally:
+                os.close(fd)
+            self._fine(path)
+            return data
         handle = self.open(path)
         if handle is None:
             return None
@@ -208,9 +239,21 @@ class WorkdirFiles:
             raise
 
     def _open_direct(self, path: str) -> BinaryIO | None:
-        """The file at `path` when `path` is already its own real location, without resolving
-        it component by component (one `lstat` per component, on every read); None when that
-        cannot be shown, and the full check decides (missing, refused or read) instead.
+        """`_open_direct_fd`'s descriptor as a file object."""
+        direct = self._open_direct_fd(path)
+        if direct is None:
+            return None
+        try:
+            return os.fdopen(direct[0], "rb")
+        except BaseException:
+            os.close(direct[0])
+            raise
+
+    def _open_direct_fd(self, path: str) -> tuple[int, int] | None:
+        """(descriptor, size) of the file at `path` when `path` is already its own real
+        location, without resolving it component by component (one `lstat` per component, on
+        every read); None when that cannot be shown, and the full check decides (missing,
+        refused or read) instead. The caller closes the descriptor.
 
         Taken only when `path` is absolute and normal and inside the resolved workdir, and
         accepted only when the kernel's own path of the opened descriptor is exactly `path`:
@@ -235,7 +278,7 @@ class WorkdirFiles:
                 and (opened.st_dev, opened.st_ino) == (looked_at.st_dev, looked_at.st_ino)
                 and os.readlink(_PROC_FD + str(fd)) == path
             ):
-                return os.fdopen(fd, "rb")
+                return fd, opened.st_size
         except OSError:
             pass  # no /proc, or the file went: the full check decides
         except BaseException:

@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from taskcard.bridge.follow.safe_read import WorkdirFiles, _read_up_to, file_kind, is_inside
+from taskcard.bridge.follow.safe_read import (
+    WorkdirFiles,
+    _read_fd,
+    _read_up_to,
+    file_kind,
+    is_inside,
+)
 
 
 @pytest.fixture
@@ -311,3 +317,11 @@ def test_a_size_that_says_less_than_the_content_never_bounds_a_read() -> None:
     with os.fdopen(read_end, "rb") as handle:
         assert _read_up_to(handle, 20) == b"x" * 20
         assert _read_up_to(handle, 100) == b"x" * 30
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"y" * 50)
+    os.close(write_end)
+    try:
+        assert _read_fd(read_end, 0, 20) == b"y" * 20
+        assert _read_fd(read_end, 0, 100) == b"y" * 30
+    finally:
+        os.close(read_end)
