@@ -64,6 +64,9 @@ class OffsetStore(Protocol):
 
     def set_offset(self, agent_id: str, name: str, inode: int, offset: int) -> None: ...
 
+    def set_first_offset(self, agent_id: str, name: str, inode: int, offset: int) -> None:
+        """Like `set_offset`, at first sight: a crash may lose it (the sight is taken again)."""
+
 
 class MemoryOffsetStore:
     """An `OffsetStore` in memory: for tests and for runs that need no restart continuity."""
@@ -76,6 +79,8 @@ class MemoryOffsetStore:
 
     def set_offset(self, agent_id: str, name: str, inode: int, offset: int) -> None:
         self._offsets[(agent_id, name)] = (inode, offset)
+
+    set_first_offset = set_offset
 
 
 @dataclass(frozen=True)
@@ -344,7 +349,7 @@ class AgentMonitor:
             # No file yet is recorded as inode 0: whatever appears later is new, also after a
             # restart, so it is read from its start rather than skipped as history.
             position = follower.position or Position(0, 0)
-            self._offsets.set_offset(
+            self._offsets.set_first_offset(
                 self.agent_id, NOTIFICATIONS_OFFSET, position.inode, position.offset
             )
         else:

@@ -66,7 +66,7 @@ class _Followed:
             if stored is None:
                 history = follower.start_at_end()
                 position = follower.position or Position(0, 0)
-                self._offsets.set_offset(
+                self._offsets.set_first_offset(
                     self._agent_id, self._name, position.inode, position.offset
                 )
                 return history, []
