@@ -345,7 +345,7 @@ class AgentMonitor:
         follower.unchanged()  # record the current signature
         stored = self._offsets.get_offset(self.agent_id, NOTIFICATIONS_OFFSET)
         if stored is None:
-            history = follower.start_at_end()
+            history = follower.start_at_end(seen_missing=follower.signature is None)
             # No file yet is recorded as inode 0: whatever appears later is new, also after a
             # restart, so it is read from its start rather than skipped as history.
             position = follower.position or Position(0, 0)
@@ -399,7 +399,7 @@ class AgentMonitor:
         follower = self._events
         if not self._primed:
             follower.unchanged()
-            lines = follower.start_at_end()
+            lines = follower.start_at_end(seen_missing=follower.signature is None)
         elif follower.unchanged():
             return False
         else:
