@@ -95,6 +95,20 @@ class AgentConfig(BaseModel):
     def _resolve_workdir(cls, value: Path, info: ValidationInfo) -> Path:
         return _resolve_against_config(value, info)
 
+    @model_validator(mode="after")
+    def _share_fields_set(self) -> AgentConfig:
+        """Every agent sets both keys: one shared record of that instead of a set per agent.
+
+        Why: a fleet of 10,000 configured agents held 10,000 identical sets (2 MB). The model
+        is frozen, so nothing adds to the set; `model_copy` copies it before changing it.
+        """
+        if self.__pydantic_fields_set__ == _AGENT_FIELDS:
+            object.__setattr__(self, "__pydantic_fields_set__", _AGENT_FIELDS)
+        return self
+
+
+_AGENT_FIELDS: set[str] = {"id", "workdir"}
+
 
 class ConsoleConfig(BaseModel):
     """The terminal projection: every agent's composed card, live."""
@@ -306,6 +320,7 @@ class ServiceConfig(BaseModel):
         if problems:
             # One ValueError per validator: the lines are split again by `_format_errors`.
             raise ValueError("\n".join(problems))
+        _share_agent_ids(self)
         return self
 
     @property
@@ -317,6 +332,19 @@ class ServiceConfig(BaseModel):
 
     def agent_ids(self) -> list[str]:
         return [agent.id for agent in self.agents]
+
+
+def _share_agent_ids(config: ServiceConfig) -> None:
+    """Routes name each agent by the very string its `[[agents]]` entry holds.
+
+    Why: TOML gives every mention of an id its own string, so a fleet of 10,000 agents listed
+    in routes held each id twice (about 0.6 MB); the route lists are rebuilt in place from
+    the configured ids (equal strings, so nothing a reader can see changes).
+    """
+    ids = {agent.id: agent.id for agent in config.agents}
+    for channel in (config.telegram, config.feishu):
+        for route in channel.routes if channel is not None else ():
+            route.agents[:] = [ids.get(name, name) for name in route.agents]
 
 
 def _cross_problems(config: ServiceConfig) -> list[str]:

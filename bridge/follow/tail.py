@@ -97,8 +97,18 @@ class LineFollower:
             complete = complete[first_newline + 1 :]
         return complete.splitlines(), start + last_newline + 1
 
-    def start_at_end(self) -> list[bytes]:
-        """Position at the end of the last complete line; return the tail before it."""
+    def start_at_end(self, *, seen_missing: bool = False) -> list[bytes]:
+        """Position at the end of the last complete line; return the tail before it.
+
+        `seen_missing`: the caller's `unchanged` has just found no file (no signature), so
+        the checked look is skipped (three checks per agent on a cold start, most of them of
+        files that do not exist yet). Safe: the checked look refuses more than a plain
+        `stat`, never less, so it would find nothing either; a file created in between is
+        taken as created just after, which is what a missing file's first sight records.
+        """
+        if seen_missing:
+            self.position = None
+            return []
         st = self.files.stat(self.path)
         if st is None:
             self.position = None

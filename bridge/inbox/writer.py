@@ -62,6 +62,9 @@ def _open_dir(name: str, parent_fd: int, shown: str, *, create: bool) -> int:
 class InboxWriter:
     """One agent's inbox as the service sees it."""
 
+    # One per agent, made when the agent joins the fleet: no per-instance dict (~100 bytes).
+    __slots__ = ("workdir",)
+
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
 

@@ -21,6 +21,7 @@ from taskcard.bridge.config import ConfigError, ServiceConfig, load_config
 from taskcard.bridge.deliver.registry import SecretMissing, build_channels, route_specs
 from taskcard.bridge.observe.metrics import MeteredChannel, ServiceMetrics
 from taskcard.bridge.observe.sdnotify import READY, STOPPING, sd_notify
+from taskcard.bridge.run import heap
 from taskcard.bridge.run.logs import LOG_FORMATS, LOG_LEVELS, setup_logging
 from taskcard.bridge.run.service import Service, ServiceFailed
 from taskcard.bridge.store.sqlite import SqliteStore, StateFileError, StateStore
@@ -89,6 +90,7 @@ async def serve(
     With `config_path`, SIGHUP reloads that file while serving (see `reload_config`).
     """
     skip_cli_only_imports()
+    heap.starting()
     lock = ServeLock(config.state_dir)
     try:
         holder = lock.acquire()

@@ -36,6 +36,7 @@ from taskcard.bridge.notices.outbox import NoticeOutbox
 from taskcard.bridge.notices.signals import Signal, SignalFacts, due_signals, report_signal
 from taskcard.bridge.notices.text import safe_error_code
 from taskcard.bridge.observe.metrics import ServiceSnapshot
+from taskcard.bridge.run import heap
 from taskcard.bridge.run.boards import ChatViews, board_key
 from taskcard.bridge.run.commands import apply_to_prefs, parse_taskcard
 from taskcard.bridge.run.fleet import (
@@ -332,11 +333,15 @@ class Service:
             backend=self._config.watch.backend,
             roots=self._config.discover.roots,
         )
+        first = True
         async for agent_ids in watcher.changes():
             if ROOTS in agent_ids and self._rediscover():
                 self.apply(self._desired())
             for agent_id in agent_ids:
                 self._refresh(agent_id, watcher.take_changed(agent_id))
+            if first:
+                first = False
+                heap.settled()  # the first report covers every agent: all first sights taken
 
     # The fleet -------------------------------------------------------------------------
 

@@ -167,6 +167,14 @@ class StateStore(ABC):
     @abstractmethod
     def set_offset(self, agent_id: str, name: str, inode: int, offset: int) -> None: ...
 
+    def set_first_offset(self, agent_id: str, name: str, inode: int, offset: int) -> None:
+        """The offset taken at an agent's first sight; a store may commit it a little later.
+
+        Losing it to a crash only means the next start takes the first sight again, so a
+        store may batch these (SQLite does); by default it is an ordinary `set_offset`.
+        """
+        self.set_offset(agent_id, name, inode, offset)
+
     @abstractmethod
     def get_cursor(self, key: str) -> str | None: ...
 

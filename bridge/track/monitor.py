@@ -71,6 +71,9 @@ class OffsetStore(Protocol):
 
     def set_offset(self, agent_id: str, name: str, inode: int, offset: int) -> None: ...
 
+    def set_first_offset(self, agent_id: str, name: str, inode: int, offset: int) -> None:
+        """Like `set_offset`, at first sight: a crash may lose it (the sight is taken again)."""
+
 
 class MemoryOffsetStore:
     """An `OffsetStore` in memory: for tests and for runs that need no restart continuity."""
@@ -83,6 +86,8 @@ class MemoryOffsetStore:
 
     def set_offset(self, agent_id: str, name: str, inode: int, offset: int) -> None:
         self._offsets[(agent_id, name)] = (inode, offset)
+
+    set_first_offset = set_offset
 
 
 @dataclass(frozen=True)
@@ -375,11 +380,11 @@ class AgentMonitor:
         follower.unchanged()  # record the current signature
         stored = self._offsets.get_offset(self.agent_id, NOTIFICATIONS_OFFSET)
         if stored is None:
-            history = follower.start_at_end()
+            history = follower.start_at_end(seen_missing=follower.signature is None)
             # No file yet is recorded as inode 0: whatever appears later is new, also after a
             # restart, so it is read from its start rather than skipped as history.
             position = follower.position or Position(0, 0)
-            self._offsets.set_offset(
+            self._offsets.set_first_offset(
                 self.agent_id, NOTIFICATIONS_OFFSET, position.inode, position.offset
             )
         else:
@@ -429,7 +434,7 @@ class AgentMonitor:
         follower = self._events
         if not self._primed:
             follower.unchanged()
-            lines = follower.start_at_end()
+            lines = follower.start_at_end(seen_missing=follower.signature is None)
         elif follower.unchanged():
             return False
         else:

@@ -64,9 +64,9 @@ class _Followed:
             follower.unchanged()
             stored = self._offsets.get_offset(self._agent_id, self._name)
             if stored is None:
-                history = follower.start_at_end()
+                history = follower.start_at_end(seen_missing=follower.signature is None)
                 position = follower.position or Position(0, 0)
-                self._offsets.set_offset(
+                self._offsets.set_first_offset(
                     self._agent_id, self._name, position.inode, position.offset
                 )
                 return history, []

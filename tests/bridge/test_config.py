@@ -334,3 +334,29 @@ def test_serve_check_accepts_the_example(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "valid" in result.stdout
+
+
+def test_a_large_fleet_holds_each_agent_id_once_and_no_set_per_agent(tmp_path: Path) -> None:
+    """Memory at 10,000 agents: routes reuse the configured id strings; agents share one
+    fields-set record (pydantic keeps one per model instance otherwise)."""
+    ids = [f"agent-{i:03}" for i in range(50)]
+    agents = "".join(f'[[agents]]\nid = "{a}"\nworkdir = "/w/{a}"\n' for a in ids)
+    text = (
+        agents
+        + '[telegram]\ntoken_env = "T"\n[[telegram.routes]]\nchat_id = -100\n'
+        + f"agents = {json.dumps(ids)}\n"
+        + '[feishu]\napp_id_env = "I"\napp_secret_env = "S"\n[[feishu.routes]]\n'
+        + f'chat_id = "oc_1"\nagents = {json.dumps(ids[:3])}\n'
+    )
+    config = load_config(write(tmp_path, text))
+    assert config.telegram is not None and config.feishu is not None
+    by_id = {agent.id: agent.id for agent in config.agents}
+    assert config.telegram.routes[0].agents == ids
+    assert all(name is by_id[name] for name in config.telegram.routes[0].agents)
+    assert all(name is by_id[name] for name in config.feishu.routes[0].agents)
+    first, second = config.agents[0], config.agents[1]
+    assert first.__pydantic_fields_set__ is second.__pydantic_fields_set__
+    assert first.model_fields_set == {"id", "workdir"}
+    moved = first.model_copy(update={"workdir": Path("/elsewhere")})
+    assert moved.workdir == Path("/elsewhere") and first.workdir == Path("/w/agent-000")
+    assert second.model_fields_set == {"id", "workdir"}, "a copy never changes the shared set"
