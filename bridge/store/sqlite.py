@@ -142,9 +142,9 @@ _SQLITE_HEADER = b"SQLite format 3\x00"
 _HEALTH_SIZE = 1024
 _FRESH_START = "or move it away to start afresh (every chat then gets a second resident message)"
 
-# Errors that mean "our SQL is wrong", not "the disk is": they still raise.
 # Fingerprints kept in memory before they are committed at once, whatever the timer says.
 MAX_UNSAVED_COMMITS = 1000
+# Errors that mean "our SQL is wrong", not "the disk is": they still raise.
 _BUG_ERRORS = (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError)
 
 WriteOp = Callable[[sqlite3.Connection], Any]

@@ -54,6 +54,8 @@ WATCH_MASK: Final = (
 )
 # The watch is gone (or about to be): the path must be watched again once it is a folder.
 _SELF_GONE: Final = IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED | IN_UNMOUNT
+# A name in a watched folder now stands for another file, or for none.
+_NAME_CHANGED: Final = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO
 # Bytes asked for per read: a few hundred events (one needs at most 16 + NAME_MAX + 1).
 _READ_BYTES: Final = 64 * 1024
 
@@ -182,6 +184,14 @@ class InotifyWatches:
                     self._forget(event.wd)
                 changed += paths
                 continue
+            if name and mask & _NAME_CHANGED:
+                for path in paths:
+                    if os.path.join(path, name) in self._wd_of:
+                        # A watch follows the folder a name stood for when it was made: a
+                        # symlink removed or retargeted ends nothing on that folder, so the
+                        # watch is dropped here and the re-plan this event causes makes it
+                        # again on what the name stands for now.
+                        self._unwatch(os.path.join(path, name))
             changed += [os.path.join(path, name) if name else path for path in paths]
         if changed or overflow:
             self._on_events(changed, overflow)

@@ -325,3 +325,135 @@ def test_a_size_that_says_less_than_the_content_never_bounds_a_read() -> None:
         assert _read_fd(read_end, 0, 100) == b"y" * 30
     finally:
         os.close(read_end)
+
+
+class _FullCheckOnly(WorkdirFiles):
+    """The reader with its shortcuts turned off: every path resolved component by component.
+    The shortcuts promise the same answers, so this is what they are compared with."""
+
+    __slots__ = ()
+
+    def _stat_direct(self, path: str) -> None:
+        return None
+
+    def _open_direct(self, path: str) -> None:
+        return None
+
+    def _missing_direct(self, path: str) -> bool:
+        return False
+
+
+def _layout(name: str, card: Path, outside: Path) -> str:
+    """Builds one hostile (or odd) `taskcard/` folder; returns the path text to read."""
+    status = card / "status"
+    if name == "plain":
+        card.mkdir()
+        status.write_bytes(b"inside")
+    elif name == "folder symlinked out":
+        card.symlink_to(outside)
+    elif name == "folder symlinked out, file missing there":
+        card.symlink_to(outside / "empty")
+    elif name == "folder symlinked out, file missing below a folder there":
+        card.symlink_to(outside)
+        return str(card / "empty" / "status")  # its nearest existing folder is out
+    elif name == "folder dangling":
+        card.symlink_to(outside / "gone" / "deeper")
+    elif name == "folder symlink loop":
+        card.symlink_to(card.name)
+    elif name == "folder is a file":
+        card.write_bytes(b"x")
+    elif name == "folder missing":
+        pass
+    elif name == "file dangling out":
+        card.mkdir()
+        status.symlink_to(outside / "gone")
+    elif name == "file is a fifo":
+        card.mkdir()
+        os.mkfifo(status)
+    elif name == "file is a folder":
+        card.mkdir()
+        status.mkdir()
+    elif name in ("dot-dot", "trailing slash", "double slash"):
+        card.mkdir()
+        status.write_bytes(b"inside")
+        return {
+            "dot-dot": f"{card}/../{card.name}/status",
+            "trailing slash": f"{status}/",
+            "double slash": f"{card}//status",
+        }[name]
+    elif name == "odd bytes in the name":
+        card.mkdir()
+        status = card / os.fsdecode(b"st\xffatus")
+        status.write_bytes(b"inside")
+    else:
+        raise AssertionError(name)
+    return str(status)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "plain",
+        "folder symlinked out",
+        "folder symlinked out, file missing there",
+        "folder symlinked out, file missing below a folder there",
+        "folder dangling",
+        "folder symlink loop",
+        "folder is a file",
+        "folder missing",
+        "file dangling out",
+        "file is a fifo",
+        "file is a folder",
+        "dot-dot",
+        "trailing slash",
+        "double slash",
+        "odd bytes in the name",
+    ],
+)
+@pytest.mark.parametrize("workdir_name", ["agent", os.fsdecode(b"ag\xffent")])
+def test_the_shortcuts_answer_what_the_full_check_answers(
+    tmp_path: Path, name: str, workdir_name: str
+) -> None:
+    outside = tmp_path / "outside"
+    (outside / "empty").mkdir(parents=True)
+    (outside / "status").write_bytes(b"SECRET")
+    workdir = tmp_path / workdir_name
+    workdir.mkdir()
+    path = _layout(name, workdir / "taskcard", outside)
+    fast, full = WorkdirFiles("a", workdir), _FullCheckOnly("a", workdir)
+    for files in (fast, full):
+        files.stat(workdir / "nothing")  # the workdir resolved and kept, as in service
+    fast_stat, full_stat = fast.stat(path), full.stat(path)
+    assert (fast_stat is None) == (full_stat is None)
+    if fast_stat is not None and full_stat is not None:
+        assert (fast_stat.st_dev, fast_stat.st_ino) == (full_stat.st_dev, full_stat.st_ino)
+    fast_bytes, full_bytes = fast.read(path, limit=64), full.read(path, limit=64)
+    assert fast_bytes == full_bytes
+    assert fast_bytes in (None, b"inside")
+    assert fast.problems == full.problems
+
+
+def test_a_workdir_deleted_and_recreated_or_swapped_is_judged_as_it_is_now(
+    tmp_path: Path, workdir: Path
+) -> None:
+    """The kept resolved workdir after the folder went away: a new folder at the same place
+    is read, a symlink put there instead takes the full check (as the full check alone)."""
+    status = workdir / "taskcard" / "status"
+    status.write_bytes(b"old")
+    fast, full = WorkdirFiles("a", workdir), _FullCheckOnly("a", workdir)
+    assert fast.read(status, limit=8) == full.read(status, limit=8) == b"old"
+    moved = tmp_path / "moved"
+    workdir.rename(moved)
+    (workdir / "taskcard").mkdir(parents=True)
+    status.write_bytes(b"new")
+    assert fast.read(status, limit=8) == full.read(status, limit=8) == b"new"
+    assert fast.stat(status) is not None and full.stat(status) is not None
+    status.unlink()
+    (workdir / "taskcard").rmdir()
+    workdir.rmdir()
+    workdir.symlink_to(moved)  # the old folder, now behind a symlink
+    for files in (fast, full):
+        assert files.stat(status) is not None
+        assert files.read(status, limit=8) == b"old"
+        assert files.stat(workdir / "taskcard" / "missing") is None
+    assert fast.problems == full.problems == {}

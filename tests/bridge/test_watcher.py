@@ -385,6 +385,33 @@ async def test_a_contract_folder_renamed_away_is_no_longer_followed(tmp_path: Pa
             await changes.next(timeout_s=1.0)
 
 
+async def test_a_symlinked_contract_folder_replaced_by_a_folder_is_watched_again(
+    tmp_path: Path,
+) -> None:
+    """A watch follows the folder a symlink named when it was made; removing the symlink
+    ends nothing on that folder. A real folder made under the same name must still be
+    watched, and the old target no longer count for the agent."""
+    paths = CardPaths(tmp_path / "a")
+    paths.workdir.mkdir()
+    target = tmp_path / "target"
+    target.mkdir()
+    paths.taskcard_dir.symlink_to(target)
+    watcher = FleetWatcher({"a": paths.workdir}, rescan_interval_s=3600)
+    async with collecting(watcher, {"a"}) as changes:
+        paths.taskcard_dir.unlink()
+        paths.taskcard_dir.mkdir()
+        await changes.until(lambda batch: "a" in batch)
+        await write_until_reported_alone(
+            changes, "a", lambda: atomic_write(paths.status, b"active")
+        )
+        with contextlib.suppress(TimeoutError):
+            while True:  # what the writes above still raise
+                await changes.next(timeout_s=1.0)
+        (target / "status").write_bytes(b"elsewhere")
+        with pytest.raises(TimeoutError):
+            await changes.next(timeout_s=1.0)
+
+
 async def test_at_the_watch_limit_unwatched_agents_are_polled_and_logged(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,

@@ -202,6 +202,43 @@ async def test_symlinks_out_of_the_workdir_are_refused_never_posted(
     assert "LEAKED-SECRET-VALUE" not in serve.logs
 
 
+async def test_a_shown_card_folder_swapped_for_a_symlink_out_is_refused(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """The reads of a card already shown take shortcuts (the workdir resolved once, plain
+    paths not resolved again): a `taskcard/` folder swapped for a symlink out, or its missing
+    `logs/` folder made one, while the service runs is refused all the same."""
+    serve = setup(tmp_path, fake, ["swapped"])
+    swapped, good = workdir(tmp_path, "swapped"), workdir(tmp_path, "good")
+    outside = tmp_path / "outside"
+    publish(outside, "LEAKED-SWAPPED-CARD")
+    (outside / "logs").mkdir()
+    (outside / "logs" / "events.jsonl").write_text(
+        json.dumps({"ts": "2030-01-01T00:00:00Z", "kind": "text", "text": "LEAKED-SWAP-ROW"}) + "\n"
+    )
+    with serve:
+        publish(swapped, "swapped before")
+        await eventually(lambda: shows(fake, GROUP, "swapped before"), what="the first card")
+        (swapped / "taskcard").rename(tmp_path / "old-card")
+        (swapped / "taskcard").symlink_to(outside / "taskcard")
+        (swapped / "logs").symlink_to(outside / "logs")
+        problems = await eventually(
+            lambda: (s := status_json(serve.config))["swapped"] and s,
+            what="the refusal in taskcard status",
+        )
+        assert any(p.startswith("taskcard/status") and "outside" in p for p in problems["swapped"])
+        publish(good, "good after the swap")  # the service carried on, and read it since
+        await eventually(lambda: shows(fake, PRIVATE, "good after the swap"), what="good")
+        (swapped / "taskcard").unlink()
+        (swapped / "logs").unlink()
+        publish(swapped, "swapped fixed")
+        await eventually(lambda: shows(fake, GROUP, "swapped fixed"), what="fix")
+        assert await serve.aterminate() == 0
+    shown = every_text(fake)
+    assert "LEAKED-SWAPPED-CARD" not in shown
+    assert "LEAKED-SWAP-ROW" not in shown
+
+
 POISON_LINES = [
     # A token count beyond float range, as a float literal and as an integer.
     '{"ts": "2030-01-01T00:00:00Z", "kind": "usage", "input_tokens": 1e309, "output_tokens": 1}',
