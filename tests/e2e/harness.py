@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,39 @@ ROOT = Path(__file__).resolve().parents[2]
 DUMP_WAIT_S = 10.0
 REPORT_LOG_LINES = 60
 REPORT_STACK_LINES = 600
+
+
+TOKEN_ENV = "TC_TEST_TOKEN"
+
+
+def telegram_config(
+    tmp_path: Path,
+    api_base_url: str,
+    chat_id: int,
+    agents: Sequence[str] = ("builder",),
+    *,
+    extra: Sequence[str] = (),
+) -> Path:
+    """`tmp_path/taskcard.toml` for the plainest fleet: each agent's workdir made under
+    `tmp_path/agents`, one Telegram route to `chat_id` following them all, the bot token read
+    from `TOKEN_ENV`, and `extra` lines (further sections) at the end."""
+    lines = ['state_dir = ".taskcard"']
+    for agent in agents:
+        (tmp_path / "agents" / agent).mkdir(parents=True, exist_ok=True)
+        lines += ["[[agents]]", f'id = "{agent}"', f'workdir = "agents/{agent}"']
+    lines += [
+        "[telegram]",
+        f'token_env = "{TOKEN_ENV}"',
+        f'api_base_url = "{api_base_url}"',
+        "poll_timeout_s = 1",
+        "[[telegram.routes]]",
+        f"chat_id = {chat_id}",
+        "agents = [" + ", ".join(f'"{agent}"' for agent in agents) + "]",
+        *extra,
+    ]
+    config = tmp_path / "taskcard.toml"
+    config.write_text("\n".join(lines) + "\n")
+    return config
 
 
 def publish(workdir: Path, body: str, status: str = "active") -> None:

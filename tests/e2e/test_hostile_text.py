@@ -15,7 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import ServeProcess, activity, eventually, publish
+from tests.e2e.harness import (
+    TOKEN_ENV,
+    ServeProcess,
+    activity,
+    eventually,
+    publish,
+    telegram_config,
+)
 from tests.e2e.test_serve_feishu import CHAT, ENCRYPT, VERIFY, Setup, card_texts
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram
@@ -51,27 +58,8 @@ async def telegram() -> AsyncIterator[FakeTelegram]:
 
 
 def telegram_serve(tmp_path: Path, fake: FakeTelegram) -> ServeProcess:
-    (tmp_path / "agents" / "builder").mkdir(parents=True)
-    config = tmp_path / "taskcard.toml"
-    config.write_text(
-        "\n".join(
-            [
-                'state_dir = ".taskcard"',
-                "[[agents]]",
-                'id = "builder"',
-                'workdir = "agents/builder"',
-                "[telegram]",
-                'token_env = "TC_TEST_TOKEN"',
-                f'api_base_url = "{fake.base_url}"',
-                "poll_timeout_s = 1",
-                "[[telegram.routes]]",
-                f"chat_id = {GROUP}",
-                'agents = ["builder"]',
-            ]
-        )
-        + "\n"
-    )
-    return ServeProcess(config, env={"TC_TEST_TOKEN": TOKEN})
+    config = telegram_config(tmp_path, fake.base_url, GROUP)
+    return ServeProcess(config, env={TOKEN_ENV: TOKEN})
 
 
 def telegram_everything(fake: FakeTelegram) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from taskcard.bridge.store.sqlite import STATE_FILE
-from tests.e2e.harness import ServeProcess, eventually, notify, publish
+from tests.e2e.harness import TOKEN_ENV, ServeProcess, eventually, notify, publish, telegram_config
 from tests.fakes.telegram_api import FakeTelegram
 
 GROUP = -1001234567890
@@ -31,29 +31,9 @@ async def fake() -> AsyncIterator[FakeTelegram]:
 
 
 def serve(tmp_path: Path, fake: FakeTelegram) -> ServeProcess:
-    (tmp_path / "agents" / "builder").mkdir(parents=True, exist_ok=True)
-    config = tmp_path / "taskcard.toml"
-    config.write_text(
-        "\n".join(
-            [
-                'state_dir = ".taskcard"',
-                "[[agents]]",
-                'id = "builder"',
-                'workdir = "agents/builder"',
-                "[telegram]",
-                'token_env = "TC_TEST_TOKEN"',
-                f'api_base_url = "{fake.base_url}"',
-                "poll_timeout_s = 1",
-                "[[telegram.routes]]",
-                f"chat_id = {GROUP}",
-                'agents = ["builder"]',
-                "[notices]",
-                f"max_per_minute = {CAP}",
-            ]
-        )
-        + "\n"
-    )
-    return ServeProcess(config, env={"TC_TEST_TOKEN": fake.token})
+    extra = ["[notices]", f"max_per_minute = {CAP}"]
+    config = telegram_config(tmp_path, fake.base_url, GROUP, extra=extra)
+    return ServeProcess(config, env={TOKEN_ENV: fake.token})
 
 
 def notices(fake: FakeTelegram) -> list[str]:

@@ -21,7 +21,7 @@ from typing import TypeVar
 import httpx
 import pytest
 
-from tests.e2e.harness import ServeProcess, eventually, publish, run_cli
+from tests.e2e.harness import ServeProcess, eventually, publish, run_cli, telegram_config
 from tests.fakes.telegram_api import FakeTelegram
 
 T = TypeVar("T")
@@ -42,25 +42,8 @@ def free_port() -> int:
 
 
 def write_config(tmp_path: Path, api_base_url: str, metrics_port: int | None) -> Path:
-    (tmp_path / "agents" / "builder").mkdir(parents=True, exist_ok=True)
-    lines = [
-        'state_dir = ".taskcard"',
-        "[[agents]]",
-        'id = "builder"',
-        'workdir = "agents/builder"',
-        "[telegram]",
-        'token_env = "TC_TEST_TOKEN"',
-        f'api_base_url = "{api_base_url}"',
-        "poll_timeout_s = 1",
-        "[[telegram.routes]]",
-        f"chat_id = {GROUP}",
-        'agents = ["builder"]',
-    ]
-    if metrics_port is not None:
-        lines += ["[metrics]", f'listen = "127.0.0.1:{metrics_port}"']
-    config = tmp_path / "taskcard.toml"
-    config.write_text("\n".join(lines) + "\n")
-    return config
+    metrics = [] if metrics_port is None else ["[metrics]", f'listen = "127.0.0.1:{metrics_port}"']
+    return telegram_config(tmp_path, api_base_url, GROUP, extra=metrics)
 
 
 def sample(metrics_text: str, name: str, **labels: str) -> float | None:

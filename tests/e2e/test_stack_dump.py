@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import ServeProcess, eventually, publish
+from tests.e2e.harness import TOKEN_ENV, ServeProcess, eventually, publish, telegram_config
 from tests.fakes.telegram_api import FakeLimits, FakeTelegram
 
 GROUP = -1007000000000
@@ -26,27 +26,8 @@ async def fake() -> AsyncIterator[FakeTelegram]:
 
 
 def serving(tmp_path: Path, fake: FakeTelegram) -> ServeProcess:
-    (tmp_path / "agents" / "builder").mkdir(parents=True)
-    config = tmp_path / "taskcard.toml"
-    config.write_text(
-        "\n".join(
-            [
-                'state_dir = ".taskcard"',
-                "[[agents]]",
-                'id = "builder"',
-                'workdir = "agents/builder"',
-                "[telegram]",
-                'token_env = "TC_TEST_TOKEN"',
-                f'api_base_url = "{fake.base_url}"',
-                "poll_timeout_s = 1",
-                "[[telegram.routes]]",
-                f"chat_id = {GROUP}",
-                'agents = ["builder"]',
-            ]
-        )
-        + "\n"
-    )
-    return ServeProcess(config, env={"TC_TEST_TOKEN": fake.token})
+    config = telegram_config(tmp_path, fake.base_url, GROUP)
+    return ServeProcess(config, env={TOKEN_ENV: fake.token})
 
 
 def texts(fake: FakeTelegram) -> list[str]:
