@@ -26,6 +26,22 @@ def workdir(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.fixture
+def resolved(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every path `os.path.realpath` resolves from now on, except the workdir itself (a
+    refused read resolves the root again, by design): what the shortcuts must not need."""
+    seen: list[str] = []
+    real_realpath = os.path.realpath
+
+    def counting(path: str, *args: object, **kwargs: bool) -> str:
+        if os.fspath(path) != str(workdir):
+            seen.append(os.fspath(path))
+        return real_realpath(path, **kwargs)
+
+    monkeypatch.setattr(os.path, "realpath", counting)
+    return seen
+
+
 def make_fifo(path: Path) -> None:
     os.mkfifo(path)
 
@@ -103,7 +119,7 @@ def test_symlinks_inside_are_followed_and_out_are_refused(tmp_path: Path, workdi
 
 
 def test_a_plainly_missing_file_is_looked_for_without_resolving_it(
-    tmp_path: Path, workdir: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, workdir: Path, resolved: list[str]
 ) -> None:
     """Most agents never write a ledger or a rotation: looking for one costs one `lstat`.
     Anything at the path (a dangling or outward symlink, a folder) still goes the long way
@@ -116,15 +132,7 @@ def test_a_plainly_missing_file_is_looked_for_without_resolving_it(
     (workdir / "folder.json").mkdir()
     files = WorkdirFiles("a", workdir)
     files.stat(workdir / "taskcard" / "warm-up")  # the workdir's resolution is kept
-    resolved: list[str] = []
-    real_realpath = os.path.realpath
-
-    def counting(path: str, *args: object, **kwargs: object) -> str:
-        if os.fspath(path) != str(workdir):  # an outward answer re-resolves the workdir too
-            resolved.append(os.fspath(path))
-        return real_realpath(path)
-
-    monkeypatch.setattr(os.path, "realpath", counting)
+    resolved.clear()
     assert files.stat(workdir / "ledger" / "long-task-ledger.json") is None
     assert files.stat(str(workdir / "taskcard" / "status.1")) is None
     assert resolved == [] and files.problems == {}
@@ -184,7 +192,7 @@ def test_the_kept_workdir_never_lets_a_read_escape_after_a_swap(tmp_path: Path) 
 
 
 def test_a_plain_path_is_read_without_resolving_it_and_a_symlinked_one_is_checked(
-    tmp_path: Path, workdir: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, workdir: Path, resolved: list[str]
 ) -> None:
     """A path that is its own real location is read without resolving each component; any
     symlink on it sends the read through the full check, which still refuses a way out."""
@@ -192,14 +200,7 @@ def test_a_plain_path_is_read_without_resolving_it_and_a_symlinked_one_is_checke
     (tmp_path / "secret").write_bytes(b"SECRET")
     files = WorkdirFiles("a", workdir)
     assert files.read(workdir / "taskcard" / "status", limit=64) == b"active"
-    resolved: list[str] = []
-    real_realpath = os.path.realpath
-
-    def counting_realpath(path: str, **kwargs: bool) -> str:
-        resolved.append(os.fspath(path))
-        return real_realpath(path, **kwargs)
-
-    monkeypatch.setattr(os.path, "realpath", counting_realpath)
+    resolved.clear()
     for _ in range(3):
         assert files.read(workdir / "taskcard" / "status", limit=64) == b"active"
     assert resolved == []
@@ -214,7 +215,7 @@ def test_a_plain_path_is_read_without_resolving_it_and_a_symlinked_one_is_checke
 
 
 def test_plain_and_missing_paths_are_judged_without_resolving_and_symlinks_still_refused(
-    tmp_path: Path, workdir: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, workdir: Path, resolved: list[str]
 ) -> None:
     """`stat` of a plain file, and `stat` or `read` of a missing one under plain folders, are
     answered without resolving each component; a symlink on the way (to an existing folder
@@ -225,14 +226,7 @@ def test_plain_and_missing_paths_are_judged_without_resolving_and_symlinks_still
     outside.mkdir()
     files = WorkdirFiles("a", workdir)
     files.stat(workdir / "taskcard" / "status")  # the workdir is resolved once, and kept
-    resolved: list[str] = []
-    real_realpath = os.path.realpath
-
-    def counting_realpath(path: str, **kwargs: bool) -> str:
-        resolved.append(os.fspath(path))
-        return real_realpath(path, **kwargs)
-
-    monkeypatch.setattr(os.path, "realpath", counting_realpath)
+    resolved.clear()
     status = files.stat(workdir / "taskcard" / "status")
     assert status is not None
     assert status.st_ino == os.lstat(workdir / "taskcard" / "status").st_ino
