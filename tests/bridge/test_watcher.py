@@ -131,6 +131,12 @@ class Collector:
 
         return await asyncio.wait_for(scan(), TIMEOUT_S)
 
+    async def settle(self, quiet_s: float = 1.0) -> None:
+        """Take every batch until none comes for `quiet_s`: what earlier writes still raise."""
+        with contextlib.suppress(TimeoutError):
+            while True:
+                await self.next(timeout_s=quiet_s)
+
     async def close(self) -> None:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -174,9 +180,7 @@ async def test_file_names_with_odd_bytes_are_reported_and_break_nothing(
         odd.write_bytes(b"x")
         reported = await changes.next()
         assert reported == {"a"} if backend == "inotify" else "a" in reported
-        with contextlib.suppress(TimeoutError):
-            while True:  # the events the write above still raises
-                await changes.next(timeout_s=1.0)
+        await changes.settle()  # the events the write above still raises
         atomic_write(b.status, b"active")
         assert await changes.next() == {"b"}
 
@@ -219,9 +223,7 @@ async def test_the_files_events_named_are_told_and_anything_else_means_everythin
         atomic_write(a.body, b"again")
         (a.workdir / "logs").mkdir()  # structural: the names no longer say it all
         assert "a" in await changes.next()
-        with contextlib.suppress(TimeoutError):
-            while True:  # the rest of both changes' batches
-                await changes.next(timeout_s=1.0)
+        await changes.settle()  # the rest of both changes' batches
         assert watcher.take_changed("a") is None
 
 
@@ -238,6 +240,16 @@ async def write_until_reported_alone(
         if batch == {agent}:
             return
     raise AssertionError(f"files of {agent} are not watched")
+
+
+async def watched_here_and_not_there(changes: Collector, paths: CardPaths, there: Path) -> None:
+    """Agent "a"'s contract folder, made anew under its name, is watched, and `there` (the
+    folder that name led to before) no longer counts for the agent."""
+    await write_until_reported_alone(changes, "a", lambda: atomic_write(paths.status, b"active"))
+    await changes.settle()  # what the writes above still raise
+    (there / "status").write_bytes(b"elsewhere")
+    with pytest.raises(TimeoutError):
+        await changes.next(timeout_s=1.0)
 
 
 async def test_folders_and_workdirs_appearing_later_are_picked_up(tmp_path: Path) -> None:
@@ -374,15 +386,7 @@ async def test_a_contract_folder_renamed_away_is_no_longer_followed(tmp_path: Pa
         os.rename(paths.taskcard_dir, moved)
         await changes.until(lambda batch: "a" in batch)
         paths.taskcard_dir.mkdir()
-        await write_until_reported_alone(
-            changes, "a", lambda: atomic_write(paths.status, b"active")
-        )
-        with contextlib.suppress(TimeoutError):
-            while True:  # what the writes above still raise
-                await changes.next(timeout_s=1.0)
-        (moved / "status").write_bytes(b"elsewhere")
-        with pytest.raises(TimeoutError):
-            await changes.next(timeout_s=1.0)
+        await watched_here_and_not_there(changes, paths, moved)
 
 
 async def test_a_symlinked_contract_folder_replaced_by_a_folder_is_watched_again(
@@ -401,15 +405,7 @@ async def test_a_symlinked_contract_folder_replaced_by_a_folder_is_watched_again
         paths.taskcard_dir.unlink()
         paths.taskcard_dir.mkdir()
         await changes.until(lambda batch: "a" in batch)
-        await write_until_reported_alone(
-            changes, "a", lambda: atomic_write(paths.status, b"active")
-        )
-        with contextlib.suppress(TimeoutError):
-            while True:  # what the writes above still raise
-                await changes.next(timeout_s=1.0)
-        (target / "status").write_bytes(b"elsewhere")
-        with pytest.raises(TimeoutError):
-            await changes.next(timeout_s=1.0)
+        await watched_here_and_not_there(changes, paths, target)
 
 
 async def test_at_the_watch_limit_unwatched_agents_are_polled_and_logged(
@@ -450,9 +446,7 @@ async def test_at_the_watch_limit_unwatched_agents_are_polled_and_logged(
             await write_until_reported_alone(
                 changes, "b", lambda: atomic_write(starved.status, b"active")
             )
-            with contextlib.suppress(TimeoutError):
-                while True:  # what the writes above still raise
-                    await changes.next(timeout_s=1.0)
+            await changes.settle()  # what the writes above still raise
             with pytest.raises(TimeoutError):  # no longer polled
                 await changes.next(timeout_s=1.0)
             atomic_write(starved.status, b"done")  # but watched
@@ -485,8 +479,6 @@ async def test_with_no_watch_to_be_had_every_agent_is_polled_until_there_is(
         for _ in range(3):  # polled again and again, with nothing written
             assert await changes.next() == {"a"}
         room[0] = True
-        with contextlib.suppress(TimeoutError):
-            while True:  # the polls still under way, and the one that finds room
-                await changes.next(timeout_s=1.0)
+        await changes.settle()  # the polls still under way, and the one that finds room
         atomic_write(paths.status, b"active")  # watched now
         assert await changes.next() == {"a"}
