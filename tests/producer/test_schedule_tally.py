@@ -130,6 +130,20 @@ def test_spent_refreshes_go_to_the_tally_and_a_new_host_counts_them(
     assert not (workdir / "taskcard" / TALLY_FILE).exists()
 
 
+def two_refreshes_then_stopped(workdir: Path, make_card: MakeCard) -> None:
+    """A watch (`tc_1`, 10 refreshes) that spent two, its host gone, and `watch.json` saying
+    two as well: what a resuming host then reads from the tally is up to the caller."""
+    write_renderer(workdir, "r.py", COUNTER_RENDERER)
+    card = make_card()
+    card.call(envelope("start", renderer_path="r.py", interval_s=3600, max_refreshes=10))
+    for _ in range(2):
+        card.call(envelope("retry", watch_id="tc_1"))
+    card.close()
+    descriptor_path = workdir / "taskcard" / "watch.json"
+    descriptor = json.loads(descriptor_path.read_text())
+    descriptor_path.write_text(json.dumps({**descriptor, "refreshes_used": 2}))
+
+
 @pytest.mark.parametrize(
     ("tally", "expected_used"),
     [
@@ -142,15 +156,7 @@ def test_spent_refreshes_go_to_the_tally_and_a_new_host_counts_them(
 def test_a_new_host_trusts_the_tally_only_upward_and_for_its_own_watch(
     workdir: Path, make_card: MakeCard, tally: bytes, expected_used: int
 ) -> None:
-    write_renderer(workdir, "r.py", COUNTER_RENDERER)
-    card = make_card()
-    card.call(envelope("start", renderer_path="r.py", interval_s=3600, max_refreshes=10))
-    for _ in range(2):
-        card.call(envelope("retry", watch_id="tc_1"))
-    card.close()
-    descriptor_path = workdir / "taskcard" / "watch.json"
-    descriptor = json.loads(descriptor_path.read_text())
-    descriptor_path.write_text(json.dumps({**descriptor, "refreshes_used": 2}))
+    two_refreshes_then_stopped(workdir, make_card)
     (workdir / "taskcard" / TALLY_FILE).write_bytes(tally)
     assert make_card().inspect("tc_1")["refreshes_used"] == expected_used
 
@@ -186,15 +192,7 @@ def test_a_planted_tally_is_never_written_through_and_the_budget_stays_exact(
 def test_a_hostile_tally_found_at_resume_is_ignored_and_replaced(
     workdir: Path, tmp_path: Path, make_card: MakeCard, kind: str
 ) -> None:
-    write_renderer(workdir, "r.py", COUNTER_RENDERER)
-    card = make_card()
-    card.call(envelope("start", renderer_path="r.py", interval_s=3600, max_refreshes=10))
-    for _ in range(2):
-        card.call(envelope("retry", watch_id="tc_1"))
-    card.close()
-    descriptor_path = workdir / "taskcard" / "watch.json"
-    descriptor = json.loads(descriptor_path.read_text())
-    descriptor_path.write_text(json.dumps({**descriptor, "refreshes_used": 2}))
+    two_refreshes_then_stopped(workdir, make_card)
     planted = workdir / "taskcard" / TALLY_FILE
     planted.unlink()
     outside = tmp_path / "outside"
