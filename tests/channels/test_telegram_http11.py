@@ -339,6 +339,34 @@ def test_slim_answer(endpoint: str, payload: bytes, expected: object) -> None:
         assert json.loads(slim) == expected
 
 
+PROXY_VARIABLES = ("https_proxy", "http_proxy", "all_proxy", "no_proxy")
+GET_ME = b'{"ok":true,"result":{"id":1,"is_bot":true,"first_name":"b","username":"b"}}'
+
+
+@pytest.fixture
+def no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No proxy variable from the machine's environment, in either spelling."""
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+
+
+async def started_through(
+    proxy: ScriptedServer, monkeypatch: pytest.MonkeyPatch
+) -> TelegramChannel:
+    """A channel started with `proxy` as the environment's HTTP proxy (the API is plain HTTP
+    at a name that does not resolve: only the proxy can carry its requests)."""
+    monkeypatch.setenv("http_proxy", proxy.url)
+    config = TelegramConfig(api_base_url="http://bot-api.invalid:8081", commands=False)
+    channel = TelegramChannel(config, "1:T", MemoryCursorStore())
+
+    async def ignore(command: object) -> None:
+        del command
+
+    await channel.start(ignore)
+    return channel
+
+
 @pytest.mark.parametrize(
     ("env", "configured"),
     [
@@ -350,11 +378,8 @@ def test_slim_answer(endpoint: str, payload: bytes, expected: object) -> None:
     ],
 )
 def test_proxy_configured(
-    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], configured: bool
+    monkeypatch: pytest.MonkeyPatch, no_proxy: None, env: dict[str, str], configured: bool
 ) -> None:
-    for name in ("https_proxy", "http_proxy", "all_proxy", "no_proxy"):
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.upper(), raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert proxy_configured("https://api.telegram.org") is configured
@@ -427,51 +452,29 @@ async def test_channel_edit_sends_raw_entities_and_no_preview() -> None:
 
 
 async def test_a_proxy_in_the_environment_carries_the_requests(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, no_proxy: None
 ) -> None:
     # The lean transport has no proxy support, so with a proxy configured the channel uses
     # PTB's httpx transport, which sends every request through it.
-    get_me = b'{"ok":true,"result":{"id":1,"is_bot":true,"first_name":"b","username":"b"}}'
-    for name in ("https_proxy", "http_proxy", "all_proxy", "no_proxy"):
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.upper(), raising=False)
-    async with scripted(_answer(get_me), keep_open=True) as proxy:
-        monkeypatch.setenv("http_proxy", proxy.url)
-        config = TelegramConfig(api_base_url="http://bot-api.invalid:8081", commands=False)
-        channel = TelegramChannel(config, "1:T", MemoryCursorStore())
-
-        async def ignore(command: object) -> None:
-            del command
-
-        await channel.start(ignore)
+    async with scripted(_answer(GET_ME), keep_open=True) as proxy:
+        channel = await started_through(proxy, monkeypatch)
         assert channel.bot_username == "b"
         await channel.stop()
     assert proxy.requests[0].startswith(b"POST http://bot-api.invalid:8081/bot1:T/getMe ")
 
 
 async def test_through_a_proxy_a_429_and_a_lost_answer_keep_their_meaning(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, no_proxy: None
 ) -> None:
     # PTB's httpx transport (used with a proxy) translates the same two signals as the lean
     # one: a 429 is a rate limit with its wait, a hang-up after the write an unknown outcome
     # that is not sent again.
-    get_me = b'{"ok":true,"result":{"id":1,"is_bot":true,"first_name":"b","username":"b"}}'
     flood = b'{"ok":false,"error_code":429,"description":"Too Many Requests: retry after 7",'
     flood += b'"parameters":{"retry_after":7}}'
-    for name in ("https_proxy", "http_proxy", "all_proxy", "no_proxy"):
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.upper(), raising=False)
     async with scripted(
-        _answer(get_me), _answer(flood, "429 Too Many Requests"), "close", keep_open=True
+        _answer(GET_ME), _answer(flood, "429 Too Many Requests"), "close", keep_open=True
     ) as proxy:
-        monkeypatch.setenv("http_proxy", proxy.url)
-        config = TelegramConfig(api_base_url="http://bot-api.invalid:8081", commands=False)
-        channel = TelegramChannel(config, "1:T", MemoryCursorStore())
-
-        async def ignore(command: object) -> None:
-            del command
-
-        await channel.start(ignore)
+        channel = await started_through(proxy, monkeypatch)
         message = channel.render_text("move")
         with pytest.raises(RateLimited) as limited:
             await channel.edit(ChatRef("-1"), "5", message)
