@@ -23,7 +23,6 @@ is one process, so its CPU compares with the three instances' sum, not with one 
 
 from __future__ import annotations
 
-import math
 import time
 import uuid
 from collections.abc import Sequence
@@ -56,6 +55,7 @@ from bench.storm import (
     PER_PRIVATE_CHAT,
     SLACK_S,
     Analysis,
+    drain_figure,
     max_in_window,
     watch_drain,
     write_storm,
@@ -264,23 +264,7 @@ async def run(
                 )
             )
     for kind, bound_s in (("group", group_bound_s), ("private", private_bound_s)):
-        drained = mine.drain[kind]
-        missing = [
-            f"{label}: only {who.final[kind]}/{who.routes[kind]} final after {observed_s:.0f} s"
-            for who, label in ((mine, "taskcard"), (base, "baseline"))
-            if not math.isfinite(who.drain[kind]) and (who is mine or with_baseline)
-        ]
-        figures.append(
-            Figure(
-                f"{kind}: drain after the storm",
-                drained if math.isfinite(drained) else observed_s,
-                "s",
-                f"<= {bound_s:.0f}",
-                drained <= bound_s,
-                base.drain[kind] if math.isfinite(base.drain[kind]) else observed_s,
-                note="; ".join(missing),
-            )
-        )
+        figures.append(drain_figure(kind, bound_s, mine, base, observed_s, with_baseline))
     figures.append(
         Figure("residents duplicated", float(mine.duplicated), "", "0", mine.duplicated == 0,
                float(base.duplicated))

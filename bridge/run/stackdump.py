@@ -13,11 +13,19 @@ Installed once per process and never removed: the slow part may be the very end 
 (the loop's teardown, a thread joined at exit), and SIGUSR1's default action would kill the
 process that is being looked at. Nothing else in the service or its libraries uses SIGUSR1.
 Only code locations are printed, never values: no secret can leave this way.
+
+The dump never breaks the service it looks at. The Python handler runs in the main thread
+wherever it was interrupted (usually the loop's `select`), so an exception out of it would
+be raised there and end `taskcard serve`: a stderr whose reader is gone, a full disk, a
+closed stream, or a signal landing inside a write to stderr (the buffered stream refuses
+the re-entrant write) only lose the dump. Without any stderr (started with fd 2 closed)
+there is nowhere to write: SIGUSR1 is then ignored, never left to its default action.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import faulthandler
 import linecache
 import signal
@@ -35,7 +43,15 @@ def install(stream: TextIO | None = None) -> None:
     """Make SIGUSR1 dump every thread's and every asyncio task's stack to `stream`
     (stderr by default). Call it from the main thread before the event loop starts."""
     out = stream or sys.stderr
-    signal.signal(signal.SIGUSR1, lambda signum, frame: dump_tasks(out, frame))
+    if out is None:  # fd 2 was closed at start: `faulthandler` would refuse it
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        return
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        with contextlib.suppress(OSError, ValueError, RuntimeError):  # see the module's doc
+            dump_tasks(out, frame)
+
+    signal.signal(signal.SIGUSR1, on_signal)
     faulthandler.register(signal.SIGUSR1, file=out, all_threads=True, chain=True)
 
 

@@ -22,7 +22,7 @@ from bench.harness import (
     make_fleet,
     visible_delays,
 )
-from bench.storm import round_s
+from bench.storm import Analysis, drain_figure, round_s
 from taskcard.bridge.config import load_config
 from tests.fakes.telegram_api import RecordedRequest, Window
 
@@ -168,3 +168,45 @@ def test_each_cluster_instance_config_loads_with_only_its_share(tmp_path: Path) 
             route.chat_id for route in share.routes
         ]
     assert sorted(a for share in shares for a in share.agents) == list(ids)
+
+
+def _drained(drain_s: float, final: int, routes: int) -> Analysis:
+    """An analysis holding only what `drain_figure` reads (the rest needs a whole run)."""
+    who = Analysis.__new__(Analysis)
+    who.drain, who.final, who.routes = {"group": drain_s}, {"group": final}, {"group": routes}
+    return who
+
+
+@pytest.mark.parametrize(
+    ("mine", "base", "compared", "value", "met", "baseline", "note"),
+    [
+        (_drained(3.0, 5, 5), _drained(9.0, 5, 5), True, 3.0, True, 9.0, ""),
+        (
+            _drained(30.0, 5, 5),
+            _drained(math.inf, 2, 5),
+            True,
+            30.0,
+            False,
+            40.0,
+            "baseline: only 2/5 final after 40 s of observation (figure is that lower bound)",
+        ),
+        (_drained(math.inf, 4, 5), _drained(math.inf, 0, 5), False, 40.0, False, 40.0,
+         "taskcard: only 4/5 final after 40 s of observation (figure is that lower bound)"),
+    ],
+)  # fmt: skip
+def test_drain_figure_reports_a_drain_never_seen_as_its_lower_bound(
+    mine: Analysis,
+    base: Analysis,
+    compared: bool,
+    value: float,
+    met: bool,
+    baseline: float,
+    note: str,
+) -> None:
+    figure = drain_figure("group", 20.0, mine, base, 40.0, compared)
+    assert (figure.value, figure.passed, figure.baseline, figure.note) == (
+        value,
+        met,
+        baseline,
+        note,
+    )

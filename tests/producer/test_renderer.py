@@ -317,3 +317,30 @@ def test_a_renderer_flooding_stdout_and_never_exiting_is_cut_off_long_before_its
     run = run_renderer(request(workdir, renderer, timeout_s=120, chars=2000), threading.Event())
     assert run.stdout_overflow and not run.timed_out
     assert classify(run, 2000, 120).code == "body_too_large"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+@pytest.mark.parametrize("pause_s", [0, 0.01])
+def test_stdout_of_exactly_the_limit_passes_and_one_byte_more_is_an_overflow(
+    workdir: Path, extra: int, pause_s: float
+) -> None:
+    # Written at once, or slowly in pieces while the run's loop wakes between them; the
+    # renderer then stays, so only the byte count can end the run before its timeout.
+    limit = stdout_limit_for(2000)
+    renderer = write_renderer(
+        workdir,
+        "edge.py",
+        "import os, time\n"
+        f"data = b'a' * {limit + extra}\n"
+        "for start in range(0, len(data), 1000):\n"
+        "    os.write(1, data[start : start + 1000])\n"
+        f"    time.sleep({pause_s})\n"
+        "os.close(1)\n"
+        "time.sleep(0.3 if len(data) == "
+        f"{limit} else 300)\n",
+    )
+    run = run_renderer(request(workdir, renderer, timeout_s=120, chars=2000), threading.Event())
+    assert not run.timed_out
+    assert run.stdout == b"a" * limit
+    assert run.stdout_overflow is bool(extra)
+    assert (run.exit_code == 0) is not bool(extra)
