@@ -149,7 +149,7 @@ class WorkdirFiles:
 
     def read(self, path: StrPath, limit: int) -> bytes | None:
         """At most `limit` bytes of the regular file, or None when it is missing or refused."""
-        direct = self._open_direct_fd(os.fspath(path))
+        direct = self._open_direct(os.fspath(path))
         if direct is not None:
             # The usual case, read straight from the descriptor: no file object is built.
             fd, size = direct
@@ -212,7 +212,11 @@ class WorkdirFiles:
     def _open(self, path: StrPath) -> BinaryIO | None:
         direct = self._open_direct(os.fspath(path))
         if direct is not None:
-            return direct
+            try:
+                return os.fdopen(direct[0], "rb")
+            except BaseException:
+                os.close(direct[0])
+                raise
         if self._missing_direct(os.fspath(path)):
             return None
         checked = self._check(path)
@@ -238,18 +242,7 @@ class WorkdirFiles:
             os.close(fd)
             raise
 
-    def _open_direct(self, path: str) -> BinaryIO | None:
-        """`_open_direct_fd`'s descriptor as a file object."""
-        direct = self._open_direct_fd(path)
-        if direct is None:
-            return None
-        try:
-            return os.fdopen(direct[0], "rb")
-        except BaseException:
-            os.close(direct[0])
-            raise
-
-    def _open_direct_fd(self, path: str) -> tuple[int, int] | None:
+    def _open_direct(self, path: str) -> tuple[int, int] | None:
         """(descriptor, size) of the file at `path` when `path` is already its own real
         location, without resolving it component by component (one `lstat` per component, on
         every read); None when that cannot be shown, and the full check decides (missing,

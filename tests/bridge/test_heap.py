@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import weakref
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from taskcard.bridge.config import parse_config
 from taskcard.bridge.run import heap
+from taskcard.bridge.run.service import Service
+from taskcard.bridge.store.sqlite import SqliteStore
+from taskcard.bridge.watch.inotify import inotify_available
+
+TIMEOUT_S = 30.0
 
 
 @pytest.fixture
@@ -47,3 +55,47 @@ def test_a_frozen_object_is_still_freed_by_reference_counting(restored_gc: None)
     gc.freeze()
     del plain
     assert gone() is None
+
+
+@pytest.mark.parametrize(
+    ("fleet", "backend"),
+    [
+        ("none", "inotify"),  # no agent at all: the first report is empty
+        ("discovered", "auto"),  # a discovery root and no configured agent
+        ("one", "watchfiles"),  # the fallback backend
+    ],
+)
+async def test_the_service_settles_after_its_first_report_whatever_its_fleet(
+    tmp_path: Path, restored_gc: None, fleet: str, backend: str
+) -> None:
+    """`settled` must be reached in every start, or the service would serve on with the
+    start-up threshold and nothing frozen: it comes with the watcher's first report, which
+    every start yields (even an empty one), before any watch is armed."""
+    if backend == "inotify" and not inotify_available():
+        pytest.skip("no inotify here")
+    raw: dict[str, object] = {
+        "console": {"enabled": False},
+        "state_dir": "state",
+        "watch": {"backend": backend},
+    }
+    if fleet == "discovered":
+        (tmp_path / "root" / "found" / "taskcard").mkdir(parents=True)
+        raw["discover"] = {"roots": ["root"]}
+    if fleet == "one":
+        raw["agents"] = [{"id": "a", "workdir": "a"}]
+    config = parse_config(raw, base_dir=tmp_path)
+    store = SqliteStore.in_dir(config.state_dir)
+    service = Service(config, {}, store)
+    heap.starting()
+    stop = asyncio.Event()
+    running = asyncio.create_task(service.run(stop))
+    try:
+        async with asyncio.timeout(TIMEOUT_S):
+            while gc.get_threshold()[0] != heap.SERVE_YOUNG:
+                assert not running.done(), running
+                await asyncio.sleep(0.01)
+        assert gc.get_freeze_count() > 0
+    finally:
+        stop.set()
+        await running
+        store.close()
