@@ -25,8 +25,9 @@ import errno
 import logging
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, Final, TypeAlias
+from typing import BinaryIO, Final, Literal, TypeAlias
 
 from taskcard.producers.task_card.contract import file_kind as contract_file_kind
 
@@ -139,18 +140,15 @@ class WorkdirFiles:
 
     def open(self, path: StrPath) -> BinaryIO | None:
         """The regular file opened for binary reading (the caller closes it), or None."""
-        try:
-            handle = self._open(path)
-        except Refused as refusal:
-            self._refused(path, str(refusal))
-            return None
-        self._fine(path)
-        return handle
+        return self._judged(path, self._open)
 
     def read(self, path: StrPath, limit: int) -> bytes | None:
         """At most `limit` bytes of the regular file, or None when it is missing or refused."""
         direct = self._open_direct(os.fspath(path))
-        if direct is not None:
+        if direct is False:
+            self._fine(path)
+            return None
+        if isinstance(direct, tuple):
             # The usual case, read straight from the descriptor: no file object is built.
             fd, size = direct
             try:
@@ -162,7 +160,7 @@ class WorkdirFiles:
                 os.close(fd)
             self._fine(path)
             return data
-        handle = self.open(path)
+        handle = self._judged(path, self._check_and_open)  # the shortcuts were just tried
         if handle is None:
             return None
         try:
@@ -209,16 +207,33 @@ class WorkdirFiles:
             )
         return root, real, st
 
+    def _judged(
+        self, path: StrPath, opener: Callable[[StrPath], BinaryIO | None]
+    ) -> BinaryIO | None:
+        """`opener(path)`, with a refusal recorded as the file's problem (None) and a clean
+        answer clearing it."""
+        try:
+            handle = opener(path)
+        except Refused as refusal:
+            self._refused(path, str(refusal))
+            return None
+        self._fine(path)
+        return handle
+
     def _open(self, path: StrPath) -> BinaryIO | None:
         direct = self._open_direct(os.fspath(path))
-        if direct is not None:
+        if direct is False:
+            return None
+        if isinstance(direct, tuple):
             try:
                 return os.fdopen(direct[0], "rb")
             except BaseException:
                 os.close(direct[0])
                 raise
-        if self._missing_direct(os.fspath(path)):
-            return None
+        return self._check_and_open(path)
+
+    def _check_and_open(self, path: StrPath) -> BinaryIO | None:
+        """`_open` without its shortcuts: the full check, then the checked open."""
         checked = self._check(path)
         if checked is None:
             return None
@@ -242,11 +257,12 @@ class WorkdirFiles:
             os.close(fd)
             raise
 
-    def _open_direct(self, path: str) -> tuple[int, int] | None:
+    def _open_direct(self, path: str) -> tuple[int, int] | Literal[False] | None:
         """(descriptor, size) of the file at `path` when `path` is already its own real
         location, without resolving it component by component (one `lstat` per component, on
-        every read); None when that cannot be shown, and the full check decides (missing,
-        refused or read) instead. The caller closes the descriptor.
+        every read); False when it is shown missing the same way (`_missing_direct`); None
+        when neither can be shown, and the full check decides (missing, refused or read)
+        instead. The caller closes the descriptor.
 
         Taken only when `path` is absolute and normal and inside the resolved workdir, and
         accepted only when the kernel's own path of the opened descriptor is exactly `path`:
@@ -259,8 +275,13 @@ class WorkdirFiles:
             return None
         try:
             looked_at = os.lstat(path)
-            if not stat.S_ISREG(looked_at.st_mode):
-                return None
+        except FileNotFoundError:
+            return False if self._missing_direct(path, seen_missing=True) else None
+        except OSError:
+            return None
+        if not stat.S_ISREG(looked_at.st_mode):
+            return None
+        try:
             fd = os.open(path, _OPEN_FLAGS)
         except OSError:
             return None
@@ -297,7 +318,7 @@ class WorkdirFiles:
         try:
             fd = os.open(path, _LOOK_FLAGS)
         except FileNotFoundError:
-            return (None,) if self._missing_direct(path) else None
+            return (None,) if self._missing_direct(path, seen_missing=True) else None
         except OSError:
             return None
         try:
@@ -310,25 +331,28 @@ class WorkdirFiles:
             os.close(fd)
         return None
 
-    def _missing_direct(self, path: str) -> bool:
+    def _missing_direct(self, path: str, seen_missing: bool = False) -> bool:
         """Whether `path` is shown missing without resolving it: it does not exist, and its
         nearest existing ancestor is a folder inside the resolved workdir whose kernel path is
         exactly its own text. Then no symlink lies on the way, so resolving `path` would have
         given `path` itself, inside the workdir and missing: the full check's answer too. A
         symlink anywhere (dangling or not), or any doubt, answers False: the full check
-        decides, and refuses a way out of the workdir even for a missing file."""
+        decides, and refuses a way out of the workdir even for a missing file.
+        `seen_missing`: the caller's own `lstat` of `path` has just failed with ENOENT, so it
+        is not looked at again (the ancestors still are)."""
         if not _O_PATH or path != os.path.abspath(path):
             return False
         root = self._resolved_root()
         if not is_inside(root, path) or path == root:
             return False
-        try:
-            os.lstat(path)
-            return False  # it exists after all
-        except FileNotFoundError:
-            pass
-        except OSError:
-            return False
+        if not seen_missing:
+            try:
+                os.lstat(path)
+                return False  # it exists after all
+            except FileNotFoundError:
+                pass
+            except OSError:
+                return False
         folder = os.path.dirname(path)
         while is_inside(root, folder):
             try:

@@ -451,3 +451,25 @@ def test_a_workdir_deleted_and_recreated_or_swapped_is_judged_as_it_is_now(
         assert files.read(status, limit=8) == b"old"
         assert files.stat(workdir / "taskcard" / "missing") is None
     assert fast.problems == full.problems == {}
+
+
+def test_a_missing_file_is_looked_at_once_per_read(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`read` tries the direct open and, when it cannot answer, goes on to the checked one
+    without trying the direct open again (a missing file is the usual case for reports,
+    acknowledgements and the ledger, read on every change)."""
+    files = WorkdirFiles("a", workdir)
+    missing = str(workdir / "taskcard" / "reports.jsonl")
+    files.stat(workdir / "taskcard" / "warm-up")  # the workdir's resolution is kept
+    looked: list[str] = []
+    real_lstat = os.lstat
+
+    def counting(path: str, *args: object, **kwargs: object) -> os.stat_result:
+        looked.append(os.fspath(path))
+        return real_lstat(path)
+
+    monkeypatch.setattr(os, "lstat", counting)
+    assert files.read(missing, limit=64) is None
+    assert looked.count(missing) == 1
+    assert files.problems == {}
