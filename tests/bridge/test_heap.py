@@ -44,6 +44,24 @@ def test_settled_freezes_what_lives_and_serves_with_its_own_threshold(restored_g
     assert heap.SERVE_YOUNG < heap.START_YOUNG
 
 
+def test_cycles_already_garbage_when_settling_are_freed_not_frozen(restored_gc: None) -> None:
+    """A cycle the start-up left behind would, once frozen, never be collected: settling
+    collects first, so only what is alive is moved out of the collector's view."""
+    gc.unfreeze()
+    heap.starting()  # no young collection can come before `settled` (far below its threshold)
+
+    class Node:
+        other: object = None
+
+    first, second = Node(), Node()
+    first.other, second.other = second, first
+    gone = weakref.ref(first)
+    del first, second
+    assert gone() is not None  # only the collector can free a cycle
+    heap.settled()
+    assert gone() is None
+
+
 def test_a_frozen_object_is_still_freed_by_reference_counting(restored_gc: None) -> None:
     """Why freezing the start-up heap is safe: our objects are freed without the collector."""
 
