@@ -152,17 +152,20 @@ class WatchPlan:
         workdir, name = os.path.split(path)
         return self.workdirs.get(workdir) if name in CONTRACT_NAMES else None
 
+    def _standing_for(self, path: str, first: Mapping[str, frozenset[str]]) -> set[str]:
+        """The agents `path` stands for as a folder: in `first` (the ancestors watched, or
+        what is structural), as a workdir, or as a contract folder directly in one."""
+        found: set[str] = set()
+        for who in (first.get(path), self.workdirs.get(path), self._contract_folder(path)):
+            if who is not None:
+                found |= who
+        return found
+
     def owners_of(self, paths: Iterable[str]) -> set[str]:
         """The agents some of `paths` (watched folders) are watched for."""
         found: set[str] = set()
         for path in paths:
-            for who in (
-                self.owners.get(path),
-                self.workdirs.get(path),
-                self._contract_folder(path),
-            ):
-                if who is not None:
-                    found |= who
+            found |= self._standing_for(path, self.owners)
         return found
 
     def agents_for(self, event_path: str) -> tuple[set[str], bool]:
@@ -173,16 +176,8 @@ class WatchPlan:
     def classify(self, event_path: str) -> tuple[set[str], bool, tuple[frozenset[str], str] | None]:
         """`agents_for`, plus the file the event names when it is one of a contract folder's
         files and nothing structural: (its agents, `<contract folder>/<file name>`)."""
-        agents: set[str] = set()
-        stale = False
-        for who in (
-            self.structural.get(event_path),
-            self.workdirs.get(event_path),
-            self._contract_folder(event_path),
-        ):
-            if who is not None:
-                agents |= who
-                stale = True
+        agents = self._standing_for(event_path, self.structural)
+        stale = bool(agents)
         folder, name = os.path.split(event_path)
         file: tuple[frozenset[str], str] | None = None
         if not unread(name):
