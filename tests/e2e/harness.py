@@ -33,6 +33,16 @@ REPORT_STACK_LINES = 600
 TOKEN_ENV = "TC_TEST_TOKEN"
 
 
+def agents_lines(tmp_path: Path, agents: Sequence[str]) -> list[str]:
+    """The head of a config: the state folder and each agent, its workdir made under
+    `tmp_path/agents`."""
+    lines = ['state_dir = ".taskcard"']
+    for agent in agents:
+        (tmp_path / "agents" / agent).mkdir(parents=True, exist_ok=True)
+        lines += ["[[agents]]", f'id = "{agent}"', f'workdir = "agents/{agent}"']
+    return lines
+
+
 def telegram_config(
     tmp_path: Path,
     api_base_url: str,
@@ -44,11 +54,8 @@ def telegram_config(
     """`tmp_path/taskcard.toml` for the plainest fleet: each agent's workdir made under
     `tmp_path/agents`, one Telegram route to `chat_id` following them all, the bot token read
     from `TOKEN_ENV`, and `extra` lines (further sections) at the end."""
-    lines = ['state_dir = ".taskcard"']
-    for agent in agents:
-        (tmp_path / "agents" / agent).mkdir(parents=True, exist_ok=True)
-        lines += ["[[agents]]", f'id = "{agent}"', f'workdir = "agents/{agent}"']
-    lines += [
+    lines = [
+        *agents_lines(tmp_path, agents),
         "[telegram]",
         f'token_env = "{TOKEN_ENV}"',
         f'api_base_url = "{api_base_url}"',

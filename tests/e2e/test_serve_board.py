@@ -8,7 +8,7 @@ import html
 import json
 from pathlib import Path
 
-from tests.e2e.harness import ServeProcess, eventually, notify, publish
+from tests.e2e.harness import ServeProcess, agents_lines, eventually, notify, publish
 from tests.e2e.test_serve_feishu import CHAT, ENCRYPT, VERIFY, free_port
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram, StoredMessage
@@ -16,14 +16,6 @@ from tests.fakes.telegram_api import FakeTelegram, StoredMessage
 GROUP = -1009876543210
 BOARD_TITLE = "Task board"
 RETIRED_NOTE = "followed on this chat's task board"
-
-
-def agents_lines(tmp_path: Path, agents: list[str]) -> list[str]:
-    lines = ['state_dir = ".taskcard"']
-    for agent in agents:
-        (tmp_path / "agents" / agent).mkdir(parents=True, exist_ok=True)
-        lines += ["[[agents]]", f'id = "{agent}"', f'workdir = "agents/{agent}"']
-    return lines
 
 
 def telegram_serve(

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import pytest
 
 from taskcard.producers.task_card.contract import append_jsonl_line, atomic_write, utc_now_iso
-from tests.e2e.harness import ServeProcess, activity, eventually, publish
+from tests.e2e.harness import ServeProcess, activity, agents_lines, eventually, publish
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram
 
@@ -51,18 +51,10 @@ class Chat(Protocol):
     def restart(self) -> ServeProcess: ...
 
 
-def _config_head(tmp_path: Path, agents: list[str], extra: str) -> list[str]:
-    lines = ['state_dir = ".taskcard"']
-    for agent in agents:
-        (tmp_path / "agents" / agent).mkdir(parents=True, exist_ok=True)
-        lines += ["[[agents]]", f'id = "{agent}"', f'workdir = "agents/{agent}"']
-    return [*lines, extra]
-
-
 class TelegramChat:
     def __init__(self, tmp_path: Path, fake: FakeTelegram, agents: list[str], extra: str) -> None:
         self.fake = fake
-        lines = _config_head(tmp_path, agents, extra)
+        lines = [*agents_lines(tmp_path, agents), extra]
         lines += [
             "[telegram]",
             'token_env = "TC_TEST_TOKEN"',
@@ -108,7 +100,7 @@ class FeishuChat:
         self.fake = fake
         port = _free_port()
         self.url = f"http://127.0.0.1:{port}/feishu/events"
-        lines = _config_head(tmp_path, agents, extra)
+        lines = [*agents_lines(tmp_path, agents), extra]
         lines += [
             "[feishu]",
             'app_id_env = "TC_FS_APP_ID"',

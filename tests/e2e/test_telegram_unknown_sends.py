@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.harness import ServeProcess, eventually, publish, run_cli
+from tests.e2e.harness import ServeProcess, agents_lines, eventually, publish, run_cli
 from tests.fakes.telegram_api import FakeLimits, FakeTelegram
 
 BASE_CHAT = -1009000000000
@@ -33,11 +33,8 @@ def chat_of(index: int) -> int:
 
 def write_config(tmp_path: Path, fake: FakeTelegram, agents: list[str], extra: str = "") -> Path:
     """One group chat per agent; `extra` goes into the [telegram] section."""
-    lines = ['state_dir = ".taskcard"']
-    for agent in agents:
-        (tmp_path / "agents" / agent).mkdir(parents=True, exist_ok=True)
-        lines += ["[[agents]]", f'id = "{agent}"', f'workdir = "agents/{agent}"']
-    lines += [
+    lines = [
+        *agents_lines(tmp_path, agents),
         "[telegram]",
         'token_env = "TC_TEST_TOKEN"',
         f'api_base_url = "{fake.base_url}"',
