@@ -602,11 +602,13 @@ class Service:
                 self._due.set(agent_id, until.timestamp())
             if result.failure is not None:
                 raise result.failure
-        lineage_changed = False
+        lineage_changed = ledger_changed = False
         with self._guard(agent_id, "reading its reports and inbox"):
             lineage_changed = self._follow_agent_side(agent_id, monitor, changed)
+        with self._guard(agent_id, "reading its ledger"):
+            ledger_changed = self._ledgers.refresh(monitor.files, changed)
         if result is not None and (
-            result.card_changed or result.activity_changed or lineage_changed
+            result.card_changed or result.activity_changed or lineage_changed or ledger_changed
         ):
             self._project(agent_id)
         self._save_health(agent_id)
@@ -749,12 +751,12 @@ class Service:
                 activity_rows=prefs.activity_rows or self._config.display.activity_rows,
                 now=self._clock(),
                 zone=route.zone,
-                ledger_line=ledger_row(self._ledgers.summary(monitor.files)),
+                ledger_line=ledger_row(self._ledgers.current(monitor.files)),
                 lineage=self._sides[route.key.agent_id].lineage,
             )
             self._scheduler.submit(route.key, self._render_card(channel, view))
-        # Composing reads the ledger too: a refusal found there shows in `taskcard status`
-        # now, not only after the agent's next change.
+        # A composition may take the ledger's first look: a refusal found there shows in
+        # `taskcard status` now, not only after the agent's next change.
         self._save_health(route.key.agent_id)
 
     def _retire_card(self, route: Route, channel: Channel) -> None:

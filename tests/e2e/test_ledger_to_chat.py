@@ -72,3 +72,38 @@ async def test_blocked_escalate_reaches_the_chat(tmp_path: Path, fake: FakeTeleg
         lines = (workdir / ".notification" / "system.jsonl").read_text().splitlines()
         assert len([line for line in lines if '"ledger.blocked"' in line]) == 1
         assert await serve.aterminate() == 0
+
+
+async def test_a_ledger_change_alone_updates_the_card(tmp_path: Path, fake: FakeTelegram) -> None:
+    """The card is not published again: the ledger's own change brings its row up to date."""
+    workdir = tmp_path / "agents" / "trainer"
+    workdir.mkdir(parents=True)
+    config = tmp_path / "taskcard.toml"
+    config.write_text(
+        '[[agents]]\nid = "trainer"\nworkdir = "agents/trainer"\n'
+        f'[telegram]\ntoken_env = "TC_TEST_TOKEN"\napi_base_url = "{fake.base_url}"\n'
+        "poll_timeout_s = 1\n"
+        f'[[telegram.routes]]\nchat_id = {CHAT}\nagents = ["*"]\n'
+    )
+    with ServeProcess(config, env={"TC_TEST_TOKEN": fake.token}) as serve:
+        publish(workdir, "**training** card")
+        await eventually(
+            lambda: any("training" in m.text for m in fake.bot_messages(CHAT)),
+            what="the first card",
+            timeout_s=60,
+        )
+        assert not any("ledger" in m.text for m in fake.bot_messages(CHAT))
+        ledger(workdir, "init", "train-7", "--purpose", "Train", "--steps", "prep,train")
+        await eventually(
+            lambda: any("ledger train-7: NOT_STARTED" in m.text for m in fake.bot_messages(CHAT)),
+            what="the ledger row after init",
+            timeout_s=60,
+        )
+        ledger(workdir, "checkpoint", "train-7", "--event-type", "STARTED")
+        await eventually(
+            lambda: any("ledger train-7: RUNNING" in m.text for m in fake.bot_messages(CHAT)),
+            what="the ledger row after a checkpoint",
+            timeout_s=60,
+        )
+        assert len(fake.bot_messages(CHAT)) == 1  # the resident, edited in place
+        assert await serve.aterminate() == 0

@@ -6,11 +6,16 @@ import os
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
 from taskcard.bridge.compose.view import compose_view
 from taskcard.bridge.follow.safe_read import WorkdirFiles
 from taskcard.bridge.track.ledger import LedgerView, ledger_row
 from taskcard.bridge.track.monitor import ActivitySummary, CardState
+from taskcard.producers.ledger.contract import LEDGER_DIR, LEDGER_FILE
 from taskcard.producers.ledger.store import DEFAULT_LEDGER, Ledger
+
+LEDGER_NAME = f"{LEDGER_DIR}/{LEDGER_FILE}"
 
 
 def test_no_ledger_no_row(workdir: Path) -> None:
@@ -134,3 +139,34 @@ def test_absurd_step_counts_are_unknown(workdir: Path) -> None:
         os.utime(path, ns=(len(steps), len(steps)))
         row = ledger_row(LedgerView().summary(WorkdirFiles("a", workdir)))
         assert row == "ledger x: RUNNING · next: unknown", steps
+
+
+def test_refresh_looks_only_when_the_ledger_is_named(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    view, files = LedgerView(), WorkdirFiles("a", workdir)
+    looks: list[str] = []
+    stat = WorkdirFiles.stat
+
+    def counted(self: WorkdirFiles, path: str) -> os.stat_result | None:
+        looks.append(path)
+        return stat(self, path)
+
+    monkeypatch.setattr(WorkdirFiles, "stat", counted)
+    assert view.current(files) is None and len(looks) == 1  # first composition looks
+    assert view.current(files) is None and len(looks) == 1  # later ones do not
+    assert view.refresh(files, frozenset({"taskcard/taskcard.md"})) is False
+    assert len(looks) == 1  # the watcher named another file: no look
+    ledger = Ledger(workdir / DEFAULT_LEDGER)
+    ledger.init("train-7", "p", ["prep", "train"])
+    assert view.refresh(files, frozenset({LEDGER_NAME})) is True
+    assert ledger_row(view.current(files)) == (
+        "ledger train-7: NOT_STARTED · 0/2 steps done · next: unknown"
+    )
+    assert view.refresh(files, frozenset({LEDGER_NAME})) is False  # same file: no change
+    ledger.checkpoint("train-7", "STEP_COMPLETED", step="prep")
+    assert view.refresh(files, None) is True  # a rescan looks at everything
+    assert "RUNNING" in (ledger_row(view.current(files)) or "")
+    (workdir / DEFAULT_LEDGER).unlink()
+    assert view.refresh(files, frozenset({LEDGER_NAME})) is True
+    assert view.current(files) is None
