@@ -144,28 +144,37 @@ class WorkdirFiles:
 
     def read(self, path: StrPath, limit: int) -> bytes | None:
         """At most `limit` bytes of the regular file, or None when it is missing or refused."""
+        found = self._read(path, limit)
+        return None if found is None else found[0]
+
+    def read_signed(self, path: StrPath, limit: int) -> tuple[bytes, os.stat_result] | None:
+        """`read`, with the status of the very file read (taken from its open descriptor):
+        a caller that needs both the bytes and the file's (inode, size, mtime) looks once."""
+        return self._read(path, limit)
+
+    def _read(self, path: StrPath, limit: int) -> tuple[bytes, os.stat_result] | None:
         direct = self._open_direct(os.fspath(path))
         if direct is False:
             self._fine(path)
             return None
         if isinstance(direct, tuple):
             # The usual case, read straight from the descriptor: no file object is built.
-            fd, size = direct
+            fd, status = direct
             try:
-                data = _read_fd(fd, size, limit)
+                data = _read_fd(fd, status.st_size, limit)
             except OSError as error:
                 self._refused(path, f"cannot be read ({error.strerror or 'I/O error'})")
                 return None
             finally:
                 os.close(fd)
             self._fine(path)
-            return data
+            return data, status
         handle = self._judged(path, self._check_and_open)  # the shortcuts were just tried
         if handle is None:
             return None
         try:
             with handle:
-                return _read_up_to(handle, limit)
+                return _read_up_to(handle, limit), os.fstat(handle.fileno())
         except OSError as error:
             self._refused(path, f"cannot be read ({error.strerror or 'I/O error'})")
             return None
@@ -257,8 +266,8 @@ class WorkdirFiles:
             os.close(fd)
             raise
 
-    def _open_direct(self, path: str) -> tuple[int, int] | Literal[False] | None:
-        """(descriptor, size) of the file at `path` when `path` is already its own real
+    def _open_direct(self, path: str) -> tuple[int, os.stat_result] | Literal[False] | None:
+        """(descriptor, status) of the file at `path` when `path` is already its own real
         location, without resolving it component by component (one `lstat` per component, on
         every read); False when it is shown missing the same way (`_missing_direct`); None
         when neither can be shown, and the full check decides (missing, refused or read)
@@ -292,7 +301,7 @@ class WorkdirFiles:
                 and (opened.st_dev, opened.st_ino) == (looked_at.st_dev, looked_at.st_ino)
                 and os.readlink(_PROC_FD + str(fd)) == path
             ):
-                return fd, opened.st_size
+                return fd, opened
         except OSError:
             pass  # no /proc, or the file went: the full check decides
         except BaseException:

@@ -291,6 +291,8 @@ class AgentMonitor:
     def _refresh_card(self, changed: frozenset[str] | None) -> None:
         paths = self.paths
         previous = self._card_signatures
+        body_read = False  # the body was read with its signature (then `raw` is what it held)
+        raw: bytes | None = None
         if changed is None or previous is None:
             status_sig, body_sig, watch_sig = (
                 signature(paths.status),
@@ -298,11 +300,22 @@ class AgentMonitor:
                 signature(paths.watch),
             )
         else:
-            status_sig, body_sig, watch_sig = (
-                signature(paths.status) if STATUS_NAME in changed else previous[0],
-                signature(paths.body) if BODY_NAME in changed else previous[1],
-                signature(paths.watch) if WATCH_NAME in changed else previous[2],
-            )
+            status_sig = signature(paths.status) if STATUS_NAME in changed else previous[0]
+            watch_sig = signature(paths.watch) if WATCH_NAME in changed else previous[2]
+            if BODY_NAME not in changed:
+                body_sig = previous[1]
+            elif status_sig is not None and self._status(status_sig) == "active":
+                # An active card's changed body is read anyway, and the descriptor read tells
+                # its signature: one look at the file per change, not a `stat` and a read.
+                signed = self.files.read_signed(paths.body, limit=MAX_BODY_BYTES)
+                if signed is None:
+                    body_sig = signature(paths.body)
+                else:
+                    raw, found = signed
+                    body_sig = (found.st_ino, found.st_size, found.st_mtime_ns)
+                    body_read = True
+            else:
+                body_sig = signature(paths.body)
         signatures = (status_sig, body_sig, watch_sig)
         if signatures == previous:
             return
@@ -312,7 +325,8 @@ class AgentMonitor:
             card = replace(card, watch_id=self._read_watch_id())
         status = self._status(status_sig)
         if status == "active":
-            raw = self.files.read(paths.body, limit=MAX_BODY_BYTES)
+            if not body_read:
+                raw = self.files.read(paths.body, limit=MAX_BODY_BYTES)
             if raw is not None and raw.strip():
                 activated = card.status != "active" or (
                     card.watch_id is not None and card.watch_id != self._card.watch_id

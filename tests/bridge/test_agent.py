@@ -514,9 +514,10 @@ def test_a_body_change_reads_the_body_alone_and_a_status_change_is_still_seen(
 def test_a_refresh_told_which_files_changed_looks_at_those_alone(
     paths: CardPaths, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The watcher names the files it saw change: a body change then costs one `stat` (and
-    a read) of the body, nothing else; what no event named waits for a full refresh (the
-    rescan), and a refresh after a failure is always full."""
+    """The watcher names the files it saw change: a body change then costs one read of the
+    body (its signature comes from the descriptor read, no separate `stat`), nothing else;
+    what no event named waits for a full refresh (the rescan), and a refresh after a failure
+    is always full."""
     publish(paths, "first")
     event(paths, "turn.start", START)
     mon = monitor(paths, clock)
@@ -528,15 +529,26 @@ def test_a_refresh_told_which_files_changed_looks_at_those_alone(
         stated.append(os.fspath(path))
         return real_stat(path, *args, **kwargs)
 
+    opened: list[str] = []
+    real_open = os.open
+
+    def counting_open(path: Any, *args: Any, **kwargs: Any) -> Any:
+        opened.append(os.fspath(path))
+        return real_open(path, *args, **kwargs)
+
     monkeypatch.setattr(os, "stat", counting_stat)
     atomic_write(paths.body, b"second")
     atomic_write(paths.status, b"inactive")  # named by no event below
     event(paths, "text", START, text="news")  # nor this
     stated.clear()
+    monkeypatch.setattr(os, "open", counting_open)
     result = mon.refresh(frozenset({BODY_NAME}))
+    monkeypatch.setattr(os, "open", real_open)
     assert (result.card_changed, result.activity_changed) == (True, False)
     assert (mon.card.status, mon.card.body) == ("active", "second")
-    assert stated == [os.fspath(paths.body)]
+    assert stated == []
+    assert opened == [os.fspath(paths.body)]
+    assert mon.refresh(frozenset({BODY_NAME})).card_changed is False  # same file: no change
 
     assert mon.refresh(frozenset({EVENTS_NAME})).activity_changed is True
     assert mon.card.status == "active"  # the status file was still not named

@@ -473,3 +473,35 @@ def test_a_missing_file_is_looked_at_once_per_read(
     assert files.read(missing, limit=64) is None
     assert looked.count(missing) == 1
     assert files.problems == {}
+
+
+def test_a_signed_read_gives_the_status_of_the_very_file_it_read(
+    tmp_path: Path, workdir: Path
+) -> None:
+    """`read_signed` answers what `read` answers, with the file's status from the descriptor
+    read: on the plain path, on a symlink inside (the full check) and after a replacement."""
+    body = workdir / "taskcard" / "taskcard.md"
+    body.write_bytes(b"one")
+    files = WorkdirFiles("a", workdir)
+
+    def signature(info: os.stat_result) -> tuple[int, int, int]:
+        return (info.st_ino, info.st_size, info.st_mtime_ns)
+
+    signed = files.read_signed(body, limit=64)
+    assert signed is not None and signed[0] == b"one"
+    assert signature(signed[1]) == signature(os.stat(body))
+    replacement = workdir / "taskcard" / "next"
+    replacement.write_bytes(b"two!")
+    replacement.replace(body)
+    signed = files.read_signed(body, limit=64)
+    assert signed is not None and signed[0] == b"two!"
+    assert signature(signed[1]) == signature(os.stat(body))
+    (workdir / "inside").symlink_to(workdir / "taskcard")
+    signed = files.read_signed(workdir / "inside" / "taskcard.md", limit=2)
+    assert signed is not None and signed[0] == b"tw"
+    assert signature(signed[1]) == signature(os.stat(body))
+    assert files.read_signed(workdir / "taskcard" / "missing", limit=64) is None
+    (tmp_path / "secret").write_bytes(b"SECRET")
+    (workdir / "out").symlink_to(tmp_path / "secret")
+    assert files.read_signed(workdir / "out", limit=64) is None
+    assert "outside" in files.problems["out"]
