@@ -23,7 +23,7 @@ import html
 import json
 import re
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Final
 from urllib.parse import quote
 
@@ -230,6 +230,20 @@ class Redactor:
             return True
         bare = _folded_text(text, markup=True)
         return any(secret in bare for secret in self._bare)
+
+
+def strings_in(value: object) -> Iterator[str]:
+    """Every string in a JSON-like value: dict keys and values, list and tuple items."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            if isinstance(key, str):
+                yield key
+            yield from strings_in(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from strings_in(item)
 
 
 def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:

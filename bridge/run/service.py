@@ -28,7 +28,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, tzinfo
 
 from taskcard.bridge.compose.board import BoardEntry, compose_board, fit_board, needs_attention
-from taskcard.bridge.compose.redact import Redactor
+from taskcard.bridge.compose.redact import Redactor, strings_in
 from taskcard.bridge.compose.view import compose_view, format_at
 from taskcard.bridge.config import ServiceConfig
 from taskcard.bridge.deliver.registry import BuiltChannel, RouteSpec, route_specs
@@ -856,13 +856,14 @@ class Service:
         return channel.render_text(self._redact(text))
 
     def _leaks(self, outgoing: Outgoing) -> bool:
-        payload = json.dumps(outgoing.payload, ensure_ascii=False)
-        if self._redact.leaks(payload):
-            return True
-        # The payload usually carries the text verbatim. Both checks look for substrings of
-        # the text and of its per-character fold, so whatever the text would show is then
-        # shown by the payload too: the text is checked on its own only when it is not there.
-        return outgoing.text not in payload and self._redact.leaks(outgoing.text)
+        # Every string the platform receives is checked on its own (what a chat shows comes
+        # from these strings; the JSON punctuation between them never joins two of them),
+        # and the plain text too unless it is one of them verbatim. Walking the payload costs
+        # half of dumping it as JSON and folding the dump, entity offsets and all.
+        texts = list(strings_in(outgoing.payload))
+        if outgoing.text not in texts:
+            texts.append(outgoing.text)
+        return any(self._redact.leaks(text) for text in texts)
 
     # Notices -----------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from taskcard.bridge.compose.redact import (
     fold,
     redact,
     redact_every_shape,
+    strings_in,
 )
 
 SECRET_CASES = [
@@ -274,3 +275,25 @@ _PRECHECK_EDGES = [
 def test_the_prechecked_redaction_agrees_at_each_literal_and_fold(text: str) -> None:
     assert redact(text) != text
     assert redact(text) == redact_every_shape(text)
+
+
+def test_every_string_of_a_payload_is_found_for_the_leak_check() -> None:
+    """The final check before a send looks at each string a platform receives: a secret in
+    an entity's link or deep in a card's elements is found, numbers are not strings."""
+    secret = "Conf1guredValue-xyz-42"
+    payload = {
+        "text": "all good",
+        "entities": [
+            {"type": "text_link", "offset": 0, "length": 3, "url": f"https://x.test/?k={secret}"}
+        ],
+        "card": {"elements": ({"tag": "div", "content": ["a", ("b", 7)]},)},
+        "flag": True,
+    }
+    found = list(strings_in(payload))
+    assert found == [
+        "text", "all good", "entities", "type", "text_link", "offset", "length", "url",
+        f"https://x.test/?k={secret}", "card", "elements", "tag", "div", "content", "a", "b",
+        "flag",
+    ]  # fmt: skip
+    redactor = Redactor([secret])
+    assert [text for text in found if redactor.leaks(text)] == [f"https://x.test/?k={secret}"]
