@@ -11,6 +11,9 @@ Python renderer. Figures:
   how late the host launched the renderer. The per-tick period error (the gap between
   consecutive ticks minus the gap between their due times) is shown beside it, and ticks a
   render overran are counted as skipped.
+- the floor: `bench.producer_floor` does only the system calls a tick cannot do without
+  (spawn, one pipe, exit wait, read, atomic replace) for the same watches, run after the
+  host; its CPU is what no producer keeping the contract can go below on this machine.
 - one renderer run's cost: `run_renderer` against `subprocess.run([sys.executable, r.py])`
   with the same interpreter and environment, interleaved, on a quiet machine after the host
   has exited; wall time and CPU (this process plus its children, from `getrusage`).
@@ -33,7 +36,7 @@ from pathlib import Path
 from typing import IO
 
 from bench.harness import Progress
-from bench.measure import cpu_of, percentile
+from bench.measure import CpuSample, cpu_of, percentile
 from bench.producer_host import RENDERER
 from bench.results import Figure, ScenarioResult
 from taskcard.producers.task_card.renderer import RunRequest, renderer_environment, run_renderer
@@ -76,30 +79,36 @@ def compare_renderer_runs(workdir: Path, runs: int) -> dict[str, list[float]]:
     return samples
 
 
-def _spawn_host(
-    root: Path, watches: int, hold_s: float, record_path: Path, log: IO[bytes]
-) -> subprocess.Popen[str]:
+def _spawn(module: str, args: list[str], log: IO[bytes]) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "bench.producer_host",
-            "--root",
-            str(root / "fleet"),
-            "--watches",
-            str(watches),
-            "--interval-s",
-            str(INTERVAL_S),
-            "--hold-s",
-            str(hold_s),
-            "--out",
-            str(record_path),
-        ],
+        [sys.executable, "-m", module, *args],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=log,
         text=True,
     )
+
+
+async def _measured(
+    module: str, args: list[str], log_path: Path, duration_s: float
+) -> tuple[float, float, CpuSample, CpuSample, int]:
+    """Start `module`, wait for its `ready`, sample its CPU over `duration_s`, wait for its
+    exit: (window start, window length, CPU before, CPU after, exit code)."""
+    with log_path.open("wb") as log:
+        process = _spawn(module, [*args, "--hold-s", str(duration_s + 1.5)], log)
+        assert process.stdout is not None
+        line = await asyncio.to_thread(process.stdout.readline)
+        if line.strip() != "ready":
+            process.kill()
+            raise RuntimeError(f"{module} did not start; see {log_path}")
+        window_start = time.monotonic()
+        before = cpu_of(process.pid)
+        await asyncio.sleep(duration_s)
+        after = cpu_of(process.pid)
+        window_s = time.monotonic() - window_start
+        code = await asyncio.to_thread(process.wait, 120)
+        process.stdout.close()
+    return window_start, window_s, before, after, code
 
 
 async def run(workspace: Path, *, quick: bool) -> ScenarioResult:
@@ -110,21 +119,14 @@ async def run(workspace: Path, *, quick: bool) -> ScenarioResult:
     record_path = root / "record.json"
     started = time.monotonic()
     progress = Progress("producer")
-    with (root / "host.log").open("wb") as log:
-        host = _spawn_host(root, watches, duration_s + 1.5, record_path, log)
-        assert host.stdout is not None
-        line = await asyncio.to_thread(host.stdout.readline)
-        if line.strip() != "ready":
-            host.kill()
-            raise RuntimeError(f"the producer host did not start; see {root / 'host.log'}")
-        progress(f"{watches} watches started; measuring {duration_s:.0f} s")
-        window_start = time.monotonic()
-        before = cpu_of(host.pid)
-        await asyncio.sleep(duration_s)
-        after = cpu_of(host.pid)
-        window_s = time.monotonic() - window_start
-        code = await asyncio.to_thread(host.wait, 120)
-        host.stdout.close()
+    common = ["--watches", str(watches), "--interval-s", str(INTERVAL_S)]
+    progress(f"starting {watches} watches; measuring {duration_s:.0f} s once they run")
+    window_start, window_s, before, after, code = await _measured(
+        "bench.producer_host",
+        ["--root", str(root / "fleet"), "--out", str(record_path), *common],
+        root / "host.log",
+        duration_s,
+    )
     if code != 0:
         raise RuntimeError(f"the producer host exited with {code}; see {root / 'host.log'}")
     record = json.loads(record_path.read_text())
@@ -150,6 +152,16 @@ async def run(workspace: Path, *, quick: bool) -> ScenarioResult:
 
     progress("comparing single renderer runs")
     samples = await asyncio.to_thread(compare_renderer_runs, root / "compare", 10 if quick else 20)
+    progress(f"the bare system calls of the same ticks, {duration_s:.0f} s")
+    _, floor_s, floor_before, floor_after, floor_code = await _measured(
+        "bench.producer_floor",
+        ["--root", str(root / "floor"), *common],
+        root / "floor.log",
+        duration_s,
+    )
+    if floor_code != 0:
+        raise RuntimeError(f"the floor program exited with {floor_code}; see {root / 'floor.log'}")
+    floor_pct = (floor_after.own_s - floor_before.own_s) / floor_s * 100
 
     host_cpu_pct = (after.own_s - before.own_s) / window_s * 100
     renderers_cpu_pct = (after.children_s - before.children_s) / window_s * 100
@@ -167,6 +179,12 @@ async def run(workspace: Path, *, quick: bool) -> ScenarioResult:
 
     result.figures += [
         Figure("host CPU beyond renderers", host_cpu_pct, "% core", "<= 2", host_cpu_pct <= 2),
+        Figure(
+            "bare system calls of the same ticks",
+            floor_pct,
+            "% core",
+            note="bench.producer_floor: spawn, one pipe, exit wait, read, rename; nothing else",
+        ),
         Figure(
             "tick drift p99",
             drift_p99,
