@@ -8,6 +8,8 @@ no priority, no fence, no budget, no status check: the product does all of these
 The same renderer, the same number of watches and the same interval as `bench.producer_host`,
 one thread per watch, the grids spread over the first interval.
 
+With `--no-publish` the body is not written: the difference is what the atomic replace costs.
+
 Protocol: prints `ready` once every watch has started, runs for `--hold-s` seconds, then
 stops the threads and exits. The caller reads this process's CPU from /proc meanwhile.
 """
@@ -25,7 +27,7 @@ from pathlib import Path
 from bench.producer_host import RENDERER
 
 
-def _tick(renderer: str, body: str, env: dict[str, str]) -> None:
+def _tick(renderer: str, body: str, env: dict[str, str], publish: bool) -> None:
     out_r, out_w = os.pipe()
     try:
         pid = os.posix_spawn(
@@ -47,6 +49,8 @@ def _tick(renderer: str, body: str, env: dict[str, str]) -> None:
         os.close(pidfd)
         os.close(out_r)
     os.waitpid(pid, 0)
+    if not publish:
+        return
     temp = f"{body}.tmp"
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
@@ -56,7 +60,7 @@ def _tick(renderer: str, body: str, env: dict[str, str]) -> None:
     os.replace(temp, body)
 
 
-def _watch(workdir: Path, interval_s: float, stop: threading.Event) -> None:
+def _watch(workdir: Path, interval_s: float, publish: bool, stop: threading.Event) -> None:
     (workdir / "taskcard").mkdir(parents=True, exist_ok=True)
     renderer = workdir / "r.py"
     renderer.write_text(RENDERER)
@@ -68,7 +72,7 @@ def _watch(workdir: Path, interval_s: float, stop: threading.Event) -> None:
         slot += 1
         if stop.wait(max(0.0, origin + slot * interval_s - time.monotonic())):
             return
-        _tick(str(renderer), body, env)
+        _tick(str(renderer), body, env, publish)
 
 
 def main(argv: list[str]) -> int:
@@ -77,13 +81,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--watches", type=int, required=True)
     parser.add_argument("--interval-s", type=float, default=1.0)
     parser.add_argument("--hold-s", type=float, required=True)
+    parser.add_argument(
+        "--no-publish", action="store_true", help="leave out the atomic replace of the body"
+    )
     args = parser.parse_args(argv)
     stop = threading.Event()
     threads = []
     for index in range(args.watches):
         thread = threading.Thread(
             target=_watch,
-            args=(args.root / f"w{index:02d}", args.interval_s, stop),
+            args=(args.root / f"w{index:02d}", args.interval_s, not args.no_publish, stop),
             daemon=True,
         )
         thread.start()
