@@ -21,9 +21,20 @@ FileSignature = tuple[int, int, int]
 
 
 def signature(path: StrPath) -> FileSignature | None:
-    """(inode, size, mtime in ns) of `path`, None when it cannot be looked at: one `stat`."""
+    """(inode, size, mtime in ns) of `path`, None when there is nothing there: one `stat`.
+
+    A symlink whose target is missing is something, not nothing: it gets the link's own
+    signature, so the caller looks at it through the safe reader, which refuses it and lists
+    it in `taskcard status` (a link out of the workdir is a problem before its target exists).
+    That costs a second look only where the first found nothing.
+    """
     try:
         st = os.stat(path)
+    except FileNotFoundError:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return None
     except OSError:
         return None
     return (st.st_ino, st.st_size, st.st_mtime_ns)

@@ -368,3 +368,31 @@ async def test_absurd_numbers_in_ledger_and_notices_become_unknown(
         assert await serve.aterminate() == 0
     assert "-5 refreshes" not in every_text(fake)
     assert "Traceback" not in serve.logs
+
+
+async def test_a_dangling_symlink_out_of_the_workdir_is_listed_from_the_first_sight(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """An activity log that is a symlink to a missing file outside is a problem from the
+    start (not a plainly missing log), and what later appears at its target is never read."""
+    serve = setup(tmp_path, fake, ["dangling"])
+    dangling = workdir(tmp_path, "dangling")
+    publish(dangling, "dangling card")
+    (dangling / "logs").mkdir()
+    target = tmp_path / "not-yet" / "events.jsonl"
+    (dangling / "logs" / "events.jsonl").symlink_to(target)
+    with serve:
+        await eventually(lambda: shows(fake, GROUP, "dangling card"), what="the card")
+        problems = await eventually(
+            lambda: status_json(serve.config)["dangling"], what="the dangling link in status"
+        )
+        assert any(p.startswith("logs/events.jsonl") for p in problems), problems
+        target.parent.mkdir()
+        target.write_text(
+            json.dumps({"ts": "2030-01-01T00:00:00Z", "kind": "text", "text": "LEAKED-LATER"})
+            + "\n"
+        )
+        publish(dangling, "dangling card again")
+        await eventually(lambda: shows(fake, GROUP, "dangling card again"), what="the new card")
+        assert await serve.aterminate() == 0
+    assert "LEAKED-LATER" not in every_text(fake)
