@@ -76,6 +76,10 @@ class Share:
     routes: tuple[Route, ...]
 
 
+def _window_text(window: Window | None) -> str:
+    return "none" if window is None else f"{window.max_calls} per {window.period_s:g} s"
+
+
 def split(routes: Sequence[Route], instances: int) -> list[Share]:
     """Deal the private chats round-robin; each instance routes the group for its agents."""
     private = [route for route in routes if route.chat_id > 0]
@@ -227,28 +231,31 @@ async def run(
         f"every {CHANGE_PERIOD_S * 1000:.0f} ms for {duration_s:.0f} s; one group with all "
         f"{count} residents (fed by all {INSTANCES}), {len(routes) - 1} private chats of "
         f"{PER_PRIVATE_CHAT} dealt out round-robin (agents per instance: "
-        f"{', '.join(str(len(s.agents)) for s in shares)}); cold start; limits 1/s per "
-        f"private chat, 20 per {group_period_s:.0f} s per group, 30/s per bot, one fake.",
+        f"{', '.join(str(len(s.agents)) for s in shares)}); cold start; limits "
+        f"{_window_text(limits.private_chat)} per private chat, "
+        f"{_window_text(limits.group_chat)} per group, {_window_text(limits.bot)} per bot, "
+        "one fake.",
         wall_s=time.monotonic() - started,
     )
-    assert limits.bot is not None
+    assert limits.bot is not None and limits.private_chat is not None
+    assert limits.group_chat is not None
     windows = [
-        ("group", mine.group_max, base.group_max, 20, f"{group_period_s:.0f} s"),
-        ("private chat", mine.private_max, base.private_max, 1, "1 s"),
-        ("bot", mine.bot_max, base.bot_max, limits.bot.max_calls, "1 s"),
+        ("group", mine.group_max, base.group_max, limits.group_chat),
+        ("private chat", mine.private_max, base.private_max, limits.private_chat),
+        ("bot", mine.bot_max, base.bot_max, limits.bot),
     ]
     figures = [
         Figure("429 answers", float(mine.rate_limited), "", "0", mine.rate_limited == 0,
                float(base.rate_limited)),
     ]  # fmt: skip
-    for label, value, theirs_value, limit, period in windows:
+    for label, value, theirs_value, limit in windows:
         figures.append(
             Figure(
-                f"{label}: requests in any {period} (max)",
+                f"{label}: requests in any {limit.period_s:g} s (max)",
                 float(value),
                 "",
-                f"<= {limit}",
-                value <= limit,
+                f"<= {limit.max_calls}",
+                value <= limit.max_calls,
                 float(theirs_value),
                 note="accepted by the fake (429s excluded), all instances together",
             )
