@@ -582,7 +582,8 @@ def _supervise(
 
     One `poll(2)` set holds a pidfd of the renderer (Linux 5.3+). When stdout's pipe can
     hold more than the stdout limit (64 KiB against the default limit of 12 KiB), the
-    renderer can never block on stdout before going past the limit, so neither pipe wakes
+    renderer can never block on stdout before going past the limit (one that shrinks its own
+    pipe only slows itself: it is still read every `_POLL_S`), so neither pipe wakes
     the loop at first: both are read without waiting (non-blocking) on every wake, which is
     the exit for a normal run, or every `_POLL_S` while it runs (a renderer flooding stdout
     is cut off at the first of these). After the first quiet `_POLL_S`, stderr joins the
