@@ -24,21 +24,29 @@ from taskcard.channels.base import CursorStore
 
 log = logging.getLogger(__name__)
 
-# KEYS: lease, fence counter; ARGV: owner, ttl ms. Returns the token held (renewed or new),
-# or nil when another owner holds the lease.
+# KEYS: lease and fence counter of each lease in turn; ARGV: owner, ttl ms. Returns, for each
+# lease, the token held (renewed or new), or nil when another owner holds it.
 _HOLD = """
-local current = redis.call('GET', KEYS[1])
-if current then
-  if string.sub(current, 1, #ARGV[1] + 1) == ARGV[1] .. '|' then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return current
+local tokens = {}
+for i = 1, #KEYS, 2 do
+  local current = redis.call('GET', KEYS[i])
+  local token = false
+  if current then
+    if string.sub(current, 1, #ARGV[1] + 1) == ARGV[1] .. '|' then
+      redis.call('PEXPIRE', KEYS[i], ARGV[2])
+      token = current
+    end
+  else
+    token = ARGV[1] .. '|' .. redis.call('INCR', KEYS[i + 1])
+    redis.call('SET', KEYS[i], token, 'PX', ARGV[2])
   end
-  return false
+  tokens[#tokens + 1] = token
 end
-local token = ARGV[1] .. '|' .. redis.call('INCR', KEYS[2])
-redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
-return token
+return tokens
 """
+# Leases renewed per script call: one round trip per thousand agents, not one per agent, and
+# each call short enough (a few milliseconds in Redis) not to hold up other clients.
+HOLD_BATCH = 1000
 
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -96,21 +104,18 @@ class Lease:
     async def hold(self) -> bool:
         """Acquire or renew; True while held. An unreachable Redis keeps a lease only until
         it would have expired there."""
-        try:
-            token = await self._hold(
-                keys=[self.key, f"{self.key}:fence"], args=[self._owner, self._ttl_ms]
-            )
-        except RedisError as error:
-            if self.token is not None and self._clock() - self._held_at >= self._ttl_s:
-                log.warning(
-                    "lease %s lapsed: Redis unreachable (%s)", self.key, type(error).__name__
-                )
-                self._set(None)
-            return self.held
+        await hold_all([self])
+        return self.held
+
+    def _answered(self, token: object) -> None:
         if token is not None:
             self._held_at = self._clock()
         self._set(None if token is None else str(token))
-        return self.held
+
+    def _unanswered(self, error: RedisError) -> None:
+        if self.token is not None and self._clock() - self._held_at >= self._ttl_s:
+            log.warning("lease %s lapsed: Redis unreachable (%s)", self.key, type(error).__name__)
+            self._set(None)
 
     async def release(self) -> None:
         token, self.token = self.token, None
@@ -122,6 +127,23 @@ class Lease:
         if (token is None) != (self.token is None) or (token and token != self.token):
             self.changed.set()
         self.token = token
+
+
+async def hold_all(leases: Sequence[Lease]) -> None:
+    """Acquire or renew every lease, `HOLD_BATCH` per round trip (they share one client,
+    owner and TTL: one instance's leases). Each lease's `held` tells the outcome."""
+    for start in range(0, len(leases), HOLD_BATCH):
+        batch = leases[start : start + HOLD_BATCH]
+        first = batch[0]
+        keys = [name for lease in batch for name in (lease.key, f"{lease.key}:fence")]
+        try:
+            tokens = await first._hold(keys=keys, args=[first._owner, first._ttl_ms])
+        except RedisError as error:
+            for lease in batch:
+                lease._unanswered(error)
+            continue
+        for lease, token in zip(batch, tokens, strict=True):
+            lease._answered(token)
 
 
 async def release_all(client: Redis, leases: Sequence[Lease]) -> None:

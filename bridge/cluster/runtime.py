@@ -20,7 +20,13 @@ import redis
 from redis.asyncio import Redis as AsyncRedis
 
 from taskcard.bridge.cluster.config import ClusterConfig
-from taskcard.bridge.cluster.lease import FencedCursors, Lease, PollLease, release_all
+from taskcard.bridge.cluster.lease import (
+    FencedCursors,
+    Lease,
+    PollLease,
+    hold_all,
+    release_all,
+)
 from taskcard.bridge.cluster.limiter import RedisLimiter
 from taskcard.bridge.store.redis import RedisStore, connect
 from taskcard.channels.base import CursorStore
@@ -127,13 +133,15 @@ class Cluster:
     async def _renew(self, take: Callable[[str], None], drop: Callable[[str], None]) -> None:
         for gate in self._poll_leases:
             await gate.lease.hold()
+        # Needed for correctness at every interval whatever the fleet's size (a lease not
+        # renewed lapses and the agent moves), so it is batched: `HOLD_BATCH` per round trip.
+        before = {agent: lease.held for agent, lease in self._agent_leases.items()}
+        await hold_all(list(self._agent_leases.values()))
         for agent, lease in self._agent_leases.items():
-            before = lease.held
-            now = await lease.hold()
-            if now and not before:
+            if lease.held and not before[agent]:
                 log.info("agent %s: this instance serves it now", agent)
                 take(agent)
-            elif before and not now:
+            elif before[agent] and not lease.held:
                 log.warning("agent %s: another instance serves it now", agent)
                 drop(agent)
 

@@ -10,7 +10,15 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from taskcard.bridge.cluster.lease import FencedCursors, Lease, LeaseLost, PollLease
+from taskcard.bridge.cluster.lease import (
+    HOLD_BATCH,
+    FencedCursors,
+    Lease,
+    LeaseLost,
+    PollLease,
+    hold_all,
+    release_all,
+)
 from taskcard.bridge.store.redis import RedisStore, connect
 
 
@@ -44,3 +52,37 @@ async def test_one_holder_then_takeover_with_a_new_fence(client: Redis, redis_ur
     await second.release()
     assert await first.hold(), "a released lease is free at once"
     store.close()
+
+
+async def test_many_leases_are_renewed_in_batches_with_each_outcome_kept(client: Redis) -> None:
+    """An instance's agent leases are acquired and renewed `HOLD_BATCH` per round trip (not
+    one per agent); a lease another owner holds stays theirs, and a lease that lapsed in
+    Redis is taken again with a new fence."""
+    prefix = f"t-{uuid.uuid4().hex}:lease:agent"
+    count = 2 * HOLD_BATCH + 5
+    theirs = Lease(client, f"{prefix}:a0007", "other#9", 30.0)
+    assert await theirs.hold()
+    mine = [Lease(client, f"{prefix}:a{index:04d}", "me#1", 30.0) for index in range(count)]
+
+    async def script_calls() -> int:
+        stats = await client.info("commandstats")
+        return sum(
+            int(value["calls"])
+            for name, value in stats.items()
+            if name in ("cmdstat_evalsha", "cmdstat_eval")
+        )
+
+    calls = await script_calls()
+    await hold_all(mine)
+    assert await script_calls() - calls <= 3 + 1  # three batches (a first EVAL may precede)
+    assert [lease.held for lease in mine].count(False) == 1
+    assert not mine[7].held and theirs.held
+    tokens = [lease.token for lease in mine]
+    await client.delete(mine[3].key)  # lapsed in Redis (an expiry while paused)
+    calls = await script_calls()
+    await hold_all(mine)
+    assert await script_calls() - calls == 3
+    assert [lease.token for lease in mine][4:] == tokens[4:], "renewed, same tokens"
+    assert mine[3].held and mine[3].token != tokens[3], "taken again with a new fence"
+    assert not mine[7].held
+    await release_all(client, [*mine, theirs])
