@@ -5,7 +5,9 @@ contract file: a regular file whose resolved path stays inside the resolved work
 that stays inside is followed, one out is refused), never a pipe or a device, capped in size.
 A refusal is logged and listed in `taskcard status` under `ledger/long-task-ledger.json`, and
 the row shows `unknown`, never an exception. The summary is cached by the file's (inode,
-size, mtime), so an unchanged ledger is not parsed again on every composition.
+size, mtime), so an unchanged ledger is not parsed again, and it is looked at only when the
+watcher names the ledger file (or a rescan looks at everything): a ledger change alone
+updates the card, and composing a card costs no look at all.
 """
 
 from __future__ import annotations
