@@ -13,6 +13,7 @@ import pytest
 
 from taskcard.bridge.compose.activity import movement_text
 from taskcard.bridge.compose.view import compose_view
+from taskcard.bridge.follow.safe_read import WorkdirFiles
 from taskcard.bridge.follow.tail import TAIL_BYTES
 from taskcard.bridge.track.files import BODY_NAME, EVENTS_NAME, STATUS_NAME
 from taskcard.bridge.track.legacy import legacy_json_to_markdown
@@ -627,3 +628,43 @@ def test_a_pipe_at_any_file_is_a_problem_of_that_file(paths: CardPaths, clock: C
     mon.refresh()
     assert mon.card.body == "body"
     assert set(mon.files.problems) == {"logs/events.jsonl", ".notification/system.jsonl"}
+
+
+def test_a_named_body_that_cannot_be_read_is_tried_once(
+    tmp_path: Path, paths: CardPaths, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An active card's body named by the watcher but missing or refused (a symlink out of
+    the workdir) is tried once per change, not read and then read again; a refused status
+    is read once too. The card keeps what it showed, the refusal is listed."""
+    publish(paths, "first")
+    mon = monitor(paths, clock)
+    mon.refresh()
+    reads: list[str] = []
+    real_read = WorkdirFiles._read
+
+    def counting_read(self: WorkdirFiles, path: Any, limit: int) -> Any:
+        reads.append(os.fspath(path))
+        return real_read(self, path, limit)
+
+    monkeypatch.setattr(WorkdirFiles, "_read", counting_read)
+    body = os.fspath(paths.body)
+    os.unlink(body)
+    mon.refresh(frozenset({BODY_NAME}))
+    assert reads == [body]
+    assert (mon.card.status, mon.card.body) == ("active", "first")
+
+    (tmp_path / "outside").write_bytes(b"SECRET")
+    os.symlink(tmp_path / "outside", body)
+    reads.clear()
+    mon.refresh(frozenset({BODY_NAME}))
+    assert reads == [body]
+    assert (mon.card.status, mon.card.body) == ("active", "first")
+    assert "outside" in mon.files.problems["taskcard/taskcard.md"]
+
+    status = os.fspath(paths.status)
+    os.unlink(status)
+    os.symlink(tmp_path / "outside", status)
+    atomic_write(paths.body, b"second")
+    reads.clear()
+    mon.refresh(frozenset({STATUS_NAME, BODY_NAME}))
+    assert reads.count(status) == 1
