@@ -13,6 +13,7 @@ import pytest
 
 from taskcard.bridge.compose.activity import movement_text
 from taskcard.bridge.compose.view import compose_view
+from taskcard.bridge.follow import safe_read
 from taskcard.bridge.follow.safe_read import WorkdirFiles
 from taskcard.bridge.follow.tail import TAIL_BYTES
 from taskcard.bridge.track.files import BODY_NAME, EVENTS_NAME, STATUS_NAME
@@ -668,3 +669,37 @@ def test_a_named_body_that_cannot_be_read_is_tried_once(
     reads.clear()
     mon.refresh(frozenset({STATUS_NAME, BODY_NAME}))
     assert reads.count(status) == 1
+
+
+def test_a_body_written_while_it_is_read_is_read_again_at_the_next_change(
+    paths: CardPaths, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The signature kept with a body read is that of the file before the read, never after:
+    a body written in place while it is read (here through a symlink inside the workdir, the
+    full check's path) differs at the writer's next event and is read again, not taken for
+    the body already shown."""
+    real = paths.taskcard_dir / "real.md"
+    publish(paths, "first")
+    os.replace(paths.body, real)
+    os.symlink(real, paths.body)
+    mon = monitor(paths, clock)
+    mon.refresh()
+    assert mon.card.body == "first"
+    real_read_up_to = safe_read._read_up_to
+
+    def racing_read(handle: Any, limit: int) -> bytes:
+        data = real_read_up_to(handle, limit)
+        with open(real, "ab") as writer:  # the agent's writer goes on meanwhile
+            writer.write(b" and more")
+        os.utime(real, ns=(2_000_000_000_000_000_000, 2_000_000_000_000_000_000))
+        return data
+
+    with open(real, "r+b") as writer:  # written in place, not replaced
+        writer.write(b"second")
+        writer.truncate()
+    monkeypatch.setattr(safe_read, "_read_up_to", racing_read)
+    mon.refresh(frozenset({BODY_NAME}))
+    monkeypatch.setattr(safe_read, "_read_up_to", real_read_up_to)
+    assert mon.card.body == "second"
+    assert mon.refresh(frozenset({BODY_NAME})).card_changed is True  # the writer's event
+    assert mon.card.body == "second and more"
