@@ -174,7 +174,10 @@ class WorkdirFiles:
             return None
         try:
             with handle:
-                return _read_up_to(handle, limit), os.fstat(handle.fileno())
+                # The status before the read: the bytes are then never older than it says (a
+                # write while reading changes it again, so the next look reads once more).
+                status = os.fstat(handle.fileno())
+                return _read_up_to(handle, limit), status
         except OSError as error:
             self._refused(path, f"cannot be read ({error.strerror or 'I/O error'})")
             return None

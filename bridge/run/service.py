@@ -374,6 +374,8 @@ class Service:
             monitor = self._monitors.get(agent_id)
             if monitor is not None and monitor.paths.workdir == workdir:
                 continue
+            if monitor is not None:
+                self._ledgers.forget(monitor.files)  # the new monitor looks for itself
             monitor = self._monitors[agent_id] = AgentMonitor(
                 agent_id,
                 workdir,
@@ -441,6 +443,7 @@ class Service:
     def _retire(self, agent_id: str) -> None:
         """The agent left the fleet: its residents say so, then its routes close."""
         monitor = self._monitors.pop(agent_id)
+        self._ledgers.forget(monitor.files)
         log.info("agent %s retired", agent_id)
         self._desk.remove_agent(agent_id, "the agent was retired")
         self._sides.pop(agent_id, None)

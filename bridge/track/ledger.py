@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Collection
-from pathlib import Path
 from typing import Final
 
 from taskcard.bridge.follow.safe_read import WorkdirFiles
@@ -27,7 +26,7 @@ from taskcard.producers.ledger.contract import (
 )
 
 _UNKNOWN: Final = LedgerSummary()
-# The cache entries of a workdir without a readable ledger (most of them), shared.
+# The cache entries of an agent without a readable ledger (most of them), shared.
 _ABSENT: Final = (None, None)
 _REFUSED: Final = (None, _UNKNOWN)
 _LEDGER_NAME: Final = f"{LEDGER_DIR}/{LEDGER_FILE}"
@@ -35,17 +34,22 @@ Signature = tuple[int, int, int]
 
 
 class LedgerView:
-    """Per workdir: the current `LedgerSummary`, or None when the workdir has no ledger.
+    """Per agent: the current `LedgerSummary`, or None when its workdir has no ledger.
 
     `summary` looks at the file; `refresh` looks only when the watcher named the ledger
     (or could not say what changed) and says whether the summary moved, so a ledger change
     alone brings the card up to date; `current` is what compositions use, without a look
     when one was already taken (a composition happens on every card change, and the ledger
     is usually missing: a `stat` per change saved).
+
+    Kept per agent (its `WorkdirFiles`), not per workdir: agents may share a workdir, and
+    each must see the change its own refresh was told of (one cache for both would answer
+    "unchanged" to the second), and its own refusals (in its own `problems`). A monitor
+    replaced or retired is `forget`-ten.
     """
 
     def __init__(self) -> None:
-        self._cache: dict[Path, tuple[Signature | None, LedgerSummary | None]] = {}
+        self._cache: dict[WorkdirFiles, tuple[Signature | None, LedgerSummary | None]] = {}
 
     def summary(self, files: WorkdirFiles) -> LedgerSummary | None:
         # Asked on every look: joined as text, not built as `Path` objects.
@@ -54,24 +58,24 @@ class LedgerView:
         info = files.stat(path)
         if info is None:
             entry = _REFUSED if name in files.problems else _ABSENT
-            self._cache[files.workdir] = entry
+            self._cache[files] = entry
             return entry[1]
         signature = (info.st_ino, info.st_size, info.st_mtime_ns)
-        cached = self._cache.get(files.workdir)
+        cached = self._cache.get(files)
         if cached is not None and cached[0] == signature:
             return cached[1]
         data = None if info.st_size > MAX_SUMMARY_BYTES else files.read(path, MAX_SUMMARY_BYTES)
         if data is None and info.st_size <= MAX_SUMMARY_BYTES and name not in files.problems:
-            self._cache.pop(files.workdir, None)
+            self._cache.pop(files, None)
             return None  # removed between the look and the read
         result = parse_summary(data) if data else _UNKNOWN
-        self._cache[files.workdir] = (signature, result)
+        self._cache[files] = (signature, result)
         return result
 
     def refresh(self, files: WorkdirFiles, changed: Collection[str] | None) -> bool:
         """Look again when `changed` (the contract files the watcher named) holds the ledger
         or is None (anything may have changed); whether the summary is now different."""
-        cached = self._cache.get(files.workdir)
+        cached = self._cache.get(files)
         if cached is not None and changed is not None and _LEDGER_NAME not in changed:
             return False
         before = cached[1] if cached is not None else None
@@ -79,11 +83,11 @@ class LedgerView:
 
     def current(self, files: WorkdirFiles) -> LedgerSummary | None:
         """The summary as last looked at (looked at now when never before)."""
-        cached = self._cache.get(files.workdir)
+        cached = self._cache.get(files)
         return cached[1] if cached is not None else self.summary(files)
 
     def forget(self, files: WorkdirFiles) -> None:
-        self._cache.pop(files.workdir, None)
+        self._cache.pop(files, None)
 
 
 def ledger_row(summary: LedgerSummary | None) -> str | None:

@@ -291,8 +291,9 @@ class AgentMonitor:
     def _refresh_card(self, changed: frozenset[str] | None) -> None:
         paths = self.paths
         previous = self._card_signatures
-        body_read = False  # the body was read with its signature (then `raw` is what it held)
+        body_read = False  # the body was tried with its signature (then `raw` is what it held)
         raw: bytes | None = None
+        status: CardStatus | None = None  # read once per refresh (a refused one is not kept)
         if changed is None or previous is None:
             status_sig, body_sig, watch_sig = (
                 signature(paths.status),
@@ -304,16 +305,16 @@ class AgentMonitor:
             watch_sig = signature(paths.watch) if WATCH_NAME in changed else previous[2]
             if BODY_NAME not in changed:
                 body_sig = previous[1]
-            elif status_sig is not None and self._status(status_sig) == "active":
+            elif status_sig is not None and (status := self._status(status_sig)) == "active":
                 # An active card's changed body is read anyway, and the descriptor read tells
                 # its signature: one look at the file per change, not a `stat` and a read.
                 signed = self.files.read_signed(paths.body, limit=MAX_BODY_BYTES)
+                body_read = True  # missing or refused: not tried again below
                 if signed is None:
                     body_sig = signature(paths.body)
                 else:
                     raw, found = signed
                     body_sig = (found.st_ino, found.st_size, found.st_mtime_ns)
-                    body_read = True
             else:
                 body_sig = signature(paths.body)
         signatures = (status_sig, body_sig, watch_sig)
@@ -323,7 +324,8 @@ class AgentMonitor:
         card = self._card
         if previous is None or previous[2] != watch_sig:
             card = replace(card, watch_id=self._read_watch_id())
-        status = self._status(status_sig)
+        if status is None:
+            status = self._status(status_sig)
         if status == "active":
             if not body_read:
                 raw = self.files.read(paths.body, limit=MAX_BODY_BYTES)

@@ -13,6 +13,8 @@ import pytest
 
 from taskcard.bridge.compose.activity import movement_text
 from taskcard.bridge.compose.view import compose_view
+from taskcard.bridge.follow import safe_read
+from taskcard.bridge.follow.safe_read import WorkdirFiles
 from taskcard.bridge.follow.tail import TAIL_BYTES
 from taskcard.bridge.track.files import BODY_NAME, EVENTS_NAME, STATUS_NAME
 from taskcard.bridge.track.legacy import legacy_json_to_markdown
@@ -627,3 +629,77 @@ def test_a_pipe_at_any_file_is_a_problem_of_that_file(paths: CardPaths, clock: C
     mon.refresh()
     assert mon.card.body == "body"
     assert set(mon.files.problems) == {"logs/events.jsonl", ".notification/system.jsonl"}
+
+
+def test_a_named_body_that_cannot_be_read_is_tried_once(
+    tmp_path: Path, paths: CardPaths, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An active card's body named by the watcher but missing or refused (a symlink out of
+    the workdir) is tried once per change, not read and then read again; a refused status
+    is read once too. The card keeps what it showed, the refusal is listed."""
+    publish(paths, "first")
+    mon = monitor(paths, clock)
+    mon.refresh()
+    reads: list[str] = []
+    real_read = WorkdirFiles._read
+
+    def counting_read(self: WorkdirFiles, path: Any, limit: int) -> Any:
+        reads.append(os.fspath(path))
+        return real_read(self, path, limit)
+
+    monkeypatch.setattr(WorkdirFiles, "_read", counting_read)
+    body = os.fspath(paths.body)
+    os.unlink(body)
+    mon.refresh(frozenset({BODY_NAME}))
+    assert reads == [body]
+    assert (mon.card.status, mon.card.body) == ("active", "first")
+
+    (tmp_path / "outside").write_bytes(b"SECRET")
+    os.symlink(tmp_path / "outside", body)
+    reads.clear()
+    mon.refresh(frozenset({BODY_NAME}))
+    assert reads == [body]
+    assert (mon.card.status, mon.card.body) == ("active", "first")
+    assert "outside" in mon.files.problems["taskcard/taskcard.md"]
+
+    status = os.fspath(paths.status)
+    os.unlink(status)
+    os.symlink(tmp_path / "outside", status)
+    atomic_write(paths.body, b"second")
+    reads.clear()
+    mon.refresh(frozenset({STATUS_NAME, BODY_NAME}))
+    assert reads.count(status) == 1
+
+
+def test_a_body_written_while_it_is_read_is_read_again_at_the_next_change(
+    paths: CardPaths, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The signature kept with a body read is that of the file before the read, never after:
+    a body written in place while it is read (here through a symlink inside the workdir, the
+    full check's path) differs at the writer's next event and is read again, not taken for
+    the body already shown."""
+    real = paths.taskcard_dir / "real.md"
+    publish(paths, "first")
+    os.replace(paths.body, real)
+    os.symlink(real, paths.body)
+    mon = monitor(paths, clock)
+    mon.refresh()
+    assert mon.card.body == "first"
+    real_read_up_to = safe_read._read_up_to
+
+    def racing_read(handle: Any, limit: int) -> bytes:
+        data = real_read_up_to(handle, limit)
+        with open(real, "ab") as writer:  # the agent's writer goes on meanwhile
+            writer.write(b" and more")
+        os.utime(real, ns=(2_000_000_000_000_000_000, 2_000_000_000_000_000_000))
+        return data
+
+    with open(real, "r+b") as writer:  # written in place, not replaced
+        writer.write(b"second")
+        writer.truncate()
+    monkeypatch.setattr(safe_read, "_read_up_to", racing_read)
+    mon.refresh(frozenset({BODY_NAME}))
+    monkeypatch.setattr(safe_read, "_read_up_to", real_read_up_to)
+    assert mon.card.body == "second"
+    assert mon.refresh(frozenset({BODY_NAME})).card_changed is True  # the writer's event
+    assert mon.card.body == "second and more"

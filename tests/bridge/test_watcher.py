@@ -16,6 +16,8 @@ import pytest
 
 import taskcard.bridge.watch.watcher as watcher_module
 from taskcard.bridge.watch.watcher import FleetWatcher, plan_watch
+from taskcard.producers.ledger.contract import LEDGER_DIR, LEDGER_FILE
+from taskcard.producers.ledger.store import DEFAULT_LEDGER, Ledger
 from taskcard.producers.task_card.contract import CardPaths, append_jsonl_line, atomic_write
 
 TIMEOUT_S = 20.0
@@ -482,3 +484,38 @@ async def test_with_no_watch_to_be_had_every_agent_is_polled_until_there_is(
         await changes.settle()  # the polls still under way, and the one that finds room
         atomic_write(paths.status, b"active")  # watched now
         assert await changes.next() == {"a"}
+
+
+async def test_the_ledger_is_named_to_every_agent_of_its_workdir(tmp_path: Path) -> None:
+    """The ledger row is looked at again only when the watcher names the ledger (or says
+    "everything"): its folder appearing or vanishing is structural (None), a write and a
+    removal of the file name it, to each agent sharing the workdir."""
+    workdir = tmp_path / "shared"
+    workdir.mkdir()
+    watcher = FleetWatcher({"a": workdir, "b": workdir}, rescan_interval_s=3600)
+    ledger_name = f"{LEDGER_DIR}/{LEDGER_FILE}"
+    async with collecting(watcher, {"a", "b"}) as changes:
+        (workdir / LEDGER_DIR).mkdir()
+        assert await changes.next() == {"a", "b"}
+        await changes.settle()
+        assert (watcher.take_changed("a"), watcher.take_changed("b")) == (None, None)
+        Ledger(workdir / DEFAULT_LEDGER).init("train-7", "p", ["prep"])
+        assert await changes.next() == {"a", "b"}
+        await changes.settle()  # however the backend batches the writes
+        for agent in ("a", "b"):
+            taken = watcher.take_changed(agent)
+            assert taken is not None and ledger_name in taken, (agent, taken)
+        (workdir / DEFAULT_LEDGER).unlink()
+        assert await changes.next() == {"a", "b"}
+        await changes.settle()
+        for agent in ("a", "b"):
+            assert watcher.take_changed(agent) == {ledger_name}
+        shutil.rmtree(workdir / LEDGER_DIR)
+        assert await changes.next() == {"a", "b"}
+        await changes.settle()
+        assert (watcher.take_changed("a"), watcher.take_changed("b")) == (None, None)
+        (workdir / "elsewhere").mkdir()
+        (workdir / LEDGER_DIR).symlink_to(workdir / "elsewhere")  # replaced by a symlink
+        assert await changes.next() == {"a", "b"}
+        await changes.settle()
+        assert (watcher.take_changed("a"), watcher.take_changed("b")) == (None, None)

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.harness import ServeProcess, eventually, publish, run_cli
+from tests.e2e.test_serve_feishu import Setup, card_texts
+from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram
 
 CHAT = 778
@@ -106,4 +108,71 @@ async def test_a_ledger_change_alone_updates_the_card(tmp_path: Path, fake: Fake
             timeout_s=60,
         )
         assert len(fake.bot_messages(CHAT)) == 1  # the resident, edited in place
+        assert await serve.aterminate() == 0
+
+
+def rows_showing(texts: list[str], row: str) -> int:
+    return sum(row in text for text in texts)
+
+
+async def test_agents_sharing_a_workdir_both_see_a_ledger_change(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """Two agents may share one workdir (the watcher names the ledger to both): a ledger
+    change alone brings both cards up to date, not only the first agent read."""
+    workdir = tmp_path / "agents" / "shared"
+    workdir.mkdir(parents=True)
+    config = tmp_path / "taskcard.toml"
+    config.write_text(
+        '[[agents]]\nid = "trainer"\nworkdir = "agents/shared"\n'
+        '[[agents]]\nid = "twin"\nworkdir = "agents/shared"\n'
+        f'[telegram]\ntoken_env = "TC_TEST_TOKEN"\napi_base_url = "{fake.base_url}"\n'
+        "poll_timeout_s = 1\n"
+        f'[[telegram.routes]]\nchat_id = {CHAT}\nagents = ["*"]\n'
+    )
+    with ServeProcess(config, env={"TC_TEST_TOKEN": fake.token}) as serve:
+        publish(workdir, "**training** card")
+        ledger(workdir, "init", "train-7", "--purpose", "Train", "--steps", "prep,train")
+        texts = lambda: [m.text for m in fake.bot_messages(CHAT)]  # noqa: E731
+        await eventually(
+            lambda: rows_showing(texts(), "ledger train-7: NOT_STARTED") == 2,
+            what="both cards with the ledger row",
+            timeout_s=60,
+        )
+        ledger(workdir, "checkpoint", "train-7", "--event-type", "STARTED")
+        await eventually(
+            lambda: rows_showing(texts(), "ledger train-7: RUNNING") == 2,
+            what="both cards after a ledger change alone",
+            timeout_s=60,
+        )
+        assert len(texts()) == 2  # the two residents, edited in place
+        assert await serve.aterminate() == 0
+
+
+async def test_agents_sharing_a_workdir_both_see_a_ledger_change_in_feishu(
+    tmp_path: Path, feishu: FakeFeishu
+) -> None:
+    setup = Setup(tmp_path, feishu, ["shared"])
+    config = setup.config.read_text()
+    setup.config.write_text(
+        config.replace(
+            "[feishu]\n", '[[agents]]\nid = "twin"\nworkdir = "agents/shared"\n[feishu]\n'
+        )
+    )
+    workdir = tmp_path / "agents" / "shared"
+    with setup.serve() as serve:
+        publish(workdir, "**training** card")
+        ledger(workdir, "init", "train-7", "--purpose", "Train", "--steps", "prep,train")
+        await eventually(
+            lambda: rows_showing(card_texts(feishu), "ledger train-7: NOT_STARTED") == 2,
+            what="both cards with the ledger row",
+            timeout_s=60,
+        )
+        ledger(workdir, "checkpoint", "train-7", "--event-type", "STARTED")
+        await eventually(
+            lambda: rows_showing(card_texts(feishu), "ledger train-7: RUNNING") == 2,
+            what="both cards after a ledger change alone",
+            timeout_s=60,
+        )
+        assert len(card_texts(feishu)) == 2  # the two residents, patched in place
         assert await serve.aterminate() == 0

@@ -170,3 +170,20 @@ def test_refresh_looks_only_when_the_ledger_is_named(
     (workdir / DEFAULT_LEDGER).unlink()
     assert view.refresh(files, frozenset({LEDGER_NAME})) is True
     assert view.current(files) is None
+
+
+def test_agents_sharing_a_workdir_each_see_the_change(workdir: Path) -> None:
+    """Two agents on one workdir: each refresh told of the ledger says it changed (one
+    cache for the workdir answered "unchanged" to the second agent, whose card then kept
+    the old row); a forgotten agent looks again."""
+    view = LedgerView()
+    first, second = WorkdirFiles("a", workdir), WorkdirFiles("b", workdir)
+    assert view.current(first) is None and view.current(second) is None
+    Ledger(workdir / DEFAULT_LEDGER).init("train-7", "p", ["prep", "train"])
+    assert view.refresh(first, frozenset({LEDGER_NAME})) is True
+    assert view.refresh(second, frozenset({LEDGER_NAME})) is True
+    assert view.current(first) == view.current(second) is not None
+    (workdir / DEFAULT_LEDGER).unlink()
+    view.forget(first)
+    assert view.current(first) is None  # looked again
+    assert view.current(second) is not None  # not told yet
