@@ -16,7 +16,6 @@ stops the threads and exits. The caller reads this process's CPU from /proc mean
 
 from __future__ import annotations
 
-import argparse
 import os
 import select
 import sys
@@ -24,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.producer_host import RENDERER
+from bench.producer_host import RENDERER, watch_arguments
 
 
 def _tick(renderer: str, body: str, env: dict[str, str], publish: bool) -> None:
@@ -76,11 +75,7 @@ def _watch(workdir: Path, interval_s: float, publish: bool, stop: threading.Even
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--root", type=Path, required=True)
-    parser.add_argument("--watches", type=int, required=True)
-    parser.add_argument("--interval-s", type=float, default=1.0)
-    parser.add_argument("--hold-s", type=float, required=True)
+    parser = watch_arguments(__doc__)
     parser.add_argument(
         "--no-publish", action="store_true", help="leave out the atomic replace of the body"
     )

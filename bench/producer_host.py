@@ -63,12 +63,19 @@ def prepare(root: Path, watches: int) -> list[Path]:
     return workdirs
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+def watch_arguments(description: str | None) -> argparse.ArgumentParser:
+    """The arguments every producer benchmark process takes (where, how many, how often,
+    how long)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--root", type=Path, required=True)
     parser.add_argument("--watches", type=int, required=True)
     parser.add_argument("--interval-s", type=float, default=1.0)
     parser.add_argument("--hold-s", type=float, required=True)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    parser = watch_arguments(__doc__)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
 

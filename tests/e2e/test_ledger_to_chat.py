@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import ServeProcess, eventually, publish, run_cli
+from tests.e2e.harness import (
+    TOKEN_ENV,
+    ServeProcess,
+    eventually,
+    publish,
+    run_cli,
+    telegram_config,
+)
 from tests.e2e.test_serve_feishu import Setup, card_texts
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram
@@ -29,17 +36,10 @@ def ledger(workdir: Path, *args: str) -> None:
 
 
 async def test_blocked_escalate_reaches_the_chat(tmp_path: Path, fake: FakeTelegram) -> None:
+    config = telegram_config(tmp_path, fake.base_url, CHAT, ("trainer",))
     workdir = tmp_path / "agents" / "trainer"
-    workdir.mkdir(parents=True)
-    config = tmp_path / "taskcard.toml"
-    config.write_text(
-        '[[agents]]\nid = "trainer"\nworkdir = "agents/trainer"\n'
-        f'[telegram]\ntoken_env = "TC_TEST_TOKEN"\napi_base_url = "{fake.base_url}"\n'
-        "poll_timeout_s = 1\n"
-        f'[[telegram.routes]]\nchat_id = {CHAT}\nagents = ["*"]\n'
-    )
     secret_reason = "token sk-live-123 rejected at /home/me/keys"
-    with ServeProcess(config, env={"TC_TEST_TOKEN": fake.token}) as serve:
+    with ServeProcess(config, env={TOKEN_ENV: fake.token}) as serve:
         ledger(workdir, "init", "train-7", "--purpose", "Train", "--steps", "prep,train")
         ledger(workdir, "checkpoint", "train-7", "--event-type", "STARTED")
         ledger(
@@ -78,16 +78,9 @@ async def test_blocked_escalate_reaches_the_chat(tmp_path: Path, fake: FakeTeleg
 
 async def test_a_ledger_change_alone_updates_the_card(tmp_path: Path, fake: FakeTelegram) -> None:
     """The card is not published again: the ledger's own change brings its row up to date."""
+    config = telegram_config(tmp_path, fake.base_url, CHAT, ("trainer",))
     workdir = tmp_path / "agents" / "trainer"
-    workdir.mkdir(parents=True)
-    config = tmp_path / "taskcard.toml"
-    config.write_text(
-        '[[agents]]\nid = "trainer"\nworkdir = "agents/trainer"\n'
-        f'[telegram]\ntoken_env = "TC_TEST_TOKEN"\napi_base_url = "{fake.base_url}"\n'
-        "poll_timeout_s = 1\n"
-        f'[[telegram.routes]]\nchat_id = {CHAT}\nagents = ["*"]\n'
-    )
-    with ServeProcess(config, env={"TC_TEST_TOKEN": fake.token}) as serve:
+    with ServeProcess(config, env={TOKEN_ENV: fake.token}) as serve:
         publish(workdir, "**training** card")
         await eventually(
             lambda: any("training" in m.text for m in fake.bot_messages(CHAT)),
@@ -130,7 +123,7 @@ async def test_agents_sharing_a_workdir_both_see_a_ledger_change(
         "poll_timeout_s = 1\n"
         f'[[telegram.routes]]\nchat_id = {CHAT}\nagents = ["*"]\n'
     )
-    with ServeProcess(config, env={"TC_TEST_TOKEN": fake.token}) as serve:
+    with ServeProcess(config, env={TOKEN_ENV: fake.token}) as serve:
         publish(workdir, "**training** card")
         ledger(workdir, "init", "train-7", "--purpose", "Train", "--steps", "prep,train")
         texts = lambda: [m.text for m in fake.bot_messages(CHAT)]  # noqa: E731
