@@ -8,7 +8,9 @@ followed. Bytes only: what a line means is `bridge.track`'s business.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 from dataclasses import dataclass
 from typing import Final
 
@@ -21,20 +23,20 @@ FileSignature = tuple[int, int, int]
 
 
 def signature(path: StrPath) -> FileSignature | None:
-    """(inode, size, mtime in ns) of `path`, None when there is nothing there: one `stat`.
+    """(inode, size, mtime in ns) of `path`, None when there is nothing there.
 
-    A symlink whose target is missing is something, not nothing: it gets the link's own
-    signature, so the caller looks at it through the safe reader, which refuses it and lists
-    it in `taskcard status` (a link out of the workdir is a problem before its target exists).
-    That costs a second look only where the first found nothing.
+    One `lstat`, which is the answer for a regular file and for a missing one (most files
+    looked at are one or the other, rescans included). A symlink is followed with a second
+    look. One whose target is missing, or that cannot be followed at all (a loop), is
+    something, not nothing: it keeps the link's own signature, so the caller looks at it
+    through the safe reader, which refuses it and lists it in `taskcard status` (a link out
+    of the workdir is a problem before its target exists).
     """
     try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        try:
-            st = os.lstat(path)
-        except OSError:
-            return None
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            with contextlib.suppress(OSError):  # dangling, a loop: the link's own
+                st = os.stat(path)
     except OSError:
         return None
     return (st.st_ino, st.st_size, st.st_mtime_ns)

@@ -9,10 +9,14 @@ that is there but refused (a link out of the workdir) still goes through the che
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from taskcard.bridge.follow.safe_read import StrPath, WorkdirFiles
-from taskcard.bridge.follow.tail import LineFollower
+from taskcard.bridge.follow.tail import LineFollower, signature
 
 
 class CountingFiles(WorkdirFiles):
@@ -60,3 +64,35 @@ def test_a_file_that_is_there_still_takes_the_checked_look(tmp_path: Path) -> No
     assert follower.start_at_end(seen_missing=follower.signature is None) == []
     assert follower.position is None, "the checked look refused the link out of the workdir"
     assert files.stats == 1
+
+
+def test_a_signature_is_one_plain_look_and_a_link_that_leads_nowhere_is_something(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A regular or missing file costs one `lstat`; a symlink is followed, and one that is
+    dangling or loops keeps its own signature (so it is looked at, refused and listed)."""
+    looks: list[str] = []
+    real_lstat, real_stat = os.lstat, os.stat
+
+    def counted(real: Callable[..., os.stat_result]) -> Callable[..., os.stat_result]:
+        def look(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+            looks.append(real.__name__)
+            return real(path, *args, **kwargs)
+
+        return look
+
+    monkeypatch.setattr(os, "lstat", counted(real_lstat))
+    monkeypatch.setattr(os, "stat", counted(real_stat))
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text("x\n")
+    info = real_stat(plain)
+    assert signature(plain) == (info.st_ino, info.st_size, info.st_mtime_ns)
+    assert signature(tmp_path / "missing.jsonl") is None
+    assert looks == ["lstat", "lstat"]
+    (tmp_path / "inside").symlink_to(plain)
+    assert signature(tmp_path / "inside") == signature(plain)
+    (tmp_path / "dangling").symlink_to(tmp_path.parent / "nowhere" / "events.jsonl")
+    (tmp_path / "loop").symlink_to("loop")
+    for name in ("dangling", "loop"):
+        link = real_lstat(tmp_path / name)
+        assert signature(tmp_path / name) == (link.st_ino, link.st_size, link.st_mtime_ns)
