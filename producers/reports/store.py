@@ -51,6 +51,15 @@ def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
+def _encodable(text: str) -> bool:
+    """False for text carrying lone surrogates (undecodable bytes of a command line)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def parse_line(raw: bytes) -> dict[str, Any] | None:
     """One report line, or None when it is not one (total)."""
     try:
@@ -82,6 +91,10 @@ def check_report(
     if summary is not None:
         if not isinstance(summary, str) or not summary.strip():
             raise ReportError("summary: must be non-blank text, or left out")
+        if not _encodable(summary):
+            raise ReportError(
+                "summary: holds bytes that are not UTF-8 (undecodable input); pass UTF-8 text"
+            )
         if len(summary) > MAX_SUMMARY_CHARS:
             raise ReportError(
                 f"summary: {len(summary)} characters, at most {MAX_SUMMARY_CHARS}; "

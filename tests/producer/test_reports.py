@@ -204,3 +204,29 @@ async def test_report_spawn_and_inbox_through_the_real_mcp_client(
         assert failed and none["message"].startswith("reason:")
     latest = next_report(workdir)
     assert latest is not None and latest["summary"] == "suite green"
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        ([b"--summary", b"suite \xff green"], b"summary:"),
+        ([b"--role", b"review\xffer"], b"role:"),
+    ],
+)
+def test_undecodable_command_line_text_exits_2_naming_the_field(
+    workdir: Path, args: list[bytes], field: bytes
+) -> None:
+    """Bytes that are not UTF-8 in an argument are bad input, never a traceback."""
+    done = subprocess.run(
+        [TASKCARD.encode(), b"report", b"--workdir", bytes(workdir), b"--ok", *args],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(b"taskcard report: " + field), done.stderr
+    assert b"Traceback" not in done.stderr
+    assert not (workdir / "reports" / "reports.jsonl").exists()
+    assert next_report(workdir) is None
+    with pytest.raises(ReportError, match=r"^summary"):
+        Reports(workdir).add(ok=True, summary="a\udcffb")
