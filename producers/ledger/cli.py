@@ -3,7 +3,8 @@
 `bridge.cli` calls `register(subparsers)`; `python -m taskcard.producers.ledger.cli` runs the same
 commands alone (the renderer `ledger init` writes uses that). Every command takes
 `--workdir` and `--ledger PATH` (relative paths start at the workdir). Exit codes: 0 done,
-2 bad input (one line on stderr naming the field and the fix).
+2 bad input (one line on stderr naming the field and the fix), 1 the files could not be
+written (one line naming the file).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from taskcard.producers.ledger.store import DEFAULT_LEDGER, Ledger, LedgerError
 
 EXIT_OK: Final = 0
 EXIT_BAD_INPUT: Final = 2
+EXIT_FAILED: Final = 1
 SOURCES: Final = ("owner", "executor", "external", "monitor")
 JOB_STATUSES: Final = ("submitted", "running", "succeeded", "failed", "cancelled")
 
@@ -245,6 +247,10 @@ def _guarded(handler: Any) -> Any:
         except LedgerError as exc:
             print(f"taskcard ledger: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
+        except OSError as exc:
+            where = f" {exc.filename}" if exc.filename else ""
+            print(f"taskcard ledger: cannot write{where} ({exc.strerror})", file=sys.stderr)
+            return EXIT_FAILED
         return code
 
     return run

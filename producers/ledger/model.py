@@ -86,6 +86,8 @@ Outcome = Literal["SUCCESS", "PARTIAL_SUCCESS", "BLOCKED", "FAILED", "IN_PROGRES
 
 MAX_OBSERVATIONS: Final = 500
 MAX_NOTE_CHARS: Final = 500
+MAX_SECONDS: Final = 10 * 365 * 24 * 3600.0  # the largest threshold or wait: ten years
+MAX_COUNT: Final = 1000  # the most nudges or retries a task may allow
 
 Ident = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")]
 Note = Annotated[str, StringConstraints(max_length=MAX_NOTE_CHARS)]
@@ -96,15 +98,19 @@ class _Model(BaseModel):
 
 
 class Limits(_Model):
-    """Inactivity thresholds: they measure time since the last progress delta, not task age."""
+    """Inactivity thresholds: they measure time since the last progress delta, not task age.
 
-    nudge_after_sec: float = Field(default=1800.0, gt=0)
-    timeout_sec: float = Field(default=7200.0, gt=0)
-    heartbeat_every_sec: float = Field(default=300.0, ge=0)  # 0: heartbeats are not expected
-    renotify_sec: float = Field(default=300.0, ge=0)
-    max_nudges: int = Field(default=2, ge=0)
-    max_retries: int = Field(default=1, ge=0)
-    external_max_wait_sec: float = Field(default=3600.0, gt=0)
+    Finite and bounded: JSON has no infinity (it would be saved as null and make the whole
+    ledger unreadable, every task in it), and a threshold of centuries is no threshold."""
+
+    nudge_after_sec: float = Field(default=1800.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False)
+    timeout_sec: float = Field(default=7200.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False)
+    # 0: heartbeats are not expected
+    heartbeat_every_sec: float = Field(default=300.0, ge=0, le=MAX_SECONDS, allow_inf_nan=False)
+    renotify_sec: float = Field(default=300.0, ge=0, le=MAX_SECONDS, allow_inf_nan=False)
+    max_nudges: int = Field(default=2, ge=0, le=MAX_COUNT)
+    max_retries: int = Field(default=1, ge=0, le=MAX_COUNT)
+    external_max_wait_sec: float = Field(default=3600.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False)
 
 
 class TaskInfo(_Model):
@@ -168,7 +174,7 @@ class ExternalJob(_Model):
     evidence: Note | None = None  # the provider's own id, URL or status line
     observed_at: datetime
     status_changed_at: datetime
-    max_wait_sec: float = Field(gt=0)
+    max_wait_sec: float = Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)
 
 
 class Download(_Model):

@@ -27,6 +27,7 @@ from taskcard.producers.ledger.model import (
     FAILURE_KINDS,
     MAX_NOTE_CHARS,
     MAX_OBSERVATIONS,
+    MAX_SECONDS,
     OWNER_REPLIES,
     BlockTruth,
     CompletionTruth,
@@ -76,6 +77,13 @@ def _check_id(field: str, value: str) -> None:
 def _note(field: str, value: str | None) -> str | None:
     if value is not None and len(value) > MAX_NOTE_CHARS:
         raise LedgerError(f"{field}: {len(value)} characters; keep it under {MAX_NOTE_CHARS}")
+    if value is not None:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise LedgerError(
+                f"{field}: holds bytes that are not UTF-8 (undecodable input); pass UTF-8 text"
+            ) from None
     return value
 
 
@@ -96,6 +104,8 @@ class Ledger:
 
     def __init__(self, path: Path | str, *, clock: Clock = utc_now) -> None:
         self.path = Path(path)
+        if not self.path.name or self.path.name in (".", ".."):
+            raise LedgerError(f"ledger: {path} names a folder; give the ledger's file path")
         self.lock_path = self.path.with_name(self.path.name + ".lock")
         self._clock = clock
 
@@ -166,6 +176,8 @@ class Ledger:
     ) -> TaskRecord:
         """Create a task. Creating an existing task is refused (its truth is never reset)."""
         _check_id("task_id", task_id)
+        if not isinstance(purpose, str) or not purpose.strip():
+            raise LedgerError("purpose: say in one line what the task is for")
         for step in steps or []:
             _check_id("steps", step)
         if len(set(steps or [])) != len(steps or []):
@@ -202,7 +214,26 @@ class Ledger:
         note: str | None = None,
         delta: bool = True,
     ) -> TaskRecord:
-        """Record one observation and its truth for one task, then re-derive that task."""
+        """Record one observation and its truth for one task, then re-derive that task.
+        A value the model refuses is bad input naming its field; nothing is written."""
+        try:
+            return self._observe_locked(
+                task_id, event_type, source, apply, step=step, note=note, delta=delta
+            )
+        except ValidationError as exc:
+            raise LedgerError(f"{_first_error(exc)}; see `taskcard ledger --help`") from None
+
+    def _observe_locked(
+        self,
+        task_id: str,
+        event_type: EventType,
+        source: Source,
+        apply: Callable[[TaskRecord, datetime], bool | None],
+        *,
+        step: str | None,
+        note: str | None,
+        delta: bool,
+    ) -> TaskRecord:
         with self.locked() as document:
             record = self.require(document, task_id)
             now = self._clock()
@@ -375,8 +406,10 @@ class Ledger:
             raise LedgerError(f"status: {what}; give --status, one of {', '.join(statuses)}")
         _note("evidence", evidence)
         _note("provider", provider)
-        if max_wait_sec is not None and max_wait_sec <= 0:
-            raise LedgerError("max_wait_sec: must be a positive number of seconds")
+        if max_wait_sec is not None and not 0 < max_wait_sec <= MAX_SECONDS:
+            raise LedgerError(
+                f"max_wait_sec: must be a number of seconds above 0, at most {MAX_SECONDS:.0f}"
+            )
 
         def apply(record: TaskRecord, now: datetime) -> bool:
             jobs = record.observed.external_jobs

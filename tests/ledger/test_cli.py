@@ -118,3 +118,47 @@ def test_a_broken_ledger_file_is_reported_not_a_crash(workdir: Path) -> None:
     done = taskcard(workdir, "show")
     assert done.returncode == 2
     assert "not a valid ledger" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["init", "u", "--purpose", "p", "--nudge-after-sec", "inf"], "nudge_after_sec:"),
+        (["init", "u", "--purpose", "p", "--timeout-sec", "nan"], "timeout_sec:"),
+        (["init", "u", "--purpose", "p", "--renotify-sec", "1e300"], "renotify_sec:"),
+        (["init", "u", "--purpose", "p", "--max-nudges", "99999999999"], "max_nudges:"),
+        (["init", "u", "--purpose", " "], "purpose:"),
+        (["init", "u", "--purpose", b"p\xff"], "purpose:"),
+        (["checkpoint", "t", "--event-type", "STEP_PROGRESS", "--step", "a", "--note", b"n\xff"],
+         "note:"),
+        (["external-job", "t", "--job-id", "j", "--status", "running", "--max-wait-sec", "nan"],
+         "max_wait_sec:"),
+        (["external-job", "t", "--job-id", "j", "--status", "running", "--max-wait-sec", "inf"],
+         "max_wait_sec:"),
+        (["checkpoint", "t", "--event-type", "EXTERNAL_OBSERVED", "--job-id", "j", "--status",
+          "running", "--max-wait-sec", "1e300"], "max_wait_sec:"),
+        (["heartbeat", "t", "--note", b"\xc3("], "note:"),
+        (["block", "t", "--kind", "OTHER", "--reason", b"r\xfe"], "reason:"),
+        (["show", "t", "--ledger", "/"], "ledger:"),
+    ],
+)  # fmt: skip
+def test_hostile_values_exit_2_and_every_task_stays_readable(
+    workdir: Path, args: list[str | bytes], field: str
+) -> None:
+    """Infinite, NaN, absurd, blank or undecodable values are refused before anything is
+    written: an infinity would be saved as null and make the whole ledger unreadable."""
+    ok(workdir, "init", "t", "--purpose", "p", "--steps", "a", "--no-renderer")
+    before = (workdir / "ledger" / "long-task-ledger.json").read_bytes()
+    done = subprocess.run(
+        [sys.executable, "-m", "taskcard.bridge.cli", "ledger", *args, "--workdir", str(workdir)],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    stderr = done.stderr.decode("utf-8", errors="replace")
+    assert done.returncode == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("taskcard ledger"), stderr
+    assert field in lines[0], stderr
+    assert (workdir / "ledger" / "long-task-ledger.json").read_bytes() == before
+    assert ok(workdir, "show", "t")["task"] is not None
