@@ -79,9 +79,71 @@ def input_schema() -> dict[str, Any]:
                 "description": "; ".join(f"{k} = {v}" for k, v in OWNER_REPLIES.items()),
             },
             "apply_supervision": {"type": "boolean"},
+            **{
+                name: {"type": "number", "minimum": 0, "description": f"init: {text}"}
+                for name, text in _LIMITS.items()
+            },
+            "max_nudges": {"type": "integer", "minimum": 0, "description": "init: nudges"},
+            "max_retries": {"type": "integer", "minimum": 0, "description": "init: retries"},
         },
         "required": ["command"],
     }
+
+
+_LIMITS: Final = {
+    "nudge_after_sec": "seconds without progress before the agent is nudged",
+    "timeout_sec": "seconds without progress before the task counts as stale",
+    "heartbeat_every_sec": "seconds between expected heartbeats (0: none)",
+    "renotify_sec": "seconds before the same action is sent again",
+    "external_max_wait_sec": "longest wait on pending external work",
+}
+_INIT_LIMITS: Final = (*_LIMITS, "max_nudges", "max_retries")
+_JSON_TYPES: Final[dict[str, tuple[type, ...]]] = {
+    "string": (str,),
+    "boolean": (bool,),
+    "integer": (int,),
+    "number": (int, float),
+    "array": (list,),
+}
+_TYPE_NAMES: Final = {
+    "string": "text",
+    "boolean": "true or false",
+    "integer": "a whole number",
+    "number": "a number",
+    "array": "a list of text",
+}
+
+
+def type_error(arguments: dict[str, Any], schema: dict[str, Any]) -> str | None:
+    """The first argument whose JSON type is not the schema's, as a message naming it and the
+    fix (None: all fine). MCP servers do not check inputs against the schema; without this a
+    string given for `steps` became one step per character and `true` counted as 1 byte.
+    A null counts as left out."""
+    for name, value in arguments.items():
+        spec = schema["properties"].get(name, {})
+        kind = spec.get("type")
+        if value is None or kind not in _JSON_TYPES:
+            continue
+        fits = isinstance(value, _JSON_TYPES[kind])
+        if kind in ("integer", "number") and isinstance(value, bool):
+            fits = False
+        if kind == "array" and fits:
+            fits = all(isinstance(item, str) for item in value)
+        if not fits:
+            return f"{name}: must be {_TYPE_NAMES[kind]}, not {_json_type(value)}"
+    return None
+
+
+def _json_type(value: object) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, list):
+        return "a list" if all(isinstance(i, str) for i in value) else "a list with non-text items"
+    return "an object"
 
 
 _FIELDS: Final[dict[str, tuple[str, ...]]] = {
@@ -109,6 +171,9 @@ def call_ledger(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
     unknown = set(arguments) - set(input_schema()["properties"])
     if unknown:
         return _failed(f"{sorted(unknown)[0]}: not a field of the ledger tool; see its schema")
+    wrong = type_error(arguments, input_schema())
+    if wrong is not None:
+        return _failed(f"{wrong}; see the ledger tool's schema")
     command = arguments.get("command")
     if command not in COMMANDS:
         return _failed(f"command: {command!r} is not a command; use one of {', '.join(COMMANDS)}")
@@ -152,7 +217,10 @@ def _run(ledger: Ledger, paths: HostPaths, command: str, args: dict[str, Any]) -
     if command == "render":
         return {"markdown": render_markdown(ledger.task(task_id), ledger.clock())}
     if command == "init":
-        record = ledger.init(task_id, str(args.get("purpose") or ""), list(args.get("steps") or []))
+        limits = {k: args[k] for k in _INIT_LIMITS if args.get(k) is not None}
+        record = ledger.init(
+            task_id, str(args.get("purpose") or ""), list(args.get("steps") or []), **limits
+        )
     else:
         if command == "checkpoint":
             event_type = str(args.get("event_type"))

@@ -56,3 +56,71 @@ async def test_an_mcp_client_keeps_a_ledger(workdir: Path) -> None:
     finally:
         shutil.rmtree(runtime, ignore_errors=True)
     assert (workdir / "ledger" / "long-task-ledger.json").is_file()
+
+
+async def test_wrong_json_types_are_refused_naming_the_field_and_limits_are_settable(
+    workdir: Path,
+) -> None:
+    """The MCP server does not check arguments against the schema: a string for `steps` was
+    split into one step per character and `true` was taken for 1 byte. Each wrong type is
+    refused naming the field, the ledger is left as it was, and init takes the limits the
+    CLI takes."""
+    runtime = Path(tempfile.mkdtemp(prefix="tclm"))
+    server = StdioServerParameters(
+        command=sys.executable,
+        args=[
+            *("-m", "taskcard.bridge.cli", "mcp", "--workdir", str(workdir)),
+            *("--runtime-dir", str(runtime)),
+        ],
+    )
+    ledger_file = workdir / "ledger" / "long-task-ledger.json"
+    try:
+        async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+
+            async def call(**arguments: object) -> tuple[dict[str, object], bool]:
+                result = await session.call_tool("ledger", arguments)
+                text = result.content[0].text  # type: ignore[union-attr]
+                return json.loads(text), bool(result.is_error)
+
+            created, error = await call(
+                command="init", task_id="t", purpose="Sync", steps=["pull"], nudge_after_sec=60,
+                max_nudges=5,
+            )  # fmt: skip
+            assert (created["status"], error) == ("ok", False)
+            before = ledger_file.read_bytes()
+            cases: list[tuple[dict[str, object], str]] = [
+                ({"command": "init", "task_id": "u", "purpose": "p", "steps": "ab"}, "steps:"),
+                ({"command": "init", "task_id": "u", "purpose": "p", "steps": [1]}, "steps:"),
+                ({"command": "init", "task_id": "u", "purpose": 7}, "purpose:"),
+                ({"command": "init", "task_id": "u", "purpose": "p", "timeout_sec": "9"},
+                 "timeout_sec:"),
+                ({"command": "init", "task_id": "u", "purpose": "p", "max_retries": 1.5},
+                 "max_retries:"),
+                ({"command": "init", "task_id": "u", "purpose": "p", "renotify_sec": -1},
+                 "renotify_sec:"),
+                ({"command": "download-observed", "task_id": "t", "name": "w",
+                  "observed_bytes": True}, "observed_bytes:"),
+                ({"command": "download-observed", "task_id": "t", "name": "w",
+                  "observed_bytes": "5"}, "observed_bytes:"),
+                ({"command": "external-job", "task_id": "t", "job_id": "j", "status": "running",
+                  "max_wait_sec": "x"}, "max_wait_sec:"),
+                ({"command": "block", "task_id": "t", "kind": "OTHER", "reason": "r",
+                  "failed": "yes"}, "failed:"),
+                ({"command": "checkpoint", "task_id": "t", "event_type": "STEP_PROGRESS",
+                  "step": "pull", "note": {"a": 1}}, "note:"),
+                ({"command": "show", "task_id": ["t"]}, "task_id:"),
+            ]  # fmt: skip
+            for arguments, field in cases:
+                refused, error = await call(**arguments)
+                assert error is True, arguments
+                assert str(refused["message"]).startswith(field), (arguments, refused)
+            assert ledger_file.read_bytes() == before
+            shown, _ = await call(command="show", task_id="t")
+            record = shown["record"]
+            assert isinstance(record, dict)
+            assert record["task"]["limits"]["nudge_after_sec"] == 60
+            assert record["task"]["limits"]["max_nudges"] == 5
+            assert [s["step_id"] for s in record["observed"]["steps"]] == ["pull"]
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
