@@ -732,7 +732,7 @@ class TaskCard:
                 with self._lock:
                     watch.ticks_skipped += skipped
             due = slot_due(origin, watch.interval_s, slot)
-            if watch.stop_event.wait(max(0.0, due - time.monotonic())):
+            if _wait_until(watch.stop_event, due):
                 return
             try:
                 self._refresh(watch, counted=True, from_tick=True, due=due)
@@ -800,6 +800,22 @@ class TaskCard:
             log.warning("task card: cannot clear %s (%s)", self.paths.watch, exc.strerror)
         if self.paths.status.exists() or self.paths.body.exists():
             self._write_status(STATUS_INACTIVE)
+
+
+MAX_WAIT_STEP_S: Final = 3600.0
+"""The longest single wait of the updater. `interval_s` has no ceiling, and one wait longer
+than `threading.TIMEOUT_MAX` (about 292 years) raises OverflowError, so a far tick is waited
+for in steps; each step re-reads the monotonic clock, so the steps never add up as drift."""
+
+
+def _wait_until(stop: threading.Event, due: float) -> bool:
+    """Wait until the monotonic time `due`; True as soon as `stop` is set."""
+    while True:
+        remaining = due - time.monotonic()
+        if remaining <= 0:
+            return stop.is_set()
+        if stop.wait(min(remaining, MAX_WAIT_STEP_S)):
+            return True
 
 
 def _summary(result: Result) -> str:

@@ -50,7 +50,13 @@ class _ClosedInput(BaseModel):
 
 
 class StartInput(_ClosedInput):
-    """Start the agent's one watch on a Python renderer under the workdir."""
+    """Start the agent's one watch on a Python renderer under the workdir.
+
+    Only floors are checked here. The manual makes `timeout_s` and `max_refreshes` safety
+    ceilings that a request may lower but never raise, and "a request above the ceiling is
+    silently capped to it, it is not an error": so any larger value is accepted and capped by
+    `TaskCard.start` to the setting in force. `interval_s` has no ceiling at all.
+    """
 
     renderer_path: str = Field(
         min_length=1, description="Python file, relative to the workdir or inside it."
@@ -58,20 +64,17 @@ class StartInput(_ClosedInput):
     interval_s: float | None = Field(
         default=None,
         ge=BOUNDS["interval_s"].floor,
-        le=BOUNDS["interval_s"].ceiling,
-        description="Seconds between refreshes, 1 to 86400.",
+        description="Seconds between refreshes, at least 1, no ceiling.",
     )
     timeout_s: float | None = Field(
         default=None,
         ge=BOUNDS["timeout_s"].floor,
-        le=BOUNDS["timeout_s"].ceiling,
-        description="Ceiling of one renderer run, 0.1 to 300; capped to the setting.",
+        description="Ceiling of one renderer run, at least 0.1; capped to the timeout-s setting.",
     )
     max_refreshes: int | None = Field(
         default=None,
         ge=BOUNDS["max_refreshes"].floor,
-        le=BOUNDS["max_refreshes"].ceiling,
-        description="Refresh budget after the first render, 1 to 1000000; capped to the setting.",
+        description="Refresh budget after the first render, at least 1; capped to the setting.",
     )
 
 

@@ -7,11 +7,13 @@ means the effective values are unknown: SHOW then fails as a whole (no partial r
 `telegram/taskcard.json` `max_refreshes`, is previewed by SHOW and written once by the first
 `start`, and only while the intrinsic document does not exist yet.
 
-Every setting has a floor and a ceiling (`BOUNDS`). Ceilings exist because each value sizes
-something real: `max_body_chars` sizes the stdout buffer of every run, `interval_s` and
-`timeout_s` become thread and socket timeouts (which overflow past ~1e9 s), `max_refreshes`
-and `reminder_turns` are budgets nobody can mean at a billion. A value out of range is refused
-for that field alone, with its range in the message; the other fields keep their values.
+Every setting has a floor, and all but `interval_s` a ceiling (`BOUNDS`). Ceilings exist
+because each value sizes something real: `max_body_chars` sizes the stdout buffer of every
+run, `timeout_s` becomes the socket timeout of a start (which waits for the first render),
+`max_refreshes` and `reminder_turns` are budgets nobody can mean at a billion. `interval_s`
+sizes nothing: the manual gives it no ceiling (a slower card is a safer one), and the updater
+waits for a far tick in bounded steps. A value out of range is refused for that field alone,
+with its range in the message; the other fields keep their values.
 """
 
 from __future__ import annotations
@@ -45,11 +47,13 @@ class Bound:
 
     def describe(self) -> str:
         kind = "an integer" if self.integer else "a number"
+        if math.isinf(self.ceiling):
+            return f"a finite {kind[kind.index(' ') + 1 :]} of at least {self.floor:g}"
         return f"{kind} from {self.floor:g} to {self.ceiling:g}"
 
 
 BOUNDS: Final[dict[str, Bound]] = {
-    "interval_s": Bound(1, 86_400, integer=False),  # one refresh a day is the slowest card
+    "interval_s": Bound(1, math.inf, integer=False),  # no ceiling: slower is always allowed
     "timeout_s": Bound(0.1, 300, integer=False),  # a start waits for the first render
     "max_refreshes": Bound(1, 1_000_000, integer=True),
     "reminder_turns": Bound(1, 10_000, integer=True),

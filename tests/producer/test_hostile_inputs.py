@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from taskcard.producers.task_card.capability import TaskCard
+from taskcard.producers.task_card.capability import TaskCard, _wait_until
 from taskcard.producers.task_card.contract import CardPaths
 from taskcard.producers.task_card.notifications import FileNotificationPort, TaskCardNotification
 from taskcard.producers.task_card.renderer import (
@@ -35,6 +35,7 @@ from taskcard.producers.task_card.renderer import (
 
 from .conftest import (
     COUNTER_RENDERER,
+    POLL_TIMEOUT_S,
     STATIC_RENDERER,
     CliHost,
     envelope,
@@ -310,12 +311,13 @@ def test_the_host_log_is_never_opened_through_a_symlink(workdir: Path, runtime_d
 @pytest.mark.parametrize(
     ("field", "value", "words"),
     [
-        ("interval_s", 1e10, "less than or equal to 86400"),
-        ("timeout_s", 1e9, "less than or equal to 300"),
-        ("max_refreshes", 10**12, "less than or equal to 1000000"),
+        ("interval_s", 0.999, "greater than or equal to 1"),
+        ("timeout_s", 0.05, "greater than or equal to 0.1"),
+        ("max_refreshes", 0, "greater than or equal to 1"),
+        ("max_refreshes", -(10**12), "greater than or equal to 1"),
     ],
 )
-def test_start_refuses_values_past_a_ceiling_naming_the_field(
+def test_start_refuses_values_below_a_floor_naming_the_field(
     workdir: Path, make_card: MakeCard, field: str, value: float, words: str
 ) -> None:
     write_renderer(workdir, "r.py", STATIC_RENDERER)
@@ -326,11 +328,46 @@ def test_start_refuses_values_past_a_ceiling_naming_the_field(
     assert not (workdir / "taskcard" / "watch.json").exists()
 
 
+def test_start_caps_huge_ceilings_silently_and_honours_any_slower_interval(
+    workdir: Path, make_card: MakeCard
+) -> None:
+    """The manual: a request above a ceiling is capped, not an error; interval has no ceiling."""
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    card = make_card()
+    huge = {"interval_s": 1e12, "timeout_s": 1e300, "max_refreshes": 10**40}
+    result = card.call(envelope("start", renderer_path="r.py", **huge))
+    assert result["status"] == "watching", result
+    assert result["max_refreshes"] == 2000  # the max-refreshes setting in force
+    inspected = card.inspect("tc_1")
+    assert (inspected["interval_s"], inspected["timeout_s"]) == (1e12, 10)
+    descriptor = json.loads((workdir / "taskcard" / "watch.json").read_text())
+    assert (descriptor["interval_s"], descriptor["timeout_s"]) == (1e12, 10)
+    # The updater waits for its far first tick without dying (no OverflowError).
+    assert card.inspect("tc_1")["status"] == "watching"
+    # A restarted host resumes the same far cadence instead of calling the descriptor corrupt.
+    card.close()
+    resumed = make_card()
+    inspected = resumed.inspect("tc_1")
+    assert (inspected["status"], inspected["interval_s"]) == ("watching", 1e12)
+    assert resumed.stop("tc_1")["status"] == "stopped"
+
+
+def test_a_far_tick_is_waited_for_in_steps_and_a_stop_ends_the_wait() -> None:
+    stop = threading.Event()
+    done: list[bool] = []
+    waiter = threading.Thread(target=lambda: done.append(_wait_until(stop, 1e300)))
+    waiter.start()
+    stop.set()
+    waiter.join(POLL_TIMEOUT_S)
+    assert done == [True]
+    assert _wait_until(threading.Event(), 0.0) is False  # already due: no wait, not stopped
+
+
 def test_out_of_range_settings_are_refused_per_field_with_their_range(
     workdir: Path, make_card: MakeCard
 ) -> None:
     (workdir / "taskcard").mkdir()
-    document = {"max_body_chars": 10**12, "interval_s": 1e10, "reminder_turns": 7}
+    document = {"max_body_chars": 10**12, "interval_s": 0.5, "reminder_turns": 7}
     (workdir / "taskcard" / "taskcard.json").write_text(json.dumps(document))
     card = make_card()
     result = card.call(envelope("settings"))
@@ -341,7 +378,8 @@ def test_out_of_range_settings_are_refused_per_field_with_their_range(
     assert rows["interval-s"]["current"] == 5
     assert rows["reminder-turns"]["current"] == 7  # the good field is kept
     problems = " ".join(result["problems"])
-    assert "max_body_chars" in problems and "interval_s" in problems and "1 to 86400" in problems
+    assert "max_body_chars" in problems and "interval_s" in problems
+    assert "a finite number of at least 1" in problems
 
 
 def test_a_descriptor_past_a_ceiling_is_cleared_not_resumed(
@@ -352,8 +390,8 @@ def test_a_descriptor_past_a_ceiling_is_cleared_not_resumed(
     descriptor = {
         "watch_id": "tc_4",
         "renderer_path": "r.py",
-        "interval_s": 1e10,
-        "timeout_s": 5,
+        "interval_s": 5,
+        "timeout_s": 1e9,
         "max_refreshes": 10,
         "refreshes_used": 0,
         "started_at": "2024-01-01T00:00:00Z",
