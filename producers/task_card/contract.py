@@ -122,6 +122,20 @@ class CardPaths:
         return self.workdir / "telegram" / SETTINGS_FILE
 
 
+def body_chars(body: str) -> int:
+    """The length of a body as `max-body-chars` counts it: characters, without one final newline.
+
+    A renderer prints its card, and `print` ends it with a newline that is the end of the last
+    line, not part of the card; `print("x" * 2000)` is a 2000-character body. Only that one
+    terminator (`\n` or `\r\n`) is left out, and the body is still published verbatim. Pure.
+    """
+    if body.endswith("\r\n"):
+        return len(body) - 2
+    if body.endswith("\n"):
+        return len(body) - 1
+    return len(body)
+
+
 def parse_status(raw: bytes | None) -> CardStatus:
     """Exactly `active` or `inactive`; anything else (missing, partial, other) is `unknown`."""
     if raw == STATUS_ACTIVE:

@@ -11,7 +11,12 @@ from __future__ import annotations
 import threading
 from typing import Any, Final
 
-from taskcard.producers.task_card.contract import CardPaths, open_regular, parse_status
+from taskcard.producers.task_card.contract import (
+    CardPaths,
+    body_chars,
+    open_regular,
+    parse_status,
+)
 from taskcard.producers.task_card.settings import settings_or_defaults
 
 ABSENT_HINT: Final = "no taskcard present, consider maintaining one, see task_card manual"
@@ -54,7 +59,7 @@ def project_meta(paths: CardPaths, max_body_chars: int) -> dict[str, Any]:
         return {"present": True, "status": "unreadable", "hint": UNREADABLE_HINT}
     if not body.strip():
         return {"present": False, "hint": ABSENT_HINT}
-    if len(body) > max_body_chars:
+    if body_chars(body) > max_body_chars:
         return {"present": True, "status": "refused", "hint": REFUSED_HINT}
     return {"present": True, "status": "active", "body": body}
 

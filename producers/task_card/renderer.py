@@ -70,6 +70,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Final, Literal, Protocol
 
+from taskcard.producers.task_card.contract import body_chars
+
 STDERR_TAIL_BYTES: Final = 4096
 _READ_CHUNK: Final = 65536
 _DRAIN_CHUNKS: Final = 16
@@ -750,10 +752,10 @@ def classify(
         )
     if not body.strip():
         return RenderFailure("renderer_blank_output", "the renderer printed nothing but whitespace")
-    if len(body) > max_body_chars:
+    if (chars := body_chars(body)) > max_body_chars:
         return RenderFailure(
             "body_too_large",
-            f"the body has {len(body)} characters, over max-body-chars ({max_body_chars}); "
+            f"the body has {chars} characters, over max-body-chars ({max_body_chars}); "
             "refused, not truncated: keep the card short and link details",
         )
     return Rendered(body)

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from taskcard.producers.task_card.capability import TaskCard
+from taskcard.producers.task_card.contract import CardPaths
+from taskcard.producers.task_card.meta import project_meta
 from taskcard.producers.task_card.renderer import RunOutcome, RunRequest
 from taskcard.producers.task_card.runtime import HostAlreadyRunning
 
@@ -660,3 +662,17 @@ def test_contract_files_are_readable_by_another_user(workdir: Path, make_card: M
     start(make_card(), interval_s=3600)
     for name in ("taskcard.md", "status"):
         assert os.stat(workdir / "taskcard" / name).st_mode & 0o044 == 0o044
+
+
+@pytest.mark.parametrize(
+    ("body", "shown"), [("z" * 100 + "\n", True), ("z" * 100, True), ("z" * 101 + "\n", False)]
+)
+def test_meta_applies_the_same_body_limit_as_publication(
+    workdir: Path, body: str, shown: bool
+) -> None:
+    paths = CardPaths(workdir)
+    paths.taskcard_dir.mkdir()
+    paths.body.write_text(body)
+    paths.status.write_bytes(b"active")
+    payload = project_meta(paths, max_body_chars=100)
+    assert payload["status"] == ("active" if shown else "refused")

@@ -114,3 +114,23 @@ def test_the_lead_entry_point_registers_every_subcommand() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.splitlines() == ["['card', 'host', 'mcp', 'tool']", "run_card start 2.0"]
+
+
+def test_a_printed_body_of_exactly_max_body_chars_is_accepted_one_more_is_refused(
+    workdir: Path, cli: CliHost
+) -> None:
+    """`print` ends the card with a newline; the limit counts the card, not that terminator."""
+    (workdir / "taskcard").mkdir()
+    (workdir / "taskcard" / "taskcard.json").write_text('{"max_body_chars": 100}')
+    write_renderer(workdir, "over.py", "print('x' * 101)\n")
+    refused = cli.run("card", "start", "over.py", "--json")
+    assert refused.returncode == 1
+    assert json.loads(refused.stdout)["code"] == "body_too_large"
+    assert "101 characters" in json.loads(refused.stdout)["message"]
+    write_renderer(workdir, "exact.py", "print('é' * 100)\n")
+    started = cli.json("card", "start", "exact.py")
+    assert started["status"] == "watching", started
+    assert (workdir / "taskcard" / "taskcard.md").read_text() == "é" * 100 + "\n"
+    inspected = cli.json("card", "inspect", started["watch_id"])
+    assert (inspected["status"], inspected["last_body"]) == ("watching", "é" * 100 + "\n")
+    cli.json("card", "remove")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from taskcard.producers.task_card.contract import body_chars
 from taskcard.producers.task_card.renderer import (
     RENDER_NICE_INCREMENT,
     PidWindow,
@@ -68,6 +69,30 @@ def test_classify_keeps_the_body_verbatim_and_counts_characters_not_bytes() -> N
     assert classify(outcome(stdout=body.encode()), max_body_chars=101, timeout_s=1) == Rendered(
         body
     )
+
+
+@pytest.mark.parametrize(
+    ("stdout", "accepted"),
+    [
+        ("x" * 100, True),  # exactly the limit
+        ("x" * 100 + "\n", True),  # what print() writes: the final newline ends the line
+        ("x" * 100 + "\r\n", True),
+        ("x" * 101, False),
+        ("x" * 101 + "\n", False),
+        ("x" * 100 + "\n\n", False),  # only one terminator is left out
+        ("é" * 99 + "\n", True),  # characters, not bytes
+        ("x" * 99 + "\n" + "y", False),  # an inner newline is content
+    ],
+)
+def test_max_body_chars_is_exact_and_ignores_only_the_final_newline(
+    stdout: str, accepted: bool
+) -> None:
+    verdict = classify(outcome(stdout=stdout.encode()), max_body_chars=100, timeout_s=1)
+    if accepted:
+        assert verdict == Rendered(stdout)  # published verbatim, newline included
+    else:
+        assert isinstance(verdict, RenderFailure) and verdict.code == "body_too_large"
+    assert (body_chars(stdout) <= 100) is accepted
 
 
 def request(workdir: Path, renderer: Path, timeout_s: float = 10, chars: int = 2000) -> RunRequest:
