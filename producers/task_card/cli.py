@@ -57,14 +57,32 @@ FAILED_STATES: Final = frozenset({"failed", "stop_failed", "remove_blocked", "re
 CLI_REASONING: Final = "requested from the taskcard command line"
 
 
+def _workdir(args: argparse.Namespace) -> Path:
+    """`--workdir` as every step uses it: `~` expanded, resolved.
+
+    The check, the host's lock and socket, and `settings` must all see the same folder. A
+    `~/agent` that no shell expanded (an MCP client's config passes arguments verbatim) used
+    to pass the check expanded and then start the host on a literal `./~/agent`.
+    """
+    return Path(args.workdir).expanduser().resolve()
+
+
 def _host_paths(args: argparse.Namespace) -> HostPaths:
-    runtime = Path(args.runtime_dir) if args.runtime_dir else default_runtime_dir(os.environ)
-    return HostPaths(runtime, Path(args.workdir).resolve())
+    runtime = (
+        Path(args.runtime_dir).expanduser() if args.runtime_dir else default_runtime_dir(os.environ)
+    )
+    return HostPaths(runtime, _workdir(args))
 
 
 def _missing_workdir(args: argparse.Namespace) -> bool:
     """Say so in one line when the workdir is not a directory (no host, no log to read)."""
-    workdir = Path(args.workdir).expanduser()
+    if not args.workdir:
+        print(
+            "taskcard: --workdir is empty; give the agent's working directory (default: .)",
+            file=sys.stderr,
+        )
+        return True
+    workdir = _workdir(args)
     if workdir.is_dir():
         return False
     print(
@@ -176,7 +194,7 @@ def run_card(args: argparse.Namespace) -> int:
         from taskcard.producers.task_card.capability import settings_result
         from taskcard.producers.task_card.contract import CardPaths
 
-        paths = CardPaths(Path(args.workdir).resolve())
+        paths = CardPaths(_workdir(args))
         return _emit({"action": "settings", **settings_result(paths)}, args.json)
     payload: dict[str, Any] = {}
     if args.card_action == "start":
@@ -295,8 +313,8 @@ def _detach(args: argparse.Namespace, paths: HostPaths) -> int:
 
 def run_mcp(args: argparse.Namespace) -> int:
     # Refused before the MCP handshake: a client would otherwise list tools that all fail.
-    workdir = Path(args.workdir).expanduser()
-    if not workdir.is_dir() or not os.access(workdir, os.W_OK | os.X_OK):
+    workdir = _workdir(args)
+    if not args.workdir or not workdir.is_dir() or not os.access(workdir, os.W_OK | os.X_OK):
         print(
             f"taskcard mcp: --workdir {args.workdir} is not a writable directory; "
             "pass the agent's working directory",

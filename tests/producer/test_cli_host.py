@@ -134,3 +134,35 @@ def test_a_printed_body_of_exactly_max_body_chars_is_accepted_one_more_is_refuse
     inspected = cli.json("card", "inspect", started["watch_id"])
     assert (inspected["status"], inspected["last_body"]) == ("watching", "é" * 100 + "\n")
     cli.json("card", "remove")
+
+
+def test_a_workdir_given_with_an_unexpanded_tilde_is_the_home_folder(
+    workdir: Path, cli: CliHost
+) -> None:
+    """MCP clients pass arguments verbatim, so `~/agent` reaches us unexpanded."""
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    env = {**os.environ, "HOME": str(workdir.parent)}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "taskcard.bridge.cli", *args]
+        command += ["--workdir", f"~/{workdir.name}", "--runtime-dir", str(cli.runtime_dir)]
+        return subprocess.run(
+            command, capture_output=True, text=True, timeout=120, check=False, env=env
+        )
+
+    started = run("card", "start", "r.py", "--json")
+    assert started.returncode == 0, started.stderr
+    assert json.loads(started.stdout)["status_path"] == str(workdir / "taskcard" / "status")
+    assert (workdir / "taskcard" / "status").read_bytes() == b"active"
+    settings = json.loads(run("card", "settings", "--json").stdout)
+    assert settings["settings_path"] == str(workdir / "taskcard" / "taskcard.json")
+    assert run("card", "remove").returncode == 0
+    assert (workdir / "taskcard" / "status").read_bytes() == b"inactive"
+
+
+def test_an_empty_workdir_is_refused_naming_the_option(cli: CliHost) -> None:
+    for args in (("card", "settings"), ("card", "remove"), ("tool", "{}"), ("host",), ("mcp",)):
+        command = [sys.executable, "-m", "taskcard.bridge.cli", *args, "--workdir", ""]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 2, (args, done.stderr)
+        assert "--workdir" in done.stderr and "Traceback" not in done.stderr
