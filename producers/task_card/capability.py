@@ -373,6 +373,8 @@ class TaskCard:
                 **view,
                 "last_body": body,
                 "last_body_at": watch.last_body_at,
+                # The Telegram-side manual's name for the same instant; tools written to it read it.
+                "last_valid_frame_at": watch.last_body_at,
                 "error": error,
                 "renderer_path": watch.renderer_rel,
                 "interval_s": watch.interval_s,

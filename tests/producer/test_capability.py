@@ -156,12 +156,15 @@ def test_inspect_reports_state_body_time_error_and_budget(
     write_renderer(workdir, "r.py", FLAG_RENDERER)
     card = make_card()
     start(card, interval_s=3600, max_refreshes=5)
+    first_at = card.inspect("tc_1")["last_body_at"]
     (workdir / "fail.flag").touch()
     card.call(envelope("retry", watch_id="tc_1"))
     result = card.call(envelope("inspect", watch_id="tc_1"))
     assert result["status"] == "error"
     assert result["last_body"] == "# Work\nall good\n"
     assert str(result["last_body_at"]).endswith("Z")
+    # A failed attempt moves neither the last valid body nor its time (both manuals' names).
+    assert result["last_valid_frame_at"] == result["last_body_at"] == first_at
     assert result["error"] == {
         "code": "renderer_nonzero_exit",
         "message": "the renderer exited with code 3",
