@@ -14,18 +14,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 from taskcard.producers.task_card.client import (
     EXIT_ALREADY_RUNNING,
     SPAWN_TIMEOUT_S,
+    HostElsewhere,
     HostUnavailable,
     call_via_host,
     host_log_file,
@@ -149,6 +151,9 @@ def _call(args: argparse.Namespace, envelope: Any) -> dict[str, Any] | int:
     except RuntimeDirUnsafe as exc:
         print(f"taskcard: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except HostElsewhere as exc:
+        print(f"taskcard: {exc}", file=sys.stderr)
+        return EXIT_ALREADY_RUNNING
     except (HostUnavailable, OSError, ValueError, subprocess.SubprocessError) as exc:
         print(f"taskcard: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
@@ -332,6 +337,24 @@ def run_mcp(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _seconds(floor: float, ceiling: float) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds in [floor, ceiling], or a usage error
+    (exit 2) that names the range. A `nan` or negative grace used to be taken as given."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        if not math.isfinite(value) or not floor <= value <= ceiling:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is out of range; use a number of seconds from {floor:g} to {ceiling:g}"
+            )
+        return value
+
+    return parse
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workdir", default=".", help="the agent's working directory")
     parser.add_argument(
@@ -342,7 +365,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--idle-grace-s",
-        type=float,
+        type=_seconds(0.1, 7 * 86_400),
         default=None,
         help=f"seconds a host without a live watch waits before exiting "
         f"(default {DEFAULT_IDLE_GRACE_S:g})",
@@ -403,7 +426,7 @@ def register(subparsers: Any) -> None:
     host.add_argument(
         "--ledger-check-s",
         dest="ledger_check_s",
-        type=float,
+        type=_seconds(0.05, 86_400),
         default=DEFAULT_LEDGER_CHECK_S,
         help="seconds between runs of the ledger monitor when the workdir has a ledger",
     )

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
+import taskcard.producers.task_card.workdir_lock as workdir_lock
 from taskcard.producers.task_card.envelope import check_values
 from taskcard.producers.task_card.runtime import HostPaths, RuntimeDirUnsafe
 
@@ -23,6 +24,10 @@ CALL_TIMEOUT_S: Final = 600.0
 
 class HostUnavailable(RuntimeError):
     """No host answered and none could be started."""
+
+
+class HostElsewhere(HostUnavailable):
+    """A host runs for the workdir, but under another runtime folder than ours."""
 
 
 def request_host(paths: HostPaths, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
@@ -85,6 +90,10 @@ def spawn_detached_host(paths: HostPaths, idle_grace_s: float | None = None) -> 
     if idle_grace_s is not None:
         command += ["--idle-grace-s", str(idle_grace_s)]
     done = subprocess.run(command, stdin=subprocess.DEVNULL, timeout=SPAWN_TIMEOUT_S * 2)
+    if done.returncode == EXIT_ALREADY_RUNNING and not ping(paths):
+        holder = workdir_lock.read_holder(paths.workdir)
+        if holder is not None and holder.runtime_dir != str(paths.runtime_dir):
+            raise HostElsewhere(holder.describe(paths.workdir))
     if done.returncode not in (0, EXIT_ALREADY_RUNNING):
         raise HostUnavailable(
             f"the task card host for {paths.workdir} failed to start; see its log at {paths.log}"

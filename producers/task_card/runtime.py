@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import taskcard.producers.task_card.workdir_lock as workdir_lock
+
 
 class HostAlreadyRunning(RuntimeError):
     """Another host holds this workdir's lock."""
@@ -104,11 +106,16 @@ class HostPaths:
 
 
 class HostLock:
-    """The exclusive right to run watches for one workdir."""
+    """The exclusive right to run watches for one workdir.
+
+    Two locks: the runtime folder's (next to the socket callers find) and the workdir's own
+    (`workdir_lock.py`), which also holds against a host started with another runtime folder.
+    """
 
     def __init__(self, paths: HostPaths) -> None:
         self._paths = paths
         self._fd: int | None = None
+        self._workdir_fd: int | None = None
 
     def acquire(self) -> None:
         self._paths.ensure_dir()
@@ -128,11 +135,19 @@ class HostLock:
                 f"a task_card host already runs for {self._paths.workdir} (pid {holder}); "
                 "use it (taskcard tool/card talk to it) or stop it first"
             ) from None
+        try:
+            self._workdir_fd = workdir_lock.acquire(self._paths.workdir, self._paths.runtime_dir)
+        except workdir_lock.WorkdirHeld as exc:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+            raise HostAlreadyRunning(exc.holder.describe(self._paths.workdir)) from None
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._fd = fd
 
     def release(self) -> None:
+        workdir_fd, self._workdir_fd = self._workdir_fd, None
+        workdir_lock.release(workdir_fd)
         fd, self._fd = self._fd, None
         if fd is not None:
             with contextlib.suppress(OSError):

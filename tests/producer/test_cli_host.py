@@ -166,3 +166,38 @@ def test_an_empty_workdir_is_refused_naming_the_option(cli: CliHost) -> None:
         done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
         assert done.returncode == 2, (args, done.stderr)
         assert "--workdir" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_caller_with_another_runtime_dir_starts_no_second_host(
+    workdir: Path, cli: CliHost, tmp_path: Path
+) -> None:
+    """Two environments (say, with and without XDG_RUNTIME_DIR) must not run the watch twice."""
+    write_renderer(workdir, "r.py", COUNTER_RENDERER)
+    assert cli.json("card", "start", "r.py", "--interval-s", "3600")["status"] == "watching"
+    other = tmp_path / "rt-other"
+    other.mkdir(mode=0o700)
+    command = [sys.executable, "-m", "taskcard.bridge.cli", "card", "inspect", "tc_1"]
+    command += ["--workdir", str(workdir), "--runtime-dir", str(other)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 3, done.stderr
+    assert f"runtime dir {cli.runtime_dir}" in done.stderr
+    assert f"pid {cli.host_pid()}" in done.stderr
+    # No second host resumed the watch: one render at start, none since.
+    assert (workdir / "count.txt").read_text() == "1"
+    assert cli.json("card", "inspect", "tc_1")["refreshes_used"] == 0
+    cli.json("card", "remove")
+
+
+def test_host_durations_out_of_range_are_usage_errors_naming_the_option(cli: CliHost) -> None:
+    for option, value in (
+        ("--idle-grace-s", "nan"),
+        ("--idle-grace-s", "-1"),
+        ("--idle-grace-s", "inf"),
+        ("--idle-grace-s", "1e300"),
+        ("--ledger-check-s", "0"),
+        ("--ledger-check-s", "x"),
+    ):
+        done = cli.run("host", f"{option}={value}", timeout_s=60)
+        assert done.returncode == 2, (option, value, done.stderr)
+        assert option in done.stderr and "seconds" in done.stderr
+        assert cli.host_pid() is None  # nothing was started
