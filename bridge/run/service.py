@@ -1004,7 +1004,8 @@ class Service:
                 return None  # a reply to a notice or to someone else: not for an agent
             text = command.args
         else:
-            name, _, text = command.args.strip().partition(" ")
+            # The agent's name ends at any white space: "/tell builder\nline one" is common.
+            name, text = [*command.args.split(maxsplit=1), "", ""][:2]
             here = sorted({r.key.agent_id for r in routes})
             if name not in here:
                 return f"/tell AGENT TEXT: AGENT is one of {', '.join(here)}."

@@ -42,6 +42,7 @@ from typing import Any
 from lark_oapi.core.utils.decryptor import AESCipher
 
 from taskcard.channels.base import ChatRef, CommandName, CursorStore, IncomingCommand
+from taskcard.channels.feishu.content import message_text
 
 MESSAGE_EVENT = "im.message.receive_v1"
 COMMAND = "/taskcard"
@@ -185,7 +186,7 @@ def command_args(text: str, mention_key: str | None = None, command: str = COMMA
     words = text.split()
     if not words:
         return None
-    head = words[0]
+    head = words[0].lower()  # "/TaskCard" too, as on Telegram
     if head != command and not head.startswith(command + "@"):
         return None
     if command == TELL:
@@ -229,17 +230,14 @@ def command_from_event(
     if not isinstance(event, dict):
         return None
     message = event.get("message")
-    if not isinstance(message, dict) or message.get("message_type") != "text":
+    if not isinstance(message, dict):
         return None
     chat_id = message.get("chat_id")
     if not isinstance(chat_id, str) or not chat_id:
         return None
-    try:
-        content = json.loads(str(message.get("content") or "{}"))
-    except (ValueError, RecursionError):
-        return None
-    text = content.get("text") if isinstance(content, dict) else None
-    if not isinstance(text, str):
+    # Plain and rich (`post`) messages alike: a command typed in the rich editor counts.
+    text = message_text(message.get("message_type"), message.get("content"))
+    if text is None:
         return None
     mention_key = bot_mention_key(message.get("mentions"), bot_open_id)
     name: CommandName = "taskcard"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 
 from telegram import Bot, Update
 from telegram import error as tg
@@ -31,6 +32,7 @@ COMMAND = "taskcard"
 TELL = "tell"
 # The longest getUpdates flood wait honoured: commands are never shut out for longer.
 MAX_FLOOD_WAIT_S = 3600.0
+_COMMAND_END = re.compile(r"\s")
 
 _log = logging.getLogger(__name__)
 
@@ -44,7 +46,8 @@ def parse_command(text: str, bot_username: str, command: str = COMMAND) -> str |
     stripped = text.strip()
     if not stripped.startswith("/"):
         return None
-    head, _, args = stripped.partition(" ")
+    # The command ends at the first white space of any kind: "/tell\nbuilder ..." too.
+    head, _, args = _COMMAND_END.sub(" ", stripped, count=1).partition(" ")
     name, _, mention = head[1:].partition("@")
     if name.lower() != command:
         return None

@@ -18,6 +18,7 @@ import pytest
 from taskcard.channels.base import IncomingCommand
 from taskcard.channels.feishu.channel import FeishuChannel
 from taskcard.channels.feishu.config import FeishuConfig, FeishuWebhook
+from taskcard.channels.feishu.content import message_text
 from taskcard.channels.feishu.events import SeenEvents, command_from_event
 from tests.channels.conftest import CommandInbox, MemoryCursorStore, wait_until
 from tests.fakes.feishu_api import FakeFeishu, encrypt_event
@@ -390,3 +391,66 @@ def test_event_ids_outlive_the_longest_replayable_request_whatever_the_config() 
     assert not seen.first_time("captured")
     now[0] += 299
     assert not seen.first_time("captured")
+
+
+def _post(*paragraphs: list[dict[str, object]], title: str = "") -> str:
+    return json.dumps({"title": title, "content": list(paragraphs)})
+
+
+AT_BOT = {"tag": "at", "user_id": "@_user_1", "user_name": "taskcard"}
+
+
+@pytest.mark.parametrize(
+    ("message_type", "content", "expected"),
+    [
+        ("text", json.dumps({"text": "@_user_1 /taskcard off"}), "@_user_1 /taskcard off"),
+        (
+            "post",
+            _post([AT_BOT, {"tag": "text", "text": "/taskcard off"}]),
+            " @_user_1 /taskcard off",
+        ),
+        (
+            "post",
+            _post(
+                [{"tag": "text", "text": "/tell builder "}, {"tag": "a", "text": "the log"}],
+                [{"tag": "img", "image_key": "img_1"}, {"tag": "text", "text": "line two"}],
+            ),
+            "/tell builder the log\nline two",
+        ),
+        ("post", _post([{"tag": "text", "text": "body"}], title="Note"), "Note\nbody"),
+        ("post", json.dumps({"zh_cn": {"title": "", "content": [[AT_BOT]]}}), " @_user_1 "),
+        ("post", json.dumps({"title": "x"}), None),
+        ("post", json.dumps({"content": [[7, None, {"tag": "text", "text": 3}]]}), ""),
+        ("image", json.dumps({"image_key": "img_1"}), None),
+        ("text", "not json", None),
+        ("text", json.dumps(["a"]), None),
+        ("text", None, None),
+        (None, json.dumps({"text": "x"}), None),
+    ],
+)
+def test_message_text_of_plain_and_rich_messages(
+    message_type: object, content: object, expected: str | None
+) -> None:
+    assert message_text(message_type, content) == expected
+
+
+@pytest.mark.parametrize("kind", ["text", "post"])
+def test_commands_written_in_the_rich_editor_count_as_typed_ones(
+    fake: FakeFeishu, kind: str
+) -> None:
+    bot = fake.bot_open_id
+    off = command_from_event(fake.command_event("oc_g", "/TaskCard OFF", message_type=kind), bot)
+    assert off is not None and (off.command, off.args) == ("taskcard", "OFF")
+    tell = command_from_event(
+        fake.command_event("oc_g", "/tell builder\nfirst\nsecond", message_type=kind), bot
+    )
+    assert tell is not None and (tell.command, tell.args) == ("tell", "builder\nfirst\nsecond")
+    unaddressed = fake.command_event("oc_g", "/taskcard off", mention_bot=False, message_type=kind)
+    assert command_from_event(unaddressed, bot) is None
+    reply = command_from_event(
+        fake.command_event(
+            "oc_g", "see\nthis", mention_bot=False, parent_id="om_card", message_type=kind
+        ),
+        bot,
+    )
+    assert reply is not None and (reply.command, reply.args) == ("reply", "see\nthis")

@@ -36,6 +36,10 @@ GROUP = -100777
         ("/taskcard@TaskcardTestBot off", "off"),
         ("/taskcard@taskcardtestbot", ""),
         ("/taskcard@OtherBot off", None),
+        ("/taskcard\noff", "off"),  # the command ends at any white space
+        ("/taskcard@TaskcardTestBot\tboard", "board"),
+        ("/taskcard@OtherBot\noff", None),
+        ("/taskcard\u00a0off", "off"),
         ("/taskcards", None),
         ("/start", None),
         ("taskcard off", None),
@@ -204,6 +208,8 @@ def _reply(text: str, to_bot: bool, username: str = "Bot") -> Update:
 def test_tell_and_replies_to_the_bot_reach_the_service() -> None:
     tell = command_from_update(_update("message", "/tell@Bot builder stop\nnow"), "Bot")
     assert tell is not None and (tell.command, tell.args) == ("tell", "builder stop\nnow")
+    tell = command_from_update(_update("message", "/tell\nbuilder\nstop now"), "Bot")
+    assert tell is not None and (tell.command, tell.args) == ("tell", "builder\nstop now")
     reply = command_from_update(_reply("please stop", to_bot=True), "bot")
     assert reply is not None
     assert (reply.command, reply.args, reply.reply_to) == ("reply", "please stop", ("77",))

@@ -369,11 +369,14 @@ class FakeFeishu:
         verification_token: str | None = None,
         parent_id: str = "",
         root_id: str = "",
+        message_type: str = "text",
     ) -> dict[str, Any]:
         """An `im.message.receive_v1` document for a text message `text` in `chat_id`.
 
         Mentions come first in the text as Feishu writes them (`@_user_1 ...`): the users
-        with the open_ids in `mention_users`, then the bot when `mention_bot`.
+        with the open_ids in `mention_users`, then the bot when `mention_bot`. With
+        `message_type="post"` the same words arrive as a rich message from the editor: a
+        paragraph per line, the mentions as `at` elements naming their keys.
         """
         created_ms = str(int(self.now_s() * 1000))
         mentioned = [(user, user) for user in mention_users]
@@ -393,7 +396,19 @@ class FakeFeishu:
                     "tenant_key": "fake_tenant",
                 }
             )
-        text = " ".join([*(m["key"] for m in mentions), text])
+        if message_type == "post":
+            lines = text.split("\n")
+            paragraphs: list[list[dict[str, Any]]] = [
+                [{"tag": "text", "text": line, "style": []}] for line in lines
+            ]
+            paragraphs[0][:0] = [
+                {"tag": "at", "user_id": m["key"], "user_name": m["name"], "style": []}
+                for m in mentions
+            ]
+            content = json.dumps({"title": "", "content": paragraphs}, ensure_ascii=False)
+        else:
+            text = " ".join([*(m["key"] for m in mentions), text])
+            content = json.dumps({"text": text}, ensure_ascii=False)
         return {
             "schema": "2.0",
             "header": {
@@ -418,8 +433,8 @@ class FakeFeishu:
                     "update_time": created_ms,
                     "chat_id": chat_id,
                     "chat_type": chat_type,
-                    "message_type": "text",
-                    "content": json.dumps({"text": text}, ensure_ascii=False),
+                    "message_type": message_type,
+                    "content": content,
                     "mentions": mentions,
                 },
             },

@@ -1,0 +1,64 @@
+"""Forms people really type a command in, through `taskcard serve` and both platforms' fakes.
+
+A `/tell` whose text starts on the next line (the agent's name alone on the first), and on
+Feishu a command written in the rich editor (a `post` message rather than `text`), reach the
+agent as typed ones do.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.e2e.harness import eventually
+from tests.e2e.test_talk_and_signals import (
+    FS_CHAT,
+    FS_PERSON,
+    FS_VERIFY,
+    FeishuChat,
+    chat_for,
+    platform,  # noqa: F401 (the fixture, used by name)
+    queued,
+    running_agent,
+    wait_status,
+)
+
+
+async def test_tell_with_the_text_on_the_next_lines(platform: str, tmp_path: Path) -> None:  # noqa: F811
+    async with chat_for(platform, tmp_path, ["builder"]) as chat:
+        running_agent(tmp_path)
+        with chat.serve:
+            await eventually(lambda: chat.message_id_with("compile"), timeout_s=60, what="card")
+            await chat.say("/tell builder\nfirst line\nsecond line")
+            await wait_status(chat, "queued")
+            [message] = queued(tmp_path)
+            assert json.loads(message.read_text())["text"] == "first line\nsecond line"
+            assert not any("AGENT is one of" in t for t in chat.bot_texts())
+            assert await chat.serve.aterminate() == 0
+
+
+async def test_feishu_commands_from_the_rich_editor(tmp_path: Path) -> None:
+    async with chat_for("feishu", tmp_path, ["builder"]) as chat:
+        assert isinstance(chat, FeishuChat)
+        running_agent(tmp_path)
+        with chat.serve:
+            await eventually(lambda: chat.message_id_with("compile"), timeout_s=60, what="card")
+            for text in ("/tell builder\n**bold** request", "/TaskCard board"):
+                document = chat.fake.command_event(
+                    FS_CHAT,
+                    text,
+                    open_id=FS_PERSON,
+                    verification_token=FS_VERIFY,
+                    message_type="post",
+                )
+                answer = await chat.fake.deliver_event(chat.url, document)
+                assert answer.status == 200
+            await wait_status(chat, "queued")
+            [message] = queued(tmp_path)
+            assert json.loads(message.read_text())["text"] == "**bold** request"
+            await eventually(
+                lambda: any("now shows one task board" in t for t in chat.bot_texts()),
+                timeout_s=60,
+                what="the board answer",
+            )
+            assert await chat.serve.aterminate() == 0
