@@ -78,7 +78,12 @@ def translate(exc: tg.TelegramError, chat_scope: str) -> ChannelError:
     if isinstance(exc, tg.Forbidden):
         return Forbidden(forbidden_reason(description))
     if isinstance(exc, tg.ChatMigrated):
-        return Permanent(f"the group moved to chat id {exc.new_chat_id}; update the route")
+        # The old id is refused for good: disable the route (a Permanent would be retried
+        # with every card change, out of sight of `taskcard status`) and say what to set.
+        return Forbidden(
+            f"the group was upgraded to a supergroup: set chat_id = {exc.new_chat_id}"
+            " in this route of the config"
+        )
     if isinstance(exc, tg.BadRequest):
         return _translate_bad_request(description, lowered)
     if isinstance(exc, tg.Conflict):

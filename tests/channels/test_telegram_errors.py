@@ -52,7 +52,7 @@ def _retry_after(seconds: int) -> tg.RetryAfter:
         (AnswerLost("no answer after the request was written"), OutcomeUnknown),
         (tg.InvalidToken("Unauthorized"), Permanent),
         (tg.Conflict("terminated by other getUpdates request"), Permanent),
-        (tg.ChatMigrated(-100999), Permanent),
+        (tg.ChatMigrated(-100999), Forbidden),
     ],
 )
 def test_translation(exc: tg.TelegramError, expected: type[ChannelError]) -> None:

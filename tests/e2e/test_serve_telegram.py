@@ -209,6 +209,31 @@ async def test_kicked_route_is_disabled_and_others_continue(
     assert "DISABLED" in status
 
 
+async def test_a_group_upgraded_to_a_supergroup_disables_its_route_naming_the_new_id(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """Telegram gives an upgraded group a new chat id and refuses the old one for good: the
+    route is disabled (no request per card change) and the operator told the id to set."""
+    basic, supergroup = -4242, -1009876543210
+    serve = setup(tmp_path, fake, ["builder"], [(basic, ["builder"]), (PRIVATE, ["builder"])])
+    workdir = agent_dir(tmp_path, "builder")
+    with serve:
+        publish(workdir, "v1")
+        await eventually(lambda: shown(fake, basic) and shown(fake, PRIVATE))
+        fake.migrate(basic, supergroup)
+        publish(workdir, "v2")
+        status = await eventually(
+            lambda: _status_if(serve.config, "DISABLED"),
+            what="the route disabled with its reason",
+        )
+        publish(workdir, "v3")
+        await eventually(lambda: any("v3" in t for t in shown(fake, PRIVATE)))
+        assert await serve.aterminate() == 0
+    assert f"telegram:{basic}::builder" in status
+    assert f"chat_id = {supergroup}" in status and "supergroup" in status
+    assert fake.token not in status
+
+
 def _ask_state(fake: FakeTelegram, needle: str) -> bool:
     """Send `/taskcard` unless one is still unanswered; True once a reply contains `needle`."""
     replies = [t for t in shown(fake, GROUP) if t.startswith("Task cards here")]

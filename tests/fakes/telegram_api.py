@@ -216,6 +216,7 @@ class FakeTelegram:
         self._next_id: dict[int, int] = {}
         self._kicked: set[int] = set()
         self._blocked: set[int] = set()
+        self._migrated: dict[int, int] = {}
         self._deleted_topics: set[tuple[int, int]] = set()
         self._windows: dict[str, _SlidingWindow] = {}
         self._updates: list[Json] = []
@@ -302,6 +303,11 @@ class FakeTelegram:
 
     def block(self, chat_id: int | str) -> None:
         self.kick(chat_id)
+
+    def migrate(self, chat_id: int | str, new_chat_id: int) -> None:
+        """Upgrade a basic group to a supergroup with `new_chat_id`: every later request to
+        the old id is refused with the new id in `parameters.migrate_to_chat_id`."""
+        self._migrated[int(chat_id)] = new_chat_id
 
     def readmit(self, chat_id: int | str) -> None:
         self._kicked.discard(int(chat_id))
@@ -506,6 +512,12 @@ class FakeTelegram:
             raise ApiError(403, KICKED)
         if chat_id in self._blocked:
             raise ApiError(403, BLOCKED)
+        if chat_id in self._migrated:
+            raise ApiError(
+                400,
+                "Bad Request: group chat was upgraded to a supergroup chat",
+                {"migrate_to_chat_id": self._migrated[chat_id]},
+            )
 
     def _window(self, key: str, window: Window) -> _SlidingWindow:
         current = self._windows.get(key)
