@@ -615,7 +615,9 @@ def _format_errors(exc: ValidationError) -> list[str]:
             messages.append(f"{path}: required key is missing; add it")
         elif not loc:
             messages.extend(message.splitlines())
-        elif kind.endswith("_type") or kind.endswith("_parsing") or kind == "literal_error":
+        elif kind == "literal_error":
+            messages.append(f"{path}: {message} (got {error['input']!r}); use one of these")
+        elif kind.endswith("_type") or kind.endswith("_parsing"):
             messages.append(f"{path}: {message} (got {error['input']!r}); fix the value's type")
         else:
             messages.append(f"{path}: {message}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -331,6 +332,26 @@ def check_timezone(name: str) -> str:
 # A route's `timezone`: every time on its cards is shown in this zone.
 TimeZoneName = Annotated[str, AfterValidator(check_timezone)]
 TIMEZONE_HELP = "IANA time zone of the times shown on this route's cards, e.g. Europe/Berlin."
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+
+
+def check_env_name(name: str) -> str:
+    """A usable environment variable name for a `*_env` key, else a fixable error.
+
+    The value is never quoted back: a common slip is to paste the secret itself here.
+    """
+    if not _ENV_NAME.fullmatch(name):
+        raise ValueError(
+            "not an environment variable name; give the NAME of the variable that holds the"
+            " secret (letters, digits and _, not starting with a digit, e.g."
+            " TELEGRAM_BOT_TOKEN), never the secret itself"
+        )
+    return name
+
+
+# A `*_env` key: the name of the environment variable a secret is read from.
+EnvName = Annotated[str, AfterValidator(check_env_name)]
 
 
 class RateLimit(BaseModel):

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from taskcard.channels.base import (
     ROUTE_VIEW_HELP,
     TIMEZONE_HELP,
+    EnvName,
     RateLimit,
     RouteView,
     TimeZoneName,
@@ -47,11 +48,11 @@ class FeishuWebhook(BaseModel):
     host: str = Field(default="127.0.0.1", description="Listen address.")
     port: int = Field(default=8088, ge=0, le=65535, description="Listen port (0: any free).")
     path: str = Field(default="/feishu/events", description="Request path of the callback.")
-    verification_token_env: str = Field(
+    verification_token_env: EnvName = Field(
         default="FEISHU_VERIFICATION_TOKEN",
         description="Environment variable with the event verification token.",
     )
-    encrypt_key_env: str = Field(
+    encrypt_key_env: EnvName = Field(
         default="FEISHU_ENCRYPT_KEY",
         description="Environment variable with the encrypt key (unset: plain payloads).",
     )
@@ -79,11 +80,22 @@ class FeishuRoute(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     chat_id: str = Field(description="Chat id (oc_...).")
+
+    @field_validator("chat_id")
+    @classmethod
+    def _usable_chat(cls, value: str) -> str:
+        if not value or len(value) > 128 or any(c.isspace() for c in value):
+            raise ValueError(
+                "not a Feishu chat id (empty, too long or with spaces); use the chat's id"
+                " (oc_...) as `taskcard chats` lists it"
+            )
+        return value
+
     agents: list[str] = Field(min_length=1, description='Agent ids, or ["*"] for all agents.')
     pin: bool = Field(default=False, description="Pin the resident card.")
     timezone: TimeZoneName = Field(default="UTC", description=TIMEZONE_HELP)
     view: RouteView = Field(default="cards", description=ROUTE_VIEW_HELP)
-    allowed_user_ids: list[str] | None = Field(
+    allowed_user_ids: list[Annotated[str, Field(min_length=1, max_length=128)]] | None = Field(
         default=None, description="Only these open_ids may run /taskcard here; all when absent."
     )
 
@@ -91,8 +103,8 @@ class FeishuRoute(BaseModel):
 class FeishuConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
-    app_id_env: str = Field(default="FEISHU_APP_ID", description="Env var with the app id.")
-    app_secret_env: str = Field(
+    app_id_env: EnvName = Field(default="FEISHU_APP_ID", description="Env var with the app id.")
+    app_secret_env: EnvName = Field(
         default="FEISHU_APP_SECRET", description="Env var with the app secret."
     )
     domain: str = Field(

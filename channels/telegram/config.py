@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from taskcard.channels.base import (
     ROUTE_VIEW_HELP,
     TIMEZONE_HELP,
+    EnvName,
     RateLimit,
     RouteView,
     TimeZoneName,
@@ -66,7 +67,7 @@ class TelegramRoute(BaseModel):
 class TelegramConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
-    token_env: str = Field(
+    token_env: EnvName = Field(
         default="TELEGRAM_BOT_TOKEN",
         description="Name of the environment variable holding the bot token.",
     )

@@ -360,3 +360,55 @@ def test_a_large_fleet_holds_each_agent_id_once_and_no_set_per_agent(tmp_path: P
     moved = first.model_copy(update={"workdir": Path("/elsewhere")})
     assert moved.workdir == Path("/elsewhere") and first.workdir == Path("/w/agent-000")
     assert second.model_fields_set == {"id", "workdir"}, "a copy never changes the shared set"
+
+
+SECRET_LIKE = "123456:AAExampleBotTokenPastedIntoTheWrongKey"
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('[telegram]\ntoken_env = ""\n', "telegram.token_env: not an environment variable name"),
+        (f'[telegram]\ntoken_env = "{SECRET_LIKE}"\n', "telegram.token_env: not an environment"),
+        ('[feishu]\napp_id_env = "app id"\n', "feishu.app_id_env: not an environment"),
+        ('[feishu]\napp_secret_env = "9LIVES"\n', "feishu.app_secret_env: not an environment"),
+        (
+            '[feishu.webhook]\nverification_token_env = "X-Y"\n',
+            "feishu.webhook.verification_token_env: not an environment",
+        ),
+        ('[feishu.webhook]\nencrypt_key_env = ""\n', "feishu.webhook.encrypt_key_env: not an"),
+        (
+            '[[feishu.routes]]\nchat_id = ""\nagents = ["*"]\n',
+            "feishu.routes[0].chat_id: not a Feishu chat id",
+        ),
+        (
+            '[[feishu.routes]]\nchat_id = " oc_1"\nagents = ["*"]\n',
+            "use the chat's id (oc_...) as `taskcard chats` lists it",
+        ),
+        (
+            '[[feishu.routes]]\nchat_id = "oc_1"\nagents = ["*"]\nallowed_user_ids = [""]\n',
+            "feishu.routes[0].allowed_user_ids[0]",
+        ),
+        (
+            '[[telegram.routes]]\nchat_id = -100\nagents = ["*"]\nview = "grid"\n',
+            "telegram.routes[0].view: Input should be 'cards' or 'board' (got 'grid'); use one",
+        ),
+    ],
+)
+def test_env_names_and_feishu_ids_are_checked_before_start(
+    tmp_path: Path, text: str, key: str
+) -> None:
+    messages = errors_of(tmp_path, text)
+    assert any(key in message for message in messages), messages
+    assert not any(SECRET_LIKE in message for message in messages), messages
+
+
+def test_usual_env_names_and_chat_ids_are_accepted(tmp_path: Path) -> None:
+    text = (
+        '[telegram]\ntoken_env = "_TC_TOKEN2"\n'
+        '[feishu]\napp_id_env = "fs_app"\n[feishu.webhook]\nencrypt_key_env = "KEY"\n'
+        '[[feishu.routes]]\nchat_id = "oc_a1b2"\nagents = ["*"]\nallowed_user_ids = ["ou_1"]\n'
+    )
+    config = load_config(write(tmp_path, text))
+    assert config.telegram is not None and config.telegram.token_env == "_TC_TOKEN2"
+    assert config.feishu is not None and config.feishu.routes[0].chat_id == "oc_a1b2"
