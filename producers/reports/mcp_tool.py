@@ -78,12 +78,12 @@ def _failed(message: str) -> dict[str, Any]:
 
 
 def call_report(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
+    if "ok" not in arguments:
+        return _failed("ok: required (true or false)")
     try:
         record = Reports(paths.workdir, channel="mcp").add(**arguments)
     except ReportError as exc:
         return _failed(str(exc))
-    except TypeError:
-        return _failed("ok: required (true or false)")
     except OSError as exc:
         return _failed(f"cannot write reports/: {exc.strerror}")
     return {"status": "ok", **record}

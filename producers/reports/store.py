@@ -125,6 +125,7 @@ class Reports:
 
     def add(
         self,
+        /,
         *,
         ok: bool,
         verdict: str | None = None,

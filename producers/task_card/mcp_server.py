@@ -205,6 +205,20 @@ TOOLS: Final[tuple[McpTool, ...]] = (
 )
 
 
+def unknown_field(tool: McpTool, arguments: dict[str, Any]) -> str | None:
+    """The message for the first argument the tool's schema does not name, else None.
+
+    Checked here, once for every tool, before a tool function sees the arguments: a name a
+    tool does not know used to reach Python as a keyword, where `self` clashed with the method
+    it was passed to and `report` answered "ok: required" about a field that was given.
+    """
+    fields = tool.input_schema.get("properties", {})
+    stray = sorted(name for name in arguments if name not in fields)
+    if not stray:
+        return None
+    return f"{stray[0]}: not a field of {tool.name}; remove it (its fields: {', '.join(fields)})"
+
+
 def package_version() -> str:
     try:
         return metadata.version("taskcard")
@@ -261,8 +275,12 @@ def build_server(paths: HostPaths, tools: tuple[McpTool, ...] = TOOLS) -> Server
             failed = True
         else:
             arguments = dict(params.arguments or {})
-            result = await anyio.to_thread.run_sync(tool.call, paths, arguments)
-            failed = tool.is_error(result)
+            stray = unknown_field(tool, arguments)
+            if stray is not None:
+                result, failed = {"status": "failed", "message": stray}, True
+            else:
+                result = await anyio.to_thread.run_sync(tool.call, paths, arguments)
+                failed = tool.is_error(result)
         try:
             meta = await anyio.to_thread.run_sync(agent_meta.take)
         except OSError:
