@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
-from taskcard.producers.task_card.contract import atomic_write, utc_now_iso
+from taskcard.producers.task_card.contract import atomic_write, read_regular, utc_now_iso
 
 LINEAGE_FILE: Final = "lineage.json"
 DEFAULT_MAX_DEPTH: Final = 3
@@ -35,11 +35,16 @@ def read_lineage(workdir: Path) -> dict[str, Any] | None:
     """The workdir's lineage record, None when it has none; `LineageError` when broken."""
     path = Path(workdir) / LINEAGE_FILE
     try:
-        raw = path.read_bytes()[: MAX_FILE_BYTES + 1]
+        # Never a plain open: a named pipe there blocked the spawn, /dev/zero filled memory.
+        raw = read_regular(path, MAX_FILE_BYTES + 1)
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise LineageError(f"{path}: cannot be read ({exc.strerror})") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise LineageError(
+            f"{path}: over {MAX_FILE_BYTES} bytes, not a lineage record; fix or remove it"
+        )
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError):
