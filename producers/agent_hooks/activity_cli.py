@@ -27,6 +27,7 @@ from taskcard.producers.task_card.contract import (
     append_jsonl_line,
     utc_now_iso,
 )
+from taskcard.producers.task_card.workdir_arg import existing_workdir_arg
 
 _RESERVED: Final = frozenset({"kind", "ts"})
 
@@ -87,13 +88,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"taskcard activity: {exc}", file=sys.stderr)
         return 2
     workdir: Path = args.workdir
-    if not workdir.is_dir():
-        print(
-            f"taskcard activity: --workdir: {workdir} is not a directory; pass the agent's"
-            " working directory",
-            file=sys.stderr,
-        )
-        return 2
     try:
         append_jsonl_line(CardPaths(workdir).events, record)
     except OSError as exc:
@@ -113,7 +107,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ),
     )
     parser.add_argument(
-        "--workdir", type=Path, default=Path("."), help="the agent's working directory"
+        "--workdir", type=existing_workdir_arg, default=".", help="the agent's working directory"
     )
     parser.add_argument("kind", metavar="KIND", help="the event kind, for example tool.start")
     parser.add_argument(

@@ -14,7 +14,9 @@ from taskcard.producers.agent_hooks.install import (
     codex_config_path,
     init_claude_code,
     init_codex,
+    mark_agent_workdir,
 )
+from taskcard.producers.task_card.workdir_arg import existing_workdir_arg
 
 
 def _read_stdin(limit: int) -> bytes:
@@ -44,16 +46,14 @@ def run_hook(args: argparse.Namespace) -> int:
 
 
 def run_init(args: argparse.Namespace) -> int:
-    workdir = Path(args.workdir)
-    if not workdir.is_dir():
-        print(f"taskcard init: --workdir {workdir} is not a directory", file=sys.stderr)
-        return 2
+    workdir: Path = args.workdir
     try:
         if args.host == "claude-code":
             report = init_claude_code(workdir)
         else:
             config = Path(args.config) if args.config else codex_config_path(os.environ)
             report = init_codex(workdir, config)
+        report += mark_agent_workdir(workdir)
     except InitError as exc:
         print(f"taskcard init: {exc}", file=sys.stderr)
         return 2
@@ -90,5 +90,10 @@ def register(subparsers: Any) -> None:
         "--config", default=None, help="default: $CODEX_HOME/config.toml or ~/.codex/config.toml"
     )
     for sub in (claude_init, codex_init):
-        sub.add_argument("--workdir", default=".", help="the agent's working directory")
+        sub.add_argument(
+            "--workdir",
+            type=existing_workdir_arg,
+            default=".",
+            help="the agent's working directory",
+        )
         sub.set_defaults(handler=run_init)

@@ -26,6 +26,7 @@ from taskcard.producers.agent_hooks.codex import codex_events
 from taskcard.producers.agent_hooks.inbox_hook import output as inbox_output
 from taskcard.producers.agent_hooks.inbox_hook import steer
 from taskcard.producers.agent_hooks.inbox_hook import take as take_inbox
+from taskcard.producers.inbox.contract import INBOX_DIR
 from taskcard.producers.task_card.activity_log import append_event, event_record
 from taskcard.producers.task_card.contract import (
     ORIGIN_FORMS,
@@ -40,6 +41,7 @@ from taskcard.producers.task_card.notifications import FileNotificationPort
 from taskcard.producers.task_card.settings import settings_or_defaults
 from taskcard.producers.task_card.turns import add_completed_turn
 from taskcard.producers.task_card.wakes import WakeReader
+from taskcard.producers.task_card.workdir_arg import WorkdirError, expand_workdir
 
 MAX_PAYLOAD_BYTES: Final = 32_000_000
 ERROR_LOG: Final = "taskcard-hook.log"
@@ -86,15 +88,58 @@ def parse_payload(raw: bytes) -> dict[str, Any]:
     return data
 
 
+def is_agent_workdir(path: Path) -> bool:
+    """Whether `path` already holds one of the agent's contract folders (or its activity log).
+
+    What marks a folder as an agent's: the task card's `taskcard/`, the notification port's
+    `.notification/`, the chat inbox's `inbox/`, or `logs/events.jsonl` (which `taskcard init`
+    creates). A plain `logs/` folder is not enough: many projects have one.
+    """
+    paths = CardPaths(path)
+    return (
+        paths.taskcard_dir.is_dir()
+        or paths.notification_dir.is_dir()
+        or (path / INBOX_DIR).is_dir()
+        or paths.events.is_file()
+    )
+
+
 def resolve_workdir(override: str | None, payload: Mapping[str, Any]) -> Path:
-    """`--workdir`, else the payload's `cwd`; it must be an existing directory."""
-    chosen = override if override is not None else payload.get("cwd")
-    if not isinstance(chosen, str) or not chosen:
+    """`--workdir` when given, else the agent workdir that holds the payload's `cwd`.
+
+    `--workdir` is the host's configuration (`taskcard init claude-code` passes
+    `$CLAUDE_PROJECT_DIR`), so it is used as given once it names a directory. The payload's
+    `cwd` is only where the session stands when the hook fires: Claude Code's follows a `cd`,
+    and Codex runs one `notify` program for every session of the user, in any folder. Taken
+    as the workdir, it made the hook create `logs/` and `.notification/` in whatever folder
+    that was (`/etc`, for a session run as root). So the hook writes only into the nearest of
+    `cwd` and its parents that already is an agent workdir (`is_agent_workdir`), else nowhere.
+    """
+    if override is not None:
+        try:
+            path = expand_workdir(override)
+        except WorkdirError as exc:
+            raise HookInputError(f"--workdir {exc}") from None
+        if not path.is_dir():
+            raise HookInputError(f"--workdir {override} is not a directory; nothing written")
+        return path
+    cwd = payload.get("cwd")
+    if not isinstance(cwd, str) or not cwd.strip():
         raise HookInputError("no workdir: the payload has no cwd; pass --workdir")
-    path = Path(chosen)
-    if not path.is_dir():
-        raise HookInputError(f"workdir {chosen} is not a directory")
-    return path
+    try:
+        start = expand_workdir(cwd)
+    except WorkdirError as exc:
+        raise HookInputError(f"the payload's cwd {exc}") from None
+    if not start.is_dir():
+        raise HookInputError(f"workdir {cwd} is not a directory")
+    for folder in (start, *start.parents):
+        if is_agent_workdir(folder):
+            return folder
+    raise HookInputError(
+        f"the payload's cwd {start} is in no agent workdir (none of it or its parents has "
+        f"taskcard/, .notification/, {INBOX_DIR}/ or logs/events.jsonl); nothing written. "
+        "Pass --workdir, or run `taskcard init` in the agent's workdir"
+    )
 
 
 @contextlib.contextmanager
@@ -213,11 +258,11 @@ def run_guarded(
     try:
         return action()
     except Exception as exc:  # a hook must never fail its agent; the log says what happened
-        workdir: Path | None = Path(workdir_hint) if workdir_hint else None
-        if workdir is None:
-            with contextlib.suppress(Exception):
-                cwd = json.loads(raw_for_hint).get("cwd")
-                workdir = Path(cwd) if isinstance(cwd, str) and cwd else None
+        # The log goes where the events would have gone, by the same rule; else to stderr.
+        workdir: Path | None = None
+        with contextlib.suppress(Exception):
+            data = json.loads(raw_for_hint) if workdir_hint is None else {}
+            workdir = resolve_workdir(workdir_hint, data if isinstance(data, dict) else {})
         detail = "" if isinstance(exc, HookInputError) else "\n" + traceback.format_exc()
         log_error(workdir, f"{exc.__class__.__name__}: {exc}{detail}".rstrip())
         return ""

@@ -7,7 +7,8 @@ service's cancel rename to `inbox/cancelled/`, then appends one line to `inbox/a
 The file contract is in `contract.py` and docs/producer.md; nothing here follows a link.
 
 May import: the standard library, `producers.task_card.contract`,
-`producers.task_card.runtime` (only `mcp_tool`, for its type). Never `bridge` or
+`producers.task_card.runtime` (only `mcp_tool`, for its type),
+`producers.task_card.workdir_arg` (how the command reads a workdir). Never `bridge` or
 `channels`.
 """
 

@@ -15,19 +15,13 @@ from typing import Final
 
 from taskcard.producers.inbox.claim import Batch, InboxUnsafe, claim_all, peek
 from taskcard.producers.inbox.contract import frame
+from taskcard.producers.task_card.workdir_arg import existing_workdir_arg
 
 VIA: Final = "inbox-cli"
 
 
 def run(args: argparse.Namespace) -> int:
     workdir: Path = args.workdir
-    if not workdir.is_dir():
-        print(
-            f"taskcard inbox: --workdir: {workdir} is not a directory; pass the agent's"
-            " working directory",
-            file=sys.stderr,
-        )
-        return 2
     try:
         batch: Batch = peek(workdir) if args.peek else claim_all(workdir, VIA)
     except InboxUnsafe as exc:
@@ -62,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ),
     )
     parser.add_argument(
-        "--workdir", type=Path, default=Path("."), help="the agent's working directory"
+        "--workdir", type=existing_workdir_arg, default=".", help="the agent's working directory"
     )
     parser.add_argument("--peek", action="store_true", help="list only; claim nothing")
     parser.add_argument("--json", action="store_true", help="print a JSON object")

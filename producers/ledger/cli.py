@@ -26,6 +26,7 @@ from taskcard.producers.ledger.model import (
 )
 from taskcard.producers.ledger.render import RENDERER_FILE, render_markdown, renderer_source
 from taskcard.producers.ledger.store import DEFAULT_LEDGER, Ledger, LedgerError
+from taskcard.producers.task_card.workdir_arg import existing_workdir_arg
 
 EXIT_OK: Final = 0
 EXIT_BAD_INPUT: Final = 2
@@ -35,7 +36,8 @@ JOB_STATUSES: Final = ("submitted", "running", "succeeded", "failed", "cancelled
 
 
 def _workdir(args: argparse.Namespace) -> Path:
-    return Path(args.workdir).resolve()
+    workdir: Path = args.workdir  # expanded and resolved by `workdir_arg`
+    return workdir
 
 
 def _ledger(args: argparse.Namespace) -> Ledger:
@@ -257,7 +259,9 @@ def _guarded(handler: Any) -> Any:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workdir", default=".", help="the agent's working directory")
+    parser.add_argument(
+        "--workdir", type=existing_workdir_arg, default=".", help="the agent's working directory"
+    )
     parser.add_argument(
         "--ledger",
         default=str(DEFAULT_LEDGER),

@@ -15,6 +15,7 @@ from typing import Any
 
 from taskcard.producers.reports.lineage import DEFAULT_MAX_DEPTH, LineageError, spawn
 from taskcard.producers.reports.store import MAX_PAYLOAD_BYTES, VERDICTS, ReportError, Reports
+from taskcard.producers.task_card.workdir_arg import existing_workdir_arg, workdir_arg
 
 
 def _print(data: Any) -> None:
@@ -65,8 +66,6 @@ def run_report(args: argparse.Namespace) -> int:
 
 
 def run_reports(args: argparse.Namespace) -> int:
-    if not args.workdir.is_dir():
-        return _fail("reports", f"--workdir: {args.workdir} is not a directory")
     try:
         report = Reports(args.workdir, channel="cli").after(args.after)
     except ReportError as exc:
@@ -114,7 +113,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "channel (cli) is stamped by this command."
         ),
     )
-    report.add_argument("--workdir", type=Path, default=Path("."), help="the agent's workdir")
+    report.add_argument("--workdir", type=workdir_arg, default=".", help="the agent's workdir")
     outcome = report.add_mutually_exclusive_group(required=True)
     outcome.add_argument("--ok", dest="ok", action="store_true", help="the work succeeded")
     outcome.add_argument("--failed", dest="ok", action="store_false", help="a declared failure")
@@ -134,7 +133,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             'latest without it); {"report": null} when there is nothing newer.'
         ),
     )
-    reports.add_argument("--workdir", type=Path, default=Path("."), help="the agent's workdir")
+    reports.add_argument(
+        "--workdir", type=existing_workdir_arg, default=".", help="the agent's workdir"
+    )
     reports.add_argument("--after", type=_seq, default=None, metavar="SEQ", help="last seq read")
     reports.set_defaults(handler=run_reports)
 
@@ -143,12 +144,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="record who created an agent and why (<child>/lineage.json)",
         description="Write the child's lineage record; refuses spawns deeper than the cap.",
     )
-    spawn_parser.add_argument("--workdir", type=Path, required=True, help="the child's workdir")
+    spawn_parser.add_argument(
+        "--workdir", type=workdir_arg, required=True, help="the child's workdir"
+    )
     spawn_parser.add_argument("--parent", required=True, help="the parent's agent id")
     spawn_parser.add_argument("--reason", required=True, help="why the child is created")
     spawn_parser.add_argument("--provider", default=None, help="e.g. claude-code, codex")
     spawn_parser.add_argument(
-        "--parent-workdir", type=Path, default=None, help="gives the depth (default: depth 1)"
+        "--parent-workdir", type=workdir_arg, default=None, help="gives the depth (default: 1)"
     )
     spawn_parser.add_argument(
         "--max-depth", type=int, default=DEFAULT_MAX_DEPTH, help="the depth cap"

@@ -19,6 +19,7 @@ from taskcard.producers.reports.lineage import (
 )
 from taskcard.producers.reports.store import MAX_SUMMARY_CHARS, VERDICTS, ReportError, Reports
 from taskcard.producers.task_card.runtime import HostPaths
+from taskcard.producers.task_card.workdir_arg import WorkdirError, expand_workdir
 
 REPORT_TOOL: Final = "report"
 SPAWN_TOOL: Final = "spawn"
@@ -94,12 +95,16 @@ def call_spawn(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         return _failed(f"{sorted(unknown)[0]}: not a field of spawn; see its schema")
     child = arguments.get("child_workdir")
-    if not isinstance(child, str) or not child:
+    if not isinstance(child, str):
         return _failed("child_workdir: required, the child's working directory")
     workdir = Path(paths.workdir)
     try:
+        child_workdir = expand_workdir(child, base=workdir)
+    except WorkdirError as exc:
+        return _failed(f"child_workdir: {exc}")
+    try:
         record = spawn(
-            workdir / child,
+            child_workdir,
             parent=arguments.get("parent", workdir.resolve().name),
             reason=arguments.get("reason", ""),
             provider=arguments.get("provider"),

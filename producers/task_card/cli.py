@@ -45,6 +45,7 @@ from taskcard.producers.task_card.runtime import (
     RuntimeDirUnsafe,
     default_runtime_dir,
 )
+from taskcard.producers.task_card.workdir_arg import workdir_arg
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
@@ -60,13 +61,14 @@ CLI_REASONING: Final = "requested from the taskcard command line"
 
 
 def _workdir(args: argparse.Namespace) -> Path:
-    """`--workdir` as every step uses it: `~` expanded, resolved.
+    """`--workdir` as every step uses it: `~` expanded, resolved (by `workdir_arg`).
 
     The check, the host's lock and socket, and `settings` must all see the same folder. A
     `~/agent` that no shell expanded (an MCP client's config passes arguments verbatim) used
     to pass the check expanded and then start the host on a literal `./~/agent`.
     """
-    return Path(args.workdir).expanduser().resolve()
+    workdir: Path = args.workdir
+    return workdir
 
 
 def _host_paths(args: argparse.Namespace) -> HostPaths:
@@ -78,12 +80,6 @@ def _host_paths(args: argparse.Namespace) -> HostPaths:
 
 def _missing_workdir(args: argparse.Namespace) -> bool:
     """Say so in one line when the workdir is not a directory (no host, no log to read)."""
-    if not args.workdir:
-        print(
-            "taskcard: --workdir is empty; give the agent's working directory (default: .)",
-            file=sys.stderr,
-        )
-        return True
     workdir = _workdir(args)
     if workdir.is_dir():
         return False
@@ -319,7 +315,7 @@ def _detach(args: argparse.Namespace, paths: HostPaths) -> int:
 def run_mcp(args: argparse.Namespace) -> int:
     # Refused before the MCP handshake: a client would otherwise list tools that all fail.
     workdir = _workdir(args)
-    if not args.workdir or not workdir.is_dir() or not os.access(workdir, os.W_OK | os.X_OK):
+    if not workdir.is_dir() or not os.access(workdir, os.W_OK | os.X_OK):
         print(
             f"taskcard mcp: --workdir {args.workdir} is not a writable directory; "
             "pass the agent's working directory",
@@ -356,7 +352,9 @@ def _seconds(floor: float, ceiling: float) -> Callable[[str], float]:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workdir", default=".", help="the agent's working directory")
+    parser.add_argument(
+        "--workdir", type=workdir_arg, default=".", help="the agent's working directory"
+    )
     parser.add_argument(
         "--runtime-dir",
         default=None,

@@ -54,7 +54,8 @@ def hook(name: str, workdir: Path, origin: str | None = None) -> None:
     if origin is not None:
         env["TASKCARD_ORIGIN"] = origin
     done = subprocess.run(
-        [TASKCARD, "hook", "claude-code"],
+        # As `taskcard init claude-code` installs it: --workdir "$CLAUDE_PROJECT_DIR".
+        [TASKCARD, "hook", "claude-code", "--workdir", str(workdir)],
         input=json.dumps(payload(name, workdir)).encode(),
         capture_output=True,
         timeout=120,
@@ -68,7 +69,8 @@ def hook_run(name: str, workdir: Path) -> subprocess.CompletedProcess[bytes]:
     """One Claude Code hook call whose output the test reads (no TASKCARD_ORIGIN set)."""
     env = {k: v for k, v in os.environ.items() if k != "TASKCARD_ORIGIN"}
     return subprocess.run(
-        [TASKCARD, "hook", "claude-code"],
+        # As `taskcard init claude-code` installs it: --workdir "$CLAUDE_PROJECT_DIR".
+        [TASKCARD, "hook", "claude-code", "--workdir", str(workdir)],
         input=json.dumps(payload(name, workdir)).encode(),
         capture_output=True,
         timeout=120,

@@ -51,6 +51,7 @@ def kinds(workdir: Path) -> list[str]:
 
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
+    """An agent's workdir: it has the task card's folder, so a hook writes into it by cwd."""
     path = tmp_path / "agent"
-    path.mkdir()
+    (path / "taskcard").mkdir(parents=True)
     return path

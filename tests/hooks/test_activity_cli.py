@@ -22,7 +22,11 @@ def run(workdir: Path, *argv: str) -> int:
     parser = argparse.ArgumentParser()
     subparsers = parser.add_subparsers(dest="command")
     activity.register(subparsers)
-    args = parser.parse_args(["activity", "--workdir", str(workdir), *argv])
+    try:
+        args = parser.parse_args(["activity", "--workdir", str(workdir), *argv])
+    except SystemExit as exc:  # a usage error, as the command line reports it
+        assert isinstance(exc.code, int)
+        return exc.code
     handler = args.handler
     result = handler(args)
     assert isinstance(result, int)

@@ -102,7 +102,7 @@ def test_task_card_wakes_reach_the_agent_once_as_additional_context(workdir: Pat
 def test_stop_events_count_turns_and_the_reminder_comes_back_to_the_agent(
     workdir: Path,
 ) -> None:
-    (workdir / "taskcard").mkdir()
+    (workdir / "taskcard").mkdir(exist_ok=True)
     (workdir / "taskcard" / "taskcard.json").write_text('{"reminder_turns": 2}')
     hook(payload("01_session_start.json", workdir))
     for _ in range(2):

@@ -56,6 +56,7 @@ def names(workdir: Path, folder: str) -> list[str]:
 
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
+    """An agent's workdir: it has the task card's folder, so a hook writes into it by cwd."""
     path = tmp_path / "agent"
-    path.mkdir()
+    (path / "taskcard").mkdir(parents=True)
     return path

@@ -109,6 +109,7 @@ def hook_with_env(
 
 
 def test_the_claude_code_hook_copies_taskcard_origin_into_turn_start(tmp_path: Path) -> None:
+    (tmp_path / "taskcard").mkdir()  # an agent's workdir, which the hook writes into
     done = hook_with_env(
         payload("02_user_prompt_submit.json", tmp_path), "telegram:-1001234567890:42"
     )
@@ -121,6 +122,7 @@ def test_the_claude_code_hook_copies_taskcard_origin_into_turn_start(tmp_path: P
 
 
 def test_an_invalid_taskcard_origin_is_logged_and_the_turn_still_written(tmp_path: Path) -> None:
+    (tmp_path / "taskcard").mkdir()  # an agent's workdir, which the hook writes into
     done = hook_with_env(payload("02_user_prompt_submit.json", tmp_path), "telegram:our-group")
     assert done.returncode == 0 and done.stdout == b"" and done.stderr == b""
     [line] = events(tmp_path)

@@ -1,0 +1,55 @@
+"""A workdir as a person or a client names it: one reading for every agent-side command.
+
+`taskcard card|tool|host|mcp`, `ledger`, `report`, `reports`, `spawn`, `inbox`, `activity`,
+`hook`, `init` and the MCP tools that take a folder all read the name here, so they agree:
+`~` is expanded (an MCP client's config passes `~/agent` verbatim; no shell expands it), a
+relative name starts at a given base (the current folder for a command line, the server's
+workdir for an MCP tool), and an empty name is refused instead of silently meaning `.`,
+which put reports, ledgers and activity into whatever folder the command ran in.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+class WorkdirError(ValueError):
+    """A folder name that cannot be used; the text says why, the caller names the field."""
+
+
+def expand_workdir(text: str, base: Path | None = None) -> Path:
+    """`text` with `~` expanded, relative to `base` (default: the current folder), resolved.
+
+    Whether the folder exists is the caller's question: a child's workdir, a hook's target
+    and a card's workdir each answer it with their own message.
+    """
+    if not text.strip():
+        raise WorkdirError("is empty; give the agent's working directory (for this one: .)")
+    try:
+        path = Path(text).expanduser()
+        return ((base if base is not None else Path.cwd()) / path).resolve()
+    except RuntimeError:  # `~name` of no known user, or a symbolic link loop
+        raise WorkdirError(f"{text!r} cannot be expanded or resolved; give the full path") from None
+    except (ValueError, OSError):  # a NUL byte; a current folder that was deleted
+        raise WorkdirError(f"{text!r} is not a usable path; give the full path") from None
+
+
+def workdir_arg(text: str) -> Path:
+    """`expand_workdir` as an argparse `type=`: a bad name is a usage error (exit 2) that
+    argparse prefixes with the option's name."""
+    try:
+        return expand_workdir(text)
+    except WorkdirError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def existing_workdir_arg(text: str) -> Path:
+    """`workdir_arg` for commands that only read or add to a workdir: it must already be a
+    directory (a mistyped name used to create a folder tree, or to be looked at as empty)."""
+    path = workdir_arg(text)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"{text} is not a directory; pass the agent's working directory"
+        )
+    return path

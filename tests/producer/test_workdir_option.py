@@ -1,0 +1,120 @@
+"""`--workdir` read the same way by every agent-side command, and by the MCP tools.
+
+MCP clients and hand-written hook configs pass `~/agent` verbatim (no shell expands it), and
+an empty value used to mean "the current folder" to most commands: a report, a ledger or an
+activity line then landed wherever the command happened to run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from mcp import ClientSession, StdioServerParameters, stdio_client
+
+from .conftest import CliHost
+from .test_reports import TASKCARD
+
+CODEX = (
+    '{"type": "agent-turn-complete", "turn-id": "1", "cwd": "/", "input-messages": ["go"], '
+    '"last-assistant-message": "done"}'
+)
+PROMPT = {"session_id": "s1", "cwd": "/", "hook_event_name": "UserPromptSubmit", "prompt": "go"}
+
+# Each agent-side command that takes --workdir; "W" is replaced by the workdir's name, and
+# the path is a file it must have written there.
+COMMANDS: dict[str, tuple[list[str], str]] = {
+    "ledger": (["ledger", "init", "t1", "--purpose", "p", "--no-renderer"], "ledger"),
+    "report": (["report", "--ok"], "reports/reports.jsonl"),
+    "reports": (["reports"], ""),
+    "spawn": (["spawn", "--parent", "p0", "--reason", "r"], "lineage.json"),
+    "inbox": (["inbox", "--peek"], ""),
+    "activity": (["activity", "turn.start"], "logs/events.jsonl"),
+    "hook claude-code": (["hook", "claude-code"], "logs/events.jsonl"),
+    "hook codex": (["hook", "codex", CODEX], "logs/events.jsonl"),
+    "init claude-code": (["init", "claude-code"], ".claude/settings.json"),
+    "card settings": (["card", "settings"], ""),
+}
+
+
+def _run(argv: list[str], workdir: str, home: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [TASKCARD, *argv, "--workdir", workdir],
+        input=json.dumps(PROMPT) if argv[:2] == ["hook", "claude-code"] else "",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=home / "elsewhere",
+        env={**os.environ, "HOME": str(home)},
+    )
+
+
+@pytest.fixture
+def home(workdir: Path) -> Path:
+    """The HOME of these runs: it holds the agent's workdir and a folder they run in."""
+    assert workdir.name == "agent"
+    (workdir.parent / "elsewhere").mkdir()
+    return workdir.parent
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_an_unexpanded_tilde_names_the_home_folder(home: Path, name: str) -> None:
+    argv, written = COMMANDS[name]
+    done = _run(argv, "~/agent", home)
+    assert done.returncode == 0, done.stderr
+    assert "not a directory" not in done.stderr
+    if written:
+        assert (home / "agent" / written).exists(), (name, done.stderr)
+    assert not (home / "elsewhere" / "~").exists()
+    assert list((home / "elsewhere").iterdir()) == []
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_an_empty_workdir_is_refused_naming_the_option(home: Path, name: str) -> None:
+    argv, _ = COMMANDS[name]
+    done = _run(argv, "", home)
+    assert "--workdir" in done.stderr and "empty" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    # A hook never fails its agent's turn; every other command exits with a usage error.
+    assert done.returncode == (0 if argv[0] == "hook" else 2)
+    assert list((home / "elsewhere").iterdir()) == [], "nothing lands in the current folder"
+
+
+@pytest.mark.parametrize("name", ["ledger", "inbox", "activity", "reports", "init claude-code"])
+def test_a_missing_workdir_is_refused_and_never_created(home: Path, name: str) -> None:
+    argv, _ = COMMANDS[name]
+    done = _run(argv, str(home / "typo"), home)
+    assert done.returncode == 2 and "--workdir" in done.stderr, done.stderr
+    assert "not a directory" in done.stderr
+    assert not (home / "typo").exists()
+
+
+async def test_the_spawn_tool_expands_a_tilde_and_refuses_an_empty_child_workdir(
+    home: Path, cli: CliHost
+) -> None:
+    (home / "child").mkdir()
+    server = StdioServerParameters(
+        command=TASKCARD,
+        args=["mcp", "--workdir", "~/agent", "--runtime-dir", str(cli.runtime_dir)],
+        env={**os.environ, "HOME": str(home)},
+        cwd=home / "elsewhere",
+    )
+    async with (
+        stdio_client(server) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        empty = await session.call_tool("spawn", {"child_workdir": " ", "reason": "lint"})
+        assert empty.is_error and isinstance(empty.structured_content, dict)
+        assert empty.structured_content["message"].startswith("child_workdir: is empty")
+        done = await session.call_tool("spawn", {"child_workdir": "~/child", "reason": "lint"})
+        assert not done.is_error, done.structured_content
+        assert json.loads((home / "child" / "lineage.json").read_text())["parent"] == "agent"
+        report = await session.call_tool("report", {"ok": True})
+        assert not report.is_error
+        assert (home / "agent" / "reports" / "reports.jsonl").is_file()
+    assert list((home / "elsewhere").iterdir()) == []
