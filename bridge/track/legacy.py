@@ -7,9 +7,14 @@ that reads that file; anything that is not exactly such a frame is shown verbati
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from taskcard.producers.task_card.contract import parse_json
+
+MAX_LINES: Final = 20
+"""The older manual's cap on `lines`. A frame with more is still shown (refusing it would hide
+the whole card over one line too many), but as its first MAX_LINES lines and a count of the
+rest, so a chat never gets a wall of text and never a silently shortened one."""
 
 
 def _escape_markdown(text: str) -> str:
@@ -22,7 +27,8 @@ def _escape_markdown(text: str) -> str:
 def legacy_json_to_markdown(text: str) -> str | None:
     """A `{title, lines, footer}` renderer frame as Markdown, or None when `text` is not one.
 
-    Shown as a card: the title in bold, the lines as they are, the footer in italics.
+    Shown as a card: the title in bold, the lines as they are (the first `MAX_LINES`, then
+    how many more there were), the footer in italics.
     """
     stripped = text.strip()
     if not stripped.startswith("{"):
@@ -39,14 +45,18 @@ def legacy_json_to_markdown(text: str) -> str | None:
         isinstance(lines, list) and all(isinstance(line, str) for line in lines)
     ):
         return None
+    if not any(text.strip() for text in (title or "", footer or "", *(lines or []))):
+        return None
     parts: list[str] = []
     if title and title.strip():
         parts.append(f"**{_escape_markdown(title.strip())}**")
-    parts.extend(_escape_markdown(line) for line in lines or [])
+    shown = (lines or [])[:MAX_LINES]
+    parts.extend(_escape_markdown(line) for line in shown)
+    hidden = len(lines or []) - len(shown)
+    if hidden:
+        parts.append(f"_… {hidden} more line{'s' if hidden > 1 else ''} not shown_")
     if footer and footer.strip():
         parts.append(f"_{_escape_markdown(footer.strip())}_")
-    if not any(part.strip() for part in parts):
-        return None
     return "\n".join(parts)
 
 

@@ -173,6 +173,34 @@ def test_legacy_json_body_becomes_markdown(paths: CardPaths, clock: Clock) -> No
 
 
 @pytest.mark.parametrize(
+    ("count", "tail"),
+    [
+        (0, None),
+        (19, None),
+        (20, None),
+        (21, "_… 1 more line not shown_"),
+        (500, "_… 480 more lines not shown_"),
+    ],
+)
+def test_a_legacy_frame_shows_at_most_20_lines_and_counts_the_rest(
+    count: int, tail: str | None
+) -> None:
+    """The older manual caps `lines` at 20: more are counted, never a wall, never silently cut."""
+    lines = [f"row {n}" for n in range(1, count + 1)]
+    text = legacy_json_to_markdown(json.dumps({"title": "T", "lines": lines, "footer": "f"}))
+    assert text is not None
+    rows = text.split("\n")
+    assert rows[0] == "**T**" and rows[-1] == "_f_"
+    shown = [row for row in rows if row.startswith("row ")]
+    assert shown == lines[:20]
+    assert rows[1:-1] == shown + ([tail] if tail else [])
+
+
+def test_a_frame_of_only_blank_lines_is_not_a_card() -> None:
+    assert legacy_json_to_markdown(json.dumps({"lines": [" "] * 30})) is None
+
+
+@pytest.mark.parametrize(
     "text",
     ['{"title": 3}', '{"other": "x"}', '{"lines": "not a list"}', "[1, 2]", '{"title": ""}', "{"],
 )

@@ -6,6 +6,7 @@ signed); cards go out as interactive messages and are updated with PATCH.
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -238,3 +239,17 @@ async def test_a_busy_webhook_port_disables_feishu_only(tmp_path: Path, fake: Fa
                     what="the Feishu start failure in the log",
                 )
                 assert await serve.aterminate() == 0
+
+
+async def test_a_legacy_frame_of_25_lines_shows_20_and_counts_the_rest(
+    tmp_path: Path, fake: FakeFeishu
+) -> None:
+    setup = Setup(tmp_path, fake, ["builder"])
+    frame = {"title": "Sweep", "lines": [f"row {n:02d}" for n in range(1, 26)], "footer": "end"}
+    with setup.serve() as serve:
+        publish(tmp_path / "agents" / "builder", json.dumps(frame))
+        await eventually(lambda: any("Sweep" in t for t in card_texts(fake)), what="card")
+        [text] = card_texts(fake)
+        assert "row 20" in text and "row 21" not in text and "row 25" not in text
+        assert "5 more lines not shown" in text and "end" in text
+        assert await serve.aterminate() == 0

@@ -498,3 +498,17 @@ async def test_notices_are_suppressed_while_the_route_is_off(
         await eventually(lambda: any("recovered" in t for t in shown(fake, GROUP)))
         assert not any("task card error" in t for t in shown(fake, GROUP))
         assert await serve.aterminate() == 0
+
+
+async def test_a_legacy_frame_of_25_lines_shows_20_and_counts_the_rest(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])])
+    frame = {"title": "Sweep", "lines": [f"row {n:02d}" for n in range(1, 26)], "footer": "end"}
+    with serve:
+        publish(agent_dir(tmp_path, "builder"), json.dumps(frame))
+        await eventually(lambda: any("Sweep" in t for t in shown(fake, GROUP)), what="card")
+        [text] = shown(fake, GROUP)
+        assert "row 20" in text and "row 21" not in text and "row 25" not in text
+        assert "5 more lines not shown" in text and "end" in text
+        assert await serve.aterminate() == 0
