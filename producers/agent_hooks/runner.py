@@ -104,6 +104,17 @@ def is_agent_workdir(path: Path) -> bool:
     )
 
 
+def _directory(text: str, field: str) -> Path:
+    """`text` read as every agent-side command reads a workdir; it must be a directory."""
+    try:
+        path = expand_workdir(text)
+    except WorkdirError as exc:
+        raise HookInputError(f"{field} {exc}") from None
+    if not path.is_dir():
+        raise HookInputError(f"{field} {text} is not a directory; nothing written")
+    return path
+
+
 def resolve_workdir(override: str | None, payload: Mapping[str, Any]) -> Path:
     """`--workdir` when given, else the agent workdir that holds the payload's `cwd`.
 
@@ -116,22 +127,11 @@ def resolve_workdir(override: str | None, payload: Mapping[str, Any]) -> Path:
     `cwd` and its parents that already is an agent workdir (`is_agent_workdir`), else nowhere.
     """
     if override is not None:
-        try:
-            path = expand_workdir(override)
-        except WorkdirError as exc:
-            raise HookInputError(f"--workdir {exc}") from None
-        if not path.is_dir():
-            raise HookInputError(f"--workdir {override} is not a directory; nothing written")
-        return path
+        return _directory(override, "--workdir")
     cwd = payload.get("cwd")
     if not isinstance(cwd, str) or not cwd.strip():
         raise HookInputError("no workdir: the payload has no cwd; pass --workdir")
-    try:
-        start = expand_workdir(cwd)
-    except WorkdirError as exc:
-        raise HookInputError(f"the payload's cwd {exc}") from None
-    if not start.is_dir():
-        raise HookInputError(f"workdir {cwd} is not a directory")
+    start = _directory(cwd, "the payload's cwd")
     for folder in (start, *start.parents):
         if is_agent_workdir(folder):
             return folder

@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp import ClientSession, stdio_client
 
 from taskcard.producers.reports import ReportError, Reports
 
 from .conftest import CliHost
-from .test_reports import TASKCARD
+from .test_mcp import server_for
 
 # One valid-looking call per tool; each test adds a stray argument to it.
 VALID_CALLS: dict[str, dict[str, Any]] = {
@@ -32,12 +32,8 @@ async def test_a_stray_argument_is_refused_by_every_tool_naming_it(
     workdir: Path, cli: CliHost
 ) -> None:
     (workdir / "child").mkdir()
-    server = StdioServerParameters(
-        command=TASKCARD,
-        args=["mcp", "--workdir", str(workdir), "--runtime-dir", str(cli.runtime_dir)],
-    )
     async with (
-        stdio_client(server) as (read, write),
+        stdio_client(server_for(workdir, cli)) as (read, write),
         ClientSession(read, write) as session,
     ):
         await session.initialize()
