@@ -14,7 +14,6 @@ from taskcard.producers.agent_hooks.install import (
     codex_config_path,
     init_claude_code,
     init_codex,
-    mark_agent_workdir,
 )
 from taskcard.producers.task_card.workdir_arg import existing_workdir_arg
 
@@ -53,7 +52,6 @@ def run_init(args: argparse.Namespace) -> int:
         else:
             config = Path(args.config) if args.config else codex_config_path(os.environ)
             report = init_codex(workdir, config)
-        report += mark_agent_workdir(workdir)
     except InitError as exc:
         print(f"taskcard init: {exc}", file=sys.stderr)
         return 2

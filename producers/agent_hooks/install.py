@@ -20,7 +20,7 @@ from typing import Any, Final
 import tomlkit
 import tomlkit.exceptions
 
-from taskcard.producers.task_card.contract import CardPaths, atomic_write, read_bytes, read_regular
+from taskcard.producers.task_card.contract import atomic_write, read_bytes, read_regular
 
 SERVER_NAME: Final = "taskcard"
 CLAUDE_HOOK_MARK: Final = " hook claude-code"
@@ -133,21 +133,6 @@ def init_claude_code(workdir: Path, command: str | None = None) -> list[str]:
 def codex_config_path(environ: Mapping[str, str]) -> Path:
     home = environ.get("CODEX_HOME")
     return Path(home) / "config.toml" if home else Path.home() / ".codex" / "config.toml"
-
-
-def mark_agent_workdir(workdir: Path) -> list[str]:
-    """Create the workdir's empty activity log, which marks it as an agent's for the hooks.
-
-    A hook given no `--workdir` (Codex's `notify` never has one) writes only into a folder
-    that already is an agent workdir (`runner.is_agent_workdir`); this makes the one that
-    `init` wires such a folder before any card or event exists.
-    """
-    events = CardPaths(workdir).events
-    if events.is_file():
-        return []
-    events.parent.mkdir(parents=True, exist_ok=True)
-    os.close(os.open(events, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644))
-    return [f"{events}: created (marks {workdir} as the agent's workdir for the hooks)"]
 
 
 def init_codex(workdir: Path, config: Path, command: str | None = None) -> list[str]:

@@ -26,7 +26,6 @@ from taskcard.producers.agent_hooks.codex import codex_events
 from taskcard.producers.agent_hooks.inbox_hook import output as inbox_output
 from taskcard.producers.agent_hooks.inbox_hook import steer
 from taskcard.producers.agent_hooks.inbox_hook import take as take_inbox
-from taskcard.producers.inbox.contract import INBOX_DIR
 from taskcard.producers.task_card.activity_log import append_event, event_record
 from taskcard.producers.task_card.contract import (
     ORIGIN_FORMS,
@@ -88,22 +87,6 @@ def parse_payload(raw: bytes) -> dict[str, Any]:
     return data
 
 
-def is_agent_workdir(path: Path) -> bool:
-    """Whether `path` already holds one of the agent's contract folders (or its activity log).
-
-    What marks a folder as an agent's: the task card's `taskcard/`, the notification port's
-    `.notification/`, the chat inbox's `inbox/`, or `logs/events.jsonl` (which `taskcard init`
-    creates). A plain `logs/` folder is not enough: many projects have one.
-    """
-    paths = CardPaths(path)
-    return (
-        paths.taskcard_dir.is_dir()
-        or paths.notification_dir.is_dir()
-        or (path / INBOX_DIR).is_dir()
-        or paths.events.is_file()
-    )
-
-
 def _directory(text: str, field: str) -> Path:
     """`text` read as every agent-side command reads a workdir; it must be a directory."""
     try:
@@ -116,30 +99,19 @@ def _directory(text: str, field: str) -> Path:
 
 
 def resolve_workdir(override: str | None, payload: Mapping[str, Any]) -> Path:
-    """`--workdir` when given, else the agent workdir that holds the payload's `cwd`.
+    """`--workdir` when given, else the payload's `cwd`; either must name a directory.
 
     `--workdir` is the host's configuration (`taskcard init claude-code` passes
-    `$CLAUDE_PROJECT_DIR`), so it is used as given once it names a directory. The payload's
-    `cwd` is only where the session stands when the hook fires: Claude Code's follows a `cd`,
-    and Codex runs one `notify` program for every session of the user, in any folder. Taken
-    as the workdir, it made the hook create `logs/` and `.notification/` in whatever folder
-    that was (`/etc`, for a session run as root). So the hook writes only into the nearest of
-    `cwd` and its parents that already is an agent workdir (`is_agent_workdir`), else nowhere.
+    `$CLAUDE_PROJECT_DIR`, which stays put when the session `cd`s). Without it the payload's
+    `cwd` is the workdir, exactly: not a parent that looks like an agent's, which a fresh
+    agent nested in another's workdir would have its events credited to.
     """
     if override is not None:
         return _directory(override, "--workdir")
     cwd = payload.get("cwd")
     if not isinstance(cwd, str) or not cwd.strip():
         raise HookInputError("no workdir: the payload has no cwd; pass --workdir")
-    start = _directory(cwd, "the payload's cwd")
-    for folder in (start, *start.parents):
-        if is_agent_workdir(folder):
-            return folder
-    raise HookInputError(
-        f"the payload's cwd {start} is in no agent workdir (none of it or its parents has "
-        f"taskcard/, .notification/, {INBOX_DIR}/ or logs/events.jsonl); nothing written. "
-        "Pass --workdir, or run `taskcard init` in the agent's workdir"
-    )
+    return _directory(cwd, "the payload's cwd")
 
 
 @contextlib.contextmanager
