@@ -96,6 +96,11 @@ class InboxDesk:
         self._render = render
         self._rate = AuthorRate(config.max_messages, config.period_s)
         self._records: dict[str, InboxRecord] = {}
+        # The open messages of each agent, so a card change looks at that agent's own (none,
+        # usually) instead of every message of the last day; closed ones in closing order,
+        # dropped from memory once they are history (`KEEP_CLOSED_S`).
+        self._open: dict[str, dict[str, None]] = {}
+        self._closed: deque[tuple[float, str]] = deque()
         self._ready: set[str] = set()
         self.problems: dict[str, str] = {}  # agent -> why its inbox cannot be written
 
@@ -107,7 +112,7 @@ class InboxDesk:
         for record in self._store.inbox_messages(since):
             if record.channel not in self._channels:
                 continue
-            self._records[record.message_id] = record
+            self._keep(record)
             self._scheduler.add_route(status_key(record))
         for agent_id in {r.agent_id for r in self._records.values()} - set(self._writers):
             self.retire(agent_id, "the agent was removed")
@@ -146,7 +151,7 @@ class InboxDesk:
             queued_at=now.timestamp(),
         )
         self._store.add_inbox_message(record)  # first: a crash after the write still knows it
-        self._records[record.message_id] = record
+        self._keep(record)
         self._scheduler.add_route(status_key(record))
         message = inbox_message(
             ident=record.message_id,
@@ -175,9 +180,8 @@ class InboxDesk:
         """`/taskcard cancel`: withdraw the author's latest message still in `queued/`."""
         mine = [
             r
-            for r in self._records.values()
-            if r.outcome == "open"
-            and r.author == author
+            for r in self._open_records()
+            if r.author == author
             and (r.channel, r.chat_id, r.thread_id) == (channel, chat.chat_id, chat.thread_id)
         ]
         if not mine:
@@ -208,9 +212,7 @@ class InboxDesk:
     def retire(self, agent_id: str, reason: str = "the agent was removed") -> None:
         """Cancel every queued message of an agent that is gone."""
         writer = self._writers.get(agent_id)
-        for record in [r for r in self._records.values() if r.agent_id == agent_id]:
-            if record.outcome != "open":
-                continue
+        for record in self._open_records(agent_id):
             try:
                 if writer is not None and not writer.cancel(record.message_id):
                     continue  # taken first: its ack decides
@@ -228,13 +230,49 @@ class InboxDesk:
             self._close(record, "delivered", ack.via, ack.at)
 
     def refresh(self, agent_id: str | None = None) -> None:
-        """Show the current state of open messages (of one agent, or all: the timer)."""
-        for record in self._records.values():
-            if record.outcome == "open" and agent_id in (None, record.agent_id):
-                self._show(record)
+        """Show the current state of open messages (of one agent, or all: the timer, which
+        also lets closed messages older than `KEEP_CLOSED_S` go from memory)."""
+        for record in self._open_records(agent_id):
+            self._show(record)
+        if agent_id is None:
+            self._forget_history(self._clock().timestamp() - KEEP_CLOSED_S)
 
     def open_messages(self) -> int:
-        return sum(1 for r in self._records.values() if r.outcome == "open")
+        return sum(len(ids) for ids in self._open.values())
+
+    def _keep(self, record: InboxRecord) -> None:
+        """Hold `record` (new, loaded or closed) and keep the indexes in step with it."""
+        self._records[record.message_id] = record
+        if record.outcome == "open":
+            self._open.setdefault(record.agent_id, {})[record.message_id] = None
+            return
+        ids = self._open.get(record.agent_id)
+        if ids is not None:
+            ids.pop(record.message_id, None)
+            if not ids:
+                del self._open[record.agent_id]
+        self._closed.append((record.closed_at or record.queued_at, record.message_id))
+
+    def _open_records(self, agent_id: str | None = None) -> list[InboxRecord]:
+        """The open messages of one agent, or of all (a copy: showing may close some)."""
+        if agent_id is not None:
+            return [self._records[i] for i in self._open.get(agent_id, ())]
+        return [self._records[i] for ids in self._open.values() for i in ids]
+
+    def _forget_history(self, before: float) -> None:
+        while self._closed and self._closed[0][0] < before:
+            _, message_id = self._closed.popleft()
+            record = self._records.get(message_id)
+            # Closed again later (an ack after a cancel): its newer entry decides.
+            if record is None or (record.closed_at or record.queued_at) >= before:
+                continue
+            key = status_key(record)
+            if not self._scheduler.settled(key):
+                # Its last edit goes out first: looked at again a day later.
+                self._closed.append((before + KEEP_CLOSED_S, message_id))
+                continue
+            del self._records[message_id]
+            self._scheduler.remove_route(key)
 
     # Wakes -----------------------------------------------------------------------------
 
@@ -274,7 +312,7 @@ class InboxDesk:
     ) -> None:
         moment = (at or self._clock()).timestamp()
         closed = replace(record, outcome=outcome, reason=reason, closed_at=moment)  # type: ignore[arg-type]
-        self._records[record.message_id] = closed
+        self._keep(closed)
         self._store.set_inbox_outcome(record.message_id, closed.outcome, reason, moment)
         self._show(closed)
 
