@@ -187,6 +187,10 @@ class Redactor:
         )
         bare_spellings = (fold(spelling, markup=True)[0] for spelling in spellings)
         self._bare = frozenset(b for b in bare_spellings if len(b) >= MIN_SECRET_CHARS)
+        # Folding an ASCII text only drops characters, so one shorter than every spelling and
+        # every folded secret cannot show any (most strings of a payload: keys, entity types).
+        lengths = [len(s) for s in (*self._spellings, *self._folded, *self._bare)]
+        self._shortest = min(lengths, default=0)
 
     def scrub(self, text: str) -> str:
         """`text` without any spelling of a configured secret (no pattern matching).
@@ -195,6 +199,8 @@ class Redactor:
         or its characters were written in compatibility forms (full-width digits): a chat
         shows those joined, so the whole stretch they span is replaced.
         """
+        if not self._shortest or (len(text) < self._shortest and text.isascii()):
+            return text
         for spelling in self._spellings:
             if spelling in text:
                 text = text.replace(spelling, MARKER)
@@ -226,6 +232,8 @@ class Redactor:
         dropped) and ignoring markup characters, because a chat joins `Xq7V**b2Ln**` or a
         value with a soft hyphen inside into one word on screen.
         """
+        if not self._shortest or (len(text) < self._shortest and text.isascii()):
+            return False
         if any(spelling in text for spelling in self._spellings):
             return True
         bare = _folded_text(text, markup=True)

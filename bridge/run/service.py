@@ -863,9 +863,9 @@ class Service:
         # from these strings; the JSON punctuation between them never joins two of them),
         # and the plain text too unless it is one of them verbatim. Walking the payload costs
         # half of dumping it as JSON and folding the dump, entity offsets and all.
-        texts = list(strings_in(outgoing.payload))
-        if outgoing.text not in texts:
-            texts.append(outgoing.text)
+        # A string met twice (entity keys and types) is checked once.
+        texts = set(strings_in(outgoing.payload))
+        texts.add(outgoing.text)
         return any(self._redact.leaks(text) for text in texts)
 
     # Notices -----------------------------------------------------------------------------

@@ -158,6 +158,17 @@ def test_text_without_a_configured_secret_does_not_leak() -> None:
     assert not Redactor([CONFIGURED]).leaks("an ordinary card **with** `code`")
 
 
+def test_a_text_shorter_than_every_secret_is_passed_only_when_folding_cannot_lengthen_it() -> None:
+    """The pre-check that spares a payload's short strings (keys, entity types) holds for
+    ASCII only: a compatibility glyph folds into several letters."""
+    redactor = Redactor(["fifi"])
+    assert redactor.leaks("fifi") and redactor.scrub("fifi") == MARKER  # exactly as long
+    assert not redactor.leaks("fif") and redactor.scrub("fif") == "fif"
+    assert redactor.leaks("\ufb01\ufb01")  # two ligatures, each shown as "fi"
+    assert redactor.scrub("\ufb01\ufb01") == MARKER
+    assert not Redactor([]).leaks(CONFIGURED)  # nothing configured: nothing to find
+
+
 INVISIBLE_INSIDE = ["\u00ad", "\u2063", "\u034f", "\u200b", "\ufeff", "\u180e", "\ufe0f",
                     "\U000e0041", "\u3164", "\n", "\r\n", " ", "\t", "\u00a0",
                     "\u3000"]  # fmt: skip
