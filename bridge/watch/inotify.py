@@ -22,6 +22,7 @@ import contextlib
 import errno
 import logging
 import os
+import struct
 from collections.abc import Callable, Iterable
 from typing import Final
 
@@ -37,7 +38,7 @@ IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE = 0x2, 0x4, 0x8
 IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_DELETE = 0x40, 0x80, 0x100, 0x200
 IN_DELETE_SELF, IN_MOVE_SELF = 0x400, 0x800
 IN_UNMOUNT, IN_Q_OVERFLOW, IN_IGNORED = 0x2000, 0x4000, 0x8000
-IN_ONLYDIR = 0x01000000
+IN_ONLYDIR, IN_ISDIR = 0x01000000, 0x40000000
 # What the notify crate under watchfiles asks for too: every way a name in a folder can
 # change, and the folder itself going away.
 WATCH_MASK: Final = (
@@ -58,6 +59,8 @@ _SELF_GONE: Final = IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED | IN_UNMOUNT
 _NAME_CHANGED: Final = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO
 # Bytes asked for per read: a few hundred events (one needs at most 16 + NAME_MAX + 1).
 _READ_BYTES: Final = 64 * 1024
+# `struct inotify_event`: wd, mask, cookie, the length of the NUL-padded name that follows.
+_EVENT: Final = struct.Struct("iIII")
 
 
 def inotify_available() -> bool:
@@ -79,8 +82,18 @@ class InotifyWatches:
     went away) and whether the kernel's queue overflowed (then anything may have changed).
     """
 
-    def __init__(self, on_events: Callable[[list[str], bool], None]) -> None:
+    def __init__(
+        self,
+        on_events: Callable[[list[str], bool], None],
+        ignored: Callable[[str], bool] = lambda _name: False,
+    ) -> None:
+        """`ignored(name)`: a file of that name is never read, so its events are dropped
+        as they are read (a writer's temp file costs four events per atomic write, the
+        rename that matters one). Names in `kept` are reported all the same: the caller puts
+        there any such name a watched or planned folder has."""
         self._on_events = on_events
+        self._ignored = ignored
+        self.kept: frozenset[str] = frozenset()
         self._inotify = inotify_simple.INotify(nonblocking=True)
         self._fd: int = self._inotify.fileno()
         # Usually one path per watch: a tuple, not a list (40,000 of them at 10,000 agents).
@@ -158,30 +171,36 @@ class InotifyWatches:
     def _read(self) -> None:
         # One `read` of whole events (the kernel never splits one); `INotify.read` asks for
         # the queued size with an `ioctl` through ctypes first, which cost as much again on
-        # every wake-up. What does not fit waits: the descriptor stays readable.
+        # every wake-up. What does not fit waits: the descriptor stays readable. The events
+        # are unpacked here rather than by `inotify_simple.parse_events`, which builds a
+        # named tuple per event, so that ignored names cost no more than their unpacking.
         try:
             data = os.read(self._fd, _READ_BYTES)
         except BlockingIOError:
             return
-        events = inotify_simple.parse_events(data)
         changed: list[str] = []
         overflow = False
-        for event in events:
-            mask: int = event.mask
+        unpack, ignored, kept = _EVENT.unpack_from, self._ignored, self.kept
+        at, end = 0, len(data)
+        while at < end:
+            wd, mask, _cookie, length = unpack(data, at)
+            start, at = at + _EVENT.size, at + _EVENT.size + length
+            name = os.fsdecode(data[start:at].split(b"\0", 1)[0]) if length else ""
             if mask & IN_Q_OVERFLOW:
                 overflow = True
                 continue
-            paths = self._paths_of.get(event.wd)
+            if name and not mask & IN_ISDIR and ignored(name) and name not in kept:
+                continue
+            paths = self._paths_of.get(wd)
             if not paths:
                 continue
-            name: str = event.name
             if mask & _SELF_GONE and not name:
                 if mask & (IN_MOVE_SELF | IN_UNMOUNT):
                     # The folder lives on elsewhere: stop following it.
                     for path in paths:
                         self._unwatch(path)
                 else:
-                    self._forget(event.wd)
+                    self._forget(wd)
                 changed += paths
                 continue
             if name and mask & _NAME_CHANGED:

@@ -161,6 +161,16 @@ class WatchPlan:
                 found |= who
         return found
 
+    def unread_names(self) -> frozenset[str]:
+        """The names of folders here that `unread` would take for files never read (a
+        workdir called `.x.tmp`): events naming them must still be reported."""
+        return frozenset(
+            name
+            for paths in (self.paths, self.structural, self.workdirs)
+            for path in paths
+            if unread(name := os.path.basename(path))
+        )
+
     def owners_of(self, paths: Iterable[str]) -> set[str]:
         """The agents some of `paths` (watched folders) are watched for."""
         found: set[str] = set()
@@ -452,7 +462,7 @@ class FleetWatcher:
                 rearm_at = loop.call_at(max(earliest, loop.time()), arming.rearm.set)
 
         try:
-            watches = InotifyWatches(on_events)
+            watches = InotifyWatches(on_events, ignored=unread)
         except OSError as exc:  # no inotify instance left for this user (max_user_instances)
             logger.warning("inotify unavailable (%s); watching with watchfiles instead", exc)
             await self._pump(queue, stop, arming)
@@ -466,6 +476,7 @@ class FleetWatcher:
                 planned_at = loop.time()
                 plan = plan_watch(self._workdirs, self._roots)
                 arming.plan, arming.rearm = plan, asyncio.Event()
+                watches.kept = plan.unread_names()
                 rearm_at = None
                 try:
                     added, unwatched = watches.sync(plan.paths)

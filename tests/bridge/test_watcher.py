@@ -274,6 +274,23 @@ async def test_folders_and_workdirs_appearing_later_are_picked_up(tmp_path: Path
         )
 
 
+async def test_a_workdir_named_like_a_temp_file_is_still_followed(tmp_path: Path) -> None:
+    """Events naming a writer's temp file are dropped as they are read, but a workdir may
+    carry such a name too: its appearance (here a symlink, which the kernel does not mark as
+    a folder) and its files are reported all the same."""
+    real = CardPaths(tmp_path / "real")
+    real.taskcard_dir.mkdir(parents=True)
+    link = tmp_path / "fleet" / ".agent.tmp"
+    link.parent.mkdir()
+    watcher = FleetWatcher({"a": link}, rescan_interval_s=3600)
+    async with collecting(watcher, {"a"}) as changes:
+        link.symlink_to(real.workdir)
+        await changes.until(lambda batch: "a" in batch)
+        await write_until_reported_alone(
+            changes, "a", lambda: atomic_write(CardPaths(link).status, b"active")
+        )
+
+
 async def test_a_vanished_and_recreated_folder_is_watched_again(tmp_path: Path) -> None:
     paths, other = CardPaths(tmp_path / "a"), CardPaths(tmp_path / "b")
     paths.logs_dir.mkdir(parents=True)
