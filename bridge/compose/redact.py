@@ -32,6 +32,9 @@ MARKER: Final = "[redacted]"
 # A configured value shorter than this is not searched for: scrubbing every "abc" in every
 # card would mangle prose, and a secret that short protects nothing anyway.
 MIN_SECRET_CHARS: Final = 4
+# `Redactor` remembers this many of its results for texts up to this long.
+_MEMO_ENTRIES: Final = 2048
+_MEMO_CHARS: Final = 512
 
 # Ordered: the specific vendor shapes first, so a token inside `token=...` is still one marker.
 _PATTERNS: Final[tuple[re.Pattern[str], ...]] = (
@@ -191,6 +194,9 @@ class Redactor:
         # every folded secret cannot show any (most strings of a payload: keys, entity types).
         lengths = [len(s) for s in (*self._spellings, *self._folded, *self._bare)]
         self._shortest = min(lengths, default=0)
+        # A card's automatic rows are mostly the same from one change to the next: short
+        # texts are remembered (bodies, long and new each time, are not).
+        self._short = functools.lru_cache(maxsize=_MEMO_ENTRIES)(self._redacted)
 
     def scrub(self, text: str) -> str:
         """`text` without any spelling of a configured secret (no pattern matching).
@@ -223,6 +229,11 @@ class Redactor:
 
     def __call__(self, text: str) -> str:
         """`text` without configured secrets and without recognised secret shapes."""
+        if len(text) <= _MEMO_CHARS:
+            return self._short(text)
+        return redact(self.scrub(text))
+
+    def _redacted(self, text: str) -> str:
         return redact(self.scrub(text))
 
     def leaks(self, text: str) -> bool:

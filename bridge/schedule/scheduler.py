@@ -498,6 +498,9 @@ class RouteScheduler:
         # idle lane's wait creates no waiter tasks (it happens after every delivery).
         if self._closing.is_set() or event.is_set():
             return
+        if timeout_s is None:  # the usual idle wait: no timer to arm and cancel
+            await event.wait()
+            return
         try:
             async with asyncio.timeout(timeout_s):
                 await event.wait()

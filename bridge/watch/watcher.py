@@ -370,8 +370,11 @@ class FleetWatcher:
                 try:
                     # `asyncio.timeout`, not `wait_for`: on 3.11 `wait_for` can swallow a
                     # cancellation that races with a result, and the caller could not stop us.
-                    async with asyncio.timeout_at(next_rescan):
-                        batch = await queue.get()
+                    if queue.empty() or loop.time() >= next_rescan:
+                        async with asyncio.timeout_at(next_rescan):
+                            batch = await queue.get()
+                    else:  # under load the next batch is often in already: no timer for it
+                        batch = queue.get_nowait()
                 except TimeoutError:
                     next_rescan = loop.time() + self._sweep_step_s
                     next_slice %= len(self._slices)  # the fleet may have shrunk meanwhile
