@@ -1,8 +1,8 @@
 """Forms people really type a command in, through `taskcard serve` and both platforms' fakes.
 
-A `/tell` whose text starts on the next line (the agent's name alone on the first), and on
-Feishu a command written in the rich editor (a `post` message rather than `text`), reach the
-agent as typed ones do.
+On Feishu a command written in the rich editor (a `post` message rather than `text`) reaches
+the agent as a typed one does. (A `/tell` whose text starts on the next line is a case of
+`test_talk_and_signals.py::test_tell_is_queued_then_delivered_on_one_edited_message`.)
 """
 
 from __future__ import annotations
@@ -22,19 +22,6 @@ from tests.e2e.test_talk_and_signals import (
     running_agent,
     wait_status,
 )
-
-
-async def test_tell_with_the_text_on_the_next_lines(platform: str, tmp_path: Path) -> None:  # noqa: F811
-    async with chat_for(platform, tmp_path, ["builder"]) as chat:
-        running_agent(tmp_path)
-        with chat.serve:
-            await eventually(lambda: chat.message_id_with("compile"), timeout_s=60, what="card")
-            await chat.say("/tell builder\nfirst line\nsecond line")
-            await wait_status(chat, "queued")
-            [message] = queued(tmp_path)
-            assert json.loads(message.read_text())["text"] == "first line\nsecond line"
-            assert not any("AGENT is one of" in t for t in chat.bot_texts())
-            assert await chat.serve.aterminate() == 0
 
 
 async def test_feishu_commands_from_the_rich_editor(tmp_path: Path) -> None:

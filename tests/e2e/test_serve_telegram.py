@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -187,26 +187,37 @@ async def test_user_deleted_message_is_replaced_once(tmp_path: Path, fake: FakeT
         assert await serve.aterminate() == 0
 
 
-async def test_kicked_route_is_disabled_and_others_continue(
-    tmp_path: Path, fake: FakeTelegram
-) -> None:
-    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"]), (PRIVATE, ["builder"])])
+async def _disable_one_route(
+    tmp_path: Path, fake: FakeTelegram, chat_id: int, cut: Callable[[], None]
+) -> str:
+    """Serve `builder` to `chat_id` and the private chat, `cut` the group off, and return
+    `taskcard status` once the group's route is disabled; the private chat keeps its card
+    current throughout."""
+    serve = setup(tmp_path, fake, ["builder"], [(chat_id, ["builder"]), (PRIVATE, ["builder"])])
     workdir = agent_dir(tmp_path, "builder")
     with serve:
         publish(workdir, "v1")
-        await eventually(lambda: shown(fake, GROUP) and shown(fake, PRIVATE))
-        fake.kick(GROUP)
+        await eventually(lambda: shown(fake, chat_id) and shown(fake, PRIVATE))
+        cut()
         publish(workdir, "v2")
         await eventually(lambda: any("v2" in t for t in shown(fake, PRIVATE)))
         status = await eventually(
-            lambda: _status_if(serve.config, "kicked"),
+            lambda: _status_if(serve.config, "DISABLED"),
             what="the route disabled with its reason",
         )
         publish(workdir, "v3")
         await eventually(lambda: any("v3" in t for t in shown(fake, PRIVATE)))
         assert await serve.aterminate() == 0
-    assert f"telegram:{GROUP}::builder" in status
-    assert "DISABLED" in status
+    assert f"telegram:{chat_id}::builder" in status
+    assert fake.token not in status
+    return status
+
+
+async def test_kicked_route_is_disabled_and_others_continue(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    status = await _disable_one_route(tmp_path, fake, GROUP, lambda: fake.kick(GROUP))
+    assert "kicked" in status
 
 
 async def test_a_group_upgraded_to_a_supergroup_disables_its_route_naming_the_new_id(
@@ -215,23 +226,10 @@ async def test_a_group_upgraded_to_a_supergroup_disables_its_route_naming_the_ne
     """Telegram gives an upgraded group a new chat id and refuses the old one for good: the
     route is disabled (no request per card change) and the operator told the id to set."""
     basic, supergroup = -4242, -1009876543210
-    serve = setup(tmp_path, fake, ["builder"], [(basic, ["builder"]), (PRIVATE, ["builder"])])
-    workdir = agent_dir(tmp_path, "builder")
-    with serve:
-        publish(workdir, "v1")
-        await eventually(lambda: shown(fake, basic) and shown(fake, PRIVATE))
-        fake.migrate(basic, supergroup)
-        publish(workdir, "v2")
-        status = await eventually(
-            lambda: _status_if(serve.config, "DISABLED"),
-            what="the route disabled with its reason",
-        )
-        publish(workdir, "v3")
-        await eventually(lambda: any("v3" in t for t in shown(fake, PRIVATE)))
-        assert await serve.aterminate() == 0
-    assert f"telegram:{basic}::builder" in status
+    status = await _disable_one_route(
+        tmp_path, fake, basic, lambda: fake.migrate(basic, supergroup)
+    )
     assert f"chat_id = {supergroup}" in status and "supergroup" in status
-    assert fake.token not in status
 
 
 def _ask_state(fake: FakeTelegram, needle: str) -> bool:

@@ -228,18 +228,28 @@ def running_agent(tmp_path: Path) -> None:
     publish(wd, "**compile** 1/3")
 
 
+@pytest.mark.parametrize(
+    ("typed", "text"),
+    [
+        ("/tell builder stop now <b>please</b>", "stop now <b>please</b>"),
+        # The agent's name alone on the first line, the text on the next ones.
+        ("/tell builder\nstop now\n<b>please</b>", "stop now\n<b>please</b>"),
+    ],
+    ids=["one-line", "text-on-next-lines"],
+)
 async def test_tell_is_queued_then_delivered_on_one_edited_message(
-    platform: str, tmp_path: Path
+    platform: str, tmp_path: Path, typed: str, text: str
 ) -> None:
     async with chat_for(platform, tmp_path, ["builder"]) as chat:
         running_agent(tmp_path)
         with chat.serve:
             await eventually(lambda: chat.message_id_with("compile"), timeout_s=60, what="card")
-            await chat.say("/tell builder stop now <b>please</b>")
+            await chat.say(typed)
             await wait_status(chat, "queued")
+            assert not any("AGENT is one of" in t for t in chat.bot_texts())
             [message] = queued(tmp_path)
             data = json.loads(message.read_text())
-            assert data["text"] == "stop now <b>please</b>" and data["kind"] == "message"
+            assert data["text"] == text and data["kind"] == "message"
             assert data["origin"].split(":")[0] == platform
             claim_and_ack(tmp_path, message)
             await wait_status(chat, "delivered")
