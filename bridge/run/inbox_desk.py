@@ -234,7 +234,7 @@ class InboxDesk:
         also lets closed messages older than `KEEP_CLOSED_S` go from memory)."""
         for record in self._open_records(agent_id):
             self._show(record)
-        if agent_id is None:
+        if agent_id is None and self._closed:
             self._forget_history(self._clock().timestamp() - KEEP_CLOSED_S)
 
     def open_messages(self) -> int:
