@@ -1083,7 +1083,7 @@ class Service:
 
 class _Guard:
     """`Service._guard`: a class rather than a generator-based context manager, since it is
-    entered three times per agent change (a third of the cost of the generator's)."""
+    entered three times per agent change (about a quarter of the generator's cost)."""
 
     __slots__ = ("_agent_id", "_service", "_stage")
 

@@ -367,33 +367,38 @@ class FleetWatcher:
             self._report_all(everyone)
             yield everyone
             while True:
-                try:
-                    # `asyncio.timeout`, not `wait_for`: on 3.11 `wait_for` can swallow a
-                    # cancellation that races with a result, and the caller could not stop us.
-                    if queue.empty() or loop.time() >= next_rescan:
-                        async with asyncio.timeout_at(next_rescan):
-                            batch = await queue.get()
-                    else:  # under load the next batch is often in already: no timer for it
+                batch: frozenset[str] | None = None
+                if loop.time() < next_rescan:
+                    if not queue.empty():  # under load the next batch is often in already
                         batch = queue.get_nowait()
-                except TimeoutError:
-                    next_rescan = loop.time() + self._sweep_step_s
-                    next_slice %= len(self._slices)  # the fleet may have shrunk meanwhile
-                    sweep = self._slices[next_slice]
-                    next_slice = (next_slice + 1) % len(self._slices)
-                    if next_slice == 0:
-                        self._check_plan(arming)  # stats every workdir: once per round
-                        if self._roots:
-                            sweep = sweep | {ROOTS}  # and the roots are listed again
-                    if sweep:
-                        self._report_all(sweep)
-                        yield sweep
+                    else:
+                        # `asyncio.timeout`, not `wait_for`: on 3.11 `wait_for` can swallow
+                        # a cancellation that races with a result, and the caller could not
+                        # stop us.
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout_at(next_rescan):
+                                batch = await queue.get()
+                if batch is not None:
+                    merged = set(batch)
+                    while not queue.empty():
+                        merged |= queue.get_nowait()
+                    if pump.done():
+                        pump.result()  # surfaces an unexpected failure of the watcher task
+                    yield frozenset(merged)
                     continue
-                merged = set(batch)
-                while not queue.empty():
-                    merged |= queue.get_nowait()
-                if pump.done():
-                    pump.result()  # surfaces an unexpected failure of the watcher task
-                yield frozenset(merged)
+                # The rescan step is due. Taken here, not only when a wait times out, so a
+                # fleet whose events never pause does not starve the safety net.
+                next_rescan = loop.time() + self._sweep_step_s
+                next_slice %= len(self._slices)  # the fleet may have shrunk meanwhile
+                sweep = self._slices[next_slice]
+                next_slice = (next_slice + 1) % len(self._slices)
+                if next_slice == 0:
+                    self._check_plan(arming)  # stats every workdir: once per round
+                    if self._roots:
+                        sweep = sweep | {ROOTS}  # and the roots are listed again
+                if sweep:
+                    self._report_all(sweep)
+                    yield sweep
         finally:
             stop.set()
             pump.cancel()

@@ -8,6 +8,8 @@ import errno
 import logging
 import os
 import shutil
+import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -330,6 +332,41 @@ async def test_periodic_rescan_reports_everyone(tmp_path: Path) -> None:
             assert await collector.next() == {"a", "b"}
     finally:
         await collector.close()
+
+
+async def test_the_rescan_comes_round_while_events_keep_coming(tmp_path: Path) -> None:
+    """A busy fleet must not starve the safety net: with a batch always waiting when the
+    consumer asks for the next one, the quiet agent is still reported by the rescan."""
+    busy, quiet = CardPaths(tmp_path / "busy"), CardPaths(tmp_path / "quiet")
+    busy.taskcard_dir.mkdir(parents=True)
+    quiet.taskcard_dir.mkdir(parents=True)
+    watcher = FleetWatcher({"busy": busy.workdir, "quiet": quiet.workdir}, rescan_interval_s=0.4)
+    stop = threading.Event()
+
+    def hammer() -> None:
+        while not stop.is_set():
+            atomic_write(busy.status, b"active")
+            time.sleep(0.002)
+
+    writer = threading.Thread(target=hammer)
+    batches = watcher.changes()
+    try:
+        assert await batches.__anext__() == {"busy", "quiet"}
+        while await asyncio.wait_for(batches.__anext__(), TIMEOUT_S) != {"busy", "quiet"}:
+            pass  # until the watches are armed (everyone reported again)
+        writer.start()
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            assert time.monotonic() < deadline, "the rescan never came round"
+            batch = await asyncio.wait_for(batches.__anext__(), TIMEOUT_S)
+            if "quiet" in batch:
+                break
+            await asyncio.sleep(0.05)  # the consumer's own work: the next batch piles up
+    finally:
+        stop.set()
+        if writer.is_alive():
+            writer.join()
+        await batches.aclose()
 
 
 async def test_cancelling_the_consumer_stops_the_watcher(tmp_path: Path) -> None:
