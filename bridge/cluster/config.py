@@ -10,6 +10,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from taskcard.channels.base import EnvName
+
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _SCHEMES = ("redis", "rediss", "unix")
 
@@ -37,7 +39,7 @@ class ClusterConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
-    redis_url_env: str | None = Field(
+    redis_url_env: EnvName | None = Field(
         default=None,
         description=(
             "Name of the environment variable holding the Redis URL (preferred: the URL may"
@@ -91,13 +93,6 @@ class ClusterConfig(BaseModel):
     def _check_name(cls, value: str, info: object) -> str:
         if value and not _NAME.match(value):
             raise ValueError("use 1-64 of the characters A-Z a-z 0-9 _ . -")
-        return value
-
-    @field_validator("redis_url_env")
-    @classmethod
-    def _check_env(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$", value):
-            raise ValueError("must be an environment variable name like TASKCARD_REDIS_URL")
         return value
 
     @model_validator(mode="after")
