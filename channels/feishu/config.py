@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from taskcard.channels.base import (
     ROUTE_VIEW_HELP,
@@ -76,6 +83,24 @@ class FeishuWebhook(BaseModel):
     )
 
 
+def _usable_id(value: str) -> bool:
+    """Feishu ids (oc_..., ou_...) are short and never contain white space: a padded or empty
+    one in the config would never match, silently."""
+    return bool(value) and len(value) <= 128 and not any(c.isspace() for c in value)
+
+
+def _check_user_id(value: str) -> str:
+    if not _usable_id(value):
+        raise ValueError(
+            "not a Feishu user id (empty, too long or with spaces); give the person's"
+            " open_id (ou_...)"
+        )
+    return value
+
+
+_UserId = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_check_user_id)]
+
+
 class FeishuRoute(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
@@ -84,7 +109,7 @@ class FeishuRoute(BaseModel):
     @field_validator("chat_id")
     @classmethod
     def _usable_chat(cls, value: str) -> str:
-        if not value or len(value) > 128 or any(c.isspace() for c in value):
+        if not _usable_id(value):
             raise ValueError(
                 "not a Feishu chat id (empty, too long or with spaces); use the chat's id"
                 " (oc_...) as `taskcard chats` lists it"
@@ -95,7 +120,7 @@ class FeishuRoute(BaseModel):
     pin: bool = Field(default=False, description="Pin the resident card.")
     timezone: TimeZoneName = Field(default="UTC", description=TIMEZONE_HELP)
     view: RouteView = Field(default="cards", description=ROUTE_VIEW_HELP)
-    allowed_user_ids: list[Annotated[str, Field(min_length=1, max_length=128)]] | None = Field(
+    allowed_user_ids: list[_UserId] | None = Field(
         default=None, description="Only these open_ids may run /taskcard here; all when absent."
     )
 

@@ -159,6 +159,10 @@ SECRET_LIKE = "123456:AAExampleBotTokenPastedIntoTheWrongKey"
             "feishu.routes[0].allowed_user_ids[0]",
         ),
         (
+            '[[feishu.routes]]\nchat_id = "oc_1"\nagents = ["*"]\nallowed_user_ids = ["ou_1 "]\n',
+            "feishu.routes[0].allowed_user_ids[0]: not a Feishu user id",
+        ),
+        (
             '[[telegram.routes]]\nchat_id = -100\nagents = ["*"]\nview = "grid"\n',
             "telegram.routes[0].view: Input should be 'cards' or 'board' (got 'grid'); use one",
         ),
