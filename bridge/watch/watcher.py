@@ -61,6 +61,7 @@ from taskcard.producers.inbox.contract import INBOX_DIR
 from taskcard.producers.ledger.contract import LEDGER_DIR
 from taskcard.producers.reports.contract import LINEAGE_FILE, REPORTS_DIR
 from taskcard.producers.task_card.contract import (
+    HOST_LOCK_FILE,
     LOGS_DIR,
     NOTIFICATION_DIR,
     TALLY_FILE,
@@ -217,9 +218,10 @@ def is_writer_temp(name: str) -> bool:
 
 def unread(name: str) -> bool:
     """Whether a file named `name` in a contract folder is one the service never reads: a
-    writer's temp file, or the producer host's refresh tally (appended to on every tick, so
-    reporting it would read the agent once more per tick for nothing)."""
-    return name == TALLY_FILE or is_writer_temp(name)
+    writer's temp file, the producer host's refresh tally (appended to on every tick, so
+    reporting it would read the agent once more per tick for nothing), or the host's workdir
+    lock (written at every host start and closed at its exit; it says nothing about the card)."""
+    return name in (TALLY_FILE, HOST_LOCK_FILE) or is_writer_temp(name)
 
 
 def _add(mapping: dict[str, frozenset[str]], key: str, who: frozenset[str]) -> None:

@@ -39,6 +39,7 @@ WATCH_FILE: Final = "watch.json"
 SETTINGS_FILE: Final = "taskcard.json"
 # The host's own running count of spent refreshes (see `tally.py`); no reader but the host.
 TALLY_FILE: Final = ".refreshes"
+HOST_LOCK_FILE: Final = ".host.lock"  # the host's workdir lock (`workdir_lock.py`)
 NOTIFICATION_DIR: Final = ".notification"
 NOTIFICATION_FILE: Final = "system.jsonl"
 LOGS_DIR: Final = "logs"

@@ -27,11 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from taskcard.producers.task_card.contract import TASKCARD_DIR, read_regular
+from taskcard.producers.task_card.contract import HOST_LOCK_FILE, TASKCARD_DIR, read_regular
 
 log = logging.getLogger(__name__)
 
-LOCK_NAME: Final = ".host.lock"
 _MAX_LOCK_BYTES: Final = 4096
 
 
@@ -61,7 +60,7 @@ class WorkdirHeld(RuntimeError):
 
 
 def lock_path(workdir: Path) -> Path:
-    return workdir / TASKCARD_DIR / LOCK_NAME
+    return workdir / TASKCARD_DIR / HOST_LOCK_FILE
 
 
 def parse_holder(raw: bytes) -> Holder:

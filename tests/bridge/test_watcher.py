@@ -61,6 +61,8 @@ def test_the_temp_files_of_atomic_writes_are_not_reported(tmp_path: Path) -> Non
     assert plan.agents_for(str(folder / ".hidden")) == ({"a"}, False)
     # The host appends its refresh tally on every tick; the service never reads it.
     assert plan.agents_for(str(folder / ".refreshes")) == (set(), False)
+    # The host's workdir lock is written when a host starts and closed when it stops.
+    assert plan.agents_for(str(folder / ".host.lock")) == (set(), False)
 
 
 def test_a_workdir_inside_another_agents_contract_folder_maps_to_both(tmp_path: Path) -> None:
