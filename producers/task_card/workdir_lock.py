@@ -10,9 +10,10 @@ with two folders used to start two hosts on one workdir, both resuming the same 
 there which pid and runtime folder hold it, so a refused caller can say where the host is.
 
 The file is opened without following symlinks and without blocking, and must be a regular
-file. When it cannot be used at all (a read-only workdir, a folder planted at its name) the
-host runs on the runtime lock alone, as before, and logs why: refusing to start would stop
-the card for a problem the runtime lock still mostly covers.
+file with no other name (a hard link planted there would be truncated). When it cannot be
+used at all (a read-only workdir, a folder planted at its name) the host runs on the runtime
+lock alone, as before, and logs why: refusing to start would stop the card for a problem the
+runtime lock still mostly covers.
 """
 
 from __future__ import annotations
@@ -98,9 +99,14 @@ def acquire(workdir: Path, runtime_dir: Path) -> int | None:
     except OSError as exc:
         log.warning("no workdir lock at %s (%s); the runtime lock alone", path, exc.strerror)
         return None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        # A hard link planted at the name is another file's inode: truncating it would empty
+        # that file, wherever it lives.
         os.close(fd)
-        log.warning("no workdir lock: %s is not a regular file; the runtime lock alone", path)
+        log.warning(
+            "no workdir lock: %s is not a regular file of its own; the runtime lock alone", path
+        )
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -405,6 +405,27 @@ def test_a_host_with_another_runtime_dir_is_refused_too_and_told_where_the_host_
     assert f"runtime dir {runtime_dir}" in str(refused.value)
 
 
+@pytest.mark.parametrize("plant", ["symlink", "fifo", "hardlink"])
+def test_a_planted_workdir_lock_is_never_written_through_and_the_host_still_starts(
+    workdir: Path, make_card: MakeCard, tmp_path: Path, plant: str
+) -> None:
+    """The workdir lock is the agent's file: a link or pipe planted at its name must not make
+    the host truncate or write anything else (a hard link shares the other file's inode)."""
+    outside = tmp_path / "outside.txt"
+    outside.write_bytes(b"keep me\n")
+    lock = workdir / "taskcard" / ".host.lock"
+    lock.parent.mkdir()
+    if plant == "symlink":
+        lock.symlink_to(outside)
+    elif plant == "fifo":
+        os.mkfifo(lock)
+    else:
+        os.link(outside, lock)
+    card = make_card()
+    assert card.call(envelope("settings"))["status"] == "ok"
+    assert outside.read_bytes() == b"keep me\n"
+
+
 def test_a_restarted_host_resumes_the_same_watch_and_budget(
     workdir: Path, make_card: MakeCard
 ) -> None:
