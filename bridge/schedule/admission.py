@@ -7,12 +7,19 @@ first: some chats fill up while others wait, although the bot's budget is fully 
 the lanes that have to wait queue, and one dispatcher hands out room in turn order
 (`turn_order`):
 
-- the chat that got the fewest requests through in the last minute goes first, and among
-  equals the one that began to wait first. Served chats go to the back when they ask again,
-  so chats sharing the bot take turns; and a chat that joined late (at start-up the service
-  reads thousands of cards, so the first chats have work seconds before the last) catches up
-  with the others within a minute instead of staying behind for the whole run. Credit older
-  than `HORIZON_S` is forgotten, so a chat that was quiet for an hour cannot hold the bot;
+- the chat with the least *credit* goes first, and among equals the one that began to wait
+  first. Each request let through adds 1 to its chat's credit, and credit halves every
+  `HALF_LIFE_S`. Served chats go to the back when they ask again, so chats sharing the bot
+  take turns; a chat that joined late (at start-up the service reads thousands of cards, so
+  the first chats have work seconds before the last) catches up with the others, and a chat
+  that was quiet for an hour has no credit left to hold the bot with.
+
+  Why a fading credit and not a count over the last minute, as this queue first had: ordering
+  by the requests of a sliding window evens out the window, not the totals, so a lead made
+  at one moment comes back one window later, when the requests that evened it out leave the
+  window (chats finishing a long backlog were then a few rounds apart, depending on where in
+  the minute the backlog ended). A credit that fades evens out the lead once and for good:
+  the chat ahead and the chats behind lose their old credit at the same rate;
 - a waiter without room (its own chat's window is full) does not hold up the waiters after it
   whose scopes have room: no capacity is left unused while someone could use it
   (work-conserving);
@@ -36,15 +43,16 @@ from taskcard.channels.base import RateScope
 
 log = logging.getLogger(__name__)
 
-# How long a request through counts as a chat's share (the longest platform window, a minute).
-HORIZON_S = 60.0
+# How fast a chat's credit fades: a request let through counts half after this long (the
+# longest platform window, a minute).
+HALF_LIFE_S = 60.0
+_FORGOTTEN = 1e-3  # credit below this is dropped (after about ten half-lives)
 
 
-def turn_order(waiting: Sequence[Hashable], served: Mapping[Hashable, int]) -> list[int]:
+def turn_order(waiting: Sequence[Hashable], credit: Mapping[Hashable, float]) -> list[int]:
     """The order in which waiters are offered room: indices into `waiting` (each waiter's
-    chat, in the order they began to wait), fewest requests `served` in the horizon first,
-    then first come first."""
-    return sorted(range(len(waiting)), key=lambda index: (served.get(waiting[index], 0), index))
+    chat, in the order they began to wait), least `credit` first, then first come first."""
+    return sorted(range(len(waiting)), key=lambda index: (credit.get(waiting[index], 0), index))
 
 
 @dataclass
@@ -62,7 +70,7 @@ class AdmissionQueue:
     def __init__(self, limiter: Limiter, clock: Callable[[], float]) -> None:
         self._limiter = limiter
         self._clock = clock
-        self._served: dict[Hashable, deque[float]] = {}  # admission times in the horizon
+        self._credit: dict[Hashable, tuple[float, float]] = {}  # who: (credit, as of when)
         self._waiters: deque[_Waiter] = deque()
         self._arrived = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -71,22 +79,25 @@ class AdmissionQueue:
     def waiting(self) -> int:
         return len(self._waiters)
 
-    def served(self, who: Hashable) -> int:
-        """Requests of `who` admitted in the last `HORIZON_S`."""
-        times = self._served.get(who)
-        if times is None:
-            return 0
-        horizon = self._clock() - HORIZON_S
-        while times and times[0] <= horizon:
-            times.popleft()
-        if not times:
-            del self._served[who]
-            return 0
-        return len(times)
+    def credit(self, who: Hashable, now: float | None = None) -> float:
+        """`who`'s credit at `now` (default: the clock): each request let through counts 1,
+        halving every `HALF_LIFE_S`."""
+        entry = self._credit.get(who)
+        if entry is None:
+            return 0.0
+        if now is None:
+            now = self._clock()
+        value, at = entry
+        if now > at:
+            value *= 0.5 ** ((now - at) / HALF_LIFE_S)
+        if value < _FORGOTTEN:
+            del self._credit[who]
+            return 0.0
+        return value
 
     def _record(self, who: Hashable) -> None:
-        self.served(who)  # drops what left the horizon
-        self._served.setdefault(who, deque()).append(self._clock())
+        now = self._clock()
+        self._credit[who] = (self.credit(who, now) + 1.0, now)
 
     async def admit(
         self, who: Hashable, scopes: tuple[RateScope, ...], closing: asyncio.Event
@@ -125,8 +136,9 @@ class AdmissionQueue:
             wait_s: float | None = None
             try:
                 waiters = list(self._waiters)
-                served = {waiter.who: self.served(waiter.who) for waiter in waiters}
-                for index in turn_order([waiter.who for waiter in waiters], served):
+                now = self._clock()
+                credit = {waiter.who: self.credit(waiter.who, now) for waiter in waiters}
+                for index in turn_order([waiter.who for waiter in waiters], credit):
                     waiter = waiters[index]
                     if waiter.gone:
                         self._waiters.remove(waiter)

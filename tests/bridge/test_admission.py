@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from taskcard.bridge.schedule.admission import HORIZON_S, AdmissionQueue, turn_order
+from taskcard.bridge.schedule.admission import HALF_LIFE_S, AdmissionQueue, turn_order
 from taskcard.bridge.schedule.ratelimit import RateLimiter
 from taskcard.bridge.schedule.scheduler import RouteKey, RouteScheduler, pace_s
 from taskcard.bridge.store.sqlite import SqliteStore
@@ -25,13 +25,14 @@ from tests.e2e.harness import eventually
 
 
 @pytest.mark.parametrize(
-    ("waiting", "served", "order"),
+    ("waiting", "credit", "order"),
     [
         # Nobody served yet: first come, first served.
         (["a", "b", "c"], {}, [0, 1, 2]),
-        # The chat with the fewest requests through goes first, whatever its arrival.
+        # The chat with the least credit goes first, whatever its arrival.
         (["a", "b", "c"], {"a": 5, "b": 5}, [2, 0, 1]),
         (["a", "b", "c"], {"a": 2, "b": 0, "c": 1}, [1, 2, 0]),
+        (["a", "b"], {"a": 0.49, "b": 0.5}, [0, 1]),
         # Equals keep their arrival order.
         (["c", "a", "b"], {"a": 1, "b": 1, "c": 1}, [0, 1, 2]),
         # One chat waiting twice (a card and a notice are never both in flight, but the rule
@@ -41,9 +42,9 @@ from tests.e2e.harness import eventually
     ],
 )
 def test_turn_order(
-    waiting: Sequence[Hashable], served: Mapping[Hashable, int], order: list[int]
+    waiting: Sequence[Hashable], credit: Mapping[Hashable, float], order: list[int]
 ) -> None:
-    assert turn_order(waiting, served) == order
+    assert turn_order(waiting, credit) == order
 
 
 @pytest.mark.parametrize(
@@ -142,17 +143,57 @@ async def test_a_chat_whose_own_window_is_full_does_not_hold_up_the_others() -> 
     await queue.close()
 
 
-async def test_credit_older_than_the_horizon_is_forgotten() -> None:
+async def test_credit_halves_every_half_life_and_is_gone_after_a_quiet_hour() -> None:
     now = [1000.0]
     queue = AdmissionQueue(RateLimiter(lambda: now[0]), lambda: now[0])
     closing = asyncio.Event()
-    for _ in range(3):
+    for _ in range(4):
         admission = await queue.admit("busy", (RateScope("chat:busy", 100, 1.0),), closing)
         assert admission is not None
         admission.complete()
-    assert queue.served("busy") == 3
-    now[0] += HORIZON_S + 0.1
-    assert queue.served("busy") == 0
+    assert queue.credit("busy") == pytest.approx(4.0)
+    now[0] += HALF_LIFE_S
+    assert queue.credit("busy") == pytest.approx(2.0)
+    now[0] += 3600.0
+    assert queue.credit("busy") == 0.0
+    assert queue.credit("never seen") == 0.0
+    await queue.close()
+
+
+async def test_a_lead_evened_out_once_does_not_come_back_a_minute_later() -> None:
+    """The bot lets one request through every 1/30 s and gives it to the waiting chat that
+    comes first in turn order, as the dispatcher does. Chat `a` had the bot to itself for
+    the first 10 requests (the start-up skew); then `a`, `b` and `c` all wait, for five
+    minutes. Once `b` and `c` have caught up, no chat is ever more than one request ahead
+    of another, also when the first requests are a minute old (with a count over the last
+    minute, `a`'s first 10 left the window then and it took the lead again)."""
+    now = [0.0]
+    queue = AdmissionQueue(RateLimiter(lambda: now[0]), lambda: now[0])
+    closing = asyncio.Event()
+    roomy = (RateScope("roomy", 10**9, 1.0),)
+    counts = dict.fromkeys("abc", 0)
+
+    async def let_through(who: str) -> None:
+        admission = await queue.admit(who, roomy, closing)  # nobody queued: counted at once
+        assert admission is not None
+        admission.complete()
+        counts[who] += 1
+        now[0] += 1 / 30
+
+    for _ in range(10):
+        await let_through("a")
+    worst_after_catch_up = 0
+    caught_up = False
+    while now[0] < 300.0:
+        chats = sorted(counts)
+        credit: dict[Hashable, float] = {who: queue.credit(who) for who in chats}
+        await let_through(chats[turn_order(chats, credit)[0]])
+        lead = max(counts.values()) - min(counts.values())
+        caught_up = caught_up or lead <= 1
+        if caught_up:
+            worst_after_catch_up = max(worst_after_catch_up, lead)
+    assert caught_up, counts
+    assert worst_after_catch_up <= 1, counts
     await queue.close()
 
 
