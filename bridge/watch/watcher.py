@@ -132,7 +132,9 @@ class WatchPlan:
 
     `workdirs` maps each agent workdir to its agents. A workdir, and each contract folder
     directly in it (`<workdir>/<one of CONTRACT_DIRS>`), is structural: its creation or
-    removal changes the plan; files directly in a contract folder are the agents' files.
+    removal changes the plan; files directly in a contract folder are the agents' files, and
+    so is the lineage file directly in the workdir (where both apply, in a workdir nested as
+    another agent's contract folder, the innermost workdir wins).
     Those rules are applied to an event's path by splitting it, so the plan keeps one entry
     per workdir instead of a dozen per agent (at 10,000 agents, tens of thousands of path
     strings and dict entries less, twice over while a fresh plan is compared).
@@ -196,16 +198,17 @@ class WatchPlan:
             roots = self.files_in.get(folder)
             if roots is not None:
                 agents |= roots
-            owners = self._contract_folder(folder)
-            if owners is not None:
+            # The innermost workdir wins: a workdir's own lineage file (it sits in the
+            # workdir itself, whose root is watched) is a level deeper than the files of a
+            # contract folder, so in a workdir nested as another agent's contract folder
+            # (`<outer>/reports` as a workdir) it is the inner agent's, not the outer's.
+            inner = self.workdirs.get(folder) if name == LINEAGE_FILE else None
+            if inner is not None:
+                agents |= inner
+                file = (inner - structural, name)
+            elif (owners := self._contract_folder(folder)) is not None:
                 agents |= owners
                 file = (owners - structural, os.path.basename(folder) + "/" + name)
-            elif name == LINEAGE_FILE:
-                # The lineage sits in the workdir itself, whose root is watched.
-                owners = self.workdirs.get(folder)
-                if owners is not None:
-                    agents |= owners
-                    file = (owners - structural, name)
         return agents, stale, file
 
 

@@ -76,6 +76,13 @@ def test_a_workdir_inside_another_agents_contract_folder_maps_to_both(tmp_path: 
     assert plan.agents_for(str(inner)) == ({"a", "b"}, True)
     assert plan.agents_for(str(inner / "logs")) == ({"a", "b"}, True)  # also a file of a
     assert plan.agents_for(str(inner / "logs" / "events.jsonl")) == ({"b"}, False)
+    # The lineage file in b's own workdir is b's: the innermost workdir wins.
+    assert plan.classify(str(inner / "lineage.json")) == (
+        {"b"},
+        False,
+        (frozenset({"b"}), "lineage.json"),
+    )
+    assert plan.classify(str(outer / "lineage.json"))[2] == (frozenset({"a"}), "lineage.json")
     assert plan.agents_for(str(inner / "src" / "x")) == (set(), False)
     assert plan.owners_of([str(inner)]) == {"a", "b"}
     assert plan.owners_of([str(outer), str(inner / "logs")]) == {"a", "b"}

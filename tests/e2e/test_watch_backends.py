@@ -6,10 +6,12 @@ The rescan is set to an hour, so what arrives came through the watcher.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from taskcard.producers.task_card.contract import atomic_write
 from tests.e2e.harness import eventually, publish
 from tests.e2e.test_serve_feishu import Setup, card_texts
 from tests.e2e.test_serve_telegram import GROUP, setup, shown
@@ -66,3 +68,39 @@ async def test_feishu_cards_follow_renames_and_late_workdirs(
         await eventually(lambda: any("late card" in t for t in card_texts(feishu)), what="late")
         assert await serve.aterminate() == 0
         assert FELL_BACK not in serve.logs, "the backend asked for is the one that ran"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_a_nested_workdirs_lineage_reaches_its_own_card_at_once(
+    tmp_path: Path, telegram: FakeTelegram, backend: str
+) -> None:
+    """A reviewer works inside the lead's workdir, in a folder named like one of the lead's
+    contract folders (`reports/`): its `lineage.json` is the reviewer's, the innermost
+    workdir's, and shows on the reviewer's card without waiting for the hour's rescan."""
+    serve = setup(tmp_path, telegram, ["lead"], [(GROUP, ["lead", "reviewer"])])
+    lead = tmp_path / "agents" / "lead"
+    reviewer = lead / "reports"
+    reviewer.mkdir()
+    with serve.config.open("a") as config:
+        config.write(f'[[agents]]\nid = "reviewer"\nworkdir = "{reviewer}"\n')
+        config.write(watch_section(backend))
+    with serve:
+        publish(lead, "leading")
+        publish(reviewer, "reviewing")
+        await eventually(
+            lambda: (
+                sum(t.count("leading") + t.count("reviewing") for t in shown(telegram, GROUP)) == 2
+            ),
+            what="both cards",
+        )
+        lineage = {"parent": "lead", "reason": "review the plan", "depth": 1}
+        atomic_write(reviewer / "lineage.json", json.dumps(lineage).encode())
+        await eventually(
+            lambda: any(
+                "reviewing" in t and "spawned by lead: review the plan" in t
+                for t in shown(telegram, GROUP)
+            ),
+            what="the lineage row on the reviewer's card",
+        )
+        assert not any("leading" in t and "spawned" in t for t in shown(telegram, GROUP))
+        assert await serve.aterminate() == 0
