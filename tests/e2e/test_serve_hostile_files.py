@@ -396,3 +396,62 @@ async def test_a_dangling_symlink_out_of_the_workdir_is_listed_from_the_first_si
         await eventually(lambda: shows(fake, GROUP, "dangling card again"), what="the new card")
         assert await serve.aterminate() == 0
     assert "LEAKED-LATER" not in every_text(fake)
+
+
+@pytest.mark.parametrize("breakage", ["named pipe", "folder", "symlink out"])
+async def test_a_broken_card_body_keeps_its_last_good_text_while_ledger_and_lineage_move(
+    tmp_path: Path, fake: FakeTelegram, breakage: str
+) -> None:
+    """A body that cannot be read is refused (listed in `taskcard status`) and the card keeps
+    the last good body; a change of the ledger or of `lineage.json` still reaches the card's
+    automatic slot at once, not at the agent's next change."""
+    serve = setup(tmp_path, fake, ["broken"])
+    broken = workdir(tmp_path, "broken")
+    body = CardPaths(broken).body
+    with serve.config.open("a") as config:
+        config.write("[watch]\nrescan_interval_s = 3600.0\n")  # only events move the card
+    with serve:
+        publish(broken, "**training** card")
+        await eventually(lambda: shows(fake, GROUP, "training"), what="the first card")
+        body.unlink()
+        if breakage == "named pipe":
+            fifo(body)
+        elif breakage == "folder":
+            body.mkdir()
+        else:
+            outside = tmp_path / "outside.md"
+            outside.write_text("outside text")
+            body.symlink_to(outside)
+        await eventually(
+            lambda: "taskcard/taskcard.md" in "".join(status_json(serve.config)["broken"]),
+            what="the refused body in taskcard status",
+        )
+        ledger = run_cli(
+            "ledger",
+            "init",
+            "train-7",
+            "--purpose",
+            "Train",
+            "--steps",
+            "a,b",
+            "--workdir",
+            str(broken),
+        )
+        assert ledger.returncode == 0, ledger.stderr
+        await eventually(
+            lambda: any(
+                "training" in t and "ledger train-7: NOT_STARTED" in t for t in texts(fake, GROUP)
+            ),
+            what="the ledger row beside the last good body",
+        )
+        lineage = {"parent": "lead", "reason": "split the training", "depth": 1}
+        atomic_write(broken / "lineage.json", json.dumps(lineage).encode())
+        await eventually(
+            lambda: any(
+                "training" in t and "spawned by lead: split the training" in t
+                for t in texts(fake, GROUP)
+            ),
+            what="the lineage row beside the last good body",
+        )
+        assert "outside text" not in every_text(fake)
+        assert await serve.aterminate() == 0
