@@ -57,7 +57,7 @@ from taskcard.bridge.store.sqlite import ChatPrefs, SeenChat, StateStore
 from taskcard.bridge.track.due import DueAgents
 from taskcard.bridge.track.ledger import LedgerView, ledger_row
 from taskcard.bridge.track.monitor import AgentMonitor, AgentRefresh
-from taskcard.bridge.track.reports import AgentSide
+from taskcard.bridge.track.reports import AgentSide, SideRefresh
 from taskcard.bridge.watch.watcher import ROOTS, FleetWatcher
 from taskcard.channels.aio import Backoff
 from taskcard.channels.base import (
@@ -604,27 +604,43 @@ class Service:
                 self._due.set(agent_id, until.timestamp())
             if result.failure is not None:
                 raise result.failure
+        # The lineage and the ledger are read by their own readers whatever the card's
+        # reading did, and each reading is taken once: what they saw is projected now, or a
+        # failure above (or after them) would leave their rows stale until the agent's next
+        # change, since the next reading finds them unchanged.
         lineage_changed = ledger_changed = False
         with self._guard(agent_id, "reading its reports and inbox"):
-            lineage_changed = self._follow_agent_side(agent_id, monitor, changed)
+            news = self._read_agent_side(agent_id, changed)
+            lineage_changed = news.lineage_changed
+            self._follow_agent_side(agent_id, monitor, news)
         with self._guard(agent_id, "reading its ledger"):
             ledger_changed = self._ledgers.refresh(monitor.files, changed)
-        if result is not None and (
-            result.card_changed or result.activity_changed or lineage_changed or ledger_changed
+        # A card reading that raised (None) tells nothing of what it moved before it failed:
+        # project anyway; the card is still the last good reading, and an unchanged one
+        # sends nothing.
+        if (
+            result is None
+            or result.card_changed
+            or result.activity_changed
+            or lineage_changed
+            or ledger_changed
         ):
             self._project(agent_id)
         self._save_health(agent_id)
 
-    def _follow_agent_side(
-        self, agent_id: str, monitor: AgentMonitor, changed: frozenset[str] | None
-    ) -> bool:
-        """Reports, signals, inbox acks; whether the lineage changed (the card shows it)."""
+    def _read_agent_side(self, agent_id: str, changed: frozenset[str] | None) -> SideRefresh:
+        """What is new in the agent side's files (`AgentSide.refresh`); all of them are read
+        again at the next refresh when this fails."""
         side = self._sides[agent_id]
         try:
-            news = side.refresh(changed)
+            return side.refresh(changed)
         except BaseException:
             side.forget()
             raise
+
+    def _follow_agent_side(self, agent_id: str, monitor: AgentMonitor, news: SideRefresh) -> None:
+        """Reports, signals, inbox acks: what `news` (this refresh's reading) asks for."""
+        side = self._sides[agent_id]
         for report in news.reports:
             self._signal(agent_id, report_signal(agent_id, report))
         activity, card = monitor.activity, monitor.card
@@ -648,7 +664,6 @@ class Service:
         self._desk.on_acks(agent_id, news.acks)
         self._desk.refresh(agent_id)
         side.commit()  # recorded in the store: the offsets may move past them
-        return news.lineage_changed
 
     def _signal(self, agent_id: str, signal: Signal) -> None:
         """A signal to the agent's routes and, as a wake, to its parent when known here."""

@@ -5,14 +5,26 @@ cleared by the stage's next success; a cancellation is never taken for a fault."
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
+import sqlite3
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from taskcard.bridge.config import parse_config
+from taskcard.bridge.config import load_config, parse_config
+from taskcard.bridge.deliver.registry import build_channels
 from taskcard.bridge.run.service import Service
 from taskcard.bridge.store.sqlite import SqliteStore
+from taskcard.producers.ledger.store import DEFAULT_LEDGER, Ledger
+from taskcard.producers.task_card.contract import append_jsonl_line, atomic_write, utc_now_iso
+from tests.e2e.harness import eventually, notify, publish
+from tests.fakes.telegram_api import FakeTelegram
+
+CHAT = 778
 
 
 def test_a_failing_stage_is_listed_logged_once_and_cleared_by_a_success(
@@ -52,3 +64,132 @@ def test_a_failing_stage_is_listed_logged_once_and_cleared_by_a_success(
         assert service.agent_problems("a") == []
     finally:
         store.close()
+
+
+class OffsetWritesFail(SqliteStore):
+    """The real store, except that while `failing` it refuses to save a followed file's
+    offset with an error it raises through (`sqlite3.ProgrammingError`, the class the store
+    keeps for its own bugs rather than the disk's): every refresh of an agent whose
+    notification offset waits to be saved then raises, and the fault barrier catches it."""
+
+    failing = False
+
+    def set_offset(self, agent_id: str, name: str, inode: int, offset: int) -> None:
+        if self.failing:
+            raise sqlite3.ProgrammingError("offset write refused (test)")
+        super().set_offset(agent_id, name, inode, offset)
+
+
+@dataclass
+class Served:
+    """A `Service` serving one agent, `trainer`, to a chat of a fake Telegram."""
+
+    workdir: Path
+    store: OffsetWritesFail
+    service: Service
+    fake: FakeTelegram
+
+    def card(self) -> str:
+        """The resident card's text (the bot's messages that are not notices)."""
+        cards = [m.text for m in self.fake.bot_messages(CHAT) if "trainer" in m.text]
+        cards = [text for text in cards if "training" in text or "evaluating" in text]
+        assert len(cards) <= 1, cards  # one resident, edited in place
+        return cards[0] if cards else ""
+
+
+@contextlib.asynccontextmanager
+async def serving(tmp_path: Path) -> AsyncIterator[Served]:
+    """The service as `taskcard serve` wires it (the config file, the real channel and
+    store), in this process so the store can be made to fail; the rescan is an hour away,
+    so what reaches the chat came through the watcher."""
+    workdir = tmp_path / "agents" / "trainer"
+    workdir.mkdir(parents=True)
+    config_path = tmp_path / "taskcard.toml"
+    async with FakeTelegram() as fake:
+        config_path.write_text(
+            'state_dir = "state"\n[[agents]]\nid = "trainer"\nworkdir = "agents/trainer"\n'
+            '[console]\nenabled = false\n[watch]\nbackend = "inotify"\n'
+            "rescan_interval_s = 3600.0\n"
+            f'[telegram]\ntoken_env = "TC_TEST_TOKEN"\napi_base_url = "{fake.base_url}"\n'
+            f'poll_timeout_s = 1\n[[telegram.routes]]\nchat_id = {CHAT}\nagents = ["trainer"]\n'
+        )
+        config = load_config(config_path)
+        store = OffsetWritesFail.in_dir(config.state_dir)
+        channels = build_channels(config, store, {"TC_TEST_TOKEN": fake.token})
+        service = Service(config, channels, store)
+        stop = asyncio.Event()
+        running = asyncio.create_task(service.run(stop))
+        try:
+            served = Served(workdir, store, service, fake)
+            publish(workdir, "**training** card")
+            await eventually(lambda: "training" in served.card(), what="the first card")
+            yield served
+        finally:
+            stop.set()
+            await running
+            store.close()
+
+
+def failing_stage(served: Served, stage: str) -> bool:
+    failed = f"{stage} failed (ProgrammingError)"
+    return any(failed in problem for problem in served.service.agent_problems("trainer"))
+
+
+def write_lineage(workdir: Path, reason: str) -> None:
+    lineage = {"parent": "lead", "reason": reason, "depth": 1}
+    atomic_write(workdir / "lineage.json", json.dumps(lineage).encode())
+
+
+async def test_a_refresh_that_raises_still_brings_ledger_and_lineage_rows_to_the_card(
+    tmp_path: Path,
+) -> None:
+    """A failing refresh keeps the card's last good body, and a change of the ledger or of
+    `lineage.json` still shows in its automatic slot at once, not at the agent's next change
+    (nor at a rescan: the reading that failed was the one that saw the change)."""
+    async with serving(tmp_path) as served:
+        served.store.failing = True
+        notify(served.workdir, "n-1", "recovered")  # its offset cannot be saved from now on
+        await eventually(
+            lambda: failing_stage(served, "reading its files"), what="the failing refresh"
+        )
+        Ledger(served.workdir / DEFAULT_LEDGER).init("train-7", "Train", ["prep", "train"])
+        await eventually(
+            lambda: "ledger train-7: NOT_STARTED" in served.card(),
+            what="the ledger row while refreshes fail",
+        )
+        write_lineage(served.workdir, "split the training")
+        await eventually(
+            lambda: "spawned by lead: split the training" in served.card(),
+            what="the lineage row while refreshes fail",
+        )
+        assert "training" in served.card()  # the last good body stays
+        served.store.failing = False
+        publish(served.workdir, "**evaluating** card")
+        await eventually(lambda: "evaluating" in served.card(), what="the card after the fault")
+        await eventually(
+            lambda: not served.service.agent_problems("trainer"), what="the fault cleared"
+        )
+
+
+async def test_a_lineage_read_beside_a_failing_report_still_reaches_the_card(
+    tmp_path: Path,
+) -> None:
+    """The lineage and a report change together (one batch of events: both are written
+    before the service's loop runs again), and saving the report's offset fails after both
+    were read: the lineage row still shows now, not at the agent's next change."""
+    async with serving(tmp_path) as served:
+        served.store.failing = True
+        write_lineage(served.workdir, "split the training")
+        append_jsonl_line(
+            served.workdir / "reports" / "reports.jsonl",
+            {"seq": 1, "at": utc_now_iso(), "channel": "cli", "ok": True},
+        )
+        await eventually(
+            lambda: failing_stage(served, "reading its reports and inbox"),
+            what="the failing follow-up of the reports",
+        )
+        await eventually(
+            lambda: "spawned by lead: split the training" in served.card(),
+            what="the lineage row read beside the failing report",
+        )
+        assert "training" in served.card()
