@@ -49,9 +49,6 @@ def output_schema() -> dict[str, Any]:
 
 def call_inbox(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
     """Claim (or peek at) the workdir's queued messages; a result dict, never an exception."""
-    unknown = set(arguments) - {"peek"}
-    if unknown:
-        return {"status": "failed", "message": f"{sorted(unknown)[0]}: not a field; use peek"}
     only_peek = arguments.get("peek", False)
     if not isinstance(only_peek, bool):
         return {"status": "failed", "message": "peek: must be true or false"}

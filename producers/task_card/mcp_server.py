@@ -60,6 +60,8 @@ INSTRUCTIONS: Final = (
     "card as published and notices about it. Read the manual action for the full contract."
 )
 
+# A tool function sees only the arguments its input schema names: `call_tool` refuses any
+# other name (`unknown_field`) before it runs, so the functions keep no copy of that check.
 ToolFunction = Callable[[HostPaths, dict[str, Any]], dict[str, Any]]
 
 
