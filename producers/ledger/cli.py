@@ -35,14 +35,9 @@ SOURCES: Final = ("owner", "executor", "external", "monitor")
 JOB_STATUSES: Final = ("submitted", "running", "succeeded", "failed", "cancelled")
 
 
-def _workdir(args: argparse.Namespace) -> Path:
-    workdir: Path = args.workdir  # expanded and resolved by `workdir_arg`
-    return workdir
-
-
 def _ledger(args: argparse.Namespace) -> Ledger:
     path = Path(args.ledger)
-    return Ledger(path if path.is_absolute() else _workdir(args) / path)
+    return Ledger(path if path.is_absolute() else args.workdir / path)
 
 
 def _summary(record: TaskRecord) -> dict[str, Any]:
@@ -79,7 +74,7 @@ def run_init(args: argparse.Namespace) -> int:
     }
     record = ledger.init(args.task_id, args.purpose, steps, **limits)
     result = _summary(record)
-    workdir = _workdir(args)
+    workdir: Path = args.workdir  # expanded and resolved by `existing_workdir_arg`
     if not args.no_renderer and ledger.path.is_relative_to(workdir):
         renderer = workdir / RENDERER_FILE
         if not renderer.exists():
@@ -216,7 +211,7 @@ def run_supervise(args: argparse.Namespace) -> int:
     from taskcard.producers.task_card.contract import CardPaths
     from taskcard.producers.task_card.runtime import HostPaths, default_runtime_dir
 
-    workdir = _workdir(args)
+    workdir: Path = args.workdir  # expanded and resolved by `existing_workdir_arg`
     runtime = Path(args.runtime_dir) if args.runtime_dir else default_runtime_dir(os.environ)
     host_paths = HostPaths(runtime, workdir)
     decisions = supervise(

@@ -60,27 +60,16 @@ FAILED_STATES: Final = frozenset({"failed", "stop_failed", "remove_blocked", "re
 CLI_REASONING: Final = "requested from the taskcard command line"
 
 
-def _workdir(args: argparse.Namespace) -> Path:
-    """`--workdir` as every step uses it: `~` expanded, resolved (by `workdir_arg`).
-
-    The check, the host's lock and socket, and `settings` must all see the same folder. A
-    `~/agent` that no shell expanded (an MCP client's config passes arguments verbatim) used
-    to pass the check expanded and then start the host on a literal `./~/agent`.
-    """
-    workdir: Path = args.workdir
-    return workdir
-
-
 def _host_paths(args: argparse.Namespace) -> HostPaths:
     runtime = (
         Path(args.runtime_dir).expanduser() if args.runtime_dir else default_runtime_dir(os.environ)
     )
-    return HostPaths(runtime, _workdir(args))
+    return HostPaths(runtime, args.workdir)
 
 
 def _missing_workdir(args: argparse.Namespace) -> bool:
     """Say so in one line when the workdir is not a directory (no host, no log to read)."""
-    workdir = _workdir(args)
+    workdir: Path = args.workdir
     if workdir.is_dir():
         return False
     print(
@@ -195,7 +184,7 @@ def run_card(args: argparse.Namespace) -> int:
         from taskcard.producers.task_card.capability import settings_result
         from taskcard.producers.task_card.contract import CardPaths
 
-        paths = CardPaths(_workdir(args))
+        paths = CardPaths(args.workdir)
         return _emit({"action": "settings", **settings_result(paths)}, args.json)
     payload: dict[str, Any] = {}
     if args.card_action == "start":
@@ -314,7 +303,7 @@ def _detach(args: argparse.Namespace, paths: HostPaths) -> int:
 
 def run_mcp(args: argparse.Namespace) -> int:
     # Refused before the MCP handshake: a client would otherwise list tools that all fail.
-    workdir = _workdir(args)
+    workdir: Path = args.workdir
     if not workdir.is_dir() or not os.access(workdir, os.W_OK | os.X_OK):
         print(
             f"taskcard mcp: --workdir {args.workdir} is not a writable directory; "
@@ -352,6 +341,10 @@ def _seconds(floor: float, ceiling: float) -> Callable[[str], float]:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
+    # `workdir_arg` expands `~` and resolves once, so the check, the host's lock and socket,
+    # and `settings` all see the same folder: a `~/agent` that no shell expanded (an MCP
+    # client's config passes arguments verbatim) used to pass the check expanded and then
+    # start the host on a literal `./~/agent`.
     parser.add_argument(
         "--workdir", type=workdir_arg, default=".", help="the agent's working directory"
     )
