@@ -114,6 +114,9 @@ class InboxDesk:
                 continue
             self._keep(record)
             self._scheduler.add_route(status_key(record))
+        # The store answers in queueing order; forgetting reads the closed ones from the
+        # front, so one queued early but closed late would hold back all behind it.
+        self._closed = deque(sorted(self._closed))
         for agent_id in {r.agent_id for r in self._records.values()} - set(self._writers):
             self.retire(agent_id, "the agent was removed")
 

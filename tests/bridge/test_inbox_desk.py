@@ -9,6 +9,7 @@ from pathlib import Path
 
 from taskcard.bridge.config import InboxConfig
 from taskcard.bridge.run.inbox_desk import KEEP_CLOSED_S, InboxDesk, status_key
+from taskcard.bridge.schedule.scheduler import RouteScheduler
 from taskcard.bridge.store.sqlite import SqliteStore
 from taskcard.bridge.track.activity import ActivitySummary
 from taskcard.channels.base import ChatRef
@@ -70,4 +71,64 @@ async def test_closed_messages_leave_memory_after_a_day_and_open_ones_stay(
     desk.remove_agent("b")
     assert desk.open_messages() == 0
     await settle(scheduler)
+    await scheduler.stop()
+
+
+async def test_loaded_history_is_forgotten_by_closing_time_not_queueing_time(
+    tmp_path: Path,
+    store: SqliteStore,  # noqa: F811
+) -> None:
+    """After a restart the store gives messages back in queueing order. A message queued
+    first but closed late used to sit at the front of the closed ones and hold back every
+    message behind it that closed early: their status messages stayed in memory past a day."""
+    (tmp_path / "a").mkdir()
+    channel = ScriptedChannel()
+    now = [datetime(2026, 12, 1, 9, 0, tzinfo=UTC)]
+
+    async def start_desk() -> tuple[InboxDesk, RouteScheduler]:
+        scheduler = await started(store, channel)
+        desk = InboxDesk(
+            InboxConfig(max_messages=100),
+            store,
+            scheduler,
+            {"fake": channel},
+            {"a": tmp_path / "a"},
+            clock=lambda: now[0],
+            activity=lambda _agent: ActivitySummary(state="running"),
+            zone=lambda _channel, _chat: UTC,
+            render=lambda ch, view: ch.render_card(view),
+        )
+        desk.load()
+        desk.channel_ready("fake")
+        return desk, scheduler
+
+    desk, scheduler = await start_desk()
+    assert desk.queue("fake", CHAT, "a", "ann", "slow one") is None
+    now[0] += timedelta(hours=1)
+    assert desk.queue("fake", CHAT, "a", "ann", "quick one") is None
+    slow, quick = (r.message_id for r in store.inbox_messages(0))
+    now[0] += timedelta(minutes=1)
+    desk.on_acks("a", [Ack(quick, now[0], "hook")])
+    quick_closed = now[0]
+    now[0] += timedelta(hours=19)
+    desk.on_acks("a", [Ack(slow, now[0], "hook")])
+    slow_closed = now[0]
+    await settle(scheduler)
+    await scheduler.stop()
+
+    desk, scheduler = await start_desk()  # the restart: both come back from the store
+    await settle(scheduler)
+    records = {r.message_id: r for r in store.inbox_messages(0)}
+    quick_key, slow_key = status_key(records[quick]), status_key(records[slow])
+    assert scheduler.message_id(quick_key) is not None
+    assert scheduler.message_id(slow_key) is not None
+
+    now[0] = quick_closed + timedelta(seconds=KEEP_CLOSED_S + 60)
+    desk.refresh()  # the timer: a day since the quick one closed, not since the slow one
+    assert scheduler.message_id(quick_key) is None
+    assert scheduler.message_id(slow_key) is not None
+
+    now[0] = slow_closed + timedelta(seconds=KEEP_CLOSED_S + 60)
+    desk.refresh()
+    assert scheduler.message_id(slow_key) is None
     await scheduler.stop()
