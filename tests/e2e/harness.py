@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -262,3 +263,17 @@ async def eventually(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.05)
+
+
+async def lineage_reaches_card(
+    workdir: Path, parent: str, reason: str, card: str, texts: Callable[[], Iterable[str]]
+) -> None:
+    """Write `workdir`'s lineage.json (spawned by `parent` for `reason`) and wait until one of
+    `texts()` shows its row on the card that also shows `card`."""
+    lineage = {"parent": parent, "reason": reason, "depth": 1}
+    atomic_write(workdir / "lineage.json", json.dumps(lineage).encode())
+    row = f"spawned by {parent}: {reason}"
+    await eventually(
+        lambda: any(card in text and row in text for text in texts()),
+        what=f"the lineage row on the card showing {card!r}",
+    )

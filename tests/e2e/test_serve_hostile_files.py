@@ -15,7 +15,15 @@ from pathlib import Path
 import pytest
 
 from taskcard.producers.task_card.contract import CardPaths, atomic_write
-from tests.e2e.harness import ServeProcess, activity, eventually, notify, publish, run_cli
+from tests.e2e.harness import (
+    ServeProcess,
+    activity,
+    eventually,
+    lineage_reaches_card,
+    notify,
+    publish,
+    run_cli,
+)
 from tests.fakes.telegram_api import FakeLimits, FakeTelegram
 
 GROUP = -1009876543210
@@ -444,14 +452,8 @@ async def test_a_broken_card_body_keeps_its_last_good_text_while_ledger_and_line
             ),
             what="the ledger row beside the last good body",
         )
-        lineage = {"parent": "lead", "reason": "split the training", "depth": 1}
-        atomic_write(broken / "lineage.json", json.dumps(lineage).encode())
-        await eventually(
-            lambda: any(
-                "training" in t and "spawned by lead: split the training" in t
-                for t in texts(fake, GROUP)
-            ),
-            what="the lineage row beside the last good body",
+        await lineage_reaches_card(
+            broken, "lead", "split the training", "training", lambda: texts(fake, GROUP)
         )
         assert "outside text" not in every_text(fake)
         assert await serve.aterminate() == 0

@@ -6,13 +6,11 @@ The rescan is set to an hour, so what arrives came through the watcher.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from taskcard.producers.task_card.contract import atomic_write
-from tests.e2e.harness import eventually, publish
+from tests.e2e.harness import eventually, lineage_reaches_card, publish
 from tests.e2e.test_serve_feishu import Setup, card_texts
 from tests.e2e.test_serve_telegram import GROUP, setup, shown
 from tests.fakes.feishu_api import FakeFeishu
@@ -93,14 +91,8 @@ async def test_a_nested_workdirs_lineage_reaches_its_own_card_at_once(
             ),
             what="both cards",
         )
-        lineage = {"parent": "lead", "reason": "review the plan", "depth": 1}
-        atomic_write(reviewer / "lineage.json", json.dumps(lineage).encode())
-        await eventually(
-            lambda: any(
-                "reviewing" in t and "spawned by lead: review the plan" in t
-                for t in shown(telegram, GROUP)
-            ),
-            what="the lineage row on the reviewer's card",
+        await lineage_reaches_card(
+            reviewer, "lead", "review the plan", "reviewing", lambda: shown(telegram, GROUP)
         )
         assert not any("leading" in t and "spawned" in t for t in shown(telegram, GROUP))
         assert await serve.aterminate() == 0
