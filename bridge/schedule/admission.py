@@ -8,18 +8,22 @@ the lanes that have to wait queue, and one dispatcher hands out room in turn ord
 (`turn_order`):
 
 - the chat with the least *credit* goes first, and among equals the one that began to wait
-  first. Each request let through adds 1 to its chat's credit, and credit halves every
-  `HALF_LIFE_S`. Served chats go to the back when they ask again, so chats sharing the bot
-  take turns; a chat that joined late (at start-up the service reads thousands of cards, so
-  the first chats have work seconds before the last) catches up with the others, and a chat
-  that was quiet for an hour has no credit left to hold the bot with.
+  first. A chat's credit counts the requests let through since it became busy; served chats
+  go to the back when they ask again, so chats sharing the bot take turns, and a chat that
+  joined late (at start-up the service reads thousands of cards, so the first chats have
+  work seconds before the last) catches up with the others until they are level. A chat
+  that had nothing let through for `HORIZON_S` starts afresh: its credit is where the turns
+  are (the credit of the chat served last) less `CATCH_UP`, so a chat quiet for an hour
+  cannot hold the bot for long with an old low count, and one that pauses briefly is not
+  sent to the back for its history.
 
-  Why a fading credit and not a count over the last minute, as this queue first had: ordering
-  by the requests of a sliding window evens out the window, not the totals, so a lead made
-  at one moment comes back one window later, when the requests that evened it out leave the
-  window (chats finishing a long backlog were then a few rounds apart, depending on where in
-  the minute the backlog ended). A credit that fades evens out the lead once and for good:
-  the chat ahead and the chats behind lose their old credit at the same rate;
+  Why counts and not what this queue had before. A count over the last minute evens out the
+  window, not the totals: a lead made once (the start-up skew, or a chat skipped while its
+  own window was full) came back one window later, when the requests that had evened it out
+  left the window, and grew each minute. A credit halving every minute had no echo, but it
+  stopped the catching up early: the leader's old requests had faded more than the
+  followers' new ones, so a lead of several requests stayed for good (simulated in
+  `tests/bridge/test_admission.py`);
 - a waiter without room (its own chat's window is full) does not hold up the waiters after it
   whose scopes have room: no capacity is left unused while someone could use it
   (work-conserving);
@@ -43,13 +47,14 @@ from taskcard.channels.base import RateScope
 
 log = logging.getLogger(__name__)
 
-# How fast a chat's credit fades: a request let through counts half after this long (the
-# longest platform window, a minute).
-HALF_LIFE_S = 60.0
-_FORGOTTEN = 1e-3  # credit below this is dropped (after about ten half-lives)
+# A chat with nothing let through for this long starts afresh (the longest platform window).
+HORIZON_S = 60.0
+# How far behind the chat served last a chat that starts afresh begins (a minute of a group's
+# requests under Telegram's limit): what it may catch up before it takes plain turns.
+CATCH_UP = 20
 
 
-def turn_order(waiting: Sequence[Hashable], credit: Mapping[Hashable, float]) -> list[int]:
+def turn_order(waiting: Sequence[Hashable], credit: Mapping[Hashable, int]) -> list[int]:
     """The order in which waiters are offered room: indices into `waiting` (each waiter's
     chat, in the order they began to wait), least `credit` first, then first come first."""
     return sorted(range(len(waiting)), key=lambda index: (credit.get(waiting[index], 0), index))
@@ -70,7 +75,8 @@ class AdmissionQueue:
     def __init__(self, limiter: Limiter, clock: Callable[[], float]) -> None:
         self._limiter = limiter
         self._clock = clock
-        self._credit: dict[Hashable, tuple[float, float]] = {}  # who: (credit, as of when)
+        self._credit: dict[Hashable, tuple[int, float]] = {}  # who: (credit, last let through)
+        self._level = 0  # where the turns are: the credit of the chat let through last
         self._waiters: deque[_Waiter] = deque()
         self._arrived = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -79,25 +85,22 @@ class AdmissionQueue:
     def waiting(self) -> int:
         return len(self._waiters)
 
-    def credit(self, who: Hashable, now: float | None = None) -> float:
-        """`who`'s credit at `now` (default: the clock): each request let through counts 1,
-        halving every `HALF_LIFE_S`."""
+    def credit(self, who: Hashable, now: float | None = None) -> int:
+        """`who`'s credit at `now` (default: the clock): the requests let through since it
+        became busy, counted from where it started (see the module doc)."""
         entry = self._credit.get(who)
-        if entry is None:
-            return 0.0
-        if now is None:
-            now = self._clock()
-        value, at = entry
-        if now > at:
-            value *= 0.5 ** ((now - at) / HALF_LIFE_S)
-        if value < _FORGOTTEN:
+        if entry is not None:
+            if now is None:
+                now = self._clock()
+            if now - entry[1] <= HORIZON_S:
+                return entry[0]
             del self._credit[who]
-            return 0.0
-        return value
+        return max(0, self._level - CATCH_UP)
 
     def _record(self, who: Hashable) -> None:
         now = self._clock()
-        self._credit[who] = (self.credit(who, now) + 1.0, now)
+        self._level = self.credit(who, now)
+        self._credit[who] = (self._level + 1, now)
 
     async def admit(
         self, who: Hashable, scopes: tuple[RateScope, ...], closing: asyncio.Event
