@@ -313,7 +313,11 @@ class InboxDesk:
     def _close(
         self, record: InboxRecord, outcome: str, reason: str | None, at: datetime | None = None
     ) -> None:
-        moment = (at or self._clock()).timestamp()
+        # An ack's time is the agent side's word: one ahead of the clock is taken as now, or
+        # it would sit at the front of the closed ones and hold back the forgetting of all
+        # behind it (and stay in memory itself) until that time.
+        now = self._clock()
+        moment = (now if at is None else min(at, now)).timestamp()
         closed = replace(record, outcome=outcome, reason=reason, closed_at=moment)  # type: ignore[arg-type]
         self._keep(closed)
         self._store.set_inbox_outcome(record.message_id, closed.outcome, reason, moment)

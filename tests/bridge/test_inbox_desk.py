@@ -132,3 +132,43 @@ async def test_loaded_history_is_forgotten_by_closing_time_not_queueing_time(
     desk.refresh()
     assert scheduler.message_id(slow_key) is None
     await scheduler.stop()
+
+
+async def test_an_ack_dated_in_the_future_does_not_hold_back_the_forgetting_of_others(
+    tmp_path: Path,
+    store: SqliteStore,  # noqa: F811
+) -> None:
+    """An ack's time is the agent side's word (any parsable time before year 9000). One dated
+    centuries ahead was kept as the message's closing time, at the front of the closed ones,
+    and every message closed after it stayed in memory for good: a day later it is history
+    like the others, and the ones behind it go too."""
+    (tmp_path / "a").mkdir()
+    channel = ScriptedChannel()
+    scheduler = await started(store, channel)
+    now = [datetime(2026, 12, 1, 9, 0, tzinfo=UTC)]
+    desk = InboxDesk(
+        InboxConfig(max_messages=100),
+        store,
+        scheduler,
+        {"fake": channel},
+        {"a": tmp_path / "a"},
+        clock=lambda: now[0],
+        activity=lambda _agent: ActivitySummary(state="running"),
+        zone=lambda _channel, _chat: UTC,
+        render=lambda ch, view: ch.render_card(view),
+    )
+    desk.channel_ready("fake")
+    assert desk.queue("fake", CHAT, "a", "ann", "dated ahead") is None
+    assert desk.queue("fake", CHAT, "a", "ann", "dated now") is None
+    ahead, behind = (r.message_id for r in store.inbox_messages(0))
+    desk.on_acks("a", [Ack(ahead, datetime(8999, 1, 1, tzinfo=UTC), "hook")])
+    desk.on_acks("a", [Ack(behind, now[0], "hook")])
+    await settle(scheduler)
+    records = {r.message_id: r for r in store.inbox_messages(0)}
+    keys = [status_key(records[message_id]) for message_id in (ahead, behind)]
+    assert all(scheduler.message_id(key) is not None for key in keys)
+
+    now[0] += timedelta(seconds=KEEP_CLOSED_S + 60)
+    desk.refresh()
+    assert [scheduler.message_id(key) for key in keys] == [None, None]
+    await scheduler.stop()
