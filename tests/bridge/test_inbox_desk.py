@@ -19,6 +19,27 @@ from tests.bridge.test_scheduler import ScriptedChannel, settle, started, store 
 CHAT = ChatRef("-100")
 
 
+def clocked_desk(
+    store: SqliteStore,  # noqa: F811
+    scheduler: RouteScheduler,
+    channel: ScriptedChannel,
+    workdirs: dict[str, Path],
+    now: list[datetime],
+) -> InboxDesk:
+    """A desk on the fake channel whose clock is `now[0]`, its agents always running."""
+    return InboxDesk(
+        InboxConfig(max_messages=100),
+        store,
+        scheduler,
+        {"fake": channel},
+        workdirs,
+        clock=lambda: now[0],
+        activity=lambda _agent: ActivitySummary(state="running"),
+        zone=lambda _channel, _chat: UTC,
+        render=lambda ch, view: ch.render_card(view),
+    )
+
+
 async def test_closed_messages_leave_memory_after_a_day_and_open_ones_stay(
     tmp_path: Path,
     store: SqliteStore,  # noqa: F811
@@ -28,17 +49,7 @@ async def test_closed_messages_leave_memory_after_a_day_and_open_ones_stay(
     channel = ScriptedChannel()
     scheduler = await started(store, channel)
     now = [datetime(2026, 12, 1, 9, 0, tzinfo=UTC)]
-    desk = InboxDesk(
-        InboxConfig(max_messages=100),
-        store,
-        scheduler,
-        {"fake": channel},
-        {"a": tmp_path / "a", "b": tmp_path / "b"},
-        clock=lambda: now[0],
-        activity=lambda _agent: ActivitySummary(state="running"),
-        zone=lambda _channel, _chat: UTC,
-        render=lambda ch, view: ch.render_card(view),
-    )
+    desk = clocked_desk(store, scheduler, channel, {"a": tmp_path / "a", "b": tmp_path / "b"}, now)
     desk.channel_ready("fake")
     for agent in ("a", "a", "b"):
         assert desk.queue("fake", CHAT, agent, "ann", f"hello {agent}") is None
@@ -87,17 +98,7 @@ async def test_loaded_history_is_forgotten_by_closing_time_not_queueing_time(
 
     async def start_desk() -> tuple[InboxDesk, RouteScheduler]:
         scheduler = await started(store, channel)
-        desk = InboxDesk(
-            InboxConfig(max_messages=100),
-            store,
-            scheduler,
-            {"fake": channel},
-            {"a": tmp_path / "a"},
-            clock=lambda: now[0],
-            activity=lambda _agent: ActivitySummary(state="running"),
-            zone=lambda _channel, _chat: UTC,
-            render=lambda ch, view: ch.render_card(view),
-        )
+        desk = clocked_desk(store, scheduler, channel, {"a": tmp_path / "a"}, now)
         desk.load()
         desk.channel_ready("fake")
         return desk, scheduler
@@ -146,17 +147,7 @@ async def test_an_ack_dated_in_the_future_does_not_hold_back_the_forgetting_of_o
     channel = ScriptedChannel()
     scheduler = await started(store, channel)
     now = [datetime(2026, 12, 1, 9, 0, tzinfo=UTC)]
-    desk = InboxDesk(
-        InboxConfig(max_messages=100),
-        store,
-        scheduler,
-        {"fake": channel},
-        {"a": tmp_path / "a"},
-        clock=lambda: now[0],
-        activity=lambda _agent: ActivitySummary(state="running"),
-        zone=lambda _channel, _chat: UTC,
-        render=lambda ch, view: ch.render_card(view),
-    )
+    desk = clocked_desk(store, scheduler, channel, {"a": tmp_path / "a"}, now)
     desk.channel_ready("fake")
     assert desk.queue("fake", CHAT, "a", "ann", "dated ahead") is None
     assert desk.queue("fake", CHAT, "a", "ann", "dated now") is None
