@@ -16,6 +16,7 @@ are written once per episode (the store refuses a known episode id).
 from __future__ import annotations
 
 import hashlib
+import heapq
 import logging
 import secrets
 from collections import deque
@@ -97,10 +98,13 @@ class InboxDesk:
         self._rate = AuthorRate(config.max_messages, config.period_s)
         self._records: dict[str, InboxRecord] = {}
         # The open messages of each agent, so a card change looks at that agent's own (none,
-        # usually) instead of every message of the last day; closed ones in closing order,
-        # dropped from memory once they are history (`KEEP_CLOSED_S`).
+        # usually) instead of every message of the last day; closed ones in a heap by closing
+        # time, dropped from memory once they are history (`KEEP_CLOSED_S`). A heap, not a
+        # list in arrival order: messages close out of order (an ack read late carries its
+        # own earlier time, the store answers in queueing order after a restart, the wall
+        # clock may be set back), and the earliest must always come out first.
         self._open: dict[str, dict[str, None]] = {}
-        self._closed: deque[tuple[float, str]] = deque()
+        self._closed: list[tuple[float, str]] = []
         self._ready: set[str] = set()
         self.problems: dict[str, str] = {}  # agent -> why its inbox cannot be written
 
@@ -114,9 +118,6 @@ class InboxDesk:
                 continue
             self._keep(record)
             self._scheduler.add_route(status_key(record))
-        # The store answers in queueing order; forgetting reads the closed ones from the
-        # front, so one queued early but closed late would hold back all behind it.
-        self._closed = deque(sorted(self._closed))
         for agent_id in {r.agent_id for r in self._records.values()} - set(self._writers):
             self.retire(agent_id, "the agent was removed")
 
@@ -254,7 +255,7 @@ class InboxDesk:
             ids.pop(record.message_id, None)
             if not ids:
                 del self._open[record.agent_id]
-        self._closed.append((record.closed_at or record.queued_at, record.message_id))
+        heapq.heappush(self._closed, (record.closed_at or record.queued_at, record.message_id))
 
     def _open_records(self, agent_id: str | None = None) -> list[InboxRecord]:
         """The open messages of one agent, or of all (a copy: showing may close some)."""
@@ -264,7 +265,7 @@ class InboxDesk:
 
     def _forget_history(self, before: float) -> None:
         while self._closed and self._closed[0][0] < before:
-            _, message_id = self._closed.popleft()
+            _, message_id = heapq.heappop(self._closed)
             record = self._records.get(message_id)
             # Closed again later (an ack after a cancel): its newer entry decides.
             if record is None or (record.closed_at or record.queued_at) >= before:
@@ -272,7 +273,7 @@ class InboxDesk:
             key = status_key(record)
             if not self._scheduler.settled(key):
                 # Its last edit goes out first: looked at again a day later.
-                self._closed.append((before + KEEP_CLOSED_S, message_id))
+                heapq.heappush(self._closed, (before + KEEP_CLOSED_S, message_id))
                 continue
             del self._records[message_id]
             self._scheduler.remove_route(key)

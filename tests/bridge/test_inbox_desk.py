@@ -163,3 +163,39 @@ async def test_an_ack_dated_in_the_future_does_not_hold_back_the_forgetting_of_o
     desk.refresh()
     assert [scheduler.message_id(key) for key in keys] == [None, None]
     await scheduler.stop()
+
+
+async def test_an_ack_read_late_is_forgotten_by_its_own_time_not_behind_later_ones(
+    tmp_path: Path,
+    store: SqliteStore,  # noqa: F811
+) -> None:
+    """An ack the desk reads late (the agent wrote it long before) carries its own, earlier
+    time. It used to be queued behind the messages closed in the meantime, so it stayed in
+    memory until they were forgotten; it goes a day after its own time."""
+    (tmp_path / "a").mkdir()
+    channel = ScriptedChannel()
+    scheduler = await started(store, channel)
+    start = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+    now = [start]
+    desk = clocked_desk(store, scheduler, channel, {"a": tmp_path / "a"}, now)
+    desk.channel_ready("fake")
+    assert desk.queue("fake", CHAT, "a", "ann", "acked early, read late") is None
+    assert desk.queue("fake", CHAT, "a", "ann", "acked and read at ten") is None
+    early, later = (r.message_id for r in store.inbox_messages(0))
+    now[0] = start + timedelta(hours=10)
+    desk.on_acks("a", [Ack(later, now[0], "hook")])
+    now[0] = start + timedelta(hours=11)
+    desk.on_acks("a", [Ack(early, start + timedelta(minutes=1), "hook")])
+    await settle(scheduler)
+    records = {r.message_id: r for r in store.inbox_messages(0)}
+    early_key, later_key = status_key(records[early]), status_key(records[later])
+
+    now[0] = start + timedelta(minutes=2, seconds=KEEP_CLOSED_S)
+    desk.refresh()
+    assert scheduler.message_id(early_key) is None  # a day after its own ack
+    assert scheduler.message_id(later_key) is not None
+
+    now[0] = start + timedelta(hours=10, seconds=KEEP_CLOSED_S + 60)
+    desk.refresh()
+    assert scheduler.message_id(later_key) is None
+    await scheduler.stop()
