@@ -610,9 +610,14 @@ class Service:
         # change, since the next reading finds them unchanged.
         lineage_changed = ledger_changed = False
         with self._guard(agent_id, "reading its reports and inbox"):
-            news = self._read_agent_side(agent_id, changed)
-            lineage_changed = news.lineage_changed
-            self._follow_agent_side(agent_id, monitor, news)
+            side = self._sides[agent_id]
+            try:
+                news = side.refresh(changed)
+                lineage_changed = news.lineage_changed
+                self._follow_agent_side(agent_id, monitor, news)
+            except BaseException:
+                side.rewind()  # read again at the next refresh what was not acted on
+                raise
         with self._guard(agent_id, "reading its ledger"):
             ledger_changed = self._ledgers.refresh(monitor.files, changed)
         # A card reading that raised (None) tells nothing of what it moved before it failed:
@@ -627,16 +632,6 @@ class Service:
         ):
             self._project(agent_id)
         self._save_health(agent_id)
-
-    def _read_agent_side(self, agent_id: str, changed: frozenset[str] | None) -> SideRefresh:
-        """What is new in the agent side's files (`AgentSide.refresh`); all of them are read
-        again at the next refresh when this fails."""
-        side = self._sides[agent_id]
-        try:
-            return side.refresh(changed)
-        except BaseException:
-            side.forget()
-            raise
 
     def _follow_agent_side(self, agent_id: str, monitor: AgentMonitor, news: SideRefresh) -> None:
         """Reports, signals, inbox acks: what `news` (this refresh's reading) asks for."""

@@ -92,6 +92,13 @@ class _Followed:
     def forget(self) -> None:
         self.follower.forget()
 
+    def rewind(self) -> None:
+        """The next `read` starts again from the saved offset, as after a restart: the lines
+        read since are read again."""
+        self._pending = None
+        self._primed = False
+        self.follower.forget()
+
 
 class AgentSide:
     """Reads what the agent side wrote for the service: reports, acks, lineage."""
@@ -178,3 +185,13 @@ class AgentSide:
         self._acks.forget()
         self._lineage_signature = None
         self._full_next = True
+
+    def rewind(self) -> None:
+        """Back to the saved offsets, for a reading that failed or whose follow-up failed:
+        the next `refresh` returns again every report and ack read since they were saved
+        (a report's notice and an ack are idempotent), where it would otherwise save the
+        offsets past what was read and never acted on."""
+        self._reports.rewind()
+        self._acks.rewind()
+        self.latest_report = None  # taken up again from the reports before the saved offset
+        self.forget()

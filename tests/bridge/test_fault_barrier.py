@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import sqlite3
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ import pytest
 from taskcard.bridge.config import load_config, parse_config
 from taskcard.bridge.deliver.registry import build_channels
 from taskcard.bridge.run.service import Service
+from taskcard.bridge.store.base import NoticeState
 from taskcard.bridge.store.sqlite import SqliteStore
 from taskcard.producers.ledger.store import DEFAULT_LEDGER, Ledger
 from taskcard.producers.task_card.contract import append_jsonl_line, atomic_write, utc_now_iso
@@ -25,6 +27,7 @@ from tests.e2e.harness import eventually, notify, publish
 from tests.fakes.telegram_api import FakeTelegram
 
 CHAT = 778
+PERSON = 7
 
 
 def test_a_failing_stage_is_listed_logged_once_and_cleared_by_a_success(
@@ -70,14 +73,21 @@ class OffsetWritesFail(SqliteStore):
     """The real store, except that while `failing` it refuses to save a followed file's
     offset with an error it raises through (`sqlite3.ProgrammingError`, the class the store
     keeps for its own bugs rather than the disk's): every refresh of an agent whose
-    notification offset waits to be saved then raises, and the fault barrier catches it."""
+    notification offset waits to be saved then raises, and the fault barrier catches it.
+    While `notices_failing`, recording a notice (a report's signal) fails the same way."""
 
     failing = False
+    notices_failing = False
 
     def set_offset(self, agent_id: str, name: str, inode: int, offset: int) -> None:
         if self.failing:
             raise sqlite3.ProgrammingError("offset write refused (test)")
         super().set_offset(agent_id, name, inode, offset)
+
+    def add_notice(self, route: str, notice_id: str, text: str, state: NoticeState) -> bool:
+        if self.notices_failing:
+            raise sqlite3.ProgrammingError("notice refused (test)")
+        return super().add_notice(route, notice_id, text, state)
 
 
 @dataclass
@@ -112,6 +122,7 @@ async def serving(tmp_path: Path) -> AsyncIterator[Served]:
             "rescan_interval_s = 3600.0\n"
             f'[telegram]\ntoken_env = "TC_TEST_TOKEN"\napi_base_url = "{fake.base_url}"\n'
             f'poll_timeout_s = 1\n[[telegram.routes]]\nchat_id = {CHAT}\nagents = ["trainer"]\n'
+            f"allowed_user_ids = [{PERSON}]\n"
         )
         config = load_config(config_path)
         store = OffsetWritesFail.in_dir(config.state_dir)
@@ -193,3 +204,52 @@ async def test_a_lineage_read_beside_a_failing_report_still_reaches_the_card(
             what="the lineage row read beside the failing report",
         )
         assert "training" in served.card()
+        # The offset still cannot be saved; a later lineage change shows all the same (every
+        # reading used to fail at its start, saving the offset, before it read anything).
+        write_lineage(served.workdir, "tune the schedule")
+        await eventually(
+            lambda: "spawned by lead: tune the schedule" in served.card(),
+            what="a later lineage row while the report's offset cannot be saved",
+        )
+        assert failing_stage(served, "reading its reports and inbox")
+
+
+async def test_reports_and_acks_read_before_a_failure_are_acted_on_once_it_clears(
+    tmp_path: Path,
+) -> None:
+    """A report's notice cannot be recorded, so the follow-up of a reading fails after the
+    report and an inbox ack were read. Both used to be lost: the next reading saved the
+    offsets past them (the report was taken as seen, the ack never reached the inbox desk,
+    its chat status stayed queued). Now they are read again once the fault clears."""
+    async with serving(tmp_path) as served:
+        served.fake.inject_message(CHAT, "/tell trainer switch to the small model", PERSON)
+        queued = served.workdir / "inbox" / "queued"
+        [message] = await eventually(
+            lambda: sorted(queued.glob("*.json")) if queued.is_dir() else None,
+            what="the message in the inbox",
+        )
+        served.store.notices_failing = True
+        append_jsonl_line(
+            served.workdir / "reports" / "reports.jsonl",
+            {"seq": 1, "at": utc_now_iso(), "channel": "cli", "ok": True, "summary": "done"},
+        )
+        os.rename(message, served.workdir / "inbox" / "taken" / message.name)
+        append_jsonl_line(
+            served.workdir / "inbox" / "acks.jsonl",
+            {"id": message.stem, "state": "delivered", "at": utc_now_iso(), "via": "hook"},
+        )
+        await eventually(
+            lambda: failing_stage(served, "reading its reports and inbox"),
+            what="the failing follow-up of the reading",
+        )
+        served.store.notices_failing = False
+        publish(served.workdir, "**evaluating** card")  # the next reading of the agent
+        texts = lambda: [m.text for m in served.fake.bot_messages(CHAT)]  # noqa: E731
+        await eventually(
+            lambda: any("trainer reported (#1)" in text for text in texts()),
+            what="the report's notice",
+        )
+        await eventually(
+            lambda: any("✉ Message to" in t and "delivered" in t for t in texts()),
+            what="the message's status: delivered",
+        )
