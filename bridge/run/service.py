@@ -433,11 +433,15 @@ class Service:
                 # Paced: a board changes with every agent, so bursts would starve it.
                 self._scheduler.add_route(key, pin=routes[0].pin, paced=True)
                 self._boards.add(key)
+            else:
+                self._scheduler.set_pin(key, routes[0].pin)
 
     def _schedule(self, route: Route) -> None:
         if route.key not in self._scheduled:
             self._scheduler.add_route(route.key, pin=route.pin)
             self._scheduled.add(route.key)
+        else:
+            self._scheduler.set_pin(route.key, route.pin)  # a reload may have changed it
 
     def _retire(self, agent_id: str) -> None:
         """The agent left the fleet: its residents say so, then its routes close."""

@@ -84,12 +84,16 @@ class _Resident:
     failures: int = 0  # failed attempts in a row, for the backoff
     release: bool = False  # once `desired` is shown, let go of the message (see `submit`)
     paced: bool = False  # requests spread at the chat's pace rather than in bursts (a board)
+    pin_owed: bool = False  # `pin` turned on while a message was shown: pin that one
 
     @property
     def pending(self) -> bool:
+        if self.disabled is not None:
+            return False
+        if self.pin_owed and self.message_id is not None:
+            return True
         return (
-            self.disabled is None
-            and self.desired is not None
+            self.desired is not None
             and self.desired.fingerprint != self.committed
             and self.desired.fingerprint != self.failed
         )
@@ -238,6 +242,18 @@ class RouteScheduler:
             if channel is not None and 0 <= age_s < 3600:
                 scopes = channel.rate_scopes(key.chat, "edit", record.message_id)
                 self._limiter.seed(scopes, self._clock() - age_s)
+
+    def set_pin(self, key: RouteKey, pin: bool) -> None:
+        """The route's `pin` changed (a reload): a resident message already shown is pinned
+        on the route's next turn, and later ones as they are sent. Turning it off pins no
+        more; the message pinned before stays pinned until a person unpins it."""
+        resident = self._residents.get(key)
+        if resident is None or resident.pin == pin:
+            return
+        resident.pin = pin
+        resident.pin_owed = pin and resident.message_id is not None
+        if resident.pin_owed:
+            self._enqueue(resident)
 
     def settled(self, key: RouteKey, *, in_flight_only: bool = False) -> bool:
         """Whether nothing of the route is in flight (and, unless `in_flight_only`, nothing
@@ -538,6 +554,10 @@ class RouteScheduler:
     async def _deliver_route(self, key: RouteKey) -> None:
         resident = self._residents[key]
         channel = self._channels[key.channel]
+        if resident.pin_owed and resident.message_id is not None:
+            resident.pin_owed = False  # a card waiting too goes on the route's next turn
+            await self._pin(channel, key, resident.message_id)
+            return
         op: Operation = "edit" if resident.message_id else "send"
         if op == "send" and resident.release:
             resident.desired, resident.release = None, False  # nothing left to retire
@@ -656,6 +676,7 @@ class RouteScheduler:
             resident.stale_id = None  # some platforms reuse ids: never delete the new one
             self._store.replace_message(key.store_key, message_id=message_id)
         if resident.pin:
+            resident.pin_owed = False
             await self._pin(channel, key, message_id)
         if repeated:
             # A repeated attempt may have been answered with the first post, showing older

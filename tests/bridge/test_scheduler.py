@@ -105,7 +105,7 @@ class ScriptedChannel(Channel):
         self.messages.pop(message_id, None)
 
     async def pin(self, chat: ChatRef, message_id: str) -> None:
-        return None
+        self.calls.append((time.monotonic(), "pin", chat.chat_id, message_id))
 
 
 def outbox_of(store: SqliteStore, channel: Channel, *keys: RouteKey) -> NoticeOutbox:
@@ -186,6 +186,35 @@ def store(tmp_path: Path) -> SqliteStore:
     db = SqliteStore.in_dir(tmp_path)
     yield db  # type: ignore[misc]
     db.close()
+
+
+async def test_pin_set_on_a_shown_resident_pins_it_once_beside_a_waiting_card(
+    store: SqliteStore,
+) -> None:
+    """`pin` turned on (a reload) pins the message already shown, once, and the card waiting
+    at that moment still goes out; turned off, a replacement is not pinned."""
+    channel = ScriptedChannel()
+    key = RouteKey("fake", ChatRef("1"), "builder")
+    scheduler = await started(store, channel, key)
+    scheduler.submit(key, text("v1"))
+    await settle(scheduler)
+    scheduler.submit(key, text("v2"))
+    scheduler.set_pin(key, True)
+    scheduler.set_pin(key, True)  # unchanged: nothing more
+    await settle(scheduler)
+    assert [(op, what) for _, op, _, what in channel.calls] == [
+        ("send", "v1"),
+        ("pin", "1"),
+        ("edit", "v2"),
+    ]
+    assert channel.messages == {"1": "v2"}
+
+    scheduler.set_pin(key, False)
+    channel.uneditable.add("1")  # the next edit finds the message gone: a replacement
+    scheduler.submit(key, text("v3"))
+    await settle(scheduler)
+    assert [op for _, op, _, _ in channel.calls[3:]] == ["edit", "send"]
+    await scheduler.stop()
 
 
 async def test_send_then_edit_in_place_and_latest_wins(store: SqliteStore) -> None:

@@ -7,6 +7,7 @@ signed); cards go out as interactive messages and are updated with PATCH.
 from __future__ import annotations
 
 import json
+import signal
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -91,6 +92,25 @@ async def test_create_then_patch_in_place(tmp_path: Path, fake: FakeFeishu) -> N
         assert len(card_texts(fake)) == 1
         assert await serve.aterminate() == 0
     assert fake.app_secret not in serve.logs
+
+
+async def test_pin_turned_on_by_a_reload_pins_the_card_already_shown(
+    tmp_path: Path, fake: FakeFeishu
+) -> None:
+    """As on Telegram: `pin = true` added to the route and SIGHUP pin the card shown."""
+    setup = Setup(tmp_path, fake, ["builder"])
+    with setup.serve() as serve:
+        publish(tmp_path / "agents" / "builder", "**compile** 1/3")
+        await eventually(lambda: card_texts(fake), what="the card")
+        [card] = [m for m in fake.chat(CHAT) if m.msg_type == "interactive"]
+        assert not card.pinned
+        setup.config.write_text(setup.config.read_text() + "pin = true\n")
+        assert serve.proc is not None
+        serve.proc.send_signal(signal.SIGHUP)
+        await eventually(lambda: "config reloaded" in serve.logs, what="the reload")
+        await eventually(lambda: card.pinned, what="the pin")
+        assert len(card_texts(fake)) == 1 and len(fake.requests_of("send")) == 1
+        assert await serve.aterminate() == 0
 
 
 async def test_no_duplicate_after_sigkill_and_restart(tmp_path: Path, fake: FakeFeishu) -> None:

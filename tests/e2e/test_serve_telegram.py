@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -423,6 +424,26 @@ async def test_broken_workdir_does_not_stop_the_others(tmp_path: Path, fake: Fak
         assert serve.proc is not None and serve.proc.poll() is None
         assert await serve.aterminate() == 0
     assert "Traceback" not in serve.logs
+
+
+async def test_pin_turned_on_by_a_reload_pins_the_card_already_shown(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """`pin = true` added to a route and SIGHUP: the resident shown before is pinned at
+    once, not only the next one sent (the docs say routes change without a restart)."""
+    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])])
+    with serve:
+        publish(agent_dir(tmp_path, "builder"), "**compile** 1/3")
+        await eventually(lambda: fake.bot_messages(GROUP), what="the card")
+        [card] = fake.bot_messages(GROUP)
+        assert not card.pinned
+        serve.config.write_text(serve.config.read_text() + "pin = true\n")
+        assert serve.proc is not None
+        serve.proc.send_signal(signal.SIGHUP)
+        await eventually(lambda: "config reloaded" in serve.logs, what="the reload")
+        await eventually(lambda: fake.message(GROUP, card.message_id).pinned, what="the pin")
+        assert len(fake.bot_messages(GROUP)) == 1  # the same message, not a new one
+        assert await serve.aterminate() == 0
 
 
 async def test_forum_topic_pin_redaction_and_legacy_json(
