@@ -31,7 +31,7 @@ from typing import Any, Final
 
 from taskcard.producers.agent_hooks.claude_code import HookDecision, hook_output
 from taskcard.producers.inbox import InboxUnsafe, Message, claim_all, frame
-from taskcard.producers.task_card.contract import CardPaths, atomic_write
+from taskcard.producers.task_card.contract import CardPaths, atomic_write, read_regular
 
 MAX_TEXT_BYTES: Final = 5 * 1024  # plus at most ten short task card wakes: about 8 KiB
 BLOCKED_FILE: Final = ".taskcard-hook-blocked.json"
@@ -113,15 +113,27 @@ def take(
         for problem in batch.problems:
             log(f"inbox: {problem}")
         if name == "Stop" and batch.messages:
-            with _blocked_sessions(paths) as blocked:
-                if session not in blocked:
-                    blocked.append(session)
+            _mark_blocked(paths, session, log)
         return Delivery(messages=batch.messages)
     except InboxUnsafe as exc:
         log(f"inbox: {exc}")
     except OSError as exc:
         log(f"inbox: cannot read: {exc.__class__.__name__}: {exc.strerror}")
     return Delivery()
+
+
+def _mark_blocked(paths: CardPaths, session: str, log: Callable[[str], None]) -> None:
+    """Remember that this session's stop was blocked. The claimed messages go out even
+    when the mark cannot be written (only the turn's end is then not seen)."""
+    try:
+        with _blocked_sessions(paths) as blocked:
+            if session not in blocked:
+                blocked.append(session)
+    except OSError as exc:
+        log(
+            f"inbox: cannot mark the blocked stop in {BLOCKED_FILE}: "
+            f"{exc.__class__.__name__}: {exc.strerror}; the messages were delivered"
+        )
 
 
 @contextlib.contextmanager
@@ -133,8 +145,8 @@ def _blocked_sessions(paths: CardPaths) -> Iterator[list[str]]:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
-            data = json.loads(path.read_bytes()[:65536])
-        except (OSError, ValueError):
+            data = json.loads(read_regular(path, 65536))
+        except (OSError, ValueError, RecursionError):
             data = []
         sessions = [s for s in data if isinstance(s, str)] if isinstance(data, list) else []
         before = list(sessions)

@@ -191,19 +191,32 @@ def claude_code(
     inbox = take_inbox(paths, name, payload, key, lambda line: log_error(paths.workdir, line))
     if inbox.ends_blocked_turn:
         payload = {**payload, "stop_hook_active": False}  # our block held the turn: end it
-    with _session_waits(paths) as waits:
-        decision = steer(name, decide(payload, waits.get(key), usage), inbox.messages)
-        if decision.waiting is None:
-            waits.pop(key, None)
-        else:
-            waits[key] = decision.waiting
-        _append(paths, with_origin(decision.events, paths, env), clock)
-    if decision.completed_turn:
-        _count_turn(paths)
-    reader = WakeReader(paths, CLAUDE_CONSUMER)
-    if name == "SessionStart":
-        reader.prime()
-    wakes = reader.take() if name in ("UserPromptSubmit", "PostToolUse") else []
+    wakes: list[str] = []
+    try:
+        with _session_waits(paths) as waits:
+            decision = steer(name, decide(payload, waits.get(key), usage), inbox.messages)
+            if decision.waiting is None:
+                waits.pop(key, None)
+            else:
+                waits[key] = decision.waiting
+            _append(paths, with_origin(decision.events, paths, env), clock)
+        if decision.completed_turn:
+            _count_turn(paths)
+        reader = WakeReader(paths, CLAUDE_CONSUMER)
+        if name == "SessionStart":
+            reader.prime()
+        wakes = reader.take() if name in ("UserPromptSubmit", "PostToolUse") else []
+    except Exception as exc:
+        if not inbox.messages:
+            raise
+        # The messages are claimed and acknowledged: they go to the agent whatever failed
+        # here (a full disk, a broken log file), or they would be lost while the chat
+        # reads "delivered".
+        log_error(
+            paths.workdir,
+            f"{exc.__class__.__name__}: {exc}; the chat's messages were handed over all "
+            f"the same\n{traceback.format_exc()}".rstrip(),
+        )
     output = inbox_output(name, wakes, inbox.messages)
     return json.dumps(output, ensure_ascii=False) if output is not None else ""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from taskcard.producers.task_card.contract import CardPaths
@@ -98,3 +99,49 @@ def test_a_symlinked_inbox_is_logged_and_the_hook_still_works(
     log = (workdir / "logs" / "taskcard-hook.log").read_text()
     assert "inbox/ is a symlink or not a directory" in log
     assert (tmp_path / "elsewhere" / "inbox" / "queued" / "m1.json").exists()
+
+
+def test_a_claimed_message_reaches_the_agent_when_the_activity_log_cannot_be_written(
+    workdir: Path,
+) -> None:
+    # The claim acknowledges the message ("delivered" in the chat) before the hook writes
+    # its events; a failure there (a full disk, here a folder where the log belongs) must
+    # not swallow the text, or it is lost while the chat says it arrived.
+    (workdir / "logs" / "events.jsonl").mkdir(parents=True)
+    queue(workdir, "m1", "use the staging database, not prod")
+    done = output(hook(payload("04_post_tool_use.json", workdir)))
+    context = done["hookSpecificOutput"]["additionalContext"]  # type: ignore[index]
+    assert "> use the staging database, not prod" in context
+    assert [a["id"] for a in acks(workdir)] == ["m1"]
+    log = (workdir / "logs" / "taskcard-hook.log").read_text()
+    assert "the chat's messages were handed over all the same" in log
+
+
+def test_a_stop_blocks_with_its_messages_when_the_blocked_mark_cannot_be_kept(
+    workdir: Path,
+) -> None:
+    logs = workdir / "logs"
+    logs.mkdir()
+    (logs / ".taskcard-hook-blocked.json.lock").mkdir()  # the mark's lock cannot be opened
+    queue(workdir, "m1", "stop now: the deploy is frozen")
+    blocked = output(hook(payload("10_stop.json", workdir, transcript_path="")))
+    assert blocked["decision"] == "block"
+    assert "> stop now: the deploy is frozen" in str(blocked["reason"])
+    log = (logs / "taskcard-hook.log").read_text()
+    assert "cannot mark the blocked stop" in log
+
+
+def test_a_corrupt_or_odd_blocked_stops_file_never_holds_up_the_stop(workdir: Path) -> None:
+    logs = workdir / "logs"
+    logs.mkdir()
+    marks = logs / ".taskcard-hook-blocked.json"
+    marks.write_text("[" * 50_000)  # nesting deeper than the JSON parser's recursion
+    queue(workdir, "m1", "one")
+    first = output(hook(payload("10_stop.json", workdir, transcript_path="")))
+    assert "> one" in str(first["reason"])
+    marks.unlink()
+    os.mkfifo(marks)  # a pipe: reading it must not wait for a writer
+    queue(workdir, "m2", "two", queued_at="2026-01-01T00:01:00.000Z")
+    second = output(hook(payload("10_stop.json", workdir, transcript_path="")))
+    assert "> two" in str(second["reason"])
+    assert [a["id"] for a in acks(workdir)] == ["m1", "m2"]
