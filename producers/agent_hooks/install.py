@@ -151,7 +151,8 @@ def init_codex(workdir: Path, config: Path, command: str | None = None) -> list[
         values = list(current) if isinstance(current, list) else None
         if values is None or not all(isinstance(v, str) for v in values):
             raise InitError(f"{config}: notify must be a list of strings; fix it, then run again")
-        if values != notify and values[1:3] != ["hook", "codex"]:
+        # An empty list runs nothing: there is no program of the user's to keep.
+        if values and values != notify and values[1:3] != ["hook", "codex"]:
             raise InitError(
                 f"{config}: notify already runs {values[0]!r}; Codex runs one notify program, "
                 "so remove it (or call taskcard hook codex from it), then run init again"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tomllib
 from pathlib import Path
 
 import tomlkit
@@ -126,3 +127,16 @@ def test_init_codex_uses_codex_home_and_refuses_what_it_must_not_overwrite(
     done = run_taskcard("init", "codex", "--workdir", str(workdir), "--config", str(broken))
     assert done.returncode == 2 and b"broken.toml: not valid TOML" in done.stderr
     assert broken.read_text() == "model = \n"
+
+
+def test_init_codex_fills_an_empty_notify_list(workdir: Path, tmp_path: Path) -> None:
+    # `notify = []` runs no program: nothing of the user's to keep, so init installs the
+    # hook (it used to end in a traceback).
+    config = tmp_path / "config.toml"
+    config.write_text('model = "o3"\nnotify = []\n')
+    done = run_taskcard("init", "codex", "--workdir", str(workdir), "--config", str(config))
+    assert done.returncode == 0, done.stderr
+    document = tomllib.loads(config.read_text())
+    assert document["notify"][1:] == ["hook", "codex"] and document["model"] == "o3"
+    again = run_taskcard("init", "codex", "--workdir", str(workdir), "--config", str(config))
+    assert (again.returncode, again.stdout.strip().endswith(b"already set up")) == (0, True)
