@@ -139,9 +139,22 @@ def _completion(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# Commands an agent host runs inside its own loop. A usage error there (a hand-edited hook
+# command, an option this version lacks) still exits 0 with argparse's message on stderr: a
+# Claude Code hook that exits 2 blocks the tool call, erases the prompt or keeps the
+# session from stopping, feeding the usage text to the model.
+_HOST_HOOKS: Final = frozenset({"hook"})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parser.parse_args(words)
+    except SystemExit as exc:
+        if exc.code not in (0, None) and words[:1] and words[0] in _HOST_HOOKS:
+            return EXIT_OK
+        raise
     handler: Handler = args.handler
     try:
         return handler(args)

@@ -16,7 +16,7 @@ from taskcard.producers.task_card.notifications import (
     TaskCardLimitNotification,
 )
 
-from .conftest import FIXTURES, events, hook, kinds, payload
+from .conftest import FIXTURES, events, hook, kinds, payload, run_taskcard
 
 SESSION = [
     "01_session_start.json",
@@ -139,6 +139,21 @@ def test_a_payload_without_usable_cwd_exits_0_and_prints_nothing(tmp_path: Path)
         done = hook(json.dumps(data).encode())
         assert (done.returncode, done.stdout) == (0, b"")
         assert b"taskcard hook:" in done.stderr  # only there: no workdir log to write to
+
+
+def test_a_hook_command_with_options_this_version_lacks_still_exits_0(workdir: Path) -> None:
+    # Exit code 2 from a Claude Code hook blocks: a Stop hook would keep the session going
+    # with the usage text as its instruction. The mistake goes to stderr only.
+    stop = json.dumps(payload("10_stop.json", workdir, transcript_path="")).encode()
+    for extra in (["--verbose"], ["stray"], ["--workdir"]):
+        done = hook(stop, *extra)
+        assert (done.returncode, done.stdout) == (0, b""), extra
+        assert b"error:" in done.stderr
+    bare = run_taskcard("hook")
+    assert (bare.returncode, bare.stdout) == (0, b"")
+    codex = run_taskcard("hook", "codex", "--verbose", json.dumps({"cwd": str(workdir)}))
+    assert codex.returncode == 0
+    assert run_taskcard("ledger", "show", "--verbose").returncode == 2  # other commands: usage
 
 
 def test_an_unwritable_log_never_fails_the_agent(workdir: Path) -> None:
