@@ -113,7 +113,10 @@ def _ledger_notice(agent_id: str, notification: Notification) -> str:
         return f"⛔ {agent_id}:{task} is blocked{where} ({shown}); it needs a person to decide."
     outcome = extra.get("outcome")
     shown = outcome if isinstance(outcome, str) and outcome in OUTCOMES else "unknown"
-    return f"🏁 {agent_id}:{task} completed (outcome {shown}); its card is retired."
+    # Retired only when the producer says so: another task of the ledger may still be open,
+    # and supervision run from cron has no card to stop.
+    retired = "; its card is retired" if extra.get("card_retired") is True else ""
+    return f"🏁 {agent_id}:{task} completed (outcome {shown}){retired}."
 
 
 NoticeKind = Literal["error", "recovery", "stop", "signal"]

@@ -112,7 +112,11 @@ class LedgerNotificationPort(FileNotificationPort):
             },
         )
 
-    def completed(self, decision: Decision, record: TaskRecord) -> None:
+    def completed(
+        self, decision: Decision, record: TaskRecord, *, card_retired: bool = False
+    ) -> None:
+        """`card_retired`: this completion ends the ledger's card (no other task is open and
+        a card host was asked to stop it); the chat notice says so only then."""
         self._append(
             "ledger.completed:" + decision.key.removeprefix("ledger.stop_and_delete:"),
             decision.task_id,
@@ -129,6 +133,7 @@ class LedgerNotificationPort(FileNotificationPort):
                     "outcome": record.derived.outcome,
                     "steps_done": record.derived.steps_done,
                     "step_count": record.derived.step_count,
+                    "card_retired": card_retired,
                 },
             },
         )

@@ -66,6 +66,11 @@ def supervise(
     with ledger.locked() as document:
         at = now or ledger.clock()
         ids = [task_id] if task_id is not None else sorted(document.tasks)
+        # Completion truth alone decides STOP_AND_DELETE, so whether every task is finished
+        # is known before any delivery; the card is retired only then.
+        still_open = any(
+            decide(record, at).action != "STOP_AND_DELETE" for record in document.tasks.values()
+        )
         for ident in ids:
             record = ledger.require(document, ident)
             decision = decide(record, at)
@@ -78,12 +83,10 @@ def supervise(
             elif decision.action == "BLOCKED_ESCALATE":
                 port.blocked(decision, record)
             elif decision.action == "STOP_AND_DELETE":
-                port.completed(decision, record)
+                card_retired = not still_open and retire_card is not None
+                port.completed(decision, record, card_retired=card_retired)
                 retire = True
             _record_delivery(record, decision, at)
-        still_open = any(
-            decide(record, at).action != "STOP_AND_DELETE" for record in document.tasks.values()
-        )
     if retire and not still_open and retire_card is not None:
         try:
             retire_card()

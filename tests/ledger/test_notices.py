@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from taskcard.bridge.notices.text import notice_text
-from taskcard.producers.task_card.contract import Notification
+from taskcard.producers.task_card.contract import Notification, parse_notification
 
 
 def note(source: str, **extra: Any) -> Notification:
@@ -36,12 +39,16 @@ def note(source: str, **extra: Any) -> Notification:
             "⛔ bot: a task is blocked (unknown); it needs a person to decide.",
         ),
         (
-            note("ledger.completed", task_id="t1", outcome="SUCCESS"),
+            note("ledger.completed", task_id="t1", outcome="SUCCESS", card_retired=True),
             "🏁 bot: task t1 completed (outcome SUCCESS); its card is retired.",
         ),
         (
-            note("ledger.completed", task_id="t1", outcome="<b>"),
-            "🏁 bot: task t1 completed (outcome unknown); its card is retired.",
+            note("ledger.completed", task_id="t1", outcome="<b>", card_retired="yes"),
+            "🏁 bot: task t1 completed (outcome unknown).",
+        ),
+        (
+            note("ledger.completed", task_id="t1", outcome="SUCCESS"),
+            "🏁 bot: task t1 completed (outcome SUCCESS).",
         ),
         (note("ledger.nudge", task_id="t1"), None),
         (note("ledger.reconcile", task_id="t1"), None),
@@ -49,3 +56,46 @@ def note(source: str, **extra: Any) -> Notification:
 )
 def test_ledger_notice_text(notification: Notification, expected: str | None) -> None:
     assert notice_text("bot", notification) == expected
+
+
+def test_a_completion_says_the_card_is_retired_only_when_no_other_task_is_open(
+    tmp_path: Path,
+) -> None:
+    workdir = tmp_path / "agent"
+    workdir.mkdir()
+
+    def run(*args: str) -> None:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "taskcard.bridge.cli",
+                "ledger",
+                *args,
+                "--workdir",
+                str(workdir),
+            ],
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+
+    def completion_notices() -> list[str | None]:
+        lines = (workdir / ".notification" / "system.jsonl").read_bytes().splitlines()
+        found = [parse_notification(line) for line in lines]
+        return [
+            notice_text("bot", n) for n in found if n is not None and n.source == "ledger.completed"
+        ]
+
+    run("init", "train", "--purpose", "Train", "--no-renderer")
+    run("init", "ship", "--purpose", "Ship", "--no-renderer")
+    run("checkpoint", "train", "--event-type", "STARTED")
+    run("checkpoint", "ship", "--event-type", "TASK_COMPLETED", "--note", "shipped")
+    run("supervise", "--apply-supervision")
+    assert completion_notices() == ["🏁 bot: task ship completed (outcome SUCCESS)."]
+    run("checkpoint", "train", "--event-type", "TASK_COMPLETED", "--note", "trained")
+    run("supervise", "--apply-supervision")
+    assert completion_notices()[1:] == [
+        "🏁 bot: task train completed (outcome SUCCESS); its card is retired."
+    ]
