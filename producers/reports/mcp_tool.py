@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from taskcard.producers.reports.lineage import (
+    AGENT_ID,
     DEFAULT_MAX_DEPTH,
     MAX_DEPTH_LIMIT,
     LineageError,
@@ -99,10 +100,17 @@ def call_spawn(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
         child_workdir = expand_workdir(child, base=workdir)
     except WorkdirError as exc:
         return _failed(f"child_workdir: {exc}")
+    parent = arguments.get("parent", workdir.resolve().name)
+    if "parent" not in arguments and not AGENT_ID.fullmatch(parent):
+        return _failed(
+            f"parent: defaults to this workdir's folder name, and {parent[:64]!r} is not an "
+            "agent id (1-64 letters, digits, '_', '.', '-'); pass parent, the id the service "
+            "knows this agent by"
+        )
     try:
         record = spawn(
             child_workdir,
-            parent=arguments.get("parent", workdir.resolve().name),
+            parent=parent,
             reason=arguments.get("reason", ""),
             provider=arguments.get("provider"),
             parent_workdir=workdir,

@@ -230,3 +230,28 @@ def test_undecodable_command_line_text_exits_2_naming_the_field(
     assert next_report(workdir) is None
     with pytest.raises(ReportError, match=r"^summary"):
         Reports(workdir).add(ok=True, summary="a\udcffb")
+
+
+async def test_the_spawn_tool_says_when_the_folder_name_is_no_parent_id(tmp_path: Path) -> None:
+    """The default parent is the folder's name; one that is no agent id is named as such."""
+    workdir = tmp_path / "my agent"
+    (workdir / "child").mkdir(parents=True)
+    server = StdioServerParameters(
+        command=TASKCARD,
+        args=["mcp", "--workdir", str(workdir), "--runtime-dir", str(tmp_path / "rt")],
+    )
+    async with (
+        stdio_client(server) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        result = await session.call_tool("spawn", {"child_workdir": "child", "reason": "lint"})
+        assert result.is_error and isinstance(result.structured_content, dict)
+        message = result.structured_content["message"]
+        assert message.startswith("parent: defaults to this workdir's folder name")
+        assert "'my agent'" in message and "pass parent" in message
+        named = await session.call_tool(
+            "spawn", {"child_workdir": "child", "reason": "lint", "parent": "planner"}
+        )
+        assert not named.is_error
+    assert json.loads((workdir / "child" / "lineage.json").read_text())["parent"] == "planner"
