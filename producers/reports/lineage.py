@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
+from taskcard.producers.reports.store import encodable
 from taskcard.producers.task_card.contract import atomic_write, read_regular, utc_now_iso
 
 LINEAGE_FILE: Final = "lineage.json"
@@ -78,6 +79,10 @@ def spawn(
         raise LineageError("parent: the parent's agent id, 1-64 letters, digits, '_', '.', '-'")
     if not isinstance(reason, str) or not reason.strip():
         raise LineageError("reason: required; say why this agent is created")
+    if not encodable(reason):
+        raise LineageError(
+            "reason: holds bytes that are not UTF-8 (undecodable input); pass UTF-8 text"
+        )
     if len(reason) > MAX_REASON_CHARS:
         raise LineageError(f"reason: at most {MAX_REASON_CHARS} characters; say it shorter")
     if provider is not None and not (isinstance(provider, str) and PROVIDER.fullmatch(provider)):

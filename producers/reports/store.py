@@ -51,7 +51,7 @@ def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def _encodable(text: str) -> bool:
+def encodable(text: str) -> bool:
     """False for text carrying lone surrogates (undecodable bytes of a command line)."""
     try:
         text.encode("utf-8")
@@ -91,7 +91,7 @@ def check_report(
     if summary is not None:
         if not isinstance(summary, str) or not summary.strip():
             raise ReportError("summary: must be non-blank text, or left out")
-        if not _encodable(summary):
+        if not encodable(summary):
             raise ReportError(
                 "summary: holds bytes that are not UTF-8 (undecodable input); pass UTF-8 text"
             )

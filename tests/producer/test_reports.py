@@ -255,3 +255,18 @@ async def test_the_spawn_tool_says_when_the_folder_name_is_no_parent_id(tmp_path
         )
         assert not named.is_error
     assert json.loads((workdir / "child" / "lineage.json").read_text())["parent"] == "planner"
+
+
+def test_spawn_with_an_undecodable_reason_exits_2_naming_it(tmp_path: Path) -> None:
+    child = tmp_path / "child"
+    child.mkdir()
+    reason = [b"--reason", b"split \xff the matrix"]
+    done = subprocess.run(
+        [TASKCARD.encode(), b"spawn", b"--workdir", bytes(child), b"--parent", b"p", *reason],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(b"taskcard spawn: reason: holds bytes that are not UTF-8")
+    assert not (child / "lineage.json").exists()
