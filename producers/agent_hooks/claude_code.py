@@ -2,7 +2,9 @@
 
 Mapping (hook event -> activity kinds):
 
-- `SessionStart` -> `agent.start`; `SessionEnd` -> `agent.exit`.
+- `SessionStart` -> `agent.start`; `SessionEnd` -> `agent.exit`. Not a `SessionStart` with
+  source `compact`: Claude Code sends it when a compaction ends, often in the middle of a
+  turn, and an `agent.start` there would drop the running turn (the card read "at prompt").
 - `UserPromptSubmit` -> `turn.start`.
 - `PreToolUse` -> `tool.start` (call_id = `tool_use_id`, name = `tool_name`); no summary, as
   a tool's input may hold secrets. `PostToolUse` / `PostToolUseFailure` -> `tool.end` with
@@ -91,7 +93,8 @@ def decide(
     call_id = _text(payload, "tool_use_id") or tool
     completed = False
     if name == "SessionStart":
-        events.append(("agent.start", {}))
+        if payload.get("source") != "compact":  # the same session goes on after compacting
+            events.append(("agent.start", {}))
     elif name == "SessionEnd":
         events.append(("agent.exit", {}))
     elif name == "UserPromptSubmit":

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from taskcard.bridge.track.activity import ActivityTracker
 from taskcard.producers.task_card.contract import CardPaths
 from taskcard.producers.task_card.notifications import (
     FileNotificationPort,
@@ -62,6 +64,28 @@ def test_a_recorded_session_becomes_the_activity_log(workdir: Path) -> None:
     assert all(event["ts"].endswith("Z") for event in log)
     assert "command" not in json.dumps(log)  # a tool's input never reaches the log
     assert not (workdir / "logs" / "taskcard-hook.log").exists()
+
+
+def test_a_compaction_in_the_middle_of_a_turn_keeps_the_turn_running(workdir: Path) -> None:
+    # Claude Code ends a compaction with SessionStart (source "compact"), often mid-turn; an
+    # agent.start there dropped the running turn and the card read "at prompt".
+    def send(name: str, **fields: object) -> None:
+        data = {"session_id": "s1", "cwd": str(workdir), "hook_event_name": name, **fields}
+        assert hook(json.dumps(data).encode()).returncode == 0
+
+    send("SessionStart", source="startup")
+    send("UserPromptSubmit", prompt="refactor the parser")
+    send("PreCompact", trigger="auto", custom_instructions="")
+    send("SessionStart", source="compact")
+    send("PreToolUse", tool_name="Bash", tool_use_id="t2", tool_input={})
+    assert kinds(workdir) == ["agent.start", "turn.start", "text", "tool.start"]
+    tracker = ActivityTracker()
+    for line in (workdir / "logs" / "events.jsonl").read_bytes().splitlines():
+        tracker.feed(line)
+    summary = tracker.summary(datetime.now(UTC), no_output_after_s=600)
+    assert summary.state == "running" and summary.turn_started_at is not None
+    send("SessionStart", source="resume")  # a resumed session is a new start
+    assert kinds(workdir)[-1] == "agent.start"
 
 
 def test_stop_without_a_transcript_still_ends_the_turn(workdir: Path) -> None:
