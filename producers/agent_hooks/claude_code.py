@@ -5,6 +5,9 @@ Mapping (hook event -> activity kinds):
 - `SessionStart` -> `agent.start`; `SessionEnd` -> `agent.exit`. Not a `SessionStart` with
   source `compact`: Claude Code sends it when a compaction ends, often in the middle of a
   turn, and an `agent.start` there would drop the running turn (the card read "at prompt").
+  Nor a `SessionEnd` with reason `clear`: `/clear` ends the conversation, not the process,
+  and its `SessionStart` (source `clear`) follows; an `agent.exit` would tell the chats the
+  agent exited without a report.
 - `UserPromptSubmit` -> `turn.start`.
 - `PreToolUse` -> `tool.start` (call_id = `tool_use_id`, name = `tool_name`); no summary, as
   a tool's input may hold secrets. `PostToolUse` / `PostToolUseFailure` -> `tool.end` with
@@ -96,7 +99,8 @@ def decide(
         if payload.get("source") != "compact":  # the same session goes on after compacting
             events.append(("agent.start", {}))
     elif name == "SessionEnd":
-        events.append(("agent.exit", {}))
+        if payload.get("reason") != "clear":  # /clear: the process goes on, restarted next
+            events.append(("agent.exit", {}))
     elif name == "UserPromptSubmit":
         events.append(("turn.start", {}))
     elif name == "PreToolUse":

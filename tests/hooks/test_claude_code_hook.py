@@ -88,6 +88,20 @@ def test_a_compaction_in_the_middle_of_a_turn_keeps_the_turn_running(workdir: Pa
     assert kinds(workdir)[-1] == "agent.start"
 
 
+def test_clear_restarts_the_conversation_without_an_exit(workdir: Path) -> None:
+    # `/clear` sends SessionEnd (reason "clear") and then SessionStart (source "clear"); the
+    # process never exited, so no agent.exit (which signals "exited without a report").
+    def send(name: str, **fields: object) -> None:
+        data = {"session_id": "s1", "cwd": str(workdir), "hook_event_name": name, **fields}
+        assert hook(json.dumps(data).encode()).returncode == 0
+
+    send("SessionStart", source="startup")
+    send("SessionEnd", reason="clear")
+    send("SessionStart", source="clear")
+    send("SessionEnd", reason="prompt_input_exit")
+    assert kinds(workdir) == ["agent.start", "agent.start", "agent.exit"]
+
+
 def test_stop_without_a_transcript_still_ends_the_turn(workdir: Path) -> None:
     hook(payload("10_stop.json", workdir, transcript_path=str(workdir / "missing.jsonl")))
     hook(payload("10_stop.json", workdir, stop_hook_active=True))  # Claude goes on: no end
