@@ -3,7 +3,8 @@
 Codex runs the configured `notify` command with one JSON argument after each turn. The only
 type it sends is `agent-turn-complete` (with `thread-id`, `turn-id`, `cwd`, `input-messages`,
 `last-assistant-message`, and in newer versions `client`). It marks the end of a turn, so it
-becomes `turn.end` and counts as a completed turn for reminders. Nothing of the messages is
+becomes `turn.end` and counts as a completed turn for reminders (preceded by a `turn.origin`
+when `TASKCARD_ORIGIN` is set, see `runner.with_origin`). Nothing of the messages is
 copied: they are the agent's conversation, not public lines. Codex reads nothing back from
 this program, so task card wakes reach a Codex agent through the MCP results instead.
 """

@@ -141,13 +141,21 @@ def _session_waits(paths: CardPaths) -> Iterator[dict[str, str]]:
 
 
 def with_origin(
-    events: list[tuple[str, dict[str, Any]]], paths: CardPaths, env: Mapping[str, str]
+    events: list[tuple[str, dict[str, Any]]],
+    paths: CardPaths,
+    env: Mapping[str, str],
+    *,
+    at_turn_end: bool = False,
 ) -> list[tuple[str, dict[str, Any]]]:
     """Each `turn.start` with the origin that `TASKCARD_ORIGIN` names (the chat the host's
     turn came from). An invalid value is logged to the hook log and left out: the turn is
-    still written, and the hook still succeeds."""
+    still written, and the hook still succeeds.
+
+    `at_turn_end`: the host reports only the end of a turn (Codex), so the origin goes on a
+    `turn.origin` just before its `turn.end`; else such a host's turns never had one."""
     raw = env.get(ORIGIN_ENV, "").strip()
-    if not raw or not any(kind == "turn.start" for kind, _ in events):
+    marked = ("turn.start", "turn.end") if at_turn_end else ("turn.start",)
+    if not raw or not any(kind in marked for kind, _ in events):
         return events
     origin = parse_origin(raw)
     if not isinstance(origin, Origin):
@@ -156,6 +164,9 @@ def with_origin(
             f"{ORIGIN_ENV}: {origin} (forms: {ORIGIN_FORMS}); turn written without it",
         )
         return events
+    if at_turn_end and not any(kind == "turn.start" for kind, _ in events):
+        at = next(index for index, (kind, _) in enumerate(events) if kind == "turn.end")
+        return [*events[:at], ("turn.origin", {"origin": str(origin)}), *events[at:]]
     return [
         # A turn started by a message from a chat keeps that message's origin.
         (kind, {"origin": str(origin), **fields} if kind == "turn.start" else fields)
@@ -231,7 +242,7 @@ def codex(
     payload = parse_payload(argument.encode("utf-8", errors="replace"))
     paths = CardPaths(resolve_workdir(workdir_override, payload))
     events, completed = codex_events(payload)
-    _append(paths, with_origin(events, paths, env), clock)
+    _append(paths, with_origin(events, paths, env, at_turn_end=True), clock)
     if completed:
         _count_turn(paths)
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import tomlkit
 
+from taskcard.bridge.track.activity import ActivityTracker
+
 from .conftest import FIXTURES, kinds, payload, run_taskcard
 
 
@@ -24,6 +26,23 @@ def test_codex_notify_ends_the_turn_in_the_payload_cwd(workdir: Path) -> None:
     assert kinds(workdir) == ["turn.end"]
     other = run_taskcard("hook", "codex", json.dumps({"type": "something-else", "cwd": "x"}))
     assert other.returncode == 0
+
+
+def test_codex_notify_carries_the_origin_of_its_environment(workdir: Path) -> None:
+    # Codex reports only the end of a turn: the origin goes on a turn.origin before it,
+    # where the service finds it (before, TASKCARD_ORIGIN did nothing for Codex).
+    env = {**os.environ, "TASKCARD_ORIGIN": "telegram:-1001234567890:42"}
+    done = run_taskcard("hook", "codex", codex_payload(workdir), env=env)
+    assert (done.returncode, done.stdout) == (0, b"")
+    assert kinds(workdir) == ["turn.origin", "turn.end"]
+    tracker = ActivityTracker()
+    for line in (workdir / "logs" / "events.jsonl").read_bytes().splitlines():
+        tracker.feed(line)
+    assert [origin for origin, _ in tracker.origins] == ["telegram:-1001234567890:42"]
+    bad = {**os.environ, "TASKCARD_ORIGIN": "somewhere"}
+    assert run_taskcard("hook", "codex", codex_payload(workdir), env=bad).returncode == 0
+    assert kinds(workdir)[2:] == ["turn.end"]  # written without it, and the log says why
+    assert "TASKCARD_ORIGIN" in (workdir / "logs" / "taskcard-hook.log").read_text()
 
 
 def test_codex_notify_with_garbage_exits_0_and_logs(workdir: Path) -> None:
