@@ -196,7 +196,16 @@ def claim_all(
             message = _reread_if_replaced(name, taken_fd, inode, message)
             used += size
             batch.messages.append(message)
-            _ack(inbox_fd, message, via, clock)
+            try:
+                _ack(inbox_fd, message, via, clock)
+            except OSError as exc:
+                # Claimed is claimed: the message goes to the agent all the same (a full
+                # disk, an odd acks.jsonl), or it would sit in taken/ unseen by anyone.
+                batch.problems.append(
+                    f"inbox/{ACKS_FILE}: cannot record the delivery of {message.id} "
+                    f"({exc.strerror or exc}); the agent has it, but the chat will not show "
+                    "it delivered"
+                )
     return batch
 
 

@@ -178,3 +178,29 @@ def test_claim_keeps_the_rest_queued_past_the_budget(workdir: Path) -> None:
     assert names(workdir, "queued") == ["m2.json", "m3.json", "m4.json"]
     huge = claim_all(workdir, "mcp", max_bytes=10)  # one message always goes
     assert [m.id for m in huge.messages] == ["m2"]
+
+
+def test_a_claimed_message_reaches_the_reader_when_its_ack_cannot_be_written(
+    workdir: Path,
+) -> None:
+    # The rename claims the message before the ack line is written; when that write fails
+    # (a full disk; here a folder where acks.jsonl belongs) the message was left in taken/,
+    # seen by no one, neither delivered nor cancellable.
+    queue(workdir, "m1", "use the staging database")
+    (workdir / "inbox" / "acks.jsonl").mkdir()
+    done = run_taskcard("inbox", "--workdir", str(workdir))
+    assert done.returncode == 0, done.stderr
+    assert b"> use the staging database" in done.stdout
+    assert b"cannot record the delivery of m1" in done.stderr
+    queue(workdir, "m2", "and the docs", queued_at="2026-01-01T00:01:00.000Z")
+    hooked = run_taskcard(
+        "hook",
+        "claude-code",
+        stdin=json.dumps(
+            {"session_id": "s", "cwd": str(workdir), "hook_event_name": "UserPromptSubmit"}
+        ),
+    )
+    assert hooked.returncode == 0
+    context = json.loads(hooked.stdout)["hookSpecificOutput"]["additionalContext"]
+    assert "> and the docs" in context
+    assert names(workdir, "taken") == ["m1.json", "m2.json"]
