@@ -193,6 +193,13 @@ def claim_all(
                 os.rename(name, name, src_dir_fd=queued_fd, dst_dir_fd=taken_fd)
             except FileNotFoundError:
                 continue  # the service cancelled it, or another host claimed it: not ours
+            except OSError as exc:
+                # Not claimed, so left queued; the messages claimed before it still go out.
+                batch.problems.append(
+                    f"inbox/{QUEUED_DIR}/{name}: cannot claim it ({exc.strerror or exc}); "
+                    f"left queued (check inbox/{TAKEN_DIR}/{name})"
+                )
+                continue
             message = _reread_if_replaced(name, taken_fd, inode, message)
             used += size
             batch.messages.append(message)

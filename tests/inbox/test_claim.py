@@ -204,3 +204,17 @@ def test_a_claimed_message_reaches_the_reader_when_its_ack_cannot_be_written(
     context = json.loads(hooked.stdout)["hookSpecificOutput"]["additionalContext"]
     assert "> and the docs" in context
     assert names(workdir, "taken") == ["m1.json", "m2.json"]
+
+
+def test_a_message_that_cannot_be_claimed_does_not_drop_the_ones_claimed_before(
+    workdir: Path,
+) -> None:
+    queue(workdir, "m1", "first")
+    queue(workdir, "m2", "second", queued_at="2026-01-01T00:01:00.000Z")
+    (workdir / "inbox" / "taken" / "m2.json" / "x").mkdir(parents=True)  # the rename fails
+    done = run_taskcard("inbox", "--workdir", str(workdir))
+    assert done.returncode == 0, done.stderr
+    assert b"> first" in done.stdout
+    assert b"inbox/queued/m2.json: cannot claim it" in done.stderr
+    assert [a["id"] for a in acks(workdir)] == ["m1"]
+    assert names(workdir, "queued") == ["m2.json"]
