@@ -195,6 +195,31 @@ def command_args(text: str, mention_key: str | None = None, command: str = COMMA
     return " ".join(words[1:])
 
 
+def named_mentions(text: str, mentions: object) -> str:
+    """`text` with each user mention's placeholder (`@_user_2`) written as `@` and the name
+    Feishu gives for it, as the person saw it typed; a mention without a name stays as is.
+
+    For the text an agent reads (`/tell`, a reply): a Telegram text keeps `@alice` as typed,
+    and a placeholder means nothing to the agent.
+    """
+    if not isinstance(mentions, list) or USER_MENTION_PREFIX not in text:
+        return text
+    names: dict[str, str] = {}
+    for mention in mentions:
+        if not isinstance(mention, dict):
+            continue
+        key, name = mention.get("key"), mention.get("name")
+        if isinstance(key, str) and key.startswith(USER_MENTION_PREFIX) and isinstance(name, str):
+            shown = " ".join(name.split())[:64]
+            if shown:
+                names[key] = "@" + shown
+    if not names:
+        return text
+    pattern = "|".join(re.escape(key) for key in sorted(names, key=len, reverse=True))
+    # `(?!\d)`: `@_user_1` must not match the start of `@_user_12`.
+    return re.sub(f"(?:{pattern})(?!\\d)", lambda found: names[found.group(0)], text)
+
+
 def bot_mention_key(mentions: object, bot_open_id: str | None) -> str | None:
     """The text key of the bot's mention among `message.mentions`, None when not mentioned.
 
@@ -258,6 +283,8 @@ def command_from_event(
         name = "reply"
         args = re.sub(re.escape(mention_key) + r"(?!\d)", " ", text) if mention_key else text
         args = args.strip()
+    if name != "taskcard":
+        args = named_mentions(args, message.get("mentions"))
     sender = event.get("sender")
     sender_ids = sender.get("sender_id") if isinstance(sender, dict) else None
     open_id = sender_ids.get("open_id") if isinstance(sender_ids, dict) else None

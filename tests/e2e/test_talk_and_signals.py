@@ -468,3 +468,32 @@ async def test_signals_reach_the_chat_and_the_parent(platform: str, tmp_path: Pa
             assert await chat.serve.aterminate() == 0
         assert [t for t in chat.bot_texts() if "exited without a report" in t] == before
         assert len(queued(tmp_path, "lead")) == len({p.name for p in queued(tmp_path, "lead")})
+
+
+async def test_a_feishu_tell_names_the_people_it_mentions(tmp_path: Path) -> None:
+    """Feishu writes a mention in the text as a placeholder (`@_user_1`); the agent reads the
+    name instead, as a Telegram text keeps `@alice` as typed."""
+    async with chat_for("feishu", tmp_path, ["builder"]) as chat:
+        assert isinstance(chat, FeishuChat)
+        running_agent(tmp_path)
+        with chat.serve:
+            await eventually(lambda: chat.message_id_with("compile"), timeout_s=60, what="card")
+            document = chat.fake.command_event(
+                FS_CHAT,
+                "unused",
+                open_id=FS_PERSON,
+                mention_users=("ou_alice",),
+                verification_token=FS_VERIFY,
+            )
+            message = document["event"]["message"]
+            message["mentions"][0]["name"] = "Alice Wong"  # @_user_1; the bot is @_user_2
+            message["content"] = json.dumps(
+                {"text": "@_user_2 /tell builder ask @_user_1 about the schema"}
+            )
+            answer = await chat.fake.deliver_event(chat.url, document)
+            assert answer.status == 200
+            await wait_status(chat, "queued")
+            [queued_file] = queued(tmp_path)
+            text = json.loads(queued_file.read_text())["text"]
+            assert text == "ask @Alice Wong about the schema"
+            assert await chat.serve.aterminate() == 0
