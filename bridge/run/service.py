@@ -668,7 +668,8 @@ class Service:
         """A signal to the agent's routes and, as a wake, to its parent when known here."""
         self._announce(agent_id, signal.episode, self._redact(signal.text), "signal")
         lineage = self._sides[agent_id].lineage
-        if lineage is not None and lineage.parent in self._monitors:
+        # An agent named as its own parent (a mistaken spawn) is woken by nobody.
+        if lineage is not None and lineage.parent != agent_id and lineage.parent in self._monitors:
             self._desk.wake(lineage.parent, agent_id, signal.episode, self._redact(signal.text))
 
     def _chat_zone(self, channel: str, chat: ChatRef) -> tzinfo:

@@ -421,6 +421,24 @@ async def test_signals_reach_the_chat_and_the_parent(platform: str, tmp_path: Pa
 
             wake = await eventually(report_wake, timeout_s=30, what="the report's wake")
             assert wake["kind"] == "wake"
+            # A lineage naming the agent as its own parent wakes nobody: not its own inbox.
+            atomic_write(
+                lead / "lineage.json",
+                json.dumps({"parent": "lead", "reason": "self", "depth": 1}).encode(),
+            )
+            await eventually(
+                lambda: any("leading" in t and "spawned by lead" in t for t in chat.bot_texts()),
+                timeout_s=60,
+                what="the lead's own lineage row",
+            )
+            report(lead, 1, ok=True)
+            await eventually(
+                lambda: any("lead reported" in t for t in chat.bot_texts()),
+                timeout_s=60,
+                what="the lead's report notice",
+            )
+            texts = [str(json.loads(p.read_text()).get("text")) for p in queued(tmp_path, "lead")]
+            assert not any("lead reported" in text for text in texts), texts
             # idle without report: the turn was declared finished, and no report since
             activity(worker, "turn.start")
             activity(worker, "turn.end")
