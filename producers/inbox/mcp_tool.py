@@ -41,6 +41,11 @@ def output_schema() -> dict[str, Any]:
                 "description": "oldest first; `framed` is the text as you should read it",
             },
             "more_queued": {"type": "boolean"},
+            "problems": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "files of the inbox left alone or not recorded, and why",
+            },
             "message": {"type": "string", "description": "Why a call failed, and the fix."},
         },
         "required": ["status"],
@@ -63,8 +68,11 @@ def call_inbox(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
         return {"status": "failed", "message": str(exc)}
     except OSError as exc:
         return {"status": "failed", "message": f"cannot read the inbox: {exc.strerror}"}
-    return {
+    result: dict[str, Any] = {
         "status": "ok",
         "messages": [message.summary() for message in batch.messages],
         "more_queued": more,
     }
+    if batch.problems:  # as the CLI prints them: the caller learns what was left alone
+        result["problems"] = list(batch.problems)
+    return result

@@ -18,6 +18,7 @@ from taskcard.producers.task_card.notifications import (
     FileNotificationPort,
     TaskCardErrorNotification,
 )
+from tests.inbox.conftest import queue
 
 from .conftest import STATIC_RENDERER, CliHost, write_renderer
 
@@ -111,6 +112,24 @@ async def test_a_task_card_wake_reaches_the_mcp_client_once(workdir: Path, cli: 
         (notice,) = woken["notices"]
         assert "tc_1 failed to refresh (renderer_timeout)" in notice
         assert taskcard_meta(await session.call_tool("task_card", envelope)) is None
+
+
+async def test_the_inbox_tool_names_the_files_it_left_alone(workdir: Path, cli: CliHost) -> None:
+    """As `taskcard inbox` prints them: a file in the queue that is no message is named in
+    the result, beside the messages it returns."""
+    queue(workdir, "m1", "please rerun the tests")
+    (workdir / "inbox" / "queued" / "not a message.json").write_text("{}")
+    async with (
+        stdio_client(server_for(workdir, cli)) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        result = await session.call_tool("inbox", {})
+        content = result.structured_content
+        assert not result.is_error and isinstance(content, dict)
+        assert [message["id"] for message in content["messages"]] == ["m1"]
+        (problem,) = content["problems"]
+        assert "not a message" in problem and "left alone" in problem
 
 
 def test_mcp_refuses_an_unusable_workdir_at_start(tmp_path: Path) -> None:
