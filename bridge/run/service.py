@@ -932,7 +932,9 @@ class Service:
         for route in allowed:
             self._scheduler.enable(route.key)  # the bot can read this chat: it is back
         scope = allowed[0].key.chat_scope
-        reply_chat = allowed[0].key.chat
+        # Answered where it was asked: a forum topic of a chat routed as a whole gets the
+        # answer in that topic, not in the General topic where the cards are.
+        reply_chat = command.chat
         channel = self._channels[channel_name]
         if command.command != "taskcard":
             answer = self._text_for_agent(channel_name, command, allowed)

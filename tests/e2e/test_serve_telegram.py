@@ -531,3 +531,21 @@ async def test_a_legacy_frame_of_25_lines_shows_20_and_counts_the_rest(
         assert "row 20" in text and "row 21" not in text and "row 25" not in text
         assert "5 more lines not shown" in text and "end" in text
         assert await serve.aterminate() == 0
+
+
+async def test_a_command_from_a_forum_topic_is_answered_in_that_topic(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    # The route follows the whole group (its cards in the General topic); a person asking
+    # from topic 42 reads the answer there, not in another topic.
+    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])])
+    with serve:
+        publish(agent_dir(tmp_path, "builder"), "body")
+        await eventually(lambda: shown(fake, GROUP), what="the card")
+        fake.inject_command(GROUP, "/taskcard", thread_id=42)
+        await eventually(
+            lambda: any("Task cards here" in t for t in shown(fake, GROUP)), what="the answer"
+        )
+        [answer] = [m for m in fake.bot_messages(GROUP) if "Task cards here" in m.text]
+        assert answer.thread_id == 42
+        assert await serve.aterminate() == 0
