@@ -186,8 +186,10 @@ def command_args(text: str, mention_key: str | None = None, command: str = COMMA
     words = text.split()
     if not words:
         return None
-    head = words[0].lower()  # "/TaskCard" too, as on Telegram
-    if head != command and not head.startswith(command + "@"):
+    # "/TaskCard" too, as on Telegram; ASCII only before folding case, so a look-alike
+    # such as a Kelvin sign for the "k" is not taken for the command.
+    name = words[0].partition("@")[0]
+    if not name.isascii() or name.lower() != command:
         return None
     if command == TELL:
         # The text for the agent keeps its line breaks: only the command word goes.

@@ -49,7 +49,9 @@ def parse_command(text: str, bot_username: str, command: str = COMMAND) -> str |
     # The command ends at the first white space of any kind: "/tell\nbuilder ..." too.
     head, _, args = _COMMAND_END.sub(" ", stripped, count=1).partition(" ")
     name, _, mention = head[1:].partition("@")
-    if name.lower() != command:
+    # ASCII only before folding case: "/tas\u212acard" (a Kelvin sign) folds to "taskcard"
+    # but is no command to Telegram, nor to a person reading it.
+    if not name.isascii() or name.lower() != command:
         return None
     if mention and mention.lower() != bot_username.lower():
         return None

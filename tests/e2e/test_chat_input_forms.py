@@ -49,3 +49,25 @@ async def test_feishu_commands_from_the_rich_editor(tmp_path: Path) -> None:
                 what="the board answer",
             )
             assert await chat.serve.aterminate() == 0
+
+
+async def test_a_look_alike_of_the_command_is_not_the_command(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    # "/tasKcard" with a Kelvin sign (U+212A) folds to "taskcard" in Python's lower(), but it
+    # is no command to Telegram nor to the person reading it: on both platforms it is ignored,
+    # while the real command right after it is answered.
+    async with chat_for(platform, tmp_path, ["builder"]) as chat:
+        running_agent(tmp_path)
+        with chat.serve:
+            await eventually(lambda: chat.message_id_with("compile"), timeout_s=60, what="card")
+            await chat.say("/tas\u212acard off")
+            await chat.say("/taskcard 7")
+            await eventually(
+                lambda: any("7 activity rows" in t for t in chat.bot_texts()),
+                timeout_s=60,
+                what="the answer to the real command",
+            )
+            assert not any("hidden" in t.lower() for t in chat.bot_texts())
+            assert await chat.serve.aterminate() == 0
