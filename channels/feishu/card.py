@@ -14,7 +14,9 @@ left open by a cut is closed.
 
 Size: Feishu rejects a card whose request content exceeds 30 KB (code 230025). We measure
 the card exactly as it travels: the compact JSON string, escaped once more inside the
-request body, in UTF-8 bytes (`card_request_bytes`), and shrink with `fit_view`.
+request body, in UTF-8 bytes (`card_request_bytes`), and shrink with `fit_view`. A text
+message (notices, command replies) may be at most 150 KB, measured the same way; a longer
+one (`/taskcard` in a chat following thousands of agents) is cut with a marker.
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ from taskcard.channels.base import (
 CARD_LIMIT_BYTES = 30 * 1024
 # Headroom under the documented bound for the rest of the request body (msg_type, ids).
 CARD_BUDGET_BYTES = CARD_LIMIT_BYTES - 512
+
+TEXT_LIMIT_BYTES = 150 * 1024
+TEXT_BUDGET_BYTES = TEXT_LIMIT_BYTES - 512
+TEXT_CUT_MARKER = "…"
 
 HIDDEN_NOTICE = "Task card hidden in this chat. Send /taskcard on to show it again."
 
@@ -280,8 +286,22 @@ def text_message_safe(text: str) -> str:
     return text.replace("<", "\uff1c").replace(">", "\uff1e")
 
 
-def render_text(text: str) -> Outgoing:
-    """A plain text message (notices and command replies); no tag in it takes effect."""
+def _text_content(text: str) -> str:
+    return json.dumps({"text": text}, ensure_ascii=False)
+
+
+def render_text(text: str, limit_bytes: int = TEXT_BUDGET_BYTES) -> Outgoing:
+    """A plain text message (notices and command replies); no tag in it takes effect. Cut
+    with a marker to fit `limit_bytes` as it travels, as Telegram's replies are cut to fit."""
     text = text_message_safe(text)
-    content = json.dumps({"text": text}, ensure_ascii=False)
-    return Outgoing.build(text, {"msg_type": "text", "content": content})
+    if card_request_bytes(_text_content(text)) > limit_bytes:
+        fits, too_long = 0, len(text)  # the longest prefix that fits with the marker
+        while too_long - fits > 1:
+            middle = (fits + too_long) // 2
+            cut = text[:middle].rstrip() + TEXT_CUT_MARKER
+            if card_request_bytes(_text_content(cut)) <= limit_bytes:
+                fits = middle
+            else:
+                too_long = middle
+        text = text[:fits].rstrip() + TEXT_CUT_MARKER
+    return Outgoing.build(text, {"msg_type": "text", "content": _text_content(text)})

@@ -10,9 +10,10 @@ What it serves (real paths, real answer shapes `{"code": 0, "msg": "success", "d
   command events mention), in Feishu's shape with `bot` beside `code`; switched off with
   `bot_info_available = False` (then 404, like a server without the route).
 - `POST /open-apis/im/v1/messages?receive_id_type=chat_id`: text and interactive messages.
-  Cards are validated (JSON object, card 2.0 needs `body.elements`) and bounded to 30 KB
-  (230025). A body `uuid` (at most 50 characters, else 230001) deduplicates: the same uuid
-  within an hour of the fake's wall clock answers the first message again, posting nothing.
+  Cards are validated (JSON object, card 2.0 needs `body.elements`) and bounded to 30 KB,
+  text messages to 150 KB (230025). A body `uuid` (at most 50 characters, else 230001)
+  deduplicates: the same uuid within an hour of the fake's wall clock answers the first
+  message again, posting nothing.
 - `PATCH /open-apis/im/v1/messages/:id`: card update; needs `config.update_multi = true`;
   an id the fake never issued -> 230001 "invalid message_id" (as Feishu documents),
   recalled -> 230011, deleted -> 230110, older than 14 days (injectable clock) -> 230031,
@@ -55,6 +56,8 @@ from Crypto.Cipher import AES
 from lark_oapi.ws.pb.pbbp2_pb2 import Frame
 
 CARD_LIMIT_BYTES = 30 * 1024
+# A text message's request body may be at most 150 KB (cards: 30 KB); beyond, code 230025.
+TEXT_LIMIT_BYTES = 150 * 1024
 UPDATE_WINDOW_S = 14 * 24 * 3600.0
 TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
 UUID_WINDOW_S = 3600.0
@@ -719,6 +722,8 @@ class FakeFeishu:
             if msg_type == "interactive":
                 self._check_card(content)
             elif msg_type == "text":
+                if len(json.dumps(content, ensure_ascii=False).encode()) > TEXT_LIMIT_BYTES:
+                    raise _Refusal(400, 230025, "The message content exceeds the length limit.")
                 try:
                     parsed = json.loads(content)
                 except ValueError:
