@@ -22,6 +22,7 @@ import ipaddress
 import json
 import os
 import re
+import stat
 import sys
 import tomllib
 import types
@@ -527,18 +528,54 @@ def _is_host(value: str) -> bool:
     return 0 < len(value) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels)
 
 
+# Far more than a fleet of 10,000 agents takes; a bound so that `--config /dev/zero` (or any
+# endless stream) is refused instead of read until memory runs out.
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+_UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def _read_config_bytes(path: Path) -> bytes:
+    """The file's bytes, at most `MAX_CONFIG_BYTES`: a regular file, or a pipe such as
+    `--config <(...)`; a device or socket is refused before anything is read from it."""
+    with path.open("rb") as stream:
+        mode = os.fstat(stream.fileno()).st_mode
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISSOCK(mode):
+            raise ConfigError(
+                [f"{path}: is a device, not a configuration file; point --config at a TOML file"]
+            )
+        raw = stream.read(MAX_CONFIG_BYTES + 1)
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            [
+                f"{path}: larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MB, which no"
+                " configuration needs; point --config at the TOML file"
+            ]
+        )
+    return raw
+
+
 def load_config(path: Path) -> ServiceConfig:
     """Read and validate the TOML file at `path`; raise `ConfigError` with every problem."""
     try:
-        raw = path.read_bytes()
+        raw = _read_config_bytes(path)
     except FileNotFoundError:
         raise ConfigError(
             [f"{path}: no such file; create it (see config/taskcard.example.toml) or fix --config"]
         ) from None
+    except IsADirectoryError:
+        raise ConfigError([f"{path}: is a folder; point --config at the TOML file in it"]) from None
     except OSError as exc:
         raise ConfigError(
             [f"{path}: cannot be read ({exc.strerror}); check its permissions"]
         ) from None
+    if raw.startswith(_UTF8_BOM):
+        # TOML allows no byte order mark; tomllib's "Invalid statement" at 1:1 hides why.
+        raise ConfigError(
+            [
+                f"{path}: starts with a byte order mark (BOM), which TOML does not allow;"
+                " save the file as UTF-8 without BOM"
+            ]
+        )
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import tomllib
+from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
 
@@ -274,3 +275,53 @@ def test_nothing_served_warnings(tmp_path: Path, toml: str, expected: list[str])
     assert len(warnings) == len(expected)
     for warning, start in zip(warnings, expected, strict=True):
         assert warning.startswith(start)
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        # An endless device was read until memory ran out; it is refused before any read.
+        (lambda tmp: Path("/dev/zero"), "is a device"),
+        # A byte order mark (Windows editors) got "Invalid statement (at line 1, column 1)".
+        (
+            lambda tmp: _written(tmp / "bom.toml", b"\xef\xbb\xbf" + AGENT.encode()),
+            "byte order mark",
+        ),
+        # A folder got "cannot be read (Is a directory); check its permissions".
+        (lambda tmp: tmp, "is a folder"),
+        (lambda tmp: _written(tmp / "big.toml", b"#" * (17 * 1024 * 1024)), "larger than"),
+    ],
+    ids=["device", "bom", "folder", "huge"],
+)
+def test_a_config_path_of_the_wrong_kind_says_what_is_wrong(
+    tmp_path: Path, make: Callable[[Path], Path], words: str
+) -> None:
+    path = make(tmp_path)
+    for args in (("config", "check", str(path)), ("serve", "--config", str(path))):
+        result = taskcard(*args)
+        assert result.returncode == 2, result.stderr
+        assert words in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_config_from_a_pipe_is_still_read(tmp_path: Path) -> None:
+    config = console_config(tmp_path, AGENT)
+    result = subprocess.run(
+        [
+            "bash",
+            "-c",
+            '"$0" -m taskcard.bridge.cli config check <(cat "$1")',
+            sys.executable,
+            config,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "valid; 1 agents" in result.stdout
+
+
+def _written(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
