@@ -101,6 +101,18 @@ def _check_user_id(value: str) -> str:
 _UserId = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_check_user_id)]
 
 
+def _check_chat_id(value: str) -> str:
+    if not _usable_id(value):
+        raise ValueError(
+            "not a Feishu chat id (empty, too long or with spaces); use the chat's id"
+            " (oc_...) as `taskcard chats` lists it"
+        )
+    return value
+
+
+_ChatId = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_check_chat_id)]
+
+
 class FeishuRoute(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
@@ -109,12 +121,7 @@ class FeishuRoute(BaseModel):
     @field_validator("chat_id")
     @classmethod
     def _usable_chat(cls, value: str) -> str:
-        if not _usable_id(value):
-            raise ValueError(
-                "not a Feishu chat id (empty, too long or with spaces); use the chat's id"
-                " (oc_...) as `taskcard chats` lists it"
-            )
-        return value
+        return _check_chat_id(value)
 
     agents: list[str] = Field(min_length=1, description='Agent ids, or ["*"] for all agents.')
     pin: bool = Field(default=False, description="Pin the resident card.")
@@ -150,7 +157,7 @@ class FeishuConfig(BaseModel):
         ),
     )
     routes: list[FeishuRoute] = Field(default_factory=list)
-    origin_chats: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(
+    origin_chats: list[_ChatId] = Field(
         default_factory=list,
         max_length=1000,
         description=(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from taskcard.channels.base import (
     ROUTE_VIEW_HELP,
@@ -35,6 +35,15 @@ class TelegramLimits(BaseModel):
     )
 
 
+def _check_chat_id(value: int) -> int:
+    if value == 0:
+        raise ValueError("0 is no Telegram chat; use the chat's id (negative for groups)")
+    return value
+
+
+_ChatId = Annotated[int, Field(ge=-(2**53 - 1), le=2**53 - 1), AfterValidator(_check_chat_id)]
+
+
 class TelegramRoute(BaseModel):
     """One chat (optionally one forum topic) and the agents whose cards it shows."""
 
@@ -59,9 +68,7 @@ class TelegramRoute(BaseModel):
     @field_validator("chat_id")
     @classmethod
     def _nonzero_chat(cls, value: int) -> int:
-        if value == 0:
-            raise ValueError("0 is no Telegram chat; use the chat's id (negative for groups)")
-        return value
+        return _check_chat_id(value)
 
 
 class TelegramConfig(BaseModel):
@@ -76,7 +83,7 @@ class TelegramConfig(BaseModel):
         description="Bot API root: the public API, a local Bot API server, or a test fake.",
     )
     routes: list[TelegramRoute] = Field(default_factory=list)
-    origin_chats: list[Annotated[int, Field(ge=-(2**53 - 1), le=2**53 - 1)]] = Field(
+    origin_chats: list[_ChatId] = Field(
         default_factory=list,
         max_length=1000,
         description=(

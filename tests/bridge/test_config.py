@@ -162,6 +162,12 @@ SECRET_LIKE = "123456:AAExampleBotTokenPastedIntoTheWrongKey"
             '[[feishu.routes]]\nchat_id = "oc_1"\nagents = ["*"]\nallowed_user_ids = ["ou_1 "]\n',
             "feishu.routes[0].allowed_user_ids[0]: not a Feishu user id",
         ),
+        # An origin chat that can never match is refused like a route's chat id.
+        ("[telegram]\norigin_chats = [0]\n", "telegram.origin_chats[0]: 0 is no Telegram chat"),
+        (
+            '[feishu]\norigin_chats = ["oc_1 "]\n',
+            "feishu.origin_chats[0]: not a Feishu chat id",
+        ),
         (
             '[[telegram.routes]]\nchat_id = -100\nagents = ["*"]\nview = "grid"\n',
             "telegram.routes[0].view: Input should be 'cards' or 'board' (got 'grid'); use one",
