@@ -36,6 +36,11 @@ Location = Literal["queued", "taken", "cancelled", "missing"]
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+def encode_message(message: dict[str, Any]) -> bytes:
+    """A message file's bytes, as `queue` writes them (compare with MAX_INBOX_MESSAGE_BYTES)."""
+    return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode()
+
+
 class InboxRefused(Exception):
     """The inbox cannot be written safely; the message says what and how to fix it."""
 
@@ -91,7 +96,7 @@ class InboxWriter:
         ident = str(message.get("id"))
         if not MESSAGE_ID.match(ident):
             raise InboxRefused("the message id is not valid")
-        data = json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode()
+        data = encode_message(message)
         if len(data) > MAX_INBOX_MESSAGE_BYTES:
             raise InboxRefused(f"the message is over {MAX_INBOX_MESSAGE_BYTES // 1024} KiB")
         name = f"{ident}.json"

@@ -27,12 +27,12 @@ from pathlib import Path
 
 from taskcard.bridge.config import InboxConfig
 from taskcard.bridge.inbox.states import MessageState, message_state, state_line
-from taskcard.bridge.inbox.writer import InboxRefused, InboxWriter
+from taskcard.bridge.inbox.writer import InboxRefused, InboxWriter, encode_message
 from taskcard.bridge.schedule.scheduler import RouteKey, RouteScheduler
 from taskcard.bridge.store.sqlite import InboxRecord, StateStore
 from taskcard.bridge.track.monitor import ActivitySummary
 from taskcard.channels.base import CardView, Channel, ChatRef, Outgoing
-from taskcard.producers.reports.contract import Ack, inbox_message
+from taskcard.producers.reports.contract import MAX_INBOX_MESSAGE_BYTES, Ack, inbox_message
 
 log = logging.getLogger(__name__)
 
@@ -145,8 +145,26 @@ class InboxDesk:
             )
         if not text.strip():
             return f"Nothing to send: write the text after /tell {agent_id}."
+        message_id = "m_" + secrets.token_hex(10)
+        message = inbox_message(
+            ident=message_id,
+            kind="message",
+            text=text,
+            channel=channel,
+            chat_id=chat.chat_id,
+            thread_id=chat.thread_id,
+            user=author,
+            queued_at=now,
+        )
+        if len(encode_message(message)) > MAX_INBOX_MESSAGE_BYTES:
+            # Refused before anything is recorded: sending the same text again would fail the
+            # same way, so the answer says what to do instead.
+            return (
+                f"Too long for {agent_id}: a message may take at most"
+                f" {MAX_INBOX_MESSAGE_BYTES // 1024} KiB. Split it into shorter messages."
+            )
         record = InboxRecord(
-            message_id="m_" + secrets.token_hex(10),
+            message_id=message_id,
             agent_id=agent_id,
             channel=channel,
             chat_id=chat.chat_id,
@@ -157,16 +175,6 @@ class InboxDesk:
         self._store.add_inbox_message(record)  # first: a crash after the write still knows it
         self._keep(record)
         self._scheduler.add_route(status_key(record))
-        message = inbox_message(
-            ident=record.message_id,
-            kind="message",
-            text=text,
-            channel=channel,
-            chat_id=chat.chat_id,
-            thread_id=chat.thread_id,
-            user=author,
-            queued_at=now,
-        )
         try:
             self._writers[agent_id].queue(message)
         except (InboxRefused, OSError) as error:

@@ -309,6 +309,28 @@ async def test_rate_limit_and_who_may_write(platform: str, tmp_path: Path) -> No
             assert await chat.serve.aterminate() == 0
 
 
+async def test_a_text_too_long_for_the_inbox_is_refused_saying_to_split_it(
+    platform: str, tmp_path: Path
+) -> None:
+    # Over the inbox file's 16 KiB: it used to become a "failed ... Send it again." status,
+    # and sending it again failed the same way.
+    async with chat_for(platform, tmp_path, ["builder"]) as chat:
+        running_agent(tmp_path)
+        with chat.serve:
+            await eventually(lambda: chat.message_id_with("compile"), timeout_s=60, what="card")
+            await chat.say("/tell builder " + "é" * 9000)
+            await chat.say("/tell builder short one")
+            await wait_status(chat, "queued")
+            await eventually(
+                lambda: any("Split it into shorter messages" in t for t in chat.bot_texts()),
+                timeout_s=60,
+                what="the refusal",
+            )
+            assert len(status_texts(chat)) == 1
+            assert [json.loads(p.read_text())["text"] for p in queued(tmp_path)] == ["short one"]
+            assert await chat.serve.aterminate() == 0
+
+
 async def test_restart_between_queue_and_delivery(platform: str, tmp_path: Path) -> None:
     async with chat_for(platform, tmp_path, ["builder"]) as chat:
         running_agent(tmp_path)
