@@ -10,17 +10,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.e2e.harness import eventually
+from tests.e2e.harness import eventually, publish, run_cli
 from tests.e2e.test_talk_and_signals import (
     FS_CHAT,
     FS_PERSON,
     FS_VERIFY,
+    GROUP,
     FeishuChat,
+    TelegramChat,
     chat_for,
     platform,  # noqa: F401 (the fixture, used by name)
     queued,
     running_agent,
     wait_status,
+    workdir,
 )
 
 
@@ -70,4 +73,34 @@ async def test_a_look_alike_of_the_command_is_not_the_command(
                 what="the answer to the real command",
             )
             assert not any("hidden" in t.lower() for t in chat.bot_texts())
+            assert await chat.serve.aterminate() == 0
+
+
+async def test_a_command_resumes_a_route_disabled_while_the_bot_was_out_of_the_chat(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    # The bot removed from the group disables the route (`taskcard status` says why); once
+    # it is back, a /taskcard in the chat resumes the card, as the README says.
+    async with chat_for(platform, tmp_path, ["builder"]) as chat:
+        running_agent(tmp_path)
+        with chat.serve:
+            await eventually(lambda: chat.message_id_with("compile"), timeout_s=60, what="card")
+            if isinstance(chat, TelegramChat):
+                chat.fake.kick(GROUP)
+            elif isinstance(chat, FeishuChat):
+                chat.fake.remove_bot(FS_CHAT)
+            publish(workdir(tmp_path), "**link** 2/3")
+
+            def status() -> str:
+                return run_cli("status", "--config", str(chat.serve.config)).stdout
+
+            await eventually(lambda: "DISABLED" in status(), timeout_s=60, what="disabled")
+            if isinstance(chat, TelegramChat):
+                chat.fake.readmit(GROUP)
+            elif isinstance(chat, FeishuChat):
+                chat.fake.add_bot(FS_CHAT)
+            await chat.say("/taskcard")
+            await eventually(lambda: chat.message_id_with("link"), timeout_s=60, what="resumed")
+            assert "DISABLED" not in status()
             assert await chat.serve.aterminate() == 0
