@@ -449,13 +449,34 @@ def path_problems(config: ServiceConfig) -> list[str]:
                 f"discover.roots[{index}]: {root} exists and is not a directory; point it at"
                 " the folder that holds the agents' folders"
             )
+        elif (blocker := _file_above(root)) is not None:
+            problems.append(
+                f"discover.roots[{index}]: {blocker} is not a directory, so {root} can never"
+                " exist; fix the path"
+            )
     for index, agent in enumerate(config.agents):
         if agent.workdir.exists() and not agent.workdir.is_dir():
             problems.append(
                 f"agents[{index}].workdir: {agent.workdir} exists and is not a directory;"
                 " point it at the agent's working directory"
             )
+        elif (blocker := _file_above(agent.workdir)) is not None:
+            problems.append(
+                f"agents[{index}].workdir: {blocker} is not a directory, so {agent.workdir}"
+                " can never exist; fix the path"
+            )
     return problems
+
+
+def _file_above(path: Path) -> Path | None:
+    """The nearest existing ancestor of a `path` that does not exist yet, when that ancestor
+    is not a directory (a file where a folder of the path should be); else None."""
+    if path.exists() or path.is_symlink():
+        return None
+    probe = path.parent
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    return probe if probe.exists() and not probe.is_dir() else None
 
 
 def _state_dir_problem(state_dir: Path) -> str | None:

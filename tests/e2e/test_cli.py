@@ -325,3 +325,22 @@ def test_a_config_from_a_pipe_is_still_read(tmp_path: Path) -> None:
 def _written(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path
+
+
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [
+        ('[[agents]]\nid = "builder"\nworkdir = "notes.txt/builder"\n', "agents[0].workdir"),
+        ('[discover]\nroots = ["notes.txt/agents"]\n', "discover.roots[0]"),
+    ],
+)
+def test_a_path_under_a_file_is_refused_naming_the_file(
+    tmp_path: Path, section: str, key: str
+) -> None:
+    # A workdir or root "may not exist yet", but one under a file never can: it was accepted
+    # (a state_dir under a file is refused already).
+    (tmp_path / "notes.txt").write_text("a file, not a folder\n")
+    config = console_config(tmp_path, section)
+    result = taskcard("config", "check", str(config))
+    assert result.returncode == 2
+    assert f"{key}: {tmp_path / 'notes.txt'} is not a directory" in result.stderr
