@@ -26,7 +26,7 @@ import stat
 import sys
 import tomllib
 import types
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from urllib.parse import urlsplit
@@ -677,9 +677,44 @@ def _format_errors(exc: ValidationError) -> list[str]:
             messages.append(f"{path}: {message} (got {error['input']!r}); use one of these")
         elif kind.endswith("_type") or kind.endswith("_parsing"):
             messages.append(f"{path}: {message} (got {error['input']!r}); fix the value's type")
+        elif (fix := _bound_fix(kind, error.get("ctx") or {})) is not None:
+            # Only a number is quoted back: a string or list could hold a pasted secret.
+            value = error["input"]
+            got = f" (got {value!r})" if isinstance(value, int | float) else ""
+            messages.append(f"{path}: {message}{got}; {fix}")
         else:
             messages.append(f"{path}: {message}")
     return messages
+
+
+def _bound_fix(kind: str, ctx: Mapping[str, Any]) -> str | None:
+    """What to write instead of a value out of its bounds (pydantic names only the bound)."""
+
+    def number(key: str) -> str:
+        value = ctx.get(key)
+        return f"{value:g}" if isinstance(value, float) else str(value)
+
+    def count(key: str, one: str, many: str) -> str:
+        value = ctx.get(key)
+        return f"{value} {one if value == 1 else many}"
+
+    fixes = {
+        "greater_than_equal": lambda: f"use a number of at least {number('ge')}",
+        "less_than_equal": lambda: f"use a number of at most {number('le')}",
+        "greater_than": lambda: f"use a number above {number('gt')}",
+        "less_than": lambda: f"use a number below {number('lt')}",
+        "finite_number": lambda: "write a finite number (not nan or inf)",
+        "too_short": lambda: f"give at least {count('min_length', 'entry', 'entries')}",
+        "too_long": lambda: f"give at most {count('max_length', 'entry', 'entries')}",
+        "string_too_short": lambda: (
+            f"write at least {count('min_length', 'character', 'characters')}"
+        ),
+        "string_too_long": lambda: (
+            f"write at most {count('max_length', 'character', 'characters')}"
+        ),
+    }
+    fix = fixes.get(kind)
+    return None if fix is None else fix()
 
 
 def config_json_schema() -> dict[str, Any]:

@@ -162,6 +162,18 @@ SECRET_LIKE = "123456:AAExampleBotTokenPastedIntoTheWrongKey"
             '[[feishu.routes]]\nchat_id = "oc_1"\nagents = ["*"]\nallowed_user_ids = ["ou_1 "]\n',
             "feishu.routes[0].allowed_user_ids[0]: not a Feishu user id",
         ),
+        # A value out of its bounds says what to write instead, not only the bound.
+        (
+            ISSUE_EXAMPLE.replace("thread_id = 42", "thread_id = 0"),
+            "telegram.routes[0].thread_id: Input should be greater than or equal to 1 (got 0);"
+            " use a number of at least 1",
+        ),
+        (
+            ISSUE_EXAMPLE.replace('agents = ["builder"]', "agents = []"),
+            "telegram.routes[0].agents: List should have at least 1 item after validation, not"
+            " 0; give at least 1 entry",
+        ),
+        ("[limits]\nmax_pause_s = inf\n", "write a finite number (not nan or inf)"),
         # An origin chat that can never match is refused like a route's chat id.
         ("[telegram]\norigin_chats = [0]\n", "telegram.origin_chats[0]: 0 is no Telegram chat"),
         (
