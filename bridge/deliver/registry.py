@@ -46,8 +46,11 @@ Builder = Callable[[ServiceConfig, CursorStore, Mapping[str, str]], BuiltChannel
 def _need(env: Mapping[str, str], key_path: str, variable: str, what: str) -> str:
     value = env.get(variable, "").strip()
     if not value:
+        # Set but blank (an `export X=` or an env file's empty line) is told apart: "not set"
+        # would send the operator looking for a variable that is there.
+        state = "is empty" if variable in env else "is not set"
         raise SecretMissing(
-            f"{key_path}: the environment variable {variable} is not set; export the {what} "
+            f"{key_path}: the environment variable {variable} {state}; export the {what} "
             f"there (or point {key_path} at the variable that holds it)"
         )
     return value

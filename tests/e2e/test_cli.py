@@ -344,3 +344,18 @@ def test_a_path_under_a_file_is_refused_naming_the_file(
     result = taskcard("config", "check", str(config))
     assert result.returncode == 2
     assert f"{key}: {tmp_path / 'notes.txt'} is not a directory" in result.stderr
+
+
+@pytest.mark.parametrize(("value", "words"), [(None, "is not set"), ("  ", "is empty")])
+def test_a_missing_or_blank_secret_stops_serve_naming_the_variable(
+    tmp_path: Path, value: str | None, words: str
+) -> None:
+    config = console_config(
+        tmp_path,
+        AGENT,
+        '[telegram]\ntoken_env = "TC_BLANK_TOKEN"\napi_base_url = "http://127.0.0.1:9"\n',
+    )
+    env = {} if value is None else {"TC_BLANK_TOKEN": value}
+    result = taskcard("serve", "--config", str(config), env=env)
+    assert result.returncode == 2
+    assert f"telegram.token_env: the environment variable TC_BLANK_TOKEN {words}" in result.stderr
