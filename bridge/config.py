@@ -26,7 +26,7 @@ import stat
 import sys
 import tomllib
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from urllib.parse import urlsplit
@@ -698,7 +698,7 @@ def _bound_fix(kind: str, ctx: Mapping[str, Any]) -> str | None:
         value = ctx.get(key)
         return f"{value} {one if value == 1 else many}"
 
-    fixes = {
+    fixes: dict[str, Callable[[], str]] = {
         "greater_than_equal": lambda: f"use a number of at least {number('ge')}",
         "less_than_equal": lambda: f"use a number of at most {number('le')}",
         "greater_than": lambda: f"use a number above {number('gt')}",
