@@ -3,8 +3,10 @@
 The offset is persisted in the cursor store after each batch has been handed to the sink,
 so a restart confirms what was handled and never replays it (Telegram keeps unconfirmed
 updates for 24 hours). Only new messages count: an edited message is never a command, and
-`allowed_updates=["message"]` keeps edits from even arriving. Routing and permissions are
-the service's decisions, not ours.
+`allowed_updates=["message", "channel_post"]` keeps edits from even arriving. A channel's
+posts come as `channel_post` (only its administrators post there, signed by the channel):
+a routed channel is commanded like a group. Routing and permissions are the service's
+decisions, not ours.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ TELL = "tell"
 # The longest getUpdates flood wait honoured: commands are never shut out for longer.
 MAX_FLOOD_WAIT_S = 3600.0
 _COMMAND_END = re.compile(r"\s")
+# New messages of groups and private chats, and new posts of channels; never their edits.
+ALLOWED_UPDATES = ["message", "channel_post"]
 
 _log = logging.getLogger(__name__)
 
@@ -61,8 +65,9 @@ def parse_command(text: str, bot_username: str, command: str = COMMAND) -> str |
 
 
 def command_from_update(update: Update, bot_username: str) -> IncomingCommand | None:
-    """The command in a new message of `update`, or None (edits are never commands)."""
-    message = update.message
+    """The command in a new message or channel post of `update`, or None (edits are never
+    commands)."""
+    message = update.message or update.channel_post
     if message is None or message.text is None:
         return None
     name: CommandName = "taskcard"
@@ -140,7 +145,7 @@ class CommandPoller:
                 updates = await self._bot.get_updates(
                     offset=offset,
                     timeout=self._poll_timeout_s,
-                    allowed_updates=["message"],
+                    allowed_updates=ALLOWED_UPDATES,
                 )
             except tg.Conflict as exc:
                 if "webhook" in str(exc).lower():

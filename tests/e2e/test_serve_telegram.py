@@ -549,3 +549,27 @@ async def test_a_command_from_a_forum_topic_is_answered_in_that_topic(
         [answer] = [m for m in fake.bot_messages(GROUP) if "Task cards here" in m.text]
         assert answer.thread_id == 42
         assert await serve.aterminate() == 0
+
+
+async def test_a_routed_channel_is_commanded_by_its_posts(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    # A channel (chat ids are negative for channels too) has no members writing messages:
+    # its administrators post as the channel, which arrives as `channel_post`. /taskcard off
+    # there hid nothing, since only `message` updates were asked for.
+    channel = -1009876543210
+    serve = setup(tmp_path, fake, ["builder"], [(channel, ["builder"])])
+    with serve:
+        publish(agent_dir(tmp_path, "builder"), "visible body")
+        await eventually(lambda: any("visible body" in t for t in shown(fake, channel)))
+        resident = fake.bot_messages(channel)[0].message_id
+        fake.inject_channel_post(channel, "/taskcard off")
+        await eventually(
+            lambda: "hidden" in (fake.message(channel, resident) or _none).text.lower(),
+            what="the card hidden by a channel post",
+        )
+        await eventually(
+            lambda: any("Task cards hidden here" in t for t in shown(fake, channel)),
+            what="the answer in the channel",
+        )
+        assert await serve.aterminate() == 0

@@ -377,6 +377,27 @@ class FakeTelegram:
             message["edit_date"] = self._date()
         return self._push_update({kind: message})
 
+    def inject_channel_post(self, chat_id: int | str, text: str) -> int:
+        """An administrator posts `text` in channel `chat_id` (a `channel_post` update: it is
+        signed by the channel, without a user); returns the update id."""
+        chat = int(chat_id)
+        message_id = self._allocate_id(chat)
+        stored = StoredMessage(chat, message_id, text, [], None, from_bot=False, date=self._date())
+        self._chats.setdefault(chat, {})[message_id] = stored
+        channel = {"id": chat, "type": "channel", "title": f"Channel {chat}"}
+        post: Json = {
+            "message_id": message_id,
+            "date": stored.date,
+            "chat": channel,
+            "sender_chat": channel,
+            "text": text,
+        }
+        if text.startswith("/"):
+            post["entities"] = [
+                {"type": "bot_command", "offset": 0, "length": len(text.split()[0])}
+            ]
+        return self._push_update({"channel_post": post})
+
     def inject_command(
         self,
         chat_id: int | str,
