@@ -311,7 +311,7 @@ class TaskCard:
             seen = max((watch_number(w) for w in self._watches), default=self._seen_watch_number)
             watch_id = allocate_watch_id(self.paths, seen)
         except OSError as exc:
-            return _failed(f"cannot write under taskcard/: {exc.strerror}", code="write_failed")
+            return _failed(self._cannot_write(exc), code="write_failed")
         watch = _Watch(
             watch_id=watch_id,
             renderer_rel=str(renderer.relative_to(self.workdir)),
@@ -339,7 +339,7 @@ class TaskCard:
                 changed = self._publish(verdict.body, activate=True)
                 write_descriptor(self.paths, watch.descriptor())
             except OSError as exc:
-                return _failed(f"publishing failed: {exc.strerror}", code="write_failed")
+                return _failed(f"publishing failed: {self._cannot_write(exc)}", code="write_failed")
             self._restart_tally(watch)
             self._record_success(watch, verdict.body)
             self._watches[watch_id] = watch
@@ -422,7 +422,7 @@ class TaskCard:
                 clear_descriptor(self.paths)
             except OSError as exc:
                 watch.state = "stop_failed"
-                return {**self._view(watch), "message": f"cannot write status: {exc.strerror}"}
+                return {**self._view(watch), "message": self._cannot_write(exc)}
             watch.state = "stopping"
             watch.stop_reason = "stopped"
             watch.stop_event.set()
@@ -463,7 +463,7 @@ class TaskCard:
             except OSError as exc:
                 return {
                     "status": "remove_failed",
-                    "message": f"cannot remove the card: {exc.strerror}",
+                    "message": f"cannot remove the card: {self._cannot_write(exc)}",
                     **self._paths_view(),
                 }
             return {
@@ -594,7 +594,7 @@ class TaskCard:
                     try:
                         self._publish(verdict.body, activate=still_live, durable=not from_tick)
                     except OSError as exc:
-                        failure = RenderFailure("write_failed", f"cannot write: {exc.strerror}")
+                        failure = RenderFailure("write_failed", self._cannot_write(exc))
                     else:
                         self._record_success(watch, verdict.body)
                         if watch.error is not None:
@@ -783,11 +783,21 @@ class TaskCard:
             if verdict is None:
                 pass  # cannot happen before the updater exists; nothing to record
             elif isinstance(verdict, Rendered):
-                self._publish(verdict.body, activate=True)
-                self._record_success(watch, verdict.body)
+                # A card file that cannot be written is the watch's error, as on a tick: the
+                # host must still come up, or no call (not even remove) could reach it.
+                try:
+                    self._publish(verdict.body, activate=True)
+                except OSError as exc:
+                    failure = RenderFailure("write_failed", self._cannot_write(exc))
+                    self._record_failure(watch, failure, tail)
+                else:
+                    self._record_success(watch, verdict.body)
             else:
                 self._record_failure(watch, verdict, tail)
-            write_descriptor(self.paths, watch.descriptor())
+            try:
+                write_descriptor(self.paths, watch.descriptor())
+            except OSError as exc:  # the one on disk still resumes this watch
+                log.warning("task card watch %s: %s", watch.watch_id, self._cannot_write(exc))
             self._restart_tally(watch)
             self._watches[watch.watch_id] = watch
             self._current = watch
@@ -801,7 +811,23 @@ class TaskCard:
         except OSError as exc:  # a folder planted there: the host still serves, start says why
             log.warning("task card: cannot clear %s (%s)", self.paths.watch, exc.strerror)
         if self.paths.status.exists() or self.paths.body.exists():
-            self._write_status(STATUS_INACTIVE)
+            try:
+                self._write_status(STATUS_INACTIVE)
+            except OSError as exc:  # the host still serves; start and remove say why
+                log.warning("task card: %s", self._cannot_write(exc))
+
+    def _cannot_write(self, exc: OSError) -> str:
+        """Why a card file could not be written or removed, naming it and what it must be."""
+        target = exc.filename2 if exc.filename2 is not None else exc.filename
+        name = Path(os.fsdecode(target)).name if target is not None else ""
+        where = "taskcard/"
+        for path in (self.paths.body, self.paths.status, self.paths.watch):
+            if name == path.name or name.startswith(f".{path.name}."):  # or its temp file
+                where = f"taskcard/{path.name}"
+        return (
+            f"cannot write {where} ({exc.strerror or exc}); the card files must be regular "
+            "files in a writable taskcard/ folder: move away what is in the way, then call again"
+        )
 
 
 MAX_WAIT_STEP_S: Final = 3600.0

@@ -101,6 +101,42 @@ def test_a_corrupt_descriptor_found_by_a_new_host_leaves_the_card_inactive(
     assert (folder / "status").read_bytes() == b"inactive"
 
 
+def test_a_resumed_watch_whose_body_cannot_be_written_is_an_error_not_a_dead_host(
+    workdir: Path, cli: CliHost
+) -> None:
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    assert cli.json("card", "start", "r.py", "--interval-s", "3600")["status"] == "watching"
+    cli.shutdown()
+    body = workdir / "taskcard" / "taskcard.md"
+    body.unlink()
+    body.mkdir()  # planted between two hosts: the resume render cannot be published
+    inspected = cli.run("card", "inspect", "tc_1", "--json")
+    assert inspected.returncode == 0, inspected.stderr
+    result = json.loads(inspected.stdout)
+    assert result["status"] == "error"
+    assert result["error"]["code"] == "write_failed"
+    assert "taskcard/taskcard.md (Is a directory)" in result["error"]["message"]
+    body.rmdir()
+    retried = cli.json("card", "retry", "tc_1")
+    assert (retried["status"], retried["status_value"]) == ("watching", "active")
+    assert body.read_text() == "# Work\nsteady body\n"
+
+
+def test_a_stale_descriptor_beside_a_status_folder_still_lets_remove_answer(
+    workdir: Path, cli: CliHost
+) -> None:
+    folder = workdir / "taskcard"
+    folder.mkdir()
+    (folder / "watch.json").write_text("{ this is not json")
+    (folder / "status").mkdir()
+    removed = cli.run("card", "remove", "--json")
+    assert removed.returncode == 1, removed.stderr  # refused, not "no host reachable" (4)
+    result = json.loads(removed.stdout)
+    assert result["status"] == "remove_failed"
+    assert "taskcard/status (Is a directory)" in result["message"]
+    assert not (folder / "watch.json").exists()
+
+
 def test_the_lead_entry_point_registers_every_subcommand() -> None:
     code = (
         "import argparse\n"
