@@ -114,6 +114,7 @@ class _Watch:
     tally_failed: bool = False
     persisted_epoch: int = 0  # the error_epoch in the last descriptor written
     ticks_skipped: int = 0  # grid points passed while a render overran (schedule.py)
+    removed: bool = False  # `remove` deleted its card: it never publishes again
 
     def descriptor(self) -> WatchDescriptor:
         return WatchDescriptor(
@@ -396,6 +397,20 @@ class TaskCard:
                 }
             if watch.state in ("stopping", "stop_failed"):
                 return _failed(f"watch {watch_id} is stopping; stop it again or remove it")
+            # One card per agent: an older watch's render would overwrite the card of the
+            # watch that replaced it, and a removed card must stay removed.
+            current = self._current
+            why = None
+            if watch.removed:
+                why = "its card was removed; start a new watch"
+            elif current is not None and current is not watch:
+                why = f"watch {current.watch_id} replaced it; retry {current.watch_id} instead"
+            if why is not None:
+                return {
+                    **self._view(watch),
+                    "status": "failed",
+                    "message": f"watch {watch_id} cannot render any more: {why}",
+                }
         # Every retry counts against the budget, a stopped watch's included (manual, budget).
         outcome = self._refresh(watch, counted=True, from_tick=False)
         with self._lock:
@@ -460,6 +475,8 @@ class TaskCard:
                     removed = True
                 except FileNotFoundError:
                     removed = False
+                if watch is not None:
+                    watch.removed = True  # a retry in flight or to come must not bring it back
             except OSError as exc:
                 return {
                     "status": "remove_failed",
@@ -587,6 +604,8 @@ class TaskCard:
                 still_live = watch.state in ("watching", "error")
                 if live and not still_live:
                     return None  # stopped meanwhile: a late body must not revive the card
+                if watch.removed or watch is not self._current:
+                    return None  # removed or replaced meanwhile: the card is no longer its own
                 if counted:
                     watch.refreshes_used += 1
                 failure: RenderFailure | None = None

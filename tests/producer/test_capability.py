@@ -367,6 +367,56 @@ def test_remove_is_idempotent_and_needs_no_watch(workdir: Path, make_card: MakeC
     assert card.call(envelope("remove"))["body_removed"] is False
 
 
+def test_an_older_watch_cannot_overwrite_the_card_of_the_one_that_replaced_it(
+    workdir: Path, make_card: MakeCard
+) -> None:
+    write_renderer(workdir, "old.py", 'print("# old card")\n')
+    write_renderer(workdir, "new.py", 'print("# new card")\n')
+    card = make_card()
+    start(card, "old.py", interval_s=3600)
+    assert card.call(envelope("stop", watch_id="tc_1"))["status"] == "stopped"
+    start(card, "new.py", interval_s=3600)
+    refused = card.call(envelope("retry", watch_id="tc_1"))
+    assert refused["status"] == "failed"
+    assert "tc_2 replaced it; retry tc_2 instead" in str(refused["message"])
+    assert (workdir / "taskcard" / "taskcard.md").read_text() == "# new card\n"
+    assert (workdir / "taskcard" / "status").read_bytes() == b"active"
+
+
+def test_a_removed_card_stays_removed_even_with_a_retry_in_flight(
+    workdir: Path, make_card: MakeCard
+) -> None:
+    # Renders slowly while slow.flag exists, and says so in started.flag.
+    write_renderer(
+        workdir,
+        "r.py",
+        "import time\nfrom pathlib import Path\n"
+        "if Path('slow.flag').exists():\n"
+        "    Path('started.flag').touch()\n"
+        "    while Path('slow.flag').exists():\n"
+        "        time.sleep(0.02)\n"
+        "print('# stale card')\n",
+    )
+    card = make_card()
+    start(card, interval_s=3600)
+    assert card.call(envelope("stop", watch_id="tc_1"))["status"] == "stopped"
+    (workdir / "slow.flag").touch()
+    retried: list[dict[str, object]] = []
+    retrying = threading.Thread(
+        target=lambda: retried.append(card.call(envelope("retry", watch_id="tc_1")))
+    )
+    retrying.start()
+    wait_for(lambda: (workdir / "started.flag").exists())
+    removed = card.call(envelope("remove"))
+    assert (removed["status"], removed["body_removed"]) == ("removed", True)
+    (workdir / "slow.flag").unlink()
+    retrying.join()
+    assert not (workdir / "taskcard" / "taskcard.md").exists()  # the late render was dropped
+    again = card.call(envelope("retry", watch_id="tc_1"))
+    assert again["status"] == "failed" and "its card was removed" in str(again["message"])
+    assert not (workdir / "taskcard" / "taskcard.md").exists()
+
+
 def test_closing_the_host_mid_render_records_no_error_and_spends_no_budget(
     workdir: Path, make_card: MakeCard
 ) -> None:
