@@ -50,6 +50,7 @@ from taskcard.producers.task_card.notifications import (
     NotificationPort,
     TaskCardErrorNotification,
     TaskCardLimitNotification,
+    TaskCardNotification,
     TaskCardRecoveredNotification,
 )
 from taskcard.producers.task_card.renderer import (
@@ -569,16 +570,30 @@ class TaskCard:
     def _record_success(self, watch: _Watch, body: str) -> None:
         watch.last_body = body
         watch.last_body_at = self._clock()
-        reset_turns(self.paths)
-        self._notifier.clear_reminder()
+        self._side_effect(watch, "reset the turn count", lambda: reset_turns(self.paths))
+        self._side_effect(watch, "clear the reminder", self._notifier.clear_reminder)
+
+    def _notify(self, watch: _Watch, event: TaskCardNotification) -> None:
+        self._side_effect(
+            watch, f"write a {type(event).__name__}", lambda: self._notifier.notify(event)
+        )
+
+    def _side_effect(self, watch: _Watch, what: str, action: Callable[[], object]) -> None:
+        """Notices and the turn count live in `.notification/`, beside the card, not in it:
+        a file there that cannot be written is logged and never stops the card itself."""
+        try:
+            action()
+        except OSError as exc:
+            log.warning("task card watch %s: cannot %s: %s", watch.watch_id, what, exc)
 
     def _record_failure(self, watch: _Watch, failure: RenderFailure, tail: str) -> None:
         if watch.error is None:
             watch.error_epoch += 1
-            self._notifier.notify(
+            self._notify(
+                watch,
                 TaskCardErrorNotification(
                     watch.watch_id, watch.error_epoch, failure.code, failure.message
-                )
+                ),
             )
         watch.error = failure
         watch.error_at = self._clock()
@@ -617,8 +632,9 @@ class TaskCard:
                     else:
                         self._record_success(watch, verdict.body)
                         if watch.error is not None:
-                            self._notifier.notify(
-                                TaskCardRecoveredNotification(watch.watch_id, watch.error_epoch)
+                            self._notify(
+                                watch,
+                                TaskCardRecoveredNotification(watch.watch_id, watch.error_epoch),
                             )
                             watch.error = None
                             watch.stderr_tail = ""
@@ -645,7 +661,7 @@ class TaskCard:
             log.error("task card watch %s: cannot write inactive: %s", watch.watch_id, exc)
         self._drop_tally(watch)
         clear_descriptor(self.paths)
-        self._notifier.notify(TaskCardLimitNotification(watch.watch_id, watch.max_refreshes))
+        self._notify(watch, TaskCardLimitNotification(watch.watch_id, watch.max_refreshes))
         log.info("task card watch %s exhausted its refresh budget", watch.watch_id)
 
     def _persist_budget(self, watch: _Watch) -> None:

@@ -35,6 +35,7 @@ from taskcard.producers.task_card.renderer import (
 
 from .conftest import (
     COUNTER_RENDERER,
+    FLAG_RENDERER,
     POLL_TIMEOUT_S,
     STATIC_RENDERER,
     CliHost,
@@ -586,3 +587,26 @@ def test_a_planted_settings_file_is_refused_by_name_never_read(cli: CliHost, kin
         if command[1] == "settings":
             assert "taskcard.json" in result["message"]
             assert "not a regular file" in result["message"]
+
+
+def test_a_notification_folder_that_cannot_be_written_never_stops_the_card(
+    cli: CliHost,
+) -> None:
+    """Notices and the turn count are written beside the card; failing there is only logged."""
+    write_renderer(cli.workdir, "r.py", FLAG_RENDERER)
+    notices = cli.workdir / ".notification"
+    notices.mkdir()
+    (notices / "turns.json").write_text('{"turns": 3}')  # a publication resets it...
+    (notices / ".turns.lock").mkdir()  # ...under a lock that cannot be opened
+    started = cli.run("card", "start", "r.py", "--interval-s", "1", "--json")
+    assert started.returncode == 0, started.stderr
+    assert json.loads(started.stdout)["status"] == "watching"
+    shutil.rmtree(notices)
+    notices.write_text("planted: not a folder")  # no error or recovery notice can be written
+    flag = cli.workdir / "fail.flag"
+    flag.touch()
+    wait_for(lambda: cli.json("card", "inspect", "tc_1")["status"] == "error")
+    assert cli.json("card", "inspect", "tc_1")["error"]["code"] == "renderer_nonzero_exit"
+    flag.unlink()
+    wait_for(lambda: cli.json("card", "inspect", "tc_1")["status"] == "watching")
+    assert cli.json("card", "retry", "tc_1")["status"] == "watching"
