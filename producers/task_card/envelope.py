@@ -219,7 +219,7 @@ def decode_envelope(
 
 
 def _json_kind(value: object) -> str:
-    if isinstance(value, list):
+    if isinstance(value, list | tuple):
         return "an array"
     if isinstance(value, str):
         return "a string"
@@ -227,7 +227,9 @@ def _json_kind(value: object) -> str:
         return "null"
     if isinstance(value, bool):
         return "a boolean"
-    return "a number"
+    if isinstance(value, int | float):
+        return "a number"
+    return f"a {type(value).__name__}"  # only the Python API can pass other objects
 
 
 def check_unicode(text: str) -> str | None:
@@ -274,10 +276,11 @@ def check_values(
                 return f"{where}: {bad}"
         elif isinstance(value, Mapping):
             for key, item in value.items():
+                inside = f"{where}: " if depth else ""  # the caller names the envelope
                 if not isinstance(key, str):
-                    return f"{where}: keys must be strings, got {type(key).__name__}"
+                    return f"{inside}keys must be strings, got {key!r}"
                 if "\0" in key or check_unicode(key):
-                    return f"{where}: a key is not valid text (a NUL or a lone surrogate)"
+                    return f"{inside}a key is not valid text (a NUL or a lone surrogate)"
                 stack.append((item, key if depth == 0 else f"{where}.{key}", depth + 1))
         elif isinstance(value, list | tuple):
             for index, item in enumerate(value):
@@ -321,7 +324,9 @@ def parse_envelope(raw: Mapping[str, Any] | str | bytes) -> Envelope:
         if key not in ROOT_FIELDS:
             problems.append(f"{key}: unknown root field; allowed: {', '.join(ROOT_FIELDS)}")
     action = data.get("action")
-    if action not in ACTIONS:
+    if "action" not in data:
+        problems.append(f"action: required, one of {', '.join(ACTIONS)}")
+    elif action not in ACTIONS:
         problems.append(f"action: {action!r} is not one of {', '.join(ACTIONS)}")
     reasoning = data.get("reasoning")
     if not isinstance(reasoning, str) or not reasoning.strip():
@@ -333,7 +338,7 @@ def parse_envelope(raw: Mapping[str, Any] | str | bytes) -> Envelope:
     if "input" not in data:
         problems.append("input: required, an object ({} for remove, settings, manual)")
     elif not isinstance(payload, Mapping):
-        problems.append(f"input: must be an object, got {type(payload).__name__}")
+        problems.append(f"input: must be an object, got {_json_kind(payload)}")
     if problems:
         raise EnvelopeError("; ".join(problems))
     assert isinstance(payload, Mapping) and isinstance(reasoning, str)

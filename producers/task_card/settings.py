@@ -48,8 +48,22 @@ class Bound:
     def describe(self) -> str:
         kind = "an integer" if self.integer else "a number"
         if math.isinf(self.ceiling):
-            return f"a finite {kind[kind.index(' ') + 1 :]} of at least {self.floor:g}"
-        return f"{kind} from {self.floor:g} to {self.ceiling:g}"
+            return f"a finite {kind[kind.index(' ') + 1 :]} of at least {_plain(self.floor)}"
+        return f"{kind} from {_plain(self.floor)} to {_plain(self.ceiling)}"
+
+
+def _plain(number: float) -> str:
+    """`1000000`, not `1e+06`: the range as it would be typed into the JSON file."""
+    return str(int(number)) if float(number).is_integer() else f"{number:g}"
+
+
+def _as_json(value: object) -> str:
+    """A value as the JSON file spells it (`true`, `null`, `"5"`), for messages about it."""
+    try:
+        text = json.dumps(value, allow_nan=True)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 BOUNDS: Final[dict[str, Bound]] = {
@@ -67,7 +81,7 @@ def setting_problem(key: str, value: object) -> str | None:
     number_ok = _is_int(value) if bound.integer else _is_number(value)
     if number_ok and bound.floor <= value <= bound.ceiling:  # type: ignore[operator]
         return None
-    return f"{key}: {value!r} is not allowed; use {bound.describe()}"
+    return f"{key}: {_as_json(value)} is not allowed; use {bound.describe()}"
 
 
 class SettingsUnavailable(RuntimeError):

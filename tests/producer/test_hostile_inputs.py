@@ -610,3 +610,47 @@ def test_a_notification_folder_that_cannot_be_written_never_stops_the_card(
     flag.unlink()
     wait_for(lambda: cli.json("card", "inspect", "tc_1")["status"] == "watching")
     assert cli.json("card", "retry", "tc_1")["status"] == "watching"
+
+
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        (b'{"input": {}, "reasoning": "r"}', "action: required, one of start, inspect"),
+        (b'{"action": "manual", "input": null, "reasoning": "r"}', "must be an object, got null"),
+        (b'{"action": "manual", "input": [], "reasoning": "r"}', "must be an object, got an array"),
+        (
+            b'{"action": "manual", "input": "{}", "reasoning": "r"}',
+            "must be an object, got a string",
+        ),
+    ],
+    ids=["no-action", "input-null", "input-array", "input-string"],
+)
+def test_a_refused_envelope_is_explained_in_json_words(
+    cli: CliHost, raw: bytes, words: str
+) -> None:
+    code, out, err = _run_tool(cli, arg=None, stdin=raw)
+    assert code == 1, (out, err)
+    message = json.loads(out)["message"]
+    assert words in message
+    for python in ("None", "NoneType", "list", "str"):
+        assert python not in message.split()
+
+
+def test_the_python_api_names_a_key_that_is_not_a_string_once(make_card: MakeCard) -> None:
+    result = make_card().call({"action": "manual", "input": {}, "reasoning": "r", 7: "x"})
+    assert result["message"] == "envelope: keys must be strings, got 7"
+
+
+def test_settings_problems_spell_values_and_ranges_as_the_json_file_does(cli: CliHost) -> None:
+    (cli.workdir / "taskcard").mkdir()
+    document = '{"max_refreshes": true, "timeout_s": null, "interval_s": "5"}'
+    (cli.workdir / "taskcard" / "taskcard.json").write_text(document)
+    problems = cli.json("card", "settings")["problems"]
+    assert problems == [
+        'taskcard.json interval_s: "5" is not allowed; use a finite number of at least 1; '
+        "the default 5 is in force",
+        "taskcard.json timeout_s: null is not allowed; use a number from 0.1 to 300; "
+        "the default 10 is in force",
+        "taskcard.json max_refreshes: true is not allowed; use an integer from 1 to 1000000; "
+        "the default 2000 is in force",
+    ]
