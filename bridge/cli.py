@@ -10,6 +10,7 @@ every subcommand gets them: help text that shows each default, the exit codes be
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from importlib import import_module
@@ -22,6 +23,7 @@ EXIT_USAGE: Final = 2
 EXIT_ALREADY_RUNNING: Final = 3
 EXIT_UNREACHABLE: Final = 4
 EXIT_INTERRUPTED: Final = 130
+EXIT_BROKEN_PIPE: Final = 141  # as a shell reports a command SIGPIPE ended
 
 EXIT_CODES_EPILOG: Final = f"""\
 exit codes:
@@ -32,6 +34,7 @@ exit codes:
   {EXIT_ALREADY_RUNNING}    already running (a service on that state_dir, a host for that workdir)
   {EXIT_UNREACHABLE}    no task card host could be reached or started
   {EXIT_INTERRUPTED}  interrupted (Ctrl-C)
+  {EXIT_BROKEN_PIPE}  the reader of the output went away (`taskcard ... | head`)
 
 environment:
   TASKCARD_CONFIG      default for --config
@@ -160,6 +163,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # No traceback for `taskcard card inspect ... | head -1`; stdout goes to /dev/null so
+        # the interpreter's last flush at exit cannot fail on the closed pipe again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

@@ -359,3 +359,22 @@ def test_a_missing_or_blank_secret_stops_serve_naming_the_variable(
     result = taskcard("serve", "--config", str(config), env=env)
     assert result.returncode == 2
     assert f"telegram.token_env: the environment variable TC_BLANK_TOKEN {words}" in result.stderr
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> None:
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # like `| head -1` that has already read its line
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "taskcard.bridge.cli", "card", "manual"],
+            cwd=ROOT,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141
+    assert done.stderr == ""
