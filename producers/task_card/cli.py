@@ -123,9 +123,9 @@ def summarize(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _refuse(message: str) -> int:
+def _refuse(message: str, as_json: bool = True, **extra: str) -> int:
     """An envelope we cannot use at all: the reason as a result, exit 2."""
-    _emit({"status": "failed", "code": "bad_envelope", "message": message})
+    _emit({**extra, "status": "failed", "code": "bad_envelope", "message": message}, as_json)
     return EXIT_USAGE
 
 
@@ -197,11 +197,12 @@ def run_card(args: argparse.Namespace) -> int:
     envelope = {"action": args.card_action, "input": payload, "reasoning": args.reasoning}
     problem = check_values(envelope)  # argv may carry bytes that are not UTF-8
     if problem:
-        return _refuse(f"envelope: {problem}")
+        return _refuse(f"envelope: {problem}", args.json, action=args.card_action)
     result = _call(args, envelope)
     if isinstance(result, int):
         return result
-    return _emit(result, args.json)
+    # A refused envelope comes back without its action; the summary names the command run.
+    return _emit({"action": args.card_action, **result}, args.json)
 
 
 def _private_paths(args: argparse.Namespace) -> HostPaths | None:

@@ -238,6 +238,25 @@ def test_card_commands_print_a_summary_or_json(tmp_path: Path) -> None:
         assert removed.stdout.startswith("remove: removed")
 
 
+def test_a_refused_card_command_is_summarised_under_its_own_name(tmp_path: Path) -> None:
+    common = ("--workdir", str(tmp_path), "--runtime-dir", str(tmp_path / "run"))
+    common += ("--idle-grace-s", "1")
+    (tmp_path / "card.py").write_text('print("# card")\n')
+    unusable = taskcard("card", "start", "card.py", "--interval-s", "nan", *common)
+    assert unusable.returncode == 2
+    assert unusable.stdout.splitlines() == [
+        "start: failed",
+        "  envelope: input.interval_s: nan is not a finite number",
+    ]
+    refused = taskcard("card", "start", "card.py", "--interval-s", "0.5", *common)
+    assert refused.returncode == 1, refused.stderr
+    assert refused.stdout.startswith("start: failed\n  input.interval_s:")
+    as_json = json.loads(
+        taskcard("card", "start", "card.py", "--interval-s", "nan", "--json", *common).stdout
+    )
+    assert (as_json["action"], as_json["code"]) == ("start", "bad_envelope")
+
+
 @pytest.mark.parametrize("shell", ["fish"])
 def test_an_unknown_shell_is_a_usage_error(shell: str) -> None:
     result = taskcard("completion", shell)

@@ -126,9 +126,12 @@ def test_card_refuses_an_argument_that_is_not_utf8(cli: CliHost) -> None:
         os.fsdecode(b"r\xff.py"),
     ]
     command += ["--workdir", str(cli.workdir), "--runtime-dir", str(cli.runtime_dir)]
-    done = subprocess.run(command, capture_output=True, timeout=120)
+    done = subprocess.run([*command, "--json"], capture_output=True, timeout=120)
     assert done.returncode == 2, done.stderr
     assert "input.renderer_path" in json.loads(done.stdout)["message"]
+    summary = subprocess.run(command, capture_output=True, timeout=120)
+    assert summary.returncode == 2, summary.stderr
+    assert summary.stdout.startswith(b"start: failed\n  envelope: input.renderer_path")
 
 
 def _socket_exchange(cli: CliHost, line: bytes) -> dict[str, Any]:
