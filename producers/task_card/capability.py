@@ -438,7 +438,11 @@ class TaskCard:
                 clear_descriptor(self.paths)
             except OSError as exc:
                 watch.state = "stop_failed"
-                return {**self._view(watch), "message": self._cannot_write(exc)}
+                return {
+                    **self._view(watch),
+                    "code": "write_failed",
+                    "message": self._cannot_write(exc),
+                }
             watch.state = "stopping"
             watch.stop_reason = "stopped"
             watch.stop_event.set()
@@ -459,6 +463,13 @@ class TaskCard:
             watch = self._current
         if watch is not None and watch.state in LIVE_STATES:
             stopped = self.stop(watch.watch_id)
+            if stopped.get("code") == "write_failed":  # not the updater: a card file
+                return {
+                    **stopped,
+                    "status": "remove_failed",
+                    "body_removed": False,
+                    "message": f"cannot remove the card: {stopped['message']}",
+                }
             if stopped["status"] != "stopped":
                 return {
                     **stopped,

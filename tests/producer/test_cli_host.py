@@ -137,6 +137,27 @@ def test_a_stale_descriptor_beside_a_status_folder_still_lets_remove_answer(
     assert not (folder / "watch.json").exists()
 
 
+def test_remove_that_cannot_write_the_status_says_so_not_that_the_updater_hung(
+    workdir: Path, cli: CliHost
+) -> None:
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    assert cli.json("card", "start", "r.py", "--interval-s", "3600")["status"] == "watching"
+    status = workdir / "taskcard" / "status"
+    status.unlink()
+    status.mkdir()
+    removed = cli.json("card", "remove")
+    assert (removed["status"], removed["body_removed"]) == ("remove_failed", False)
+    assert "taskcard/status (Is a directory)" in removed["message"]
+    assert "quiesce" not in removed["message"]
+    assert (workdir / "taskcard" / "taskcard.md").exists()
+    stopped = cli.json("card", "stop", "tc_1")
+    assert (stopped["status"], stopped["code"]) == ("stop_failed", "write_failed")
+    status.rmdir()
+    removed = cli.json("card", "remove")
+    assert (removed["status"], removed["body_removed"]) == ("removed", True)
+    assert status.read_bytes() == b"inactive"
+
+
 def test_the_lead_entry_point_registers_every_subcommand() -> None:
     code = (
         "import argparse\n"
