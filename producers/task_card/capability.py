@@ -341,6 +341,9 @@ class TaskCard:
                 changed = self._publish(verdict.body, activate=True)
                 write_descriptor(self.paths, watch.descriptor())
             except OSError as exc:
+                # No watch will refresh this card: it must not stay `active` for the chats.
+                with contextlib.suppress(OSError):
+                    self._write_status(STATUS_INACTIVE)
                 return _failed(f"publishing failed: {self._cannot_write(exc)}", code="write_failed")
             self._restart_tally(watch)
             self._record_success(watch, verdict.body)

@@ -158,6 +158,18 @@ def test_remove_that_cannot_write_the_status_says_so_not_that_the_updater_hung(
     assert status.read_bytes() == b"inactive"
 
 
+def test_a_start_that_cannot_write_its_descriptor_leaves_no_active_card(
+    workdir: Path, cli: CliHost
+) -> None:
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    (workdir / "taskcard" / "watch.json").mkdir(parents=True)
+    started = cli.json("card", "start", "r.py")
+    assert (started["status"], started["code"]) == ("failed", "write_failed")
+    assert "taskcard/watch.json (Is a directory)" in started["message"]
+    # Body and `active` were written before the descriptor failed; no watch refreshes them.
+    assert (workdir / "taskcard" / "status").read_bytes() == b"inactive"
+
+
 def test_the_lead_entry_point_registers_every_subcommand() -> None:
     code = (
         "import argparse\n"
