@@ -30,6 +30,7 @@ from taskcard.producers.task_card.contract import (
     utc_now_iso,
 )
 from taskcard.producers.task_card.descriptor import (
+    SEQ_FILE,
     DescriptorCorrupt,
     WatchDescriptor,
     allocate_watch_id,
@@ -870,9 +871,14 @@ class TaskCard:
         target = exc.filename2 if exc.filename2 is not None else exc.filename
         name = Path(os.fsdecode(target)).name if target is not None else ""
         where = "taskcard/"
-        for path in (self.paths.body, self.paths.status, self.paths.watch):
-            if name == path.name or name.startswith(f".{path.name}."):  # or its temp file
-                where = f"taskcard/{path.name}"
+        for known in (
+            self.paths.body.name,
+            self.paths.status.name,
+            self.paths.watch.name,
+            SEQ_FILE,
+        ):
+            if name == known or name.startswith(f".{known}."):  # or its temp file
+                where = f"taskcard/{known}"
         return (
             f"cannot write {where} ({exc.strerror or exc}); the card files must be regular "
             "files in a writable taskcard/ folder: move away what is in the way, then call again"
