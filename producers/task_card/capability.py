@@ -85,6 +85,7 @@ log = logging.getLogger(__name__)
 WatchState = Literal["watching", "error", "stopping", "stop_failed", "stopped", "exhausted"]
 LIVE_STATES: Final = frozenset({"watching", "error", "stopping", "stop_failed"})
 DEFAULT_QUIESCE_TIMEOUT_S: Final = 15.0
+KEPT_FINISHED_WATCHES: Final = 8  # stopped, exhausted or removed watches `inspect` still knows
 Result = dict[str, Any]
 
 
@@ -311,7 +312,8 @@ class TaskCard:
             )
         try:
             migrate_legacy(self.paths, settings)
-            seen = max((watch_number(w) for w in self._watches), default=self._seen_watch_number)
+            seen = max((watch_number(w) for w in self._watches), default=0)
+            seen = max(seen, self._seen_watch_number)
             watch_id = allocate_watch_id(self.paths, seen)
         except OSError as exc:
             return _failed(self._cannot_write(exc), code="write_failed")
@@ -350,6 +352,7 @@ class TaskCard:
             self._record_success(watch, verdict.body)
             self._watches[watch_id] = watch
             self._current = watch
+            self._forget_finished_watches()
             self._spawn_updater(watch)
             log.info("task card watch %s started", watch_id)
             result = {**self._view(watch), "body_changed": changed}
@@ -510,6 +513,19 @@ class TaskCard:
         return settings_result(self.paths)
 
     # ----------------------------------------------------------------- internals
+
+    def _forget_finished_watches(self) -> None:
+        """Keep the latest few finished watches for `inspect`, not every one since the host
+        started: a host serving an agent that starts and removes cards all day kept each
+        watch's last body and listed every id in the refusal of an unknown one."""
+        finished = [
+            watch
+            for watch in self._watches.values()
+            if watch is not self._current and watch.state not in LIVE_STATES
+        ]
+        for watch in finished[: max(0, len(finished) - KEPT_FINISHED_WATCHES)]:
+            self._seen_watch_number = max(self._seen_watch_number, watch_number(watch.watch_id))
+            del self._watches[watch.watch_id]
 
     def _unknown(self, watch_id: str) -> Result:
         known = ", ".join(self._watches) or "none"

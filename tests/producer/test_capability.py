@@ -271,6 +271,22 @@ def test_one_active_watch_per_agent_and_ids_are_never_reused(
     assert start(reopened, interval_s=3600)["watch_id"] == "tc_3"
 
 
+def test_a_host_forgets_old_finished_watches_but_never_reuses_their_ids(
+    workdir: Path, make_card: MakeCard
+) -> None:
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    card = make_card()
+    for _ in range(12):  # an agent that starts and removes cards all day
+        assert start(card, interval_s=3600)["status"] == "watching"
+        assert card.call(envelope("remove"))["status"] == "removed"
+    forgotten = card.inspect("tc_1")
+    assert forgotten["status"] == "failed"
+    known = str(forgotten["message"]).split("(known: ")[1].split(")")[0].split(", ")
+    assert known == [f"tc_{n}" for n in range(4, 13)]  # the latest eight finished, and the last
+    assert card.inspect("tc_12")["status"] == "stopped"
+    assert start(card, interval_s=3600)["watch_id"] == "tc_13"
+
+
 def test_two_concurrent_starts_exactly_one_wins(workdir: Path, make_card: MakeCard) -> None:
     write_renderer(workdir, "r.py", "import time\ntime.sleep(0.5)\nprint('# slow start')\n")
     card = make_card()
