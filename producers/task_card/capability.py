@@ -652,6 +652,8 @@ class TaskCard:
                     return None  # stopped meanwhile: a late body must not revive the card
                 if watch.removed or watch is not self._current:
                     return None  # removed or replaced meanwhile: the card is no longer its own
+                if from_tick and not self.workdir.is_dir():
+                    return None  # deleted during the render: a write would create it again
                 if counted:
                     watch.refreshes_used += 1
                 failure: RenderFailure | None = None
@@ -802,6 +804,9 @@ class TaskCard:
             due = slot_due(origin, watch.interval_s, slot)
             if _wait_until(watch.stop_event, due):
                 return
+            if not self.workdir.is_dir():
+                self._workdir_gone(watch)
+                return
             try:
                 self._refresh(watch, counted=True, from_tick=True, due=due)
             except Exception:  # the loop must outlive one bad tick; the error is recorded
@@ -810,6 +815,22 @@ class TaskCard:
                     self._record_failure(
                         watch, RenderFailure("watch_crash", "the updater hit an internal error"), ""
                     )
+
+    def _workdir_gone(self, watch: _Watch) -> None:
+        """The workdir was deleted (or moved away) under a running watch: there is no card
+        left to refresh, and writing one would create the folder again, so the watch stops
+        instead of failing every tick until its budget runs out (a host then exits once
+        idle)."""
+        with self._lock:
+            if watch.state not in ("watching", "error"):
+                return
+            watch.state = "stopped"
+            watch.stop_reason = "workdir_gone"
+            watch.stop_event.set()
+            self._drop_tally(watch)
+        log.error(
+            "task card watch %s stopped: its workdir %s is gone", watch.watch_id, self.workdir
+        )
 
     def _rehydrate(self) -> None:
         """Resume the persisted watch, or clear a stale descriptor and leave the card inactive."""

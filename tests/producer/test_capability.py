@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -285,6 +287,25 @@ def test_a_host_forgets_old_finished_watches_but_never_reuses_their_ids(
     assert known == [f"tc_{n}" for n in range(4, 13)]  # the latest eight finished, and the last
     assert card.inspect("tc_12")["status"] == "stopped"
     assert start(card, interval_s=3600)["watch_id"] == "tc_13"
+
+
+def test_a_watch_whose_workdir_is_deleted_stops_instead_of_failing_every_tick(
+    workdir: Path, make_card: MakeCard
+) -> None:
+    """Each tick used to fail (renderer gone, nothing writable) until the budget ran out,
+    a million refreshes by default, and the host never went idle."""
+    write_renderer(workdir, "r.py", COUNTER_RENDERER)
+    card = make_card()
+    assert start(card, interval_s=1)["status"] == "watching"
+    shutil.rmtree(workdir)
+    wait_for(lambda: card.inspect("tc_1")["status"] == "stopped")
+    inspected = card.inspect("tc_1")
+    assert inspected["stop_reason"] == "workdir_gone"
+    assert not card.has_live_watch()
+    used = inspected["refreshes_used"]
+    time.sleep(1.5)  # a tick's time: none runs any more, and none made the folder again
+    assert card.inspect("tc_1")["refreshes_used"] == used
+    assert not workdir.exists()
 
 
 def test_two_concurrent_starts_exactly_one_wins(workdir: Path, make_card: MakeCard) -> None:
