@@ -34,7 +34,13 @@ from taskcard.producers.inbox.contract import (
     TMP_DIR,
     VERSION,
 )
-from taskcard.producers.task_card.contract import count_field, iso_utc, parse_iso, parse_json
+from taskcard.producers.task_card.contract import (
+    MAX_COUNT,
+    count_field,
+    iso_utc,
+    parse_iso,
+    parse_json,
+)
 
 REPORTS_DIR: Final = "reports"
 REPORTS_FILE: Final = "reports.jsonl"
@@ -45,6 +51,7 @@ INBOX_VERSION: Final = VERSION
 MAX_INBOX_MESSAGE_BYTES: Final = MAX_MESSAGE_BYTES
 MESSAGE_ID: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_TEXT_CHARS: Final = 4000  # a field longer than this is cut when read for people
+MAX_SEQ: Final = MAX_COUNT  # the largest seq a report may carry
 Verdict = Literal["approved", "rejected"]
 MessageKind = Literal["message", "wake"]
 ACK_VIAS: Final = frozenset(
@@ -87,6 +94,19 @@ def _short_text(value: object) -> str | None:
     return value[:MAX_TEXT_CHARS]
 
 
+def report_seq(value: object) -> int | None:
+    """A report's `seq`: a JSON integer from 1 to `MAX_SEQ`, else None.
+
+    The one rule for both sides: the writer numbers after the lines it counts and the
+    service announces the lines it counts, so they must count the same lines. (A `5.0` the
+    service took for 5 while the writer skipped it, or a seq past `MAX_SEQ` the writer
+    numbered after while the service skipped it, silenced every later report in the chat.)
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if 1 <= value <= MAX_SEQ else None
+
+
 @dataclass(frozen=True)
 class Report:
     """One line of `reports/reports.jsonl`, reduced to the typed fields people may see."""
@@ -105,7 +125,7 @@ def parse_report(line: bytes) -> Report | None:
     data: Any = parse_json(line)
     if not isinstance(data, dict):
         return None
-    seq = count_field(data.get("seq"))
+    seq = report_seq(data.get("seq"))
     at = parse_iso(data.get("at"))
     ok = data.get("ok")
     if seq is None or at is None or not isinstance(ok, bool):

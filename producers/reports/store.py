@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final
 
+from taskcard.producers.reports.contract import MAX_SEQ, report_seq
 from taskcard.producers.task_card.contract import atomic_write, utc_now_iso
 
 REPORTS_DIR: Final = "reports"
@@ -47,10 +48,6 @@ class ReportError(ValueError):
     """A report or a read that cannot be done; the text names the field and the fix."""
 
 
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-
 def encodable(text: str) -> bool:
     """False for text carrying lone surrogates (undecodable bytes of a command line)."""
     try:
@@ -66,7 +63,7 @@ def parse_line(raw: bytes) -> dict[str, Any] | None:
         data = json.loads(raw)
     except (ValueError, RecursionError):
         return None
-    if not isinstance(data, dict) or _int(data.get("seq")) is None:
+    if not isinstance(data, dict) or report_seq(data.get("seq")) is None:
         return None
     return data
 
@@ -146,6 +143,11 @@ class Reports:
             raise ReportError(f"workdir: {self.workdir} is not a directory")
         with self._locked():
             seq = max(self._last_seq(), self._counter()) + 1
+            if seq > MAX_SEQ:
+                raise ReportError(
+                    f"seq: reports/ is numbered up to {MAX_SEQ} already, the most a report may"
+                    " carry; move reports/ aside to start again from 1"
+                )
             record: dict[str, Any] = {
                 "seq": seq,
                 "at": self._clock(),
@@ -235,6 +237,6 @@ class Reports:
 
     def _counter(self) -> int:
         try:
-            return _int(int((self.dir / COUNTER_FILE).read_bytes()[:32])) or 0
+            return report_seq(int((self.dir / COUNTER_FILE).read_bytes()[:32])) or 0
         except (OSError, ValueError):
             return 0

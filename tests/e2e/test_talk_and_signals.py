@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import pytest
 
 from taskcard.producers.task_card.contract import append_jsonl_line, atomic_write, utc_now_iso
-from tests.e2e.harness import ServeProcess, activity, agents_lines, eventually, publish
+from tests.e2e.harness import ServeProcess, activity, agents_lines, eventually, publish, run_cli
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram
 
@@ -376,7 +376,7 @@ async def test_no_host_is_unconfirmed_and_a_symlinked_inbox_fails(
 SIGNALS = "[signals]\nidle_floor_s = 5\nno_output_after_start_s = 2\n"
 
 
-def report(wd: Path, seq: int, **fields: Any) -> None:
+def report(wd: Path, seq: float, **fields: Any) -> None:
     append_jsonl_line(
         wd / "reports" / "reports.jsonl",
         {
@@ -536,4 +536,29 @@ async def test_a_feishu_tell_names_the_people_it_mentions(tmp_path: Path) -> Non
             [queued_file] = queued(tmp_path)
             text = json.loads(queued_file.read_text())["text"]
             assert text == "ask @Alice Wong about the schema"
+            assert await chat.serve.aterminate() == 0
+
+
+async def test_reports_after_lines_with_odd_seqs_still_reach_the_chat(
+    platform: str, tmp_path: Path
+) -> None:
+    """A hand-written line with a seq the contract does not allow (`5.0`, past 10**15) counts
+    for neither side: the CLI's next report is #1 and the chat announces it."""
+    async with chat_for(platform, tmp_path, ["tally"]) as chat:
+        wd = workdir(tmp_path, "tally")
+        publish(wd, "**tallying** 1/2")
+        with chat.serve:
+            await eventually(lambda: chat.message_id_with("tallying"), timeout_s=60, what="card")
+            report(wd, 5.0, ok=True, summary="a float seq")
+            report(wd, 10**16, ok=True, summary="a seq past the bound")
+            done = run_cli("report", "--workdir", str(wd), "--ok", "--summary", "counted right")
+            assert done.returncode == 0, done.stderr
+            assert json.loads(done.stdout)["seq"] == 1
+            text = await eventually(
+                lambda: next((t for t in chat.bot_texts() if "counted right" in t), None),
+                timeout_s=60,
+                what="the CLI's report in the chat",
+            )
+            assert "tally reported (#1): ok." in text
+            assert not any("float seq" in t or "past the bound" in t for t in chat.bot_texts())
             assert await chat.serve.aterminate() == 0
