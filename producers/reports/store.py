@@ -17,16 +17,25 @@ seq: reading with the last seq seen walks every round once, and old rounds stay 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
 import re
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final
 
 from taskcard.producers.reports.contract import MAX_SEQ, report_seq
-from taskcard.producers.task_card.contract import atomic_write, utc_now_iso
+from taskcard.producers.task_card.contract import (
+    NotRegularFile,
+    atomic_write,
+    file_kind,
+    open_regular,
+    read_regular,
+    utc_now_iso,
+)
 
 REPORTS_DIR: Final = "reports"
 REPORTS_FILE: Final = "reports.jsonl"
@@ -166,7 +175,7 @@ class Reports:
                 record["payload_file"] = name
                 record["payload_bytes"] = len(data)
             line = json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            fd = self._open_for_append()
             try:
                 os.write(fd, line.encode())
                 os.fsync(fd)
@@ -184,9 +193,11 @@ class Reports:
         if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
             raise ReportError("after: must be a whole number >= 0 (the last seq you read)")
         try:
-            handle = self.path.open("rb")
+            handle = open_regular(self.path)
         except FileNotFoundError:
             return None
+        except NotRegularFile:
+            raise self._not_regular(os.stat(self.path).st_mode) from None
         with handle:
             for line in handle:
                 if len(line) > MAX_LINE_BYTES:
@@ -209,6 +220,31 @@ class Reports:
                     os.close(fd)
         return {**report, "payload": text}
 
+    def _open_for_append(self) -> int:
+        """A descriptor appending to the reports file, which is created when missing.
+
+        Non-blocking and checked with `fstat`: a named pipe in its place would otherwise hold
+        the writer (and the lock every other writer waits on) forever."""
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK
+        try:
+            fd = os.open(self.path, flags, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # a named pipe that nobody reads
+                raise self._not_regular(stat.S_IFIFO) from None
+            raise
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            raise self._not_regular(mode)
+        return fd
+
+    @staticmethod
+    def _not_regular(mode: int) -> ReportError:
+        return ReportError(
+            f"{REPORTS_DIR}/{REPORTS_FILE}: {file_kind(mode)}, not a regular file; replace it"
+            " with a regular file (or move it aside)"
+        )
+
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -221,13 +257,15 @@ class Reports:
 
     def _tail_lines(self) -> list[bytes]:
         try:
-            with self.path.open("rb") as handle:
+            with open_regular(self.path) as handle:
                 size = handle.seek(0, os.SEEK_END)
                 start = max(0, size - TAIL_BYTES)
                 handle.seek(start)
                 data = handle.read(TAIL_BYTES)
         except FileNotFoundError:
             return []
+        except NotRegularFile:
+            raise self._not_regular(os.stat(self.path).st_mode) from None
         lines = data.splitlines()
         return lines[1:] if start > 0 and lines else lines
 
@@ -237,6 +275,6 @@ class Reports:
 
     def _counter(self) -> int:
         try:
-            return report_seq(int((self.dir / COUNTER_FILE).read_bytes()[:32])) or 0
+            return report_seq(int(read_regular(self.dir / COUNTER_FILE, 32))) or 0
         except (OSError, ValueError):
             return 0

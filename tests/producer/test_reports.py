@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -270,3 +271,35 @@ def test_spawn_with_an_undecodable_reason_exits_2_naming_it(tmp_path: Path) -> N
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith(b"taskcard spawn: reason: holds bytes that are not UTF-8")
     assert not (child / "lineage.json").exists()
+
+
+async def test_a_named_pipe_for_the_reports_file_is_refused_never_waited_on(
+    workdir: Path, cli: CliHost
+) -> None:
+    """A fifo at `reports/reports.jsonl` used to hold `report`, `reports` and the MCP tool
+    forever (a blocking open); each now answers at once naming the file. A fifo in place of
+    the counter only loses the counter, which the file's tail stands in for."""
+    (workdir / "reports").mkdir()
+    os.mkfifo(workdir / "reports" / "reports.jsonl")
+    for args in (["report", "--ok"], ["reports"], ["reports", "--after", "0"]):
+        done = taskcard(args[0], "--workdir", str(workdir), *args[1:])
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith(
+            f"taskcard {args[0]}: reports/reports.jsonl: a named pipe, not a regular file".encode()
+        ), done.stderr
+    server = StdioServerParameters(
+        command=TASKCARD,
+        args=["mcp", "--workdir", str(workdir), "--runtime-dir", str(cli.runtime_dir)],
+    )
+    async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        result = await session.call_tool("report", {"ok": True, "summary": "suite green"})
+        content = result.structured_content
+        assert isinstance(content, dict) and content["status"] == "failed"
+        assert content["message"].startswith("reports/reports.jsonl: a named pipe")
+    (workdir / "reports" / "reports.jsonl").unlink()
+    os.mkfifo(workdir / "reports" / ".seq")
+    done = taskcard("report", "--workdir", str(workdir), "--failed", "--summary", "red")
+    assert (done.returncode, json.loads(done.stdout)["seq"]) == (0, 1), done.stderr
+    latest = next_report(workdir)
+    assert latest is not None and latest["summary"] == "red"
