@@ -25,6 +25,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, tzinfo
+from typing import Final
 
 from taskcard.bridge.compose.board import BoardEntry, compose_board, fit_board, needs_attention
 from taskcard.bridge.compose.redact import Redactor, strings_in
@@ -88,6 +89,10 @@ HELP_TEXT = (
 # The last word of a card retired beside a board, and of a board retired for cards.
 RETIRED_CARD_NOTE = "Needs no one now: followed on this chat's task board."
 RETIRED_BOARD_SUMMARY = "replaced by one card per agent (/taskcard board brings it back)"
+# The `/taskcard` answer is built to fit the smallest platform's message (Telegram's 4096
+# UTF-16 units) with room for redaction, so every chat gets the same answer and an agent that
+# does not fit is counted in its last line rather than cut off unseen by the platform's cut.
+STATE_TEXT_UTF16: Final = 3800
 
 
 AGENT_HEALTH_PREFIX = "agent-health:"
@@ -1051,6 +1056,7 @@ class Service:
         if self._views.view(routes[0].key.chat_scope) == "board":
             shown += ", one board"
         lines = [f"Task cards here: {shown}."]
+        entries: list[str] = []
         for route in routes:
             monitor = self._monitors.get(route.key.agent_id)
             if monitor is None:
@@ -1067,13 +1073,14 @@ class Service:
                 card_text += f", renderer error ({safe_error_code(card.error_code)})"
             disabled = self._scheduler.disabled_reason(route.key)
             extra = f" — delivery disabled: {disabled}" if disabled else ""
-            lines.append(f"• {route.key.agent_id}: {monitor.activity.state}; {card_text}{extra}")
+            entry = [f"• {route.key.agent_id}: {monitor.activity.state}; {card_text}{extra}"]
             report = self._sides[route.key.agent_id].latest_report
             if report is not None:
                 signal = report_signal(route.key.agent_id, report)
                 when = format_at(report.at, self._clock(), route.zone)
-                lines.append(f"  latest report ({when}): " + signal.text.split(": ", 1)[-1])
-        return "\n".join(lines)
+                entry.append(f"  latest report ({when}): " + signal.text.split(": ", 1)[-1])
+            entries.append("\n".join(entry))
+        return _fit_entries(lines[0], entries)
 
     # Observing ---------------------------------------------------------------------------
 
@@ -1096,6 +1103,29 @@ class Service:
             },
             notices=self._store.notice_counts(),
         )
+
+
+def _utf16_len(text: str) -> int:
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
+
+
+def _fit_entries(head: str, entries: list[str]) -> str:
+    """`head` and as many whole `entries` as fit `STATE_TEXT_UTF16`, then how many did not."""
+    kept = [head]
+    used = _utf16_len(head)
+    for index, entry in enumerate(entries):
+        left = len(entries) - index - 1
+        room = STATE_TEXT_UTF16 - (80 if left else 0)  # keep room for the count line
+        if used + 1 + _utf16_len(entry) > room:
+            missing = len(entries) - index
+            kept.append(
+                f"… and {missing} more {'agent' if missing == 1 else 'agents'}, not listed:"
+                " too many for one message."
+            )
+            break
+        kept.append(entry)
+        used += 1 + _utf16_len(entry)
+    return "\n".join(kept)
 
 
 class _Guard:

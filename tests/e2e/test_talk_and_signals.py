@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import pytest
 
+from taskcard.producers.reports import Reports
 from taskcard.producers.task_card.contract import append_jsonl_line, atomic_write, utc_now_iso
 from tests.e2e.harness import ServeProcess, activity, agents_lines, eventually, publish, run_cli
 from tests.fakes.feishu_api import FakeFeishu
@@ -561,4 +562,36 @@ async def test_reports_after_lines_with_odd_seqs_still_reach_the_chat(
             )
             assert "tally reported (#1): ok." in text
             assert not any("float seq" in t or "past the bound" in t for t in chat.bot_texts())
+            assert await chat.serve.aterminate() == 0
+
+
+async def test_the_state_answer_counts_the_agents_it_has_no_room_for(
+    platform: str, tmp_path: Path
+) -> None:
+    """Sixteen agents with long reports do not fit one Telegram message: the answer lists the
+    ones that fit and counts the rest, alike on both platforms (Telegram's cut used to drop
+    the last agents unseen, mid-line, while Feishu listed them all)."""
+    agents = [f"agent{index:02d}" for index in range(16)]
+    async with chat_for(platform, tmp_path, agents) as chat:
+        for agent in agents:
+            publish(workdir(tmp_path, agent), f"**{agent} card**")
+            Reports(workdir(tmp_path, agent)).add(ok=True, role="r" * 64, summary="S" * 1900)
+        with chat.serve:
+            await eventually(
+                lambda: chat.message_id_with("agent15 card"), timeout_s=60, what="the cards"
+            )
+            await chat.say("/taskcard")
+            answer = await eventually(
+                lambda: next((t for t in chat.bot_texts() if "Task cards here" in t), None),
+                timeout_s=60,
+                what="the /taskcard answer",
+            )
+            listed = [line for line in answer.splitlines() if line.startswith("• ")]
+            last = answer.splitlines()[-1]
+            assert 0 < len(listed) < len(agents)
+            assert last == (
+                f"… and {len(agents) - len(listed)} more agents, not listed:"
+                " too many for one message."
+            )
+            assert answer.count("latest report") == len(listed)
             assert await chat.serve.aterminate() == 0
