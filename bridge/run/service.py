@@ -388,7 +388,9 @@ class Service:
                 no_output_after_s=self._config.display.no_output_after_s,
                 start_silence_s=self._config.signals.no_output_after_start_s,
             )
-            self._sides[agent_id] = AgentSide(agent_id, workdir, monitor.files, self._store)
+            self._sides[agent_id] = AgentSide(
+                agent_id, workdir, monitor.files, self._store, clock=self._clock
+            )
             self._desk.add_agent(agent_id, workdir)
             self._saved_health.setdefault(
                 agent_id, self._store.get_cursor(agent_health_key(agent_id)) or "[]"

@@ -3,14 +3,19 @@
 `reports/reports.jsonl` and `inbox/acks.jsonl` are followed like the notification file: by
 (inode, offset) persisted through the `OffsetStore`; an agent seen for the first time starts
 at the end (old reports are not announced again) but a bounded tail tells which report is the
-latest. `lineage.json` is read again whenever its signature changes; a broken one keeps the
-last good reading. Offsets move only through `commit`, after the caller recorded what
-`refresh` returned, so a crash in between repeats (idempotent) rather than loses.
+latest. A report dated ahead of the clock is taken as dated when it was read: its date is the
+agent side's word, and a date in the future would count as "reported since" every later
+start and turn, silencing the exited and idle signals for good. `lineage.json` is read again
+whenever its signature changes; a broken one keeps the last good reading. Offsets move only
+through `commit`, after the caller recorded what `refresh` returned, so a crash in between
+repeats (idempotent) rather than loses.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
@@ -105,6 +110,7 @@ class AgentSide:
 
     __slots__ = (
         "_acks",
+        "_clock",
         "_files",
         "_full_next",
         "_lineage_signature",
@@ -115,9 +121,15 @@ class AgentSide:
     )
 
     def __init__(
-        self, agent_id: str, workdir: Path, files: WorkdirFiles, offsets: OffsetStore
+        self,
+        agent_id: str,
+        workdir: Path,
+        files: WorkdirFiles,
+        offsets: OffsetStore,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.paths = SideFiles(workdir)
+        self._clock = clock
         self._files = files
         self._reports = _Followed(agent_id, REPORTS_OFFSET, self.paths.reports, files, offsets)
         self._acks = _Followed(agent_id, ACKS_OFFSET, self.paths.acks, files, offsets)
@@ -137,9 +149,9 @@ class AgentSide:
         if changed is None or REPORTS_NAME in changed:
             history, lines = self._reports.read()
             for line in history:
-                self._learn(parse_report(line))
+                self._learn(self._dated(parse_report(line)))
             for line in lines:
-                report = parse_report(line)
+                report = self._dated(parse_report(line))
                 if report is not None and self._learn(report):
                     reports.append(report)
         acks: tuple[Ack, ...] = ()
@@ -150,6 +162,13 @@ class AgentSide:
             self._refresh_lineage() if changed is None or LINEAGE_NAME in changed else False
         )
         return SideRefresh(tuple(reports), acks, lineage_changed)
+
+    def _dated(self, report: Report | None) -> Report | None:
+        """`report`, its date no later than now (see the module docstring)."""
+        if report is None:
+            return None
+        now = self._clock()
+        return replace(report, at=now) if report.at > now else report
 
     def _learn(self, report: Report | None) -> bool:
         """Keep the newest report; True when `report` is newer than any seen (seq grows)."""

@@ -595,3 +595,29 @@ async def test_the_state_answer_counts_the_agents_it_has_no_room_for(
             )
             assert answer.count("latest report") == len(listed)
             assert await chat.serve.aterminate() == 0
+
+
+async def test_a_report_dated_in_the_future_does_not_silence_later_runs(
+    platform: str, tmp_path: Path
+) -> None:
+    """A report line dated year 8999 counted as "reported since" every later start, so a run
+    that exited owing a report was never announced; it is now taken as dated when read."""
+    async with chat_for(platform, tmp_path, ["seer"], SIGNALS) as chat:
+        wd = workdir(tmp_path, "seer")
+        publish(wd, "**seeing** 1/2")
+        with chat.serve:
+            await eventually(lambda: chat.message_id_with("seeing"), timeout_s=60, what="card")
+            report(wd, 1, ok=True, summary="from a skewed clock", at="8999-01-01T00:00:00Z")
+            await eventually(
+                lambda: any("from a skewed clock" in t for t in chat.bot_texts()),
+                timeout_s=60,
+                what="the report notice",
+            )
+            activity(wd, "agent.start")
+            activity(wd, "agent.exit", code=1)
+            await eventually(
+                lambda: any("seer exited without a report" in t for t in chat.bot_texts()),
+                timeout_s=60,
+                what="the exit notice",
+            )
+            assert await chat.serve.aterminate() == 0
