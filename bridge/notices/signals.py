@@ -63,7 +63,12 @@ def _one_line(text: str, limit: int) -> str:
 
 
 def _minutes(seconds: float) -> str:
-    minutes = max(1, round(seconds / 60))
+    """How long, in words: seconds under a minute (the idle floor may be as low as 5 s, and
+    "1 minute" for 5 s of quiet would overstate it), whole minutes from then on."""
+    if seconds < 59.5:
+        whole = max(1, round(seconds))
+        return "1 second" if whole == 1 else f"{whole} seconds"
+    minutes = round(seconds / 60)
     return "1 minute" if minutes == 1 else f"{minutes} minutes"
 
 

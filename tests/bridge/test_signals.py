@@ -114,6 +114,17 @@ CASES: list[tuple[str, SignalFacts, float, list[str], str]] = [
 
 
 @pytest.mark.parametrize(
+    ("quiet_s", "words"),
+    [(5, "5 seconds"), (1, "1 second"), (59, "59 seconds"), (60, "1 minute"), (150, "2 minutes")],
+)
+def test_a_low_idle_floor_says_seconds_not_a_minute(quiet_s: float, words: str) -> None:
+    """`signals.idle_floor_s` may be 5: five quiet seconds were worded "1 minute"."""
+    facts = replace(BASE, state="idle", turn_ended_at=at(10))
+    due, _ = due_signals(facts, at(10 + quiet_s), idle_floor_s=1)
+    assert f"declared its turn finished {words} ago" in due[0].text
+
+
+@pytest.mark.parametrize(
     ("name", "facts", "now_s", "kinds", "words"), CASES, ids=[c[0] for c in CASES]
 )
 def test_due_signals(
