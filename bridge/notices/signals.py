@@ -15,11 +15,14 @@ that the agent gave up). No output warns and never kills: a slow start is not a 
 
 Each signal has an episode id (the notice id): the same episode is announced once, across
 restarts too, because the store refuses a notice id it already holds. Texts are built from
-typed fields only; the one free text, a report's summary, is redacted and cut like a card.
+typed fields only; the free texts of a report (its summary and role) are redacted whole, with
+the caller's redaction (the service's own secrets too), before they are cut: a cut first
+could leave the front of a secret that redaction no longer recognises.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final, Literal
@@ -57,8 +60,8 @@ class Signal:
     text: str
 
 
-def _one_line(text: str, limit: int) -> str:
-    flat = " ".join(redact(text).split())
+def _one_line(text: str, limit: int, redactor: Callable[[str], str]) -> str:
+    flat = " ".join(redactor(text).split())
     return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
 
 
@@ -72,17 +75,18 @@ def _minutes(seconds: float) -> str:
     return "1 minute" if minutes == 1 else f"{minutes} minutes"
 
 
-def report_signal(agent_id: str, report: Report) -> Signal:
-    """The "report available" notice of one report."""
+def report_signal(agent_id: str, report: Report, redactor: Callable[[str], str] = redact) -> Signal:
+    """The "report available" notice of one report; `redactor` is applied to each free text
+    before it is cut (the service passes its `Redactor`, which knows its own secrets)."""
     outcome = "ok" if report.ok else "failed"
     parts = [f"📋 {agent_id} reported (#{report.seq}): {outcome}"]
     if report.verdict is not None:
         parts.append(f"verdict {report.verdict}")
     if report.role is not None:
-        parts.append(f"as {_one_line(report.role, ROLE_CHARS)}")
+        parts.append(f"as {_one_line(report.role, ROLE_CHARS, redactor)}")
     text = ", ".join(parts) + "."
     if report.summary is not None:
-        text += f"\n{_one_line(report.summary, SUMMARY_CHARS)}"
+        text += f"\n{_one_line(report.summary, SUMMARY_CHARS, redactor)}"
     return Signal("report", f"signal:report:{report.seq}", text)
 
 

@@ -648,7 +648,7 @@ class Service:
         """Reports, signals, inbox acks: what `news` (this refresh's reading) asks for."""
         side = self._sides[agent_id]
         for report in news.reports:
-            self._signal(agent_id, report_signal(agent_id, report))
+            self._signal(agent_id, report_signal(agent_id, report, self._redact))
         activity, card = monitor.activity, monitor.card
         facts = SignalFacts(
             agent_id=agent_id,
@@ -1078,7 +1078,7 @@ class Service:
             entry = [f"• {route.key.agent_id}: {monitor.activity.state}; {card_text}{extra}"]
             report = self._sides[route.key.agent_id].latest_report
             if report is not None:
-                signal = report_signal(route.key.agent_id, report)
+                signal = report_signal(route.key.agent_id, report, self._redact)
                 when = format_at(report.at, self._clock(), route.zone)
                 entry.append(f"  latest report ({when}): " + signal.text.split(": ", 1)[-1])
             entries.append("\n".join(entry))

@@ -621,3 +621,29 @@ async def test_a_report_dated_in_the_future_does_not_silence_later_runs(
                 what="the exit notice",
             )
             assert await chat.serve.aterminate() == 0
+
+
+async def test_a_secret_across_the_summary_cut_is_not_shown_in_part(tmp_path: Path) -> None:
+    """A report summary holding the service's own Feishu verification token (shapeless: only
+    its value finds it) where the notice cuts the summary: the cut used to come first, so the
+    token's first 18 characters reached the chat, in the notice and in `/taskcard`."""
+    async with chat_for("feishu", tmp_path, ["leaky"]) as chat:
+        wd = workdir(tmp_path, "leaky")
+        publish(wd, "**leaking** 1/2")
+        with chat.serve:
+            await eventually(lambda: chat.message_id_with("leaking"), timeout_s=60, what="card")
+            Reports(wd).add(ok=True, summary="y" * 280 + " " + FS_VERIFY + " and more")
+            await eventually(
+                lambda: any("leaky reported" in t for t in chat.bot_texts()),
+                timeout_s=60,
+                what="the report notice",
+            )
+            await chat.say("/taskcard")
+            await eventually(
+                lambda: any("latest report" in t for t in chat.bot_texts()),
+                timeout_s=60,
+                what="the /taskcard answer",
+            )
+            assert await chat.serve.aterminate() == 0
+        front = FS_VERIFY[:8]
+        assert not any(front in text for text in chat.bot_texts())
