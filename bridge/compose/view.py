@@ -12,6 +12,7 @@ state line, last movement, token usage, card health, then recent activity.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, tzinfo
 from zoneinfo import ZoneInfo
 
@@ -82,14 +83,17 @@ def state_row(activity: ActivitySummary, now: datetime, zone: tzinfo = UTC) -> s
 LINEAGE_REASON_CHARS = 120
 
 
-def lineage_row(lineage: Lineage | None) -> str | None:
-    """Who created this agent and why (`lineage.json`), the reason redacted and cut."""
+def lineage_row(lineage: Lineage | None, redactor: Callable[[str], str] = redact) -> str | None:
+    """Who created this agent and why (`lineage.json`), the reason redacted and cut.
+
+    Redacted whole before the cut, with `redactor` (the service's, which knows its own
+    secrets): the row is scrubbed again later, but a secret cut in two is no longer found."""
     if lineage is None:
         return None
-    reason = " ".join(redact(lineage.reason).split())
+    reason = " ".join(redactor(lineage.reason).split())
     if len(reason) > LINEAGE_REASON_CHARS:
         reason = reason[: LINEAGE_REASON_CHARS - 1].rstrip() + "…"
-    parent = " ".join(redact(lineage.parent).split())[:64]
+    parent = " ".join(redactor(lineage.parent).split())[:64]
     return f"↳ spawned by {parent}: {reason}"
 
 
@@ -146,12 +150,13 @@ def compose_view(
     zone: tzinfo = UTC,
     ledger_line: str | None = None,
     lineage: Lineage | None = None,
+    redactor: Callable[[str], str] = redact,
 ) -> CardView:
     """The view of one agent for one route, its times in the route's `zone` (`ledger_line`:
-    the workdir ledger's state row)."""
+    the workdir ledger's state row; `redactor` for the lineage's free texts)."""
     rows = [state_row(activity, now, zone)]
     for row in (
-        lineage_row(lineage),
+        lineage_row(lineage, redactor),
         movement_row(activity, now, zone),
         ledger_line,
         tokens_row(activity),

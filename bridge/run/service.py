@@ -777,6 +777,7 @@ class Service:
                 zone=route.zone,
                 ledger_line=ledger_row(self._ledgers.current(monitor.files)),
                 lineage=self._sides[route.key.agent_id].lineage,
+                redactor=self._redact,
             )
             self._scheduler.submit(route.key, self._render_card(channel, view))
         # A composition may take the ledger's first look: a refusal found there shows in

@@ -624,14 +624,21 @@ async def test_a_report_dated_in_the_future_does_not_silence_later_runs(
 
 
 async def test_a_secret_across_the_summary_cut_is_not_shown_in_part(tmp_path: Path) -> None:
-    """A report summary holding the service's own Feishu verification token (shapeless: only
-    its value finds it) where the notice cuts the summary: the cut used to come first, so the
-    token's first 18 characters reached the chat, in the notice and in `/taskcard`."""
+    """A report summary (and a lineage reason) holding the service's own Feishu verification
+    token (shapeless: only its value finds it) where the notice (the card's row) cuts it: the
+    cut used to come first, so the token's first 18 characters reached the chat, in the
+    notice, in `/taskcard` and on the card."""
     async with chat_for("feishu", tmp_path, ["leaky"]) as chat:
         wd = workdir(tmp_path, "leaky")
+        reason = "r" * 100 + " " + FS_VERIFY + " and more"
+        atomic_write(wd / "lineage.json", json.dumps({"parent": "p", "reason": reason}).encode())
         publish(wd, "**leaking** 1/2")
         with chat.serve:
-            await eventually(lambda: chat.message_id_with("leaking"), timeout_s=60, what="card")
+            await eventually(
+                lambda: any("leaking" in t and "spawned by p" in t for t in chat.bot_texts()),
+                timeout_s=60,
+                what="the card with its lineage row",
+            )
             Reports(wd).add(ok=True, summary="y" * 280 + " " + FS_VERIFY + " and more")
             await eventually(
                 lambda: any("leaky reported" in t for t in chat.bot_texts()),
