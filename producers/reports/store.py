@@ -109,7 +109,11 @@ def check_report(
     if payload is not None:
         if not isinstance(payload, str):
             raise ReportError("payload: must be text")
-        size = len(payload.encode("utf-8", errors="surrogatepass"))
+        if not _encodable(payload):
+            raise ReportError(
+                "payload: holds bytes that are not UTF-8 (undecodable input); pass UTF-8 text"
+            )
+        size = len(payload.encode("utf-8"))
         if size > MAX_PAYLOAD_BYTES:
             raise ReportError(
                 f"payload: {size} bytes, at most {MAX_PAYLOAD_BYTES}; "
@@ -169,7 +173,7 @@ class Reports:
                 "payload_bytes": None,
             }
             if payload is not None:
-                data = payload.encode("utf-8", errors="replace")
+                data = payload.encode("utf-8")
                 name = f"{PAYLOADS_DIR}/{seq}.txt"
                 atomic_write(self.dir / name, data)
                 record["payload_file"] = name

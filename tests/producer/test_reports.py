@@ -231,6 +231,10 @@ def test_undecodable_command_line_text_exits_2_naming_the_field(
     assert next_report(workdir) is None
     with pytest.raises(ReportError, match=r"^summary"):
         Reports(workdir).add(ok=True, summary="a\udcffb")
+    # The payload too: it used to be stored with the bytes silently turned into "?".
+    with pytest.raises(ReportError, match=r"^payload: holds bytes that are not UTF-8"):
+        Reports(workdir).add(ok=True, payload="a\udcffb")
+    assert next_report(workdir) is None
 
 
 async def test_the_spawn_tool_says_when_the_folder_name_is_no_parent_id(tmp_path: Path) -> None:
