@@ -193,23 +193,39 @@ class Reports:
         if seq is None:
             lines = self._tail_lines()
             reports = [r for line in reversed(lines) if (r := parse_line(line))]
-            return self._with_payload(reports[0]) if reports else None
+            if reports:
+                return self._with_payload(reports[0])
+            # The tail holds no report (a long run of other lines after the last one):
+            # walk the whole file rather than answer that there is none.
+            latest = None
+            for report in self._reports():
+                latest = report
+            return None if latest is None else self._with_payload(latest)
         if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
             raise ReportError("after: must be a whole number >= 0 (the last seq you read)")
+        for report in self._reports():
+            if report["seq"] > seq:
+                return self._with_payload(report)
+        return None
+
+    def _reports(self) -> Iterator[dict[str, Any]]:
+        """Every report line of the file in order; a line over `MAX_LINE_BYTES` is skipped
+        without holding more than that much of it in memory."""
         try:
             handle = open_regular(self.path)
         except FileNotFoundError:
-            return None
+            return
         except NotRegularFile:
             raise self._not_regular(os.stat(self.path).st_mode) from None
         with handle:
-            for line in handle:
+            while line := handle.readline(MAX_LINE_BYTES + 1):
                 if len(line) > MAX_LINE_BYTES:
+                    while line and not line.endswith(b"\n"):  # the rest of the long line
+                        line = handle.readline(MAX_LINE_BYTES)
                     continue
                 report = parse_line(line)
-                if report is not None and report["seq"] > seq:
-                    return self._with_payload(report)
-        return None
+                if report is not None:
+                    yield report
 
     def _with_payload(self, report: dict[str, Any]) -> dict[str, Any]:
         """The report with its payload text, read from its side file (bounded)."""

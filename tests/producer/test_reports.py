@@ -307,3 +307,20 @@ async def test_a_named_pipe_for_the_reports_file_is_refused_never_waited_on(
     assert (done.returncode, json.loads(done.stdout)["seq"]) == (0, 1), done.stderr
     latest = next_report(workdir)
     assert latest is not None and latest["summary"] == "red"
+
+
+def test_the_latest_report_is_found_behind_a_long_run_of_other_lines(workdir: Path) -> None:
+    """`taskcard reports` read only the file's last 256 KiB for the latest report and answered
+    `null` when other lines filled them; it now walks the file when the tail holds none."""
+    for summary in ("first", "second"):
+        assert (
+            taskcard("report", "--workdir", str(workdir), "--ok", "--summary", summary).returncode
+            == 0
+        )
+    with (workdir / "reports" / "reports.jsonl").open("ab") as handle:
+        handle.write(b"x" * (300 * 1024) + b"\n" + b'{"note": "not a report"}\n')
+    latest = next_report(workdir)
+    assert latest is not None and (latest["seq"], latest["summary"]) == (2, "second")
+    after = next_report(workdir, "--after", "1")
+    assert after is not None and after["summary"] == "second"
+    assert next_report(workdir, "--after", "2") is None
