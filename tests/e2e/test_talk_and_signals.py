@@ -654,3 +654,34 @@ async def test_a_secret_across_the_summary_cut_is_not_shown_in_part(tmp_path: Pa
             assert await chat.serve.aterminate() == 0
         front = FS_VERIFY[:8]
         assert not any(front in text for text in chat.bot_texts())
+
+
+async def test_a_lone_surrogate_in_a_report_or_lineage_stops_nothing(
+    platform: str, tmp_path: Path
+) -> None:
+    """`"\\ud800"` is valid JSON but no UTF-8: in a report's summary it failed the notice's
+    write to the state store, and in `lineage.json` every rendering of the agent's card, for
+    good (the report never announced, the card frozen). It now shows as U+FFFD."""
+    async with chat_for(platform, tmp_path, ["odd"]) as chat:
+        wd = workdir(tmp_path, "odd")
+        publish(wd, "**odd card** 1/2")
+        with chat.serve:
+            await eventually(lambda: chat.message_id_with("odd card"), timeout_s=60, what="card")
+            line = b'{"seq":1,"at":"2026-01-01T00:00:00Z","ok":true,"summary":"lone \\ud800 one"}'
+            (wd / "reports").mkdir()
+            (wd / "reports" / "reports.jsonl").write_bytes(line + b"\n")
+            atomic_write(wd / "lineage.json", b'{"parent": "lead", "reason": "why \\udc00 so"}')
+            publish(wd, "**odd card** 2/2")
+            await eventually(
+                lambda: any(
+                    "odd reported (#1)" in t and "lone \ufffd one" in t for t in chat.bot_texts()
+                ),
+                timeout_s=60,
+                what="the report notice",
+            )
+            await eventually(
+                lambda: any("2/2" in t and "why \ufffd so" in t for t in chat.bot_texts()),
+                timeout_s=60,
+                what="the card with its lineage row",
+            )
+            assert await chat.serve.aterminate() == 0
