@@ -88,16 +88,10 @@ class ReportPaths:
         return self.inbox / ACKS_FILE
 
 
-# A lone surrogate: valid JSON (`"\\ud800"`), but no UTF-8 can carry it, so every later write
-# (the state store, a platform request) would fail on it, for good.
-_LONE_SURROGATE: Final = re.compile("[\ud800-\udfff]")
-
-
 def _short_text(value: object) -> str | None:
-    """A non-blank text cut to `MAX_TEXT_CHARS`, a lone surrogate shown as U+FFFD, else None."""
     if not isinstance(value, str) or not value.strip():
         return None
-    return _LONE_SURROGATE.sub("\ufffd", value[:MAX_TEXT_CHARS])
+    return value[:MAX_TEXT_CHARS]
 
 
 def report_seq(value: object) -> int | None:

@@ -345,17 +345,37 @@ def parse_iso(value: object) -> datetime | None:
     return moment if EARLIEST_TIME <= moment < LATEST_TIME else None
 
 
+# A `\uD800`-`\uDFFF` escape, or a surrogate itself in a `str` given (as "surrogatepass"
+# encodes it): how a lone surrogate can come out of `json.loads`.
+_SURROGATE_ESCAPE: Final = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+_LONE_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+
+
 def parse_json(raw: bytes | str) -> Any:
     """The JSON value of `raw`, or None when it is not JSON this service can use.
 
     Total: invalid UTF-8 or JSON, integers with too many digits and nesting deep enough to
     exhaust the parser's recursion all give None. `NaN` and `Infinity` parse as floats; the
-    field readers below turn them into "unknown".
+    field readers below turn them into "unknown". A lone surrogate (`"\\ud800"`: valid JSON,
+    but no UTF-8 can carry it, so every write of it to the store or a platform would fail, on
+    every retry) becomes U+FFFD in every string and key.
     """
     try:
-        return json.loads(raw)
+        value = json.loads(raw)
+        data = raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogatepass")
+        return _without_surrogates(value) if _SURROGATE_ESCAPE.search(data) else value
     except (ValueError, RecursionError):
         return None
+
+
+def _without_surrogates(value: Any) -> Any:
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_without_surrogates(item) for item in value]
+    if isinstance(value, dict):
+        return {_without_surrogates(k): _without_surrogates(v) for k, v in value.items()}
+    return value
 
 
 def count_field(value: object) -> int | None:

@@ -656,12 +656,13 @@ async def test_a_secret_across_the_summary_cut_is_not_shown_in_part(tmp_path: Pa
         assert not any(front in text for text in chat.bot_texts())
 
 
-async def test_a_lone_surrogate_in_a_report_or_lineage_stops_nothing(
+async def test_a_lone_surrogate_in_a_report_lineage_or_activity_stops_nothing(
     platform: str, tmp_path: Path
 ) -> None:
     """`"\\ud800"` is valid JSON but no UTF-8: in a report's summary it failed the notice's
-    write to the state store, and in `lineage.json` every rendering of the agent's card, for
-    good (the report never announced, the card frozen). It now shows as U+FFFD."""
+    write to the state store, and in `lineage.json` or an activity line every rendering of the
+    agent's card, for good (the report never announced, the card frozen). It now shows as
+    U+FFFD."""
     async with chat_for(platform, tmp_path, ["odd"]) as chat:
         wd = workdir(tmp_path, "odd")
         publish(wd, "**odd card** 1/2")
@@ -671,6 +672,13 @@ async def test_a_lone_surrogate_in_a_report_or_lineage_stops_nothing(
             (wd / "reports").mkdir()
             (wd / "reports" / "reports.jsonl").write_bytes(line + b"\n")
             atomic_write(wd / "lineage.json", b'{"parent": "lead", "reason": "why \\udc00 so"}')
+            (wd / "logs").mkdir()
+            (wd / "logs" / "events.jsonl").write_bytes(
+                b'{"ts":"2026-01-01T00:00:00Z","kind":"agent.start"}\n'
+                b'{"ts":"2026-01-01T00:00:01Z","kind":"turn.start"}\n'
+                b'{"ts":"2026-01-01T00:00:02Z","kind":"tool.start","call_id":"c\\ud800",'
+                b'"name":"py\\ud800test"}\n'
+            )
             publish(wd, "**odd card** 2/2")
             await eventually(
                 lambda: any(
