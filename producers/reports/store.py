@@ -33,6 +33,7 @@ from taskcard.producers.task_card.contract import (
     atomic_write,
     file_kind,
     open_regular,
+    parse_json,
     read_regular,
     utc_now_iso,
 )
@@ -67,11 +68,9 @@ def encodable(text: str) -> bool:
 
 
 def parse_line(raw: bytes) -> dict[str, Any] | None:
-    """One report line, or None when it is not one (total)."""
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError):
-        return None
+    """One report line, or None when it is not one (total; read by the shared JSON reader, so
+    a lone surrogate escape comes back as U+FFFD, printable and encodable)."""
+    data = parse_json(raw)
     if not isinstance(data, dict) or report_seq(data.get("seq")) is None:
         return None
     return data

@@ -324,3 +324,16 @@ def test_the_latest_report_is_found_behind_a_long_run_of_other_lines(workdir: Pa
     after = next_report(workdir, "--after", "1")
     assert after is not None and after["summary"] == "second"
     assert next_report(workdir, "--after", "2") is None
+
+
+def test_a_lone_surrogate_escape_in_a_report_line_is_printed_not_a_traceback(
+    workdir: Path,
+) -> None:
+    """`"\\ud800"` in a hand-written line is valid JSON; `taskcard reports` used to die
+    printing it (UnicodeEncodeError). It is read as U+FFFD."""
+    (workdir / "reports").mkdir()
+    line = b'{"seq":1,"at":"2026-01-01T00:00:00Z","ok":true,"summary":"a \\ud800 b"}\n'
+    (workdir / "reports" / "reports.jsonl").write_bytes(line)
+    for after in ((), ("--after", "0")):
+        latest = next_report(workdir, *after)
+        assert latest is not None and latest["summary"] == "a \ufffd b"
