@@ -99,6 +99,10 @@ def parse_message(raw: bytes, expected_id: str) -> Message:
         raise MessageError(f"over {MAX_MESSAGE_BYTES} bytes; the service never writes that")
     try:
         data = json.loads(raw.decode("utf-8"))
+        # A `\ud800` escape is valid JSON but no UTF-8: framing or printing it would fail.
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:  # a ValueError too: caught first
+        raise MessageError("holds a lone surrogate escape (\\ud800), not UTF-8 text") from None
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise MessageError("not UTF-8 JSON") from None
     if not isinstance(data, dict):

@@ -218,3 +218,18 @@ def test_a_message_that_cannot_be_claimed_does_not_drop_the_ones_claimed_before(
     assert b"inbox/queued/m2.json: cannot claim it" in done.stderr
     assert [a["id"] for a in acks(workdir)] == ["m1"]
     assert names(workdir, "queued") == ["m2.json"]
+
+
+def test_a_message_with_a_lone_surrogate_is_left_alone_and_the_rest_delivered(
+    workdir: Path,
+) -> None:
+    """`"\\ud800"` is valid JSON but no UTF-8: `taskcard inbox` died printing (or sizing) it,
+    on every call, so no message behind it was delivered either."""
+    queue(workdir, "m1", "stop \ud800 now", queued_at="2026-01-01T00:00:01.000Z")
+    queue(workdir, "m2", "run the linter", queued_at="2026-01-01T00:00:02.000Z")
+    for args in (["--peek"], []):
+        done = run_taskcard("inbox", "--workdir", str(workdir), *args)
+        assert done.returncode == 0, done.stderr
+        assert b"> run the linter" in done.stdout
+        assert b"m1.json: holds a lone surrogate escape" in done.stderr
+    assert names(workdir, "queued") == ["m1.json"] and names(workdir, "taken") == ["m2.json"]
