@@ -108,7 +108,7 @@ def check_report(
     if payload is not None:
         if not isinstance(payload, str):
             raise ReportError("payload: must be text")
-        if not _encodable(payload):
+        if not encodable(payload):
             raise ReportError(
                 "payload: holds bytes that are not UTF-8 (undecodable input); pass UTF-8 text"
             )
