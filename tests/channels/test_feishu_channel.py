@@ -91,6 +91,19 @@ async def test_text_messages_for_notices(fake: FakeFeishu, channel: FeishuChanne
     assert fake.texts(CHAT.chat_id) == ["agent builder: renderer failing"]
 
 
+async def test_a_text_longer_than_a_text_message_may_be_is_cut_to_fit(
+    fake: FakeFeishu, channel: FeishuChannel
+) -> None:
+    """Feishu refuses a text message over 150 KB as it travels (230025), as the fake does; a
+    longer notice or reply arrives cut, with a marker, as Telegram's are cut to fit."""
+    text = "".join(f"line {number:06d}: 条目 {'x' * 40}\n" for number in range(4000))
+    await channel.send(CHAT, channel.render_text(text))
+    [shown] = fake.texts(CHAT.chat_id)
+    assert shown.endswith("…") and text.startswith(shown[:-1])
+    assert len(shown) > len(text) // 2  # cut near the limit, not far below it
+    assert fake.errors() == []
+
+
 async def test_rate_scopes(channel: FeishuChannel) -> None:
     app = [("feishu:app", 50, 1.0), ("feishu:app:minute", 1000, 60.0)]
     send = channel.rate_scopes(CHAT, "send", None)

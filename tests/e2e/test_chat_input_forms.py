@@ -22,6 +22,8 @@ from tests.e2e.test_talk_and_signals import (
     platform,  # noqa: F401 (the fixture, used by name)
     queued,
     running_agent,
+    running_card_shown,
+    wait_said,
     wait_status,
     workdir,
 )
@@ -32,7 +34,7 @@ async def test_feishu_commands_from_the_rich_editor(tmp_path: Path) -> None:
         assert isinstance(chat, FeishuChat)
         running_agent(tmp_path)
         with chat.serve:
-            await eventually(lambda: chat.message_id_with("compile"), timeout_s=60, what="card")
+            await running_card_shown(chat)
             for text in ("/tell builder\n**bold** request", "/TaskCard board"):
                 document = chat.fake.command_event(
                     FS_CHAT,
@@ -46,11 +48,7 @@ async def test_feishu_commands_from_the_rich_editor(tmp_path: Path) -> None:
             await wait_status(chat, "queued")
             [message] = queued(tmp_path)
             assert json.loads(message.read_text())["text"] == "**bold** request"
-            await eventually(
-                lambda: any("now shows one task board" in t for t in chat.bot_texts()),
-                timeout_s=60,
-                what="the board answer",
-            )
+            await wait_said(chat, "now shows one task board", "the board answer")
             assert await chat.serve.aterminate() == 0
 
 
@@ -64,14 +62,10 @@ async def test_a_look_alike_of_the_command_is_not_the_command(
     async with chat_for(platform, tmp_path, ["builder"]) as chat:
         running_agent(tmp_path)
         with chat.serve:
-            await eventually(lambda: chat.message_id_with("compile"), timeout_s=60, what="card")
+            await running_card_shown(chat)
             await chat.say("/tas\u212acard off")
             await chat.say("/taskcard 7")
-            await eventually(
-                lambda: any("7 activity rows" in t for t in chat.bot_texts()),
-                timeout_s=60,
-                what="the answer to the real command",
-            )
+            await wait_said(chat, "7 activity rows", "the answer to the real command")
             assert not any("hidden" in t.lower() for t in chat.bot_texts())
             assert await chat.serve.aterminate() == 0
 
@@ -85,7 +79,7 @@ async def test_a_command_resumes_a_route_disabled_while_the_bot_was_out_of_the_c
     async with chat_for(platform, tmp_path, ["builder"]) as chat:
         running_agent(tmp_path)
         with chat.serve:
-            await eventually(lambda: chat.message_id_with("compile"), timeout_s=60, what="card")
+            await running_card_shown(chat)
             if isinstance(chat, TelegramChat):
                 chat.fake.kick(GROUP)
             elif isinstance(chat, FeishuChat):

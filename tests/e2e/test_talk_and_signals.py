@@ -15,7 +15,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -213,10 +213,17 @@ def status_texts(chat: Chat) -> list[str]:
 
 
 async def wait_status(chat: Chat, words: str) -> str:
+    return await _first_with(status_texts, chat, words, f"a status message saying {words!r}")
+
+
+async def wait_said(chat: Chat, words: str, what: str) -> str:
+    """The first of the bot's messages in the chat that contains `words`, once there is one."""
+    return await _first_with(lambda c: c.bot_texts(), chat, words, what)
+
+
+async def _first_with(texts: Callable[[Chat], list[str]], chat: Chat, words: str, what: str) -> str:
     found: str = await eventually(
-        lambda: next((t for t in status_texts(chat) if words in t), None),
-        timeout_s=60,
-        what=f"a status message saying {words!r}",
+        lambda: next((t for t in texts(chat) if words in t), None), timeout_s=60, what=what
     )
     return found
 
@@ -227,6 +234,11 @@ def running_agent(tmp_path: Path) -> None:
     activity(wd, "turn.start")
     activity(wd, "tool.start", call_id="c1", name="pytest")
     publish(wd, "**compile** 1/3")
+
+
+async def running_card_shown(chat: Chat) -> None:
+    """Wait for the card of `running_agent` in the chat."""
+    await eventually(lambda: chat.message_id_with("compile"), timeout_s=60, what="card")
 
 
 @pytest.mark.parametrize(
@@ -244,7 +256,7 @@ async def test_tell_is_queued_then_delivered_on_one_edited_message(
     async with chat_for(platform, tmp_path, ["builder"]) as chat:
         running_agent(tmp_path)
         with chat.serve:
-            await eventually(lambda: chat.message_id_with("compile"), timeout_s=60, what="card")
+            await running_card_shown(chat)
             await chat.say(typed)
             await wait_status(chat, "queued")
             assert not any("AGENT is one of" in t for t in chat.bot_texts())
@@ -294,15 +306,11 @@ async def test_rate_limit_and_who_may_write(platform: str, tmp_path: Path) -> No
     async with chat_for(platform, tmp_path, ["builder"]) as chat:
         running_agent(tmp_path)
         with chat.serve:
-            await eventually(lambda: chat.message_id_with("compile"), timeout_s=60, what="card")
+            await running_card_shown(chat)
             await chat.say("/tell builder from a stranger", user=99)
             for index in range(6):
                 await chat.say(f"/tell builder step {index}")
-            await eventually(
-                lambda: any("Too many messages to builder" in t for t in chat.bot_texts()),
-                timeout_s=60,
-                what="the refusal",
-            )
+            await wait_said(chat, "Too many messages to builder", "the refusal")
             await eventually(lambda: len(status_texts(chat)) == 5, timeout_s=60, what="5 statuses")
             assert len(queued(tmp_path)) == 5
             texts = {json.loads(p.read_text())["text"] for p in queued(tmp_path)}
@@ -318,15 +326,11 @@ async def test_a_text_too_long_for_the_inbox_is_refused_saying_to_split_it(
     async with chat_for(platform, tmp_path, ["builder"]) as chat:
         running_agent(tmp_path)
         with chat.serve:
-            await eventually(lambda: chat.message_id_with("compile"), timeout_s=60, what="card")
+            await running_card_shown(chat)
             await chat.say("/tell builder " + "é" * 9000)
             await chat.say("/tell builder short one")
             await wait_status(chat, "queued")
-            await eventually(
-                lambda: any("Split it into shorter messages" in t for t in chat.bot_texts()),
-                timeout_s=60,
-                what="the refusal",
-            )
+            await wait_said(chat, "Split it into shorter messages", "the refusal")
             assert len(status_texts(chat)) == 1
             assert [json.loads(p.read_text())["text"] for p in queued(tmp_path)] == ["short one"]
             assert await chat.serve.aterminate() == 0
@@ -336,7 +340,7 @@ async def test_restart_between_queue_and_delivery(platform: str, tmp_path: Path)
     async with chat_for(platform, tmp_path, ["builder"]) as chat:
         running_agent(tmp_path)
         with chat.serve:
-            await eventually(lambda: chat.message_id_with("compile"), timeout_s=60, what="card")
+            await running_card_shown(chat)
             await chat.say("/tell builder keep going")
             await wait_status(chat, "queued")
             assert await chat.serve.aterminate() == 0
@@ -412,11 +416,7 @@ async def test_signals_reach_the_chat_and_the_parent(platform: str, tmp_path: Pa
         publish(worker, "**migrating** 1/9")
         publish(lead, "**leading**")
         with chat.serve:
-            card = await eventually(
-                lambda: next((t for t in chat.bot_texts() if "migrating" in t), None),
-                timeout_s=60,
-                what="worker card",
-            )
+            card = await wait_said(chat, "migrating", "worker card")
             assert "spawned by lead: split the migration" in card
             # report available: typed fields, the summary redacted
             report(
@@ -427,11 +427,7 @@ async def test_signals_reach_the_chat_and_the_parent(platform: str, tmp_path: Pa
                 role="reviewer",
                 summary="all green token=supersecret123456",
             )
-            text = await eventually(
-                lambda: next((t for t in chat.bot_texts() if "worker reported" in t), None),
-                timeout_s=60,
-                what="report notice",
-            )
+            text = await wait_said(chat, "worker reported", "report notice")
             assert "ok, verdict approved, as reviewer" in text and "supersecret" not in text
 
             # Other wakes (a quiet spell on a loaded machine) may be queued before this one.
@@ -455,29 +451,17 @@ async def test_signals_reach_the_chat_and_the_parent(platform: str, tmp_path: Pa
                 what="the lead's own lineage row",
             )
             report(lead, 1, ok=True)
-            await eventually(
-                lambda: any("lead reported" in t for t in chat.bot_texts()),
-                timeout_s=60,
-                what="the lead's report notice",
-            )
+            await wait_said(chat, "lead reported", "the lead's report notice")
             texts = [str(json.loads(p.read_text()).get("text")) for p in queued(tmp_path, "lead")]
             assert not any("lead reported" in text for text in texts), texts
             # idle without report: the turn was declared finished, and no report since
             activity(worker, "turn.start")
             activity(worker, "turn.end")
-            await eventually(
-                lambda: any("declared its turn finished" in t for t in chat.bot_texts()),
-                timeout_s=60,
-                what="idle notice",
-            )
+            await wait_said(chat, "declared its turn finished", "idle notice")
             # exited without report: a new run that owes one (the report was the last run's)
             activity(worker, "agent.start")
             activity(worker, "agent.exit", code=1)
-            await eventually(
-                lambda: any("worker exited without a report" in t for t in chat.bot_texts()),
-                timeout_s=60,
-                what="exit notice",
-            )
+            await wait_said(chat, "worker exited without a report", "exit notice")
             # no output: started, then nothing at all
             activity(shy, "agent.start")
             await eventually(
@@ -489,11 +473,7 @@ async def test_signals_reach_the_chat_and_the_parent(platform: str, tmp_path: Pa
             )
             await eventually(lambda: len(queued(tmp_path, "lead")) >= 3, what="three wakes")
             await chat.say("/taskcard")
-            answer = await eventually(
-                lambda: next((t for t in chat.bot_texts() if "Task cards here" in t), None),
-                timeout_s=60,
-                what="/taskcard answer",
-            )
+            answer = await wait_said(chat, "Task cards here", "/taskcard answer")
             assert "worker: exited" in answer and "shy: no output" in answer
             assert "latest report" in answer and "ok, verdict approved" in answer
             assert await chat.serve.aterminate() == 0
@@ -518,7 +498,7 @@ async def test_a_feishu_tell_names_the_people_it_mentions(tmp_path: Path) -> Non
         assert isinstance(chat, FeishuChat)
         running_agent(tmp_path)
         with chat.serve:
-            await eventually(lambda: chat.message_id_with("compile"), timeout_s=60, what="card")
+            await running_card_shown(chat)
             document = chat.fake.command_event(
                 FS_CHAT,
                 "unused",
@@ -555,11 +535,7 @@ async def test_reports_after_lines_with_odd_seqs_still_reach_the_chat(
             done = run_cli("report", "--workdir", str(wd), "--ok", "--summary", "counted right")
             assert done.returncode == 0, done.stderr
             assert json.loads(done.stdout)["seq"] == 1
-            text = await eventually(
-                lambda: next((t for t in chat.bot_texts() if "counted right" in t), None),
-                timeout_s=60,
-                what="the CLI's report in the chat",
-            )
+            text = await wait_said(chat, "counted right", "the CLI's report in the chat")
             assert "tally reported (#1): ok." in text
             assert not any("float seq" in t or "past the bound" in t for t in chat.bot_texts())
             assert await chat.serve.aterminate() == 0
@@ -581,11 +557,7 @@ async def test_the_state_answer_counts_the_agents_it_has_no_room_for(
                 lambda: chat.message_id_with("agent15 card"), timeout_s=60, what="the cards"
             )
             await chat.say("/taskcard")
-            answer = await eventually(
-                lambda: next((t for t in chat.bot_texts() if "Task cards here" in t), None),
-                timeout_s=60,
-                what="the /taskcard answer",
-            )
+            answer = await wait_said(chat, "Task cards here", "the /taskcard answer")
             listed = [line for line in answer.splitlines() if line.startswith("• ")]
             last = answer.splitlines()[-1]
             assert 0 < len(listed) < len(agents)
@@ -608,18 +580,10 @@ async def test_a_report_dated_in_the_future_does_not_silence_later_runs(
         with chat.serve:
             await eventually(lambda: chat.message_id_with("seeing"), timeout_s=60, what="card")
             report(wd, 1, ok=True, summary="from a skewed clock", at="8999-01-01T00:00:00Z")
-            await eventually(
-                lambda: any("from a skewed clock" in t for t in chat.bot_texts()),
-                timeout_s=60,
-                what="the report notice",
-            )
+            await wait_said(chat, "from a skewed clock", "the report notice")
             activity(wd, "agent.start")
             activity(wd, "agent.exit", code=1)
-            await eventually(
-                lambda: any("seer exited without a report" in t for t in chat.bot_texts()),
-                timeout_s=60,
-                what="the exit notice",
-            )
+            await wait_said(chat, "seer exited without a report", "the exit notice")
             assert await chat.serve.aterminate() == 0
 
 
@@ -640,17 +604,9 @@ async def test_a_secret_across_the_summary_cut_is_not_shown_in_part(tmp_path: Pa
                 what="the card with its lineage row",
             )
             Reports(wd).add(ok=True, summary="y" * 280 + " " + FS_VERIFY + " and more")
-            await eventually(
-                lambda: any("leaky reported" in t for t in chat.bot_texts()),
-                timeout_s=60,
-                what="the report notice",
-            )
+            await wait_said(chat, "leaky reported", "the report notice")
             await chat.say("/taskcard")
-            await eventually(
-                lambda: any("latest report" in t for t in chat.bot_texts()),
-                timeout_s=60,
-                what="the /taskcard answer",
-            )
+            await wait_said(chat, "latest report", "the /taskcard answer")
             assert await chat.serve.aterminate() == 0
         front = FS_VERIFY[:8]
         assert not any(front in text for text in chat.bot_texts())
