@@ -482,6 +482,8 @@ class Service:
         by_agent = self._routes_by_agent.get(route.key.agent_id)
         if by_agent is not None and route in by_agent:
             by_agent.remove(route)
+        if self._running and self._views.view(route.key.chat_scope) == "board":
+            self._mark_board(route.key.chat_scope)  # its line leaves the chat's board
         if route.key not in self._scheduled:
             return
         if final is not None:

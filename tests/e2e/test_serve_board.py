@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import json
+import shutil
 from pathlib import Path
 
 from tests.e2e.harness import ServeProcess, agents_lines, eventually, notify, publish
@@ -257,3 +258,49 @@ async def test_feishu_board_error_card_and_switch_persisting_across_restart(
         assert "replaced by one card per agent" in feishu_board(feishu), "the choice persisted"
         assert len(feishu_cards(feishu)) == 7
         assert await again.aterminate() == 0
+
+
+async def test_telegram_board_drops_the_line_of_an_agent_whose_folder_is_removed(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    """A discovered agent in error leaves the fleet: the board stops listing it (and stops
+    saying someone needs people) without waiting for another agent of the chat to change."""
+    for agent in ("keeper", "leaver"):
+        (tmp_path / "fleet" / agent).mkdir(parents=True)
+    config = tmp_path / "taskcard.toml"
+    lines = [
+        'state_dir = ".taskcard"',
+        "[discover]",
+        'roots = ["fleet"]',
+        "[telegram]",
+        'token_env = "TC_TEST_TOKEN"',
+        f'api_base_url = "{telegram.base_url}"',
+        "poll_timeout_s = 1",
+        "[[telegram.routes]]",
+        f"chat_id = {GROUP}",
+        'agents = ["*"]',
+        'view = "board"',
+    ]
+    config.write_text("\n".join(lines) + "\n")
+    with ServeProcess(config, env={"TC_TEST_TOKEN": telegram.token}) as serve:
+        publish(tmp_path / "fleet" / "keeper", "keeper v1")
+        publish(tmp_path / "fleet" / "leaver", "leaver v1")
+        notify(tmp_path / "fleet" / "leaver", "l-err-1", "error", code="renderer_timeout")
+        await eventually(
+            lambda: "leaver · unknown · ⚠ error" in board_text(telegram),
+            what="the agent in error first on the board",
+        )
+        shutil.rmtree(tmp_path / "fleet" / "leaver")
+        await eventually(
+            lambda: any(
+                "Agent retired" in m.text and m.text.startswith("❔ leaver")
+                for m in telegram.bot_messages(GROUP)
+            ),
+            what="the leaver's own card retired",
+        )
+        await eventually(
+            lambda: "leaver" not in board_text(telegram) and "keeper v1" in board_text(telegram),
+            what="the board without the leaver",
+        )
+        assert board_text(telegram).startswith("📋 Task board · 1 agent · 1 unknown")
+        assert await serve.aterminate() == 0
