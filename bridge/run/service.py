@@ -827,10 +827,15 @@ class Service:
 
     def _project_board(self, scope: str) -> None:
         routes = self._routes_by_scope.get(scope, [])
-        if not routes or routes[0].key.channel not in self._ready_channels:
-            return
-        key = board_key(routes[0].key)
-        if key not in self._boards:
+        if routes:
+            key = board_key(routes[0].key)
+            zone = routes[0].zone
+        else:  # the chat's last agent left: a board it showed says there is none now
+            key = next((k for k in self._boards if k.chat_scope == scope), None)
+            zone = UTC
+            if key is None:
+                return
+        if key.channel not in self._ready_channels or key not in self._boards:
             return  # not scheduled yet (the service is starting)
         channel = self._channels[key.channel]
         has_message = self._scheduler.has_message(key)
@@ -850,7 +855,7 @@ class Service:
         if not has_message and (prefs.hidden or not started):
             return  # the board appears with the first sign of life, not before
         board = compose_board(
-            entries, hidden=prefs.hidden, now=self._clock(), zone=routes[0].zone, scrub=self._redact
+            entries, hidden=prefs.hidden, now=self._clock(), zone=zone, scrub=self._redact
         )
         self._scheduler.submit(key, channel.render_board(fit_board(board, channel.board_fits)))
 

@@ -264,7 +264,8 @@ async def test_telegram_board_drops_the_line_of_an_agent_whose_folder_is_removed
     tmp_path: Path, telegram: FakeTelegram
 ) -> None:
     """A discovered agent in error leaves the fleet: the board stops listing it (and stops
-    saying someone needs people) without waiting for another agent of the chat to change."""
+    saying someone needs people) without waiting for another agent of the chat to change;
+    once the chat's last agent leaves, the board lists none."""
     for agent in ("keeper", "leaver"):
         (tmp_path / "fleet" / agent).mkdir(parents=True)
     config = tmp_path / "taskcard.toml"
@@ -303,4 +304,10 @@ async def test_telegram_board_drops_the_line_of_an_agent_whose_folder_is_removed
             what="the board without the leaver",
         )
         assert board_text(telegram).startswith("📋 Task board · 1 agent · 1 unknown")
+
+        shutil.rmtree(tmp_path / "fleet" / "keeper")  # the chat's last agent
+        await eventually(
+            lambda: board_text(telegram) == "📋 Task board · 0 agents",
+            what="a board that lists no agent",
+        )
         assert await serve.aterminate() == 0
