@@ -827,14 +827,15 @@ class Service:
 
     def _project_board(self, scope: str) -> None:
         routes = self._routes_by_scope.get(scope, [])
-        if routes:
-            key = board_key(routes[0].key)
-            zone = routes[0].zone
-        else:  # the chat's last agent left: a board it showed says there is none now
-            key = next((k for k in self._boards if k.chat_scope == scope), None)
-            zone = UTC
-            if key is None:
-                return
+        # With no route left (the chat's last agent left), a board it showed lists none.
+        found = (
+            board_key(routes[0].key)
+            if routes
+            else next((k for k in self._boards if k.chat_scope == scope), None)
+        )
+        if found is None:
+            return
+        key, zone = found, routes[0].zone if routes else UTC
         if key.channel not in self._ready_channels or key not in self._boards:
             return  # not scheduled yet (the service is starting)
         channel = self._channels[key.channel]
