@@ -66,11 +66,17 @@ class ChatViews:
             self._views[scope] = default if stored is None else stored
         self._dirty: set[str] = set()
 
-    def add_scope(self, scope: str, default: RouteView) -> None:
-        """A chat that joined the fleet while serving: its stored choice, else `default`."""
-        if scope not in self._views:
-            stored = parse_view(self._store.get_cursor(view_cursor(scope)))
-            self._views[scope] = default if stored is None else stored
+    def add_scope(self, scope: str, default: RouteView) -> bool:
+        """A routed chat's view whenever the fleet is applied (a chat that joined, or a
+        reload that changed its route's `view`): its stored choice, else `default`. True when
+        a chat already known now shows the other view."""
+        stored = parse_view(self._store.get_cursor(view_cursor(scope)))
+        view = default if stored is None else stored
+        changed = scope in self._views and self._views[scope] != view
+        self._views[scope] = view
+        if changed:
+            log.info("chat %s now shows %s (its route's view)", scope, view)
+        return changed
 
     def view(self, scope: str) -> RouteView:
         return self._views.get(scope, "cards")

@@ -417,8 +417,11 @@ class Service:
         self._routes_by_scope = {}
         for route in self._routes:
             self._routes_by_scope.setdefault(route.key.chat_scope, []).append(route)
-        for scope, routes in self._routes_by_scope.items():
-            self._views.add_scope(scope, routes[0].view)
+        switched = [
+            scope
+            for scope, routes in self._routes_by_scope.items()
+            if self._views.add_scope(scope, routes[0].view)
+        ]
         if self._running:
             self._schedule_boards()
         if self._watcher is not None:
@@ -431,6 +434,10 @@ class Service:
         for route in added:
             if route.key.agent_id not in fresh:
                 self._project_route(route)
+        for scope in switched:  # as `/taskcard board|cards` would, without a chat's choice
+            for route in self._routes_by_scope[scope]:
+                self._project_route(route)
+            self._mark_board(scope)
 
     def _schedule_boards(self) -> None:
         """Every routed chat may switch to a board: its resident is known to the scheduler."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import json
 import shutil
+import signal
 from pathlib import Path
 
 from tests.e2e.harness import ServeProcess, agents_lines, eventually, notify, publish
@@ -148,6 +149,47 @@ async def test_telegram_board_and_cards_commands_switch_and_persist(
         )
         assert len(fresh) == 1
         assert await again.aterminate() == 0
+
+
+async def test_telegram_reload_that_changes_a_routes_view_switches_the_chat(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    """SIGHUP with the route's `view` changed: a chat that never chose a view follows the
+    configuration at once, as routes do on a reload; a chat's own choice still wins."""
+    agents = ["alpha", "beta"]
+    serve = telegram_serve(tmp_path, telegram, agents, "cards")
+    with serve:
+        for agent in agents:
+            publish(tmp_path / "agents" / agent, f"{agent} card v1")
+        await eventually(lambda: len(telegram.bot_messages(GROUP)) == 2, what="two cards")
+        cards = [m.message_id for m in telegram.bot_messages(GROUP)]
+
+        serve.config.write_text(serve.config.read_text().replace('"cards"', '"board"'))
+        assert serve.proc is not None
+        serve.proc.send_signal(signal.SIGHUP)
+        await eventually(lambda: "beta card v1" in board_text(telegram), what="the board")
+        await eventually(
+            lambda: all(
+                RETIRED_NOTE in (telegram.message(GROUP, mid) or _none).text for mid in cards
+            ),
+            what="the two cards retired",
+        )
+
+        telegram.inject_command(GROUP, "/taskcard cards")
+        await eventually(lambda: "replaced by one card per agent" in boards(telegram)[0].text)
+        serve.config.write_text(serve.config.read_text() + "# touched\n")
+        serve.proc.send_signal(signal.SIGHUP)
+        await eventually(lambda: serve.logs.count("config reloaded") == 2, what="the 2nd reload")
+        publish(tmp_path / "agents" / "beta", "beta card v2")
+        await eventually(
+            lambda: any(
+                "beta card v2" in m.text and BOARD_TITLE not in m.text
+                for m in telegram.bot_messages(GROUP)
+            ),
+            what="beta's card, the chat's choice kept",
+        )
+        assert "replaced by one card per agent" in boards(telegram)[0].text
+        assert await serve.aterminate() == 0
 
 
 class _None:
