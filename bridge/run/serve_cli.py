@@ -213,6 +213,7 @@ class _StatusFleet:
 def _fleet(config: ServiceConfig, store: StateStore | None) -> _StatusFleet:
     """The configured routes (also of agents named but not found yet), the routes origins
     opened (from the store) and the agents under `[discover] roots`, as `serve` builds them."""
+    from taskcard.bridge.run.boards import board_key
     from taskcard.bridge.run.fleet import desired_fleet, discover_agents
     from taskcard.bridge.run.origins import OriginBook
     from taskcard.bridge.schedule.scheduler import RouteKey
@@ -228,6 +229,11 @@ def _fleet(config: ServiceConfig, store: StateStore | None) -> _StatusFleet:
             routes.setdefault(RouteKey(spec.channel, spec.chat, agent_id), "config")
     for route in fleet.routes:
         routes.setdefault(route.key, "origin" if route.origin else "config")
+    # A chat's board is a resident message too (see `bridge.run.boards`): shown once it has one.
+    for key, opened_by in list(routes.items()):
+        board = board_key(key)
+        if board not in routes and store is not None and store.resident(str(board)) is not None:
+            routes[board] = opened_by
     configured = set(config.agent_ids())
     agents = {
         agent_id: (workdir, "config" if agent_id in configured else "discovered")

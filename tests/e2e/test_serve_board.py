@@ -10,7 +10,14 @@ import shutil
 import signal
 from pathlib import Path
 
-from tests.e2e.harness import ServeProcess, agents_lines, eventually, notify, publish
+from tests.e2e.harness import (
+    ServeProcess,
+    agents_lines,
+    eventually,
+    notify,
+    publish,
+    run_cli,
+)
 from tests.e2e.test_serve_feishu import CHAT, ENCRYPT, VERIFY, free_port
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram, StoredMessage
@@ -307,7 +314,8 @@ async def test_telegram_board_drops_the_line_of_an_agent_whose_folder_is_removed
 ) -> None:
     """A discovered agent in error leaves the fleet: the board stops listing it (and stops
     saying someone needs people) without waiting for another agent of the chat to change;
-    once the chat's last agent leaves, the board lists none."""
+    once the chat's last agent leaves, the board lists none. `taskcard status` shows the
+    board's resident message beside the agents' routes."""
     for agent in ("keeper", "leaver"):
         (tmp_path / "fleet" / agent).mkdir(parents=True)
     config = tmp_path / "taskcard.toml"
@@ -333,6 +341,11 @@ async def test_telegram_board_drops_the_line_of_an_agent_whose_folder_is_removed
             lambda: "leaver · unknown · ⚠ error" in board_text(telegram),
             what="the agent in error first on the board",
         )
+        status = run_cli("status", "--config", str(config))
+        assert status.returncode == 0, status.stderr
+        board_id = boards(telegram)[0].message_id
+        assert f"telegram:{GROUP}::#board\n  resident message: {board_id}\n" in status.stdout
+
         shutil.rmtree(tmp_path / "fleet" / "leaver")
         await eventually(
             lambda: any(
