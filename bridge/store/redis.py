@@ -21,11 +21,17 @@ Layout under the prefix `P`: `P:res:<route>` hashes of resident fields (and the 
 `P:residents`), hashes `P:prefs`, `P:offsets`, `P:cursors`, `P:pauses`, `P:chats`, and for
 notices the hashes `P:n:text`, `P:n:state`, `P:n:at` keyed by route and id, with the sorted set
 `P:n:pending` (by creation time) as the index of pending ones.
+
+Every value is read defensively: a field that does not parse (written by hand, by an older
+version, or damaged) is logged once by its key and read as absent, so one bad entry never stops
+an instance at start nor hides the good entries beside it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -54,6 +60,19 @@ _RETRIES = 12
 RETRY_BUDGET_S = 3.0
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+_CORRUPT = (ValueError, TypeError, KeyError, AttributeError, RecursionError)
+_reported: set[str] = set()
+
+
+def _corrupt(key: str, field: str) -> None:
+    """Log (once per key and field) that a stored value does not parse and is skipped."""
+    where = f"{key} {field}".strip()
+    if where not in _reported:
+        _reported.add(where)
+        log.warning("Redis %s: the stored value does not parse; it is ignored", where[:300])
+
 
 _ADD_NOTICE = """
 if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
@@ -162,13 +181,33 @@ def _member(*parts: str) -> str:
     return json.dumps(parts, ensure_ascii=False)
 
 
-def _parts(member: str) -> list[str]:
-    value = json.loads(member)
+def _parts(member: str, count: int) -> list[str] | None:
+    """The `count` strings of a member written by `_member`; None when it is not one."""
+    try:
+        value = json.loads(member)
+    except _CORRUPT:
+        return None
+    if not isinstance(value, list) or len(value) != count:
+        return None
     return [str(part) for part in value]
 
 
 def _float(value: str | None) -> float | None:
-    return None if value is None else float(value)
+    """A finite float, or None when absent or not a number."""
+    try:
+        number = None if value is None else float(value)
+    except _CORRUPT:
+        return None
+    return number if number is not None and math.isfinite(number) else None
+
+
+def _object(raw: str | None) -> dict[str, Any] | None:
+    """A JSON object, or None when absent or not one."""
+    try:
+        data = None if raw is None else json.loads(raw)
+    except _CORRUPT:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 class RedisStore(StateStore):
@@ -208,7 +247,7 @@ class RedisStore(StateStore):
 
     def resident(self, route: str) -> ResidentRecord | None:
         data = cast(dict[str, str], self._r.hgetall(self._res(route)))
-        return _record(route, data) if data else None
+        return _record(self._res(route), route, data) if data else None
 
     def residents(self) -> list[ResidentRecord]:
         routes = sorted(cast(set[str], self._r.smembers(self.key("residents"))))
@@ -259,10 +298,14 @@ class RedisStore(StateStore):
         raw = cast(str | None, self._r.hget(self.key("prefs"), scope))
         if raw is None:
             return ChatPrefs()
-        data = json.loads(raw)
+        data = _object(raw)
+        if data is None:
+            _corrupt(self.key("prefs"), scope)
+            return ChatPrefs()
         rows = data.get("activity_rows")
         return ChatPrefs(
-            hidden=bool(data.get("hidden")), activity_rows=rows if isinstance(rows, int) else None
+            hidden=bool(data.get("hidden")),
+            activity_rows=rows if isinstance(rows, int) and not isinstance(rows, bool) else None,
         )
 
     def set_prefs(self, scope: str, prefs: ChatPrefs) -> None:
@@ -289,10 +332,14 @@ class RedisStore(StateStore):
         ats = cast(list[str | None], self._r.hmget(self.key("n", "at"), members))
         found = []
         for member, text, at in zip(members, texts, ats, strict=True):
-            notice_route, notice_id = _parts(member)
+            parts = _parts(member, 2)
+            if parts is None:
+                _corrupt(self.key("n", "pending"), member)
+                continue
+            notice_route, notice_id = parts
             if route is not None and notice_route != route:
                 continue
-            found.append(PendingNotice(notice_route, notice_id, text or "", float(at or 0.0)))
+            found.append(PendingNotice(notice_route, notice_id, text or "", _float(at) or 0.0))
         return sorted(found, key=lambda n: (n.created_at, n.notice_id))
 
     def set_notice_state(self, route: str, notice_id: str, state: NoticeState) -> None:
@@ -312,7 +359,11 @@ class RedisStore(StateStore):
         if raw is None:
             return None
         inode, _, offset = raw.partition(":")
-        return int(inode), int(offset)
+        try:
+            return int(inode), int(offset)
+        except ValueError:
+            _corrupt(self.key("offsets"), _member(agent_id, name))
+            return None
 
     def set_offset(self, agent_id: str, name: str, inode: int, offset: int) -> None:
         self._r.hset(self.key("offsets"), _member(agent_id, name), f"{inode}:{offset}")
@@ -327,7 +378,14 @@ class RedisStore(StateStore):
 
     def pauses(self) -> dict[str, float]:
         raw = cast(dict[str, str], self._r.hgetall(self.key("pauses")))
-        return {scope: float(until) for scope, until in raw.items()}
+        pauses = {}
+        for scope, value in raw.items():
+            until = _float(value)
+            if until is None:
+                _corrupt(self.key("pauses"), scope)
+            else:
+                pauses[scope] = until
+        return pauses
 
     def set_pause(self, scope: str, until_epoch: float) -> None:
         self._r.hset(self.key("pauses"), scope, repr(until_epoch))
@@ -339,7 +397,8 @@ class RedisStore(StateStore):
         title = chat.title
         if title is None:
             known = cast(str | None, self._r.hget(self.key("chats"), field))
-            title = json.loads(known).get("title") if known else None
+            title = (_object(known) or {}).get("title")
+            title = title if isinstance(title, str) else None
         self._r.hset(
             self.key("chats"), field, json.dumps({"title": title, "last_seen": chat.last_seen})
         )
@@ -348,15 +407,20 @@ class RedisStore(StateStore):
         raw = cast(dict[str, str], self._r.hgetall(self.key("chats")))
         chats = []
         for field, value in raw.items():
-            channel, chat_id, thread_id = _parts(field)
-            data: dict[str, Any] = json.loads(value)
+            parts, data = _parts(field, 3), _object(value)
+            if parts is None or data is None:
+                _corrupt(self.key("chats"), field)
+                continue
+            channel, chat_id, thread_id = parts
+            title = data.get("title")
+            last_seen = data.get("last_seen", 0.0)
             chats.append(
                 SeenChat(
                     channel,
                     chat_id,
                     thread_id or None,
-                    data.get("title"),
-                    float(data.get("last_seen", 0.0)),
+                    title if isinstance(title, str) else None,
+                    _float(str(last_seen)) or 0.0,
                 )
             )
         return sorted(chats, key=lambda c: (-c.last_seen, c.channel, c.chat_id, c.thread_id or ""))
@@ -375,18 +439,38 @@ class RedisStore(StateStore):
         raw = cast(str | None, self._r.hget(self.key("inbox"), message_id))
         if raw is None:
             return
-        data: dict[str, Any] = json.loads(raw)
+        data = _object(raw)
+        if data is None:
+            _corrupt(self.key("inbox"), message_id)
+            return
         data.update(outcome=outcome, reason=reason, closed_at=at)
         self._r.hset(self.key("inbox"), message_id, json.dumps(data))
 
     def inbox_messages(self, since: float) -> list[InboxRecord]:
         raw = cast(dict[str, str], self._r.hgetall(self.key("inbox")))
-        records = [InboxRecord(**json.loads(value)) for value in raw.values()]
+        records = []
+        for message_id, value in raw.items():
+            try:
+                record = InboxRecord(**(_object(value) or {}))
+            except _CORRUPT:
+                record = None
+            if record is None or not isinstance(record.queued_at, int | float):
+                _corrupt(self.key("inbox"), message_id)
+                continue
+            records.append(record)
         wanted = [r for r in records if r.outcome == "open" or r.queued_at >= since]
         return sorted(wanted, key=lambda r: (r.queued_at, r.message_id))
 
 
-def _record(route: str, data: dict[str, str]) -> ResidentRecord:
+def _record(key: str, route: str, data: dict[str, str]) -> ResidentRecord:
+    try:
+        unsure_sends = int(data.get("unsure_sends") or 0)
+    except ValueError:
+        _corrupt(key, "unsure_sends")
+        unsure_sends = 0
+    for name in ("committed_at", "unsure_at"):
+        if data.get(name) is not None and _float(data[name]) is None:
+            _corrupt(key, name)
     return ResidentRecord(
         route=route,
         message_id=data.get("message_id"),
@@ -395,6 +479,6 @@ def _record(route: str, data: dict[str, str]) -> ResidentRecord:
         disabled_reason=data.get("disabled_reason"),
         send_key=data.get("send_key"),
         stale_message_id=data.get("stale_message_id"),
-        unsure_sends=int(data.get("unsure_sends") or 0),
+        unsure_sends=unsure_sends,
         unsure_at=_float(data.get("unsure_at")),
     )

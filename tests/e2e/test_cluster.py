@@ -18,6 +18,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
+import redis
 
 from tests.e2e.harness import ServeProcess, eventually, publish, run_cli
 from tests.e2e.test_serve_telegram import GROUP, _quick_publish, _sleep, shown
@@ -373,3 +374,48 @@ async def test_chats_lists_what_every_instance_saw_from_the_shared_state(
     assert table.returncode == 0 and str(unrouted) in table.stdout, table.stderr
     for serve in serves.values():
         assert await serve.aterminate() == 0
+
+
+async def test_corrupt_values_left_in_redis_are_skipped_not_fatal(
+    tmp_path: Path,
+    fake: FakeTelegram,
+    redis_url: str,
+    prefix: str,
+    fleet: ExitStack,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Values an older version or a hand edit left unparseable: each is logged and read as
+    absent; the service starts, serves and answers, and the CLI lists the good entries."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    route = f"telegram:{GROUP}::i0agent"
+    client.hset(f"{prefix}:pauses", "telegram:bot", "soon")
+    client.hset(f"{prefix}:prefs", f"telegram:{GROUP}", "{not json")
+    client.hset(f"{prefix}:res:{route}", mapping={"unsure_sends": "x", "committed_at": "y"})
+    client.sadd(f"{prefix}:residents", route)
+    client.hset(f"{prefix}:chats", '["telegram", "1"', "{}")
+    client.hset(f"{prefix}:chats", json.dumps(["telegram", "2", ""]), '{"title": "Kept"}')
+    client.zadd(f"{prefix}:n:pending", {"not a member": 1})
+    client.hset(f"{prefix}:offsets", json.dumps(["i0agent", "cards.jsonl"]), "garbage")
+    client.hset(f"{prefix}:inbox", "m1", '{"message_id": "m1"}')
+    client.close()
+    serve = fleet.enter_context(
+        instance(tmp_path, "i0", fake, ["i0agent"], redis_url=redis_url, prefix=prefix)
+    )
+    publish(tmp_path / "agents" / "i0agent", "served despite the junk")
+    await eventually(
+        lambda: any("served despite the junk" in t for t in shown(fake, GROUP)),
+        timeout_s=60,
+        what="the card",
+    )
+    fake.inject_command(GROUP, "/taskcard 3")
+    await eventually(lambda: replies(fake, "3 activity rows"), what="the reply")
+    monkeypatch.setenv("TC_REDIS_URL", redis_url)
+    status = run_cli("status", "--config", str(serve.config))
+    assert status.returncode == 0 and route in status.stdout, status.stderr
+    chats = run_cli("chats", "--config", str(serve.config))
+    assert chats.returncode == 0 and "Kept" in chats.stdout, chats.stderr
+    for output in (status.stderr, chats.stderr):
+        assert "Traceback" not in output and "does not parse" in output
+    assert await serve.aterminate() == 0
+    assert "Traceback" not in serve.logs
+    assert f"{prefix}:pauses telegram:bot: the stored value does not parse" in serve.logs
