@@ -26,10 +26,18 @@ log = logging.getLogger(__name__)
 
 # KEYS: lease and fence counter of each lease in turn; ARGV: owner, ttl ms. Returns, for each
 # lease, the token held (renewed or new), or nil when another owner holds it.
+# A key no live holder could have written (not a string, or a lease without a TTL: every
+# holder sets one) is free, and a fence counter that is not an integer starts again; either,
+# left by an older version or a hand edit, made the script fail for every lease of the batch,
+# so no agent of the instance was served. Tokens carry the owner's unique name, so a counter
+# started again cannot make a stale holder's token match.
 _HOLD = """
 local tokens = {}
 for i = 1, #KEYS, 2 do
-  local current = redis.call('GET', KEYS[i])
+  local current = redis.pcall('GET', KEYS[i])
+  if type(current) == 'table' or (current and redis.call('PTTL', KEYS[i]) == -1) then
+    current = false
+  end
   local token = false
   if current then
     if string.sub(current, 1, #ARGV[1] + 1) == ARGV[1] .. '|' then
@@ -37,7 +45,12 @@ for i = 1, #KEYS, 2 do
       token = current
     end
   else
-    token = ARGV[1] .. '|' .. redis.call('INCR', KEYS[i + 1])
+    local fence = redis.pcall('INCR', KEYS[i + 1])
+    if type(fence) ~= 'number' then
+      redis.call('DEL', KEYS[i + 1])
+      fence = redis.call('INCR', KEYS[i + 1])
+    end
+    token = ARGV[1] .. '|' .. fence
     redis.call('SET', KEYS[i], token, 'PX', ARGV[2])
   end
   tokens[#tokens + 1] = token

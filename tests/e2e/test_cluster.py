@@ -419,3 +419,28 @@ async def test_corrupt_values_left_in_redis_are_skipped_not_fatal(
     assert await serve.aterminate() == 0
     assert "Traceback" not in serve.logs
     assert f"{prefix}:pauses telegram:bot: the stored value does not parse" in serve.logs
+
+
+async def test_lease_keys_no_live_holder_wrote_do_not_stop_the_agents(
+    tmp_path: Path, fake: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """A fence counter that is not a number, a lease without a TTL and a lease of the wrong
+    type (an older version's or a hand edit's): every agent is still served."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client.set(f"{prefix}:lease:agent:fenced:fence", "not a number")
+    client.set(f"{prefix}:lease:agent:forever", "an-old-owner|7")  # no TTL
+    client.hset(f"{prefix}:lease:agent:hashed", "owner", "x")
+    client.close()
+    agents = ["fenced", "forever", "hashed", "plain"]
+    serve = fleet.enter_context(
+        instance(tmp_path, "i0", fake, agents, redis_url=redis_url, prefix=prefix)
+    )
+    for agent in agents:
+        publish(tmp_path / "agents" / agent, f"card of {agent}")
+    await eventually(
+        lambda: all(any(f"card of {a}" in t for t in shown(fake, GROUP)) for a in agents),
+        timeout_s=60,
+        what="every agent's card",
+    )
+    assert await serve.aterminate() == 0
+    assert "Traceback" not in serve.logs
