@@ -11,13 +11,17 @@ over edits the message the previous owner posted instead of posting a second one
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Callable, Sequence
+from typing import cast
 from urllib.parse import urlsplit
 
 import redis
 from redis.asyncio import Redis as AsyncRedis
+from redis.exceptions import RedisError
 
 from taskcard.bridge.cluster.config import ClusterConfig
 from taskcard.bridge.cluster.lease import (
@@ -82,6 +86,7 @@ class Cluster:
         )
         self._poll_leases: list[PollLease] = []
         self._agent_leases: dict[str, Lease] = {}
+        self._bots: dict[str, str] = {}  # channel -> the bot this instance posts as
 
     @classmethod
     def connect(cls, config: ClusterConfig, url: str) -> Cluster:
@@ -90,6 +95,31 @@ class Cluster:
 
     def key(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
+
+    def claim_bot(self, channel: str, bot: str) -> bool:
+        """Record that this instance posts on `channel` as `bot`; False when a live instance
+        on this key prefix posts as another bot. Every key under one prefix (the poll lease,
+        the update offset, the command stream, resident ids) belongs to one bot: a second bot
+        there was never polled and got the first bot's commands and message ids."""
+        key, now_ms = self.key("bots", channel), int(time.time() * 1000)
+        live = cast(dict[str, str], self.store.client.hgetall(key))
+        for other, until in live.items():
+            if other != bot and until.isdigit() and int(until) > now_ms:
+                return False
+        self._bots[channel] = bot
+        self.store.client.hset(key, bot, str(now_ms + self._bot_ttl_ms))
+        return True
+
+    @property
+    def _bot_ttl_ms(self) -> int:
+        return int(self.config.lease_ttl_s * 1000)
+
+    async def _renew_bots(self) -> None:
+        now_ms = int(time.time() * 1000)
+        for channel, bot in self._bots.items():
+            key = self.key("bots", channel)
+            await self.aio.hset(key, bot, str(now_ms + self._bot_ttl_ms))
+            await self.aio.pexpire(key, self._bot_ttl_ms * 3)
 
     @property
     def secrets(self) -> tuple[str, ...]:
@@ -131,6 +161,7 @@ class Cluster:
             await asyncio.sleep(interval_s)
 
     async def _renew(self, take: Callable[[str], None], drop: Callable[[str], None]) -> None:
+        await self._renew_bots()
         for gate in self._poll_leases:
             await gate.lease.hold()
         # Needed for correctness at every interval whatever the fleet's size (a lease not
@@ -149,5 +180,8 @@ class Cluster:
         """Release every lease (others take over at once, not after the TTL), close clients."""
         leases = [g.lease for g in self._poll_leases] + list(self._agent_leases.values())
         await release_all(self.aio, leases)
+        with contextlib.suppress(RedisError):  # else it expires after the lease TTL
+            for channel, bot in self._bots.items():
+                await self.aio.hdel(self.key("bots", channel), bot)
         await self.aio.aclose()
         self.store.close()

@@ -12,6 +12,8 @@ import sys
 from collections.abc import Mapping
 from dataclasses import replace
 
+from redis.exceptions import RedisError
+
 from taskcard.bridge.cluster.commands import ClusteredChannel
 from taskcard.bridge.cluster.config import ClusterUrlMissing, resolve_redis_url
 from taskcard.bridge.cluster.lease import PollLease
@@ -27,10 +29,29 @@ def open_cluster(config: ServiceConfig, env: Mapping[str, str]) -> Cluster | Non
     """The connected cluster, or None after printing one line (the caller exits 2)."""
     try:
         url = resolve_redis_url(config.cluster, env)
-        return Cluster.connect(config.cluster, url)
+        cluster = Cluster.connect(config.cluster, url)
     except (ClusterUrlMissing, ClusterUnreachable) as error:
         print(f"taskcard: {error}", file=sys.stderr)
         return None
+    # A Telegram token is `<bot id>:<secret>`; only the public bot id is kept in Redis.
+    token = env.get(config.telegram.token_env, "") if config.telegram else ""
+    bot = token.split(":", 1)[0].strip() if ":" in token else ""
+    try:
+        other_bot = bool(bot) and not cluster.claim_bot("telegram", bot)
+    except RedisError as error:
+        reason = type(error).__name__
+        print(f"taskcard: cannot reach the Redis of [cluster] ({reason})", file=sys.stderr)
+        return None
+    if other_bot:
+        print(
+            f"taskcard: cluster.key_prefix {config.cluster.key_prefix!r}: a running instance"
+            " on this prefix posts as another Telegram bot, and one prefix serves one bot; give"
+            " this instance the same bot's token, or its own cluster.key_prefix",
+            file=sys.stderr,
+        )
+        cluster.store.close()
+        return None
+    return cluster
 
 
 def status_store(config: ServiceConfig, env: Mapping[str, str]) -> StateStore:

@@ -444,3 +444,35 @@ async def test_lease_keys_no_live_holder_wrote_do_not_stop_the_agents(
     )
     assert await serve.aterminate() == 0
     assert "Traceback" not in serve.logs
+
+
+async def test_an_instance_of_another_bot_on_the_same_prefix_is_refused(
+    tmp_path: Path, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """One key prefix serves one bot (its poll lease, offset, command stream, resident ids):
+    an instance posting as another bot there was never polled and got the first bot's
+    commands, so it is refused at start with one line; after the first fleet stops, the
+    prefix can move to the new bot."""
+    async with FakeTelegram() as first, FakeTelegram(token="999:OTHER-bot-token") as other:
+        serve = fleet.enter_context(
+            instance(tmp_path, "i0", first, ["a0"], redis_url=redis_url, prefix=prefix)
+        )
+        await eventually(lambda: POLLING in serve.logs, what="the first bot polled")
+        refused = fleet.enter_context(
+            instance(tmp_path, "i1", other, ["a1"], redis_url=redis_url, prefix=prefix)
+        )
+        proc = refused.proc
+        assert proc is not None
+        code = await eventually(lambda: proc.poll() is not None, timeout_s=60, what="the exit")
+        assert code and proc.returncode == 2, refused.logs
+        await eventually(lambda: "another Telegram bot" in refused.logs, what="the reason")
+        lines = refused.logs.strip().splitlines()
+        assert len(lines) == 1 and "another Telegram bot" in lines[0], lines
+        assert "cluster.key_prefix" in lines[0] and "OTHER-bot-token" not in lines[0]
+        assert await serve.aterminate() == 0
+        moved = fleet.enter_context(
+            instance(tmp_path, "i2", other, ["a1"], redis_url=redis_url, prefix=prefix)
+        )
+        other.inject_command(GROUP, "/taskcard 3")
+        await eventually(lambda: replies(other, "3 activity rows"), what="the new bot's reply")
+        assert await moved.aterminate() == 0
