@@ -50,9 +50,25 @@ def _scrub(text: str, url: str) -> str:
 
 def probe(url: str) -> None:
     """Raise `ClusterUnreachable` unless the Redis at `url` answers a PING within seconds."""
-    client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
+    try:
+        # Options in the URL's query are handed to the connection as they are: an unknown one
+        # is a TypeError there, a malformed value a ValueError (both used to be a traceback).
+        client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
+        client.connection_pool.make_connection()
+    except (TypeError, ValueError) as error:
+        reason = _scrub(str(error), url)
+        raise ClusterUnreachable(
+            f"the Redis URL of [cluster] has an option redis cannot use ({reason}); fix or"
+            " remove the part after '?' in cluster.redis_url_env / cluster.redis_url"
+        ) from None
     try:
         client.ping()
+    except redis.AuthenticationError as error:
+        reason = _scrub(f"{type(error).__name__}: {error}", url)
+        raise ClusterUnreachable(
+            f"the Redis of [cluster] refused the login ({reason}); put its password in the URL"
+            " (redis://:PASSWORD@host:6379/0) held by cluster.redis_url_env"
+        ) from None
     except redis.RedisError as error:
         reason = _scrub(f"{type(error).__name__}: {error}", url)
         raise ClusterUnreachable(

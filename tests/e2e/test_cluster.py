@@ -476,3 +476,41 @@ async def test_an_instance_of_another_bot_on_the_same_prefix_is_refused(
         other.inject_command(GROUP, "/taskcard 3")
         await eventually(lambda: replies(other, "3 activity rows"), what="the new bot's reply")
         assert await moved.aterminate() == 0
+
+
+def test_a_redis_url_option_or_login_that_fails_is_one_line_and_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unknown or malformed option after '?' was a TypeError/ValueError traceback (exit
+    1); a Redis that wants a password said only that it could not be reached."""
+    if not have_redis():
+        pytest.fail("redis-server is not installed: run `make test`, which installs it")
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        client = redis.Redis.from_url(server.url)
+        client.config_set("requirepass", "Pa55-right")
+        client.close()
+        (tmp_path / "a").mkdir()
+        config = tmp_path / "taskcard.toml"
+        config.write_text(
+            '[[agents]]\nid = "a"\nworkdir = "a"\n[console]\nenabled = true\n'
+            '[cluster]\nredis_url_env = "TC_REDIS_URL"\n'
+        )
+        base = f"127.0.0.1:{server.port}/0"
+        cases = {
+            f"redis://:Pa55-right@{base}?colour=blue": "option redis cannot use",
+            f"redis://:Pa55-right@{base}?socket_timeout=soon": "option redis cannot use",
+            f"redis://{base}": "refused the login",
+            f"redis://:Pa55-wrong@{base}": "refused the login",
+        }
+        for url, expected in cases.items():
+            monkeypatch.setenv("TC_REDIS_URL", url)
+            for command in ("serve", "status"):
+                result = run_cli(command, "--config", str(config))
+                assert result.returncode == 2, (url, result.stderr)
+                lines = result.stderr.strip().splitlines()
+                assert len(lines) == 1 and expected in lines[0], (url, lines)
+                assert "cluster.redis_url_env" in lines[0]
+                assert "Pa55" not in result.stderr + result.stdout
+    finally:
+        server.stop()
