@@ -131,11 +131,14 @@ class Cluster:
         return int(self.config.lease_ttl_s * 1000)
 
     async def _renew_bots(self) -> None:
+        """Keep this instance's bot recorded; a Redis that does not answer is the leases'
+        business (they lapse on their own), so it is not raised here."""
         now_ms = int(time.time() * 1000)
-        for channel, bot in self._bots.items():
-            key = self.key("bots", channel)
-            await self.aio.hset(key, bot, str(now_ms + self._bot_ttl_ms))
-            await self.aio.pexpire(key, self._bot_ttl_ms * 3)
+        with contextlib.suppress(RedisError):
+            for channel, bot in self._bots.items():
+                key = self.key("bots", channel)
+                await self.aio.hset(key, bot, str(now_ms + self._bot_ttl_ms))
+                await self.aio.pexpire(key, self._bot_ttl_ms * 3)
 
     @property
     def secrets(self) -> tuple[str, ...]:
@@ -177,13 +180,13 @@ class Cluster:
             await asyncio.sleep(interval_s)
 
     async def _renew(self, take: Callable[[str], None], drop: Callable[[str], None]) -> None:
-        await self._renew_bots()
         for gate in self._poll_leases:
             await gate.lease.hold()
         # Needed for correctness at every interval whatever the fleet's size (a lease not
         # renewed lapses and the agent moves), so it is batched: `HOLD_BATCH` per round trip.
         before = {agent: lease.held for agent, lease in self._agent_leases.items()}
         await hold_all(list(self._agent_leases.values()))
+        await self._renew_bots()
         for agent, lease in self._agent_leases.items():
             if lease.held and not before[agent]:
                 log.info("agent %s: this instance serves it now", agent)

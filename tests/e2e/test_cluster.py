@@ -514,3 +514,41 @@ def test_a_redis_url_option_or_login_that_fails_is_one_line_and_exit_2(
                 assert "Pa55" not in result.stderr + result.stdout
     finally:
         server.stop()
+
+
+async def test_a_redis_outage_longer_than_the_leases_lapses_them_and_recovers(
+    tmp_path: Path, fake: FakeTelegram, prefix: str, fleet: ExitStack
+) -> None:
+    """Redis gone for longer than `lease_ttl_s`: each instance lets its leases lapse (it
+    cannot know it still holds them) without a traceback per renewal, and when Redis is back
+    the agent is served again, editing its one resident."""
+    if not have_redis():
+        pytest.fail("redis-server is not installed: run `make test`, which installs it")
+    server = RedisServer(tmp_path / "redis", appendonly=True).start()
+    fleet.callback(server.stop)
+    serves = [
+        fleet.enter_context(
+            instance(tmp_path, name, fake, ["shared"], redis_url=server.url, prefix=prefix)
+        )
+        for name in ("i0", "i1")
+    ]
+    workdir = tmp_path / "agents" / "shared"
+    publish(workdir, "before the outage")
+    await eventually(lambda: len(shown(fake, GROUP)) == 1, what="the resident")
+    server.stop()
+    await eventually(
+        lambda: any("lease:agent:shared lapsed" in s.logs for s in serves),
+        timeout_s=60,
+        what="the owner's lease lapsed",
+    )
+    server.start()
+    publish(workdir, "after the outage")
+    await eventually(
+        lambda: any("after the outage" in t for t in shown(fake, GROUP)),
+        timeout_s=60,
+        what="the card edited after the outage",
+    )
+    assert len(fake.bot_messages(GROUP)) == 1
+    for serve in serves:
+        assert await serve.aterminate() == 0
+        assert "Traceback" not in serve.logs
