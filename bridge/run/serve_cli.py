@@ -74,7 +74,8 @@ def _serve(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     if args.check:
         try:
-            check_state_file(config.state_dir / STATE_FILE)
+            if not config.cluster.enabled:  # clustered, the state is in Redis
+                check_state_file(config.state_dir / STATE_FILE)
         except StateFileError as error:
             print(f"taskcard: {error}", file=sys.stderr)
             return EXIT_CONFIG
@@ -261,7 +262,8 @@ def _status(args: argparse.Namespace) -> int:
     if config is None:
         return EXIT_CONFIG
     try:
-        check_state_file(config.state_dir / STATE_FILE)
+        if not config.cluster.enabled:  # clustered, the SQLite file is not used
+            check_state_file(config.state_dir / STATE_FILE)
         report = status_report(config)
     except (StateFileError, sqlite3.Error) as error:
         print(f"taskcard: {error}", file=sys.stderr)
@@ -269,7 +271,10 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(f"state: {report['state_file']}")
+    if config.cluster.enabled:
+        print(f"state: the cluster's Redis (key prefix {config.cluster.key_prefix})")
+    else:
+        print(f"state: {report['state_file']}")
     pid = report["service"]["pid"]
     print(f"service: running (pid {pid})" if pid else "service: not running")
     writes = report["state_writes"]

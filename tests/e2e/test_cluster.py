@@ -552,3 +552,27 @@ async def test_a_redis_outage_longer_than_the_leases_lapses_them_and_recovers(
     for serve in serves:
         assert await serve.aterminate() == 0
         assert "Traceback" not in serve.logs
+
+
+def test_status_and_check_ignore_a_state_file_left_from_before_the_cluster(
+    tmp_path: Path, redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Clustered, the state is in Redis: a damaged SQLite file left in state_dir from the
+    instance's standalone days made `status` and `serve --check` exit 2 with advice about
+    that file, and `status` named it as the state."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "state.sqlite3").write_text("left from before\n")
+    config = tmp_path / "taskcard.toml"
+    config.write_text(
+        f'state_dir = "{tmp_path / "state"}"\n[[agents]]\nid = "a"\nworkdir = "a"\n'
+        f'[console]\nenabled = true\n[cluster]\nredis_url_env = "TC_REDIS_URL"\n'
+        f'key_prefix = "{prefix}"\n'
+    )
+    monkeypatch.setenv("TC_REDIS_URL", redis_url)
+    status = run_cli("status", "--config", str(config))
+    assert status.returncode == 0, status.stderr
+    assert f"state: the cluster's Redis (key prefix {prefix})" in status.stdout
+    assert "sqlite" not in status.stdout
+    check = run_cli("serve", "--check", "--config", str(config))
+    assert check.returncode == 0, check.stderr
