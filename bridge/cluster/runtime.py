@@ -38,6 +38,20 @@ from taskcard.channels.base import CursorStore
 log = logging.getLogger(__name__)
 
 
+# The keys under the prefix with fixed names, and the Redis type each holds.
+_FIXED_KEYS = {
+    **dict.fromkeys(
+        ("prefs", "offsets", "cursors", "pauses", "chats", "inbox", "n:text", "n:state", "n:at"),
+        "hash",
+    ),
+    "bots:telegram": "hash",
+    "residents": "set",
+    "n:pending": "zset",
+    "inbox:queued": "zset",
+    **dict.fromkeys(("cmd:telegram", "cmd:feishu"), "stream"),
+}
+
+
 class ClusterUnreachable(Exception):
     """Redis did not answer at start; the message is one line without the URL's secret."""
 
@@ -111,6 +125,20 @@ class Cluster:
 
     def key(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
+
+    def misplaced_key(self) -> tuple[str, str, str] | None:
+        """A key this fleet keeps under a fixed name that holds another type (left by
+        something else on this prefix): (key, its type, the type expected); None if none.
+        Every call on such a key fails, so the service would run without posting anything,
+        saying little about why."""
+        keys = [self.key(*name.split(":")) for name in _FIXED_KEYS]
+        pipe = self.store.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.type(key)
+        for key, expected, found in zip(keys, _FIXED_KEYS.values(), pipe.execute(), strict=True):
+            if found not in ("none", expected):
+                return key, str(found), expected
+        return None
 
     def claim_bot(self, channel: str, bot: str) -> bool:
         """Record that this instance posts on `channel` as `bot`; False when a live instance

@@ -37,10 +37,21 @@ def open_cluster(config: ServiceConfig, env: Mapping[str, str]) -> Cluster | Non
     token = env.get(config.telegram.token_env, "") if config.telegram else ""
     bot = token.split(":", 1)[0].strip() if ":" in token else ""
     try:
-        other_bot = bool(bot) and not cluster.claim_bot("telegram", bot)
+        misplaced = cluster.misplaced_key()
+        other_bot = not misplaced and bool(bot) and not cluster.claim_bot("telegram", bot)
     except RedisError as error:
         reason = type(error).__name__
         print(f"taskcard: cannot reach the Redis of [cluster] ({reason})", file=sys.stderr)
+        return None
+    if misplaced:
+        key, found, expected = misplaced
+        print(
+            f"taskcard: cluster.key_prefix {config.cluster.key_prefix!r}: the Redis key {key}"
+            f" is a {found}, not the {expected} taskcard keeps there (something else uses this"
+            f" prefix); delete it (DEL {key}) or give the fleet another cluster.key_prefix",
+            file=sys.stderr,
+        )
+        cluster.store.close()
         return None
     if other_bot:
         print(

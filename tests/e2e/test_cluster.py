@@ -576,3 +576,26 @@ def test_status_and_check_ignore_a_state_file_left_from_before_the_cluster(
     assert "sqlite" not in status.stdout
     check = run_cli("serve", "--check", "--config", str(config))
     assert check.returncode == 0, check.stderr
+
+
+def test_a_key_of_another_type_on_the_prefix_is_one_line_and_exit_2(
+    tmp_path: Path, redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fixed key of the fleet holding another type (something else on the prefix): every
+    call on it failed, and the service ran posting nothing, saying little about why."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client.set(f"{prefix}:residents", "not a set")
+    client.close()
+    (tmp_path / "a").mkdir()
+    config = tmp_path / "taskcard.toml"
+    config.write_text(
+        '[[agents]]\nid = "a"\nworkdir = "a"\n[console]\nenabled = true\n'
+        f'[cluster]\nredis_url_env = "TC_REDIS_URL"\nkey_prefix = "{prefix}"\n'
+    )
+    monkeypatch.setenv("TC_REDIS_URL", redis_url)
+    result = run_cli("serve", "--config", str(config), timeout_s=60)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert f"the Redis key {prefix}:residents is a string, not the set" in lines[0]
+    assert "cluster.key_prefix" in lines[0]
