@@ -45,6 +45,7 @@ _FIXED_KEYS = {
         "hash",
     ),
     "bots:telegram": "hash",
+    "bots:feishu": "hash",
     "residents": "set",
     "n:pending": "zset",
     "inbox:queued": "zset",

@@ -33,12 +33,9 @@ def open_cluster(config: ServiceConfig, env: Mapping[str, str]) -> Cluster | Non
     except (ClusterUrlMissing, ClusterUnreachable) as error:
         print(f"taskcard: {error}", file=sys.stderr)
         return None
-    # A Telegram token is `<bot id>:<secret>`; only the public bot id is kept in Redis.
-    token = env.get(config.telegram.token_env, "") if config.telegram else ""
-    bot = token.split(":", 1)[0].strip() if ":" in token else ""
     try:
         misplaced = cluster.misplaced_key()
-        other_bot = not misplaced and bool(bot) and not cluster.claim_bot("telegram", bot)
+        other = None if misplaced else _other_bot(config, env, cluster)
     except RedisError as error:
         reason = type(error).__name__
         print(f"taskcard: cannot reach the Redis of [cluster] ({reason})", file=sys.stderr)
@@ -53,16 +50,30 @@ def open_cluster(config: ServiceConfig, env: Mapping[str, str]) -> Cluster | Non
         )
         cluster.store.close()
         return None
-    if other_bot:
+    if other:
         print(
             f"taskcard: cluster.key_prefix {config.cluster.key_prefix!r}: a running instance"
-            " on this prefix posts as another Telegram bot, and one prefix serves one bot; give"
-            " this instance the same bot's token, or its own cluster.key_prefix",
+            f" on this prefix posts as another {other}, and one prefix serves one {other}; give"
+            f" this instance the same {other}'s credentials, or its own cluster.key_prefix",
             file=sys.stderr,
         )
         cluster.store.close()
         return None
     return cluster
+
+
+def _other_bot(config: ServiceConfig, env: Mapping[str, str], cluster: Cluster) -> str | None:
+    """Which identity ("Telegram bot", "Feishu app") a live instance on the prefix holds
+    otherwise than this one; None when all agree. Only public ids are kept in Redis: a
+    Telegram token's `<bot id>` part and a Feishu app id."""
+    token = env.get(config.telegram.token_env, "") if config.telegram else ""
+    bot = token.split(":", 1)[0].strip() if ":" in token else ""
+    if bot and not cluster.claim_bot("telegram", bot):
+        return "Telegram bot"
+    app = env.get(config.feishu.app_id_env, "").strip() if config.feishu else ""
+    if app and not cluster.claim_bot("feishu", app):
+        return "Feishu app"
+    return None
 
 
 def status_store(config: ServiceConfig, env: Mapping[str, str]) -> StateStore:

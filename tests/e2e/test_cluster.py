@@ -599,3 +599,36 @@ def test_a_key_of_another_type_on_the_prefix_is_one_line_and_exit_2(
     assert len(lines) == 1, lines
     assert f"the Redis key {prefix}:residents is a string, not the set" in lines[0]
     assert "cluster.key_prefix" in lines[0]
+
+
+async def test_feishu_an_instance_of_another_app_on_the_same_prefix_is_refused(
+    tmp_path: Path, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """Feishu as Telegram: one prefix's command stream and resident ids belong to one app."""
+    from tests.e2e.test_serve_feishu import Setup
+    from tests.fakes.feishu_api import FakeFeishu
+
+    async with FakeFeishu() as first, FakeFeishu(app_id="cli_other_app") as other:
+        serves = []
+        for name, fake in (("i0", first), ("i1", other)):
+            folder = tmp_path / name
+            folder.mkdir()
+            setup = Setup(folder, fake, [f"{name}agent"])
+            cluster = (
+                f'[cluster]\nredis_url_env = "TC_REDIS_URL"\ninstance = "{name}"\n'
+                f'key_prefix = "{prefix}"\nlease_ttl_s = 2\n'
+            )
+            setup.config.write_text(setup.config.read_text() + cluster)
+            setup.env["TC_REDIS_URL"] = redis_url
+            serve = fleet.enter_context(setup.serve())
+            serves.append(serve)
+            await eventually(lambda serve=serve: "cluster member" in serve.logs or (
+                serve.proc is not None and serve.proc.poll() is not None
+            ), timeout_s=60, what="the instance started or refused")  # fmt: skip
+        first_serve, refused = serves
+        proc = refused.proc
+        assert proc is not None and proc.poll() == 2, refused.logs
+        await eventually(lambda: "another Feishu app" in refused.logs, what="the reason")
+        assert len(refused.logs.strip().splitlines()) == 1, refused.logs
+        assert first_serve.proc is not None and first_serve.proc.poll() is None
+        assert await first_serve.aterminate() == 0
