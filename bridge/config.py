@@ -401,26 +401,40 @@ def _cross_problems(config: ServiceConfig) -> list[str]:
 _LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain"})
 
 
+# The parts of a URL that may carry a secret: the user information before the host, and the
+# query and fragment (`?token=...`). A problem quotes the URL with them masked.
+_URL_USERINFO = re.compile(r"(?<=//)[^/?#]*@")
+_URL_QUERY = re.compile(r"[?#].*", re.DOTALL)
+
+
+def _shown_url(value: str) -> str:
+    """`value` quoted for an error or a log line, any credentials or query masked."""
+    return repr(_URL_QUERY.sub("?***", _URL_USERINFO.sub("***@", value)))
+
+
 def url_problem(value: str) -> str | None:
     """Why `value` cannot be an API root URL, or None when it can.
 
     An https URL with a host and nothing after the path; plain http only towards this
     machine (a local Bot API server or a test fake), never across a network with a token.
+    The problem quotes the URL without its user information or query: they may hold a
+    secret, which must not reach the terminal or the service's log.
     """
+    shown = _shown_url(value)
     try:
         parts = urlsplit(value)
         port = parts.port
     except ValueError as exc:
-        return f"{value!r} is not a URL ({exc}); use e.g. https://host"
+        return f"{shown} is not a URL ({exc}); use e.g. https://host"
     del port
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        return f"{value!r} is not an http(s) URL with a host; use e.g. https://host"
+        return f"{shown} is not an http(s) URL with a host; use e.g. https://host"
     if parts.username is not None or parts.password is not None:
-        return f"{value!r} carries credentials; put secrets in the environment, not the URL"
+        return f"{shown} carries credentials; put secrets in the environment, not the URL"
     if parts.query or parts.fragment or any(c.isspace() for c in value):
-        return f"{value!r} has a query, fragment or spaces; give only scheme, host and path"
+        return f"{shown} has a query, fragment or spaces; give only scheme, host and path"
     if parts.scheme == "http" and not _is_loopback(parts.hostname):
-        return f"{value!r} uses plain http to another host; use https"
+        return f"{shown} uses plain http to another host; use https"
     return None
 
 

@@ -272,6 +272,29 @@ def test_an_unknown_route_timezone_is_a_config_error_naming_the_key(tmp_path: Pa
 
 
 @pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("http://bot:PASSWORD@127.0.0.1:8081", "carries credentials"),
+        ("http://bot:PASSWORD@127.0.0.1:99999", "is not a URL"),
+        ("https://api.example/root?token=PASSWORD", "has a query"),
+        ("ftp://bot:PASSWORD@api.example/#PASSWORD", "is not an http(s) URL"),
+    ],
+)
+def test_a_refused_api_url_is_quoted_without_its_secret(
+    tmp_path: Path, url: str, problem: str
+) -> None:
+    """The URL's user information or query may hold a password or token: the error names the
+    key and the problem, quoting the URL with them masked, so no secret reaches a terminal
+    or a journal (as a Redis URL's problem never quotes it)."""
+    config = console_config(tmp_path, AGENT, extra=f'[telegram]\napi_base_url = "{url}"\n')
+    for args in (("config", "check", str(config)), ("serve", "--config", str(config))):
+        result = taskcard(*args, env={"TELEGRAM_BOT_TOKEN": "1:T"})
+        assert result.returncode == 2, result.stderr
+        assert "telegram.api_base_url" in result.stderr and problem in result.stderr
+        assert "PASSWORD" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize(
     ("toml", "expected"),
     [
         ("", ["no [[agents]] are configured: nothing is served"]),
