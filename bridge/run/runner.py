@@ -57,9 +57,14 @@ def reload_config(service: Service, path: Path) -> bool:
     try:
         config = load_config(path)
     except ConfigError as error:
-        log.error("config reload refused: %s is invalid; the running configuration stays", path)
-        for message in error.messages:
-            log.error("  - %s", message)
+        # One record, its problems below the first line: a problem logged on its own would
+        # lose what it is about (a JSON log line each, and the repeat limiter holds back a
+        # second refusal's first line while letting a new problem through alone).
+        log.error(
+            "config reload refused: %s is invalid; the running configuration stays%s",
+            path,
+            "".join(f"\n  - {message}" for message in error.messages),
+        )
         return False
     for warning in nothing_served(config):
         log.warning("%s", warning)

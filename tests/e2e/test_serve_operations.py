@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import re
+import signal
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -223,3 +224,28 @@ def _cli_ok(*args: str) -> str:
     result = run_cli(*args)
     assert result.returncode == 0, result.stderr
     return result.stdout
+
+
+async def test_each_refused_reload_says_what_it_refused(tmp_path: Path, fake: FakeTelegram) -> None:
+    """SIGHUP twice within a minute, each time on a broken file: every problem is logged as
+    part of its refusal (one JSON object each), never as a lone line whose refusal was held
+    back as a repeat of the first one."""
+    config = write_config(tmp_path, fake.base_url, None)
+    good = config.read_text()
+    env = {"TC_TEST_TOKEN": fake.token, "TASKCARD_LOG_FORMAT": "json"}
+    with ServeProcess(config, env=env) as serve:
+        assert serve.proc is not None
+        await eventually(lambda: fake.waiting_pollers, what="the service polling")
+        config.write_text(good + "broken = [\n")
+        serve.proc.send_signal(signal.SIGHUP)
+        await eventually(lambda: "TOML syntax error" in serve.logs, what="the first refusal")
+        config.unlink()
+        serve.proc.send_signal(signal.SIGHUP)
+        await eventually(lambda: "no such file" in serve.logs, what="the second refusal")
+        config.write_text(good)
+        assert await serve.aterminate() == 0
+    records = [json.loads(line) for line in serve.stderr if line.startswith("{")]
+    for problem in ("TOML syntax error", "no such file"):
+        (record,) = (r for r in records if problem in r["message"])
+        assert record["message"].startswith("config reload refused:"), record
+        assert record["level"] == "ERROR"
