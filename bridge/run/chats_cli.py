@@ -22,7 +22,7 @@ from typing import Any
 
 from taskcard.bridge.config import ServiceConfig
 from taskcard.bridge.deliver.registry import route_specs
-from taskcard.bridge.run.serve_cli import EXIT_CONFIG, _load
+from taskcard.bridge.run.serve_cli import EXIT_CONFIG, _config_option, _load
 from taskcard.bridge.run.terminal import printable
 from taskcard.bridge.store.base import SeenChat, StateFileError
 from taskcard.bridge.store.sqlite import STATE_FILE, SqliteStore
@@ -123,6 +123,6 @@ def register(subparsers: Any) -> None:
             "[cluster], the chats every instance saw, from the shared Redis."
         ),
     )
-    parser.add_argument("--config", "-c", required=True, help="the TOML configuration")
+    _config_option(parser, required=True)
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(handler=_chats)

@@ -142,6 +142,17 @@ def test_config_check_takes_the_file_from_taskcard_config(tmp_path: Path) -> Non
     assert taskcard("config", "check").returncode == 2
 
 
+@pytest.mark.parametrize("command", ["status", "chats"])
+def test_the_state_readers_take_the_file_from_taskcard_config(tmp_path: Path, command: str) -> None:
+    """`taskcard --help` gives TASKCARD_CONFIG as the default of --config: the commands an
+    operator runs beside the service honour it too."""
+    config = console_config(tmp_path, AGENT)
+    result = taskcard(command, env={"TASKCARD_CONFIG": str(config)})
+    assert result.returncode == 0, result.stderr
+    result = taskcard(command)
+    assert result.returncode == 2 and "--config" in result.stderr
+
+
 async def test_an_empty_config_warns_in_json_logs_from_the_environment(tmp_path: Path) -> None:
     config = console_config(tmp_path)
     with ServeProcess(config, env={"TASKCARD_LOG_FORMAT": "json"}) as serve:
