@@ -13,9 +13,11 @@ from __future__ import annotations
 import re
 from typing import Final
 
-# C0 and C1 controls and DEL, the bidirectional overrides and isolates, and lone surrogates.
+# C0 and C1 controls and DEL, every bidirectional formatting character (the marks, among them
+# the Arabic letter mark U+061C, the embeddings, overrides and isolates), the Unicode line and
+# paragraph separators, and lone surrogates.
 _UNSAFE: Final = re.compile(
-    r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+    r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]"
 )
 
 

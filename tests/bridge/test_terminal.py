@@ -22,6 +22,8 @@ from tests.e2e.harness import run_cli
         ("two\nlines\r", "two\\nlines\\r"),
         ("\x9b31m", "\\x9b31m"),
         ("abc\u202edcba", "abc\\u202edcba"),
+        ("abc\u061cdcba", "abc\\u061cdcba"),
+        ("row\u2028row\u2029", "row\\u2028row\\u2029"),
         ("name\udcff", "name\\udcff"),
         ("tab\there", "tab\\there"),
     ],
@@ -33,7 +35,7 @@ def test_printable(text: str, shown: str) -> None:
 def test_chats_shows_a_hostile_title_as_escapes_in_one_row(tmp_path: Path) -> None:
     """A chat member names the chat with a newline and escape sequences: the table keeps one
     row per chat and none of it reaches the terminal raw; `--json` keeps the title as is."""
-    title = "Ops\n\x1b]0;owned\x07\x1b[2J\u202eroom"
+    title = "Ops\n\x1b]0;owned\x07\x1b[2J\u202eroom\u061c\u2028"
     (tmp_path / "agents" / "a").mkdir(parents=True)
     config = tmp_path / "taskcard.toml"
     config.write_text('state_dir = ".taskcard"\n[[agents]]\nid = "a"\nworkdir = "agents/a"\n')
@@ -46,10 +48,10 @@ def test_chats_shows_a_hostile_title_as_escapes_in_one_row(tmp_path: Path) -> No
     table = run_cli("chats", "--config", str(config))
     assert table.returncode == 0, table.stderr
     assert "\x1b" not in table.stdout and "\x07" not in table.stdout
-    assert "\u202e" not in table.stdout
+    assert not {"\u202e", "\u061c", "\u2028"} & set(table.stdout)
     _header, *rows = table.stdout.splitlines()
     assert len(rows) == 1
-    assert "Ops\\n\\x1b]0;owned\\x07\\x1b[2J\\u202eroom" in rows[0]
+    assert "Ops\\n\\x1b]0;owned\\x07\\x1b[2J\\u202eroom\\u061c\\u2028" in rows[0]
     listed = run_cli("chats", "--config", str(config), "--json")
     assert listed.returncode == 0, listed.stderr
     assert json.loads(listed.stdout)[0]["title"] == title
