@@ -26,6 +26,7 @@ from typing import Any
 from taskcard.bridge.config import parse_config
 from taskcard.bridge.run.logs import choose, setup_logging
 from taskcard.bridge.run.runner import add_log_options, serve
+from taskcard.producers.task_card.cli import _seconds
 from taskcard.producers.task_card.contract import (
     CardPaths,
     append_jsonl_line,
@@ -263,6 +264,10 @@ def register(subparsers: Any) -> None:
         ),
     )
     parser.add_argument("--dir", help="keep the demo fleet in this folder (default: temporary)")
-    parser.add_argument("--duration", type=float, help="stop after this many seconds")
+    parser.add_argument(
+        "--duration",
+        type=_seconds(0.1, 7 * 86_400),
+        help="stop after this many seconds (default: run until Ctrl-C)",
+    )
     add_log_options(parser)
     parser.set_defaults(handler=_demo)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.e2e.harness import ServeProcess, eventually, notify, publish, run_cli, set_status
 
 
@@ -82,6 +84,16 @@ def test_embedded_demo_runs_and_ends_cleanly() -> None:
     assert "Run the 2.4 test suite" in out and "Migrate orders to the v3 schema" in out
     assert "pytest" in out and "pg_dump orders" in out
     assert "**" not in out  # the cards' Markdown is rendered, not printed as source
+
+
+@pytest.mark.parametrize("duration", ["0", "-1", "nan", "inf"])
+def test_a_demo_duration_that_is_no_time_is_a_usage_error(duration: str) -> None:
+    """`--duration -1` or `nan` used to start the demo and stop it at once with exit 0, as
+    if it had run; it is refused naming the option and the range."""
+    result = run_cli("demo", "--duration", duration)
+    assert result.returncode == 2
+    assert "--duration" in result.stderr and "out of range" in result.stderr
+    assert "Ctrl-C to stop" not in result.stdout
 
 
 async def test_console_has_a_header_renders_markdown_and_shows_notices(tmp_path: Path) -> None:
