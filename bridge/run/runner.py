@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -257,20 +257,38 @@ class ServeLock:
             self._fd = None
 
 
+def _one_of(
+    choices: tuple[str, ...], variable: str, normal: Callable[[str], str]
+) -> Callable[[str], str]:
+    """An argparse type: `normal(text)` when it is one of `choices`, else a usage error naming
+    them. argparse also passes a string default through it, so a value from `variable` that
+    is not a choice stops the command (exit 2) instead of being ignored without a word."""
+
+    def parse(text: str) -> str:
+        value = normal(text)
+        if value not in choices:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not one of {', '.join(choices)} (the option, or {variable}"
+                " when the option is not given)"
+            )
+        return value
+
+    return parse
+
+
 def add_log_options(parser: argparse.ArgumentParser) -> None:
     """`--log-level` and `--log-format`, defaulting to their TASKCARD_* variables."""
-    level = os.environ.get("TASKCARD_LOG_LEVEL", "").upper() or None
-    fmt = os.environ.get("TASKCARD_LOG_FORMAT", "").lower() or None
     parser.add_argument(
         "--log-level",
-        type=str.upper,
+        type=_one_of(LOG_LEVELS, "TASKCARD_LOG_LEVEL", str.upper),
         choices=LOG_LEVELS,
-        default=level if level in LOG_LEVELS else None,
+        default=os.environ.get("TASKCARD_LOG_LEVEL") or None,
         help="log verbosity (env TASKCARD_LOG_LEVEL; default: the config's log_level)",
     )
     parser.add_argument(
         "--log-format",
+        type=_one_of(LOG_FORMATS, "TASKCARD_LOG_FORMAT", str.lower),
         choices=LOG_FORMATS,
-        default=fmt if fmt in LOG_FORMATS else "text",
+        default=os.environ.get("TASKCARD_LOG_FORMAT") or "text",
         help="text for people, json for one object per line (env TASKCARD_LOG_FORMAT)",
     )

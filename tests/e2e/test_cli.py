@@ -165,6 +165,33 @@ async def test_an_empty_config_warns_in_json_logs_from_the_environment(tmp_path:
     assert {"ts", "level", "logger", "message"} <= set(records[-1])
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "command"),
+    [
+        ("TASKCARD_LOG_LEVEL", "verbose", "serve"),
+        ("TASKCARD_LOG_FORMAT", "jsonl", "serve"),
+        ("TASKCARD_LOG_FORMAT", "xml", "demo"),
+    ],
+)
+def test_a_log_variable_that_is_no_choice_is_a_usage_error(
+    tmp_path: Path, variable: str, value: str, command: str
+) -> None:
+    """A log pipeline set up for JSON must not get text lines without a word because the
+    variable is misspelt: the command stops naming the variable and the choices; the
+    option on the command line still wins over it."""
+    config = console_config(tmp_path, AGENT)
+    args = ("serve", "--config", str(config)) if command == "serve" else ("demo",)
+    result = taskcard(
+        *args, "--check" if command == "serve" else "--duration=1", env={variable: value}
+    )
+    assert result.returncode == 2
+    assert variable in result.stderr and repr(value) in result.stderr
+    option = "--log-level=INFO" if variable.endswith("LEVEL") else "--log-format=text"
+    if command == "serve":
+        result = taskcard(*args, "--check", option, env={variable: value})
+        assert result.returncode == 0, result.stderr
+
+
 def test_log_level_on_the_command_line_wins_over_the_config(tmp_path: Path) -> None:
     config = console_config(tmp_path, AGENT, extra='log_level = "WARNING"\n')
     (tmp_path / "agents" / "builder").mkdir(parents=True)
