@@ -100,9 +100,12 @@ async def serve(
     try:
         holder = lock.acquire()
     except OSError as error:
+        # The lock file itself may be what is wrong (a folder in its place): name it.
+        where = f": {error.filename}" if error.filename else ""
         print(
-            f"taskcard: cannot use the state directory {config.state_dir} ({error.strerror});"
-            " fix its permissions or mount, or choose another state_dir",
+            f"taskcard: cannot use the state directory {config.state_dir}{where}"
+            f" ({error.strerror}); fix its permissions or mount, remove what is in the lock"
+            " file's place, or choose another state_dir",
             file=sys.stderr,
         )
         return EXIT_CONFIG

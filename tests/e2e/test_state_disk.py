@@ -210,6 +210,20 @@ def test_an_unusable_state_file_stops_serve_and_status_with_one_line(
         assert state_file.read_bytes() == before, "the damaged file is left for the operator"
 
 
+@pytest.mark.parametrize("entry", ["serve.lock", "state.health"])
+def test_a_folder_in_place_of_a_state_entry_stops_serve_naming_it(
+    tmp_path: Path, entry: str
+) -> None:
+    """A folder where the lock file or the health file belongs stops `serve` with one line
+    naming that entry, not only the state directory (which is a folder, as it should be)."""
+    config = _console_config(tmp_path)
+    (tmp_path / "state" / entry).mkdir(parents=True)
+    result = _run(config, "serve")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(tmp_path / "state" / entry) in lines[0], result.stderr
+
+
 def test_a_read_only_state_disk_stops_serve_with_one_line(tmp_path: Path) -> None:
     config = _console_config(tmp_path)
     state_dir = tmp_path / "state"
