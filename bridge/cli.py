@@ -10,6 +10,7 @@ every subcommand gets them: help text that shows each default, the exit codes be
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -149,6 +150,10 @@ def _completion(args: argparse.Namespace) -> int:
 _HOST_HOOKS: Final = frozenset({"hook"})
 
 
+# Errors of writing to stdout when it is a file on a full or failing disk.
+_OUTPUT_FULL: Final = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
@@ -169,6 +174,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+    except OSError as error:
+        if error.filename is not None or error.errno not in _OUTPUT_FULL:
+            raise
+        # `taskcard status > status.txt` on a full disk: one line, not a traceback, and the
+        # interpreter's last flush at exit must not fail on the same output again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        print(f"taskcard: cannot write the output ({error.strerror})", file=sys.stderr)
+        return EXIT_RUNTIME
 
 
 if __name__ == "__main__":

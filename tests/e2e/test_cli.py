@@ -458,3 +458,28 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> Non
         os.close(write_end)
     assert done.returncode == 141
     assert done.stderr == ""
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize(
+    "args", [("status",), ("status", "--json"), ("chats",), ("config", "check")]
+)
+def test_output_to_a_full_disk_is_one_line_and_exit_1(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    """`taskcard status > status.txt` on a full disk (here /dev/full): one line naming the
+    cause on stderr and exit 1, not a traceback."""
+    config = console_config(tmp_path, AGENT)
+    where = (str(config),) if args == ("config", "check") else ("--config", str(config))
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "taskcard.bridge.cli", *args, *where],
+            cwd=ROOT,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip() == "taskcard: cannot write the output (No space left on device)"
