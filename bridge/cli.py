@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from importlib import import_module
@@ -155,8 +156,14 @@ _OUTPUT_FULL: Final = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["serve"] and hasattr(signal, "SIGHUP"):
+        # SIGHUP reloads once the service runs; until then (the imports, the checks, the
+        # channels' start) and while it winds down, its default action would end the service,
+        # and systemd does not restart a service that a SIGHUP ended. One that arrives before
+        # the file is read changes nothing anyway; one after it is dropped (send it again).
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    parser = build_parser()
     try:
         args = parser.parse_args(words)
     except SystemExit as exc:

@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import sqlite3
 import sys
 from dataclasses import dataclass
@@ -90,6 +91,8 @@ def _serve(args: argparse.Namespace) -> int:
     except Exception as error:
         log.exception("the service stopped on an error: %s", error)
         return EXIT_RUNTIME
+    finally:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the loop's close restored the default
 
 
 def _config_check(args: argparse.Namespace) -> int:

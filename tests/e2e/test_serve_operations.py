@@ -14,6 +14,7 @@ import json
 import re
 import signal
 import socket
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import TypeVar
 import httpx
 import pytest
 
+from taskcard.bridge.store.sqlite import STATE_FILE, SqliteStore
 from tests.e2e.harness import ServeProcess, eventually, publish, run_cli, telegram_config
 from tests.fakes.telegram_api import FakeTelegram
 
@@ -249,3 +251,37 @@ async def test_each_refused_reload_says_what_it_refused(tmp_path: Path, fake: Fa
         (record,) = (r for r in records if problem in r["message"])
         assert record["message"].startswith("config reload refused:"), record
         assert record["level"] == "ERROR"
+
+
+async def test_a_sighup_before_the_service_runs_does_not_end_it(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """`kill -HUP` right after a start (a deploy script reloading) used to end the process
+    with SIGHUP's default action, and systemd does not restart a service a SIGHUP ended.
+    The start is held while another process locks the state file, the signal is sent then,
+    and the service still starts and reloads on a later SIGHUP."""
+    config = write_config(tmp_path, fake.base_url, None)
+    state_dir = tmp_path / ".taskcard"
+    SqliteStore.in_dir(state_dir).close()
+    holder = sqlite3.connect(state_dir / STATE_FILE, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with ServeProcess(config, env={"TC_TEST_TOKEN": fake.token}) as serve:
+            assert serve.proc is not None
+            # The lock file holds its pid once the process runs its own code.
+            await eventually(
+                lambda: (
+                    (state_dir / "serve.lock").exists()
+                    and (state_dir / "serve.lock").read_text() == str(serve.proc.pid)
+                ),  # type: ignore[union-attr]
+                what="the service taking its lock",
+            )
+            serve.proc.send_signal(signal.SIGHUP)
+            holder.execute("ROLLBACK")
+            await eventually(lambda: fake.waiting_pollers, what="the service polling")
+            assert serve.proc.poll() is None, serve.logs
+            serve.proc.send_signal(signal.SIGHUP)
+            await eventually(lambda: "config reloaded" in serve.logs, what="the reload")
+            assert await serve.aterminate() == 0
+    finally:
+        holder.close()
