@@ -7,16 +7,22 @@ variables the configuration names, and handed to the channel; they are never log
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 from taskcard.bridge.config import ServiceConfig
 from taskcard.channels.base import Channel, ChatRef, CursorStore, RouteView
 
 
 class SecretMissing(Exception):
-    """A secret environment variable the configuration names is unset or empty."""
+    """A secret environment variable the configuration names is unset, empty, or does not
+    hold a value of the secret's form."""
+
+
+# A Telegram bot token as @BotFather gives it: the bot's id, a colon, the secret part.
+_BOT_TOKEN: Final = re.compile(r"[0-9]+:[A-Za-z0-9_-]+")
 
 
 @dataclass(frozen=True)
@@ -126,6 +132,15 @@ def _telegram(
 
     section = config.telegram
     token = _need(env, "telegram.token_env", section.token_env, "bot token")
+    if not _BOT_TOKEN.fullmatch(token):
+        # Never quoted: it is a secret. A space, a quote or an accented letter copied along
+        # would otherwise reach the request line, and a server's answer may echo it back
+        # into the log in a form the log's scrubbing does not recognise.
+        raise SecretMissing(
+            f"telegram.token_env: the environment variable {section.token_env} does not hold a"
+            " bot token (digits, a colon, then letters, digits, '-' and '_'); copy it again"
+            " from @BotFather, without spaces or quotes"
+        )
     channel = TelegramChannel(section, token, cursor)
     return BuiltChannel(channel, _routes_of(config, "telegram"), (token,))
 

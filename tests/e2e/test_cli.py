@@ -426,7 +426,18 @@ def test_a_path_under_a_file_is_refused_naming_the_file(
     assert f"{key}: {tmp_path / 'notes.txt'} is not a directory" in result.stderr
 
 
-@pytest.mark.parametrize(("value", "words"), [(None, "is not set"), ("  ", "is empty")])
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        (None, "is not set"),
+        ("  ", "is empty"),
+        # Copied with an accented letter, inner quotes or a space: it would reach the
+        # request line, and a server's answer may echo it into the log unscrubbed.
+        ("123456:SECRÉT-part", "does not hold a bot token"),
+        ('"123456:SECRET-part"', "does not hold a bot token"),
+        ("123456:SECRET part", "does not hold a bot token"),
+    ],
+)
 def test_a_missing_or_blank_secret_stops_serve_naming_the_variable(
     tmp_path: Path, value: str | None, words: str
 ) -> None:
@@ -439,6 +450,7 @@ def test_a_missing_or_blank_secret_stops_serve_naming_the_variable(
     result = taskcard("serve", "--config", str(config), env=env)
     assert result.returncode == 2
     assert f"telegram.token_env: the environment variable TC_BLANK_TOKEN {words}" in result.stderr
+    assert "SECR" not in result.stderr
 
 
 def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> None:
