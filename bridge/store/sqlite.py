@@ -200,6 +200,15 @@ def check_state_file(path: Path) -> None:
             f"{path} is not a SQLite database (damaged or foreign); restore it from a backup,"
             f" {_FRESH_START}"
         )
+    for suffix in ("-wal", "-shm"):
+        # SQLite's companions of the file: something else in their place makes the database
+        # fail to open, which must not read as a damaged database to be moved away.
+        companion = path.with_name(path.name + suffix)
+        if os.path.lexists(companion) and not companion.is_file():
+            raise StateFileError(
+                f"{companion} is not a regular file (the state database itself may be fine);"
+                " remove it, SQLite creates it itself"
+            )
     try:
         db = sqlite3.connect(_readonly_uri(path), uri=True, timeout=5.0)
         try:

@@ -224,6 +224,28 @@ def test_a_folder_in_place_of_a_state_entry_stops_serve_naming_it(
     assert len(lines) == 1 and str(tmp_path / "state" / entry) in lines[0], result.stderr
 
 
+@pytest.mark.parametrize("suffix", ["-wal", "-shm"])
+def test_a_folder_in_place_of_sqlite_companion_is_named_not_the_database(
+    tmp_path: Path, suffix: str
+) -> None:
+    """A folder where SQLite keeps its write-ahead log or shared memory made the good
+    database read as damaged, with the advice to move it away (a second resident message
+    in every chat); the line names the folder and the database is left as it was."""
+    config = _console_config(tmp_path)
+    state_file = tmp_path / "state" / "state.sqlite3"
+    _real_database(state_file)
+    before = state_file.read_bytes()
+    companion = state_file.with_name(state_file.name + suffix)
+    companion.mkdir()
+    for args in (("serve",), ("serve", "--check"), ("status",)):
+        result = _run(config, *args)
+        assert result.returncode == 2, (args, result.stderr)
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith(f"taskcard: {companion} is not a regular file"), line
+        assert "damaged" not in line and "start afresh" not in line
+    assert state_file.read_bytes() == before
+
+
 def test_a_read_only_state_disk_stops_serve_with_one_line(tmp_path: Path) -> None:
     config = _console_config(tmp_path)
     state_dir = tmp_path / "state"
