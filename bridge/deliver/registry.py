@@ -21,8 +21,11 @@ class SecretMissing(Exception):
     hold a value of the secret's form."""
 
 
-# A Telegram bot token as @BotFather gives it: the bot's id, a colon, the secret part.
-_BOT_TOKEN: Final = re.compile(r"[0-9]+:[A-Za-z0-9_-]+")
+# What a bot token may hold: @BotFather's are the bot's id, a colon and [A-Za-z0-9_-], but a
+# local Bot API server or a test double may use other printable ASCII. Refused: white space,
+# quotes, other characters than ASCII, and those that end or escape a URL's path (/ ? # % \),
+# since the token is part of every request's path.
+_BOT_TOKEN: Final = re.compile(r"[!$&()*+,.0-9:;<=>@A-Z\[\]^_a-z{|}~-]+")
 
 
 @dataclass(frozen=True)
@@ -138,8 +141,9 @@ def _telegram(
         # into the log in a form the log's scrubbing does not recognise.
         raise SecretMissing(
             f"telegram.token_env: the environment variable {section.token_env} does not hold a"
-            " bot token (digits, a colon, then letters, digits, '-' and '_'); copy it again"
-            " from @BotFather, without spaces or quotes"
+            " bot token (it has a space, a quote, a character that is not ASCII, or one of"
+            " / ? # % \\); copy it again from @BotFather (digits, a colon, then letters,"
+            " digits, '-' and '_')"
         )
     channel = TelegramChannel(section, token, cursor)
     return BuiltChannel(channel, _routes_of(config, "telegram"), (token,))
