@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import copy
 import json
+import math
 import os
 import signal
 import tempfile
@@ -26,7 +27,6 @@ from typing import Any
 from taskcard.bridge.config import parse_config
 from taskcard.bridge.run.logs import choose, setup_logging
 from taskcard.bridge.run.runner import add_log_options, serve
-from taskcard.producers.task_card.cli import _seconds
 from taskcard.producers.task_card.contract import (
     CardPaths,
     append_jsonl_line,
@@ -254,6 +254,23 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(args.dir, args.duration)
 
 
+MAX_DEMO_S = 7 * 86_400
+
+
+def _duration_s(text: str) -> float:
+    """`--duration`: a finite number of seconds from 0.1 to a week, else a usage error (a
+    negative or `nan` duration used to end the demo at once, `inf` never)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and 0.1 <= value <= MAX_DEMO_S):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is out of range; give 0.1 to {MAX_DEMO_S} seconds"
+        )
+    return value
+
+
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "demo",
@@ -266,7 +283,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--dir", help="keep the demo fleet in this folder (default: temporary)")
     parser.add_argument(
         "--duration",
-        type=_seconds(0.1, 7 * 86_400),
+        type=_duration_s,
         help="stop after this many seconds (default: run until Ctrl-C)",
     )
     add_log_options(parser)
