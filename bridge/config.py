@@ -401,15 +401,18 @@ def _cross_problems(config: ServiceConfig) -> list[str]:
 _LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain"})
 
 
-# The parts of a URL that may carry a secret: the user information before the host, and the
-# query and fragment (`?token=...`). A problem quotes the URL with them masked.
-_URL_USERINFO = re.compile(r"(?<=//)[^/?#]*@")
+# The parts of a URL that may carry a secret: everything up to the last `@` after `//` (a
+# password may itself hold `/`, `?` or `#`), the query and fragment (`?token=...`), and a
+# path that looks like a Bot API call (`/bot<id>:<token>`). A problem quotes the URL masked.
+_URL_USERINFO = re.compile(r"(?<=//).*@", re.DOTALL)
 _URL_QUERY = re.compile(r"[?#].*", re.DOTALL)
+_URL_BOT_PATH = re.compile(r"/bot[0-9]+:[^/]*")
 
 
 def _shown_url(value: str) -> str:
-    """`value` quoted for an error or a log line, any credentials or query masked."""
-    return repr(_URL_QUERY.sub("?***", _URL_USERINFO.sub("***@", value)))
+    """`value` quoted for an error or a log line, any credentials, token or query masked."""
+    masked = _URL_USERINFO.sub("***@", value)
+    return repr(_URL_QUERY.sub("?***", _URL_BOT_PATH.sub("/bot***", masked)))
 
 
 def url_problem(value: str) -> str | None:
@@ -424,8 +427,9 @@ def url_problem(value: str) -> str | None:
     try:
         parts = urlsplit(value)
         port = parts.port
-    except ValueError as exc:
-        return f"{shown} is not a URL ({exc}); use e.g. https://host"
+    except ValueError:
+        # Not the parser's own words: they quote the part it could not read (a password).
+        return f"{shown} is not a URL (its host or port cannot be read); use e.g. https://host"
     del port
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return f"{shown} is not an http(s) URL with a host; use e.g. https://host"
@@ -571,9 +575,13 @@ _UTF8_BOM = b"\xef\xbb\xbf"
 
 def _read_config_bytes(path: Path) -> bytes:
     """The file's bytes, at most `MAX_CONFIG_BYTES`: a regular file, or a pipe such as
-    `--config <(...)`; a device or socket is refused before anything is read from it."""
+    `--config <(...)`; a device or socket is refused before anything is read from it, except
+    /dev/null (an empty configuration: the embedded defaults)."""
     with path.open("rb") as stream:
-        mode = os.fstat(stream.fileno()).st_mode
+        info = os.fstat(stream.fileno())
+        mode = info.st_mode
+        if stat.S_ISCHR(mode) and info.st_rdev == _devnull_rdev():
+            return b""
         if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISSOCK(mode):
             raise ConfigError(
                 [f"{path}: is a device, not a configuration file; point --config at a TOML file"]
@@ -587,6 +595,13 @@ def _read_config_bytes(path: Path) -> bytes:
             ]
         )
     return raw
+
+
+def _devnull_rdev() -> int | None:
+    try:
+        return os.stat(os.devnull).st_rdev
+    except OSError:
+        return None
 
 
 def load_config(path: Path) -> ServiceConfig:
