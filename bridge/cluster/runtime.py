@@ -63,21 +63,27 @@ def _scrub(text: str, url: str) -> str:
     return text.replace(password, "<password>") if password else text
 
 
+def _bad_option(error: Exception, url: str) -> ClusterUnreachable:
+    reason = _scrub(str(error), url)
+    return ClusterUnreachable(
+        f"the Redis URL of [cluster] has an option redis cannot use ({reason}); fix or"
+        " remove the part after '?' in cluster.redis_url_env / cluster.redis_url"
+    )
+
+
 def probe(url: str) -> None:
     """Raise `ClusterUnreachable` unless the Redis at `url` answers a PING within seconds."""
     try:
-        # Options in the URL's query are handed to the connection as they are: an unknown one
-        # is a TypeError there, a malformed value a ValueError (both used to be a traceback).
         client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
-        client.connection_pool.make_connection()
     except (TypeError, ValueError) as error:
-        reason = _scrub(str(error), url)
-        raise ClusterUnreachable(
-            f"the Redis URL of [cluster] has an option redis cannot use ({reason}); fix or"
-            " remove the part after '?' in cluster.redis_url_env / cluster.redis_url"
-        ) from None
+        raise _bad_option(error, url) from None
     try:
+        # The PING makes the first connection from the pool (so a `max_connections=1` is
+        # kept); options in the URL's query are handed to it as they are: an unknown one is a
+        # TypeError there, a malformed value a ValueError (both used to be a traceback).
         client.ping()
+    except (TypeError, ValueError) as error:
+        raise _bad_option(error, url) from None
     except redis.AuthenticationError as error:
         reason = _scrub(f"{type(error).__name__}: {error}", url)
         raise ClusterUnreachable(
@@ -157,7 +163,19 @@ class Cluster:
 
     @property
     def _bot_ttl_ms(self) -> int:
-        return int(self.config.lease_ttl_s * 1000)
+        # Three leases, not one: renewed every third of a lease, a record outlives an event
+        # loop that stalls for a moment (a loaded machine), so another bot is never let in
+        # while this one still serves; a crashed instance's record lapses after three.
+        return int(self.config.lease_ttl_s * 3000)
+
+    def forget_bots(self) -> None:
+        """Drop this instance's bot records at once: it stops before serving (a refused
+        secret, a busy metrics port), and a corrected restart must not be taken for another
+        bot's instance until the records lapse."""
+        with contextlib.suppress(RedisError):
+            for channel, bot in self._bots.items():
+                self.store.client.hdel(self.key("bots", channel), bot)
+        self._bots.clear()
 
     async def _renew_bots(self) -> None:
         """Keep this instance's bot recorded; a Redis that does not answer is the leases'
@@ -167,7 +185,7 @@ class Cluster:
             for channel, bot in self._bots.items():
                 key = self.key("bots", channel)
                 await self.aio.hset(key, bot, str(now_ms + self._bot_ttl_ms))
-                await self.aio.pexpire(key, self._bot_ttl_ms * 3)
+                await self.aio.pexpire(key, self._bot_ttl_ms)
 
     @property
     def secrets(self) -> tuple[str, ...]:

@@ -51,6 +51,7 @@ def open_cluster(config: ServiceConfig, env: Mapping[str, str]) -> Cluster | Non
         cluster.store.close()
         return None
     if other:
+        cluster.forget_bots()  # the one it did claim (a Telegram bot before a Feishu refusal)
         print(
             f"taskcard: cluster.key_prefix {config.cluster.key_prefix!r}: a running instance"
             f" on this prefix posts as another {other}, and one prefix serves one {other}; give"

@@ -118,6 +118,7 @@ async def serve(
         )
         return EXIT_ALREADY_RUNNING
     wiring = None
+    serving = False
     store: StateStore
     if config.cluster.enabled:
         from taskcard.bridge.run.cluster_serve import ClusterWiring, open_cluster
@@ -185,6 +186,7 @@ async def serve(
             leases = asyncio.create_task(
                 wiring.cluster.run(agents, service.take_agent, service.drop_agent), name="leases"
             )
+        serving = True
         try:
             await service.run(stop)
         finally:
@@ -199,11 +201,16 @@ async def serve(
             if own_signals:
                 for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                     loop.remove_signal_handler(signum)
+                # Removing the handler restores SIGHUP's default, which ends the process (and
+                # systemd does not restart what SIGHUP ended): ignored until the exit.
+                signal.signal(signal.SIGHUP, signal.SIG_IGN)
         return 0
     except ServiceFailed as error:
         log.error("%s", error)
         return EXIT_RUNTIME
     finally:
+        if wiring is not None and not serving:
+            wiring.cluster.forget_bots()  # it never served: its bot claim must not linger
         store.close()
         lock.release()
 

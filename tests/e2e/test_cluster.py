@@ -481,6 +481,31 @@ async def test_an_instance_of_another_bot_on_the_same_prefix_is_refused(
         assert await moved.aterminate() == 0
 
 
+async def test_a_start_refused_for_its_token_leaves_no_claim_on_the_prefix(
+    tmp_path: Path, fake: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """A token copied with its quotes is refused at start (exit 2). Its bot had been claimed
+    on the prefix first, so the corrected restart was taken for another bot's instance until
+    the claim lapsed; a start that never served now leaves no claim."""
+    refused = instance(tmp_path, "i0", fake, ["a0"], redis_url=redis_url, prefix=prefix)
+    refused.env["TC_TEST_TOKEN"] = f'"{fake.token}"'
+    with refused:
+        proc = refused.proc
+        assert proc is not None
+        await eventually(lambda: proc.poll() is not None, timeout_s=60, what="the exit")
+        assert proc.returncode == 2, refused.logs
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert client.hgetall(f"{prefix}:bots:telegram") == {}
+    finally:
+        client.close()
+    serve = fleet.enter_context(
+        instance(tmp_path, "i1", fake, ["a0"], redis_url=redis_url, prefix=prefix)
+    )
+    await eventually(lambda: POLLING in serve.logs, what="the corrected instance polling")
+    assert await serve.aterminate() == 0
+
+
 def test_a_redis_url_option_or_login_that_fails_is_one_line_and_exit_2(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -515,6 +540,10 @@ def test_a_redis_url_option_or_login_that_fails_is_one_line_and_exit_2(
                 assert len(lines) == 1 and expected in lines[0], (url, lines)
                 assert "cluster.redis_url_env" in lines[0]
                 assert "Pa55" not in result.stderr + result.stdout
+        # A valid option the probe must not use up: its own connection once took the only one.
+        monkeypatch.setenv("TC_REDIS_URL", f"redis://:Pa55-right@{base}?max_connections=1")
+        result = run_cli("status", "--config", str(config))
+        assert result.returncode == 0, result.stderr
     finally:
         server.stop()
 
@@ -538,6 +567,9 @@ async def test_a_redis_outage_longer_than_the_leases_lapses_them_and_recovers(
     workdir = tmp_path / "agents" / "shared"
     publish(workdir, "before the outage")
     await eventually(lambda: len(shown(fake, GROUP)) == 1, what="the resident")
+    for serve in serves:  # both past their start (on a loaded machine one may still be
+        # importing, and a start that finds no Redis is refused with exit 2)
+        await eventually(lambda s=serve: "channel telegram ready" in s.logs, what="serving")
     server.stop()
     await eventually(
         lambda: any("lease:agent:shared lapsed" in s.logs for s in serves),
@@ -553,7 +585,7 @@ async def test_a_redis_outage_longer_than_the_leases_lapses_them_and_recovers(
     )
     assert len(fake.bot_messages(GROUP)) == 1
     for serve in serves:
-        assert await serve.aterminate() == 0
+        assert await serve.aterminate() == 0, serve.logs
         assert "Traceback" not in serve.logs
 
 
