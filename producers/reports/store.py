@@ -289,7 +289,11 @@ class Reports:
         return lines[1:] if start > 0 and lines else lines
 
     def _last_seq(self) -> int:
-        seqs = [r["seq"] for line in self._tail_lines() if (r := parse_line(line))]
+        seqs: list[int] = [r["seq"] for line in self._tail_lines() if (r := parse_line(line))]
+        if not seqs:
+            # The tail holds no report (a long run of other lines after the last one): walk
+            # the whole file, or numbering would restart at 1 below what the service has seen.
+            seqs = [report["seq"] for report in self._reports()]
         return max(seqs, default=0)
 
     def _counter(self) -> int:

@@ -13,6 +13,7 @@ import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
 from taskcard.producers.reports import LineageError, ReportError, Reports, read_lineage, spawn
+from taskcard.producers.reports.store import COUNTER_FILE
 
 from ..inbox.conftest import acks, names, queue
 from .conftest import CliHost
@@ -324,6 +325,12 @@ def test_the_latest_report_is_found_behind_a_long_run_of_other_lines(workdir: Pa
     after = next_report(workdir, "--after", "1")
     assert after is not None and after["summary"] == "second"
     assert next_report(workdir, "--after", "2") is None
+    # The counter lost as well: the next report still follows the last one, not #1 (which
+    # the service, having seen #2, would never announce).
+    (workdir / "reports" / COUNTER_FILE).unlink()
+    done = taskcard("report", "--workdir", str(workdir), "--ok", "--summary", "third")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["seq"] == 3
 
 
 def test_a_lone_surrogate_escape_in_a_report_line_is_printed_not_a_traceback(
