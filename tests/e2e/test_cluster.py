@@ -16,14 +16,19 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import redis
 
 from tests.e2e.harness import ServeProcess, eventually, publish, run_cli
 from tests.e2e.test_serve_telegram import GROUP, _quick_publish, _sleep, shown
+from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeLimits, FakeTelegram, Window
 from tests.redis_server import RedisServer, free_port, have_redis
+
+if TYPE_CHECKING:
+    from tests.e2e.test_serve_feishu import Setup
 
 POLLING = "this instance polls the bot's updates now"
 HIDDEN_REPLY = "Task cards hidden here."
@@ -77,16 +82,37 @@ def instance(
     ]
     if limits:
         lines.append(limits)
-    lines += [
+    lines += cluster_lines(name, prefix)
+    config = folder / "taskcard.toml"
+    config.write_text("\n".join(lines) + "\n")
+    return ServeProcess(config, env={"TC_TEST_TOKEN": fake.token, "TC_REDIS_URL": redis_url})
+
+
+def cluster_lines(name: str, prefix: str) -> list[str]:
+    """The `[cluster]` section of instance `name` on `prefix`, its Redis URL read from
+    `TC_REDIS_URL`, with short leases."""
+    return [
         "[cluster]",
         'redis_url_env = "TC_REDIS_URL"',
         f'instance = "{name}"',
         f'key_prefix = "{prefix}"',
         "lease_ttl_s = 2",
     ]
-    config = folder / "taskcard.toml"
-    config.write_text("\n".join(lines) + "\n")
-    return ServeProcess(config, env={"TC_TEST_TOKEN": fake.token, "TC_REDIS_URL": redis_url})
+
+
+def feishu_instance(
+    tmp_path: Path, name: str, fake: FakeFeishu, *, redis_url: str, prefix: str
+) -> Setup:
+    """A Feishu instance (`test_serve_feishu.Setup`) with agent `<name>agent` in its own
+    folder, in the cluster on `prefix`."""
+    from tests.e2e.test_serve_feishu import Setup
+
+    folder = tmp_path / name
+    folder.mkdir()
+    setup = Setup(folder, fake, [f"{name}agent"])
+    setup.config.write_text(setup.config.read_text() + "\n".join(cluster_lines(name, prefix)))
+    setup.env["TC_REDIS_URL"] = redis_url
+    return setup
 
 
 def replies(fake: FakeTelegram, text: str) -> int:
@@ -274,21 +300,13 @@ def test_an_unreachable_redis_is_one_line_and_exit_2(tmp_path: Path, command: st
 async def test_feishu_a_command_delivered_to_one_instance_reaches_all_answered_once(
     tmp_path: Path, redis_url: str, prefix: str, fleet: ExitStack
 ) -> None:
-    from tests.e2e.test_serve_feishu import CHAT, ENCRYPT, VERIFY, Setup, card_texts
-    from tests.fakes.feishu_api import FakeFeishu
+    from tests.e2e.test_serve_feishu import CHAT, ENCRYPT, VERIFY, card_texts
 
     async with FakeFeishu() as fake:
         setups = []
         for name in ("i0", "i1"):
+            setup = feishu_instance(tmp_path, name, fake, redis_url=redis_url, prefix=prefix)
             folder = tmp_path / name
-            folder.mkdir()
-            setup = Setup(folder, fake, [f"{name}agent"])
-            cluster = (
-                f'[cluster]\nredis_url_env = "TC_REDIS_URL"\ninstance = "{name}"\n'
-                f'key_prefix = "{prefix}"\nlease_ttl_s = 2\n'
-            )
-            setup.config.write_text(setup.config.read_text() + cluster)
-            setup.env["TC_REDIS_URL"] = redis_url
             fleet.enter_context(setup.serve())
             publish(folder / "agents" / f"{name}agent", f"card of {name}")
             setups.append(setup)
@@ -640,21 +658,10 @@ async def test_feishu_an_instance_of_another_app_on_the_same_prefix_is_refused(
     tmp_path: Path, redis_url: str, prefix: str, fleet: ExitStack
 ) -> None:
     """Feishu as Telegram: one prefix's command stream and resident ids belong to one app."""
-    from tests.e2e.test_serve_feishu import Setup
-    from tests.fakes.feishu_api import FakeFeishu
-
     async with FakeFeishu() as first, FakeFeishu(app_id="cli_other_app") as other:
         serves = []
         for name, fake in (("i0", first), ("i1", other)):
-            folder = tmp_path / name
-            folder.mkdir()
-            setup = Setup(folder, fake, [f"{name}agent"])
-            cluster = (
-                f'[cluster]\nredis_url_env = "TC_REDIS_URL"\ninstance = "{name}"\n'
-                f'key_prefix = "{prefix}"\nlease_ttl_s = 2\n'
-            )
-            setup.config.write_text(setup.config.read_text() + cluster)
-            setup.env["TC_REDIS_URL"] = redis_url
+            setup = feishu_instance(tmp_path, name, fake, redis_url=redis_url, prefix=prefix)
             serve = fleet.enter_context(setup.serve())
             serves.append(serve)
             await eventually(lambda serve=serve: "cluster member" in serve.logs or (
