@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -89,27 +90,21 @@ def _usable_id(value: str) -> bool:
     return bool(value) and len(value) <= 128 and not any(c.isspace() for c in value)
 
 
-def _check_user_id(value: str) -> str:
-    if not _usable_id(value):
-        raise ValueError(
-            "not a Feishu user id (empty, too long or with spaces); give the person's"
-            " open_id (ou_...)"
-        )
-    return value
+def _usable(kind: str, fix: str) -> Callable[[str], str]:
+    """A validator refusing what `_usable_id` refuses, naming the kind of id and the fix."""
+
+    def check(value: str) -> str:
+        if not _usable_id(value):
+            raise ValueError(f"not a Feishu {kind} id (empty, too long or with spaces); {fix}")
+        return value
+
+    return check
 
 
+_check_user_id = _usable("user", "give the person's open_id (ou_...)")
 _UserId = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_check_user_id)]
 
-
-def _check_chat_id(value: str) -> str:
-    if not _usable_id(value):
-        raise ValueError(
-            "not a Feishu chat id (empty, too long or with spaces); use the chat's id"
-            " (oc_...) as `taskcard chats` lists it"
-        )
-    return value
-
-
+_check_chat_id = _usable("chat", "use the chat's id (oc_...) as `taskcard chats` lists it")
 _ChatId = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_check_chat_id)]
 
 
