@@ -11,6 +11,7 @@ import tomllib
 from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -464,19 +465,24 @@ def test_a_missing_or_blank_secret_stops_serve_naming_the_variable(
     assert "SECR" not in result.stderr
 
 
+def _with_stdout(stdout: int | IO[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`taskcard ARGS` writing its output to `stdout` (a closed pipe, a full disk)."""
+    return subprocess.run(
+        [sys.executable, "-m", "taskcard.bridge.cli", *args],
+        cwd=ROOT,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
 def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> None:
     read_end, write_end = os.pipe()
     os.close(read_end)  # like `| head -1` that has already read its line
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "taskcard.bridge.cli", "card", "manual"],
-            cwd=ROOT,
-            stdout=write_end,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        done = _with_stdout(write_end, "card", "manual")
     finally:
         os.close(write_end)
     assert done.returncode == 141
@@ -495,14 +501,6 @@ def test_output_to_a_full_disk_is_one_line_and_exit_1(
     config = console_config(tmp_path, AGENT)
     where = (str(config),) if args == ("config", "check") else ("--config", str(config))
     with open("/dev/full", "w") as full:
-        done = subprocess.run(
-            [sys.executable, "-m", "taskcard.bridge.cli", *args, *where],
-            cwd=ROOT,
-            stdout=full,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        done = _with_stdout(full, *args, *where)
     assert done.returncode == 1, done.stderr
     assert done.stderr.strip() == "taskcard: cannot write the output (No space left on device)"
