@@ -182,7 +182,14 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
             for agent_id, (workdir, found_by) in fleet.agents.items()
         ]
         return {
-            "state_file": str(path),
+            # Clustered, the state is in Redis and no SQLite file is read: `state_file` is
+            # null then, and `state` names the store either way.
+            "state_file": None if config.cluster.enabled else str(path),
+            "state": (
+                {"store": "redis", "key_prefix": config.cluster.key_prefix}
+                if config.cluster.enabled
+                else {"store": "sqlite", "file": str(path)}
+            ),
             "service": {"running": pid is not None, "pid": pid},
             "state_writes": (
                 {

@@ -627,6 +627,9 @@ def test_status_and_check_ignore_a_state_file_left_from_before_the_cluster(
     assert status.returncode == 0, status.stderr
     assert f"state: the cluster's Redis (key prefix {prefix})" in status.stdout
     assert "sqlite" not in status.stdout
+    report = json.loads(run_cli("status", "--json", "--config", str(config)).stdout)
+    assert report["state"] == {"store": "redis", "key_prefix": prefix}
+    assert report["state_file"] is None
     check = run_cli("serve", "--check", "--config", str(config))
     assert check.returncode == 0, check.stderr
 

@@ -54,6 +54,9 @@ async def test_status_lists_origin_routes_and_discovered_agents(
         assert f"agent idle: discovered at {idle}" in text, text
         assert f"agent coder: discovered at {coder}" in text, text
     report: dict[str, Any] = json.loads(status(config, "--json"))
+    assert report["state"]["store"] == "sqlite"
+    assert report["state"]["file"] == report["state_file"]
+    assert report["state_file"].endswith("state.sqlite3")
     routes = {route["route"]: route for route in report["routes"]}
     assert routes[origin_route]["opened_by"] == "origin"
     assert routes[origin_route]["message_id"] is not None, "the resident in the topic"
