@@ -12,6 +12,7 @@ import fcntl
 import logging
 import os
 import signal
+import stat
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -55,7 +56,7 @@ def reload_config(service: Service, path: Path) -> bool:
     """SIGHUP: read `path` again and apply it; an invalid file is refused with the same
     messages as at start (logged), and the running configuration stays."""
     try:
-        config = load_config(path)
+        config = load_config(_reloadable(path))
     except ConfigError as error:
         # One record, its problems below the first line: a problem logged on its own would
         # lose what it is about (a JSON log line each, and the repeat limiter holds back a
@@ -69,6 +70,20 @@ def reload_config(service: Service, path: Path) -> bool:
     for warning in nothing_served(config):
         log.warning("%s", warning)
     return service.reload(config)
+
+
+def _reloadable(path: Path) -> Path:
+    """`path`, unless it is a pipe: a start may read `--config <(...)` or a named pipe once,
+    but a reload would wait, with the whole service, for a writer that may never come."""
+    try:
+        is_pipe = stat.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        return path  # load_config says what is wrong with it
+    if is_pipe:
+        raise ConfigError(
+            [f"{path}: is a pipe, which a reload cannot read again; give --config a file"]
+        )
+    return path
 
 
 def skip_cli_only_imports() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import signal
 import socket
@@ -251,6 +252,38 @@ async def test_each_refused_reload_says_what_it_refused(tmp_path: Path, fake: Fa
         (record,) = (r for r in records if problem in r["message"])
         assert record["message"].startswith("config reload refused:"), record
         assert record["level"] == "ERROR"
+
+
+async def test_a_reload_of_a_config_given_as_a_named_pipe_is_refused_not_awaited(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """A start may read its configuration from a named pipe once. A SIGHUP then opened the
+    pipe again and waited, with the whole service, for a writer that never came: no card,
+    no command, no stop. The reload is refused and the service carries on."""
+    written = write_config(tmp_path, fake.base_url, None)
+    fifo = tmp_path / "taskcard.fifo"
+    os.mkfifo(fifo)
+
+    def feed() -> None:
+        with fifo.open("w") as pipe:  # waits for the service to open it
+            pipe.write(written.read_text())
+
+    feeder = asyncio.get_running_loop().run_in_executor(None, feed)
+    with ServeProcess(fifo, env={"TC_TEST_TOKEN": fake.token}) as serve:
+        assert serve.proc is not None
+        await feeder
+        await eventually(lambda: fake.waiting_pollers, what="the service polling")
+        serve.proc.send_signal(signal.SIGHUP)
+        await eventually(
+            lambda: "config reload refused" in serve.logs and "is a pipe" in serve.logs,
+            what="the refused reload",
+        )
+        publish(tmp_path / "agents" / "builder", "after the refused reload")
+        await eventually(
+            lambda: any("after the refused reload" in m.text for m in fake.bot_messages(GROUP)),
+            what="a card shown after the refusal",
+        )
+        assert await serve.aterminate() == 0, serve.logs
 
 
 async def test_a_sighup_before_the_service_runs_does_not_end_it(
