@@ -12,17 +12,30 @@ Mapping (hook event -> activity kinds):
 - `PreToolUse` -> `tool.start` (call_id = `tool_use_id`, name = `tool_name`); no summary, as
   a tool's input may hold secrets. `PostToolUse` / `PostToolUseFailure` -> `tool.end` with
   `ok` true / false.
-- `Notification` of a permission prompt -> `wait.start` reason `permission`; of an input
-  prompt (idle prompt, elicitation dialog) -> `wait.start` reason `input`; other
-  notifications change nothing. The wait ends (`wait.end`) with the next event of that
-  session, whatever it is.
+- `Notification` of a permission prompt, and `PermissionRequest` (the dialog is about to be
+  shown) -> `wait.start` reason `permission`; of an input prompt (idle prompt, elicitation
+  dialog), and `Elicitation` (an MCP server asks the person for input) -> `wait.start` reason
+  `input`; other notifications change nothing. The wait ends (`wait.end`) with the next event
+  of that session that shows it moved on (`MOVING_EVENTS`: a tool's start or end, a prompt,
+  a stop, `PermissionDenied`, `ElicitationResult`, ...); an event that can fire while the
+  dialog is still open (`ConfigChange`, `FileChanged`, a background subagent's start or stop,
+  an event this version does not know) leaves it open.
 - `Stop` -> `usage` (the turn's tokens, when the transcript has them) then `turn.end`; it is
   also the completed turn that reminders count. A `Stop` with `stop_hook_active` means
   another stop hook made Claude go on, so the turn has not ended yet: nothing then.
+- `StopFailure` (the turn ended in an API error; `Stop` does not fire then) -> `usage` as for
+  `Stop`, `turn.end`, then `text` "turn failed (<error>): <error_details>", one short line
+  (the card redacts it like any agent text). `last_assistant_message` is never copied.
 - `SubagentStop` -> nothing: the `Task` tool call that ran the subagent already shows as a
   tool start and end in the parent session.
 - `PreCompact` -> `text` "compacting the conversation": it can take a while, and the card
   should not look stuck on the last tool meanwhile.
+- Any other event (`SubagentStart`, `TaskCreated`, `ConfigChange`, a future one) -> nothing.
+
+An event with `agent_id` fired inside a subagent (the field is absent on the main thread, even
+in an `--agent` session, where only `agent_type` is set). Its tool calls and waits show as
+usual, but it never starts or ends the session's turn or the agent: a subagent's `Stop` or
+`StopFailure` is not the end of the turn that runs it (its failure is a `text` line only).
 """
 
 from __future__ import annotations
@@ -41,6 +54,29 @@ Event = tuple[str, dict[str, Any]]
 CONTEXT_EVENTS: Final = frozenset({"UserPromptSubmit", "PostToolUse"})
 TRANSCRIPT_TAIL_BYTES: Final = 4_000_000
 _INPUT_PROMPTS: Final = frozenset({"idle_prompt", "elicitation_dialog"})
+# Events that start a wait on a person, and its reason.
+WAIT_EVENTS: Final = {"PermissionRequest": "permission", "Elicitation": "input"}
+# Events after which a person's dialog is over: the session moved on.
+MOVING_EVENTS: Final = frozenset(
+    {
+        "SessionStart",
+        "SessionEnd",
+        "UserPromptSubmit",
+        "PreToolUse",
+        "PostToolUse",
+        "PostToolUseFailure",
+        "PostToolBatch",
+        "Stop",
+        "StopFailure",
+        "PreCompact",
+        "PostCompact",
+        "PermissionDenied",
+        "ElicitationResult",
+    }
+)
+# Events that read the transcript for the turn's usage.
+TURN_END_EVENTS: Final = frozenset({"Stop", "StopFailure"})
+FAILURE_TEXT_CHARS: Final = 200
 
 
 @dataclass(frozen=True)
@@ -74,6 +110,32 @@ def wait_reason(payload: Mapping[str, Any]) -> str | None:
     return None
 
 
+def subagent(payload: Mapping[str, Any]) -> bool:
+    """Whether the event fired inside a subagent (`agent_id` is set only there)."""
+    return _text(payload, "agent_id") is not None
+
+
+def failure_text(payload: Mapping[str, Any]) -> str:
+    """One short line saying why a turn failed, from the error's typed fields only."""
+    error = _text(payload, "error") or _text(payload, "error_type") or "unknown"
+    details = _text(payload, "error_details") or _text(payload, "error_message")
+    text = f"turn failed ({error})" + (f": {details}" if details else "")
+    flat = " ".join(text.split())
+    if len(flat) > FAILURE_TEXT_CHARS:
+        flat = flat[: FAILURE_TEXT_CHARS - 1].rstrip() + "…"
+    return flat if not subagent(payload) else f"a subagent's {flat}"
+
+
+def _start_wait(reason: str | None, waiting: str | None) -> HookDecision:
+    if reason is None or reason == waiting:
+        return HookDecision([], waiting, completed_turn=False)
+    events: list[Event] = []
+    if waiting is not None:
+        events.append(("wait.end", {"reason": waiting}))
+    events.append(("wait.start", {"reason": reason}))
+    return HookDecision(events, reason, completed_turn=False)
+
+
 def decide(
     payload: Mapping[str, Any],
     waiting: str | None,
@@ -81,40 +143,42 @@ def decide(
 ) -> HookDecision:
     """The events for one hook payload, given the session's open wait (if any)."""
     name = payload.get("hook_event_name")
-    events: list[Event] = []
     if name == "Notification":
-        reason = wait_reason(payload)
-        if reason is None or reason == waiting:
-            return HookDecision([], waiting, completed_turn=False)
-        if waiting is not None:
-            events.append(("wait.end", {"reason": waiting}))
-        events.append(("wait.start", {"reason": reason}))
-        return HookDecision(events, reason, completed_turn=False)
-    if waiting is not None and name is not None:
+        return _start_wait(wait_reason(payload), waiting)
+    if isinstance(name, str) and name in WAIT_EVENTS:
+        return _start_wait(WAIT_EVENTS[name], waiting)
+    moving = name in MOVING_EVENTS
+    events: list[Event] = []
+    if waiting is not None and moving:
         events.append(("wait.end", {"reason": waiting}))
     tool = _text(payload, "tool_name") or "tool"
     call_id = _text(payload, "tool_use_id") or tool
     completed = False
-    if name == "SessionStart":
+    main = not subagent(payload)  # a subagent never starts or ends the session's turn
+    if name == "SessionStart" and main:
         if payload.get("source") != "compact":  # the same session goes on after compacting
             events.append(("agent.start", {}))
-    elif name == "SessionEnd":
+    elif name == "SessionEnd" and main:
         if payload.get("reason") != "clear":  # /clear: the process goes on, restarted next
             events.append(("agent.exit", {}))
-    elif name == "UserPromptSubmit":
+    elif name == "UserPromptSubmit" and main:
         events.append(("turn.start", {}))
     elif name == "PreToolUse":
         events.append(("tool.start", {"call_id": call_id, "name": tool}))
     elif name in ("PostToolUse", "PostToolUseFailure"):
         events.append(("tool.end", {"call_id": call_id, "ok": name == "PostToolUse"}))
-    elif name == "Stop" and payload.get("stop_hook_active") is not True:
+    elif name in TURN_END_EVENTS and main and payload.get("stop_hook_active") is not True:
         if usage is not None:
             events.append(("usage", {"input_tokens": usage[0], "output_tokens": usage[1]}))
         events.append(("turn.end", {}))
+        if name == "StopFailure":
+            events.append(("text", {"text": failure_text(payload)}))
         completed = True
+    elif name == "StopFailure":
+        events.append(("text", {"text": failure_text(payload)}))
     elif name == "PreCompact":
         events.append(("text", {"text": "compacting the conversation"}))
-    return HookDecision(events, None if name is not None else waiting, completed)
+    return HookDecision(events, None if moving else waiting, completed)
 
 
 def hook_output(event_name: object, wakes: list[str]) -> dict[str, Any] | None:

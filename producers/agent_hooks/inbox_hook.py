@@ -11,7 +11,8 @@
   `turn.origin` as above, and no `turn.end` (the turn goes on; the turn's usage so far is
   still written, since the next stop counts only what follows the block). The session is
   marked, so that its next `Stop`, which comes with `stop_hook_active`, ends the turn as a
-  plain stop would (`usage`, `turn.end`, a completed turn) and never blocks again.
+  plain stop would (`usage`, `turn.end`, a completed turn) and never blocks again. A
+  `StopFailure` (the held turn ended in an API error) drops the mark: no such stop comes.
 
 An idle session runs no hook, so its texts stay in `inbox/queued/` (parked) until the next
 turn. The texts of one output are bounded (`MAX_TEXT_BYTES`; one larger message goes
@@ -100,6 +101,8 @@ def take(
     log: Callable[[str], None],
 ) -> Delivery:
     """Claim what this hook delivers, and settle the session's blocked stop; never raises."""
+    if name == "StopFailure":
+        _forget_blocked(paths, session, log)  # the turn is over: no stop of it comes now
     if name not in DELIVERING_EVENTS:
         return Delivery()
     try:
@@ -134,6 +137,18 @@ def _mark_blocked(paths: CardPaths, session: str, log: Callable[[str], None]) ->
             f"inbox: cannot mark the blocked stop in {BLOCKED_FILE}: "
             f"{exc.__class__.__name__}: {exc.strerror}; the messages were delivered"
         )
+
+
+def _forget_blocked(paths: CardPaths, session: str, log: Callable[[str], None]) -> None:
+    """Drop the session's blocked-stop mark (its turn ended some other way)."""
+    if not (paths.logs_dir / BLOCKED_FILE).exists():
+        return
+    try:
+        with _blocked_sessions(paths) as blocked:
+            if session in blocked:
+                blocked.remove(session)
+    except OSError as exc:
+        log(f"inbox: cannot update {BLOCKED_FILE}: {exc.__class__.__name__}: {exc.strerror}")
 
 
 @contextlib.contextmanager

@@ -19,12 +19,14 @@ from pathlib import Path
 from typing import Any, Final
 
 from taskcard.producers.agent_hooks.claude_code import (
+    TURN_END_EVENTS,
     decide,
     read_transcript_usage,
+    subagent,
 )
 from taskcard.producers.agent_hooks.codex import codex_events
+from taskcard.producers.agent_hooks.inbox_hook import Delivery, steer
 from taskcard.producers.agent_hooks.inbox_hook import output as inbox_output
-from taskcard.producers.agent_hooks.inbox_hook import steer
 from taskcard.producers.agent_hooks.inbox_hook import take as take_inbox
 from taskcard.producers.task_card.activity_log import append_event, event_record
 from taskcard.producers.task_card.contract import (
@@ -198,8 +200,16 @@ def claude_code(
     name = payload.get("hook_event_name")
     session = payload.get("session_id")
     key = session if isinstance(session, str) and _SESSION.match(session) else "-"
-    usage = read_transcript_usage(payload.get("transcript_path")) if name == "Stop" else None
-    inbox = take_inbox(paths, name, payload, key, lambda line: log_error(paths.workdir, line))
+    main = not subagent(payload)
+    ends_turn = name in TURN_END_EVENTS and main
+    usage = read_transcript_usage(payload.get("transcript_path")) if ends_turn else None
+    # A subagent's context is not the agent's: the chat's texts and the card's notices handed
+    # to it would read "delivered" while the agent the chat talks to never saw them.
+    inbox = (
+        take_inbox(paths, name, payload, key, lambda line: log_error(paths.workdir, line))
+        if main
+        else Delivery()
+    )
     if inbox.ends_blocked_turn:
         payload = {**payload, "stop_hook_active": False}  # our block held the turn: end it
     wakes: list[str] = []
@@ -216,7 +226,7 @@ def claude_code(
         reader = WakeReader(paths, CLAUDE_CONSUMER)
         if name == "SessionStart":
             reader.prime()
-        wakes = reader.take() if name in ("UserPromptSubmit", "PostToolUse") else []
+        wakes = reader.take() if main and name in ("UserPromptSubmit", "PostToolUse") else []
     except Exception as exc:
         if not inbox.messages:
             raise

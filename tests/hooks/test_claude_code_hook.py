@@ -213,3 +213,85 @@ def test_a_transcript_that_is_not_a_file_never_hangs_the_hook(workdir: Path, kin
     assert done.returncode == 0, done.stderr
     assert b"Traceback" not in done.stderr
     assert kinds(workdir)[-1] == "turn.end"
+
+
+def state_of(workdir: Path) -> str:
+    """The agent state the service reads from the activity log, now."""
+    tracker = ActivityTracker()
+    for line in (workdir / "logs" / "events.jsonl").read_bytes().splitlines():
+        tracker.feed(line)
+    return tracker.summary(datetime.now(UTC), no_output_after_s=600).state
+
+
+def test_a_turn_that_ends_in_an_api_error_ends_and_says_why(workdir: Path) -> None:
+    # Claude Code sends StopFailure, not Stop, when a turn dies of an API error; before, the
+    # turn stayed open and the card read "running" (then "unknown") until the next prompt.
+    shutil.copy(FIXTURES / "claude_code" / "transcript.jsonl", workdir / "transcript.jsonl")
+    hook(payload("01_session_start.json", workdir))
+    hook(payload("02_user_prompt_submit.json", workdir))
+    assert state_of(workdir) == "running"
+    done = hook(payload("12_stop_failure.json", workdir))
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")  # no decision printed
+    assert kinds(workdir)[-3:] == ["usage", "turn.end", "text"]
+    assert events(workdir)[-1]["text"] == (
+        "turn failed (rate_limit): 429 Too Many Requests: rate limit reached for requests"
+    )
+    assert "secret plan" not in (workdir / "logs" / "events.jsonl").read_text()
+    assert state_of(workdir) == "idle"
+    # The older shape (error_type, error_message), a long detail, and no detail at all.
+    hook(payload("12_stop_failure.json", workdir, error="x" * 20, error_details="y " * 400))
+    assert len(events(workdir)[-1]["text"]) <= 200
+    hook(payload("12_stop_failure.json", workdir, error=None, error_details=None))
+    assert events(workdir)[-1]["text"] == "turn failed (unknown)"
+    old = {"error_type": "server_error", "error_message": "overloaded", "error": "529"}
+    hook(payload("12_stop_failure.json", workdir, error_details=None, **old))
+    assert events(workdir)[-1]["text"] == "turn failed (529): overloaded"
+    assert not (workdir / "logs" / "taskcard-hook.log").exists()
+
+
+def test_a_permission_dialog_is_a_wait_until_the_session_moves_on(workdir: Path) -> None:
+    hook(payload("02_user_prompt_submit.json", workdir))
+    hook(payload("13_permission_request.json", workdir))
+    hook(payload("06_notification_permission.json", workdir))  # the same dialog: one wait
+    assert kinds(workdir) == ["turn.start", "wait.start"]
+    assert state_of(workdir) == "waiting"
+    # Events that can fire while the dialog is open, or that this version does not know,
+    # leave it open (before, any event closed it and the card read "running").
+    for name in ("ConfigChange", "FileChanged", "SubagentStart", "TaskCreated", "NewIn2027"):
+        hook(payload("13_permission_request.json", workdir, hook_event_name=name))
+    hook(payload("09_subagent_stop.json", workdir))
+    assert kinds(workdir) == ["turn.start", "wait.start"]
+    assert "rm -rf" not in (workdir / "logs" / "events.jsonl").read_text()
+    hook(payload("04_post_tool_use.json", workdir))  # allowed: the tool ran
+    assert kinds(workdir)[-2:] == ["wait.end", "tool.end"]
+    assert state_of(workdir) == "running"
+    hook(payload("13_permission_request.json", workdir))
+    hook(payload("13_permission_request.json", workdir, hook_event_name="PermissionDenied"))
+    assert kinds(workdir)[-2:] == ["wait.start", "wait.end"]
+
+
+def test_an_mcp_elicitation_waits_for_the_person_until_its_result(workdir: Path) -> None:
+    hook(payload("02_user_prompt_submit.json", workdir))
+    hook(payload("14_elicitation.json", workdir))
+    assert events(workdir)[-1] == {**events(workdir)[-1], "kind": "wait.start", "reason": "input"}
+    assert "credentials" not in (workdir / "logs" / "events.jsonl").read_text()
+    hook(payload("15_elicitation_result.json", workdir))
+    assert kinds(workdir) == ["turn.start", "wait.start", "wait.end"]
+    assert "alice" not in (workdir / "logs" / "events.jsonl").read_text()
+
+
+def test_a_subagent_never_starts_or_ends_the_turn_that_runs_it(workdir: Path) -> None:
+    hook(payload("01_session_start.json", workdir))
+    hook(payload("02_user_prompt_submit.json", workdir))
+    sub = {"agent_id": "agent-7f3a", "agent_type": "Explore"}
+    hook(payload("16_subagent_post_tool_use.json", workdir, hook_event_name="PreToolUse"))
+    hook(payload("16_subagent_post_tool_use.json", workdir))
+    for name in ("Stop", "SessionStart", "SessionEnd", "UserPromptSubmit"):
+        hook(payload("10_stop.json", workdir, hook_event_name=name, **sub))
+    hook(payload("12_stop_failure.json", workdir, **sub))
+    assert kinds(workdir) == ["agent.start", "turn.start", "tool.start", "tool.end", "text"]
+    assert events(workdir)[-1]["text"].startswith("a subagent's turn failed (rate_limit)")
+    assert state_of(workdir) == "running"
+    # An --agent session's main thread has agent_type but no agent_id: its stop is the turn's.
+    hook(payload("10_stop.json", workdir, transcript_path="", agent_type="reviewer"))
+    assert kinds(workdir)[-1] == "turn.end"

@@ -145,3 +145,34 @@ def test_a_corrupt_or_odd_blocked_stops_file_never_holds_up_the_stop(workdir: Pa
     second = output(hook(payload("10_stop.json", workdir, transcript_path="")))
     assert "> two" in str(second["reason"])
     assert [a["id"] for a in acks(workdir)] == ["m1", "m2"]
+
+
+def test_a_subagents_tool_result_does_not_take_the_chats_texts(workdir: Path) -> None:
+    # PostToolUse also fires for a subagent's tools, and its additionalContext reaches that
+    # subagent, not the agent the chat talks to: the text read "delivered" and was lost.
+    hook(payload("01_session_start.json", workdir))
+    FileNotificationPort(CardPaths(workdir)).notify(
+        TaskCardErrorNotification("tc_1", 1, "renderer_failed", "x")
+    )
+    queue(workdir, "m1", "use the staging database, not prod")
+    sub = hook(payload("16_subagent_post_tool_use.json", workdir))
+    assert (sub.returncode, sub.stdout) == (0, b"")
+    stop = hook(payload("10_stop.json", workdir, transcript_path="", agent_id="agent-7f3a"))
+    assert (stop.returncode, stop.stdout) == (0, b"")  # never blocks a subagent's stop
+    assert (acks(workdir), names(workdir, "queued")) == ([], ["m1.json"])
+    main = output(hook(payload("04_post_tool_use.json", workdir)))
+    context = main["hookSpecificOutput"]["additionalContext"]  # type: ignore[index]
+    assert "> use the staging database, not prod" in context
+    assert "watch tc_1 failed to refresh (renderer_failed)" in context
+    assert [a["via"] for a in acks(workdir)] == ["claude-code:PostToolUse"]
+
+
+def test_a_turn_that_fails_after_a_blocked_stop_forgets_the_block(workdir: Path) -> None:
+    queue(workdir, "m1", "stop now: the deploy is frozen")
+    assert output(hook(payload("10_stop.json", workdir, transcript_path="")))["decision"]
+    hook(payload("12_stop_failure.json", workdir, transcript_path=""))  # the held turn died
+    assert kinds(workdir) == ["turn.origin", "turn.end", "text"]
+    # A later turn that another hook holds: its second stop is not ours to end.
+    hook(payload("02_user_prompt_submit.json", workdir))
+    hook(payload("10_stop.json", workdir, transcript_path="", stop_hook_active=True))
+    assert kinds(workdir)[-1] == "turn.start"
