@@ -11,9 +11,11 @@ from typing import Any
 from taskcard.producers.agent_hooks import runner
 from taskcard.producers.agent_hooks.install import (
     InitError,
+    Version,
     codex_config_path,
     init_claude_code,
     init_codex,
+    parse_version,
 )
 from taskcard.producers.task_card.workdir_arg import existing_workdir_arg
 
@@ -48,7 +50,7 @@ def run_init(args: argparse.Namespace) -> int:
     workdir: Path = args.workdir
     try:
         if args.host == "claude-code":
-            report = init_claude_code(workdir)
+            report = init_claude_code(workdir, version=args.claude_version)
         else:
             config = Path(args.config) if args.config else codex_config_path(os.environ)
             report = init_codex(workdir, config)
@@ -61,6 +63,15 @@ def run_init(args: argparse.Namespace) -> int:
     for line in report:
         print(line)
     return 0
+
+
+def _version_arg(text: str) -> Version:
+    version = parse_version(text)
+    if version is None or text.strip() != ".".join(str(part) for part in version):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a version; write it as claude --version prints it, e.g. 2.1.90"
+        )
+    return version
 
 
 def register(subparsers: Any) -> None:
@@ -82,6 +93,13 @@ def register(subparsers: Any) -> None:
     targets.required = True
     claude_init = targets.add_parser(
         "claude-code", help="merge into .claude/settings.json and .mcp.json"
+    )
+    claude_init.add_argument(
+        "--claude-version",
+        type=_version_arg,
+        default=None,
+        help="the Claude Code version the project runs (default: ask claude --version); "
+        "hook events it predates are not registered",
     )
     codex_init = targets.add_parser("codex", help="merge into Codex's config.toml")
     codex_init.add_argument(

@@ -5,13 +5,23 @@ it twice changes nothing, and a file we cannot parse (or whose shape is not what
 documents) is refused with a message naming the file and the key, never overwritten.
 Our entries are recognised by their command (`... hook claude-code`, the `taskcard` server
 name), so a re-run updates them in place instead of adding copies.
+
+Claude Code refuses a whole settings file that names a hook event it does not know (older
+versions: "Invalid key in record"; every hook and permission rule in the file is then off),
+so an event it added late (`LATER_EVENTS`) is registered only when the Claude Code here is
+known to have it: the version `claude --version` prints, or `--claude-version`, or the file
+already holding that event for other hooks. Otherwise our entry for it is left out (and taken
+out again, when an earlier run wrote it), and the report says so.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
+import shutil
+import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -37,7 +47,11 @@ CLAUDE_EVENTS: Final = (
     "SessionEnd",
 )
 MATCHER_EVENTS: Final = frozenset({"PreToolUse", "PostToolUse", "PostToolUseFailure"})
+# Events Claude Code added later, with the first version that accepts them in settings.
+LATER_EVENTS: Final = {"StopFailure": (2, 1, 78)}
 HOOK_TIMEOUT_S: Final = 10
+VERSION_TIMEOUT_S: Final = 15
+_VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)")
 # An agent host's settings file is small; a bigger one (or a pipe) is refused, never slurped.
 _MAX_CONFIG_BYTES: Final = 10_000_000
 
@@ -74,13 +88,85 @@ def _object_at(data: dict[str, Any], key: str, path: Path) -> dict[str, Any]:
     return value
 
 
-def merge_claude_settings(settings: dict[str, Any], command: str, path: Path) -> dict[str, Any]:
-    """`settings` with one taskcard hook per mapped event (pure apart from raising)."""
+Version = tuple[int, int, int]
+
+
+def parse_version(text: str) -> Version | None:
+    """The first `X.Y.Z` in `text` (`claude --version` prints `2.1.90 (Claude Code)`)."""
+    match = _VERSION.search(text)
+    if match is None:
+        return None
+    major, minor, patch = (int(part) for part in match.groups())
+    return major, minor, patch
+
+
+def claude_version() -> Version | None:
+    """The version of the `claude` on PATH, None when there is none or it does not say."""
+    exe = shutil.which("claude")
+    if exe is None:
+        return None
+    try:
+        done = subprocess.run(
+            [exe, "--version"],
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            timeout=VERSION_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    return parse_version(done.stdout.decode("utf-8", errors="replace"))
+
+
+def _is_ours(entry: object) -> bool:
+    text = entry.get("command") if isinstance(entry, dict) else None
+    return isinstance(text, str) and CLAUDE_HOOK_MARK in text
+
+
+def _groups(hooks: dict[str, Any], event: str, path: Path) -> list[Any]:
+    groups = hooks.setdefault(event, [])
+    if not isinstance(groups, list):
+        raise InitError(f"{path}: hooks.{event} must be a list; fix it, then run again")
+    return groups
+
+
+def _drop_ours(hooks: dict[str, Any], event: str, path: Path) -> None:
+    """Take our entry out of `hooks[event]`, and the key when nothing else is left in it."""
+    if event not in hooks:
+        return
+    groups = _groups(hooks, event, path)
+    for group in groups:
+        entries = group.get("hooks") if isinstance(group, dict) else None
+        if isinstance(entries, list):
+            entries[:] = [entry for entry in entries if not _is_ours(entry)]
+    groups[:] = [
+        group for group in groups if not (isinstance(group, dict) and group.get("hooks") == [])
+    ]
+    if not groups:
+        del hooks[event]
+
+
+def merge_claude_settings(
+    settings: dict[str, Any],
+    command: str,
+    path: Path,
+    version: Version | None = None,
+) -> list[str]:
+    """Merge one taskcard hook per mapped event into `settings` (in place); the later events
+    left out because this Claude Code (`version`, None when unknown) may not know them."""
     hooks = _object_at(settings, "hooks", path)
-    for event in CLAUDE_EVENTS:
-        groups = hooks.setdefault(event, [])
-        if not isinstance(groups, list):
-            raise InitError(f"{path}: hooks.{event} must be a list; fix it, then run again")
+    skipped: list[str] = []
+    for event in (*CLAUDE_EVENTS, *LATER_EVENTS):
+        since = LATER_EVENTS.get(event)
+        others = [g for g in hooks.get(event) or [] if not _all_ours(g)]
+        known = since is None or (version is not None and version >= since) or bool(others)
+        if not known:
+            _drop_ours(hooks, event, path)
+            skipped.append(event)
+            continue
+        groups = _groups(hooks, event, path)
         ours = {"type": "command", "command": command, "timeout": HOOK_TIMEOUT_S}
         found = False
         for group in groups:
@@ -88,8 +174,7 @@ def merge_claude_settings(settings: dict[str, Any], command: str, path: Path) ->
             if not isinstance(entries, list):
                 continue
             for index, entry in enumerate(entries):
-                text = entry.get("command") if isinstance(entry, dict) else None
-                if isinstance(text, str) and CLAUDE_HOOK_MARK in text:
+                if _is_ours(entry):
                     entries[index] = ours
                     found = True
         if not found:
@@ -97,7 +182,27 @@ def merge_claude_settings(settings: dict[str, Any], command: str, path: Path) ->
             if event in MATCHER_EVENTS:
                 group_new = {"matcher": "*", **group_new}
             groups.append(group_new)
-    return settings
+    return skipped
+
+
+def _all_ours(group: object) -> bool:
+    """A group holding only our entries (a group of the user's says the event is known)."""
+    entries = group.get("hooks") if isinstance(group, dict) else None
+    return isinstance(entries, list) and all(_is_ours(entry) for entry in entries)
+
+
+def _skipped_line(path: Path, event: str, version: Version | None) -> str:
+    since = ".".join(str(part) for part in LATER_EVENTS[event])
+    found = (
+        "no Claude Code version found (claude --version)"
+        if version is None
+        else f"Claude Code {'.'.join(str(part) for part in version)} predates it"
+    )
+    return (
+        f"{path}: {event} not registered: {found}, and a Claude Code before {since} refuses "
+        f"the whole file for it; run init again once it is {since} or later, or pass "
+        "--claude-version"
+    )
 
 
 def _write_json(path: Path, data: Mapping[str, Any]) -> bool:
@@ -108,16 +213,24 @@ def _write_json(path: Path, data: Mapping[str, Any]) -> bool:
     return True
 
 
-def init_claude_code(workdir: Path, command: str | None = None) -> list[str]:
-    """Merge the hooks and the MCP server into the project; the lines to report."""
+def init_claude_code(
+    workdir: Path,
+    command: str | None = None,
+    version: Version | None = None,
+) -> list[str]:
+    """Merge the hooks and the MCP server into the project; the lines to report.
+
+    `version`: the Claude Code version the project runs under (None: ask `claude --version`).
+    """
     exe = command or taskcard_command()
+    version = version or claude_version()
     settings_path = workdir / ".claude" / "settings.json"
     mcp_path = workdir / ".mcp.json"
     settings = _load_json(settings_path)
     servers_doc = _load_json(mcp_path)
     # $CLAUDE_PROJECT_DIR: the events belong to the project, even after Claude cd's elsewhere.
     hook_command = f'{shlex.quote(exe)} hook claude-code --workdir "$CLAUDE_PROJECT_DIR"'
-    merge_claude_settings(settings, hook_command, settings_path)
+    skipped = merge_claude_settings(settings, hook_command, settings_path, version)
     servers = _object_at(servers_doc, "mcpServers", mcp_path)
     servers[SERVER_NAME] = {
         "command": exe,
@@ -127,6 +240,7 @@ def init_claude_code(workdir: Path, command: str | None = None) -> list[str]:
     for path, data in ((settings_path, settings), (mcp_path, servers_doc)):
         changed = _write_json(path, data)
         report.append(f"{path}: {'updated' if changed else 'already set up'}")
+    report.extend(_skipped_line(settings_path, event, version) for event in skipped)
     return report
 
 

@@ -102,6 +102,53 @@ def test_init_claude_code_refuses_a_malformed_file_and_leaves_it(workdir: Path) 
     assert not (workdir / ".mcp.json").exists()
 
 
+def fake_claude(folder: Path, version: str) -> dict[str, str]:
+    """An environment whose PATH has a `claude` printing `version` as Claude Code does."""
+    folder.mkdir(exist_ok=True)
+    exe = folder / "claude"
+    exe.write_text(f'#!/bin/sh\necho "{version} (Claude Code)"\n')
+    exe.chmod(0o755)
+    return {**os.environ, "PATH": f"{folder}:/usr/bin:/bin"}
+
+
+def test_init_claude_code_registers_stop_failure_only_where_claude_knows_it(
+    workdir: Path, tmp_path: Path
+) -> None:
+    # A Claude Code before 2.1.78 refuses a settings file that names StopFailure, and then
+    # runs none of its hooks or permission rules: an install must never do that to it.
+    settings = workdir / ".claude" / "settings.json"
+    args = ("init", "claude-code", "--workdir", str(workdir))
+    done = run_taskcard(*args, env=fake_claude(tmp_path / "new", "2.1.90"))
+    assert done.returncode == 0, done.stderr
+    hooks = json.loads(settings.read_text())["hooks"]
+    assert hooks["StopFailure"] == [{"hooks": [hooks["Stop"][0]["hooks"][0]]}]
+    assert b"not registered" not in done.stdout
+    # The same project under an older Claude Code: our entry comes out again.
+    done = run_taskcard(*args, env=fake_claude(tmp_path / "old", "2.1.40"))
+    assert done.returncode == 0, done.stderr
+    assert "StopFailure" not in json.loads(settings.read_text())["hooks"]
+    assert b"StopFailure not registered: Claude Code 2.1.40 predates it" in done.stdout
+    # No claude on PATH: left out, and the report says how to get it.
+    done = run_taskcard(*args, env={**os.environ, "PATH": "/usr/bin:/bin"})
+    assert b"no Claude Code version found" in done.stdout and b"--claude-version" in done.stdout
+    assert "StopFailure" not in json.loads(settings.read_text())["hooks"]
+    done = run_taskcard(*args, "--claude-version", "2.1.78", env={"PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    assert "StopFailure" in json.loads(settings.read_text())["hooks"]
+    bad = run_taskcard(*args, "--claude-version", "latest")
+    assert bad.returncode == 2 and b"--claude-version: 'latest' is not a version" in bad.stderr
+    # A file already holding StopFailure hooks of the user's is read by a Claude Code that
+    # knows the event: ours joins them, and theirs stay when ours would come out.
+    theirs = {"hooks": [{"type": "command", "command": "./alert.sh"}]}
+    data = json.loads(settings.read_text())
+    data["hooks"]["StopFailure"].insert(0, theirs)
+    settings.write_text(json.dumps(data))
+    done = run_taskcard(*args, env={**os.environ, "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0 and b"not registered" not in done.stdout
+    assert json.loads(settings.read_text())["hooks"]["StopFailure"][0] == theirs
+    assert len(json.loads(settings.read_text())["hooks"]["StopFailure"]) == 2
+
+
 CODEX_CONFIG = """# my codex settings
 model = "gpt-5-codex"  # keep this comment
 
