@@ -5,13 +5,15 @@ Mapping (hook event -> activity kinds):
 - `SessionStart` -> `agent.start`; `SessionEnd` -> `agent.exit`. Not a `SessionStart` with
   source `compact`: Claude Code sends it when a compaction ends, often in the middle of a
   turn, and an `agent.start` there would drop the running turn (the card read "at prompt").
-  Nor a `SessionEnd` with reason `clear`: `/clear` ends the conversation, not the process,
-  and its `SessionStart` (source `clear`) follows; an `agent.exit` would tell the chats the
-  agent exited without a report.
+  Nor a `SessionEnd` with reason `clear` or `resume`: `/clear` and an interactive `/resume`
+  end the conversation, not the process, and a `SessionStart` (source `clear` / `resume`)
+  follows; an `agent.exit` would tell the chats the agent exited without a report.
 - `UserPromptSubmit` -> `turn.start`.
 - `PreToolUse` -> `tool.start` (call_id = `tool_use_id`, name = `tool_name`); no summary, as
   a tool's input may hold secrets. `PostToolUse` / `PostToolUseFailure` -> `tool.end` with
-  `ok` true / false.
+  `ok` true / false. A failure with `is_interrupt` (the person pressed Esc) also ends the
+  turn (`turn.end`, `text` "turn interrupted"): `Stop` does not fire after an interrupt.
+  It is not counted for reminders (parallel calls each report the interrupt).
 - `Notification` of a permission prompt, and `PermissionRequest` (the dialog is about to be
   shown) -> `wait.start` reason `permission`; of an input prompt (idle prompt, elicitation
   dialog), and `Elicitation` (an MCP server asks the person for input) -> `wait.start` reason
@@ -76,6 +78,9 @@ MOVING_EVENTS: Final = frozenset(
 )
 # Events that read the transcript for the turn's usage.
 TURN_END_EVENTS: Final = frozenset({"Stop", "StopFailure"})
+# `SessionEnd` reasons after which the same process starts a session again at once: `/clear`,
+# and an interactive `/resume` that switches to another conversation.
+_SWITCHES: Final = frozenset({"clear", "resume"})
 FAILURE_TEXT_CHARS: Final = 200
 
 
@@ -113,6 +118,21 @@ def wait_reason(payload: Mapping[str, Any]) -> str | None:
 def subagent(payload: Mapping[str, Any]) -> bool:
     """Whether the event fired inside a subagent (`agent_id` is set only there)."""
     return _text(payload, "agent_id") is not None
+
+
+def interrupted(payload: Mapping[str, Any]) -> bool:
+    """A main-thread tool call that the person interrupted: the turn is over, with no `Stop`."""
+    return (
+        payload.get("hook_event_name") == "PostToolUseFailure"
+        and payload.get("is_interrupt") is True
+        and not subagent(payload)
+    )
+
+
+def ends_turn_without_stop(payload: Mapping[str, Any]) -> bool:
+    """The main thread's turn ended, and no `Stop` of it will come (an API error, Esc)."""
+    name = payload.get("hook_event_name")
+    return (name == "StopFailure" and not subagent(payload)) or interrupted(payload)
 
 
 def failure_text(payload: Mapping[str, Any]) -> str:
@@ -159,7 +179,7 @@ def decide(
         if payload.get("source") != "compact":  # the same session goes on after compacting
             events.append(("agent.start", {}))
     elif name == "SessionEnd" and main:
-        if payload.get("reason") != "clear":  # /clear: the process goes on, restarted next
+        if payload.get("reason") not in _SWITCHES:  # the process goes on, started again next
             events.append(("agent.exit", {}))
     elif name == "UserPromptSubmit" and main:
         events.append(("turn.start", {}))
@@ -167,6 +187,8 @@ def decide(
         events.append(("tool.start", {"call_id": call_id, "name": tool}))
     elif name in ("PostToolUse", "PostToolUseFailure"):
         events.append(("tool.end", {"call_id": call_id, "ok": name == "PostToolUse"}))
+        if interrupted(payload):
+            events += [("turn.end", {}), ("text", {"text": "turn interrupted"})]
     elif name in TURN_END_EVENTS and main and payload.get("stop_hook_active") is not True:
         if usage is not None:
             events.append(("usage", {"input_tokens": usage[0], "output_tokens": usage[1]}))

@@ -12,7 +12,7 @@
   still written, since the next stop counts only what follows the block). The session is
   marked, so that its next `Stop`, which comes with `stop_hook_active`, ends the turn as a
   plain stop would (`usage`, `turn.end`, a completed turn) and never blocks again. A
-  `StopFailure` (the held turn ended in an API error) drops the mark: no such stop comes.
+  `StopFailure` or an interrupt (the held turn ended without a stop) drops the mark.
 
 An idle session runs no hook, so its texts stay in `inbox/queued/` (parked) until the next
 turn. The texts of one output are bounded (`MAX_TEXT_BYTES`; one larger message goes
@@ -30,7 +30,11 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from taskcard.producers.agent_hooks.claude_code import HookDecision, hook_output
+from taskcard.producers.agent_hooks.claude_code import (
+    HookDecision,
+    ends_turn_without_stop,
+    hook_output,
+)
 from taskcard.producers.inbox import InboxUnsafe, Message, claim_all, frame
 from taskcard.producers.task_card.contract import CardPaths, atomic_write, read_regular
 
@@ -101,7 +105,7 @@ def take(
     log: Callable[[str], None],
 ) -> Delivery:
     """Claim what this hook delivers, and settle the session's blocked stop; never raises."""
-    if name == "StopFailure":
+    if ends_turn_without_stop(payload):
         _forget_blocked(paths, session, log)  # the turn is over: no stop of it comes now
     if name not in DELIVERING_EVENTS:
         return Delivery()

@@ -295,3 +295,28 @@ def test_a_subagent_never_starts_or_ends_the_turn_that_runs_it(workdir: Path) ->
     # An --agent session's main thread has agent_type but no agent_id: its stop is the turn's.
     hook(payload("10_stop.json", workdir, transcript_path="", agent_type="reviewer"))
     assert kinds(workdir)[-1] == "turn.end"
+
+
+def test_an_interrupted_tool_ends_the_turn_that_no_stop_will_end(workdir: Path) -> None:
+    # Esc during a tool: PostToolUseFailure with is_interrupt, and Claude Code runs no Stop
+    # hook after an interrupt; the card read "running", then "unknown", until the next prompt.
+    hook(payload("02_user_prompt_submit.json", workdir))
+    hook(payload("07_post_tool_use_failure.json", workdir))  # a plain failure: turn goes on
+    assert state_of(workdir) == "running"
+    hook(payload("07_post_tool_use_failure.json", workdir, is_interrupt=True, agent_id="a1"))
+    assert state_of(workdir) == "running"  # a subagent's call: the parent's turn goes on
+    hook(payload("07_post_tool_use_failure.json", workdir, is_interrupt=True))
+    assert kinds(workdir)[-3:] == ["tool.end", "turn.end", "text"]
+    assert events(workdir)[-1]["text"] == "turn interrupted"
+    assert state_of(workdir) == "idle"
+
+
+def test_resume_switches_the_conversation_without_an_exit(workdir: Path) -> None:
+    # An interactive /resume ends the current conversation with SessionEnd (reason "resume")
+    # and starts the other with SessionStart (source "resume"): the process never exited.
+    hook(payload("01_session_start.json", workdir))
+    hook(payload("11_session_end.json", workdir, reason="resume"))
+    hook(payload("01_session_start.json", workdir, source="resume"))
+    assert kinds(workdir) == ["agent.start", "agent.start"]
+    hook(payload("11_session_end.json", workdir, reason="logout"))
+    assert kinds(workdir)[-1] == "agent.exit"
