@@ -160,8 +160,12 @@ def merge_claude_settings(
     skipped: list[str] = []
     for event in (*CLAUDE_EVENTS, *LATER_EVENTS):
         since = LATER_EVENTS.get(event)
-        others = [g for g in hooks.get(event) or [] if not _all_ours(g)]
-        known = since is None or (version is not None and version >= since) or bool(others)
+        present = hooks.get(event)
+        # Hooks of the user's under the event: the Claude Code reading this file knows it.
+        others = present is not None and (
+            not isinstance(present, list) or not all(_all_ours(g) for g in present)
+        )
+        known = since is None or (version is not None and version >= since) or others
         if not known:
             _drop_ours(hooks, event, path)
             skipped.append(event)

@@ -147,6 +147,10 @@ def test_init_claude_code_registers_stop_failure_only_where_claude_knows_it(
     assert done.returncode == 0 and b"not registered" not in done.stdout
     assert json.loads(settings.read_text())["hooks"]["StopFailure"][0] == theirs
     assert len(json.loads(settings.read_text())["hooks"]["StopFailure"]) == 2
+    settings.write_text(json.dumps({"hooks": {"StopFailure": 5}}))
+    done = run_taskcard(*args, env={**os.environ, "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 2 and b"hooks.StopFailure must be a list" in done.stderr
+    assert b"Traceback" not in done.stderr
 
 
 CODEX_CONFIG = """# my codex settings
