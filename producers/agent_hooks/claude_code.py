@@ -17,7 +17,8 @@ Mapping (hook event -> activity kinds):
 - `Notification` of a permission prompt, and `PermissionRequest` (the dialog is about to be
   shown) -> `wait.start` reason `permission`; of an input prompt (idle prompt, elicitation
   dialog), and `Elicitation` (an MCP server asks the person for input) -> `wait.start` reason
-  `input`; other notifications change nothing. The wait ends (`wait.end`) with the next event
+  `input`; an answered elicitation (`elicitation_response`, `elicitation_complete`) ends an
+  input wait; other notifications change nothing. The wait also ends with the next event
   of that session that shows it moved on (`MOVING_EVENTS`: a tool's start or end, a prompt,
   a stop, `PermissionDenied`, `ElicitationResult`, ...); an event that can fire while the
   dialog is still open (`ConfigChange`, `FileChanged`, a background subagent's start or stop,
@@ -56,6 +57,8 @@ Event = tuple[str, dict[str, Any]]
 CONTEXT_EVENTS: Final = frozenset({"UserPromptSubmit", "PostToolUse"})
 TRANSCRIPT_TAIL_BYTES: Final = 4_000_000
 _INPUT_PROMPTS: Final = frozenset({"idle_prompt", "elicitation_dialog"})
+# Notifications that the person answered an elicitation dialog (form or URL): its wait is over.
+_INPUT_ANSWERED: Final = frozenset({"elicitation_response", "elicitation_complete"})
 # Events that start a wait on a person, and its reason.
 WAIT_EVENTS: Final = {"PermissionRequest": "permission", "Elicitation": "input"}
 # Events after which a person's dialog is over: the session moved on.
@@ -164,6 +167,8 @@ def decide(
     """The events for one hook payload, given the session's open wait (if any)."""
     name = payload.get("hook_event_name")
     if name == "Notification":
+        if waiting == "input" and _text(payload, "notification_type") in _INPUT_ANSWERED:
+            return HookDecision([("wait.end", {"reason": waiting})], None, completed_turn=False)
         return _start_wait(wait_reason(payload), waiting)
     if isinstance(name, str) and name in WAIT_EVENTS:
         return _start_wait(WAIT_EVENTS[name], waiting)

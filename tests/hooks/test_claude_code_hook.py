@@ -320,3 +320,21 @@ def test_resume_switches_the_conversation_without_an_exit(workdir: Path) -> None
     assert kinds(workdir) == ["agent.start", "agent.start"]
     hook(payload("11_session_end.json", workdir, reason="logout"))
     assert kinds(workdir)[-1] == "agent.exit"
+
+
+def test_an_answered_elicitation_notification_ends_the_input_wait(workdir: Path) -> None:
+    # As init installs the hooks (Notification, no Elicitation events): the dialog's
+    # notification opens the wait and the answer's notification closes it.
+    def notification(kind: str) -> dict[str, object]:
+        return payload("06_notification_permission.json", workdir, notification_type=kind)
+
+    hook(payload("02_user_prompt_submit.json", workdir))
+    hook(notification("elicitation_dialog"))
+    hook(notification("auth_success"))
+    assert kinds(workdir) == ["turn.start", "wait.start"]
+    hook(notification("elicitation_response"))
+    assert kinds(workdir) == ["turn.start", "wait.start", "wait.end"]
+    assert state_of(workdir) == "running"
+    hook(notification("permission_prompt"))
+    hook(notification("elicitation_complete"))  # not an input wait: the dialog stays open
+    assert state_of(workdir) == "waiting"
