@@ -249,6 +249,12 @@ def codex(
     env: Mapping[str, str] = os.environ,
 ) -> None:
     """Handle one Codex `notify` payload (its single JSON argument)."""
+    if not argument.strip():
+        raise HookInputError(
+            "no payload argument: Codex passes its notify JSON as the last argument, so run "
+            'this as notify = [..., "hook", "codex"] in config.toml (a hook of Codex\'s '
+            "hooks.json sends JSON on stdin, which this command does not read); nothing written"
+        )
     payload = parse_payload(argument.encode("utf-8", errors="replace"))
     paths = CardPaths(resolve_workdir(workdir_override, payload))
     events, completed = codex_events(payload)

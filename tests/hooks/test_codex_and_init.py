@@ -210,3 +210,14 @@ def test_init_codex_fills_an_empty_notify_list(workdir: Path, tmp_path: Path) ->
     assert document["notify"][1:] == ["hook", "codex"] and document["model"] == "o3"
     again = run_taskcard("init", "codex", "--workdir", str(workdir), "--config", str(config))
     assert (again.returncode, again.stdout.strip().endswith(b"already set up")) == (0, True)
+
+
+def test_codex_hook_without_its_argument_says_what_is_missing(workdir: Path) -> None:
+    # Wired as a hooks.json hook, Codex sends the JSON on stdin and no argument: the log said
+    # "payload is not JSON", which named neither the argument nor where it comes from.
+    stdin = json.dumps({"hook_event_name": "Stop", "cwd": str(workdir), "turn_id": "t1"})
+    done = run_taskcard("hook", "codex", "--workdir", str(workdir), stdin=stdin)
+    assert (done.returncode, done.stdout) == (0, b"")
+    log = (workdir / "logs" / "taskcard-hook.log").read_text()
+    assert "no payload argument" in log and '"hook", "codex"' in log
+    assert kinds(workdir) == []
