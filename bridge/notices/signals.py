@@ -9,7 +9,8 @@
 
 Idle has three sentences because three different mechanisms lead there, and a wrong alarm
 teaches people to ignore the true one: no host reads the agent (it *could not* report: no
-accusation); the agent declared its turn finished (`turn.end`, a fact it wrote); or nothing
+accusation); the agent declared its turn finished (`turn.end`, a fact it wrote; one with an
+`error` says the turn failed or was interrupted instead, never that the agent finished); or nothing
 says whether a turn ended (inferred silence: how long, and a request to check, never a claim
 that the agent gave up). No output warns and never kills: a slow start is not a failure.
 
@@ -51,6 +52,7 @@ class SignalFacts:
     turn_ended_at: datetime | None
     last_event_at: datetime | None
     latest_report: Report | None
+    turn_error: str | None = None  # the turn ended without finishing: why (a category word)
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,15 @@ def due_signals(
         facts.turn_started_at is None or facts.turn_ended_at >= facts.turn_started_at
     ):
         mechanism = "turn ended"
-        text = f"💤 {agent} declared its turn finished {quiet} ago and has not reported."
+        if facts.turn_error == "interrupted":
+            text = f"💤 {agent}'s turn was interrupted {quiet} ago, and it has not reported."
+        elif facts.turn_error is not None:
+            text = (
+                f"💤 {agent}'s turn ended in an error ({facts.turn_error}) {quiet} ago, and it"
+                " has not reported."
+            )
+        else:
+            text = f"💤 {agent} declared its turn finished {quiet} ago and has not reported."
     else:
         mechanism = "silence"
         text = (

@@ -670,6 +670,7 @@ class Service:
             turn_ended_at=activity.turn_ended_at,
             last_event_at=activity.last_event_at,
             latest_report=side.latest_report,
+            turn_error=activity.turn_error,
         )
         signals, next_due = due_signals(facts, self._clock(), self._config.signals.idle_floor_s)
         for signal in signals:

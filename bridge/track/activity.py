@@ -9,6 +9,7 @@ The agent state comes only from these events and their timestamps, never from ca
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
@@ -27,6 +28,7 @@ MAX_RECENT: Final = 10
 # An agent's free text kept per movement; rows show far less (bounds memory, not meaning).
 MAX_DETAIL_CHARS: Final = 4096
 _MAX_OPEN_CALLS: Final = 256
+_ERROR_WORD: Final = re.compile(r"[A-Za-z0-9_.-]{1,40}")
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,14 @@ class ActivitySummary:
     agent_started_at: datetime | None = None
     exited_at: datetime | None = None
     turn_ended_at: datetime | None = None
+    # Why the latest turn ended without finishing (`turn.end` `error`), when it says so.
+    turn_error: str | None = None
+
+
+def turn_error(value: object) -> str | None:
+    """A `turn.end` `error`: a short category word (`rate_limit`, `interrupted`), else unset;
+    anything longer or freer is not a category and is never shown."""
+    return value if isinstance(value, str) and _ERROR_WORD.fullmatch(value) else None
 
 
 def _text(value: object) -> str | None:
@@ -91,6 +101,7 @@ class ActivityTracker:
         "_started_at",
         "_tokens",
         "_turn_ended_at",
+        "_turn_error",
         "_turn_started_at",
         "_turns_after_start",
         "_waiting_reason",
@@ -104,6 +115,7 @@ class ActivityTracker:
         self._exited_at: datetime | None = None
         self._turn_started_at: datetime | None = None
         self._turn_ended_at: datetime | None = None
+        self._turn_error: str | None = None
         self._waiting_since: datetime | None = None
         self._waiting_reason: str | None = None
         self._started_at: datetime | None = None
@@ -145,6 +157,7 @@ class ActivityTracker:
             self._started_at = at
             self._after_start = self._turns_after_start = False
             self._turn_started_at = self._turn_ended_at = self._waiting_since = None
+            self._turn_error = None
             self._tokens = None
             return Movement(kind, at)
         if kind == "agent.exit":
@@ -156,11 +169,13 @@ class ActivityTracker:
             del self.origins[:-MAX_RECENT]
         if kind == "turn.start":
             self._turn_started_at, self._turn_ended_at = at, None
+            self._turn_error = None
             self._waiting_since = None
             self._tokens = None
             return Movement(kind, at)
         if kind == "turn.end":
             self._turn_ended_at = at
+            self._turn_error = turn_error(fields.get("error"))
             self._waiting_since = None
             return Movement(kind, at)
         if kind == "wait.start":
@@ -220,6 +235,7 @@ class ActivityTracker:
             agent_started_at=self._started_at,
             exited_at=self._exited_at,
             turn_ended_at=self._turn_ended_at,
+            turn_error=self._turn_error,
         )
 
     def facts(self) -> StateFacts:

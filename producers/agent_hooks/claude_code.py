@@ -12,7 +12,8 @@ Mapping (hook event -> activity kinds):
 - `PreToolUse` -> `tool.start` (call_id = `tool_use_id`, name = `tool_name`); no summary, as
   a tool's input may hold secrets. `PostToolUse` / `PostToolUseFailure` -> `tool.end` with
   `ok` true / false. A failure with `is_interrupt` (the person pressed Esc) also ends the
-  turn (`turn.end`, `text` "turn interrupted"): `Stop` does not fire after an interrupt.
+  turn (`turn.end` with `error` `interrupted`, `text` "turn interrupted"): `Stop` does not
+  fire after an interrupt.
   It is not counted for reminders (parallel calls each report the interrupt).
 - `Notification` of a permission prompt, and `PermissionRequest` (the dialog is about to be
   shown) -> `wait.start` reason `permission`; of an input prompt (idle prompt, elicitation
@@ -27,8 +28,9 @@ Mapping (hook event -> activity kinds):
   also the completed turn that reminders count. A `Stop` with `stop_hook_active` means
   another stop hook made Claude go on, so the turn has not ended yet: nothing then.
 - `StopFailure` (the turn ended in an API error; `Stop` does not fire then) -> `usage` as for
-  `Stop`, `turn.end`, then `text` "turn failed (<error>): <error_details>", one short line
-  (the card redacts it like any agent text). `last_assistant_message` is never copied.
+  `Stop`, `turn.end` with `error` (the error's category, one word, for the idle signal), then
+  `text` "turn failed (<error>): <error_details>", one short line (the card redacts it like
+  any agent text). `last_assistant_message` is never copied.
 - `SubagentStop` -> nothing: the `Task` tool call that ran the subagent already shows as a
   tool start and end in the parent session.
 - `PreCompact` -> `text` "compacting the conversation": it can take a while, and the card
@@ -44,6 +46,7 @@ usual, but it never starts or ends the session's turn or the agent: a subagent's
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +88,7 @@ TURN_END_EVENTS: Final = frozenset({"Stop", "StopFailure"})
 # and an interactive `/resume` that switches to another conversation.
 _SWITCHES: Final = frozenset({"clear", "resume"})
 FAILURE_TEXT_CHARS: Final = 200
+_ERROR_WORD: Final = re.compile(r"[A-Za-z0-9_.-]{1,40}")
 
 
 @dataclass(frozen=True)
@@ -138,11 +142,19 @@ def ends_turn_without_stop(payload: Mapping[str, Any]) -> bool:
     return (name == "StopFailure" and not subagent(payload)) or interrupted(payload)
 
 
+def error_category(payload: Mapping[str, Any]) -> str:
+    """The failed turn's error as one word (`rate_limit`), for `turn.end` `error`."""
+    for key in ("error_type", "error"):  # an early shape: error_type, and error a code
+        value = _text(payload, key)
+        if value is not None and _ERROR_WORD.fullmatch(value):
+            return value
+    return "unknown"
+
+
 def failure_text(payload: Mapping[str, Any]) -> str:
     """One short line saying why a turn failed, from the error's typed fields only."""
-    error = _text(payload, "error") or _text(payload, "error_type") or "unknown"
     details = _text(payload, "error_details") or _text(payload, "error_message")
-    text = f"turn failed ({error})" + (f": {details}" if details else "")
+    text = f"turn failed ({error_category(payload)})" + (f": {details}" if details else "")
     flat = " ".join(text.split())
     if len(flat) > FAILURE_TEXT_CHARS:
         flat = flat[: FAILURE_TEXT_CHARS - 1].rstrip() + "…"
@@ -193,13 +205,18 @@ def decide(
     elif name in ("PostToolUse", "PostToolUseFailure"):
         events.append(("tool.end", {"call_id": call_id, "ok": name == "PostToolUse"}))
         if interrupted(payload):
-            events += [("turn.end", {}), ("text", {"text": "turn interrupted"})]
+            events += [
+                ("turn.end", {"error": "interrupted"}),
+                ("text", {"text": "turn interrupted"}),
+            ]
     elif name in TURN_END_EVENTS and main and payload.get("stop_hook_active") is not True:
         if usage is not None:
             events.append(("usage", {"input_tokens": usage[0], "output_tokens": usage[1]}))
-        events.append(("turn.end", {}))
         if name == "StopFailure":
+            events.append(("turn.end", {"error": error_category(payload)}))
             events.append(("text", {"text": failure_text(payload)}))
+        else:
+            events.append(("turn.end", {}))
         completed = True
     elif name == "StopFailure":
         events.append(("text", {"text": failure_text(payload)}))

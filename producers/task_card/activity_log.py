@@ -38,6 +38,7 @@ OPTIONAL_FIELDS: Final[dict[str, dict[str, tuple[type, ...]]]] = {
     "agent.start": {"pid": (int,)},
     "agent.exit": {"code": (int,)},
     "turn.start": {"origin": (str,)},
+    "turn.end": {"error": (str,)},
     "tool.start": {"summary": (str,)},
     "tool.end": {"duration_s": (int, float)},
 }

@@ -83,6 +83,20 @@ CASES: list[tuple[str, SignalFacts, float, list[str], str]] = [
         "declared its turn finished 10 minutes ago",
     ),
     (
+        "turn ended in an API error",
+        replace(BASE, state="idle", turn_ended_at=at(10), turn_error="rate_limit"),
+        10 + 600,
+        ["idle"],
+        "builder's turn ended in an error (rate_limit) 10 minutes ago, and it has not reported",
+    ),
+    (
+        "turn interrupted",
+        replace(BASE, state="idle", turn_ended_at=at(10), turn_error="interrupted"),
+        10 + 600,
+        ["idle"],
+        "builder's turn was interrupted 10 minutes ago",
+    ),
+    (
         "no host reads it",
         replace(
             BASE,

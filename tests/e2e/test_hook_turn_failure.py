@@ -3,7 +3,8 @@
 The session is driven through the real `taskcard hook claude-code` with payloads shaped as
 Claude Code's hooks reference documents them; the chats are the fakes of Telegram and Feishu.
 Claude Code sends `StopFailure`, not `Stop`, for such a turn: the card must stop reading
-"running" and say, in one short redacted line, that the turn failed and why.
+"running" and say, in one short redacted line, that the turn failed and why; and the idle
+signal that follows must say the turn failed, not that the agent declared it finished.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tests.hooks.conftest import hook, payload
 GROUP = -1001234567890
 # An API key shape inside the error's details: it must never reach a chat.
 LEAKED_KEY = "sk-ant-api03-" + "Q" * 40
+SIGNALS = ("[signals]", "idle_floor_s = 5")
 DETAILS = f"401 invalid x-api-key {LEAKED_KEY} for this organization"
 
 
@@ -58,13 +60,20 @@ async def check_card(texts: Callable[[], list[str]], workdir: Path) -> None:
     assert "running" not in text and "idle" in text
     assert "[redacted]" in text
     assert "private conversation" not in text
+
+    def idle_signal() -> str:
+        return next((shown for shown in texts() if "has not reported" in shown), "")
+
+    signal = await eventually(idle_signal, timeout_s=60, what="the idle signal")
+    assert "turn ended in an error (authentication_failed)" in signal
+    assert not any("declared its turn finished" in shown for shown in texts())
     assert all(LEAKED_KEY not in shown for shown in texts())
 
 
 async def test_a_failed_turn_reads_failed_not_running_on_telegram(
     tmp_path: Path, telegram: FakeTelegram
 ) -> None:
-    config = telegram_config(tmp_path, telegram.base_url, GROUP)
+    config = telegram_config(tmp_path, telegram.base_url, GROUP, extra=SIGNALS)
     workdir = tmp_path / "agents" / "builder"
     (workdir / "taskcard").mkdir(parents=True, exist_ok=True)
 
@@ -85,6 +94,8 @@ async def test_a_failed_turn_reads_failed_not_running_on_feishu(
     tmp_path: Path, feishu: FakeFeishu
 ) -> None:
     setup = Setup(tmp_path, feishu, ["builder"])
+    with setup.config.open("a") as config:
+        config.write("\n".join(SIGNALS) + "\n")
     workdir = tmp_path / "agents" / "builder"
     (workdir / "taskcard").mkdir(parents=True, exist_ok=True)
 

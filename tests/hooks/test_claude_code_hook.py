@@ -236,6 +236,7 @@ def test_a_turn_that_ends_in_an_api_error_ends_and_says_why(workdir: Path) -> No
     assert events(workdir)[-1]["text"] == (
         "turn failed (rate_limit): 429 Too Many Requests: rate limit reached for requests"
     )
+    assert events(workdir)[-2]["error"] == "rate_limit"  # the category, for the idle signal
     assert "secret plan" not in (workdir / "logs" / "events.jsonl").read_text()
     assert state_of(workdir) == "idle"
     # The older shape (error_type, error_message), a long detail, and no detail at all.
@@ -245,7 +246,9 @@ def test_a_turn_that_ends_in_an_api_error_ends_and_says_why(workdir: Path) -> No
     assert events(workdir)[-1]["text"] == "turn failed (unknown)"
     old = {"error_type": "server_error", "error_message": "overloaded", "error": "529"}
     hook(payload("12_stop_failure.json", workdir, error_details=None, **old))
-    assert events(workdir)[-1]["text"] == "turn failed (529): overloaded"
+    assert events(workdir)[-1]["text"] == "turn failed (server_error): overloaded"
+    hook(payload("12_stop_failure.json", workdir, error="bad\nline ✗", error_details=None))
+    assert events(workdir)[-2]["error"] == "unknown"  # not a category word: never shown
     assert not (workdir / "logs" / "taskcard-hook.log").exists()
 
 
@@ -307,6 +310,7 @@ def test_an_interrupted_tool_ends_the_turn_that_no_stop_will_end(workdir: Path) 
     assert state_of(workdir) == "running"  # a subagent's call: the parent's turn goes on
     hook(payload("07_post_tool_use_failure.json", workdir, is_interrupt=True))
     assert kinds(workdir)[-3:] == ["tool.end", "turn.end", "text"]
+    assert events(workdir)[-2]["error"] == "interrupted"
     assert events(workdir)[-1]["text"] == "turn interrupted"
     assert state_of(workdir) == "idle"
 

@@ -69,7 +69,10 @@ from taskcard.producers.task_card.wakes import WakeReader, select_wakes, wake_te
         (
             {"hook_event_name": "StopFailure", "error": "server_error"},
             None,
-            [("turn.end", {}), ("text", {"text": "turn failed (server_error)"})],
+            [
+                ("turn.end", {"error": "server_error"}),
+                ("text", {"text": "turn failed (server_error)"}),
+            ],
             None,
         ),
         ({"hook_event_name": "Stop", "agent_id": "a1", "agent_type": "Plan"}, None, [], None),
