@@ -13,8 +13,7 @@ Mapping (hook event -> activity kinds):
   a tool's input may hold secrets. `PostToolUse` / `PostToolUseFailure` -> `tool.end` with
   `ok` true / false. A failure with `is_interrupt` (the person pressed Esc) also ends the
   turn (`turn.end` with `error` `interrupted`, `text` "turn interrupted"): `Stop` does not
-  fire after an interrupt.
-  It is not counted for reminders (parallel calls each report the interrupt).
+  fire after an interrupt. It is not counted for reminders (parallel calls each report it).
 - `Notification` of a permission prompt, and `PermissionRequest` (the dialog is about to be
   shown) -> `wait.start` reason `permission`; of an input prompt (idle prompt, elicitation
   dialog), and `Elicitation` (an MCP server asks the person for input) -> `wait.start` reason
@@ -30,7 +29,8 @@ Mapping (hook event -> activity kinds):
 - `StopFailure` (the turn ended in an API error; `Stop` does not fire then) -> `usage` as for
   `Stop`, `turn.end` with `error` (the error's category, one word, for the idle signal), then
   `text` "turn failed (<error>): <error_details>", one short line (the card redacts it like
-  any agent text). `last_assistant_message` is never copied.
+  any agent text); a completed turn for reminders, like `Stop`. `last_assistant_message` is
+  never copied.
 - `SubagentStop` -> nothing: the `Task` tool call that ran the subagent already shows as a
   tool start and end in the parent session.
 - `PreCompact` -> `text` "compacting the conversation": it can take a while, and the card
