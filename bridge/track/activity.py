@@ -9,7 +9,6 @@ The agent state comes only from these events and their timestamps, never from ca
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
@@ -22,13 +21,13 @@ from taskcard.producers.task_card.contract import (
     duration_field,
     int_field,
     parse_event,
+    turn_error_word,
 )
 
 MAX_RECENT: Final = 10
 # An agent's free text kept per movement; rows show far less (bounds memory, not meaning).
 MAX_DETAIL_CHARS: Final = 4096
 _MAX_OPEN_CALLS: Final = 256
-_ERROR_WORD: Final = re.compile(r"[A-Za-z0-9_.-]{1,40}")
 
 
 @dataclass(frozen=True)
@@ -69,12 +68,6 @@ class ActivitySummary:
     turn_ended_at: datetime | None = None
     # Why the latest turn ended without finishing (`turn.end` `error`), when it says so.
     turn_error: str | None = None
-
-
-def turn_error(value: object) -> str | None:
-    """A `turn.end` `error`: a short category word (`rate_limit`, `interrupted`), else unset;
-    anything longer or freer is not a category and is never shown."""
-    return value if isinstance(value, str) and _ERROR_WORD.fullmatch(value) else None
 
 
 def _text(value: object) -> str | None:
@@ -175,7 +168,7 @@ class ActivityTracker:
             return Movement(kind, at)
         if kind == "turn.end":
             self._turn_ended_at = at
-            self._turn_error = turn_error(fields.get("error"))
+            self._turn_error = turn_error_word(fields.get("error"))
             self._waiting_since = None
             return Movement(kind, at)
         if kind == "wait.start":

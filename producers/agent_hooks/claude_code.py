@@ -46,13 +46,12 @@ usual, but it never starts or ends the session's turn or the agent: a subagent's
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from taskcard.producers.task_card.contract import open_regular
+from taskcard.producers.task_card.contract import open_regular, turn_error_word
 
 Event = tuple[str, dict[str, Any]]
 
@@ -88,7 +87,6 @@ TURN_END_EVENTS: Final = frozenset({"Stop", "StopFailure"})
 # and an interactive `/resume` that switches to another conversation.
 _SWITCHES: Final = frozenset({"clear", "resume"})
 FAILURE_TEXT_CHARS: Final = 200
-_ERROR_WORD: Final = re.compile(r"[A-Za-z0-9_.-]{1,40}")
 
 
 @dataclass(frozen=True)
@@ -145,9 +143,9 @@ def ends_turn_without_stop(payload: Mapping[str, Any]) -> bool:
 def error_category(payload: Mapping[str, Any]) -> str:
     """The failed turn's error as one word (`rate_limit`), for `turn.end` `error`."""
     for key in ("error_type", "error"):  # an early shape: error_type, and error a code
-        value = _text(payload, key)
-        if value is not None and _ERROR_WORD.fullmatch(value):
-            return value
+        word = turn_error_word(payload.get(key))
+        if word is not None:
+            return word
     return "unknown"
 
 

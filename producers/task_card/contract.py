@@ -528,6 +528,16 @@ class Origin:
         return f"{self.channel}:{self.chat_id}{tail}"
 
 
+# A `turn.end` `error`: one category word (`rate_limit`, `interrupted`). Anything longer or
+# freer is not a category: writers do not write it, and readers never show it.
+_ERROR_WORD: Final = re.compile(r"[A-Za-z0-9_.-]{1,40}")
+
+
+def turn_error_word(value: object) -> str | None:
+    """`value` when it is a `turn.end` error category word, else None."""
+    return value if isinstance(value, str) and _ERROR_WORD.fullmatch(value) else None
+
+
 def parse_origin(value: object) -> Origin | str:
     """The origin written in `value`, or why it is not one (a sentence ending in the fix).
 
