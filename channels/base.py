@@ -149,6 +149,19 @@ CommandName = Literal["taskcard", "tell", "reply"]
 
 
 @dataclass(frozen=True)
+class ReplyTo:
+    """The chat message an answer replies to (the command it answers).
+
+    `thread_id` is the thread the command was written in when `ChatRef` does not name it (a
+    Feishu topic or reply thread): the answer must be posted as a reply in that thread. A
+    channel whose threads are part of `ChatRef` (Telegram's forum topics) leaves it None.
+    """
+
+    message_id: str
+    thread_id: str | None = None
+
+
+@dataclass(frozen=True)
 class IncomingCommand:
     """A command from a chat, already stripped of the bot mention.
 
@@ -167,6 +180,15 @@ class IncomingCommand:
     reply: bool = True
     command: CommandName = "taskcard"
     reply_to: tuple[str, ...] = ()
+    # The thread the message was written in when `chat` does not name it (see `ReplyTo`).
+    message_thread: str | None = None
+
+    @property
+    def answer_to(self) -> ReplyTo | None:
+        """Where an answer to this command replies, when the message is known."""
+        if self.message_id is None:
+            return None
+        return ReplyTo(self.message_id, self.message_thread)
 
 
 CommandSink = Callable[[IncomingCommand], Awaitable[None]]
@@ -255,13 +277,23 @@ class Channel(ABC):
 
     @abstractmethod
     async def send(
-        self, chat: ChatRef, message: Outgoing, *, idempotency_key: str | None = None
+        self,
+        chat: ChatRef,
+        message: Outgoing,
+        *,
+        idempotency_key: str | None = None,
+        reply_to: ReplyTo | None = None,
     ) -> str:
         """Post a new message and return its id.
 
         `idempotency_key` is the same for every retry of one intended message; a platform that
         can deduplicate sends by such a key (Feishu's `uuid`) uses it, so a retried send after a
         timeout does not post a second copy.
+
+        `reply_to` is the command this message answers: a channel that answers with a reply
+        posts it as one (in the command's thread when it was written in one), and posts it
+        to `chat` as usual when that message is gone. Channels whose threads are in `chat`
+        may ignore it.
         """
 
     @abstractmethod

@@ -32,6 +32,7 @@ from taskcard.channels.base import (
     Operation,
     Outgoing,
     RateScope,
+    ReplyTo,
 )
 
 log = logging.getLogger(__name__)
@@ -221,9 +222,16 @@ class ClusteredChannel(Channel):
         return self._inner.rate_scopes(chat, operation, message_id)
 
     async def send(
-        self, chat: ChatRef, message: Outgoing, *, idempotency_key: str | None = None
+        self,
+        chat: ChatRef,
+        message: Outgoing,
+        *,
+        idempotency_key: str | None = None,
+        reply_to: ReplyTo | None = None,
     ) -> str:
-        return await self._inner.send(chat, message, idempotency_key=idempotency_key)
+        return await self._inner.send(
+            chat, message, idempotency_key=idempotency_key, reply_to=reply_to
+        )
 
     async def edit(self, chat: ChatRef, message_id: str, message: Outgoing) -> None:
         await self._inner.edit(chat, message_id, message)

@@ -33,6 +33,7 @@ from taskcard.channels.base import (
     Operation,
     Outgoing,
     RateScope,
+    ReplyTo,
 )
 from taskcard.channels.errors import (
     Forbidden,
@@ -229,10 +230,17 @@ class MeteredChannel(Channel):
         return self.inner.rate_scopes(chat, operation, message_id)
 
     async def send(
-        self, chat: ChatRef, message: Outgoing, *, idempotency_key: str | None = None
+        self,
+        chat: ChatRef,
+        message: Outgoing,
+        *,
+        idempotency_key: str | None = None,
+        reply_to: ReplyTo | None = None,
     ) -> str:
         try:
-            message_id = await self.inner.send(chat, message, idempotency_key=idempotency_key)
+            message_id = await self.inner.send(
+                chat, message, idempotency_key=idempotency_key, reply_to=reply_to
+            )
         except Exception as error:
             self._metrics.record(self.name, "send", error)
             raise

@@ -31,7 +31,7 @@ from taskcard.bridge.inbox.writer import InboxRefused, InboxWriter, encode_messa
 from taskcard.bridge.schedule.scheduler import RouteKey, RouteScheduler
 from taskcard.bridge.store.sqlite import InboxRecord, StateStore
 from taskcard.bridge.track.monitor import ActivitySummary
-from taskcard.channels.base import CardView, Channel, ChatRef, Outgoing
+from taskcard.channels.base import CardView, Channel, ChatRef, Outgoing, ReplyTo
 from taskcard.producers.reports.contract import MAX_INBOX_MESSAGE_BYTES, Ack, inbox_message
 
 log = logging.getLogger(__name__)
@@ -133,10 +133,16 @@ class InboxDesk:
         return agent_id in self._writers
 
     def queue(
-        self, channel: str, chat: ChatRef, agent_id: str, author: str | None, text: str
+        self,
+        channel: str,
+        chat: ChatRef,
+        agent_id: str,
+        author: str | None,
+        text: str,
+        reply_to: ReplyTo | None = None,
     ) -> str | None:
         """Queue `text` for `agent_id`; a short refusal for the person, or None when queued
-        (the status message then says what happens)."""
+        (the status message then says what happens, as a reply to `reply_to`)."""
         now = self._clock()
         if not self._rate.allow(author or "", agent_id, now.timestamp()):
             return (
@@ -174,7 +180,7 @@ class InboxDesk:
         )
         self._store.add_inbox_message(record)  # first: a crash after the write still knows it
         self._keep(record)
-        self._scheduler.add_route(status_key(record))
+        self._scheduler.add_route(status_key(record), reply_to=reply_to)
         try:
             self._writers[agent_id].queue(message)
         except (InboxRefused, OSError) as error:

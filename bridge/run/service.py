@@ -964,7 +964,7 @@ class Service:
             answer = self._text_for_agent(channel_name, command, allowed)
             if answer is not None and command.reply:
                 self._scheduler.send_reply(
-                    channel_name, reply_chat, self._render_text(channel, answer)
+                    channel_name, reply_chat, self._render_text(channel, answer), command.answer_to
                 )
             return
         parsed = parse_taskcard(command.args)
@@ -1000,7 +1000,9 @@ class Service:
             self._mark_board(scope)
         if not command.reply:
             return  # clustered: another instance that routes this chat answers
-        self._scheduler.send_reply(channel_name, reply_chat, self._render_text(channel, reply))
+        self._scheduler.send_reply(
+            channel_name, reply_chat, self._render_text(channel, reply), command.answer_to
+        )
 
     def _close_origin_routes(self, routes: list[Route], scope: str) -> None:
         """`/taskcard off` where turns opened routes: each resident says hidden, then closes."""
@@ -1052,7 +1054,9 @@ class Service:
             agent_id = name
         if not self._desk.accepts(agent_id):
             return None
-        return self._desk.queue(channel_name, command.chat, agent_id, command.user_id, text)
+        return self._desk.queue(
+            channel_name, command.chat, agent_id, command.user_id, text, command.answer_to
+        )
 
     def _switch_view(self, routes: list[Route], view: RouteView) -> str:
         """`/taskcard board` or `/taskcard cards`: persist the chat's choice, then re-project

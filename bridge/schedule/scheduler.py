@@ -49,7 +49,7 @@ from taskcard.bridge.schedule.routes import RouteKey as RouteKey
 from taskcard.bridge.schedule.routes import chat_scope as chat_scope
 from taskcard.bridge.store.sqlite import StateStore
 from taskcard.channels.aio import Backoff, wait_first
-from taskcard.channels.base import Channel, ChatRef, Operation, Outgoing, RateScope
+from taskcard.channels.base import Channel, ChatRef, Operation, Outgoing, RateScope, ReplyTo
 from taskcard.channels.errors import (
     ChannelError,
     Forbidden,
@@ -85,6 +85,7 @@ class _Resident:
     release: bool = False  # once `desired` is shown, let go of the message (see `submit`)
     paced: bool = False  # requests spread at the chat's pace rather than in bursts (a board)
     pin_owed: bool = False  # `pin` turned on while a message was shown: pin that one
+    reply_to: ReplyTo | None = None  # the command this resident answers (a /tell status)
 
     @property
     def pending(self) -> bool:
@@ -119,11 +120,17 @@ class _Reply:
     chat: ChatRef
     message: Outgoing
     idempotency_key: str
+    reply_to: ReplyTo | None = None
     retry_at: float = 0.0
     failures: int = 0
 
 
 _Text = _Reply | QueuedNotice
+
+
+def _thread(reply: _Reply) -> str | None:
+    """The thread a reply goes to when its `chat` does not name it (see `ReplyTo`)."""
+    return None if reply.reply_to is None else reply.reply_to.thread_id
 
 
 @dataclass
@@ -210,10 +217,18 @@ class RouteScheduler:
 
     # Configuration ---------------------------------------------------------------------
 
-    def add_route(self, key: RouteKey, *, pin: bool = False, paced: bool = False) -> None:
+    def add_route(
+        self,
+        key: RouteKey,
+        *,
+        pin: bool = False,
+        paced: bool = False,
+        reply_to: ReplyTo | None = None,
+    ) -> None:
         """`paced`: the route's requests are spread at its chat's sustained rate (`pace_s`)
         instead of spending the chat's window in bursts; for a resident that changes all the
-        time, such as a board."""
+        time, such as a board. `reply_to`: the command the resident answers; its message is
+        posted as a reply to it (see `Channel.send`)."""
         record = self._store.resident(key.store_key)
         self._residents[key] = _Resident(
             key=key,
@@ -231,6 +246,7 @@ class RouteScheduler:
             unsure_sends=record.unsure_sends if record else 0,
             unsure_at=record.unsure_at if record else None,
             stale_id=record.stale_message_id if record else None,
+            reply_to=reply_to,
         )
         if record and record.disabled_reason:
             self._store.set_disabled(key.store_key, None)
@@ -377,16 +393,19 @@ class RouteScheduler:
         lane = self._lanes.get(LaneKey(key.channel, key.chat.chat_id))
         return lane is not None and lane.route_in_flight == key
 
-    def send_reply(self, channel: str, chat: ChatRef, message: Outgoing) -> None:
-        """Queue a command reply in the chat's lane.
+    def send_reply(
+        self, channel: str, chat: ChatRef, message: Outgoing, reply_to: ReplyTo | None = None
+    ) -> None:
+        """Queue a command reply in the chat's lane, posted as a reply to `reply_to`.
 
         Unsent replies of a chat collapse into the latest one: a person repeating `/taskcard`
         cannot spend the chat's whole budget. (Notices come from the outbox instead.)
         """
         lane = self._lane(channel, chat.chat_id)
-        for stale in [r for r in lane.replies if r.chat == chat]:
+        thread = None if reply_to is None else reply_to.thread_id
+        for stale in [r for r in lane.replies if r.chat == chat and _thread(r) == thread]:
             lane.replies.remove(stale)
-        lane.replies.append(_Reply(chat, message, f"reply:{uuid.uuid4().hex}"))
+        lane.replies.append(_Reply(chat, message, f"reply:{uuid.uuid4().hex}", reply_to))
         lane.wake.set()
 
     def _wake_lane(self, lane_key: LaneKey) -> None:
@@ -660,7 +679,9 @@ class RouteScheduler:
         resident.send_attempts += 1
         self._count_unsure(channel, resident, +1)
         try:
-            message_id = await channel.send(key.chat, message, idempotency_key=resident.send_key)
+            message_id = await channel.send(
+                key.chat, message, idempotency_key=resident.send_key, reply_to=resident.reply_to
+            )
         except OutcomeUnknown:
             raise  # it may have posted: it stays counted
         except ChannelError:
@@ -746,9 +767,10 @@ class RouteScheduler:
             reservation.complete()  # people silenced the route while it waited
             return
         key = text.idempotency_key if isinstance(text, _Reply) else text.ref.idempotency_key
+        reply_to = text.reply_to if isinstance(text, _Reply) else None
         where = f"{lane.channel}:{chat}"
         try:
-            await channel.send(chat, text.message, idempotency_key=key)
+            await channel.send(chat, text.message, idempotency_key=key, reply_to=reply_to)
         except RateLimited as error:
             self._put_back(lane, text, front=True)
             self._rate_limited(error, where)

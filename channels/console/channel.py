@@ -33,6 +33,7 @@ from taskcard.channels.base import (
     Operation,
     Outgoing,
     RateScope,
+    ReplyTo,
     fit_view,
 )
 from taskcard.channels.errors import MessageGone, NotModified
@@ -175,9 +176,14 @@ class ConsoleChannel(Channel):
         return [text for _, text in self._notices]
 
     async def send(
-        self, chat: ChatRef, message: Outgoing, *, idempotency_key: str | None = None
+        self,
+        chat: ChatRef,
+        message: Outgoing,
+        *,
+        idempotency_key: str | None = None,
+        reply_to: ReplyTo | None = None,
     ) -> str:
-        del idempotency_key  # nothing to deduplicate on a terminal
+        del idempotency_key, reply_to  # nothing to deduplicate or quote on a terminal
         message_id = str(self._next_id)
         self._next_id += 1
         if message.payload.get("notice"):

@@ -42,6 +42,9 @@ from lark_oapi.api.im.v1 import (
     PatchMessageRequest,
     PatchMessageRequestBody,
     PatchMessageResponse,
+    ReplyMessageRequest,
+    ReplyMessageRequestBody,
+    ReplyMessageResponse,
 )
 from lark_oapi.core.enum import AccessTokenType, HttpMethod
 from lark_oapi.core.model import BaseRequest, BaseResponse
@@ -57,11 +60,12 @@ from taskcard.channels.base import (
     Operation,
     Outgoing,
     RateScope,
+    ReplyTo,
 )
 from taskcard.channels.errors import ChannelError, MessageGone, NotModified, Permanent, Transient
 from taskcard.channels.feishu import card, scopes
 from taskcard.channels.feishu.config import FeishuConfig
-from taskcard.channels.feishu.errors import TOKEN_INVALID, translate
+from taskcard.channels.feishu.errors import TOKEN_INVALID, FeishuOperation, translate
 from taskcard.channels.feishu.events import (
     DecodedEvent,
     SeenEvents,
@@ -333,9 +337,21 @@ class FeishuChannel(Channel):
     # Requests -----------------------------------------------------------------------------
 
     async def send(
-        self, chat: ChatRef, message: Outgoing, *, idempotency_key: str | None = None
+        self,
+        chat: ChatRef,
+        message: Outgoing,
+        *,
+        idempotency_key: str | None = None,
+        reply_to: ReplyTo | None = None,
     ) -> str:
         msg_type, content = _payload(message)
+        if reply_to is not None:
+            try:
+                return await self._reply(chat, reply_to, msg_type, content, idempotency_key)
+            except (MessageGone, Permanent) as error:
+                # The command was recalled or deleted (or cannot take a reply): answer in the
+                # chat instead. Nothing was posted, so the same uuid is free for the send.
+                log.info("feishu: replying in chat %s failed (%s); posting instead", chat, error)
         builder = (
             CreateMessageRequestBody.builder()
             .receive_id(chat.chat_id)
@@ -353,7 +369,42 @@ class FeishuChannel(Channel):
         response = await self._call(
             request, CreateMessageResponse, narrow_scope=chat_scope(chat.chat_id), operation="send"
         )
-        message_id = getattr(response.data, "message_id", None)
+        return self._sent_id(response.data, content, idempotency_key)
+
+    async def _reply(
+        self,
+        chat: ChatRef,
+        reply_to: ReplyTo,
+        msg_type: str,
+        content: str,
+        idempotency_key: str | None,
+    ) -> str:
+        """Post as a reply to the command message (`POST messages/:id/reply`), in its thread
+        when it was written in one, deduplicated by the same `uuid` as a send."""
+        builder = (
+            ReplyMessageRequestBody.builder()
+            .msg_type(msg_type)
+            .content(content)
+            .reply_in_thread(reply_to.thread_id is not None)
+        )
+        if idempotency_key is not None:
+            builder = builder.uuid(send_uuid(idempotency_key))
+        request = (
+            ReplyMessageRequest.builder()
+            .message_id(reply_to.message_id)
+            .request_body(builder.build())
+            .build()
+        )
+        # The same limits as a send: Feishu counts a reply against the chat's 5 per second.
+        response = await self._call(
+            request, ReplyMessageResponse, narrow_scope=chat_scope(chat.chat_id), operation="reply"
+        )
+        return self._sent_id(response.data, content, idempotency_key)
+
+    def _sent_id(self, data: object, content: str, idempotency_key: str | None) -> str:
+        """The id of a posted message from the answer's `data`; remembered as showing
+        `content` unless a key may have answered with an earlier post."""
+        message_id = getattr(data, "message_id", None)
         if not isinstance(message_id, str) or not message_id:
             raise Transient("feishu: message created without an id in the answer")
         if idempotency_key is None:
@@ -413,7 +464,7 @@ class FeishuChannel(Channel):
         response_type: type[Response],
         *,
         narrow_scope: str,
-        operation: Operation,
+        operation: FeishuOperation,
     ) -> Response:
         """One request, its answer translated once; a refused token is dropped."""
         tokens = self._token_source()

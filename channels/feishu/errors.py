@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import Literal
 
 from taskcard.channels.base import Operation
 from taskcard.channels.errors import (
@@ -47,8 +48,11 @@ FORBIDDEN_CODES = frozenset(
     {BOT_NOT_IN_CHAT, NO_AVAILABILITY, NO_PERMISSION, SEND_PERMISSION_DENIED, SCOPE_MISSING}
 )
 
-# Requests about one existing message: an unknown id there means the message is gone.
-MESSAGE_OPERATIONS = frozenset({"edit", "delete", "pin"})
+# The channel's operations, and Feishu's own: "reply" posts a reply to a chat message.
+FeishuOperation = Operation | Literal["reply"]
+# Requests about one existing message: an unknown id there means the message is gone (for a
+# reply, the message replied to).
+MESSAGE_OPERATIONS = frozenset({"edit", "delete", "pin", "reply"})
 # How 230001 names the offending parameter: "..., ext=invalid message_id."
 _NAMES_MESSAGE_ID = re.compile(r"message[_ ]?id", re.IGNORECASE)
 
@@ -77,7 +81,7 @@ def translate(
     headers: Mapping[str, str],
     app_scope: str,
     narrow_scope: str,
-    operation: Operation,
+    operation: FeishuOperation,
 ) -> ChannelError | None:
     """The error for one answer to `operation`, or None when it is a success.
 

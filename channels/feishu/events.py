@@ -291,13 +291,17 @@ def command_from_event(
     sender_ids = sender.get("sender_id") if isinstance(sender, dict) else None
     open_id = sender_ids.get("open_id") if isinstance(sender_ids, dict) else None
     message_id = message.get("message_id")
+    # A message in a topic (of a topic group) or in a reply thread carries the thread's id;
+    # its answers are posted as replies in that thread (Telegram: the forum topic).
+    thread_id = message.get("thread_id")
     return IncomingCommand(
         chat=ChatRef(chat_id),
         args=args,
         user_id=open_id if isinstance(open_id, str) else None,
-        message_id=message_id if isinstance(message_id, str) else None,
+        message_id=message_id if isinstance(message_id, str) and message_id else None,
         command=name,
         reply_to=reply_to if name == "reply" else (),
+        message_thread=thread_id if isinstance(thread_id, str) and thread_id else None,
     )
 
 

@@ -28,6 +28,7 @@ from taskcard.channels.base import (
     Operation,
     Outgoing,
     RateScope,
+    ReplyTo,
 )
 from taskcard.channels.errors import ChannelError, MessageGone, Permanent, Transient
 from taskcard.channels.telegram import render, scopes
@@ -269,9 +270,15 @@ class TelegramChannel(Channel):
         return (chat_limit.scope(chat_scope_key(chat)), bot_scope)
 
     async def send(
-        self, chat: ChatRef, message: Outgoing, *, idempotency_key: str | None = None
+        self,
+        chat: ChatRef,
+        message: Outgoing,
+        *,
+        idempotency_key: str | None = None,
+        reply_to: ReplyTo | None = None,
     ) -> str:
         del idempotency_key  # the Bot API cannot deduplicate sends; see ambiguous_send_hold_s
+        del reply_to  # a forum topic is in `chat`; answers are not quoted
         bot = self._require_bot()
         thread_id = (
             None if chat.thread_id is None else _numeric(chat.thread_id, Permanent, "topic id")

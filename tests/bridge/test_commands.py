@@ -29,6 +29,7 @@ from taskcard.channels.base import (
     Operation,
     Outgoing,
     RateScope,
+    ReplyTo,
 )
 
 
@@ -102,7 +103,12 @@ class RecordingChannel(Channel):
         return ()
 
     async def send(
-        self, chat: ChatRef, message: Outgoing, *, idempotency_key: str | None = None
+        self,
+        chat: ChatRef,
+        message: Outgoing,
+        *,
+        idempotency_key: str | None = None,
+        reply_to: ReplyTo | None = None,
     ) -> str:
         self.sent.append((chat, message.text))
         return str(len(self.sent))

@@ -21,6 +21,7 @@ from taskcard.channels.base import (
     Operation,
     Outgoing,
     RateScope,
+    ReplyTo,
 )
 from taskcard.producers.task_card.contract import SOURCE_ERROR, Notification
 
@@ -48,7 +49,12 @@ class TextOnly(Channel):
         return ()
 
     async def send(
-        self, chat: ChatRef, message: Outgoing, *, idempotency_key: str | None = None
+        self,
+        chat: ChatRef,
+        message: Outgoing,
+        *,
+        idempotency_key: str | None = None,
+        reply_to: ReplyTo | None = None,
     ) -> str:
         raise AssertionError("the outbox sends nothing itself")
 

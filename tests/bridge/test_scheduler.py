@@ -26,6 +26,7 @@ from taskcard.channels.base import (
     Operation,
     Outgoing,
     RateScope,
+    ReplyTo,
 )
 from taskcard.channels.errors import (
     Forbidden,
@@ -77,7 +78,12 @@ class ScriptedChannel(Channel):
         )
 
     async def send(
-        self, chat: ChatRef, message: Outgoing, *, idempotency_key: str | None = None
+        self,
+        chat: ChatRef,
+        message: Outgoing,
+        *,
+        idempotency_key: str | None = None,
+        reply_to: ReplyTo | None = None,
     ) -> str:
         await asyncio.sleep(self.delay_s)
         self.calls.append((time.monotonic(), "send", chat.chat_id, message.text))
@@ -157,7 +163,12 @@ class DedupingChannel(ScriptedChannel):
         self._lose_next_answer = lose_first_answer
 
     async def send(
-        self, chat: ChatRef, message: Outgoing, *, idempotency_key: str | None = None
+        self,
+        chat: ChatRef,
+        message: Outgoing,
+        *,
+        idempotency_key: str | None = None,
+        reply_to: ReplyTo | None = None,
     ) -> str:
         if idempotency_key in self.by_key:
             return self.by_key[idempotency_key]
@@ -552,7 +563,12 @@ class AnswerLosingChannel(ScriptedChannel):
         self.lose_answers = 0
 
     async def send(
-        self, chat: ChatRef, message: Outgoing, *, idempotency_key: str | None = None
+        self,
+        chat: ChatRef,
+        message: Outgoing,
+        *,
+        idempotency_key: str | None = None,
+        reply_to: ReplyTo | None = None,
     ) -> str:
         message_id = await super().send(chat, message)
         if self.lose_answers:

@@ -11,6 +11,7 @@ import signal
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -272,4 +273,76 @@ async def test_a_legacy_frame_of_25_lines_shows_20_and_counts_the_rest(
         [text] = card_texts(fake)
         assert "row 20" in text and "row 21" not in text and "row 25" not in text
         assert "5 more lines not shown" in text and "end" in text
+        assert await serve.aterminate() == 0
+
+
+async def command(setup: Setup, fake: FakeFeishu, text: str, **event: Any) -> str:
+    """Deliver `text` as a person's message mentioning the bot; its message id."""
+    document = fake.command_event(CHAT, text, verification_token=VERIFY, **event)
+    answer = await fake.deliver_event(setup.url, document, encrypt_key=ENCRYPT)
+    assert answer.status == 200
+    return str(document["event"]["message"]["message_id"])
+
+
+async def test_a_command_in_a_thread_is_answered_in_that_thread(
+    tmp_path: Path, fake: FakeFeishu
+) -> None:
+    # As a Telegram forum topic: a command written inside a topic (or a reply thread) gets
+    # its answer there, as a reply to it; one in the main flow is answered in the main flow.
+    setup = Setup(tmp_path, fake, ["builder"])
+    with setup.serve() as serve:
+        publish(tmp_path / "agents" / "builder", "body")
+        await eventually(lambda: card_texts(fake), what="the card")
+        in_thread = await command(setup, fake, "/taskcard", thread_id="omt_topic_1")
+        [answer] = await eventually(lambda: fake.replies_to(in_thread), what="the answer")
+        assert answer.thread_id == "omt_topic_1" and "Task cards here" in answer.text
+        in_main = await command(setup, fake, "/taskcard 3")
+        [answer] = await eventually(lambda: fake.replies_to(in_main), what="the answer")
+        assert answer.thread_id is None and "3 activity rows" in answer.text
+        told = await command(setup, fake, "/tell builder look at the logs", thread_id="omt_t2")
+        [status] = await eventually(lambda: fake.replies_to(told), what="the /tell status")
+        assert status.thread_id == "omt_t2" and "builder" in status.text
+        # The card itself stays where it was, in the main flow, and nothing else was posted.
+        [card] = [m for m in fake.chat(CHAT) if "body" in m.text]
+        assert card.thread_id is None and card.parent_id == ""
+        assert len(fake.chat(CHAT)) == 4
+        assert not fake.errors()
+        assert await serve.aterminate() == 0
+
+
+async def test_a_command_recalled_before_its_answer_is_answered_in_the_chat(
+    tmp_path: Path, fake: FakeFeishu
+) -> None:
+    setup = Setup(tmp_path, fake, ["builder"])
+    with setup.serve() as serve:
+        publish(tmp_path / "agents" / "builder", "body")
+        await eventually(lambda: card_texts(fake), what="the card")
+        document = fake.command_event(
+            CHAT, "/taskcard off", verification_token=VERIFY, thread_id="omt_topic_1"
+        )
+        fake.recall(document["event"]["message"]["message_id"])
+        await fake.deliver_event(setup.url, document, encrypt_key=ENCRYPT)
+        await eventually(
+            lambda: any("hidden here" in t for t in fake.texts(CHAT)), what="the answer"
+        )
+        assert [r.code for r in fake.requests_of("reply")] == [230011]
+        [answer] = [m for m in fake.chat(CHAT) if "hidden here" in m.text]
+        assert answer.parent_id == "" and answer.thread_id is None
+        assert await serve.aterminate() == 0
+
+
+async def test_a_failed_reply_is_retried_once_posted(tmp_path: Path, fake: FakeFeishu) -> None:
+    # A 5xx after the reply may or may not have posted: the retry carries the same uuid, so
+    # the person reads one answer; a rate-limited reply waits and is not replaced by a post.
+    setup = Setup(tmp_path, fake, ["builder"])
+    with setup.serve() as serve:
+        publish(tmp_path / "agents" / "builder", "body")
+        await eventually(lambda: card_texts(fake), what="the card")
+        fake.script_error("reply", 1000, http_status=500, msg="internal error")
+        fake.script_rate_limit("reply", reset_s=1)
+        asked = await command(setup, fake, "/taskcard", thread_id="omt_topic_1")
+        await eventually(lambda: fake.replies_to(asked), what="the answer")
+        codes = [r.code for r in fake.requests_of("reply")]
+        assert codes == [1000, 99991400, 0]
+        assert len(fake.replies_to(asked)) == 1 and not fake.requests_of("send")[1:]
         assert await serve.aterminate() == 0

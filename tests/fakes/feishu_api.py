@@ -14,6 +14,12 @@ What it serves (real paths, real answer shapes `{"code": 0, "msg": "success", "d
   text messages to 150 KB (230025). A body `uuid` (at most 50 characters, else 230001)
   deduplicates: the same uuid within an hour of the fake's wall clock answers the first
   message again, posting nothing.
+- `POST /open-apis/im/v1/messages/:id/reply`: a reply to a message of the chat (the bot's
+  own or a person's command from `command_event`), with the create body's `msg_type`,
+  `content` and `uuid` (the same uuid table as a create) plus `reply_in_thread`: true posts
+  it in the replied message's thread (a new one when it had none); a message already in a
+  thread is always answered there, as Feishu documents. An unknown id -> 230001 naming
+  `message_id`, recalled -> 230011, deleted -> 230110; counted as a send to its chat.
 - `PATCH /open-apis/im/v1/messages/:id`: card update; needs `config.update_multi = true`;
   an id the fake never issued -> 230001 "invalid message_id" (as Feishu documents),
   recalled -> 230011, deleted -> 230110, older than 14 days (injectable clock) -> 230031,
@@ -90,6 +96,11 @@ class FakeMessage:
     recalled: bool = False
     deleted: bool = False
     pinned: bool = False
+    # Where it sits: a thread (topic or reply thread) or the main flow (None), and the
+    # message it replies to.
+    thread_id: str | None = None
+    parent_id: str = ""
+    root_id: str = ""
 
     @property
     def content(self) -> str:
@@ -225,6 +236,8 @@ class FakeFeishu:
         self._port = port
         self._tokens: dict[str, float] = {}
         self.messages: dict[str, FakeMessage] = {}
+        # People's messages (commands from `command_event`): not the bot's, never in `chat`.
+        self.user_messages: dict[str, FakeMessage] = {}
         self.requests: list[LoggedRequest] = []
         self.removed_from: set[str] = set()
         self._scripts: dict[str, deque[ScriptedError]] = {}
@@ -254,6 +267,7 @@ class FakeFeishu:
         app.router.add_post(TOKEN_PATH, self._token)
         app.router.add_get("/open-apis/bot/v3/info", self._bot_info)
         app.router.add_post("/open-apis/im/v1/messages", self._create)
+        app.router.add_post("/open-apis/im/v1/messages/{message_id}/reply", self._reply)
         app.router.add_patch("/open-apis/im/v1/messages/{message_id}", self._patch)
         app.router.add_delete("/open-apis/im/v1/messages/{message_id}", self._delete)
         app.router.add_post("/open-apis/im/v1/pins", self._pin)
@@ -294,8 +308,8 @@ class FakeFeishu:
         headers: dict[str, str] | None = None,
         times: int = 1,
     ) -> None:
-        """Answer the next `times` requests of `operation` (`send`, `patch`, `delete`,
-        `pin`, `token` or `any`) with this error instead of serving them."""
+        """Answer the next `times` requests of `operation` (`send`, `reply`, `patch`,
+        `delete`, `pin`, `token` or `any`) with this error instead of serving them."""
         queue = self._scripts.setdefault(operation, deque())
         for _ in range(times):
             queue.append(ScriptedError(http_status, code, msg, tuple((headers or {}).items())))
@@ -313,12 +327,16 @@ class FakeFeishu:
             times=times,
         )
 
+    def _any_message(self, message_id: str) -> FakeMessage:
+        return self.messages.get(message_id) or self.user_messages[message_id]
+
     def recall(self, message_id: str) -> None:
-        self.messages[message_id].recalled = True
+        """The bot's message or a person's command recalled: later calls answer 230011."""
+        self._any_message(message_id).recalled = True
 
     def delete_message(self, message_id: str) -> None:
         """A message deleted (not recalled): later calls answer 230110."""
-        self.messages[message_id].deleted = True
+        self._any_message(message_id).deleted = True
 
     def age_message(self, message_id: str, days: float) -> None:
         self.messages[message_id].created_at_s -= days * 24 * 3600
@@ -350,6 +368,10 @@ class FakeFeishu:
             if m.msg_type == "text"
         ]
 
+    def replies_to(self, message_id: str) -> list[FakeMessage]:
+        """The visible messages of the bot that reply to `message_id`."""
+        return [m for m in self.messages.values() if m.parent_id == message_id and m.visible]
+
     def requests_of(self, operation: str) -> list[LoggedRequest]:
         return [r for r in self.requests if r.operation == operation]
 
@@ -373,8 +395,12 @@ class FakeFeishu:
         parent_id: str = "",
         root_id: str = "",
         message_type: str = "text",
+        thread_id: str | None = None,
     ) -> dict[str, Any]:
         """An `im.message.receive_v1` document for a text message `text` in `chat_id`.
+
+        The message is kept (`user_messages`), so the bot can reply to it; `thread_id` puts
+        it in a thread (a topic of a topic group, or a reply thread), as the event then says.
 
         Mentions come first in the text as Feishu writes them (`@_user_1 ...`): the users
         with the open_ids in `mention_users`, then the bot when `mention_bot`. With
@@ -412,6 +438,31 @@ class FakeFeishu:
         else:
             text = " ".join([*(m["key"] for m in mentions), text])
             content = json.dumps({"text": text}, ensure_ascii=False)
+        message_id = message_id or f"om_user_{next(self._ids):06d}"
+        self.user_messages[message_id] = FakeMessage(
+            message_id,
+            chat_id,
+            message_type,
+            [content],
+            self.now_s(),
+            thread_id=thread_id,
+            parent_id=parent_id,
+            root_id=root_id,
+        )
+        message: dict[str, Any] = {
+            "message_id": message_id,
+            "root_id": root_id,
+            "parent_id": parent_id,
+            "create_time": created_ms,
+            "update_time": created_ms,
+            "chat_id": chat_id,
+            "chat_type": chat_type,
+            "message_type": message_type,
+            "content": content,
+            "mentions": mentions,
+        }
+        if thread_id is not None:
+            message["thread_id"] = thread_id
         return {
             "schema": "2.0",
             "header": {
@@ -428,18 +479,7 @@ class FakeFeishu:
                     "sender_type": "user",
                     "tenant_key": "fake_tenant",
                 },
-                "message": {
-                    "message_id": message_id or f"om_user_{next(self._ids):06d}",
-                    "root_id": root_id,
-                    "parent_id": parent_id,
-                    "create_time": created_ms,
-                    "update_time": created_ms,
-                    "chat_id": chat_id,
-                    "chat_type": chat_type,
-                    "message_type": message_type,
-                    "content": content,
-                    "mentions": mentions,
-                },
+                "message": message,
             },
         }
 
@@ -679,6 +719,67 @@ class FakeFeishu:
         }
         return self._answer(request, "bot_info", msg="ok", extra={"bot": bot})
 
+    def _check_uuid(self, document: dict[str, Any]) -> str | None:
+        uuid = document.get("uuid")
+        if uuid is not None and (
+            not isinstance(uuid, str) or not uuid or len(uuid) > UUID_MAX_CHARS
+        ):
+            raise _Refusal(
+                400, 230001, "Your request contains an invalid request parameter, ext=uuid."
+            )
+        return uuid
+
+    def _first_with(self, uuid: str | None) -> FakeMessage | None:
+        """The message first posted with `uuid` within the hour, if any."""
+        earlier = self._sent_uuids.get(uuid) if uuid is not None else None
+        if earlier is not None and self.now_s() - earlier[1] < UUID_WINDOW_S:
+            return self.messages[earlier[0]]
+        return None
+
+    def _check_content(self, msg_type: object, content: object) -> str:
+        if not isinstance(content, str):
+            raise _Refusal(400, 230001, "content is required")
+        if msg_type == "interactive":
+            self._check_card(content)
+        elif msg_type == "text":
+            if len(json.dumps(content, ensure_ascii=False).encode()) > TEXT_LIMIT_BYTES:
+                raise _Refusal(400, 230025, "The message content exceeds the length limit.")
+            try:
+                parsed = json.loads(content)
+            except ValueError:
+                raise _Refusal(400, 230001, "text content is not JSON") from None
+            if not isinstance(parsed, dict) or not isinstance(parsed.get("text"), str):
+                raise _Refusal(400, 230001, "text content needs a text field")
+        else:
+            raise _Refusal(400, 230001, f"msg_type {msg_type!r} is not supported here")
+        return content
+
+    def _check_chat_send(self, chat_id: str, now: float) -> None:
+        if chat_id in self.removed_from:
+            raise _Refusal(400, 230002, "The bot is not in the chat.")
+        limits = self.limits
+        if self._windows.full(f"chat:{chat_id}", limits.chat_send, limits.window_s, now):
+            raise self._rate_limited()
+
+    def _post(
+        self,
+        chat_id: str,
+        msg_type: str,
+        content: str,
+        uuid: str | None,
+        now: float,
+        **placement: Any,
+    ) -> FakeMessage:
+        """Post an accepted message: count it and keep its uuid."""
+        self._record_app(now)
+        self._windows.record(f"chat:{chat_id}", now)
+        message_id = f"om_{next(self._ids):08x}{secrets.token_hex(4)}"
+        message = FakeMessage(message_id, chat_id, msg_type, [content], self.now_s(), **placement)
+        self.messages[message_id] = message
+        if uuid is not None:
+            self._sent_uuids[uuid] = (message_id, message.created_at_s)
+        return message
+
     async def _create(self, request: web.Request) -> web.Response:
         chat_id: str | None = None
         try:
@@ -690,17 +791,10 @@ class FakeFeishu:
                 raise _Refusal(400, 230001, "invalid receive_id_type for this fake")
             if not chat_id:
                 raise _Refusal(400, 230001, "receive_id is required")
-            uuid = document.get("uuid")
-            if uuid is not None and (
-                not isinstance(uuid, str) or not uuid or len(uuid) > UUID_MAX_CHARS
-            ):
-                raise _Refusal(
-                    400, 230001, "Your request contains an invalid request parameter, ext=uuid."
-                )
-            earlier = self._sent_uuids.get(uuid) if isinstance(uuid, str) else None
-            if earlier is not None and self.now_s() - earlier[1] < UUID_WINDOW_S:
+            uuid = self._check_uuid(document)
+            first = self._first_with(uuid)
+            if first is not None:
                 # A repeated send: the first message again, nothing posted, nothing counted.
-                first = self.messages[earlier[0]]
                 return self._answer(
                     request,
                     "send",
@@ -710,47 +804,79 @@ class FakeFeishu:
                 )
             now = self._rate_clock()
             self._check_app_limit(now)
-            if chat_id in self.removed_from:
-                raise _Refusal(400, 230002, "The bot is not in the chat.")
-            limits = self.limits
-            if self._windows.full(f"chat:{chat_id}", limits.chat_send, limits.window_s, now):
-                raise self._rate_limited()
+            self._check_chat_send(chat_id, now)
             msg_type = document.get("msg_type")
-            content = document.get("content")
-            if not isinstance(content, str):
-                raise _Refusal(400, 230001, "content is required")
-            if msg_type == "interactive":
-                self._check_card(content)
-            elif msg_type == "text":
-                if len(json.dumps(content, ensure_ascii=False).encode()) > TEXT_LIMIT_BYTES:
-                    raise _Refusal(400, 230025, "The message content exceeds the length limit.")
-                try:
-                    parsed = json.loads(content)
-                except ValueError:
-                    raise _Refusal(400, 230001, "text content is not JSON") from None
-                if not isinstance(parsed, dict) or not isinstance(parsed.get("text"), str):
-                    raise _Refusal(400, 230001, "text content needs a text field")
-            else:
-                raise _Refusal(400, 230001, f"msg_type {msg_type!r} is not supported here")
+            content = self._check_content(msg_type, document.get("content"))
         except _Refusal as refusal:
             return self._refusal(request, "send", refusal, chat_id, None)
-        self._record_app(now)
-        self._windows.record(f"chat:{chat_id}", now)
-        message_id = f"om_{next(self._ids):08x}{secrets.token_hex(4)}"
-        message = FakeMessage(message_id, chat_id, str(msg_type), [content], self.now_s())
-        self.messages[message_id] = message
-        if isinstance(uuid, str):
-            self._sent_uuids[uuid] = (message_id, message.created_at_s)
+        message = self._post(chat_id, str(msg_type), content, uuid, now)
         data = self._message_data(message)
-        return self._answer(request, "send", data=data, chat_id=chat_id, message_id=message_id)
+        return self._answer(
+            request, "send", data=data, chat_id=chat_id, message_id=message.message_id
+        )
+
+    async def _reply(self, request: web.Request) -> web.Response:
+        target_id = request.match_info["message_id"]
+        chat_id: str | None = None
+        try:
+            self._authorize(request)
+            self._scripted("reply")
+            document = await self._json(request)
+            uuid = self._check_uuid(document)
+            first = self._first_with(uuid)
+            if first is not None:
+                return self._answer(
+                    request,
+                    "reply",
+                    data=self._message_data(first),
+                    chat_id=first.chat_id,
+                    message_id=first.message_id,
+                )
+            in_thread = document.get("reply_in_thread", False)
+            if not isinstance(in_thread, bool):
+                raise _Refusal(400, 230001, "reply_in_thread must be a boolean")
+            now = self._rate_clock()
+            self._check_app_limit(now)
+            target = self.messages.get(target_id) or self.user_messages.get(target_id)
+            if target is None:
+                raise _Refusal(400, 230001, INVALID_MESSAGE_ID)
+            if target.deleted:
+                raise _Refusal(400, 230110, "Action unavailable as the message has been deleted.")
+            if target.recalled:
+                raise _Refusal(400, 230011, "The message was withdrawn.")
+            chat_id = target.chat_id
+            self._check_chat_send(chat_id, now)
+            msg_type = document.get("msg_type")
+            content = self._check_content(msg_type, document.get("content"))
+        except _Refusal as refusal:
+            return self._refusal(request, "reply", refusal, chat_id, target_id)
+        thread_id = target.thread_id
+        if thread_id is None and in_thread:
+            thread_id = f"omt_{next(self._ids):08x}{secrets.token_hex(4)}"
+            target.thread_id = thread_id  # the replied message now opens that thread
+        message = self._post(
+            chat_id,
+            str(msg_type),
+            content,
+            uuid,
+            now,
+            thread_id=thread_id,
+            parent_id=target.message_id,
+            root_id=target.root_id or target.message_id,
+        )
+        data = self._message_data(message)
+        return self._answer(
+            request, "reply", data=data, chat_id=chat_id, message_id=message.message_id
+        )
 
     def _message_data(self, message: FakeMessage) -> dict[str, Any]:
         """The `data` of a create answer for `message`."""
         created_ms = str(int(message.created_at_s * 1000))
         return {
             "message_id": message.message_id,
-            "root_id": "",
-            "parent_id": "",
+            "root_id": message.root_id,
+            "parent_id": message.parent_id,
+            **({"thread_id": message.thread_id} if message.thread_id else {}),
             "msg_type": message.msg_type,
             "create_time": created_ms,
             "update_time": created_ms,
