@@ -113,17 +113,18 @@ def send_uuid(idempotency_key: str) -> str:
     return "h-" + hashlib.blake2b(idempotency_key.encode("utf-8"), digest_size=24).hexdigest()
 
 
-def bot_open_id_from(answer: bytes | None) -> str | None:
-    """The bot's open_id in a `GET bot/v3/info` answer body:
-    `{"code": 0, "msg": "ok", "bot": {"open_id": "ou_...", ...}}` (beside `code`, not under
-    `data`, so lark-oapi's generic response model does not carry it)."""
+def bot_identity_from(answer: bytes | None) -> tuple[str | None, str | None]:
+    """The bot's open_id and name in a `GET bot/v3/info` answer body:
+    `{"code": 0, "msg": "ok", "bot": {"open_id": "ou_...", "app_name": ...}}` (beside `code`,
+    not under `data`, so lark-oapi's generic response model does not carry it)."""
     try:
         document = json.loads(answer or b"")
     except (ValueError, RecursionError):
-        return None
+        return None, None
     bot = document.get("bot") if isinstance(document, dict) else None
-    open_id = bot.get("open_id") if isinstance(bot, dict) else None
-    return open_id if isinstance(open_id, str) and open_id else None
+    found = [bot.get(field) if isinstance(bot, dict) else None for field in ("open_id", "app_name")]
+    open_id, name = (value if isinstance(value, str) and value else None for value in found)
+    return open_id, name
 
 
 class FeishuChannel(Channel):
@@ -157,6 +158,9 @@ class FeishuChannel(Channel):
         self._started = False
         # Learned at `start`; None when Feishu would not tell (then any mention counts).
         self._bot_open_id: str | None = None
+        # The app's name, for a command written as `/taskcard@Name`; None: such a suffix is
+        # never taken for ours.
+        self._bot_name: str | None = None
         # What each recent message shows (content digest), so an identical edit is reported
         # as `NotModified` like on Telegram: Feishu accepts an identical PATCH silently.
         self._shown: OrderedDict[str, str] = OrderedDict()
@@ -179,7 +183,7 @@ class FeishuChannel(Channel):
         try:
             await self._token_source().get()
             if self._config.events != "none":
-                self._bot_open_id = await self._learn_bot_open_id()
+                self._bot_open_id, self._bot_name = await self._learn_bot_identity()
             self._on_command = on_command
             self._loop = asyncio.get_running_loop()
             if self._config.events == "webhook":
@@ -236,9 +240,9 @@ class FeishuChannel(Channel):
         assert self._tokens is not None
         return self._tokens
 
-    async def _learn_bot_open_id(self) -> str | None:
-        """The bot's open_id from `GET bot/v3/info`, or None (logged) when the call fails:
-        commands then still work, with any mention taken as the bot's."""
+    async def _learn_bot_identity(self) -> tuple[str | None, str | None]:
+        """The bot's open_id and name from `GET bot/v3/info`, or None (logged) when the call
+        fails: commands then still work, with any mention taken as the bot's."""
         request = (
             BaseRequest.builder()
             .http_method(HttpMethod.GET)
@@ -254,11 +258,11 @@ class FeishuChannel(Channel):
             )
         except ChannelError as error:
             log.info("feishu bot info unavailable (%s); any mention counts in groups", error)
-            return None
-        open_id = bot_open_id_from(response.raw.content if response.raw is not None else None)
-        if open_id is None:
+            return None, None
+        identity = bot_identity_from(response.raw.content if response.raw is not None else None)
+        if identity[0] is None:
             log.info("feishu bot info has no open_id; any mention counts in groups")
-        return open_id
+        return identity
 
     # Incoming commands --------------------------------------------------------------------
 
@@ -282,7 +286,7 @@ class FeishuChannel(Channel):
             self._dispatch(command)
 
     def _command_from(self, document: Mapping[str, Any]) -> IncomingCommand | None:
-        return command_from_event(document, self._bot_open_id)
+        return command_from_event(document, self._bot_open_id, self._bot_name)
 
     def _dispatch(self, command: IncomingCommand) -> None:
         sink = self._on_command

@@ -173,12 +173,16 @@ def duplicate_key(decoded: DecodedEvent) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def command_args(text: str, mention_key: str | None = None, command: str = COMMAND) -> str | None:
+def command_args(
+    text: str, mention_key: str | None = None, command: str = COMMAND, bot_name: str | None = None
+) -> str | None:
     """The arguments of a `/taskcard` command in message text, None when it is not one.
 
     `mention_key` is the placeholder Feishu wrote for the bot's mention (`@_user_1`); it is
     removed first, so "@_user_1 /taskcard off" is the command `off`. Other mentions stay, so
-    a command addressed to someone else ("@_user_2 /taskcard off") is not ours.
+    a command addressed to someone else ("@_user_2 /taskcard off", "/taskcard@_user_2 off",
+    "/taskcard@OtherBot off") is not ours. `/taskcard@Name` names us when Name is the app's
+    name `bot_name` (case-insensitive, as Telegram compares usernames).
     """
     if mention_key:
         # `(?!\d)`: removing `@_user_1` must not eat the start of `@_user_12`.
@@ -188,8 +192,12 @@ def command_args(text: str, mention_key: str | None = None, command: str = COMMA
         return None
     # "/TaskCard" too, as on Telegram; ASCII only before folding case, so a look-alike
     # such as a Kelvin sign for the "k" is not taken for the command.
-    name = words[0].partition("@")[0]
+    name, at, addressee = words[0].partition("@")
     if not name.isascii() or name.lower() != command:
+        return None
+    if at and (bot_name is None or addressee.casefold() != bot_name.casefold()):
+        # "/taskcard@OtherBot" (or the command glued to another mention, "/taskcard@_user_2")
+        # is addressed to someone else, as on Telegram; our own mention was removed above.
         return None
     if command == TELL:
         # The text for the agent keeps its line breaks: only the command word goes.
@@ -244,11 +252,12 @@ def bot_mention_key(mentions: object, bot_open_id: str | None) -> str | None:
 
 
 def command_from_event(
-    document: Mapping[str, Any], bot_open_id: str | None = None
+    document: Mapping[str, Any], bot_open_id: str | None = None, bot_name: str | None = None
 ) -> IncomingCommand | None:
     """The command carried by an `im.message.receive_v1` event document, if any.
 
-    `bot_open_id` is our bot's open_id when known; see the module docstring for mentions.
+    `bot_open_id` and `bot_name` are our bot's open_id and name when known; see the module
+    docstring for mentions.
     """
     header = document.get("header")
     if not isinstance(header, dict) or header.get("event_type") != MESSAGE_EVENT:
@@ -276,9 +285,9 @@ def command_from_event(
     # Anything but a private chat (a group, a topic group, an unknown kind) needs a mention
     # for a command; a reply names the message it answers, which the service matches.
     addressed = mention_key is not None or message.get("chat_type") == PRIVATE_CHAT
-    args = command_args(text, mention_key) if addressed else None
+    args = command_args(text, mention_key, COMMAND, bot_name) if addressed else None
     if args is None and addressed:
-        name, args = "tell", command_args(text, mention_key, TELL)
+        name, args = "tell", command_args(text, mention_key, TELL, bot_name)
     if args is None:
         if not reply_to:
             return None

@@ -21,7 +21,7 @@ BOT = "ou_bot"
         ("/taskcard", None, ""),
         ("/taskcard off", None, "off"),
         ("  /taskcard   3  ", None, "3"),
-        ("/taskcard@bot on", None, "on"),
+        ("/taskcard@bot on", None, None),  # addressed to a bot named "bot", not known as us
         ("@_user_1 /taskcard off", "@_user_1", "off"),
         ("/taskcard @_user_1 off", "@_user_1", "off"),
         ("@_user_12 /taskcard off", "@_user_1", None),  # another user's mention stays
@@ -35,6 +35,21 @@ BOT = "ou_bot"
 )
 def test_command_args(text: str, mention_key: str | None, expected: str | None) -> None:
     assert command_args(text, mention_key) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("@_user_1 /taskcard@OtherBot off", None),  # as on Telegram: another bot's command
+        ("@_user_1 /taskcard@_user_2 off", None),  # glued to someone else's mention
+        ("/taskcard@_user_1 off", "off"),  # glued to ours
+        ("@_user_1 /taskcard@TaskCard off", "off"),  # our app's name, any case
+        ("@_user_1 /tell@OtherBot builder hi", None),
+    ],
+)
+def test_a_command_addressed_to_another_bot_is_not_ours(text: str, expected: str | None) -> None:
+    command = "/tell" if "/tell" in text else "/taskcard"
+    assert command_args(text, "@_user_1", command, bot_name="taskcard") == expected
 
 
 def mention(key: str, open_id: str) -> dict[str, Any]:

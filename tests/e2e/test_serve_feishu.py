@@ -346,3 +346,19 @@ async def test_a_failed_reply_is_retried_once_posted(tmp_path: Path, fake: FakeF
         assert codes == [1000, 99991400, 0]
         assert len(fake.replies_to(asked)) == 1 and not fake.requests_of("send")[1:]
         assert await serve.aterminate() == 0
+
+
+async def test_a_command_for_another_bot_is_not_ours(tmp_path: Path, fake: FakeFeishu) -> None:
+    # As on Telegram, `/taskcard@OtherBot off` in a group is another bot's command, even
+    # with our bot mentioned too; `/taskcard@<our app name>` and a plain mention are ours.
+    setup = Setup(tmp_path, fake, ["builder"])
+    with setup.serve() as serve:
+        publish(tmp_path / "agents" / "builder", "visible body")
+        await eventually(lambda: any("visible body" in t for t in card_texts(fake)))
+        other = await command(setup, fake, "/taskcard@OtherBot off")
+        glued = await command(setup, fake, "/taskcard@_user_1 off", mention_users=("ou_other",))
+        ours = await command(setup, fake, "/taskcard@TaskCard")
+        await eventually(lambda: fake.replies_to(ours), what="the answer to ours")
+        assert not fake.replies_to(other) and not fake.replies_to(glued)
+        assert any("visible body" in t for t in card_texts(fake))
+        assert await serve.aterminate() == 0
