@@ -18,7 +18,7 @@ import contextlib
 import json
 import logging
 from dataclasses import replace
-from typing import cast
+from typing import cast, get_args
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -27,6 +27,7 @@ from taskcard.channels.base import (
     CardView,
     Channel,
     ChatRef,
+    CommandName,
     CommandSink,
     IncomingCommand,
     Operation,
@@ -59,20 +60,35 @@ def encode(command: IncomingCommand) -> str:
             "user_id": command.user_id,
             "message_id": command.message_id,
             "chat_title": command.chat_title,
+            # Which command, and what it answers: without them a /tell or a reply to a card
+            # was read back as `/taskcard <its text>`.
+            "command": command.command,
+            "reply_to": list(command.reply_to),
+            "message_thread": command.message_thread,
         }
     )
+
+
+_OPTIONAL_TEXT = ("thread_id", "user_id", "message_id", "chat_title", "message_thread")
 
 
 def decode(raw: str) -> IncomingCommand | None:
     """The command in a stream entry; None for an entry this version cannot read."""
     try:
         data = json.loads(raw)
-        text = {k: data.get(k) for k in ("thread_id", "user_id", "message_id", "chat_title")}
+        text = {k: data.get(k) for k in _OPTIONAL_TEXT}
         if not isinstance(data["chat_id"], str) or not isinstance(data["args"], str):
             return None
         if not all(v is None or isinstance(v, str) for v in text.values()):
             return None
-    except (ValueError, KeyError, TypeError):
+        # An entry written before these fields were relayed is a /taskcard.
+        name = data.get("command", "taskcard")
+        reply_to = data.get("reply_to", [])
+        if name not in get_args(CommandName) or not isinstance(reply_to, list):
+            return None
+        if not all(isinstance(item, str) for item in reply_to):
+            return None
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
     return IncomingCommand(
         chat=ChatRef(data["chat_id"], text["thread_id"]),
@@ -80,6 +96,9 @@ def decode(raw: str) -> IncomingCommand | None:
         user_id=text["user_id"],
         message_id=text["message_id"],
         chat_title=text["chat_title"],
+        command=name,
+        reply_to=tuple(reply_to),
+        message_thread=text["message_thread"],
     )
 
 

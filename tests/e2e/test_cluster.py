@@ -328,6 +328,38 @@ async def test_feishu_a_command_delivered_to_one_instance_reaches_all_answered_o
         assert replies_in(fake.texts(CHAT)) == 1
 
 
+async def test_feishu_tell_and_thread_commands_cross_instances_as_written(
+    tmp_path: Path, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """A /tell delivered to i0 for i1's agent reaches i1's inbox (the relayed command was
+    read back as `/taskcard i1agent ...`: an unknown option, the text lost), and a command
+    from a thread is answered in that thread by whichever instance answers."""
+    from tests.e2e.test_serve_feishu import CHAT, ENCRYPT, VERIFY, card_texts
+
+    async with FakeFeishu() as fake:
+        setups = []
+        for name in ("i0", "i1"):
+            setup = feishu_instance(tmp_path, name, fake, redis_url=redis_url, prefix=prefix)
+            fleet.enter_context(setup.serve())
+            publish(tmp_path / name / "agents" / f"{name}agent", f"card of {name}")
+            setups.append(setup)
+        await eventually(lambda: len(card_texts(fake)) == 2, timeout_s=60, what="two cards")
+        inbox = tmp_path / "i1" / "agents" / "i1agent" / "inbox" / "queued"
+        tell = fake.command_event(CHAT, "/tell i1agent look at the logs", verification_token=VERIFY)
+        assert (await fake.deliver_event(setups[0].url, tell, encrypt_key=ENCRYPT)).status == 200
+        await eventually(lambda: list(inbox.glob("*.json")), what="the text in i1's inbox")
+        [queued] = inbox.glob("*.json")
+        assert "look at the logs" in queued.read_text()
+        asked = fake.command_event(
+            CHAT, "/taskcard", verification_token=VERIFY, thread_id="omt_topic_1"
+        )
+        assert (await fake.deliver_event(setups[0].url, asked, encrypt_key=ENCRYPT)).status == 200
+        asked_id = asked["event"]["message"]["message_id"]
+        [answer] = await eventually(lambda: fake.replies_to(asked_id), what="the answer")
+        assert answer.thread_id == "omt_topic_1"
+        assert not any("Unknown option" in t for t in fake.texts(CHAT))
+
+
 def replies_in(texts: list[str]) -> int:
     return sum(HIDDEN_REPLY in t for t in texts)
 
