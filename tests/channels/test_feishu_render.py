@@ -235,7 +235,7 @@ def test_success_translates_to_nothing() -> None:
         ("/taskcard off @_user_1", "@_user_1", "off"),
         ("@_user_12 /taskcard off", "@_user_1", None),
         ("@_user_1 /taskcard off", None, None),
-        ("/taskcard@taskcard_bot 5", None, "5"),
+        ("/taskcard@taskcard_bot 5", None, None),  # a bot name not known to be ours
         ("hello /taskcard", None, None),
         ("/taskcards", None, None),
         ("@_user_1", "@_user_1", None),
