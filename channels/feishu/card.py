@@ -242,7 +242,7 @@ def board_markdown_text(text: str) -> str:
 def board_card_json(view: BoardView) -> dict[str, Any]:
     """The board as a card: the summary as subtitle, one Markdown line per agent with its
     agent and state in bold, the cut count in grey; orange while an agent needs people."""
-    header = {
+    header: dict[str, Any] = {
         "title": {"tag": "plain_text", "content": BOARD_TITLE},
         "subtitle": {"tag": "plain_text", "content": "hidden" if view.hidden else view.summary},
         "template": "grey" if view.hidden else ("orange" if view.attention else "blue"),
@@ -260,6 +260,9 @@ def board_card_json(view: BoardView) -> dict[str, Any]:
         if view.omitted:
             elements.append(_plain(board_omitted_text(view.omitted), notation=True))
         if not elements:
+            # A board without lines (one retired for cards) says its summary once, in the
+            # body, as Telegram's one-line board does, not again as the subtitle.
+            del header["subtitle"]
             elements.append(_plain(view.summary))
     return {
         "schema": "2.0",

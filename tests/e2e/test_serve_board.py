@@ -292,6 +292,8 @@ async def test_feishu_board_error_card_and_switch_persisting_across_restart(
         await eventually(
             lambda: "replaced by one card per agent" in feishu_board(feishu), what="board retired"
         )
+        # Said once, as on Telegram (it was the subtitle and the body both).
+        assert feishu_board(feishu).count("replaced by one card per agent") == 1
         await eventually(
             lambda: all(feishu_card_of(feishu, agent) for agent in agents),
             what="one card per agent",
