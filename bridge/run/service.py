@@ -1050,7 +1050,12 @@ class Service:
             name, text = [*command.args.split(maxsplit=1), "", ""][:2]
             here = sorted({r.key.agent_id for r in routes})
             if name not in here:
-                return f"/tell AGENT TEXT: AGENT is one of {', '.join(here)}."
+                listed = f"/tell AGENT TEXT: AGENT is one of {', '.join(here)}."
+                if _utf16_len(listed) <= STATE_TEXT_UTF16:
+                    return listed
+                # A large fleet: whole names as far as they fit, alike on every platform
+                # (Telegram cut the list in the middle of a name at its 4096 units).
+                return _fit_entries("/tell AGENT TEXT: AGENT is one of:", here)
             agent_id = name
         if not self._desk.accepts(agent_id):
             return None

@@ -362,3 +362,26 @@ async def test_a_command_for_another_bot_is_not_ours(tmp_path: Path, fake: FakeF
         assert not fake.replies_to(other) and not fake.replies_to(glued)
         assert any("visible body" in t for t in card_texts(fake))
         assert await serve.aterminate() == 0
+
+
+async def test_tell_to_an_unknown_agent_of_a_large_fleet_lists_whole_names_that_fit(
+    tmp_path: Path, fake: FakeFeishu
+) -> None:
+    # The list of agents answering a /tell with a wrong name was unbounded: Feishu showed
+    # every name, Telegram cut it at 4096 units in the middle of one. Like `/taskcard`, it
+    # now lists whole names as far as they fit one message and counts the rest.
+    agents = [f"agent-with-a-rather-long-name-{i:03d}" for i in range(150)]
+    setup = Setup(tmp_path, fake, agents)
+    with setup.serve() as serve:
+        publish(tmp_path / "agents" / agents[0], "body")
+        await eventually(lambda: card_texts(fake), what="the webhook up (a first card)")
+        told = await command(setup, fake, "/tell nobody hello")
+        [answer] = await eventually(lambda: fake.replies_to(told), what="the answer")
+        lines = answer.text.split("\n")
+        assert lines[0] == "/tell AGENT TEXT: AGENT is one of:"
+        assert all(line in agents for line in lines[1:-1])
+        assert lines[-1].startswith("… and ") and "more agents" in lines[-1]
+        shown = len(lines) - 2
+        assert f"… and {150 - shown} more agents" in lines[-1]
+        assert len(answer.text) <= 4096
+        assert await serve.aterminate() == 0
