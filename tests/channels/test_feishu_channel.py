@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from taskcard.channels.base import CardView, ChatRef, RateLimit
+from taskcard.channels.base import CardView, ChatRef, RateLimit, ReplyTo
 from taskcard.channels.errors import (
     Forbidden,
     MessageGone,
@@ -388,3 +388,49 @@ def test_plain_http_only_on_loopback() -> None:
     config = FeishuConfig(domain="http://open.example.com", events="none")
     with pytest.raises(ValueError, match="https"):
         FeishuChannel(config, "cli", "secret", MemoryCursorStore())
+
+
+async def test_a_reply_goes_into_the_commands_thread_once_per_key(
+    fake: FakeFeishu, channel: FeishuChannel
+) -> None:
+    document = fake.command_event(CHAT.chat_id, "/taskcard", thread_id="omt_1")
+    asked = document["event"]["message"]["message_id"]
+    target = ReplyTo(asked, "omt_1")
+    first = await channel.send(
+        CHAT, channel.render_text("hi"), idempotency_key="r:1", reply_to=target
+    )
+    again = await channel.send(
+        CHAT, channel.render_text("hi"), idempotency_key="r:1", reply_to=target
+    )
+    assert first == again and [m.message_id for m in fake.replies_to(asked)] == [first]
+    assert fake.messages[first].thread_id == "omt_1"
+
+
+@pytest.mark.parametrize("gone", ["recalled", "deleted", "unknown"])
+async def test_a_reply_to_a_gone_command_is_posted_to_the_chat(
+    fake: FakeFeishu, channel: FeishuChannel, gone: str
+) -> None:
+    asked = "om_never_issued"
+    if gone != "unknown":
+        document = fake.command_event(CHAT.chat_id, "/taskcard", thread_id="omt_1")
+        asked = document["event"]["message"]["message_id"]
+        (fake.recall if gone == "recalled" else fake.delete_message)(asked)
+    target = ReplyTo(asked, "omt_1")
+    sent = await channel.send(
+        CHAT, channel.render_text("hi"), idempotency_key="r:1", reply_to=target
+    )
+    expected = {"recalled": 230011, "deleted": 230110, "unknown": 230001}[gone]
+    assert [r.code for r in fake.requests_of("reply")] == [expected]
+    message = fake.messages[sent]
+    assert message.chat_id == CHAT.chat_id and message.thread_id is None and not message.parent_id
+
+
+async def test_a_reply_in_a_chat_the_bot_left_is_forbidden(
+    fake: FakeFeishu, channel: FeishuChannel
+) -> None:
+    document = fake.command_event(CHAT.chat_id, "/taskcard")
+    fake.remove_bot(CHAT.chat_id)
+    target = ReplyTo(document["event"]["message"]["message_id"])
+    with pytest.raises(Forbidden):
+        await channel.send(CHAT, channel.render_text("hi"), reply_to=target)
+    assert not fake.requests_of("send")  # not posted to the chat instead
