@@ -11,6 +11,7 @@ from typing import Final
 
 from taskcard.bridge.compose.redact import redact
 from taskcard.bridge.track.activity import Movement
+from taskcard.producers.task_card.contract import one_line
 
 ROW_CHARS: Final = 100
 
@@ -45,5 +46,5 @@ def movement_words(movement: Movement) -> str:
 
 def movement_text(movement: Movement) -> str:
     """One redacted line of at most `ROW_CHARS` characters: what a card shows."""
-    flat = " ".join(redact(movement_words(movement)).split())
+    flat = redact(one_line(movement_words(movement)))
     return flat if len(flat) <= ROW_CHARS else flat[: ROW_CHARS - 1].rstrip() + "…"

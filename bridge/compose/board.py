@@ -29,6 +29,7 @@ from taskcard.bridge.compose.redact import redact
 from taskcard.bridge.compose.view import format_at
 from taskcard.bridge.track.monitor import ActivitySummary, CardState
 from taskcard.channels.base import AgentState, BoardLine, BoardMark, BoardView
+from taskcard.producers.task_card.contract import one_line
 
 # Bounds of the agent-written parts of a line, in characters: a line stays short enough
 # that a Telegram board shows a few dozen agents, whatever an agent writes.
@@ -47,7 +48,6 @@ _STATE_RANK: dict[AgentState, int] = {
 # Markdown that only decorates a line: list and quote markers, heading hashes, emphasis.
 _LINE_MARKERS = re.compile(r"^\s*(?:#{1,6}\s+|>\s*|[-*+]\s+(?:\[[ xX]\]\s+)?|\d{1,9}[.)]\s+)+")
 _EMPHASIS = re.compile(r"(\*\*|__|\*|`+|~~)")
-_SPACE = re.compile(r"\s+")
 
 
 @dataclass(frozen=True)
@@ -86,8 +86,7 @@ def card_headline(body: str | None, scrub: Callable[[str], str] = str) -> str | 
     if body is None:
         return None
     for raw in body.splitlines():
-        line = _EMPHASIS.sub("", _LINE_MARKERS.sub("", raw))
-        line = _SPACE.sub(" ", line).strip()
+        line = one_line(_EMPHASIS.sub("", _LINE_MARKERS.sub("", one_line(raw))))
         if line and not set(line) <= set("-=_|:~ "):  # a rule or table border says nothing
             return _cut(scrub(redact(line)), HEADLINE_MAX_CHARS)
     return None
@@ -100,7 +99,7 @@ def movement_text(
     last = activity.last_movement
     if last is None:
         return None
-    words = _SPACE.sub(" ", activity_movement_words(last)).strip()
+    words = one_line(activity_movement_words(last))
     movement = _cut(scrub(redact(words)), MOVEMENT_MAX_CHARS)
     return f"last: {movement} ({format_at(last.at, now, zone)})"
 

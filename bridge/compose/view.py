@@ -23,6 +23,7 @@ from taskcard.bridge.track.activity import ActivitySummary
 from taskcard.bridge.track.monitor import CardState
 from taskcard.channels.base import CardView
 from taskcard.producers.reports.contract import Lineage
+from taskcard.producers.task_card.contract import limit_mark_stacks, one_line
 
 
 def route_zone(name: str) -> tzinfo:
@@ -90,10 +91,10 @@ def lineage_row(lineage: Lineage | None, redactor: Callable[[str], str] = redact
     secrets): the row is scrubbed again later, but a secret cut in two is no longer found."""
     if lineage is None:
         return None
-    reason = " ".join(redactor(lineage.reason).split())
+    reason = redactor(one_line(lineage.reason))
     if len(reason) > LINEAGE_REASON_CHARS:
         reason = reason[: LINEAGE_REASON_CHARS - 1].rstrip() + "…"
-    parent = " ".join(redactor(lineage.parent).split())[:64]
+    parent = redactor(one_line(lineage.parent))[:64]
     return f"↳ spawned by {parent}: {reason}"
 
 
@@ -129,7 +130,7 @@ def health_row(card: CardState, now: datetime, zone: tzinfo = UTC) -> str | None
 def body_slot(card: CardState, now: datetime, zone: tzinfo = UTC) -> tuple[str | None, str | None]:
     """The programmable slot: (redacted body, note about the card)."""
     if card.status == "active" and card.body is not None:
-        return redact(card.body), None
+        return redact(limit_mark_stacks(card.body)), None
     if card.status == "inactive":
         when = (
             f" at {format_at(card.status_changed_at, now, zone)}" if card.status_changed_at else ""

@@ -30,7 +30,7 @@ from typing import Final, Literal
 
 from taskcard.bridge.compose.redact import redact
 from taskcard.producers.reports.contract import Report
-from taskcard.producers.task_card.contract import iso_utc
+from taskcard.producers.task_card.contract import iso_utc, one_line
 
 SignalKind = Literal["report", "exited", "idle", "no output"]
 IdleMechanism = Literal["no host", "turn ended", "silence"]
@@ -63,7 +63,7 @@ class Signal:
 
 
 def _one_line(text: str, limit: int, redactor: Callable[[str], str]) -> str:
-    flat = " ".join(redactor(text).split())
+    flat = redactor(one_line(text))
     return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
 
 

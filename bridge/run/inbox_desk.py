@@ -33,6 +33,7 @@ from taskcard.bridge.store.sqlite import InboxRecord, StateStore
 from taskcard.bridge.track.monitor import ActivitySummary
 from taskcard.channels.base import CardView, Channel, ChatRef, Outgoing, ReplyTo
 from taskcard.producers.reports.contract import MAX_INBOX_MESSAGE_BYTES, Ack, inbox_message
+from taskcard.producers.task_card.contract import shows_text
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +150,7 @@ class InboxDesk:
                 f"Too many messages to {agent_id}: at most {self._config.max_messages} in"
                 f" {self._config.period_s:g} s per person. Wait a moment and send it again."
             )
-        if not text.strip():
+        if not shows_text(text):
             return f"Nothing to send: write the text after /tell {agent_id}."
         message_id = "m_" + secrets.token_hex(10)
         message = inbox_message(

@@ -13,12 +13,11 @@ from __future__ import annotations
 import re
 from typing import Final
 
-# C0 and C1 controls and DEL, every bidirectional formatting character (the marks, among them
-# the Arabic letter mark U+061C, the embeddings, overrides and isolates), the Unicode line and
-# paragraph separators, and lone surrogates.
-_UNSAFE: Final = re.compile(
-    r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]"
-)
+from taskcard.producers.task_card.contract import STEERING_CHARS
+
+# The characters that steer how text is shown (C0 and C1 controls and DEL, every bidirectional
+# formatting character, the Unicode line and paragraph separators), and lone surrogates.
+_UNSAFE: Final = re.compile(f"[{STEERING_CHARS}\\ud800-\\udfff]")
 
 
 def printable(text: str) -> str:

@@ -21,6 +21,7 @@ from taskcard.producers.task_card.contract import (
     duration_field,
     int_field,
     parse_event,
+    shows_text,
     turn_error_word,
 )
 
@@ -72,7 +73,7 @@ class ActivitySummary:
 
 def _text(value: object) -> str | None:
     """A non-blank text field of an agent record, bounded; anything else is unset."""
-    if not isinstance(value, str) or not value.strip():
+    if not isinstance(value, str) or not shows_text(value):
         return None
     return value[:MAX_DETAIL_CHARS]
 

@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from taskcard.producers.task_card.contract import escape_controls, one_line, shows_text
+
 INBOX_DIR: Final = "inbox"
 QUEUED_DIR: Final = "queued"
 TAKEN_DIR: Final = "taken"
@@ -45,7 +47,6 @@ ORIGIN: Final = re.compile(
     r"[a-z][a-z0-9_-]{0,31}:-?[A-Za-z0-9_.@-]{1,128}(:[A-Za-z0-9_.@-]{1,64})?"
 )
 _LABEL_CHARS: Final = 64
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 Kind = Literal["message", "wake"]
 
@@ -116,8 +117,8 @@ def parse_message(raw: bytes, expected_id: str) -> Message:
     if kind not in KINDS:
         raise MessageError(f"kind: must be one of {', '.join(KINDS)}")
     text = data.get("text")
-    if not isinstance(text, str) or not text.strip():
-        raise MessageError("text: must be non-blank text")
+    if not isinstance(text, str) or not shows_text(text):
+        raise MessageError("text: must show text (not only white space or invisible characters)")
     sender = data.get("from")
     if sender is None and kind == "wake":
         sender = {}
@@ -148,7 +149,7 @@ def parse_message(raw: bytes, expected_id: str) -> Message:
 
 def label(value: str | None, fallback: str) -> str:
     """A one-line, bounded name for the frame: no control or direction characters."""
-    cleaned = _CONTROL.sub(" ", value or "").strip()
+    cleaned = one_line(value or "")
     if not cleaned:
         return fallback
     return cleaned if len(cleaned) <= _LABEL_CHARS else cleaned[: _LABEL_CHARS - 1] + "…"
@@ -160,7 +161,7 @@ def frame(message: Message) -> str:
     Every line of the text starts with `> `, so a text cannot end the quote and pose as a
     second frame or as an instruction of the agent's own operator.
     """
-    lines = message.text.splitlines() or [""]
+    lines = escape_controls(message.text).splitlines() or [""]
     quoted = "\n".join(f"> {line}" for line in lines)
     if message.kind == "wake":
         when = label(message.queued_at, "?")

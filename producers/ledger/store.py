@@ -43,7 +43,7 @@ from taskcard.producers.ledger.model import (
     TaskRecord,
     derive,
 )
-from taskcard.producers.task_card.contract import atomic_write, open_regular
+from taskcard.producers.task_card.contract import atomic_write, open_regular, shows_text
 
 DEFAULT_LEDGER: Final = Path(LEDGER_DIR) / LEDGER_FILE
 MAX_LEDGER_BYTES: Final = 16_000_000
@@ -176,7 +176,7 @@ class Ledger:
     ) -> TaskRecord:
         """Create a task. Creating an existing task is refused (its truth is never reset)."""
         _check_id("task_id", task_id)
-        if not isinstance(purpose, str) or not purpose.strip():
+        if not isinstance(purpose, str) or not shows_text(purpose):
             raise LedgerError("purpose: say in one line what the task is for")
         for step in steps or []:
             _check_id("steps", step)
@@ -312,7 +312,7 @@ class Ledger:
             return self.download_observed(task_id, **fields)
         if event_type in ("STEP_PROGRESS", "STEP_COMPLETED") and step is None:
             raise LedgerError(f"step: {event_type} needs --step STEP_ID (which step moved)")
-        if event_type == "TASK_COMPLETED" and not (note or "").strip():
+        if event_type == "TASK_COMPLETED" and not shows_text(note or ""):
             raise LedgerError(
                 "note: TASK_COMPLETED needs --note with the completion evidence "
                 "(what was delivered and where)"
@@ -360,7 +360,7 @@ class Ledger:
         if kind not in FAILURE_KINDS:
             what = "is required" if kind is None else f"{kind!r} is not a failure kind"
             raise LedgerError(f"kind: {what}; give --kind, one of " + ", ".join(FAILURE_KINDS))
-        if not (reason or "").strip():
+        if not shows_text(reason or ""):
             raise LedgerError("reason: a block needs --reason saying what stops the task")
         if step is not None:
             _check_id("step", step)
@@ -506,7 +506,7 @@ class Ledger:
             )
         _note("note", note)
         if reply == "B":
-            if not (reason or "").strip() or not (safe_next_step or "").strip():
+            if not shows_text(reason or "") or not shows_text(safe_next_step or ""):
                 raise LedgerError(
                     "reason: reply B needs --reason and --safe-next-step (why it is blocked "
                     "and what can safely be done next)"
@@ -519,7 +519,7 @@ class Ledger:
                 source="owner",
             )
         if reply == "C":
-            if not (note or "").strip():
+            if not shows_text(note or ""):
                 raise LedgerError("note: reply C needs --note with the completion evidence")
             self.checkpoint(task_id, "TASK_COMPLETED", note=note, source="owner")
 

@@ -40,6 +40,7 @@ from taskcard.producers.task_card.contract import (
     iso_utc,
     parse_iso,
     parse_json,
+    shows_text,
 )
 
 REPORTS_DIR: Final = "reports"
@@ -89,7 +90,7 @@ class ReportPaths:
 
 
 def _short_text(value: object) -> str | None:
-    if not isinstance(value, str) or not value.strip():
+    if not isinstance(value, str) or not shows_text(value):
         return None
     return value[:MAX_TEXT_CHARS]
 

@@ -17,7 +17,12 @@ from pathlib import Path
 from typing import Any, Final
 
 from taskcard.producers.reports.store import encodable
-from taskcard.producers.task_card.contract import atomic_write, read_regular, utc_now_iso
+from taskcard.producers.task_card.contract import (
+    atomic_write,
+    read_regular,
+    shows_text,
+    utc_now_iso,
+)
 
 LINEAGE_FILE: Final = "lineage.json"
 DEFAULT_MAX_DEPTH: Final = 3
@@ -77,8 +82,11 @@ def spawn(
     """Write `<child>/lineage.json` and return the record; raises `LineageError`."""
     if not isinstance(parent, str) or not AGENT_ID.fullmatch(parent):
         raise LineageError("parent: the parent's agent id, 1-64 letters, digits, '_', '.', '-'")
-    if not isinstance(reason, str) or not reason.strip():
-        raise LineageError("reason: required; say why this agent is created")
+    if not isinstance(reason, str) or not shows_text(reason):
+        raise LineageError(
+            "reason: required, and it must show text (not only white space or invisible"
+            " characters such as zero-width spaces); say why this agent is created"
+        )
     if not encodable(reason):
         raise LineageError(
             "reason: holds bytes that are not UTF-8 (undecodable input); pass UTF-8 text"

@@ -35,6 +35,7 @@ from taskcard.producers.task_card.contract import (
     open_regular,
     parse_json,
     read_regular,
+    shows_text,
     utc_now_iso,
 )
 
@@ -94,8 +95,11 @@ def check_report(
     if role is not None and not (isinstance(role, str) and ROLE.fullmatch(role)):
         raise ReportError("role: 1-64 letters, digits, spaces, '_', '.' or '-', e.g. reviewer")
     if summary is not None:
-        if not isinstance(summary, str) or not summary.strip():
-            raise ReportError("summary: must be non-blank text, or left out")
+        if not isinstance(summary, str) or not shows_text(summary):
+            raise ReportError(
+                "summary: must be text that shows (not only white space or invisible"
+                " characters such as zero-width spaces), or left out"
+            )
         if not encodable(summary):
             raise ReportError(
                 "summary: holds bytes that are not UTF-8 (undecodable input); pass UTF-8 text"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import itertools
 import json
 import math
@@ -26,6 +27,7 @@ import re
 import stat
 import tempfile
 import threading
+import unicodedata
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cached_property
@@ -376,6 +378,85 @@ def _without_surrogates(value: Any) -> Any:
     if isinstance(value, dict):
         return {_without_surrogates(k): _without_surrogates(v) for k, v in value.items()}
     return value
+
+
+# Characters that act on how the text around them is shown instead of showing anything: C0
+# and C1 controls and DEL (a terminal's escape sequences start with one), every bidirectional
+# formatting character (the marks, among them the Arabic letter mark U+061C, the embeddings,
+# overrides and isolates) and the Unicode line and paragraph separators. An override in an
+# agent's text would make the service's words around it read in another order, or spell
+# another agent's name backwards so that it reads as that name.
+BIDI_CHARS: Final = r"\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+BREAK_CHARS: Final = r"\x00-\x1f\x7f-\x9f\u2028\u2029"
+STEERING_CHARS: Final = BREAK_CHARS + BIDI_CHARS
+_BIDI: Final = re.compile(f"[{BIDI_CHARS}]+")
+_BREAKS: Final = re.compile(f"[{BREAK_CHARS}]+")
+# General categories a reader does not see as text on their own: controls, format characters
+# (zero-width space and joiners, word joiner, byte-order mark, ...), surrogates, white space
+# and separators, and combining marks (they only decorate the character before them).
+_UNSEEN_CATEGORIES: Final = frozenset({"Cc", "Cf", "Cs", "Zs", "Zl", "Zp", "Mn", "Me"})
+# Letters that are drawn as blank space: the Hangul fillers and the blank braille pattern.
+_BLANK_LETTERS: Final = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+# Combining marks kept on one character: enough for every script's stacked diacritics; a
+# longer stack is drawn over the lines above and below it, hiding the service's words there.
+MAX_STACKED_MARKS: Final = 4
+
+
+_CONTROLS: Final = re.compile(f"[{BREAK_CHARS}]")
+
+
+def escape_controls(text: str) -> str:
+    """`text` with its controls (tab and line feed kept) written as escapes (`\\x1b`): for
+    a person's text quoted to an agent, whose reader may be a terminal that would act on an
+    escape sequence."""
+    return _CONTROLS.sub(
+        lambda found: (
+            found.group()
+            if found.group() in "\t\n"
+            else found.group().encode("unicode_escape").decode("ascii")
+        ),
+        text,
+    )
+
+
+def shows_text(text: str) -> bool:
+    """Whether `text` shows a reader anything: False for text of white space, controls,
+    zero-width and other format characters, lone combining marks or blank-looking letters
+    only. What a field that must not be blank (a reason, a summary, a name) is checked with:
+    `str.strip` keeps a zero-width space, so a "reason" of one looked given and showed nothing.
+    """
+    return any(
+        unicodedata.category(char) not in _UNSEEN_CATEGORIES and char not in _BLANK_LETTERS
+        for char in text
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def limit_mark_stacks(text: str) -> str:
+    """`text` with at most `MAX_STACKED_MARKS` combining marks after any one character.
+
+    Cached: a card body passes here for every route it is composed for."""
+    if text.isascii():
+        return text
+    kept: list[str] = []
+    stacked = 0
+    for char in text:
+        if unicodedata.category(char) in ("Mn", "Me"):
+            stacked += 1
+            if stacked > MAX_STACKED_MARKS:
+                continue
+        else:
+            stacked = 0
+        kept.append(char)
+    return "".join(kept)
+
+
+def one_line(text: str) -> str:
+    """Agent- or person-written `text` for one line among the service's own words: controls,
+    bidirectional formatting and line breaks gone, white space runs one space, mark stacks
+    bounded, trimmed; "" when nothing in it shows (see `shows_text`)."""
+    flat = " ".join(_BREAKS.sub(" ", _BIDI.sub("", text)).split())
+    return limit_mark_stacks(flat) if shows_text(flat) else ""
 
 
 def count_field(value: object) -> int | None:

@@ -16,6 +16,7 @@ from taskcard.producers.task_card.contract import (
     body_chars,
     open_regular,
     parse_status,
+    shows_text,
 )
 from taskcard.producers.task_card.settings import settings_or_defaults
 
@@ -57,7 +58,7 @@ def project_meta(paths: CardPaths, max_body_chars: int) -> dict[str, Any]:
         body = body_raw.decode("utf-8")
     except UnicodeDecodeError:
         return {"present": True, "status": "unreadable", "hint": UNREADABLE_HINT}
-    if not body.strip():
+    if not shows_text(body):
         return {"present": False, "hint": ABSENT_HINT}
     if body_chars(body) > max_body_chars:
         return {"present": True, "status": "refused", "hint": REFUSED_HINT}

@@ -70,7 +70,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Final, Literal, Protocol
 
-from taskcard.producers.task_card.contract import body_chars
+from taskcard.producers.task_card.contract import body_chars, shows_text
 
 STDERR_TAIL_BYTES: Final = 4096
 _READ_CHUNK: Final = 65536
@@ -750,8 +750,11 @@ def classify(
         return RenderFailure(
             "renderer_invalid_utf8", f"stdout is not valid UTF-8 (byte offset {exc.start})"
         )
-    if not body.strip():
-        return RenderFailure("renderer_blank_output", "the renderer printed nothing but whitespace")
+    if not shows_text(body):
+        return RenderFailure(
+            "renderer_blank_output",
+            "the renderer printed nothing but whitespace or invisible characters",
+        )
     if (chars := body_chars(body)) > max_body_chars:
         return RenderFailure(
             "body_too_large",

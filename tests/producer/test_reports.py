@@ -118,6 +118,9 @@ def test_a_payload_goes_to_a_side_file_and_is_bounded(workdir: Path, tmp_path: P
     [
         (["--ok", "--role", "a\nb"], b"role:"),
         (["--ok", "--summary", " "], b"summary:"),
+        # Zero-width space, word joiner, byte-order mark, Hangul filler: nothing shows.
+        (["--ok", "--summary", "\u200b\u2060\ufeff\u3164"], b"summary:"),
+        (["--ok", "--summary", "\u0301\u0301 \u202e"], b"summary:"),
         (["--ok", "--verdict", "maybe"], b"--verdict"),
         ([], b"--ok"),
     ],
@@ -160,6 +163,9 @@ def test_spawn_records_lineage_with_depth_and_refuses_past_the_cap(tmp_path: Pat
     assert not (dirs[4] / "lineage.json").exists()
     blank = taskcard("spawn", "--workdir", str(dirs[4]), "--parent", "a3", "--reason", "  ")
     assert (blank.returncode, blank.stderr.split(b":")[1].strip()) == (2, b"reason")
+    unseen = taskcard("spawn", "--workdir", str(dirs[4]), "--parent", "a3", "--reason", "\u200b")
+    assert (unseen.returncode, unseen.stderr.split(b":")[1].strip()) == (2, b"reason")
+    assert b"invisible characters" in unseen.stderr and not (dirs[4] / "lineage.json").exists()
     (dirs[3] / "lineage.json").write_text('{"depth": "zero"}')
     with pytest.raises(LineageError, match="fix or remove it"):
         spawn(dirs[4], parent="a3", reason="r", parent_workdir=dirs[3])
