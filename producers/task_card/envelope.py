@@ -12,14 +12,15 @@ hostile bytes get the same one-sentence refusal everywhere instead of a decoder'
 a traceback. Refused: more than `MAX_ENVELOPE_BYTES`, invalid UTF-8, a NUL byte, nesting
 deeper than `MAX_ENVELOPE_DEPTH` (checked by a linear scan before any recursive parser sees
 the text), `NaN`/`Infinity`, truncated or otherwise invalid JSON, a top level that is not an
-object, and strings that are not valid Unicode (a lone surrogate such as `"\\ud800"`).
+object, strings that are not valid Unicode (a lone surrogate such as `"\\ud800"`), and an
+object that names one key twice.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -142,6 +143,27 @@ def _refuse_constant(name: str) -> Any:
     raise EnvelopeError(f"envelope: {name} is not a JSON number; use a finite number")
 
 
+def _refuse_repeated_keys(what: str) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
+    """An `object_pairs_hook` refusing an object that names one key twice.
+
+    The envelope is a closed, strict object: with `"action": "stop"` and `"action": "remove"`
+    in one object, JSON leaves open which one counts (readers differ; ours took the last, so
+    a reviewer reading the first saw another call than the one made)."""
+
+    def build(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        data: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in data:
+                raise EnvelopeError(
+                    f"{what}: the key {json.dumps(key, ensure_ascii=False)} appears twice in"
+                    " one object; give each field once"
+                )
+            data[key] = value
+        return data
+
+    return build
+
+
 def decode_envelope(
     raw: str | bytes,
     *,
@@ -189,7 +211,9 @@ def decode_envelope(
             f"{what}: nested deeper than {max_depth} levels; an envelope is a flat object"
         )
     try:
-        data = json.loads(text, parse_constant=_refuse_constant)
+        data = json.loads(
+            text, parse_constant=_refuse_constant, object_pairs_hook=_refuse_repeated_keys(what)
+        )
     except json.JSONDecodeError as exc:
         if exc.msg.startswith("Unterminated string") or exc.pos >= len(exc.doc.rstrip()):
             raise EnvelopeError(

@@ -67,6 +67,18 @@ BAD_ENVELOPES: list[tuple[str, bytes, str]] = [
     ("nul-byte", b'{"action": "settings", "input": {}, "reasoning": "a\x00b"}', "NUL"),
     ("nan", b'{"action": "start", "input": {"renderer_path": "r.py", "interval_s": NaN}}', "NaN"),
     ("empty", b"", "empty"),
+    # A strict object names each key once: which "action" counts is up to each JSON reader.
+    (
+        "repeated-key",
+        b'{"action": "settings", "input": {}, "reasoning": "x", "action": "remove"}',
+        'key "action" appears twice',
+    ),
+    (
+        "repeated-input-key",
+        b'{"action": "start", "input": {"renderer_path": "r.py", "renderer_path": "s.py"},'
+        b' "reasoning": "x"}',
+        'key "renderer_path" appears twice',
+    ),
     (
         "huge-integer",
         b'{"action": "start", "input": {"renderer_path": "r.py", "interval_s": '
