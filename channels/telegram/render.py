@@ -10,6 +10,7 @@ automatic slot first, then cuts the body) and is never empty, since Telegram rej
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -103,7 +104,56 @@ class _Builder:
         self.add(text, (Entity(entity_type, 0, utf16_len(text)),) if text else ())
 
     def build(self) -> RichText:
-        return _trim_end(RichText("".join(self._parts), tuple(self._entities)))
+        return defuse_mentions(_trim_end(RichText("".join(self._parts), tuple(self._entities))))
+
+
+# Where Telegram would find a mention of a user by name: `@` at the start of a word, before a
+# username's first character. Telegram detects these in any text a bot sends (no parse mode
+# needed) and notifies the person named, so an agent's `@boss` in a card or a report summary
+# would page them. A zero-width space after the `@` reads the same and mentions no one, as
+# the Feishu card defuses its `<at>` tags.
+_MENTION = re.compile(r"(?<![\w@/.:+-])@(?=[A-Za-z0-9_])")
+_NO_MENTION = "\u200b"
+# Entities whose text is shown and copied exactly as written: never touched.
+_VERBATIM = frozenset({"code", "pre"})
+
+
+def defuse_mentions(rich: RichText) -> RichText:
+    """`rich` with a zero-width space after every `@` that would mention someone, the
+    entities moved to keep covering their text; `@` inside code stays as written."""
+    if "@" not in rich.text:
+        return rich
+    verbatim = [
+        (entity.offset, entity.offset + entity.length)
+        for entity in rich.entities
+        if entity.type in _VERBATIM
+    ]
+    parts: list[str] = []
+    inserted: list[int] = []  # UTF-16 offsets (in the original text) after each new character
+    start = 0
+    for found in _MENTION.finditer(rich.text):
+        at = utf16_len(rich.text[: found.end()])
+        if any(begin < at <= end for begin, end in verbatim):
+            continue
+        parts.append(rich.text[start : found.end()] + _NO_MENTION)
+        start = found.end()
+        inserted.append(at)
+    if not inserted:
+        return rich
+    parts.append(rich.text[start:])
+
+    def moved(offset: int) -> int:
+        return offset + sum(1 for at in inserted if at <= offset)
+
+    entities = tuple(
+        replace(
+            entity,
+            offset=moved(entity.offset),
+            length=moved(entity.offset + entity.length) - moved(entity.offset),
+        )
+        for entity in rich.entities
+    )
+    return RichText("".join(parts), entities)
 
 
 def _trim_end(rich: RichText) -> RichText:
@@ -139,10 +189,16 @@ def markdown_to_rich(markdown: str) -> RichText:
             tuple(
                 Entity(e.type, e.offset, e.length, e.url, e.language)
                 for e in entities
-                if e.length > 0
+                if e.length > 0 and not _mentions_by_link(e.type, e.url)
             ),
         )
     )
+
+
+def _mentions_by_link(kind: str, url: str | None) -> bool:
+    """A `tg:` link (`[boss](tg://user?id=42)`) is Telegram's inline mention: it notifies
+    the user. Its text stays; only the link goes."""
+    return kind == "text_link" and (url or "").strip().lower().startswith("tg:")
 
 
 def hidden_notice(agent_id: str) -> str:
@@ -251,8 +307,8 @@ def render_board(view: BoardView, limit_utf16: int = MAX_MESSAGE_UTF16) -> Outgo
 
 def render_text(text: str, limit_utf16: int = MAX_MESSAGE_UTF16) -> Outgoing:
     """A plain message (notice or command reply), cut to fit and never empty."""
-    cut = _cut_utf16(text.strip(), limit_utf16).rstrip()
-    return _outgoing(RichText(cut or "…"))
+    cut = _cut_utf16(text.strip(), limit_utf16 - text.count("@")).rstrip()
+    return _outgoing(defuse_mentions(RichText(cut or "…")))
 
 
 def _cut_utf16(text: str, limit_utf16: int) -> str:

@@ -10,7 +10,9 @@ from taskcard.channels.base import BODY_CUT_MARKER, CardView
 from taskcard.channels.telegram.render import (
     MAX_MESSAGE_UTF16,
     SEPARATOR,
+    defuse_mentions,
     hidden_notice,
+    markdown_to_rich,
     render_card,
     render_text,
     utf16_len,
@@ -152,3 +154,15 @@ def test_render_text_cuts_long_text() -> None:
     out = render_text("😀" * 5000)
     _assert_valid(out.payload)
     assert "entities" not in out.payload
+
+
+def test_mentions_are_defused_and_entities_follow_their_text() -> None:
+    rich = markdown_to_rich("🟢 **@ops** and @bob, `@code`, a@b.example, [x](tg://user?id=1) @")
+    defused = defuse_mentions(rich)
+    assert defused.text == "🟢 @\u200bops and @\u200bbob, @code, a@b.example, x @"
+    units = defused.text.encode("utf-16-le")
+    shown = {
+        e.type: units[2 * e.offset : 2 * (e.offset + e.length)].decode("utf-16-le")
+        for e in defused.entities
+    }
+    assert shown == {"bold": "@\u200bops", "code": "@code"}  # the tg:// link is gone

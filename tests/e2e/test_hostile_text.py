@@ -21,6 +21,7 @@ from tests.e2e.harness import (
     activity,
     eventually,
     publish,
+    run_cli,
     telegram_config,
 )
 from tests.e2e.test_serve_feishu import CHAT, ENCRYPT, VERIFY, Setup, card_texts
@@ -249,3 +250,42 @@ async def test_no_fence_lets_a_mention_of_everyone_into_a_feishu_card(
     everything = feishu_everything(feishu).lower().replace(" ", "")
     assert "four ticks" in feishu_everything(feishu)
     assert "<at" not in everything and "\\u003cat" not in everything
+
+
+async def test_no_card_or_notice_mentions_a_telegram_user(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    """`@name` in any text a bot sends is a mention Telegram detects by itself and notifies,
+    and a `tg://user?id=` link is an inline mention: an agent's card or report summary could
+    page anyone in the group. Both are defused; a `@` inside code and an e-mail address stay."""
+    workdir = tmp_path / "agents" / "builder"
+    with telegram_serve(tmp_path, telegram) as serve:
+        publish(
+            workdir,
+            "# build 3/7 mention-marker\n"
+            "ping @boss_man, then **@ops_team** and [the boss](tg://user?id=42)\n"
+            "mail a@b.example, run `ssh deploy@host`",
+        )
+        await eventually(lambda: "mention-marker" in telegram_everything(telegram), what="the card")
+        done = run_cli(
+            "report", "--workdir", str(workdir), "--ok", "--summary", "@ceo_person approve now"
+        )
+        assert done.returncode == 0, done.stderr
+        await eventually(
+            lambda: "builder reported" in telegram_everything(telegram), what="the report notice"
+        )
+        assert await serve.aterminate() == 0
+    card = next(m for m in telegram.bot_messages(GROUP) if "mention-marker" in m.text)
+    notice = next(m for m in telegram.bot_messages(GROUP) if "builder reported" in m.text)
+    for name in ("boss_man", "ops_team", "ceo_person"):
+        assert f"@{name}" not in card.text + notice.text
+    assert "@\u200bboss_man" in card.text and "@\u200bceo_person" in notice.text
+    assert "a@b.example" in card.text and "ssh deploy@host" in card.text
+    assert "tg://" not in json.dumps(card.entities) and "the boss" in card.text
+    units = card.text.encode("utf-16-le")  # entity offsets count UTF-16 code units
+    bold = [
+        units[2 * e["offset"] : 2 * (e["offset"] + e["length"])].decode("utf-16-le")
+        for e in card.entities
+        if e["type"] == "bold"
+    ]
+    assert "@\u200bops_team" in bold
