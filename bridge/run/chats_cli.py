@@ -13,7 +13,6 @@ chat (another instance's configuration may route it instead).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from datetime import UTC, datetime
@@ -26,6 +25,7 @@ from taskcard.bridge.run.serve_cli import EXIT_CONFIG, _config_option, _load
 from taskcard.bridge.run.terminal import printable
 from taskcard.bridge.store.base import SeenChat, StateFileError
 from taskcard.bridge.store.sqlite import STATE_FILE, SqliteStore
+from taskcard.producers.task_card.contract import terminal_json
 
 
 def _seen_chats(config: ServiceConfig) -> list[SeenChat]:
@@ -102,7 +102,7 @@ def _chats(args: argparse.Namespace) -> int:
         print(f"taskcard: {error}", file=sys.stderr)
         return EXIT_CONFIG
     if args.json:
-        print(json.dumps(rows, indent=2, ensure_ascii=False))
+        print(terminal_json(rows, indent=2))
     elif not rows:
         print(
             "No command seen yet. With `taskcard serve` running, send /taskcard in the chat "

@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any, Final, Literal, TextIO
 
+from taskcard.producers.task_card.contract import terminal_json
+
 LogFormat = Literal["text", "json"]
 LOG_FORMATS: Final = ("text", "json")
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -77,7 +79,7 @@ class JsonFormatter(logging.Formatter):
         data.update(_extras(record))
         if record.exc_info:
             data["exc"] = self.formatException(record.exc_info)
-        return json.dumps(data, ensure_ascii=False, default=str)
+        return terminal_json(data, default=str)
 
 
 class ScrubbingFormatter(logging.Formatter):

@@ -8,13 +8,13 @@ Exit codes: 0 done (nothing queued too), 2 bad workdir or an inbox that is a lin
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Final
 
 from taskcard.producers.inbox.claim import Batch, InboxUnsafe, claim_all, peek
 from taskcard.producers.inbox.contract import frame
+from taskcard.producers.task_card.contract import terminal_json
 from taskcard.producers.task_card.workdir_arg import existing_workdir_arg
 
 VIA: Final = "inbox-cli"
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
             "claimed": not args.peek,
             "messages": [message.summary() for message in batch.messages],
         }
-        print(json.dumps(result, ensure_ascii=False, indent=2))
+        print(terminal_json(result, indent=2))
     elif batch.messages:
         print("\n\n".join(frame(message) for message in batch.messages))
     else:

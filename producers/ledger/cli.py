@@ -26,6 +26,7 @@ from taskcard.producers.ledger.model import (
 )
 from taskcard.producers.ledger.render import RENDERER_FILE, render_markdown, renderer_source
 from taskcard.producers.ledger.store import DEFAULT_LEDGER, Ledger, LedgerError
+from taskcard.producers.task_card.contract import terminal_json
 from taskcard.producers.task_card.workdir_arg import existing_workdir_arg
 
 EXIT_OK: Final = 0
@@ -53,7 +54,7 @@ def _summary(record: TaskRecord) -> dict[str, Any]:
 
 
 def _print(data: Any) -> None:
-    print(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+    print(terminal_json(data, indent=2, default=str))
 
 
 def run_init(args: argparse.Namespace) -> int:

@@ -8,18 +8,18 @@ too: `{"report": null}`), 2 bad input (one line on stderr naming the field and t
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from taskcard.producers.reports.lineage import DEFAULT_MAX_DEPTH, LineageError, spawn
 from taskcard.producers.reports.store import MAX_PAYLOAD_BYTES, VERDICTS, ReportError, Reports
+from taskcard.producers.task_card.contract import terminal_json
 from taskcard.producers.task_card.workdir_arg import existing_workdir_arg, workdir_arg
 
 
 def _print(data: Any) -> None:
-    print(json.dumps(data, ensure_ascii=False))
+    print(terminal_json(data))
 
 
 def _fail(command: str, message: str, code: int = 2) -> int:

@@ -33,6 +33,7 @@ from taskcard.producers.task_card.client import (
     host_log_file,
     ping,
 )
+from taskcard.producers.task_card.contract import terminal_json
 from taskcard.producers.task_card.envelope import (
     MAX_ENVELOPE_BYTES,
     EnvelopeError,
@@ -82,7 +83,7 @@ def _missing_workdir(args: argparse.Namespace) -> bool:
 
 def _emit(result: dict[str, Any], as_json: bool = True) -> int:
     if as_json:
-        text = json.dumps(result, indent=2, ensure_ascii=False)
+        text = terminal_json(result, indent=2)
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:  # a path with undecodable bytes: escape rather than crash

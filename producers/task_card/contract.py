@@ -419,6 +419,19 @@ def escape_controls(text: str) -> str:
     )
 
 
+# What JSON leaves as it is although it acts on a terminal: DEL, the C1 controls (0x9b is a
+# one-byte escape sequence introducer), bidirectional formatting, line and paragraph separators.
+_RAW_IN_JSON: Final = re.compile(f"[\\x7f-\\x9f\\u2028\\u2029{BIDI_CHARS}]")
+
+
+def terminal_json(value: Any, **options: Any) -> str:
+    """`json.dumps(value, ensure_ascii=False, **options)` with every character that could act
+    on the terminal printing it written as a `\\uXXXX` escape (the same JSON value): agent and
+    chat text in a CLI's JSON output could otherwise reorder the line or start an escape."""
+    text = json.dumps(value, ensure_ascii=False, **options)
+    return _RAW_IN_JSON.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
+
+
 def shows_text(text: str) -> bool:
     """Whether `text` shows a reader anything: False for text of white space, controls,
     zero-width and other format characters, lone combining marks or blank-looking letters

@@ -350,3 +350,16 @@ def test_a_lone_surrogate_escape_in_a_report_line_is_printed_not_a_traceback(
     for after in ((), ("--after", "0")):
         latest = next_report(workdir, *after)
         assert latest is not None and latest["summary"] == "a \ufffd b"
+
+
+def test_report_output_cannot_steer_the_terminal_printing_it(workdir: Path) -> None:
+    """The JSON of `report` / `reports` quoted a summary's bidi override and C1 controls raw:
+    a terminal showed the rest of the line reversed, or read 0x9b as an escape sequence."""
+    summary = "done \u202e(ok: false) \x9b2J \u2066x\u2069 \u2028 next \x7f"
+    done = taskcard("report", "--workdir", str(workdir), "--ok", "--summary", summary)
+    assert done.returncode == 0, done.stderr
+    read = taskcard("reports", "--workdir", str(workdir))
+    for out in (done.stdout.decode(), read.stdout.decode()):
+        assert not set(out) & set("\u202e\x9b\u2066\u2069\u2028\x7f"), repr(out)
+        assert "\\u202e" in out and "\\u009b" in out
+    assert json.loads(read.stdout)["report"]["summary"] == summary
