@@ -283,10 +283,21 @@ def render_board(view: BoardView) -> Outgoing:
     return Outgoing.build(card_plain_text(board), {"msg_type": "interactive", "content": content})
 
 
+# A Feishu text message shows `[words](https://...)` as a link under the words alone.
+_TEXT_LINK = re.compile(r"\[([^\[\]\n]*)\](?=\s*\()")
+_LINK_CLOSE = re.compile(r"\](?=\s*\()")  # what is left: `[a\]b](url)`, nested brackets
+
+
 def text_message_safe(text: str) -> str:
     """`text` fit for a Feishu text message, which reads `<at user_id="all">` as a mention of
-    everyone and has no escape for it: angle brackets become full-width look-alikes."""
-    return text.replace("<", "\uff1c").replace(">", "\uff1e")
+    everyone and has no escape for it: angle brackets become full-width look-alikes. It also
+    reads `[words](url)` as a link that shows only the words (an agent's report summary could
+    dress any address as anything): the brackets of such a link become full-width too, so it
+    shows as typed, address and all, as on Telegram."""
+    text = text.replace("<", "\uff1c").replace(">", "\uff1e")
+    if "]" not in text:
+        return text
+    return _LINK_CLOSE.sub("\uff3d", _TEXT_LINK.sub("\uff3b\\1\uff3d", text))
 
 
 def _text_content(text: str) -> str:

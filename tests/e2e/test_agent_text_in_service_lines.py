@@ -117,3 +117,26 @@ async def test_a_tell_of_invisible_characters_is_refused_and_escapes_reach_no_te
         assert done.returncode == 0, done.stderr
         assert "> stop\\x1b[2J now\\x1b]0;owned\\x07" in done.stdout
         assert "\x1b" not in done.stdout and "\x07" not in done.stdout
+
+
+async def test_a_link_in_a_report_summary_shows_its_address_on_feishu(tmp_path: Path) -> None:
+    """A Feishu text message reads `[words](url)` as a link that shows only the words, so a
+    report summary could dress any address as anything in the service's notice (on Telegram
+    the notice is plain text and shows the address). The brackets are made look-alikes."""
+    async with chat_for("feishu", tmp_path, ["worker"]) as chat:
+        wd = workdir(tmp_path, "worker")
+        publish(wd, "**migrating** 1/9")
+        with chat.serve:
+            await wait_said(chat, "migrating", "the card")
+            summary = (
+                "see [the release notes](https://evil.example/x) and [a\\]b](https://e.example)"
+            )
+            done = run_cli("report", "--workdir", str(wd), "--ok", "--summary", summary)
+            assert done.returncode == 0, done.stderr
+            notice = await wait_said(chat, "worker reported (#1)", "the report notice")
+            await chat.say("/taskcard")
+            answer = await wait_said(chat, "latest report", "the /taskcard answer")
+            assert await chat.serve.aterminate() == 0
+        for text in (notice, answer):
+            assert "\uff3bthe release notes\uff3d(https://evil.example/x)" in text, text
+            assert "](" not in text, text
