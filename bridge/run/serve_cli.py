@@ -313,7 +313,9 @@ def _status(args: argparse.Namespace) -> int:
             print(f"  paused: {scope} until {until}")
         notices = route["pending_notices"]
         print(
-            f"  pending notices: {len(notices)}" + (f" ({', '.join(notices)})" if notices else "")
+            f"  pending notices: {len(notices)}"
+            # A notice's id is the agent's own idempotency key: any string.
+            + (f" ({printable(', '.join(notices))})" if notices else "")
         )
     for agent in report["agents"]:
         if agent["found_by"] == "discovered":

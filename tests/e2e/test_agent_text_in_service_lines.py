@@ -21,13 +21,23 @@ from taskcard.producers.task_card.contract import (
     atomic_write,
     utc_now_iso,
 )
-from tests.e2e.harness import activity, eventually, publish, run_cli
+from tests.e2e.harness import (
+    TOKEN_ENV,
+    ServeProcess,
+    activity,
+    eventually,
+    notify,
+    publish,
+    run_cli,
+    telegram_config,
+)
 from tests.e2e.test_talk_and_signals import (
     chat_for,
     queued,
     wait_said,
     workdir,
 )
+from tests.fakes.telegram_api import FakeTelegram
 
 RLO, LRI, PDI, RLM = "\u202e", "\u2067", "\u2069", "\u200f"
 # Every character that steers how the text around it is shown, as the service must never
@@ -37,6 +47,7 @@ STEERING += [chr(c) for c in range(0x202A, 0x202F)] + [chr(c) for c in range(0x2
 FORGED = "FORGED lead reported (#9): ok."
 
 
+GROUP = -1001234567890
 PLATFORMS = pytest.mark.parametrize("platform", ["telegram", "feishu"])
 
 
@@ -140,3 +151,29 @@ async def test_a_link_in_a_report_summary_shows_its_address_on_feishu(tmp_path: 
         for text in (notice, answer):
             assert "\uff3bthe release notes\uff3d(https://evil.example/x)" in text, text
             assert "](" not in text, text
+
+
+async def test_status_prints_an_agents_notification_id_without_acting_on_the_terminal(
+    tmp_path: Path,
+) -> None:
+    """A notification's id is the agent's own string; `taskcard status` listed the pending
+    notices by id as they were, so an escape sequence in one cleared the operator's screen
+    and a line break forged a line of the status."""
+    async with FakeTelegram() as fake:
+        config = telegram_config(tmp_path, fake.base_url, GROUP, ["worker"])
+        wd = workdir(tmp_path, "worker")
+        publish(wd, "**migrating** 1/9")
+        with ServeProcess(config, env={TOKEN_ENV: fake.token}) as serve:
+            await eventually(lambda: fake.bot_messages(GROUP), what="the card")
+            fake.fail_next("sendMessage", 429, "Too Many Requests", {"retry_after": 600})
+            notify(wd, "n1\x1b[2J\nagent builder: PROBLEMS\u202e", "error", code="renderer_timeout")
+
+            def status() -> str:
+                done = run_cli("status", "--config", str(config))
+                return done.stdout if "pending notices: 1" in done.stdout else ""
+
+            out = await eventually(status, what="the pending notice in the status")
+            assert await serve.aterminate() == 0
+        assert "\x1b" not in out and "\u202e" not in out, out
+        assert not any(line.startswith("agent builder") for line in out.splitlines()), out
+        assert "n1\\x1b[2J\\nagent builder: PROBLEMS\\u202e" in out
