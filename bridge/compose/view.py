@@ -23,7 +23,7 @@ from taskcard.bridge.track.activity import ActivitySummary
 from taskcard.bridge.track.monitor import CardState
 from taskcard.channels.base import CardView
 from taskcard.producers.reports.contract import Lineage
-from taskcard.producers.task_card.contract import limit_mark_stacks, one_line
+from taskcard.producers.task_card.contract import one_line, shown_body
 
 
 def route_zone(name: str) -> tzinfo:
@@ -130,7 +130,7 @@ def health_row(card: CardState, now: datetime, zone: tzinfo = UTC) -> str | None
 def body_slot(card: CardState, now: datetime, zone: tzinfo = UTC) -> tuple[str | None, str | None]:
     """The programmable slot: (redacted body, note about the card)."""
     if card.status == "active" and card.body is not None:
-        return redact(limit_mark_stacks(card.body)), None
+        return redact(shown_body(card.body)), None
     if card.status == "inactive":
         when = (
             f" at {format_at(card.status_changed_at, now, zone)}" if card.status_changed_at else ""

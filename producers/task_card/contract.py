@@ -444,11 +444,8 @@ def shows_text(text: str) -> bool:
     )
 
 
-@functools.lru_cache(maxsize=256)
 def limit_mark_stacks(text: str) -> str:
-    """`text` with at most `MAX_STACKED_MARKS` combining marks after any one character.
-
-    Cached: a card body passes here for every route it is composed for."""
+    """`text` with at most `MAX_STACKED_MARKS` combining marks after any one character."""
     if text.isascii():
         return text
     kept: list[str] = []
@@ -462,6 +459,18 @@ def limit_mark_stacks(text: str) -> str:
             stacked = 0
         kept.append(char)
     return "".join(kept)
+
+
+_LINE_BREAKS: Final = re.compile("\r\n?|[\x85\u2028\u2029]")
+
+
+@functools.lru_cache(maxsize=256)
+def shown_body(body: str) -> str:
+    """A card body as chats and consoles are given it: its Markdown untouched, line breaks
+    made `\\n` (CR LF, a lone CR, NEL and the Unicode separators too), every other control
+    written as an escape (an escape sequence in a body reached the console channel's terminal
+    and acted on it), mark stacks bounded. Cached: a body is shown on every route it has."""
+    return limit_mark_stacks(escape_controls(_LINE_BREAKS.sub("\n", body)))
 
 
 def one_line(text: str) -> str:

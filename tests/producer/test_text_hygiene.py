@@ -9,6 +9,7 @@ from taskcard.producers.task_card.contract import (
     escape_controls,
     limit_mark_stacks,
     one_line,
+    shown_body,
     shows_text,
 )
 
@@ -58,3 +59,10 @@ def test_mark_stacks_are_bounded_per_character_only() -> None:
 
 def test_escape_controls_keeps_tab_and_newline() -> None:
     assert escape_controls("a\tb\nc\x1b[2Jd\x00\x9b") == "a\tb\nc\\x1b[2Jd\\x00\\x9b"
+
+
+def test_a_body_keeps_its_markdown_and_shows_its_controls() -> None:
+    body = "# title\r\n**bold** \x1b[2J\ttab\rnext\u2028sep `code` [x](https://a.example)"
+    assert shown_body(body) == (
+        "# title\n**bold** \\x1b[2J\ttab\nnext\nsep `code` [x](https://a.example)"
+    )
