@@ -462,15 +462,18 @@ def limit_mark_stacks(text: str) -> str:
 
 
 _LINE_BREAKS: Final = re.compile("\r\n?|[\x85\u2028\u2029]")
+# After the line breaks: the controls a body has no use for (tab and line feed stay).
+_BODY_CONTROLS: Final = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]+")
 
 
 @functools.lru_cache(maxsize=256)
 def shown_body(body: str) -> str:
     """A card body as chats and consoles are given it: its Markdown untouched, line breaks
     made `\\n` (CR LF, a lone CR, NEL and the Unicode separators too), every other control
-    written as an escape (an escape sequence in a body reached the console channel's terminal
-    and acted on it), mark stacks bounded. Cached: a body is shown on every route it has."""
-    return limit_mark_stacks(escape_controls(_LINE_BREAKS.sub("\n", body)))
+    taken out (an escape sequence in a body reached the console channel's terminal and acted
+    on it; taken out rather than shown, so a secret with a control inside is joined again for
+    the redaction), mark stacks bounded. Cached: a body is shown on every route it has."""
+    return limit_mark_stacks(_BODY_CONTROLS.sub("", _LINE_BREAKS.sub("\n", body)))
 
 
 def one_line(text: str) -> str:

@@ -166,13 +166,16 @@ def invisible_spellings(secret: str) -> str:
             f"wrapped {secret[:8]}",
             f"{secret[8:]} end",
             f"spaced {secret[:10]} {secret[10:]}",
+            # Controls a body loses before it is shown: the halves then meet.
+            f"controls {secret[:6]}\x1f\x1b{secret[6:]}",
         ]
     )
 
 
 def joined(text: str) -> str:
     """What a reader sees: invisible characters, breaks and escapes gone."""
-    for gone in ("\u00ad", "\u2063", "\u034f", "\\n", "\n", " ", "\\u00ad", "\\u2063", "\\u034f"):
+    for gone in ("\u00ad", "\u2063", "\u034f", "\\n", "\n", " ", "\\u00ad", "\\u2063", "\\u034f",
+                 "\x1f", "\x1b", "\\x1f", "\\x1b", "\\u001f", "\\u001b"):  # fmt: skip
         text = text.replace(gone, "")
     return text
 

@@ -115,7 +115,7 @@ async def test_console_has_a_header_renders_markdown_and_shows_notices(tmp_path:
 async def test_a_cards_escape_sequences_do_not_reach_the_console(tmp_path: Path) -> None:
     """The console channel prints the card body to the operator's terminal: an escape
     sequence in it (clear the screen, set the title, write the clipboard with OSC 52) acted
-    on that terminal. Controls in a body are shown as escapes there, as in every chat."""
+    on that terminal. Controls in a body are taken out there, as in every chat."""
     config = write_config(tmp_path)
     builder = tmp_path / "agents" / "builder"
     builder.mkdir(parents=True)
@@ -129,4 +129,4 @@ async def test_a_cards_escape_sequences_do_not_reach_the_console(tmp_path: Path)
         assert serve.terminate() == 0
     shown = serve.output
     assert "\x1b" not in shown and "\x07" not in shown and "\x9b" not in shown, repr(shown)
-    assert "\\x1b[2J\\x1b]52;c;ZWNobyBoaQ==\\x07" in shown and "next line\\x9b31m" in shown
+    assert "hostile-marker[2J]52;c;ZWNobyBoaQ==" in shown and "next line31m" in shown

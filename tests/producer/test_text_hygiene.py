@@ -61,8 +61,8 @@ def test_escape_controls_keeps_tab_and_newline() -> None:
     assert escape_controls("a\tb\nc\x1b[2Jd\x00\x9b") == "a\tb\nc\\x1b[2Jd\\x00\\x9b"
 
 
-def test_a_body_keeps_its_markdown_and_shows_its_controls() -> None:
+def test_a_body_keeps_its_markdown_and_loses_its_controls() -> None:
     body = "# title\r\n**bold** \x1b[2J\ttab\rnext\u2028sep `code` [x](https://a.example)"
     assert shown_body(body) == (
-        "# title\n**bold** \\x1b[2J\ttab\nnext\nsep `code` [x](https://a.example)"
+        "# title\n**bold** [2J\ttab\nnext\nsep `code` [x](https://a.example)"
     )
