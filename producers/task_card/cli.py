@@ -33,7 +33,7 @@ from taskcard.producers.task_card.client import (
     host_log_file,
     ping,
 )
-from taskcard.producers.task_card.contract import terminal_json
+from taskcard.producers.task_card.contract import one_line, terminal_json
 from taskcard.producers.task_card.envelope import (
     MAX_ENVELOPE_BYTES,
     EnvelopeError,
@@ -113,10 +113,11 @@ def summarize(result: dict[str, Any]) -> str:
         lines.append(f"  stopped: {result['stop_reason']}")
     error = result.get("error")
     if isinstance(error, dict):
-        lines.append(f"  error: {error.get('code')}: {error.get('message')}")
+        # The message may quote the renderer's own output: one plain line, no escapes.
+        lines.append(f"  error: {error.get('code')}: {one_line(str(error.get('message')))}")
     if result.get("last_body"):
         body = str(result["last_body"]).strip().splitlines()
-        lines.append(f"  card ({len(body)} lines): {body[0] if body else ''}")
+        lines.append(f"  card ({len(body)} lines): {one_line(body[0]) if body else ''}")
     for row in result.get("settings") or ():
         lines.append(f"  {row['key']} = {row['current']} (default {row['default']})")
     if result.get("body_removed") is not None:

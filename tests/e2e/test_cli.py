@@ -277,6 +277,26 @@ def test_card_commands_print_a_summary_or_json(tmp_path: Path) -> None:
         assert removed.stdout.startswith("remove: removed")
 
 
+def test_the_card_summary_does_not_replay_a_renderers_escapes(tmp_path: Path) -> None:
+    """`taskcard card inspect` (no --json) quoted the card's first line and the renderer's
+    error as they were: a renderer's escape sequence acted on the terminal of whoever looked
+    at the card."""
+    (tmp_path / "card.py").write_text('print("**building**\\x1b[2J\\u202e step 1")\n')
+    common = ("--workdir", str(tmp_path), "--runtime-dir", str(tmp_path / "run"))
+    common += ("--idle-grace-s", "1")
+    started = taskcard("card", "start", "card.py", "--interval-s", "30", *common)
+    try:
+        assert started.returncode == 0, started.stderr
+        watch_id = started.stdout.splitlines()[0].split("(watch ")[1].rstrip(")")
+        human = taskcard("card", "inspect", watch_id, *common)
+        assert human.returncode == 0
+        assert "card (1 lines): **building** [2J step 1" in human.stdout
+        assert "\x1b" not in human.stdout and "\u202e" not in human.stdout
+    finally:
+        removed = taskcard("card", "remove", *common)
+        assert removed.returncode == 0, removed.stderr
+
+
 def test_a_refused_card_command_is_summarised_under_its_own_name(tmp_path: Path) -> None:
     common = ("--workdir", str(tmp_path), "--runtime-dir", str(tmp_path / "run"))
     common += ("--idle-grace-s", "1")
