@@ -389,7 +389,10 @@ def _without_surrogates(value: Any) -> Any:
 BIDI_CHARS: Final = r"\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
 BREAK_CHARS: Final = r"\x00-\x1f\x7f-\x9f\u2028\u2029"
 STEERING_CHARS: Final = BREAK_CHARS + BIDI_CHARS
-_BIDI: Final = re.compile(f"[{BIDI_CHARS}]+")
+# Taken out of a one-line quote with the bidirectional formatting: the Unicode tag
+# characters, invisible everywhere, which spell hidden ASCII that a model reading the chat or
+# a wake in its inbox still reads ("ASCII smuggling"); they only serve subdivision flags.
+_UNSHOWN_IN_LINE: Final = re.compile(f"[{BIDI_CHARS}\\U000e0000-\\U000e007f]+")
 _BREAKS: Final = re.compile(f"[{BREAK_CHARS}]+")
 # General categories a reader does not see as text on their own: controls, format characters
 # (zero-width space and joiners, word joiner, byte-order mark, ...), surrogates, white space
@@ -480,7 +483,7 @@ def one_line(text: str) -> str:
     """Agent- or person-written `text` for one line among the service's own words: controls,
     bidirectional formatting and line breaks gone, white space runs one space, mark stacks
     bounded, trimmed; "" when nothing in it shows (see `shows_text`)."""
-    flat = " ".join(_BREAKS.sub(" ", _BIDI.sub("", text)).split())
+    flat = " ".join(_BREAKS.sub(" ", _UNSHOWN_IN_LINE.sub("", text)).split())
     return limit_mark_stacks(flat) if shows_text(flat) else ""
 
 

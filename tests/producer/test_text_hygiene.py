@@ -43,6 +43,7 @@ def test_shows_text(text: str, shows: bool) -> None:
         ("red \x1b[31mword\x07", "red [31mword"),
         ("  spaced \t out  ", "spaced out"),
         ("\u200b\u2060", ""),
+        ("ok" + "".join(chr(0xE0000 + ord(c)) for c in "hidden") + " done", "ok done"),
         ("e" + "\u0301" * 40, "e" + "\u0301" * MAX_STACKED_MARKS),
         ("Vi\u1ec7\u0323t", "Vi\u1ec7\u0323t"),  # ordinary stacked diacritics stay
     ],
