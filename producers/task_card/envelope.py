@@ -26,6 +26,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from taskcard.producers.task_card.contract import shows_text
 from taskcard.producers.task_card.settings import BOUNDS
 
 ActionName = Literal["start", "inspect", "retry", "stop", "remove", "settings", "manual"]
@@ -353,8 +354,11 @@ def parse_envelope(raw: Mapping[str, Any] | str | bytes) -> Envelope:
     elif action not in ACTIONS:
         problems.append(f"action: {action!r} is not one of {', '.join(ACTIONS)}")
     reasoning = data.get("reasoning")
-    if not isinstance(reasoning, str) or not reasoning.strip():
-        problems.append("reasoning: required, a non-empty string saying why you call this")
+    if not isinstance(reasoning, str) or not shows_text(reasoning):
+        problems.append(
+            "reasoning: required, a string that shows text (not only white space or invisible"
+            " characters) saying why you call this"
+        )
     summarize = data.get("summarize", False)
     if not isinstance(summarize, bool):
         problems.append(f"summarize: must be true or false, got {summarize!r}")

@@ -74,6 +74,7 @@ def test_a_valid_start_is_parsed_into_its_closed_input() -> None:
             "action: 'launch' is not one of start",
         ),
         ({"action": "manual", "input": {}}, "reasoning: required"),
+        ({"action": "manual", "input": {}, "reasoning": "\u200b\u2060\ufeff"}, "reasoning:"),
         (
             {"action": "manual", "input": {}, "reasoning": "r", "force": 1},
             "force: unknown root field",

@@ -128,6 +128,16 @@ def test_tool_refuses_unusable_envelopes_as_argument_with_exit_2(
     assert "Traceback" not in err
 
 
+def test_tool_refuses_a_reasoning_of_invisible_characters(cli: CliHost) -> None:
+    """The root `reasoning` is required: one of zero-width characters only gave none."""
+    raw = '{"action": "manual", "input": {}, "reasoning": "\u200b\u2060\ufeff \u3164"}'
+    code, out, err = _run_tool(cli, arg=raw.encode(), stdin=None)
+    assert code == 1, (out, err)
+    result = json.loads(out)
+    assert result["status"] == "failed" and result["message"].startswith("reasoning: required")
+    assert "invisible characters" in result["message"]
+
+
 def test_card_refuses_an_argument_that_is_not_utf8(cli: CliHost) -> None:
     command = [
         sys.executable,
