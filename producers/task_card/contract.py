@@ -380,13 +380,14 @@ def _without_surrogates(value: Any) -> Any:
     return value
 
 
-# Characters that act on how the text around them is shown instead of showing anything: C0
-# and C1 controls and DEL (a terminal's escape sequences start with one), every bidirectional
-# formatting character (the marks, among them the Arabic letter mark U+061C, the embeddings,
-# overrides and isolates) and the Unicode line and paragraph separators. An override in an
-# agent's text would make the service's words around it read in another order, or spell
-# another agent's name backwards so that it reads as that name.
+# Characters that act on how the text around them is shown instead of showing anything.
+# Bidirectional formatting (the marks, among them the Arabic letter mark U+061C, the
+# embeddings, overrides and isolates): an override in an agent's text would make the
+# service's words after it read in another order, or spell `rennalp` so that it reads as
+# another agent's name.
 BIDI_CHARS: Final = r"\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+# C0 and C1 controls and DEL (a terminal's escape sequences start with one), and the Unicode
+# line and paragraph separators (a line break in a one-line field forges a line).
 BREAK_CHARS: Final = r"\x00-\x1f\x7f-\x9f\u2028\u2029"
 STEERING_CHARS: Final = BREAK_CHARS + BIDI_CHARS
 # Taken out of a one-line quote with the bidirectional formatting: the Unicode tag
@@ -394,6 +395,7 @@ STEERING_CHARS: Final = BREAK_CHARS + BIDI_CHARS
 # a wake in its inbox still reads ("ASCII smuggling"); they only serve subdivision flags.
 _UNSHOWN_IN_LINE: Final = re.compile(f"[{BIDI_CHARS}\\U000e0000-\\U000e007f]+")
 _BREAKS: Final = re.compile(f"[{BREAK_CHARS}]+")
+_CONTROLS: Final = re.compile(f"[{BREAK_CHARS}]")
 # General categories a reader does not see as text on their own: controls, format characters
 # (zero-width space and joiners, word joiner, byte-order mark, ...), surrogates, white space
 # and separators, and combining marks (they only decorate the character before them).
@@ -403,9 +405,6 @@ _BLANK_LETTERS: Final = frozenset("\u115f\u1160\u3164\uffa0\u2800")
 # Combining marks kept on one character: enough for every script's stacked diacritics; a
 # longer stack is drawn over the lines above and below it, hiding the service's words there.
 MAX_STACKED_MARKS: Final = 4
-
-
-_CONTROLS: Final = re.compile(f"[{BREAK_CHARS}]")
 
 
 def escape_controls(text: str) -> str:
