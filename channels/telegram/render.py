@@ -307,8 +307,9 @@ def render_board(view: BoardView, limit_utf16: int = MAX_MESSAGE_UTF16) -> Outgo
 
 def render_text(text: str, limit_utf16: int = MAX_MESSAGE_UTF16) -> Outgoing:
     """A plain message (notice or command reply), cut to fit and never empty."""
-    cut = _cut_utf16(text.strip(), limit_utf16 - text.count("@")).rstrip()
-    return _outgoing(defuse_mentions(RichText(cut or "…")))
+    defused = defuse_mentions(RichText(text.strip())).text  # a text has no entities
+    cut = _cut_utf16(defused, limit_utf16).rstrip()
+    return _outgoing(RichText(cut or "…"))
 
 
 def _cut_utf16(text: str, limit_utf16: int) -> str:
