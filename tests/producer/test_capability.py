@@ -68,6 +68,7 @@ def test_the_updater_keeps_refreshing_on_its_interval(workdir: Path, make_card: 
     [
         ("import sys\nprint('x')\nsys.exit(4)\n", "renderer_nonzero_exit"),
         ("print('   ')\n", "renderer_blank_output"),
+        ("print('\\u200b\\u2060\\ufeff')\n", "renderer_blank_output"),  # shows nothing
         ("import sys\nsys.stdout.buffer.write(b'\\xff\\xfe bad')\n", "renderer_invalid_utf8"),
         ("print('x' * 2001)\n", "body_too_large"),
         ("import time\ntime.sleep(60)\n", "renderer_timeout"),
