@@ -64,7 +64,8 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Keeps hand-wrapped epilogs and appends `(default: X)` to options that have a default.
 
     Unlike `ArgumentDefaultsHelpFormatter` it leaves out defaults that say nothing (None,
-    False for a flag) and help that already names its default.
+    a flag's: `--failed` stores False into a field whose default is True) and help that
+    already names its default.
     """
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
@@ -77,6 +78,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
             or default is False
             or default is argparse.SUPPRESS
             or not action.option_strings
+            or action.nargs == 0
         ):
             return text
         return f"{text} (default: %(default)s)"

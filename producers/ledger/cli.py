@@ -245,6 +245,10 @@ def _guarded(handler: Any) -> Any:
         except LedgerError as exc:
             print(f"taskcard ledger: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
+        except BrokenPipeError:
+            # The reader of the output went away (`taskcard ledger show | head -1`): the
+            # command line ends it quietly with 141, as for every other command.
+            raise
         except OSError as exc:
             where = f" {exc.filename}" if exc.filename else ""
             print(f"taskcard ledger: cannot write{where} ({exc.strerror})", file=sys.stderr)
@@ -310,7 +314,8 @@ def register(subparsers: Any) -> None:
     commands.required = True
 
     def add(name: str, handler: Any, text: str, *, task: str = "required") -> Any:
-        parser = commands.add_parser(name, help=text)
+        # The formatter of the `taskcard` command line, so each option shows its default.
+        parser = commands.add_parser(name, help=text, formatter_class=ledger.formatter_class)
         _common(parser)
         if task == "required":
             parser.add_argument("task_id", help="the task's id in the ledger")

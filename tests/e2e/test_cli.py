@@ -95,10 +95,13 @@ def test_every_option_has_help_and_shows_its_default() -> None:
             if isinstance(action, argparse._SubParsersAction | argparse._HelpAction):
                 continue
             assert action.help, f"{path}: {action.dest} has no help text"
+            shown = parser._get_formatter()._get_help_string(action) or ""
+            if action.nargs == 0:  # a flag: `--failed` showed "(default: True)"
+                assert "(default: " not in shown, f"{path}: {action.dest} shows a default"
+                continue
             meaningful = action.default not in (None, False, argparse.SUPPRESS)
             if action.option_strings and meaningful:
-                text = parser.format_help()
-                assert "default" in text, f"{path}: {action.dest} does not show its default"
+                assert "default" in shown, f"{path}: {action.dest} does not show its default"
     idle = taskcard("card", "start", "--help").stdout
     assert "(default: .)" in idle  # --workdir
     assert "(default: text)" in taskcard("serve", "--help").stdout  # --log-format
@@ -498,11 +501,19 @@ def _with_stdout(stdout: int | IO[str], *args: str) -> subprocess.CompletedProce
     )
 
 
-def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", ["card manual", "ledger show", "ledger render"])
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path, command: str) -> None:
+    """`taskcard ... | head -1`: exit 141 and nothing on stderr (the ledger's commands said
+    "cannot write (Broken pipe)" and exited 1, as if the ledger could not be written)."""
+    args = command.split()
+    if args[0] == "ledger":
+        made = taskcard("ledger", "init", "t1", "--purpose", "train", "--workdir", str(tmp_path))
+        assert made.returncode == 0, made.stderr
+        args += ["t1", "--workdir", str(tmp_path)]
     read_end, write_end = os.pipe()
     os.close(read_end)  # like `| head -1` that has already read its line
     try:
-        done = _with_stdout(write_end, "card", "manual")
+        done = _with_stdout(write_end, *args)
     finally:
         os.close(write_end)
     assert done.returncode == 141
