@@ -35,13 +35,15 @@ exit codes:
        or secret)
   {EXIT_ALREADY_RUNNING}    already running (a service on that state_dir, a host for that workdir)
   {EXIT_UNREACHABLE}    no task card host could be reached or started
-  {EXIT_INTERRUPTED}  interrupted (Ctrl-C)
+  {EXIT_INTERRUPTED}  interrupted (Ctrl-C); serve, demo and host take it as a stop and exit 0
   {EXIT_BROKEN_PIPE}  the reader of the output went away (`taskcard ... | head`)
 
 environment:
-  TASKCARD_CONFIG      default for --config
-  TASKCARD_LOG_LEVEL   default for --log-level
-  TASKCARD_LOG_FORMAT  default for --log-format
+  TASKCARD_CONFIG       default for --config
+  TASKCARD_LOG_LEVEL    default for --log-level
+  TASKCARD_LOG_FORMAT   default for --log-format
+  TASKCARD_RUNTIME_DIR  default for --runtime-dir (task card hosts' sockets and locks)
+  TASKCARD_ORIGIN       the chat a turn came from, which the hooks write into turn.start
 """
 
 # Modules that contribute subcommands, in the order `taskcard --help` lists them.

@@ -426,7 +426,9 @@ def register(subparsers: Any) -> None:
     )
     host.set_defaults(handler=run_host)
 
-    mcp = subparsers.add_parser("mcp", help="serve the task_card tool over MCP stdio")
+    mcp = subparsers.add_parser(
+        "mcp", help="serve the task_card, ledger, report, spawn and inbox tools over MCP stdio"
+    )
     _common(mcp)
     mcp.set_defaults(handler=run_mcp)
 

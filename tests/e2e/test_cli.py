@@ -18,6 +18,7 @@ import pytest
 from taskcard.bridge.cli import build_parser
 from taskcard.bridge.config import parse_config
 from taskcard.bridge.run.serve_cli import nothing_served
+from taskcard.producers.task_card.mcp_server import TOOLS
 from tests.e2e.harness import ROOT, ServeProcess, eventually
 
 
@@ -74,6 +75,17 @@ def test_help_lists_the_exit_codes_and_environment() -> None:
         assert line in text
     assert "3    already running" in text and "4    no task card host" in text
     assert "TASKCARD_CONFIG" in text and "TASKCARD_LOG_LEVEL" in text
+    # Read by the task card commands and the hooks: a user meets them, the help names them.
+    assert "TASKCARD_RUNTIME_DIR" in text and "TASKCARD_ORIGIN" in text
+    assert "serve, demo and host take it as a stop and exit 0" in text
+
+
+def test_the_mcp_command_names_every_tool_it_serves() -> None:
+    """Its help said "serve the task_card tool" while it serves five."""
+    text = " ".join(taskcard("--help").stdout.split())
+    line = text[text.index(" mcp ") :].split(" ledger long task")[0]
+    for tool in TOOLS:
+        assert tool.name in line, (tool.name, line)
 
 
 def _all_parsers(
