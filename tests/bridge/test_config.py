@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -220,6 +221,48 @@ def test_the_example_file_documents_every_key_and_loads() -> None:
     text = EXAMPLE_PATH.read_text(encoding="utf-8")
     for key in _all_keys(config_json_schema()):
         assert key in text, f"{key} is not documented in {EXAMPLE_PATH.name}"
+
+
+def _example_blocks(key: str) -> list[str]:
+    """Each line of the example that sets `key` (commented out or not), with the comment lines
+    that continue it."""
+    lines = EXAMPLE_PATH.read_text(encoding="utf-8").splitlines()
+    blocks = []
+    for at, line in enumerate(lines):
+        if re.match(rf"\s*#?\s*{re.escape(key)}\s*=", line):
+            block = [line]
+            for following in lines[at + 1 :]:
+                if not re.match(r"\s+#", following):
+                    break
+                block.append(following)
+            blocks.append("\n".join(block))
+    return blocks
+
+
+def test_the_example_gives_the_upper_bound_of_every_bounded_number() -> None:
+    """The example promises "the range given beside" each number; ambiguous_send_hold_s had
+    none, and a value past its 86400 was refused without the file saying so."""
+    # Documented once, above their tables: the limits' bounds; a chat id is the platform's.
+    elsewhere = {
+        ("RateLimit", "max_calls"),
+        ("RateLimit", "period_s"),
+        ("TelegramRoute", "chat_id"),
+    }
+    schema = config_json_schema()
+    definitions = schema["$defs"]
+    assert isinstance(definitions, dict)
+    checked = 0
+    for model, node in [("ServiceConfig", schema), *definitions.items()]:
+        for key, field in node.get("properties", {}).items():
+            for variant in [field, *field.get("anyOf", [])]:
+                if "maximum" not in variant or (model, key) in elsewhere:
+                    continue
+                bound = float(variant["maximum"])
+                shown = str(int(bound)) if bound.is_integer() else str(bound)
+                blocks = [block.replace(",", "") for block in _example_blocks(key)]
+                assert any(shown in block for block in blocks), f"{model}.{key}: {shown}"
+                checked += 1
+    assert checked > 15
 
 
 def _all_keys(schema: dict[str, object]) -> set[str]:
