@@ -1,0 +1,84 @@
+"""What the README and docs/ give a reader to copy works as written.
+
+Nothing else runs these lines: a name that moves or a step that is left out fails here,
+not for the first person who pastes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from taskcard.producers.task_card.client import request_host
+from taskcard.producers.task_card.runtime import HostPaths
+from tests.e2e.harness import ROOT
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+# `taskcard.producers.ledger.Ledger(path)`: a name the reader is told to call from Python.
+PYTHON_CALL = re.compile(r"`(taskcard(?:\.[A-Za-z_]\w*)+)\(")
+
+
+def test_every_python_call_the_docs_name_imports_outside_the_checkout(tmp_path: Path) -> None:
+    """The README said `producers.task_card.capability.TaskCard(...)`: only the `taskcard`
+    package is installed, so that import fails anywhere but the repository's root."""
+    names = sorted({m.group(1) for doc in DOCS for m in PYTHON_CALL.finditer(doc.read_text())})
+    assert len(names) >= 3, names
+    script = (
+        "import importlib, sys\n"
+        "for name in sys.argv[1:]:\n"
+        "    module, _, attribute = name.rpartition('.')\n"
+        "    getattr(importlib.import_module(module), attribute)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, *names],
+        cwd=tmp_path,  # not the checkout: its top-level folders are not importable there
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    bare = [
+        m for doc in DOCS for m in re.findall(r"From Python:?\s+`(producers\.\S+)", doc.read_text())
+    ]
+    assert bare == [], "write the installed name, taskcard.producers..."
+
+
+def test_the_operators_first_card_runs_as_written(tmp_path: Path) -> None:
+    """docs/operators.md, "Prepare one agent to watch": it started a renderer.py that no
+    step had written."""
+    text = (ROOT / "docs" / "operators.md").read_text()
+    block = text.split("Prepare one agent to watch", 1)[1].split("```sh\n", 1)[1]
+    block = block.split("```", 1)[0].replace(".venv/bin/taskcard", "taskcard")
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    bin_dir = Path(sys.executable).parent
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),
+        "TASKCARD_RUNTIME_DIR": str(runtime),
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    workdir = tmp_path / "agents" / "builder"
+    try:
+        done = subprocess.run(
+            ["sh", "-ec", block], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert (workdir / "taskcard" / "status").read_text() == "active"
+        assert (workdir / "taskcard" / "taskcard.md").read_text().startswith("# Build")
+    finally:
+        subprocess.run(
+            ["taskcard", "card", "remove", "--workdir", str(workdir)],
+            env=env,
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+        with contextlib.suppress(OSError, ValueError):  # the host started by `card start`
+            request_host(HostPaths(runtime, workdir.resolve()), {"op": "shutdown"}, 5.0)
