@@ -19,6 +19,7 @@ import json
 import math
 import os
 import signal
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +27,7 @@ from typing import Any
 
 from taskcard.bridge.config import parse_config
 from taskcard.bridge.run.logs import choose, setup_logging
-from taskcard.bridge.run.runner import add_log_options, serve
+from taskcard.bridge.run.runner import EXIT_CONFIG, add_log_options, serve
 from taskcard.producers.task_card.contract import (
     CardPaths,
     append_jsonl_line,
@@ -243,7 +244,20 @@ def run_demo(folder: str | None, duration_s: float | None) -> int:
     setup_logging("WARNING")
     if folder:
         root = Path(folder).resolve()
-        root.mkdir(parents=True, exist_ok=True)
+        try:
+            (root / "agents").mkdir(parents=True, exist_ok=True)
+        except OSError as error:  # a file there, a folder this user cannot write
+            reason = (
+                f"{error.filename} is not a folder"
+                if isinstance(error, FileExistsError)
+                else f"{error.strerror} ({error.filename})"
+            )
+            print(
+                f"taskcard demo: --dir {folder}: cannot keep the demo fleet there: {reason};"
+                " give a folder you can write, or leave --dir out for a temporary one",
+                file=sys.stderr,
+            )
+            return EXIT_CONFIG
         return asyncio.run(_run(root, duration_s))
     with tempfile.TemporaryDirectory(prefix="taskcard-demo-") as tmp:
         return asyncio.run(_run(Path(tmp), duration_s))

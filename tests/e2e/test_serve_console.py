@@ -96,6 +96,26 @@ def test_a_demo_duration_that_is_no_time_is_a_usage_error(duration: str) -> None
     assert "Ctrl-C to stop" not in result.stdout
 
 
+@pytest.mark.parametrize("planted", ["dir", "agents"])
+def test_a_demo_folder_that_cannot_hold_the_fleet_is_one_line_and_exit_2(
+    tmp_path: Path, planted: str
+) -> None:
+    """`taskcard demo --dir FILE` (or a folder whose `agents` is a file) ended in a traceback
+    from mkdir."""
+    folder = tmp_path / "fleet"
+    if planted == "dir":
+        folder.write_text("not a folder\n")
+    else:
+        folder.mkdir()
+        (folder / "agents").write_text("not a folder\n")
+    result = run_cli("demo", "--dir", str(folder), "--duration", "5")
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"--dir {folder}" in lines[0], result.stderr
+    assert "Ctrl-C to stop" not in result.stdout
+
+
 async def test_console_has_a_header_renders_markdown_and_shows_notices(tmp_path: Path) -> None:
     config = write_config(tmp_path)
     builder = tmp_path / "agents" / "builder"
