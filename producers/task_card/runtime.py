@@ -79,10 +79,18 @@ def default_runtime_dir(environ: Mapping[str, str]) -> Path:
 
 @dataclass(frozen=True)
 class HostPaths:
-    """The lock, socket and log of one workdir's host."""
+    """The lock, socket and log of one workdir's host.
+
+    The runtime folder is made absolute against the current directory here: the detached
+    host runs from `/`, so a relative `TASKCARD_RUNTIME_DIR` or `--runtime-dir` would put its
+    socket under `/` while the caller waited for it in the folder it meant.
+    """
 
     runtime_dir: Path
     workdir: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "runtime_dir", Path(os.path.abspath(self.runtime_dir)))
 
     @property
     def key(self) -> str:

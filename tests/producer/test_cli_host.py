@@ -10,6 +10,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 from .conftest import (
     COUNTER_RENDERER,
     STATIC_RENDERER,
@@ -275,3 +277,30 @@ def test_host_durations_out_of_range_are_usage_errors_naming_the_option(cli: Cli
         assert done.returncode == 2, (option, value, done.stderr)
         assert option in done.stderr and "seconds" in done.stderr
         assert cli.host_pid() is None  # nothing was started
+
+
+@pytest.mark.parametrize("how", ["env", "option"])
+def test_a_relative_runtime_dir_is_the_callers_folder(
+    workdir: Path, runtime_dir: Path, how: str
+) -> None:
+    """`TASKCARD_RUNTIME_DIR=rt taskcard card start ...` waited 60 s and exited 4: the
+    detached host runs from `/`, so it made its socket in `/rt` while the caller waited in
+    `./rt`."""
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    command = [sys.executable, "-m", "taskcard.bridge.cli", "card", "start", "r.py"]
+    command += ["--workdir", str(workdir)]
+    env = {k: v for k, v in os.environ.items() if k != "TASKCARD_RUNTIME_DIR"}
+    if how == "env":
+        env["TASKCARD_RUNTIME_DIR"] = "rt"
+    else:
+        command += ["--runtime-dir", "rt"]
+    host = CliHost(workdir, runtime_dir / "rt")
+    try:
+        done = subprocess.run(
+            command, cwd=runtime_dir, env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        assert host.paths.socket.exists()
+        assert host.json("card", "inspect", "tc_1")["status"] == "watching"
+    finally:
+        host.shutdown()
