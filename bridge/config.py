@@ -48,6 +48,8 @@ from taskcard.channels.feishu.config import FeishuConfig
 from taskcard.channels.telegram.config import TelegramConfig
 
 AGENT_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+# The pattern in words, for every message that refuses an id.
+AGENT_ID_RULE = "1-64 letters, digits, '_', '.' or '-', starting with a letter or digit"
 ALL_AGENTS = "*"
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "config" / "taskcard.schema.json"
 EXAMPLE_PATH = Path(__file__).resolve().parent.parent / "config" / "taskcard.example.toml"
@@ -75,7 +77,10 @@ class AgentConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
-    id: str = Field(description="Agent id shown in cards and logs; 1-64 of [A-Za-z0-9_.-].")
+    id: str = Field(
+        description="Agent id shown in cards and logs; 1-64 of [A-Za-z0-9_.-], a letter or digit"
+        " first."
+    )
     workdir: Path = Field(
         strict=False,  # TOML gives text; strict mode would ask for a Path object
         description="The agent's working directory (relative: to this file).",
@@ -85,10 +90,7 @@ class AgentConfig(BaseModel):
     @classmethod
     def _check_id(cls, value: str) -> str:
         if not AGENT_ID_PATTERN.fullmatch(value):
-            raise ValueError(
-                f"{value!r} is not a valid agent id; use 1-64 letters, digits, '_', '.' or '-',"
-                " starting with a letter or digit"
-            )
+            raise ValueError(f"{value!r} is not a valid agent id; use {AGENT_ID_RULE}")
         return value
 
     @field_validator("workdir")

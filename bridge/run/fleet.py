@@ -16,7 +16,7 @@ from datetime import UTC, tzinfo
 from pathlib import Path
 
 from taskcard.bridge.compose.view import route_zone
-from taskcard.bridge.config import AGENT_ID_PATTERN, ServiceConfig
+from taskcard.bridge.config import AGENT_ID_PATTERN, AGENT_ID_RULE, ServiceConfig
 from taskcard.bridge.deliver.registry import RouteSpec
 from taskcard.bridge.schedule.scheduler import RouteKey
 from taskcard.channels.base import ChatRef, RouteView
@@ -80,7 +80,7 @@ def discover_agents(roots: Sequence[Path], configured: Collection[str]) -> Disco
             if not AGENT_ID_PATTERN.fullmatch(name):
                 found.problems.add(
                     f"discovered folder {os.path.join(root, name)!r} skipped: its name is not a"
-                    " valid agent id (1-64 letters, digits, '_', '.', '-'); rename it"
+                    f" valid agent id ({AGENT_ID_RULE}); rename it"
                 )
             elif name in configured:
                 found.problems.add(

@@ -30,6 +30,8 @@ MAX_DEPTH_LIMIT: Final = 32
 MAX_REASON_CHARS: Final = 1000
 MAX_FILE_BYTES: Final = 16 * 1024
 AGENT_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+# The pattern in words, for every message that refuses an id.
+AGENT_ID_RULE: Final = "1-64 letters, digits, '_', '.' or '-', starting with a letter or digit"
 PROVIDER: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/ -]{0,63}")
 
 
@@ -81,7 +83,7 @@ def spawn(
 ) -> dict[str, Any]:
     """Write `<child>/lineage.json` and return the record; raises `LineageError`."""
     if not isinstance(parent, str) or not AGENT_ID.fullmatch(parent):
-        raise LineageError("parent: the parent's agent id, 1-64 letters, digits, '_', '.', '-'")
+        raise LineageError(f"parent: the parent's agent id, {AGENT_ID_RULE}")
     if not isinstance(reason, str) or not shows_text(reason):
         raise LineageError(
             "reason: required, and it must show text (not only white space or invisible"

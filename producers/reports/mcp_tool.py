@@ -13,6 +13,7 @@ from typing import Any, Final
 
 from taskcard.producers.reports.lineage import (
     AGENT_ID,
+    AGENT_ID_RULE,
     DEFAULT_MAX_DEPTH,
     MAX_DEPTH_LIMIT,
     LineageError,
@@ -104,7 +105,7 @@ def call_spawn(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
     if "parent" not in arguments and not AGENT_ID.fullmatch(parent):
         return _failed(
             f"parent: defaults to this workdir's folder name, and {parent[:64]!r} is not an "
-            "agent id (1-64 letters, digits, '_', '.', '-'); pass parent, the id the service "
+            f"agent id ({AGENT_ID_RULE}); pass parent, the id the service "
             "knows this agent by"
         )
     try:

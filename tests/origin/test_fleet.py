@@ -105,12 +105,14 @@ def test_discovery_skips_bad_names_clashes_and_files(tmp_path: Path) -> None:
     first, second = tmp_path / "one", tmp_path / "two"
     for folder in (first / "scout", first / "builder", first / "bad name", first / ".git"):
         folder.mkdir(parents=True)
+    (first / "_scratch").mkdir()  # only allowed characters, but not a letter or digit first
     (first / "notes.txt").write_text("x")
     (second / "scout").mkdir(parents=True)
     found = discover_agents([first, second, tmp_path / "missing"], ["builder"])
     assert found.agents == {"scout": first / "scout"}
-    assert len(found.problems) == 3
-    assert any("not a valid agent id" in p for p in found.problems)
+    assert len(found.problems) == 4
+    bad = [p for p in found.problems if "not a valid agent id" in p]
+    assert len(bad) == 2 and all("starting with a letter or digit" in p for p in bad)
     assert any("configured in [[agents]], which wins" in p for p in found.problems)
     assert any("already found" in p for p in found.problems)
 
