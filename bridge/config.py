@@ -586,14 +586,14 @@ def _read_config_bytes(path: Path) -> bytes:
             return b""
         if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISSOCK(mode):
             raise ConfigError(
-                [f"{path}: is a device, not a configuration file; point --config at a TOML file"]
+                [f"{path}: is a device, not a configuration file; give the path of a TOML file"]
             )
         raw = stream.read(MAX_CONFIG_BYTES + 1)
     if len(raw) > MAX_CONFIG_BYTES:
         raise ConfigError(
             [
                 f"{path}: larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MB, which no"
-                " configuration needs; point --config at the TOML file"
+                " configuration needs; give the path of the TOML file"
             ]
         )
     return raw
@@ -612,10 +612,10 @@ def load_config(path: Path) -> ServiceConfig:
         raw = _read_config_bytes(path)
     except FileNotFoundError:
         raise ConfigError(
-            [f"{path}: no such file; create it (see config/taskcard.example.toml) or fix --config"]
+            [f"{path}: no such file; create it (see config/taskcard.example.toml) or fix the path"]
         ) from None
     except IsADirectoryError:
-        raise ConfigError([f"{path}: is a folder; point --config at the TOML file in it"]) from None
+        raise ConfigError([f"{path}: is a folder; give the path of the TOML file in it"]) from None
     except OSError as exc:
         raise ConfigError(
             [f"{path}: cannot be read ({exc.strerror}); check its permissions"]

@@ -208,6 +208,23 @@ def test_a_log_variable_that_is_no_choice_is_a_usage_error(
         assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.parametrize("how", ["config check", "serve --config", "TASKCARD_CONFIG"])
+@pytest.mark.parametrize("what", ["missing", "folder"])
+def test_an_unusable_config_path_is_named_without_an_option_it_did_not_use(
+    tmp_path: Path, how: str, what: str
+) -> None:
+    """`taskcard config check FILE` (a positional) was told to "fix --config"."""
+    path = tmp_path / "missing.toml" if what == "missing" else tmp_path
+    if how == "config check":
+        result = taskcard("config", "check", str(path))
+    elif how == "serve --config":
+        result = taskcard("serve", "--config", str(path), "--check")
+    else:
+        result = taskcard("status", env={"TASKCARD_CONFIG": str(path)})
+    assert result.returncode == 2
+    assert f"{path}: " in result.stderr and "--config" not in result.stderr, result.stderr
+
+
 def test_log_level_on_the_command_line_wins_over_the_config(tmp_path: Path) -> None:
     config = console_config(tmp_path, AGENT, extra='log_level = "WARNING"\n')
     (tmp_path / "agents" / "builder").mkdir(parents=True)
