@@ -319,10 +319,8 @@ def register(subparsers: Any) -> None:
         _common(parser)
         if task == "required":
             parser.add_argument("task_id", help="the task's id in the ledger")
-        elif task == "optional":
-            parser.add_argument(
-                "task_id", nargs="?", help="the task's id (default: the ledger's only open task)"
-            )
+        else:  # `task` says what a missing id stands for (`Ledger.default_task_id`, or all)
+            parser.add_argument("task_id", nargs="?", help=f"the task's id (default: {task})")
         parser.set_defaults(handler=_guarded(handler))
         return parser
 
@@ -386,9 +384,10 @@ def register(subparsers: Any) -> None:
     heartbeat = add("heartbeat", run_heartbeat, "record that the executor is healthy")
     heartbeat.add_argument("--note", help="what the executor is doing")
 
-    add("show", run_show, "print a task's record as JSON", task="optional")
-    add("render", run_render, "print a task's card (a task_card renderer)", task="optional")
-    supervise = add("supervise", run_supervise, "run the monitor once", task="optional")
+    newest = "the newest task not completed, else the newest task"
+    add("show", run_show, "print a task's record as JSON", task=newest)
+    add("render", run_render, "print a task's card (a task_card renderer)", task=newest)
+    supervise = add("supervise", run_supervise, "run the monitor once", task="every task")
     supervise.add_argument(
         "--apply-supervision",
         dest="apply_supervision",

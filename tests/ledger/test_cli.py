@@ -165,3 +165,27 @@ def test_hostile_values_exit_2_and_every_task_stays_readable(
     assert field in lines[0], stderr
     assert (workdir / "ledger" / "long-task-ledger.json").read_bytes() == before
     assert ok(workdir, "show", "t")["task"] is not None
+
+
+def test_without_a_task_id_show_takes_the_newest_open_task_and_supervise_every_task(
+    workdir: Path,
+) -> None:
+    """The help said "the ledger's only open task" for all three; with two open tasks `show`
+    and `render` took the newest and `supervise` decided for both, as now written there."""
+    ok(workdir, "init", "older", "--purpose", "first job", "--no-renderer")
+    ok(workdir, "init", "newer", "--purpose", "second job", "--no-renderer")
+    assert ok(workdir, "show")["task"] == ok(workdir, "show", "newer")["task"]
+    rendered = taskcard(workdir, "render")
+    assert rendered.returncode == 0 and "second job" in rendered.stdout
+    supervised = taskcard(workdir, "supervise")
+    ids = [json.loads(line)["task_id"] for line in supervised.stdout.splitlines()]
+    assert sorted(ids) == ["newer", "older"]
+    for command, default in (("show", "the newest task not completed"), ("supervise", "every")):
+        shown = subprocess.run(
+            [sys.executable, "-m", "taskcard.bridge.cli", "ledger", command, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        assert f"(default: {default}" in " ".join(shown.stdout.split())
