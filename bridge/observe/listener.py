@@ -40,7 +40,9 @@ class MetricsListener:
             await runner.cleanup()
             raise
         self._runner = runner
-        log.info("metrics and health on http://%s:%d/metrics, /healthz", self._host, self._port)
+        # An IPv6 address goes in brackets, so the URL in the log can be pasted as it is.
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        log.info("metrics and health on http://%s:%d/metrics, /healthz", host, self._port)
 
     async def stop(self) -> None:
         runner, self._runner = self._runner, None

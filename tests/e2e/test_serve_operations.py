@@ -85,6 +85,30 @@ async def get(url: str) -> httpx.Response | None:
         return None
 
 
+@pytest.mark.skipif(not socket.has_ipv6, reason="needs IPv6")
+async def test_an_ipv6_listener_logs_a_url_that_can_be_pasted(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """`listen = "[::1]:9464"` logged http://::1:9464/metrics, which no client takes."""
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+            port = int(probe.getsockname()[1])
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    metrics = ["[metrics]", f'listen = "[::1]:{port}"']
+    config = telegram_config(tmp_path, fake.base_url, GROUP, extra=metrics)
+    with ServeProcess(config, env={"TC_TEST_TOKEN": fake.token}) as serve:
+        await eventually(lambda: "metrics and health on" in serve.logs, what="the listener")
+        url = re.search(r"metrics and health on (\S+),", serve.logs)
+        assert url is not None and url.group(1) == f"http://[::1]:{port}/metrics"
+        answer = await until(
+            lambda: get(url.group(1).replace("/metrics", "/healthz")), what="/healthz"
+        )
+        assert answer.status_code in (200, 503)
+        assert await serve.aterminate() == 0
+
+
 async def test_metrics_count_deliveries_and_healthz_is_ok(
     tmp_path: Path, fake: FakeTelegram
 ) -> None:
