@@ -658,7 +658,9 @@ def parse_origin(value: object) -> Origin | str:
     shown = value if len(value) <= 80 else value[:77] + "..."
     channel, _, rest = value.partition(":")
     if channel not in ORIGIN_CHANNELS:
-        return f"{shown!r} names no known channel; write {ORIGIN_FORMS}"
+        # The writers add the forms themselves (`(forms: ...)`); saying them here twice
+        # made their messages repeat the same text.
+        return f"{shown!r} names no known channel; use telegram or feishu"
     parts = rest.split(":")
     if channel == "telegram":
         if len(parts) > 2 or not _TELEGRAM_CHAT.fullmatch(parts[0]):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from taskcard.producers.task_card.contract import Origin, parse_origin
+from taskcard.producers.task_card.contract import ORIGIN_FORMS, Origin, parse_origin
 from tests.hooks.conftest import TASKCARD, events, payload
 
 
@@ -56,6 +56,14 @@ def test_a_non_text_origin_is_refused() -> None:
         parse_origin(12)
         == "must be text written telegram:<chat id>[:<topic id>] or feishu:<chat id>"
     )
+
+
+@pytest.mark.parametrize("origin", ["slack:C123", "telegram:abc", "feishu:oc_abc:7"])
+def test_a_refused_origin_names_the_forms_once(tmp_path: Path, origin: str) -> None:
+    """`origin=slack:C1` was told "write FORMS (forms: FORMS)", the same forms twice."""
+    done = activity(tmp_path, "turn.start", f"origin={origin}")
+    assert done.returncode == 2
+    assert done.stderr.count(ORIGIN_FORMS) == 1, done.stderr
 
 
 def activity(workdir: Path, *argv: str) -> subprocess.CompletedProcess[str]:
