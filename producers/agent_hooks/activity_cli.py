@@ -12,15 +12,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 from taskcard.producers.task_card.activity_log import (
-    OPTIONAL_FIELDS,
-    REQUIRED_FIELDS,
+    RESERVED_FIELDS,
     ActivityInputError,
-    check_origin,
+    event_record,
+    typed_fields,
 )
-from taskcard.producers.task_card.activity_log import TYPE_NAMES as _TYPE_NAMES
 from taskcard.producers.task_card.contract import (
     EVENT_KINDS,
     CardPaths,
@@ -28,8 +27,6 @@ from taskcard.producers.task_card.contract import (
     utc_now_iso,
 )
 from taskcard.producers.task_card.workdir_arg import existing_workdir_arg
-
-_RESERVED: Final = frozenset({"kind", "ts"})
 
 
 def parse_value(text: str) -> Any:
@@ -48,36 +45,24 @@ def parse_value(text: str) -> Any:
 
 
 def build_event(kind: str, assignments: list[str], *, ts: str) -> dict[str, Any]:
-    """The event record for `kind` and `key=value` assignments, validated."""
+    """The event record for `kind` and `key=value` assignments, validated by the one writer
+    (`activity_log.event_record`) the hooks use too, ranges included."""
     if kind not in EVENT_KINDS:
         raise ActivityInputError(
             f"KIND: unknown kind {kind!r}; use one of {', '.join(sorted(EVENT_KINDS))}"
         )
-    required = REQUIRED_FIELDS[kind]
-    typed = {**OPTIONAL_FIELDS.get(kind, {}), **required}
-    record: dict[str, Any] = {"ts": ts, "kind": kind}
+    typed = typed_fields(kind)
+    fields: dict[str, Any] = {}
     for item in assignments:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ActivityInputError(f"{item!r}: expected key=value, for example name=pytest")
-        if key in _RESERVED:
+        if key in RESERVED_FIELDS:
             raise ActivityInputError(f"{key}: set by the command itself; remove {key}=...")
-        if key in record:
+        if key in fields:
             raise ActivityInputError(f"{key}: given twice; keep one {key}=...")
-        value = raw if typed.get(key) == (str,) else parse_value(raw)
-        expected = typed.get(key)
-        if expected is not None and (
-            not isinstance(value, expected) or (bool not in expected and isinstance(value, bool))
-        ):
-            names = " or ".join(_TYPE_NAMES[t] for t in expected)
-            raise ActivityInputError(f"{key}: must be {names} for {kind}, got {raw!r}")
-        record[key] = value
-    missing = [name for name in required if name not in record]
-    if missing:
-        example = " ".join(f"{name}=..." for name in missing)
-        raise ActivityInputError(f"{', '.join(missing)}: required for {kind}; add {example}")
-    check_origin(record)
-    return record
+        fields[key] = raw if typed.get(key) == (str,) else parse_value(raw)
+    return event_record(kind, fields, ts=ts)
 
 
 def run(args: argparse.Namespace) -> int:

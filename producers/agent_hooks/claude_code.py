@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from taskcard.producers.task_card.contract import open_regular, turn_error_word
+from taskcard.producers.task_card.contract import MAX_COUNT, open_regular, turn_error_word
 
 Event = tuple[str, dict[str, Any]]
 
@@ -285,9 +285,10 @@ def turn_usage(lines: list[bytes]) -> tuple[int, int] | None:
         per_message[key] = (tokens_in, _count(usage.get("output_tokens")))
     if not per_message:
         return None
+    # Capped at what the activity log takes: an absurd count must not cost the turn's events.
     return (
-        sum(tokens for tokens, _ in per_message.values()),
-        sum(tokens for _, tokens in per_message.values()),
+        min(MAX_COUNT, sum(tokens for tokens, _ in per_message.values())),
+        min(MAX_COUNT, sum(tokens for _, tokens in per_message.values())),
     )
 
 

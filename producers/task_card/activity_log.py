@@ -8,15 +8,18 @@ agent-host hooks run in the agent's domain and must not import the projection se
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from taskcard.producers.task_card.contract import (
     EVENT_KINDS,
+    MAX_DURATION_S,
     ORIGIN_FORMS,
     CardPaths,
     Origin,
     append_jsonl_line,
+    count_field,
+    duration_field,
     parse_origin,
 )
 
@@ -41,6 +44,14 @@ OPTIONAL_FIELDS: Final[dict[str, dict[str, tuple[type, ...]]]] = {
     "turn.end": {"error": (str,)},
     "tool.start": {"summary": (str,)},
     "tool.end": {"duration_s": (int, float)},
+}
+# Fields whose value has a range besides its type, checked as the service reads them (a
+# negative token count was written, then read as unknown, and the card showed nothing).
+RANGES: Final[dict[str, tuple[Callable[[object], object], str]]] = {
+    "input_tokens": (count_field, "a whole count of 0 or more"),
+    "output_tokens": (count_field, "a whole count of 0 or more"),
+    "pid": (count_field, "a process id, 0 or more"),
+    "duration_s": (duration_field, f"seconds from 0 to {MAX_DURATION_S:g}"),
 }
 RESERVED_FIELDS: Final = frozenset({"kind", "ts"})
 TYPE_NAMES: Final = {str: "text", int: "an integer", float: "a number", bool: "true or false"}
@@ -75,6 +86,8 @@ def event_record(kind: str, fields: Mapping[str, Any], *, ts: str) -> dict[str, 
         if expected is not None and not has_type(value, expected):
             names = " or ".join(TYPE_NAMES[t] for t in expected)
             raise ActivityInputError(f"{key}: must be {names} for {kind}, got {value!r}")
+        if expected is not None and key in RANGES and RANGES[key][0](value) is None:
+            raise ActivityInputError(f"{key}: {value!r} is out of range; use {RANGES[key][1]}")
         record[key] = value
     missing = [name for name in REQUIRED_FIELDS[kind] if name not in record]
     if missing:

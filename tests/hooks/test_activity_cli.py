@@ -69,6 +69,10 @@ def test_appends_typed_fields_and_a_utc_timestamp(tmp_path: Path) -> None:
         (["text", "text=a", "ts=yesterday"], "ts: set by the command itself"),
         (["text", "text=a", "text=b"], "text: given twice"),
         (["agent.exit", "code=true"], "code: must be an integer"),
+        # Written before, then read by the service as unknown: the card showed nothing.
+        (["usage", "input_tokens=-1", "output_tokens=2"], "input_tokens: -1 is out of range"),
+        (["tool.end", "call_id=1", "ok=true", "duration_s=-3"], "duration_s: -3 is out of range"),
+        (["agent.start", "pid=-5"], "pid: -5 is out of range"),
     ],
 )
 def test_bad_input_exits_2_naming_the_field(

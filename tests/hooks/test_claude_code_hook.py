@@ -342,3 +342,21 @@ def test_an_answered_elicitation_notification_ends_the_input_wait(workdir: Path)
     hook(notification("permission_prompt"))
     hook(notification("elicitation_complete"))  # not an input wait: the dialog stays open
     assert state_of(workdir) == "waiting"
+
+
+def test_an_absurd_token_count_in_the_transcript_still_ends_the_turn(workdir: Path) -> None:
+    """The activity log refuses counts past 10**15 (the service reads them as unknown), so
+    the hook caps them: the turn's `usage` and `turn.end` are both written."""
+    huge = 10**18
+    entries = [
+        {"type": "user", "message": {"role": "user", "content": "go"}},
+        {
+            "type": "assistant",
+            "message": {"id": "m1", "usage": {"input_tokens": huge, "output_tokens": 5}},
+        },
+    ]
+    transcript = workdir / "transcript.jsonl"
+    transcript.write_text("".join(json.dumps(entry) + "\n" for entry in entries))
+    hook(payload("10_stop.json", workdir, transcript_path=str(transcript)))
+    assert kinds(workdir) == ["usage", "turn.end"]
+    assert events(workdir)[0]["input_tokens"] == 10**15

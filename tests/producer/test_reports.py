@@ -167,7 +167,6 @@ def test_spawn_records_lineage_with_depth_and_refuses_past_the_cap(tmp_path: Pat
     assert (unseen.returncode, unseen.stderr.split(b":")[1].strip()) == (2, b"reason")
     assert b"invisible characters" in unseen.stderr and not (dirs[4] / "lineage.json").exists()
 
-
     # `_a3` has only allowed characters; the message said so little that it looked valid.
     odd = taskcard("spawn", "--workdir", str(dirs[4]), "--parent", "_a3", "--reason", "r")
     assert odd.returncode == 2 and b"starting with a letter or digit" in odd.stderr
