@@ -21,6 +21,7 @@ from taskcard.producers.ledger.model import (
     EVENT_TYPES,
     FAILURE_KINDS,
     OWNER_REPLIES,
+    Limits,
     TaskRecord,
     derive,
 )
@@ -334,14 +335,23 @@ def register(subparsers: Any) -> None:
         "renotify_sec": "seconds before the same action is sent again",
         "external_max_wait_sec": "longest wait on pending external work",
     }
+    # The defaults are the model's (`Limits`), shown with the number an unset option stands for.
+    defaults = {name: field.default for name, field in Limits.model_fields.items()}
     for name, text in thresholds.items():
         init.add_argument(
-            "--" + name.replace("_", "-"), dest=name, type=float, help=text + " (default: policy)"
+            "--" + name.replace("_", "-"),
+            dest=name,
+            type=float,
+            help=f"{text} (default: {defaults[name]:g})",
         )
-    init.add_argument("--max-nudges", dest="max_nudges", type=int, help="nudges before escalating")
-    init.add_argument(
-        "--max-retries", dest="max_retries", type=int, help="retries before escalating"
-    )
+    counts = {"max_nudges": "nudges before escalating", "max_retries": "retries before escalating"}
+    for name, text in counts.items():
+        init.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            type=int,
+            help=f"{text} (default: {defaults[name]})",
+        )
     init.add_argument(
         "--no-renderer", action="store_true", help=f"do not write {RENDERER_FILE} in the workdir"
     )

@@ -189,3 +189,23 @@ def test_without_a_task_id_show_takes_the_newest_open_task_and_supervise_every_t
             check=True,
         )
         assert f"(default: {default}" in " ".join(shown.stdout.split())
+
+
+def test_init_help_shows_the_numbers_an_unset_limit_stands_for(workdir: Path) -> None:
+    """It said "(default: policy)", or nothing for the counts; the numbers are the ones a task
+    made without the options records."""
+    shown = subprocess.run(
+        [sys.executable, "-m", "taskcard.bridge.cli", "ledger", "init", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    text = " ".join(shown.stdout.split())
+    ok(workdir, "init", "t", "--purpose", "defaults", "--no-renderer")
+    limits = ok(workdir, "show", "t")["task"]
+    assert isinstance(limits, dict)
+    for name, value in limits["limits"].items():
+        option = "--" + name.replace("_", "-")
+        after = text.split(f"{option} {name.upper()} ", 1)[1]
+        assert after.split(")", 1)[0].endswith(f"(default: {value:g}"), (option, after[:120])
