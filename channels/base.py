@@ -227,6 +227,9 @@ class Channel(ABC):
     ambiguous_send_hold_s: float | None = None
     # Set when instances share the bot: the channel receives updates only while it passes.
     poll_gate: PollGate | None = None
+    # False: what this channel shows ends with the process (a terminal), so a resident id an
+    # earlier run stored names nothing; each resident is sent anew instead of edited.
+    messages_outlive_process: bool = True
 
     @abstractmethod
     async def start(self, on_command: CommandSink) -> None:

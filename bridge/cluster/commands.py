@@ -118,6 +118,7 @@ class ClusteredChannel(Channel):
         self._inner = inner
         self.name = inner.name
         self.ambiguous_send_hold_s = inner.ambiguous_send_hold_s
+        self.messages_outlive_process = inner.messages_outlive_process
         self._client = client
         self._prefix = prefix
         self._instance = instance

@@ -230,6 +230,9 @@ class RouteScheduler:
         time, such as a board. `reply_to`: the command the resident answers; its message is
         posted as a reply to it (see `Channel.send`)."""
         record = self._store.resident(key.store_key)
+        channel = self._channels.get(key.channel)
+        if channel is not None and not channel.messages_outlive_process:
+            record = None  # an earlier run's panel is gone with its process: send anew
         self._residents[key] = _Resident(
             key=key,
             pin=pin,
@@ -254,7 +257,6 @@ class RouteScheduler:
             # The windows are in memory; seed them with the last accepted request so a quick
             # restart does not spend a chat's whole window again at once.
             age_s = self._wall() - record.committed_at
-            channel = self._channels.get(key.channel)
             if channel is not None and 0 <= age_s < 3600:
                 scopes = channel.rate_scopes(key.chat, "edit", record.message_id)
                 self._limiter.seed(scopes, self._clock() - age_s)

@@ -117,6 +117,10 @@ def header_renderable(header: ConsoleHeader) -> RenderableType:
 
 class ConsoleChannel(Channel):
     name = "console"
+    # Its "messages" are panels of this process: after a restart the ids stored by the last
+    # run would be reused by new panels, two routes sharing one, and unchanged cards were
+    # never printed again.
+    messages_outlive_process = False
 
     def __init__(
         self,

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from taskcard.bridge.store.sqlite import STATE_FILE, SqliteStore
 from tests.e2e.harness import ServeProcess, eventually, notify, publish, run_cli, set_status
 
 
@@ -40,6 +41,41 @@ async def test_console_shows_cards_live_and_stops_cleanly(tmp_path: Path) -> Non
         )
         assert serve.terminate() == 0
     assert "Traceback" not in serve.logs
+
+
+async def test_a_restart_prints_every_card_again_each_in_its_own_panel(tmp_path: Path) -> None:
+    """The console's panel ids restarted at 1 while the last run's ids stayed stored: after a
+    restart a changed card took the id another agent had stored ("message 2 is gone"), two
+    routes shared one panel, and an unchanged card was not printed at all."""
+    config = write_config(tmp_path)
+    builder, reviewer = tmp_path / "agents" / "builder", tmp_path / "agents" / "reviewer"
+    for workdir, body in ((builder, "building the kernel"), (reviewer, "reviewing PR 7")):
+        workdir.mkdir(parents=True)
+        publish(workdir, body)
+    with ServeProcess(config) as first:
+        await eventually(
+            lambda: "building the kernel" in first.output and "reviewing PR 7" in first.output,
+            what="both cards",
+        )
+        assert first.terminate() == 0
+    publish(reviewer, "reviewing PR 8")  # changed while stopped; the builder's card is not
+    with ServeProcess(config) as second:
+        await eventually(
+            lambda: "building the kernel" in second.output and "reviewing PR 8" in second.output,
+            what="both cards after the restart",
+        )
+        await eventually(lambda: len(set(_console_ids(tmp_path))) == 2, what="two ids")
+        assert second.terminate() == 0
+    assert "is gone" not in second.logs
+
+
+def _console_ids(tmp_path: Path) -> list[str]:
+    """The message id each console route has stored."""
+    store = SqliteStore(tmp_path / ".taskcard" / STATE_FILE, readonly=True)
+    try:
+        return [r.message_id or "" for r in store.residents() if r.route.startswith("console:")]
+    finally:
+        store.close()
 
 
 def test_invalid_config_names_the_key_and_exits_2(tmp_path: Path) -> None:
