@@ -75,16 +75,24 @@ def _allowed(users: Sequence[int | str] | None) -> frozenset[str] | None:
     return None if users is None else frozenset(str(user) for user in users)
 
 
-def route_specs(config: ServiceConfig) -> list[RouteSpec]:
-    """Every configured route of every enabled channel; needs no secret (`taskcard status`)."""
+def route_specs(config: ServiceConfig, cursor: CursorStore | None = None) -> list[RouteSpec]:
+    """Every configured route of every enabled channel; needs no secret (`taskcard status`).
+
+    With the state's `cursor`, a Telegram chat the config names by the id of the supergroup a
+    group became is keyed by the group's id, as the service learned it (see
+    `channels.telegram.moves`): its residents and settings are the ones kept so far.
+    """
     specs: list[RouteSpec] = []
     if config.telegram is not None:
+        from taskcard.channels.telegram.moves import original_chat
+
         for t in config.telegram.routes:
             thread = None if t.thread_id is None else str(t.thread_id)
+            chat = ChatRef(str(t.chat_id), thread)
             specs.append(
                 RouteSpec(
                     "telegram",
-                    ChatRef(str(t.chat_id), thread),
+                    chat if cursor is None else original_chat(cursor, chat),
                     _expand(t.agents, config),
                     t.pin,
                     _allowed(t.allowed_user_ids),
@@ -122,8 +130,10 @@ def route_specs(config: ServiceConfig) -> list[RouteSpec]:
     return specs
 
 
-def _routes_of(config: ServiceConfig, channel: str) -> tuple[RouteSpec, ...]:
-    return tuple(spec for spec in route_specs(config) if spec.channel == channel)
+def _routes_of(
+    config: ServiceConfig, channel: str, cursor: CursorStore | None = None
+) -> tuple[RouteSpec, ...]:
+    return tuple(spec for spec in route_specs(config, cursor) if spec.channel == channel)
 
 
 def _telegram(
@@ -146,7 +156,7 @@ def _telegram(
             " digits, '-' and '_')"
         )
     channel = TelegramChannel(section, token, cursor)
-    return BuiltChannel(channel, _routes_of(config, "telegram"), (token,))
+    return BuiltChannel(channel, _routes_of(config, "telegram", cursor), (token,))
 
 
 def _feishu(
@@ -215,6 +225,17 @@ def scope_rules(channel: str) -> ScopeRules | None:
 
         return feishu_scopes
     return None
+
+
+def chat_moved_to(channel: str, cursor: CursorStore, chat_id: str) -> str | None:
+    """The id a routed chat lives under now, when its platform moved it: Telegram gives a
+    group upgraded to a supergroup a new id (`channels.telegram.moves`); Feishu keeps a chat's
+    id for life. None when the chat did not move."""
+    if channel != "telegram":
+        return None
+    from taskcard.channels.telegram.moves import moved_to
+
+    return moved_to(cursor, chat_id)
 
 
 def describe_scope(scope: str) -> str:

@@ -16,7 +16,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from taskcard.bridge.config import ConfigError, ServiceConfig, load_config
-from taskcard.bridge.deliver.registry import describe_scope, route_specs, scope_rules
+from taskcard.bridge.deliver.registry import (
+    chat_moved_to,
+    describe_scope,
+    route_specs,
+    scope_rules,
+)
 from taskcard.bridge.run import stackdump
 from taskcard.bridge.run.logs import choose, setup_logging
 from taskcard.bridge.run.runner import (
@@ -142,6 +147,8 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
         health = read_health(config.state_dir)
         pending = store.pending_notices() if store else []
         fleet = _fleet(config, store)
+        # Whether the config already names the chat's new id (then nothing is left to edit).
+        configured_chats = {str(spec.chat.chat_id) for spec in route_specs(config)}
         for route_key, opened_by in fleet.routes:
             channel, chat, agent_id = route_key.channel, route_key.chat, route_key.agent_id
             key = str(route_key)
@@ -153,6 +160,7 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
                 for scope, until in active_pauses.items()
                 if rules is not None and rules.covers(scope, chat, message_id)
             }
+            moved = chat_moved_to(channel, store, chat.chat_id) if store else None
             routes.append(
                 {
                     "route": key,
@@ -167,6 +175,8 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
                     "sends_held_until": _send_hold(config, channel, record, now),
                     "paused_until": route_pauses,
                     "pending_notices": [p.notice_id for p in pending if p.route == key],
+                    "moved_to": moved,
+                    "config_names_new_chat": moved is not None and moved in configured_chats,
                 }
             )
         pid = running_pid(config.state_dir)
@@ -229,7 +239,7 @@ def _fleet(config: ServiceConfig, store: StateStore | None) -> _StatusFleet:
     from taskcard.bridge.run.origins import OriginBook
     from taskcard.bridge.schedule.scheduler import RouteKey
 
-    specs = route_specs(config)
+    specs = route_specs(config, store)
     discovered = discover_agents(config.discover.roots, config.agent_ids()).agents
     origins = OriginBook(store).open_routes() if store is not None else []
     fleet = desired_fleet(config, specs, discovered, origins)
@@ -300,6 +310,12 @@ def _status(args: argparse.Namespace) -> int:
         print(f"{route['route']}{opened}")
         print(f"  resident message: {route['message_id'] or '(none yet)'}")
         print(f"  last committed edit: {route['last_committed'] or '(never)'}")
+        if route["moved_to"]:
+            new = route["moved_to"]
+            print(
+                f"  group upgraded to supergroup {printable(new)}: cards and commands go there"
+                + ("" if route["config_names_new_chat"] else f"; set chat_id = {printable(new)}")
+            )
         if route["disabled"]:
             print(f"  DISABLED: {printable(route['disabled'])}")
         if route["unanswered_sends"]:

@@ -525,7 +525,9 @@ class Service:
             )
             return False
         self._config = config
-        self._specs = [spec for spec in route_specs(config) if spec.channel in self._channels]
+        self._specs = [
+            spec for spec in route_specs(config, self._store) if spec.channel in self._channels
+        ]
         self._origin_refused.clear()
         self._rediscover()
         self.apply(self._desired())
@@ -932,6 +934,9 @@ class Service:
 
     async def _on_command(self, channel_name: str, command: IncomingCommand) -> None:
         chat = command.chat
+        if command.command == "moved":
+            self._chat_moved(channel_name, chat)
+            return
         self._store.record_chat(  # routed or not: `taskcard chats` lists it for the operator
             SeenChat(
                 channel_name,
@@ -1003,6 +1008,24 @@ class Service:
         self._scheduler.send_reply(
             channel_name, reply_chat, self._render_text(channel, reply), command.answer_to
         )
+
+    def _chat_moved(self, channel_name: str, chat: ChatRef) -> None:
+        """The platform gave `chat` a new id (a Telegram group upgraded to a supergroup). Its
+        routes keep their keys, and with them the residents' history, the chat's settings and
+        its notices; the channel sends to the new id. What the old chat shows stays there,
+        read-only, so each resident is shown again now: its edit finds the message gone and
+        posts exactly one replacement in the new chat."""
+        routes = [
+            r
+            for r in self._routes
+            if r.key.channel == channel_name and r.key.chat.chat_id == chat.chat_id
+        ]
+        for route in routes:
+            self._scheduler.reshow(route.key)
+            self._project_route(route)
+        for board in {board_key(route.key) for route in routes}:
+            self._scheduler.reshow(board)
+            self._mark_board(board.chat_scope)
 
     def _close_origin_routes(self, routes: list[Route], scope: str) -> None:
         """`/taskcard off` where turns opened routes: each resident says hidden, then closes."""

@@ -301,6 +301,13 @@ class RouteScheduler:
         resident = self._residents.get(key)
         return None if resident is None else resident.message_id
 
+    def reshow(self, key: RouteKey) -> None:
+        """Deliver the route's next card even if the platform already shows those bytes: its
+        chat moved, and the edit that follows finds the old message gone (one replacement)."""
+        resident = self._residents.get(key)
+        if resident is not None and resident.message_id is not None:
+            resident.committed = None
+
     def disabled_reason(self, key: RouteKey) -> str | None:
         resident = self._residents.get(key)
         return None if resident is None else resident.disabled

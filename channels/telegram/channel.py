@@ -31,10 +31,10 @@ from taskcard.channels.base import (
     ReplyTo,
 )
 from taskcard.channels.errors import ChannelError, MessageGone, Permanent, Transient
-from taskcard.channels.telegram import render, scopes
-from taskcard.channels.telegram.commands import CommandPoller
+from taskcard.channels.telegram import moves, render, scopes
+from taskcard.channels.telegram.commands import CommandPoller, moved_command
 from taskcard.channels.telegram.config import TelegramConfig
-from taskcard.channels.telegram.errors import ParseEntitiesFailed, translate
+from taskcard.channels.telegram.errors import ChatUpgraded, ParseEntitiesFailed, translate
 from taskcard.channels.telegram.http11 import LeanRequest, proxy_configured
 from taskcard.channels.telegram.request import FloodAwareRequest
 from taskcard.channels.telegram.scopes import BOT_SCOPE_KEY, chat_scope_key
@@ -57,10 +57,14 @@ MENU_COMMANDS = (
 
 def _api_chat_id(chat: ChatRef) -> int | str:
     """Numeric ids go as ints; `@channelname` style ids are passed through."""
+    return _api_id(chat.chat_id)
+
+
+def _api_id(chat_id: str) -> int | str:
     try:
-        return int(chat.chat_id)
+        return int(chat_id)
     except ValueError:
-        return chat.chat_id
+        return chat_id
 
 
 def _is_private(chat: ChatRef) -> bool:
@@ -137,6 +141,8 @@ class TelegramChannel(Channel):
         self._username = ""
         self._redactor = _TokenRedactor(token)
         self.ambiguous_send_hold_s = config.ambiguous_send_hold_s
+        self._moves = moves.ChatMoves(cursor)
+        self._on_command: CommandSink | None = None
 
     @property
     def bot_username(self) -> str:
@@ -195,7 +201,12 @@ class TelegramChannel(Channel):
             raise self._scrub(translate(exc, BOT_SCOPE_KEY)) from None
         self._bot = bot
         self._username = bot.username
+        self._on_command = on_command
         _log.info("Telegram bot @%s connected", self._username)
+        for chat_id in {str(r.chat_id) for r in self._config.routes} | {
+            str(c) for c in self._config.origin_chats
+        }:
+            self._moves.load(chat_id)
         if self._config.commands:
             await self._register_menu(bot)
             poller = CommandPoller(
@@ -205,6 +216,7 @@ class TelegramChannel(Channel):
                 on_command,
                 self._config.poll_timeout_s,
                 gate=self.poll_gate,
+                moves=self._moves,
             )
             self._poll_task = asyncio.create_task(poller.run(), name="telegram-command-poll")
 
@@ -284,9 +296,11 @@ class TelegramChannel(Channel):
             None if chat.thread_id is None else _numeric(chat.thread_id, Permanent, "topic id")
         )
 
+        where = self._moves.target(chat.chat_id)
+
         async def attempt(with_entities: bool) -> str:
             sent = await bot.send_message(
-                chat_id=_api_chat_id(chat),
+                chat_id=_api_chat_id(chat) if where is None else _api_id(where),
                 text=self._text(message),
                 message_thread_id=thread_id,
                 api_kwargs=_raw_params(message.payload, with_entities),
@@ -295,19 +309,27 @@ class TelegramChannel(Channel):
                 read_timeout=self._config.send_timeout_s,
                 write_timeout=self._config.send_timeout_s,
             )
-            return str(sent.message_id)
+            number = str(sent.message_id)
+            return number if where is None else moves.qualified(number, where)
 
-        return await self._with_plain_fallback(chat, attempt)
+        try:
+            return await self._with_plain_fallback(chat, attempt)
+        except ChatUpgraded:
+            if where is not None:
+                raise
+            # Refused before anything was posted: once more, to the supergroup it became.
+            where = self._moves.target(chat.chat_id)
+            return await self._with_plain_fallback(chat, attempt)
 
     async def edit(self, chat: ChatRef, message_id: str, message: Outgoing) -> None:
         bot = self._require_bot()
-        numeric_id = _numeric(message_id, MessageGone, "message id")
+        where, numeric_id = self._message_in(chat, message_id, MessageGone)
 
         async def attempt(with_entities: bool) -> None:
             # editMessageText has no thread parameter: a message id is unique in its chat.
             await bot.edit_message_text(
                 text=self._text(message),
-                chat_id=_api_chat_id(chat),
+                chat_id=where,
                 message_id=numeric_id,
                 api_kwargs=_raw_params(message.payload, with_entities),
             )
@@ -317,21 +339,27 @@ class TelegramChannel(Channel):
     async def delete(self, chat: ChatRef, message_id: str) -> None:
         bot = self._require_bot()
         try:
-            numeric_id = _numeric(message_id, MessageGone, "message id")
-            await self._call(chat, bot.delete_message(_api_chat_id(chat), numeric_id))
+            where, numeric_id = self._message_in(chat, message_id, MessageGone)
+            await self._call(chat, bot.delete_message(where, numeric_id))
         except MessageGone:
             return
 
     async def pin(self, chat: ChatRef, message_id: str) -> None:
         bot = self._require_bot()
-        await self._call(
-            chat,
-            bot.pin_chat_message(
-                _api_chat_id(chat),
-                _numeric(message_id, Permanent, "message id"),
-                disable_notification=True,
-            ),
-        )
+        where, numeric_id = self._message_in(chat, message_id, Permanent)
+        await self._call(chat, bot.pin_chat_message(where, numeric_id, disable_notification=True))
+
+    def _message_in(
+        self, chat: ChatRef, message_id: str, error: type[ChannelError]
+    ) -> tuple[int | str, int]:
+        """The chat a message lives in and its number. A plain id in a group that became a
+        supergroup names a message of the old group, which Telegram keeps read-only: gone
+        for us, and never to be confused with the supergroup's message of the same number."""
+        number, where = moves.split_message_id(message_id)
+        if where is None and self._moves.target(chat.chat_id) is not None:
+            raise MessageGone(f"message {number} stays in the group upgraded to a supergroup")
+        chat_id = _api_chat_id(chat) if where is None else _api_id(where)
+        return chat_id, _numeric(number, error, "message id")
 
     def _require_bot(self) -> Bot:
         if self._bot is None:
@@ -357,9 +385,22 @@ class TelegramChannel(Channel):
         try:
             return await request
         except tg.TelegramError as exc:
-            raise self._scrub(translate(exc, chat_scope_key(chat))) from None
+            error = self._scrub(translate(exc, chat_scope_key(chat)))
         except (TimeoutError, OSError) as exc:
             raise Transient(f"Telegram request failed: {type(exc).__name__}") from None
+        if isinstance(error, ChatUpgraded):
+            await self._chat_moved(chat.chat_id, error.new_chat_id)
+        raise error
+
+    async def _chat_moved(self, old: str, new: str) -> None:
+        """Remember the move and tell the service once, so every route of the chat shows
+        its card in the supergroup now, not only at its agent's next change."""
+        if not self._moves.learn(old, new) or self._on_command is None:
+            return
+        try:
+            await self._on_command(moved_command(old, new))
+        except Exception:
+            _log.exception("handling the upgrade of Telegram group %s failed", old)
 
     def _scrub(self, error: ChannelError) -> ChannelError:
         """Belt and braces: no error message leaves this class carrying the token."""

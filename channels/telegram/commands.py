@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from dataclasses import replace
 
 from telegram import Bot, Update
 from telegram import error as tg
@@ -27,6 +28,7 @@ from taskcard.channels.base import (
     IncomingCommand,
     PollGate,
 )
+from taskcard.channels.telegram.moves import ChatMoves, qualified
 from taskcard.channels.telegram.request import FloodWait
 
 OFFSET_CURSOR_KEY = "telegram:update_offset"
@@ -97,6 +99,39 @@ def command_from_update(update: Update, bot_username: str) -> IncomingCommand | 
     )
 
 
+def moved_command(old: str, new: str) -> IncomingCommand:
+    """What the service is told when group `old` became supergroup `new`: its routes keep
+    their id (`channels.telegram.moves`), and their cards are shown again there."""
+    return IncomingCommand(chat=ChatRef(old), args=new, user_id=None, command="moved")
+
+
+def move_in(update: Update) -> tuple[str, str] | None:
+    """(old, new) from the service message of a group's upgrade, either half of the pair:
+    `migrate_to_chat_id` in the old group, `migrate_from_chat_id` in the new supergroup."""
+    message = update.message
+    if message is None:
+        return None
+    if message.migrate_to_chat_id:
+        return str(message.chat.id), str(message.migrate_to_chat_id)
+    if message.migrate_from_chat_id:
+        return str(message.migrate_from_chat_id), str(message.chat.id)
+    return None
+
+
+def as_original(command: IncomingCommand, moves: ChatMoves) -> IncomingCommand:
+    """A command from a supergroup that a routed group became, as from that group (its
+    routes and settings are kept under the group's id); a reply names the message both ways."""
+    new = command.chat.chat_id
+    old = moves.original(new)
+    if old is None:
+        return command
+    return replace(
+        command,
+        chat=ChatRef(old, command.chat.thread_id),
+        reply_to=command.reply_to + tuple(qualified(r, new) for r in command.reply_to),
+    )
+
+
 def poll_backoff() -> Backoff:
     """Between failed polls (so an outage is not a busy loop): 0.5 s doubling to 30 s."""
     return Backoff(initial_s=0.5, max_s=30.0)
@@ -114,6 +149,7 @@ class CommandPoller:
         poll_timeout_s: int,
         backoff: Backoff | None = None,
         gate: PollGate | None = None,
+        moves: ChatMoves | None = None,
     ) -> None:
         self._bot = bot
         self._username = bot_username
@@ -122,6 +158,7 @@ class CommandPoller:
         self._poll_timeout_s = poll_timeout_s
         self._backoff = backoff or poll_backoff()
         self._gate = gate
+        self._moves = moves
 
     def _stored_offset(self) -> int | None:
         raw = self._cursor.get_cursor(OFFSET_CURSOR_KEY)
@@ -178,6 +215,12 @@ class CommandPoller:
                 continue
             for update in updates:
                 command = command_from_update(update, self._username)
+                if self._moves is not None:
+                    move = move_in(update)
+                    if move is not None and self._moves.learn(*move):
+                        command = moved_command(*move)
+                    elif command is not None:
+                        command = as_original(command, self._moves)
                 if command is not None:
                     await self._deliver(command)
                     # Confirm each handled command at once: a stop mid-batch replays none.

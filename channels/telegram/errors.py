@@ -28,6 +28,16 @@ class ParseEntitiesFailed(Permanent):
     """Telegram rejected our entities; the channel retries once as plain text."""
 
 
+class ChatUpgraded(MessageGone):
+    """The basic group was upgraded to a supergroup with `new_chat_id`; Telegram refuses the
+    old id for good. What the old group shows stays there, read-only, so its messages count
+    as gone; the channel sends on to the new id (`channels.telegram.moves`)."""
+
+    def __init__(self, new_chat_id: int | str) -> None:
+        super().__init__(f"the group was upgraded to a supergroup (chat id {new_chat_id})")
+        self.new_chat_id = str(new_chat_id)
+
+
 class ThreadNotFound(Forbidden):
     """The forum topic of the route was deleted: like a kick, nothing can be posted there
     any more, so the route is disabled with this reason instead of failing on every change."""
@@ -78,12 +88,7 @@ def translate(exc: tg.TelegramError, chat_scope: str) -> ChannelError:
     if isinstance(exc, tg.Forbidden):
         return Forbidden(forbidden_reason(description))
     if isinstance(exc, tg.ChatMigrated):
-        # The old id is refused for good: disable the route (a Permanent would be retried
-        # with every card change, out of sight of `taskcard status`) and say what to set.
-        return Forbidden(
-            f"the group was upgraded to a supergroup: set chat_id = {exc.new_chat_id}"
-            " in this route of the config"
-        )
+        return ChatUpgraded(exc.new_chat_id)
     if isinstance(exc, tg.BadRequest):
         return _translate_bad_request(description, lowered)
     if isinstance(exc, tg.Conflict):

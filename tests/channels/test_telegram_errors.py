@@ -21,7 +21,12 @@ from taskcard.channels.errors import (
     Transient,
 )
 from taskcard.channels.feishu.errors import retry_after_s as feishu_retry_after_s
-from taskcard.channels.telegram.errors import ParseEntitiesFailed, ThreadNotFound, translate
+from taskcard.channels.telegram.errors import (
+    ChatUpgraded,
+    ParseEntitiesFailed,
+    ThreadNotFound,
+    translate,
+)
 from taskcard.channels.telegram.request import AnswerLost, FloodWait, answer_lost, flood_wait_from
 
 SCOPE = "telegram:chat:-1"
@@ -52,7 +57,7 @@ def _retry_after(seconds: int) -> tg.RetryAfter:
         (AnswerLost("no answer after the request was written"), OutcomeUnknown),
         (tg.InvalidToken("Unauthorized"), Permanent),
         (tg.Conflict("terminated by other getUpdates request"), Permanent),
-        (tg.ChatMigrated(-100999), Forbidden),
+        (tg.ChatMigrated(-100999), ChatUpgraded),
     ],
 )
 def test_translation(exc: tg.TelegramError, expected: type[ChannelError]) -> None:

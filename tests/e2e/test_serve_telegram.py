@@ -221,18 +221,6 @@ async def test_kicked_route_is_disabled_and_others_continue(
     assert "kicked" in status
 
 
-async def test_a_group_upgraded_to_a_supergroup_disables_its_route_naming_the_new_id(
-    tmp_path: Path, fake: FakeTelegram
-) -> None:
-    """Telegram gives an upgraded group a new chat id and refuses the old one for good: the
-    route is disabled (no request per card change) and the operator told the id to set."""
-    basic, supergroup = -4242, -1009876543210
-    status = await _disable_one_route(
-        tmp_path, fake, basic, lambda: fake.migrate(basic, supergroup)
-    )
-    assert f"chat_id = {supergroup}" in status and "supergroup" in status
-
-
 def _ask_state(fake: FakeTelegram, needle: str) -> bool:
     """Send `/taskcard` unless one is still unanswered; True once a reply contains `needle`."""
     replies = [t for t in shown(fake, GROUP) if t.startswith("Task cards here")]

@@ -304,10 +304,43 @@ class FakeTelegram:
     def block(self, chat_id: int | str) -> None:
         self.kick(chat_id)
 
-    def migrate(self, chat_id: int | str, new_chat_id: int) -> None:
-        """Upgrade a basic group to a supergroup with `new_chat_id`: every later request to
-        the old id is refused with the new id in `parameters.migrate_to_chat_id`."""
-        self._migrated[int(chat_id)] = new_chat_id
+    def migrate(
+        self, chat_id: int | str, new_chat_id: int, *, announce: bool = True, user_id: int = 1000
+    ) -> None:
+        """Upgrade a basic group to a supergroup with `new_chat_id`, as Telegram does when an
+        administrator enables topics or makes the group public: every later request naming
+        the old id, whatever the method, is refused (HTTP 400, the new id in
+        `parameters.migrate_to_chat_id`), and two service messages arrive as updates:
+        `migrate_to_chat_id` in the old group, then `migrate_from_chat_id` in the new
+        supergroup (`announce=False` leaves them out, as if they were missed)."""
+        old = int(chat_id)
+        self._migrated[old] = new_chat_id
+        if not announce:
+            return
+        person: Json = {"id": user_id, "is_bot": False, "first_name": f"User{user_id}"}
+        title = f"Group {old}"
+        self._push_update(
+            {
+                "message": {
+                    "message_id": self._allocate_id(old),
+                    "date": self._date(),
+                    "chat": {"id": old, "type": "group", "title": title},
+                    "from": person,
+                    "migrate_to_chat_id": new_chat_id,
+                }
+            }
+        )
+        self._push_update(
+            {
+                "message": {
+                    "message_id": self._allocate_id(new_chat_id),
+                    "date": self._date(),
+                    "chat": {**_chat_json(new_chat_id), "title": title},
+                    "from": person,
+                    "migrate_from_chat_id": old,
+                }
+            }
+        )
 
     def readmit(self, chat_id: int | str) -> None:
         self._kicked.discard(int(chat_id))
@@ -519,6 +552,7 @@ class FakeTelegram:
         handler = handlers.get(method)
         if handler is None:
             raise ApiError(404, "Not Found")
+        self._refuse_migrated(chat_id)
         if method in BOT_LIMITED_METHODS:
             self._check_chat(chat_id)
             self._check_limits(method, chat_id)
@@ -533,7 +567,10 @@ class FakeTelegram:
             raise ApiError(403, KICKED)
         if chat_id in self._blocked:
             raise ApiError(403, BLOCKED)
-        if chat_id in self._migrated:
+
+    def _refuse_migrated(self, chat_id: int | None) -> None:
+        """Telegram's answer to any method naming a group that became a supergroup."""
+        if chat_id is not None and chat_id in self._migrated:
             raise ApiError(
                 400,
                 "Bad Request: group chat was upgraded to a supergroup chat",

@@ -165,3 +165,34 @@ async def test_set_my_commands_is_validated_and_read_back() -> None:
         )
         assert (status, body["description"]) == (400, "Bad Request: BOT_COMMAND_INVALID")
         assert fake.my_commands[("default", "")] == menu
+
+
+async def test_an_upgraded_group_refuses_every_method_and_announces_the_move() -> None:
+    async with FakeTelegram() as fake:
+        await _call(fake, "sendMessage", chat_id=-42, text="card")
+        fake.migrate(-42, -1009876543210)
+        refusal = {
+            "ok": False,
+            "error_code": 400,
+            "description": "Bad Request: group chat was upgraded to a supergroup chat",
+            "parameters": {"migrate_to_chat_id": -1009876543210},
+        }
+        calls: list[dict[str, Any]] = [
+            {"method": "sendMessage", "text": "x"},
+            {"method": "editMessageText", "message_id": 1, "text": "x"},
+            {"method": "deleteMessage", "message_id": 1},
+            {"method": "pinChatMessage", "message_id": 1},
+        ]
+        for params in calls:
+            status, body = await _call(fake, chat_id=-42, **params)
+            assert (status, body) == (400, refusal), params["method"]
+        status, body = await _call(fake, "sendMessage", chat_id=-1009876543210, text="here")
+        assert status == 200 and [m.text for m in fake.messages(-1009876543210)] == ["here"]
+        _, updates = await _call(fake, "getUpdates", timeout=0)
+        moves = [u["message"] for u in updates["result"]]
+        assert [(m["chat"]["id"], m["chat"]["type"]) for m in moves] == [
+            (-42, "group"),
+            (-1009876543210, "supergroup"),
+        ]
+        assert moves[0]["migrate_to_chat_id"] == -1009876543210
+        assert moves[1]["migrate_from_chat_id"] == -42

@@ -1,0 +1,200 @@
+"""A Telegram group upgraded to a supergroup while `taskcard serve` shows cards there.
+
+Telegram gives the upgraded chat a new id and refuses the old one for good (HTTP 400 with
+`migrate_to_chat_id`); the updates carry the pair as two service messages. The service must
+follow by itself: the cards continue in the supergroup (one resident each, edited from then
+on), commands from there act on the route, the chat's settings carry over, and the operator
+learns the new id from the log and `taskcard status`, with no restart. Driven as a user
+would: `taskcard serve` with a config file against the fake Bot API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.harness import ServeProcess, eventually, notify, publish, run_cli
+from tests.e2e.test_serve_telegram import agent_dir, config_text, setup, shown
+from tests.fakes.telegram_api import FakeTelegram
+
+BASIC = -4242
+SUPER = -1009876543210
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram() as server:
+        yield server
+
+
+def _status(config: Path) -> str:
+    result = run_cli("status", "--config", str(config))
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def _texts(fake: FakeTelegram, chat: int, needle: str) -> list[str]:
+    return [t for t in shown(fake, chat) if needle in t]
+
+
+def _cards_follow(fake: FakeTelegram, needles: list[str]) -> bool:
+    """Exactly one card per needle in the supergroup, each showing its own agent."""
+    return all(len(_texts(fake, SUPER, needle)) == 1 for needle in needles)
+
+
+async def test_cards_follow_the_group_into_its_supergroup(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """Both cards of the group continue in the supergroup at once, one resident each (the
+    idle one too), and are edited there afterwards; the old group keeps its frozen copies;
+    nothing more is asked of the old id; the log and `status` name the id to set."""
+    serve = setup(tmp_path, fake, ["builder", "tester"], [(BASIC, ["builder", "tester"])])
+    builder, tester = agent_dir(tmp_path, "builder"), agent_dir(tmp_path, "tester")
+    with serve:
+        publish(builder, "builder v1")
+        publish(tester, "tester v1")
+        await eventually(lambda: len(shown(fake, BASIC)) == 2, what="both cards in the group")
+        fake.migrate(BASIC, SUPER)
+        await eventually(
+            lambda: _cards_follow(fake, ["builder v1", "tester v1"]),
+            what="both cards shown again in the supergroup",
+        )
+        publish(builder, "builder v2")
+        await eventually(lambda: _texts(fake, SUPER, "builder v2"), what="the edit there")
+        assert len(fake.bot_messages(SUPER)) == 2
+        assert fake.count("sendMessage", SUPER) == 2
+        # Each resident of the supergroup only ever showed its own agent's card (the old
+        # group's message ids are never taken for the supergroup's messages).
+        for message in fake.bot_messages(SUPER):
+            history = fake.edit_history(SUPER, message.message_id)
+            assert {"builder v" in h for h in history} in ({True}, {False}), history
+            assert {"tester v" in h for h in history} in ({True}, {False}), history
+        old_requests = fake.count(chat_id=BASIC)
+        publish(tester, "tester v2")
+        await eventually(lambda: _texts(fake, SUPER, "tester v2"), what="the other edit")
+        assert fake.count(chat_id=BASIC) == old_requests
+        frozen = [m.text for m in fake.bot_messages(BASIC)]
+        assert len(frozen) == 2 and "builder v1" in frozen[0] and "tester v1" in frozen[1]
+        status = _status(serve.config)
+        assert await serve.aterminate() == 0
+    assert f"upgraded to supergroup {SUPER}" in status
+    assert f"set chat_id = {SUPER}" in status
+    assert "DISABLED" not in status
+    warnings = [line for line in serve.logs.splitlines() if f"chat_id = {SUPER}" in line]
+    assert len(warnings) == 1, warnings
+    assert fake.token not in serve.logs
+
+
+async def test_a_move_learned_from_the_refusal_alone_posts_one_card_each(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """The service messages were missed (the upgrade happened while the service was down and
+    their updates expired): the first refused edit teaches the move, and each card of the
+    chat is posted once in the supergroup; the notice goes there too."""
+    serve = setup(tmp_path, fake, ["builder", "tester"], [(BASIC, ["builder", "tester"])])
+    builder, tester = agent_dir(tmp_path, "builder"), agent_dir(tmp_path, "tester")
+    with serve:
+        publish(builder, "builder v1")
+        publish(tester, "tester v1")
+        await eventually(lambda: len(shown(fake, BASIC)) == 2, what="both cards in the group")
+        fake.migrate(BASIC, SUPER, announce=False)
+        publish(builder, "builder v2")
+        await eventually(
+            lambda: _cards_follow(fake, ["builder v2", "tester v1"]),
+            what="both cards in the supergroup",
+        )
+        notify(builder, "task_card.error:tc_1:1:renderer_timeout", "error", code="renderer_timeout")
+        await eventually(lambda: len(shown(fake, SUPER)) == 3, what="the notice there")
+        assert fake.count("sendMessage", SUPER) == 3
+        assert await serve.aterminate() == 0
+
+
+async def test_commands_from_the_supergroup_act_on_the_route_and_settings_carry_over(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """`/taskcard 3` set in the group still holds in the supergroup; `/taskcard off` sent
+    from the supergroup hides the card there, and stays so across a restart."""
+    serve = setup(tmp_path, fake, ["builder"], [(BASIC, ["builder"])])
+    builder = agent_dir(tmp_path, "builder")
+    with serve:
+        publish(builder, "builder v1")
+        await eventually(lambda: shown(fake, BASIC), what="the card in the group")
+        fake.inject_command(BASIC, "/taskcard 3")
+        await eventually(lambda: _texts(fake, BASIC, "3 activity rows"), what="the reply")
+        fake.migrate(BASIC, SUPER)
+        await eventually(lambda: _texts(fake, SUPER, "builder v1"), what="the card moved")
+        fake.inject_command(SUPER, "/taskcard")
+        await eventually(
+            lambda: _texts(fake, SUPER, "shown, 3 activity rows"), what="the state, kept"
+        )
+        resident = _texts(fake, SUPER, "builder v1")
+        assert len(resident) == 1
+        card = next(m for m in fake.bot_messages(SUPER) if "builder v1" in m.text)
+        fake.inject_command(SUPER, f"/taskcard@{fake.username} off")
+        await eventually(
+            lambda: "hidden" in (fake.message(SUPER, card.message_id) or card).text.lower(),
+            what="the card hidden in the supergroup",
+        )
+        await eventually(lambda: _texts(fake, SUPER, "Task cards hidden here"), what="reply")
+        assert await serve.aterminate() == 0
+    publish(builder, "builder v2 while hidden")
+    with ServeProcess(serve.config, env=serve.env) as again:
+        fake.inject_command(SUPER, "/taskcard")
+        await eventually(lambda: _texts(fake, SUPER, "Task cards here: hidden"), what="state")
+        assert "v2" not in (fake.message(SUPER, card.message_id) or card).text
+        assert await again.aterminate() == 0
+    cards = [t for t in shown(fake, SUPER) if not t.startswith("Task cards")]
+    assert len(cards) == 1 and "hidden" in cards[0].lower(), cards
+    assert not any("builder v2" in t for t in shown(fake, SUPER))
+
+
+async def test_the_move_survives_a_restart_and_the_new_id_in_the_config(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """After a restart with the old id still in the config, the card in the supergroup is
+    edited without a word to the old id; once the operator writes the new id, the same
+    resident goes on (no second card) and `status` no longer asks for the edit."""
+    serve = setup(tmp_path, fake, ["builder"], [(BASIC, ["builder"])])
+    builder = agent_dir(tmp_path, "builder")
+    with serve:
+        publish(builder, "builder v1")
+        await eventually(lambda: shown(fake, BASIC), what="the card in the group")
+        fake.migrate(BASIC, SUPER)
+        await eventually(lambda: _texts(fake, SUPER, "builder v1"), what="the card moved")
+        assert await serve.aterminate() == 0
+    resident = fake.bot_messages(SUPER)[0].message_id
+    fake.reset_counters()
+    publish(builder, "builder v2")
+    with ServeProcess(serve.config, env=serve.env) as again:
+        await eventually(
+            lambda: "builder v2" in (fake.message(SUPER, resident) or _NONE).text,
+            what="the resident edited after the restart",
+        )
+        assert await again.aterminate() == 0
+    assert fake.count(chat_id=BASIC) == 0
+    assert f"set chat_id = {SUPER}" in again.logs
+    serve.config.write_text(config_text(fake, ["builder"], [(SUPER, ["builder"])]))
+    publish(builder, "builder v3")
+    with ServeProcess(serve.config, env=serve.env) as third:
+        await eventually(
+            lambda: "builder v3" in (fake.message(SUPER, resident) or _NONE).text,
+            what="the same resident edited under the new id",
+        )
+        fake.inject_command(SUPER, "/taskcard")
+        await eventually(lambda: _texts(fake, SUPER, "Task cards here"), what="the state")
+        status = _status(serve.config)
+        assert await third.aterminate() == 0
+    assert len(fake.bot_messages(SUPER)) == 2  # the card and the state reply
+    assert fake.count("sendMessage", SUPER) == 1  # since the first run: the reply only
+    assert f"upgraded to supergroup {SUPER}" in status
+    assert "set chat_id" not in status
+    assert f"set chat_id = {SUPER}" not in third.logs
+
+
+class _Empty:
+    text = ""
+
+
+_NONE = _Empty()
