@@ -709,3 +709,60 @@ async def test_feishu_an_instance_of_another_app_on_the_same_prefix_is_refused(
         assert len(refused.logs.strip().splitlines()) == 1, refused.logs
         assert first_serve.proc is not None and first_serve.proc.poll() is None
         assert await first_serve.aterminate() == 0
+
+
+async def test_a_group_upgraded_to_a_supergroup_is_followed_by_every_instance(
+    tmp_path: Path, fake: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """Two instances route their agents to a basic group that becomes a supergroup: each card
+    continues there once, whichever instance polled the move; `/tell` and `/taskcard off`
+    sent from the supergroup reach the instance that serves the agent (a relayed `/tell`
+    used to arrive as `/taskcard` with the agent's name as an unknown option)."""
+    basic, supergroup = -4242, -1009876543210
+    serves = {
+        name: fleet.enter_context(
+            instance(
+                tmp_path,
+                name,
+                fake,
+                [f"{name}agent"],
+                redis_url=redis_url,
+                prefix=prefix,
+                chat_id=basic,
+            )
+        )
+        for name in ("i0", "i1")
+    }
+    for name in serves:
+        publish(tmp_path / "agents" / f"{name}agent", f"card of {name}")
+    await eventually(lambda: len(shown(fake, basic)) == 2, what="two residents in the group")
+    fake.migrate(basic, supergroup)
+
+    def one_card_each() -> bool:
+        texts = shown(fake, supergroup)
+        return all(sum(f"card of {name}" in t for t in texts) == 1 for name in serves)
+
+    await eventually(one_card_each, timeout_s=60, what="both cards in the supergroup")
+    for name in serves:
+        fake.inject_command(supergroup, f"/tell {name}agent please rebase {name}")
+    for name in serves:
+        queued = tmp_path / "agents" / f"{name}agent" / "inbox" / "queued"
+        await eventually(
+            lambda queued=queued: queued.is_dir() and any(queued.glob("*.json")),
+            timeout_s=60,
+            what=f"the text queued for {name}agent",
+        )
+        (message,) = queued.glob("*.json")
+        assert json.loads(message.read_text())["text"] == f"please rebase {name}"
+    fake.inject_command(supergroup, "/taskcard off")
+    hidden = [f"{name}agent: task card hidden" for name in serves]
+    await eventually(
+        lambda: all(any(h in t for t in shown(fake, supergroup)) for h in hidden),
+        timeout_s=60,
+        what="both cards hidden in the supergroup",
+    )
+    assert one_card_each() is False  # hidden now, still one resident each:
+    cards = [t for t in shown(fake, supergroup) if any(h in t for h in hidden)]
+    assert len(cards) == 2
+    for serve in serves.values():
+        assert await serve.aterminate() == 0
