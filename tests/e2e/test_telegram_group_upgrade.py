@@ -10,6 +10,7 @@ would: `taskcard serve` with a config file against the fake Bot API.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -191,6 +192,59 @@ async def test_the_move_survives_a_restart_and_the_new_id_in_the_config(
     assert f"upgraded to supergroup {SUPER}" in status
     assert "set chat_id" not in status
     assert f"set chat_id = {SUPER}" not in third.logs
+
+
+async def test_a_board_follows_and_switches_from_the_supergroup(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """A chat showing one board: the board continues in the supergroup (one message there),
+    and `/taskcard cards` sent from the supergroup replaces it with a card per agent."""
+    serve = setup(
+        tmp_path,
+        fake,
+        ["builder", "tester"],
+        [(BASIC, ["builder", "tester"])],
+        allowed='view = "board"',
+    )
+    builder, tester = agent_dir(tmp_path, "builder"), agent_dir(tmp_path, "tester")
+    with serve:
+        publish(builder, "builder v1")
+        publish(tester, "tester v1")
+        await eventually(lambda: _texts(fake, BASIC, "Task board"), what="the board")
+        fake.migrate(BASIC, SUPER)
+        await eventually(lambda: _texts(fake, SUPER, "Task board"), what="the board moved")
+        publish(builder, "builder v2")
+        await eventually(lambda: _texts(fake, SUPER, "builder v2"), what="the board edited")
+        assert len(_texts(fake, SUPER, "Task board")) == 1
+        fake.inject_command(SUPER, "/taskcard cards")
+        await eventually(
+            lambda: _cards_follow(fake, ["builder v2", "tester v1"]), what="a card per agent"
+        )
+        await eventually(lambda: _texts(fake, SUPER, "replaced by one card"), what="retired")
+        assert await serve.aterminate() == 0
+
+
+async def test_a_reply_to_a_card_in_the_supergroup_reaches_the_agent(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """A reply to the card the service posted in the supergroup is text for its agent."""
+    serve = setup(tmp_path, fake, ["builder"], [(BASIC, ["builder"])])
+    builder = agent_dir(tmp_path, "builder")
+    with serve:
+        publish(builder, "builder v1")
+        await eventually(lambda: shown(fake, BASIC), what="the card in the group")
+        fake.migrate(BASIC, SUPER)
+        await eventually(lambda: _texts(fake, SUPER, "builder v1"), what="the card moved")
+        card = fake.bot_messages(SUPER)[0].message_id
+        fake.inject_message(SUPER, "please rebase first", reply_to=card)
+        queued = builder / "inbox" / "queued"
+        await eventually(
+            lambda: queued.is_dir() and any(queued.glob("*.json")), what="the text queued"
+        )
+        (message,) = queued.glob("*.json")
+        sent = json.loads(message.read_text())
+        assert sent["text"] == "please rebase first"
+        assert await serve.aterminate() == 0
 
 
 class _Empty:
