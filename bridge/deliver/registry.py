@@ -84,15 +84,13 @@ def route_specs(config: ServiceConfig, cursor: CursorStore | None = None) -> lis
     """
     specs: list[RouteSpec] = []
     if config.telegram is not None:
-        from taskcard.channels.telegram.moves import original_chat
-
         for t in config.telegram.routes:
             thread = None if t.thread_id is None else str(t.thread_id)
             chat = ChatRef(str(t.chat_id), thread)
             specs.append(
                 RouteSpec(
                     "telegram",
-                    chat if cursor is None else original_chat(cursor, chat),
+                    chat if cursor is None else original_chat("telegram", cursor, chat),
                     _expand(t.agents, config),
                     t.pin,
                     _allowed(t.allowed_user_ids),
@@ -225,6 +223,16 @@ def scope_rules(channel: str) -> ScopeRules | None:
 
         return feishu_scopes
     return None
+
+
+def original_chat(channel: str, cursor: CursorStore, chat: ChatRef) -> ChatRef:
+    """The chat under which the service keys `chat`: a Telegram supergroup that a routed
+    group became is keyed by the group's id (`channels.telegram.moves`); any other as it is."""
+    if channel != "telegram":
+        return chat
+    from taskcard.channels.telegram import moves
+
+    return moves.original_chat(cursor, chat)
 
 
 def chat_moved_to(channel: str, cursor: CursorStore, chat_id: str) -> str | None:

@@ -31,7 +31,7 @@ from taskcard.bridge.compose.board import BoardEntry, compose_board, fit_board, 
 from taskcard.bridge.compose.redact import Redactor, strings_in
 from taskcard.bridge.compose.view import compose_view, format_at
 from taskcard.bridge.config import ServiceConfig
-from taskcard.bridge.deliver.registry import BuiltChannel, RouteSpec, route_specs
+from taskcard.bridge.deliver.registry import BuiltChannel, RouteSpec, original_chat, route_specs
 from taskcard.bridge.notices.outbox import NoticeOutbox
 from taskcard.bridge.notices.signals import Signal, SignalFacts, due_signals, report_signal
 from taskcard.bridge.notices.text import safe_error_code
@@ -156,6 +156,7 @@ class Service:
         self._origins = OriginBook(store)
         self._discovery = Discovery()
         self._origin_refused: set[tuple[str, str]] = set()
+        self._origin_allowed: Mapping[str, frozenset[str]] | None = None
         self._closing: dict[RouteKey, float] = {}  # route -> when it began closing (monotonic)
         self._scheduled: set[RouteKey] = set()
         self._watcher: FleetWatcher | None = None
@@ -529,6 +530,7 @@ class Service:
             spec for spec in route_specs(config, self._store) if spec.channel in self._channels
         ]
         self._origin_refused.clear()
+        self._origin_allowed = None
         self._rediscover()
         self.apply(self._desired())
         for route in list(self._routes):
@@ -546,7 +548,9 @@ class Service:
                 self._origin_refused.add((agent_id, written))
                 log.warning("agent %s: unusable turn origin ignored: %s", agent_id, origin)
             return
-        allowed = origin_chats(self._config)
+        allowed = self._origin_chats()
+        moved = original_chat(origin.channel, self._store, ChatRef(origin.chat_id))
+        origin = replace(origin, chat_id=moved.chat_id)  # a supergroup as the group it was
         key = origin_route(origin, agent_id, allowed) if origin.channel in self._channels else None
         if key is None:
             if (agent_id, str(origin)) not in self._origin_refused:
@@ -563,6 +567,19 @@ class Service:
         if self._origins.open(key, at.timestamp()):
             log.info("agent %s: route to %s opened by a turn's origin", agent_id, origin)
             self.apply(self._desired())
+
+    def _origin_chats(self) -> Mapping[str, frozenset[str]]:
+        """`origin_chats` with each chat under the id the service keys it by (a supergroup a
+        routed group became, under the group's id); worked out again after a reload or a move."""
+        if self._origin_allowed is None:
+            self._origin_allowed = {
+                channel: frozenset(
+                    original_chat(channel, self._store, ChatRef(chat_id)).chat_id
+                    for chat_id in chats
+                )
+                for channel, chats in origin_chats(self._config).items()
+            }
+        return self._origin_allowed
 
     def _close_finished_origin_routes(self) -> None:
         """Close origin routes whose card was removed after they opened (once it shows so)."""
@@ -1015,6 +1032,7 @@ class Service:
         its notices; the channel sends to the new id. What the old chat shows stays there,
         read-only, so each resident is shown again now: its edit finds the message gone and
         posts exactly one replacement in the new chat."""
+        self._origin_allowed = None
         routes = [
             r
             for r in self._routes

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import ServeProcess, eventually, notify, publish, run_cli
+from tests.e2e.harness import ServeProcess, activity, eventually, notify, publish, run_cli
 from tests.e2e.test_serve_telegram import agent_dir, config_text, setup, shown
 from tests.fakes.telegram_api import FakeTelegram
 
@@ -245,6 +245,33 @@ async def test_a_reply_to_a_card_in_the_supergroup_reaches_the_agent(
         sent = json.loads(message.read_text())
         assert sent["text"] == "please rebase first"
         assert await serve.aterminate() == 0
+
+
+async def test_a_turn_from_the_group_opens_its_route_once_origin_chats_names_the_supergroup(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """Texts sent from the supergroup carry the group's id as their origin (the chat's key);
+    after the operator writes the supergroup's id into `origin_chats`, as the log asks,
+    such a turn still opens the agent's route there, and a turn naming the supergroup too."""
+    serve = setup(tmp_path, fake, ["builder", "helper"], [(BASIC, ["builder"])])
+    builder, helper = agent_dir(tmp_path, "builder"), agent_dir(tmp_path, "helper")
+    with serve:
+        publish(builder, "builder v1")
+        await eventually(lambda: shown(fake, BASIC), what="the card in the group")
+        fake.migrate(BASIC, SUPER)
+        await eventually(lambda: _texts(fake, SUPER, "builder v1"), what="the card moved")
+        assert await serve.aterminate() == 0
+    text = config_text(fake, ["builder", "helper"], [(SUPER, ["builder"])])
+    serve.config.write_text(
+        text.replace("poll_timeout_s = 1\n", f"poll_timeout_s = 1\norigin_chats = [{SUPER}]\n")
+    )
+    with ServeProcess(serve.config, env=serve.env) as again:
+        activity(helper, "turn.start", origin=f"telegram:{BASIC}")
+        publish(helper, "helper v1")
+        await eventually(lambda: _texts(fake, SUPER, "helper v1"), what="the origin route")
+        assert await again.aterminate() == 0
+    assert "ignored" not in again.logs
+    assert len(_texts(fake, SUPER, "helper v1")) == 1
 
 
 class _Empty:
