@@ -11,6 +11,7 @@ from telegram import Bot, Update
 
 from taskcard.channels.aio import Backoff
 from taskcard.channels.base import ChatRef
+from taskcard.channels.errors import MessageGone
 from taskcard.channels.telegram.channel import TelegramChannel
 from taskcard.channels.telegram.commands import (
     OFFSET_CURSOR_KEY,
@@ -19,7 +20,7 @@ from taskcard.channels.telegram.commands import (
     parse_command,
     poll_backoff,
 )
-from taskcard.channels.telegram.config import TelegramConfig
+from taskcard.channels.telegram.config import TelegramConfig, TelegramRoute
 from tests.channels.conftest import CommandInbox, MemoryCursorStore, wait_until
 from tests.fakes.telegram_api import FakeTelegram
 
@@ -216,3 +217,79 @@ def test_tell_and_replies_to_the_bot_reach_the_service() -> None:
     assert command_from_update(_reply("hi", to_bot=False), "Bot") is None
     assert command_from_update(_reply("hi", to_bot=True, username="OtherBot"), "Bot") is None
     assert command_from_update(_update("message", "just chatting"), "Bot") is None
+
+
+async def test_an_upgraded_group_is_followed_and_its_commands_arrive_under_its_old_id(
+    telegram_fake: FakeTelegram,
+) -> None:
+    """The two service messages of an upgrade make one `moved` command; from then on,
+    requests for the group go to the supergroup, a plain (old group) message id is gone
+    without a request, even where the supergroup has a bot message of the same number, and
+    commands and replies from the supergroup arrive under the group's id."""
+    basic, supergroup = -4242, -1009876543210
+    cursor, inbox = MemoryCursorStore(), CommandInbox()
+    channel = await _started(telegram_fake, cursor, inbox)
+    chat = ChatRef(str(basic))
+    try:
+        old = await channel.send(chat, channel.render_text("card in the group"))
+        await channel.send(chat, channel.render_text("another in the group"))
+        telegram_fake.migrate(basic, supergroup)
+        (moved,) = await inbox.wait_for(1)
+        assert (moved.command, moved.chat, moved.args) == ("moved", chat, str(supergroup))
+        # The supergroup's message 2 is the bot's too: an old id must never edit it.
+        first = await channel.send(chat, channel.render_text("first in the supergroup"))
+        new = await channel.send(chat, channel.render_text("card in the supergroup"))
+        assert new == f"3@{supergroup}" and old == "1" and first == f"2@{supergroup}"
+        requests = telegram_fake.count()
+        with pytest.raises(MessageGone):
+            await channel.edit(chat, "2", channel.render_text("overwritten?"))
+        assert telegram_fake.count() == requests, "no request for a message of the old group"
+        await channel.edit(chat, new, channel.render_text("card edited"))
+        assert [m.text for m in telegram_fake.bot_messages(supergroup)] == [
+            "first in the supergroup",
+            "card edited",
+        ]
+        telegram_fake.inject_command(supergroup, "/taskcard off")
+        telegram_fake.inject_message(supergroup, "for the agent", reply_to=3)
+        off, reply = (await inbox.wait_for(3))[1:]
+        assert (off.chat, off.args) == (chat, "off")
+        assert reply.chat == chat and new in reply.reply_to
+        assert telegram_fake.count(chat_id=basic) == 2  # the two sends before the upgrade
+    finally:
+        await channel.stop()
+    assert cursor.values["telegram:chat_moved_to:-4242"] == str(supergroup)
+
+
+async def test_a_move_learned_from_a_refused_send_is_retried_there_once(
+    telegram_fake: FakeTelegram,
+) -> None:
+    """No service message seen: the refused send goes to the supergroup at once (one post),
+    the service is told once, and a channel started later on the same store sends there
+    without asking the old id."""
+    basic, supergroup = -4242, -1009876543210
+    cursor, inbox = MemoryCursorStore(), CommandInbox()
+    channel = await _started(telegram_fake, cursor, inbox)
+    chat = ChatRef(str(basic))
+    try:
+        telegram_fake.migrate(basic, supergroup, announce=False)
+        sent = await channel.send(chat, channel.render_text("notice"))
+        await channel.send(chat, channel.render_text("another"))
+        assert sent == f"1@{supergroup}"
+        assert [c.command for c in await inbox.wait_for(1)] == ["moved"]
+    finally:
+        await channel.stop()
+    config = TelegramConfig(
+        api_base_url=telegram_fake.base_url,
+        poll_timeout_s=1,
+        routes=[TelegramRoute(chat_id=basic, agents=["builder"])],
+    )
+    later = TelegramChannel(config, telegram_fake.token, cursor)
+    await later.start(CommandInbox())
+    try:
+        before = telegram_fake.count(chat_id=basic)
+        await later.send(chat, later.render_text("after a restart"))
+        assert telegram_fake.count(chat_id=basic) == before
+        assert len(telegram_fake.bot_messages(supergroup)) == 3
+    finally:
+        await later.stop()
+    assert len(inbox.commands) == 1
