@@ -525,10 +525,19 @@ class Service:
                 ", ".join(needs_restart),
             )
             return False
+        try:
+            specs = route_specs(config, self._store)
+        except Exception as error:
+            # The chats' keys depend on the state (a group's upgrade); a guess could key a
+            # routed chat anew and post a second resident there.
+            log.error(
+                "config reload refused: the state could not be read (%s); the running"
+                " configuration stays",
+                error,
+            )
+            return False
         self._config = config
-        self._specs = [
-            spec for spec in route_specs(config, self._store) if spec.channel in self._channels
-        ]
+        self._specs = [spec for spec in specs if spec.channel in self._channels]
         self._origin_refused.clear()
         self._origin_allowed = None
         self._rediscover()

@@ -74,13 +74,17 @@ class ChatMoves:
         if self._to.get(old) == new:
             return False
         self._to[old], self._from[new] = new, old
-        if moved_to(self._cursor, old) != new:
-            self._cursor.set_cursor(MOVED_TO_PREFIX + old, new)
-            self._cursor.set_cursor(MOVED_FROM_PREFIX + new, old)
+        try:
+            if moved_to(self._cursor, old) != new:
+                self._cursor.set_cursor(MOVED_TO_PREFIX + old, new)
+                self._cursor.set_cursor(MOVED_FROM_PREFIX + new, old)
+        except Exception as error:
+            # Followed from memory meanwhile; after a restart Telegram's refusal teaches it again.
+            _log.warning("could not record the upgrade of group %s: %s", old, error)
         _log.warning(
             "Telegram group %s was upgraded to a supergroup with id %s: its cards, commands"
-            " and settings continue there; set chat_id = %s in the config (no restart needed"
-            " until then)",
+            " and settings continue there without a restart; set chat_id = %s in the config"
+            " when convenient",
             old,
             new,
             new,
@@ -90,7 +94,12 @@ class ChatMoves:
     def load(self, chat_id: str) -> None:
         """Remember what the store knows of a configured chat (by its old id or its new one),
         before the first request."""
-        new = moved_to(self._cursor, chat_id)
+        try:
+            new = moved_to(self._cursor, chat_id)
+            old = moved_from(self._cursor, chat_id)
+        except Exception as error:
+            _log.warning("could not read whether group %s was upgraded: %s", chat_id, error)
+            return
         if new is not None:
             self._to[chat_id], self._from[new] = new, chat_id
             _log.warning(
@@ -100,7 +109,6 @@ class ChatMoves:
                 new,
                 new,
             )
-        old = moved_from(self._cursor, chat_id)
         if old is not None:
             self._to[old], self._from[chat_id] = chat_id, old
 
@@ -112,7 +120,12 @@ class ChatMoves:
         """The routed group a command's supergroup `chat_id` was upgraded from, if any."""
         old = self._from.get(chat_id)
         if old is None:
-            old = moved_from(self._cursor, chat_id)
+            try:
+                old = moved_from(self._cursor, chat_id)
+            except Exception as error:
+                # Polling must go on: the command is handed over as it came.
+                _log.warning("could not read whether chat %s was a group: %s", chat_id, error)
+                return None
             if old is not None:
                 self._to[old], self._from[chat_id] = chat_id, old
         return old

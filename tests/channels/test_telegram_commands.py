@@ -293,3 +293,32 @@ async def test_a_move_learned_from_a_refused_send_is_retried_there_once(
     finally:
         await later.stop()
     assert len(inbox.commands) == 1
+
+
+class _MovesUnwritable(MemoryCursorStore):
+    """A store whose writes of upgrades fail (a disk or Redis outage), offsets still work."""
+
+    def set_cursor(self, key: str, value: str) -> None:
+        if key.startswith("telegram:chat_moved"):
+            raise OSError("no space left on device")
+        super().set_cursor(key, value)
+
+
+async def test_an_upgrade_that_cannot_be_recorded_is_followed_and_polling_goes_on(
+    telegram_fake: FakeTelegram,
+) -> None:
+    basic, supergroup = -4242, -1009876543210
+    inbox = CommandInbox()
+    channel = await _started(telegram_fake, _MovesUnwritable(), inbox)
+    try:
+        telegram_fake.migrate(basic, supergroup)
+        telegram_fake.inject_command(supergroup, "/taskcard 2")
+        telegram_fake.inject_command(GROUP, "/taskcard on")
+        moved, rows, on = await inbox.wait_for(3)
+        assert moved.command == "moved"
+        assert (rows.chat, rows.args) == (ChatRef(str(basic)), "2")
+        assert (on.chat, on.args) == (ChatRef(str(GROUP)), "on")
+        sent = await channel.send(ChatRef(str(basic)), channel.render_text("card"))
+        assert sent.endswith(f"@{supergroup}")
+    finally:
+        await channel.stop()
