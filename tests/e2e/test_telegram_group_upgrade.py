@@ -11,6 +11,7 @@ would: `taskcard serve` with a config file against the fake Bot API.
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -192,6 +193,38 @@ async def test_the_move_survives_a_restart_and_the_new_id_in_the_config(
     assert f"upgraded to supergroup {SUPER}" in status
     assert "set chat_id" not in status
     assert f"set chat_id = {SUPER}" not in third.logs
+
+
+async def test_the_new_id_written_into_the_config_and_reloaded_keeps_the_resident(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """SIGHUP after writing the supergroup's id: the route is the same one, so its resident is
+    edited (no second card) and a command from the supergroup still acts on it."""
+    serve = setup(tmp_path, fake, ["builder"], [(BASIC, ["builder"])])
+    builder = agent_dir(tmp_path, "builder")
+    with serve:
+        publish(builder, "builder v1")
+        await eventually(lambda: shown(fake, BASIC), what="the card in the group")
+        fake.migrate(BASIC, SUPER)
+        await eventually(lambda: _texts(fake, SUPER, "builder v1"), what="the card moved")
+        resident = fake.bot_messages(SUPER)[0].message_id
+        serve.config.write_text(config_text(fake, ["builder"], [(SUPER, ["builder"])]))
+        assert serve.proc is not None
+        serve.proc.send_signal(signal.SIGHUP)
+        await eventually(lambda: "config reloaded" in serve.logs, what="the reload")
+        publish(builder, "builder v2")
+        await eventually(
+            lambda: "builder v2" in (fake.message(SUPER, resident) or _NONE).text,
+            what="the same resident edited",
+        )
+        fake.inject_command(SUPER, "/taskcard off")
+        await eventually(
+            lambda: "hidden" in (fake.message(SUPER, resident) or _NONE).text.lower(),
+            what="hidden by a command from the supergroup",
+        )
+        assert await serve.aterminate() == 0
+    cards = [t for t in shown(fake, SUPER) if not t.startswith("Task cards")]
+    assert len(cards) == 1, cards
 
 
 async def test_a_board_follows_and_switches_from_the_supergroup(
