@@ -992,8 +992,11 @@ class Service:
         reply_chat = command.chat
         channel = self._channels[channel_name]
         if command.command != "taskcard":
-            answer = self._text_for_agent(channel_name, command, allowed)
-            if answer is not None and command.reply:
+            answer, mine = self._text_for_agent(channel_name, command, allowed)
+            # Clustered, the text is the agent's owner's to queue and to answer for (one
+            # instance holds its lease), whoever claimed the reply; a name no route here
+            # knows may be another instance's agent, so no refusal comes from here.
+            if answer is not None and (mine if self._owned is not None else command.reply):
                 self._scheduler.send_reply(
                     channel_name, reply_chat, self._render_text(channel, answer), command.answer_to
                 )
@@ -1078,10 +1081,11 @@ class Service:
 
     def _text_for_agent(
         self, channel_name: str, command: IncomingCommand, routes: list[Route]
-    ) -> str | None:
+    ) -> tuple[str | None, bool]:
         """`/tell AGENT TEXT` or a reply to an agent's resident: queue the text in its inbox.
 
-        The answer (a refusal) never quotes the person's text or the agent name they typed.
+        Returns the answer (a refusal; it never quotes the person's text or the agent name
+        they typed) and whether the agent is served here (clustered: only its owner queues).
         """
         if command.command == "reply":
             agent_id = next(
@@ -1093,7 +1097,7 @@ class Service:
                 None,
             )
             if agent_id is None:
-                return None  # a reply to a notice or to someone else: not for an agent
+                return None, False  # a reply to a notice or to someone else: not for an agent
             text = command.args
         else:
             # The agent's name ends at any white space: "/tell builder\nline one" is common.
@@ -1102,16 +1106,17 @@ class Service:
             if name not in here:
                 listed = f"/tell AGENT TEXT: AGENT is one of {', '.join(here)}."
                 if _utf16_len(listed) <= STATE_TEXT_UTF16:
-                    return listed
+                    return listed, False
                 # A large fleet: whole names as far as they fit, alike on every platform
                 # (Telegram cut the list in the middle of a name at its 4096 units).
-                return _fit_entries("/tell AGENT TEXT: AGENT is one of:", here)
+                return _fit_entries("/tell AGENT TEXT: AGENT is one of:", here), False
             agent_id = name
-        if not self._desk.accepts(agent_id):
-            return None
-        return self._desk.queue(
+        if not self._serves(agent_id) or not self._desk.accepts(agent_id):
+            return None, False  # a standby of a cluster: the owner queues it, once
+        answer = self._desk.queue(
             channel_name, command.chat, agent_id, command.user_id, text, command.answer_to
         )
+        return answer, True
 
     def _switch_view(self, routes: list[Route], view: RouteView) -> str:
         """`/taskcard board` or `/taskcard cards`: persist the chat's choice, then re-project

@@ -766,3 +766,43 @@ async def test_a_group_upgraded_to_a_supergroup_is_followed_by_every_instance(
     assert len(cards) == 2
     for serve in serves.values():
         assert await serve.aterminate() == 0
+
+
+async def test_tell_in_a_cluster_is_queued_once_and_answered_only_by_the_agents_owner(
+    tmp_path: Path, fake: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """i2 is a standby for i0agent (same workdir). Each `/tell` is queued once, by the
+    agent's owner, with one status message; no instance answers for an agent it does not
+    serve (the instance that claimed the reply used to refuse another's agent as unknown,
+    and a standby queued the text a second time)."""
+    agents = {"i0": ["i0agent"], "i1": ["i1agent"], "i2": ["i0agent"]}
+    serves = [
+        fleet.enter_context(
+            instance(tmp_path, name, fake, names, redis_url=redis_url, prefix=prefix)
+        )
+        for name, names in agents.items()
+    ]
+    for agent in ("i0agent", "i1agent"):
+        publish(tmp_path / "agents" / agent, f"card of {agent}")
+    await eventually(lambda: len(shown(fake, GROUP)) == 2, timeout_s=60, what="two residents")
+    for index in range(4):
+        for agent in ("i0agent", "i1agent"):
+            fake.inject_command(GROUP, f"/tell {agent} step {index}")
+
+    def queued(agent: str) -> int:
+        return len(list((tmp_path / "agents" / agent / "inbox" / "queued").glob("*.json")))
+
+    await eventually(
+        lambda: queued("i0agent") >= 4 and queued("i1agent") >= 4,
+        timeout_s=60,
+        what="every text queued",
+    )
+    await eventually(
+        lambda: replies(fake, "Message to") >= 8, timeout_s=60, what="a status message each"
+    )
+    await _sleep(2.0)  # a second queueing or a stray answer would have come by now
+    assert (queued("i0agent"), queued("i1agent")) == (4, 4)
+    assert replies(fake, "Message to") == 8
+    assert replies(fake, "AGENT is one of") == 0
+    for serve in serves:
+        assert await serve.aterminate() == 0
