@@ -20,43 +20,44 @@ from pathlib import Path
 from typing import Any
 
 from taskcard.bridge.config import ServiceConfig
-from taskcard.bridge.deliver.registry import route_specs
+from taskcard.bridge.deliver.registry import RouteSpec, route_specs
 from taskcard.bridge.run.serve_cli import EXIT_CONFIG, _config_option, _load
 from taskcard.bridge.run.terminal import printable
-from taskcard.bridge.store.base import SeenChat, StateFileError
+from taskcard.bridge.store.base import SeenChat, StateFileError, StateStore
 from taskcard.bridge.store.sqlite import STATE_FILE, SqliteStore
 from taskcard.producers.task_card.contract import terminal_json
 
 
-def _seen_chats(config: ServiceConfig) -> list[SeenChat]:
-    """The chats the store recorded: the cluster's shared one, else this state file's.
+def _seen_chats(config: ServiceConfig) -> tuple[list[SeenChat], set[tuple[str, str, str | None]]]:
+    """The chats the store recorded (the cluster's shared one, else this state file's), and
+    the chats this config routes, each under the id the service keys it by (a supergroup a
+    routed group became is listed under the group's id, as its commands are recorded).
 
     Raises `StateFileError` (one line, no secret) when the cluster's Redis cannot be reached.
     """
+    store: StateStore
     if config.cluster.enabled:
         from taskcard.bridge.run.cluster_serve import status_store
 
-        shared = status_store(config, os.environ)
-        try:
-            return shared.seen_chats()
-        finally:
-            shared.close()
-    path = config.state_dir / STATE_FILE
-    if not path.exists():
-        return []
-    store = SqliteStore(path, readonly=True)
+        store = status_store(config, os.environ)
+    else:
+        path = config.state_dir / STATE_FILE
+        if not path.exists():
+            return [], _routed(route_specs(config))
+        store = SqliteStore(path, readonly=True)
     try:
-        return store.seen_chats()
+        return store.seen_chats(), _routed(route_specs(config, store))
     finally:
         store.close()
 
 
+def _routed(specs: list[RouteSpec]) -> set[tuple[str, str, str | None]]:
+    return {(spec.channel, spec.chat.chat_id, spec.chat.thread_id) for spec in specs}
+
+
 def seen_chats_report(config: ServiceConfig) -> list[dict[str, Any]]:
     """Every chat seen, newest first, with whether a route of this config covers it."""
-    chats = _seen_chats(config)
-    routed = {
-        (spec.channel, spec.chat.chat_id, spec.chat.thread_id) for spec in route_specs(config)
-    }
+    chats, routed = _seen_chats(config)
     return [
         {
             "channel": chat.channel,

@@ -190,6 +190,10 @@ async def test_the_move_survives_a_restart_and_the_new_id_in_the_config(
         assert await third.aterminate() == 0
     assert len(fake.bot_messages(SUPER)) == 2  # the card and the state reply
     assert fake.count("sendMessage", SUPER) == 1  # since the first run: the reply only
+    # The command came from the supergroup and is listed under the chat's key, routed.
+    chats = run_cli("chats", "--config", str(serve.config), "--json")
+    assert chats.returncode == 0, chats.stderr
+    assert [(c["chat_id"], c["routed"]) for c in json.loads(chats.stdout)] == [(str(BASIC), True)]
     assert f"upgraded to supergroup {SUPER}" in status
     assert "set chat_id" not in status
     assert f"set chat_id = {SUPER}" not in third.logs
