@@ -13,6 +13,7 @@ read is interrupted by `stop`, not waited out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import uuid
@@ -208,3 +209,44 @@ async def test_releasing_many_leases_to_a_redis_that_never_answers_is_one_attemp
     # One connection for twenty leases: one by one, each would have waited out its timeout.
     assert len(accepted) == 1, len(accepted)
     await client.aclose()
+
+
+class _SwallowingClient:
+    """Stands in for the asyncio Redis client where a call swallows the task's cancellation
+    (a known fault of redis-py's asyncio client): it returns as if answered instead."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+
+    async def hset(self, *args: object) -> int:
+        if not self.entered.is_set():  # the first call only: then answers at once
+            self.entered.set()
+            with contextlib.suppress(asyncio.CancelledError):  # the fault: it goes no further
+                await asyncio.sleep(3600)
+        return 0
+
+    async def pexpire(self, *args: object) -> bool:
+        return True
+
+
+async def test_the_lease_loop_stops_when_a_redis_call_swallowed_its_cancellation(
+    redis_url: str,
+) -> None:
+    """A SIGTERM cancels the lease loop; when the cancel lands in a Redis call that swallows
+    it, the loop used to go back to sleep and renew forever, and the instance never exited."""
+    from taskcard.bridge.cluster.config import ClusterConfig
+    from taskcard.bridge.cluster.runtime import Cluster
+
+    cluster = Cluster(ClusterConfig(key_prefix=f"cancel-{uuid.uuid4().hex[:8]}"), redis_url)
+    real, swallowing = cluster.aio, _SwallowingClient()
+    cluster.aio = swallowing  # type: ignore[assignment]
+    cluster._bots["telegram"] = "bot"
+    task = asyncio.create_task(cluster.run([], lambda agent: None, lambda agent: None))
+    await asyncio.wait_for(swallowing.entered.wait(), timeout=30)
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=30)  # a bound on a hang, not a timing
+    assert task in done, "the lease loop went on after it was cancelled"
+    assert task.cancelled()
+    cluster.aio = real
+    await real.aclose()
+    cluster.store.close()
