@@ -23,6 +23,7 @@ from typing import cast, get_args
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from taskcard.bridge.store.redis import raise_if_cancel_swallowed
 from taskcard.channels.base import (
     CardView,
     Channel,
@@ -195,6 +196,7 @@ class ClusteredChannel(Channel):
                     log.warning("reading commands from Redis failed (%s)", type(error).__name__)
                 await asyncio.sleep(min(5.0, 0.2 * 2**failures))
                 continue
+            raise_if_cancel_swallowed()  # else `stop` waits for this loop forever
             if failures:
                 log.info("reading commands from Redis works again")
                 failures = 0

@@ -32,7 +32,7 @@ from taskcard.bridge.cluster.lease import (
     release_all,
 )
 from taskcard.bridge.cluster.limiter import RedisLimiter
-from taskcard.bridge.store.redis import RedisStore, connect
+from taskcard.bridge.store.redis import RedisStore, connect, raise_if_cancel_swallowed
 from taskcard.channels.base import CursorStore
 
 log = logging.getLogger(__name__)
@@ -224,12 +224,7 @@ class Cluster:
                 # Renewal must go on whatever happened: a lease left to lapse while this
                 # instance still serves its agent would give the agent two servers.
                 log.exception("renewing the cluster leases failed; trying again")
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                # Cancelled while a Redis call ran, and the client swallowed it (redis-py's
-                # asyncio client can, in a timeout's exit): stop as asked, or the stop
-                # waits for this loop forever.
-                raise asyncio.CancelledError
+            raise_if_cancel_swallowed()
             await asyncio.sleep(interval_s)
 
     async def _renew(self, take: Callable[[str], None], drop: Callable[[str], None]) -> None:

@@ -29,6 +29,7 @@ an instance at start nor hides the good entries beside it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -159,6 +160,16 @@ class BudgetRetry(Retry):
                     raise error
                 if delay_s > 0:
                     self._sleep(delay_s)
+
+
+def raise_if_cancel_swallowed() -> None:
+    """Raise `CancelledError` when the current task was cancelled and no `CancelledError`
+    reached it: redis-py's asyncio client can swallow one that lands in a call (in a
+    timeout's exit). A loop that catches a call's errors and goes on checks this each turn,
+    or whoever cancelled it (a stop) waits for it forever."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 def connect(

@@ -250,3 +250,40 @@ async def test_the_lease_loop_stops_when_a_redis_call_swallowed_its_cancellation
     cluster.aio = real
     await real.aclose()
     cluster.store.close()
+
+
+class _SwallowingStream:
+    """The command stream's client where the blocking read swallows the cancellation once
+    (the redis-py fault above), then answers "nothing new" at once."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+
+    def register_script(self, script: str) -> object:
+        return None
+
+    async def xrevrange(self, *args: object, **kwargs: object) -> list[object]:
+        return []
+
+    async def xread(self, *args: object, **kwargs: object) -> list[object]:
+        if not self.entered.is_set():
+            self.entered.set()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(3600)
+        else:
+            await asyncio.sleep(0.01)
+        return []
+
+
+async def test_stop_ends_the_command_reader_when_its_read_swallowed_the_cancellation() -> None:
+    client = _SwallowingStream()
+    channel = ClusteredChannel(TextOnly(), client, "p", "i0", frozenset())  # type: ignore[arg-type]
+
+    async def sink(command: IncomingCommand) -> None:
+        del command
+
+    await channel.start(sink)
+    await asyncio.wait_for(client.entered.wait(), timeout=30)
+    stopping = asyncio.create_task(channel.stop())
+    done, _ = await asyncio.wait({stopping}, timeout=30)  # a bound on a hang, not a timing
+    assert stopping in done, "stop waited for a reader that went on reading"
