@@ -113,6 +113,34 @@ async def test_a_move_learned_from_the_refusal_alone_posts_one_card_each(
         assert await serve.aterminate() == 0
 
 
+async def test_an_upgrade_while_the_service_was_down_posts_one_card_there(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """The group was upgraded while the service was stopped: at the restart the refused
+    first edit and the service messages waiting in the updates both tell the move; the card
+    is posted once in the supergroup and edited there."""
+    serve = setup(tmp_path, fake, ["builder", "tester"], [(BASIC, ["builder", "tester"])])
+    builder, tester = agent_dir(tmp_path, "builder"), agent_dir(tmp_path, "tester")
+    with serve:
+        publish(builder, "builder v1")
+        publish(tester, "tester v1")
+        await eventually(lambda: len(shown(fake, BASIC)) == 2, what="both cards in the group")
+        assert await serve.aterminate() == 0
+    fake.migrate(BASIC, SUPER)
+    publish(builder, "builder v2")
+    with ServeProcess(serve.config, env=serve.env) as again:
+        await eventually(
+            lambda: _cards_follow(fake, ["builder v2", "tester v1"]),
+            what="both cards in the supergroup",
+        )
+        await eventually(lambda: not fake.pending_updates, what="the updates confirmed")
+        publish(tester, "tester v2")
+        await eventually(lambda: _texts(fake, SUPER, "tester v2"), what="edited there")
+        assert await again.aterminate() == 0
+    assert fake.count("sendMessage", SUPER) == 2
+    assert len(fake.bot_messages(SUPER)) == 2
+
+
 async def test_commands_from_the_supergroup_act_on_the_route_and_settings_carry_over(
     tmp_path: Path, fake: FakeTelegram
 ) -> None:
