@@ -94,8 +94,15 @@ async def test_a_move_learned_from_the_refusal_alone_posts_one_card_each(
 ) -> None:
     """The service messages were missed (the upgrade happened while the service was down and
     their updates expired): the first refused edit teaches the move, and each card of the
-    chat is posted once in the supergroup; the notice goes there too."""
-    serve = setup(tmp_path, fake, ["builder", "tester"], [(BASIC, ["builder", "tester"])])
+    chat is posted once in the supergroup, pinned as the route asks; the notice goes there
+    too."""
+    serve = setup(
+        tmp_path,
+        fake,
+        ["builder", "tester"],
+        [(BASIC, ["builder", "tester"])],
+        allowed="pin = true",
+    )
     builder, tester = agent_dir(tmp_path, "builder"), agent_dir(tmp_path, "tester")
     with serve:
         publish(builder, "builder v1")
@@ -106,6 +113,9 @@ async def test_a_move_learned_from_the_refusal_alone_posts_one_card_each(
         await eventually(
             lambda: _cards_follow(fake, ["builder v2", "tester v1"]),
             what="both cards in the supergroup",
+        )
+        await eventually(
+            lambda: all(m.pinned for m in fake.bot_messages(SUPER)), what="pinned there"
         )
         notify(builder, "task_card.error:tc_1:1:renderer_timeout", "error", code="renderer_timeout")
         await eventually(lambda: len(shown(fake, SUPER)) == 3, what="the notice there")
