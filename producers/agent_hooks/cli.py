@@ -33,7 +33,13 @@ def run_hook(args: argparse.Namespace) -> int:
             raw = b""
         text = runner.run_guarded(args.workdir, raw, lambda: runner.claude_code(raw, args.workdir))
     else:
-        argument = args.payload or ""
+        # The notify program gets its JSON as an argument; a lifecycle hook, on stdin.
+        argument: bytes | str = args.payload or ""
+        if args.payload is None and not sys.stdin.isatty():
+            try:
+                argument = _read_stdin(runner.MAX_PAYLOAD_BYTES)
+            except OSError:
+                argument = b""
 
         def handle() -> str:
             runner.codex(argument, args.workdir)
@@ -82,9 +88,11 @@ def register(subparsers: Any) -> None:
     hosts.required = True
     claude = hosts.add_parser("claude-code", help="one Claude Code hook payload on stdin")
     claude.add_argument("--workdir", default=None, help="default: the payload's cwd")
-    codex = hosts.add_parser("codex", help="Codex's notify program: one JSON argument")
+    codex = hosts.add_parser(
+        "codex", help="Codex's notify JSON as the argument, or a lifecycle hook's on stdin"
+    )
     codex.add_argument("--workdir", default=None, help="default: the payload's cwd")
-    codex.add_argument("payload", nargs="?", help="the JSON Codex passes")
+    codex.add_argument("payload", nargs="?", help="notify's JSON (default: read stdin)")
     for sub in (claude, codex):
         sub.set_defaults(handler=run_hook)
 
@@ -101,7 +109,9 @@ def register(subparsers: Any) -> None:
         help="the Claude Code version the project runs (default: ask claude --version); "
         "hook events it predates are not registered",
     )
-    codex_init = targets.add_parser("codex", help="merge into Codex's config.toml")
+    codex_init = targets.add_parser(
+        "codex", help="merge into Codex's config.toml and the hooks.json beside it"
+    )
     codex_init.add_argument(
         "--config", default=None, help="default: $CODEX_HOME/config.toml or ~/.codex/config.toml"
     )

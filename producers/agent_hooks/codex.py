@@ -7,6 +7,18 @@ becomes `turn.end` and counts as a completed turn for reminders (preceded by a `
 when `TASKCARD_ORIGIN` is set, see `runner.with_origin`). Nothing of the messages is
 copied: they are the agent's conversation, not public lines. Codex reads nothing back from
 this program, so task card wakes reach a Codex agent through the MCP results instead.
+
+Codex's lifecycle hooks (hooks.json) send a JSON payload on stdin whose fields are Claude
+Code's (`hook_event_name`, `session_id`, `cwd`, `transcript_path`, `tool_name`,
+`tool_use_id`, `stop_hook_active`, `source`, `agent_id`, ...; plus `turn_id` and `model`),
+so `claude_code.decide` maps them (`runner._codex_hook`). The differences, handled there:
+no token usage (the transcript is Codex's own format); nothing printed (Codex reads plain
+text on stdout at `SessionStart` and `UserPromptSubmit` as context for the model, and JSON as
+a decision), so no inbox delivery either; and since `notify` and the `Stop` hook both end a
+turn, each `turn_id` ends a turn (and counts for reminders) only the first time either
+reports it. Codex sends no `SessionEnd` or `Notification`; its newer `StopFailure` maps as
+Claude Code's, but `init codex` does not register it (nor `PreCompact`, `PostCompact`,
+`SubagentStart`, `SubagentStop`): a Codex that predates an event may refuse the file.
 """
 
 from __future__ import annotations

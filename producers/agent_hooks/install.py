@@ -49,6 +49,18 @@ CLAUDE_EVENTS: Final = (
 MATCHER_EVENTS: Final = frozenset({"PreToolUse", "PostToolUse", "PostToolUseFailure"})
 # Events Claude Code added later, with the first version that accepts them in settings.
 LATER_EVENTS: Final = {"StopFailure": (2, 1, 78)}
+# Codex's lifecycle hooks (hooks.json beside its config.toml) that the adapter maps; the
+# tool events get no matcher, which in Codex matches every tool.
+CODEX_HOOK_MARK: Final = " hook codex"
+CODEX_EVENTS: Final = (
+    "SessionStart",
+    "UserPromptSubmit",
+    "PreToolUse",
+    "PermissionRequest",
+    "PostToolUse",
+    "Stop",
+)
+CODEX_HOOKS_FILE: Final = "hooks.json"
 HOOK_TIMEOUT_S: Final = 10
 VERSION_TIMEOUT_S: Final = 15
 _VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)")
@@ -120,9 +132,9 @@ def claude_version() -> Version | None:
     return parse_version(done.stdout.decode("utf-8", errors="replace"))
 
 
-def _is_ours(entry: object) -> bool:
+def _is_ours(entry: object, mark: str = CLAUDE_HOOK_MARK) -> bool:
     text = entry.get("command") if isinstance(entry, dict) else None
-    return isinstance(text, str) and CLAUDE_HOOK_MARK in text
+    return isinstance(text, str) and mark in text
 
 
 def _groups(hooks: dict[str, Any], event: str, path: Path) -> list[Any]:
@@ -132,7 +144,7 @@ def _groups(hooks: dict[str, Any], event: str, path: Path) -> list[Any]:
     return groups
 
 
-def _drop_ours(hooks: dict[str, Any], event: str, path: Path) -> None:
+def _drop_ours(hooks: dict[str, Any], event: str, path: Path, mark: str) -> None:
     """Take our entry out of `hooks[event]`, and the key when nothing else is left in it."""
     if event not in hooks:
         return
@@ -140,7 +152,7 @@ def _drop_ours(hooks: dict[str, Any], event: str, path: Path) -> None:
     for group in groups:
         entries = group.get("hooks") if isinstance(group, dict) else None
         if isinstance(entries, list):
-            entries[:] = [entry for entry in entries if not _is_ours(entry)]
+            entries[:] = [entry for entry in entries if not _is_ours(entry, mark)]
     groups[:] = [
         group for group in groups if not (isinstance(group, dict) and group.get("hooks") == [])
     ]
@@ -156,18 +168,45 @@ def merge_claude_settings(
 ) -> list[str]:
     """Merge one taskcard hook per mapped event into `settings` (in place); the later events
     left out because this Claude Code (`version`, None when unknown) may not know them."""
+    return merge_hooks(
+        settings,
+        command,
+        path,
+        mark=CLAUDE_HOOK_MARK,
+        events=CLAUDE_EVENTS,
+        later=LATER_EVENTS,
+        version=version,
+        matcher="*",
+    )
+
+
+def merge_hooks(
+    settings: dict[str, Any],
+    command: str,
+    path: Path,
+    *,
+    mark: str,
+    events: tuple[str, ...],
+    later: Mapping[str, Version],
+    version: Version | None,
+    matcher: str | None,
+) -> list[str]:
+    """Merge one hook running `command` per event into `settings["hooks"]` (Claude Code's
+    settings and Codex's hooks.json share this shape); our entries are those whose command
+    holds `mark`. The tool events get `matcher` (None: no matcher, which matches every
+    tool). Returns the `later` events left out because `version` may not know them."""
     hooks = _object_at(settings, "hooks", path)
     skipped: list[str] = []
-    for event in (*CLAUDE_EVENTS, *LATER_EVENTS):
-        since = LATER_EVENTS.get(event)
+    for event in (*events, *later):
+        since = later.get(event)
         present = hooks.get(event)
-        # Hooks of the user's under the event: the Claude Code reading this file knows it.
+        # Hooks of the user's under the event: the host reading this file knows it.
         others = present is not None and (
-            not isinstance(present, list) or not all(_all_ours(g) for g in present)
+            not isinstance(present, list) or not all(_all_ours(g, mark) for g in present)
         )
         known = since is None or (version is not None and version >= since) or others
         if not known:
-            _drop_ours(hooks, event, path)
+            _drop_ours(hooks, event, path, mark)
             skipped.append(event)
             continue
         groups = _groups(hooks, event, path)
@@ -178,21 +217,21 @@ def merge_claude_settings(
             if not isinstance(entries, list):
                 continue
             for index, entry in enumerate(entries):
-                if _is_ours(entry):
+                if _is_ours(entry, mark):
                     entries[index] = ours
                     found = True
         if not found:
             group_new: dict[str, Any] = {"hooks": [ours]}
-            if event in MATCHER_EVENTS:
-                group_new = {"matcher": "*", **group_new}
+            if event in MATCHER_EVENTS and matcher is not None:
+                group_new = {"matcher": matcher, **group_new}
             groups.append(group_new)
     return skipped
 
 
-def _all_ours(group: object) -> bool:
+def _all_ours(group: object, mark: str) -> bool:
     """A group holding only our entries (a group of the user's says the event is known)."""
     entries = group.get("hooks") if isinstance(group, dict) else None
-    return isinstance(entries, list) and all(_is_ours(entry) for entry in entries)
+    return isinstance(entries, list) and all(_is_ours(entry, mark) for entry in entries)
 
 
 def _skipped_line(path: Path, event: str, version: Version | None) -> str:
@@ -254,8 +293,33 @@ def codex_config_path(environ: Mapping[str, str]) -> Path:
 
 
 def init_codex(workdir: Path, config: Path, command: str | None = None) -> list[str]:
-    """Merge `notify` and `[mcp_servers.taskcard]` into Codex's config.toml."""
+    """Merge `notify` and `[mcp_servers.taskcard]` into Codex's config.toml, and the
+    lifecycle hooks into the hooks.json beside it; the lines to report.
+
+    Both files are read (and refused when broken) before either is written. `notify` stays:
+    a Codex without lifecycle hooks (older, or with `[features] hooks = false`) still ends
+    its turns through it, and where both run, one turn id ends the turn once."""
     exe = command or taskcard_command()
+    hooks_path = config.parent / CODEX_HOOKS_FILE
+    hooks_doc = _load_json(hooks_path)
+    merge_hooks(
+        hooks_doc,
+        f"{shlex.quote(exe)} hook codex",
+        hooks_path,
+        mark=CODEX_HOOK_MARK,
+        events=CODEX_EVENTS,
+        later={},
+        version=None,
+        matcher=None,
+    )
+    report = [_merge_codex_config(workdir, config, exe)]
+    changed = _write_json(hooks_path, hooks_doc)
+    report.append(f"{hooks_path}: {'updated' if changed else 'already set up'}")
+    return report
+
+
+def _merge_codex_config(workdir: Path, config: Path, exe: str) -> str:
+    """Merge `notify` and `[mcp_servers.taskcard]` into config.toml; the line to report."""
     try:
         text = read_regular(config, _MAX_CONFIG_BYTES).decode("utf-8") if config.exists() else ""
         document = tomlkit.parse(text)
@@ -288,10 +352,10 @@ def init_codex(workdir: Path, config: Path, command: str | None = None) -> list[
     servers[SERVER_NAME] = server
     new_text = tomlkit.dumps(document)
     if new_text == text:
-        return [f"{config}: already set up"]
+        return f"{config}: already set up"
     config.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(config, new_text.encode("utf-8"))
-    return [f"{config}: updated"]
+    return f"{config}: updated"
 
 
 def environment() -> Mapping[str, str]:

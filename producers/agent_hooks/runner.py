@@ -20,6 +20,7 @@ from typing import Any, Final
 
 from taskcard.producers.agent_hooks.claude_code import (
     TURN_END_EVENTS,
+    HookDecision,
     decide,
     read_transcript_usage,
     subagent,
@@ -48,6 +49,9 @@ MAX_PAYLOAD_BYTES: Final = 32_000_000
 ERROR_LOG: Final = "taskcard-hook.log"
 ERROR_LOG_MAX_BYTES: Final = 256_000
 WAITS_FILE: Final = ".taskcard-hook-waits.json"
+# Codex turns whose end was written, by turn id: its notify program and its Stop hook both
+# report the end of one turn, which must end it (and count for reminders) once.
+CODEX_TURNS_FILE: Final = ".taskcard-codex-turns.json"
 MAX_SESSIONS: Final = 64
 CLAUDE_CONSUMER: Final = "claude-code"
 ORIGIN_ENV: Final = "TASKCARD_ORIGIN"
@@ -116,11 +120,17 @@ def resolve_workdir(override: str | None, payload: Mapping[str, Any]) -> Path:
     return _directory(cwd, "the payload's cwd")
 
 
-@contextlib.contextmanager
-def _session_waits(paths: CardPaths) -> Iterator[dict[str, str]]:
+def _session_waits(paths: CardPaths) -> contextlib.AbstractContextManager[dict[str, str]]:
     """The open waits per session, read and written back under a lock."""
+    return _locked_map(paths, WAITS_FILE)
+
+
+@contextlib.contextmanager
+def _locked_map(paths: CardPaths, name: str) -> Iterator[dict[str, str]]:
+    """A small string map in the logs folder, read and written back under a lock; only the
+    last `MAX_SESSIONS` keys are kept."""
     paths.logs_dir.mkdir(parents=True, exist_ok=True)
-    path = paths.logs_dir / WAITS_FILE
+    path = paths.logs_dir / name
     fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -188,6 +198,41 @@ def _count_turn(paths: CardPaths) -> None:
         FileNotificationPort(paths).submit_reminder(count, None)
 
 
+def _session_key(payload: Mapping[str, Any]) -> str:
+    session = payload.get("session_id")
+    return session if isinstance(session, str) and _SESSION.match(session) else "-"
+
+
+def _record(
+    paths: CardPaths,
+    key: str,
+    make: Callable[[str | None], HookDecision],
+    env: Mapping[str, str],
+    clock: Clock,
+) -> HookDecision:
+    """`make`'s decision for the session's open wait, with the wait kept and the events
+    appended, all under the waits lock."""
+    with _session_waits(paths) as waits:
+        decision = make(waits.get(key))
+        if decision.waiting is None:
+            waits.pop(key, None)
+        else:
+            waits[key] = decision.waiting
+        _append(paths, with_origin(decision.events, paths, env), clock)
+    return decision
+
+
+def _first_end_of(paths: CardPaths, turn_id: object) -> bool:
+    """Whether no end of the Codex turn `turn_id` was written yet; marks it written."""
+    if not isinstance(turn_id, str) or not turn_id:
+        return True  # no id to match: as before, every report ends a turn
+    with _locked_map(paths, CODEX_TURNS_FILE) as ended:
+        if turn_id in ended:
+            return False
+        ended[turn_id] = "ended"
+        return True
+
+
 def claude_code(
     raw: bytes,
     workdir_override: str | None,
@@ -198,8 +243,7 @@ def claude_code(
     payload = parse_payload(raw)
     paths = CardPaths(resolve_workdir(workdir_override, payload))
     name = payload.get("hook_event_name")
-    session = payload.get("session_id")
-    key = session if isinstance(session, str) and _SESSION.match(session) else "-"
+    key = _session_key(payload)
     main = not subagent(payload)
     ends_turn = name in TURN_END_EVENTS and main
     usage = read_transcript_usage(payload.get("transcript_path")) if ends_turn else None
@@ -214,13 +258,13 @@ def claude_code(
         payload = {**payload, "stop_hook_active": False}  # our block held the turn: end it
     wakes: list[str] = []
     try:
-        with _session_waits(paths) as waits:
-            decision = steer(name, decide(payload, waits.get(key), usage), inbox.messages)
-            if decision.waiting is None:
-                waits.pop(key, None)
-            else:
-                waits[key] = decision.waiting
-            _append(paths, with_origin(decision.events, paths, env), clock)
+        decision = _record(
+            paths,
+            key,
+            lambda waiting: steer(name, decide(payload, waiting, usage), inbox.messages),
+            env,
+            clock,
+        )
         if decision.completed_turn:
             _count_turn(paths)
         reader = WakeReader(paths, CLAUDE_CONSUMER)
@@ -243,23 +287,50 @@ def claude_code(
 
 
 def codex(
-    argument: str,
+    raw: bytes | str,
     workdir_override: str | None,
     clock: Clock = utc_now_iso,
     env: Mapping[str, str] = os.environ,
 ) -> None:
-    """Handle one Codex `notify` payload (its single JSON argument)."""
-    if not argument.strip():
+    """Handle one Codex payload: its `notify` JSON (the program's last argument), or the
+    JSON of one of its lifecycle hooks (on stdin; it has `hook_event_name`)."""
+    data = raw.encode("utf-8", errors="replace") if isinstance(raw, str) else raw
+    if not data.strip():
         raise HookInputError(
-            "no payload argument: Codex passes its notify JSON as the last argument, so run "
-            'this as notify = [..., "hook", "codex"] in config.toml (a hook of Codex\'s '
-            "hooks.json sends JSON on stdin, which this command does not read); nothing written"
+            "no payload: Codex passes its notify JSON as the last argument (notify = [..., "
+            '"hook", "codex"] in config.toml) and a hook\'s JSON on stdin (hooks.json); '
+            "neither came, nothing written"
         )
-    payload = parse_payload(argument.encode("utf-8", errors="replace"))
+    payload = parse_payload(data)
     paths = CardPaths(resolve_workdir(workdir_override, payload))
+    if "hook_event_name" in payload:
+        _codex_hook(payload, paths, clock, env)
+        return
     events, completed = codex_events(payload)
+    if completed and not _first_end_of(paths, payload.get("turn-id")):
+        return  # its Stop hook already ended this turn
     _append(paths, with_origin(events, paths, env, at_turn_end=True), clock)
     if completed:
+        _count_turn(paths)
+
+
+def _codex_hook(
+    payload: Mapping[str, Any], paths: CardPaths, clock: Clock, env: Mapping[str, str]
+) -> None:
+    """One Codex lifecycle hook payload, mapped as Claude Code's (the shapes agree).
+
+    The differences: no token usage (Codex's transcript is not Claude Code's), nothing
+    printed (the chat's texts and wakes reach Codex through the MCP results), and the end
+    of a turn that its notify program already reported is not written again."""
+
+    def make(waiting: str | None) -> HookDecision:
+        decision = decide(payload, waiting)
+        if not decision.completed_turn or _first_end_of(paths, payload.get("turn_id")):
+            return decision
+        events = [(kind, fields) for kind, fields in decision.events if kind != "turn.end"]
+        return HookDecision(events, decision.waiting, completed_turn=False)
+
+    if _record(paths, _session_key(payload), make, env, clock).completed_turn:
         _count_turn(paths)
 
 

@@ -40,7 +40,9 @@ def test_codex_notify_carries_the_origin_of_its_environment(workdir: Path) -> No
         tracker.feed(line)
     assert [origin for origin, _ in tracker.origins] == ["telegram:-1001234567890:42"]
     bad = {**os.environ, "TASKCARD_ORIGIN": "somewhere"}
-    assert run_taskcard("hook", "codex", codex_payload(workdir), env=bad).returncode == 0
+    # (another turn: the same turn id reported again would not end it twice)
+    later = codex_payload(workdir).replace('"12345"', '"12346"')
+    assert run_taskcard("hook", "codex", later, env=bad).returncode == 0
     assert kinds(workdir)[2:] == ["turn.end"]  # written without it, and the log says why
     assert "TASKCARD_ORIGIN" in (workdir / "logs" / "taskcard-hook.log").read_text()
 
@@ -212,12 +214,15 @@ def test_init_codex_fills_an_empty_notify_list(workdir: Path, tmp_path: Path) ->
     assert (again.returncode, again.stdout.strip().endswith(b"already set up")) == (0, True)
 
 
-def test_codex_hook_without_its_argument_says_what_is_missing(workdir: Path) -> None:
-    # Wired as a hooks.json hook, Codex sends the JSON on stdin and no argument: the log said
-    # "payload is not JSON", which named neither the argument nor where it comes from.
+def test_codex_hook_without_its_argument_reads_a_hook_payload_on_stdin(workdir: Path) -> None:
+    # Wired as a hooks.json hook, Codex sends the JSON on stdin and no argument: it used to
+    # be refused ("no payload argument"); now it is a lifecycle hook's payload, and only
+    # neither an argument nor stdin says what is missing.
     stdin = json.dumps({"hook_event_name": "Stop", "cwd": str(workdir), "turn_id": "t1"})
     done = run_taskcard("hook", "codex", "--workdir", str(workdir), stdin=stdin)
     assert (done.returncode, done.stdout) == (0, b"")
+    assert kinds(workdir) == ["turn.end"]
+    done = run_taskcard("hook", "codex", "--workdir", str(workdir))
+    assert (done.returncode, done.stdout) == (0, b"")
     log = (workdir / "logs" / "taskcard-hook.log").read_text()
-    assert "no payload argument" in log and '"hook", "codex"' in log
-    assert kinds(workdir) == []
+    assert "no payload" in log and '"hook", "codex"' in log

@@ -1,0 +1,184 @@
+"""Codex's lifecycle hooks (hooks.json) through the real `taskcard hook codex`.
+
+The payloads are shaped as Codex documents them (its hook input schemas: the common fields
+`session_id`, `transcript_path`, `cwd`, `hook_event_name`, `model`, `permission_mode`, plus
+`turn_id` on the turn-scoped events and each event's own fields); Codex writes one on the
+hook's stdin and passes no argument.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from taskcard.producers.task_card.contract import CardPaths
+from taskcard.producers.task_card.turns import completed_turns
+
+from .conftest import FIXTURES, events, kinds, run_taskcard
+
+SESSION = [
+    "01_session_start.json",
+    "02_user_prompt_submit.json",
+    "03_pre_tool_use.json",
+    "04_permission_request.json",
+    "05_post_tool_use.json",
+    "06_stop.json",
+]
+
+
+def codex_payload(name: str, workdir: Path, **changes: Any) -> dict[str, Any]:
+    text = (FIXTURES / "codex_hooks" / name).read_text().replace("CWD", str(workdir))
+    data: dict[str, Any] = json.loads(text)
+    data.update(changes)
+    return data
+
+
+def codex_hook(data: dict[str, Any], *extra: str) -> subprocess.CompletedProcess[bytes]:
+    return run_taskcard("hook", "codex", *extra, stdin=json.dumps(data))
+
+
+def notify(workdir: Path, turn_id: str) -> subprocess.CompletedProcess[bytes]:
+    """Codex's notify program for the same turn, as config.toml's `notify` runs it."""
+    argument = {
+        "type": "agent-turn-complete",
+        "thread-id": "019a3f6e-7c2d-7b40-9d55-2f1e8a6b4c10",
+        "turn-id": turn_id,
+        "cwd": str(workdir),
+        "input-messages": ["Run the tests and fix what fails."],
+        "last-assistant-message": "All tests pass.",
+    }
+    return run_taskcard("hook", "codex", json.dumps(argument))
+
+
+def turns(workdir: Path) -> int:
+    return completed_turns(CardPaths(workdir))
+
+
+def test_a_codex_session_through_its_hooks_reads_as_activity(workdir: Path) -> None:
+    for name in SESSION:
+        done = codex_hook(codex_payload(name, workdir))
+        # Codex reads a hook's stdout (plain text at SessionStart and UserPromptSubmit becomes
+        # model context, JSON a decision): nothing may be printed.
+        assert (done.returncode, done.stdout, done.stderr) == (0, b"", b""), name
+    assert kinds(workdir) == [
+        "agent.start",
+        "turn.start",
+        "tool.start",
+        "wait.start",
+        "wait.end",
+        "tool.end",
+        "turn.end",
+    ]
+    tool = events(workdir)[2]
+    assert (tool["call_id"], tool["name"]) == ("call_Xq81bT0n", "Bash")
+    assert events(workdir)[3]["reason"] == "permission"
+    assert "pytest" not in (workdir / "logs" / "events.jsonl").read_text()  # no tool input
+    assert turns(workdir) == 1
+    assert not (workdir / "logs" / "taskcard-hook.log").exists()
+
+
+def test_a_stop_that_another_stop_hook_continued_ends_nothing(workdir: Path) -> None:
+    codex_hook(codex_payload("02_user_prompt_submit.json", workdir))
+    done = codex_hook(codex_payload("06_stop.json", workdir, stop_hook_active=True))
+    assert (done.returncode, done.stdout) == (0, b"")
+    assert kinds(workdir) == ["turn.start"] and turns(workdir) == 0
+
+
+def test_notify_and_the_stop_hook_of_one_turn_end_it_once(workdir: Path) -> None:
+    # `init codex` wires both: the Stop hook fires first, then notify for the same turn id.
+    env_origin = {**os.environ, "TASKCARD_ORIGIN": "telegram:-1001234567890:42"}
+    turn = codex_payload("06_stop.json", workdir)["turn_id"]
+    prompt = codex_payload("02_user_prompt_submit.json", workdir)
+    run_taskcard("hook", "codex", stdin=json.dumps(prompt), env=env_origin)
+    assert codex_hook(codex_payload("06_stop.json", workdir)).returncode == 0
+    done = notify(workdir, turn)
+    assert (done.returncode, done.stdout) == (0, b"")
+    assert kinds(workdir) == ["turn.start", "turn.end"]
+    assert events(workdir)[0]["origin"] == "telegram:-1001234567890:42"
+    assert turns(workdir) == 1
+    # The next turn, reported by notify first this time: still once.
+    second = "019a3f6e-9999-7d21-b3c4-5e6f7a8b9c0d"
+    codex_hook(codex_payload("02_user_prompt_submit.json", workdir, turn_id=second))
+    notify(workdir, second)
+    codex_hook(codex_payload("06_stop.json", workdir, turn_id=second))
+    assert kinds(workdir)[2:] == ["turn.start", "turn.end"]
+    assert turns(workdir) == 2
+    # A Codex with hooks off reports through notify alone: each turn still ends.
+    notify(workdir, "019a3f6e-aaaa-7d21-b3c4-5e6f7a8b9c0d")
+    assert kinds(workdir)[4:] == ["turn.end"] and turns(workdir) == 3
+
+
+def test_a_hook_with_no_payload_or_a_broken_one_logs_and_exits_0(workdir: Path) -> None:
+    done = run_taskcard("hook", "codex", "--workdir", str(workdir), stdin=b"")
+    assert (done.returncode, done.stdout) == (0, b"")
+    log = (workdir / "logs" / "taskcard-hook.log").read_text()
+    assert "no payload" in log and "stdin" in log
+    done = run_taskcard("hook", "codex", "--workdir", str(workdir), stdin=b'{"hook_event_name": ')
+    assert (done.returncode, done.stdout) == (0, b"")
+    assert "not JSON" in (workdir / "logs" / "taskcard-hook.log").read_text()
+    assert kinds(workdir) == []
+
+
+def test_init_codex_registers_the_hooks_beside_config_toml(workdir: Path, tmp_path: Path) -> None:
+    config = tmp_path / "codex" / "config.toml"
+    config.parent.mkdir()
+    config.write_text('model = "gpt-5.1-codex"\n')
+    hooks_path = config.parent / "hooks.json"
+    user_stop = {"hooks": [{"type": "command", "command": "./check-style.sh", "timeout": 30}]}
+    user_tool = {"matcher": "Bash", "hooks": [{"type": "command", "command": "./guard.sh"}]}
+    hooks_path.write_text(
+        json.dumps({"hooks": {"Stop": [user_stop], "PreToolUse": [user_tool]}, "x": 1})
+    )
+    done = run_taskcard("init", "codex", "--workdir", str(workdir), "--config", str(config))
+    assert done.returncode == 0, done.stderr
+    assert f"{hooks_path}: updated".encode() in done.stdout
+    merged = json.loads(hooks_path.read_text())
+    assert merged["x"] == 1
+    assert merged["hooks"]["Stop"][0] == user_stop
+    assert merged["hooks"]["PreToolUse"][0] == user_tool
+    assert set(merged["hooks"]) == {
+        "SessionStart",
+        "UserPromptSubmit",
+        "PreToolUse",
+        "PermissionRequest",
+        "PostToolUse",
+        "Stop",
+    }
+    ours = merged["hooks"]["PreToolUse"][1]
+    assert "matcher" not in ours  # no matcher: every tool, in Codex's matching
+    command = ours["hooks"][0]["command"]
+    assert command.endswith(" hook codex")
+    assert "notify" in config.read_text()  # kept: a Codex with hooks off still ends turns
+    before = (config.read_bytes(), hooks_path.read_bytes())
+    again = run_taskcard("init", "codex", "--workdir", str(workdir), "--config", str(config))
+    assert again.returncode == 0
+    assert again.stdout.decode().splitlines() == [
+        f"{config}: already set up",
+        f"{hooks_path}: already set up",
+    ]
+    assert (config.read_bytes(), hooks_path.read_bytes()) == before
+    # The command it wrote, run as Codex runs it (through a shell, the JSON on stdin), works.
+    stop = json.dumps(codex_payload("06_stop.json", workdir))
+    ran = subprocess.run(
+        command, shell=True, input=stop.encode(), capture_output=True, timeout=120, check=False
+    )
+    assert (ran.returncode, ran.stdout) == (0, b"")
+    assert kinds(workdir) == ["turn.end"]
+
+
+def test_init_codex_refuses_a_broken_hooks_json_and_writes_nothing(
+    workdir: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text('model = "o3"\n')
+    hooks_path = tmp_path / "hooks.json"
+    for broken, says in (("{not json", "not valid JSON"), ('{"hooks": []}', "hooks must be")):
+        hooks_path.write_text(broken)
+        done = run_taskcard("init", "codex", "--workdir", str(workdir), "--config", str(config))
+        assert done.returncode == 2 and says.encode() in done.stderr, done.stderr
+        assert str(hooks_path).encode() in done.stderr
+        assert hooks_path.read_text() == broken
+        assert config.read_text() == 'model = "o3"\n'  # nothing half-written
