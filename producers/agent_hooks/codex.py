@@ -19,6 +19,8 @@ turn, each `turn_id` ends a turn (and counts for reminders) only the first time 
 reports it. Codex sends no `SessionEnd` or `Notification`; its newer `StopFailure` maps as
 Claude Code's, but `init codex` does not register it (nor `PreCompact`, `PostCompact`,
 `SubagentStart`, `SubagentStop`): a Codex that predates an event may refuse the file.
+Its `Interrupt` hook (the person stopped the turn) is Codex's own: it ends the turn as
+interrupted (`interrupt_decision`); it is not registered either, for the same reason.
 """
 
 from __future__ import annotations
@@ -26,7 +28,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from taskcard.producers.agent_hooks.claude_code import Event
+from taskcard.producers.agent_hooks.claude_code import Event, HookDecision
+
+
+def interrupt_decision(waiting: str | None) -> HookDecision:
+    """Codex's `Interrupt` hook (the person stopped the turn; no `Stop` follows): the turn
+    ends as interrupted, as an interrupted tool call ends a Claude Code turn. Not a completed
+    turn for reminders."""
+    events: list[Event] = [] if waiting is None else [("wait.end", {"reason": waiting})]
+    events += [("turn.end", {"error": "interrupted"}), ("text", {"text": "turn interrupted"})]
+    return HookDecision(events, None, completed_turn=False)
 
 
 def codex_events(payload: Mapping[str, Any]) -> tuple[list[Event], bool]:

@@ -315,6 +315,12 @@ def init_codex(workdir: Path, config: Path, command: str | None = None) -> list[
     report = [_merge_codex_config(workdir, config, exe)]
     changed = _write_json(hooks_path, hooks_doc)
     report.append(f"{hooks_path}: {'updated' if changed else 'already set up'}")
+    if changed:
+        report.append(
+            f"{hooks_path}: Codex runs a new or changed hook only once you have reviewed and "
+            "trusted it in Codex (and a project's hooks only in a trusted project); until "
+            "then notify still ends each turn"
+        )
     return report
 
 

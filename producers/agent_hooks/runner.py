@@ -25,7 +25,7 @@ from taskcard.producers.agent_hooks.claude_code import (
     read_transcript_usage,
     subagent,
 )
-from taskcard.producers.agent_hooks.codex import codex_events
+from taskcard.producers.agent_hooks.codex import codex_events, interrupt_decision
 from taskcard.producers.agent_hooks.inbox_hook import Delivery, steer
 from taskcard.producers.agent_hooks.inbox_hook import output as inbox_output
 from taskcard.producers.agent_hooks.inbox_hook import take as take_inbox
@@ -324,8 +324,10 @@ def _codex_hook(
     of a turn that its notify program already reported is not written again."""
 
     def make(waiting: str | None) -> HookDecision:
-        decision = decide(payload, waiting)
-        if not decision.completed_turn or _first_end_of(paths, payload.get("turn_id")):
+        interrupt = payload.get("hook_event_name") == "Interrupt"
+        decision = interrupt_decision(waiting) if interrupt else decide(payload, waiting)
+        ends = decision.completed_turn or interrupt
+        if not ends or _first_end_of(paths, payload.get("turn_id")):
             return decision
         events = [(kind, fields) for kind, fields in decision.events if kind != "turn.end"]
         return HookDecision(events, decision.waiting, completed_turn=False)

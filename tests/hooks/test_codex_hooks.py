@@ -80,6 +80,25 @@ def test_a_codex_session_through_its_hooks_reads_as_activity(workdir: Path) -> N
     assert not (workdir / "logs" / "taskcard-hook.log").exists()
 
 
+def test_an_interrupt_ends_the_turn_as_interrupted_and_once(workdir: Path) -> None:
+    # Codex's Interrupt hook: the person stopped the turn, and no Stop will come.
+    for name in ("02_user_prompt_submit.json", "03_pre_tool_use.json"):
+        codex_hook(codex_payload(name, workdir))
+    codex_hook(codex_payload("04_permission_request.json", workdir))
+    base = codex_payload("06_stop.json", workdir)
+    interrupt = {
+        key: base[key]
+        for key in ("session_id", "turn_id", "transcript_path", "cwd", "model", "permission_mode")
+    }
+    done = codex_hook({"hook_event_name": "Interrupt", **interrupt})
+    assert (done.returncode, done.stdout) == (0, b"")
+    assert kinds(workdir)[-3:] == ["wait.end", "turn.end", "text"]
+    assert events(workdir)[-2]["error"] == "interrupted"
+    assert turns(workdir) == 0  # not a completed turn for reminders
+    codex_hook(codex_payload("06_stop.json", workdir))  # a late Stop of it ends nothing
+    assert kinds(workdir).count("turn.end") == 1
+
+
 def test_a_stop_that_another_stop_hook_continued_ends_nothing(workdir: Path) -> None:
     codex_hook(codex_payload("02_user_prompt_submit.json", workdir))
     done = codex_hook(codex_payload("06_stop.json", workdir, stop_hook_active=True))
@@ -129,14 +148,14 @@ def test_init_codex_registers_the_hooks_beside_config_toml(workdir: Path, tmp_pa
     hooks_path = config.parent / "hooks.json"
     user_stop = {"hooks": [{"type": "command", "command": "./check-style.sh", "timeout": 30}]}
     user_tool = {"matcher": "Bash", "hooks": [{"type": "command", "command": "./guard.sh"}]}
-    hooks_path.write_text(
-        json.dumps({"hooks": {"Stop": [user_stop], "PreToolUse": [user_tool]}, "x": 1})
-    )
+    user_hooks = {"Stop": [user_stop], "PreToolUse": [user_tool]}
+    hooks_path.write_text(json.dumps({"description": "mine", "hooks": user_hooks}))
     done = run_taskcard("init", "codex", "--workdir", str(workdir), "--config", str(config))
     assert done.returncode == 0, done.stderr
     assert f"{hooks_path}: updated".encode() in done.stdout
+    assert b"reviewed and trusted" in done.stdout  # Codex runs no untrusted hook
     merged = json.loads(hooks_path.read_text())
-    assert merged["x"] == 1
+    assert merged["description"] == "mine"
     assert merged["hooks"]["Stop"][0] == user_stop
     assert merged["hooks"]["PreToolUse"][0] == user_tool
     assert set(merged["hooks"]) == {
