@@ -222,14 +222,21 @@ def _record(
     return decision
 
 
-def _first_end_of(paths: CardPaths, turn_id: object) -> bool:
-    """Whether no end of the Codex turn `turn_id` was written yet; marks it written."""
+def _first_end_of(paths: CardPaths, thread: object, turn_id: object, reporter: str) -> bool:
+    """Whether this report of the end of a Codex turn is the first, for `notify` and the
+    `Stop` hook (`reporter`) that both report one turn: the other's report of the same
+    thread and turn id is then skipped. A report from the same reporter again is a new turn
+    that reuses the id (older Codex numbered turns from 0 in each process, also on resume)."""
     if not isinstance(turn_id, str) or not turn_id:
         return True  # no id to match: as before, every report ends a turn
+    key = f"{thread if isinstance(thread, str) else ''}/{turn_id}"
     with _locked_map(paths, CODEX_TURNS_FILE) as ended:
-        if turn_id in ended:
+        first = ended.get(key)
+        if first is not None and first != reporter:
+            del ended[key]  # both have reported it: done with this turn
             return False
-        ended[turn_id] = "ended"
+        ended.pop(key, None)  # re-added last, so the newest stay within MAX_SESSIONS
+        ended[key] = reporter
         return True
 
 
@@ -307,7 +314,9 @@ def codex(
         _codex_hook(payload, paths, clock, env)
         return
     events, completed = codex_events(payload)
-    if completed and not _first_end_of(paths, payload.get("turn-id")):
+    if completed and not _first_end_of(
+        paths, payload.get("thread-id"), payload.get("turn-id"), "notify"
+    ):
         return  # its Stop hook already ended this turn
     _append(paths, with_origin(events, paths, env, at_turn_end=True), clock)
     if completed:
@@ -327,7 +336,9 @@ def _codex_hook(
         interrupt = payload.get("hook_event_name") == "Interrupt"
         decision = interrupt_decision(waiting) if interrupt else decide(payload, waiting)
         ends = decision.completed_turn or interrupt
-        if not ends or _first_end_of(paths, payload.get("turn_id")):
+        thread, turn = payload.get("session_id"), payload.get("turn_id")
+        reporter = "interrupt" if interrupt else "hook"
+        if not ends or _first_end_of(paths, thread, turn, reporter):
             return decision
         events = [(kind, fields) for kind, fields in decision.events if kind != "turn.end"]
         return HookDecision(events, decision.waiting, completed_turn=False)

@@ -128,6 +128,15 @@ def test_notify_and_the_stop_hook_of_one_turn_end_it_once(workdir: Path) -> None
     # A Codex with hooks off reports through notify alone: each turn still ends.
     notify(workdir, "019a3f6e-aaaa-7d21-b3c4-5e6f7a8b9c0d")
     assert kinds(workdir)[4:] == ["turn.end"] and turns(workdir) == 3
+    # An older Codex numbers turns from 0 in each process: a resumed session's turn "1" is
+    # a new turn, whether only hooks report it or both do.
+    for _ in range(2):
+        codex_hook(codex_payload("06_stop.json", workdir, turn_id="1"))
+        notify(workdir, "1")
+    assert kinds(workdir)[5:] == ["turn.end", "turn.end"] and turns(workdir) == 5
+    codex_hook(codex_payload("06_stop.json", workdir, turn_id="1"))
+    codex_hook(codex_payload("06_stop.json", workdir, turn_id="1"))
+    assert kinds(workdir)[7:] == ["turn.end", "turn.end"] and turns(workdir) == 7
 
 
 def test_a_hook_with_no_payload_or_a_broken_one_logs_and_exits_0(workdir: Path) -> None:
