@@ -222,22 +222,39 @@ def _record(
     return decision
 
 
+def _turn_key(thread: object, turn_id: object) -> str | None:
+    if not isinstance(turn_id, str) or not turn_id:
+        return None
+    return f"{thread if isinstance(thread, str) else ''}/{turn_id}"
+
+
 def _first_end_of(paths: CardPaths, thread: object, turn_id: object, reporter: str) -> bool:
     """Whether this report of the end of a Codex turn is the first, for `notify` and the
-    `Stop` hook (`reporter`) that both report one turn: the other's report of the same
-    thread and turn id is then skipped. A report from the same reporter again is a new turn
-    that reuses the id (older Codex numbered turns from 0 in each process, also on resume)."""
-    if not isinstance(turn_id, str) or not turn_id:
+    hooks (`reporter`) that both report one turn: the other's report of the same thread and
+    turn id is then skipped. The same hook again is a copy of it registered in another
+    config layer (Codex runs them all), skipped too; `notify` again is a new turn that
+    reuses the id (older Codex numbered turns from 0 in each process, also on resume; with
+    hooks, the turn's `UserPromptSubmit` clears the record, see `_turn_started`)."""
+    key = _turn_key(thread, turn_id)
+    if key is None:
         return True  # no id to match: as before, every report ends a turn
-    key = f"{thread if isinstance(thread, str) else ''}/{turn_id}"
     with _locked_map(paths, CODEX_TURNS_FILE) as ended:
         first = ended.get(key)
-        if first is not None and first != reporter:
-            del ended[key]  # both have reported it: done with this turn
+        if first is not None and (first != reporter or reporter != "notify"):
+            if first != reporter:
+                del ended[key]  # both have reported it: done with this turn
             return False
         ended.pop(key, None)  # re-added last, so the newest stay within MAX_SESSIONS
         ended[key] = reporter
         return True
+
+
+def _turn_started(paths: CardPaths, thread: object, turn_id: object) -> None:
+    """A Codex turn starts: an earlier turn's record under the same id is stale."""
+    key = _turn_key(thread, turn_id)
+    if key is not None:
+        with _locked_map(paths, CODEX_TURNS_FILE) as ended:
+            ended.pop(key, None)
 
 
 def claude_code(
@@ -330,13 +347,18 @@ def _codex_hook(
 
     The differences: no token usage (Codex's transcript is not Claude Code's), nothing
     printed (the chat's texts and wakes reach Codex through the MCP results), and the end
-    of a turn that its notify program already reported is not written again."""
+    of a turn that its notify program (or a copy of the hook in another config layer)
+    already reported is not written again."""
+
+    name = payload.get("hook_event_name")
+    thread, turn = payload.get("session_id"), payload.get("turn_id")
+    if name == "UserPromptSubmit" and not subagent(payload):
+        _turn_started(paths, thread, turn)
 
     def make(waiting: str | None) -> HookDecision:
-        interrupt = payload.get("hook_event_name") == "Interrupt"
+        interrupt = name == "Interrupt"
         decision = interrupt_decision(waiting) if interrupt else decide(payload, waiting)
         ends = decision.completed_turn or interrupt
-        thread, turn = payload.get("session_id"), payload.get("turn_id")
         reporter = "interrupt" if interrupt else "hook"
         if not ends or _first_end_of(paths, thread, turn, reporter):
             return decision

@@ -131,12 +131,28 @@ def test_notify_and_the_stop_hook_of_one_turn_end_it_once(workdir: Path) -> None
     # An older Codex numbers turns from 0 in each process: a resumed session's turn "1" is
     # a new turn, whether only hooks report it or both do.
     for _ in range(2):
+        codex_hook(codex_payload("02_user_prompt_submit.json", workdir, turn_id="1"))
         codex_hook(codex_payload("06_stop.json", workdir, turn_id="1"))
         notify(workdir, "1")
-    assert kinds(workdir)[5:] == ["turn.end", "turn.end"] and turns(workdir) == 5
-    codex_hook(codex_payload("06_stop.json", workdir, turn_id="1"))
-    codex_hook(codex_payload("06_stop.json", workdir, turn_id="1"))
-    assert kinds(workdir)[7:] == ["turn.end", "turn.end"] and turns(workdir) == 7
+    assert kinds(workdir)[5:] == ["turn.start", "turn.end"] * 2 and turns(workdir) == 5
+    for _ in range(2):
+        codex_hook(codex_payload("02_user_prompt_submit.json", workdir, turn_id="1"))
+        codex_hook(codex_payload("06_stop.json", workdir, turn_id="1"))
+    assert kinds(workdir)[9:] == ["turn.start", "turn.end"] * 2 and turns(workdir) == 7
+    notify(workdir, "2")
+    notify(workdir, "2")  # notify alone: the same id again is a new turn
+    assert kinds(workdir)[13:] == ["turn.end", "turn.end"] and turns(workdir) == 9
+
+
+def test_the_hooks_of_two_config_layers_count_a_turn_once(workdir: Path) -> None:
+    # `init codex` run for ~/.codex and for the project's .codex: Codex runs both copies of
+    # each hook, so each reports the turn's Stop.
+    codex_hook(codex_payload("02_user_prompt_submit.json", workdir))
+    codex_hook(codex_payload("02_user_prompt_submit.json", workdir))
+    codex_hook(codex_payload("06_stop.json", workdir))
+    codex_hook(codex_payload("06_stop.json", workdir))
+    notify(workdir, codex_payload("06_stop.json", workdir)["turn_id"])
+    assert kinds(workdir).count("turn.end") == 1 and turns(workdir) == 1
 
 
 def test_a_hook_with_no_payload_or_a_broken_one_logs_and_exits_0(workdir: Path) -> None:
