@@ -42,10 +42,11 @@ def run_hook(args: argparse.Namespace) -> int:
                 argument = b""
 
         def handle() -> str:
-            runner.codex(argument, args.workdir)
+            runner.codex(argument, args.workdir, only_in=args.only_in)
             return ""
 
-        text = runner.run_guarded(args.workdir, argument, handle)
+        hint = args.workdir if args.workdir is not None else args.only_in
+        text = runner.run_guarded(hint, argument, handle)
     if text:
         sys.stdout.write(text + "\n")
     sys.stdout.flush()
@@ -91,7 +92,15 @@ def register(subparsers: Any) -> None:
     codex = hosts.add_parser(
         "codex", help="Codex's notify JSON as the argument, or a lifecycle hook's on stdin"
     )
-    codex.add_argument("--workdir", default=None, help="default: the payload's cwd")
+    where = codex.add_mutually_exclusive_group()
+    where.add_argument("--workdir", default=None, help="default: the payload's cwd")
+    where.add_argument(
+        "--only-in",
+        default=None,
+        metavar="WORKDIR",
+        help="write into WORKDIR, and only for sessions whose cwd is in it (others are "
+        "ignored): for hooks every project runs",
+    )
     codex.add_argument("payload", nargs="?", help="notify's JSON (default: read stdin)")
     for sub in (claude, codex):
         sub.set_defaults(handler=run_hook)

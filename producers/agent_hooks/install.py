@@ -304,7 +304,8 @@ def init_codex(workdir: Path, config: Path, command: str | None = None) -> list[
     hooks_doc = _load_json(hooks_path)
     merge_hooks(
         hooks_doc,
-        f"{shlex.quote(exe)} hook codex",
+        # Codex runs ~/.codex's hooks for every project: only this workdir's sessions count.
+        f"{shlex.quote(exe)} hook codex --only-in {shlex.quote(str(workdir.resolve()))}",
         hooks_path,
         mark=CODEX_HOOK_MARK,
         events=CODEX_EVENTS,
@@ -333,7 +334,9 @@ def _merge_codex_config(workdir: Path, config: Path, exe: str) -> str:
         raise InitError(
             f"{config}: not valid TOML ({exc}); fix it, then run init again (left untouched)"
         ) from None
-    notify = [exe, "hook", "codex"]
+    # As the hooks: a session in another project is not this agent's (and its turn must not
+    # end here, nor write into that project).
+    notify = [exe, "hook", "codex", "--only-in", str(workdir.resolve())]
     current = document.get("notify")
     if current is not None:
         values = list(current) if isinstance(current, list) else None

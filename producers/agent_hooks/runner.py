@@ -310,14 +310,29 @@ def claude_code(
     return json.dumps(output, ensure_ascii=False) if output is not None else ""
 
 
+def _inside(cwd: object, root: Path) -> bool:
+    """Whether the payload's `cwd` is `root` or a folder inside it."""
+    if not isinstance(cwd, str) or not cwd.strip():
+        return False
+    try:
+        return Path(os.path.realpath(cwd)).is_relative_to(os.path.realpath(root))
+    except (OSError, ValueError):
+        return False
+
+
 def codex(
     raw: bytes | str,
     workdir_override: str | None,
     clock: Clock = utc_now_iso,
     env: Mapping[str, str] = os.environ,
+    only_in: str | None = None,
 ) -> None:
     """Handle one Codex payload: its `notify` JSON (the program's last argument), or the
-    JSON of one of its lifecycle hooks (on stdin; it has `hook_event_name`)."""
+    JSON of one of its lifecycle hooks (on stdin; it has `hook_event_name`).
+
+    `only_in`: the agent's workdir, for hooks in a Codex config that every project reads
+    (`~/.codex/hooks.json`): a payload whose `cwd` is outside it is another project's
+    session, and is ignored without a word; one inside it is written there."""
     data = raw.encode("utf-8", errors="replace") if isinstance(raw, str) else raw
     if not data.strip():
         raise HookInputError(
@@ -326,6 +341,11 @@ def codex(
             "neither came, nothing written"
         )
     payload = parse_payload(data)
+    if only_in is not None:
+        root = _directory(only_in, "--only-in")
+        if not _inside(payload.get("cwd"), root):
+            return
+        workdir_override = str(root)
     paths = CardPaths(resolve_workdir(workdir_override, payload))
     if "hook_event_name" in payload:
         _codex_hook(payload, paths, clock, env)

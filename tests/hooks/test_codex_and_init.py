@@ -171,7 +171,7 @@ def test_init_codex_merges_into_config_toml_keeping_the_rest(workdir: Path, tmp_
     text = config.read_text()
     assert text.startswith("# my codex settings\n") and "# keep this comment" in text
     doc = tomlkit.parse(text).unwrap()
-    assert doc["notify"][1:] == ["hook", "codex"]
+    assert doc["notify"][1:] == ["hook", "codex", "--only-in", str(workdir.resolve())]
     assert doc["mcp_servers"]["docs"] == {"command": "docs-server", "args": ["--port", "0"]}
     assert doc["mcp_servers"]["taskcard"]["args"] == ["mcp", "--workdir", str(workdir.resolve())]
     again = run_taskcard("init", "codex", "--workdir", str(workdir), "--config", str(config))
@@ -207,7 +207,7 @@ def test_init_codex_fills_an_empty_notify_list(workdir: Path, tmp_path: Path) ->
     done = run_taskcard("init", "codex", "--workdir", str(workdir), "--config", str(config))
     assert done.returncode == 0, done.stderr
     document = tomllib.loads(config.read_text())
-    assert document["notify"][1:] == ["hook", "codex"] and document["model"] == "o3"
+    assert document["notify"][1:3] == ["hook", "codex"] and document["model"] == "o3"
     again = run_taskcard("init", "codex", "--workdir", str(workdir), "--config", str(config))
     assert (again.returncode, again.stdout.strip().endswith(b"already set up")) == (0, True)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +165,11 @@ def test_a_hook_with_no_payload_or_a_broken_one_logs_and_exits_0(workdir: Path) 
     assert (done.returncode, done.stdout) == (0, b"")
     assert "not JSON" in (workdir / "logs" / "taskcard-hook.log").read_text()
     assert kinds(workdir) == []
+    stop = json.dumps(codex_payload("06_stop.json", workdir))
+    for bad, says in (("", b"--only-in is empty"), (str(workdir / "gone"), b"not a directory")):
+        done = run_taskcard("hook", "codex", "--only-in", bad, stdin=stop)
+        assert (done.returncode, done.stdout) == (0, b"") and says in done.stderr, done.stderr
+    assert kinds(workdir) == []
 
 
 def test_init_codex_registers_the_hooks_beside_config_toml(workdir: Path, tmp_path: Path) -> None:
@@ -194,8 +200,9 @@ def test_init_codex_registers_the_hooks_beside_config_toml(workdir: Path, tmp_pa
     ours = merged["hooks"]["PreToolUse"][1]
     assert "matcher" not in ours  # no matcher: every tool, in Codex's matching
     command = ours["hooks"][0]["command"]
-    assert command.endswith(" hook codex")
-    assert "notify" in config.read_text()  # kept: a Codex with hooks off still ends turns
+    assert command.endswith(f" hook codex --only-in {workdir.resolve()}")
+    notify_argv = tomllib.loads(config.read_text())["notify"]  # kept: for Codex without hooks
+    assert notify_argv[1:] == ["hook", "codex", "--only-in", str(workdir.resolve())]
     before = (config.read_bytes(), hooks_path.read_bytes())
     again = run_taskcard("init", "codex", "--workdir", str(workdir), "--config", str(config))
     assert again.returncode == 0
@@ -211,6 +218,26 @@ def test_init_codex_registers_the_hooks_beside_config_toml(workdir: Path, tmp_pa
     )
     assert (ran.returncode, ran.stdout) == (0, b"")
     assert kinds(workdir) == ["turn.end"]
+    # The same hooks run for Codex in every other project: those sessions write nothing,
+    # there or here; one in a folder of the workdir writes here.
+    other = tmp_path / "other-project"
+    (workdir / "src").mkdir()
+    for cwd in (other, tmp_path, workdir / "src"):
+        cwd.mkdir(exist_ok=True)
+        prompt = json.dumps(codex_payload("02_user_prompt_submit.json", cwd))
+        ran = subprocess.run(
+            command, shell=True, input=prompt.encode(), capture_output=True, timeout=120
+        )
+        assert (ran.returncode, ran.stdout, ran.stderr) == (0, b"", b"")
+    assert not (other / "logs").exists() and not (tmp_path / "logs").exists()
+    assert kinds(workdir) == ["turn.end", "turn.start"]
+    # notify, as Codex runs it (the JSON appended): the other project's turn is not ours,
+    # the one in a folder of the workdir ends here, once with its Stop hook.
+    for cwd in (other, workdir / "src"):
+        argument = json.dumps({"type": "agent-turn-complete", "turn-id": "9", "cwd": str(cwd)})
+        assert subprocess.run([*notify_argv, argument], timeout=120).returncode == 0
+    assert not (other / "logs").exists()
+    assert kinds(workdir) == ["turn.end", "turn.start", "turn.end"]
 
 
 def test_init_codex_refuses_a_broken_hooks_json_and_writes_nothing(
