@@ -116,6 +116,10 @@ _MENTION = re.compile(r"(?<![\w@/.:+-])@(?=[A-Za-z0-9_])")
 _NO_MENTION = "\u200b"
 # Entities whose text is shown and copied exactly as written: never touched.
 _VERBATIM = frozenset({"code", "pre"})
+# A `@` in a link (`https://host/?by=@name`, `example.com/@name`) is part of the link, which
+# Telegram detects before any mention in it: a zero-width space there would cut the link
+# short. Matched against the word the `@` ends (no white space between).
+_LINK_START = re.compile(r"://|\bwww\.|\w\.[A-Za-z]{2,}(?::\d+)?/", re.IGNORECASE)
 
 
 def defuse_mentions(rich: RichText) -> RichText:
@@ -133,7 +137,7 @@ def defuse_mentions(rich: RichText) -> RichText:
     start = 0
     for found in _MENTION.finditer(rich.text):
         at = utf16_len(rich.text[: found.end()])
-        if any(begin < at <= end for begin, end in verbatim):
+        if any(begin < at <= end for begin, end in verbatim) or _in_link(rich.text, found.start()):
             continue
         parts.append(rich.text[start : found.end()] + _NO_MENTION)
         start = found.end()
@@ -154,6 +158,12 @@ def defuse_mentions(rich: RichText) -> RichText:
         for entity in rich.entities
     )
     return RichText("".join(parts), entities)
+
+
+def _in_link(text: str, at: int) -> bool:
+    """Whether the `@` at `at` belongs to a link written in `text` (see `_LINK_START`)."""
+    word_start = max(text.rfind(space, 0, at) for space in (" ", "\n", "\t")) + 1
+    return _LINK_START.search(text, word_start, at) is not None
 
 
 def _trim_end(rich: RichText) -> RichText:

@@ -292,3 +292,27 @@ async def test_no_card_or_notice_mentions_a_telegram_user(
         if e["type"] == "bold"
     ]
     assert "@\u200bops_team" in bold
+
+
+async def test_a_link_with_an_at_sign_reaches_telegram_whole(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    """Telegram finds a link before any mention inside it, so `?by=@name` in a URL pages no
+    one; defusing it there put a zero-width space in the link and cut it short, in a card
+    and in a notice. A mention beside the link is still defused."""
+    workdir = tmp_path / "agents" / "builder"
+    link = "https://ci.example/runs?by=@release_bot"
+    bare = "example.com/?who=@alice_ops"
+    with telegram_serve(tmp_path, telegram) as serve:
+        publish(workdir, f"# build 3/7 link-marker\nlog: {link} and {bare}, ask @boss_man")
+        await eventually(lambda: "link-marker" in telegram_everything(telegram), what="the card")
+        done = run_cli("report", "--workdir", str(workdir), "--ok", "--summary", f"see {link}")
+        assert done.returncode == 0, done.stderr
+        await eventually(
+            lambda: "builder reported" in telegram_everything(telegram), what="the report notice"
+        )
+        assert await serve.aterminate() == 0
+    card = next(m for m in telegram.bot_messages(GROUP) if "link-marker" in m.text)
+    notice = next(m for m in telegram.bot_messages(GROUP) if "builder reported" in m.text)
+    assert link in card.text and bare in card.text and link in notice.text
+    assert "@\u200bboss_man" in card.text
