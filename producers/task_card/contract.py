@@ -407,17 +407,22 @@ _BLANK_LETTERS: Final = frozenset("\u115f\u1160\u3164\uffa0\u2800")
 MAX_STACKED_MARKS: Final = 4
 
 
+# Every way of breaking a line: CR LF, a lone CR, NEL and the Unicode separators.
+_LINE_BREAKS: Final = re.compile("\r\n?|[\x85\u2028\u2029]")
+
+
 def escape_controls(text: str) -> str:
-    """`text` with its controls (tab and line feed kept) written as escapes (`\\x1b`): for
-    a person's text quoted to an agent, whose reader may be a terminal that would act on an
-    escape sequence."""
+    """`text` with its line breaks made `\\n` and its other controls (tab kept) written as
+    escapes (`\\x1b`): for a person's text quoted to an agent, whose reader may be a
+    terminal that would act on an escape sequence. (A CR LF text read `\\r` at every line's
+    end when the breaks were escaped too.)"""
     return _CONTROLS.sub(
         lambda found: (
             found.group()
             if found.group() in "\t\n"
             else found.group().encode("unicode_escape").decode("ascii")
         ),
-        text,
+        _LINE_BREAKS.sub("\n", text),
     )
 
 
@@ -463,7 +468,6 @@ def limit_mark_stacks(text: str) -> str:
     return "".join(kept)
 
 
-_LINE_BREAKS: Final = re.compile("\r\n?|[\x85\u2028\u2029]")
 # After the line breaks: the controls a body has no use for (tab and line feed stay).
 _BODY_CONTROLS: Final = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]+")
 

@@ -176,3 +176,16 @@ def test_a_turn_that_fails_after_a_blocked_stop_forgets_the_block(workdir: Path)
     hook(payload("02_user_prompt_submit.json", workdir))
     hook(payload("10_stop.json", workdir, transcript_path="", stop_hook_active=True))
     assert kinds(workdir)[-1] == "turn.start"
+
+
+def test_a_text_with_windows_or_unicode_line_breaks_reaches_the_agent_as_lines(
+    workdir: Path,
+) -> None:
+    # Escaping the controls came before splitting the lines: a CR LF text reached the agent
+    # with a literal `\r` ending every quoted line, and a NEL or U+2028 break as `\x85` or
+    # `\u2028` in the middle of one line.
+    queue(workdir, "m1", "first line\r\nsecond line\u2028third line\x85fourth\rfifth \x1b[2J")
+    main = output(hook(payload("04_post_tool_use.json", workdir)))
+    context = str(main["hookSpecificOutput"]["additionalContext"])  # type: ignore[index]
+    quoted = "> first line\n> second line\n> third line\n> fourth\n> fifth \\x1b[2J"
+    assert quoted in context, context
