@@ -266,7 +266,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ledger",
         default=str(DEFAULT_LEDGER),
-        help=f"the ledger file, relative to the workdir (default {DEFAULT_LEDGER})",
+        help=f"the ledger file, relative to the workdir (default: {DEFAULT_LEDGER})",
     )
 
 
@@ -328,29 +328,23 @@ def register(subparsers: Any) -> None:
     init = add("init", run_init, "create a task (and a task card renderer for it)")
     init.add_argument("--purpose", required=True, help="what the task is for, one line")
     init.add_argument("--steps", help="the planned step ids, comma-separated")
-    thresholds = {
-        "nudge_after_sec": "seconds without progress before the agent is nudged",
-        "timeout_sec": "seconds without progress before the task counts as stale",
-        "heartbeat_every_sec": "seconds between expected heartbeats while waiting",
-        "renotify_sec": "seconds before the same action is sent again",
-        "external_max_wait_sec": "longest wait on pending external work",
+    limits: dict[str, tuple[str, type[float] | type[int]]] = {
+        "nudge_after_sec": ("seconds without progress before the agent is nudged", float),
+        "timeout_sec": ("seconds without progress before the task counts as stale", float),
+        "heartbeat_every_sec": ("seconds between expected heartbeats while waiting", float),
+        "renotify_sec": ("seconds before the same action is sent again", float),
+        "external_max_wait_sec": ("longest wait on pending external work", float),
+        "max_nudges": ("nudges before escalating", int),
+        "max_retries": ("retries before escalating", int),
     }
     # The defaults are the model's (`Limits`), shown with the number an unset option stands for.
     defaults = {name: field.default for name, field in Limits.model_fields.items()}
-    for name, text in thresholds.items():
+    for name, (text, kind) in limits.items():
         init.add_argument(
             "--" + name.replace("_", "-"),
             dest=name,
-            type=float,
+            type=kind,
             help=f"{text} (default: {defaults[name]:g})",
-        )
-    counts = {"max_nudges": "nudges before escalating", "max_retries": "retries before escalating"}
-    for name, text in counts.items():
-        init.add_argument(
-            "--" + name.replace("_", "-"),
-            dest=name,
-            type=int,
-            help=f"{text} (default: {defaults[name]})",
         )
     init.add_argument(
         "--no-renderer", action="store_true", help=f"do not write {RENDERER_FILE} in the workdir"
