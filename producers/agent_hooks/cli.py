@@ -73,8 +73,11 @@ def run_init(args: argparse.Namespace) -> int:
 
 
 def _version_arg(text: str) -> Version:
+    """`2.1.90`, or the whole line `claude --version` prints (`2.1.90 (Claude Code)`)."""
     version = parse_version(text)
-    if version is None or text.strip() != ".".join(str(part) for part in version):
+    number = "" if version is None else ".".join(str(part) for part in version)
+    first = (text.split() or [""])[0].removeprefix("v")
+    if version is None or first != number:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a version; write it as claude --version prints it, e.g. 2.1.90"
         )

@@ -135,6 +135,10 @@ def test_init_claude_code_registers_stop_failure_only_where_claude_knows_it(
     done = run_taskcard(*args, "--claude-version", "2.1.78", env={"PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr
     assert "StopFailure" in json.loads(settings.read_text())["hooks"]
+    # What `claude --version` prints, given as it is (`--claude-version "$(claude --version)"`).
+    done = run_taskcard(*args, "--claude-version", "2.1.90 (Claude Code)", env={"PATH": "/bin"})
+    assert done.returncode == 0, done.stderr
+    assert "StopFailure" in json.loads(settings.read_text())["hooks"]
     bad = run_taskcard(*args, "--claude-version", "latest")
     assert bad.returncode == 2 and b"--claude-version: 'latest' is not a version" in bad.stderr
     # A file already holding StopFailure hooks of the user's is read by a Claude Code that
