@@ -208,6 +208,9 @@ class RouteScheduler:
         # Chats waiting for room in a shared scope (the bot's budget) take turns.
         self._admission = AdmissionQueue(self._limiter, clock)
         self._residents: dict[RouteKey, _Resident] = {}
+        # Routes of channels whose messages end with the process (the console) added since
+        # this process started: what the store holds for them then names a panel of this run.
+        self._added: set[RouteKey] = set()
         self._lanes: dict[LaneKey, _Lane] = {}
         self._closing = asyncio.Event()
         self._started = False
@@ -232,7 +235,9 @@ class RouteScheduler:
         record = self._store.resident(key.store_key)
         channel = self._channels.get(key.channel)
         if channel is not None and not channel.messages_outlive_process:
-            record = None  # an earlier run's panel is gone with its process: send anew
+            if key not in self._added:
+                record = None  # an earlier run's panel is gone with its process: send anew
+            self._added.add(key)
         self._residents[key] = _Resident(
             key=key,
             pin=pin,

@@ -676,3 +676,32 @@ async def test_a_shown_card_is_kept_as_its_fingerprint_only(store: SqliteStore) 
     await scheduler.stop()
     assert channel.messages == {"2": "v2"}
     assert [c[1] for c in channel.calls] == ["send", "edit", "send"]
+
+
+class PanelChannel(ScriptedChannel):
+    """A channel whose messages end with the process (the console's panels)."""
+
+    messages_outlive_process = False
+
+
+async def test_a_route_added_again_edits_its_panel_of_this_run(store: SqliteStore) -> None:
+    # A route closed and opened again while serving (a reload that drops an agent, then one
+    # that brings it back) sent a second panel and left the first one showing the old card:
+    # only an earlier run's panels are gone.
+    channel = PanelChannel()
+    key = RouteKey("fake", ChatRef("1"), "builder")
+    scheduler = await started(store, channel, key)
+    scheduler.submit(key, text("before"))
+    await settle(scheduler)
+    scheduler.remove_route(key)
+    scheduler.add_route(key)
+    scheduler.submit(key, text("after"))
+    await settle(scheduler)
+    await scheduler.stop()
+    assert channel.messages == {"1": "after"}
+    assert [c[1] for c in channel.calls] == ["send", "edit"]
+    restarted = await started(store, channel, key)  # a new process: its panel is new
+    restarted.submit(key, text("after"))
+    await settle(restarted)
+    await restarted.stop()
+    assert [c[1] for c in channel.calls] == ["send", "edit", "send"]
