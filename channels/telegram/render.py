@@ -9,9 +9,10 @@ automatic slot first, then cuts the body) and is never empty, since Telegram rej
 
 from __future__ import annotations
 
+import bisect
 import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -124,20 +125,28 @@ _LINK_START = re.compile(r"://|\bwww\.|\w\.[A-Za-z]{2,}(?::\d+)?/", re.IGNORECAS
 
 def defuse_mentions(rich: RichText) -> RichText:
     """`rich` with a zero-width space after every `@` that would mention someone, the
-    entities moved to keep covering their text; `@` inside code stays as written."""
+    entities moved to keep covering their text; `@` inside code stays as written.
+
+    Linear in the text (the card of an agent that lists many people is composed on each of
+    its changes, several times when it has to be cut to fit): offsets are counted as the
+    matches go, and looked up by bisection."""
     if "@" not in rich.text:
         return rich
-    verbatim = [
+    verbatim = _merged(
         (entity.offset, entity.offset + entity.length)
         for entity in rich.entities
         if entity.type in _VERBATIM
-    ]
+    )
+    starts = [begin for begin, _ in verbatim]
     parts: list[str] = []
     inserted: list[int] = []  # UTF-16 offsets (in the original text) after each new character
     start = 0
+    counted, at = 0, 0  # `at`: the UTF-16 offset of `rich.text[counted]`
     for found in _MENTION.finditer(rich.text):
-        at = utf16_len(rich.text[: found.end()])
-        if any(begin < at <= end for begin, end in verbatim) or _in_link(rich.text, found.start()):
+        at += utf16_len(rich.text[counted : found.end()])
+        counted = found.end()
+        index = bisect.bisect_left(starts, at) - 1  # the last span beginning before `at`
+        if (index >= 0 and at <= verbatim[index][1]) or _in_link(rich.text, found.start()):
             continue
         parts.append(rich.text[start : found.end()] + _NO_MENTION)
         start = found.end()
@@ -147,7 +156,7 @@ def defuse_mentions(rich: RichText) -> RichText:
     parts.append(rich.text[start:])
 
     def moved(offset: int) -> int:
-        return offset + sum(1 for at in inserted if at <= offset)
+        return offset + bisect.bisect_right(inserted, offset)
 
     entities = tuple(
         replace(
@@ -160,10 +169,27 @@ def defuse_mentions(rich: RichText) -> RichText:
     return RichText("".join(parts), entities)
 
 
+def _merged(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """`spans` sorted, overlapping ones joined: disjoint spans in order."""
+    merged: list[tuple[int, int]] = []
+    for begin, end in sorted(spans):
+        if merged and begin <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((begin, end))
+    return merged
+
+
+# How far back from a `@` a link's start is looked for: links are shorter, and the look stays
+# bounded in a long run of text without white space.
+_LINK_LOOKBACK = 2048
+
+
 def _in_link(text: str, at: int) -> bool:
     """Whether the `@` at `at` belongs to a link written in `text` (see `_LINK_START`)."""
-    word_start = max(text.rfind(space, 0, at) for space in (" ", "\n", "\t")) + 1
-    return _LINK_START.search(text, word_start, at) is not None
+    floor = max(0, at - _LINK_LOOKBACK)
+    word_start = max(text.rfind(space, floor, at) for space in (" ", "\n", "\t")) + 1
+    return _LINK_START.search(text, max(floor, word_start), at) is not None
 
 
 def _trim_end(rich: RichText) -> RichText:
@@ -193,14 +219,17 @@ def markdown_to_rich(markdown: str) -> RichText:
     """
     config = RenderConfig.isolated()
     text, entities = telegramify_markdown.convert(markdown, latex_escape=False, config=config)
-    return _trim_end(
-        RichText(
-            text,
-            tuple(
-                Entity(e.type, e.offset, e.length, e.url, e.language)
-                for e in entities
-                if e.length > 0 and not _mentions_by_link(e.type, e.url)
-            ),
+    # Defused here too, so that composing the card again finds the body's mentions done.
+    return defuse_mentions(
+        _trim_end(
+            RichText(
+                text,
+                tuple(
+                    Entity(e.type, e.offset, e.length, e.url, e.language)
+                    for e in entities
+                    if e.length > 0 and not _mentions_by_link(e.type, e.url)
+                ),
+            )
         )
     )
 

@@ -166,3 +166,21 @@ def test_mentions_are_defused_and_entities_follow_their_text() -> None:
         for e in defused.entities
     }
     assert shown == {"bold": "@\u200bops", "code": "@code"}  # the tg:// link is gone
+
+
+def test_many_mentions_between_code_spans_keep_every_entity_on_its_text() -> None:
+    # Offsets are counted as the matches go and code spans looked up by bisection (the
+    # card of an agent listing people was composed in quadratic time on each change).
+    source = " ".join(f"😀 @u{i} `@c{i}` **@b{i}**" for i in range(300))
+    defused = defuse_mentions(markdown_to_rich(source))
+    assert defused == defuse_mentions(defused)  # a second pass finds nothing to do
+    units = defused.text.encode("utf-16-le")
+    shown = [
+        (e.type, units[2 * e.offset : 2 * (e.offset + e.length)].decode("utf-16-le"))
+        for e in defused.entities
+    ]
+    expected = []
+    for i in range(300):
+        expected += [("code", f"@c{i}"), ("bold", f"@\u200bb{i}")]
+    assert shown == expected
+    assert defused.text.count("@\u200bu") == 300 and "@c299" in defused.text
