@@ -46,14 +46,22 @@ def _cards_follow(fake: FakeTelegram, needles: list[str]) -> bool:
     return all(len(_texts(fake, SUPER, needle)) == 1 for needle in needles)
 
 
+def _builder_and_tester(
+    tmp_path: Path, fake: FakeTelegram, **kwargs: str
+) -> tuple[ServeProcess, Path, Path]:
+    """A service routing the builder and the tester to the basic group, and their workdirs."""
+    agents = ["builder", "tester"]
+    serve = setup(tmp_path, fake, agents, [(BASIC, agents)], **kwargs)
+    return serve, agent_dir(tmp_path, "builder"), agent_dir(tmp_path, "tester")
+
+
 async def test_cards_follow_the_group_into_its_supergroup(
     tmp_path: Path, fake: FakeTelegram
 ) -> None:
     """Both cards of the group continue in the supergroup at once, one resident each (the
     idle one too), and are edited there afterwards; the old group keeps its frozen copies;
     nothing more is asked of the old id; the log and `status` name the id to set."""
-    serve = setup(tmp_path, fake, ["builder", "tester"], [(BASIC, ["builder", "tester"])])
-    builder, tester = agent_dir(tmp_path, "builder"), agent_dir(tmp_path, "tester")
+    serve, builder, tester = _builder_and_tester(tmp_path, fake)
     with serve:
         publish(builder, "builder v1")
         publish(tester, "tester v1")
@@ -96,14 +104,7 @@ async def test_a_move_learned_from_the_refusal_alone_posts_one_card_each(
     their updates expired): the first refused edit teaches the move, and each card of the
     chat is posted once in the supergroup, pinned as the route asks; the notice goes there
     too."""
-    serve = setup(
-        tmp_path,
-        fake,
-        ["builder", "tester"],
-        [(BASIC, ["builder", "tester"])],
-        allowed="pin = true",
-    )
-    builder, tester = agent_dir(tmp_path, "builder"), agent_dir(tmp_path, "tester")
+    serve, builder, tester = _builder_and_tester(tmp_path, fake, allowed="pin = true")
     with serve:
         publish(builder, "builder v1")
         publish(tester, "tester v1")
@@ -129,8 +130,7 @@ async def test_an_upgrade_while_the_service_was_down_posts_one_card_there(
     """The group was upgraded while the service was stopped: at the restart the refused
     first edit and the service messages waiting in the updates both tell the move; the card
     is posted once in the supergroup and edited there."""
-    serve = setup(tmp_path, fake, ["builder", "tester"], [(BASIC, ["builder", "tester"])])
-    builder, tester = agent_dir(tmp_path, "builder"), agent_dir(tmp_path, "tester")
+    serve, builder, tester = _builder_and_tester(tmp_path, fake)
     with serve:
         publish(builder, "builder v1")
         publish(tester, "tester v1")
@@ -274,14 +274,7 @@ async def test_a_board_follows_and_switches_from_the_supergroup(
 ) -> None:
     """A chat showing one board: the board continues in the supergroup (one message there),
     and `/taskcard cards` sent from the supergroup replaces it with a card per agent."""
-    serve = setup(
-        tmp_path,
-        fake,
-        ["builder", "tester"],
-        [(BASIC, ["builder", "tester"])],
-        allowed='view = "board"',
-    )
-    builder, tester = agent_dir(tmp_path, "builder"), agent_dir(tmp_path, "tester")
+    serve, builder, tester = _builder_and_tester(tmp_path, fake, allowed='view = "board"')
     with serve:
         publish(builder, "builder v1")
         publish(tester, "tester v1")
