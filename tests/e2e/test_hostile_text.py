@@ -255,6 +255,15 @@ async def test_no_fence_lets_a_mention_of_everyone_into_a_feishu_card(
     assert "<at" not in everything and "\\u003cat" not in everything
 
 
+async def report_notice(telegram: FakeTelegram, workdir: Path, summary: str) -> None:
+    """The agent reports with `summary`; the service's notice of it reaches the group."""
+    done = run_cli("report", "--workdir", str(workdir), "--ok", "--summary", summary)
+    assert done.returncode == 0, done.stderr
+    await eventually(
+        lambda: "builder reported" in telegram_everything(telegram), what="the report notice"
+    )
+
+
 async def test_no_card_or_notice_mentions_a_telegram_user(
     tmp_path: Path, telegram: FakeTelegram
 ) -> None:
@@ -270,13 +279,7 @@ async def test_no_card_or_notice_mentions_a_telegram_user(
             "mail a@b.example, run `ssh deploy@host`",
         )
         await eventually(lambda: "mention-marker" in telegram_everything(telegram), what="the card")
-        done = run_cli(
-            "report", "--workdir", str(workdir), "--ok", "--summary", "@ceo_person approve now"
-        )
-        assert done.returncode == 0, done.stderr
-        await eventually(
-            lambda: "builder reported" in telegram_everything(telegram), what="the report notice"
-        )
+        await report_notice(telegram, workdir, "@ceo_person approve now")
         assert await serve.aterminate() == 0
     card = next(m for m in telegram.bot_messages(GROUP) if "mention-marker" in m.text)
     notice = next(m for m in telegram.bot_messages(GROUP) if "builder reported" in m.text)
@@ -306,11 +309,7 @@ async def test_a_link_with_an_at_sign_reaches_telegram_whole(
     with telegram_serve(tmp_path, telegram) as serve:
         publish(workdir, f"# build 3/7 link-marker\nlog: {link} and {bare}, ask @boss_man")
         await eventually(lambda: "link-marker" in telegram_everything(telegram), what="the card")
-        done = run_cli("report", "--workdir", str(workdir), "--ok", "--summary", f"see {link}")
-        assert done.returncode == 0, done.stderr
-        await eventually(
-            lambda: "builder reported" in telegram_everything(telegram), what="the report notice"
-        )
+        await report_notice(telegram, workdir, f"see {link}")
         assert await serve.aterminate() == 0
     card = next(m for m in telegram.bot_messages(GROUP) if "link-marker" in m.text)
     notice = next(m for m in telegram.bot_messages(GROUP) if "builder reported" in m.text)
