@@ -49,15 +49,8 @@ async def test_a_codex_turn_reads_running_then_idle_on_telegram(
     workdir = tmp_path / "agents" / "builder"
     (workdir / "taskcard").mkdir(parents=True, exist_ok=True)
 
-    def texts() -> list[str]:
-        return [
-            text
-            for message in telegram.bot_messages(GROUP)
-            for text, _ in [*message.history, (message.text, message.entities)]
-        ]
-
     with ServeProcess(config, env={TOKEN_ENV: telegram.token}) as serve:
-        await run_turn(texts, workdir)
+        await run_turn(lambda: telegram.every_text(GROUP), workdir)
         assert await serve.aterminate() == 0
 
 

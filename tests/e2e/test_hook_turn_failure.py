@@ -77,15 +77,8 @@ async def test_a_failed_turn_reads_failed_not_running_on_telegram(
     workdir = tmp_path / "agents" / "builder"
     (workdir / "taskcard").mkdir(parents=True, exist_ok=True)
 
-    def texts() -> list[str]:
-        return [
-            text
-            for message in telegram.bot_messages(GROUP)
-            for text, _ in [*message.history, (message.text, message.entities)]
-        ]
-
     with ServeProcess(config, env={TOKEN_ENV: telegram.token}) as serve:
-        await check_card(texts, workdir)
+        await check_card(lambda: telegram.every_text(GROUP), workdir)
         assert await serve.aterminate() == 0
     assert LEAKED_KEY not in serve.logs
 

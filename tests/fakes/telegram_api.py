@@ -290,6 +290,14 @@ class FakeTelegram:
             return []
         return [text for text, _ in stored.history] + [stored.text]
 
+    def every_text(self, chat_id: int | str) -> list[str]:
+        """Every text the bot's messages in the chat have shown, each message's in order."""
+        return [
+            text
+            for message in self.bot_messages(chat_id)
+            for text in [*(old for old, _ in message.history), message.text]
+        ]
+
     def user_delete(self, chat_id: int | str, message_id: int | str) -> None:
         """Delete a message as a person in the chat would."""
         stored = self.message(chat_id, message_id)
