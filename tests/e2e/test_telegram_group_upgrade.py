@@ -46,6 +46,14 @@ def _cards_follow(fake: FakeTelegram, needles: list[str]) -> bool:
     return all(len(_texts(fake, SUPER, needle)) == 1 for needle in needles)
 
 
+async def _show_then_upgrade(fake: FakeTelegram, builder: Path) -> None:
+    """The builder's card shown in the group, then the group upgraded and the card moved."""
+    publish(builder, "builder v1")
+    await eventually(lambda: shown(fake, BASIC), what="the card in the group")
+    fake.migrate(BASIC, SUPER)
+    await eventually(lambda: _texts(fake, SUPER, "builder v1"), what="the card moved")
+
+
 def _builder_and_tester(
     tmp_path: Path, fake: FakeTelegram, **kwargs: str
 ) -> tuple[ServeProcess, Path, Path]:
@@ -199,10 +207,7 @@ async def test_the_move_survives_a_restart_and_the_new_id_in_the_config(
     serve = setup(tmp_path, fake, ["builder"], [(BASIC, ["builder"])])
     builder = agent_dir(tmp_path, "builder")
     with serve:
-        publish(builder, "builder v1")
-        await eventually(lambda: shown(fake, BASIC), what="the card in the group")
-        fake.migrate(BASIC, SUPER)
-        await eventually(lambda: _texts(fake, SUPER, "builder v1"), what="the card moved")
+        await _show_then_upgrade(fake, builder)
         assert await serve.aterminate() == 0
     resident = fake.bot_messages(SUPER)[0].message_id
     fake.reset_counters()
@@ -245,10 +250,7 @@ async def test_the_new_id_written_into_the_config_and_reloaded_keeps_the_residen
     serve = setup(tmp_path, fake, ["builder"], [(BASIC, ["builder"])])
     builder = agent_dir(tmp_path, "builder")
     with serve:
-        publish(builder, "builder v1")
-        await eventually(lambda: shown(fake, BASIC), what="the card in the group")
-        fake.migrate(BASIC, SUPER)
-        await eventually(lambda: _texts(fake, SUPER, "builder v1"), what="the card moved")
+        await _show_then_upgrade(fake, builder)
         resident = fake.bot_messages(SUPER)[0].message_id
         serve.config.write_text(config_text(fake, ["builder"], [(SUPER, ["builder"])]))
         assert serve.proc is not None
@@ -299,10 +301,7 @@ async def test_a_reply_to_a_card_in_the_supergroup_reaches_the_agent(
     serve = setup(tmp_path, fake, ["builder"], [(BASIC, ["builder"])])
     builder = agent_dir(tmp_path, "builder")
     with serve:
-        publish(builder, "builder v1")
-        await eventually(lambda: shown(fake, BASIC), what="the card in the group")
-        fake.migrate(BASIC, SUPER)
-        await eventually(lambda: _texts(fake, SUPER, "builder v1"), what="the card moved")
+        await _show_then_upgrade(fake, builder)
         card = fake.bot_messages(SUPER)[0].message_id
         fake.inject_message(SUPER, "please rebase first", reply_to=card)
         queued = builder / "inbox" / "queued"
@@ -324,10 +323,7 @@ async def test_a_turn_from_the_group_opens_its_route_once_origin_chats_names_the
     serve = setup(tmp_path, fake, ["builder", "helper"], [(BASIC, ["builder"])])
     builder, helper = agent_dir(tmp_path, "builder"), agent_dir(tmp_path, "helper")
     with serve:
-        publish(builder, "builder v1")
-        await eventually(lambda: shown(fake, BASIC), what="the card in the group")
-        fake.migrate(BASIC, SUPER)
-        await eventually(lambda: _texts(fake, SUPER, "builder v1"), what="the card moved")
+        await _show_then_upgrade(fake, builder)
         assert await serve.aterminate() == 0
     text = config_text(fake, ["builder", "helper"], [(SUPER, ["builder"])])
     serve.config.write_text(
