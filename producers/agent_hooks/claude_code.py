@@ -155,7 +155,12 @@ def failure_text(payload: Mapping[str, Any]) -> str:
     text = f"turn failed ({error_category(payload)})" + (f": {details}" if details else "")
     flat = " ".join(text.split())
     if len(flat) > FAILURE_TEXT_CHARS:
-        flat = flat[: FAILURE_TEXT_CHARS - 1].rstrip() + "…"
+        # Cut between words, never inside one: the service redacts secrets by their whole
+        # shape, so half a key left at the cut would be shown as it is.
+        kept = flat[: FAILURE_TEXT_CHARS - 2]
+        if flat[len(kept)] != " ":
+            kept = kept[: kept.rfind(" ")]
+        flat = kept.rstrip() + " …"
     return flat if not subagent(payload) else f"a subagent's {flat}"
 
 

@@ -242,6 +242,15 @@ def test_a_turn_that_ends_in_an_api_error_ends_and_says_why(workdir: Path) -> No
     # The older shape (error_type, error_message), a long detail, and no detail at all.
     hook(payload("12_stop_failure.json", workdir, error="x" * 20, error_details="y " * 400))
     assert len(events(workdir)[-1]["text"]) <= 200
+    # A key the cut would have halved is left out whole: the service redacts a key by its
+    # whole shape, so half of one would have been shown.
+    key = "sk-ant-api03-" + "k" * 60
+    hook(payload("12_stop_failure.json", workdir, error="x", error_details="y " * 80 + key))
+    text = events(workdir)[-1]["text"]
+    assert (len(text) <= 200, text.endswith("y …"), "sk-" in text) == (True, True, False)
+    words = "word " * 60
+    hook(payload("12_stop_failure.json", workdir, error="x", error_details=words))
+    assert events(workdir)[-1]["text"].endswith("word word …")
     hook(payload("12_stop_failure.json", workdir, error=None, error_details=None))
     assert events(workdir)[-1]["text"] == "turn failed (unknown)"
     old = {"error_type": "server_error", "error_message": "overloaded", "error": "529"}
