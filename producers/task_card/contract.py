@@ -392,8 +392,17 @@ BREAK_CHARS: Final = r"\x00-\x1f\x7f-\x9f\u2028\u2029"
 STEERING_CHARS: Final = BREAK_CHARS + BIDI_CHARS
 # Taken out of a one-line quote with the bidirectional formatting: the Unicode tag
 # characters, invisible everywhere, which spell hidden ASCII that a model reading the chat or
-# a wake in its inbox still reads ("ASCII smuggling"); they only serve subdivision flags.
-_UNSHOWN_IN_LINE: Final = re.compile(f"[{BIDI_CHARS}\\U000e0000-\\U000e007f]+")
+# a wake in its inbox still reads ("ASCII smuggling"). Their one use is kept: the three
+# subdivision flags Unicode recommends (England, Scotland, Wales: a black flag, `gb` and the
+# region in tag letters, a cancel tag), whose letters are fixed and spell nothing else.
+_SUBDIVISION_FLAG: Final = "\U0001f3f4\U000e0067\U000e0062(?:{})\U000e007f".format(
+    "|".join(
+        "".join(chr(0xE0000 + ord(letter)) for letter in region) for region in ("eng", "sct", "wls")
+    )
+)
+_UNSHOWN_IN_LINE: Final = re.compile(
+    f"({_SUBDIVISION_FLAG})|[{BIDI_CHARS}\\U000e0000-\\U000e007f]+"
+)
 _BREAKS: Final = re.compile(f"[{BREAK_CHARS}]+")
 _CONTROLS: Final = re.compile(f"[{BREAK_CHARS}]")
 # General categories a reader does not see as text on their own: controls, format characters
@@ -482,11 +491,15 @@ def shown_body(body: str) -> str:
     return limit_mark_stacks(_BODY_CONTROLS.sub("", _LINE_BREAKS.sub("\n", body)))
 
 
+def _kept_flag(found: re.Match[str]) -> str:
+    return found.group(1) or ""
+
+
 def one_line(text: str) -> str:
     """Agent- or person-written `text` for one line among the service's own words: controls,
     bidirectional formatting and line breaks gone, white space runs one space, mark stacks
     bounded, trimmed; "" when nothing in it shows (see `shows_text`)."""
-    flat = " ".join(_BREAKS.sub(" ", _UNSHOWN_IN_LINE.sub("", text)).split())
+    flat = " ".join(_BREAKS.sub(" ", _UNSHOWN_IN_LINE.sub(_kept_flag, text)).split())
     return limit_mark_stacks(flat) if shows_text(flat) else ""
 
 

@@ -33,6 +33,11 @@ def test_shows_text(text: str, shows: bool) -> None:
     assert shows_text(text) is shows
 
 
+def flag(region: str) -> str:
+    """A black flag followed by `region` in tag letters and a cancel tag."""
+    return "\U0001f3f4" + "".join(chr(0xE0000 + ord(c)) for c in region) + "\U000e007f"
+
+
 @pytest.mark.parametrize(
     ("text", "line"),
     [
@@ -44,6 +49,11 @@ def test_shows_text(text: str, shows: bool) -> None:
         ("  spaced \t out  ", "spaced out"),
         ("\u200b\u2060", ""),
         ("ok" + "".join(chr(0xE0000 + ord(c)) for c in "hidden") + " done", "ok done"),
+        # The three recommended subdivision flags keep their tags; any other run of tag
+        # letters after a black flag is hidden text and goes.
+        (f"go {flag('gbsct')}{flag('gbwls')}!", f"go {flag('gbsct')}{flag('gbwls')}!"),
+        (f"go {flag('gbengland')}", "go \U0001f3f4"),
+        (f"{flag('gbeng')[:-1]} x", "\U0001f3f4 x"),  # no cancel tag: not a flag
         ("e" + "\u0301" * 40, "e" + "\u0301" * MAX_STACKED_MARKS),
         ("Vi\u1ec7\u0323t", "Vi\u1ec7\u0323t"),  # ordinary stacked diacritics stay
     ],
