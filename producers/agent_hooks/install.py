@@ -49,8 +49,10 @@ CLAUDE_EVENTS: Final = (
 MATCHER_EVENTS: Final = frozenset({"PreToolUse", "PostToolUse", "PostToolUseFailure"})
 # Events Claude Code added later, with the first version that accepts them in settings.
 LATER_EVENTS: Final = {"StopFailure": (2, 1, 78)}
-# Codex's lifecycle hooks (hooks.json beside its config.toml) that the adapter maps; the
-# tool events get no matcher, which in Codex matches every tool.
+# Codex's lifecycle hooks (hooks.json beside its config.toml) that the adapter maps, of those
+# Codex documents (never `StopFailure`, `PostToolUseFailure` or `Notification`: Codex has no
+# such hook). The tool events get no matcher, which in Codex matches every tool. A Codex
+# that predates an event skips its key (it reads the events it knows, not refusing others).
 CODEX_HOOK_MARK: Final = " hook codex"
 CODEX_EVENTS: Final = (
     "SessionStart",
@@ -58,8 +60,13 @@ CODEX_EVENTS: Final = (
     "PreToolUse",
     "PermissionRequest",
     "PostToolUse",
+    "PreCompact",
     "Stop",
+    "Interrupt",
+    "SessionEnd",
 )
+# Codex gives these hooks at most 3 seconds, and warns at each start about a longer timeout.
+CODEX_SHORT_TIMEOUTS: Final = {"Interrupt": 3, "SessionEnd": 3}
 CODEX_HOOKS_FILE: Final = "hooks.json"
 HOOK_TIMEOUT_S: Final = 10
 VERSION_TIMEOUT_S: Final = 15
@@ -190,11 +197,13 @@ def merge_hooks(
     later: Mapping[str, Version],
     version: Version | None,
     matcher: str | None,
+    timeouts: Mapping[str, int] | None = None,
 ) -> list[str]:
     """Merge one hook running `command` per event into `settings["hooks"]` (Claude Code's
     settings and Codex's hooks.json share this shape); our entries are those whose command
     holds `mark`. The tool events get `matcher` (None: no matcher, which matches every
-    tool). Returns the `later` events left out because `version` may not know them."""
+    tool); an event in `timeouts` gets that timeout instead of `HOOK_TIMEOUT_S`. Returns
+    the `later` events left out because `version` may not know them."""
     hooks = _object_at(settings, "hooks", path)
     skipped: list[str] = []
     for event in (*events, *later):
@@ -210,7 +219,8 @@ def merge_hooks(
             skipped.append(event)
             continue
         groups = _groups(hooks, event, path)
-        ours = {"type": "command", "command": command, "timeout": HOOK_TIMEOUT_S}
+        timeout = (timeouts or {}).get(event, HOOK_TIMEOUT_S)
+        ours = {"type": "command", "command": command, "timeout": timeout}
         found = False
         for group in groups:
             entries = group.get("hooks") if isinstance(group, dict) else None
@@ -312,6 +322,7 @@ def init_codex(workdir: Path, config: Path, command: str | None = None) -> list[
         later={},
         version=None,
         matcher=None,
+        timeouts=CODEX_SHORT_TIMEOUTS,
     )
     report = [_merge_codex_config(workdir, config, exe)]
     changed = _write_json(hooks_path, hooks_doc)
