@@ -299,10 +299,17 @@ def turn_usage(lines: list[bytes]) -> tuple[int, int] | None:
 
 def read_transcript_usage(path: object) -> tuple[int, int] | None:
     """`turn_usage` of the transcript's tail (bounded), None when it cannot be read."""
+    lines = transcript_tail(path)
+    return None if lines is None else turn_usage(lines)
+
+
+def transcript_tail(path: object) -> list[bytes] | None:
+    """The whole lines of a transcript's last `TRANSCRIPT_TAIL_BYTES`, None when it cannot be
+    read. Only a regular file is opened (a pipe there must not hang the hook)."""
     if not isinstance(path, str) or not path:
         return None
     try:
-        with open_regular(Path(path)) as handle:  # a pipe there must not hang the hook
+        with open_regular(Path(path)) as handle:
             size = handle.seek(0, 2)
             start = max(0, size - TRANSCRIPT_TAIL_BYTES)
             handle.seek(start)
@@ -312,4 +319,4 @@ def read_transcript_usage(path: object) -> tuple[int, int] | None:
     lines = data.splitlines()
     if start > 0 and lines:
         lines = lines[1:]  # the first line of a tail is likely cut
-    return turn_usage(lines)
+    return lines

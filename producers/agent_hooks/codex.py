@@ -12,23 +12,40 @@ Codex's lifecycle hooks (hooks.json) send a JSON payload on stdin whose fields a
 Code's (`hook_event_name`, `session_id`, `cwd`, `transcript_path`, `tool_name`,
 `tool_use_id`, `stop_hook_active`, `source`, `agent_id`, ...; plus `turn_id` and `model`),
 so `claude_code.decide` maps them (`runner._codex_hook`). The differences, handled there:
-no token usage (the transcript is Codex's own format); nothing printed (Codex reads plain
-text on stdout at `SessionStart` and `UserPromptSubmit` as context for the model, and JSON as
-a decision), so no inbox delivery either; and since `notify` and the `Stop` hook both end a
-turn, each `turn_id` ends a turn (and counts for reminders) only the first time either
-reports it. Codex sends no `SessionEnd` or `Notification`; its newer `StopFailure` maps as
-Claude Code's, but `init codex` does not register it (nor `PreCompact`, `PostCompact`,
-`SubagentStart`, `SubagentStop`): a Codex that predates an event may refuse the file.
-Its `Interrupt` hook (the person stopped the turn) is Codex's own: it ends the turn as
-interrupted (`interrupt_decision`); it is not registered either, for the same reason.
+
+- The turn's token usage at `Stop` is read from Codex's own transcript, its rollout
+  (`rollout_usage`, on the file's tail only).
+- Codex has no `PostToolUseFailure`: its `PostToolUse` carries the tool's result as
+  `tool_response`, and for an MCP tool that is the MCP call result, whose `isError` says the
+  tool failed (`tool_failed`); it then maps as Claude Code's failure. A shell command's
+  `tool_response` is only its output text, with no exit code, so a command that exits
+  non-zero still reads as done.
+- Nothing is printed (Codex reads plain text on stdout at `SessionStart` and
+  `UserPromptSubmit` as context for the model, and JSON as a decision), so no inbox delivery
+  either.
+- Since `notify` and the `Stop` hook both end a turn, each `turn_id` ends a turn (and counts
+  for reminders, and has its usage written) only the first time either reports it.
+- Its `Interrupt` hook (the person stopped the turn; no `Stop` follows) is Codex's own: it
+  ends the turn as interrupted (`interrupt_decision`).
+
+`init codex` registers the events the adapter maps of those Codex documents: `SessionStart`,
+`UserPromptSubmit`, `PreToolUse`, `PermissionRequest`, `PostToolUse`, `PreCompact`, `Stop`,
+`Interrupt`, `SessionEnd` (not `PostCompact`, `SubagentStart`, `SubagentStop`, which map to
+nothing). Codex sends no `Notification` or `PostToolUseFailure`; a `StopFailure` maps as
+Claude Code's, but is not registered, since Codex's documented event list does not name it.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final, TypeGuard
 
 from taskcard.producers.agent_hooks.claude_code import Event, HookDecision
+from taskcard.producers.task_card.contract import MAX_COUNT
+
+# The rollout events that open a turn (`turn_started` is the newer name of `task_started`).
+_TURN_STARTS: Final = frozenset({"task_started", "turn_started"})
 
 
 def interrupt_decision(waiting: str | None) -> HookDecision:
@@ -40,8 +57,72 @@ def interrupt_decision(waiting: str | None) -> HookDecision:
     return HookDecision(events, None, completed_turn=False)
 
 
+def tool_failed(payload: Mapping[str, Any]) -> bool:
+    """A `PostToolUse` whose result says the tool failed: an MCP call result with `isError`."""
+    result = payload.get("tool_response")
+    return isinstance(result, dict) and (
+        result.get("isError") is True or result.get("is_error") is True
+    )
+
+
 def codex_events(payload: Mapping[str, Any]) -> tuple[list[Event], bool]:
     """The events for one payload, and whether it completed a turn."""
     if payload.get("type") == "agent-turn-complete":
         return [("turn.end", {})], True
     return [], False
+
+
+def _tokens(usage: object) -> tuple[int, int] | None:
+    """Input and output tokens of one of Codex's token usage objects (its input count
+    already holds the cached input), None unless both are whole counts."""
+    if not isinstance(usage, dict):
+        return None
+    tokens_in, tokens_out = usage.get("input_tokens"), usage.get("output_tokens")
+    if _count(tokens_in) and _count(tokens_out):
+        return tokens_in, tokens_out
+    return None
+
+
+def _count(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def rollout_usage(lines: list[bytes]) -> tuple[int, int] | None:
+    """Input and output tokens of the last turn in the lines of a Codex rollout (the session
+    transcript that hook payloads name in `transcript_path`), None when none are known.
+
+    Codex records `event_msg` lines of type `token_count` whose `info` holds the session's
+    running total (`total_token_usage`) and the last model call's (`last_token_usage`); the
+    same figures are often written twice. A turn opens with `task_started` (`turn_started`).
+    The turn's usage is its last total less the total before its first call.
+    """
+    before: tuple[int, int] | None = None
+    latest: tuple[int, int] | None = None
+    for raw in lines:
+        try:
+            entry = json.loads(raw)
+        except (ValueError, RecursionError):
+            continue
+        if not isinstance(entry, dict) or entry.get("type") != "event_msg":
+            continue
+        payload = entry.get("payload")
+        if not isinstance(payload, dict):
+            continue
+        if payload.get("type") in _TURN_STARTS:
+            before = latest = None
+            continue
+        info = payload.get("info") if payload.get("type") == "token_count" else None
+        total = _tokens(info.get("total_token_usage")) if isinstance(info, dict) else None
+        if not isinstance(info, dict) or total is None:
+            continue
+        if before is None:
+            last = _tokens(info.get("last_token_usage")) or (0, 0)
+            before = (max(0, total[0] - last[0]), max(0, total[1] - last[1]))
+        latest = total
+    if before is None or latest is None:
+        return None
+    # Capped at what the activity log takes: an absurd count must not cost the turn's events.
+    return (
+        min(MAX_COUNT, max(0, latest[0] - before[0])),
+        min(MAX_COUNT, max(0, latest[1] - before[1])),
+    )

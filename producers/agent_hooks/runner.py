@@ -24,8 +24,14 @@ from taskcard.producers.agent_hooks.claude_code import (
     decide,
     read_transcript_usage,
     subagent,
+    transcript_tail,
 )
-from taskcard.producers.agent_hooks.codex import codex_events, interrupt_decision
+from taskcard.producers.agent_hooks.codex import (
+    codex_events,
+    interrupt_decision,
+    rollout_usage,
+    tool_failed,
+)
 from taskcard.producers.agent_hooks.inbox_hook import Delivery, steer
 from taskcard.producers.agent_hooks.inbox_hook import output as inbox_output
 from taskcard.producers.agent_hooks.inbox_hook import take as take_inbox
@@ -365,24 +371,33 @@ def _codex_hook(
 ) -> None:
     """One Codex lifecycle hook payload, mapped as Claude Code's (the shapes agree).
 
-    The differences: no token usage (Codex's transcript is not Claude Code's), nothing
-    printed (the chat's texts and wakes reach Codex through the MCP results), and the end
-    of a turn that its notify program (or a copy of the hook in another config layer)
-    already reported is not written again."""
+    The differences: the turn's token usage is read from Codex's own transcript format (its
+    rollout), nothing printed (the chat's texts and wakes reach Codex through the MCP
+    results), and the end of a turn that its notify program (or a copy of the hook in
+    another config layer) already reported is not written again, nor its usage."""
 
     name = payload.get("hook_event_name")
     thread, turn = payload.get("session_id"), payload.get("turn_id")
-    if name == "UserPromptSubmit" and not subagent(payload):
+    main = not subagent(payload)
+    if name == "PostToolUse" and tool_failed(payload):
+        payload = {**payload, "hook_event_name": "PostToolUseFailure"}
+    if name == "UserPromptSubmit" and main:
         _turn_started(paths, thread, turn)
+    usage = None
+    if name in TURN_END_EVENTS and main:
+        lines = transcript_tail(payload.get("transcript_path"))
+        usage = rollout_usage(lines) if lines is not None else None
 
     def make(waiting: str | None) -> HookDecision:
         interrupt = name == "Interrupt"
-        decision = interrupt_decision(waiting) if interrupt else decide(payload, waiting)
+        decision = interrupt_decision(waiting) if interrupt else decide(payload, waiting, usage)
         ends = decision.completed_turn or interrupt
         reporter = "interrupt" if interrupt else "hook"
         if not ends or _first_end_of(paths, thread, turn, reporter):
             return decision
-        events = [(kind, fields) for kind, fields in decision.events if kind != "turn.end"]
+        events = [
+            (kind, fields) for kind, fields in decision.events if kind not in ("turn.end", "usage")
+        ]
         return HookDecision(events, decision.waiting, completed_turn=False)
 
     if _record(paths, _session_key(payload), make, env, clock).completed_turn:
