@@ -42,8 +42,7 @@ def run_hook(args: argparse.Namespace) -> int:
                 argument = b""
 
         def handle() -> str:
-            runner.codex(argument, args.workdir, only_in=args.only_in)
-            return ""
+            return runner.codex(argument, args.workdir, only_in=args.only_in)
 
         hint = args.workdir if args.workdir is not None else args.only_in
         text = runner.run_guarded(hint, argument, handle)

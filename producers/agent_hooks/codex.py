@@ -20,9 +20,11 @@ so `claude_code.decide` maps them (`runner._codex_hook`). The differences, handl
   tool failed (`tool_failed`); it then maps as Claude Code's failure. A shell command's
   `tool_response` is only its output text, with no exit code, so a command that exits
   non-zero still reads as done.
-- Nothing is printed (Codex reads plain text on stdout at `SessionStart` and
-  `UserPromptSubmit` as context for the model, and JSON as a decision), so no inbox delivery
-  either.
+- The chat's queued texts are handed over as for Claude Code (`inbox_hook`): Codex reads
+  `hookSpecificOutput.additionalContext` at `UserPromptSubmit` and `PostToolUse`, and a
+  blocked stop's `reason`. Nothing else is printed (Codex takes plain text on stdout at
+  `SessionStart` and `UserPromptSubmit` as context for the model); the card's wakes reach
+  Codex through the MCP results.
 - Since `notify` and the `Stop` hook both end a turn, each `turn_id` ends a turn (and counts
   for reminders, and has its usage written) only the first time either reports it.
 - Its `Interrupt` hook (the person stopped the turn; no `Stop` follows) is Codex's own: it

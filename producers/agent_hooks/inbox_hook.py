@@ -1,4 +1,7 @@
-"""The chat's queued texts in a Claude Code session: when each hook hands them over.
+"""The chat's queued texts in a Claude Code or Codex session: when each hook hands them over.
+
+Both hosts read the same hook output at these events (Codex documents `additionalContext`
+at `UserPromptSubmit` and `PostToolUse`, and a blocked stop's `reason`, as Claude Code does).
 
 - `UserPromptSubmit`: the texts join the prompt as `additionalContext`, and the turn's
   `turn.start` carries the first text's `origin` (the turn now also answers that chat). When
@@ -103,8 +106,10 @@ def take(
     payload: Mapping[str, Any],
     session: str,
     log: Callable[[str], None],
+    host: str = "claude-code",
 ) -> Delivery:
-    """Claim what this hook delivers, and settle the session's blocked stop; never raises."""
+    """Claim what this hook delivers, and settle the session's blocked stop; never raises.
+    `host` names the agent host in the claim (`claude-code`, `codex`)."""
     if ends_turn_without_stop(payload):
         _forget_blocked(paths, session, log)  # the turn is over: no stop of it comes now
     if name not in DELIVERING_EVENTS:
@@ -116,7 +121,7 @@ def take(
                 if ended:
                     blocked.remove(session)
             return Delivery(ends_blocked_turn=ended)
-        batch = claim_all(paths.workdir, f"claude-code:{name}", max_bytes=MAX_TEXT_BYTES)
+        batch = claim_all(paths.workdir, f"{host}:{name}", max_bytes=MAX_TEXT_BYTES)
         for problem in batch.problems:
             log(f"inbox: {problem}")
         if name == "Stop" and batch.messages:

@@ -332,9 +332,10 @@ def codex(
     clock: Clock = utc_now_iso,
     env: Mapping[str, str] = os.environ,
     only_in: str | None = None,
-) -> None:
+) -> str:
     """Handle one Codex payload: its `notify` JSON (the program's last argument), or the
-    JSON of one of its lifecycle hooks (on stdin; it has `hook_event_name`).
+    JSON of one of its lifecycle hooks (on stdin; it has `hook_event_name`). Returns the
+    text to print on stdout (a hook's output; maybe empty).
 
     `only_in`: the agent's workdir, for hooks in a Codex config that every project reads
     (`~/.codex/hooks.json`): a payload whose `cwd` is outside it is another project's
@@ -350,31 +351,33 @@ def codex(
     if only_in is not None:
         root = _directory(only_in, "--only-in")
         if not _inside(payload.get("cwd"), root):
-            return
+            return ""
         workdir_override = str(root)
     paths = CardPaths(resolve_workdir(workdir_override, payload))
     if "hook_event_name" in payload:
-        _codex_hook(payload, paths, clock, env)
-        return
+        return _codex_hook(payload, paths, clock, env)
     events, completed = codex_events(payload)
     if completed and not _first_end_of(
         paths, payload.get("thread-id"), payload.get("turn-id"), "notify"
     ):
-        return  # its Stop hook already ended this turn
+        return ""  # its Stop hook already ended this turn
     _append(paths, with_origin(events, paths, env, at_turn_end=True), clock)
     if completed:
         _count_turn(paths)
+    return ""  # Codex reads nothing back from its notify program
 
 
 def _codex_hook(
     payload: Mapping[str, Any], paths: CardPaths, clock: Clock, env: Mapping[str, str]
-) -> None:
-    """One Codex lifecycle hook payload, mapped as Claude Code's (the shapes agree).
+) -> str:
+    """One Codex lifecycle hook payload, mapped as Claude Code's (the shapes agree); the text
+    to print on stdout (maybe empty).
 
     The differences: the turn's token usage is read from Codex's own transcript format (its
-    rollout), nothing printed (the chat's texts and wakes reach Codex through the MCP
-    results), and the end of a turn that its notify program (or a copy of the hook in
-    another config layer) already reported is not written again, nor its usage."""
+    rollout); the chat's texts are handed over as for Claude Code (Codex reads the same hook
+    output), but not the card's wakes, which reach Codex through the MCP results; and the end
+    of a turn that its notify program (or a copy of the hook in another config layer)
+    already reported is not written again, nor its usage."""
 
     name = payload.get("hook_event_name")
     thread, turn = payload.get("session_id"), payload.get("turn_id")
@@ -387,10 +390,22 @@ def _codex_hook(
     if name in TURN_END_EVENTS and main:
         lines = transcript_tail(payload.get("transcript_path"))
         usage = rollout_usage(lines) if lines is not None else None
+    key = _session_key(payload)
+    # A subagent's context is not the agent's (see `claude_code`).
+    inbox = (
+        take_inbox(paths, name, payload, key, lambda line: log_error(paths.workdir, line), "codex")
+        if main
+        else Delivery()
+    )
+    if inbox.ends_blocked_turn:
+        payload = {**payload, "stop_hook_active": False}  # our block held the turn: end it
 
     def make(waiting: str | None) -> HookDecision:
         interrupt = name == "Interrupt"
-        decision = interrupt_decision(waiting) if interrupt else decide(payload, waiting, usage)
+        if interrupt:
+            decision = interrupt_decision(waiting)
+        else:
+            decision = steer(name, decide(payload, waiting, usage), inbox.messages)
         ends = decision.completed_turn or interrupt
         reporter = "interrupt" if interrupt else "hook"
         if not ends or _first_end_of(paths, thread, turn, reporter):
@@ -400,8 +415,20 @@ def _codex_hook(
         ]
         return HookDecision(events, decision.waiting, completed_turn=False)
 
-    if _record(paths, _session_key(payload), make, env, clock).completed_turn:
-        _count_turn(paths)
+    try:
+        if _record(paths, key, make, env, clock).completed_turn:
+            _count_turn(paths)
+    except Exception as exc:
+        if not inbox.messages:
+            raise
+        # Claimed and acknowledged: they go to the agent whatever failed here.
+        log_error(
+            paths.workdir,
+            f"{exc.__class__.__name__}: {exc}; the chat's messages were handed over all "
+            f"the same\n{traceback.format_exc()}".rstrip(),
+        )
+    output = inbox_output(name, [], inbox.messages)
+    return json.dumps(output, ensure_ascii=False) if output is not None else ""
 
 
 def run_guarded(

@@ -37,6 +37,9 @@ VIAS: Final = frozenset(
         "claude-code:PostToolUse",
         "claude-code:Stop",
         "claude-code:UserPromptSubmit",
+        "codex:PostToolUse",
+        "codex:Stop",
+        "codex:UserPromptSubmit",
         "inbox-cli",
         "mcp",
     }

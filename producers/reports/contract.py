@@ -60,6 +60,9 @@ ACK_VIAS: Final = frozenset(
         "claude-code:PostToolUse",
         "claude-code:Stop",
         "claude-code:UserPromptSubmit",
+        "codex:PostToolUse",
+        "codex:Stop",
+        "codex:UserPromptSubmit",
         "inbox-cli",
         "mcp",
     }
