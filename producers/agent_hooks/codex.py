@@ -32,9 +32,11 @@ so `claude_code.decide` maps them (`runner._codex_hook`). The differences, handl
 
 `init codex` registers the events the adapter maps of those Codex documents: `SessionStart`,
 `UserPromptSubmit`, `PreToolUse`, `PermissionRequest`, `PostToolUse`, `PreCompact`, `Stop`,
-`Interrupt`, `SessionEnd` (not `PostCompact`, `SubagentStart`, `SubagentStop`, which map to
-nothing). Codex sends no `Notification` or `PostToolUseFailure`; a `StopFailure` maps as
-Claude Code's, but is not registered, since Codex's documented event list does not name it.
+`Interrupt` (not `PostCompact`, `SubagentStart`, `SubagentStop`, which map to nothing, nor
+`SessionEnd`: its one reason, `other`, cannot tell an exit from a `/clear`, after which the
+session starts again, so a cleared session would read as exited). Codex sends no
+`Notification` or `PostToolUseFailure`; a `StopFailure` maps as Claude Code's, but is not
+registered, since Codex's documented event list does not name it.
 """
 
 from __future__ import annotations

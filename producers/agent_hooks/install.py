@@ -51,8 +51,10 @@ MATCHER_EVENTS: Final = frozenset({"PreToolUse", "PostToolUse", "PostToolUseFail
 LATER_EVENTS: Final = {"StopFailure": (2, 1, 78)}
 # Codex's lifecycle hooks (hooks.json beside its config.toml) that the adapter maps, of those
 # Codex documents (never `StopFailure`, `PostToolUseFailure` or `Notification`: Codex has no
-# such hook). The tool events get no matcher, which in Codex matches every tool. A Codex
-# that predates an event skips its key (it reads the events it knows, not refusing others).
+# such hook). Not `SessionEnd`: its only reason is `other`, so a `/clear` or `/new` (which
+# start the session again at once) would read as the agent exiting. The tool events get no
+# matcher, which in Codex matches every tool. A Codex that predates an event skips its key
+# (it reads the events it knows, and refuses no other).
 CODEX_HOOK_MARK: Final = " hook codex"
 CODEX_EVENTS: Final = (
     "SessionStart",
@@ -63,10 +65,9 @@ CODEX_EVENTS: Final = (
     "PreCompact",
     "Stop",
     "Interrupt",
-    "SessionEnd",
 )
-# Codex gives these hooks at most 3 seconds, and warns at each start about a longer timeout.
-CODEX_SHORT_TIMEOUTS: Final = {"Interrupt": 3, "SessionEnd": 3}
+# Codex gives this hook at most 3 seconds, and warns at each start about a longer timeout.
+CODEX_SHORT_TIMEOUTS: Final = {"Interrupt": 3}
 CODEX_HOOKS_FILE: Final = "hooks.json"
 HOOK_TIMEOUT_S: Final = 10
 VERSION_TIMEOUT_S: Final = 15
