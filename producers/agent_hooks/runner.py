@@ -15,6 +15,7 @@ import os
 import re
 import traceback
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -406,6 +407,13 @@ def _codex_hook(
             decision = interrupt_decision(waiting)
         else:
             decision = steer(name, decide(payload, waiting, usage), inbox.messages)
+        if not decision.completed_turn:
+            # A stop our block held: the rollout's count of this turn runs on to its real
+            # end, whose stop writes it whole (written now too, the first part would count
+            # twice).
+            decision = replace(
+                decision, events=[event for event in decision.events if event[0] != "usage"]
+            )
         ends = decision.completed_turn or interrupt
         reporter = "interrupt" if interrupt else "hook"
         if not ends or _first_end_of(paths, thread, turn, reporter):

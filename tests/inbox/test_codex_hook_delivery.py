@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..hooks.conftest import events, kinds
 from ..hooks.test_codex_hooks import codex_hook, codex_payload, notify
+from ..hooks.test_codex_usage_and_failures import two_turns, write_rollout
 from .conftest import acks, names, queue
 
 
@@ -53,13 +54,20 @@ def test_a_stop_with_texts_queued_goes_on_and_its_next_stop_ends_the_turn_once(
     workdir: Path,
 ) -> None:
     queue(workdir, "m1", "stop now: the deploy is frozen")
-    blocked = printed(codex_hook(codex_payload("06_stop.json", workdir)))
+    entries = two_turns()
+    rollout = write_rollout(workdir / "rollout.jsonl", entries[:6])
+    stop = codex_payload("06_stop.json", workdir, transcript_path=str(rollout))
+    blocked = printed(codex_hook(stop))
     assert blocked["decision"] == "block"
     assert "> stop now: the deploy is frozen" in str(blocked["reason"])
     assert "turn.end" not in kinds(workdir)  # the turn goes on
-    done = codex_hook(codex_payload("06_stop.json", workdir, stop_hook_active=True))
+    assert "usage" not in kinds(workdir)  # counted whole at the turn's real end
+    write_rollout(rollout, entries)  # the turn went on: one more model call
+    done = codex_hook({**stop, "stop_hook_active": True})
     assert (done.returncode, done.stdout) == (0, b"")
     assert kinds(workdir).count("turn.end") == 1
+    usage = [event for event in events(workdir) if event["kind"] == "usage"]
+    assert [(u["input_tokens"], u["output_tokens"]) for u in usage] == [(7000, 500)]
     turn = codex_payload("06_stop.json", workdir)["turn_id"]
     assert notify(workdir, turn).returncode == 0  # Codex's notify of the same turn
     assert kinds(workdir).count("turn.end") == 1
