@@ -97,32 +97,38 @@ def rollout_usage(lines: list[bytes]) -> tuple[int, int] | None:
 
     Codex records `event_msg` lines of type `token_count` whose `info` holds the session's
     running total (`total_token_usage`) and the last model call's (`last_token_usage`); the
-    same figures are often written twice. A turn opens with `task_started` (`turn_started`).
-    The turn's usage is its last total less the total before its first call.
+    same figures are often written twice. A turn opens with `task_started` (`turn_started`);
+    in a rollout without those, with the person's `user_message`. The turn's usage is its
+    last total less the total before its first call.
     """
-    before: tuple[int, int] | None = None
-    latest: tuple[int, int] | None = None
+    # Per opening kind: the total before the turn's first call, and its latest total.
+    spans: dict[str, list[tuple[int, int] | None]] = {"turn": [None, None], "prompt": [None, None]}
+    turn_marks = False
     for raw in lines:
+        if b'"event_msg"' not in raw:  # most lines, and the biggest: not parsed
+            continue
         try:
             entry = json.loads(raw)
         except (ValueError, RecursionError):
             continue
-        if not isinstance(entry, dict) or entry.get("type") != "event_msg":
+        payload = entry.get("payload") if isinstance(entry, dict) else None
+        if not isinstance(payload, dict) or entry.get("type") != "event_msg":
             continue
-        payload = entry.get("payload")
-        if not isinstance(payload, dict):
+        kind = payload.get("type")
+        if kind in _TURN_STARTS or kind == "user_message":
+            turn_marks = turn_marks or kind in _TURN_STARTS
+            spans["turn" if kind in _TURN_STARTS else "prompt"] = [None, None]
             continue
-        if payload.get("type") in _TURN_STARTS:
-            before = latest = None
-            continue
-        info = payload.get("info") if payload.get("type") == "token_count" else None
+        info = payload.get("info") if kind == "token_count" else None
         total = _tokens(info.get("total_token_usage")) if isinstance(info, dict) else None
         if not isinstance(info, dict) or total is None:
             continue
-        if before is None:
-            last = _tokens(info.get("last_token_usage")) or (0, 0)
-            before = (max(0, total[0] - last[0]), max(0, total[1] - last[1]))
-        latest = total
+        last = _tokens(info.get("last_token_usage")) or (0, 0)
+        for span in spans.values():
+            if span[0] is None:
+                span[0] = (max(0, total[0] - last[0]), max(0, total[1] - last[1]))
+            span[1] = total
+    before, latest = spans["turn" if turn_marks else "prompt"]
     if before is None or latest is None:
         return None
     # Capped at what the activity log takes: an absurd count must not cost the turn's events.

@@ -89,6 +89,16 @@ def test_the_stop_hook_writes_the_turns_tokens_from_the_rollout(workdir: Path) -
     assert (usage["input_tokens"], usage["output_tokens"]) == (7000, 500)
 
 
+def test_a_rollout_without_turn_starts_opens_turns_at_the_prompts(workdir: Path) -> None:
+    prompt = {"type": "event_msg", "payload": {"type": "user_message", "message": "go on"}}
+    entries = [
+        prompt if entry["payload"].get("type") == "task_started" else entry for entry in two_turns()
+    ]
+    stop(workdir, str(write_rollout(workdir / "rollout.jsonl", entries)))
+    usage = events(workdir)[0]
+    assert (usage["kind"], usage["input_tokens"], usage["output_tokens"]) == ("usage", 7000, 500)
+
+
 def test_a_turn_ended_twice_writes_its_tokens_once(workdir: Path) -> None:
     rollout = write_rollout(workdir / "rollout.jsonl", two_turns())
     stop(workdir, str(rollout))
