@@ -57,6 +57,9 @@ class Delivery:
 
     messages: list[Message] = field(default_factory=list)
     ends_blocked_turn: bool = False
+    # A stop that found nothing, while another copy of the hook at the same stop (another
+    # config layer) blocked it: the turn goes on.
+    held_elsewhere: bool = False
 
 
 def origins(messages: list[Message]) -> list[str]:
@@ -121,12 +124,9 @@ def take(
                 if ended:
                     blocked.remove(session)
             return Delivery(ends_blocked_turn=ended)
-        batch = claim_all(paths.workdir, f"{host}:{name}", max_bytes=MAX_TEXT_BYTES)
-        for problem in batch.problems:
-            log(f"inbox: {problem}")
-        if name == "Stop" and batch.messages:
-            _mark_blocked(paths, session, log)
-        return Delivery(messages=batch.messages)
+        if name == "Stop":
+            return _take_at_stop(paths, session, log, f"{host}:{name}")
+        return Delivery(messages=_claim(paths, f"{host}:{name}", log))
     except InboxUnsafe as exc:
         log(f"inbox: {exc}")
     except OSError as exc:
@@ -134,18 +134,38 @@ def take(
     return Delivery()
 
 
-def _mark_blocked(paths: CardPaths, session: str, log: Callable[[str], None]) -> None:
-    """Remember that this session's stop was blocked. The claimed messages go out even
-    when the mark cannot be written (only the turn's end is then not seen)."""
+def _take_at_stop(paths: CardPaths, session: str, log: Callable[[str], None], via: str) -> Delivery:
+    """Claim at a stop, and remember that the session's stop was blocked when something
+    was claimed, under one lock: a copy of the hook at the same stop (Codex runs the copies
+    in each config layer at once) then finds either the texts or the mark, never neither.
+    The claimed messages go out even when the mark cannot be written (only the turn's end
+    is then not seen)."""
+    taken: list[Message] | None = None
     try:
         with _blocked_sessions(paths) as blocked:
-            if session not in blocked:
+            taken = _claim(paths, via, log)
+            if taken and session not in blocked:
                 blocked.append(session)
+            held = not taken and session in blocked
     except OSError as exc:
-        log(
-            f"inbox: cannot mark the blocked stop in {BLOCKED_FILE}: "
-            f"{exc.__class__.__name__}: {exc.strerror}; the messages were delivered"
-        )
+        if taken is None:  # the marks cannot be kept: the texts go all the same
+            taken = _claim(paths, via, log)
+        elif not taken:
+            raise
+        if taken:
+            log(
+                f"inbox: cannot mark the blocked stop in {BLOCKED_FILE}: "
+                f"{exc.__class__.__name__}: {exc.strerror}; the messages were delivered"
+            )
+        return Delivery(messages=taken)
+    return Delivery(messages=taken, held_elsewhere=held)
+
+
+def _claim(paths: CardPaths, via: str, log: Callable[[str], None]) -> list[Message]:
+    batch = claim_all(paths.workdir, via, max_bytes=MAX_TEXT_BYTES)
+    for problem in batch.problems:
+        log(f"inbox: {problem}")
+    return batch.messages
 
 
 def _forget_blocked(paths: CardPaths, session: str, log: Callable[[str], None]) -> None:

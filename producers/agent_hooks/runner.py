@@ -392,9 +392,17 @@ def _codex_hook(
         lines = transcript_tail(payload.get("transcript_path"))
         usage = rollout_usage(lines) if lines is not None else None
     key = _session_key(payload)
-    # A subagent's context is not the agent's (see `claude_code`).
+    # A subagent's context is not the agent's (see `claude_code`). A blocked stop is marked
+    # per turn: a mark left by a turn that ended otherwise (an interrupt) holds no other.
     inbox = (
-        take_inbox(paths, name, payload, key, lambda line: log_error(paths.workdir, line), "codex")
+        take_inbox(
+            paths,
+            name,
+            payload,
+            _turn_key(thread, turn) or key,
+            lambda line: log_error(paths.workdir, line),
+            "codex",
+        )
         if main
         else Delivery()
     )
@@ -407,6 +415,9 @@ def _codex_hook(
             decision = interrupt_decision(waiting)
         else:
             decision = steer(name, decide(payload, waiting, usage), inbox.messages)
+        if inbox.held_elsewhere:  # the copy in another config layer blocked this stop
+            kept = [event for event in decision.events if event[0] != "turn.end"]
+            decision = replace(decision, events=kept, completed_turn=False)
         if not decision.completed_turn:
             # A stop our block held: the rollout's count of this turn runs on to its real
             # end, whose stop writes it whole (written now too, the first part would count

@@ -79,3 +79,24 @@ def test_a_subagents_hooks_take_no_texts(workdir: Path) -> None:
     done = codex_hook(sub)
     assert (done.returncode, done.stdout) == (0, b"")
     assert names(workdir, "queued") == ["m1.json"]
+
+
+def test_the_copy_of_the_stop_hook_in_another_config_layer_does_not_end_a_held_turn(
+    workdir: Path,
+) -> None:
+    # Codex runs the copies in ~/.codex and in the project at once: one claims the texts and
+    # holds the stop, the other finds nothing; neither may end the turn, which goes on.
+    queue(workdir, "m1", "also update the changelog")
+    stop = codex_payload("06_stop.json", workdir)
+    assert printed(codex_hook(stop))["decision"] == "block"
+    other = codex_hook(stop)
+    assert (other.returncode, other.stdout) == (0, b"")
+    assert "turn.end" not in kinds(workdir)
+    for _copy in range(2):  # the turn's real end, again from both layers
+        done = codex_hook({**stop, "stop_hook_active": True})
+        assert (done.returncode, done.stdout) == (0, b"")
+    assert kinds(workdir).count("turn.end") == 1
+    # The next turn's stop, with nothing queued, ends it as usual.
+    later = {**stop, "turn_id": "019a3f6e-9100-7d21-b3c4-5e6f7a8b9c0e"}
+    assert codex_hook(later).returncode == 0
+    assert kinds(workdir).count("turn.end") == 2
