@@ -8,7 +8,8 @@ line, so every line stays small for the service's tail reader and one report is 
 
 Numbering: under an exclusive `flock` on `reports/.lock`, the writer takes the larger of the
 last seq in the file (a bounded tail read) and the counter in `reports/.seq`, adds one,
-writes the line with one `write` on an `O_APPEND` descriptor and then the counter. Either
+writes the line with one `write` on an `O_APPEND` descriptor (after a line break when the
+file ends in a torn line) and then the counter. Either
 source alone survives the loss of the other (a truncated file, a deleted counter), so a seq
 is never handed out twice. Reading with `after(seq)` returns the first report with a larger
 seq: reading with the last seq seen walks every round once, and old rounds stay in the file.
@@ -32,6 +33,7 @@ from taskcard.producers.task_card.contract import (
     NotRegularFile,
     atomic_write,
     file_kind,
+    line_break_first,
     open_regular,
     parse_json,
     read_regular,
@@ -184,7 +186,7 @@ class Reports:
             line = json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
             fd = self._open_for_append()
             try:
-                os.write(fd, line.encode())
+                os.write(fd, line_break_first(fd) + line.encode())
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -248,7 +250,7 @@ class Reports:
 
         Non-blocking and checked with `fstat`: a named pipe in its place would otherwise hold
         the writer (and the lock every other writer waits on) forever."""
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK
+        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK
         try:
             fd = os.open(self.path, flags, 0o644)
         except OSError as exc:

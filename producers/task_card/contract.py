@@ -539,19 +539,33 @@ def duration_field(value: object) -> float | None:
     return seconds if math.isfinite(seconds) and 0 <= seconds <= MAX_DURATION_S else None
 
 
+def line_break_first(fd: int) -> bytes:
+    """`b"\\n"` when the regular file behind `fd` (open for reading and appending) ends inside
+    a line, else `b""`: a line appended there would be glued onto the torn one (a writer
+    that died mid-line, a tool that writes in pieces) and both would be lost to every reader.
+    Starting a new line first leaves only the torn one unreadable."""
+    size = os.fstat(fd).st_size
+    try:
+        last = os.pread(fd, 1, size - 1) if size else b"\n"
+    except OSError:  # not readable: nothing to go on, append as before
+        return b""
+    return b"" if last == b"\n" else b"\n"
+
+
 def append_jsonl_line(path: Path, record: dict[str, Any]) -> None:
-    """Append one whole JSON line with a single `write` on an `O_APPEND` descriptor."""
+    """Append one whole JSON line with a single `write` on an `O_APPEND` descriptor, on a line
+    of its own even after a torn last line (`line_break_first`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     line = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
     # O_NONBLOCK: a named pipe at `path` fails (no reader) or is refused, never waited on.
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             raise NotRegularFile(
                 errno.EINVAL, f"{file_kind(mode)}, not a regular file; replace it with a file"
             )
-        os.write(fd, line)
+        os.write(fd, line_break_first(fd) + line)
     finally:
         os.close(fd)
 

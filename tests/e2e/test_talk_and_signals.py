@@ -23,7 +23,12 @@ from typing import Any, Protocol
 import pytest
 
 from taskcard.producers.reports import Reports
-from taskcard.producers.task_card.contract import append_jsonl_line, atomic_write, utc_now_iso
+from taskcard.producers.task_card.contract import (
+    CardPaths,
+    append_jsonl_line,
+    atomic_write,
+    utc_now_iso,
+)
 from tests.e2e.harness import ServeProcess, activity, agents_lines, eventually, publish, run_cli
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram
@@ -648,4 +653,39 @@ async def test_a_lone_surrogate_in_a_report_lineage_or_activity_stops_nothing(
                 timeout_s=60,
                 what="the card with its lineage row",
             )
+            assert await chat.serve.aterminate() == 0
+
+
+async def test_a_torn_last_line_does_not_swallow_the_next_report_or_exit(
+    platform: str, tmp_path: Path
+) -> None:
+    """The agent's own tool died halfway through a line of `reports/reports.jsonl` and of
+    `logs/events.jsonl`. `taskcard report` and `taskcard activity` appended right after the
+    torn bytes, so the new line was glued onto them and lost: the report the CLI printed
+    (seq 2) was never announced nor read back by `reports --after 1`, and the exit never
+    happened for the card. Each now starts on a line of its own."""
+    async with chat_for(platform, tmp_path, ["mender"], SIGNALS) as chat:
+        wd = workdir(tmp_path, "mender")
+        publish(wd, "**mending** 1/2")
+        with chat.serve:
+            await eventually(lambda: chat.message_id_with("mending"), timeout_s=60, what="card")
+            first = run_cli("report", "--workdir", str(wd), "--ok", "--summary", "first round")
+            assert first.returncode == 0, first.stderr
+            await wait_said(chat, "first round", "the first report's notice")
+            with (wd / "reports" / "reports.jsonl").open("ab") as handle:
+                handle.write(b'{"seq": 2, "at": "2026-05-01T12:00:00Z", "ok": tr')
+            done = run_cli("report", "--workdir", str(wd), "--failed", "--summary", "second")
+            assert done.returncode == 0, done.stderr
+            assert json.loads(done.stdout)["seq"] == 2
+            text = await wait_said(chat, "mender reported (#2)", "the second report's notice")
+            assert "failed" in text and "second" in text
+            read = run_cli("reports", "--workdir", str(wd), "--after", "1")
+            assert read.returncode == 0, read.stderr
+            assert json.loads(read.stdout)["report"]["summary"] == "second"
+            activity(wd, "agent.start")
+            with CardPaths(wd).events.open("ab") as handle:
+                handle.write(b'{"ts": "2026-05-01T12:00:00Z", "kind": "te')
+            done = run_cli("activity", "--workdir", str(wd), "agent.exit", "code=1")
+            assert done.returncode == 0, done.stderr
+            await wait_said(chat, "mender exited without a report", "the exit notice")
             assert await chat.serve.aterminate() == 0

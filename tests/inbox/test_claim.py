@@ -233,3 +233,15 @@ def test_a_message_with_a_lone_surrogate_is_left_alone_and_the_rest_delivered(
         assert b"> run the linter" in done.stdout
         assert b"m1.json: holds a lone surrogate escape" in done.stderr
     assert names(workdir, "queued") == ["m1.json"] and names(workdir, "taken") == ["m2.json"]
+
+
+def test_an_ack_after_a_torn_acks_line_stays_readable(workdir: Path) -> None:
+    """A writer died halfway through a line of `inbox/acks.jsonl`: the next claim's ack was
+    appended onto the torn bytes, so the service never saw the message delivered (the chat
+    said unconfirmed). The ack now starts on a line of its own."""
+    queue(workdir, "m1", "stop now")
+    (workdir / "inbox" / "acks.jsonl").write_bytes(b'{"id": "m0", "state": "deliv')
+    done = run_taskcard("inbox", "--workdir", str(workdir))
+    assert done.returncode == 0, done.stderr
+    lines = (workdir / "inbox" / "acks.jsonl").read_bytes().splitlines()
+    assert json.loads(lines[-1])["id"] == "m1"
