@@ -181,6 +181,11 @@ class ActivityTracker:
             self._waiting_since = None
             return Movement(kind, at)
         if kind == "tool.start":
+            if self._turn_ended_at is not None and at > self._turn_ended_at:
+                # Output after the declared end: a new turn began, though no `turn.start`
+                # said so (a tool is only called inside a turn). Not idle, not the old error.
+                self._turn_started_at, self._turn_ended_at = at, None
+                self._turn_error = None
             name = _text(fields.get("name"))
             call_id = fields.get("call_id")
             if isinstance(call_id, str):

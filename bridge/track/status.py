@@ -9,7 +9,8 @@ The states, as people read them (the reports-and-signals table mapped to agents)
 |             | but `input`) and no `wait.end` yet                                        |
 | no output   | `agent.start` and not one event after it for `start_silence_s`: a warning |
 |             | only; the first event clears it                                           |
-| running     | a turn is open and the log moved within `no_output_after_s`               |
+| running     | a turn is open and the log moved within `no_output_after_s`; a            |
+|             | `tool.start` after the latest `turn.end` opens a turn (a new one began)   |
 | idle        | the turn was declared finished (`turn.end`), or the agent waits for input |
 | at prompt   | it started and spoke, but never had a turn (a shell): never idle          |
 | unknown     | nothing tells work from silence: no events, an open turn silent beyond    |

@@ -689,3 +689,37 @@ async def test_a_torn_last_line_does_not_swallow_the_next_report_or_exit(
             assert done.returncode == 0, done.stderr
             await wait_said(chat, "mender exited without a report", "the exit notice")
             assert await chat.serve.aterminate() == 0
+
+
+async def test_a_tool_started_after_the_turn_ended_reads_running(
+    platform: str, tmp_path: Path
+) -> None:
+    """Output after the declared end of a turn means a new turn began (the reports-and-signals
+    state table), also when no `turn.start` was written: a host that reports only turn ends,
+    a tool the agent's own scripts log. The card kept saying idle while the tool ran, the
+    one answer that invites a dispatch onto a busy agent."""
+    async with chat_for(platform, tmp_path, ["runner"]) as chat:
+        wd = workdir(tmp_path, "runner")
+        activity(wd, "agent.start")
+        activity(wd, "turn.start")
+        activity(wd, "turn.end")
+        publish(wd, "**running** the matrix")
+        with chat.serve:
+            await eventually(
+                lambda: any("the matrix" in t and "💤 idle" in t for t in chat.bot_texts()),
+                timeout_s=60,
+                what="the idle card",
+            )
+            done = run_cli(
+                "activity", "--workdir", str(wd), "tool.start", "call_id=c9", "name=pytest"
+            )
+            assert done.returncode == 0, done.stderr
+            await eventually(
+                lambda: any("the matrix" in t and "▶ running" in t for t in chat.bot_texts()),
+                timeout_s=60,
+                what="the card running again",
+            )
+            await chat.say("/taskcard")
+            answer = await wait_said(chat, "Task cards here", "/taskcard answer")
+            assert "runner: running" in answer, answer
+            assert await chat.serve.aterminate() == 0
