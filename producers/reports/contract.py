@@ -54,6 +54,14 @@ MESSAGE_ID: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_TEXT_CHARS: Final = 4000  # a field longer than this is cut when read for people
 MAX_SEQ: Final = MAX_COUNT  # the largest seq a report may carry
 Verdict = Literal["approved", "rejected"]
+# Every word a verdict may be given as, and the one stored and shown: the reports-and-signals
+# spec names them aprovado and reprovado, so an agent following it is understood too.
+VERDICT_WORDS: Final[dict[str, Verdict]] = {
+    "approved": "approved",
+    "rejected": "rejected",
+    "aprovado": "approved",
+    "reprovado": "rejected",
+}
 MessageKind = Literal["message", "wake"]
 ACK_VIAS: Final = frozenset(
     {
@@ -139,7 +147,7 @@ def parse_report(line: bytes) -> Report | None:
         seq=seq,
         at=at,
         ok=ok,
-        verdict=verdict if verdict in ("approved", "rejected") else None,
+        verdict=VERDICT_WORDS.get(verdict) if isinstance(verdict, str) else None,
         role=_short_text(data.get("role")),
         channel=_short_text(data.get("channel")),
         summary=_short_text(data.get("summary")),

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final
 
-from taskcard.producers.reports.contract import MAX_SEQ, report_seq
+from taskcard.producers.reports.contract import MAX_SEQ, VERDICT_WORDS, report_seq
 from taskcard.producers.task_card.contract import (
     NotRegularFile,
     atomic_write,
@@ -47,7 +47,7 @@ PAYLOADS_DIR: Final = "payloads"
 LOCK_FILE: Final = ".lock"
 COUNTER_FILE: Final = ".seq"
 CHANNELS: Final = ("cli", "mcp", "python", "hook")
-VERDICTS: Final = ("approved", "rejected")
+VERDICTS: Final = tuple(VERDICT_WORDS)  # approved, rejected and the spec's own words
 MAX_PAYLOAD_BYTES: Final = 64 * 1024
 MAX_SUMMARY_CHARS: Final = 2000
 TAIL_BYTES: Final = 256 * 1024
@@ -92,7 +92,8 @@ def check_report(
         raise ReportError("ok: must be true (succeeded) or false (a declared failure)")
     if verdict is not None and verdict not in VERDICTS:
         raise ReportError(
-            f"verdict: must be {' or '.join(VERDICTS)}, or left out when not a review"
+            "verdict: must be approved or rejected (aprovado or reprovado), or left out when"
+            " not a review"
         )
     if role is not None and not (isinstance(role, str) and ROLE.fullmatch(role)):
         raise ReportError("role: 1-64 letters, digits, spaces, '_', '.' or '-', e.g. reviewer")
@@ -170,7 +171,7 @@ class Reports:
                 "seq": seq,
                 "at": self._clock(),
                 "ok": ok,
-                "verdict": verdict,
+                "verdict": None if verdict is None else VERDICT_WORDS[verdict],
                 "role": role,
                 "channel": self._channel,
                 "summary": summary,

@@ -723,3 +723,36 @@ async def test_a_tool_started_after_the_turn_ended_reads_running(
             answer = await wait_said(chat, "Task cards here", "/taskcard answer")
             assert "runner: running" in answer, answer
             assert await chat.serve.aterminate() == 0
+
+
+async def test_the_verdict_in_the_specs_own_words_reaches_the_chat(
+    platform: str, tmp_path: Path
+) -> None:
+    """The reports-and-signals spec names a review's verdict aprovado or reprovado. The CLI
+    refused `--verdict reprovado` (exit 2) and a hand-written line with `"aprovado"` reached
+    the chat with no verdict at all, as if it were no review."""
+    async with chat_for(platform, tmp_path, ["judge"]) as chat:
+        wd = workdir(tmp_path, "judge")
+        publish(wd, "**reviewing** 1/2")
+        with chat.serve:
+            await eventually(lambda: chat.message_id_with("reviewing"), timeout_s=60, what="card")
+            report(wd, 1, ok=True, verdict="aprovado", role="reviewer", summary="by hand")
+            text = await wait_said(chat, "judge reported (#1)", "the hand-written report")
+            assert "ok, verdict approved, as reviewer" in text, text
+            done = run_cli(
+                "report",
+                "--workdir",
+                str(wd),
+                "--failed",
+                "--verdict",
+                "reprovado",
+                "--role",
+                "reviewer",
+                "--summary",
+                "by the cli",
+            )
+            assert done.returncode == 0, done.stderr
+            assert json.loads(done.stdout)["verdict"] == "rejected"
+            text = await wait_said(chat, "judge reported (#2)", "the CLI's report")
+            assert "failed, verdict rejected, as reviewer" in text, text
+            assert await chat.serve.aterminate() == 0

@@ -95,7 +95,7 @@ def test_the_channel_is_stamped_never_taken_from_the_caller(workdir: Path) -> No
     with pytest.raises(ReportError, match=r"^channel: stamped"):
         Reports(workdir).add(ok=True, channel="cli")
     with pytest.raises(ReportError, match=r"^verdict"):
-        Reports(workdir).add(ok=True, verdict="aprovado")
+        Reports(workdir).add(ok=True, verdict="approve")
 
 
 def test_a_payload_goes_to_a_side_file_and_is_bounded(workdir: Path, tmp_path: Path) -> None:
