@@ -18,10 +18,10 @@ reported as an inconsistency, never resolved by guessing.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Final, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
 EventType = Literal[
     "STARTED",
@@ -89,6 +89,20 @@ MAX_NOTE_CHARS: Final = 500
 MAX_SECONDS: Final = 10 * 365 * 24 * 3600.0  # the largest threshold or wait: ten years
 MAX_COUNT: Final = 1000  # the most nudges or retries a task may allow
 
+
+def _in_utc(moment: datetime) -> datetime:
+    """A time without an offset is UTC, as in every other file of the contracts; one with an
+    offset is converted. Naive and aware times cannot be compared, so one naive time written
+    by other tooling made every command on the task fail with a traceback."""
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=UTC)
+    try:
+        return moment.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("out of range once converted to UTC") from None
+
+
+Moment = Annotated[datetime, AfterValidator(_in_utc)]
 Ident = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")]
 Note = Annotated[str, StringConstraints(max_length=MAX_NOTE_CHARS)]
 
@@ -116,13 +130,13 @@ class Limits(_Model):
 class TaskInfo(_Model):
     task_id: Ident
     purpose: Note
-    created_at: datetime
+    created_at: Moment
     limits: Limits = Field(default_factory=Limits)
 
 
 class Observation(_Model):
     seq: int = Field(ge=1)
-    at: datetime
+    at: Moment
     event_type: EventType
     source: Source
     step: Ident | None = None
@@ -131,28 +145,28 @@ class Observation(_Model):
 
 class StepTruth(_Model):
     step_id: Ident
-    progress_at: datetime | None = None
+    progress_at: Moment | None = None
     progress_note: Note | None = None
-    completed_at: datetime | None = None
-    failed_at: datetime | None = None
+    completed_at: Moment | None = None
+    failed_at: Moment | None = None
 
 
 class CompletionTruth(_Model):
-    completed_at: datetime
+    completed_at: Moment
     source: Source
     summary: Note
     artifacts: list[Note] = Field(default_factory=list, max_length=50)
 
 
 class BlockTruth(_Model):
-    blocked_at: datetime
+    blocked_at: Moment
     kind: FailureKind
     reason: Note
     source: Source
     step: Ident | None = None
     safe_next_step: Note | None = None
     failed: bool = False  # the step failed for good (no retry can help)
-    resolved_at: datetime | None = None
+    resolved_at: Moment | None = None
     resolved_by: EventType | None = None
 
     @property
@@ -162,9 +176,9 @@ class BlockTruth(_Model):
 
 class OwnerTruth(_Model):
     reply: OwnerReply | None = None
-    reply_at: datetime | None = None
+    reply_at: Moment | None = None
     note: Note | None = None
-    resumed_at: datetime | None = None
+    resumed_at: Moment | None = None
 
 
 class ExternalJob(_Model):
@@ -172,14 +186,14 @@ class ExternalJob(_Model):
     provider: Note
     status: JobStatus
     evidence: Note | None = None  # the provider's own id, URL or status line
-    observed_at: datetime
-    status_changed_at: datetime
+    observed_at: Moment
+    status_changed_at: Moment
     max_wait_sec: float = Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)
 
 
 class Download(_Model):
     name: Ident
-    observed_at: datetime
+    observed_at: Moment
     observed_bytes: int = Field(ge=0)
     expected_bytes: int | None = Field(default=None, ge=0)
     complete: bool = False
@@ -187,11 +201,11 @@ class Download(_Model):
 
 
 class ExecutorHealth(_Model):
-    last_success_at: datetime | None = None
+    last_success_at: Moment | None = None
 
 
 class Observed(_Model):
-    started_at: datetime | None = None
+    started_at: Moment | None = None
     steps: list[StepTruth] = Field(default_factory=list)
     task_completion: CompletionTruth | None = None
     block: BlockTruth | None = None
@@ -199,7 +213,7 @@ class Observed(_Model):
     external_jobs: list[ExternalJob] = Field(default_factory=list)
     downloads: list[Download] = Field(default_factory=list)
     executor_health: ExecutorHealth = Field(default_factory=ExecutorHealth)
-    last_delta_at: datetime | None = None
+    last_delta_at: Moment | None = None
     last_delta_source: EventType | None = None
 
 
@@ -226,14 +240,14 @@ class Supervision(_Model):
     """The monitor's bookkeeping: what it already asked for, so it asks once per episode."""
 
     last_action: str | None = None
-    last_action_at: datetime | None = None
+    last_action_at: Moment | None = None
     last_action_key: str | None = None
     nudges_sent: int = 0
-    nudged_for: datetime | None = None  # the progress delta the nudges counted against
+    nudged_for: Moment | None = None  # the progress delta the nudges counted against
     retries_requested: int = 0
     retried_block: str | None = None  # "<step>:<kind>" of the block the retries belong to
-    last_retry_at: datetime | None = None
-    stopped_at: datetime | None = None
+    last_retry_at: Moment | None = None
+    stopped_at: Moment | None = None
 
 
 class TaskRecord(_Model):

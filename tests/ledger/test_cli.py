@@ -209,3 +209,39 @@ def test_init_help_shows_the_numbers_an_unset_limit_stands_for(workdir: Path) ->
         option = "--" + name.replace("_", "-")
         after = text.split(f"{option} {name.upper()} ", 1)[1]
         assert after.split(")", 1)[0].endswith(f"(default: {value:g}"), (option, after[:120])
+
+
+def test_a_hand_written_ledger_with_times_without_an_offset_is_read_as_utc(
+    workdir: Path,
+) -> None:
+    """Other tooling writing the ledger wrote `2026-05-01T12:00:00` (no `Z`, no offset), as
+    the other contract files allow. `supervise`, `render` (the card's renderer) and every
+    checkpoint on the task died with a traceback: naive and aware times cannot be compared.
+    A time without an offset is UTC; one whose offset leaves the calendar is refused."""
+    (workdir / "ledger").mkdir()
+    path = workdir / "ledger" / "long-task-ledger.json"
+    task = {
+        "task": {"task_id": "dl", "purpose": "fetch", "created_at": "2026-05-01T12:00:00"},
+        "observed": {
+            "started_at": "2026-05-01T12:00:01",
+            "last_delta_at": "2026-05-01T12:01:00",
+            "steps": [{"step_id": "get", "progress_at": "2026-05-01T12:01:00"}, {"step_id": "b"}],
+        },
+    }
+    path.write_text(json.dumps({"version": 1, "tasks": {"dl": task}}))
+    assert ok(workdir, "supervise")["action"] == "STALE_PROGRESS"
+    rendered = taskcard(workdir, "render")
+    assert rendered.returncode == 0, rendered.stderr
+    assert "step: 1 of 2" in rendered.stdout
+    assert (
+        ok(workdir, "checkpoint", "dl", "--event-type", "STEP_COMPLETED", "--step", "get")[
+            "current_step"
+        ]
+        == "b"
+    )
+    assert ok(workdir, "show", "dl")["task"]["created_at"] == "2026-05-01T12:00:00Z"  # type: ignore[index]
+    task["task"]["created_at"] = "0001-01-01T00:00:00+01:00"  # type: ignore[index]
+    path.write_text(json.dumps({"version": 1, "tasks": {"dl": task}}))
+    done = taskcard(workdir, "show")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "tasks.dl.task.created_at" in done.stderr
