@@ -392,6 +392,27 @@ def _next_gate(observed: Observed, derived: Derived) -> str:
     return "task completion"
 
 
+def moved_at(observed: Observed) -> datetime | None:
+    """When the task last moved: `last_delta_at`, which the ledger's own writers keep. A ledger
+    written by other tooling may fill in only the truths; then it is the latest moment one of
+    them records movement (step progress or completion, completion, a job's status, a
+    download, a heartbeat, a resume, the start), so its truth counts and its monitor does not
+    measure idleness from the task's creation."""
+    if observed.last_delta_at is not None:
+        return observed.last_delta_at
+    moments = [
+        observed.started_at,
+        observed.executor_health.last_success_at,
+        observed.owner.resumed_at,
+        observed.task_completion.completed_at if observed.task_completion else None,
+    ]
+    for step in observed.steps:
+        moments += [step.progress_at, step.completed_at]
+    moments += [job.status_changed_at for job in observed.external_jobs]
+    moments += [download.observed_at for download in observed.downloads]
+    return max((moment for moment in moments if moment is not None), default=None)
+
+
 def derive(observed: Observed) -> Derived:
     """The derived state of a task: a pure function of its observed truth and nothing else."""
     states = {step.step_id: step_state(step, observed.block) for step in observed.steps}
@@ -400,7 +421,7 @@ def derive(observed: Observed) -> Derived:
     current_index = next(
         (i for i, step in enumerate(observed.steps) if states[step.step_id] != "DONE"), None
     )
-    has_truth = observed.last_delta_at is not None or observed.task_completion is not None
+    has_truth = moved_at(observed) is not None
     block = observed.block if observed.block is not None and observed.block.active else None
     failed = any(state == "FAILED" for state in states.values())
     workflow: Workflow

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final, Literal
 
-from taskcard.producers.ledger.model import RETRYABLE_KINDS, TaskRecord, derive
+from taskcard.producers.ledger.model import RETRYABLE_KINDS, TaskRecord, derive, moved_at
 
 Action = Literal[
     "STOP_AND_DELETE",
@@ -68,6 +68,7 @@ def decide(record: TaskRecord, now: datetime) -> Decision:
     observed = record.observed
     sup = record.supervision
     derived = derive(observed)
+    last_moved = moved_at(observed)
 
     def make(action: Action, reason: str, episode: str) -> Decision:
         return Decision(task_id, action, reason, f"ledger.{action.lower()}:{task_id}:{episode}")
@@ -79,7 +80,7 @@ def decide(record: TaskRecord, now: datetime) -> Decision:
     # 2. inconsistent truth, suspicious external claims, an owner without an answer
     if derived.inconsistencies:
         codes = ",".join(sorted({i.code for i in derived.inconsistencies}))
-        return make("TRUTH_INCONSISTENT", codes, f"{codes}:{_iso(observed.last_delta_at)}")
+        return make("TRUTH_INCONSISTENT", codes, f"{codes}:{_iso(last_moved)}")
     for job in observed.external_jobs:
         if job.job_id in derived.pending_external and now - job.status_changed_at > timedelta(
             seconds=job.max_wait_sec
@@ -89,7 +90,7 @@ def decide(record: TaskRecord, now: datetime) -> Decision:
             )
     owner = observed.owner
     fresh_reply = owner.reply_at is not None and (
-        observed.last_delta_at is None or owner.reply_at >= observed.last_delta_at
+        last_moved is None or owner.reply_at >= last_moved
     )
     if fresh_reply and owner.reply == "D":
         return make("OWNER_RECONCILE", "find_external_evidence", _iso(owner.reply_at))
@@ -112,7 +113,7 @@ def decide(record: TaskRecord, now: datetime) -> Decision:
         return make("BLOCKED_ESCALATE", block.kind, _iso(block.blocked_at))
 
     # 4. no material progress delta
-    baseline = observed.last_delta_at or record.task.created_at
+    baseline = last_moved or record.task.created_at
     idle_s = _seconds(baseline, now)
     if fresh_reply and owner.reply == "E":
         return make("NUDGE_MAIN_AGENT", "resume_now", f"reply:{_iso(owner.reply_at)}")
@@ -135,7 +136,7 @@ def decide(record: TaskRecord, now: datetime) -> Decision:
         limits.heartbeat_every_sec > 0
         and idle_s >= limits.heartbeat_every_sec
         and not waiting_external
-        and observed.last_delta_at is not None
+        and last_moved is not None
     ):
         return make("HEARTBEAT_DUE", "no_heartbeat", _iso(baseline))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Final
 
-from taskcard.producers.ledger.model import TaskRecord, derive
+from taskcard.producers.ledger.model import TaskRecord, derive, moved_at
 
 UNKNOWN: Final = "unknown"
 RENDERER_FILE: Final = "ledger_renderer.py"
@@ -44,9 +44,10 @@ def render_markdown(record: TaskRecord, now: datetime) -> str:
     purpose = " ".join(record.task.purpose.split()) or UNKNOWN
     lines = [f"**{purpose}**", f"task `{record.task.task_id}`"]
     lines.append(f"started: {_ago(observed.started_at, now)}")
-    if observed.last_delta_at is not None:
+    last_moved = moved_at(observed)
+    if last_moved is not None:
         source = (observed.last_delta_source or UNKNOWN).replace("_", " ").lower()
-        lines.append(f"last movement: {_ago(observed.last_delta_at, now)} ({source})")
+        lines.append(f"last movement: {_ago(last_moved, now)} ({source})")
     else:
         lines.append(f"last movement: {UNKNOWN}")
     if derived.step_count == 0:

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from datetime import datetime
 
-from taskcard.producers.ledger.model import TaskRecord, derive
+from taskcard.producers.ledger.model import TaskRecord, derive, moved_at
 from taskcard.producers.ledger.monitor import AGENT_ACTIONS, Decision, decide
 from taskcard.producers.ledger.notifications import LedgerNotificationPort
 from taskcard.producers.ledger.store import Ledger
@@ -27,7 +27,7 @@ def _record_delivery(record: TaskRecord, decision: Decision, now: datetime) -> N
     sup = record.supervision
     sup.last_action, sup.last_action_at, sup.last_action_key = decision.action, now, decision.key
     if decision.action == "NUDGE_MAIN_AGENT" and decision.reason == "no_progress":
-        baseline = record.observed.last_delta_at or record.task.created_at
+        baseline = moved_at(record.observed) or record.task.created_at
         sup.nudges_sent = sup.nudges_sent + 1 if sup.nudged_for == baseline else 1
         sup.nudged_for = baseline
     if decision.action == "OWNER_RECONCILE" and decision.reason == "retry":
@@ -75,9 +75,11 @@ def supervise(
             record = ledger.require(document, ident)
             decision = decide(record, at)
             decisions.append(decision)
+            # Every reader recomputes `derived`; the file is brought in line too, so the chat's
+            # ledger row (which reads the file's) never shows a state written by hand.
+            record.derived = derive(record.observed)
             if _already_delivered(record, decision):
                 continue
-            record.derived = derive(record.observed)
             if decision.action in AGENT_ACTIONS:
                 port.wake(decision, record)
             elif decision.action == "BLOCKED_ESCALATE":

@@ -4,7 +4,9 @@ ledger's state and next gate in its automatic slot."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from tests.e2e.harness import (
     telegram_config,
 )
 from tests.e2e.test_serve_feishu import Setup, card_texts
+from tests.e2e.test_talk_and_signals import chat_for, wait_said, workdir
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram
 
@@ -169,3 +172,41 @@ async def test_agents_sharing_a_workdir_both_see_a_ledger_change_in_feishu(
         )
         assert len(card_texts(feishu)) == 2  # the two residents, patched in place
         assert await serve.aterminate() == 0
+
+
+@pytest.mark.parametrize("platform", ["telegram", "feishu"])
+async def test_a_ledger_written_by_other_tooling_counts_its_truth(
+    platform: str, tmp_path: Path
+) -> None:
+    """An agent's own tooling wrote the ledger: the task and its observed truth (a step in
+    progress a moment ago), no `last_delta_at` (the ledger commands' bookkeeping) and a
+    `derived` claiming completion. The monitor counted nothing observed (NO_TRUTH, next gate
+    unknown) and measured idleness from the task's creation, waking the agent about progress
+    it had just made, and the chat's row kept the hand-written COMPLETED until some command
+    wrote the task again. Supervision now takes the truths' own times and writes the
+    projection back, so the row follows the truth."""
+    async with chat_for(platform, tmp_path, ["fetcher"]) as chat:
+        wd = workdir(tmp_path, "fetcher")
+        now = datetime.now(UTC).isoformat()
+        task = {
+            "task": {"task_id": "dl", "purpose": "fetch", "created_at": "2026-01-01T00:00:00Z"},
+            "observed": {"steps": [{"step_id": "get", "progress_at": now}, {"step_id": "check"}]},
+            "derived": {"workflow": "COMPLETED", "next_gate": "none: completed"},
+        }
+        (wd / "ledger").mkdir(parents=True)
+        (wd / "ledger" / "long-task-ledger.json").write_text(
+            json.dumps({"version": 1, "tasks": {"dl": task}})
+        )
+        publish(wd, "**fetching** card")
+        with chat.serve:
+            await wait_said(chat, "ledger dl: COMPLETED", "the hand-written row")
+            done = run_cli("ledger", "supervise", "--apply-supervision", "--workdir", str(wd))
+            assert done.returncode == 0, done.stderr
+            assert json.loads(done.stdout)["action"] == "OK"
+            await wait_said(
+                chat,
+                "ledger dl: RUNNING · 0/2 steps done · next: complete step get",
+                "the row from the truth",
+            )
+            assert not (wd / ".notification" / "system.jsonl").exists()
+            assert await chat.serve.aterminate() == 0
