@@ -1,8 +1,9 @@
 """The monitor: exactly one control action per task, chosen by a fixed precedence.
 
 1. terminal (completion truth, consistent) → STOP_AND_DELETE;
-2. contradictory truth → TRUTH_INCONSISTENT; a suspicious external claim (a pending job past
-   its time limit) or an owner who could not answer (reply D) → OWNER_RECONCILE;
+2. contradictory truth (or a last movement dated ahead of the clock) → TRUTH_INCONSISTENT;
+   a suspicious external claim (a pending job past its time limit) or an owner who could not
+   answer (reply D) → OWNER_RECONCILE;
 3. a confirmed block → a retry first for the transient kinds (OWNER_RECONCILE, reason
    `retry`) while the retry budget lasts, then BLOCKED_ESCALATE;
 4. no material progress delta → NUDGE_MAIN_AGENT, STALE_PROGRESS or HEARTBEAT_DUE;
@@ -37,6 +38,9 @@ Action = Literal[
     "AWAITING_TRUTH",
     "OK",
 ]
+# How far ahead of this machine's clock a recorded movement may be (clocks of the machines
+# writing one ledger differ a little) before it is taken as contradictory truth.
+FUTURE_SKEW_S: Final = 300.0
 # Who hears about an action: the agent (a wake), people (a notice), or nobody.
 AGENT_ACTIONS: Final = frozenset(
     {"TRUTH_INCONSISTENT", "OWNER_RECONCILE", "NUDGE_MAIN_AGENT", "STALE_PROGRESS", "HEARTBEAT_DUE"}
@@ -81,6 +85,9 @@ def decide(record: TaskRecord, now: datetime) -> Decision:
     if derived.inconsistencies:
         codes = ",".join(sorted({i.code for i in derived.inconsistencies}))
         return make("TRUTH_INCONSISTENT", codes, f"{codes}:{_iso(last_moved)}")
+    if last_moved is not None and (last_moved - now).total_seconds() > FUTURE_SKEW_S:
+        # Dated ahead of the clock, it would count as movement until that date: never idle.
+        return make("TRUTH_INCONSISTENT", "movement_in_future", _iso(last_moved))
     for job in observed.external_jobs:
         if job.job_id in derived.pending_external and now - job.status_changed_at > timedelta(
             seconds=job.max_wait_sec

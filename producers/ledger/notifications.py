@@ -23,7 +23,7 @@ from taskcard.producers.ledger.contract import (
     SOURCE_RECONCILE,
     SOURCE_STALE,
 )
-from taskcard.producers.ledger.model import OWNER_REPLIES, TaskRecord
+from taskcard.producers.ledger.model import OWNER_REPLIES, TaskRecord, moved_at
 from taskcard.producers.ledger.monitor import Decision
 from taskcard.producers.task_card.notifications import FileNotificationPort
 
@@ -55,6 +55,13 @@ def _wake_body(decision: Decision, record: TaskRecord) -> str:
         )
     if decision.action == "HEARTBEAT_DUE":
         return f"Task {task} expects a heartbeat: run `taskcard ledger heartbeat {task}`."
+    if decision.action == "TRUTH_INCONSISTENT" and decision.reason == "movement_in_future":
+        moved = moved_at(record.observed)
+        return (
+            f"The ledger of task {task} dates its last movement"
+            f" {moved.isoformat() if moved else 'unknown'}, ahead of this machine's clock, so"
+            " it could never look idle. " + _OWNER_ASK
+        )
     if decision.action == "TRUTH_INCONSISTENT":
         details = "; ".join(i.detail for i in record.derived.inconsistencies) or decision.reason
         return f"The ledger of task {task} contradicts itself ({details}). " + _OWNER_ASK

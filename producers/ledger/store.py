@@ -254,11 +254,7 @@ class Ledger:
                 del record.observations[:overflow]
                 record.observations_dropped += overflow
             observed = record.observed
-            if (
-                delta
-                and moved
-                and (observed.last_delta_at is None or now >= observed.last_delta_at)
-            ):
+            if delta and moved:  # also over a stamp ahead of this clock: this one is newer
                 observed.last_delta_at = now
                 observed.last_delta_source = event_type
             record.derived = derive(observed)

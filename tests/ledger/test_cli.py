@@ -245,3 +245,25 @@ def test_a_hand_written_ledger_with_times_without_an_offset_is_read_as_utc(
     done = taskcard(workdir, "show")
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert "tasks.dl.task.created_at" in done.stderr
+
+
+def test_a_movement_dated_ahead_of_the_clock_is_contradictory_not_progress(
+    workdir: Path,
+) -> None:
+    """A ledger shared by machines whose clocks differ, or edited by hand, dated the last
+    movement in 2099: the monitor answered OK (progressing) until then, and new checkpoints
+    could not replace the stamp (it only moved forward), so a task that stopped was never
+    nudged. It is now contradictory truth, and the next recorded movement replaces it."""
+    ok(workdir, "init", "t", "--purpose", "p", "--steps", "a", "--no-renderer")
+    ok(workdir, "checkpoint", "t", "--event-type", "STEP_PROGRESS", "--step", "a")
+    path = workdir / "ledger" / "long-task-ledger.json"
+    document = json.loads(path.read_text())
+    document["tasks"]["t"]["observed"]["last_delta_at"] = "2099-01-01T00:00:00Z"
+    path.write_text(json.dumps(document))
+    decision = ok(workdir, "supervise", "--apply-supervision")
+    assert (decision["action"], decision["reason"]) == ("TRUTH_INCONSISTENT", "movement_in_future")
+    [wake] = [n for n in notifications(workdir) if n["source"] == "ledger.inconsistent"]
+    assert "2099-01-01" in wake["body"] and "ahead of this machine's clock" in wake["body"]
+    ok(workdir, "heartbeat", "t")
+    assert ok(workdir, "supervise")["action"] == "OK"
+    assert not ok(workdir, "show", "t")["observed"]["last_delta_at"].startswith("2099")  # type: ignore[index]
