@@ -421,7 +421,8 @@ def derive(observed: Observed) -> Derived:
     current_index = next(
         (i for i, step in enumerate(observed.steps) if states[step.step_id] != "DONE"), None
     )
-    has_truth = moved_at(observed) is not None
+    # Truth is anything observed: movement, or a confirmed block (not movement, but seen).
+    has_truth = moved_at(observed) is not None or observed.block is not None
     block = observed.block if observed.block is not None and observed.block.active else None
     failed = any(state == "FAILED" for state in states.values())
     workflow: Workflow

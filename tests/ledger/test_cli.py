@@ -267,3 +267,21 @@ def test_a_movement_dated_ahead_of_the_clock_is_contradictory_not_progress(
     ok(workdir, "heartbeat", "t")
     assert ok(workdir, "supervise")["action"] == "OK"
     assert not ok(workdir, "show", "t")["observed"]["last_delta_at"].startswith("2099")  # type: ignore[index]
+
+
+def test_a_confirmed_block_is_observed_truth(workdir: Path) -> None:
+    """A block recorded before any progress: the card listed the block and yet said
+    `state: unknown · truth: no truth` and `next gate: unknown` (the chat's row
+    `BLOCKED · next: unknown`), as if nothing had been observed."""
+    ok(workdir, "init", "t", "--purpose", "p", "--steps", "a,b", "--no-renderer")
+    shown = ok(
+        workdir, "block", "t", "--kind", "MISSING_ACCESS", "--reason", "no key", "--step", "a"
+    )
+    assert (shown["truth_state"], shown["next_gate"]) == (
+        "OBSERVED",
+        "decision on block MISSING_ACCESS",
+    )
+    rendered = taskcard(workdir, "render")
+    assert rendered.returncode == 0, rendered.stderr
+    assert "state: BLOCKED · truth: observed" in rendered.stdout
+    assert ok(workdir, "supervise")["action"] == "BLOCKED_ESCALATE"
