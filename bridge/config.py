@@ -42,6 +42,7 @@ from pydantic import (
 )
 
 from taskcard.bridge.cluster.config import ClusterConfig
+from taskcard.bridge.compose.redact import redact_tokens
 from taskcard.bridge.observe.config import MetricsConfig
 from taskcard.channels.base import TIMEZONE_HELP, TimeZoneName
 from taskcard.channels.feishu.config import FeishuConfig
@@ -56,10 +57,15 @@ EXAMPLE_PATH = Path(__file__).resolve().parent.parent / "config" / "taskcard.exa
 
 
 class ConfigError(Exception):
-    """The config file cannot be used. `messages` holds one line per problem."""
+    """The config file cannot be used. `messages` holds one line per problem.
+
+    A problem may quote what the file holds (`log_level: ... (got '...')`); a secret pasted
+    under the wrong key must not reach the terminal or the log, so every line is cleared of
+    the secret shapes first.
+    """
 
     def __init__(self, messages: Sequence[str]) -> None:
-        self.messages = list(messages)
+        self.messages = [redact_tokens(message) for message in messages]
         super().__init__("\n".join(self.messages))
 
 
@@ -437,6 +443,11 @@ def url_problem(value: str) -> str | None:
         return f"{shown} is not an http(s) URL with a host; use e.g. https://host"
     if parts.username is not None or parts.password is not None:
         return f"{shown} carries credentials; put secrets in the environment, not the URL"
+    if _URL_BOT_PATH.search(parts.path):
+        return (
+            f"{shown} carries a bot token in its path; give only the API root (e.g."
+            " https://api.telegram.org) and put the token in the environment"
+        )
     if parts.query or parts.fragment or any(c.isspace() for c in value):
         return f"{shown} has a query, fragment or spaces; give only scheme, host and path"
     if parts.scheme == "http" and not _is_loopback(parts.hostname):

@@ -97,13 +97,19 @@ def _hide_value(match: re.Match[str]) -> str:
     return f"{key}{separator}{MARKER}"
 
 
-def redact_every_shape(text: str) -> str:
-    """`redact` without the literal pre-checks: every pattern runs over the text."""
+def redact_tokens(text: str) -> str:
+    """`text` with the secret shapes that need no key word hidden (tokens, keys, URL
+    credentials, bearer values), but not `key: value` assignments: for the service's own
+    messages, which name keys such as `telegram.token` themselves."""
     for pattern in _PATTERNS:
         text = pattern.sub(MARKER, text)
     text = _URL_CREDENTIALS.sub(rf"\1:{MARKER}@", text)
-    text = _BEARER.sub(rf"\1 {MARKER}", text)
-    return _ASSIGNMENT.sub(_hide_value, text)
+    return _BEARER.sub(rf"\1 {MARKER}", text)
+
+
+def redact_every_shape(text: str) -> str:
+    """`redact` without the literal pre-checks: every pattern runs over the text."""
+    return _ASSIGNMENT.sub(_hide_value, redact_tokens(text))
 
 
 # The non-ASCII characters a case-insensitive pattern takes for an ASCII letter (dotted and

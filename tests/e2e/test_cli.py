@@ -389,6 +389,48 @@ def test_a_refused_api_url_is_quoted_without_its_secret(
         assert not any(part in shown for part in ("PASS", "WORD", "PASSWO")), shown
 
 
+BOT_TOKEN_IN_FILE = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw1"
+
+
+def test_a_bot_token_in_the_api_url_path_is_refused_without_quoting_it(tmp_path: Path) -> None:
+    """A Bot API URL copied whole (`.../bot<token>/`) put the token in the file and passed the
+    check; it is refused like credentials in the URL, naming the key, the token masked."""
+    url = f"https://api.telegram.org/bot{BOT_TOKEN_IN_FILE}/"
+    config = console_config(tmp_path, AGENT, extra=f'[telegram]\napi_base_url = "{url}"\n')
+    for args in (("config", "check", str(config)), ("serve", "--config", str(config), "--check")):
+        result = taskcard(*args)
+        assert result.returncode == 2, result.stderr
+        assert "telegram.api_base_url" in result.stderr, result.stderr
+        assert "carries a bot token" in result.stderr, result.stderr
+        assert BOT_TOKEN_IN_FILE.split(":")[1] not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize(
+    ("toml", "key"),
+    [
+        (f'log_level = "{BOT_TOKEN_IN_FILE}"\n', "log_level"),
+        (f'[telegram]\ncommands = "{BOT_TOKEN_IN_FILE}"\n', "telegram.commands"),
+        (
+            f'[telegram]\n[[telegram.routes]]\nchat_id = "{BOT_TOKEN_IN_FILE}"\nagents = ["*"]\n',
+            "telegram.routes[0].chat_id",
+        ),
+        (f'[feishu]\nevents = "sk-proj-{BOT_TOKEN_IN_FILE[10:]}"\n', "feishu.events"),
+    ],
+    ids=["enum", "bool", "chat-id", "feishu-enum"],
+)
+def test_a_secret_pasted_under_the_wrong_key_is_not_quoted_back(
+    tmp_path: Path, toml: str, key: str
+) -> None:
+    """A refused value was quoted as written (`got '123456789:AA...'`): a token pasted under
+    the wrong key reached the terminal and the journal. The error still names the key."""
+    config = console_config(tmp_path, AGENT, extra=toml)
+    for args in (("config", "check", str(config)), ("serve", "--config", str(config), "--check")):
+        result = taskcard(*args)
+        assert result.returncode == 2, result.stderr
+        assert key in result.stderr and "[redacted]" in result.stderr, result.stderr
+        assert BOT_TOKEN_IN_FILE[10:] not in result.stderr + result.stdout
+
+
 @pytest.mark.parametrize(
     ("toml", "expected"),
     [
