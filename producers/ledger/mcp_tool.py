@@ -15,7 +15,10 @@ from pydantic import ValidationError
 from taskcard.producers.ledger.model import (
     EVENT_TYPES,
     FAILURE_KINDS,
+    MAX_NOTE_CHARS,
+    MAX_SECONDS,
     OWNER_REPLIES,
+    Limits,
     TaskRecord,
     derive,
 )
@@ -42,7 +45,48 @@ TOOL_DESCRIPTION: Final = (
     "render) and run the monitor (supervise). Never write a state by hand: observe, record, "
     "and the state is derived."
 )
-_STR: Final = {"type": "string"}
+_LIMITS: Final = {
+    "nudge_after_sec": "seconds without progress before the agent is nudged",
+    "timeout_sec": "seconds without progress before the task counts as stale",
+    "heartbeat_every_sec": "seconds between expected heartbeats (0: none)",
+    "renotify_sec": "seconds before the same action is sent again",
+    "external_max_wait_sec": "longest wait on pending external work",
+    "max_nudges": "nudges",
+    "max_retries": "retries",
+}
+# An id (task, step, job, download) and a text of the ledger, as the store checks them.
+_ID: Final = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 64,
+    "description": "1-64 letters, digits, '_', '.', ':' or '-', starting with a letter or digit",
+}
+_TEXT: Final = {"type": "string", "maxLength": MAX_NOTE_CHARS}
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def _limit_field(name: str, text: str) -> dict[str, Any]:
+    """An init limit with the bounds the `Limits` model enforces, in the portable subset
+    (`minimum`/`maximum` only: a bound that excludes 0 is said in the description)."""
+    field = Limits.model_fields[name]
+    bounds = {
+        key: getattr(meta, key)
+        for meta in field.metadata
+        for key in ("gt", "ge", "le")
+        if getattr(meta, key, None) is not None
+    }
+    kind = "integer" if field.annotation is int else "number"
+    above = "above" if "gt" in bounds else "at least"
+    low, high = bounds.get("gt", bounds.get("ge")), bounds["le"]
+    return {
+        "type": kind,
+        "minimum": low,
+        "maximum": high,
+        "description": f"init: {text}; {above} {_number(low)}, at most {_number(high)}",
+    }
 
 
 def input_schema() -> dict[str, Any]:
@@ -50,27 +94,40 @@ def input_schema() -> dict[str, Any]:
         "type": "object",
         "properties": {
             "command": {"type": "string", "enum": list(COMMANDS)},
-            "task_id": {**_STR, "description": "the task (optional for show/render/supervise)"},
-            "purpose": {**_STR, "description": "init: what the task is for"},
-            "steps": {"type": "array", "items": _STR, "description": "init: planned step ids"},
+            "task_id": {
+                **_ID,
+                "description": f"the task (optional for show/render/supervise): "
+                f"{_ID['description']}",
+            },
+            "purpose": {**_TEXT, "minLength": 1, "description": "init: what the task is for"},
+            "steps": {
+                "type": "array",
+                "items": _ID,
+                "description": "init: planned step ids, each once",
+            },
             "event_type": {"type": "string", "enum": list(EVENT_TYPES)},
-            "step": _STR,
-            "note": {**_STR, "description": "what was observed; TASK_COMPLETED: the evidence"},
+            "step": _ID,
+            "note": {**_TEXT, "description": "what was observed; TASK_COMPLETED: the evidence"},
             "kind": {"type": "string", "enum": list(FAILURE_KINDS)},
-            "reason": _STR,
-            "safe_next_step": _STR,
+            "reason": _TEXT,
+            "safe_next_step": _TEXT,
             "failed": {"type": "boolean"},
-            "job_id": _STR,
+            "job_id": _ID,
             "status": {
                 "type": "string",
                 "enum": ["submitted", "running", "succeeded", "failed", "cancelled"],
             },
-            "provider": _STR,
-            "evidence": {**_STR, "description": "the provider's own id, URL or status line"},
-            "max_wait_sec": {"type": "number"},
-            "name": _STR,
-            "observed_bytes": {"type": "integer"},
-            "expected_bytes": {"type": "integer"},
+            "provider": _TEXT,
+            "evidence": {**_TEXT, "description": "the provider's own id, URL or status line"},
+            "max_wait_sec": {
+                "type": "number",
+                "minimum": 0,
+                "maximum": MAX_SECONDS,
+                "description": f"seconds, above 0, at most {_number(MAX_SECONDS)}",
+            },
+            "name": _ID,
+            "observed_bytes": {"type": "integer", "minimum": 0},
+            "expected_bytes": {"type": "integer", "minimum": 0},
             "complete": {"type": "boolean"},
             "corrupt": {"type": "boolean"},
             "reply": {
@@ -79,25 +136,13 @@ def input_schema() -> dict[str, Any]:
                 "description": "; ".join(f"{k} = {v}" for k, v in OWNER_REPLIES.items()),
             },
             "apply_supervision": {"type": "boolean"},
-            **{
-                name: {"type": "number", "minimum": 0, "description": f"init: {text}"}
-                for name, text in _LIMITS.items()
-            },
-            "max_nudges": {"type": "integer", "minimum": 0, "description": "init: nudges"},
-            "max_retries": {"type": "integer", "minimum": 0, "description": "init: retries"},
+            **{name: _limit_field(name, text) for name, text in _LIMITS.items()},
         },
         "required": ["command"],
     }
 
 
-_LIMITS: Final = {
-    "nudge_after_sec": "seconds without progress before the agent is nudged",
-    "timeout_sec": "seconds without progress before the task counts as stale",
-    "heartbeat_every_sec": "seconds between expected heartbeats (0: none)",
-    "renotify_sec": "seconds before the same action is sent again",
-    "external_max_wait_sec": "longest wait on pending external work",
-}
-_INIT_LIMITS: Final = (*_LIMITS, "max_nudges", "max_retries")
+_INIT_LIMITS: Final = tuple(_LIMITS)
 _JSON_TYPES: Final[dict[str, tuple[type, ...]]] = {
     "string": (str,),
     "boolean": (bool,),

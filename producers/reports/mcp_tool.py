@@ -16,6 +16,7 @@ from taskcard.producers.reports.lineage import (
     AGENT_ID_RULE,
     DEFAULT_MAX_DEPTH,
     MAX_DEPTH_LIMIT,
+    MAX_REASON_CHARS,
     LineageError,
     spawn,
 )
@@ -43,8 +44,14 @@ def report_schema() -> dict[str, Any]:
         "properties": {
             "ok": {"type": "boolean", "description": "true: succeeded; false: a declared failure"},
             "verdict": {"type": "string", "enum": list(VERDICTS), "description": "reviews only"},
-            "role": {**_STR, "description": "your role at this moment, e.g. reviewer"},
-            "summary": {**_STR, "maxLength": MAX_SUMMARY_CHARS},
+            "role": {
+                **_STR,
+                "minLength": 1,
+                "maxLength": 64,
+                "description": "your role at this moment, e.g. reviewer: 1-64 letters, digits,"
+                " spaces, '_', '.' or '-'",
+            },
+            "summary": {**_STR, "minLength": 1, "maxLength": MAX_SUMMARY_CHARS},
             "payload": {**_STR, "description": "details, at most 64 KiB of text"},
         },
         "required": ["ok"],
@@ -56,9 +63,24 @@ def spawn_schema() -> dict[str, Any]:
         "type": "object",
         "properties": {
             "child_workdir": {**_STR, "description": "absolute, or relative to your workdir"},
-            "reason": {**_STR, "description": "why the child is created (required)"},
-            "provider": {**_STR, "description": "e.g. claude-code, codex"},
-            "parent": {**_STR, "description": "your agent id; default: your workdir's name"},
+            "reason": {
+                **_STR,
+                "minLength": 1,
+                "maxLength": MAX_REASON_CHARS,
+                "description": "why the child is created (required)",
+            },
+            "provider": {
+                **_STR,
+                "minLength": 1,
+                "maxLength": 64,
+                "description": "e.g. claude-code, codex: 1-64 letters, digits, spaces or _.:/-",
+            },
+            "parent": {
+                **_STR,
+                "minLength": 1,
+                "maxLength": 64,
+                "description": f"your agent id ({AGENT_ID_RULE}); default: your workdir's name",
+            },
             "max_depth": {"type": "integer", "minimum": 1, "maximum": MAX_DEPTH_LIMIT},
         },
         "required": ["child_workdir", "reason"],
