@@ -207,6 +207,34 @@ _EVENT_FIELDS: Final[dict[str, tuple[str, ...]]] = {
 }
 
 
+def command_fields(command: str, event_type: object = None) -> tuple[str, ...]:
+    """The fields `command` takes besides `command` itself (a checkpoint's depend on its
+    event type), as the options of `taskcard ledger COMMAND`."""
+    if command == "init":
+        return ("task_id", "purpose", "steps", *_INIT_LIMITS)
+    if command == "checkpoint":
+        extra = _EVENT_FIELDS.get(event_type, ()) if isinstance(event_type, str) else ()
+        return ("task_id", "event_type", "step", "note", *extra)
+    if command == "supervise":
+        return ("task_id", "apply_supervision")
+    return ("task_id", *_FIELDS.get(command, ()))
+
+
+def stray_field(command: str, arguments: dict[str, Any]) -> str | None:
+    """The message for the first given field `command` does not take, else None: it was
+    dropped without a word (a `step` on a heartbeat, a `note` on init), where the command
+    line refuses an option its command lacks."""
+    takes = command_fields(command, arguments.get("event_type"))
+    given = (name for name, value in arguments.items() if value is not None)  # null: left out
+    stray = sorted(name for name in given if name != "command" and name not in takes)
+    if not stray:
+        return None
+    what = command
+    if command == "checkpoint" and isinstance(arguments.get("event_type"), str):
+        what = f"checkpoint {arguments['event_type']}"
+    return f"{stray[0]}: not a field of {what}; remove it ({what} takes: {', '.join(takes)})"
+
+
 def _failed(message: str) -> dict[str, Any]:
     return {"status": "failed", "message": message}
 
@@ -219,6 +247,9 @@ def call_ledger(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
     command = arguments.get("command")
     if command not in COMMANDS:
         return _failed(f"command: {command!r} is not a command; use one of {', '.join(COMMANDS)}")
+    stray = stray_field(command, arguments)
+    if stray is not None:
+        return _failed(stray)
     ledger = Ledger(paths.workdir / DEFAULT_LEDGER)
     try:
         return {"status": "ok", "command": command, **_run(ledger, paths, command, arguments)}

@@ -124,3 +124,63 @@ async def test_wrong_json_types_are_refused_naming_the_field_and_limits_are_sett
             assert [s["step_id"] for s in record["observed"]["steps"]] == ["pull"]
     finally:
         shutil.rmtree(runtime, ignore_errors=True)
+
+
+async def test_a_field_the_command_does_not_take_is_refused_and_records_nothing(
+    workdir: Path,
+) -> None:
+    """A field another command takes was dropped without a word: a `step` on a heartbeat,
+    a `note` on init, a `kind` on a STARTED checkpoint all answered ok, recording less than
+    the agent said (the command line refuses an option its command lacks)."""
+    runtime = Path(tempfile.mkdtemp(prefix="tclm"))
+    server = StdioServerParameters(
+        command=sys.executable,
+        args=[
+            "-m",
+            "taskcard.bridge.cli",
+            "mcp",
+            "--workdir",
+            str(workdir),
+            "--runtime-dir",
+            str(runtime),
+        ],
+    )
+    ledger = workdir / "ledger" / "long-task-ledger.json"
+    stray_calls = [
+        ({"command": "init", "task_id": "u", "purpose": "p", "note": "n"}, "note", "init"),
+        ({"command": "heartbeat", "task_id": "t", "step": "pull"}, "step", "heartbeat"),
+        (
+            {"command": "checkpoint", "task_id": "t", "event_type": "STARTED", "kind": "OTHER"},
+            "kind",
+            "checkpoint STARTED",
+        ),
+        (
+            {"command": "block", "task_id": "t", "kind": "OTHER", "reason": "r", "job_id": "j"},
+            "job_id",
+            "block",
+        ),
+        ({"command": "show", "task_id": "t", "purpose": "p"}, "purpose", "show"),
+    ]
+    try:
+        async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            created = await session.call_tool(
+                "ledger", {"command": "init", "task_id": "t", "purpose": "p", "steps": ["pull"]}
+            )
+            assert not created.is_error
+            before = ledger.read_bytes()
+            for arguments, field, command in stray_calls:
+                result = await session.call_tool("ledger", arguments)
+                content = result.structured_content
+                assert result.is_error and isinstance(content, dict), arguments
+                assert content["message"].startswith(
+                    f"{field}: not a field of {command}; remove it"
+                ), content
+            assert ledger.read_bytes() == before
+            # A field the command takes, or one left out as null, still goes through.
+            fine = await session.call_tool(
+                "ledger", {"command": "heartbeat", "task_id": "t", "note": "n", "step": None}
+            )
+            assert not fine.is_error, fine.structured_content
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
