@@ -23,7 +23,7 @@ from taskcard.producers.ledger.model import (
     derive,
 )
 from taskcard.producers.ledger.render import render_markdown
-from taskcard.producers.ledger.store import DEFAULT_LEDGER, Ledger, LedgerError
+from taskcard.producers.ledger.store import DEFAULT_LEDGER, EVENT_FIELDS, Ledger, LedgerError
 from taskcard.producers.task_card.runtime import HostPaths
 
 TOOL_NAME: Final = "ledger"
@@ -80,7 +80,7 @@ def _limit_field(name: str, text: str) -> dict[str, Any]:
     }
     kind = "integer" if field.annotation is int else "number"
     above = "above" if "gt" in bounds else "at least"
-    low, high = bounds.get("gt", bounds.get("ge")), bounds["le"]
+    low, high = bounds["gt"] if "gt" in bounds else bounds["ge"], bounds["le"]
     return {
         "type": kind,
         "minimum": low,
@@ -198,13 +198,6 @@ _FIELDS: Final[dict[str, tuple[str, ...]]] = {
     "owner-reply": ("reply", "note", "reason", "safe_next_step", "kind"),
     "heartbeat": ("note",),
 }
-# Fields that only some event types take; a checkpoint passes on only those it needs.
-_EVENT_FIELDS: Final[dict[str, tuple[str, ...]]] = {
-    "BLOCKED_CONFIRMED": ("kind", "reason", "safe_next_step", "failed"),
-    "OWNER_REPLY_RECORDED": ("reply", "reason", "safe_next_step", "kind"),
-    "EXTERNAL_OBSERVED": _FIELDS["external-job"],
-    "DOWNLOAD_OBSERVED": _FIELDS["download-observed"],
-}
 
 
 def command_fields(command: str, event_type: object = None) -> tuple[str, ...]:
@@ -213,7 +206,7 @@ def command_fields(command: str, event_type: object = None) -> tuple[str, ...]:
     if command == "init":
         return ("task_id", "purpose", "steps", *_INIT_LIMITS)
     if command == "checkpoint":
-        extra = _EVENT_FIELDS.get(event_type, ()) if isinstance(event_type, str) else ()
+        extra = EVENT_FIELDS.get(event_type, ()) if isinstance(event_type, str) else ()
         return ("task_id", "event_type", "step", "note", *extra)
     if command == "supervise":
         return ("task_id", "apply_supervision")
@@ -296,8 +289,8 @@ def _run(ledger: Ledger, paths: HostPaths, command: str, args: dict[str, Any]) -
         )
     else:
         if command == "checkpoint":
-            event_type = str(args.get("event_type"))
-            names = ("step", "note", *_EVENT_FIELDS.get(event_type, ()))
+            event_type: Any = args.get("event_type")  # the store refuses a missing one
+            names = ("step", "note", *EVENT_FIELDS.get(str(event_type), ()))
             fields = {k: args[k] for k in names if k in args}
             record = ledger.checkpoint(task_id, event_type, **fields)
             return _summary(task_id, record)

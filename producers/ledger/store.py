@@ -74,6 +74,56 @@ def _check_id(field: str, value: str) -> None:
         ) from None
 
 
+# The type each field of the ledger's commands takes. The Python API checks them itself: a
+# text where a number belongs reached a comparison as a TypeError, `True` counted as 1 byte
+# or 1 nudge, and a text given as `steps` became one step per character.
+_TEXT_FIELDS: Final = ("note", "reason", "safe_next_step", "provider", "evidence")
+_INT_FIELDS: Final = ("observed_bytes", "expected_bytes", "max_nudges", "max_retries")
+_BOOL_FIELDS: Final = ("failed", "complete", "corrupt")
+_LIST_FIELDS: Final = ("steps", "artifacts")
+# Fields only some event types take: a checkpoint of that type passes them to its method.
+EVENT_FIELDS: Final[dict[str, tuple[str, ...]]] = {
+    "BLOCKED_CONFIRMED": ("kind", "reason", "safe_next_step", "failed"),
+    "OWNER_REPLY_RECORDED": ("reply", "reason", "safe_next_step", "kind"),
+    "EXTERNAL_OBSERVED": ("job_id", "status", "provider", "evidence", "max_wait_sec"),
+    "DOWNLOAD_OBSERVED": ("name", "observed_bytes", "expected_bytes", "complete", "corrupt"),
+}
+
+
+def _type_name(value: object) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "text"
+    return "a list" if isinstance(value, list | tuple) else type(value).__name__
+
+
+def _check_types(**values: object) -> None:
+    """Raise `LedgerError` naming the first given value of the wrong type (None: left out)."""
+    for field, value in values.items():
+        if value is None:
+            continue
+        if field in _TEXT_FIELDS and not isinstance(value, str):
+            wanted = "text"
+        elif field in _INT_FIELDS and (isinstance(value, bool) or not isinstance(value, int)):
+            wanted = "a whole number"
+        elif field in _BOOL_FIELDS and not isinstance(value, bool):
+            wanted = "true or false"
+        elif field in _LIST_FIELDS and not (
+            isinstance(value, list) and all(isinstance(item, str) for item in value)
+        ):
+            wanted = "a list of text"
+        elif field not in (*_TEXT_FIELDS, *_INT_FIELDS, *_BOOL_FIELDS, *_LIST_FIELDS) and (
+            isinstance(value, bool) or not isinstance(value, int | float)
+        ):
+            wanted = "a number"  # the seconds of init's limits and max_wait_sec
+        else:
+            continue
+        raise LedgerError(f"{field}: must be {wanted}, not {_type_name(value)}")
+
+
 def _note(field: str, value: str | None) -> str | None:
     if value is not None and len(value) > MAX_NOTE_CHARS:
         raise LedgerError(f"{field}: {len(value)} characters; keep it under {MAX_NOTE_CHARS}")
@@ -175,6 +225,7 @@ class Ledger:
         **limits: float | int,
     ) -> TaskRecord:
         """Create a task. Creating an existing task is refused (its truth is never reset)."""
+        _check_types(steps=steps, **limits)
         _check_id("task_id", task_id)
         if not isinstance(purpose, str) or not shows_text(purpose):
             raise LedgerError("purpose: say in one line what the task is for")
@@ -291,10 +342,16 @@ class Ledger:
     ) -> TaskRecord:
         """Record one of the ten event types; the typed ones delegate to their own method."""
         if event_type not in EVENT_TYPES:
+            what = "is required" if event_type is None else f"{event_type!r} is not an event type"
+            raise LedgerError(f"event_type: {what}; use one of " + ", ".join(EVENT_TYPES))
+        takes = EVENT_FIELDS.get(event_type, ())
+        stray = sorted(name for name in fields if name not in takes)
+        if stray:
             raise LedgerError(
-                f"event_type: {event_type!r} is not an event type; use one of "
-                + ", ".join(EVENT_TYPES)
+                f"{stray[0]}: not a field of a {event_type} checkpoint; remove it"
+                + (f" (it takes step, note, {', '.join(takes)})" if takes else "")
             )
+        _check_types(note=note, artifacts=artifacts)
         if step is not None:
             _check_id("step", step)
         _note("note", note)
@@ -353,6 +410,7 @@ class Ledger:
         source: Source = "executor",
     ) -> TaskRecord:
         """A confirmed block: its kind (from the closed list) and reason are required."""
+        _check_types(reason=reason, safe_next_step=safe_next_step, failed=failed)
         if kind not in FAILURE_KINDS:
             what = "is required" if kind is None else f"{kind!r} is not a failure kind"
             raise LedgerError(f"kind: {what}; give --kind, one of " + ", ".join(FAILURE_KINDS))
@@ -393,6 +451,7 @@ class Ledger:
         max_wait_sec: float | None = None,
     ) -> TaskRecord:
         """What a provider says about a job. A status change is progress; a repeat is not."""
+        _check_types(provider=provider, evidence=evidence, max_wait_sec=max_wait_sec)
         if job_id is None:
             raise LedgerError("job_id: give --job-id naming the external job")
         _check_id("job_id", job_id)
@@ -451,6 +510,12 @@ class Ledger:
         corrupt: bool = False,
     ) -> TaskRecord:
         """A download as seen on disk: a new size or state is progress."""
+        _check_types(
+            observed_bytes=observed_bytes,
+            expected_bytes=expected_bytes,
+            complete=complete,
+            corrupt=corrupt,
+        )
         if name is None:
             raise LedgerError("name: give --name naming the download")
         _check_id("name", name)
@@ -494,6 +559,7 @@ class Ledger:
         """The owner's answer to the monitor. B records a block and C a completion, each with
         the fields that make them truth; A counts as progress; D and E only record the reply
         (the monitor then asks for external evidence, or tells the agent to resume)."""
+        _check_types(note=note, reason=reason, safe_next_step=safe_next_step)
         if reply not in OWNER_REPLIES:
             what = "is required" if reply is None else f"{reply!r} is not a reply"
             raise LedgerError(

@@ -143,3 +143,43 @@ def test_a_corrupt_ledger_is_a_clear_error(tmp_path: Path) -> None:
     path.write_text(json.dumps({"version": 1, "tasks": {"t": {"task": {}}}}))
     with pytest.raises(LedgerError, match=r"not a valid ledger \(tasks\.t\.task\.task_id"):
         Ledger(path).task("t")
+
+
+# Each call of the Python API with one value of the wrong type, and the field it must name.
+# A text byte count or wait reached a comparison as a TypeError, a text note reached `len`,
+# `True` counted as one byte or one nudge, a text `steps` became one step per character, and
+# a field a STARTED checkpoint does not take was dropped without a word.
+WRONG_TYPES: list[tuple[str, dict[str, object], str]] = [
+    ("init", {"task_id": "n", "purpose": "p", "steps": "abc"}, "steps"),
+    ("init", {"task_id": "n", "purpose": "p", "max_nudges": True}, "max_nudges"),
+    ("init", {"task_id": "n", "purpose": "p", "timeout_sec": "60"}, "timeout_sec"),
+    ("checkpoint", {"task_id": "t", "event_type": "HEARTBEAT", "note": 5}, "note"),
+    ("checkpoint", {"task_id": "t", "event_type": "STARTED", "kind": "OTHER"}, "kind"),
+    ("checkpoint", {"task_id": "t", "event_type": None}, "event_type"),
+    ("download_observed", {"task_id": "t", "name": "d", "observed_bytes": "5"}, "observed_bytes"),
+    ("download_observed", {"task_id": "t", "name": "d", "observed_bytes": True}, "observed_bytes"),
+    (
+        "download_observed",
+        {"task_id": "t", "name": "d", "observed_bytes": 1, "complete": 1},
+        "complete",
+    ),
+    (
+        "external_job",
+        {"task_id": "t", "job_id": "j", "status": "running", "max_wait_sec": "5"},
+        "max_wait_sec",
+    ),
+    ("block", {"task_id": "t", "kind": "OTHER", "reason": ["r"]}, "reason"),
+    ("owner_reply", {"task_id": "t", "reply": "A", "note": 5}, "note"),
+    ("heartbeat", {"task_id": "t", "note": 5.0}, "note"),
+]
+
+
+@pytest.mark.parametrize(("method", "arguments", "field"), WRONG_TYPES)
+def test_a_value_of_the_wrong_type_is_a_ledger_error_naming_it(
+    ledger: Ledger, method: str, arguments: dict[str, object], field: str
+) -> None:
+    ledger.init("t", "p", ["s1"])
+    before = ledger.path.read_bytes()
+    with pytest.raises(LedgerError, match=f"^{field}: "):
+        getattr(ledger, method)(**arguments)
+    assert ledger.path.read_bytes() == before
