@@ -24,6 +24,7 @@ from taskcard.producers.ledger.model import (
 )
 from taskcard.producers.ledger.render import render_markdown
 from taskcard.producers.ledger.store import DEFAULT_LEDGER, EVENT_FIELDS, Ledger, LedgerError
+from taskcard.producers.task_card.contract import quoted
 from taskcard.producers.task_card.runtime import HostPaths
 
 TOOL_NAME: Final = "ledger"
@@ -239,7 +240,9 @@ def call_ledger(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
         return _failed(f"{wrong}; see the ledger tool's schema")
     command = arguments.get("command")
     if command not in COMMANDS:
-        return _failed(f"command: {command!r} is not a command; use one of {', '.join(COMMANDS)}")
+        return _failed(
+            f"command: {quoted(command)} is not a command; use one of {', '.join(COMMANDS)}"
+        )
     stray = stray_field(command, arguments)
     if stray is not None:
         return _failed(stray)

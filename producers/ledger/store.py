@@ -43,7 +43,7 @@ from taskcard.producers.ledger.model import (
     TaskRecord,
     derive,
 )
-from taskcard.producers.task_card.contract import atomic_write, open_regular, shows_text
+from taskcard.producers.task_card.contract import atomic_write, open_regular, quoted, shows_text
 
 DEFAULT_LEDGER: Final = Path(LEDGER_DIR) / LEDGER_FILE
 MAX_LEDGER_BYTES: Final = 16_000_000
@@ -69,7 +69,7 @@ def _check_id(field: str, value: str) -> None:
         StepTruth(step_id=value)
     except ValidationError:
         raise LedgerError(
-            f"{field}: {value!r} is not a valid id; use 1-64 letters, digits, '_', '.', ':' "
+            f"{field}: {quoted(value)} is not a valid id; use 1-64 letters, digits, '_', '.', ':' "
             "or '-', starting with a letter or digit"
         ) from None
 
@@ -212,7 +212,7 @@ class Ledger:
         if record is None:
             known = ", ".join(sorted(document.tasks)) or "none"
             raise LedgerError(
-                f"task_id: {task_id!r} is not in {self.path} (known: {known}); "
+                f"task_id: {quoted(task_id)} is not in {self.path} (known: {known}); "
                 "run `taskcard ledger init` first"
             )
         return record
@@ -245,7 +245,7 @@ class Ledger:
         with self.locked() as document:
             if task_id in document.tasks:
                 raise LedgerError(
-                    f"task_id: {task_id!r} already exists in {self.path}; "
+                    f"task_id: {quoted(task_id)} already exists in {self.path}; "
                     "choose another id (a task's truth is never reset)"
                 )
             record = TaskRecord(task=info)
@@ -342,7 +342,11 @@ class Ledger:
     ) -> TaskRecord:
         """Record one of the ten event types; the typed ones delegate to their own method."""
         if event_type not in EVENT_TYPES:
-            what = "is required" if event_type is None else f"{event_type!r} is not an event type"
+            what = (
+                "is required"
+                if event_type is None
+                else f"{quoted(event_type)} is not an event type"
+            )
             raise LedgerError(f"event_type: {what}; use one of " + ", ".join(EVENT_TYPES))
         takes = EVENT_FIELDS.get(event_type, ())
         stray = sorted(name for name in fields if name not in takes)
@@ -412,7 +416,7 @@ class Ledger:
         """A confirmed block: its kind (from the closed list) and reason are required."""
         _check_types(reason=reason, safe_next_step=safe_next_step, failed=failed)
         if kind not in FAILURE_KINDS:
-            what = "is required" if kind is None else f"{kind!r} is not a failure kind"
+            what = "is required" if kind is None else f"{quoted(kind)} is not a failure kind"
             raise LedgerError(f"kind: {what}; give --kind, one of " + ", ".join(FAILURE_KINDS))
         if not shows_text(reason or ""):
             raise LedgerError("reason: a block needs --reason saying what stops the task")
@@ -457,7 +461,7 @@ class Ledger:
         _check_id("job_id", job_id)
         statuses = ("submitted", "running", "succeeded", "failed", "cancelled")
         if status not in statuses:
-            what = "is required" if status is None else f"{status!r} is not a job status"
+            what = "is required" if status is None else f"{quoted(status)} is not a job status"
             raise LedgerError(f"status: {what}; give --status, one of {', '.join(statuses)}")
         _note("evidence", evidence)
         _note("provider", provider)
@@ -561,7 +565,7 @@ class Ledger:
         (the monitor then asks for external evidence, or tells the agent to resume)."""
         _check_types(note=note, reason=reason, safe_next_step=safe_next_step)
         if reply not in OWNER_REPLIES:
-            what = "is required" if reply is None else f"{reply!r} is not a reply"
+            what = "is required" if reply is None else f"{quoted(reply)} is not a reply"
             raise LedgerError(
                 f"reply: {what}; give --reply, one of "
                 + "; ".join(f"{k} = {v}" for k, v in OWNER_REPLIES.items())

@@ -19,6 +19,7 @@ from typing import Any, Final
 from taskcard.producers.reports.store import encodable
 from taskcard.producers.task_card.contract import (
     atomic_write,
+    quoted,
     read_regular,
     shows_text,
     utc_now_iso,
@@ -102,8 +103,17 @@ def spawn(
     if not 1 <= max_depth <= MAX_DEPTH_LIMIT:
         raise LineageError(f"max_depth: must be 1..{MAX_DEPTH_LIMIT}")
     child = Path(child)
-    if not child.is_dir():
-        raise LineageError(f"workdir: {child} is not a directory; create the child's first")
+    try:
+        usable = child.is_dir()
+    except OSError as exc:  # a name too long for the system, a folder not searchable
+        raise LineageError(
+            f"workdir: {quoted(str(child))} cannot be used ({exc.strerror}); give the child's"
+            " working directory"
+        ) from None
+    if not usable:
+        raise LineageError(
+            f"workdir: {quoted(str(child))} is not a directory; create the child's first"
+        )
     depth = 1
     if parent_workdir is not None:
         if not Path(parent_workdir).is_dir():

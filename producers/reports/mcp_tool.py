@@ -140,7 +140,12 @@ def call_spawn(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
             max_depth=arguments.get("max_depth", DEFAULT_MAX_DEPTH),
         )
     except LineageError as exc:
-        return _failed(str(exc))
+        # The Python API and the command line call the child's folder `workdir`; here it is
+        # `child_workdir` (this tool's own workdir is the parent's).
+        message = str(exc)
+        if message.startswith("workdir:"):
+            message = "child_" + message
+        return _failed(message)
     except OSError as exc:
         return _failed(f"cannot write lineage.json: {exc.strerror}")
     return {"status": "ok", **record}

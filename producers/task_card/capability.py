@@ -26,6 +26,7 @@ from taskcard.producers.task_card.contract import (
     STATUS_INACTIVE,
     CardPaths,
     parse_status,
+    quoted,
     read_bytes,
     utc_now_iso,
 )
@@ -530,7 +531,7 @@ class TaskCard:
     def _unknown(self, watch_id: str) -> Result:
         known = ", ".join(self._watches) or "none"
         return _failed(
-            f"watch_id: {watch_id!r} is not a watch of this host (known: {known}); "
+            f"watch_id: {quoted(watch_id)} is not a watch of this host (known: {known}); "
             "call remove to clear the card without an id"
         )
 

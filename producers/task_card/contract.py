@@ -448,6 +448,21 @@ def terminal_json(value: Any, **options: Any) -> str:
     return _RAW_IN_JSON.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
 
 
+# The most characters of a caller's value an error message quotes back.
+MAX_QUOTED_CHARS: Final = 80
+
+
+def quoted(value: object) -> str:
+    """`value` as an error message quotes it back (`repr`), cut to `MAX_QUOTED_CHARS` with its
+    full length said: a 200 KB id or path given by mistake came back whole, twice in an MCP
+    result, filling the agent's context with the echo of its own mistake."""
+    text = repr(value)
+    if len(text) <= MAX_QUOTED_CHARS:
+        return text
+    size = f" ({len(value)} characters)" if isinstance(value, str) else ""
+    return f"{text[:MAX_QUOTED_CHARS]}...{size}"
+
+
 def shows_text(text: str) -> bool:
     """Whether `text` shows a reader anything: False for text of white space, controls,
     zero-width and other format characters, lone combining marks or blank-looking letters

@@ -26,7 +26,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from taskcard.producers.task_card.contract import shows_text
+from taskcard.producers.task_card.contract import quoted, shows_text
 from taskcard.producers.task_card.settings import BOUNDS
 
 ActionName = Literal["start", "inspect", "retry", "stop", "remove", "settings", "manual"]
@@ -331,7 +331,7 @@ def _describe(action: ActionName, error: Mapping[str, Any]) -> str:
         return f"{loc}: required for {action}"
     field = INPUT_MODELS[action].model_fields.get(str(error["loc"][0])) if error["loc"] else None
     hint = f" ({field.description})" if field is not None and field.description else ""
-    return f"{loc}: {error['msg']}, got {error.get('input')!r}{hint}"
+    return f"{loc}: {error['msg']}, got {quoted(error.get('input'))}{hint}"
 
 
 def parse_envelope(raw: Mapping[str, Any] | str | bytes) -> Envelope:
@@ -352,7 +352,7 @@ def parse_envelope(raw: Mapping[str, Any] | str | bytes) -> Envelope:
     if "action" not in data:
         problems.append(f"action: required, one of {', '.join(ACTIONS)}")
     elif action not in ACTIONS:
-        problems.append(f"action: {action!r} is not one of {', '.join(ACTIONS)}")
+        problems.append(f"action: {quoted(action)} is not one of {', '.join(ACTIONS)}")
     reasoning = data.get("reasoning")
     if not isinstance(reasoning, str) or not shows_text(reasoning):
         problems.append(
@@ -361,7 +361,7 @@ def parse_envelope(raw: Mapping[str, Any] | str | bytes) -> Envelope:
         )
     summarize = data.get("summarize", False)
     if not isinstance(summarize, bool):
-        problems.append(f"summarize: must be true or false, got {summarize!r}")
+        problems.append(f"summarize: must be true or false, got {quoted(summarize)}")
     payload = data.get("input")
     if "input" not in data:
         problems.append("input: required, an object ({} for remove, settings, manual)")

@@ -70,7 +70,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Final, Literal, Protocol
 
-from taskcard.producers.task_card.contract import body_chars, shows_text
+from taskcard.producers.task_card.contract import body_chars, quoted, shows_text
 
 STDERR_TAIL_BYTES: Final = 4096
 _READ_CHUNK: Final = 65536
@@ -113,14 +113,16 @@ def resolve_renderer(workdir: Path, renderer_path: str) -> Path:
         resolved = candidate.resolve(strict=True)
     except (OSError, RuntimeError):
         raise RendererPathError(
-            f"renderer_path: {renderer_path!r} does not exist (relative paths start at the workdir)"
+            f"renderer_path: {quoted(renderer_path)} does not exist (relative paths start at"
+            " the workdir)"
         ) from None
     if not resolved.is_relative_to(root):
         raise RendererPathError(
-            f"renderer_path: {renderer_path!r} resolves outside the workdir; keep it inside {root}"
+            f"renderer_path: {quoted(renderer_path)} resolves outside the workdir; keep it"
+            f" inside {root}"
         )
     if not resolved.is_file():
-        raise RendererPathError(f"renderer_path: {renderer_path!r} is not a regular file")
+        raise RendererPathError(f"renderer_path: {quoted(renderer_path)} is not a regular file")
     return resolved
 
 
