@@ -257,6 +257,14 @@ def _json_kind(value: object) -> str:
     return f"a {type(value).__name__}"  # only the Python API can pass other objects
 
 
+def _shown(value: object) -> str:
+    """A value of the envelope quoted back as its JSON spelling for null and booleans (the
+    caller wrote `null`, not Python's `None`), else as `quoted`."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    return quoted(value)
+
+
 def check_unicode(text: str) -> str | None:
     """Why `text` cannot be encoded as UTF-8 (a lone surrogate), or None."""
     try:
@@ -331,7 +339,7 @@ def _describe(action: ActionName, error: Mapping[str, Any]) -> str:
         return f"{loc}: required for {action}"
     field = INPUT_MODELS[action].model_fields.get(str(error["loc"][0])) if error["loc"] else None
     hint = f" ({field.description})" if field is not None and field.description else ""
-    return f"{loc}: {error['msg']}, got {quoted(error.get('input'))}{hint}"
+    return f"{loc}: {error['msg']}, got {_shown(error.get('input'))}{hint}"
 
 
 def parse_envelope(raw: Mapping[str, Any] | str | bytes) -> Envelope:
@@ -352,16 +360,18 @@ def parse_envelope(raw: Mapping[str, Any] | str | bytes) -> Envelope:
     if "action" not in data:
         problems.append(f"action: required, one of {', '.join(ACTIONS)}")
     elif action not in ACTIONS:
-        problems.append(f"action: {quoted(action)} is not one of {', '.join(ACTIONS)}")
+        problems.append(f"action: {_shown(action)} is not one of {', '.join(ACTIONS)}")
     reasoning = data.get("reasoning")
     if not isinstance(reasoning, str) or not shows_text(reasoning):
         problems.append(
             "reasoning: required, a string that shows text (not only white space or invisible"
             " characters) saying why you call this"
         )
-    summarize = data.get("summarize", False)
+    summarize = data.get("summarize")
+    if summarize is None:  # left out, or null (as an input field's null is)
+        summarize = False
     if not isinstance(summarize, bool):
-        problems.append(f"summarize: must be true or false, got {quoted(summarize)}")
+        problems.append(f"summarize: must be true or false, got {_shown(summarize)}")
     payload = data.get("input")
     if "input" not in data:
         problems.append("input: required, an object ({} for remove, settings, manual)")

@@ -221,6 +221,15 @@ def unknown_field(tool: McpTool, arguments: dict[str, Any]) -> str | None:
     return f"{stray[0]}: not a field of {tool.name}; remove it (its fields: {', '.join(fields)})"
 
 
+def given(arguments: dict[str, Any]) -> dict[str, Any]:
+    """The arguments without those given as null: a null counts as left out, for every tool
+    alike (clients send null for an optional field they leave empty). Some tools took it so
+    and others refused it: `spawn` refused a null `parent` it has a default for, `inbox` a
+    null `peek`, `task_card` a null `summarize`, while `report` and `ledger` left them out.
+    A required field given as null is then refused as missing, naming it."""
+    return {name: value for name, value in arguments.items() if value is not None}
+
+
 def package_version() -> str:
     try:
         return metadata.version("taskcard")
@@ -281,6 +290,7 @@ def build_server(paths: HostPaths, tools: tuple[McpTool, ...] = TOOLS) -> Server
             if stray is not None:
                 result, failed = {"status": "failed", "message": stray}, True
             else:
+                arguments = given(arguments)
                 result = await anyio.to_thread.run_sync(tool.call, paths, arguments)
                 failed = tool.is_error(result)
         try:

@@ -7,6 +7,7 @@ as "ok: required" although `ok` was given.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -105,3 +106,69 @@ async def test_a_long_value_is_named_not_echoed_whole(workdir: Path, cli: CliHos
             assert len(content["message"]) < 1000, (field, content["message"][:200])
     assert not (workdir / "taskcard" / "watch.json").exists()
     assert not (workdir / "ledger").exists()
+
+
+# Every optional field of every tool, given as null (a client's way of leaving it empty).
+NULL_OPTIONALS: dict[str, dict[str, Any]] = {
+    "task_card": {
+        "action": "settings",
+        "input": {},
+        "reasoning": "check",
+        "summarize": None,
+    },
+    "ledger": {"command": "show", "task_id": None},
+    "report": {"ok": True, "verdict": None, "role": None, "summary": None, "payload": None},
+    "spawn": {
+        "child_workdir": "child",
+        "reason": "lint",
+        "provider": None,
+        "parent": None,
+        "max_depth": None,
+    },
+    "inbox": {"peek": None},
+}
+
+
+async def test_a_null_is_a_field_left_out_by_every_tool(workdir: Path, cli: CliHost) -> None:
+    """`report` and `ledger` took a null as left out, while `spawn` refused a null `parent`
+    (it has a default), `inbox` a null `peek` and `task_card` a null `summarize`. Now every
+    tool leaves a null out, and a required field given as null is refused as missing."""
+    (workdir / "child").mkdir()
+    async with (
+        stdio_client(server_for(workdir, cli)) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        created = await session.call_tool(
+            "ledger", {"command": "init", "task_id": "t", "purpose": "p"}
+        )
+        assert not created.is_error
+        for name, arguments in NULL_OPTIONALS.items():
+            result = await session.call_tool(name, arguments)
+            assert not result.is_error, (name, result.structured_content)
+        spawned = json.loads((workdir / "child" / "lineage.json").read_text())
+        assert spawned["parent"] == workdir.name and spawned["depth"] == 1
+        for name, field, arguments in [
+            ("report", "ok", {"ok": None, "summary": "done"}),
+            ("spawn", "reason", {"child_workdir": "child", "reason": None}),
+            ("task_card", "reasoning", {"action": "settings", "input": {}, "reasoning": None}),
+        ]:
+            result = await session.call_tool(name, arguments)
+            content = result.structured_content
+            assert result.is_error and isinstance(content, dict), (name, field)
+            assert content["message"].startswith(f"{field}: required"), content
+
+
+def test_the_tool_command_takes_a_null_summarize_as_left_out(cli: CliHost) -> None:
+    """The same envelope through `taskcard tool` (the host's own check, which the Python API
+    shares): a null `summarize` is left out; an input field's null is quoted as null."""
+    done = cli.run(
+        "tool", stdin='{"action":"settings","input":{},"reasoning":"r","summarize":null}'
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["status"] == "ok"
+    refused = cli.run(
+        "tool", stdin='{"action":"inspect","input":{"watch_id":null},"reasoning":"r"}'
+    )
+    message = json.loads(refused.stdout)["message"]
+    assert message.startswith("input.watch_id: ") and "got null" in message, message
