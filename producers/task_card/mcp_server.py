@@ -34,7 +34,7 @@ from taskcard.producers.inbox import mcp_tool as inbox_tool
 from taskcard.producers.ledger import mcp_tool as ledger_tool
 from taskcard.producers.reports import mcp_tool as reports_tool
 from taskcard.producers.task_card.client import HostUnavailable, call_via_host
-from taskcard.producers.task_card.contract import CardPaths
+from taskcard.producers.task_card.contract import CardPaths, quoted
 from taskcard.producers.task_card.envelope import ACTIONS, envelope_json_schema
 from taskcard.producers.task_card.meta import MetaProjector
 from taskcard.producers.task_card.runtime import HostPaths
@@ -221,6 +221,14 @@ def unknown_field(tool: McpTool, arguments: dict[str, Any]) -> str | None:
     return f"{stray[0]}: not a field of {tool.name}; remove it (its fields: {', '.join(fields)})"
 
 
+def workdir_gone(paths: HostPaths) -> str:
+    return (
+        f"workdir: {paths.workdir} no longer exists (it was removed while this server ran);"
+        " nothing was written and it is not created again; restart the server with an"
+        " existing --workdir"
+    )
+
+
 def given(arguments: dict[str, Any]) -> dict[str, Any]:
     """The arguments without those given as null: a null counts as left out, for every tool
     alike (clients send null for an optional field they leave empty). Some tools took it so
@@ -277,12 +285,18 @@ def build_server(paths: HostPaths, tools: tuple[McpTool, ...] = TOOLS) -> Server
         ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         tool = by_name.get(params.name)
+        gone = not await anyio.to_thread.run_sync(paths.workdir.is_dir)
         if tool is None:
             known = ", ".join(by_name)
             result: dict[str, Any] = {
                 "status": "failed",
-                "message": f"unknown tool {params.name!r}; this server has {known}",
+                "message": f"unknown tool {quoted(params.name)}; this server has {known}",
             }
+            failed = True
+        elif gone:
+            # Every tool writes into the workdir, and each write made its folders again: a
+            # workdir deleted (the agent's work cleared away) came back as an empty agent.
+            result = {"status": "failed", "message": workdir_gone(paths)}
             failed = True
         else:
             arguments = dict(params.arguments or {})
@@ -294,7 +308,7 @@ def build_server(paths: HostPaths, tools: tuple[McpTool, ...] = TOOLS) -> Server
                 result = await anyio.to_thread.run_sync(tool.call, paths, arguments)
                 failed = tool.is_error(result)
         try:
-            meta = await anyio.to_thread.run_sync(agent_meta.take)
+            meta = None if gone else await anyio.to_thread.run_sync(agent_meta.take)
         except OSError:
             meta = None  # the card's news waits for the next call; the result must not
         return types.CallToolResult(

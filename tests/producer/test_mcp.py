@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from importlib import metadata
@@ -130,6 +131,53 @@ async def test_the_inbox_tool_names_the_files_it_left_alone(workdir: Path, cli: 
         assert [message["id"] for message in content["messages"]] == ["m1"]
         (problem,) = content["problems"]
         assert "not a message" in problem and "left alone" in problem
+
+
+def resolved(path: Path) -> Path:
+    return path.resolve()
+
+
+def exists(path: Path) -> bool:
+    return path.exists()
+
+
+def make_folder(path: Path) -> None:
+    path.mkdir()
+
+
+async def test_a_workdir_removed_while_serving_is_not_created_again(
+    workdir: Path, cli: CliHost
+) -> None:
+    """Once the agent's workdir was removed (its work cleared away), the next call of any
+    tool made it again (the notice cursor, the ledger's or the reports' folder), so a
+    discovering service found the retired agent back. Each call now says the workdir is gone
+    and writes nothing."""
+    (workdir / "child").mkdir()
+    shown = f"workdir: {resolved(workdir)} no longer"
+    calls: dict[str, dict[str, Any]] = {
+        "task_card": {"action": "settings", "input": {}, "reasoning": "check"},
+        "ledger": {"command": "init", "task_id": "t", "purpose": "p"},
+        "report": {"ok": True, "summary": "done"},
+        "spawn": {"child_workdir": str(workdir.parent), "reason": "lint"},
+        "inbox": {},
+    }
+    async with (
+        stdio_client(server_for(workdir, cli)) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        shutil.rmtree(workdir)
+        for name, arguments in calls.items():
+            result = await session.call_tool(name, arguments)
+            content = result.structured_content
+            assert result.is_error and isinstance(content, dict), (name, content)
+            assert content["message"].startswith(shown), content
+            assert not exists(workdir), name
+        assert not exists(workdir.parent / "lineage.json")
+        # The same folder made again by its owner is served again.
+        make_folder(workdir)
+        result = await session.call_tool("report", {"ok": True})
+        assert not result.is_error, result.structured_content
 
 
 def test_mcp_refuses_an_unusable_workdir_at_start(tmp_path: Path) -> None:
