@@ -282,6 +282,10 @@ _MAX_INT_BITS: Final = 13_000
 written back out in a reply."""
 
 
+def _utf8_size(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
 def check_values(
     data: object, *, max_depth: int = MAX_ENVELOPE_DEPTH, max_bytes: int = MAX_ENVELOPE_BYTES
 ) -> str | None:
@@ -290,7 +294,9 @@ def check_values(
     Iterative, so a hostile value nested thousands deep (the Python API accepts objects)
     costs a bounded walk, never a RecursionError. Catches what JSON escapes can smuggle past
     the byte checks (`\\ud800` and `\\u0000` inside keys or strings), and applies the size
-    cap to objects that never were bytes (MCP arguments, Python callers), counting text.
+    cap to objects that never were bytes (MCP arguments, Python callers), counting the UTF-8
+    bytes of their text: counted in characters, a reasoning of non-ASCII text twice the limit
+    in bytes passed over MCP or Python while `taskcard tool` refused the same envelope.
     """
     stack: list[tuple[object, str, int]] = [(data, "envelope", 0)]
     size = 0
@@ -298,9 +304,12 @@ def check_values(
         value, where, depth = stack.pop()
         if depth > max_depth:
             return f"nested deeper than {max_depth} levels; an envelope is a flat object"
-        size += len(value) if isinstance(value, str) else 1
+        size += _utf8_size(value) if isinstance(value, str) else 1
         if size > max_bytes:
-            return f"larger than the {max_bytes}-byte limit; send a short envelope"
+            return (
+                f"over the {max_bytes}-byte limit; send a short envelope (put long detail in"
+                " files the renderer reads)"
+            )
         if isinstance(value, str):
             if "\0" in value:
                 return f"{where}: contains a NUL character; remove it"
@@ -314,6 +323,7 @@ def check_values(
                     return f"{inside}keys must be strings, got {key!r}"
                 if "\0" in key or check_unicode(key):
                     return f"{inside}a key is not valid text (a NUL or a lone surrogate)"
+                size += _utf8_size(key)
                 stack.append((item, key if depth == 0 else f"{where}.{key}", depth + 1))
         elif isinstance(value, list | tuple):
             for index, item in enumerate(value):

@@ -15,6 +15,7 @@ import pytest
 from mcp import ClientSession, stdio_client
 
 from taskcard.producers.reports import ReportError, Reports
+from taskcard.producers.task_card import TaskCard
 
 from .conftest import CliHost
 from .test_mcp import server_for
@@ -172,3 +173,29 @@ def test_the_tool_command_takes_a_null_summarize_as_left_out(cli: CliHost) -> No
     )
     message = json.loads(refused.stdout)["message"]
     assert message.startswith("input.watch_id: ") and "got null" in message, message
+
+
+async def test_the_envelope_size_limit_counts_bytes_on_every_way_in(
+    tmp_path: Path, workdir: Path, cli: CliHost, runtime_dir: Path
+) -> None:
+    """An envelope of 140,000 'é' (280,000 bytes, over the 256 KiB limit) was refused by
+    `taskcard tool` and taken over MCP and from Python, which counted characters."""
+    envelope = {"action": "settings", "input": {}, "reasoning": "é" * 140_000}
+    refusal = "over the 262144-byte limit; send a short envelope"
+    done = cli.run("tool", stdin=json.dumps(envelope, ensure_ascii=False))
+    assert done.returncode == 2 and refusal in json.loads(done.stdout)["message"]
+    async with (
+        stdio_client(server_for(workdir, cli)) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        result = await session.call_tool("task_card", envelope)
+        content = result.structured_content
+        assert result.is_error and isinstance(content, dict)
+        assert content["message"].startswith(f"envelope: {refusal}"), content["message"][:200]
+    other = tmp_path / "python-agent"
+    other.mkdir()
+    with TaskCard(other, runtime_dir=runtime_dir) as card:
+        assert card.call(envelope)["message"].startswith(f"envelope: {refusal}")
+        # Under the limit in bytes, the same text is taken.
+        assert card.call({**envelope, "reasoning": "é" * 100_000})["status"] == "ok"
