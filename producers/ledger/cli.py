@@ -195,7 +195,9 @@ def run_show(args: argparse.Namespace) -> int:
     ledger = _ledger(args)
     record = ledger.task(args.task_id or ledger.default_task_id())
     record.derived = derive(record.observed)
-    print(record.model_dump_json(indent=2))
+    # As every other command prints: the agent's texts (purpose, notes) may hold a bidi
+    # override or other characters that act on a terminal, which plain JSON leaves raw.
+    _print(record.model_dump(mode="json"))
     return EXIT_OK
 
 

@@ -285,3 +285,15 @@ def test_a_confirmed_block_is_observed_truth(workdir: Path) -> None:
     assert rendered.returncode == 0, rendered.stderr
     assert "state: BLOCKED · truth: observed" in rendered.stdout
     assert ok(workdir, "supervise")["action"] == "BLOCKED_ESCALATE"
+
+
+def test_show_prints_an_agents_steering_characters_as_escapes(workdir: Path) -> None:
+    """`ledger show` printed the record as plain JSON, which leaves a right-to-left override
+    or a C1 control in the agent's purpose raw on the terminal (every other command printed
+    them as escapes). The JSON value is the same."""
+    purpose = "Sync \u202eevil\u009b2J done"
+    ok(workdir, "init", "sync", "--purpose", purpose)
+    done = taskcard(workdir, "show", "sync")
+    assert done.returncode == 0, done.stderr
+    assert "\u202e" not in done.stdout and "\u009b" not in done.stdout
+    assert json.loads(done.stdout)["task"]["purpose"] == purpose
