@@ -70,8 +70,20 @@ class ConfigError(Exception):
 
 
 def _resolve_against_config(value: Path, info: ValidationInfo) -> Path:
-    """Relative paths are relative to the config file, never to the current directory."""
-    value = value.expanduser()
+    """Relative paths are relative to the config file, never to the current directory.
+
+    A path no system call can take is refused here, naming the key: a NUL in it, or a `~user`
+    of no known user, ended `config check` or `serve` with a traceback.
+    """
+    if "\0" in str(value):
+        raise ValueError("contains a NUL character, which no path can hold; remove it")
+    try:
+        value = value.expanduser()
+    except RuntimeError:
+        raise ValueError(
+            f"starts with ~ but the home folder of {str(value).split('/')[0]!r} is not known"
+            " here; write the full path"
+        ) from None
     base = (info.context or {}).get("base_dir")
     if isinstance(base, Path) and not value.is_absolute():
         return base / value
@@ -185,7 +197,13 @@ class DiscoverConfig(BaseModel):
     @field_validator("roots")
     @classmethod
     def _resolve_roots(cls, value: list[Path], info: ValidationInfo) -> list[Path]:
-        return [_resolve_against_config(root, info) for root in value]
+        resolved: list[Path] = []
+        for index, root in enumerate(value):
+            try:
+                resolved.append(_resolve_against_config(root, info))
+            except ValueError as exc:
+                raise ValueError(f"entry {index} {exc}") from None
+        return resolved
 
 
 class DisplayConfig(BaseModel):

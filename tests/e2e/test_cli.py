@@ -432,6 +432,31 @@ def test_a_secret_pasted_under_the_wrong_key_is_not_quoted_back(
 
 
 @pytest.mark.parametrize(
+    ("toml", "key", "words"),
+    [
+        ('state_dir = "state\\u0000"\n', "state_dir", "NUL"),
+        ('[[agents]]\nid = "a"\nworkdir = "agents/a\\u0000"\n', "agents[0].workdir", "NUL"),
+        ('[discover]\nroots = ["fleet", "r\\u0000"]\n', "discover.roots", "entry 1"),
+        ('state_dir = "~no-such-user-here/state"\n', "state_dir", "home folder"),
+        ('[[agents]]\nid = "a"\nworkdir = "~no-such-user-here/a"\n', "agents[0].workdir", "~"),
+    ],
+    ids=["state-nul", "workdir-nul", "root-nul", "state-tilde", "workdir-tilde"],
+)
+def test_a_path_no_system_call_takes_is_a_config_error_naming_the_key(
+    tmp_path: Path, toml: str, key: str, words: str
+) -> None:
+    """A NUL in a path (TOML's \\u0000) or a `~user` of no known user ended `config check`
+    (a `~user`) or `serve --check` (a NUL in state_dir) with a traceback, or passed it."""
+    config = tmp_path / "taskcard.toml"
+    config.write_text(toml)
+    for args in (("config", "check", str(config)), ("serve", "--config", str(config), "--check")):
+        result = taskcard(*args)
+        assert result.returncode == 2, result.stderr
+        assert "Traceback" not in result.stderr, result.stderr
+        assert f"{key}: " in result.stderr and words in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
     ("toml", "expected"),
     [
         ("", ["no [[agents]] are configured: nothing is served"]),
