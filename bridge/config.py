@@ -72,11 +72,9 @@ class ConfigError(Exception):
 def _resolve_against_config(value: Path, info: ValidationInfo) -> Path:
     """Relative paths are relative to the config file, never to the current directory.
 
-    A path no system call can take is refused here, naming the key: a NUL in it, or a `~user`
-    of no known user, ended `config check` or `serve` with a traceback.
+    A `~user` of no known user is refused here, naming the key: it ended `config check` and
+    `serve` with a traceback. (A NUL never gets here: see `control_problems`.)
     """
-    if "\0" in str(value):
-        raise ValueError("contains a NUL character, which no path can hold; remove it")
     try:
         value = value.expanduser()
     except RuntimeError:
@@ -670,8 +668,34 @@ def load_config(path: Path) -> ServiceConfig:
     return config
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def control_problems(value: object, loc: tuple[int | str, ...] = ()) -> list[str]:
+    """One problem per text value holding a control character (TOML writes them as escapes
+    such as `\u0000`), naming its key. No key takes one, and a NUL reached a system call as a
+    traceback (a `state_dir`, a `metrics.listen`) or passed the check in a URL or chat id."""
+    if isinstance(value, str):
+        found = _CONTROL.search(value)
+        if found is None:
+            return []
+        return [
+            f"{_key_path(loc)}: holds a control character (U+{ord(found.group()):04X}), which"
+            " no key takes; remove it"
+        ]
+    items: list[tuple[int | str, object]] = []
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, list):
+        items = list(enumerate(value))
+    return [problem for key, item in items for problem in control_problems(item, (*loc, key))]
+
+
 def parse_config(data: dict[str, Any], *, base_dir: Path, source: str = "config") -> ServiceConfig:
     """Validate already-parsed TOML data; relative paths are resolved against `base_dir`."""
+    controls = control_problems(data)
+    if controls:
+        raise ConfigError([f"{source}: {line}" for line in controls])
     try:
         return ServiceConfig.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as exc:

@@ -434,19 +434,41 @@ def test_a_secret_pasted_under_the_wrong_key_is_not_quoted_back(
 @pytest.mark.parametrize(
     ("toml", "key", "words"),
     [
-        ('state_dir = "state\\u0000"\n', "state_dir", "NUL"),
-        ('[[agents]]\nid = "a"\nworkdir = "agents/a\\u0000"\n', "agents[0].workdir", "NUL"),
-        ('[discover]\nroots = ["fleet", "r\\u0000"]\n', "discover.roots", "entry 1"),
+        ('state_dir = "state\\u0000"\n', "state_dir", "U+0000"),
+        ('[[agents]]\nid = "a"\nworkdir = "agents/a\\u0000"\n', "agents[0].workdir", "U+0000"),
+        ('[discover]\nroots = ["fleet", "r\\u0000"]\n', "discover.roots[1]", "U+0000"),
+        ('[metrics]\nlisten = "127.0.0.1\\u0000:9464"\n', "metrics.listen", "U+0000"),
+        (
+            '[telegram]\napi_base_url = "https://h.example\\u001b"\n',
+            "telegram.api_base_url",
+            "U+001B",
+        ),
+        (
+            '[feishu]\n[[feishu.routes]]\nchat_id = "oc_a\\u0000"\nagents = ["*"]\n',
+            "feishu.routes[0].chat_id",
+            "U+0000",
+        ),
         ('state_dir = "~no-such-user-here/state"\n', "state_dir", "home folder"),
         ('[[agents]]\nid = "a"\nworkdir = "~no-such-user-here/a"\n', "agents[0].workdir", "~"),
     ],
-    ids=["state-nul", "workdir-nul", "root-nul", "state-tilde", "workdir-tilde"],
+    ids=[
+        "state-nul",
+        "workdir-nul",
+        "root-nul",
+        "listen-nul",
+        "url-escape",
+        "chat-nul",
+        "state-tilde",
+        "workdir-tilde",
+    ],
 )
 def test_a_path_no_system_call_takes_is_a_config_error_naming_the_key(
     tmp_path: Path, toml: str, key: str, words: str
 ) -> None:
     """A NUL in a path (TOML's \\u0000) or a `~user` of no known user ended `config check`
-    (a `~user`) or `serve --check` (a NUL in state_dir) with a traceback, or passed it."""
+    (a `~user`) or `serve --check` (a NUL in state_dir) with a traceback, or passed it; a
+    control character in a listen address, URL or chat id passed the check (a NUL in
+    `metrics.listen` then stopped `serve` with a traceback)."""
     config = tmp_path / "taskcard.toml"
     config.write_text(toml)
     for args in (("config", "check", str(config)), ("serve", "--config", str(config), "--check")):
