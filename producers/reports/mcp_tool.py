@@ -62,7 +62,11 @@ def spawn_schema() -> dict[str, Any]:
     return {
         "type": "object",
         "properties": {
-            "child_workdir": {**_STR, "description": "absolute, or relative to your workdir"},
+            "child_workdir": {
+                **_STR,
+                "minLength": 1,
+                "description": "absolute, or relative to your workdir",
+            },
             "reason": {
                 **_STR,
                 "minLength": 1,

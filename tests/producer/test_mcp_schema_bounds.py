@@ -80,6 +80,7 @@ BOUNDED: list[tuple[str, str, Arguments]] = [
     ),
     ("report", "summary", lambda v, n: {"ok": True, "summary": v}),
     ("report", "role", lambda v, n: {"ok": True, "role": v}),
+    ("spawn", "child_workdir", lambda v, n: {"child_workdir": v, "reason": "r"}),
     ("spawn", "reason", lambda v, n: {"child_workdir": "child", "reason": v}),
     ("spawn", "provider", lambda v, n: {"child_workdir": "child", "reason": "r", "provider": v}),
     ("spawn", "parent", lambda v, n: {"child_workdir": "child", "reason": "r", "parent": v}),
@@ -89,8 +90,10 @@ BOUNDED: list[tuple[str, str, Arguments]] = [
 
 def _values(prop: dict[str, Any]) -> tuple[list[Any], list[Any]]:
     """Values at the listed bounds, and values past them."""
+    if prop["type"] == "string" and "maxLength" not in prop:  # a path: only its minimum
+        assert prop["minLength"] == 1, prop
+        return [], [""]
     if prop["type"] == "string":
-        assert "maxLength" in prop, prop
         past = ["a" * (prop["maxLength"] + 1)]
         if prop.get("minLength", 0) > 0:
             past.append("")
