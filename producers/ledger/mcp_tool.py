@@ -8,6 +8,7 @@ files, there is no host to reach), always answers a dict, and never raises for b
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final
 
 from pydantic import ValidationError
@@ -229,6 +230,26 @@ def stray_field(command: str, arguments: dict[str, Any]) -> str | None:
     return f"{stray[0]}: not a field of {what}; remove it ({what} takes: {', '.join(takes)})"
 
 
+# The store words its errors for the command line (`give --kind`, `see taskcard ledger init
+# --help`); over MCP the same fix is said with this tool's field names.
+_CLI_REFERENCES: Final = (
+    (re.compile(r"`taskcard ledger(?: init)? --help`"), "the ledger tool's schema"),
+    (re.compile(r"run `(?:taskcard )?ledger init`"), "call the ledger tool with command init"),
+)
+# An option as the store writes one: after a space, never inside a quoted path or id.
+_OPTION: Final = re.compile(r"(?<= )--([a-z][a-z-]*)(?: [A-Z_]+)?")
+_OPTION_FIELDS: Final = {"bytes": "observed_bytes"}
+
+
+def for_mcp(message: str) -> str:
+    """A store's error with its command line words (options, `--help`) said as this tool's."""
+    for pattern, words in _CLI_REFERENCES:
+        message = pattern.sub(words, message)
+    return _OPTION.sub(
+        lambda found: _OPTION_FIELDS.get(found[1], found[1].replace("-", "_")), message
+    )
+
+
 def _failed(message: str) -> dict[str, Any]:
     return {"status": "failed", "message": message}
 
@@ -250,7 +271,7 @@ def call_ledger(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
     try:
         return {"status": "ok", "command": command, **_run(ledger, paths, command, arguments)}
     except LedgerError as exc:
-        return _failed(str(exc))
+        return _failed(for_mcp(str(exc)))
     except (TypeError, ValidationError):
         return _failed(f"a field of {command} has the wrong type; see the ledger tool's schema")
 

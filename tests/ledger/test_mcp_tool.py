@@ -184,3 +184,48 @@ async def test_a_field_the_command_does_not_take_is_refused_and_records_nothing(
             assert not fine.is_error, fine.structured_content
     finally:
         shutil.rmtree(runtime, ignore_errors=True)
+
+
+async def test_the_tools_errors_name_its_fields_not_the_command_lines_options(
+    workdir: Path,
+) -> None:
+    """The ledger's errors were worded for `taskcard ledger`: an MCP caller read "give
+    --bytes", "needs --reason and --safe-next-step" and "see `taskcard ledger init --help`",
+    names it does not have. The same errors now say its fields."""
+    runtime = Path(tempfile.mkdtemp(prefix="tclm"))
+    server = StdioServerParameters(
+        command=sys.executable,
+        args=[
+            "-m",
+            "taskcard.bridge.cli",
+            "mcp",
+            "--workdir",
+            str(workdir),
+            "--runtime-dir",
+            str(runtime),
+        ],
+    )
+    refused = [
+        ({"command": "init", "task_id": "u", "purpose": "p", "timeout_sec": 0}, "schema"),
+        ({"command": "heartbeat", "task_id": "nope"}, "command init"),
+        ({"command": "checkpoint", "task_id": "t", "event_type": "STEP_PROGRESS"}, "step"),
+        ({"command": "download-observed", "task_id": "t", "name": "d"}, "observed_bytes"),
+        ({"command": "owner-reply", "task_id": "t", "reply": "B"}, "safe_next_step"),
+        ({"command": "block", "task_id": "t", "reason": "r"}, "give kind"),
+    ]
+    try:
+        async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            created = await session.call_tool(
+                "ledger", {"command": "init", "task_id": "t", "purpose": "p"}
+            )
+            assert not created.is_error
+            for arguments, words in refused:
+                result = await session.call_tool("ledger", arguments)
+                content = result.structured_content
+                assert result.is_error and isinstance(content, dict), arguments
+                message = content["message"]
+                assert words in message, message
+                assert "--" not in message and "taskcard ledger" not in message, message
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
