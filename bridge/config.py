@@ -578,9 +578,22 @@ def _endpoint_problems(config: ServiceConfig) -> list[str]:
             )
     for key, value in urls:
         problem = url_problem(value)
+        if problem is None and key == "feishu.domain":
+            problem = _origin_problem(value)
         if problem is not None:
             problems.append(f"{key}: {problem}")
     return problems
+
+
+def _origin_problem(value: str) -> str | None:
+    """Why `value` (a valid URL) is not an origin: the Feishu channel takes only scheme and
+    host, and refused any path when it started, with a traceback that quoted the URL whole (a
+    custom bot's webhook URL, `.../bot/v2/hook/<secret>`, is the likely paste)."""
+    parts = urlsplit(value)
+    if not parts.path.strip("/"):
+        return None
+    origin = f"{parts.scheme}://{parts.netloc}"
+    return f"{origin!r} is followed by a path; give only the origin, e.g. {origin!r}"
 
 
 _HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")

@@ -405,6 +405,31 @@ def test_a_bot_token_in_the_api_url_path_is_refused_without_quoting_it(tmp_path:
         assert BOT_TOKEN_IN_FILE.split(":")[1] not in result.stderr + result.stdout
 
 
+def test_a_feishu_domain_with_a_path_is_refused_by_the_check_without_quoting_the_path(
+    tmp_path: Path,
+) -> None:
+    """A Feishu custom bot's webhook URL pasted as `feishu.domain` passed `config check` and
+    `serve --check`; `serve` then stopped with a traceback that quoted the URL, its secret
+    hook id included. The check refuses it, naming the key and quoting only the origin."""
+    hook = "0b7f3c2e-1111-4222-8333-944455556666"
+    config = console_config(
+        tmp_path,
+        AGENT,
+        extra=f'[feishu]\ndomain = "https://open.feishu.cn/open-apis/bot/v2/hook/{hook}"\n'
+        'events = "none"\n',
+    )
+    env = {"FEISHU_APP_ID": "cli_app", "FEISHU_APP_SECRET": "app-secret-value"}
+    for args in (
+        ("config", "check", str(config)),
+        ("serve", "--config", str(config), "--check"),
+        ("serve", "--config", str(config)),
+    ):
+        result = taskcard(*args, env=env)
+        assert result.returncode == 2, result.stderr
+        assert "feishu.domain" in result.stderr and "only the origin" in result.stderr
+        assert "Traceback" not in result.stderr and hook not in result.stderr + result.stdout
+
+
 @pytest.mark.parametrize(
     ("toml", "key"),
     [
