@@ -126,7 +126,10 @@ def _check_types(**values: object) -> None:
 
 def _note(field: str, value: str | None) -> str | None:
     if value is not None and len(value) > MAX_NOTE_CHARS:
-        raise LedgerError(f"{field}: {len(value)} characters; keep it under {MAX_NOTE_CHARS}")
+        raise LedgerError(f"{field}: {len(value)} characters, at most {MAX_NOTE_CHARS}")
+    if value is not None and "\0" in value:
+        # As the task_card envelope refuses one: no text of the ledger has a use for it.
+        raise LedgerError(f"{field}: contains a NUL character; remove it")
     if value is not None:
         try:
             value.encode("utf-8")
@@ -229,6 +232,7 @@ class Ledger:
         _check_id("task_id", task_id)
         if not isinstance(purpose, str) or not shows_text(purpose):
             raise LedgerError("purpose: say in one line what the task is for")
+        _note("purpose", purpose)
         for step in steps or []:
             _check_id("steps", step)
         if len(set(steps or [])) != len(steps or []):

@@ -90,6 +90,8 @@ def spawn(
             "reason: required, and it must show text (not only white space or invisible"
             " characters such as zero-width spaces); say why this agent is created"
         )
+    if "\0" in reason:
+        raise LineageError("reason: contains a NUL character; remove it")
     if not encodable(reason):
         raise LineageError(
             "reason: holds bytes that are not UTF-8 (undecodable input); pass UTF-8 text"

@@ -103,6 +103,8 @@ def check_report(
                 "summary: must be text that shows (not only white space or invisible"
                 " characters such as zero-width spaces), or left out"
             )
+        if "\0" in summary:
+            raise ReportError("summary: contains a NUL character; remove it")
         if not encodable(summary):
             raise ReportError(
                 "summary: holds bytes that are not UTF-8 (undecodable input); pass UTF-8 text"

@@ -199,3 +199,55 @@ async def test_the_envelope_size_limit_counts_bytes_on_every_way_in(
         assert card.call(envelope)["message"].startswith(f"envelope: {refusal}")
         # Under the limit in bytes, the same text is taken.
         assert card.call({**envelope, "reasoning": "é" * 100_000})["status"] == "ok"
+
+
+# A text field of each tool with a NUL in it, and the field the refusal must name.
+NUL_TEXTS: list[tuple[str, dict[str, Any], str]] = [
+    ("task_card", {"action": "settings", "input": {}, "reasoning": "a\0b"}, "envelope: reasoning"),
+    ("report", {"ok": True, "summary": "done\0"}, "summary"),
+    ("spawn", {"child_workdir": "child", "reason": "lint\0"}, "reason"),
+    ("ledger", {"command": "init", "task_id": "n", "purpose": "p\0"}, "purpose"),
+    ("ledger", {"command": "heartbeat", "task_id": "t", "note": "\0"}, "note"),
+    (
+        "ledger",
+        {"command": "block", "task_id": "t", "kind": "OTHER", "reason": "r\0"},
+        "reason",
+    ),
+    (
+        "ledger",
+        {
+            "command": "external-job",
+            "task_id": "t",
+            "job_id": "j",
+            "status": "running",
+            "evidence": "e\0",
+        },
+        "evidence",
+    ),
+]
+
+
+async def test_a_nul_in_any_text_is_refused_by_every_tool(workdir: Path, cli: CliHost) -> None:
+    """`task_card` refused a NUL anywhere in its envelope, while `report` stored one in its
+    summary, `spawn` in the reason and `ledger` in a purpose or note: every tool refuses it
+    now, naming the field, and records nothing."""
+    (workdir / "child").mkdir()
+    async with (
+        stdio_client(server_for(workdir, cli)) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        created = await session.call_tool(
+            "ledger", {"command": "init", "task_id": "t", "purpose": "p"}
+        )
+        assert not created.is_error
+        ledger = workdir / "ledger" / "long-task-ledger.json"
+        before = ledger.read_bytes()
+        for name, arguments, field in NUL_TEXTS:
+            result = await session.call_tool(name, arguments)
+            content = result.structured_content
+            assert result.is_error and isinstance(content, dict), (name, field)
+            assert content["message"].startswith(f"{field}: contains a NUL"), content
+        assert ledger.read_bytes() == before
+    assert not (workdir / "reports").exists()
+    assert not (workdir / "child" / "lineage.json").exists()
