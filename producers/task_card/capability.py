@@ -565,8 +565,14 @@ class TaskCard:
         max_chars = self._settings.get().max_body_chars
         if not watch.renderer.is_file():
             return RenderFailure("renderer_failed", "the renderer file is gone"), ""
+        try:
+            # Checked again at every run, not only at start: the file may have been swapped
+            # for a symlink out of the workdir since (docs/producer.md, "Decisions").
+            renderer = resolve_renderer(self.workdir, watch.renderer_rel)
+        except RendererPathError as exc:
+            return RenderFailure("renderer_failed", f"{exc}; the renderer was not run"), ""
         request = RunRequest(
-            renderer=watch.renderer,
+            renderer=renderer,
             workdir=self.workdir,
             timeout_s=watch.timeout_s,
             stdout_limit_bytes=stdout_limit_for(max_chars),

@@ -1,0 +1,48 @@
+"""Links and planted files in an agent's workdir after a card started (the producer side).
+
+Anything that writes the workdir (the agent, its renderer, another program) can swap a file
+the host uses for a symlink between two ticks. The host checks again at every use what it
+checked once at start, and never reads, writes or locks through a link out of the workdir.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .conftest import COUNTER_RENDERER, CliHost, wait_for, write_renderer
+
+OUTSIDE_RENDERER = 'print("# Outside\\nOUTSIDE BODY")\n'
+
+
+def test_a_renderer_swapped_for_a_symlink_out_of_the_workdir_is_not_run(
+    workdir: Path, tmp_path: Path, cli: CliHost
+) -> None:
+    write_renderer(workdir, "r.py", COUNTER_RENDERER)
+    started = cli.json("card", "start", "r.py", "--interval-s", "1")
+    assert started["status"] == "watching", started
+    wait_for(lambda: int((workdir / "count.txt").read_text()) >= 2)
+    outside = tmp_path / "outside.py"
+    outside.write_text(
+        "from pathlib import Path\n"
+        f"Path({str(tmp_path / 'ran.flag')!r}).write_text('ran')\n" + OUTSIDE_RENDERER
+    )
+    (workdir / "r.py").unlink()
+    (workdir / "r.py").symlink_to(outside)
+
+    def refused() -> bool:
+        inspected = cli.json("card", "inspect", "tc_1")
+        error = inspected.get("error") or {}
+        return inspected["status"] == "error" and error.get("code") == "renderer_failed"
+
+    wait_for(refused)
+    inspected = cli.json("card", "inspect", "tc_1")
+    assert "r.py" in inspected["error"]["message"]
+    assert "outside the workdir" in inspected["error"]["message"]
+    assert not (tmp_path / "ran.flag").exists()
+    assert "OUTSIDE BODY" not in (workdir / "taskcard" / "taskcard.md").read_text()
+    # Put back as a regular file, the card recovers at the next tick.
+    (workdir / "r.py").unlink()
+    write_renderer(workdir, "r.py", COUNTER_RENDERER)
+    wait_for(lambda: cli.json("card", "inspect", "tc_1")["status"] == "watching")
+    assert cli.json("card", "remove")["status"] == "removed"
+    assert not (tmp_path / "ran.flag").exists()
