@@ -15,7 +15,7 @@ from typing import Any, Final
 
 import taskcard.producers.task_card.workdir_lock as workdir_lock
 from taskcard.producers.task_card.envelope import check_values
-from taskcard.producers.task_card.runtime import HostPaths, RuntimeDirUnsafe
+from taskcard.producers.task_card.runtime import CardFolderUnsafe, HostPaths, RuntimeDirUnsafe
 
 SPAWN_TIMEOUT_S: Final = 60.0
 EXIT_ALREADY_RUNNING: Final = 3
@@ -100,12 +100,26 @@ def spawn_detached_host(paths: HostPaths, idle_grace_s: float | None = None) -> 
         )
 
 
+def _check_card_folder(workdir: Path) -> None:
+    try:
+        folder = workdir_lock.open_card_folder(workdir, create=False)
+    except workdir_lock.CardFolderOutside as exc:
+        raise CardFolderUnsafe(str(exc)) from None
+    except OSError:
+        return  # not a folder, unreadable: the host says what it can do with it
+    if folder is not None:
+        os.close(folder)
+
+
 def ensure_host(paths: HostPaths, idle_grace_s: float | None = None) -> None:
     """Make sure a host answers for the workdir (it rehydrates a persisted watch on start).
 
-    Raises `RuntimeDirUnsafe` before anything is sent when the runtime folder is not ours.
+    Raises `RuntimeDirUnsafe` before anything is sent when the runtime folder is not ours,
+    and `CardFolderUnsafe` when the workdir's `taskcard/` leads out of it (no host would
+    start there).
     """
     paths.ensure_dir()
+    _check_card_folder(paths.workdir)
     if ping(paths):
         return
     spawn_detached_host(paths, idle_grace_s)

@@ -37,7 +37,7 @@ from taskcard.producers.task_card.client import HostUnavailable, call_via_host
 from taskcard.producers.task_card.contract import CardPaths, quoted
 from taskcard.producers.task_card.envelope import ACTIONS, envelope_json_schema
 from taskcard.producers.task_card.meta import MetaProjector
-from taskcard.producers.task_card.runtime import HostPaths
+from taskcard.producers.task_card.runtime import HostPaths, RuntimeDirUnsafe
 from taskcard.producers.task_card.wakes import WakeReader
 
 SERVER_NAME: Final = "taskcard"
@@ -107,7 +107,7 @@ def task_card_output_schema() -> dict[str, Any]:
 def _call_task_card(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
     try:
         return call_via_host(paths, arguments)
-    except (HostUnavailable, OSError, ValueError) as exc:
+    except (HostUnavailable, RuntimeDirUnsafe, OSError, ValueError) as exc:
         return {"status": "failed", "message": f"task card host unavailable: {exc}"}
 
 

@@ -37,6 +37,11 @@ class RuntimeDirUnsafe(RuntimeError):
     """The runtime folder could be read or replaced by someone else; nothing is sent there."""
 
 
+class CardFolderUnsafe(RuntimeDirUnsafe):
+    """The workdir's `taskcard/` folder leads out of it; answered like an unsafe runtime
+    folder (one line, exit 2), since a host there would lock and write somewhere else."""
+
+
 def runtime_dir_problem(mode: int, owner_uid: int, my_uid: int) -> str | None:
     """Why a folder with this `lstat` mode and owner is not private to us, or None. Pure."""
     if stat.S_ISLNK(mode):
@@ -149,6 +154,10 @@ class HostLock:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
             raise HostAlreadyRunning(exc.holder.describe(self._paths.workdir)) from None
+        except workdir_lock.CardFolderOutside as exc:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+            raise CardFolderUnsafe(str(exc)) from None
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._fd = fd

@@ -14,6 +14,12 @@ file with no other name (a hard link planted there would be truncated). When it 
 used at all (a read-only workdir, a folder planted at its name) the host runs on the runtime
 lock alone, as before, and logs why: refusing to start would stop the card for a problem the
 runtime lock still mostly covers.
+
+The folder is opened first and the lock file relative to it, and the kernel's path of the
+opened folder must lie inside the resolved workdir. A `taskcard` symlink leading elsewhere
+(to another agent's card folder, to a folder someone else holds a lock in) would make the
+host wait on a foreign lock, or put its card there; that is `CardFolderOutside`, and the host
+does not start (a link that stays inside the workdir is followed).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from taskcard.producers.task_card.contract import HOST_LOCK_FILE, TASKCARD_DIR, read_regular
+from taskcard.producers.task_card.contract import HOST_LOCK_FILE, TASKCARD_DIR
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +56,10 @@ class Holder:
             f"talk to it through the same runtime dir (TASKCARD_RUNTIME_DIR={where} or "
             "--runtime-dir), or stop it first"
         )
+
+
+class CardFolderOutside(RuntimeError):
+    """The workdir's `taskcard/` folder leads out of the workdir; the text names the fix."""
 
 
 class WorkdirHeld(RuntimeError):
@@ -80,25 +90,81 @@ def parse_holder(raw: bytes) -> Holder:
     )
 
 
+def _is_inside(root: str, path: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def open_card_folder(workdir: Path, *, create: bool) -> int | None:
+    """A descriptor of `<workdir>/taskcard/` (None when missing and not created).
+
+    Raises `CardFolderOutside` when the folder opened (after any symlink) is not inside the
+    resolved workdir, and `OSError` when it cannot be opened."""
+    folder = workdir / TASKCARD_DIR
+    if create:
+        with contextlib.suppress(FileExistsError):
+            folder.mkdir()
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        if create:
+            raise
+        return None
+    try:
+        opened = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        opened = os.path.realpath(folder)  # no /proc: the resolved path is what we have
+    if not _is_inside(os.path.realpath(workdir), opened):
+        os.close(fd)
+        raise CardFolderOutside(
+            f"{folder} is a symlink that leads out of the workdir; the host keeps its lock and "
+            "the card there, so make it a real folder inside the workdir (remove the link)"
+        )
+    return fd
+
+
 def read_holder(workdir: Path) -> Holder | None:
     """What the lock file says, None when there is none (or it cannot be read)."""
     try:
-        return parse_holder(read_regular(lock_path(workdir), _MAX_LOCK_BYTES, follow=False))
+        folder = open_card_folder(workdir, create=False)
+    except (OSError, CardFolderOutside):
+        return None
+    if folder is None:
+        return None
+    try:
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(HOST_LOCK_FILE, flags, dir_fd=folder)
     except OSError:
         return None
+    finally:
+        os.close(folder)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return parse_holder(os.read(fd, _MAX_LOCK_BYTES))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def acquire(workdir: Path, runtime_dir: Path) -> int | None:
-    """The held lock's descriptor; None when the file cannot be used. Raises `WorkdirHeld`."""
+    """The held lock's descriptor; None when the file cannot be used. Raises `WorkdirHeld`,
+    and `CardFolderOutside` when `taskcard/` leads out of the workdir."""
     path = lock_path(workdir)
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
-        with contextlib.suppress(FileExistsError):
-            path.parent.mkdir()
-        fd = os.open(path, flags, 0o644)
+        folder = open_card_folder(workdir, create=True)
+        assert folder is not None
     except OSError as exc:
         log.warning("no workdir lock at %s (%s); the runtime lock alone", path, exc.strerror)
         return None
+    try:
+        fd = os.open(HOST_LOCK_FILE, flags, 0o644, dir_fd=folder)
+    except OSError as exc:
+        log.warning("no workdir lock at %s (%s); the runtime lock alone", path, exc.strerror)
+        return None
+    finally:
+        os.close(folder)
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
         # A hard link planted at the name is another file's inode: truncating it would empty

@@ -46,3 +46,34 @@ def test_a_renderer_swapped_for_a_symlink_out_of_the_workdir_is_not_run(
     wait_for(lambda: cli.json("card", "inspect", "tc_1")["status"] == "watching")
     assert cli.json("card", "remove")["status"] == "removed"
     assert not (tmp_path / "ran.flag").exists()
+
+
+def test_a_card_folder_linked_out_of_the_workdir_is_refused_not_locked_through(
+    workdir: Path, tmp_path: Path, runtime_dir: Path, cli: CliHost
+) -> None:
+    """`taskcard/` planted as a link to another agent's card folder: the host neither waits
+    on that agent's lock (it was refused as "already running") nor writes its card there."""
+    write_renderer(workdir, "r.py", COUNTER_RENDERER)
+    assert cli.json("card", "start", "r.py", "--interval-s", "3600")["status"] == "watching"
+    other = tmp_path / "other"
+    other.mkdir()
+    write_renderer(other, "r.py", 'print("# Other\\nOTHER BODY")\n')
+    (other / "taskcard").symlink_to(workdir / "taskcard")
+    second = CliHost(other, runtime_dir)
+    try:
+        for command in (("card", "start", "r.py"), ("host",)):
+            done = second.run(*command, timeout_s=60)
+            assert done.returncode == 2, (command, done.stdout, done.stderr)
+            assert f"{other / 'taskcard'} is a symlink that leads out of the workdir" in done.stderr
+            assert "already runs" not in done.stderr
+        assert "OTHER BODY" not in (workdir / "taskcard" / "taskcard.md").read_text()
+        assert cli.json("card", "inspect", "tc_1")["status"] == "watching"
+        # A link that stays inside the workdir is followed as before.
+        (other / "taskcard").unlink()
+        (other / "state").mkdir()
+        (other / "taskcard").symlink_to(other / "state")
+        assert second.json("card", "start", "r.py")["status"] == "watching"
+        wait_for(lambda: "OTHER BODY" in (other / "state" / "taskcard.md").read_text())
+        assert (other / "state" / ".host.lock").is_file()
+    finally:
+        second.shutdown()
