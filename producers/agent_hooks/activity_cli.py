@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     workdir: Path = args.workdir
     try:
-        append_jsonl_line(CardPaths(workdir).events, record)
+        append_jsonl_line(CardPaths(workdir).events, record, inside=workdir)
     except OSError as exc:
         print(f"taskcard activity: cannot append to logs/events.jsonl: {exc}", file=sys.stderr)
         return 1

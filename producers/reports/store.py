@@ -31,9 +31,12 @@ from typing import Any, Final
 from taskcard.producers.reports.contract import MAX_SEQ, VERDICT_WORDS, report_seq
 from taskcard.producers.task_card.contract import (
     NotRegularFile,
+    OutsideWorkdir,
     atomic_write,
     file_kind,
+    is_inside,
     line_break_first,
+    open_append,
     open_regular,
     parse_json,
     read_regular,
@@ -253,9 +256,10 @@ class Reports:
 
         Non-blocking and checked with `fstat`: a named pipe in its place would otherwise hold
         the writer (and the lock every other writer waits on) forever."""
-        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK
         try:
-            fd = os.open(self.path, flags, 0o644)
+            fd = open_append(self.path, inside=self.workdir)
+        except OutsideWorkdir:
+            raise self._outside() from None
         except OSError as exc:
             if exc.errno == errno.ENXIO:  # a named pipe that nobody reads
                 raise self._not_regular(stat.S_IFIFO) from None
@@ -267,6 +271,13 @@ class Reports:
         return fd
 
     @staticmethod
+    def _outside() -> ReportError:
+        return ReportError(
+            f"{REPORTS_DIR}/: leads out of the workdir (a symlink); nothing is written outside"
+            " it, so replace the link with a folder (or a file) inside the workdir"
+        )
+
+    @staticmethod
     def _not_regular(mode: int) -> ReportError:
         return ReportError(
             f"{REPORTS_DIR}/{REPORTS_FILE}: {file_kind(mode)}, not a regular file; replace it"
@@ -276,6 +287,8 @@ class Reports:
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         self.dir.mkdir(parents=True, exist_ok=True)
+        if not is_inside(os.path.realpath(self.workdir), os.path.realpath(self.dir)):
+            raise self._outside()  # the lock, the payloads and the counter would go there
         fd = os.open(self.dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)

@@ -109,4 +109,4 @@ def check_origin(record: Mapping[str, Any]) -> None:
 
 def append_event(paths: CardPaths, record: dict[str, Any]) -> None:
     """Append one record built by `event_record` as one whole line."""
-    append_jsonl_line(paths.events, record)
+    append_jsonl_line(paths.events, record, inside=paths.workdir)

@@ -567,13 +567,56 @@ def line_break_first(fd: int) -> bytes:
     return b"" if last == b"\n" else b"\n"
 
 
-def append_jsonl_line(path: Path, record: dict[str, Any]) -> None:
+class OutsideWorkdir(OSError):
+    """A workdir path whose file (after symlinks) lies outside the workdir: not written."""
+
+
+def is_inside(root: str, path: str) -> bool:
+    """Whether the absolute `path` is `root` or below it (both already resolved)."""
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _outside(path: Path) -> OutsideWorkdir:
+    return OutsideWorkdir(
+        errno.EXDEV,
+        f"{path} leads out of the workdir (a symlink); nothing is written outside it, so "
+        "replace the link with a regular file",
+    )
+
+
+def open_append(path: Path, *, inside: Path | None = None) -> int:
+    """An `O_APPEND` descriptor of `path` (open for reading too, for `line_break_first`),
+    created when missing; with `inside`, only onto a
+    file that lies inside that folder once symlinks are resolved (checked before anything
+    is created, and on the descriptor itself after opening)."""
+    # O_NONBLOCK: a named pipe at `path` fails (no reader) or is refused, never waited on.
+    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
+    if inside is None:
+        return os.open(path, flags, 0o644)
+    root = os.path.realpath(inside)
+    target = os.path.realpath(path)
+    if not is_inside(root, target):
+        raise _outside(path)
+    fd = os.open(target, flags | os.O_NOFOLLOW, 0o644)
+    try:
+        opened = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return fd  # no /proc: the resolved path checked above is what we have
+    if not is_inside(root, opened):
+        os.close(fd)
+        raise _outside(path)
+    return fd
+
+
+def append_jsonl_line(path: Path, record: dict[str, Any], *, inside: Path | None = None) -> None:
     """Append one whole JSON line with a single `write` on an `O_APPEND` descriptor, on a line
-    of its own even after a torn last line (`line_break_first`)."""
+    of its own even after a torn last line (`line_break_first`).
+
+    With `inside` (the workdir), a `path` that leads out of it through a symlink, at the
+    file or at a folder on its way, raises `OutsideWorkdir` and nothing is written."""
     path.parent.mkdir(parents=True, exist_ok=True)
     line = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
-    # O_NONBLOCK: a named pipe at `path` fails (no reader) or is refused, never waited on.
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
+    fd = open_append(path, inside=inside)
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):

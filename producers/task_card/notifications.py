@@ -178,4 +178,4 @@ class FileNotificationPort:
             if size >= self._rotate_bytes:
                 os.replace(path, path.with_name(path.name + ".1"))
             line = {"id": key, "channel": "system", "ref_id": ref_id, **record, "at": utc_now_iso()}
-            append_jsonl_line(path, line)
+            append_jsonl_line(path, line, inside=self._paths.workdir)

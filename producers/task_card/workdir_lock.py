@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from taskcard.producers.task_card.contract import HOST_LOCK_FILE, TASKCARD_DIR
+from taskcard.producers.task_card.contract import HOST_LOCK_FILE, TASKCARD_DIR, is_inside
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +90,6 @@ def parse_holder(raw: bytes) -> Holder:
     )
 
 
-def _is_inside(root: str, path: str) -> bool:
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
-
-
 def open_card_folder(workdir: Path, *, create: bool) -> int | None:
     """A descriptor of `<workdir>/taskcard/` (None when missing and not created).
 
@@ -113,7 +109,7 @@ def open_card_folder(workdir: Path, *, create: bool) -> int | None:
         opened = os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
         opened = os.path.realpath(folder)  # no /proc: the resolved path is what we have
-    if not _is_inside(os.path.realpath(workdir), opened):
+    if not is_inside(os.path.realpath(workdir), opened):
         os.close(fd)
         raise CardFolderOutside(
             f"{folder} is a symlink that leads out of the workdir; the host keeps its lock and "

@@ -7,9 +7,20 @@ checked once at start, and never reads, writes or locks through a link out of th
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
-from .conftest import COUNTER_RENDERER, CliHost, wait_for, write_renderer
+from .conftest import COUNTER_RENDERER, FLAG_RENDERER, CliHost, wait_for, write_renderer
+
+
+def activity(workdir: Path) -> subprocess.CompletedProcess[str]:
+    """`taskcard activity turn.start` for `workdir`, as a hook or a script runs it."""
+    command = [sys.executable, "-m", "taskcard.bridge.cli", "activity", "turn.start"]
+    return subprocess.run(
+        [*command, "--workdir", str(workdir)], capture_output=True, text=True, timeout=120
+    )
+
 
 OUTSIDE_RENDERER = 'print("# Outside\\nOUTSIDE BODY")\n'
 
@@ -77,3 +88,76 @@ def test_a_card_folder_linked_out_of_the_workdir_is_refused_not_locked_through(
         assert (other / "state" / ".host.lock").is_file()
     finally:
         second.shutdown()
+
+
+def test_signal_files_linked_out_of_the_workdir_are_never_written_through(
+    workdir: Path, tmp_path: Path, cli: CliHost
+) -> None:
+    """The notification file and the activity log planted as links to files outside (a
+    dotfile of the agent's user, say): the host and `taskcard activity` refuse to append
+    there, name the file, and the card itself goes on."""
+    outside = tmp_path / "dotfile"
+    outside.write_text("keep me\n")
+    (workdir / ".notification").mkdir()
+    (workdir / ".notification" / "system.jsonl").symlink_to(outside)
+    (workdir / "logs").mkdir()
+    (workdir / "logs" / "events.jsonl").symlink_to(outside)
+    write_renderer(workdir, "r.py", FLAG_RENDERER)
+    assert cli.json("card", "start", "r.py", "--interval-s", "1")["status"] == "watching"
+    (workdir / "fail.flag").write_text("")
+    wait_for(lambda: cli.json("card", "inspect", "tc_1")["status"] == "error")
+    (workdir / "fail.flag").unlink()
+    wait_for(lambda: cli.json("card", "inspect", "tc_1")["status"] == "watching")
+    done = activity(workdir)
+    assert done.returncode == 1, done.stderr
+    assert "logs/events.jsonl leads out of the workdir" in done.stderr
+    # A folder on the way linked out is refused the same way, and nothing is created there.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (workdir / "logs" / "events.jsonl").unlink()
+    (workdir / "logs").rmdir()
+    (workdir / "logs").symlink_to(elsewhere)
+    done = activity(workdir)
+    assert done.returncode == 1, done.stderr
+    assert "leads out of the workdir" in done.stderr
+    assert list(elsewhere.iterdir()) == []
+    assert outside.read_text() == "keep me\n"
+    # Links that stay inside the workdir are written through as before.
+    (workdir / "logs").unlink()
+    (workdir / "kept").mkdir()
+    (workdir / "logs").symlink_to(workdir / "kept")
+    assert activity(workdir).returncode == 0
+    assert "turn.start" in (workdir / "kept" / "events.jsonl").read_text()
+
+
+def test_a_reports_folder_or_file_linked_out_of_the_workdir_takes_no_report(
+    workdir: Path, tmp_path: Path
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    def report() -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "taskcard.bridge.cli", "report", "--ok"]
+        return subprocess.run(
+            [*command, "--summary", "done", "--payload", "-", "--workdir", str(workdir)],
+            input="details",
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    (workdir / "reports").symlink_to(elsewhere)
+    done = report()
+    assert done.returncode != 0 and "reports/: leads out of the workdir" in done.stderr, done
+    assert list(elsewhere.iterdir()) == []
+    (workdir / "reports").unlink()
+    (workdir / "reports").mkdir()
+    outside = tmp_path / "dotfile"
+    outside.write_text("keep me\n")
+    (workdir / "reports" / "reports.jsonl").symlink_to(outside)
+    done = report()
+    assert done.returncode != 0 and "leads out of the workdir" in done.stderr, done
+    assert outside.read_text() == "keep me\n"
+    (workdir / "reports" / "reports.jsonl").unlink()
+    assert report().returncode == 0
+    assert '"seq":1' in (workdir / "reports" / "reports.jsonl").read_text()
