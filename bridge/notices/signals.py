@@ -89,7 +89,10 @@ def report_signal(agent_id: str, report: Report, redactor: Callable[[str], str] 
     text = ", ".join(parts) + "."
     if report.summary is not None:
         text += f"\n{_one_line(report.summary, SUMMARY_CHARS, redactor)}"
-    return Signal("report", f"signal:report:{report.seq}", text)
+    # The date is part of the key: a series numbered from 1 again (reports/ moved aside)
+    # must not be taken for the first series' notices already sent.
+    stamp = int(report.at.timestamp() * 1000)
+    return Signal("report", f"signal:report:{report.seq}:{stamp}", text)
 
 
 def _reported_since(report: Report | None, moment: datetime | None) -> bool:

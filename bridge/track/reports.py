@@ -49,7 +49,15 @@ class SideRefresh:
 class _Followed:
     """One followed file with its persisted offset (see the module docstring)."""
 
-    __slots__ = ("_agent_id", "_name", "_offsets", "_pending", "_primed", "follower")
+    __slots__ = (
+        "_agent_id",
+        "_name",
+        "_offsets",
+        "_pending",
+        "_primed",
+        "_restarted_inode",
+        "follower",
+    )
 
     def __init__(
         self, agent_id: str, name: str, path: StrPath, files: WorkdirFiles, offsets: OffsetStore
@@ -60,6 +68,10 @@ class _Followed:
         self.follower = LineFollower(path, files)
         self._primed = False
         self._pending: tuple[int, int] | None = None
+        # The inode of a file that was read again from its beginning (it replaced the one
+        # followed, or was truncated): its lines may be a new series numbered from 1 again.
+        # Kept, since the file is often seen empty (just created) before its first line.
+        self._restarted_inode: int | None = None
 
     def read(self) -> tuple[list[bytes], list[bytes]]:
         """(history lines seen at first sight, new lines)."""
@@ -83,11 +95,21 @@ class _Followed:
         return [], self._new()
 
     def _new(self) -> list[bytes]:
+        before = self.follower.position
+        was = None if before is None else (before.inode, before.offset)  # moved in place
         lines = self.follower.read_new()
         position = self.follower.position
         if position is not None:
+            if was is not None and (position.inode != was[0] or position.offset < was[1]):
+                self._restarted_inode = position.inode
             self._pending = (position.inode, position.offset)
         return lines
+
+    @property
+    def restarted(self) -> bool:
+        """Whether the file followed now was read again from its start (see `__init__`)."""
+        position = self.follower.position
+        return position is not None and position.inode == self._restarted_inode
 
     def commit(self) -> None:
         if self._pending is not None:
@@ -150,9 +172,10 @@ class AgentSide:
             history, lines = self._reports.read()
             for line in history:
                 self._learn(self._dated(parse_report(line)))
+            restarted = self._reports.restarted
             for line in lines:
                 report = self._dated(parse_report(line))
-                if report is not None and self._learn(report):
+                if report is not None and self._learn(report, restarted=restarted):
                     reports.append(report)
         acks: tuple[Ack, ...] = ()
         if changed is None or ACKS_NAME in changed:
@@ -170,11 +193,20 @@ class AgentSide:
         now = self._clock()
         return replace(report, at=now) if report.at > now else report
 
-    def _learn(self, report: Report | None) -> bool:
-        """Keep the newest report; True when `report` is newer than any seen (seq grows)."""
+    def _learn(self, report: Report | None, *, restarted: bool = False) -> bool:
+        """Keep the newest report; True when `report` is newer than any seen.
+
+        Within one file, newer means a larger seq (seq only grows). In a file read again from
+        its start (`restarted`: `reports/` moved aside or deleted, numbering from 1 again, as
+        the writer suggests once seq reaches its ceiling), a smaller seq is still a new report
+        when it is dated after the latest one seen: a copy of old reports keeps their dates
+        and is not announced twice.
+        """
         if report is None:
             return False
-        if self.latest_report is not None and report.seq <= self.latest_report.seq:
+        latest = self.latest_report
+        older = latest is not None and report.seq <= latest.seq
+        if older and not (restarted and latest is not None and report.at > latest.at):
             return False
         self.latest_report = report
         return True

@@ -181,7 +181,7 @@ def test_report_notice_has_typed_fields_and_a_redacted_cut_summary() -> None:
             summary="token=supersecret123456 " + "x" * 1000,
         ),
     )
-    assert signal.episode == "signal:report:7"
+    assert signal.episode == f"signal:report:7:{int(at(0).timestamp() * 1000)}"
     assert signal.text.startswith(
         "📋 builder reported (#7): failed, verdict rejected, as reviewer."
     )

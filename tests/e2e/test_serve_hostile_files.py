@@ -457,3 +457,40 @@ async def test_a_broken_card_body_keeps_its_last_good_text_while_ledger_and_line
         )
         assert "outside text" not in every_text(fake)
         assert await serve.aterminate() == 0
+
+
+async def test_reports_numbered_again_after_reports_is_moved_aside_are_announced_once(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """The report writer says to move `reports/` aside to number from 1 again; the service
+    followed by number and stayed silent about the new series. A copy of old reports put
+    back (a new file, old dates) is still not announced twice."""
+    serve = setup(tmp_path, fake, ["worker"])
+    wd = workdir(tmp_path, "worker")
+
+    def report(summary: str) -> None:
+        done = run_cli("report", "--workdir", str(wd), "--ok", "--summary", summary)
+        assert done.returncode == 0, done.stderr
+
+    def said(summary: str) -> int:
+        return sum(summary in text for text in texts(fake, GROUP))
+
+    publish(wd, "worker v1")
+    with serve:
+        await eventually(lambda: shows(fake, GROUP, "worker v1"), what="the card")
+        report("first round")
+        report("second round")
+        await eventually(lambda: said("second round"), what="the second report's notice")
+        old_lines = (wd / "reports" / "reports.jsonl").read_bytes()
+        (wd / "reports").rename(wd / "reports.old")
+        report("new series")
+        await eventually(lambda: said("new series"), what="the new series' first notice")
+        assert shows(fake, GROUP, "worker reported (#1)")
+        # Old reports copied back in a new file: nothing old is announced again.
+        reports = wd / "reports" / "reports.jsonl"
+        atomic_write(reports, old_lines + reports.read_bytes())
+        report("after the copy")
+        await eventually(lambda: said("after the copy"), what="the next report's notice")
+        assert await serve.aterminate() == 0
+    counts = {s: said(s) for s in ("first round", "second round", "new series", "after the copy")}
+    assert counts == dict.fromkeys(counts, 1), counts
