@@ -184,6 +184,7 @@ class ProcEntry:
     ppid: int
     zombie: bool
     tagged: bool  # its environment carries the run's token
+    start: int | None = None  # its start time (clock ticks after boot): who holds the pid
 
 
 def decide_doomed(
@@ -413,8 +414,55 @@ def _snapshot(token: bytes | None, window: PidWindow | None = None) -> list[Proc
         if marker is not None:
             environ = _read_proc(f"/proc/{pid}/environ", 1 << 20)
             tagged = environ is not None and marker in environ.split(b"\0")
-        entries.append(ProcEntry(pid, int(fields[1]), fields[0] == b"Z", tagged))
+        entries.append(
+            ProcEntry(pid, int(fields[1]), fields[0] == b"Z", tagged, _start_field(fields))
+        )
     return entries
+
+
+def _start_field(fields: list[bytes]) -> int | None:
+    """`starttime` (field 22 of /proc/<pid>/stat) from the fields after the command name."""
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _start_time(pid: int) -> int | None:
+    stat = _read_proc(f"/proc/{pid}/stat")
+    return None if stat is None else _start_field(stat.rsplit(b")", 1)[-1].split())
+
+
+def kill_seen(entry: ProcEntry) -> None:
+    """SIGKILL the process `entry` describes, never one that took its pid since.
+
+    Between the snapshot and the kill, a doomed process may have exited and been reaped,
+    and its pid handed to an unrelated process. A pidfd names one process for good: it is
+    opened first, then the start time read under that pid must still be the snapshot's, and
+    the signal goes through the pidfd. Without pidfds (Linux before 5.3) the start time is
+    compared just before `kill`, which narrows the window to microseconds.
+    """
+    pidfd_open = getattr(os, "pidfd_open", None)
+    send = getattr(signal, "pidfd_send_signal", None)
+    fd: int | None = None
+    if pidfd_open is not None and send is not None:
+        try:
+            fd = int(pidfd_open(entry.pid))
+        except ProcessLookupError:
+            return  # gone already
+        except OSError:
+            fd = None
+    try:
+        if entry.start is not None and _start_time(entry.pid) != entry.start:
+            return  # another process holds the pid now (or none does)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if fd is not None and send is not None:
+                send(fd, signal.SIGKILL)
+            else:
+                os.kill(entry.pid, signal.SIGKILL)
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def _listed_pids(window: PidWindow | None) -> list[int]:
@@ -442,8 +490,7 @@ def _sweep(token: bytes | None, leader: int | None, mark: SpawnMark | None = Non
         by_pid = {entry.pid: entry for entry in table}
         running = [pid for pid in doomed if not by_pid[pid].zombie]
         for pid in running:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+            kill_seen(by_pid[pid])
         for entry in table:
             # The leader is left to its Popen, which must collect its real exit status.
             if entry.ppid == me and entry.zombie and entry.pid not in live | {leader}:
@@ -527,6 +574,16 @@ def run_renderer(request: RunRequest, cancel: threading.Event) -> RunOutcome:
             _Fence.live_leaders.discard(proc.pid)
             if not clean:
                 _sweep(token.encode(), proc.pid, mark)
+
+
+def _has_exited(proc: subprocess.Popen[bytes]) -> bool:
+    """Whether the renderer exited, leaving it unreaped until `proc.wait()` at the end of the
+    run: until then its pid, and so its process group's id, cannot be handed to another
+    process, so the group kill and the sweeps can only reach the renderer's own processes."""
+    try:
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # already collected (the wait without pidfds)
+        return proc.poll() is not None
 
 
 def _exit_watch(pid: int) -> int | None:
@@ -673,7 +730,7 @@ def _supervise(
                     break
             if leader_gone or not (exited or pidfd is None):
                 continue
-            if proc.poll() is not None:
+            if _has_exited(proc):
                 # The leader is gone: drain what is buffered, then stop waiting for pipes that
                 # a leftover descendant might hold open forever.
                 leader_gone = True

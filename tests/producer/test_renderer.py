@@ -14,6 +14,7 @@ from taskcard.producers.task_card.contract import body_chars
 from taskcard.producers.task_card.renderer import (
     RENDER_NICE_INCREMENT,
     PidWindow,
+    ProcEntry,
     Rendered,
     RendererPathError,
     RenderFailure,
@@ -21,6 +22,7 @@ from taskcard.producers.task_card.renderer import (
     RunRequest,
     _snapshot,
     classify,
+    kill_seen,
     pid_window,
     renderer_environment,
     resolve_renderer,
@@ -369,3 +371,22 @@ def test_stdout_of_exactly_the_limit_passes_and_one_byte_more_is_an_overflow(
     assert run.stdout == b"a" * limit
     assert run.stdout_overflow is bool(extra)
     assert (run.exit_code == 0) is not bool(extra)
+
+
+def test_the_sweep_never_signals_a_process_that_took_a_doomed_pid() -> None:
+    """A doomed process may exit and its pid go to an unrelated process between the sweep's
+    look at /proc and its kill: the kill checks who holds the pid (its start time, through
+    a pidfd) and leaves another process alone."""
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    try:
+        seen = next(e for e in _snapshot(None) if e.pid == bystander.pid)
+        assert seen.start is not None
+        # What the sweep saw: the process that held this pid before, started earlier.
+        earlier = ProcEntry(bystander.pid, seen.ppid, False, False, seen.start - 1)
+        kill_seen(earlier)
+        assert bystander.poll() is None and pid_alive(bystander.pid)
+        kill_seen(seen)
+        assert bystander.wait(timeout=60) == -9
+    finally:
+        bystander.kill()
+        bystander.wait()
