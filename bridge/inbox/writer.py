@@ -7,6 +7,13 @@ is written to `inbox/tmp/<id>.json` and renamed into `inbox/queued/` (readers ne
 file); a cancel is a rename from `queued/` to `cancelled/` that races the agent side's claim
 (rename to `taken/`): whichever rename happens first wins, and the loser sees
 `FileNotFoundError`. Folders are created with mode 0700.
+
+An agent may run as another user than the service. When the workdir grants its group full
+access (rwx: the owner shares it with a group the service and the agent are in), the inbox
+is shared the same way: the folders the service owns get that group and mode 2770 (the
+setgid bit gives what is created inside the same group), and message files mode 0640 with
+that group, so the agent's user can read and claim them. Otherwise they stay private (0700
+and 0600), as before. See docs/operators.md, "An agent run by another user".
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,8 +31,12 @@ from taskcard.producers.inbox.contract import (
     CANCELLED_DIR,
     INBOX_DIR,
     QUEUED_DIR,
+    SHARED_DIR_MODE,
+    SHARED_FILE_MODE,
     TAKEN_DIR,
     TMP_DIR,
+    share,
+    shared_group,
 )
 from taskcard.producers.reports.contract import (
     INBOX_SUBDIRS,
@@ -45,7 +57,9 @@ class InboxRefused(Exception):
     """The inbox cannot be written safely; the message says what and how to fix it."""
 
 
-def _open_dir(name: str, parent_fd: int, shown: str, *, create: bool) -> int:
+def _open_dir(
+    name: str, parent_fd: int, shown: str, *, create: bool, group: int | None = None
+) -> int:
     if create:
         try:
             os.mkdir(name, 0o700, dir_fd=parent_fd)
@@ -54,7 +68,7 @@ def _open_dir(name: str, parent_fd: int, shown: str, *, create: bool) -> int:
         except OSError as error:
             raise InboxRefused(f"{shown} could not be created ({error.strerror})") from None
     try:
-        return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
     except OSError as error:
         if error.errno in (errno.ELOOP, errno.ENOTDIR):
             raise InboxRefused(
@@ -62,6 +76,9 @@ def _open_dir(name: str, parent_fd: int, shown: str, *, create: bool) -> int:
                 " create a real folder"
             ) from None
         raise InboxRefused(f"{shown} cannot be opened ({error.strerror})") from None
+    if create:
+        share(fd, group, SHARED_DIR_MODE)
+    return fd
 
 
 class InboxWriter:
@@ -75,16 +92,18 @@ class InboxWriter:
 
     @contextmanager
     def _folders(self, *, create: bool) -> Iterator[dict[str, int]]:
+        """Descriptors of the inbox folders by name (`""`: inbox itself)."""
         try:
             root = os.open(self.workdir.resolve(), _DIR_FLAGS)
         except OSError as error:
             raise InboxRefused(f"the workdir cannot be opened ({error.strerror})") from None
         fds: dict[str, int] = {}
         try:
-            inbox = _open_dir(INBOX_DIR, root, INBOX_DIR, create=create)
+            group = shared_group(root) if create else None
+            inbox = _open_dir(INBOX_DIR, root, INBOX_DIR, create=create, group=group)
             fds[""] = inbox
             for sub in INBOX_SUBDIRS:
-                fds[sub] = _open_dir(sub, inbox, f"{INBOX_DIR}/{sub}", create=create)
+                fds[sub] = _open_dir(sub, inbox, f"{INBOX_DIR}/{sub}", create=create, group=group)
             yield fds
         finally:
             for fd in fds.values():
@@ -110,6 +129,9 @@ class InboxWriter:
                 )
             except OSError as error:
                 raise InboxRefused(f"inbox/tmp/{name} ({error.strerror})") from None
+            inbox = os.fstat(fds[""])
+            if stat.S_IMODE(inbox.st_mode) == SHARED_DIR_MODE:  # shared: see the docstring
+                share(fd, inbox.st_gid, SHARED_FILE_MODE)
             try:
                 os.write(fd, data)
                 os.fsync(fd)

@@ -26,12 +26,15 @@ from taskcard.producers.inbox.contract import (
     MAX_MESSAGE_BYTES,
     MESSAGE_ID,
     QUEUED_DIR,
+    SHARED_DIR_MODE,
     TAKEN_DIR,
     VIAS,
     Message,
     MessageError,
     frame,
     parse_message,
+    share,
+    shared_group,
 )
 from taskcard.producers.task_card.contract import line_break_first, utc_now_iso
 
@@ -54,11 +57,17 @@ class Batch:
     problems: list[str] = field(default_factory=list)
 
 
-def _open_dir(name: str, parent_fd: int, shown: str, *, create: bool) -> int | None:
-    """A descriptor of the real directory `name` under `parent_fd`; None when missing."""
+def _open_dir(
+    name: str, parent_fd: int, shown: str, *, create: bool, group: int | None = None
+) -> int | None:
+    """A descriptor of the real directory `name` under `parent_fd`; None when missing. One
+    this call creates is shared with the workdir's `group` as the service's are."""
     for attempt in (1, 2):
         try:
-            return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+            if attempt == 2:
+                share(fd, group, SHARED_DIR_MODE)
+            return fd
         except FileNotFoundError:
             if not create or attempt == 2:
                 return None
@@ -93,7 +102,13 @@ def _inbox(workdir: Path, *, taken: bool) -> Iterator[tuple[int, int, int | None
         fds.append(queued)
         taken_fd = None
         if taken:
-            taken_fd = _open_dir(TAKEN_DIR, inbox, f"{INBOX_DIR}/{TAKEN_DIR}/", create=True)
+            taken_fd = _open_dir(
+                TAKEN_DIR,
+                inbox,
+                f"{INBOX_DIR}/{TAKEN_DIR}/",
+                create=True,
+                group=shared_group(root),
+            )
             if taken_fd is not None:
                 fds.append(taken_fd)
         yield inbox, queued, taken_fd

@@ -16,8 +16,11 @@ wrong; `frame` quotes the text so that it can never pose as the frame around it.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -28,6 +31,34 @@ QUEUED_DIR: Final = "queued"
 TAKEN_DIR: Final = "taken"
 CANCELLED_DIR: Final = "cancelled"
 TMP_DIR: Final = "tmp"
+
+# An inbox shared with an agent run by another user (docs/operators.md): folders and files.
+SHARED_DIR_MODE: Final = 0o2770
+SHARED_FILE_MODE: Final = 0o640
+
+
+def shared_group(workdir_fd: int) -> int | None:
+    """The workdir's group when the workdir grants it full access (rwx), else None."""
+    info = os.fstat(workdir_fd)
+    return info.st_gid if info.st_mode & stat.S_IRWXG == stat.S_IRWXG else None
+
+
+def share(fd: int, group: int | None, mode: int) -> None:
+    """Give what `fd` names (ours) the workdir's `group` and `mode`; nothing when `group` is
+    None or the file is not ours. Best effort: the kernel refuses a group the caller is not
+    in, and the inbox then stays private to the user who made it."""
+    if group is None:
+        return
+    info = os.fstat(fd)
+    if info.st_uid != os.geteuid():
+        return
+    with contextlib.suppress(PermissionError):
+        if info.st_gid != group:
+            os.fchown(fd, -1, group)
+        if stat.S_IMODE(info.st_mode) != mode:
+            os.fchmod(fd, mode)
+
+
 ACKS_FILE: Final = "acks.jsonl"
 MAX_MESSAGE_BYTES: Final = 16 * 1024
 VERSION: Final = 1
