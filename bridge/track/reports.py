@@ -88,7 +88,11 @@ class _Followed:
                 )
                 return history, []
             follower.position = Position(*stored)
-            history, _ = follower.tail(end=stored[1]) if stored[0] else ([], 0)
+            # The history is the stored file's: a file that replaced it while the service
+            # was down is new from its first line (a new series of reports, say).
+            seen = follower.signature
+            same = bool(stored[0]) and seen is not None and seen[0] == stored[0]
+            history, _ = follower.tail(end=stored[1]) if same else ([], 0)
             return history, self._new()
         if follower.unchanged():
             return [], []

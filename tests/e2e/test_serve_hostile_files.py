@@ -494,3 +494,34 @@ async def test_reports_numbered_again_after_reports_is_moved_aside_are_announced
         assert await serve.aterminate() == 0
     counts = {s: said(s) for s in ("first round", "second round", "new series", "after the copy")}
     assert counts == dict.fromkeys(counts, 1), counts
+
+
+async def test_a_report_series_started_again_while_the_service_was_down_is_announced(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    serve = setup(tmp_path, fake, ["worker"])
+    wd = workdir(tmp_path, "worker")
+
+    def report(summary: str) -> None:
+        done = run_cli("report", "--workdir", str(wd), "--ok", "--summary", summary)
+        assert done.returncode == 0, done.stderr
+
+    publish(wd, "worker v1")
+    with serve:
+        await eventually(lambda: shows(fake, GROUP, "worker v1"), what="the card")
+        report("first round")
+        report("second round")
+        await eventually(lambda: shows(fake, GROUP, "second round"), what="the second notice")
+        assert await serve.aterminate() == 0
+    (wd / "reports").rename(wd / "reports.old")
+    report("while the service was down")
+    with ServeProcess(serve.config, env=serve.env) as again:
+        await eventually(
+            lambda: shows(fake, GROUP, "while the service was down"), what="the new series"
+        )
+        report("after the restart")
+        await eventually(lambda: shows(fake, GROUP, "after the restart"), what="the next one")
+        assert await again.aterminate() == 0
+    shown = texts(fake, GROUP)
+    for summary in ("first round", "second round", "while the service was down"):
+        assert sum(summary in text for text in shown) == 1, (summary, shown)
