@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -25,6 +26,7 @@ from taskcard.producers.task_card.contract import (
     STATUS_ACTIVE,
     STATUS_INACTIVE,
     CardPaths,
+    is_inside,
     parse_status,
     quoted,
     read_bytes,
@@ -664,7 +666,10 @@ class TaskCard:
                 if counted:
                     watch.refreshes_used += 1
                 failure: RenderFailure | None = None
-                if isinstance(verdict, Rendered):
+                outside = self._card_folder_outside()
+                if outside is not None:
+                    failure = RenderFailure("write_failed", outside)
+                elif isinstance(verdict, Rendered):
                     try:
                         self._publish(verdict.body, activate=still_live, durable=not from_tick)
                     except OSError as exc:
@@ -687,7 +692,7 @@ class TaskCard:
                 spent = counted and watch.refreshes_used >= watch.max_refreshes
                 if spent and watch.state in ("watching", "error", "stopped"):
                     self._exhaust(watch)
-                elif still_live:
+                elif still_live and outside is None:
                     self._persist_budget(watch)
                 return failure
 
@@ -909,6 +914,22 @@ class TaskCard:
                 self._write_status(STATUS_INACTIVE)
             except OSError as exc:  # the host still serves; start and remove say why
                 log.warning("task card: %s", self._cannot_write(exc))
+
+    def _card_folder_outside(self) -> str | None:
+        """Why `taskcard/` cannot be written now: swapped for a symlink out of the workdir
+        since the host started (the start refuses one). One `lstat` when it is a folder."""
+        folder = self.paths.taskcard_dir
+        try:
+            if not stat.S_ISLNK(os.lstat(folder).st_mode):
+                return None
+        except OSError:
+            return None
+        if is_inside(str(self.workdir), os.path.realpath(folder)):
+            return None
+        return (
+            "taskcard/ became a symlink that leads out of the workdir; nothing is written "
+            "through it, so make it a real folder inside the workdir again"
+        )
 
     def _cannot_write(self, exc: OSError) -> str:
         """Why a card file could not be written or removed, naming it and what it must be."""

@@ -161,3 +161,26 @@ def test_a_reports_folder_or_file_linked_out_of_the_workdir_takes_no_report(
     (workdir / "reports" / "reports.jsonl").unlink()
     assert report().returncode == 0
     assert '"seq":1' in (workdir / "reports" / "reports.jsonl").read_text()
+
+
+def test_a_card_folder_swapped_for_a_link_out_while_watching_is_not_written_through(
+    workdir: Path, tmp_path: Path, cli: CliHost
+) -> None:
+    write_renderer(workdir, "r.py", COUNTER_RENDERER)
+    assert cli.json("card", "start", "r.py", "--interval-s", "1")["status"] == "watching"
+    wait_for(lambda: int((workdir / "count.txt").read_text()) >= 2)
+    moved = tmp_path / "moved"
+    (workdir / "taskcard").rename(moved)
+    (workdir / "taskcard").symlink_to(moved)
+    body = (moved / "taskcard.md").read_text()
+    runs = int((workdir / "count.txt").read_text())
+    wait_for(lambda: int((workdir / "count.txt").read_text()) >= runs + 2)
+    assert (moved / "taskcard.md").read_text() == body  # rendered, never written there
+    done = cli.run("card", "inspect", "tc_1")
+    assert done.returncode == 2 and "leads out of the workdir" in done.stderr
+    # Made a folder again: the next tick publishes, and the host answers again.
+    (workdir / "taskcard").unlink()
+    moved.rename(workdir / "taskcard")
+    wait_for(lambda: (workdir / "taskcard" / "taskcard.md").read_text() != body)
+    inspected = cli.json("card", "inspect", "tc_1")
+    assert inspected["status"] == "watching", inspected
