@@ -196,6 +196,62 @@ class IncomingCommand:
 
 CommandSink = Callable[[IncomingCommand], Awaitable[None]]
 
+# Characters a chat shows as nothing, which chat clients paste around what people type: the
+# soft hyphen, the Arabic letter mark, the Mongolian vowel separator, the zero-width space and
+# joiners, the directional marks, embeddings, overrides and isolates, the word joiner and the
+# invisible operators, the byte-order mark. In a command's words they count as not typed:
+# `/taskcard off` followed by a zero-width space is `off`, and `/taskcardoff` with one in the
+# middle is no command, as it shows.
+_UNSHOWN = re.compile(
+    "[\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]"
+)
+_FIRST_WORD = re.compile(r"\s*(\S+)")
+
+
+def shown(text: str) -> str:
+    """`text` without the characters a chat shows as nothing (see `_UNSHOWN`)."""
+    return _UNSHOWN.sub("", text)
+
+
+def first_word(text: str) -> tuple[str, str]:
+    """The first word of `text` as it shows, and the text after it (starting at the white
+    space that ended it); ("", "") when `text` shows no word. White space of any kind ends a
+    word (a line break, a no-break space); a "word" of invisible characters alone is none."""
+    rest = text
+    while (match := _FIRST_WORD.match(rest)) is not None:
+        word = shown(match.group(1))
+        rest = rest[match.end() :]
+        if word:
+            return word, rest
+    return "", ""
+
+
+def trim_unshown(text: str) -> str:
+    """`text` without white space and invisible characters at either end; those inside stay
+    (a zero-width joiner inside an emoji sequence is part of what the text shows)."""
+    start, end = 0, len(text)
+    while start < end and (text[start].isspace() or _UNSHOWN.match(text[start])):
+        start += 1
+    while end > start and (text[end - 1].isspace() or _UNSHOWN.match(text[end - 1])):
+        end -= 1
+    return text[start:end]
+
+
+def command_arguments(rest: str, tell: bool) -> str:
+    """The arguments of a command read from `rest` (what followed the command word): for
+    `/tell`, the agent's name as it shows, a space and the text for the agent (its line
+    breaks and inner characters kept, only its ends trimmed); otherwise the words as they
+    show, joined by single spaces."""
+    if not tell:
+        return " ".join(shown(rest).split())
+    name, text = first_word(rest)
+    body = trim_unshown(text)
+    if not name or not body:
+        return name
+    # The white space that ended the name stays as typed: "builder\nstop now".
+    gap = "".join(char for char in text[: text.index(body)] if char.isspace()) or " "
+    return name + gap + body
+
 
 class PollGate(Protocol):
     """Who may receive a bot's updates now, when several instances share the bot."""

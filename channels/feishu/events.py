@@ -41,7 +41,14 @@ from typing import Any
 
 from lark_oapi.core.utils.decryptor import AESCipher
 
-from taskcard.channels.base import ChatRef, CommandName, CursorStore, IncomingCommand
+from taskcard.channels.base import (
+    ChatRef,
+    CommandName,
+    CursorStore,
+    IncomingCommand,
+    command_arguments,
+    first_word,
+)
 from taskcard.channels.feishu.content import message_text
 
 MESSAGE_EVENT = "im.message.receive_v1"
@@ -187,22 +194,22 @@ def command_args(
     if mention_key:
         # `(?!\d)`: removing `@_user_1` must not eat the start of `@_user_12`.
         text = re.sub(re.escape(mention_key) + r"(?!\d)", " ", text)
-    words = text.split()
-    if not words:
+    # The command reads as it shows: invisible characters a client pasted around or between
+    # its words change nothing (`channels.base.first_word`).
+    head, rest = first_word(text)
+    if not head:
         return None
     # "/TaskCard" too, as on Telegram; ASCII only before folding case, so a look-alike
     # such as a Kelvin sign for the "k" is not taken for the command.
-    name, at, addressee = words[0].partition("@")
+    name, at, addressee = head.partition("@")
     if not name.isascii() or name.lower() != command:
         return None
     if at and (bot_name is None or addressee.casefold() != bot_name.casefold()):
         # "/taskcard@OtherBot" (or the command glued to another mention, "/taskcard@_user_2")
         # is addressed to someone else, as on Telegram; our own mention was removed above.
         return None
-    if command == TELL:
-        # The text for the agent keeps its line breaks: only the command word goes.
-        return re.sub(r"^\s*\S+\s*", "", text, count=1).strip()
-    return " ".join(words[1:])
+    # The text for the agent keeps its line breaks: only the command word goes.
+    return command_arguments(rest, tell=command == TELL)
 
 
 def named_mentions(text: str, mentions: object) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from dataclasses import replace
 
 from telegram import Bot, Update
@@ -27,6 +26,8 @@ from taskcard.channels.base import (
     CursorStore,
     IncomingCommand,
     PollGate,
+    command_arguments,
+    first_word,
 )
 from taskcard.channels.telegram.moves import ChatMoves, qualified
 from taskcard.channels.telegram.request import FloodWait
@@ -36,7 +37,6 @@ COMMAND = "taskcard"
 TELL = "tell"
 # The longest getUpdates flood wait honoured: commands are never shut out for longer.
 MAX_FLOOD_WAIT_S = 3600.0
-_COMMAND_END = re.compile(r"\s")
 # New messages of groups and private chats, and new posts of channels; never their edits.
 ALLOWED_UPDATES = ["message", "channel_post"]
 
@@ -47,13 +47,14 @@ def parse_command(text: str, bot_username: str, command: str = COMMAND) -> str |
     """The arguments of a `/taskcard` (or `command`) command addressed to this bot, or None.
 
     `/taskcard@OtherBot` is someone else's command in a group and is ignored; the mention
-    of this bot is matched case-insensitively, as Telegram usernames are.
+    of this bot is matched case-insensitively, as Telegram usernames are. The command reads
+    as it shows: invisible characters a client pasted around or between its words change
+    nothing (`channels.base.first_word`).
     """
-    stripped = text.strip()
-    if not stripped.startswith("/"):
-        return None
     # The command ends at the first white space of any kind: "/tell\nbuilder ..." too.
-    head, _, args = _COMMAND_END.sub(" ", stripped, count=1).partition(" ")
+    head, rest = first_word(text)
+    if not head.startswith("/"):
+        return None
     name, _, mention = head[1:].partition("@")
     # ASCII only before folding case: "/tas\u212acard" (a Kelvin sign) folds to "taskcard"
     # but is no command to Telegram, nor to a person reading it.
@@ -61,9 +62,8 @@ def parse_command(text: str, bot_username: str, command: str = COMMAND) -> str |
         return None
     if mention and mention.lower() != bot_username.lower():
         return None
-    if command == TELL:
-        return args.strip()  # text for an agent keeps its line breaks
-    return " ".join(args.split())
+    # Text for an agent keeps its line breaks.
+    return command_arguments(rest, tell=command == TELL)
 
 
 def command_from_update(update: Update, bot_username: str) -> IncomingCommand | None:

@@ -98,3 +98,45 @@ async def test_a_command_resumes_a_route_disabled_while_the_bot_was_out_of_the_c
             await eventually(lambda: chat.message_id_with("link"), timeout_s=60, what="resumed")
             assert "DISABLED" not in status()
             assert await chat.serve.aterminate() == 0
+
+
+async def test_invisible_characters_a_client_pasted_change_no_command(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    # Chat clients paste zero-width spaces, directional marks, word joiners, byte-order marks
+    # and no-break spaces around what people type. `/taskcard off` followed by a zero-width
+    # space was answered "Unknown option"; the command reads as it shows, on both platforms,
+    # while a visible typo still gets the answer naming the options.
+    async with chat_for(platform, tmp_path, ["builder"]) as chat:
+        running_agent(tmp_path)
+        with chat.serve:
+            await running_card_shown(chat)
+            await chat.say("/taskcard offx")
+            await wait_said(chat, "Unknown option", "the answer to a visible typo")
+            assert any("/taskcard off: hide the cards" in t for t in chat.bot_texts())
+            await chat.say("\ufeff/taskcard off\u200b")
+            await wait_said(chat, "Task cards hidden here", "the answer to off")
+            await chat.say("/TaskCard\u2060\u00a0\u200e7\u202c\u00a0")
+            await wait_said(chat, "7 activity rows", "the answer to 7")
+            await chat.say(
+                "\u200b/tell\u2061 \u200fbuilder\u200d look \U0001f468\u200d\U0001f4bb\u00a0"
+            )
+            await wait_status(chat, "queued")
+            [message] = queued(tmp_path)
+            assert json.loads(message.read_text())["text"] == "look \U0001f468\u200d\U0001f4bb"
+            assert not any("AGENT is one of" in t for t in chat.bot_texts())
+            assert sum("Unknown option" in t for t in chat.bot_texts()) == 1
+            assert await chat.serve.aterminate() == 0
+
+
+async def test_a_command_to_this_bot_by_name_with_invisible_characters(tmp_path: Path) -> None:
+    # Telegram: `/taskcard@ThisBot` with a zero-width space after the bot's name is ours.
+    async with chat_for("telegram", tmp_path, ["builder"]) as chat:
+        assert isinstance(chat, TelegramChat)
+        running_agent(tmp_path)
+        with chat.serve:
+            await running_card_shown(chat)
+            await chat.say(f"/taskcard@{chat.fake.username}\u200b 4")
+            await wait_said(chat, "4 activity rows", "the answer")
+            assert await chat.serve.aterminate() == 0
