@@ -145,11 +145,8 @@ class InboxDesk:
         """Queue `text` for `agent_id`; a short refusal for the person, or None when queued
         (the status message then says what happens, as a reply to `reply_to`)."""
         now = self._clock()
-        if not self._rate.allow(author or "", agent_id, now.timestamp()):
-            return (
-                f"Too many messages to {agent_id}: at most {self._config.max_messages} in"
-                f" {self._config.period_s:g} s per person. Wait a moment and send it again."
-            )
+        # Refusals of what was never queued (nothing to send, too long) come before the rate:
+        # they write nothing, and must not cost the person one of their messages.
         if not shows_text(text):
             return f"Nothing to send: write the text after /tell {agent_id}."
         message_id = "m_" + secrets.token_hex(10)
@@ -169,6 +166,11 @@ class InboxDesk:
             return (
                 f"Too long for {agent_id}: a message may take at most"
                 f" {MAX_INBOX_MESSAGE_BYTES // 1024} KiB. Split it into shorter messages."
+            )
+        if not self._rate.allow(author or "", agent_id, now.timestamp()):
+            return (
+                f"Too many messages to {agent_id}: at most {self._config.max_messages} in"
+                f" {self._config.period_s:g} s per person. Wait a moment and send it again."
             )
         record = InboxRecord(
             message_id=message_id,

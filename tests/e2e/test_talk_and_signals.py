@@ -323,6 +323,27 @@ async def test_rate_limit_and_who_may_write(platform: str, tmp_path: Path) -> No
             assert await chat.serve.aterminate() == 0
 
 
+async def test_a_tell_without_text_costs_no_message_of_the_rate(
+    platform: str, tmp_path: Path
+) -> None:
+    # An empty `/tell builder` queues nothing, yet it used to count against the person's
+    # `inbox.max_messages` (5): after two of them, the fourth real text was refused.
+    async with chat_for(platform, tmp_path, ["builder"]) as chat:
+        running_agent(tmp_path)
+        with chat.serve:
+            await running_card_shown(chat)
+            await chat.say("/tell builder")
+            await chat.say("/tell builder \u200b")
+            for index in range(5):
+                await chat.say(f"/tell builder step {index}")
+            await eventually(lambda: len(status_texts(chat)) == 5, timeout_s=60, what="5 statuses")
+            assert len(queued(tmp_path)) == 5
+            # (Unsent answers of a chat collapse into the latest: one or both refusals show.)
+            await wait_said(chat, "Nothing to send", "the refusal of an empty text")
+            assert not any("Too many messages" in t for t in chat.bot_texts())
+            assert await chat.serve.aterminate() == 0
+
+
 async def test_a_text_too_long_for_the_inbox_is_refused_saying_to_split_it(
     platform: str, tmp_path: Path
 ) -> None:
