@@ -113,7 +113,16 @@ class _Builder:
 # needed) and notifies the person named, so an agent's `@boss` in a card or a report summary
 # would page them. A zero-width space after the `@` reads the same and mentions no one, as
 # the Feishu card defuses its `<at>` tags.
-_MENTION = re.compile(r"(?<![\w@/.:+-])@(?=[A-Za-z0-9_])")
+_MENTION = r"(?<![\w@/.:+-])@(?=[A-Za-z0-9_])"
+# Where Telegram would find a bot command: `/` where no word, `/`, `<` or `>` comes before it,
+# then 1-64 ASCII letters, digits or underscores, optionally `@` and a bot's username, and no
+# word character, `/`, `<` or `>` after (so `/tmp/x` and `a/b` are none). Telegram makes it
+# tappable in any text a bot sends: one tap by a person sends it to the group, so an agent's
+# "/taskcard off" in a card, a report summary or an activity row would hide everyone's cards.
+# A zero-width space after the `/` reads the same and is no command (and pasted back into a
+# chat, it is read as the command: `channels.base.first_word`).
+_COMMAND = r"(?<![\w/<>])/(?=[A-Za-z0-9_]{1,64}(?:@[A-Za-z0-9_]{3,32})?(?![\w/<>]))"
+_TAPPABLE = re.compile(f"{_MENTION}|{_COMMAND}")
 _NO_MENTION = "\u200b"
 # Entities whose text is shown and copied exactly as written: never touched.
 _VERBATIM = frozenset({"code", "pre"})
@@ -124,13 +133,14 @@ _LINK_START = re.compile(r"://|\bwww\.|\w\.[A-Za-z]{2,}(?::\d+)?/", re.IGNORECAS
 
 
 def defuse_mentions(rich: RichText) -> RichText:
-    """`rich` with a zero-width space after every `@` that would mention someone, the
-    entities moved to keep covering their text; `@` inside code stays as written.
+    """`rich` with a zero-width space after every `@` that would mention someone and every
+    `/` that would start a bot command, the entities moved to keep covering their text; both
+    inside code and links stay as written.
 
     Linear in the text (the card of an agent that lists many people is composed on each of
     its changes, several times when it has to be cut to fit): offsets are counted as the
     matches go, and looked up by bisection."""
-    if "@" not in rich.text:
+    if "@" not in rich.text and "/" not in rich.text:
         return rich
     verbatim = _merged(
         (entity.offset, entity.offset + entity.length)
@@ -142,7 +152,7 @@ def defuse_mentions(rich: RichText) -> RichText:
     inserted: list[int] = []  # UTF-16 offsets (in the original text) after each new character
     start = 0
     counted, at = 0, 0  # `at`: the UTF-16 offset of `rich.text[counted]`
-    for found in _MENTION.finditer(rich.text):
+    for found in _TAPPABLE.finditer(rich.text):
         at += utf16_len(rich.text[counted : found.end()])
         counted = found.end()
         index = bisect.bisect_left(starts, at) - 1  # the last span beginning before `at`
@@ -186,7 +196,7 @@ _LINK_LOOKBACK = 2048
 
 
 def _in_link(text: str, at: int) -> bool:
-    """Whether the `@` at `at` belongs to a link written in `text` (see `_LINK_START`)."""
+    """Whether the `@` (or `/`) at `at` belongs to a link written in `text` (see `_LINK_START`)."""
     floor = max(0, at - _LINK_LOOKBACK)
     word_start = max(text.rfind(space, floor, at) for space in (" ", "\n", "\t")) + 1
     return _LINK_START.search(text, max(floor, word_start), at) is not None

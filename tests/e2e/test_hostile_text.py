@@ -315,3 +315,39 @@ async def test_a_link_with_an_at_sign_reaches_telegram_whole(
     notice = next(m for m in telegram.bot_messages(GROUP) if "builder reported" in m.text)
     assert link in card.text and bare in card.text and link in notice.text
     assert "@\u200bboss_man" in card.text
+
+
+async def test_no_card_or_notice_carries_a_tappable_telegram_command(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    """Telegram makes a word-initial `/command` in any text a bot sends a bot command: one
+    tap by a person sends it to the group. An agent's "/taskcard off" in its card or report
+    summary would hide everyone's cards; it is defused as a mention is. Code, a path, a link
+    and a `/` inside a word stay as written."""
+    workdir = tmp_path / "agents" / "builder"
+    link = "https://ci.example/runs?next=/taskcard"
+    with telegram_serve(tmp_path, telegram) as serve:
+        publish(
+            workdir,
+            "# build 3/7 command-marker\n"
+            "tap /taskcard off, or **/tell builder stop** (/start@SomeBot)\n"
+            f"run `/taskcard on`, see /tmp/out/x.log and a/b and {link}",
+        )
+        await eventually(lambda: "command-marker" in telegram_everything(telegram), what="the card")
+        await report_notice(telegram, workdir, "done; /taskcard off now")
+        assert await serve.aterminate() == 0
+    card = next(m for m in telegram.bot_messages(GROUP) if "command-marker" in m.text)
+    notice = next(m for m in telegram.bot_messages(GROUP) if "builder reported" in m.text)
+    assert "tap /\u200btaskcard off" in card.text and "/\u200btaskcard off now" in notice.text
+    assert "(/\u200bstart@SomeBot)" in card.text
+    assert "tap /taskcard" not in card.text and "/tell" not in card.text
+    assert "/taskcard" not in notice.text
+    assert "`" not in card.text and "/taskcard on" in card.text  # the code span, as written
+    assert "/tmp/out/x.log" in card.text and "a/b" in card.text and link in card.text
+    units = card.text.encode("utf-16-le")  # entity offsets count UTF-16 code units
+    bold = [
+        units[2 * e["offset"] : 2 * (e["offset"] + e["length"])].decode("utf-16-le")
+        for e in card.entities
+        if e["type"] == "bold"
+    ]
+    assert "/\u200btell builder stop" in bold
