@@ -53,6 +53,19 @@ def status_key(record: InboxRecord) -> RouteKey:
     )
 
 
+def answered(record: InboxRecord) -> ReplyTo | None:
+    """The command a message's status message answers, as the record keeps it."""
+    if record.reply_to_id is None:
+        return None
+    return ReplyTo(record.reply_to_id, record.reply_thread_id)
+
+
+def _thread(record: InboxRecord) -> str | None:
+    """The thread the message was written in: the chat's (a Telegram forum topic) or the
+    command's own (a Feishu topic or reply thread)."""
+    return record.thread_id if record.thread_id is not None else record.reply_thread_id
+
+
 class AuthorRate:
     """At most `max_messages` per `period_s` per (author, agent): a sliding window."""
 
@@ -118,7 +131,7 @@ class InboxDesk:
             if record.channel not in self._channels:
                 continue
             self._keep(record)
-            self._scheduler.add_route(status_key(record))
+            self._scheduler.add_route(status_key(record), reply_to=answered(record))
         for agent_id in {r.agent_id for r in self._records.values()} - set(self._writers):
             self.retire(agent_id, "the agent was removed")
 
@@ -180,10 +193,12 @@ class InboxDesk:
             thread_id=chat.thread_id,
             author=author,
             queued_at=now.timestamp(),
+            reply_to_id=None if reply_to is None else reply_to.message_id,
+            reply_thread_id=None if reply_to is None else reply_to.thread_id,
         )
         self._store.add_inbox_message(record)  # first: a crash after the write still knows it
         self._keep(record)
-        self._scheduler.add_route(status_key(record), reply_to=reply_to)
+        self._scheduler.add_route(status_key(record), reply_to=answered(record))
         try:
             self._writers[agent_id].queue(message)
         except (InboxRefused, OSError) as error:
@@ -197,13 +212,18 @@ class InboxDesk:
         self._show(self._records[record.message_id])
         return None
 
-    def cancel_latest(self, channel: str, chat: ChatRef, author: str | None) -> str:
-        """`/taskcard cancel`: withdraw the author's latest message still in `queued/`."""
+    def cancel_latest(
+        self, channel: str, chat: ChatRef, author: str | None, thread: str | None = None
+    ) -> str:
+        """`/taskcard cancel`: withdraw the author's latest message still in `queued/` that was
+        written where the cancel is: the same chat and the same thread (a Telegram forum
+        topic in `chat`; a Feishu topic or reply thread in `thread`), or the main flow."""
+        where = chat.thread_id if chat.thread_id is not None else thread
         mine = [
             r
             for r in self._open_records()
             if r.author == author
-            and (r.channel, r.chat_id, r.thread_id) == (channel, chat.chat_id, chat.thread_id)
+            and (r.channel, r.chat_id, _thread(r)) == (channel, chat.chat_id, where)
         ]
         if not mine:
             return "You have no queued message here to cancel."

@@ -1019,7 +1019,9 @@ class Service:
         elif parsed.action == "rows":
             reply = f"Task cards here now show {parsed.rows} activity rows."
         elif parsed.action == "cancel":
-            reply = self._desk.cancel_latest(channel_name, command.chat, command.user_id)
+            reply = self._desk.cancel_latest(
+                channel_name, command.chat, command.user_id, command.message_thread
+            )
         elif parsed.action in ("board", "cards"):
             reply = self._switch_view(allowed, "board" if parsed.action == "board" else "cards")
         else:

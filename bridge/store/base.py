@@ -52,6 +52,12 @@ class InboxRecord:
     outcome: InboxOutcome = "open"
     reason: str | None = None  # why it failed or was cancelled; via which host it arrived
     closed_at: float | None = None
+    # The command its status message answers: that message's id and, where the chat does not
+    # name it (a Feishu topic or reply thread), its thread. Kept so that a status first sent
+    # after a restart still goes to the thread and the command, and so that `/taskcard cancel`
+    # finds the author's messages of that thread only.
+    reply_to_id: str | None = None
+    reply_thread_id: str | None = None
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,9 @@ CREATE TABLE IF NOT EXISTS inbox (
     queued_at REAL NOT NULL,
     outcome TEXT NOT NULL,
     reason TEXT,
-    closed_at REAL
+    closed_at REAL,
+    reply_to_id TEXT,
+    reply_thread_id TEXT
 );
 CREATE INDEX IF NOT EXISTS inbox_open ON inbox (outcome, queued_at);
 CREATE TABLE IF NOT EXISTS seen_chats (
@@ -730,8 +732,8 @@ class SqliteStore(StateStore):
         def op(db: sqlite3.Connection) -> None:
             db.execute(
                 "INSERT OR REPLACE INTO inbox (message_id, agent_id, channel, chat_id,"
-                " thread_id, author, queued_at, outcome, reason, closed_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " thread_id, author, queued_at, outcome, reason, closed_at, reply_to_id,"
+                " reply_thread_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     record.message_id,
                     record.agent_id,
@@ -743,6 +745,8 @@ class SqliteStore(StateStore):
                     record.outcome,
                     record.reason,
                     record.closed_at,
+                    record.reply_to_id,
+                    record.reply_thread_id,
                 ),
             )
 
@@ -768,23 +772,7 @@ class SqliteStore(StateStore):
             ).fetchall()
         except sqlite3.OperationalError:
             return []  # a read-only open of a state file from before this table
-        return [
-            InboxRecord(
-                message_id=row["message_id"],
-                agent_id=row["agent_id"],
-                channel=row["channel"],
-                chat_id=row["chat_id"],
-                thread_id=row["thread_id"],
-                author=row["author"],
-                queued_at=float(row["queued_at"]),
-                outcome=row["outcome"]
-                if row["outcome"] in ("open", "delivered", "failed", "cancelled")
-                else "failed",
-                reason=row["reason"],
-                closed_at=row["closed_at"],
-            )
-            for row in rows
-        ]
+        return [_inbox_record(row) for row in rows]
 
 
 def _create_atomically(path: Path) -> None:
@@ -834,6 +822,10 @@ def _open_writable(path: Path) -> sqlite3.Connection:
         for column, kind in added.items():  # state files from before them
             if column not in columns:
                 db.execute(f"ALTER TABLE residents ADD COLUMN {column} {kind}")
+        columns = {row[1] for row in db.execute("PRAGMA table_info(inbox)")}
+        for column in ("reply_to_id", "reply_thread_id"):
+            if column not in columns:
+                db.execute(f"ALTER TABLE inbox ADD COLUMN {column} TEXT")
         # A real write: a read-only mount, an immutable file or a full disk shows here.
         db.execute(
             "INSERT INTO cursors (key, value) VALUES ('service:opened_at', ?) "
@@ -876,6 +868,27 @@ def _save_commit(db: sqlite3.Connection, route: str, fingerprint: str, at: float
             "INSERT INTO residents (route, fingerprint, committed_at) VALUES (?, ?, ?)",
             (route, fingerprint, at),
         )
+
+
+def _inbox_record(row: sqlite3.Row) -> InboxRecord:
+    columns = set(row.keys())  # a Row's `in` looks at values, not names
+    return InboxRecord(
+        message_id=row["message_id"],
+        agent_id=row["agent_id"],
+        channel=row["channel"],
+        chat_id=row["chat_id"],
+        thread_id=row["thread_id"],
+        author=row["author"],
+        queued_at=float(row["queued_at"]),
+        outcome=row["outcome"]
+        if row["outcome"] in ("open", "delivered", "failed", "cancelled")
+        else "failed",
+        reason=row["reason"],
+        closed_at=row["closed_at"],
+        # A read-only open (`taskcard status`) does not migrate a file from before these.
+        reply_to_id=row["reply_to_id"] if "reply_to_id" in columns else None,
+        reply_thread_id=row["reply_thread_id"] if "reply_thread_id" in columns else None,
+    )
 
 
 def _resident(row: sqlite3.Row) -> ResidentRecord:

@@ -8,13 +8,21 @@ is checked by reopening; nothing here looks at SQLite itself.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 
-from taskcard.bridge.store.sqlite import ChatPrefs, SeenChat, SqliteStore, StateStore
+from taskcard.bridge.store.sqlite import (
+    STATE_FILE,
+    ChatPrefs,
+    InboxRecord,
+    SeenChat,
+    SqliteStore,
+    StateStore,
+)
 
 BACKENDS = ["sqlite"]
 
@@ -227,3 +235,46 @@ class TestStateStore:
         store.set_cursor("k", "v")
         assert store.health() is None
         assert store.retry_pending(force=True) is True
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_a_message_to_an_agent_keeps_the_command_it_answers(backend: Backend) -> None:
+    record = InboxRecord(
+        "m_1",
+        "builder",
+        "feishu",
+        "oc_1",
+        None,
+        "ou_1",
+        1000.0,
+        reply_to_id="om_7",
+        reply_thread_id="omt_a",
+    )
+    opened = backend.open()
+    opened.add_inbox_message(record)
+    opened.close()
+    again = backend.open()
+    assert again.inbox_messages(0.0) == [record]
+    again.close()
+
+
+def test_a_state_file_from_before_the_answered_command_is_taken_up(tmp_path: Path) -> None:
+    # Its inbox table lacks the command's columns: they are added, its messages are kept.
+    SqliteStore.in_dir(tmp_path).close()
+    db = sqlite3.connect(tmp_path / STATE_FILE)
+    db.execute("ALTER TABLE inbox DROP COLUMN reply_to_id")
+    db.execute("ALTER TABLE inbox DROP COLUMN reply_thread_id")
+    db.execute(
+        "INSERT INTO inbox (message_id, agent_id, channel, chat_id, queued_at, outcome)"
+        " VALUES ('m_0', 'builder', 'telegram', '-100', 5.0, 'open')"
+    )
+    db.commit()
+    db.close()
+    readonly = SqliteStore.in_dir(tmp_path, readonly=True)
+    [old] = readonly.inbox_messages(0.0)
+    assert old.reply_to_id is None
+    readonly.close()
+    store = SqliteStore.in_dir(tmp_path)
+    store.add_inbox_message(replace(old, message_id="m_1", reply_to_id="om_1"))
+    assert [r.reply_to_id for r in store.inbox_messages(0.0)] == [None, "om_1"]
+    store.close()

@@ -46,7 +46,14 @@ class Chat(Protocol):
 
     serve: ServeProcess
 
-    async def say(self, text: str, *, reply_to: str | None = None, user: int = PERSON) -> None: ...
+    async def say(
+        self,
+        text: str,
+        *,
+        reply_to: str | None = None,
+        user: int = PERSON,
+        thread: str | None = None,
+    ) -> None: ...
 
     def bot_texts(self) -> list[str]: ...
 
@@ -79,9 +86,21 @@ class TelegramChat:
         self.serve = ServeProcess(self.config, env={"TC_TEST_TOKEN": self.fake.token})
         return self.serve
 
-    async def say(self, text: str, *, reply_to: str | None = None, user: int = PERSON) -> None:
+    async def say(
+        self,
+        text: str,
+        *,
+        reply_to: str | None = None,
+        user: int = PERSON,
+        thread: str | None = None,
+    ) -> None:
+        """`thread`: written in that forum topic (a number)."""
         self.fake.inject_message(
-            GROUP, text, user_id=user, reply_to=None if reply_to is None else int(reply_to)
+            GROUP,
+            text,
+            user_id=user,
+            reply_to=None if reply_to is None else int(reply_to),
+            thread_id=None if thread is None else int(thread),
         )
 
     def bot_texts(self) -> list[str]:
@@ -136,7 +155,15 @@ class FeishuChat:
         self.serve = ServeProcess(self.config, env=env)
         return self.serve
 
-    async def say(self, text: str, *, reply_to: str | None = None, user: int = PERSON) -> None:
+    async def say(
+        self,
+        text: str,
+        *,
+        reply_to: str | None = None,
+        user: int = PERSON,
+        thread: str | None = None,
+    ) -> None:
+        """`thread`: written in that topic or reply thread (`omt_...`)."""
         open_id = FS_PERSON if user == PERSON else f"ou_other_{user}"
         # A reply answers the card itself; a command in a group mentions the bot.
         document = self.fake.command_event(
@@ -147,6 +174,7 @@ class FeishuChat:
             parent_id=reply_to or "",
             root_id=reply_to or "",
             verification_token=FS_VERIFY,
+            thread_id=thread,
         )
 
         async def delivered() -> bool:
@@ -377,6 +405,76 @@ async def test_restart_between_queue_and_delivery(platform: str, tmp_path: Path)
             assert "delivered" in text
             assert len(status_texts(chat)) == 1  # edited, never sent again
             assert queued(tmp_path) == [] and len(queued(tmp_path, folder="taken")) == 1
+            assert await chat.serve.aterminate() == 0
+
+
+def topic_of(chat: Chat) -> str:
+    """A thread of the routed group: a Telegram forum topic, a Feishu topic."""
+    return "42" if isinstance(chat, TelegramChat) else "omt_topic_a"
+
+
+def status_threads(chat: Chat) -> list[str | None]:
+    """The thread each status message is in (None: the main flow)."""
+    if isinstance(chat, TelegramChat):
+        shown = [m for m in chat.fake.bot_messages(GROUP) if STATUS in m.text]
+        return [None if m.thread_id is None else str(m.thread_id) for m in shown]
+    assert isinstance(chat, FeishuChat)
+    return [m.thread_id for m in chat.fake.chat(FS_CHAT) if m.visible and STATUS in m.text]
+
+
+async def test_cancel_withdraws_only_a_text_written_in_the_same_thread(
+    platform: str, tmp_path: Path
+) -> None:
+    # A Telegram forum topic's `/taskcard cancel` withdraws only what was written in that
+    # topic. On Feishu it used to withdraw the author's latest text from anywhere in the
+    # group: a cancel in the main flow took back a text written in a topic.
+    async with chat_for(platform, tmp_path, ["builder"]) as chat:
+        running_agent(tmp_path)
+        topic = topic_of(chat)
+        with chat.serve:
+            await running_card_shown(chat)
+            await chat.say("/tell builder from the topic", thread=topic)
+            await wait_status(chat, "queued")
+            await chat.say("/taskcard cancel")
+            await wait_said(chat, "no queued message here", "the main flow's answer")
+            assert len(queued(tmp_path)) == 1
+            await chat.say("/taskcard cancel", thread=topic)
+            await wait_status(chat, "cancelled")
+            assert queued(tmp_path) == [] and status_threads(chat) == [topic]
+            assert await chat.serve.aterminate() == 0
+
+
+async def test_a_status_first_sent_after_a_restart_goes_to_the_thread_of_its_tell(
+    platform: str, tmp_path: Path
+) -> None:
+    # The command a status message answers was kept in memory only: a service stopped before
+    # the status went out posted it, after the restart, in the main flow of a Feishu group
+    # instead of the topic of the `/tell` (Telegram keeps the topic in the chat itself).
+    async with chat_for(platform, tmp_path, ["builder"]) as chat:
+        running_agent(tmp_path)
+        topic = topic_of(chat)
+        with chat.serve:
+            await running_card_shown(chat)
+            # Every answer fails until the service stops: the status is not sent in this run.
+            if isinstance(chat, TelegramChat):
+                for _ in range(1000):
+                    chat.fake.fail_next("sendMessage", 502, "Bad Gateway")
+            elif isinstance(chat, FeishuChat):
+                chat.fake.script_error("reply", 2200, http_status=500, times=1000)
+            await chat.say("/tell builder keep going", thread=topic)
+            await eventually(lambda: queued(tmp_path), what="the text queued")
+            assert await chat.serve.aterminate() == 0
+        assert status_texts(chat) == []
+        if isinstance(chat, TelegramChat):
+            chat.fake.clear_failures()
+        elif isinstance(chat, FeishuChat):
+            chat.fake.clear_scripts()
+        with chat.restart():
+            await wait_status(chat, "queued")
+            assert status_threads(chat) == [topic]
+            if isinstance(chat, FeishuChat):  # a reply to the /tell, as before the restart
+                [status] = [m for m in chat.fake.chat(FS_CHAT) if STATUS in m.text]
+                assert status.parent_id in chat.fake.user_messages
             assert await chat.serve.aterminate() == 0
 
 

@@ -314,6 +314,10 @@ class FakeFeishu:
         for _ in range(times):
             queue.append(ScriptedError(http_status, code, msg, tuple((headers or {}).items())))
 
+    def clear_scripts(self) -> None:
+        """Forget the scripted errors not yet answered: every operation is served again."""
+        self._scripts.clear()
+
     def script_rate_limit(
         self, operation: str = "any", *, reset_s: int = 2, times: int = 1
     ) -> None:

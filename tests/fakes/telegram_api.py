@@ -371,6 +371,10 @@ class FakeTelegram:
         """
         self._failures.setdefault(method, deque()).append((status, description, parameters))
 
+    def clear_failures(self) -> None:
+        """Forget the failures of `fail_next` not yet answered: every call is served again."""
+        self._failures.clear()
+
     def delay_answers(self, method: str, seconds: float) -> None:
         """Perform every call of `method` at once but answer it `seconds` later (0: at once)."""
         self._answer_delay_s[method] = seconds
