@@ -48,6 +48,7 @@ from taskcard.channels.base import (
     IncomingCommand,
     command_arguments,
     first_word,
+    shown,
 )
 from taskcard.channels.feishu.content import message_text
 
@@ -189,7 +190,8 @@ def command_args(
     removed first, so "@_user_1 /taskcard off" is the command `off`. Other mentions stay, so
     a command addressed to someone else ("@_user_2 /taskcard off", "/taskcard@_user_2 off",
     "/taskcard@OtherBot off") is not ours. `/taskcard@Name` names us when Name is the app's
-    name `bot_name` (case-insensitive, as Telegram compares usernames).
+    name `bot_name` (case-insensitive, as Telegram compares usernames; with its spaces when it
+    has some, `/taskcard@Task Card off`), or is the bot's mention picked after the `@`.
     """
     if mention_key:
         # `(?!\d)`: removing `@_user_1` must not eat the start of `@_user_12`.
@@ -204,12 +206,34 @@ def command_args(
     name, at, addressee = head.partition("@")
     if not name.isascii() or name.lower() != command:
         return None
-    if at and (bot_name is None or addressee.casefold() != bot_name.casefold()):
+    if at:
         # "/taskcard@OtherBot" (or the command glued to another mention, "/taskcard@_user_2")
         # is addressed to someone else, as on Telegram; our own mention was removed above.
-        return None
+        after = _after_bot_name(addressee, rest, bot_name)
+        if after is None:
+            return None
+        rest = after
     # The text for the agent keeps its line breaks: only the command word goes.
     return command_arguments(rest, tell=command == TELL)
+
+
+def _after_bot_name(addressee: str, rest: str, bot_name: str | None) -> str | None:
+    """What follows `/taskcard@NAME` when NAME is the app's name `bot_name`, else None.
+
+    An app's name may hold spaces ("Task Card"), which a person types as they show: then its
+    later words are the next words of the text ("/taskcard@Task Card off"). Compared as the
+    words show, case-insensitively.
+    """
+    if bot_name is None:
+        return None
+    wanted = shown(bot_name).casefold().split()
+    if not wanted or addressee.casefold() != wanted[0]:
+        return None
+    for word in wanted[1:]:
+        typed, rest = first_word(rest)
+        if typed.casefold() != word:
+            return None
+    return rest
 
 
 def named_mentions(text: str, mentions: object) -> str:

@@ -52,6 +52,22 @@ def test_a_command_addressed_to_another_bot_is_not_ours(text: str, expected: str
     assert command_args(text, "@_user_1", command, bot_name="taskcard") == expected
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("@_user_1 /taskcard@Task Card off", "off"),
+        ("/taskcard@task\u00a0CARD\u200b 3", "3"),
+        ("@_user_1 /tell@Task Card builder hi\nthere", "builder hi\nthere"),
+        ("@_user_1 /taskcard@Task Cards off", None),  # another app's name
+        ("@_user_1 /taskcard@Task off", None),
+        ("@_user_1 /taskcard@Task", None),
+    ],
+)
+def test_an_app_name_with_a_space_is_typed_as_it_shows(text: str, expected: str | None) -> None:
+    command = "/tell" if "/tell" in text else "/taskcard"
+    assert command_args(text, "@_user_1", command, bot_name="Task Card") == expected
+
+
 def mention(key: str, open_id: str) -> dict[str, Any]:
     return {"key": key, "id": {"open_id": open_id}, "name": "someone"}
 

@@ -140,3 +140,26 @@ async def test_a_command_to_this_bot_by_name_with_invisible_characters(tmp_path:
             await chat.say(f"/taskcard@{chat.fake.username}\u200b 4")
             await wait_said(chat, "4 activity rows", "the answer")
             assert await chat.serve.aterminate() == 0
+
+
+async def test_a_feishu_app_whose_name_has_a_space_is_addressed_by_name(tmp_path: Path) -> None:
+    # `/taskcard@Name` names this app when Name is its name; "Task Card" has a space, and
+    # `/taskcard@Task Card off` was taken for a command to an app named "Task". Picking the
+    # bot after the `@` (a mention glued to the command) is ours too; another name is not.
+    async with chat_for("feishu", tmp_path, ["builder"]) as chat:
+        assert isinstance(chat, FeishuChat)
+        chat.fake.app_name = "Task Card"
+        running_agent(tmp_path)
+        with chat.serve:
+            await running_card_shown(chat)
+            glued = chat.fake.command_event(
+                FS_CHAT, "/taskcard 3", open_id=FS_PERSON, verification_token=FS_VERIFY
+            )
+            glued["event"]["message"]["content"] = json.dumps({"text": "/taskcard@_user_1 3"})
+            assert (await chat.fake.deliver_event(chat.url, glued)).status == 200
+            await wait_said(chat, "3 activity rows", "the answer to the picked mention")
+            await chat.say("/taskcard@Task Cards 5")
+            await chat.say("/taskcard@task  card\u200b off")
+            await wait_said(chat, "Task cards hidden here", "the answer to the typed name")
+            assert not any("5 activity rows" in t for t in chat.bot_texts())
+            assert await chat.serve.aterminate() == 0

@@ -248,6 +248,7 @@ class FakeFeishu:
         self.ws_acks: list[dict[str, Any]] = []
         self.ws_endpoint_available = True
         self.bot_open_id = "ou_fake_bot"
+        self.app_name = "taskcard"  # the bot's name, as its info and its mentions give it
         self.bot_info_available = True
         # uuid -> (message id, wall-clock time of the first send)
         self._sent_uuids: dict[str, tuple[str, float]] = {}
@@ -414,7 +415,7 @@ class FakeFeishu:
         created_ms = str(int(self.now_s() * 1000))
         mentioned = [(user, user) for user in mention_users]
         if mention_bot:
-            mentioned.append((self.bot_open_id, "taskcard"))
+            mentioned.append((self.bot_open_id, self.app_name))
         mentions: list[dict[str, Any]] = []
         for number, (mentioned_id, name) in enumerate(mentioned, start=1):
             mentions.append(
@@ -716,7 +717,7 @@ class FakeFeishu:
             return self._refusal(request, "bot_info", refusal, None, None)
         bot = {
             "activate_status": 2,
-            "app_name": "taskcard",
+            "app_name": self.app_name,
             "avatar_url": "https://example.invalid/avatar.png",
             "ip_white_list": [],
             "open_id": self.bot_open_id,
