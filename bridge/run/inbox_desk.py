@@ -241,6 +241,14 @@ class InboxDesk:
             return f"Your latest message to {record.agent_id} was cancelled."
         return f"Too late: {record.agent_id} already took your latest message."
 
+    def shows_status(self, channel: str, message_ids: Iterable[str]) -> bool:
+        """Whether one of `message_ids` is the status message of a text sent from `channel`."""
+        wanted = set(message_ids)
+        return any(
+            record.channel == channel and self._scheduler.message_id(status_key(record)) in wanted
+            for record in self._records.values()
+        )
+
     def add_agent(self, agent_id: str, workdir: Path) -> None:
         """Serve an agent's inbox (an agent joined the fleet, or its workdir changed)."""
         self._writers[agent_id] = InboxWriter(workdir)

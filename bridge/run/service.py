@@ -976,6 +976,8 @@ class Service:
         if not routes:
             log.info("ignoring /taskcard from an unrouted chat %s:%s", channel_name, command.chat)
             return
+        if command.command != "reply" and command.reply_to and not self._ours(routes, command):
+            return  # a command replying to someone else's message, without the bot's mention
         allowed = [
             r
             for r in routes
@@ -1039,6 +1041,15 @@ class Service:
         self._scheduler.send_reply(
             channel_name, reply_chat, self._render_text(channel, reply), command.answer_to
         )
+
+    def _ours(self, routes: list[Route], command: IncomingCommand) -> bool:
+        """Whether `command` replies to one of this service's messages in the chat: a card,
+        the chat's board, or the status message of a text sent to an agent."""
+        keys = [r.key for r in routes] + [board_key(r.key) for r in routes]
+        mine = {self._scheduler.message_id(key) for key in keys}
+        if not mine.isdisjoint(command.reply_to):
+            return True
+        return self._desk.shows_status(routes[0].key.channel, command.reply_to)
 
     def _chat_moved(self, channel_name: str, chat: ChatRef) -> None:
         """The platform gave `chat` a new id (a Telegram group upgraded to a supergroup). Its

@@ -316,8 +316,12 @@ def command_from_event(
     # Anything but a private chat (a group, a topic group, an unknown kind) needs a mention
     # for a command; a reply names the message it answers, which the service matches.
     addressed = mention_key is not None or message.get("chat_type") == PRIVATE_CHAT
-    args = command_args(text, mention_key, COMMAND, bot_name) if addressed else None
-    if args is None and addressed:
+    # A reply addresses the message it answers: a command written as a reply to one of the
+    # bot's messages is the bot's, as on Telegram (the service checks that the message
+    # replied to is one of its own, and ignores the command otherwise).
+    commanded = addressed or bool(reply_to)
+    args = command_args(text, mention_key, COMMAND, bot_name) if commanded else None
+    if args is None and commanded:
         name, args = "tell", command_args(text, mention_key, TELL, bot_name)
     if args is None:
         if not reply_to:
@@ -340,7 +344,7 @@ def command_from_event(
         user_id=open_id if isinstance(open_id, str) else None,
         message_id=message_id if isinstance(message_id, str) and message_id else None,
         command=name,
-        reply_to=reply_to if name == "reply" else (),
+        reply_to=reply_to if name == "reply" or not addressed else (),
         message_thread=thread_id if isinstance(thread_id, str) and thread_id else None,
     )
 

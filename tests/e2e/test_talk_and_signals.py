@@ -478,6 +478,36 @@ async def test_a_status_first_sent_after_a_restart_goes_to_the_thread_of_its_tel
             assert await chat.serve.aterminate() == 0
 
 
+async def test_a_command_written_as_a_reply_to_a_card_is_a_command(
+    platform: str, tmp_path: Path
+) -> None:
+    # Telegram takes `/taskcard off` written as a reply to the card as the command. A Feishu
+    # reply without the bot's mention used to reach the agent as text instead ("/taskcard
+    # off" queued in its inbox, the cards still shown); a reply addresses the bot, as on
+    # Telegram. One replying to a person's message (not the bot's) is still no command.
+    async with chat_for(platform, tmp_path, ["builder"]) as chat:
+        running_agent(tmp_path)
+        with chat.serve:
+            await running_card_shown(chat)
+            card = chat.message_id_with("compile")
+            assert card is not None
+            await chat.say("/tell builder first")
+            await wait_status(chat, "queued")
+            status = chat.message_id_with(STATUS)
+            assert status is not None
+            await chat.say("/taskcard cancel", reply_to=status)
+            await wait_status(chat, "cancelled")
+            if isinstance(chat, FeishuChat):
+                person = chat.fake.command_event(FS_CHAT, "hello", verification_token=FS_VERIFY)
+                other = str(person["event"]["message"]["message_id"])
+                await chat.say("/taskcard 4", reply_to=other)
+            await chat.say("/taskcard off", reply_to=card)
+            await wait_said(chat, "Task cards hidden here", "the answer to off")
+            assert queued(tmp_path) == [] and len(queued(tmp_path, folder="cancelled")) == 1
+            assert not any("4 activity rows" in t for t in chat.bot_texts())
+            assert await chat.serve.aterminate() == 0
+
+
 async def test_no_host_is_unconfirmed_and_a_symlinked_inbox_fails(
     platform: str, tmp_path: Path
 ) -> None:
