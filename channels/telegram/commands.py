@@ -70,13 +70,18 @@ def command_from_update(update: Update, bot_username: str) -> IncomingCommand | 
     """The command in a new message or channel post of `update`, or None (edits are never
     commands)."""
     message = update.message or update.channel_post
-    if message is None or message.text is None:
+    # A picture or file sent with a caption is commanded by its caption, as a Feishu rich
+    # message with a picture is by its text: "/tell builder see this" under a screenshot.
+    if message is None:
+        return None
+    text = message.text or message.caption
+    if text is None:
         return None
     name: CommandName = "taskcard"
     reply_to: tuple[str, ...] = ()
-    args = parse_command(message.text, bot_username)
+    args = parse_command(text, bot_username)
     if args is None:
-        name, args = "tell", parse_command(message.text, bot_username, TELL)
+        name, args = "tell", parse_command(text, bot_username, TELL)
     if args is None:
         # A reply to one of this bot's messages (privacy mode still delivers those): text
         # for the agent whose message it answers, when the service knows that message.
@@ -86,7 +91,7 @@ def command_from_update(update: Update, bot_username: str) -> IncomingCommand | 
             return None
         if (author.username or "").lower() != bot_username.lower():
             return None
-        name, args, reply_to = "reply", message.text, (str(replied.message_id),)
+        name, args, reply_to = "reply", text, (str(replied.message_id),)
     thread = message.message_thread_id if message.is_topic_message else None
     return IncomingCommand(
         chat=ChatRef(str(message.chat.id), None if thread is None else str(thread)),

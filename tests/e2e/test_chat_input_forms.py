@@ -16,6 +16,7 @@ from tests.e2e.test_talk_and_signals import (
     FS_PERSON,
     FS_VERIFY,
     GROUP,
+    PERSON,
     FeishuChat,
     TelegramChat,
     chat_for,
@@ -162,4 +163,35 @@ async def test_a_feishu_app_whose_name_has_a_space_is_addressed_by_name(tmp_path
             await chat.say("/taskcard@task  card\u200b off")
             await wait_said(chat, "Task cards hidden here", "the answer to the typed name")
             assert not any("5 activity rows" in t for t in chat.bot_texts())
+            assert await chat.serve.aterminate() == 0
+
+
+async def test_a_picture_sent_with_a_tell_as_its_caption_reaches_the_agent(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    # A screenshot with "/tell builder ..." under it: on Feishu a rich message with a picture
+    # is read by its text; Telegram's caption was not read at all, and nothing answered.
+    async with chat_for(platform, tmp_path, ["builder"]) as chat:
+        running_agent(tmp_path)
+        with chat.serve:
+            await running_card_shown(chat)
+            text = "/tell builder see the failing test"
+            if isinstance(chat, TelegramChat):
+                chat.fake.inject_message(GROUP, text, user_id=PERSON, photo=True)
+            elif isinstance(chat, FeishuChat):
+                document = chat.fake.command_event(
+                    FS_CHAT,
+                    text,
+                    open_id=FS_PERSON,
+                    verification_token=FS_VERIFY,
+                    message_type="post",
+                )
+                post = json.loads(document["event"]["message"]["content"])
+                post["content"].append([{"tag": "img", "image_key": "img_v2_1"}])
+                document["event"]["message"]["content"] = json.dumps(post)
+                assert (await chat.fake.deliver_event(chat.url, document)).status == 200
+            await wait_status(chat, "queued")
+            [message] = queued(tmp_path)
+            assert json.loads(message.read_text())["text"].startswith("see the failing test")
             assert await chat.serve.aterminate() == 0

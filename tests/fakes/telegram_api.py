@@ -391,9 +391,11 @@ class FakeTelegram:
         thread_id: int | None = None,
         edit_of: int | None = None,
         reply_to: int | None = None,
+        photo: bool = False,
     ) -> int:
         """A person writes `text` (or edits their message `edit_of`), as a reply to message
-        `reply_to` when given; returns the update id."""
+        `reply_to` when given; with `photo`, `text` is the caption of a picture they send.
+        Returns the update id."""
         chat = int(chat_id)
         if edit_of is None:
             message_id = self._allocate_id(chat)
@@ -418,6 +420,13 @@ class FakeTelegram:
         if text.startswith("/"):
             command_length = len(text.split()[0])
             message["entities"] = [{"type": "bot_command", "offset": 0, "length": command_length}]
+        if photo:
+            message["caption"] = message.pop("text")
+            if "entities" in message:
+                message["caption_entities"] = message.pop("entities")
+            message["photo"] = [
+                {"file_id": "photo-1", "file_unique_id": "p1", "width": 90, "height": 90}
+            ]
         if kind == "edited_message":
             message["edit_date"] = self._date()
         return self._push_update({kind: message})
