@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from dataclasses import replace
 
 from telegram import Bot, Update
@@ -49,8 +50,11 @@ def parse_command(text: str, bot_username: str, command: str = COMMAND) -> str |
     `/taskcard@OtherBot` is someone else's command in a group and is ignored; the mention
     of this bot is matched case-insensitively, as Telegram usernames are. The command reads
     as it shows: invisible characters a client pasted around or between its words change
-    nothing (`channels.base.first_word`).
+    nothing (`channels.base.first_word`). A mention of this bot as a word of its own is taken
+    out first, as on Feishu: "@ThisBot /taskcard off" and "/taskcard off @ThisBot" are `off`.
     """
+    if bot_username:
+        text = re.sub(f"(?<!\\S)@{re.escape(bot_username)}(?!\\w)", " ", text, flags=re.I)
     # The command ends at the first white space of any kind: "/tell\nbuilder ..." too.
     head, rest = first_word(text)
     if not head.startswith("/"):

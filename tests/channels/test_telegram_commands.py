@@ -45,6 +45,14 @@ GROUP = -100777
         ("/start", None),
         ("taskcard off", None),
         ("", None),
+        ("@TaskcardTestBot /taskcard off", "off"),  # beside the bot's mention, as on Feishu
+        ("/taskcard 3 @taskcardtestbot", "3"),
+        ("@TaskcardTestBots /taskcard off", None),  # another name
+        ("@OtherBot /taskcard off", None),
+        ("mail@TaskcardTestBot /taskcard off", None),
+        ("\u200b/taskcard off\u200b", "off"),  # invisible characters count as not typed
+        ("/taskcard o\u200bff", "off"),
+        ("\uff0ftaskcard off", None),  # a full-width slash is a look-alike
     ],
 )
 def test_parse_command(text: str, expected: str | None) -> None:

@@ -195,3 +195,21 @@ async def test_a_picture_sent_with_a_tell_as_its_caption_reaches_the_agent(
             [message] = queued(tmp_path)
             assert json.loads(message.read_text())["text"].startswith("see the failing test")
             assert await chat.serve.aterminate() == 0
+
+
+async def test_a_telegram_command_beside_a_mention_of_the_bot_is_ours(tmp_path: Path) -> None:
+    # On Feishu a command in a group is written beside the bot's mention ("@taskcard
+    # /taskcard off", the mention first or last); the same on Telegram was ignored without an
+    # answer (the text did not start with the command) or answered "Unknown option".
+    async with chat_for("telegram", tmp_path, ["builder"]) as chat:
+        assert isinstance(chat, TelegramChat)
+        bot = chat.fake.username
+        running_agent(tmp_path)
+        with chat.serve:
+            await running_card_shown(chat)
+            await chat.say(f"@{bot} /taskcard 6")
+            await wait_said(chat, "6 activity rows", "the answer to the mention first")
+            await chat.say(f"/taskcard off @{bot.lower()}")
+            await wait_said(chat, "Task cards hidden here", "the answer to the mention last")
+            assert not any("Unknown option" in t for t in chat.bot_texts())
+            assert await chat.serve.aterminate() == 0
