@@ -240,6 +240,17 @@ def trim_unshown(text: str) -> str:
     return text[start:end]
 
 
+_COMMAND_WORD = re.compile(r"/[A-Za-z0-9_]{1,64}")
+
+
+def other_bots_command(head: str, ours: Callable[[str], bool]) -> bool:
+    """Whether the first word `head` is a command addressed to someone else: `/word@NAME`
+    (a command word as Telegram reads one: 1-64 ASCII letters, digits or underscores) where
+    `ours(NAME)` is False. A path such as `/home/me@host` is no command."""
+    name, at, addressee = head.partition("@")
+    return bool(at) and _COMMAND_WORD.fullmatch(name) is not None and not ours(addressee)
+
+
 def command_arguments(rest: str, tell: bool) -> str:
     """The arguments of a command read from `rest` (what followed the command word): for
     `/tell`, the agent's name as it shows, a space and the text for the agent (its line

@@ -48,6 +48,7 @@ from taskcard.channels.base import (
     IncomingCommand,
     command_arguments,
     first_word,
+    other_bots_command,
     shown,
 )
 from taskcard.channels.feishu.content import message_text
@@ -236,6 +237,13 @@ def _after_bot_name(addressee: str, rest: str, bot_name: str | None) -> str | No
     return rest
 
 
+def _for_another_bot(text: str, bot_name: str | None) -> bool:
+    """Whether `text` starts with a command addressed to someone else (`/start@OtherBot`,
+    `/help@_user_2`): written as a reply to one of our messages, it is still not for us."""
+    head, rest = first_word(text)
+    return other_bots_command(head, lambda name: _after_bot_name(name, rest, bot_name) is not None)
+
+
 def named_mentions(text: str, mentions: object) -> str:
     """`text` with each user mention's placeholder (`@_user_2`) written as `@` and the name
     Feishu gives for it, as the person saw it typed; a mention without a name stays as is.
@@ -329,6 +337,8 @@ def command_from_event(
         name = "reply"
         args = re.sub(re.escape(mention_key) + r"(?!\d)", " ", text) if mention_key else text
         args = args.strip()
+        if _for_another_bot(args, bot_name):
+            return None
     if name != "taskcard":
         args = named_mentions(args, message.get("mentions"))
     sender = event.get("sender")

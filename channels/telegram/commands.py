@@ -29,6 +29,7 @@ from taskcard.channels.base import (
     PollGate,
     command_arguments,
     first_word,
+    other_bots_command,
 )
 from taskcard.channels.telegram.moves import ChatMoves, qualified
 from taskcard.channels.telegram.request import FloodWait
@@ -95,6 +96,9 @@ def command_from_update(update: Update, bot_username: str) -> IncomingCommand | 
             return None
         if (author.username or "").lower() != bot_username.lower():
             return None
+        head, _ = first_word(text)
+        if other_bots_command(head, lambda name: name.lower() == bot_username.lower()):
+            return None  # "/start@OtherBot" replying to our card is the other bot's
         name, args, reply_to = "reply", text, (str(replied.message_id),)
     thread = message.message_thread_id if message.is_topic_message else None
     return IncomingCommand(

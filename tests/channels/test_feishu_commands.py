@@ -141,3 +141,23 @@ def command(args: str, user: str | None = "ou_alice") -> IncomingCommand:
 )
 def test_command_from_event(document: dict[str, Any], expected: IncomingCommand | None) -> None:
     assert command_from_event(document, BOT) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("please stop", ("reply", "please stop")),
+        ("/home/me@host is full", ("reply", "/home/me@host is full")),  # a path, not a command
+        ("/start@OtherBot", None),  # another bot's command is not text for the agent
+        ("/help@_user_2 now", None),  # glued to someone else's mention
+        ("/taskcard off", ("taskcard", "off")),  # a reply addresses the bot: a command
+        ("/taskcard@taskcard 3", ("taskcard", "3")),
+    ],
+)
+def test_a_reply_without_a_mention(text: str, expected: tuple[str, str] | None) -> None:
+    document = event(text, mentions=[])
+    document["event"]["message"].update(parent_id="om_card", root_id="om_card")
+    found = command_from_event(document, BOT, "taskcard")
+    assert (None if found is None else (found.command, found.args)) == expected
+    if found is not None:
+        assert found.reply_to == ("om_card", "om_card")

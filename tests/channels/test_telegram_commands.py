@@ -224,6 +224,10 @@ def test_tell_and_replies_to_the_bot_reach_the_service() -> None:
     assert (reply.command, reply.args, reply.reply_to) == ("reply", "please stop", ("77",))
     assert command_from_update(_reply("hi", to_bot=False), "Bot") is None
     assert command_from_update(_reply("hi", to_bot=True, username="OtherBot"), "Bot") is None
+    # Another bot's command replying to ours is not text for the agent; a path is.
+    assert command_from_update(_reply("/start@OtherBot", to_bot=True), "bot") is None
+    path = command_from_update(_reply("/home/me@host is full", to_bot=True), "bot")
+    assert path is not None and path.args == "/home/me@host is full"
     assert command_from_update(_update("message", "just chatting"), "Bot") is None
 
 

@@ -508,6 +508,26 @@ async def test_a_command_written_as_a_reply_to_a_card_is_a_command(
             assert await chat.serve.aterminate() == 0
 
 
+async def test_another_bots_command_replying_to_a_card_is_not_text_for_the_agent(
+    platform: str, tmp_path: Path
+) -> None:
+    # "/start@OtherBot" written as a reply to our card is the other bot's command; it was
+    # queued in our agent's inbox as text, with a status message, on both platforms.
+    async with chat_for(platform, tmp_path, ["builder"]) as chat:
+        running_agent(tmp_path)
+        with chat.serve:
+            await running_card_shown(chat)
+            card = chat.message_id_with("compile")
+            assert card is not None
+            await chat.say("/start@OtherBot now", reply_to=card)
+            await chat.say("a real answer", reply_to=card)
+            await wait_status(chat, "queued")
+            await eventually(lambda: queued(tmp_path), what="the text queued")
+            texts = [json.loads(p.read_text())["text"] for p in queued(tmp_path)]
+            assert texts == ["a real answer"] and len(status_texts(chat)) == 1
+            assert await chat.serve.aterminate() == 0
+
+
 async def test_no_host_is_unconfirmed_and_a_symlinked_inbox_fails(
     platform: str, tmp_path: Path
 ) -> None:
