@@ -166,7 +166,12 @@ class ClusteredChannel(Channel):
     async def _published(self, command: IncomingCommand) -> None:
         """The inner channel's sink: append the command to the stream once."""
         seen = ""
-        if command.message_id is not None:
+        if command.command == "moved":
+            # Every instance learns a group's upgrade on its own (from the first request
+            # Telegram refuses it): one entry tells them all, and each copy more cost every
+            # card of the chat one more edit ("not modified").
+            seen = f"{self._prefix}:seen:{self.name}:moved:{command.chat.chat_id}"
+        elif command.message_id is not None:
             chat = f"{command.chat.chat_id}:{command.message_id}"
             seen = f"{self._prefix}:seen:{self.name}:{chat}"
         while True:

@@ -806,3 +806,56 @@ async def test_tell_in_a_cluster_is_queued_once_and_answered_only_by_the_agents_
     assert replies(fake, "AGENT is one of") == 0
     for serve in serves:
         assert await serve.aterminate() == 0
+
+
+async def test_a_group_upgrade_learned_by_every_instance_is_acted_on_once(
+    tmp_path: Path, fake: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """Each instance learns the upgrade on its own, from the first request Telegram refuses
+    it; each used to relay the move to all, so every card of the chat was shown again once
+    per instance, each time after the first an edit Telegram refuses as "not modified"."""
+    basic, supergroup = -4343, -1004343434343
+    serves = {
+        name: fleet.enter_context(
+            instance(
+                tmp_path, name, fake, [f"{name}agent"], redis_url=redis_url, prefix=prefix,
+                chat_id=basic,
+            )
+        )
+        for name in ("i0", "i1")
+    }  # fmt: skip
+    for name in serves:
+        publish(tmp_path / "agents" / f"{name}agent", f"card of {name}")
+    await eventually(lambda: len(shown(fake, basic)) == 2, what="two residents in the group")
+    fake.migrate(basic, supergroup, announce=False)  # learned from refusals alone
+    for name in serves:
+        publish(tmp_path / "agents" / f"{name}agent", f"{name} after the upgrade")
+    learned = f"Telegram group {basic} was upgraded to a supergroup"
+    await eventually(
+        lambda: all(learned in s.logs for s in serves.values()),
+        timeout_s=60,
+        what="both instances learned the upgrade",
+    )
+    await eventually(
+        lambda: all(
+            sum(f"{name} after the upgrade" in t for t in shown(fake, supergroup)) == 1
+            for name in serves
+        ),
+        timeout_s=60,
+        what="both cards in the supergroup",
+    )
+    for serve in serves.values():
+        assert await serve.aterminate() == 0
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        entries = client.xrange(f"{prefix}:cmd:telegram")
+    finally:
+        client.close()
+    moves = [e for _, e in entries if json.loads(e["command"])["command"] == "moved"]
+    assert len(moves) == 1, "the move relayed once, not once per instance"
+    refused = [
+        r for r in fake.requests if r.method == "editMessageText" and r.chat_id == supergroup
+        and r.status == 400
+    ]  # fmt: skip
+    assert refused == [], "no card shown again with the same text"
+    assert len(fake.bot_messages(supergroup)) == 2, "one card each in the supergroup"
