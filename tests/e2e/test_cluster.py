@@ -800,7 +800,16 @@ async def test_tell_in_a_cluster_is_queued_once_and_answered_only_by_the_agents_
     await eventually(
         lambda: replies(fake, "Message to") >= 8, timeout_s=60, what="a status message each"
     )
-    await _sleep(2.0)  # a second queueing or a stray answer would have come by now
+    # Every instance reads the stream in order and logs a command from a chat it does not
+    # route: once each has logged this one, each has handled every /tell before it, and a
+    # second queueing (each status message comes with one) would be on disk.
+    unrouted = -1007777777777
+    fake.inject_command(unrouted, "/taskcard")
+    await eventually(
+        lambda: all(f"from an unrouted chat telegram:{unrouted}" in s.logs for s in serves),
+        timeout_s=60,
+        what="every instance past the last /tell",
+    )
     assert (queued("i0agent"), queued("i1agent")) == (4, 4)
     assert replies(fake, "Message to") == 8
     assert replies(fake, "AGENT is one of") == 0
