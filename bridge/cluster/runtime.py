@@ -5,18 +5,21 @@ line and exit 2, not a service that half-runs). `run` renews this instance's lea
 of their TTL: the poll lease of each bot it receives commands for, and one lease per configured
 agent. Gaining an agent's lease makes this instance serve the agent's routes (`take`); losing
 it stops that (`drop`). The resident ids live in the shared store, so the instance that takes
-over edits the message the previous owner posted instead of posting a second one.
+over edits the message the previous owner posted instead of posting a second one. With the
+leases it shares what it routes (`P:routed:<owner>`, listed in the sorted set `P:instances`
+until it lapses), so a `/tell` naming an agent no instance routes to the chat is refused once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from typing import cast
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import redis
@@ -33,7 +36,7 @@ from taskcard.bridge.cluster.lease import (
 )
 from taskcard.bridge.cluster.limiter import RedisLimiter
 from taskcard.bridge.store.redis import RedisStore, connect, raise_if_cancel_swallowed
-from taskcard.channels.base import CursorStore
+from taskcard.channels.base import ChatRef, CursorStore
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,7 @@ _FIXED_KEYS = {
     "bots:feishu": "hash",
     "residents": "set",
     "n:pending": "zset",
+    "instances": "zset",
     "inbox:queued": "zset",
     **dict.fromkeys(("cmd:telegram", "cmd:feishu"), "stream"),
 }
@@ -124,6 +128,7 @@ class Cluster:
         self._poll_leases: list[PollLease] = []
         self._agent_leases: dict[str, Lease] = {}
         self._bots: dict[str, str] = {}  # channel -> the bot this instance posts as
+        self._routes_shared: str | None = None  # what `_share_routes` last wrote
 
     @classmethod
     def connect(cls, config: ClusterConfig, url: str) -> Cluster:
@@ -210,16 +215,68 @@ class Cluster:
         )
         return gate, cursors
 
+    async def _share_routes(self, routed: Mapping[str, Any]) -> None:
+        """Keep what this instance routes (`Service.routed_agents`) where the others read
+        it (`routed_names`): rewritten when it changed, else only kept from expiring; a
+        dead instance's lapses with its bot record. A Redis that does not answer is the
+        leases' business, as in `_renew_bots`."""
+        now_ms, key = int(time.time() * 1000), self.key("routed", self.owner)
+        text = json.dumps(routed, sort_keys=True)
+        with contextlib.suppress(RedisError):
+            if text != self._routes_shared:
+                await self.aio.set(key, text, px=self._bot_ttl_ms)
+                self._routes_shared = text
+            else:
+                await self.aio.pexpire(key, self._bot_ttl_ms)
+            members = self.key("instances")
+            await self.aio.zadd(members, {self.owner: now_ms + self._bot_ttl_ms})
+            await self.aio.zremrangebyscore(members, "-inf", now_ms)
+
+    async def routed_names(self, channel: str, chat: ChatRef) -> list[str] | None:
+        """The agents the live instances route to `chat` (each as its own routes would
+        take a command from it: the chat's topic, else the whole chat); None, logged, when
+        Redis does not answer."""
+        now_ms = int(time.time() * 1000)
+        try:
+            owners = cast(
+                list[str], await self.aio.zrangebyscore(self.key("instances"), now_ms, "+inf")
+            )
+            keys = [self.key("routed", owner) for owner in owners]
+            texts = cast(list[str | None], await self.aio.mget(keys) if keys else [])
+        except RedisError as error:
+            log.warning(
+                "could not read which agents the cluster routes to %s (%s); a /tell naming"
+                " an agent no route of this instance knows gets no answer",
+                chat,
+                type(error).__name__,
+            )
+            return None
+        names: set[str] = set()
+        for text in texts:
+            try:
+                threads = json.loads(text or "{}").get(channel, {}).get(chat.chat_id, {})
+                agents = threads.get(chat.thread_id or "") or threads.get("") or []
+                if isinstance(agents, list):
+                    names.update(agent for agent in agents if isinstance(agent, str))
+            except (ValueError, AttributeError, TypeError):
+                continue  # another version's or a hand edit's: its instance answers alone
+        return sorted(names)
+
     async def run(
-        self, agents: Sequence[str], take: Callable[[str], None], drop: Callable[[str], None]
+        self,
+        agents: Sequence[str],
+        take: Callable[[str], None],
+        drop: Callable[[str], None],
+        routed: Callable[[], Mapping[str, Any]] = dict,
     ) -> None:
-        """Renew every lease until cancelled; call `take`/`drop` as agents' leases change."""
+        """Renew every lease until cancelled; call `take`/`drop` as agents' leases change,
+        and share what `routed` says this instance routes."""
         self._agent_leases = {agent: self.lease("agent", agent) for agent in agents}
         interval_s = self.config.lease_ttl_s / 3
         log.info("cluster member %s on Redis (key prefix %s)", self.instance, self.prefix)
         while True:
             try:
-                await self._renew(take, drop)
+                await self._renew(take, drop, routed)
             except Exception:
                 # Renewal must go on whatever happened: a lease left to lapse while this
                 # instance still serves its agent would give the agent two servers.
@@ -227,7 +284,12 @@ class Cluster:
             raise_if_cancel_swallowed()
             await asyncio.sleep(interval_s)
 
-    async def _renew(self, take: Callable[[str], None], drop: Callable[[str], None]) -> None:
+    async def _renew(
+        self,
+        take: Callable[[str], None],
+        drop: Callable[[str], None],
+        routed: Callable[[], Mapping[str, Any]],
+    ) -> None:
         for gate in self._poll_leases:
             await gate.lease.hold()
         # Needed for correctness at every interval whatever the fleet's size (a lease not
@@ -235,6 +297,7 @@ class Cluster:
         before = {agent: lease.held for agent, lease in self._agent_leases.items()}
         await hold_all(list(self._agent_leases.values()))
         await self._renew_bots()
+        await self._share_routes(routed())
         for agent, lease in self._agent_leases.items():
             if lease.held and not before[agent]:
                 log.info("agent %s: this instance serves it now", agent)
@@ -250,5 +313,7 @@ class Cluster:
         with contextlib.suppress(RedisError):  # else it expires after the lease TTL
             for channel, bot in self._bots.items():
                 await self.aio.hdel(self.key("bots", channel), bot)
+            await self.aio.delete(self.key("routed", self.owner))
+            await self.aio.zrem(self.key("instances"), self.owner)
         await self.aio.aclose()
         self.store.close()

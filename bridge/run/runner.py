@@ -176,6 +176,7 @@ async def serve(
             store,
             limiter=wiring.cluster.limiter(config.limits.max_pause_s) if wiring else None,
             clustered=wiring is not None,
+            cluster_names=wiring.cluster.routed_names if wiring else None,
         )
         if own_signals and config_path is not None:
             loop.add_signal_handler(signal.SIGHUP, reload_config, service, config_path)
@@ -199,7 +200,10 @@ async def serve(
         if wiring is not None:
             agents = [agent.id for agent in config.agents]
             leases = asyncio.create_task(
-                wiring.cluster.run(agents, service.take_agent, service.drop_agent), name="leases"
+                wiring.cluster.run(
+                    agents, service.take_agent, service.drop_agent, service.routed_agents
+                ),
+                name="leases",
             )
         serving = True
         try:

@@ -22,7 +22,7 @@ import asyncio
 import functools
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, tzinfo
 from typing import Final
@@ -74,6 +74,9 @@ from taskcard.channels.errors import ChannelError, RateLimited, Transient
 from taskcard.producers.task_card.contract import Origin, parse_origin
 
 log = logging.getLogger(__name__)
+
+# Clustered: the agents the whole cluster routes to a chat (None when Redis did not answer).
+ClusterNames = Callable[[str, ChatRef], Awaitable[list[str] | None]]
 
 # Shown instead of a card body that still spelled a configured secret after rendering (for
 # example split by Markdown emphasis, `12345**6789:AA...**`, and joined again by the renderer).
@@ -142,6 +145,7 @@ class Service:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         limiter: Limiter | None = None,
         clustered: bool = False,
+        cluster_names: ClusterNames | None = None,
     ) -> None:
         self._config = config
         self._channels: dict[str, Channel] = {n: b.channel for n, b in channels.items()}
@@ -149,6 +153,8 @@ class Service:
         self._clock = clock
         # Clustered: only agents whose lease this instance holds (`take_agent`); else all.
         self._owned: set[str] | None = set() if clustered else None
+        # Clustered: the agents every instance routes to a chat (see `routed_agents`).
+        self._cluster_names = cluster_names
         # Every outgoing text loses the exact values of the configured secrets, not only logs.
         self._redact = Redactor(secret for b in channels.values() for secret in b.secrets)
         # The fleet: configured routes, discovered agents and origin routes (see `apply`).
@@ -304,6 +310,23 @@ class Service:
 
     def _serves(self, agent_id: str) -> bool:
         return self._owned is None or agent_id in self._owned
+
+    def routed_agents(self) -> dict[str, dict[str, dict[str, list[str]]]]:
+        """The agents routed here, by channel, chat and topic ("" for a whole chat), which
+        a cluster shares: the instance answering a `/tell` that names an agent no route of
+        its own knows tells it apart from another instance's agent with them."""
+        found: dict[str, dict[str, dict[str, set[str]]]] = {}
+        for route in self._routes:
+            chat = route.key.chat
+            chats = found.setdefault(route.key.channel, {}).setdefault(chat.chat_id, {})
+            chats.setdefault(chat.thread_id or "", set()).add(route.key.agent_id)
+        return {
+            channel: {
+                chat: {thread: sorted(agents) for thread, agents in threads.items()}
+                for chat, threads in chats.items()
+            }
+            for channel, chats in found.items()
+        }
 
     def take_agent(self, agent_id: str) -> None:
         """Serve this agent here from now on (its lease was gained): its routes start from
@@ -995,9 +1018,13 @@ class Service:
         channel = self._channels[channel_name]
         if command.command != "taskcard":
             answer, mine = self._text_for_agent(channel_name, command, allowed)
-            # Clustered, the text is the agent's owner's to queue and to answer for (one
-            # instance holds its lease), whoever claimed the reply; a name no route here
-            # knows may be another instance's agent, so no refusal comes from here.
+            if answer is not None and not mine and self._owned is not None:
+                # Clustered, the text is the agent's owner's to queue and to answer for (one
+                # instance holds its lease); a name no route here knows may be another
+                # instance's agent, so the instance that claimed the reply looks at what
+                # the whole cluster routes to this chat before refusing it.
+                answer = await self._unknown_in_cluster(channel_name, command, allowed)
+                mine = answer is not None
             if answer is not None and (mine if self._owned is not None else command.reply):
                 self._scheduler.send_reply(
                     channel_name, reply_chat, self._render_text(channel, answer), command.answer_to
@@ -1117,12 +1144,7 @@ class Service:
             name, text = [*command.args.split(maxsplit=1), "", ""][:2]
             here = sorted({r.key.agent_id for r in routes})
             if name not in here:
-                listed = f"/tell AGENT TEXT: AGENT is one of {', '.join(here)}."
-                if _utf16_len(listed) <= STATE_TEXT_UTF16:
-                    return listed, False
-                # A large fleet: whole names as far as they fit, alike on every platform
-                # (Telegram cut the list in the middle of a name at its 4096 units).
-                return _fit_entries("/tell AGENT TEXT: AGENT is one of:", here), False
+                return _unknown_agent(here), False
             agent_id = name
         if not self._serves(agent_id) or not self._desk.accepts(agent_id):
             return None, False  # a standby of a cluster: the owner queues it, once
@@ -1130,6 +1152,22 @@ class Service:
             channel_name, command.chat, agent_id, command.user_id, text, command.answer_to
         )
         return answer, True
+
+    async def _unknown_in_cluster(
+        self, channel_name: str, command: IncomingCommand, routes: list[Route]
+    ) -> str | None:
+        """Clustered: the refusal of a `/tell` naming an agent that no instance routes to
+        the chat, listing those every instance routes there; None when another instance
+        routes the agent (it answers) or this instance did not claim the reply."""
+        if not command.reply or self._cluster_names is None:
+            return None
+        names = await self._cluster_names(channel_name, command.chat)
+        if names is None:
+            return None  # Redis did not answer: logged; better no answer than a wrong one
+        name = [*command.args.split(maxsplit=1), ""][0]
+        if name in names:
+            return None
+        return _unknown_agent(sorted({*names, *(r.key.agent_id for r in routes)}))
 
     def _switch_view(self, routes: list[Route], view: RouteView) -> str:
         """`/taskcard board` or `/taskcard cards`: persist the chat's choice, then re-project
@@ -1203,6 +1241,16 @@ class Service:
 
 def _utf16_len(text: str) -> int:
     return len(text.encode("utf-16-le", "surrogatepass")) // 2
+
+
+def _unknown_agent(names: list[str]) -> str:
+    """The refusal of a `/tell` naming no agent of the chat, with the names it routes."""
+    listed = f"/tell AGENT TEXT: AGENT is one of {', '.join(names)}."
+    if _utf16_len(listed) <= STATE_TEXT_UTF16:
+        return listed
+    # A large fleet: whole names as far as they fit, alike on every platform (Telegram cut
+    # the list in the middle of a name at its 4096 units).
+    return _fit_entries("/tell AGENT TEXT: AGENT is one of:", names)
 
 
 def _fit_entries(head: str, entries: list[str]) -> str:

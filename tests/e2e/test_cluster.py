@@ -868,3 +868,90 @@ async def test_a_group_upgrade_learned_by_every_instance_is_acted_on_once(
     ]  # fmt: skip
     assert refused == [], "no card shown again with the same text"
     assert len(fake.bot_messages(supergroup)) == 2, "one card each in the supergroup"
+
+
+def routed_in_redis(redis_url: str, prefix: str) -> set[str]:
+    """Every agent name the instances on `prefix` have shared as routed, whatever the chat."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        texts = [client.get(key) for key in client.scan_iter(f"{prefix}:routed:*")]
+    finally:
+        client.close()
+    return {
+        agent
+        for text in texts
+        for chats in json.loads(text or "{}").values()
+        for threads in chats.values()
+        for agents in threads.values()
+        for agent in agents
+    }
+
+
+async def test_tell_to_a_name_no_instance_routes_is_answered_once_with_the_clusters_names(
+    tmp_path: Path, fake: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """On one instance a `/tell` to an unknown name is refused with the chat's agents; in a
+    cluster no instance answered it (each took it for another instance's agent). Now the
+    instance that claims the reply answers once, with what every instance routes to the
+    chat, and not with agents routed only to another chat (i2agent)."""
+    other = -1002222222222
+    chats = {"i0": GROUP, "i1": GROUP, "i2": other}
+    serves = [
+        fleet.enter_context(
+            instance(
+                tmp_path, name, fake, [f"{name}agent"], redis_url=redis_url, prefix=prefix,
+                chat_id=chat,
+            )
+        )
+        for name, chat in chats.items()
+    ]  # fmt: skip
+    await eventually(
+        lambda: routed_in_redis(redis_url, prefix) == {"i0agent", "i1agent", "i2agent"},
+        timeout_s=60,
+        what="every instance's routes shared",
+    )
+    fake.inject_command(GROUP, "/tell nobody please look")
+    refusal = "AGENT is one of i0agent, i1agent."
+    await eventually(lambda: replies(fake, refusal), timeout_s=60, what="the refusal")
+    # A /tell to an agent of another instance is queued by its owner, not refused.
+    fake.inject_command(GROUP, "/tell i1agent rebase please")
+    await eventually(lambda: replies(fake, "Message to"), timeout_s=60, what="i1agent's answer")
+    unrouted = -1007777777777
+    fake.inject_command(unrouted, "/taskcard")
+    await eventually(
+        lambda: all(f"from an unrouted chat telegram:{unrouted}" in s.logs for s in serves),
+        timeout_s=60,
+        what="every instance past the /tells",
+    )
+    assert replies(fake, "AGENT is one of") == 1, "answered once, by one instance"
+    assert not any("i2agent" in t for t in shown(fake, GROUP))
+    for serve in serves:
+        assert await serve.aterminate() == 0
+
+
+async def test_feishu_tell_to_a_name_no_instance_routes_is_answered_once(
+    tmp_path: Path, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """Feishu as Telegram: the event reaches one instance, the refusal lists both
+    instances' agents."""
+    from tests.e2e.test_serve_feishu import CHAT, ENCRYPT, VERIFY
+
+    async with FakeFeishu() as fake:
+        setups = []
+        for name in ("i0", "i1"):
+            setup = feishu_instance(tmp_path, name, fake, redis_url=redis_url, prefix=prefix)
+            fleet.enter_context(setup.serve())
+            setups.append(setup)
+        await eventually(
+            lambda: routed_in_redis(redis_url, prefix) == {"i0agent", "i1agent"},
+            timeout_s=60,
+            what="both instances' routes shared",
+        )
+        tell = fake.command_event(CHAT, "/tell nobody please look", verification_token=VERIFY)
+        assert (await fake.deliver_event(setups[1].url, tell, encrypt_key=ENCRYPT)).status == 200
+        [answer] = await eventually(
+            lambda: fake.replies_to(tell["event"]["message"]["message_id"]),
+            timeout_s=60,
+            what="the refusal",
+        )
+        assert "AGENT is one of i0agent, i1agent." in answer.content
