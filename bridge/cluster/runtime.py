@@ -18,7 +18,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 from urllib.parse import urlsplit
 
@@ -264,18 +264,19 @@ class Cluster:
 
     async def run(
         self,
-        agents: Sequence[str],
+        agents: Callable[[], Iterable[str]],
         take: Callable[[str], None],
         drop: Callable[[str], None],
         routed: Callable[[], Mapping[str, Any]] = dict,
     ) -> None:
-        """Renew every lease until cancelled; call `take`/`drop` as agents' leases change,
-        and share what `routed` says this instance routes."""
-        self._agent_leases = {agent: self.lease("agent", agent) for agent in agents}
+        """Renew every lease until cancelled: one per agent `agents` names at each renewal
+        (configured, discovered, added by a reload); call `take`/`drop` as agents' leases
+        change, and share what `routed` says this instance routes."""
         interval_s = self.config.lease_ttl_s / 3
         log.info("cluster member %s on Redis (key prefix %s)", self.instance, self.prefix)
         while True:
             try:
+                await self._follow(agents(), drop)
                 await self._renew(take, drop, routed)
             except Exception:
                 # Renewal must go on whatever happened: a lease left to lapse while this
@@ -283,6 +284,20 @@ class Cluster:
                 log.exception("renewing the cluster leases failed; trying again")
             raise_if_cancel_swallowed()
             await asyncio.sleep(interval_s)
+
+    async def _follow(self, agents: Iterable[str], drop: Callable[[str], None]) -> None:
+        """Lease the agents this instance serves now: a lease for each new one (an agent
+        added by a reload or discovered was never leased, so never served); an agent gone
+        from the fleet gives its lease up at once, for a standby that still has it."""
+        wanted = set(agents)
+        for agent in [agent for agent in self._agent_leases if agent not in wanted]:
+            lease = self._agent_leases.pop(agent)
+            held = lease.held
+            await lease.release()
+            if held:
+                drop(agent)
+        for agent in sorted(wanted - self._agent_leases.keys()):
+            self._agent_leases[agent] = self.lease("agent", agent)
 
     async def _renew(
         self,

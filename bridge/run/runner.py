@@ -198,10 +198,9 @@ async def serve(
         systemd = asyncio.create_task(_tell_systemd(service, stop, env), name="sd_notify")
         leases = None
         if wiring is not None:
-            agents = [agent.id for agent in config.agents]
             leases = asyncio.create_task(
                 wiring.cluster.run(
-                    agents, service.take_agent, service.drop_agent, service.routed_agents
+                    service.agent_ids, service.take_agent, service.drop_agent, service.routed_agents
                 ),
                 name="leases",
             )

@@ -311,6 +311,11 @@ class Service:
     def _serves(self, agent_id: str) -> bool:
         return self._owned is None or agent_id in self._owned
 
+    def agent_ids(self) -> list[str]:
+        """The agents of the fleet now: configured, discovered, added by a reload (a
+        cluster leases each, and serves those whose lease it holds)."""
+        return list(self._monitors)
+
     def routed_agents(self) -> dict[str, dict[str, dict[str, list[str]]]]:
         """The agents routed here, by channel, chat and topic ("" for a whole chat), which
         a cluster shares: the instance answering a `/tell` that names an agent no route of

@@ -11,6 +11,7 @@ survived, and an unreachable Redis is one line and exit 2.
 from __future__ import annotations
 
 import json
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -955,3 +956,83 @@ async def test_feishu_tell_to_a_name_no_instance_routes_is_answered_once(
             what="the refusal",
         )
         assert "AGENT is one of i0agent, i1agent." in answer.content
+
+
+async def test_a_reload_while_redis_is_down_is_refused_and_the_running_config_stays(
+    tmp_path: Path, fake: FakeTelegram, prefix: str, fleet: ExitStack
+) -> None:
+    """SIGHUP while the shared state cannot be read (a routed chat's key depends on it: a
+    group's upgrade): the reload is refused with a log line saying so, the instance keeps
+    serving what it served, and a SIGHUP once Redis is back applies the file."""
+    if not have_redis():
+        pytest.fail("redis-server is not installed: run `make test`, which installs it")
+    server = RedisServer(tmp_path / "redis", appendonly=True).start()
+    fleet.callback(server.stop)
+    serve = fleet.enter_context(
+        instance(tmp_path, "i0", fake, ["i0agent"], redis_url=server.url, prefix=prefix)
+    )
+    publish(tmp_path / "agents" / "i0agent", "before the reload")
+    await eventually(lambda: len(shown(fake, GROUP)) == 1, timeout_s=60, what="the resident")
+    await eventually(lambda: "channel telegram ready" in serve.logs, what="serving")
+    late = tmp_path / "agents" / "late"
+    late.mkdir(parents=True)
+    serve.config.write_text(
+        serve.config.read_text()
+        .replace('agents = ["i0agent"]', 'agents = ["i0agent", "late"]')
+        .replace("[telegram]", f'[[agents]]\nid = "late"\nworkdir = "{late}"\n[telegram]')
+    )
+    server.stop()
+    assert serve.proc is not None
+    serve.proc.send_signal(signal.SIGHUP)
+    refused = "config reload refused: the state could not be read"
+    await eventually(lambda: refused in serve.logs, timeout_s=60, what="the refusal")
+    line = next(line for line in serve.logs.splitlines() if refused in line)
+    assert "the running configuration stays" in line
+    server.start()
+    publish(tmp_path / "agents" / "i0agent", "after the refusal")
+    await eventually(
+        lambda: any("after the refusal" in t for t in shown(fake, GROUP)),
+        timeout_s=60,
+        what="the running configuration still served",
+    )
+    assert "config reloaded" not in serve.logs
+    serve.proc.send_signal(signal.SIGHUP)
+    await eventually(lambda: "config reloaded" in serve.logs, timeout_s=60, what="the reload")
+    publish(late, "late card")
+    await eventually(
+        lambda: any("late card" in t for t in shown(fake, GROUP)),
+        timeout_s=60,
+        what="the agent the reload added served",
+    )
+    assert len(fake.bot_messages(GROUP)) == 2
+    assert await serve.aterminate() == 0
+    assert "Traceback" not in serve.logs
+
+
+async def test_discovered_agents_are_leased_and_served_in_a_cluster(
+    tmp_path: Path, fake: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """Only the configured agents got a lease, so a discovered agent (as one a reload adds)
+    was never served by any instance: its card never showed."""
+    root = tmp_path / "fleet"
+    (root / "scout").mkdir(parents=True)
+    serve = instance(tmp_path, "i0", fake, ["i0agent"], redis_url=redis_url, prefix=prefix)
+    serve.config.write_text(
+        serve.config.read_text().replace('agents = ["i0agent"]', 'agents = ["*"]')
+        + f'[discover]\nroots = ["{root}"]\n'
+    )
+    fleet.enter_context(serve)
+    publish(root / "scout", "scout card")
+    await eventually(
+        lambda: any("scout card" in t for t in shown(fake, GROUP)),
+        timeout_s=60,
+        what="the discovered agent's card",
+    )
+    (root / "later").mkdir()
+    publish(root / "later", "later card")
+    await eventually(
+        lambda: any("later card" in t for t in shown(fake, GROUP)),
+        timeout_s=60,
+        what="the card of an agent discovered while serving",
+    )
+    assert await serve.aterminate() == 0
