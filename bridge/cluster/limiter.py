@@ -32,12 +32,15 @@ from taskcard.bridge.schedule.ratelimit import (
     Limiter,
     bounded_pause_s,
 )
+from taskcard.bridge.store.redis import wrong_type
 from taskcard.channels.base import RateScope
 
 log = logging.getLogger(__name__)
 
 # While Redis cannot answer, requests ask again after this long.
 UNREACHABLE_WAIT_S = 0.5
+# While a window's key holds another type (something else on the prefix), this long.
+WRONG_TYPE_WAIT_S = 2.0
 
 _NOW_MS = """
 local t = redis.call('TIME')
@@ -45,12 +48,17 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
 # KEYS: window 1, pause 1, window 2, pause 2, ...; ARGV: request id, then per scope max calls
-# and period in ms. Returns 0 (slots taken) or the milliseconds to wait.
+# and period in ms. Returns 0 (slots taken) or the milliseconds to wait, or {window, its type}
+# for a window that is not a sorted set (every call on it failed without naming it).
 _ACQUIRE = (
     _NOW_MS
     + """
 local wait = 0
 local n = #KEYS / 2
+for i = 1, n do
+  local found = redis.call('TYPE', KEYS[2 * i - 1])['ok']
+  if found ~= 'zset' and found ~= 'none' then return {KEYS[2 * i - 1], found} end
+end
 for i = 1, n do
   local window, pause = KEYS[2 * i - 1], KEYS[2 * i]
   local max_calls, period = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
@@ -125,6 +133,7 @@ class RedisLimiter(Limiter):
         self._pause = client.register_script(_PAUSE)
         self._tasks: set[asyncio.Task[object]] = set()
         self._failing = False
+        self._wrong: set[str] = set()  # windows of another type, logged once each
 
     def window_key(self, scope: str) -> str:
         return f"{self._prefix}:rl:{scope}"
@@ -140,7 +149,7 @@ class RedisLimiter(Limiter):
             keys += [self.window_key(scope.key), self.pause_key(scope.key)]
             args += [scope.max_calls, max(1, math.ceil(scope.period_s * 1000))]
         try:
-            wait_ms = int(await self._acquire(keys=keys, args=args))
+            answer = await self._acquire(keys=keys, args=args)
         except RedisError as error:
             if not self._failing:
                 log.error(
@@ -153,6 +162,19 @@ class RedisLimiter(Limiter):
         if self._failing:
             log.warning("the shared rate limits in Redis answer again")
             self._failing = False
+        if isinstance(answer, list):
+            key, found = (str(part) for part in answer)
+            if key not in self._wrong:
+                self._wrong.add(key)
+                log.error(
+                    "nothing is sent where this rate limit applies until it is fixed: %s",
+                    wrong_type(key, found, "sorted set"),
+                )
+            return WRONG_TYPE_WAIT_S
+        for key in self._wrong.intersection(keys[0::2]):
+            self._wrong.discard(key)
+            log.warning("the Redis key %s is a rate window again: sending resumes", key)
+        wait_ms = int(answer)
         if wait_ms > 0:
             return wait_ms / 1000
         return _SharedAdmission(self, member, keys[0::2])

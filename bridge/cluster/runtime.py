@@ -127,6 +127,8 @@ class Cluster:
         )
         self._poll_leases: list[PollLease] = []
         self._agent_leases: dict[str, Lease] = {}
+        self._serving: set[str] = set()  # agents whose `take` went through
+        self._refused: dict[str, str] = {}  # agent -> why its `take` failed (logged once)
         self._bots: dict[str, str] = {}  # channel -> the bot this instance posts as
         self._routes_shared: str | None = None  # what `_share_routes` last wrote
 
@@ -291,10 +293,10 @@ class Cluster:
         from the fleet gives its lease up at once, for a standby that still has it."""
         wanted = set(agents)
         for agent in [agent for agent in self._agent_leases if agent not in wanted]:
-            lease = self._agent_leases.pop(agent)
-            held = lease.held
-            await lease.release()
-            if held:
+            await self._agent_leases.pop(agent).release()
+            self._refused.pop(agent, None)
+            if agent in self._serving:
+                self._serving.discard(agent)
                 drop(agent)
         for agent in sorted(wanted - self._agent_leases.keys()):
             self._agent_leases[agent] = self.lease("agent", agent)
@@ -309,17 +311,37 @@ class Cluster:
             await gate.lease.hold()
         # Needed for correctness at every interval whatever the fleet's size (a lease not
         # renewed lapses and the agent moves), so it is batched: `HOLD_BATCH` per round trip.
-        before = {agent: lease.held for agent, lease in self._agent_leases.items()}
         await hold_all(list(self._agent_leases.values()))
         await self._renew_bots()
         await self._share_routes(routed())
         for agent, lease in self._agent_leases.items():
-            if lease.held and not before[agent]:
-                log.info("agent %s: this instance serves it now", agent)
-                take(agent)
-            elif before[agent] and not lease.held:
+            if lease.held and agent not in self._serving:
+                self._take(agent, take)
+            elif agent in self._serving and not lease.held:
                 log.warning("agent %s: another instance serves it now", agent)
+                self._serving.discard(agent)
                 drop(agent)
+
+    def _take(self, agent: str, take: Callable[[str], None]) -> None:
+        """Serve `agent` (its lease is held here); one that cannot be served now (its state
+        in Redis unusable) is logged once and tried again at each renewal, and never keeps
+        the agents after it from being served."""
+        try:
+            take(agent)
+        except Exception as error:
+            reason = " ".join(str(error).split()) or type(error).__name__
+            if self._refused.get(agent) != reason:
+                self._refused[agent] = reason
+                log.error(
+                    "agent %s: this instance holds its lease but cannot serve it: %s; it is"
+                    " tried again at each lease renewal",
+                    agent,
+                    reason,
+                )
+            return
+        self._refused.pop(agent, None)
+        self._serving.add(agent)
+        log.info("agent %s: this instance serves it now", agent)
 
     async def close(self) -> None:
         """Release every lease (others take over at once, not after the TTL), close clients."""

@@ -21,6 +21,7 @@ from taskcard.bridge.cluster.runtime import Cluster, ClusterUnreachable, shared_
 from taskcard.bridge.config import ServiceConfig
 from taskcard.bridge.deliver.registry import BuiltChannel
 from taskcard.bridge.store.base import StateFileError, StateStore
+from taskcard.bridge.store.redis import wrong_type
 from taskcard.channels.base import CursorStore
 from taskcard.channels.telegram.commands import OFFSET_CURSOR_KEY
 
@@ -43,9 +44,8 @@ def open_cluster(config: ServiceConfig, env: Mapping[str, str]) -> Cluster | Non
     if misplaced:
         key, found, expected = misplaced
         print(
-            f"taskcard: cluster.key_prefix {config.cluster.key_prefix!r}: the Redis key {key}"
-            f" is a {found}, not the {expected} taskcard keeps there (something else uses this"
-            f" prefix); delete it (DEL {key}) or give the fleet another cluster.key_prefix",
+            f"taskcard: cluster.key_prefix {config.cluster.key_prefix!r}:"
+            f" {wrong_type(key, found, expected)}",
             file=sys.stderr,
         )
         cluster.store.close()

@@ -340,8 +340,12 @@ class Service:
             return
         self._owned.add(agent_id)
         routes = self._routes_by_agent.get(agent_id, [])
-        for route in routes:
-            self._schedule(route)
+        try:
+            for route in routes:
+                self._schedule(route)
+        except Exception:
+            self.drop_agent(agent_id)  # not half served: the cluster tries again later
+            raise
         self._refresh(agent_id)
         for route in routes:
             self._outbox.route_ready(route.key)  # what another instance left pending

@@ -75,6 +75,20 @@ def _corrupt(key: str, field: str) -> None:
         log.warning("Redis %s: the stored value does not parse; it is ignored", where[:300])
 
 
+def wrong_type(key: str, found: str, expected: str) -> str:
+    """What to do about a key of the fleet that holds another Redis type than taskcard's."""
+    return (
+        f"the Redis key {key} is a {found}, not the {expected} taskcard keeps there (something"
+        f" else uses this prefix); delete it (DEL {key}) or give the fleet another"
+        " cluster.key_prefix"
+    )
+
+
+class WrongKeyType(redis.RedisError):
+    """A key of the fleet holds another type (left by another program on the prefix);
+    the message names it and the fix (`wrong_type`)."""
+
+
 _ADD_NOTICE = """
 if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
@@ -257,8 +271,16 @@ class RedisStore(StateStore):
         pipe.execute()
 
     def resident(self, route: str) -> ResidentRecord | None:
-        data = cast(dict[str, str], self._r.hgetall(self._res(route)))
-        return _record(self._res(route), route, data) if data else None
+        """The route's record; `WrongKeyType` when its key holds something not ours (read
+        as absent, a second resident would be posted and its id could not be kept)."""
+        key = self._res(route)
+        try:
+            data = cast(dict[str, str], self._r.hgetall(key))
+        except redis.ResponseError as error:
+            if not str(error).startswith("WRONGTYPE"):
+                raise
+            raise WrongKeyType(wrong_type(key, str(self._r.type(key)), "hash")) from None
+        return _record(key, route, data) if data else None
 
     def residents(self) -> list[ResidentRecord]:
         routes = sorted(cast(set[str], self._r.smembers(self.key("residents"))))

@@ -1036,3 +1036,56 @@ async def test_discovered_agents_are_leased_and_served_in_a_cluster(
         what="the card of an agent discovered while serving",
     )
     assert await serve.aterminate() == 0
+
+
+async def test_keys_of_another_type_under_variable_names_are_named_and_stop_nothing_else(
+    tmp_path: Path, fake: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """A resident's hash or a chat's rate window left as another type on the prefix: every
+    call on it failed with WRONGTYPE, naming no key; the resident's made the lease renewal
+    raise, so the agents after it were never served either, and the window's said Redis
+    could not be reached. Now each is one error naming the key and the fix, the other agents
+    are served, and deleting the key is enough."""
+    other = -1003333333333
+    resident = f"{prefix}:res:telegram:{GROUP}::i0agent"
+    window = f"{prefix}:rl:telegram:chat:{other}"
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client.set(resident, "left by another program")
+    client.set(window, "left by another program")
+    serve = instance(
+        tmp_path, "i0", fake, ["i0agent", "i0b", "i0c"], redis_url=redis_url, prefix=prefix
+    )
+    serve.config.write_text(
+        serve.config.read_text().replace('"i0agent", "i0b", "i0c"', '"i0agent", "i0b"')
+        + f'[[telegram.routes]]\nchat_id = {other}\nagents = ["i0c"]\n'
+    )
+    fleet.enter_context(serve)
+    for agent in ("i0agent", "i0b", "i0c"):
+        publish(tmp_path / "agents" / agent, f"card of {agent}")
+    await eventually(
+        lambda: any("card of i0b" in t for t in shown(fake, GROUP)),
+        timeout_s=60,
+        what="the other agent served",
+    )
+    await eventually(
+        lambda: (
+            f"the Redis key {resident} is a string, not the hash" in serve.logs
+            and f"the Redis key {window} is a string, not the sorted set" in serve.logs
+        ),
+        timeout_s=60,
+        what="both keys named",
+    )
+    assert f"DEL {resident}" in serve.logs and f"DEL {window}" in serve.logs
+    assert serve.logs.count(f"DEL {resident}") == 1, "logged once, not at each renewal"
+    client.delete(resident, window)
+    client.close()
+    await eventually(
+        lambda: (
+            any("card of i0agent" in t for t in shown(fake, GROUP))
+            and any("card of i0c" in t for t in shown(fake, other))
+        ),
+        timeout_s=60,
+        what="both served once the keys are gone",
+    )
+    assert await serve.aterminate() == 0
+    assert "Traceback" not in serve.logs
