@@ -174,15 +174,24 @@ class ClusteredChannel(Channel):
         elif command.message_id is not None:
             chat = f"{command.chat.chat_id}:{command.message_id}"
             seen = f"{self._prefix}:seen:{self.name}:{chat}"
+        failures = 0
         while True:
             try:
                 await self._publish(
                     keys=[seen, self._stream], args=[encode(command), STREAM_MAXLEN, SEEN_TTL_S]
                 )
+                if failures:
+                    log.info("publishing commands to Redis works again")
                 return
             except RedisError as error:
                 # The offset is committed only after this returns: keep the command.
-                log.warning("publishing a command failed (%s); retrying", type(error).__name__)
+                failures += 1
+                if failures == 1:  # not once a second for as long as Redis is away
+                    log.warning(
+                        "publishing a command to Redis failed (%s): it is kept and sent again"
+                        " each second until Redis answers; nothing is lost",
+                        type(error).__name__,
+                    )
                 await asyncio.sleep(1.0)
 
     async def _read(self, on_command: CommandSink, last_id: str) -> None:
@@ -198,7 +207,11 @@ class ClusteredChannel(Channel):
             except RedisError as error:
                 failures += 1
                 if failures == 1:
-                    log.warning("reading commands from Redis failed (%s)", type(error).__name__)
+                    log.warning(
+                        "reading commands from Redis failed (%s): they wait there, and are"
+                        " handled once Redis answers",
+                        type(error).__name__,
+                    )
                 await asyncio.sleep(min(5.0, 0.2 * 2**failures))
                 continue
             raise_if_cancel_swallowed()  # else `stop` waits for this loop forever

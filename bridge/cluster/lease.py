@@ -125,9 +125,9 @@ class Lease:
             self._held_at = self._clock()
         self._set(None if token is None else str(token))
 
-    def _unanswered(self, error: RedisError) -> None:
+    def _unanswered(self) -> None:
+        # Said once for all of an instance's leases by its renewal (`Cluster`), not per lease.
         if self.token is not None and self._clock() - self._held_at >= self._ttl_s:
-            log.warning("lease %s lapsed: Redis unreachable (%s)", self.key, type(error).__name__)
             self._set(None)
 
     async def release(self) -> None:
@@ -142,9 +142,11 @@ class Lease:
         self.token = token
 
 
-async def hold_all(leases: Sequence[Lease]) -> None:
+async def hold_all(leases: Sequence[Lease]) -> RedisError | None:
     """Acquire or renew every lease, `HOLD_BATCH` per round trip (they share one client,
-    owner and TTL: one instance's leases). Each lease's `held` tells the outcome."""
+    owner and TTL: one instance's leases). Each lease's `held` tells the outcome; the
+    error of a batch Redis did not answer is returned (its leases lapse after their TTL)."""
+    failed: RedisError | None = None
     for start in range(0, len(leases), HOLD_BATCH):
         batch = leases[start : start + HOLD_BATCH]
         first = batch[0]
@@ -152,11 +154,13 @@ async def hold_all(leases: Sequence[Lease]) -> None:
         try:
             tokens = await first._hold(keys=keys, args=[first._owner, first._ttl_ms])
         except RedisError as error:
+            failed = error
             for lease in batch:
-                lease._unanswered(error)
+                lease._unanswered()
             continue
         for lease, token in zip(batch, tokens, strict=True):
             lease._answered(token)
+    return failed
 
 
 async def release_all(client: Redis, leases: Sequence[Lease]) -> None:

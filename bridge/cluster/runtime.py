@@ -57,6 +57,10 @@ _FIXED_KEYS = {
 }
 
 
+def _agents(count: int) -> str:
+    return f"{count} agent" if count == 1 else f"{count} agents"
+
+
 class ClusterUnreachable(Exception):
     """Redis did not answer at start; the message is one line without the URL's secret."""
 
@@ -129,6 +133,9 @@ class Cluster:
         self._agent_leases: dict[str, Lease] = {}
         self._serving: set[str] = set()  # agents whose `take` went through
         self._refused: dict[str, str] = {}  # agent -> why its `take` failed (logged once)
+        self._renewed = False  # after the first renewal, a lease gained is a takeover...
+        self._fresh: set[str] = set()  # ...unless its agent joined the fleet just now
+        self._silent_since: float | None = None  # when Redis stopped answering (monotonic)
         self._bots: dict[str, str] = {}  # channel -> the bot this instance posts as
         self._routes_shared: str | None = None  # what `_share_routes` last wrote
 
@@ -298,7 +305,8 @@ class Cluster:
             if agent in self._serving:
                 self._serving.discard(agent)
                 drop(agent)
-        for agent in sorted(wanted - self._agent_leases.keys()):
+        self._fresh = wanted - self._agent_leases.keys()
+        for agent in sorted(self._fresh):
             self._agent_leases[agent] = self.lease("agent", agent)
 
     async def _renew(
@@ -307,22 +315,62 @@ class Cluster:
         drop: Callable[[str], None],
         routed: Callable[[], Mapping[str, Any]],
     ) -> None:
-        for gate in self._poll_leases:
-            await gate.lease.hold()
         # Needed for correctness at every interval whatever the fleet's size (a lease not
         # renewed lapses and the agent moves), so it is batched: `HOLD_BATCH` per round trip.
-        await hold_all(list(self._agent_leases.values()))
+        polled = [gate.lease.held for gate in self._poll_leases]
+        error = await hold_all(
+            [g.lease for g in self._poll_leases] + list(self._agent_leases.values())
+        )
+        if error is not None and self._silent_since is None:
+            self._silent_since = time.monotonic()
+            log.warning(
+                "Redis does not answer (%s): this instance goes on serving its agents for at"
+                " most lease_ttl_s (%g s), then stops until Redis answers, so that no agent is"
+                " ever served twice; nothing to do if Redis is restarting, else check it",
+                type(error).__name__,
+                self.config.lease_ttl_s,
+            )
         await self._renew_bots()
         await self._share_routes(routed())
+        resumed = error is None and self._silent_since is not None
+        lost: list[str] = []
         for agent, lease in self._agent_leases.items():
             if lease.held and agent not in self._serving:
-                self._take(agent, take)
+                takeover = self._renewed and not resumed and agent not in self._fresh
+                self._take(agent, take, takeover=takeover)
             elif agent in self._serving and not lease.held:
-                log.warning("agent %s: another instance serves it now", agent)
                 self._serving.discard(agent)
                 drop(agent)
+                lost.append(agent)
+                if error is None:
+                    log.warning(
+                        "agent %s: another instance serves it now, since this one did not"
+                        " renew its lease within lease_ttl_s (the process stalled or Redis"
+                        " answered late); nothing to do unless it recurs",
+                        agent,
+                    )
+        stopped_polling = any(
+            was and not gate.lease.held for was, gate in zip(polled, self._poll_leases, strict=True)
+        )
+        if error is not None and (lost or stopped_polling):
+            log.warning(
+                "Redis has not answered for lease_ttl_s (%s): this instance stopped serving"
+                " %s%s; they are served again, by this or another instance, once Redis"
+                " answers",
+                type(error).__name__,
+                _agents(len(lost)),
+                " and polling the bot's updates" if stopped_polling else "",
+            )
+        if resumed and self._silent_since is not None:
+            log.warning(
+                "Redis answers again after %.0f s: this instance serves %s; nothing to do",
+                time.monotonic() - self._silent_since,
+                _agents(len(self._serving)),
+            )
+            self._silent_since = None
+        self._renewed = True
 
-    def _take(self, agent: str, take: Callable[[str], None]) -> None:
+    def _take(self, agent: str, take: Callable[[str], None], *, takeover: bool) -> None:
         """Serve `agent` (its lease is held here); one that cannot be served now (its state
         in Redis unusable) is logged once and tried again at each renewal, and never keeps
         the agents after it from being served."""
@@ -341,7 +389,15 @@ class Cluster:
             return
         self._refused.pop(agent, None)
         self._serving.add(agent)
-        log.info("agent %s: this instance serves it now", agent)
+        if takeover:
+            log.warning(
+                "agent %s: this instance serves it now, taking over from the instance that"
+                " served it (stopped, or cut off from Redis for lease_ttl_s); its card goes on"
+                " in the same message; nothing to do if that instance was stopped on purpose",
+                agent,
+            )
+        else:
+            log.info("agent %s: this instance serves it now", agent)
 
     async def close(self) -> None:
         """Release every lease (others take over at once, not after the TTL), close clients."""

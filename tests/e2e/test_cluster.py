@@ -236,6 +236,11 @@ async def test_killing_an_agents_owner_hands_it_over_without_a_second_resident(
     for _ in range(2):  # kill the owner, then the next owner
         owner = next(n for n, s in serves.items() if s.proc and serving in s.logs)
         serves.pop(owner).kill()
+        await eventually(
+            lambda: any(f"{serving}, taking over" in s.logs for s in serves.values()),
+            timeout_s=60,
+            what="the takeover said",
+        )
         text = f"after {owner} died"
         publish(workdir, text)
         await eventually(
@@ -622,8 +627,9 @@ async def test_a_redis_outage_longer_than_the_leases_lapses_them_and_recovers(
         # importing, and a start that finds no Redis is refused with exit 2)
         await eventually(lambda s=serve: "channel telegram ready" in s.logs, what="serving")
     server.stop()
+    lapsed = "Redis has not answered for lease_ttl_s (ConnectionError): this instance stopped"
     await eventually(
-        lambda: any("lease:agent:shared lapsed" in s.logs for s in serves),
+        lambda: any(f"{lapsed} serving 1 agent" in s.logs for s in serves),
         timeout_s=60,
         what="the owner's lease lapsed",
     )
@@ -635,9 +641,16 @@ async def test_a_redis_outage_longer_than_the_leases_lapses_them_and_recovers(
         what="the card edited after the outage",
     )
     assert len(fake.bot_messages(GROUP)) == 1
+    await eventually(
+        lambda: any("Redis answers again after" in s.logs for s in serves),
+        what="the owner told Redis is back",
+    )
     for serve in serves:
         assert await serve.aterminate() == 0, serve.logs
         assert "Traceback" not in serve.logs
+        # One line each for what happened, none claiming another instance took the agent.
+        assert serve.logs.count("Redis does not answer") <= 1
+        assert "another instance serves it now" not in serve.logs
 
 
 def test_status_and_check_ignore_a_state_file_left_from_before_the_cluster(
