@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from typing import cast, get_args
 
@@ -123,7 +124,9 @@ class ClusteredChannel(Channel):
         self._client = client
         self._prefix = prefix
         self._instance = instance
-        self._routed = routed_chats
+        # Whether a route here is in the chat: the chats routed at start until the service
+        # says (`ClusterWiring.follow`), so a chat a reload or a turn routed is answered too.
+        self.routes_chat: Callable[[str], bool] = routed_chats.__contains__
         self._stream = f"{prefix}:cmd:{inner.name}"
         self._publish = client.register_script(_PUBLISH)
         self._reader: asyncio.Task[None] | None = None
@@ -229,7 +232,7 @@ class ClusteredChannel(Channel):
             log.warning("skipping an unreadable command in the stream")
             return
         reply = False
-        if command.chat.chat_id in self._routed:
+        if self.routes_chat(command.chat.chat_id):
             try:
                 reply = bool(
                     await self._client.set(

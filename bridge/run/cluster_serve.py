@@ -8,8 +8,9 @@ the shared stream and its polling through the lease.
 
 from __future__ import annotations
 
+import functools
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from redis.exceptions import RedisError
@@ -91,6 +92,7 @@ class ClusterWiring:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self._telegram_gate: PollLease | None = None
+        self._relays: dict[str, ClusteredChannel] = {}
 
     def cursor_store(self, config: ServiceConfig) -> CursorStore:
         store = self.cluster.store
@@ -113,5 +115,12 @@ class ClusterWiring:
             channel = ClusteredChannel(
                 item.channel, self.cluster.aio, self.cluster.prefix, self.cluster.owner, chats
             )
+            self._relays[name] = channel
             wired[name] = replace(item, channel=channel)
         return wired
+
+    def follow(self, routes_chat: Callable[[str, str], bool]) -> None:
+        """Claim the replies of the chats `routes_chat(channel, chat_id)` says this instance
+        routes now, not only of those routed at start."""
+        for name, relay in self._relays.items():
+            relay.routes_chat = functools.partial(routes_chat, name)

@@ -178,6 +178,8 @@ async def serve(
             clustered=wiring is not None,
             cluster_names=wiring.cluster.routed_names if wiring else None,
         )
+        if wiring is not None:
+            wiring.follow(service.routes_chat)
         if own_signals and config_path is not None:
             loop.add_signal_handler(signal.SIGHUP, reload_config, service, config_path)
         metrics.bind(service.snapshot)

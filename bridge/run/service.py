@@ -316,6 +316,10 @@ class Service:
         cluster leases each, and serves those whose lease it holds)."""
         return list(self._monitors)
 
+    def routes_chat(self, channel: str, chat_id: str) -> bool:
+        """Whether a route here (configured, reloaded or opened by a turn) is in the chat."""
+        return any(r.key.channel == channel and r.key.chat.chat_id == chat_id for r in self._routes)
+
     def routed_agents(self) -> dict[str, dict[str, dict[str, list[str]]]]:
         """The agents routed here, by channel, chat and topic ("" for a whole chat), which
         a cluster shares: the instance answering a `/tell` that names an agent no route of

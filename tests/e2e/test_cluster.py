@@ -1102,3 +1102,28 @@ async def test_keys_of_another_type_under_variable_names_are_named_and_stop_noth
     )
     assert await serve.aterminate() == 0
     assert "Traceback" not in serve.logs
+
+
+async def test_a_chat_routed_by_a_reload_gets_its_command_answered(
+    tmp_path: Path, fake: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """Only the chats routed at start could claim a command's reply: `/taskcard` in a chat
+    a reload routed was applied but never answered."""
+    added = -1004444444444
+    serve = fleet.enter_context(
+        instance(tmp_path, "i0", fake, ["i0agent"], redis_url=redis_url, prefix=prefix)
+    )
+    await eventually(lambda: POLLING in serve.logs, what="polling")
+    serve.config.write_text(
+        serve.config.read_text() + f'[[telegram.routes]]\nchat_id = {added}\nagents = ["*"]\n'
+    )
+    assert serve.proc is not None
+    serve.proc.send_signal(signal.SIGHUP)
+    await eventually(lambda: "config reloaded" in serve.logs, timeout_s=60, what="the reload")
+    fake.inject_command(added, "/taskcard 3")
+    await eventually(
+        lambda: any("3 activity rows" in t for t in shown(fake, added)),
+        timeout_s=60,
+        what="the answer in the added chat",
+    )
+    assert await serve.aterminate() == 0
