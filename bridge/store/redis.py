@@ -52,6 +52,7 @@ from taskcard.bridge.store.base import (
     PendingNotice,
     ResidentRecord,
     SeenChat,
+    StateFileError,
     StateStore,
 )
 
@@ -84,9 +85,10 @@ def wrong_type(key: str, found: str, expected: str) -> str:
     )
 
 
-class WrongKeyType(redis.RedisError):
+class WrongKeyType(redis.RedisError, StateFileError):
     """A key of the fleet holds another type (left by another program on the prefix);
-    the message names it and the fix (`wrong_type`)."""
+    the message names it and the fix (`wrong_type`). A `StateFileError` too, so `taskcard
+    status` says it in one line, as it does an unusable state file."""
 
 
 _ADD_NOTICE = """

@@ -1127,3 +1127,25 @@ async def test_a_chat_routed_by_a_reload_gets_its_command_answered(
         what="the answer in the added chat",
     )
     assert await serve.aterminate() == 0
+
+
+def test_status_names_a_resident_key_of_another_type(
+    tmp_path: Path, redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`taskcard status` read the resident and printed WRONGTYPE's traceback."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    key = f"{prefix}:res:console:console::a"
+    client.set(key, "left by another program")
+    client.close()
+    (tmp_path / "a").mkdir()
+    config = tmp_path / "taskcard.toml"
+    config.write_text(
+        '[[agents]]\nid = "a"\nworkdir = "a"\n[console]\nenabled = true\n'
+        f'[cluster]\nredis_url_env = "TC_REDIS_URL"\nkey_prefix = "{prefix}"\n'
+    )
+    monkeypatch.setenv("TC_REDIS_URL", redis_url)
+    result = run_cli("status", "--config", str(config))
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"the Redis key {key} is a string, not the hash" in lines[0]
+    assert f"DEL {key}" in lines[0]
