@@ -1149,3 +1149,46 @@ def test_status_names_a_resident_key_of_another_type(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and f"the Redis key {key} is a string, not the hash" in lines[0]
     assert f"DEL {key}" in lines[0]
+
+
+async def test_an_agent_a_reload_removes_moves_to_its_standby_at_once(
+    tmp_path: Path, fake: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """The owner's reload drops the agent: its lease is given up, so the standby serves it
+    and edits the same resident (the lease was kept until the owner stopped)."""
+    serves = {
+        name: fleet.enter_context(
+            instance(tmp_path, name, fake, ["shared", f"{name}own"], redis_url=redis_url,
+                     prefix=prefix)
+        )
+        for name in ("i0", "i1")
+    }  # fmt: skip
+    workdir = tmp_path / "agents" / "shared"
+    publish(workdir, "first card")
+    serving = "agent shared: this instance serves it now"
+    owner = await eventually(
+        lambda: next((n for n, s in serves.items() if serving in s.logs), None),
+        timeout_s=60,
+        what="an owner",
+    )
+    await eventually(lambda: any("first card" in t for t in shown(fake, GROUP)), what="card")
+    (standby,) = (s for n, s in serves.items() if n != owner)
+    config = serves[owner].config
+    config.write_text(
+        config.read_text()
+        .replace(f'agents = ["shared", "{owner}own"]', f'agents = ["{owner}own"]')
+        .replace(f'[[agents]]\nid = "shared"\nworkdir = "{workdir}"\n', "")
+    )
+    process = serves[owner].proc
+    assert process is not None
+    process.send_signal(signal.SIGHUP)
+    await eventually(lambda: serving in standby.logs, timeout_s=60, what="the standby serving")
+    publish(workdir, "served by the standby")
+    await eventually(
+        lambda: any("served by the standby" in t for t in shown(fake, GROUP)),
+        timeout_s=60,
+        what="the card edited by the standby",
+    )
+    assert len(fake.bot_messages(GROUP)) == 1, "the same resident, edited"
+    for serve in serves.values():
+        assert await serve.aterminate() == 0
