@@ -120,6 +120,28 @@ def replies(fake: FakeTelegram, text: str) -> int:
     return sum(text in t for t in shown(fake, GROUP))
 
 
+def relayed(redis_url: str, prefix: str, channel: str, args: str) -> int:
+    """How many commands with these arguments the channel's stream holds."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        entries = client.xrange(f"{prefix}:cmd:{channel}")
+    finally:
+        client.close()
+    return sum(json.loads(fields["command"])["args"] == args for _, fields in entries)
+
+
+async def past_a_later_command(fake: FakeTelegram, serves: list[ServeProcess]) -> None:
+    """Send a command from a chat no instance routes and wait until each of `serves` has
+    logged it: the stream is read in order, so each has handled every command before it."""
+    unrouted = -1007777777777
+    fake.inject_command(unrouted, "/taskcard")
+    await eventually(
+        lambda: all(f"from an unrouted chat telegram:{unrouted}" in s.logs for s in serves),
+        timeout_s=60,
+        what="every instance past a later command",
+    )
+
+
 async def test_a_storm_across_three_instances_stays_within_every_limit(
     tmp_path: Path, redis_url: str, prefix: str, fleet: ExitStack
 ) -> None:
@@ -194,7 +216,10 @@ async def test_killing_the_poller_moves_polling_and_loses_no_command(
         timeout_s=30,
         what="the survivors' cards hidden",
     )
-    await _sleep(2.0)  # a second delivery would have arrived by now
+    # The new poller fetched the unconfirmed updates again: once every survivor has read a
+    # later command, the stream holds all it ever will of them, and each command once.
+    await past_a_later_command(fake, others)
+    assert relayed(redis_url, prefix, "telegram", "off") == 1, "relayed once"
     assert replies(fake, HIDDEN_REPLY) == 1, "answered once, not once per instance"
     assert replies(fake, "3 activity rows") == 1
     assert fake.pending_updates == [], "the new poller committed the offset"
@@ -309,11 +334,11 @@ async def test_feishu_a_command_delivered_to_one_instance_reaches_all_answered_o
     from tests.e2e.test_serve_feishu import CHAT, ENCRYPT, VERIFY, card_texts
 
     async with FakeFeishu() as fake:
-        setups = []
+        setups, serves = [], []
         for name in ("i0", "i1"):
             setup = feishu_instance(tmp_path, name, fake, redis_url=redis_url, prefix=prefix)
             folder = tmp_path / name
-            fleet.enter_context(setup.serve())
+            serves.append(fleet.enter_context(setup.serve()))
             publish(folder / "agents" / f"{name}agent", f"card of {name}")
             setups.append(setup)
         await eventually(lambda: len(card_texts(fake)) == 2, timeout_s=60, what="two cards")
@@ -330,7 +355,16 @@ async def test_feishu_a_command_delivered_to_one_instance_reaches_all_answered_o
         # A redelivery of the same event to the other instance is not a second command.
         answer = await fake.deliver_event(setups[1].url, event, encrypt_key=ENCRYPT)
         assert answer.status == 200
-        await _sleep(2.0)  # a second answer would have arrived by now
+        unrouted = fake.command_event("oc_unrouted", "/taskcard", verification_token=VERIFY)
+        assert (
+            await fake.deliver_event(setups[1].url, unrouted, encrypt_key=ENCRYPT)
+        ).status == 200
+        await eventually(
+            lambda: all("from an unrouted chat feishu:oc_unrouted" in s.logs for s in serves),
+            timeout_s=60,
+            what="both instances past a later command",
+        )
+        assert relayed(redis_url, prefix, "feishu", "off") == 1, "the redelivery not relayed"
         assert replies_in(fake.texts(CHAT)) == 1
 
 
@@ -814,16 +848,9 @@ async def test_tell_in_a_cluster_is_queued_once_and_answered_only_by_the_agents_
     await eventually(
         lambda: replies(fake, "Message to") >= 8, timeout_s=60, what="a status message each"
     )
-    # Every instance reads the stream in order and logs a command from a chat it does not
-    # route: once each has logged this one, each has handled every /tell before it, and a
+    # Once every instance has handled a later command it has handled every /tell, and a
     # second queueing (each status message comes with one) would be on disk.
-    unrouted = -1007777777777
-    fake.inject_command(unrouted, "/taskcard")
-    await eventually(
-        lambda: all(f"from an unrouted chat telegram:{unrouted}" in s.logs for s in serves),
-        timeout_s=60,
-        what="every instance past the last /tell",
-    )
+    await past_a_later_command(fake, serves)
     assert (queued("i0agent"), queued("i1agent")) == (4, 4)
     assert replies(fake, "Message to") == 8
     assert replies(fake, "AGENT is one of") == 0
@@ -930,13 +957,7 @@ async def test_tell_to_a_name_no_instance_routes_is_answered_once_with_the_clust
     # A /tell to an agent of another instance is queued by its owner, not refused.
     fake.inject_command(GROUP, "/tell i1agent rebase please")
     await eventually(lambda: replies(fake, "Message to"), timeout_s=60, what="i1agent's answer")
-    unrouted = -1007777777777
-    fake.inject_command(unrouted, "/taskcard")
-    await eventually(
-        lambda: all(f"from an unrouted chat telegram:{unrouted}" in s.logs for s in serves),
-        timeout_s=60,
-        what="every instance past the /tells",
-    )
+    await past_a_later_command(fake, serves)
     assert replies(fake, "AGENT is one of") == 1, "answered once, by one instance"
     assert not any("i2agent" in t for t in shown(fake, GROUP))
     for serve in serves:
@@ -951,15 +972,18 @@ async def test_feishu_tell_to_a_name_no_instance_routes_is_answered_once(
     from tests.e2e.test_serve_feishu import CHAT, ENCRYPT, VERIFY
 
     async with FakeFeishu() as fake:
-        setups = []
+        setups, serves = [], []
         for name in ("i0", "i1"):
             setup = feishu_instance(tmp_path, name, fake, redis_url=redis_url, prefix=prefix)
-            fleet.enter_context(setup.serve())
+            serves.append(fleet.enter_context(setup.serve()))
             setups.append(setup)
         await eventually(
-            lambda: routed_in_redis(redis_url, prefix) == {"i0agent", "i1agent"},
+            lambda: (
+                all("channel feishu ready" in s.logs for s in serves)
+                and routed_in_redis(redis_url, prefix) == {"i0agent", "i1agent"}
+            ),
             timeout_s=60,
-            what="both instances' routes shared",
+            what="both instances serving, their routes shared",
         )
         tell = fake.command_event(CHAT, "/tell nobody please look", verification_token=VERIFY)
         assert (await fake.deliver_event(setups[1].url, tell, encrypt_key=ENCRYPT)).status == 200
