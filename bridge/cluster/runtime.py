@@ -352,6 +352,12 @@ class Cluster:
         stopped_polling = any(
             was and not gate.lease.held for was, gate in zip(polled, self._poll_leases, strict=True)
         )
+        if error is None and stopped_polling:
+            log.warning(
+                "another instance polls the bot's updates now, since this one did not renew"
+                " the poll lease within lease_ttl_s (the process stalled or Redis answered"
+                " late); nothing to do unless it recurs"
+            )
         if error is not None and (lost or stopped_polling):
             log.warning(
                 "Redis has not answered for lease_ttl_s (%s): this instance stopped serving"
