@@ -35,7 +35,13 @@ from taskcard.bridge.cluster.lease import (
     release_all,
 )
 from taskcard.bridge.cluster.limiter import RedisLimiter
-from taskcard.bridge.store.redis import RedisStore, connect, raise_if_cancel_swallowed
+from taskcard.bridge.store.redis import (
+    RedisStore,
+    WrongKeyType,
+    connect,
+    raise_if_cancel_swallowed,
+    wrong_type,
+)
 from taskcard.channels.base import ChatRef, CursorStore
 
 log = logging.getLogger(__name__)
@@ -109,9 +115,33 @@ def probe(url: str) -> None:
 
 
 def shared_store(config: ClusterConfig, url: str) -> RedisStore:
-    """The cluster's state store alone (for `taskcard status`), after a probe."""
+    """The cluster's state store alone (for `taskcard status` and `chats`), after a probe;
+    `WrongKeyType` (one line, as `serve` says it) when a fixed key holds another type."""
     probe(url)
-    return RedisStore(connect(url), config.key_prefix)
+    store = RedisStore(connect(url), config.key_prefix)
+    try:
+        misplaced = misplaced_key(store)
+    except RedisError:
+        misplaced = None  # the reads that follow say it
+    if misplaced is not None:
+        store.close()
+        raise WrongKeyType(f"cluster.key_prefix {config.key_prefix!r}: {wrong_type(*misplaced)}")
+    return store
+
+
+def misplaced_key(store: RedisStore) -> tuple[str, str, str] | None:
+    """A key the fleet keeps under a fixed name that holds another type (left by something
+    else on this prefix): (key, its type, the type expected); None if none. Every call on
+    such a key fails, so the service would run without posting anything, saying little
+    about why."""
+    keys = [store.key(*name.split(":")) for name in _FIXED_KEYS]
+    pipe = store.client.pipeline(transaction=False)
+    for key in keys:
+        pipe.type(key)
+    for key, expected, found in zip(keys, _FIXED_KEYS.values(), pipe.execute(), strict=True):
+        if found not in ("none", expected):
+            return key, str(found), expected
+    return None
 
 
 class Cluster:
@@ -148,18 +178,8 @@ class Cluster:
         return ":".join((self.prefix, *parts))
 
     def misplaced_key(self) -> tuple[str, str, str] | None:
-        """A key this fleet keeps under a fixed name that holds another type (left by
-        something else on this prefix): (key, its type, the type expected); None if none.
-        Every call on such a key fails, so the service would run without posting anything,
-        saying little about why."""
-        keys = [self.key(*name.split(":")) for name in _FIXED_KEYS]
-        pipe = self.store.client.pipeline(transaction=False)
-        for key in keys:
-            pipe.type(key)
-        for key, expected, found in zip(keys, _FIXED_KEYS.values(), pipe.execute(), strict=True):
-            if found not in ("none", expected):
-                return key, str(found), expected
-        return None
+        """See `misplaced_key`: checked at start, before anything runs."""
+        return misplaced_key(self.store)
 
     def claim_bot(self, channel: str, bot: str) -> bool:
         """Record that this instance posts on `channel` as `bot`; False when a live instance
