@@ -75,6 +75,6 @@ def _element_text(element: object) -> str:
         # The placeholder key, so the bot's own mention is found and removed as in `text`.
         return f" {key} " if isinstance(key, str) else " "
     text = element.get("text")
-    if tag in _TEXT_TAGS and isinstance(text, str):
+    if isinstance(tag, str) and tag in _TEXT_TAGS and isinstance(text, str):
         return text
     return ""

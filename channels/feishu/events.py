@@ -8,7 +8,8 @@ Feishu's callback rules we implement:
   key, IV = the first 16 bytes, PKCS#7 padding (lark-oapi's `AESCipher` does this);
 - with an encrypt key, every event request carries `X-Lark-Signature` =
   hex SHA-256 of (`X-Lark-Request-Timestamp` + `X-Lark-Request-Nonce` + key + raw body);
-- the verification token is in `header.token` (schema 2.0) or `token` (URL verification);
+- the verification token is in `header.token` (schema 2.0) or `token` (URL verification,
+  schema 1.0 events);
 - the same event may be delivered more than once: `header.event_id` identifies it.
 
 Replays: a captured signed request stays valid forever as far as the signature goes, so the
@@ -126,7 +127,10 @@ def decode_callback(
     header = document.get("header")
     header = header if isinstance(header, dict) else {}
     is_challenge = document.get("type") == "url_verification"
-    token = document.get("token") if is_challenge else header.get("token")
+    # Schema 2.0 events carry the token in their header; the URL verification and events of
+    # schema 1.0 (no `schema` field, an `uuid`, the event's fields under `event`) at the top.
+    legacy = "schema" not in document
+    token = document.get("token") if is_challenge or legacy else header.get("token")
     if verification_token and not (
         isinstance(token, str) and hmac.compare_digest(token.encode(), verification_token.encode())
     ):

@@ -1,0 +1,103 @@
+"""What reaches `taskcard serve` from the chats, under hostile or unusual input.
+
+Feishu callbacks are posted to the service's webhook endpoint as Feishu sends them (sealed
+and signed); Telegram updates are served by the fake Bot API to the service's long poll.
+Each must get its documented answer, never a traceback, and never stop later input.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.harness import eventually, publish
+from tests.e2e.test_serve_feishu import (
+    CHAT,
+    ENCRYPT,
+    VERIFY,
+    Setup,
+    card_texts,
+)
+from tests.fakes.feishu_api import FakeFeishu
+
+
+@pytest.fixture
+async def feishu() -> AsyncIterator[FakeFeishu]:
+    async with FakeFeishu() as server:
+        yield server
+
+
+def _answers(fake: FakeFeishu) -> list[str]:
+    return [text for text in fake.texts(CHAT) if "Task cards here" in text]
+
+
+async def test_a_rich_message_with_an_odd_element_still_carries_its_command(
+    tmp_path: Path, feishu: FakeFeishu
+) -> None:
+    # A `post` element whose `tag` is not a string (a list here) is not text; it must not
+    # fail the whole callback (a 500 and a traceback), and the command beside it counts.
+    setup = Setup(tmp_path, feishu, ["builder"])
+    with setup.serve() as serve:
+        publish(tmp_path / "agents" / "builder", "body")
+        await eventually(lambda: card_texts(feishu), what="the card")
+        document = feishu.command_event(CHAT, "/taskcard", verification_token=VERIFY)
+        message = document["event"]["message"]
+        message["message_type"] = "post"
+        message["content"] = json.dumps(
+            {
+                "content": [
+                    [
+                        {"tag": ["text"], "text": "not text"},
+                        {"tag": {"a": 1}},
+                        {"tag": "at", "user_id": "@_user_1"},
+                        {"tag": "text", "text": " /taskcard"},
+                    ]
+                ]
+            }
+        )
+        answer = await feishu.deliver_event(setup.url, document, encrypt_key=ENCRYPT)
+        assert (answer.status, answer.body) == (200, {"msg": "success"})
+        await eventually(lambda: _answers(feishu), what="the answer to the command")
+        assert await serve.aterminate() == 0
+        assert "Traceback" not in serve.logs
+
+
+async def test_a_schema_1_event_with_the_right_token_is_accepted(
+    tmp_path: Path, feishu: FakeFeishu
+) -> None:
+    # Schema 1.0 events (a bot added to a chat, say) carry the verification token at the top,
+    # as the URL verification does; Feishu retries every answer but 200, so a genuine one must
+    # not be refused as forged. One with a wrong token still is.
+    setup = Setup(tmp_path, feishu, ["builder"])
+    with setup.serve() as serve:
+        publish(tmp_path / "agents" / "builder", "body")
+        await eventually(lambda: card_texts(feishu), what="the card")
+        legacy = {
+            "uuid": "0f3a-legacy",
+            "token": VERIFY,
+            "ts": "1700000000.0",
+            "type": "event_callback",
+            "event": {"type": "add_bot", "chat_id": CHAT, "app_id": feishu.app_id},
+        }
+        answer = await feishu.deliver_event(setup.url, legacy, encrypt_key=ENCRYPT)
+        assert (answer.status, answer.body) == (200, {"msg": "success"})
+        again = await feishu.deliver_event(setup.url, legacy, encrypt_key=ENCRYPT)
+        assert (again.status, again.body) == (200, {"msg": "duplicate"})
+        forged = dict(legacy, uuid="0f3a-forged", token="not-the-token")
+        refused = await feishu.deliver_event(setup.url, forged, encrypt_key=ENCRYPT)
+        assert refused.status == 401
+        assert "verification token" in str(refused.body)
+        # A 2.0 event still needs the token in its header, not at the top.
+        document = feishu.command_event(CHAT, "/taskcard", verification_token="wrong")
+        document["token"] = VERIFY
+        refused = await feishu.deliver_event(setup.url, document, encrypt_key=ENCRYPT)
+        assert refused.status == 401
+        # And the service goes on answering commands.
+        await feishu.deliver_command(
+            setup.url, CHAT, "/taskcard", verification_token=VERIFY, encrypt_key=ENCRYPT
+        )
+        await eventually(lambda: _answers(feishu), what="the answer to a later command")
+        assert await serve.aterminate() == 0
