@@ -32,7 +32,12 @@ from taskcard.channels.base import (
 )
 from taskcard.channels.errors import ChannelError, MessageGone, Permanent, Transient
 from taskcard.channels.telegram import moves, render, scopes
-from taskcard.channels.telegram.commands import CommandPoller, moved_command
+from taskcard.channels.telegram.commands import (
+    CommandPoller,
+    FloodAwarePollRequest,
+    LeanPollRequest,
+    moved_command,
+)
 from taskcard.channels.telegram.config import TelegramConfig
 from taskcard.channels.telegram.errors import ChatUpgraded, ParseEntitiesFailed, translate
 from taskcard.channels.telegram.http11 import LeanRequest, proxy_configured
@@ -163,7 +168,7 @@ class TelegramChannel(Channel):
                 connect_timeout=timeout_s,
                 pool_timeout=timeout_s,
             )
-            poll_request = FloodAwareRequest(
+            poll_request = FloodAwarePollRequest(
                 connection_pool_size=1,
                 read_timeout=timeout_s,
                 write_timeout=timeout_s,
@@ -175,7 +180,7 @@ class TelegramChannel(Channel):
             request = LeanRequest(pool_size=_POOL_SIZE, timeout_s=timeout_s, slim_answers=True)
             # Long polls get their own connection so they never hold one a request needs;
             # PTB adds the poll timeout to this read timeout.
-            poll_request = LeanRequest(pool_size=1, timeout_s=timeout_s)
+            poll_request = LeanPollRequest(pool_size=1, timeout_s=timeout_s)
         return Bot(
             self._token,
             base_url=f"{self._config.api_base_url.rstrip('/')}/bot",

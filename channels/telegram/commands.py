@@ -12,12 +12,15 @@ decisions, not ours.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import re
 from dataclasses import replace
+from typing import Any
 
 from telegram import Bot, Update
 from telegram import error as tg
+from telegram.request import BaseRequest
 
 from taskcard.channels.aio import Backoff
 from taskcard.channels.base import (
@@ -31,8 +34,9 @@ from taskcard.channels.base import (
     first_word,
     other_bots_command,
 )
+from taskcard.channels.telegram.http11 import LeanRequest
 from taskcard.channels.telegram.moves import ChatMoves, qualified
-from taskcard.channels.telegram.request import FloodWait
+from taskcard.channels.telegram.request import FloodAwareRequest, FloodWait
 
 OFFSET_CURSOR_KEY = "telegram:update_offset"
 COMMAND = "taskcard"
@@ -43,6 +47,52 @@ MAX_FLOOD_WAIT_S = 3600.0
 ALLOWED_UPDATES = ["message", "channel_post"]
 
 _log = logging.getLogger(__name__)
+
+
+def readable_updates(answer: Any) -> Any:
+    """A getUpdates answer in which every update PTB cannot read is reduced to its bare
+    `update_id` (an update of no kind we handle), and one without a usable id is left out.
+
+    PTB reads the whole batch at once: one malformed update would make `get_updates` raise
+    (not a `TelegramError`) for the batch, every time it is fetched again, so no later
+    command would ever arrive. Keeping the id confirms it with the others.
+    """
+    if not isinstance(answer, dict) or not isinstance(answer.get("result"), list):
+        return answer
+    readable: list[Any] = []
+    for update in answer["result"]:
+        try:
+            Update.de_json(copy.deepcopy(update), None)
+        except Exception as exc:
+            update_id = update.get("update_id") if isinstance(update, dict) else None
+            if isinstance(update_id, int) and not isinstance(update_id, bool):
+                _log.warning(
+                    "skipping Telegram update %d that cannot be read (%s)",
+                    update_id,
+                    type(exc).__name__,
+                )
+                readable.append({"update_id": update_id})
+            else:
+                _log.warning("skipping a Telegram update without a usable id")
+            continue
+        readable.append(update)
+    return {**answer, "result": readable}
+
+
+class LeanPollRequest(LeanRequest):
+    """The getUpdates transport: `LeanRequest` whose answers pass `readable_updates`."""
+
+    @staticmethod
+    def parse_json_payload(payload: bytes) -> Any:
+        return readable_updates(BaseRequest.parse_json_payload(payload))
+
+
+class FloodAwarePollRequest(FloodAwareRequest):
+    """The getUpdates transport behind a proxy: answers pass `readable_updates`."""
+
+    @staticmethod
+    def parse_json_payload(payload: bytes) -> Any:
+        return readable_updates(BaseRequest.parse_json_payload(payload))
 
 
 def parse_command(text: str, bot_username: str, command: str = COMMAND) -> str | None:
@@ -80,7 +130,7 @@ def command_from_update(update: Update, bot_username: str) -> IncomingCommand | 
     if message is None:
         return None
     text = message.text or message.caption
-    if text is None:
+    if not isinstance(text, str):
         return None
     name: CommandName = "taskcard"
     reply_to: tuple[str, ...] = ()
@@ -223,23 +273,41 @@ class CommandPoller:
                 _log.warning("Telegram getUpdates failed (%s); retrying", type(exc).__name__)
                 await backoff.asleep()
                 continue
+            except Exception as exc:
+                # An answer PTB cannot read at all (`readable_updates` mends single updates):
+                # the poll goes on, as after any other failure.
+                _log.warning(
+                    "Telegram getUpdates answer unreadable (%s); retrying", type(exc).__name__
+                )
+                await backoff.asleep()
+                continue
             backoff.reset()
             if not updates:
                 continue
             for update in updates:
-                command = command_from_update(update, self._username)
-                if self._moves is not None:
-                    move = move_in(update)
-                    if move is not None and self._moves.learn(*move):
-                        command = moved_command(*move)
-                    elif command is not None:
-                        command = as_original(command, self._moves)
+                try:
+                    command = self._command_in(update)
+                except Exception:
+                    # One update we cannot make sense of must not stop the ones after it.
+                    _log.exception("skipping Telegram update %d", update.update_id)
+                    command = None
                 if command is not None:
                     await self._deliver(command)
                     # Confirm each handled command at once: a stop mid-batch replays none.
                     self._confirm(update.update_id + 1)
             offset = updates[-1].update_id + 1
             self._confirm(offset)
+
+    def _command_in(self, update: Update) -> IncomingCommand | None:
+        """The command `update` brings, seen from the group a supergroup was (if it was)."""
+        command = command_from_update(update, self._username)
+        if self._moves is not None:
+            move = move_in(update)
+            if move is not None and self._moves.learn(*move):
+                command = moved_command(*move)
+            elif command is not None:
+                command = as_original(command, self._moves)
+        return command
 
     def _confirm(self, offset: int) -> None:
         """Persist the offset; a failing store is logged, and polling goes on regardless."""

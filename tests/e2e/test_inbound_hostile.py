@@ -21,12 +21,20 @@ from tests.e2e.test_serve_feishu import (
     Setup,
     card_texts,
 )
+from tests.e2e.test_serve_telegram import GROUP, setup, shown
 from tests.fakes.feishu_api import FakeFeishu
+from tests.fakes.telegram_api import FakeTelegram
 
 
 @pytest.fixture
 async def feishu() -> AsyncIterator[FakeFeishu]:
     async with FakeFeishu() as server:
+        yield server
+
+
+@pytest.fixture
+async def telegram() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram() as server:
         yield server
 
 
@@ -101,3 +109,29 @@ async def test_a_schema_1_event_with_the_right_token_is_accepted(
         )
         await eventually(lambda: _answers(feishu), what="the answer to a later command")
         assert await serve.aterminate() == 0
+
+
+async def test_an_update_that_cannot_be_read_does_not_stop_later_commands(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    # A message without its date (PTB cannot read it) and one whose text is a number come
+    # in the same batch as a command: the poll goes on, confirms them, and the command
+    # after them is answered.
+    with setup(tmp_path, telegram, ["builder"], [(GROUP, ["builder"])]) as serve:
+        publish(tmp_path / "agents" / "builder", "body")
+        await eventually(lambda: shown(telegram, GROUP), what="the card")
+        chat = {"id": GROUP, "type": "supergroup", "title": "Fleet"}
+        person = {"id": 1000, "is_bot": False, "first_name": "Ann"}
+        telegram.inject_update({"message": {"message_id": 900, "chat": chat, "text": "/taskcard"}})
+        telegram.inject_update(
+            {"message": {"message_id": 901, "date": 1, "chat": chat, "from": person, "text": 5}}
+        )
+        telegram.inject_command(GROUP, "/taskcard 4")
+        await eventually(
+            lambda: any("4 activity rows" in t for t in shown(telegram, GROUP)),
+            what="the answer to the command after the unreadable updates",
+        )
+        await eventually(lambda: not telegram.pending_updates, what="every update confirmed")
+        assert await serve.aterminate() == 0
+    assert "poller had failed" not in serve.logs
+    assert "Traceback" not in serve.logs

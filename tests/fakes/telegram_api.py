@@ -467,6 +467,11 @@ class FakeTelegram:
         original = self.messages(chat_id)[-1].message_id
         return self.inject_message(chat_id, text, user_id, thread_id, edit_of=original)
 
+    def inject_update(self, update: Json) -> int:
+        """Serve `update` (without its `update_id`) exactly as given, however it is shaped;
+        returns the update id."""
+        return self._push_update(update)
+
     @property
     def waiting_pollers(self) -> int:
         """getUpdates requests currently held open by a long poll."""
