@@ -208,10 +208,12 @@ def command_args(
         return None
     # "/TaskCard" too, as on Telegram; ASCII only before folding case, so a look-alike
     # such as a Kelvin sign for the "k" is not taken for the command.
-    name, at, addressee = head.partition("@")
+    name, _, addressee = head.partition("@")
     if not name.isascii() or name.lower() != command:
         return None
-    if at:
+    # "/taskcard@" with nothing after the sign names nobody: the plain command, as the
+    # Telegram parser reads it.
+    if addressee:
         # "/taskcard@OtherBot" (or the command glued to another mention, "/taskcard@_user_2")
         # is addressed to someone else, as on Telegram; our own mention was removed above.
         after = _after_bot_name(addressee, rest, bot_name)
