@@ -36,7 +36,7 @@ from taskcard.producers.inbox.contract import (
     share,
     shared_group,
 )
-from taskcard.producers.task_card.contract import line_break_first, utc_now_iso
+from taskcard.producers.task_card.contract import line_break_first, open_appending, utc_now_iso
 
 MAX_FILES: Final = 256  # read per call; the rest waits for the next one
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -167,8 +167,8 @@ def peek(workdir: Path) -> Batch:
 def _ack(inbox_fd: int, message: Message, via: str, clock: Clock) -> None:
     record = {"id": message.id, "state": "delivered", "at": clock(), "via": via}
     line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
-    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(ACKS_FILE, flags, 0o644, dir_fd=inbox_fd)
+    flags = os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = open_appending(ACKS_FILE, flags, dir_fd=inbox_fd)
     try:
         os.write(fd, line_break_first(fd) + line)
     finally:

@@ -554,6 +554,16 @@ def duration_field(value: object) -> float | None:
     return seconds if math.isfinite(seconds) and 0 <= seconds <= MAX_DURATION_S else None
 
 
+def open_appending(path: str | os.PathLike[str], flags: int, *, dir_fd: int | None = None) -> int:
+    """`os.open` of `path` with `flags` (`O_APPEND` and the rest, no access mode), for reading
+    too when the caller may read it (`line_break_first` looks at its last byte); a file the
+    caller may write but not read (mode 0220, say) is appended to as it always was."""
+    try:
+        return os.open(path, os.O_RDWR | flags, 0o644, dir_fd=dir_fd)
+    except PermissionError:
+        return os.open(path, os.O_WRONLY | flags, 0o644, dir_fd=dir_fd)
+
+
 def line_break_first(fd: int) -> bytes:
     """`b"\\n"` when the regular file behind `fd` (open for reading and appending) ends inside
     a line, else `b""`: a line appended there would be glued onto the torn one (a writer
@@ -585,19 +595,18 @@ def _outside(path: Path) -> OutsideWorkdir:
 
 
 def open_append(path: Path, *, inside: Path | None = None) -> int:
-    """An `O_APPEND` descriptor of `path` (open for reading too, for `line_break_first`),
-    created when missing; with `inside`, only onto a
-    file that lies inside that folder once symlinks are resolved (checked before anything
-    is created, and on the descriptor itself after opening)."""
+    """An `O_APPEND` descriptor of `path` (see `open_appending`), created when missing; with
+    `inside`, only onto a file that lies inside that folder once symlinks are resolved
+    (checked before anything is created, and on the descriptor itself after opening)."""
     # O_NONBLOCK: a named pipe at `path` fails (no reader) or is refused, never waited on.
-    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
+    flags = os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
     if inside is None:
-        return os.open(path, flags, 0o644)
+        return open_appending(path, flags)
     root = os.path.realpath(inside)
     target = os.path.realpath(path)
     if not is_inside(root, target):
         raise _outside(path)
-    fd = os.open(target, flags | os.O_NOFOLLOW, 0o644)
+    fd = open_appending(target, flags | os.O_NOFOLLOW)
     try:
         opened = os.readlink(f"/proc/self/fd/{fd}")
     except OSError:

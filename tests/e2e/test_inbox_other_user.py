@@ -116,3 +116,20 @@ async def test_an_agent_of_another_user_claims_its_messages_through_the_workdirs
         assert "run the slow tests too" in done.stdout
         await eventually(lambda: said("via inbox-cli"), what="the delivered status")
         assert await serve.aterminate() == 0
+
+
+def test_an_agent_appends_to_a_log_it_may_write_but_not_read(shared_workdir: Path) -> None:
+    """An activity log the agent's user may append to but not read (mode 0220, the service's
+    user reading it): `taskcard activity` appended to it before the torn-line check opened it
+    for reading too, then failed with "Permission denied". It appends as before."""
+    logs = shared_workdir / "logs"
+    logs.mkdir()
+    os.chown(logs, AGENT_UID, AGENT_GID)
+    events = logs / "events.jsonl"
+    events.write_text('{"kind":"agent.start","at":"2026-01-01T00:00:00Z"}\n')
+    os.chown(events, 0, AGENT_GID)
+    events.chmod(0o220)
+    done = as_agent("activity", "--workdir", str(shared_workdir), "turn.start")
+    assert done.returncode == 0, done.stderr
+    lines = events.read_text().splitlines()
+    assert len(lines) == 2 and json.loads(lines[1])["kind"] == "turn.start"
