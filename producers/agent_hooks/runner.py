@@ -305,16 +305,20 @@ def claude_code(
     except Exception as exc:
         if not inbox.messages:
             raise
-        # The messages are claimed and acknowledged: they go to the agent whatever failed
-        # here (a full disk, a broken log file), or they would be lost while the chat
-        # reads "delivered".
-        log_error(
-            paths.workdir,
-            f"{exc.__class__.__name__}: {exc}; the chat's messages were handed over all "
-            f"the same\n{traceback.format_exc()}".rstrip(),
-        )
+        _handed_over_anyway(paths, exc)
     output = inbox_output(name, wakes, inbox.messages)
     return json.dumps(output, ensure_ascii=False) if output is not None else ""
+
+
+def _handed_over_anyway(paths: CardPaths, exc: Exception) -> None:
+    """Log what failed in a hook that claimed the chat's messages: they are acknowledged, so
+    they go to the agent whatever failed (a full disk, a broken log file), or they would be
+    lost while the chat reads "delivered". Call it inside the `except` that caught `exc`."""
+    log_error(
+        paths.workdir,
+        f"{exc.__class__.__name__}: {exc}; the chat's messages were handed over all "
+        f"the same\n{traceback.format_exc()}".rstrip(),
+    )
 
 
 def _inside(cwd: object, root: Path) -> bool:
@@ -440,12 +444,7 @@ def _codex_hook(
     except Exception as exc:
         if not inbox.messages:
             raise
-        # Claimed and acknowledged: they go to the agent whatever failed here.
-        log_error(
-            paths.workdir,
-            f"{exc.__class__.__name__}: {exc}; the chat's messages were handed over all "
-            f"the same\n{traceback.format_exc()}".rstrip(),
-        )
+        _handed_over_anyway(paths, exc)
     output = inbox_output(name, [], inbox.messages)
     return json.dumps(output, ensure_ascii=False) if output is not None else ""
 
