@@ -332,6 +332,12 @@ class Channel(ABC):
     def render_text(self, text: str) -> Outgoing:
         """A short plain message (notices and command replies)."""
 
+    def render_own_text(self, text: str) -> Outgoing:
+        """`render_text` for a message of the service's own words alone (a command's help, an
+        acknowledgement: nothing an agent or a person wrote), whose commands a platform may
+        keep as commands (Telegram: tappable)."""
+        return self.render_text(text)
+
     @abstractmethod
     def rate_scopes(
         self, chat: ChatRef, operation: Operation, message_id: str | None

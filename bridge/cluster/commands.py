@@ -259,6 +259,9 @@ class ClusteredChannel(Channel):
     def render_text(self, text: str) -> Outgoing:
         return self._inner.render_text(text)
 
+    def render_own_text(self, text: str) -> Outgoing:
+        return self._inner.render_own_text(text)
+
     def rate_scopes(
         self, chat: ChatRef, operation: Operation, message_id: str | None
     ) -> tuple[RateScope, ...]:

@@ -219,6 +219,9 @@ class MeteredChannel(Channel):
     def render_text(self, text: str) -> Outgoing:
         return self.inner.render_text(text)
 
+    def render_own_text(self, text: str) -> Outgoing:
+        return self.inner.render_own_text(text)
+
     def render_board(self, view: BoardView) -> Outgoing:
         return self.inner.render_board(view)
 

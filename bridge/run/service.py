@@ -957,7 +957,12 @@ class Service:
             outgoing = channel.render_card(replace(view, auto_rows=(WITHHELD_ROWS,)))
         return outgoing
 
-    def _render_text(self, channel: Channel, text: str) -> Outgoing:
+    def _render_text(self, channel: Channel, text: str, *, own: bool = False) -> Outgoing:
+        """`text` for `channel`; `own`: of the service's own words alone (a command's help or
+        acknowledgement, never an agent's or a person's text), so its commands stay commands
+        (tappable on Telegram)."""
+        if own:
+            return channel.render_own_text(self._redact(text))
         return channel.render_text(self._redact(text))
 
     def _leaks(self, outgoing: Outgoing) -> bool:
@@ -1039,9 +1044,9 @@ class Service:
                 answer = await self._unknown_in_cluster(channel_name, command, allowed)
                 mine = answer is not None
             if answer is not None and (mine if self._owned is not None else command.reply):
-                self._scheduler.send_reply(
-                    channel_name, reply_chat, self._render_text(channel, answer), command.answer_to
-                )
+                # Refusals of the service's own words (they never quote the person's text).
+                outgoing = self._render_text(channel, answer, own=True)
+                self._scheduler.send_reply(channel_name, reply_chat, outgoing, command.answer_to)
             return
         parsed = parse_taskcard(command.args)
         prefs = apply_to_prefs(parsed, self._chat_prefs(scope))
@@ -1078,9 +1083,9 @@ class Service:
             self._mark_board(scope)
         if not command.reply:
             return  # clustered: another instance that routes this chat answers
-        self._scheduler.send_reply(
-            channel_name, reply_chat, self._render_text(channel, reply), command.answer_to
-        )
+        # Every answer but the state's (which quotes the agents' reports) is the service's own.
+        outgoing = self._render_text(channel, reply, own=parsed.action != "state")
+        self._scheduler.send_reply(channel_name, reply_chat, outgoing, command.answer_to)
 
     def _ours(self, routes: list[Route], command: IncomingCommand) -> bool:
         """Whether `command` replies to one of this service's messages in the chat: a card,

@@ -261,6 +261,9 @@ class TelegramChannel(Channel):
     def render_text(self, text: str) -> Outgoing:
         return render.render_text(text)
 
+    def render_own_text(self, text: str) -> Outgoing:
+        return render.render_text(text, commands=True)
+
     @classmethod
     def scope_covers(cls, scope: str, chat: ChatRef, message_id: str | None) -> bool:
         return scopes.covers(scope, chat, message_id)

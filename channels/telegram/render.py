@@ -123,6 +123,7 @@ _MENTION = r"(?<![\w@/.:+-])@(?=[A-Za-z0-9_])"
 # chat, it is read as the command: `channels.base.first_word`).
 _COMMAND = r"(?<![\w/<>])/(?=[A-Za-z0-9_]{1,64}(?:@[A-Za-z0-9_]{3,32})?(?![\w/<>]))"
 _TAPPABLE = re.compile(f"{_MENTION}|{_COMMAND}")
+_MENTION_ONLY = re.compile(_MENTION)
 _NO_MENTION = "\u200b"
 # Entities whose text is shown and copied exactly as written: never touched.
 _VERBATIM = frozenset({"code", "pre"})
@@ -132,15 +133,16 @@ _VERBATIM = frozenset({"code", "pre"})
 _LINK_START = re.compile(r"://|\bwww\.|\w\.[A-Za-z]{2,}(?::\d+)?/", re.IGNORECASE)
 
 
-def defuse_mentions(rich: RichText) -> RichText:
+def defuse_mentions(rich: RichText, *, commands: bool = False) -> RichText:
     """`rich` with a zero-width space after every `@` that would mention someone and every
     `/` that would start a bot command, the entities moved to keep covering their text; both
-    inside code and links stay as written.
+    inside code and links stay as written. With `commands` (the service's own words), its
+    commands stay as written: tappable.
 
     Linear in the text (the card of an agent that lists many people is composed on each of
     its changes, several times when it has to be cut to fit): offsets are counted as the
     matches go, and looked up by bisection."""
-    if "@" not in rich.text and "/" not in rich.text:
+    if "@" not in rich.text and ("/" not in rich.text or commands):
         return rich
     verbatim = _merged(
         (entity.offset, entity.offset + entity.length)
@@ -152,7 +154,7 @@ def defuse_mentions(rich: RichText) -> RichText:
     inserted: list[int] = []  # UTF-16 offsets (in the original text) after each new character
     start = 0
     counted, at = 0, 0  # `at`: the UTF-16 offset of `rich.text[counted]`
-    for found in _TAPPABLE.finditer(rich.text):
+    for found in (_MENTION_ONLY if commands else _TAPPABLE).finditer(rich.text):
         at += utf16_len(rich.text[counted : found.end()])
         counted = found.end()
         index = bisect.bisect_left(starts, at) - 1  # the last span beginning before `at`
@@ -354,9 +356,13 @@ def render_board(view: BoardView, limit_utf16: int = MAX_MESSAGE_UTF16) -> Outgo
     return _outgoing(rich)
 
 
-def render_text(text: str, limit_utf16: int = MAX_MESSAGE_UTF16) -> Outgoing:
-    """A plain message (notice or command reply), cut to fit and never empty."""
-    defused = defuse_mentions(RichText(text.strip())).text  # a text has no entities
+def render_text(
+    text: str, limit_utf16: int = MAX_MESSAGE_UTF16, *, commands: bool = False
+) -> Outgoing:
+    """A plain message (notice or command reply), cut to fit and never empty; with
+    `commands` (the service's own words alone), its commands stay tappable."""
+    # A text has no entities.
+    defused = defuse_mentions(RichText(text.strip()), commands=commands).text
     cut = _cut_utf16(defused, limit_utf16).rstrip()
     return _outgoing(RichText(cut or "…"))
 

@@ -115,7 +115,7 @@ async def test_invisible_characters_a_client_pasted_change_no_command(
             await running_card_shown(chat)
             await chat.say("/taskcard offx")
             await wait_said(chat, "Unknown option", "the answer to a visible typo")
-            assert any("off: hide the cards" in t for t in chat.bot_texts())
+            assert any("/taskcard off: hide the cards" in t for t in chat.bot_texts())
             await chat.say("\ufeff/taskcard off\u200b")
             await wait_said(chat, "Task cards hidden here", "the answer to off")
             await chat.say("/TaskCard\u2060\u00a0\u200e7\u202c\u00a0")

@@ -264,6 +264,36 @@ async def report_notice(telegram: FakeTelegram, workdir: Path, summary: str) -> 
     )
 
 
+async def test_the_services_own_answers_keep_their_commands_tappable(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    """The help that answers a typo, and the other answers made only of the service's own
+    words, name commands a person taps on Telegram; defusing agents' commands had made them
+    plain text too. The state's answer quotes an agent's report: its command stays defused."""
+    workdir = tmp_path / "agents" / "builder"
+    with telegram_serve(tmp_path, telegram) as serve:
+        publish(workdir, "# build own-words-marker")
+        await eventually(lambda: "own-words-marker" in telegram_everything(telegram), what="card")
+        await report_notice(telegram, workdir, "done; /taskcard off now")
+
+        def answer(words: str) -> str | None:
+            return next((m.text for m in telegram.bot_messages(GROUP) if words in m.text), None)
+
+        telegram.inject_message(GROUP, "/taskcard offx")
+        await eventually(lambda: answer("Unknown option"), what="the help")
+        telegram.inject_message(GROUP, "/tell nobody hello")
+        await eventually(lambda: answer("AGENT is one of"), what="the /tell refusal")
+        telegram.inject_message(GROUP, "/taskcard")
+        await eventually(lambda: answer("latest report"), what="the state")
+        assert await serve.aterminate() == 0
+    help_text, refusal, state = (
+        answer(words) or "" for words in ("Unknown option", "AGENT is one of", "latest report")
+    )
+    assert "/taskcard off: hide the cards" in help_text and "/tell AGENT" in help_text
+    assert "\u200b" not in help_text and refusal.startswith("/tell AGENT TEXT")
+    assert "/\u200btaskcard off now" in state and "/taskcard off" not in state
+
+
 async def test_no_card_or_notice_mentions_a_telegram_user(
     tmp_path: Path, telegram: FakeTelegram
 ) -> None:
