@@ -33,6 +33,7 @@ from taskcard.producers.inbox.contract import (
     TAKEN_DIR,
     TMP_DIR,
     VERSION,
+    VIAS,
 )
 from taskcard.producers.task_card.contract import (
     MAX_COUNT,
@@ -63,18 +64,9 @@ VERDICT_WORDS: Final[dict[str, Verdict]] = {
     "reprovado": "rejected",
 }
 MessageKind = Literal["message", "wake"]
-ACK_VIAS: Final = frozenset(
-    {
-        "claude-code:PostToolUse",
-        "claude-code:Stop",
-        "claude-code:UserPromptSubmit",
-        "codex:PostToolUse",
-        "codex:Stop",
-        "codex:UserPromptSubmit",
-        "inbox-cli",
-        "mcp",
-    }
-)
+# What an acknowledgement may name as its way in: the agent side's own list, so a way added
+# there (a new host's hooks) is shown by the service too.
+ACK_VIAS: Final = VIAS
 
 
 @dataclass(frozen=True)
