@@ -220,12 +220,12 @@ def first_word(text: str) -> tuple[str, str]:
     """The first word of `text` as it shows, and the text after it (starting at the white
     space that ended it); ("", "") when `text` shows no word. White space of any kind ends a
     word (a line break, a no-break space); a "word" of invisible characters alone is none."""
-    rest = text
-    while (match := _FIRST_WORD.match(rest)) is not None:
+    at = 0  # matched in place: slicing the rest at each invisible "word" was quadratic
+    while (match := _FIRST_WORD.match(text, at)) is not None:
         word = shown(match.group(1))
-        rest = rest[match.end() :]
+        at = match.end()
         if word:
-            return word, rest
+            return word, text[at:]
     return "", ""
 
 

@@ -59,6 +59,14 @@ def test_parse_command(text: str, expected: str | None) -> None:
     assert parse_command(text, "TaskcardTestBot") == expected
 
 
+def test_a_long_run_of_invisible_words_before_a_command() -> None:
+    """Each invisible "word" is passed over in place (slicing the rest at each one cost the
+    square of the text's length); the command and the text after it read as typed."""
+    text = "\u200b " * 50_000 + "/tell builder line one\nline two"
+    assert parse_command(text, "TaskcardTestBot", "tell") == "builder line one\nline two"
+    assert parse_command("\u200b " * 50_000, "TaskcardTestBot") is None
+
+
 def test_poll_backoff_is_capped() -> None:
     backoff = replace(poll_backoff(), jitter=0.0)
     assert backoff.delay_s(1) == 0.5
