@@ -19,7 +19,7 @@ from taskcard.bridge.config import ConfigError, parse_config
         ({"redis_url": "redis:///0"}, "has no host"),
         ({"redis_url": "redis://h:99999/0"}, "port"),
         ({"redis_url_env": "1BAD"}, "environment variable name"),
-        ({"redis_url_env": "TC_REDIS\n"}, "environment variable name"),
+        ({"redis_url_env": "TC_REDIS\n"}, "holds a control character (U+000A)"),
         ({"redis_url_env": "A", "redis_url": "redis://h"}, "not both"),
         ({"redis_url": "redis://h", "lease_ttl_s": 0.5}, "greater than or equal to 1"),
         ({"redis_url": "redis://h", "instance": "a b"}, "A-Z a-z 0-9"),
