@@ -728,7 +728,16 @@ def _supervise(
                     overflow = len(out) > request.stdout_limit_bytes
                 if overflow:
                     break
-            if leader_gone or not (exited or pidfd is None):
+            if leader_gone:
+                if open_fds:
+                    # Something still holds the pipes although the sweep after the exit
+                    # found nothing left: a descendant it missed (one caught in the middle of
+                    # an exec reads an empty environment, so it bore no token then). Look
+                    # again on every wake (every `_POLL_S` at most) until the pipes close.
+                    with _Fence.lock:
+                        clean = _sweep(token, proc.pid, mark)
+                continue
+            if not (exited or pidfd is None):
                 continue
             if _has_exited(proc):
                 # The leader is gone: drain what is buffered, then stop waiting for pipes that

@@ -545,6 +545,36 @@ def test_grandchildren_of_renderers_die_with_the_render_in_process(
     wait_for(lambda: not _marked_processes(marker), 30)
 
 
+def test_a_descendant_the_first_sweep_missed_is_found_while_it_holds_the_pipes(
+    workdir: Path, make_card: MakeCard
+) -> None:
+    # Outside a subreaper, an escaped descendant is found by the token in its environment.
+    # One caught in the middle of an exec reads an empty environment, so the sweep after the
+    # renderer's exit could find nothing; the run then waited on the pipes the descendant
+    # held until its timeout (renderer_timeout), and the descendant lived on. Here the
+    # grandchild bears no token at first and takes it back a moment later.
+    marker = f"tcmark-{uuid.uuid4().hex}"
+    tools = {name: shutil.which(name) for name in ("env", "setsid", "sh", "sleep")}
+    later = (
+        f"{tools['sleep']} 1.5; exec {tools['env']} TASKCARD_RENDER_TOKEN=$0 "
+        f"{sys.executable} -c 'import time; time.sleep(1000)' {marker}"
+    )
+    renderer = (
+        "import os, subprocess\n"
+        f"subprocess.Popen([{tools['env']!r}, '-i', {tools['setsid']!r}, {tools['sh']!r}, "
+        f"'-c', {later!r}, os.environ['TASKCARD_RENDER_TOKEN']])\n"
+        'print("# Work")\n'
+    )
+    write_renderer(workdir, "r.py", renderer)
+    card = make_card()
+    started = card.call(envelope("start", renderer_path="r.py", interval_s=3600, timeout_s=60))
+    assert started["status"] == "watching", started
+    inspected = card.call(envelope("inspect", watch_id="tc_1"))
+    assert inspected["error"] is None, inspected
+    assert not _marked_processes(marker)
+    card.call(envelope("remove"))
+
+
 def _row(pid: int, ppid: int, *, zombie: bool = False, tagged: bool = False) -> ProcEntry:
     return ProcEntry(pid, ppid, zombie, tagged)
 
