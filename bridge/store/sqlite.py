@@ -870,8 +870,16 @@ def _save_commit(db: sqlite3.Connection, route: str, fingerprint: str, at: float
         )
 
 
+def _added(row: sqlite3.Row, column: str) -> Any:
+    """`row[column]`, or None where the file is from before that column was added: a
+    read-only open (`taskcard status`) does not migrate it."""
+    try:
+        return row[column]
+    except IndexError:  # no such column (a Row's `in` looks at values, not names)
+        return None
+
+
 def _inbox_record(row: sqlite3.Row) -> InboxRecord:
-    columns = set(row.keys())  # a Row's `in` looks at values, not names
     return InboxRecord(
         message_id=row["message_id"],
         agent_id=row["agent_id"],
@@ -885,14 +893,12 @@ def _inbox_record(row: sqlite3.Row) -> InboxRecord:
         else "failed",
         reason=row["reason"],
         closed_at=row["closed_at"],
-        # A read-only open (`taskcard status`) does not migrate a file from before these.
-        reply_to_id=row["reply_to_id"] if "reply_to_id" in columns else None,
-        reply_thread_id=row["reply_thread_id"] if "reply_thread_id" in columns else None,
+        reply_to_id=_added(row, "reply_to_id"),
+        reply_thread_id=_added(row, "reply_thread_id"),
     )
 
 
 def _resident(row: sqlite3.Row) -> ResidentRecord:
-    columns = set(row.keys())  # a Row's `in` looks at values, not names
     return ResidentRecord(
         route=row["route"],
         message_id=row["message_id"],
@@ -901,7 +907,6 @@ def _resident(row: sqlite3.Row) -> ResidentRecord:
         disabled_reason=row["disabled_reason"],
         send_key=row["send_key"],
         stale_message_id=row["stale_message_id"],
-        # A read-only open (`taskcard status`) does not migrate a file from before these.
-        unsure_sends=int(row["unsure_sends"] or 0) if "unsure_sends" in columns else 0,
-        unsure_at=row["unsure_at"] if "unsure_at" in columns else None,
+        unsure_sends=int(_added(row, "unsure_sends") or 0),
+        unsure_at=_added(row, "unsure_at"),
     )
