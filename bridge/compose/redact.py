@@ -23,7 +23,7 @@ import html
 import json
 import re
 import unicodedata
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Final
 from urllib.parse import quote
 
@@ -257,18 +257,27 @@ class Redactor:
         return any(secret in bare for secret in self._bare)
 
 
-def strings_in(value: object) -> Iterator[str]:
-    """Every string in a JSON-like value: dict keys and values, list and tuple items."""
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, Mapping):
-        for key, item in value.items():
-            if isinstance(key, str):
-                yield key
-            yield from strings_in(item)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            yield from strings_in(item)
+def strings_in(value: object) -> set[str]:
+    """Every distinct string in a JSON-like value: dict keys and values, list and tuple items.
+
+    Walked with a stack, not recursive generators: every payload passes here before it is
+    sent, and a card's entities are a dozen small dicts (one generator frame per value cost
+    more than the rest of the walk).
+    """
+    found: set[str] = set()
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            found.add(item)
+        elif isinstance(item, dict | Mapping):
+            for key, nested in item.items():
+                if isinstance(key, str):
+                    found.add(key)
+                pending.append(nested)
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+    return found
 
 
 def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -971,7 +971,7 @@ class Service:
         # and the plain text too unless it is one of them verbatim. Walking the payload costs
         # half of dumping it as JSON and folding the dump, entity offsets and all.
         # A string met twice (entity keys and types) is checked once.
-        texts = set(strings_in(outgoing.payload))
+        texts = strings_in(outgoing.payload)
         texts.add(outgoing.text)
         return any(self._redact.leaks(text) for text in texts)
 
