@@ -82,3 +82,48 @@ def test_the_operators_first_card_runs_as_written(tmp_path: Path) -> None:
         )
         with contextlib.suppress(OSError, ValueError):  # the host started by `card start`
             request_host(HostPaths(runtime, workdir.resolve()), {"op": "shutdown"}, 5.0)
+
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+PACKAGES = ("bridge", "channels", "producers")
+_TABLE_ROW = re.compile(r"^\| (`[^|]+`) \| ([^|]+) \|", re.M)
+_NAME = re.compile(r"`([^`]+)`")
+
+
+def _table_rows(heading: str) -> list[tuple[list[str], str]]:
+    """The rows of the first table after `heading` in docs/architecture.md: the names in
+    backticks of the first cell, and the second cell's text."""
+    section = ARCHITECTURE.read_text().split(heading, 1)[1].split("\n\n|", 1)[1]
+    table = "|" + section.split("\n\n", 1)[0]
+    return [(_NAME.findall(first), second) for first, second in _TABLE_ROW.findall(table)]
+
+
+def test_the_data_path_table_names_every_module_of_each_step() -> None:
+    """docs/architecture.md's table of `bridge/` is the newcomer's map: it left out
+    `track/files.py`, `observe/config.py`, `run/heap.py` and `run/stackdump.py`."""
+    rows = _table_rows("one subpackage per step:")
+    steps = {names[0]: set(_NAME.findall(modules)) for names, modules in rows}
+    on_disk = {p.name for p in (ROOT / "bridge").iterdir() if (p / "__init__.py").exists()}
+    assert set(steps) == on_disk
+    for step, named in steps.items():
+        modules = {p.name for p in (ROOT / "bridge" / step).glob("*.py")} - {"__init__.py"}
+        assert named == modules, f"bridge/{step}: the table says {sorted(named)}"
+
+
+def test_the_layering_table_states_each_package_rule() -> None:
+    """The table promised `channels.aio` to the Feishu channel, whose rule (the one
+    tests/test_layering.py enforces) does not allow it."""
+    from tests.test_layering import _rule_of
+
+    checked = 0
+    for names, allowed in _table_rows("### Layers and what each may import"):
+        stated = {name for name in _NAME.findall(allowed) if "." in name or name in PACKAGES}
+        if not stated or any("*" in name for name in names):
+            continue  # "each other", `producers.*`: said in words
+        for name in names:
+            folder = ROOT.joinpath(*name.split("."))
+            rule = _rule_of(folder if folder.is_dir() else folder.parent)
+            assert rule is not None, name
+            assert set(rule) == stated, f"{name}: the table says {sorted(stated)}"
+            checked += 1
+    assert checked >= 15, checked
