@@ -7,6 +7,7 @@ not for the first person who pastes it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import subprocess
@@ -139,3 +140,38 @@ def test_the_producer_module_table_names_every_module() -> None:
     }
     modules = {p.name for p in (ROOT / "producers" / "task_card").glob("*.py")} - {"__init__.py"}
     assert named == modules
+
+
+def test_every_list_of_acknowledgement_vias_is_whole() -> None:
+    """docs/reports.md listed the `via` values of `inbox/acks.jsonl` without Codex's three."""
+    from taskcard.producers.inbox.contract import VIAS
+
+    lists = [
+        (doc, block)
+        for doc in DOCS
+        for block in re.findall(r"claude-code:PostToolUse.*?\bmcp\b", doc.read_text(), re.S)
+    ]
+    assert len(lists) >= 3, lists
+    for doc, block in lists:
+        named = re.findall(r"(?:claude-code|codex):\w+|inbox-cli|mcp", block)
+        assert set(named) == VIAS, doc.name
+
+
+def test_the_readme_lists_every_codex_hook_init_registers(tmp_path: Path) -> None:
+    """README named six of the eight lifecycle hooks `init codex` writes."""
+    home, workdir = tmp_path / "codex", tmp_path / "agent"
+    home.mkdir()
+    workdir.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "taskcard.bridge.cli", "init", "codex", "--workdir", str(workdir)],
+        env={**os.environ, "CODEX_HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    written = set(json.loads((home / "hooks.json").read_text())["hooks"])
+    text = (ROOT / "README.md").read_text()
+    listed = text.split("Its lifecycle hooks go", 1)[1].split(";", 1)[0]
+    assert {name for name in _NAME.findall(listed) if "." not in name} == written
