@@ -40,9 +40,16 @@ def test_the_unit_runs_a_command_the_cli_accepts() -> None:
     assert args.command == "serve" and args.config == "/etc/taskcard/taskcard.toml"
 
 
-@pytest.mark.parametrize("config", ["taskcard.toml", "taskcard.cluster.toml"])
-def test_the_example_configurations_validate(config: str) -> None:
-    result = run_cli("config", "check", str(DEPLOY / config))
+SHIPPED_CONFIGS = sorted([*DEPLOY.glob("*.toml"), *(ROOT / "config").glob("*.toml")])
+
+
+@pytest.mark.parametrize("config", SHIPPED_CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_shipped_configuration_validates(config: Path) -> None:
+    """Each example a reader copies passes both checks an operator runs on it."""
+    assert len(SHIPPED_CONFIGS) >= 3
+    result = run_cli("config", "check", str(config))
+    assert result.returncode == 0, result.stderr
+    result = run_cli("serve", "--config", str(config), "--check")
     assert result.returncode == 0, result.stderr
 
 
