@@ -28,6 +28,7 @@ from taskcard.producers.ledger.model import (
 from taskcard.producers.ledger.render import RENDERER_FILE, render_markdown, renderer_source
 from taskcard.producers.ledger.store import DEFAULT_LEDGER, Ledger, LedgerError
 from taskcard.producers.task_card.contract import terminal_json
+from taskcard.producers.task_card.runtime import RUNTIME_DIR_HELP
 from taskcard.producers.task_card.workdir_arg import existing_workdir_arg
 
 EXIT_OK: Final = 0
@@ -216,7 +217,9 @@ def run_supervise(args: argparse.Namespace) -> int:
     from taskcard.producers.task_card.runtime import HostPaths, default_runtime_dir
 
     workdir: Path = args.workdir  # expanded and resolved by `existing_workdir_arg`
-    runtime = Path(args.runtime_dir) if args.runtime_dir else default_runtime_dir(os.environ)
+    runtime = (
+        Path(args.runtime_dir).expanduser() if args.runtime_dir else default_runtime_dir(os.environ)
+    )
     host_paths = HostPaths(runtime, workdir)
     decisions = supervise(
         _ledger(args),
@@ -400,7 +403,7 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="deliver the actions (wakes, notices, retiring the card), not only print them",
     )
-    supervise.add_argument("--runtime-dir", default=None, help="where task card hosts live")
+    supervise.add_argument("--runtime-dir", default=None, help=RUNTIME_DIR_HELP)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -41,6 +41,7 @@ from taskcard.producers.task_card.envelope import (
     decode_envelope,
 )
 from taskcard.producers.task_card.runtime import (
+    RUNTIME_DIR_HELP,
     HostAlreadyRunning,
     HostPaths,
     RuntimeDirUnsafe,
@@ -351,12 +352,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workdir", type=workdir_arg, default=".", help="the agent's working directory"
     )
-    parser.add_argument(
-        "--runtime-dir",
-        default=None,
-        help="where host sockets and locks live (default: $TASKCARD_RUNTIME_DIR, "
-        "$XDG_RUNTIME_DIR/taskcard or /tmp/taskcard-UID); never inside the workdir",
-    )
+    parser.add_argument("--runtime-dir", default=None, help=RUNTIME_DIR_HELP)
     parser.add_argument(
         "--idle-grace-s",
         type=_seconds(0.1, 7 * 86_400),

@@ -25,6 +25,7 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 import taskcard.producers.task_card.workdir_lock as workdir_lock
 
@@ -70,6 +71,13 @@ def ensure_private_dir(path: Path) -> None:
             f"runtime dir {path} {problem}; refusing to use it. Remove it if it is not "
             "yours, or set TASKCARD_RUNTIME_DIR (or --runtime-dir) to a private directory"
         )
+
+
+# The `--runtime-dir` option's help, the same for every command that reaches a host.
+RUNTIME_DIR_HELP: Final = (
+    "where host sockets and locks live (default: $TASKCARD_RUNTIME_DIR, "
+    "$XDG_RUNTIME_DIR/taskcard or /tmp/taskcard-UID); never inside the workdir"
+)
 
 
 def default_runtime_dir(environ: Mapping[str, str]) -> Path:

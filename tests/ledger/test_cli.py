@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
+from taskcard.producers.task_card.client import request_host
+from taskcard.producers.task_card.runtime import HostPaths
 from tests.ledger.conftest import notifications
 
 
@@ -297,3 +303,55 @@ def test_show_prints_an_agents_steering_characters_as_escapes(workdir: Path) -> 
     assert done.returncode == 0, done.stderr
     assert "\u202e" not in done.stdout and "\u009b" not in done.stdout
     assert json.loads(done.stdout)["task"]["purpose"] == purpose
+
+
+def test_supervise_finds_the_host_in_a_runtime_dir_written_with_a_tilde(
+    workdir: Path, tmp_path: Path
+) -> None:
+    """`--runtime-dir=~/rt` (no shell expands a `~` after `=`, nor an MCP or cron config):
+    the card commands expand it, `ledger supervise` did not, so at completion it looked for
+    the card's host under a folder literally named `~` and the card kept refreshing."""
+    home = Path(tempfile.mkdtemp(prefix="tclh"))  # short: socket paths are limited
+    env = {**os.environ, "HOME": str(home)}
+    (home / "rt").mkdir(mode=0o700)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "taskcard.bridge.cli", *args, "--workdir", str(workdir)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    # Not the default ledger path: the host's own monitor leaves it to `supervise`.
+    ledger = ("--ledger", "work/ledger.json")
+    try:
+        for args in [
+            ("ledger", "init", "t", "--purpose", "p", *ledger),
+            ("card", "start", "ledger_renderer.py", "--runtime-dir=~/rt", "--interval-s", "60"),
+            (
+                "ledger",
+                "checkpoint",
+                "t",
+                "--event-type",
+                "TASK_COMPLETED",
+                "--note",
+                "out/",
+                *ledger,
+            ),
+        ]:
+            done = run(*args)
+            assert done.returncode == 0, done.stderr
+        assert (workdir / "taskcard" / "status").read_text() == "active"
+        done = run("ledger", "supervise", "--apply-supervision", "--runtime-dir=~/rt", *ledger)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["action"] == "STOP_AND_DELETE"
+        assert (workdir / "taskcard" / "status").read_text() == "inactive"
+        assert not (tmp_path / "~").exists()
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            request_host(HostPaths(home / "rt", workdir.resolve()), {"op": "shutdown"}, 5.0)
+        shutil.rmtree(home, ignore_errors=True)
