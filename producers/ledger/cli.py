@@ -288,7 +288,11 @@ def _job_fields(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--provider", help="who runs the job")
     parser.add_argument("--evidence", help="the provider's own id, URL or status line")
     parser.add_argument(
-        "--max-wait-sec", dest="max_wait_sec", type=float, help="time limit while pending"
+        "--max-wait-sec",
+        dest="max_wait_sec",
+        type=float,
+        help="time limit while pending (default: the job's last one, else the task's "
+        "external_max_wait_sec)",
     )
 
 

@@ -151,7 +151,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     spawn_parser.add_argument("--reason", required=True, help="why the child is created")
     spawn_parser.add_argument("--provider", default=None, help="e.g. claude-code, codex")
     spawn_parser.add_argument(
-        "--parent-workdir", type=workdir_arg, default=None, help="gives the depth (default: 1)"
+        "--parent-workdir",
+        type=workdir_arg,
+        default=None,
+        help="the parent's workdir: the child's depth is the parent's + 1 (default: depth 1)",
     )
     spawn_parser.add_argument(
         "--max-depth", type=int, default=DEFAULT_MAX_DEPTH, help="the depth cap"

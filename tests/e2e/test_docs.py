@@ -175,3 +175,25 @@ def test_the_readme_lists_every_codex_hook_init_registers(tmp_path: Path) -> Non
     text = (ROOT / "README.md").read_text()
     listed = text.split("Its lifecycle hooks go", 1)[1].split(";", 1)[0]
     assert {name for name in _NAME.findall(listed) if "." not in name} == written
+
+
+def test_every_runtime_dir_option_says_its_default() -> None:
+    """README: every command's --help shows each option's default; `ledger supervise`'s
+    `--runtime-dir` said only "where task card hosts live"."""
+    import argparse
+
+    from taskcard.bridge.cli import build_parser
+    from taskcard.producers.task_card.runtime import RUNTIME_DIR_HELP
+
+    found: list[str | None] = []
+
+    def walk(parser: argparse.ArgumentParser) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    walk(sub)
+            elif "--runtime-dir" in action.option_strings:
+                found.append(action.help)
+
+    walk(build_parser())
+    assert len(found) >= 10 and set(found) == {RUNTIME_DIR_HELP}, found
