@@ -25,7 +25,7 @@ from taskcard.producers.ledger.model import (
     TaskRecord,
     derive,
 )
-from taskcard.producers.ledger.render import RENDERER_FILE, render_markdown, renderer_source
+from taskcard.producers.ledger.render import RENDERER_FILE, render_markdown, write_renderer
 from taskcard.producers.ledger.store import DEFAULT_LEDGER, Ledger, LedgerError
 from taskcard.producers.task_card.contract import terminal_json
 from taskcard.producers.task_card.runtime import RUNTIME_DIR_HELP
@@ -78,11 +78,7 @@ def run_init(args: argparse.Namespace) -> int:
     record = ledger.init(args.task_id, args.purpose, steps, **limits)
     result = _summary(record)
     workdir: Path = args.workdir  # expanded and resolved by `existing_workdir_arg`
-    if not args.no_renderer and ledger.path.is_relative_to(workdir):
-        renderer = workdir / RENDERER_FILE
-        if not renderer.exists():
-            rel = str(ledger.path.relative_to(workdir))
-            renderer.write_text(renderer_source(rel, args.task_id), encoding="utf-8")
+    if not args.no_renderer and write_renderer(workdir, ledger.path, args.task_id):
         result["renderer"] = RENDERER_FILE
         result["start_card"] = f"taskcard card start --workdir {workdir} {RENDERER_FILE}"
     _print(result)

@@ -23,7 +23,7 @@ from taskcard.producers.ledger.model import (
     TaskRecord,
     derive,
 )
-from taskcard.producers.ledger.render import render_markdown
+from taskcard.producers.ledger.render import RENDERER_FILE, render_markdown, write_renderer
 from taskcard.producers.ledger.store import DEFAULT_LEDGER, EVENT_FIELDS, Ledger, LedgerError
 from taskcard.producers.task_card.contract import quoted
 from taskcard.producers.task_card.runtime import HostPaths
@@ -311,6 +311,8 @@ def _run(ledger: Ledger, paths: HostPaths, command: str, args: dict[str, Any]) -
         record = ledger.init(
             task_id, str(args.get("purpose") or ""), list(args.get("steps") or []), **limits
         )
+        if write_renderer(paths.workdir, ledger.path, task_id):
+            return {**_summary(task_id, record), "renderer": RENDERER_FILE}
     else:
         if command == "checkpoint":
             event_type: Any = args.get("event_type")  # the store refuses a missing one

@@ -10,6 +10,7 @@ second. The derived state is recomputed from the truth, never read back from the
 from __future__ import annotations
 
 from datetime import datetime
+from pathlib import Path
 from typing import Final
 
 from taskcard.producers.ledger.model import TaskRecord, derive, moved_at
@@ -90,3 +91,16 @@ def renderer_source(ledger_rel: str, task_id: str) -> str:
         "from taskcard.producers.ledger.cli import main\n\n"
         f"sys.exit(main(['render', '--ledger', {ledger_rel!r}, {task_id!r}]))\n"
     )
+
+
+def write_renderer(workdir: Path, ledger_path: Path, task_id: str) -> bool:
+    """Write `RENDERER_FILE` for `task_id` into `workdir` (an existing one is kept): what
+    `ledger init` does from the command line and from MCP alike. False when the ledger lies
+    outside the workdir, which a renderer run there could not name relatively."""
+    if not ledger_path.is_relative_to(workdir):
+        return False
+    renderer = workdir / RENDERER_FILE
+    if not renderer.exists():
+        rel = str(ledger_path.relative_to(workdir))
+        renderer.write_text(renderer_source(rel, task_id), encoding="utf-8")
+    return True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import sys
@@ -9,6 +10,9 @@ import tempfile
 from pathlib import Path
 
 from mcp import ClientSession, StdioServerParameters, stdio_client
+
+from taskcard.producers.task_card.client import request_host
+from taskcard.producers.task_card.runtime import HostPaths
 
 
 async def test_an_mcp_client_keeps_a_ledger(workdir: Path) -> None:
@@ -229,3 +233,49 @@ async def test_the_tools_errors_name_its_fields_not_the_command_lines_options(
                 assert "--" not in message and "taskcard ledger" not in message, message
     finally:
         shutil.rmtree(runtime, ignore_errors=True)
+
+
+async def test_init_over_mcp_writes_the_renderer_the_card_starts_with(workdir: Path) -> None:
+    """docs/ledger.md: `init` writes `ledger_renderer.py` (only the command line can skip
+    it). Over MCP it wrote none, so an agent that then started the ledger's card through the
+    `task_card` tool, as the docs say, was refused: no such renderer."""
+    runtime = Path(tempfile.mkdtemp(prefix="tclm"))
+    server = StdioServerParameters(
+        command=sys.executable,
+        args=[
+            *("-m", "taskcard.bridge.cli", "mcp", "--workdir", str(workdir)),
+            *("--runtime-dir", str(runtime)),
+        ],
+    )
+    try:
+        async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+
+            async def call(tool: str, arguments: dict[str, object]) -> dict[str, object]:
+                result = await session.call_tool(tool, arguments)
+                assert not result.is_error, result.content
+                answer: dict[str, object] = json.loads(result.content[0].text)  # type: ignore[union-attr]
+                return answer
+
+            created = await call("ledger", {"command": "init", "task_id": "t", "purpose": "Sync"})
+            assert created["renderer"] == "ledger_renderer.py"
+            started = await call(
+                "task_card",
+                {
+                    "action": "start",
+                    "input": {"renderer_path": "ledger_renderer.py"},
+                    "reasoning": "show the ledger",
+                },
+            )
+            assert started["status"] == "watching", started
+            assert "**Sync**" in (workdir / "taskcard" / "taskcard.md").read_text()
+            await call("task_card", {"action": "remove", "input": {}, "reasoning": "done"})
+    finally:
+        _stop_host(runtime, workdir)
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+def _stop_host(runtime: Path, workdir: Path) -> None:
+    """The host the card's start brought up, asked to stop (not left to its idle grace)."""
+    with contextlib.suppress(OSError, ValueError):
+        request_host(HostPaths(runtime, workdir.resolve()), {"op": "shutdown"}, 5.0)
