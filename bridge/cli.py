@@ -124,7 +124,27 @@ def build_parser() -> argparse.ArgumentParser:
     for name in _COMMAND_MODULES:
         import_module(name).register(subparsers)
     _register_completion(subparsers)
+    _groups_print_help(parser)
     return parser
+
+
+def _groups_print_help(parser: argparse.ArgumentParser) -> None:
+    """Every command group that registered no handler of its own (`ledger`, `init`) prints
+    its help and exits 2 when called alone, as `taskcard card` does, instead of argparse's
+    one-line "arguments are required". Not `hook`: an agent host runs it, and its usage
+    errors exit 0 (see `_HOST_HOOKS`)."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for name, group in action.choices.items():
+            inner = [a for a in group._actions if isinstance(a, argparse._SubParsersAction)]
+            if not inner or name in _HOST_HOOKS:
+                continue
+            if group.get_default("handler") is None:
+                for subcommands in inner:
+                    subcommands.required = False
+                group.set_defaults(handler=print_help_handler(group))
+            _groups_print_help(group)
 
 
 def _register_completion(subparsers: Any) -> None:

@@ -57,10 +57,16 @@ def test_no_arguments_prints_help_and_exits_2() -> None:
 
 
 def test_a_command_group_without_its_subcommand_prints_its_help_and_exits_2() -> None:
-    for group in ("card", "config"):
+    """README promises it for every group; `ledger` and `init` printed argparse's one-line
+    "the following arguments are required" instead of their commands."""
+    for group in ("card", "config", "ledger", "init"):
         result = taskcard(group)
         assert result.returncode == 2, group
         assert f"usage: taskcard {group}" in result.stdout
+        assert "positional arguments:" in result.stdout and result.stderr == "", group
+    # An agent host runs `hook`: its usage errors never fail the agent (exit 0, stderr).
+    result = taskcard("hook")
+    assert result.returncode == 0 and "usage: taskcard hook" in result.stderr
 
 
 def test_version_comes_from_the_package_metadata() -> None:
