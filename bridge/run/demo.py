@@ -23,7 +23,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from taskcard.bridge.config import parse_config
 from taskcard.bridge.run.logs import choose, setup_logging
@@ -125,6 +125,8 @@ AGENTS: dict[str, dict[str, Any]] = {
     },
 }
 BATCH_ROWS = 10_000
+# Quiet by default: the cards on the terminal are the show, not the service's log.
+DEMO_LOG_LEVEL: Final = "WARNING"
 
 
 def _event(workdir: Path, kind: str, **fields: Any) -> None:
@@ -217,7 +219,7 @@ async def _run(root: Path, duration_s: float | None) -> int:
             "state_dir": "state",
             "agents": [{"id": a, "workdir": f"agents/{a}"} for a in AGENTS],
             "watch": {"debounce_ms": 50, "rescan_interval_s": 10},
-            "log_level": "WARNING",
+            "log_level": DEMO_LOG_LEVEL,
         },
         base_dir=root,
         source="embedded demo configuration",
@@ -300,5 +302,5 @@ def register(subparsers: Any) -> None:
         type=_duration_s,
         help="stop after this many seconds (default: run until Ctrl-C)",
     )
-    add_log_options(parser)
+    add_log_options(parser, level_default=DEMO_LOG_LEVEL)
     parser.set_defaults(handler=_demo)

@@ -306,14 +306,17 @@ def _one_of(
     return parse
 
 
-def add_log_options(parser: argparse.ArgumentParser) -> None:
-    """`--log-level` and `--log-format`, defaulting to their TASKCARD_* variables."""
+def add_log_options(
+    parser: argparse.ArgumentParser, level_default: str = "the config's log_level"
+) -> None:
+    """`--log-level` and `--log-format`, defaulting to their TASKCARD_* variables; without
+    either, the level is `level_default` (said in the help)."""
     parser.add_argument(
         "--log-level",
         type=_one_of(LOG_LEVELS, "TASKCARD_LOG_LEVEL", str.upper),
         choices=LOG_LEVELS,
         default=os.environ.get("TASKCARD_LOG_LEVEL") or None,
-        help="log verbosity (env TASKCARD_LOG_LEVEL; default: the config's log_level)",
+        help=f"log verbosity (env TASKCARD_LOG_LEVEL; default: {level_default})",
     )
     parser.add_argument(
         "--log-format",

@@ -370,7 +370,9 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="validate the configuration and the state file, then exit (2: invalid)",
     )
-    add_log_options(serve_parser)
+    add_log_options(
+        serve_parser, level_default="the config's log_level; the demo's without --config"
+    )
     serve_parser.set_defaults(handler=_serve)
 
     status_parser = subparsers.add_parser(

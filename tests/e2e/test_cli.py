@@ -69,6 +69,17 @@ def test_a_command_group_without_its_subcommand_prints_its_help_and_exits_2() ->
     assert result.returncode == 0 and "usage: taskcard hook" in result.stderr
 
 
+def test_the_demo_says_its_own_log_level_default() -> None:
+    """`taskcard demo --help` said "default: the config's log_level" of a command that takes
+    no configuration; the demo runs at WARNING."""
+    from taskcard.bridge.run.demo import DEMO_LOG_LEVEL
+
+    result = taskcard("demo", "--help")
+    assert result.returncode == 0
+    assert f"default: {DEMO_LOG_LEVEL})" in " ".join(result.stdout.split())
+    assert "the config's log_level" not in " ".join(result.stdout.split())
+
+
 def test_version_comes_from_the_package_metadata() -> None:
     result = taskcard("--version")
     assert result.returncode == 0
