@@ -92,6 +92,12 @@ def test_origin_route_only_for_allowed_chats(
         ({"feishu": {}}, ["feishu"]),
         ({"state_dir": "elsewhere"}, ["state_dir"]),
         ({"notices": {"max_per_minute": 9}}, ["notices"]),
+        # docs/operators.md lists these as needing a restart too.
+        ({"log_level": "DEBUG"}, ["log_level"]),
+        ({"console": {"enabled": True}}, ["console"]),
+        ({"signals": {"idle_floor_s": 60}}, ["signals"]),
+        ({"inbox": {"max_messages": 9}}, ["inbox"]),
+        ({"cluster": {"redis_url": "redis://127.0.0.1:6379/0"}}, ["cluster"]),
     ],
 )
 def test_reload_applies_fleet_keys_and_refuses_the_rest(
