@@ -12,7 +12,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from taskcard.producers.reports.lineage import DEFAULT_MAX_DEPTH, LineageError, spawn
+from taskcard.producers.reports.lineage import (
+    DEFAULT_MAX_DEPTH,
+    MAX_DEPTH_LIMIT,
+    LineageError,
+    spawn,
+)
 from taskcard.producers.reports.store import MAX_PAYLOAD_BYTES, VERDICTS, ReportError, Reports
 from taskcard.producers.task_card.contract import terminal_json
 from taskcard.producers.task_card.workdir_arg import existing_workdir_arg, workdir_arg
@@ -157,6 +162,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="the parent's workdir: the child's depth is the parent's + 1 (default: depth 1)",
     )
     spawn_parser.add_argument(
-        "--max-depth", type=int, default=DEFAULT_MAX_DEPTH, help="the depth cap"
+        "--max-depth",
+        type=int,
+        default=DEFAULT_MAX_DEPTH,
+        help=f"the depth cap, 1 to {MAX_DEPTH_LIMIT}",
     )
     spawn_parser.set_defaults(handler=run_spawn)

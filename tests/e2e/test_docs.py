@@ -228,3 +228,11 @@ def test_every_file_the_docs_name_exists() -> None:
             if f"def {test}(" not in (ROOT / path).read_text():
                 missing.append(f"{doc.name}: {path}::{test}")
     assert missing == []
+
+
+def test_the_spawn_depth_cap_range_is_the_one_enforced() -> None:
+    """docs/reports.md gave the cap's default only; a --max-depth past 32 is refused."""
+    from taskcard.producers.reports.lineage import DEFAULT_MAX_DEPTH, MAX_DEPTH_LIMIT
+
+    text = " ".join((ROOT / "docs" / "reports.md").read_text().split())
+    assert f"`--max-depth`, 1 to {MAX_DEPTH_LIMIT}, default {DEFAULT_MAX_DEPTH}" in text
