@@ -236,3 +236,10 @@ def test_the_spawn_depth_cap_range_is_the_one_enforced() -> None:
 
     text = " ".join((ROOT / "docs" / "reports.md").read_text().split())
     assert f"`--max-depth`, 1 to {MAX_DEPTH_LIMIT}, default {DEFAULT_MAX_DEPTH}" in text
+
+
+def test_reports_md_gives_the_summary_limit_enforced() -> None:
+    from taskcard.producers.reports.store import MAX_SUMMARY_CHARS
+
+    text = " ".join((ROOT / "docs" / "reports.md").read_text().split())
+    assert f"`summary` is at most {MAX_SUMMARY_CHARS} characters" in text
