@@ -243,3 +243,13 @@ def test_reports_md_gives_the_summary_limit_enforced() -> None:
 
     text = " ".join((ROOT / "docs" / "reports.md").read_text().split())
     assert f"`summary` is at most {MAX_SUMMARY_CHARS} characters" in text
+
+
+def test_ledger_md_gives_the_id_and_text_limits_enforced() -> None:
+    from taskcard.producers.ledger.model import MAX_NOTE_CHARS, Ident
+
+    text = " ".join((ROOT / "docs" / "ledger.md").read_text().split())
+    assert f"are at most {MAX_NOTE_CHARS} characters" in text
+    pattern = Ident.__metadata__[0].pattern
+    assert pattern == r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$", "then say the new rule in ledger.md"
+    assert "1-64 letters, digits, `_`, `.`, `:` or `-`, starting with a letter or digit" in text
