@@ -44,7 +44,7 @@ from pydantic import (
 from taskcard.bridge.cluster.config import ClusterConfig
 from taskcard.bridge.compose.redact import redact_tokens
 from taskcard.bridge.observe.config import MetricsConfig
-from taskcard.channels.base import TIMEZONE_HELP, TimeZoneName
+from taskcard.channels.base import TIMEZONE_HELP, TimeZoneName, counted
 from taskcard.channels.feishu.config import FeishuConfig
 from taskcard.channels.telegram.config import TelegramConfig
 
@@ -793,7 +793,7 @@ def _bound_fix(kind: str, ctx: Mapping[str, Any]) -> str | None:
 
     def count(key: str, one: str, many: str) -> str:
         value = ctx.get(key)
-        return f"{value} {one if value == 1 else many}"
+        return counted(value, one, many) if isinstance(value, int) else f"{value} {many}"
 
     fixes: dict[str, Callable[[], str]] = {
         "greater_than_equal": lambda: f"use a number of at least {number('ge')}",

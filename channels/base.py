@@ -114,9 +114,15 @@ def board_line_parts(line: BoardLine) -> tuple[str, str]:
     return lead, rest
 
 
+def counted(count: int, one: str, many: str) -> str:
+    """`1 agent`, `3 agents`: a count with the noun that agrees with it (every text the
+    service writes counts things this one way)."""
+    return f"{count} {one if count == 1 else many}"
+
+
 def board_omitted_text(omitted: int) -> str:
-    noun = "agent" if omitted == 1 else "agents"
-    return f"… {omitted} more {noun} not shown: the board is cut to fit this chat"
+    more = counted(omitted, "more agent", "more agents")
+    return f"… {more} not shown: the board is cut to fit this chat"
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from taskcard.bridge.store.redis import (
     raise_if_cancel_swallowed,
     wrong_type,
 )
-from taskcard.channels.base import ChatRef, CursorStore
+from taskcard.channels.base import ChatRef, CursorStore, counted
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +61,6 @@ _FIXED_KEYS = {
     "inbox:queued": "zset",
     **dict.fromkeys(("cmd:telegram", "cmd:feishu"), "stream"),
 }
-
-
-def _agents(count: int) -> str:
-    return f"{count} agent" if count == 1 else f"{count} agents"
 
 
 class ClusterUnreachable(Exception):
@@ -384,14 +380,14 @@ class Cluster:
                 " %s%s; they are served again, by this or another instance, once Redis"
                 " answers",
                 type(error).__name__,
-                _agents(len(lost)),
+                counted(len(lost), "agent", "agents"),
                 " and polling the bot's updates" if stopped_polling else "",
             )
         if resumed and self._silent_since is not None:
             log.warning(
                 "Redis answers again after %.0f s: this instance serves %s; nothing to do",
                 time.monotonic() - self._silent_since,
-                _agents(len(self._serving)),
+                counted(len(self._serving), "agent", "agents"),
             )
             self._silent_since = None
         self._renewed = True

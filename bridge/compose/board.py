@@ -28,7 +28,7 @@ from taskcard.bridge.compose.activity import movement_words as activity_movement
 from taskcard.bridge.compose.redact import redact
 from taskcard.bridge.compose.view import format_at
 from taskcard.bridge.track.monitor import ActivitySummary, CardState
-from taskcard.channels.base import AgentState, BoardLine, BoardMark, BoardView
+from taskcard.channels.base import AgentState, BoardLine, BoardMark, BoardView, counted
 from taskcard.producers.task_card.contract import one_line
 
 # Bounds of the agent-written parts of a line, in characters: a line stays short enough
@@ -127,11 +127,10 @@ def line_order(line: BoardLine) -> tuple[int, int, str]:
 
 def board_summary(lines: Sequence[BoardLine]) -> str:
     """`N agents · K need people · 3 running · 2 idle`: counts over every line, shown or not."""
-    noun = "agent" if len(lines) == 1 else "agents"
-    parts = [f"{len(lines)} {noun}"]
+    parts = [counted(len(lines), "agent", "agents")]
     attention = sum(1 for line in lines if line.marks)
     if attention:
-        parts.append(f"{attention} need{'s' if attention == 1 else ''} people")
+        parts.append(counted(attention, "needs people", "need people"))
     counts: dict[AgentState, int] = {}
     for line in lines:
         counts[line.state] = counts.get(line.state, 0) + 1

@@ -29,6 +29,7 @@ from datetime import datetime, timedelta
 from typing import Final, Literal
 
 from taskcard.bridge.compose.redact import redact
+from taskcard.channels.base import counted
 from taskcard.producers.reports.contract import Report
 from taskcard.producers.task_card.contract import iso_utc, one_line
 
@@ -72,9 +73,8 @@ def _minutes(seconds: float) -> str:
     "1 minute" for 5 s of quiet would overstate it), whole minutes from then on."""
     if seconds < 59.5:
         whole = max(1, round(seconds))
-        return "1 second" if whole == 1 else f"{whole} seconds"
-    minutes = round(seconds / 60)
-    return "1 minute" if minutes == 1 else f"{minutes} minutes"
+        return counted(whole, "second", "seconds")
+    return counted(round(seconds / 60), "minute", "minutes")
 
 
 def report_signal(agent_id: str, report: Report, redactor: Callable[[str], str] = redact) -> Signal:

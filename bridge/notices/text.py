@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
+from taskcard.channels.base import counted
 from taskcard.producers.ledger.contract import (
     FAILURE_KIND_NAMES,
     OUTCOMES,
@@ -148,7 +149,7 @@ def summary_text(agent_id: str, counts: Mapping[str, int]) -> str:
     for kind, (one, many) in _KIND_WORDS.items():
         count = counts.get(kind, 0)
         if count > 0:
-            parts.append(f"{count} {one if count == 1 else many}")
+            parts.append(counted(count, one, many))
     total = sum(count for count in counts.values() if count > 0)
     return (
         f"📦 {total} more from {agent_id}: {', '.join(parts)}"

@@ -169,7 +169,9 @@ class _LevelCollector(Collector):
             up.add_metric([name], 1.0 if name in snapshot.ready_channels else 0.0)
         yield up
         yield GaugeMetricFamily(
-            "taskcard_agents_watched", "Agents in the configuration.", snapshot.agents_watched
+            "taskcard_agents_watched",
+            "Agents watched: configured, discovered and added by a reload.",
+            snapshot.agents_watched,
         )
         yield GaugeMetricFamily(
             "taskcard_agents_faulted",

@@ -43,6 +43,7 @@ from taskcard.bridge.store.sqlite import (
     check_state_file,
     read_health,
 )
+from taskcard.channels.base import counted
 
 if TYPE_CHECKING:
     from taskcard.bridge.schedule.scheduler import RouteKey
@@ -110,7 +111,8 @@ def _config_check(args: argparse.Namespace) -> int:
     specs = route_specs(config)
     channels = sorted({spec.channel for spec in specs})
     print(
-        f"{args.file}: valid; {len(config.agents)} agents, {len(specs)} routes"
+        f"{args.file}: valid; {counted(len(config.agents), 'agent', 'agents')},"
+        f" {counted(len(specs), 'route', 'routes')}"
         + (f" ({', '.join(channels)})" if channels else "")
     )
     for warning in nothing_served(config):

@@ -69,6 +69,7 @@ from taskcard.channels.base import (
     IncomingCommand,
     Outgoing,
     RouteView,
+    counted,
 )
 from taskcard.channels.errors import ChannelError, RateLimited, Transient
 from taskcard.producers.task_card.contract import Origin, parse_origin
@@ -1281,7 +1282,7 @@ def _fit_entries(head: str, entries: list[str]) -> str:
         if used + 1 + _utf16_len(entry) > room:
             missing = len(entries) - index
             kept.append(
-                f"… and {missing} more {'agent' if missing == 1 else 'agents'}, not listed:"
+                f"… and {counted(missing, 'more agent', 'more agents')}, not listed:"
                 " too many for one message."
             )
             break

@@ -151,7 +151,7 @@ def test_config_check_reports_valid_invalid_and_empty(tmp_path: Path) -> None:
     good = console_config(tmp_path, AGENT)
     result = taskcard("config", "check", str(good))
     assert result.returncode == 0, result.stderr
-    assert "valid; 1 agents, 1 routes (console)" in result.stdout
+    assert "valid; 1 agent, 1 route (console)" in result.stdout
     assert "warning" not in result.stderr
 
     bad = tmp_path / "bad.toml"
@@ -594,7 +594,7 @@ def test_a_config_from_a_pipe_is_still_read(tmp_path: Path) -> None:
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    assert "valid; 1 agents" in result.stdout
+    assert "valid; 1 agent," in result.stdout
 
 
 def _written(path: Path, data: bytes) -> Path:
