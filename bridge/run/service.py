@@ -1036,15 +1036,8 @@ class Service:
         reply_chat = command.chat
         channel = self._channels[channel_name]
         if command.command != "taskcard":
-            answer, mine = self._text_for_agent(channel_name, command, allowed)
-            if answer is not None and not mine and self._owned is not None:
-                # Clustered, the text is the agent's owner's to queue and to answer for (one
-                # instance holds its lease); a name no route here knows may be another
-                # instance's agent, so the instance that claimed the reply looks at what
-                # the whole cluster routes to this chat before refusing it.
-                answer = await self._unknown_in_cluster(channel_name, command, allowed)
-                mine = answer is not None
-            if answer is not None and (mine if self._owned is not None else command.reply):
+            answer = await self._text_for_agent(channel_name, command, allowed)
+            if answer is not None:
                 # Refusals of the service's own words (they never quote the person's text).
                 outgoing = self._render_text(channel, answer, own=True)
                 self._scheduler.send_reply(channel_name, reply_chat, outgoing, command.answer_to)
@@ -1138,13 +1131,14 @@ class Service:
             log.info("route %s closed by /taskcard off", route.key)
             self._close_route(route, final)
 
-    def _text_for_agent(
+    async def _text_for_agent(
         self, channel_name: str, command: IncomingCommand, routes: list[Route]
-    ) -> tuple[str | None, bool]:
+    ) -> str | None:
         """`/tell AGENT TEXT` or a reply to an agent's resident: queue the text in its inbox.
 
-        Returns the answer (a refusal; it never quotes the person's text or the agent name
-        they typed) and whether the agent is served here (clustered: only its owner queues).
+        Returns the answer this instance gives (a refusal; it never quotes the person's text
+        or the agent name they typed), None when it gives none: the text was queued (its
+        status message answers), or, clustered, another instance answers for it.
         """
         if command.command == "reply":
             agent_id = next(
@@ -1156,37 +1150,53 @@ class Service:
                 None,
             )
             if agent_id is None:
-                return None, False  # a reply to a notice or to someone else: not for an agent
+                return None  # a reply to a notice or to someone else: not for an agent
             text = command.args
         else:
             # The agent's name ends at any white space: "/tell builder\nline one" is common.
             name, text = [*command.args.split(maxsplit=1), "", ""][:2]
             here = sorted({r.key.agent_id for r in routes})
-            if name not in here:
-                return _unknown_agent(here), False
-            agent_id = name
+            found = await self._named_agent(channel_name, command, name, here)
+            if isinstance(found, str) or found is None:
+                return found
+            agent_id = found[0]
         if not self._serves(agent_id) or not self._desk.accepts(agent_id):
-            return None, False  # a standby of a cluster: the owner queues it, once
-        answer = self._desk.queue(
+            return None  # a standby of a cluster: the owner queues it, once
+        return self._desk.queue(
             channel_name, command.chat, agent_id, command.user_id, text, command.answer_to
         )
-        return answer, True
 
-    async def _unknown_in_cluster(
-        self, channel_name: str, command: IncomingCommand, routes: list[Route]
-    ) -> str | None:
-        """Clustered: the refusal of a `/tell` naming an agent that no instance routes to
-        the chat, listing those every instance routes there; None when another instance
-        routes the agent (it answers) or this instance did not claim the reply."""
-        if not command.reply or self._cluster_names is None:
-            return None
-        names = await self._cluster_names(channel_name, command.chat)
-        if names is None:
-            return None  # Redis did not answer: logged; better no answer than a wrong one
-        name = [*command.args.split(maxsplit=1), ""][0]
-        if name in names:
-            return None
-        return _unknown_agent(sorted({*names, *(r.key.agent_id for r in routes)}))
+    async def _named_agent(
+        self, channel_name: str, command: IncomingCommand, name: str, here: list[str]
+    ) -> tuple[str] | str | None:
+        """The agent a `/tell` names, as a 1-tuple; else the refusal this instance gives
+        (an unknown name, or one several agents share but for case), or None when it gives
+        none (clustered: another instance answers).
+
+        A name is matched exactly first, else regardless of case (`matching_agents`).
+        Clustered, a name not exactly one of this instance's is looked up among the agents
+        every instance routes to the chat: another instance's agent may be the exact one,
+        or one more that differs only in case; the instance that claimed the reply refuses.
+        """
+        if name in here:
+            return (name,)
+        if self._owned is not None:
+            if self._cluster_names is None:
+                return None
+            names = await self._cluster_names(channel_name, command.chat)
+            if names is None:
+                return None  # Redis did not answer: logged; better no answer than a wrong one
+            if name in names:
+                return None  # another instance's agent: its owner queues it
+            here = sorted({*names, *here})
+        matches = matching_agents(name, here)
+        if len(matches) == 1:
+            return (matches[0],)
+        if self._owned is not None and not command.reply:
+            return None  # clustered: the instance that claimed the reply refuses it, once
+        if matches:
+            return _same_but_case(matches)
+        return _unknown_agent(here)
 
     def _switch_view(self, routes: list[Route], view: RouteView) -> str:
         """`/taskcard board` or `/taskcard cards`: persist the chat's choice, then re-project
@@ -1260,6 +1270,27 @@ class Service:
 
 def _utf16_len(text: str) -> int:
     return len(text.encode("utf-16-le", "surrogatepass")) // 2
+
+
+def matching_agents(name: str, agents: list[str]) -> list[str]:
+    """The agents a typed `name` may mean: itself when it is one, else every one that equals
+    it regardless of case (a person does not expect case to matter in a name). ASCII only,
+    as agent ids are: a look-alike (a Kelvin sign for a "k") folds to an ASCII letter but
+    names no agent."""
+    if name in agents:
+        return [name]
+    if not name.isascii():
+        return []
+    folded = name.lower()
+    return [agent for agent in agents if agent.lower() == folded]
+
+
+def _same_but_case(names: list[str]) -> str:
+    """The refusal of a `/tell` whose name several agents of the chat share but for case."""
+    return (
+        f"/tell AGENT TEXT: the agents {', '.join(names)} differ only in case; write the"
+        " exact name of the one you mean."
+    )
 
 
 def _unknown_agent(names: list[str]) -> str:

@@ -966,6 +966,52 @@ async def test_tell_to_a_name_no_instance_routes_is_answered_once_with_the_clust
         assert await serve.aterminate() == 0
 
 
+async def test_a_tell_names_an_agent_regardless_of_case_across_instances(
+    tmp_path: Path, fake: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """i0 routes `builder`, i1 `Builder` and `solo`, to one chat. A name is matched exactly
+    first, then regardless of case, over what every instance routes there: each instance
+    used to match only its own routes, so `/tell SOLO` was refused by the claimer and
+    `/tell builder` would have been queued by both once case was ignored locally."""
+    agents = {"i0": ["builder"], "i1": ["Builder", "solo"]}
+    serves = [
+        fleet.enter_context(
+            instance(tmp_path, name, fake, names, redis_url=redis_url, prefix=prefix)
+        )
+        for name, names in agents.items()
+    ]
+    await eventually(
+        lambda: routed_in_redis(redis_url, prefix) == {"builder", "Builder", "solo"},
+        timeout_s=60,
+        what="every instance's routes shared",
+    )
+
+    def texts(agent: str) -> list[str]:
+        folder = tmp_path / "agents" / agent / "inbox" / "queued"
+        return sorted(json.loads(p.read_text())["text"] for p in folder.glob("*.json"))
+
+    fake.inject_command(GROUP, "/tell builder exact one")
+    fake.inject_command(GROUP, "/tell SOLO any case")
+    fake.inject_command(GROUP, "/tell BUILDER which one")
+    await eventually(
+        lambda: texts("builder") and texts("solo"), timeout_s=60, what="the texts queued"
+    )
+    await eventually(
+        lambda: replies(fake, "differ only in case"), timeout_s=60, what="the question"
+    )
+    await past_a_later_command(fake, serves)
+    assert (texts("builder"), texts("Builder"), texts("solo")) == (
+        ["exact one"],
+        [],
+        ["any case"],
+    )
+    assert replies(fake, "the agents Builder, builder differ only in case") == 1
+    assert replies(fake, "AGENT is one of") == 0
+    assert replies(fake, "Message to") == 2
+    for serve in serves:
+        assert await serve.aterminate() == 0
+
+
 async def test_feishu_tell_to_a_name_no_instance_routes_is_answered_once(
     tmp_path: Path, redis_url: str, prefix: str, fleet: ExitStack
 ) -> None:
