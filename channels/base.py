@@ -246,6 +246,18 @@ def trim_unshown(text: str) -> str:
     return text[start:end]
 
 
+def drop_leading(text: str, word: re.Pattern[str]) -> str:
+    """`text` without a leading match of `word` (after any white space and invisible
+    characters), replaced by a space; `text` as it was when it does not start with one.
+    For the mention of the bot that addresses a command: the one leading the message or
+    right after the command word, never one inside the text a person wrote for an agent."""
+    start = 0
+    while start < len(text) and (text[start].isspace() or _UNSHOWN.match(text[start])):
+        start += 1
+    found = word.match(text[start:])  # sliced: a look-behind in `word` sees the start
+    return text if found is None else " " + text[start + found.end() :]
+
+
 _COMMAND_WORD = re.compile(r"/[A-Za-z0-9_]{1,64}")
 
 

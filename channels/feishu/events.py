@@ -48,6 +48,7 @@ from taskcard.channels.base import (
     CursorStore,
     IncomingCommand,
     command_arguments,
+    drop_leading,
     first_word,
     other_bots_command,
     shown,
@@ -197,10 +198,15 @@ def command_args(
     "/taskcard@OtherBot off") is not ours. `/taskcard@Name` names us when Name is the app's
     name `bot_name` (case-insensitive, as Telegram compares usernames; with its spaces when it
     has some, `/taskcard@Task Card off`), or is the bot's mention picked after the `@`.
+    In a `/tell` only the mention that addresses it goes (leading the message, right after
+    the command word, or glued to it, `/tell@_user_1`); one inside the text for the agent
+    stays, for `named_mentions` to write as the bot's name.
     """
-    if mention_key:
-        # `(?!\d)`: removing `@_user_1` must not eat the start of `@_user_12`.
-        text = re.sub(re.escape(mention_key) + r"(?!\d)", " ", text)
+    tell = command == TELL
+    # `(?!\d)`: removing `@_user_1` must not eat the start of `@_user_12`.
+    mention = re.compile(re.escape(mention_key) + r"(?!\d)") if mention_key else None
+    if mention is not None:
+        text = drop_leading(text, mention) if tell else mention.sub(" ", text)
     # The command reads as it shows: invisible characters a client pasted around or between
     # its words change nothing (`channels.base.first_word`).
     head, rest = first_word(text)
@@ -213,15 +219,17 @@ def command_args(
         return None
     # "/taskcard@" with nothing after the sign names nobody: the plain command, as the
     # Telegram parser reads it.
-    if addressee:
+    if addressee and not (mention_key and "@" + addressee == mention_key):
         # "/taskcard@OtherBot" (or the command glued to another mention, "/taskcard@_user_2")
         # is addressed to someone else, as on Telegram; our own mention was removed above.
         after = _after_bot_name(addressee, rest, bot_name)
         if after is None:
             return None
         rest = after
+    if mention is not None and tell:
+        rest = drop_leading(rest, mention)
     # The text for the agent keeps its line breaks: only the command word goes.
-    return command_arguments(rest, tell=command == TELL)
+    return command_arguments(rest, tell=tell)
 
 
 def _after_bot_name(addressee: str, rest: str, bot_name: str | None) -> str | None:
@@ -341,8 +349,10 @@ def command_from_event(
         if not reply_to:
             return None
         name = "reply"
-        args = re.sub(re.escape(mention_key) + r"(?!\d)", " ", text) if mention_key else text
-        args = args.strip()
+        # Only a mention leading the reply addresses it; one in the text is the person's.
+        if mention_key:
+            text = drop_leading(text, re.compile(re.escape(mention_key) + r"(?!\d)"))
+        args = text.strip()
         if _for_another_bot(args, bot_name):
             return None
     if name != "taskcard":

@@ -31,6 +31,7 @@ from taskcard.channels.base import (
     IncomingCommand,
     PollGate,
     command_arguments,
+    drop_leading,
     first_word,
     other_bots_command,
 )
@@ -95,17 +96,29 @@ class FloodAwarePollRequest(FloodAwareRequest):
         return readable_updates(BaseRequest.parse_json_payload(payload))
 
 
+def mention_of(bot_username: str) -> re.Pattern[str]:
+    """The bot's mention as a word of its own (`@ThisBot`, any case, as usernames compare)."""
+    return re.compile(f"(?<!\\S)@{re.escape(bot_username)}(?!\\w)", flags=re.I)
+
+
 def parse_command(text: str, bot_username: str, command: str = COMMAND) -> str | None:
     """The arguments of a `/taskcard` (or `command`) command addressed to this bot, or None.
 
     `/taskcard@OtherBot` is someone else's command in a group and is ignored; the mention
     of this bot is matched case-insensitively, as Telegram usernames are. The command reads
     as it shows: invisible characters a client pasted around or between its words change
-    nothing (`channels.base.first_word`). A mention of this bot as a word of its own is taken
-    out first, as on Feishu: "@ThisBot /taskcard off" and "/taskcard off @ThisBot" are `off`.
+    nothing (`channels.base.first_word`). A mention of this bot as a word of its own
+    addresses the command, as on Feishu: "@ThisBot /taskcard off" and "/taskcard off
+    @ThisBot" are `off`. In a `/tell` only the mention that addresses it goes (leading the
+    message, or right after the command word): "/tell builder ask @ThisBot why" reaches
+    the agent as written.
     """
-    if bot_username:
-        text = re.sub(f"(?<!\\S)@{re.escape(bot_username)}(?!\\w)", " ", text, flags=re.I)
+    tell = command == TELL
+    ours = mention_of(bot_username)
+    if bot_username and not tell:
+        text = ours.sub(" ", text)
+    elif bot_username:
+        text = drop_leading(text, ours)
     # The command ends at the first white space of any kind: "/tell\nbuilder ..." too.
     head, rest = first_word(text)
     if not head.startswith("/"):
@@ -117,8 +130,10 @@ def parse_command(text: str, bot_username: str, command: str = COMMAND) -> str |
         return None
     if mention and mention.lower() != bot_username.lower():
         return None
+    if bot_username and tell:
+        rest = drop_leading(rest, ours)
     # Text for an agent keeps its line breaks.
-    return command_arguments(rest, tell=command == TELL)
+    return command_arguments(rest, tell=tell)
 
 
 def command_from_update(update: Update, bot_username: str) -> IncomingCommand | None:
@@ -149,6 +164,10 @@ def command_from_update(update: Update, bot_username: str) -> IncomingCommand | 
         head, _ = first_word(text)
         if other_bots_command(head, lambda name: name.lower() == bot_username.lower()):
             return None  # "/start@OtherBot" replying to our card is the other bot's
+        # A mention of this bot leading the reply addresses it, as on Feishu; one inside
+        # the text is the person's and reaches the agent as written.
+        if bot_username and (dropped := drop_leading(text, mention_of(bot_username))) != text:
+            text = dropped.strip()
         name, args, reply_to = "reply", text, (str(replied.message_id),)
     thread = message.message_thread_id if message.is_topic_message else None
     return IncomingCommand(

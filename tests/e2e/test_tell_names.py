@@ -11,6 +11,12 @@ from pathlib import Path
 
 from tests.e2e.harness import eventually
 from tests.e2e.test_talk_and_signals import (
+    FS_CHAT,
+    FS_PERSON,
+    FS_VERIFY,
+    Chat,
+    FeishuChat,
+    TelegramChat,
     chat_for,
     platform,
     queued,
@@ -21,6 +27,34 @@ from tests.e2e.test_talk_and_signals import (
 )
 
 __all__ = ["platform"]  # the fixture, parametrized over both platforms
+
+
+async def say_mentioning_the_bot(chat: Chat, text: str, *, reply_to: str | None = None) -> None:
+    """Write `text` with each `{bot}` a mention of the bot, as the platform carries one: on
+    Telegram `@username` as typed; on Feishu the placeholder key of a mention listed with
+    the event (the fake names the app `taskcard`)."""
+    if isinstance(chat, TelegramChat):
+        await chat.say(text.format(bot="@" + chat.fake.username), reply_to=reply_to)
+        return
+    assert isinstance(chat, FeishuChat)
+    document = chat.fake.command_event(
+        FS_CHAT,
+        "unused",
+        open_id=FS_PERSON,
+        verification_token=FS_VERIFY,
+        parent_id=reply_to or "",
+        root_id=reply_to or "",
+    )
+    message = document["event"]["message"]
+    [mention] = message["mentions"]
+    message["content"] = json.dumps({"text": text.format(bot=mention["key"])})
+    answer = await chat.fake.deliver_event(chat.url, document)
+    assert answer.status == 200
+
+
+def bot_name(chat: Chat) -> str:
+    """How a mention of the bot reads in the text an agent gets."""
+    return "@" + (chat.fake.username if isinstance(chat, TelegramChat) else "taskcard")
 
 
 def texts_queued(tmp_path: Path, agent: str) -> list[str]:
@@ -51,4 +85,31 @@ async def test_a_tell_finds_the_agent_whatever_the_case_and_asks_when_two_differ
             assert texts_queued(tmp_path, "Keeper") == []
             assert texts_queued(tmp_path, "keeper") == ["roll back"]
             assert texts_queued(tmp_path, "builder") == ["look at the logs"]
+            assert await chat.serve.aterminate() == 0
+
+
+async def test_only_the_mention_that_addresses_a_tell_is_taken_out_of_its_text(
+    platform: str, tmp_path: Path
+) -> None:
+    # "/tell builder ask @ThisBot why" reached the agent as "ask   why" (Telegram) and
+    # "ask  why" (Feishu, the placeholder dropped): every mention of the bot was removed,
+    # not only the one addressing the command. On Feishu the mention reads as the name.
+    async with chat_for(platform, tmp_path, ["builder"]) as chat:
+        running_agent(tmp_path)
+        with chat.serve:
+            await running_card_shown(chat)
+            card = chat.message_id_with("compile")
+            assert card is not None
+            name = bot_name(chat)
+            await say_mentioning_the_bot(chat, "{bot} /tell builder one: ask {bot} why")
+            await say_mentioning_the_bot(chat, "/tell {bot} builder two: {bot}")
+            await say_mentioning_the_bot(chat, "{bot} three: thanks {bot}", reply_to=card)
+            await eventually(
+                lambda: len(texts_queued(tmp_path, "builder")) == 3, what="three texts"
+            )
+            assert sorted(texts_queued(tmp_path, "builder")) == [
+                f"one: ask {name} why",
+                f"three: thanks {name}",
+                f"two: {name}",
+            ]
             assert await chat.serve.aterminate() == 0
