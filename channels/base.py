@@ -321,6 +321,11 @@ class Channel(ABC):
     # False: what this channel shows ends with the process (a terminal), so a resident id an
     # earlier run stored names nothing; each resident is sent anew instead of edited.
     messages_outlive_process: bool = True
+    # False: a message written as a reply names only the message it answers, not who wrote
+    # it (Feishu's `parent_id`), so the service keeps the ids of the messages it posts here
+    # to tell a command replying to one of them (addressed to the bot) from one replying to
+    # someone else's; Telegram's update says who wrote the message replied to.
+    replies_name_author: bool = True
 
     @abstractmethod
     async def start(self, on_command: CommandSink) -> None:

@@ -121,6 +121,7 @@ class ClusteredChannel(Channel):
         self.name = inner.name
         self.ambiguous_send_hold_s = inner.ambiguous_send_hold_s
         self.messages_outlive_process = inner.messages_outlive_process
+        self.replies_name_author = inner.replies_name_author
         self._client = client
         self._prefix = prefix
         self._instance = instance

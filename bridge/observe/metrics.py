@@ -207,6 +207,7 @@ class MeteredChannel(Channel):
         self.name = inner.name
         self.ambiguous_send_hold_s = inner.ambiguous_send_hold_s
         self.messages_outlive_process = inner.messages_outlive_process
+        self.replies_name_author = inner.replies_name_author
         self._metrics = metrics
 
     async def start(self, on_command: CommandSink) -> None:

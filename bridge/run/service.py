@@ -1083,12 +1083,19 @@ class Service:
 
     def _ours(self, routes: list[Route], command: IncomingCommand) -> bool:
         """Whether `command` replies to one of this service's messages in the chat: a card,
-        the chat's board, or the status message of a text sent to an agent."""
+        the chat's board, the status message of a text sent to an agent, or, where a reply
+        does not say who wrote the message replied to, any message the service (any
+        instance of a cluster) posted there: a notice, an answer, another instance's card."""
         keys = [r.key for r in routes] + [board_key(r.key) for r in routes]
         mine = {self._scheduler.message_id(key) for key in keys}
         if not mine.isdisjoint(command.reply_to):
             return True
-        return self._desk.shows_status(routes[0].key.channel, command.reply_to)
+        channel = routes[0].key.channel
+        if self._desk.shows_status(channel, command.reply_to):
+            return True
+        if self._channels[channel].replies_name_author:
+            return False
+        return self._store.sent_any(channel, command.reply_to, self._clock().timestamp())
 
     def _chat_moved(self, channel_name: str, chat: ChatRef) -> None:
         """The platform gave `chat` a new id (a Telegram group upgraded to a supergroup). Its

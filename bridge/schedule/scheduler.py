@@ -707,6 +707,7 @@ class RouteScheduler:
         resident.message_id = message_id
         self._store.set_message_id(key.store_key, message_id)
         log.info("route %s: resident message %s created", key, message_id)
+        self._remember_sent(channel, message_id)
         if resident.stale_id == message_id:
             resident.stale_id = None  # some platforms reuse ids: never delete the new one
             self._store.replace_message(key.store_key, message_id=message_id)
@@ -784,7 +785,9 @@ class RouteScheduler:
         reply_to = text.reply_to if isinstance(text, _Reply) else None
         where = f"{lane.channel}:{chat}"
         try:
-            await channel.send(chat, text.message, idempotency_key=key, reply_to=reply_to)
+            message_id = await channel.send(
+                chat, text.message, idempotency_key=key, reply_to=reply_to
+            )
         except RateLimited as error:
             self._put_back(lane, text, front=True)
             self._rate_limited(error, where)
@@ -805,3 +808,21 @@ class RouteScheduler:
             reservation.complete()
         if isinstance(text, QueuedNotice) and self._outbox is not None:
             self._outbox.done(text, "delivered")
+        self._remember_sent(channel, message_id)
+
+    def _remember_sent(self, channel: Channel, message_id: str) -> None:
+        """Keep the id of a message just posted where a reply does not say who wrote the
+        message replied to (see `Channel.replies_name_author`). Best effort: the message is
+        out either way, and a store that fails now only makes a reply to it need a mention."""
+        if channel.replies_name_author:
+            return
+        try:
+            self._store.remember_sent(channel.name, message_id, self._wall())
+        except Exception as error:
+            log.warning(
+                "%s: could not record that message %s is the service's (%s); a command"
+                " replying to it needs the bot's mention",
+                channel.name,
+                message_id,
+                type(error).__name__,
+            )

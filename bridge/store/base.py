@@ -8,8 +8,15 @@ statement on a local file or a loopback round trip, cheaper than a thread hop.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
+
+# How long the service remembers a message it posted on a platform whose replies do not say
+# who wrote the message replied to (Feishu), so a command written as a reply to it counts as
+# addressed to the bot: a month, beyond the 14 days Feishu lets a message be edited, after
+# which a card's next change posts a new message (remembered anew).
+SENT_KEEP_S = 30 * 86_400.0
 
 NoticeState = Literal["pending", "delivered", "suppressed", "failed", "folded"]
 
@@ -204,6 +211,17 @@ class StateStore(ABC):
 
     @abstractmethod
     def seen_chats(self) -> list[SeenChat]: ...
+
+    # Messages the service sent where a reply does not say who wrote the message ----------
+    @abstractmethod
+    def remember_sent(self, channel: str, message_id: str, at: float) -> None:
+        """Keep for `SENT_KEEP_S` that the service posted `message_id` on `channel` (one
+        whose replies name only the message replied to, see `Channel.replies_name_author`)."""
+
+    @abstractmethod
+    def sent_any(self, channel: str, message_ids: Iterable[str], now: float) -> bool:
+        """Whether the service posted one of `message_ids` on `channel` within `SENT_KEEP_S`
+        (any instance of a cluster)."""
 
     # Messages to agents (the inbox) ------------------------------------------------------
     @abstractmethod

@@ -20,7 +20,9 @@ Lua scripts, so two instances never interleave inside one. Durability is Redis's
 Layout under the prefix `P`: `P:res:<route>` hashes of resident fields (and the set
 `P:residents`), hashes `P:prefs`, `P:offsets`, `P:cursors`, `P:pauses`, `P:chats`, and for
 notices the hashes `P:n:text`, `P:n:state`, `P:n:at` keyed by route and id, with the sorted set
-`P:n:pending` (by creation time) as the index of pending ones.
+`P:n:pending` (by creation time) as the index of pending ones; `P:sent:<channel>:<message id>`
+for each message posted on a platform whose replies do not say who wrote the message replied
+to, expiring after `SENT_KEEP_S`.
 
 Every value is read defensively: a field that does not parse (written by hand, by an older
 version, or damaged) is logged once by its key and read as absent, so one bad entry never stops
@@ -34,7 +36,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from typing import Any, TypeVar, cast
 
@@ -45,6 +47,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from taskcard.bridge.store.base import (
+    SENT_KEEP_S,
     ChatPrefs,
     InboxOutcome,
     InboxRecord,
@@ -402,6 +405,17 @@ class RedisStore(StateStore):
 
     def set_offset(self, agent_id: str, name: str, inode: int, offset: int) -> None:
         self._r.hset(self.key("offsets"), _member(agent_id, name), f"{inode}:{offset}")
+
+    # Messages sent where a reply does not say who wrote the message ------------------------
+
+    def remember_sent(self, channel: str, message_id: str, at: float) -> None:
+        del at  # Redis keeps the time: the key expires after SENT_KEEP_S
+        self._r.set(self.key("sent", channel, message_id), "1", ex=int(SENT_KEEP_S))
+
+    def sent_any(self, channel: str, message_ids: Iterable[str], now: float) -> bool:
+        del now
+        keys = [self.key("sent", channel, message_id) for message_id in set(message_ids)]
+        return bool(keys) and int(self._r.exists(*keys)) > 0
 
     def get_cursor(self, key: str) -> str | None:
         return cast(str | None, self._r.hget(self.key("cursors"), key))

@@ -39,13 +39,14 @@ import os
 import sqlite3
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from taskcard.bridge.store.base import (
+    SENT_KEEP_S,
     ChatPrefs,
     InboxOutcome,
     InboxRecord,
@@ -128,6 +129,13 @@ CREATE TABLE IF NOT EXISTS inbox (
     reply_thread_id TEXT
 );
 CREATE INDEX IF NOT EXISTS inbox_open ON inbox (outcome, queued_at);
+CREATE TABLE IF NOT EXISTS sent (
+    channel TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    at REAL NOT NULL,
+    PRIMARY KEY (channel, message_id)
+);
+CREATE INDEX IF NOT EXISTS sent_at ON sent (at);
 CREATE TABLE IF NOT EXISTS seen_chats (
     channel TEXT NOT NULL,
     chat_id TEXT NOT NULL,
@@ -727,6 +735,30 @@ class SqliteStore(StateStore):
             )
             for row in rows
         ]
+
+    def remember_sent(self, channel: str, message_id: str, at: float) -> None:
+        def op(db: sqlite3.Connection) -> None:
+            db.execute(
+                "INSERT OR REPLACE INTO sent (channel, message_id, at) VALUES (?, ?, ?)",
+                (channel, message_id, at),
+            )
+            db.execute("DELETE FROM sent WHERE at < ?", (at - SENT_KEEP_S,))
+
+        self._write(("sent", channel, message_id), op)
+
+    def sent_any(self, channel: str, message_ids: Iterable[str], now: float) -> bool:
+        wanted = list(dict.fromkeys(message_ids))
+        if not wanted:
+            return False
+        marks = ", ".join("?" * len(wanted))
+        try:
+            row = self._db.execute(
+                f"SELECT 1 FROM sent WHERE channel = ? AND at >= ? AND message_id IN ({marks})",
+                (channel, now - SENT_KEEP_S, *wanted),
+            ).fetchone()
+        except sqlite3.OperationalError:
+            return False  # a read-only open of a state file from before this table
+        return row is not None
 
     def add_inbox_message(self, record: InboxRecord) -> None:
         def op(db: sqlite3.Connection) -> None:

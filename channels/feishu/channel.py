@@ -131,6 +131,7 @@ class FeishuChannel(Channel):
     """The `Channel` for Feishu / Lark; see the module docstring."""
 
     name = "feishu"
+    replies_name_author = False  # an event carries the parent's id alone
 
     def __init__(
         self,

@@ -132,3 +132,14 @@ def test_seen_chats_keep_a_known_title(opener: Opener) -> None:
         ("-1", "Ops", 20.0),
         ("oc_1", "Team", 15.0),
     ]
+
+
+def test_messages_the_service_sent_are_known_by_channel_across_a_reopen(opener: Opener) -> None:
+    store = opener()
+    assert not store.sent_any("feishu", ["om_1"], 1000.0)
+    store.remember_sent("feishu", "om_1", 1000.0)
+    again = opener()
+    assert again.sent_any("feishu", ["om_0", "om_1"], 1001.0)
+    assert not again.sent_any("telegram", ["om_1"], 1001.0), "another channel's id"
+    assert not again.sent_any("feishu", ["om_2"], 1001.0)
+    assert not again.sent_any("feishu", [], 1001.0)

@@ -10,6 +10,7 @@ survived, and an unreachable Redis is one line and exit 2.
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import time
@@ -398,6 +399,55 @@ async def test_feishu_tell_and_thread_commands_cross_instances_as_written(
         [answer] = await eventually(lambda: fake.replies_to(asked_id), what="the answer")
         assert answer.thread_id == "omt_topic_1"
         assert not any("Unknown option" in t for t in fake.texts(CHAT))
+
+
+async def test_feishu_a_command_replying_to_another_instances_card_is_answered(
+    tmp_path: Path, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """A Feishu event names only the message replied to (`parent_id`), not who wrote it; the
+    instance that sent it knew it was the service's, the others did not. A `/tell` or a
+    `/taskcard` written as a reply to i1's card without the bot's mention was dropped
+    wherever i1 did not handle it: `/tell i0agent` went to no inbox, and `/taskcard` went
+    unanswered whenever i0 claimed the reply. Each instance now knows every message the
+    cluster sent (through Redis); a plain reply reaches the card's agent from any instance."""
+    from tests.e2e.test_serve_feishu import CHAT, ENCRYPT, VERIFY, card_texts
+
+    async with FakeFeishu() as fake:
+        setups = []
+        for name in ("i0", "i1"):
+            setup = feishu_instance(tmp_path, name, fake, redis_url=redis_url, prefix=prefix)
+            fleet.enter_context(setup.serve())
+            publish(tmp_path / name / "agents" / f"{name}agent", f"card of {name}")
+            setups.append(setup)
+        await eventually(lambda: len(card_texts(fake)) == 2, timeout_s=60, what="two cards")
+        [card] = [m.message_id for m in fake.chat(CHAT) if "card of i1" in m.text]
+
+        def texts(name: str) -> list[str]:
+            folder = tmp_path / name / "agents" / f"{name}agent" / "inbox" / "queued"
+            return sorted(json.loads(p.read_text())["text"] for p in folder.glob("*.json"))
+
+        async def reply(text: str, to: str, at: Setup) -> str:
+            event = fake.command_event(
+                CHAT, text, verification_token=VERIFY, mention_bot=False, parent_id=to,
+                root_id=to,
+            )  # fmt: skip
+            assert (await fake.deliver_event(at.url, event, encrypt_key=ENCRYPT)).status == 200
+            return str(event["event"]["message"]["message_id"])
+
+        await reply("/tell i0agent from a reply to i1's card", card, setups[0])
+        await reply("plain words for i1agent", card, setups[0])
+        await eventually(
+            lambda: texts("i0") and texts("i1"), timeout_s=60, what="both texts queued"
+        )
+        assert texts("i0") == ["from a reply to i1's card"]
+        assert texts("i1") == ["plain words for i1agent"]
+        # Whichever instance claims the reply (i0 about half the time) answers. One at a
+        # time: a chat's unsent answers collapse into the latest.
+        for at in setups + setups:
+            asked = await reply("/taskcard", card, at)
+            await eventually(
+                functools.partial(fake.replies_to, asked), timeout_s=60, what="the answer"
+            )
 
 
 def replies_in(texts: list[str]) -> int:

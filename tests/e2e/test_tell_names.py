@@ -20,10 +20,12 @@ from tests.e2e.test_talk_and_signals import (
     chat_for,
     platform,
     queued,
+    report,
     running_agent,
     running_card_shown,
     wait_said,
     wait_status,
+    workdir,
 )
 
 __all__ = ["platform"]  # the fixture, parametrized over both platforms
@@ -112,4 +114,27 @@ async def test_only_the_mention_that_addresses_a_tell_is_taken_out_of_its_text(
                 f"three: thanks {name}",
                 f"two: {name}",
             ]
+            assert await chat.serve.aterminate() == 0
+
+
+async def test_a_command_replying_to_a_report_notice_is_the_bots_on_both_platforms(
+    platform: str, tmp_path: Path
+) -> None:
+    # Telegram's update says the notice was the bot's, so `/taskcard` or `/tell` written as
+    # a reply to it is a command. A Feishu reply names only the message it answers, and the
+    # service knew only its cards, boards and status messages as its own: the same reply to
+    # a report notice (or to any answer of the service) was ignored without the mention.
+    async with chat_for(platform, tmp_path, ["builder"]) as chat:
+        running_agent(tmp_path)
+        with chat.serve:
+            await running_card_shown(chat)
+            report(workdir(tmp_path), 1, ok=True, summary="all green")
+            await wait_said(chat, "builder reported", "the report notice")
+            notice = chat.message_id_with("builder reported")
+            assert notice is not None
+            await chat.say("/tell builder about that report", reply_to=notice)
+            await wait_status(chat, "queued")
+            assert texts_queued(tmp_path, "builder") == ["about that report"]
+            await chat.say("/taskcard 4", reply_to=notice)
+            await wait_said(chat, "now show 4 activity rows", "the answer")
             assert await chat.serve.aterminate() == 0
