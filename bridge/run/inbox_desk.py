@@ -66,6 +66,29 @@ def _thread(record: InboxRecord) -> str | None:
     return record.thread_id if record.thread_id is not None else record.reply_thread_id
 
 
+NOTHING_TO_CANCEL = "You have no queued message here to cancel."
+
+
+def latest_written(
+    records: Iterable[InboxRecord],
+    channel: str,
+    chat: ChatRef,
+    author: str | None,
+    thread: str | None = None,
+) -> InboxRecord | None:
+    """The latest of the open `records` that `author` wrote where a cancel is: the same chat
+    and thread (see `InboxDesk.cancel_latest`); None when there is none."""
+    where = chat.thread_id if chat.thread_id is not None else thread
+    mine = [
+        r
+        for r in records
+        if r.outcome == "open"
+        and r.author == author
+        and (r.channel, r.chat_id, _thread(r)) == (channel, chat.chat_id, where)
+    ]
+    return max(mine, key=lambda r: r.queued_at) if mine else None
+
+
 class AuthorRate:
     """At most `max_messages` per `period_s` per (author, agent): a sliding window."""
 
@@ -218,16 +241,13 @@ class InboxDesk:
         """`/taskcard cancel`: withdraw the author's latest message still in `queued/` that was
         written where the cancel is: the same chat and the same thread (a Telegram forum
         topic in `chat`; a Feishu topic or reply thread in `thread`), or the main flow."""
-        where = chat.thread_id if chat.thread_id is not None else thread
-        mine = [
-            r
-            for r in self._open_records()
-            if r.author == author
-            and (r.channel, r.chat_id, _thread(r)) == (channel, chat.chat_id, where)
-        ]
-        if not mine:
-            return "You have no queued message here to cancel."
-        record = max(mine, key=lambda r: r.queued_at)
+        record = latest_written(self._open_records(), channel, chat, author, thread)
+        return NOTHING_TO_CANCEL if record is None else self.cancel(record)
+
+    def cancel(self, record: InboxRecord) -> str:
+        """Withdraw one open message (this desk's record of it when it has one) and say how
+        that went."""
+        record = self._records.get(record.message_id, record)
         writer = self._writers.get(record.agent_id)
         try:
             won = writer is not None and writer.cancel(record.message_id)

@@ -50,7 +50,7 @@ from taskcard.bridge.run.fleet import (
     origin_route,
     restart_needed,
 )
-from taskcard.bridge.run.inbox_desk import InboxDesk
+from taskcard.bridge.run.inbox_desk import NOTHING_TO_CANCEL, InboxDesk, latest_written
 from taskcard.bridge.run.origins import OriginBook
 from taskcard.bridge.schedule.ratelimit import Limiter
 from taskcard.bridge.schedule.scheduler import RouteKey, RouteScheduler
@@ -1059,6 +1059,12 @@ class Service:
             reply = "Task cards shown here."
         elif parsed.action == "rows":
             reply = f"Task cards here now show {parsed.rows} activity rows."
+        elif parsed.action == "cancel" and self._owned is not None:
+            answer = self._cancel_in_cluster(channel_name, command)
+            if answer is not None:
+                outgoing = self._render_text(channel, answer, own=True)
+                self._scheduler.send_reply(channel_name, reply_chat, outgoing, command.answer_to)
+            return
         elif parsed.action == "cancel":
             reply = self._desk.cancel_latest(
                 channel_name, command.chat, command.user_id, command.message_thread
@@ -1204,6 +1210,21 @@ class Service:
         if matches:
             return _same_but_case(matches)
         return _unknown_agent(here)
+
+    def _cancel_in_cluster(self, channel_name: str, command: IncomingCommand) -> str | None:
+        """Clustered `/taskcard cancel`: the author's latest queued text is found among every
+        instance's (the shared store), and only the instance serving its agent withdraws it
+        and answers; with none, the instance that claimed the reply says so. Each instance
+        withdrew its own agent's latest, and the claimer answered from what it alone knew."""
+        records = self._store.inbox_messages(self._clock().timestamp())
+        latest = latest_written(
+            records, channel_name, command.chat, command.user_id, command.message_thread
+        )
+        if latest is None:
+            return NOTHING_TO_CANCEL if command.reply else None
+        if not self._serves(latest.agent_id) or not self._desk.accepts(latest.agent_id):
+            return None  # its agent's owner withdraws it and answers
+        return self._desk.cancel(latest)
 
     def _switch_view(self, routes: list[Route], view: RouteView) -> str:
         """`/taskcard board` or `/taskcard cards`: persist the chat's choice, then re-project

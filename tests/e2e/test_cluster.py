@@ -910,6 +910,53 @@ async def test_tell_in_a_cluster_is_queued_once_and_answered_only_by_the_agents_
         assert await serve.aterminate() == 0
 
 
+async def test_cancel_in_a_cluster_withdraws_only_the_latest_text_and_says_so_once(
+    tmp_path: Path, fake: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """`/taskcard cancel` withdraws the author's latest queued text. Each instance used to
+    withdraw its own agent's latest (two texts cancelled by one command), and the instance
+    that claimed the reply answered from what it alone knew: "no queued message" while
+    another instance had just cancelled one."""
+    serves = [
+        fleet.enter_context(
+            instance(tmp_path, name, fake, [f"{name}agent"], redis_url=redis_url, prefix=prefix)
+        )
+        for name in ("i0", "i1")
+    ]
+    for name in ("i0", "i1"):
+        publish(tmp_path / "agents" / f"{name}agent", f"card of {name}")
+    await eventually(lambda: len(shown(fake, GROUP)) == 2, timeout_s=60, what="two residents")
+
+    def waiting(agent: str, folder: str = "queued") -> int:
+        return len(list((tmp_path / "agents" / agent / "inbox" / folder).glob("*.json")))
+
+    for round_ in range(3):
+        fake.inject_command(GROUP, f"/tell i0agent older {round_}")
+        await eventually(lambda: waiting("i0agent") == 1, timeout_s=60, what="i0agent's text")
+        fake.inject_command(GROUP, f"/tell i1agent newer {round_}")
+        await eventually(lambda: waiting("i1agent") == 1, timeout_s=60, what="i1agent's text")
+        fake.inject_command(GROUP, "/taskcard cancel")
+        await eventually(
+            lambda want=2 * round_ + 1: replies(fake, "was cancelled") == want,
+            timeout_s=60,
+            what="the answer",
+        )
+        fake.inject_command(GROUP, "/taskcard cancel")
+        await eventually(
+            lambda want=2 * round_ + 2: replies(fake, "was cancelled") == want,
+            timeout_s=60,
+            what="the second answer",
+        )
+        await past_a_later_command(fake, serves)
+        assert (waiting("i0agent"), waiting("i1agent")) == (0, 0)
+        assert waiting("i1agent", "cancelled") == round_ + 1
+    assert replies(fake, "Your latest message to i1agent was cancelled") == 3
+    assert replies(fake, "Your latest message to i0agent was cancelled") == 3
+    assert replies(fake, "no queued message") == 0
+    for serve in serves:
+        assert await serve.aterminate() == 0
+
+
 async def test_a_group_upgrade_learned_by_every_instance_is_acted_on_once(
     tmp_path: Path, fake: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
 ) -> None:
