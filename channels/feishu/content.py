@@ -53,8 +53,30 @@ def _post_text(document: dict[str, Any]) -> str | None:
         return None
     for paragraph in content:
         if isinstance(paragraph, list):
-            paragraphs.append("".join(_element_text(element) for element in paragraph))
+            paragraphs.append(_paragraph_text(paragraph))
     return "\n".join(paragraphs)
+
+
+def _paragraph_text(elements: list[Any]) -> str:
+    """One paragraph's text; a mention (its placeholder key, so the bot's own is found and
+    removed as in `text`) is kept apart from the words beside it by one space, never more:
+    "ask @_user_2 why" as typed, not "ask  @_user_2  why"."""
+    text = ""
+    apart = False  # the last piece was a mention: the next words start after a space
+    for element in elements:
+        if isinstance(element, dict) and element.get("tag") == "at":
+            key = element.get("user_id")
+            if text and not text[-1].isspace():
+                text += " "
+            text += key if isinstance(key, str) else ""
+            apart = True
+            continue
+        piece = _element_text(element)
+        if piece and apart and not piece[0].isspace():
+            text += " "
+        text += piece
+        apart = apart and not piece
+    return text
 
 
 def _post_body(document: dict[str, Any]) -> dict[str, Any] | None:
@@ -70,10 +92,6 @@ def _element_text(element: object) -> str:
     if not isinstance(element, dict):
         return ""
     tag = element.get("tag")
-    if tag == "at":
-        key = element.get("user_id")
-        # The placeholder key, so the bot's own mention is found and removed as in `text`.
-        return f" {key} " if isinstance(key, str) else " "
     text = element.get("text")
     if isinstance(tag, str) and tag in _TEXT_TAGS and isinstance(text, str):
         return text

@@ -407,7 +407,7 @@ AT_BOT = {"tag": "at", "user_id": "@_user_1", "user_name": "taskcard"}
         (
             "post",
             _post([AT_BOT, {"tag": "text", "text": "/taskcard off"}]),
-            " @_user_1 /taskcard off",
+            "@_user_1 /taskcard off",
         ),
         (
             "post",
@@ -418,7 +418,7 @@ AT_BOT = {"tag": "at", "user_id": "@_user_1", "user_name": "taskcard"}
             "/tell builder the log\nline two",
         ),
         ("post", _post([{"tag": "text", "text": "body"}], title="Note"), "Note\nbody"),
-        ("post", json.dumps({"zh_cn": {"title": "", "content": [[AT_BOT]]}}), " @_user_1 "),
+        ("post", json.dumps({"zh_cn": {"title": "", "content": [[AT_BOT]]}}), "@_user_1"),
         ("post", json.dumps({"title": "x"}), None),
         ("post", json.dumps({"content": [[7, None, {"tag": "text", "text": 3}]]}), ""),
         ("image", json.dumps({"image_key": "img_1"}), None),

@@ -138,3 +138,44 @@ async def test_a_command_replying_to_a_report_notice_is_the_bots_on_both_platfor
             await chat.say("/taskcard 4", reply_to=notice)
             await wait_said(chat, "now show 4 activity rows", "the answer")
             assert await chat.serve.aterminate() == 0
+
+
+async def test_a_rich_feishu_tell_keeps_the_spacing_around_the_mentions_it_holds(
+    tmp_path: Path,
+) -> None:
+    # From the rich editor a mention is an element of its own between the words; each was
+    # padded with a space on both sides, so "ask @Alice why" reached the agent as
+    # "ask  @Alice  why", unlike the same text typed in the plain box.
+    async with chat_for("feishu", tmp_path, ["builder"]) as chat:
+        assert isinstance(chat, FeishuChat)
+        running_agent(tmp_path)
+        with chat.serve:
+            await running_card_shown(chat)
+            document = chat.fake.command_event(
+                FS_CHAT,
+                "unused",
+                open_id=FS_PERSON,
+                mention_users=("ou_alice",),
+                verification_token=FS_VERIFY,
+                message_type="post",
+            )
+            message = document["event"]["message"]
+            alice, bot = message["mentions"]
+            alice["name"] = "Alice"
+
+            def at(mention: dict[str, object]) -> dict[str, object]:
+                return {"tag": "at", "user_id": mention["key"], "user_name": mention["name"]}
+
+            words = [
+                at(bot),
+                {"tag": "text", "text": " /tell builder ask "},
+                at(alice),
+                {"tag": "text", "text": " why, then "},
+                at(bot),
+            ]
+            message["content"] = json.dumps({"title": "", "content": [words]})
+            answer = await chat.fake.deliver_event(chat.url, document)
+            assert answer.status == 200
+            await wait_status(chat, "queued")
+            assert texts_queued(tmp_path, "builder") == ["ask @Alice why, then @taskcard"]
+            assert await chat.serve.aterminate() == 0
