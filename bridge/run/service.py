@@ -1301,10 +1301,14 @@ def _utf16_len(text: str) -> int:
 
 
 def matching_agents(name: str, agents: list[str]) -> list[str]:
-    """The agents a typed `name` may mean: itself when it is one, else every one that equals
-    it regardless of case (a person does not expect case to matter in a name). ASCII only,
+    """The agents a typed `name` may mean: itself when it is one, else (without a trailing
+    `:` or `,`, as in "builder: hi") every one that equals it regardless of case (a person
+    does not expect case to matter in a name). ASCII only,
     as agent ids are: a look-alike (a Kelvin sign for a "k") folds to an ASCII letter but
     names no agent."""
+    if name in agents:
+        return [name]
+    name = name.rstrip(":,")  # "builder: hi" addresses builder; no id holds either mark
     if name in agents:
         return [name]
     if not name.isascii():
