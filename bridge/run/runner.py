@@ -198,6 +198,7 @@ async def serve(
                 )
                 return EXIT_RUNTIME
         systemd = asyncio.create_task(_tell_systemd(service, stop, env), name="sd_notify")
+        keeper = asyncio.create_task(_keep_lock(lock), name="serve_lock")
         leases = None
         if wiring is not None:
             leases = asyncio.create_task(
@@ -211,7 +212,8 @@ async def serve(
             await service.run(stop)
         finally:
             systemd.cancel()
-            await asyncio.gather(systemd, return_exceptions=True)
+            keeper.cancel()
+            await asyncio.gather(systemd, keeper, return_exceptions=True)
             if leases is not None and wiring is not None:
                 leases.cancel()
                 await asyncio.gather(leases, return_exceptions=True)
@@ -243,6 +245,13 @@ async def _tell_systemd(service: Service, stop: asyncio.Event, env: Mapping[str,
     sd_notify(STOPPING, env)
 
 
+async def _keep_lock(lock: ServeLock) -> None:
+    """Once a second, take the serve lock again if its file was deleted while serving."""
+    while True:
+        await asyncio.sleep(1.0)
+        lock.keep()
+
+
 def running_pid(state_dir: Path) -> str | None:
     """The pid of the `taskcard serve` holding `state_dir`'s lock, or None when none does."""
     try:
@@ -265,6 +274,7 @@ class ServeLock:
     def __init__(self, state_dir: Path) -> None:
         self._path = state_dir / "serve.lock"
         self._fd: int | None = None
+        self._lost_logged = False
 
     def acquire(self) -> str | None:
         """None when acquired; otherwise the pid recorded by the holder (or "unknown")."""
@@ -280,6 +290,64 @@ class ServeLock:
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._fd = fd
         return None
+
+    def keep(self) -> None:
+        """Take the lock again on a new file when its file was deleted (or its folder).
+
+        A lock held on a deleted file guards nothing: a second `taskcard serve` would create
+        the file anew, lock it and serve the same state, posting every resident message a
+        second time. One `stat` when nothing happened.
+        """
+        if self._fd is None:
+            return
+        try:
+            info = os.stat(self._path)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return
+        else:
+            held = os.fstat(self._fd)
+            if (info.st_dev, info.st_ino) == (held.st_dev, held.st_ino):
+                return
+        try:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:
+            if not self._lost_logged:
+                self._lost_logged = True
+                log.error(
+                    "the lock file %s was deleted while the service ran and cannot be made"
+                    " again (%s); another `taskcard serve` could start on this state"
+                    " directory: fix the state directory",
+                    self._path,
+                    error.strerror,
+                )
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            if not self._lost_logged:
+                self._lost_logged = True
+                log.error(
+                    "another `taskcard serve` (pid %s) uses the state directory %s: it"
+                    " started after this service's lock file was deleted; two services on"
+                    " one state post duplicate cards: stop one of them",
+                    holder,
+                    self._path.parent,
+                )
+            return
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        os.close(self._fd)
+        self._fd = fd
+        self._lost_logged = False
+        log.warning(
+            "the lock file %s was deleted while the service ran; it is made and locked again",
+            self._path,
+        )
 
     def release(self) -> None:
         if self._fd is not None:

@@ -40,7 +40,7 @@ import sqlite3
 import stat
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -312,6 +312,10 @@ class SqliteStore(StateStore):
         self._health: StateHealth | None = None
         self._retry_at = 0.0
         self._health_file: _HealthFile | None = None
+        # The file this store writes, as (device, inode): None for a read-only open.
+        self._identity: tuple[int, int] | None = None
+        self._replaced_logged = False
+        self._restore_failed = False
         check_state_file(path)
         if readonly:
             self._db = sqlite3.connect(_readonly_uri(path), uri=True, timeout=5.0)
@@ -325,6 +329,7 @@ class SqliteStore(StateStore):
                     f"{path.parent / HEALTH_FILE}: cannot be written ({exc.strerror});"
                     " fix the permissions of the state directory or remove that entry"
                 ) from None
+            self._identity = _identity(path)
         self._db.row_factory = sqlite3.Row
 
     @classmethod
@@ -441,6 +446,7 @@ class SqliteStore(StateStore):
         self._unsaved_commits.clear()
 
     def retry_pending(self, *, force: bool = False) -> bool:
+        self._keep_in_place()
         self._save_commits()
         if not self._backlog:
             return True
@@ -465,6 +471,86 @@ class SqliteStore(StateStore):
         if self._health_file is not None:
             self._health_file.write(None)
         return True
+
+    def _keep_in_place(self) -> None:
+        """Write the state file back when it was deleted while serving.
+
+        SQLite goes on writing to an open file that was unlinked (a cleanup of the state
+        directory, a person's `rm`), without an error: every write since would be gone at
+        stop, and the next start would post every resident message a second time. Checked
+        once a second (one `stat`); the open database is copied back to its path. A different
+        file put in its place (a backup restored while serving) is left as it is: logged once.
+        """
+        if self._identity is None:
+            return
+        try:
+            info = os.stat(self.path)
+        except FileNotFoundError:
+            self._restore()
+            return
+        except OSError:
+            return  # a folder that cannot be searched: the writes say so themselves
+        if (info.st_dev, info.st_ino) != self._identity and not self._replaced_logged:
+            self._replaced_logged = True
+            log.error(
+                "the state file %s was replaced by another file while the service ran; the"
+                " service keeps writing to the one it opened, so the new file's state is"
+                " used only from the next start, and what the service writes until then"
+                " is lost; stop the service before replacing its state file",
+                self.path,
+            )
+
+    def _restore(self) -> None:
+        """Copy the open (deleted) database to a new file at its path and switch to it."""
+        fresh = self.path.with_name(self.path.name + ".new")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fresh.unlink(missing_ok=True)
+            copy = sqlite3.connect(fresh, timeout=5.0, isolation_level=None)
+            try:
+                self._db.backup(copy)
+            finally:
+                copy.close()
+        except (OSError, sqlite3.Error) as exc:
+            with suppress(OSError):
+                fresh.unlink(missing_ok=True)
+            if not self._restore_failed:
+                self._restore_failed = True
+                log.error(
+                    "the state file %s was deleted while the service ran and cannot be"
+                    " written again (%s); the service carries on and tries again each"
+                    " second; free space or fix the state directory, else the next start"
+                    " posts every resident message again",
+                    self.path,
+                    _fault_reason(exc),
+                )
+            return
+        # Closing the old connection removes its write-ahead log and shared memory by
+        # name, so it goes before the copy takes the path.
+        self._db.close()
+        os.replace(fresh, self.path)
+        try:
+            self._db = _open_writable(self.path)
+        except StateFileError:
+            # A disk that filled up in between: writes fail into the backlog until it frees.
+            self._db = sqlite3.connect(self.path, timeout=5.0, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._identity = _identity(self.path)
+        self._replaced_logged = self._restore_failed = False
+        if self._health_file is not None:
+            self._health_file.close()
+            try:
+                self._health_file = _HealthFile(self.path.parent / HEALTH_FILE)
+            except OSError:
+                self._health_file = None
+            else:
+                self._health_file.write(self._health)
+        log.error(
+            "the state file %s was deleted while the service ran; it is written again from"
+            " the open database and nothing is lost; stop the service before moving or"
+            " deleting its state",
+            self.path,
+        )
 
     def health(self) -> StateHealth | None:
         return self._health
@@ -871,6 +957,15 @@ def _open_writable(path: Path) -> sqlite3.Connection:
             " permissions, attributes (chattr -i) or mount (read-write), then start again"
         ) from None
     return db
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the file at `path`, None when it cannot be examined."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
 
 
 def _fault_reason(exc: BaseException) -> str:

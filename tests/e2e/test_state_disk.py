@@ -9,6 +9,7 @@ program's database, a directory in the file's place, a read-only mount.
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -303,3 +304,42 @@ async def test_a_state_dir_with_uri_characters_survives_restarts_and_status(
     assert str(fake.bot_messages(GROUP)[0].message_id) in status.stdout
     strays = sorted(os.listdir(tmp_path))
     assert strays == sorted(["agents", name, "taskcard.toml"]), f"stray files: {strays}"
+
+
+@pytest.mark.parametrize("what", ["file", "folder"])
+async def test_a_state_deleted_while_serving_is_written_again(
+    tmp_path: Path, fake: FakeTelegram, what: str
+) -> None:
+    """SQLite writes on to a state file deleted under it without a word, so everything went
+    at stop and the restart posted a second resident message; a deleted lock file let a
+    second service start on the same state. Both are made again, each with one log line."""
+    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])])
+    workdir = agent_dir(tmp_path, "builder")
+    state_dir = tmp_path / ".taskcard"
+    state_file = state_dir / "state.sqlite3"
+    with serve:
+        publish(workdir, "before the deletion")
+        await eventually(lambda: any("before the deletion" in t for t in shown(fake, GROUP)))
+        await eventually(lambda: "resident message: 1" in status_text(serve.config), what="the id")
+        if what == "folder":
+            shutil.rmtree(state_dir)
+        else:
+            for entry in state_dir.iterdir():
+                if entry.name.startswith(state_file.name):
+                    entry.unlink()
+        publish(workdir, "after the deletion")
+        await eventually(lambda: any("after the deletion" in t for t in shown(fake, GROUP)))
+        await eventually(
+            lambda: f"the state file {state_file} was deleted" in serve.logs, what="the restore"
+        )
+        if what == "folder":
+            await eventually(lambda: "serve.lock was deleted" in serve.logs, what="the lock")
+            second = _run(serve.config, "serve")
+            assert second.returncode == 3, second.stderr
+        assert await serve.aterminate() == 0, serve.logs
+    assert "Traceback" not in serve.logs
+    publish(workdir, "after the restart")
+    with ServeProcess(serve.config, env=serve.env) as again:
+        await eventually(lambda: any("after the restart" in t for t in shown(fake, GROUP)))
+        assert await again.aterminate() == 0, again.logs
+    assert len(fake.bot_messages(GROUP)) == 1, "the restart edits the resident it remembered"
