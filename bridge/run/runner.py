@@ -67,9 +67,11 @@ def reload_config(service: Service, path: Path) -> bool:
             "".join(f"\n  - {message}" for message in error.messages),
         )
         return False
+    if not service.reload(config):
+        return False  # refused, and logged why: the running configuration stays
     for warning in nothing_served(config):
         log.warning("%s", warning)
-    return service.reload(config)
+    return True
 
 
 def _reloadable(path: Path) -> Path:

@@ -342,3 +342,27 @@ async def test_a_sighup_before_the_service_runs_does_not_end_it(
             assert await serve.aterminate() == 0
     finally:
         holder.close()
+
+
+async def test_a_refused_reload_does_not_warn_that_nothing_is_served(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """A configuration file emptied by mistake (`> taskcard.toml`) and reloaded: the reload
+    is refused (the channel would go), yet a warning first said that nothing was served, as
+    if the empty file had been applied. Only the refusal is logged; the cards go on."""
+    config = write_config(tmp_path, fake.base_url, None)
+    good = config.read_text()
+    with ServeProcess(config, env={"TC_TEST_TOKEN": fake.token}) as serve:
+        assert serve.proc is not None
+        await eventually(lambda: fake.waiting_pollers, what="the service polling")
+        config.write_text("")
+        serve.proc.send_signal(signal.SIGHUP)
+        await eventually(lambda: "config reload refused" in serve.logs, what="the refusal")
+        config.write_text(good)
+        publish(tmp_path / "agents" / "builder", "after the refused reload")
+        await eventually(
+            lambda: any("after the refused reload" in m.text for m in fake.bot_messages(GROUP)),
+            what="a card shown after the refusal",
+        )
+        assert await serve.aterminate() == 0, serve.logs
+    assert "nothing is served" not in serve.logs, serve.logs
