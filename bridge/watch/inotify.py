@@ -63,13 +63,22 @@ _READ_BYTES: Final = 64 * 1024
 _EVENT: Final = struct.Struct("iIII")
 
 
+# `inotify_init` when the user (EMFILE: fs.inotify.max_user_instances) or the process or
+# system (its open file limits) has no instance left.
+OUT_OF_INSTANCES: Final = (errno.EMFILE, errno.ENFILE)
+
+
 def inotify_available() -> bool:
     """Whether this system gives us an inotify instance (Linux with a free instance slot)."""
     if inotify_simple is None:
         return False
     try:
         probe = inotify_simple.INotify(nonblocking=True)
-    except (OSError, AttributeError):  # not Linux, no libc symbol, or out of instances
+    except OSError as exc:
+        # Out of instances (fs.inotify.max_user_instances) is Linux all the same: the inotify
+        # watcher polls and logs it until one is free. watchfiles would fail the same way.
+        return exc.errno in OUT_OF_INSTANCES
+    except AttributeError:  # not Linux, no libc symbol
         return False
     probe.close()
     return True

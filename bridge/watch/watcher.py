@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal
 
-from taskcard.bridge.watch.inotify import InotifyWatches, inotify_available
+from taskcard.bridge.watch.inotify import OUT_OF_INSTANCES, InotifyWatches, inotify_available
 from taskcard.channels.aio import AnyEvent, Backoff, wait_first
 from taskcard.producers.inbox.contract import INBOX_DIR
 from taskcard.producers.ledger.contract import LEDGER_DIR
@@ -474,12 +474,35 @@ class FleetWatcher:
                 earliest = planned_at + plan_cost_s * (1 + _REARM_COST_FACTOR)
                 rearm_at = loop.call_at(max(earliest, loop.time()), arming.rearm.set)
 
-        try:
-            watches = InotifyWatches(on_events, ignored=unread)
-        except OSError as exc:  # no inotify instance left for this user (max_user_instances)
-            logger.warning("inotify unavailable (%s); watching with watchfiles instead", exc)
-            await self._pump(queue, stop, arming)
-            return
+        out_logged = False
+        while True:
+            try:
+                watches = InotifyWatches(on_events, ignored=unread)
+                break
+            except OSError as exc:
+                if exc.errno not in OUT_OF_INSTANCES:
+                    logger.warning(
+                        "inotify unavailable (%s); watching with watchfiles instead", exc
+                    )
+                    await self._pump(queue, stop, arming)
+                    return
+                if not out_logged:
+                    out_logged = True
+                    logger.error(
+                        "no inotify instance left for this user (fs.inotify.max_user_instances,"
+                        " %s): every agent is re-read every %gs instead of watched; raise the"
+                        " limit (sysctl fs.inotify.max_user_instances) or stop what holds them",
+                        exc.strerror,
+                        POLL_UNWATCHED_S,
+                    )
+            # Degraded: every agent is polled, and an instance asked for again each time.
+            everyone = self._everyone()
+            self._report_all(everyone)
+            queue.put_nowait(frozenset(everyone))
+            if await wait_first(stop, timeout_s=POLL_UNWATCHED_S):
+                return
+        if out_logged:
+            logger.warning("an inotify instance is available again: the agents are watched")
         watches.start(loop)
         first = True
         limit_logged = False

@@ -118,8 +118,13 @@ def run_cli(*args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess
 class ServeProcess:
     """`taskcard serve --config FILE` in a subprocess, its output captured line by line."""
 
-    def __init__(self, config: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, config: Path, env: dict[str, str] | None = None, prefix: Sequence[str] = ()
+    ) -> None:
+        """`prefix`: a command that runs the service (it execs the rest of its arguments),
+        such as a namespace the test sets limits in."""
         self.config = config
+        self.prefix = list(prefix)
         self.env = {**os.environ, **(env or {})}
         self.env.setdefault("PYTHONUNBUFFERED", "1")
         self.stdout: list[str] = []
@@ -129,7 +134,15 @@ class ServeProcess:
 
     def start(self) -> ServeProcess:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "taskcard.bridge.cli", "serve", "--config", str(self.config)],
+            [
+                *self.prefix,
+                sys.executable,
+                "-m",
+                "taskcard.bridge.cli",
+                "serve",
+                "--config",
+                str(self.config),
+            ],
             cwd=ROOT,
             env=self.env,
             stdout=subprocess.PIPE,
