@@ -83,3 +83,8 @@ class OutcomeUnknown(Transient):
 
 class Permanent(ChannelError):
     """A request the platform rejects for good (bad chat id, malformed request, too long)."""
+
+
+class CredentialsRejected(Permanent):
+    """The platform no longer accepts the channel's credentials (a revoked bot token):
+    nothing the channel sends can succeed until they are replaced and the service restarted."""

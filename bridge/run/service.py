@@ -183,6 +183,7 @@ class Service:
             max_pause_s=config.limits.max_pause_s,
             outbox=self._outbox,
             limiter=limiter,
+            on_credentials_rejected=self._credentials_rejected,
         )
         self._routes: list[Route] = []
         self._routes_by_agent: dict[str, list[Route]] = {}
@@ -306,6 +307,21 @@ class Service:
         for route in list(self._routes):
             if route.key.channel == name:
                 self._project_route(route)
+
+    def _credentials_rejected(self, name: str, error: ChannelError) -> None:
+        """The platform refused the channel's credentials while serving (a token revoked):
+        every further request would be refused too, so the channel stops being used (no
+        route of it is projected, its readiness and `/healthz` say so) and the others go on.
+        The cards stay as they are; a restart with valid credentials edits them again."""
+        if name not in self._ready_channels:
+            return
+        self._ready_channels.discard(name)
+        log.error(
+            "channel %s disabled: %s; its cards are no longer updated; set valid credentials"
+            " and restart the service",
+            name,
+            error,
+        )
 
     # Ownership (clustered) ---------------------------------------------------------------
 

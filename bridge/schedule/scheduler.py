@@ -52,6 +52,7 @@ from taskcard.channels.aio import Backoff, wait_first
 from taskcard.channels.base import Channel, ChatRef, Operation, Outgoing, RateScope, ReplyTo
 from taskcard.channels.errors import (
     ChannelError,
+    CredentialsRejected,
     Forbidden,
     MessageGone,
     NotModified,
@@ -196,9 +197,13 @@ class RouteScheduler:
         max_pause_s: float = DEFAULT_MAX_PAUSE_S,
         outbox: NoticeOutbox | None = None,
         limiter: Limiter | None = None,
+        on_credentials_rejected: Callable[[str, ChannelError], None] | None = None,
     ) -> None:
-        """`outbox`: where the lanes take notices from (None: this scheduler sends none)."""
+        """`outbox`: where the lanes take notices from (None: this scheduler sends none).
+        `on_credentials_rejected(channel, error)`: a platform refused the channel's
+        credentials (a revoked token); the caller stops using that channel."""
         self._channels = channels
+        self._on_credentials_rejected = on_credentials_rejected
         self._store = store
         self._clock = clock
         self._wall = wall_clock
@@ -636,6 +641,12 @@ class RouteScheduler:
         except Transient as error:
             self._retry_later(resident, f"route {key}: transient failure ({error})")
             return
+        except CredentialsRejected as error:
+            resident.failed = message.fingerprint  # shown again after a restart
+            if self._on_credentials_rejected is not None:
+                self._on_credentials_rejected(key.channel, error)
+            else:
+                log.error("route %s: %s", key, error)
         except Permanent as error:
             resident.failed = message.fingerprint
             log.error("route %s: the platform refused this card for good: %s", key, error)

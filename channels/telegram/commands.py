@@ -256,6 +256,7 @@ class CommandPoller:
         """Poll until cancelled. Errors back off and never end the loop."""
         offset = self._stored_offset()
         backoff = self._backoff
+        token_refused = False
         while True:
             if self._gate is not None and await self._gate.wait_turn():
                 # Another instance polled meanwhile: go on from what it committed.
@@ -287,6 +288,17 @@ class CommandPoller:
                 _log.warning("Telegram getUpdates rate limited for %gs", exc.retry_after_s)
                 wait_s = min(exc.retry_after_s, MAX_FLOOD_WAIT_S)  # the hint is untrusted
                 await asyncio.sleep(max(wait_s, backoff.next_delay_s()))
+                continue
+            except tg.InvalidToken:
+                # Revoked while serving: every poll is refused until a restart with a new
+                # token, so it is said once, and polls go on at the slowest pace.
+                if not token_refused:
+                    token_refused = True
+                    _log.error(
+                        "Telegram rejected the bot token (invalid or revoked): commands are"
+                        " not received; set a valid token and restart the service"
+                    )
+                await backoff.asleep()
                 continue
             except tg.TelegramError as exc:
                 _log.warning("Telegram getUpdates failed (%s); retrying", type(exc).__name__)

@@ -12,6 +12,7 @@ from telegram import error as tg
 
 from taskcard.channels.errors import (
     ChannelError,
+    CredentialsRejected,
     Forbidden,
     MessageGone,
     NotModified,
@@ -84,7 +85,7 @@ def translate(exc: tg.TelegramError, chat_scope: str) -> ChannelError:
         wait_s = sane_retry_after_s(exc._retry_after.total_seconds())
         return RateLimited(wait_s, chat_scope, "Telegram flood control")
     if isinstance(exc, tg.InvalidToken):
-        return Permanent("Telegram rejected the bot token (invalid or revoked)")
+        return CredentialsRejected("Telegram rejected the bot token (invalid or revoked)")
     if isinstance(exc, tg.Forbidden):
         return Forbidden(forbidden_reason(description))
     if isinstance(exc, tg.ChatMigrated):

@@ -12,6 +12,7 @@ from taskcard.bridge.schedule.ratelimit import bounded_pause_s
 from taskcard.channels.errors import (
     RETRY_AFTER_CEILING_S,
     ChannelError,
+    CredentialsRejected,
     Forbidden,
     MessageGone,
     NotModified,
@@ -55,7 +56,7 @@ def _retry_after(seconds: int) -> tg.RetryAfter:
         (tg.TimedOut(), Transient),
         (tg.NetworkError("Bad Gateway"), Transient),
         (AnswerLost("no answer after the request was written"), OutcomeUnknown),
-        (tg.InvalidToken("Unauthorized"), Permanent),
+        (tg.InvalidToken("Unauthorized"), CredentialsRejected),
         (tg.Conflict("terminated by other getUpdates request"), Permanent),
         (tg.ChatMigrated(-100999), ChatUpgraded),
     ],

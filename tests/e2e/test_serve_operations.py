@@ -26,11 +26,13 @@ import pytest
 
 from taskcard.bridge.store.sqlite import STATE_FILE, SqliteStore
 from tests.e2e.harness import ServeProcess, eventually, publish, run_cli, telegram_config
+from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram
 
 T = TypeVar("T")
 GROUP = -1001234567890
 UNROUTED = -1009876543210
+FEISHU_CHAT = "oc_ops_group"
 
 
 @pytest.fixture
@@ -366,3 +368,60 @@ async def test_a_refused_reload_does_not_warn_that_nothing_is_served(
         )
         assert await serve.aterminate() == 0, serve.logs
     assert "nothing is served" not in serve.logs, serve.logs
+
+
+async def test_a_token_revoked_while_serving_disables_that_channel_only(
+    tmp_path: Path, fake: FakeTelegram, feishu: FakeFeishu
+) -> None:
+    """The bot token revoked while serving (BotFather's /revoke): each card change was sent
+    and refused again, the channel stayed `ready` for metrics and `/healthz`, and the log
+    only said that a card was refused. The channel is now disabled with one line saying to
+    set a valid token and restart, as at start, while Feishu goes on."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    feishu_lines = [
+        "[feishu]",
+        'app_id_env = "TC_FS_APP_ID"',
+        'app_secret_env = "TC_FS_APP_SECRET"',
+        f'domain = "{feishu.base_url}"',
+        'events = "none"',
+        "[[feishu.routes]]",
+        f'chat_id = "{FEISHU_CHAT}"',
+        'agents = ["builder"]',
+    ]
+    config = telegram_config(
+        tmp_path,
+        fake.base_url,
+        GROUP,
+        extra=[*feishu_lines, "[metrics]", f'listen = "127.0.0.1:{port}"'],
+    )
+    env = {
+        "TC_TEST_TOKEN": fake.token,
+        "TC_FS_APP_ID": feishu.app_id,
+        "TC_FS_APP_SECRET": feishu.app_secret,
+    }
+    workdir = tmp_path / "agents" / "builder"
+
+    def on_feishu(text: str) -> bool:
+        return any(text in m.text for m in feishu.chat(FEISHU_CHAT))
+
+    with ServeProcess(config, env=env) as serve:
+        publish(workdir, "step 1")
+        await eventually(lambda: any("step 1" in m.text for m in fake.bot_messages(GROUP)))
+        await eventually(lambda: on_feishu("step 1"), what="the Feishu card")
+        fake.token = "999:revoked"  # every request with the old token now answers 401
+        publish(workdir, "step 2")
+        await eventually(lambda: "channel telegram disabled" in serve.logs, what="the line")
+        metrics = await until(
+            lambda: _metrics_with(base, "taskcard_channel_ready", channel="feishu"),
+            what="/metrics",
+        )
+        assert sample(metrics, "taskcard_channel_ready", channel="telegram") == 0.0
+        refused = fake.count("editMessageText")
+        publish(workdir, "step 3")
+        await eventually(lambda: on_feishu("step 3"), what="Feishu going on")
+        assert fake.count("editMessageText") == refused, "nothing more is sent to Telegram"
+        assert await serve.aterminate() == 0
+    assert fake.token not in serve.logs
+    (line,) = [line for line in serve.stderr if "channel telegram disabled" in line]
+    assert "restart" in line and "token" in line, line
