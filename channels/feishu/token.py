@@ -17,7 +17,7 @@ from collections.abc import Callable
 from lark_oapi.core.token import AccessTokenResponse, CreateSelfTenantTokenRequest
 from lark_oapi.core.token.create_token_request_body import CreateTokenRequestBody
 
-from taskcard.channels.errors import Forbidden, Transient
+from taskcard.channels.errors import CredentialsRejected, Transient
 from taskcard.channels.feishu.transport import LarkTransport
 
 # Renew this long before the announced expiry (Feishu tokens live two hours).
@@ -73,4 +73,6 @@ class TenantTokenSource:
             raise Transient(
                 f"feishu: tenant token request failed: HTTP {status}, code {answer.code}"
             )
-        raise Forbidden(f"feishu: app credentials rejected (code {answer.code}: {answer.msg})")
+        raise CredentialsRejected(
+            f"feishu: app credentials rejected (code {answer.code}: {answer.msg})"
+        )

@@ -9,6 +9,7 @@ import pytest
 
 from taskcard.channels.base import CardView, ChatRef, RateLimit, ReplyTo
 from taskcard.channels.errors import (
+    CredentialsRejected,
     Forbidden,
     MessageGone,
     NotModified,
@@ -378,7 +379,7 @@ async def test_unreachable_api_is_transient(fake: FakeFeishu, channel: FeishuCha
 
 async def test_wrong_secret_fails_start(fake: FakeFeishu) -> None:
     channel = FeishuChannel(_config(fake), fake.app_id, "wrong", MemoryCursorStore())
-    with pytest.raises(Forbidden) as caught:
+    with pytest.raises(CredentialsRejected) as caught:
         await channel.start(CommandInbox())
     assert "wrong" not in str(caught.value)
     await channel.stop()

@@ -370,13 +370,15 @@ async def test_a_refused_reload_does_not_warn_that_nothing_is_served(
     assert "nothing is served" not in serve.logs, serve.logs
 
 
-async def test_a_token_revoked_while_serving_disables_that_channel_only(
-    tmp_path: Path, fake: FakeTelegram, feishu: FakeFeishu
+@pytest.mark.parametrize("revoked", ["telegram", "feishu"])
+async def test_credentials_revoked_while_serving_disable_that_channel_only(
+    tmp_path: Path, fake: FakeTelegram, feishu: FakeFeishu, revoked: str
 ) -> None:
-    """The bot token revoked while serving (BotFather's /revoke): each card change was sent
-    and refused again, the channel stayed `ready` for metrics and `/healthz`, and the log
-    only said that a card was refused. The channel is now disabled with one line saying to
-    set a valid token and restart, as at start, while Feishu goes on."""
+    """The bot token revoked while serving (BotFather's /revoke; on Feishu the app secret
+    reset): each card change was sent and refused again (Feishu disabled each route on its
+    own), the channel stayed `ready` for metrics and `/healthz`, and the log only said that a
+    card was refused. The channel is now disabled with one line saying to set valid
+    credentials and restart, as at start, while the other platform goes on."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     feishu_lines = [
@@ -401,27 +403,41 @@ async def test_a_token_revoked_while_serving_disables_that_channel_only(
         "TC_FS_APP_SECRET": feishu.app_secret,
     }
     workdir = tmp_path / "agents" / "builder"
+    kept = "feishu" if revoked == "telegram" else "telegram"
+    secrets = (fake.token, feishu.app_secret)
 
-    def on_feishu(text: str) -> bool:
+    def shows(platform: str, text: str) -> bool:
+        if platform == "telegram":
+            return any(text in m.text for m in fake.bot_messages(GROUP))
         return any(text in m.text for m in feishu.chat(FEISHU_CHAT))
+
+    def sent(platform: str) -> int:
+        if platform == "telegram":
+            return fake.count("editMessageText") + fake.count("sendMessage")
+        return len(feishu.requests_of("patch")) + len(feishu.requests_of("send"))
 
     with ServeProcess(config, env=env) as serve:
         publish(workdir, "step 1")
-        await eventually(lambda: any("step 1" in m.text for m in fake.bot_messages(GROUP)))
-        await eventually(lambda: on_feishu("step 1"), what="the Feishu card")
-        fake.token = "999:revoked"  # every request with the old token now answers 401
+        await eventually(lambda: shows("telegram", "step 1"), what="the Telegram card")
+        await eventually(lambda: shows("feishu", "step 1"), what="the Feishu card")
+        if revoked == "telegram":
+            fake.token = "999:revoked"  # every request with the old token now answers 401
+        else:
+            feishu.app_secret = "reset-in-the-console"
+            feishu.revoke_tokens()  # the service's tenant token must be fetched again
         publish(workdir, "step 2")
-        await eventually(lambda: "channel telegram disabled" in serve.logs, what="the line")
+        await eventually(lambda: f"channel {revoked} disabled" in serve.logs, what="the line")
         metrics = await until(
-            lambda: _metrics_with(base, "taskcard_channel_ready", channel="feishu"),
+            lambda: _metrics_with(base, "taskcard_channel_ready", channel=kept),
             what="/metrics",
         )
-        assert sample(metrics, "taskcard_channel_ready", channel="telegram") == 0.0
-        refused = fake.count("editMessageText")
+        assert sample(metrics, "taskcard_channel_ready", channel=revoked) == 0.0
+        refused = sent(revoked)
         publish(workdir, "step 3")
-        await eventually(lambda: on_feishu("step 3"), what="Feishu going on")
-        assert fake.count("editMessageText") == refused, "nothing more is sent to Telegram"
+        await eventually(lambda: shows(kept, "step 3"), what=f"{kept} going on")
+        assert sent(revoked) == refused, f"nothing more is sent to {revoked}"
         assert await serve.aterminate() == 0
-    assert fake.token not in serve.logs
-    (line,) = [line for line in serve.stderr if "channel telegram disabled" in line]
-    assert "restart" in line and "token" in line, line
+    assert not any(secret in serve.logs for secret in secrets)
+    (line,) = [line for line in serve.stderr if f"channel {revoked} disabled" in line]
+    assert "restart" in line and "credentials" in line, line
+    assert "disabled:" not in serve.logs.replace(f"channel {revoked} disabled:", ""), serve.logs
