@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from taskcard.bridge.store.base import (
     SENT_KEEP_S,
@@ -151,6 +151,11 @@ HEALTH_FILE = "state.health"
 _SQLITE_HEADER = b"SQLite format 3\x00"
 _HEALTH_SIZE = 1024
 _FRESH_START = "or move it away to start afresh (every chat then gets a second resident message)"
+
+# How long a write waits for a lock another process holds on the state file (SQLite's busy
+# timeout; the connections' default), and a retry of waiting writes, which runs on the loop.
+_BUSY_MS: Final = 5000
+_RETRY_BUSY_MS: Final = 100
 
 # Fingerprints kept in memory before they are committed at once, whatever the timer says.
 MAX_UNSAVED_COMMITS = 1000
@@ -453,6 +458,10 @@ class SqliteStore(StateStore):
         if not force and self._clock() < self._retry_at:
             return False
         try:
+            # A retry runs on the event loop: a lock another process holds on the file is
+            # waited for briefly here (the first failed write already waited the full time),
+            # except for the last try at stop.
+            self._db.execute(f"PRAGMA busy_timeout = {_BUSY_MS if force else _RETRY_BUSY_MS}")
             with self._tx() as db:
                 for op in self._backlog.values():
                     op(db)
@@ -461,6 +470,9 @@ class SqliteStore(StateStore):
         except sqlite3.Error as exc:
             self._failed(exc)
             return False
+        finally:
+            with suppress(sqlite3.Error):
+                self._db.execute(f"PRAGMA busy_timeout = {_BUSY_MS}")
         log.warning(
             "state writes to %s work again; %d waiting writes saved", self.path, len(self._backlog)
         )
@@ -565,9 +577,10 @@ class SqliteStore(StateStore):
         if first:
             log.error(
                 "cannot write the state file %s (%s); the service carries on and retries"
-                " with backoff; free space or fix the disk",
+                " with backoff; %s",
                 self.path,
                 reason,
+                _fault_advice(exc),
             )
         else:
             log.warning(
@@ -966,6 +979,16 @@ def _identity(path: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return info.st_dev, info.st_ino
+
+
+def _fault_advice(exc: sqlite3.Error) -> str:
+    """What the operator can do about a failed write."""
+    if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+        return (
+            "another process holds the file locked (a sqlite3 shell or a tool in a"
+            " transaction): end that transaction or stop that process"
+        )
+    return "free space or fix the disk"
 
 
 def _fault_reason(exc: BaseException) -> str:

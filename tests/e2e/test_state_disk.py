@@ -343,3 +343,35 @@ async def test_a_state_deleted_while_serving_is_written_again(
         await eventually(lambda: any("after the restart" in t for t in shown(fake, GROUP)))
         assert await again.aterminate() == 0, again.logs
     assert len(fake.bot_messages(GROUP)) == 1, "the restart edits the resident it remembered"
+
+
+async def test_a_state_file_locked_by_another_process_is_named_and_waited_out(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """Another process holding the state file in a write transaction (a sqlite3 shell left
+    in `BEGIN`): the writes wait, the log said to free space or fix the disk, and each retry
+    held the service's loop for SQLite's whole 5 s busy timeout. The line names the lock and
+    what to do; once it ends, what waited is saved and a restart edits the same message."""
+    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])])
+    workdir = agent_dir(tmp_path, "builder")
+    with serve:
+        publish(workdir, "before the lock")
+        await eventually(lambda: any("before the lock" in t for t in shown(fake, GROUP)))
+        await eventually(lambda: "resident message: 1" in status_text(serve.config), what="id")
+        holder = sqlite3.connect(tmp_path / ".taskcard" / "state.sqlite3", isolation_level=None)
+        try:
+            holder.execute("BEGIN EXCLUSIVE")
+            publish(workdir, "while locked")
+            await eventually(lambda: any("while locked" in t for t in shown(fake, GROUP)))
+            await eventually(lambda: "database is locked" in serve.logs, what="the failure")
+            assert "another process holds the file locked" in serve.logs, serve.logs
+            assert "free space" not in serve.logs, serve.logs
+        finally:
+            holder.close()  # the transaction ends with it
+        await eventually(lambda: "work again" in serve.logs, what="the writes saved")
+        assert await serve.aterminate() == 0, serve.logs
+    publish(workdir, "after the restart")
+    with ServeProcess(serve.config, env=serve.env) as again:
+        await eventually(lambda: any("after the restart" in t for t in shown(fake, GROUP)))
+        assert await again.aterminate() == 0, again.logs
+    assert len(fake.bot_messages(GROUP)) == 1
