@@ -538,9 +538,28 @@ class SqliteStore(StateStore):
                 )
             return
         # Closing the old connection removes its write-ahead log and shared memory by
-        # name, so it goes before the copy takes the path.
+        # name, so it goes before the copy takes the path; what it leaves of them is stale
+        # (no other connection writes here while the serve lock is held) and would be read
+        # as the copy's own.
         self._db.close()
-        os.replace(fresh, self.path)
+        for suffix in ("-wal", "-shm"):
+            with suppress(OSError):
+                self.path.with_name(self.path.name + suffix).unlink(missing_ok=True)
+        try:
+            os.replace(fresh, self.path)
+        except OSError as exc:
+            self._db = sqlite3.connect(fresh, timeout=5.0, isolation_level=None)
+            self._db.row_factory = sqlite3.Row
+            self._identity = None  # serving from the copy: nothing more to put back
+            log.error(
+                "the state file %s was deleted while the service ran; its copy %s cannot take"
+                " its place (%s): the service writes there; after stopping it, rename it to %s",
+                self.path,
+                fresh,
+                exc.strerror,
+                self.path.name,
+            )
+            return
         try:
             self._db = _open_writable(self.path)
         except StateFileError:
