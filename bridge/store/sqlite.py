@@ -498,7 +498,7 @@ class SqliteStore(StateStore):
         try:
             info = os.stat(self.path)
         except FileNotFoundError:
-            self._restore()
+            self._restore(self._identity[0])
             return
         except OSError:
             return  # a folder that cannot be searched: the writes say so themselves
@@ -512,11 +512,25 @@ class SqliteStore(StateStore):
                 self.path,
             )
 
-    def _restore(self) -> None:
-        """Copy the open (deleted) database to a new file at its path and switch to it."""
+    def _restore(self, device: int) -> None:
+        """Copy the open (deleted) database, on file system `device`, to a new file at its
+        path and switch to it."""
         fresh = self.path.with_name(self.path.name + ".new")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            if os.stat(self.path.parent).st_dev != device:
+                # Not deleted but out of sight: the state directory's file system unmounted
+                # (lazily) under the open file, which keeps it. A copy would land on the
+                # mount point's own disk and be hidden again when the mount comes back.
+                if not self._restore_failed:
+                    self._restore_failed = True
+                    log.error(
+                        "the state file %s is gone from sight: its folder is now on another"
+                        " file system (unmounted?); the service keeps writing to the file it"
+                        " opened; mount the state directory again, then restart",
+                        self.path,
+                    )
+                return
             fresh.unlink(missing_ok=True)
             copy = sqlite3.connect(fresh, timeout=5.0, isolation_level=None)
             try:

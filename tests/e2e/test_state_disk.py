@@ -375,3 +375,29 @@ async def test_a_state_file_locked_by_another_process_is_named_and_waited_out(
         await eventually(lambda: any("after the restart" in t for t in shown(fake, GROUP)))
         assert await again.aterminate() == 0, again.logs
     assert len(fake.bot_messages(GROUP)) == 1
+
+
+async def test_a_state_disk_unmounted_while_serving_is_not_copied_under_the_mount(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """The state directory's own file system unmounted (lazily) while serving is not a
+    deleted state file: a copy would land on the disk under the mount point and be hidden
+    when the mount comes back. The line says to mount it again; nothing is written there."""
+    state_dir = tmp_path / ".taskcard"
+    if not _mount_tmpfs(state_dir, "8m"):
+        pytest.skip("needs root and tmpfs mounts")
+    try:
+        serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])])
+        workdir = agent_dir(tmp_path, "builder")
+        with serve:
+            publish(workdir, "before the unmount")
+            await eventually(lambda: any("before the unmount" in t for t in shown(fake, GROUP)))
+            _umount(state_dir)
+            publish(workdir, "after the unmount")
+            await eventually(lambda: any("after the unmount" in t for t in shown(fake, GROUP)))
+            await eventually(lambda: "unmounted?" in serve.logs, what="the line")
+            assert await serve.aterminate() == 0, serve.logs
+        assert not (state_dir / "state.sqlite3").exists(), "no copy under the mount point"
+        assert "Traceback" not in serve.logs
+    finally:
+        _umount(state_dir)
