@@ -173,7 +173,18 @@ def file_kind(mode: int) -> str:
     return "not a regular file"
 
 
-def open_regular(path: Path) -> BinaryIO:
+def _open_read(path: Path, flags: int, inside: Path | None) -> int:
+    """`os.open` of `path` for reading; with `inside`, only a file that lies inside that
+    folder once symlinks are resolved (as `open_append` checks a file it appends to)."""
+    if inside is None:
+        return os.open(path, flags)
+    root, target = _resolved_inside(path, inside, "read")
+    fd = os.open(target, flags | getattr(os, "O_NOFOLLOW", 0))
+    _opened_inside(fd, root, path, "read")
+    return fd
+
+
+def open_regular(path: Path, *, inside: Path | None = None) -> BinaryIO:
     """`path` opened for binary reading when it is a regular file (symlinks followed).
 
     Anyone may put a named pipe or a symlink to `/dev/zero` at a path in a workdir: a plain
@@ -181,8 +192,10 @@ def open_regular(path: Path) -> BinaryIO:
     to SIGTERM), and reading a device never ends. So the open is non-blocking, and what was
     opened is checked with `fstat` before a byte is read. Raises `FileNotFoundError` when
     missing and `NotRegularFile` (an `OSError` whose `strerror` says what it is) otherwise.
+    With `inside` (the workdir), a `path` that leads out of it through a symlink, at the file
+    or at a folder on its way, raises `OutsideWorkdir` and nothing is read.
     """
-    fd = os.open(path, _READ_FLAGS)
+    fd = _open_read(path, _READ_FLAGS, inside)
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
@@ -195,8 +208,11 @@ def open_regular(path: Path) -> BinaryIO:
         raise
 
 
-def read_regular(path: Path, limit: int, *, follow: bool = True) -> bytes:
-    """At most `limit` bytes of the regular file at `path`; raises as `open_regular` does.
+def read_regular(
+    path: Path, limit: int, *, follow: bool = True, inside: Path | None = None
+) -> bytes:
+    """At most `limit` bytes of the regular file at `path`; raises as `open_regular` does
+    (`inside` as there too).
 
     `follow=False` refuses a symbolic link as the last component (`OSError`, ELOOP): for files
     only the host creates, where a link can only have been planted.
@@ -205,7 +221,9 @@ def read_regular(path: Path, limit: int, *, follow: bool = True) -> bytes:
     seen), never through a buffer of `limit` bytes: asking a buffered reader for 4 MB to read
     a 7-byte status file allocated and faulted in the whole 4 MB on every call.
     """
-    fd = os.open(path, _READ_FLAGS if follow else _READ_FLAGS | getattr(os, "O_NOFOLLOW", 0))
+    fd = _open_read(
+        path, _READ_FLAGS if follow else _READ_FLAGS | getattr(os, "O_NOFOLLOW", 0), inside
+    )
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -586,12 +604,35 @@ def is_inside(root: str, path: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
-def _outside(path: Path) -> OutsideWorkdir:
+def _outside(path: Path, verb: str = "written") -> OutsideWorkdir:
     return OutsideWorkdir(
         errno.EXDEV,
-        f"{path} leads out of the workdir (a symlink); nothing is written outside it, so "
+        f"{path} leads out of the workdir (a symlink); nothing is {verb} outside it, so "
         "replace the link with a regular file",
     )
+
+
+def _resolved_inside(path: Path, inside: Path, verb: str) -> tuple[str, str]:
+    """(resolved `inside`, resolved `path`) when the second lies inside the first; raises
+    `OutsideWorkdir` otherwise (`verb`: what is not done outside, for its message)."""
+    root = os.path.realpath(inside)
+    target = os.path.realpath(path)
+    if not is_inside(root, target):
+        raise _outside(path, verb)
+    return root, target
+
+
+def _opened_inside(fd: int, root: str, path: Path, verb: str) -> None:
+    """On Linux, the kernel's path of the descriptor just opened must lie inside `root` (a
+    folder on the way swapped for a link after it was resolved); else `fd` is closed and
+    `OutsideWorkdir` raised. Without /proc the resolved path checked before is what we have."""
+    try:
+        opened = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return
+    if not is_inside(root, opened):
+        os.close(fd)
+        raise _outside(path, verb)
 
 
 def open_append(path: Path, *, inside: Path | None = None) -> int:
@@ -602,18 +643,9 @@ def open_append(path: Path, *, inside: Path | None = None) -> int:
     flags = os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
     if inside is None:
         return open_appending(path, flags)
-    root = os.path.realpath(inside)
-    target = os.path.realpath(path)
-    if not is_inside(root, target):
-        raise _outside(path)
+    root, target = _resolved_inside(path, inside, "written")
     fd = open_appending(target, flags | os.O_NOFOLLOW)
-    try:
-        opened = os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        return fd  # no /proc: the resolved path checked above is what we have
-    if not is_inside(root, opened):
-        os.close(fd)
-        raise _outside(path)
+    _opened_inside(fd, root, path, "written")
     return fd
 
 

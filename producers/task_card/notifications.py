@@ -154,7 +154,7 @@ class FileNotificationPort:
         current = self._paths.notifications
         for path in (current.with_name(current.name + ".1"), current):
             try:
-                data = read_regular(path, 2 * NOTIFICATION_ROTATE_BYTES)
+                data = read_regular(path, 2 * NOTIFICATION_ROTATE_BYTES, inside=self._paths.workdir)
             except OSError:
                 continue
             for line in data.splitlines():

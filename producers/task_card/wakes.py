@@ -9,7 +9,8 @@ time (parallel tool calls) cannot both deliver it: the read-and-advance happens 
 
 A consumer's first read only places its cursor at the end: an agent that just started is not
 flooded with old episodes. Reading follows the writer's rotation (`system.jsonl` moved to
-`system.jsonl.1`) and survives truncation; every read is bounded.
+`system.jsonl.1`) and survives truncation; every read is bounded, and a notification file
+that leads out of the workdir through a symlink is never read (as it is never written).
 
 Wake text is built from the typed fields only (watch id, error code, counts), never from the
 header or body strings of the line: anything may write that file.
@@ -160,10 +161,12 @@ class WakeReader:
         """The unread bytes (whole lines only) and the cursor after them."""
         current = self._paths.notifications
         rotated = current.with_name(current.name + ".1")
+        workdir = self._paths.workdir
         try:
-            stat = current.stat()
-        except FileNotFoundError:
-            # Nothing yet: a cursor at offset 0 of "no file" reads the file from its start.
+            stat = _status(current, workdir)
+        except OSError:
+            # Nothing yet (or nothing that may be read: a link out of the workdir, a pipe): a
+            # cursor at offset 0 of "no file" reads the file from its start once there is one.
             return b"", cursor or Cursor(inode=0, offset=0)
         if cursor is None:
             return b"", Cursor(inode=stat.st_ino, offset=stat.st_size)
@@ -172,19 +175,27 @@ class WakeReader:
         if cursor.inode != stat.st_ino:
             # Inode 0: there was no file when the cursor was placed, so all of it is new.
             with contextlib.suppress(OSError):
-                if cursor.inode == 0 or rotated.stat().st_ino == cursor.inode:
-                    chunks = _read_lines(rotated, offset if cursor.inode else 0)[0]
+                if cursor.inode == 0 or _status(rotated, workdir).st_ino == cursor.inode:
+                    chunks = _read_lines(rotated, offset if cursor.inode else 0, workdir)[0]
             offset = 0
         elif stat.st_size < offset:
             offset = 0  # truncated in place: start over
-        data, end = _read_lines(current, offset)
+        data, end = _read_lines(current, offset, workdir)
         return chunks + data, Cursor(inode=stat.st_ino, offset=end)
 
 
-def _read_lines(path: Path, offset: int) -> tuple[bytes, int]:
+def _status(path: Path, workdir: Path) -> os.stat_result:
+    """The status of the regular file at `path`, which must lie inside `workdir` once symlinks
+    are resolved (anything may write there: a link to a file elsewhere is never read); raises
+    `OSError` (`OutsideWorkdir`, `NotRegularFile`, `FileNotFoundError`) otherwise."""
+    with open_regular(path, inside=workdir) as handle:
+        return os.fstat(handle.fileno())
+
+
+def _read_lines(path: Path, offset: int, workdir: Path) -> tuple[bytes, int]:
     """Whole lines from `offset`, at most `MAX_READ_BYTES`; the offset after the last line."""
     try:
-        with open_regular(path) as handle:
+        with open_regular(path, inside=workdir) as handle:
             handle.seek(offset)
             data = handle.read(MAX_READ_BYTES)
     except OSError:

@@ -369,3 +369,45 @@ def test_an_absurd_token_count_in_the_transcript_still_ends_the_turn(workdir: Pa
     hook(payload("10_stop.json", workdir, transcript_path=str(transcript)))
     assert kinds(workdir) == ["usage", "turn.end"]
     assert events(workdir)[0]["input_tokens"] == 10**15
+
+
+def test_notices_linked_from_outside_the_workdir_never_wake_the_agent(
+    workdir: Path, tmp_path: Path
+) -> None:
+    """`.notification/system.jsonl` (or its rotated `.1`) planted as a link to a file outside
+    the workdir: the hook reads nothing through it, as no writer writes through it."""
+    outside = tmp_path / "elsewhere.jsonl"
+    foreign = {
+        "id": "task_card.error:tc_9:1:renderer_failed",
+        "channel": "system",
+        "ref_id": "tc_9",
+        "source": "task_card.error",
+        "priority": "high",
+        "header": "h",
+        "body": "b",
+        "extra": {"state": "error", "watch_id": "tc_9", "code": "renderer_failed"},
+        "at": "2026-01-01T00:00:00Z",
+    }
+    outside.write_text("")
+    notices = workdir / ".notification"
+    notices.mkdir()
+    (notices / "system.jsonl").symlink_to(outside)
+    assert hook(payload("01_session_start.json", workdir)).returncode == 0
+    outside.write_text(json.dumps(foreign) + "\n")
+    woken = hook(payload("04_post_tool_use.json", workdir))
+    assert woken.returncode == 0, woken.stderr
+    assert b"tc_9" not in woken.stdout
+    # The rotated file linked out, read when the current one appears: refused the same way.
+    (notices / "system.jsonl").unlink()
+    (notices / "system.jsonl.1").symlink_to(outside)
+    port = FileNotificationPort(CardPaths(workdir))
+    port.notify(TaskCardErrorNotification("tc_1", 1, "renderer_timeout", "slow"))
+    woken = hook(payload("04_post_tool_use.json", workdir))
+    assert woken.returncode == 0, woken.stderr
+    context = json.loads(woken.stdout)["hookSpecificOutput"]["additionalContext"]
+    assert "watch tc_1 failed to refresh (renderer_timeout)" in context
+    assert "tc_9" not in context
+    # A foreign id behind the link does not hide the workdir's own notice of that id.
+    port.notify(TaskCardErrorNotification("tc_9", 1, "renderer_failed", "x"))
+    lines = (notices / "system.jsonl").read_text().splitlines()
+    assert [json.loads(line)["id"] for line in lines][-1] == foreign["id"]
