@@ -700,12 +700,18 @@ class TaskCard:
         watch.state = "exhausted"
         watch.stop_reason = "max_refreshes"
         watch.stop_event.set()
-        try:
-            self._write_status(STATUS_INACTIVE)
-        except OSError as exc:
-            log.error("task card watch %s: cannot write inactive: %s", watch.watch_id, exc)
         self._drop_tally(watch)
-        clear_descriptor(self.paths)
+        outside = self._card_folder_outside()
+        if outside is not None:
+            # The same check as every other card write of a tick: nothing goes through it.
+            log.error("task card watch %s: cannot write inactive: %s", watch.watch_id, outside)
+        else:
+            try:
+                self._write_status(STATUS_INACTIVE)
+            except OSError as exc:
+                log.error("task card watch %s: cannot write inactive: %s", watch.watch_id, exc)
+            with contextlib.suppress(OSError):
+                clear_descriptor(self.paths)
         self._notify(watch, TaskCardLimitNotification(watch.watch_id, watch.max_refreshes))
         log.info("task card watch %s exhausted its refresh budget", watch.watch_id)
 

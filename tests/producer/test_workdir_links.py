@@ -184,3 +184,33 @@ def test_a_card_folder_swapped_for_a_link_out_while_watching_is_not_written_thro
     wait_for(lambda: (workdir / "taskcard" / "taskcard.md").read_text() != body)
     inspected = cli.json("card", "inspect", "tc_1")
     assert inspected["status"] == "watching", inspected
+
+
+def test_a_budget_running_out_while_the_card_folder_links_out_writes_nothing_there(
+    workdir: Path, tmp_path: Path, cli: CliHost
+) -> None:
+    """The last refresh of a budget spent while `taskcard/` is a link out of the workdir: the
+    `inactive` status and the descriptor's removal go through the same per-tick check as
+    every other card write, so nothing in the folder the link leads to changes."""
+    moved = tmp_path / "moved"
+    swap = (
+        "import os\nfrom pathlib import Path\n"
+        'p = Path("count.txt")\nn = int(p.read_text()) + 1 if p.exists() else 1\n'
+        "p.write_text(str(n))\n"
+        "if n == 2:\n"
+        f'    os.rename("taskcard", {str(moved)!r})\n'
+        f'    os.symlink({str(moved)!r}, "taskcard")\n'
+        'print("# Work\\nrun", n)\n'
+    )
+    write_renderer(workdir, "r.py", swap)
+    started = cli.json("card", "start", "r.py", "--interval-s", "1", "--max-refreshes", "2")
+    assert started["status"] == "watching", started
+
+    def limit_noticed() -> bool:
+        path = workdir / ".notification" / "system.jsonl"
+        return path.is_file() and "task_card.limit" in path.read_text()
+
+    wait_for(limit_noticed)
+    assert (moved / "status").read_text() == "active"
+    assert (moved / "watch.json").is_file()
+    assert "run 1" in (moved / "taskcard.md").read_text()
