@@ -28,7 +28,7 @@ import tomllib
 import types
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Final, Literal, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -526,7 +526,27 @@ def _file_above(path: Path) -> Path | None:
     return probe if probe.exists() and not probe.is_dir() else None
 
 
+# Kernel file systems: they take a `mkdir` from root, or look writable to `os.access`, yet
+# hold no data of ours (proc and sysfs refuse files or invent them, /dev lives in memory).
+_PSEUDO_ROOTS: Final = ("/proc", "/sys", "/dev")
+
+
+def _pseudo_root(path: Path) -> str | None:
+    """The kernel file system `path` (once symlinks are resolved) lies in, or None."""
+    real = os.path.realpath(path)
+    for root in _PSEUDO_ROOTS:
+        if real == root or real.startswith(root + "/"):
+            return root
+    return None
+
+
 def _state_dir_problem(state_dir: Path) -> str | None:
+    pseudo = _pseudo_root(state_dir)
+    if pseudo is not None:
+        return (
+            f"{state_dir} is under {pseudo}, a kernel file system where no state is kept; choose"
+            " a directory on a disk, such as /var/lib/taskcard"
+        )
     probe = state_dir
     while not probe.exists():  # the nearest existing ancestor is where it will be created
         if probe.parent == probe:

@@ -695,3 +695,21 @@ def test_output_to_a_full_disk_is_one_line_and_exit_1(
         done = _with_stdout(full, *args, *where)
     assert done.returncode == 1, done.stderr
     assert done.stderr.strip() == "taskcard: cannot write the output (No space left on device)"
+
+
+@pytest.mark.parametrize("state_dir", ["/proc/x", "/sys/taskcard", "/dev/taskcard", "LINK/x"])
+def test_a_state_dir_on_a_kernel_file_system_is_refused_naming_the_key(
+    tmp_path: Path, state_dir: str
+) -> None:
+    """Root may `mkdir` under /dev, and `os.access` says yes to it under /proc and /sys: the
+    writability check passed and the service would keep its state there (or fail later)."""
+    (tmp_path / "LINK").symlink_to("/proc/self")
+    value = state_dir.replace("LINK", str(tmp_path / "LINK"))
+    config = tmp_path / "taskcard.toml"
+    config.write_text(f'state_dir = "{value}"\n{AGENT}')
+    for args in (("config", "check", str(config)), ("serve", "--config", str(config), "--check")):
+        result = taskcard(*args)
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+        assert f"state_dir: {value} is under /" in result.stderr
+        assert "kernel file system" in result.stderr and "Traceback" not in result.stderr
+    assert not Path("/dev/taskcard").exists()
