@@ -37,6 +37,7 @@ from taskcard.producers.inbox.contract import (
     shared_group,
 )
 from taskcard.producers.task_card.contract import line_break_first, open_appending, utc_now_iso
+from taskcard.producers.task_card.workdir_arg import WorkdirError, given_path
 
 MAX_FILES: Final = 256  # read per call; the rest waits for the next one
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -86,9 +87,13 @@ def _open_dir(
 @contextlib.contextmanager
 def _inbox(workdir: Path, *, taken: bool) -> Iterator[tuple[int, int, int | None] | None]:
     """(inbox, queued, taken) descriptors, or None when there is nothing queued at all."""
+    try:
+        folder = given_path(workdir)
+    except WorkdirError as exc:
+        raise WorkdirError(f"workdir: {exc}") from None
     fds: list[int] = []
     try:
-        root = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        root = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         fds.append(root)
         inbox = _open_dir(INBOX_DIR, root, f"{INBOX_DIR}/", create=False)
         if inbox is None:

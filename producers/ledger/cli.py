@@ -39,7 +39,8 @@ JOB_STATUSES: Final = ("submitted", "running", "succeeded", "failed", "cancelled
 
 
 def _ledger(args: argparse.Namespace) -> Ledger:
-    path = Path(args.ledger)
+    # Checked as given: an empty `--ledger` joined to the workdir would name the workdir.
+    path = Ledger(args.ledger).path
     return Ledger(path if path.is_absolute() else args.workdir / path)
 
 

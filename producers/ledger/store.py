@@ -44,6 +44,7 @@ from taskcard.producers.ledger.model import (
     derive,
 )
 from taskcard.producers.task_card.contract import atomic_write, open_regular, quoted, shows_text
+from taskcard.producers.task_card.workdir_arg import WorkdirError, given_path
 
 DEFAULT_LEDGER: Final = Path(LEDGER_DIR) / LEDGER_FILE
 MAX_LEDGER_BYTES: Final = 16_000_000
@@ -156,7 +157,10 @@ class Ledger:
     """One ledger file. All methods are safe to call from many processes at once."""
 
     def __init__(self, path: Path | str, *, clock: Clock = utc_now) -> None:
-        self.path = Path(path)
+        try:
+            self.path = given_path(path, "the ledger's file path", folder=False)
+        except WorkdirError as exc:
+            raise LedgerError(f"ledger: {exc}") from None
         if not self.path.name or self.path.name in (".", ".."):
             raise LedgerError(f"ledger: {path} names a folder; give the ledger's file path")
         self.lock_path = self.path.with_name(self.path.name + ".lock")

@@ -24,6 +24,7 @@ from taskcard.producers.task_card.contract import (
     shows_text,
     utc_now_iso,
 )
+from taskcard.producers.task_card.workdir_arg import WorkdirError, given_path
 
 LINEAGE_FILE: Final = "lineage.json"
 DEFAULT_MAX_DEPTH: Final = 3
@@ -40,9 +41,17 @@ class LineageError(ValueError):
     """A spawn that cannot be recorded; the text names the field and the fix."""
 
 
+def _folder(value: object, field: str, what: str = "the agent's working directory") -> Path:
+    """`value` as a folder name (`given_path`), or `LineageError` naming `field`."""
+    try:
+        return given_path(value, what)
+    except WorkdirError as exc:
+        raise LineageError(f"{field}: {exc}") from None
+
+
 def read_lineage(workdir: Path) -> dict[str, Any] | None:
     """The workdir's lineage record, None when it has none; `LineageError` when broken."""
-    path = Path(workdir) / LINEAGE_FILE
+    path = _folder(workdir, "workdir") / LINEAGE_FILE
     try:
         # Never a plain open: a named pipe there blocked the spawn, /dev/zero filled memory.
         raw = read_regular(path, MAX_FILE_BYTES + 1)
@@ -104,7 +113,7 @@ def spawn(
         raise LineageError("max_depth: must be a whole number")
     if not 1 <= max_depth <= MAX_DEPTH_LIMIT:
         raise LineageError(f"max_depth: must be 1..{MAX_DEPTH_LIMIT}")
-    child = Path(child)
+    child = _folder(child, "workdir", "the child's working directory")
     try:
         usable = child.is_dir()
     except OSError as exc:  # a name too long for the system, a folder not searchable
@@ -118,9 +127,13 @@ def spawn(
         )
     depth = 1
     if parent_workdir is not None:
-        if not Path(parent_workdir).is_dir():
-            raise LineageError(f"parent_workdir: {parent_workdir} is not a directory")
-        if Path(parent_workdir).resolve() == child.resolve():
+        parent_workdir = _folder(parent_workdir, "parent_workdir", "the parent's working directory")
+        if not parent_workdir.is_dir():
+            raise LineageError(
+                f"parent_workdir: {quoted(str(parent_workdir))} is not a directory; give the"
+                " parent's working directory, or leave it out"
+            )
+        if parent_workdir.resolve() == child.resolve():
             raise LineageError(
                 "parent_workdir: is the child's own workdir; an agent is not its own parent"
             )

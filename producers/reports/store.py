@@ -39,10 +39,12 @@ from taskcard.producers.task_card.contract import (
     open_append,
     open_regular,
     parse_json,
+    quoted,
     read_regular,
     shows_text,
     utc_now_iso,
 )
+from taskcard.producers.task_card.workdir_arg import WorkdirError, given_path
 
 REPORTS_DIR: Final = "reports"
 REPORTS_FILE: Final = "reports.jsonl"
@@ -138,7 +140,10 @@ class Reports:
     def __init__(self, workdir: Path, *, channel: str = "python", clock: Clock = utc_now_iso):
         if channel not in CHANNELS:
             raise ValueError(f"channel: {channel!r} is not one of {', '.join(CHANNELS)}")
-        self.workdir = Path(workdir)
+        try:
+            self.workdir = given_path(workdir)
+        except WorkdirError as exc:
+            raise ReportError(f"workdir: {exc}") from None
         self.dir = self.workdir / REPORTS_DIR
         self.path = self.dir / REPORTS_FILE
         self._channel = channel
@@ -163,8 +168,7 @@ class Reports:
                 f"{sorted(unknown)[0]}: not a report field; use ok, verdict, role, summary, payload"
             )
         check_report(ok=ok, verdict=verdict, role=role, summary=summary, payload=payload)
-        if not self.workdir.is_dir():
-            raise ReportError(f"workdir: {self.workdir} is not a directory")
+        self._require_workdir()
         with self._locked():
             seq = max(self._last_seq(), self._counter()) + 1
             if seq > MAX_SEQ:
@@ -201,6 +205,9 @@ class Reports:
 
     def after(self, seq: int | None = None) -> dict[str, Any] | None:
         """The first report with a seq above `seq` (the latest when None), or None."""
+        if seq is not None and (isinstance(seq, bool) or not isinstance(seq, int) or seq < 0):
+            raise ReportError("after: must be a whole number >= 0 (the last seq you read)")
+        self._require_workdir()
         if seq is None:
             lines = self._tail_lines()
             reports = [r for line in reversed(lines) if (r := parse_line(line))]
@@ -212,12 +219,25 @@ class Reports:
             for report in self._reports():
                 latest = report
             return None if latest is None else self._with_payload(latest)
-        if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
-            raise ReportError("after: must be a whole number >= 0 (the last seq you read)")
         for report in self._reports():
             if report["seq"] > seq:
                 return self._with_payload(report)
         return None
+
+    def _require_workdir(self) -> None:
+        """A workdir that is not a folder (missing, a file) is refused, naming it."""
+        try:
+            usable = self.workdir.is_dir()
+        except OSError as exc:  # a name too long for the system, a folder not searchable
+            raise ReportError(
+                f"workdir: {quoted(str(self.workdir))} cannot be used ({exc.strerror}); give the"
+                " agent's working directory"
+            ) from None
+        if not usable:
+            raise ReportError(
+                f"workdir: {quoted(str(self.workdir))} is not a directory; give the agent's"
+                " working directory"
+            )
 
     def _reports(self) -> Iterator[dict[str, Any]]:
         """Every report line of the file in order; a line over `MAX_LINE_BYTES` is skipped

@@ -19,6 +19,7 @@ from taskcard.producers.task_card.envelope import (
 )
 from taskcard.producers.task_card.meta import MetaProjector, project_meta
 from taskcard.producers.task_card.runtime import HostAlreadyRunning
+from taskcard.producers.task_card.workdir_arg import WorkdirError
 
 __all__ = [
     "ACTIONS",
@@ -26,6 +27,7 @@ __all__ = [
     "HostAlreadyRunning",
     "MetaProjector",
     "TaskCard",
+    "WorkdirError",
     "envelope_json_schema",
     "parse_envelope",
     "project_meta",

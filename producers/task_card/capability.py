@@ -81,6 +81,7 @@ from taskcard.producers.task_card.settings import (
 )
 from taskcard.producers.task_card.tally import RefreshTally, read_tally
 from taskcard.producers.task_card.turns import add_completed_turn, reset_turns
+from taskcard.producers.task_card.workdir_arg import WorkdirError, given_path
 from taskcard.producers.task_card.written import WrittenFiles
 
 log = logging.getLogger(__name__)
@@ -175,9 +176,21 @@ class TaskCard:
         quiesce_timeout_s: float = DEFAULT_QUIESCE_TIMEOUT_S,
     ) -> None:
         env = os.environ if environ is None else environ
-        self.workdir = Path(workdir).resolve()
-        if not self.workdir.is_dir():
-            raise NotADirectoryError(f"workdir {self.workdir} is not a directory")
+        try:
+            self.workdir = given_path(workdir).resolve()
+            usable = self.workdir.is_dir()
+        except WorkdirError as exc:
+            raise WorkdirError(f"workdir: {exc}") from None
+        except (OSError, RuntimeError) as exc:  # a symlink loop, a name too long
+            raise WorkdirError(
+                f"workdir: {quoted(str(workdir))} cannot be used ({getattr(exc, 'strerror', exc)});"
+                " give the agent's working directory"
+            ) from None
+        if not usable:
+            raise WorkdirError(
+                f"workdir: {self.workdir} is not a directory; give the agent's working "
+                "directory (create it first)"
+            )
         self.paths = CardPaths(self.workdir)
         self.host_paths = HostPaths(runtime_dir or default_runtime_dir(env), self.workdir)
         self._notifier: NotificationPort = notifier or FileNotificationPort(self.paths)

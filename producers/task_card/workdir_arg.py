@@ -6,12 +6,19 @@
 relative name starts at a given base (the current folder for a command line, the server's
 workdir for an MCP tool), and an empty name is refused instead of silently meaning `.`,
 which put reports, ledgers and activity into whatever folder the command ran in.
+
+The Python API (`TaskCard`, `Reports`, `spawn`, `read_lineage`, `Ledger`, the inbox's
+`peek` and `claim_all`) takes the folder as an object, not as text to expand: `given_path`
+holds it to the same rule (no empty name, no NUL, text or a path object only).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
+
+from taskcard.producers.task_card.contract import quoted
 
 
 class WorkdirError(ValueError):
@@ -33,6 +40,25 @@ def expand_workdir(text: str, base: Path | None = None) -> Path:
         raise WorkdirError(f"{text!r} cannot be expanded or resolved; give the full path") from None
     except (ValueError, OSError):  # a NUL byte; a current folder that was deleted
         raise WorkdirError(f"{text!r} is not a usable path; give the full path") from None
+
+
+def given_path(
+    value: object, what: str = "the agent's working directory", *, folder: bool = True
+) -> Path:
+    """`value` as a `Path`, when it is text or a path object that names something: an empty
+    name (which `Path("")` reads as the current folder), one of white space only, one with a
+    NUL byte and any other type raise `WorkdirError`, whose text says to give `what` (a
+    `folder`, or a file). Not expanded or resolved; whether it exists is the caller's
+    question."""
+    name = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if not isinstance(name, str):
+        raise WorkdirError(f"must be text or a path, not {type(value).__name__}; give {what}")
+    if not name.strip():
+        here = " (for the current folder: .)" if folder else ""
+        raise WorkdirError(f"is empty; give {what}{here}")
+    if "\0" in name:
+        raise WorkdirError(f"{quoted(name)} contains a NUL character; give {what} without it")
+    return Path(name)
 
 
 def workdir_arg(text: str) -> Path:

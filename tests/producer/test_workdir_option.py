@@ -10,10 +10,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
+
+from taskcard.producers.inbox import peek
+from taskcard.producers.ledger import Ledger, LedgerError
+from taskcard.producers.reports import LineageError, ReportError, Reports, read_lineage, spawn
+from taskcard.producers.task_card import TaskCard, WorkdirError
 
 from .conftest import CliHost
 from .test_reports import TASKCARD
@@ -118,3 +125,69 @@ async def test_the_spawn_tool_expands_a_tilde_and_refuses_an_empty_child_workdir
         assert not report.is_error
         assert (home / "agent" / "reports" / "reports.jsonl").is_file()
     assert list((home / "elsewhere").iterdir()) == []
+
+
+# Each Python API entry that takes a folder (or the ledger's file), with the error type its
+# callers catch and the field its message must name.
+def _api_calls(
+    runtime_dir: Path, child: Path
+) -> dict[str, tuple[Callable[[Any], object], type, str]]:
+    def card(value: Any) -> object:
+        with TaskCard(value, runtime_dir=runtime_dir):
+            return None
+
+    return {
+        "TaskCard": (card, WorkdirError, "workdir: "),
+        "Reports.add": (lambda value: Reports(value).add(ok=True), ReportError, "workdir: "),
+        "Reports.after": (lambda value: Reports(value).after(), ReportError, "workdir: "),
+        "spawn": (lambda value: spawn(value, parent="p0", reason="r"), LineageError, "workdir: "),
+        "spawn parent": (
+            lambda value: spawn(child, parent="p0", reason="r", parent_workdir=value),
+            LineageError,
+            "parent_workdir: ",
+        ),
+        "read_lineage": (read_lineage, LineageError, "workdir: "),
+        "Ledger": (lambda value: Ledger(value).read(), LedgerError, "ledger: "),
+        "peek": (peek, WorkdirError, "workdir: "),
+    }
+
+
+@pytest.mark.parametrize("value", ["", "  ", "a\0b", 7, None, b"/tmp"])
+def test_the_python_api_refuses_an_unusable_folder_name_naming_the_field(
+    home: Path, runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, value: object
+) -> None:
+    """`TaskCard("")` and `Reports("")` used to work in the current folder (`Path("")` is
+    `.`); a NUL or a number came back as a bare TypeError or ValueError naming nothing."""
+    monkeypatch.chdir(home / "elsewhere")
+    for name, (call, error, field) in _api_calls(runtime_dir, home / "agent").items():
+        if name == "spawn parent" and value is None:
+            continue  # None is its default: no parent workdir
+        with pytest.raises(error) as raised:
+            call(value)
+        message = str(raised.value)
+        assert message.startswith(field) and "give " in message, (name, message)
+    assert list((home / "elsewhere").iterdir()) == [], "nothing lands in the current folder"
+
+
+def test_the_python_api_refuses_a_file_given_as_the_workdir(
+    home: Path, runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(home / "elsewhere")
+    (home / "notes.txt").write_text("keep")
+    for name, (call, error, field) in _api_calls(runtime_dir, home / "agent").items():
+        if name in ("Ledger", "read_lineage", "peek"):
+            continue  # a file is the ledger's own shape; the other two read under it
+        with pytest.raises(error) as raised:
+            call(str(home / "notes.txt"))
+        assert str(raised.value).startswith(field), (name, raised.value)
+        assert "not a directory" in str(raised.value), (name, raised.value)
+    assert (home / "notes.txt").read_text() == "keep"
+
+
+def test_an_empty_ledger_option_is_refused_not_read_as_the_workdir(home: Path) -> None:
+    done = _run(
+        ["ledger", "init", "t1", "--purpose", "p", "--ledger", ""], str(home / "agent"), home
+    )
+    assert done.returncode == 2, done.stderr
+    assert "ledger: is empty" in done.stderr and "Traceback" not in done.stderr
+    assert not (home / "agent" / "ledger").exists()
