@@ -218,12 +218,14 @@ def run_supervise(args: argparse.Namespace) -> int:
         Path(args.runtime_dir).expanduser() if args.runtime_dir else default_runtime_dir(os.environ)
     )
     host_paths = HostPaths(runtime, workdir)
+    skipped: list[str] = []
     decisions = supervise(
         _ledger(args),
         LedgerNotificationPort(CardPaths(workdir)),
         apply=args.apply_supervision,
         task_id=args.task_id,
         retire_card=lambda: retire_via_host(host_paths),
+        skipped=skipped,
     )
     for decision in decisions:
         print(
@@ -231,7 +233,10 @@ def run_supervise(args: argparse.Namespace) -> int:
                 {"task_id": decision.task_id, "action": decision.action, "reason": decision.reason}
             )
         )
-    return EXIT_OK
+    # The other tasks were supervised; each broken one is named, and the exit code says so.
+    for problem in skipped:
+        print(f"taskcard ledger: skipped: {problem}", file=sys.stderr)
+    return EXIT_BAD_INPUT if skipped else EXIT_OK
 
 
 class _OneLineParser(argparse.ArgumentParser):

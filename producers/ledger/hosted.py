@@ -3,7 +3,8 @@
 The host calls the returned function every few seconds. It does nothing while the workdir
 has no ledger at the default path; otherwise it applies supervision (wakes and notices are
 idempotent) and retires the host's own card through the `TaskCard` when the work is done.
-A broken ledger is logged and skipped: it never stops the host or the card.
+A broken ledger is logged and skipped: it never stops the host or the card (a broken task
+alone is logged and skipped, its file's other tasks are supervised).
 """
 
 from __future__ import annotations
@@ -27,9 +28,14 @@ def ledger_supervisor(card: TaskCard) -> Callable[[], None]:
     def check() -> None:
         if not ledger.path.is_file():
             return
+        skipped: list[str] = []
         try:
-            supervise(ledger, port, apply=True, retire_card=lambda: retire_in_host(card))
+            supervise(
+                ledger, port, apply=True, retire_card=lambda: retire_in_host(card), skipped=skipped
+            )
         except LedgerError as exc:
             log.warning("ledger monitor skipped: %s", exc)
+        for problem in skipped:
+            log.warning("ledger monitor skipped a task: %s", problem)
 
     return check

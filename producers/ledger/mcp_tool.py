@@ -286,18 +286,23 @@ def _run(ledger: Ledger, paths: HostPaths, command: str, args: dict[str, Any]) -
         from taskcard.producers.ledger.supervise import supervise
         from taskcard.producers.task_card.contract import CardPaths
 
+        skipped: list[str] = []
         decisions = supervise(
             ledger,
             LedgerNotificationPort(CardPaths(paths.workdir)),
             apply=bool(args.get("apply_supervision")),
             task_id=task_id,
             retire_card=lambda: retire_via_host(paths),
+            skipped=skipped,
         )
-        return {
+        result: dict[str, Any] = {
             "decisions": [
                 {"task_id": d.task_id, "action": d.action, "reason": d.reason} for d in decisions
             ]
         }
+        if skipped:
+            result["skipped"] = [for_mcp(problem) for problem in skipped]
+        return result
     if not isinstance(task_id, str):
         raise LedgerError(f"task_id: {command} needs task_id (a string)")
     if command == "show":

@@ -18,10 +18,11 @@ reported as an inconsistency, never resolved by guessing.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Final, Literal, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints
 
 EventType = Literal[
     "STARTED",
@@ -260,9 +261,24 @@ class TaskRecord(_Model):
     supervision: Supervision = Field(default_factory=Supervision)
 
 
+@dataclass(frozen=True)
+class BrokenTask:
+    """A task of the file whose record does not validate: its JSON text exactly as read, and
+    the first problem (the field's path and what is wrong)."""
+
+    text: str
+    problem: str
+
+
 class LedgerDocument(_Model):
     version: Literal[1] = 1
     tasks: dict[str, TaskRecord] = Field(default_factory=dict)
+    # Tasks that do not validate, by id: never in `tasks`, written back as they were read.
+    _broken: dict[str, BrokenTask] = PrivateAttr(default_factory=dict)
+
+    @property
+    def broken(self) -> dict[str, BrokenTask]:
+        return self._broken
 
 
 # ----------------------------------------------------------------------------- derivation

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
+import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,7 +23,7 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from taskcard.producers.ledger.contract import LEDGER_DIR, LEDGER_FILE
+from taskcard.producers.ledger.contract import LEDGER_DIR, LEDGER_FILE, SAFE_ID
 from taskcard.producers.ledger.model import (
     EVENT_TYPES,
     FAILURE_KINDS,
@@ -30,6 +32,7 @@ from taskcard.producers.ledger.model import (
     MAX_SECONDS,
     OWNER_REPLIES,
     BlockTruth,
+    BrokenTask,
     CompletionTruth,
     Download,
     EventType,
@@ -142,15 +145,109 @@ def _note(field: str, value: str | None) -> str | None:
 
 
 def load_document(data: bytes, where: str) -> LedgerDocument:
+    """The document; a task whose record does not validate is set aside in `broken` (the
+    others are read as usual), and anything wrong outside one task is a `LedgerError`."""
     if not data.strip():
         return LedgerDocument()
     try:
         return LedgerDocument.model_validate_json(data)
     except ValidationError as exc:
-        raise LedgerError(
-            f"ledger {where} is not a valid ledger ({_first_error(exc)}); "
-            "fix it or move it aside and run `taskcard ledger init` again"
-        ) from None
+        document = _set_broken_tasks_aside(data)
+        if document is None:
+            raise LedgerError(
+                f"ledger {where} is not a valid ledger ({_first_error(exc)}); "
+                "fix it or move it aside and run `taskcard ledger init` again"
+            ) from None
+        return document
+
+
+_DECODER: Final = json.JSONDecoder()
+
+
+def _skip(text: str, at: int) -> int:
+    """The offset of the first character at or after `at` that is not JSON white space."""
+    while at < len(text) and text[at] in " \t\n\r":
+        at += 1
+    return at
+
+
+def _members(text: str, start: int) -> tuple[dict[str, tuple[int, int]], int]:
+    """The members of the JSON object at `start` of `text` (valid JSON, already checked):
+    each key's value as (start, end) offsets into `text`, and the offset after the object.
+    A key given twice keeps its last value, as a JSON reader does."""
+    found: dict[str, tuple[int, int]] = {}
+    at = _skip(text, start + 1)
+    if text[at] == "}":
+        return found, at + 1
+    while True:
+        key, at = _DECODER.raw_decode(text, at)
+        at = _skip(text, at) + 1  # past the colon
+        begin = _skip(text, at)
+        _, end = _DECODER.raw_decode(text, begin)
+        found[key] = (begin, end)
+        at = _skip(text, end)
+        if text[at] == "}":
+            return found, at + 1
+        at = _skip(text, at + 1)  # past ','
+
+
+def _task_texts(data: bytes) -> tuple[dict[str, Any], dict[str, str]] | None:
+    """(the document's other members, each task's JSON text by id), or None when `data` is
+    not a JSON object whose `tasks` is an object."""
+    try:
+        text = data.decode("utf-8")
+        top = json.loads(text)
+        if not isinstance(top, dict) or not isinstance(top.get("tasks"), dict):
+            return None
+        members, _ = _members(text, _skip(text, 0))
+        begin, _ = members["tasks"]
+        tasks, _ = _members(text, begin)
+    except (ValueError, RecursionError, KeyError, IndexError):
+        return None
+    rest = {key: value for key, value in top.items() if key != "tasks"}
+    return rest, {ident: text[begin:end] for ident, (begin, end) in tasks.items()}
+
+
+def _shown_id(ident: str) -> str:
+    return ident if SAFE_ID.fullmatch(ident) else quoted(ident)
+
+
+def _set_broken_tasks_aside(data: bytes) -> LedgerDocument | None:
+    """The document with each task that does not validate set aside, its text kept exactly
+    as read; None when no task is broken or the rest of the document is wrong too."""
+    found = _task_texts(data)
+    if found is None:
+        return None
+    rest, texts = found
+    good: dict[str, TaskRecord] = {}
+    broken: dict[str, BrokenTask] = {}
+    for ident, text in texts.items():
+        try:
+            good[ident] = TaskRecord.model_validate_json(text)
+        except ValidationError as exc:
+            broken[ident] = BrokenTask(text, f"tasks.{_shown_id(ident)}.{_first_error(exc)}")
+    if not broken:
+        return None
+    try:
+        document = LedgerDocument.model_validate({**rest, "tasks": good})
+    except ValidationError:
+        return None
+    document.broken.update(broken)
+    return document
+
+
+def dump_document(document: LedgerDocument) -> bytes:
+    """The file's bytes for `document`, its broken tasks written back exactly as read."""
+    if not document.broken:
+        return document.model_dump_json(indent=2).encode("utf-8") + b"\n"
+    data = document.model_dump(mode="json")
+    marks = {ident: f"taskcard-broken-task-{uuid.uuid4().hex}" for ident in document.broken}
+    for ident, mark in marks.items():
+        data["tasks"][ident] = mark
+    text = json.dumps(data, indent=2, ensure_ascii=False)
+    for ident, mark in marks.items():
+        text = text.replace(json.dumps(mark), document.broken[ident].text, 1)
+    return text.encode("utf-8") + b"\n"
 
 
 class Ledger:
@@ -187,6 +284,9 @@ class Ledger:
     def default_task_id(self) -> str:
         """The only task, else the newest one not completed, else the newest one."""
         document = self.read()
+        if not document.tasks and document.broken:
+            first = sorted(document.broken)[0]
+            raise LedgerError(f"task_id: {self.broken_problem(document, first)}")
         if not document.tasks:
             raise LedgerError(f"task_id: the ledger {self.path} has no task; run `ledger init`")
         records = sorted(document.tasks.values(), key=lambda r: r.task.created_at)
@@ -205,16 +305,29 @@ class Ledger:
             document = self.read()
             before = document.model_dump_json()
             yield document
-            after = document.model_dump_json(indent=2)
             if document.model_dump_json() != before:
-                atomic_write(self.path, after.encode("utf-8") + b"\n")
+                atomic_write(self.path, dump_document(document))
         finally:
             os.close(fd)  # closing the descriptor releases the flock
 
     def clock(self) -> datetime:
         return self._clock()
 
+    def broken_problem(self, document: LedgerDocument, task_id: str) -> str | None:
+        """What is wrong with the record of `task_id` in the file, None when it is sound."""
+        broken = document.broken.get(task_id)
+        if broken is None:
+            return None
+        return (
+            f"task {_shown_id(task_id)} in {self.path} is broken ({broken.problem}); fix that "
+            "field in the file, or delete the task's entry there (ledger commands leave it as "
+            "it is; the file's other tasks work as before)"
+        )
+
     def require(self, document: LedgerDocument, task_id: str) -> TaskRecord:
+        broken = self.broken_problem(document, task_id)
+        if broken is not None:
+            raise LedgerError(f"task_id: {broken}")
         record = document.tasks.get(task_id)
         if record is None:
             known = ", ".join(sorted(document.tasks)) or "none"
@@ -251,7 +364,7 @@ class Ledger:
         except ValidationError as exc:
             raise LedgerError(f"{_first_error(exc)}; see `taskcard ledger init --help`") from None
         with self.locked() as document:
-            if task_id in document.tasks:
+            if task_id in document.tasks or task_id in document.broken:
                 raise LedgerError(
                     f"task_id: {quoted(task_id)} already exists in {self.path}; "
                     "choose another id (a task's truth is never reset)"

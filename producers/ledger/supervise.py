@@ -5,7 +5,8 @@ decision once: it records the decision in that task's `supervision` bookkeeping 
 that task's), appends the typed notification, and after a completion retires the workdir's
 task card when no other task of the ledger is still open. A decision whose key was already
 delivered changes nothing, so running it every few seconds from the host and from cron at
-the same time is safe.
+the same time is safe. A task whose record in the file is broken is skipped (the caller is
+told) and counts as open.
 """
 
 from __future__ import annotations
@@ -54,12 +55,16 @@ def supervise(
     task_id: str | None = None,
     retire_card: CardRetirer | None = None,
     now: datetime | None = None,
+    skipped: list[str] | None = None,
 ) -> list[Decision]:
-    """The decision for each task (or `task_id`); delivered when `apply` is set."""
+    """The decision for each task (or `task_id`); delivered when `apply` is set. Deciding for
+    every task, what is wrong with each broken one is added to `skipped`."""
     if not apply:
         document = ledger.read()
         at = now or ledger.clock()
         ids = [task_id] if task_id is not None else sorted(document.tasks)
+        if task_id is None and skipped is not None:
+            skipped.extend(ledger.broken_problem(document, i) or i for i in sorted(document.broken))
         return [decide(ledger.require(document, i), at) for i in ids]
     decisions: list[Decision] = []
     retire = False
@@ -67,10 +72,13 @@ def supervise(
         at = now or ledger.clock()
         ids = [task_id] if task_id is not None else sorted(document.tasks)
         # Completion truth alone decides STOP_AND_DELETE, so whether every task is finished
-        # is known before any delivery; the card is retired only then.
-        still_open = any(
+        # is known before any delivery; the card is retired only then. A broken task may be
+        # one still running: it keeps the card.
+        still_open = bool(document.broken) or any(
             decide(record, at).action != "STOP_AND_DELETE" for record in document.tasks.values()
         )
+        if task_id is None and skipped is not None:
+            skipped.extend(ledger.broken_problem(document, i) or i for i in sorted(document.broken))
         for ident in ids:
             record = ledger.require(document, ident)
             decision = decide(record, at)

@@ -355,3 +355,52 @@ def test_supervise_finds_the_host_in_a_runtime_dir_written_with_a_tilde(
         with contextlib.suppress(OSError, ValueError):
             request_host(HostPaths(home / "rt", workdir.resolve()), {"op": "shutdown"}, 5.0)
         shutil.rmtree(home, ignore_errors=True)
+
+
+def test_one_broken_task_is_named_and_kept_while_the_other_tasks_work(workdir: Path) -> None:
+    """A hand edit broke one task of a shared ledger file (a limit set to null): every
+    command on the file used to exit 2. Now the other tasks are read, written and supervised,
+    the broken one is named with its field and the fix, and its text is never rewritten."""
+    ok(workdir, "init", "good", "--purpose", "p", "--steps", "a", "--no-renderer")
+    ok(workdir, "init", "bad", "--purpose", "q", "--steps", "a", "--no-renderer")
+    path = workdir / "ledger" / "long-task-ledger.json"
+    document = json.loads(path.read_text())
+    document["tasks"]["bad"]["task"]["limits"]["timeout_sec"] = None
+    broken_text = json.dumps(document["tasks"]["bad"], indent=4)  # as a person wrote it
+    document["tasks"]["bad"] = "BROKEN"
+    path.write_text(json.dumps(document, indent=2).replace('"BROKEN"', broken_text))
+
+    def named(stderr: str) -> None:
+        assert "task bad in" in stderr and "tasks.bad.task.limits.timeout_sec" in stderr, stderr
+        assert "fix that field" in stderr and "Traceback" not in stderr
+
+    moved = ok(workdir, "checkpoint", "good", "--event-type", "STEP_PROGRESS", "--step", "a")
+    assert moved["workflow"] == "RUNNING"
+    assert ok(workdir, "show", "good")["task"] is not None
+    assert ok(workdir, "show")["task"] is not None  # the newest sound task
+    assert taskcard(workdir, "render", "good").returncode == 0
+    for args in (
+        ("show", "bad"),
+        ("heartbeat", "bad"),
+        ("init", "bad", "--purpose", "again", "--no-renderer"),
+    ):
+        done = taskcard(workdir, *args)
+        assert done.returncode == 2, (args, done.stdout)
+        if args[0] != "init":
+            named(done.stderr)
+    supervised = taskcard(workdir, "supervise", "--apply-supervision")
+    assert supervised.returncode == 2
+    named(supervised.stderr)
+    assert [json.loads(line)["task_id"] for line in supervised.stdout.splitlines()] == ["good"]
+    assert broken_text in path.read_text()
+    assert json.loads(path.read_text())["tasks"]["good"]["derived"]["workflow"] == "RUNNING"
+    # The broken task may still be running: finishing the other one does not retire the card.
+    ok(workdir, "checkpoint", "good", "--event-type", "STEP_COMPLETED", "--step", "a")
+    ok(workdir, "checkpoint", "good", "--event-type", "TASK_COMPLETED", "--note", "out/x")
+    assert taskcard(workdir, "supervise", "--apply-supervision").returncode == 2
+    (completed,) = [n for n in notifications(workdir) if n["source"] == "ledger.completed"]
+    assert completed["extra"]["card_retired"] is False
+    assert broken_text in path.read_text()
+    # Fixed by hand, the task is read again as it was.
+    path.write_text(path.read_text().replace('"timeout_sec": null', '"timeout_sec": 7200'))
+    assert ok(workdir, "show", "bad")["task"]["purpose"] == "q"

@@ -141,7 +141,10 @@ def test_completion_notifies_once_and_retires_the_card_after_the_last_open_task(
 def test_a_corrupt_ledger_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "ledger.json"
     path.write_text(json.dumps({"version": 1, "tasks": {"t": {"task": {}}}}))
-    with pytest.raises(LedgerError, match=r"not a valid ledger \(tasks\.t\.task\.task_id"):
+    with pytest.raises(LedgerError, match=r"task t in .* is broken \(tasks\.t\.task\.task_id"):
+        Ledger(path).task("t")
+    path.write_text(json.dumps({"version": 2, "tasks": {}}))  # wrong outside any one task
+    with pytest.raises(LedgerError, match=r"not a valid ledger \(version"):
         Ledger(path).task("t")
 
 
