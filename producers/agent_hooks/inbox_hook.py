@@ -39,7 +39,13 @@ from taskcard.producers.agent_hooks.claude_code import (
     hook_output,
 )
 from taskcard.producers.inbox import InboxUnsafe, Message, claim_all, frame
-from taskcard.producers.task_card.contract import CardPaths, atomic_write, read_regular
+from taskcard.producers.task_card.contract import (
+    CardPaths,
+    atomic_write,
+    make_folder,
+    open_lock,
+    read_regular,
+)
 
 MAX_TEXT_BYTES: Final = 5 * 1024  # plus at most ten short task card wakes: about 8 KiB
 BLOCKED_FILE: Final = ".taskcard-hook-blocked.json"
@@ -183,9 +189,9 @@ def _forget_blocked(paths: CardPaths, session: str, log: Callable[[str], None]) 
 @contextlib.contextmanager
 def _blocked_sessions(paths: CardPaths) -> Iterator[list[str]]:
     """The sessions whose stop this hook blocked, read and written back under a lock."""
-    paths.logs_dir.mkdir(parents=True, exist_ok=True)
+    make_folder(paths.logs_dir, inside=paths.workdir)
     path = paths.logs_dir / BLOCKED_FILE
-    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_lock(path.with_name(path.name + ".lock"), inside=paths.workdir)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:

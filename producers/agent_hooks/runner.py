@@ -9,10 +9,12 @@ Stdout carries only the host's hook JSON, or nothing.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
 import re
+import stat
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
@@ -40,8 +42,12 @@ from taskcard.producers.task_card.activity_log import append_event, event_record
 from taskcard.producers.task_card.contract import (
     ORIGIN_FORMS,
     CardPaths,
+    NotRegularFile,
     Origin,
     atomic_write,
+    make_folder,
+    open_append,
+    open_lock,
     parse_origin,
     read_regular,
     utc_now_iso,
@@ -77,12 +83,19 @@ def log_error(workdir: Path | None, message: str) -> None:
     if workdir is not None and workdir.is_dir():
         path = CardPaths(workdir).logs_dir / ERROR_LOG
         with contextlib.suppress(OSError):
-            path.parent.mkdir(parents=True, exist_ok=True)
+            make_folder(path.parent, inside=workdir)
             with contextlib.suppress(FileNotFoundError):
                 if path.stat().st_size > ERROR_LOG_MAX_BYTES:
                     os.replace(path, path.with_name(path.name + ".1"))
-            with path.open("a", encoding="utf-8") as handle:
-                handle.write(line)
+            # Never a plain `open`: a named pipe planted there held the hook (and the agent's
+            # turn) forever, and a link out of the workdir was appended to wherever it led.
+            fd = open_append(path, inside=workdir)
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise NotRegularFile(errno.EINVAL, "not a regular file")
+                os.write(fd, line.encode(errors="replace"))
+            finally:
+                os.close(fd)
             return
     with contextlib.suppress(OSError):
         os.write(2, f"taskcard hook: {message}\n".encode(errors="replace"))
@@ -136,9 +149,9 @@ def _session_waits(paths: CardPaths) -> contextlib.AbstractContextManager[dict[s
 def _locked_map(paths: CardPaths, name: str) -> Iterator[dict[str, str]]:
     """A small string map in the logs folder, read and written back under a lock; only the
     last `MAX_SESSIONS` keys are kept."""
-    paths.logs_dir.mkdir(parents=True, exist_ok=True)
+    make_folder(paths.logs_dir, inside=paths.workdir)
     path = paths.logs_dir / name
-    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_lock(path.with_name(path.name + ".lock"), inside=paths.workdir)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:

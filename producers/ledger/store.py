@@ -12,6 +12,7 @@ Bad input raises `LedgerError` with one line naming the field and the fix.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -46,7 +47,14 @@ from taskcard.producers.ledger.model import (
     TaskRecord,
     derive,
 )
-from taskcard.producers.task_card.contract import atomic_write, open_regular, quoted, shows_text
+from taskcard.producers.task_card.contract import (
+    NotRegularFile,
+    atomic_write,
+    open_lock,
+    open_regular,
+    quoted,
+    shows_text,
+)
 from taskcard.producers.task_card.workdir_arg import WorkdirError, given_path
 
 DEFAULT_LEDGER: Final = Path(LEDGER_DIR) / LEDGER_FILE
@@ -299,7 +307,15 @@ class Ledger:
     def locked(self) -> Iterator[LedgerDocument]:
         """The document under the exclusive lock; written back atomically if it changed."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = open_lock(self.lock_path)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP and not isinstance(exc, NotRegularFile):
+                raise
+            raise LedgerError(
+                f"ledger lock {self.lock_path}: a symlink or not a regular file; only taskcard "
+                "creates it, so remove it (it is made again)"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             document = self.read()

@@ -37,6 +37,7 @@ from taskcard.producers.task_card.contract import (
     is_inside,
     line_break_first,
     open_append,
+    open_lock,
     open_regular,
     parse_json,
     quoted,
@@ -309,7 +310,10 @@ class Reports:
         self.dir.mkdir(parents=True, exist_ok=True)
         if not is_inside(os.path.realpath(self.workdir), os.path.realpath(self.dir)):
             raise self._outside()  # the lock, the payloads and the counter would go there
-        fd = os.open(self.dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = open_lock(self.dir / LOCK_FILE, inside=self.workdir)
+        except OutsideWorkdir:
+            raise self._outside() from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield

@@ -649,6 +649,39 @@ def open_append(path: Path, *, inside: Path | None = None) -> int:
     return fd
 
 
+def make_folder(folder: Path, *, inside: Path) -> None:
+    """`folder` and its missing parents created, only when it lies inside `inside` once
+    symlinks are resolved; `OutsideWorkdir` otherwise, and nothing is created."""
+    _resolved_inside(folder, inside, "written")
+    folder.mkdir(parents=True, exist_ok=True)
+
+
+def open_lock(path: Path, *, inside: Path | None = None) -> int:
+    """A descriptor of the lock file at `path` for `flock`, created when missing.
+
+    Only this code creates lock files, so a symlink at the name can only have been planted:
+    it is refused (`OSError`, ELOOP), never followed to create or lock a file elsewhere, and a
+    named pipe there is refused too (`NotRegularFile`), never waited on. With `inside` (the
+    workdir), the lock's folder must lie inside it once links are resolved (`OutsideWorkdir`
+    otherwise, before anything is created): the files a lock guards sit beside it, so a side
+    folder such as `.notification/` linked out of the workdir gets nothing written into it.
+    """
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    if inside is None:
+        fd = os.open(path, flags, 0o644)
+    else:
+        root, target = _resolved_inside(path, inside, "written")
+        fd = os.open(target, flags, 0o644)
+        _opened_inside(fd, root, path, "written")
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise NotRegularFile(
+            errno.EINVAL, f"{path}: {file_kind(mode)}, not a regular file; remove it"
+        )
+    return fd
+
+
 def append_jsonl_line(path: Path, record: dict[str, Any], *, inside: Path | None = None) -> None:
     """Append one whole JSON line with a single `write` on an `O_APPEND` descriptor, on a line
     of its own even after a torn last line (`line_break_first`).

@@ -18,6 +18,7 @@ has not delivered yet (`wakes.py`, consumer `mcp`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -274,7 +275,8 @@ def build_server(paths: HostPaths, tools: tuple[McpTool, ...] = TOOLS) -> Server
     by_name = {tool.name: tool for tool in tools}
     listing = [tool.listing() for tool in tools]
     agent_meta = AgentMeta(paths)
-    agent_meta.prime()
+    with contextlib.suppress(OSError):  # `.notification/` unusable: no wakes, tools still work
+        agent_meta.prime()
 
     async def list_tools(
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None

@@ -19,7 +19,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
-from taskcard.producers.task_card.contract import CardPaths, atomic_write, read_regular
+from taskcard.producers.task_card.contract import (
+    CardPaths,
+    atomic_write,
+    make_folder,
+    open_lock,
+    read_regular,
+)
 
 TURNS_FILE: Final = "turns.json"
 _LOCK_FILE: Final = ".turns.lock"
@@ -27,8 +33,8 @@ _LOCK_FILE: Final = ".turns.lock"
 
 @contextlib.contextmanager
 def _locked(paths: CardPaths) -> Iterator[None]:
-    paths.notification_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(paths.notification_dir / _LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    make_folder(paths.notification_dir, inside=paths.workdir)
+    fd = open_lock(paths.notification_dir / _LOCK_FILE, inside=paths.workdir)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

@@ -35,6 +35,8 @@ from taskcard.producers.task_card.contract import (
     CardPaths,
     Notification,
     atomic_write,
+    make_folder,
+    open_lock,
     open_regular,
     parse_notification,
     read_regular,
@@ -137,9 +139,10 @@ class WakeReader:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        self._cursor_path.parent.mkdir(parents=True, exist_ok=True)
+        workdir = self._paths.workdir
+        make_folder(self._cursor_path.parent, inside=workdir)
         lock = self._cursor_path.with_name(f".{self._cursor_path.name}.lock")
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_lock(lock, inside=workdir)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield

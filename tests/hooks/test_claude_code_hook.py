@@ -411,3 +411,50 @@ def test_notices_linked_from_outside_the_workdir_never_wake_the_agent(
     port.notify(TaskCardErrorNotification("tc_9", 1, "renderer_failed", "x"))
     lines = (notices / "system.jsonl").read_text().splitlines()
     assert [json.loads(line)["id"] for line in lines][-1] == foreign["id"]
+
+
+@pytest.mark.parametrize("folder", [".notification", "logs"])
+def test_side_folders_linked_out_of_the_workdir_get_nothing_written_into_them(
+    workdir: Path, tmp_path: Path, folder: str
+) -> None:
+    """The hooks keep locks, turn counts, wake cursors and session maps beside the activity
+    log and the notices; a link out of the workdir at those folders made them create files
+    there (the appends alone were refused)."""
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (workdir / folder).symlink_to(outside)
+    for name in SESSION:
+        assert hook(payload(name, workdir)).returncode == 0, name
+    assert list(outside.iterdir()) == []
+
+
+def test_a_lock_file_planted_as_a_link_is_never_followed(workdir: Path, tmp_path: Path) -> None:
+    target = tmp_path / "created-elsewhere"
+    (workdir / ".notification" / "cursors").mkdir(parents=True)
+    (workdir / ".notification" / ".turns.lock").symlink_to(target)
+    (workdir / ".notification" / "cursors" / ".claude-code.json.lock").symlink_to(target)
+    (workdir / "logs").mkdir()
+    (workdir / "logs" / ".taskcard-hook-waits.json.lock").symlink_to(target)
+    for name in SESSION:
+        assert hook(payload(name, workdir)).returncode == 0, name
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link"])
+def test_a_planted_hook_log_never_hangs_the_hook_nor_is_written_through(
+    workdir: Path, tmp_path: Path, kind: str
+) -> None:
+    """`logs/taskcard-hook.log` was opened with a plain `open`: a named pipe there held every
+    hook that had something to log (the agent's turn with it), a link was appended through."""
+    log = workdir / "logs" / "taskcard-hook.log"
+    log.parent.mkdir()
+    outside = tmp_path / "dotfile"
+    outside.write_text("keep me\n")
+    if kind == "fifo":
+        os.mkfifo(log)
+    else:
+        log.symlink_to(outside)
+    done = hook(b"not json", "--workdir", str(workdir))  # run_taskcard's timeout: no hang
+    assert done.returncode == 0
+    assert b"payload is not JSON" in done.stderr  # said where it can be seen instead
+    assert outside.read_text() == "keep me\n"

@@ -196,3 +196,24 @@ def test_mcp_refuses_an_unusable_workdir_at_start(tmp_path: Path) -> None:
         f"taskcard mcp: --workdir {missing} is not a writable directory; "
         "pass the agent's working directory"
     ]
+
+
+async def test_a_notices_folder_linked_out_of_the_workdir_gets_no_cursor_and_tools_work(
+    workdir: Path, tmp_path: Path, cli: CliHost
+) -> None:
+    """The server keeps its wake cursor under `.notification/`; linked out of the workdir,
+    that folder got `cursors/` created in it. Now nothing is written there, and the server
+    still starts and answers (the wakes wait until the folder is a real one)."""
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (workdir / ".notification").symlink_to(outside)
+    async with (
+        stdio_client(server_for(workdir, cli)) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        envelope = {"action": "settings", "input": {}, "reasoning": "look"}
+        result = await session.call_tool("task_card", envelope)
+        assert not result.is_error, result.structured_content
+        assert (await session.call_tool("report", {"ok": True})).is_error is False
+    assert list(outside.iterdir()) == []

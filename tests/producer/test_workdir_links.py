@@ -214,3 +214,32 @@ def test_a_budget_running_out_while_the_card_folder_links_out_writes_nothing_the
     assert (moved / "status").read_text() == "active"
     assert (moved / "watch.json").is_file()
     assert "run 1" in (moved / "taskcard.md").read_text()
+
+
+def test_lock_files_planted_as_links_are_refused_and_create_nothing_elsewhere(
+    workdir: Path, tmp_path: Path
+) -> None:
+    """`reports/.lock` and the ledger's `.lock` were opened with `O_CREAT` through a link: a
+    dangling one made an empty file wherever it pointed, and a live one locked a foreign
+    file (another agent's lock, say)."""
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "taskcard.bridge.cli", *args, "--workdir", str(workdir)]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+    (workdir / "reports").mkdir()
+    (workdir / "ledger").mkdir()
+    (workdir / "reports" / ".lock").symlink_to(tmp_path / "reports-lock")
+    (workdir / "ledger" / "long-task-ledger.json.lock").symlink_to(tmp_path / "ledger-lock")
+    done = run("report", "--ok", "--summary", "done")
+    assert done.returncode == 2 and "leads out of the workdir" in done.stderr, done.stderr
+    done = run("ledger", "init", "t", "--purpose", "p", "--no-renderer")
+    assert done.returncode == 2, done.stderr
+    assert "long-task-ledger.json.lock: a symlink" in done.stderr and "remove it" in done.stderr
+    assert not (tmp_path / "reports-lock").exists()
+    assert not (tmp_path / "ledger-lock").exists()
+    # Removed, the lock files are made again and both commands work.
+    (workdir / "reports" / ".lock").unlink()
+    (workdir / "ledger" / "long-task-ledger.json.lock").unlink()
+    assert run("report", "--ok", "--summary", "done").returncode == 0
+    assert run("ledger", "init", "t", "--purpose", "p", "--no-renderer").returncode == 0
