@@ -26,7 +26,7 @@ import re
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 from taskcard.producers.reports.contract import MAX_SEQ, VERDICT_WORDS, report_seq
 from taskcard.producers.task_card.contract import (
@@ -243,12 +243,9 @@ class Reports:
     def _reports(self) -> Iterator[dict[str, Any]]:
         """Every report line of the file in order; a line over `MAX_LINE_BYTES` is skipped
         without holding more than that much of it in memory."""
-        try:
-            handle = open_regular(self.path)
-        except FileNotFoundError:
+        handle = self._open_reports()
+        if handle is None:
             return
-        except NotRegularFile:
-            raise self._not_regular(os.stat(self.path).st_mode) from None
         with handle:
             while line := handle.readline(MAX_LINE_BYTES + 1):
                 if len(line) > MAX_LINE_BYTES:
@@ -259,17 +256,27 @@ class Reports:
                 if report is not None:
                     yield report
 
+    def _open_reports(self) -> BinaryIO | None:
+        """The reports file opened for reading, None when there is none. Like every writer,
+        the reader takes nothing from a file that lies outside the workdir (a link out of it
+        at `reports/` or at the file): another agent's reports would read as this one's."""
+        try:
+            return open_regular(self.path, inside=self.workdir)
+        except FileNotFoundError:
+            return None
+        except OutsideWorkdir:
+            raise self._outside() from None
+        except NotRegularFile:
+            raise self._not_regular(os.stat(self.path).st_mode) from None
+
     def _with_payload(self, report: dict[str, Any]) -> dict[str, Any]:
         """The report with its payload text, read from its side file (bounded)."""
         name = report.get("payload_file")
         text: str | None = None
         if isinstance(name, str) and re.fullmatch(rf"{PAYLOADS_DIR}/[0-9]{{1,18}}\.txt", name):
-            with contextlib.suppress(OSError):
-                fd = os.open(self.dir / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-                try:
-                    text = os.read(fd, MAX_PAYLOAD_BYTES).decode("utf-8", errors="replace")
-                finally:
-                    os.close(fd)
+            with contextlib.suppress(OSError):  # gone, odd, or a link out: no payload
+                data = read_regular(self.dir / name, MAX_PAYLOAD_BYTES, inside=self.workdir)
+                text = data.decode("utf-8", errors="replace")
         return {**report, "payload": text}
 
     def _open_for_append(self) -> int:
@@ -294,8 +301,8 @@ class Reports:
     @staticmethod
     def _outside() -> ReportError:
         return ReportError(
-            f"{REPORTS_DIR}/: leads out of the workdir (a symlink); nothing is written outside"
-            " it, so replace the link with a folder (or a file) inside the workdir"
+            f"{REPORTS_DIR}/: leads out of the workdir (a symlink); nothing outside it is read"
+            " or written, so replace the link with a folder (or a file) inside the workdir"
         )
 
     @staticmethod
@@ -321,16 +328,14 @@ class Reports:
             os.close(fd)
 
     def _tail_lines(self) -> list[bytes]:
-        try:
-            with open_regular(self.path) as handle:
-                size = handle.seek(0, os.SEEK_END)
-                start = max(0, size - TAIL_BYTES)
-                handle.seek(start)
-                data = handle.read(TAIL_BYTES)
-        except FileNotFoundError:
+        handle = self._open_reports()
+        if handle is None:
             return []
-        except NotRegularFile:
-            raise self._not_regular(os.stat(self.path).st_mode) from None
+        with handle:
+            size = handle.seek(0, os.SEEK_END)
+            start = max(0, size - TAIL_BYTES)
+            handle.seek(start)
+            data = handle.read(TAIL_BYTES)
         lines = data.splitlines()
         return lines[1:] if start > 0 and lines else lines
 

@@ -7,6 +7,7 @@ checked once at start, and never reads, writes or locks through a link out of th
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -243,3 +244,30 @@ def test_lock_files_planted_as_links_are_refused_and_create_nothing_elsewhere(
     (workdir / "ledger" / "long-task-ledger.json.lock").unlink()
     assert run("report", "--ok", "--summary", "done").returncode == 0
     assert run("ledger", "init", "t", "--purpose", "p", "--no-renderer").returncode == 0
+
+
+def test_reports_linked_out_of_the_workdir_are_not_read_as_the_agents_own(
+    workdir: Path, tmp_path: Path
+) -> None:
+    """`taskcard reports` followed a `reports/` folder, or its `payloads/`, linked to another
+    agent's: that agent's reports and payloads read as this one's (the writer refused it)."""
+
+    def run(where: Path, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "taskcard.bridge.cli", *args, "--workdir", str(where)]
+        return subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=120)
+
+    other = tmp_path / "other"
+    other.mkdir()
+    made = run(other, "report", "--ok", "--summary", "theirs", "--payload", "-", stdin="SECRET")
+    assert made.returncode == 0, made.stderr
+    (workdir / "reports").symlink_to(other / "reports")
+    done = run(workdir, "reports")
+    assert done.returncode == 2 and "reports/: leads out of the workdir" in done.stderr
+    assert "theirs" not in done.stdout
+    (workdir / "reports").unlink()
+    mine = run(workdir, "report", "--ok", "--summary", "mine", "--payload", "-", stdin="own")
+    assert mine.returncode == 0, mine.stderr
+    (workdir / "reports" / "payloads").rename(tmp_path / "mine")
+    (workdir / "reports" / "payloads").symlink_to(other / "reports" / "payloads")
+    shown = json.loads(run(workdir, "reports").stdout)["report"]
+    assert shown["summary"] == "mine" and shown["payload"] is None
