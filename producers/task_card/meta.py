@@ -30,10 +30,12 @@ UNREADABLE_HINT: Final = (
 _READ_LIMIT_BYTES: Final = 4_000_000
 
 
-def _read(path: Any) -> bytes | None:
-    """Bytes, None when missing; raises OSError when present but unreadable."""
+def _read(path: Any, workdir: Any) -> bytes | None:
+    """Bytes, None when missing; raises OSError when present but unreadable, or when it lies
+    outside the workdir (a link out, at the file or at `taskcard/`: the service does not show
+    that file either, so the agent must not take it for its card)."""
     try:
-        with open_regular(path) as handle:
+        with open_regular(path, inside=workdir) as handle:
             data: bytes = handle.read(_READ_LIMIT_BYTES)
             return data
     except FileNotFoundError:
@@ -43,8 +45,8 @@ def _read(path: Any) -> bytes | None:
 def project_meta(paths: CardPaths, max_body_chars: int) -> dict[str, Any]:
     """The payload for the card as it is on disk now."""
     try:
-        status_raw = _read(paths.status)
-        body_raw = _read(paths.body)
+        status_raw = _read(paths.status, paths.workdir)
+        body_raw = _read(paths.body, paths.workdir)
     except OSError:
         return {"present": True, "status": "unreadable", "hint": UNREADABLE_HINT}
     status = parse_status(status_raw)

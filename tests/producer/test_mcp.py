@@ -217,3 +217,36 @@ async def test_a_notices_folder_linked_out_of_the_workdir_gets_no_cursor_and_too
         assert not result.is_error, result.structured_content
         assert (await session.call_tool("report", {"ok": True})).is_error is False
     assert list(outside.iterdir()) == []
+
+
+async def test_a_card_linked_out_of_the_workdir_is_unreadable_never_shown_as_the_agents(
+    workdir: Path, tmp_path: Path, cli: CliHost
+) -> None:
+    """The `_meta` projection read `taskcard/status` and the body through a link out of the
+    workdir (another agent's card folder, a file elsewhere), so the agent was shown a card
+    the service refuses to post. It reads as unreadable instead (never absent, which would
+    invite a duplicate card)."""
+    other = tmp_path / "other" / "taskcard"
+    other.mkdir(parents=True)
+    (other / "status").write_text("active")
+    (other / "taskcard.md").write_text("# Other\nOTHER BODY")
+    (workdir / "taskcard").symlink_to(other)
+    async with (
+        stdio_client(server_for(workdir, cli)) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        meta = taskcard_meta(await session.call_tool("report", {"ok": True}))
+        assert meta is not None and meta["status"] == "unreadable", meta
+        assert "OTHER BODY" not in json.dumps(meta)
+        # The folder real again, only its body linked out: the same.
+        (workdir / "taskcard").unlink()
+        (workdir / "taskcard").mkdir()
+        (workdir / "taskcard" / "status").write_text("active")
+        (workdir / "taskcard" / "taskcard.md").symlink_to(other / "taskcard.md")
+        meta = taskcard_meta(await session.call_tool("report", {"ok": True}))
+        assert meta is None or "OTHER BODY" not in json.dumps(meta), meta
+        (workdir / "taskcard" / "taskcard.md").unlink()
+        (workdir / "taskcard" / "taskcard.md").write_text("# Mine\nMY BODY")
+        meta = taskcard_meta(await session.call_tool("report", {"ok": True}))
+        assert meta is not None and meta.get("body") == "# Mine\nMY BODY", meta
