@@ -283,7 +283,11 @@ class Ledger:
         except OSError as exc:
             raise LedgerError(f"ledger {self.path}: cannot read it ({exc.strerror})") from None
         if len(data) > MAX_LEDGER_BYTES:
-            raise LedgerError(f"ledger {self.path}: larger than {MAX_LEDGER_BYTES} bytes")
+            raise LedgerError(
+                f"ledger {self.path}: larger than {MAX_LEDGER_BYTES} bytes, the most a ledger"
+                " may hold; move it aside and start a new one (`taskcard ledger init`), or keep"
+                " long tasks in ledgers of their own (--ledger PATH)"
+            )
         return load_document(data, str(self.path))
 
     def task(self, task_id: str) -> TaskRecord:

@@ -404,3 +404,15 @@ def test_one_broken_task_is_named_and_kept_while_the_other_tasks_work(workdir: P
     # Fixed by hand, the task is read again as it was.
     path.write_text(path.read_text().replace('"timeout_sec": null', '"timeout_sec": 7200'))
     assert ok(workdir, "show", "bad")["task"]["purpose"] == "q"
+
+
+def test_a_ledger_over_its_size_cap_is_refused_with_the_way_out(workdir: Path) -> None:
+    path = workdir / "ledger" / "long-task-ledger.json"
+    path.parent.mkdir()
+    with path.open("w") as handle:
+        handle.write('{"version": 1, "tasks": {}, "pad": "')
+        handle.write("x" * 16_000_000)
+        handle.write('"}')
+    done = taskcard(workdir, "show")
+    assert done.returncode == 2 and "larger than 16000000 bytes" in done.stderr
+    assert "move it aside" in done.stderr and "Traceback" not in done.stderr
