@@ -201,7 +201,11 @@ class Reports:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            atomic_write(self.dir / COUNTER_FILE, str(seq).encode(), durable=False)
+            # The report is recorded: a counter that cannot be written (a folder planted at
+            # `.seq`, a full disk) must not turn it into a failure the caller would retry,
+            # adding it again. The file's own last seq numbers the next one meanwhile.
+            with contextlib.suppress(OSError):
+                atomic_write(self.dir / COUNTER_FILE, str(seq).encode(), durable=False)
         return record
 
     def after(self, seq: int | None = None) -> dict[str, Any] | None:

@@ -367,3 +367,17 @@ def test_report_output_cannot_steer_the_terminal_printing_it(workdir: Path) -> N
         assert not set(out) & set("\u202e\x9b\u2066\u2069\u2028\x7f"), repr(out)
         assert "\\u202e" in out and "\\u009b" in out
     assert json.loads(read.stdout)["report"]["summary"] == summary
+
+
+def test_a_recorded_report_is_not_reported_failed_when_only_its_counter_fails(
+    workdir: Path,
+) -> None:
+    """A folder planted at `reports/.seq`: the report line was written, then the counter
+    write failed and `report` exited 1, so an agent retrying added the report again."""
+    (workdir / "reports" / ".seq").mkdir(parents=True)
+    for seq in (1, 2):
+        done = taskcard("report", "--ok", "--summary", f"r{seq}", "--workdir", str(workdir))
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["seq"] == seq
+    lines = (workdir / "reports" / "reports.jsonl").read_text().splitlines()
+    assert [json.loads(line)["summary"] for line in lines] == ["r1", "r2"]
