@@ -140,7 +140,7 @@ class Reports:
 
     def __init__(self, workdir: Path, *, channel: str = "python", clock: Clock = utc_now_iso):
         if channel not in CHANNELS:
-            raise ValueError(f"channel: {channel!r} is not one of {', '.join(CHANNELS)}")
+            raise ReportError(f"channel: {channel!r} is not one of {', '.join(CHANNELS)}")
         try:
             self.workdir = given_path(workdir)
         except WorkdirError as exc:

@@ -381,3 +381,8 @@ def test_a_recorded_report_is_not_reported_failed_when_only_its_counter_fails(
         assert json.loads(done.stdout)["seq"] == seq
     lines = (workdir / "reports" / "reports.jsonl").read_text().splitlines()
     assert [json.loads(line)["summary"] for line in lines] == ["r1", "r2"]
+
+
+def test_an_unknown_channel_is_the_report_error_naming_it(workdir: Path) -> None:
+    with pytest.raises(ReportError, match=r"^channel: 'fax' is not one of cli, mcp"):
+        Reports(workdir, channel="fax")
