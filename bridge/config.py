@@ -635,20 +635,22 @@ MAX_CONFIG_BYTES = 16 * 1024 * 1024
 _UTF8_BOM = b"\xef\xbb\xbf"
 
 
-def _read_config_bytes(path: Path) -> bytes:
+def _read_config_bytes(path: Path) -> tuple[bytes, bool]:
     """The file's bytes, at most `MAX_CONFIG_BYTES`: a regular file, or a pipe such as
     `--config <(...)`; a device or socket is refused before anything is read from it, except
-    /dev/null (an empty configuration: the embedded defaults)."""
+    /dev/null (an empty configuration: the embedded defaults). And whether it is a regular
+    file, the only kind with a folder that relative paths can start at."""
     with path.open("rb") as stream:
         info = os.fstat(stream.fileno())
         mode = info.st_mode
         if stat.S_ISCHR(mode) and info.st_rdev == _devnull_rdev():
-            return b""
+            return b"", False
         if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISSOCK(mode):
             raise ConfigError(
                 [f"{path}: is a device, not a configuration file; give the path of a TOML file"]
             )
         raw = stream.read(MAX_CONFIG_BYTES + 1)
+        regular = stat.S_ISREG(mode)
     if len(raw) > MAX_CONFIG_BYTES:
         raise ConfigError(
             [
@@ -656,7 +658,7 @@ def _read_config_bytes(path: Path) -> bytes:
                 " configuration needs; give the path of the TOML file"
             ]
         )
-    return raw
+    return raw, regular
 
 
 def _devnull_rdev() -> int | None:
@@ -669,7 +671,7 @@ def _devnull_rdev() -> int | None:
 def load_config(path: Path) -> ServiceConfig:
     """Read and validate the TOML file at `path`; raise `ConfigError` with every problem."""
     try:
-        raw = _read_config_bytes(path)
+        raw, regular = _read_config_bytes(path)
     except FileNotFoundError:
         raise ConfigError(
             [f"{path}: no such file; create it (see config/taskcard.example.toml) or fix the path"]
@@ -694,7 +696,11 @@ def load_config(path: Path) -> ServiceConfig:
         raise ConfigError([f"{path}: not UTF-8 text; save the file as UTF-8"]) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"{path}: TOML syntax error: {exc}; fix the file there"]) from None
-    config = parse_config(data, base_dir=path.resolve().parent, source=str(path))
+    # A pipe (`--config <(...)`) or /dev/null has no folder of its own: its folder was
+    # /proc/<pid>/fd or /dev, where no state can be kept. Relative paths start at the
+    # current folder then, where such a command is run.
+    base_dir = path.resolve().parent if regular else Path.cwd()
+    config = parse_config(data, base_dir=base_dir, source=str(path))
     problems = path_problems(config)
     if problems:
         raise ConfigError([f"{path}: {line}" for line in problems])

@@ -713,3 +713,26 @@ def test_a_state_dir_on_a_kernel_file_system_is_refused_naming_the_key(
         assert f"state_dir: {value} is under /" in result.stderr
         assert "kernel file system" in result.stderr and "Traceback" not in result.stderr
     assert not Path("/dev/taskcard").exists()
+
+
+def test_relative_paths_of_a_piped_config_start_at_the_current_folder(tmp_path: Path) -> None:
+    """A pipe's folder is /proc/<pid>/fd: a relative `state_dir` landed there (and passed the
+    check as root). With no folder of its own, the config's paths start where it is run."""
+    (tmp_path / "st").write_text("a file, not a folder\n")
+    config = tmp_path / "piped.toml"
+    config.write_text(f'state_dir = "st"\n{AGENT}')
+    result = subprocess.run(
+        [
+            "bash",
+            "-c",
+            '"$0" -m taskcard.bridge.cli config check <(cat "$1")',
+            sys.executable,
+            config,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stdout
+    assert f"state_dir: {tmp_path / 'st'} exists and is not a directory" in result.stderr
