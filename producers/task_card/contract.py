@@ -660,11 +660,12 @@ def open_lock(path: Path, *, inside: Path | None = None) -> int:
     """A descriptor of the lock file at `path` for `flock`, created when missing.
 
     Only this code creates lock files, so a symlink at the name can only have been planted:
-    it is refused (`OSError`, ELOOP), never followed to create or lock a file elsewhere, and a
-    named pipe there is refused too (`NotRegularFile`), never waited on. With `inside` (the
-    workdir), the lock's folder must lie inside it once links are resolved (`OutsideWorkdir`
-    otherwise, before anything is created): the files a lock guards sit beside it, so a side
-    folder such as `.notification/` linked out of the workdir gets nothing written into it.
+    without `inside` it is refused (`OSError`, ELOOP), never followed to create or lock a file
+    elsewhere; a named pipe there is refused too (`NotRegularFile`), never waited on. With
+    `inside` (the workdir), the lock and its folder must lie inside it once links are resolved
+    (`OutsideWorkdir` otherwise, before anything is created): the files a lock guards sit
+    beside it, so a side folder such as `.notification/` linked out of the workdir gets
+    nothing written into it.
     """
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     if inside is None:
