@@ -91,6 +91,9 @@ HELP_TEXT = (
     "/taskcard board: one board for all agents · /taskcard cards: one card per agent"
 )
 # The last word of a card retired beside a board, and of a board retired for cards.
+# How long a cluster keeps which message a `/taskcard cancel` withdraws: an instance reads
+# the command stream seconds behind the others at most (a day covers a Redis outage).
+CANCEL_DECISION_KEEP_S = 86_400.0
 RETIRED_CARD_NOTE = "Needs no one now: followed on this chat's task board."
 RETIRED_BOARD_SUMMARY = "replaced by one card per agent (/taskcard board brings it back)"
 # The `/taskcard` answer is built to fit the smallest platform's message (Telegram's 4096
@@ -1236,6 +1239,24 @@ class Service:
         latest = latest_written(
             records, channel_name, command.chat, command.user_id, command.message_thread
         )
+        if command.message_id is not None:
+            # Decided once, by the first instance to read the command: one that read it after
+            # the owner had withdrawn the latest would otherwise find the one before it the
+            # latest, and withdraw that too.
+            chosen = self._store.first_claim(
+                f"cancel:{channel_name}:{command.chat.chat_id}:{command.message_id}",
+                "" if latest is None else latest.message_id,
+                CANCEL_DECISION_KEEP_S,
+            )
+            if chosen:
+                # Not among the open ones: its owner withdrew it already (and answered).
+                latest = next(
+                    (r for r in records if r.message_id == chosen and r.outcome == "open"), None
+                )
+                if latest is None:
+                    return None
+            else:
+                latest = None
         if latest is None:
             return NOTHING_TO_CANCEL if command.reply else None
         if not self._serves(latest.agent_id) or not self._desk.accepts(latest.agent_id):

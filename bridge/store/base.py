@@ -194,6 +194,13 @@ class StateStore(ABC):
     @abstractmethod
     def set_cursor(self, key: str, value: str) -> None: ...
 
+    @abstractmethod
+    def first_claim(self, key: str, value: str, keep_s: float) -> str:
+        """The value the first caller gave for `key`, kept `keep_s`: the instances of a
+        cluster that each handle one command decide what it means once (the first to get
+        here) and all act on that decision. A store serving one instance has no other
+        caller and answers `value`."""
+
     # Rate-limit pauses (wall-clock epochs, so a restart honours a running 429 window) ------
     @abstractmethod
     def pauses(self) -> dict[str, float]: ...

@@ -423,6 +423,13 @@ class RedisStore(StateStore):
     def set_cursor(self, key: str, value: str) -> None:
         self._r.hset(self.key("cursors"), key, value)
 
+    def first_claim(self, key: str, value: str, keep_s: float) -> str:
+        name = self.key("claim", key)
+        if self._r.set(name, value, nx=True, ex=max(1, int(keep_s))):
+            return value
+        first = cast(str | None, self._r.get(name))
+        return value if first is None else first  # expired in between: ours is as good
+
     # Pauses --------------------------------------------------------------------------------
 
     def pauses(self) -> dict[str, float]:

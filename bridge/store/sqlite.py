@@ -811,6 +811,10 @@ class SqliteStore(StateStore):
         row = self._db.execute("SELECT value FROM cursors WHERE key = ?", (key,)).fetchone()
         return str(row["value"]) if row else None
 
+    def first_claim(self, key: str, value: str, keep_s: float) -> str:
+        del key, keep_s  # one instance per state file: no one else decides
+        return value
+
     def set_cursor(self, key: str, value: str) -> None:
         def op(db: sqlite3.Connection) -> None:
             db.execute(

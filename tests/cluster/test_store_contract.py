@@ -143,3 +143,16 @@ def test_messages_the_service_sent_are_known_by_channel_across_a_reopen(opener: 
     assert not again.sent_any("telegram", ["om_1"], 1001.0), "another channel's id"
     assert not again.sent_any("feishu", ["om_2"], 1001.0)
     assert not again.sent_any("feishu", [], 1001.0)
+
+
+def test_a_shared_first_claim_is_kept_for_every_instance(redis_url: str) -> None:
+    prefix = f"test-{uuid.uuid4().hex}"
+    first, second = RedisStore(connect(redis_url), prefix), RedisStore(connect(redis_url), prefix)
+    try:
+        assert first.first_claim("cancel:x:1", "m_a", 60) == "m_a"
+        assert second.first_claim("cancel:x:1", "m_b", 60) == "m_a"
+        assert second.first_claim("cancel:x:2", "", 60) == ""
+        assert first.first_claim("cancel:x:2", "m_c", 60) == "", "an empty decision is one"
+    finally:
+        first.close()
+        second.close()
