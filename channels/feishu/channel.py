@@ -21,6 +21,7 @@ first message instead of posting a second card.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import hashlib
 import json
@@ -67,7 +68,9 @@ from taskcard.channels.feishu import card, scopes
 from taskcard.channels.feishu.config import FeishuConfig
 from taskcard.channels.feishu.errors import TOKEN_INVALID, FeishuOperation, translate
 from taskcard.channels.feishu.events import (
+    MESSAGE_EVENT,
     DecodedEvent,
+    EventNotRecorded,
     SeenEvents,
     command_from_event,
     duplicate_key,
@@ -89,6 +92,9 @@ BOT_INFO_URI = "/open-apis/bot/v3/info"
 # Feishu's bound on the create body's `uuid` (characters).
 UUID_MAX_CHARS = 50
 SHOWN_CAPACITY = 4096
+# How long the long connection's thread waits for our loop to take an event: past Feishu's
+# 3 s for an answer, it delivers the event again anyway.
+ACCEPT_TIMEOUT_S = 5.0
 Response = TypeVar("Response", bound=BaseResponse)
 
 
@@ -268,13 +274,34 @@ class FeishuChannel(Channel):
     # Incoming commands --------------------------------------------------------------------
 
     def _deliver_from_thread(self, document: dict[str, Any]) -> None:
+        """Called in the long connection's thread: hand `document` to our loop and return
+        once it is taken there. `EventNotRecorded` when it was not (the store failed, the
+        service is stopping, the loop did not answer in time): the long connection then
+        answers 500, and Feishu delivers the event again. It used to be acknowledged before
+        our loop even saw it, so an event the store could not record was lost."""
         loop = self._loop
         if loop is None or loop.is_closed():
-            return
+            raise EventNotRecorded("feishu event arrived while the service is stopping")
         try:
-            loop.call_soon_threadsafe(self._accept_document, document)
+            taken = asyncio.run_coroutine_threadsafe(self._accept_soon(document), loop)
         except RuntimeError:
-            log.debug("feishu event arrived after the loop closed; dropped")
+            raise EventNotRecorded("feishu event arrived while the service stops") from None
+        try:
+            taken.result(timeout=ACCEPT_TIMEOUT_S)
+        except concurrent.futures.TimeoutError:
+            taken.cancel()
+            raise EventNotRecorded(
+                f"feishu event not taken within {ACCEPT_TIMEOUT_S:g} s; Feishu delivers it again"
+            ) from None
+        except concurrent.futures.CancelledError:
+            raise EventNotRecorded("feishu event arrived while the service stops") from None
+
+    async def _accept_soon(self, document: Mapping[str, Any]) -> None:
+        try:
+            self._accept_document(document)
+        except EventNotRecorded as error:
+            log.warning("%s", error)
+            raise
 
     def _accept_document(self, document: Mapping[str, Any]) -> None:
         header = document.get("header")
@@ -287,6 +314,13 @@ class FeishuChannel(Channel):
             self._dispatch(command)
 
     def _command_from(self, document: Mapping[str, Any]) -> IncomingCommand | None:
+        header = document.get("header")
+        event_type = header.get("event_type") if isinstance(header, dict) else None
+        if event_type != MESSAGE_EVENT:
+            # An event the app receives (subscribed for another use, or sent to every app)
+            # that nothing here handles: acknowledged like any other, and ignored.
+            log.debug("feishu event of type %.80r: nothing here handles it; ignored", event_type)
+            return None
         return command_from_event(document, self._bot_open_id, self._bot_name)
 
     def _dispatch(self, command: IncomingCommand) -> None:

@@ -64,6 +64,11 @@ USER_MENTION_PREFIX = "@_user_"
 log = logging.getLogger(__name__)
 
 
+class EventNotRecorded(Exception):
+    """An event that could not be recorded as seen (the state store failed); nothing of it
+    was kept. It must not be acknowledged: Feishu delivers an event again until it is."""
+
+
 class EventRejected(Exception):
     """A callback request that is not from Feishu or cannot be read; answered with 4xx."""
 
@@ -459,11 +464,24 @@ class SeenEvents:
         self._cursor.set_cursor(self._bucket_key(bucket), json.dumps(entries))
 
     def first_time(self, event_key: str) -> bool:
-        """Record `event_key`; True when it was not seen within the window."""
+        """Record `event_key`; True when it was not seen within the window.
+
+        `EventNotRecorded` when the store cannot save it: it is then forgotten here too, so
+        Feishu's redelivery of it is taken as new (it was kept as seen, and the redelivery
+        of an event never handled was dropped as a duplicate)."""
         now_s = self._clock()
         self._forget_expired(now_s)
         if event_key in self._seen:
             return False
         self._seen[event_key] = now_s
-        self._save(event_key, now_s)
+        try:
+            self._save(event_key, now_s)
+        except Exception as error:
+            del self._seen[event_key]
+            if self._bucket is not None:
+                self._bucket[1].pop(event_key, None)
+            raise EventNotRecorded(
+                f"feishu event {event_key[:80]} could not be recorded as seen"
+                f" ({type(error).__name__}); it is not acknowledged, so Feishu delivers it again"
+            ) from None
         return True

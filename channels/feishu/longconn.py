@@ -7,7 +7,11 @@ is installed as that module-level loop before the client starts: consequently on
 connection can run per process (one Feishu app per service, which is all we need).
 
 Events leave the thread as plain JSON documents through `deliver`, which must be
-thread-safe (the channel passes `loop.call_soon_threadsafe`-based delivery). Stopping
+thread-safe and return only once the event is taken (the channel waits for its own loop to
+record it); when it raises, lark-oapi answers 500 and Feishu delivers the event again. Every
+event type is delivered and acknowledged, as the HTTP callback does: lark-oapi's dispatcher
+answers 500 for a type without a registered processor, so Feishu kept redelivering events
+the app may receive but nothing here handles (the channel ignores them). Stopping
 cancels every task of the private loop, which ends `Client.start()`; a thread blocked in
 the library's blocking endpoint request cannot be interrupted, so `stop` waits only
 `join_timeout_s` and the thread is a daemon.
@@ -34,6 +38,28 @@ log = logging.getLogger(__name__)
 def _cancel_everything(loop: asyncio.AbstractEventLoop) -> None:
     for task in asyncio.all_tasks(loop):
         task.cancel()
+
+
+class EveryEvent(EventDispatcherHandler):  # type: ignore[misc]  # lark-oapi is untyped
+    """The dispatcher `lark_oapi.ws.Client` calls with each event's payload: every event, of
+    any type, goes to `deliver` as the JSON document Feishu sent (the HTTP callback's shape).
+    Whatever `deliver` raises makes the client answer 500, so Feishu delivers it again."""
+
+    def __init__(self, deliver: Callable[[dict[str, Any]], None]) -> None:
+        super().__init__()
+        self._deliver = deliver
+
+    def _do_without_validation(self, payload: bytes) -> Any:
+        try:
+            document = json.loads(payload)
+        except (ValueError, RecursionError):
+            log.warning("feishu long connection: an event that is not JSON was skipped")
+            return None
+        if isinstance(document, dict):
+            self._deliver(document)
+        else:
+            log.warning("feishu long connection: an event that is not a JSON object was skipped")
+        return None
 
 
 class LongConnection:
@@ -82,15 +108,6 @@ class LongConnection:
             if thread.is_alive():
                 log.warning("feishu long connection thread did not stop within %gs", join_timeout_s)
 
-    def _on_message(self, data: Any) -> None:
-        try:
-            document = json.loads(lark_oapi.JSON.marshal(data) or "{}")
-        except (ValueError, RecursionError):
-            log.warning("feishu long connection: an event that is not JSON was skipped")
-            return
-        if isinstance(document, dict):
-            self._deliver(document)
-
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
@@ -103,11 +120,7 @@ class LongConnection:
             # so the loop the library made at import is neither closed nor left to the GC.
             previous_loop = ws_client_module.loop
             ws_client_module.loop = loop
-        handler = (
-            EventDispatcherHandler.builder("", "")
-            .register_p2_im_message_receive_v1(self._on_message)
-            .build()
-        )
+        handler = EveryEvent(self._deliver)
         client = lark_oapi.ws.Client(
             self._app_id,
             self._app_secret,

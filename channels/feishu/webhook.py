@@ -20,6 +20,7 @@ from aiohttp import web
 from taskcard.channels.base import IncomingCommand
 from taskcard.channels.feishu.config import FeishuWebhook
 from taskcard.channels.feishu.events import (
+    EventNotRecorded,
     EventRejected,
     SeenEvents,
     check_request_age,
@@ -100,7 +101,12 @@ class WebhookServer:
             return web.json_response({"msg": rejected.reason}, status=rejected.status)
         if decoded.challenge is not None:
             return web.json_response({"challenge": decoded.challenge})
-        if not self._seen.first_time(duplicate_key(decoded)):
+        try:
+            first = self._seen.first_time(duplicate_key(decoded))
+        except EventNotRecorded as error:
+            log.warning("%s", error)
+            return web.json_response({"msg": "not recorded, deliver again"}, status=503)
+        if not first:
             log.info("feishu event %s delivered again; ignored", decoded.event_id or "(no id)")
             return web.json_response({"msg": "duplicate"})
         command = self._parse(decoded.document)

@@ -30,7 +30,7 @@ What it serves (real paths, real answer shapes `{"code": 0, "msg": "success", "d
   toward a window.
 - The long connection: `POST /callback/ws/endpoint` and a websocket at `/ws` that speaks
   lark-oapi's protobuf frames, so `lark_oapi.ws.Client` connects and receives events
-  pushed with `push_ws_event`.
+  pushed with `push_ws_event`; the client's answer codes are kept by event id (`ws_answers`).
 
 Controls (see `FakeFeishu`): scripted errors, recall / delete / age a message, remove the
 bot from a chat, revoke tokens, advance the wall clock. Inspection: the request log with
@@ -246,6 +246,9 @@ class FakeFeishu:
         self._runner: web.AppRunner | None = None
         self._ws_clients: set[web.WebSocketResponse] = set()
         self.ws_acks: list[dict[str, Any]] = []
+        # The answer codes each pushed event got, by its `header.event_id` (in order).
+        self.ws_answers: dict[str, list[int]] = {}
+        self._ws_pushed: dict[str, str] = {}  # frame message id -> event id
         self.ws_endpoint_available = True
         self.bot_open_id = "ou_fake_bot"
         self.app_name = "taskcard"  # the bot's name, as its info and its mentions give it
@@ -566,6 +569,9 @@ class FakeFeishu:
             header.key = key
             header.value = value
         frame.payload = json.dumps(document, ensure_ascii=False).encode()
+        header = document.get("header")
+        if isinstance(header, dict) and isinstance(header.get("event_id"), str):
+            self._ws_pushed[headers["message_id"]] = header["event_id"]
         sockets = list(self._ws_clients)
         for socket in sockets:
             await socket.send_bytes(frame.SerializeToString())
@@ -1016,7 +1022,12 @@ class FakeFeishu:
                     frame = Frame()
                     frame.ParseFromString(message.data)
                     if frame.method == 1:
-                        self.ws_acks.append(json.loads(frame.payload or b"{}"))
+                        ack = json.loads(frame.payload or b"{}")
+                        self.ws_acks.append(ack)
+                        sent = {h.key: h.value for h in frame.headers}.get("message_id", "")
+                        if sent in self._ws_pushed:
+                            answers = self.ws_answers.setdefault(self._ws_pushed[sent], [])
+                            answers.append(int(ack.get("code", 0)))
         finally:
             self._ws_clients.discard(socket)
         return socket

@@ -1,0 +1,135 @@
+"""Inbound commands of a cluster when Redis misbehaves, end to end.
+
+Each instance is a `taskcard serve` subprocess against the fakes and a private
+`redis-server` (a test here changes the server's settings, so no other test shares it).
+Feishu delivers an event again until it is acknowledged, so an event the service could not
+take must not be acknowledged; Telegram keeps an update until a later offset confirms it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from tests.e2e.harness import eventually, publish
+from tests.e2e.test_cluster import feishu_instance, relayed, replies_in
+from tests.fakes.feishu_api import FakeFeishu
+from tests.redis_server import RedisServer, have_redis
+
+# A Redis that answers but refuses every write (it waits for a replica it does not have).
+NO_WRITES = "min-replicas-to-write"
+UNHANDLED_TYPE = "im.chat.member.bot.added_v1"
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"e2e-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RedisServer]:
+    if not have_redis():
+        pytest.fail("redis-server is not installed: run `make test`, which installs it")
+    server = RedisServer(tmp_path / "redis").start()
+    yield server
+    server.stop()
+
+
+def refuse_writes(server: RedisServer, refuse: bool) -> None:
+    client = redis.Redis.from_url(server.url)
+    try:
+        client.config_set(NO_WRITES, 1 if refuse else 0)
+    finally:
+        client.close()
+
+
+def unhandled_event(fake: FakeFeishu, verification_token: str) -> dict[str, Any]:
+    """An event of a type the app may receive but nothing in taskcard handles."""
+    event = fake.command_event("oc_other", "x", verification_token=verification_token)
+    event["header"]["event_type"] = UNHANDLED_TYPE
+    event["event"] = {"chat_id": "oc_other", "operator_id": {"open_id": "ou_fake_user"}}
+    return event
+
+
+async def test_feishu_webhook_an_event_redis_cannot_record_is_refused_then_handled(
+    tmp_path: Path, server: RedisServer, prefix: str
+) -> None:
+    """Redis refusing writes while the event was recorded as seen: the callback answered 500
+    with aiohttp's traceback in the log, but the event stayed marked as seen, so Feishu's
+    redelivery was answered "duplicate" and the command was lost. Now the answer asks
+    Feishu to deliver again and the redelivery is handled."""
+    from tests.e2e.test_serve_feishu import CHAT, ENCRYPT, VERIFY, card_texts
+
+    async with FakeFeishu() as fake:
+        setup = feishu_instance(tmp_path, "i0", fake, redis_url=server.url, prefix=prefix)
+        with ExitStack() as fleet:
+            serve = fleet.enter_context(setup.serve())
+            publish(tmp_path / "i0" / "agents" / "i0agent", "card of i0")
+            await eventually(lambda: len(card_texts(fake)) == 1, timeout_s=60, what="the card")
+            unhandled = unhandled_event(fake, VERIFY)
+            answer = await fake.deliver_event(setup.url, unhandled, encrypt_key=ENCRYPT)
+            assert answer.status == 200, "an event type nothing handles is acknowledged"
+            event = fake.command_event(CHAT, "/taskcard off", verification_token=VERIFY)
+            refuse_writes(server, True)
+            try:
+                refused = await fake.deliver_event(setup.url, event, encrypt_key=ENCRYPT)
+            finally:
+                refuse_writes(server, False)
+            assert refused.status >= 500, refused
+            # Feishu delivers it again: now it is a command, not a duplicate.
+            again = await fake.deliver_event(setup.url, event, encrypt_key=ENCRYPT)
+            assert again.status == 200 and again.body == {"msg": "success"}, again
+            await eventually(lambda: replies_in(fake.texts(CHAT)) == 1, what="the reply")
+            assert relayed(server.url, prefix, "feishu", "off") == 1
+            assert await serve.aterminate() == 0
+        assert "Traceback" not in serve.logs
+        event_id = event["header"]["event_id"]
+        assert f"feishu event {event_id} could not be recorded as seen" in serve.logs
+
+
+async def test_feishu_long_connection_acknowledges_only_what_it_took(
+    tmp_path: Path, server: RedisServer, prefix: str
+) -> None:
+    """Over the long connection an event was acknowledged before the service's loop saw it,
+    so one Redis could not record was lost (and its failure was a traceback); and an event
+    type without a handler was answered 500, so Feishu kept delivering it. Now the first is
+    answered 500 and handled when delivered again, the second acknowledged and ignored, as
+    the HTTP callback does."""
+    from tests.e2e.test_serve_feishu import CHAT, VERIFY, card_texts
+
+    async with FakeFeishu() as fake:
+        setup = feishu_instance(tmp_path, "i0", fake, redis_url=server.url, prefix=prefix)
+        setup.config.write_text(
+            setup.config.read_text().replace('events = "webhook"', 'events = "websocket"')
+        )
+        with ExitStack() as fleet:
+            serve = fleet.enter_context(setup.serve())
+            publish(tmp_path / "i0" / "agents" / "i0agent", "card of i0")
+            await eventually(lambda: len(card_texts(fake)) == 1, timeout_s=60, what="the card")
+            await eventually(lambda: fake.ws_connections == 1, what="the long connection")
+            unhandled = unhandled_event(fake, VERIFY)
+            await fake.push_ws_event(unhandled)
+            unhandled_id = unhandled["header"]["event_id"]
+            assert await eventually(lambda: fake.ws_answers.get(unhandled_id)) == [200]
+            event = fake.command_event(CHAT, "/taskcard off", verification_token=VERIFY)
+            event_id = event["header"]["event_id"]
+            refuse_writes(server, True)
+            try:
+                await fake.push_ws_event(event)
+                await eventually(lambda: fake.ws_answers.get(event_id), what="the answer")
+            finally:
+                refuse_writes(server, False)
+            assert fake.ws_answers[event_id] == [500]
+            await fake.push_ws_event(event)  # Feishu's redelivery
+            await eventually(lambda: fake.ws_answers[event_id] == [500, 200], what="the ack")
+            await eventually(lambda: replies_in(fake.texts(CHAT)) == 1, what="the reply")
+            assert relayed(server.url, prefix, "feishu", "off") == 1
+            assert await serve.aterminate() == 0
+        assert "Traceback" not in serve.logs
+        assert f"feishu event {event_id} could not be recorded as seen" in serve.logs
