@@ -17,14 +17,15 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
-from typing import cast, get_args
+from typing import Any, cast, get_args
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from taskcard.bridge.store.redis import raise_if_cancel_swallowed
+from taskcard.bridge.cluster.limiter import WRONG_TYPE_WAIT_S
+from taskcard.bridge.store.redis import raise_if_cancel_swallowed, wrong_type
 from taskcard.channels.base import (
     CardView,
     Channel,
@@ -44,12 +45,25 @@ STREAM_MAXLEN = 10_000
 SEEN_TTL_S = 86_400
 READ_BLOCK_MS = 2_000
 
-# KEYS: seen key ('' : no dedupe), stream; ARGV: payload, maxlen, ttl.
+# KEYS: seen key ('' : no dedupe), stream; ARGV: payload, maxlen, ttl. Returns the entry's
+# id, false when seen, or {seen key, its type} when that key is not a string: `SET NX` on it
+# failed as on a key already set, so the command was taken for seen and silently dropped.
 _PUBLISH = """
-if KEYS[1] ~= '' and not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[3]) then
-  return false
+if KEYS[1] ~= '' then
+  local found = redis.call('TYPE', KEYS[1])['ok']
+  if found ~= 'string' and found ~= 'none' then return {KEYS[1], found} end
+  if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[3]) then return false end
 end
 return redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'command', ARGV[1])
+"""
+
+# KEYS: reply key; ARGV: instance, ttl. 1 when claimed here, 0 when another instance has it,
+# or the key's type when it is not a string (no instance could claim it: nobody answered).
+_CLAIM = """
+local found = redis.call('TYPE', KEYS[1])['ok']
+if found ~= 'string' and found ~= 'none' then return {found} end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then return 1 end
+return 0
 """
 
 
@@ -130,7 +144,12 @@ class ClusteredChannel(Channel):
         self.routes_chat: Callable[[str], bool] = routed_chats.__contains__
         self._stream = f"{prefix}:cmd:{inner.name}"
         self._publish = client.register_script(_PUBLISH)
+        self._claim = client.register_script(_CLAIM)
         self._reader: asyncio.Task[None] | None = None
+        # Commands whose seen or reply key holds another type: each waits on its own until
+        # the key is deleted, while the others go on.
+        self._held: dict[asyncio.Task[None], tuple[ChatRef, str]] = {}
+        self._wrong: set[str] = set()  # such keys, logged once each
         self._read_block_ms = read_block_ms
 
     @property
@@ -154,6 +173,15 @@ class ClusteredChannel(Channel):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        held, self._held = self._held, {}
+        for waiting, (chat, key) in held.items():
+            waiting.cancel()
+            log.warning(
+                "a command from chat %s still waited for the Redis key %s at stop; it is dropped",
+                chat,
+                key,
+            )
+        await asyncio.gather(*held, return_exceptions=True)
         await self._inner.stop()
 
     async def _stream_end(self) -> str:
@@ -167,8 +195,32 @@ class ClusteredChannel(Channel):
                 await asyncio.sleep(delay_s)
                 delay_s = min(5.0, delay_s * 2)
 
+    def _hold(self, work: Coroutine[Any, Any, None], chat: ChatRef, key: str) -> None:
+        """Run `work`, a command waiting for `key` to be fixed, on its own: the commands after
+        it (the poller's next updates, the stream's next entries) do not wait for it. It is
+        kept in memory only: a stop before the fix drops it, and says so."""
+        task = asyncio.get_running_loop().create_task(work, name=f"{self.name}-held-command")
+        self._held[task] = (chat, key)
+        task.add_done_callback(lambda done: self._held.pop(done, None))
+
+    def _misplaced(self, key: str, found: str, chat: ChatRef) -> None:
+        """Say once per key that a command waits for it (another program's key on it)."""
+        if key not in self._wrong:
+            self._wrong.add(key)
+            log.error(
+                "a command from chat %s waits until this is fixed (the other commands go on): %s",
+                chat,
+                wrong_type(key, found, "string"),
+            )
+
+    def _fixed(self, key: str) -> None:
+        if key in self._wrong:
+            self._wrong.discard(key)
+            log.warning("the Redis key %s is usable again: the command waiting for it goes on", key)
+
     async def _published(self, command: IncomingCommand) -> None:
-        """The inner channel's sink: append the command to the stream once."""
+        """The inner channel's sink: append the command to the stream once. A command whose
+        seen key holds another type waits on its own (`_hold`) until the key is deleted."""
         seen = ""
         if command.command == "moved":
             # Every instance learns a group's upgrade on its own (from the first request
@@ -178,15 +230,30 @@ class ClusteredChannel(Channel):
         elif command.message_id is not None:
             chat = f"{command.chat.chat_id}:{command.message_id}"
             seen = f"{self._prefix}:seen:{self.name}:{chat}"
+        misplaced = await self._publish_once(command, seen)
+        if misplaced is not None:
+            self._misplaced(seen, misplaced, command.chat)
+            self._hold(self._publish_when_fixed(command, seen), command.chat, seen)
+
+    async def _publish_when_fixed(self, command: IncomingCommand, seen: str) -> None:
+        while True:
+            await asyncio.sleep(WRONG_TYPE_WAIT_S)
+            if await self._publish_once(command, seen) is None:
+                self._fixed(seen)
+                return
+
+    async def _publish_once(self, command: IncomingCommand, seen: str) -> str | None:
+        """Append the command unless its seen key says it was; through a Redis outage (each
+        second until Redis answers). The type found when the seen key is not a string."""
         failures = 0
         while True:
             try:
-                await self._publish(
+                answer = await self._publish(
                     keys=[seen, self._stream], args=[encode(command), STREAM_MAXLEN, SEEN_TTL_S]
                 )
                 if failures:
                     log.info("publishing commands to Redis works again")
-                return
+                return str(answer[1]) if isinstance(answer, list) else None
             except RedisError as error:
                 # The offset is committed only after this returns: keep the command.
                 failures += 1
@@ -232,21 +299,43 @@ class ClusteredChannel(Channel):
         if command is None:
             log.warning("skipping an unreadable command in the stream")
             return
-        reply = False
-        if self.routes_chat(command.chat.chat_id):
-            try:
-                reply = bool(
-                    await self._client.set(
-                        f"{self._prefix}:reply:{self.name}:{entry_id}",
-                        self._instance,
-                        nx=True,
-                        ex=SEEN_TTL_S,
-                    )
-                )
-            except RedisError:
-                reply = False
+        key = f"{self._prefix}:reply:{self.name}:{entry_id}"
+        claimed = (
+            await self._claim_reply(key, command)
+            if self.routes_chat(command.chat.chat_id)
+            else False
+        )
+        if claimed is None:
+            self._hold(self._apply_when_fixed(on_command, command, key), command.chat, key)
+            return
+        await self._apply(on_command, replace(command, reply=claimed))
+
+    async def _claim_reply(self, key: str, command: IncomingCommand) -> bool | None:
+        """Whether this instance answers the command; None (said once) while its reply key
+        holds another type, which no instance can claim: nobody answered."""
         try:
-            await on_command(replace(command, reply=reply))
+            answer = await self._claim(keys=[key], args=[self._instance, SEEN_TTL_S])
+        except RedisError:
+            return False
+        if isinstance(answer, list):
+            self._misplaced(key, str(answer[0]), command.chat)
+            return None
+        return bool(answer)
+
+    async def _apply_when_fixed(
+        self, on_command: CommandSink, command: IncomingCommand, key: str
+    ) -> None:
+        while True:
+            await asyncio.sleep(WRONG_TYPE_WAIT_S)
+            claimed = await self._claim_reply(key, command)
+            if claimed is not None:
+                self._fixed(key)
+                await self._apply(on_command, replace(command, reply=claimed))
+                return
+
+    async def _apply(self, on_command: CommandSink, command: IncomingCommand) -> None:
+        try:
+            await on_command(command)
         except asyncio.CancelledError:
             raise
         except Exception:

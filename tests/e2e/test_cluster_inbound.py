@@ -9,7 +9,7 @@ take must not be acknowledged; Telegram keeps an update until a later offset con
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -18,8 +18,17 @@ import pytest
 import redis
 
 from tests.e2e.harness import eventually, publish
-from tests.e2e.test_cluster import feishu_instance, relayed, replies_in
+from tests.e2e.test_cluster import (
+    HIDDEN_REPLY,
+    feishu_instance,
+    instance,
+    relayed,
+    replies,
+    replies_in,
+)
+from tests.e2e.test_serve_telegram import GROUP
 from tests.fakes.feishu_api import FakeFeishu
+from tests.fakes.telegram_api import FakeTelegram
 from tests.redis_server import RedisServer, have_redis
 
 # A Redis that answers but refuses every write (it waits for a replica it does not have).
@@ -30,6 +39,12 @@ UNHANDLED_TYPE = "im.chat.member.bot.added_v1"
 @pytest.fixture
 def prefix() -> str:
     return f"e2e-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def telegram() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram() as server:
+        yield server
 
 
 @pytest.fixture
@@ -133,3 +148,49 @@ async def test_feishu_long_connection_acknowledges_only_what_it_took(
             assert await serve.aterminate() == 0
         assert "Traceback" not in serve.logs
         assert f"feishu event {event_id} could not be recorded as seen" in serve.logs
+
+
+async def test_seen_and_reply_keys_of_another_type_hold_only_their_command(
+    tmp_path: Path, telegram: FakeTelegram, redis_url: str, prefix: str
+) -> None:
+    """A command's seen key (chat and message id) or its reply claim (stream entry id) left
+    as another type on the prefix: `SET NX` failed on it as on a key already set, so the
+    command was taken for a duplicate and dropped, or claimed by no instance and never
+    answered, and nothing said why. Now each is one error naming the key and the fix, only
+    that command waits (the next one is answered), and deleting the key lets it go on."""
+    stream = f"{prefix}:cmd:telegram"
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    # An entry from before the start (never read) fixes the ids of the next ones.
+    client.xadd(stream, {"command": "{}"}, id="9000000000000-0")
+    reply_key = f"{prefix}:reply:telegram:9000000000000-1"
+    client.hset(reply_key, "left by", "another program")
+    with instance(
+        tmp_path, "i0", telegram, ["i0agent"], redis_url=redis_url, prefix=prefix
+    ) as serve:
+        publish(tmp_path / "agents" / "i0agent", "card of i0")
+        await eventually(lambda: telegram.bot_messages(GROUP), timeout_s=60, what="the card")
+        following = max(m.message_id for m in telegram.messages(GROUP)) + 1
+        seen_key = f"{prefix}:seen:telegram:{GROUP}:{following}"
+        client.hset(seen_key, "left by", "another program")
+        assert telegram.inject_command(GROUP, "/taskcard off")  # waits on its seen key
+        telegram.inject_command(GROUP, "/taskcard 3")  # the entry whose reply key is taken
+        telegram.inject_command(GROUP, "/taskcard 5")
+        await eventually(lambda: replies(telegram, "5 activity rows"), what="the next command")
+        for key in (seen_key, reply_key):
+            await eventually(
+                lambda key=key: f"the Redis key {key} is a hash, not the string" in serve.logs,
+                what=f"{key} named",
+            )
+            assert f"DEL {key}" in serve.logs
+        assert not replies(telegram, HIDDEN_REPLY) and not replies(telegram, "3 activity rows")
+        # One at a time: unsent replies in a chat collapse into the latest (by design).
+        client.delete(seen_key)
+        await eventually(lambda: replies(telegram, HIDDEN_REPLY), what="the first command")
+        client.delete(reply_key)
+        await eventually(lambda: replies(telegram, "3 activity rows"), what="the second")
+        assert await serve.aterminate() == 0
+    client.close()
+    for key in (seen_key, reply_key):
+        assert serve.logs.count(f"DEL {key}") == 1, "logged once, not at each retry"
+    assert replies(telegram, HIDDEN_REPLY) == 1 and replies(telegram, "3 activity rows") == 1
+    assert "Traceback" not in serve.logs
