@@ -230,4 +230,7 @@ class FencedCursors:
         if token is None or not self._hset(
             keys=[self._lease.key, self._hash_key], args=[token, key, value]
         ):
-            raise LeaseLost(f"{self._lease.key} is held by another instance; offset not moved")
+            raise LeaseLost(
+                f"{self._lease.key} is no longer held by this instance (it lapsed, or another"
+                " instance holds it); the offset is left to the lease's holder"
+            )

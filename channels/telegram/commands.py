@@ -341,11 +341,19 @@ class CommandPoller:
         return command
 
     def _confirm(self, offset: int) -> None:
-        """Persist the offset; a failing store is logged, and polling goes on regardless."""
+        """Persist the offset; a failing store is one line (its error says why: a state
+        store that cannot write, a poll lease that lapsed while the store was away), and
+        polling goes on regardless: the commands before it were handed to the sink, and a
+        poll from an older offset fetches them again (in a cluster, the relay drops them as
+        duplicates)."""
         try:
             self._cursor.set_cursor(OFFSET_CURSOR_KEY, str(offset))
-        except Exception:
-            _log.exception("could not record the Telegram update offset; polling on")
+        except Exception as error:
+            _log.warning(
+                "could not record the Telegram update offset (%s: %s); polling on",
+                type(error).__name__,
+                " ".join(str(error).split())[:300],
+            )
 
     async def _deliver(self, command: IncomingCommand) -> None:
         try:

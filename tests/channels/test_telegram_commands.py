@@ -342,3 +342,33 @@ async def test_an_upgrade_that_cannot_be_recorded_is_followed_and_polling_goes_o
         assert sent.endswith(f"@{supergroup}")
     finally:
         await channel.stop()
+
+
+class _OffsetUnwritable(MemoryCursorStore):
+    """A store that cannot record the update offset (the poll lease lapsed while Redis was
+    away, or a full disk)."""
+
+    def set_cursor(self, key: str, value: str) -> None:
+        if key == OFFSET_CURSOR_KEY:
+            raise OSError("no space left on device")
+        super().set_cursor(key, value)
+
+
+async def test_an_offset_that_cannot_be_recorded_is_one_line_and_polling_goes_on(
+    telegram_fake: FakeTelegram, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each failed offset write logged a traceback (in a cluster, a lease that lapsed during
+    a Redis outage); the command was handed over before, so one warning line is enough."""
+    inbox = CommandInbox()
+    channel = await _started(telegram_fake, _OffsetUnwritable(), inbox)
+    try:
+        telegram_fake.inject_command(GROUP, "/taskcard off")
+        await inbox.wait_for(1)
+        telegram_fake.inject_command(GROUP, "/taskcard on")
+        assert [c.args for c in await inbox.wait_for(2)] == ["off", "on"]
+    finally:
+        await channel.stop()
+    failures = [r for r in caplog.records if "update offset" in r.getMessage()]
+    assert failures, "the failure is logged"
+    assert all(r.exc_info is None and r.levelname == "WARNING" for r in failures)
+    assert "no space left on device" in failures[0].getMessage()
