@@ -31,6 +31,11 @@ def redis_url_problem(value: str) -> str | None:
         parts.port  # noqa: B018 - a bad port raises here
     except ValueError:
         return "has a port that is not a number from 0 to 65535"
+    # redis-py skips a path it cannot read as a number: a typo there (`/1x`) silently used
+    # database 0, where another fleet may keep its keys.
+    database = parts.path.strip("/")
+    if parts.scheme != "unix" and database and not (database.isascii() and database.isdigit()):
+        return "has a database that is not a number (after the port); write redis://host:6379/0"
     return None
 
 

@@ -18,6 +18,8 @@ from taskcard.bridge.config import ConfigError, parse_config
         ({"redis_url": "redis://:hunter2@h:6379/0"}, "carries a password"),
         ({"redis_url": "redis:///0"}, "has no host"),
         ({"redis_url": "redis://h:99999/0"}, "port"),
+        ({"redis_url": "redis://h:6379/1x"}, "database that is not a number"),
+        ({"redis_url": "rediss://h/0/1"}, "database that is not a number"),
         ({"redis_url_env": "1BAD"}, "environment variable name"),
         ({"redis_url_env": "TC_REDIS\n"}, "holds a control character (U+000A)"),
         ({"redis_url_env": "A", "redis_url": "redis://h"}, "not both"),

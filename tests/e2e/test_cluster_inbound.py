@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import redis
 
-from tests.e2e.harness import eventually, publish
+from tests.e2e.harness import eventually, publish, run_cli
 from tests.e2e.test_cluster import (
     HIDDEN_REPLY,
     feishu_instance,
@@ -29,7 +29,7 @@ from tests.e2e.test_cluster import (
 from tests.e2e.test_serve_telegram import GROUP
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram
-from tests.redis_server import RedisServer, have_redis
+from tests.redis_server import RedisServer, free_port, have_redis
 
 # A Redis that answers but refuses every write (it waits for a replica it does not have).
 NO_WRITES = "min-replicas-to-write"
@@ -194,3 +194,23 @@ async def test_seen_and_reply_keys_of_another_type_hold_only_their_command(
         assert serve.logs.count(f"DEL {key}") == 1, "logged once, not at each retry"
     assert replies(telegram, HIDDEN_REPLY) == 1 and replies(telegram, "3 activity rows") == 1
     assert "Traceback" not in serve.logs
+
+
+def test_a_redis_url_whose_database_is_not_a_number_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`redis://host:6379/1x`: redis-py ignores a database it cannot read as a number, so
+    the fleet silently used database 0 (where another fleet may keep its keys)."""
+    (tmp_path / "a").mkdir()
+    config = tmp_path / "taskcard.toml"
+    config.write_text(
+        '[[agents]]\nid = "a"\nworkdir = "a"\n[console]\nenabled = true\n'
+        '[cluster]\nredis_url_env = "TC_REDIS_URL"\n'
+    )
+    monkeypatch.setenv("TC_REDIS_URL", f"redis://:Pa55w0rd-x@127.0.0.1:{free_port()}/1x")
+    for command in ("serve", "status"):
+        result = run_cli(command, "--config", str(config))
+        assert result.returncode == 2, (result.stdout, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "TC_REDIS_URL has a database that is not a number" in lines[0]
+        assert "Pa55w0rd" not in result.stderr
