@@ -57,12 +57,14 @@ end
 return redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'command', ARGV[1])
 """
 
-# KEYS: reply key; ARGV: instance, ttl. 1 when claimed here, 0 when another instance has it,
-# or the key's type when it is not a string (no instance could claim it: nobody answered).
+# KEYS: reply key; ARGV: instance, ttl. 1 when claimed here (now, or by an earlier call whose
+# answer was lost: the claim is asked again then), 0 when another instance has it, or the
+# key's type when it is not a string (no instance could claim it: nobody answered).
 _CLAIM = """
 local found = redis.call('TYPE', KEYS[1])['ok']
 if found ~= 'string' and found ~= 'none' then return {found} end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then return 1 end
+if redis.call('GET', KEYS[1]) == ARGV[1] then return 1 end
 return 0
 """
 
@@ -312,11 +314,26 @@ class ClusteredChannel(Channel):
 
     async def _claim_reply(self, key: str, command: IncomingCommand) -> bool | None:
         """Whether this instance answers the command; None (said once) while its reply key
-        holds another type, which no instance can claim: nobody answered."""
-        try:
-            answer = await self._claim(keys=[key], args=[self._instance, SEEN_TTL_S])
-        except RedisError:
-            return False
+        holds another type, which no instance can claim: nobody answered. Asked again each
+        second until Redis answers: a claim that failed counted as lost, so when Redis took
+        it but its answer did not come back (a slow Redis), no instance answered."""
+        failures = 0
+        while True:
+            try:
+                answer = await self._claim(keys=[key], args=[self._instance, SEEN_TTL_S])
+                break
+            except RedisError as error:
+                failures += 1
+                if failures == 1:
+                    log.warning(
+                        "claiming a command's reply in Redis failed (%s): asked again each"
+                        " second until Redis answers",
+                        type(error).__name__,
+                    )
+                await asyncio.sleep(1.0)
+                raise_if_cancel_swallowed()
+        if failures:
+            log.info("claiming replies in Redis works again")
         if isinstance(answer, list):
             self._misplaced(key, str(answer[0]), command.chat)
             return None

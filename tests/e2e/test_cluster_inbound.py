@@ -8,6 +8,8 @@ take must not be acknowledged; Telegram keeps an update until a later offset con
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack
@@ -17,6 +19,7 @@ from typing import Any
 import pytest
 import redis
 
+from taskcard.bridge.cluster.commands import _CLAIM
 from tests.e2e.harness import eventually, publish, run_cli
 from tests.e2e.test_cluster import (
     HIDDEN_REPLY,
@@ -214,3 +217,89 @@ def test_a_redis_url_whose_database_is_not_a_number_is_refused(
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and "TC_REDIS_URL has a database that is not a number" in lines[0]
         assert "Pa55w0rd" not in result.stderr
+
+
+class AnswerLosingProxy:
+    """A TCP proxy to Redis that, the first time a request names `marker`, passes it on but
+    holds Redis's answer for `hold_s` (longer than the client's socket timeout): Redis took
+    the request, and the client never learned it did."""
+
+    def __init__(self, upstream_port: int, marker: bytes, hold_s: float) -> None:
+        self.port = 0
+        self._upstream_port = upstream_port
+        self._marker = marker
+        self._hold_s = hold_s
+        self.held = False
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    async def __aenter__(self) -> AnswerLosingProxy:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self._upstream_port)
+        hold = asyncio.Event()
+        hold.set()  # set: answers flow
+
+        async def requests() -> None:
+            while chunk := await reader.read(65536):
+                if not self.held and self._marker in chunk:
+                    self.held = True
+                    hold.clear()
+                    asyncio.get_running_loop().call_later(self._hold_s, hold.set)
+                up_writer.write(chunk)
+                await up_writer.drain()
+
+        async def answers() -> None:
+            while chunk := await up_reader.read(65536):
+                await hold.wait()
+                writer.write(chunk)
+                await writer.drain()
+
+        tasks = [asyncio.ensure_future(requests()), asyncio.ensure_future(answers())]
+        self._tasks.update(tasks)
+        with contextlib.suppress(Exception):
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
+            task.cancel()
+            self._tasks.discard(task)
+        for stream in (writer, up_writer):
+            stream.close()
+
+
+async def test_a_reply_claim_redis_took_but_did_not_answer_in_time_is_still_answered(
+    tmp_path: Path, telegram: FakeTelegram, server: RedisServer, prefix: str
+) -> None:
+    """A slow Redis: the claim of a command's reply (SET NX) was applied but its answer came
+    after the client's timeout. The failure counted as "not mine", and the key named this
+    instance, so no instance answered the command. Now the claim is asked again and
+    recognises its own."""
+    client = redis.Redis.from_url(server.url)
+    client.script_load(_CLAIM)  # so that the held request is the claim itself
+    client.close()
+    async with AnswerLosingProxy(server.port, b":reply:telegram:", hold_s=7.0) as proxy:
+        serve = instance(tmp_path, "i0", telegram, ["i0agent"], redis_url=proxy.url, prefix=prefix)
+        with serve:
+            publish(tmp_path / "agents" / "i0agent", "card of i0")
+            await eventually(lambda: telegram.bot_messages(GROUP), timeout_s=60, what="the card")
+            telegram.inject_command(GROUP, "/taskcard off")
+            await eventually(lambda: proxy.held, what="the claim's answer held")
+            await eventually(
+                lambda: replies(telegram, HIDDEN_REPLY), timeout_s=60, what="the reply"
+            )
+            assert await serve.aterminate() == 0
+    assert "claiming a command's reply in Redis failed (TimeoutError)" in serve.logs
+    assert "Traceback" not in serve.logs
