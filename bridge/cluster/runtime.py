@@ -242,17 +242,17 @@ class Cluster:
 
     async def _share_routes(self, routed: Mapping[str, Any]) -> None:
         """Keep what this instance routes (`Service.routed_agents`) where the others read
-        it (`routed_names`): rewritten when it changed, else only kept from expiring; a
-        dead instance's lapses with its bot record. A Redis that does not answer is the
-        leases' business, as in `_renew_bots`."""
+        it (`routed_names`): rewritten when it changed or is gone from Redis, else only kept
+        from expiring; a dead instance's lapses with its bot record. A Redis that does not
+        answer is the leases' business, as in `_renew_bots`. (Only kept from expiring, a
+        key lost by a Redis restarted empty or evicted was never written again: another
+        instance then refused a `/tell` to this instance's agents as naming no agent.)"""
         now_ms, key = int(time.time() * 1000), self.key("routed", self.owner)
         text = json.dumps(routed, sort_keys=True)
         with contextlib.suppress(RedisError):
-            if text != self._routes_shared:
+            if text != self._routes_shared or not await self.aio.pexpire(key, self._bot_ttl_ms):
                 await self.aio.set(key, text, px=self._bot_ttl_ms)
                 self._routes_shared = text
-            else:
-                await self.aio.pexpire(key, self._bot_ttl_ms)
             members = self.key("instances")
             await self.aio.zadd(members, {self.owner: now_ms + self._bot_ttl_ms})
             await self.aio.zremrangebyscore(members, "-inf", now_ms)

@@ -25,6 +25,7 @@ from tests.e2e.test_cluster import (
     HIDDEN_REPLY,
     feishu_instance,
     instance,
+    past_a_later_command,
     relayed,
     replies,
     replies_in,
@@ -303,3 +304,46 @@ async def test_a_reply_claim_redis_took_but_did_not_answer_in_time_is_still_answ
             assert await serve.aterminate() == 0
     assert "claiming a command's reply in Redis failed (TimeoutError)" in serve.logs
     assert "Traceback" not in serve.logs
+
+
+async def test_after_redis_restarts_empty_a_tell_reaches_its_agent_without_a_refusal(
+    tmp_path: Path, telegram: FakeTelegram, server: RedisServer, prefix: str
+) -> None:
+    """What each instance routes is kept in Redis for the others; after a Redis that
+    restarted empty (no persistence, or the keys evicted) it was only kept from expiring,
+    never written again, so the instance that claimed the reply to `/tell i1agent ...`
+    refused it as naming no agent while i1 queued it."""
+    with ExitStack() as fleet:
+        serves = [
+            fleet.enter_context(
+                instance(tmp_path, name, telegram, [f"{name}agent"], redis_url=server.url,
+                         prefix=prefix)
+            )
+            for name in ("i0", "i1")
+        ]  # fmt: skip
+        for name in ("i0", "i1"):
+            publish(tmp_path / "agents" / f"{name}agent", f"card of {name}")
+        await eventually(
+            lambda: len(telegram.bot_messages(GROUP)) == 2, timeout_s=60, what="two cards"
+        )
+        server.restart()  # without appendonly: every key is gone
+        client = redis.Redis.from_url(server.url, decode_responses=True)
+        await eventually(
+            lambda: len(client.keys(f"{prefix}:routed:*")) == 2,
+            timeout_s=60,
+            what="each instance's routes shared again",
+        )
+        client.close()
+        for name in ("i0", "i1"):
+            telegram.inject_command(GROUP, f"/tell {name}agent hello")
+        await eventually(
+            lambda: (
+                replies(telegram, "Message to i0agent") and replies(telegram, "Message to i1agent")
+            ),
+            timeout_s=60,
+            what="both texts queued",
+        )
+        await past_a_later_command(telegram, serves)
+        assert not replies(telegram, "AGENT is one of")
+        for serve in serves:
+            assert await serve.aterminate() == 0
