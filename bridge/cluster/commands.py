@@ -152,6 +152,9 @@ class ClusteredChannel(Channel):
         # the key is deleted, while the others go on.
         self._held: dict[asyncio.Task[None], tuple[ChatRef, str]] = {}
         self._wrong: set[str] = set()  # such keys, logged once each
+        # Set by `stop`: a publish Redis does not answer gives up instead of holding the stop
+        # (the Feishu channel waits for its commands) for as long as Redis is away.
+        self._stopping = asyncio.Event()
         self._read_block_ms = read_block_ms
 
     @property
@@ -161,6 +164,7 @@ class ClusteredChannel(Channel):
     async def start(self, on_command: CommandSink) -> None:
         # Read from the stream's current end: commands older than this start were answered.
         # A real id, never "$", which would skip what is added between two reads.
+        self._stopping.clear()
         last_id = await self._stream_end()
         await self._inner.start(self._published)
         self._reader = asyncio.create_task(
@@ -169,7 +173,9 @@ class ClusteredChannel(Channel):
 
     async def stop(self) -> None:
         """Cancel the reader, which interrupts its blocking XREAD at once (redis-py closes a
-        connection whose command was cancelled): a stop never waits out the read's block."""
+        connection whose command was cancelled): a stop never waits out the read's block.
+        A command whose publishing fails from then on is dropped (logged), not retried."""
+        self._stopping.set()
         task, self._reader = self._reader, None
         if task is not None:
             task.cancel()
@@ -259,13 +265,22 @@ class ClusteredChannel(Channel):
             except RedisError as error:
                 # The offset is committed only after this returns: keep the command.
                 failures += 1
-                if failures == 1:  # not once a second for as long as Redis is away
+                if failures == 1 and not self._stopping.is_set():  # not once a second
                     log.warning(
                         "publishing a command to Redis failed (%s): it is kept and sent again"
                         " each second until Redis answers; nothing is lost",
                         type(error).__name__,
                     )
-                await asyncio.sleep(1.0)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), 1.0)
+                if self._stopping.is_set():
+                    log.warning(
+                        "a command from chat %s could not be published to Redis before the"
+                        " stop (%s); it is dropped",
+                        command.chat,
+                        type(error).__name__,
+                    )
+                    return None
 
     async def _read(self, on_command: CommandSink, last_id: str) -> None:
         failures = 0

@@ -221,15 +221,19 @@ def test_a_redis_url_whose_database_is_not_a_number_is_refused(
 
 
 class AnswerLosingProxy:
-    """A TCP proxy to Redis that, the first time a request names `marker`, passes it on but
-    holds Redis's answer for `hold_s` (longer than the client's socket timeout): Redis took
-    the request, and the client never learned it did."""
+    """A TCP proxy to Redis that, the first time a request holds every part of `marker` (or
+    each time, with `every`), passes it on but holds Redis's answer for `hold_s` (longer
+    than the client's socket timeout): Redis took the request, and the client never learned
+    it did."""
 
-    def __init__(self, upstream_port: int, marker: bytes, hold_s: float) -> None:
+    def __init__(
+        self, upstream_port: int, marker: tuple[bytes, ...], hold_s: float, *, every: bool = False
+    ) -> None:
         self.port = 0
         self._upstream_port = upstream_port
         self._marker = marker
         self._hold_s = hold_s
+        self._every = every  # hold the answer of every such request, not only the first
         self.held = False
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -257,7 +261,7 @@ class AnswerLosingProxy:
 
         async def requests() -> None:
             while chunk := await reader.read(65536):
-                if not self.held and self._marker in chunk:
+                if (self._every or not self.held) and all(m in chunk for m in self._marker):
                     self.held = True
                     hold.clear()
                     asyncio.get_running_loop().call_later(self._hold_s, hold.set)
@@ -291,7 +295,7 @@ async def test_a_reply_claim_redis_took_but_did_not_answer_in_time_is_still_answ
     client = redis.Redis.from_url(server.url)
     client.script_load(_CLAIM)  # so that the held request is the claim itself
     client.close()
-    async with AnswerLosingProxy(server.port, b":reply:telegram:", hold_s=7.0) as proxy:
+    async with AnswerLosingProxy(server.port, (b":reply:telegram:",), hold_s=7.0) as proxy:
         serve = instance(tmp_path, "i0", telegram, ["i0agent"], redis_url=proxy.url, prefix=prefix)
         with serve:
             publish(tmp_path / "agents" / "i0agent", "card of i0")
@@ -347,3 +351,34 @@ async def test_after_redis_restarts_empty_a_tell_reaches_its_agent_without_a_ref
         assert not replies(telegram, "AGENT is one of")
         for serve in serves:
             assert await serve.aterminate() == 0
+
+
+async def test_a_stop_while_redis_does_not_take_a_feishu_command_is_not_held(
+    tmp_path: Path, server: RedisServer, prefix: str
+) -> None:
+    """A Feishu command whose publishing Redis did not answer was retried each second for as
+    long as Redis was away, and the Feishu channel's stop waits for its commands: SIGTERM
+    did not end the service. Now a stop drops it, with a line saying so."""
+    from tests.e2e.test_serve_feishu import CHAT, ENCRYPT, VERIFY, card_texts
+
+    publishing = (b"EVALSHA", b":cmd:feishu")  # not the reads of the stream
+    async with (
+        FakeFeishu() as fake,
+        AnswerLosingProxy(server.port, publishing, hold_s=3600, every=True) as proxy,
+    ):
+        setup = feishu_instance(tmp_path, "i0", fake, redis_url=proxy.url, prefix=prefix)
+        with setup.serve() as serve:
+            publish(tmp_path / "i0" / "agents" / "i0agent", "card of i0")
+            await eventually(lambda: len(card_texts(fake)) == 1, timeout_s=60, what="the card")
+            event = fake.command_event(CHAT, "/taskcard off", verification_token=VERIFY)
+            assert (await fake.deliver_event(setup.url, event, encrypt_key=ENCRYPT)).status == 200
+            await eventually(
+                lambda: "publishing a command to Redis failed" in serve.logs,
+                timeout_s=60,
+                what="the publish failing",
+            )
+            assert await serve.aterminate() == 0
+    assert f"a command from chat {CHAT} could not be published to Redis before the stop" in (
+        serve.logs
+    )
+    assert "Traceback" not in serve.logs
