@@ -27,6 +27,7 @@ from redis.exceptions import RedisError
 from taskcard.bridge.cluster.limiter import WRONG_TYPE_WAIT_S
 from taskcard.bridge.store.redis import raise_if_cancel_swallowed, wrong_type
 from taskcard.channels.base import (
+    BoardView,
     CardView,
     Channel,
     ChatRef,
@@ -377,6 +378,12 @@ class ClusteredChannel(Channel):
 
     def render_card(self, view: CardView) -> Outgoing:
         return self._inner.render_card(view)
+
+    def render_board(self, view: BoardView) -> Outgoing:
+        return self._inner.render_board(view)
+
+    def board_fits(self, view: BoardView) -> bool:
+        return self._inner.board_fits(view)
 
     def render_text(self, text: str) -> Outgoing:
         return self._inner.render_text(text)

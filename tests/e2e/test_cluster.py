@@ -63,9 +63,10 @@ def instance(
     prefix: str,
     limits: str = "",
     chat_id: int = GROUP,
+    view: str = "cards",
 ) -> ServeProcess:
     """One instance: its own folder and state, agents' workdirs shared under tmp_path; its
-    agents are routed to `chat_id`."""
+    agents are routed to `chat_id`, showing `view`."""
     folder = tmp_path / name
     folder.mkdir()
     lines = [f'state_dir = "{folder / "state"}"']
@@ -81,6 +82,7 @@ def instance(
         "[[telegram.routes]]",
         f"chat_id = {chat_id}",
         f"agents = {json.dumps(agents)}",
+        f'view = "{view}"',
     ]
     if limits:
         lines.append(limits)
