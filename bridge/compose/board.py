@@ -20,9 +20,10 @@ urgent ones) and counting them, so the reader knows how many are not shown.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, tzinfo
+from typing import Any, cast, get_args
 
 from taskcard.bridge.compose.activity import movement_words as activity_movement_words
 from taskcard.bridge.compose.redact import redact
@@ -99,24 +100,111 @@ def movement_text(
     last = activity.last_movement
     if last is None:
         return None
-    words = one_line(activity_movement_words(last))
-    movement = _cut(scrub(redact(words)), MOVEMENT_MAX_CHARS)
-    return f"last: {movement} ({format_at(last.at, now, zone)})"
+    return _movement_line(_movement_words(activity, scrub), last.at, now, zone)
+
+
+def _movement_words(activity: ActivitySummary, scrub: Callable[[str], str]) -> str:
+    last = activity.last_movement
+    words = "" if last is None else one_line(activity_movement_words(last))
+    return _cut(scrub(redact(words)), MOVEMENT_MAX_CHARS)
+
+
+def _movement_line(words: str, at: datetime, now: datetime, zone: tzinfo) -> str:
+    return f"last: {words} ({format_at(at, now, zone)})"
+
+
+@dataclass(frozen=True)
+class BoardFacts:
+    """One agent's line before the time of day is written into it: everything agent-written
+    already scrubbed and cut, so it may be handed to another process (a cluster's instance
+    that composes the chat's board) as it is."""
+
+    agent_id: str
+    state: AgentState
+    marks: tuple[BoardMark, ...]
+    headline: str | None
+    movement: str | None  # the words of the last movement ...
+    movement_at: datetime | None  # ... and when it happened
+    started: bool  # a card or activity was seen: the board may appear
+
+
+def board_facts(entry: BoardEntry, scrub: Callable[[str], str] = str) -> BoardFacts:
+    headline = card_headline(entry.card.body, scrub) if entry.card.status == "active" else None
+    if headline is None and entry.card.status == "inactive":
+        headline = "card stopped"
+    last = entry.activity.last_movement
+    return BoardFacts(
+        agent_id=entry.agent_id,
+        state=entry.activity.state,
+        marks=board_marks(entry.card, entry.activity),
+        headline=headline,
+        movement=None if last is None else _movement_words(entry.activity, scrub),
+        movement_at=None if last is None else last.at,
+        started=entry.card.status != "none" or entry.activity.state != "unknown",
+    )
+
+
+def facts_record(facts: BoardFacts) -> dict[str, Any]:
+    """`facts` as JSON-ready values (for the other instances of a cluster)."""
+    at = facts.movement_at
+    return {
+        "agent_id": facts.agent_id,
+        "state": facts.state,
+        "marks": list(facts.marks),
+        "headline": facts.headline,
+        "movement": facts.movement,
+        "movement_at": None if at is None else at.timestamp(),
+        "started": facts.started,
+    }
+
+
+def facts_from_record(data: Mapping[str, Any]) -> BoardFacts | None:
+    """The facts `facts_record` gave; None for a record this version cannot read."""
+    try:
+        agent_id, state, marks = data["agent_id"], data["state"], data["marks"]
+        headline, movement, at = data["headline"], data["movement"], data["movement_at"]
+        started = data["started"]
+        if not isinstance(agent_id, str) or state not in get_args(AgentState):
+            return None
+        if not isinstance(marks, list) or not all(m in get_args(BoardMark) for m in marks):
+            return None
+        if not all(v is None or isinstance(v, str) for v in (headline, movement)):
+            return None
+        if not isinstance(started, bool):
+            return None
+        if at is not None and (isinstance(at, bool) or not isinstance(at, int | float)):
+            return None
+        when = None if at is None else datetime.fromtimestamp(at, UTC)
+    except (KeyError, TypeError, ValueError, OverflowError, OSError):
+        return None
+    return BoardFacts(
+        agent_id=agent_id,
+        state=cast(AgentState, state),
+        marks=tuple(cast(list[BoardMark], marks)),
+        headline=headline,
+        movement=movement,
+        movement_at=when,
+        started=started,
+    )
+
+
+def facts_line(facts: BoardFacts, now: datetime, zone: tzinfo = UTC) -> BoardLine:
+    movement = None
+    if facts.movement is not None and facts.movement_at is not None:
+        movement = _movement_line(facts.movement, facts.movement_at, now, zone)
+    return BoardLine(
+        agent_id=facts.agent_id,
+        state=facts.state,
+        marks=facts.marks,
+        headline=facts.headline,
+        movement=movement,
+    )
 
 
 def board_line(
     entry: BoardEntry, now: datetime, zone: tzinfo = UTC, scrub: Callable[[str], str] = str
 ) -> BoardLine:
-    headline = card_headline(entry.card.body, scrub) if entry.card.status == "active" else None
-    if headline is None and entry.card.status == "inactive":
-        headline = "card stopped"
-    return BoardLine(
-        agent_id=entry.agent_id,
-        state=entry.activity.state,
-        marks=board_marks(entry.card, entry.activity),
-        headline=headline,
-        movement=movement_text(entry.activity, now, zone, scrub),
-    )
+    return facts_line(board_facts(entry, scrub), now, zone)
 
 
 def line_order(line: BoardLine) -> tuple[int, int, str]:
@@ -148,7 +236,16 @@ def compose_board(
     scrub: Callable[[str], str] = str,
 ) -> BoardView:
     """The whole board of one chat, uncut (see `fit_board`)."""
-    lines = sorted((board_line(entry, now, zone, scrub) for entry in entries), key=line_order)
+    return compose_facts(
+        [board_facts(entry, scrub) for entry in entries], hidden=hidden, now=now, zone=zone
+    )
+
+
+def compose_facts(
+    facts: Sequence[BoardFacts], *, hidden: bool, now: datetime, zone: tzinfo = UTC
+) -> BoardView:
+    """The whole board of one chat from its agents' facts, uncut (see `fit_board`)."""
+    lines = sorted((facts_line(item, now, zone) for item in facts), key=line_order)
     return BoardView(summary=board_summary(lines), lines=tuple(lines), hidden=hidden)
 
 

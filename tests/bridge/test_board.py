@@ -12,9 +12,13 @@ import pytest
 from taskcard.bridge.compose.board import (
     HEADLINE_MAX_CHARS,
     BoardEntry,
+    board_facts,
     board_marks,
     card_headline,
     compose_board,
+    compose_facts,
+    facts_from_record,
+    facts_record,
     fit_board,
     needs_attention,
 )
@@ -206,3 +210,42 @@ def test_board_key_and_stored_view_values() -> None:
         None,
         None,
     ]
+
+
+def test_a_line_shared_through_json_composes_the_same_board() -> None:
+    # A cluster's instances hand each other their agents' lines as JSON: the board composed
+    # from them is the one composed from the agents themselves, time of day included.
+    entries = [
+        BoardEntry("b", ACTIVE, RUNNING),
+        BoardEntry("a", ERROR, WAITING),
+        BoardEntry("c", LIMIT, EXITED),
+        BoardEntry("d", CardState(), ActivitySummary()),
+    ]
+    records = [json.loads(json.dumps(facts_record(board_facts(e)))) for e in entries]
+    facts = [facts_from_record(record) for record in records]
+    assert None not in facts
+    shared = compose_facts([f for f in facts if f], hidden=False, now=NOW)
+    assert shared == compose_board(entries, hidden=False, now=NOW)
+    assert [f.started for f in facts if f] == [True, True, True, False]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"state": "dancing"},
+        {"marks": ["error", "party"]},
+        {"marks": "error"},
+        {"headline": 5},
+        {"movement_at": "yesterday"},
+        {"movement_at": True},
+        {"movement_at": 1e300},
+        {"started": "yes"},
+        {"agent_id": None},
+    ],
+)
+def test_a_shared_line_this_version_cannot_read_is_left_out(change: dict[str, object]) -> None:
+    record = facts_record(board_facts(BoardEntry("a", ACTIVE, RUNNING)))
+    assert facts_from_record({**record, **change}) is None
+    missing = dict(record)
+    del missing["state"]
+    assert facts_from_record(missing) is None
