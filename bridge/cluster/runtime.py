@@ -8,6 +8,8 @@ it stops that (`drop`). The resident ids live in the shared store, so the instan
 over edits the message the previous owner posted instead of posting a second one. With the
 leases it shares what it routes (`P:routed:<owner>`, listed in the sorted set `P:instances`
 until it lapses), so a `/tell` naming an agent no instance routes to the chat is refused once.
+It also leases the board of each chat it routes to: the holder sends the chat's one board
+(see `bridge.cluster.boards`).
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, cast
+from typing import Any, Protocol, cast
 from urllib.parse import urlsplit
 
 import redis
 from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import RedisError
 
+from taskcard.bridge.cluster.boards import SharedBoards
 from taskcard.bridge.cluster.config import ClusterConfig
 from taskcard.bridge.cluster.lease import (
     FencedCursors,
@@ -61,6 +64,22 @@ _FIXED_KEYS = {
     "inbox:queued": "zset",
     **dict.fromkeys(("cmd:telegram", "cmd:feishu"), "stream"),
 }
+
+
+class BoardHolder(Protocol):
+    """The service's side of the boards' leases (see `bridge.cluster.boards`)."""
+
+    def board_scopes(self) -> Iterable[str]:
+        """The chats this instance routes agents to: it competes for their boards."""
+        ...
+
+    def take_board(self, scope: str) -> None:
+        """This instance sends the chat's board from now on."""
+        ...
+
+    def drop_board(self, scope: str) -> None:
+        """Another instance sends the chat's board now."""
+        ...
 
 
 class ClusterUnreachable(Exception):
@@ -164,6 +183,9 @@ class Cluster:
         self._silent_since: float | None = None  # when Redis stopped answering (monotonic)
         self._bots: dict[str, str] = {}  # channel -> the bot this instance posts as
         self._routes_shared: str | None = None  # what `_share_routes` last wrote
+        self.boards = SharedBoards(self.store.client, self.aio, self.prefix, self.owner)
+        self._board_leases: dict[str, Lease] = {}
+        self._boards_held: set[str] = set()  # chats whose board `take_board` was told of
 
     @classmethod
     def connect(cls, config: ClusterConfig, url: str) -> Cluster:
@@ -255,7 +277,10 @@ class Cluster:
                 self._routes_shared = text
             members = self.key("instances")
             await self.aio.zadd(members, {self.owner: now_ms + self._bot_ttl_ms})
-            await self.aio.zremrangebyscore(members, "-inf", now_ms)
+            if await self.aio.zremrangebyscore(members, "-inf", now_ms):
+                # An instance died: its board lines are ignored now (their agents' leases
+                # lapsed), so the boards that showed them are composed again.
+                self.boards.every_board_changed()
 
     async def routed_names(self, channel: str, chat: ChatRef) -> list[str] | None:
         """The agents the live instances route to `chat` (each as its own routes would
@@ -293,16 +318,22 @@ class Cluster:
         take: Callable[[str], None],
         drop: Callable[[str], None],
         routed: Callable[[], Mapping[str, Any]] = dict,
+        boards: BoardHolder | None = None,
     ) -> None:
         """Renew every lease until cancelled: one per agent `agents` names at each renewal
-        (configured, discovered, added by a reload); call `take`/`drop` as agents' leases
-        change, and share what `routed` says this instance routes."""
+        (configured, discovered, added by a reload), and one per chat `boards` routes to;
+        call `take`/`drop` as agents' leases change (`boards` as the boards' do), and share
+        what `routed` says this instance routes."""
         interval_s = self.config.lease_ttl_s / 3
         log.info("cluster member %s on Redis (key prefix %s)", self.instance, self.prefix)
         while True:
             try:
                 await self._follow(agents(), drop)
+                if boards is not None:
+                    await self._follow_boards(boards)
                 await self._renew(take, drop, routed)
+                if boards is not None:
+                    self._hand_boards(boards)
             except Exception:
                 # Renewal must go on whatever happened: a lease left to lapse while this
                 # instance still serves its agent would give the agent two servers.
@@ -325,6 +356,33 @@ class Cluster:
         for agent in sorted(self._fresh):
             self._agent_leases[agent] = self.lease("agent", agent)
 
+    async def _follow_boards(self, boards: BoardHolder) -> None:
+        """A lease for the board of each chat this instance routes to now; a chat it no
+        longer routes to gives its board up at once."""
+        wanted = set(boards.board_scopes())
+        for scope in [scope for scope in self._board_leases if scope not in wanted]:
+            await self._board_leases.pop(scope).release()
+            if scope in self._boards_held:
+                self._boards_held.discard(scope)
+                boards.drop_board(scope)
+        for scope in sorted(wanted - self._board_leases.keys()):
+            self._board_leases[scope] = self.lease("board", scope)
+
+    def _hand_boards(self, boards: BoardHolder) -> None:
+        """Tell the service which boards it sends, after their leases' renewal."""
+        for scope, lease in self._board_leases.items():
+            if lease.held and scope not in self._boards_held:
+                try:
+                    boards.take_board(scope)
+                except Exception:
+                    log.exception("chat %s: its board could not be taken over", scope)
+                    continue
+                self._boards_held.add(scope)
+                log.info("chat %s: this instance sends its board now", scope)
+            elif not lease.held and scope in self._boards_held:
+                self._boards_held.discard(scope)
+                boards.drop_board(scope)
+
     async def _renew(
         self,
         take: Callable[[str], None],
@@ -335,7 +393,9 @@ class Cluster:
         # renewed lapses and the agent moves), so it is batched: `HOLD_BATCH` per round trip.
         polled = [gate.lease.held for gate in self._poll_leases]
         error = await hold_all(
-            [g.lease for g in self._poll_leases] + list(self._agent_leases.values())
+            [g.lease for g in self._poll_leases]
+            + list(self._agent_leases.values())
+            + list(self._board_leases.values())
         )
         if error is not None and self._silent_since is None:
             self._silent_since = time.monotonic()
@@ -423,8 +483,13 @@ class Cluster:
 
     async def close(self) -> None:
         """Release every lease (others take over at once, not after the TTL), close clients."""
-        leases = [g.lease for g in self._poll_leases] + list(self._agent_leases.values())
+        leases = [
+            *(g.lease for g in self._poll_leases),
+            *self._agent_leases.values(),
+            *self._board_leases.values(),
+        ]
         await release_all(self.aio, leases)
+        self.boards.withdraw_all()  # a line a standby wrote since is its own: it stays
         with contextlib.suppress(RedisError):  # else it expires after the lease TTL
             for channel, bot in self._bots.items():
                 await self.aio.hdel(self.key("bots", channel), bot)

@@ -179,6 +179,7 @@ async def serve(
             limiter=wiring.cluster.limiter(config.limits.max_pause_s) if wiring else None,
             clustered=wiring is not None,
             cluster_names=wiring.cluster.routed_names if wiring else None,
+            shared_boards=wiring.cluster.boards if wiring else None,
         )
         if wiring is not None:
             wiring.follow(service.routes_chat)
@@ -205,7 +206,11 @@ async def serve(
         if wiring is not None:
             leases = asyncio.create_task(
                 wiring.cluster.run(
-                    service.agent_ids, service.take_agent, service.drop_agent, service.routed_agents
+                    service.agent_ids,
+                    service.take_agent,
+                    service.drop_agent,
+                    service.routed_agents,
+                    boards=service,
                 ),
                 name="leases",
             )

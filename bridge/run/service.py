@@ -25,9 +25,18 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, tzinfo
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-from taskcard.bridge.compose.board import BoardEntry, compose_board, fit_board, needs_attention
+from taskcard.bridge.compose.board import (
+    BoardEntry,
+    board_facts,
+    compose_board,
+    compose_facts,
+    facts_from_record,
+    facts_record,
+    fit_board,
+    needs_attention,
+)
 from taskcard.bridge.compose.redact import Redactor, strings_in
 from taskcard.bridge.compose.view import compose_view, format_at
 from taskcard.bridge.config import ServiceConfig
@@ -73,6 +82,9 @@ from taskcard.channels.base import (
 )
 from taskcard.channels.errors import ChannelError, RateLimited, Transient
 from taskcard.producers.task_card.contract import Origin, parse_origin
+
+if TYPE_CHECKING:
+    from taskcard.bridge.cluster.boards import SharedBoards
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +162,7 @@ class Service:
         limiter: Limiter | None = None,
         clustered: bool = False,
         cluster_names: ClusterNames | None = None,
+        shared_boards: SharedBoards | None = None,
     ) -> None:
         self._config = config
         self._channels: dict[str, Channel] = {n: b.channel for n, b in channels.items()}
@@ -214,6 +227,10 @@ class Service:
         self._board_timer: asyncio.TimerHandle | None = None
         self._boards_composed_at = -BOARD_COMPOSE_EVERY_S
         self._boards: set[RouteKey] = set()  # board residents the scheduler knows
+        # Clustered: the agents' board lines are shared, and only the instance holding a
+        # chat's board lease sends its board (see `bridge.cluster.boards`).
+        self._shared_boards = shared_boards
+        self._boards_held: set[str] = set()  # clustered: the chats whose board is sent here
         self._ready_channels: set[str] = set()
         self._failed_channels: set[str] = set()
         # Per agent: the stage that failed ("reading its files", ...) -> what failed.
@@ -248,6 +265,9 @@ class Service:
             asyncio.create_task(self._watch_loop(), name="watch"),
             asyncio.create_task(self._timer_loop(), name="timer"),
         ]
+        if self._shared_boards is not None:
+            follow = self._shared_boards.follow(self.board_changed)
+            tasks.append(asyncio.create_task(follow, name="board changes"))
         log.info(
             "serving %d agents on %d routes (%s)",
             len(self._monitors),
@@ -383,6 +403,36 @@ class Service:
         for route in self._routes_by_agent.get(agent_id, []):
             self._scheduler.remove_route(route.key)
             self._scheduled.discard(route.key)
+            if self._running and self._views.view(route.key.chat_scope) == "board":
+                self._mark_board(route.key.chat_scope)  # its line here is withdrawn
+
+    def board_scopes(self) -> list[str]:
+        """Clustered: the chats this instance routes agents to (it competes for their
+        boards' leases)."""
+        return list(self._routes_by_scope)
+
+    def take_board(self, scope: str) -> None:
+        """Clustered: send the chat's board from here on (its lease was gained); the board
+        starts from the shared store, so the message another instance posted is edited."""
+        self._boards_held.add(scope)
+        if self._running:
+            self._schedule_boards()
+            self._mark_board(scope)
+
+    def drop_board(self, scope: str) -> None:
+        """Clustered: another instance sends the chat's board now."""
+        self._boards_held.discard(scope)
+        for key in [key for key in self._boards if key.chat_scope == scope]:
+            self._scheduler.remove_route(key)
+            self._boards.discard(key)
+
+    def board_changed(self, scope: str) -> None:
+        """Clustered: a line of the chat's board changed (`*`: any chat's may have)."""
+        if not self._running:
+            return
+        for held in sorted(self._boards_held) if scope == "*" else [scope]:
+            if held in self._boards_held:
+                self._mark_board(held)
 
     # Watching ----------------------------------------------------------------------------
 
@@ -497,8 +547,11 @@ class Service:
             self._mark_board(scope)
 
     def _schedule_boards(self) -> None:
-        """Every routed chat may switch to a board: its resident is known to the scheduler."""
-        for routes in self._routes_by_scope.values():
+        """Every routed chat may switch to a board: its resident is known to the scheduler
+        (clustered: of the chats whose board is sent here)."""
+        for scope, routes in self._routes_by_scope.items():
+            if self._shared_boards is not None and scope not in self._boards_held:
+                continue
             key = board_key(routes[0].key)
             if key not in self._boards:
                 # Paced: a board changes with every agent, so bursts would starve it.
@@ -919,6 +972,8 @@ class Service:
 
     def _project_board(self, scope: str) -> None:
         routes = self._routes_by_scope.get(scope, [])
+        if self._shared_boards is not None:
+            self._share_board_lines(scope, routes)
         # With no route left (the chat's last agent left), a board it showed lists none.
         found = (
             board_key(routes[0].key)
@@ -938,19 +993,56 @@ class Service:
                 self._scheduler.submit(key, channel.render_board(retired), release=True)
             return
         prefs = self._chat_prefs(scope)
-        entries = [
+        if self._shared_boards is not None:
+            records = self._shared_boards.lines(scope)
+            if records is None:
+                return  # Redis did not answer (logged): the next change composes it
+            lines = [
+                facts
+                for agent, record in records.items()
+                if (facts := facts_from_record(record)) is not None and facts.agent_id == agent
+            ]
+            started = any(line.started for line in lines)
+            if not has_message and (prefs.hidden or not started):
+                return
+            # Scrubbed by their writers; again here, for this instance's own secrets.
+            scrub = self._redact
+            lines = [
+                replace(
+                    line,
+                    headline=None if line.headline is None else scrub(line.headline),
+                    movement=None if line.movement is None else scrub(line.movement),
+                )
+                for line in lines
+            ]
+            board = compose_facts(lines, hidden=prefs.hidden, now=self._clock(), zone=zone)
+        else:
+            entries = self._board_entries(routes)
+            started = any(e.card.status != "none" or e.activity.state != "unknown" for e in entries)
+            if not has_message and (prefs.hidden or not started):
+                return  # the board appears with the first sign of life, not before
+            board = compose_board(
+                entries, hidden=prefs.hidden, now=self._clock(), zone=zone, scrub=self._redact
+            )
+        self._scheduler.submit(key, channel.render_board(fit_board(board, channel.board_fits)))
+
+    def _board_entries(self, routes: list[Route]) -> list[BoardEntry]:
+        """The board entries of the agents of `routes` served here."""
+        return [
             BoardEntry(route.key.agent_id, monitor.card, monitor.activity)
             for route in routes
             if self._serves(route.key.agent_id)
             and (monitor := self._monitors.get(route.key.agent_id)) is not None
         ]
-        started = any(e.card.status != "none" or e.activity.state != "unknown" for e in entries)
-        if not has_message and (prefs.hidden or not started):
-            return  # the board appears with the first sign of life, not before
-        board = compose_board(
-            entries, hidden=prefs.hidden, now=self._clock(), zone=zone, scrub=self._redact
+
+    def _share_board_lines(self, scope: str, routes: list[Route]) -> None:
+        """Clustered: the lines of the chat's agents served here, for the board's sender
+        (none while the chat shows cards: a switch to the board shares them again)."""
+        assert self._shared_boards is not None
+        entries = self._board_entries(routes) if self._views.view(scope) == "board" else []
+        self._shared_boards.share(
+            scope, {e.agent_id: facts_record(board_facts(e, self._redact)) for e in entries}
         )
-        self._scheduler.submit(key, channel.render_board(fit_board(board, channel.board_fits)))
 
     def _render_card(self, channel: Channel, view: CardView) -> Outgoing:
         """`view` rendered for `channel` with every configured secret removed.

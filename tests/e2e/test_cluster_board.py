@@ -4,17 +4,21 @@ per chat, listing every agent whichever instance serves it, sent by one instance
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
+import redis
 
 from tests.e2e.harness import eventually, publish
-from tests.e2e.test_cluster import instance
-from tests.e2e.test_serve_board import BOARD_TITLE
+from tests.e2e.test_cluster import feishu_instance, instance
+from tests.e2e.test_serve_board import BOARD_TITLE, feishu_board, feishu_card_of, feishu_cards
+from tests.e2e.test_serve_feishu import CHAT, ENCRYPT, VERIFY
 from tests.e2e.test_serve_telegram import GROUP
+from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram, StoredMessage
 
 
@@ -53,3 +57,132 @@ async def test_a_clustered_board_keeps_the_platforms_formatting(
     await eventually(lambda: "alpha step 1" in board_text(telegram), what="the board")
     (board,) = boards(telegram)
     assert any(e["type"] == "bold" for e in board.entities)
+
+
+async def test_one_board_lists_the_agents_of_every_instance(
+    tmp_path: Path, telegram: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    # Each instance composed the board of its own agents into the one shared message: the
+    # board showed one instance's half, then the other's.
+    split = {"i0": ["alpha", "bravo"], "i1": ["charlie", "delta"]}
+    # Left in Redis by an instance long dead, and by something else: neither shows.
+    ghost = {
+        "agent_id": "ghost", "state": "running", "marks": ["waiting"], "headline": "boo",
+        "movement": None, "movement_at": None, "started": True,
+    }  # fmt: skip
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        client.hset(
+            f"{prefix}:board:telegram:{GROUP}:",
+            mapping={"ghost": json.dumps({"writer": "gone#1", "line": ghost}), "junk": "{"},
+        )
+    finally:
+        client.close()
+    for name, agents in split.items():
+        fleet.enter_context(
+            instance(tmp_path, name, telegram, agents, redis_url=redis_url, prefix=prefix,
+                     view="board")
+        )  # fmt: skip
+    every = [agent for agents in split.values() for agent in agents]
+    for agent in every:
+        publish(tmp_path / "agents" / agent, f"**{agent}** step 1")
+    await eventually(
+        lambda: all(f"{a} step 1" in board_text(telegram) for a in every),
+        timeout_s=60,
+        what="every agent of both instances on the one board",
+    )
+    assert "4 agents" in board_text(telegram)
+    assert "ghost" not in board_text(telegram)
+    for agent in ("alpha", "delta"):  # one agent of each instance moves on
+        publish(tmp_path / "agents" / agent, f"**{agent}** step 2")
+        await eventually(
+            lambda agent=agent: f"{agent} step 2" in board_text(telegram),
+            timeout_s=60,
+            what=f"the board edited for {agent}",
+        )
+        assert "4 agents" in board_text(telegram)
+    assert len(telegram.bot_messages(GROUP)) == 1, "one board, no card per agent"
+    assert telegram.count("sendMessage") == 1
+
+
+SENDS_BOARD = "this instance sends its board now"
+
+
+async def test_the_boards_sender_killed_another_edits_the_same_message(
+    tmp_path: Path, telegram: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    split = {"i0": ["alpha"], "i1": ["bravo"]}
+    serves = {
+        name: fleet.enter_context(
+            instance(
+                tmp_path, name, telegram, agents, redis_url=redis_url, prefix=prefix, view="board"
+            )
+        )
+        for name, agents in split.items()
+    }
+    for agents in split.values():
+        publish(tmp_path / "agents" / agents[0], f"**{agents[0]}** step 1")
+    await eventually(
+        lambda: "alpha step 1" in board_text(telegram) and "bravo step 1" in board_text(telegram),
+        timeout_s=60,
+        what="both agents on the board",
+    )
+    sender = next(name for name, serve in serves.items() if SENDS_BOARD in serve.logs)
+    (survivor,) = (name for name in serves if name != sender)
+    serves[sender].kill()
+    await eventually(lambda: SENDS_BOARD in serves[survivor].logs, timeout_s=60, what="takeover")
+    agent = split[survivor][0]
+    publish(tmp_path / "agents" / agent, f"**{agent}** after the takeover")
+    gone = split[sender][0]
+    await eventually(
+        lambda: (
+            f"{agent} after the takeover" in board_text(telegram)
+            and gone not in board_text(telegram)
+        ),
+        timeout_s=60,
+        what="the board edited by the survivor, without the dead instance's agent",
+    )
+    assert len(telegram.bot_messages(GROUP)) == 1, "the same board message, edited"
+    assert telegram.count("sendMessage") == 1
+
+
+async def test_feishu_one_board_of_both_instances_and_cards_switched_once(
+    tmp_path: Path, feishu: FakeFeishu, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    setups = []
+    for name in ("i0", "i1"):
+        setup = feishu_instance(tmp_path, name, feishu, redis_url=redis_url, prefix=prefix)
+        text = setup.config.read_text().replace('agents = ["*"]', 'agents = ["*"]\nview = "board"')
+        setup.config.write_text(text)
+        fleet.enter_context(setup.serve())
+        publish(tmp_path / name / "agents" / f"{name}agent", f"# {name}agent phase 1")
+        setups.append(setup)
+    await eventually(
+        lambda: all(f"{n}agent phase 1" in feishu_board(feishu) for n in ("i0", "i1")),
+        timeout_s=60,
+        what="both instances' agents on the one board",
+    )
+    publish(tmp_path / "i1" / "agents" / "i1agent", "# i1agent phase 2")
+    await eventually(
+        lambda: "i1agent phase 2" in feishu_board(feishu) and "i0agent" in feishu_board(feishu),
+        timeout_s=60,
+        what="the board edited for the change of one instance's agent",
+    )
+    assert len(feishu_cards(feishu)) == 1, "one board, no card per agent"
+
+    answer = await feishu.deliver_command(
+        setups[0].url, CHAT, "/taskcard cards", verification_token=VERIFY, encrypt_key=ENCRYPT
+    )
+    assert answer.status == 200
+    await eventually(
+        lambda: "replaced by one card per agent" in feishu_board(feishu),
+        timeout_s=60,
+        what="the board retired",
+    )
+    await eventually(
+        lambda: all(feishu_card_of(feishu, f"{n}agent") for n in ("i0", "i1")),
+        timeout_s=60,
+        what="one card per agent, from each instance",
+    )
+    assert len(feishu_cards(feishu)) == 3
+    assert sum("one task card per agent" in t for t in feishu.texts(CHAT)) == 1, "answered once"

@@ -1,0 +1,198 @@
+"""A chat's board in a cluster: each instance shares its agents' lines, one instance sends it.
+
+The agents of one chat are usually served by several instances, while the chat has one board
+message. So the board is split in two:
+
+- every instance keeps the line (`bridge.compose.board.facts_record`: already scrubbed and
+  cut, no time of day written into it) of each agent it serves in the chat's hash
+  `P:board:<chat scope>`, one field per agent, written only when it changed, and removed when
+  it stops serving the agent there (only if the field is still its own: a new owner's line is
+  never removed);
+- the instance holding the chat's board lease (`P:lease:board:<chat scope>`, renewed with the
+  agents' leases) composes the board from the whole hash and is the only one to send it. A
+  line is used only while the instance that wrote it still holds the agent's lease, so the
+  lines of an instance that died leave the board once its leases lapse, and the next owner of
+  the agent writes its line again.
+
+The owner learns of a change from the channel `P:board:changed`: the writer publishes the
+chat's scope after each write (one message per change, whatever the fleet's size); `*` asks
+every owner to compose each board it holds (an instance stopped or died, or the subscription
+was lost and messages may have been missed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, cast
+
+import redis
+from redis.asyncio import Redis as AsyncRedis
+from redis.exceptions import RedisError
+
+from taskcard.bridge.store.redis import raise_if_cancel_swallowed
+
+log = logging.getLogger(__name__)
+
+EVERY_BOARD = "*"
+
+# KEYS: hash; ARGV: field, value. Removes the field only while it holds `value` (this
+# instance's own line, not one a new owner of the agent wrote since).
+_WITHDRAW = """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  return redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return 0
+"""
+
+
+def _encode(record: Mapping[str, Any], writer: str) -> str:
+    return json.dumps({"writer": writer, "line": record}, sort_keys=True)
+
+
+def _decode(raw: str) -> tuple[str, dict[str, Any]] | None:
+    """The writer and the line of a stored value; None for one this version cannot read
+    (another version's, a hand edit): that agent's line is left out, the others stay."""
+    try:
+        data = json.loads(raw)
+        writer, line = data["writer"], data["line"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(writer, str) or not isinstance(line, dict):
+        return None
+    return writer, line
+
+
+class SharedBoards:
+    """This instance's side of the cluster's boards (see the module's docstring)."""
+
+    def __init__(self, client: redis.Redis, aio: AsyncRedis, prefix: str, owner: str) -> None:
+        self._client = client
+        self._aio = aio
+        self._prefix = prefix
+        self._owner = owner
+        self._withdraw = client.register_script(_WITHDRAW)
+        self._written: dict[tuple[str, str], str] = {}  # (scope, agent) -> the value written
+        self._failing = False
+
+    def _key(self, *parts: str) -> str:
+        return ":".join((self._prefix, *parts))
+
+    @property
+    def channel(self) -> str:
+        return self._key("board", "changed")
+
+    def share(self, scope: str, lines: Mapping[str, Mapping[str, Any]]) -> None:
+        """Make this instance's lines in the chat `lines` (agent -> its line, of the agents
+        it serves there now): the changed ones are written, those of agents it no longer
+        serves there removed."""
+        wanted = {agent: _encode(line, self._owner) for agent, line in lines.items()}
+        changed = False
+        try:
+            for (known_scope, agent), value in list(self._written.items()):
+                if known_scope == scope and agent not in wanted:
+                    self._withdraw(keys=[self._key("board", scope)], args=[agent, value])
+                    del self._written[(scope, agent)]
+                    changed = True
+            for agent, value in wanted.items():
+                if self._written.get((scope, agent)) != value:
+                    self._client.hset(self._key("board", scope), agent, value)
+                    self._written[(scope, agent)] = value
+                    changed = True
+            if changed:
+                self._client.publish(self.channel, scope)
+        except RedisError as error:
+            self._said(error)
+            return
+        self._said(None)
+
+    def lines(self, scope: str) -> dict[str, dict[str, Any]] | None:
+        """Every agent's line in the chat (agent -> line) whose writer still holds the
+        agent's lease; None (logged) when Redis does not answer."""
+        try:
+            stored = cast(dict[str, str], self._client.hgetall(self._key("board", scope)))
+            found = [(agent, _decode(raw)) for agent, raw in sorted(stored.items())]
+            usable = [(agent, item) for agent, item in found if item is not None]
+            keys = [self._key("lease", "agent", agent) for agent, _ in usable]
+            holders = cast(list[str | None], self._client.mget(keys) if keys else [])
+        except RedisError as error:
+            self._said(error)
+            return None
+        self._said(None)
+        return {
+            agent: line
+            for (agent, (writer, line)), holder in zip(usable, holders, strict=True)
+            if holder is not None and holder.startswith(writer + "|")
+        }
+
+    def withdraw_all(self) -> None:
+        """Remove every line this instance wrote (it stops) and tell the boards' owners."""
+        scopes = {scope for scope, _ in self._written}
+        try:
+            for (scope, agent), value in self._written.items():
+                self._withdraw(keys=[self._key("board", scope)], args=[agent, value])
+            for scope in sorted(scopes):
+                self._client.publish(self.channel, scope)
+        except RedisError as error:
+            log.warning(
+                "could not remove this instance's board lines (%s); they leave the boards"
+                " when its leases lapse",
+                type(error).__name__,
+            )
+        self._written.clear()
+
+    def every_board_changed(self) -> None:
+        """Ask every board's owner to compose it again (an instance left the cluster)."""
+        try:
+            self._client.publish(self.channel, EVERY_BOARD)
+        except RedisError as error:
+            self._said(error)
+
+    def _said(self, error: RedisError | None) -> None:
+        if error is not None and not self._failing:
+            self._failing = True
+            log.warning(
+                "sharing the chats' board lines through Redis failed (%s); the boards are"
+                " composed again once Redis answers",
+                type(error).__name__,
+            )
+        elif error is None and self._failing:
+            self._failing = False
+            log.info("sharing the chats' board lines works again")
+
+    async def follow(self, changed: Callable[[str], None]) -> None:
+        """Call `changed(scope)` for each board change any instance announces, until
+        cancelled; after (re)subscribing, `changed(EVERY_BOARD)`, since messages sent
+        while this instance was not subscribed are lost."""
+        failures = 0
+        while True:
+            pubsub: Any = self._aio.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.channel)
+                if failures:
+                    log.info("following the boards' changes works again")
+                failures = 0
+                changed(EVERY_BOARD)
+                while True:
+                    message = await pubsub.get_message(timeout=None)
+                    raise_if_cancel_swallowed()
+                    if message is not None and message.get("type") == "message":
+                        changed(str(message["data"]))
+            except RedisError as error:
+                failures += 1
+                if failures == 1:
+                    log.warning(
+                        "following the boards' changes through Redis failed (%s); retrying",
+                        type(error).__name__,
+                    )
+            except Exception:
+                failures += 1
+                log.exception("following the boards' changes failed; retrying")
+            finally:
+                with contextlib.suppress(RedisError, asyncio.CancelledError):
+                    await asyncio.shield(pubsub.aclose())
+            raise_if_cancel_swallowed()
+            await asyncio.sleep(min(5.0, 0.2 * 2**failures))
