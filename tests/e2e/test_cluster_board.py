@@ -108,9 +108,21 @@ async def test_one_board_lists_the_agents_of_every_instance(
 SENDS_BOARD = "this instance sends its board now"
 
 
-async def test_the_boards_sender_killed_another_edits_the_same_message(
-    tmp_path: Path, telegram: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+@pytest.mark.parametrize(
+    ("which", "how"),
+    [("sender", "kill"), ("sender", "stop"), ("other", "kill")],
+)
+async def test_an_instance_gone_its_agents_leave_the_one_board(
+    tmp_path: Path,
+    telegram: FakeTelegram,
+    redis_url: str,
+    prefix: str,
+    fleet: ExitStack,
+    which: str,
+    how: str,
 ) -> None:
+    # The board's sender (or the other instance) is killed or stopped: the board goes on in
+    # the same message, sent by whoever is left, without the agent no instance serves now.
     split = {"i0": ["alpha"], "i1": ["bravo"]}
     serves = {
         name: fleet.enter_context(
@@ -128,20 +140,24 @@ async def test_the_boards_sender_killed_another_edits_the_same_message(
         what="both agents on the board",
     )
     sender = next(name for name, serve in serves.items() if SENDS_BOARD in serve.logs)
-    (survivor,) = (name for name in serves if name != sender)
-    serves[sender].kill()
+    gone = sender if which == "sender" else next(name for name in serves if name != sender)
+    (survivor,) = (name for name in serves if name != gone)
+    if how == "kill":
+        serves[gone].kill()
+    else:
+        assert await serves[gone].aterminate() == 0
     await eventually(lambda: SENDS_BOARD in serves[survivor].logs, timeout_s=60, what="takeover")
-    agent = split[survivor][0]
-    publish(tmp_path / "agents" / agent, f"**{agent}** after the takeover")
-    gone = split[sender][0]
+    agent, gone_agent = split[survivor][0], split[gone][0]
+    publish(tmp_path / "agents" / agent, f"**{agent}** after {which} {how}")
     await eventually(
         lambda: (
-            f"{agent} after the takeover" in board_text(telegram)
-            and gone not in board_text(telegram)
+            f"{agent} after {which} {how}" in board_text(telegram)
+            and gone_agent not in board_text(telegram)
         ),
         timeout_s=60,
-        what="the board edited by the survivor, without the dead instance's agent",
+        what="the board edited by the survivor, without the gone instance's agent",
     )
+    assert "1 agent" in board_text(telegram)
     assert len(telegram.bot_messages(GROUP)) == 1, "the same board message, edited"
     assert telegram.count("sendMessage") == 1
 
