@@ -33,7 +33,7 @@ import redis
 from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import RedisError
 
-from taskcard.bridge.store.redis import raise_if_cancel_swallowed
+from taskcard.bridge.store.redis import raise_if_cancel_swallowed, wrong_type
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,8 @@ class SharedBoards:
         self._owner = owner
         self._withdraw = client.register_script(_WITHDRAW)
         self._written: dict[tuple[str, str], str] = {}  # (scope, agent) -> the value written
-        self._failing = False
+        self._failing = False  # Redis does not answer (logged once)
+        self._wrong_type: set[str] = set()  # chats' keys of another type (each logged once)
 
     def _key(self, *parts: str) -> str:
         return ":".join((self._prefix, *parts))
@@ -105,9 +106,9 @@ class SharedBoards:
             if changed:
                 self._client.publish(self.channel, scope)
         except RedisError as error:
-            self._said(error)
+            self._said(error, self._key("board", scope))
             return
-        self._said(None)
+        self._said(None, self._key("board", scope))
 
     def lines(self, scope: str) -> dict[str, dict[str, Any]] | None:
         """Every agent's line in the chat (agent -> line) whose writer still holds the
@@ -119,9 +120,9 @@ class SharedBoards:
             keys = [self._key("lease", "agent", agent) for agent, _ in usable]
             holders = cast(list[str | None], self._client.mget(keys) if keys else [])
         except RedisError as error:
-            self._said(error)
+            self._said(error, self._key("board", scope))
             return None
-        self._said(None)
+        self._said(None, self._key("board", scope))
         return {
             agent: line
             for (agent, (writer, line)), holder in zip(usable, holders, strict=True)
@@ -144,6 +145,19 @@ class SharedBoards:
             )
         self._written.clear()
 
+    def failed(self, scope: str) -> bool:
+        """Whether the chat's key held another type when last used (shared again when the
+        key is gone: see `retry`)."""
+        return self._key("board", scope) in self._wrong_type
+
+    def retry(self) -> None:
+        """Announce the chats whose key held another type, so that their lines are shared
+        and their boards composed again once the key is deleted (each lease renewal)."""
+        head = self._key("board", "")
+        with contextlib.suppress(RedisError):
+            for key in sorted(self._wrong_type):
+                self._client.publish(self.channel, key.removeprefix(head))
+
     def every_board_changed(self) -> None:
         """Ask every board's owner to compose it again (an instance left the cluster)."""
         try:
@@ -151,17 +165,32 @@ class SharedBoards:
         except RedisError as error:
             self._said(error)
 
-    def _said(self, error: RedisError | None) -> None:
-        if error is not None and not self._failing:
+    def _said(self, error: RedisError | None, key: str | None = None) -> None:
+        """Log a failure once while it lasts (a chat's key of another type once by name,
+        with the fix), and its end."""
+        if error is None:
+            if key is not None and key in self._wrong_type:
+                self._wrong_type.discard(key)
+                log.info("the board of Redis key %s is shared again", key)
+            if self._failing:
+                self._failing = False
+                log.info("sharing the chats' board lines works again")
+            return
+        if key is not None and str(error).startswith("WRONGTYPE"):
+            if key not in self._wrong_type:
+                self._wrong_type.add(key)
+                found = "other type"
+                with contextlib.suppress(RedisError):
+                    found = str(self._client.type(key))
+                log.error("a chat's board cannot be shared: %s", wrong_type(key, found, "hash"))
+            return
+        if not self._failing:
             self._failing = True
             log.warning(
                 "sharing the chats' board lines through Redis failed (%s); the boards are"
                 " composed again once Redis answers",
                 type(error).__name__,
             )
-        elif error is None and self._failing:
-            self._failing = False
-            log.info("sharing the chats' board lines works again")
 
     async def follow(self, changed: Callable[[str], None]) -> None:
         """Call `changed(scope)` for each board change any instance announces, until

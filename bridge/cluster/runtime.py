@@ -370,6 +370,7 @@ class Cluster:
 
     def _hand_boards(self, boards: BoardHolder) -> None:
         """Tell the service which boards it sends, after their leases' renewal."""
+        self.boards.retry()
         for scope, lease in self._board_leases.items():
             if lease.held and scope not in self._boards_held:
                 try:

@@ -430,9 +430,13 @@ class Service:
         """Clustered: a line of the chat's board changed (`*`: any chat's may have)."""
         if not self._running:
             return
-        for held in sorted(self._boards_held) if scope == "*" else [scope]:
-            if held in self._boards_held:
+        if scope == "*":
+            for held in sorted(self._boards_held):
                 self._mark_board(held)
+        elif scope in self._boards_held or (
+            self._shared_boards is not None and self._shared_boards.failed(scope)
+        ):
+            self._mark_board(scope)  # failed here: its lines are shared again
 
     # Watching ----------------------------------------------------------------------------
 

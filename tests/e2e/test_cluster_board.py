@@ -202,3 +202,32 @@ async def test_feishu_one_board_of_both_instances_and_cards_switched_once(
     )
     assert len(feishu_cards(feishu)) == 3
     assert sum("one task card per agent" in t for t in feishu.texts(CHAT)) == 1, "answered once"
+
+
+async def test_a_board_key_of_another_type_is_named_once_and_deleting_it_is_enough(
+    tmp_path: Path, telegram: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    key = f"{prefix}:board:telegram:{GROUP}:"
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client.set(key, "left by another program")
+    serve = fleet.enter_context(
+        instance(tmp_path, "i0", telegram, ["alpha"], redis_url=redis_url, prefix=prefix,
+                 view="board")
+    )  # fmt: skip
+    publish(tmp_path / "agents" / "alpha", "**alpha** step 1")
+    await eventually(
+        lambda: f"the Redis key {key} is a string, not the hash" in serve.logs,
+        timeout_s=60,
+        what="the key named",
+    )
+    assert boards(telegram) == []
+    publish(tmp_path / "agents" / "alpha", "**alpha** step 2")
+    client.delete(key)
+    client.close()
+    await eventually(
+        lambda: "alpha step 2" in board_text(telegram), timeout_s=60, what="the board, once deleted"
+    )
+    # Tried at every change and lease renewal meanwhile, named once.
+    assert serve.logs.count(f"DEL {key}") == 1
+    assert await serve.aterminate() == 0
+    assert "Traceback" not in serve.logs
