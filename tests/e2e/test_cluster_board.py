@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.e2e.harness import eventually, publish
+from tests.e2e.harness import eventually, notify, publish
 from tests.e2e.test_cluster import feishu_instance, instance
 from tests.e2e.test_serve_board import BOARD_TITLE, feishu_board, feishu_card_of, feishu_cards
 from tests.e2e.test_serve_feishu import CHAT, ENCRYPT, VERIFY
@@ -231,3 +231,55 @@ async def test_a_board_key_of_another_type_is_named_once_and_deleting_it_is_enou
     assert serve.logs.count(f"DEL {key}") == 1
     assert await serve.aterminate() == 0
     assert "Traceback" not in serve.logs
+
+
+async def test_a_standby_keeps_its_agents_line_and_commands_act_once_on_the_board(
+    tmp_path: Path, telegram: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    split = {"i0": ["alpha", "shared"], "i1": ["bravo", "shared"]}
+    serves = {
+        name: fleet.enter_context(
+            instance(
+                tmp_path, name, telegram, agents, redis_url=redis_url, prefix=prefix, view="board"
+            )
+        )
+        for name, agents in split.items()
+    }
+    for agent in ("alpha", "bravo", "shared"):
+        publish(tmp_path / "agents" / agent, f"**{agent}** step 1")
+    await eventually(
+        lambda: all(f"{a} step 1" in board_text(telegram) for a in ("alpha", "bravo", "shared")),
+        timeout_s=60,
+        what="three agents",
+    )
+    assert "3 agents" in board_text(telegram)
+    # A standby (`shared` is configured on both) and commands received by one instance.
+    telegram.inject_command(GROUP, "/taskcard off")
+    await eventually(
+        lambda: any("board hidden" in m.text for m in telegram.bot_messages(GROUP)),
+        timeout_s=60,
+        what="hidden",
+    )
+    telegram.inject_command(GROUP, "/taskcard on")
+    await eventually(lambda: "3 agents" in board_text(telegram), timeout_s=60, what="shown")
+    notify(tmp_path / "agents" / "bravo", "e1", "error", code="crash")
+    await eventually(
+        lambda: "error" in board_text(telegram) and len(telegram.bot_messages(GROUP)) >= 2,
+        timeout_s=60,
+        what="bravo marked and its own card",
+    )
+    serving = "agent shared: this instance serves it now"
+    owner = next(name for name, serve in serves.items() if serving in serve.logs)
+    serves[owner].kill()
+    publish(tmp_path / "agents" / "shared", "**shared** after the kill")
+    await eventually(
+        lambda: "shared after the kill" in board_text(telegram), timeout_s=60, what="standby line"
+    )
+    # The other agent of the instance gone is served by nobody now: its line left the board.
+    (gone,) = (agent for agent in split[owner] if agent != "shared")
+    await eventually(lambda: gone not in board_text(telegram), timeout_s=60, what="gone left")
+    assert "2 agents" in board_text(telegram)
+    texts = [m.text for m in telegram.bot_messages(GROUP)]
+    assert sum("Task cards hidden here." in t for t in texts) == 1, "answered once"
+    assert sum("Task cards shown here." in t for t in texts) == 1, "answered once"
+    assert len(boards(telegram)) == 1
