@@ -78,11 +78,14 @@ async def test_one_board_lists_the_agents_of_every_instance(
         )
     finally:
         client.close()
-    for name, agents in split.items():
+    serves = [
         fleet.enter_context(
-            instance(tmp_path, name, telegram, agents, redis_url=redis_url, prefix=prefix,
-                     view="board")
-        )  # fmt: skip
+            instance(
+                tmp_path, name, telegram, agents, redis_url=redis_url, prefix=prefix, view="board"
+            )
+        )
+        for name, agents in split.items()
+    ]
     every = [agent for agents in split.values() for agent in agents]
     for agent in every:
         publish(tmp_path / "agents" / agent, f"**{agent}** step 1")
@@ -103,6 +106,9 @@ async def test_one_board_lists_the_agents_of_every_instance(
         assert "4 agents" in board_text(telegram)
     assert len(telegram.bot_messages(GROUP)) == 1, "one board, no card per agent"
     assert telegram.count("sendMessage") == 1
+    for serve in serves:
+        assert await serve.aterminate() == 0
+        assert " WARNING " not in serve.logs and " ERROR " not in serve.logs, serve.logs
 
 
 SENDS_BOARD = "this instance sends its board now"
