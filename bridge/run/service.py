@@ -1133,7 +1133,9 @@ class Service:
         if not routes:
             log.info("ignoring /taskcard from an unrouted chat %s:%s", channel_name, command.chat)
             return
-        if command.command != "reply" and command.reply_to and not self._ours(routes, command):
+        replying = command.command != "reply" and bool(command.reply_to)
+        ours = not replying or self._ours(routes, command)
+        if not ours and not await self._ours_in_cluster(channel_name, command):
             return  # a command replying to someone else's message, without the bot's mention
         allowed = [
             r
@@ -1208,7 +1210,7 @@ class Service:
         does not say who wrote the message replied to, any message the service (any
         instance of a cluster) posted there: a notice, an answer, another instance's card."""
         keys = [r.key for r in routes] + [board_key(r.key) for r in routes]
-        mine = {self._scheduler.message_id(key) for key in keys}
+        mine = {self._shown_id(key) for key in keys}
         if not mine.isdisjoint(command.reply_to):
             return True
         channel = routes[0].key.channel
@@ -1217,6 +1219,30 @@ class Service:
         if self._channels[channel].replies_name_author:
             return False
         return self._store.sent_any(channel, command.reply_to, self._clock().timestamp())
+
+    async def _ours_in_cluster(self, channel_name: str, command: IncomingCommand) -> bool:
+        """Clustered: whether `command` replies to the card of an agent another instance
+        routes to the chat (its id is in the shared store). Asked only of a command that
+        replies to a message this instance does not know."""
+        if self._cluster_names is None:
+            return False
+        names = await self._cluster_names(channel_name, command.chat)
+        chats = {command.chat, ChatRef(command.chat.chat_id)}
+        for name in names or ():
+            for chat in chats:
+                if self._shown_id(RouteKey(channel_name, chat, name)) in command.reply_to:
+                    return True
+        return False
+
+    def _shown_id(self, key: RouteKey) -> str | None:
+        """The message id of the route's resident. Clustered, a resident another instance
+        sends (another instance's agent, a board sent elsewhere) is known from the shared
+        store only: a command replying to it is the bot's all the same."""
+        found = self._scheduler.message_id(key)
+        if found is None and self._owned is not None:
+            record = self._store.resident(key.store_key)
+            found = None if record is None else record.message_id
+        return found
 
     def _chat_moved(self, channel_name: str, chat: ChatRef) -> None:
         """The platform gave `chat` a new id (a Telegram group upgraded to a supergroup). Its

@@ -4,6 +4,7 @@ per chat, listing every agent whichever instance serves it, sent by one instance
 
 from __future__ import annotations
 
+import html
 import json
 import uuid
 from collections.abc import Iterator
@@ -289,3 +290,50 @@ async def test_a_standby_keeps_its_agents_line_and_commands_act_once_on_the_boar
     assert sum("Task cards hidden here." in t for t in texts) == 1, "answered once"
     assert sum("Task cards shown here." in t for t in texts) == 1, "answered once"
     assert len(boards(telegram)) == 1
+
+
+@pytest.mark.parametrize("view", ["board", "cards"])
+async def test_feishu_a_command_replying_to_another_instances_message_is_the_bots(
+    tmp_path: Path, feishu: FakeFeishu, redis_url: str, prefix: str, fleet: ExitStack, view: str
+) -> None:
+    # A command written as a reply to one of the bot's messages, without mentioning the bot,
+    # is the bot's. An instance that had not sent that message (the board sent by another
+    # instance, another instance's agent's card) did not know its id and ignored the
+    # command: its own cards kept the old settings, and the answer was lost whenever it
+    # claimed it.
+    setups = []
+    for name in ("i0", "i1"):
+        setup = feishu_instance(tmp_path, name, feishu, redis_url=redis_url, prefix=prefix)
+        routed = f'agents = ["*"]\nview = "{view}"'
+        text = setup.config.read_text().replace('agents = ["*"]', routed)
+        setup.config.write_text(text)
+        fleet.enter_context(setup.serve())
+        publish(tmp_path / name / "agents" / f"{name}agent", f"# {name}agent phase 1")
+        setups.append(setup)
+    await eventually(
+        lambda: sum(
+            f"{n}agent phase 1" in html.unescape(m.text)
+            for n in ("i0", "i1")
+            for m in feishu.chat(CHAT)
+        ) == 2,
+        timeout_s=60,
+        what="both instances' agents shown",
+    )  # fmt: skip
+    # Replies to a message of i0's: the board (i0agent is on it) or i0agent's card.
+    replied = next(
+        m.message_id for m in feishu.chat(CHAT) if "i0agent phase 1" in html.unescape(m.text)
+    )
+    # Each command's answer is claimed by whichever instance reads it first: several, so
+    # that each instance claims some; each is delivered to the instance that did not post it
+    # (or to either, for the board: one of them did not send it).
+    for rows in range(2, 8):
+        answer = await feishu.deliver_command(
+            setups[rows % 2].url, CHAT, f"/taskcard {rows}", verification_token=VERIFY,
+            encrypt_key=ENCRYPT, mention_bot=False, parent_id=replied,
+        )  # fmt: skip
+        assert answer.status == 200
+        await eventually(
+            lambda rows=rows: sum(f"{rows} activity rows" in t for t in feishu.texts(CHAT)) == 1,
+            timeout_s=60,
+            what=f"the answer to /taskcard {rows}",
+        )
