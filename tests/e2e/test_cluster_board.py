@@ -21,6 +21,7 @@ from tests.e2e.test_serve_feishu import CHAT, ENCRYPT, VERIFY
 from tests.e2e.test_serve_telegram import GROUP
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram, StoredMessage
+from tests.redis_server import RedisServer, have_redis
 
 
 @pytest.fixture
@@ -337,3 +338,43 @@ async def test_feishu_a_command_replying_to_another_instances_message_is_the_bot
             timeout_s=60,
             what=f"the answer to /taskcard {rows}",
         )
+
+
+async def test_a_redis_restart_keeps_the_one_board_going(
+    tmp_path: Path, telegram: FakeTelegram, prefix: str, fleet: ExitStack
+) -> None:
+    if not have_redis():
+        pytest.fail("redis-server is not installed: run `make test`, which installs it")
+    server = RedisServer(tmp_path / "redis", appendonly=True).start()
+    fleet.callback(server.stop)
+    split = {"i0": ["alpha"], "i1": ["bravo"]}
+    serves = [
+        fleet.enter_context(
+            instance(
+                tmp_path, name, telegram, agents, redis_url=server.url, prefix=prefix, view="board"
+            )
+        )
+        for name, agents in split.items()
+    ]
+    for agents in split.values():
+        publish(tmp_path / "agents" / agents[0], f"**{agents[0]}** before")
+    await eventually(
+        lambda: "alpha before" in board_text(telegram) and "bravo before" in board_text(telegram),
+        timeout_s=60,
+        what="both on the board",
+    )
+    server.restart()
+    for agents in split.values():
+        publish(tmp_path / "agents" / agents[0], f"**{agents[0]}** after the restart")
+    await eventually(
+        lambda: (
+            "alpha after the restart" in board_text(telegram)
+            and "bravo after the restart" in board_text(telegram)
+        ),
+        timeout_s=60,
+        what="both lines edited after the restart",
+    )
+    assert len(telegram.bot_messages(GROUP)) == 1, "the same board"
+    for serve in serves:
+        assert await serve.aterminate() == 0
+        assert "Traceback" not in serve.logs
