@@ -75,7 +75,7 @@ class SharedBoards:
         self._prefix = prefix
         self._owner = owner
         self._withdraw = client.register_script(_WITHDRAW)
-        self._written: dict[tuple[str, str], str] = {}  # (scope, agent) -> the value written
+        self._written: dict[str, dict[str, str]] = {}  # scope -> agent -> the value written
         self._failing = False  # Redis does not answer (logged once)
         self._wrong_type: set[str] = set()  # chats' keys of another type (each logged once)
 
@@ -89,26 +89,30 @@ class SharedBoards:
     def share(self, scope: str, lines: Mapping[str, Mapping[str, Any]]) -> None:
         """Make this instance's lines in the chat `lines` (agent -> its line, of the agents
         it serves there now): the changed ones are written, those of agents it no longer
-        serves there removed."""
+        serves there removed, in one round trip (none when nothing changed)."""
         wanted = {agent: _encode(line, self._owner) for agent, line in lines.items()}
-        changed = False
-        try:
-            for (known_scope, agent), value in list(self._written.items()):
-                if known_scope == scope and agent not in wanted:
-                    self._withdraw(keys=[self._key("board", scope)], args=[agent, value])
-                    del self._written[(scope, agent)]
-                    changed = True
-            for agent, value in wanted.items():
-                if self._written.get((scope, agent)) != value:
-                    self._client.hset(self._key("board", scope), agent, value)
-                    self._written[(scope, agent)] = value
-                    changed = True
-            if changed:
-                self._client.publish(self.channel, scope)
-        except RedisError as error:
-            self._said(error, self._key("board", scope))
+        written = self._written.get(scope, {})
+        gone = {agent: value for agent, value in written.items() if agent not in wanted}
+        fresh = {agent: value for agent, value in wanted.items() if written.get(agent) != value}
+        if not gone and not fresh:
             return
-        self._said(None, self._key("board", scope))
+        key = self._key("board", scope)
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for agent, value in gone.items():
+                self._withdraw(keys=[key], args=[agent, value], client=pipe)
+            if fresh:
+                pipe.hset(key, mapping=cast(dict[Any, Any], fresh))
+            pipe.publish(self.channel, scope)
+            pipe.execute()
+        except RedisError as error:
+            self._said(error, key)
+            return
+        self._said(None, key)
+        if wanted:
+            self._written[scope] = wanted
+        else:
+            self._written.pop(scope, None)
 
     def lines(self, scope: str) -> dict[str, dict[str, Any]] | None:
         """Every agent's line in the chat (agent -> line) whose writer still holds the
@@ -131,12 +135,17 @@ class SharedBoards:
 
     def withdraw_all(self) -> None:
         """Remove every line this instance wrote (it stops) and tell the boards' owners."""
-        scopes = {scope for scope, _ in self._written}
-        try:
-            for (scope, agent), value in self._written.items():
-                self._withdraw(keys=[self._key("board", scope)], args=[agent, value])
-            for scope in sorted(scopes):
-                self._client.publish(self.channel, scope)
+        if not self._written:
+            return
+        try:  # one round trip: a stop while Redis does not answer waits for one call only
+            pipe = self._client.pipeline(transaction=False)
+            for scope, written in sorted(self._written.items()):
+                for agent, value in written.items():
+                    self._withdraw(
+                        keys=[self._key("board", scope)], args=[agent, value], client=pipe
+                    )
+                pipe.publish(self.channel, scope)
+            pipe.execute()
         except RedisError as error:
             log.warning(
                 "could not remove this instance's board lines (%s); they leave the boards"
