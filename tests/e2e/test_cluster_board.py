@@ -16,7 +16,13 @@ import redis
 
 from tests.e2e.harness import eventually, notify, publish
 from tests.e2e.test_cluster import feishu_instance, instance
-from tests.e2e.test_serve_board import BOARD_TITLE, feishu_board, feishu_card_of, feishu_cards
+from tests.e2e.test_serve_board import (
+    BOARD_TITLE,
+    RETIRED_NOTE,
+    feishu_board,
+    feishu_card_of,
+    feishu_cards,
+)
 from tests.e2e.test_serve_feishu import CHAT, ENCRYPT, VERIFY
 from tests.e2e.test_serve_telegram import GROUP
 from tests.fakes.feishu_api import FakeFeishu
@@ -378,3 +384,30 @@ async def test_a_redis_restart_keeps_the_one_board_going(
     for serve in serves:
         assert await serve.aterminate() == 0
         assert "Traceback" not in serve.logs
+
+
+async def test_taskcard_board_in_a_cluster_retires_every_instances_cards_for_one_board(
+    tmp_path: Path, telegram: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    split = {"i0": ["alpha"], "i1": ["bravo"]}
+    for name, agents in split.items():
+        fleet.enter_context(
+            instance(tmp_path, name, telegram, agents, redis_url=redis_url, prefix=prefix)
+        )
+    for agents in split.values():
+        publish(tmp_path / "agents" / agents[0], f"**{agents[0]}** step 1")
+    await eventually(lambda: len(telegram.bot_messages(GROUP)) == 2, timeout_s=60, what="two cards")
+    telegram.inject_command(GROUP, "/taskcard board")
+    await eventually(
+        lambda: "alpha step 1" in board_text(telegram) and "bravo step 1" in board_text(telegram),
+        timeout_s=60,
+        what="one board of both instances' agents",
+    )
+    await eventually(
+        lambda: sum(RETIRED_NOTE in m.text for m in telegram.bot_messages(GROUP)) == 2,
+        timeout_s=60,
+        what="both cards retired",
+    )
+    texts = [m.text for m in telegram.bot_messages(GROUP)]
+    assert sum("now shows one task board" in t for t in texts) == 1, "answered once"
+    assert len(boards(telegram)) == 1
