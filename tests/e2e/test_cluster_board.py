@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import json
+import signal
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -410,4 +411,41 @@ async def test_taskcard_board_in_a_cluster_retires_every_instances_cards_for_one
     )
     texts = [m.text for m in telegram.bot_messages(GROUP)]
     assert sum("now shows one task board" in t for t in texts) == 1, "answered once"
+    assert len(boards(telegram)) == 1
+
+
+async def test_an_agent_a_reload_removes_leaves_the_clusters_board(
+    tmp_path: Path, telegram: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    split = {"i0": ["alpha", "extra"], "i1": ["bravo"]}
+    serves = {
+        name: fleet.enter_context(
+            instance(
+                tmp_path, name, telegram, agents, redis_url=redis_url, prefix=prefix, view="board"
+            )
+        )
+        for name, agents in split.items()
+    }
+    for agent in ("alpha", "extra", "bravo"):
+        publish(tmp_path / "agents" / agent, f"**{agent}** step 1")
+    await eventually(
+        lambda: all(f"{a} step 1" in board_text(telegram) for a in ("alpha", "extra", "bravo")),
+        timeout_s=60,
+        what="three agents",
+    )
+    config = serves["i0"].config
+    workdir = tmp_path / "agents" / "extra"
+    config.write_text(
+        config.read_text()
+        .replace('agents = ["alpha", "extra"]', 'agents = ["alpha"]')
+        .replace(f'[[agents]]\nid = "extra"\nworkdir = "{workdir}"\n', "")
+    )
+    process = serves["i0"].proc
+    assert process is not None
+    process.send_signal(signal.SIGHUP)
+    await eventually(
+        lambda: "extra" not in board_text(telegram) and "2 agents" in board_text(telegram),
+        timeout_s=60,
+        what="its line gone from the one board, whichever instance sends it",
+    )
     assert len(boards(telegram)) == 1
