@@ -122,8 +122,12 @@ class InboxDesk:
         activity: Callable[[str], ActivitySummary],
         zone: Callable[[str, ChatRef], tzinfo],
         render: Callable[[Channel, CardView], Outgoing],
+        shared: bool = False,
     ) -> None:
+        """`shared`: the store is a cluster's, holding the messages of the other instances'
+        agents too; those are theirs to show and close, and are left alone here."""
         self._config = config
+        self._shared = shared
         self._store = store
         self._scheduler = scheduler
         self._channels = channels
@@ -153,6 +157,8 @@ class InboxDesk:
         for record in self._store.inbox_messages(since):
             if record.channel not in self._channels:
                 continue
+            if self._shared and record.agent_id not in self._writers:
+                continue  # another instance's agent (an agent removed: its instance's)
             self._keep(record)
             self._scheduler.add_route(status_key(record), reply_to=answered(record))
         for agent_id in {r.agent_id for r in self._records.values()} - set(self._writers):

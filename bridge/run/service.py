@@ -217,6 +217,7 @@ class Service:
             activity=lambda agent_id: self._monitors[agent_id].activity,
             zone=self._chat_zone,
             render=self._render_card,
+            shared=clustered,
         )
         self._ledgers = LedgerView()
         self._saved_health: dict[str, str] = {}

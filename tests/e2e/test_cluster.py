@@ -1363,3 +1363,35 @@ async def test_an_agent_a_reload_removes_moves_to_its_standby_at_once(
     assert len(fake.bot_messages(GROUP)) == 1, "the same resident, edited"
     for serve in serves.values():
         assert await serve.aterminate() == 0
+
+
+async def test_an_instance_started_after_anothers_tell_leaves_that_message_alone(
+    tmp_path: Path, fake: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """An instance taking up the last day's messages from the shared store took those of
+    the other instances' agents too: it cancelled each as if its agent had been removed,
+    then stopped on an error when its channel came up."""
+    first = fleet.enter_context(
+        instance(tmp_path, "i1", fake, ["i1agent"], redis_url=redis_url, prefix=prefix)
+    )
+    publish(tmp_path / "agents" / "i1agent", "card of i1agent")
+    await eventually(lambda: len(shown(fake, GROUP)) == 1, timeout_s=60, what="the card")
+    fake.inject_command(GROUP, "/tell i1agent hello there")
+    await eventually(lambda: replies(fake, "Message to"), timeout_s=60, what="its status")
+    queued = tmp_path / "agents" / "i1agent" / "inbox" / "queued"
+    assert len(list(queued.glob("*.json"))) == 1
+    later = fleet.enter_context(
+        instance(tmp_path, "i0", fake, ["i0agent"], redis_url=redis_url, prefix=prefix)
+    )
+    publish(tmp_path / "agents" / "i0agent", "card of i0agent")
+    await eventually(
+        lambda: any("card of i0agent" in t for t in shown(fake, GROUP)),
+        timeout_s=60,
+        what="the later instance serving",
+    )
+    await past_a_later_command(fake, [first, later])
+    assert not any("never saw it" in t for t in shown(fake, GROUP)), "not cancelled"
+    assert len(list(queued.glob("*.json"))) == 1
+    for serve in (first, later):
+        assert await serve.aterminate() == 0
+        assert "Traceback" not in serve.logs
