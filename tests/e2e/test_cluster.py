@@ -887,6 +887,12 @@ async def test_tell_in_a_cluster_is_queued_once_and_answered_only_by_the_agents_
     for agent in ("i0agent", "i1agent"):
         publish(tmp_path / "agents" / agent, f"card of {agent}")
     await eventually(lambda: len(shown(fake, GROUP)) == 2, timeout_s=60, what="two residents")
+    # The standby too reads the commands (from the stream's end when its channel starts).
+    await eventually(
+        lambda: all("channel telegram ready" in s.logs for s in serves),
+        timeout_s=60,
+        what="every instance reading the commands",
+    )
     for index in range(4):
         for agent in ("i0agent", "i1agent"):
             fake.inject_command(GROUP, f"/tell {agent} step {index}")
