@@ -807,6 +807,14 @@ class RouteScheduler:
             self._retry_later(text, f"{where}: transient failure ({error})")
             self._put_back(lane, text, front=False)
             return
+        except CredentialsRejected as error:
+            # Not this notice's fault: it stays pending in the store, and a restart with
+            # valid credentials sends it (marked failed, it was lost with the old token).
+            if self._on_credentials_rejected is not None:
+                self._on_credentials_rejected(lane.channel, error)
+            else:
+                log.error("%s: a notice or reply was refused: %s", where, error)
+            return
         except ChannelError as error:
             log.error("%s: a notice or reply was refused: %s", where, error)
             if isinstance(text, QueuedNotice) and self._outbox is not None:

@@ -25,7 +25,14 @@ import httpx
 import pytest
 
 from taskcard.bridge.store.sqlite import STATE_FILE, SqliteStore
-from tests.e2e.harness import ServeProcess, eventually, publish, run_cli, telegram_config
+from tests.e2e.harness import (
+    ServeProcess,
+    eventually,
+    notify,
+    publish,
+    run_cli,
+    telegram_config,
+)
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram
 
@@ -368,6 +375,36 @@ async def test_a_refused_reload_does_not_warn_that_nothing_is_served(
         )
         assert await serve.aterminate() == 0, serve.logs
     assert "nothing is served" not in serve.logs, serve.logs
+
+
+async def test_a_notice_refused_for_a_revoked_token_is_sent_after_the_restart(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """A notice refused because the bot token was revoked was marked failed for good, so the
+    restart with a valid token never sent it (a card refused so is shown again). It now
+    disables the channel, as a refused card does, and stays pending for the restart."""
+    config = telegram_config(tmp_path, fake.base_url, GROUP)
+    workdir = tmp_path / "agents" / "builder"
+    token = fake.token
+    ident = "task_card.error:tc_1:1:renderer_nonzero_exit"
+
+    def notices() -> list[str]:
+        return [m.text for m in fake.bot_messages(GROUP) if "task card" in m.text.lower()]
+
+    with ServeProcess(config, env={"TC_TEST_TOKEN": token}) as serve:
+        publish(workdir, "step 1")
+        await eventually(
+            lambda: any("step 1" in m.text for m in fake.bot_messages(GROUP)), what="the card"
+        )
+        fake.token = "999:revoked"  # every request with the old token now answers 401
+        notify(workdir, ident, "error")
+        await eventually(lambda: "channel telegram disabled" in serve.logs, what="the line")
+        assert await serve.aterminate() == 0
+    assert not notices()
+    fake.token = token  # the same token is valid again (set anew)
+    with ServeProcess(config, env={"TC_TEST_TOKEN": token}) as again:
+        await eventually(lambda: len(notices()) == 1, what="the notice after the restart")
+        assert await again.aterminate() == 0
 
 
 @pytest.mark.parametrize("revoked", ["telegram", "feishu"])
