@@ -132,6 +132,15 @@ class NoticeOutbox:
         self._ready.add(channel)
         self._queue_pending(lambda key: key.channel == channel)
 
+    def channel_lost(self, channel: str) -> None:
+        """The channel can no longer send (its credentials were refused): its notices stay
+        pending in the store, unsent, until a restart makes it ready again."""
+        self._ready.discard(channel)
+        for lane, queue in self._lanes.items():
+            if lane.channel == channel:
+                self._known.difference_update(item.ref for item in queue.items)
+                queue.items.clear()
+
     def route_ready(self, key: RouteKey) -> None:
         """This instance serves `key` from now on: queue what is pending for it (left by the
         instance that served it before)."""

@@ -340,6 +340,7 @@ class Service:
         if name not in self._ready_channels:
             return
         self._ready_channels.discard(name)
+        self._outbox.channel_lost(name)  # its notices wait in the store for the restart
         log.error(
             "channel %s disabled: %s; its cards are no longer updated; set valid credentials"
             " and restart the service",

@@ -387,6 +387,11 @@ async def test_a_notice_refused_for_a_revoked_token_is_sent_after_the_restart(
     workdir = tmp_path / "agents" / "builder"
     token = fake.token
     ident = "task_card.error:tc_1:1:renderer_nonzero_exit"
+    later = "task_card.error:tc_1:2:renderer_timeout"
+
+    def recorded() -> int:
+        with sqlite3.connect(tmp_path / ".taskcard" / STATE_FILE) as db:
+            return int(db.execute("SELECT COUNT(*) FROM notices").fetchone()[0])
 
     def notices() -> list[str]:
         return [m.text for m in fake.bot_messages(GROUP) if "task card" in m.text.lower()]
@@ -399,12 +404,22 @@ async def test_a_notice_refused_for_a_revoked_token_is_sent_after_the_restart(
         fake.token = "999:revoked"  # every request with the old token now answers 401
         notify(workdir, ident, "error")
         await eventually(lambda: "channel telegram disabled" in serve.logs, what="the line")
+        # Recorded once the channel is disabled: kept for the restart, never sent meanwhile.
+        notify(workdir, later, "error", code="renderer_timeout")
+        await eventually(lambda: recorded() == 2, what="the second notice recorded")
         assert await serve.aterminate() == 0
     assert not notices()
+    refused = [
+        r.params.get("text", "")
+        for r in fake.requests
+        if r.method == "sendMessage" and r.status == 401
+    ]
+    assert not [text for text in refused if "renderer_timeout" in text], refused
     fake.token = token  # the same token is valid again (set anew)
     with ServeProcess(config, env={"TC_TEST_TOKEN": token}) as again:
-        await eventually(lambda: len(notices()) == 1, what="the notice after the restart")
+        await eventually(lambda: len(notices()) == 2, what="the notices after the restart")
         assert await again.aterminate() == 0
+    assert any("renderer_timeout" in text for text in notices()), notices()
 
 
 @pytest.mark.parametrize("revoked", ["telegram", "feishu"])
