@@ -529,11 +529,14 @@ def _file_above(path: Path) -> Path | None:
 # Kernel file systems: they take a `mkdir` from root, or look writable to `os.access`, yet
 # hold no data of ours (proc and sysfs refuse files or invent them, /dev lives in memory).
 _PSEUDO_ROOTS: Final = ("/proc", "/sys", "/dev")
+_SHARED_MEMORY: Final = "/dev/shm"
 
 
 def _pseudo_root(path: Path) -> str | None:
     """The kernel file system `path` (once symlinks are resolved) lies in, or None."""
     real = os.path.realpath(path)
+    if real == _SHARED_MEMORY or real.startswith(_SHARED_MEMORY + "/"):
+        return None  # an ordinary tmpfs: state kept there lasts until the next boot
     for root in _PSEUDO_ROOTS:
         if real == root or real.startswith(root + "/"):
             return root
@@ -696,10 +699,12 @@ def load_config(path: Path) -> ServiceConfig:
         raise ConfigError([f"{path}: not UTF-8 text; save the file as UTF-8"]) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"{path}: TOML syntax error: {exc}; fix the file there"]) from None
-    # A pipe (`--config <(...)`) or /dev/null has no folder of its own: its folder was
-    # /proc/<pid>/fd or /dev, where no state can be kept. Relative paths start at the
-    # current folder then, where such a command is run.
-    base_dir = path.resolve().parent if regular else Path.cwd()
+    # An anonymous pipe (`--config <(...)`) or /dev/null has no folder of its own: its
+    # folder is /proc/<pid>/fd or /dev, where no state can be kept. Relative paths start at
+    # the current folder then, where such a command is run. A named pipe keeps its folder.
+    base_dir = path.resolve().parent
+    if not regular and _pseudo_root(base_dir) is not None:
+        base_dir = Path.cwd()
     config = parse_config(data, base_dir=base_dir, source=str(path))
     problems = path_problems(config)
     if problems:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -713,6 +714,21 @@ def test_a_state_dir_on_a_kernel_file_system_is_refused_naming_the_key(
         assert f"state_dir: {value} is under /" in result.stderr
         assert "kernel file system" in result.stderr and "Traceback" not in result.stderr
     assert not Path("/dev/taskcard").exists()
+
+
+def test_a_state_dir_in_shared_memory_is_an_ordinary_folder(tmp_path: Path) -> None:
+    """/dev/shm is a tmpfs like /tmp, not a kernel file system: a state kept there lasts
+    until the next boot, which a test rig or a container may want."""
+    if not Path("/dev/shm").is_dir() or not os.access("/dev/shm", os.W_OK):
+        pytest.skip("no writable /dev/shm here")
+    state_dir = Path("/dev/shm") / f"taskcard-{tmp_path.name}"
+    config = tmp_path / "taskcard.toml"
+    config.write_text(f'state_dir = "{state_dir}"\n{AGENT}')
+    try:
+        result = taskcard("config", "check", str(config))
+        assert result.returncode == 0, result.stderr
+    finally:
+        shutil.rmtree(state_dir, ignore_errors=True)
 
 
 def test_relative_paths_of_a_piped_config_start_at_the_current_folder(tmp_path: Path) -> None:
