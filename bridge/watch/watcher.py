@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 from collections.abc import AsyncGenerator, Iterable, Mapping
@@ -69,6 +70,15 @@ from taskcard.producers.task_card.contract import (
 )
 
 logger = logging.getLogger(__name__)
+
+# What to do when `inotify_init` finds no instance: EMFILE is the user's instance limit (or,
+# rarely, this process's open file limit); ENFILE is the whole system's open file table.
+_OUT_OF_INSTANCES_FIX: Final = {
+    errno.EMFILE: "raise the user's limit (sysctl fs.inotify.max_user_instances), or the"
+    " service's open file limit (LimitNOFILE, ulimit -n), or stop what holds them",
+    errno.ENFILE: "the system's open file table is full (sysctl fs.file-max): raise it or"
+    " close what holds the files",
+}
 
 # Every folder of a file contract the service reads (the inbox for its acks); `lineage.json`
 # sits in the workdir itself, which is watched too.
@@ -489,11 +499,11 @@ class FleetWatcher:
                 if not out_logged:
                     out_logged = True
                     logger.error(
-                        "no inotify instance left for this user (fs.inotify.max_user_instances,"
-                        " %s): every agent is re-read every %gs instead of watched; raise the"
-                        " limit (sysctl fs.inotify.max_user_instances) or stop what holds them",
+                        "no inotify instance left (%s): every agent is re-read every %gs"
+                        " instead of watched; %s",
                         exc.strerror,
                         POLL_UNWATCHED_S,
+                        _OUT_OF_INSTANCES_FIX[exc.errno],
                     )
             # Degraded: every agent is polled, and an instance asked for again each time.
             everyone = self._everyone()
