@@ -14,8 +14,7 @@ import functools
 import json
 import signal
 import time
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,17 +39,6 @@ HIDDEN_REPLY = "Task cards hidden here."
 async def fake() -> AsyncIterator[FakeTelegram]:
     async with FakeTelegram() as server:
         yield server
-
-
-@pytest.fixture
-def prefix() -> str:
-    return f"e2e-{uuid.uuid4().hex[:12]}"
-
-
-@pytest.fixture
-def fleet() -> Iterator[ExitStack]:
-    with ExitStack() as stack:
-        yield stack
 
 
 def instance(

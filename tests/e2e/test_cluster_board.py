@@ -7,8 +7,6 @@ from __future__ import annotations
 import html
 import json
 import signal
-import uuid
-from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -29,17 +27,6 @@ from tests.e2e.test_serve_telegram import GROUP
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram, StoredMessage
 from tests.redis_server import RedisServer, have_redis
-
-
-@pytest.fixture
-def prefix() -> str:
-    return f"e2e-{uuid.uuid4().hex[:12]}"
-
-
-@pytest.fixture
-def fleet() -> Iterator[ExitStack]:
-    with ExitStack() as stack:
-        yield stack
 
 
 def boards(fake: FakeTelegram) -> list[StoredMessage]:

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -38,17 +37,6 @@ from tests.redis_server import RedisServer, free_port, have_redis
 # A Redis that answers but refuses every write (it waits for a replica it does not have).
 NO_WRITES = "min-replicas-to-write"
 UNHANDLED_TYPE = "im.chat.member.bot.added_v1"
-
-
-@pytest.fixture
-def prefix() -> str:
-    return f"e2e-{uuid.uuid4().hex[:12]}"
-
-
-@pytest.fixture
-async def telegram() -> AsyncIterator[FakeTelegram]:
-    async with FakeTelegram() as server:
-        yield server
 
 
 @pytest.fixture
