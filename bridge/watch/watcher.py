@@ -65,6 +65,7 @@ from taskcard.producers.task_card.contract import (
     HOST_LOCK_FILE,
     LOGS_DIR,
     NOTIFICATION_DIR,
+    NOTIFICATION_LOCK_FILE,
     TALLY_FILE,
     TASKCARD_DIR,
 )
@@ -232,9 +233,10 @@ def is_writer_temp(name: str) -> bool:
 def unread(name: str) -> bool:
     """Whether a file named `name` in a contract folder is one the service never reads: a
     writer's temp file, the producer host's refresh tally (appended to on every tick, so
-    reporting it would read the agent once more per tick for nothing), or the host's workdir
-    lock (written at every host start and closed at its exit; it says nothing about the card)."""
-    return name in (TALLY_FILE, HOST_LOCK_FILE) or is_writer_temp(name)
+    reporting it would read the agent once more per tick for nothing), or a lock (the host's
+    workdir lock, written at every host start and closed at its exit; the notification
+    writers' lock, opened around every append): they say nothing about the card."""
+    return name in (TALLY_FILE, HOST_LOCK_FILE, NOTIFICATION_LOCK_FILE) or is_writer_temp(name)
 
 
 def _add(mapping: dict[str, frozenset[str]], key: str, who: frozenset[str]) -> None:

@@ -44,6 +44,8 @@ TALLY_FILE: Final = ".refreshes"
 HOST_LOCK_FILE: Final = ".host.lock"  # the host's workdir lock (`workdir_lock.py`)
 NOTIFICATION_DIR: Final = ".notification"
 NOTIFICATION_FILE: Final = "system.jsonl"
+# Taken by every writer of `system.jsonl` around its dedupe, rotation and append.
+NOTIFICATION_LOCK_FILE: Final = ".system.jsonl.lock"
 LOGS_DIR: Final = "logs"
 EVENTS_FILE: Final = "events.jsonl"
 

@@ -8,21 +8,27 @@ publish into another producer's namespace.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import threading
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from taskcard.producers.task_card.contract import (
+    NOTIFICATION_LOCK_FILE,
     NOTIFICATION_ROTATE_BYTES,
     SOURCE_ERROR,
     SOURCE_LIMIT,
     SOURCE_REMINDER,
     CardPaths,
     append_jsonl_line,
+    make_folder,
+    open_lock,
     read_regular,
     utc_now_iso,
 )
@@ -166,9 +172,28 @@ class FileNotificationPort:
                     ids.add(ident)
         return ids
 
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Held around the dedupe, the rotation and the append: by the threads of this process
+        (the lock) and by every other process writing the file (an `flock` on
+        `.notification/.system.jsonl.lock`: the host, a CLI call, a hook, the ledger). Without
+        it, two writers that both found the file past its size rotated it twice, the second
+        `os.replace` putting the first one's fresh file over `system.jsonl.1`: the lines not
+        yet read there were lost. The kernel drops the `flock` of a writer that dies."""
+        workdir = self._paths.workdir
+        path = self._paths.notifications
+        with self._lock:
+            make_folder(path.parent, inside=workdir)
+            fd = open_lock(path.with_name(NOTIFICATION_LOCK_FILE), inside=workdir)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)
+
     def _append(self, key: str, ref_id: str, record: dict[str, Any]) -> None:
         path: Path = self._paths.notifications
-        with self._lock:
+        with self._writing():
             if key in self._known_ids():
                 return
             try:

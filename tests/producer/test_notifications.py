@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from taskcard.producers.task_card.contract import CardPaths, parse_notification
@@ -12,6 +16,8 @@ from taskcard.producers.task_card.notifications import (
     TaskCardLimitNotification,
     TaskCardRecoveredNotification,
 )
+
+from .conftest import wait_for
 
 
 def lines(path: Path) -> list[dict[str, object]]:
@@ -75,3 +81,51 @@ def test_reminders_get_fresh_ids_and_can_be_cleared(workdir: Path) -> None:
     assert {r["source"] for r in raw} == {"task_card.reminder"}
     assert raw[0]["id"] != raw[1]["id"]
     assert raw[2]["extra"]["clears"] == raw[1]["id"]  # type: ignore[index]
+
+
+def _waiting_for_a_lock(pid: int) -> bool:
+    """Whether process `pid` is blocked on an `flock` (a `->` line of /proc/locks)."""
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if "->" in fields and "FLOCK" in fields and str(pid) in fields:
+            return True
+    return False
+
+
+def test_writers_in_two_processes_take_turns_around_the_rotation(workdir: Path) -> None:
+    """A writer past the size bound waits for the writer already rotating (the host, a hook,
+    a CLI call), so the file is never rotated twice and lines not yet read stay in `.1`."""
+    paths = CardPaths(workdir)
+    port = FileNotificationPort(paths, rotate_bytes=300)
+    for epoch in range(1, 4):
+        port.notify(TaskCardErrorNotification("tc_1", epoch, "renderer_timeout", "slow"))
+    assert paths.notifications.stat().st_size >= 300  # the next append rotates
+    unread = [r["id"] for r in lines(paths.notifications)]
+    lock = paths.notification_dir / ".system.jsonl.lock"
+    with lock.open("a+b") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another writer is in the middle of its append
+        script = (
+            "import sys; from pathlib import Path\n"
+            "from taskcard.producers.task_card.contract import CardPaths\n"
+            "from taskcard.producers.task_card.notifications import (\n"
+            "    FileNotificationPort, TaskCardLimitNotification)\n"
+            "port = FileNotificationPort(CardPaths(Path(sys.argv[1])), rotate_bytes=300)\n"
+            "port.notify(TaskCardLimitNotification('tc_1', 40))\n"
+        )
+        writer = subprocess.Popen([sys.executable, "-c", script, str(workdir)])
+        try:
+            wait_for(lambda: _waiting_for_a_lock(writer.pid) or writer.poll() is not None)
+            assert writer.poll() is None, "the second writer did not wait for the lock"
+            assert [r["id"] for r in lines(paths.notifications)] == unread
+            # The holder rotates and appends meanwhile, as a writer would.
+            port_rotated = paths.notifications.with_name("system.jsonl.1")
+            os.replace(paths.notifications, port_rotated)
+            fcntl.flock(held, fcntl.LOCK_UN)
+            assert writer.wait(timeout=60) == 0
+        finally:
+            writer.kill()
+            writer.wait()
+    # The waiting writer found a fresh file below the bound: it appended, it did not rotate
+    # again over the unread lines.
+    assert [r["id"] for r in lines(port_rotated)] == unread
+    assert [r["id"] for r in lines(paths.notifications)] == ["task_card.limit:tc_1:40"]
