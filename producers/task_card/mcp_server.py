@@ -30,6 +30,8 @@ import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from mcp.shared.message import SessionMessage
+from pydantic import ValidationError
 
 from taskcard.producers.inbox import mcp_tool as inbox_tool
 from taskcard.producers.ledger import mcp_tool as ledger_tool
@@ -332,4 +334,147 @@ def build_server(paths: HostPaths, tools: tuple[McpTool, ...] = TOOLS) -> Server
 async def serve_stdio(paths: HostPaths) -> None:
     server = build_server(paths)
     async with stdio_server() as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+        answering = AnswerMalformed(read_stream, write_stream)
+        await server.run(answering, write_stream, server.create_initialization_options())
+
+
+# Python's `int` refuses to read a decimal number longer than this (`sys.int_info`).
+_INT_DIGITS: Final = 4300
+
+
+class _TooLong(ValueError):
+    """A number in the line that no JSON reader of this process can hold."""
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > _INT_DIGITS:
+        raise _TooLong(text)
+    return int(text)
+
+
+def _int_or_zero(text: str) -> int:
+    """A number as `int`, or 0 when too long for one: enough to find the request's id."""
+    try:
+        return _bounded_int(text)
+    except _TooLong:
+        return 0
+
+
+def malformed_answer(line: object, problem: str = "") -> types.JSONRPCError | None:
+    """The JSON-RPC error answering a line the SDK could not read as a message (`line`:
+    the text, or the object it decoded to; `problem`: what was wrong with that object), or
+    None for a well-formed notification, which gets no answer even when a number is too long.
+
+    Not JSON: a parse error (-32700). JSON whose numbers are too long for Python's `int`
+    (the SDK's reader refuses the whole line): invalid params (-32602), for the request's id.
+    JSON that is not one JSON-RPC message (an array, a `method` that is not text): an invalid
+    request (-32600). The id is echoed when it can be read, null otherwise, as JSON-RPC asks."""
+    decoded: object = line
+    if isinstance(line, str | bytes):
+        try:
+            decoded = json.loads(line, parse_int=_bounded_int)
+        except _TooLong:
+            decoded = json.loads(line, parse_int=_int_or_zero)
+            if isinstance(decoded, dict) and "id" not in decoded:
+                return None  # a notification: never answered
+            return _error(
+                decoded,
+                types.INVALID_PARAMS,
+                f"Invalid params: a number has more than {_INT_DIGITS} digits; send it as text",
+            )
+        except (ValueError, RecursionError) as exc:
+            reason = "nested too deep" if isinstance(exc, RecursionError) else str(exc)[:120]
+            return _error(None, types.PARSE_ERROR, f"Parse error: not one JSON document ({reason})")
+    what = f"{problem}; a" if problem else "not a JSON-RPC 2.0 message: a"
+    return _error(
+        decoded,
+        types.INVALID_REQUEST,
+        f'Invalid Request: {what} request is one object with jsonrpc "2.0", an id,'
+        " a method (text) and params (an object)",
+    )
+
+
+def _error(decoded: object, code: int, message: str) -> types.JSONRPCError:
+    ident = decoded.get("id") if isinstance(decoded, dict) else None
+    if not isinstance(ident, str | int) or isinstance(ident, bool):
+        ident = None
+    return types.JSONRPCError(
+        jsonrpc="2.0", id=ident, error=types.ErrorData(code=code, message=message)
+    )
+
+
+class AnswerMalformed:
+    """The SDK's read stream, with each line it could not read answered instead of dropped.
+
+    The SDK's stdio transport hands the server an exception for such a line, and the server
+    drops it without a word: a client whose request went that way waited for ever. This
+    wrapper answers it on the write stream (see `malformed_answer`) and goes on reading."""
+
+    def __init__(self, inner: Any, out: Any) -> None:
+        self._inner = inner
+        self._out = out
+
+    @property
+    def last_context(self) -> Any:
+        return getattr(self._inner, "last_context", None)
+
+    async def receive(self) -> Any:
+        while True:
+            item = await self._inner.receive()
+            if not isinstance(item, Exception):
+                return item
+            answer = _answer_for(item)
+            if answer is not None:
+                await self._out.send(SessionMessage(answer))
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def __aiter__(self) -> AnswerMalformed:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> AnswerMalformed:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+def _answer_for(error: Exception) -> types.JSONRPCError | None:
+    """The answer to the line behind `error`. A validation error of the SDK's reader carries
+    the line: as the input of a JSON error, else as the input of an error about the whole
+    object (a field missing from it, or not an object at all); its first complaint about
+    the request's own fields says what is wrong."""
+    if not isinstance(error, ValidationError):
+        return None  # not about a line: nothing to answer
+    details = error.errors()
+    whole = [
+        d["input"]
+        for d in details
+        if len(d["loc"]) <= 1 or (d["type"] == "missing" and len(d["loc"]) == 2)
+    ]
+    if not details:
+        return malformed_answer(None)
+    if details[0]["type"] == "json_invalid" or not whole:
+        line = details[0].get("input")
+        if isinstance(line, str) and not line.strip():
+            return None  # a blank line between messages: nothing was asked
+        return malformed_answer(line)
+    # What the object is wrong for: a request when it has an id, else a notification.
+    kind = "JSONRPCRequest" if isinstance(whole[0], dict) and "id" in whole[0] else ""
+    kind = kind or "JSONRPCNotification"
+    problem = next(
+        (
+            f"{d['loc'][1]}: {d['msg']}"
+            for d in details
+            if len(d["loc"]) == 2 and d["loc"][0] == kind
+        ),
+        "",
+    )
+    return malformed_answer(whole[0], problem)

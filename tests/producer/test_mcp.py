@@ -6,11 +6,14 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 from importlib import metadata
 from pathlib import Path
+from queue import Empty, Queue
 from typing import Any
 
 import jsonschema
+import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
 from taskcard.producers.task_card.contract import CardPaths
@@ -250,3 +253,82 @@ async def test_a_card_linked_out_of_the_workdir_is_unreadable_never_shown_as_the
         (workdir / "taskcard" / "taskcard.md").write_text("# Mine\nMY BODY")
         meta = taskcard_meta(await session.call_tool("report", {"ok": True}))
         assert meta is not None and meta.get("body") == "# Mine\nMY BODY", meta
+
+
+def test_every_line_a_client_gets_wrong_is_answered_and_the_server_goes_on(
+    workdir: Path, cli: CliHost
+) -> None:
+    """A client with a bug (or a pipe that garbled a line) gets a JSON-RPC error for each line
+    `taskcard mcp` cannot read, with the request's id when it can be read; the SDK alone
+    dropped such lines and left the client waiting."""
+    params = server_for(workdir, cli)
+    server = subprocess.Popen(
+        [params.command, *params.args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    answers: Queue[dict[str, Any]] = Queue()
+
+    def read() -> None:
+        assert server.stdout is not None
+        for raw in server.stdout:
+            answers.put(json.loads(raw))
+
+    threading.Thread(target=read, daemon=True).start()
+    huge = "9" * 5000
+
+    def call(ident: int, params: str) -> str:
+        return f'{{"jsonrpc":"2.0","id":{ident},"method":"tools/call","params":{params}}}'
+
+    lines = [
+        json.dumps(
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {},
+                    "clientInfo": {"name": "test", "version": "1"},
+                },
+            }
+        ),
+        '{"jsonrpc":"2.0","method":"notifications/initialized"}',
+        "{not json",  # -32700, id null
+        "",  # a blank line: no answer
+        "\udcff".encode("utf-8", "surrogatepass").decode("latin-1"),  # not UTF-8
+        "[]",  # not one message
+        call(
+            2, f'{{"name":"task_card","arguments":{{"action":"inspect","input":{{"n":{huge}}}}}}}'
+        ),
+        f'{{"jsonrpc":"2.0","method":"notifications/x","params":{{"n":{huge}}}}}',  # no answer
+        '{"jsonrpc":"2.0","id":"three","method":5}',
+        call(4, "3"),
+        '{"jsonrpc":"2.0","id":5,"method":"tools/list"}',
+    ]
+    try:
+        assert server.stdin is not None
+        server.stdin.write(("\n".join(lines) + "\n").encode("latin-1"))
+        server.stdin.flush()
+        got = [answers.get(timeout=60) for _ in range(8)]
+        by_id = {answer["id"]: answer for answer in got if answer["id"] is not None}
+        unnamed = [answer["error"] for answer in got if answer["id"] is None]
+        assert [error["code"] for error in unnamed] == [-32700, -32700, -32600]
+        assert "not one JSON document" in unnamed[0]["message"]
+        assert by_id[1]["result"]["serverInfo"]["name"] == "taskcard"
+        assert by_id[2]["error"]["code"] == -32602
+        assert "4300 digits" in by_id[2]["error"]["message"]
+        assert by_id["three"]["error"]["code"] == -32600
+        assert "method" in by_id["three"]["error"]["message"]
+        assert by_id[4]["error"]["code"] == -32600
+        assert "params" in by_id[4]["error"]["message"]
+        assert "task_card" in {tool["name"] for tool in by_id[5]["result"]["tools"]}
+        with pytest.raises(Empty):  # nothing more: the notification and blank line
+            answers.get(timeout=1)
+    finally:
+        server.kill()
+        server.wait()
+        for pipe in (server.stdin, server.stdout):
+            if pipe is not None:
+                pipe.close()
