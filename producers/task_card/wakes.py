@@ -25,8 +25,7 @@ import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Final
+from typing import BinaryIO, Final
 
 from taskcard.producers.task_card.contract import (
     SOURCE_ERROR,
@@ -161,46 +160,45 @@ class WakeReader:
         atomic_write(self._cursor_path, json.dumps(record).encode(), durable=False)
 
     def _read_from(self, cursor: Cursor | None) -> tuple[bytes, Cursor]:
-        """The unread bytes (whole lines only) and the cursor after them."""
+        """The unread bytes (whole lines only) and the cursor after them.
+
+        Each file is opened once, and only when it is a regular file inside the workdir once
+        symlinks are resolved (anything may write there: a link to a file elsewhere is never
+        read). Its inode and size come from the descriptor it is read through, so a rotation
+        between a look and a read cannot pair one file's inode with another's bytes.
+        """
         current = self._paths.notifications
         rotated = current.with_name(current.name + ".1")
         workdir = self._paths.workdir
         try:
-            stat = _status(current, workdir)
+            handle = open_regular(current, inside=workdir)
         except OSError:
             # Nothing yet (or nothing that may be read: a link out of the workdir, a pipe): a
             # cursor at offset 0 of "no file" reads the file from its start once there is one.
             return b"", cursor or Cursor(inode=0, offset=0)
-        if cursor is None:
-            return b"", Cursor(inode=stat.st_ino, offset=stat.st_size)
-        chunks = b""
-        offset = cursor.offset
-        if cursor.inode != stat.st_ino:
-            # Inode 0: there was no file when the cursor was placed, so all of it is new.
-            with contextlib.suppress(OSError):
-                if cursor.inode == 0 or _status(rotated, workdir).st_ino == cursor.inode:
-                    chunks = _read_lines(rotated, offset if cursor.inode else 0, workdir)[0]
-            offset = 0
-        elif stat.st_size < offset:
-            offset = 0  # truncated in place: start over
-        data, end = _read_lines(current, offset, workdir)
+        with handle:
+            stat = os.fstat(handle.fileno())
+            if cursor is None:
+                return b"", Cursor(inode=stat.st_ino, offset=stat.st_size)
+            chunks = b""
+            offset = cursor.offset
+            if cursor.inode != stat.st_ino:
+                # Inode 0: there was no file when the cursor was placed, so all of it is new.
+                with contextlib.suppress(OSError), open_regular(rotated, inside=workdir) as old:
+                    if cursor.inode in (0, os.fstat(old.fileno()).st_ino):
+                        chunks = _read_lines(old, offset if cursor.inode else 0)[0]
+                offset = 0
+            elif stat.st_size < offset:
+                offset = 0  # truncated in place: start over
+            data, end = _read_lines(handle, offset)
         return chunks + data, Cursor(inode=stat.st_ino, offset=end)
 
 
-def _status(path: Path, workdir: Path) -> os.stat_result:
-    """The status of the regular file at `path`, which must lie inside `workdir` once symlinks
-    are resolved (anything may write there: a link to a file elsewhere is never read); raises
-    `OSError` (`OutsideWorkdir`, `NotRegularFile`, `FileNotFoundError`) otherwise."""
-    with open_regular(path, inside=workdir) as handle:
-        return os.fstat(handle.fileno())
-
-
-def _read_lines(path: Path, offset: int, workdir: Path) -> tuple[bytes, int]:
+def _read_lines(handle: BinaryIO, offset: int) -> tuple[bytes, int]:
     """Whole lines from `offset`, at most `MAX_READ_BYTES`; the offset after the last line."""
     try:
-        with open_regular(path, inside=workdir) as handle:
-            handle.seek(offset)
-            data = handle.read(MAX_READ_BYTES)
+        handle.seek(offset)
+        data = handle.read(MAX_READ_BYTES)
     except OSError:
         return b"", offset
     cut = data.rfind(b"\n") + 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from taskcard.producers.task_card.notifications import (
     TaskCardLimitNotification,
 )
 
-from .conftest import FIXTURES, events, hook, kinds, payload, run_taskcard
+from .conftest import FIXTURES, TASKCARD, events, hook, kinds, payload, run_taskcard
 
 SESSION = [
     "01_session_start.json",
@@ -458,3 +459,29 @@ def test_a_planted_hook_log_never_hangs_the_hook_nor_is_written_through(
     assert done.returncode == 0
     assert b"payload is not JSON" in done.stderr  # said where it can be seen instead
     assert outside.read_text() == "keep me\n"
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace to count the opens")
+def test_a_wake_opens_each_notices_file_once(workdir: Path, tmp_path: Path) -> None:
+    """A hook that hands over the card's notices opened `system.jsonl` twice (once to look at
+    its inode and size, once to read it), each open resolving the path again to keep it inside
+    the workdir; after a rotation, `system.jsonl.1` twice too. One open each does both."""
+    port = FileNotificationPort(CardPaths(workdir))
+    port.notify(TaskCardErrorNotification("tc_1", 1, "renderer_failed", "x"))
+    assert hook(payload("01_session_start.json", workdir)).returncode == 0
+    port.notify(TaskCardErrorNotification("tc_1", 2, "renderer_timeout", "slow"))
+    notices = workdir / ".notification" / "system.jsonl"
+    os.replace(notices, notices.with_name("system.jsonl.1"))  # the writer's rotation
+    port.notify(TaskCardLimitNotification("tc_1", 50))
+    trace = tmp_path / "trace.txt"
+    raw = json.dumps(payload("04_post_tool_use.json", workdir)).encode()
+    strace = ["strace", "-f", "-qq", "-e", "trace=open,openat,openat2", "-o", str(trace)]
+    command = [*strace, TASKCARD, "hook", "claude-code"]
+    woken = subprocess.run(command, input=raw, capture_output=True, timeout=120, check=False)
+    assert woken.returncode == 0, woken.stderr
+    context = json.loads(woken.stdout)["hookSpecificOutput"]["additionalContext"]
+    assert "failed to refresh (renderer_timeout)" in context  # from the rotated file
+    assert "used all 50 refreshes" in context  # from the current one
+    opens = [line for line in trace.read_text().splitlines() if "open" in line]
+    for name in ("system.jsonl", "system.jsonl.1"):
+        assert sum(f'/{name}"' in line for line in opens) == 1, name
