@@ -199,7 +199,7 @@ def decide(
         if payload.get("source") != "compact":  # the same session goes on after compacting
             events.append(("agent.start", {}))
     elif name == "SessionEnd" and main:
-        if payload.get("reason") not in _SWITCHES:  # the process goes on, started again next
+        if _text(payload, "reason") not in _SWITCHES:  # the process goes on, started again next
             events.append(("agent.exit", {}))
     elif name == "UserPromptSubmit" and main:
         events.append(("turn.start", {}))

@@ -110,6 +110,14 @@ def parse_payload(raw: bytes) -> dict[str, Any]:
         raise HookInputError(f"payload is not JSON ({exc.__class__.__name__})") from None
     if not isinstance(data, dict):
         raise HookInputError("payload is not a JSON object")
+    name = data.get("hook_event_name")
+    if name is not None and not isinstance(name, str):
+        # Read as one, a list there made every set lookup raise `TypeError` (a traceback in
+        # the log); no host sends anything but the event's name.
+        raise HookInputError(
+            f"hook_event_name must be the event's name as a string, not {json.dumps(name)[:80]}; "
+            "nothing written"
+        )
     return data
 
 

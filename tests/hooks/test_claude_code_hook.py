@@ -485,3 +485,19 @@ def test_a_wake_opens_each_notices_file_once(workdir: Path, tmp_path: Path) -> N
     opens = [line for line in trace.read_text().splitlines() if "open" in line]
     for name in ("system.jsonl", "system.jsonl.1"):
         assert sum(f'/{name}"' in line for line in opens) == 1, name
+
+
+def test_fields_of_the_wrong_json_type_get_a_clear_line_and_lose_nothing(workdir: Path) -> None:
+    """An event name given as a list made the hook log a `TypeError` traceback, and a
+    `SessionEnd` whose reason was a list lost the agent's exit: each is now read for what it
+    can say (no known reason: the process ended)."""
+    done = hook(payload("10_stop.json", workdir, hook_event_name=["Stop"]))
+    assert (done.returncode, done.stdout) == (0, b"")
+    log = (workdir / "logs" / "taskcard-hook.log").read_text()
+    assert "hook_event_name must be the event's name as a string" in log
+    assert "Traceback" not in log
+    assert events(workdir) == []
+    done = hook(payload("11_session_end.json", workdir, reason=["clear"]))
+    assert (done.returncode, done.stdout) == (0, b"")
+    assert kinds(workdir) == ["agent.exit"]
+    assert "Traceback" not in (workdir / "logs" / "taskcard-hook.log").read_text()
