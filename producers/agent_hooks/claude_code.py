@@ -24,8 +24,12 @@ Mapping (hook event -> activity kinds):
   dialog is still open (`ConfigChange`, `FileChanged`, a background subagent's start or stop,
   an event this version does not know) leaves it open.
 - `Stop` -> `usage` (the turn's tokens, when the transcript has them) then `turn.end`; it is
-  also the completed turn that reminders count. A `Stop` with `stop_hook_active` means
-  another stop hook made Claude go on, so the turn has not ended yet: nothing then.
+  also the completed turn that reminders count. Every `Stop` is the end of a response:
+  `stop_hook_active` only says that this response is one a stop hook's block made Claude
+  go on with (the hook's reason is then in the transcript as a user message, so the usage
+  counts only that part). Whether Claude goes on again depends on the answers to this very
+  event, as at any stop, so it ends the turn too (a tool call after it starts the next);
+  the turn counted for reminders at its first stop already.
 - `StopFailure` (the turn ended in an API error; `Stop` does not fire then) -> `usage` as for
   `Stop`, `turn.end` with `error` (the error's category, one word, for the idle signal), then
   `text` "turn failed (<error>): <error_details>", one short line (the card redacts it like
@@ -212,7 +216,7 @@ def decide(
                 ("turn.end", {"error": "interrupted"}),
                 ("text", {"text": "turn interrupted"}),
             ]
-    elif name in TURN_END_EVENTS and main and payload.get("stop_hook_active") is not True:
+    elif name in TURN_END_EVENTS and main:
         if usage is not None:
             events.append(("usage", {"input_tokens": usage[0], "output_tokens": usage[1]}))
         if name == "StopFailure":
@@ -220,7 +224,7 @@ def decide(
             events.append(("text", {"text": failure_text(payload)}))
         else:
             events.append(("turn.end", {}))
-        completed = True
+        completed = payload.get("stop_hook_active") is not True
     elif name == "StopFailure":
         events.append(("text", {"text": failure_text(payload)}))
     elif name == "PreCompact":

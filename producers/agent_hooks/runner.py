@@ -440,6 +440,13 @@ def _codex_hook(
             decision = interrupt_decision(waiting)
         else:
             decision = steer(name, decide(payload, waiting, usage), inbox.messages)
+        if payload.get("stop_hook_active") is True:
+            # Not the stop of a turn our block held (that one comes with it cleared). Codex
+            # runs the copy of this hook from each config layer, and both see the stop that
+            # ends a held turn: the copy that did not hold it must not end it a second time.
+            # So on Codex such a stop ends nothing (see `codex.py`).
+            kept = [event for event in decision.events if event[0] not in ("turn.end", "usage")]
+            decision = replace(decision, events=kept, completed_turn=False)
         if inbox.held_elsewhere:  # the copy in another config layer blocked this stop
             kept = [event for event in decision.events if event[0] != "turn.end"]
             decision = replace(decision, events=kept, completed_turn=False)

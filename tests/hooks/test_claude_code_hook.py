@@ -18,6 +18,7 @@ from taskcard.producers.task_card.notifications import (
     TaskCardErrorNotification,
     TaskCardLimitNotification,
 )
+from taskcard.producers.task_card.turns import completed_turns
 
 from .conftest import FIXTURES, TASKCARD, events, hook, kinds, payload, run_taskcard
 
@@ -105,8 +106,22 @@ def test_clear_restarts_the_conversation_without_an_exit(workdir: Path) -> None:
 
 def test_stop_without_a_transcript_still_ends_the_turn(workdir: Path) -> None:
     hook(payload("10_stop.json", workdir, transcript_path=str(workdir / "missing.jsonl")))
-    hook(payload("10_stop.json", workdir, stop_hook_active=True))  # Claude goes on: no end
     assert kinds(workdir) == ["turn.end"]
+
+
+def test_the_stop_after_another_stop_hook_made_claude_go_on_ends_the_turn(workdir: Path) -> None:
+    """A stop hook of the user's blocks the first stop; Claude goes on (a tool call) and
+    stops again, with `stop_hook_active`. That second stop was taken for "Claude goes on" and
+    wrote nothing, so the card read the tool's turn as running until the next prompt."""
+    shutil.copy(FIXTURES / "claude_code" / "transcript.jsonl", workdir / "transcript.jsonl")
+    for name in ("02_user_prompt_submit.json", "10_stop.json", "03_pre_tool_use.json"):
+        assert hook(payload(name, workdir)).returncode == 0, name
+    assert hook(payload("04_post_tool_use.json", workdir)).returncode == 0
+    done = hook(payload("10_stop.json", workdir, stop_hook_active=True))
+    assert (done.returncode, done.stdout) == (0, b"")
+    assert kinds(workdir)[-2:] == ["usage", "turn.end"]
+    assert kinds(workdir).count("turn.end") == 2
+    assert completed_turns(CardPaths(workdir)) == 1  # one turn for reminders, not two
 
 
 def test_workdir_option_overrides_the_payload_cwd(workdir: Path, tmp_path: Path) -> None:

@@ -60,8 +60,9 @@ def test_stop_blocks_with_the_text_and_the_next_stop_ends_the_turn(workdir: Path
     assert kinds(workdir) == ["turn.origin", "turn.end"]
     assert names(workdir, "queued") == ["m2.json"]  # parked until the next turn
     third = hook(payload("10_stop.json", workdir, transcript_path="", stop_hook_active=True))
-    assert (third.returncode, third.stdout) == (0, b"")
-    assert kinds(workdir) == ["turn.origin", "turn.end"]  # not our block: nothing, as before
+    assert (third.returncode, third.stdout) == (0, b"")  # not our block: never blocks
+    assert kinds(workdir) == ["turn.origin", "turn.end", "turn.end"]  # an end, as any stop
+    assert names(workdir, "queued") == ["m2.json"]
 
 
 def test_stop_with_nothing_queued_ends_the_turn_as_before(workdir: Path) -> None:
@@ -172,10 +173,12 @@ def test_a_turn_that_fails_after_a_blocked_stop_forgets_the_block(workdir: Path)
     assert output(hook(payload("10_stop.json", workdir, transcript_path="")))["decision"]
     hook(payload("12_stop_failure.json", workdir, transcript_path=""))  # the held turn died
     assert kinds(workdir) == ["turn.origin", "turn.end", "text"]
-    # A later turn that another hook holds: its second stop is not ours to end.
+    # A later turn that another hook held: its second stop is a plain end, never blocked.
     hook(payload("02_user_prompt_submit.json", workdir))
-    hook(payload("10_stop.json", workdir, transcript_path="", stop_hook_active=True))
-    assert kinds(workdir)[-1] == "turn.start"
+    queue(workdir, "m2", "later", queued_at="2026-01-01T00:01:00.000Z")
+    done = hook(payload("10_stop.json", workdir, transcript_path="", stop_hook_active=True))
+    assert (done.returncode, done.stdout) == (0, b"")
+    assert kinds(workdir)[-2:] == ["turn.start", "turn.end"]
 
 
 def test_a_text_with_windows_or_unicode_line_breaks_reaches_the_agent_as_lines(
