@@ -146,9 +146,24 @@ def _is_ours(entry: object, mark: str = CLAUDE_HOOK_MARK) -> bool:
 
 
 def _groups(hooks: dict[str, Any], event: str, path: Path) -> list[Any]:
+    """The matcher groups under `event`, each in the shape the host documents: an object
+    with a list of hooks, and a string matcher if any. The host refuses a file with a group
+    of another shape (all of its hooks, ours too, are then off), so init must not report it
+    set up."""
     groups = hooks.setdefault(event, [])
     if not isinstance(groups, list):
         raise InitError(f"{path}: hooks.{event} must be a list; fix it, then run again")
+    for index, group in enumerate(groups):
+        where = f"hooks.{event}[{index}]"
+        if not isinstance(group, dict):
+            problem = f"{where} must be an object with a hooks list"
+        elif not isinstance(group.get("hooks"), list):
+            problem = f"{where}.hooks must be a list"
+        elif "matcher" in group and not isinstance(group["matcher"], str):
+            problem = f"{where}.matcher must be a string"
+        else:
+            continue
+        raise InitError(f"{path}: {problem}; fix it, then run init again (it was left untouched)")
     return groups
 
 

@@ -8,6 +8,7 @@ import subprocess
 import tomllib
 from pathlib import Path
 
+import pytest
 import tomlkit
 
 from taskcard.bridge.track.activity import ActivityTracker
@@ -99,6 +100,33 @@ def test_init_claude_code_refuses_a_malformed_file_and_leaves_it(workdir: Path) 
     settings.write_text('{"hooks": []}')
     done = run_taskcard("init", "claude-code", "--workdir", str(workdir))
     assert (done.returncode, b"hooks must be an object" in done.stderr) == (2, True)
+    assert not (workdir / ".mcp.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("stop", "problem"),
+    [
+        ([{"hooks": "./notify.sh"}], b"hooks.Stop[0].hooks must be a list"),
+        ([5], b"hooks.Stop[0] must be an object with a hooks list"),
+        ([{"matcher": 3, "hooks": []}], b"hooks.Stop[0].matcher must be a string"),
+    ],
+)
+def test_init_claude_code_refuses_a_hook_group_of_another_shape(
+    workdir: Path, stop: list[object], problem: bytes
+) -> None:
+    """A group under an event that is not the documented object with a hooks list was kept
+    as it was, ours added beside it, and init said "updated": Claude Code refuses such a
+    file, so none of the hooks ran."""
+    settings = workdir / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    text = json.dumps({"hooks": {"Stop": stop}})
+    settings.write_text(text)
+    done = run_taskcard(
+        "init", "claude-code", "--workdir", str(workdir), "--claude-version", "2.1.90"
+    )
+    assert done.returncode == 2, done.stdout
+    assert problem in done.stderr and b"run init again" in done.stderr
+    assert settings.read_text() == text
     assert not (workdir / ".mcp.json").exists()
 
 
