@@ -159,7 +159,7 @@ def _groups(hooks: dict[str, Any], event: str, path: Path) -> list[Any]:
             problem = f"{where} must be an object with a hooks list"
         elif not isinstance(group.get("hooks"), list):
             problem = f"{where}.hooks must be a list"
-        elif "matcher" in group and not isinstance(group["matcher"], str):
+        elif not isinstance(group.get("matcher", ""), str | None):
             problem = f"{where}.matcher must be a string"
         else:
             continue
