@@ -45,6 +45,7 @@ from taskcard.producers.task_card.contract import (
     NotRegularFile,
     Origin,
     atomic_write,
+    load_json,
     make_folder,
     open_append,
     open_lock,
@@ -105,7 +106,9 @@ def parse_payload(raw: bytes) -> dict[str, Any]:
     if len(raw) > MAX_PAYLOAD_BYTES:
         raise HookInputError(f"payload over {MAX_PAYLOAD_BYTES} bytes, ignored")
     try:
-        data = json.loads(raw)
+        # A lone surrogate escaped in a string (`"\\ud800"`) is read as U+FFFD: kept, no
+        # line of the activity log could carry it, and the event was lost with a traceback.
+        data = load_json(raw)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise HookInputError(f"payload is not JSON ({exc.__class__.__name__})") from None
     if not isinstance(data, dict):

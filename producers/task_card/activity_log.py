@@ -82,6 +82,16 @@ def event_record(kind: str, fields: Mapping[str, Any], *, ts: str) -> dict[str, 
     for key, value in fields.items():
         if key in RESERVED_FIELDS:
             raise ActivityInputError(f"{key}: set by the writer itself; remove it")
+        for text in (key, value) if isinstance(value, str) else (key,):
+            try:
+                text.encode()
+            except UnicodeEncodeError:
+                # Bytes that are not UTF-8 in a command-line argument arrive as surrogates,
+                # which no line of the log can carry: the append failed with a traceback.
+                raise ActivityInputError(
+                    f"{key.encode(errors='replace').decode()}: not UTF-8 text "
+                    "(bytes of another encoding?); give it as UTF-8"
+                ) from None
         expected = typed.get(key)
         if expected is not None and not has_type(value, expected):
             names = " or ".join(TYPE_NAMES[t] for t in expected)

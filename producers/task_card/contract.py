@@ -378,16 +378,21 @@ def parse_json(raw: bytes | str) -> Any:
 
     Total: invalid UTF-8 or JSON, integers with too many digits and nesting deep enough to
     exhaust the parser's recursion all give None. `NaN` and `Infinity` parse as floats; the
-    field readers below turn them into "unknown". A lone surrogate (`"\\ud800"`: valid JSON,
-    but no UTF-8 can carry it, so every write of it to the store or a platform would fail, on
-    every retry) becomes U+FFFD in every string and key.
+    field readers below turn them into "unknown". A lone surrogate as in `load_json`.
     """
     try:
-        value = json.loads(raw)
-        data = raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogatepass")
-        return _without_surrogates(value) if _SURROGATE_ESCAPE.search(data) else value
+        return load_json(raw)
     except (ValueError, RecursionError):
         return None
+
+
+def load_json(raw: bytes | str) -> Any:
+    """`json.loads(raw)`, raising as it does, except that a lone surrogate (`"\\ud800"`:
+    valid JSON, but no UTF-8 can carry it, so every write of it to a file, the store or a
+    platform would fail, on every retry) becomes U+FFFD in every string and key."""
+    value = json.loads(raw)
+    data = raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogatepass")
+    return _without_surrogates(value) if _SURROGATE_ESCAPE.search(data) else value
 
 
 def _without_surrogates(value: Any) -> Any:

@@ -145,3 +145,17 @@ def test_through_the_taskcard_command_line(tmp_path: Path) -> None:
     )
     assert bad.returncode == 2
     assert "input_tokens, output_tokens: required for usage" in bad.stderr
+
+
+def test_an_argument_that_is_not_utf8_exits_2_naming_the_field(tmp_path: Path) -> None:
+    """A Latin-1 byte in a value (text read from a file of another encoding) arrives as a
+    surrogate, which no line of the log can carry: the append failed with a traceback."""
+    taskcard = str(Path(sys.executable).parent / "taskcard")
+    argv = [taskcard, "activity", "--workdir", str(tmp_path), "text"]
+    done = subprocess.run([*argv, b"text=caf\xe9"], capture_output=True, check=False)
+    assert done.returncode == 2
+    assert done.stderr.startswith(b"taskcard activity: text: not UTF-8 text")
+    assert b"Traceback" not in done.stderr
+    assert lines(tmp_path) == []
+    assert subprocess.run([*argv, "text=café"], check=False).returncode == 0
+    assert lines(tmp_path)[0]["text"] == "café"

@@ -516,3 +516,17 @@ def test_fields_of_the_wrong_json_type_get_a_clear_line_and_lose_nothing(workdir
     assert (done.returncode, done.stdout) == (0, b"")
     assert kinds(workdir) == ["agent.exit"]
     assert "Traceback" not in (workdir / "logs" / "taskcard-hook.log").read_text()
+
+
+def test_a_lone_surrogate_in_a_payload_string_still_records_the_event(workdir: Path) -> None:
+    """`"\\ud800"` is valid JSON, but no UTF-8 line of the activity log can carry it: the
+    tool's start was lost, with a traceback in the hook log. It is read as U+FFFD."""
+    raw = json.dumps(payload("03_pre_tool_use.json", workdir)).replace(
+        '"tool_name": "Bash"', '"tool_name": "Bash\\ud800"'
+    )
+    assert "\\ud800" in raw
+    done = hook(raw.encode())
+    assert (done.returncode, done.stdout) == (0, b"")
+    (start,) = events(workdir)
+    assert (start["kind"], start["name"]) == ("tool.start", "Bash\ufffd")
+    assert not (workdir / "logs" / "taskcard-hook.log").exists()
