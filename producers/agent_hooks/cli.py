@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -46,9 +47,13 @@ def run_hook(args: argparse.Namespace) -> int:
 
         hint = args.workdir if args.workdir is not None else args.only_in
         text = runner.run_guarded(hint, argument, handle)
-    if text:
-        sys.stdout.write(text + "\n")
-    sys.stdout.flush()
+    # The hosts read the hook's JSON as UTF-8, whatever the locale: written through the
+    # locale's encoding (ASCII, Latin-1), a chat text in Chinese raised after the message was
+    # claimed, so the chat read "delivered" and the agent never got it.
+    with contextlib.suppress(OSError):
+        if text:
+            sys.stdout.buffer.write(text.encode("utf-8", errors="replace") + b"\n")
+        sys.stdout.buffer.flush()
     return 0
 
 

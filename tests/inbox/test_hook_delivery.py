@@ -12,7 +12,7 @@ from taskcard.producers.task_card.notifications import (
     TaskCardErrorNotification,
 )
 
-from ..hooks.conftest import events, hook, kinds, payload
+from ..hooks.conftest import events, hook, kinds, payload, run_taskcard
 from .conftest import acks, names, queue
 
 
@@ -192,3 +192,18 @@ def test_a_text_with_windows_or_unicode_line_breaks_reaches_the_agent_as_lines(
     context = str(main["hookSpecificOutput"]["additionalContext"])  # type: ignore[index]
     quoted = "> first line\n> second line\n> third line\n> fourth\n> fifth \\x1b[2J"
     assert quoted in context, context
+
+
+def test_a_text_reaches_the_agent_whatever_the_locales_encoding(workdir: Path) -> None:
+    """Under a locale whose encoding cannot write the text (ASCII here, as `PYTHONIOENCODING`
+    or a Latin-1 locale makes it), printing the hook's JSON raised after the message was
+    claimed: exit 1, the chat read "delivered", the agent never got it. The hosts read the
+    JSON as UTF-8."""
+    queue(workdir, "m1", "请停止部署 🚫")
+    raw = json.dumps(payload("04_post_tool_use.json", workdir)).encode()
+    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    done = run_taskcard("hook", "claude-code", stdin=raw, env=env)
+    assert (done.returncode, done.stderr) == (0, b"")
+    context = json.loads(done.stdout.decode("utf-8"))["hookSpecificOutput"]["additionalContext"]
+    assert "> 请停止部署 🚫" in context
+    assert [a["via"] for a in acks(workdir)] == ["claude-code:PostToolUse"]
