@@ -291,6 +291,7 @@ def init_claude_code(
 
     `version`: the Claude Code version the project runs under (None: ask `claude --version`).
     """
+    named = _named_workdir(workdir)
     exe = command or taskcard_command()
     version = version or claude_version()
     settings_path = workdir / ".claude" / "settings.json"
@@ -303,7 +304,7 @@ def init_claude_code(
     servers = _object_at(servers_doc, "mcpServers", mcp_path)
     servers[SERVER_NAME] = {
         "command": exe,
-        "args": ["mcp", "--workdir", str(workdir.resolve())],
+        "args": ["mcp", "--workdir", named],
     }
     report = []
     for path, data in ((settings_path, settings), (mcp_path, servers_doc)):
@@ -311,6 +312,22 @@ def init_claude_code(
         report.append(f"{path}: {'updated' if changed else 'already set up'}")
     report.extend(_skipped_line(settings_path, event, version) for event in skipped)
     return report
+
+
+def _named_workdir(workdir: Path) -> str:
+    """The workdir's absolute path as the hosts' files name it; `InitError` when it is not
+    UTF-8 text (JSON and TOML cannot carry it: the write failed with a traceback, after
+    creating `.claude/`)."""
+    text = str(workdir.resolve())
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        shown = text.encode(errors="replace").decode()
+        raise InitError(
+            f"--workdir {shown}: the folder's path is not UTF-8 text, which the host's "
+            "settings cannot name; rename the folder, then run init again (nothing written)"
+        ) from None
+    return text
 
 
 def codex_config_path(environ: Mapping[str, str]) -> Path:
@@ -325,13 +342,14 @@ def init_codex(workdir: Path, config: Path, command: str | None = None) -> list[
     Both files are read (and refused when broken) before either is written. `notify` stays:
     a Codex without lifecycle hooks (older, or with `[features] hooks = false`) still ends
     its turns through it, and where both run, one turn id ends the turn once."""
+    named = _named_workdir(workdir)
     exe = command or taskcard_command()
     hooks_path = config.parent / CODEX_HOOKS_FILE
     hooks_doc = _load_json(hooks_path)
     merge_hooks(
         hooks_doc,
         # Codex runs ~/.codex's hooks for every project: only this workdir's sessions count.
-        f"{shlex.quote(exe)} hook codex --only-in {shlex.quote(str(workdir.resolve()))}",
+        f"{shlex.quote(exe)} hook codex --only-in {shlex.quote(named)}",
         hooks_path,
         mark=CODEX_HOOK_MARK,
         events=CODEX_EVENTS,

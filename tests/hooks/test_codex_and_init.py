@@ -256,3 +256,18 @@ def test_codex_hook_without_its_argument_reads_a_hook_payload_on_stdin(workdir: 
     assert (done.returncode, done.stdout) == (0, b"")
     log = (workdir / "logs" / "taskcard-hook.log").read_text()
     assert "no payload" in log and '"hook", "codex"' in log
+
+
+@pytest.mark.parametrize("host", ["claude-code", "codex"])
+def test_init_refuses_a_workdir_whose_path_is_not_utf8(tmp_path: Path, host: str) -> None:
+    """JSON and TOML cannot name such a folder: the write failed with a traceback (exit 1),
+    after creating `.claude/`. It is refused, naming `--workdir`, and nothing is written."""
+    workdir = os.fsdecode(bytes(tmp_path) + b"/caf\xe9")
+    os.mkdir(workdir)
+    config = tmp_path / "codex" / "config.toml"
+    extra = ["--config", str(config)] if host == "codex" else ["--claude-version", "2.1.90"]
+    done = run_taskcard("init", host, "--workdir", workdir, *extra)
+    assert done.returncode == 2
+    assert b"--workdir" in done.stderr and b"not UTF-8" in done.stderr
+    assert b"Traceback" not in done.stderr
+    assert os.listdir(workdir) == [] and not config.parent.exists()
