@@ -25,10 +25,10 @@ so `claude_code.decide` maps them (`runner._codex_hook`). The differences, handl
   blocked stop's `reason`. Nothing else is printed (Codex takes plain text on stdout at
   `SessionStart` and `UserPromptSubmit` as context for the model); the card's wakes reach
   Codex through the MCP results.
-- A `Stop` with `stop_hook_active` ends a Claude Code turn (it ends a response, as any stop
-  does), but nothing on Codex: Codex runs the copy of the hook from each config layer, and
-  the copy that did not hold a turn for the chat's texts sees its ending stop too. A turn
-  that a stop hook of the user's held thus ends on the card at its first stop only.
+- A `Stop` with `stop_hook_active` ends the turn as Claude Code's does (it ends a response
+  a stop hook made Codex go on with). Codex runs the copy of the hook from each config
+  layer, and each sees that stop: only the copy that first claims the response (its turn id
+  and last message, `runner._response_of`) ends the turn.
 - Since `notify` and the `Stop` hook both end a turn, each `turn_id` ends a turn (and counts
   for reminders, and has its usage written) only the first time either reports it.
 - Its `Interrupt` hook (the person stopped the turn; no `Stop` follows) is Codex's own: it

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -280,6 +281,18 @@ def _first_end_of(paths: CardPaths, thread: object, turn_id: object, reporter: s
         return True
 
 
+def _response_of(turn_id: object, payload: Mapping[str, Any]) -> str | None:
+    """A Codex turn id narrowed to one of its responses by the response's last message: the
+    stops of one turn that a stop hook made go on differ in it, the copies of one stop (one
+    per config layer) do not. None without a turn id."""
+    if not isinstance(turn_id, str) or not turn_id:
+        return None
+    message = payload.get("last_assistant_message")
+    text = message if isinstance(message, str) else ""
+    digest = hashlib.sha256(text.encode(errors="replace")).hexdigest()[:16]
+    return f"{turn_id}#{digest}"
+
+
 def _turn_started(paths: CardPaths, thread: object, turn_id: object) -> None:
     """A Codex turn starts: an earlier turn's record under the same id is stale."""
     key = _turn_key(thread, turn_id)
@@ -434,6 +447,8 @@ def _codex_hook(
         if main
         else Delivery()
     )
+    # The end of a response a stop hook's block made Codex go on with (ours or the user's).
+    continued = name == "Stop" and main and payload.get("stop_hook_active") is True
     if inbox.ends_blocked_turn:
         payload = {**payload, "stop_hook_active": False}  # our block held the turn: end it
 
@@ -443,13 +458,13 @@ def _codex_hook(
             decision = interrupt_decision(waiting)
         else:
             decision = steer(name, decide(payload, waiting, usage), inbox.messages)
-        if payload.get("stop_hook_active") is True:
-            # Not the stop of a turn our block held (that one comes with it cleared). Codex
-            # runs the copy of this hook from each config layer, and both see the stop that
-            # ends a held turn: the copy that did not hold it must not end it a second time.
-            # So on Codex such a stop ends nothing (see `codex.py`).
-            kept = [event for event in decision.events if event[0] not in ("turn.end", "usage")]
-            decision = replace(decision, events=kept, completed_turn=False)
+        if continued and not _first_end_of(paths, thread, _response_of(turn, payload), "hook"):
+            # Codex runs the copy of this hook from each config layer, and each sees this
+            # stop: the copy that claims the response (the turn and its last message) ends
+            # the turn, the other does not end it again. The usage and the count of a turn
+            # our block held go with the copy that held it, whichever claims the end.
+            kept = [event for event in decision.events if event[0] != "turn.end"]
+            decision = replace(decision, events=kept)
         if inbox.held_elsewhere:  # the copy in another config layer blocked this stop
             kept = [event for event in decision.events if event[0] != "turn.end"]
             decision = replace(decision, events=kept, completed_turn=False)

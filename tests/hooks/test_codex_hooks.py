@@ -100,11 +100,23 @@ def test_an_interrupt_ends_the_turn_as_interrupted_and_once(workdir: Path) -> No
     assert kinds(workdir).count("turn.end") == 1
 
 
-def test_a_stop_that_another_stop_hook_continued_ends_nothing(workdir: Path) -> None:
+def test_a_stop_that_another_stop_hook_continued_ends_the_turn_once(workdir: Path) -> None:
+    """A stop hook of the user's blocks the first stop; Codex goes on (a tool call) and stops
+    again with `stop_hook_active`. That stop ended nothing, and `notify` of the turn was
+    skipped as already reported, so the card read running while Codex sat at its prompt.
+    Copies of the hook from two config layers end it once."""
     codex_hook(codex_payload("02_user_prompt_submit.json", workdir))
-    done = codex_hook(codex_payload("06_stop.json", workdir, stop_hook_active=True))
-    assert (done.returncode, done.stdout) == (0, b"")
-    assert kinds(workdir) == ["turn.start"] and turns(workdir) == 0
+    assert codex_hook(codex_payload("06_stop.json", workdir)).returncode == 0
+    assert codex_hook(codex_payload("03_pre_tool_use.json", workdir)).returncode == 0
+    again = codex_payload("06_stop.json", workdir, stop_hook_active=True)
+    again["last_assistant_message"] = "Fixed the lint the check asked for."
+    for _copy in range(2):  # ~/.codex's copy and the project's
+        done = codex_hook(again)
+        assert (done.returncode, done.stdout) == (0, b"")
+    assert kinds(workdir) == ["turn.start", "turn.end", "tool.start", "turn.end"]
+    assert turns(workdir) == 1  # one turn for reminders
+    assert notify(workdir, again["turn_id"]).returncode == 0  # already ended: skipped
+    assert kinds(workdir).count("turn.end") == 2
 
 
 def test_notify_and_the_stop_hook_of_one_turn_end_it_once(workdir: Path) -> None:
