@@ -19,6 +19,8 @@ from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Final
 
+from taskcard.bridge.run import early_stop
+
 EXIT_OK: Final = 0
 EXIT_RUNTIME: Final = 1
 EXIT_USAGE: Final = 2
@@ -179,17 +181,29 @@ _HOST_HOOKS: Final = frozenset({"hook"})
 _OUTPUT_FULL: Final = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
 
 
+def _stopped_early(stopped: early_stop.StopRequested) -> int:
+    """`serve` asked to stop before it held anything (no lock, no store): a clean stop."""
+    print(f"taskcard: stopped ({stopped}) before the service started", file=sys.stderr)
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["serve"]:
+        # SIGTERM and SIGINT stop the service cleanly from here on, whatever it is doing
+        # (see `early_stop`); their default actions would end it with nothing flushed.
+        early_stop.install()
     if words[:1] == ["serve"] and hasattr(signal, "SIGHUP"):
         # SIGHUP reloads once the service runs; until then (the imports, the checks, the
         # channels' start) and while it winds down, its default action would end the service,
         # and systemd does not restart a service that a SIGHUP ended. One that arrives before
         # the file is read changes nothing anyway; one after it is dropped (send it again).
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    parser = build_parser()
     try:
+        parser = build_parser()  # the imports: most of a start's first second
         args = parser.parse_args(words)
+    except early_stop.StopRequested as stopped:
+        return _stopped_early(stopped)
     except SystemExit as exc:
         if exc.code not in (0, None) and words[:1] and words[0] in _HOST_HOOKS:
             return EXIT_OK
@@ -197,6 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Handler = args.handler
     try:
         return handler(args)
+    except early_stop.StopRequested as stopped:
+        return _stopped_early(stopped)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except BrokenPipeError:

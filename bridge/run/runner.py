@@ -22,7 +22,7 @@ from taskcard.bridge.config import ConfigError, ServiceConfig, load_config
 from taskcard.bridge.deliver.registry import SecretMissing, build_channels, route_specs
 from taskcard.bridge.observe.metrics import MeteredChannel, ServiceMetrics
 from taskcard.bridge.observe.sdnotify import READY, STOPPING, sd_notify
-from taskcard.bridge.run import heap
+from taskcard.bridge.run import early_stop, heap
 from taskcard.bridge.run.logs import LOG_FORMATS, LOG_LEVELS, setup_logging
 from taskcard.bridge.run.service import Service, ServiceFailed
 from taskcard.bridge.store.sqlite import SqliteStore, StateFileError, StateStore
@@ -113,6 +113,15 @@ async def serve(
     """
     skip_cli_only_imports()
     heap.starting()
+    own_signals = stop is None
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def stopping() -> str | None:
+        # A SIGTERM or SIGINT during a step of the start-up (`early_stop`): stop before the
+        # next one, cleanly, instead of serving first.
+        return early_stop.requested() if own_signals else None
+
     lock = ServeLock(config.state_dir)
     try:
         holder = lock.acquire()
@@ -134,8 +143,12 @@ async def serve(
             file=sys.stderr,
         )
         return EXIT_ALREADY_RUNNING
+    if why := stopping():
+        lock.release()
+        return _stopped_before_serving(why)
     wiring = None
     serving = False
+    signals_taken = False
     store: StateStore
     if config.cluster.enabled:
         from taskcard.bridge.run.cluster_serve import ClusterWiring, open_cluster
@@ -153,6 +166,8 @@ async def serve(
             lock.release()
             return EXIT_CONFIG
     try:
+        if why := stopping():
+            return _stopped_before_serving(why)
         try:
             cursors = wiring.cursor_store(config) if wiring else store
             built = build_channels(config, cursors, env)
@@ -162,12 +177,12 @@ async def serve(
         if wiring is not None:
             built = wiring.attach(built)
         setup_logging(config.log_level, [s for b in built.values() for s in b.secrets])
-        own_signals = stop is None
-        stop = stop or asyncio.Event()
-        loop = asyncio.get_running_loop()
         if own_signals:
-            for signum in (signal.SIGTERM, signal.SIGINT):
+            for signum in early_stop.SIGNALS:
                 loop.add_signal_handler(signum, stop.set)
+            signals_taken = True
+        if why := stopping():  # it came before the loop took the signals
+            return _stopped_before_serving(why)
         metrics = ServiceMetrics()
         built = {
             n: replace(b, channel=MeteredChannel(b.channel, metrics)) for n, b in built.items()
@@ -227,21 +242,38 @@ async def serve(
                 await wiring.cluster.close()
             if listener is not None:
                 await listener.stop()
-            if own_signals:
-                for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                    loop.remove_signal_handler(signum)
-                # Removing the handler restores SIGHUP's default, which ends the process (and
-                # systemd does not restart what SIGHUP ended): ignored until the exit.
-                signal.signal(signal.SIGHUP, signal.SIG_IGN)
+            if signals_taken:
+                _give_signals_back(loop)
+                signals_taken = False
         return 0
     except ServiceFailed as error:
         log.error("%s", error)
         return EXIT_RUNTIME
     finally:
+        if signals_taken:
+            _give_signals_back(loop)
         if wiring is not None and not serving:
             wiring.cluster.forget_bots()  # it never served: its bot claim must not linger
         store.close()
         lock.release()
+
+
+def _stopped_before_serving(why: str) -> int:
+    log.info("stopped (%s during the start, before serving)", why)
+    return 0
+
+
+def _give_signals_back(loop: asyncio.AbstractEventLoop) -> None:
+    """The loop's signal handlers removed, while the service winds down to its exit.
+
+    Removing a handler restores the signal's default action, which ends the process: SIGHUP's
+    (and systemd does not restart what SIGHUP ended) is ignored from now on, and SIGTERM or
+    SIGINT only confirm the stop under way (`early_stop`), so the store is still closed and
+    the exit status is still the service's own."""
+    for signum in (*early_stop.SIGNALS, signal.SIGHUP):
+        loop.remove_signal_handler(signum)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    early_stop.restore()
 
 
 async def _tell_systemd(service: Service, stop: asyncio.Event, env: Mapping[str, str]) -> None:

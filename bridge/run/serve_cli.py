@@ -22,7 +22,7 @@ from taskcard.bridge.deliver.registry import (
     route_specs,
     scope_rules,
 )
-from taskcard.bridge.run import stackdump
+from taskcard.bridge.run import early_stop, stackdump
 from taskcard.bridge.run.logs import choose, setup_logging
 from taskcard.bridge.run.runner import (
     EXIT_CONFIG,
@@ -92,6 +92,7 @@ def _serve(args: argparse.Namespace) -> int:
     for warning in nothing_served(config):
         log.warning("%s", warning)
     stackdump.install()  # SIGUSR1: where is it? (a stop that takes too long)
+    early_stop.hold()  # the lock and the store are taken next: a stop waits for its step
     try:
         return asyncio.run(serve(config, os.environ, config_path=Path(args.config)))
     except Exception as error:

@@ -1,0 +1,137 @@
+"""Stopping `taskcard serve` whatever it is doing: SIGTERM (systemd's stop) and SIGINT
+(Ctrl-C) give a clean stop and exit code 0 in every step of the start and of the wind-down,
+not only once the service loop runs.
+
+Each step is held open from outside, the way a slow machine or network holds it: a
+configuration read from a named pipe whose writer has not written yet, a state file another
+process keeps locked, a Redis that does not answer yet, a Bot API that answers `getMe` late.
+The signal is sent while the service is in that step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from taskcard.bridge.store.sqlite import STATE_FILE, SqliteStore
+from tests.e2e.harness import ServeProcess, eventually, telegram_config
+from tests.e2e.test_cluster import cluster_lines
+from tests.fakes.telegram_api import FakeTelegram
+from tests.redis_server import RedisServer
+
+GROUP = -1001234567890
+STOP_SIGNALS = [signal.SIGTERM, signal.SIGINT]
+
+
+def _locked(state_dir: Path, pid: int) -> bool:
+    """Whether the service holds its serve lock (the lock file names its pid): it runs its
+    own code, past the imports and the configuration."""
+    lock = state_dir / "serve.lock"
+    return lock.exists() and lock.read_text() == str(pid)
+
+
+@pytest.mark.parametrize("signum", STOP_SIGNALS, ids=lambda s: s.name)
+async def test_a_stop_while_the_configuration_is_read_is_clean(
+    tmp_path: Path, telegram: FakeTelegram, signum: signal.Signals
+) -> None:
+    """The configuration comes from a named pipe whose writer is slow: the service waits in
+    the read. A stop then used to end it by the signal's default action (status -15, or a
+    KeyboardInterrupt traceback and 130 for Ctrl-C)."""
+    written = telegram_config(tmp_path, telegram.base_url, GROUP)
+    fifo = tmp_path / "taskcard.fifo"
+    os.mkfifo(fifo)
+    with ServeProcess(fifo, env={"TC_TEST_TOKEN": telegram.token}) as serve:
+        assert serve.proc is not None
+        # Opening the write end returns once the service opened the read end; nothing is
+        # written, so the service is inside its read of the configuration.
+        pipe = await asyncio.get_running_loop().run_in_executor(None, fifo.open, "w")
+        try:
+            serve.proc.send_signal(signum)
+            assert await serve.aterminate() == 0, serve.logs
+        finally:
+            pipe.close()
+    assert "stopped (" + signum.name + ") before the service started" in serve.logs
+    assert "Traceback" not in serve.logs
+    assert not written.with_name(".taskcard").joinpath(STATE_FILE).exists()
+
+
+@pytest.mark.parametrize("signum", STOP_SIGNALS, ids=lambda s: s.name)
+async def test_a_stop_while_the_state_file_is_opened_is_clean(
+    tmp_path: Path, telegram: FakeTelegram, signum: signal.Signals
+) -> None:
+    """Another process holds the state file's lock (a backup, `sqlite3` left open): the
+    service waits in the open. The stop lets the open finish, then stops before serving: the
+    store is closed, the lock released, nothing was sent."""
+    config = telegram_config(tmp_path, telegram.base_url, GROUP)
+    state_dir = tmp_path / ".taskcard"
+    SqliteStore.in_dir(state_dir).close()
+    holder = sqlite3.connect(state_dir / STATE_FILE, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with ServeProcess(config, env={"TC_TEST_TOKEN": telegram.token}) as serve:
+            assert serve.proc is not None
+            pid = serve.proc.pid
+            await eventually(lambda: _locked(state_dir, pid), what="the service's lock")
+            serve.proc.send_signal(signum)
+            holder.execute("ROLLBACK")
+            assert await serve.aterminate() == 0, serve.logs
+    finally:
+        holder.close()
+    assert f"stopped ({signum.name} during the start, before serving)" in serve.logs
+    assert telegram.count("getMe") == 0
+    assert telegram.bot_messages(GROUP) == []
+
+
+@pytest.fixture
+def frozen_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        yield server
+    finally:
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGCONT)
+        server.stop()
+
+
+async def test_a_stop_while_the_cluster_is_joined_is_clean(
+    tmp_path: Path, telegram: FakeTelegram, frozen_redis: RedisServer, prefix: str
+) -> None:
+    """A Redis that answers late (frozen here, then let go): the instance waits in its
+    first call. The stop lets the call finish, then stops before serving, and its bot claim
+    is given back (a restart right after is not taken for another bot's instance)."""
+    config = telegram_config(
+        tmp_path, telegram.base_url, GROUP, extra=cluster_lines("late", prefix)
+    )
+    assert frozen_redis.proc is not None
+    frozen_redis.proc.send_signal(signal.SIGSTOP)
+    env = {"TC_TEST_TOKEN": telegram.token, "TC_REDIS_URL": frozen_redis.url}
+    with ServeProcess(config, env=env) as serve:
+        assert serve.proc is not None
+        pid = serve.proc.pid
+        await eventually(lambda: _locked(tmp_path / ".taskcard", pid), what="the lock")
+        serve.proc.send_signal(signal.SIGTERM)
+        frozen_redis.proc.send_signal(signal.SIGCONT)
+        assert await serve.aterminate() == 0, serve.logs
+    assert "stopped (SIGTERM during the start, before serving)" in serve.logs
+    assert telegram.count("getMe") == 0
+
+
+@pytest.mark.parametrize("signum", STOP_SIGNALS, ids=lambda s: s.name)
+async def test_a_stop_while_the_bot_logs_in_is_clean(
+    tmp_path: Path, telegram: FakeTelegram, signum: signal.Signals
+) -> None:
+    """`getMe` answered late: the stop does not wait for it."""
+    config = telegram_config(tmp_path, telegram.base_url, GROUP)
+    telegram.delay_answers("getMe", 60.0)
+    with ServeProcess(config, env={"TC_TEST_TOKEN": telegram.token}) as serve:
+        assert serve.proc is not None
+        await eventually(lambda: telegram.count("getMe"), what="the log-in")
+        serve.proc.send_signal(signum)
+        assert await serve.aterminate(timeout_s=30.0) == 0, serve.logs
+    assert "taskcard.bridge.run.service: stopped" in serve.logs
