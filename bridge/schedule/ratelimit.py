@@ -87,6 +87,11 @@ class Limiter(ABC):
     def seed(self, scopes: Iterable[RateScope], at: float) -> None:
         """Record a request finished at `at` (monotonic clock), e.g. from before a restart."""
 
+    def recent(self) -> dict[RateScope, list[float]] | None:
+        """Each window's requests still inside it (their times on the limiter's clock), for
+        the next run to `seed`; None when the windows outlive this process anyway (shared)."""
+        return None
+
     async def close(self) -> None:  # noqa: B027 - optional: only shared limiters have work
         """Finish background work (nothing by default)."""
 
@@ -140,7 +145,21 @@ class RateLimiter(Limiter):
     def seed(self, scopes: Iterable[RateScope], at: float) -> None:
         """Record a request finished at `at` (on this clock), e.g. one from before a restart."""
         for scope in scopes:
-            self._window(scope).slots.append(_Slot(at))
+            window = self._window(scope)
+            # In time order, as `_Window.wait_s` expects of its slots.
+            position = len(window.slots)
+            while position and window.slots[position - 1].at > at:
+                position -= 1
+            window.slots.insert(position, _Slot(at))
+
+    def recent(self) -> dict[RateScope, list[float]]:
+        now = self._clock()
+        kept: dict[RateScope, list[float]] = {}
+        for key, window in self._windows.items():
+            inside = [slot.at for slot in window.slots if slot.at > now - window.period_s]
+            if inside:
+                kept[RateScope(key, window.max_calls, window.period_s)] = sorted(inside)
+        return kept
 
     async def acquire(self, scopes: tuple[RateScope, ...]) -> Admission | float:
         wait_s = self.wait_s(scopes)

@@ -29,6 +29,7 @@ outcome), command replies are queued here (they are not persisted, and unsent on
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
@@ -63,6 +64,9 @@ from taskcard.channels.errors import (
 )
 
 log = logging.getLogger(__name__)
+
+# The requests inside each rate window at the last stop (see `Scheduler._keep_recent_requests`).
+RECENT_REQUESTS_CURSOR = "ratelimit:recent"
 
 
 @dataclass
@@ -369,6 +373,7 @@ class RouteScheduler:
                     )
                     self._store.set_pause(scope, now_wall + applied)
                 log.info("honouring a rate-limit pause from before the restart: %s", scope)
+        self._seed_recent_requests(now_wall)
 
     async def stop(self, grace_s: float = 35.0) -> None:
         """Finish requests in flight (up to `grace_s`), then end every lane task.
@@ -385,8 +390,55 @@ class RouteScheduler:
             for task in still_running:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+        self._keep_recent_requests()
         await self._admission.close()
         await self._limiter.close()
+
+    def _keep_recent_requests(self) -> None:
+        """Store the requests still inside their windows (wall-clock times), for a restart.
+
+        Seeded only from each resident's last edit, a run started right after this one took
+        a group that this run had just filled for free, and the platform answered 429."""
+        recent = self._limiter.recent()
+        if recent is None:
+            return  # the shared windows outlive this process
+        offset = self._wall() - self._clock()
+        windows = [
+            {
+                "scope": scope.key,
+                "max_calls": scope.max_calls,
+                "period_s": scope.period_s,
+                "at": [round(at + offset, 3) for at in times],
+            }
+            for scope, times in recent.items()
+        ]
+        try:
+            self._store.set_cursor(RECENT_REQUESTS_CURSOR, json.dumps(windows))
+        except Exception as error:  # a stop on a failing disk: the next run seeds less
+            log.warning("could not keep the rate windows for the next start: %s", error)
+
+    def _seed_recent_requests(self, now_wall: float) -> None:
+        """Fill the windows with the requests the last run stored at its stop."""
+        raw = self._store.get_cursor(RECENT_REQUESTS_CURSOR)
+        if not raw:
+            return
+        try:
+            windows = json.loads(raw)
+            scopes = [
+                (
+                    RateScope(str(w["scope"]), int(w["max_calls"]), float(w["period_s"])),
+                    [float(at) for at in w["at"]],
+                )
+                for w in windows
+            ]
+        except (ValueError, TypeError, KeyError) as error:
+            log.warning("ignoring the stored rate windows of the last run (%s)", error)
+            return
+        offset = self._clock() - now_wall
+        for scope, times in scopes:
+            for at in times:
+                if 0 <= now_wall - at < scope.period_s:
+                    self._limiter.seed([scope], at + offset)
 
     # Work --------------------------------------------------------------------------------
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from taskcard.bridge.store.sqlite import SqliteStore
-from tests.e2e.harness import eventually, publish, run_cli
+from tests.e2e.harness import ServeProcess, eventually, publish, run_cli
 from tests.e2e.test_serve_telegram import GROUP, agent_dir, setup, shown
-from tests.fakes.telegram_api import FakeTelegram
+from tests.fakes.telegram_api import FakeLimits, FakeTelegram, Window
 
 HUGE = 1_000_000_000  # about 31 years
 
@@ -102,3 +102,34 @@ async def test_a_stored_pause_from_an_old_state_file_is_capped(
         )
         assert await serve.aterminate() == 0
     assert "capped" in serve.logs
+
+
+async def test_a_quick_restart_keeps_to_the_window_the_last_run_filled(tmp_path: Path) -> None:
+    """A group's window filled by the last run (cards posted, then edited) and a restart at
+    once: the new run used to know one request per resident (its last edit) and sent as if
+    the rest of the window were free, and the platform answered 429. It waits instead."""
+    agents = ["a1", "a2", "a3"]
+    limits = FakeLimits(private_chat=Window(1, 1.0), group_chat=Window(6, 12.0), bot=Window(30, 1))
+    group_limit = "[telegram.limits]\ngroup_chat = { max_calls = 6, period_s = 12.0 }"
+    async with FakeTelegram(limits=limits) as fake:
+        serve = setup(tmp_path, fake, agents, [(GROUP, agents)], limits=group_limit)
+        with serve:
+            for round_no in (1, 2):  # three sends, then three edits: the window is full
+                for agent in agents:
+                    publish(agent_dir(tmp_path, agent), f"{agent} round {round_no}")
+                await eventually(
+                    lambda n=round_no: sum(f"round {n}" in t for t in shown(fake, GROUP)) == 3,
+                    what=f"round {round_no} shown",
+                )
+            assert await serve.aterminate() == 0, serve.logs
+        restarted = ServeProcess(serve.config, env={"TC_TEST_TOKEN": fake.token})
+        with restarted:
+            for agent in agents:
+                publish(agent_dir(tmp_path, agent), f"{agent} after the restart")
+            await eventually(
+                lambda: sum("after the restart" in t for t in shown(fake, GROUP)) == 3,
+                timeout_s=90,
+                what="every card after the restart",
+            )
+            assert await restarted.aterminate() == 0, restarted.logs
+        assert fake.rate_limited == [], "no 429 after the quick restart"
