@@ -15,6 +15,7 @@ are written once per episode (the store refuses a known episode id).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import heapq
 import logging
@@ -147,22 +148,66 @@ class InboxDesk:
         self._open: dict[str, dict[str, None]] = {}
         self._closed: list[tuple[float, str]] = []
         self._ready: set[str] = set()
+        self._shared_read: list[InboxRecord] | None = None  # see `_shared_messages`
         self.problems: dict[str, str] = {}  # agent -> why its inbox cannot be written
 
     # Lifecycle -------------------------------------------------------------------------
 
     def load(self) -> None:
-        """Take up the messages of the last day (after the scheduler started)."""
+        """Take up the messages of the last day (after the scheduler started). Clustered,
+        each agent's are taken up when its lease is gained instead (`take_agent`)."""
+        if self._shared:
+            return
         since = self._clock().timestamp() - KEEP_CLOSED_S
         for record in self._store.inbox_messages(since):
             if record.channel not in self._channels:
                 continue
-            if self._shared and record.agent_id not in self._writers:
-                continue  # another instance's agent (an agent removed: its instance's)
             self._keep(record)
             self._scheduler.add_route(status_key(record), reply_to=answered(record))
         for agent_id in {r.agent_id for r in self._records.values()} - set(self._writers):
             self.retire(agent_id, "the agent was removed")
+
+    def take_agent(self, agent_id: str) -> None:
+        """Clustered: show `agent_id`'s messages from now on (its lease was gained here), as
+        the shared store has them now.
+
+        A standby used to take up every message of its configured agents at its start and
+        show them, though another instance served them: one whose status message was still
+        being sent had no id in the store yet, so the standby posted a second one (and it
+        edited the others with what it knew at its start, not what the owner did since).
+        Every agent taken in one lease renewal shares one read of the store."""
+        if agent_id not in self._writers:
+            return
+        for record in self._shared_messages():
+            if record.agent_id != agent_id or record.channel not in self._channels:
+                continue
+            self._keep(record)
+            self._scheduler.add_route(status_key(record), reply_to=answered(record))
+            self._show(record)
+
+    def drop_agent(self, agent_id: str) -> None:
+        """Clustered: another instance shows `agent_id`'s messages now; forget them here
+        (nothing is cancelled: the messages wait for the agent as before)."""
+        for message_id in [m for m, r in self._records.items() if r.agent_id == agent_id]:
+            record = self._records.pop(message_id)
+            self._scheduler.remove_route(status_key(record))
+        self._open.pop(agent_id, None)
+
+    def _shared_messages(self) -> list[InboxRecord]:
+        """The store's messages of the last day, read once for every call until the event
+        loop's next turn (a renewal that gains many leases takes them one by one)."""
+        if self._shared_read is not None:
+            return self._shared_read
+        records = self._store.inbox_messages(self._clock().timestamp() - KEEP_CLOSED_S)
+        try:
+            asyncio.get_running_loop().call_soon(self._forget_shared_read)
+        except RuntimeError:
+            return records  # no loop: nothing to share the read with
+        self._shared_read = records
+        return records
+
+    def _forget_shared_read(self) -> None:
+        self._shared_read = None
 
     def channel_ready(self, channel: str) -> None:
         self._ready.add(channel)

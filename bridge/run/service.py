@@ -389,6 +389,7 @@ class Service:
         try:
             for route in routes:
                 self._schedule(route)
+            self._desk.take_agent(agent_id)
         except Exception:
             self.drop_agent(agent_id)  # not half served: the cluster tries again later
             raise
@@ -402,6 +403,7 @@ class Service:
         if self._owned is None or agent_id not in self._owned:
             return
         self._owned.discard(agent_id)
+        self._desk.drop_agent(agent_id)
         for route in self._routes_by_agent.get(agent_id, []):
             self._scheduler.remove_route(route.key)
             self._scheduled.discard(route.key)

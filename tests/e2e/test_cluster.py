@@ -1389,3 +1389,52 @@ async def test_an_instance_started_after_anothers_tell_leaves_that_message_alone
     for serve in (first, later):
         assert await serve.aterminate() == 0
         assert "Traceback" not in serve.logs
+
+
+async def test_a_standby_started_while_a_status_message_is_sent_posts_no_second_one(
+    tmp_path: Path, fake: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """A standby took up every message of its configured agents at its start and showed
+    them, though the owner served them. Started while the owner's status message was being
+    sent (posted, its answer not back yet, so no id in Redis), it posted a second status
+    message for the same `/tell`. Only the instance serving the agent shows its messages,
+    taken up from Redis when it gains the agent."""
+    from tests.e2e.test_talk_and_signals import claim_and_ack
+
+    owner = fleet.enter_context(
+        instance(tmp_path, "i0", fake, ["shared"], redis_url=redis_url, prefix=prefix)
+    )
+    serving = "agent shared: this instance serves it now"
+    publish(tmp_path / "agents" / "shared", "card of shared")
+    await eventually(lambda: serving in owner.logs, timeout_s=60, what="the owner")
+    await eventually(lambda: len(shown(fake, GROUP)) == 1, timeout_s=60, what="the card")
+    fake.delay_answers("sendMessage", 8.0)  # posted at once, answered late
+    fake.inject_command(GROUP, "/tell shared look at the logs")
+    await eventually(lambda: replies(fake, "Message to"), timeout_s=60, what="the status")
+    standby = fleet.enter_context(
+        instance(tmp_path, "i1", fake, ["shared"], redis_url=redis_url, prefix=prefix)
+    )
+    await eventually(
+        lambda: "channel telegram ready" in standby.logs, timeout_s=60, what="the standby ready"
+    )
+    fake.delay_answers("sendMessage", 0.0)
+    # The agent takes the text; the owner (once its send was answered) shows it delivered.
+    queued = tmp_path / "agents" / "shared" / "inbox" / "queued"
+    (message,) = queued.glob("*.json")
+    claim_and_ack(tmp_path, message)
+    await eventually(
+        lambda: replies(fake, "delivered"), timeout_s=60, what="the status showing delivered"
+    )
+    # The standby takes the agent over and shows what the owner left, editing it.
+    assert await owner.aterminate() == 0
+    await eventually(lambda: serving in standby.logs, timeout_s=60, what="the takeover")
+    publish(tmp_path / "agents" / "shared", "card after the takeover")
+    await eventually(
+        lambda: any("card after the takeover" in t for t in shown(fake, GROUP)),
+        timeout_s=60,
+        what="the standby editing the card",
+    )
+    await past_a_later_command(fake, [standby])
+    assert replies(fake, "Message to") == 1, shown(fake, GROUP)
+    assert len(fake.bot_messages(GROUP)) == 2, "the card and one status message"
+    assert await standby.aterminate() == 0
