@@ -200,6 +200,9 @@ class Service:
             outbox=self._outbox,
             limiter=limiter,
             on_credentials_rejected=self._credentials_rejected,
+            # Clustered, the instance that claimed a command answers it while it runs; a
+            # reply kept in the shared store would be sent by whichever instance starts next.
+            keep_replies=not clustered,
         )
         self._routes: list[Route] = []
         self._routes_by_agent: dict[str, list[Route]] = {}
@@ -327,6 +330,7 @@ class Service:
         self._ready_channels.add(name)
         log.info("channel %s ready", name)
         self._outbox.channel_ready(name)
+        self._scheduler.channel_ready(name)  # the replies a stop left unsent
         self._desk.channel_ready(name)
         for route in list(self._routes):
             if route.key.channel == name:

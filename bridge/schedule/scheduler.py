@@ -23,7 +23,9 @@ What a route does with its desired message:
 Committed state (fingerprint, time) advances only after the platform accepted the request.
 Short text messages use the same lanes and limits, taking turns with cards: notices are
 pulled from the notice outbox (`bridge.notices.outbox`, which owns their life and records their
-outcome), command replies are queued here (they are not persisted, and unsent ones collapse).
+outcome), command replies are queued here (unsent ones collapse; with `keep_replies` the
+unsent ones are kept in the store until sent, so a stop after the command's update was
+confirmed does not lose its answer: the next start sends it once its channel is ready).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from taskcard.bridge.notices.outbox import NoticeOutbox, QueuedNotice
 from taskcard.bridge.schedule.admission import AdmissionQueue
@@ -67,6 +70,8 @@ log = logging.getLogger(__name__)
 
 # The requests inside each rate window at the last stop (see `Scheduler._keep_recent_requests`).
 RECENT_REQUESTS_CURSOR = "ratelimit:recent"
+# The command replies not sent yet (see `keep_replies`).
+PENDING_REPLIES_CURSOR = "replies:pending"
 
 
 @dataclass
@@ -120,7 +125,8 @@ def _already_shown(resident: _Resident, message: Outgoing, in_flight: bool) -> b
 
 @dataclass
 class _Reply:
-    """A command reply: not persisted, collapsed to the latest while unsent."""
+    """A command reply: collapsed to the latest while unsent, kept in the store until sent
+    when the scheduler keeps replies."""
 
     chat: ChatRef
     message: Outgoing
@@ -202,10 +208,13 @@ class RouteScheduler:
         outbox: NoticeOutbox | None = None,
         limiter: Limiter | None = None,
         on_credentials_rejected: Callable[[str, ChannelError], None] | None = None,
+        keep_replies: bool = False,
     ) -> None:
         """`outbox`: where the lanes take notices from (None: this scheduler sends none).
         `on_credentials_rejected(channel, error)`: a platform refused the channel's
-        credentials (a revoked token); the caller stops using that channel."""
+        credentials (a revoked token); the caller stops using that channel.
+        `keep_replies`: unsent command replies are kept in the store, and the next start
+        sends them (`channel_ready`)."""
         self._channels = channels
         self._on_credentials_rejected = on_credentials_rejected
         self._store = store
@@ -223,6 +232,10 @@ class RouteScheduler:
         self._lanes: dict[LaneKey, _Lane] = {}
         self._closing = asyncio.Event()
         self._started = False
+        # Unsent command replies as the store keeps them, by idempotency key (None: not kept),
+        # and those of the last run waiting for their channel to be ready.
+        self._kept_replies: dict[str, dict[str, Any]] | None = {} if keep_replies else None
+        self._held_replies: list[tuple[str, _Reply]] = []
         self._outbox = outbox
         if outbox is not None:
             outbox.on_queued = self._wake_lane
@@ -374,6 +387,7 @@ class RouteScheduler:
                     self._store.set_pause(scope, now_wall + applied)
                 log.info("honouring a rate-limit pause from before the restart: %s", scope)
         self._seed_recent_requests(now_wall)
+        self._load_replies()
 
     async def stop(self, grace_s: float = 35.0) -> None:
         """Finish requests in flight (up to `grace_s`), then end every lane task.
@@ -476,8 +490,71 @@ class RouteScheduler:
         thread = None if reply_to is None else reply_to.thread_id
         for stale in [r for r in lane.replies if r.chat == chat and _thread(r) == thread]:
             lane.replies.remove(stale)
-        lane.replies.append(_Reply(chat, message, f"reply:{uuid.uuid4().hex}", reply_to))
+            self._forget_reply(stale, save=False)
+        reply = _Reply(chat, message, f"reply:{uuid.uuid4().hex}", reply_to)
+        lane.replies.append(reply)
+        if self._kept_replies is not None:
+            # Kept before the caller goes on: the command's update is confirmed after this.
+            self._kept_replies[reply.idempotency_key] = {
+                "channel": channel,
+                "chat_id": chat.chat_id,
+                "thread_id": chat.thread_id,
+                "text": message.text,
+                "payload": message.payload,
+                "fingerprint": message.fingerprint,
+                "reply_to": None if reply_to is None else [reply_to.message_id, reply_to.thread_id],
+            }
+            self._save_replies()
         lane.wake.set()
+
+    def channel_ready(self, channel: str) -> None:
+        """`channel` can send: the replies the last run left unsent in it go out now."""
+        held, self._held_replies = self._held_replies, []
+        for name, reply in held:
+            if name != channel:
+                self._held_replies.append((name, reply))
+                continue
+            lane = self._lane(name, reply.chat.chat_id)
+            lane.replies.append(reply)
+            lane.wake.set()
+
+    def _forget_reply(self, reply: _Reply, *, save: bool = True) -> None:
+        """`reply` was sent, refused for good or replaced: the store need not keep it."""
+        if self._kept_replies is None:
+            return
+        if self._kept_replies.pop(reply.idempotency_key, None) is not None and save:
+            self._save_replies()
+
+    def _save_replies(self) -> None:
+        assert self._kept_replies is not None
+        try:
+            self._store.set_cursor(PENDING_REPLIES_CURSOR, json.dumps(self._kept_replies))
+        except Exception as error:  # the reply still goes out; only a stop would lose it
+            log.warning("could not keep the unsent command replies: %s", error)
+
+    def _load_replies(self) -> None:
+        """The replies the last run left unsent, held until their channel is ready."""
+        if self._kept_replies is None:
+            return
+        raw = self._store.get_cursor(PENDING_REPLIES_CURSOR)
+        if not raw:
+            return
+        try:
+            kept = json.loads(raw)
+            for key, entry in kept.items():
+                answered = entry["reply_to"]
+                reply = _Reply(
+                    ChatRef(str(entry["chat_id"]), entry["thread_id"]),
+                    Outgoing(str(entry["text"]), dict(entry["payload"]), str(entry["fingerprint"])),
+                    str(key),
+                    None if answered is None else ReplyTo(str(answered[0]), answered[1]),
+                )
+                if str(entry["channel"]) in self._channels:
+                    self._held_replies.append((str(entry["channel"]), reply))
+                    self._kept_replies[reply.idempotency_key] = entry
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError) as error:
+            log.warning("ignoring the unsent command replies of the last run (%s)", error)
+        self._save_replies()
 
     def _wake_lane(self, lane_key: LaneKey) -> None:
         """The outbox queued a notice in this lane."""
@@ -871,6 +948,8 @@ class RouteScheduler:
             log.error("%s: a notice or reply was refused: %s", where, error)
             if isinstance(text, QueuedNotice) and self._outbox is not None:
                 self._outbox.done(text, "failed")
+            if isinstance(text, _Reply):
+                self._forget_reply(text)
             return
         except BaseException:
             self._put_back(lane, text, front=True)
@@ -879,6 +958,8 @@ class RouteScheduler:
             reservation.complete()
         if isinstance(text, QueuedNotice) and self._outbox is not None:
             self._outbox.done(text, "delivered")
+        if isinstance(text, _Reply):
+            self._forget_reply(text)
         self._remember_sent(channel, message_id)
 
     def _remember_sent(self, channel: Channel, message_id: str) -> None:

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from taskcard.bridge.store.sqlite import STATE_FILE, SqliteStore
-from tests.e2e.harness import ServeProcess, eventually, telegram_config
+from tests.e2e.harness import ServeProcess, eventually, publish, telegram_config
 from tests.e2e.test_cluster import cluster_lines
-from tests.fakes.telegram_api import FakeTelegram
+from tests.fakes.telegram_api import FakeLimits, FakeTelegram, Window
 from tests.redis_server import RedisServer
 
 GROUP = -1001234567890
@@ -135,3 +135,41 @@ async def test_a_stop_while_the_bot_logs_in_is_clean(
         serve.proc.send_signal(signum)
         assert await serve.aterminate(timeout_s=30.0) == 0, serve.logs
     assert "taskcard.bridge.run.service: stopped" in serve.logs
+
+
+async def test_a_stop_while_a_commands_answer_waits_sends_it_after_the_restart(
+    tmp_path: Path,
+) -> None:
+    """The group's window is full, so the answer to `/taskcard 3` waits in its queue; the
+    command's update is confirmed meanwhile. A stop then lost the answer for good: the next
+    start neither had it nor fetched the command again. It is kept in the state until sent,
+    and the next start sends it, once."""
+    from tests.e2e.test_serve_telegram import setup, shown
+
+    limits = FakeLimits(private_chat=Window(1, 1.0), group_chat=Window(2, 20.0), bot=Window(30, 1))
+    group_limit = "[telegram.limits]\ngroup_chat = { max_calls = 2, period_s = 20.0 }"
+    answer = "3 activity rows"
+    async with FakeTelegram(limits=limits) as fake:
+        serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])], limits=group_limit)
+        workdir = tmp_path / "agents" / "builder"
+        with serve:
+            for body in ("v1", "v2"):  # a send and an edit: the window is full
+                publish(workdir, body)
+                await eventually(
+                    lambda b=body: any(b in t for t in shown(fake, GROUP)), what=f"card {body}"
+                )
+            fake.inject_command(GROUP, "/taskcard 3")
+            # A later poll's offset confirmed the command: the fake no longer holds it.
+            await eventually(lambda: not fake.pending_updates, what="the command confirmed")
+            assert not any(answer in t for t in shown(fake, GROUP)), "the answer still waits"
+            assert await serve.aterminate() == 0, serve.logs
+        restarted = ServeProcess(serve.config, env={"TC_TEST_TOKEN": fake.token})
+        with restarted:
+            await eventually(
+                lambda: any(answer in t for t in shown(fake, GROUP)),
+                timeout_s=90,
+                what="the answer after the restart",
+            )
+            assert await restarted.aterminate() == 0, restarted.logs
+        assert sum(answer in t for t in shown(fake, GROUP)) == 1
+        assert fake.rate_limited == []
