@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import sqlite3
 import stat
 import time
@@ -320,6 +321,8 @@ class SqliteStore(StateStore):
         # The file this store writes, as (device, inode): None for a read-only open.
         self._identity: tuple[int, int] | None = None
         self._replaced_logged = False
+        self._mark: _RunMark | None = None  # this run's mark in the file (None: read-only)
+        self._overwritten_logged = False
         self._restore_failed = False
         check_state_file(path)
         if readonly:
@@ -335,6 +338,7 @@ class SqliteStore(StateStore):
                     " fix the permissions of the state directory or remove that entry"
                 ) from None
             self._identity = _identity(path)
+            self._mark = _RunMark.made(self._db, path)
         self._db.row_factory = sqlite3.Row
 
     @classmethod
@@ -353,6 +357,8 @@ class SqliteStore(StateStore):
                 self._health.reason if self._health else "unknown",
             )
         self._db.close()
+        if self._mark is not None:
+            self._mark.close()
         if self._health_file is not None:
             self._health_file.close()
 
@@ -502,13 +508,24 @@ class SqliteStore(StateStore):
             return
         except OSError:
             return  # a folder that cannot be searched: the writes say so themselves
-        if (info.st_dev, info.st_ino) != self._identity and not self._replaced_logged:
-            self._replaced_logged = True
+        if (info.st_dev, info.st_ino) != self._identity:
+            if not self._replaced_logged:
+                self._replaced_logged = True
+                log.error(
+                    "the state file %s was replaced by another file while the service ran;"
+                    " the service keeps writing to the one it opened, so the new file's state"
+                    " is used only from the next start, and what the service writes until"
+                    " then is lost; stop the service before replacing its state file",
+                    self.path,
+                )
+        elif self._mark is not None and not self._overwritten_logged and self._mark.gone():
+            self._overwritten_logged = True
             log.error(
-                "the state file %s was replaced by another file while the service ran; the"
-                " service keeps writing to the one it opened, so the new file's state is"
-                " used only from the next start, and what the service writes until then"
-                " is lost; stop the service before replacing its state file",
+                "the state file %s was overwritten in place while the service ran (another"
+                " file copied over it: a backup restored, another state); the service's"
+                " writes now mix with what was copied, and the next start may post cards"
+                " again; stop the service, put the state file you mean in place, then start"
+                " it; stop the service before restoring its state file",
                 self.path,
             )
 
@@ -582,6 +599,9 @@ class SqliteStore(StateStore):
         self._db.row_factory = sqlite3.Row
         self._identity = _identity(self.path)
         self._replaced_logged = self._restore_failed = False
+        if self._mark is not None:
+            self._mark.close()
+        self._mark = _RunMark.made(self._db, self.path)
         if self._health_file is not None:
             self._health_file.close()
             try:
@@ -1007,6 +1027,54 @@ def _open_writable(path: Path) -> sqlite3.Connection:
             " permissions, attributes (chattr -i) or mount (read-write), then start again"
         ) from None
     return db
+
+
+class _RunMark:
+    """A mark of this run in the state file's header, to notice the file overwritten in place.
+
+    A file copied over the state file (`cp backup state.sqlite3`) keeps its inode, so the
+    once-a-second `stat` sees nothing, and SQLite in WAL mode reads on from its WAL. At open
+    the service writes a random number into the header's `application_id` (nothing else uses
+    it) and checkpoints it into the file; the same check then reads those four bytes: one
+    `pread` a second, whatever the fleet's size. Another value there, once ours was seen,
+    means another file's content. A mark the checkpoint could not write yet (a reader held
+    the WAL) is looked for until it appears.
+    """
+
+    OFFSET = 68  # the header's application_id, big-endian
+
+    def __init__(self, value: int, fd: int) -> None:
+        self._value = value
+        self._fd = fd  # kept open: closing a descriptor of the file drops SQLite's locks on it
+        self._seen = False
+
+    @classmethod
+    def made(cls, db: sqlite3.Connection, path: Path) -> _RunMark | None:
+        value = secrets.randbits(31) | 1
+        try:
+            db.execute(f"PRAGMA application_id = {value}")
+            db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except (OSError, sqlite3.Error):
+            return None  # a disk that fails now: the writes say so themselves
+        mark = cls(value, fd)
+        mark.gone()
+        return mark
+
+    def gone(self) -> bool:
+        """Whether the file's header no longer holds this run's mark, once it did."""
+        try:
+            header = os.pread(self._fd, 4, self.OFFSET)
+        except OSError:
+            return False
+        if len(header) == 4 and int.from_bytes(header, "big", signed=True) == self._value:
+            self._seen = True
+            return False
+        return self._seen
+
+    def close(self) -> None:
+        with suppress(OSError):
+            os.close(self._fd)
 
 
 def _identity(path: Path) -> tuple[int, int] | None:

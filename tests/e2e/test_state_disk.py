@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from taskcard.bridge.store.sqlite import SqliteStore
 from tests.e2e.harness import ROOT, ServeProcess, eventually, publish, run_cli
 from tests.e2e.test_serve_telegram import GROUP, agent_dir, setup, shown
 from tests.fakes.telegram_api import FakeTelegram
@@ -401,3 +402,27 @@ async def test_a_state_disk_unmounted_while_serving_is_not_copied_under_the_moun
         assert "Traceback" not in serve.logs
     finally:
         _umount(state_dir)
+
+
+async def test_a_state_file_overwritten_in_place_while_serving_is_said_at_once(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """Another state copied over the state file (`cp`, which keeps the file's inode) while
+    serving: the service went on without a word, mixing its writes with the copy, and only
+    the next start showed the damage. It now says so within a second, in one error line."""
+    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])])
+    workdir = agent_dir(tmp_path, "builder")
+    state_file = tmp_path / ".taskcard" / "state.sqlite3"
+    other = tmp_path / "other" / "state.sqlite3"
+    SqliteStore.in_dir(other.parent).close()
+    with serve:
+        publish(workdir, "before the copy")
+        await eventually(lambda: any("before the copy" in t for t in shown(fake, GROUP)))
+        inode = state_file.stat().st_ino
+        shutil.copyfile(other, state_file)  # opens the file and writes over it
+        assert state_file.stat().st_ino == inode
+        overwritten = f"the state file {state_file} was overwritten in place"
+        await eventually(lambda: overwritten in serve.logs, what="the error line")
+        assert await serve.aterminate() == 0, serve.logs
+    assert serve.logs.count(overwritten) == 1
+    assert "Traceback" not in serve.logs
