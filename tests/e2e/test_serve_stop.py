@@ -173,3 +173,33 @@ async def test_a_stop_while_a_commands_answer_waits_sends_it_after_the_restart(
             assert await restarted.aterminate() == 0, restarted.logs
         assert sum(answer in t for t in shown(fake, GROUP)) == 1
         assert fake.rate_limited == []
+
+
+@pytest.mark.parametrize("signum", STOP_SIGNALS, ids=lambda s: s.name)
+async def test_a_second_stop_signal_while_a_send_is_in_flight_changes_nothing(
+    tmp_path: Path, telegram: FakeTelegram, signum: signal.Signals
+) -> None:
+    """Ctrl-C pressed again (or systemd's SIGTERM repeated) while the stop waits for a send
+    in flight: the stop still waits for its answer, keeps the new message's id and exits 0,
+    so the next start edits that message instead of posting another."""
+    config = telegram_config(tmp_path, telegram.base_url, GROUP)
+    workdir = tmp_path / "agents" / "builder"
+    with ServeProcess(config, env={"TC_TEST_TOKEN": telegram.token}) as serve:
+        assert serve.proc is not None
+        await eventually(lambda: telegram.waiting_pollers, what="the service polling")
+        telegram.delay_answers("sendMessage", 3.0)  # posted at once, answered late
+        publish(workdir, "before the stop")
+        await eventually(lambda: telegram.bot_messages(GROUP), what="the card posted")
+        serve.proc.send_signal(signum)
+        serve.proc.send_signal(signum)
+        assert await serve.aterminate() == 0, serve.logs
+    assert "resident message 1 created" in serve.logs
+    telegram.delay_answers("sendMessage", 0.0)
+    publish(workdir, "after the restart")
+    with ServeProcess(config, env={"TC_TEST_TOKEN": telegram.token}) as again:
+        await eventually(
+            lambda: any("after the restart" in m.text for m in telegram.bot_messages(GROUP)),
+            what="the card after the restart",
+        )
+        assert await again.aterminate() == 0, again.logs
+    assert len(telegram.bot_messages(GROUP)) == 1
