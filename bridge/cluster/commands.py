@@ -15,17 +15,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
-from typing import Any, cast, get_args
+from typing import Any, TypeVar, cast, get_args
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from taskcard.bridge.cluster.limiter import WRONG_TYPE_WAIT_S
-from taskcard.bridge.store.redis import raise_if_cancel_swallowed, wrong_type
+from taskcard.bridge.store.redis import (
+    WrongKeyType,
+    raise_if_cancel_swallowed,
+    redis_trouble,
+    wrong_type,
+)
 from taskcard.channels.base import (
     BoardView,
     CardView,
@@ -42,9 +48,24 @@ from taskcard.channels.base import (
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 STREAM_MAXLEN = 10_000
 SEEN_TTL_S = 86_400
 READ_BLOCK_MS = 2_000
+# How often a Redis call that failed is asked again: quickly at first (a dropped connection
+# answers again at once), then each second while Redis is away.
+RETRY_FIRST_S = 0.2
+RETRY_EVERY_S = 1.0
+
+
+class _Stopped(Exception):
+    """The instance stops while a call waits for Redis: the caller drops what it carried."""
+
+    def __init__(self, error: RedisError) -> None:
+        super().__init__(type(error).__name__)
+        self.error = error
+
 
 # KEYS: seen key ('' : no dedupe), stream; ARGV: payload, maxlen, ttl. Returns the entry's
 # id, false when seen, or {seen key, its type} when that key is not a string: `SET NX` on it
@@ -194,15 +215,48 @@ class ClusteredChannel(Channel):
         await self._inner.stop()
 
     async def _stream_end(self) -> str:
-        delay_s = 0.2
+        newest = await self._until_redis_answers(
+            "reading where the command stream ends",
+            lambda: self._client.xrevrange(self._stream, count=1),
+        )
+        return str(newest[0][0]) if newest else "0-0"
+
+    async def _until_redis_answers(
+        self, doing: str, call: Callable[[], Awaitable[T]], *, until_stop: bool = False
+    ) -> T:
+        """`call()`, asked again until Redis answers: every Redis call of the command path
+        waits here, so an outage is one warning (what waits, what is wrong with Redis and
+        what to do) and one line when it ends, whichever call met it. With `until_stop`, a
+        stop ends the waiting (`_Stopped`). A key of another type (`WrongKeyType`) is raised
+        at once: only its command waits for it (`_hold`)."""
+        failures = 0
         while True:
             try:
-                newest = await self._client.xrevrange(self._stream, count=1)
-                return str(newest[0][0]) if newest else "0-0"
+                answer = await call()
+            except WrongKeyType:
+                raise
             except RedisError as error:
-                log.warning("reading the command stream failed (%s)", type(error).__name__)
-                await asyncio.sleep(delay_s)
-                delay_s = min(5.0, delay_s * 2)
+                failures += 1
+                if failures == 1 and not self._stopping.is_set():  # not at each retry
+                    log.warning(
+                        "%s waits for Redis: %s. It is tried again each second until Redis"
+                        " answers; nothing is lost",
+                        doing,
+                        redis_trouble(error),
+                    )
+                delay_s = min(RETRY_EVERY_S, RETRY_FIRST_S * 2 ** (failures - 1))
+                if until_stop:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stopping.wait(), delay_s)
+                    if self._stopping.is_set():
+                        raise _Stopped(error) from None
+                else:
+                    await asyncio.sleep(delay_s)
+                raise_if_cancel_swallowed()
+                continue
+            if failures:
+                log.info("%s: Redis answers again", doing)
+            return answer
 
     def _hold(self, work: Coroutine[Any, Any, None], chat: ChatRef, key: str) -> None:
         """Run `work`, a command waiting for `key` to be fixed, on its own: the commands after
@@ -212,14 +266,15 @@ class ClusteredChannel(Channel):
         self._held[task] = (chat, key)
         task.add_done_callback(lambda done: self._held.pop(done, None))
 
-    def _misplaced(self, key: str, found: str, chat: ChatRef) -> None:
-        """Say once per key that a command waits for it (another program's key on it)."""
+    def _misplaced(self, key: str, problem: str, chat: ChatRef) -> None:
+        """Say once per key that a command waits for it (another program's key on it);
+        `problem` names the key and the fix (`wrong_type`)."""
         if key not in self._wrong:
             self._wrong.add(key)
             log.error(
                 "a command from chat %s waits until this is fixed (the other commands go on): %s",
                 chat,
-                wrong_type(key, found, "string"),
+                problem,
             )
 
     def _fixed(self, key: str) -> None:
@@ -241,7 +296,7 @@ class ClusteredChannel(Channel):
             seen = f"{self._prefix}:seen:{self.name}:{chat}"
         misplaced = await self._publish_once(command, seen)
         if misplaced is not None:
-            self._misplaced(seen, misplaced, command.chat)
+            self._misplaced(seen, wrong_type(seen, misplaced, "string"), command.chat)
             self._hold(self._publish_when_fixed(command, seen), command.chat, seen)
 
     async def _publish_when_fixed(self, command: IncomingCommand, seen: str) -> None:
@@ -252,61 +307,42 @@ class ClusteredChannel(Channel):
                 return
 
     async def _publish_once(self, command: IncomingCommand, seen: str) -> str | None:
-        """Append the command unless its seen key says it was; through a Redis outage (each
-        second until Redis answers). The type found when the seen key is not a string."""
-        failures = 0
-        while True:
-            try:
-                answer = await self._publish(
+        """Append the command unless its seen key says it was; through a Redis outage (the
+        offset is committed only after this returns: the command is kept). The type found
+        when the seen key is not a string."""
+        try:
+            answer = await self._until_redis_answers(
+                f"publishing a command from chat {command.chat}",
+                lambda: self._publish(
                     keys=[seen, self._stream], args=[encode(command), STREAM_MAXLEN, SEEN_TTL_S]
-                )
-                if failures:
-                    log.info("publishing commands to Redis works again")
-                return str(answer[1]) if isinstance(answer, list) else None
-            except RedisError as error:
-                # The offset is committed only after this returns: keep the command.
-                failures += 1
-                if failures == 1 and not self._stopping.is_set():  # not once a second
-                    log.warning(
-                        "publishing a command to Redis failed (%s): it is kept and sent again"
-                        " each second until Redis answers; nothing is lost",
-                        type(error).__name__,
-                    )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), 1.0)
-                if self._stopping.is_set():
-                    log.warning(
-                        "a command from chat %s could not be published to Redis before the"
-                        " stop (%s); it is dropped",
-                        command.chat,
-                        type(error).__name__,
-                    )
-                    return None
+                ),
+                until_stop=True,
+            )
+        except _Stopped as stopped:
+            log.warning(
+                "a command from chat %s could not be published to Redis before the"
+                " stop (%s); it is dropped",
+                command.chat,
+                stopped,
+            )
+            return None
+        return str(answer[1]) if isinstance(answer, list) else None
 
     async def _read(self, on_command: CommandSink, last_id: str) -> None:
-        failures = 0
         while True:
-            try:
-                answer = cast(
-                    list[tuple[str, list[tuple[str, dict[str, str]]]]],
-                    await self._client.xread(
-                        {self._stream: last_id}, count=100, block=self._read_block_ms
+            answer = cast(
+                list[tuple[str, list[tuple[str, dict[str, str]]]]],
+                await self._until_redis_answers(
+                    "reading the chats' commands",
+                    functools.partial(
+                        self._client.xread,
+                        {self._stream: last_id},
+                        count=100,
+                        block=self._read_block_ms,
                     ),
-                )
-            except RedisError as error:
-                failures += 1
-                if failures == 1:
-                    log.warning(
-                        "reading commands from Redis failed (%s): they wait there, and are"
-                        " handled once Redis answers",
-                        type(error).__name__,
-                    )
-                await asyncio.sleep(min(5.0, 0.2 * 2**failures))
-                continue
+                ),
+            )
             raise_if_cancel_swallowed()  # else `stop` waits for this loop forever
-            if failures:
-                log.info("reading commands from Redis works again")
-                failures = 0
             for _stream, entries in answer or ():
                 for entry_id, fields in entries:
                     last_id = entry_id
@@ -333,25 +369,12 @@ class ClusteredChannel(Channel):
         holds another type, which no instance can claim: nobody answered. Asked again each
         second until Redis answers: a claim that failed counted as lost, so when Redis took
         it but its answer did not come back (a slow Redis), no instance answered."""
-        failures = 0
-        while True:
-            try:
-                answer = await self._claim(keys=[key], args=[self._instance, SEEN_TTL_S])
-                break
-            except RedisError as error:
-                failures += 1
-                if failures == 1:
-                    log.warning(
-                        "claiming a command's reply in Redis failed (%s): asked again each"
-                        " second until Redis answers",
-                        type(error).__name__,
-                    )
-                await asyncio.sleep(1.0)
-                raise_if_cancel_swallowed()
-        if failures:
-            log.info("claiming replies in Redis works again")
+        answer = await self._until_redis_answers(
+            f"claiming the answer to a command from chat {command.chat}",
+            lambda: self._claim(keys=[key], args=[self._instance, SEEN_TTL_S]),
+        )
         if isinstance(answer, list):
-            self._misplaced(key, str(answer[0]), command.chat)
+            self._misplaced(key, wrong_type(key, str(answer[0]), "string"), command.chat)
             return None
         return bool(answer)
 
@@ -367,12 +390,48 @@ class ClusteredChannel(Channel):
                 return
 
     async def _apply(self, on_command: CommandSink, command: IncomingCommand) -> None:
+        """Hand the command to the service. The service's Redis calls (the shared state it
+        reads and writes while answering) wait for Redis like the relay's own: the command
+        is handled again from the start once Redis answers, and answered then (its answer
+        is queued only at the end, so it is never given twice). A key of another type that
+        the command needs holds that command alone until the key is deleted."""
         try:
-            await on_command(command)
+            await self._until_redis_answers(
+                f"a command from chat {command.chat}", lambda: on_command(command)
+            )
         except asyncio.CancelledError:
             raise
+        except WrongKeyType as error:
+            key = error.key or str(error)
+            self._misplaced(key, str(error), command.chat)
+            self._hold(self._retry_when_fixed(on_command, command, key), command.chat, key)
         except Exception:
             log.exception("handling a /taskcard command from chat %s failed", command.chat)
+
+    async def _retry_when_fixed(
+        self, on_command: CommandSink, command: IncomingCommand, key: str
+    ) -> None:
+        """Handle `command` again each few seconds until `key` (a key of another type it
+        needs) is deleted; another such key found then is said once too."""
+        while True:
+            await asyncio.sleep(WRONG_TYPE_WAIT_S)
+            try:
+                await self._until_redis_answers(
+                    f"a command from chat {command.chat}", lambda: on_command(command)
+                )
+            except WrongKeyType as error:
+                found = error.key or str(error)
+                if found != key:
+                    self._fixed(key)
+                    key = found
+                    self._misplaced(key, str(error), command.chat)
+                continue
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("handling a /taskcard command from chat %s failed", command.chat)
+            self._fixed(key)
+            return
 
     # Everything else is the inner channel's --------------------------------------------
 

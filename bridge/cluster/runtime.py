@@ -282,25 +282,17 @@ class Cluster:
                 # lapsed), so the boards that showed them are composed again.
                 self.boards.every_board_changed()
 
-    async def routed_names(self, channel: str, chat: ChatRef) -> list[str] | None:
+    async def routed_names(self, channel: str, chat: ChatRef) -> list[str]:
         """The agents the live instances route to `chat` (each as its own routes would
-        take a command from it: the chat's topic, else the whole chat); None, logged, when
-        Redis does not answer."""
+        take a command from it: the chat's topic, else the whole chat). A Redis that does
+        not answer raises: the command asking is handled again once Redis answers (it got
+        no answer at all when this said nothing instead)."""
         now_ms = int(time.time() * 1000)
-        try:
-            owners = cast(
-                list[str], await self.aio.zrangebyscore(self.key("instances"), now_ms, "+inf")
-            )
-            keys = [self.key("routed", owner) for owner in owners]
-            texts = cast(list[str | None], await self.aio.mget(keys) if keys else [])
-        except RedisError as error:
-            log.warning(
-                "could not read which agents the cluster routes to %s (%s); a /tell naming"
-                " an agent no route of this instance knows gets no answer",
-                chat,
-                type(error).__name__,
-            )
-            return None
+        owners = cast(
+            list[str], await self.aio.zrangebyscore(self.key("instances"), now_ms, "+inf")
+        )
+        keys = [self.key("routed", owner) for owner in owners]
+        texts = cast(list[str | None], await self.aio.mget(keys) if keys else [])
         names: set[str] = set()
         for text in texts:
             try:

@@ -299,6 +299,11 @@ class InboxDesk:
         """Withdraw one open message (this desk's record of it when it has one) and say how
         that went."""
         record = self._records.get(record.message_id, record)
+        if record.outcome == "cancelled":
+            # Withdrawn here, but the shared store did not take the outcome (Redis failed),
+            # and the command is handled again: it was cancelled, say so and record it.
+            self._close(record, "cancelled", "withdrawn by its author")
+            return f"Your latest message to {record.agent_id} was cancelled."
         writer = self._writers.get(record.agent_id)
         try:
             won = writer is not None and writer.cancel(record.message_id)

@@ -88,10 +88,56 @@ def wrong_type(key: str, found: str, expected: str) -> str:
     )
 
 
+def redis_trouble(error: redis.RedisError) -> str:
+    """What a Redis failure is and what the operator does about it, in a few words (never the
+    error's own text, which can quote a key or a URL)."""
+    code = type(error).__name__
+    if isinstance(error, redis.BusyLoadingError):
+        return "Redis is loading its data (LOADING): wait until it has"
+    if isinstance(error, RedisConnectionError | RedisTimeoutError):
+        return f"Redis is out of reach ({code}): check that it runs and this host reaches it"
+    if isinstance(error, redis.ReadOnlyError):
+        return (
+            "Redis is a read-only replica (READONLY): point the cluster's Redis URL at the primary"
+        )
+    if isinstance(error, redis.OutOfMemoryError):
+        return "Redis is out of memory (OOM): raise its maxmemory or free memory there"
+    text = str(error)
+    for prefix, meaning in _REFUSALS:
+        if text.startswith(prefix):
+            return meaning
+    return f"Redis refused the call ({code}); see the Redis server's log"
+
+
+_REFUSALS = (
+    (
+        "NOREPLICAS",
+        "Redis refuses writes for want of replicas (NOREPLICAS): check its replicas or"
+        " min-replicas-to-write",
+    ),
+    ("MISCONF", "Redis cannot save to disk (MISCONF): fix its disk or its save settings"),
+    (
+        "WRONGTYPE",
+        "a key of the fleet holds another Redis type (WRONGTYPE): something else uses this"
+        " cluster.key_prefix; delete its keys there or give the fleet another key_prefix",
+    ),
+    ("BUSY", "Redis is busy running a script (BUSY): wait, or end the script there"),
+)
+
+
 class WrongKeyType(redis.RedisError, StateFileError):
     """A key of the fleet holds another type (left by another program on the prefix);
     the message names it and the fix (`wrong_type`). A `StateFileError` too, so `taskcard
     status` says it in one line, as it does an unusable state file."""
+
+    def __init__(self, message: str, key: str = "") -> None:
+        super().__init__(message)
+        self.key = key  # the key, when one key is at fault
+
+    @classmethod
+    def of(cls, client: redis.Redis, key: str, expected: str) -> WrongKeyType:
+        """The error for `key`, found holding another type than `expected`."""
+        return cls(wrong_type(key, str(client.type(key)), expected), key)
 
 
 _ADD_NOTICE = """
@@ -284,7 +330,7 @@ class RedisStore(StateStore):
         except redis.ResponseError as error:
             if not str(error).startswith("WRONGTYPE"):
                 raise
-            raise WrongKeyType(wrong_type(key, str(self._r.type(key)), "hash")) from None
+            raise WrongKeyType.of(self._r, key, "hash") from None
         return _record(key, route, data) if data else None
 
     def residents(self) -> list[ResidentRecord]:
@@ -424,10 +470,17 @@ class RedisStore(StateStore):
         self._r.hset(self.key("cursors"), key, value)
 
     def first_claim(self, key: str, value: str, keep_s: float) -> str:
+        """The first value claimed under `key`; `WrongKeyType` when the key holds another
+        type (`SET NX` failed on it as on a claim already taken, and reading it failed)."""
         name = self.key("claim", key)
         if self._r.set(name, value, nx=True, ex=max(1, int(keep_s))):
             return value
-        first = cast(str | None, self._r.get(name))
+        try:
+            first = cast(str | None, self._r.get(name))
+        except redis.ResponseError as error:
+            if not str(error).startswith("WRONGTYPE"):
+                raise
+            raise WrongKeyType.of(self._r, name, "string") from None
         return value if first is None else first  # expired in between: ours is as good
 
     # Pauses --------------------------------------------------------------------------------
