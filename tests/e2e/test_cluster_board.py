@@ -15,6 +15,7 @@ import redis
 
 from tests.e2e.harness import eventually, notify, publish
 from tests.e2e.test_cluster import feishu_instance, instance
+from tests.e2e.test_cluster_inbound import AnswerLosingProxy
 from tests.e2e.test_serve_board import (
     BOARD_TITLE,
     RETIRED_NOTE,
@@ -436,3 +437,57 @@ async def test_an_agent_a_reload_removes_leaves_the_clusters_board(
         what="its line gone from the one board, whichever instance sends it",
     )
     assert len(boards(telegram)) == 1
+
+
+async def test_a_board_catches_up_after_its_senders_subscription_is_dropped(
+    tmp_path: Path, telegram: FakeTelegram, redis_url: str, prefix: str
+) -> None:
+    """A change announced while the board's sender was not subscribed is lost: once the
+    subscription is made again (here its connection is dropped), the sender composes its
+    boards again instead of waiting for the chat's next change."""
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    split = {"i0": ["alpha"], "i1": ["bravo"]}
+    async with AnswerLosingProxy(port, (b"never sent",), hold_s=0) as proxy:
+        with ExitStack() as fleet:
+            serves = {
+                name: fleet.enter_context(
+                    instance(
+                        tmp_path,
+                        name,
+                        telegram,
+                        agents,
+                        redis_url=proxy.url,
+                        prefix=prefix,
+                        view="board",
+                    )
+                )
+                for name, agents in split.items()
+            }
+            for agents in split.values():
+                publish(tmp_path / "agents" / agents[0], f"**{agents[0]}** step 1")
+            await eventually(
+                lambda: all(f"{a[0]} step 1" in board_text(telegram) for a in split.values()),
+                timeout_s=60,
+                what="both agents on the board",
+            )
+            await eventually(
+                lambda: any(SENDS_BOARD in s.logs for s in serves.values()), what="the sender"
+            )
+            other = next(name for name, serve in serves.items() if SENDS_BOARD not in serve.logs)
+            agent = split[other][0]
+            proxy.mute_subscribers = True
+            publish(tmp_path / "agents" / agent, f"**{agent}** step 2")
+            # Both instances' copies of the announcement are lost.
+            await eventually(lambda: proxy.muted >= 2, timeout_s=60, what="the change lost")
+            assert f"{agent} step 2" not in board_text(telegram)
+            proxy.mute_subscribers = False
+            proxy.cut_subscribers()
+            await eventually(
+                lambda: f"{agent} step 2" in board_text(telegram),
+                timeout_s=60,
+                what="the board caught up after the subscription was made again",
+            )
+            assert len(telegram.bot_messages(GROUP)) == 1, "the same board, edited"
+            for serve in serves.values():
+                assert await serve.aterminate() == 0
+                assert "Traceback" not in serve.logs

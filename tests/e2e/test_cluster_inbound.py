@@ -212,7 +212,12 @@ class AnswerLosingProxy:
     """A TCP proxy to Redis that, the first time a request holds every part of `marker` (or
     each time, with `every`), passes it on but holds Redis's answer for `hold_s` (longer
     than the client's socket timeout): Redis took the request, and the client never learned
-    it did."""
+    it did.
+
+    It can also lose what Redis pushes to subscribers: while `mute_subscribers` is set, what
+    Redis sends on a connection that subscribed is dropped (`muted` counts the published
+    messages lost), and `cut_subscribers` closes those connections, as a dropped connection
+    does; the client reconnects through the proxy."""
 
     def __init__(
         self, upstream_port: int, marker: tuple[bytes, ...], hold_s: float, *, every: bool = False
@@ -225,6 +230,13 @@ class AnswerLosingProxy:
         self.held = False
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self.mute_subscribers = False
+        self.muted = 0
+        self._subscribers: set[asyncio.StreamWriter] = set()
+
+    def cut_subscribers(self) -> None:
+        for writer in list(self._subscribers):
+            writer.close()
 
     @property
     def url(self) -> str:
@@ -249,6 +261,8 @@ class AnswerLosingProxy:
 
         async def requests() -> None:
             while chunk := await reader.read(65536):
+                if b"SUBSCRIBE" in chunk.upper():
+                    self._subscribers.add(writer)
                 if (self._every or not self.held) and all(m in chunk for m in self._marker):
                     self.held = True
                     hold.clear()
@@ -259,6 +273,9 @@ class AnswerLosingProxy:
         async def answers() -> None:
             while chunk := await up_reader.read(65536):
                 await hold.wait()
+                if self.mute_subscribers and writer in self._subscribers:
+                    self.muted += chunk.count(b"message")
+                    continue
                 writer.write(chunk)
                 await writer.drain()
 
@@ -269,6 +286,7 @@ class AnswerLosingProxy:
         for task in tasks:
             task.cancel()
             self._tasks.discard(task)
+        self._subscribers.discard(writer)
         for stream in (writer, up_writer):
             stream.close()
 
