@@ -65,6 +65,9 @@ ROUTE_VIEW_HELP = (
 )
 BoardMark = Literal["error", "limit", "waiting"]
 # How each mark reads on a board line, in the order people should act on them.
+# A cluster's board line whose agent no running instance serves now (see `BoardLine`).
+UNOBSERVED_NOTE = "👻 not observed now: no instance serves it"
+
 BOARD_MARKS: dict[BoardMark, str] = {
     "error": "⚠ error",
     "limit": "⛔ refresh limit",
@@ -81,6 +84,9 @@ class BoardLine:
     marks: tuple[BoardMark, ...] = ()
     headline: str | None = None  # the first line of the agent's card
     movement: str | None = None  # the last movement with its time
+    # A cluster's agent that no instance serves now (its instance died): its last line,
+    # kept so that it does not silently leave the board, says so.
+    unobserved: bool = False
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,8 @@ def board_line_parts(line: BoardLine) -> tuple[str, str]:
     platform can; both channels word a line the same way."""
     lead = f"{line.agent_id} · {line.state}"
     rest = "".join(f" · {BOARD_MARKS[mark]}" for mark in line.marks)
+    if line.unobserved:
+        rest += f" · {UNOBSERVED_NOTE}"
     if line.headline:
         rest += f" — {line.headline}"
     if line.movement:

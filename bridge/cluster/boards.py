@@ -10,9 +10,11 @@ message. So the board is split in two:
   never removed);
 - the instance holding the chat's board lease (`P:lease:board:<chat scope>`, renewed with the
   agents' leases) composes the board from the whole hash and is the only one to send it. A
-  line is used only while the instance that wrote it still holds the agent's lease, so the
-  lines of an instance that died leave the board once its leases lapse, and the next owner of
-  the agent writes its line again.
+  line is live only while the instance that wrote it still holds the agent's lease: the lines
+  of an instance that died stay, marked as not observed, once its leases lapse (a person
+  still sees the agent, and that nobody watches it now), until the next owner of the agent
+  writes its line again, or for a day (`UNOBSERVED_KEEP_S`) after the sender found it so. An instance that stops withdraws its lines (its agents leave the
+  board with it, as the operator chose).
 
 The owner learns of a change from the channel `P:board:changed`: the writer publishes the
 chat's scope after each write (one message per change, whatever the fleet's size); `*` asks
@@ -26,6 +28,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
@@ -38,6 +42,9 @@ from taskcard.bridge.store.redis import raise_if_cancel_swallowed, wrong_type
 log = logging.getLogger(__name__)
 
 EVERY_BOARD = "*"
+# How long a dead instance's line stays on the board, marked as not observed, after the board's
+# sender first found it so: then it is removed (its agent is taken to be gone for good).
+UNOBSERVED_KEEP_S = 86_400.0
 
 # KEYS: hash; ARGV: field, value. Removes the field only while it holds `value` (this
 # instance's own line, not one a new owner of the agent wrote since).
@@ -48,22 +55,40 @@ end
 return 0
 """
 
+# KEYS: hash; ARGV: field, value, new value. Replaces the field only while it holds `value`.
+_RESTAMP = """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  return redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+end
+return 0
+"""
 
-def _encode(record: Mapping[str, Any], writer: str) -> str:
-    return json.dumps({"writer": writer, "line": record}, sort_keys=True)
+
+def _encode(record: Mapping[str, Any], writer: str, lost_at: float | None = None) -> str:
+    data: dict[str, Any] = {"writer": writer, "line": record}
+    if lost_at is not None:
+        data["lost_at"] = lost_at
+    return json.dumps(data, sort_keys=True)
 
 
-def _decode(raw: str) -> tuple[str, dict[str, Any]] | None:
-    """The writer and the line of a stored value; None for one this version cannot read
-    (another version's, a hand edit): that agent's line is left out, the others stay."""
+def _decode(raw: str) -> tuple[str, dict[str, Any], float | None] | None:
+    """The writer, the line and when it was found unobserved (`lost_at`) of a stored value;
+    None for one this version cannot read (another version's, a hand edit): that agent's
+    line is left out, the others stay."""
     try:
         data = json.loads(raw)
-        writer, line = data["writer"], data["line"]
-    except (ValueError, KeyError, TypeError):
+        writer, line, lost_at = data["writer"], data["line"], data.get("lost_at")
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
     if not isinstance(writer, str) or not isinstance(line, dict):
         return None
-    return writer, line
+    if lost_at is not None and (
+        isinstance(lost_at, bool)
+        or not isinstance(lost_at, int | float)
+        or not math.isfinite(lost_at)
+    ):
+        return None
+    return writer, line, lost_at
 
 
 class SharedBoards:
@@ -75,6 +100,7 @@ class SharedBoards:
         self._prefix = prefix
         self._owner = owner
         self._withdraw = client.register_script(_WITHDRAW)
+        self._restamp = client.register_script(_RESTAMP)
         self._written: dict[str, dict[str, str]] = {}  # scope -> agent -> the value written
         self._failing = False  # Redis does not answer (logged once)
         self._wrong_type: set[str] = set()  # chats' keys of another type (each logged once)
@@ -114,24 +140,45 @@ class SharedBoards:
         else:
             self._written.pop(scope, None)
 
-    def lines(self, scope: str) -> dict[str, dict[str, Any]] | None:
-        """Every agent's line in the chat (agent -> line) whose writer still holds the
-        agent's lease; None (logged) when Redis does not answer."""
+    def lines(
+        self, scope: str, now: float | None = None
+    ) -> dict[str, tuple[dict[str, Any], bool]] | None:
+        """Every agent's line in the chat (agent -> its line, and whether its writer still
+        holds the agent's lease: False when no instance observes the agent now, its
+        instance died); None (logged) when Redis does not answer.
+
+        A line found unobserved is stamped with the time (`lost_at`, once: this is read
+        only when a board is composed, so the cost follows the changes) and left out, and
+        removed, `UNOBSERVED_KEEP_S` after that: an agent whose instance died is shown as
+        not observed for a day, not for ever."""
+        now = time.time() if now is None else now
+        key = self._key("board", scope)
         try:
-            stored = cast(dict[str, str], self._client.hgetall(self._key("board", scope)))
-            found = [(agent, _decode(raw)) for agent, raw in sorted(stored.items())]
-            usable = [(agent, item) for agent, item in found if item is not None]
-            keys = [self._key("lease", "agent", agent) for agent, _ in usable]
-            holders = cast(list[str | None], self._client.mget(keys) if keys else [])
+            stored = cast(dict[str, str], self._client.hgetall(key))
+            found = [(agent, raw, _decode(raw)) for agent, raw in sorted(stored.items())]
+            usable = [(agent, raw, item) for agent, raw, item in found if item is not None]
+            leases = [self._key("lease", "agent", agent) for agent, _, _ in usable]
+            holders = cast(list[str | None], self._client.mget(leases) if leases else [])
+            shown: dict[str, tuple[dict[str, Any], bool]] = {}
+            pipe = self._client.pipeline(transaction=False)
+            for (agent, raw, (writer, line, lost_at)), holder in zip(usable, holders, strict=True):
+                if holder is not None and holder.startswith(writer + "|"):
+                    shown[agent] = (line, True)
+                elif lost_at is None:
+                    stamped = _encode(line, writer, now)
+                    self._restamp(keys=[key], args=[agent, raw, stamped], client=pipe)
+                    shown[agent] = (line, False)
+                elif now - lost_at < UNOBSERVED_KEEP_S:
+                    shown[agent] = (line, False)
+                else:
+                    self._withdraw(keys=[key], args=[agent, raw], client=pipe)
+            if len(pipe):
+                pipe.execute()
         except RedisError as error:
-            self._said(error, self._key("board", scope))
+            self._said(error, key)
             return None
-        self._said(None, self._key("board", scope))
-        return {
-            agent: line
-            for (agent, (writer, line)), holder in zip(usable, holders, strict=True)
-            if holder is not None and holder.startswith(writer + "|")
-        }
+        self._said(None, key)
+        return shown
 
     def withdraw_all(self) -> None:
         """Remove every line this instance wrote (it stops) and tell the boards' owners."""

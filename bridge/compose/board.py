@@ -126,6 +126,7 @@ class BoardFacts:
     movement: str | None  # the words of the last movement ...
     movement_at: datetime | None  # ... and when it happened
     started: bool  # a card or activity was seen: the board may appear
+    unobserved: bool = False  # clustered: no instance serves the agent now (`unobserved`)
 
 
 def board_facts(entry: BoardEntry, scrub: Callable[[str], str] = str) -> BoardFacts:
@@ -156,6 +157,13 @@ def facts_record(facts: BoardFacts) -> dict[str, Any]:
         "movement_at": None if at is None else at.timestamp(),
         "started": facts.started,
     }
+
+
+def unobserved(facts: BoardFacts) -> BoardFacts:
+    """The last facts of an agent no instance serves now (its instance died): its state is
+    not known any more and neither are its marks; what it last showed stays, with when it
+    last moved, and the line says it is not observed."""
+    return replace(facts, state="unknown", marks=(), unobserved=True)
 
 
 def facts_from_record(data: Mapping[str, Any]) -> BoardFacts | None:
@@ -198,6 +206,7 @@ def facts_line(facts: BoardFacts, now: datetime, zone: tzinfo = UTC) -> BoardLin
         marks=facts.marks,
         headline=facts.headline,
         movement=movement,
+        unobserved=facts.unobserved,
     )
 
 

@@ -36,6 +36,7 @@ from taskcard.bridge.compose.board import (
     facts_record,
     fit_board,
     needs_attention,
+    unobserved,
 )
 from taskcard.bridge.compose.redact import Redactor, strings_in
 from taskcard.bridge.compose.view import compose_view, format_at
@@ -1010,8 +1011,8 @@ class Service:
             if records is None:
                 return  # Redis did not answer (logged): the next change composes it
             lines = [
-                facts
-                for agent, record in records.items()
+                facts if observed else unobserved(facts)
+                for agent, (record, observed) in records.items()
                 if (facts := facts_from_record(record)) is not None and facts.agent_id == agent
             ]
             started = any(line.started for line in lines)

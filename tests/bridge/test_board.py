@@ -249,3 +249,20 @@ def test_a_shared_line_this_version_cannot_read_is_left_out(change: dict[str, ob
     missing = dict(record)
     del missing["state"]
     assert facts_from_record(missing) is None
+
+
+def test_a_line_no_instance_observes_says_so_alike_on_both_platforms() -> None:
+    """A cluster's agent whose instance died stays on the board as it last was, its state
+    unknown and its marks gone, saying no instance serves it now."""
+    from taskcard.bridge.compose.board import BoardFacts, compose_facts, unobserved
+    from taskcard.channels.base import UNOBSERVED_NOTE
+
+    at = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+    facts = BoardFacts("lost", "running", ("waiting",), "headline", "moved", at, True)
+    view = compose_facts([unobserved(facts)], hidden=False, now=at)
+    (line,) = view.lines
+    assert (line.state, line.marks, line.headline) == ("unknown", (), "headline")
+    rest = f" · {UNOBSERVED_NOTE} — headline"
+    assert f"lost · unknown{rest}" in telegram.render_board(view).text
+    card = json.loads(feishu.render_board(view).payload["content"])
+    assert f"**lost · unknown**{rest}" in json.dumps(card, ensure_ascii=False)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from taskcard.channels.base import UNOBSERVED_NOTE
 from tests.e2e.harness import eventually, notify, publish
 from tests.e2e.test_cluster import feishu_instance, instance
 from tests.e2e.test_cluster_inbound import AnswerLosingProxy
@@ -41,6 +42,16 @@ def board_text(fake: FakeTelegram) -> str:
     return found[0].text if len(found) == 1 else ""
 
 
+def line_of(fake: FakeTelegram, agent: str) -> str:
+    """The board's line of `agent` ('' when the board has none)."""
+    return next((line for line in board_text(fake).splitlines() if f" {agent} · " in line), "")
+
+
+def unobserved(fake: FakeTelegram, agent: str) -> bool:
+    """Whether the board shows `agent` as no instance's any more (its instance died)."""
+    return f"{agent} · unknown · {UNOBSERVED_NOTE}" in line_of(fake, agent)
+
+
 async def test_a_clustered_board_keeps_the_platforms_formatting(
     tmp_path: Path, telegram: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
 ) -> None:
@@ -62,7 +73,8 @@ async def test_one_board_lists_the_agents_of_every_instance(
     # Each instance composed the board of its own agents into the one shared message: the
     # board showed one instance's half, then the other's.
     split = {"i0": ["alpha", "bravo"], "i1": ["charlie", "delta"]}
-    # Left in Redis by an instance long dead, and by something else: neither shows.
+    # Left in Redis by an instance dead for longer than a line of it is kept (found
+    # unobserved over a day ago), and by something else: neither shows.
     ghost = {
         "agent_id": "ghost", "state": "running", "marks": ["waiting"], "headline": "boo",
         "movement": None, "movement_at": None, "started": True,
@@ -71,7 +83,10 @@ async def test_one_board_lists_the_agents_of_every_instance(
     try:
         client.hset(
             f"{prefix}:board:telegram:{GROUP}:",
-            mapping={"ghost": json.dumps({"writer": "gone#1", "line": ghost}), "junk": "{"},
+            mapping={
+                "ghost": json.dumps({"writer": "gone#1", "line": ghost, "lost_at": 1e9}),
+                "junk": "{",
+            },
         )
     finally:
         client.close()
@@ -93,6 +108,11 @@ async def test_one_board_lists_the_agents_of_every_instance(
     )
     assert "4 agents" in board_text(telegram)
     assert "ghost" not in board_text(telegram)
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:  # the dead instance's line kept past its time is removed
+        assert client.hget(f"{prefix}:board:telegram:{GROUP}:", "ghost") is None
+    finally:
+        client.close()
     for agent in ("alpha", "delta"):  # one agent of each instance moves on
         publish(tmp_path / "agents" / agent, f"**{agent}** step 2")
         await eventually(
@@ -115,7 +135,7 @@ SENDS_BOARD = "this instance sends its board now"
     ("which", "how"),
     [("sender", "kill"), ("sender", "stop"), ("other", "kill")],
 )
-async def test_an_instance_gone_its_agents_leave_the_one_board(
+async def test_an_instance_gone_its_agents_stay_on_the_one_board_unless_it_stopped(
     tmp_path: Path,
     telegram: FakeTelegram,
     redis_url: str,
@@ -125,7 +145,9 @@ async def test_an_instance_gone_its_agents_leave_the_one_board(
     how: str,
 ) -> None:
     # The board's sender (or the other instance) is killed or stopped: the board goes on in
-    # the same message, sent by whoever is left, without the agent no instance serves now.
+    # the same message, sent by whoever is left. A stopped instance's agent leaves it (the
+    # operator chose so); a dead one's stays, marked as observed by no instance now (its line
+    # silently left the board).
     split = {"i0": ["alpha"], "i1": ["bravo"]}
     serves = {
         name: fleet.enter_context(
@@ -152,15 +174,28 @@ async def test_an_instance_gone_its_agents_leave_the_one_board(
     await eventually(lambda: SENDS_BOARD in serves[survivor].logs, timeout_s=60, what="takeover")
     agent, gone_agent = split[survivor][0], split[gone][0]
     publish(tmp_path / "agents" / agent, f"**{agent}** after {which} {how}")
-    await eventually(
-        lambda: (
-            f"{agent} after {which} {how}" in board_text(telegram)
-            and gone_agent not in board_text(telegram)
-        ),
-        timeout_s=60,
-        what="the board edited by the survivor, without the gone instance's agent",
-    )
-    assert "1 agent" in board_text(telegram)
+    if how == "kill":
+        await eventually(
+            lambda: (
+                f"{agent} after {which} {how}" in board_text(telegram)
+                and unobserved(telegram, gone_agent)
+            ),
+            timeout_s=60,
+            what="the board edited by the survivor, the dead instance's agent not observed",
+        )
+        assert f"{gone_agent} step 1" in line_of(telegram, gone_agent), "what it last showed"
+        assert "2 agents" in board_text(telegram)
+        assert UNOBSERVED_NOTE not in line_of(telegram, agent)
+    else:
+        await eventually(
+            lambda: (
+                f"{agent} after {which} {how}" in board_text(telegram)
+                and gone_agent not in board_text(telegram)
+            ),
+            timeout_s=60,
+            what="the board edited by the survivor, without the stopped instance's agent",
+        )
+        assert "1 agent" in board_text(telegram)
     assert len(telegram.bot_messages(GROUP)) == 1, "the same board message, edited"
     assert telegram.count("sendMessage") == 1
 
@@ -278,10 +313,14 @@ async def test_a_standby_keeps_its_agents_line_and_commands_act_once_on_the_boar
     await eventually(
         lambda: "shared after the kill" in board_text(telegram), timeout_s=60, what="standby line"
     )
-    # The other agent of the instance gone is served by nobody now: its line left the board.
+    # The other agent of the instance gone is served by nobody now: its line stays, marked;
+    # the standby's line of the agent it took over is live.
     (gone,) = (agent for agent in split[owner] if agent != "shared")
-    await eventually(lambda: gone not in board_text(telegram), timeout_s=60, what="gone left")
-    assert "2 agents" in board_text(telegram)
+    await eventually(lambda: unobserved(telegram, gone), timeout_s=60, what="gone marked")
+    assert "3 agents" in board_text(telegram)
+    await eventually(
+        lambda: UNOBSERVED_NOTE not in line_of(telegram, "shared"), what="the standby's line"
+    )
     texts = [m.text for m in telegram.bot_messages(GROUP)]
     assert sum("Task cards hidden here." in t for t in texts) == 1, "answered once"
     assert sum("Task cards shown here." in t for t in texts) == 1, "answered once"
