@@ -13,8 +13,9 @@ message. So the board is split in two:
   line is live only while the instance that wrote it still holds the agent's lease: the lines
   of an instance that died stay, marked as not observed, once its leases lapse (a person
   still sees the agent, and that nobody watches it now), until the next owner of the agent
-  writes its line again, or for a day (`UNOBSERVED_KEEP_S`) after the sender found it so. An instance that stops withdraws its lines (its agents leave the
-  board with it, as the operator chose).
+  writes its line again, or for a day (`UNOBSERVED_KEEP_S`) after the sender found it so.
+  An instance that stops withdraws its lines (its agents leave the board with it, as the
+  operator chose).
 
 The owner learns of a change from the channel `P:board:changed`: the writer publishes the
 chat's scope after each write (one message per change, whatever the fleet's size); `*` asks
@@ -164,6 +165,11 @@ class SharedBoards:
             for (agent, raw, (writer, line, lost_at)), holder in zip(usable, holders, strict=True):
                 if holder is not None and holder.startswith(writer + "|"):
                     shown[agent] = (line, True)
+                    if lost_at is not None:  # its writer has its lease back (a Redis outage)
+                        # Unstamped again: the value its writer knows, and withdraws at stop.
+                        self._restamp(
+                            keys=[key], args=[agent, raw, _encode(line, writer)], client=pipe
+                        )
                 elif lost_at is None:
                     stamped = _encode(line, writer, now)
                     self._restamp(keys=[key], args=[agent, raw, stamped], client=pipe)
