@@ -103,6 +103,11 @@ class SharedBoards:
         self._withdraw = client.register_script(_WITHDRAW)
         self._restamp = client.register_script(_RESTAMP)
         self._written: dict[str, dict[str, str]] = {}  # scope -> agent -> the value written
+        # Chats whose lines Redis may have lost (the connection was lost: Redis may have
+        # restarted empty): written again whole at their next `share`.
+        self._reshare: set[str] = set()
+        # Chats whose board this instance composed with a line not observed (`lines`).
+        self._unobserved: set[str] = set()
         self._failing = False  # Redis does not answer (logged once)
         self._wrong_type: set[str] = set()  # chats' keys of another type (each logged once)
 
@@ -136,6 +141,7 @@ class SharedBoards:
             self._said(error, key)
             return
         self._said(None, key)
+        self._reshare.discard(scope)
         if wanted:
             self._written[scope] = wanted
         else:
@@ -184,6 +190,10 @@ class SharedBoards:
             self._said(error, key)
             return None
         self._said(None, key)
+        if all(observed for _, observed in shown.values()):
+            self._unobserved.discard(scope)
+        else:
+            self._unobserved.add(scope)
         return shown
 
     def withdraw_all(self) -> None:
@@ -208,17 +218,25 @@ class SharedBoards:
         self._written.clear()
 
     def failed(self, scope: str) -> bool:
-        """Whether the chat's key held another type when last used (shared again when the
-        key is gone: see `retry`)."""
-        return self._key("board", scope) in self._wrong_type
+        """Whether the chat's lines must be shared again: its key held another type when
+        last used (shared again when the key is gone: see `retry`), or Redis may have lost
+        them (see `follow`)."""
+        return scope in self._reshare or self._key("board", scope) in self._wrong_type
 
     def retry(self) -> None:
         """Announce the chats whose key held another type, so that their lines are shared
-        and their boards composed again once the key is deleted (each lease renewal)."""
+        and their boards composed again once the key is deleted (each lease renewal).
+
+        Also the chats whose board this instance composed with a line not observed: its
+        writer may get the agent's lease back (a Redis outage, a Redis restarted empty)
+        without writing anything, since its line did not change, so nothing would announce
+        that the line is live again. This costs one message per such chat per renewal,
+        only while a board shows such a line."""
         head = self._key("board", "")
+        scopes = {key.removeprefix(head) for key in self._wrong_type} | self._unobserved
         with contextlib.suppress(RedisError):
-            for key in sorted(self._wrong_type):
-                self._client.publish(self.channel, key.removeprefix(head))
+            for scope in sorted(scopes):
+                self._client.publish(self.channel, scope)
 
     def every_board_changed(self) -> None:
         """Ask every board's owner to compose it again (an instance left the cluster)."""
@@ -257,7 +275,11 @@ class SharedBoards:
     async def follow(self, changed: Callable[[str], None]) -> None:
         """Call `changed(scope)` for each board change any instance announces, until
         cancelled; after (re)subscribing, `changed(EVERY_BOARD)`, since messages sent
-        while this instance was not subscribed are lost."""
+        while this instance was not subscribed are lost. After a lost connection, this
+        instance's lines are written again too, each chat's whole (`changed(scope)`): Redis
+        may have restarted empty, and a line is written only when it changes, so an agent
+        that did not change left the board. This costs one write per chat served here, at
+        each reconnection only."""
         failures = 0
         while True:
             pubsub: Any = self._aio.pubsub(ignore_subscribe_messages=True)
@@ -265,8 +287,12 @@ class SharedBoards:
                 await pubsub.subscribe(self.channel)
                 if failures:
                     log.info("following the boards' changes works again")
+                    self._reshare.update(self._written)
+                    self._written.clear()
                 failures = 0
                 changed(EVERY_BOARD)
+                for scope in sorted(self._reshare):
+                    changed(scope)
                 while True:
                     message = await pubsub.get_message(timeout=None)
                     raise_if_cancel_swallowed()

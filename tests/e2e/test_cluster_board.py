@@ -530,3 +530,59 @@ async def test_a_board_catches_up_after_its_senders_subscription_is_dropped(
             for serve in serves.values():
                 assert await serve.aterminate() == 0
                 assert "Traceback" not in serve.logs
+
+
+async def test_after_redis_restarts_empty_an_agent_that_did_not_change_stays_on_the_board(
+    tmp_path: Path, telegram: FakeTelegram, prefix: str, fleet: ExitStack
+) -> None:
+    """A line is written only when it changes: after Redis restarted without its data, the
+    line of an agent that had not changed was never written again, and the agent left the
+    board at the next change of another. Now each instance writes its lines again once its
+    connection to Redis is back."""
+    if not have_redis():
+        pytest.fail("redis-server is not installed: run `make test`, which installs it")
+    server = RedisServer(tmp_path / "redis").start()  # no appendonly: a restart loses all
+    fleet.callback(server.stop)
+    split = {"i0": ["alpha"], "i1": ["bravo"]}
+    serves = [
+        fleet.enter_context(
+            instance(
+                tmp_path, name, telegram, agents, redis_url=server.url, prefix=prefix, view="board"
+            )
+        )
+        for name, agents in split.items()
+    ]
+    for agents in split.values():
+        publish(tmp_path / "agents" / agents[0], f"**{agents[0]}** step 1")
+    await eventually(
+        lambda: "alpha step 1" in board_text(telegram) and "bravo step 1" in board_text(telegram),
+        timeout_s=60,
+        what="both on the board",
+    )
+    server.restart()
+    publish(tmp_path / "agents" / "alpha", "**alpha** step 2")
+    key = f"{prefix}:board:telegram:{GROUP}:"
+
+    def shared() -> set[str]:
+        client = redis.Redis.from_url(server.url, decode_responses=True)
+        try:
+            return set(client.hkeys(key))
+        finally:
+            client.close()
+
+    await eventually(lambda: shared() == {"alpha", "bravo"}, timeout_s=60, what="both written")
+    # Each instance takes its lease again as it was: each line is live again, not marked.
+    await eventually(
+        lambda: (
+            "alpha step 2" in board_text(telegram)
+            and "bravo step 1" in board_text(telegram)
+            and UNOBSERVED_NOTE not in board_text(telegram)
+        ),
+        timeout_s=60,
+        what="alpha's change, bravo still there, both live",
+    )
+    assert "2 agents" in board_text(telegram)
+    assert len(telegram.bot_messages(GROUP)) == 1, "the same board"
+    for serve in serves:
+        assert await serve.aterminate() == 0
+        assert "Traceback" not in serve.logs
