@@ -106,8 +106,9 @@ class SharedBoards:
         # Chats whose lines Redis may have lost (the connection was lost: Redis may have
         # restarted empty): written again whole at their next `share`.
         self._reshare: set[str] = set()
-        # Chats whose board this instance composed with a line not observed (`lines`).
-        self._unobserved: set[str] = set()
+        # Chats whose board this instance composes again at each lease renewal (`retry`):
+        # it showed a line not observed, or Redis failed while it was composed (`lines`).
+        self._recheck: set[str] = set()
         self._failing = False  # Redis does not answer (logged once)
         self._wrong_type: set[str] = set()  # chats' keys of another type (each logged once)
 
@@ -139,6 +140,9 @@ class SharedBoards:
             pipe.execute()
         except RedisError as error:
             self._said(error, key)
+            # Shared again at the next lease renewal (`retry`): a Redis that refuses writes
+            # but stays connected (OOM, READONLY) announces no reconnection.
+            self._reshare.add(scope)
             return
         self._said(None, key)
         self._reshare.discard(scope)
@@ -157,7 +161,8 @@ class SharedBoards:
         A line found unobserved is stamped with the time (`lost_at`, once: this is read
         only when a board is composed, so the cost follows the changes) and left out, and
         removed, `UNOBSERVED_KEEP_S` after that: an agent whose instance died is shown as
-        not observed for a day, not for ever."""
+        not observed for a day, not for ever. The stamps are written at best: a Redis that
+        refuses writes (OOM, READONLY) still lets the board be composed."""
         now = time.time() if now is None else now
         key = self._key("board", scope)
         try:
@@ -166,34 +171,34 @@ class SharedBoards:
             usable = [(agent, raw, item) for agent, raw, item in found if item is not None]
             leases = [self._key("lease", "agent", agent) for agent, _, _ in usable]
             holders = cast(list[str | None], self._client.mget(leases) if leases else [])
-            shown: dict[str, tuple[dict[str, Any], bool]] = {}
-            pipe = self._client.pipeline(transaction=False)
-            for (agent, raw, (writer, line, lost_at)), holder in zip(usable, holders, strict=True):
-                if holder is not None and holder.startswith(writer + "|"):
-                    shown[agent] = (line, True)
-                    if lost_at is not None:  # its writer has its lease back (a Redis outage)
-                        # Unstamped again: the value its writer knows, and withdraws at stop.
-                        self._restamp(
-                            keys=[key], args=[agent, raw, _encode(line, writer)], client=pipe
-                        )
-                elif lost_at is None:
-                    stamped = _encode(line, writer, now)
-                    self._restamp(keys=[key], args=[agent, raw, stamped], client=pipe)
-                    shown[agent] = (line, False)
-                elif now - lost_at < UNOBSERVED_KEEP_S:
-                    shown[agent] = (line, False)
-                else:
-                    self._withdraw(keys=[key], args=[agent, raw], client=pipe)
-            if len(pipe):
-                pipe.execute()
         except RedisError as error:
             self._said(error, key)
+            self._recheck.add(scope)  # composed again at the next lease renewal
             return None
         self._said(None, key)
+        shown: dict[str, tuple[dict[str, Any], bool]] = {}
+        pipe = self._client.pipeline(transaction=False)
+        for (agent, raw, (writer, line, lost_at)), holder in zip(usable, holders, strict=True):
+            if holder is not None and holder.startswith(writer + "|"):
+                shown[agent] = (line, True)
+                if lost_at is not None:  # its writer has its lease back (a Redis outage)
+                    # Unstamped again: the value its writer knows, and withdraws at stop.
+                    self._restamp(keys=[key], args=[agent, raw, _encode(line, writer)], client=pipe)
+            elif lost_at is None:
+                stamped = _encode(line, writer, now)
+                self._restamp(keys=[key], args=[agent, raw, stamped], client=pipe)
+                shown[agent] = (line, False)
+            elif now - lost_at < UNOBSERVED_KEEP_S:
+                shown[agent] = (line, False)
+            else:
+                self._withdraw(keys=[key], args=[agent, raw], client=pipe)
+        if len(pipe):
+            with contextlib.suppress(RedisError):  # stamped at the next composition then
+                pipe.execute()
         if all(observed for _, observed in shown.values()):
-            self._unobserved.discard(scope)
+            self._recheck.discard(scope)
         else:
-            self._unobserved.add(scope)
+            self._recheck.add(scope)
         return shown
 
     def withdraw_all(self) -> None:
@@ -227,13 +232,16 @@ class SharedBoards:
         """Announce the chats whose key held another type, so that their lines are shared
         and their boards composed again once the key is deleted (each lease renewal).
 
-        Also the chats whose board this instance composed with a line not observed: its
-        writer may get the agent's lease back (a Redis outage, a Redis restarted empty)
-        without writing anything, since its line did not change, so nothing would announce
-        that the line is live again. This costs one message per such chat per renewal,
-        only while a board shows such a line."""
+        Also the chats whose lines Redis did not take (`share`), whose board could not be
+        composed (`lines`: a Redis that refuses but stays connected announces no
+        reconnection), and whose board this instance composed with a line not observed:
+        its writer may get the agent's lease back (a Redis outage, a Redis restarted
+        empty) without writing anything, since its line did not change, so nothing would
+        announce that the line is live again. This costs one message per such chat per
+        renewal, only while a board is in one of these cases."""
         head = self._key("board", "")
-        scopes = {key.removeprefix(head) for key in self._wrong_type} | self._unobserved
+        scopes = {key.removeprefix(head) for key in self._wrong_type}
+        scopes |= self._reshare | self._recheck
         with contextlib.suppress(RedisError):
             for scope in sorted(scopes):
                 self._client.publish(self.channel, scope)

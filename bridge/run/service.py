@@ -1009,7 +1009,7 @@ class Service:
         if self._shared_boards is not None:
             records = self._shared_boards.lines(scope)
             if records is None:
-                return  # Redis did not answer (logged): the next change composes it
+                return  # Redis did not answer (logged): composed again at the next renewal
             lines = [
                 facts if observed else unobserved(facts)
                 for agent, (record, observed) in records.items()

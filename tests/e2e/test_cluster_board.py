@@ -586,3 +586,54 @@ async def test_after_redis_restarts_empty_an_agent_that_did_not_change_stays_on_
     for serve in serves:
         assert await serve.aterminate() == 0
         assert "Traceback" not in serve.logs
+
+
+@pytest.mark.parametrize("refusal", ["oom", "readonly"])
+async def test_a_line_redis_refused_while_connected_reaches_the_board_without_a_change(
+    tmp_path: Path, telegram: FakeTelegram, prefix: str, fleet: ExitStack, refusal: str
+) -> None:
+    """Redis refusing writes but staying connected (out of memory, or a replica) announces
+    no reconnection: a line it refused is shared again (at the latest at the next lease
+    renewal), and the board catches up without another change of the agent."""
+    if not have_redis():
+        pytest.fail("redis-server is not installed: run `make test`, which installs it")
+    server = RedisServer(tmp_path / "redis").start()
+    fleet.callback(server.stop)
+    serve = instance(
+        tmp_path, "i0", telegram, ["alpha"], redis_url=server.url, prefix=prefix, view="board"
+    )
+    # Leases long enough that the refusal does not lapse them (a lease taken again would
+    # share the line again, hiding what is tested).
+    serve.config.write_text(serve.config.read_text().replace("lease_ttl_s = 2", "lease_ttl_s = 9"))
+    fleet.enter_context(serve)
+    publish(tmp_path / "agents" / "alpha", "**alpha** step 1")
+    await eventually(lambda: "alpha step 1" in board_text(telegram), timeout_s=60, what="board")
+    client = redis.Redis.from_url(server.url)
+    fleet.callback(client.close)
+
+    def refuse(on: bool) -> None:
+        if refusal == "oom":
+            client.config_set("maxmemory-policy", "noeviction")
+            client.config_set("maxmemory", 1 if on else 0)
+        else:
+            client.config_set("replica-read-only", "yes")
+            client.execute_command(
+                *(("REPLICAOF", "127.0.0.1", "1") if on else ("REPLICAOF", "NO", "ONE"))
+            )
+
+    refuse(True)
+    try:
+        publish(tmp_path / "agents" / "alpha", "**alpha** step 2")
+        await eventually(
+            lambda: "sharing the chats' board lines through Redis failed" in serve.logs,
+            timeout_s=60,
+            what="the line refused",
+        )
+    finally:
+        refuse(False)
+    await eventually(
+        lambda: "alpha step 2" in board_text(telegram), timeout_s=60, what="the board caught up"
+    )
+    assert len(telegram.bot_messages(GROUP)) == 1, "the same board"
+    assert await serve.aterminate() == 0
+    assert "Traceback" not in serve.logs
