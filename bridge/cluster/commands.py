@@ -142,6 +142,22 @@ def decode(raw: str) -> IncomingCommand | None:
     )
 
 
+# The key said to hold another type when Redis's answer does not name it.
+_SOME_KEY = "(a key of the fleet)"
+
+
+def _wrong_key(error: RedisError) -> tuple[str, str] | None:
+    """For a key of another type that a command needs (`WrongKeyType`, or Redis's own
+    WRONGTYPE answer): the key (`_SOME_KEY` when the answer does not name it) and what to
+    do about it. Such a command waits on its own: retried in line, it would hold every
+    command after it until someone fixes the key."""
+    if isinstance(error, WrongKeyType):
+        return error.key or str(error), str(error)
+    if str(error).startswith("WRONGTYPE"):
+        return _SOME_KEY, redis_trouble(error)
+    return None
+
+
 class ClusteredChannel(Channel):
     """`inner` with its commands relayed through a Redis stream shared by every instance."""
 
@@ -233,9 +249,9 @@ class ClusteredChannel(Channel):
         while True:
             try:
                 answer = await call()
-            except WrongKeyType:
-                raise
             except RedisError as error:
+                if _wrong_key(error) is not None:
+                    raise
                 failures += 1
                 if failures == 1 and not self._stopping.is_set():  # not at each retry
                     log.warning(
@@ -280,7 +296,12 @@ class ClusteredChannel(Channel):
     def _fixed(self, key: str) -> None:
         if key in self._wrong:
             self._wrong.discard(key)
-            log.warning("the Redis key %s is usable again: the command waiting for it goes on", key)
+            if key == _SOME_KEY:
+                log.warning("Redis takes the command waiting for a key of another type again")
+            else:
+                log.warning(
+                    "the Redis key %s is usable again: the command waiting for it goes on", key
+                )
 
     async def _published(self, command: IncomingCommand) -> None:
         """The inner channel's sink: append the command to the stream once. A command whose
@@ -401,9 +422,12 @@ class ClusteredChannel(Channel):
             )
         except asyncio.CancelledError:
             raise
-        except WrongKeyType as error:
-            key = error.key or str(error)
-            self._misplaced(key, str(error), command.chat)
+        except RedisError as error:
+            if (found := _wrong_key(error)) is None:  # never: the others are waited through
+                log.exception("handling a /taskcard command from chat %s failed", command.chat)
+                return
+            key, problem = found
+            self._misplaced(key, problem, command.chat)
             self._hold(self._retry_when_fixed(on_command, command, key), command.chat, key)
         except Exception:
             log.exception("handling a /taskcard command from chat %s failed", command.chat)
@@ -419,12 +443,14 @@ class ClusteredChannel(Channel):
                 await self._until_redis_answers(
                     f"a command from chat {command.chat}", lambda: on_command(command)
                 )
-            except WrongKeyType as error:
-                found = error.key or str(error)
-                if found != key:
+            except RedisError as error:
+                if (found := _wrong_key(error)) is None:  # never, as in `_apply`
+                    log.exception("handling a /taskcard command from chat %s failed", command.chat)
+                    return
+                if found[0] != key:
                     self._fixed(key)
-                    key = found
-                    self._misplaced(key, str(error), command.chat)
+                    key = found[0]
+                    self._misplaced(key, found[1], command.chat)
                 continue
             except asyncio.CancelledError:
                 raise

@@ -156,3 +156,36 @@ def test_a_shared_first_claim_is_kept_for_every_instance(redis_url: str) -> None
     finally:
         first.close()
         second.close()
+
+
+def test_a_redis_refusal_is_told_with_what_to_do(redis_url: str) -> None:
+    """What the command path logs when Redis fails: the trouble and the fix, from the
+    answers a real Redis gives (never the error's own text, which can quote a key)."""
+    import redis as redis_py
+
+    from taskcard.bridge.store.redis import redis_trouble
+
+    client = redis_py.Redis.from_url(redis_url)
+    key = f"trouble-{uuid.uuid4().hex[:8]}"
+    client.set(key, "a string")
+    try:
+        with pytest.raises(redis_py.RedisError) as wrong:
+            client.hget(key, "field")
+        assert "WRONGTYPE" in redis_trouble(wrong.value) and "key_prefix" in redis_trouble(
+            wrong.value
+        )
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", 1)
+        try:
+            with pytest.raises(redis_py.RedisError) as oom:
+                client.set(key, "more")
+        finally:
+            client.config_set("maxmemory", 0)
+        assert "(OOM)" in redis_trouble(oom.value) and "maxmemory" in redis_trouble(oom.value)
+    finally:
+        client.delete(key)
+        client.close()
+    assert "(READONLY)" in redis_trouble(redis_py.ReadOnlyError("replica"))
+    assert "primary" in redis_trouble(redis_py.ReadOnlyError("replica"))
+    assert "(ConnectionError)" in redis_trouble(redis_py.ConnectionError("x:6379"))
+    assert "(NOREPLICAS)" in redis_trouble(redis_py.ResponseError("NOREPLICAS Not enough"))
