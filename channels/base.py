@@ -64,10 +64,9 @@ ROUTE_VIEW_HELP = (
     " plus a card for each agent while it needs people. /taskcard board|cards switches it."
 )
 BoardMark = Literal["error", "limit", "waiting"]
-# How each mark reads on a board line, in the order people should act on them.
 # A cluster's board line whose agent no running instance serves now (see `BoardLine`).
 UNOBSERVED_NOTE = "👻 not observed now: no instance serves it"
-
+# How each mark reads on a board line, in the order people should act on them.
 BOARD_MARKS: dict[BoardMark, str] = {
     "error": "⚠ error",
     "limit": "⛔ refresh limit",
