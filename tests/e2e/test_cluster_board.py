@@ -571,18 +571,25 @@ async def test_after_redis_restarts_empty_an_agent_that_did_not_change_stays_on_
             client.close()
 
     await eventually(lambda: shared() == {"alpha", "bravo"}, timeout_s=60, what="both written")
+    # The board's message id went with Redis's data: the instance that takes the board's
+    # lease first may not be the one that sent it, and then it posts the board anew (once).
+
+    def latest() -> str:
+        found = boards(telegram)
+        return found[-1].text if found else ""
+
     # Each instance takes its lease again as it was: each line is live again, not marked.
     await eventually(
         lambda: (
-            "alpha step 2" in board_text(telegram)
-            and "bravo step 1" in board_text(telegram)
-            and UNOBSERVED_NOTE not in board_text(telegram)
+            "alpha step 2" in latest()
+            and "bravo step 1" in latest()
+            and UNOBSERVED_NOTE not in latest()
         ),
         timeout_s=60,
         what="alpha's change, bravo still there, both live",
     )
-    assert "2 agents" in board_text(telegram)
-    assert len(telegram.bot_messages(GROUP)) == 1, "the same board"
+    assert "2 agents" in latest()
+    assert len(boards(telegram)) <= 2, "at most one board posted anew"
     for serve in serves:
         assert await serve.aterminate() == 0
         assert "Traceback" not in serve.logs
