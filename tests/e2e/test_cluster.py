@@ -80,6 +80,37 @@ def instance(
     return ServeProcess(config, env={"TC_TEST_TOKEN": fake.token, "TC_REDIS_URL": redis_url})
 
 
+async def instances_with_cards(
+    tmp_path: Path,
+    fake: FakeTelegram,
+    fleet: ExitStack,
+    names: tuple[str, ...] = ("i0", "i1"),
+    *,
+    redis_url: str,
+    prefix: str,
+    chat_id: int = GROUP,
+) -> dict[str, ServeProcess]:
+    """Instances (entered into `fleet`), each serving its own agent `<name>agent` in
+    `chat_id`, once every one of their cards shows there."""
+    serves = {
+        name: fleet.enter_context(
+            instance(
+                tmp_path, name, fake, [f"{name}agent"], redis_url=redis_url, prefix=prefix,
+                chat_id=chat_id,
+            )
+        )
+        for name in names
+    }  # fmt: skip
+    for name in names:
+        publish(tmp_path / "agents" / f"{name}agent", f"card of {name}")
+    await eventually(
+        lambda: len(shown(fake, chat_id)) == len(names),
+        timeout_s=60,
+        what=f"a card of each of {len(names)} instances",
+    )
+    return serves
+
+
 def cluster_lines(name: str, prefix: str) -> list[str]:
     """The `[cluster]` section of instance `name` on `prefix`, its Redis URL read from
     `TC_REDIS_URL`, with short leases."""
@@ -173,15 +204,9 @@ async def test_a_storm_across_three_instances_stays_within_every_limit(
 async def test_killing_the_poller_moves_polling_and_loses_no_command(
     tmp_path: Path, fake: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
 ) -> None:
-    serves = {
-        name: fleet.enter_context(
-            instance(tmp_path, name, fake, [f"{name}agent"], redis_url=redis_url, prefix=prefix)
-        )
-        for name in ("i0", "i1", "i2")
-    }
-    for name in serves:
-        publish(tmp_path / "agents" / f"{name}agent", f"card of {name}")
-    await eventually(lambda: len(shown(fake, GROUP)) == 3, what="three residents")
+    serves = await instances_with_cards(
+        tmp_path, fake, fleet, ("i0", "i1", "i2"), redis_url=redis_url, prefix=prefix
+    )
     poller = await eventually(
         lambda: next((n for n, s in serves.items() if POLLING in s.logs), None),
         what="one instance polling",
@@ -809,23 +834,9 @@ async def test_a_group_upgraded_to_a_supergroup_is_followed_by_every_instance(
     sent from the supergroup reach the instance that serves the agent (a relayed `/tell`
     used to arrive as `/taskcard` with the agent's name as an unknown option)."""
     basic, supergroup = -4242, -1009876543210
-    serves = {
-        name: fleet.enter_context(
-            instance(
-                tmp_path,
-                name,
-                fake,
-                [f"{name}agent"],
-                redis_url=redis_url,
-                prefix=prefix,
-                chat_id=basic,
-            )
-        )
-        for name in ("i0", "i1")
-    }
-    for name in serves:
-        publish(tmp_path / "agents" / f"{name}agent", f"card of {name}")
-    await eventually(lambda: len(shown(fake, basic)) == 2, what="two residents in the group")
+    serves = await instances_with_cards(
+        tmp_path, fake, fleet, redis_url=redis_url, prefix=prefix, chat_id=basic
+    )
     fake.migrate(basic, supergroup)
 
     def one_card_each() -> bool:
@@ -913,15 +924,8 @@ async def test_cancel_in_a_cluster_withdraws_only_the_latest_text_and_says_so_on
     withdraw its own agent's latest (two texts cancelled by one command), and the instance
     that claimed the reply answered from what it alone knew: "no queued message" while
     another instance had just cancelled one."""
-    serves = [
-        fleet.enter_context(
-            instance(tmp_path, name, fake, [f"{name}agent"], redis_url=redis_url, prefix=prefix)
-        )
-        for name in ("i0", "i1")
-    ]
-    for name in ("i0", "i1"):
-        publish(tmp_path / "agents" / f"{name}agent", f"card of {name}")
-    await eventually(lambda: len(shown(fake, GROUP)) == 2, timeout_s=60, what="two residents")
+    by_name = await instances_with_cards(tmp_path, fake, fleet, redis_url=redis_url, prefix=prefix)
+    serves = list(by_name.values())
 
     def waiting(agent: str, folder: str = "queued") -> int:
         return len(list((tmp_path / "agents" / agent / "inbox" / folder).glob("*.json")))
@@ -960,18 +964,9 @@ async def test_a_group_upgrade_learned_by_every_instance_is_acted_on_once(
     it; each used to relay the move to all, so every card of the chat was shown again once
     per instance, each time after the first an edit Telegram refuses as "not modified"."""
     basic, supergroup = -4343, -1004343434343
-    serves = {
-        name: fleet.enter_context(
-            instance(
-                tmp_path, name, fake, [f"{name}agent"], redis_url=redis_url, prefix=prefix,
-                chat_id=basic,
-            )
-        )
-        for name in ("i0", "i1")
-    }  # fmt: skip
-    for name in serves:
-        publish(tmp_path / "agents" / f"{name}agent", f"card of {name}")
-    await eventually(lambda: len(shown(fake, basic)) == 2, what="two residents in the group")
+    serves = await instances_with_cards(
+        tmp_path, fake, fleet, redis_url=redis_url, prefix=prefix, chat_id=basic
+    )
     fake.migrate(basic, supergroup, announce=False)  # learned from refusals alone
     for name in serves:
         publish(tmp_path / "agents" / f"{name}agent", f"{name} after the upgrade")

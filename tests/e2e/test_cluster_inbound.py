@@ -24,6 +24,7 @@ from tests.e2e.test_cluster import (
     HIDDEN_REPLY,
     feishu_instance,
     instance,
+    instances_with_cards,
     past_a_later_command,
     relayed,
     replies,
@@ -327,18 +328,10 @@ async def test_after_redis_restarts_empty_a_tell_reaches_its_agent_without_a_ref
     never written again, so the instance that claimed the reply to `/tell i1agent ...`
     refused it as naming no agent while i1 queued it."""
     with ExitStack() as fleet:
-        serves = [
-            fleet.enter_context(
-                instance(tmp_path, name, telegram, [f"{name}agent"], redis_url=server.url,
-                         prefix=prefix)
-            )
-            for name in ("i0", "i1")
-        ]  # fmt: skip
-        for name in ("i0", "i1"):
-            publish(tmp_path / "agents" / f"{name}agent", f"card of {name}")
-        await eventually(
-            lambda: len(telegram.bot_messages(GROUP)) == 2, timeout_s=60, what="two cards"
+        by_name = await instances_with_cards(
+            tmp_path, telegram, fleet, redis_url=server.url, prefix=prefix
         )
+        serves = list(by_name.values())
         server.restart()  # without appendonly: every key is gone
         client = redis.Redis.from_url(server.url, decode_responses=True)
         await eventually(

@@ -18,11 +18,11 @@ from tests.e2e.harness import eventually, publish
 from tests.e2e.test_cluster import (
     HIDDEN_REPLY,
     feishu_instance,
-    instance,
+    instances_with_cards,
     past_a_later_command,
     replies,
 )
-from tests.e2e.test_serve_telegram import GROUP, shown
+from tests.e2e.test_serve_telegram import GROUP
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram
 
@@ -36,15 +36,10 @@ async def test_a_command_whose_state_key_redis_refuses_waits_alone_and_is_answer
     recorded in): a traceback and no answer. Now one error says so and what to do, the
     command waits on its own instead of holding the stream in line, and deleting the key
     gets it answered, once across the instances."""
-    serves = [
-        fleet.enter_context(
-            instance(tmp_path, name, telegram, [f"{name}agent"], redis_url=redis_url, prefix=prefix)
-        )
-        for name in ("i0", "i1")
-    ]
-    for name in ("i0", "i1"):
-        publish(tmp_path / "agents" / f"{name}agent", f"card of {name}")
-    await eventually(lambda: len(shown(telegram, GROUP)) == 2, timeout_s=60, what="two cards")
+    by_name = await instances_with_cards(
+        tmp_path, telegram, fleet, redis_url=redis_url, prefix=prefix
+    )
+    serves = list(by_name.values())
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     chats = f"{prefix}:chats"
     client.delete(chats)
@@ -74,15 +69,10 @@ async def test_a_cancel_claim_key_of_another_type_holds_only_that_command(
 ) -> None:
     """`/taskcard cancel` records its choice in `P:claim:cancel:...`; that key holding a hash
     was a traceback on every instance and the cancel was never answered nor done."""
-    serves = [
-        fleet.enter_context(
-            instance(tmp_path, name, telegram, [f"{name}agent"], redis_url=redis_url, prefix=prefix)
-        )
-        for name in ("i0", "i1")
-    ]
-    for name in ("i0", "i1"):
-        publish(tmp_path / "agents" / f"{name}agent", f"card of {name}")
-    await eventually(lambda: len(shown(telegram, GROUP)) == 2, timeout_s=60, what="two cards")
+    by_name = await instances_with_cards(
+        tmp_path, telegram, fleet, redis_url=redis_url, prefix=prefix
+    )
+    serves = list(by_name.values())
     inbox = tmp_path / "agents" / "i1agent" / "inbox"
     telegram.inject_command(GROUP, "/tell i1agent withdraw me")
     await eventually(lambda: list((inbox / "queued").glob("*.json")), timeout_s=60, what="text")
