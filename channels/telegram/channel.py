@@ -30,7 +30,13 @@ from taskcard.channels.base import (
     RateScope,
     ReplyTo,
 )
-from taskcard.channels.errors import ChannelError, MessageGone, Permanent, Transient
+from taskcard.channels.errors import (
+    ChannelError,
+    MessageGone,
+    OutcomeUnknown,
+    Permanent,
+    Transient,
+)
 from taskcard.channels.telegram import moves, render, scopes
 from taskcard.channels.telegram.commands import (
     CommandPoller,
@@ -396,6 +402,12 @@ class TelegramChannel(Channel):
             error = self._scrub(translate(exc, chat_scope_key(chat)))
         except (TimeoutError, OSError) as exc:
             raise Transient(f"Telegram request failed: {type(exc).__name__}") from None
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            # PTB could not build its object from a success answer (a sent message without
+            # a date or chat): the request was performed, its result is unknown.
+            raise OutcomeUnknown(
+                f"Telegram's answer could not be read ({type(exc).__name__})"
+            ) from None
         if isinstance(error, ChatUpgraded):
             await self._chat_moved(chat.chat_id, error.new_chat_id)
         raise error

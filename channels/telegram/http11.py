@@ -12,7 +12,8 @@ host) and file uploads (the service never uploads; they are refused, never half-
 
 What it keeps of `FloodAwareRequest`'s promises:
 
-- a 429 with `retry_after` raises `FloodWait`;
+- a 429 with `retry_after` raises `FloodWait`, and an answer that is no Bot API answer is
+  read as `read_answer` says (never a PTB traceback or a `KeyError`);
 - nothing sent (connection refused, connect timeout, no free connection in time) raises
   `NetworkError`/`TimedOut`, which the channel reads as transient;
 - once the request bytes were handed to the connection, any failure (read timeout, the
@@ -46,7 +47,7 @@ from typing import Any
 from telegram import error as tg
 from telegram.request import BaseRequest, RequestData
 
-from taskcard.channels.telegram.request import lost_after_write, raise_for_flood
+from taskcard.channels.telegram.request import lost_after_write, read_answer
 
 IDLE_EXPIRY_S = 30.0
 # Successful answers whose result the channel never reads: PTB would build a `Message` (with
@@ -296,10 +297,10 @@ class LeanRequest(BaseRequest):
             )
         finally:
             slots.release()
-        raise_for_flood(answer.status, answer.body)
-        if self._slim and answer.status == _OK:
-            return answer.status, slim_answer(target.endpoint, answer.body)
-        return answer.status, answer.body
+        status, body = read_answer(answer.status, answer.body)
+        if self._slim and status == _OK:
+            return status, slim_answer(target.endpoint, body)
+        return status, body
 
     async def _exchange(
         self,

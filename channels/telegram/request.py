@@ -27,6 +27,8 @@ from telegram.request import HTTPXRequest, RequestData
 from taskcard.channels.errors import sane_retry_after_s
 
 _TOO_MANY_REQUESTS = 429
+_SUCCESS_MIN = 200
+_SUCCESS_MAX = 299
 # httpx failures that happen after the whole request was handed to the connection.
 _AFTER_WRITE = (httpx.ReadTimeout, httpx.ReadError, httpx.RemoteProtocolError)
 
@@ -62,6 +64,63 @@ def raise_for_flood(status: int, payload: bytes) -> None:
             raise flood
 
 
+def read_answer(status: int, payload: bytes) -> tuple[int, bytes]:
+    """The answer as PTB may read it; both transports call this before PTB sees it.
+
+    Raises `FloodWait` for a 429 naming `retry_after`. The Bot API always answers a JSON
+    object; what else arrives came from something in between (a proxy's HTML error page, an
+    empty or cut body) or is a success status carrying an error. PTB would log such a body
+    with a traceback and fail with a `KeyError` or `TypeError` that is no Telegram error:
+
+    - a success status with `ok: false` and an `error_code` is read as that error;
+    - any other success status without a `result` raises `AnswerLost`: the request was
+      performed or not, nobody can say;
+    - an error status whose body is not a JSON object gets a short Bot API error body in
+      its place, naming the status, so PTB raises the error of that status.
+    """
+    raise_for_flood(status, payload)
+    body = _json_object(payload)
+    if _SUCCESS_MIN <= status <= _SUCCESS_MAX:
+        if body is not None and body.get("ok") is True and "result" in body:
+            return status, payload
+        code = _error_status(body)
+        if code is not None:
+            raise_for_flood(code, payload)
+            return code, payload
+        shape = "a JSON object without a result" if body is not None else _shape(payload)
+        raise AnswerLost(f"HTTP {status} with no Bot API result ({shape})")
+    if body is None:
+        description = f"HTTP {status}, the answer was not a Bot API answer ({_shape(payload)})"
+        error = {"ok": False, "error_code": status, "description": description}
+        return status, json.dumps(error).encode()
+    return status, payload
+
+
+def _json_object(payload: bytes) -> dict[str, Any] | None:
+    try:
+        body = json.loads(payload)
+    except (ValueError, RecursionError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def _error_status(body: dict[str, Any] | None) -> int | None:
+    """The `error_code` of an `ok: false` body when it is an HTTP error status, else None."""
+    if body is None or body.get("ok") is not False:
+        return None
+    code = body.get("error_code")
+    if isinstance(code, int) and not isinstance(code, bool) and 400 <= code <= 599:
+        return code
+    return None
+
+
+def _shape(payload: bytes) -> str:
+    """What a body was, for a log line: never the body itself (it may be a whole page)."""
+    if not payload.strip():
+        return "an empty body"
+    return f"{len(payload)} bytes that are not a JSON object"
+
+
 def flood_wait_from(payload: bytes) -> FloodWait | None:
     """The flood wait described by a 429 body, or None when it names no `retry_after`."""
     try:
@@ -81,7 +140,8 @@ def flood_wait_from(payload: bytes) -> FloodWait | None:
 
 class FloodAwareRequest(HTTPXRequest):
     """An `HTTPXRequest` that raises `FloodWait` for a 429 carrying `retry_after` and
-    `AnswerLost` when the request went out but its answer did not come back."""
+    `AnswerLost` when the request went out but its answer did not come back (or came back
+    unreadable, see `read_answer`)."""
 
     async def do_request(
         self,
@@ -107,5 +167,4 @@ class FloodAwareRequest(HTTPXRequest):
             if exc.__cause__ is not None and answer_lost(exc.__cause__):
                 raise lost_after_write(exc.__cause__) from exc
             raise
-        raise_for_flood(code, payload)
-        return code, payload
+        return read_answer(code, payload)

@@ -561,3 +561,34 @@ async def test_a_routed_channel_is_commanded_by_its_posts(
             what="the answer in the channel",
         )
         assert await serve.aterminate() == 0
+
+
+async def test_answers_that_are_no_bot_api_answer(tmp_path: Path, fake: FakeTelegram) -> None:
+    """A proxy's HTML 502/504 page is retried like any server error, with one short line and
+    no traceback or page in the log; a 200 carrying `ok: false` is read as the error it names
+    (here: not modified, which is success), never as a crash."""
+    serve = setup(tmp_path, fake, ["builder"], [(PRIVATE, ["builder"])])
+    workdir = agent_dir(tmp_path, "builder")
+    page = b"<html><body><h1>502 Bad Gateway</h1>nginx</body></html>"
+    with serve:
+        publish(workdir, "v1")
+        await eventually(lambda: shown(fake, PRIVATE))
+        fake.answer_raw_next("editMessageText", 502, page)
+        fake.answer_raw_next("editMessageText", 504, b"")
+        publish(workdir, "v2 after outage")
+        await eventually(
+            lambda: any("v2 after outage" in t for t in shown(fake, PRIVATE)), timeout_s=60
+        )
+        not_modified = (
+            b'{"ok":false,"error_code":400,"description":"Bad Request: message is not modified"}'
+        )
+        fake.answer_raw_next("editMessageText", 200, not_modified, "application/json")
+        publish(workdir, "v3 seen as shown")
+        await eventually(lambda: fake.count("editMessageText") >= 4)
+        publish(workdir, "v4 lands")
+        await eventually(lambda: any("v4 lands" in t for t in shown(fake, PRIVATE)), timeout_s=60)
+        assert len(fake.bot_messages(PRIVATE)) == 1
+        assert await serve.aterminate() == 0
+    assert "Traceback" not in serve.logs
+    assert "nginx" not in serve.logs
+    assert "not a Bot API answer" in serve.logs

@@ -226,6 +226,7 @@ class FakeTelegram:
         self._failures: dict[str, deque[tuple[int, str, Json | None]]] = {}
         self._answer_delay_s: dict[str, float] = {}
         self._drops: dict[str, int] = {}
+        self._raw: dict[str, deque[tuple[int, bytes, str]]] = {}
         self.requests: list[RecordedRequest] = []
         self.webhook_url: str | None = None  # set: getUpdates answers 409 as Telegram does
         # The bot's command menu per (scope type, language code), as setMyCommands left it.
@@ -371,6 +372,14 @@ class FakeTelegram:
         """
         self._failures.setdefault(method, deque()).append((status, description, parameters))
 
+    def answer_raw_next(
+        self, method: str, status: int, body: bytes, content_type: str = "text/html"
+    ) -> None:
+        """Answer the next call of `method` with these exact bytes, without performing it:
+        what a proxy or Telegram's front end sends instead of a Bot API answer (an HTML 502
+        page, an empty body, a 200 carrying `ok: false`)."""
+        self._raw.setdefault(method, deque()).append((status, body, content_type))
+
     def clear_failures(self) -> None:
         """Forget the failures of `fail_next` not yet answered: every call is served again."""
         self._failures.clear()
@@ -503,6 +512,11 @@ class FakeTelegram:
         method = request.match_info["method"]
         params = await self._params(request)
         chat_id = self._optional_int(params.get("chat_id"))
+        raw = self._raw.get(method)
+        if raw:
+            status, payload, content_type = raw.popleft()
+            self.requests.append(RecordedRequest(self._clock(), method, chat_id, status, params))
+            return web.Response(body=payload, status=status, content_type=content_type)
         if request.match_info["token"] != self.token:
             status, body = 401, {"ok": False, "error_code": 401, "description": "Unauthorized"}
         else:
