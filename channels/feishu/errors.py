@@ -104,13 +104,17 @@ def translate(
         return MessageGone(detail)
     if code == CONTENT_TOO_LONG:
         return Permanent(detail)
+    if code in TOKEN_INVALID:
+        # The cached tenant token was refused (whatever the HTTP status); the caller drops it
+        # and a retry fetches anew. Not a reason to disable the route.
+        return Transient(detail)
     if code in FORBIDDEN_CODES or status == 403:
         return Forbidden(detail)
-    if code in TOKEN_INVALID:
-        # The cached tenant token was refused; the caller drops it and a retry fetches anew.
-        return Transient(detail)
     if status >= 500 or status in (408,):
         return Transient(detail)
     if code is None:
-        return Transient(detail) if status >= 400 else Permanent(detail)
+        # No Open API answer at all (an empty or cut body, a gateway's page), whatever the
+        # status: nothing says the request is wrong, so it is tried again. A send repeated
+        # this way is deduplicated by its uuid.
+        return Transient(detail)
     return Permanent(detail)

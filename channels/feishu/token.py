@@ -17,7 +17,9 @@ from collections.abc import Callable
 from lark_oapi.core.token import AccessTokenResponse, CreateSelfTenantTokenRequest
 from lark_oapi.core.token.create_token_request_body import CreateTokenRequestBody
 
-from taskcard.channels.errors import CredentialsRejected, Transient
+from taskcard.channels.errors import CredentialsRejected, RateLimited, Transient
+from taskcard.channels.feishu.errors import APP_RATE_LIMITED, retry_after_s
+from taskcard.channels.feishu.scopes import APP_SCOPE
 from taskcard.channels.feishu.transport import LarkTransport
 
 # Renew this long before the announced expiry (Feishu tokens live two hours).
@@ -69,10 +71,14 @@ class TenantTokenSource:
         if answer.code == 0 and isinstance(token, str) and token:
             expire = answer.expire
             return token, float(expire) if isinstance(expire, int | float) else 7200.0
-        if answer.code is None or status >= 500 or status == 429:
-            raise Transient(
-                f"feishu: tenant token request failed: HTTP {status}, code {answer.code}"
-            )
+        detail = f"feishu: tenant token request failed: HTTP {status}, code {answer.code}"
+        if status == 429 or answer.code == APP_RATE_LIMITED:
+            # The frequency limit (HTTP 429, or 400 on some APIs) says nothing about the
+            # credentials: the app waits, as for any other call it makes.
+            headers = answer.raw.headers if answer.raw is not None else {}
+            raise RateLimited(retry_after_s(headers or {}), APP_SCOPE, detail)
+        if answer.code is None or status >= 500:
+            raise Transient(detail)
         raise CredentialsRejected(
             f"feishu: app credentials rejected (code {answer.code}: {answer.msg})"
         )

@@ -342,6 +342,8 @@ async def test_removed_bot_is_forbidden(fake: FakeFeishu, channel: FeishuChannel
         (230001, 400, Permanent),
         (1, 500, Transient),
         (230020, 400, RateLimited),
+        # A refused tenant token is fetched again whatever the status, never a disabled route.
+        (99991663, 403, Transient),
     ],
 )
 async def test_scripted_errors_are_translated(

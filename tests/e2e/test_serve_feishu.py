@@ -385,3 +385,57 @@ async def test_tell_to_an_unknown_agent_of_a_large_fleet_lists_whole_names_that_
         assert f"… and {150 - shown} more agents" in lines[-1]
         assert len(answer.text) <= 4096
         assert await serve.aterminate() == 0
+
+
+async def test_a_rate_limited_token_request_pauses_and_keeps_the_channel(
+    tmp_path: Path, fake: FakeFeishu
+) -> None:
+    """The token endpoint answering its frequency limit (HTTP 400, code 99991400, as some
+    Open APIs do) is a pause, not rejected credentials: the channel stays in use and the
+    next card lands once the limit has passed."""
+    setup = Setup(tmp_path, fake, ["builder"])
+    workdir = tmp_path / "agents" / "builder"
+    with setup.serve() as serve:
+        publish(workdir, "first body")
+        await eventually(lambda: any("first body" in t for t in card_texts(fake)), what="card")
+        fake.revoke_tokens()  # the next call is refused: a new token is fetched
+        fake.script_error(
+            "token",
+            99991400,
+            http_status=400,
+            msg="request trigger frequency limit",
+            headers={"x-ogw-ratelimit-reset": "1"},
+        )
+        publish(workdir, "second body")
+        await eventually(
+            lambda: any("second body" in t for t in card_texts(fake)), what="patch", timeout_s=60
+        )
+        assert len(card_texts(fake)) == 1
+        assert await serve.aterminate() == 0
+    assert "credentials rejected" not in serve.logs
+    assert "channel feishu disabled" not in serve.logs
+    assert "pausing scope feishu:app" in serve.logs
+    assert fake.app_secret not in serve.logs
+
+
+async def test_an_answer_that_is_no_open_api_answer_is_tried_again(
+    tmp_path: Path, fake: FakeFeishu
+) -> None:
+    """A 200 with an empty body, or a gateway's HTML page, says nothing about the card: the
+    same bytes go out again (a send deduplicated by its uuid), never given up for good."""
+    setup = Setup(tmp_path, fake, ["builder"])
+    workdir = tmp_path / "agents" / "builder"
+    with setup.serve() as serve:
+        fake.script_raw("send", 200, b"")
+        publish(workdir, "first body")
+        await eventually(lambda: any("first body" in t for t in card_texts(fake)), what="card")
+        fake.script_raw("patch", 200, b"", content_type="application/json")
+        fake.script_raw("patch", 502, b"<html><body>502 Bad Gateway</body></html>")
+        publish(workdir, "second body")
+        await eventually(
+            lambda: any("second body" in t for t in card_texts(fake)), what="patch", timeout_s=60
+        )
+        assert len(card_texts(fake)) == 1
+        assert await serve.aterminate() == 0
+    assert "refused this card for good" not in serve.logs
+    assert "Traceback" not in serve.logs

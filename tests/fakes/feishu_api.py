@@ -161,6 +161,7 @@ class ScriptedError:
     code: int
     msg: str
     headers: tuple[tuple[str, str], ...] = ()
+    raw: bytes | None = None  # the exact body instead of Feishu's JSON (an HTML page)
 
 
 @dataclass(frozen=True)
@@ -174,13 +175,19 @@ class Delivery:
 
 class _Refusal(Exception):
     def __init__(
-        self, http_status: int, code: int, msg: str, headers: dict[str, str] | None = None
+        self,
+        http_status: int,
+        code: int,
+        msg: str,
+        headers: dict[str, str] | None = None,
+        raw: bytes | None = None,
     ):
         super().__init__(msg)
         self.http_status = http_status
         self.code = code
         self.msg = msg
         self.headers = headers or {}
+        self.raw = raw
 
 
 class _Windows:
@@ -317,6 +324,22 @@ class FakeFeishu:
         queue = self._scripts.setdefault(operation, deque())
         for _ in range(times):
             queue.append(ScriptedError(http_status, code, msg, tuple((headers or {}).items())))
+
+    def script_raw(
+        self,
+        operation: str,
+        http_status: int,
+        body: bytes,
+        *,
+        content_type: str = "text/html",
+        times: int = 1,
+    ) -> None:
+        """Answer the next `times` requests of `operation` with these exact bytes: what a
+        gateway in front of the Open API sends (an HTML 502 page, an empty body)."""
+        queue = self._scripts.setdefault(operation, deque())
+        headers = (("Content-Type", content_type),)
+        for _ in range(times):
+            queue.append(ScriptedError(http_status, -1, "raw", headers, body))
 
     def clear_scripts(self) -> None:
         """Forget the scripted errors not yet answered: every operation is served again."""
@@ -625,6 +648,22 @@ class FakeFeishu:
         chat_id: str | None,
         message_id: str | None,
     ) -> web.Response:
+        if refusal.raw is not None:
+            self.requests.append(
+                LoggedRequest(
+                    self._rate_clock(),
+                    request.method,
+                    request.path,
+                    operation,
+                    chat_id,
+                    message_id,
+                    refusal.http_status,
+                    refusal.code,
+                )
+            )
+            return web.Response(
+                body=refusal.raw, status=refusal.http_status, headers=refusal.headers
+            )
         return self._answer(
             request,
             operation,
@@ -641,7 +680,9 @@ class FakeFeishu:
             queue = self._scripts.get(key)
             if queue:
                 error = queue.popleft()
-                raise _Refusal(error.http_status, error.code, error.msg, dict(error.headers))
+                raise _Refusal(
+                    error.http_status, error.code, error.msg, dict(error.headers), error.raw
+                )
 
     def _authorize(self, request: web.Request) -> None:
         auth = request.headers.get("Authorization", "")
