@@ -65,6 +65,16 @@ _FORBIDDEN_REASONS = (
 )
 
 
+# Bad requests by which Telegram says the bot cannot post to the chat (or topic) at all, like
+# a 403: the route is disabled with the reason instead of failing on every change.
+_UNREACHABLE = (
+    ("chat not found", "chat not found: the bot is not in this chat, or the chat id is wrong"),
+    ("topic_closed", "the forum topic is closed"),
+    ("rights to send", "bot lacks the rights to post in the chat"),
+    ("chat_write_forbidden", "bot lacks the rights to post in the chat"),
+)
+
+
 def forbidden_reason(description: str) -> str:
     """A short, stable reason for a 403, for the operator view and logs."""
     lowered = description.lower()
@@ -110,4 +120,7 @@ def _translate_bad_request(description: str, lowered: str) -> ChannelError:
         return ParseEntitiesFailed(description)
     if "message thread not found" in lowered or "topic_deleted" in lowered:
         return ThreadNotFound(description)
+    for marker, reason in _UNREACHABLE:
+        if marker in lowered:
+            return Forbidden(reason)
     return Permanent(description)

@@ -592,3 +592,23 @@ async def test_answers_that_are_no_bot_api_answer(tmp_path: Path, fake: FakeTele
     assert "Traceback" not in serve.logs
     assert "nginx" not in serve.logs
     assert "not a Bot API answer" in serve.logs
+
+
+@pytest.mark.parametrize(
+    ("description", "reason"),
+    [
+        ("Bad Request: chat not found", "chat not found"),
+        ("Bad Request: TOPIC_CLOSED", "topic is closed"),
+        ("Bad Request: not enough rights to send text messages to the chat", "rights to post"),
+    ],
+)
+async def test_a_chat_the_bot_cannot_reach_disables_its_route(
+    tmp_path: Path, fake: FakeTelegram, description: str, reason: str
+) -> None:
+    """Telegram says with a 400 too that the bot cannot post there: the route is disabled
+    with the reason, like a 403, instead of refusing every change anew."""
+    status = await _disable_one_route(
+        tmp_path, fake, GROUP, lambda: fake.fail_next("editMessageText", 400, description)
+    )
+    assert reason in status
+    assert len(fake.bot_messages(GROUP)) == 1
