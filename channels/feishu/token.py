@@ -77,7 +77,9 @@ class TenantTokenSource:
             # credentials: the app waits, as for any other call it makes.
             headers = answer.raw.headers if answer.raw is not None else {}
             raise RateLimited(retry_after_s(headers or {}), APP_SCOPE, detail)
-        if answer.code is None or status >= 500:
+        if answer.code is None or answer.code == 0 or status >= 500:
+            # No answer, a server failure, or a success without a token: nothing here says
+            # the credentials are wrong.
             raise Transient(detail)
         raise CredentialsRejected(
             f"feishu: app credentials rejected (code {answer.code}: {answer.msg})"

@@ -439,3 +439,20 @@ async def test_an_answer_that_is_no_open_api_answer_is_tried_again(
         assert await serve.aterminate() == 0
     assert "refused this card for good" not in serve.logs
     assert "Traceback" not in serve.logs
+
+
+async def test_a_token_answer_without_a_token_is_retried(tmp_path: Path, fake: FakeFeishu) -> None:
+    """A token endpoint answering success without a token (or an empty 200) at start is
+    tried again; only refused credentials disable the channel."""
+    fake.script_raw("token", 200, b'{"code":0,"msg":"ok"}', content_type="application/json")
+    fake.script_raw("token", 200, b"", content_type="application/json")
+    setup = Setup(tmp_path, fake, ["builder"])
+    workdir = tmp_path / "agents" / "builder"
+    with setup.serve() as serve:
+        publish(workdir, "first body")
+        await eventually(
+            lambda: any("first body" in t for t in card_texts(fake)), what="card", timeout_s=60
+        )
+        assert await serve.aterminate() == 0
+    assert "channel feishu disabled" not in serve.logs
+    assert fake.app_secret not in serve.logs
