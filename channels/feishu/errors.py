@@ -108,13 +108,13 @@ def translate(
         # The cached tenant token was refused (whatever the HTTP status); the caller drops it
         # and a retry fetches anew. Not a reason to disable the route.
         return Transient(detail)
+    if code is None:
+        # No Open API answer at all (an empty or cut body, a gateway's page), whatever the
+        # status (a proxy's 403 page says nothing about the chat): nothing says the request
+        # is wrong, so it is tried again. A send repeated this way is deduplicated by its uuid.
+        return Transient(detail)
     if code in FORBIDDEN_CODES or status == 403:
         return Forbidden(detail)
     if status >= 500 or status in (408,):
-        return Transient(detail)
-    if code is None:
-        # No Open API answer at all (an empty or cut body, a gateway's page), whatever the
-        # status: nothing says the request is wrong, so it is tried again. A send repeated
-        # this way is deduplicated by its uuid.
         return Transient(detail)
     return Permanent(detail)

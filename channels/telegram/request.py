@@ -29,6 +29,7 @@ from taskcard.channels.errors import sane_retry_after_s
 _TOO_MANY_REQUESTS = 429
 _SUCCESS_MIN = 200
 _SUCCESS_MAX = 299
+_GATEWAY_TIMEOUT = 504
 # httpx failures that happen after the whole request was handed to the connection.
 _AFTER_WRITE = (httpx.ReadTimeout, httpx.ReadError, httpx.RemoteProtocolError)
 
@@ -75,8 +76,10 @@ def read_answer(status: int, payload: bytes) -> tuple[int, bytes]:
     - a success status with `ok: false` and an `error_code` is read as that error;
     - any other success status without a `result` raises `AnswerLost`: the request was
       performed or not, nobody can say;
-    - an error status whose body is not a JSON object gets a short Bot API error body in
-      its place, naming the status, so PTB raises the error of that status.
+    - an error status whose body is not a JSON object is no word from Telegram about the
+      request, whatever the status (a proxy's 403 page says nothing about the chat): a
+      `NetworkError` naming the status, or `AnswerLost` for a gateway timeout (504), after
+      which Telegram may have performed the request.
     """
     raise_for_flood(status, payload)
     body = _json_object(payload)
@@ -91,8 +94,10 @@ def read_answer(status: int, payload: bytes) -> tuple[int, bytes]:
         raise AnswerLost(f"HTTP {status} with no Bot API result ({shape})")
     if body is None:
         description = f"HTTP {status}, the answer was not a Bot API answer ({_shape(payload)})"
-        error = {"ok": False, "error_code": status, "description": description}
-        return status, json.dumps(error).encode()
+        if status == _GATEWAY_TIMEOUT:
+            # Something in between gave up waiting for Telegram, which may have performed it.
+            raise AnswerLost(description)
+        raise tg.NetworkError(description)
     return status, payload
 
 

@@ -431,6 +431,8 @@ async def test_an_answer_that_is_no_open_api_answer_is_tried_again(
         await eventually(lambda: any("first body" in t for t in card_texts(fake)), what="card")
         fake.script_raw("patch", 200, b"", content_type="application/json")
         fake.script_raw("patch", 502, b"<html><body>502 Bad Gateway</body></html>")
+        # A proxy's 403 page is no word from Feishu about the chat: the route stays on.
+        fake.script_raw("patch", 403, b"<html>403 Forbidden</html>")
         publish(workdir, "second body")
         await eventually(
             lambda: any("second body" in t for t in card_texts(fake)), what="patch", timeout_s=60

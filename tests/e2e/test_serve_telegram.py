@@ -564,8 +564,8 @@ async def test_a_routed_channel_is_commanded_by_its_posts(
 
 
 async def test_answers_that_are_no_bot_api_answer(tmp_path: Path, fake: FakeTelegram) -> None:
-    """A proxy's HTML 502/504 page is retried like any server error, with one short line and
-    no traceback or page in the log; a 200 carrying `ok: false` is read as the error it names
+    """A proxy's HTML 502/504/403 page is retried like any server error, with one short line
+    and no traceback or page in the log; a 200 carrying `ok: false` is read as the error it names
     (here: not modified, which is success), never as a crash."""
     serve = setup(tmp_path, fake, ["builder"], [(PRIVATE, ["builder"])])
     workdir = agent_dir(tmp_path, "builder")
@@ -575,6 +575,8 @@ async def test_answers_that_are_no_bot_api_answer(tmp_path: Path, fake: FakeTele
         await eventually(lambda: shown(fake, PRIVATE))
         fake.answer_raw_next("editMessageText", 502, page)
         fake.answer_raw_next("editMessageText", 504, b"")
+        # A proxy's 403 page is no word from Telegram about the chat: the route stays on.
+        fake.answer_raw_next("editMessageText", 403, b"<html>403 Forbidden</html>")
         publish(workdir, "v2 after outage")
         await eventually(
             lambda: any("v2 after outage" in t for t in shown(fake, PRIVATE)), timeout_s=60
@@ -584,7 +586,7 @@ async def test_answers_that_are_no_bot_api_answer(tmp_path: Path, fake: FakeTele
         )
         fake.answer_raw_next("editMessageText", 200, not_modified, "application/json")
         publish(workdir, "v3 seen as shown")
-        await eventually(lambda: fake.count("editMessageText") >= 4)
+        await eventually(lambda: fake.count("editMessageText") >= 5)
         publish(workdir, "v4 lands")
         await eventually(lambda: any("v4 lands" in t for t in shown(fake, PRIVATE)), timeout_s=60)
         assert len(fake.bot_messages(PRIVATE)) == 1
