@@ -30,6 +30,7 @@ _TOO_MANY_REQUESTS = 429
 _SUCCESS_MIN = 200
 _SUCCESS_MAX = 299
 _GATEWAY_TIMEOUT = 504
+_PLAIN_SUCCESS = b'{"ok":true,"result":'
 # httpx failures that happen after the whole request was handed to the connection.
 _AFTER_WRITE = (httpx.ReadTimeout, httpx.ReadError, httpx.RemoteProtocolError)
 
@@ -81,6 +82,8 @@ def read_answer(status: int, payload: bytes) -> tuple[int, bytes]:
       `NetworkError` naming the status, or `AnswerLost` for a gateway timeout (504), after
       which Telegram may have performed the request.
     """
+    if status == _SUCCESS_MIN and payload.startswith(_PLAIN_SUCCESS):
+        return status, payload  # how the Bot API writes every success: no second parse
     raise_for_flood(status, payload)
     body = _json_object(payload)
     if _SUCCESS_MIN <= status <= _SUCCESS_MAX:
