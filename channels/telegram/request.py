@@ -77,10 +77,10 @@ def read_answer(status: int, payload: bytes) -> tuple[int, bytes]:
     - a success status with `ok: false` and an `error_code` is read as that error;
     - any other success status without a `result` raises `AnswerLost`: the request was
       performed or not, nobody can say;
-    - an error status whose body is not a JSON object is no word from Telegram about the
-      request, whatever the status (a proxy's 403 page says nothing about the chat): a
-      `NetworkError` naming the status, or `AnswerLost` for a gateway timeout (504), after
-      which Telegram may have performed the request.
+    - an error status whose body is not a JSON object with `ok: false` is no word from
+      Telegram about the request, whatever the status (a proxy's 403 page or JSON says
+      nothing about the chat): a `NetworkError` naming the status, or `AnswerLost` for a
+      gateway timeout (504), after which Telegram may have performed the request.
     """
     if status == _SUCCESS_MIN and payload.startswith(_PLAIN_SUCCESS):
         return status, payload  # how the Bot API writes every success: no second parse
@@ -95,8 +95,11 @@ def read_answer(status: int, payload: bytes) -> tuple[int, bytes]:
             return code, payload
         shape = "a JSON object without a result" if body is not None else _shape(payload)
         raise AnswerLost(f"HTTP {status} with no Bot API result ({shape})")
-    if body is None:
-        description = f"HTTP {status}, the answer was not a Bot API answer ({_shape(payload)})"
+    if body is None or body.get("ok") is not False:
+        # The Bot API words every error as an object with `ok: false`; a proxy's JSON (an
+        # API gateway's `{"message": "Forbidden"}`) is no more its word than an HTML page.
+        shape = "a JSON object without ok: false" if body is not None else _shape(payload)
+        description = f"HTTP {status}, the answer was not a Bot API answer ({shape})"
         if status == _GATEWAY_TIMEOUT:
             # Something in between gave up waiting for Telegram, which may have performed it.
             raise AnswerLost(description)

@@ -577,6 +577,8 @@ async def test_answers_that_are_no_bot_api_answer(tmp_path: Path, fake: FakeTele
         fake.answer_raw_next("editMessageText", 504, b"")
         # A proxy's 403 page is no word from Telegram about the chat: the route stays on.
         fake.answer_raw_next("editMessageText", 403, b"<html>403 Forbidden</html>")
+        # Nor is a proxy's JSON 403 (an API gateway's), which has no `ok: false`.
+        fake.answer_raw_next("editMessageText", 403, b'{"message":"Forbidden"}', "application/json")
         publish(workdir, "v2 after outage")
         await eventually(
             lambda: any("v2 after outage" in t for t in shown(fake, PRIVATE)), timeout_s=60
@@ -586,7 +588,7 @@ async def test_answers_that_are_no_bot_api_answer(tmp_path: Path, fake: FakeTele
         )
         fake.answer_raw_next("editMessageText", 200, not_modified, "application/json")
         publish(workdir, "v3 seen as shown")
-        await eventually(lambda: fake.count("editMessageText") >= 5)
+        await eventually(lambda: fake.count("editMessageText") >= 6)
         publish(workdir, "v4 lands")
         await eventually(lambda: any("v4 lands" in t for t in shown(fake, PRIVATE)), timeout_s=60)
         assert len(fake.bot_messages(PRIVATE)) == 1
