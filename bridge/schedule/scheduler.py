@@ -445,7 +445,8 @@ class RouteScheduler:
                 )
                 for w in windows
             ]
-        except (ValueError, TypeError, KeyError) as error:
+        except (ValueError, TypeError, KeyError, OverflowError) as error:
+            # Edited by hand: `1e999` reads as infinity, which no count of calls is.
             log.warning("ignoring the stored rate windows of the last run (%s)", error)
             return
         offset = self._clock() - now_wall

@@ -133,3 +133,31 @@ async def test_a_quick_restart_keeps_to_the_window_the_last_run_filled(tmp_path:
             )
             assert await restarted.aterminate() == 0, restarted.logs
         assert fake.rate_limited == [], "no 429 after the quick restart"
+
+
+@pytest.mark.parametrize(
+    "windows",
+    [
+        '[{"scope": "telegram:bot", "max_calls": 1e999, "period_s": 1, "at": [NOW]}]',
+        '[{"scope": "telegram:bot", "max_calls": 30, "period_s": 1, "at": [1e999]}]',
+        '{"scope": "telegram:bot"}',
+    ],
+    ids=["infinite-max-calls", "infinite-time", "not-a-list"],
+)
+async def test_rate_windows_of_a_state_file_edited_by_hand_are_ignored(
+    tmp_path: Path, fake: FakeTelegram, windows: str
+) -> None:
+    """The windows a stop keeps for the next start, mangled by hand: the start says it ignores
+    them and serves, instead of ending on an `OverflowError` before the first card."""
+    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])])
+    old = SqliteStore.in_dir(tmp_path / ".taskcard")
+    old.set_cursor("ratelimit:recent", windows.replace("NOW", str(time.time() - 0.5)))
+    old.close()
+    with serve:
+        publish(agent_dir(tmp_path, "builder"), "despite the mangled windows")
+        await eventually(
+            lambda: any("despite the mangled windows" in t for t in shown(fake, GROUP)),
+            what="the card",
+        )
+        assert await serve.aterminate() == 0, serve.logs
+    assert "Traceback" not in serve.logs
