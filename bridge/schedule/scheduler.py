@@ -144,6 +144,37 @@ def _thread(reply: _Reply) -> str | None:
     return None if reply.reply_to is None else reply.reply_to.thread_id
 
 
+def _kept_reply(key: str, entry: object) -> _Reply | None:
+    """A reply as `RouteScheduler.submit_reply` keeps it in the store, or None when the entry
+    is not one (each field of the type it is written with)."""
+    if not isinstance(entry, dict):
+        return None
+    ids = (str, int)
+    answered = entry.get("reply_to")
+    fields_ok = (
+        isinstance(entry.get("channel"), str)
+        and isinstance(entry.get("chat_id"), ids)
+        and isinstance(entry.get("thread_id"), str | None)
+        and isinstance(entry.get("text"), str)
+        and isinstance(entry.get("payload"), dict)
+        and isinstance(entry.get("fingerprint"), str)
+    )
+    answered_ok = answered is None or (
+        isinstance(answered, list)
+        and len(answered) == 2  # [message id, thread id]
+        and isinstance(answered[0], ids)
+        and isinstance(answered[1], str | None)
+    )
+    if not (fields_ok and answered_ok):
+        return None
+    return _Reply(
+        ChatRef(str(entry["chat_id"]), entry["thread_id"]),
+        Outgoing(entry["text"], entry["payload"], entry["fingerprint"]),
+        key,
+        None if answered is None else ReplyTo(str(answered[0]), answered[1]),
+    )
+
+
 @dataclass
 class _Lane:
     channel: str
@@ -542,19 +573,21 @@ class RouteScheduler:
             return
         try:
             kept = json.loads(raw)
-            for key, entry in kept.items():
-                answered = entry["reply_to"]
-                reply = _Reply(
-                    ChatRef(str(entry["chat_id"]), entry["thread_id"]),
-                    Outgoing(str(entry["text"]), dict(entry["payload"]), str(entry["fingerprint"])),
-                    str(key),
-                    None if answered is None else ReplyTo(str(answered[0]), answered[1]),
-                )
-                if str(entry["channel"]) in self._channels:
-                    self._held_replies.append((str(entry["channel"]), reply))
-                    self._kept_replies[reply.idempotency_key] = entry
-        except (ValueError, TypeError, KeyError, AttributeError, IndexError) as error:
+        except ValueError as error:
             log.warning("ignoring the unsent command replies of the last run (%s)", error)
+            kept = {}
+        if not isinstance(kept, dict):
+            log.warning("ignoring the unsent command replies of the last run (not an object)")
+            kept = {}
+        for key, entry in kept.items():
+            # One by one: an entry edited by hand (a topic that is no id) is left out alone,
+            # instead of failing at every send and holding up the chat's other answers.
+            reply = _kept_reply(key, entry)
+            if reply is None:
+                log.warning("ignoring the unsent command reply %s of the last run: unreadable", key)
+            elif entry["channel"] in self._channels:
+                self._held_replies.append((entry["channel"], reply))
+                self._kept_replies[reply.idempotency_key] = entry
         self._save_replies()
 
     def _wake_lane(self, lane_key: LaneKey) -> None:

@@ -203,3 +203,30 @@ async def test_a_second_stop_signal_while_a_send_is_in_flight_changes_nothing(
         )
         assert await again.aterminate() == 0, again.logs
     assert len(telegram.bot_messages(GROUP)) == 1
+
+
+async def test_an_answer_kept_for_the_restart_that_was_edited_by_hand_holds_up_no_other(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    """The answers a stop kept, one of them mangled by hand (its topic no id): the start
+    leaves that one out with a warning and sends the other. It used to fail at every try
+    with a traceback, at the head of the chat's queue, so the good answer never went out."""
+    import json
+
+    from tests.e2e.test_serve_telegram import setup, shown
+
+    serve = setup(tmp_path, telegram, ["builder"], [(GROUP, ["builder"])])
+    kept = {"channel": "telegram", "chat_id": str(GROUP), "thread_id": None, "text": "an answer"}
+    kept |= {"payload": {"text": "an answer"}, "fingerprint": "f", "reply_to": None}
+    state = SqliteStore.in_dir(tmp_path / ".taskcard")
+    mangled = dict(kept, thread_id={"topic": 1}, text="mangled", payload={"text": "mangled"})
+    state.set_cursor("replies:pending", json.dumps({"reply:a": mangled, "reply:b": kept}))
+    state.close()
+    with serve:
+        await eventually(
+            lambda: any("an answer" in t for t in shown(telegram, GROUP)), what="the good answer"
+        )
+        assert await serve.aterminate() == 0, serve.logs
+    assert "Traceback" not in serve.logs
+    assert "ignoring the unsent command reply reply:a" in serve.logs
+    assert not any("mangled" in t for t in shown(telegram, GROUP))
