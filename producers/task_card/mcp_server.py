@@ -352,17 +352,26 @@ def _bounded_int(text: str) -> int:
     return int(text)
 
 
-def _int_or_zero(text: str) -> int:
-    """A number as `int`, or 0 when too long for one: enough to find the request's id."""
+_UNREADABLE: Final = object()  # a number too long for `int`: never taken for an id
+
+
+def _int_or_unreadable(text: str) -> object:
+    """A number as `int`, or a marker when too long for one: enough to find the request's id
+    (an id that is such a number cannot be echoed, and is answered as null)."""
     try:
         return _bounded_int(text)
     except _TooLong:
-        return 0
+        return _UNREADABLE
+
+
+# How to send a text that holds half of a surrogate pair (the SDK's reader refuses it).
+_SURROGATES: Final = "; a text may not hold half a surrogate pair: send both halves, or drop it"
 
 
 def malformed_answer(line: object, problem: str = "") -> types.JSONRPCError | None:
     """The JSON-RPC error answering a line the SDK could not read as a message (`line`:
-    the text, or the object it decoded to; `problem`: what was wrong with that object), or
+    the text, or the object it decoded to; `problem`: what was wrong with that object, or
+    why the SDK's reader refused the text as JSON), or
     None for a well-formed notification, which gets no answer even when a number is too long.
 
     Not JSON: a parse error (-32700). JSON whose numbers are too long for Python's `int`
@@ -374,7 +383,7 @@ def malformed_answer(line: object, problem: str = "") -> types.JSONRPCError | No
         try:
             decoded = json.loads(line, parse_int=_bounded_int)
         except _TooLong:
-            decoded = json.loads(line, parse_int=_int_or_zero)
+            decoded = json.loads(line, parse_int=_int_or_unreadable)
             if isinstance(decoded, dict) and "id" not in decoded:
                 return None  # a notification: never answered
             return _error(
@@ -385,6 +394,11 @@ def malformed_answer(line: object, problem: str = "") -> types.JSONRPCError | No
         except (ValueError, RecursionError) as exc:
             reason = "nested too deep" if isinstance(exc, RecursionError) else str(exc)[:120]
             return _error(None, types.PARSE_ERROR, f"Parse error: not one JSON document ({reason})")
+        if problem:
+            # JSON to Python, not to the SDK's stricter reader: an escaped half of a surrogate
+            # pair (`"\ud800"`, a cut emoji) or a `NaN`. Its words name the place.
+            hint = _SURROGATES if "escape" in problem else ""
+            return _error(decoded, types.PARSE_ERROR, f"Parse error: {problem[:160]}{hint}")
     what = f"{problem}; a" if problem else "not a JSON-RPC 2.0 message: a"
     return _error(
         decoded,
@@ -465,7 +479,8 @@ def _answer_for(error: Exception) -> types.JSONRPCError | None:
         line = details[0].get("input")
         if isinstance(line, str) and not line.strip():
             return None  # a blank line between messages: nothing was asked
-        return malformed_answer(line)
+        refused = details[0]["type"] == "json_invalid"
+        return malformed_answer(line, str(details[0]["msg"]) if refused else "")
     # What the object is wrong for: a request when it has an id, else a notification.
     kind = "JSONRPCRequest" if isinstance(whole[0], dict) and "id" in whole[0] else ""
     kind = kind or "JSONRPCNotification"

@@ -305,16 +305,20 @@ def test_every_line_a_client_gets_wrong_is_answered_and_the_server_goes_on(
         f'{{"jsonrpc":"2.0","method":"notifications/x","params":{{"n":{huge}}}}}',  # no answer
         '{"jsonrpc":"2.0","id":"three","method":5}',
         call(4, "3"),
+        # An id too long to read: answered with a null id, never with another request's.
+        f'{{"jsonrpc":"2.0","id":{huge},"method":"tools/list"}}',
+        # Half of a surrogate pair, as a cut emoji is escaped: the SDK cannot read the line.
+        call(6, r'{"name":"task_card","arguments":{"action":"inspect","input":{"n":"\ud83d"}}}'),
         '{"jsonrpc":"2.0","id":5,"method":"tools/list"}',
     ]
     try:
         assert server.stdin is not None
         server.stdin.write(("\n".join(lines) + "\n").encode("latin-1"))
         server.stdin.flush()
-        got = [answers.get(timeout=60) for _ in range(8)]
+        got = [answers.get(timeout=60) for _ in range(10)]
         by_id = {answer["id"]: answer for answer in got if answer["id"] is not None}
         unnamed = [answer["error"] for answer in got if answer["id"] is None]
-        assert [error["code"] for error in unnamed] == [-32700, -32700, -32600]
+        assert [error["code"] for error in unnamed] == [-32700, -32700, -32600, -32602]
         assert "not one JSON document" in unnamed[0]["message"]
         assert by_id[1]["result"]["serverInfo"]["name"] == "taskcard"
         assert by_id[2]["error"]["code"] == -32602
@@ -323,6 +327,9 @@ def test_every_line_a_client_gets_wrong_is_answered_and_the_server_goes_on(
         assert "method" in by_id["three"]["error"]["message"]
         assert by_id[4]["error"]["code"] == -32600
         assert "params" in by_id[4]["error"]["message"]
+        assert by_id[6]["error"]["code"] == -32700, by_id[6]
+        assert "surrogate pair" in by_id[6]["error"]["message"]
+        assert 0 not in by_id
         assert "task_card" in {tool["name"] for tool in by_id[5]["result"]["tools"]}
         with pytest.raises(Empty):  # nothing more: the notification and blank line
             answers.get(timeout=1)
