@@ -151,9 +151,11 @@ class WakeReader:
     def _load(self) -> Cursor | None:
         try:
             data = json.loads(read_regular(self._cursor_path, 4096))
-            return Cursor(inode=int(data["inode"]), offset=int(data["offset"]))
-        except (OSError, ValueError, KeyError, TypeError, RecursionError):
-            return None
+            cursor = Cursor(inode=int(data["inode"]), offset=int(data["offset"]))
+        except (OSError, ValueError, KeyError, TypeError, RecursionError, OverflowError):
+            return None  # `1e999` reads as infinity, which no `int` is
+        # An offset before the start (edited by hand) fails every read: placed anew instead.
+        return cursor if cursor.inode >= 0 and cursor.offset >= 0 else None
 
     def _save(self, cursor: Cursor) -> None:
         record = {"inode": cursor.inode, "offset": cursor.offset}

@@ -118,6 +118,43 @@ async def test_a_task_card_wake_reaches_the_mcp_client_once(workdir: Path, cli: 
         assert taskcard_meta(await session.call_tool("task_card", envelope)) is None
 
 
+@pytest.mark.parametrize(
+    "cursor",
+    ['{"inode": 1e999, "offset": 0}', '{"inode": INODE, "offset": -5}'],
+    ids=["huge", "neg"],
+)
+async def test_a_wake_cursor_edited_by_hand_is_placed_anew(
+    workdir: Path, cli: CliHost, cursor: str
+) -> None:
+    """The MCP host's read position in `system.jsonl`, edited by hand (a number no `int` holds,
+    an offset before the start): it is placed at the end again, as an unreadable one is, and
+    the next wake reaches the client. The first failed the tool call with an `OverflowError`;
+    the second made every read fail, so no wake ever came again."""
+    from taskcard.producers.task_card.mcp_server import WAKE_CONSUMER
+    from taskcard.producers.task_card.wakes import CURSOR_DIR
+
+    port = FileNotificationPort(CardPaths(workdir))
+    stored = CardPaths(workdir).notification_dir / CURSOR_DIR / f"{WAKE_CONSUMER}.json"
+    port.notify(TaskCardErrorNotification("tc_1", 0, "renderer_failed", "old"))  # a file to read
+    async with (
+        stdio_client(server_for(workdir, cli)) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        envelope = {"action": "settings", "input": {}, "reasoning": "look"}
+        await session.call_tool("task_card", envelope)  # the cursor is placed
+        placed = json.loads(stored.read_text())
+        stored.write_text(cursor.replace("INODE", str(placed["inode"])))
+        port.notify(TaskCardErrorNotification("tc_1", 1, "renderer_failed", "before"))
+        again = await session.call_tool("task_card", envelope)
+        assert not again.is_error, again
+        port.notify(TaskCardErrorNotification("tc_1", 2, "renderer_timeout", "after"))
+        woken = taskcard_meta(await session.call_tool("task_card", envelope))
+        assert woken is not None, "the wake after the cursor was placed anew"
+        (notice,) = woken["notices"]
+        assert "renderer_timeout" in notice
+
+
 async def test_the_inbox_tool_names_the_files_it_left_alone(workdir: Path, cli: CliHost) -> None:
     """As `taskcard inbox` prints them: a file in the queue that is no message is named in
     the result, beside the messages it returns."""
