@@ -190,7 +190,14 @@ def merge_claude_settings(
     version: Version | None = None,
 ) -> list[str]:
     """Merge one taskcard hook per mapped event into `settings` (in place); the later events
-    left out because this Claude Code (`version`, None when unknown) may not know them."""
+    left out because this Claude Code (`version`, None when unknown) may not know them.
+
+    Every event's groups are checked, not only those of the mapped events: Claude Code
+    refuses the whole file for one group of another shape under any event (a user's
+    `SubagentStop`), and our hooks would be off with it."""
+    hooks = _object_at(settings, "hooks", path)
+    for event in [name for name in hooks if name not in CLAUDE_EVENTS and name not in LATER_EVENTS]:
+        _groups(hooks, event, path)
     return merge_hooks(
         settings,
         command,

@@ -109,23 +109,31 @@ def test_init_claude_code_refuses_a_malformed_file_and_leaves_it(workdir: Path) 
         ([{"hooks": "./notify.sh"}], b"hooks.Stop[0].hooks must be a list"),
         ([5], b"hooks.Stop[0] must be an object with a hooks list"),
         ([{"matcher": 3, "hooks": []}], b"hooks.Stop[0].matcher must be a string"),
+        # Under an event taskcard does not hook: Claude Code refuses the file all the same.
+        ("SubagentStop", b"hooks.SubagentStop[0].hooks must be a list"),
+        ("SubagentStop-list", b"hooks.SubagentStop must be a list"),
     ],
 )
 def test_init_claude_code_refuses_a_hook_group_of_another_shape(
-    workdir: Path, stop: list[object], problem: bytes
+    workdir: Path, stop: list[object] | str, problem: bytes
 ) -> None:
     """A group under an event that is not the documented object with a hooks list was kept
     as it was, ours added beside it, and init said "updated": Claude Code refuses such a
     file, so none of the hooks ran."""
     settings = workdir / ".claude" / "settings.json"
     settings.parent.mkdir()
-    text = json.dumps({"hooks": {"Stop": stop}})
+    hooks: dict[str, object] = {"Stop": stop}
+    if stop == "SubagentStop":
+        hooks = {"Stop": [], "SubagentStop": [{"hooks": "./notify.sh"}]}
+    elif stop == "SubagentStop-list":
+        hooks = {"SubagentStop": {"hooks": []}}
+    text = json.dumps({"hooks": hooks})
     settings.write_text(text)
     done = run_taskcard(
         "init", "claude-code", "--workdir", str(workdir), "--claude-version", "2.1.90"
     )
     assert done.returncode == 2, done.stdout
-    assert problem in done.stderr and b"run init again" in done.stderr
+    assert problem in done.stderr and b"then run" in done.stderr
     assert settings.read_text() == text
     assert not (workdir / ".mcp.json").exists()
 
