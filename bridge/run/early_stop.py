@@ -11,7 +11,9 @@ notes the signal. Until `hold`, nothing is held that a stop must put back (no lo
 so the handler also unwinds at once with `StopRequested` (a configuration read from a named
 pipe with no writer yet cannot keep the service from stopping). From `hold` on, the start-up
 asks `requested()` between its steps and stops there, cleanly; each step is bounded (the
-store's busy timeout, the Redis probe's timeouts).
+store's busy timeout, the Redis probe's timeouts). Once the service has stopped and its loop
+gave the signals back, `force` makes a further one end the process at once, as a second
+Ctrl-C does in most programs.
 """
 
 from __future__ import annotations
@@ -47,12 +49,23 @@ def install() -> None:
 
 
 def restore() -> None:
-    """Put the noting handler back once the loop's handlers are removed (its stop is under
-    way, and a further signal only confirms it); nothing when `install` never ran (the
-    service run inside another program keeps that program's handlers)."""
+    """Put the noting handler on both signals; nothing when `install` never ran (the service
+    run inside another program keeps that program's handlers)."""
     if _State.installed:
         for signum in SIGNALS:
             signal.signal(signum, _note)
+
+
+def force() -> None:
+    """The service's own work is done and its loop's handlers are gone (only closing the
+    store and the loop's teardown are left): a SIGTERM or SIGINT now ends the process at
+    once, SIGINT as a KeyboardInterrupt (exit 130). It is the operator's second signal, the
+    way out when the teardown is held by something that never returns (a thread of the
+    loop's default executor, which the teardown waits for without a timeout). Nothing when
+    `install` never ran."""
+    if _State.installed:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def hold() -> None:

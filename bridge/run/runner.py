@@ -267,13 +267,14 @@ def _give_signals_back(loop: asyncio.AbstractEventLoop) -> None:
     """The loop's signal handlers removed, while the service winds down to its exit.
 
     Removing a handler restores the signal's default action, which ends the process: SIGHUP's
-    (and systemd does not restart what SIGHUP ended) is ignored from now on, and SIGTERM or
-    SIGINT only confirm the stop under way (`early_stop`), so the store is still closed and
-    the exit status is still the service's own."""
+    (and systemd does not restart what SIGHUP ended) is ignored from now on. SIGTERM and
+    SIGINT, sent again by an operator whose stop seems stuck, end the process at once
+    (`early_stop.force`): all that is left is closing the store, which SQLite's journal
+    makes safe to cut short, and the loop's teardown."""
     for signum in (*early_stop.SIGNALS, signal.SIGHUP):
         loop.remove_signal_handler(signum)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    early_stop.restore()
+    early_stop.force()
 
 
 async def _tell_systemd(service: Service, stop: asyncio.Event, env: Mapping[str, str]) -> None:
