@@ -107,6 +107,12 @@ class AuthorRate:
         window.append(now_s)
         return True
 
+    def give_back(self, author: str, agent_id: str, now_s: float) -> None:
+        """Uncount the message `allow` let through at `now_s`: it was not queued after all."""
+        window = self._sent.get((author, agent_id))
+        if window and window[-1] == now_s:
+            window.pop()
+
 
 class InboxDesk:
     """Owns the messages people sent agents and their status messages."""
@@ -270,7 +276,13 @@ class InboxDesk:
             reply_to_id=None if reply_to is None else reply_to.message_id,
             reply_thread_id=None if reply_to is None else reply_to.thread_id,
         )
-        self._store.add_inbox_message(record)  # first: a crash after the write still knows it
+        try:
+            self._store.add_inbox_message(record)  # first: a crash after the write knows it
+        except BaseException:
+            # Nothing queued (a cluster's Redis refused it; the command is tried again once
+            # Redis answers): the try must not cost the person one of their messages.
+            self._rate.give_back(author or "", agent_id, now.timestamp())
+            raise
         self._keep(record)
         self._scheduler.add_route(status_key(record), reply_to=answered(record))
         try:

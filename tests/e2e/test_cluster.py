@@ -89,14 +89,16 @@ async def instances_with_cards(
     redis_url: str,
     prefix: str,
     chat_id: int = GROUP,
+    limits: str = "",
 ) -> dict[str, ServeProcess]:
     """Instances (entered into `fleet`), each serving its own agent `<name>agent` in
-    `chat_id`, once every one of their cards shows there."""
+    `chat_id` (with `limits`, more lines of its configuration), once every one of their
+    cards shows there."""
     serves = {
         name: fleet.enter_context(
             instance(
                 tmp_path, name, fake, [f"{name}agent"], redis_url=redis_url, prefix=prefix,
-                chat_id=chat_id,
+                chat_id=chat_id, limits=limits,
             )
         )
         for name in names

@@ -27,6 +27,7 @@ from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram
 
 HELD = "waits until this is fixed (the other commands go on)"
+WAITS = "waits for Redis"
 
 
 async def test_a_command_whose_state_key_redis_refuses_waits_alone_and_is_answered_once(
@@ -157,3 +158,37 @@ async def test_feishu_a_cancel_claim_key_of_another_type_waits_then_is_answered_
             assert "Traceback" not in serve.logs
             assert serve.logs.count(f"DEL {key}") == 1
         client.close()
+
+
+async def test_a_tell_redis_refused_to_record_costs_its_author_one_message(
+    tmp_path: Path, telegram: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """A person may send one message in ten minutes; Redis refused the record of their
+    `/tell` (its key of another type). The command waited for the key to be fixed, but its
+    first try had counted the message: the next try was refused as too many, and the text
+    was lost. A try that recorded nothing counts nothing."""
+    by_name = await instances_with_cards(
+        tmp_path,
+        telegram,
+        fleet,
+        redis_url=redis_url,
+        prefix=prefix,
+        limits="[inbox]\nmax_messages = 1\nperiod_s = 600",
+    )
+    serves = list(by_name.values())
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    records = f"{prefix}:inbox"
+    client.delete(records)
+    client.set(records, "left by another program")
+    telegram.inject_command(GROUP, "/tell i1agent hello there")
+    await eventually(
+        lambda: any(WAITS in s.logs for s in serves), timeout_s=60, what="the command waiting"
+    )
+    client.delete(records)
+    queued = tmp_path / "agents" / "i1agent" / "inbox" / "queued"
+    await eventually(lambda: list(queued.glob("*.json")), timeout_s=60, what="the text queued")
+    await past_a_later_command(telegram, serves)
+    assert replies(telegram, "Too many messages") == 0
+    for serve in serves:
+        assert await serve.aterminate() == 0
+    client.close()
