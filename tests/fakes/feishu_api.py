@@ -620,6 +620,24 @@ class FakeFeishu:
         message_id: str | None = None,
         extra: dict[str, Any] | None = None,
     ) -> web.Response:
+        self._log(request, operation, chat_id, message_id, status, code)
+        body: dict[str, Any] = {"code": code, "msg": msg}
+        if data is not None:
+            body["data"] = data
+        if code != 0:
+            body["error"] = {"log_id": secrets.token_hex(8)}
+        body.update(extra or {})
+        return web.json_response(body, status=status, headers=headers)
+
+    def _log(
+        self,
+        request: web.Request,
+        operation: str,
+        chat_id: str | None,
+        message_id: str | None,
+        status: int,
+        code: int,
+    ) -> None:
         self.requests.append(
             LoggedRequest(
                 self._rate_clock(),
@@ -632,13 +650,6 @@ class FakeFeishu:
                 code,
             )
         )
-        body: dict[str, Any] = {"code": code, "msg": msg}
-        if data is not None:
-            body["data"] = data
-        if code != 0:
-            body["error"] = {"log_id": secrets.token_hex(8)}
-        body.update(extra or {})
-        return web.json_response(body, status=status, headers=headers)
 
     def _refusal(
         self,
@@ -649,18 +660,7 @@ class FakeFeishu:
         message_id: str | None,
     ) -> web.Response:
         if refusal.raw is not None:
-            self.requests.append(
-                LoggedRequest(
-                    self._rate_clock(),
-                    request.method,
-                    request.path,
-                    operation,
-                    chat_id,
-                    message_id,
-                    refusal.http_status,
-                    refusal.code,
-                )
-            )
+            self._log(request, operation, chat_id, message_id, refusal.http_status, refusal.code)
             return web.Response(
                 body=refusal.raw, status=refusal.http_status, headers=refusal.headers
             )
