@@ -250,6 +250,7 @@ class ClusteredChannel(Channel):
             try:
                 answer = await call()
             except RedisError as error:
+                raise_if_cancel_swallowed()  # a stop's cancel that redis-py turned into this
                 if _wrong_key(error) is not None:
                     raise
                 failures += 1
@@ -270,6 +271,10 @@ class ClusteredChannel(Channel):
                     await asyncio.sleep(delay_s)
                 raise_if_cancel_swallowed()
                 continue
+            # A stop's cancel that redis-py swallowed in a call that then answered: the caller
+            # (the Telegram poller, relaying a command) would go on polling, and the stop
+            # would wait for it for ever.
+            raise_if_cancel_swallowed()
             if failures:
                 log.info("%s: Redis answers again", doing)
             return answer
