@@ -27,6 +27,12 @@ the lanes that have to wait queue, and one dispatcher hands out room in turn ord
 - a waiter without room (its own chat's window is full) does not hold up the waiters after it
   whose scopes have room: no capacity is left unused while someone could use it
   (work-conserving);
+- a round offers room as it was when the round began (`Limiter.acquire`'s `as_of`): room
+  that frees while the dispatcher goes through the waiters waits for the next round, where
+  the first in turn gets it. Otherwise a slot of the bot's budget freed in the middle of a
+  round (each request frees its slot a second after it ends, so slots free all the time)
+  went to the next waiter asked, ahead of the waiters refused a moment before it: a chat
+  served just before could get a second turn while others waited a whole round more;
 - with nobody waiting, a request asks the limiter at once (no queue, no extra step).
 
 `AdmissionQueue` asks a `Limiter` (in memory, or shared by a cluster) for each waiter in turn
@@ -146,7 +152,7 @@ class AdmissionQueue:
                     if waiter.gone:
                         self._waiters.remove(waiter)
                         continue
-                    admitted = await self._limiter.acquire(waiter.scopes)
+                    admitted = await self._limiter.acquire(waiter.scopes, as_of=now)
                     if not isinstance(admitted, Admission):
                         wait_s = admitted if wait_s is None else min(wait_s, admitted)
                         continue

@@ -75,9 +75,17 @@ class Limiter(ABC):
     max_pause_s: float
 
     @abstractmethod
-    async def acquire(self, scopes: tuple[RateScope, ...]) -> Admission | float:
+    async def acquire(
+        self, scopes: tuple[RateScope, ...], *, as_of: float | None = None
+    ) -> Admission | float:
         """Check every scope and, when all have room, take a slot in each in one step (an
-        `Admission`); otherwise the seconds to wait before asking again."""
+        `Admission`); otherwise the seconds to wait before asking again.
+
+        `as_of`: judge room as it was at that earlier time of the limiter's clock (slots are
+        still stamped now). A dispatcher offering room to many waiters in turn passes the
+        time its round began, so room that frees while it goes through them is not taken
+        by whoever happens to be asked next, ahead of those refused a moment earlier. A
+        limiter that cannot judge at another time (a shared one) may ignore it."""
 
     @abstractmethod
     def pause(self, scope: str, seconds: float) -> float:
@@ -132,9 +140,11 @@ class RateLimiter(Limiter):
     def paused_for(self, scope: str) -> float:
         return max(0.0, self._paused_until.get(scope, 0.0) - self._clock())
 
-    def wait_s(self, scopes: Iterable[RateScope]) -> float:
-        """How long to wait before a request in all of `scopes` may start (0: now)."""
-        now = self._clock()
+    def wait_s(self, scopes: Iterable[RateScope], now: float | None = None) -> float:
+        """How long after `now` (default: the clock) a request in all of `scopes` may start
+        (0: at once)."""
+        if now is None:
+            now = self._clock()
         wait = 0.0
         for scope in scopes:
             wait = max(wait, self._paused_until.get(scope.key, 0.0) - now)
@@ -161,9 +171,17 @@ class RateLimiter(Limiter):
                 kept[RateScope(key, window.max_calls, window.period_s)] = sorted(inside)
         return kept
 
-    async def acquire(self, scopes: tuple[RateScope, ...]) -> Admission | float:
-        wait_s = self.wait_s(scopes)
-        return self.reserve(scopes) if wait_s <= 0 else wait_s
+    async def acquire(
+        self, scopes: tuple[RateScope, ...], *, as_of: float | None = None
+    ) -> Admission | float:
+        if as_of is None:
+            wait_s = self.wait_s(scopes)
+            return self.reserve(scopes) if wait_s <= 0 else wait_s
+        wait_s = self.wait_s(scopes, as_of)
+        if wait_s <= 0:
+            return self.reserve(scopes)
+        # Refused as of then; the wait counts from now (0: ask again in the next round).
+        return max(0.0, wait_s - (self._clock() - as_of))
 
     def reserve(self, scopes: Iterable[RateScope]) -> Reservation:
         """Take a slot in every scope; call only when `wait_s` returned 0."""
