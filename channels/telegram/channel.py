@@ -33,7 +33,6 @@ from taskcard.channels.base import (
 from taskcard.channels.errors import (
     ChannelError,
     MessageGone,
-    OutcomeUnknown,
     Permanent,
     Transient,
 )
@@ -182,8 +181,9 @@ class TelegramChannel(Channel):
                 pool_timeout=timeout_s,
             )
         else:
-            # The channel reads only a sent message's id: answers are slimmed to it.
-            request = LeanRequest(pool_size=_POOL_SIZE, timeout_s=timeout_s, slim_answers=True)
+            # The channel reads only a sent message's id: both transports cut answers down
+            # to it (`request.checked_success`).
+            request = LeanRequest(pool_size=_POOL_SIZE, timeout_s=timeout_s)
             # Long polls get their own connection so they never hold one a request needs;
             # PTB adds the poll timeout to this read timeout.
             poll_request = LeanPollRequest(pool_size=1, timeout_s=timeout_s)
@@ -402,12 +402,6 @@ class TelegramChannel(Channel):
             error = self._scrub(translate(exc, chat_scope_key(chat)))
         except (TimeoutError, OSError) as exc:
             raise Transient(f"Telegram request failed: {type(exc).__name__}") from None
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            # PTB could not build its object from a success answer (a sent message without
-            # a date or chat): the request was performed, its result is unknown.
-            raise OutcomeUnknown(
-                f"Telegram's answer could not be read ({type(exc).__name__})"
-            ) from None
         if isinstance(error, ChatUpgraded):
             await self._chat_moved(chat.chat_id, error.new_chat_id)
         raise error

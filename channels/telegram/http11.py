@@ -12,8 +12,9 @@ host) and file uploads (the service never uploads; they are refused, never half-
 
 What it keeps of `FloodAwareRequest`'s promises:
 
-- a 429 with `retry_after` raises `FloodWait`, and an answer that is no Bot API answer is
-  read as `read_answer` says (never a PTB traceback or a `KeyError`);
+- a 429 raises `FloodWait`, an answer that is no Bot API answer is read as `read_answer`
+  says, and a success is checked and cut down by `checked_success` (never a PTB traceback
+  or a `KeyError`);
 - nothing sent (connection refused, connect timeout, no free connection in time) raises
   `NetworkError`/`TimedOut`, which the channel reads as transient;
 - once the request bytes were handed to the connection, any failure (read timeout, the
@@ -47,16 +48,12 @@ from typing import Any
 from telegram import error as tg
 from telegram.request import BaseRequest, RequestData
 
-from taskcard.channels.telegram.request import lost_after_write, read_answer
+from taskcard.channels.telegram.request import checked_success, lost_after_write, read_answer
 
 IDLE_EXPIRY_S = 30.0
-# Successful answers whose result the channel never reads: PTB would build a `Message` (with
-# its chat, sender and entities) from each only for it to be dropped.
-_RESULT_UNREAD = frozenset({"editMessageText", "deleteMessage", "pinChatMessage"})
-_TRUE_ANSWER = b'{"ok":true,"result":true}'
 _FIXED_HEADERS = f"User-Agent: {BaseRequest.USER_AGENT}\r\nAccept: application/json\r\n"
 
-_OK = 200
+_SUCCESS_MIN, _SUCCESS_MAX = 200, 299
 _MAX_HEAD = 64 * 1024
 _MAX_BODY = 64 * 1024 * 1024
 _HEX = re.compile(rb"[0-9A-Fa-f]+")
@@ -93,34 +90,6 @@ def _target(url: str) -> _Target:
         path = f"{path}?{parts.query}"
     authority = parts.netloc.rpartition("@")[2]
     return _Target(secure, parts.hostname, parts.port or (443 if secure else 80), path, authority)
-
-
-def slim_answer(endpoint: str, payload: bytes) -> bytes:
-    """The successful answer to `endpoint` cut down to what the channel reads.
-
-    Edits, deletes and pins: `true` (PTB then returns True instead of building a message).
-    Sends: the message's id, date and chat, all PTB needs for a `Message` whose
-    `message_id` the channel keeps. Anything unexpected is returned as it came, so PTB
-    reports it exactly as before.
-    """
-    if endpoint in _RESULT_UNREAD:
-        return _TRUE_ANSWER
-    if endpoint != "sendMessage":
-        return payload
-    try:
-        body = json.loads(payload)
-    except (ValueError, RecursionError):
-        return payload
-    result = body.get("result") if isinstance(body, dict) else None
-    chat = result.get("chat") if isinstance(result, dict) else None
-    if not isinstance(result, dict) or not isinstance(chat, dict):
-        return payload
-    slim = {
-        "message_id": result.get("message_id"),
-        "date": result.get("date"),
-        "chat": {"id": chat.get("id"), "type": chat.get("type")},
-    }
-    return json.dumps({"ok": True, "result": slim}).encode()
 
 
 def proxy_configured(base_url: str) -> bool:
@@ -214,12 +183,8 @@ class LeanRequest(BaseRequest):
         pool_size: int,
         timeout_s: float,
         ssl_context: ssl.SSLContext | None = None,
-        slim_answers: bool = False,
     ) -> None:
-        """`slim_answers`: successful answers go through `slim_answer` (for a caller that
-        reads nothing but a sent message's id)."""
         self._pool = _Pool(pool_size)
-        self._slim = slim_answers
         self._timeout_s = timeout_s
         self._ssl = ssl_context
         self._closed = False
@@ -298,8 +263,8 @@ class LeanRequest(BaseRequest):
         finally:
             slots.release()
         status, body = read_answer(answer.status, answer.body)
-        if self._slim and status == _OK:
-            return status, slim_answer(target.endpoint, body)
+        if _SUCCESS_MIN <= status <= _SUCCESS_MAX:
+            return status, checked_success(target.endpoint, body)
         return status, body
 
     async def _exchange(

@@ -18,6 +18,7 @@ performed. Only this layer still sees the httpx exception, so it tells the two a
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import httpx
@@ -31,6 +32,16 @@ _SUCCESS_MIN = 200
 _SUCCESS_MAX = 299
 _GATEWAY_TIMEOUT = 504
 _PLAIN_SUCCESS = b'{"ok":true,"result":'
+_TRUE_ANSWER = b'{"ok":true,"result":true}'
+_SEND = "sendMessage"
+_EDIT = "editMessageText"
+# Requests whose result the channel never reads: `true` on success (an edit: the message).
+_RESULT_TRUE = frozenset({_EDIT, "deleteMessage", "pinChatMessage"})
+# A 429 that names no wait is still flood control: long enough that a chat's requests do not
+# run into it again and again (Telegram's waits grow for bots that keep sending), short
+# enough that a card catches up soon.
+FLOOD_WAIT_DEFAULT_S = 5.0
+_RETRY_AFTER_TEXT = re.compile(r"retry after (\d+(?:\.\d+)?)", re.IGNORECASE)
 # httpx failures that happen after the whole request was handed to the connection.
 _AFTER_WRITE = (httpx.ReadTimeout, httpx.ReadError, httpx.RemoteProtocolError)
 
@@ -58,18 +69,19 @@ def lost_after_write(cause: BaseException) -> AnswerLost:
 
 
 def raise_for_flood(status: int, payload: bytes) -> None:
-    """Raise `FloodWait` when the answer is a 429 naming `retry_after`; both transports
-    call this before PTB sees the answer."""
+    """Raise `FloodWait` when the answer is a 429; both transports call this before PTB
+    sees the answer. A 429 without `parameters.retry_after` (a proxy's, an older gateway's)
+    is flood control all the same: the wait is read from its description or defaults to
+    `FLOOD_WAIT_DEFAULT_S`, so it pauses the chat as any flood wait does."""
     if status == _TOO_MANY_REQUESTS:
-        flood = flood_wait_from(payload)
-        if flood is not None:
-            raise flood
+        raise flood_wait_from(payload)
 
 
 def read_answer(status: int, payload: bytes) -> tuple[int, bytes]:
     """The answer as PTB may read it; both transports call this before PTB sees it.
 
-    Raises `FloodWait` for a 429 naming `retry_after`. The Bot API always answers a JSON
+    Raises `FloodWait` for a 429 (and any error naming `retry_after`). The Bot API always
+    answers a JSON
     object; what else arrives came from something in between (a proxy's HTML error page, an
     empty or cut body) or is a success status carrying an error. PTB would log such a body
     with a traceback and fail with a `KeyError` or `TypeError` that is no Telegram error:
@@ -92,7 +104,9 @@ def read_answer(status: int, payload: bytes) -> tuple[int, bytes]:
         code = _error_status(body)
         if code is not None:
             raise_for_flood(code, payload)
-            return code, payload
+            assert body is not None
+            _flood_named(body, payload)
+            return code, _plain_error(body, payload)
         shape = "a JSON object without a result" if body is not None else _shape(payload)
         raise AnswerLost(f"HTTP {status} with no Bot API result ({shape})")
     if body is None or body.get("ok") is not False:
@@ -104,7 +118,58 @@ def read_answer(status: int, payload: bytes) -> tuple[int, bytes]:
             # Something in between gave up waiting for Telegram, which may have performed it.
             raise AnswerLost(description)
         raise tg.NetworkError(description)
-    return status, payload
+    _flood_named(body, payload)
+    return status, _plain_error(body, payload)
+
+
+def _flood_named(body: dict[str, Any], payload: bytes) -> None:
+    """An error naming `parameters.retry_after` is a flood wait whatever its status (PTB
+    reads it so too), bounded like any other."""
+    parameters = body.get("parameters")
+    if isinstance(parameters, dict) and parameters.get("retry_after") is not None:
+        raise flood_wait_from(payload)
+
+
+def _plain_error(body: dict[str, Any] | None, payload: bytes) -> bytes:
+    """An `ok: false` answer as PTB can read it. PTB takes `description` for a string and
+    `parameters` for an object of the documented types; anything else (a number for a
+    description, a list for parameters, a retry_after in words) made it fail with a
+    `TypeError` or `AttributeError` that is no Telegram error. Such fields are rewritten:
+    the description as text, the parameters reduced to the ones that are well formed."""
+    if body is None:
+        return payload
+    description, parameters = body.get("description"), body.get("parameters")
+    if isinstance(description, str) and (parameters is None or _plain_parameters(parameters)):
+        return payload
+    plain: dict[str, Any] = {
+        "ok": False,
+        "error_code": body.get("error_code"),
+        "description": description if isinstance(description, str) else str(description or ""),
+    }
+    if isinstance(parameters, dict):
+        kept = {
+            key: value
+            for key, value in parameters.items()
+            if key in _PARAMETER_TYPES and _plain_value(key, value)
+        }
+        if kept:
+            plain["parameters"] = kept
+    return json.dumps(plain).encode()
+
+
+# The `ResponseParameters` PTB acts on (a `retry_after` never reaches it: `_flood_named`),
+# with the types it needs them in.
+_PARAMETER_TYPES: dict[str, tuple[type, ...]] = {"migrate_to_chat_id": (int,)}
+
+
+def _plain_value(key: str, value: Any) -> bool:
+    return isinstance(value, _PARAMETER_TYPES[key]) and not isinstance(value, bool)
+
+
+def _plain_parameters(parameters: Any) -> bool:
+    return isinstance(parameters, dict) and all(
+        key in _PARAMETER_TYPES and _plain_value(key, value) for key, value in parameters.items()
+    )
 
 
 def _json_object(payload: bytes) -> dict[str, Any] | None:
@@ -132,27 +197,89 @@ def _shape(payload: bytes) -> str:
     return f"{len(payload)} bytes that are not a JSON object"
 
 
-def flood_wait_from(payload: bytes) -> FloodWait | None:
-    """The flood wait described by a 429 body, or None when it names no `retry_after`."""
-    try:
-        body = json.loads(payload)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(body, dict):
-        return None
+def flood_wait_from(payload: bytes) -> FloodWait:
+    """The flood wait a 429 body describes: `parameters.retry_after`, else the seconds its
+    description names ("retry after 35"), else `FLOOD_WAIT_DEFAULT_S`."""
+    body = _json_object(payload) or {}
     parameters = body.get("parameters")
     retry_after = parameters.get("retry_after") if isinstance(parameters, dict) else None
+    description = body.get("description")
+    description = description if isinstance(description, str) and description else ""
     if retry_after is None:
-        return None
+        named = _RETRY_AFTER_TEXT.search(description)
+        retry_after = named.group(1) if named is not None else FLOOD_WAIT_DEFAULT_S
     # Bounded here, at the edge: a retry_after of 1e9 (or Infinity, or -1) is not a plan.
-    description = str(body.get("description") or "Too Many Requests")
-    return FloodWait(sane_retry_after_s(retry_after), description)
+    wait_s = sane_retry_after_s(retry_after, FLOOD_WAIT_DEFAULT_S) or FLOOD_WAIT_DEFAULT_S
+    return FloodWait(wait_s, description or "Too Many Requests")
+
+
+def endpoint_of(url: str) -> str:
+    """The Bot API method a URL names: its last path segment (`.../bot<token>/sendMessage`)."""
+    return url.partition("?")[0].rstrip("/").rsplit("/", 1)[-1]
+
+
+def checked_success(endpoint: str, payload: bytes) -> bytes:
+    """A success answer (`ok: true` with a `result`) to one of the requests the channel
+    makes, cut down to what the channel reads; both transports call this before PTB sees it.
+
+    Sends: the message's id (an integer; a string of digits is read as one) with the date
+    and chat PTB needs to build its `Message`. Edits: the edited message or `true`; deletes
+    and pins: `true`; either way `true` goes on, so PTB builds nothing the channel drops.
+    A result of another shape (a send answered `true`, a list, a message without an id)
+    raises `AnswerLost`: the request was performed, what it did is unknown (a send may
+    have posted). Other methods' answers pass unchanged.
+    """
+    if endpoint in _RESULT_TRUE:
+        if payload == _TRUE_ANSWER or (
+            endpoint == _EDIT and payload.startswith(_PLAIN_SUCCESS + b"{")
+        ):
+            return _TRUE_ANSWER  # how the Bot API writes these: no parse
+        result = _success_result(payload)
+        if result is True or (endpoint == _EDIT and isinstance(result, dict)):
+            return _TRUE_ANSWER
+        raise AnswerLost(f"{endpoint} answered ok with a result of another shape ({_kind(result)})")
+    if endpoint != _SEND:
+        return payload
+    result = _success_result(payload)
+    message_id = result.get("message_id") if isinstance(result, dict) else None
+    if isinstance(message_id, str) and message_id.isascii() and message_id.isdigit():
+        message_id = int(message_id)
+    if isinstance(message_id, bool) or not isinstance(message_id, int) or message_id <= 0:
+        what = "without a message id" if isinstance(result, dict) else _kind(result)
+        raise AnswerLost(f"{endpoint} answered ok with no usable message id ({what})")
+    assert isinstance(result, dict)
+    date, chat = result.get("date"), result.get("chat")
+    chat = chat if isinstance(chat, dict) else {}
+    chat_id, chat_type = chat.get("id"), chat.get("type")
+    slim = {
+        "message_id": message_id,
+        "date": date if isinstance(date, int) and not isinstance(date, bool) else 0,
+        "chat": {
+            "id": chat_id if isinstance(chat_id, int) and not isinstance(chat_id, bool) else 0,
+            "type": chat_type if isinstance(chat_type, str) else "private",
+        },
+    }
+    return json.dumps({"ok": True, "result": slim}).encode()
+
+
+def _success_result(payload: bytes) -> Any:
+    """The `result` of a success answer that `read_answer` let through (None if unreadable)."""
+    body = _json_object(payload)
+    return None if body is None else body.get("result")
+
+
+def _kind(result: Any) -> str:
+    """What a result was, for a log line: its JSON type, never its content."""
+    if result is True or result is False:
+        return f"result {str(result).lower()}"
+    names = {dict: "an object", list: "a list", str: "a string", type(None): "null"}
+    return f"result {names.get(type(result), 'a number')}"
 
 
 class FloodAwareRequest(HTTPXRequest):
-    """An `HTTPXRequest` that raises `FloodWait` for a 429 carrying `retry_after` and
-    `AnswerLost` when the request went out but its answer did not come back (or came back
-    unreadable, see `read_answer`)."""
+    """An `HTTPXRequest` that raises `FloodWait` for a 429 and `AnswerLost` when the request
+    went out but its answer did not come back (or came back unreadable, see `read_answer`,
+    or a success of another shape than documented, see `checked_success`)."""
 
     async def do_request(
         self,
@@ -178,4 +305,7 @@ class FloodAwareRequest(HTTPXRequest):
             if exc.__cause__ is not None and answer_lost(exc.__cause__):
                 raise lost_after_write(exc.__cause__) from exc
             raise
-        return read_answer(code, payload)
+        status, body = read_answer(code, payload)
+        if _SUCCESS_MIN <= status <= _SUCCESS_MAX:
+            return status, checked_success(endpoint_of(url), body)
+        return status, body

@@ -28,7 +28,13 @@ from taskcard.channels.telegram.errors import (
     ThreadNotFound,
     translate,
 )
-from taskcard.channels.telegram.request import AnswerLost, FloodWait, answer_lost, flood_wait_from
+from taskcard.channels.telegram.request import (
+    FLOOD_WAIT_DEFAULT_S,
+    AnswerLost,
+    FloodWait,
+    answer_lost,
+    flood_wait_from,
+)
 
 SCOPE = "telegram:chat:-1"
 
@@ -94,13 +100,16 @@ def test_rate_limited_names_the_scope(exc: tg.TelegramError) -> None:
             b'"parameters":{"retry_after":35}}',
             35.0,
         ),
-        (b'{"ok":false,"error_code":429,"description":"Too Many Requests"}', None),
-        (b"not json", None),
+        # No retry_after (a proxy's or an older gateway's 429): the description's seconds,
+        # else the default; never a request again at once.
+        (b'{"ok":false,"error_code":429,"description":"Too Many Requests: retry after 12"}', 12.0),
+        (b'{"ok":false,"error_code":429,"description":"Too Many Requests"}', FLOOD_WAIT_DEFAULT_S),
+        (b'{"ok":false,"error_code":429,"parameters":{"retry_after":0}}', FLOOD_WAIT_DEFAULT_S),
+        (b"not json", FLOOD_WAIT_DEFAULT_S),
     ],
 )
-def test_flood_wait_from_body(payload: bytes, retry_after_s: float | None) -> None:
-    flood = flood_wait_from(payload)
-    assert (None if flood is None else flood.retry_after_s) == retry_after_s
+def test_flood_wait_from_body(payload: bytes, retry_after_s: float) -> None:
+    assert flood_wait_from(payload).retry_after_s == retry_after_s
 
 
 @pytest.mark.parametrize(
@@ -131,16 +140,14 @@ def test_only_failures_after_the_write_lose_an_answer(
         (b'{"ok":false,"parameters":{"retry_after":1000000000}}', RETRY_AFTER_CEILING_S),
         (b'{"ok":false,"parameters":{"retry_after":1e999}}', RETRY_AFTER_CEILING_S),
         (b'{"ok":false,"parameters":{"retry_after":Infinity}}', RETRY_AFTER_CEILING_S),
-        (b'{"ok":false,"parameters":{"retry_after":NaN}}', 1.0),
-        (b'{"ok":false,"parameters":{"retry_after":-30}}', 1.0),
-        (b'{"ok":false,"parameters":{"retry_after":"soon"}}', 1.0),
-        (b'{"ok":false,"parameters":{"retry_after":true}}', 1.0),
+        (b'{"ok":false,"parameters":{"retry_after":NaN}}', FLOOD_WAIT_DEFAULT_S),
+        (b'{"ok":false,"parameters":{"retry_after":-30}}', FLOOD_WAIT_DEFAULT_S),
+        (b'{"ok":false,"parameters":{"retry_after":"soon"}}', FLOOD_WAIT_DEFAULT_S),
+        (b'{"ok":false,"parameters":{"retry_after":true}}', FLOOD_WAIT_DEFAULT_S),
     ],
 )
 def test_flood_wait_is_bounded_whatever_the_body_says(body: bytes, expected_s: float) -> None:
-    flood = flood_wait_from(body)
-    assert flood is not None
-    assert flood.retry_after_s == expected_s
+    assert flood_wait_from(body).retry_after_s == expected_s
 
 
 @pytest.mark.parametrize(

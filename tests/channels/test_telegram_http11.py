@@ -33,9 +33,8 @@ from taskcard.channels.telegram.http11 import (
     _Incomplete,
     _read_answer,
     proxy_configured,
-    slim_answer,
 )
-from taskcard.channels.telegram.request import AnswerLost, FloodWait
+from taskcard.channels.telegram.request import AnswerLost, FloodWait, checked_success
 from tests.channels.conftest import MemoryCursorStore, wait_until
 
 OK_BODY = b'{"ok":true,"result":{"message_id":5,"date":1,"chat":{"id":-1,"type":"group"}}}'
@@ -310,33 +309,75 @@ async def test_broken_answers_are_incomplete(raw: bytes) -> None:
         await _read_answer(_feed(raw))
 
 
+SENT = {"ok": True, "result": {"message_id": 9, "date": 3, "chat": {"id": -5, "type": "group"}}}
+
+
 @pytest.mark.parametrize(
     ("endpoint", "payload", "expected"),
     [
         ("editMessageText", OK_BODY, {"ok": True, "result": True}),
+        # A full message in another order and with extra fields, or `true`: an edit done.
+        (
+            "editMessageText",
+            b'{"result":{"chat":{"type":"group","id":-1},"message_id":5,"x":[1]},"ok":true}',
+            {"ok": True, "result": True},
+        ),
+        ("editMessageText", b'{"ok": true, "result": true}', {"ok": True, "result": True}),
         ("deleteMessage", b'{"ok":true,"result":true}', {"ok": True, "result": True}),
         ("pinChatMessage", b'{"ok":true,"result":true}', {"ok": True, "result": True}),
         (
             "sendMessage",
             b'{"ok":true,"result":{"message_id":9,"date":3,"text":"x","entities":[],'
             b'"chat":{"id":-5,"type":"group","title":"t"},"from":{"id":1,"is_bot":true}}}',
+            SENT,
+        ),
+        # Fields in another order, extra ones, and the id as a string of digits.
+        (
+            "sendMessage",
+            b'{"result":{"chat":{"title":"t","type":"group","id":-5},"date":3,'
+            b'"message_id":"9","via":{}},"ok":true,"extra":1}',
+            SENT,
+        ),
+        # Without date or chat (PTB needs them): the id is what the channel reads.
+        (
+            "sendMessage",
+            b'{"ok":true,"result":{"message_id":9}}',
             {
                 "ok": True,
-                "result": {"message_id": 9, "date": 3, "chat": {"id": -5, "type": "group"}},
+                "result": {"message_id": 9, "date": 0, "chat": {"id": 0, "type": "private"}},
             },
         ),
-        ("sendMessage", b"not json", None),
-        ("sendMessage", b'{"ok":true,"result":true}', None),
         ("getUpdates", b'{"ok":true,"result":[]}', None),
         ("getMe", b'{"ok":true,"result":{"id":1}}', None),
     ],
 )
-def test_slim_answer(endpoint: str, payload: bytes, expected: object) -> None:
-    slim = slim_answer(endpoint, payload)
+def test_checked_success(endpoint: str, payload: bytes, expected: object) -> None:
+    checked = checked_success(endpoint, payload)
     if expected is None:
-        assert slim == payload  # untouched: PTB sees exactly what came
+        assert checked == payload  # untouched: PTB sees exactly what came
     else:
-        assert json.loads(slim) == expected
+        assert json.loads(checked) == expected
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "payload"),
+    [
+        ("sendMessage", b'{"ok":true,"result":true}'),
+        ("sendMessage", b'{"ok":true,"result":[{"message_id":9}]}'),
+        ("sendMessage", b'{"ok":true,"result":{"date":3,"chat":{"id":-5,"type":"group"}}}'),
+        ("sendMessage", b'{"ok":true,"result":{"message_id":9.5}}'),
+        ("sendMessage", b'{"ok":true,"result":{"message_id":"nine"}}'),
+        ("sendMessage", b'{"ok":true,"result":{"message_id":true}}'),
+        ("sendMessage", b'{"ok":true,"result":{"message_id":0}}'),
+        ("editMessageText", b'{"ok":true,"result":[1]}'),
+        ("editMessageText", b'{"ok":true,"result":false}'),
+        ("deleteMessage", b'{"ok":true,"result":{"message_id":5}}'),
+        ("pinChatMessage", b'{"ok":true,"result":"yes"}'),
+    ],
+)
+def test_a_success_of_another_shape_is_an_unknown_outcome(endpoint: str, payload: bytes) -> None:
+    with pytest.raises(AnswerLost, match=endpoint):
+        checked_success(endpoint, payload)
 
 
 PROXY_VARIABLES = ("https_proxy", "http_proxy", "all_proxy", "no_proxy")
