@@ -66,7 +66,12 @@ from taskcard.channels.base import (
 from taskcard.channels.errors import ChannelError, MessageGone, NotModified, Permanent, Transient
 from taskcard.channels.feishu import card, scopes
 from taskcard.channels.feishu.config import FeishuConfig
-from taskcard.channels.feishu.errors import TOKEN_INVALID, FeishuOperation, translate
+from taskcard.channels.feishu.errors import (
+    TOKEN_INVALID,
+    FeishuOperation,
+    answer_code,
+    translate,
+)
 from taskcard.channels.feishu.events import (
     MESSAGE_EVENT,
     DecodedEvent,
@@ -513,11 +518,12 @@ class FeishuChannel(Channel):
         raw = response.raw
         status = raw.status_code if raw is not None and raw.status_code is not None else 0
         headers: Mapping[str, str] = raw.headers if raw is not None else {}
-        if response.code in TOKEN_INVALID:
+        code = answer_code(response.code)
+        if code in TOKEN_INVALID:
             tokens.invalidate()
         failure = translate(
             status=status,
-            code=response.code,
+            code=code,
             msg=response.msg,
             headers=headers,
             app_scope=APP_SCOPE,

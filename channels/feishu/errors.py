@@ -40,12 +40,29 @@ BOT_NOT_IN_CHAT = 230002
 NO_AVAILABILITY = 230013
 NO_PERMISSION = 230027
 SEND_PERMISSION_DENIED = 230035
+# The chat of the message does not exist: it was disbanded (documented for pins).
+CHAT_NOT_FOUND = 230045
+# The chat was dissolved (the chat APIs' word for a disbanded group).
+CHAT_DISSOLVED = 232009
+# The person of a p2p chat stopped the bot from sending them messages.
+BOT_STOPPED_BY_USER = 230053
 SCOPE_MISSING = 99991672
 TOKEN_INVALID = frozenset({99991661, 99991663, 99991668, 99991677})
 
 GONE_CODES = frozenset({MESSAGE_RECALLED, MESSAGE_TOO_OLD, MESSAGE_DELETED})
+# Answers by which Feishu says the bot cannot reach the chat at all: the route is disabled
+# with the reason (shown by `taskcard status`) instead of failing on every change.
 FORBIDDEN_CODES = frozenset(
-    {BOT_NOT_IN_CHAT, NO_AVAILABILITY, NO_PERMISSION, SEND_PERMISSION_DENIED, SCOPE_MISSING}
+    {
+        BOT_NOT_IN_CHAT,
+        NO_AVAILABILITY,
+        NO_PERMISSION,
+        SEND_PERMISSION_DENIED,
+        CHAT_NOT_FOUND,
+        CHAT_DISSOLVED,
+        BOT_STOPPED_BY_USER,
+        SCOPE_MISSING,
+    }
 )
 
 # The channel's operations, and Feishu's own: "reply" posts a reply to a chat message.
@@ -71,6 +88,25 @@ def retry_after_s(headers: Mapping[str, str]) -> float:
             seconds = sane_retry_after_s(value.strip(), DEFAULT_RETRY_AFTER_S)
             return seconds if seconds > 0 else DEFAULT_RETRY_AFTER_S
     return DEFAULT_RETRY_AFTER_S
+
+
+def answer_code(code: object) -> int | None:
+    """The Open API `code` of an answer as an integer, or None when there is none.
+
+    Feishu writes it as a JSON integer; a gateway in between may write it as a string of
+    digits ("0") or a number with a fraction part of zero, which mean the same. Anything
+    else (a word, true, a fraction) is no code: the answer is not the Open API's."""
+    if isinstance(code, bool):
+        return None
+    if isinstance(code, int):
+        return code
+    if isinstance(code, float) and code.is_integer():
+        return int(code)
+    if isinstance(code, str):
+        text = code.strip()
+        if text.lstrip("-").isascii() and text.lstrip("-").isdigit():
+            return int(text)
+    return None
 
 
 def translate(

@@ -18,7 +18,7 @@ from lark_oapi.core.token import AccessTokenResponse, CreateSelfTenantTokenReque
 from lark_oapi.core.token.create_token_request_body import CreateTokenRequestBody
 
 from taskcard.channels.errors import CredentialsRejected, RateLimited, Transient
-from taskcard.channels.feishu.errors import APP_RATE_LIMITED, retry_after_s
+from taskcard.channels.feishu.errors import APP_RATE_LIMITED, answer_code, retry_after_s
 from taskcard.channels.feishu.scopes import APP_SCOPE
 from taskcard.channels.feishu.transport import LarkTransport
 
@@ -68,19 +68,18 @@ class TenantTokenSource:
         status = answer.raw.status_code if answer.raw is not None else 0
         status = status or 0
         token = answer.tenant_access_token
-        if answer.code == 0 and isinstance(token, str) and token:
+        code = answer_code(answer.code)
+        if code == 0 and isinstance(token, str) and token:
             expire = answer.expire
             return token, float(expire) if isinstance(expire, int | float) else 7200.0
-        detail = f"feishu: tenant token request failed: HTTP {status}, code {answer.code}"
-        if status == 429 or answer.code == APP_RATE_LIMITED:
+        detail = f"feishu: tenant token request failed: HTTP {status}, code {code}"
+        if status == 429 or code == APP_RATE_LIMITED:
             # The frequency limit (HTTP 429, or 400 on some APIs) says nothing about the
             # credentials: the app waits, as for any other call it makes.
             headers = answer.raw.headers if answer.raw is not None else {}
             raise RateLimited(retry_after_s(headers or {}), APP_SCOPE, detail)
-        if answer.code is None or answer.code == 0 or status >= 500:
+        if code is None or code == 0 or status >= 500:
             # No answer, a server failure, or a success without a token: nothing here says
             # the credentials are wrong.
             raise Transient(detail)
-        raise CredentialsRejected(
-            f"feishu: app credentials rejected (code {answer.code}: {answer.msg})"
-        )
+        raise CredentialsRejected(f"feishu: app credentials rejected (code {code}: {answer.msg})")

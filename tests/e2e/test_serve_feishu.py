@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.harness import ServeProcess, eventually, notify, publish
+from tests.e2e.harness import ServeProcess, eventually, notify, publish, run_cli
 from tests.fakes.feishu_api import FakeFeishu
 
 CHAT = "oc_fleet_group"
@@ -458,3 +458,80 @@ async def test_a_token_answer_without_a_token_is_retried(tmp_path: Path, fake: F
         assert await serve.aterminate() == 0
     assert "channel feishu disabled" not in serve.logs
     assert fake.app_secret not in serve.logs
+
+
+@pytest.mark.parametrize(
+    ("code", "meaning"),
+    [
+        (230045, "the chat does not exist (disbanded)"),
+        (232009, "the chat was dissolved"),
+        (230053, "the user stopped the bot's messages"),
+    ],
+)
+async def test_a_chat_the_bot_cannot_reach_disables_its_route(
+    tmp_path: Path, fake: FakeFeishu, code: int, meaning: str
+) -> None:
+    """Feishu says with these codes that the bot cannot reach the chat at all: like 230002,
+    the route is disabled with the reason in `taskcard status`, not refused change by change."""
+    setup = Setup(tmp_path, fake, ["builder"])
+    workdir = tmp_path / "agents" / "builder"
+
+    def status() -> str:
+        return run_cli("status", "--config", str(setup.config)).stdout
+
+    with setup.serve() as serve:
+        publish(workdir, "first body")
+        await eventually(lambda: any("first body" in t for t in card_texts(fake)), what="card")
+        fake.script_error("patch", code, msg=meaning)
+        publish(workdir, "second body")
+        report = await eventually(
+            lambda: (lambda text: text if "DISABLED" in text else "")(status()),
+            timeout_s=60,
+            what="the route disabled",
+        )
+        assert await serve.aterminate() == 0
+    assert f"code {code}" in report
+    assert "refused this card for good" not in serve.logs
+
+
+async def test_a_code_written_as_a_string_is_read_as_the_number(
+    tmp_path: Path, fake: FakeFeishu
+) -> None:
+    """A gateway that writes `code` as a string ("0") says what Feishu said: a token answer
+    with "0" is a token (the channel was disabled as if the credentials were refused), a
+    patch answered "0" is done (it was refused for good), and "230002" still means the bot
+    is not in the chat."""
+    fake.script_raw(
+        "token",
+        200,
+        json.dumps(
+            {"code": "0", "msg": "ok", "tenant_access_token": "t-gateway", "expire": 7200}
+        ).encode(),
+        content_type="application/json",
+    )
+    setup = Setup(tmp_path, fake, ["builder"])
+    workdir = tmp_path / "agents" / "builder"
+    with setup.serve() as serve:
+        publish(workdir, "first body")
+        await eventually(
+            lambda: any("first body" in t for t in card_texts(fake)), what="card", timeout_s=60
+        )
+        patches = len(fake.requests_of("patch"))
+        answer = b'{"code":"0","msg":"success","data":{}}'
+        fake.script_raw("patch", 200, answer, content_type="application/json")
+        publish(workdir, "second body")
+        await eventually(lambda: len(fake.requests_of("patch")) > patches, what="the patch")
+        publish(workdir, "third body")
+        await eventually(lambda: any("third body" in t for t in card_texts(fake)), what="third")
+        refusal = b'{"code":"230002","msg":"Bot is not in the chat"}'
+        fake.script_raw("patch", 400, refusal, content_type="application/json")
+        publish(workdir, "fourth body")
+        await eventually(
+            lambda: "DISABLED" in run_cli("status", "--config", str(setup.config)).stdout,
+            timeout_s=60,
+            what="the route disabled",
+        )
+        assert await serve.aterminate() == 0
+    assert "channel feishu disabled" not in serve.logs
+    assert "refused this card for good" not in serve.logs
+    assert "Traceback" not in serve.logs
