@@ -158,7 +158,7 @@ class RateScope:
     period_s: float
 
 
-CommandName = Literal["taskcard", "tell", "reply", "moved"]
+CommandName = Literal["taskcard", "tell", "reply", "moved", "reopened"]
 
 
 @dataclass(frozen=True)
@@ -188,6 +188,8 @@ class IncomingCommand:
     "moved" is no one's text but the platform's word that `chat` now lives under another id
     (`args`, Telegram's group upgraded to a supergroup): the channel sends there from now on,
     and the service shows the chat's residents again.
+    "reopened" is the platform's word that `chat` (a Telegram forum topic) was reopened: the
+    routes a closed topic disabled are brought back.
     """
 
     chat: ChatRef

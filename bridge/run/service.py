@@ -1129,6 +1129,9 @@ class Service:
         if command.command == "moved":
             self._chat_moved(channel_name, chat)
             return
+        if command.command == "reopened":
+            self._topic_reopened(channel_name, chat)
+            return
         self._store.record_chat(  # routed or not: `taskcard chats` lists it for the operator
             SeenChat(
                 channel_name,
@@ -1271,6 +1274,16 @@ class Service:
         for board in {board_key(route.key) for route in routes}:
             self._scheduler.reshow(board)
             self._mark_board(board.chat_scope)
+
+    def _topic_reopened(self, channel_name: str, chat: ChatRef) -> None:
+        """A forum topic was reopened: its routes, disabled while it was closed, post again
+        (a route of another reason comes back too; if that reason holds, it is disabled
+        again by the next refusal)."""
+        for route in self._routes:
+            if route.key.channel == channel_name and route.key.chat == chat:
+                if self._scheduler.disabled_reason(route.key) is not None:
+                    log.info("route %s enabled again: its forum topic was reopened", route.key)
+                self._scheduler.enable(route.key)
 
     def _close_origin_routes(self, routes: list[Route], scope: str) -> None:
         """`/taskcard off` where turns opened routes: each resident says hidden, then closes."""

@@ -18,7 +18,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from telegram import Bot, Update
+from telegram import Bot, Message, Update
 from telegram import error as tg
 from telegram.request import BaseRequest
 
@@ -144,6 +144,8 @@ def command_from_update(update: Update, bot_username: str) -> IncomingCommand | 
     # message with a picture is by its text: "/tell builder see this" under a screenshot.
     if message is None:
         return None
+    if message.forum_topic_reopened is not None:
+        return reopened_command(message)
     text = message.text or message.caption
     if not isinstance(text, str):
         return None
@@ -178,6 +180,19 @@ def command_from_update(update: Update, bot_username: str) -> IncomingCommand | 
         chat_title=message.chat.effective_name,
         command=name,
         reply_to=reply_to,
+    )
+
+
+def reopened_command(message: Message) -> IncomingCommand:
+    """What the service is told when a forum topic was reopened (the service message every
+    bot gets, privacy mode or not): the routes its closing disabled come back."""
+    thread = message.message_thread_id if message.is_topic_message else None
+    return IncomingCommand(
+        chat=ChatRef(str(message.chat.id), None if thread is None else str(thread)),
+        args="",
+        user_id=None,
+        message_id=str(message.message_id),
+        command="reopened",
     )
 
 

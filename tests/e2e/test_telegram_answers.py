@@ -29,8 +29,15 @@ async def fake() -> AsyncIterator[FakeTelegram]:
         yield server
 
 
-def serve(tmp_path: Path, fake: FakeTelegram, agents: list[str], transport: str) -> ServeProcess:
-    """All `agents` in one group chat, a card each; through a proxy when asked."""
+def serve(
+    tmp_path: Path,
+    fake: FakeTelegram,
+    agents: list[str],
+    transport: str,
+    thread: int | None = None,
+) -> ServeProcess:
+    """All `agents` in one group chat (or forum topic), a card each; through a proxy when
+    asked."""
     lines = [
         *agents_lines(tmp_path, agents),
         "[telegram]",
@@ -39,6 +46,7 @@ def serve(tmp_path: Path, fake: FakeTelegram, agents: list[str], transport: str)
         "poll_timeout_s = 1",
         "[[telegram.routes]]",
         f"chat_id = {GROUP}",
+        *([] if thread is None else [f"thread_id = {thread}"]),
         f"agents = {json.dumps(agents)}",
     ]
     config = tmp_path / "taskcard.toml"
@@ -162,5 +170,48 @@ async def test_a_429_without_retry_after_pauses_the_chat(
             lambda: all(any(f"{a} v2" in t for t in shown(fake)) for a in ("builder", "tester")),
             what="both cards after the pause",
         )
+        assert await service.aterminate() == 0
+    assert "Traceback" not in service.logs
+
+
+async def test_a_closed_topic_comes_back_when_it_is_reopened(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """TOPIC_CLOSED disables the topic's route; Telegram's service message that the topic
+    was reopened (every bot gets it, privacy mode or not) brings the route back by itself,
+    with the card it missed, and no one has to send a command or restart the service."""
+    topic = 42
+    service = serve(tmp_path, fake, ["builder"], "lean", thread=topic)
+    workdir = tmp_path / "agents" / "builder"
+
+    def disabled() -> bool:
+        return bool(status(service.config)["routes"][0]["disabled"])
+
+    with service:
+        publish(workdir, "v1")
+        await eventually(lambda: fake.bot_messages(GROUP, topic), what="the card in the topic")
+        fake.fail_next("editMessageText", 400, "Bad Request: TOPIC_CLOSED")
+        publish(workdir, "v2 while closed")
+        await eventually(disabled, what="the route disabled")
+        person = {"id": 1000, "is_bot": False, "first_name": "Admin"}
+        fake.inject_update(
+            {
+                "message": {
+                    "message_id": 500,
+                    "date": 1,
+                    "chat": {"id": GROUP, "type": "supergroup", "title": "G", "is_forum": True},
+                    "from": person,
+                    "message_thread_id": topic,
+                    "is_topic_message": True,
+                    "forum_topic_reopened": {},
+                }
+            }
+        )
+        await eventually(
+            lambda: any("v2 while closed" in m.text for m in fake.bot_messages(GROUP, topic)),
+            what="the card caught up after the reopening",
+        )
+        assert not disabled()
+        assert len(fake.bot_messages(GROUP)) == 1
         assert await service.aterminate() == 0
     assert "Traceback" not in service.logs
