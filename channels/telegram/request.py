@@ -34,6 +34,7 @@ _GATEWAY_TIMEOUT = 504
 _PLAIN_SUCCESS = b'{"ok":true,"result":'
 _TRUE_ANSWER = b'{"ok":true,"result":true}'
 _SEND = "sendMessage"
+_GET_ME = "getMe"
 _EDIT = "editMessageText"
 # Requests whose result the channel never reads: `true` on success (an edit: the message).
 _RESULT_TRUE = frozenset({_EDIT, "deleteMessage", "pinChatMessage"})
@@ -227,7 +228,8 @@ def checked_success(endpoint: str, payload: bytes) -> bytes:
     and pins: `true`; either way `true` goes on, so PTB builds nothing the channel drops.
     A result of another shape (a send answered `true`, a list, a message without an id)
     raises `AnswerLost`: the request was performed, what it did is unknown (a send may
-    have posted). Other methods' answers pass unchanged.
+    have posted). getMe must name the bot's id, name and username (or it is tried again,
+    as after a lost answer). Other methods' answers pass unchanged.
     """
     if endpoint in _RESULT_TRUE:
         if payload == _TRUE_ANSWER or (
@@ -238,6 +240,16 @@ def checked_success(endpoint: str, payload: bytes) -> bytes:
         if result is True or (endpoint == _EDIT and isinstance(result, dict)):
             return _TRUE_ANSWER
         raise AnswerLost(f"{endpoint} answered ok with a result of another shape ({_kind(result)})")
+    if endpoint == _GET_ME:
+        # The bot's identity, read once at start: PTB builds a `User` of it, and the channel
+        # needs the username (commands name the bot by it).
+        me = _success_result(payload)
+        if not isinstance(me, dict) or not all(
+            isinstance(me.get(field), kind) and not isinstance(me.get(field), bool)
+            for field, kind in (("id", int), ("first_name", str), ("username", str))
+        ):
+            raise AnswerLost(f"{endpoint} answered ok without the bot's id and username")
+        return payload
     if endpoint != _SEND:
         return payload
     result = _success_result(payload)

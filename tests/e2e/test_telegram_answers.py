@@ -215,3 +215,26 @@ async def test_a_closed_topic_comes_back_when_it_is_reopened(
         assert len(fake.bot_messages(GROUP)) == 1
         assert await service.aterminate() == 0
     assert "Traceback" not in service.logs
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_get_me_answer_without_the_bot_is_tried_again(
+    tmp_path: Path, fake: FakeTelegram, transport: str
+) -> None:
+    """getMe answered ok without the bot's id and username (`true`, a user without a
+    username) at start: the channel is not ready yet and tries again, as after any other
+    failure at start; it was disabled for good with a traceback."""
+    fake.answer_raw_next("getMe", 200, b'{"ok":true,"result":true}', "application/json")
+    other = b'{"ok":true,"result":{"id":1,"is_bot":true,"first_name":"bot"}}'
+    fake.answer_raw_next("getMe", 200, other, "application/json")
+    service = serve(tmp_path, fake, ["builder"], transport)
+    with service:
+        publish(tmp_path / "agents" / "builder", "first card")
+        await eventually(
+            lambda: any("first card" in text for text in shown(fake)),
+            timeout_s=60,
+            what="the card once the channel started",
+        )
+        assert await service.aterminate() == 0
+    assert "Traceback" not in service.logs
+    assert "could not start" not in service.logs
