@@ -147,30 +147,30 @@ def _plain_error(body: dict[str, Any] | None, payload: bytes) -> bytes:
         "error_code": body.get("error_code"),
         "description": description if isinstance(description, str) else str(description or ""),
     }
-    if isinstance(parameters, dict):
-        kept = {
-            key: value
-            for key, value in parameters.items()
-            if key in _PARAMETER_TYPES and _plain_value(key, value)
-        }
-        if kept:
-            plain["parameters"] = kept
+    migrate_to = (
+        _chat_id(parameters.get("migrate_to_chat_id")) if isinstance(parameters, dict) else None
+    )
+    if migrate_to is not None:
+        plain["parameters"] = {"migrate_to_chat_id": migrate_to}
     return json.dumps(plain).encode()
 
 
-# The `ResponseParameters` PTB acts on (a `retry_after` never reaches it: `_flood_named`),
-# with the types it needs them in.
-_PARAMETER_TYPES: dict[str, tuple[type, ...]] = {"migrate_to_chat_id": (int,)}
-
-
-def _plain_value(key: str, value: Any) -> bool:
-    return isinstance(value, _PARAMETER_TYPES[key]) and not isinstance(value, bool)
+def _chat_id(value: Any) -> int | None:
+    """A chat id PTB can take: an integer, or a string of one (a gateway's)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lstrip("-").isascii() and value.lstrip("-").isdigit():
+        return int(value)
+    return None
 
 
 def _plain_parameters(parameters: Any) -> bool:
-    return isinstance(parameters, dict) and all(
-        key in _PARAMETER_TYPES and _plain_value(key, value) for key, value in parameters.items()
-    )
+    """Parameters PTB reads as they are: an object whose chat id, if any, is an integer (the
+    `retry_after` of an error never reaches PTB, see `_flood_named`)."""
+    if not isinstance(parameters, dict):
+        return False
+    migrate_to = parameters.get("migrate_to_chat_id")
+    return migrate_to is None or (isinstance(migrate_to, int) and not isinstance(migrate_to, bool))
 
 
 def _json_object(payload: bytes) -> dict[str, Any] | None:

@@ -238,3 +238,39 @@ async def test_a_get_me_answer_without_the_bot_is_tried_again(
         assert await service.aterminate() == 0
     assert "Traceback" not in service.logs
     assert "could not start" not in service.logs
+
+
+async def test_error_answers_with_fields_of_other_types_are_read(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """An error whose description is no text or whose parameters are no object is still
+    Telegram's refusal of that request (never a crash of the client library), and a group's
+    new id written as a string still moves its card to the supergroup."""
+    supergroup = -1005550002222
+    service = serve(tmp_path, fake, ["builder"], "lean")
+    workdir = tmp_path / "agents" / "builder"
+    with service:
+        publish(workdir, "v1")
+        await eventually(lambda: shown(fake), what="the card")
+        odd = b'{"ok":false,"error_code":400,"description":400,"parameters":[1]}'
+        fake.answer_raw_next("editMessageText", 400, odd, "application/json")
+        publish(workdir, "v2 refused oddly")
+        await eventually(lambda: fake.count("editMessageText") >= 1, what="the refused edit")
+        publish(workdir, "v3")
+        await eventually(lambda: any("v3" in text for text in shown(fake)), what="v3")
+        moved = json.dumps(
+            {
+                "ok": False,
+                "error_code": 400,
+                "description": "Bad Request: group chat was upgraded to a supergroup chat",
+                "parameters": {"migrate_to_chat_id": str(supergroup)},
+            }
+        ).encode()
+        fake.answer_raw_next("editMessageText", 400, moved, "application/json")
+        publish(workdir, "v4 in the supergroup")
+        await eventually(
+            lambda: any("v4" in m.text for m in fake.bot_messages(supergroup)),
+            what="the card in the supergroup",
+        )
+        assert await service.aterminate() == 0
+    assert "Traceback" not in service.logs
