@@ -524,7 +524,8 @@ class FeishuChannel(Channel):
         failure = translate(
             status=status,
             code=code,
-            msg=response.msg,
+            # Feishu's `msg` is text; a gateway's number or object is shown, never matched.
+            msg=None if response.msg is None else str(response.msg),
             headers=headers,
             app_scope=APP_SCOPE,
             narrow_scope=narrow_scope,

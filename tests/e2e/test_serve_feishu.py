@@ -535,3 +535,22 @@ async def test_a_code_written_as_a_string_is_read_as_the_number(
     assert "channel feishu disabled" not in serve.logs
     assert "refused this card for good" not in serve.logs
     assert "Traceback" not in serve.logs
+
+
+async def test_a_message_that_is_no_text_is_read_as_text(tmp_path: Path, fake: FakeFeishu) -> None:
+    """An answer whose `msg` is a number (a gateway's) is judged by its code like any other:
+    a patch refused with 230001 is not a traceback in the log."""
+    setup = Setup(tmp_path, fake, ["builder"])
+    workdir = tmp_path / "agents" / "builder"
+    with setup.serve() as serve:
+        publish(workdir, "first body")
+        await eventually(lambda: any("first body" in t for t in card_texts(fake)), what="card")
+        odd = b'{"code":230001,"msg":12345}'
+        fake.script_raw("patch", 400, odd, content_type="application/json")
+        publish(workdir, "second body")
+        await eventually(lambda: fake.errors(), what="the refused patch")
+        publish(workdir, "third body")
+        await eventually(lambda: any("third body" in t for t in card_texts(fake)), what="third")
+        assert await serve.aterminate() == 0
+    assert "Traceback" not in serve.logs
+    assert "unexpected failure" not in serve.logs
