@@ -8,7 +8,8 @@ request builders and response models (the wire format stays theirs) and send the
 a client owned by the channel, closed on `stop`.
 
 A response is always returned with `raw` set (status and headers, needed for
-`x-ogw-ratelimit-reset`); a body that is not a JSON object leaves `code` as None.
+`x-ogw-ratelimit-reset`); a body that is not a JSON object leaves `code` as None, and one
+lark-oapi's model cannot read keeps its code, msg and message id (`_essentials`).
 """
 
 from __future__ import annotations
@@ -84,6 +85,24 @@ class LarkTransport:
         try:
             response = response_type(document if isinstance(document, dict) else None)
         except UnmarshalException:
-            response = response_type(None)
+            response = _essentials(response_type, document)
         response.raw = raw
         return response
+
+
+def _essentials(response_type: type[Response], document: dict[str, Any]) -> Response:
+    """The answer's `code`, `msg` and `data.message_id` when lark-oapi cannot read the rest
+    (a field of another type than its model's, such as a message `body` as text): what the
+    channel reads of an answer, so a card that was posted keeps its id instead of being
+    tried again and again under the same uuid."""
+    data = document.get("data")
+    message_id = data.get("message_id") if isinstance(data, dict) else None
+    essentials: dict[str, Any] = {"code": document.get("code"), "msg": document.get("msg")}
+    if isinstance(message_id, str):
+        essentials["data"] = {"message_id": message_id}
+    response: Response
+    try:
+        response = response_type(essentials)
+    except UnmarshalException:
+        response = response_type(None)
+    return response

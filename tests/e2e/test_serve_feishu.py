@@ -554,3 +554,29 @@ async def test_a_message_that_is_no_text_is_read_as_text(tmp_path: Path, fake: F
         assert await serve.aterminate() == 0
     assert "Traceback" not in serve.logs
     assert "unexpected failure" not in serve.logs
+
+
+async def test_a_posted_card_keeps_its_id_when_the_rest_of_the_answer_is_odd(
+    tmp_path: Path, fake: FakeFeishu
+) -> None:
+    """A send answered code 0 with the message id, but with a field lark-oapi's model cannot
+    read (a `body` as text): the card was posted and its id is there, so the service keeps
+    it and edits that message; it threw the whole answer away and sent again (under the same
+    uuid, answered the same way: the card never learned its id)."""
+    setup = Setup(tmp_path, fake, ["builder"])
+    workdir = tmp_path / "agents" / "builder"
+    answer = {"code": 0, "msg": "success", "data": {"message_id": "om_gateway", "body": "text"}}
+    fake.script_raw("send", 200, json.dumps(answer).encode(), content_type="application/json")
+    with setup.serve() as serve:
+        publish(workdir, "first body")
+        await eventually(lambda: fake.requests_of("send"), what="the send")
+        publish(workdir, "second body")
+        await eventually(
+            lambda: any(r.message_id == "om_gateway" for r in fake.requests_of("patch")),
+            what="the patch of the message the answer named",
+        )
+        # The fake never posted it (a scripted answer): the patch finds it gone, and the
+        # card is posted once more, as for any card deleted in the chat.
+        await eventually(lambda: any("second body" in t for t in card_texts(fake)))
+        assert await serve.aterminate() == 0
+    assert "Traceback" not in serve.logs
