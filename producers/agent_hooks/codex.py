@@ -34,13 +34,19 @@ so `claude_code.decide` maps them (`runner._codex_hook`). The differences, handl
 - Its `Interrupt` hook (the person stopped the turn; no `Stop` follows) is Codex's own: it
   ends the turn as interrupted (`interrupt_decision`).
 
+- Its `StopFailure` hook (the turn ended in an API error; no `Stop` follows) maps as Claude
+  Code's: `turn.end` with the error's category (`error`, one of `rate_limit`, `overloaded`,
+  `billing_error`, ...), and one line with `error_details` when the payload has them. It
+  ends its turn id as a `Stop` would (once, whichever copy or `notify` reports it first).
+  Nothing is printed: Codex reads a recovery (a retry with another model) from its stdout,
+  which is the user's to choose.
+
 `init codex` registers the events the adapter maps of those Codex documents: `SessionStart`,
 `UserPromptSubmit`, `PreToolUse`, `PermissionRequest`, `PostToolUse`, `PreCompact`, `Stop`,
-`Interrupt` (not `PostCompact`, `SubagentStart`, `SubagentStop`, which map to nothing, nor
-`SessionEnd`: its one reason, `other`, cannot tell an exit from a `/clear`, after which the
-session starts again, so a cleared session would read as exited). Codex sends no
-`Notification` or `PostToolUseFailure`; a `StopFailure` maps as Claude Code's, but is not
-registered, since Codex's documented event list does not name it.
+`StopFailure`, `Interrupt` (not `PostCompact`, `SubagentStart`, `SubagentStop`, which map to
+nothing, nor `SessionEnd`: its one reason, `other`, cannot tell an exit from a `/clear`, after
+which the session starts again, so a cleared session would read as exited). Codex sends no
+`Notification` or `PostToolUseFailure`. A Codex that predates an event skips its key.
 """
 
 from __future__ import annotations

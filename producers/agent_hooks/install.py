@@ -50,8 +50,8 @@ MATCHER_EVENTS: Final = frozenset({"PreToolUse", "PostToolUse", "PostToolUseFail
 # Events Claude Code added later, with the first version that accepts them in settings.
 LATER_EVENTS: Final = {"StopFailure": (2, 1, 78)}
 # Codex's lifecycle hooks (hooks.json beside its config.toml) that the adapter maps, of those
-# Codex documents (never `StopFailure`, `PostToolUseFailure` or `Notification`: Codex has no
-# such hook). Not `SessionEnd`: its only reason is `other`, so a `/clear` or `/new` (which
+# Codex documents (never `PostToolUseFailure` or `Notification`: Codex has no such hook). Not
+# `SessionEnd`: its only reason is `other`, so a `/clear` or `/new` (which
 # start the session again at once) would read as the agent exiting. The tool events get no
 # matcher, which in Codex matches every tool. A Codex that predates an event skips its key
 # (it reads the events it knows, and refuses no other).
@@ -64,6 +64,7 @@ CODEX_EVENTS: Final = (
     "PostToolUse",
     "PreCompact",
     "Stop",
+    "StopFailure",
     "Interrupt",
 )
 # Codex gives this hook at most 3 seconds, and warns at each start about a longer timeout.

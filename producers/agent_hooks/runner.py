@@ -266,13 +266,18 @@ def _first_end_of(paths: CardPaths, thread: object, turn_id: object, reporter: s
     turn id is then skipped. The same hook again is a copy of it registered in another
     config layer (Codex runs them all), skipped too; `notify` again is a new turn that
     reuses the id (older Codex numbered turns from 0 in each process, also on resume; with
-    hooks, the turn's `UserPromptSubmit` clears the record, see `_turn_started`)."""
+    hooks, the turn's `UserPromptSubmit` clears the record, see `_turn_started`).
+
+    A `Stop` after the turn's `StopFailure` (reporter `failure`) is not a copy of it: a
+    StopFailure hook of the user's had Codex retry the turn (its `recovery`), which has now
+    ended after all; it ends the turn again."""
     key = _turn_key(thread, turn_id)
     if key is None:
         return True  # no id to match: as before, every report ends a turn
     with _locked_map(paths, CODEX_TURNS_FILE) as ended:
         first = ended.get(key)
-        if first is not None and (first != reporter or reporter != "notify"):
+        retried = first == "failure" and reporter == "hook"
+        if first is not None and not retried and (first != reporter or reporter != "notify"):
             if first != reporter:
                 del ended[key]  # both have reported it: done with this turn
             return False
@@ -476,11 +481,15 @@ def _codex_hook(
                 decision, events=[event for event in decision.events if event[0] != "usage"]
             )
         ends = decision.completed_turn or interrupt
-        reporter = "interrupt" if interrupt else "hook"
+        reporter = "interrupt" if interrupt else "failure" if name == "StopFailure" else "hook"
         if not ends or _first_end_of(paths, thread, turn, reporter):
             return decision
+        # Reported already: its end, usage and line (`turn failed ...`, `turn interrupted`)
+        # are written; a second copy of them read as a second failure on the card.
         events = [
-            (kind, fields) for kind, fields in decision.events if kind not in ("turn.end", "usage")
+            (kind, fields)
+            for kind, fields in decision.events
+            if kind not in ("turn.end", "usage", "text")
         ]
         return HookDecision(events, decision.waiting, completed_turn=False)
 

@@ -91,9 +91,11 @@ def test_an_interrupt_ends_the_turn_as_interrupted_and_once(workdir: Path) -> No
         key: base[key]
         for key in ("session_id", "turn_id", "transcript_path", "cwd", "model", "permission_mode")
     }
-    done = codex_hook({"hook_event_name": "Interrupt", **interrupt})
-    assert (done.returncode, done.stdout) == (0, b"")
+    for _copy in range(2):  # ~/.codex's copy and the project's: one end, one line
+        done = codex_hook({"hook_event_name": "Interrupt", **interrupt})
+        assert (done.returncode, done.stdout) == (0, b"")
     assert kinds(workdir)[-3:] == ["wait.end", "turn.end", "text"]
+    assert kinds(workdir).count("text") == 1
     assert events(workdir)[-2]["error"] == "interrupted"
     assert turns(workdir) == 0  # not a completed turn for reminders
     codex_hook(codex_payload("06_stop.json", workdir))  # a late Stop of it ends nothing
@@ -168,6 +170,41 @@ def test_the_hooks_of_two_config_layers_count_a_turn_once(workdir: Path) -> None
     assert kinds(workdir).count("turn.end") == 1 and turns(workdir) == 1
 
 
+def test_a_turn_that_failed_ends_once_saying_why(workdir: Path) -> None:
+    """Codex's StopFailure hook (the turn ended in an API error; no Stop comes): the turn
+    ends as failed, with the error's category and its details in one line, once for both
+    config layers' copies and notify; nothing is printed (Codex would read a recovery)."""
+    for name in ("02_user_prompt_submit.json", "03_pre_tool_use.json"):
+        codex_hook(codex_payload(name, workdir))
+    failure = codex_payload("07_stop_failure.json", workdir)
+    for _copy in range(2):  # ~/.codex's copy and the project's
+        done = codex_hook(failure)
+        assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
+    assert notify(workdir, failure["turn_id"]).returncode == 0
+    assert kinds(workdir) == ["turn.start", "tool.start", "turn.end", "text"]
+    assert events(workdir)[2]["error"] == "rate_limit"
+    assert events(workdir)[3]["text"] == (
+        "turn failed (rate_limit): You've hit your usage limit. Try again in 20 minutes."
+    )
+    assert turns(workdir) == 1
+    assert not (workdir / "logs" / "taskcard-hook.log").exists()
+    # No details (Codex sends null): the category alone.
+    second = "019a3f6e-bbbb-7d21-b3c4-5e6f7a8b9c0d"
+    codex_hook(codex_payload("02_user_prompt_submit.json", workdir, turn_id=second))
+    codex_hook(
+        codex_payload(
+            "07_stop_failure.json", workdir, turn_id=second, error="overloaded", error_details=None
+        )
+    )
+    assert events(workdir)[-1]["text"] == "turn failed (overloaded)"
+    # A StopFailure hook of the user's asked Codex to retry (its recovery): the turn goes
+    # on, and its Stop ends it after all.
+    codex_hook(codex_payload("03_pre_tool_use.json", workdir, turn_id=second))
+    codex_hook(codex_payload("06_stop.json", workdir, turn_id=second))
+    assert kinds(workdir)[-3:] == ["text", "tool.start", "turn.end"]
+    assert "error" not in events(workdir)[-1]
+
+
 def test_a_hook_with_no_payload_or_a_broken_one_logs_and_exits_0(workdir: Path) -> None:
     done = run_taskcard("hook", "codex", "--workdir", str(workdir), stdin=b"")
     assert (done.returncode, done.stdout) == (0, b"")
@@ -201,8 +238,8 @@ def test_init_codex_registers_the_hooks_beside_config_toml(workdir: Path, tmp_pa
     assert merged["description"] == "mine"
     assert merged["hooks"]["Stop"][0] == user_stop
     assert merged["hooks"]["PreToolUse"][0] == user_tool
-    # Every event the adapter maps that Codex documents; none it lacks (StopFailure), nor
-    # SessionEnd, whose one reason cannot tell an exit from a /clear.
+    # Every event the adapter maps that Codex documents; not SessionEnd, whose one reason
+    # cannot tell an exit from a /clear.
     assert set(merged["hooks"]) == {
         "SessionStart",
         "UserPromptSubmit",
@@ -211,6 +248,7 @@ def test_init_codex_registers_the_hooks_beside_config_toml(workdir: Path, tmp_pa
         "PostToolUse",
         "PreCompact",
         "Stop",
+        "StopFailure",
         "Interrupt",
     }
     timeouts = {
