@@ -14,7 +14,9 @@ Code's (`hook_event_name`, `session_id`, `cwd`, `transcript_path`, `tool_name`,
 so `claude_code.decide` maps them (`runner._codex_hook`). The differences, handled there:
 
 - The turn's token usage at `Stop` is read from Codex's own transcript, its rollout
-  (`rollout_usage`, on the file's tail only).
+  (`rollout_usage`, on the file's tail only). That is the turn's count so far: a turn
+  that a stop hook made go on stops more than once under one turn id, so each stop writes
+  what the turn's earlier stops have not (`runner._unwritten_usage`).
 - Codex has no `PostToolUseFailure`: its `PostToolUse` carries the tool's result as
   `tool_response`, and for an MCP tool that is the MCP call result, whose `isError` says the
   tool failed (`tool_failed`); it then maps as Claude Code's failure. A shell command's

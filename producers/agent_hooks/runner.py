@@ -67,6 +67,8 @@ WAITS_FILE: Final = ".taskcard-hook-waits.json"
 # Codex turns whose end was written, by turn id: its notify program and its Stop hook both
 # report the end of one turn, which must end it (and count for reminders) once.
 CODEX_TURNS_FILE: Final = ".taskcard-codex-turns.json"
+# Per Codex turn id, the tokens of it written so far ("<in> <out>"): see `_unwritten_usage`.
+CODEX_USAGE_FILE: Final = ".taskcard-codex-usage.json"
 MAX_SESSIONS: Final = 64
 CLAUDE_CONSUMER: Final = "claude-code"
 ORIGIN_ENV: Final = "TASKCARD_ORIGIN"
@@ -299,11 +301,48 @@ def _response_of(turn_id: object, payload: Mapping[str, Any]) -> str | None:
 
 
 def _turn_started(paths: CardPaths, thread: object, turn_id: object) -> None:
-    """A Codex turn starts: an earlier turn's record under the same id is stale."""
+    """A Codex turn starts: an earlier turn's records under the same id are stale."""
     key = _turn_key(thread, turn_id)
     if key is not None:
-        with _locked_map(paths, CODEX_TURNS_FILE) as ended:
-            ended.pop(key, None)
+        for name in (CODEX_TURNS_FILE, CODEX_USAGE_FILE):
+            with _locked_map(paths, name) as records:
+                records.pop(key, None)
+
+
+def _unwritten_usage(
+    paths: CardPaths, thread: object, turn_id: object, decision: HookDecision
+) -> HookDecision:
+    """`decision` with its `usage` (the Codex turn's tokens so far, from the rollout) cut to
+    what no stop of this turn has written yet, or dropped when that is nothing.
+
+    A turn has several stops: one a stop hook blocked (the user's or ours) and the one that
+    ends the response it went on with, each seen by the copy of the hook in every config
+    layer, and maybe after `notify` ended the turn. Each writes the tokens since the last
+    written, so the turn's usage is written once, whole: the part after a continued stop
+    was lost, and the first part of a turn our block held was not written at its stop."""
+    found = [fields for kind, fields in decision.events if kind == "usage"]
+    key = _turn_key(thread, turn_id)
+    if not found or key is None:
+        return decision
+    total = (found[0]["input_tokens"], found[0]["output_tokens"])
+    with _locked_map(paths, CODEX_USAGE_FILE) as written:
+        before = _token_pair(written.pop(key, None))
+        written[key] = f"{total[0]} {total[1]}"  # re-added last: the newest are kept
+    if before is not None and total[0] >= before[0] and total[1] >= before[1]:
+        total = (total[0] - before[0], total[1] - before[1])  # else the count restarted
+    events = [event for event in decision.events if event[0] != "usage"]
+    if total != (0, 0) or before is None:
+        usage = ("usage", {"input_tokens": total[0], "output_tokens": total[1]})
+        events.insert(decision.events.index(("usage", found[0])), usage)
+    return replace(decision, events=events)
+
+
+def _token_pair(text: str | None) -> tuple[int, int] | None:
+    """`"<in> <out>"` as written by `_unwritten_usage`, None for anything else."""
+    parts = (text or "").split()
+    if len(parts) != 2 or not all(part.isdigit() for part in parts):
+        return None
+    return int(parts[0]), int(parts[1])
 
 
 def claude_code(
@@ -473,25 +512,18 @@ def _codex_hook(
         if inbox.held_elsewhere:  # the copy in another config layer blocked this stop
             kept = [event for event in decision.events if event[0] != "turn.end"]
             decision = replace(decision, events=kept, completed_turn=False)
-        if not decision.completed_turn:
-            # A stop our block held: the rollout's count of this turn runs on to its real
-            # end, whose stop writes it whole (written now too, the first part would count
-            # twice).
-            decision = replace(
-                decision, events=[event for event in decision.events if event[0] != "usage"]
-            )
         ends = decision.completed_turn or interrupt
         reporter = "interrupt" if interrupt else "failure" if name == "StopFailure" else "hook"
-        if not ends or _first_end_of(paths, thread, turn, reporter):
-            return decision
-        # Reported already: its end, usage and line (`turn failed ...`, `turn interrupted`)
-        # are written; a second copy of them read as a second failure on the card.
-        events = [
-            (kind, fields)
-            for kind, fields in decision.events
-            if kind not in ("turn.end", "usage", "text")
-        ]
-        return HookDecision(events, decision.waiting, completed_turn=False)
+        if ends and not _first_end_of(paths, thread, turn, reporter):
+            # Reported already: its end and line (`turn failed ...`, `turn interrupted`) are
+            # written; a second copy of them read as a second failure on the card.
+            events = [
+                (kind, fields)
+                for kind, fields in decision.events
+                if kind not in ("turn.end", "text")
+            ]
+            decision = HookDecision(events, decision.waiting, completed_turn=False)
+        return _unwritten_usage(paths, thread, turn, decision)
 
     try:
         if _record(paths, key, make, env, clock).completed_turn:

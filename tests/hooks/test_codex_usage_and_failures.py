@@ -168,3 +168,47 @@ def test_a_failed_mcp_tool_shows_as_failed_and_a_good_one_as_done(workdir: Path)
         ("call_good", True),
         ("call_Xq81bT0n", True),
     ]
+
+
+def test_a_turn_a_stop_hook_continued_writes_its_tokens_once_whole(workdir: Path) -> None:
+    """A stop hook of the user's blocks the turn's first stop; Codex goes on under the same
+    turn id and stops again with `stop_hook_active` (two config layers' copies), then its
+    notify. The rollout's count at the second stop is the whole turn's: the part after the
+    first stop was never written."""
+    entries = two_turns()
+    rollout = write_rollout(workdir / "rollout.jsonl", entries[:6])  # the turn's first call
+    codex_hook(codex_payload("02_user_prompt_submit.json", workdir, transcript_path=str(rollout)))
+    stop(workdir, str(rollout))
+    write_rollout(rollout, entries)  # the continued part: one more call
+    for _copy in range(2):
+        done = codex_hook(
+            codex_payload(
+                "06_stop.json",
+                workdir,
+                transcript_path=str(rollout),
+                stop_hook_active=True,
+                last_assistant_message="Fixed the lint the check asked for.",
+            )
+        )
+        assert (done.returncode, done.stdout) == (0, b"")
+    usage = [
+        (e["input_tokens"], e["output_tokens"]) for e in events(workdir) if e["kind"] == "usage"
+    ]
+    assert usage == [(3000, 200), (4000, 300)]  # 7000 in, 500 out: the whole turn, once
+    assert kinds(workdir).count("turn.end") == 2
+    # The same turn id in a new turn (an older Codex's numbering): counted afresh.
+    codex_hook(codex_payload("02_user_prompt_submit.json", workdir))
+    stop(workdir, str(rollout))
+    assert [e["input_tokens"] for e in events(workdir) if e["kind"] == "usage"][-1] == 7000
+
+
+def test_a_turn_notify_ended_first_still_writes_its_tokens(workdir: Path) -> None:
+    """Codex's notify can report the turn before its Stop hook does: the stop no longer ends
+    it, but the turn's tokens, which only the hook reads, are still written."""
+    from .test_codex_hooks import notify
+
+    rollout = write_rollout(workdir / "rollout.jsonl", two_turns())
+    notify(workdir, TURN)
+    stop(workdir, str(rollout))
+    assert kinds(workdir) == ["turn.end", "usage"]
+    assert (events(workdir)[1]["input_tokens"], events(workdir)[1]["output_tokens"]) == (7000, 500)
