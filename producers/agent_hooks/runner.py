@@ -315,11 +315,12 @@ def _unwritten_usage(
     """`decision` with its `usage` (the Codex turn's tokens so far, from the rollout) cut to
     what no stop of this turn has written yet, or dropped when that is nothing.
 
-    A turn has several stops: one a stop hook blocked (the user's or ours) and the one that
-    ends the response it went on with, each seen by the copy of the hook in every config
-    layer, and maybe after `notify` ended the turn. Each writes the tokens since the last
-    written, so the turn's usage is written once, whole: the part after a continued stop
-    was lost, and the first part of a turn our block held was not written at its stop."""
+    A turn can stop more than once under one id: a stop hook of the user's blocked its stop
+    (seen here as an ending one) and Codex went on to stop again with `stop_hook_active`;
+    each stop is seen by the copy of the hook in every config layer, maybe after `notify`
+    ended the turn. Each writes the tokens since the last written, so the turn's usage is
+    written once and whole (the part after a continued stop was lost, and a turn `notify`
+    ended first lost all of it). A stop our block held writes none (`_codex_hook`)."""
     found = [fields for kind, fields in decision.events if kind == "usage"]
     key = _turn_key(thread, turn_id)
     if not found or key is None:
@@ -512,6 +513,12 @@ def _codex_hook(
         if inbox.held_elsewhere:  # the copy in another config layer blocked this stop
             kept = [event for event in decision.events if event[0] != "turn.end"]
             decision = replace(decision, events=kept, completed_turn=False)
+        if not decision.completed_turn and not continued:
+            # A stop held (our block, or the copy's in another config layer): the turn goes
+            # on, and its stops to come write its tokens.
+            decision = replace(
+                decision, events=[event for event in decision.events if event[0] != "usage"]
+            )
         ends = decision.completed_turn or interrupt
         reporter = "interrupt" if interrupt else "failure" if name == "StopFailure" else "hook"
         if ends and not _first_end_of(paths, thread, turn, reporter):
