@@ -32,6 +32,12 @@ from taskcard.channels.base import (
 )
 
 MAX_MESSAGE_UTF16 = 4096
+# Telegram applies the first 100 entities of a message and ignores the rest without an error.
+MAX_ENTITIES = 100
+# Entities of the service's own in a card around the body: the header, the note, the cut mark.
+_OWN_CARD_ENTITIES = 3
+# Entities whose text reads the same without them: dropped first when a message has too many.
+_STYLES = frozenset({"bold", "italic", "underline", "strikethrough", "spoiler"})
 _SOURCE_BUDGET_FACTOR = 4
 SEPARATOR = "──────────"
 _STATE_ICONS = {
@@ -250,6 +256,29 @@ def markdown_to_rich(markdown: str) -> RichText:
     )
 
 
+def within_entity_limit(rich: RichText, limit: int = MAX_ENTITIES) -> RichText:
+    """`rich` with at most `limit` entities, so that Telegram applies every one it is sent.
+
+    Beyond its first 100 Telegram ignores a message's entities silently, and a `@name` or a
+    `/command` left as written inside code (see `defuse_mentions`) would then be live: a
+    mention that pages, a command one tap sends. Styles go first, from the end (their words
+    read the same); then code, quotes and the rest but links, whose text is defused anew as
+    any plain text is. Links are never dropped here (their address would be lost without a
+    trace): a card with more than fit is cut by `render_card`, with the visible marker.
+    """
+    excess = len(rich.entities) - limit
+    if excess <= 0:
+        return rich
+    dropped: set[int] = set()
+    for droppable in (lambda kind: kind in _STYLES, lambda kind: kind != "text_link"):
+        for index in reversed(range(len(rich.entities))):
+            if excess > 0 and index not in dropped and droppable(rich.entities[index].type):
+                dropped.add(index)
+                excess -= 1
+    kept = tuple(entity for index, entity in enumerate(rich.entities) if index not in dropped)
+    return defuse_mentions(RichText(rich.text, kept))
+
+
 def _mentions_by_link(kind: str, url: str | None) -> bool:
     """A `tg:` link (`[boss](tg://user?id=42)`) is Telegram's inline mention: it notifies
     the user. Its text stays; only the link goes."""
@@ -277,7 +306,7 @@ def compose_rich(view: CardView) -> RichText:
         out.add("\n")
         out.add_styled(view.body_note, "italic")
     if view.body is not None and view.body.strip():
-        body = markdown_to_rich(view.body)
+        body = within_entity_limit(markdown_to_rich(view.body), MAX_ENTITIES - _OWN_CARD_ENTITIES)
         out.add("\n")
         out.add(body.text, body.entities)
     if view.body_cut:
@@ -302,6 +331,8 @@ def render_card(view: CardView, limit_utf16: int = MAX_MESSAGE_UTF16) -> Outgoin
     def size_utf16(candidate: CardView) -> int:
         composed = compose_rich(candidate)
         measured[:] = [(candidate, composed)]
+        if len(composed.entities) > MAX_ENTITIES:  # links beyond what Telegram applies
+            return limit_utf16 + 1
         return utf16_len(composed.text)
 
     fitted = fit_view(view, size_utf16, limit_utf16)
@@ -345,7 +376,7 @@ def board_rich(view: BoardView) -> RichText:
     if view.omitted:
         out.add("\n")
         out.add_styled(board_omitted_text(view.omitted), "italic")
-    return out.build()
+    return within_entity_limit(out.build())
 
 
 def board_fits(view: BoardView, limit_utf16: int = MAX_MESSAGE_UTF16) -> bool:

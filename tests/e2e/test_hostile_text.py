@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -381,3 +382,45 @@ async def test_no_card_or_notice_carries_a_tappable_telegram_command(
         if e["type"] == "bold"
     ]
     assert "/\u200btell builder stop" in bold
+
+
+def entity_texts(text: str, entities: list[dict[str, Any]], kind: str) -> list[str]:
+    """What the chat shows under the entities of `kind` (their offsets count UTF-16 units)."""
+    units = text.encode("utf-16-le")
+    return [
+        units[2 * e["offset"] : 2 * (e["offset"] + e["length"])].decode("utf-16-le")
+        for e in entities
+        if e["type"] == kind
+    ]
+
+
+async def test_a_card_of_more_entities_than_telegram_applies_pages_no_one(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    """Telegram applies the first 100 entities of a message and ignores the rest. A card
+    with more lost their formatting, and a `@name` or `/command` the agent wrote as code,
+    left as written there, was live past the hundredth: it paged the person or was tappable.
+    Styles give way first and every word stays; past those, code shows as plain text,
+    defused; a card of more links than that is cut, with the visible marker."""
+    workdir = tmp_path / "agents" / "builder"
+    styled = " ".join(f"**w{i}**" for i in range(120))
+    coded = " ".join(f"`@boss_{i}` `/stop_{i}`" for i in range(60))
+    linked = " ".join(f"[l{i}](https://ci.example/{i})" for i in range(120))
+    with telegram_serve(tmp_path, telegram) as serve:
+        publish(workdir, f"# entities-marker\n{styled}\n{coded}\nlinks-marker")
+        await eventually(lambda: "links-marker" in telegram_everything(telegram), what="card")
+        publish(workdir, f"# entities-marker\n{linked}\nlinks-end")
+        await eventually(lambda: "l0 l1" in telegram_everything(telegram), what="the links")
+        assert await serve.aterminate() == 0
+    card = next(m for m in telegram.bot_messages(GROUP) if "entities-marker" in m.text)
+    versions = [*card.history, (card.text, card.entities)]
+    text, entities = next(version for version in versions if "links-marker" in version[0])
+    code = entity_texts(text, entities, "code")
+    assert all(f"w{i}" in text for i in range(120)) and "card cut" not in text
+    for i in range(60):
+        assert f"@boss_{i}" in code or f"@\u200bboss_{i}" in text
+        assert f"/stop_{i}" in code or f"/\u200bstop_{i}" in text
+    assert "@boss_59" not in code  # the last code spans gave way
+    links = entity_texts(card.text, card.entities, "text_link")
+    assert "links-end" not in card.text and "card cut to fit this chat" in card.text
+    assert links == [f"l{i}" for i in range(len(links))] and 90 < len(links) <= 100

@@ -65,6 +65,7 @@ WEBHOOK_CONFLICT = (
     "use deleteWebhook to delete the webhook first"
 )
 MAX_TEXT_UTF16 = 4096
+MAX_ENTITIES = 100
 _COMMAND_NAME = re.compile(r"[a-z0-9_]{1,32}")
 ENTITY_TYPES = frozenset(
     {
@@ -99,6 +100,16 @@ BOT_LIMITED_METHODS = frozenset(
 
 def utf16_len(text: str) -> int:
     return len(text.encode("utf-16-le", "surrogatepass")) // 2
+
+
+def _inside_surrogate_pair(units: bytes, offset: int) -> bool:
+    """Whether UTF-16 offset `offset` of a text (`units`: the text in UTF-16) falls between
+    the two halves of a character outside the Basic Multilingual Plane (an emoji): no entity
+    may start or end there."""
+    if not 0 < offset < len(units) // 2:
+        return False
+    unit = int.from_bytes(units[2 * offset : 2 * offset + 2], "little")
+    return 0xDC00 <= unit <= 0xDFFF
 
 
 @dataclass(frozen=True)
@@ -657,6 +668,7 @@ class FakeTelegram:
         if not isinstance(entities, list):
             raise ApiError(400, "Bad Request: can't parse entities JSON object")
         checked: list[Json] = []
+        units = text.encode("utf-16-le", "surrogatepass")
         for index, entity in enumerate(entities):
             if not isinstance(entity, dict) or entity.get("type") not in ENTITY_TYPES:
                 raise ApiError(400, f"Bad Request: can't parse entities: bad entity {index}")
@@ -669,7 +681,16 @@ class FakeTelegram:
                 )
             if entity["type"] == "text_link" and not entity.get("url"):
                 raise ApiError(400, f"Bad Request: can't parse entities: entity {index} url")
+            if any(_inside_surrogate_pair(units, at) for at in (offset, offset + size)):
+                raise ApiError(
+                    400, f"Bad Request: can't parse entities: entity {index} splits a character"
+                )
             checked.append(dict(entity))
+        # Telegram applies the first `MAX_ENTITIES` entities of a message (in the order of
+        # their offsets) and ignores the rest without an error: the text shows unformatted
+        # there, and a mention or command the sender meant as code is live again.
+        if len(checked) > MAX_ENTITIES:
+            checked = sorted(checked, key=lambda entity: entity["offset"])[:MAX_ENTITIES]
         return text, checked
 
     # ---------------------------------------------------------------- methods

@@ -70,6 +70,20 @@ async def test_entities_and_length_are_validated() -> None:
         assert status == 200
         status, body = await _call(fake, "sendMessage", chat_id=-5, text="😀" * 2049)
         assert (status, body["description"]) == (400, TOO_LONG)
+        # No entity may begin or end between the two halves of an emoji.
+        split = [{"type": "bold", "offset": 0, "length": 1}]
+        status, body = await _call(fake, "sendMessage", chat_id=-5, text="😀", entities=split)
+        assert status == 400 and "can't parse entities" in body["description"]
+
+
+async def test_entities_past_the_hundredth_are_ignored() -> None:
+    """Telegram applies the first 100 entities of a message and drops the rest silently."""
+    async with FakeTelegram() as fake:
+        many = [{"type": "code", "offset": 2 * i, "length": 1} for i in reversed(range(150))]
+        status, _ = await _call(fake, "sendMessage", chat_id=-5, text="a " * 150, entities=many)
+        assert status == 200
+        kept = fake.messages(-5)[0].entities
+        assert [entity["offset"] for entity in kept] == [2 * i for i in range(100)]
 
 
 async def test_real_429_body_and_record() -> None:
