@@ -26,6 +26,17 @@ Operation = Literal["send", "edit", "delete", "pin"]
 
 BODY_CUT_MARKER = "\n\n… (card cut to fit this chat; the full card is in taskcard/taskcard.md)"
 
+# The one kind of link target a message keeps as a link: a web address. Any other scheme
+# (`javascript:`, `data:`, `file:`, `tg:` (Telegram's mention), an app's own) may run code,
+# show a page made of the link itself or open another app, from one tap on words an agent
+# chose; such a link keeps its words, not its target.
+_WEB_LINK = re.compile(r"\s*https?://", re.IGNORECASE)
+
+
+def web_link(url: str) -> bool:
+    """Whether `url` is a web address (`http://` or `https://`), the only link a card keeps."""
+    return _WEB_LINK.match(url) is not None
+
 
 @dataclass(frozen=True)
 class ChatRef:

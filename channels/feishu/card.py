@@ -38,6 +38,7 @@ from taskcard.channels.base import (
     board_line_parts,
     board_omitted_text,
     fit_view,
+    web_link,
 )
 
 CARD_LIMIT_BYTES = 30 * 1024
@@ -70,6 +71,15 @@ _CLOSE_FENCE = re.compile(r"^ {0,3}```[ \t]*$")
 _FENCE_LIKE = re.compile(r"^\s*(`{3,}|~{3,})")
 _IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]*)\)")
 _QUOTE_PREFIX = re.compile(r"^(\s{0,3}(?:>\s?)+)")
+# A Markdown link: `[words](target)` or `[words](<target>)`, a target with one level of
+# parentheses (`javascript:f(1)`), an optional title.
+_LINK = re.compile(
+    r"\[([^\[\]]*)\]\(\s*(<[^<>\n]*>|(?:[^()\s]|\([^()\s]*\))*)"
+    r"(?:\s+(?:\"[^\"]*\"|'[^']*'|\([^()]*\)))?\s*\)"
+)
+_INLINE_CODE = re.compile(r"(`+)(.+?)\1")
+# What is left of a link to anything but a web address, once escaped.
+_NON_WEB_TARGET = re.compile(r"\]\((?!\s*(?:&lt;)?\s*https?://)", re.IGNORECASE)
 
 
 def _escape_entities(text: str) -> str:
@@ -91,6 +101,20 @@ def _image_to_link(match: re.Match[str]) -> str:
     return alt
 
 
+def _link_or_words(match: re.Match[str]) -> str:
+    return match.group() if web_link(match.group(2).strip().lstrip("<")) else match.group(1)
+
+
+def _escaped_text(text: str) -> str:
+    """Text of a line outside inline code, escaped: each link whose target is not a web
+    address (see `web_link`) replaced by its words, as on Telegram; a link form the pattern
+    does not take (a target nested deeper) gets its `(` as a character reference, so it shows
+    as typed and opens nothing."""
+    if "](" in text:
+        text = _LINK.sub(_link_or_words, text)
+    return _NON_WEB_TARGET.sub("](&#40;", _escape_entities(text))
+
+
 def _convert_line(line: str) -> str:
     heading = _HEADING.match(line)
     if heading is not None:
@@ -100,7 +124,14 @@ def _convert_line(line: str) -> str:
     prefix = quote.group(1) if quote is not None else ""
     rest = line[len(prefix) :]
     rest = _IMAGE.sub(_image_to_link, rest)
-    return prefix + _escape_entities(rest)
+    if "](" not in rest:
+        return prefix + _escape_entities(rest)
+    parts = _INLINE_CODE.split(rest)  # text, then each code span's backticks and its text
+    out = [_escaped_text(parts[0])]
+    for index in range(1, len(parts), 3):
+        ticks, code, after = parts[index : index + 3]
+        out += [ticks, _escape_entities(code), ticks, _escaped_text(after)]
+    return prefix + "".join(out)
 
 
 def feishu_markdown(body: str) -> str:

@@ -29,6 +29,7 @@ from taskcard.channels.base import (
     board_line_parts,
     board_omitted_text,
     fit_view,
+    web_link,
 )
 
 MAX_MESSAGE_UTF16 = 4096
@@ -249,7 +250,7 @@ def markdown_to_rich(markdown: str) -> RichText:
                 tuple(
                     Entity(e.type, e.offset, e.length, e.url, e.language)
                     for e in entities
-                    if e.length > 0 and not _mentions_by_link(e.type, e.url)
+                    if e.length > 0 and not _unsafe_link(e.type, e.url)
                 ),
             )
         )
@@ -279,10 +280,12 @@ def within_entity_limit(rich: RichText, limit: int = MAX_ENTITIES) -> RichText:
     return defuse_mentions(RichText(rich.text, kept))
 
 
-def _mentions_by_link(kind: str, url: str | None) -> bool:
-    """A `tg:` link (`[boss](tg://user?id=42)`) is Telegram's inline mention: it notifies
-    the user. Its text stays; only the link goes."""
-    return kind == "text_link" and (url or "").strip().lower().startswith("tg:")
+def _unsafe_link(kind: str, url: str | None) -> bool:
+    """A link to anything but a web address (see `web_link`): a `tg:` link
+    (`[boss](tg://user?id=42)`) is Telegram's inline mention, which notifies the user, and a
+    `javascript:`, `data:` or `file:` one may run or open something. Its text stays; only
+    the link goes."""
+    return kind == "text_link" and not web_link(url or "")
 
 
 def hidden_notice(agent_id: str) -> str:

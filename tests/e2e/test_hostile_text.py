@@ -10,6 +10,7 @@ Issue 8, items 4 and 5, end to end through `taskcard serve` and the fake chat AP
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -424,3 +425,48 @@ async def test_a_card_of_more_entities_than_telegram_applies_pages_no_one(
     links = entity_texts(card.text, card.entities, "text_link")
     assert "links-end" not in card.text and "card cut to fit this chat" in card.text
     assert links == [f"l{i}" for i in range(len(links))] and 90 < len(links) <= 100
+
+
+UNSAFE_LINKS = (
+    "# links-marker\n"
+    "[run](javascript:alert(1)) [page](data:text/html,hi) [disk](file:///etc/passwd) "
+    "[app](lark://applink/x) [boss](tg://user?id=42) <javascript:go()> "
+    "[deeper](javascript:f((1))) [docs](https://docs.example/a_(b)) `[code](file:///x)`"
+)
+
+
+async def test_a_card_links_only_to_web_addresses_on_telegram(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    """A card's link to anything but a web address (`javascript:`, `data:`, `file:`, an
+    app's scheme) opened it from one tap on words the agent chose; only `tg:` links were
+    taken out. Such a link keeps its words, not its target; a web link stays."""
+    workdir = tmp_path / "agents" / "builder"
+    with telegram_serve(tmp_path, telegram) as serve:
+        publish(workdir, UNSAFE_LINKS)
+        await eventually(lambda: "links-marker" in telegram_everything(telegram), what="card")
+        assert await serve.aterminate() == 0
+    card = next(m for m in telegram.bot_messages(GROUP) if "links-marker" in m.text)
+    urls = [e["url"] for e in card.entities if e["type"] == "text_link"]
+    assert urls == ["https://docs.example/a_(b)"]
+    words = "run page disk app boss javascript:go() deeper docs [code](file:///x)"
+    assert words in card.text
+
+
+async def test_a_card_links_only_to_web_addresses_on_feishu(
+    tmp_path: Path, feishu: FakeFeishu
+) -> None:
+    """As on Telegram: a Feishu card's Markdown link to anything but a web address shows its
+    words; one whose target the converter cannot take apart shows as typed, opening nothing;
+    code shows as written."""
+    setup = Setup(tmp_path, feishu, ["builder"])
+    with setup.serve() as serve:
+        publish(tmp_path / "agents" / "builder", UNSAFE_LINKS)
+        await eventually(lambda: any("links-marker" in t for t in card_texts(feishu)))
+        assert await serve.aterminate() == 0
+    card = next(c for c in feishu.cards(CHAT) if "links-marker" in json.dumps(c))
+    markdown = next(e["content"] for e in card["body"]["elements"] if e["tag"] == "markdown")
+    targets = re.findall(r"\]\(\s*(?:&lt;)?\s*([a-z]+:)", markdown, re.IGNORECASE)
+    assert targets == ["https:", "file:"]  # the web link, and the one in code as typed
+    assert "run page disk app boss &lt;javascript:go()&gt; [deeper](&#40;javascript" in markdown
+    assert "`[code](file:///x)`" in markdown
