@@ -315,7 +315,7 @@ class TelegramChannel(Channel):
         async def attempt(with_entities: bool) -> str:
             sent = await bot.send_message(
                 chat_id=_api_chat_id(chat) if where is None else _api_id(where),
-                text=self._text(message),
+                text=self._text(message, with_entities),
                 message_thread_id=thread_id,
                 api_kwargs=_raw_params(message.payload, with_entities),
                 # A slow answer is awaited rather than given up on: giving up cannot take
@@ -342,7 +342,7 @@ class TelegramChannel(Channel):
         async def attempt(with_entities: bool) -> None:
             # editMessageText has no thread parameter: a message id is unique in its chat.
             await bot.edit_message_text(
-                text=self._text(message),
+                text=self._text(message, with_entities),
                 chat_id=where,
                 message_id=numeric_id,
                 api_kwargs=_raw_params(message.payload, with_entities),
@@ -381,9 +381,11 @@ class TelegramChannel(Channel):
         return self._bot
 
     @staticmethod
-    def _text(message: Outgoing) -> str:
-        text = message.payload.get("text", message.text)
-        return str(text) if str(text).strip() else "…"
+    def _text(message: Outgoing, with_entities: bool = True) -> str:
+        text = str(message.payload.get("text", message.text))
+        if not with_entities and message.payload.get("entities"):
+            text = render.plain_fallback(text)
+        return text if text.strip() else "…"
 
     async def _with_plain_fallback(
         self, chat: ChatRef, attempt: Callable[[bool], Awaitable[_T]]

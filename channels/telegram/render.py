@@ -405,6 +405,13 @@ def render_text(
     return _outgoing(RichText(cut or "…"))
 
 
+def plain_fallback(text: str, limit_utf16: int = MAX_MESSAGE_UTF16) -> str:
+    """The text of a message sent again without its entities (Telegram refused them): a
+    `@name` or `/command` left as written inside code is defused too, as nothing marks it as
+    code any more; cut to fit, as the zero-width spaces lengthen it."""
+    return _cut_utf16(defuse_mentions(RichText(text)).text, limit_utf16).rstrip()
+
+
 def _cut_utf16(text: str, limit_utf16: int) -> str:
     if utf16_len(text) <= limit_utf16:
         return text

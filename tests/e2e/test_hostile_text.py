@@ -470,3 +470,21 @@ async def test_a_card_links_only_to_web_addresses_on_feishu(
     assert targets == ["https:", "file:"]  # the web link, and the one in code as typed
     assert "run page disk app boss &lt;javascript:go()&gt; [deeper](&#40;javascript" in markdown
     assert "`[code](file:///x)`" in markdown
+
+
+async def test_a_card_sent_again_without_its_entities_pages_no_one(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    """When Telegram refuses a card's entities the card goes again as plain text. A `@name`
+    or `/command` written as code had been left as written (code shows it so), and the plain
+    copy, with nothing marking it as code, paged the person and was tappable."""
+    workdir = tmp_path / "agents" / "builder"
+    refused = "Bad Request: can't parse entities: unsupported entity at byte offset 3"
+    with telegram_serve(tmp_path, telegram) as serve:
+        telegram.fail_next("sendMessage", 400, refused)
+        publish(workdir, "# plain-marker\nrun `ssh @boss_man` then `/taskcard off`")
+        await eventually(lambda: "plain-marker" in telegram_everything(telegram), what="card")
+        assert await serve.aterminate() == 0
+    card = next(m for m in telegram.bot_messages(GROUP) if "plain-marker" in m.text)
+    assert card.entities == []
+    assert "ssh @\u200bboss_man" in card.text and "/\u200btaskcard off" in card.text
