@@ -16,8 +16,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import pyromark
 import telegramify_markdown
 from telegramify_markdown.config import RenderConfig
+from telegramify_markdown.converter import STANDARD_OPTIONS
 
 from taskcard.channels.base import (
     BOARD_HIDDEN_NOTICE,
@@ -241,7 +243,9 @@ def markdown_to_rich(markdown: str) -> RichText:
     4 x 4096 characters bound the cache to a few MB.
     """
     config = RenderConfig.isolated()
-    text, entities = telegramify_markdown.convert(markdown, latex_escape=False, config=config)
+    text, entities = telegramify_markdown.convert(
+        _html_as_text(markdown), latex_escape=False, config=config
+    )
     # Defused here too, so that composing the card again finds the body's mentions done.
     return defuse_mentions(
         _trim_end(
@@ -278,6 +282,38 @@ def within_entity_limit(rich: RichText, limit: int = MAX_ENTITIES) -> RichText:
                 excess -= 1
     kept = tuple(entity for index, entity in enumerate(rich.entities) if index not in dropped)
     return defuse_mentions(RichText(rich.text, kept))
+
+
+# How often a body is parsed again for raw HTML that escaping uncovered (see `_html_as_text`).
+_HTML_PASSES = 8
+
+
+def _html_as_text(markdown: str) -> str:
+    """`markdown` with the `<` of its raw HTML escaped (`\\<`), so that it shows as typed.
+
+    The converter drops raw HTML, inline and in blocks: `Vec<String>`, `<T>`, `a <b> tag` or
+    `<!-- note -->` lost their words on Telegram, while Feishu, which escapes `<` outside
+    code, shows them. Parsed again while escaping uncovers more (a block of HTML is text once
+    its first `<` is escaped, and its tags are then inline HTML); code stays as written."""
+    for _ in range(_HTML_PASSES):
+        if "<" not in markdown:
+            break
+        source = markdown.encode()
+        offsets: list[int] = []
+        for event, span in pyromark.events_with_range(markdown, options=STANDARD_OPTIONS):
+            if isinstance(event, dict) and ("InlineHtml" in event or "Html" in event):
+                start, end = span["start"], span["end"]
+                offsets += (at for at in range(start, end) if source[at] == 0x3C)  # `<`
+        if not offsets:
+            break
+        parts: list[bytes] = []
+        last = 0
+        for at in sorted(offsets):
+            parts += [source[last:at], b"\\"]
+            last = at
+        parts.append(source[last:])
+        markdown = b"".join(parts).decode()
+    return markdown
 
 
 def _unsafe_link(kind: str, url: str | None) -> bool:

@@ -488,3 +488,28 @@ async def test_a_card_sent_again_without_its_entities_pages_no_one(
     card = next(m for m in telegram.bot_messages(GROUP) if "plain-marker" in m.text)
     assert card.entities == []
     assert "ssh @\u200bboss_man" in card.text and "/\u200btaskcard off" in card.text
+
+
+async def test_angle_brackets_in_a_card_show_as_typed_on_telegram(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    """Markdown reads `<String>` or a line of `<div>` as raw HTML, which the Telegram
+    conversion dropped: `Vec<String>` showed as `Vec`, `<T>` and a comment not at all, while
+    Feishu shows them as typed. They show as typed on Telegram too; code stays code."""
+    workdir = tmp_path / "agents" / "builder"
+    body = (
+        "# html-marker\n"
+        "returns Vec<String>, not Option<T>; see <issue-42> <!-- keep me -->\n"
+        "\n<div>\nblock <b>words</b>\n</div>\n\n"
+        "run `make <target>` and <tg-spoiler>open</tg-spoiler>"
+    )
+    with telegram_serve(tmp_path, telegram) as serve:
+        publish(workdir, body)
+        await eventually(lambda: "html-marker" in telegram_everything(telegram), what="the card")
+        assert await serve.aterminate() == 0
+    card = next(m for m in telegram.bot_messages(GROUP) if "html-marker" in m.text)
+    assert "returns Vec<String>, not Option<T>; see <issue-42> <!-- keep me -->" in card.text
+    assert "<div>\nblock <b>words</b>\n</div>" in card.text
+    assert "<tg-spoiler>open</tg-spoiler>" in card.text
+    assert entity_texts(card.text, card.entities, "code") == ["make <target>"]
+    assert not [e for e in card.entities if e["type"] == "spoiler"]
