@@ -61,6 +61,10 @@ def legacy_json_to_markdown(text: str) -> str | None:
 
 
 def body_markdown(raw: bytes) -> str:
-    """The body bytes as Markdown: the legacy JSON frame converted, anything else verbatim."""
-    text = raw.decode("utf-8", errors="replace")
+    """The body bytes as Markdown: the legacy JSON frame converted, anything else verbatim.
+
+    A byte-order mark at the start (a renderer that writes UTF-8 "with signature") marks the
+    encoding, not text: kept, it made the first line's `#` heading and a legacy frame's `{`
+    read as plain text."""
+    text = raw.decode("utf-8-sig", errors="replace")
     return legacy_json_to_markdown(text) or text

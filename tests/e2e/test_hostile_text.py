@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from taskcard.producers.task_card.contract import CardPaths, atomic_write
 from tests.e2e.harness import (
     TOKEN_ENV,
     ServeProcess,
@@ -24,6 +25,7 @@ from tests.e2e.harness import (
     eventually,
     publish,
     run_cli,
+    set_status,
     telegram_config,
 )
 from tests.e2e.test_serve_feishu import CHAT, ENCRYPT, VERIFY, Setup, card_texts
@@ -513,3 +515,25 @@ async def test_angle_brackets_in_a_card_show_as_typed_on_telegram(
     assert "<tg-spoiler>open</tg-spoiler>" in card.text
     assert entity_texts(card.text, card.entities, "code") == ["make <target>"]
     assert not [e for e in card.entities if e["type"] == "spoiler"]
+
+
+async def test_a_card_body_starting_with_a_byte_order_mark_reads_as_without(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    """A renderer writing UTF-8 with a signature starts its body with a byte-order mark,
+    which was kept as text: the heading on the first line showed as `# ...` (on the board
+    line too), and a legacy `{title, lines}` frame showed as its raw JSON."""
+    workdir = tmp_path / "agents" / "builder"
+    with telegram_serve(tmp_path, telegram) as serve:
+        atomic_write(CardPaths(workdir).body, "\ufeff# bom-marker\r\nnext line\r\n".encode())
+        set_status(workdir, "active")
+        await eventually(lambda: "bom-marker" in telegram_everything(telegram), what="the card")
+        frame = {"title": "frame-marker", "lines": ["one line"]}
+        atomic_write(CardPaths(workdir).body, b"\xef\xbb\xbf" + json.dumps(frame).encode())
+        await eventually(lambda: "frame-marker" in telegram_everything(telegram), what="frame")
+        assert await serve.aterminate() == 0
+    card = next(m for m in telegram.bot_messages(GROUP) if "frame-marker" in m.text)
+    first = next(text for text, _ in card.history if "bom-marker" in text)
+    assert "\ufeff" not in first and "#" not in first and "bom-marker\nnext line" in first
+    assert "\ufeff" not in card.text and "{" not in card.text
+    assert "frame-marker\none line" in card.text
