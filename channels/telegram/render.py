@@ -238,6 +238,10 @@ def markdown_to_rich(markdown: str) -> RichText:
     An isolated render config keeps us off the library's process-global one, and LaTeX
     conversion is off because agent bodies use `$` for shell and money, not maths.
 
+    A custom emoji (`![👍](tg://emoji?id=...)`) goes as its plain emoji: its entity would go
+    without the emoji's id (`Entity` has no such field), which Telegram refuses, and a bot
+    may send custom emoji only with a username bought on Fragment anyway.
+
     Cached (the result is immutable): the service renders a card once per route, and again
     when only its automatic rows moved, both with the same body. 256 bodies of at most
     4 x 4096 characters bound the cache to a few MB.
@@ -254,7 +258,7 @@ def markdown_to_rich(markdown: str) -> RichText:
                 tuple(
                     Entity(e.type, e.offset, e.length, e.url, e.language)
                     for e in entities
-                    if e.length > 0 and not _unsafe_link(e.type, e.url)
+                    if e.length > 0 and e.type != "custom_emoji" and not _unsafe_link(e.type, e.url)
                 ),
             )
         )

@@ -537,3 +537,22 @@ async def test_a_card_body_starting_with_a_byte_order_mark_reads_as_without(
     assert "\ufeff" not in first and "#" not in first and "bom-marker\nnext line" in first
     assert "\ufeff" not in card.text and "{" not in card.text
     assert "frame-marker\none line" in card.text
+
+
+async def test_a_custom_emoji_in_a_card_keeps_the_cards_formatting(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    """A custom emoji (`![👍](tg://emoji?id=...)`) became a `custom_emoji` entity without
+    the emoji's id, which Telegram refuses: the whole card went as plain text, its code and
+    bold gone. It goes as its plain emoji now; the rest keeps its formatting."""
+    workdir = tmp_path / "agents" / "builder"
+    body = "# emoji-marker\n![👍](tg://emoji?id=5368324170671202286) **done**, `make all`"
+    with telegram_serve(tmp_path, telegram) as serve:
+        publish(workdir, body)
+        await eventually(lambda: "emoji-marker" in telegram_everything(telegram), what="card")
+        assert await serve.aterminate() == 0
+    card = next(m for m in telegram.bot_messages(GROUP) if "emoji-marker" in m.text)
+    assert "👍 done, make all" in card.text
+    assert entity_texts(card.text, card.entities, "code") == ["make all"]
+    assert "done" in entity_texts(card.text, card.entities, "bold")
+    assert all(e["type"] != "custom_emoji" for e in card.entities)

@@ -681,6 +681,10 @@ class FakeTelegram:
                 )
             if entity["type"] == "text_link" and not entity.get("url"):
                 raise ApiError(400, f"Bad Request: can't parse entities: entity {index} url")
+            if entity["type"] == "custom_emoji" and not entity.get("custom_emoji_id"):
+                raise ApiError(400, f"Bad Request: can't parse entities: entity {index} emoji")
+            if entity["type"] == "text_mention" and not isinstance(entity.get("user"), dict):
+                raise ApiError(400, f"Bad Request: can't parse entities: entity {index} user")
             if any(_inside_surrogate_pair(units, at) for at in (offset, offset + size)):
                 raise ApiError(
                     400, f"Bad Request: can't parse entities: entity {index} splits a character"
