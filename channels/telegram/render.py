@@ -39,6 +39,7 @@ MAX_MESSAGE_UTF16 = 4096
 MAX_ENTITIES = 100
 # Entities of the service's own in a card around the body: the header, the note, the cut mark.
 _OWN_CARD_ENTITIES = 3
+_BODY_ENTITIES = MAX_ENTITIES - _OWN_CARD_ENTITIES
 # Entities whose text reads the same without them: dropped first when a message has too many.
 _STYLES = frozenset({"bold", "italic", "underline", "strikethrough", "spoiler"})
 _SOURCE_BUDGET_FACTOR = 4
@@ -349,7 +350,7 @@ def compose_rich(view: CardView) -> RichText:
         out.add("\n")
         out.add_styled(view.body_note, "italic")
     if view.body is not None and view.body.strip():
-        body = within_entity_limit(markdown_to_rich(view.body), MAX_ENTITIES - _OWN_CARD_ENTITIES)
+        body = within_entity_limit(markdown_to_rich(view.body), _BODY_ENTITIES)
         out.add("\n")
         out.add(body.text, body.entities)
     if view.body_cut:
@@ -366,7 +367,7 @@ def _outgoing(rich: RichText) -> Outgoing:
 
 def render_card(view: CardView, limit_utf16: int = MAX_MESSAGE_UTF16) -> Outgoing:
     """The resident message for `view`, always non-empty and within `limit_utf16`."""
-    view = _precut_body(view, limit_utf16)
+    view = _links_cut(_precut_body(view, limit_utf16))
     # The last view measured and its layout: a card that fits as it is (the usual case) is
     # then composed once, not once to measure and again to send.
     measured: list[tuple[CardView, RichText]] = []
@@ -374,7 +375,7 @@ def render_card(view: CardView, limit_utf16: int = MAX_MESSAGE_UTF16) -> Outgoin
     def size_utf16(candidate: CardView) -> int:
         composed = compose_rich(candidate)
         measured[:] = [(candidate, composed)]
-        if len(composed.entities) > MAX_ENTITIES:  # links beyond what Telegram applies
+        if len(composed.entities) > MAX_ENTITIES:  # a safeguard: `_links_cut` saw to it
             return limit_utf16 + 1
         return utf16_len(composed.text)
 
@@ -386,6 +387,28 @@ def render_card(view: CardView, limit_utf16: int = MAX_MESSAGE_UTF16) -> Outgoin
         # points, which never splits a surrogate pair.
         rich = _trim_end(RichText(_cut_utf16(rich.text, limit_utf16), rich.entities))
     return _outgoing(rich)
+
+
+def _body_entities(body: str) -> int:
+    return len(within_entity_limit(markdown_to_rich(body), _BODY_ENTITIES).entities)
+
+
+def _links_cut(view: CardView) -> CardView:
+    """`view` with its body cut, marked, to the longest prefix whose entities Telegram all
+    applies once `within_entity_limit` has let the others go: more links than that.
+
+    Cut before fitting, which would first drop the automatic rows for nothing."""
+    body = view.body
+    if body is None or _body_entities(body) <= _BODY_ENTITIES:
+        return view
+    low, high = 0, len(body) - 1  # the longest prefix that fits is shorter than `body`
+    while low < high:
+        middle = (low + high + 1) // 2
+        if _body_entities(body[:middle]) <= _BODY_ENTITIES:
+            low = middle
+        else:
+            high = middle - 1
+    return replace(view, body=body[:low].rstrip(), body_cut=True)
 
 
 def _precut_body(view: CardView, limit_utf16: int) -> CardView:

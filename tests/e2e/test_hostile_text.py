@@ -426,6 +426,7 @@ async def test_a_card_of_more_entities_than_telegram_applies_pages_no_one(
     assert "@boss_59" not in code  # the last code spans gave way
     links = entity_texts(card.text, card.entities, "text_link")
     assert "links-end" not in card.text and "card cut to fit this chat" in card.text
+    assert "card updated" in card.text  # the automatic rows stay
     assert links == [f"l{i}" for i in range(len(links))] and 90 < len(links) <= 100
 
 
