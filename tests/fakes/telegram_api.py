@@ -2,7 +2,8 @@
 
 It keeps chats and their messages (text + entities, ids increasing per chat, edit history),
 answers the methods taskcard uses with the real success and error shapes, validates what the
-real API validates (entity bounds, the 4096 UTF-16 limit, empty text), and enforces
+real API validates (entity bounds, also inside an emoji, the fields an entity type needs,
+the 4096 UTF-16 limit, empty text), applies only the first 100 entities, and enforces
 configurable sliding-window limits per private chat, per group and per bot, answering the
 real 429 body. Every request is recorded with its time; every 429 is recorded too.
 
