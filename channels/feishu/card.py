@@ -115,23 +115,28 @@ def _escaped_text(text: str) -> str:
     return _NON_WEB_TARGET.sub("](&#40;", _escape_entities(text))
 
 
-def _convert_line(line: str) -> str:
-    heading = _HEADING.match(line)
-    if heading is not None:
-        title = heading.group(2)
-        return f"**{_escape_entities(title)}**" if title else ""
-    quote = _QUOTE_PREFIX.match(line)
-    prefix = quote.group(1) if quote is not None else ""
-    rest = line[len(prefix) :]
-    rest = _IMAGE.sub(_image_to_link, rest)
-    if "](" not in rest:
-        return prefix + _escape_entities(rest)
-    parts = _INLINE_CODE.split(rest)  # text, then each code span's backticks and its text
+def _converted_text(text: str) -> str:
+    """A line's text (after any heading or quote marker) in Feishu card Markdown: images as
+    links, links only to web addresses, `& < >` escaped; inline code spans as written."""
+    text = _IMAGE.sub(_image_to_link, text)
+    if "](" not in text:
+        return _escape_entities(text)
+    parts = _INLINE_CODE.split(text)  # text, then each code span's backticks and its text
     out = [_escaped_text(parts[0])]
     for index in range(1, len(parts), 3):
         ticks, code, after = parts[index : index + 3]
         out += [ticks, _escape_entities(code), ticks, _escaped_text(after)]
-    return prefix + "".join(out)
+    return "".join(out)
+
+
+def _convert_line(line: str) -> str:
+    heading = _HEADING.match(line)
+    if heading is not None:
+        title = heading.group(2)
+        return f"**{_converted_text(title)}**" if title else ""
+    quote = _QUOTE_PREFIX.match(line)
+    prefix = quote.group(1) if quote is not None else ""
+    return prefix + _converted_text(line[len(prefix) :])
 
 
 def feishu_markdown(body: str) -> str:

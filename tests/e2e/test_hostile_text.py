@@ -434,7 +434,8 @@ UNSAFE_LINKS = (
     "# links-marker\n"
     "[run](javascript:alert(1)) [page](data:text/html,hi) [disk](file:///etc/passwd) "
     "[app](lark://applink/x) [boss](tg://user?id=42) <javascript:go()> "
-    "[deeper](javascript:f((1))) [docs](https://docs.example/a_(b)) `[code](file:///x)`"
+    "[deeper](javascript:f((1))) [docs](https://docs.example/a_(b)) `[code](file:///x)`\n"
+    "## see [head](javascript:h()) now"
 )
 
 
@@ -453,7 +454,7 @@ async def test_a_card_links_only_to_web_addresses_on_telegram(
     urls = [e["url"] for e in card.entities if e["type"] == "text_link"]
     assert urls == ["https://docs.example/a_(b)"]
     words = "run page disk app boss javascript:go() deeper docs [code](file:///x)"
-    assert words in card.text
+    assert words in card.text and "see head now" in card.text
 
 
 async def test_a_card_links_only_to_web_addresses_on_feishu(
@@ -472,7 +473,7 @@ async def test_a_card_links_only_to_web_addresses_on_feishu(
     targets = re.findall(r"\]\(\s*(?:&lt;)?\s*([a-z]+:)", markdown, re.IGNORECASE)
     assert targets == ["https:", "file:"]  # the web link, and the one in code as typed
     assert "run page disk app boss &lt;javascript:go()&gt; [deeper](&#40;javascript" in markdown
-    assert "`[code](file:///x)`" in markdown
+    assert "`[code](file:///x)`" in markdown and "**see head now**" in markdown
 
 
 async def test_a_card_sent_again_without_its_entities_pages_no_one(
