@@ -112,7 +112,7 @@ def _escaped_text(text: str) -> str:
     as typed and opens nothing."""
     if "](" in text:
         text = _LINK.sub(_link_or_words, text)
-    return _NON_WEB_TARGET.sub("](&#40;", _escape_entities(text))
+    return _NON_WEB_TARGET.sub("]&#40;", _escape_entities(text))
 
 
 def _converted_text(text: str) -> str:

@@ -472,7 +472,7 @@ async def test_a_card_links_only_to_web_addresses_on_feishu(
     markdown = next(e["content"] for e in card["body"]["elements"] if e["tag"] == "markdown")
     targets = re.findall(r"\]\(\s*(?:&lt;)?\s*([a-z]+:)", markdown, re.IGNORECASE)
     assert targets == ["https:", "file:"]  # the web link, and the one in code as typed
-    assert "run page disk app boss &lt;javascript:go()&gt; [deeper](&#40;javascript" in markdown
+    assert "run page disk app boss &lt;javascript:go()&gt; [deeper]&#40;javascript" in markdown
     assert "`[code](file:///x)`" in markdown and "**see head now**" in markdown
 
 
