@@ -256,7 +256,7 @@ def markdown_to_rich(markdown: str) -> RichText:
         _trim_end(
             RichText(
                 text,
-                tuple(
+                _outer_quotes_only(
                     Entity(e.type, e.offset, e.length, e.url, e.language)
                     for e in entities
                     if e.length > 0 and e.type != "custom_emoji" and not _unsafe_link(e.type, e.url)
@@ -264,6 +264,28 @@ def markdown_to_rich(markdown: str) -> RichText:
             )
         )
     )
+
+
+_QUOTES = frozenset({"blockquote", "expandable_blockquote"})  # a long quote is expandable
+
+
+def _outer_quotes_only(entities: Iterable[Entity]) -> tuple[Entity, ...]:
+    """`entities` without the quotes inside another quote (`> > x`): Telegram allows no
+    quote in a quote. The outer quote shows the text of the inner ones."""
+    kept = list(entities)
+    quotes = sorted(
+        (index for index, entity in enumerate(kept) if entity.type in _QUOTES),
+        key=lambda index: (kept[index].offset, -kept[index].length),
+    )
+    inner: set[int] = set()
+    reach = -1  # where the last outer quote ends
+    for index in quotes:
+        entity = kept[index]
+        if entity.offset < reach:
+            inner.add(index)
+        else:
+            reach = entity.offset + entity.length
+    return tuple(entity for index, entity in enumerate(kept) if index not in inner)
 
 
 def within_entity_limit(rich: RichText, limit: int = MAX_ENTITIES) -> RichText:

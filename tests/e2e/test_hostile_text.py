@@ -558,3 +558,20 @@ async def test_a_custom_emoji_in_a_card_keeps_the_cards_formatting(
     assert entity_texts(card.text, card.entities, "code") == ["make all"]
     assert "done" in entity_texts(card.text, card.entities, "bold")
     assert all(e["type"] != "custom_emoji" for e in card.entities)
+
+
+async def test_a_quote_inside_a_quote_keeps_the_cards_formatting(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    """Telegram's formatting rules allow no quote inside a quote; a card with `> > x` went
+    out with nested quotes, against the rules (the fake refuses such a message), and fell
+    back to plain text, its code and bold gone. Only the outer quote goes now."""
+    workdir = tmp_path / "agents" / "builder"
+    body = "# quote-marker\n> said\n> > earlier\n> > > first\n\n**done**, `make all`"
+    with telegram_serve(tmp_path, telegram) as serve:
+        publish(workdir, body)
+        await eventually(lambda: "quote-marker" in telegram_everything(telegram), what="card")
+        assert await serve.aterminate() == 0
+    card = next(m for m in telegram.bot_messages(GROUP) if "quote-marker" in m.text)
+    assert entity_texts(card.text, card.entities, "blockquote") == ["said\nearlier\nfirst"]
+    assert entity_texts(card.text, card.entities, "code") == ["make all"]

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import math
 import re
@@ -694,6 +695,13 @@ class FakeTelegram:
         # Telegram applies the first `MAX_ENTITIES` entities of a message (in the order of
         # their offsets) and ignores the rest without an error: the text shows unformatted
         # there, and a mention or command the sender meant as code is live again.
+        quotes = sorted(
+            (entity["offset"], entity["offset"] + entity["length"])
+            for entity in checked
+            if entity["type"] in ("blockquote", "expandable_blockquote")
+        )
+        if any(later[0] < earlier[1] for earlier, later in itertools.pairwise(quotes)):
+            raise ApiError(400, "Bad Request: can't parse entities: a quote inside a quote")
         if len(checked) > MAX_ENTITIES:
             checked = sorted(checked, key=lambda entity: entity["offset"])[:MAX_ENTITIES]
         return text, checked
