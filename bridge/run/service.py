@@ -22,6 +22,7 @@ import asyncio
 import functools
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, tzinfo
@@ -88,6 +89,11 @@ if TYPE_CHECKING:
     from taskcard.bridge.cluster.boards import SharedBoards
 
 log = logging.getLogger(__name__)
+
+# One agent's cards may take at most this share of the loop's time (`_project_paced`),
+# once composing them costs at least this much CPU (a usual card costs well under 1 ms).
+COMPOSE_SHARE: Final = 0.1
+COMPOSE_COST_FLOOR_S: Final = 0.05
 
 # Clustered: the agents the whole cluster routes to a chat (None when Redis did not answer).
 ClusterNames = Callable[[str, ChatRef], Awaitable[list[str] | None]]
@@ -227,6 +233,11 @@ class Service:
         self._saved_health: dict[str, str] = {}
         self._prefs: dict[str, ChatPrefs] = {}
         self._due = DueAgents()  # agents whose state changes with time alone, by when
+        # Agents whose last card cost too much to compose: not again before when (see
+        # `_project_paced`), and the agents owed a projection meanwhile.
+        self._paced: dict[str, float] = {}
+        self._owed: set[str] = set()
+        self._paced_told: set[str] = set()  # said once per agent: a hostile body comes back
         self._routes_by_scope: dict[str, list[Route]] = {}
         self._views = ChatViews(store, ())
         self._board_timer: asyncio.TimerHandle | None = None
@@ -588,6 +599,9 @@ class Service:
         self._desk.remove_agent(agent_id, "the agent was retired")
         self._sides.pop(agent_id, None)
         self._due.discard(agent_id)
+        self._paced.pop(agent_id, None)
+        self._owed.discard(agent_id)
+        self._paced_told.discard(agent_id)
         self._faults.pop(agent_id, None)
         for route in list(self._routes_by_agent.get(agent_id, ())):
             final = None
@@ -799,9 +813,46 @@ class Service:
             or result.activity_changed
             or lineage_changed
             or ledger_changed
+            or agent_id in self._owed
         ):
-            self._project(agent_id)
+            self._project_paced(agent_id)
         self._save_health(agent_id)
+
+    def _project_paced(self, agent_id: str) -> None:
+        """`_project`, at most `COMPOSE_SHARE` of the loop's time for one agent.
+
+        Composing and rendering a card costs a fraction of a millisecond, but a body dense
+        with Markdown (thousands of marks) costs hundreds: an agent rewriting such a body
+        several times a second would hold the loop, and every other agent's card would wait.
+        A projection that took `COMPOSE_COST_FLOOR_S` of CPU or more is followed by a pause
+        of that agent's projections long enough to keep its share of the time to
+        `COMPOSE_SHARE`; changes meanwhile are owed one projection, made when the pause
+        ends, with the latest files (latest wins, as everywhere)."""
+        now = self._clock().timestamp()
+        until = self._paced.get(agent_id)
+        if until is not None and now < until:
+            self._owed.add(agent_id)
+            self._due.set_earliest(agent_id, until)
+            return
+        self._owed.discard(agent_id)
+        started = time.thread_time()
+        self._project(agent_id)
+        cost_s = time.thread_time() - started
+        if cost_s < COMPOSE_COST_FLOOR_S:
+            self._paced.pop(agent_id, None)
+            return
+        pause_s = cost_s * (1 / COMPOSE_SHARE - 1)
+        if agent_id not in self._paced_told:
+            self._paced_told.add(agent_id)
+            log.warning(
+                "agent %s: composing its card took %.0f ms; it is composed again at most"
+                " every %.1f s while it costs this much, to keep the other cards moving (a"
+                " body with fewer Markdown marks renders faster; said once per agent)",
+                agent_id,
+                cost_s * 1000,
+                pause_s,
+            )
+        self._paced[agent_id] = now + pause_s
 
     def _follow_agent_side(self, agent_id: str, monitor: AgentMonitor, news: SideRefresh) -> None:
         """Reports, signals, inbox acks: what `news` (this refresh's reading) asks for."""

@@ -525,3 +525,30 @@ async def test_a_report_series_started_again_while_the_service_was_down_is_annou
     shown = texts(fake, GROUP)
     for summary in ("first round", "second round", "while the service was down"):
         assert sum(summary in text for text in shown) == 1, (summary, shown)
+
+
+async def test_a_card_dense_with_markdown_cannot_hold_the_service(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """A body of thousands of Markdown marks costs hundreds of milliseconds to compose for
+    Telegram. Rewritten again and again, it held the loop for every card: now one agent's
+    cards take at most a tenth of the time (one warning), the other agents' cards keep
+    moving meanwhile, and the costly card still ends at its latest version."""
+    serve = setup(tmp_path, fake, ["dense"])
+    dense = "\n".join(["**w** `x` _y_ ~~z~~ " * 40] * 25)
+    with serve:
+        publish(workdir(tmp_path, "good"), "good v0")
+        publish(workdir(tmp_path, "dense"), f"dense v0\n{dense}")
+        await eventually(lambda: shows(fake, PRIVATE, "good v0"), what="the calm card")
+        await eventually(lambda: shows(fake, GROUP, "dense v0"), what="the dense card")
+        for version in range(1, 6):
+            publish(workdir(tmp_path, "dense"), f"dense v{version}\n{dense}")
+            publish(workdir(tmp_path, "good"), f"good v{version}")
+            await eventually(
+                lambda version=version: shows(fake, PRIVATE, f"good v{version}"),
+                what="the calm card's change, while the dense one is paced",
+            )
+        await eventually(lambda: shows(fake, GROUP, "dense v5"), what="the dense card's latest")
+        assert await serve.aterminate() == 0
+    assert serve.logs.count("agent dense: composing its card took") == 1, serve.logs
+    assert "good: composing" not in serve.logs
