@@ -125,6 +125,7 @@ def run_checkpoint(args: argparse.Namespace) -> int:
         note=args.note,
         source=args.source,
         artifacts=args.artifact,
+        new_step=args.new_step,
         **fields,
     )
     _print(_summary(record))
@@ -140,6 +141,7 @@ def run_block(args: argparse.Namespace) -> int:
         safe_next_step=args.safe_next_step,
         failed=args.failed,
         source=args.source,
+        new_step=args.new_step,
     )
     _print(_summary(record))
     return EXIT_OK
@@ -277,6 +279,16 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _new_step_field(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--new-step",
+        dest="new_step",
+        action="store_true",
+        help="--step names a step the plan does not have yet: add it at the end (without "
+        "this, a step not in the plan is refused, so a typo never becomes a step)",
+    )
+
+
 def _block_fields(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kind", choices=FAILURE_KINDS, help="what kind of failure blocks it")
     parser.add_argument("--reason", help="what stops the task, in one sentence")
@@ -370,6 +382,7 @@ def register(subparsers: Any) -> None:
         help="what was observed",
     )
     checkpoint.add_argument("--step", help="the step that moved")
+    _new_step_field(checkpoint)
     checkpoint.add_argument("--note", help="what was observed (TASK_COMPLETED: the evidence)")
     checkpoint.add_argument("--source", choices=SOURCES, default="executor", help="who observed it")
     checkpoint.add_argument("--artifact", action="append", help="a delivered artifact (repeat)")
@@ -380,6 +393,7 @@ def register(subparsers: Any) -> None:
 
     block = add("block", run_block, "record a confirmed block")
     block.add_argument("--step", help="the blocked step")
+    _new_step_field(block)
     block.add_argument("--source", choices=SOURCES, default="executor", help="who observed it")
     _block_fields(block)
 

@@ -109,6 +109,11 @@ def input_schema() -> dict[str, Any]:
             },
             "event_type": {"type": "string", "enum": list(EVENT_TYPES)},
             "step": _ID,
+            "new_step": {
+                "type": "boolean",
+                "description": "checkpoint, block: true when step is not in the plan yet and "
+                "is to join it (else such a step is refused)",
+            },
             "note": {**_TEXT, "description": "what was observed; TASK_COMPLETED: the evidence"},
             "kind": {"type": "string", "enum": list(FAILURE_KINDS)},
             "reason": _TEXT,
@@ -194,7 +199,7 @@ def _json_type(value: object) -> str:
 
 
 _FIELDS: Final[dict[str, tuple[str, ...]]] = {
-    "block": ("kind", "reason", "step", "safe_next_step", "failed"),
+    "block": ("kind", "reason", "step", "new_step", "safe_next_step", "failed"),
     "external-job": ("job_id", "status", "provider", "evidence", "max_wait_sec"),
     "download-observed": ("name", "observed_bytes", "expected_bytes", "complete", "corrupt"),
     "owner-reply": ("reply", "note", "reason", "safe_next_step", "kind"),
@@ -209,7 +214,7 @@ def command_fields(command: str, event_type: object = None) -> tuple[str, ...]:
         return ("task_id", "purpose", "steps", *_INIT_LIMITS)
     if command == "checkpoint":
         extra = EVENT_FIELDS.get(event_type, ()) if isinstance(event_type, str) else ()
-        return ("task_id", "event_type", "step", "note", *extra)
+        return ("task_id", "event_type", "step", "new_step", "note", *extra)
     if command == "supervise":
         return ("task_id", "apply_supervision")
     return ("task_id", *_FIELDS.get(command, ()))
@@ -321,7 +326,7 @@ def _run(ledger: Ledger, paths: HostPaths, command: str, args: dict[str, Any]) -
     else:
         if command == "checkpoint":
             event_type: Any = args.get("event_type")  # the store refuses a missing one
-            names = ("step", "note", *EVENT_FIELDS.get(str(event_type), ()))
+            names = ("step", "new_step", "note", *EVENT_FIELDS.get(str(event_type), ()))
             fields = {k: args[k] for k in names if k in args}
             record = ledger.checkpoint(task_id, event_type, **fields)
             return _summary(task_id, record)

@@ -133,6 +133,10 @@ class TaskInfo(_Model):
     purpose: Note
     created_at: Moment
     limits: Limits = Field(default_factory=Limits)
+    # True when `init` was given the steps: a step not among them is then refused unless it
+    # is added on purpose. False (a task without a plan, or one written by other tooling):
+    # steps join as they are recorded.
+    planned: bool = False
 
 
 class Observation(_Model):

@@ -12,6 +12,7 @@ Bad input raises `LedgerError` with one line naming the field and the fix.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import errno
 import fcntl
 import json
@@ -91,7 +92,7 @@ def _check_id(field: str, value: str) -> None:
 # or 1 nudge, and a text given as `steps` became one step per character.
 _TEXT_FIELDS: Final = ("note", "reason", "safe_next_step", "provider", "evidence")
 _INT_FIELDS: Final = ("observed_bytes", "expected_bytes", "max_nudges", "max_retries")
-_BOOL_FIELDS: Final = ("failed", "complete", "corrupt")
+_BOOL_FIELDS: Final = ("failed", "complete", "corrupt", "new_step")
 _LIST_FIELDS: Final = ("steps", "artifacts")
 # Fields only some event types take: a checkpoint of that type passes them to its method.
 EVENT_FIELDS: Final[dict[str, tuple[str, ...]]] = {
@@ -380,6 +381,7 @@ class Ledger:
                 purpose=purpose,
                 created_at=self._clock(),
                 limits=Limits.model_validate(limits),
+                planned=bool(steps),
             )
         except ValidationError as exc:
             raise LedgerError(f"{_first_error(exc)}; see `taskcard ledger init --help`") from None
@@ -453,12 +455,25 @@ class Ledger:
             return record.model_copy(deep=True)
 
     @staticmethod
-    def _step(record: TaskRecord, step_id: str) -> StepTruth:
-        for step in record.observed.steps:
+    def _step(record: TaskRecord, step_id: str, *, new_step: bool = False) -> StepTruth:
+        """The truth of `step_id`. A step the task does not have yet joins its plan at the end
+        only when the task has no plan (`init` without steps) or `new_step` says it is meant:
+        a mistyped id would otherwise become a step of its own, silently open for good."""
+        steps = record.observed.steps
+        for step in steps:
             if step.step_id == step_id:
                 return step
-        step = StepTruth(step_id=step_id)  # a step the plan did not list joins it at the end
-        record.observed.steps.append(step)
+        if record.task.planned and not new_step:
+            known = [step.step_id for step in steps]
+            close = difflib.get_close_matches(step_id, known, n=1, cutoff=0.6)
+            hint = f"did you mean {quoted(close[0])}? " if close else ""
+            raise LedgerError(
+                f"step: {quoted(step_id)} is not a step of task {_shown_id(record.task.task_id)} "
+                f"(its steps: {', '.join(known)}); {hint}give one of them, or add it to the "
+                "plan with --new-step"
+            )
+        step = StepTruth(step_id=step_id)
+        steps.append(step)
         return step
 
     @staticmethod
@@ -479,9 +494,11 @@ class Ledger:
         note: str | None = None,
         source: Source = "executor",
         artifacts: list[str] | None = None,
+        new_step: bool = False,
         **fields: Any,
     ) -> TaskRecord:
-        """Record one of the ten event types; the typed ones delegate to their own method."""
+        """Record one of the ten event types; the typed ones delegate to their own method.
+        `new_step`: `step` may be one the task's plan does not have yet (it joins at the end)."""
         if event_type not in EVENT_TYPES:
             what = (
                 "is required"
@@ -496,12 +513,12 @@ class Ledger:
                 f"{stray[0]}: not a field of a {event_type} checkpoint; remove it"
                 + (f" (it takes step, note, {', '.join(takes)})" if takes else "")
             )
-        _check_types(note=note, artifacts=artifacts)
+        _check_types(note=note, artifacts=artifacts, new_step=new_step)
         if step is not None:
             _check_id("step", step)
         _note("note", note)
         if event_type == "BLOCKED_CONFIRMED":
-            return self.block(task_id, step=step, source=source, **fields)
+            return self.block(task_id, step=step, source=source, new_step=new_step, **fields)
         if event_type == "OWNER_REPLY_RECORDED":
             return self.owner_reply(task_id, note=note, **fields)
         if event_type == "EXTERNAL_OBSERVED":
@@ -524,12 +541,12 @@ class Ledger:
                 observed.started_at = observed.started_at or now
             elif event_type == "STEP_PROGRESS":
                 assert step is not None
-                truth = self._step(record, step)
+                truth = self._step(record, step, new_step=new_step)
                 truth.progress_at, truth.progress_note = now, note
                 self._resolve_block_on(record, step, now, "STEP_PROGRESS")
             elif event_type == "STEP_COMPLETED":
                 assert step is not None
-                self._step(record, step).completed_at = now
+                self._step(record, step, new_step=new_step).completed_at = now
                 self._resolve_block_on(record, step, now, "STEP_COMPLETED")
             elif event_type == "TASK_COMPLETED":
                 observed.task_completion = CompletionTruth(
@@ -553,9 +570,10 @@ class Ledger:
         safe_next_step: str | None = None,
         failed: bool = False,
         source: Source = "executor",
+        new_step: bool = False,
     ) -> TaskRecord:
         """A confirmed block: its kind (from the closed list) and reason are required."""
-        _check_types(reason=reason, safe_next_step=safe_next_step, failed=failed)
+        _check_types(reason=reason, safe_next_step=safe_next_step, failed=failed, new_step=new_step)
         if kind not in FAILURE_KINDS:
             what = "is required" if kind is None else f"{quoted(kind)} is not a failure kind"
             raise LedgerError(f"kind: {what}; give --kind, one of " + ", ".join(FAILURE_KINDS))
@@ -568,7 +586,7 @@ class Ledger:
 
         def apply(record: TaskRecord, now: datetime) -> None:
             if step is not None:
-                truth = self._step(record, step)
+                truth = self._step(record, step, new_step=new_step)
                 if failed:
                     truth.failed_at = now
             record.observed.block = BlockTruth(

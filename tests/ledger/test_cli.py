@@ -118,6 +118,43 @@ def test_bad_input_is_one_line_naming_the_field(workdir: Path, args: list[str], 
     assert "Traceback" not in done.stderr
 
 
+def test_a_step_not_in_the_plan_is_refused_unless_added_on_purpose(workdir: Path) -> None:
+    """A mistyped `--step` joined the plan as a step of its own, open for good (the task
+    could never show all steps done), without a word."""
+    ok(workdir, "init", "t", "--purpose", "p", "--steps", "prep,train,eval", "--no-renderer")
+    before = (workdir / "ledger" / "long-task-ledger.json").read_bytes()
+    for args in (
+        ["checkpoint", "t", "--event-type", "STEP_PROGRESS", "--step", "trian"],
+        ["checkpoint", "t", "--event-type", "STEP_COMPLETED", "--step", "trian"],
+        ["block", "t", "--kind", "TIMEOUT", "--reason", "slow", "--step", "trian"],
+        [
+            *("checkpoint", "t", "--event-type", "BLOCKED_CONFIRMED"),
+            *("--kind", "TIMEOUT", "--reason", "slow", "--step", "trian"),
+        ],
+    ):
+        done = taskcard(workdir, *args)
+        assert done.returncode == 2, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("taskcard ledger: step: 'trian'"), lines
+        for words in ("prep, train, eval", "did you mean 'train'?", "--new-step"):
+            assert words in lines[0]
+    assert (workdir / "ledger" / "long-task-ledger.json").read_bytes() == before
+    added = "checkpoint", "t", "--event-type", "STEP_PROGRESS", "--step", "deploy", "--new-step"
+    ok(workdir, *added)
+    shown = ok(workdir, "show", "t")
+    assert [s["step_id"] for s in shown["observed"]["steps"]] == [  # type: ignore[index]
+        "prep",
+        "train",
+        "eval",
+        "deploy",
+    ]
+    ok(workdir, "checkpoint", "t", "--event-type", "STEP_COMPLETED", "--step", "deploy")
+    # A task created without a plan takes its steps as they come.
+    ok(workdir, "init", "free", "--purpose", "p", "--no-renderer")
+    ok(workdir, "checkpoint", "free", "--event-type", "STEP_PROGRESS", "--step", "a")
+    ok(workdir, "checkpoint", "free", "--event-type", "STEP_PROGRESS", "--step", "b")
+
+
 def test_a_broken_ledger_file_is_reported_not_a_crash(workdir: Path) -> None:
     (workdir / "ledger").mkdir()
     (workdir / "ledger" / "long-task-ledger.json").write_text("{not json")

@@ -57,6 +57,17 @@ async def test_an_mcp_client_keeps_a_ledger(workdir: Path) -> None:
             assert error is True and str(refused["message"]).startswith("event_type:")
             refused, error = await call(command="owner-reply", task_id="t", reply="B")
             assert error is True and str(refused["message"]).startswith("reason:")
+            # A step not in the plan is refused, naming the field to add it with.
+            refused, error = await call(
+                command="checkpoint", task_id="t", event_type="STEP_PROGRESS", step="puhs"
+            )
+            message = str(refused["message"])
+            assert error is True and message.startswith("step: 'puhs' is not a step"), message
+            assert "did you mean 'push'?" in message and "with new_step" in message
+            added, error = await call(
+                command="block", task_id="t", kind="OTHER", reason="r", step="x", new_step=True
+            )
+            assert error is False, added
     finally:
         shutil.rmtree(runtime, ignore_errors=True)
     assert (workdir / "ledger" / "long-task-ledger.json").is_file()
