@@ -34,7 +34,7 @@ exit codes:
   {EXIT_OK}    done
   {EXIT_RUNTIME}    runtime failure (the service stopped on an error, a task card call failed)
   {EXIT_USAGE}    usage or configuration error (bad arguments, invalid config, missing workdir
-       or secret)
+       or secret, a metrics address that cannot be bound)
   {EXIT_ALREADY_RUNNING}    already running (a service on that state_dir, a host for that workdir)
   {EXIT_UNREACHABLE}    no task card host could be reached or started
   {EXIT_INTERRUPTED}  interrupted (Ctrl-C); serve, demo and host take it as a stop and exit 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import fcntl
 import logging
 import os
@@ -211,10 +212,8 @@ async def serve(
             try:
                 await listener.start()
             except OSError as error:
-                print(
-                    f"taskcard: cannot listen on {config.metrics.listen}: {error}", file=sys.stderr
-                )
-                return EXIT_RUNTIME
+                print(f"taskcard: {_listen_problem(config.metrics.listen, error)}", file=sys.stderr)
+                return EXIT_CONFIG
         systemd = asyncio.create_task(_tell_systemd(service, stop, env), name="sd_notify")
         keeper = asyncio.create_task(_keep_lock(lock), name="serve_lock")
         leases = None
@@ -256,6 +255,29 @@ async def serve(
             wiring.cluster.forget_bots()  # it never served: its bot claim must not linger
         store.close()
         lock.release()
+
+
+def _listen_problem(listen: str | None, error: OSError) -> str:
+    """One line for a metrics listener that cannot bind: the address, the key and the fix
+    (the exception's own text is a paragraph with the errno and a tuple)."""
+    where = f'[metrics] listen = "{listen}"'
+    if error.errno == errno.EADDRINUSE:
+        return (
+            f"{where}: the port is already in use (another service, or a taskcard still "
+            "stopping); stop what holds it, or set another port there (remove the key to serve "
+            "no metrics)"
+        )
+    if error.errno == errno.EACCES:
+        return (
+            f"{where}: not allowed to bind that port (ports below 1024 need privileges); "
+            "choose a port from 1024 up"
+        )
+    if error.errno == errno.EADDRNOTAVAIL:
+        return (
+            f"{where}: that address is not one of this machine's; use one it has, such as 127.0.0.1"
+        )
+    reason = error.strerror or type(error).__name__
+    return f"{where}: cannot listen there ({reason}); fix the address or remove the key"
 
 
 def _stopped_before_serving(why: str) -> int:

@@ -493,3 +493,27 @@ async def test_credentials_revoked_while_serving_disable_that_channel_only(
     (line,) = [line for line in serve.stderr if f"channel {revoked} disabled" in line]
     assert "restart" in line and "credentials" in line, line
     assert "disabled:" not in serve.logs.replace(f"channel {revoked} disabled:", ""), serve.logs
+
+
+async def test_a_metrics_port_taken_stops_the_start_with_one_line_naming_it(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """Another process holds the metrics port: the service said "cannot listen on ...:
+    [Errno 98] error while attempting to bind on address (...)" and exited 1, a runtime
+    failure that systemd restarts into the same wall."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = int(holder.getsockname()[1])
+        config = write_config(tmp_path, fake.base_url, port)
+        with ServeProcess(config, env={"TC_TEST_TOKEN": fake.token}) as serve:
+            await eventually(lambda: serve.proc is not None and serve.proc.poll() is not None)
+            assert serve.proc is not None
+            code = serve.proc.returncode
+    lines = [line for line in serve.logs.splitlines() if line.startswith("taskcard:")]
+    assert code == 2, serve.logs
+    assert len(lines) == 1, serve.logs
+    for words in (f"127.0.0.1:{port}", "[metrics] listen", "already in use", "another port"):
+        assert words in lines[0], lines[0]
+    assert "Traceback" not in serve.logs and "Errno" not in lines[0]
+    assert fake.token not in serve.logs
