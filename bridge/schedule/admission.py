@@ -13,7 +13,8 @@ the lanes that have to wait queue, and one dispatcher hands out room in turn ord
   joined late (at start-up the service reads thousands of cards, so the first chats have
   work seconds before the last) catches up with the others until they are level. A chat
   that had nothing let through for `HORIZON_S` starts afresh: its credit is where the turns
-  are (the credit of the chat served last) less `CATCH_UP`, so a chat quiet for an hour
+  are (the credit of the chat served last) less its catch-up (`catch_up`: what the chat's
+  own limit lets through in `HORIZON_S`, as its channel declares it), so a chat quiet for an hour
   cannot hold the bot for long with an old low count, and one that pauses briefly is not
   sent to the back for its history.
 
@@ -55,9 +56,18 @@ log = logging.getLogger(__name__)
 
 # A chat with nothing let through for this long starts afresh (the longest platform window).
 HORIZON_S = 60.0
-# How far behind the chat served last a chat that starts afresh begins (a minute of a group's
-# requests under Telegram's limit): what it may catch up before it takes plain turns.
-CATCH_UP = 20
+
+
+def catch_up(own: Sequence[RateScope]) -> int:
+    """How far behind the chat served last a chat that starts afresh begins: what it may
+    catch up before it takes plain turns. That is a horizon's worth of the requests its own
+    limit allows (`own`: the scopes of a send to it, the chat's own first, as a channel's
+    `rate_scopes` lists them): 20 for a Telegram group (20 a minute), 300 for a Feishu chat
+    (5 a second). A chat without limits of its own never waits for its turn: 0."""
+    if not own:
+        return 0
+    scope = own[0]
+    return max(1, round(scope.max_calls * HORIZON_S / scope.period_s))
 
 
 def turn_order(waiting: Sequence[Hashable], credit: Mapping[Hashable, int]) -> list[int]:
@@ -70,6 +80,7 @@ def turn_order(waiting: Sequence[Hashable], credit: Mapping[Hashable, int]) -> l
 class _Waiter:
     who: Hashable
     scopes: tuple[RateScope, ...]
+    catch_up: int
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     admission: Admission | None = None
     gone: bool = False  # gave up (closing): the dispatcher drops it
@@ -91,9 +102,10 @@ class AdmissionQueue:
     def waiting(self) -> int:
         return len(self._waiters)
 
-    def credit(self, who: Hashable, now: float | None = None) -> int:
+    def credit(self, who: Hashable, catch_up: int, now: float | None = None) -> int:
         """`who`'s credit at `now` (default: the clock): the requests let through since it
-        became busy, counted from where it started (see the module doc)."""
+        became busy, counted from where it started, `catch_up` behind the turns (see the
+        module doc)."""
         entry = self._credit.get(who)
         if entry is not None:
             if now is None:
@@ -101,24 +113,28 @@ class AdmissionQueue:
             if now - entry[1] <= HORIZON_S:
                 return entry[0]
             del self._credit[who]
-        return max(0, self._level - CATCH_UP)
+        return max(0, self._level - catch_up)
 
-    def _record(self, who: Hashable) -> None:
+    def _record(self, who: Hashable, catch_up: int) -> None:
         now = self._clock()
-        self._level = self.credit(who, now)
+        self._level = self.credit(who, catch_up, now)
         self._credit[who] = (self._level + 1, now)
 
     async def admit(
-        self, who: Hashable, scopes: tuple[RateScope, ...], closing: asyncio.Event
+        self,
+        who: Hashable,
+        scopes: tuple[RateScope, ...],
+        closing: asyncio.Event,
+        catch_up: int,
     ) -> Admission | None:
         """Wait for room in every scope, in turn with the other chats (`who`) waiting;
-        None when `closing` is set first."""
+        None when `closing` is set first. `catch_up`: see `catch_up()`."""
         if not self._waiters:
             admitted = await self._limiter.acquire(scopes)
             if isinstance(admitted, Admission):
-                self._record(who)
+                self._record(who, catch_up)
                 return admitted
-        waiter = _Waiter(who, scopes)
+        waiter = _Waiter(who, scopes, catch_up)
         self._waiters.append(waiter)
         self._arrived.set()
         if self._task is None or self._task.done():
@@ -146,7 +162,9 @@ class AdmissionQueue:
             try:
                 waiters = list(self._waiters)
                 now = self._clock()
-                credit = {waiter.who: self.credit(waiter.who, now) for waiter in waiters}
+                credit = {
+                    waiter.who: self.credit(waiter.who, waiter.catch_up, now) for waiter in waiters
+                }
                 for index in turn_order([waiter.who for waiter in waiters], credit):
                     waiter = waiters[index]
                     if waiter.gone:
@@ -160,7 +178,7 @@ class AdmissionQueue:
                     if waiter.gone:
                         admitted.complete()  # unused, but counted: errs on the safe side
                         continue
-                    self._record(waiter.who)
+                    self._record(waiter.who, waiter.catch_up)
                     waiter.admission = admitted
                     waiter.ready.set()
             except Exception:  # a shared limiter that cannot answer: try again soon

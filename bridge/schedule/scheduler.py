@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from taskcard.bridge.notices.outbox import NoticeOutbox, QueuedNotice
-from taskcard.bridge.schedule.admission import AdmissionQueue
+from taskcard.bridge.schedule.admission import AdmissionQueue, catch_up
 from taskcard.bridge.schedule.ratelimit import (
     DEFAULT_MAX_PAUSE_S,
     Admission,
@@ -733,7 +733,10 @@ class RouteScheduler:
         if self._closing.is_set():
             return None
         scopes = channel.rate_scopes(chat, op, mid)
-        return await self._admission.admit((channel.name, chat.chat_id), scopes, self._closing)
+        behind = catch_up(channel.rate_scopes(chat, "send", None))
+        return await self._admission.admit(
+            (channel.name, chat.chat_id), scopes, self._closing, behind
+        )
 
     def _rate_limited(self, error: RateLimited, where: str) -> None:
         applied = self._limiter.pause(error.scope, error.retry_after_s)

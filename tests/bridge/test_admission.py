@@ -16,16 +16,21 @@ from pathlib import Path
 import pytest
 
 from taskcard.bridge.schedule.admission import (
-    CATCH_UP,
     HORIZON_S,
     AdmissionQueue,
+    catch_up,
     turn_order,
 )
 from taskcard.bridge.schedule.ratelimit import RateLimiter
 from taskcard.bridge.schedule.scheduler import RouteKey, RouteScheduler, pace_s
 from taskcard.bridge.store.sqlite import SqliteStore
-from taskcard.channels.base import ChatRef, Outgoing, RateScope
+from taskcard.channels.base import ChatRef, Outgoing, RateLimit, RateScope
+from taskcard.channels.feishu.channel import FeishuChannel
+from taskcard.channels.feishu.config import FeishuConfig
+from taskcard.channels.telegram.channel import TelegramChannel
+from taskcard.channels.telegram.config import TelegramConfig, TelegramLimits
 from tests.bridge.test_scheduler import ScriptedChannel, settle
+from tests.channels.conftest import MemoryCursorStore
 from tests.e2e.harness import eventually
 
 
@@ -70,6 +75,8 @@ def test_pace_is_the_slowest_scopes_sustained_rate(
 
 
 BOT = RateScope("bot", max_calls=1, period_s=0.05)
+# A Telegram group's catch-up: a minute of its 20 a minute.
+GROUP = catch_up((RateScope("chat", max_calls=20, period_s=60.0),))
 
 
 async def lane(
@@ -77,7 +84,9 @@ async def lane(
 ) -> None:
     """A chat's lane: one request at a time, asking again as soon as one is done."""
     for _ in range(requests):
-        admission = await queue.admit(who, (BOT, RateScope(f"chat:{who}", 100, 1.0)), closing)
+        admission = await queue.admit(
+            who, (BOT, RateScope(f"chat:{who}", 100, 1.0)), closing, GROUP
+        )
         assert admission is not None
         order.append(who)
         admission.complete()
@@ -131,14 +140,14 @@ async def test_a_chat_whose_own_window_is_full_does_not_hold_up_the_others() -> 
     closing = asyncio.Event()
     full = RateScope("chat:full", max_calls=1, period_s=3600.0)
     shared = RateScope("bot", max_calls=100, period_s=1.0)
-    first = await queue.admit("full", (full, shared), closing)
+    first = await queue.admit("full", (full, shared), closing, GROUP)
     assert first is not None
     first.complete()
-    blocked = asyncio.create_task(queue.admit("full", (full, shared), closing))
+    blocked = asyncio.create_task(queue.admit("full", (full, shared), closing, GROUP))
     await asyncio.sleep(0.05)
     assert queue.waiting == 1 and not blocked.done()
     other = await asyncio.wait_for(
-        queue.admit("other", (RateScope("chat:other", 1, 1.0), shared), closing), 30
+        queue.admit("other", (RateScope("chat:other", 1, 1.0), shared), closing, GROUP), 30
     )
     assert other is not None, "the waiter ahead of it has no room: it must not block"
     other.complete()
@@ -154,20 +163,22 @@ async def test_a_chat_quiet_for_a_while_starts_afresh_where_the_turns_are() -> N
 
     async def let_through(who: str, times: int) -> None:
         for _ in range(times):
-            admission = await queue.admit(who, (RateScope(f"chat:{who}", 10**6, 1.0),), closing)
+            admission = await queue.admit(
+                who, (RateScope(f"chat:{who}", 10**6, 1.0),), closing, GROUP
+            )
             assert admission is not None
             admission.complete()
             now[0] += 0.1
 
     await let_through("quiet", 4)
-    assert queue.credit("quiet") == 4
-    assert queue.credit("never seen") == 0, "nobody served far yet: a newcomer starts at 0"
-    await let_through("busy", CATCH_UP + 50)
-    assert queue.credit("never seen") == 49, "a newcomer starts CATCH_UP behind the turns"
-    assert queue.credit("quiet") == 4, "a pause shorter than the horizon keeps the count"
+    assert queue.credit("quiet", GROUP) == 4
+    assert queue.credit("never seen", GROUP) == 0, "nobody served far yet: a newcomer starts at 0"
+    await let_through("busy", GROUP + 50)
+    assert queue.credit("never seen", GROUP) == 49, "a newcomer starts a minute of a group behind"
+    assert queue.credit("quiet", GROUP) == 4, "a pause shorter than the horizon keeps the count"
     now[0] += HORIZON_S + 1
-    assert queue.credit("quiet") == 49, "quiet past the horizon: no old low count to hold"
-    assert queue.credit("busy") == 49, "the busy one too, once nothing went through"
+    assert queue.credit("quiet", GROUP) == 49, "quiet past the horizon: no old low count to hold"
+    assert queue.credit("busy", GROUP) == 49, "the busy one too, once nothing went through"
     await queue.close()
 
 
@@ -184,11 +195,13 @@ async def _share_the_bot(
     caught_up, worst = False, 0
     while now[0] < 330.0:
         busy = chats if now[0] >= 2.0 else chats[:early]
-        credit: dict[Hashable, int] = {who: queue.credit(who) for who in busy}
+        credit: dict[Hashable, int] = {who: queue.credit(who, GROUP) for who in busy}
         for index in turn_order(busy, credit):
             who = busy[index]
             if sum(1 for at in sent[who] if at > now[0] - 60.0) < 20:
-                admission = await queue.admit(who, roomy, closing)  # none queued: counted now
+                admission = await queue.admit(
+                    who, roomy, closing, GROUP
+                )  # none queued: counted now
                 assert admission is not None
                 admission.complete()
                 sent[who].append(now[0])
@@ -298,3 +311,41 @@ async def test_a_paced_route_spreads_a_stream_of_changes_at_the_chats_rate(
     assert len(channel.starts) >= 2
     gaps = [b - a for a, b in zip(channel.starts, channel.starts[1:], strict=False)]
     assert min(gaps) >= pace_s([window]) * 0.99, gaps
+
+
+def test_the_catch_up_is_a_minute_of_the_chats_own_limit_as_its_channel_declares_it() -> None:
+    """The catch-up was a constant 20, Telegram's group figure, in a module every channel
+    uses: a Feishu chat (5 a second) that started afresh began only 20 behind, and a
+    configured Telegram group limit changed nothing."""
+    cursors = MemoryCursorStore()
+    telegram = TelegramChannel(
+        TelegramConfig(api_base_url="http://127.0.0.1:9", commands=False), "1:x", cursors
+    )
+    assert catch_up(telegram.rate_scopes(ChatRef("-100555"), "send", None)) == 20
+    assert catch_up(telegram.rate_scopes(ChatRef("777"), "edit", "5")) == 60  # 1 a second
+    slower = TelegramLimits(group_chat=RateLimit(max_calls=10, period_s=60.0))
+    tuned = TelegramChannel(
+        TelegramConfig(api_base_url="http://127.0.0.1:9", commands=False, limits=slower),
+        "1:x",
+        cursors,
+    )
+    assert catch_up(tuned.rate_scopes(ChatRef("-100555"), "send", None)) == 10
+    feishu = FeishuChannel(
+        FeishuConfig(domain="http://127.0.0.1:9", events="none"), "cli_x", "secret", cursors
+    )
+    assert catch_up(feishu.rate_scopes(ChatRef("oc_1"), "send", None)) == 300
+    assert catch_up(()) == 0, "a chat without limits of its own"
+
+
+async def test_a_chat_starts_afresh_its_own_catch_up_behind_the_turns() -> None:
+    now = [1000.0]
+    queue = AdmissionQueue(RateLimiter(lambda: now[0]), lambda: now[0])
+    closing = asyncio.Event()
+    roomy = (RateScope("roomy", 10**9, 1.0),)
+    for _ in range(400):
+        admission = await queue.admit("busy", roomy, closing, GROUP)
+        assert admission is not None
+        admission.complete()
+    assert queue.credit("telegram group", GROUP) == 379  # where the turns are, less 20
+    assert queue.credit("feishu chat", 300) == 99
+    await queue.close()
