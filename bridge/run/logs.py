@@ -175,4 +175,9 @@ def setup_logging(
     root.handlers[:] = [handler]
     root.setLevel(_Settings.level or level)
     for noisy in _NOISY:
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+        library = logging.getLogger(noisy)
+        library.setLevel(logging.WARNING)
+        # A library's own handler (lark-oapi prints to stdout in its own format) would write
+        # its records a second time, neither scrubbed nor in the chosen format.
+        library.handlers.clear()
+        library.propagate = True

@@ -23,9 +23,10 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import lark_oapi
 import lark_oapi.ws.client as ws_client_module
@@ -33,6 +34,42 @@ from lark_oapi.core.enum import LogLevel
 from lark_oapi.event.dispatcher_handler import EventDispatcherHandler
 
 log = logging.getLogger(__name__)
+# lark-oapi logs through this logger; its receive loop logs every end of the connection at
+# ERROR, also Feishu closing it the normal way (close code 1000 or 1001) before a reconnect.
+LARK_LOGGER = "Lark"
+_LOOP_EXIT = re.compile(r"receive message loop exit, err: (?P<reason>.*?)(?: \[conn_id=[^]]*\])?$")
+_CLOSE_CODE = re.compile(r"\b(?:received|sent) (\d{4})\b")
+_NORMAL_CLOSE: Final = frozenset({"1000", "1001"})
+
+
+class NormalCloseIsNoError(logging.Filter):
+    """Lowers lark-oapi's ERROR for a connection closed the normal way to one INFO line in
+    our words: the library reconnects by itself, so it is routine, and an ERROR for it
+    teaches people to ignore the real ones (a refused connection, an abnormal close, which
+    stay errors)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.ERROR:
+            return True
+        found = _LOOP_EXIT.match(record.getMessage())
+        if found is None:
+            return True
+        codes = _CLOSE_CODE.findall(found["reason"])
+        if not codes or not set(codes) <= _NORMAL_CLOSE:
+            return True
+        record.msg = "feishu long connection closed by Feishu (%s); reconnecting"
+        record.args = (found["reason"],)
+        record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+def _adopt_lark_logger() -> None:
+    lark_log = logging.getLogger(LARK_LOGGER)
+    if not any(isinstance(f, NormalCloseIsNoError) for f in lark_log.filters):
+        lark_log.addFilter(NormalCloseIsNoError())
+
+
+_adopt_lark_logger()
 
 
 def _cancel_everything(loop: asyncio.AbstractEventLoop) -> None:

@@ -580,3 +580,30 @@ async def test_a_posted_card_keeps_its_id_when_the_rest_of_the_answer_is_odd(
         await eventually(lambda: any("second body" in t for t in card_texts(fake)))
         assert await serve.aterminate() == 0
     assert "Traceback" not in serve.logs
+
+
+async def test_a_normal_reconnect_of_the_long_connection_logs_no_error(
+    tmp_path: Path, fake: FakeFeishu
+) -> None:
+    """Feishu closing the long connection the normal way (code 1000), after which lark-oapi
+    reconnects, was logged as "ERROR ... receive message loop exit", and a second time on
+    stdout by lark-oapi's own handler (not scrubbed, not in the log's format). A close for a
+    failure stays an error."""
+    setup = Setup(tmp_path, fake, ["builder"])
+    setup.config.write_text(setup.config.read_text().replace('"webhook"', '"websocket"'))
+    with setup.serve() as serve:
+        await eventually(lambda: fake.ws_connections == 1, what="the long connection")
+        assert await fake.close_ws() == 1
+        await eventually(
+            lambda: fake.ws_opened == 2 and fake.ws_connections == 1, what="the reconnect"
+        )
+        publish(tmp_path / "agents" / "builder", "after the reconnect")
+        await eventually(lambda: any("after the reconnect" in t for t in card_texts(fake)))
+        await eventually(lambda: "long connection closed by Feishu" in serve.logs)
+        assert "ERROR" not in serve.logs, serve.logs
+        assert await fake.close_ws(1011) == 1
+        await eventually(lambda: fake.ws_opened == 3, what="the reconnect after a failure")
+        await eventually(lambda: "ERROR Lark: receive message loop exit" in serve.logs)
+        assert await serve.aterminate() == 0
+    assert serve.output == ""
+    assert fake.app_secret not in serve.logs

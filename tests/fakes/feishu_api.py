@@ -252,6 +252,7 @@ class FakeFeishu:
         self._ids = itertools.count(1)
         self._runner: web.AppRunner | None = None
         self._ws_clients: set[web.WebSocketResponse] = set()
+        self.ws_opened = 0  # long connections accepted so far (a reconnect counts again)
         self.ws_acks: list[dict[str, Any]] = []
         # The answer codes each pushed event got, by its `header.event_id` (in order).
         self.ws_answers: dict[str, list[int]] = {}
@@ -603,6 +604,15 @@ class FakeFeishu:
     @property
     def ws_connections(self) -> int:
         return len(self._ws_clients)
+
+    async def close_ws(self, code: int = 1000) -> int:
+        """Close every long connection with `code`: the normal way (1000) as Feishu does
+        when it moves a connection elsewhere, or another code for a failure; the client is
+        expected to reconnect either way."""
+        sockets = list(self._ws_clients)
+        for socket in sockets:
+            await socket.close(code=code)
+        return len(sockets)
 
     # Handlers -----------------------------------------------------------------------------
 
@@ -1057,6 +1067,7 @@ class FakeFeishu:
         socket = web.WebSocketResponse()
         await socket.prepare(request)
         self._ws_clients.add(socket)
+        self.ws_opened += 1
         try:
             async for message in socket:
                 if message.type == aiohttp.WSMsgType.BINARY:
