@@ -159,6 +159,11 @@ def choose(level: str | None, fmt: LogFormat | None) -> None:
         _Settings.fmt = fmt
 
 
+def chosen_format() -> LogFormat:
+    """The log format the command line chose (text unless it said json)."""
+    return _Settings.fmt
+
+
 def setup_logging(
     level: str,
     secrets: Iterable[str] = (),

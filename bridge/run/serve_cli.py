@@ -23,7 +23,7 @@ from taskcard.bridge.deliver.registry import (
     scope_rules,
 )
 from taskcard.bridge.run import early_stop, stackdump
-from taskcard.bridge.run.logs import choose, setup_logging
+from taskcard.bridge.run.logs import choose, chosen_format, setup_logging
 from taskcard.bridge.run.runner import (
     EXIT_CONFIG,
     EXIT_RUNTIME,
@@ -91,7 +91,8 @@ def _serve(args: argparse.Namespace) -> int:
     setup_logging(config.log_level)
     for warning in nothing_served(config):
         log.warning("%s", warning)
-    stackdump.install()  # SIGUSR1: where is it? (a stop that takes too long)
+    # SIGUSR1: where is it? (a stop that takes too long); JSON logs get JSON lines
+    stackdump.install(as_records=chosen_format() == "json")
     early_stop.hold()  # the lock and the store are taken next: a stop waits for its step
     try:
         return asyncio.run(serve(config, os.environ, config_path=Path(args.config)))

@@ -20,6 +20,14 @@ be raised there and end `taskcard serve`: a stderr whose reader is gone, a full 
 closed stream, or a signal landing inside a write to stderr (the buffered stream refuses
 the re-entrant write) only lose the dump. Without any stderr (started with fd 2 closed)
 there is nowhere to write: SIGUSR1 is then ignored, never left to its default action.
+
+With JSON logs (`--log-format json`) each line of the dump is a log record of its own (logger
+`taskcard.bridge.run.stackdump`, level INFO), so a log shipper reading one JSON object per
+line never meets a plain one. Both views then go into a pipe instead of stderr, and a
+thread of this module turns each line into a record for the log's handler (formatted and
+scrubbed as every other line, whatever the log level). The thread reads while the main
+thread is blocked, so a stuck loop still shows its threads' stacks; the pipe's write end
+does not block, so a dump that does not fit while nobody reads is cut short, never waited on.
 """
 
 from __future__ import annotations
@@ -27,9 +35,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import faulthandler
+import io
 import linecache
+import logging
+import os
 import signal
 import sys
+import threading
 from types import FrameType
 from typing import Any, TextIO
 
@@ -39,13 +51,20 @@ TASKS_FOOTER = "--- end of asyncio tasks ---"
 _TASK_FRAMES = 40
 
 
-def install(stream: TextIO | None = None) -> None:
+_RECORDS_LOGGER = "taskcard.bridge.run.stackdump"
+
+
+def install(stream: TextIO | None = None, *, as_records: bool = False) -> None:
     """Make SIGUSR1 dump every thread's and every asyncio task's stack to `stream`
-    (stderr by default). Call it from the main thread before the event loop starts."""
+    (stderr by default), or with `as_records` each line as a log record through the root
+    logger's handlers (JSON logs). Call it from the main thread before the event loop
+    starts, and after the logging is set up."""
     out = stream or sys.stderr
     if out is None:  # fd 2 was closed at start: `faulthandler` would refuse it
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         return
+    if as_records:
+        out = _records_pipe()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         with contextlib.suppress(OSError, ValueError, RuntimeError):  # see the module's doc
@@ -53,6 +72,43 @@ def install(stream: TextIO | None = None) -> None:
 
     signal.signal(signal.SIGUSR1, on_signal)
     faulthandler.register(signal.SIGUSR1, file=out, all_threads=True, chain=True)
+
+
+def _records_pipe() -> TextIO:
+    """The write end of a pipe whose lines a daemon thread hands to the log's handlers as
+    records, one per line (see the module's doc)."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    threading.Thread(
+        target=_forward_lines, args=(read_fd,), name="stackdump-records", daemon=True
+    ).start()
+    return io.TextIOWrapper(
+        io.FileIO(write_fd, "w"), encoding="utf-8", errors="replace", write_through=True
+    )
+
+
+def _forward_lines(read_fd: int) -> None:
+    pending = b""
+    while True:
+        try:
+            chunk = os.read(read_fd, 65536)
+        except OSError:
+            return
+        if not chunk:
+            return
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            _emit(line.decode("utf-8", "replace"))
+
+
+def _emit(line: str) -> None:
+    """One line of the dump as an INFO record, straight to the handlers: the dump was asked
+    for, so the log level does not hold it back."""
+    record = logging.LogRecord(_RECORDS_LOGGER, logging.INFO, __file__, 0, line, None, None)
+    for handler in logging.getLogger().handlers:
+        with contextlib.suppress(Exception):
+            handler.handle(record)
 
 
 def dump_tasks(stream: TextIO, frame: FrameType | None = None) -> None:

@@ -7,6 +7,7 @@ hangs once under load can be read afterwards instead of guessed at.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -57,6 +58,31 @@ async def test_sigusr1_prints_every_stack_and_the_service_goes_on(
         await eventually(lambda: any("second card" in t for t in texts(fake)), what="an edit")
         assert fake.rate_limited == []
         assert await serve.aterminate() == 0
+
+
+async def test_with_json_logs_every_line_of_the_dump_is_a_json_record(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """The dump was plain text in a JSON log, so a shipper reading one object per line
+    choked on it."""
+    config = telegram_config(tmp_path, fake.base_url, GROUP)
+    env = {TOKEN_ENV: fake.token, "TASKCARD_LOG_FORMAT": "json"}
+    with ServeProcess(config, env=env) as serve:
+        publish(tmp_path / "agents" / "builder", "first card")
+        await eventually(lambda: any("first card" in t for t in texts(fake)), what="the card")
+        mark = len(serve.stderr)
+        serve._ask_for_stacks()
+        await eventually(lambda: FOOTER in "".join(serve.stderr[mark:]), what="the stacks")
+        records = [json.loads(line) for line in serve.stderr[mark:]]
+        dumped = [r["message"] for r in records if r["logger"] == "taskcard.bridge.run.stackdump"]
+        assert all(r["level"] == "INFO" and "ts" in r for r in records)
+        assert any("most recent call first" in line for line in dumped)
+        assert any(line.startswith("task 'watch'") for line in dumped)
+        assert dumped[-1] == FOOTER
+        assert serve.proc is not None and serve.proc.poll() is None, "still running"
+        assert await serve.aterminate() == 0
+    assert all(json.loads(line) for line in serve.stderr)
+    assert fake.token not in serve.logs
 
 
 async def test_a_service_that_does_not_stop_in_time_fails_with_its_stacks(
