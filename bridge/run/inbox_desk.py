@@ -10,12 +10,17 @@ the chat's lane, survives a restart (its id is in the store: edited, never sent 
 needs no second delivery mechanism.
 
 Wakes (`kind: "wake"`) are typed notices to a parent agent; they have no status message and
-are written once per episode (the store refuses a known episode id).
+are written once per episode (the store refuses a known episode id). The reports of one child
+that the parent has not taken yet travel in one wake: a new report takes the queued wake
+back (the same rename race as a cancel) and queues one with both, so a burst of reports
+wakes the parent once. A wake the parent took first is left alone, and the new one carries
+only the new report.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import heapq
 import logging
@@ -25,6 +30,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime, tzinfo
 from pathlib import Path
+from typing import Any
 
 from taskcard.bridge.config import InboxConfig
 from taskcard.bridge.inbox.states import MessageState, message_state, state_line
@@ -33,7 +39,12 @@ from taskcard.bridge.schedule.scheduler import RouteKey, RouteScheduler
 from taskcard.bridge.store.sqlite import InboxRecord, StateStore
 from taskcard.bridge.track.monitor import ActivitySummary
 from taskcard.channels.base import CardView, Channel, ChatRef, Outgoing, ReplyTo
-from taskcard.producers.reports.contract import MAX_INBOX_MESSAGE_BYTES, Ack, inbox_message
+from taskcard.producers.reports.contract import (
+    MAX_INBOX_MESSAGE_BYTES,
+    MAX_TEXT_CHARS,
+    Ack,
+    inbox_message,
+)
 from taskcard.producers.task_card.contract import shows_text
 
 log = logging.getLogger(__name__)
@@ -156,6 +167,8 @@ class InboxDesk:
         self._ready: set[str] = set()
         self._shared_read: list[InboxRecord] | None = None  # see `_shared_messages`
         self.problems: dict[str, str] = {}  # agent -> why its inbox cannot be written
+        # (parent, child) -> the id and text of the report wake last queued (see the doc)
+        self._report_wakes: dict[tuple[str, str], tuple[str, str]] = {}
 
     # Lifecycle -------------------------------------------------------------------------
 
@@ -345,6 +358,8 @@ class InboxDesk:
         """The agent left the fleet: its queued messages are cancelled, then it is forgotten."""
         self.retire(agent_id, reason)
         self._writers.pop(agent_id, None)
+        for key in [key for key in self._report_wakes if agent_id in key]:
+            del self._report_wakes[key]
 
     def retire(self, agent_id: str, reason: str = "the agent was removed") -> None:
         """Cancel every queued message of an agent that is gone."""
@@ -413,8 +428,11 @@ class InboxDesk:
 
     # Wakes -----------------------------------------------------------------------------
 
-    def wake(self, parent_id: str, child_id: str, episode: str, text: str) -> None:
-        """Write a typed notice about `child_id` into the parent's inbox, once per episode."""
+    def wake(
+        self, parent_id: str, child_id: str, episode: str, text: str, *, report: bool = False
+    ) -> None:
+        """Write a typed notice about `child_id` into the parent's inbox, once per episode.
+        `report`: it announces a report, which joins the child's report wake still queued."""
         writer = self._writers.get(parent_id)
         if writer is None:
             return
@@ -422,9 +440,44 @@ class InboxDesk:
         notice_id = f"{child_id}:{episode}"
         if not self._store.add_notice(route, notice_id, text, "pending"):
             return
+        body, taken_back = text, None
+        if report:
+            taken_back = self._take_back_report_wake(writer, parent_id, child_id, text)
+            if taken_back is not None:
+                body = f"{taken_back[1]}\n{text}"
         digest = hashlib.sha256(notice_id.encode()).hexdigest()[:24]
-        message = inbox_message(
-            ident="wake_" + digest,
+        ident = "wake_" + digest
+        try:
+            writer.queue(self._wake_message(ident, child_id, body))
+        except (InboxRefused, OSError) as error:
+            log.warning("agent %s: wake about %s not queued: %s", parent_id, child_id, error)
+            self._store.set_notice_state(route, notice_id, "failed")
+            if taken_back is not None:  # the reports it carried are not lost with it
+                with contextlib.suppress(InboxRefused, OSError):
+                    writer.queue(self._wake_message(taken_back[0], child_id, taken_back[1]))
+            return
+        if report:
+            self._report_wakes[(parent_id, child_id)] = (ident, body)
+        self._store.set_notice_state(route, notice_id, "delivered")
+        log.info("agent %s: woken about %s (%s)", parent_id, child_id, episode)
+
+    def _take_back_report_wake(
+        self, writer: InboxWriter, parent_id: str, child_id: str, text: str
+    ) -> tuple[str, str] | None:
+        """The child's report wake still queued in the parent's inbox, withdrawn so that the
+        next wake carries it too; None when there is none (the parent took it first), or
+        when both would not fit one message's text."""
+        last = self._report_wakes.pop((parent_id, child_id), None)
+        if last is None or len(last[1]) + 1 + len(text) > MAX_TEXT_CHARS:
+            return None
+        try:
+            return last if writer.cancel(last[0]) else None
+        except InboxRefused:
+            return None
+
+    def _wake_message(self, ident: str, child_id: str, text: str) -> dict[str, Any]:
+        return inbox_message(
+            ident=ident,
             kind="wake",
             text=text,
             channel="taskcard",
@@ -433,14 +486,6 @@ class InboxDesk:
             user=None,
             queued_at=self._clock(),
         )
-        try:
-            writer.queue(message)
-        except (InboxRefused, OSError) as error:
-            log.warning("agent %s: wake about %s not queued: %s", parent_id, child_id, error)
-            self._store.set_notice_state(route, notice_id, "failed")
-            return
-        self._store.set_notice_state(route, notice_id, "delivered")
-        log.info("agent %s: woken about %s (%s)", parent_id, child_id, episode)
 
     # Status messages -------------------------------------------------------------------
 

@@ -888,7 +888,13 @@ class Service:
         lineage = self._sides[agent_id].lineage
         # An agent named as its own parent (a mistaken spawn) is woken by nobody.
         if lineage is not None and lineage.parent != agent_id and lineage.parent in self._monitors:
-            self._desk.wake(lineage.parent, agent_id, signal.episode, self._redact(signal.text))
+            self._desk.wake(
+                lineage.parent,
+                agent_id,
+                signal.episode,
+                self._redact(signal.text),
+                report=signal.kind == "report",
+            )
 
     def _chat_zone(self, channel: str, chat: ChatRef) -> tzinfo:
         routes = self._routes_in(channel, chat)

@@ -665,6 +665,44 @@ async def test_signals_reach_the_chat_and_the_parent(platform: str, tmp_path: Pa
         assert len(queued(tmp_path, "lead")) == len({p.name for p in queued(tmp_path, "lead")})
 
 
+async def test_a_burst_of_reports_wakes_the_parent_once(tmp_path: Path) -> None:
+    """Each report queued a wake of its own: a child reporting three times in a row put
+    three notices in its parent's inbox. Reports the parent has not taken yet now travel in
+    one wake; one it took is not repeated, and a later report gets a wake of its own."""
+    async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
+        lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
+        lineage = {"parent": "lead", "reason": "split", "depth": 1, "created_at": utc_now_iso()}
+        atomic_write(worker / "lineage.json", json.dumps(lineage).encode())
+        publish(worker, "**migrating**")
+        publish(lead, "**leading**")
+
+        def report_wakes() -> list[str]:
+            texts = [str(json.loads(p.read_text())["text"]) for p in queued(tmp_path, "lead")]
+            return [text for text in texts if "worker reported" in text]
+
+        with chat.serve:
+            await wait_said(chat, "migrating", "worker card")
+            for seq in (1, 2, 3):
+                report(worker, seq, ok=True, summary=f"part {seq} done")
+            for seq in (1, 2, 3):
+                await wait_said(chat, f"worker reported (#{seq})", f"report {seq} in the chat")
+            await eventually(
+                lambda: len(report_wakes()) == 1 and "part 3 done" in report_wakes()[0],
+                what="one wake with the three reports",
+            )
+            [wake] = report_wakes()
+            assert all(f"(#{seq})" in wake for seq in (1, 2, 3)), wake
+            assert lead.joinpath("inbox", "taken").is_dir()
+            for message in queued(tmp_path, "lead"):
+                claim_and_ack(tmp_path, message)
+            report(worker, 4, ok=False, summary="part 4 failed")
+            await wait_said(chat, "worker reported (#4)", "report 4 in the chat")
+            await eventually(lambda: len(report_wakes()) == 1, what="the wake of report 4")
+            [later] = report_wakes()
+            assert "(#4)" in later and "(#3)" not in later, later
+            assert await chat.serve.aterminate() == 0
+
+
 async def test_a_feishu_tell_names_the_people_it_mentions(tmp_path: Path) -> None:
     """Feishu writes a mention in the text as a placeholder (`@_user_1`); the agent reads the
     name instead, as a Telegram text keeps `@alice` as typed."""
