@@ -10,6 +10,7 @@ rate scopes a request consumes (`rate_scopes`) and never sleeps or retries on it
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import re
@@ -489,6 +490,22 @@ def check_timezone(name: str) -> str:
 # A route's `timezone`: every time on its cards is shown in this zone.
 TimeZoneName = Annotated[str, AfterValidator(check_timezone)]
 TIMEZONE_HELP = "IANA time zone of the times shown on this route's cards, e.g. Europe/Berlin."
+
+
+def bind_problem(error: OSError) -> str:
+    """Why a listener configured by the user could not bind, and the fix, in one line (the
+    exception's own text is a paragraph with the errno and the address as a tuple)."""
+    if error.errno == errno.EADDRINUSE:
+        return (
+            "the port is already in use (another service, or a taskcard still stopping); "
+            "stop what holds it, or choose another port"
+        )
+    if error.errno == errno.EACCES:
+        return "not allowed to bind that port (below 1024 needs privileges); choose 1024 or above"
+    if error.errno == errno.EADDRNOTAVAIL:
+        return "the address is not one of this machine's; use one it has, such as 127.0.0.1"
+    return f"cannot listen there ({error.strerror or type(error).__name__}); fix the address"
+
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 

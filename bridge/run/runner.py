@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import errno
 import fcntl
 import logging
 import os
@@ -27,6 +26,7 @@ from taskcard.bridge.run import early_stop, heap
 from taskcard.bridge.run.logs import LOG_FORMATS, LOG_LEVELS, setup_logging
 from taskcard.bridge.run.service import Service, ServiceFailed
 from taskcard.bridge.store.sqlite import SqliteStore, StateFileError, StateStore
+from taskcard.channels.base import bind_problem
 
 EXIT_CONFIG = 2
 EXIT_RUNTIME = 1
@@ -258,26 +258,9 @@ async def serve(
 
 
 def _listen_problem(listen: str | None, error: OSError) -> str:
-    """One line for a metrics listener that cannot bind: the address, the key and the fix
+    """One line for a metrics listener that cannot bind: the key, the address and the fix
     (the exception's own text is a paragraph with the errno and a tuple)."""
-    where = f'[metrics] listen = "{listen}"'
-    if error.errno == errno.EADDRINUSE:
-        return (
-            f"{where}: the port is already in use (another service, or a taskcard still "
-            "stopping); stop what holds it, or set another port there (remove the key to serve "
-            "no metrics)"
-        )
-    if error.errno == errno.EACCES:
-        return (
-            f"{where}: not allowed to bind that port (ports below 1024 need privileges); "
-            "choose a port from 1024 up"
-        )
-    if error.errno == errno.EADDRNOTAVAIL:
-        return (
-            f"{where}: that address is not one of this machine's; use one it has, such as 127.0.0.1"
-        )
-    reason = error.strerror or type(error).__name__
-    return f"{where}: cannot listen there ({reason}); fix the address or remove the key"
+    return f'[metrics] listen = "{listen}": {bind_problem(error)} (or remove the key)'
 
 
 def _stopped_before_serving(why: str) -> int:

@@ -17,7 +17,8 @@ from typing import Any
 
 from aiohttp import web
 
-from taskcard.channels.base import IncomingCommand
+from taskcard.channels.base import IncomingCommand, bind_problem
+from taskcard.channels.errors import Permanent
 from taskcard.channels.feishu.config import FeishuWebhook
 from taskcard.channels.feishu.events import (
     EventNotRecorded,
@@ -71,9 +72,12 @@ class WebhookServer:
         site = web.TCPSite(runner, self._config.host, self._config.port)
         try:
             await site.start()
-        except OSError:
+        except OSError as error:
             await runner.cleanup()
-            raise
+            config = self._config
+            raise Permanent(
+                f"[feishu.webhook] host {config.host!r}, port {config.port}: {bind_problem(error)}"
+            ) from None
         self._runner = runner
         addresses = runner.addresses
         self._port = int(addresses[0][1]) if addresses else self._config.port

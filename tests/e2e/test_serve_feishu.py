@@ -235,6 +235,8 @@ async def test_notices_once_each(tmp_path: Path, fake: FakeFeishu) -> None:
 
 
 async def test_a_busy_webhook_port_disables_feishu_only(tmp_path: Path, fake: FakeFeishu) -> None:
+    """And says so in one line naming the setting and the fix (it was a traceback ending in
+    the bind error's paragraph)."""
     from tests.fakes.telegram_api import FakeTelegram
 
     setup = Setup(tmp_path, fake, ["builder"])
@@ -256,10 +258,14 @@ async def test_a_busy_webhook_port_disables_feishu_only(tmp_path: Path, fake: Fa
                 )
                 # Feishu's start failure is logged independently of Telegram's first card.
                 await eventually(
-                    lambda: "channel feishu could not start" in serve.logs,
+                    lambda: "channel feishu disabled" in serve.logs,
                     what="the Feishu start failure in the log",
                 )
                 assert await serve.aterminate() == 0
+    [line] = [line for line in serve.logs.splitlines() if "channel feishu disabled" in line]
+    assert f"[feishu.webhook] host '127.0.0.1', port {setup.port}: the port is already" in line
+    assert "choose another port" in line
+    assert "Traceback" not in serve.logs and "Errno" not in serve.logs
 
 
 async def test_a_legacy_frame_of_25_lines_shows_20_and_counts_the_rest(
