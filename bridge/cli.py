@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 from taskcard.bridge.run import early_stop
 
@@ -89,11 +89,16 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 class Parser(argparse.ArgumentParser):
-    """Every parser of the command line, subcommands included, formats help the same way."""
+    """Every parser of the command line, subcommands included, formats help the same way,
+    and says a usage error in one line naming the argument and where the help is (argparse
+    printed its usage block first, several lines before the one that matters)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message}; see `{self.prog} --help`\n")
 
 
 def print_help_handler(parser: argparse.ArgumentParser) -> Handler:

@@ -67,7 +67,25 @@ def test_a_command_group_without_its_subcommand_prints_its_help_and_exits_2() ->
         assert "positional arguments:" in result.stdout and result.stderr == "", group
     # An agent host runs `hook`: its usage errors never fail the agent (exit 0, stderr).
     result = taskcard("hook")
-    assert result.returncode == 0 and "usage: taskcard hook" in result.stderr
+    assert result.returncode == 0 and "taskcard hook: " in result.stderr
+    assert "see `taskcard hook --help`" in result.stderr
+
+
+def test_a_usage_error_is_one_line_naming_the_argument_and_the_help() -> None:
+    """argparse printed its usage block before the line that matters (`taskcard report
+    --verdict aproved` gave four lines), where the docs promise one line naming the field."""
+    for args, words in (
+        (("report", "--ok", "--verdict", "aproved"), "argument --verdict: invalid choice"),
+        (("reports", "--after", "x"), "argument --after: 'x'"),
+        (("spawn", "--reason", "r"), "required: --workdir, --parent"),
+        (("card", "start", "--interval-s", "soon", "r.py"), "argument --interval-s"),
+    ):
+        result = taskcard(*args)
+        assert result.returncode == 2, args
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1 and words in lines[0], (args, result.stderr)
+        assert lines[0].startswith(f"taskcard {args[0]}"), lines[0]
+        assert lines[0].endswith("--help`"), lines[0]
 
 
 def test_the_demo_says_its_own_log_level_default() -> None:
