@@ -87,37 +87,29 @@ def run_init(args: argparse.Namespace) -> int:
 
 
 def run_checkpoint(args: argparse.Namespace) -> int:
-    fields: dict[str, Any] = {}
-    if args.event_type == "BLOCKED_CONFIRMED":
-        fields = {
-            "kind": args.kind,
-            "reason": args.reason,
-            "safe_next_step": args.safe_next_step,
-            "failed": args.failed,
-        }
-    elif args.event_type == "OWNER_REPLY_RECORDED":
-        fields = {
-            "reply": args.reply,
-            "reason": args.reason,
-            "safe_next_step": args.safe_next_step,
-            "kind": args.kind,
-        }
-    elif args.event_type == "EXTERNAL_OBSERVED":
-        fields = {
-            "job_id": args.job_id,
-            "status": args.status,
-            "provider": args.provider,
-            "evidence": args.evidence,
-            "max_wait_sec": args.max_wait_sec,
-        }
-    elif args.event_type == "DOWNLOAD_OBSERVED":
-        fields = {
-            "name": args.name,
-            "observed_bytes": args.bytes,
-            "expected_bytes": args.expected_bytes,
-            "complete": args.complete,
-            "corrupt": args.corrupt,
-        }
+    # Every event-specific option given goes to the store, which refuses one the event type
+    # does not take, naming it (as the MCP tool does): `--kind` on a STARTED checkpoint was
+    # dropped without a word.
+    options = {
+        "kind": args.kind,
+        "reason": args.reason,
+        "safe_next_step": args.safe_next_step,
+        "failed": args.failed,
+        "reply": args.reply,
+        "job_id": args.job_id,
+        "status": args.status,
+        "provider": args.provider,
+        "evidence": args.evidence,
+        "max_wait_sec": args.max_wait_sec,
+        "name": args.name,
+        "observed_bytes": args.bytes,
+        "expected_bytes": args.expected_bytes,
+        "complete": args.complete,
+        "corrupt": args.corrupt,
+    }
+    fields: dict[str, Any] = {
+        name: value for name, value in options.items() if value is not None and value is not False
+    }
     record = _ledger(args).checkpoint(
         args.task_id,
         args.event_type,

@@ -100,6 +100,13 @@ def test_render_is_a_working_task_card_renderer(workdir: Path) -> None:
         (["checkpoint", "t", "--event-type", "CHECKPOINT"], "--event-type"),
         (["checkpoint", "t", "--event-type", "STEP_PROGRESS"], "step:"),
         (["checkpoint", "t", "--event-type", "TASK_COMPLETED"], "note:"),
+        # An option of another event type was dropped without a word (MCP refused it).
+        (["checkpoint", "t", "--event-type", "STARTED", "--kind", "OTHER"], "kind: not a field"),
+        (["checkpoint", "t", "--event-type", "HEARTBEAT", "--complete"], "complete: not a"),
+        (
+            ["checkpoint", "t", "--event-type", "STEP_PROGRESS", "--step", "a", "--reply", "A"],
+            "reply:",
+        ),
         (["owner-reply", "t", "--reply", "F"], "--reply"),
         (["owner-reply", "t", "--reply", "B"], "reason:"),
         (["block", "t", "--reason", "x"], "kind:"),
