@@ -96,9 +96,21 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
+        self.set_defaults(_parser=self)  # the innermost command's parser (see parse_args)
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: {message}; see `{self.prog} --help`\n")
+
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> argparse.Namespace:
+        """As argparse's, but an unknown option is said by the command it was given to
+        (`taskcard inbox: unrecognized arguments: --bogus`), not by `taskcard`."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            innermost: argparse.ArgumentParser = getattr(parsed, "_parser", self)
+            innermost.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
 
 
 def print_help_handler(parser: argparse.ArgumentParser) -> Handler:

@@ -86,6 +86,12 @@ def test_a_usage_error_is_one_line_naming_the_argument_and_the_help() -> None:
         assert len(lines) == 1 and words in lines[0], (args, result.stderr)
         assert lines[0].startswith(f"taskcard {args[0]}"), lines[0]
         assert lines[0].endswith("--help`"), lines[0]
+    # An unknown option is said by the command it was given to, not by `taskcard`.
+    result = taskcard("card", "start", "r.py", "--every")
+    assert result.returncode == 2
+    assert result.stderr == (
+        "taskcard card start: unrecognized arguments: --every; see `taskcard card start --help`\n"
+    )
 
 
 def test_the_demo_says_its_own_log_level_default() -> None:
