@@ -9,7 +9,6 @@ the shared stream and its polling through the lease.
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
@@ -21,6 +20,7 @@ from taskcard.bridge.cluster.lease import PollLease
 from taskcard.bridge.cluster.runtime import Cluster, ClusterUnreachable, shared_store
 from taskcard.bridge.config import ServiceConfig
 from taskcard.bridge.deliver.registry import BuiltChannel
+from taskcard.bridge.run.logs import start_error
 from taskcard.bridge.store.base import StateFileError, StateStore
 from taskcard.bridge.store.redis import wrong_type
 from taskcard.channels.base import CursorStore
@@ -33,31 +33,28 @@ def open_cluster(config: ServiceConfig, env: Mapping[str, str]) -> Cluster | Non
         url = resolve_redis_url(config.cluster, env)
         cluster = Cluster.connect(config.cluster, url)
     except (ClusterUrlMissing, ClusterUnreachable) as error:
-        print(f"taskcard: {error}", file=sys.stderr)
+        start_error(str(error))
         return None
     try:
         misplaced = cluster.misplaced_key()
         other = None if misplaced else _other_bot(config, env, cluster)
     except RedisError as error:
         reason = type(error).__name__
-        print(f"taskcard: cannot reach the Redis of [cluster] ({reason})", file=sys.stderr)
+        start_error(f"cannot reach the Redis of [cluster] ({reason})")
         return None
     if misplaced:
         key, found, expected = misplaced
-        print(
-            f"taskcard: cluster.key_prefix {config.cluster.key_prefix!r}:"
-            f" {wrong_type(key, found, expected)}",
-            file=sys.stderr,
+        start_error(
+            f"cluster.key_prefix {config.cluster.key_prefix!r}: {wrong_type(key, found, expected)}"
         )
         cluster.store.close()
         return None
     if other:
         cluster.forget_bots()  # the one it did claim (a Telegram bot before a Feishu refusal)
-        print(
-            f"taskcard: cluster.key_prefix {config.cluster.key_prefix!r}: a running instance"
+        start_error(
+            f"cluster.key_prefix {config.cluster.key_prefix!r}: a running instance"
             f" on this prefix posts as another {other}, and one prefix serves one {other}; give"
-            f" this instance the same {other}'s credentials, or its own cluster.key_prefix",
-            file=sys.stderr,
+            f" this instance the same {other}'s credentials, or its own cluster.key_prefix"
         )
         cluster.store.close()
         return None

@@ -159,6 +159,17 @@ def choose(level: str | None, fmt: LogFormat | None) -> None:
         _Settings.fmt = fmt
 
 
+def start_error(text: str) -> None:
+    """A line that stops `serve` before or while it starts, on stderr: `taskcard: TEXT`, or
+    with JSON logs a JSON record (level ERROR, logger `taskcard`), so that a log shipper
+    reading one object per line reads this line too."""
+    if _Settings.fmt != "json":
+        print(f"taskcard: {text}", file=sys.stderr)
+        return
+    record = logging.LogRecord("taskcard", logging.ERROR, __file__, 0, text, None, None)
+    print(JsonFormatter().format(record), file=sys.stderr)
+
+
 def chosen_format() -> LogFormat:
     """The log format the command line chose (text unless it said json)."""
     return _Settings.fmt

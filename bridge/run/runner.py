@@ -23,7 +23,7 @@ from taskcard.bridge.deliver.registry import SecretMissing, build_channels, rout
 from taskcard.bridge.observe.metrics import MeteredChannel, ServiceMetrics
 from taskcard.bridge.observe.sdnotify import READY, STOPPING, sd_notify
 from taskcard.bridge.run import early_stop, heap
-from taskcard.bridge.run.logs import LOG_FORMATS, LOG_LEVELS, setup_logging
+from taskcard.bridge.run.logs import LOG_FORMATS, LOG_LEVELS, setup_logging, start_error
 from taskcard.bridge.run.service import Service, ServiceFailed
 from taskcard.bridge.store.sqlite import SqliteStore, StateFileError, StateStore
 from taskcard.channels.base import bind_problem
@@ -129,19 +129,17 @@ async def serve(
     except OSError as error:
         # The lock file itself may be what is wrong (a folder in its place): name it.
         where = f": {error.filename}" if error.filename else ""
-        print(
-            f"taskcard: cannot use the state directory {config.state_dir}{where}"
+        start_error(
+            f"cannot use the state directory {config.state_dir}{where}"
             f" ({error.strerror}); fix its permissions or mount, remove what is in the lock"
-            " file's place, or choose another state_dir",
-            file=sys.stderr,
+            " file's place, or choose another state_dir"
         )
         return EXIT_CONFIG
     if holder is not None:
-        print(
-            f"taskcard: another `taskcard serve` (pid {holder}) already uses the state "
+        start_error(
+            f"another `taskcard serve` (pid {holder}) already uses the state "
             f"directory {config.state_dir}; two services on one state would post duplicate "
-            "cards. Stop it first, or give this configuration its own state_dir.",
-            file=sys.stderr,
+            "cards. Stop it first, or give this configuration its own state_dir."
         )
         return EXIT_ALREADY_RUNNING
     if why := stopping():
@@ -163,7 +161,7 @@ async def serve(
         try:
             store = SqliteStore.in_dir(config.state_dir)
         except StateFileError as error:
-            print(f"taskcard: {error}", file=sys.stderr)
+            start_error(str(error))
             lock.release()
             return EXIT_CONFIG
     try:
@@ -173,7 +171,7 @@ async def serve(
             cursors = wiring.cursor_store(config) if wiring else store
             built = build_channels(config, cursors, env)
         except SecretMissing as error:
-            print(f"taskcard: {error}", file=sys.stderr)
+            start_error(str(error))
             return EXIT_CONFIG
         if wiring is not None:
             built = wiring.attach(built)
@@ -212,7 +210,7 @@ async def serve(
             try:
                 await listener.start()
             except OSError as error:
-                print(f"taskcard: {_listen_problem(config.metrics.listen, error)}", file=sys.stderr)
+                start_error(_listen_problem(config.metrics.listen, error))
                 return EXIT_CONFIG
         systemd = asyncio.create_task(_tell_systemd(service, stop, env), name="sd_notify")
         keeper = asyncio.create_task(_keep_lock(lock), name="serve_lock")

@@ -23,7 +23,7 @@ from taskcard.bridge.deliver.registry import (
     scope_rules,
 )
 from taskcard.bridge.run import early_stop, stackdump
-from taskcard.bridge.run.logs import choose, chosen_format, setup_logging
+from taskcard.bridge.run.logs import choose, chosen_format, setup_logging, start_error
 from taskcard.bridge.run.runner import (
     EXIT_CONFIG,
     EXIT_RUNTIME,
@@ -57,6 +57,10 @@ def _load(path: Path) -> ServiceConfig | None:
     try:
         return load_config(path)
     except ConfigError as error:
+        if chosen_format() == "json":  # one record per problem, as every other log line
+            for message in error.messages:
+                start_error(f"invalid configuration {path}: {message}")
+            return None
         print(f"taskcard: invalid configuration {path}:", file=sys.stderr)
         for message in error.messages:
             print(f"  - {message}", file=sys.stderr)

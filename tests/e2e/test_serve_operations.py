@@ -517,3 +517,27 @@ async def test_a_metrics_port_taken_stops_the_start_with_one_line_naming_it(
         assert words in lines[0], lines[0]
     assert "Traceback" not in serve.logs and "Errno" not in lines[0]
     assert fake.token not in serve.logs
+
+
+async def test_with_json_logs_a_start_error_is_a_json_record(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """The lines that stop the start (a taken port, an invalid configuration) were plain
+    text even with `--log-format json`, the only lines of the log a shipper could not read."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = int(holder.getsockname()[1])
+        config = write_config(tmp_path, fake.base_url, port)
+        env = {"TC_TEST_TOKEN": fake.token, "TASKCARD_LOG_FORMAT": "json"}
+        with ServeProcess(config, env=env) as serve:
+            await eventually(lambda: serve.proc is not None and serve.proc.poll() is not None)
+            assert serve.proc is not None and serve.proc.returncode == 2
+    records = [json.loads(line) for line in serve.logs.splitlines()]
+    [error] = [r for r in records if r["level"] == "ERROR"]
+    assert error["logger"] == "taskcard" and "[metrics] listen" in error["message"]
+    config.write_text(config.read_text() + "[bogus]\n")
+    result = run_cli("serve", "--config", str(config), "--log-format", "json")
+    assert result.returncode == 2
+    [problem] = [json.loads(line) for line in result.stderr.splitlines()]
+    assert problem["level"] == "ERROR" and "bogus" in problem["message"], problem
