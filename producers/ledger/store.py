@@ -454,11 +454,22 @@ class Ledger:
             record.derived = derive(observed)
             return record.model_copy(deep=True)
 
-    @staticmethod
-    def _step(record: TaskRecord, step_id: str, *, new_step: bool = False) -> StepTruth:
+    @classmethod
+    def _step(cls, record: TaskRecord, step_id: str, *, new_step: bool = False) -> StepTruth:
         """The truth of `step_id`. A step the task does not have yet joins its plan at the end
         only when the task has no plan (`init` without steps) or `new_step` says it is meant:
         a mistyped id would otherwise become a step of its own, silently open for good."""
+        known = cls._known_step(record, step_id, new_step=new_step)
+        if known is not None:
+            return known
+        step = StepTruth(step_id=step_id)
+        record.observed.steps.append(step)
+        return step
+
+    @staticmethod
+    def _known_step(record: TaskRecord, step_id: str, *, new_step: bool) -> StepTruth | None:
+        """The truth of `step_id`, None for a step the task may take on; `LedgerError` for
+        one not in the task's plan, unless `new_step` says it is meant (see `_step`)."""
         steps = record.observed.steps
         for step in steps:
             if step.step_id == step_id:
@@ -472,9 +483,7 @@ class Ledger:
                 f"(its steps: {', '.join(known)}); {hint}give one of them, or add it to the "
                 "plan with --new-step"
             )
-        step = StepTruth(step_id=step_id)
-        steps.append(step)
-        return step
+        return None
 
     @staticmethod
     def _resolve_block_on(
@@ -537,6 +546,9 @@ class Ledger:
 
         def apply(record: TaskRecord, now: datetime) -> None:
             observed = record.observed
+            if step is not None and event_type not in ("STEP_PROGRESS", "STEP_COMPLETED"):
+                # Only noted with the observation, but a mistyped step is refused here too.
+                self._known_step(record, step, new_step=new_step)
             if event_type == "STARTED":
                 observed.started_at = observed.started_at or now
             elif event_type == "STEP_PROGRESS":

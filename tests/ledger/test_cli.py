@@ -134,6 +134,7 @@ def test_a_step_not_in_the_plan_is_refused_unless_added_on_purpose(workdir: Path
         ["checkpoint", "t", "--event-type", "STEP_PROGRESS", "--step", "trian"],
         ["checkpoint", "t", "--event-type", "STEP_COMPLETED", "--step", "trian"],
         ["block", "t", "--kind", "TIMEOUT", "--reason", "slow", "--step", "trian"],
+        ["checkpoint", "t", "--event-type", "HEARTBEAT", "--step", "trian"],
         [
             *("checkpoint", "t", "--event-type", "BLOCKED_CONFIRMED"),
             *("--kind", "TIMEOUT", "--reason", "slow", "--step", "trian"),
