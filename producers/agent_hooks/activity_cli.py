@@ -4,12 +4,15 @@ Shell scripts and agent hooks feed the automatic slot with this command instead 
 JSON by hand, so every line the service reads is well formed: the kind is known, its required
 fields are present with the right types, `ts` is UTC ISO-8601, and the line is appended with
 one `write` so concurrent writers never interleave. Bad input exits with code 2 and a message
-naming the field and the fix; nothing is written then.
+naming the field and the fix; nothing is written then. Fields of the caller's own are carried
+as given, except one spelt almost like a field of the kind (`sumary`), which is refused as
+the typo it is.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from pathlib import Path
 from typing import Any
@@ -61,6 +64,14 @@ def build_event(kind: str, assignments: list[str], *, ts: str) -> dict[str, Any]
             raise ActivityInputError(f"{key}: set by the command itself; remove {key}=...")
         if key in fields:
             raise ActivityInputError(f"{key}: given twice; keep one {key}=...")
+        near = difflib.get_close_matches(key, typed, n=1, cutoff=0.8) if key not in typed else []
+        if near:
+            # A field of its own is carried as given, but one this close to a field of the
+            # kind is a typo: `sumary=...` was written and the card never showed the summary.
+            raise ActivityInputError(
+                f"{key}: not a field of {kind}; did you mean {near[0]}=...? "
+                f"({kind} reads {', '.join(sorted(typed))})"
+            )
         fields[key] = raw if typed.get(key) == (str,) else parse_value(raw)
     return event_record(kind, fields, ts=ts)
 

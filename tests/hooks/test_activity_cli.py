@@ -73,6 +73,13 @@ def test_appends_typed_fields_and_a_utc_timestamp(tmp_path: Path) -> None:
         (["usage", "input_tokens=-1", "output_tokens=2"], "input_tokens: -1 is out of range"),
         (["tool.end", "call_id=1", "ok=true", "duration_s=-3"], "duration_s: -3 is out of range"),
         (["agent.start", "pid=-5"], "pid: -5 is out of range"),
+        # A typo of a field of the kind was carried as a field of its own, and the card
+        # never showed the summary.
+        (
+            ["tool.start", "call_id=1", "name=x", "sumary=tests"],
+            "sumary: not a field of tool.start; did you mean summary=...?",
+        ),
+        (["tool.end", "calll_id=1", "ok=true"], "calll_id: not a field of tool.end; did you"),
     ],
 )
 def test_bad_input_exits_2_naming_the_field(
