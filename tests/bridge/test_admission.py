@@ -265,7 +265,9 @@ async def test_room_that_frees_during_a_round_goes_to_the_first_in_turn(
 
     async def busy_lane(who: str) -> None:
         for _ in range(requests):
-            admission = await queue.admit(who, (bot, RateScope(f"chat:{who}", 1000, 1.0)), closing)
+            admission = await queue.admit(
+                who, (bot, RateScope(f"chat:{who}", 1000, 1.0)), closing, GROUP
+            )
             assert admission is not None
             order.append(who)
             admission.complete()
