@@ -327,10 +327,28 @@ def _html_as_text(markdown: str) -> str:
             break
         source = markdown.encode()
         offsets: list[int] = []
+        fence: bytes | None = None  # the fence open in the HTML block being read
         for event, span in pyromark.events_with_range(markdown, options=STANDARD_OPTIONS):
-            if isinstance(event, dict) and ("InlineHtml" in event or "Html" in event):
-                start, end = span["start"], span["end"]
+            if not isinstance(event, dict):
+                continue
+            start, end = span["start"], span["end"]
+            if "InlineHtml" in event:
                 offsets += (at for at in range(start, end) if source[at] == 0x3C)  # `<`
+            elif "Html" in event:
+                # A line of an HTML block: only a `<` that begins it (the next pass reads
+                # the rest as text, its inline HTML as such and its code as code); a line
+                # inside a fence in the block is code already.
+                raw = source[start:end]
+                line = raw.lstrip(b" ").rstrip()
+                if fence is None and line[:3] in (b"```", b"~~~"):
+                    fence = line[:1]
+                elif fence is not None:
+                    if line[:3] == fence * 3 and not line.strip(fence):
+                        fence = None  # the closing fence
+                elif line.startswith(b"<"):
+                    offsets.append(start + len(raw) - len(raw.lstrip(b" ")))
+            else:
+                fence = None
         if not offsets:
             break
         parts: list[bytes] = []
@@ -430,7 +448,10 @@ def _links_cut(view: CardView) -> CardView:
             low = middle
         else:
             high = middle - 1
-    return replace(view, body=body[:low].rstrip(), body_cut=True)
+    # At a space or a line's end where there is one: a cut inside a link would leave its
+    # source (`[words](https://...`) as text. An address has no space in it.
+    gap = max(body.rfind(" ", 0, low + 1), body.rfind("\n", 0, low + 1))
+    return replace(view, body=body[: gap if gap > 0 else low].rstrip(), body_cut=True)
 
 
 def _precut_body(view: CardView, limit_utf16: int) -> CardView:

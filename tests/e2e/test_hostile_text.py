@@ -505,7 +505,9 @@ async def test_angle_brackets_in_a_card_show_as_typed_on_telegram(
         "# html-marker\n"
         "returns Vec<String>, not Option<T>; see <issue-42> <!-- keep me -->\n"
         "\n<div>\nblock <b>words</b>\n</div>\n\n"
-        "run `make <target>` and <tg-spoiler>open</tg-spoiler>"
+        "run `make <target>` and <tg-spoiler>open</tg-spoiler>\n"
+        "\n<details>\n<summary>log</summary>\n```\nif a<b: Vec<u8>\n<b>\n```\n</details>\n"
+        "\n<table>\n" + "<tr><td>row</td></tr>\n" * 12 + "</table>"
     )
     with telegram_serve(tmp_path, telegram) as serve:
         publish(workdir, body)
@@ -517,6 +519,12 @@ async def test_angle_brackets_in_a_card_show_as_typed_on_telegram(
     assert "<tg-spoiler>open</tg-spoiler>" in card.text
     assert entity_texts(card.text, card.entities, "code") == ["make <target>"]
     assert not [e for e in card.entities if e["type"] == "spoiler"]
+    # Code inside a block of HTML stays as written (no escape shows in it), and every row
+    # of a long block shows.
+    assert entity_texts(card.text, card.entities, "pre") == ["if a<b: Vec<u8>\n<b>"]
+    assert "<details>\n<summary>log</summary>" in card.text
+    assert card.text.count("<tr><td>row</td></tr>") == 12
+    assert "\\" not in card.text
 
 
 async def test_a_card_body_starting_with_a_byte_order_mark_reads_as_without(
