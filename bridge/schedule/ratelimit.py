@@ -127,6 +127,9 @@ class RateLimiter(Limiter):
         self.max_pause_s = max_pause_s
         self._windows: dict[str, _Window] = {}
         self._paused_until: dict[str, float] = {}
+        # The scopes that took a request since `recent` last found them empty: `recent` reads
+        # these, not every window ever used (a fleet's thousands of quiet chats).
+        self._active: set[str] = set()
 
     def pause(self, scope: str, seconds: float) -> float:
         """Pause `scope` for `seconds`, bounded by `max_pause_s`; returns the seconds applied."""
@@ -156,6 +159,7 @@ class RateLimiter(Limiter):
         """Record a request finished at `at` (on this clock), e.g. one from before a restart."""
         for scope in scopes:
             window = self._window(scope)
+            self._active.add(scope.key)
             # In time order, as `_Window.wait_s` expects of its slots.
             position = len(window.slots)
             while position and window.slots[position - 1].at > at:
@@ -165,10 +169,13 @@ class RateLimiter(Limiter):
     def recent(self) -> dict[RateScope, list[float]]:
         now = self._clock()
         kept: dict[RateScope, list[float]] = {}
-        for key, window in self._windows.items():
+        for key in list(self._active):
+            window = self._windows[key]
             inside = [slot.at for slot in window.slots if slot.at > now - window.period_s]
             if inside:
                 kept[RateScope(key, window.max_calls, window.period_s)] = sorted(inside)
+            else:
+                self._active.discard(key)
         return kept
 
     async def acquire(
@@ -190,6 +197,7 @@ class RateLimiter(Limiter):
         for scope in scopes:
             slot = _Slot(now)
             self._window(scope).slots.append(slot)
+            self._active.add(scope.key)
             slots.append(slot)
         return Reservation(tuple(slots), self._clock)
 

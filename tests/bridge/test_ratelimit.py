@@ -139,3 +139,21 @@ def test_seeding_counts_a_request_from_before_a_restart(
     assert limiter.wait_s([one]) == pytest.approx(15.0)
     clock.advance(15)
     assert limiter.wait_s([one]) == 0.0
+
+
+def test_the_windows_kept_for_a_restart_are_read_from_the_busy_scopes_only(
+    limiter: RateLimiter, clock: FakeClock
+) -> None:
+    """`recent` runs each second while requests go out (the windows are stored for a restart):
+    it reads the scopes that took a request within their window, not every chat ever served
+    (their number grows with the fleet; the work must grow with the traffic)."""
+    for index in range(2000):
+        limiter.reserve((RateScope(f"chat:{index}", 20, 60.0),)).complete()
+    clock.now += 61.0
+    busy = RateScope("chat:busy", 20, 60.0)
+    limiter.reserve((busy,)).complete()
+    assert limiter.recent() == {busy: [clock.now]}
+    # The quiet chats' windows are no longer read; one that takes a request again is.
+    assert limiter._active == {"chat:busy"}  # what `recent` reads
+    limiter.reserve((RateScope("chat:7", 20, 60.0),)).complete()
+    assert set(limiter.recent()) == {busy, RateScope("chat:7", 20, 60.0)}
