@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,17 @@ def parse_value(text: str) -> Any:
     return number if number == number and abs(number) != float("inf") else text
 
 
+def _misspelt(key: str, known: Iterable[str]) -> list[str]:
+    """The field of the kind that `key` is a typo of, if any: close in spelling, and not the
+    field with something added at its end (`names=`, `oks=`, `name_2=` are fields of their
+    own, as scripts use them)."""
+    return [
+        name
+        for name in difflib.get_close_matches(key, list(known), n=1, cutoff=0.8)
+        if not key.startswith(name)
+    ]
+
+
 def build_event(kind: str, assignments: list[str], *, ts: str) -> dict[str, Any]:
     """The event record for `kind` and `key=value` assignments, validated by the one writer
     (`activity_log.event_record`) the hooks use too, ranges included."""
@@ -64,7 +76,7 @@ def build_event(kind: str, assignments: list[str], *, ts: str) -> dict[str, Any]
             raise ActivityInputError(f"{key}: set by the command itself; remove {key}=...")
         if key in fields:
             raise ActivityInputError(f"{key}: given twice; keep one {key}=...")
-        near = difflib.get_close_matches(key, typed, n=1, cutoff=0.8) if key not in typed else []
+        near = [] if key in typed else _misspelt(key, typed)
         if near:
             # A field of its own is carried as given, but one this close to a field of the
             # kind is a typo: `sumary=...` was written and the card never showed the summary.

@@ -166,3 +166,12 @@ def test_an_argument_that_is_not_utf8_exits_2_naming_the_field(tmp_path: Path) -
     assert lines(tmp_path) == []
     assert subprocess.run([*argv, "text=café"], check=False).returncode == 0
     assert lines(tmp_path)[0]["text"] == "café"
+
+
+def test_fields_of_ones_own_that_extend_a_fields_name_are_written(tmp_path: Path) -> None:
+    """Only a misspelling of a kind's field is refused: `names=` or `oks=` are fields of
+    their own that scripts wrote before the check, and still write."""
+    assert run(tmp_path, "tool.start", "call_id=c1", "name=x", "names=a,b", "name_2=y") == 0
+    assert run(tmp_path, "tool.end", "call_id=c1", "ok=true", "oks=3") == 0
+    first, second = lines(tmp_path)
+    assert (first["names"], first["name_2"], second["oks"]) == ("a,b", "y", 3)
