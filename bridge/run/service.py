@@ -754,6 +754,7 @@ class Service:
         at what waits (a heap of due agents, the store's backlog, the open fold episodes,
         routes closing, open inbox messages), so an idle fleet costs the same here whatever
         its size."""
+        self._scheduler.keep_windows()  # committed with the batched writes just below
         self._store.retry_pending()  # state writes a failing disk held back, when due
         for agent_id in self._due.pop_due(self._clock().timestamp()):
             self._refresh(agent_id)

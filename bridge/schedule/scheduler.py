@@ -267,6 +267,8 @@ class RouteScheduler:
         # and those of the last run waiting for their channel to be ready.
         self._kept_replies: dict[str, dict[str, Any]] | None = {} if keep_replies else None
         self._held_replies: list[tuple[str, _Reply]] = []
+        # A request was admitted since the windows were last kept (see `keep_windows`).
+        self._windows_changed = False
         self._outbox = outbox
         if outbox is not None:
             outbox.on_queued = self._wake_lane
@@ -438,6 +440,15 @@ class RouteScheduler:
         self._keep_recent_requests()
         await self._admission.close()
         await self._limiter.close()
+
+    def keep_windows(self) -> None:
+        """Store the rate windows when a request was admitted since they were last stored;
+        the service calls it on its timer, before the store commits its batched writes, so
+        the windows go in the same transaction. (Kept only at a clean stop, a restart after a
+        SIGKILL knew only each resident's last edit, and its first requests drew a 429.)"""
+        if self._windows_changed:
+            self._windows_changed = False
+            self._keep_recent_requests()
 
     def _keep_recent_requests(self) -> None:
         """Store the requests still inside their windows (wall-clock times), for a restart.
@@ -734,9 +745,12 @@ class RouteScheduler:
             return None
         scopes = channel.rate_scopes(chat, op, mid)
         behind = catch_up(channel.rate_scopes(chat, "send", None))
-        return await self._admission.admit(
+        admitted = await self._admission.admit(
             (channel.name, chat.chat_id), scopes, self._closing, behind
         )
+        if admitted is not None:
+            self._windows_changed = True
+        return admitted
 
     def _rate_limited(self, error: RateLimited, where: str) -> None:
         applied = self._limiter.pause(error.scope, error.retry_after_s)

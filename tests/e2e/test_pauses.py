@@ -4,6 +4,7 @@ shows each pause with its end time. Driven through the fake Bot API's real 429 e
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
 from datetime import datetime
@@ -133,6 +134,53 @@ async def test_a_quick_restart_keeps_to_the_window_the_last_run_filled(tmp_path:
             )
             assert await restarted.aterminate() == 0, restarted.logs
         assert fake.rate_limited == [], "no 429 after the quick restart"
+
+
+def kept_requests(state_dir: Path) -> int:
+    """How many requests the state file keeps in the rate windows for the next start."""
+    store = SqliteStore.in_dir(state_dir, readonly=True)
+    try:
+        raw = store.get_cursor("ratelimit:recent")
+    finally:
+        store.close()
+    return sum(len(window["at"]) for window in json.loads(raw or "[]"))
+
+
+async def test_a_restart_after_a_sigkill_keeps_to_the_window_the_last_run_filled(
+    tmp_path: Path,
+) -> None:
+    """As above, but the first run is killed: the windows were kept only at a clean stop, so
+    the run after a crash knew one request per resident and drew a 429. They are kept with
+    the batched state writes of the timer now, so a crash loses a second of them at most."""
+    agents = ["a1", "a2", "a3"]
+    limits = FakeLimits(private_chat=Window(1, 1.0), group_chat=Window(6, 20.0), bot=Window(30, 1))
+    group_limit = "[telegram.limits]\ngroup_chat = { max_calls = 6, period_s = 20.0 }"
+    async with FakeTelegram(limits=limits) as fake:
+        serve = setup(tmp_path, fake, agents, [(GROUP, agents)], limits=group_limit)
+        with serve:
+            for round_no in (1, 2):  # three sends, then three edits: the window is full
+                for agent in agents:
+                    publish(agent_dir(tmp_path, agent), f"{agent} round {round_no}")
+                await eventually(
+                    lambda n=round_no: sum(f"round {n}" in t for t in shown(fake, GROUP)) == 3,
+                    what=f"round {round_no} shown",
+                )
+            await eventually(
+                lambda: kept_requests(tmp_path / ".taskcard") >= 6,
+                what="the full window kept in the state file while the service runs",
+            )
+            serve.kill()
+        restarted = ServeProcess(serve.config, env={"TC_TEST_TOKEN": fake.token})
+        with restarted:
+            for agent in agents:
+                publish(agent_dir(tmp_path, agent), f"{agent} after the crash")
+            await eventually(
+                lambda: sum("after the crash" in t for t in shown(fake, GROUP)) == 3,
+                timeout_s=90,
+                what="every card after the restart",
+            )
+            assert await restarted.aterminate() == 0, restarted.logs
+        assert fake.rate_limited == [], "no 429 after the restart that followed a SIGKILL"
 
 
 @pytest.mark.parametrize(
