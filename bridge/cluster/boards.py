@@ -109,7 +109,9 @@ class SharedBoards:
         # Chats whose board this instance composes again at each lease renewal (`retry`):
         # it showed a line not observed, or Redis failed while it was composed (`lines`).
         self._recheck: set[str] = set()
-        self._failing = False  # Redis does not answer (logged once)
+        # Redis fails (logged once): "write" when it refused a write, which only a write
+        # taken ends (a Redis out of memory still answers reads), else "read".
+        self._failing: str | None = None
         self._wrong_type: set[str] = set()  # chats' keys of another type (each logged once)
 
     def _key(self, *parts: str) -> str:
@@ -139,12 +141,12 @@ class SharedBoards:
             pipe.publish(self.channel, scope)
             pipe.execute()
         except RedisError as error:
-            self._said(error, key)
+            self._said(error, key, wrote=True)
             # Shared again at the next lease renewal (`retry`): a Redis that refuses writes
             # but stays connected (OOM, READONLY) announces no reconnection.
             self._reshare.add(scope)
             return
-        self._said(None, key)
+        self._said(None, key, wrote=True)
         self._reshare.discard(scope)
         if wanted:
             self._written[scope] = wanted
@@ -253,15 +255,18 @@ class SharedBoards:
         except RedisError as error:
             self._said(error)
 
-    def _said(self, error: RedisError | None, key: str | None = None) -> None:
+    def _said(
+        self, error: RedisError | None, key: str | None = None, *, wrote: bool = False
+    ) -> None:
         """Log a failure once while it lasts (a chat's key of another type once by name,
-        with the fix), and its end."""
+        with the fix), and its end: a refused write ends only when a write is taken (`wrote`),
+        since a Redis out of memory or read-only still answers the reads."""
         if error is None:
             if key is not None and key in self._wrong_type:
                 self._wrong_type.discard(key)
                 log.info("the board of Redis key %s is shared again", key)
-            if self._failing:
-                self._failing = False
+            if self._failing is not None and (wrote or self._failing == "read"):
+                self._failing = None
                 log.info("sharing the chats' board lines works again")
             return
         if key is not None and str(error).startswith("WRONGTYPE"):
@@ -272,8 +277,12 @@ class SharedBoards:
                     found = str(self._client.type(key))
                 log.error("a chat's board cannot be shared: %s", wrong_type(key, found, "hash"))
             return
-        if not self._failing:
-            self._failing = True
+        failing = self._failing
+        if wrote:
+            self._failing = "write"
+        elif failing is None:
+            self._failing = "read"
+        if failing is None:
             log.warning(
                 "sharing the chats' board lines through Redis failed (%s); the boards are"
                 " composed again once Redis answers",

@@ -644,3 +644,55 @@ async def test_a_line_redis_refused_while_connected_reaches_the_board_without_a_
     assert len(telegram.bot_messages(GROUP)) == 1, "the same board"
     assert await serve.aterminate() == 0
     assert "Traceback" not in serve.logs
+
+
+async def test_the_board_lines_are_said_to_work_again_only_once_redis_takes_a_write(
+    tmp_path: Path, telegram: FakeTelegram, prefix: str, fleet: ExitStack
+) -> None:
+    """Redis out of memory refuses writes but answers reads: the board composed meanwhile
+    (a read) used to log that sharing the lines works again, while the next write was still
+    refused, and so on at every lease renewal. The outage is one warning, and one line once
+    a write is taken."""
+    if not have_redis():
+        pytest.fail("redis-server is not installed: run `make test`, which installs it")
+    server = RedisServer(tmp_path / "redis").start()
+    fleet.callback(server.stop)
+    serve = instance(
+        tmp_path, "i0", telegram, ["alpha"], redis_url=server.url, prefix=prefix, view="board"
+    )
+    serve.config.write_text(serve.config.read_text().replace("lease_ttl_s = 2", "lease_ttl_s = 9"))
+    fleet.enter_context(serve)
+    publish(tmp_path / "agents" / "alpha", "**alpha** step 1")
+    await eventually(lambda: "alpha step 1" in board_text(telegram), timeout_s=60, what="board")
+    client = redis.Redis.from_url(server.url, decode_responses=True)
+    fleet.callback(client.close)
+
+    def reads() -> int:
+        stats = client.info("commandstats").get("cmdstat_hgetall", {})
+        return int(stats.get("calls", 0)) if isinstance(stats, dict) else 0
+
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", 1)
+    try:
+        publish(tmp_path / "agents" / "alpha", "**alpha** step 2")
+        await eventually(
+            lambda: "sharing the chats' board lines through Redis failed" in serve.logs,
+            timeout_s=60,
+            what="the line refused",
+        )
+        before = reads()
+        # The board is composed again (its lines read) while the writes are still refused.
+        await eventually(lambda: reads() >= before + 2, timeout_s=60, what="the board read")
+    finally:
+        client.config_set("maxmemory", 0)
+    await eventually(
+        lambda: "alpha step 2" in board_text(telegram), timeout_s=60, what="the board caught up"
+    )
+    await eventually(
+        lambda: "sharing the chats' board lines works again" in serve.logs,
+        what="the end of the outage",
+    )
+    assert await serve.aterminate() == 0
+    assert serve.logs.count("sharing the chats' board lines works again") == 1, serve.logs
+    assert serve.logs.count("sharing the chats' board lines through Redis failed") == 1
+    assert "Traceback" not in serve.logs
