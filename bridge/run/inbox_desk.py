@@ -125,6 +125,17 @@ class AuthorRate:
             window.pop()
 
 
+def _message_id(channel: str, chat: ChatRef, command: ReplyTo | None) -> str:
+    """The id of a text queued by the command `command`: derived from the platform's id of
+    the command's message, so that the command handled again (a Redis that took the record
+    but answered too late, and the command is tried again) writes the same record instead of
+    a second open one; random without one."""
+    if command is None:
+        return "m_" + secrets.token_hex(10)
+    named = "\0".join((channel, chat.chat_id, command.message_id))
+    return "m_" + hashlib.sha256(named.encode()).hexdigest()[:20]
+
+
 class InboxDesk:
     """Owns the messages people sent agents and their status messages."""
 
@@ -255,7 +266,12 @@ class InboxDesk:
         # they write nothing, and must not cost the person one of their messages.
         if not shows_text(text):
             return f"Nothing to send: write the text after /tell {agent_id}."
-        message_id = "m_" + secrets.token_hex(10)
+        message_id = _message_id(channel, chat, reply_to)
+        if message_id in self._records:
+            # This command was queued already and is handled again (Redis took the record
+            # but answered after the call's timeout): one record, one file, one status.
+            self._show(self._records[message_id])
+            return None
         message = inbox_message(
             ident=message_id,
             kind="message",

@@ -221,13 +221,23 @@ class AnswerLosingProxy:
     does; the client reconnects through the proxy."""
 
     def __init__(
-        self, upstream_port: int, marker: tuple[bytes, ...], hold_s: float, *, every: bool = False
+        self,
+        upstream_port: int,
+        marker: tuple[bytes, ...],
+        hold_s: float,
+        *,
+        every: bool = False,
+        window: bool = False,
     ) -> None:
         self.port = 0
         self._upstream_port = upstream_port
         self._marker = marker
         self._hold_s = hold_s
         self._every = every  # hold the answer of every such request, not only the first
+        # Hold too the answers of such requests sent while the first one's is held (the
+        # client's retries of it), until the first one's is let go.
+        self._window = window
+        self._release_at = 0.0
         self.held = False
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -264,10 +274,16 @@ class AnswerLosingProxy:
             while chunk := await reader.read(65536):
                 if b"SUBSCRIBE" in chunk.upper():
                     self._subscribers.add(writer)
-                if (self._every or not self.held) and all(m in chunk for m in self._marker):
+                now = asyncio.get_running_loop().time()
+                again = self._window and now < self._release_at
+                if (self._every or not self.held or again) and all(
+                    m in chunk for m in self._marker
+                ):
+                    if not again:
+                        self._release_at = now + self._hold_s
                     self.held = True
                     hold.clear()
-                    asyncio.get_running_loop().call_later(self._hold_s, hold.set)
+                    asyncio.get_running_loop().call_later(self._release_at - now, hold.set)
                 up_writer.write(chunk)
                 await up_writer.drain()
 
@@ -383,4 +399,39 @@ async def test_a_stop_while_redis_does_not_take_a_feishu_command_is_not_held(
     assert f"a command from chat {CHAT} could not be published to Redis before the stop" in (
         serve.logs
     )
+    assert "Traceback" not in serve.logs
+
+
+async def test_a_tell_whose_record_redis_took_but_answered_late_is_queued_once(
+    tmp_path: Path, telegram: FakeTelegram, server: RedisServer, prefix: str
+) -> None:
+    """Redis took the record of a `/tell` but answered after the call's timeout (and its
+    retries): the command was handled again with a new message id, so Redis held two open
+    records of one text, the second one without a file in the inbox, for a later cancel or
+    a standby to pick. The record's id comes from the command's message now: one record."""
+    inbox_write = (b"HSET", f"{prefix}:inbox".encode())
+    async with AnswerLosingProxy(server.port, inbox_write, hold_s=6.0, window=True) as proxy:
+        serve = instance(tmp_path, "i0", telegram, ["i0agent"], redis_url=proxy.url, prefix=prefix)
+        with serve:
+            publish(tmp_path / "agents" / "i0agent", "card of i0")
+            await eventually(lambda: telegram.bot_messages(GROUP), timeout_s=60, what="the card")
+            telegram.inject_command(GROUP, "/tell i0agent hello once")
+            await eventually(lambda: proxy.held, timeout_s=60, what="the record's answer held")
+            await eventually(
+                lambda: replies(telegram, "Message to i0agent"), timeout_s=60, what="the status"
+            )
+            await past_a_later_command(telegram, [serve])
+            assert await serve.aterminate() == 0
+    client = redis.Redis.from_url(server.url, decode_responses=True)
+    try:
+        records = client.hgetall(f"{prefix}:inbox")
+        queued = client.zrange(f"{prefix}:inbox:queued", 0, -1)
+    finally:
+        client.close()
+    assert len(records) == 1, records
+    assert queued == list(records)
+    files = list((tmp_path / "agents" / "i0agent" / "inbox" / "queued").glob("*.json"))
+    assert len(files) == 1, files
+    assert replies(telegram, "Message to i0agent") == 1
+    assert "waits for Redis" in serve.logs, "the late answer was met"
     assert "Traceback" not in serve.logs
