@@ -38,6 +38,7 @@ from taskcard.bridge.cluster.lease import (
     release_all,
 )
 from taskcard.bridge.cluster.limiter import RedisLimiter
+from taskcard.bridge.cluster.replies import ClusterReplies
 from taskcard.bridge.store.redis import (
     RedisStore,
     WrongKeyType,
@@ -79,6 +80,19 @@ class BoardHolder(Protocol):
 
     def drop_board(self, scope: str) -> None:
         """Another instance sends the chat's board now."""
+        ...
+
+
+class ReplyTaker(Protocol):
+    """The service's side of the command replies stopped instances left unsent (see
+    `bridge.cluster.replies`)."""
+
+    def reply_channels(self) -> Iterable[str]:
+        """The channels this instance sends on: it takes their replies."""
+        ...
+
+    def adopt_replies(self, kept: Mapping[str, Any]) -> None:
+        """Send these replies (idempotency key -> entry), now this instance's."""
         ...
 
 
@@ -186,6 +200,9 @@ class Cluster:
         self.boards = SharedBoards(self.store.client, self.aio, self.prefix, self.owner)
         self._board_leases: dict[str, Lease] = {}
         self._boards_held: set[str] = set()  # chats whose board `take_board` was told of
+        self.replies = ClusterReplies(
+            self.store.client, self.aio, self.prefix, self.owner, config.lease_ttl_s
+        )
 
     @classmethod
     def connect(cls, config: ClusterConfig, url: str) -> Cluster:
@@ -311,11 +328,13 @@ class Cluster:
         drop: Callable[[str], None],
         routed: Callable[[], Mapping[str, Any]] = dict,
         boards: BoardHolder | None = None,
+        replies: ReplyTaker | None = None,
     ) -> None:
         """Renew every lease until cancelled: one per agent `agents` names at each renewal
         (configured, discovered, added by a reload), and one per chat `boards` routes to;
-        call `take`/`drop` as agents' leases change (`boards` as the boards' do), and share
-        what `routed` says this instance routes."""
+        call `take`/`drop` as agents' leases change (`boards` as the boards' do), share
+        what `routed` says this instance routes, and hand `replies` the command replies
+        stopped instances left unsent."""
         interval_s = self.config.lease_ttl_s / 3
         log.info("cluster member %s on Redis (key prefix %s)", self.instance, self.prefix)
         while True:
@@ -326,12 +345,24 @@ class Cluster:
                 await self._renew(take, drop, routed)
                 if boards is not None:
                     self._hand_boards(boards)
+                if replies is not None:
+                    await self._take_replies(replies)
             except Exception:
                 # Renewal must go on whatever happened: a lease left to lapse while this
                 # instance still serves its agent would give the agent two servers.
                 log.exception("renewing the cluster leases failed; trying again")
             raise_if_cancel_swallowed()
             await asyncio.sleep(interval_s)
+
+    async def _take_replies(self, replies: ReplyTaker) -> None:
+        """Take over the replies stopped instances left unsent; a Redis that does not answer
+        is the leases' business (the next renewal tries again)."""
+        try:
+            kept = await self.replies.take(replies.reply_channels())
+        except RedisError:
+            return
+        if kept:
+            replies.adopt_replies(kept)
 
     async def _follow(self, agents: Iterable[str], drop: Callable[[str], None]) -> None:
         """Lease the agents this instance serves now: a lease for each new one (an agent
@@ -475,7 +506,9 @@ class Cluster:
             log.info("agent %s: this instance serves it now", agent)
 
     async def close(self) -> None:
-        """Release every lease (others take over at once, not after the TTL), close clients."""
+        """Hand the unsent replies over and release every lease (others take over at once,
+        not after the TTL), close clients."""
+        await self.replies.release()
         leases = [
             *(g.lease for g in self._poll_leases),
             *self._agent_leases.values(),

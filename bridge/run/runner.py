@@ -194,6 +194,7 @@ async def serve(
             clustered=wiring is not None,
             cluster_names=wiring.cluster.routed_names if wiring else None,
             shared_boards=wiring.cluster.boards if wiring else None,
+            shared_replies=wiring.cluster.replies if wiring else None,
         )
         if wiring is not None:
             wiring.follow(service.routes_chat)
@@ -223,6 +224,7 @@ async def serve(
                     service.drop_agent,
                     service.routed_agents,
                     boards=service,
+                    replies=service,
                 ),
                 name="leases",
             )

@@ -26,7 +26,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, tzinfo
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from taskcard.bridge.compose.board import (
     BoardEntry,
@@ -64,7 +64,7 @@ from taskcard.bridge.run.fleet import (
 from taskcard.bridge.run.inbox_desk import NOTHING_TO_CANCEL, InboxDesk, latest_written
 from taskcard.bridge.run.origins import OriginBook
 from taskcard.bridge.schedule.ratelimit import Limiter
-from taskcard.bridge.schedule.scheduler import RouteKey, RouteScheduler
+from taskcard.bridge.schedule.scheduler import RouteKey, RouteScheduler, SharedReplies
 from taskcard.bridge.store.sqlite import ChatPrefs, SeenChat, StateStore
 from taskcard.bridge.track.due import DueAgents
 from taskcard.bridge.track.ledger import LedgerView, ledger_row
@@ -170,7 +170,10 @@ class Service:
         clustered: bool = False,
         cluster_names: ClusterNames | None = None,
         shared_boards: SharedBoards | None = None,
+        shared_replies: SharedReplies | None = None,
     ) -> None:
+        """`shared_replies`: clustered, where the unsent command replies are kept for the
+        instance that runs on when this one stops (see `bridge.cluster.replies`)."""
         self._config = config
         self._channels: dict[str, Channel] = {n: b.channel for n, b in channels.items()}
         self._store = store
@@ -207,9 +210,10 @@ class Service:
             outbox=self._outbox,
             limiter=limiter,
             on_credentials_rejected=self._credentials_rejected,
-            # Clustered, the instance that claimed a command answers it while it runs; a
-            # reply kept in the shared store would be sent by whichever instance starts next.
+            # Clustered, a reply kept under one name in the shared store would be sent by
+            # whichever instance starts next: each is kept as its instance's there instead.
             keep_replies=not clustered,
+            shared_replies=shared_replies,
         )
         self._routes: list[Route] = []
         self._routes_by_agent: dict[str, list[Route]] = {}
@@ -425,6 +429,16 @@ class Service:
             self._scheduled.discard(route.key)
             if self._running and self._views.view(route.key.chat_scope) == "board":
                 self._mark_board(route.key.chat_scope)  # its line here is withdrawn
+
+    def reply_channels(self) -> list[str]:
+        """Clustered: the channels this instance answers on, whose replies a stopped
+        instance left unsent it takes over (not a terminal: its messages are this run's)."""
+        return sorted(n for n, c in self._channels.items() if c.messages_outlive_process)
+
+    def adopt_replies(self, kept: Mapping[str, Any]) -> None:
+        """Clustered: send the replies a stopped instance left unsent (see
+        `bridge.cluster.replies`)."""
+        self._scheduler.adopt_replies(kept)
 
     def board_scopes(self) -> list[str]:
         """Clustered: the chats this instance routes agents to (it competes for their

@@ -38,7 +38,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from taskcard.bridge.notices.outbox import NoticeOutbox, QueuedNotice
 from taskcard.bridge.schedule.admission import AdmissionQueue, catch_up
@@ -137,6 +137,19 @@ class _Reply:
 
 
 _Text = _Reply | QueuedNotice
+
+
+class SharedReplies(Protocol):
+    """Where a cluster keeps its unsent command replies, each under its idempotency key,
+    for whichever instance runs on when this one stops (see `bridge.cluster.replies`)."""
+
+    def keep(self, key: str, entry: dict[str, Any]) -> None:
+        """Keep one reply (as `_kept_reply` reads it) as this instance's."""
+        ...
+
+    def forget(self, key: str) -> None:
+        """The reply was sent, refused for good or replaced."""
+        ...
 
 
 def _thread(reply: _Reply) -> str | None:
@@ -240,12 +253,14 @@ class RouteScheduler:
         limiter: Limiter | None = None,
         on_credentials_rejected: Callable[[str, ChannelError], None] | None = None,
         keep_replies: bool = False,
+        shared_replies: SharedReplies | None = None,
     ) -> None:
         """`outbox`: where the lanes take notices from (None: this scheduler sends none).
         `on_credentials_rejected(channel, error)`: a platform refused the channel's
         credentials (a revoked token); the caller stops using that channel.
         `keep_replies`: unsent command replies are kept in the store, and the next start
-        sends them (`channel_ready`)."""
+        sends them (`channel_ready`). `shared_replies`: clustered, they are kept there
+        instead, and the instance that takes them over sends them (`adopt_replies`)."""
         self._channels = channels
         self._on_credentials_rejected = on_credentials_rejected
         self._store = store
@@ -267,6 +282,8 @@ class RouteScheduler:
         # and those of the last run waiting for their channel to be ready.
         self._kept_replies: dict[str, dict[str, Any]] | None = {} if keep_replies else None
         self._held_replies: list[tuple[str, _Reply]] = []
+        self._shared_replies = shared_replies
+        self._ready: set[str] = set()  # channels `channel_ready` named
         # A request was admitted since the windows were last kept (see `keep_windows`).
         self._windows_changed = False
         self._outbox = outbox
@@ -536,22 +553,26 @@ class RouteScheduler:
             self._forget_reply(stale, save=False)
         reply = _Reply(chat, message, f"reply:{uuid.uuid4().hex}", reply_to)
         lane.replies.append(reply)
+        entry = {
+            "channel": channel,
+            "chat_id": chat.chat_id,
+            "thread_id": chat.thread_id,
+            "text": message.text,
+            "payload": message.payload,
+            "fingerprint": message.fingerprint,
+            "reply_to": None if reply_to is None else [reply_to.message_id, reply_to.thread_id],
+        }
+        # Kept before the caller goes on: the command's update is confirmed after this.
         if self._kept_replies is not None:
-            # Kept before the caller goes on: the command's update is confirmed after this.
-            self._kept_replies[reply.idempotency_key] = {
-                "channel": channel,
-                "chat_id": chat.chat_id,
-                "thread_id": chat.thread_id,
-                "text": message.text,
-                "payload": message.payload,
-                "fingerprint": message.fingerprint,
-                "reply_to": None if reply_to is None else [reply_to.message_id, reply_to.thread_id],
-            }
+            self._kept_replies[reply.idempotency_key] = entry
             self._save_replies()
+        elif self._shared_replies is not None:
+            self._shared_replies.keep(reply.idempotency_key, entry)
         lane.wake.set()
 
     def channel_ready(self, channel: str) -> None:
         """`channel` can send: the replies the last run left unsent in it go out now."""
+        self._ready.add(channel)
         held, self._held_replies = self._held_replies, []
         for name, reply in held:
             if name != channel:
@@ -561,8 +582,30 @@ class RouteScheduler:
             lane.replies.append(reply)
             lane.wake.set()
 
+    def adopt_replies(self, kept: Mapping[str, Any]) -> None:
+        """Clustered: the replies an instance that stopped or died left unsent (idempotency
+        key -> entry), taken over by this one, which sends them now or once their channel
+        is ready. An entry this version cannot read is logged and dropped."""
+        for key, entry in kept.items():
+            reply = _kept_reply(key, entry)
+            name = str(entry["channel"]) if reply is not None else ""
+            if reply is None or name not in self._channels:
+                log.warning("ignoring the unsent command reply %s of a stopped instance", key)
+                if self._shared_replies is not None:
+                    self._shared_replies.forget(key)
+                continue
+            log.info("sending a command reply a stopped instance left unsent (chat %s)", reply.chat)
+            if name in self._ready:
+                lane = self._lane(name, reply.chat.chat_id)
+                lane.replies.append(reply)
+                lane.wake.set()
+            else:
+                self._held_replies.append((name, reply))
+
     def _forget_reply(self, reply: _Reply, *, save: bool = True) -> None:
         """`reply` was sent, refused for good or replaced: the store need not keep it."""
+        if self._shared_replies is not None:
+            self._shared_replies.forget(reply.idempotency_key)
         if self._kept_replies is None:
             return
         if self._kept_replies.pop(reply.idempotency_key, None) is not None and save:

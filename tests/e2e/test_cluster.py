@@ -1435,3 +1435,50 @@ async def test_a_standby_started_while_a_status_message_is_sent_posts_no_second_
     assert replies(fake, "Message to") == 1, shown(fake, GROUP)
     assert len(fake.bot_messages(GROUP)) == 2, "the card and one status message"
     assert await standby.aterminate() == 0
+
+
+@pytest.mark.parametrize("stop", ["sigterm", "sigkill"])
+async def test_a_reply_a_stop_left_unsent_is_sent_once_by_the_instances_that_run_on(
+    tmp_path: Path, fake: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack, stop: str
+) -> None:
+    """The instance that claimed a command's reply stops while the reply waits out a 429:
+    the claim was taken, so no other instance answered, and the reply was kept nowhere (only
+    a service without a cluster keeps them, in its state file). It is kept in Redis now, and
+    of two instances that start together after the stop exactly one sends it (after a crash,
+    once the dead instance's membership lapses)."""
+    first = instance(tmp_path, "i0", fake, ["i0agent"], redis_url=redis_url, prefix=prefix)
+    with first:
+        publish(tmp_path / "agents" / "i0agent", "card of i0")
+        await eventually(lambda: shown(fake, GROUP), timeout_s=60, what="the card")
+        await eventually(lambda: "channel telegram ready" in first.logs, what="commands read")
+        fake.fail_next("sendMessage", 429, "Too Many Requests: retry after 5", {"retry_after": 5})
+        fake.inject_command(GROUP, "/taskcard off")
+        await eventually(
+            lambda: "rate limited in" in first.logs, timeout_s=60, what="the reply held back"
+        )
+        if stop == "sigkill":
+            first.kill()
+        else:
+            assert await first.aterminate() == 0, first.logs
+    assert replies(fake, HIDDEN_REPLY) == 0, "not sent before the stop"
+    serves = [
+        fleet.enter_context(
+            instance(tmp_path, name, fake, [f"{name}agent"], redis_url=redis_url, prefix=prefix)
+        )
+        for name in ("i1", "i2")
+    ]
+    await eventually(
+        lambda: replies(fake, HIDDEN_REPLY) == 1, timeout_s=60, what="the reply, sent after all"
+    )
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        await eventually(
+            lambda: client.hlen(f"{prefix}:replies") == 0, what="the reply dropped once sent"
+        )
+    finally:
+        client.close()
+    await past_a_later_command(fake, serves)
+    assert replies(fake, HIDDEN_REPLY) == 1, "sent once"
+    for serve in serves:
+        assert await serve.aterminate() == 0
+        assert "Traceback" not in serve.logs

@@ -1,0 +1,153 @@
+"""Command replies a cluster's instance had not sent when it stopped, kept for the others.
+
+The instance that claims a command's reply queues it in its scheduler, which sends it when the
+chat's window allows. A stop (or a crash) before then lost the answer: the claim was taken,
+so no other instance answered. Each unsent reply is kept in the hash `P:replies` (field: the
+reply's idempotency key; value: `<owner> <written at, epoch ms> <channel> <entry JSON>`)
+from when it is queued until it is sent, refused for good or replaced.
+
+An instance that stops lets go of its replies (their owner becomes `*`); one that dies keeps
+them until its entry in `P:instances` lapses (or, not listed there, until `ORPHAN_AFTER` of
+its leases after the write). At each lease renewal every live instance takes the replies left
+so, for the channels it sends on, in one script: each is taken by exactly one instance, also
+when two start together, and sent by it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any, cast
+
+import redis
+from redis.asyncio import Redis as AsyncRedis
+from redis.exceptions import RedisError
+
+log = logging.getLogger(__name__)
+
+RELEASED = "*"
+# A reply whose owner is not listed in `P:instances` is taken over this many leases after it
+# was written: the owner may have written it before it listed itself.
+ORPHAN_AFTER = 3
+
+# KEYS: replies hash, instances zset; ARGV: taker, now (ms), grace (ms), channels (JSON list).
+# Takes every reply whose owner let it go or is gone, for the taker's channels; returns
+# [field, value, ...] of the replies taken (their values as written, owner aside).
+_TAKE = """
+local channels = {}
+for _, name in ipairs(cjson.decode(ARGV[4])) do channels[name] = true end
+local now, grace = tonumber(ARGV[2]), tonumber(ARGV[3])
+local taken = {}
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local owner, at, channel, rest = string.match(all[i + 1], '^(%S+) (%d+) (%S+) (.*)$')
+  if owner and owner ~= ARGV[1] and channels[channel] then
+    local gone = owner == '*'
+    if not gone then
+      local listed = redis.call('ZSCORE', KEYS[2], owner)
+      if listed then
+        gone = tonumber(listed) <= now
+      else
+        gone = tonumber(at) + grace <= now
+      end
+    end
+    if gone then
+      redis.call('HSET', KEYS[1], all[i], ARGV[1] .. ' ' .. at .. ' ' .. channel .. ' ' .. rest)
+      taken[#taken + 1] = all[i]
+      taken[#taken + 1] = rest
+    end
+  end
+end
+return taken
+"""
+
+# KEYS: replies hash; ARGV: owner. Lets go of the owner's replies.
+_RELEASE = """
+local all = redis.call('HGETALL', KEYS[1])
+local count = 0
+for i = 1, #all, 2 do
+  local owner, rest = string.match(all[i + 1], '^(%S+) (.*)$')
+  if owner == ARGV[1] then
+    redis.call('HSET', KEYS[1], all[i], '* ' .. rest)
+    count = count + 1
+  end
+end
+return count
+"""
+
+
+class ClusterReplies:
+    """This instance's side of the replies kept in Redis (see the module's docstring)."""
+
+    def __init__(
+        self, client: redis.Redis, aio: AsyncRedis, prefix: str, owner: str, lease_ttl_s: float
+    ) -> None:
+        self._client = client
+        self._aio = aio
+        self._key = f"{prefix}:replies"
+        self._instances = f"{prefix}:instances"
+        self._owner = owner
+        self._grace_ms = int(ORPHAN_AFTER * lease_ttl_s * 1000)
+        self._take = aio.register_script(_TAKE)
+        self._release = aio.register_script(_RELEASE)
+
+    def keep(self, key: str, entry: dict[str, Any]) -> None:
+        value = " ".join(
+            (self._owner, str(int(time.time() * 1000)), str(entry["channel"]), json.dumps(entry))
+        )
+        try:
+            self._client.hset(self._key, key, value)
+        except RedisError as error:  # the reply still goes out; only a stop would lose it
+            log.warning(
+                "could not keep the unsent command reply in Redis (%s): a stop before it is"
+                " sent loses it",
+                type(error).__name__,
+            )
+
+    def forget(self, key: str) -> None:
+        try:
+            self._client.hdel(self._key, key)
+        except RedisError as error:
+            # Kept as this instance's: taken and sent again only if this one stops first.
+            log.warning(
+                "could not drop a sent command reply from Redis (%s); it is sent again only"
+                " if this instance stops before Redis answers",
+                type(error).__name__,
+            )
+
+    async def take(self, channels: Iterable[str]) -> dict[str, Any]:
+        """The replies stopped instances left unsent on `channels`, now this instance's
+        (idempotency key -> entry); raises `RedisError`."""
+        names = sorted(channels)
+        if not names:
+            return {}
+        now_ms = int(time.time() * 1000)
+        found = cast(
+            list[str],
+            await self._take(
+                keys=[self._key, self._instances],
+                args=[self._owner, now_ms, self._grace_ms, json.dumps(names)],
+            ),
+        )
+        taken: dict[str, Any] = {}
+        for key, raw in zip(found[::2], found[1::2], strict=True):
+            try:
+                taken[key] = json.loads(raw)
+            except ValueError:
+                taken[key] = None  # the scheduler logs and drops it
+        return taken
+
+    async def release(self) -> None:
+        """Let go of this instance's unsent replies (it stops): the others take them at
+        their next lease renewal. A Redis that does not answer leaves them to lapse with
+        this instance's entry in `P:instances`."""
+        try:
+            await self._release(keys=[self._key], args=[self._owner])
+        except RedisError as error:
+            log.warning(
+                "could not hand this instance's unsent command replies over (%s); another"
+                " instance sends them once this one's membership lapses",
+                type(error).__name__,
+            )
