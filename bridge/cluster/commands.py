@@ -28,8 +28,10 @@ from redis.exceptions import RedisError
 from taskcard.bridge.cluster.limiter import WRONG_TYPE_WAIT_S
 from taskcard.bridge.store.redis import (
     WrongKeyType,
+    permission_fix,
     raise_if_cancel_swallowed,
     redis_trouble,
+    refused_permission,
     wrong_type,
 )
 from taskcard.channels.base import (
@@ -144,17 +146,23 @@ def decode(raw: str) -> IncomingCommand | None:
 
 # The key said to hold another type when Redis's answer does not name it.
 _SOME_KEY = "(a key of the fleet)"
+# What a command waits for when Redis refused it a permission: this, then what is refused.
+_PERMISSION = "permission:"
 
 
 def _wrong_key(error: RedisError) -> tuple[str, str] | None:
     """For a key of another type that a command needs (`WrongKeyType`, or Redis's own
     WRONGTYPE answer): the key (`_SOME_KEY` when the answer does not name it) and what to
-    do about it. Such a command waits on its own: retried in line, it would hold every
-    command after it until someone fixes the key."""
+    do about it; for a permission the Redis user lacks (NOPERM: its ACL changed since the
+    start, which checks them), `_PERMISSION` and what is refused, and the fix. Such a
+    command waits on its own: retried in line, it would hold every command after it until
+    someone fixes the key or the ACL."""
     if isinstance(error, WrongKeyType):
         return error.key or str(error), str(error)
     if str(error).startswith("WRONGTYPE"):
         return _SOME_KEY, redis_trouble(error)
+    if (refused := refused_permission(error)) is not None:
+        return _PERMISSION + refused[0], permission_fix([refused])
     return None
 
 
@@ -234,24 +242,32 @@ class ClusteredChannel(Channel):
         newest = await self._until_redis_answers(
             "reading where the command stream ends",
             lambda: self._client.xrevrange(self._stream, count=1),
+            alone=False,
         )
         return str(newest[0][0]) if newest else "0-0"
 
     async def _until_redis_answers(
-        self, doing: str, call: Callable[[], Awaitable[T]], *, until_stop: bool = False
+        self,
+        doing: str,
+        call: Callable[[], Awaitable[T]],
+        *,
+        until_stop: bool = False,
+        alone: bool = True,
     ) -> T:
         """`call()`, asked again until Redis answers: every Redis call of the command path
         waits here, so an outage is one warning (what waits, what is wrong with Redis and
         what to do) and one line when it ends, whichever call met it. With `until_stop`, a
         stop ends the waiting (`_Stopped`). A key of another type (`WrongKeyType`) is raised
-        at once: only its command waits for it (`_hold`)."""
+        at once: only its command waits for it (`_hold`); so is a permission refused, when
+        the call is `alone` (one command's: reading the stream is every command's)."""
         failures = 0
         while True:
             try:
                 answer = await call()
             except RedisError as error:
                 raise_if_cancel_swallowed()  # a stop's cancel that redis-py turned into this
-                if _wrong_key(error) is not None:
+                found = _wrong_key(error)
+                if found is not None and (alone or not found[0].startswith(_PERMISSION)):
                     raise
                 failures += 1
                 if failures == 1 and not self._stopping.is_set():  # not at each retry
@@ -301,7 +317,12 @@ class ClusteredChannel(Channel):
     def _fixed(self, key: str) -> None:
         if key in self._wrong:
             self._wrong.discard(key)
-            if key == _SOME_KEY:
+            if key.startswith(_PERMISSION):
+                log.warning(
+                    "Redis lets this instance use %s again: the command waiting for it goes on",
+                    key.removeprefix(_PERMISSION),
+                )
+            elif key == _SOME_KEY:
                 log.warning("Redis takes the command waiting for a key of another type again")
             else:
                 log.warning(
@@ -320,17 +341,28 @@ class ClusteredChannel(Channel):
         elif command.message_id is not None:
             chat = f"{command.chat.chat_id}:{command.message_id}"
             seen = f"{self._prefix}:seen:{self.name}:{chat}"
-        misplaced = await self._publish_once(command, seen)
+        try:
+            misplaced = await self._publish_once(command, seen)
+        except RedisError as error:
+            if (found := _wrong_key(error)) is None:
+                raise
+            self._misplaced(found[0], found[1], command.chat)
+            self._hold(self._publish_when_fixed(command, seen, found[0]), command.chat, found[0])
+            return
         if misplaced is not None:
             self._misplaced(seen, wrong_type(seen, misplaced, "string"), command.chat)
-            self._hold(self._publish_when_fixed(command, seen), command.chat, seen)
+            self._hold(self._publish_when_fixed(command, seen, seen), command.chat, seen)
 
-    async def _publish_when_fixed(self, command: IncomingCommand, seen: str) -> None:
+    async def _publish_when_fixed(self, command: IncomingCommand, seen: str, key: str) -> None:
         while True:
             await asyncio.sleep(WRONG_TYPE_WAIT_S)
-            if await self._publish_once(command, seen) is None:
-                self._fixed(seen)
-                return
+            try:
+                if await self._publish_once(command, seen) is None:
+                    self._fixed(key)
+                    return
+            except RedisError as error:
+                if _wrong_key(error) is None:
+                    raise
 
     async def _publish_once(self, command: IncomingCommand, seen: str) -> str | None:
         """Append the command unless its seen key says it was; through a Redis outage (the
@@ -366,6 +398,7 @@ class ClusteredChannel(Channel):
                         count=100,
                         block=self._read_block_ms,
                     ),
+                    alone=False,
                 ),
             )
             raise_if_cancel_swallowed()  # else `stop` waits for this loop forever
@@ -379,14 +412,22 @@ class ClusteredChannel(Channel):
         if command is None:
             log.warning("skipping an unreadable command in the stream")
             return
-        key = f"{self._prefix}:reply:{self.name}:{entry_id}"
-        claimed = (
-            await self._claim_reply(key, command)
-            if self.routes_chat(command.chat.chat_id)
-            else False
-        )
+        key = waited = f"{self._prefix}:reply:{self.name}:{entry_id}"
+        try:
+            claimed = (
+                await self._claim_reply(key, command)
+                if self.routes_chat(command.chat.chat_id)
+                else False
+            )
+        except RedisError as error:
+            if (found := _wrong_key(error)) is None:
+                raise
+            waited = found[0]
+            self._misplaced(waited, found[1], command.chat)
+            claimed = None
         if claimed is None:
-            self._hold(self._apply_when_fixed(on_command, command, key), command.chat, key)
+            work = self._apply_when_fixed(on_command, command, key, waited)
+            self._hold(work, command.chat, waited)
             return
         await self._apply(on_command, replace(command, reply=claimed))
 
@@ -405,13 +446,20 @@ class ClusteredChannel(Channel):
         return bool(answer)
 
     async def _apply_when_fixed(
-        self, on_command: CommandSink, command: IncomingCommand, key: str
+        self, on_command: CommandSink, command: IncomingCommand, key: str, waited: str
     ) -> None:
+        """Claim the reply (`key`) of `command` again each few seconds until what it waits
+        for (`waited`: the key holding another type, or a permission refused) is fixed."""
         while True:
             await asyncio.sleep(WRONG_TYPE_WAIT_S)
-            claimed = await self._claim_reply(key, command)
+            try:
+                claimed = await self._claim_reply(key, command)
+            except RedisError as error:
+                if _wrong_key(error) is None:
+                    raise
+                continue
             if claimed is not None:
-                self._fixed(key)
+                self._fixed(waited)
                 await self._apply(on_command, replace(command, reply=claimed))
                 return
 

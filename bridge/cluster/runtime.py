@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import hashlib
 import json
 import logging
 import time
@@ -43,7 +45,9 @@ from taskcard.bridge.store.redis import (
     RedisStore,
     WrongKeyType,
     connect,
+    permission_fix,
     raise_if_cancel_swallowed,
+    refused_permission,
     wrong_type,
 )
 from taskcard.channels.base import ChatRef, CursorStore, counted
@@ -134,6 +138,8 @@ def probe(url: str) -> None:
             " (redis://:PASSWORD@host:6379/0) held by cluster.redis_url_env"
         ) from None
     except redis.RedisError as error:
+        if (refused := refused_permission(error)) is not None:
+            raise ClusterUnreachable(permission_fix([refused])) from None
         reason = _scrub(f"{type(error).__name__}: {error}", url)
         raise ClusterUnreachable(
             f"cannot reach the Redis of [cluster] ({reason}); start Redis or fix"
@@ -171,6 +177,80 @@ def misplaced_key(store: RedisStore) -> tuple[str, str, str] | None:
         if found not in ("none", expected):
             return key, str(found), expected
     return None
+
+
+# A script with no effect, to learn whether the user may load and run scripts.
+_NOOP_SCRIPT = "return 1"
+
+
+def refused_permissions(store: RedisStore, owner: str) -> list[tuple[str, str]]:
+    """The ACL refusals (`refused_permission`) of the commands the fleet uses, each tried
+    once in a form with no effect on keys of its own under the prefix (removed after) and on
+    the boards' channel (an empty message, which every instance ignores). A user without one
+    of them would meet the refusal at run time only, retried for ever where it is met."""
+    key = functools.partial(store.key, "acl-check", owner)
+    text, table, ranks, members, stream, count = (
+        key(part) for part in ("s", "h", "z", "set", "x", "n")
+    )
+    sha = hashlib.sha1(_NOOP_SCRIPT.encode()).hexdigest()
+    pipe = store.client.pipeline(transaction=False)
+    pipe.ping()
+    pipe.set(text, "1", px=60_000)
+    pipe.get(text)
+    pipe.mget([text])
+    pipe.type(text)
+    pipe.pexpire(text, 60_000)
+    pipe.pttl(text)
+    pipe.incr(count)
+    pipe.hset(table, "f", "v")
+    pipe.hsetnx(table, "f", "v")
+    pipe.hget(table, "f")
+    pipe.hmget(table, ["f"])
+    pipe.hgetall(table)
+    pipe.hexists(table, "f")
+    pipe.hdel(table, "f")
+    pipe.zadd(ranks, {"m": 1})
+    pipe.zscore(ranks, "m")
+    pipe.zcard(ranks)
+    pipe.zrange(ranks, 0, 0)
+    pipe.zrangebyscore(ranks, "-inf", "+inf")
+    pipe.zrem(ranks, "m")
+    pipe.zremrangebyscore(ranks, "-inf", "+inf")
+    pipe.sadd(members, "m")
+    pipe.smembers(members)
+    pipe.xadd(stream, {"f": "v"}, maxlen=1)
+    pipe.xrevrange(stream, count=1)
+    pipe.xread({stream: "0-0"}, count=1)
+    pipe.publish(store.key("board", "changed"), "")
+    pipe.time()
+    pipe.script_load(_NOOP_SCRIPT)
+    pipe.evalsha(sha, 0)
+    pipe.eval(_NOOP_SCRIPT, 0)
+    pipe.delete(text, table, ranks, members, stream, count)
+    answers = pipe.execute(raise_on_error=False)
+    refused = [
+        found
+        for answer in answers
+        if isinstance(answer, RedisError) and (found := refused_permission(answer)) is not None
+    ]
+    transaction = store.client.pipeline(transaction=True)  # MULTI and EXEC
+    transaction.get(text)
+    try:
+        transaction.execute()
+    except RedisError as error:
+        if (found := refused_permission(error)) is not None:
+            refused.append(found)
+    pubsub: Any = store.client.pubsub()  # type: ignore[no-untyped-call]
+    try:
+        pubsub.subscribe(store.key("board", "changed"))
+        pubsub.get_message(timeout=1)
+    except RedisError as error:
+        if (found := refused_permission(error)) is not None:
+            refused.append(found)
+    finally:
+        with contextlib.suppress(RedisError):
+            pubsub.close()
+    return refused
 
 
 class Cluster:
@@ -215,6 +295,10 @@ class Cluster:
     def misplaced_key(self) -> tuple[str, str, str] | None:
         """See `misplaced_key`: checked at start, before anything runs."""
         return misplaced_key(self.store)
+
+    def refused_permissions(self) -> list[tuple[str, str]]:
+        """See `refused_permissions`: checked at start, before anything runs."""
+        return refused_permissions(self.store, self.owner)
 
     def claim_bot(self, channel: str, bot: str) -> bool:
         """Record that this instance posts on `channel` as `bot`; False when a live instance

@@ -22,7 +22,7 @@ from taskcard.bridge.config import ServiceConfig
 from taskcard.bridge.deliver.registry import BuiltChannel
 from taskcard.bridge.run.logs import start_error
 from taskcard.bridge.store.base import StateFileError, StateStore
-from taskcard.bridge.store.redis import wrong_type
+from taskcard.bridge.store.redis import permission_fix, wrong_type
 from taskcard.channels.base import CursorStore
 from taskcard.channels.telegram.commands import OFFSET_CURSOR_KEY
 
@@ -36,11 +36,17 @@ def open_cluster(config: ServiceConfig, env: Mapping[str, str]) -> Cluster | Non
         start_error(str(error))
         return None
     try:
-        misplaced = cluster.misplaced_key()
-        other = None if misplaced else _other_bot(config, env, cluster)
+        # First: a refusal would read as an unreachable Redis in the checks after it.
+        refused = cluster.refused_permissions()
+        misplaced = None if refused else cluster.misplaced_key()
+        other = None if refused or misplaced else _other_bot(config, env, cluster)
     except RedisError as error:
         reason = type(error).__name__
         start_error(f"cannot reach the Redis of [cluster] ({reason})")
+        return None
+    if refused:
+        print(f"taskcard: {permission_fix(refused)}", file=sys.stderr)
+        cluster.store.close()
         return None
     if misplaced:
         key, found, expected = misplaced

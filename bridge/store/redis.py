@@ -35,6 +35,7 @@ import asyncio
 import json
 import logging
 import math
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict
@@ -88,6 +89,41 @@ def wrong_type(key: str, found: str, expected: str) -> str:
     )
 
 
+_NOPERM_COMMAND = re.compile(r"permissions to run the '([a-z|_-]+)' command")
+
+
+def refused_permission(error: redis.RedisError) -> tuple[str, str] | None:
+    """When `error` is an ACL refusal (NOPERM, or a script's call refused): what the Redis
+    user of the cluster may not use ("the command HSET") and the ACL rule that grants it
+    ("+hset"); None for any other error."""
+    text = str(error)
+    if isinstance(error, redis.exceptions.NoPermissionError):
+        if found := _NOPERM_COMMAND.search(text):
+            name = found.group(1)
+            return f"the command {name.replace('|', ' ').upper()}", f"+{name}"
+        if "channels" in text:
+            return "the fleet's channels", "&<key_prefix>:*"
+        if "keys" in text:
+            return "the fleet's keys", "~<key_prefix>:*"
+        return "a command the service needs", "+@all"
+    if text.startswith("EXEC without MULTI"):  # redis-py's word for a MULTI refused
+        return "the command MULTI", "+multi"
+    if "can't run this command" in text and "script" in text:
+        return "a command one of the service's scripts calls", "+@all"
+    return None
+
+
+def permission_fix(refused: Iterable[tuple[str, str]]) -> str:
+    """What to do about the refusals `refused_permission` found."""
+    found = list(refused)
+    what = ", ".join(dict.fromkeys(what for what, _ in found))
+    grant = " ".join(dict.fromkeys(rule for _, rule in found))
+    return (
+        f"the Redis user of [cluster] may not use {what} (NOPERM): grant it"
+        f" (ACL SETUSER <user> {grant}; docs/operators.md, section 8 lists what the fleet needs)"
+    )
+
+
 def redis_trouble(error: redis.RedisError) -> str:
     """What a Redis failure is and what the operator does about it, in a few words (never the
     error's own text, which can quote a key or a URL)."""
@@ -102,6 +138,8 @@ def redis_trouble(error: redis.RedisError) -> str:
         )
     if isinstance(error, redis.OutOfMemoryError):
         return "Redis is out of memory (OOM): raise its maxmemory or free memory there"
+    if (refused := refused_permission(error)) is not None:
+        return permission_fix([refused])
     text = str(error)
     for prefix, meaning in _REFUSALS:
         if text.startswith(prefix):

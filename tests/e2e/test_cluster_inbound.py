@@ -435,3 +435,94 @@ async def test_a_tell_whose_record_redis_took_but_answered_late_is_queued_once(
     assert replies(telegram, "Message to i0agent") == 1
     assert "waits for Redis" in serve.logs, "the late answer was met"
     assert "Traceback" not in serve.logs
+
+
+def acl_user(server: RedisServer, rules: list[str]) -> str:
+    """A Redis user `tc` with `rules` (besides its password); its URL."""
+    client = redis.Redis.from_url(server.url)
+    try:
+        client.acl_setuser("tc", enabled=True, reset=True, passwords=["+Pa55-acl"])
+        client.execute_command("ACL", "SETUSER", "tc", *rules)
+    finally:
+        client.close()
+    return f"redis://tc:Pa55-acl@127.0.0.1:{server.port}/0"
+
+
+@pytest.mark.parametrize(
+    ("rules", "named"),
+    [
+        (["+@all", "-hset", "~*", "&*"], ["the command HSET", "+hset"]),
+        (["+@all", "-xadd", "-evalsha", "~*", "&*"], ["XADD", "EVALSHA", "+xadd +evalsha"]),
+        (["+@all", "-multi", "~*", "&*"], ["the command MULTI", "+multi"]),
+        (["+@all", "~*", "resetchannels"], ["the fleet's channels", "&<key_prefix>:*"]),
+        (["+@all", "~someone-else:*", "&*"], ["the fleet's keys", "~<key_prefix>:*"]),
+    ],
+    ids=["hset", "xadd-evalsha", "multi", "channels", "keys"],
+)
+def test_a_redis_user_lacking_a_permission_is_refused_at_start_naming_it(
+    tmp_path: Path,
+    server: RedisServer,
+    prefix: str,
+    rules: list[str],
+    named: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Redis ACL user without a command the service needs started, then met NOPERM at
+    run time only, where a command retried it in line for ever with one warning. The start
+    tries every command the fleet uses and refuses in one line naming what is missing."""
+    (tmp_path / "a").mkdir()
+    config = tmp_path / "taskcard.toml"
+    config.write_text(
+        '[[agents]]\nid = "a"\nworkdir = "a"\n[console]\nenabled = true\n'
+        f'[cluster]\nredis_url_env = "TC_REDIS_URL"\nkey_prefix = "{prefix}"\n'
+    )
+    monkeypatch.setenv("TC_REDIS_URL", acl_user(server, rules))
+    result = run_cli("serve", "--config", str(config), timeout_s=60)  # it served on, before
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "NOPERM" in lines[0], lines
+    assert all(part in lines[0] for part in named), lines
+    assert "Pa55" not in result.stderr + result.stdout
+    assert "Traceback" not in result.stderr
+    client = redis.Redis.from_url(server.url)
+    try:  # the check leaves nothing behind when it may delete
+        assert client.keys(f"{prefix}:acl-check:*") == [] or "~someone-else:*" in rules
+    finally:
+        client.close()
+
+
+async def test_a_permission_redis_withdraws_at_run_time_holds_only_the_commands_needing_it(
+    tmp_path: Path, telegram: FakeTelegram, server: RedisServer, prefix: str
+) -> None:
+    """The ACL changed while the fleet runs: the `/tell` whose inbox write Redis refuses
+    (NOPERM) was retried in line for ever, holding every command after it. It waits on its
+    own now, said once with the fix, and goes on once the permission is back."""
+    url = acl_user(server, ["+@all", "~*", "&*"])
+    serve = instance(tmp_path, "i0", telegram, ["i0agent"], redis_url=url, prefix=prefix)
+    with serve:
+        publish(tmp_path / "agents" / "i0agent", "card of i0")
+        await eventually(lambda: telegram.bot_messages(GROUP), timeout_s=60, what="the card")
+        await eventually(lambda: "channel telegram ready" in serve.logs, what="commands read")
+        acl_user(server, ["+@all", "-multi", "~*", "&*"])  # the inbox's writes use MULTI
+        telegram.inject_command(GROUP, "/tell i0agent held back")
+        telegram.inject_command(GROUP, "/taskcard")
+        await eventually(
+            lambda: replies(telegram, "Task cards here: shown") == 1,
+            timeout_s=60,
+            what="the command after the refused one answered",
+        )
+        assert "may not use the command MULTI (NOPERM)" in serve.logs
+        assert "+multi" in serve.logs
+        acl_user(server, ["+@all", "~*", "&*"])
+        queued = tmp_path / "agents" / "i0agent" / "inbox" / "queued"
+        await eventually(
+            lambda: len(list(queued.glob("*.json"))) == 1, timeout_s=60, what="the text queued"
+        )
+        await eventually(
+            lambda: "Redis lets this instance use the command MULTI again" in serve.logs,
+            what="the end of the wait said",
+        )
+        assert await serve.aterminate() == 0
+    assert serve.logs.count("may not use the command MULTI (NOPERM)") == 1, serve.logs
+    assert "Pa55" not in serve.logs
+    assert "Traceback" not in serve.logs
