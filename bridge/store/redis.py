@@ -178,8 +178,14 @@ class WrongKeyType(redis.RedisError, StateFileError):
         return cls(wrong_type(key, str(client.type(key)), expected), key)
 
 
+# ARGV[4], the time of the call, is the same in each attempt of one call (the client's retries
+# send it again as it was): a record with it is this call's, written by an attempt whose
+# answer was lost (Redis took it, then answered after the socket's timeout), not a replay.
 _ADD_NOTICE = """
-if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then
+  if redis.call('HGET', KEYS[3], ARGV[1]) == ARGV[4] then return 1 end
+  return 0
+end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[4])
 if ARGV[3] == 'pending' then redis.call('ZADD', KEYS[4], ARGV[4], ARGV[1]) end

@@ -19,6 +19,7 @@ import pytest
 import redis
 
 from taskcard.bridge.cluster.commands import _CLAIM
+from taskcard.bridge.store.redis import _ADD_NOTICE
 from tests.e2e.harness import eventually, publish, run_cli
 from tests.e2e.test_cluster import (
     HIDDEN_REPLY,
@@ -525,4 +526,32 @@ async def test_a_permission_redis_withdraws_at_run_time_holds_only_the_commands_
         assert await serve.aterminate() == 0
     assert serve.logs.count("may not use the command MULTI (NOPERM)") == 1, serve.logs
     assert "Pa55" not in serve.logs
+    assert "Traceback" not in serve.logs
+
+
+async def test_a_notice_whose_record_redis_took_but_answered_late_is_sent(
+    tmp_path: Path, telegram: FakeTelegram, server: RedisServer, prefix: str
+) -> None:
+    """Redis recorded a notice but its answer came after the client's socket timeout: the
+    client sent the script again, which found the notice recorded and answered "already
+    there", so the notice was taken for a replay, neither sent nor counted, until a restart.
+    A retry of the same call now recognises its own record."""
+    from tests.e2e.harness import notify
+
+    client = redis.Redis.from_url(server.url)
+    client.script_load(_ADD_NOTICE)  # so that the held request is the script's call itself
+    client.close()
+    recording = (b"EVALSHA", f"{prefix}:n:text".encode())
+    async with AnswerLosingProxy(server.port, recording, hold_s=2.5) as proxy:
+        serve = instance(tmp_path, "i0", telegram, ["i0agent"], redis_url=proxy.url, prefix=prefix)
+        with serve:
+            workdir = tmp_path / "agents" / "i0agent"
+            publish(workdir, "card of i0")
+            await eventually(lambda: telegram.bot_messages(GROUP), timeout_s=60, what="the card")
+            notify(workdir, "task_card.error:tc_1:1:renderer_timeout", "error", code="boom")
+            await eventually(lambda: proxy.held, timeout_s=60, what="the record's answer held")
+            await eventually(
+                lambda: len(telegram.bot_messages(GROUP)) == 2, timeout_s=60, what="the notice"
+            )
+            assert await serve.aterminate() == 0
     assert "Traceback" not in serve.logs
