@@ -34,7 +34,9 @@ ORPHAN_AFTER = 3
 
 # KEYS: replies hash, instances zset; ARGV: taker, now (ms), grace (ms), channels (JSON list).
 # Takes every reply whose owner let it go or is gone, for the taker's channels; returns
-# [field, value, ...] of the replies taken (their values as written, owner aside).
+# [field, value, ...] of the replies taken and of those the taker owns already (their values
+# as written, owner aside): a take whose answer was lost took some that the taker does not
+# know of.
 _TAKE = """
 local channels = {}
 for _, name in ipairs(cjson.decode(ARGV[4])) do channels[name] = true end
@@ -43,7 +45,10 @@ local taken = {}
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
   local owner, at, channel, rest = string.match(all[i + 1], '^(%S+) (%d+) (%S+) (.*)$')
-  if owner and owner ~= ARGV[1] and channels[channel] then
+  if owner == ARGV[1] then
+    taken[#taken + 1] = all[i]
+    taken[#taken + 1] = rest
+  elseif owner and channels[channel] then
     local gone = owner == '*'
     if not gone then
       local listed = redis.call('ZSCORE', KEYS[2], owner)
@@ -91,9 +96,13 @@ class ClusterReplies:
         self._owner = owner
         self._grace_ms = int(ORPHAN_AFTER * lease_ttl_s * 1000)
         self._take = aio.register_script(_TAKE)
+        self._mine: set[str] = set()  # the replies this instance kept or took
+        # Those forgotten while a take waits for its answer: not taken back from it.
+        self._forgotten: set[str] | None = None
         self._release = aio.register_script(_RELEASE)
 
     def keep(self, key: str, entry: dict[str, Any]) -> None:
+        self._mine.add(key)
         value = " ".join(
             (self._owner, str(int(time.time() * 1000)), str(entry["channel"]), json.dumps(entry))
         )
@@ -107,6 +116,9 @@ class ClusterReplies:
             )
 
     def forget(self, key: str) -> None:
+        self._mine.discard(key)
+        if self._forgotten is not None:
+            self._forgotten.add(key)
         try:
             self._client.hdel(self._key, key)
         except RedisError as error:
@@ -124,15 +136,23 @@ class ClusterReplies:
         if not names:
             return {}
         now_ms = int(time.time() * 1000)
-        found = cast(
-            list[str],
-            await self._take(
-                keys=[self._key, self._instances],
-                args=[self._owner, now_ms, self._grace_ms, json.dumps(names)],
-            ),
-        )
+        self._forgotten = set()
+        try:
+            found = cast(
+                list[str],
+                await self._take(
+                    keys=[self._key, self._instances],
+                    args=[self._owner, now_ms, self._grace_ms, json.dumps(names)],
+                ),
+            )
+            forgotten = self._forgotten
+        finally:
+            self._forgotten = None
         taken: dict[str, Any] = {}
         for key, raw in zip(found[::2], found[1::2], strict=True):
+            if key in self._mine or key in forgotten:
+                continue
+            self._mine.add(key)
             try:
                 taken[key] = json.loads(raw)
             except ValueError:

@@ -555,3 +555,34 @@ async def test_a_notice_whose_record_redis_took_but_answered_late_is_sent(
             )
             assert await serve.aterminate() == 0
     assert "Traceback" not in serve.logs
+
+
+async def test_a_reply_taken_over_by_a_call_whose_answer_was_lost_is_still_sent(
+    tmp_path: Path, telegram: FakeTelegram, server: RedisServer, prefix: str
+) -> None:
+    """The instance taking over a reply a stopped instance left unsent: Redis made it its
+    own, but the answer saying so came too late. The next try found nothing left to take
+    (the reply was already this instance's), so the reply was never sent. A take now
+    returns too the replies the taker owns without knowing of them."""
+    first = instance(tmp_path, "i0", telegram, ["i0agent"], redis_url=server.url, prefix=prefix)
+    with first:
+        publish(tmp_path / "agents" / "i0agent", "card of i0")
+        await eventually(lambda: telegram.bot_messages(GROUP), timeout_s=60, what="the card")
+        await eventually(lambda: "channel telegram ready" in first.logs, what="commands read")
+        telegram.fail_next(
+            "sendMessage", 429, "Too Many Requests: retry after 3", {"retry_after": 3}
+        )
+        telegram.inject_command(GROUP, "/taskcard off")
+        await eventually(lambda: "rate limited in" in first.logs, timeout_s=60, what="the 429")
+        assert await first.aterminate() == 0
+    taking = (b"EVALSHA", f"{prefix}:replies".encode())
+    async with AnswerLosingProxy(server.port, taking, hold_s=7.0) as proxy:
+        second = instance(tmp_path, "i1", telegram, ["i1agent"], redis_url=proxy.url, prefix=prefix)
+        with second:
+            await eventually(lambda: proxy.held, timeout_s=60, what="the take's answer held")
+            await eventually(
+                lambda: replies(telegram, HIDDEN_REPLY) == 1, timeout_s=60, what="the reply"
+            )
+            assert await second.aterminate() == 0
+    assert replies(telegram, HIDDEN_REPLY) == 1
+    assert "Traceback" not in second.logs
