@@ -96,6 +96,7 @@ class _Resident:
     paced: bool = False  # requests spread at the chat's pace rather than in bursts (a board)
     pin_owed: bool = False  # `pin` turned on while a message was shown: pin that one
     reply_to: ReplyTo | None = None  # the command this resident answers (a /tell status)
+    id_unsaved: bool = False  # the store did not take `message_id`: written at the next turn
 
     @property
     def pending(self) -> bool:
@@ -286,6 +287,7 @@ class RouteScheduler:
         self._ready: set[str] = set()  # channels `channel_ready` named
         # A request was admitted since the windows were last kept (see `keep_windows`).
         self._windows_changed = False
+        self._record_failing = False  # a card shown could not be recorded (see `_record`)
         self._outbox = outbox
         if outbox is not None:
             outbox.on_queued = self._wake_lane
@@ -815,6 +817,12 @@ class RouteScheduler:
     async def _deliver_route(self, key: RouteKey) -> None:
         resident = self._residents[key]
         channel = self._channels[key.channel]
+        if resident.id_unsaved and resident.message_id is not None:
+            message_id = resident.message_id
+            if not self._record(key, lambda: self._store.set_message_id(key.store_key, message_id)):
+                self._retry_later(resident, f"route {key}: message {message_id} not recorded yet")
+                return
+            resident.id_unsaved = False
         if resident.pin_owed and resident.message_id is not None:
             resident.pin_owed = False  # a card waiting too goes on the route's next turn
             await self._pin(channel, key, resident.message_id)
@@ -939,7 +947,9 @@ class RouteScheduler:
         resident.send_key, resident.send_attempts = None, 0
         resident.unsure_sends = 0  # the store resets it with the id
         resident.message_id = message_id
-        self._store.set_message_id(key.store_key, message_id)
+        resident.id_unsaved = not self._record(
+            key, lambda: self._store.set_message_id(key.store_key, message_id)
+        )
         log.info("route %s: resident message %s created", key, message_id)
         self._remember_sent(channel, message_id)
         if resident.stale_id == message_id:
@@ -948,9 +958,11 @@ class RouteScheduler:
         if resident.pin:
             resident.pin_owed = False
             await self._pin(channel, key, message_id)
-        if repeated:
+        if repeated or resident.id_unsaved:
             # A repeated attempt may have been answered with the first post, showing older
-            # bytes: leave the route pending so its next turn edits the message.
+            # bytes: leave the route pending so its next turn edits the message. An id the
+            # store did not take is written again at that turn (a restart without it would
+            # post a second message).
             resident.committed = None
             return
         self._commit(resident, message)
@@ -993,17 +1005,48 @@ class RouteScheduler:
 
     def _commit(self, resident: _Resident, message: Outgoing) -> None:
         resident.committed = message.fingerprint
-        self._store.set_committed(resident.key.store_key, message.fingerprint, self._wall())
+        self._record(
+            resident.key,
+            lambda: self._store.set_committed(
+                resident.key.store_key, message.fingerprint, self._wall()
+            ),
+        )
         if resident.release and resident.desired is message:
             log.info("route %s: resident message %s retired", resident.key, resident.message_id)
             resident.release = False
             resident.desired = resident.committed = resident.message_id = None
-            self._store.set_message_id(resident.key.store_key, None)
+            self._record(
+                resident.key, lambda: self._store.set_message_id(resident.key.store_key, None)
+            )
         elif resident.desired is message:
             # Shown: keep its fingerprint, not its bytes (~1 KB a resident, ~10 MB at 10,000).
             # Nothing sends it again: a gone message is noticed by the edit of a newer card,
             # which is the replacement, and a repeated send skips this commit.
             resident.desired = None
+
+    def _record(self, key: RouteKey, write: Callable[[], None]) -> bool:
+        """Record what the platform took; False when the state store failed (a shared Redis
+        that answers too late): one warning while it lasts, not a traceback at each card. A
+        fingerprint lost so is written with the route's next change (a restart before that
+        edits once more, and the platform answers "not modified"); a message id is written
+        again at the route's next turn (`_Resident.id_unsaved`)."""
+        try:
+            write()
+        except Exception as error:
+            if not self._record_failing:
+                self._record_failing = True
+                log.warning(
+                    "route %s: the platform took the card, but the state store did not take"
+                    " its record (%s: %s); it is written again later",
+                    key,
+                    type(error).__name__,
+                    " ".join(str(error).split())[:200],
+                )
+            return False
+        if self._record_failing:
+            self._record_failing = False
+            log.info("the state store takes the cards' records again")
+        return True
 
     async def _deliver_text(self, lane: _Lane, text: _Text) -> None:
         channel = self._channels[lane.channel]

@@ -229,6 +229,7 @@ class AnswerLosingProxy:
         *,
         every: bool = False,
         window: bool = False,
+        drop: bool = False,
     ) -> None:
         self.port = 0
         self._upstream_port = upstream_port
@@ -238,6 +239,8 @@ class AnswerLosingProxy:
         # Hold too the answers of such requests sent while the first one's is held (the
         # client's retries of it), until the first one's is let go.
         self._window = window
+        # Lose such requests instead of passing them on (a network cut: Redis never took it).
+        self._drop = drop
         self._release_at = 0.0
         self.held = False
         self._server: asyncio.Server | None = None
@@ -285,6 +288,8 @@ class AnswerLosingProxy:
                     self.held = True
                     hold.clear()
                     asyncio.get_running_loop().call_later(self._release_at - now, hold.set)
+                    if self._drop:
+                        continue
                 up_writer.write(chunk)
                 await up_writer.drain()
 
@@ -586,3 +591,52 @@ async def test_a_reply_taken_over_by_a_call_whose_answer_was_lost_is_still_sent(
             assert await second.aterminate() == 0
     assert replies(telegram, HIDDEN_REPLY) == 1
     assert "Traceback" not in second.logs
+
+
+async def test_a_cards_message_id_write_redis_lost_is_recorded_and_no_second_card_posted(
+    tmp_path: Path, telegram: FakeTelegram, server: RedisServer, prefix: str
+) -> None:
+    """The platform posted the card, and the write of its message id never reached Redis
+    (lost with the client's retries, as in a network cut): a traceback ("unexpected
+    failure"), and the id was kept in memory only (the edits after it wrote the fingerprint
+    alone), so the next start posted a second card. The id is written again at the route's
+    next turn now, with one warning, and a restart edits the one card."""
+    id_write = (b"MULTI", b"message_id", b"unsure_sends")
+    lost = AnswerLosingProxy(server.port, id_write, hold_s=6.0, window=True, drop=True)
+    async with lost as proxy:
+        serve = instance(tmp_path, "i0", telegram, ["i0agent"], redis_url=proxy.url, prefix=prefix)
+        workdir = tmp_path / "agents" / "i0agent"
+        with serve:
+            publish(workdir, "card step 1")
+            await eventually(lambda: telegram.bot_messages(GROUP), timeout_s=60, what="the card")
+            assert proxy.held
+            client = redis.Redis.from_url(server.url, decode_responses=True)
+            try:
+                key = f"{prefix}:res:telegram:{GROUP}::i0agent"
+                await eventually(
+                    lambda: client.hget(key, "message_id") is not None,
+                    timeout_s=60,
+                    what="the message id recorded",
+                )
+            finally:
+                client.close()
+            assert await serve.aterminate() == 0
+        again = instance_again(serve)
+        with again:
+            publish(workdir, "card step 2")
+            await eventually(
+                lambda: any("step 2" in m.text for m in telegram.bot_messages(GROUP)),
+                timeout_s=60,
+                what="the card edited after the restart",
+            )
+            assert await again.aterminate() == 0
+    assert len(telegram.bot_messages(GROUP)) == 1, "one card, edited"
+    assert "the state store did not take its record" in serve.logs
+    assert "Traceback" not in serve.logs + again.logs
+
+
+def instance_again(serve: Any) -> Any:
+    """The same instance (its config and environment) started again."""
+    from tests.e2e.harness import ServeProcess
+
+    return ServeProcess(serve.config, env=serve.env)
