@@ -102,6 +102,15 @@ def _chats(args: argparse.Namespace) -> int:
     except StateFileError as error:
         print(f"taskcard: {error}", file=sys.stderr)
         return EXIT_CONFIG
+    except Exception as error:
+        if not config.cluster.enabled:
+            raise
+        from taskcard.bridge.run.cluster_serve import read_failure
+
+        if (reason := read_failure(error)) is None:
+            raise
+        print(f"taskcard: {reason}", file=sys.stderr)
+        return EXIT_CONFIG
     if args.json:
         print(terminal_json(rows, indent=2))
     elif not rows:

@@ -22,7 +22,7 @@ from taskcard.bridge.config import ServiceConfig
 from taskcard.bridge.deliver.registry import BuiltChannel
 from taskcard.bridge.run.logs import start_error
 from taskcard.bridge.store.base import StateFileError, StateStore
-from taskcard.bridge.store.redis import permission_fix, wrong_type
+from taskcard.bridge.store.redis import permission_fix, redis_trouble, wrong_type
 from taskcard.channels.base import CursorStore
 from taskcard.channels.telegram.commands import OFFSET_CURSOR_KEY
 
@@ -79,6 +79,15 @@ def _other_bot(config: ServiceConfig, env: Mapping[str, str], cluster: Cluster) 
     if app and not cluster.claim_bot("feishu", app):
         return "Feishu app"
     return None
+
+
+def read_failure(error: Exception) -> str | None:
+    """One line for a Redis failure met while `taskcard status` or `chats` read the shared
+    state (a permission the Redis user lacks, Redis gone mid-read); None for anything else.
+    It was a traceback."""
+    if not isinstance(error, RedisError):
+        return None
+    return f"reading the cluster's Redis failed: {redis_trouble(error)}"
 
 
 def status_store(config: ServiceConfig, env: Mapping[str, str]) -> StateStore:

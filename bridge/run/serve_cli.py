@@ -296,6 +296,15 @@ def _status(args: argparse.Namespace) -> int:
     except (StateFileError, sqlite3.Error) as error:
         print(f"taskcard: {error}", file=sys.stderr)
         return EXIT_CONFIG
+    except Exception as error:
+        if not config.cluster.enabled:
+            raise
+        from taskcard.bridge.run.cluster_serve import read_failure
+
+        if (reason := read_failure(error)) is None:
+            raise
+        print(f"taskcard: {reason}", file=sys.stderr)
+        return EXIT_CONFIG
     if args.json:
         print(json.dumps(report, indent=2))
         return 0

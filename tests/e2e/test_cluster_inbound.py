@@ -640,3 +640,25 @@ def instance_again(serve: Any) -> Any:
     from tests.e2e.harness import ServeProcess
 
     return ServeProcess(serve.config, env=serve.env)
+
+
+@pytest.mark.parametrize("command", ["status", "chats"])
+def test_status_and_chats_with_a_redis_user_lacking_a_read_are_one_line(
+    tmp_path: Path, server: RedisServer, prefix: str, command: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`taskcard status` and `chats` read the shared state with the cluster's Redis user;
+    one that may not run a read they use ended in a NoPermissionError traceback."""
+    (tmp_path / "a").mkdir()
+    config = tmp_path / "taskcard.toml"
+    config.write_text(
+        '[[agents]]\nid = "a"\nworkdir = "a"\n[console]\nenabled = true\n'
+        f'[cluster]\nredis_url_env = "TC_REDIS_URL"\nkey_prefix = "{prefix}"\n'
+    )
+    rules = ["+@all", "-hgetall", "-smembers", "-zrange", "-hmget", "~*", "&*"]
+    monkeypatch.setenv("TC_REDIS_URL", acl_user(server, rules))
+    result = run_cli(command, "--config", str(config), timeout_s=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "(NOPERM)" in lines[0] and "ACL SETUSER" in lines[0], lines
+    assert "Traceback" not in result.stderr
+    assert "Pa55" not in result.stderr + result.stdout
