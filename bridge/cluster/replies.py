@@ -99,6 +99,9 @@ class ClusterReplies:
         self._mine: set[str] = set()  # the replies this instance kept or took
         # Those forgotten while a take waits for its answer: not taken back from it.
         self._forgotten: set[str] | None = None
+        # Sent, but Redis did not take their removal: never taken back, removed again at
+        # each take and before a release (which would hand them to another instance).
+        self._undropped: set[str] = set()
         self._release = aio.register_script(_RELEASE)
 
     def keep(self, key: str, entry: dict[str, Any]) -> None:
@@ -122,12 +125,21 @@ class ClusterReplies:
         try:
             self._client.hdel(self._key, key)
         except RedisError as error:
-            # Kept as this instance's: taken and sent again only if this one stops first.
+            # Still this instance's in Redis: never taken back here, removed again later.
+            self._undropped.add(key)
             log.warning(
-                "could not drop a sent command reply from Redis (%s); it is sent again only"
-                " if this instance stops before Redis answers",
+                "could not drop a sent command reply from Redis (%s); it is removed once"
+                " Redis answers",
                 type(error).__name__,
             )
+
+    async def _drop_undropped(self) -> None:
+        """Remove again the sent replies whose removal Redis did not take; raises
+        `RedisError`."""
+        if self._undropped:
+            keys = sorted(self._undropped)
+            await self._aio.hdel(self._key, *keys)
+            self._undropped.difference_update(keys)
 
     async def take(self, channels: Iterable[str]) -> dict[str, Any]:
         """The replies stopped instances left unsent on `channels`, now this instance's
@@ -135,6 +147,7 @@ class ClusterReplies:
         names = sorted(channels)
         if not names:
             return {}
+        await self._drop_undropped()
         now_ms = int(time.time() * 1000)
         self._forgotten = set()
         try:
@@ -150,7 +163,7 @@ class ClusterReplies:
             self._forgotten = None
         taken: dict[str, Any] = {}
         for key, raw in zip(found[::2], found[1::2], strict=True):
-            if key in self._mine or key in forgotten:
+            if key in self._mine or key in forgotten or key in self._undropped:
                 continue
             self._mine.add(key)
             try:
@@ -164,6 +177,7 @@ class ClusterReplies:
         their next lease renewal. A Redis that does not answer leaves them to lapse with
         this instance's entry in `P:instances`."""
         try:
+            await self._drop_undropped()  # sent: not to be handed over
             await self._release(keys=[self._key], args=[self._owner])
         except RedisError as error:
             log.warning(

@@ -45,7 +45,7 @@ def open_cluster(config: ServiceConfig, env: Mapping[str, str]) -> Cluster | Non
         start_error(f"cannot reach the Redis of [cluster] ({reason})")
         return None
     if refused:
-        print(f"taskcard: {permission_fix(refused)}", file=sys.stderr)
+        start_error(permission_fix(refused))
         cluster.store.close()
         return None
     if misplaced:
