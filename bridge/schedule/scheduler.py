@@ -1037,10 +1037,9 @@ class RouteScheduler:
                 self._record_failing = True
                 log.warning(
                     "route %s: the platform took the card, but the state store did not take"
-                    " its record (%s: %s); it is written again later",
+                    " its record (%s); it is written again later",
                     key,
-                    type(error).__name__,
-                    " ".join(str(error).split())[:200],
+                    type(error).__name__,  # not its text: a Redis error's can quote a key
                 )
             return False
         if self._record_failing:
