@@ -105,11 +105,9 @@ def _chats(args: argparse.Namespace) -> int:
     except Exception as error:
         if not config.cluster.enabled:
             raise
-        from taskcard.bridge.run.cluster_serve import read_failure
+        from taskcard.bridge.run.cluster_serve import say_read_failure
 
-        if (reason := read_failure(error)) is None:
-            raise
-        print(f"taskcard: {reason}", file=sys.stderr)
+        say_read_failure(error)  # raises what it cannot say in one line
         return EXIT_CONFIG
     if args.json:
         print(terminal_json(rows, indent=2))

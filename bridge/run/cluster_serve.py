@@ -9,6 +9,7 @@ the shared stream and its polling through the lease.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
@@ -81,13 +82,13 @@ def _other_bot(config: ServiceConfig, env: Mapping[str, str], cluster: Cluster) 
     return None
 
 
-def read_failure(error: Exception) -> str | None:
-    """One line for a Redis failure met while `taskcard status` or `chats` read the shared
-    state (a permission the Redis user lacks, Redis gone mid-read); None for anything else.
-    It was a traceback."""
+def say_read_failure(error: Exception) -> None:
+    """One line on stderr for a Redis failure met while `taskcard status` or `chats` read the
+    shared state (a permission the Redis user lacks, Redis gone mid-read), which was a
+    traceback; anything else is raised again. Called from the command's `except`."""
     if not isinstance(error, RedisError):
-        return None
-    return f"reading the cluster's Redis failed: {redis_trouble(error)}"
+        raise error
+    print(f"taskcard: reading the cluster's Redis failed: {redis_trouble(error)}", file=sys.stderr)
 
 
 def status_store(config: ServiceConfig, env: Mapping[str, str]) -> StateStore:
