@@ -80,12 +80,17 @@ GROUP = catch_up((RateScope("chat", max_calls=20, period_s=60.0),))
 
 
 async def lane(
-    queue: AdmissionQueue, who: str, requests: int, order: list[str], closing: asyncio.Event
+    queue: AdmissionQueue,
+    who: str,
+    requests: int,
+    order: list[str],
+    closing: asyncio.Event,
+    bot: RateScope = BOT,
 ) -> None:
     """A chat's lane: one request at a time, asking again as soon as one is done."""
     for _ in range(requests):
         admission = await queue.admit(
-            who, (BOT, RateScope(f"chat:{who}", 100, 1.0)), closing, GROUP
+            who, (bot, RateScope(f"chat:{who}", 100, 1.0)), closing, GROUP
         )
         assert admission is not None
         order.append(who)
@@ -263,16 +268,7 @@ async def test_room_that_frees_during_a_round_goes_to_the_first_in_turn(
     order: list[str] = []
     names = [f"c{index:02d}" for index in range(chats)]
 
-    async def busy_lane(who: str) -> None:
-        for _ in range(requests):
-            admission = await queue.admit(
-                who, (bot, RateScope(f"chat:{who}", 1000, 1.0)), closing, GROUP
-            )
-            assert admission is not None
-            order.append(who)
-            admission.complete()
-
-    await asyncio.gather(*(busy_lane(who) for who in names))
+    await asyncio.gather(*(lane(queue, who, requests, order, closing, bot) for who in names))
     await queue.close()
     assert sorted(order) == sorted(names * requests)
     # The first chats have the bot alone for a moment (they start first); once everyone
