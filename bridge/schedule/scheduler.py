@@ -825,7 +825,8 @@ class RouteScheduler:
             resident.id_unsaved = False
         if resident.pin_owed and resident.message_id is not None:
             resident.pin_owed = False  # a card waiting too goes on the route's next turn
-            await self._pin(channel, key, resident.message_id)
+            if not await self._pin(channel, key, resident.message_id):
+                self._replace_gone(resident)
             return
         op: Operation = "edit" if resident.message_id else "send"
         if op == "send" and resident.release:
@@ -856,13 +857,7 @@ class RouteScheduler:
             if resident.message_id is None:
                 self._retry_later(resident, f"route {key}: the send was refused ({error})")
                 return
-            log.warning(
-                "route %s: message %s is gone; sending one replacement", key, resident.message_id
-            )
-            resident.stale_id = resident.message_id
-            resident.message_id = None
-            resident.committed = None
-            self._store.replace_message(key.store_key, stale_message_id=resident.stale_id)
+            self._replace_gone(resident)
         except RateLimited as error:
             self._rate_limited(error, key.store_key)
         except Forbidden as error:
@@ -957,7 +952,11 @@ class RouteScheduler:
             self._store.replace_message(key.store_key, message_id=message_id)
         if resident.pin:
             resident.pin_owed = False
-            await self._pin(channel, key, message_id)
+            if not await self._pin(channel, key, message_id):
+                # Gone as soon as posted: the chat moved meanwhile (the refused pin taught
+                # it), and the post shows, frozen, where nobody follows any more.
+                self._replace_gone(resident)
+                return
         if repeated or resident.id_unsaved:
             # A repeated attempt may have been answered with the first post, showing older
             # bytes: leave the route pending so its next turn edits the message. An id the
@@ -967,18 +966,38 @@ class RouteScheduler:
             return
         self._commit(resident, message)
 
-    async def _pin(self, channel: Channel, key: RouteKey, message_id: str) -> None:
+    async def _pin(self, channel: Channel, key: RouteKey, message_id: str) -> bool:
+        """Pin the route's resident. False when the platform answers that the message is
+        gone (deleted, or its chat moved): the caller sends one replacement, pinned in turn.
+        Any other failure leaves the message shown unpinned."""
         reservation = await self._admit(channel, key.chat, "pin", message_id)
         if reservation is None:
-            return
+            return True
         try:
             await channel.pin(key.chat, message_id)
         except RateLimited as error:
             self._rate_limited(error, f"{key} (pin)")
+        except MessageGone as error:
+            log.info("route %s: could not pin message %s: %s", key, message_id, error)
+            return False
         except ChannelError as error:
             log.warning("route %s: could not pin the resident message: %s", key, error)
         finally:
             reservation.complete()
+        return True
+
+    def _replace_gone(self, resident: _Resident) -> None:
+        """The resident's message is gone: the route's next turn posts one replacement, and the
+        old id is kept (persisted) to delete the copy that may still show."""
+        log.warning(
+            "route %s: message %s is gone; sending one replacement",
+            resident.key,
+            resident.message_id,
+        )
+        resident.stale_id = resident.message_id
+        resident.message_id = None
+        resident.committed = None
+        self._store.replace_message(resident.key.store_key, stale_message_id=resident.stale_id)
 
     async def _delete_stale(self, channel: Channel, resident: _Resident) -> None:
         """Remove the copy a replacement superseded (it may still show, frozen); kept and tried

@@ -132,6 +132,33 @@ async def test_a_move_learned_from_the_refusal_alone_posts_one_card_each(
         assert await serve.aterminate() == 0
 
 
+async def test_a_move_learned_while_a_card_is_being_posted_moves_that_card_too(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """The upgrade lands between the post of a new card and its pin: the refused pin teaches
+    the move while that card's delivery is still under way. The card just posted in the old
+    group is posted once more in the supergroup like the others (the end of its delivery
+    must not count it as shown where it now only shows frozen)."""
+    serve, builder, tester = _builder_and_tester(tmp_path, fake, allowed="pin = true")
+    with serve:
+        publish(builder, "builder v1")
+        await eventually(
+            lambda: [m.pinned for m in fake.bot_messages(BASIC)] == [True],
+            what="the builder's card pinned in the group",
+        )
+        fake.migrate_before_next("pinChatMessage", BASIC, SUPER)
+        publish(tester, "tester v1")
+        await eventually(
+            lambda: _cards_follow(fake, ["builder v1", "tester v1"]),
+            what="both cards in the supergroup",
+        )
+        await eventually(
+            lambda: all(m.pinned for m in fake.bot_messages(SUPER)), what="pinned there"
+        )
+        assert fake.count("sendMessage", SUPER) == 2
+        assert await serve.aterminate() == 0
+
+
 async def test_an_upgrade_while_the_service_was_down_posts_one_card_there(
     tmp_path: Path, fake: FakeTelegram
 ) -> None:

@@ -240,6 +240,7 @@ class FakeTelegram:
         self._answer_delay_s: dict[str, float] = {}
         self._drops: dict[str, int] = {}
         self._raw: dict[str, deque[tuple[int, bytes, str]]] = {}
+        self._migrate_before: dict[str, tuple[int, int]] = {}
         self.requests: list[RecordedRequest] = []
         self.webhook_url: str | None = None  # set: getUpdates answers 409 as Telegram does
         # The bot's command menu per (scope type, language code), as setMyCommands left it.
@@ -363,6 +364,12 @@ class FakeTelegram:
                 }
             }
         )
+
+    def migrate_before_next(self, method: str, chat_id: int | str, new_chat_id: int) -> None:
+        """`migrate(chat_id, new_chat_id, announce=False)` at the moment the next call of
+        `method` naming `chat_id` arrives, before it is served: the upgrade lands between two
+        requests of one delivery (a card posted, then its pin refused)."""
+        self._migrate_before[method] = (int(chat_id), new_chat_id)
 
     def readmit(self, chat_id: int | str) -> None:
         self._kicked.discard(int(chat_id))
@@ -525,6 +532,10 @@ class FakeTelegram:
         method = request.match_info["method"]
         params = await self._params(request)
         chat_id = self._optional_int(params.get("chat_id"))
+        planned = self._migrate_before.get(method)
+        if planned is not None and planned[0] == chat_id:
+            del self._migrate_before[method]
+            self.migrate(*planned, announce=False)
         raw = self._raw.get(method)
         if raw:
             status, payload, content_type = raw.popleft()
