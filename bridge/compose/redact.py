@@ -316,11 +316,15 @@ def _invisible(char: str) -> bool:
     return any(low <= point <= high for low, high in _IGNORABLE_RANGES)
 
 
-_ASCII_GAPS: Final = {ord(c): None for c in " \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"}
-_ASCII_GAPS_AND_MARKUP: Final = {**_ASCII_GAPS, **{ord(c): None for c in _MARKUP_CHARS}}
+_ASCII_GAP_CHARS: Final = " \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"
+_ASCII_GAPS: Final = re.compile(f"[{re.escape(_ASCII_GAP_CHARS)}]+")
+_ASCII_GAPS_AND_MARKUP: Final = re.compile(
+    f"[{re.escape(_ASCII_GAP_CHARS + ''.join(sorted(_MARKUP_CHARS)))}]+"
+)
 
 
-_NON_ASCII: Final = re.compile(r"[^\x00-\x7f]")
+_NON_ASCII: Final = re.compile(r"[^\x00-\x7f]+")
+_RUN_CACHED_CHARS: Final = 16  # longer runs (prose in another script) are folded per character
 
 
 @functools.lru_cache(maxsize=4096)
@@ -333,18 +337,33 @@ def _fold_char(char: str, markup: bool) -> str:
     )
 
 
+@functools.lru_cache(maxsize=1024)
+def _fold_short_run(run: str, markup: bool) -> str:
+    """`_fold_run` of a short run, cached: a card's glyphs come in the same few runs (a
+    status mark, a rule of box-drawing dashes)."""
+    return "".join(_fold_char(char, markup) for char in run)
+
+
+def _fold_run(run: str, markup: bool) -> str:
+    """What `fold` keeps of a run of non-ASCII characters."""
+    if len(run) <= _RUN_CACHED_CHARS:
+        return _fold_short_run(run, markup)
+    return "".join(_fold_char(char, markup) for char in run)
+
+
 def _folded_text(text: str, *, markup: bool = False) -> str:
     """`fold(text)[0]`, without the per-character loop: every card is checked before it is
     sent, and most are ASCII with a few glyphs (a bullet, a dash, a status mark).
 
-    ASCII stretches lose their gaps (and marks) with one `translate`; each non-ASCII
-    character is replaced by its cached fold first. What a fold leaves of one is never an
-    ASCII gap or mark, so the `translate` after it removes nothing `fold` would keep.
+    ASCII gaps (and marks) go with one regular-expression pass, which `str.translate` with
+    a table is several times slower at once a text holds a non-ASCII character; then each
+    run of non-ASCII characters is replaced by its (cached) fold. What a fold leaves of one
+    is never an ASCII gap or mark, so the order of the two passes does not matter.
     """
-    table = _ASCII_GAPS_AND_MARKUP if markup else _ASCII_GAPS
-    if not text.isascii():
-        text = _NON_ASCII.sub(lambda found: _fold_char(found.group(), markup), text)
-    return text.translate(table)
+    text = (_ASCII_GAPS_AND_MARKUP if markup else _ASCII_GAPS).sub("", text)
+    if text.isascii():
+        return text
+    return _NON_ASCII.sub(lambda found: _fold_run(found.group(), markup), text)
 
 
 def fold(text: str, *, markup: bool = False) -> tuple[str, list[int]]:
