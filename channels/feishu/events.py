@@ -59,6 +59,7 @@ MESSAGE_EVENT = "im.message.receive_v1"
 COMMAND = "/taskcard"
 TELL = "/tell"
 PRIVATE_CHAT = "p2p"
+APP_SENDER = "app"  # `sender.sender_type` of a message an app (a bot) sent
 USER_MENTION_PREFIX = "@_user_"
 
 log = logging.getLogger(__name__)
@@ -329,6 +330,11 @@ def command_from_event(
     chat_id = message.get("chat_id")
     if not isinstance(chat_id, str) or not chat_id:
         return None
+    sender = event.get("sender")
+    if isinstance(sender, dict) and sender.get("sender_type") == APP_SENDER:
+        # Another app's bot is no one's command, as on Telegram, where bots never see each
+        # other's messages: its "/tell" must not reach an agent.
+        return None
     # Plain and rich (`post`) messages alike: a command typed in the rich editor counts.
     text = message_text(message.get("message_type"), message.get("content"))
     if text is None:
@@ -362,7 +368,6 @@ def command_from_event(
             return None
     if name != "taskcard":
         args = named_mentions(args, message.get("mentions"))
-    sender = event.get("sender")
     sender_ids = sender.get("sender_id") if isinstance(sender, dict) else None
     open_id = sender_ids.get("open_id") if isinstance(sender_ids, dict) else None
     message_id = message.get("message_id")

@@ -146,6 +146,8 @@ def command_from_update(update: Update, bot_username: str) -> IncomingCommand | 
         return None
     if message.forum_topic_reopened is not None:
         return reopened_command(message)
+    if not typed_here(message):
+        return None
     text = message.text or message.caption
     if not isinstance(text, str):
         return None
@@ -181,6 +183,23 @@ def command_from_update(update: Update, bot_username: str) -> IncomingCommand | 
         command=name,
         reply_to=reply_to,
     )
+
+
+def typed_here(message: Message) -> bool:
+    """Whether `message` was written in its chat by a person (or a chat's administrator
+    signing as the chat), the only messages that command us or reach an agent.
+
+    A forwarded message quotes someone else's words from elsewhere: its "/taskcard off" or
+    "/tell builder ..." was never addressed to this chat's bot. That includes a post Telegram
+    itself forwards from a linked channel into its discussion group, which would otherwise
+    be the channel's command twice, and the group's too. A message from another bot (one not
+    signing for a chat, as an anonymous administrator's GroupAnonymousBot does) is no one's
+    command: Feishu, where bots never address each other, ignores its apps alike.
+    """
+    if message.forward_origin is not None or message.is_automatic_forward:
+        return False
+    sender = message.from_user
+    return sender is None or not sender.is_bot or message.sender_chat is not None
 
 
 def reopened_command(message: Message) -> IncomingCommand:

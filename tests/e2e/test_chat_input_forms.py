@@ -213,3 +213,72 @@ async def test_a_telegram_command_beside_a_mention_of_the_bot_is_ours(tmp_path: 
             await wait_said(chat, "Task cards hidden here", "the answer to the mention last")
             assert not any("Unknown option" in t for t in chat.bot_texts())
             assert await chat.serve.aterminate() == 0
+
+
+async def test_words_no_person_typed_here_command_nothing_and_reach_no_agent(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    # A forwarded "/tell builder ..." (someone else's words from elsewhere), a linked
+    # channel's "/taskcard off" that Telegram forwards into its discussion group by itself,
+    # and a command another bot (a Feishu app) sent: each was taken as a command of a person
+    # of this chat, the text queued for the agent and the cards hidden. They change nothing;
+    # the person's own command after them is answered. The route lets anyone command it.
+    async with chat_for(platform, tmp_path, ["builder"]) as chat:
+        assert isinstance(chat, TelegramChat | FeishuChat)
+        config = chat.config.read_text()
+        chat.config.write_text(
+            "\n".join(line for line in config.splitlines() if "allowed_user_ids" not in line)
+        )
+        running_agent(tmp_path)
+        with chat.serve:
+            await running_card_shown(chat)
+            if isinstance(chat, TelegramChat):
+                group = {"id": GROUP, "type": "supergroup", "title": "Fleet"}
+                person = {"id": PERSON, "is_bot": False, "first_name": "Ann"}
+                robot = {"id": 4242, "is_bot": True, "first_name": "Ci", "username": "CiBot"}
+                channel = {"id": -1009999, "type": "channel", "title": "News"}
+                origin = {"type": "user", "date": 1, "sender_user": robot}
+                for index, message in enumerate(
+                    [
+                        {"from": person, "forward_origin": origin, "text": "/tell builder a"},
+                        {
+                            "from": {"id": 777000, "is_bot": False, "first_name": "Telegram"},
+                            "sender_chat": channel,
+                            "is_automatic_forward": True,
+                            "forward_origin": {
+                                "type": "channel",
+                                "date": 1,
+                                "chat": channel,
+                                "message_id": 5,
+                            },
+                            "text": "/taskcard off",
+                        },
+                        {"from": robot, "text": "/tell builder b"},
+                        {"from": robot, "text": "/taskcard off"},
+                    ]
+                ):
+                    chat.fake.inject_update(
+                        {
+                            "message": {
+                                "message_id": 900 + index,
+                                "date": 1,
+                                "chat": group,
+                                **message,
+                            }
+                        }
+                    )
+            elif isinstance(chat, FeishuChat):
+                for text in ("/tell builder b", "/taskcard off"):
+                    document = chat.fake.command_event(
+                        FS_CHAT, text, open_id="ou_ci_app", verification_token=FS_VERIFY
+                    )
+                    document["event"]["sender"]["sender_type"] = "app"
+                    assert (await chat.fake.deliver_event(chat.url, document)).status == 200
+            await chat.say("/taskcard 7")
+            await wait_said(chat, "7 activity rows", "the answer to the person's command")
+            assert queued(tmp_path) == []
+            await chat.say("/taskcard")
+            await wait_said(chat, "shown, 7 activity rows", "the state: the cards still shown")
+            assert not any("hidden" in t.lower() for t in chat.bot_texts())
+            assert await chat.serve.aterminate() == 0
