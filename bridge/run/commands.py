@@ -7,7 +7,9 @@ chat member's text: anything not understood is `unknown`, and is never echoed ba
 
 from __future__ import annotations
 
+import difflib
 import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -47,6 +49,27 @@ def parse_taskcard(args: str) -> TaskcardCommand:
     if _ROWS_ARG.match(word) and MIN_ROWS <= int(word) <= MAX_ROWS:
         return TaskcardCommand("rows", int(word))
     return TaskcardCommand("unknown")
+
+
+# The option words a misspelt one is compared with (the numbers are said by the help).
+_OPTION_WORDS: Final = ("status", "off", "on", "cancel", "board", "cards")
+
+
+def suggestion(args: str) -> str | None:
+    """The command an unknown `/taskcard ARGS` most likely meant, written out
+    (`/taskcard off`), or None when nothing is close. Only ever one of the options, never the
+    typed text: "of" and "offf" mean off, "borad" board, "off please" off, a full-width
+    "ｏｆｆ" or "５" off and 5; "on off" names two and is left to the help."""
+    words = unicodedata.normalize("NFKC", args).lower().split()
+    if not words:
+        return None
+    known = [word for word in words if parse_taskcard(word).action != "unknown"]
+    if len(known) > 1:
+        return None
+    if len(known) == 1:
+        return f"/taskcard {known[0]}"
+    close = difflib.get_close_matches(words[0], _OPTION_WORDS, n=1, cutoff=0.6)
+    return f"/taskcard {close[0]}" if len(words) == 1 and close else None
 
 
 def apply_to_prefs(command: TaskcardCommand, prefs: ChatPrefs) -> ChatPrefs:

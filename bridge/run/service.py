@@ -49,7 +49,7 @@ from taskcard.bridge.notices.text import safe_error_code
 from taskcard.bridge.observe.metrics import ServiceSnapshot
 from taskcard.bridge.run import heap
 from taskcard.bridge.run.boards import ChatViews, board_key
-from taskcard.bridge.run.commands import apply_to_prefs, parse_taskcard
+from taskcard.bridge.run.commands import apply_to_prefs, parse_taskcard, suggestion
 from taskcard.bridge.run.fleet import (
     RETIRED_NOTE,
     Discovery,
@@ -1275,7 +1275,10 @@ class Service:
         else:
             # Never echoed: the arguments are a chat member's text, and a reply quoting them
             # could carry a platform mention (Feishu `<at user_id="all">`) or markup.
-            reply = f"Unknown option. {HELP_TEXT}"
+            # A suggestion is one of the options written out, never the typed text.
+            meant = suggestion(command.args)
+            hint = f" Did you mean {meant}?" if meant else ""
+            reply = f"Unknown option.{hint} {HELP_TEXT}"
         if prefs != self._chat_prefs(scope):
             self._store.set_prefs(scope, prefs)
             self._prefs[scope] = prefs

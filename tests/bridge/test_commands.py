@@ -16,7 +16,12 @@ import pytest
 
 from taskcard.bridge.config import parse_config
 from taskcard.bridge.deliver.registry import BuiltChannel, RouteSpec
-from taskcard.bridge.run.commands import TaskcardCommand, apply_to_prefs, parse_taskcard
+from taskcard.bridge.run.commands import (
+    TaskcardCommand,
+    apply_to_prefs,
+    parse_taskcard,
+    suggestion,
+)
 from taskcard.bridge.run.service import Service
 from taskcard.bridge.schedule.scheduler import RouteKey
 from taskcard.bridge.store.sqlite import ChatPrefs, SqliteStore
@@ -58,6 +63,26 @@ from taskcard.channels.base import (
 )
 def test_parse_taskcard(args: str, expected: TaskcardCommand) -> None:
     assert parse_taskcard(args) == expected
+
+
+@pytest.mark.parametrize(
+    ("args", "meant"),
+    [
+        ("of", "/taskcard off"),
+        ("borad", "/taskcard board"),
+        ("cancle", "/taskcard cancel"),
+        ("off please", "/taskcard off"),
+        ("\uff4f\uff46\uff46", "/taskcard off"),  # full-width letters
+        ("\uff17", "/taskcard 7"),  # a full-width digit
+        ("on off", None),  # two options: the help says which is which
+        ("xyzzy", None),
+        ("11", None),
+        ('<at user_id="all">', None),
+    ],
+)
+def test_an_unknown_option_suggests_only_an_option(args: str, meant: str | None) -> None:
+    assert parse_taskcard(args) == TaskcardCommand("unknown")
+    assert suggestion(args) == meant
 
 
 @pytest.mark.parametrize(

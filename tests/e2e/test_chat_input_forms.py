@@ -282,3 +282,31 @@ async def test_words_no_person_typed_here_command_nothing_and_reach_no_agent(
             await wait_said(chat, "shown, 7 activity rows", "the state: the cards still shown")
             assert not any("hidden" in t.lower() for t in chat.bot_texts())
             assert await chat.serve.aterminate() == 0
+
+
+async def test_a_misspelt_option_is_answered_with_the_one_it_likely_meant(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    # "/taskcard borad", "/taskcard off please" and a full-width "/taskcard ｏｆｆ" were
+    # answered with the whole help alone; the answer now names the option they likely
+    # meant (never quoting what was typed), and does nothing.
+    async with chat_for(platform, tmp_path, ["builder"]) as chat:
+        running_agent(tmp_path)
+        with chat.serve:
+            await running_card_shown(chat)
+            for typed, meant in (
+                ("borad", "board"),
+                ("off please", "off"),
+                ("\uff4f\uff46\uff46", "off"),
+                ("\uff15", "5"),
+            ):
+                await chat.say(f"/taskcard {typed}")
+                await wait_said(chat, f"Did you mean /taskcard {meant}?", f"{meant} suggested")
+            await chat.say("/taskcard xyzzy")
+            answer = await wait_said(chat, "Unknown option. /taskcard:", "the help alone")
+            assert "xyzzy" not in answer
+            await chat.say("/taskcard")
+            await wait_said(chat, "shown, 3 activity rows.", "the state: nothing done")
+            assert not any("now shows one task board" in t for t in chat.bot_texts())
+            assert await chat.serve.aterminate() == 0
