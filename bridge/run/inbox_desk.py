@@ -366,6 +366,22 @@ class InboxDesk:
             for record in self._records.values()
         )
 
+    def status_agent(self, channel: str, chat: ChatRef, message_ids: Iterable[str]) -> str | None:
+        """The agent whose text's status message in `chat` is one of `message_ids`, or None.
+        The status message is headed with the agent's line, as its card is: a reply to it is
+        text for that agent. (Matched in the chat: Telegram numbers messages per chat.)"""
+        wanted = set(message_ids)
+        return next(
+            (
+                record.agent_id
+                for record in self._records.values()
+                if record.channel == channel
+                and record.chat_id == chat.chat_id
+                and self._scheduler.message_id(status_key(record)) in wanted
+            ),
+            None,
+        )
+
     def add_agent(self, agent_id: str, workdir: Path) -> None:
         """Serve an agent's inbox (an agent joined the fleet, or its workdir changed)."""
         self._writers[agent_id] = InboxWriter(workdir)

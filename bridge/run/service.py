@@ -1401,6 +1401,12 @@ class Service:
                 None,
             )
             if agent_id is None:
+                # The status message of a text sent to an agent of this chat reads like its
+                # card (the agent's line heads it): a reply to it was silently dropped.
+                agent_id = self._desk.status_agent(channel_name, command.chat, command.reply_to)
+                if agent_id not in {r.key.agent_id for r in routes}:
+                    agent_id = None
+            if agent_id is None:
                 return None  # a reply to a notice or to someone else: not for an agent
             text = command.args
         else:

@@ -17,6 +17,7 @@ from tests.e2e.test_talk_and_signals import (
     FS_VERIFY,
     GROUP,
     PERSON,
+    STATUS,
     FeishuChat,
     TelegramChat,
     chat_for,
@@ -309,4 +310,26 @@ async def test_a_misspelt_option_is_answered_with_the_one_it_likely_meant(
             await chat.say("/taskcard")
             await wait_said(chat, "shown, 3 activity rows.", "the state: nothing done")
             assert not any("now shows one task board" in t for t in chat.bot_texts())
+            assert await chat.serve.aterminate() == 0
+
+
+async def test_a_reply_to_the_status_of_a_text_reaches_its_agent(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    # The status message of a text sent to an agent is headed with the agent's line, as its
+    # card is, so people reply to it with more text; the reply was dropped without a word on
+    # both platforms. It reaches that agent, as a reply to its card does.
+    async with chat_for(platform, tmp_path, ["builder"]) as chat:
+        running_agent(tmp_path)
+        with chat.serve:
+            await running_card_shown(chat)
+            await chat.say("/tell builder first")
+            await wait_status(chat, "queued")
+            status = chat.message_id_with(STATUS)
+            assert status is not None
+            await chat.say("and a second thing", reply_to=status)
+            await eventually(lambda: len(queued(tmp_path)) == 2, what="the reply queued")
+            texts = sorted(json.loads(m.read_text())["text"] for m in queued(tmp_path))
+            assert texts == ["and a second thing", "first"]
             assert await chat.serve.aterminate() == 0
