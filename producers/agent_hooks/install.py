@@ -21,16 +21,22 @@ import os
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
+import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
 import tomlkit
 import tomlkit.exceptions
+import tomlkit.items
 
 from taskcard.producers.task_card.contract import atomic_write, read_bytes, read_regular
+
+# A file's writing plan: where the bytes land, with which permissions (see `_plan`).
+Plan = tuple[Path, int]
 
 SERVER_NAME: Final = "taskcard"
 CLAUDE_HOOK_MARK: Final = " hook claude-code"
@@ -282,11 +288,42 @@ def _skipped_line(path: Path, event: str, version: Version | None) -> str:
     )
 
 
-def _write_json(path: Path, data: Mapping[str, Any]) -> bool:
-    text = (json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode()
-    if path.exists() and read_bytes(path, len(text) + 1) == text:
+def _json_text(data: Mapping[str, Any]) -> bytes:
+    return (json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode()
+
+
+def _plan(path: Path, text: bytes) -> Plan | None:
+    """Where writing `text` to `path` lands and the mode it keeps; None when the file holds
+    `text` already. Every file of an init is planned before any is written.
+
+    The file behind a symbolic link is the one written (a settings file linked from a dotfiles
+    repository was replaced by a copy, and the link lost); the file keeps its permissions (a
+    0600 config.toml holding an MCP server's key came back 0644, readable by every user). A
+    read-only file is refused: its owner said it must not change (and a rename replaced it
+    all the same)."""
+    target = Path(os.path.realpath(path))
+    try:
+        info = os.stat(target)
+    except FileNotFoundError:
+        return target, 0o644
+    if read_bytes(target, len(text) + 1) == text:
+        return None
+    mode = stat.S_IMODE(info.st_mode)
+    if not mode & 0o222 or not os.access(target, os.W_OK):
+        raise InitError(
+            f"{path}: is read-only; make it writable (chmod u+w {shlex.quote(str(path))}), "
+            "then run init again (nothing was written)"
+        )
+    return target, mode
+
+
+def _write(plan: Plan | None, text: bytes) -> bool:
+    """Write a planned file; whether anything was written."""
+    if plan is None:
         return False
-    atomic_write(path, text)
+    target, mode = plan
+    target.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(target, text, mode=mode)
     return True
 
 
@@ -310,16 +347,22 @@ def init_claude_code(
     hook_command = f'{shlex.quote(exe)} hook claude-code --workdir "$CLAUDE_PROJECT_DIR"'
     skipped = merge_claude_settings(settings, hook_command, settings_path, version)
     servers = _object_at(servers_doc, "mcpServers", mcp_path)
-    servers[SERVER_NAME] = {
-        "command": exe,
-        "args": ["mcp", "--workdir", named],
-    }
+    servers[SERVER_NAME] = _our_server(servers.get(SERVER_NAME), exe, named)
+    texts = [(settings_path, _json_text(settings)), (mcp_path, _json_text(servers_doc))]
+    plans = [_plan(path, text) for path, text in texts]
     report = []
-    for path, data in ((settings_path, settings), (mcp_path, servers_doc)):
-        changed = _write_json(path, data)
+    for (path, text), plan in zip(texts, plans, strict=True):
+        changed = _write(plan, text)
         report.append(f"{path}: {'updated' if changed else 'already set up'}")
     report.extend(_skipped_line(settings_path, event, version) for event in skipped)
     return report
+
+
+def _our_server(current: object, exe: str, named: str) -> dict[str, Any]:
+    """Our MCP server's entry: its command and arguments set, any other key of the user's in
+    it (`env`, a timeout) kept."""
+    kept = dict(current) if isinstance(current, dict) else {}
+    return {**kept, "command": exe, "args": ["mcp", "--workdir", named]}
 
 
 def _named_workdir(workdir: Path) -> str:
@@ -366,8 +409,11 @@ def init_codex(workdir: Path, config: Path, command: str | None = None) -> list[
         matcher=None,
         timeouts=CODEX_SHORT_TIMEOUTS,
     )
-    report = [_merge_codex_config(workdir, config, exe)]
-    changed = _write_json(hooks_path, hooks_doc)
+    config_text = _merge_codex_config(workdir, config, exe)
+    hooks_text = _json_text(hooks_doc)
+    config_plan, hooks_plan = _plan(config, config_text), _plan(hooks_path, hooks_text)
+    report = [f"{config}: {'updated' if _write(config_plan, config_text) else 'already set up'}"]
+    changed = _write(hooks_plan, hooks_text)
     report.append(f"{hooks_path}: {'updated' if changed else 'already set up'}")
     if changed:
         report.append(
@@ -378,8 +424,8 @@ def init_codex(workdir: Path, config: Path, command: str | None = None) -> list[
     return report
 
 
-def _merge_codex_config(workdir: Path, config: Path, exe: str) -> str:
-    """Merge `notify` and `[mcp_servers.taskcard]` into config.toml; the line to report."""
+def _merge_codex_config(workdir: Path, config: Path, exe: str) -> bytes:
+    """config.toml with `notify` and `[mcp_servers.taskcard]` merged in (not written)."""
     try:
         text = read_regular(config, _MAX_CONFIG_BYTES).decode("utf-8") if config.exists() else ""
         document = tomlkit.parse(text)
@@ -401,23 +447,67 @@ def _merge_codex_config(workdir: Path, config: Path, exe: str) -> str:
                 f"{config}: notify already runs {values[0]!r}; Codex runs one notify program, "
                 "so remove it (or call taskcard hook codex from it), then run init again"
             )
-    document["notify"] = notify
     servers = document.get("mcp_servers")
     if servers is None:
         servers = tomlkit.table(is_super_table=True)
         document["mcp_servers"] = servers
     elif not isinstance(servers, dict):
         raise InitError(f"{config}: mcp_servers must be a table; fix it, then run init again")
-    server = tomlkit.table()
-    server["command"] = exe
-    server["args"] = ["mcp", "--workdir", str(workdir.resolve())]
-    servers[SERVER_NAME] = server
+    ours = {"command": exe, "args": ["mcp", "--workdir", str(workdir.resolve())]}
+    current = servers.get(SERVER_NAME)
+    if isinstance(current, dict):
+        current.update(ours)  # in place: its other keys (env, timeouts) and comments stay
+    else:
+        # `mcp_servers = { ... }` is an inline table, which holds only inline tables (a
+        # table there raised a traceback).
+        inline = isinstance(servers, tomlkit.items.InlineTable)
+        server = tomlkit.inline_table() if inline else tomlkit.table()
+        server.update(ours)
+        servers[SERVER_NAME] = server
+    # Set after the server: set before it, under `mcp_servers.x.y = ...` dotted keys, tomlkit
+    # wrote notify below the new `[mcp_servers.taskcard]` header, which made it a key of
+    # that table, and Codex never ran it.
+    document["notify"] = notify
     new_text = tomlkit.dumps(document)
-    if new_text == text:
-        return f"{config}: already set up"
-    config.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(config, new_text.encode("utf-8"))
-    return f"{config}: updated"
+    _check_merged(config, text, new_text, notify, ours)
+    return new_text.encode("utf-8")
+
+
+def _check_merged(
+    config: Path, old: str, new: str, notify: list[str], ours: Mapping[str, Any]
+) -> None:
+    """`InitError` unless `new`, read as Codex reads TOML, holds `notify` at the top level,
+    our server under `mcp_servers`, and everything else of `old` as it was: the TOML editor
+    places a new key by the file's layout, and in some layouts it landed in another table."""
+    try:
+        before, after = tomllib.loads(old), tomllib.loads(new)
+    except tomllib.TOMLDecodeError as exc:
+        raise InitError(
+            f"{config}: not valid TOML ({exc}); fix it, then run init again (left untouched)"
+        ) from None
+    servers = after.get("mcp_servers")
+    server = servers.get(SERVER_NAME) if isinstance(servers, dict) else None
+    placed = (
+        after.get("notify") == notify
+        and isinstance(server, dict)
+        and all(server.get(key) == value for key, value in ours.items())
+    )
+    before_servers = before.get("mcp_servers")
+    for document in (before, after):
+        document.pop("notify", None)
+        if isinstance(document.get("mcp_servers"), dict):
+            document["mcp_servers"] = dict(document["mcp_servers"])
+            document["mcp_servers"].pop(SERVER_NAME, None)
+            if not document["mcp_servers"] and before_servers is None:
+                del document["mcp_servers"]
+    if placed and before == after:
+        return
+    raise InitError(
+        f"{config}: cannot merge into this file's layout without moving its keys; add by "
+        f"hand at the top: notify = {json.dumps(notify)}, and a table "
+        f"[mcp_servers.{SERVER_NAME}] with command = {json.dumps(ours['command'])} and "
+        f"args = {json.dumps(ours['args'])}; then run init again (left untouched)"
+    )
 
 
 def environment() -> Mapping[str, str]:

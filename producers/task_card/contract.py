@@ -282,8 +282,11 @@ def _create_temp(path: Path) -> tuple[int, str]:
         return tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
 
 
-def atomic_write(path: Path, data: bytes, *, durable: bool = True) -> os.stat_result:
+def atomic_write(
+    path: Path, data: bytes, *, durable: bool = True, mode: int = 0o644
+) -> os.stat_result:
     """Replace `path` with `data`: temp file in the same folder, fsync, rename, fsync folder.
+    The new file gets `mode` (default 0644, whatever the umask).
 
     Readers never see a partial file either way; `durable=False` skips the two fsyncs for
     bookkeeping that is rewritten every tick (the crash of a process loses nothing, only a
@@ -298,7 +301,7 @@ def atomic_write(path: Path, data: bytes, *, durable: bool = True) -> os.stat_re
     try:
         try:
             # Created 0600 whatever the umask; the projection service may run as another user.
-            os.fchmod(fd, 0o644)
+            os.fchmod(fd, mode)
             if data and not durable:
                 # Blocks allocated up front: ext4 then has no delayed allocation to flush when
                 # the rename replaces an existing file (about a third of the write's CPU).

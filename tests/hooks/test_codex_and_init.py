@@ -279,3 +279,96 @@ def test_init_refuses_a_workdir_whose_path_is_not_utf8(tmp_path: Path, host: str
     assert b"--workdir" in done.stderr and b"not UTF-8" in done.stderr
     assert b"Traceback" not in done.stderr
     assert os.listdir(workdir) == [] and not config.parent.exists()
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        'mcp_servers.docs.command = "docs-server"\n',
+        'model = "o3"\nmcp_servers.docs.command = "docs-server"\n\n[profiles.fast]\nmodel = "m"\n',
+        'mcp_servers = { docs = { command = "docs-server" } }\n',
+        '[mcp_servers.taskcard]\ncommand = "old"\nenv = { TASKCARD_X = "1" }  # mine\n',
+    ],
+    ids=["dotted", "dotted-then-table", "inline", "ours-with-env"],
+)
+def test_init_codex_puts_notify_at_the_top_level_whatever_the_layout(
+    workdir: Path, tmp_path: Path, layout: str
+) -> None:
+    """Under `mcp_servers.docs.command = ...` dotted keys, notify was written below the new
+    `[mcp_servers.taskcard]` header, a key of that table: Codex never ran it. An inline
+    `mcp_servers = {...}` ended in a traceback; our server's own `env` was dropped."""
+    config = tmp_path / "config.toml"
+    config.write_text(layout)
+    before = tomllib.loads(layout)
+    args = ("init", "codex", "--workdir", str(workdir), "--config", str(config))
+    done = run_taskcard(*args)
+    assert done.returncode == 0, done.stderr
+    after = tomllib.loads(config.read_text())
+    assert after["notify"][1:] == ["hook", "codex", "--only-in", str(workdir.resolve())]
+    server = after["mcp_servers"]["taskcard"]
+    assert server["args"] == ["mcp", "--workdir", str(workdir.resolve())]
+    assert server.get("env") == before.get("mcp_servers", {}).get("taskcard", {}).get("env")
+    del after["notify"], after["mcp_servers"]["taskcard"], server["command"], server["args"]
+    before.get("mcp_servers", {}).pop("taskcard", None)
+    assert {k: v for k, v in after.items() if v} == {k: v for k, v in before.items() if v}
+    again = run_taskcard(*args)
+    assert again.returncode == 0 and again.stdout.count(b"already set up") == 2
+
+
+@pytest.mark.parametrize("host", ["claude-code", "codex"])
+def test_init_keeps_a_private_file_private_and_a_linked_file_linked(
+    tmp_path: Path, host: str
+) -> None:
+    """A 0600 settings file holding a key came back 0644 (readable by every user), and a
+    settings file linked from a dotfiles folder was replaced by a copy, the link lost."""
+    workdir = tmp_path / "agent"
+    workdir.mkdir()
+    dotfiles = tmp_path / "dotfiles"
+    dotfiles.mkdir()
+    if host == "codex":
+        real = dotfiles / "config.toml"
+        real.write_text('[mcp_servers.docs.env]\nAPI_KEY = "sk-private"\n')
+        link = tmp_path / "codex" / "config.toml"
+        extra = ["--config", str(link)]
+    else:
+        real = dotfiles / "settings.json"
+        real.write_text(json.dumps({"env": {"API_KEY": "sk-private"}}))
+        link = workdir / ".claude" / "settings.json"
+        extra = ["--claude-version", "2.1.90"]
+    real.chmod(0o600)
+    link.parent.mkdir()
+    link.symlink_to(real)
+    done = run_taskcard("init", host, "--workdir", str(workdir), *extra)
+    assert done.returncode == 0, done.stderr
+    assert link.is_symlink() and link.resolve() == real.resolve()
+    assert "sk-private" in real.read_text() and "hook" in real.read_text()
+    assert real.stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize("host", ["claude-code", "codex"])
+def test_init_refuses_a_read_only_file_and_writes_nothing(tmp_path: Path, host: str) -> None:
+    """A read-only file was replaced all the same (a rename needs only the folder); now it
+    is refused before any file is written, naming the file and the fix."""
+    workdir = tmp_path / "agent"
+    workdir.mkdir()
+    config = tmp_path / "codex" / "config.toml"
+    if host == "codex":
+        locked = config.parent / "hooks.json"
+        other = config
+        extra = ["--config", str(config)]
+    else:
+        locked = workdir / ".mcp.json"
+        other = workdir / ".claude" / "settings.json"
+        extra = ["--claude-version", "2.1.90"]
+    locked.parent.mkdir(parents=True, exist_ok=True)
+    locked.write_text("{}\n")
+    locked.chmod(0o444)
+    done = run_taskcard("init", host, "--workdir", str(workdir), *extra)
+    assert done.returncode == 2
+    assert f"{locked}: is read-only; make it writable (chmod u+w".encode() in done.stderr
+    assert b"Traceback" not in done.stderr
+    assert locked.read_text() == "{}\n" and not other.exists()
+    locked.chmod(0o644)
+    done = run_taskcard("init", host, "--workdir", str(workdir), *extra)
+    assert done.returncode == 0, done.stderr
+    assert locked.stat().st_mode & 0o777 == 0o644 and other.exists()
