@@ -52,9 +52,16 @@ CLAUDE_EVENTS: Final = (
     "PreCompact",
     "SessionEnd",
 )
-MATCHER_EVENTS: Final = frozenset({"PreToolUse", "PostToolUse", "PostToolUseFailure"})
+MATCHER_EVENTS: Final = frozenset(
+    {"PreToolUse", "PermissionRequest", "PostToolUse", "PostToolUseFailure"}
+)
 # Events Claude Code added later, with the first version that accepts them in settings.
-LATER_EVENTS: Final = {"StopFailure": (2, 1, 78)}
+# `PermissionRequest` fires as a permission dialog opens: the wait on the person starts
+# there (a `Notification` of the same prompt then changes nothing). The hook prints nothing
+# at it, which leaves the answer to the person. No event says the tool was granted: the
+# wait ends with the next event that shows the session moved on (the tool's `PostToolUse`,
+# a denial's next prompt or stop).
+LATER_EVENTS: Final = {"PermissionRequest": (2, 0, 45), "StopFailure": (2, 1, 78)}
 # Codex's lifecycle hooks (hooks.json beside its config.toml) that the adapter maps, of those
 # Codex documents (never `PostToolUseFailure` or `Notification`: Codex has no such hook). Not
 # `SessionEnd`: its only reason is `other`, so a `/clear` or `/new` (which
@@ -235,15 +242,15 @@ def merge_hooks(
     tool); an event in `timeouts` gets that timeout instead of `HOOK_TIMEOUT_S`. Returns
     the `later` events left out because `version` may not know them."""
     hooks = _object_at(settings, "hooks", path)
+    # Hooks of the user's under a later event: the host reading this file knows it, so it is
+    # at least that event's version, and knows every event added before it too.
+    for event, added in later.items():
+        if _has_others(hooks.get(event), mark) and (version is None or version < added):
+            version = added
     skipped: list[str] = []
     for event in (*events, *later):
         since = later.get(event)
-        present = hooks.get(event)
-        # Hooks of the user's under the event: the host reading this file knows it.
-        others = present is not None and (
-            not isinstance(present, list) or not all(_all_ours(g, mark) for g in present)
-        )
-        known = since is None or (version is not None and version >= since) or others
+        known = since is None or (version is not None and version >= since)
         if not known:
             _drop_ours(hooks, event, path, mark)
             skipped.append(event)
@@ -266,6 +273,13 @@ def merge_hooks(
                 group_new = {"matcher": matcher, **group_new}
             groups.append(group_new)
     return skipped
+
+
+def _has_others(present: object, mark: str) -> bool:
+    """Whether an event's entry holds anything but our hooks."""
+    return present is not None and (
+        not isinstance(present, list) or not all(_all_ours(g, mark) for g in present)
+    )
 
 
 def _all_ours(group: object, mark: str) -> bool:

@@ -13,7 +13,7 @@ import tomlkit
 
 from taskcard.bridge.track.activity import ActivityTracker
 
-from .conftest import FIXTURES, kinds, payload, run_taskcard
+from .conftest import FIXTURES, events, kinds, payload, run_taskcard
 
 
 def codex_payload(workdir: Path) -> str:
@@ -372,3 +372,39 @@ def test_init_refuses_a_read_only_file_and_writes_nothing(tmp_path: Path, host: 
     done = run_taskcard("init", host, "--workdir", str(workdir), *extra)
     assert done.returncode == 0, done.stderr
     assert locked.stat().st_mode & 0o777 == 0o644 and other.exists()
+
+
+def test_init_claude_code_registers_permission_request_and_the_hook_leaves_the_answer(
+    workdir: Path, tmp_path: Path
+) -> None:
+    """`PermissionRequest` (the dialog opens) was not registered, so a wait showed only if a
+    permission `Notification` came. It is registered for every tool where Claude Code has it
+    (2.0.45 on), starts the wait, prints nothing (no decision: the person answers) and the
+    tool's end, once granted, ends the wait."""
+    settings = workdir / ".claude" / "settings.json"
+    args = ("init", "claude-code", "--workdir", str(workdir))
+    done = run_taskcard(*args, env=fake_claude(tmp_path / "new", "2.1.90"))
+    assert done.returncode == 0, done.stderr
+    groups = json.loads(settings.read_text())["hooks"]["PermissionRequest"]
+    assert len(groups) == 1 and groups[0]["matcher"] == "*"
+    command = groups[0]["hooks"][0]["command"]
+    assert command.endswith('hook claude-code --workdir "$CLAUDE_PROJECT_DIR"')
+    env = {**os.environ, "CLAUDE_PROJECT_DIR": str(workdir)}
+    for name, changes in (
+        ("03_pre_tool_use.json", {}),
+        ("13_permission_request.json", {}),
+        ("06_notification_permission.json", {}),
+        ("04_post_tool_use.json", {"tool_use_id": "toolu_01ABC"}),
+    ):
+        data = json.dumps(payload(name, workdir, **changes)).encode()
+        ran = subprocess.run(
+            command, shell=True, input=data, env=env, capture_output=True, timeout=120
+        )
+        assert (ran.returncode, ran.stdout, ran.stderr) == (0, b"", b""), name
+    assert kinds(workdir) == ["tool.start", "wait.start", "wait.end", "tool.end"]
+    assert [e.get("reason") for e in events(workdir)][1:3] == ["permission", "permission"]
+    # A Claude Code before the event refuses the whole file for it: left out, and said so.
+    done = run_taskcard(*args, env=fake_claude(tmp_path / "old", "2.0.40"))
+    assert done.returncode == 0, done.stderr
+    assert "PermissionRequest" not in json.loads(settings.read_text())["hooks"]
+    assert b"PermissionRequest not registered: Claude Code 2.0.40 predates it" in done.stdout
