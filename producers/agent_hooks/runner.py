@@ -151,6 +151,13 @@ def resolve_workdir(override: str | None, payload: Mapping[str, Any]) -> Path:
     cwd = payload.get("cwd")
     if not isinstance(cwd, str) or not cwd.strip():
         raise HookInputError("no workdir: the payload has no cwd; pass --workdir")
+    if not os.path.isabs(cwd):
+        # The hosts send the session's absolute folder. Read from the hook's own folder, a
+        # `..` or `~` here wrote the agent's events into a folder of no agent (`/`, home).
+        raise HookInputError(
+            f"the payload's cwd {json.dumps(cwd)[:200]} is not an absolute path; nothing "
+            "written (pass --workdir)"
+        )
     return _directory(cwd, "the payload's cwd")
 
 
@@ -405,8 +412,8 @@ def _handed_over_anyway(paths: CardPaths, exc: Exception) -> None:
 
 def _inside(cwd: object, root: Path) -> bool:
     """Whether the payload's `cwd` is `root` or a folder inside it."""
-    if not isinstance(cwd, str) or not cwd.strip():
-        return False
+    if not isinstance(cwd, str) or not os.path.isabs(cwd):
+        return False  # no session folder (see `resolve_workdir`): not this agent's
     try:
         return Path(os.path.realpath(cwd)).is_relative_to(os.path.realpath(root))
     except (OSError, ValueError):

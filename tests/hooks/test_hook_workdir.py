@@ -6,9 +6,10 @@ it cannot write: the reason is one line on stderr."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
-from .conftest import hook, kinds, payload, run_taskcard
+from .conftest import TASKCARD, hook, kinds, payload, run_taskcard
 
 
 def _codex(cwd: Path) -> str:
@@ -49,3 +50,25 @@ def test_workdir_option_is_the_configuration_and_is_used_as_given(tmp_path: Path
     missing = hook(payload("02_user_prompt_submit.json", project), "--workdir", str(tmp_path / "x"))
     assert missing.returncode == 0 and b"not a directory" in missing.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_a_cwd_that_is_not_absolute_gets_nothing_written(tmp_path: Path) -> None:
+    """The hosts send the session's absolute folder; `..` or `~` was read from the hook's own
+    folder, and the events went into a folder of no agent (`/`, the home folder)."""
+    here = tmp_path / "a" / "b"
+    here.mkdir(parents=True)
+    for cwd in ("../..", "~", "."):
+        data = {**payload("02_user_prompt_submit.json", tmp_path), "cwd": cwd}
+        done = subprocess.run(
+            [TASKCARD, "hook", "claude-code"],
+            input=json.dumps(data).encode(),
+            cwd=here,
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+        assert (done.returncode, done.stdout) == (0, b""), cwd
+        assert b"is not an absolute path; nothing written (pass --workdir)" in done.stderr
+        codex = run_taskcard("hook", "codex", "--only-in", str(tmp_path), json.dumps(data))
+        assert (codex.returncode, codex.stdout, codex.stderr) == (0, b"", b"")
+    assert not list(tmp_path.rglob("events.jsonl"))
