@@ -112,7 +112,11 @@ def parse_payload(raw: bytes) -> dict[str, Any]:
         # A lone surrogate escaped in a string (`"\\ud800"`) is read as U+FFFD: kept, no
         # line of the activity log could carry it, and the event was lost with a traceback.
         data = load_json(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+    except UnicodeDecodeError:
+        # A byte that is not UTF-8 (in a tool's output, a message) is read as U+FFFD too:
+        # the whole event (a turn's end) was lost for one byte in a field never used.
+        data = _load_replacing(raw)
+    except (ValueError, RecursionError) as exc:
         raise HookInputError(f"payload is not JSON ({exc.__class__.__name__})") from None
     if not isinstance(data, dict):
         raise HookInputError("payload is not a JSON object")
@@ -125,6 +129,14 @@ def parse_payload(raw: bytes) -> dict[str, Any]:
             "nothing written"
         )
     return data
+
+
+def _load_replacing(raw: bytes) -> Any:
+    """`raw` read as UTF-8 with each invalid byte as U+FFFD, then as JSON."""
+    try:
+        return load_json(raw.decode("utf-8", errors="replace"))
+    except (ValueError, RecursionError) as exc:
+        raise HookInputError(f"payload is not JSON ({exc.__class__.__name__})") from None
 
 
 def _directory(text: str, field: str) -> Path:
