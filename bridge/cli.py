@@ -222,7 +222,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except early_stop.StopRequested as stopped:
         return _stopped_early(stopped)
     except SystemExit as exc:
-        if exc.code not in (0, None) and words[:1] and words[0] in _HOST_HOOKS:
+        # The command is the first word that is no option: `taskcard --verbose hook ...`
+        # (an option this version lacks, before the command) is a hook's mistake too.
+        command = next((word for word in words if not word.startswith("-")), None)
+        if exc.code not in (0, None) and command in _HOST_HOOKS:
             return EXIT_OK
         raise
     handler: Handler = args.handler

@@ -207,6 +207,11 @@ def test_a_hook_command_with_options_this_version_lacks_still_exits_0(workdir: P
     assert (bare.returncode, bare.stdout) == (0, b"")
     codex = run_taskcard("hook", "codex", "--verbose", json.dumps({"cwd": str(workdir)}))
     assert codex.returncode == 0
+    # An option before the command (`taskcard --verbose hook ...`) exited 2 all the same.
+    for host in ("claude-code", "codex"):
+        done = run_taskcard("--verbose", "hook", host, stdin=stop)
+        assert (done.returncode, done.stdout) == (0, b""), host
+        assert len(done.stderr.splitlines()) == 1 and b"--verbose" in done.stderr
     assert run_taskcard("ledger", "show", "--verbose").returncode == 2  # other commands: usage
 
 
