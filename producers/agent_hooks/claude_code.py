@@ -22,7 +22,11 @@ Mapping (hook event -> activity kinds):
   of that session that shows it moved on (`MOVING_EVENTS`: a tool's start or end, a prompt,
   a stop, `PermissionDenied`, `ElicitationResult`, ...); an event that can fire while the
   dialog is still open (`ConfigChange`, `FileChanged`, a background subagent's start or stop,
-  an event this version does not know) leaves it open.
+  an event this version does not know) leaves it open. A wait that `PermissionRequest` or
+  `Elicitation` opened knows whose dialog it is (the main thread, or the subagent of its
+  `agent_id`): the tool events of another thread (a second subagent at work beside it) leave
+  it open; its own thread's, or the turn's (a prompt, a stop, the session's start or end),
+  end it.
 - `Stop` -> `usage` (the turn's tokens, when the transcript has them) then `turn.end`; it is
   also the completed turn that reminders count. Every `Stop` is the end of a response:
   `stop_hook_active` only says that this response is one a stop hook's block made Claude
@@ -85,6 +89,13 @@ MOVING_EVENTS: Final = frozenset(
         "ElicitationResult",
     }
 )
+# Events that end a wait whichever thread opened it: the turn itself moved on.
+_TURN_EVENTS: Final = frozenset(
+    {"SessionStart", "SessionEnd", "UserPromptSubmit", "Stop", "StopFailure"}
+)
+# Between a wait's reason and the thread (`agent_id`, or `main`) whose dialog it is, in the
+# session's wait as the hooks keep it.
+_THREAD_MARK: Final = "@"
 # Events that read the transcript for the turn's usage.
 TURN_END_EVENTS: Final = frozenset({"Stop", "StopFailure"})
 # `SessionEnd` reasons after which the same process starts a session again at once: `/clear`,
@@ -168,14 +179,37 @@ def failure_text(payload: Mapping[str, Any]) -> str:
     return flat if not subagent(payload) else f"a subagent's {flat}"
 
 
-def _start_wait(reason: str | None, waiting: str | None) -> HookDecision:
-    if reason is None or reason == waiting:
+def wait_reason_of(waiting: str) -> str:
+    """The reason (`permission`, `input`) of a session's wait as the hooks keep it."""
+    return waiting.partition(_THREAD_MARK)[0]
+
+
+def _thread(payload: Mapping[str, Any]) -> str:
+    return _text(payload, "agent_id") or "main"
+
+
+def _ends_wait(payload: Mapping[str, Any], waiting: str) -> bool:
+    """Whether this moving event ends the open wait. A wait a `PermissionRequest` or an
+    `Elicitation` opened knows its thread: another thread's tool events (a second subagent
+    at work beside the one whose dialog is open) leave it open; only that thread's moving
+    on, or the turn's, ends it. A wait a `Notification` opened does not know its thread:
+    any moving event ends it."""
+    _, mark, thread = waiting.partition(_THREAD_MARK)
+    name = payload.get("hook_event_name")
+    if not mark or (name in _TURN_EVENTS and not subagent(payload)):
+        return True
+    return _thread(payload) == thread
+
+
+def _start_wait(reason: str | None, waiting: str | None, thread: str = "") -> HookDecision:
+    if reason is None or (waiting is not None and reason == wait_reason_of(waiting)):
         return HookDecision([], waiting, completed_turn=False)
     events: list[Event] = []
     if waiting is not None:
-        events.append(("wait.end", {"reason": waiting}))
+        events.append(("wait.end", {"reason": wait_reason_of(waiting)}))
     events.append(("wait.start", {"reason": reason}))
-    return HookDecision(events, reason, completed_turn=False)
+    kept = f"{reason}{_THREAD_MARK}{thread}" if thread else reason
+    return HookDecision(events, kept, completed_turn=False)
 
 
 def decide(
@@ -186,15 +220,16 @@ def decide(
     """The events for one hook payload, given the session's open wait (if any)."""
     name = payload.get("hook_event_name")
     if name == "Notification":
-        if waiting == "input" and _text(payload, "notification_type") in _INPUT_ANSWERED:
-            return HookDecision([("wait.end", {"reason": waiting})], None, completed_turn=False)
+        answered = _text(payload, "notification_type") in _INPUT_ANSWERED
+        if waiting is not None and wait_reason_of(waiting) == "input" and answered:
+            return HookDecision([("wait.end", {"reason": "input"})], None, completed_turn=False)
         return _start_wait(wait_reason(payload), waiting)
     if isinstance(name, str) and name in WAIT_EVENTS:
-        return _start_wait(WAIT_EVENTS[name], waiting)
-    moving = name in MOVING_EVENTS
+        return _start_wait(WAIT_EVENTS[name], waiting, _thread(payload))
+    moving = name in MOVING_EVENTS and (waiting is None or _ends_wait(payload, waiting))
     events: list[Event] = []
     if waiting is not None and moving:
-        events.append(("wait.end", {"reason": waiting}))
+        events.append(("wait.end", {"reason": wait_reason_of(waiting)}))
     tool = _text(payload, "tool_name") or "tool"
     call_id = _text(payload, "tool_use_id") or tool
     completed = False

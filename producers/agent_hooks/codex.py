@@ -57,7 +57,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final, TypeGuard
 
-from taskcard.producers.agent_hooks.claude_code import Event, HookDecision
+from taskcard.producers.agent_hooks.claude_code import Event, HookDecision, wait_reason_of
 from taskcard.producers.task_card.contract import MAX_COUNT
 
 # The rollout events that open a turn (`turn_started` is the newer name of `task_started`).
@@ -68,7 +68,9 @@ def interrupt_decision(waiting: str | None) -> HookDecision:
     """Codex's `Interrupt` hook (the person stopped the turn; no `Stop` follows): the turn
     ends as interrupted, as an interrupted tool call ends a Claude Code turn. Not a completed
     turn for reminders."""
-    events: list[Event] = [] if waiting is None else [("wait.end", {"reason": waiting})]
+    events: list[Event] = (
+        [] if waiting is None else [("wait.end", {"reason": wait_reason_of(waiting)})]
+    )
     events += [("turn.end", {"error": "interrupted"}), ("text", {"text": "turn interrupted"})]
     return HookDecision(events, None, completed_turn=False)
 

@@ -548,3 +548,28 @@ def test_a_byte_that_is_not_utf8_in_a_payload_still_records_the_event(
     assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
     assert kinds(workdir) == ["turn.end"]
     assert not (workdir / "logs" / "taskcard-hook.log").exists()
+
+
+def test_a_subagents_permission_wait_outlasts_another_subagents_work(workdir: Path) -> None:
+    """Two subagents at work at once: one's permission dialog opened a wait, and the other's
+    next tool result ended it while the dialog was still open (the card read "running",
+    and stayed so once the other was done). Only the waiting thread's moving on, or the
+    turn's, ends it now."""
+
+    def send(name: str, **fields: object) -> None:
+        data = {"session_id": "s1", "cwd": str(workdir), "hook_event_name": name, **fields}
+        done = hook(data)
+        assert (done.returncode, done.stdout, done.stderr) == (0, b"", b""), name
+
+    send("PreToolUse", agent_id="a", tool_name="Bash", tool_use_id="ta")
+    send("PermissionRequest", agent_id="a", tool_name="Bash", tool_input={"command": "make"})
+    send("PreToolUse", agent_id="b", tool_name="Read", tool_use_id="tb")
+    send("PostToolUse", agent_id="b", tool_name="Read", tool_use_id="tb")
+    assert kinds(workdir) == ["tool.start", "wait.start", "tool.start", "tool.end"]
+    send("PostToolUse", agent_id="a", tool_name="Bash", tool_use_id="ta")  # granted, ran
+    assert kinds(workdir)[4:] == ["wait.end", "tool.end"]
+    # The main thread's dialog: a subagent's work leaves it open, the turn's stop ends it.
+    send("PermissionRequest", tool_name="Edit")
+    send("PostToolUse", agent_id="b", tool_name="Read", tool_use_id="tc")
+    send("Stop", stop_hook_active=False)
+    assert kinds(workdir)[6:] == ["wait.start", "tool.end", "wait.end", "turn.end"]

@@ -56,10 +56,53 @@ from taskcard.producers.task_card.wakes import WakeReader, select_wakes, wake_te
             {"hook_event_name": "PermissionRequest", "tool_name": "Bash"},
             None,
             [("wait.start", {"reason": "permission"})],
-            "permission",
+            "permission@main",  # the wait knows whose dialog it is
         ),
         ({"hook_event_name": "PermissionRequest"}, "permission", [], "permission"),
-        ({"hook_event_name": "Elicitation"}, None, [("wait.start", {"reason": "input"})], "input"),
+        (
+            {"hook_event_name": "Elicitation"},
+            None,
+            [("wait.start", {"reason": "input"})],
+            "input@main",
+        ),
+        # Another thread's tool events leave a known thread's wait open; its own, or the
+        # turn's, end it; a wait of no known thread (a Notification's) ends with any.
+        (
+            {"hook_event_name": "PostToolUse", "agent_id": "b"},
+            "permission@a",
+            [("tool.end", {"call_id": "tool", "ok": True})],
+            "permission@a",
+        ),
+        (
+            {"hook_event_name": "PreToolUse"},
+            "permission@a",
+            [("tool.start", {"call_id": "tool", "name": "tool"})],
+            "permission@a",
+        ),
+        (
+            {"hook_event_name": "PostToolUse", "agent_id": "a"},
+            "permission@a",
+            [("wait.end", {"reason": "permission"}), ("tool.end", {"call_id": "tool", "ok": True})],
+            None,
+        ),
+        (
+            {"hook_event_name": "PostToolUse", "agent_id": "b"},
+            "permission",
+            [("wait.end", {"reason": "permission"}), ("tool.end", {"call_id": "tool", "ok": True})],
+            None,
+        ),
+        (
+            {"hook_event_name": "UserPromptSubmit"},
+            "input@a",
+            [("wait.end", {"reason": "input"}), ("turn.start", {})],
+            None,
+        ),
+        (
+            {"hook_event_name": "Notification", "notification_type": "permission_prompt"},
+            "permission@a",
+            [],
+            "permission@a",
+        ),
         (
             {"hook_event_name": "ElicitationResult", "action": "decline"},
             "input",
