@@ -802,9 +802,11 @@ def _format_errors(exc: ValidationError) -> list[str]:
         elif not loc:
             messages.extend(message.splitlines())
         elif kind == "literal_error":
-            messages.append(f"{path}: {message} (got {error['input']!r}); use one of these")
+            value = error["input"]
+            got = repr(value) if isinstance(value, str | int | float) else _toml_kind(value)
+            messages.append(f"{path}: {message} (got {got}); use one of these")
         elif kind.endswith("_type") or kind.endswith("_parsing"):
-            messages.append(f"{path}: {message} (got {error['input']!r}); fix the value's type")
+            messages.append(_type_problem(path, loc, kind, message, error["input"]))
         elif (fix := _bound_fix(kind, error.get("ctx") or {})) is not None:
             # Only a number is quoted back: a string or list could hold a pasted secret.
             value = error["input"]
@@ -813,6 +815,73 @@ def _format_errors(exc: ValidationError) -> list[str]:
         else:
             messages.append(f"{path}: {message}")
     return messages
+
+
+# pydantic's words for a wrong type that name our classes; said in TOML's terms instead.
+_EXPECTED_TABLE = re.compile(r"a valid dictionary(?: or instance of \w+)?")
+_EXPECTED_PATH = "Input is not a valid path for <class 'pathlib.Path'>"
+
+
+def _toml_kind(value: object) -> str:
+    """What a TOML value is, in the file's terms, without quoting what it holds."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        if value and all(isinstance(item, dict) for item in value):
+            return "an array of tables"
+        return "an array"
+    return "a date or time"
+
+
+def _type_problem(
+    path: str, loc: Sequence[int | str], kind: str, message: str, value: object
+) -> str:
+    """A value of the wrong type: what the key takes, what the file gives and how to write it.
+
+    Only a number or boolean is quoted back: a string, table or array may hold a secret pasted
+    in the wrong place (`[[feishu]]` with an `app_secret` in it), and this line reaches the
+    terminal and the log. A table written as an array of tables (or the other way round) is
+    named as such, since pydantic's words ("a valid dictionary or instance of FeishuConfig")
+    name a class of ours, not the TOML form to write.
+    """
+    message = _EXPECTED_TABLE.sub("a table", message)
+    message = message.replace(_EXPECTED_PATH, "Input should be a path")
+    message = message.replace("a valid list", "an array")
+    header = ".".join(str(part) for part in loc if isinstance(part, str))
+    got = _toml_kind(value)
+    if kind in ("model_type", "dict_type"):
+        if isinstance(loc[-1], int):
+            fix = f"write each entry as a [[{header}]] table"
+        elif got == "an array of tables":
+            fix = f"write it as one [{header}] table, not [[{header}]]"
+        else:
+            fix = f"write it as a [{header}] table"
+    elif kind == "list_type":
+        if got == "a table" and _model_at((*loc, 0)) is not None:
+            fix = f"write each entry as [[{header}]], not [{header}]"
+        else:
+            fix = "write an array, e.g. [...]"
+    elif kind == "path_type":
+        fix = "write the path in double quotes"
+    elif kind == "string_type":
+        fix = "write it in double quotes"
+    elif kind == "bool_type":
+        fix = "write true or false, without quotes"
+    elif got == "a string" and kind.startswith(("int_", "float_")):
+        fix = "write the number without quotes"
+    elif kind.startswith("int_"):
+        fix = "write a whole number"
+    elif kind.startswith("float_"):
+        fix = "write a number"
+    else:
+        fix = "fix the value's type"
+    return f"{path}: {message} (got {got}); {fix}"
 
 
 def _bound_fix(kind: str, ctx: Mapping[str, Any]) -> str | None:

@@ -508,6 +508,9 @@ def bind_problem(error: OSError) -> str:
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+# 16 or more letters and digits with no `_` and at least one digit: the shape of a generated
+# secret (a Feishu app secret, a token), not of a name someone chose for a variable.
+_SECRET_SHAPED = re.compile(r"(?=[A-Za-z0-9]*[0-9])[A-Za-z0-9]{16,}")
 
 
 def check_env_name(name: str) -> str:
@@ -520,6 +523,13 @@ def check_env_name(name: str) -> str:
             "not an environment variable name; give the NAME of the variable that holds the"
             " secret (letters, digits and _, not starting with a digit, e.g."
             " TELEGRAM_BOT_TOKEN), never the secret itself"
+        )
+    if _SECRET_SHAPED.fullmatch(name) and not name.isupper():
+        # A Feishu app secret or verification token is 32 letters and digits: a valid name,
+        # which the start then quoted in "the environment variable ... is not set".
+        raise ValueError(
+            "looks like a secret, not the name of an environment variable; put the secret in"
+            " a variable (e.g. FEISHU_APP_SECRET) and give that variable's NAME here"
         )
     return name
 

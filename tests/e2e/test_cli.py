@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tomllib
@@ -494,8 +495,89 @@ def test_a_secret_pasted_under_the_wrong_key_is_not_quoted_back(
     for args in (("config", "check", str(config)), ("serve", "--config", str(config), "--check")):
         result = taskcard(*args)
         assert result.returncode == 2, result.stderr
-        assert key in result.stderr and "[redacted]" in result.stderr, result.stderr
+        # A choice is quoted redacted; a value of the wrong type is named by its type only.
+        quoted = "[redacted]" in result.stderr or "(got a string)" in result.stderr
+        assert key in result.stderr and quoted, result.stderr
         assert BOT_TOKEN_IN_FILE[10:] not in result.stderr + result.stdout
+
+
+# A Feishu app secret: letters and digits, no shape the redaction can recognise.
+APP_SECRET_IN_FILE = "Zk3pQ9xLmN2vB7tRwq8YhJ4sD6fGa1Ce"
+
+
+@pytest.mark.parametrize(
+    ("toml", "words"),
+    [
+        (
+            f'[[feishu]]\napp_secret = "{APP_SECRET_IN_FILE}"\n',
+            "feishu: Input should be a table (got an array of tables); write it as one"
+            " [feishu] table, not [[feishu]]",
+        ),
+        (
+            f'feishu = "{APP_SECRET_IN_FILE}"\n',
+            "feishu: Input should be a table (got a string); write it as a [feishu] table",
+        ),
+        (
+            f'[feishu]\napp_secret_env = ["{APP_SECRET_IN_FILE}"]\n',
+            "feishu.app_secret_env: Input should be a valid string (got an array); write it in"
+            " double quotes",
+        ),
+        (
+            f'[cluster]\nredis_url = ["redis://:{APP_SECRET_IN_FILE}@redis.internal/0"]\n',
+            "cluster.redis_url: Input should be a valid string (got an array)",
+        ),
+        (
+            f'[telegram]\norigin_chats = ["{APP_SECRET_IN_FILE}"]\n',
+            "telegram.origin_chats[0]: Input should be a valid integer (got a string); write"
+            " the number without quotes",
+        ),
+        (
+            f'log_level = {{ level = "{APP_SECRET_IN_FILE}" }}\n',
+            "log_level: Input should be 'DEBUG', 'INFO', 'WARNING' or 'ERROR' (got a table)",
+        ),
+        (
+            f'[feishu]\napp_secret_env = "{APP_SECRET_IN_FILE}"\n',
+            "feishu.app_secret_env: looks like a secret, not the name of an environment variable",
+        ),
+    ],
+    ids=["array-of-tables", "string-for-table", "env-list", "redis-list", "origin", "enum", "env"],
+)
+def test_a_secret_with_no_shape_in_a_value_of_the_wrong_type_is_not_quoted_back(
+    tmp_path: Path, toml: str, words: str
+) -> None:
+    """A value of the wrong type was quoted whole (`got [{'app_secret': '...'}]`), and the
+    name of a `*_env` key was quoted by the start's "variable ... is not set": a Feishu app
+    secret, which no pattern recognises, reached the terminal and the journal. The line names
+    the key, what it takes and what the file gives, in TOML's terms, without the value."""
+    config = console_config(tmp_path, AGENT, extra=toml)
+    env = {"FEISHU_APP_ID": "cli_a1b2c3d4e5f6a7b8"}
+    for args in (
+        ("config", "check", str(config)),
+        ("serve", "--config", str(config), "--check"),
+        ("serve", "--config", str(config)),
+    ):
+        result = taskcard(*args, env=env)
+        assert result.returncode == 2, result.stderr
+        assert words in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+        assert APP_SECRET_IN_FILE not in result.stderr + result.stdout
+
+
+async def test_a_reload_refused_for_a_value_of_the_wrong_type_does_not_log_it(
+    tmp_path: Path,
+) -> None:
+    """The reload's refusal is logged with the same lines: they must not carry the secret."""
+    (tmp_path / "agents" / "builder").mkdir(parents=True)
+    config = console_config(tmp_path, AGENT, extra="[console]\nenabled = true\n")
+    with ServeProcess(config, env={"TASKCARD_LOG_LEVEL": "INFO"}) as serve:
+        await eventually(lambda: "channel console ready" in serve.logs, what="the start")
+        config.write_text(config.read_text() + f'[[feishu]]\napp_secret = "{APP_SECRET_IN_FILE}"\n')
+        assert serve.proc is not None
+        serve.proc.send_signal(signal.SIGHUP)
+        await eventually(lambda: "config reload refused" in serve.logs, what="the refusal")
+        await eventually(lambda: "not [[feishu]]" in serve.logs, what="the refusal's line")
+        assert await serve.aterminate() == 0
+    assert APP_SECRET_IN_FILE not in serve.logs + serve.output
 
 
 @pytest.mark.parametrize(
