@@ -142,17 +142,24 @@ class WorkdirFiles:
         """The regular file opened for binary reading (the caller closes it), or None."""
         return self._judged(path, self._open)
 
-    def read(self, path: StrPath, limit: int) -> bytes | None:
-        """At most `limit` bytes of the regular file, or None when it is missing or refused."""
-        found = self._read(path, limit)
+    def read(self, path: StrPath, limit: int, *, whole: bool = False) -> bytes | None:
+        """At most `limit` bytes of the regular file, or None when it is missing or refused.
+
+        `whole`: a file larger than `limit` is refused (a problem naming its size) instead of
+        read in part, for a file whose first `limit` bytes alone mean nothing (a card body)."""
+        found = self._read(path, limit, whole)
         return None if found is None else found[0]
 
-    def read_signed(self, path: StrPath, limit: int) -> tuple[bytes, os.stat_result] | None:
+    def read_signed(
+        self, path: StrPath, limit: int, *, whole: bool = False
+    ) -> tuple[bytes, os.stat_result] | None:
         """`read`, with the status of the very file read (taken from its open descriptor):
         a caller that needs both the bytes and the file's (inode, size, mtime) looks once."""
-        return self._read(path, limit)
+        return self._read(path, limit, whole)
 
-    def _read(self, path: StrPath, limit: int) -> tuple[bytes, os.stat_result] | None:
+    def _read(
+        self, path: StrPath, limit: int, whole: bool = False
+    ) -> tuple[bytes, os.stat_result] | None:
         direct = self._open_direct(os.fspath(path))
         if direct is False:
             self._fine(path)
@@ -160,6 +167,10 @@ class WorkdirFiles:
         if isinstance(direct, tuple):
             # The usual case, read straight from the descriptor: no file object is built.
             fd, status = direct
+            if whole and status.st_size > limit:
+                os.close(fd)
+                self._refused(path, _too_large(limit))
+                return None
             try:
                 data = _read_fd(fd, status.st_size, limit)
             except OSError as error:
@@ -177,6 +188,9 @@ class WorkdirFiles:
                 # The status before the read: the bytes are then never older than it says (a
                 # write while reading changes it again, so the next look reads once more).
                 status = os.fstat(handle.fileno())
+                if whole and status.st_size > limit:
+                    self._refused(path, _too_large(limit))
+                    return None
                 return _read_up_to(handle, limit), status
         except OSError as error:
             self._refused(path, f"cannot be read ({error.strerror or 'I/O error'})")
@@ -422,6 +436,14 @@ class WorkdirFiles:
         name = self._name(path)
         if self.problems.pop(name, None) is not None:
             logger.info("agent %s: %s is readable again", self.agent_id, name)
+
+
+def _too_large(limit: int) -> str:
+    # Without the size: a file rewritten at other sizes stays one problem, logged once.
+    return (
+        f"is larger than the {limit // 1024:,} KB the service reads of it; keep it shorter"
+        " (the last good one stays shown)"
+    )
 
 
 def _os_reason(error: OSError) -> str:

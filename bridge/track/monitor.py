@@ -56,6 +56,7 @@ from taskcard.producers.task_card.contract import (
     parse_json,
     parse_notification,
     parse_status,
+    shows_text,
 )
 
 logger = logging.getLogger(__name__)
@@ -128,6 +129,13 @@ def _mtime(signature: FileSignature | None) -> datetime | None:
     except (ValueError, OverflowError, OSError):
         return None
     return moment if EARLIEST_TIME <= moment < LATEST_TIME else None
+
+
+def _shows(raw: bytes) -> bool:
+    """Whether a body shows a reader anything, by the renderer contract's own test: white
+    space, NULs, zero-width or other invisible characters alone are blank (the host refuses
+    such output), and a blank body keeps the last good one shown instead of erasing it."""
+    return bool(raw.strip()) and shows_text(raw.decode("utf-8", errors="replace"))
 
 
 def _text(value: object) -> str:
@@ -308,7 +316,7 @@ class AgentMonitor:
             elif status_sig is not None and (status := self._status(status_sig)) == "active":
                 # An active card's changed body is read anyway, and the descriptor read tells
                 # its signature: one look at the file per change, not a `stat` and a read.
-                signed = self.files.read_signed(paths.body, limit=MAX_BODY_BYTES)
+                signed = self.files.read_signed(paths.body, limit=MAX_BODY_BYTES, whole=True)
                 body_read = True  # missing or refused: not tried again below
                 if signed is None:
                     body_sig = signature(paths.body)
@@ -328,8 +336,8 @@ class AgentMonitor:
             status = self._status(status_sig)
         if status == "active":
             if not body_read:
-                raw = self.files.read(paths.body, limit=MAX_BODY_BYTES)
-            if raw is not None and raw.strip():
+                raw = self.files.read(paths.body, limit=MAX_BODY_BYTES, whole=True)
+            if raw is not None and (raw == self._body_raw or _shows(raw)):
                 activated = card.status != "active" or (
                     card.watch_id is not None and card.watch_id != self._card.watch_id
                 )

@@ -671,9 +671,9 @@ def test_a_named_body_that_cannot_be_read_is_tried_once(
     reads: list[str] = []
     real_read = WorkdirFiles._read
 
-    def counting_read(self: WorkdirFiles, path: Any, limit: int) -> Any:
+    def counting_read(self: WorkdirFiles, path: Any, limit: int, whole: bool = False) -> Any:
         reads.append(os.fspath(path))
-        return real_read(self, path, limit)
+        return real_read(self, path, limit, whole)
 
     monkeypatch.setattr(WorkdirFiles, "_read", counting_read)
     body = os.fspath(paths.body)

@@ -459,6 +459,47 @@ async def test_a_broken_card_body_keeps_its_last_good_text_while_ledger_and_line
         assert await serve.aterminate() == 0
 
 
+@pytest.mark.parametrize("breakage", ["invisible", "huge sparse"])
+async def test_a_blank_or_huge_card_body_keeps_the_last_good_text_and_others_move(
+    tmp_path: Path, fake: FakeTelegram, breakage: str
+) -> None:
+    """A body of invisible characters only (NULs, zero-width spaces, white space: blank by
+    the renderer contract) replaced the last good body with an empty one, and so did a 100 MB
+    sparse body (its first 512 KB of NULs were read and shown as nothing). The card keeps
+    the last good body: a blank one is not a body, a huge one is refused and listed in
+    `taskcard status` (logged once). The healthy agent beside it is served throughout."""
+    serve = setup(tmp_path, fake, ["broken"])
+    broken, good = workdir(tmp_path, "broken"), workdir(tmp_path, "good")
+    body = CardPaths(broken).body
+    with serve:
+        publish(broken, "**compiling** card")
+        publish(good, "good v1")
+        await eventually(lambda: shows(fake, GROUP, "compiling"), what="the first card")
+        await eventually(lambda: shows(fake, PRIVATE, "good v1"), what="the healthy card")
+        if breakage == "invisible":
+            atomic_write(body, "\u200b\x00 \u2060\t\n\u3164\x00\n".encode())
+        else:
+            with body.open("r+b") as handle:
+                handle.truncate(100 * 1024 * 1024)
+            await eventually(
+                lambda: any(
+                    p.startswith("taskcard/taskcard.md") and "larger than" in p
+                    for p in status_json(serve.config)["broken"]
+                ),
+                what="the huge body in taskcard status",
+            )
+        publish(good, "good v2")
+        await eventually(lambda: shows(fake, PRIVATE, "good v2"), what="good served on")
+        # The card moves on (a lineage row) and still shows the last good body.
+        await lineage_reaches_card(
+            broken, "lead", "split the work", "compiling", lambda: texts(fake, GROUP)
+        )
+        assert all("compiling" in text for text in texts(fake, GROUP)), texts(fake, GROUP)
+        assert await serve.aterminate() == 0
+    assert serve.logs.count("taskcard/taskcard.md") <= 1, serve.logs
+    assert "Traceback" not in serve.logs
+
+
 async def test_reports_numbered_again_after_reports_is_moved_aside_are_announced_once(
     tmp_path: Path, fake: FakeTelegram
 ) -> None:
