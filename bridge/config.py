@@ -69,6 +69,17 @@ class ConfigError(Exception):
         super().__init__("\n".join(self.messages))
 
 
+def _no_empty_path(value: object) -> object:
+    """An empty path is refused: `Path("")` is `.`, so it silently meant the config file's
+    own folder (the state kept beside the config, every folder there taken for an agent)."""
+    if value == "":
+        raise ValueError(
+            'is empty; give a path (relative paths start at this file\'s folder; "." is that'
+            " folder itself)"
+        )
+    return value
+
+
 def _resolve_against_config(value: Path, info: ValidationInfo) -> Path:
     """Relative paths are relative to the config file, never to the current directory.
 
@@ -108,6 +119,11 @@ class AgentConfig(BaseModel):
         if not AGENT_ID_PATTERN.fullmatch(value):
             raise ValueError(f"{value!r} is not a valid agent id; use {AGENT_ID_RULE}")
         return value
+
+    @field_validator("workdir", mode="before")
+    @classmethod
+    def _workdir_given(cls, value: object) -> object:
+        return _no_empty_path(value)
 
     @field_validator("workdir")
     @classmethod
@@ -191,6 +207,17 @@ class DiscoverConfig(BaseModel):
             " (relative roots: to this file); at most 64 roots."
         ),
     )
+
+    @field_validator("roots", mode="before")
+    @classmethod
+    def _roots_given(cls, value: object) -> object:
+        if isinstance(value, list):
+            for index, root in enumerate(value):
+                try:
+                    _no_empty_path(root)
+                except ValueError as exc:
+                    raise ValueError(f"entry {index} {exc}") from None
+        return value
 
     @field_validator("roots")
     @classmethod
@@ -333,6 +360,11 @@ class ServiceConfig(BaseModel):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", description="Log verbosity."
     )
+
+    @field_validator("state_dir", mode="before")
+    @classmethod
+    def _state_dir_given(cls, value: object) -> object:
+        return _no_empty_path(value)
 
     @field_validator("state_dir")
     @classmethod
@@ -490,7 +522,18 @@ def path_problems(config: ServiceConfig) -> list[str]:
     state_problem = _state_dir_problem(config.state_dir)
     if state_problem is not None:
         problems.append(f"state_dir: {state_problem}")
+    seen_roots: dict[str, int] = {}
     for index, root in enumerate(config.discover.roots):
+        # The same folder twice took every agent in it twice: one warning per agent ("was
+        # already found at" the very same folder) at each discovery.
+        real = os.path.realpath(root)
+        if real in seen_roots:
+            problems.append(
+                f"discover.roots[{index}]: {root} is the same folder as"
+                f" discover.roots[{seen_roots[real]}]; list each root once"
+            )
+            continue
+        seen_roots[real] = index
         if root.exists() and not root.is_dir():
             problems.append(
                 f"discover.roots[{index}]: {root} exists and is not a directory; point it at"

@@ -628,6 +628,37 @@ def test_a_path_no_system_call_takes_is_a_config_error_naming_the_key(
 
 
 @pytest.mark.parametrize(
+    ("toml", "words"),
+    [
+        ('state_dir = ""\n', "state_dir: is empty; give a path"),
+        ('[[agents]]\nid = "a"\nworkdir = ""\n', "agents[0].workdir: is empty; give a path"),
+        ('[discover]\nroots = ["fleet", ""]\n', "discover.roots: entry 1 is empty"),
+        (
+            '[discover]\nroots = ["fleet", "./fleet/", "other"]\n',
+            "discover.roots[1]: {tmp}/fleet is the same folder as discover.roots[0]; list each"
+            " root once",
+        ),
+    ],
+    ids=["state-dir", "workdir", "root", "same-root"],
+)
+def test_an_empty_path_or_a_root_given_twice_is_refused_naming_the_key(
+    tmp_path: Path, toml: str, words: str
+) -> None:
+    """An empty path was taken as the config file's folder (`Path("")` is `.`): the state
+    kept beside the config, an agent watching that folder, every folder there discovered as
+    an agent. A discovery root listed twice found every agent in it twice, one warning per
+    agent ("already found at" the same folder). Both are refused before anything starts."""
+    config = tmp_path / "taskcard.toml"
+    config.write_text(toml)
+    for args in (("config", "check", str(config)), ("serve", "--config", str(config))):
+        result = taskcard(*args)
+        assert result.returncode == 2, result.stderr
+        assert words.format(tmp=tmp_path) in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+    assert not (tmp_path / "state.sqlite3").exists()
+
+
+@pytest.mark.parametrize(
     ("toml", "expected"),
     [
         ("", ["no [[agents]] are configured: nothing is served"]),
