@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 
 
 def nothing_served(config: ServiceConfig) -> list[str]:
-    """Warnings for a configuration that runs but shows nothing (or leaves agents out)."""
+    """Warnings for a configuration that runs but shows nothing (or leaves agents out, or
+    shows one agent's files under two names)."""
     if not config.agents and not config.discover.roots:
         return ["no [[agents]] are configured: nothing is served; add an agent and its workdir"]
     specs = route_specs(config)
@@ -50,7 +51,26 @@ def nothing_served(config: ServiceConfig) -> list[str]:
         f"agent {agent!r} is in no route: its card is shown nowhere"
         for agent in config.agent_ids()
         if agent not in routed
-    ]
+    ] + _shared_workdirs(config)
+
+
+def _shared_workdirs(config: ServiceConfig) -> list[str]:
+    """Two agents on one workdir are one agent's files shown twice: the same card under two
+    names, and a `/tell` to either queued in the same inbox."""
+    warnings: list[str] = []
+    first: dict[str, int] = {}
+    for index, agent in enumerate(config.agents):
+        folder = os.path.normpath(agent.workdir)
+        if folder in first:
+            other = config.agents[first[folder]]
+            warnings.append(
+                f"agents[{index}].workdir: the same folder as agents[{first[folder]}]"
+                f" ({other.id!r}), so {agent.id!r} shows that agent's card again; give each"
+                " agent its own workdir"
+            )
+        else:
+            first[folder] = index
+    return warnings
 
 
 def reload_config(service: Service, path: Path) -> bool:

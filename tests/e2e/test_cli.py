@@ -672,6 +672,13 @@ def test_an_empty_path_or_a_root_given_twice_is_refused_naming_the_key(
             + '[telegram]\n[[telegram.routes]]\nchat_id = 5\nagents = ["builder"]\n',
             ["agent 'idle' is in no route: its card is shown nowhere"],
         ),
+        (
+            AGENT + '[[agents]]\nid = "twin"\nworkdir = "./agents/builder/"\n',
+            [
+                "agents[1].workdir: the same folder as agents[0] ('builder'), so 'twin' shows"
+                " that agent's card again; give each agent its own workdir"
+            ],
+        ),
         (AGENT, []),
     ],
 )
@@ -681,6 +688,25 @@ def test_nothing_served_warnings(tmp_path: Path, toml: str, expected: list[str])
     assert len(warnings) == len(expected)
     for warning, start in zip(warnings, expected, strict=True):
         assert warning.startswith(start)
+
+
+async def test_two_agents_on_one_workdir_are_warned_of_by_check_and_serve(
+    tmp_path: Path,
+) -> None:
+    """Two [[agents]] on one folder (written differently) were taken without a word: one
+    agent's card shown twice under two names, a `/tell` to either queued in one inbox."""
+    config = console_config(
+        tmp_path, AGENT + '[[agents]]\nid = "twin"\nworkdir = "./agents/builder/"\n'
+    )
+    (tmp_path / "agents" / "builder").mkdir(parents=True)
+    words = "agents[1].workdir: the same folder as agents[0] ('builder')"
+    check = taskcard("config", "check", str(config))
+    assert check.returncode == 0, check.stderr
+    assert f"warning: {words}" in check.stderr, check.stderr
+    with ServeProcess(config) as serve:
+        await eventually(lambda: "channel console ready" in serve.logs, what="the start")
+        assert await serve.aterminate() == 0
+    assert serve.logs.count(words) == 1, serve.logs
 
 
 @pytest.mark.parametrize(
