@@ -161,7 +161,8 @@ class ConsoleConfig(BaseModel):
     def _check_enabled(cls, value: object) -> object:
         if value == "auto" or isinstance(value, bool):
             return value
-        raise ValueError(f'got {value!r}; use "auto", true or false')
+        shown = repr(value) if isinstance(value, str | int | float) else _toml_kind(value)
+        raise ValueError(f'got {shown}; use "auto", true or false')
 
 
 class WatchConfig(BaseModel):

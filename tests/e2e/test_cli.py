@@ -539,8 +539,21 @@ APP_SECRET_IN_FILE = "Zk3pQ9xLmN2vB7tRwq8YhJ4sD6fGa1Ce"
             f'[feishu]\napp_secret_env = "{APP_SECRET_IN_FILE}"\n',
             "feishu.app_secret_env: looks like a secret, not the name of an environment variable",
         ),
+        (
+            f'[console]\nenabled = {{ key = "{APP_SECRET_IN_FILE}" }}\n',
+            'console.enabled: got a table; use "auto", true or false',
+        ),
     ],
-    ids=["array-of-tables", "string-for-table", "env-list", "redis-list", "origin", "enum", "env"],
+    ids=[
+        "array-of-tables",
+        "string-for-table",
+        "env-list",
+        "redis-list",
+        "origin",
+        "enum",
+        "env",
+        "console-enabled",
+    ],
 )
 def test_a_secret_with_no_shape_in_a_value_of_the_wrong_type_is_not_quoted_back(
     tmp_path: Path, toml: str, words: str
