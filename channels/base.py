@@ -508,9 +508,9 @@ def bind_problem(error: OSError) -> str:
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
-# 16 or more letters and digits with no `_` and at least one digit: the shape of a generated
+# 24 or more letters and digits with no `_` and at least one digit: the shape of a generated
 # secret (a Feishu app secret, a token), not of a name someone chose for a variable.
-_SECRET_SHAPED = re.compile(r"(?=[A-Za-z0-9]*[0-9])[A-Za-z0-9]{16,}")
+_SECRET_SHAPED = re.compile(r"(?=[A-Za-z0-9]*[0-9])[A-Za-z0-9]{24,}")
 
 
 def check_env_name(name: str) -> str:
