@@ -739,8 +739,16 @@ def load_config(path: Path) -> ServiceConfig:
         )
     try:
         data = tomllib.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise ConfigError([f"{path}: not UTF-8 text; save the file as UTF-8"]) from None
+    except UnicodeDecodeError as exc:
+        # Where: one stray byte (a Latin-1 "é" pasted in) is otherwise hunted through the file.
+        line = raw.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise ConfigError(
+            [
+                f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at line {line}, column"
+                f" {column}); save the file as UTF-8"
+            ]
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"{path}: TOML syntax error: {exc}; fix the file there"]) from None
     # An anonymous pipe (`--config <(...)`) or /dev/null has no folder of its own: its

@@ -735,8 +735,13 @@ async def test_two_agents_on_one_workdir_are_warned_of_by_check_and_serve(
         # A folder got "cannot be read (Is a directory); check its permissions".
         (lambda tmp: tmp, "is a folder"),
         (lambda tmp: _written(tmp / "big.toml", b"#" * (17 * 1024 * 1024)), "larger than"),
+        # One Latin-1 byte got "not UTF-8 text" with no place to look for it.
+        (
+            lambda tmp: _written(tmp / "latin1.toml", AGENT.encode() + b"# caf\xe9\n"),
+            "not UTF-8 text (byte 0xe9 at line 4, column 6); save the file as UTF-8",
+        ),
     ],
-    ids=["device", "bom", "folder", "huge"],
+    ids=["device", "bom", "folder", "huge", "latin-1"],
 )
 def test_a_config_path_of_the_wrong_kind_says_what_is_wrong(
     tmp_path: Path, make: Callable[[Path], Path], words: str
