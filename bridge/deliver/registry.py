@@ -18,7 +18,12 @@ from taskcard.channels.base import Channel, ChatRef, CursorStore, RouteView
 
 class SecretMissing(Exception):
     """A secret environment variable the configuration names is unset, empty, or does not
-    hold a value of the secret's form."""
+    hold a value of the secret's form. `messages` holds one line per such variable: every
+    one is named at once, not one per start."""
+
+    def __init__(self, *messages: str) -> None:
+        self.messages = list(messages)
+        super().__init__("\n".join(self.messages))
 
 
 # What a bot token may hold: @BotFather's are the bot's id, a colon and [A-Za-z0-9_-], but a
@@ -162,21 +167,37 @@ def _feishu(
 ) -> BuiltChannel | None:
     if config.feishu is None:
         return None
-    from taskcard.channels.feishu.channel import FeishuChannel
-
     section = config.feishu
-    app_id = _need(env, "feishu.app_id_env", section.app_id_env, "app id")
-    app_secret = _need(env, "feishu.app_secret_env", section.app_secret_env, "app secret")
-    verification_token: str | None = None
+    wanted = [
+        ("feishu.app_id_env", section.app_id_env, "app id"),
+        ("feishu.app_secret_env", section.app_secret_env, "app secret"),
+    ]
+    if section.events == "webhook":
+        wanted.append(
+            (
+                "feishu.webhook.verification_token_env",
+                section.webhook.verification_token_env,
+                "event verification token",
+            )
+        )
+    found: list[str] = []
+    missing: list[str] = []
+    for key_path, variable, what in wanted:
+        try:
+            found.append(_need(env, key_path, variable, what))
+        except SecretMissing as problem:
+            missing += problem.messages
+    if missing:
+        raise SecretMissing(*missing)
+    app_id, app_secret = found[0], found[1]
+    verification_token: str | None = found[2] if len(found) > 2 else None
     encrypt_key: str | None = None
     if section.events == "webhook":
-        verification_token = _need(
-            env,
-            "feishu.webhook.verification_token_env",
-            section.webhook.verification_token_env,
-            "event verification token",
-        )
         encrypt_key = env.get(section.webhook.encrypt_key_env, "").strip() or None
+    # Imported once the variables are there: the Feishu SDK takes seconds to import, which a
+    # start that stops on a missing variable need not wait for.
+    from taskcard.channels.feishu.channel import FeishuChannel
+
     channel = FeishuChannel(
         section,
         app_id,
@@ -268,8 +289,17 @@ def build_channels(
 ) -> dict[str, BuiltChannel]:
     """Every configured channel with its routes; raises `SecretMissing` naming the variable."""
     built: dict[str, BuiltChannel] = {}
+    missing: list[str] = []
     for name, builder in _BUILDERS.items():
-        result = builder(config, cursor, env)
+        try:
+            result = builder(config, cursor, env)
+        except SecretMissing as problem:
+            # Every channel's variables are named at once: an operator missing the bot token
+            # and the app secret learnt of the second only after fixing the first.
+            missing += problem.messages
+            continue
         if result is not None:
             built[name] = result
+    if missing:
+        raise SecretMissing(*missing)
     return built

@@ -191,7 +191,8 @@ async def serve(
             cursors = wiring.cursor_store(config) if wiring else store
             built = build_channels(config, cursors, env)
         except SecretMissing as error:
-            start_error(str(error))
+            for message in error.messages:
+                start_error(message)
             return EXIT_CONFIG
         if wiring is not None:
             built = wiring.attach(built)

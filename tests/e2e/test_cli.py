@@ -830,6 +830,34 @@ def test_a_missing_or_blank_secret_stops_serve_naming_the_variable(
     assert "SECR" not in result.stderr
 
 
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_every_missing_secret_is_named_at_once(tmp_path: Path, log_format: str) -> None:
+    """With the bot token and the Feishu app's variables all unset, the start named the
+    bot token alone: the operator fixed it, started again, and only then learnt of the
+    next. Every missing variable is one line (one JSON record) of the same stop, exit 2."""
+    config = console_config(
+        tmp_path,
+        AGENT,
+        '[telegram]\ntoken_env = "TC_NO_TOKEN"\n'
+        '[feishu]\napp_id_env = "TC_NO_APP_ID"\napp_secret_env = "TC_NO_APP_SECRET"\n'
+        'events = "webhook"\n[feishu.webhook]\nverification_token_env = "TC_NO_VERIFY"\n',
+    )
+    result = taskcard("serve", "--config", str(config), "--log-format", log_format)
+    assert result.returncode == 2, result.stderr
+    for key, variable in (
+        ("telegram.token_env", "TC_NO_TOKEN"),
+        ("feishu.app_id_env", "TC_NO_APP_ID"),
+        ("feishu.app_secret_env", "TC_NO_APP_SECRET"),
+        ("feishu.webhook.verification_token_env", "TC_NO_VERIFY"),
+    ):
+        lines = [line for line in result.stderr.splitlines() if variable in line]
+        assert len(lines) == 1, result.stderr
+        assert f"{key}: the environment variable {variable} is not set" in lines[0]
+        if log_format == "json":
+            assert json.loads(lines[0])["level"] == "ERROR"
+    assert "Traceback" not in result.stderr
+
+
 def _with_stdout(stdout: int | IO[str], *args: str) -> subprocess.CompletedProcess[str]:
     """`taskcard ARGS` writing its output to `stdout` (a closed pipe, a full disk)."""
     return subprocess.run(
