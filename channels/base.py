@@ -17,7 +17,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Final, Literal, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -433,6 +433,25 @@ class Channel(ABC):
     @abstractmethod
     async def pin(self, chat: ChatRef, message_id: str) -> None:
         """Pin a message quietly."""
+
+
+# How many characters of Markdown source per unit of a platform's size limit are kept before
+# fitting (`precut_body`).
+SOURCE_BUDGET_FACTOR: Final = 4
+
+
+def precut_body(view: CardView, budget: int) -> CardView:
+    """`view` with a huge Markdown body cut to its first `budget` characters, marked, before
+    fitting, so that fitting converts no more than can be shown.
+
+    Visible text is rarely much shorter than its source, so a source of
+    `SOURCE_BUDGET_FACTOR` times the platform's limit loses nothing that could be shown,
+    except in bodies made mostly of link addresses (then the card is cut a little earlier
+    than necessary, still with the visible marker).
+    """
+    if view.body is None or len(view.body) <= budget:
+        return view
+    return replace(view, body=view.body[:budget].rstrip(), body_cut=True)
 
 
 def fit_view(view: CardView, size: Callable[[CardView], int], limit: int) -> CardView:

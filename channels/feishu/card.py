@@ -21,6 +21,7 @@ one (`/taskcard` in a chat following thousands of agents) is cut with a marker.
 
 from __future__ import annotations
 
+import bisect
 import html
 import json
 import re
@@ -31,6 +32,7 @@ from taskcard.channels.base import (
     BOARD_HIDDEN_NOTICE,
     BOARD_TITLE,
     BODY_CUT_MARKER,
+    SOURCE_BUDGET_FACTOR,
     AgentState,
     BoardView,
     CardView,
@@ -38,6 +40,7 @@ from taskcard.channels.base import (
     board_line_parts,
     board_omitted_text,
     fit_view,
+    precut_body,
     web_link,
 )
 
@@ -150,24 +153,65 @@ def feishu_markdown(body: str) -> str:
     out: list[str] = []
     in_code = False
     for line in body.split("\n"):
-        if in_code:
-            if _CLOSE_FENCE.match(line):
-                out.append(line)
-                in_code = False
-                continue
-            if not _FENCE_LIKE.match(line):
-                out.append(_defuse_tags(line))
-                continue
-            out.append("```")  # ambiguous: close here, then the line is text
-            in_code = False
-        if _OPEN_FENCE.match(line):
-            out.append(line)
-            in_code = True
-        else:
-            out.append(_convert_line(line))
+        in_code = _convert_next(line, in_code, out)
     if in_code:
         out.append("```")
     return "\n".join(out)
+
+
+def _convert_next(line: str, in_code: bool, out: list[str]) -> bool:
+    """Append to `out` what the next `line` of a body becomes (see `feishu_markdown`), given
+    whether a code block is open before it; return whether one is open after it."""
+    if in_code:
+        if _CLOSE_FENCE.match(line):
+            out.append(line)
+            return False
+        if not _FENCE_LIKE.match(line):
+            out.append(_defuse_tags(line))
+            return True
+        out.append("```")  # ambiguous: close here, then the line is text
+    if _OPEN_FENCE.match(line):
+        out.append(line)
+        return True
+    out.append(_convert_line(line))
+    return False
+
+
+class _Prefixes:
+    """`feishu_markdown` of `body` and of its prefixes, each line converted once.
+
+    The conversion goes line by line, a line's result depending only on whether a code block
+    is open before it: a prefix is the converted lines before its last one, that last line
+    (cut) converted, and a fence closing a block the cut left open. Fitting a card measures
+    a dozen prefixes of one body; this keeps that one conversion of the body."""
+
+    def __init__(self, body: str) -> None:
+        self._body = body
+        self._out: list[str] = []
+        # Per line: where it starts in `body`, its first output in `_out`, and whether a code
+        # block is open before it.
+        self._starts: list[int] = []
+        self._firsts: list[int] = []
+        self._in_code: list[bool] = []
+        in_code, start = False, 0
+        for line in body.split("\n"):
+            self._starts.append(start)
+            self._firsts.append(len(self._out))
+            self._in_code.append(in_code)
+            in_code = _convert_next(line, in_code, self._out)
+            start += len(line) + 1
+
+    def markdown(self, prefix: str) -> str:
+        """`feishu_markdown(prefix)`, for `prefix` a prefix of the body."""
+        if not self._body.startswith(prefix):
+            return feishu_markdown(prefix)
+        index = bisect.bisect_right(self._starts, len(prefix)) - 1  # the line the cut is in
+        start = self._starts[index]
+        out = self._out[: self._firsts[index]]
+        in_code = _convert_next(self._body[start : len(prefix)], self._in_code[index], out)
+        if in_code:
+            out.append("```")
+        return "\n".join(out)
 
 
 def _plain(content: str, *, notation: bool = False) -> dict[str, Any]:
@@ -178,8 +222,9 @@ def _plain(content: str, *, notation: bool = False) -> dict[str, Any]:
     return {"tag": "div", "text": text}
 
 
-def card_json(view: CardView) -> dict[str, Any]:
-    """The card JSON 2.0 document for `view` (no fitting: see `render_card`)."""
+def card_json(view: CardView, markdown: str | None = None) -> dict[str, Any]:
+    """The card JSON 2.0 document for `view` (no fitting: see `render_card`); `markdown`:
+    `view.body` already converted by `feishu_markdown`."""
     template = "grey" if view.hidden else STATE_TEMPLATE.get(view.state, "grey")
     header = {
         "title": {"tag": "plain_text", "content": view.agent_id},
@@ -196,7 +241,8 @@ def card_json(view: CardView) -> dict[str, Any]:
             elements.append(_plain(view.body_note, notation=True))
         if view.body is not None or view.body_cut:
             elements.append({"tag": "hr"})
-            markdown = feishu_markdown(view.body or "")
+            if markdown is None:
+                markdown = feishu_markdown(view.body or "")
             if view.body_cut:
                 markdown += _escape_entities(BODY_CUT_MARKER)
             elements.append({"tag": "markdown", "content": markdown})
@@ -252,13 +298,20 @@ def _text_of(node: object) -> str:
     return ""
 
 
-def _view_size(view: CardView) -> int:
-    return card_request_bytes(card_content(card_json(view)))
-
-
 def render_card(view: CardView, limit_bytes: int = CARD_BUDGET_BYTES) -> Outgoing:
-    """The interactive message for `view`, shrunk until it fits `limit_bytes`."""
-    fitted = card_json(fit_view(view, _view_size, limit_bytes))
+    """The interactive message for `view`, shrunk until it fits `limit_bytes` (the body is
+    converted once however many of its cuts are measured: see `_Prefixes`)."""
+    view = precut_body(view, limit_bytes * SOURCE_BUDGET_FACTOR)
+    prefixes = _Prefixes(view.body or "")
+
+    def converted(candidate: CardView) -> dict[str, Any]:
+        body = candidate.body
+        return card_json(candidate, None if body is None else prefixes.markdown(body))
+
+    def size(candidate: CardView) -> int:
+        return card_request_bytes(card_content(converted(candidate)))
+
+    fitted = converted(fit_view(view, size, limit_bytes))
     content = card_content(fitted)
     return Outgoing.build(card_plain_text(fitted), {"msg_type": "interactive", "content": content})
 

@@ -3,7 +3,7 @@
 We never send a `parse_mode`: text with an explicit entity list cannot fail on escaping, which
 is the classic MarkdownV2 failure. The Markdown body is converted by `telegramify-markdown`,
 whose entity offsets are already in UTF-16 code units, the unit Telegram counts in. The
-rendered message always fits `MAX_MESSAGE_UTF16` after entity parsing (`fit_view` shrinks the
+rendered message always fits `MAX_MESSAGE_UTF16` after entity parsing (`render_card` shrinks the
 automatic slot first, then cuts the body) and is never empty, since Telegram rejects that.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import functools
 import re
+import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -25,12 +26,13 @@ from taskcard.channels.base import (
     BOARD_HIDDEN_NOTICE,
     BOARD_TITLE,
     BODY_CUT_MARKER,
+    SOURCE_BUDGET_FACTOR,
     BoardView,
     CardView,
     Outgoing,
     board_line_parts,
     board_omitted_text,
-    fit_view,
+    precut_body,
     web_link,
 )
 
@@ -42,7 +44,6 @@ _OWN_CARD_ENTITIES = 3
 _BODY_ENTITIES = MAX_ENTITIES - _OWN_CARD_ENTITIES
 # Entities whose text reads the same without them: dropped first when a message has too many.
 _STYLES = frozenset({"bold", "italic", "underline", "strikethrough", "spoiler"})
-_SOURCE_BUDGET_FACTOR = 4
 SEPARATOR = "──────────"
 _STATE_ICONS = {
     "running": "🟢",
@@ -224,11 +225,12 @@ def _trim_end(rich: RichText) -> RichText:
     limit = utf16_len(text)
     kept: list[Entity] = []
     for entity in rich.entities:
-        end = min(entity.offset + entity.length, limit)
-        if end > entity.offset:
-            kept.append(
-                Entity(entity.type, entity.offset, end - entity.offset, entity.url, entity.language)
-            )
+        end = entity.offset + entity.length
+        if end <= limit:
+            if entity.length > 0:
+                kept.append(entity)
+        elif limit > entity.offset:
+            kept.append(replace(entity, length=limit - entity.offset))
     return RichText(text, tuple(kept))
 
 
@@ -303,10 +305,16 @@ def within_entity_limit(rich: RichText, limit: int = MAX_ENTITIES) -> RichText:
         return rich
     dropped: set[int] = set()
     for droppable in (lambda kind: kind in _STYLES, lambda kind: kind != "text_link"):
-        for index in reversed(range(len(rich.entities))):
-            if excess > 0 and index not in dropped and droppable(rich.entities[index].type):
-                dropped.add(index)
-                excess -= 1
+        candidates = [
+            index
+            for index, entity in enumerate(rich.entities)
+            if index not in dropped and droppable(entity.type)
+        ]
+        last = candidates[max(0, len(candidates) - excess) :]  # the last ones go first
+        dropped.update(last)
+        excess -= len(last)
+        if excess <= 0:
+            break
     kept = tuple(entity for index, entity in enumerate(rich.entities) if index not in dropped)
     return defuse_mentions(RichText(rich.text, kept))
 
@@ -373,9 +381,10 @@ def hidden_notice(agent_id: str) -> str:
     return f"{agent_id}: task card hidden — /taskcard on to show"
 
 
-def compose_rich(view: CardView) -> RichText:
+def compose_rich(view: CardView, body: RichText | None = None) -> RichText:
     """The full layout of one card, without any size bound (the body's conversion is cached
-    by `markdown_to_rich`, so measuring many variants of one view converts it once)."""
+    by `markdown_to_rich`, so measuring many variants of one view converts it once). `body`:
+    the body already converted (and cut), in place of `view.body`'s conversion."""
     agent = view.agent_id.strip() or "agent"
     if view.hidden:
         return RichText(hidden_notice(agent))
@@ -389,8 +398,10 @@ def compose_rich(view: CardView) -> RichText:
     if view.body_note:
         out.add("\n")
         out.add_styled(view.body_note, "italic")
-    if view.body is not None and view.body.strip():
-        body = within_entity_limit(markdown_to_rich(view.body), _BODY_ENTITIES)
+    if body is None and view.body is not None and view.body.strip():
+        body = markdown_to_rich(view.body)
+    if body is not None:
+        body = within_entity_limit(body, _BODY_ENTITIES)
         out.add("\n")
         out.add(body.text, body.entities)
     if view.body_cut:
@@ -406,22 +417,42 @@ def _outgoing(rich: RichText) -> Outgoing:
 
 
 def render_card(view: CardView, limit_utf16: int = MAX_MESSAGE_UTF16) -> Outgoing:
-    """The resident message for `view`, always non-empty and within `limit_utf16`."""
-    view = _links_cut(_precut_body(view, limit_utf16))
-    # The last view measured and its layout: a card that fits as it is (the usual case) is
-    # then composed once, not once to measure and again to send.
-    measured: list[tuple[CardView, RichText]] = []
+    """The resident message for `view`, always non-empty and within `limit_utf16`.
 
-    def size_utf16(candidate: CardView) -> int:
-        composed = compose_rich(candidate)
-        measured[:] = [(candidate, composed)]
-        if len(composed.entities) > MAX_ENTITIES:  # a safeguard: `_links_cut` saw to it
-            return limit_utf16 + 1
-        return utf16_len(composed.text)
+    The automatic rows are dropped from the end first (keeping the first), as `fit_view`
+    does; then the body is cut. The body is converted once: what is cut is its text and
+    entities, at the longest prefix that fits (`_cut_rich`), never its Markdown source, so a
+    dense body costs one conversion however many cuts are measured."""
+    view = precut_body(view, limit_utf16 * SOURCE_BUDGET_FACTOR)
+    body = markdown_to_rich(view.body) if view.body is not None and view.body.strip() else None
+    if body is not None:
+        view, body = _links_cut(view, body)
 
-    fitted = fit_view(view, size_utf16, limit_utf16)
-    last = measured[0] if measured else None
-    rich = last[1] if last is not None and last[0] is fitted else compose_rich(fitted)
+    def fits(rich: RichText) -> bool:
+        return len(rich.entities) <= MAX_ENTITIES and utf16_len(rich.text) <= limit_utf16
+
+    rich = compose_rich(view, body)
+    rows = list(view.auto_rows)
+    while not fits(rich) and len(rows) > 1:
+        rows.pop()
+        rich = compose_rich(replace(view, auto_rows=tuple(rows)), body)
+    if not fits(rich):
+        shrunk = replace(view, auto_rows=tuple(rows), body=None, body_cut=True)
+        whole = body or RichText("")
+
+        def cut_at(cut: int) -> RichText:
+            kept = _cut_rich(whole, cut)
+            return compose_rich(shrunk, kept if kept.text else None)
+
+        rich = cut_at(0)
+        low, high = 1, len(whole.text)  # in code points: never inside a surrogate pair
+        while low <= high:
+            middle = (low + high) // 2
+            candidate = cut_at(middle)
+            if fits(candidate):
+                rich, low = candidate, middle + 1
+            else:
+                high = middle - 1
     if utf16_len(rich.text) > limit_utf16:
         # Only reachable when the header or the one kept row alone is too long: cut by code
         # points, which never splits a surrogate pair.
@@ -429,44 +460,60 @@ def render_card(view: CardView, limit_utf16: int = MAX_MESSAGE_UTF16) -> Outgoin
     return _outgoing(rich)
 
 
-def _body_entities(body: str) -> int:
-    return len(within_entity_limit(markdown_to_rich(body), _BODY_ENTITIES).entities)
+# Characters a cut must not come just before: they belong to the character before them (a
+# combining mark, a variation selector, an emoji's skin tone or joined part, the zero-width
+# space that defuses a `@` or `/`).
+_JOINED = frozenset("\u200b\u200c\u200d\ufe0e\ufe0f") | frozenset(
+    chr(code) for code in range(0x1F3FB, 0x1F400)
+)
 
 
-def _links_cut(view: CardView) -> CardView:
-    """`view` with its body cut, marked, to the longest prefix whose entities Telegram all
-    applies once `within_entity_limit` has let the others go: more links than that.
+def _cut_rich(rich: RichText, cut: int) -> RichText:
+    """`rich` cut to its first `cut` code points (less a character's marks and joiners, and
+    a `@` or `/` whose defusing space would be cut off), its entities clamped to the text
+    left; trailing white space dropped."""
+    text = rich.text
+    cut = min(cut, len(text))
+    while 0 < cut < len(text) and (
+        text[cut] in _JOINED or text[cut - 1] == "\u200d" or unicodedata.combining(text[cut])
+    ):
+        cut -= 1
+    if cut < len(text) and text[cut] == _NO_MENTION and cut > 0 and text[cut - 1] in "@/":
+        cut -= 1
+    if cut >= len(text):
+        return _trim_end(rich)
+    limit = utf16_len(text[:cut])
+    # Only the entities that start before the cut are clamped by `_trim_end`: a long dense
+    # body has thousands, and the cut is measured a dozen times.
+    return _trim_end(RichText(text[:cut], tuple(e for e in rich.entities if e.offset < limit)))
+
+
+def _links_cut(view: CardView, body: RichText) -> tuple[CardView, RichText]:
+    """`view` and its converted `body`, the body cut, marked, to the longest prefix whose
+    entities Telegram all applies once `within_entity_limit` has let the others go: more
+    links than that. Links are never dropped, so the cut comes just before the first link
+    that does not fit; at a space or a line's end before it, where there is one.
 
     Cut before fitting, which would first drop the automatic rows for nothing."""
-    body = view.body
-    if body is None or _body_entities(body) <= _BODY_ENTITIES:
-        return view
-    low, high = 0, len(body) - 1  # the longest prefix that fits is shorter than `body`
-    while low < high:
-        middle = (low + high + 1) // 2
-        if _body_entities(body[:middle]) <= _BODY_ENTITIES:
-            low = middle
-        else:
-            high = middle - 1
-    # At a space or a line's end where there is one: a cut inside a link would leave its
-    # source (`[words](https://...`) as text. An address has no space in it.
-    gap = max(body.rfind(" ", 0, low + 1), body.rfind("\n", 0, low + 1))
-    return replace(view, body=body[: gap if gap > 0 else low].rstrip(), body_cut=True)
+    links = [entity for entity in body.entities if entity.type == "text_link"]
+    if len(within_entity_limit(body, _BODY_ENTITIES).entities) <= _BODY_ENTITIES:
+        return view, body
+    first_out = sorted(entity.offset for entity in links)[_BODY_ENTITIES]
+    cut = _code_points(body.text, first_out)
+    gap = max(body.text.rfind(" ", 0, cut), body.text.rfind("\n", 0, cut))
+    return replace(view, body_cut=True), _cut_rich(body, gap if gap > 0 else cut)
 
 
-def _precut_body(view: CardView, limit_utf16: int) -> CardView:
-    """Cut a huge Markdown source before fitting, so fitting stays cheap.
-
-    Fitting converts the body a dozen times; on a body of tens of thousands of characters
-    that would block the event loop for seconds. Visible text is rarely much shorter than
-    its source, so a source of `_SOURCE_BUDGET_FACTOR` times the limit loses nothing that
-    could be shown, except in bodies made mostly of link URLs (then the card is cut a little
-    earlier than necessary, still with the visible marker).
-    """
-    budget = limit_utf16 * _SOURCE_BUDGET_FACTOR
-    if view.body is None or len(view.body) <= budget:
-        return view
-    return replace(view, body=view.body[:budget].rstrip(), body_cut=True)
+def _code_points(text: str, offset_utf16: int) -> int:
+    """The index in `text` of the character at UTF-16 offset `offset_utf16`."""
+    if text.isascii():
+        return offset_utf16
+    used = 0
+    for index, char in enumerate(text):
+        if used >= offset_utf16:
+            return index
+        used += 2 if ord(char) > 0xFFFF else 1
+    return len(text)
 
 
 def board_rich(view: BoardView) -> RichText:

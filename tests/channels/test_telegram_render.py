@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 import pytest
+import telegramify_markdown
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -216,3 +217,59 @@ def _defused_by_rule(text: str) -> str:
 def test_defusing_follows_the_rule_at_every_position(text: str) -> None:
     # The patterns look behind after their character (a faster scan); the rule is the same.
     assert defuse_mentions(RichText(text)).text == _defused_by_rule(text)
+
+
+def test_a_dense_body_is_converted_once_however_often_it_is_cut(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Fitting a long body used to convert its Markdown once per cut measured (15 times for
+    16,000 characters of `**w**`, half a second of CPU); the converted text is cut instead."""
+    calls: list[str] = []
+    convert = telegramify_markdown.convert
+
+    def counted(markdown: str, *args: Any, **kwargs: Any) -> Any:
+        calls.append(markdown)
+        return convert(markdown, *args, **kwargs)
+
+    monkeypatch.setattr(telegramify_markdown, "convert", counted)
+    markdown_to_rich.cache_clear()
+    rows = tuple(f"row {i}: " + "x" * 30 for i in range(5))
+    body = "**w** " * 2666 + "\n\nend-marker"
+    out = render_card(CardView(agent_id="dense", state="running", auto_rows=rows, body=body))
+    _assert_valid(out.payload)
+    assert len(calls) == 1
+    assert out.text.endswith(BODY_CUT_MARKER.strip()) and "end-marker" not in out.text
+    assert utf16_len(out.text) > MAX_MESSAGE_UTF16 - 200, "the cut keeps nearly all the room"
+    assert "row 0" in out.text and "row 4" not in out.text
+
+
+CUT_UNITS = [
+    "😀",
+    "👍🏽",
+    "👨\u200d👩\u200d👧",
+    "e\u0301",
+    "❤\ufe0f",
+    "@boss ",
+    "/stop ",
+    "`@x` ",
+    "**b** ",
+]
+
+
+@pytest.mark.parametrize("limit", range(160, 260, 3))
+def test_a_cut_body_ends_on_a_whole_character_and_pages_no_one(limit: int) -> None:
+    """The converted body is cut at a code point, never inside a surrogate pair, and never
+    between a character and what joins it (a skin tone, a joiner, an accent, a variation
+    selector) nor between a `@` or `/` and the space that defuses it."""
+    body = "".join(CUT_UNITS) * 20
+    view = CardView(agent_id="cut", state="running", body=body)
+    out = render_card(view, limit)
+    assert utf16_len(out.text) <= limit and out.text.endswith(BODY_CUT_MARKER.strip())
+    for entity in out.payload.get("entities", []):
+        assert entity["offset"] + entity["length"] <= utf16_len(out.text)
+    shown = out.text[: -len(BODY_CUT_MARKER.strip())].rstrip()
+    whole = markdown_to_rich(body).text
+    assert whole.startswith(shown.split("\n", 2)[2])  # the header and separator first
+    after = whole[len(shown.split("\n", 2)[2]) :]
+    assert not after or (after[0] not in "\u200b\u200d\ufe0f\U0001f3fd\u0301")
+    assert not shown.endswith("\u200d")
