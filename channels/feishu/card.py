@@ -108,6 +108,43 @@ def _link_or_words(match: re.Match[str]) -> str:
     return match.group() if web_link(match.group(2).strip().lstrip("<")) else match.group(1)
 
 
+# What CommonMark reads as one character outside code: a character reference (`&amp;`,
+# `&#42;`, `&#x1F600;`) or a backslash before ASCII punctuation (`\*`).
+_LITERAL = re.compile(
+    r"&(?:#[0-9]{1,7}|#[xX][0-9A-Fa-f]{1,6}|[A-Za-z][A-Za-z0-9]{0,31});"
+    r"|\\[!-/:-@\[-`{-~]"
+)
+# Characters Feishu card Markdown may read as markup (`& < >` written as usual).
+_MARKUP = frozenset("*_~`[]()#|\\!")
+
+
+def _literal(match: re.Match[str]) -> str:
+    """The one character `match` stands for, written so that Feishu shows it as it is: a
+    character reference for markup, white space and control characters; an unknown
+    reference (`&nosuch;`) stays as typed, as in CommonMark."""
+    token = match.group()
+    char = token[1] if token[0] == "\\" else html.unescape(token)
+    if char == token:
+        return _escape_entities(token)
+    if len(char) != 1 or char in _MARKUP or not char.isprintable():
+        return "".join(f"&#{ord(c)};" for c in char)
+    return _escape_entities(char)
+
+
+def _escape_literals(text: str) -> str:
+    """`_escape_entities` of `text`, its character references and backslash escapes read as
+    the one character each stands for, as on Telegram: `&amp;` shows `&`, not `&amp;`."""
+    if "&" not in text and "\\" not in text:
+        return _escape_entities(text)
+    out: list[str] = []
+    last = 0
+    for match in _LITERAL.finditer(text):
+        out += [_escape_entities(text[last : match.start()]), _literal(match)]
+        last = match.end()
+    out.append(_escape_entities(text[last:]))
+    return "".join(out)
+
+
 def _escaped_text(text: str) -> str:
     """Text of a line outside inline code, escaped: each link whose target is not a web
     address (see `web_link`) replaced by its words, as on Telegram; a link form the pattern
@@ -115,14 +152,15 @@ def _escaped_text(text: str) -> str:
     as typed and opens nothing."""
     if "](" in text:
         text = _LINK.sub(_link_or_words, text)
-    return _NON_WEB_TARGET.sub("]&#40;", _escape_entities(text))
+    return _NON_WEB_TARGET.sub("]&#40;", _escape_literals(text))
 
 
 def _converted_text(text: str) -> str:
     """A line's text (after any heading or quote marker) in Feishu card Markdown: images as
-    links, links only to web addresses, `& < >` escaped; inline code spans as written."""
+    links, links only to web addresses, `& < >` escaped, character references and backslash
+    escapes read (see `_escape_literals`); inline code spans as written."""
     text = _IMAGE.sub(_image_to_link, text)
-    if "](" not in text:
+    if "](" not in text and "&" not in text and "\\" not in text:
         return _escape_entities(text)
     parts = _INLINE_CODE.split(text)  # text, then each code span's backticks and its text
     out = [_escaped_text(parts[0])]

@@ -87,6 +87,12 @@ def test_card_layout_rows_divider_body() -> None:
         ("- item **bold** `code`", "- item **bold** `code`"),
         ("```\n<raw> # not heading\n```", "```\n<raw> # not heading\n```"),
         ("```py\nunclosed <x>", "```py\nunclosed <x>\n```"),
+        ("AT&amp;T &lt;x&gt; &copy;", "AT&amp;T &lt;x&gt; ©"),
+        ("&#42;no&#42; \\*star\\* \\_x\\_ \\\\", "&#42;no&#42; &#42;star&#42; &#95;x&#95; &#92;"),
+        ("&#60;at id=all&#62; \\<at id=all>", "&lt;at id=all&gt; &lt;at id=all&gt;"),
+        ("&nosuch; &#10; &nbsp;", "&amp;nosuch; &#10; &#160;"),
+        ("`&amp; \\*` &amp;", "`&amp;amp; \\*` &amp;"),
+        ("[a &amp; b](https://x.test/?a=1&amp;b=2)", "[a &amp; b](https://x.test/?a=1&amp;b=2)"),
     ],
 )
 def test_markdown_is_converted_to_feishu_dialect(source: str, expected: str) -> None:

@@ -9,6 +9,7 @@ Issue 8, items 4 and 5, end to end through `taskcard serve` and the fake chat AP
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from collections.abc import AsyncIterator
@@ -474,6 +475,45 @@ async def test_a_card_links_only_to_web_addresses_on_feishu(
     assert targets == ["https:", "file:"]  # the web link, and the one in code as typed
     assert "run page disk app boss &lt;javascript:go()&gt; [deeper]&#40;javascript" in markdown
     assert "`[code](file:///x)`" in markdown and "**see head now**" in markdown
+
+
+LITERALS = (
+    "# literals-marker\n"
+    "AT&amp;T &lt;b&gt; &#42;not bold&#42; \\*nor this\\* \\_x\\_ &copy; &#x1F600; &nosuch;"
+    " a\\\\b\n"
+    "`&amp; kept` &#60;at id=all&#62;"
+)
+LITERALS_SHOWN = "AT&T <b> *not bold* *nor this* _x_ © 😀 &nosuch; a\\b"
+
+
+async def test_character_references_and_escapes_show_alike_on_telegram_and_feishu(
+    tmp_path: Path, telegram: FakeTelegram, feishu: FakeFeishu
+) -> None:
+    """A character reference (`&amp;`, `&#42;`) or a backslash escape (`\\*`) in a card is
+    one character in Markdown: Telegram showed `AT&T`, Feishu `AT&amp;T` and `\\*`. Both
+    show the character now, markup characters never as markup, code as written, and a
+    mention tag written with references stays text."""
+    with telegram_serve(tmp_path / "t", telegram) as serve:
+        publish(tmp_path / "t" / "agents" / "builder", LITERALS)
+        await eventually(lambda: "literals-marker" in telegram_everything(telegram))
+        assert await serve.aterminate() == 0
+    setup = Setup(tmp_path / "f", feishu, ["builder"])
+    with setup.serve() as serve:
+        publish(tmp_path / "f" / "agents" / "builder", LITERALS)
+        await eventually(lambda: any("literals-marker" in t for t in card_texts(feishu)))
+        assert await serve.aterminate() == 0
+    message = next(m for m in telegram.bot_messages(GROUP) if "literals-marker" in m.text)
+    assert LITERALS_SHOWN in message.text and "&amp; kept <at id=all>" in message.text
+    styled = [
+        *entity_texts(message.text, message.entities, "bold"),
+        *entity_texts(message.text, message.entities, "italic"),
+    ]
+    assert not any("not bold" in text or "nor this" in text or text == "x" for text in styled)
+    card = next(c for c in feishu.cards(CHAT) if "literals-marker" in json.dumps(c))
+    markdown = next(e["content"] for e in card["body"]["elements"] if e["tag"] == "markdown")
+    assert html.unescape(markdown.split("\n")[1]) == LITERALS_SHOWN
+    assert "`&amp;amp; kept` &lt;at id=all&gt;" in markdown
+    assert "*" not in markdown.split("\n")[1] and "_" not in markdown.split("\n")[1]
 
 
 async def test_a_card_sent_again_without_its_entities_pages_no_one(
