@@ -251,7 +251,7 @@ def markdown_to_rich(markdown: str) -> RichText:
     """
     config = RenderConfig.isolated()
     text, entities = telegramify_markdown.convert(
-        _html_as_text(markdown), latex_escape=False, config=config
+        _html_as_text(_pipes_as_text(markdown)), latex_escape=False, config=config
     )
     # Defused here too, so that composing the card again finds the body's mentions done.
     return defuse_mentions(
@@ -317,6 +317,45 @@ def within_entity_limit(rich: RichText, limit: int = MAX_ENTITIES) -> RichText:
             break
     kept = tuple(entity for index, entity in enumerate(rich.entities) if index not in dropped)
     return defuse_mentions(RichText(rich.text, kept))
+
+
+_PIPES = re.compile(rb"\|{2,}")
+
+
+def _escaped_pipes(run: re.Match[bytes]) -> bytes:
+    return run.group().replace(b"|", b"\\|")
+
+
+def _pipes_as_text(markdown: str) -> str:
+    """`markdown` with each `|` of a run of two or more outside code escaped (`\\|`), so that
+    it shows as typed.
+
+    The converter reads `||words||` as a spoiler, a Telegram-only syntax no Markdown or
+    Feishu card knows: a shell line `make || make retry || true` in a card lost its pipes
+    and hid its middle behind a spoiler on Telegram alone. Code and tables (where `||` is an
+    empty cell) stay as written."""
+    if "||" not in markdown:
+        return markdown
+    source = markdown.encode()
+    kept: list[tuple[int, int]] = []  # code and tables
+    for event, span in pyromark.events_with_range(markdown, options=STANDARD_OPTIONS):
+        if not isinstance(event, dict):
+            continue
+        start = event.get("Start")
+        if "Code" in event or (
+            isinstance(start, dict) and ("CodeBlock" in start or "Table" in start)
+        ):
+            kept.append((span["start"], span["end"]))
+    parts: list[bytes] = []
+    last = 0
+    for begin, end in [*kept, (len(source), len(source))]:
+        if begin >= last:
+            parts += [_PIPES.sub(_escaped_pipes, source[last:begin]), source[begin:end]]
+            last = end
+        elif end > last:  # inside a table: a code span in a cell
+            parts.append(source[last:end])
+            last = end
+    return b"".join(parts).decode()
 
 
 # How often a body is parsed again for raw HTML that escaping uncovered (see `_html_as_text`).

@@ -273,3 +273,23 @@ def test_a_cut_body_ends_on_a_whole_character_and_pages_no_one(limit: int) -> No
     after = whole[len(shown.split("\n", 2)[2]) :]
     assert not after or (after[0] not in "\u200b\u200d\ufe0f\U0001f3fd\u0301")
     assert not shown.endswith("\u200d")
+
+
+@pytest.mark.parametrize(
+    ("markdown", "shown"),
+    [
+        ("make || make retry || true", "make || make retry || true"),
+        ("||not hidden||", "||not hidden||"),
+        ("x|||y", "x|||y"),
+        ("`a || b` || c ||", "a || b || c ||"),
+        ("[l](https://x.test/a||b) || c ||", "l || c ||"),
+        ("> q || r ||", "q || r ||"),
+    ],
+)
+def test_double_pipes_show_as_typed_never_as_a_spoiler(markdown: str, shown: str) -> None:
+    """`||words||` is a spoiler to the converter alone (no Markdown, no Feishu card knows
+    it): a shell line lost its pipes and hid its middle on Telegram only."""
+    rich = markdown_to_rich(markdown)
+    assert rich.text == shown
+    assert not [e for e in rich.entities if e.type == "spoiler"]
+    assert all(e.url == "https://x.test/a||b" for e in rich.entities if e.type == "text_link")

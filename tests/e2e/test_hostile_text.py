@@ -481,7 +481,8 @@ LITERALS = (
     "# literals-marker\n"
     "AT&amp;T &lt;b&gt; &#42;not bold&#42; \\*nor this\\* \\_x\\_ &copy; &#x1F600; &nosuch;"
     " a\\\\b\n"
-    "`&amp; kept` &#60;at id=all&#62;"
+    "`&amp; kept` &#60;at id=all&#62;\n"
+    "make || make retry || true"
 )
 LITERALS_SHOWN = "AT&T <b> *not bold* *nor this* _x_ © 😀 &nosuch; a\\b"
 
@@ -492,7 +493,8 @@ async def test_character_references_and_escapes_show_alike_on_telegram_and_feish
     """A character reference (`&amp;`, `&#42;`) or a backslash escape (`\\*`) in a card is
     one character in Markdown: Telegram showed `AT&T`, Feishu `AT&amp;T` and `\\*`. Both
     show the character now, markup characters never as markup, code as written, and a
-    mention tag written with references stays text."""
+    mention tag written with references stays text. A shell line's `||` showed as typed on
+    Feishu, but was read as a Telegram spoiler there: the pipes went, the middle hidden."""
     with telegram_serve(tmp_path / "t", telegram) as serve:
         publish(tmp_path / "t" / "agents" / "builder", LITERALS)
         await eventually(lambda: "literals-marker" in telegram_everything(telegram))
@@ -509,11 +511,14 @@ async def test_character_references_and_escapes_show_alike_on_telegram_and_feish
         *entity_texts(message.text, message.entities, "italic"),
     ]
     assert not any("not bold" in text or "nor this" in text or text == "x" for text in styled)
+    assert "make || make retry || true" in message.text
+    assert not [e for e in message.entities if e["type"] == "spoiler"]
     card = next(c for c in feishu.cards(CHAT) if "literals-marker" in json.dumps(c))
     markdown = next(e["content"] for e in card["body"]["elements"] if e["tag"] == "markdown")
     assert html.unescape(markdown.split("\n")[1]) == LITERALS_SHOWN
     assert "`&amp;amp; kept` &lt;at id=all&gt;" in markdown
     assert "*" not in markdown.split("\n")[1] and "_" not in markdown.split("\n")[1]
+    assert markdown.split("\n")[3] == "make || make retry || true"
 
 
 async def test_a_card_sent_again_without_its_entities_pages_no_one(
