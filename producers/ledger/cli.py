@@ -26,7 +26,7 @@ from taskcard.producers.ledger.model import (
     derive,
 )
 from taskcard.producers.ledger.render import RENDERER_FILE, render_markdown, write_renderer
-from taskcard.producers.ledger.store import DEFAULT_LEDGER, Ledger, LedgerError
+from taskcard.producers.ledger.store import DEFAULT_LEDGER, Ledger, LedgerError, cannot_write
 from taskcard.producers.task_card.contract import terminal_json
 from taskcard.producers.task_card.runtime import RUNTIME_DIR_HELP
 from taskcard.producers.task_card.workdir_arg import existing_workdir_arg
@@ -252,8 +252,7 @@ def _guarded(handler: Any) -> Any:
             # command line ends it quietly with 141, as for every other command.
             raise
         except OSError as exc:
-            where = f" {exc.filename}" if exc.filename else ""
-            print(f"taskcard ledger: cannot write{where} ({exc.strerror})", file=sys.stderr)
+            print(f"taskcard ledger: {cannot_write(exc)}", file=sys.stderr)
             return EXIT_FAILED
         return code
 

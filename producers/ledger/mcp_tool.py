@@ -24,7 +24,13 @@ from taskcard.producers.ledger.model import (
     derive,
 )
 from taskcard.producers.ledger.render import RENDERER_FILE, render_markdown, write_renderer
-from taskcard.producers.ledger.store import DEFAULT_LEDGER, EVENT_FIELDS, Ledger, LedgerError
+from taskcard.producers.ledger.store import (
+    DEFAULT_LEDGER,
+    EVENT_FIELDS,
+    Ledger,
+    LedgerError,
+    cannot_write,
+)
 from taskcard.producers.task_card.contract import quoted
 from taskcard.producers.task_card.runtime import HostPaths
 
@@ -279,6 +285,10 @@ def call_ledger(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
         return _failed(for_mcp(str(exc)))
     except (TypeError, ValidationError):
         return _failed(f"a field of {command} has the wrong type; see the ledger tool's schema")
+    except OSError as exc:
+        # A file where the `ledger/` folder belongs, a folder the agent cannot write: it went
+        # up to the SDK as a protocol error with a traceback, and the session lost the call.
+        return _failed(f"{cannot_write(exc)}; move what is in the way aside or make it writable")
 
 
 def _run(ledger: Ledger, paths: HostPaths, command: str, args: dict[str, Any]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ second. The derived state is recomputed from the truth, never read back from the
 
 from __future__ import annotations
 
+import contextlib
 from datetime import datetime
 from pathlib import Path
 from typing import Final
@@ -94,13 +95,19 @@ def renderer_source(ledger_rel: str, task_id: str) -> str:
 
 
 def write_renderer(workdir: Path, ledger_path: Path, task_id: str) -> bool:
-    """Write `RENDERER_FILE` for `task_id` into `workdir` (an existing one is kept): what
-    `ledger init` does from the command line and from MCP alike. False when the ledger lies
-    outside the workdir, which a renderer run there could not name relatively."""
+    """Write `RENDERER_FILE` for `task_id` into `workdir` (an existing one, or a link at its
+    name, is kept): what `ledger init` does from the command line and from MCP alike. False
+    when the ledger lies outside the workdir, which a renderer run there could not name
+    relatively."""
     if not ledger_path.is_relative_to(workdir):
         return False
-    renderer = workdir / RENDERER_FILE
-    if not renderer.exists():
-        rel = str(ledger_path.relative_to(workdir))
-        renderer.write_text(renderer_source(rel, task_id), encoding="utf-8")
+    rel = str(ledger_path.relative_to(workdir))
+    # Created only where nothing is (`x`: O_EXCL, which a link at the name also fails): a
+    # dangling link there was followed, and the renderer written wherever it led, outside
+    # the workdir.
+    with (
+        contextlib.suppress(FileExistsError),
+        (workdir / RENDERER_FILE).open("x", encoding="utf-8") as renderer,
+    ):
+        renderer.write(renderer_source(rel, task_id))
     return True

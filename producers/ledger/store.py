@@ -67,6 +67,13 @@ class LedgerError(ValueError):
     """Bad input or an unreadable ledger: the message names the field and the fix."""
 
 
+def cannot_write(exc: OSError) -> str:
+    """What the system refused while the ledger was kept, in a few words: the path it named
+    and why (a file where the `ledger/` folder belongs, a folder without write access)."""
+    where = f" {exc.filename}" if exc.filename else ""
+    return f"cannot write{where} ({exc.strerror or exc})"
+
+
 def utc_now() -> datetime:
     return datetime.now(UTC)
 

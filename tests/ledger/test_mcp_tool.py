@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -284,6 +285,91 @@ async def test_init_over_mcp_writes_the_renderer_the_card_starts_with(workdir: P
     finally:
         _stop_host(runtime, workdir)
         shutil.rmtree(runtime, ignore_errors=True)
+
+
+async def test_a_ledger_folder_that_cannot_be_made_is_a_failed_result_not_a_lost_call(
+    workdir: Path,
+) -> None:
+    """A file where `ledger/` belongs made every writing command raise `FileExistsError`
+    out of the tool: the SDK answered a protocol error (a traceback on the server's stderr),
+    where every other tool answers a failed result naming the path. Now the ledger tool does
+    too, the file in the way is left alone, and the session goes on."""
+    runtime = Path(tempfile.mkdtemp(prefix="tclm"))
+    server = StdioServerParameters(
+        command=sys.executable,
+        args=[
+            *("-m", "taskcard.bridge.cli", "mcp", "--workdir", str(workdir)),
+            *("--runtime-dir", str(runtime)),
+        ],
+    )
+    in_the_way = workdir / "ledger"
+    in_the_way.write_text("notes of the agent\n")
+    writes: list[dict[str, object]] = [
+        {"command": "init", "task_id": "t", "purpose": "Sync"},
+        {"command": "checkpoint", "task_id": "t", "event_type": "STARTED"},
+        {"command": "heartbeat", "task_id": "t"},
+        {"command": "supervise", "apply_supervision": True},
+    ]
+    try:
+        async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            for arguments in writes:
+                result = await session.call_tool("ledger", arguments)
+                content = result.structured_content
+                assert result.is_error and isinstance(content, dict), arguments
+                assert content["status"] == "failed", content
+                message = content["message"]
+                assert message.startswith(f"cannot write {in_the_way} (File exists)"), message
+                assert "move what is in the way aside" in message, message
+            assert in_the_way.read_text() == "notes of the agent\n"
+            reported = await session.call_tool("report", {"ok": True})
+            assert not reported.is_error, reported.structured_content
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+async def test_init_never_writes_its_renderer_through_a_link_at_its_name(
+    workdir: Path, tmp_path: Path
+) -> None:
+    """threat-model.md: nothing is created outside the workdir through a link. A dangling
+    `ledger_renderer.py` link was followed by `init` (from MCP and the command line alike),
+    which created the renderer where it led."""
+    runtime = Path(tempfile.mkdtemp(prefix="tclm"))
+    server = StdioServerParameters(
+        command=sys.executable,
+        args=[
+            *("-m", "taskcard.bridge.cli", "mcp", "--workdir", str(workdir)),
+            *("--runtime-dir", str(runtime)),
+        ],
+    )
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (workdir / "ledger_renderer.py").symlink_to(outside / "planted.py")
+    try:
+        async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            result = await session.call_tool(
+                "ledger", {"command": "init", "task_id": "t", "purpose": "Sync"}
+            )
+            assert not result.is_error, result.structured_content
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
+    assert list(outside.iterdir()) == []
+    assert (workdir / "ledger_renderer.py").readlink() == outside / "planted.py"
+
+
+def test_init_from_the_command_line_keeps_a_link_at_the_renderers_name(
+    workdir: Path, tmp_path: Path
+) -> None:
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (workdir / "ledger_renderer.py").symlink_to(outside / "planted.py")
+    done = subprocess.run(
+        [sys.executable, "-m", "taskcard.bridge.cli", "ledger", "init", "u", "--purpose", "p"],
+        cwd=workdir, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert list(outside.iterdir()) == []
 
 
 def _stop_host(runtime: Path, workdir: Path) -> None:
