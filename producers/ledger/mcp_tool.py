@@ -97,60 +97,149 @@ def _limit_field(name: str, text: str) -> dict[str, Any]:
     }
 
 
+# What a command cannot go without besides `command`, as the store refuses it when missing;
+# a checkpoint of one of these event types needs what the command of the same name needs.
+_REQUIRED: Final[dict[str, tuple[str, ...]]] = {
+    "init": ("task_id", "purpose"),
+    "checkpoint": ("task_id", "event_type"),
+    "block": ("task_id", "kind", "reason"),
+    "external-job": ("task_id", "job_id", "status"),
+    "download-observed": ("task_id", "name", "observed_bytes"),
+    "owner-reply": ("task_id", "reply"),
+    "heartbeat": ("task_id",),
+}
+_EVENT_COMMANDS: Final = {
+    "BLOCKED_CONFIRMED": "block",
+    "OWNER_REPLY_RECORDED": "owner-reply",
+    "EXTERNAL_OBSERVED": "external-job",
+    "DOWNLOAD_OBSERVED": "download-observed",
+}
+
+
+def _takers(name: str) -> str:
+    """Which commands take the field `name`, each marked when it needs it: the schema is one
+    flat object, so without this a caller learnt that `block` needs `kind` and `reason` only
+    from a refused call."""
+    takers = [
+        f"{command} (required)" if name in _REQUIRED.get(command, ()) else command
+        for command in COMMANDS
+        if name in command_fields(command)
+    ]
+    for event, command in _EVENT_COMMANDS.items():
+        if name in EVENT_FIELDS[event]:
+            needed = " (required)" if name in _REQUIRED[command] else ""
+            takers.append(f"checkpoint {event}{needed}")
+    return f"for: {', '.join(takers)}"
+
+
+def _described(properties: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every field but `command` with the commands that take it added to its description
+    (the limits, which only init takes and never needs, say so at their start)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, spec in properties.items():
+        if name != "command" and not spec.get("description", "").startswith("init: "):
+            text = spec.get("description")
+            spec = {**spec, "description": f"{text}; {_takers(name)}" if text else _takers(name)}
+        out[name] = spec
+    return out
+
+
 def input_schema() -> dict[str, Any]:
     return {
         "type": "object",
-        "properties": {
-            "command": {"type": "string", "enum": list(COMMANDS)},
-            "task_id": {
-                **_ID,
-                "description": f"the task (optional for show/render/supervise): "
-                f"{_ID['description']}",
-            },
-            "purpose": {**_TEXT, "minLength": 1, "description": "init: what the task is for"},
-            "steps": {
-                "type": "array",
-                "items": _ID,
-                "description": "init: planned step ids, each once",
-            },
-            "event_type": {"type": "string", "enum": list(EVENT_TYPES)},
-            "step": _ID,
-            "new_step": {
-                "type": "boolean",
-                "description": "checkpoint, block: true when step is not in the plan yet and "
-                "is to join it (else such a step is refused)",
-            },
-            "note": {**_TEXT, "description": "what was observed; TASK_COMPLETED: the evidence"},
-            "kind": {"type": "string", "enum": list(FAILURE_KINDS)},
-            "reason": _TEXT,
-            "safe_next_step": _TEXT,
-            "failed": {"type": "boolean"},
-            "job_id": _ID,
-            "status": {
-                "type": "string",
-                "enum": ["submitted", "running", "succeeded", "failed", "cancelled"],
-            },
-            "provider": _TEXT,
-            "evidence": {**_TEXT, "description": "the provider's own id, URL or status line"},
-            "max_wait_sec": {
-                "type": "number",
-                "minimum": 0,
-                "maximum": MAX_SECONDS,
-                "description": f"seconds, above 0, at most {_number(MAX_SECONDS)}",
-            },
-            "name": _ID,
-            "observed_bytes": {"type": "integer", "minimum": 0},
-            "expected_bytes": {"type": "integer", "minimum": 0},
-            "complete": {"type": "boolean"},
-            "corrupt": {"type": "boolean"},
-            "reply": {
-                "type": "string",
-                "enum": list(OWNER_REPLIES),
-                "description": "; ".join(f"{k} = {v}" for k, v in OWNER_REPLIES.items()),
-            },
-            "apply_supervision": {"type": "boolean"},
-            **{name: _limit_field(name, text) for name, text in _LIMITS.items()},
-        },
+        "properties": _described(
+            {
+                "command": {
+                    "type": "string",
+                    "enum": list(COMMANDS),
+                    "description": "the operation; each other field says which commands take it",
+                },
+                "task_id": {
+                    **_ID,
+                    "description": f"the task (optional for show/render/supervise): "
+                    f"{_ID['description']}",
+                },
+                "purpose": {
+                    **_TEXT,
+                    "minLength": 1,
+                    "description": "what the task is for, in one line",
+                },
+                "steps": {
+                    "type": "array",
+                    "items": _ID,
+                    "description": "planned step ids, each once",
+                },
+                "event_type": {
+                    "type": "string",
+                    "enum": list(EVENT_TYPES),
+                    "description": "what was observed",
+                },
+                "step": {
+                    **_ID,
+                    "description": "the step that moved or is blocked (checkpoint STEP_PROGRESS "
+                    f"and STEP_COMPLETED need it): {_ID['description']}",
+                },
+                "new_step": {
+                    "type": "boolean",
+                    "description": "true when step is not in the plan yet and is to join it (else "
+                    "such a step is refused)",
+                },
+                "note": {
+                    **_TEXT,
+                    "description": "what was observed; the evidence of a completion (checkpoint "
+                    "TASK_COMPLETED and owner-reply C need it)",
+                },
+                "kind": {
+                    "type": "string",
+                    "enum": list(FAILURE_KINDS),
+                    "description": "the kind of failure that blocks the task",
+                },
+                "reason": {**_TEXT, "description": "what stops the task, in one sentence"},
+                "safe_next_step": {**_TEXT, "description": "what is safe to do next"},
+                "failed": {"type": "boolean", "description": "true: the step failed for good"},
+                "job_id": {**_ID, "description": f"the external job's id: {_ID['description']}"},
+                "status": {
+                    "type": "string",
+                    "enum": ["submitted", "running", "succeeded", "failed", "cancelled"],
+                    "description": "the external job's status, as its provider says it",
+                },
+                "provider": {**_TEXT, "description": "who runs the external job"},
+                "evidence": {**_TEXT, "description": "the provider's own id, URL or status line"},
+                "max_wait_sec": {
+                    "type": "number",
+                    "minimum": 0,
+                    "maximum": MAX_SECONDS,
+                    "description": f"seconds, above 0, at most {_number(MAX_SECONDS)}",
+                },
+                "name": {**_ID, "description": f"the download's id: {_ID['description']}"},
+                "observed_bytes": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "description": "bytes of the download seen on disk",
+                },
+                "expected_bytes": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "description": "the download's full size in bytes",
+                },
+                "complete": {
+                    "type": "boolean",
+                    "description": "true: the download says it finished",
+                },
+                "corrupt": {"type": "boolean", "description": "true: a check found it corrupt"},
+                "reply": {
+                    "type": "string",
+                    "enum": list(OWNER_REPLIES),
+                    "description": "; ".join(f"{k} = {v}" for k, v in OWNER_REPLIES.items()),
+                },
+                "apply_supervision": {
+                    "type": "boolean",
+                    "description": "true: deliver the actions decided (wakes, notices, retiring "
+                    "the card), not only list them",
+                },
+                **{name: _limit_field(name, text) for name, text in _LIMITS.items()},
+            }
+        ),
         "required": ["command"],
     }
 

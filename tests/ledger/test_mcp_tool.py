@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -370,6 +371,56 @@ def test_init_from_the_command_line_keeps_a_link_at_the_renderers_name(
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert list(outside.iterdir()) == []
+
+
+# A value each field may take, for calls built from what the listing says a command needs.
+_SAMPLES: dict[str, object] = {
+    "task_id": "t", "purpose": "Sync", "event_type": "STARTED", "kind": "OTHER",
+    "reason": "r", "job_id": "j", "status": "running", "name": "d", "observed_bytes": 1,
+    "reply": "A",
+}  # fmt: skip
+
+
+async def test_the_listing_says_which_fields_each_command_needs(workdir: Path) -> None:
+    """The ledger's schema is one flat object, and its fields said nothing of the commands
+    that take them: a caller learnt that `block` needs `kind` and `reason`, or
+    `download-observed` `observed_bytes`, only from refused calls. Each field's description
+    now names its commands and marks those that need it; a call with just those goes
+    through, and one without any of them is refused naming it."""
+    runtime = Path(tempfile.mkdtemp(prefix="tclm"))
+    server = StdioServerParameters(
+        command=sys.executable,
+        args=[
+            *("-m", "taskcard.bridge.cli", "mcp", "--workdir", str(workdir)),
+            *("--runtime-dir", str(runtime)),
+        ],
+    )
+    try:
+        async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            tools = {tool.name: tool for tool in (await session.list_tools()).tools}
+            properties = tools["ledger"].input_schema["properties"]
+            assert all(spec.get("description") for spec in properties.values()), properties
+            commands = properties["command"]["enum"]
+            for command in commands:
+                marked = re.compile(rf"(?:^|: |, ){re.escape(command)} \(required\)")
+                needed = [n for n, spec in properties.items() if marked.search(spec["description"])]
+                if command in ("show", "render", "supervise"):
+                    assert needed == [], (command, needed)
+                    continue
+                assert "task_id" in needed, (command, needed)
+                arguments: dict[str, object] = {n: _SAMPLES[n] for n in needed}
+                arguments["command"] = command
+                for missing in needed:
+                    short = {n: v for n, v in arguments.items() if n != missing}
+                    result = await session.call_tool("ledger", short)
+                    content = result.structured_content
+                    assert result.is_error and isinstance(content, dict), short
+                    assert content["message"].startswith(f"{missing}:"), (short, content)
+                result = await session.call_tool("ledger", arguments)
+                assert not result.is_error, (arguments, result.structured_content)
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
 
 
 def _stop_host(runtime: Path, workdir: Path) -> None:
