@@ -14,6 +14,7 @@ from typing import Any
 
 from taskcard.producers.reports.lineage import (
     DEFAULT_MAX_DEPTH,
+    LINEAGE_FILE,
     MAX_DEPTH_LIMIT,
     LineageError,
     spawn,
@@ -94,7 +95,10 @@ def run_spawn(args: argparse.Namespace) -> int:
     except LineageError as exc:
         return _fail("spawn", str(exc))
     except OSError as exc:
-        return _fail("spawn", f"cannot write lineage.json: {exc.strerror}", 1)
+        where = args.workdir / LINEAGE_FILE
+        return _fail(
+            "spawn", f"cannot write {where} ({exc.strerror}); move what is in the way aside", 1
+        )
     _print(record)
     return 0
 

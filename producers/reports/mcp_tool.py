@@ -15,6 +15,7 @@ from taskcard.producers.reports.lineage import (
     AGENT_ID,
     AGENT_ID_RULE,
     DEFAULT_MAX_DEPTH,
+    LINEAGE_FILE,
     MAX_DEPTH_LIMIT,
     MAX_REASON_CHARS,
     LineageError,
@@ -127,6 +128,12 @@ def call_spawn(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
         child_workdir = expand_workdir(child, base=workdir)
     except WorkdirError as exc:
         return _failed(f"child_workdir: {exc}")
+    if child_workdir == workdir.resolve():
+        # The lineage check says `parent_workdir`, which this tool has no field for.
+        return _failed(
+            "child_workdir: is your own workdir, and an agent is not its own parent; give the"
+            " child's working directory"
+        )
     parent = arguments.get("parent", workdir.resolve().name)
     if "parent" not in arguments and not AGENT_ID.fullmatch(parent):
         return _failed(
@@ -151,5 +158,10 @@ def call_spawn(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
             message = "child_" + message
         return _failed(message)
     except OSError as exc:
-        return _failed(f"cannot write lineage.json: {exc.strerror}")
+        # Which lineage.json, and what to do: a folder in the way at the child's
+        # lineage.json said only "cannot write lineage.json: Is a directory".
+        return _failed(
+            f"child_workdir: cannot write {child_workdir / LINEAGE_FILE}"
+            f" ({exc.strerror}); move what is in the way aside, or give another child folder"
+        )
     return {"status": "ok", **record}

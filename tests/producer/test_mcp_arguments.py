@@ -8,6 +8,8 @@ as "ok: required" although `ok` was given.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +109,48 @@ async def test_a_long_value_is_named_not_echoed_whole(workdir: Path, cli: CliHos
             assert len(content["message"]) < 1000, (field, content["message"][:200])
     assert not (workdir / "taskcard" / "watch.json").exists()
     assert not (workdir / "ledger").exists()
+
+
+async def test_spawn_errors_name_its_own_field_and_the_file_it_cannot_write(
+    workdir: Path, cli: CliHost
+) -> None:
+    """`spawn` of the server's own workdir was refused naming `parent_workdir`, a field the
+    tool does not have; a folder in the way at the child's lineage.json was "cannot write
+    lineage.json: Is a directory", naming neither the field, the file nor the fix."""
+    blocked = workdir / "child"
+    (blocked / "lineage.json").mkdir(parents=True)
+    async with (
+        stdio_client(server_for(workdir, cli)) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        for own in (".", str(workdir), "../agent"):
+            result = await session.call_tool("spawn", {"child_workdir": own, "reason": "lint"})
+            content = result.structured_content
+            assert result.is_error and isinstance(content, dict), own
+            assert content["message"].startswith("child_workdir: is your own workdir"), content
+        result = await session.call_tool("spawn", {"child_workdir": "child", "reason": "lint"})
+        content = result.structured_content
+        assert result.is_error and isinstance(content, dict)
+        path = blocked / "lineage.json"
+        assert content["message"].startswith(f"child_workdir: cannot write {path} ("), content
+        assert "move what is in the way aside" in content["message"], content
+    assert not (workdir / "lineage.json").exists()
+    assert (blocked / "lineage.json").is_dir()
+
+
+def test_the_spawn_command_names_the_lineage_file_it_cannot_write(workdir: Path) -> None:
+    blocked = workdir / "child"
+    (blocked / "lineage.json").mkdir(parents=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "taskcard.bridge.cli", "spawn", "--workdir", str(blocked),
+         "--parent", "agent", "--reason", "lint"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    path = blocked / "lineage.json"
+    assert done.stderr.startswith(f"taskcard spawn: cannot write {path} ("), done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
 
 
 # Every optional field of every tool, given as null (a client's way of leaving it empty).
