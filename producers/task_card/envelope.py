@@ -304,11 +304,15 @@ def check_values(
         value, where, depth = stack.pop()
         if depth > max_depth:
             return f"nested deeper than {max_depth} levels; an envelope is a flat object"
-        size += _utf8_size(value) if isinstance(value, str) else 1
+        own = _utf8_size(value) if isinstance(value, str) else 1
+        size += own
         if size > max_bytes:
+            # The text that crossed the limit is named: a 1 MB `reasoning` was refused with
+            # the envelope's name alone, leaving the caller to guess which field to cut.
+            which = f"; {where} is {own} bytes" if isinstance(value, str) and depth else ""
             return (
                 f"over the {max_bytes}-byte limit; send a short envelope (put long detail in"
-                " files the renderer reads)"
+                f" files the renderer reads){which}"
             )
         if isinstance(value, str):
             if "\0" in value:

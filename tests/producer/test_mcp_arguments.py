@@ -245,6 +245,40 @@ async def test_the_envelope_size_limit_counts_bytes_on_every_way_in(
         assert card.call({**envelope, "reasoning": "é" * 100_000})["status"] == "ok"
 
 
+MEGABYTE = "x" * 1_000_000
+# A task_card call with 1 MB of text in one field, and that field's name.
+HUGE_TEXTS: list[tuple[dict[str, Any], str]] = [
+    ({"action": "settings", "input": {}, "reasoning": MEGABYTE}, "reasoning"),
+    ({"action": MEGABYTE, "input": {}, "reasoning": "r"}, "action"),
+    (
+        {"action": "start", "input": {"renderer_path": MEGABYTE}, "reasoning": "r"},
+        "input.renderer_path",
+    ),
+    ({"action": "inspect", "input": {"watch_id": MEGABYTE}, "reasoning": "r"}, "input.watch_id"),
+]
+
+
+async def test_an_envelope_over_the_limit_names_the_field_that_filled_it(
+    workdir: Path, cli: CliHost
+) -> None:
+    """A 1 MB `reasoning` (or path, or id) was refused as "envelope: over the 262144-byte
+    limit" alone: the caller had to guess which field to cut. The field is now named."""
+    async with (
+        stdio_client(server_for(workdir, cli)) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        for arguments, field in HUGE_TEXTS:
+            result = await session.call_tool("task_card", arguments)
+            content = result.structured_content
+            assert result.is_error and isinstance(content, dict), field
+            message = content["message"]
+            assert message.startswith("envelope: over the 262144-byte limit"), message[:200]
+            assert message.endswith(f"; {field} is 1000000 bytes"), message[:300]
+            assert len(message) < 300, message[:300]
+    assert not (workdir / "taskcard" / "watch.json").exists()
+
+
 # A text field of each tool with a NUL in it, and the field the refusal must name.
 NUL_TEXTS: list[tuple[str, dict[str, Any], str]] = [
     ("task_card", {"action": "settings", "input": {}, "reasoning": "a\0b"}, "envelope: reasoning"),
