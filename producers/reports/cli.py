@@ -19,7 +19,13 @@ from taskcard.producers.reports.lineage import (
     LineageError,
     spawn,
 )
-from taskcard.producers.reports.store import MAX_PAYLOAD_BYTES, VERDICTS, ReportError, Reports
+from taskcard.producers.reports.store import (
+    MAX_PAYLOAD_BYTES,
+    VERDICTS,
+    ReportError,
+    Reports,
+    write_problem,
+)
 from taskcard.producers.task_card.contract import terminal_json
 from taskcard.producers.task_card.workdir_arg import existing_workdir_arg, workdir_arg
 
@@ -66,7 +72,7 @@ def run_report(args: argparse.Namespace) -> int:
     except ReportError as exc:
         return _fail("report", str(exc))
     except OSError as exc:
-        return _fail("report", f"cannot write reports/: {exc.strerror}", 1)
+        return _fail("report", write_problem(exc, args.workdir), 1)
     _print(record)
     return 0
 

@@ -21,7 +21,13 @@ from taskcard.producers.reports.lineage import (
     LineageError,
     spawn,
 )
-from taskcard.producers.reports.store import MAX_SUMMARY_CHARS, VERDICTS, ReportError, Reports
+from taskcard.producers.reports.store import (
+    MAX_SUMMARY_CHARS,
+    VERDICTS,
+    ReportError,
+    Reports,
+    write_problem,
+)
 from taskcard.producers.task_card.runtime import HostPaths
 from taskcard.producers.task_card.workdir_arg import WorkdirError, expand_workdir
 
@@ -115,7 +121,7 @@ def call_report(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
     except ReportError as exc:
         return _failed(str(exc))
     except OSError as exc:
-        return _failed(f"cannot write reports/: {exc.strerror}")
+        return _failed(write_problem(exc, paths.workdir))
     return {"status": "ok", **record}
 
 

@@ -67,6 +67,19 @@ class ReportError(ValueError):
     """A report or a read that cannot be done; the text names the field and the fix."""
 
 
+def write_problem(exc: OSError, workdir: Path) -> str:
+    """What the system refused while a report was added, in one line: the path it named
+    (relative to the workdir; for the temporary file of an atomic write, its folder), why,
+    and the fix. "cannot write reports/: Is a directory" said neither which file (a folder
+    at `reports/.lock`) nor what to do."""
+    named = Path(exc.filename) if isinstance(exc.filename, str) else workdir / REPORTS_DIR
+    if named.name.startswith(".") and named.name.endswith(".tmp"):
+        named = named.parent
+    with contextlib.suppress(ValueError):
+        named = named.relative_to(workdir)
+    return f"cannot write {named} ({exc.strerror or exc}); move what is in the way aside"
+
+
 def encodable(text: str) -> bool:
     """False for text carrying lone surrogates (undecodable bytes of a command line)."""
     try:

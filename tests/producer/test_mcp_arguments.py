@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from mcp import ClientSession, stdio_client
 
@@ -243,6 +244,50 @@ async def test_the_envelope_size_limit_counts_bytes_on_every_way_in(
         assert card.call(envelope)["message"].startswith(f"envelope: {refusal}")
         # Under the limit in bytes, the same text is taken.
         assert card.call({**envelope, "reasoning": "é" * 100_000})["status"] == "ok"
+
+
+# Something in the way of a report's files, and the path its refusal must name.
+REPORT_OBSTACLES: list[tuple[str, str]] = [
+    ("reports/.lock", "reports/.lock (Is a directory)"),
+    ("reports/payloads", "reports/payloads (Not a directory)"),
+]
+
+
+async def test_a_report_that_cannot_be_written_names_the_file_in_the_way(
+    tmp_path: Path, cli: CliHost, runtime_dir: Path
+) -> None:
+    """The report tool and `taskcard report` said "cannot write reports/: Is a directory"
+    for a folder at reports/.lock: not which file, nor the fix."""
+    for obstacle, named in REPORT_OBSTACLES:
+        workdir = tmp_path / obstacle.replace("/", "_")
+        (workdir / "reports").mkdir(parents=True)
+        if obstacle.endswith(".lock"):
+            (workdir / obstacle).mkdir()
+        else:
+            (workdir / obstacle).write_text("the agent's notes\n")
+        async with (
+            stdio_client(server_for(workdir, CliHost(workdir, runtime_dir))) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            result = await session.call_tool("report", {"ok": True, "payload": "details"})
+            content = result.structured_content
+            assert result.is_error and isinstance(content, dict), obstacle
+            assert content["message"] == (f"cannot write {named}; move what is in the way aside"), (
+                content
+            )
+        done = await anyio.to_thread.run_sync(
+            lambda w=workdir: subprocess.run(
+                [sys.executable, "-m", "taskcard.bridge.cli", "report", "--workdir", str(w),
+                 "--ok", "--payload", "-"],
+                input="details", capture_output=True, text=True, timeout=120, check=False,
+            )
+        )  # fmt: skip
+        assert done.returncode == 1, done.stderr
+        assert (
+            done.stderr == f"taskcard report: cannot write {named}; move what is in the way aside\n"
+        )
+        assert not (workdir / "reports" / "reports.jsonl").exists()
 
 
 MEGABYTE = "x" * 1_000_000
