@@ -103,7 +103,10 @@ def run_spawn(args: argparse.Namespace) -> int:
     except OSError as exc:
         where = args.workdir / LINEAGE_FILE
         return _fail(
-            "spawn", f"cannot write {where} ({exc.strerror}); move what is in the way aside", 1
+            "spawn",
+            f"cannot write {where} ({exc.strerror}); move what is in the way aside or make it"
+            " writable",
+            1,
         )
     _print(record)
     return 0

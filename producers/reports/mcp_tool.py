@@ -168,6 +168,6 @@ def call_spawn(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
         # lineage.json said only "cannot write lineage.json: Is a directory".
         return _failed(
             f"child_workdir: cannot write {child_workdir / LINEAGE_FILE}"
-            f" ({exc.strerror}); move what is in the way aside, or give another child folder"
+            f" ({exc.strerror}); move what is in the way aside or make it writable"
         )
     return {"status": "ok", **record}

@@ -77,7 +77,10 @@ def write_problem(exc: OSError, workdir: Path) -> str:
         named = named.parent
     with contextlib.suppress(ValueError):
         named = named.relative_to(workdir)
-    return f"cannot write {named} ({exc.strerror or exc}); move what is in the way aside"
+    return (
+        f"cannot write {named} ({exc.strerror or exc}); move what is in the way aside or make"
+        " it writable"
+    )
 
 
 def encodable(text: str) -> bool:

@@ -273,9 +273,9 @@ async def test_a_report_that_cannot_be_written_names_the_file_in_the_way(
             result = await session.call_tool("report", {"ok": True, "payload": "details"})
             content = result.structured_content
             assert result.is_error and isinstance(content, dict), obstacle
-            assert content["message"] == (f"cannot write {named}; move what is in the way aside"), (
-                content
-            )
+            assert content["message"] == (
+                f"cannot write {named}; move what is in the way aside or make it writable"
+            ), content
         done = await anyio.to_thread.run_sync(
             lambda w=workdir: subprocess.run(
                 [sys.executable, "-m", "taskcard.bridge.cli", "report", "--workdir", str(w),
@@ -284,9 +284,8 @@ async def test_a_report_that_cannot_be_written_names_the_file_in_the_way(
             )
         )  # fmt: skip
         assert done.returncode == 1, done.stderr
-        assert (
-            done.stderr == f"taskcard report: cannot write {named}; move what is in the way aside\n"
-        )
+        fix = "move what is in the way aside or make it writable"
+        assert done.stderr == f"taskcard report: cannot write {named}; {fix}\n"
         assert not (workdir / "reports" / "reports.jsonl").exists()
 
 
