@@ -47,7 +47,7 @@ from taskcard.producers.task_card.runtime import (
     RuntimeDirUnsafe,
     default_runtime_dir,
 )
-from taskcard.producers.task_card.workdir_arg import workdir_arg
+from taskcard.producers.task_card.workdir_arg import shown_path, workdir_arg
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
@@ -75,7 +75,7 @@ def _missing_workdir(args: argparse.Namespace) -> bool:
     if workdir.is_dir():
         return False
     print(
-        f"taskcard: the workdir {workdir} does not exist or is not a directory;"
+        f"taskcard: the workdir {shown_path(workdir)} does not exist or is not a directory;"
         " create it or fix --workdir",
         file=sys.stderr,
     )
@@ -310,7 +310,7 @@ def run_mcp(args: argparse.Namespace) -> int:
     workdir: Path = args.workdir
     if not workdir.is_dir() or not os.access(workdir, os.W_OK | os.X_OK):
         print(
-            f"taskcard mcp: --workdir {args.workdir} is not a writable directory; "
+            f"taskcard mcp: --workdir {shown_path(workdir)} is not a writable directory; "
             "pass the agent's working directory",
             file=sys.stderr,
         )

@@ -17,12 +17,28 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import Final
 
 from taskcard.producers.task_card.contract import quoted
+
+# The longest path Linux opens (`PATH_MAX`).
+PATH_MAX: Final = 4096
 
 
 class WorkdirError(ValueError):
     """A folder name that cannot be used; the text says why, the caller names the field."""
+
+
+def shown_path(path: object) -> str:
+    """A folder name as a one-line error shows it: as given when every character of it
+    prints, else quoted with its controls escaped. A `--workdir` holding a line break or an
+    escape sequence was printed raw, breaking the one-line error in two and acting on the
+    terminal that showed it. Whole up to the longest path the system opens (cut as `quoted`
+    cuts past that), since the end of a path is often its mistake."""
+    text = str(path)
+    if text.isprintable():
+        return text
+    return repr(text) if len(text) <= PATH_MAX else quoted(text)
 
 
 def expand_workdir(text: str, base: Path | None = None) -> Path:
@@ -76,6 +92,6 @@ def existing_workdir_arg(text: str) -> Path:
     path = workdir_arg(text)
     if not path.is_dir():
         raise argparse.ArgumentTypeError(
-            f"{text} is not a directory; pass the agent's working directory"
+            f"{shown_path(text)} is not a directory; pass the agent's working directory"
         )
     return path

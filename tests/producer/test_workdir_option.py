@@ -100,6 +100,19 @@ def test_a_missing_workdir_is_refused_and_never_created(home: Path, name: str) -
     assert not (home / "typo").exists()
 
 
+@pytest.mark.parametrize("name", ["ledger", "inbox", "reports", "card settings", "mcp", "tool"])
+def test_a_workdir_with_a_line_break_or_an_escape_is_still_one_line(home: Path, name: str) -> None:
+    """A missing `--workdir` named with a line break and an escape sequence was printed raw:
+    the one-line error came out as two lines, and the terminal acted on the escape."""
+    argv = COMMANDS[name][0] if name in COMMANDS else [name]
+    done = _run(argv, str(home / "typo\nnext\x1b[31m"), home)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and done.stderr.endswith("\n"), done.stderr
+    assert "\x1b" not in done.stderr, done.stderr
+    assert "typo\\nnext\\x1b[31m" in done.stderr, done.stderr
+    assert list((home / "elsewhere").iterdir()) == []
+
+
 async def test_the_spawn_tool_expands_a_tilde_and_refuses_an_empty_child_workdir(
     home: Path, cli: CliHost
 ) -> None:
