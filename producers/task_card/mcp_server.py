@@ -30,6 +30,7 @@ import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
@@ -322,13 +323,44 @@ def build_server(paths: HostPaths, tools: tuple[McpTool, ...] = TOOLS) -> Server
             is_error=failed,
         )
 
-    return Server(
+    server: Server[Any] = Server(
         SERVER_NAME,
         version=package_version(),
         instructions=INSTRUCTIONS,
         on_list_tools=list_tools,
         on_call_tool=call_tool,
     )
+    server.middleware.append(name_invalid_params)
+    return server
+
+
+# How a tools/call request is shaped, for a refusal of one that is not.
+_CALL_SHAPE: Final = (
+    "a tools/call gives the tool's name (text) and its fields as one object (arguments)"
+)
+
+
+def invalid_params_message(method: str, error: ValidationError) -> str:
+    """What is wrong with a request's params, naming the first field the SDK refused."""
+    first = error.errors()[0] if error.errors() else None
+    where = ".".join(str(part) for part in first["loc"]) if first else ""
+    what = f"{where}: {first['msg']}" if first and where else "not an object"
+    shape = f"; {_CALL_SHAPE}" if method == "tools/call" else ""
+    return f"Invalid params: {what}{shape}"
+
+
+async def name_invalid_params(ctx: ServerRequestContext[Any], call_next: Any) -> Any:
+    """The SDK's answer to params its models refuse, with the field named: a tools/call
+    whose `arguments` was an array, or without a `name`, was answered "Invalid request
+    parameters" and nothing else."""
+    try:
+        return await call_next(ctx)
+    except ValidationError as exc:
+        if ctx.request_id is None:
+            raise  # a notification gets no answer
+        raise MCPError(
+            code=types.INVALID_PARAMS, message=invalid_params_message(ctx.method, exc), data=""
+        ) from None
 
 
 async def serve_stdio(paths: HostPaths) -> None:

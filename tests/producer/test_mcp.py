@@ -376,3 +376,67 @@ def test_every_line_a_client_gets_wrong_is_answered_and_the_server_goes_on(
         for pipe in (server.stdin, server.stdout):
             if pipe is not None:
                 pipe.close()
+
+
+def test_a_tool_call_of_the_wrong_shape_is_answered_naming_the_field(
+    workdir: Path, cli: CliHost
+) -> None:
+    """A tools/call whose `arguments` is not an object, or without a `name`, was answered
+    "Invalid request parameters" with empty data: the client was not told which field. (The
+    SDK's own client refuses to send these; a hand-written client does.)"""
+    params = server_for(workdir, cli)
+    server = subprocess.Popen(
+        [params.command, *params.args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    answers: Queue[dict[str, Any]] = Queue()
+
+    def read() -> None:
+        assert server.stdout is not None
+        for raw in server.stdout:
+            answers.put(json.loads(raw))
+
+    threading.Thread(target=read, daemon=True).start()
+    wrong = [
+        ({"name": "report", "arguments": [True]}, "params.arguments:"),
+        ({"name": "report", "arguments": "ok"}, "params.arguments:"),
+        ({"name": 7, "arguments": {}}, "params.name:"),
+        ({"arguments": {"ok": True}}, "params.name:"),
+    ]
+    lines = [
+        {
+            "jsonrpc": "2.0",
+            "id": 0,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "test", "version": "1"},
+            },
+        },
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        *({"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": p} for n, (p, _) in
+          enumerate(wrong, 1)),
+        {"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+         "params": {"name": "report", "arguments": {"ok": True}}},
+    ]  # fmt: skip
+    try:
+        assert server.stdin is not None
+        server.stdin.write("".join(json.dumps(line) + "\n" for line in lines).encode())
+        server.stdin.flush()
+        by_id = {answer["id"]: answer for answer in (answers.get(timeout=60) for _ in range(6))}
+        for ident, (_, field) in enumerate(wrong, 1):
+            error = by_id[ident]["error"]
+            assert error["code"] == -32602, error
+            assert error["message"].startswith(f"Invalid params: {field}"), error
+            assert "arguments" in error["message"], error
+        assert by_id[9]["result"]["isError"] is False, by_id[9]
+        assert (workdir / "reports" / "reports.jsonl").read_text().count("\n") == 1
+    finally:
+        server.kill()
+        server.wait()
+        for pipe in (server.stdin, server.stdout):
+            if pipe is not None:
+                pipe.close()
