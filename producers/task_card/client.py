@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import taskcard.producers.task_card.workdir_lock as workdir_lock
-from taskcard.producers.task_card.envelope import check_values
+from taskcard.producers.task_card.envelope import EnvelopeError, check_values, parse_envelope
 from taskcard.producers.task_card.runtime import CardFolderUnsafe, HostPaths, RuntimeDirUnsafe
 
 SPAWN_TIMEOUT_S: Final = 60.0
@@ -140,10 +140,16 @@ def call_via_host(
 
     An envelope that fails the transport checks (see `envelope.check_values`) is refused here
     with the same result shape the host would give, before any host is started or contacted.
+    So is one the schema refuses (an unknown action, a missing field): the host would answer
+    it with the same sentence, but starting one for it left a process idling for its grace.
     """
     problem = check_values(envelope)
     if problem:
         return {"status": "failed", "code": "bad_envelope", "message": f"envelope: {problem}"}
+    try:
+        parse_envelope(envelope)
+    except EnvelopeError as exc:
+        return {"status": "failed", "message": str(exc)}
     ensure_host(paths, idle_grace_s)
     reply = request_host(paths, {"op": "call", "envelope": envelope}, CALL_TIMEOUT_S)
     if not reply.get("ok"):

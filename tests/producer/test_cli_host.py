@@ -52,6 +52,29 @@ def test_tool_takes_the_envelope_as_argument_or_stdin(workdir: Path, cli: CliHos
     assert "## Lifecycle" in cli.run("card", "manual").stdout
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("tool", '{"action": "bogus", "input": {}, "reasoning": "x"}'),
+        ("tool", '{"action": "start", "input": {"renderer_path": 3}, "reasoning": "x"}'),
+        ("tool", '{"action": "settings", "input": {"extra": 1}, "reasoning": "x"}'),
+        ("card", "inspect", ""),
+    ],
+    ids=["unknown-action", "wrong-type", "unknown-field", "card-empty-id"],
+)
+def test_an_envelope_the_schema_refuses_starts_no_host(cli: CliHost, command: tuple[str]) -> None:
+    """Refused as the host would refuse it, before a host is started: one used to start and
+    idle for its grace (120 s by default) after answering only this refusal."""
+    done = cli.run(*command, *(("--json",) if command[0] == "card" else ()))
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    result = json.loads(done.stdout)
+    assert result["status"] == "failed" and "code" not in result
+    assert result["message"].split(":")[0] in {"action", "input.renderer_path", "input.extra",
+                                                 "input.watch_id"}  # fmt: skip
+    assert cli.host_pid() is None
+    assert not cli.paths.socket.exists() and not cli.paths.log.exists()
+
+
 def test_a_second_host_for_the_same_workdir_is_refused(workdir: Path, cli: CliHost) -> None:
     cli.json("tool", SETTINGS)  # brings a host up
     second = cli.run("host", timeout_s=60)

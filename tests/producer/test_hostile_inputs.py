@@ -252,7 +252,8 @@ def test_an_unsafe_runtime_dir_is_refused_with_one_line_and_exit_2(
     workdir: Path, foreign_runtime_dir: Path, how: str
 ) -> None:
     runtime = _make_unsafe(foreign_runtime_dir, how)
-    for args in (["card", "inspect", "tc_1"], ["tool", '{"action": "manual"}'], ["host"], ["mcp"]):
+    manual = '{"action": "manual", "input": {}, "reasoning": "x"}'  # a schema refusal comes first
+    for args in (["card", "inspect", "tc_1"], ["tool", manual], ["host"], ["mcp"]):
         command = [sys.executable, "-m", "taskcard.bridge.cli", *args]
         command += ["--workdir", str(workdir), "--runtime-dir", str(runtime)]
         done = subprocess.run(

@@ -440,3 +440,22 @@ def test_a_tool_call_of_the_wrong_shape_is_answered_naming_the_field(
         for pipe in (server.stdin, server.stdout):
             if pipe is not None:
                 pipe.close()
+
+
+async def test_a_task_card_call_the_schema_refuses_starts_no_host(
+    workdir: Path, cli: CliHost
+) -> None:
+    """The refusal is the host's sentence, given without starting a host that would then
+    idle for its grace."""
+    async with (
+        stdio_client(server_for(workdir, cli)) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        result = await session.call_tool(
+            "task_card", {"action": "inspect", "input": {}, "reasoning": "look"}
+        )
+        content = result.structured_content
+        assert result.is_error and isinstance(content, dict)
+        assert content["message"] == "input.watch_id: required for inspect"
+    assert cli.host_pid() is None and not cli.paths.socket.exists()
