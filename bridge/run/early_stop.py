@@ -11,7 +11,9 @@ notes the signal. Until `hold`, nothing is held that a stop must put back (no lo
 so the handler also unwinds at once with `StopRequested` (a configuration read from a named
 pipe with no writer yet cannot keep the service from stopping). From `hold` on, the start-up
 asks `requested()` between its steps and stops there, cleanly; each step is bounded (the
-store's busy timeout, the Redis probe's timeouts). Once the service has stopped and its loop
+store's busy timeout, the Redis probe's timeouts). A step that fails after a stop was asked
+for ends as the stop does (exit 0), its failure logged: the operator asked for a stop, and
+systemd must not read a configuration error into it. Once the service has stopped and its loop
 gave the signals back, `force` makes a further one end the process at once, as a second
 Ctrl-C does in most programs.
 """
@@ -71,6 +73,13 @@ def force() -> None:
 def hold() -> None:
     """From now on a signal is only noted: the start-up stops at its next step."""
     _State.unwind = False
+
+
+def note(signum: int) -> None:
+    """A stop signal the service loop's own handler took: `requested` names it from now on,
+    so a start-up step that fails after it ends as a stop, not as the step's failure."""
+    if _State.signum is None:
+        _State.signum = signum
 
 
 def requested() -> str | None:

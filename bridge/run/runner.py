@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -17,6 +19,7 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from taskcard.bridge.config import ConfigError, ServiceConfig, load_config
 from taskcard.bridge.deliver.registry import SecretMissing, build_channels, route_specs
@@ -28,9 +31,17 @@ from taskcard.bridge.run.service import Service, ServiceFailed
 from taskcard.bridge.store.sqlite import SqliteStore, StateFileError, StateStore
 from taskcard.channels.base import bind_problem
 
+if TYPE_CHECKING:
+    from taskcard.bridge.observe.listener import MetricsListener
+
 EXIT_CONFIG = 2
 EXIT_RUNTIME = 1
 EXIT_ALREADY_RUNNING = 3
+# A metrics port in use is tried again for this long before the start gives up with exit 2:
+# a holder that lets go within it (a client's passing connection on that port, a process
+# still closing) is waited out, one that keeps it is a clash a restart would not mend.
+BIND_RETRY_S = 10.0
+BIND_RETRY_EVERY_S = 0.25
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +154,12 @@ async def serve(
         # next one, cleanly, instead of serving first.
         return early_stop.requested() if own_signals else None
 
+    def failed(code: int) -> int:
+        # A step that failed after a stop was asked for: the stop's exit, not the step's
+        # (its failure is logged); systemd must not read a configuration error into a stop.
+        why = stopping()
+        return _stopped_before_serving(why) if why else code
+
     lock = ServeLock(config.state_dir)
     try:
         holder = lock.acquire()
@@ -154,14 +171,14 @@ async def serve(
             f" ({error.strerror}); fix its permissions or mount, remove what is in the lock"
             " file's place, or choose another state_dir"
         )
-        return EXIT_CONFIG
+        return failed(EXIT_CONFIG)
     if holder is not None:
         start_error(
             f"another `taskcard serve` (pid {holder}) already uses the state "
             f"directory {config.state_dir}; two services on one state would post duplicate "
             "cards. Stop it first, or give this configuration its own state_dir."
         )
-        return EXIT_ALREADY_RUNNING
+        return failed(EXIT_ALREADY_RUNNING)
     if why := stopping():
         lock.release()
         return _stopped_before_serving(why)
@@ -175,7 +192,7 @@ async def serve(
         cluster = open_cluster(config, env)
         if cluster is None:
             lock.release()
-            return EXIT_CONFIG
+            return failed(EXIT_CONFIG)
         wiring, store = ClusterWiring(cluster), cluster.store
     else:
         try:
@@ -183,7 +200,7 @@ async def serve(
         except StateFileError as error:
             start_error(str(error))
             lock.release()
-            return EXIT_CONFIG
+            return failed(EXIT_CONFIG)
     try:
         if why := stopping():
             return _stopped_before_serving(why)
@@ -193,13 +210,13 @@ async def serve(
         except SecretMissing as error:
             for message in error.messages:
                 start_error(message)
-            return EXIT_CONFIG
+            return failed(EXIT_CONFIG)
         if wiring is not None:
             built = wiring.attach(built)
         setup_logging(config.log_level, [s for b in built.values() for s in b.secrets])
         if own_signals:
             for signum in early_stop.SIGNALS:
-                loop.add_signal_handler(signum, stop.set)
+                loop.add_signal_handler(signum, _stop_signal, signum, stop)
             signals_taken = True
         if why := stopping():  # it came before the loop took the signals
             return _stopped_before_serving(why)
@@ -229,11 +246,11 @@ async def serve(
             from taskcard.bridge.observe.listener import MetricsListener
 
             listener = MetricsListener(metrics, *config.metrics.address)
-            try:
-                await listener.start()
-            except OSError as error:
-                start_error(_listen_problem(config.metrics.listen, error))
-                return EXIT_CONFIG
+            bound = await _bind(listener, config.metrics.listen, stop)
+            if bound is None:
+                return _stopped_before_serving(stopping() or "a stop")
+            if not bound:
+                return failed(EXIT_CONFIG)
         systemd = asyncio.create_task(_tell_systemd(service, stop, env), name="sd_notify")
         keeper = asyncio.create_task(_keep_lock(lock), name="serve_lock")
         leases = None
@@ -276,6 +293,40 @@ async def serve(
             wiring.cluster.forget_bots()  # it never served: its bot claim must not linger
         store.close()
         lock.release()
+
+
+def _stop_signal(signum: int, stop: asyncio.Event) -> None:
+    """The loop's SIGTERM/SIGINT handler: the stop, and its name for a start that ends."""
+    early_stop.note(signum)
+    stop.set()
+
+
+async def _bind(listener: MetricsListener, listen: str | None, stop: asyncio.Event) -> bool | None:
+    """Start the metrics listener: True once bound, False after the one line saying why not,
+    None when a stop came while a port in use was waited for (`BIND_RETRY_S`)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + BIND_RETRY_S
+    told = False
+    while True:
+        try:
+            await listener.start()
+        except OSError as error:
+            if error.errno != errno.EADDRINUSE or loop.time() >= deadline:
+                start_error(_listen_problem(listen, error))
+                return False
+            if not told:
+                told = True
+                log.warning(
+                    '[metrics] listen = "%s": the port is in use; trying again for up to %g s',
+                    listen,
+                    BIND_RETRY_S,
+                )
+        else:
+            return True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), BIND_RETRY_EVERY_S)
+        if stop.is_set():
+            return None
 
 
 def _listen_problem(listen: str | None, error: OSError) -> str:

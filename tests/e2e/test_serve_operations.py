@@ -519,6 +519,52 @@ async def test_a_metrics_port_taken_stops_the_start_with_one_line_naming_it(
     assert fake.token not in serve.logs
 
 
+async def test_a_metrics_port_busy_for_a_moment_is_waited_for(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """A port held only for a moment (a process still closing, a passing connection) ended
+    the start with exit 2, which the shipped unit never restarts: the service now tries the
+    port again for a while and serves once it is free."""
+    holder = socket.socket()
+    try:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = int(holder.getsockname()[1])
+        config = write_config(tmp_path, fake.base_url, port)
+        with ServeProcess(config, env={"TC_TEST_TOKEN": fake.token}) as serve:
+            await eventually(lambda: "the port is in use; trying again" in serve.logs)
+            holder.close()
+            answer = await until(
+                lambda: get(f"http://127.0.0.1:{port}/healthz"), what="the listener"
+            )
+            assert answer.status_code in (200, 503)
+            assert await serve.aterminate() == 0, serve.logs
+    finally:
+        holder.close()
+    assert "Traceback" not in serve.logs and not any(
+        line.startswith("taskcard:") for line in serve.logs.splitlines()
+    )
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+async def test_a_stop_while_a_busy_metrics_port_is_waited_for_is_clean(
+    tmp_path: Path, fake: FakeTelegram, signum: signal.Signals
+) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = int(holder.getsockname()[1])
+        config = write_config(tmp_path, fake.base_url, port)
+        with ServeProcess(config, env={"TC_TEST_TOKEN": fake.token}) as serve:
+            await eventually(lambda: "the port is in use; trying again" in serve.logs)
+            assert serve.proc is not None
+            serve.proc.send_signal(signum)
+            await eventually(lambda: serve.proc is not None and serve.proc.poll() is not None)
+            assert await serve.aterminate() == 0, serve.logs
+    assert f"stopped ({signum.name} during the start, before serving)" in serve.logs
+    assert fake.bot_messages(GROUP) == []
+
+
 async def test_with_json_logs_a_start_error_is_a_json_record(
     tmp_path: Path, fake: FakeTelegram
 ) -> None:

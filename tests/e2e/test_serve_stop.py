@@ -88,6 +88,33 @@ async def test_a_stop_while_the_state_file_is_opened_is_clean(
     assert telegram.bot_messages(GROUP) == []
 
 
+@pytest.mark.parametrize("signum", STOP_SIGNALS, ids=lambda s: s.name)
+async def test_a_stop_during_a_start_step_that_then_fails_exits_as_a_stop(
+    tmp_path: Path, telegram: FakeTelegram, signum: signal.Signals
+) -> None:
+    """The state file stays locked by another process, so its open fails after the stop
+    came: the stop's exit (0) and its line, with the open's failure logged, not exit 2 (a
+    configuration error, which the shipped unit never restarts)."""
+    config = telegram_config(tmp_path, telegram.base_url, GROUP)
+    state_dir = tmp_path / ".taskcard"
+    SqliteStore.in_dir(state_dir).close()
+    holder = sqlite3.connect(state_dir / STATE_FILE, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with ServeProcess(config, env={"TC_TEST_TOKEN": telegram.token}) as serve:
+            assert serve.proc is not None
+            pid = serve.proc.pid
+            await eventually(lambda: _locked(state_dir, pid), what="the service's lock")
+            serve.proc.send_signal(signum)
+            await eventually(lambda: serve.proc is not None and serve.proc.poll() is not None)
+            assert await serve.aterminate() == 0, serve.logs
+    finally:
+        holder.close()
+    assert f"stopped ({signum.name} during the start, before serving)" in serve.logs
+    assert "Traceback" not in serve.logs
+    assert telegram.count("getMe") == 0
+
+
 @pytest.fixture
 def frozen_redis(tmp_path: Path) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path / "redis").start()
