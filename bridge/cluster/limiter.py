@@ -9,6 +9,11 @@ skewed clocks still agree. A finished request is re-stamped at its completion ti
 GT`), keeping the guarantee that a request delayed in flight never lets the platform observe
 more than `max_calls` in any window.
 
+A dispatcher's round is judged as at its start (`Limiter.acquire`'s `as_of`), as in memory:
+the script is told how long ago that was on this instance's clock and counts the window as of
+then on Redis's clock, so room that frees during a round waits for the next round instead of
+going to whichever waiter is asked next.
+
 A 429 seen by one instance is a key with a TTL (capped like every pause), checked by the same
 script, so the scope pauses everywhere. While Redis cannot be reached nothing is sent (the
 script cannot vouch for the window): requests wait and ask again.
@@ -20,7 +25,8 @@ import asyncio
 import itertools
 import logging
 import math
-from collections.abc import Awaitable, Iterable
+import time
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from redis.asyncio import Redis
@@ -41,19 +47,26 @@ log = logging.getLogger(__name__)
 UNREACHABLE_WAIT_S = 0.5
 # While a window's key holds another type (something else on the prefix), this long.
 WRONG_TYPE_WAIT_S = 2.0
+# A round judged as of longer ago than this (a clock that is not the dispatcher's) is judged
+# as of this long ago: never a window emptied by a wrong reading.
+MAX_AGO_MS = 60_000
 
 _NOW_MS = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
-# KEYS: window 1, pause 1, window 2, pause 2, ...; ARGV: request id, then per scope max calls
-# and period in ms. Returns 0 (slots taken) or the milliseconds to wait, or {window, its type}
-# for a window that is not a sorted set (every call on it failed without naming it).
+# KEYS: window 1, pause 1, window 2, pause 2, ...; ARGV: request id, how long ago (ms) the room
+# is judged as of, then per scope max calls and period in ms. Returns 0 (slots taken), the
+# milliseconds to wait, -1 (no room as of then, but room now: ask again in the next round), or
+# {window, its type} for a window that is not a sorted set (every call on it failed without
+# naming it).
 _ACQUIRE = (
     _NOW_MS
     + """
 local wait = 0
+local full = false
+local judged = now - tonumber(ARGV[2])
 local n = #KEYS / 2
 for i = 1, n do
   local found = redis.call('TYPE', KEYS[2 * i - 1])['ok']
@@ -61,20 +74,22 @@ for i = 1, n do
 end
 for i = 1, n do
   local window, pause = KEYS[2 * i - 1], KEYS[2 * i]
-  local max_calls, period = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  local max_calls, period = tonumber(ARGV[2 * i + 1]), tonumber(ARGV[2 * i + 2])
   local paused = redis.call('PTTL', pause)
   if paused > wait then wait = paused end
-  redis.call('ZREMRANGEBYSCORE', window, '-inf', now - period)
+  redis.call('ZREMRANGEBYSCORE', window, '-inf', judged - period)
   local count = redis.call('ZCARD', window)
   if count >= max_calls then
+    full = true
     local oldest = redis.call('ZRANGE', window, count - max_calls, count - max_calls, 'WITHSCORES')
     local release = tonumber(oldest[2]) + period - now
     if release > wait then wait = release end
   end
 end
 if wait > 0 then return math.ceil(wait) end
+if full then return -1 end
 for i = 1, n do
-  local window, period = KEYS[2 * i - 1], tonumber(ARGV[2 * i + 1])
+  local window, period = KEYS[2 * i - 1], tonumber(ARGV[2 * i + 2])
   redis.call('ZADD', window, now, ARGV[1])
   redis.call('PEXPIRE', window, period * 2 + 60000)
 end
@@ -122,8 +137,10 @@ class RedisLimiter(Limiter):
         instance: str,
         *,
         max_pause_s: float = DEFAULT_MAX_PAUSE_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._client = client
+        self._clock = clock
         self._prefix = prefix
         self._instance = instance
         self.max_pause_s = max_pause_s
@@ -144,10 +161,12 @@ class RedisLimiter(Limiter):
     async def acquire(
         self, scopes: tuple[RateScope, ...], *, as_of: float | None = None
     ) -> Admission | float:
-        del as_of  # Redis judges room at its own time, shared by every instance
         member = f"{self._instance}:{next(self._ids)}"
+        # How long ago the round began, on our clock; Redis counts back from its own now.
+        ago_s = 0.0 if as_of is None else self._clock() - as_of
+        ago_ms = math.ceil(ago_s * 1000) if 0 < ago_s < math.inf else 0
         keys: list[str] = []
-        args: list[str | int] = [member]
+        args: list[str | int] = [member, min(ago_ms, MAX_AGO_MS)]
         for scope in scopes:
             keys += [self.window_key(scope.key), self.pause_key(scope.key)]
             args += [scope.max_calls, max(1, math.ceil(scope.period_s * 1000))]
@@ -178,6 +197,8 @@ class RedisLimiter(Limiter):
             self._wrong.discard(key)
             log.warning("the Redis key %s is a rate window again: sending resumes", key)
         wait_ms = int(answer)
+        if wait_ms < 0:
+            return 0.0  # refused as of the round's start: asked again in the next round
         if wait_ms > 0:
             return wait_ms / 1000
         return _SharedAdmission(self, member, keys[0::2])

@@ -84,8 +84,8 @@ class Limiter(ABC):
         `as_of`: judge room as it was at that earlier time of the limiter's clock (slots are
         still stamped now). A dispatcher offering room to many waiters in turn passes the
         time its round began, so room that frees while it goes through them is not taken
-        by whoever happens to be asked next, ahead of those refused a moment earlier. A
-        limiter that cannot judge at another time (a shared one) may ignore it."""
+        by whoever happens to be asked next, ahead of those refused a moment earlier. Both
+        limiters, in memory and shared, honour it."""
 
     @abstractmethod
     def pause(self, scope: str, seconds: float) -> float:

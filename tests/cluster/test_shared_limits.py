@@ -69,3 +69,22 @@ async def test_a_pause_seen_by_one_instance_pauses_every_instance(client: Redis)
     assert isinstance(unrelated, Admission)
     unrelated.complete()
     await other.close()
+
+
+async def test_a_round_is_judged_as_at_its_start_as_in_memory(client: Redis) -> None:
+    """The shared limiter ignored `as_of`: room that freed during a dispatcher's round went to
+    whichever waiter was asked next, where the in-memory limiter keeps it for the next round."""
+    [limiter] = limiters(client, 1)
+    scope = RateScope("telegram:chat:-4", max_calls=1, period_s=0.2)
+    round_began = time.monotonic()
+    first = await limiter.acquire((scope,))
+    assert isinstance(first, Admission)
+    first.complete()
+    # Until the slot has left the window as of now (waiting on the clock, not timing it).
+    while (free := await limiter.acquire((scope,), as_of=round_began)) != 0.0:
+        assert isinstance(free, float), "admitted as of the round's start, when it was full"
+        await asyncio.sleep(free)
+    later = await limiter.acquire((scope,))  # the next round finds the room
+    assert isinstance(later, Admission)
+    later.complete()
+    await limiter.close()
