@@ -10,7 +10,10 @@ An instance that stops lets go of its replies (their owner becomes `*`); one tha
 them until its entry in `P:instances` lapses (or, not listed there, until `ORPHAN_AFTER` of
 its leases after the write). At each lease renewal every live instance takes the replies left
 so, for the channels it sends on, in one script: each is taken by exactly one instance, also
-when two start together, and sent by it.
+when two start together, and sent by it. A reply left so for `STALE_AFTER_S` (its channel is
+one no live instance sends on any more, say) is dropped by that script instead of staying in
+the hash for good, as a single instance drops at its start the kept replies of a channel it
+no longer has.
 """
 
 from __future__ import annotations
@@ -31,16 +34,19 @@ RELEASED = "*"
 # A reply whose owner is not listed in `P:instances` is taken over this many leases after it
 # was written: the owner may have written it before it listed itself.
 ORPHAN_AFTER = 3
+# A reply nobody took for this long after it was written is an answer nobody waits for.
+STALE_AFTER_S = 86_400.0
 
-# KEYS: replies hash, instances zset; ARGV: taker, now (ms), grace (ms), channels (JSON list).
-# Takes every reply whose owner let it go or is gone, for the taker's channels; returns
+# KEYS: replies hash, instances zset; ARGV: taker, now (ms), grace (ms), channels (JSON list),
+# stale (ms). Takes every reply whose owner let it go or is gone, for the taker's channels, and
+# drops such replies (on any channel) written more than `stale` ago; returns
 # [field, value, ...] of the replies taken and of those the taker owns already (their values
 # as written, owner aside): a take whose answer was lost took some that the taker does not
 # know of.
 _TAKE = """
 local channels = {}
 for _, name in ipairs(cjson.decode(ARGV[4])) do channels[name] = true end
-local now, grace = tonumber(ARGV[2]), tonumber(ARGV[3])
+local now, grace, stale = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
 local taken = {}
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
@@ -48,7 +54,7 @@ for i = 1, #all, 2 do
   if owner == ARGV[1] then
     taken[#taken + 1] = all[i]
     taken[#taken + 1] = rest
-  elseif owner and channels[channel] then
+  elseif owner then
     local gone = owner == '*'
     if not gone then
       local listed = redis.call('ZSCORE', KEYS[2], owner)
@@ -58,7 +64,9 @@ for i = 1, #all, 2 do
         gone = tonumber(at) + grace <= now
       end
     end
-    if gone then
+    if gone and tonumber(at) + stale <= now then
+      redis.call('HDEL', KEYS[1], all[i])
+    elseif gone and channels[channel] then
       redis.call('HSET', KEYS[1], all[i], ARGV[1] .. ' ' .. at .. ' ' .. channel .. ' ' .. rest)
       taken[#taken + 1] = all[i]
       taken[#taken + 1] = rest
@@ -155,7 +163,10 @@ class ClusterReplies:
                 list[str],
                 await self._take(
                     keys=[self._key, self._instances],
-                    args=[self._owner, now_ms, self._grace_ms, json.dumps(names)],
+                    args=[
+                        *(self._owner, now_ms, self._grace_ms, json.dumps(names)),
+                        int(STALE_AFTER_S * 1000),
+                    ],
                 ),
             )
             forgotten = self._forgotten

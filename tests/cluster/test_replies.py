@@ -3,6 +3,8 @@ never sent again, even when Redis did not take its removal."""
 
 from __future__ import annotations
 
+import json
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -11,7 +13,7 @@ import redis
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from taskcard.bridge.cluster.replies import ClusterReplies
+from taskcard.bridge.cluster.replies import STALE_AFTER_S, ClusterReplies
 
 
 @pytest.fixture
@@ -45,4 +47,22 @@ async def test_a_sent_reply_whose_removal_redis_missed_is_not_sent_again(
     replies.forget("reply:2")
     await replies.release()
     assert not await aio.hexists(f"{prefix}:replies", "reply:2")
+    sync.close()
+
+
+async def test_a_reply_no_instance_took_for_a_day_is_dropped(aio: Redis, redis_url: str) -> None:
+    """Kept replies of a channel no live instance sends on stayed in `P:replies` for good."""
+    prefix = f"t-{uuid.uuid4().hex}"
+    sync = redis.Redis.from_url(redis_url, decode_responses=True)
+    replies = ClusterReplies(sync, aio, prefix, "i0#1", lease_ttl_s=1.0)
+    entry = {"channel": "feishu", "chat_id": "oc_1", "thread_id": None, "text": "done"}
+    now_ms = int(time.time() * 1000)
+    stale_ms = now_ms - int(STALE_AFTER_S * 1000) - 1000
+    key = f"{prefix}:replies"
+    await aio.hset(key, "reply:old", f"* {stale_ms} feishu {json.dumps(entry)}")
+    await aio.hset(key, "reply:new", f"* {now_ms} feishu {json.dumps(entry)}")
+    assert await replies.take(["telegram"]) == {}
+    assert not await aio.hexists(key, "reply:old"), "a day old, on a channel nobody sends on"
+    assert await aio.hexists(key, "reply:new"), "still waits for an instance with its channel"
+    assert await replies.take(["feishu"]) == {"reply:new": entry}
     sync.close()
