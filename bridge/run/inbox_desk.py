@@ -14,7 +14,8 @@ are written once per episode (the store refuses a known episode id). The reports
 that the parent has not taken yet travel in one wake: a new report takes the queued wake
 back (the same rename race as a cancel) and queues one with both, so a burst of reports
 wakes the parent once. A wake the parent took first is left alone, and the new one carries
-only the new report.
+only the new report. Which wake is still queued is kept in the store, so a restart between
+two reports does not split them into two wakes.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import asyncio
 import contextlib
 import hashlib
 import heapq
+import json
 import logging
 import secrets
 from collections import deque
@@ -54,6 +56,13 @@ STATUS_AGENT_PREFIX = "inbox:"
 # edit may not have gone out); older ones are history.
 KEEP_CLOSED_S = 86_400.0
 WAKE_ROUTE_PREFIX = "wake:"
+# The store's cursor holding a child's report wake last queued for its parent, so the next
+# report joins it also after a restart (in memory only, a restart split a burst in two).
+REPORT_WAKE_CURSOR = "report-wake:"
+
+
+def _report_wake_cursor(parent_id: str, child_id: str) -> str:
+    return REPORT_WAKE_CURSOR + json.dumps([parent_id, child_id], ensure_ascii=False)
 
 
 def status_key(record: InboxRecord) -> RouteKey:
@@ -391,7 +400,7 @@ class InboxDesk:
         self.retire(agent_id, reason)
         self._writers.pop(agent_id, None)
         for key in [key for key in self._report_wakes if agent_id in key]:
-            del self._report_wakes[key]
+            self._forget_report_wake(key)
 
     def retire(self, agent_id: str, reason: str = "the agent was removed") -> None:
         """Cancel every queued message of an agent that is gone."""
@@ -490,6 +499,9 @@ class InboxDesk:
             return
         if report:
             self._report_wakes[(parent_id, child_id)] = (ident, body)
+            self._store.set_cursor(
+                _report_wake_cursor(parent_id, child_id), json.dumps([ident, body])
+            )
         self._store.set_notice_state(route, notice_id, "delivered")
         log.info("agent %s: woken about %s (%s)", parent_id, child_id, episode)
 
@@ -499,13 +511,30 @@ class InboxDesk:
         """The child's report wake still queued in the parent's inbox, withdrawn so that the
         next wake carries it too; None when there is none (the parent took it first), or
         when both would not fit one message's text."""
-        last = self._report_wakes.pop((parent_id, child_id), None)
+        last = self._forget_report_wake((parent_id, child_id))
         if last is None or len(last[1]) + 1 + len(text) > MAX_TEXT_CHARS:
             return None
         try:
             return last if writer.cancel(last[0]) else None
         except InboxRefused:
             return None
+
+    def _forget_report_wake(self, key: tuple[str, str]) -> tuple[str, str] | None:
+        """The report wake last queued for (parent, child), from memory or else from the
+        store (the service restarted since), forgotten in both."""
+        last = self._report_wakes.pop(key, None)
+        cursor = _report_wake_cursor(*key)
+        stored = self._store.get_cursor(cursor)
+        if not stored:
+            return last
+        self._store.set_cursor(cursor, "")
+        if last is not None:
+            return last
+        try:
+            ident, body = json.loads(stored)
+        except (ValueError, TypeError):
+            return None  # not what this desk writes: no wake to take back
+        return (ident, body) if isinstance(ident, str) and isinstance(body, str) else None
 
     def _wake_message(self, ident: str, child_id: str, text: str) -> dict[str, Any]:
         return inbox_message(

@@ -703,6 +703,42 @@ async def test_a_burst_of_reports_wakes_the_parent_once(tmp_path: Path) -> None:
             assert await chat.serve.aterminate() == 0
 
 
+async def test_a_restart_between_two_reports_still_wakes_the_parent_once(
+    tmp_path: Path,
+) -> None:
+    """Which report wake was still queued was known in memory only: after a restart the next
+    report queued a second wake beside it. It is kept in the state store now."""
+    async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
+        lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
+        lineage = {"parent": "lead", "reason": "split", "depth": 1, "created_at": utc_now_iso()}
+        atomic_write(worker / "lineage.json", json.dumps(lineage).encode())
+        publish(worker, "**migrating**")
+        publish(lead, "**leading**")
+
+        def report_wakes() -> list[str]:
+            texts = [str(json.loads(p.read_text())["text"]) for p in queued(tmp_path, "lead")]
+            return [text for text in texts if "worker reported" in text]
+
+        with chat.serve:
+            await wait_said(chat, "migrating", "worker card")
+            report(worker, 1, ok=True, summary="part 1 done")
+            await wait_said(chat, "worker reported (#1)", "report 1 in the chat")
+            await eventually(lambda: len(report_wakes()) == 1, what="the wake of report 1")
+            assert await chat.serve.aterminate() == 0
+        assert lead.joinpath("inbox", "queued").is_dir()
+        with chat.restart():
+            await eventually(lambda: "ready" in chat.serve.logs, timeout_s=60, what="restart")
+            report(worker, 2, ok=True, summary="part 2 done")
+            await wait_said(chat, "worker reported (#2)", "report 2 in the chat")
+            await eventually(
+                lambda: any("part 2 done" in text for text in report_wakes()),
+                what="a wake carrying report 2",
+            )
+            [wake] = report_wakes()
+            assert "(#1)" in wake and "(#2)" in wake, wake
+            assert await chat.serve.aterminate() == 0
+
+
 async def test_a_feishu_tell_names_the_people_it_mentions(tmp_path: Path) -> None:
     """Feishu writes a mention in the text as a placeholder (`@_user_1`); the agent reads the
     name instead, as a Telegram text keeps `@alice` as typed."""
