@@ -27,7 +27,7 @@ from taskcard.producers.ledger.model import (
 )
 from taskcard.producers.ledger.render import RENDERER_FILE, render_markdown, write_renderer
 from taskcard.producers.ledger.store import DEFAULT_LEDGER, Ledger, LedgerError, cannot_write
-from taskcard.producers.task_card.contract import terminal_json
+from taskcard.producers.task_card.contract import is_inside, terminal_json
 from taskcard.producers.task_card.runtime import RUNTIME_DIR_HELP
 from taskcard.producers.task_card.workdir_arg import existing_workdir_arg
 
@@ -41,7 +41,12 @@ JOB_STATUSES: Final = ("submitted", "running", "succeeded", "failed", "cancelled
 def _ledger(args: argparse.Namespace) -> Ledger:
     # Checked as given: an empty `--ledger` joined to the workdir would name the workdir.
     path = Ledger(args.ledger).path
-    return Ledger(path if path.is_absolute() else args.workdir / path)
+    full = path if path.is_absolute() else args.workdir / path
+    # A ledger inside the workdir stays inside it (`Ledger`'s `inside`); one given elsewhere
+    # on purpose (an absolute path, or `../` out of the workdir) is the caller's choice.
+    workdir: Path = args.workdir
+    inside = is_inside(str(workdir), os.path.normpath(full))
+    return Ledger(full, inside=workdir if inside else None)
 
 
 def _summary(record: TaskRecord) -> dict[str, Any]:

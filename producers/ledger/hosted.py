@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 def ledger_supervisor(card: TaskCard) -> Callable[[], None]:
-    ledger = Ledger(card.workdir / DEFAULT_LEDGER)
+    ledger = Ledger(card.workdir / DEFAULT_LEDGER, inside=card.workdir)
     port = LedgerNotificationPort(card.paths)
 
     def check() -> None:

@@ -367,7 +367,7 @@ def call_ledger(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
     stray = stray_field(command, arguments)
     if stray is not None:
         return _failed(stray)
-    ledger = Ledger(paths.workdir / DEFAULT_LEDGER)
+    ledger = Ledger(paths.workdir / DEFAULT_LEDGER, inside=paths.workdir)
     try:
         return {"status": "ok", "command": command, **_run(ledger, paths, command, arguments)}
     except LedgerError as exc:

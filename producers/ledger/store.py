@@ -7,6 +7,11 @@ processes therefore queue instead of overwriting each other, and readers never s
 file. A write touches exactly one task record; other tasks' bytes are carried over as read.
 
 Bad input raises `LedgerError` with one line naming the field and the fix.
+
+A ledger in an agent's workdir (the default `ledger/long-task-ledger.json`, or any path given
+inside it) is read and written only inside it: with `inside` (the workdir), a `ledger/` folder
+or ledger file that is a symlink leading out of the workdir is refused with a `LedgerError`
+naming it, before anything is read, created or written there, as the other contract paths are.
 """
 
 from __future__ import annotations
@@ -50,7 +55,9 @@ from taskcard.producers.ledger.model import (
 )
 from taskcard.producers.task_card.contract import (
     NotRegularFile,
+    OutsideWorkdir,
     atomic_write,
+    make_folder,
     open_lock,
     open_regular,
     quoted,
@@ -269,7 +276,9 @@ def dump_document(document: LedgerDocument) -> bytes:
 class Ledger:
     """One ledger file. All methods are safe to call from many processes at once."""
 
-    def __init__(self, path: Path | str, *, clock: Clock = utc_now) -> None:
+    def __init__(
+        self, path: Path | str, *, clock: Clock = utc_now, inside: Path | None = None
+    ) -> None:
         try:
             self.path = given_path(path, "the ledger's file path", folder=False)
         except WorkdirError as exc:
@@ -278,16 +287,19 @@ class Ledger:
             raise LedgerError(f"ledger: {path} names a folder; give the ledger's file path")
         self.lock_path = self.path.with_name(self.path.name + ".lock")
         self._clock = clock
+        self._inside = inside
 
     # ---------------------------------------------------------------------- reading
 
     def read(self) -> LedgerDocument:
         """The current document (empty when the file does not exist yet)."""
         try:
-            with open_regular(self.path) as handle:
+            with open_regular(self.path, inside=self._inside) as handle:
                 data = handle.read(MAX_LEDGER_BYTES + 1)
         except FileNotFoundError:
             return LedgerDocument()
+        except OutsideWorkdir:
+            raise self._outside() from None
         except OSError as exc:
             raise LedgerError(f"ledger {self.path}: cannot read it ({exc.strerror})") from None
         if len(data) > MAX_LEDGER_BYTES:
@@ -318,9 +330,11 @@ class Ledger:
     @contextlib.contextmanager
     def locked(self) -> Iterator[LedgerDocument]:
         """The document under the exclusive lock; written back atomically if it changed."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            fd = open_lock(self.lock_path)
+            self._make_folder()
+            fd = open_lock(self.lock_path, inside=self._inside)
+        except OutsideWorkdir:
+            raise self._outside() from None
         except OSError as exc:
             if exc.errno != errno.ELOOP and not isinstance(exc, NotRegularFile):
                 raise
@@ -334,12 +348,29 @@ class Ledger:
             before = document.model_dump_json()
             yield document
             if document.model_dump_json() != before:
+                try:
+                    self._make_folder()  # looked at again: swapped for a link meanwhile?
+                except OutsideWorkdir:
+                    raise self._outside() from None
                 atomic_write(self.path, dump_document(document))
         finally:
             os.close(fd)  # closing the descriptor releases the flock
 
     def clock(self) -> datetime:
         return self._clock()
+
+    def _make_folder(self) -> None:
+        if self._inside is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        else:
+            make_folder(self.path.parent, inside=self._inside)
+
+    def _outside(self) -> LedgerError:
+        return LedgerError(
+            f"ledger {self.path}: leads out of the workdir {self._inside} through a symlink"
+            f" (the {self.path.parent.name}/ folder or the file); nothing is read or written"
+            " there, so make it a real folder and file inside the workdir (remove the link)"
+        )
 
     def broken_problem(self, document: LedgerDocument, task_id: str) -> str | None:
         """What is wrong with the record of `task_id` in the file, None when it is sound."""

@@ -461,3 +461,29 @@ def test_a_ledger_over_its_size_cap_is_refused_with_the_way_out(workdir: Path) -
     done = taskcard(workdir, "show")
     assert done.returncode == 2 and "larger than 16000000 bytes" in done.stderr
     assert "move it aside" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("link", ["folder", "file"])
+def test_a_ledger_linked_out_of_the_workdir_is_neither_read_nor_written(
+    workdir: Path, tmp_path: Path, link: str
+) -> None:
+    """`ledger/` (or the ledger file) as a symlink to another place was followed: `init`
+    wrote the ledger and its lock there and `show` read a file from outside the workdir."""
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    planted = outside / "long-task-ledger.json"
+    if link == "folder":
+        (workdir / "ledger").symlink_to(outside, target_is_directory=True)
+    else:
+        (workdir / "ledger").mkdir()
+        (workdir / "ledger" / "long-task-ledger.json").symlink_to(planted)
+    for args in (["init", "t", "--purpose", "p", "--no-renderer"], ["show"], ["supervise"]):
+        done = taskcard(workdir, *args)
+        assert done.returncode == 2, (args, done.stdout, done.stderr)
+        [line] = done.stderr.splitlines()
+        assert "leads out of the workdir" in line and "remove the link" in line, line
+        assert "Traceback" not in done.stderr
+    assert list(outside.iterdir()) == []
+    # A ledger given elsewhere on purpose is the caller's choice, and still works.
+    ok(workdir, "init", "t", "--purpose", "p", "--no-renderer", "--ledger", str(planted))
+    assert planted.is_file()

@@ -427,3 +427,32 @@ def _stop_host(runtime: Path, workdir: Path) -> None:
     """The host the card's start brought up, asked to stop (not left to its idle grace)."""
     with contextlib.suppress(OSError, ValueError):
         request_host(HostPaths(runtime, workdir.resolve()), {"op": "shutdown"}, 5.0)
+
+
+async def test_a_ledger_folder_linked_out_of_the_workdir_is_refused(
+    workdir: Path, tmp_path: Path
+) -> None:
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (workdir / "ledger").symlink_to(outside, target_is_directory=True)
+    runtime = Path(tempfile.mkdtemp(prefix="tclm"))
+    server = StdioServerParameters(
+        command=sys.executable,
+        args=[
+            *("-m", "taskcard.bridge.cli", "mcp"),
+            *("--workdir", str(workdir), "--runtime-dir", str(runtime)),
+        ],
+    )
+    try:
+        async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            for arguments in (
+                {"command": "init", "task_id": "t", "purpose": "Sync"},
+                {"command": "show"},
+            ):
+                result = await session.call_tool("ledger", arguments)
+                answer = json.loads(result.content[0].text)  # type: ignore[union-attr]
+                assert result.is_error and "leads out of the workdir" in answer["message"]
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
+    assert list(outside.iterdir()) == []
