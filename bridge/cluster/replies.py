@@ -14,13 +14,21 @@ when two start together, and sent by it. A reply left so for `STALE_AFTER_S` (it
 one no live instance sends on any more, say) is dropped by that script instead of staying in
 the hash for good, as a single instance drops at its start the kept replies of a channel it
 no longer has.
+
+`keep` and `forget` are called on the event loop: their writes go out in order from one
+background task, so a Redis that does not answer holds up nothing else (each write used to wait
+its socket timeout on the loop, every chat and agent with it). A reply forgotten is counted as
+sent-but-not-yet-removed until its removal went through, so no take hands it back meanwhile;
+`release` waits for the writes queued before it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Iterable
 from typing import Any, cast
 
@@ -107,39 +115,97 @@ class ClusterReplies:
         self._mine: set[str] = set()  # the replies this instance kept or took
         # Those forgotten while a take waits for its answer: not taken back from it.
         self._forgotten: set[str] | None = None
-        # Sent, but Redis did not take their removal: never taken back, removed again at
-        # each take and before a release (which would hand them to another instance).
+        # Sent, but Redis did not take their removal (or not yet: it is queued): never taken
+        # back, removed again at each take and before a release (which would hand them to
+        # another instance).
         self._undropped: set[str] = set()
         self._release = aio.register_script(_RELEASE)
+        # The writes of `keep` (key, value) and `forget` (key, None), in call order.
+        self._writes: deque[tuple[str, str | None]] = deque()
+        self._writer: asyncio.Task[None] | None = None
 
     def keep(self, key: str, entry: dict[str, Any]) -> None:
         self._mine.add(key)
         value = " ".join(
             (self._owner, str(int(time.time() * 1000)), str(entry["channel"]), json.dumps(entry))
         )
-        try:
-            self._client.hset(self._key, key, value)
-        except RedisError as error:  # the reply still goes out; only a stop would lose it
-            log.warning(
-                "could not keep the unsent command reply in Redis (%s): a stop before it is"
-                " sent loses it",
-                type(error).__name__,
-            )
+        self._write(key, value)
 
     def forget(self, key: str) -> None:
         self._mine.discard(key)
         if self._forgotten is not None:
             self._forgotten.add(key)
+        # Sent: never taken back here until Redis took its removal (see `_undropped`).
+        self._undropped.add(key)
+        self._write(key, None)
+
+    def _write(self, key: str, value: str | None) -> None:
+        """Queue one write for the writer task; done at once when no loop runs."""
+        self._writes.append((key, value))
         try:
-            self._client.hdel(self._key, key)
-        except RedisError as error:
-            # Still this instance's in Redis: never taken back here, removed again later.
-            self._undropped.add(key)
+            asyncio.get_running_loop()
+        except RuntimeError:
+            self._write_now_sync()
+            return
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_queued(), name="cluster_replies")
+
+    def _write_now_sync(self) -> None:
+        while self._writes:
+            key, value = self._writes[0]  # left in the queue until done (see `_removal_queued`)
+            try:
+                if value is None:
+                    self._client.hdel(self._key, key)
+                else:
+                    self._client.hset(self._key, key, value)
+            except (RedisError, OSError) as error:
+                self._write_failed(key, value, error)
+            else:
+                self._written(key, value)
+            self._writes.popleft()
+
+    async def _write_queued(self) -> None:
+        while self._writes:
+            key, value = self._writes[0]  # left in the queue until done (see `_removal_queued`)
+            try:
+                if value is None:
+                    await self._aio.hdel(self._key, key)
+                else:
+                    await self._aio.hset(self._key, key, value)
+            except (RedisError, OSError) as error:
+                self._write_failed(key, value, error)
+            else:
+                self._written(key, value)
+            self._writes.popleft()
+
+    def _written(self, key: str, value: str | None) -> None:
+        if value is None and not self._removal_queued(key, skip_first=True):
+            self._undropped.discard(key)
+
+    def _removal_queued(self, key: str, *, skip_first: bool = False) -> bool:
+        """Whether a removal of `key` still waits in the queue (or is being written)."""
+        writes = list(self._writes)[1:] if skip_first else self._writes
+        return any(queued == key and value is None for queued, value in writes)
+
+    def _write_failed(self, key: str, value: str | None, error: Exception) -> None:
+        if value is not None:  # the reply still goes out; only a stop would lose it
             log.warning(
-                "could not drop a sent command reply from Redis (%s); it is removed once"
-                " Redis answers",
+                "could not keep the unsent command reply in Redis (%s): a stop before it is"
+                " sent loses it",
                 type(error).__name__,
             )
+            return
+        # Still this instance's in Redis: never taken back here, removed again later.
+        log.warning(
+            "could not drop a sent command reply from Redis (%s); it is removed once Redis answers",
+            type(error).__name__,
+        )
+
+    async def flush(self) -> None:
+        """Wait for the writes queued so far (each bounded by the client's timeouts)."""
+        writer = self._writer
+        if writer is not None and not writer.done():
+            await asyncio.gather(writer, return_exceptions=True)
 
     async def _drop_undropped(self) -> None:
         """Remove again the sent replies whose removal Redis did not take; raises
@@ -147,7 +213,8 @@ class ClusterReplies:
         if self._undropped:
             keys = sorted(self._undropped)
             await self._aio.hdel(self._key, *keys)
-            self._undropped.difference_update(keys)
+            # One whose queued removal is still to come stays: its `keep` may come first.
+            self._undropped.difference_update(k for k in keys if not self._removal_queued(k))
 
     async def take(self, channels: Iterable[str]) -> dict[str, Any]:
         """The replies stopped instances left unsent on `channels`, now this instance's
@@ -187,6 +254,7 @@ class ClusterReplies:
         """Let go of this instance's unsent replies (it stops): the others take them at
         their next lease renewal. A Redis that does not answer leaves them to lapse with
         this instance's entry in `P:instances`."""
+        await self.flush()  # a keep written after the release would stay this instance's
         try:
             await self._drop_undropped()  # sent: not to be handed over
             await self._release(keys=[self._key], args=[self._owner])

@@ -7,6 +7,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any, cast
 
 import pytest
 import redis
@@ -23,30 +24,68 @@ async def aio(redis_url: str) -> AsyncIterator[Redis]:
     await client.aclose()
 
 
-class _DeafToDeletes(redis.Redis):
-    """A client whose HDEL never reaches Redis, as during a network cut."""
+class _DeafToDeletes(Redis):
+    """A client whose HDEL does not reach Redis while `deaf`, as during a network cut."""
 
-    def hdel(self, name: str, *keys: str) -> int:  # type: ignore[override]
-        raise RedisConnectionError("cut")
+    deaf = True
+
+    async def hdel(self, name: str, *keys: str) -> int:  # type: ignore[override]
+        if self.deaf:
+            raise RedisConnectionError("cut")
+        return cast(int, await super().hdel(name, *keys))
+
+
+class _NotOnTheLoop(redis.Redis):
+    """The blocking client, which must not be used on the event loop: during a Redis outage
+    each call held the loop (every chat and agent) for its socket timeout."""
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        raise AssertionError(f"a blocking Redis call on the event loop: {args[0]}")
 
 
 async def test_a_sent_reply_whose_removal_redis_missed_is_not_sent_again(
     aio: Redis, redis_url: str
 ) -> None:
     prefix = f"t-{uuid.uuid4().hex}"
-    sync = _DeafToDeletes.from_url(redis_url, decode_responses=True)
-    replies = ClusterReplies(sync, aio, prefix, "i0#1", lease_ttl_s=1.0)
+    deaf = _DeafToDeletes.from_url(redis_url, decode_responses=True)
+    sync = _NotOnTheLoop.from_url(redis_url, decode_responses=True)
+    replies = ClusterReplies(sync, deaf, prefix, "i0#1", lease_ttl_s=1.0)
     entry = {"channel": "telegram", "chat_id": "5", "thread_id": None, "text": "done"}
     replies.keep("reply:1", entry)
     replies.forget("reply:1")  # sent; its removal is lost
+    await replies.flush()
     assert await aio.hexists(f"{prefix}:replies", "reply:1"), "still kept in Redis"
+    deaf.deaf = False
     assert await replies.take(["telegram"]) == {}, "taken back, it would be sent twice"
     assert not await aio.hexists(f"{prefix}:replies", "reply:1"), "removed at the next take"
     # A stop hands over only what is unsent: a sent reply kept by a missed removal is not.
+    deaf.deaf = True
     replies.keep("reply:2", entry)
     replies.forget("reply:2")
+    await replies.flush()
+    deaf.deaf = False
     await replies.release()
     assert not await aio.hexists(f"{prefix}:replies", "reply:2")
+    await deaf.aclose()
+    sync.close()
+
+
+async def test_keeping_and_forgetting_never_block_the_loop_and_keep_their_order(
+    aio: Redis, redis_url: str
+) -> None:
+    prefix = f"t-{uuid.uuid4().hex}"
+    sync = _NotOnTheLoop.from_url(redis_url, decode_responses=True)
+    replies = ClusterReplies(sync, aio, prefix, "i0#1", lease_ttl_s=1.0)
+    entry = {"channel": "telegram", "chat_id": "5", "thread_id": None, "text": "done"}
+    for n in range(20):
+        replies.keep(f"reply:{n}", entry)
+        if n % 2:
+            replies.forget(f"reply:{n}")  # sent at once: removed after its keep, never before
+    # A take meanwhile never hands back a reply whose removal is still queued.
+    assert await replies.take(["telegram"]) == {}
+    await replies.release()
+    kept = await aio.hkeys(f"{prefix}:replies")
+    assert sorted(kept) == sorted(f"reply:{n}" for n in range(0, 20, 2))
     sync.close()
 
 
