@@ -1022,6 +1022,11 @@ def _open_writable(path: Path) -> sqlite3.Connection:
         )
     except sqlite3.Error as exc:
         db.close()
+        if _locked(exc):  # not the disk: naming space and permissions sent people astray
+            raise StateFileError(
+                f"{path}: cannot be written ({_fault_reason(exc)}); {_fault_advice(exc)},"
+                " then start again"
+            ) from None
         raise StateFileError(
             f"{path}: cannot be written ({_fault_reason(exc)}); free space, or fix its"
             " permissions, attributes (chattr -i) or mount (read-write), then start again"
@@ -1086,9 +1091,14 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return info.st_dev, info.st_ino
 
 
+def _locked(exc: sqlite3.Error) -> bool:
+    """Whether another connection's lock, not the disk, made the write fail."""
+    return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
+
+
 def _fault_advice(exc: sqlite3.Error) -> str:
     """What the operator can do about a failed write."""
-    if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+    if _locked(exc):
         return (
             "another process holds the file locked (a sqlite3 shell or a tool in a"
             " transaction): end that transaction or stop that process"

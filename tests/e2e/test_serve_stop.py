@@ -113,6 +113,10 @@ async def test_a_stop_during_a_start_step_that_then_fails_exits_as_a_stop(
     assert f"stopped ({signum.name} during the start, before serving)" in serve.logs
     assert "Traceback" not in serve.logs
     assert telegram.count("getMe") == 0
+    # The open's failure names the lock, not the disk (it said to free space).
+    [failure] = [line for line in serve.logs.splitlines() if "cannot be written" in line]
+    assert "another process holds the file locked" in failure, failure
+    assert "free space" not in failure, failure
 
 
 @pytest.fixture
