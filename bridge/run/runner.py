@@ -40,7 +40,7 @@ EXIT_ALREADY_RUNNING = 3
 # A metrics port in use is tried again for this long before the start gives up with exit 2:
 # a holder that lets go within it (a client's passing connection on that port, a process
 # still closing) is waited out, one that keeps it is a clash a restart would not mend.
-BIND_RETRY_S = 10.0
+BIND_RETRY_S = 30.0
 BIND_RETRY_EVERY_S = 0.25
 
 log = logging.getLogger(__name__)

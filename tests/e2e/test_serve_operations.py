@@ -24,6 +24,7 @@ from typing import TypeVar
 import httpx
 import pytest
 
+from taskcard.bridge.run.runner import BIND_RETRY_S
 from taskcard.bridge.store.sqlite import STATE_FILE, SqliteStore
 from tests.e2e.harness import (
     ServeProcess,
@@ -507,7 +508,11 @@ async def test_a_metrics_port_taken_stops_the_start_with_one_line_naming_it(
         port = int(holder.getsockname()[1])
         config = write_config(tmp_path, fake.base_url, port)
         with ServeProcess(config, env={"TC_TEST_TOKEN": fake.token}) as serve:
-            await eventually(lambda: serve.proc is not None and serve.proc.poll() is not None)
+            await eventually(
+                lambda: serve.proc is not None and serve.proc.poll() is not None,
+                timeout_s=BIND_RETRY_S + 60,
+                what="the start given up once the port stayed taken",
+            )
             assert serve.proc is not None
             code = serve.proc.returncode
     lines = [line for line in serve.logs.splitlines() if line.startswith("taskcard:")]
