@@ -523,18 +523,7 @@ def path_problems(config: ServiceConfig) -> list[str]:
     state_problem = _state_dir_problem(config.state_dir)
     if state_problem is not None:
         problems.append(f"state_dir: {state_problem}")
-    seen_roots: dict[str, int] = {}
     for index, root in enumerate(config.discover.roots):
-        # The same folder twice took every agent in it twice: one warning per agent ("was
-        # already found at" the very same folder) at each discovery.
-        real = os.path.realpath(root)
-        if real in seen_roots:
-            problems.append(
-                f"discover.roots[{index}]: {root} is the same folder as"
-                f" discover.roots[{seen_roots[real]}]; list each root once"
-            )
-            continue
-        seen_roots[real] = index
         if root.exists() and not root.is_dir():
             problems.append(
                 f"discover.roots[{index}]: {root} exists and is not a directory; point it at"

@@ -527,8 +527,9 @@ def bind_problem(error: OSError) -> str:
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
-# 24 or more letters and digits with no `_` and at least one digit: the shape of a generated
-# secret (a Feishu app secret, a token), not of a name someone chose for a variable.
+# 24 or more letters and digits with no `_` and at least one digit, not all upper case: the
+# shape of a generated secret (a Feishu app secret, a token) pasted where a variable's name
+# belongs, rarely a name someone chose.
 _SECRET_SHAPED = re.compile(r"(?=[A-Za-z0-9]*[0-9])[A-Za-z0-9]{24,}")
 
 
@@ -543,12 +544,17 @@ def check_env_name(name: str) -> str:
             " secret (letters, digits and _, not starting with a digit, e.g."
             " TELEGRAM_BOT_TOKEN), never the secret itself"
         )
+    return name
+
+
+def env_name_shown(name: str) -> str:
+    """How a message names the variable `name`: as written, unless it has a secret's shape
+    (a secret pasted where the name belongs, which a message must not repeat). Such a name
+    is still used as given: a variable of that name may well exist."""
     if _SECRET_SHAPED.fullmatch(name) and not name.isupper():
-        # A Feishu app secret or verification token is 32 letters and digits: a valid name,
-        # which the start then quoted in "the environment variable ... is not set".
-        raise ValueError(
-            "looks like a secret, not the name of an environment variable; put the secret in"
-            " a variable (e.g. FEISHU_APP_SECRET) and give that variable's NAME here"
+        return (
+            "named there (not shown: the name looks like a secret itself; put the secret in"
+            " a variable such as FEISHU_APP_SECRET and give that variable's NAME)"
         )
     return name
 

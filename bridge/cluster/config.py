@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from taskcard.channels.base import EnvName
+from taskcard.channels.base import EnvName, env_name_shown
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _SCHEMES = ("redis", "rediss", "unix")
@@ -129,12 +129,14 @@ def resolve_redis_url(config: ClusterConfig, env: Mapping[str, str]) -> str:
     value = env.get(config.redis_url_env, "").strip()
     if not value:
         raise ClusterUrlMissing(
-            f"cluster.redis_url_env: the environment variable {config.redis_url_env} is not"
+            f"cluster.redis_url_env: the environment variable"
+            f" {env_name_shown(config.redis_url_env)} is not"
             " set; export the Redis URL there (redis://:password@host:6379/0)"
         )
     problem = redis_url_problem(value)
     if problem:
         raise ClusterUrlMissing(
-            f"cluster.redis_url_env: the value of {config.redis_url_env} {problem}"
+            f"cluster.redis_url_env: the value of the variable"
+            f" {env_name_shown(config.redis_url_env)} {problem}"
         )
     return value

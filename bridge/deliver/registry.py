@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Final, Protocol
 
 from taskcard.bridge.config import ServiceConfig
-from taskcard.channels.base import Channel, ChatRef, CursorStore, RouteView
+from taskcard.channels.base import Channel, ChatRef, CursorStore, RouteView, env_name_shown
 
 
 class SecretMissing(Exception):
@@ -64,7 +64,8 @@ def _need(env: Mapping[str, str], key_path: str, variable: str, what: str) -> st
         # would send the operator looking for a variable that is there.
         state = "is empty" if variable in env else "is not set"
         raise SecretMissing(
-            f"{key_path}: the environment variable {variable} {state}; export the {what} "
+            f"{key_path}: the environment variable {env_name_shown(variable)} {state}; export"
+            f" the {what} "
             f"there (or point {key_path} at the variable that holds it)"
         )
     return value

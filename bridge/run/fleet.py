@@ -64,7 +64,12 @@ def discover_agents(roots: Sequence[Path], configured: Collection[str]) -> Disco
     names already configured and names found under an earlier root are reported.
     """
     found = Discovery()
+    read: set[str] = set()
     for root in roots:
+        real = os.path.realpath(root)
+        if real in read:
+            continue  # the same folder listed twice (a warning at start): its agents once
+        read.add(real)
         try:
             entries = sorted(os.scandir(root), key=lambda entry: entry.name)
         except OSError:

@@ -58,11 +58,32 @@ def nothing_served(config: ServiceConfig) -> list[str]:
             " [[feishu.routes]], or set console.enabled = true"
         ]
     routed = {agent for spec in specs for agent in spec.agents}
-    return [
-        f"agent {agent!r} is in no route: its card is shown nowhere"
-        for agent in config.agent_ids()
-        if agent not in routed
-    ] + _shared_workdirs(config)
+    return (
+        [
+            f"agent {agent!r} is in no route: its card is shown nowhere"
+            for agent in config.agent_ids()
+            if agent not in routed
+        ]
+        + _shared_workdirs(config)
+        + _repeated_roots(config)
+    )
+
+
+def _repeated_roots(config: ServiceConfig) -> list[str]:
+    """A discovery root listed twice (or through a link to it) is read once; said, since the
+    entry is likely a slip."""
+    warnings: list[str] = []
+    first: dict[str, int] = {}
+    for index, root in enumerate(config.discover.roots):
+        real = os.path.realpath(root)
+        if real in first:
+            warnings.append(
+                f"discover.roots[{index}]: {root} is the same folder as"
+                f" discover.roots[{first[real]}]; it is read once, list it once"
+            )
+        else:
+            first[real] = index
+    return warnings
 
 
 def _shared_workdirs(config: ServiceConfig) -> list[str]:
