@@ -337,7 +337,7 @@ def _pipes_as_text(markdown: str) -> str:
     if "||" not in markdown:
         return markdown
     source = markdown.encode()
-    kept: list[tuple[int, int]] = []  # code and tables
+    kept: list[tuple[int, int, bool]] = []  # code, tables and bare links (True)
     for event, span in pyromark.events_with_range(markdown, options=STANDARD_OPTIONS):
         if not isinstance(event, dict):
             continue
@@ -345,17 +345,38 @@ def _pipes_as_text(markdown: str) -> str:
         if "Code" in event or (
             isinstance(start, dict) and ("CodeBlock" in start or "Table" in start)
         ):
-            kept.append((span["start"], span["end"]))
+            kept.append((span["start"], span["end"], False))
+        elif isinstance(start, dict) and _is_autolink(start):
+            kept.append((span["start"], span["end"], True))
     parts: list[bytes] = []
     last = 0
-    for begin, end in [*kept, (len(source), len(source))]:
+    for begin, end, link in [*kept, (len(source), len(source), False)]:
         if begin >= last:
-            parts += [_PIPES.sub(_escaped_pipes, source[last:begin]), source[begin:end]]
+            written = source[begin:end]
+            parts += [
+                _PIPES.sub(_escaped_pipes, source[last:begin]),
+                _as_inline_link(written) if link else written,
+            ]
             last = end
         elif end > last:  # inside a table: a code span in a cell
             parts.append(source[last:end])
             last = end
     return b"".join(parts).decode()
+
+
+def _is_autolink(start: dict[str, object]) -> bool:
+    link = start.get("Link")
+    return isinstance(link, dict) and link.get("link_type") == "Autolink"
+
+
+def _as_inline_link(autolink: bytes) -> bytes:
+    """`<https://a||b>` as `[https://a\\|\\|b](https://a\\|\\|b)`: an autolink takes
+    no escapes (a `\\|` would show and change the address), and left as it is its `||`
+    pairs with another run into a spoiler; an inline link's text and address take them."""
+    if b"||" not in autolink or any(mark in autolink for mark in (b"[", b"]", b"(", b")", b"\\")):
+        return autolink  # an address an inline link could not hold as it is: left alone
+    address = _PIPES.sub(_escaped_pipes, autolink[1:-1])
+    return b"[" + address + b"](" + address + b")"
 
 
 # How often a body is parsed again for raw HTML that escaping uncovered (see `_html_as_text`).
@@ -500,7 +521,8 @@ def render_card(view: CardView, limit_utf16: int = MAX_MESSAGE_UTF16) -> Outgoin
 
 
 # Characters a cut must not come just before: they belong to the character before them (a
-# combining mark, a variation selector, an emoji's skin tone or joined part, the zero-width
+# mark of any kind, combining or spacing, such as a keycap or a Devanagari vowel sign; a
+# variation selector, an emoji's skin tone or joined part, the zero-width
 # space that defuses a `@` or `/`).
 _JOINED = frozenset("\u200b\u200c\u200d\ufe0e\ufe0f") | frozenset(
     chr(code) for code in range(0x1F3FB, 0x1F400)
@@ -514,7 +536,9 @@ def _cut_rich(rich: RichText, cut: int) -> RichText:
     text = rich.text
     cut = min(cut, len(text))
     while 0 < cut < len(text) and (
-        text[cut] in _JOINED or text[cut - 1] == "\u200d" or unicodedata.combining(text[cut])
+        text[cut] in _JOINED
+        or text[cut - 1] == "\u200d"
+        or unicodedata.category(text[cut]).startswith("M")
     ):
         cut -= 1
     if cut < len(text) and text[cut] == _NO_MENTION and cut > 0 and text[cut - 1] in "@/":
