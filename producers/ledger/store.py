@@ -332,11 +332,13 @@ class Ledger:
         """The document under the exclusive lock; written back atomically if it changed."""
         try:
             self._make_folder()
-            fd = open_lock(self.lock_path, inside=self._inside)
         except OutsideWorkdir:
             raise self._outside() from None
+        try:
+            fd = open_lock(self.lock_path, inside=self._inside)
         except OSError as exc:
-            if exc.errno != errno.ELOOP and not isinstance(exc, NotRegularFile):
+            # The folder is inside (just checked): what leads out is a link at the lock's name.
+            if exc.errno != errno.ELOOP and not isinstance(exc, NotRegularFile | OutsideWorkdir):
                 raise
             raise LedgerError(
                 f"ledger lock {self.lock_path}: a symlink or not a regular file; only taskcard "
