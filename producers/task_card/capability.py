@@ -120,6 +120,7 @@ class _Watch:
     tally: RefreshTally | None = None  # where spent refreshes go between descriptor writes
     tally_failed: bool = False
     persisted_epoch: int = 0  # the error_epoch in the last descriptor written
+    persisted_open: bool = False  # whether that descriptor recorded an open error episode
     ticks_skipped: int = 0  # grid points passed while a render overran (schedule.py)
     removed: bool = False  # `remove` deleted its card: it never publishes again
 
@@ -133,6 +134,7 @@ class _Watch:
             refreshes_used=self.refreshes_used,
             started_at=self.started_at,
             error_epoch=self.error_epoch,
+            error_code=self.error.code if self.error is not None else None,
         )
 
 
@@ -626,6 +628,16 @@ class TaskCard:
         self._side_effect(watch, "reset the turn count", lambda: reset_turns(self.paths))
         self._side_effect(watch, "clear the reminder", self._notifier.clear_reminder)
 
+    def _record_published(self, watch: _Watch, body: str) -> None:
+        """A publication: the success, and the recovery when it ends an error episode."""
+        self._record_success(watch, body)
+        if watch.error is not None:
+            self._notify(watch, TaskCardRecoveredNotification(watch.watch_id, watch.error_epoch))
+            watch.error = None
+            watch.stderr_tail = ""
+            if watch.state == "error":
+                watch.state = "watching"
+
     def _notify(self, watch: _Watch, event: TaskCardNotification) -> None:
         self._side_effect(
             watch, f"write a {type(event).__name__}", lambda: self._notifier.notify(event)
@@ -688,16 +700,7 @@ class TaskCard:
                     except OSError as exc:
                         failure = RenderFailure("write_failed", self._cannot_write(exc))
                     else:
-                        self._record_success(watch, verdict.body)
-                        if watch.error is not None:
-                            self._notify(
-                                watch,
-                                TaskCardRecoveredNotification(watch.watch_id, watch.error_epoch),
-                            )
-                            watch.error = None
-                            watch.stderr_tail = ""
-                            if watch.state == "error":
-                                watch.state = "watching"
+                        self._record_published(watch, verdict.body)
                 else:
                     failure = verdict
                 if failure is not None:
@@ -732,9 +735,13 @@ class TaskCard:
         """Record one spent refresh: a line in the tally, or the descriptor when it must change.
 
         Atomic without fsync either way (see `tally.py`); the descriptor is rewritten when its
-        other fields moved (a new error episode) or when the tally cannot be used.
+        other fields moved (an error episode opened or closed) or when the tally cannot be used.
         """
-        if watch.tally is not None and watch.error_epoch == watch.persisted_epoch:
+        unchanged = (
+            watch.error_epoch == watch.persisted_epoch
+            and (watch.error is not None) == watch.persisted_open
+        )
+        if watch.tally is not None and unchanged:
             try:
                 watch.tally.record(watch.refreshes_used)
                 return
@@ -749,6 +756,7 @@ class TaskCard:
     def _restart_tally(self, watch: _Watch) -> None:
         """After a descriptor write: the tally restarts from the count just written."""
         watch.persisted_epoch = watch.error_epoch
+        watch.persisted_open = watch.error is not None
         if watch.tally_failed:
             return
         try:
@@ -896,6 +904,15 @@ class TaskCard:
             started_at=descriptor.started_at,
             error_epoch=descriptor.error_epoch,
         )
+        if descriptor.error_code is not None:
+            # Killed mid-episode: the episode goes on, so a renderer still failing sends no
+            # second error notice, and one that works again sends the recovery the chats'
+            # cards wait for (they show the error until then).
+            watch.error = RenderFailure(
+                descriptor.error_code,
+                "the renderer was failing when the previous host stopped",
+            )
+            watch.state = "error"
         verdict, tail = self._render(watch, watch.stop_event)
         with self._lock:
             if verdict is None:
@@ -909,7 +926,7 @@ class TaskCard:
                     failure = RenderFailure("write_failed", self._cannot_write(exc))
                     self._record_failure(watch, failure, tail)
                 else:
-                    self._record_success(watch, verdict.body)
+                    self._record_published(watch, verdict.body)
             else:
                 self._record_failure(watch, verdict, tail)
             try:

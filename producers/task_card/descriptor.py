@@ -2,7 +2,10 @@
 
 Fields: watch_id, renderer_path (relative to the workdir), interval_s, timeout_s,
 max_refreshes, refreshes_used, started_at, plus error_epoch so that an error episode after a
-restart gets a fresh idempotency key instead of colliding with one already delivered.
+restart gets a fresh idempotency key instead of colliding with one already delivered, and
+error_code, the code of the error episode still open when the file was written (null when the
+watch was healthy): a host killed mid-episode resumes it, so a renderer still failing sends no
+second error notice and one that works again sends the recovery the chats wait for.
 Watch ids come from `taskcard/.watch-seq`, a counter that only grows, so an id is never reused
 even after the descriptor is cleared.
 """
@@ -14,9 +17,10 @@ import json
 import math
 import re
 from dataclasses import asdict, dataclass
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from taskcard.producers.task_card.contract import CardPaths, atomic_write, read_regular
+from taskcard.producers.task_card.renderer import ERROR_CODES, ErrorCode
 from taskcard.producers.task_card.settings import BOUNDS, setting_problem
 from taskcard.producers.task_card.tally import clear_tally
 
@@ -35,6 +39,7 @@ class WatchDescriptor:
     refreshes_used: int
     started_at: str
     error_epoch: int = 0
+    error_code: ErrorCode | None = None  # the open error episode's code; None while healthy
 
 
 class DescriptorCorrupt(ValueError):
@@ -98,6 +103,9 @@ def read_descriptor(paths: CardPaths) -> WatchDescriptor | None:
         raise DescriptorCorrupt("renderer_path is missing")
     if not isinstance(started, str):
         raise DescriptorCorrupt("started_at is missing")
+    error_code = data.get("error_code")
+    if error_code is not None and error_code not in ERROR_CODES:
+        raise DescriptorCorrupt("error_code is not an error code of the task card")
     return WatchDescriptor(
         watch_id=watch_id,
         renderer_path=renderer,
@@ -107,6 +115,7 @@ def read_descriptor(paths: CardPaths) -> WatchDescriptor | None:
         refreshes_used=_integer(data, "refreshes_used", 0, BOUNDS["max_refreshes"].ceiling),
         started_at=started,
         error_epoch=_integer(data, "error_epoch", 0, 2**53) if "error_epoch" in data else 0,
+        error_code=cast("ErrorCode | None", error_code),
     )
 
 

@@ -68,7 +68,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Final, Literal, Protocol
+from typing import ClassVar, Final, Literal, Protocol, get_args
 
 from taskcard.producers.task_card.contract import body_chars, quoted, shows_text
 
@@ -97,6 +97,7 @@ ErrorCode = Literal[
     "write_failed",
     "watch_crash",
 ]
+ERROR_CODES: Final[frozenset[str]] = frozenset(get_args(ErrorCode))
 
 
 class RendererPathError(ValueError):

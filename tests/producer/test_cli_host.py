@@ -14,8 +14,10 @@ import pytest
 
 from .conftest import (
     COUNTER_RENDERER,
+    FLAG_RENDERER,
     STATIC_RENDERER,
     CliHost,
+    notifications,
     pid_alive,
     wait_for,
     write_renderer,
@@ -111,6 +113,42 @@ def test_sigkill_of_the_host_then_rehydration_with_the_same_id_and_budget(
     assert inspected["interval_s"] == 3600
     assert int((workdir / "count.txt").read_text()) == renders_before + 1  # reran on resume
     assert cli.json("card", "start", "r.py")["status"] == "failed"  # still the one watch
+
+
+def kill_host(cli: CliHost) -> None:
+    pid = cli.host_pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not pid_alive(pid))
+
+
+def test_a_host_killed_mid_error_resumes_the_episode_no_second_error_then_one_recovery(
+    workdir: Path, cli: CliHost
+) -> None:
+    write_renderer(workdir, "r.py", FLAG_RENDERER)
+    assert cli.json("card", "start", "r.py", "--interval-s", "3600")["status"] == "watching"
+    (workdir / "fail.flag").touch()
+    assert cli.json("card", "retry", "tc_1")["status"] == "error"
+    kill_host(cli)
+    # The next host resumes the watch and its render still fails: the same episode goes on.
+    inspected = cli.json("card", "inspect", "tc_1")
+    assert (inspected["status"], inspected["error"]["code"]) == ("error", "renderer_nonzero_exit")
+    assert [n["id"] for n in notifications(workdir)] == [
+        "task_card.error:tc_1:1:renderer_nonzero_exit"
+    ]
+    kill_host(cli)
+    (workdir / "fail.flag").unlink()
+    # Fixed while no host ran: the resume publishes, and the chats hear the episode ended.
+    inspected = cli.json("card", "inspect", "tc_1")
+    assert (inspected["status"], inspected["error"]) == ("watching", None)
+    assert [n["id"] for n in notifications(workdir)] == [
+        "task_card.error:tc_1:1:renderer_nonzero_exit",
+        "task_card.recovered:tc_1:1",
+    ]
+    kill_host(cli)
+    (workdir / "fail.flag").touch()
+    assert cli.json("card", "inspect", "tc_1")["status"] == "error"  # a new episode: a new key
+    assert notifications(workdir)[-1]["id"] == "task_card.error:tc_1:2:renderer_nonzero_exit"
 
 
 def test_a_corrupt_descriptor_found_by_a_new_host_leaves_the_card_inactive(
