@@ -98,8 +98,7 @@ class _Watch:
     """Mutable runtime state of one watch; only touched under the owner's `_lock`."""
 
     watch_id: str
-    renderer_rel: str
-    renderer: Path
+    renderer_rel: str  # as the agent named it, relative to the workdir; resolved at every run
     interval_s: float
     timeout_s: float
     max_refreshes: int
@@ -337,8 +336,7 @@ class TaskCard:
             return _failed(self._cannot_write(exc), code="write_failed")
         watch = _Watch(
             watch_id=watch_id,
-            renderer_rel=str(renderer.relative_to(self.workdir)),
-            renderer=renderer,
+            renderer_rel=self._renderer_name(request.renderer_path, renderer),
             interval_s=request.interval_s or settings.interval_s,
             timeout_s=min(request.timeout_s or settings.timeout_s, settings.timeout_s),
             max_refreshes=min(
@@ -377,6 +375,19 @@ class TaskCard:
             if settings.problems:
                 result["settings_problems"] = list(settings.problems)
             return result
+
+    def _renderer_name(self, given: str, resolved: Path) -> str:
+        """The renderer as the agent named it, relative to the workdir, not the file a symlink
+        led to at start: every run resolves the name again, so a link the agent points at a
+        new version runs that version (and a link that now leads out is refused). An absolute
+        name that reaches the workdir through another path keeps the resolved file."""
+        path = Path(given)
+        if not path.is_absolute():
+            return str(path)
+        try:
+            return str(path.relative_to(self.workdir))
+        except ValueError:
+            return str(resolved.relative_to(self.workdir))
 
     def inspect(self, watch_id: str) -> Result:
         with self._lock:
@@ -580,7 +591,7 @@ class TaskCard:
     ) -> tuple[Rendered | RenderFailure | None, str]:
         """The verdict and stderr tail; None when the run was cancelled (it means nothing)."""
         max_chars = self._settings.get().max_body_chars
-        if not watch.renderer.is_file():
+        if not (self.workdir / watch.renderer_rel).is_file():
             return RenderFailure("renderer_failed", "the renderer file is gone"), ""
         try:
             # Checked again at every run, not only at start: the file may have been swapped
@@ -882,7 +893,7 @@ class TaskCard:
             return
         self._seen_watch_number = watch_number(descriptor.watch_id)
         try:
-            renderer = resolve_renderer(self.workdir, descriptor.renderer_path)
+            resolve_renderer(self.workdir, descriptor.renderer_path)
         except RendererPathError:
             self._retire_stale(f"renderer of {descriptor.watch_id} is gone")
             return
@@ -896,7 +907,6 @@ class TaskCard:
         watch = _Watch(
             watch_id=descriptor.watch_id,
             renderer_rel=descriptor.renderer_path,
-            renderer=renderer,
             interval_s=descriptor.interval_s,
             timeout_s=descriptor.timeout_s,
             max_refreshes=descriptor.max_refreshes,

@@ -60,6 +60,34 @@ def test_a_renderer_swapped_for_a_symlink_out_of_the_workdir_is_not_run(
     assert not (tmp_path / "ran.flag").exists()
 
 
+def test_a_renderer_named_by_a_link_runs_where_the_link_points_at_each_run(
+    workdir: Path, tmp_path: Path, cli: CliHost
+) -> None:
+    versions = workdir / "versions"
+    versions.mkdir()
+    write_renderer(versions, "v1.py", 'print("# Work\\nversion one")\n')
+    write_renderer(versions, "v2.py", 'print("# Work\\nversion two")\n')
+    link = workdir / "r.py"
+    link.symlink_to("versions/v1.py")
+    started = cli.json("card", "start", "r.py", "--interval-s", "3600")
+    assert (started["status"], started["watch_id"]) == ("watching", "tc_1")
+    assert cli.json("card", "inspect", "tc_1")["renderer_path"] == "r.py"
+    assert json.loads((workdir / "taskcard" / "watch.json").read_text())["renderer_path"] == "r.py"
+    # The agent points its link at a new version: the next render runs that one.
+    link.unlink()
+    link.symlink_to("versions/v2.py")
+    assert cli.json("card", "retry", "tc_1")["status"] == "watching"
+    assert (workdir / "taskcard" / "taskcard.md").read_text() == "# Work\nversion two\n"
+    # A link turned to lead out of the workdir is refused, as for a renderer file swapped.
+    outside = tmp_path / "outside.py"
+    outside.write_text(OUTSIDE_RENDERER)
+    link.unlink()
+    link.symlink_to(outside)
+    retried = cli.json("card", "retry", "tc_1")
+    assert (retried["status"], retried["refresh_error"]["code"]) == ("error", "renderer_failed")
+    assert "version two" in (workdir / "taskcard" / "taskcard.md").read_text()
+
+
 def test_a_card_folder_linked_out_of_the_workdir_is_refused_not_locked_through(
     workdir: Path, tmp_path: Path, runtime_dir: Path, cli: CliHost
 ) -> None:
