@@ -62,7 +62,7 @@ def measure(ticks: int, phase: str) -> dict[str, float]:
                 figures["tick_ms"] = (time.thread_time() - before) / ticks * 1000
             if phase in ("all", "run"):
                 request = RunRequest(
-                    watch.renderer,
+                    card.workdir / watch.renderer_rel,
                     card.workdir,
                     watch.timeout_s,
                     stdout_limit_for(DEFAULT_MAX_BODY_CHARS),
