@@ -901,15 +901,16 @@ class TaskCard:
         tallied = read_tally(self.paths, descriptor.watch_id, descriptor.max_refreshes)
         if tallied is not None:
             used = max(used, tallied)  # refreshes spent after the descriptor was written
-        if used >= descriptor.max_refreshes:
+        timeout_s, max_refreshes = self._resume_ceilings(descriptor)
+        if used >= max_refreshes:
             self._retire_stale(f"{descriptor.watch_id} has no refresh budget left")
             return
         watch = _Watch(
             watch_id=descriptor.watch_id,
             renderer_rel=descriptor.renderer_path,
             interval_s=descriptor.interval_s,
-            timeout_s=descriptor.timeout_s,
-            max_refreshes=descriptor.max_refreshes,
+            timeout_s=timeout_s,
+            max_refreshes=max_refreshes,
             refreshes_used=used,
             started_at=descriptor.started_at,
             error_epoch=descriptor.error_epoch,
@@ -948,6 +949,20 @@ class TaskCard:
             self._current = watch
             self._spawn_updater(watch)
         log.info("task card watch %s resumed", watch.watch_id)
+
+    def _resume_ceilings(self, descriptor: WatchDescriptor) -> tuple[float, int]:
+        """The watch's timeout and budget, capped by the ceilings in force now: the manual
+        reads `timeout-s` and `max-refreshes` again at every resume, so a ceiling the owner
+        lowered while no host ran caps the resumed watch as it would cap a start. A settings
+        document that cannot be read caps nothing (a typo never cuts a running card short)."""
+        try:
+            settings = load_settings(self.paths)
+        except SettingsUnavailable:
+            return descriptor.timeout_s, descriptor.max_refreshes
+        return (
+            min(descriptor.timeout_s, settings.timeout_s),
+            min(descriptor.max_refreshes, settings.max_refreshes),
+        )
 
     def _retire_stale(self, why: str) -> None:
         log.warning("task card: clearing stale descriptor: %s", why)

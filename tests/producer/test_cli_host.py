@@ -151,6 +151,34 @@ def test_a_host_killed_mid_error_resumes_the_episode_no_second_error_then_one_re
     assert notifications(workdir)[-1]["id"] == "task_card.error:tc_1:2:renderer_nonzero_exit"
 
 
+def test_ceilings_lowered_while_no_host_runs_cap_the_resumed_watch(
+    workdir: Path, cli: CliHost
+) -> None:
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    started = cli.json(
+        "card", "start", "r.py", "--interval-s", "3600", "--max-refreshes", "50", "--timeout-s", "5"
+    )
+    assert (started["status"], started["max_refreshes"]) == ("watching", 50)
+    for _ in range(3):
+        cli.json("card", "retry", "tc_1")
+    cli.shutdown()
+    # The owner lowers both ceilings; the manual reads them again at every resume.
+    settings = workdir / "taskcard" / "taskcard.json"
+    settings.write_text(json.dumps({"max_refreshes": 10, "timeout_s": 2}))
+    inspected = cli.json("card", "inspect", "tc_1")
+    assert inspected["status"] == "watching"
+    assert (inspected["max_refreshes"], inspected["refreshes_used"]) == (10, 3)
+    assert (inspected["refreshes_remaining"], inspected["timeout_s"]) == (7, 2)
+    assert json.loads((workdir / "taskcard" / "watch.json").read_text())["max_refreshes"] == 10
+    cli.shutdown()
+    # Lowered under what the watch already spent: nothing is left, the card goes inactive.
+    settings.write_text(json.dumps({"max_refreshes": 3}))
+    refused = cli.json("card", "inspect", "tc_1")
+    assert refused["status"] == "failed"
+    assert not (workdir / "taskcard" / "watch.json").exists()
+    assert (workdir / "taskcard" / "status").read_bytes() == b"inactive"
+
+
 def test_a_corrupt_descriptor_found_by_a_new_host_leaves_the_card_inactive(
     workdir: Path, cli: CliHost
 ) -> None:
