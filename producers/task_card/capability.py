@@ -231,6 +231,16 @@ class TaskCard:
         except EnvelopeError as exc:
             return _failed(str(exc))
         result: Result
+        if self._closed and parsed.action not in ("settings", "manual"):
+            # Its updater is gone and its host lock released (another host may own the
+            # workdir now): answering `watching`, or writing the card files, would be false.
+            return {
+                "action": parsed.action,
+                **_failed(
+                    "this task card host was closed; open a new TaskCard for the workdir "
+                    "(it resumes the watch) and call again"
+                ),
+            }
         if parsed.action == "start":
             assert isinstance(parsed.input, StartInput)
             result = self.start(parsed.input)

@@ -800,3 +800,29 @@ def test_meta_applies_the_same_body_limit_as_publication(
     paths.status.write_bytes(b"active")
     payload = project_meta(paths, max_body_chars=100)
     assert payload["status"] == ("active" if shown else "refused")
+
+
+def test_a_closed_card_refuses_calls_and_leaves_the_watch_to_the_next_host(
+    workdir: Path, make_card: MakeCard
+) -> None:
+    write_renderer(workdir, "r.py", COUNTER_RENDERER)
+    card = make_card()
+    assert start(card, interval_s=3600)["status"] == "watching"
+    card.close()
+    # Its updater is gone and its lock released: no call may claim or change the watch.
+    for action, inputs in (
+        ("inspect", {"watch_id": "tc_1"}),
+        ("retry", {"watch_id": "tc_1"}),
+        ("stop", {"watch_id": "tc_1"}),
+        ("remove", {}),
+    ):
+        result = card.call(envelope(action, **inputs))
+        assert (result["action"], result["status"]) == (action, "failed")
+        assert "closed; open a new TaskCard" in result["message"]
+    assert card.call(envelope("settings"))["status"] == "ok"
+    assert (workdir / "count.txt").read_text() == "1"
+    assert (workdir / "taskcard" / "status").read_bytes() == b"active"
+    assert (workdir / "taskcard" / "taskcard.md").exists()
+    assert (workdir / "taskcard" / "watch.json").exists()
+    resumed = make_card().call(envelope("inspect", watch_id="tc_1"))
+    assert (resumed["status"], resumed["watch_id"]) == ("watching", "tc_1")
