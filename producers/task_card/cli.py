@@ -116,6 +116,15 @@ def summarize(result: dict[str, Any]) -> str:
     if isinstance(error, dict):
         # The message may quote the renderer's own output: one plain line, no escapes.
         lines.append(f"  error: {error.get('code')}: {one_line(str(error.get('message')))}")
+    failed = result.get("refresh_error")
+    if isinstance(failed, dict):  # a retry whose render failed: why, not only the state
+        lines.append(f"  this render: {failed.get('code')}: {one_line(str(failed.get('message')))}")
+    tail = result.get("stderr_tail")
+    if not tail and isinstance(error, dict):
+        tail = error.get("stderr_tail")
+    said = [shown for shown in map(one_line, str(tail or "").splitlines()) if shown]
+    if said:  # the renderer's own last word (a traceback ends with the exception)
+        lines.append(f"  renderer stderr, last line: {said[-1]}")
     if result.get("last_body"):
         body = str(result["last_body"]).strip().splitlines()
         lines.append(f"  card ({len(body)} lines): {one_line(body[0]) if body else ''}")

@@ -393,3 +393,17 @@ def test_a_relative_runtime_dir_is_the_callers_folder(
         assert host.json("card", "inspect", "tc_1")["status"] == "watching"
     finally:
         host.shutdown()
+
+
+def test_the_human_output_says_why_a_render_failed(workdir: Path, cli: CliHost) -> None:
+    write_renderer(workdir, "r.py", 'import json\nprint(json.loads("{"))\n')
+    started = cli.run("card", "start", "r.py")
+    assert started.returncode == 1
+    assert "renderer stderr, last line: json.decoder.JSONDecodeError: " in started.stdout
+    write_renderer(workdir, "r.py", FLAG_RENDERER)
+    assert cli.json("card", "start", "r.py", "--interval-s", "3600")["status"] == "watching"
+    (workdir / "fail.flag").touch()
+    retried = cli.run("card", "retry", "tc_2")
+    assert "this render: renderer_nonzero_exit: the renderer exited with code 3" in retried.stdout
+    inspected = cli.run("card", "inspect", "tc_2")
+    assert "renderer stderr, last line: boom" in inspected.stdout
