@@ -46,8 +46,14 @@ def request_host(paths: HostPaths, request: dict[str, Any], timeout_s: float) ->
             chunks.append(chunk)
             if chunk.endswith(b"\n"):
                 break
+    data = b"".join(chunks)
+    if not data.endswith(b"\n"):  # every reply is one whole line: the host went away
+        raise OSError(
+            "the task card host ended before it answered (stopped or killed); call again:"
+            " the next host resumes the watch"
+        )
     try:
-        reply = json.loads(b"".join(chunks))
+        reply = json.loads(data)
     except (ValueError, RecursionError):
         raise OSError("malformed reply from the task card host") from None
     if not isinstance(reply, dict):

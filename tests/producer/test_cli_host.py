@@ -407,3 +407,29 @@ def test_the_human_output_says_why_a_render_failed(workdir: Path, cli: CliHost) 
     assert "this render: renderer_nonzero_exit: the renderer exited with code 3" in retried.stdout
     inspected = cli.run("card", "inspect", "tc_2")
     assert "renderer stderr, last line: boom" in inspected.stdout
+
+
+def test_a_host_killed_during_a_call_is_named_as_gone_and_the_next_call_resumes(
+    workdir: Path, cli: CliHost
+) -> None:
+    write_renderer(
+        workdir,
+        "r.py",
+        "import time\nfrom pathlib import Path\n"
+        "if Path('slow.flag').exists():\n"
+        "    Path('running.flag').touch()\n"
+        "    time.sleep(60)\n"
+        "print('# Work\\nsteady')\n",
+    )
+    assert cli.json("card", "start", "r.py", "--interval-s", "3600")["status"] == "watching"
+    (workdir / "slow.flag").touch()
+    with ThreadPoolExecutor(1) as pool:
+        retry = pool.submit(cli.run, "card", "retry", "tc_1")
+        wait_for(lambda: (workdir / "running.flag").exists())
+        kill_host(cli)
+        done = retry.result()
+    assert done.returncode == 4
+    assert "the task card host ended before it answered" in done.stderr
+    assert "malformed" not in done.stderr
+    (workdir / "slow.flag").unlink()
+    assert cli.json("card", "inspect", "tc_1")["status"] == "watching"
