@@ -53,6 +53,7 @@ usual, but it never starts or ends the session's turn or the agent: a subagent's
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -184,8 +185,17 @@ def wait_reason_of(waiting: str) -> str:
     return waiting.partition(_THREAD_MARK)[0]
 
 
+_THREAD_MAX_CHARS = 128
+
+
 def _thread(payload: Mapping[str, Any]) -> str:
-    return _text(payload, "agent_id") or "main"
+    """The thread an event comes from: a subagent's id, else the main thread. An id longer
+    than any a host makes is kept as its digest, so the saved wait stays small (the waits
+    file is read with a size limit, and one oversized value would lose every open wait)."""
+    thread = _text(payload, "agent_id") or "main"
+    if len(thread) > _THREAD_MAX_CHARS:
+        return "sha256:" + hashlib.sha256(thread.encode("utf-8", "replace")).hexdigest()
+    return thread
 
 
 def _ends_wait(payload: Mapping[str, Any], waiting: str) -> bool:

@@ -550,6 +550,23 @@ def test_a_byte_that_is_not_utf8_in_a_payload_still_records_the_event(
     assert not (workdir / "logs" / "taskcard-hook.log").exists()
 
 
+def test_a_subagent_id_of_any_length_keeps_its_wait(workdir: Path) -> None:
+    """The saved wait carries the subagent's id; one longer than the waits file's read limit
+    made the file unreadable, which lost every open wait. A huge id is kept as its digest."""
+    huge = "x" * 100_000
+
+    def send(name: str, **fields: object) -> None:
+        data = {"session_id": "s1", "cwd": str(workdir), "hook_event_name": name, **fields}
+        done = hook(data)
+        assert (done.returncode, done.stdout, done.stderr) == (0, b"", b""), name
+
+    send("PermissionRequest", agent_id=huge, tool_name="Bash", tool_input={"command": "make"})
+    send("PostToolUse", agent_id="b", tool_name="Read", tool_use_id="tb")
+    assert kinds(workdir) == ["wait.start", "tool.end"]
+    send("PostToolUse", agent_id=huge, tool_name="Bash", tool_use_id="ta")
+    assert kinds(workdir)[2:] == ["wait.end", "tool.end"]
+
+
 def test_a_subagents_permission_wait_outlasts_another_subagents_work(workdir: Path) -> None:
     """Two subagents at work at once: one's permission dialog opened a wait, and the other's
     next tool result ended it while the dialog was still open (the card read "running",
