@@ -99,6 +99,10 @@ return count
 """
 
 
+# How long a stop waits for the queued writes of `keep` and `forget` before it lets go.
+RELEASE_FLUSH_S = 10.0
+
+
 class ClusterReplies:
     """This instance's side of the replies kept in Redis (see the module's docstring)."""
 
@@ -254,7 +258,19 @@ class ClusterReplies:
         """Let go of this instance's unsent replies (it stops): the others take them at
         their next lease renewal. A Redis that does not answer leaves them to lapse with
         this instance's entry in `P:instances`."""
-        await self.flush()  # a keep written after the release would stay this instance's
+        try:
+            # A keep written after the release would stay this instance's. Bounded: in an
+            # outage each queued write waits its socket timeout, and a stop must not.
+            async with asyncio.timeout(RELEASE_FLUSH_S):
+                await self.flush()
+        except TimeoutError:
+            log.warning(
+                "Redis did not take this instance's queued reply writes within %.0f s;"
+                " stopping without them (another instance sends its unsent replies once this"
+                " one's membership lapses)",
+                RELEASE_FLUSH_S,
+            )
+            return
         try:
             await self._drop_undropped()  # sent: not to be handed over
             await self._release(keys=[self._key], args=[self._owner])

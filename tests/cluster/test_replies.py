@@ -3,6 +3,7 @@ never sent again, even when Redis did not take its removal."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -14,6 +15,7 @@ import redis
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from taskcard.bridge.cluster import replies as replies_module
 from taskcard.bridge.cluster.replies import STALE_AFTER_S, ClusterReplies
 
 
@@ -105,3 +107,27 @@ async def test_a_reply_no_instance_took_for_a_day_is_dropped(aio: Redis, redis_u
     assert await aio.hexists(key, "reply:new"), "still waits for an instance with its channel"
     assert await replies.take(["feishu"]) == {"reply:new": entry}
     sync.close()
+
+
+class _Unanswering(Redis):
+    """A client whose HSET never gets an answer, as from a Redis that stopped answering."""
+
+    async def hset(self, *args: Any, **kwargs: Any) -> int:  # type: ignore[override]
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_a_stop_does_not_wait_on_a_redis_that_does_not_answer(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`release` waited for every queued write, each as long as the socket timeout: a
+    stop during an outage took that times the queue. It lets go after `RELEASE_FLUSH_S`."""
+    monkeypatch.setattr(replies_module, "RELEASE_FLUSH_S", 0.2)
+    hung = _Unanswering.from_url(redis_url, decode_responses=True)
+    sync = _NotOnTheLoop.from_url(redis_url, decode_responses=True)
+    replies = ClusterReplies(sync, hung, f"t-{uuid.uuid4().hex}", "i0#1", lease_ttl_s=1.0)
+    entry = {"channel": "telegram", "chat_id": "5", "thread_id": None, "text": "done"}
+    for n in range(5):
+        replies.keep(f"reply:{n}", entry)
+    await asyncio.wait_for(replies.release(), timeout=60)
+    await hung.aclose()
