@@ -738,6 +738,9 @@ class TaskCard:
         watch.stop_reason = "max_refreshes"
         watch.stop_event.set()
         self._drop_tally(watch)
+        # The notice first: its key makes a repeat harmless, while a host killed after the
+        # descriptor is cleared would never send it (nothing resumes the watch).
+        self._notify(watch, TaskCardLimitNotification(watch.watch_id, watch.max_refreshes))
         outside = self._card_folder_outside()
         if outside is not None:
             # The same check as every other card write of a tick: nothing goes through it.
@@ -749,7 +752,6 @@ class TaskCard:
                 log.error("task card watch %s: cannot write inactive: %s", watch.watch_id, exc)
             with contextlib.suppress(OSError):
                 clear_descriptor(self.paths)
-        self._notify(watch, TaskCardLimitNotification(watch.watch_id, watch.max_refreshes))
         log.info("task card watch %s exhausted its refresh budget", watch.watch_id)
 
     def _persist_budget(self, watch: _Watch) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from taskcard.producers.task_card import capability as capability_module
 from taskcard.producers.task_card.capability import TaskCard
 from taskcard.producers.task_card.contract import CardPaths
 from taskcard.producers.task_card.meta import project_meta
@@ -228,6 +229,29 @@ def test_budget_exhaustion_retires_the_watch_with_one_limit_notification(
     assert limits[0]["id"] == "task_card.limit:tc_1:2"
     assert limits[0]["extra"] == {"state": "limit", "watch_id": "tc_1", "max_refreshes": 2}
     assert start(card, interval_s=3600)["watch_id"] == "tc_2"
+
+
+def test_the_limit_notice_is_written_before_the_watch_is_cleared(
+    workdir: Path, make_card: MakeCard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host killed between clearing `watch.json` and writing the limit notice lost the
+    notice for good (nothing resumes a cleared watch). The notice comes first now; its key
+    makes a repeat after a resume harmless."""
+    write_renderer(workdir, "r.py", COUNTER_RENDERER)
+    card = make_card()
+    start(card, interval_s=3600, max_refreshes=1)
+    limits_when_cleared: list[int] = []
+    clear_descriptor = capability_module.clear_descriptor
+
+    def clear(paths: CardPaths) -> None:
+        limits_when_cleared.append(
+            sum(n["source"] == "task_card.limit" for n in notifications(workdir))
+        )
+        clear_descriptor(paths)
+
+    monkeypatch.setattr(capability_module, "clear_descriptor", clear)
+    assert card.call(envelope("retry", watch_id="tc_1"))["status"] == "exhausted"
+    assert limits_when_cleared == [1]
 
 
 def test_failed_refreshes_count_against_the_budget(workdir: Path, make_card: MakeCard) -> None:
