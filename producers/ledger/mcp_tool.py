@@ -377,7 +377,7 @@ def call_ledger(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
     except OSError as exc:
         # A file where the `ledger/` folder belongs, a folder the agent cannot write: it went
         # up to the SDK as a protocol error with a traceback, and the session lost the call.
-        return _failed(f"{cannot_write(exc)}; move what is in the way aside or make it writable")
+        return _failed(cannot_write(exc))
 
 
 def _run(ledger: Ledger, paths: HostPaths, command: str, args: dict[str, Any]) -> dict[str, Any]:

@@ -63,6 +63,7 @@ from taskcard.producers.task_card.contract import (
     quoted,
     shows_text,
 )
+from taskcard.producers.task_card.contract import cannot_write as contract_cannot_write
 from taskcard.producers.task_card.workdir_arg import WorkdirError, given_path
 
 DEFAULT_LEDGER: Final = Path(LEDGER_DIR) / LEDGER_FILE
@@ -75,10 +76,10 @@ class LedgerError(ValueError):
 
 
 def cannot_write(exc: OSError) -> str:
-    """What the system refused while the ledger was kept, in a few words: the path it named
-    and why (a file where the `ledger/` folder belongs, a folder without write access)."""
-    where = f" {exc.filename}" if exc.filename else ""
-    return f"cannot write{where} ({exc.strerror or exc})"
+    """What the system refused while the ledger was kept, in one line: the path it named,
+    why (a file where the `ledger/` folder belongs, a folder without write access), and
+    the fix."""
+    return contract_cannot_write(exc.filename or "the ledger", exc)
 
 
 def utc_now() -> datetime:

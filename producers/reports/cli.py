@@ -26,7 +26,7 @@ from taskcard.producers.reports.store import (
     Reports,
     write_problem,
 )
-from taskcard.producers.task_card.contract import terminal_json
+from taskcard.producers.task_card.contract import cannot_write, terminal_json
 from taskcard.producers.task_card.workdir_arg import existing_workdir_arg, workdir_arg
 
 
@@ -102,12 +102,7 @@ def run_spawn(args: argparse.Namespace) -> int:
         return _fail("spawn", str(exc))
     except OSError as exc:
         where = args.workdir / LINEAGE_FILE
-        return _fail(
-            "spawn",
-            f"cannot write {where} ({exc.strerror}); move what is in the way aside or make it"
-            " writable",
-            1,
-        )
+        return _fail("spawn", cannot_write(where, exc), 1)
     _print(record)
     return 0
 

@@ -28,6 +28,7 @@ from taskcard.producers.reports.store import (
     Reports,
     write_problem,
 )
+from taskcard.producers.task_card.contract import cannot_write
 from taskcard.producers.task_card.runtime import HostPaths
 from taskcard.producers.task_card.workdir_arg import WorkdirError, expand_workdir
 
@@ -166,8 +167,5 @@ def call_spawn(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
     except OSError as exc:
         # Which lineage.json, and what to do: a folder in the way at the child's
         # lineage.json said only "cannot write lineage.json: Is a directory".
-        return _failed(
-            f"child_workdir: cannot write {child_workdir / LINEAGE_FILE}"
-            f" ({exc.strerror}); move what is in the way aside or make it writable"
-        )
+        return _failed(f"child_workdir: {cannot_write(child_workdir / LINEAGE_FILE, exc)}")
     return {"status": "ok", **record}

@@ -33,6 +33,7 @@ from taskcard.producers.task_card.contract import (
     NotRegularFile,
     OutsideWorkdir,
     atomic_write,
+    cannot_write,
     file_kind,
     is_inside,
     line_break_first,
@@ -77,10 +78,7 @@ def write_problem(exc: OSError, workdir: Path) -> str:
         named = named.parent
     with contextlib.suppress(ValueError):
         named = named.relative_to(workdir)
-    return (
-        f"cannot write {named} ({exc.strerror or exc}); move what is in the way aside or make"
-        " it writable"
-    )
+    return cannot_write(named, exc)
 
 
 def encodable(text: str) -> bool:

@@ -850,3 +850,13 @@ def parse_origin(value: object) -> Origin | str:
     if len(parts) != 1 or not _FEISHU_CHAT.fullmatch(parts[0]):
         return f"{shown!r} is not feishu:<chat id> (one id such as oc_abc123, no topic)"
     return Origin(channel, parts[0])
+
+
+def cannot_write(where: object, exc: OSError) -> str:
+    """One line for a write the system refused, for an agent's command or tool call: the
+    path, why, and the fix (what usually stands in the way is a file or folder of the wrong
+    kind, or missing write access)."""
+    return (
+        f"cannot write {where} ({exc.strerror or exc}); move what is in the way aside or make"
+        " it writable"
+    )
