@@ -461,20 +461,42 @@ def _merge_codex_config(workdir: Path, config: Path, exe: str) -> bytes:
                 f"{config}: notify already runs {values[0]!r}; Codex runs one notify program, "
                 "so remove it (or call taskcard hook codex from it), then run init again"
             )
+    ours = {"command": exe, "args": ["mcp", "--workdir", str(workdir.resolve())]}
+    try:
+        new_text = _with_ours(config, tomlkit.parse(text), notify, ours, inline=False)
+        _check_merged(config, text, new_text, notify, ours)
+    except InitError:
+        # `mcp_servers.x.y = ...` dotted keys: tomlkit put the next dotted key of the file
+        # under a new `[mcp_servers.taskcard]` header. Written inline, our entry is one line
+        # that takes nothing in.
+        new_text = _with_ours(config, tomlkit.parse(text), notify, ours, inline=True)
+        _check_merged(config, text, new_text, notify, ours)
+    return new_text.encode("utf-8")
+
+
+def _with_ours(
+    config: Path,
+    document: tomlkit.TOMLDocument,
+    notify: list[str],
+    ours: dict[str, Any],
+    *,
+    inline: bool,
+) -> str:
+    """`document` with our server and `notify` set, as text (`inline`: our server as an
+    inline table)."""
     servers = document.get("mcp_servers")
     if servers is None:
         servers = tomlkit.table(is_super_table=True)
         document["mcp_servers"] = servers
     elif not isinstance(servers, dict):
         raise InitError(f"{config}: mcp_servers must be a table; fix it, then run init again")
-    ours = {"command": exe, "args": ["mcp", "--workdir", str(workdir.resolve())]}
     current = servers.get(SERVER_NAME)
     if isinstance(current, dict):
         current.update(ours)  # in place: its other keys (env, timeouts) and comments stay
     else:
         # `mcp_servers = { ... }` is an inline table, which holds only inline tables (a
         # table there raised a traceback).
-        inline = isinstance(servers, tomlkit.items.InlineTable)
+        inline = inline or isinstance(servers, tomlkit.items.InlineTable)
         server = tomlkit.inline_table() if inline else tomlkit.table()
         server.update(ours)
         servers[SERVER_NAME] = server
@@ -482,9 +504,7 @@ def _merge_codex_config(workdir: Path, config: Path, exe: str) -> bytes:
     # wrote notify below the new `[mcp_servers.taskcard]` header, which made it a key of
     # that table, and Codex never ran it.
     document["notify"] = notify
-    new_text = tomlkit.dumps(document)
-    _check_merged(config, text, new_text, notify, ours)
-    return new_text.encode("utf-8")
+    return tomlkit.dumps(document)
 
 
 def _check_merged(

@@ -288,8 +288,9 @@ def test_init_refuses_a_workdir_whose_path_is_not_utf8(tmp_path: Path, host: str
         'model = "o3"\nmcp_servers.docs.command = "docs-server"\n\n[profiles.fast]\nmodel = "m"\n',
         'mcp_servers = { docs = { command = "docs-server" } }\n',
         '[mcp_servers.taskcard]\ncommand = "old"\nenv = { TASKCARD_X = "1" }  # mine\n',
+        'mcp_servers.docs.command = "docs-server"\nmcp_servers.docs.args = ["--port", "1"]\n',
     ],
-    ids=["dotted", "dotted-then-table", "inline", "ours-with-env"],
+    ids=["dotted", "dotted-then-table", "inline", "ours-with-env", "two-dotted-keys"],
 )
 def test_init_codex_puts_notify_at_the_top_level_whatever_the_layout(
     workdir: Path, tmp_path: Path, layout: str
