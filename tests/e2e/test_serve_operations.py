@@ -582,7 +582,11 @@ async def test_with_json_logs_a_start_error_is_a_json_record(
         config = write_config(tmp_path, fake.base_url, port)
         env = {"TC_TEST_TOKEN": fake.token, "TASKCARD_LOG_FORMAT": "json"}
         with ServeProcess(config, env=env) as serve:
-            await eventually(lambda: serve.proc is not None and serve.proc.poll() is not None)
+            await eventually(
+                lambda: serve.proc is not None and serve.proc.poll() is not None,
+                timeout_s=BIND_RETRY_S + 60,
+                what="the start given up once the port stayed taken",
+            )
             assert serve.proc is not None and serve.proc.returncode == 2
     records = [json.loads(line) for line in serve.logs.splitlines()]
     [error] = [r for r in records if r["level"] == "ERROR"]
