@@ -97,6 +97,8 @@ class _Resident:
     pin_owed: bool = False  # `pin` turned on while a message was shown: pin that one
     reply_to: ReplyTo | None = None  # the command this resident answers (a /tell status)
     id_unsaved: bool = False  # the store did not take `message_id`: written at the next turn
+    # `reshow` came while a request of the route was on its way (see `RouteScheduler.reshow`).
+    reshown_in_flight: bool = False
 
     @property
     def pending(self) -> bool:
@@ -382,9 +384,18 @@ class RouteScheduler:
 
     def reshow(self, key: RouteKey) -> None:
         """Deliver the route's next card even if the platform already shows those bytes: its
-        chat moved, and the edit that follows finds the old message gone (one replacement)."""
+        chat moved, and the edit that follows finds the old message gone (one replacement).
+
+        A request of the route on its way meanwhile may have been taken by the old chat just
+        before the move: its answer must not count the card as shown (it shows, frozen, where
+        nobody follows any more), so the route's next turn delivers the card again, whether
+        the request was an edit or the first send."""
         resident = self._residents.get(key)
-        if resident is not None and resident.message_id is not None:
+        if resident is None:
+            return
+        if self._in_flight(key):
+            resident.reshown_in_flight = True
+        if resident.message_id is not None:
             resident.committed = None
 
     def disabled_reason(self, key: RouteKey) -> str | None:
@@ -817,6 +828,7 @@ class RouteScheduler:
     async def _deliver_route(self, key: RouteKey) -> None:
         resident = self._residents[key]
         channel = self._channels[key.channel]
+        resident.reshown_in_flight = False  # only a `reshow` during this turn counts
         if resident.id_unsaved and resident.message_id is not None:
             message_id = resident.message_id
             if not self._record(key, lambda: self._store.set_message_id(key.store_key, message_id)):
@@ -1023,6 +1035,15 @@ class RouteScheduler:
         self._store.replace_message(key.store_key, message_id=resident.message_id)
 
     def _commit(self, resident: _Resident, message: Outgoing) -> None:
+        if resident.reshown_in_flight:
+            # The chat moved while this request was on its way: what it showed stays behind
+            # in the old chat. The card stays pending; its next turn finds that message gone
+            # and posts one replacement in the new chat.
+            log.info(
+                "route %s: its chat moved while the card was being delivered; showing it again",
+                resident.key,
+            )
+            return
         resident.committed = message.fingerprint
         self._record(
             resident.key,

@@ -159,6 +159,53 @@ async def test_a_move_learned_while_a_card_is_being_posted_moves_that_card_too(
         assert await serve.aterminate() == 0
 
 
+async def test_an_edit_the_group_took_just_before_the_upgrade_moves_its_card_too(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """The builder's edit is taken by the old group, and the upgrade lands while its answer
+    is on its way: the service learns the move (and asks every card of the chat to show
+    again) before that answer arrives. The answer must not count the builder's card as
+    shown, where it now stays frozen: both cards end in the supergroup with their latest
+    text, one resident each."""
+    serve, builder, tester = _builder_and_tester(tmp_path, fake)
+    with serve:
+        publish(builder, "builder v1")
+        publish(tester, "tester v1")
+        await eventually(lambda: len(shown(fake, BASIC)) == 2, what="both cards in the group")
+        fake.migrate_after_next("editMessageText", BASIC, SUPER)
+        publish(builder, "builder v2")
+        await eventually(
+            lambda: _cards_follow(fake, ["builder v2", "tester v1"]),
+            what="both cards in the supergroup, the builder's latest",
+        )
+        assert _texts(fake, BASIC, "builder v2"), "the edit was taken by the old group"
+        assert fake.count("sendMessage", SUPER) == 2
+        assert len(fake.bot_messages(SUPER)) == 2
+        assert await serve.aterminate() == 0
+
+
+async def test_a_card_the_group_took_just_before_the_upgrade_is_posted_again_there(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """The same race for a card's first post: the old group takes the tester's new card and
+    the move is learned before the answer arrives. The tester's card is posted once more in
+    the supergroup, beside the builder's."""
+    serve, builder, tester = _builder_and_tester(tmp_path, fake)
+    with serve:
+        publish(builder, "builder v1")
+        await eventually(lambda: len(shown(fake, BASIC)) == 1, what="the builder's card")
+        fake.migrate_after_next("sendMessage", BASIC, SUPER)
+        publish(tester, "tester v1")
+        await eventually(
+            lambda: _cards_follow(fake, ["builder v1", "tester v1"]),
+            what="both cards in the supergroup",
+        )
+        assert _texts(fake, BASIC, "tester v1"), "the post was taken by the old group"
+        assert fake.count("sendMessage", SUPER) == 2
+        assert len(fake.bot_messages(SUPER)) == 2
+        assert await serve.aterminate() == 0
+
+
 async def test_an_upgrade_while_the_service_was_down_posts_one_card_there(
     tmp_path: Path, fake: FakeTelegram
 ) -> None:

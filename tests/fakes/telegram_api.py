@@ -68,6 +68,8 @@ WEBHOOK_CONFLICT = (
 )
 MAX_TEXT_UTF16 = 4096
 MAX_ENTITIES = 100
+# How long `migrate_after_next` holds an answer at most (below the channel's 15 s timeout).
+MIGRATE_HOLD_S = 10.0
 _COMMAND_NAME = re.compile(r"[a-z0-9_]{1,32}")
 ENTITY_TYPES = frozenset(
     {
@@ -241,6 +243,9 @@ class FakeTelegram:
         self._drops: dict[str, int] = {}
         self._raw: dict[str, deque[tuple[int, bytes, str]]] = {}
         self._migrate_before: dict[str, tuple[int, int]] = {}
+        self._migrate_after: dict[str, tuple[int, int]] = {}
+        self._confirmed_offset = 0  # the highest getUpdates offset received
+        self._offset_advanced = asyncio.Event()
         self.requests: list[RecordedRequest] = []
         self.webhook_url: str | None = None  # set: getUpdates answers 409 as Telegram does
         # The bot's command menu per (scope type, language code), as setMyCommands left it.
@@ -370,6 +375,14 @@ class FakeTelegram:
         `method` naming `chat_id` arrives, before it is served: the upgrade lands between two
         requests of one delivery (a card posted, then its pin refused)."""
         self._migrate_before[method] = (int(chat_id), new_chat_id)
+
+    def migrate_after_next(self, method: str, chat_id: int | str, new_chat_id: int) -> None:
+        """Serve the next call of `method` naming `chat_id` in the group, then `migrate` it
+        (announced) and hold that call's answer until a getUpdates has confirmed both service
+        messages, so the client handled the move (at most `MIGRATE_HOLD_S`, less than the
+        channel's request timeout): the upgrade lands while the answer to a request the old
+        group accepted is still on its way."""
+        self._migrate_after[method] = (int(chat_id), new_chat_id)
 
     def readmit(self, chat_id: int | str) -> None:
         self._kicked.discard(int(chat_id))
@@ -553,6 +566,11 @@ class FakeTelegram:
                 if exc.parameters:
                     body["parameters"] = exc.parameters
         self.requests.append(RecordedRequest(self._clock(), method, chat_id, status, params))
+        after = self._migrate_after.get(method)
+        if after is not None and after[0] == chat_id and status == 200:
+            del self._migrate_after[method]
+            self.migrate(*after)
+            await self._until_confirmed(self._next_update_id - 1)
         if self._drops.get(method, 0) > 0:
             self._drops[method] -= 1
             transport = request.transport
@@ -565,6 +583,17 @@ class FakeTelegram:
         return web.Response(
             body=json.dumps(body).encode(), status=status, content_type="application/json"
         )
+
+    async def _until_confirmed(self, update_id: int) -> None:
+        """Wait until a getUpdates offset has passed `update_id` (bounded)."""
+        deadline_s = time.monotonic() + MIGRATE_HOLD_S
+        while self._confirmed_offset <= update_id:
+            self._offset_advanced.clear()
+            remaining_s = deadline_s - time.monotonic()
+            if remaining_s <= 0:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._offset_advanced.wait(), remaining_s)
 
     @staticmethod
     async def _params(request: web.Request) -> Json:
@@ -813,6 +842,8 @@ class FakeTelegram:
         timeout_s = float(params.get("timeout") or 0)
         allowed = params.get("allowed_updates")
         if offset is not None:
+            self._confirmed_offset = max(self._confirmed_offset, offset)
+            self._offset_advanced.set()
             self._updates = [u for u in self._updates if u["update_id"] >= offset]
         # A newer poller ends the one still waiting, as the real API does.
         self._poll_generation += 1
