@@ -12,7 +12,12 @@ What a route does with its desired message:
 - otherwise edit it in place; `NotModified` counts as success;
 - `MessageGone`: forget the id and send one replacement (never for a rate-limited edit);
 - `RateLimited`: pause exactly the named scope for `retry_after` (also across restarts), keep
-  the message pending, send nothing in that scope meanwhile;
+  the message pending, send nothing in that scope meanwhile. A pin or a delete answered so
+  pauses its scope too (on Telegram the chat: its edits wait as well, on purpose, since the
+  429 says "this chat, wait", and asking on during the window makes the wait grow, while a
+  held edit loses nothing), and is itself put off to the window's end, when the route comes
+  back for it by itself. Pins and deletes, which spend only the bot's (the app's) budget,
+  also wait for a pause of their chat's scopes that another request drew (`_pause_left_s`);
 - `Forbidden`: disable the route with the reason; other routes carry on;
 - `Transient`: retry with capped exponential backoff; `Permanent`: give up on those bytes;
 - a send whose answer was lost (`OutcomeUnknown`, or a crash mid-send) on a platform that
@@ -95,22 +100,51 @@ class _Resident:
     release: bool = False  # once `desired` is shown, let go of the message (see `submit`)
     paced: bool = False  # requests spread at the chat's pace rather than in bursts (a board)
     pin_owed: bool = False  # `pin` turned on while a message was shown: pin that one
+    pin_at: float = 0.0  # an owed pin goes no sooner than this (monotonic): a 429's window
+    # The delete of `stale_id` was put off by a 429 (or a pause of its chat): the route comes
+    # back for it at `delete_at` (monotonic), whether or not its card changes meanwhile.
+    delete_owed: bool = False
+    delete_at: float = 0.0
     reply_to: ReplyTo | None = None  # the command this resident answers (a /tell status)
     id_unsaved: bool = False  # the store did not take `message_id`: written at the next turn
     # `reshow` came while a request of the route was on its way (see `RouteScheduler.reshow`).
     reshown_in_flight: bool = False
 
     @property
-    def pending(self) -> bool:
-        if self.disabled is not None:
-            return False
-        if self.pin_owed and self.message_id is not None:
-            return True
+    def card_pending(self) -> bool:
+        """The latest card is not shown yet (and was not refused for good)."""
         return (
             self.desired is not None
             and self.desired.fingerprint != self.committed
             and self.desired.fingerprint != self.failed
         )
+
+    @property
+    def pin_pending(self) -> bool:
+        return self.pin_owed and self.message_id is not None
+
+    @property
+    def delete_pending(self) -> bool:
+        return self.delete_owed and self.stale_id is not None and self.message_id is not None
+
+    @property
+    def pending(self) -> bool:
+        """The route has work: its card, an owed pin, or a put-off delete."""
+        if self.disabled is not None:
+            return False
+        return self.card_pending or self.pin_pending or self.delete_pending
+
+    def due_at(self) -> float:
+        """When the route's next turn may go (monotonic): its backoff, and for a pin or a
+        delete a 429 put off, the end of that window."""
+        times = []
+        if self.card_pending:
+            times.append(self.retry_at)
+        if self.pin_pending:
+            times.append(max(self.retry_at, self.pin_at))
+        if self.delete_pending:
+            times.append(max(self.retry_at, self.delete_at))
+        return min(times, default=self.retry_at)
 
 
 def _already_shown(resident: _Resident, message: Outgoing, in_flight: bool) -> bool:
@@ -272,6 +306,9 @@ class RouteScheduler:
         self._backoff = Backoff(initial_s=min(1.0, max_backoff_s), max_s=max_backoff_s)
         # Shared by several instances when clustered; in memory otherwise.
         self._limiter = limiter or RateLimiter(clock, max_pause_s=max_pause_s)
+        # Ends (monotonic) of the pauses this scheduler applied, by scope key: a pin or a
+        # delete, whose own scopes do not include the chat's, waits for them (`_pin`).
+        self._pause_ends: dict[str, float] = {}
         # Chats waiting for room in a shared scope (the bot's budget) take turns.
         self._admission = AdmissionQueue(self._limiter, clock)
         self._residents: dict[RouteKey, _Resident] = {}
@@ -439,7 +476,7 @@ class RouteScheduler:
             if until > now_wall:
                 # A state file from before the cap (or a clock jump) may hold a pause that
                 # ends in decades: bounded like a fresh one, and the bound is persisted.
-                applied = self._limiter.pause(scope, until - now_wall)
+                applied = self._note_pause(scope, until - now_wall)
                 if applied < until - now_wall:
                     log.warning(
                         "a stored rate-limit pause of %s ran %.0fs more; capped to %.0fs",
@@ -727,7 +764,7 @@ class RouteScheduler:
             lane.failures = 0
             return
         lane.wake.clear()
-        due = [self._residents[k].retry_at for k in lane.routes if self._residents[k].pending]
+        due = [self._residents[k].due_at() for k in lane.routes if self._residents[k].pending]
         due += [r.retry_at for r in lane.replies]
         if self._outbox is not None:
             due += self._outbox.retry_times(lane.key)
@@ -741,7 +778,7 @@ class RouteScheduler:
             resident = self._residents[key]
             if not resident.pending:
                 lane.routes.remove(key)
-            elif resident.retry_at <= now:
+            elif resident.due_at() <= now:
                 lane.routes.remove(key)
                 return key
         return None
@@ -808,8 +845,10 @@ class RouteScheduler:
             self._windows_changed = True
         return admitted
 
-    def _rate_limited(self, error: RateLimited, where: str) -> None:
-        applied = self._limiter.pause(error.scope, error.retry_after_s)
+    def _rate_limited(self, error: RateLimited, where: str) -> float:
+        """Pause the scope the platform named for its `retry_after` (bounded), here and in
+        the store; returns the seconds applied."""
+        applied = self._note_pause(error.scope, error.retry_after_s)
         if applied < error.retry_after_s:
             log.warning(
                 "rate limited in %s: the platform asked for %gs; pausing scope %s for the"
@@ -824,6 +863,30 @@ class RouteScheduler:
                 "rate limited in %s: pausing scope %s for %.1fs", where, error.scope, applied
             )
         self._store.set_pause(error.scope, self._wall() + applied)
+        return applied
+
+    def _note_pause(self, scope: str, seconds: float) -> float:
+        """Pause `scope` in the limiter and remember its end here too, for the pins and
+        deletes (`_pause_left_s`); returns the seconds applied."""
+        applied = self._limiter.pause(scope, seconds)
+        now = self._clock()
+        for key in [k for k, until in self._pause_ends.items() if until <= now]:
+            del self._pause_ends[key]
+        self._pause_ends[scope] = max(self._pause_ends.get(scope, 0.0), now + applied)
+        return applied
+
+    def _pause_left_s(self, channel: Channel, chat: ChatRef, op: Operation, mid: str) -> float:
+        """Seconds left of a pause over the chat: a pin or a delete waits for it too.
+
+        Their own scopes are the bot's or the app's only (they do not spend the chat's
+        budget of messages), but a 429 answered to any request naming the chat says: this
+        chat, wait. So they wait for a pause of the scopes of a send there as well, and go
+        out only once it has ended."""
+        if not self._pause_ends:
+            return 0.0
+        scopes = (*channel.rate_scopes(chat, op, mid), *channel.rate_scopes(chat, "send", None))
+        now = self._clock()
+        return max((self._pause_ends.get(s.key, now) - now for s in scopes), default=0.0)
 
     async def _deliver_route(self, key: RouteKey) -> None:
         resident = self._residents[key]
@@ -835,10 +898,16 @@ class RouteScheduler:
                 self._retry_later(resident, f"route {key}: message {message_id} not recorded yet")
                 return
             resident.id_unsaved = False
-        if resident.pin_owed and resident.message_id is not None:
+        if resident.pin_pending and resident.pin_at <= self._clock():
             resident.pin_owed = False  # a card waiting too goes on the route's next turn
-            if not await self._pin(channel, key, resident.message_id):
+            if not await self._pin(channel, resident, resident.message_id):
                 self._replace_gone(resident)
+            return
+        if not resident.card_pending:
+            # Only a pin or a delete a 429 put off: the pin's window has not ended (the turn
+            # came for its card or its delete), or the delete is due now.
+            if resident.delete_pending:
+                await self._delete_stale(channel, resident)
             return
         op: Operation = "edit" if resident.message_id else "send"
         if op == "send" and resident.release:
@@ -854,7 +923,7 @@ class RouteScheduler:
             resident.retry_at = max(resident.retry_at, self._clock() + spacing_s)
         # Latest wins: take the newest bytes after any wait.
         message = resident.desired
-        if message is None or not resident.pending:
+        if message is None or resident.disabled is not None or not resident.card_pending:
             reservation.complete()
             return
         try:
@@ -964,7 +1033,7 @@ class RouteScheduler:
             self._store.replace_message(key.store_key, message_id=message_id)
         if resident.pin:
             resident.pin_owed = False
-            if not await self._pin(channel, key, message_id):
+            if not await self._pin(channel, resident, message_id):
                 # Gone as soon as posted: the chat moved meanwhile (the refused pin taught
                 # it), and the post shows, frozen, where nobody follows any more.
                 self._replace_gone(resident)
@@ -978,17 +1047,26 @@ class RouteScheduler:
             return
         self._commit(resident, message)
 
-    async def _pin(self, channel: Channel, key: RouteKey, message_id: str) -> bool:
+    async def _pin(self, channel: Channel, resident: _Resident, message_id: str | None) -> bool:
         """Pin the route's resident. False when the platform answers that the message is
         gone (deleted, or its chat moved): the caller sends one replacement, pinned in turn.
-        Any other failure leaves the message shown unpinned."""
+        A 429, or a pause of the chat running, puts the pin off to the window's end: the
+        route comes back for it then (`_Resident.pin_at`). Any other failure leaves the
+        message shown unpinned."""
+        key = resident.key
+        if message_id is None:
+            return True
+        wait_s = self._pause_left_s(channel, key.chat, "pin", message_id)
+        if wait_s > 0:
+            self._put_off_pin(resident, wait_s)
+            return True
         reservation = await self._admit(channel, key.chat, "pin", message_id)
         if reservation is None:
             return True
         try:
             await channel.pin(key.chat, message_id)
         except RateLimited as error:
-            self._rate_limited(error, f"{key} (pin)")
+            self._put_off_pin(resident, self._rate_limited(error, f"{key} (pin)"))
         except MessageGone as error:
             log.info("route %s: could not pin message %s: %s", key, message_id, error)
             return False
@@ -997,6 +1075,11 @@ class RouteScheduler:
         finally:
             reservation.complete()
         return True
+
+    def _put_off_pin(self, resident: _Resident, wait_s: float) -> None:
+        resident.pin_owed = True
+        resident.pin_at = max(resident.pin_at, self._clock() + wait_s)
+        log.info("route %s: pinning its message again in %.1fs", resident.key, wait_s)
 
     def _replace_gone(self, resident: _Resident) -> None:
         """The resident's message is gone: the route's next turn posts one replacement, and the
@@ -1016,13 +1099,20 @@ class RouteScheduler:
         again after the route's next delivery while the platform cannot answer."""
         key, stale = resident.key, resident.stale_id
         assert stale is not None
+        wait_s = max(
+            self._pause_left_s(channel, key.chat, "delete", stale),
+            resident.delete_at - self._clock() if resident.delete_owed else 0.0,
+        )
+        if wait_s > 0:
+            self._put_off_delete(resident, wait_s)
+            return
         reservation = await self._admit(channel, key.chat, "delete", stale)
         if reservation is None:
             return
         try:
             await channel.delete(key.chat, stale)
         except RateLimited as error:
-            self._rate_limited(error, f"{key} (delete)")
+            self._put_off_delete(resident, self._rate_limited(error, f"{key} (delete)"))
             return
         except Transient as error:
             log.info("route %s: deleting the replaced message failed for now: %s", key, error)
@@ -1031,8 +1121,15 @@ class RouteScheduler:
             log.info("route %s: the replaced message %s stays: %s", key, stale, error)
         finally:
             reservation.complete()
-        resident.stale_id = None
+        resident.stale_id, resident.delete_owed = None, False
         self._store.replace_message(key.store_key, message_id=resident.message_id)
+
+    def _put_off_delete(self, resident: _Resident, wait_s: float) -> None:
+        """The delete goes after the window a 429 opened (or a pause of its chat): the route
+        comes back for it then, even if its card does not change meanwhile."""
+        resident.delete_owed = True
+        resident.delete_at = max(resident.delete_at, self._clock() + wait_s)
+        log.info("route %s: deleting the replaced message in %.1fs", resident.key, wait_s)
 
     def _commit(self, resident: _Resident, message: Outgoing) -> None:
         if resident.reshown_in_flight:

@@ -705,3 +705,40 @@ async def test_a_route_added_again_edits_its_panel_of_this_run(store: SqliteStor
     await settle(restarted)
     await restarted.stop()
     assert [c[1] for c in channel.calls] == ["send", "edit", "send"]
+
+
+class BotWidePinChannel(ScriptedChannel):
+    """Pins and deletes spend no budget of the chat's, as on Telegram (the bot's only)."""
+
+    def rate_scopes(
+        self, chat: ChatRef, operation: Operation, message_id: str | None
+    ) -> tuple[RateScope, ...]:
+        if operation in ("pin", "delete"):
+            return ()
+        return super().rate_scopes(chat, operation, message_id)
+
+
+async def test_a_pin_waits_for_a_pause_another_route_of_its_chat_drew(
+    store: SqliteStore,
+) -> None:
+    """A 429 on one route's edit pauses the chat: another route's pin, whose own scopes do
+    not include the chat's, goes out only once that window has ended, and then by itself."""
+    channel = BotWidePinChannel(per_chat=RateScope("x", 100, 1.0))
+    a, b = RouteKey("fake", ChatRef("5"), "a"), RouteKey("fake", ChatRef("5"), "b")
+    scheduler = await started(store, channel, a, b)
+    scheduler.submit(a, text("a1"))
+    scheduler.submit(b, text("b1"))
+    await settle(scheduler)
+    channel.errors["edit"].append(RateLimited(1.0, "fake:chat:5"))
+    channel.delay_s = 0.3
+    scheduler.submit(a, text("a2"))
+    deadline = time.monotonic() + 30
+    while scheduler.settled(a, in_flight_only=True):
+        assert time.monotonic() < deadline, "the edit never went"
+        await asyncio.sleep(0.005)
+    scheduler.set_pin(b, True)  # queued while the edit is on its way: b's turn comes first
+    await settle(scheduler)
+    await scheduler.stop()
+    limited_at = next(at for at, op, _, _ in channel.calls if op == "edit")
+    pins = [at for at, op, _, _ in channel.calls if op == "pin"]
+    assert len(pins) == 1 and pins[0] >= limited_at + 1.0

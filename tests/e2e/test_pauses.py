@@ -209,3 +209,64 @@ async def test_rate_windows_of_a_state_file_edited_by_hand_are_ignored(
         )
         assert await serve.aterminate() == 0, serve.logs
     assert "Traceback" not in serve.logs
+
+
+def inside_the_window(fake: FakeTelegram, chat: int, retry_after_s: float) -> list[str]:
+    """The requests naming `chat` that the fake received after its first 429 and before that
+    answer's `retry_after` had passed (the service starts counting later still, on receipt)."""
+    flooded = next(r for r in fake.requests if r.status == 429)
+    end_s = flooded.at_s + retry_after_s
+    return [r.method for r in fake.requests if r.chat_id == chat and flooded.at_s < r.at_s < end_s]
+
+
+async def test_a_pin_answered_429_is_tried_again_once_its_window_has_passed(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """A 429 on the pin of a new card: Telegram's answer to a request naming the chat says
+    "this chat, wait", so nothing goes to the chat inside the window (the card's next change
+    waits too), and once it has passed the pin is tried again, without any further change."""
+    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])], allowed="pin = true")
+    builder = agent_dir(tmp_path, "builder")
+    flood(fake, "pinChatMessage", 3)
+    with serve:
+        publish(builder, "builder v1")
+        await eventually(lambda: fake.count("pinChatMessage") == 1, what="the refused pin")
+        publish(builder, "builder v2")
+        await eventually(
+            lambda: [m.pinned for m in fake.bot_messages(GROUP)] == [True],
+            timeout_s=60,
+            what="the card pinned after the window",
+        )
+        await eventually(
+            lambda: any("builder v2" in t for t in shown(fake, GROUP)), what="the card's change"
+        )
+        assert await serve.aterminate() == 0
+    assert inside_the_window(fake, GROUP, 3) == []
+    assert fake.count("pinChatMessage") == 2
+    assert fake.count("sendMessage") == 1
+
+
+async def test_a_delete_answered_429_is_tried_again_once_its_window_has_passed(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """A card that could not be edited any more is posted anew, and the delete of the copy
+    it replaced draws a 429: after the window the delete is tried again by itself (the agent
+    changes nothing more), and nothing goes to the chat inside the window."""
+    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])])
+    builder = agent_dir(tmp_path, "builder")
+    with serve:
+        publish(builder, "builder v1")
+        await eventually(lambda: shown(fake, GROUP), what="the card")
+        [old] = fake.bot_messages(GROUP)
+        fake.fail_next("editMessageText", 400, "Bad Request: message can't be edited")
+        flood(fake, "deleteMessage", 3)
+        publish(builder, "builder v2")
+        await eventually(lambda: fake.count("deleteMessage") == 1, what="the refused delete")
+        await eventually(
+            lambda: old.deleted, timeout_s=60, what="the replaced copy deleted after the window"
+        )
+        assert await serve.aterminate() == 0
+    assert inside_the_window(fake, GROUP, 3) == []
+    [card] = shown(fake, GROUP)
+    assert "builder v2" in card
+    assert fake.count("deleteMessage") == 2

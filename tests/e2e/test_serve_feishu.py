@@ -613,3 +613,35 @@ async def test_a_normal_reconnect_of_the_long_connection_logs_no_error(
         assert await serve.aterminate() == 0
     assert serve.output == ""
     assert fake.app_secret not in serve.logs
+
+
+async def test_a_pin_refused_by_the_rate_limit_is_tried_again_once_its_window_has_passed(
+    tmp_path: Path, fake: FakeFeishu
+) -> None:
+    """Feishu's app-level limit (99991400, seconds in `x-ogw-ratelimit-reset`) answered to the
+    pin of a new card: the app waits the whole window (no request of any kind inside it, the
+    card's next change included), then the pin is tried again by itself."""
+    setup = Setup(tmp_path, fake, ["builder"])
+    setup.config.write_text(setup.config.read_text() + "pin = true\n")
+    workdir = tmp_path / "agents" / "builder"
+    fake.script_rate_limit("pin", reset_s=3)
+    with setup.serve() as serve:
+        publish(workdir, "**compile** 1/3")
+        await eventually(lambda: fake.requests_of("pin"), what="the refused pin")
+        publish(workdir, "**tests** 2/3")
+        await eventually(
+            lambda: [m.pinned for m in fake.chat(CHAT) if m.msg_type == "interactive"] == [True],
+            timeout_s=60,
+            what="the card pinned after the window",
+        )
+        await eventually(lambda: any("tests" in t for t in card_texts(fake)), what="the patch")
+        assert await serve.aterminate() == 0
+    limited = next(r for r in fake.requests if r.code == 99991400)
+    inside = [
+        r.operation
+        for r in fake.requests
+        if r.operation != "token" and limited.at_s < r.at_s < limited.at_s + 3
+    ]
+    assert inside == []
+    assert len(fake.requests_of("pin")) == 2
+    assert len(fake.requests_of("send")) == 1
