@@ -1115,6 +1115,8 @@ class RouteScheduler:
             self._put_off_delete(resident, self._rate_limited(error, f"{key} (delete)"))
             return
         except Transient as error:
+            # Tried again after the route's next delivery (not in a loop while it fails).
+            resident.delete_owed = False
             log.info("route %s: deleting the replaced message failed for now: %s", key, error)
             return
         except ChannelError as error:

@@ -742,3 +742,25 @@ async def test_a_pin_waits_for_a_pause_another_route_of_its_chat_drew(
     limited_at = next(at for at, op, _, _ in channel.calls if op == "edit")
     pins = [at for at, op, _, _ in channel.calls if op == "pin"]
     assert len(pins) == 1 and pins[0] >= limited_at + 1.0
+
+
+async def test_a_put_off_delete_that_then_fails_for_now_waits_for_the_next_delivery(
+    store: SqliteStore,
+) -> None:
+    """The delete of a replaced copy draws a 429, is tried again after the window by itself,
+    and fails for now: it is kept for the route's next delivery, not tried in a loop."""
+    channel = ScriptedChannel()
+    key = RouteKey("fake", ChatRef("5"), "a")
+    scheduler = await started(store, channel, key)
+    scheduler.submit(key, text("v1"))
+    await settle(scheduler)
+    channel.uneditable.add("1")
+    channel.errors["delete"].extend([RateLimited(0.2, "fake:chat:5"), Transient("down")])
+    scheduler.submit(key, text("v2"))
+    await settle(scheduler)
+    assert not channel.errors["delete"], "the delete was tried again after the window"
+    assert "1" in channel.messages, "the copy stays until the next delivery"
+    scheduler.submit(key, text("v3"))
+    await settle(scheduler)
+    await scheduler.stop()
+    assert channel.messages == {"2": "v3"}
