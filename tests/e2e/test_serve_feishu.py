@@ -645,3 +645,36 @@ async def test_a_pin_refused_by_the_rate_limit_is_tried_again_once_its_window_ha
     assert inside == []
     assert len(fake.requests_of("pin")) == 2
     assert len(fake.requests_of("send")) == 1
+
+
+async def test_a_delete_refused_by_the_rate_limit_is_tried_again_once_its_window_has_passed(
+    tmp_path: Path, fake: FakeFeishu
+) -> None:
+    """A card past Feishu's 14 days is posted anew, and the recall of the old copy draws the
+    app-level limit: the recall is tried again by itself once the window has passed (the
+    agent changes nothing more), and no request goes out inside it."""
+    setup = Setup(tmp_path, fake, ["builder"])
+    workdir = tmp_path / "agents" / "builder"
+    with setup.serve() as serve:
+        publish(workdir, "v1")
+        await eventually(lambda: card_texts(fake), what="the card")
+        first = fake.chat(CHAT)[0].message_id
+        fake.age_message(first, days=15)
+        fake.script_rate_limit("delete", reset_s=3)
+        publish(workdir, "v2 on a fresh card")
+        await eventually(lambda: fake.requests_of("delete"), what="the refused recall")
+        await eventually(
+            lambda: len(fake.requests_of("delete")) == 2,
+            timeout_s=60,
+            what="the recall tried again after the window",
+        )
+        assert await serve.aterminate() == 0
+    limited = next(r for r in fake.requests if r.code == 99991400)
+    inside = [
+        r.operation
+        for r in fake.requests
+        if r.operation != "token" and limited.at_s < r.at_s < limited.at_s + 3
+    ]
+    assert inside == []
+    assert [r.message_id for r in fake.requests_of("delete")] == [first, first]
+    assert any("v2 on a fresh card" in t for t in card_texts(fake))
