@@ -68,6 +68,15 @@ class CardView:
     hidden: bool = False
     body_cut: bool = False
 
+    def shown_part(self) -> CardView:
+        """The part of the view a rendering reads: all of it, or for a hidden view its agent
+        and state alone. A chat that hid its cards shows one line whatever the body says, so
+        a channel never converts (nor measures) the body of a hidden card: a dense body costs
+        tens of milliseconds per change, for nothing anyone sees."""
+        if not self.hidden:
+            return self
+        return CardView(agent_id=self.agent_id, state=self.state, hidden=True)
+
 
 # How a chat shows its agents: a resident card each, or one board (see `BoardView`).
 RouteView = Literal["cards", "board"]

@@ -154,7 +154,12 @@ def compose_view(
     redactor: Callable[[str], str] = redact,
 ) -> CardView:
     """The view of one agent for one route, its times in the route's `zone` (`ledger_line`:
-    the workdir ledger's state row; `redactor` for the lineage's free texts)."""
+    the workdir ledger's state row; `redactor` for the lineage's free texts).
+
+    A `hidden` view carries the agent and its state alone: its chat shows the one-line
+    hidden notice, so the body is neither redacted nor passed on to be rendered."""
+    if hidden:
+        return CardView(agent_id=agent_id, state=activity.state, hidden=True)
     rows = [state_row(activity, now, zone)]
     for row in (
         lineage_row(lineage, redactor),

@@ -158,7 +158,7 @@ class ConsoleChannel(Channel):
         self._stream.flush()
 
     def render_card(self, view: CardView) -> Outgoing:
-        fitted = fit_view(view, lambda v: len(render_plain(v)), MAX_CARD_CHARS)
+        fitted = fit_view(view.shown_part(), lambda v: len(render_plain(v)), MAX_CARD_CHARS)
         return Outgoing.build(render_plain(fitted), _card_payload(fitted))
 
     def render_text(self, text: str) -> Outgoing:

@@ -338,8 +338,9 @@ def _text_of(node: object) -> str:
 
 def render_card(view: CardView, limit_bytes: int = CARD_BUDGET_BYTES) -> Outgoing:
     """The interactive message for `view`, shrunk until it fits `limit_bytes` (the body is
-    converted once however many of its cuts are measured: see `_Prefixes`)."""
-    view = precut_body(view, limit_bytes * SOURCE_BUDGET_FACTOR)
+    converted once however many of its cuts are measured: see `_Prefixes`; a hidden card's
+    body not at all, see `CardView.shown_part`)."""
+    view = precut_body(view.shown_part(), limit_bytes * SOURCE_BUDGET_FACTOR)
     prefixes = _Prefixes(view.body or "")
 
     def converted(candidate: CardView) -> dict[str, Any]:

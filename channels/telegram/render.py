@@ -482,8 +482,9 @@ def render_card(view: CardView, limit_utf16: int = MAX_MESSAGE_UTF16) -> Outgoin
     The automatic rows are dropped from the end first (keeping the first), as `fit_view`
     does; then the body is cut. The body is converted once: what is cut is its text and
     entities, at the longest prefix that fits (`_cut_rich`), never its Markdown source, so a
-    dense body costs one conversion however many cuts are measured."""
-    view = precut_body(view, limit_utf16 * SOURCE_BUDGET_FACTOR)
+    dense body costs one conversion however many cuts are measured; a hidden card's body
+    none (see `CardView.shown_part`)."""
+    view = precut_body(view.shown_part(), limit_utf16 * SOURCE_BUDGET_FACTOR)
     body = markdown_to_rich(view.body) if view.body is not None and view.body.strip() else None
     if body is not None:
         view, body = _links_cut(view, body)

@@ -198,11 +198,17 @@ def test_compose_view(
     assert view == expected
 
 
-def test_body_is_redacted_and_hidden_is_passed_through() -> None:
+def test_body_is_redacted() -> None:
+    card = replace(ACTIVE, body="deploy with token=abc123secret now")
+    view = compose_view("b", card, RUNNING, hidden=False, activity_rows=3, now=NOW)
+    assert view.body == "deploy with token=[redacted] now"
+
+
+def test_a_hidden_view_carries_no_body_to_render() -> None:
+    # The chat shows the one-line notice: the body is not composed for it at all.
     card = replace(ACTIVE, body="deploy with token=abc123secret now")
     view = compose_view("b", card, RUNNING, hidden=True, activity_rows=3, now=NOW)
-    assert view.hidden is True
-    assert view.body == "deploy with token=[redacted] now"
+    assert view == CardView(agent_id="b", state=RUNNING.state, hidden=True)
 
 
 def test_view_does_not_change_with_the_clock_alone() -> None:

@@ -107,6 +107,23 @@ def test_hidden_renders_one_line_notice_without_body() -> None:
     assert card["header"]["template"] == "grey"
 
 
+class _Unconvertible(str):
+    """A body whose conversion fails at its first step (splitting it into lines)."""
+
+    def split(self, sep: str | None = None, maxsplit: int = -1) -> list[str]:
+        raise ValueError("the body was converted")
+
+
+def test_a_hidden_card_never_converts_its_body() -> None:
+    body = _Unconvertible("**plan** with `code`")
+    with pytest.raises(ValueError, match="converted"):
+        render_card(CardView("builder", "running", body=body))
+    hidden = render_card(CardView("builder", "running", ("row",), body=body, hidden=True))
+    assert HIDDEN_NOTICE in hidden.text
+    # What the chat sees does not depend on the body, the rows or the state.
+    assert hidden == render_card(CardView("builder", "idle", hidden=True))
+
+
 def test_cut_body_carries_the_marker() -> None:
     card = _card(CardView("a", "running", body="start", body_cut=True))
     assert _markdown(card).endswith(BODY_CUT_MARKER.replace(">", "&gt;"))

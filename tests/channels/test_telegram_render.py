@@ -114,6 +114,19 @@ def test_hidden_renders_one_line_notice() -> None:
     assert "\n" not in out.text
 
 
+def test_a_hidden_card_never_converts_its_body() -> None:
+    # A body the converter cannot take (a lone surrogate beside raw HTML): shown, it fails;
+    # hidden, the chat gets its one-line notice, so nothing of the body was converted.
+    unconvertible = "a <b>tag</b> \ud800"
+    with pytest.raises(UnicodeEncodeError):
+        render_card(CardView(agent_id="builder", state="running", body=unconvertible))
+    out = render_card(
+        CardView("builder", "running", ("row",), body=unconvertible, body_cut=True, hidden=True)
+    )
+    assert out.text == hidden_notice("builder")
+    assert out == render_card(CardView(agent_id="builder", state="idle", hidden=True))
+
+
 def test_body_note_shown_when_no_body() -> None:
     out = render_card(CardView(agent_id="b", state="exited", body=None, body_note="card stopped"))
     assert "card stopped" in out.text

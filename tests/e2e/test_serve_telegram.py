@@ -616,3 +616,49 @@ async def test_a_chat_the_bot_cannot_reach_disables_its_route(
     )
     assert reason in status
     assert len(fake.bot_messages(GROUP)) == 1
+
+
+async def test_a_hidden_chat_is_not_edited_for_body_changes_and_catches_up_on_on(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    # The agent is followed in two chats; one hides the cards. The other sees every change,
+    # the hidden one keeps its one-line notice untouched, and `/taskcard on` shows the latest
+    # card there at once, without waiting for the agent's next change.
+    other = -1005550001111
+    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"]), (other, ["builder"])])
+    workdir = agent_dir(tmp_path, "builder")
+    with serve:
+        publish(workdir, "**step** 0")
+        await eventually(
+            lambda: all(any("step 0" in t for t in shown(fake, c)) for c in (GROUP, other)),
+            what="the first card in both chats",
+        )
+        resident = fake.bot_messages(GROUP)[0].message_id
+        fake.inject_command(GROUP, "/taskcard off")
+        await eventually(
+            lambda: "card hidden" in (fake.message(GROUP, resident) or _none).text,
+            what="the hidden notice",
+        )
+        hidden_at = len(fake.edit_history(GROUP, resident))
+        for step in range(1, 6):
+            publish(workdir, f"**step** {step}\n\nline {step} of a longer body")
+            await eventually(
+                lambda step=step: any(f"step {step}" in t for t in shown(fake, other)),
+                what=f"step {step} in the chat that shows the cards",
+            )
+        fake.inject_command(GROUP, "/taskcard on")
+        await eventually(
+            lambda: "step 5" in (fake.message(GROUP, resident) or _none).text,
+            what="the latest card once shown again",
+        )
+        history = fake.edit_history(GROUP, resident)
+        assert "card hidden" in history[hidden_at - 1]
+        assert len(history) == hidden_at + 1, history[hidden_at - 1 :]
+        assert not any(f"step {n}" in t for t in history for n in range(1, 5)), history
+        assert any("step 3" in t for t in fake.edit_history(other, shown_id(fake, other)))
+        assert await serve.aterminate() == 0
+
+
+def shown_id(fake: FakeTelegram, chat: int) -> int:
+    """The id of the bot's first message in `chat` (the resident card)."""
+    return fake.bot_messages(chat)[0].message_id
