@@ -9,7 +9,14 @@ The same answer can mean different things per operation. Feishu answers a PATCH 
 of a message id it does not know (deleted long ago, or never ours) with HTTP 400 and the
 generic "invalid request parameter" code 230001 naming `message_id`: for a request about an
 existing message (`edit`, `delete`, `pin`) that is `MessageGone`, so the service replaces the
-card once; on `send` the same code is a malformed request and stays `Permanent`.
+card once; on `send` the same code is a malformed request and stays `Permanent`. Code 231003
+("the message is not found, maybe not exist or deleted", documented for the message APIs
+that act on an existing message) is read the same way.
+
+Each code below is checked against the error tables of the Open API pages of the calls we
+make (send `POST im/v1/messages`, reply, card `PATCH`, `DELETE`, `POST im/v1/pins`) and the
+server-side generic error codes page; `docs/operators.md` (Feishu, scopes) says what each
+one does.
 """
 
 from __future__ import annotations
@@ -42,10 +49,15 @@ NO_PERMISSION = 230027
 SEND_PERMISSION_DENIED = 230035
 # The chat of the message does not exist: it was disbanded (documented for pins).
 CHAT_NOT_FOUND = 230045
-# The chat was dissolved (the chat APIs' word for a disbanded group).
+# "Your request specifies a chat which has already been dissolved": documented for every
+# call we make (send, reply, card update, delete, pin) and for the chat APIs.
 CHAT_DISSOLVED = 232009
-# The person of a p2p chat stopped the bot from sending them messages.
+# "The user has stopped the bot from sending messages": the person of a p2p chat turned the
+# bot's messages off (documented for sends and forwards).
 BOT_STOPPED_BY_USER = 230053
+# "The message is not found, maybe not exist or deleted" (a wrong id, or a message recalled):
+# documented for the message APIs that act on an existing message (its reactions).
+MESSAGE_NOT_FOUND = 231003
 SCOPE_MISSING = 99991672
 TOKEN_INVALID = frozenset({99991661, 99991663, 99991668, 99991677})
 
@@ -135,6 +147,7 @@ def translate(
         return MessageGone(detail)
     if operation in MESSAGE_OPERATIONS and (
         status == 404
+        or code == MESSAGE_NOT_FOUND
         or (code == INVALID_PARAMETER and _NAMES_MESSAGE_ID.search(msg or "") is not None)
     ):
         return MessageGone(detail)

@@ -334,6 +334,62 @@ async def test_removed_bot_is_forbidden(fake: FakeFeishu, channel: FeishuChannel
         await channel.send(CHAT, channel.render_card(_view("v2")))
 
 
+async def test_a_dissolved_chat_is_forbidden_for_every_call(
+    fake: FakeFeishu, channel: FeishuChannel
+) -> None:
+    """Feishu documents 232009 ("a chat which has already been dissolved") for each call we
+    make: the route is disabled, never retried change by change nor replaced by a new card."""
+    card_id = await channel.send(CHAT, channel.render_card(_view("v1")))
+    fake.dissolve_chat(CHAT.chat_id)
+    with pytest.raises(Forbidden, match="232009"):
+        await channel.edit(CHAT, card_id, channel.render_card(_view("v2")))
+    with pytest.raises(Forbidden, match="232009"):
+        await channel.send(CHAT, channel.render_card(_view("v2")))
+    with pytest.raises(Forbidden, match="232009"):
+        await channel.pin(CHAT, card_id)
+    with pytest.raises(Forbidden, match="232009"):
+        await channel.delete(CHAT, card_id)
+    assert {e.code for e in fake.errors()} == {232009}
+
+
+async def test_a_person_who_stopped_the_bot_forbids_sends(
+    fake: FakeFeishu, channel: FeishuChannel
+) -> None:
+    """230053: the person of a one-to-one chat turned the bot's messages off."""
+    private = ChatRef("oc_p2p_1")
+    fake.stop_bot(private.chat_id)
+    with pytest.raises(Forbidden, match="230053"):
+        await channel.send(private, channel.render_card(_view("v1")), idempotency_key="k1")
+    assert fake.chat(private.chat_id) == []
+
+
+MESSAGE_NOT_FOUND = "The message is not found, maybe not exist or deleted."
+
+
+async def test_a_message_not_found_is_gone_for_calls_about_it(
+    fake: FakeFeishu, channel: FeishuChannel
+) -> None:
+    """231003 says the message a call names is not found: the card is replaced once (an
+    edit), a delete is done, a pin finds no card; a send names no message, so there the
+    code is a refusal, not a reason to post again."""
+    card_id = await channel.send(CHAT, channel.render_card(_view("v1")))
+    for operation in ("patch", "delete", "pin", "send"):
+        fake.script_error(operation, 231003, msg=MESSAGE_NOT_FOUND)
+    with pytest.raises(MessageGone):
+        await channel.edit(CHAT, card_id, channel.render_card(_view("v2")))
+    await channel.delete(CHAT, card_id)  # gone already: not an error
+    with pytest.raises(MessageGone):
+        await channel.pin(CHAT, card_id)
+    with pytest.raises(Permanent):
+        await channel.send(CHAT, channel.render_card(_view("v3")))
+    assert [(e.operation, e.code) for e in fake.errors()] == [
+        ("patch", 231003),
+        ("delete", 231003),
+        ("pin", 231003),
+        ("send", 231003),
+    ]
+
+
 @pytest.mark.parametrize(
     ("code", "status", "kind"),
     [

@@ -228,6 +228,14 @@ INVALID_MESSAGE_ID = "Your request contains an invalid request parameter, ext=in
         (404, 1, "not found", "send", Permanent),
         (400, 230110, "deleted", "edit", MessageGone),
         (400, 230110, "deleted", "delete", MessageGone),
+        (400, 231003, "not found", "edit", MessageGone),
+        (400, 231003, "not found", "delete", MessageGone),
+        (400, 231003, "not found", "pin", MessageGone),
+        (400, 231003, "not found", "reply", MessageGone),
+        (400, 231003, "not found", "send", Permanent),
+        (400, 232009, "dissolved", "send", Forbidden),
+        (400, 232009, "dissolved", "edit", Forbidden),
+        (400, 230053, "stopped", "send", Forbidden),
     ],
 )
 def test_error_translation_per_operation(

@@ -467,18 +467,20 @@ async def test_a_token_answer_without_a_token_is_retried(tmp_path: Path, fake: F
 
 
 @pytest.mark.parametrize(
-    ("code", "meaning"),
+    ("code", "how"),
     [
-        (230045, "the chat does not exist (disbanded)"),
-        (232009, "the chat was dissolved"),
-        (230053, "the user stopped the bot's messages"),
+        # Documented for pins; scripted on the card's update.
+        (230045, "scripted: The chat not exist."),
+        (232009, "the fake's chat is dissolved: every call about it is refused"),
+        (230053, "the fake's person stopped the bot: the first card's send is refused"),
     ],
 )
 async def test_a_chat_the_bot_cannot_reach_disables_its_route(
-    tmp_path: Path, fake: FakeFeishu, code: int, meaning: str
+    tmp_path: Path, fake: FakeFeishu, code: int, how: str
 ) -> None:
     """Feishu says with these codes that the bot cannot reach the chat at all: like 230002,
-    the route is disabled with the reason in `taskcard status`, not refused change by change."""
+    the route is disabled with the reason in `taskcard status`, not refused change by change
+    (nor a new card posted where the chat is gone)."""
     setup = Setup(tmp_path, fake, ["builder"])
     workdir = tmp_path / "agents" / "builder"
 
@@ -486,9 +488,15 @@ async def test_a_chat_the_bot_cannot_reach_disables_its_route(
         return run_cli("status", "--config", str(setup.config)).stdout
 
     with setup.serve() as serve:
-        publish(workdir, "first body")
-        await eventually(lambda: any("first body" in t for t in card_texts(fake)), what="card")
-        fake.script_error("patch", code, msg=meaning)
+        if code == 230053:
+            fake.stop_bot(CHAT)
+        else:
+            publish(workdir, "first body")
+            await eventually(lambda: any("first body" in t for t in card_texts(fake)), what="card")
+            if code == 232009:
+                fake.dissolve_chat(CHAT)
+            else:
+                fake.script_error("patch", code, msg="The chat not exist.")
         publish(workdir, "second body")
         report = await eventually(
             lambda: (lambda text: text if "DISABLED" in text else "")(status()),
@@ -497,6 +505,31 @@ async def test_a_chat_the_bot_cannot_reach_disables_its_route(
         )
         assert await serve.aterminate() == 0
     assert f"code {code}" in report
+    assert "refused this card for good" not in serve.logs
+    assert {r.code for r in fake.errors()} == {code}
+    assert len(fake.requests_of("send")) == 1, "no card posted again into a chat it cannot reach"
+
+
+async def test_a_card_not_found_is_replaced_once(tmp_path: Path, fake: FakeFeishu) -> None:
+    """231003 ("the message is not found") on the card's update: as for a recalled card,
+    one new card is posted and updated from then on."""
+    setup = Setup(tmp_path, fake, ["builder"])
+    workdir = tmp_path / "agents" / "builder"
+    with setup.serve() as serve:
+        publish(workdir, "v1")
+        await eventually(lambda: card_texts(fake), what="the first card")
+        fake.script_error(
+            "patch", 231003, msg="The message is not found, maybe not exist or deleted."
+        )
+        publish(workdir, "v2 on a fresh card")
+        await eventually(
+            lambda: any("v2 on a fresh card" in t for t in card_texts(fake)), what="the new card"
+        )
+        publish(workdir, "v3")
+        await eventually(lambda: any("v3" in t for t in card_texts(fake)), what="its update")
+        assert len(fake.requests_of("send")) == 2
+        assert [r.code for r in fake.requests_of("patch")].count(231003) == 1
+        assert await serve.aterminate() == 0
     assert "refused this card for good" not in serve.logs
 
 

@@ -25,6 +25,9 @@ What it serves (real paths, real answer shapes `{"code": 0, "msg": "success", "d
   recalled -> 230011, deleted -> 230110, older than 14 days (injectable clock) -> 230031,
   more than 5 per second per message -> 230020.
 - `DELETE /open-apis/im/v1/messages/:id` (recall) and `POST /open-apis/im/v1/pins`.
+- A chat dissolved (`dissolve_chat`): every send, reply, update, delete and pin there ->
+  232009; a one-to-one chat whose person turned the bot off (`stop_bot`): sends -> 230053
+  (the calls Feishu documents these codes for, with its words).
 - Limits: sends per chat and requests per app (per second and per minute) -> HTTP 429,
   code 99991400 and the `x-ogw-ratelimit-reset` header. Only accepted requests count
   toward a window.
@@ -69,6 +72,10 @@ TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
 UUID_WINDOW_S = 3600.0
 UUID_MAX_CHARS = 50
 INVALID_MESSAGE_ID = "Your request contains an invalid request parameter, ext=invalid message_id."
+# The documented answers (code and msg) for a dissolved chat and for a person who turned the
+# bot's messages off in their one-to-one chat.
+CHAT_DISSOLVED = (232009, "Your request specifies a chat which has already been dissolved.")
+BOT_STOPPED = (230053, "The user has stopped the bot from sending messages.")
 
 
 @dataclass(frozen=True)
@@ -247,6 +254,8 @@ class FakeFeishu:
         self.user_messages: dict[str, FakeMessage] = {}
         self.requests: list[LoggedRequest] = []
         self.removed_from: set[str] = set()
+        self.dissolved: set[str] = set()
+        self.stopped_bot: set[str] = set()
         self._scripts: dict[str, deque[ScriptedError]] = {}
         self._windows = _Windows()
         self._ids = itertools.count(1)
@@ -378,6 +387,19 @@ class FakeFeishu:
 
     def add_bot(self, chat_id: str) -> None:
         self.removed_from.discard(chat_id)
+
+    def dissolve_chat(self, chat_id: str) -> None:
+        """The group is disbanded: every later call about it answers 232009."""
+        self.dissolved.add(chat_id)
+
+    def stop_bot(self, chat_id: str) -> None:
+        """The person of this one-to-one chat stops the bot's messages: sends answer 230053."""
+        self.stopped_bot.add(chat_id)
+
+    def _check_chat(self, chat_id: str) -> None:
+        """Refuse any call about a message of a dissolved chat, as Feishu does."""
+        if chat_id in self.dissolved:
+            raise _Refusal(400, *CHAT_DISSOLVED)
 
     def revoke_tokens(self) -> None:
         self._tokens.clear()
@@ -853,6 +875,9 @@ class FakeFeishu:
                 raise _Refusal(400, 230001, "invalid receive_id_type for this fake")
             if not chat_id:
                 raise _Refusal(400, 230001, "receive_id is required")
+            self._check_chat(chat_id)
+            if chat_id in self.stopped_bot:
+                raise _Refusal(400, *BOT_STOPPED)
             uuid = self._check_uuid(document)
             first = self._first_with(uuid)
             if first is not None:
@@ -907,6 +932,7 @@ class FakeFeishu:
             if target.recalled:
                 raise _Refusal(400, 230011, "The message was withdrawn.")
             chat_id = target.chat_id
+            self._check_chat(chat_id)
             self._check_chat_send(chat_id, now)
             msg_type = document.get("msg_type")
             content = self._check_content(msg_type, document.get("content"))
@@ -976,6 +1002,7 @@ class FakeFeishu:
             self._check_app_limit(now)
             message = self._existing(message_id)
             chat_id = message.chat_id
+            self._check_chat(chat_id)
             if chat_id in self.removed_from:
                 raise _Refusal(400, 230002, "The bot is not in the chat.")
             if self.now_s() - message.created_at_s > UPDATE_WINDOW_S:
@@ -1010,6 +1037,7 @@ class FakeFeishu:
             self._check_app_limit(now)
             message = self._existing(message_id)
             chat_id = message.chat_id
+            self._check_chat(chat_id)
         except _Refusal as refusal:
             return self._refusal(request, "delete", refusal, chat_id, message_id)
         self._record_app(now)
@@ -1028,6 +1056,7 @@ class FakeFeishu:
             self._check_app_limit(now)
             message = self._existing(message_id)
             chat_id = message.chat_id
+            self._check_chat(chat_id)
             if chat_id in self.removed_from:
                 raise _Refusal(400, 230002, "The bot is not in the chat.")
         except _Refusal as refusal:
