@@ -59,6 +59,11 @@ BOT_STOPPED_BY_USER = 230053
 # documented for the message APIs that act on an existing message (its reactions).
 MESSAGE_NOT_FOUND = 231003
 SCOPE_MISSING = 99991672
+# "The message is being sent" (documented for sends and replies): a send repeated with the
+# uuid of one still in progress. Tried again later, the same uuid answers with the message
+# once it is posted; refused for good, the card posted meanwhile would be unknown and a
+# later send would post a second one.
+BEING_SENT = 230049
 TOKEN_INVALID = frozenset({99991661, 99991663, 99991668, 99991677})
 
 GONE_CODES = frozenset({MESSAGE_RECALLED, MESSAGE_TOO_OLD, MESSAGE_DELETED})
@@ -153,6 +158,8 @@ def translate(
         return MessageGone(detail)
     if code == CONTENT_TOO_LONG:
         return Permanent(detail)
+    if code == BEING_SENT:
+        return Transient(detail)
     if code in TOKEN_INVALID:
         # The cached tenant token was refused (whatever the HTTP status); the caller drops it
         # and a retry fetches anew. Not a reason to disable the route.

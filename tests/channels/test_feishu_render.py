@@ -236,6 +236,8 @@ INVALID_MESSAGE_ID = "Your request contains an invalid request parameter, ext=in
         (400, 232009, "dissolved", "send", Forbidden),
         (400, 232009, "dissolved", "edit", Forbidden),
         (400, 230053, "stopped", "send", Forbidden),
+        (400, 230049, "being sent", "send", Transient),
+        (400, 230049, "being sent", "reply", Transient),
     ],
 )
 def test_error_translation_per_operation(

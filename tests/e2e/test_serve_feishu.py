@@ -510,6 +510,26 @@ async def test_a_chat_the_bot_cannot_reach_disables_its_route(
     assert len(fake.requests_of("send")) == 1, "no card posted again into a chat it cannot reach"
 
 
+async def test_a_send_still_in_progress_is_tried_again_not_refused(
+    tmp_path: Path, fake: FakeFeishu
+) -> None:
+    """230049 ("the message is being sent") answers a send repeated while the first with its
+    uuid is still in progress: the card is sent again later, not refused for good."""
+    setup = Setup(tmp_path, fake, ["builder"])
+    with setup.serve() as serve:
+        fake.script_error("send", 230049, msg="The message is being sent.")
+        publish(tmp_path / "agents" / "builder", "the first card")
+        await eventually(
+            lambda: any("the first card" in t for t in card_texts(fake)),
+            timeout_s=60,
+            what="the card sent again",
+        )
+        assert len(card_texts(fake)) == 1
+        assert fake.requests_of("send")[0].code == 230049
+        assert await serve.aterminate() == 0
+    assert "refused this card for good" not in serve.logs
+
+
 async def test_a_card_not_found_is_replaced_once(tmp_path: Path, fake: FakeFeishu) -> None:
     """231003 ("the message is not found") on the card's update: as for a recalled card,
     one new card is posted and updated from then on."""
