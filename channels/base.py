@@ -180,6 +180,8 @@ class RateScope:
 
 
 CommandName = Literal["taskcard", "tell", "reply", "moved", "reopened"]
+# Who wrote a command that no person signed (Telegram's `sender_chat`; see `IncomingCommand`).
+SentAs = Literal["admin", "chat"]
 
 
 @dataclass(frozen=True)
@@ -211,6 +213,12 @@ class IncomingCommand:
     and the service shows the chat's residents again.
     "reopened" is the platform's word that `chat` (a Telegram forum topic) was reopened: the
     routes a closed topic disabled are brought back.
+
+    `sent_as` says the message was sent on behalf of a chat rather than signed by a person
+    (only Telegram has this): "admin" when that chat is `chat` itself (an administrator of the
+    group posting anonymously, or a channel's own post; the platform lets only the chat's
+    administrators do either), "chat" when it is another chat (a linked channel, a channel a
+    member chose to post as), whose post names no person. None: `user_id` is the person.
     """
 
     chat: ChatRef
@@ -224,6 +232,7 @@ class IncomingCommand:
     reply_to: tuple[str, ...] = ()
     # The thread the message was written in when `chat` does not name it (see `ReplyTo`).
     message_thread: str | None = None
+    sent_as: SentAs | None = None
 
     @property
     def answer_to(self) -> ReplyTo | None:

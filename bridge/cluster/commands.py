@@ -46,6 +46,7 @@ from taskcard.channels.base import (
     Outgoing,
     RateScope,
     ReplyTo,
+    SentAs,
 )
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,8 @@ def encode(command: IncomingCommand) -> str:
             "command": command.command,
             "reply_to": list(command.reply_to),
             "message_thread": command.message_thread,
+            # Without it an anonymous admin's command was read back as GroupAnonymousBot's.
+            "sent_as": command.sent_as,
         }
     )
 
@@ -130,6 +133,9 @@ def decode(raw: str) -> IncomingCommand | None:
             return None
         if not all(isinstance(item, str) for item in reply_to):
             return None
+        sent_as = data.get("sent_as")
+        if sent_as is not None and sent_as not in get_args(SentAs):
+            return None
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
     return IncomingCommand(
@@ -141,6 +147,7 @@ def decode(raw: str) -> IncomingCommand | None:
         command=name,
         reply_to=tuple(reply_to),
         message_thread=text["message_thread"],
+        sent_as=sent_as,
     )
 
 

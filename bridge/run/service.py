@@ -109,6 +109,12 @@ HELP_TEXT = (
     "/taskcard cancel: withdraw your latest queued text · "
     "/taskcard board: one board for all agents · /taskcard cards: one card per agent"
 )
+# The answer to a command sent on behalf of another chat where only listed people command.
+SENT_AS_CHAT = (
+    "Only the people listed for this chat can use task cards here, and this message was sent"
+    " on behalf of a channel or another chat, which names no person. Send it again as"
+    ' yourself (choose your own name under "Send as").'
+)
 # The last word of a card retired beside a board, and of a board retired for cards.
 # How long a cluster keeps which message a `/taskcard cancel` withdraws: an instance reads
 # the command stream seconds behind the others at most (a day covers a Redis outage).
@@ -122,6 +128,18 @@ STATE_TEXT_UTF16: Final = 3800
 
 
 AGENT_HEALTH_PREFIX = "agent-health:"
+
+
+def may_command(route: Route, command: IncomingCommand) -> bool:
+    """Whether `command`'s sender may command `route` (and talk to its agents).
+
+    Without `allowed_user_ids` anyone in the chat may. With it, a person must be on the list;
+    an administrator of the chat posting anonymously (or a channel's own post) is let in as
+    the chat's administrator, the platform's word being that only they can send it; a message
+    sent on behalf of another chat (a linked channel) names no person, so it is not let in."""
+    if route.allowed_user_ids is None or command.sent_as == "admin":
+        return True
+    return command.sent_as is None and command.user_id in route.allowed_user_ids
 
 
 def agent_health_key(agent_id: str) -> str:
@@ -1221,13 +1239,13 @@ class Service:
         ours = not replying or self._ours(routes, command)
         if not ours and not await self._ours_in_cluster(channel_name, command):
             return  # a command replying to someone else's message, without the bot's mention
-        allowed = [
-            r
-            for r in routes
-            if r.allowed_user_ids is None or (command.user_id in r.allowed_user_ids)
-        ]
+        allowed = [r for r in routes if may_command(r, command)]
         if not allowed:
             log.info("ignoring /taskcard from a user not allowed in %s", routes[0].key.chat_scope)
+            if command.sent_as == "chat" and command.reply:
+                # Not silence: the person behind it can send it again as themselves.
+                outgoing = self._render_text(self._channels[channel_name], SENT_AS_CHAT, own=True)
+                self._scheduler.send_reply(channel_name, command.chat, outgoing, command.answer_to)
             return
         for route in allowed:
             self._scheduler.enable(route.key)  # the bot can read this chat: it is back

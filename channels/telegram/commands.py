@@ -30,6 +30,7 @@ from taskcard.channels.base import (
     CursorStore,
     IncomingCommand,
     PollGate,
+    SentAs,
     command_arguments,
     drop_leading,
     first_word,
@@ -182,7 +183,24 @@ def command_from_update(update: Update, bot_username: str) -> IncomingCommand | 
         chat_title=message.chat.effective_name,
         command=name,
         reply_to=reply_to,
+        sent_as=on_behalf_of(message),
     )
+
+
+def on_behalf_of(message: Message) -> SentAs | None:
+    """Whom `message` was sent on behalf of, when not a person (`IncomingCommand.sent_as`).
+
+    Telegram marks a message an administrator posts anonymously with `sender_chat` = the group
+    itself (its `from` is the placeholder GroupAnonymousBot, the same for every such admin),
+    and a channel's own post with the channel; only the chat's administrators can send
+    either. A `sender_chat` naming another chat (the linked channel, or a channel a member
+    picked under "Send as") is that chat speaking: it names no person. Compared before a
+    supergroup's id is read back as its group's (`as_original`): both ids are the new one.
+    """
+    sender = message.sender_chat
+    if sender is None:
+        return None
+    return "admin" if sender.id == message.chat.id else "chat"
 
 
 def typed_here(message: Message) -> bool:

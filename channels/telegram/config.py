@@ -62,7 +62,13 @@ class TelegramRoute(BaseModel):
     timezone: TimeZoneName = Field(default="UTC", description=TIMEZONE_HELP)
     view: RouteView = Field(default="cards", description=ROUTE_VIEW_HELP)
     allowed_user_ids: list[Annotated[int, Field(ge=1, le=2**53 - 1)]] | None = Field(
-        default=None, description="Only these users may run /taskcard here; all when absent."
+        default=None,
+        description=(
+            "Only these users may run /taskcard, /tell or reply to a card here; all when"
+            " absent. The chat's administrators posting anonymously (and a channel's own"
+            " posts) are let in too; a message sent on behalf of another chat is refused"
+            " with an answer asking to send it as oneself."
+        ),
     )
 
     @field_validator("chat_id")

@@ -194,6 +194,31 @@ def test_edited_message_is_never_a_command() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("sender_chat", "author", "expected"),
+    [
+        (None, {"id": 9, "is_bot": False, "first_name": "u"}, (None, "9")),
+        # An administrator posting anonymously: the group itself, GroupAnonymousBot as `from`.
+        (GROUP, {"id": 1087968824, "is_bot": True, "first_name": "Group"}, ("admin", None)),
+        # A linked channel, or a channel a member posts as: Channel_Bot as `from`.
+        (-100555, {"id": 136817688, "is_bot": True, "first_name": "Channel"}, ("chat", None)),
+    ],
+    ids=["person", "anonymous-admin", "channel"],
+)
+def test_a_message_sent_on_behalf_of_a_chat_says_so(
+    sender_chat: int | None, author: dict[str, Any], expected: tuple[str | None, str | None]
+) -> None:
+    update = _update("message", "/taskcard off").to_dict()
+    update["message"]["from"] = author
+    if sender_chat is not None:
+        update["message"]["sender_chat"] = {"id": sender_chat, "type": "channel", "title": "c"}
+    command = command_from_update(Update.de_json(update, None), "Bot")
+    assert command is not None and command.args == "off"
+    sent_as, person = expected
+    assert command.sent_as == sent_as
+    assert person is None or command.user_id == person
+
+
 async def test_a_webhook_left_on_the_bot_is_removed_so_commands_arrive(
     telegram_fake: FakeTelegram, telegram_cursor: MemoryCursorStore
 ) -> None:

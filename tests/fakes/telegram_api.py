@@ -201,6 +201,11 @@ class _SlidingWindow:
         return max(1, math.ceil(wait_s))
 
 
+# The placeholder users Telegram puts in `from` of a message sent on behalf of a chat.
+GROUP_ANONYMOUS_BOT_ID = 1087968824
+CHANNEL_BOT_ID = 136817688
+
+
 def _chat_json(chat_id: int) -> Json:
     if chat_id > 0:
         return {"id": chat_id, "type": "private", "first_name": f"User{chat_id}"}
@@ -434,9 +439,11 @@ class FakeTelegram:
         edit_of: int | None = None,
         reply_to: int | None = None,
         photo: bool = False,
+        sender: Json | None = None,
     ) -> int:
         """A person writes `text` (or edits their message `edit_of`), as a reply to message
-        `reply_to` when given; with `photo`, `text` is the caption of a picture they send.
+        `reply_to` when given; with `photo`, `text` is the caption of a picture they send;
+        `sender` replaces the fields naming who sent it (see `inject_on_behalf`).
         Returns the update id."""
         chat = int(chat_id)
         if edit_of is None:
@@ -455,6 +462,7 @@ class FakeTelegram:
             stored = existing
             kind = "edited_message"
         message = self._message_json(stored, user_id=user_id)
+        message.update(sender or {})
         if reply_to is not None:
             message["reply_to_message"] = self._message_json(
                 self._existing(chat, reply_to, "Bad Request: message to be replied not found")
@@ -493,6 +501,26 @@ class FakeTelegram:
                 {"type": "bot_command", "offset": 0, "length": len(text.split()[0])}
             ]
         return self._push_update({"channel_post": post})
+
+    def inject_on_behalf(
+        self, chat_id: int | str, text: str, channel_id: int | None = None, **options: Any
+    ) -> int:
+        """A message posted in group `chat_id` on behalf of a chat, as Telegram shapes it: by
+        an administrator who remains anonymous (`sender_chat` is the group itself, `from` the
+        GroupAnonymousBot placeholder) or, with `channel_id`, as that channel (a linked channel,
+        or one a member picked under "Send as": `from` is the Channel_Bot placeholder).
+        `options` as for `inject_message`. Returns the update id."""
+        chat = int(chat_id)
+        if channel_id is None:
+            sender_chat = _chat_json(chat)
+            author = {"id": GROUP_ANONYMOUS_BOT_ID, "is_bot": True, "first_name": "Group",
+                      "username": "GroupAnonymousBot"}  # fmt: skip
+        else:
+            sender_chat = {"id": channel_id, "type": "channel", "title": f"Channel {channel_id}"}
+            author = {"id": CHANNEL_BOT_ID, "is_bot": True, "first_name": "Channel",
+                      "username": "Channel_Bot"}  # fmt: skip
+        sender = {"from": author, "sender_chat": sender_chat}
+        return self.inject_message(chat, text, sender=sender, **options)
 
     def inject_command(
         self,
