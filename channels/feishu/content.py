@@ -7,8 +7,14 @@ list of elements per paragraph, where a mention is an `at` element whose `user_i
 same placeholder key (`@_user_1`) the plain form writes into its text. Both become one text
 here, so a `/taskcard` command or a `/tell` written in the rich editor is read like a typed
 one, and a rich reply reaches the agent as text. Pictures, files and emoji carry no text and
-are left out. A received post sometimes nests its body under a locale (`{"zh_cn": {...}}`);
-the first locale with a body is read.
+are left out. A received post sometimes nests its body under a locale (`{"zh_cn": {...}}`,
+`{"en_us": {...}}`, once more under `"post"` in older shapes); the first locale with a body
+is read.
+
+A post's title is a heading the client shows above the body, never part of what the person
+typed in it: it is kept apart (`MessageText.title`), so the command is read from the body as
+a person sees it ("Deploy" over "@bot /taskcard off" is the command `off`), and text for an
+agent gets the title as its first line, so nothing written is lost.
 
 Total: any other shape gives None (the message is not a command), never an exception.
 """
@@ -16,13 +22,29 @@ Total: any other shape gives None (the message is not a command), never an excep
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 # Elements whose `text` is what the person wrote.
 _TEXT_TAGS = frozenset({"text", "a", "code_block", "md"})
 
 
-def message_text(message_type: object, content: object) -> str | None:
+@dataclass(frozen=True)
+class MessageText:
+    """The text of a received message: its body, and a rich post's title ("" when none)."""
+
+    body: str
+    title: str = ""
+
+    def with_title(self, text: str) -> str:
+        """`text` (taken from the body) with the title as its first line, when there is one:
+        the text an agent reads of a message whose command was in the body."""
+        if not self.title.strip():
+            return text
+        return f"{self.title}\n{text}" if text else self.title
+
+
+def message_text(message_type: object, content: object) -> MessageText | None:
     """The text of a `text` or `post` message from its `content` JSON string, else None."""
     if not isinstance(content, str):
         return None
@@ -34,27 +56,19 @@ def message_text(message_type: object, content: object) -> str | None:
         return None
     if message_type == "text":
         text = document.get("text")
-        return text if isinstance(text, str) else None
+        return MessageText(text) if isinstance(text, str) else None
     if message_type == "post":
         return _post_text(document)
     return None
 
 
-def _post_text(document: dict[str, Any]) -> str | None:
+def _post_text(document: dict[str, Any]) -> MessageText | None:
     body = _post_body(document)
     if body is None:
         return None
-    paragraphs: list[str] = []
     title = body.get("title")
-    if isinstance(title, str) and title.strip():
-        paragraphs.append(title)
-    content = body.get("content")
-    if not isinstance(content, list):
-        return None
-    for paragraph in content:
-        if isinstance(paragraph, list):
-            paragraphs.append(_paragraph_text(paragraph))
-    return "\n".join(paragraphs)
+    paragraphs = [_paragraph_text(p) for p in body["content"] if isinstance(p, list)]
+    return MessageText("\n".join(paragraphs), title if isinstance(title, str) else "")
 
 
 def _paragraph_text(elements: list[Any]) -> str:
@@ -79,13 +93,22 @@ def _paragraph_text(elements: list[Any]) -> str:
     return text
 
 
-def _post_body(document: dict[str, Any]) -> dict[str, Any] | None:
+def _post_body(document: dict[str, Any], depth: int = 0) -> dict[str, Any] | None:
+    """The `{"title", "content"}` object of a post: the document itself, or the first locale
+    under it with paragraphs (one with an empty body only when no locale has more)."""
     if "content" in document:
-        return document
+        return document if isinstance(document.get("content"), list) else None
+    if depth >= 2:  # {"post": {"zh_cn": {...}}} at most
+        return None
+    found: list[dict[str, Any]] = []
     for value in document.values():  # {"zh_cn": {"title": ..., "content": [...]}}
-        if isinstance(value, dict) and isinstance(value.get("content"), list):
-            return value
-    return None
+        if isinstance(value, dict):
+            body = _post_body(value, depth + 1)
+            if body is not None and body["content"]:
+                return body
+            if body is not None:
+                found.append(body)
+    return found[0] if found else None
 
 
 def _element_text(element: object) -> str:

@@ -53,7 +53,7 @@ from taskcard.channels.base import (
     other_bots_command,
     shown,
 )
-from taskcard.channels.feishu.content import message_text
+from taskcard.channels.feishu.content import MessageText, message_text
 
 MESSAGE_EVENT = "im.message.receive_v1"
 COMMAND = "/taskcard"
@@ -264,6 +264,18 @@ def _for_another_bot(text: str, bot_name: str | None) -> bool:
     return other_bots_command(head, lambda name: _after_bot_name(name, rest, bot_name) is not None)
 
 
+def _with_title(written: MessageText, name: CommandName, args: str) -> str:
+    """The arguments of a `/tell` or a reply with a post's title put back as the first line
+    of the text for the agent (the title is part of what the person wrote, only not of the
+    command): after the agent's name in a `/tell`, which the service reads first."""
+    if name != "tell":
+        return written.with_title(args)
+    agent, *text = args.split(maxsplit=1) or [""]
+    if not agent or not written.title.strip():
+        return args  # no agent named (the service answers how to write it), or no title
+    return f"{agent} {written.with_title(text[0] if text else '')}".rstrip()
+
+
 def named_mentions(text: str, mentions: object) -> str:
     """`text` with each user mention's placeholder (`@_user_2`) written as `@` and the name
     Feishu gives for it, as the person saw it typed; a mention without a name stays as is.
@@ -335,10 +347,12 @@ def command_from_event(
         # Another app's bot is no one's command, as on Telegram, where bots never see each
         # other's messages: its "/tell" must not reach an agent.
         return None
-    # Plain and rich (`post`) messages alike: a command typed in the rich editor counts.
-    text = message_text(message.get("message_type"), message.get("content"))
-    if text is None:
+    # Plain and rich (`post`) messages alike: a command typed in the rich editor counts. It
+    # is read from the body, as a person sees it: a post's title is a heading above it.
+    written = message_text(message.get("message_type"), message.get("content"))
+    if written is None:
         return None
+    text = written.body
     mention_key = bot_mention_key(message.get("mentions"), bot_open_id)
     name: CommandName = "taskcard"
     reply_to = tuple(
@@ -367,7 +381,7 @@ def command_from_event(
         if _for_another_bot(args, bot_name):
             return None
     if name != "taskcard":
-        args = named_mentions(args, message.get("mentions"))
+        args = named_mentions(_with_title(written, name, args), message.get("mentions"))
     sender_ids = sender.get("sender_id") if isinstance(sender, dict) else None
     open_id = sender_ids.get("open_id") if isinstance(sender_ids, dict) else None
     message_id = message.get("message_id")

@@ -18,7 +18,7 @@ import pytest
 from taskcard.channels.base import IncomingCommand
 from taskcard.channels.feishu.channel import FeishuChannel
 from taskcard.channels.feishu.config import FeishuConfig, FeishuWebhook
-from taskcard.channels.feishu.content import message_text
+from taskcard.channels.feishu.content import MessageText, message_text
 from taskcard.channels.feishu.events import SeenEvents, command_from_event
 from tests.channels.conftest import CommandInbox, MemoryCursorStore, wait_until
 from tests.fakes.feishu_api import FakeFeishu, encrypt_event
@@ -403,11 +403,15 @@ AT_BOT = {"tag": "at", "user_id": "@_user_1", "user_name": "taskcard"}
 @pytest.mark.parametrize(
     ("message_type", "content", "expected"),
     [
-        ("text", json.dumps({"text": "@_user_1 /taskcard off"}), "@_user_1 /taskcard off"),
+        (
+            "text",
+            json.dumps({"text": "@_user_1 /taskcard off"}),
+            MessageText("@_user_1 /taskcard off"),
+        ),
         (
             "post",
             _post([AT_BOT, {"tag": "text", "text": "/taskcard off"}]),
-            "@_user_1 /taskcard off",
+            MessageText("@_user_1 /taskcard off"),
         ),
         (
             "post",
@@ -415,12 +419,41 @@ AT_BOT = {"tag": "at", "user_id": "@_user_1", "user_name": "taskcard"}
                 [{"tag": "text", "text": "/tell builder "}, {"tag": "a", "text": "the log"}],
                 [{"tag": "img", "image_key": "img_1"}, {"tag": "text", "text": "line two"}],
             ),
-            "/tell builder the log\nline two",
+            MessageText("/tell builder the log\nline two"),
         ),
-        ("post", _post([{"tag": "text", "text": "body"}], title="Note"), "Note\nbody"),
-        ("post", json.dumps({"zh_cn": {"title": "", "content": [[AT_BOT]]}}), "@_user_1"),
+        # The title is a heading, kept apart from the body the command is read from.
+        ("post", _post([{"tag": "text", "text": "b"}], title="Note"), MessageText("b", "Note")),
+        (
+            "post",
+            json.dumps({"zh_cn": {"title": "", "content": [[AT_BOT]]}}),
+            MessageText("@_user_1"),
+        ),
+        (
+            "post",
+            json.dumps({"en_us": {"title": "Note", "content": [[{"tag": "text", "text": "b"}]]}}),
+            MessageText("b", "Note"),
+        ),
+        # The first locale with a body, whatever comes first; the older "post" wrapper too.
+        (
+            "post",
+            json.dumps(
+                {
+                    "zh_cn": {"title": "空", "content": []},
+                    "en_us": {"title": "T", "content": [[{"tag": "text", "text": "b"}]]},
+                }
+            ),
+            MessageText("b", "T"),
+        ),
+        (
+            "post",
+            json.dumps({"post": {"ja_jp": {"title": "T", "content": [[AT_BOT]]}}}),
+            MessageText("@_user_1", "T"),
+        ),
+        ("post", json.dumps({"zh_cn": {"title": "T", "content": []}}), MessageText("", "T")),
+        ("post", json.dumps({"a": {"b": {"c": {"content": [[AT_BOT]]}}}}), None),
         ("post", json.dumps({"title": "x"}), None),
-        ("post", json.dumps({"content": [[7, None, {"tag": "text", "text": 3}]]}), ""),
+        ("post", json.dumps({"title": "x", "content": "words"}), None),
+        ("post", json.dumps({"content": [[7, None, {"tag": "text", "text": 3}]]}), MessageText("")),
         ("image", json.dumps({"image_key": "img_1"}), None),
         ("text", "not json", None),
         ("text", json.dumps(["a"]), None),
@@ -429,7 +462,7 @@ AT_BOT = {"tag": "at", "user_id": "@_user_1", "user_name": "taskcard"}
     ],
 )
 def test_message_text_of_plain_and_rich_messages(
-    message_type: object, content: object, expected: str | None
+    message_type: object, content: object, expected: MessageText | None
 ) -> None:
     assert message_text(message_type, content) == expected
 

@@ -450,6 +450,8 @@ class FakeFeishu:
         root_id: str = "",
         message_type: str = "text",
         thread_id: str | None = None,
+        title: str = "",
+        locale: str | None = None,
     ) -> dict[str, Any]:
         """An `im.message.receive_v1` document for a text message `text` in `chat_id`.
 
@@ -459,7 +461,9 @@ class FakeFeishu:
         Mentions come first in the text as Feishu writes them (`@_user_1 ...`): the users
         with the open_ids in `mention_users`, then the bot when `mention_bot`. With
         `message_type="post"` the same words arrive as a rich message from the editor: a
-        paragraph per line, the mentions as `at` elements naming their keys.
+        paragraph per line, the mentions as `at` elements naming their keys, `title` as the
+        post's title, and the whole under a locale key (`zh_cn`, `en_us`) when `locale` is
+        given, the shape some events carry.
         """
         created_ms = str(int(self.now_s() * 1000))
         mentioned = [(user, user) for user in mention_users]
@@ -488,7 +492,8 @@ class FakeFeishu:
                 {"tag": "at", "user_id": m["key"], "user_name": m["name"], "style": []}
                 for m in mentions
             ]
-            content = json.dumps({"title": "", "content": paragraphs}, ensure_ascii=False)
+            post: dict[str, Any] = {"title": title, "content": paragraphs}
+            content = json.dumps(post if locale is None else {locale: post}, ensure_ascii=False)
         else:
             text = " ".join([*(m["key"] for m in mentions), text])
             content = json.dumps({"text": text}, ensure_ascii=False)
