@@ -27,6 +27,9 @@ from typing import Any
 
 # Elements whose `text` is what the person wrote.
 _TEXT_TAGS = frozenset({"text", "a", "code_block", "md"})
+# The placeholder a mention of everyone in the chat is written as, in a text and in an `at`
+# element (which may also name it "all", as a post that is sent does).
+ALL_MENTION_KEY = "@_all"
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,7 @@ def _paragraph_text(elements: list[Any]) -> str:
             key = element.get("user_id")
             if text and not text[-1].isspace():
                 text += " "
-            text += key if isinstance(key, str) else ""
+            text += ALL_MENTION_KEY if key == "all" else key if isinstance(key, str) else ""
             apart = True
             continue
         piece = _element_text(element)

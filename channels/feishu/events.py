@@ -53,7 +53,7 @@ from taskcard.channels.base import (
     other_bots_command,
     shown,
 )
-from taskcard.channels.feishu.content import MessageText, message_text
+from taskcard.channels.feishu.content import ALL_MENTION_KEY, MessageText, message_text
 
 MESSAGE_EVENT = "im.message.receive_v1"
 COMMAND = "/taskcard"
@@ -61,6 +61,9 @@ TELL = "/tell"
 PRIVATE_CHAT = "p2p"
 APP_SENDER = "app"  # `sender.sender_type` of a message an app (a bot) sent
 USER_MENTION_PREFIX = "@_user_"
+# How a mention of everyone in the chat reads when Feishu gives it no name (the Chinese
+# client shows "@所有人", which is its name when it is listed).
+ALL_MENTION_SHOWN = "@all"
 
 log = logging.getLogger(__name__)
 
@@ -277,25 +280,26 @@ def _with_title(written: MessageText, name: CommandName, args: str) -> str:
 
 
 def named_mentions(text: str, mentions: object) -> str:
-    """`text` with each user mention's placeholder (`@_user_2`) written as `@` and the name
-    Feishu gives for it, as the person saw it typed; a mention without a name stays as is.
+    """`text` with each mention's placeholder written as `@` and the name Feishu gives for
+    it, as the person saw it typed: `@_user_2` as `@Alice`, and the mention of everyone,
+    `@_all`, as its name when listed (`@所有人`) and `@all` when not (Feishu does not always
+    list it); a user mention without a name stays as is.
 
     For the text an agent reads (`/tell`, a reply): a Telegram text keeps `@alice` as typed,
     and a placeholder means nothing to the agent.
     """
-    if not isinstance(mentions, list) or USER_MENTION_PREFIX not in text:
+    if USER_MENTION_PREFIX not in text and ALL_MENTION_KEY not in text:
         return text
-    names: dict[str, str] = {}
-    for mention in mentions:
+    names: dict[str, str] = {ALL_MENTION_KEY: ALL_MENTION_SHOWN}
+    for mention in mentions if isinstance(mentions, list) else ():
         if not isinstance(mention, dict):
             continue
         key, name = mention.get("key"), mention.get("name")
-        if isinstance(key, str) and key.startswith(USER_MENTION_PREFIX) and isinstance(name, str):
+        named = isinstance(key, str) and key.startswith(USER_MENTION_PREFIX)
+        if (named or key == ALL_MENTION_KEY) and isinstance(name, str):
             shown = " ".join(name.split())[:64]
             if shown:
-                names[key] = "@" + shown
-    if not names:
-        return text
+                names[str(key)] = "@" + shown.removeprefix("@")
     pattern = "|".join(re.escape(key) for key in sorted(names, key=len, reverse=True))
     # `(?!\d)`: `@_user_1` must not match the start of `@_user_12`.
     return re.sub(f"(?:{pattern})(?!\\d)", lambda found: names[found.group(0)], text)

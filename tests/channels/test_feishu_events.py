@@ -19,7 +19,7 @@ from taskcard.channels.base import IncomingCommand
 from taskcard.channels.feishu.channel import FeishuChannel
 from taskcard.channels.feishu.config import FeishuConfig, FeishuWebhook
 from taskcard.channels.feishu.content import MessageText, message_text
-from taskcard.channels.feishu.events import SeenEvents, command_from_event
+from taskcard.channels.feishu.events import SeenEvents, command_from_event, named_mentions
 from tests.channels.conftest import CommandInbox, MemoryCursorStore, wait_until
 from tests.fakes.feishu_api import FakeFeishu, encrypt_event
 
@@ -450,6 +450,17 @@ AT_BOT = {"tag": "at", "user_id": "@_user_1", "user_name": "taskcard"}
             MessageText("@_user_1", "T"),
         ),
         ("post", json.dumps({"zh_cn": {"title": "T", "content": []}}), MessageText("", "T")),
+        # A mention of everyone as the received form writes it, and as a sent post names it.
+        (
+            "post",
+            _post([{"tag": "at", "user_id": "@_all"}, {"tag": "text", "text": "look"}]),
+            MessageText("@_all look"),
+        ),
+        (
+            "post",
+            _post([{"tag": "text", "text": "look"}, {"tag": "at", "user_id": "all"}]),
+            MessageText("look @_all"),
+        ),
         ("post", json.dumps({"a": {"b": {"c": {"content": [[AT_BOT]]}}}}), None),
         ("post", json.dumps({"title": "x"}), None),
         ("post", json.dumps({"title": "x", "content": "words"}), None),
@@ -487,3 +498,26 @@ def test_commands_written_in_the_rich_editor_count_as_typed_ones(
         bot,
     )
     assert reply is not None and (reply.command, reply.args) == ("reply", "see\nthis")
+
+
+ALICE = {"key": "@_user_1", "id": {"open_id": "ou_alice"}, "name": "Alice Wong"}
+EVERYONE = {"key": "@_all", "id": {"open_id": ""}, "name": "所有人"}
+
+
+@pytest.mark.parametrize(
+    ("text", "mentions", "expected"),
+    [
+        ("ask @_user_1 why", [ALICE], "ask @Alice Wong why"),
+        # A mention of everyone reached the agent as the placeholder `@_all`; it reads as the
+        # chat showed it: its name when listed, else "@all".
+        ("@_all please look", [EVERYONE], "@所有人 please look"),
+        ("@_all please look", [], "@all please look"),
+        ("@_all please look", None, "@all please look"),
+        ("@_user_1 and @_all", [ALICE], "@Alice Wong and @all"),
+        ("@_all请看", [{**EVERYONE, "name": "@All"}], "@All请看"),
+        ("@_user_12 stays", [ALICE], "@_user_12 stays"),
+        ("no placeholder", [EVERYONE], "no placeholder"),
+    ],
+)
+def test_mentions_read_as_the_chat_showed_them(text: str, mentions: object, expected: str) -> None:
+    assert named_mentions(text, mentions) == expected

@@ -52,6 +52,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import secrets
 import time
 from collections import deque
@@ -133,6 +134,48 @@ class FakeMessage:
         """Every human-visible string of the latest version, one per line."""
         return "\n".join(_strings(json.loads(self.content)))
 
+    @property
+    def mentions_everyone(self) -> bool:
+        """Whether any version pinged everyone in the chat, read as Feishu reads a message it
+        is sent: an `<at>` tag naming `all` in a text message, in a post's text or as its
+        `at` element, or in a card's Markdown (`markdown`, `lark_md`); a card's plain text
+        shows a tag as typed, and so does an escaped one (`&lt;at id=all&gt;`)."""
+        return any(_pings_everyone(self.msg_type, json.loads(c)) for c in self.contents)
+
+
+# An `<at>` tag naming everyone: `<at user_id="all">` (text, post), `<at id=all>` (cards).
+_AT_EVERYONE = re.compile(
+    r"<\s*at\b[^>]*?\b(?:user_id|id|ids|open_id)\s*=\s*[\"']?(?:[^\"'\s>]*,)?\s*all\b",
+    re.IGNORECASE,
+)
+
+
+def _pings_everyone(msg_type: str, document: Any) -> bool:
+    if msg_type == "text":
+        text = document.get("text") if isinstance(document, dict) else None
+        return isinstance(text, str) and bool(_AT_EVERYONE.search(text))
+    return any(_AT_EVERYONE.search(text) for text in _interpreted(document))
+
+
+def _interpreted(node: Any) -> list[str]:
+    """The strings of a card or post that Feishu interprets as markup, and `<at>` tags built
+    from a post's `at` elements."""
+    if isinstance(node, list):
+        return [text for item in node for text in _interpreted(item)]
+    if not isinstance(node, dict):
+        return []
+    tag = node.get("tag")
+    if tag == "at" and node.get("user_id") in ("all", "@_all"):
+        return ['<at user_id="all">']
+    found: list[str] = []
+    if tag in ("markdown", "lark_md", "md", "text") and isinstance(node.get("content"), str):
+        found.append(node["content"])
+    if tag in ("md", "text") and isinstance(node.get("text"), str):
+        found.append(node["text"])
+    for value in node.values():
+        found.extend(_interpreted(value))
+    return found
+
 
 def _strings(node: Any) -> list[str]:
     if isinstance(node, dict):
@@ -211,6 +254,18 @@ class _Windows:
 
     def record(self, key: str, now_s: float) -> None:
         self._hits.setdefault(key, deque()).append(now_s)
+
+
+def _post_paragraph(line: str) -> list[dict[str, Any]]:
+    """A line as the rich editor sends it: text elements, a mention of everyone as its own
+    `at` element."""
+    elements: list[dict[str, Any]] = []
+    for index, piece in enumerate(line.split("@_all")):
+        if index:
+            elements.append({"tag": "at", "user_id": "@_all", "user_name": "所有人", "style": []})
+        if piece or not elements:
+            elements.append({"tag": "text", "text": piece, "style": []})
+    return elements
 
 
 def encrypt_event(document: dict[str, Any], encrypt_key: str) -> str:
@@ -452,6 +507,7 @@ class FakeFeishu:
         thread_id: str | None = None,
         title: str = "",
         locale: str | None = None,
+        everyone_listed: bool = True,
     ) -> dict[str, Any]:
         """An `im.message.receive_v1` document for a text message `text` in `chat_id`.
 
@@ -464,6 +520,10 @@ class FakeFeishu:
         paragraph per line, the mentions as `at` elements naming their keys, `title` as the
         post's title, and the whole under a locale key (`zh_cn`, `en_us`) when `locale` is
         given, the shape some events carry.
+
+        A mention of everyone is written in `text` as Feishu writes it, `@_all` (in a post: an
+        `at` element); with `everyone_listed` it is also listed in `mentions`, named "所有人"
+        (Feishu does not always list it).
         """
         created_ms = str(int(self.now_s() * 1000))
         mentioned = [(user, user) for user in mention_users]
@@ -485,9 +545,7 @@ class FakeFeishu:
             )
         if message_type == "post":
             lines = text.split("\n")
-            paragraphs: list[list[dict[str, Any]]] = [
-                [{"tag": "text", "text": line, "style": []}] for line in lines
-            ]
+            paragraphs: list[list[dict[str, Any]]] = [_post_paragraph(line) for line in lines]
             paragraphs[0][:0] = [
                 {"tag": "at", "user_id": m["key"], "user_name": m["name"], "style": []}
                 for m in mentions
@@ -497,6 +555,15 @@ class FakeFeishu:
         else:
             text = " ".join([*(m["key"] for m in mentions), text])
             content = json.dumps({"text": text}, ensure_ascii=False)
+        if everyone_listed and "@_all" in text:
+            mentions.append(
+                {
+                    "key": "@_all",
+                    "id": {"open_id": "", "union_id": "", "user_id": ""},
+                    "name": "所有人",
+                    "tenant_key": "fake_tenant",
+                }
+            )
         message_id = message_id or f"om_user_{next(self._ids):06d}"
         self.user_messages[message_id] = FakeMessage(
             message_id,
