@@ -109,12 +109,21 @@ HELP_TEXT = (
     "/taskcard cancel: withdraw your latest queued text · "
     "/taskcard board: one board for all agents · /taskcard cards: one card per agent"
 )
-# The answer to a command sent on behalf of another chat where only listed people command.
+# The answers to a command its sender may not give where only listed people command (see
+# `refusal`): sent on behalf of another chat, or by a person not on the list.
 SENT_AS_CHAT = (
     "Only the people listed for this chat can use task cards here, and this message was sent"
     " on behalf of a channel or another chat, which names no person. Send it again as"
     ' yourself (choose your own name under "Send as").'
 )
+NOT_LISTED = (
+    "Only the people listed for this chat can use task cards here. To be added, give whoever"
+    " runs the task card service your user id: {user_id}"
+)
+# A sender refused in a chat is not answered again there for this long; at most this many
+# senders are remembered (the oldest forgotten first).
+REFUSAL_QUIET_S = 600.0
+REFUSED_KEPT = 10_000
 # The last word of a card retired beside a board, and of a board retired for cards.
 # How long a cluster keeps which message a `/taskcard cancel` withdraws: an instance reads
 # the command stream seconds behind the others at most (a day covers a Redis outage).
@@ -140,6 +149,20 @@ def may_command(route: Route, command: IncomingCommand) -> bool:
     if route.allowed_user_ids is None or command.sent_as == "admin":
         return True
     return command.sent_as is None and command.user_id in route.allowed_user_ids
+
+
+def refusal(command: IncomingCommand) -> str | None:
+    """The answer to `command` from a sender `may_command` refused, None for none.
+
+    A message sent on behalf of another chat is told to come from a person. A person not on
+    the list is told so, with the id the operator would add, for a `/taskcard` or a `/tell`;
+    a reply to a card is left unanswered, as it may be people talking about the card among
+    themselves."""
+    if command.sent_as == "chat":
+        return SENT_AS_CHAT
+    if command.command not in ("taskcard", "tell") or not command.user_id:
+        return None
+    return NOT_LISTED.format(user_id=command.user_id)
 
 
 def agent_health_key(agent_id: str) -> str:
@@ -208,6 +231,8 @@ class Service:
         self._discovery = Discovery()
         self._origin_refused: set[tuple[str, str]] = set()
         self._origin_allowed: Mapping[str, frozenset[str]] | None = None
+        # When each sender was last told they may not command a chat (see `_refuse`).
+        self._refused: dict[tuple[str, str, str | None, str], float] = {}
         self._closing: dict[RouteKey, float] = {}  # route -> when it began closing (monotonic)
         self._scheduled: set[RouteKey] = set()
         self._watcher: FleetWatcher | None = None
@@ -1241,11 +1266,8 @@ class Service:
             return  # a command replying to someone else's message, without the bot's mention
         allowed = [r for r in routes if may_command(r, command)]
         if not allowed:
-            log.info("ignoring /taskcard from a user not allowed in %s", routes[0].key.chat_scope)
-            if command.sent_as == "chat" and command.reply:
-                # Not silence: the person behind it can send it again as themselves.
-                outgoing = self._render_text(self._channels[channel_name], SENT_AS_CHAT, own=True)
-                self._scheduler.send_reply(channel_name, command.chat, outgoing, command.answer_to)
+            log.info("refusing /taskcard from a user not allowed in %s", routes[0].key.chat_scope)
+            self._refuse(channel_name, command)
             return
         for route in allowed:
             self._scheduler.enable(route.key)  # the bot can read this chat: it is back
@@ -1308,6 +1330,30 @@ class Service:
         # Every answer but the state's (which quotes the agents' reports) is the service's own.
         outgoing = self._render_text(channel, reply, own=parsed.action != "state")
         self._scheduler.send_reply(channel_name, reply_chat, outgoing, command.answer_to)
+
+    def _refuse(self, channel_name: str, command: IncomingCommand) -> None:
+        """Answer a command its sender may not give (`refusal`), at most once per sender and
+        chat in `REFUSAL_QUIET_S`: a member who repeats it must not spend the chat's send
+        budget, which the cards share, on answers."""
+        text = refusal(command)
+        if text is None or not command.reply:
+            return
+        now_s = self._clock().timestamp()
+        sender = command.sent_as or command.user_id or ""
+        key = (channel_name, command.chat.chat_id, command.chat.thread_id, sender)
+        last_s = self._refused.get(key)
+        if last_s is not None and 0 <= now_s - last_s < REFUSAL_QUIET_S:
+            return
+        if len(self._refused) >= REFUSED_KEPT:
+            self._refused = {
+                k: at for k, at in self._refused.items() if 0 <= now_s - at < REFUSAL_QUIET_S
+            }
+            while len(self._refused) >= REFUSED_KEPT:
+                del self._refused[next(iter(self._refused))]
+        self._refused[key] = now_s
+        # Not `own`: the answer may carry the sender's id, a value the platform gave.
+        outgoing = self._render_text(self._channels[channel_name], text)
+        self._scheduler.send_reply(channel_name, command.chat, outgoing, command.answer_to)
 
     def _ours(self, routes: list[Route], command: IncomingCommand) -> bool:
         """Whether `command` replies to one of this service's messages in the chat: a card,

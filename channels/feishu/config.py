@@ -123,7 +123,11 @@ class FeishuRoute(BaseModel):
     timezone: TimeZoneName = Field(default="UTC", description=TIMEZONE_HELP)
     view: RouteView = Field(default="cards", description=ROUTE_VIEW_HELP)
     allowed_user_ids: list[_UserId] | None = Field(
-        default=None, description="Only these open_ids may run /taskcard here; all when absent."
+        default=None,
+        description=(
+            "Only these open_ids may run /taskcard, /tell or reply to a card here; all when"
+            " absent. Anyone else is told so, with their open_id."
+        ),
     )
 
 

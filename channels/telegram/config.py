@@ -65,9 +65,10 @@ class TelegramRoute(BaseModel):
         default=None,
         description=(
             "Only these users may run /taskcard, /tell or reply to a card here; all when"
-            " absent. The chat's administrators posting anonymously (and a channel's own"
-            " posts) are let in too; a message sent on behalf of another chat is refused"
-            " with an answer asking to send it as oneself."
+            " absent. Anyone else is told so, with their id. The chat's administrators"
+            " posting anonymously (and a channel's own posts) are let in too; a message sent"
+            " on behalf of another chat is refused with an answer asking to send it as"
+            " oneself."
         ),
     )
 

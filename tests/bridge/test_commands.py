@@ -35,6 +35,7 @@ from taskcard.channels.base import (
     Outgoing,
     RateScope,
     ReplyTo,
+    SentAs,
 )
 
 
@@ -221,8 +222,8 @@ async def test_off_suppresses_the_notices_still_owed(running: Running) -> None:
 
 @pytest.mark.parametrize(
     ("user", "chat"),
-    [("8", GROUP), (None, GROUP), ("7", STRANGER_CHAT)],
-    ids=["user not allowed", "anonymous", "unrouted chat"],
+    [(None, GROUP), ("7", STRANGER_CHAT)],
+    ids=["no user", "unrouted chat"],
 )
 async def test_commands_from_others_are_ignored(
     running: Running, user: str | None, chat: ChatRef
@@ -232,3 +233,43 @@ async def test_commands_from_others_are_ignored(
     (text,) = await running.replies(1)
     assert "shown" in text  # the ignored `off` changed nothing and got no reply
     assert running.store.prefs(running.key.chat_scope) == ChatPrefs()
+
+
+TOPIC = ChatRef("-100", "5")  # a topic of GROUP: its answers never replace the main flow's
+
+
+async def test_a_person_not_listed_is_told_once_how_to_be_added(running: Running) -> None:
+    # A person not on `allowed_user_ids` was ignored without a word. They are told why and
+    # what to do, once: repeating the command (or a /tell) in the chat within the quiet
+    # spell gets no second answer, so they cannot spend the chat's send budget on answers.
+    await running.command("off", user="8")
+    (refusal,) = await running.replies(1)
+    assert refusal.startswith("Only the people listed for this chat")
+    assert refusal.endswith("your user id: 8")
+    await running.command("off", user="8")
+    await running.service._on_command(
+        "rec", IncomingCommand(GROUP, "a hello", user_id="8", command="tell")
+    )
+    await running.command("", chat=TOPIC)  # a listed person's command, answered after them
+    texts = await running.replies(2)
+    assert len(texts) == 2 and texts[1].startswith("Task cards here: shown"), texts
+    assert running.store.prefs(running.key.chat_scope) == ChatPrefs()
+
+
+@pytest.mark.parametrize(
+    ("sent_as", "answer", "prefs"),
+    [
+        ("admin", "Task cards hidden here.", ChatPrefs(True)),
+        ("chat", "Only the people listed for this chat", ChatPrefs()),
+    ],
+    ids=["anonymous admin of the chat", "on behalf of another chat"],
+)
+async def test_a_message_on_behalf_of_a_chat(
+    running: Running, sent_as: SentAs, answer: str, prefs: ChatPrefs
+) -> None:
+    command = IncomingCommand(GROUP, "off", user_id="1087968824", sent_as=sent_as)
+    await running.service._on_command("rec", command)
+    (text,) = await running.replies(1)
+    assert text.startswith(answer)
+    assert sent_as == "admin" or "Send it again as yourself" in text
+    assert running.store.prefs(running.key.chat_scope) == prefs

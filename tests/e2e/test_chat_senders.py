@@ -1,8 +1,9 @@
 """Who a chat message is from, when `allowed_user_ids` limits who commands a route.
 
-Through `taskcard serve` and the fake Telegram Bot API: a message an administrator posts
-anonymously (Telegram: `sender_chat` is the group itself, `from` the GroupAnonymousBot
-placeholder) and one sent on behalf of a channel (`sender_chat` another chat).
+Through `taskcard serve` and the fake chat APIs: a person not on the list (both platforms),
+a message an administrator posts anonymously (Telegram: `sender_chat` is the group itself,
+`from` the GroupAnonymousBot placeholder) and one sent on behalf of a channel (`sender_chat`
+another chat).
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from pathlib import Path
 from tests.e2e.harness import eventually
 from tests.e2e.test_talk_and_signals import (
     GROUP,
+    FeishuChat,
     TelegramChat,
     chat_for,
+    platform,  # noqa: F401 (the fixture, used by name)
     queued,
     running_agent,
     running_card_shown,
@@ -53,4 +56,30 @@ async def test_an_anonymous_admin_commands_and_a_channel_is_told_to_post_as_a_pe
             chat.fake.inject_on_behalf(GROUP, "/taskcard off")
             await wait_said(chat, "Task cards hidden here", "the answer to the admin's command")
             assert len(queued(tmp_path)) == 1
+            assert await chat.serve.aterminate() == 0
+
+
+async def test_a_person_not_listed_is_told_how_to_be_added(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    # A person not on `allowed_user_ids` who sent a command was ignored without a word. They
+    # are told why, with the id the operator would add; a reply of theirs to a card (maybe
+    # people talking about it among themselves) stays unanswered. Nothing reaches the agent.
+    async with chat_for(platform, tmp_path, ["builder"]) as chat:
+        assert isinstance(chat, TelegramChat | FeishuChat)
+        running_agent(tmp_path)
+        with chat.serve:
+            await running_card_shown(chat)
+            card = chat.message_id_with("compile")
+            await chat.say("/taskcard off", user=99)
+            told = await wait_said(chat, "your user id:", "the answer to the stranger")
+            assert told.startswith("Only the people listed for this chat")
+            assert told.rstrip().endswith("99")  # Telegram's 99, the fake Feishu's ou_other_99
+            await chat.say("/tell builder from a stranger", user=99)
+            await chat.say("and from a stranger", user=99, reply_to=card)
+            await chat.say("/taskcard")
+            await wait_said(chat, "Task cards here: shown", "the listed person's answer")
+            assert queued(tmp_path) == []
+            assert len([t for t in chat.bot_texts() if "your user id" in t]) == 1
             assert await chat.serve.aterminate() == 0
