@@ -301,8 +301,10 @@ def named_mentions(text: str, mentions: object) -> str:
             if shown:
                 names[str(key)] = "@" + shown.removeprefix("@")
     pattern = "|".join(re.escape(key) for key in sorted(names, key=len, reverse=True))
-    # `(?!\d)`: `@_user_1` must not match the start of `@_user_12`.
-    return re.sub(f"(?:{pattern})(?!\\d)", lambda found: names[found.group(0)], text)
+    # A placeholder is a whole ASCII token: `@_user_1` must not match the start of
+    # `@_user_12`, nor `@_all` the start of a typed `@_allison`; text in other scripts may
+    # follow it directly (`@_all请看`).
+    return re.sub(f"(?:{pattern})(?![0-9A-Za-z_])", lambda found: names[found.group(0)], text)
 
 
 def bot_mention_key(mentions: object, bot_open_id: str | None) -> str | None:

@@ -516,6 +516,7 @@ EVERYONE = {"key": "@_all", "id": {"open_id": ""}, "name": "所有人"}
         ("@_user_1 and @_all", [ALICE], "@Alice Wong and @all"),
         ("@_all请看", [{**EVERYONE, "name": "@All"}], "@All请看"),
         ("@_user_12 stays", [ALICE], "@_user_12 stays"),
+        ("typed @_allison and @_all_x stay", [EVERYONE], "typed @_allison and @_all_x stay"),
         ("no placeholder", [EVERYONE], "no placeholder"),
     ],
 )
