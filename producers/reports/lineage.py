@@ -6,6 +6,10 @@ one field nothing can derive, so it is required and must say something. The dept
 parent's depth plus one when the parent's workdir is known (a parent without lineage is a
 root, depth 0), else 1; a spawn deeper than the cap (default 3) is refused, and so is a
 parent whose own lineage file is broken, since that would let a chain escape the cap.
+When the parent's workdir is known, a child's workdir that is the parent's or a folder above
+it (compared resolved, through `..` and symbolic links) is refused: the two agents would
+share files and the lineage would loop. A child inside the parent's workdir or beside it is
+fine.
 """
 
 from __future__ import annotations
@@ -133,9 +137,20 @@ def spawn(
                 f"parent_workdir: {quoted(str(parent_workdir))} is not a directory; give the"
                 " parent's working directory, or leave it out"
             )
-        if parent_workdir.resolve() == child.resolve():
+        parent_at, child_at = parent_workdir.resolve(), child.resolve()
+        if parent_at == child_at:
             raise LineageError(
                 "parent_workdir: is the child's own workdir; an agent is not its own parent"
+            )
+        if parent_at.is_relative_to(child_at):
+            # Compared resolved, so `..` and symbolic links cannot hide it: the child's
+            # folder would hold the parent's files, and the parent would sit in its
+            # child's tree.
+            raise LineageError(
+                f"workdir: {quoted(str(child))} holds the parent's workdir"
+                f" ({quoted(str(parent_at))}); a child's workdir is never its parent's"
+                " folder or one above it: give the child a folder of its own (inside the"
+                " parent's workdir or beside it)"
             )
         record = read_lineage(Path(parent_workdir))
         depth = 1 if record is None else int(record["depth"]) + 1

@@ -73,7 +73,8 @@ def spawn_schema() -> dict[str, Any]:
             "child_workdir": {
                 **_STR,
                 "minLength": 1,
-                "description": "absolute, or relative to your workdir",
+                "description": "absolute, or relative to your workdir; never your workdir"
+                " or a folder above it",
             },
             "reason": {
                 **_STR,

@@ -386,3 +386,59 @@ def test_a_recorded_report_is_not_reported_failed_when_only_its_counter_fails(
 def test_an_unknown_channel_is_the_report_error_naming_it(workdir: Path) -> None:
     with pytest.raises(ReportError, match=r"^channel: 'fax' is not one of cli, mcp"):
         Reports(workdir, channel="fax")
+
+
+async def test_spawn_refuses_a_child_folder_that_holds_the_parent_in_every_entry_point(
+    tmp_path: Path,
+) -> None:
+    """A child's workdir above the parent's (named directly, through `..`, or through a
+    symbolic link) was recorded: `lineage.json` landed in a folder that holds the parent's
+    files and the lineage looped. Refused by the tool, the command and the Python API, naming
+    the child's field; a child inside the parent's workdir or beside it is still recorded."""
+    top = tmp_path / "team"
+    parent = top / "planner"
+    (parent / "inner").mkdir(parents=True)
+    (top / "sibling").mkdir()
+    (parent / "up").symlink_to(top)
+    (tmp_path / "me").symlink_to(parent)
+    above = ["..", "../..", "up", str(top), "inner/../.."]
+    server = StdioServerParameters(
+        command=TASKCARD,
+        args=["mcp", "--workdir", str(parent), "--runtime-dir", str(tmp_path / "rt")],
+    )
+    async with (
+        stdio_client(server) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        for child in above:
+            result = await session.call_tool("spawn", {"child_workdir": child, "reason": "lint"})
+            content = result.structured_content
+            assert result.is_error and isinstance(content, dict), child
+            assert content["message"].startswith("child_workdir: "), content
+            assert "holds the parent's workdir" in content["message"], content
+            assert "a folder of its own" in content["message"], content
+        for child in ("inner", "../sibling"):
+            result = await session.call_tool("spawn", {"child_workdir": child, "reason": "lint"})
+            assert not result.is_error, result.structured_content
+    for child_path in (str(top), str(tmp_path), str(parent / "up")):
+        done = taskcard(
+            "spawn", "--workdir", child_path, "--parent", "planner", "--reason", "lint",
+            "--parent-workdir", str(parent),
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith(b"taskcard spawn: workdir: "), done.stderr
+        assert b"holds the parent's workdir" in done.stderr
+    # The parent named through a link, the child by its real path: the same folder.
+    done = taskcard(
+        "spawn", "--workdir", str(parent), "--parent", "x", "--reason", "lint",
+        "--parent-workdir", str(tmp_path / "me"),
+    )  # fmt: skip
+    assert done.returncode == 2 and b"an agent is not its own parent" in done.stderr
+    for child_path in (top, parent / "inner" / ".." / "..", parent / "up"):
+        with pytest.raises(LineageError, match=r"^workdir: .* holds the parent's workdir"):
+            spawn(child_path, parent="planner", reason="lint", parent_workdir=tmp_path / "me")
+    assert not (top / "lineage.json").exists() and not (tmp_path / "lineage.json").exists()
+    assert read_lineage(parent) is None
+    assert read_lineage(parent / "inner") is not None
+    assert read_lineage(top / "sibling") is not None
