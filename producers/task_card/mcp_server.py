@@ -14,6 +14,9 @@ Every result also carries what the agent should hear about its card, in
 `_meta.agent_meta.taskcard`: the card as published, sent only when it changed since this
 server last sent it, plus the task card wakes (error, recovered, limit, reminder) this server
 has not delivered yet (`wakes.py`, consumer `mcp`).
+
+A tools/call whose JSON names one key twice is refused, naming the key, before any tool
+runs: the SDK would keep only the last value (`mcp_wire.py` reads each line first).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from taskcard.producers.reports import mcp_tool as reports_tool
 from taskcard.producers.task_card.client import HostUnavailable, call_via_host
 from taskcard.producers.task_card.contract import CardPaths, quoted
 from taskcard.producers.task_card.envelope import ACTIONS, envelope_json_schema
+from taskcard.producers.task_card.mcp_wire import CheckedLines, RepeatedKeys, claimed_stdin
 from taskcard.producers.task_card.meta import MetaProjector
 from taskcard.producers.task_card.runtime import HostPaths, RuntimeDirUnsafe
 from taskcard.producers.task_card.wakes import WakeReader
@@ -273,8 +277,12 @@ class AgentMeta:
         return {"agent_meta": {"taskcard": payload}}
 
 
-def build_server(paths: HostPaths, tools: tuple[McpTool, ...] = TOOLS) -> Server[Any]:
-    """The low-level server with every registry tool bound to one workdir."""
+def build_server(
+    paths: HostPaths, tools: tuple[McpTool, ...] = TOOLS, repeated: RepeatedKeys | None = None
+) -> Server[Any]:
+    """The low-level server with every registry tool bound to one workdir; `repeated`: the
+    check that read its stdin lines, whose refusals its tool calls answer."""
+    repeated = repeated if repeated is not None else RepeatedKeys()
     by_name = {tool.name: tool for tool in tools}
     listing = [tool.listing() for tool in tools]
     agent_meta = AgentMeta(paths)
@@ -305,7 +313,8 @@ def build_server(paths: HostPaths, tools: tuple[McpTool, ...] = TOOLS) -> Server
             failed = True
         else:
             arguments = dict(params.arguments or {})
-            stray = unknown_field(tool, arguments)
+            refused = repeated.refusal(arguments)
+            stray = refused if refused is not None else unknown_field(tool, arguments)
             if stray is not None:
                 result, failed = {"status": "failed", "message": stray}, True
             else:
@@ -364,10 +373,15 @@ async def name_invalid_params(ctx: ServerRequestContext[Any], call_next: Any) ->
 
 
 async def serve_stdio(paths: HostPaths) -> None:
-    server = build_server(paths)
-    async with stdio_server() as (read_stream, write_stream):
-        answering = AnswerMalformed(read_stream, write_stream)
-        await server.run(answering, write_stream, server.create_initialization_options())
+    repeated = RepeatedKeys()
+    server = build_server(paths, repeated=repeated)
+    with claimed_stdin() as wire:
+        # Our own reader of stdin, so each line is checked while its text still shows a
+        # repeated key (`mcp_wire`); the SDK still owns stdout.
+        lines = anyio.wrap_file(CheckedLines(wire, repeated.line))
+        async with stdio_server(stdin=lines) as (read_stream, write_stream):
+            answering = AnswerMalformed(read_stream, write_stream)
+            await server.run(answering, write_stream, server.create_initialization_options())
 
 
 # Python's `int` refuses to read a decimal number longer than this (`sys.int_info`).
