@@ -224,8 +224,13 @@ class TaskCard:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def call(self, envelope: Mapping[str, Any] | str | bytes) -> Result:
-        """Validate and run one envelope; always returns a result dict, never raises for input."""
+    def call(
+        self, envelope: Mapping[str, Any] | str | bytes, *, cancel: threading.Event | None = None
+    ) -> Result:
+        """Validate and run one envelope; always returns a result dict, never raises for input.
+
+        `cancel`, set when the caller gave up on the call (an MCP client cancelled it): a
+        `start` still in its first render stops there and creates no watch (see `start`)."""
         try:
             parsed = parse_envelope(envelope)
         except EnvelopeError as exc:
@@ -243,7 +248,7 @@ class TaskCard:
             }
         if parsed.action == "start":
             assert isinstance(parsed.input, StartInput)
-            result = self.start(parsed.input)
+            result = self.start(parsed.input, cancel=cancel)
         elif parsed.action in ("inspect", "retry", "stop"):
             assert isinstance(parsed.input, WatchInput)
             handler = {"inspect": self.inspect, "retry": self.retry, "stop": self.stop}
@@ -306,7 +311,11 @@ class TaskCard:
 
     # ----------------------------------------------------------------- actions
 
-    def start(self, request: StartInput) -> Result:
+    def start(self, request: StartInput, *, cancel: threading.Event | None = None) -> Result:
+        """Start the one watch: the first render runs now, and the watch exists once its body
+        is published (the commit). `cancel` set before the commit (during the first render,
+        which it stops) leaves no watch; once committed, a start stays done, and a retried
+        start answers that the watch is active, with its id."""
         try:
             renderer = resolve_renderer(self.workdir, request.renderer_path)
         except RendererPathError as exc:
@@ -325,12 +334,14 @@ class TaskCard:
                 )
             self._starting = True
         try:
-            return self._start_locked_out(request, renderer)
+            return self._start_locked_out(request, renderer, cancel or threading.Event())
         finally:
             with self._lock:
                 self._starting = False
 
-    def _start_locked_out(self, request: StartInput, renderer: Path) -> Result:
+    def _start_locked_out(
+        self, request: StartInput, renderer: Path, cancel: threading.Event
+    ) -> Result:
         try:
             settings = load_settings(self.paths)
         except SettingsUnavailable as exc:
@@ -356,9 +367,13 @@ class TaskCard:
             started_at=self._clock(),
             error_epoch=0,
         )
-        verdict, stderr_tail = self._render(watch, threading.Event())
-        if verdict is None:
-            return _failed("the first render was cancelled; call start again")
+        verdict, stderr_tail = self._render(watch, cancel)
+        if verdict is None or cancel.is_set():
+            return _failed(
+                "the start was cancelled by its caller before the card was published; no"
+                " watch was created; call start again",
+                code="cancelled",
+            )
         if isinstance(verdict, RenderFailure):
             return _failed(
                 f"first render failed, no watch was created: {verdict.message}",

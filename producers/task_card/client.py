@@ -9,6 +9,7 @@ import stat
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Final
@@ -20,6 +21,8 @@ from taskcard.producers.task_card.runtime import CardFolderUnsafe, HostPaths, Ru
 SPAWN_TIMEOUT_S: Final = 60.0
 EXIT_ALREADY_RUNNING: Final = 3
 CALL_TIMEOUT_S: Final = 600.0
+# How often a call that can be cancelled looks at its flag while it waits for the reply.
+_CANCEL_CHECK_S: Final = 0.2
 
 
 class HostUnavailable(RuntimeError):
@@ -30,8 +33,19 @@ class HostElsewhere(HostUnavailable):
     """A host runs for the workdir, but under another runtime folder than ours."""
 
 
-def request_host(paths: HostPaths, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    """One request, one reply. Raises OSError when nothing listens."""
+def request_host(
+    paths: HostPaths,
+    request: dict[str, Any],
+    timeout_s: float,
+    cancel: threading.Event | None = None,
+) -> dict[str, Any]:
+    """One request, one reply. Raises OSError when nothing listens.
+
+    `cancel` set while waiting for the reply (the caller gave up): our side of the
+    connection is shut, which the host takes as the caller's hangup (a start still in its
+    first render stops there), and the reply is still read, so the call ends with what the
+    host did."""
+    deadline = time.monotonic() + timeout_s
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(timeout_s)
         conn.connect(str(paths.socket))
@@ -39,8 +53,20 @@ def request_host(paths: HostPaths, request: dict[str, Any], timeout_s: float) ->
         # Not ASCII-escaped: escapes would triple non-Latin text past the host's line cap.
         conn.sendall((json.dumps(request, ensure_ascii=False) + "\n").encode())
         chunks = []
+        watching = cancel is not None
         while True:
-            chunk = conn.recv(65536)
+            if watching:
+                conn.settimeout(max(0.001, min(_CANCEL_CHECK_S, deadline - time.monotonic())))
+            try:
+                chunk = conn.recv(65536)
+            except TimeoutError:
+                if not watching or time.monotonic() >= deadline:
+                    raise
+                if cancel is not None and cancel.is_set():
+                    conn.shutdown(socket.SHUT_WR)
+                    watching = False
+                    conn.settimeout(max(0.001, deadline - time.monotonic()))
+                continue
             if not chunk:
                 break
             chunks.append(chunk)
@@ -140,7 +166,10 @@ def ensure_host(paths: HostPaths, idle_grace_s: float | None = None) -> None:
 
 
 def call_via_host(
-    paths: HostPaths, envelope: Any, idle_grace_s: float | None = None
+    paths: HostPaths,
+    envelope: Any,
+    idle_grace_s: float | None = None,
+    cancel: threading.Event | None = None,
 ) -> dict[str, Any]:
     """Hand one envelope to the workdir's host, starting it if needed; the result dict.
 
@@ -157,7 +186,10 @@ def call_via_host(
     except EnvelopeError as exc:
         return {"status": "failed", "message": str(exc)}
     ensure_host(paths, idle_grace_s)
-    reply = request_host(paths, {"op": "call", "envelope": envelope}, CALL_TIMEOUT_S)
+    if cancel is not None and cancel.is_set():
+        return {"status": "failed", "code": "cancelled", "message": "cancelled; nothing was done"}
+    request = {"op": "call", "envelope": envelope}
+    reply = request_host(paths, request, CALL_TIMEOUT_S, cancel)
     if not reply.get("ok"):
         raise HostUnavailable(str(reply.get("error")))
     result = reply["result"]

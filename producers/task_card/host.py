@@ -6,6 +6,10 @@ this host. Protocol: one JSON line per connection, one JSON line back. Requests:
 `{"op": "shutdown"}`. The host exits after `idle_grace_s` without a live watch or a request,
 and on SIGTERM/SIGINT; exiting never ends a watch (its descriptor stays for the next host).
 
+A client that gives up on a `start` (its MCP call was cancelled) shuts its side of the
+connection: the host watches the connection of a start for that hangup while it runs, and
+sets the start's cancel flag (`TaskCard.start`: the first render stops, no watch is made).
+
 A request line goes through the same transport checks as an envelope (`decode_envelope`):
 size, UTF-8, NUL, nesting, JSON, object, valid Unicode. A refusal is answered, never dropped:
 an oversized line is read on and thrown away (bounded) before the reply, so the sender sees
@@ -19,7 +23,9 @@ import contextlib
 import json
 import logging
 import os
+import select
 import signal
+import socket
 import socketserver
 import threading
 import time
@@ -44,6 +50,18 @@ MAX_REQUEST_BYTES: Final = 2 * MAX_ENVELOPE_BYTES + 4096
 _DRAIN_BYTES: Final = 64 * 1024 * 1024
 _DRAIN_TIMEOUT_S: Final = 5.0
 _IDLE_CHECK_S: Final = 0.2
+# How often a start's hangup watcher looks whether the start is done (the hangup itself
+# wakes it at once).
+_HANGUP_POLL_MS: Final = 200
+
+
+def _is_start(request: dict[str, Any]) -> bool:
+    envelope = request.get("envelope")
+    return (
+        request.get("op") == "call"
+        and isinstance(envelope, dict)
+        and envelope.get("action") == "start"
+    )
 
 
 class _Handler(socketserver.StreamRequestHandler):
@@ -58,7 +76,10 @@ class _Handler(socketserver.StreamRequestHandler):
             request = decode_envelope(
                 line, what="request", max_bytes=MAX_REQUEST_BYTES, max_depth=MAX_ENVELOPE_DEPTH + 1
             )
-            reply = self.server.answer(request)
+            if _is_start(request):
+                reply = self._answer_watching_hangup(request)
+            else:
+                reply = self.server.answer(request)
         except EnvelopeError as exc:
             reply = {"ok": False, "error": f"bad request: {exc}"}
         except Exception:  # a barrier: one bad request never leaves a client without an answer
@@ -66,6 +87,37 @@ class _Handler(socketserver.StreamRequestHandler):
             reply = {"ok": False, "error": "the host failed on this request; see its log"}
         self.wfile.write((json.dumps(reply) + "\n").encode())
         self.server.touch()
+
+    def _answer_watching_hangup(self, request: dict[str, Any]) -> dict[str, Any]:
+        cancel, done = threading.Event(), threading.Event()
+        watcher = threading.Thread(
+            target=self._watch_hangup, args=(cancel, done), name="start-hangup", daemon=True
+        )
+        watcher.start()
+        try:
+            return self.server.answer(request, cancel)
+        finally:
+            done.set()
+            watcher.join()
+
+    def _watch_hangup(self, cancel: threading.Event, done: threading.Event) -> None:
+        """Set `cancel` when the client shuts its side before the answer: it sent its one
+        line and only reads from now on, so the connection turning readable with nothing to
+        read is its hangup. Anything else it sends is not a hangup and ends the watch."""
+        poller = select.poll()
+        poller.register(self.connection, select.POLLIN | select.POLLRDHUP)
+        while not done.is_set():
+            if not poller.poll(_HANGUP_POLL_MS):
+                continue
+            try:
+                peeked = self.connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                continue
+            except OSError:
+                peeked = b""  # reset by the client: it is gone too
+            if not peeked:
+                cancel.set()
+            return
 
     def _drain(self) -> None:
         """Read the rest of an oversized request, bounded in bytes and time."""
@@ -100,12 +152,15 @@ class HostServer(socketserver.ThreadingUnixStreamServer):
     def idle_for_s(self) -> float:
         return time.monotonic() - self._last_request
 
-    def answer(self, request: dict[str, Any]) -> dict[str, Any]:
+    def answer(
+        self, request: dict[str, Any], cancel: threading.Event | None = None
+    ) -> dict[str, Any]:
         op = request.get("op")
         if op == "ping":
             return {"ok": True, "pid": os.getpid(), "workdir": str(self.card.workdir)}
         if op == "call":
-            return {"ok": True, "result": self.card.call(request.get("envelope") or {})}
+            envelope = request.get("envelope") or {}
+            return {"ok": True, "result": self.card.call(envelope, cancel=cancel)}
         if op == "turn":
             self.card.on_completed_turn()
             return {"ok": True}

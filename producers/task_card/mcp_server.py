@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
@@ -55,6 +56,8 @@ FAILED_STATES: Final = frozenset({"failed", "stop_failed", "remove_blocked", "re
 TOOL_DESCRIPTION: Final = (
     "Keep one truthful, self-refreshing progress card for the people following your work. "
     "Actions: start, inspect, retry, stop, remove, settings, manual. "
+    "A start cancelled during its first render creates nothing; one cancelled later stays "
+    "(start again to get its watch_id). "
     "Call action=manual with input={} for the full contract."
 )
 INSTRUCTIONS: Final = (
@@ -70,7 +73,10 @@ INSTRUCTIONS: Final = (
 
 # A tool function sees only the arguments its input schema names: `call_tool` refuses any
 # other name (`unknown_field`) before it runs, so the functions keep no copy of that check.
-ToolFunction = Callable[[HostPaths, dict[str, Any]], dict[str, Any]]
+# The event is set when the client cancels the call; a function may stop early on it, and
+# its result is then dropped (a cancelled request gets no answer).
+ToolFunction = Callable[[HostPaths, dict[str, Any], threading.Event], dict[str, Any]]
+RecordingFunction = Callable[[HostPaths, dict[str, Any]], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -112,9 +118,11 @@ def task_card_output_schema() -> dict[str, Any]:
     }
 
 
-def _call_task_card(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
+def _call_task_card(
+    paths: HostPaths, arguments: dict[str, Any], cancelled: threading.Event
+) -> dict[str, Any]:
     try:
-        return call_via_host(paths, arguments)
+        return call_via_host(paths, arguments, cancel=cancelled)
     except (HostUnavailable, RuntimeDirUnsafe, OSError, ValueError) as exc:
         return {"status": "failed", "message": f"task card host unavailable: {exc}"}
 
@@ -142,7 +150,7 @@ def _recording_tool(
     input_schema: dict[str, Any],
     output_schema: dict[str, Any],
     title: str,
-    call: ToolFunction,
+    call: RecordingFunction,
 ) -> McpTool:
     """A tool that records something in the workdir (an observation, a report, a spawn, a
     claimed message): never read-only, never destructive (its files are only appended to),
@@ -159,7 +167,9 @@ def _recording_tool(
             idempotent_hint=False,
             open_world_hint=False,
         ),
-        call=call,
+        # Quick writes of one file: a cancelled call runs to its end (the spec lets a server
+        # finish what it started), and its result is dropped.
+        call=lambda paths, arguments, cancelled: call(paths, arguments),
         is_error=lambda result: result.get("status") == "failed",
     )
 
@@ -277,6 +287,30 @@ class AgentMeta:
         return {"agent_meta": {"taskcard": payload}}
 
 
+async def run_cancellable(
+    call: ToolFunction, paths: HostPaths, arguments: dict[str, Any]
+) -> dict[str, Any]:
+    """`call` in a worker thread, told through its event when this request is cancelled (the
+    client's `notifications/cancelled`, or the server stopping). A thread cannot be stopped
+    from outside, so the call runs to its end either way; the flag lets it stop before it
+    commits (a `start` in its first render)."""
+    cancelled = threading.Event()
+
+    async def flag_when_cancelled() -> None:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            cancelled.set()
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(flag_when_cancelled)
+        try:
+            result = await anyio.to_thread.run_sync(call, paths, arguments, cancelled)
+        finally:
+            tasks.cancel_scope.cancel()
+    return result
+
+
 def build_server(
     paths: HostPaths, tools: tuple[McpTool, ...] = TOOLS, repeated: RepeatedKeys | None = None
 ) -> Server[Any]:
@@ -318,8 +352,7 @@ def build_server(
             if stray is not None:
                 result, failed = {"status": "failed", "message": stray}, True
             else:
-                arguments = given(arguments)
-                result = await anyio.to_thread.run_sync(tool.call, paths, arguments)
+                result = await run_cancellable(tool.call, paths, given(arguments))
                 failed = tool.is_error(result)
         try:
             meta = None if gone else await anyio.to_thread.run_sync(agent_meta.take)
