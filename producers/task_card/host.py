@@ -105,7 +105,8 @@ class _Handler(socketserver.StreamRequestHandler):
         line and only reads from now on, so the connection turning readable with nothing to
         read is its hangup. Anything else it sends is not a hangup and ends the watch."""
         poller = select.poll()
-        poller.register(self.connection, select.POLLIN | select.POLLRDHUP)
+        # POLLRDHUP is Linux's; elsewhere the hangup shows as POLLIN with nothing to read.
+        poller.register(self.connection, select.POLLIN | getattr(select, "POLLRDHUP", 0))
         while not done.is_set():
             if not poller.poll(_HANGUP_POLL_MS):
                 continue
