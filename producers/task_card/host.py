@@ -50,9 +50,6 @@ MAX_REQUEST_BYTES: Final = 2 * MAX_ENVELOPE_BYTES + 4096
 _DRAIN_BYTES: Final = 64 * 1024 * 1024
 _DRAIN_TIMEOUT_S: Final = 5.0
 _IDLE_CHECK_S: Final = 0.2
-# How often a start's hangup watcher looks whether the start is done (the hangup itself
-# wakes it at once).
-_HANGUP_POLL_MS: Final = 200
 
 
 def _is_start(request: dict[str, Any]) -> bool:
@@ -89,27 +86,32 @@ class _Handler(socketserver.StreamRequestHandler):
         self.server.touch()
 
     def _answer_watching_hangup(self, request: dict[str, Any]) -> dict[str, Any]:
-        cancel, done = threading.Event(), threading.Event()
+        cancel = threading.Event()
+        wake_read, wake_write = os.pipe()
         watcher = threading.Thread(
-            target=self._watch_hangup, args=(cancel, done), name="start-hangup", daemon=True
+            target=self._watch_hangup, args=(cancel, wake_read), name="start-hangup"
         )
         watcher.start()
         try:
             return self.server.answer(request, cancel)
         finally:
-            done.set()
+            os.write(wake_write, b"x")  # the start is done: the watcher ends at once
             watcher.join()
+            os.close(wake_read)
+            os.close(wake_write)
 
-    def _watch_hangup(self, cancel: threading.Event, done: threading.Event) -> None:
+    def _watch_hangup(self, cancel: threading.Event, wake: int) -> None:
         """Set `cancel` when the client shuts its side before the answer: it sent its one
         line and only reads from now on, so the connection turning readable with nothing to
-        read is its hangup. Anything else it sends is not a hangup and ends the watch."""
+        read is its hangup. Anything else it sends is not a hangup and ends the watch, and
+        so does a byte on `wake` (the start is done)."""
         poller = select.poll()
         # POLLRDHUP is Linux's; elsewhere the hangup shows as POLLIN with nothing to read.
         poller.register(self.connection, select.POLLIN | getattr(select, "POLLRDHUP", 0))
-        while not done.is_set():
-            if not poller.poll(_HANGUP_POLL_MS):
-                continue
+        poller.register(wake, select.POLLIN)
+        while True:
+            if any(fd == wake for fd, _ in poller.poll()):
+                return
             try:
                 peeked = self.connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
             except BlockingIOError:
