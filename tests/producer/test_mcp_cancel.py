@@ -9,6 +9,10 @@ SDK's real stdio client against `taskcard mcp`.
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +20,7 @@ from pathlib import Path
 import anyio
 from mcp import ClientSession, stdio_client
 
-from .conftest import POLL_TIMEOUT_S, CliHost, pid_alive, write_renderer
+from .conftest import POLL_TIMEOUT_S, CliHost, pid_alive, wait_for, write_renderer
 from .test_mcp import server_for
 
 # Says it runs (its pid), then waits for the test to let it print a card.
@@ -74,3 +78,33 @@ async def test_a_start_cancelled_in_its_first_render_leaves_no_watch(
             "task_card", {"action": "remove", "input": {}, "reasoning": "done"}
         )
         assert not removed.is_error, removed.structured_content
+
+
+def test_a_cli_start_killed_in_its_first_render_leaves_no_watch(
+    workdir: Path, cli: CliHost
+) -> None:
+    """The command line's client going away is the same hangup: `taskcard tool` stopped
+    while the first render runs makes no watch (a watch it never reported came up)."""
+    write_renderer(workdir, "held.py", HELD_RENDERER)
+    (workdir / "taskcard").mkdir()
+    (workdir / "taskcard" / "taskcard.json").write_text('{"timeout_s": 300}')
+    pid_file = workdir / "render.pid"
+    command = [sys.executable, "-m", "taskcard.bridge.cli", "tool", json.dumps(START)]
+    command += ["--workdir", str(workdir), "--runtime-dir", str(cli.runtime_dir)]
+    client = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(pid_file.exists)
+        client.send_signal(signal.SIGTERM)
+        client.wait(timeout=60)
+        pid = int(pid_file.read_text())
+        wait_for(lambda: not pid_alive(pid))
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+    assert not (workdir / "taskcard" / "watch.json").exists()
+    pid_file.unlink()
+    (workdir / "release").write_text("")
+    assert cli.json("tool", json.dumps(START))["status"] == "watching"
+    removal = {**START, "action": "remove", "input": {}}
+    assert cli.json("tool", json.dumps(removal))["status"] == "removed"
