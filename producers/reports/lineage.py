@@ -129,6 +129,20 @@ def spawn(
         raise LineageError(
             f"workdir: {quoted(str(child))} is not a directory; create the child's first"
         )
+    try:
+        recorded = read_lineage(child)
+    except LineageError:
+        recorded = None  # a broken record is replaced, as a missing one is written
+    if recorded is not None and recorded["parent"] != parent:
+        # Who created whom survives restarts: a second spawn naming another parent would
+        # rewrite that history, and could close a loop between two folders side by side
+        # (b spawned by a, then a "spawned" by b). A retry naming the same parent is fine.
+        raise LineageError(
+            f"workdir: {quoted(str(child))} is already recorded as a child of"
+            f" {quoted(str(recorded['parent']))}; an agent is spawned once: give the new"
+            " child a folder of its own (or remove its lineage.json first if the folder now"
+            " holds a new agent)"
+        )
     depth = 1
     if parent_workdir is not None:
         parent_workdir = _folder(parent_workdir, "parent_workdir", "the parent's working directory")

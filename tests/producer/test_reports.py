@@ -442,3 +442,25 @@ async def test_spawn_refuses_a_child_folder_that_holds_the_parent_in_every_entry
     assert read_lineage(parent) is None
     assert read_lineage(parent / "inner") is not None
     assert read_lineage(top / "sibling") is not None
+
+
+def test_spawn_never_rewrites_who_created_a_child(tmp_path: Path) -> None:
+    """A folder recorded as a's child was "spawned" again by b: its lineage.json was rewritten,
+    so who created whom changed after the fact (and two folders could name each other). A
+    retry naming the same parent still records; another parent is refused, naming the field
+    and the fix, in the command and the Python API; a broken record is still replaced."""
+    child = tmp_path / "child"
+    child.mkdir()
+    spawn(child, parent="a", reason="first")
+    spawn(child, parent="a", reason="retried")
+    assert json.loads((child / "lineage.json").read_text())["parent"] == "a"
+    with pytest.raises(LineageError, match=r"^workdir: .* already recorded as a child of 'a'"):
+        spawn(child, parent="b", reason="second")
+    done = taskcard("spawn", "--workdir", str(child), "--parent", "b", "--reason", "second")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(b"taskcard spawn: workdir: "), done.stderr
+    assert b"a folder of its own" in done.stderr and b"remove its lineage.json" in done.stderr
+    assert json.loads((child / "lineage.json").read_text())["reason"] == "retried"
+    (child / "lineage.json").write_text("{not json")
+    spawn(child, parent="b", reason="over a broken record")
+    assert json.loads((child / "lineage.json").read_text())["parent"] == "b"
