@@ -81,10 +81,18 @@ BOUNDED: list[tuple[str, str, Arguments]] = [
     ("report", "summary", lambda v, n: {"ok": True, "summary": v}),
     ("report", "role", lambda v, n: {"ok": True, "role": v}),
     ("spawn", "child_workdir", lambda v, n: {"child_workdir": v, "reason": "r"}),
-    ("spawn", "reason", lambda v, n: {"child_workdir": "child", "reason": v}),
-    ("spawn", "provider", lambda v, n: {"child_workdir": "child", "reason": "r", "provider": v}),
-    ("spawn", "parent", lambda v, n: {"child_workdir": "child", "reason": "r", "parent": v}),
-    ("spawn", "max_depth", lambda v, n: {"child_workdir": "child", "reason": "r", "max_depth": v}),
+    ("spawn", "reason", lambda v, n: {"child_workdir": f"child{n}", "reason": v}),
+    (
+        "spawn",
+        "provider",
+        lambda v, n: {"child_workdir": f"child{n}", "reason": "r", "provider": v},
+    ),
+    ("spawn", "parent", lambda v, n: {"child_workdir": f"child{n}", "reason": "r", "parent": v}),
+    (
+        "spawn",
+        "max_depth",
+        lambda v, n: {"child_workdir": f"child{n}", "reason": "r", "max_depth": v},
+    ),
 ]
 
 
@@ -110,7 +118,8 @@ def _values(prop: dict[str, Any]) -> tuple[list[Any], list[Any]]:
 async def test_every_listed_bound_is_the_bound_the_server_enforces(
     workdir: Path, cli: CliHost
 ) -> None:
-    (workdir / "child").mkdir()
+    for n in range(200):  # a child folder of its own for every spawn (spawned once)
+        (workdir / f"child{n}").mkdir()
     counter = itertools.count()
     async with (
         stdio_client(server_for(workdir, cli)) as (read, write),
