@@ -10,6 +10,8 @@ rate scopes a request consumes (`rate_scopes`) and never sleeps or retries on it
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import errno
 import hashlib
 import json
@@ -550,6 +552,50 @@ def bind_problem(error: OSError) -> str:
     if error.errno == errno.EADDRNOTAVAIL:
         return "the address is not one of this machine's; use one it has, such as 127.0.0.1"
     return f"cannot listen there ({error.strerror or type(error).__name__}); fix the address"
+
+
+# A listener's port in use is tried again for this long, every `BIND_RETRY_EVERY_S`: a holder
+# that lets go within it (a previous instance still closing, a client's passing connection on
+# that port) is waited out instead of failing the start.
+BIND_RETRY_S = 30.0
+BIND_RETRY_EVERY_S = 0.25
+
+
+async def bind_retrying(
+    start: Callable[[], Awaitable[None]],
+    busy: Callable[[], None],
+    *,
+    stop: asyncio.Event | None = None,
+    for_s: float = BIND_RETRY_S,
+    every_s: float = BIND_RETRY_EVERY_S,
+) -> bool:
+    """Await `start()` (a listener's bind) until it succeeds: True.
+
+    A port in use (EADDRINUSE) is tried again every `every_s` for `for_s`, with `busy()`
+    called once, at the first refusal (the caller's warning, naming its setting); any other
+    error, or the port still in use when the time is up, is raised for the caller to word
+    (`bind_problem`). False when `stop` is set while the port is waited for."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + for_s
+    told = False
+    while True:
+        try:
+            await start()
+        except OSError as error:
+            if error.errno != errno.EADDRINUSE or loop.time() >= deadline:
+                raise
+            if not told:
+                told = True
+                busy()
+        else:
+            return True
+        if stop is None:
+            await asyncio.sleep(every_s)
+            continue
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every_s)
+        if stop.is_set():
+            return False
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")

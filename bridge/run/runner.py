@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import errno
 import fcntl
 import logging
 import os
@@ -29,7 +27,7 @@ from taskcard.bridge.run import early_stop, heap
 from taskcard.bridge.run.logs import LOG_FORMATS, LOG_LEVELS, setup_logging, start_error
 from taskcard.bridge.run.service import Service, ServiceFailed
 from taskcard.bridge.store.sqlite import SqliteStore, StateFileError, StateStore
-from taskcard.channels.base import bind_problem
+from taskcard.channels.base import BIND_RETRY_S, bind_problem, bind_retrying
 
 if TYPE_CHECKING:
     from taskcard.bridge.observe.listener import MetricsListener
@@ -37,11 +35,9 @@ if TYPE_CHECKING:
 EXIT_CONFIG = 2
 EXIT_RUNTIME = 1
 EXIT_ALREADY_RUNNING = 3
-# A metrics port in use is tried again for this long before the start gives up with exit 2:
-# a holder that lets go within it (a client's passing connection on that port, a process
-# still closing) is waited out, one that keeps it is a clash a restart would not mend.
-BIND_RETRY_S = 30.0
-BIND_RETRY_EVERY_S = 0.25
+# A metrics port in use is tried again for `BIND_RETRY_S` (`channels.base.bind_retrying`,
+# shared with the Feishu webhook) before the start gives up with exit 2: a holder that lets
+# go within it is waited out, one that keeps it is a clash a restart would not mend.
 
 log = logging.getLogger(__name__)
 
@@ -325,29 +321,20 @@ def _stop_signal(signum: int, stop: asyncio.Event) -> None:
 async def _bind(listener: MetricsListener, listen: str | None, stop: asyncio.Event) -> bool | None:
     """Start the metrics listener: True once bound, False after the one line saying why not,
     None when a stop came while a port in use was waited for (`BIND_RETRY_S`)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + BIND_RETRY_S
-    told = False
-    while True:
-        try:
-            await listener.start()
-        except OSError as error:
-            if error.errno != errno.EADDRINUSE or loop.time() >= deadline:
-                start_error(_listen_problem(listen, error))
-                return False
-            if not told:
-                told = True
-                log.warning(
-                    '[metrics] listen = "%s": the port is in use; trying again for up to %g s',
-                    listen,
-                    BIND_RETRY_S,
-                )
-        else:
-            return True
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), BIND_RETRY_EVERY_S)
-        if stop.is_set():
-            return None
+    try:
+        bound = await bind_retrying(
+            listener.start,
+            lambda: log.warning(
+                '[metrics] listen = "%s": the port is in use; trying again for up to %g s',
+                listen,
+                BIND_RETRY_S,
+            ),
+            stop=stop,
+        )
+    except OSError as error:
+        start_error(_listen_problem(listen, error))
+        return False
+    return True if bound else None
 
 
 def _listen_problem(listen: str | None, error: OSError) -> str:

@@ -10,6 +10,7 @@ without a registered processor, and logs the failure text; we reuse only its cip
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -17,8 +18,8 @@ from typing import Any
 
 from aiohttp import web
 
-from taskcard.channels.base import IncomingCommand, bind_problem
-from taskcard.channels.errors import Permanent
+from taskcard.channels.base import BIND_RETRY_S, IncomingCommand, bind_problem, bind_retrying
+from taskcard.channels.errors import Permanent, Transient
 from taskcard.channels.feishu.config import FeishuWebhook
 from taskcard.channels.feishu.events import (
     EventNotRecorded,
@@ -65,19 +66,38 @@ class WebhookServer:
         return self._port
 
     async def start(self) -> None:
+        """Bind the listener. A port in use is tried again for `BIND_RETRY_S` (a previous
+        instance still closing), with one warning; still in use then, `Transient`, so the
+        channel's start is retried with backoff and the channel comes up once the port is
+        free. Any other bind error is `Permanent`."""
+        config = self._config
+        where = f"[feishu.webhook] host {config.host!r}, port {config.port}"
+        try:
+            await bind_retrying(
+                self._bind,
+                lambda: log.warning(
+                    "%s: the port is in use; trying again for up to %g s (stop what holds it,"
+                    " or choose another port)",
+                    where,
+                    BIND_RETRY_S,
+                ),
+            )
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                raise Transient(f"{where}: {bind_problem(error)}") from None
+            raise Permanent(f"{where}: {bind_problem(error)}") from None
+
+    async def _bind(self) -> None:
+        """One attempt: the app served on the configured address, or nothing left open."""
         app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_post(self._config.path, self._handle)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
-        site = web.TCPSite(runner, self._config.host, self._config.port)
         try:
-            await site.start()
-        except OSError as error:
+            await web.TCPSite(runner, self._config.host, self._config.port).start()
+        except BaseException:
             await runner.cleanup()
-            config = self._config
-            raise Permanent(
-                f"[feishu.webhook] host {config.host!r}, port {config.port}: {bind_problem(error)}"
-            ) from None
+            raise
         self._runner = runner
         addresses = runner.addresses
         self._port = int(addresses[0][1]) if addresses else self._config.port
