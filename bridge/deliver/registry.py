@@ -148,6 +148,16 @@ def _telegram(
     from taskcard.channels.telegram.channel import TelegramChannel
 
     section = config.telegram
+    token = _telegram_token(config, env)
+    channel = TelegramChannel(section, token, cursor)
+    return BuiltChannel(channel, _routes_of(config, "telegram", cursor), (token,))
+
+
+def _telegram_token(config: ServiceConfig, env: Mapping[str, str]) -> str:
+    """The bot token from the variable `telegram.token_env` names; `SecretMissing` when it
+    is unset, empty or not a token's form (never quoting it)."""
+    assert config.telegram is not None
+    section = config.telegram
     token = _need(env, "telegram.token_env", section.token_env, "bot token")
     if not _BOT_TOKEN.fullmatch(token):
         # Never quoted: it is a secret. A space, a quote or an accented letter copied along
@@ -159,8 +169,7 @@ def _telegram(
             " / ? # % \\); copy it again from @BotFather (digits, a colon, then letters,"
             " digits, '-' and '_')"
         )
-    channel = TelegramChannel(section, token, cursor)
-    return BuiltChannel(channel, _routes_of(config, "telegram", cursor), (token,))
+    return token
 
 
 def _feishu(
@@ -168,6 +177,30 @@ def _feishu(
 ) -> BuiltChannel | None:
     if config.feishu is None:
         return None
+    section = config.feishu
+    app_id, app_secret, verification_token, encrypt_key = _feishu_secrets(config, env)
+    # Imported once the variables are there: the Feishu SDK takes seconds to import, which a
+    # start that stops on a missing variable need not wait for.
+    from taskcard.channels.feishu.channel import FeishuChannel
+
+    channel = FeishuChannel(
+        section,
+        app_id,
+        app_secret,
+        cursor,
+        verification_token=verification_token,
+        encrypt_key=encrypt_key,
+    )
+    secrets = tuple(s for s in (app_secret, verification_token, encrypt_key) if s)
+    return BuiltChannel(channel, _routes_of(config, "feishu"), secrets)
+
+
+def _feishu_secrets(
+    config: ServiceConfig, env: Mapping[str, str]
+) -> tuple[str, str, str | None, str | None]:
+    """The app id, app secret, verification token (webhook only) and encrypt key (webhook,
+    optional); `SecretMissing` naming every required variable that is unset or empty."""
+    assert config.feishu is not None
     section = config.feishu
     wanted = [
         ("feishu.app_id_env", section.app_id_env, "app id"),
@@ -195,20 +228,42 @@ def _feishu(
     encrypt_key: str | None = None
     if section.events == "webhook":
         encrypt_key = env.get(section.webhook.encrypt_key_env, "").strip() or None
-    # Imported once the variables are there: the Feishu SDK takes seconds to import, which a
-    # start that stops on a missing variable need not wait for.
-    from taskcard.channels.feishu.channel import FeishuChannel
+    return app_id, app_secret, verification_token, encrypt_key
 
-    channel = FeishuChannel(
-        section,
-        app_id,
-        app_secret,
-        cursor,
-        verification_token=verification_token,
-        encrypt_key=encrypt_key,
-    )
-    secrets = tuple(s for s in (app_secret, verification_token, encrypt_key) if s)
-    return BuiltChannel(channel, _routes_of(config, "feishu"), secrets)
+
+def missing_secrets(config: ServiceConfig, env: Mapping[str, str]) -> list[str]:
+    """What `build_channels` would refuse for lack of a secret in `env`, one line per
+    variable (the setting and the variable named, never a value), without building a
+    channel (`taskcard serve --check`); empty when every configured channel can start."""
+    missing: list[str] = []
+    checks: list[Callable[[ServiceConfig, Mapping[str, str]], object]] = []
+    if config.telegram is not None:
+        checks.append(_telegram_token)
+    if config.feishu is not None:
+        checks.append(_feishu_secrets)
+    for check in checks:
+        try:
+            check(config, env)
+        except SecretMissing as problem:
+            missing += problem.messages
+    return missing
+
+
+def optional_secrets_unset(config: ServiceConfig, env: Mapping[str, str]) -> list[str]:
+    """Optional secret variables the configuration names that are unset or empty in `env`:
+    the service starts without them, but likely not as meant."""
+    notes: list[str] = []
+    if config.feishu is not None and config.feishu.events == "webhook":
+        variable = config.feishu.webhook.encrypt_key_env
+        if not env.get(variable, "").strip():
+            state = "is empty" if variable in env else "is not set"
+            notes.append(
+                f"feishu.webhook.encrypt_key_env: the environment variable"
+                f" {env_name_shown(variable)} {state}; only unencrypted callbacks are then"
+                " accepted, checked by the verification token alone: export the app's Encrypt"
+                " Key there if it has one"
+            )
+    return notes
 
 
 def _console(

@@ -19,6 +19,8 @@ from taskcard.bridge.config import ConfigError, ServiceConfig, load_config
 from taskcard.bridge.deliver.registry import (
     chat_moved_to,
     describe_scope,
+    missing_secrets,
+    optional_secrets_unset,
     route_specs,
     scope_rules,
 )
@@ -90,8 +92,7 @@ def _serve(args: argparse.Namespace) -> int:
         except StateFileError as error:
             print(f"taskcard: {error}", file=sys.stderr)
             return EXIT_CONFIG
-        print(f"{args.config}: valid")
-        return 0
+        return _check_secrets(args.config, config)
     setup_logging(config.log_level)
     for warning in nothing_served(config):
         log.warning("%s", warning)
@@ -105,6 +106,33 @@ def _serve(args: argparse.Namespace) -> int:
         return EXIT_RUNTIME
     finally:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the loop's close restored the default
+
+
+def _check_secrets(path: str, config: ServiceConfig) -> int:
+    """`serve --check`'s last step: the secret variables the configuration names, read from
+    this environment as `serve` reads them (the same checks, the same lines, never a value).
+    A required one unset or empty (a channel that could not start, a cluster without its
+    Redis URL) is exit 2; an optional one unset is a warning."""
+    problems = missing_secrets(config, os.environ)
+    if config.cluster.enabled:
+        from taskcard.bridge.cluster.config import ClusterUrlMissing, resolve_redis_url
+
+        try:
+            resolve_redis_url(config.cluster, os.environ)
+        except ClusterUrlMissing as error:
+            problems.append(str(error))
+    for note in optional_secrets_unset(config, os.environ):
+        print(f"warning: {note}", file=sys.stderr)
+    if problems:
+        print(
+            f"taskcard: {path} is valid, but `taskcard serve` would not start in this environment:",
+            file=sys.stderr,
+        )
+        for problem in problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"{path}: valid")
+    return 0
 
 
 def _config_check(args: argparse.Namespace) -> int:
@@ -383,7 +411,10 @@ def register(subparsers: Any) -> None:
     serve_parser.add_argument(
         "--check",
         action="store_true",
-        help="validate the configuration and the state file, then exit (2: invalid)",
+        help=(
+            "validate the configuration, the state file and the secret variables it names"
+            " in this environment, then exit (2: invalid, or a required variable unset)"
+        ),
     )
     add_log_options(
         serve_parser, level_default="the config's log_level; the demo's without --config"

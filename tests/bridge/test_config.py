@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from taskcard.bridge.config import (
     config_json_schema,
     load_config,
 )
+from tests.e2e.harness import placeholder_secrets
 
 ISSUE_EXAMPLE = """
 state_dir = ".taskcard"                 # relative to the config file; SQLite lives here
@@ -427,6 +429,7 @@ def test_serve_check_accepts_the_example(tmp_path: Path) -> None:
         check=False,
         timeout=60,
         cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, **placeholder_secrets(EXAMPLE_PATH)},
     )
     assert result.returncode == 0, result.stderr
     assert "valid" in result.stdout

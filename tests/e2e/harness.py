@@ -290,3 +290,22 @@ async def lineage_reaches_card(
         lambda: any(card in text and row in text for text in texts()),
         what=f"the lineage row on the card showing {card!r}",
     )
+
+
+def placeholder_secrets(config: Path) -> dict[str, str]:
+    """A value of the right form for every secret variable `config` names (its defaults
+    included): the environment an operator runs `serve --check` in, secrets set."""
+    from taskcard.bridge.config import load_config
+
+    loaded = load_config(config)
+    env: dict[str, str] = {}
+    if loaded.telegram is not None:
+        env[loaded.telegram.token_env] = "123456:placeholder-token"
+    if loaded.feishu is not None:
+        env[loaded.feishu.app_id_env] = "cli_placeholder"
+        env[loaded.feishu.app_secret_env] = "placeholder-secret"
+        env[loaded.feishu.webhook.verification_token_env] = "placeholder-verification"
+        env[loaded.feishu.webhook.encrypt_key_env] = "placeholder-encrypt"
+    if loaded.cluster.redis_url_env is not None:
+        env[loaded.cluster.redis_url_env] = "redis://127.0.0.1:6379/0"
+    return env

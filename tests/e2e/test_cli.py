@@ -1002,3 +1002,57 @@ def test_relative_paths_of_a_piped_config_start_at_the_current_folder(tmp_path: 
     )
     assert result.returncode == 2, result.stdout
     assert f"state_dir: {tmp_path / 'st'} exists and is not a directory" in result.stderr
+
+
+def test_serve_check_names_each_unset_secret_variable_and_never_a_value(tmp_path: Path) -> None:
+    """`serve --check` said "valid" for a configuration whose secret variables were not set
+    where it ran, and `serve` then stopped on them. It now reads them as `serve` does: every
+    required one unset or empty is named with its setting (exit 2), an optional one is a
+    warning, and no value is ever printed."""
+    config = console_config(
+        tmp_path,
+        AGENT,
+        extra=(
+            '[telegram]\ntoken_env = "TC_CHECK_TOKEN"\n'
+            '[[telegram.routes]]\nchat_id = -100123\nagents = ["*"]\n'
+            '[feishu]\napp_id_env = "TC_CHECK_APP_ID"\napp_secret_env = "TC_CHECK_SECRET"\n'
+            'events = "webhook"\n'
+            '[feishu.webhook]\nverification_token_env = "TC_CHECK_VERIFY"\n'
+            'encrypt_key_env = "TC_CHECK_ENCRYPT"\n'
+            '[[feishu.routes]]\nchat_id = "oc_check"\nagents = ["*"]\n'
+        ),
+    )
+    secrets = {
+        "TC_CHECK_TOKEN": "123456:check-token-value",
+        "TC_CHECK_APP_ID": "cli_check_app_id_value",
+        "TC_CHECK_SECRET": "check-app-secret-value",
+        "TC_CHECK_VERIFY": "check-verify-value",
+        "TC_CHECK_ENCRYPT": "check-encrypt-value",
+    }
+    args = ("serve", "--config", str(config), "--check")
+    cleared = {name: "" for name in secrets}  # present and empty: told apart from unset
+    result = taskcard(*args, env={**cleared, "TC_CHECK_APP_ID": secrets["TC_CHECK_APP_ID"]})
+    assert result.returncode == 2, result.stderr
+    assert "valid" not in result.stdout
+    for setting, variable in (
+        ("telegram.token_env", "TC_CHECK_TOKEN"),
+        ("feishu.app_secret_env", "TC_CHECK_SECRET"),
+        ("feishu.webhook.verification_token_env", "TC_CHECK_VERIFY"),
+    ):
+        [line] = [line for line in result.stderr.splitlines() if line.startswith(f"  - {setting}:")]
+        assert variable in line and "is empty" in line, line
+    assert "feishu.app_id_env" not in result.stderr  # it is set
+    [warning] = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert "feishu.webhook.encrypt_key_env" in warning and "TC_CHECK_ENCRYPT" in warning
+    assert secrets["TC_CHECK_APP_ID"] not in result.stderr + result.stdout
+
+    result = taskcard(*args, env=secrets)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"{config}: valid" and result.stderr == ""
+    assert not any(value in result.stdout + result.stderr for value in secrets.values())
+
+    bad_token = {**secrets, "TC_CHECK_TOKEN": "a token with spaces"}
+    result = taskcard(*args, env=bad_token)
+    assert result.returncode == 2
+    assert "telegram.token_env" in result.stderr and "does not hold a bot token" in result.stderr
+    assert "a token with spaces" not in result.stderr

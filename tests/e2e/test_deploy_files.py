@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from taskcard.bridge.cli import build_parser
-from tests.e2e.harness import ROOT, run_cli
+from tests.e2e.harness import ROOT, placeholder_secrets, run_cli
 
 DEPLOY = ROOT / "deploy"
 
@@ -44,11 +44,16 @@ SHIPPED_CONFIGS = sorted([*DEPLOY.glob("*.toml"), *(ROOT / "config").glob("*.tom
 
 
 @pytest.mark.parametrize("config", SHIPPED_CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))
-def test_every_shipped_configuration_validates(config: Path) -> None:
-    """Each example a reader copies passes both checks an operator runs on it."""
+def test_every_shipped_configuration_validates(
+    config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each example a reader copies passes both checks an operator runs on it (`serve
+    --check` with the secret variables it names set, as they are where it runs)."""
     assert len(SHIPPED_CONFIGS) >= 3
     result = run_cli("config", "check", str(config))
     assert result.returncode == 0, result.stderr
+    for variable, value in placeholder_secrets(config).items():
+        monkeypatch.setenv(variable, value)
     result = run_cli("serve", "--config", str(config), "--check")
     assert result.returncode == 0, result.stderr
 

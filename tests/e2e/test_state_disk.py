@@ -180,12 +180,21 @@ def _header_only(path: Path) -> None:
     path.write_bytes(b"SQLite format 3\0" + b"\xff" * 84)
 
 
-def _run(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _run(
+    config: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """`taskcard ARGS --config FILE`; a service that starts anyway is stopped and fails."""
     command = [sys.executable, "-m", "taskcard.bridge.cli", *args, "--config", str(config)]
+    environment = {**os.environ, **(env or {})}
     try:
         return subprocess.run(
-            command, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+            command,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env=environment,
         )
     except subprocess.TimeoutExpired:
         pytest.fail(f"`{' '.join(args)}` started on an unusable state file instead of stopping")
@@ -290,7 +299,7 @@ async def test_a_state_dir_with_uri_characters_survives_restarts_and_status(
     text = serve.config.read_text()
     assert 'state_dir = ".taskcard"' in text
     serve.config.write_text(text.replace('state_dir = ".taskcard"', f'state_dir = "{name}"'))
-    check = _run(serve.config, "serve", "--check")
+    check = _run(serve.config, "serve", "--check", env={"TC_TEST_TOKEN": fake.token})
     assert check.returncode == 0, check.stderr
     for version in ("v1", "v2"):  # the second start reopens the file the first one created
         with serve:
