@@ -26,7 +26,13 @@ from taskcard.bridge.observe.sdnotify import READY, STOPPING, sd_notify
 from taskcard.bridge.run import early_stop, heap
 from taskcard.bridge.run.logs import LOG_FORMATS, LOG_LEVELS, setup_logging, start_error
 from taskcard.bridge.run.service import Service, ServiceFailed
-from taskcard.bridge.store.sqlite import SqliteStore, StateFileError, StateStore
+from taskcard.bridge.store.sqlite import (
+    STATE_FILE,
+    SqliteStore,
+    StateFileError,
+    StateFileLocked,
+    StateStore,
+)
 from taskcard.channels.base import BIND_RETRY_S, bind_problem, bind_retrying
 
 if TYPE_CHECKING:
@@ -38,6 +44,11 @@ EXIT_ALREADY_RUNNING = 3
 # A metrics port in use is tried again for `BIND_RETRY_S` (`channels.base.bind_retrying`,
 # shared with the Feishu webhook) before the start gives up with exit 2: a holder that lets
 # go within it is waited out, one that keeps it is a clash a restart would not mend.
+
+# A state file another process holds locked is tried again for this long (every try also
+# waits SQLite's 5 s busy timeout) before the start gives up with exit 2.
+STATE_LOCK_WAIT_S = 30.0
+STATE_LOCK_RETRY_EVERY_S = 0.5
 
 log = logging.getLogger(__name__)
 
@@ -212,12 +223,11 @@ async def serve(
             return failed(EXIT_CONFIG)
         wiring, store = ClusterWiring(cluster), cluster.store
     else:
-        try:
-            store = SqliteStore.in_dir(config.state_dir)
-        except StateFileError as error:
-            start_error(str(error))
+        opened = await _open_state(config.state_dir, stopping)
+        if opened is None:
             lock.release()
             return failed(EXIT_CONFIG)
+        store = opened
     try:
         if why := stopping():
             return _stopped_before_serving(why)
@@ -310,6 +320,38 @@ async def serve(
             wiring.cluster.forget_bots()  # it never served: its bot claim must not linger
         store.close()
         lock.release()
+
+
+async def _open_state(state_dir: Path, stopping: Callable[[], str | None]) -> SqliteStore | None:
+    """The state file opened for writing, or None after the line saying why not.
+
+    A file another process holds locked (an instance still exiting, a sqlite3 shell in a
+    transaction) is tried again, with one warning, for `STATE_LOCK_WAIT_S` (each try waits
+    SQLite's busy timeout too), unless a stop comes: a lock that passes by itself no longer
+    ends the start with exit 2, which the shipped unit does not restart."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + STATE_LOCK_WAIT_S
+    told = False
+    while True:
+        try:
+            return SqliteStore.in_dir(state_dir)
+        except StateFileLocked as error:
+            if loop.time() >= deadline or stopping():
+                start_error(str(error))
+                return None
+            if not told:
+                told = True
+                log.warning(
+                    "%s: another process holds the state file locked (a taskcard still"
+                    " stopping, or a sqlite3 shell or tool in a transaction); waiting up to"
+                    " %g s for it: end that transaction or stop that process",
+                    state_dir / STATE_FILE,
+                    STATE_LOCK_WAIT_S,
+                )
+        except StateFileError as error:
+            start_error(str(error))
+            return None
+        await asyncio.sleep(STATE_LOCK_RETRY_EVERY_S)
 
 
 def _stop_signal(signum: int, stop: asyncio.Event) -> None:

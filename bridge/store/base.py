@@ -87,6 +87,11 @@ class StateFileError(Exception):
     """The state file cannot be used; the message is one line naming the file and the fix."""
 
 
+class StateFileLocked(StateFileError):
+    """The state file cannot be written because another process holds it locked (an
+    instance still exiting, a sqlite3 shell in a transaction): it may pass by itself."""
+
+
 @dataclass(frozen=True)
 class StateHealth:
     """A running fault of state writes: since when, why, and how many writes wait."""

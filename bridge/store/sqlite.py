@@ -56,6 +56,7 @@ from taskcard.bridge.store.base import (
     ResidentRecord,
     SeenChat,
     StateFileError,
+    StateFileLocked,
     StateHealth,
     StateStore,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "SeenChat",
     "SqliteStore",
     "StateFileError",
+    "StateFileLocked",
     "StateHealth",
     "StateStore",
     "check_state_file",
@@ -1023,7 +1025,7 @@ def _open_writable(path: Path) -> sqlite3.Connection:
     except sqlite3.Error as exc:
         db.close()
         if _locked(exc):  # not the disk: naming space and permissions sent people astray
-            raise StateFileError(
+            raise StateFileLocked(
                 f"{path}: cannot be written ({_fault_reason(exc)}); {_fault_advice(exc)},"
                 " then start again"
             ) from None

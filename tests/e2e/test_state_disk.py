@@ -435,3 +435,37 @@ async def test_a_state_file_overwritten_in_place_while_serving_is_said_at_once(
         assert await serve.aterminate() == 0, serve.logs
     assert serve.logs.count(overwritten) == 1
     assert "Traceback" not in serve.logs
+
+
+async def test_a_state_file_locked_at_start_is_waited_for_and_then_served(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """A state file another process held locked at start (an old instance still exiting)
+    stopped the start after SQLite's 5 s with exit 2, which the shipped unit does not
+    restart. The start now waits for the lock, with one warning naming the file and what to
+    do, and serves once it is released."""
+    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])])
+    state_file = tmp_path / ".taskcard" / "state.sqlite3"
+    SqliteStore.in_dir(state_file.parent).close()
+    holder = sqlite3.connect(state_file, isolation_level=None)
+    try:
+        holder.execute("BEGIN EXCLUSIVE")
+        with serve:
+            await eventually(
+                lambda: "waiting up to" in serve.logs, timeout_s=60, what="the warning"
+            )
+            assert serve.proc is not None and serve.proc.poll() is None, serve.logs
+            holder.execute("ROLLBACK")
+            publish(agent_dir(tmp_path, "builder"), "served after the lock")
+            await eventually(
+                lambda: any("served after the lock" in t for t in shown(fake, GROUP)),
+                timeout_s=90,
+                what="the card once the lock is released",
+            )
+            assert await serve.aterminate() == 0, serve.logs
+    finally:
+        holder.close()
+    [line] = [line for line in serve.logs.splitlines() if "waiting up to" in line]
+    assert str(state_file) in line and "another process holds the state file locked" in line
+    assert "end that transaction or stop that process" in line
+    assert not any(line.startswith("taskcard:") for line in serve.logs.splitlines()), serve.logs
