@@ -21,6 +21,10 @@ The owner learns of a change from the channel `P:board:changed`: the writer publ
 chat's scope after each write (one message per change, whatever the fleet's size); `*` asks
 every owner to compose each board it holds (an instance stopped or died, or the subscription
 was lost and messages may have been missed).
+
+Every Redis call here is made with the asyncio client: a Redis that is slow to answer (a
+failover, a `DEBUG SLEEP`, a paused client) holds only the composition waiting for it, never
+the event loop and the rest of the service.
 """
 
 from __future__ import annotations
@@ -34,7 +38,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
-import redis
 from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import RedisError
 
@@ -95,13 +98,12 @@ def _decode(raw: str) -> tuple[str, dict[str, Any], float | None] | None:
 class SharedBoards:
     """This instance's side of the cluster's boards (see the module's docstring)."""
 
-    def __init__(self, client: redis.Redis, aio: AsyncRedis, prefix: str, owner: str) -> None:
-        self._client = client
+    def __init__(self, aio: AsyncRedis, prefix: str, owner: str) -> None:
         self._aio = aio
         self._prefix = prefix
         self._owner = owner
-        self._withdraw = client.register_script(_WITHDRAW)
-        self._restamp = client.register_script(_RESTAMP)
+        self._withdraw = aio.register_script(_WITHDRAW)
+        self._restamp = aio.register_script(_RESTAMP)
         self._written: dict[str, dict[str, str]] = {}  # scope -> agent -> the value written
         # Chats whose lines Redis may have lost (the connection was lost: Redis may have
         # restarted empty): written again whole at their next `share`.
@@ -121,7 +123,7 @@ class SharedBoards:
     def channel(self) -> str:
         return self._key("board", "changed")
 
-    def share(self, scope: str, lines: Mapping[str, Mapping[str, Any]]) -> None:
+    async def share(self, scope: str, lines: Mapping[str, Mapping[str, Any]]) -> None:
         """Make this instance's lines in the chat `lines` (agent -> its line, of the agents
         it serves there now): the changed ones are written, those of agents it no longer
         serves there removed, in one round trip (none when nothing changed)."""
@@ -133,27 +135,27 @@ class SharedBoards:
             return
         key = self._key("board", scope)
         try:
-            pipe = self._client.pipeline(transaction=False)
+            pipe = self._aio.pipeline(transaction=False)
             for agent, value in gone.items():
-                self._withdraw(keys=[key], args=[agent, value], client=pipe)
+                await self._withdraw(keys=[key], args=[agent, value], client=pipe)
             if fresh:
                 pipe.hset(key, mapping=cast(dict[Any, Any], fresh))
             pipe.publish(self.channel, scope)
-            pipe.execute()
+            await pipe.execute()
         except RedisError as error:
-            self._said(error, key, wrote=True)
+            await self._said(error, key, wrote=True)
             # Shared again at the next lease renewal (`retry`): a Redis that refuses writes
             # but stays connected (OOM, READONLY) announces no reconnection.
             self._reshare.add(scope)
             return
-        self._said(None, key, wrote=True)
+        await self._said(None, key, wrote=True)
         self._reshare.discard(scope)
         if wanted:
             self._written[scope] = wanted
         else:
             self._written.pop(scope, None)
 
-    def lines(
+    async def lines(
         self, scope: str, now: float | None = None
     ) -> dict[str, tuple[dict[str, Any], bool]] | None:
         """Every agent's line in the chat (agent -> its line, and whether its writer still
@@ -168,54 +170,56 @@ class SharedBoards:
         now = time.time() if now is None else now
         key = self._key("board", scope)
         try:
-            stored = cast(dict[str, str], self._client.hgetall(key))
+            stored = cast(dict[str, str], await self._aio.hgetall(key))
             found = [(agent, raw, _decode(raw)) for agent, raw in sorted(stored.items())]
             usable = [(agent, raw, item) for agent, raw, item in found if item is not None]
             leases = [self._key("lease", "agent", agent) for agent, _, _ in usable]
-            holders = cast(list[str | None], self._client.mget(leases) if leases else [])
+            holders = cast(list[str | None], await self._aio.mget(leases) if leases else [])
         except RedisError as error:
-            self._said(error, key)
+            await self._said(error, key)
             self._recheck.add(scope)  # composed again at the next lease renewal
             return None
-        self._said(None, key)
+        await self._said(None, key)
         shown: dict[str, tuple[dict[str, Any], bool]] = {}
-        pipe = self._client.pipeline(transaction=False)
+        pipe = self._aio.pipeline(transaction=False)
         for (agent, raw, (writer, line, lost_at)), holder in zip(usable, holders, strict=True):
             if holder is not None and holder.startswith(writer + "|"):
                 shown[agent] = (line, True)
                 if lost_at is not None:  # its writer has its lease back (a Redis outage)
                     # Unstamped again: the value its writer knows, and withdraws at stop.
-                    self._restamp(keys=[key], args=[agent, raw, _encode(line, writer)], client=pipe)
+                    await self._restamp(
+                        keys=[key], args=[agent, raw, _encode(line, writer)], client=pipe
+                    )
             elif lost_at is None:
                 stamped = _encode(line, writer, now)
-                self._restamp(keys=[key], args=[agent, raw, stamped], client=pipe)
+                await self._restamp(keys=[key], args=[agent, raw, stamped], client=pipe)
                 shown[agent] = (line, False)
             elif now - lost_at < UNOBSERVED_KEEP_S:
                 shown[agent] = (line, False)
             else:
-                self._withdraw(keys=[key], args=[agent, raw], client=pipe)
+                await self._withdraw(keys=[key], args=[agent, raw], client=pipe)
         if len(pipe):
             with contextlib.suppress(RedisError):  # stamped at the next composition then
-                pipe.execute()
+                await pipe.execute()
         if all(observed for _, observed in shown.values()):
             self._recheck.discard(scope)
         else:
             self._recheck.add(scope)
         return shown
 
-    def withdraw_all(self) -> None:
+    async def withdraw_all(self) -> None:
         """Remove every line this instance wrote (it stops) and tell the boards' owners."""
         if not self._written:
             return
         try:  # one round trip: a stop while Redis does not answer waits for one call only
-            pipe = self._client.pipeline(transaction=False)
+            pipe = self._aio.pipeline(transaction=False)
             for scope, written in sorted(self._written.items()):
                 for agent, value in written.items():
-                    self._withdraw(
+                    await self._withdraw(
                         keys=[self._key("board", scope)], args=[agent, value], client=pipe
                     )
                 pipe.publish(self.channel, scope)
-            pipe.execute()
+            await pipe.execute()
         except RedisError as error:
             log.warning(
                 "could not remove this instance's board lines (%s); they leave the boards"
@@ -230,7 +234,7 @@ class SharedBoards:
         them (see `follow`)."""
         return scope in self._reshare or self._key("board", scope) in self._wrong_type
 
-    def retry(self) -> None:
+    async def retry(self) -> None:
         """Announce the chats whose key held another type, so that their lines are shared
         and their boards composed again once the key is deleted (each lease renewal).
 
@@ -246,16 +250,16 @@ class SharedBoards:
         scopes |= self._reshare | self._recheck
         with contextlib.suppress(RedisError):
             for scope in sorted(scopes):
-                self._client.publish(self.channel, scope)
+                await self._aio.publish(self.channel, scope)
 
-    def every_board_changed(self) -> None:
+    async def every_board_changed(self) -> None:
         """Ask every board's owner to compose it again (an instance left the cluster)."""
         try:
-            self._client.publish(self.channel, EVERY_BOARD)
+            await self._aio.publish(self.channel, EVERY_BOARD)
         except RedisError as error:
-            self._said(error)
+            await self._said(error)
 
-    def _said(
+    async def _said(
         self, error: RedisError | None, key: str | None = None, *, wrote: bool = False
     ) -> None:
         """Log a failure once while it lasts (a chat's key of another type once by name,
@@ -274,7 +278,7 @@ class SharedBoards:
                 self._wrong_type.add(key)
                 found = "other type"
                 with contextlib.suppress(RedisError):
-                    found = str(self._client.type(key))
+                    found = str(await self._aio.type(key))
                 log.error("a chat's board cannot be shared: %s", wrong_type(key, found, "hash"))
             return
         failing = self._failing

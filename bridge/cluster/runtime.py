@@ -277,7 +277,7 @@ class Cluster:
         self._silent_since: float | None = None  # when Redis stopped answering (monotonic)
         self._bots: dict[str, str] = {}  # channel -> the bot this instance posts as
         self._routes_shared: str | None = None  # what `_share_routes` last wrote
-        self.boards = SharedBoards(self.store.client, self.aio, self.prefix, self.owner)
+        self.boards = SharedBoards(self.aio, self.prefix, self.owner)
         self._board_leases: dict[str, Lease] = {}
         self._boards_held: set[str] = set()  # chats whose board `take_board` was told of
         self.replies = ClusterReplies(
@@ -381,7 +381,7 @@ class Cluster:
             if await self.aio.zremrangebyscore(members, "-inf", now_ms):
                 # An instance died: its board lines are ignored now (their agents' leases
                 # lapsed), so the boards that showed them are composed again.
-                self.boards.every_board_changed()
+                await self.boards.every_board_changed()
 
     async def routed_names(self, channel: str, chat: ChatRef) -> list[str]:
         """The agents the live instances route to `chat` (each as its own routes would
@@ -428,7 +428,7 @@ class Cluster:
                     await self._follow_boards(boards)
                 await self._renew(take, drop, routed)
                 if boards is not None:
-                    self._hand_boards(boards)
+                    await self._hand_boards(boards)
                 if replies is not None:
                     await self._take_replies(replies)
             except Exception:
@@ -475,9 +475,9 @@ class Cluster:
         for scope in sorted(wanted - self._board_leases.keys()):
             self._board_leases[scope] = self.lease("board", scope)
 
-    def _hand_boards(self, boards: BoardHolder) -> None:
+    async def _hand_boards(self, boards: BoardHolder) -> None:
         """Tell the service which boards it sends, after their leases' renewal."""
-        self.boards.retry()
+        await self.boards.retry()
         for scope, lease in self._board_leases.items():
             if lease.held and scope not in self._boards_held:
                 try:
@@ -599,7 +599,7 @@ class Cluster:
             *self._board_leases.values(),
         ]
         await release_all(self.aio, leases)
-        self.boards.withdraw_all()  # a line a standby wrote since is its own: it stays
+        await self.boards.withdraw_all()  # a line a standby wrote since is its own: it stays
         with contextlib.suppress(RedisError):  # else it expires after the lease TTL
             for channel, bot in self._bots.items():
                 await self.aio.hdel(self.key("bots", channel), bot)

@@ -23,7 +23,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, tzinfo
 from typing import TYPE_CHECKING, Any, Final
@@ -288,6 +288,8 @@ class Service:
         self._routes_by_scope: dict[str, list[Route]] = {}
         self._views = ChatViews(store, ())
         self._board_timer: asyncio.TimerHandle | None = None
+        self._board_flush: asyncio.Task[None] | None = None  # clustered: boards composing
+        self._stopped = False  # run() has ended
         self._boards_composed_at = -BOARD_COMPOSE_EVERY_S
         self._boards: set[RouteKey] = set()  # board residents the scheduler knows
         # Clustered: the agents' board lines are shared, and only the instance holding a
@@ -351,6 +353,10 @@ class Service:
             self._running = False
             if self._board_timer is not None:
                 self._board_timer.cancel()
+            self._stopped = True
+            if self._board_flush is not None:
+                self._board_flush.cancel()
+                await asyncio.gather(self._board_flush, return_exceptions=True)
             stopper.cancel()
             for task in (*tasks, *starters):
                 task.cancel()
@@ -1090,7 +1096,23 @@ class Service:
 
     def _flush_boards(self) -> None:
         self._board_timer = None
-        self._boards_composed_at = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        if self._shared_boards is not None:
+            if self._stopped:
+                return  # no task is started that the stop would not wait for
+            if self._board_flush is not None and not self._board_flush.done():
+                # The last composition still waits for Redis: this one comes after it, so
+                # two never share one chat's lines at once or send its boards out of order.
+                self._board_timer = loop.call_later(BOARD_COMPOSE_EVERY_S, self._flush_boards)
+                return
+            self._boards_composed_at = loop.time()
+            scopes = self._views.take_dirty()
+            if scopes:
+                self._board_flush = loop.create_task(
+                    self._flush_shared_boards(scopes), name="boards"
+                )
+            return
+        self._boards_composed_at = loop.time()
         for scope in self._views.take_dirty():
             try:
                 self._project_board(scope)
@@ -1098,10 +1120,19 @@ class Service:
                 # The board is every agent's: a bug here must not reach the loop.
                 log.exception("chat %s: the board could not be composed", scope)
 
-    def _project_board(self, scope: str) -> None:
-        routes = self._routes_by_scope.get(scope, [])
-        if self._shared_boards is not None:
-            self._share_board_lines(scope, routes)
+    async def _flush_shared_boards(self, scopes: Iterable[str]) -> None:
+        """Clustered: compose the boards of `scopes`, off the timer's callback, since each
+        waits for Redis (the lines shared, then read), which must not hold the loop."""
+        for scope in scopes:
+            try:
+                await self._project_shared_board(scope)
+            except Exception:
+                log.exception("chat %s: the board could not be composed", scope)
+
+    def _board_target(self, scope: str, routes: list[Route]) -> tuple[RouteKey, tzinfo] | None:
+        """The chat's board resident and time zone when a board is to be composed for it
+        now; None when not (no board resident, its channel not ready, or the chat shows
+        cards: then a board it still shows is retired here)."""
         # With no route left (the chat's last agent left), a board it showed lists none.
         found = (
             board_key(routes[0].key)
@@ -1109,49 +1140,74 @@ class Service:
             else next((k for k in self._boards if k.chat_scope == scope), None)
         )
         if found is None:
-            return
+            return None
         key, zone = found, routes[0].zone if routes else UTC
         if key.channel not in self._ready_channels or key not in self._boards:
-            return  # not scheduled yet (the service is starting)
+            return None  # not scheduled yet (the service is starting)
+        if self._views.view(scope) == "cards":
+            if self._scheduler.has_message(key):
+                retired = BoardView(summary=RETIRED_BOARD_SUMMARY)
+                channel = self._channels[key.channel]
+                self._scheduler.submit(key, channel.render_board(retired), release=True)
+            return None
+        return key, zone
+
+    def _project_board(self, scope: str) -> None:
+        routes = self._routes_by_scope.get(scope, [])
+        target = self._board_target(scope, routes)
+        if target is None:
+            return
+        key, zone = target
         channel = self._channels[key.channel]
         has_message = self._scheduler.has_message(key)
-        if self._views.view(scope) == "cards":
-            if has_message:
-                retired = BoardView(summary=RETIRED_BOARD_SUMMARY)
-                self._scheduler.submit(key, channel.render_board(retired), release=True)
-            return
         prefs = self._chat_prefs(scope)
-        if self._shared_boards is not None:
-            records = self._shared_boards.lines(scope)
-            if records is None:
-                return  # Redis did not answer (logged): composed again at the next renewal
-            lines = [
-                facts if observed else unobserved(facts)
-                for agent, (record, observed) in records.items()
-                if (facts := facts_from_record(record)) is not None and facts.agent_id == agent
-            ]
-            started = any(line.started for line in lines)
-            if not has_message and (prefs.hidden or not started):
-                return
-            # Scrubbed by their writers; again here, for this instance's own secrets.
-            scrub = self._redact
-            lines = [
-                replace(
-                    line,
-                    headline=None if line.headline is None else scrub(line.headline),
-                    movement=None if line.movement is None else scrub(line.movement),
-                )
-                for line in lines
-            ]
-            board = compose_facts(lines, hidden=prefs.hidden, now=self._clock(), zone=zone)
-        else:
-            entries = self._board_entries(routes)
-            started = any(e.card.status != "none" or e.activity.state != "unknown" for e in entries)
-            if not has_message and (prefs.hidden or not started):
-                return  # the board appears with the first sign of life, not before
-            board = compose_board(
-                entries, hidden=prefs.hidden, now=self._clock(), zone=zone, scrub=self._redact
+        entries = self._board_entries(routes)
+        started = any(e.card.status != "none" or e.activity.state != "unknown" for e in entries)
+        if not has_message and (prefs.hidden or not started):
+            return  # the board appears with the first sign of life, not before
+        board = compose_board(
+            entries, hidden=prefs.hidden, now=self._clock(), zone=zone, scrub=self._redact
+        )
+        self._scheduler.submit(key, channel.render_board(fit_board(board, channel.board_fits)))
+
+    async def _project_shared_board(self, scope: str) -> None:
+        """Clustered: share the lines of the chat's agents served here; then, when this
+        instance sends the chat's board, compose it from every instance's lines."""
+        assert self._shared_boards is not None
+        await self._share_board_lines(scope, self._routes_by_scope.get(scope, []))
+        if self._board_target(scope, self._routes_by_scope.get(scope, [])) is None:
+            return
+        records = await self._shared_boards.lines(scope)
+        if records is None:
+            return  # Redis did not answer (logged): composed again at the next renewal
+        # Read again: the chat's routes, its view or its board lease may have changed while
+        # Redis answered.
+        target = self._board_target(scope, self._routes_by_scope.get(scope, []))
+        if target is None:
+            return
+        key, zone = target
+        channel = self._channels[key.channel]
+        has_message = self._scheduler.has_message(key)
+        prefs = self._chat_prefs(scope)
+        lines = [
+            facts if observed else unobserved(facts)
+            for agent, (record, observed) in records.items()
+            if (facts := facts_from_record(record)) is not None and facts.agent_id == agent
+        ]
+        started = any(line.started for line in lines)
+        if not has_message and (prefs.hidden or not started):
+            return
+        # Scrubbed by their writers; again here, for this instance's own secrets.
+        scrub = self._redact
+        lines = [
+            replace(
+                line,
+                headline=None if line.headline is None else scrub(line.headline),
+                movement=None if line.movement is None else scrub(line.movement),
             )
+            for line in lines
+        ]
+        board = compose_facts(lines, hidden=prefs.hidden, now=self._clock(), zone=zone)
         self._scheduler.submit(key, channel.render_board(fit_board(board, channel.board_fits)))
 
     def _board_entries(self, routes: list[Route]) -> list[BoardEntry]:
@@ -1163,12 +1219,12 @@ class Service:
             and (monitor := self._monitors.get(route.key.agent_id)) is not None
         ]
 
-    def _share_board_lines(self, scope: str, routes: list[Route]) -> None:
+    async def _share_board_lines(self, scope: str, routes: list[Route]) -> None:
         """Clustered: the lines of the chat's agents served here, for the board's sender
         (none while the chat shows cards: a switch to the board shares them again)."""
         assert self._shared_boards is not None
         entries = self._board_entries(routes) if self._views.view(scope) == "board" else []
-        self._shared_boards.share(
+        await self._shared_boards.share(
             scope, {e.agent_id: facts_record(board_facts(e, self._redact)) for e in entries}
         )
 
