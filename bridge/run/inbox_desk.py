@@ -28,7 +28,7 @@ import json
 import logging
 import secrets
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime, tzinfo
 from pathlib import Path
@@ -527,7 +527,7 @@ class InboxDesk:
         stored = self._store.get_cursor(cursor)
         if not stored:
             return last
-        self._store.set_cursor(cursor, "")
+        self._store.delete_cursors([cursor])  # a row per pair ever seen was left behind
         if last is not None:
             return last
         try:
@@ -535,6 +535,25 @@ class InboxDesk:
         except (ValueError, TypeError):
             return None  # not what this desk writes: no wake to take back
         return (ident, body) if isinstance(ident, str) and isinstance(body, str) else None
+
+    def forget_departed(self, fleet: Collection[str]) -> int:
+        """At start: forget the report-wake cursors of pairs whose parent or child is not
+        in the fleet (removed from the config, no longer discovered), and those an earlier
+        version left empty. Safe whenever: a cursor only lets the next report of the same
+        child join the wake still queued; without it, that report gets a wake of its own
+        and nothing is lost or said twice (each episode's wake is recorded in the notices,
+        which stay). Returns how many were forgotten."""
+        gone: list[str] = []
+        for key in self._store.cursor_keys(REPORT_WAKE_CURSOR):
+            try:
+                parent, child = json.loads(key[len(REPORT_WAKE_CURSOR) :])
+            except (ValueError, TypeError):
+                continue  # not a key this desk writes: left alone
+            if parent not in fleet or child not in fleet or not self._store.get_cursor(key):
+                gone.append(key)
+                self._report_wakes.pop((parent, child), None)
+        self._store.delete_cursors(gone)
+        return len(gone)
 
     def _wake_message(self, ident: str, child_id: str, text: str) -> dict[str, Any]:
         return inbox_message(

@@ -320,6 +320,8 @@ class Service:
                 self._schedule(route)
         self._schedule_boards()
         self._desk.load()
+        if self._owned is None:  # alone on the state, not clustered
+            self._forget_departed()
         self._running = True
         self.started.set()
         starters = [
@@ -368,6 +370,35 @@ class Service:
                 except ChannelError as error:
                     log.warning("channel %s did not stop cleanly: %s", channel.name, error)
             log.info("stopped")
+
+    def _forget_departed(self) -> None:
+        """At start, alone on the state (a cluster's instances may serve other fleets): the
+        state rows that only matter while an agent is served, of agents no longer in the
+        fleet. Only rows safe to drop at once: the report-wake cursors (`forget_departed`)
+        and the health kept for `taskcard status`, which the agent's files tell again. What
+        an agent that comes back needs stays: its files' offsets (so what it wrote while away
+        is neither lost nor said twice), its residents, notices and inbox records."""
+        fleet = set(self._monitors)
+        try:
+            wakes = self._desk.forget_departed(fleet)
+            health = [
+                key
+                for key in self._store.cursor_keys(AGENT_HEALTH_PREFIX)
+                if key[len(AGENT_HEALTH_PREFIX) :] not in fleet
+            ]
+            self._store.delete_cursors(health)
+        except Exception as error:
+            # Housekeeping: a state file that fails now is the writes' business (logged and
+            # retried there); the next start forgets these rows instead.
+            log.warning("the state of agents no longer served was not forgotten: %s", error)
+            return
+        if wakes or health:
+            log.info(
+                "forgot the state of agents no longer served: %d report-wake cursors, %d"
+                " health records",
+                wakes,
+                len(health),
+            )
 
     async def _start_channel(self, name: str, channel: Channel) -> None:
         """Start one channel, retrying while it is unreachable; then show what is pending."""

@@ -200,6 +200,16 @@ class StateStore(ABC):
     def set_cursor(self, key: str, value: str) -> None: ...
 
     @abstractmethod
+    def cursor_keys(self, prefix: str) -> list[str]:
+        """The keys of every cursor whose key starts with `prefix` (a plain prefix, no
+        pattern), sorted."""
+
+    @abstractmethod
+    def delete_cursors(self, keys: Iterable[str]) -> None:
+        """Forget these cursors (`get_cursor` gives None for them after); unknown keys are
+        ignored."""
+
+    @abstractmethod
     def first_claim(self, key: str, value: str, keep_s: float) -> str:
         """The value the first caller gave for `key`, kept `keep_s`: the instances of a
         cluster that each handle one command decide what it means once (the first to get

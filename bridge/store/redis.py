@@ -513,6 +513,20 @@ class RedisStore(StateStore):
     def set_cursor(self, key: str, value: str) -> None:
         self._r.hset(self.key("cursors"), key, value)
 
+    def cursor_keys(self, prefix: str) -> list[str]:
+        # HSCAN's MATCH is a glob: the prefix's own glob characters are escaped.
+        pattern = "".join("\\" + c if c in "*?[]\\" else c for c in prefix) + "*"
+        found = {
+            str(field)
+            for field, _ in self._r.hscan_iter(self.key("cursors"), match=pattern, count=500)
+        }
+        return sorted(key for key in found if key.startswith(prefix))
+
+    def delete_cursors(self, keys: Iterable[str]) -> None:
+        wanted = sorted(set(keys))
+        if wanted:
+            self._r.hdel(self.key("cursors"), *wanted)
+
     def first_claim(self, key: str, value: str, keep_s: float) -> str:
         """The first value claimed under `key`; `WrongKeyType` when the key holds another
         type (`SET NX` failed on it as on a claim already taken, and reading it failed)."""

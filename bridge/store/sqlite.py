@@ -847,6 +847,25 @@ class SqliteStore(StateStore):
 
         self._write(("cursor", key), op)
 
+    def cursor_keys(self, prefix: str) -> list[str]:
+        rows = self._db.execute(
+            "SELECT key FROM cursors WHERE substr(key, 1, ?) = ? ORDER BY key",
+            (len(prefix), prefix),
+        )
+        return [str(row["key"]) for row in rows]
+
+    def delete_cursors(self, keys: Iterable[str]) -> None:
+        wanted = sorted(set(keys))
+        if not wanted:
+            return
+
+        def op(db: sqlite3.Connection) -> None:
+            db.executemany("DELETE FROM cursors WHERE key = ?", [(key,) for key in wanted])
+
+        for key in wanted:  # a set_cursor of one of them still waiting is superseded
+            self._backlog.pop(("cursor", key), None)
+        self._write(("cursors deleted", *wanted), op)
+
     def pauses(self) -> dict[str, float]:
         rows = self._db.execute("SELECT scope, until_epoch FROM pauses").fetchall()
         return {str(row["scope"]): float(row["until_epoch"]) for row in rows}

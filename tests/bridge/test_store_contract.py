@@ -182,6 +182,20 @@ class TestStateStore:
         store.set_cursor("telegram:update_offset", "43")
         assert store.get_cursor("telegram:update_offset") == "43"
 
+    def test_cursors_by_prefix_and_deleted(self, store: StateStore) -> None:
+        store.set_cursor('report-wake:["a","b"]', "x")
+        store.set_cursor('report-wake:["a","c*"]', "y")
+        store.set_cursor("report-wakeful", "z")  # another prefix's start, not this one's
+        store.set_cursor("agent-health:a", "[]")
+        both = ['report-wake:["a","b"]', 'report-wake:["a","c*"]']
+        assert store.cursor_keys('report-wake:["') == both
+        assert store.cursor_keys("rep*") == []  # a plain prefix, not a pattern
+        store.delete_cursors(['report-wake:["a","b"]', "never-set"])
+        assert store.get_cursor('report-wake:["a","b"]') is None
+        assert store.cursor_keys("report-wake:") == ['report-wake:["a","c*"]']
+        assert store.get_cursor("agent-health:a") == "[]"
+        store.delete_cursors([])
+
     def test_pauses_by_scope(self, store: StateStore) -> None:
         store.set_pause("telegram:bot", 2_000_000_000.0)
         store.set_pause("telegram:chat:-100", 1_900_000_000.5)

@@ -999,3 +999,88 @@ async def test_the_verdict_in_the_specs_own_words_reaches_the_chat(
             text = await wait_said(chat, "judge reported (#2)", "the CLI's report")
             assert "failed, verdict rejected, as reviewer" in text, text
             assert await chat.serve.aterminate() == 0
+
+
+def _state_cursors(tmp_path: Path, prefix: str) -> dict[str, str]:
+    """The service's state cursors whose key starts with `prefix`, read from its file as an
+    operator would."""
+    import sqlite3
+    from contextlib import closing
+
+    with closing(sqlite3.connect(tmp_path / ".taskcard" / "state.sqlite3")) as db:
+        query = "SELECT key, value FROM cursors WHERE substr(key, 1, ?) = ?"
+        return {str(k): str(v) for k, v in db.execute(query, (len(prefix), prefix))}
+
+
+def _worker_offsets(tmp_path: Path) -> list[str]:
+    import sqlite3
+    from contextlib import closing
+
+    with closing(sqlite3.connect(tmp_path / ".taskcard" / "state.sqlite3")) as db:
+        query = "SELECT name FROM offsets WHERE agent_id = 'worker'"
+        return [str(name) for (name,) in db.execute(query)]
+
+
+async def test_the_state_of_a_removed_agent_is_forgotten_and_a_returning_one_repeats_nothing(
+    tmp_path: Path,
+) -> None:
+    """A child removed from the config left its report-wake cursor (and its health record)
+    in the state for good. A start now forgets them for agents no longer served; the files'
+    offsets stay, so the child, added back, repeats no old report, and its next one is
+    announced and wakes its parent."""
+    async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
+        assert isinstance(chat, TelegramChat)
+        lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
+        lineage = {"parent": "lead", "reason": "split", "depth": 1, "created_at": utc_now_iso()}
+        atomic_write(worker / "lineage.json", json.dumps(lineage).encode())
+        publish(worker, "**migrating**")
+        publish(lead, "**leading**")
+
+        def report_wakes() -> list[str]:
+            texts = [str(json.loads(p.read_text())["text"]) for p in queued(tmp_path, "lead")]
+            return [text for text in texts if "worker reported" in text]
+
+        with chat.serve:
+            await wait_said(chat, "migrating", "worker card")
+            report(worker, 1, ok=True, summary="part 1 done")
+            await wait_said(chat, "worker reported (#1)", "report 1 in the chat")
+            await eventually(lambda: len(report_wakes()) == 1, what="the wake of report 1")
+            card = worker / "taskcard" / "taskcard.md"
+            card.unlink()
+            card.symlink_to(tmp_path / "nowhere.md")  # a problem `taskcard status` lists
+            await eventually(
+                lambda: (
+                    _state_cursors(tmp_path, "agent-health:worker").get("agent-health:worker", "[]")
+                    != "[]"
+                ),
+                what="the worker's problem kept for status",
+            )
+            assert await chat.serve.aterminate() == 0
+        card.unlink()
+        publish(worker, "**migrating**")
+        assert list(_state_cursors(tmp_path, "report-wake:")) == ['report-wake:["lead", "worker"]']
+
+        alone = TelegramChat(tmp_path, chat.fake, ["lead"], SIGNALS)  # the worker removed
+        with alone.serve:
+            await eventually(lambda: "channel telegram ready" in alone.serve.logs, what="start")
+            assert await alone.serve.aterminate() == 0
+        assert "forgot the state of agents no longer served" in alone.serve.logs
+        assert _state_cursors(tmp_path, "report-wake:") == {}
+        assert "agent-health:worker" not in _state_cursors(tmp_path, "agent-health:")
+        assert _worker_offsets(tmp_path), "the files' offsets stay, for its return"
+
+        said = len([t for t in chat.bot_texts() if "worker reported" in t])
+        back = TelegramChat(tmp_path, chat.fake, ["lead", "worker"], SIGNALS)  # it returns
+        with back.serve:
+            await eventually(lambda: "channel telegram ready" in back.serve.logs, what="start")
+            report(worker, 2, ok=True, summary="part 2 done")
+            await wait_said(back, "worker reported (#2)", "report 2 in the chat")
+            await eventually(
+                lambda: any("part 2 done" in text for text in report_wakes()),
+                what="a wake carrying report 2",
+            )
+            assert await back.serve.aterminate() == 0
+        reported = [t for t in chat.bot_texts() if "worker reported" in t]
+        assert len(reported) == said + 1 and "(#2)" in reported[-1], reported
+        assert sum("(#1)" in text for text in report_wakes()) == 1, report_wakes()
+        assert "forgot the state" not in back.serve.logs
