@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from taskcard.channels.base import BIND_RETRY_S
 from tests.e2e.harness import ServeProcess, eventually, notify, publish, run_cli
 from tests.fakes.feishu_api import FakeFeishu
 
@@ -288,6 +289,39 @@ async def test_a_busy_webhook_port_is_waited_for_and_feishu_comes_up_once_free(
     assert "choose another port" in line
     assert "channel feishu disabled" not in serve.logs
     assert "Traceback" not in serve.logs and "Errno" not in serve.logs
+
+
+async def test_a_webhook_port_held_past_the_quick_retries_is_still_taken_once_free(
+    tmp_path: Path, fake: FakeFeishu
+) -> None:
+    """A port still held after the quick retries (`BIND_RETRY_S`) does not disable the
+    channel: its start is tried again with backoff, each attempt saying why, and the channel
+    serves once the port is free."""
+    setup = Setup(tmp_path, fake, ["builder"])
+    squatter = socket.socket()
+    try:
+        squatter.bind(("127.0.0.1", setup.port))
+        squatter.listen()
+        with setup.serve() as serve:
+            publish(tmp_path / "agents" / "builder", "after a long wait")
+            await eventually(
+                lambda: "channel feishu not ready" in serve.logs,
+                timeout_s=BIND_RETRY_S + 60,
+                what="the start tried again after the quick retries",
+            )
+            squatter.close()
+            await eventually(
+                lambda: any("after a long wait" in t for t in card_texts(fake)),
+                timeout_s=120,
+                what="the Feishu card once the port is free",
+            )
+            assert await serve.aterminate() == 0
+    finally:
+        squatter.close()
+    [line, *_] = [line for line in serve.logs.splitlines() if "channel feishu not ready" in line]
+    assert f"[feishu.webhook] host '127.0.0.1', port {setup.port}" in line
+    assert "choose another port" in line
+    assert "channel feishu disabled" not in serve.logs and "Traceback" not in serve.logs
 
 
 async def test_a_legacy_frame_of_25_lines_shows_20_and_counts_the_rest(
