@@ -50,6 +50,12 @@ EXIT_ALREADY_RUNNING = 3
 STATE_LOCK_WAIT_S = 30.0
 STATE_LOCK_RETRY_EVERY_S = 0.5
 
+# The serve lock held by another service is waited for this long before the start gives up
+# with exit 3: the instance a restart replaces may still be stopping (up to ~35 s when a
+# send is in flight), one that keeps serving is refused after it.
+SERVE_LOCK_WAIT_S = 45.0
+SERVE_LOCK_RETRY_EVERY_S = 0.5
+
 log = logging.getLogger(__name__)
 
 
@@ -201,6 +207,8 @@ async def serve(
         )
         return failed(EXIT_CONFIG)
     if holder is not None:
+        holder = await _wait_for_serve_lock(lock, holder, config.state_dir, stopping)
+    if holder is not None:
         start_error(
             f"another `taskcard serve` (pid {holder}) already uses the state "
             f"directory {config.state_dir}; two services on one state would post duplicate "
@@ -320,6 +328,34 @@ async def serve(
             wiring.cluster.forget_bots()  # it never served: its bot claim must not linger
         store.close()
         lock.release()
+
+
+async def _wait_for_serve_lock(
+    lock: ServeLock, holder: str, state_dir: Path, stopping: Callable[[], str | None]
+) -> str | None:
+    """None once `lock` is taken; else the holder's pid, after `SERVE_LOCK_WAIT_S` or a stop.
+
+    The holder is often the instance this start replaces, still stopping (its sends in
+    flight finish, then its store closes): waited for, with one warning, instead of exit 3
+    at once, which the shipped unit does not restart. A service that keeps running is still
+    refused once the wait is over."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + SERVE_LOCK_WAIT_S
+    log.warning(
+        "another `taskcard serve` (pid %s) uses the state directory %s; waiting up to %g s for"
+        " it to stop (an instance still stopping lets go of it by then)",
+        holder,
+        state_dir,
+        SERVE_LOCK_WAIT_S,
+    )
+    while loop.time() < deadline and not stopping():
+        await asyncio.sleep(SERVE_LOCK_RETRY_EVERY_S)
+        found = lock.acquire()
+        if found is None:
+            log.info("the state directory %s is free now; starting", state_dir)
+            return None
+        holder = found
+    return holder
 
 
 async def _open_state(state_dir: Path, stopping: Callable[[], str | None]) -> SqliteStore | None:

@@ -181,7 +181,7 @@ def _header_only(path: Path) -> None:
 
 
 def _run(
-    config: Path, *args: str, env: dict[str, str] | None = None
+    config: Path, *args: str, env: dict[str, str] | None = None, timeout_s: float = 60
 ) -> subprocess.CompletedProcess[str]:
     """`taskcard ARGS --config FILE`; a service that starts anyway is stopped and fails."""
     command = [sys.executable, "-m", "taskcard.bridge.cli", *args, "--config", str(config)]
@@ -192,7 +192,7 @@ def _run(
             cwd=ROOT,
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=timeout_s,
             check=False,
             env=environment,
         )
@@ -344,7 +344,7 @@ async def test_a_state_deleted_while_serving_is_written_again(
         )
         if what == "folder":
             await eventually(lambda: "serve.lock was deleted" in serve.logs, what="the lock")
-            second = _run(serve.config, "serve")
+            second = _run(serve.config, "serve", timeout_s=180)  # the lock's wait included
             assert second.returncode == 3, second.stderr
         assert await serve.aterminate() == 0, serve.logs
     assert "Traceback" not in serve.logs
@@ -468,4 +468,42 @@ async def test_a_state_file_locked_at_start_is_waited_for_and_then_served(
     [line] = [line for line in serve.logs.splitlines() if "waiting up to" in line]
     assert str(state_file) in line and "another process holds the state file locked" in line
     assert "end that transaction or stop that process" in line
+    assert not any(line.startswith("taskcard:") for line in serve.logs.splitlines()), serve.logs
+
+
+async def test_a_serve_lock_held_by_an_instance_still_stopping_is_waited_for(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """The instance a restart replaces holds the serve lock until its store is closed: a
+    start meanwhile stopped at once with exit 3, which the shipped unit does not restart.
+    It now waits for the lock, with one warning naming the holder, and serves once it is
+    released (a service that keeps it is still refused after the wait)."""
+    import fcntl
+
+    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])])
+    state_dir = tmp_path / ".taskcard"
+    state_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(state_dir / "serve.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.pwrite(fd, b"424242", 0)  # as an instance still stopping holds it
+        with serve:
+            await eventually(
+                lambda: "waiting up to" in serve.logs, timeout_s=60, what="the warning"
+            )
+            assert serve.proc is not None and serve.proc.poll() is None, serve.logs
+            os.close(fd)
+            fd = -1
+            publish(agent_dir(tmp_path, "builder"), "served after the old instance")
+            await eventually(
+                lambda: any("served after the old instance" in t for t in shown(fake, GROUP)),
+                timeout_s=90,
+                what="the card once the lock is released",
+            )
+            assert await serve.aterminate() == 0, serve.logs
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    [line] = [line for line in serve.logs.splitlines() if "waiting up to" in line]
+    assert "pid 424242" in line and str(state_dir) in line, line
     assert not any(line.startswith("taskcard:") for line in serve.logs.splitlines()), serve.logs
