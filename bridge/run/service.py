@@ -377,7 +377,9 @@ class Service:
         fleet. Only rows safe to drop at once: the report-wake cursors (`forget_departed`)
         and the health kept for `taskcard status`, which the agent's files tell again. What
         an agent that comes back needs stays: its files' offsets (so what it wrote while away
-        is neither lost nor said twice), its residents, notices and inbox records."""
+        is neither lost nor said twice), its residents, notices and inbox records. A
+        discovered agent whose folder the first scan missed loses its report-wake cursor
+        too, which is as harmless as for one that left."""
         fleet = set(self._monitors)
         try:
             wakes = self._desk.forget_departed(fleet)

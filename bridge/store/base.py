@@ -202,7 +202,7 @@ class StateStore(ABC):
     @abstractmethod
     def cursor_keys(self, prefix: str) -> list[str]:
         """The keys of every cursor whose key starts with `prefix` (a plain prefix, no
-        pattern), sorted."""
+        pattern), sorted. It reads every cursor: for housekeeping at start, not per change."""
 
     @abstractmethod
     def delete_cursors(self, keys: Iterable[str]) -> None:
