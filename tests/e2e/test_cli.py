@@ -1056,3 +1056,28 @@ def test_serve_check_names_each_unset_secret_variable_and_never_a_value(tmp_path
     assert result.returncode == 2
     assert "telegram.token_env" in result.stderr and "does not hold a bot token" in result.stderr
     assert "a token with spaces" not in result.stderr
+
+
+def test_serve_check_names_an_unset_variable_and_the_clusters_redis_url(tmp_path: Path) -> None:
+    """A variable that is not set at all is told apart from an empty one, and a cluster's
+    Redis URL variable is checked as `serve` checks it."""
+    config = console_config(
+        tmp_path,
+        AGENT,
+        extra=(
+            '[console]\nenabled = true\n[telegram]\ntoken_env = "TC_CHECK_UNSET_TOKEN"\n'
+            '[[telegram.routes]]\nchat_id = -100123\nagents = ["*"]\n'
+            '[cluster]\nredis_url_env = "TC_CHECK_UNSET_REDIS"\n'
+        ),
+    )
+    result = taskcard("serve", "--config", str(config), "--check")
+    assert result.returncode == 2, result.stderr
+    problems = [line for line in result.stderr.splitlines() if line.startswith("  - ")]
+    assert len(problems) == 2, result.stderr
+    assert "telegram.token_env" in problems[0] and "TC_CHECK_UNSET_TOKEN is not set" in problems[0]
+    assert "cluster.redis_url_env" in problems[1] and "TC_CHECK_UNSET_REDIS" in problems[1]
+    assert "is not set" in problems[1]
+    env = {"TC_CHECK_UNSET_TOKEN": "123456:abc", "TC_CHECK_UNSET_REDIS": "redis://127.0.0.1:1/0"}
+    result = taskcard("serve", "--config", str(config), "--check", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "redis://" not in result.stdout + result.stderr

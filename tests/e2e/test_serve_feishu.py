@@ -284,9 +284,13 @@ async def test_a_busy_webhook_port_is_waited_for_and_feishu_comes_up_once_free(
                 assert await serve.aterminate() == 0
     finally:
         squatter.close()
-    [line] = [line for line in serve.logs.splitlines() if "trying again" in line]
-    assert f"[feishu.webhook] host '127.0.0.1', port {setup.port}: the port is in use" in line
-    assert "choose another port" in line
+    # One warning per start attempt: two when the machine was slow enough to pass the quick
+    # retries before the port was freed.
+    lines = [line for line in serve.logs.splitlines() if "trying again" in line]
+    assert lines
+    for line in lines:
+        assert f"[feishu.webhook] host '127.0.0.1', port {setup.port}: the port is in use" in line
+        assert "choose another port" in line
     assert "channel feishu disabled" not in serve.logs
     assert "Traceback" not in serve.logs and "Errno" not in serve.logs
 
