@@ -11,7 +11,6 @@ rate scopes a request consumes (`rate_scopes`) and never sleeps or retries on it
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import hashlib
 import json
@@ -23,6 +22,8 @@ from typing import Annotated, Any, Final, Literal, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from taskcard.channels.aio import wait_first
 
 AgentState = Literal["running", "idle", "at prompt", "waiting", "exited", "no output", "unknown"]
 Operation = Literal["send", "edit", "delete", "pin"]
@@ -589,12 +590,7 @@ async def bind_retrying(
                 busy()
         else:
             return True
-        if stop is None:
-            await asyncio.sleep(every_s)
-            continue
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), every_s)
-        if stop.is_set():
+        if await wait_first(*(() if stop is None else (stop,)), timeout_s=every_s):
             return False
 
 
