@@ -455,14 +455,6 @@ class Channel(ABC):
     async def pin(self, chat: ChatRef, message_id: str) -> None:
         """Pin a message quietly."""
 
-    def left_behind(self, chat: ChatRef, message_id: str) -> bool:
-        """Whether message `message_id` stays where `chat` no longer is: the platform gave
-        the chat a new id (a Telegram group upgraded to a supergroup) and the message is the
-        old chat's, read-only. Asked only when the chat moved while a request of the route
-        was on its way (rare), so it may read the store a cluster shares."""
-        del chat, message_id
-        return False
-
 
 # How many characters of Markdown source per unit of a platform's size limit are kept before
 # fitting (`precut_body`).

@@ -561,6 +561,3 @@ class ClusteredChannel(Channel):
 
     async def pin(self, chat: ChatRef, message_id: str) -> None:
         await self._inner.pin(chat, message_id)
-
-    def left_behind(self, chat: ChatRef, message_id: str) -> bool:
-        return self._inner.left_behind(chat, message_id)

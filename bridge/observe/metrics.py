@@ -263,9 +263,6 @@ class MeteredChannel(Channel):
     async def pin(self, chat: ChatRef, message_id: str) -> None:
         await self._counted("pin", self.inner.pin(chat, message_id))
 
-    def left_behind(self, chat: ChatRef, message_id: str) -> bool:
-        return self.inner.left_behind(chat, message_id)
-
     async def _counted(self, operation: Operation, request: Awaitable[None]) -> None:
         try:
             await request

@@ -1134,19 +1134,10 @@ class RouteScheduler:
         log.info("route %s: deleting the replaced message in %.1fs", resident.key, wait_s)
 
     def _commit(self, resident: _Resident, message: Outgoing) -> None:
-        if (
-            resident.reshown_in_flight
-            and resident.message_id is not None
-            and self._channels[resident.key.channel].left_behind(
-                resident.key.chat, resident.message_id
-            )
-        ):
-            # The chat moved while this request was on its way, and the old chat took it:
-            # what it showed stays behind there. The card stays pending; its next turn finds
-            # that message gone and posts one replacement in the new chat. (A request the
-            # channel sent on to the new chat, or one the move reached only afterwards, is
-            # shown where people look: committed, or the next turn would repeat the same
-            # bytes and be answered "not modified".)
+        if resident.reshown_in_flight:
+            # The chat moved while this request was on its way: what it showed stays behind
+            # in the old chat. The card stays pending; its next turn finds that message gone
+            # and posts one replacement in the new chat.
             log.info(
                 "route %s: its chat moved while the card was being delivered; showing it again",
                 resident.key,

@@ -363,20 +363,6 @@ class TelegramChannel(Channel):
         where, numeric_id = self._message_in(chat, message_id, Permanent)
         await self._call(chat, bot.pin_chat_message(where, numeric_id, disable_notification=True))
 
-    def left_behind(self, chat: ChatRef, message_id: str) -> bool:
-        if moves.split_message_id(message_id)[1] is not None:
-            return False  # posted in the supergroup: qualified with it
-        if self._moves.target(chat.chat_id) is None:
-            # Another instance may have learned the move (the service heard it from it).
-            try:
-                new = moves.moved_to(self._cursor, chat.chat_id)
-            except Exception as error:
-                _log.warning("could not read whether group %s was upgraded: %s", chat, error)
-                return False
-            if new is not None:
-                self._moves.learn(chat.chat_id, new)
-        return self._moves.target(chat.chat_id) is not None
-
     def _message_in(
         self, chat: ChatRef, message_id: str, error: type[ChannelError]
     ) -> tuple[int | str, int]:
