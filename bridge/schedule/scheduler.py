@@ -101,6 +101,9 @@ class _Resident:
     paced: bool = False  # requests spread at the chat's pace rather than in bursts (a board)
     pin_owed: bool = False  # `pin` turned on while a message was shown: pin that one
     pin_at: float = 0.0  # an owed pin goes no sooner than this (monotonic): a 429's window
+    pin_failures: int = 0  # pins failed for now in a row, for the backoff
+    # The message the store holds as owing its pin (see `RouteScheduler._owe_pin`).
+    pin_saved: str | None = None
     # The delete of `stale_id` was put off by a 429 (or a pause of its chat): the route comes
     # back for it at `delete_at` (monotonic), whether or not its card changes meanwhile.
     delete_owed: bool = False
@@ -368,7 +371,14 @@ class RouteScheduler:
             unsure_at=record.unsure_at if record else None,
             stale_id=record.stale_message_id if record else None,
             reply_to=reply_to,
+            # A pin the last run put off, saw fail for now, or was stopped in the middle of.
+            pin_owed=bool(
+                pin and record and record.message_id and record.pin_owed_id == record.message_id
+            ),
+            pin_saved=record.pin_owed_id if record else None,
         )
+        if self._residents[key].pin_owed and key.channel in self._ready:
+            self._enqueue(self._residents[key])  # else once the channel is (`channel_ready`)
         if record and record.disabled_reason:
             self._store.set_disabled(key.store_key, None)
         if record and record.committed_at is not None:
@@ -388,6 +398,7 @@ class RouteScheduler:
             return
         resident.pin = pin
         resident.pin_owed = pin and resident.message_id is not None
+        self._owe_pin(resident, resident.message_id if resident.pin_owed else None)
         if resident.pin_owed:
             self._enqueue(resident)
 
@@ -621,8 +632,12 @@ class RouteScheduler:
         lane.wake.set()
 
     def channel_ready(self, channel: str) -> None:
-        """`channel` can send: the replies the last run left unsent in it go out now."""
+        """`channel` can send: the replies the last run left unsent in it go out now, and
+        the pins it left owed."""
         self._ready.add(channel)
+        for resident in self._residents.values():
+            if resident.key.channel == channel and resident.pin_pending:
+                self._enqueue(resident)
         held, self._held_replies = self._held_replies, []
         for name, reply in held:
             if name != channel:
@@ -1050,31 +1065,53 @@ class RouteScheduler:
     async def _pin(self, channel: Channel, resident: _Resident, message_id: str | None) -> bool:
         """Pin the route's resident. False when the platform answers that the message is
         gone (deleted, or its chat moved): the caller sends one replacement, pinned in turn.
-        A 429, or a pause of the chat running, puts the pin off to the window's end: the
-        route comes back for it then (`_Resident.pin_at`). Any other failure leaves the
-        message shown unpinned."""
+        A 429, or a pause of the chat running, puts the pin off to the window's end, and a
+        failure for now to a backoff: the route comes back for it then (`_Resident.pin_at`).
+        The pin is owed in the store from before the request until it is done (or refused
+        for good), so a restart in between pins the message too. Any other failure leaves
+        the message shown unpinned."""
         key = resident.key
         if message_id is None:
             return True
+        self._owe_pin(resident, message_id)
         wait_s = self._pause_left_s(channel, key.chat, "pin", message_id)
         if wait_s > 0:
             self._put_off_pin(resident, wait_s)
             return True
         reservation = await self._admit(channel, key.chat, "pin", message_id)
         if reservation is None:
-            return True
+            return True  # stopping: still owed, in the store too
         try:
             await channel.pin(key.chat, message_id)
         except RateLimited as error:
             self._put_off_pin(resident, self._rate_limited(error, f"{key} (pin)"))
+            return True
+        except Transient as error:
+            resident.pin_failures += 1
+            log.warning("route %s: could not pin the resident message for now: %s", key, error)
+            self._put_off_pin(resident, self._backoff.delay_s(resident.pin_failures))
+            return True
         except MessageGone as error:
             log.info("route %s: could not pin message %s: %s", key, message_id, error)
+            self._owe_pin(resident, None)  # its replacement is pinned in turn
             return False
         except ChannelError as error:
             log.warning("route %s: could not pin the resident message: %s", key, error)
         finally:
             reservation.complete()
+        resident.pin_failures = 0
+        self._owe_pin(resident, None)
         return True
+
+    def _owe_pin(self, resident: _Resident, message_id: str | None) -> None:
+        """Keep in the store which message still owes its pin (None: none), so the next run
+        pins it even when no new message is posted. Written only when it changes: a pin is
+        rare, but every message posted on a pinned route costs these two writes."""
+        if resident.pin_saved == message_id:
+            return
+        key = resident.key
+        if self._record(key, lambda: self._store.set_pin_owed(key.store_key, message_id)):
+            resident.pin_saved = message_id
 
     def _put_off_pin(self, resident: _Resident, wait_s: float) -> None:
         resident.pin_owed = True

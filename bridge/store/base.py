@@ -36,6 +36,9 @@ class ResidentRecord:
     # the latest began; counted before each send so that a SIGKILL mid-send counts too.
     unsure_sends: int = 0
     unsure_at: float | None = None
+    # The message whose pin is still owed (put off by a 429, failed for now, or cut short by
+    # a stop): pinned by the next run too. Owed only while it is still `message_id`.
+    pin_owed_id: str | None = None
 
 
 InboxOutcome = Literal["open", "delivered", "failed", "cancelled"]
@@ -153,6 +156,10 @@ class StateStore(ABC):
     def set_unsure_sends(self, route: str, count: int, at: float | None) -> None:
         """Persist how many sends of the resident have no answer yet (see ResidentRecord);
         `set_message_id` with an id resets the count, the outcome being known."""
+
+    @abstractmethod
+    def set_pin_owed(self, route: str, message_id: str | None) -> None:
+        """Persist that `message_id` still owes its pin (None: no pin owed)."""
 
     @abstractmethod
     def set_committed(self, route: str, fingerprint: str, at: float) -> None: ...

@@ -411,6 +411,12 @@ class RedisStore(StateStore):
         else:
             self._update(route, {"unsure_sends": str(count), "unsure_at": repr(at)})
 
+    def set_pin_owed(self, route: str, message_id: str | None) -> None:
+        if message_id is None:
+            self._update(route, {}, ("pin_owed_id",))
+        else:
+            self._update(route, {"pin_owed_id": message_id})
+
     def set_committed(self, route: str, fingerprint: str, at: float) -> None:
         self._update(route, {"fingerprint": fingerprint, "committed_at": repr(at)})
 
@@ -648,4 +654,5 @@ def _record(key: str, route: str, data: dict[str, str]) -> ResidentRecord:
         stale_message_id=data.get("stale_message_id"),
         unsure_sends=unsure_sends,
         unsure_at=_float(data.get("unsure_at")),
+        pin_owed_id=data.get("pin_owed_id"),
     )

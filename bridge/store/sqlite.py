@@ -91,7 +91,8 @@ CREATE TABLE IF NOT EXISTS residents (
     send_key TEXT,
     stale_message_id TEXT,
     unsure_sends INTEGER NOT NULL DEFAULT 0,
-    unsure_at REAL
+    unsure_at REAL,
+    pin_owed_id TEXT
 );
 CREATE TABLE IF NOT EXISTS prefs (
     scope TEXT PRIMARY KEY,
@@ -719,6 +720,13 @@ class SqliteStore(StateStore):
 
         self._write(("unsure_sends", route), op)
 
+    def set_pin_owed(self, route: str, message_id: str | None) -> None:
+        def op(db: sqlite3.Connection) -> None:
+            self._ensure_resident(db, route)
+            db.execute("UPDATE residents SET pin_owed_id = ? WHERE route = ?", (message_id, route))
+
+        self._write(("pin_owed", route), op)
+
     def set_committed(self, route: str, fingerprint: str, at: float) -> None:
         """Kept in memory until the next other write or `retry_pending` (module docstring)."""
         self._unsaved_commits.pop(route, None)  # keeps the dict in write order
@@ -1027,6 +1035,7 @@ def _open_writable(path: Path) -> sqlite3.Connection:
             "stale_message_id": "TEXT",
             "unsure_sends": "INTEGER NOT NULL DEFAULT 0",
             "unsure_at": "REAL",
+            "pin_owed_id": "TEXT",
         }
         for column, kind in added.items():  # state files from before them
             if column not in columns:
@@ -1195,4 +1204,5 @@ def _resident(row: sqlite3.Row) -> ResidentRecord:
         stale_message_id=row["stale_message_id"],
         unsure_sends=int(_added(row, "unsure_sends") or 0),
         unsure_at=_added(row, "unsure_at"),
+        pin_owed_id=_added(row, "pin_owed_id"),
     )

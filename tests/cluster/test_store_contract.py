@@ -88,6 +88,17 @@ def test_replace_message_keeps_the_fingerprint_only_for_the_same_id(opener: Open
     assert record is not None and record.stale_message_id is None and record.send_key == "k2"
 
 
+def test_an_owed_pin_is_kept_across_a_reopen_until_it_is_done(opener: Opener) -> None:
+    store = opener()
+    store.set_message_id("r", "1")
+    store.set_pin_owed("r", "1")
+    record = opener().resident("r")
+    assert record is not None and (record.message_id, record.pin_owed_id) == ("1", "1")
+    store.set_pin_owed("r", None)
+    record = opener().resident("r")
+    assert record is not None and record.pin_owed_id is None
+
+
 def test_prefs_default_and_round_trip(opener: Opener) -> None:
     store = opener()
     assert store.prefs("telegram:1:") == ChatPrefs()

@@ -270,3 +270,71 @@ async def test_a_delete_answered_429_is_tried_again_once_its_window_has_passed(
     [card] = shown(fake, GROUP)
     assert "builder v2" in card
     assert fake.count("deleteMessage") == 2
+
+
+async def test_a_pin_put_off_by_a_429_is_made_after_a_restart_inside_its_window(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """The pin of a new card draws a 429 and the service stops inside the window: the next
+    run pins the card once the window has passed, though its agent changes nothing and no
+    message is posted (the put-off pin was kept in memory only: after the restart it
+    waited for a new message, maybe for ever). Nothing reaches the chat inside the window."""
+    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])], allowed="pin = true")
+    flood(fake, "pinChatMessage", 6)
+    with serve:
+        publish(agent_dir(tmp_path, "builder"), "builder v1")
+        await eventually(lambda: fake.count("pinChatMessage") == 1, what="the refused pin")
+        assert await serve.aterminate() == 0
+    restarted = ServeProcess(serve.config, env={"TC_TEST_TOKEN": fake.token})
+    with restarted:
+        await eventually(
+            lambda: [m.pinned for m in fake.bot_messages(GROUP)] == [True],
+            timeout_s=60,
+            what="the card pinned by the next run",
+        )
+        assert await restarted.aterminate() == 0, restarted.logs
+    assert inside_the_window(fake, GROUP, 6) == []
+    assert fake.count("pinChatMessage") == 2
+    assert fake.count("sendMessage") == 1
+
+
+async def test_a_pin_cut_short_by_a_sigkill_is_made_after_the_restart(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """The service dies while the pin of its new card is on its way (and Telegram did not
+    pin it): the next run pins the card, though no new message is posted."""
+    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])], allowed="pin = true")
+    fake.fail_next("pinChatMessage", 500, "Internal Server Error")
+    fake.delay_answers("pinChatMessage", 60)  # the answer never reaches the first run
+    with serve:
+        publish(agent_dir(tmp_path, "builder"), "builder v1")
+        await eventually(lambda: fake.count("pinChatMessage") == 1, what="the pin on its way")
+        serve.kill()
+    fake.delay_answers("pinChatMessage", 0)
+    restarted = ServeProcess(serve.config, env={"TC_TEST_TOKEN": fake.token})
+    with restarted:
+        await eventually(
+            lambda: [m.pinned for m in fake.bot_messages(GROUP)] == [True],
+            timeout_s=60,
+            what="the card pinned by the next run",
+        )
+        assert await restarted.aterminate() == 0, restarted.logs
+    assert fake.count("pinChatMessage") == 2
+    assert fake.count("sendMessage") == 1
+
+
+async def test_a_pin_that_failed_for_now_is_tried_again(tmp_path: Path, fake: FakeTelegram) -> None:
+    """A pin answered with a server error is tried again after a backoff, without any
+    further change of the card (it was dropped: the card stayed unpinned for good)."""
+    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])], allowed="pin = true")
+    fake.fail_next("pinChatMessage", 500, "Internal Server Error")
+    with serve:
+        publish(agent_dir(tmp_path, "builder"), "builder v1")
+        await eventually(
+            lambda: [m.pinned for m in fake.bot_messages(GROUP)] == [True],
+            timeout_s=60,
+            what="the card pinned at the second try",
+        )
+        assert await serve.aterminate() == 0, serve.logs
+    assert fake.count("pinChatMessage") == 2
+    assert fake.count("sendMessage") == 1

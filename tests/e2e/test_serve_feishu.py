@@ -760,6 +760,37 @@ async def test_a_pin_refused_by_the_rate_limit_is_tried_again_once_its_window_ha
     assert len(fake.requests_of("send")) == 1
 
 
+async def test_a_pin_refused_by_the_rate_limit_is_made_after_a_restart_inside_its_window(
+    tmp_path: Path, fake: FakeFeishu
+) -> None:
+    """As on Telegram: the pin of a new card draws the app-level limit and the service stops
+    inside the window; the next run pins the card after the window, though no message is
+    posted (the put-off pin was kept in memory only), and sends nothing inside it."""
+    setup = Setup(tmp_path, fake, ["builder"])
+    setup.config.write_text(setup.config.read_text() + "pin = true\n")
+    fake.script_rate_limit("pin", reset_s=6)
+    with setup.serve() as serve:
+        publish(tmp_path / "agents" / "builder", "**compile** 1/3")
+        await eventually(lambda: fake.requests_of("pin"), what="the refused pin")
+        assert await serve.aterminate() == 0
+    with setup.serve() as restarted:
+        await eventually(
+            lambda: [m.pinned for m in fake.chat(CHAT) if m.msg_type == "interactive"] == [True],
+            timeout_s=60,
+            what="the card pinned by the next run",
+        )
+        assert await restarted.aterminate() == 0, restarted.logs
+    limited = next(r for r in fake.requests if r.code == 99991400)
+    inside = [
+        r.operation
+        for r in fake.requests
+        if r.operation != "token" and limited.at_s < r.at_s < limited.at_s + 6
+    ]
+    assert inside == []
+    assert len(fake.requests_of("pin")) == 2
+    assert len(fake.requests_of("send")) == 1
+
+
 async def test_a_delete_refused_by_the_rate_limit_is_tried_again_once_its_window_has_passed(
     tmp_path: Path, fake: FakeFeishu
 ) -> None:
