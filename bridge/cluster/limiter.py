@@ -15,8 +15,9 @@ then on Redis's clock, so room that frees during a round waits for the next roun
 going to whichever waiter is asked next.
 
 A 429 seen by one instance is a key with a TTL (capped like every pause), checked by the same
-script, so the scope pauses everywhere. While Redis cannot be reached nothing is sent (the
-script cannot vouch for the window): requests wait and ask again.
+script, so the scope pauses everywhere; `paused_s` reads those keys for a request that waits
+for a pause of scopes it does not spend (a pin in a paused chat). While Redis cannot be
+reached nothing is sent (the script cannot vouch for the window): requests wait and ask again.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ log = logging.getLogger(__name__)
 UNREACHABLE_WAIT_S = 0.5
 # While a window's key holds another type (something else on the prefix), this long.
 WRONG_TYPE_WAIT_S = 2.0
+# How long a question about pauses waits for this instance's own pause writes on their way.
+PAUSE_WRITE_WAIT_S = 2.0
 # A round judged as of longer ago than this (a clock that is not the dispatcher's) is judged
 # as of this long ago: never a window emptied by a wrong reading.
 MAX_AGO_MS = 60_000
@@ -149,6 +152,7 @@ class RedisLimiter(Limiter):
         self.complete_script = client.register_script(_COMPLETE)
         self._pause = client.register_script(_PAUSE)
         self._tasks: set[asyncio.Task[object]] = set()
+        self._pausing: set[asyncio.Task[object]] = set()  # this instance's pause writes
         self._failing = False
         self._wrong: set[str] = set()  # windows of another type, logged once each
 
@@ -173,17 +177,8 @@ class RedisLimiter(Limiter):
         try:
             answer = await self._acquire(keys=keys, args=args)
         except RedisError as error:
-            if not self._failing:
-                log.error(
-                    "the shared rate limits in Redis cannot be checked (%s); nothing is sent"
-                    " until Redis answers again",
-                    type(error).__name__,
-                )
-                self._failing = True
-            return UNREACHABLE_WAIT_S
-        if self._failing:
-            log.warning("the shared rate limits in Redis answer again")
-            self._failing = False
+            return self._unreachable(error)
+        self._reachable()
         if isinstance(answer, list):
             key, found = (str(part) for part in answer)
             if key not in self._wrong:
@@ -203,24 +198,62 @@ class RedisLimiter(Limiter):
             return wait_ms / 1000
         return _SharedAdmission(self, member, keys[0::2])
 
+    def _unreachable(self, error: RedisError) -> float:
+        """Redis did not answer: logged once while it lasts; the request asks again."""
+        if not self._failing:
+            log.error(
+                "the shared rate limits in Redis cannot be checked (%s); nothing is sent"
+                " until Redis answers again",
+                type(error).__name__,
+            )
+            self._failing = True
+        return UNREACHABLE_WAIT_S
+
+    def _reachable(self) -> None:
+        if self._failing:
+            log.warning("the shared rate limits in Redis answer again")
+            self._failing = False
+
     def pause(self, scope: str, seconds: float) -> float:
         applied = bounded_pause_s(seconds, self.max_pause_s)
         if applied > 0:
             cap_ms = math.ceil(self.max_pause_s * 1000)
-            self.later(
+            task = self.later(
                 self._pause(keys=[self.pause_key(scope)], args=[math.ceil(applied * 1000), cap_ms])
             )
+            self._pausing.add(task)
+            task.add_done_callback(self._pausing.discard)
         return applied
+
+    async def paused_s(self, scopes: Iterable[str]) -> float:
+        """The longest pause left in Redis over `scopes`, whichever instance drew it. A pause
+        this instance drew a moment ago is written first (its write runs in the background).
+        While Redis does not answer, nothing can vouch for the chat: ask again shortly."""
+        keys = [self.pause_key(scope) for scope in scopes]
+        if not keys:
+            return 0.0
+        if self._pausing:
+            await asyncio.wait(list(self._pausing), timeout=PAUSE_WRITE_WAIT_S)
+        try:
+            async with self._client.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.pttl(key)
+                left_ms = await pipe.execute()
+        except RedisError as error:
+            return self._unreachable(error)
+        self._reachable()
+        return max([0, *(int(ms) for ms in left_ms)]) / 1000  # -2: no such pause
 
     def seed(self, scopes: Iterable[RateScope], at: float) -> None:
         """Nothing to do: the shared windows outlive any one instance's restart."""
         del scopes, at
 
-    def later(self, work: Awaitable[Any]) -> None:
+    def later(self, work: Awaitable[Any]) -> asyncio.Task[object]:
         """Run a write in the background, owned here and awaited by `close`."""
         task: asyncio.Task[object] = asyncio.ensure_future(work)
         self._tasks.add(task)
         task.add_done_callback(self._done)
+        return task
 
     def _done(self, task: asyncio.Task[object]) -> None:
         self._tasks.discard(task)

@@ -92,6 +92,12 @@ class Limiter(ABC):
         """Pause `scope` (bounded by `max_pause_s`); returns the seconds applied."""
 
     @abstractmethod
+    async def paused_s(self, scopes: Iterable[str]) -> float:
+        """Seconds left of the longest pause running over any of `scopes` (0: none), whoever
+        drew it (shared: any instance). The scheduler asks before a request that does not
+        spend these scopes but must wait for their pause (a pin in a paused chat)."""
+
+    @abstractmethod
     def seed(self, scopes: Iterable[RateScope], at: float) -> None:
         """Record a request finished at `at` (monotonic clock), e.g. from before a restart."""
 
@@ -142,6 +148,9 @@ class RateLimiter(Limiter):
 
     def paused_for(self, scope: str) -> float:
         return max(0.0, self._paused_until.get(scope, 0.0) - self._clock())
+
+    async def paused_s(self, scopes: Iterable[str]) -> float:
+        return max((self.paused_for(scope) for scope in scopes), default=0.0)
 
     def wait_s(self, scopes: Iterable[RateScope], now: float | None = None) -> float:
         """How long after `now` (default: the clock) a request in all of `scopes` may start

@@ -309,9 +309,6 @@ class RouteScheduler:
         self._backoff = Backoff(initial_s=min(1.0, max_backoff_s), max_s=max_backoff_s)
         # Shared by several instances when clustered; in memory otherwise.
         self._limiter = limiter or RateLimiter(clock, max_pause_s=max_pause_s)
-        # Ends (monotonic) of the pauses this scheduler applied, by scope key: a pin or a
-        # delete, whose own scopes do not include the chat's, waits for them (`_pin`).
-        self._pause_ends: dict[str, float] = {}
         # Chats waiting for room in a shared scope (the bot's budget) take turns.
         self._admission = AdmissionQueue(self._limiter, clock)
         self._residents: dict[RouteKey, _Resident] = {}
@@ -487,7 +484,7 @@ class RouteScheduler:
             if until > now_wall:
                 # A state file from before the cap (or a clock jump) may hold a pause that
                 # ends in decades: bounded like a fresh one, and the bound is persisted.
-                applied = self._note_pause(scope, until - now_wall)
+                applied = self._limiter.pause(scope, until - now_wall)
                 if applied < until - now_wall:
                     log.warning(
                         "a stored rate-limit pause of %s ran %.0fs more; capped to %.0fs",
@@ -863,7 +860,7 @@ class RouteScheduler:
     def _rate_limited(self, error: RateLimited, where: str) -> float:
         """Pause the scope the platform named for its `retry_after` (bounded), here and in
         the store; returns the seconds applied."""
-        applied = self._note_pause(error.scope, error.retry_after_s)
+        applied = self._limiter.pause(error.scope, error.retry_after_s)
         if applied < error.retry_after_s:
             log.warning(
                 "rate limited in %s: the platform asked for %gs; pausing scope %s for the"
@@ -880,28 +877,18 @@ class RouteScheduler:
         self._store.set_pause(error.scope, self._wall() + applied)
         return applied
 
-    def _note_pause(self, scope: str, seconds: float) -> float:
-        """Pause `scope` in the limiter and remember its end here too, for the pins and
-        deletes (`_pause_left_s`); returns the seconds applied."""
-        applied = self._limiter.pause(scope, seconds)
-        now = self._clock()
-        for key in [k for k, until in self._pause_ends.items() if until <= now]:
-            del self._pause_ends[key]
-        self._pause_ends[scope] = max(self._pause_ends.get(scope, 0.0), now + applied)
-        return applied
-
-    def _pause_left_s(self, channel: Channel, chat: ChatRef, op: Operation, mid: str) -> float:
+    async def _pause_left_s(
+        self, channel: Channel, chat: ChatRef, op: Operation, mid: str
+    ) -> float:
         """Seconds left of a pause over the chat: a pin or a delete waits for it too.
 
         Their own scopes are the bot's or the app's only (they do not spend the chat's
         budget of messages), but a 429 answered to any request naming the chat says: this
         chat, wait. So they wait for a pause of the scopes of a send there as well, and go
-        out only once it has ended."""
-        if not self._pause_ends:
-            return 0.0
+        out only once it has ended. The limiter is the one book of pauses: clustered, it
+        knows those another instance drew too."""
         scopes = (*channel.rate_scopes(chat, op, mid), *channel.rate_scopes(chat, "send", None))
-        now = self._clock()
-        return max((self._pause_ends.get(s.key, now) - now for s in scopes), default=0.0)
+        return await self._limiter.paused_s(dict.fromkeys(scope.key for scope in scopes))
 
     async def _deliver_route(self, key: RouteKey) -> None:
         resident = self._residents[key]
@@ -1074,7 +1061,7 @@ class RouteScheduler:
         if message_id is None:
             return True
         self._owe_pin(resident, message_id)
-        wait_s = self._pause_left_s(channel, key.chat, "pin", message_id)
+        wait_s = await self._pause_left_s(channel, key.chat, "pin", message_id)
         if wait_s > 0:
             self._put_off_pin(resident, wait_s)
             return True
@@ -1137,7 +1124,7 @@ class RouteScheduler:
         key, stale = resident.key, resident.stale_id
         assert stale is not None
         wait_s = max(
-            self._pause_left_s(channel, key.chat, "delete", stale),
+            await self._pause_left_s(channel, key.chat, "delete", stale),
             resident.delete_at - self._clock() if resident.delete_owed else 0.0,
         )
         if wait_s > 0:

@@ -125,6 +125,19 @@ def test_a_shorter_pause_never_cuts_a_longer_one(limiter: RateLimiter, clock: Fa
     assert limiter.paused_for(CHAT.key) == pytest.approx(100.0)
 
 
+async def test_paused_s_is_the_longest_pause_left_over_the_scopes_asked(
+    limiter: RateLimiter, clock: FakeClock
+) -> None:
+    assert await limiter.paused_s([CHAT.key, BOT.key]) == 0.0
+    limiter.pause(CHAT.key, 10.0)
+    limiter.pause(BOT.key, 4.0)
+    assert await limiter.paused_s([BOT.key]) == pytest.approx(4.0)
+    assert await limiter.paused_s([BOT.key, CHAT.key]) == pytest.approx(10.0)
+    assert await limiter.paused_s([]) == 0.0
+    clock.advance(10)
+    assert await limiter.paused_s([BOT.key, CHAT.key]) == 0.0
+
+
 def test_a_huge_pause_is_capped_and_reports_what_was_applied(clock: FakeClock) -> None:
     limiter = RateLimiter(clock, max_pause_s=60.0)
     assert limiter.pause("bot", 86_400.0 * 365) == 60.0

@@ -1,6 +1,6 @@
 """The shared limiter against a real Redis: three limiters (three instances) racing for one
 chat's window never admit more than the limit in any window, and a 429 pause taken by one
-pauses the scope for all, bounded by the cap."""
+pauses the scope for all, bounded by the cap, and holds every instance's pins there too."""
 
 from __future__ import annotations
 
@@ -8,13 +8,18 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
 
 from taskcard.bridge.cluster.limiter import RedisLimiter
 from taskcard.bridge.schedule.ratelimit import Admission
-from taskcard.channels.base import RateScope
+from taskcard.bridge.schedule.scheduler import RouteKey, RouteScheduler
+from taskcard.bridge.store.sqlite import SqliteStore
+from taskcard.channels.base import ChatRef, RateScope
+from taskcard.channels.errors import RateLimited
+from tests.bridge.test_scheduler import BotWidePinChannel, settle, text
 
 
 @pytest.fixture
@@ -88,3 +93,62 @@ async def test_a_round_is_judged_as_at_its_start_as_in_memory(client: Redis) -> 
     assert isinstance(later, Admission)
     later.complete()
     await limiter.close()
+
+
+async def test_paused_s_answers_for_a_pause_any_instance_drew(client: Redis) -> None:
+    one, other = limiters(client, 2)
+    assert await other.paused_s(["telegram:chat:-5", "telegram:bot"]) == 0.0
+    one.pause("telegram:chat:-5", 30)
+    assert 0 < await one.paused_s(["telegram:chat:-5"]) <= 30, "its own write is awaited"
+    left = await other.paused_s(["telegram:bot", "telegram:chat:-5"])
+    assert 25 < left <= 30
+    assert await other.paused_s([]) == 0.0
+    await one.close()
+    await other.close()
+
+
+async def test_a_pin_waits_for_a_pause_another_instance_drew(client: Redis, tmp_path: Path) -> None:
+    """Two instances share the limits. A 429 on instance A's edit pauses the chat; instance
+    B's pin there (its own scopes do not include the chat's) goes only once that pause has
+    ended. B knew only the pauses it drew itself, so it pinned inside the window."""
+    prefix = f"t-{uuid.uuid4().hex}"
+    chat = RateScope("x", 100, 1.0)
+    channel_a, channel_b = BotWidePinChannel(per_chat=chat), BotWidePinChannel(per_chat=chat)
+    a, b = RouteKey("fake", ChatRef("5"), "a"), RouteKey("fake", ChatRef("5"), "b")
+    stores = [SqliteStore.in_dir(tmp_path / name) for name in ("a", "b")]
+    one = RouteScheduler({"fake": channel_a}, stores[0], limiter=RedisLimiter(client, prefix, "a"))
+    other = RouteScheduler(
+        {"fake": channel_b}, stores[1], limiter=RedisLimiter(client, prefix, "b")
+    )
+    one.add_route(a)
+    other.add_route(b)
+    await one.start()
+    await other.start()
+    one.submit(a, text("a1"))
+    other.submit(b, text("b1"))
+    await settle(one)
+    await settle(other)
+    channel_a.errors["edit"].append(RateLimited(3.0, "fake:chat:5"))
+    one.submit(a, text("a2"))
+    pause = f"{prefix}:pause:fake:chat:5"
+    deadline = time.monotonic() + 30
+    while True:
+        asked_at = time.monotonic()  # the pause ends no sooner than this plus what is left
+        left_ms = await client.pttl(pause)
+        if left_ms > 0:
+            break
+        assert time.monotonic() < deadline, "the pause never reached Redis"
+        await asyncio.sleep(0.01)
+    ends_at = asked_at + left_ms / 1000
+    other.set_pin(b, True)
+    deadline = time.monotonic() + 30
+    while not [op for _, op, _, _ in channel_b.calls if op == "pin"]:
+        assert time.monotonic() < deadline, "the pin never went"
+        await asyncio.sleep(0.01)
+    await settle(one)
+    for scheduler in (one, other):
+        await scheduler.stop()
+    for store in stores:
+        store.close()
+    [pinned_at] = [at for at, op, _, _ in channel_b.calls if op == "pin"]
+    assert pinned_at >= ends_at - 0.01, "pinned inside the window another instance drew"
