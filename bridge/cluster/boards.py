@@ -109,8 +109,13 @@ class SharedBoards:
         # restarted empty): written again whole at their next `share`.
         self._reshare: set[str] = set()
         # Chats whose board this instance composes again at each lease renewal (`retry`):
-        # it showed a line not observed, or Redis failed while it was composed (`lines`).
-        self._recheck: set[str] = set()
+        # Redis failed while it was composed, or did not take its lines' stamps (`lines`).
+        self._recompose: set[str] = set()
+        # The lines not observed on the boards this instance composed: chat -> agent -> its
+        # writer, and when the line is due to leave the board (epoch). The board is composed
+        # again when one of them changes (`retry`): its writer holds the agent's lease again,
+        # or its time is up.
+        self._unobserved: dict[str, dict[str, tuple[str, float]]] = {}
         # Redis fails (logged once): "write" when it refused a write, which only a write
         # taken ends (a Redis out of memory still answers reads), else "read".
         self._failing: str | None = None
@@ -177,10 +182,12 @@ class SharedBoards:
             holders = cast(list[str | None], await self._aio.mget(leases) if leases else [])
         except RedisError as error:
             await self._said(error, key)
-            self._recheck.add(scope)  # composed again at the next lease renewal
+            self._recompose.add(scope)  # composed again at the next lease renewal
             return None
         await self._said(None, key)
+        self._recompose.discard(scope)
         shown: dict[str, tuple[dict[str, Any], bool]] = {}
+        unobserved: dict[str, tuple[str, float]] = {}
         pipe = self._aio.pipeline(transaction=False)
         for (agent, raw, (writer, line, lost_at)), holder in zip(usable, holders, strict=True):
             if holder is not None and holder.startswith(writer + "|"):
@@ -194,17 +201,21 @@ class SharedBoards:
                 stamped = _encode(line, writer, now)
                 await self._restamp(keys=[key], args=[agent, raw, stamped], client=pipe)
                 shown[agent] = (line, False)
+                unobserved[agent] = (writer, now + UNOBSERVED_KEEP_S)
             elif now - lost_at < UNOBSERVED_KEEP_S:
                 shown[agent] = (line, False)
+                unobserved[agent] = (writer, lost_at + UNOBSERVED_KEEP_S)
             else:
                 await self._withdraw(keys=[key], args=[agent, raw], client=pipe)
         if len(pipe):
-            with contextlib.suppress(RedisError):  # stamped at the next composition then
+            try:
                 await pipe.execute()
-        if all(observed for _, observed in shown.values()):
-            self._recheck.discard(scope)
+            except RedisError:
+                self._recompose.add(scope)  # stamped at the next composition then
+        if unobserved:
+            self._unobserved[scope] = unobserved
         else:
-            self._recheck.add(scope)
+            self._unobserved.pop(scope, None)
         return shown
 
     async def withdraw_all(self) -> None:
@@ -234,23 +245,45 @@ class SharedBoards:
         them (see `follow`)."""
         return scope in self._reshare or self._key("board", scope) in self._wrong_type
 
-    async def retry(self) -> None:
+    async def retry(self, now: float | None = None) -> None:
         """Announce the chats whose key held another type, so that their lines are shared
         and their boards composed again once the key is deleted (each lease renewal).
 
         Also the chats whose lines Redis did not take (`share`), whose board could not be
         composed (`lines`: a Redis that refuses but stays connected announces no
-        reconnection), and whose board this instance composed with a line not observed:
-        its writer may get the agent's lease back (a Redis outage, a Redis restarted
-        empty) without writing anything, since its line did not change, so nothing would
-        announce that the line is live again. This costs one message per such chat per
-        renewal, only while a board is in one of these cases."""
+        reconnection), and whose board this instance composed with a line not observed
+        that changed since: its writer got the agent's lease back (a Redis outage, a Redis
+        restarted empty) without writing anything, since its line did not change, so
+        nothing else announces that the line is live again; or its day on the board is
+        over. A board whose unobserved lines did not change is not composed again: what
+        it shows is the same. This costs one read of those agents' leases per renewal,
+        and one message per chat to compose again."""
         head = self._key("board", "")
         scopes = {key.removeprefix(head) for key in self._wrong_type}
-        scopes |= self._reshare | self._recheck
+        scopes |= self._reshare | self._recompose
         with contextlib.suppress(RedisError):
-            for scope in sorted(scopes):
+            changed = await self._unobserved_changed(time.time() if now is None else now)
+            for scope in sorted(scopes | changed):
                 await self._aio.publish(self.channel, scope)
+            for scope in changed:  # watched again once composed (`lines`), if still so
+                self._unobserved.pop(scope, None)
+
+    async def _unobserved_changed(self, now: float) -> set[str]:
+        """The chats with a line not observed when composed that would show otherwise now."""
+        watched = [
+            (scope, agent, writer, due)
+            for scope, lines in self._unobserved.items()
+            for agent, (writer, due) in lines.items()
+        ]
+        if not watched:
+            return set()
+        leases = [self._key("lease", "agent", agent) for _, agent, _, _ in watched]
+        holders = cast(list[str | None], await self._aio.mget(leases))
+        return {
+            scope
+            for (scope, _, writer, due), holder in zip(watched, holders, strict=True)
+            if now >= due or (holder is not None and holder.startswith(writer + "|"))
+        }
 
     async def every_board_changed(self) -> None:
         """Ask every board's owner to compose it again (an instance left the cluster)."""
