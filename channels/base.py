@@ -455,6 +455,18 @@ class Channel(ABC):
     async def pin(self, chat: ChatRef, message_id: str) -> None:
         """Pin a message quietly."""
 
+    def posted_after_move(self, chat: ChatRef, message_id: str) -> bool:
+        """Whether the message lives where its chat moved (posted there after the move: the
+        supergroup a Telegram group became), so that no news of that move, however late,
+        can mean it was left behind. Read from the id, without a request; False when not
+        known so (chats of most platforms never move).
+
+        The scheduler asks when a move is announced while a request of the route is on its
+        way (`RouteScheduler.reshow`): only a request that went where the chat is now may
+        count its card as shown."""
+        del chat, message_id
+        return False
+
 
 # How many characters of Markdown source per unit of a platform's size limit are kept before
 # fitting (`precut_body`).

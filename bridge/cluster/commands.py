@@ -561,3 +561,6 @@ class ClusteredChannel(Channel):
 
     async def pin(self, chat: ChatRef, message_id: str) -> None:
         await self._inner.pin(chat, message_id)
+
+    def posted_after_move(self, chat: ChatRef, message_id: str) -> bool:
+        return self._inner.posted_after_move(chat, message_id)

@@ -263,6 +263,9 @@ class MeteredChannel(Channel):
     async def pin(self, chat: ChatRef, message_id: str) -> None:
         await self._counted("pin", self.inner.pin(chat, message_id))
 
+    def posted_after_move(self, chat: ChatRef, message_id: str) -> bool:
+        return self.inner.posted_after_move(chat, message_id)
+
     async def _counted(self, operation: Operation, request: Awaitable[None]) -> None:
         try:
             await request

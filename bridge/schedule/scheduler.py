@@ -434,13 +434,20 @@ class RouteScheduler:
         A request of the route on its way meanwhile may have been taken by the old chat just
         before the move: its answer must not count the card as shown (it shows, frozen, where
         nobody follows any more), so the route's next turn delivers the card again, whether
-        the request was an edit or the first send."""
+        the request was an edit or the first send. A message known to live in the new chat
+        already (`Channel.posted_after_move`: the route learned the move itself, from a
+        refused request, and posted its replacement there) is not shown again: the edit
+        would be refused as "not modified"."""
         resident = self._residents.get(key)
         if resident is None:
             return
         if self._in_flight(key):
             resident.reshown_in_flight = True
-        if resident.message_id is not None:
+        channel = self._channels.get(key.channel)
+        shown = resident.message_id
+        if shown is not None and not (
+            channel is not None and channel.posted_after_move(key.chat, shown)
+        ):
             resident.committed = None
 
     def disabled_reason(self, key: RouteKey) -> str | None:
@@ -1158,10 +1165,16 @@ class RouteScheduler:
         log.info("route %s: deleting the replaced message in %.1fs", resident.key, wait_s)
 
     def _commit(self, resident: _Resident, message: Outgoing) -> None:
-        if resident.reshown_in_flight:
-            # The chat moved while this request was on its way: what it showed stays behind
-            # in the old chat. The card stays pending; its next turn finds that message gone
-            # and posts one replacement in the new chat.
+        channel = self._channels[resident.key.channel]
+        if resident.reshown_in_flight and not (
+            resident.message_id is not None
+            and channel.posted_after_move(resident.key.chat, resident.message_id)
+        ):
+            # The chat moved while this request was on its way, and the old chat may have
+            # taken it: what it showed stays behind there. The card stays pending; its next
+            # turn finds that message gone and posts one replacement in the new chat. (A
+            # request for a message known to live in the new chat counts as shown: shown
+            # again, it would be an edit refused as "not modified".)
             log.info(
                 "route %s: its chat moved while the card was being delivered; showing it again",
                 resident.key,

@@ -363,6 +363,12 @@ class TelegramChannel(Channel):
         where, numeric_id = self._message_in(chat, message_id, Permanent)
         await self._call(chat, bot.pin_chat_message(where, numeric_id, disable_notification=True))
 
+    def posted_after_move(self, chat: ChatRef, message_id: str) -> bool:
+        """A qualified id (`MESSAGE@CHAT`) names a message of the supergroup the group became;
+        a plain one, of the chat as first known (see `_message_in`)."""
+        del chat
+        return moves.split_message_id(message_id)[1] is not None
+
     def _message_in(
         self, chat: ChatRef, message_id: str, error: type[ChannelError]
     ) -> tuple[int | str, int]:
