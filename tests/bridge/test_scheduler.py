@@ -764,3 +764,60 @@ async def test_a_put_off_delete_that_then_fails_for_now_waits_for_the_next_deliv
     await settle(scheduler)
     await scheduler.stop()
     assert channel.messages == {"2": "v3"}
+
+
+class MovedChatChannel(ScriptedChannel):
+    """Posts where its chat moved: ids qualified by the new chat, as Telegram's supergroup
+    messages after an upgrade."""
+
+    async def send(
+        self,
+        chat: ChatRef,
+        message: Outgoing,
+        *,
+        idempotency_key: str | None = None,
+        reply_to: ReplyTo | None = None,
+    ) -> str:
+        plain = await super().send(chat, message, idempotency_key=idempotency_key)
+        self.messages[f"{plain}@new"] = self.messages.pop(plain)
+        return f"{plain}@new"
+
+    def posted_after_move(self, chat: ChatRef, message_id: str) -> bool:
+        return message_id.endswith("@new")
+
+
+async def test_a_card_already_in_the_chat_a_move_led_to_is_not_shown_again(
+    store: SqliteStore,
+) -> None:
+    """The news of the chat's move comes after the route posted its card where the chat is
+    now: showing it again would be an edit with the same bytes, refused as "not modified"."""
+    channel = MovedChatChannel()
+    key = RouteKey("fake", ChatRef("5"), "a")
+    scheduler = await started(store, channel, key)
+    scheduler.submit(key, text("v1"))
+    await settle(scheduler)
+    scheduler.reshow(key)
+    scheduler.submit(key, text("v1"))
+    await settle(scheduler)
+    await scheduler.stop()
+    assert [op for _, op, _, _ in channel.calls] == ["send"]
+
+
+async def test_a_card_posted_where_the_chat_moved_while_the_news_came_counts_as_shown(
+    store: SqliteStore,
+) -> None:
+    """The news of the move comes while the route's send is on its way, and the send went
+    where the chat is now: its answer counts the card as shown (no edit follows)."""
+    channel = MovedChatChannel()
+    channel.delay_s = 0.3
+    key = RouteKey("fake", ChatRef("5"), "a")
+    scheduler = await started(store, channel, key)
+    scheduler.submit(key, text("v1"))
+    deadline = time.monotonic() + 30
+    while scheduler.settled(key, in_flight_only=True):
+        assert time.monotonic() < deadline, "the send never went"
+        await asyncio.sleep(0.005)
+    scheduler.reshow(key)
+    await settle(scheduler)
+    await scheduler.stop()
+    assert [op for _, op, _, _ in channel.calls] == ["send"]
