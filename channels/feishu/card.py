@@ -12,6 +12,14 @@ is converted line by line: headings become bold lines, `& < >` become entities o
 a mention tag inside code gets a zero-width space, images become links, and a fenced code block
 left open by a cut is closed.
 
+Emphasis is read first, once, by the CommonMark parser Telegram's converter uses (pyromark,
+with the same extensions), and written back so that Feishu's parser cannot read it another
+way (`_style_edits`): each bold, italic and strikethrough span CommonMark found is marked
+`**`, `*` or `~~` (a span inside one of its own kind shows no differently and is left
+unmarked), and every `*`, `_` or `~` CommonMark left as text becomes a character reference.
+Overlapping marks (`**bold _both** italic_`, `~~a **b~~ c**`) then show on both platforms
+as CommonMark reads them: the first span styled, the other marks as typed.
+
 Size: Feishu rejects a card whose request content exceeds 30 KB (code 230025). We measure
 the card exactly as it travels: the compact JSON string, escaped once more inside the
 request body, in UTF-8 bytes (`card_request_bytes`), and shrink with `fit_view`. A text
@@ -23,10 +31,14 @@ from __future__ import annotations
 
 import bisect
 import html
+import itertools
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
+
+import pyromark
 
 from taskcard.channels.base import (
     BOARD_HIDDEN_NOTICE,
@@ -180,6 +192,229 @@ def _convert_line(line: str) -> str:
     return prefix + _converted_text(line[len(prefix) :])
 
 
+# How Telegram's converter (telegramify-markdown) parses a body: the same reading of
+# emphasis here (tests/channels/test_overlapping_styles.py checks the two stay equal).
+PARSE_OPTIONS = (
+    pyromark.Options.ENABLE_TABLES
+    | pyromark.Options.ENABLE_STRIKETHROUGH
+    | pyromark.Options.ENABLE_TASKLISTS
+    | pyromark.Options.ENABLE_MATH
+)
+_STYLE_MARKS = {"Emphasis": "*", "Strong": "**", "Strikethrough": "~~"}
+_DELIMITERS = frozenset("*_~")
+_DELIMITER_REFS = {"*": "&#42;", "_": "&#95;", "~": "&#126;"}
+# Blocks whose text CommonMark shows as written (code, raw HTML): no emphasis to read there.
+_VERBATIM_BLOCKS = frozenset({"CodeBlock", "HtmlBlock", "MetadataBlock"})
+# (start, end, replacement) in characters of the body: one delimiter run or character each.
+Edit = tuple[int, int, str]
+
+
+@dataclass(frozen=True)
+class _Span:
+    """One bold, italic or strikethrough span CommonMark found: its opening marks end at
+    `content`, its closing marks are `closing`..`end`; `mark` is how it is written back."""
+
+    start: int
+    content: int
+    closing: int
+    end: int
+    mark: str
+
+
+@dataclass(frozen=True)
+class _Styles:
+    """How a body's emphasis is written for Feishu: the edits in order, and the spans."""
+
+    edits: list[Edit]
+    spans: list[_Span]
+
+
+def _tag(value: object) -> str:
+    """The name of a parser event's tag: `"Strong"`, or the key of `{"CodeBlock": ...}`."""
+    if isinstance(value, dict):
+        return str(next(iter(value), ""))
+    return value if isinstance(value, str) else ""
+
+
+# Bytes that begin a character in UTF-8 (1) or continue one (0).
+_CHARACTER_STARTS = bytes(0 if 0x80 <= byte < 0xC0 else 1 for byte in range(256))
+
+
+def _char_offsets(body: str) -> list[int] | None:
+    """The character offset of each UTF-8 byte offset of `body` (None: ASCII, the same)."""
+    if body.isascii():
+        return None
+    starts = body.encode("utf-8").translate(_CHARACTER_STARTS)
+    return [0, *itertools.accumulate(starts)]
+
+
+_WHITE = re.compile(r"\s")
+
+
+def _address_spans(body: str) -> list[tuple[int, int]]:
+    """Where `body` has web addresses written as text (`https://host/~me/a_b`): the words
+    around each `://` and those starting `www.`, which a character reference would break.
+    Each character is looked at a bounded number of times, however long a word is."""
+    spans: list[tuple[int, int]] = []
+    for marker in ("://", "www."):
+        at = body.find(marker)
+        while at >= 0:
+            if marker == "www." and at > 0 and not body[at - 1].isspace():
+                at = body.find(marker, at + 1)
+                continue
+            start = max(body.rfind(space, 0, at) for space in (" ", "\n", "\t")) + 1
+            after = _WHITE.search(body, at)
+            end = len(body) if after is None else after.start()
+            spans.append((start, end))
+            at = body.find(marker, end)
+    return sorted(spans)
+
+
+def _literal_delimiter(body: str, at: int, addresses: list[tuple[int, int]]) -> bool:
+    """Whether the `*`, `_` or `~` at `body[at]`, text to CommonMark, needs a reference to stay
+    text on Feishu: not an `_` inside a word (`snake_case` is never emphasis), not inside a
+    web address."""
+    if body[at] == "_" and 0 < at < len(body) - 1 and body[at - 1 : at + 2 : 2].isalnum():
+        return False
+    index = bisect.bisect_right(addresses, (at, len(body))) - 1
+    return index < 0 or not addresses[index][0] <= at < addresses[index][1]
+
+
+_STRIKETHROUGH = {"Start": "Strikethrough"}
+# An event and where it is in the body, in characters.
+Located = tuple[object, int, int]
+
+
+def _telegram_reading(body: str) -> list[Located] | None:
+    """`body` parsed as Telegram's converter reads it, or None when no parser takes it.
+
+    telegramify-markdown reads two marks the extensions allow as text, escaping them and
+    parsing again until none is left: strikethrough with a single `~` (it means "about"),
+    and inline maths whose closing `$` a digit follows (two prices). The same here, with
+    each event's place mapped back to `body` past the backslashes added."""
+    text = body
+    added: list[int] = []  # where backslashes were added, in characters of `text`
+    while True:
+        try:
+            events = list(pyromark.events_with_range(text, options=PARSE_OPTIONS))
+        except ValueError:  # a lone surrogate: written as it is
+            return None
+        chars = _char_offsets(text)
+
+        def char_at(offset: int, chars: list[int] | None = chars) -> int:
+            return offset if chars is None else chars[offset]
+
+        if "~" not in text and "$" not in text:
+            break
+        source = text.encode()
+        literal: list[int] = []
+        for event, span in events:
+            start, end = span["start"], span["end"]
+            if event == _STRIKETHROUGH:
+                if source[start + 1 : start + 2] != b"~":
+                    literal += (char_at(start), char_at(end - 1))
+            elif (
+                isinstance(event, dict)
+                and "InlineMath" in event
+                and source[end : end + 1].isdigit()
+            ):
+                literal += (char_at(start), char_at(end - 1))
+        if not literal:
+            break
+        places = sorted(literal)
+        added = sorted(
+            [at + bisect.bisect_right(places, at) for at in added]
+            + [at + index for index, at in enumerate(places)]
+        )
+        text = "\\".join(text[a:b] for a, b in itertools.pairwise([0, *places, len(text)]))
+
+    if not added:  # the usual case: only bytes to count as characters
+        if chars is None:
+            return [(event, span["start"], span["end"]) for event, span in events]
+        offsets = chars
+        return [(event, offsets[span["start"]], offsets[span["end"]]) for event, span in events]
+
+    def in_body(offset: int) -> int:
+        at = char_at(offset)
+        return at - bisect.bisect_left(added, at)
+
+    return [(event, in_body(span["start"]), in_body(span["end"])) for event, span in events]
+
+
+def _style_edits(body: str) -> _Styles:
+    """The edits that write `body`'s emphasis as CommonMark reads it (see the module
+    docstring), in order; none inside code or raw HTML, none across a line."""
+    styles = _Styles([], [])
+    if not any(char in body for char in _DELIMITERS):
+        return styles
+    events = _telegram_reading(body)
+    if events is None:
+        return styles
+    addresses: list[tuple[int, int]] | None = None
+    edits = styles.edits
+    # Open spans: [kind, start, end, where its content starts (None until seen), unmarked].
+    spans: list[list[Any]] = []
+    verbatim = 0
+    previous_end = 0
+    for event, start, end in events:
+        if spans and spans[-1][3] is None:
+            spans[-1][3] = start
+        if isinstance(event, dict) and "Start" in event:
+            kind = _tag(event["Start"])
+            if kind in _STYLE_MARKS:
+                spans.append([kind, start, end, None, any(s[0] == kind for s in spans)])
+            elif kind in _VERBATIM_BLOCKS:
+                verbatim += 1
+        elif isinstance(event, dict) and "End" in event:
+            kind = _tag(event["End"])
+            if kind in _STYLE_MARKS and spans:
+                kind, first, close_to, content, unmarked = spans.pop()
+                mark = "" if unmarked else _STYLE_MARKS[kind]
+                last = content if content is not None else end
+                close_from = previous_end
+                if (
+                    set(body[first:last]) <= _DELIMITERS
+                    and set(body[close_from:close_to]) <= _DELIMITERS
+                ):
+                    styles.spans.append(_Span(first, last, close_from, close_to, mark))
+            elif kind in _VERBATIM_BLOCKS:
+                verbatim -= 1
+        elif isinstance(event, dict) and "Text" in event and not verbatim:
+            for at in range(start, end):
+                char = body[at]
+                if char not in _DELIMITERS:
+                    continue
+                if at == start and at > 0 and body[at - 1] == "\\":
+                    continue  # written `\*`: read as a character by `_escape_literals`
+                if addresses is None:
+                    addresses = _address_spans(body)
+                if _literal_delimiter(body, at, addresses):
+                    edits.append((at, at + 1, _DELIMITER_REFS[char]))
+        previous_end = end
+    # Two spans of one kind, the second opening where the first closes (`*a**b*` read as
+    # two), are written as one: their marks side by side would make one run of marks.
+    opening = {(span.start, span.mark) for span in styles.spans if span.mark}
+    joined = {span.end for span in styles.spans if (span.end, span.mark) in opening}
+    for span in styles.spans:
+        edits.append((span.start, span.content, "" if span.start in joined else span.mark))
+        edits.append((span.closing, span.end, "" if span.end in joined else span.mark))
+    edits.sort()
+    return styles
+
+
+def _edited(text: str, edits: list[Edit], shift: int = 0) -> str:
+    """`text` with `edits` made (their offsets `shift` beyond `text`'s start)."""
+    if not edits:
+        return text
+    parts: list[str] = []
+    last = 0
+    for start, end, replacement in edits:
+        parts += [text[last : start - shift], replacement]
+        last = end - shift
+    parts.append(text[last:])
+    return "".join(parts)
+
+
 def feishu_markdown(body: str) -> str:
     """Convert agent Markdown into Feishu card Markdown (see the module docstring).
 
@@ -188,9 +423,14 @@ def feishu_markdown(body: str) -> str:
     gets a zero-width space after its `<`: should a parser read the fences differently,
     `<at id=all>` there still mentions no one, and it looks the same in code.
     """
+    return _converted_lines(_edited(body, _style_edits(body).edits))
+
+
+def _converted_lines(written: str) -> str:
+    """`written` (emphasis already written for Feishu) converted line by line."""
     out: list[str] = []
     in_code = False
-    for line in body.split("\n"):
+    for line in written.split("\n"):
         in_code = _convert_next(line, in_code, out)
     if in_code:
         out.append("```")
@@ -216,15 +456,28 @@ def _convert_next(line: str, in_code: bool, out: list[str]) -> bool:
 
 
 class _Prefixes:
-    """`feishu_markdown` of `body` and of its prefixes, each line converted once.
+    """`feishu_markdown` of `body`, and of its prefixes as the cut of that conversion (each
+    line converted once).
 
     The conversion goes line by line, a line's result depending only on whether a code block
     is open before it: a prefix is the converted lines before its last one, that last line
     (cut) converted, and a fence closing a block the cut left open. Fitting a card measures
-    a dozen prefixes of one body; this keeps that one conversion of the body."""
+    a dozen prefixes of one body; this keeps that one conversion of the body.
+
+    Emphasis is read once, in the whole body, as Telegram's converter does before it cuts: a
+    span the cut goes through is closed at the cut (the words kept show as in the whole
+    card), marks the cut splits or leaves with nothing after them are dropped."""
 
     def __init__(self, body: str) -> None:
         self._body = body
+        styles = _style_edits(body)
+        self._edits = styles.edits
+        self._edit_ends = [end for _, end, _ in self._edits]
+        self._spans = styles.spans
+        self._opened = {span.content: span for span in self._spans}
+        # Where a span closes and the next one opens, written as one span (see `_style_edits`).
+        opening = {(span.start, span.mark) for span in self._spans if span.mark}
+        self._joined = {span.end for span in self._spans if (span.end, span.mark) in opening}
         self._out: list[str] = []
         # Per line: where it starts in `body`, its first output in `_out`, and whether a code
         # block is open before it.
@@ -232,22 +485,57 @@ class _Prefixes:
         self._firsts: list[int] = []
         self._in_code: list[bool] = []
         in_code, start = False, 0
-        for line in body.split("\n"):
+        # A line's edits stay on it: the edited body has the body's lines, one for one.
+        lines = zip(_edited(body, self._edits).split("\n"), body.split("\n"), strict=True)
+        for line, written in lines:
             self._starts.append(start)
             self._firsts.append(len(self._out))
             self._in_code.append(in_code)
             in_code = _convert_next(line, in_code, self._out)
-            start += len(line) + 1
+            start += len(written) + 1
+
+    def _cut(self, prefix: str) -> tuple[int, str]:
+        """Where the body is cut for `prefix`, and the marks closing the spans cut through."""
+        cut = len(prefix)
+        while True:  # never inside a run of marks, nor just after an opening one
+            index = bisect.bisect_right(self._edit_ends, cut)
+            if index < len(self._edits) and self._edits[index][0] < cut:
+                cut = self._edits[index][0]
+            elif cut in self._opened:
+                cut = self._opened[cut].start
+            else:
+                break
+            cut = len(prefix[:cut].rstrip())
+        closing = sorted(
+            (
+                span
+                for span in self._spans
+                if span.content <= cut < span.end or (span.end == cut and span.end in self._joined)
+            ),
+            key=lambda span: -span.start,  # innermost first
+        )
+        return cut, "".join(span.mark for span in closing)
+
+    def written(self, prefix: str) -> str:
+        """The body cut to `prefix`, its emphasis written for Feishu (see the class docstring):
+        what `markdown` converts, line by line."""
+        cut, closing = self._cut(prefix)
+        kept = self._edits[: bisect.bisect_right(self._edit_ends, cut)]
+        return _edited(prefix[:cut], kept) + closing
 
     def markdown(self, prefix: str) -> str:
-        """`feishu_markdown(prefix)`, for `prefix` a prefix of the body."""
+        """The conversion of the body cut to `prefix` (see the class docstring); of `prefix`
+        alone when it is no prefix of the body."""
         if not self._body.startswith(prefix):
             return feishu_markdown(prefix)
-        index = bisect.bisect_right(self._starts, len(prefix)) - 1  # the line the cut is in
-        start = self._starts[index]
-        out = self._out[: self._firsts[index]]
-        in_code = _convert_next(self._body[start : len(prefix)], self._in_code[index], out)
-        if in_code:
+        cut, closing = self._cut(prefix)
+        line = bisect.bisect_right(self._starts, cut) - 1  # the line the cut is in
+        start = self._starts[line]
+        first = bisect.bisect_left(self._edits, (start, -1, ""))
+        last = bisect.bisect_right(self._edit_ends, cut)
+        text = _edited(prefix[start:cut], self._edits[first:last], start) + closing
+        out = self._out[: self._firsts[line]]
+        if _convert_next(text, self._in_code[line], out):
             out.append("```")
         return "\n".join(out)
 

@@ -1,0 +1,150 @@
+"""Overlapping emphasis marks show the same on Telegram and Feishu: as CommonMark reads them.
+
+CommonMark pairs marks from the left and leaves a mark it cannot pair as text:
+`**bold _both** italic_` is "bold _both" in bold, then " italic_"; `~~a **b~~ c**` is
+"a **b" struck through, then " c**". Telegram's entities come from that reading. Feishu's card
+Markdown is no CommonMark: it gets the same reading written out so that it cannot pair the
+marks another way (only `**`, `*` and `~~` around the spans CommonMark found, every other
+mark a character reference). These tests read the Feishu Markdown back with a CommonMark
+parser and compare, character by character, with what Telegram is sent.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pyromark
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from telegramify_markdown.converter import STANDARD_OPTIONS
+
+from taskcard.channels.base import CardView
+from taskcard.channels.feishu.card import PARSE_OPTIONS, feishu_markdown
+from taskcard.channels.telegram.render import markdown_to_rich, render_card
+
+Styled = list[tuple[str, frozenset[str]]]
+
+ENTITY_STYLES = {"bold": "bold", "italic": "italic", "strikethrough": "strike"}
+TAG_STYLES = {"Strong": "bold", "Emphasis": "italic", "Strikethrough": "strike"}
+CANONICAL = {"Strong": "**", "Emphasis": "*", "Strikethrough": "~~"}
+
+
+def telegram_styled(markdown: str) -> Styled:
+    """Each character Telegram shows for `markdown`, with its styles (text of the BMP only,
+    so UTF-16 offsets are indices)."""
+    rich = markdown_to_rich(markdown)
+    styles: list[set[str]] = [set() for _ in rich.text]
+    for entity in rich.entities:
+        if entity.type in ENTITY_STYLES:
+            for at in range(entity.offset, entity.offset + entity.length):
+                styles[at].add(ENTITY_STYLES[entity.type])
+    return [(char, frozenset(style)) for char, style in zip(rich.text, styles, strict=True)]
+
+
+def commonmark_styled(markdown: str) -> Styled:
+    """Each character a CommonMark reader shows for `markdown`, with its styles."""
+    out: Styled = []
+    open_styles: list[str] = []
+    for event in pyromark.events(markdown, options=PARSE_OPTIONS):
+        if isinstance(event, dict) and "Start" in event and event["Start"] in TAG_STYLES:
+            open_styles.append(TAG_STYLES[event["Start"]])
+        elif isinstance(event, dict) and "End" in event and event["End"] in TAG_STYLES:
+            open_styles.pop()
+        elif isinstance(event, dict) and "Text" in event:
+            out += [(char, frozenset(open_styles)) for char in event["Text"]]
+        elif event == "SoftBreak":
+            out.append(("\n", frozenset(open_styles)))
+    while out and out[-1][0].isspace():
+        out.pop()
+    return out
+
+
+def assert_unambiguous(markdown: str) -> None:
+    """Every mark left in the Feishu Markdown is a canonical one around a span CommonMark
+    found; a mark that is text is a character reference (or an `_` inside a word)."""
+    source = markdown.encode()
+    for event, span in pyromark.events_with_range(markdown, options=PARSE_OPTIONS):
+        written = source[span["start"] : span["end"]].decode()
+        if isinstance(event, dict) and "Start" in event and event["Start"] in CANONICAL:
+            mark = CANONICAL[event["Start"]]
+            assert written.startswith(mark) and written.endswith(mark), (markdown, written)
+            assert not written.startswith("_") and not written.startswith("~~~"), markdown
+        elif isinstance(event, dict) and "Text" in event:
+            for at, char in enumerate(written):
+                if char in "*~" or (
+                    char == "_"
+                    and not (written[at - 1 : at].isalnum() and written[at + 1 :][:1].isalnum())
+                ):
+                    raise AssertionError(f"a bare {char!r} in {markdown!r}")
+
+
+def assert_nested(entities: list[dict[str, object]]) -> None:
+    """Telegram's rule: two entities sharing characters nest, one wholly inside the other."""
+    spans = [(int(e["offset"]), int(e["offset"]) + int(e["length"])) for e in entities]  # type: ignore[call-overload]
+    for (a_start, a_end), (b_start, b_end) in itertools.combinations(spans, 2):
+        if a_start < b_end and b_start < a_end:  # they overlap
+            inside = (a_start <= b_start and b_end <= a_end) or (
+                b_start <= a_start and a_end <= b_end
+            )
+            assert inside, f"entities {a_start}-{a_end} and {b_start}-{b_end} partly overlap"
+
+
+@pytest.mark.parametrize(
+    ("body", "bold", "italic", "struck", "as_typed"),
+    [
+        ("x **bold _both** italic_", "bold _both", "", "", " italic_"),
+        ("x ~~a **b~~ c**", "", "", "a **b", " c**"),
+        ("x _a **b_ c**", "", "a **b", "", " c**"),
+        ("x **a ~~b** c~~", "a ~~b", "", "", " c~~"),
+        ("x ~~a *b~~ c*", "", "", "a *b", " c*"),
+    ],
+)
+def test_overlapping_marks_read_as_commonmark_on_both(
+    body: str, bold: str, italic: str, struck: str, as_typed: str
+) -> None:
+    telegram = telegram_styled(body)
+    feishu_written = feishu_markdown(body)
+    assert commonmark_styled(feishu_written) == telegram
+    text = "".join(char for char, _ in telegram)
+    for words, style in ((bold, "bold"), (italic, "italic"), (struck, "strike")):
+        shown = "".join(char for char, styles in telegram if style in styles)
+        assert shown == words, (style, text)
+    assert text.endswith(as_typed)
+    assert_unambiguous(feishu_written)
+
+
+def test_the_feishu_reading_is_the_telegram_converters() -> None:
+    assert PARSE_OPTIONS == STANDARD_OPTIONS
+
+
+MARKS = ["**", "*", "_", "__", "~~", "~"]
+WORDS = ["a", "bold", "中文", "x y"]
+
+
+@st.composite
+def overlapping(draw: st.DrawFn) -> str:
+    """Two or three marks each opened and later closed, in any order (so partly overlapping,
+    nested or apart), a word after each mark with a space on either side of it or not."""
+    marks = draw(st.lists(st.sampled_from(MARKS), min_size=2, max_size=3))
+    # Each mark appears twice: its first place opens it, its second closes it.
+    places = draw(st.permutations([n for n in range(len(marks)) for _ in range(2)]))
+    parts = ["x "]
+    for index in places:
+        parts.append(marks[index])
+        word = draw(st.sampled_from(WORDS))
+        parts.append(draw(st.sampled_from(["", " "])) + word + draw(st.sampled_from(["", " "])))
+    return "".join(parts)
+
+
+@given(overlapping())
+@settings(max_examples=500, deadline=None)
+def test_overlapping_spans_show_the_same_on_both(body: str) -> None:
+    feishu_written = feishu_markdown(body)
+    assert commonmark_styled(feishu_written) == telegram_styled(body), feishu_written
+    assert_unambiguous(feishu_written)
+    outgoing = render_card(CardView("builder", "running", body=body))
+    assert_nested(outgoing.payload.get("entities", []))
+    for limit in (24, 30, 40):  # cut through the body: still nested
+        cut = render_card(CardView("builder", "running", body=body * 3), limit_utf16=limit)
+        assert_nested(cut.payload.get("entities", []))
