@@ -30,12 +30,13 @@ one (`/taskcard` in a chat following thousands of agents) is cut with a marker.
 from __future__ import annotations
 
 import bisect
+import functools
 import html
 import itertools
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyromark
@@ -202,7 +203,11 @@ PARSE_OPTIONS = (
 )
 _STYLE_MARKS = {"Emphasis": "*", "Strong": "**", "Strikethrough": "~~"}
 _DELIMITERS = frozenset("*_~")
+_DELIMITER = re.compile(r"[*_~]")
 _DELIMITER_REFS = {"*": "&#42;", "_": "&#95;", "~": "&#126;"}
+# Private-use characters: one absent from the body stands for each delimiter reference while
+# lines are converted (see `_delimiter_marks`).
+_PLACEHOLDERS = (range(0xE000, 0xF900), range(0xF0000, 0xFFFFE), range(0x100000, 0x10FFFE))
 # Blocks whose text CommonMark shows as written (code, raw HTML): no emphasis to read there.
 _VERBATIM_BLOCKS = frozenset({"CodeBlock", "HtmlBlock", "MetadataBlock"})
 # (start, end, replacement) in characters of the body: one delimiter run or character each.
@@ -223,10 +228,34 @@ class _Span:
 
 @dataclass(frozen=True)
 class _Styles:
-    """How a body's emphasis is written for Feishu: the edits in order, and the spans."""
+    """How a body's emphasis is written for Feishu: the edits in order, and the spans; a
+    delimiter left as text is written as a placeholder, which `restored` makes its reference."""
 
     edits: list[Edit]
     spans: list[_Span]
+    placeholders: dict[str, str]
+
+    def restored(self, converted: str) -> str:
+        """`converted` with each placeholder written as the reference it stands for."""
+        for placeholder, reference in self.placeholders.items():
+            if placeholder in converted:
+                converted = converted.replace(placeholder, reference)
+        return converted
+
+
+def _delimiter_marks(body: str) -> dict[str, str]:
+    """What each delimiter CommonMark left as text is written as while the lines are
+    converted: a private-use character `body` does not contain, so that the conversion passes
+    it through instead of reading a reference (`_escape_literals`) thousands of times; the
+    reference itself in the unlikely case that every such character is in `body`."""
+    free = [chr(code) for code in range(0xE000, 0xE008) if chr(code) not in body]
+    if len(free) < len(_DELIMITER_REFS):
+        present = set(body)
+        candidates = (chr(code) for code in itertools.chain(*_PLACEHOLDERS))
+        free = list(itertools.islice((c for c in candidates if c not in present), 3))
+    if len(free) < len(_DELIMITER_REFS):
+        return dict(_DELIMITER_REFS)
+    return dict(zip(_DELIMITER_REFS, free, strict=False))
 
 
 def _tag(value: object) -> str:
@@ -276,11 +305,16 @@ def _literal_delimiter(body: str, at: int, addresses: list[tuple[int, int]]) -> 
     web address."""
     if body[at] == "_" and 0 < at < len(body) - 1 and body[at - 1 : at + 2 : 2].isalnum():
         return False
+    if not addresses:
+        return True
     index = bisect.bisect_right(addresses, (at, len(body))) - 1
     return index < 0 or not addresses[index][0] <= at < addresses[index][1]
 
 
 _STRIKETHROUGH = {"Start": "Strikethrough"}
+# What a body needs for a mark telegramify-markdown reads as text: a single `~`, a `$` and a
+# digit after it (inline maths closed just before a digit). Without either, one parse.
+_MAY_READ_AS_TEXT = re.compile(r"(?<!~)~(?!~)|\$[0-9]")
 # An event and where it is in the body, in characters.
 Located = tuple[object, int, int]
 
@@ -304,7 +338,7 @@ def _telegram_reading(body: str) -> list[Located] | None:
         def char_at(offset: int, chars: list[int] | None = chars) -> int:
             return offset if chars is None else chars[offset]
 
-        if "~" not in text and "$" not in text:
+        if not _MAY_READ_AS_TEXT.search(text):
             break
         source = text.encode()
         literal: list[int] = []
@@ -344,28 +378,44 @@ def _telegram_reading(body: str) -> list[Located] | None:
 def _style_edits(body: str) -> _Styles:
     """The edits that write `body`'s emphasis as CommonMark reads it (see the module
     docstring), in order; none inside code or raw HTML, none across a line."""
-    styles = _Styles([], [])
     if not any(char in body for char in _DELIMITERS):
-        return styles
+        return _Styles([], [], {})
     events = _telegram_reading(body)
     if events is None:
-        return styles
+        return _Styles([], [], {})
+    marks = _delimiter_marks(body)
+    styles = _Styles([], [], {mark: _DELIMITER_REFS[char] for char, mark in marks.items()})
     addresses: list[tuple[int, int]] | None = None
     edits = styles.edits
     # Open spans: [kind, start, end, where its content starts (None until seen), unmarked].
     spans: list[list[Any]] = []
+    opened = False  # a span opened by the event before: its content starts at this one
     verbatim = 0
     previous_end = 0
     for event, start, end in events:
-        if spans and spans[-1][3] is None:
-            spans[-1][3] = start
-        if isinstance(event, dict) and "Start" in event:
+        if opened:
+            spans[-1][3], opened = start, False
+        if type(event) is not dict:  # a break, a rule, ...: nothing to read
+            previous_end = end
+            continue
+        if "Text" in event:
+            if not verbatim:
+                for found in _DELIMITER.finditer(body, start, end):
+                    at = found.start()
+                    if at == start and at > 0 and body[at - 1] == "\\":
+                        continue  # written `\*`: read as a character by `_escape_literals`
+                    if addresses is None:
+                        addresses = _address_spans(body)
+                    if _literal_delimiter(body, at, addresses):
+                        edits.append((at, at + 1, marks[found.group()]))
+        elif "Start" in event:
             kind = _tag(event["Start"])
             if kind in _STYLE_MARKS:
                 spans.append([kind, start, end, None, any(s[0] == kind for s in spans)])
+                opened = True
             elif kind in _VERBATIM_BLOCKS:
                 verbatim += 1
-        elif isinstance(event, dict) and "End" in event:
+        elif "End" in event:
             kind = _tag(event["End"])
             if kind in _STYLE_MARKS and spans:
                 kind, first, close_to, content, unmarked = spans.pop()
@@ -379,17 +429,6 @@ def _style_edits(body: str) -> _Styles:
                     styles.spans.append(_Span(first, last, close_from, close_to, mark))
             elif kind in _VERBATIM_BLOCKS:
                 verbatim -= 1
-        elif isinstance(event, dict) and "Text" in event and not verbatim:
-            for at in range(start, end):
-                char = body[at]
-                if char not in _DELIMITERS:
-                    continue
-                if at == start and at > 0 and body[at - 1] == "\\":
-                    continue  # written `\*`: read as a character by `_escape_literals`
-                if addresses is None:
-                    addresses = _address_spans(body)
-                if _literal_delimiter(body, at, addresses):
-                    edits.append((at, at + 1, _DELIMITER_REFS[char]))
         previous_end = end
     # Two spans of one kind, the second opening where the first closes (`*a**b*` read as
     # two), are written as one: their marks side by side would make one run of marks.
@@ -402,15 +441,15 @@ def _style_edits(body: str) -> _Styles:
     return styles
 
 
-def _edited(text: str, edits: list[Edit], shift: int = 0) -> str:
-    """`text` with `edits` made (their offsets `shift` beyond `text`'s start)."""
+def _edited(text: str, edits: list[Edit]) -> str:
+    """`text` with `edits` made."""
     if not edits:
         return text
     parts: list[str] = []
     last = 0
     for start, end, replacement in edits:
-        parts += [text[last : start - shift], replacement]
-        last = end - shift
+        parts += [text[last:start], replacement]
+        last = end
     parts.append(text[last:])
     return "".join(parts)
 
@@ -423,7 +462,8 @@ def feishu_markdown(body: str) -> str:
     gets a zero-width space after its `<`: should a parser read the fences differently,
     `<at id=all>` there still mentions no one, and it looks the same in code.
     """
-    return _converted_lines(_edited(body, _style_edits(body).edits))
+    styles = _style_edits(body)
+    return styles.restored(_converted_lines(_edited(body, styles.edits)))
 
 
 def _converted_lines(written: str) -> str:
@@ -471,6 +511,7 @@ class _Prefixes:
     def __init__(self, body: str) -> None:
         self._body = body
         styles = _style_edits(body)
+        self._styles = styles
         self._edits = styles.edits
         self._edit_ends = [end for _, end, _ in self._edits]
         self._spans = styles.spans
@@ -485,8 +526,11 @@ class _Prefixes:
         self._firsts: list[int] = []
         self._in_code: list[bool] = []
         in_code, start = False, 0
+        # The body with its emphasis written, and how far each edit moved what follows it.
+        self._written = _edited(body, self._edits)
+        self._shifts = [0, *itertools.accumulate(len(r) - (e - s) for s, e, r in self._edits)]
         # A line's edits stay on it: the edited body has the body's lines, one for one.
-        lines = zip(_edited(body, self._edits).split("\n"), body.split("\n"), strict=True)
+        lines = zip(self._written.split("\n"), body.split("\n"), strict=True)
         for line, written in lines:
             self._starts.append(start)
             self._firsts.append(len(self._out))
@@ -516,12 +560,15 @@ class _Prefixes:
         )
         return cut, "".join(span.mark for span in closing)
 
+    def _in_written(self, at: int) -> int:
+        """Where `body[at]` is in the written body (`at` inside no edit)."""
+        return at + self._shifts[bisect.bisect_right(self._edit_ends, at)]
+
     def written(self, prefix: str) -> str:
         """The body cut to `prefix`, its emphasis written for Feishu (see the class docstring):
         what `markdown` converts, line by line."""
         cut, closing = self._cut(prefix)
-        kept = self._edits[: bisect.bisect_right(self._edit_ends, cut)]
-        return _edited(prefix[:cut], kept) + closing
+        return self._styles.restored(self._written[: self._in_written(cut)] + closing)
 
     def markdown(self, prefix: str) -> str:
         """The conversion of the body cut to `prefix` (see the class docstring); of `prefix`
@@ -530,14 +577,12 @@ class _Prefixes:
             return feishu_markdown(prefix)
         cut, closing = self._cut(prefix)
         line = bisect.bisect_right(self._starts, cut) - 1  # the line the cut is in
-        start = self._starts[line]
-        first = bisect.bisect_left(self._edits, (start, -1, ""))
-        last = bisect.bisect_right(self._edit_ends, cut)
-        text = _edited(prefix[start:cut], self._edits[first:last], start) + closing
+        start = self._in_written(self._starts[line])
+        text = self._written[start : self._in_written(cut)] + closing
         out = self._out[: self._firsts[line]]
         if _convert_next(text, self._in_code[line], out):
             out.append("```")
-        return "\n".join(out)
+        return self._styles.restored("\n".join(out))
 
 
 def _plain(content: str, *, notation: bool = False) -> dict[str, Any]:
@@ -624,12 +669,39 @@ def _text_of(node: object) -> str:
     return ""
 
 
+# `_Prefixes` of the bodies rendered last: the service renders a card once per route, and
+# again when only its automatic rows moved, both with the same body. 32 readings of at most
+# `SOURCE_BUDGET_FACTOR` x 30 KB of source bound the cache to some tens of MB.
+@functools.lru_cache(maxsize=32)
+def _prefixes(body: str) -> _Prefixes:
+    return _Prefixes(body)
+
+
+def _reading_part(body: str, length: int) -> str:
+    """The first `length` characters of `body` and the rest of their paragraph (to a blank
+    line within another quarter of `length`; else to the end of a line within it; else
+    `length` characters): the part whose emphasis is read for a card cut within it."""
+    if len(body) <= length:
+        return body
+    reach = min(len(body), length + length // 4)
+    end = body.find("\n\n", length, reach)
+    if end < 0:
+        end = body.find("\n", length, reach)
+    return body[: length if end < 0 else end]
+
+
 def render_card(view: CardView, limit_bytes: int = CARD_BUDGET_BYTES) -> Outgoing:
     """The interactive message for `view`, shrunk until it fits `limit_bytes` (the body is
     converted once however many of its cuts are measured: see `_Prefixes`; a hidden card's
-    body not at all, see `CardView.shown_part`)."""
+    body not at all, see `CardView.shown_part`).
+
+    Only the part of a long body that can show is read and converted (see `_reading_part`):
+    first half as many characters as the card has bytes (a body dense with marks, the
+    costliest to read, grows past the card's bytes by then), more while that part fits whole
+    (plain text, links shrunk to their words), at most the precut body. Once the part read
+    does not fit even with a single automatic row, the card is cut within it, as it would be
+    within the whole body. The reading of each body is kept (`_prefixes`)."""
     view = precut_body(view.shown_part(), limit_bytes * SOURCE_BUDGET_FACTOR)
-    prefixes = _Prefixes(view.body or "")
 
     def converted(candidate: CardView) -> dict[str, Any]:
         body = candidate.body
@@ -637,6 +709,21 @@ def render_card(view: CardView, limit_bytes: int = CARD_BUDGET_BYTES) -> Outgoin
 
     def size(candidate: CardView) -> int:
         return card_request_bytes(card_content(converted(candidate)))
+
+    body = view.body or ""
+    length = len(body) if len(body) <= limit_bytes else limit_bytes // 2
+    while True:
+        part = _reading_part(body, length)
+        prefixes = _prefixes(part)
+        if part == body:
+            break
+        candidate = replace(view, auto_rows=view.auto_rows[:1], body=part, body_cut=True)
+        measured = size(candidate)
+        if measured > limit_bytes:
+            view = candidate  # the whole body fits no better: cut within the part read
+            break
+        # The part fits whole: read on, as far as its bytes per character suggest and more.
+        length = int(length * 1.1 * limit_bytes / measured) + 1
 
     fitted = converted(fit_view(view, size, limit_bytes))
     content = card_content(fitted)

@@ -5,11 +5,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pyromark
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from taskcard.channels.base import BODY_CUT_MARKER, SOURCE_BUDGET_FACTOR, AgentState, CardView
+from taskcard.channels.base import (
+    BODY_CUT_MARKER,
+    SOURCE_BUDGET_FACTOR,
+    AgentState,
+    CardView,
+    fit_view,
+    precut_body,
+)
 from taskcard.channels.errors import (
     ChannelError,
     Forbidden,
@@ -25,6 +33,8 @@ from taskcard.channels.feishu.card import (
     HIDDEN_NOTICE,
     _converted_lines,
     _Prefixes,
+    card_content,
+    card_json,
     card_plain_text,
     card_request_bytes,
     feishu_markdown,
@@ -356,3 +366,79 @@ def test_a_long_body_is_converted_once_however_often_it_is_cut(
     assert len(converted) <= kept.count("\n") + 1 + 64  # a line once, and each cut's last
     shown = _markdown(card).removesuffix(BODY_CUT_MARKER.replace(">", "&gt;"))
     assert feishu_markdown(body).startswith(shown)
+
+
+def _parsed_lengths(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The length of each text the CommonMark parser is given from now on."""
+    lengths: list[int] = []
+    parse = pyromark.events_with_range
+
+    def counted(text: str, **options: Any) -> Any:
+        lengths.append(len(text))
+        return parse(text, **options)
+
+    monkeypatch.setattr(pyromark, "events_with_range", counted)
+    return lengths
+
+
+def _whole_reading_card(view: CardView) -> dict[str, Any]:
+    """The card as fitting it with the emphasis of the whole precut body read would give."""
+    view = precut_body(view, CARD_BUDGET_BYTES * SOURCE_BUDGET_FACTOR)
+    prefixes = _Prefixes(view.body or "")
+
+    def converted(candidate: CardView) -> dict[str, Any]:
+        body = candidate.body
+        return card_json(candidate, None if body is None else prefixes.markdown(body))
+
+    def size(candidate: CardView) -> int:
+        return card_request_bytes(card_content(converted(candidate)))
+
+    return converted(fit_view(view, size, CARD_BUDGET_BYTES))
+
+
+LONG_BODIES = {
+    "marks": "*a **b _c ~~d " * 4600,
+    "tildes": "~a " * 21000,
+    "hostile": "~$*_" * 64000,
+    "styled lines": "\n".join(["**w** `x` _y_ ~~z~~ " * 40] * 100),
+    "prose": ("All good here, step 3 of 7 done. " * 20 + "\n") * 200,
+    # Links to no web address show as their words: the source shrinks so much that the
+    # whole precut body fits, and is read to its end (in more than one step).
+    "shrinking": "\n\n".join(
+        f"[step {i} **done**](file:///{'x' * 300}/{i}) and _more_" for i in range(2000)
+    ),
+}
+
+
+@pytest.mark.parametrize("name", LONG_BODIES)
+def test_only_the_part_of_a_long_body_that_can_show_is_read(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading the emphasis of the whole precut body (4 x 30 KB of source) took up to 0.5 s of
+    event-loop time for a body dense with marks, most of it past the cut; the card is the
+    same as that reading gives, and the parser reads little more than what shows."""
+    body = LONG_BODIES[name]
+    view = CardView("dense", "running", ("row 1", "row 2"), body=body)
+    expected = _whole_reading_card(view)
+    card_module._prefixes.cache_clear()
+    lengths = _parsed_lengths(monkeypatch)
+    card = _card(view)
+    assert card == expected
+    shown = len(card_plain_text(card))
+    assert bool(lengths) == any(mark in body for mark in "*_~")  # read if it has marks
+    if name == "shrinking":
+        assert max(lengths) == CARD_BUDGET_BYTES * SOURCE_BUDGET_FACTOR
+    else:
+        assert all(length <= max(2 * shown, CARD_BUDGET_BYTES) for length in lengths), shown
+
+
+def test_a_body_rendered_again_is_not_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each route renders the same body (and again when only the automatic rows move): its
+    reading is kept, as Telegram keeps its conversion."""
+    body = "**bold _both** italic_ " * 3000
+    lengths = _parsed_lengths(monkeypatch)
+    first = _card(CardView("dense", "running", ("row 1",), body=body))
+    read = len(lengths)
+    again = _card(CardView("dense", "running", ("row 2",), body=body))
+    assert read > 0 and len(lengths) == read
+    assert _markdown(first) == _markdown(again)
