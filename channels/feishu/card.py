@@ -312,9 +312,10 @@ def _literal_delimiter(body: str, at: int, addresses: list[tuple[int, int]]) -> 
 
 
 _STRIKETHROUGH = {"Start": "Strikethrough"}
-# What a body needs for a mark telegramify-markdown reads as text: a single `~`, a `$` and a
-# digit after it (inline maths closed just before a digit). Without either, one parse.
-_MAY_READ_AS_TEXT = re.compile(r"(?<!~)~(?!~)|\$[0-9]")
+# What a body needs for a mark telegramify-markdown reads as text: a single `~` (also one a
+# backslash splits off a run: `\~~`), a `$` and a digit after it (inline maths closed just
+# before a digit). Without any, one parse.
+_MAY_READ_AS_TEXT = re.compile(r"(?<!~)~(?!~)|\\~|\$[0-9]")
 # An event and where it is in the body, in characters.
 Located = tuple[object, int, int]
 

@@ -15,12 +15,17 @@ import itertools
 
 import pyromark
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from telegramify_markdown.converter import STANDARD_OPTIONS
+from telegramify_markdown.converter import _parse as telegram_parse
 
 from taskcard.channels.base import CardView
-from taskcard.channels.feishu.card import PARSE_OPTIONS, feishu_markdown
+from taskcard.channels.feishu.card import (
+    PARSE_OPTIONS,
+    _telegram_reading,
+    feishu_markdown,
+)
 from taskcard.channels.telegram.render import markdown_to_rich, render_card
 
 Styled = list[tuple[str, frozenset[str]]]
@@ -47,9 +52,12 @@ def commonmark_styled(markdown: str) -> Styled:
     out: Styled = []
     open_styles: list[str] = []
     for event in pyromark.events(markdown, options=PARSE_OPTIONS):
-        if isinstance(event, dict) and "Start" in event and event["Start"] in TAG_STYLES:
-            open_styles.append(TAG_STYLES[event["Start"]])
-        elif isinstance(event, dict) and "End" in event and event["End"] in TAG_STYLES:
+        tag = event.get("Start", event.get("End")) if isinstance(event, dict) else None
+        if not isinstance(tag, str) or tag not in TAG_STYLES:
+            tag = None
+        if tag is not None and "Start" in event:
+            open_styles.append(TAG_STYLES[tag])
+        elif tag is not None and "End" in event:
             open_styles.pop()
         elif isinstance(event, dict) and "Text" in event:
             out += [(char, frozenset(open_styles)) for char in event["Text"]]
@@ -148,3 +156,41 @@ def test_overlapping_spans_show_the_same_on_both(body: str) -> None:
     for limit in (24, 30, 40):  # cut through the body: still nested
         cut = render_card(CardView("builder", "running", body=body * 3), limit_utf16=limit)
         assert_nested(cut.payload.get("entities", []))
+
+
+READING_PARTS = [
+    "~",
+    "~~",
+    "*",
+    "**",
+    "_",
+    "$",
+    "$5",
+    "5",
+    "a",
+    "b c",
+    " ",
+    "中文",
+    "\\",
+    "`",
+    "\n",
+]
+
+
+@given(st.lists(st.sampled_from(READING_PARTS), max_size=30))
+@example(["\\", "~", "~", "\\", "~~"])  # `\~~\~~`: an escape leaves single tildes
+@settings(max_examples=500, deadline=None)
+def test_the_feishu_reading_follows_the_telegram_converter(parts: list[str]) -> None:
+    """Feishu's reading of emphasis copies what telegramify-markdown does before it walks the
+    events (single `~` and `$` before a digit read as text, parsing again): over generated
+    bodies, the events are the converter's own, so that a new version of it that reads
+    otherwise fails here instead of making the two platforms differ."""
+    body = "".join(parts)
+    _, events = telegram_parse(body, STANDARD_OPTIONS, latex_escape=False)
+    reading = _telegram_reading(body)
+    assert reading is not None
+    assert [event for event, _, _ in reading] == [event for event, _ in events], body
+    if not any(char in body for char in "$`\\\n"):  # no maths, code or breaks: same text
+        inline = "x " + body  # no list, rule or fence: a line of text
+        feishu_written = feishu_markdown(inline)
+        assert commonmark_styled(feishu_written) == telegram_styled(inline), feishu_written
