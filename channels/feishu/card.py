@@ -36,7 +36,7 @@ import itertools
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyromark
@@ -234,6 +234,9 @@ class _Styles:
     edits: list[Edit]
     spans: list[_Span]
     placeholders: dict[str, str]
+    # Where an `_` inside a word was left as typed: written as a reference should a cut leave
+    # it last (then it is inside no word).
+    in_word: set[int] = field(default_factory=set)
 
     def restored(self, converted: str) -> str:
         """`converted` with each placeholder written as the reference it stands for."""
@@ -299,16 +302,18 @@ def _address_spans(body: str) -> list[tuple[int, int]]:
     return sorted(spans)
 
 
-def _literal_delimiter(body: str, at: int, addresses: list[tuple[int, int]]) -> bool:
-    """Whether the `*`, `_` or `~` at `body[at]`, text to CommonMark, needs a reference to stay
-    text on Feishu: not an `_` inside a word (`snake_case` is never emphasis), not inside a
-    web address."""
-    if body[at] == "_" and 0 < at < len(body) - 1 and body[at - 1 : at + 2 : 2].isalnum():
-        return False
+def _in_word(body: str, at: int) -> bool:
+    """Whether `body[at]` has a letter or digit on either side (`snake_case`): an `_` there is
+    never emphasis, and stays as typed."""
+    return 0 < at < len(body) - 1 and body[at - 1 : at + 2 : 2].isalnum()
+
+
+def _in_address(at: int, addresses: list[tuple[int, int]]) -> bool:
+    """Whether `at` is in one of `addresses` (see `_address_spans`): a reference would break it."""
     if not addresses:
-        return True
-    index = bisect.bisect_right(addresses, (at, len(body))) - 1
-    return index < 0 or not addresses[index][0] <= at < addresses[index][1]
+        return False
+    index = bisect.bisect_right(addresses, (at + 1, 0)) - 1
+    return index >= 0 and addresses[index][0] <= at < addresses[index][1]
 
 
 _STRIKETHROUGH = {"Start": "Strikethrough"}
@@ -407,7 +412,11 @@ def _style_edits(body: str) -> _Styles:
                         continue  # written `\*`: read as a character by `_escape_literals`
                     if addresses is None:
                         addresses = _address_spans(body)
-                    if _literal_delimiter(body, at, addresses):
+                    if _in_address(at, addresses):
+                        continue
+                    if found.group() == "_" and _in_word(body, at):
+                        styles.in_word.add(at)
+                    else:
                         edits.append((at, at + 1, marks[found.group()]))
         elif "Start" in event:
             kind = _tag(event["Start"])
@@ -565,11 +574,20 @@ class _Prefixes:
         """Where `body[at]` is in the written body (`at` inside no edit)."""
         return at + self._shifts[bisect.bisect_right(self._edit_ends, at)]
 
+    def _kept(self, start: int, cut: int) -> str:
+        """`body[start:cut]` as written; an `_` left last that was inside a word is a mark
+        now (`a_` before a closing `**`), written as its reference."""
+        end = self._in_written(cut)
+        if cut - 1 not in self._styles.in_word:
+            return self._written[self._in_written(start) : end]
+        underscore = next(p for p, ref in self._styles.placeholders.items() if ref == "&#95;")
+        return self._written[self._in_written(start) : end - 1] + underscore
+
     def written(self, prefix: str) -> str:
         """The body cut to `prefix`, its emphasis written for Feishu (see the class docstring):
         what `markdown` converts, line by line."""
         cut, closing = self._cut(prefix)
-        return self._styles.restored(self._written[: self._in_written(cut)] + closing)
+        return self._styles.restored(self._kept(0, cut) + closing)
 
     def markdown(self, prefix: str) -> str:
         """The conversion of the body cut to `prefix` (see the class docstring); of `prefix`
@@ -578,8 +596,7 @@ class _Prefixes:
             return feishu_markdown(prefix)
         cut, closing = self._cut(prefix)
         line = bisect.bisect_right(self._starts, cut) - 1  # the line the cut is in
-        start = self._in_written(self._starts[line])
-        text = self._written[start : self._in_written(cut)] + closing
+        text = self._kept(self._starts[line], cut) + closing
         out = self._out[: self._firsts[line]]
         if _convert_next(text, self._in_code[line], out):
             out.append("```")

@@ -335,7 +335,9 @@ def test_no_live_mention_reaches_the_card_markdown_anywhere(body: str) -> None:
 def test_a_prefix_converts_as_the_whole_body_would(parts: list[str], where: int) -> None:
     """Fitting converts the body once and measures its prefixes from the converted lines: a
     prefix comes out as converting the body cut there would (a code block left open is
-    closed, emphasis read in the whole body)."""
+    closed, emphasis read in the whole body). What the cut's emphasis shows is checked
+    against Telegram's reading of the whole body in test_overlapping_styles.py
+    (`test_a_cut_shows_the_whole_bodys_styles_up_to_it`)."""
     body = "\n".join(parts)
     prefix = body[: where % (len(body) + 1)].rstrip()
     prefixes = _Prefixes(body)

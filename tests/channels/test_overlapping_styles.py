@@ -23,6 +23,7 @@ from telegramify_markdown.converter import _parse as telegram_parse
 from taskcard.channels.base import CardView
 from taskcard.channels.feishu.card import (
     PARSE_OPTIONS,
+    _Prefixes,
     _telegram_reading,
     feishu_markdown,
 )
@@ -156,6 +157,26 @@ def test_overlapping_spans_show_the_same_on_both(body: str) -> None:
     for limit in (24, 30, 40):  # cut through the body: still nested
         cut = render_card(CardView("builder", "running", body=body * 3), limit_utf16=limit)
         assert_nested(cut.payload.get("entities", []))
+
+
+@given(st.lists(overlapping(), min_size=1, max_size=3), st.sampled_from([" ", "\n"]), st.integers())
+@example(["x _a**a**a**a_a**a"], " ", 185)  # `a_` left last, before a closing `**`
+@settings(max_examples=300, deadline=None)
+def test_a_cut_shows_the_whole_bodys_styles_up_to_it(
+    bodies: list[str], gap: str, where: int
+) -> None:
+    """The Markdown of a prefix (fitting measures a dozen), read back with CommonMark, shows
+    what Telegram shows for the whole body, up to the cut: each word kept, with its styles
+    (a span the cut goes through stays styled to the cut); marks never bare."""
+    body = gap.join(bodies)
+    prefix = body[: where % (len(body) + 1)].rstrip()
+    markdown = _Prefixes(body).markdown(prefix)
+    shown = commonmark_styled(markdown)
+    assert shown == telegram_styled(body)[: len(shown)], markdown
+    # Only marks and spaces at the very end may be left out, never a word.
+    letters = [char for char, _ in shown if char.isalnum()]
+    assert letters == [char for char in prefix if char.isalnum()], markdown
+    assert_unambiguous(markdown)
 
 
 READING_PARTS = [
