@@ -529,6 +529,17 @@ class _Prefixes:
         # Where a span closes and the next one opens, written as one span (see `_style_edits`).
         opening = {(span.start, span.mark) for span in self._spans if span.mark}
         self._joined = {span.end for span in self._spans if (span.end, span.mark) in opening}
+        # The spans by where they start, each with the span it is in (they nest, as the
+        # parser's events do): those a cut goes through are one chain, found by walking up.
+        self._by_start = sorted(self._spans, key=lambda span: (span.start, -span.end))
+        self._span_starts = [span.start for span in self._by_start]
+        self._parents: list[int] = []
+        inside: list[int] = []
+        for index, span in enumerate(self._by_start):
+            while inside and self._by_start[inside[-1]].end <= span.start:
+                inside.pop()
+            self._parents.append(inside[-1] if inside else -1)
+            inside.append(index)
         self._out: list[str] = []
         # Per line: where it starts in `body`, its first output in `_out`, and whether a code
         # block is open before it.
@@ -560,14 +571,13 @@ class _Prefixes:
             else:
                 break
             cut = len(prefix[:cut].rstrip())
-        closing = sorted(
-            (
-                span
-                for span in self._spans
-                if span.content <= cut < span.end or (span.end == cut and span.end in self._joined)
-            ),
-            key=lambda span: -span.start,  # innermost first
-        )
+        closing: list[_Span] = []  # innermost first
+        index = bisect.bisect_left(self._span_starts, cut) - 1  # the last span starting before
+        while index >= 0:
+            span = self._by_start[index]
+            if span.content <= cut < span.end or (span.end == cut and span.end in self._joined):
+                closing.append(span)
+            index = self._parents[index]
         return cut, "".join(span.mark for span in closing)
 
     def _in_written(self, at: int) -> int:
