@@ -30,11 +30,12 @@ one (`/taskcard` in a chat following thousands of agents) is cut with a marker.
 from __future__ import annotations
 
 import bisect
-import functools
 import html
 import itertools
 import json
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -698,11 +699,28 @@ def _text_of(node: object) -> str:
 
 
 # `_Prefixes` of the bodies rendered last: the service renders a card once per route, and
-# again when only its automatic rows moved, both with the same body. 32 readings of at most
-# `SOURCE_BUDGET_FACTOR` x 30 KB of source bound the cache to some tens of MB.
-@functools.lru_cache(maxsize=32)
+# again when only its automatic rows moved, both with the same body. A reading takes up to
+# about 100 bytes per character of its body (a body of nothing but marks): the bodies kept
+# are at most a million characters together, some tens of MB.
+_READINGS: OrderedDict[str, _Prefixes] = OrderedDict()
+_READINGS_BUDGET = 1_000_000
+_READINGS_LOCK = threading.Lock()
+
+
 def _prefixes(body: str) -> _Prefixes:
-    return _Prefixes(body)
+    """`_Prefixes(body)`, kept for the next render of the same body (least recently used go)."""
+    with _READINGS_LOCK:
+        prefixes = _READINGS.get(body)
+        if prefixes is not None:
+            _READINGS.move_to_end(body)
+            return prefixes
+    prefixes = _Prefixes(body)
+    with _READINGS_LOCK:
+        _READINGS[body] = prefixes
+        kept = sum(map(len, _READINGS))
+        while kept > _READINGS_BUDGET and len(_READINGS) > 1:
+            kept -= len(_READINGS.popitem(last=False)[0])
+    return prefixes
 
 
 def _reading_part(body: str, length: int) -> str:

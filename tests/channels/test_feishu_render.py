@@ -422,7 +422,7 @@ def test_only_the_part_of_a_long_body_that_can_show_is_read(
     body = LONG_BODIES[name]
     view = CardView("dense", "running", ("row 1", "row 2"), body=body)
     expected = _whole_reading_card(view)
-    card_module._prefixes.cache_clear()
+    card_module._READINGS.clear()
     lengths = _parsed_lengths(monkeypatch)
     card = _card(view)
     assert card == expected
@@ -444,3 +444,16 @@ def test_a_body_rendered_again_is_not_read_again(monkeypatch: pytest.MonkeyPatch
     again = _card(CardView("dense", "running", ("row 2",), body=body))
     assert read > 0 and len(lengths) == read
     assert _markdown(first) == _markdown(again)
+
+
+def test_the_readings_kept_stay_within_their_budget() -> None:
+    """Readings are kept per body, up to a million characters of bodies together (a reading
+    of a body of marks takes about 100 bytes a character); the last one is always kept."""
+    card_module._READINGS.clear()
+    bodies = [f"agent {index} " + "all good " * 33_000 for index in range(8)]  # 300 K each
+    for body in bodies:
+        prefixes = card_module._prefixes(body)
+        assert card_module._prefixes(body) is prefixes  # kept
+        assert sum(map(len, card_module._READINGS)) <= 1_000_000
+    assert list(card_module._READINGS) == bodies[-3:]  # the least recently used went
+    card_module._READINGS.clear()
