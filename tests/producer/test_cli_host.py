@@ -179,6 +179,41 @@ def test_ceilings_lowered_while_no_host_runs_cap_the_resumed_watch(
     assert (workdir / "taskcard" / "status").read_bytes() == b"inactive"
 
 
+def test_a_resumed_watch_keeps_its_cadence_whatever_interval_s_says_now(
+    workdir: Path, cli: CliHost
+) -> None:
+    """`interval-s` is a default for new watches, not a ceiling: a host killed and resumed
+    (which the agent never sees) keeps the cadence the watch started with, whether it came
+    from the setting or from `--interval-s`; the manual the agent reads says so."""
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    settings = workdir / "taskcard" / "taskcard.json"
+    settings.parent.mkdir(exist_ok=True)
+    settings.write_text(json.dumps({"interval_s": 3600}))
+    assert cli.json("card", "start", "r.py")["status"] == "watching"
+    assert cli.json("card", "inspect", "tc_1")["interval_s"] == 3600  # the setting's default
+    kill_host(cli)
+    settings.write_text(json.dumps({"interval_s": 7200}))
+    resumed = cli.json("card", "inspect", "tc_1")
+    assert (resumed["status"], resumed["interval_s"]) == ("watching", 3600)
+    assert json.loads((workdir / "taskcard" / "watch.json").read_text())["interval_s"] == 3600
+    assert cli.json("card", "stop", "tc_1")["status"] == "stopped"
+    # An explicit cadence survives a resume under a different setting too.
+    assert cli.json("card", "start", "r.py", "--interval-s", "1800")["status"] == "watching"
+    kill_host(cli)
+    settings.write_text(json.dumps({"interval_s": 5}))
+    resumed = cli.json("card", "inspect", "tc_2")
+    assert (resumed["status"], resumed["interval_s"]) == ("watching", 1800)
+    # New watches take the setting in force.
+    assert cli.json("card", "stop", "tc_2")["status"] == "stopped"
+    assert cli.json("card", "start", "r.py")["status"] == "watching"
+    assert cli.json("card", "inspect", "tc_3")["interval_s"] == 5
+    # The manual the agent reads says the same, in the setting's own section.
+    manual = cli.run("card", "manual").stdout
+    section = manual.split("### interval-s", 1)[1].split("###", 1)[0]
+    assert "new and resumed watches" not in section
+    assert "keeps the cadence it started with" in " ".join(section.split())
+
+
 def test_a_corrupt_descriptor_found_by_a_new_host_leaves_the_card_inactive(
     workdir: Path, cli: CliHost
 ) -> None:
