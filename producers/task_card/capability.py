@@ -16,6 +16,7 @@ import os
 import stat
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -58,12 +59,14 @@ from taskcard.producers.task_card.notifications import (
     TaskCardRecoveredNotification,
 )
 from taskcard.producers.task_card.renderer import (
+    RENDER_HOST_ENV,
     Rendered,
     RendererPathError,
     RendererRunner,
     RenderFailure,
     RunRequest,
     classify,
+    end_leftover_renders,
     renderer_environment,
     resolve_renderer,
     run_renderer,
@@ -82,6 +85,7 @@ from taskcard.producers.task_card.settings import (
 from taskcard.producers.task_card.tally import RefreshTally, read_tally
 from taskcard.producers.task_card.turns import add_completed_turn, reset_turns
 from taskcard.producers.task_card.workdir_arg import WorkdirError, given_path
+from taskcard.producers.task_card.workdir_lock import boot_id
 from taskcard.producers.task_card.written import WrittenFiles
 
 log = logging.getLogger(__name__)
@@ -196,7 +200,10 @@ class TaskCard:
         self.host_paths = HostPaths(runtime_dir or default_runtime_dir(env), self.workdir)
         self._notifier: NotificationPort = notifier or FileNotificationPort(self.paths)
         self._runner = runner
-        self._renderer_env = renderer_environment(env)
+        # Every render of this host carries the tag, so a host after us can end what our runs
+        # left running if we are killed mid-run (`renderer.end_leftover_renders`).
+        render_tag = uuid.uuid4().hex
+        self._renderer_env = {**renderer_environment(env), RENDER_HOST_ENV: render_tag}
         self._clock = clock
         self._quiesce_timeout_s = quiesce_timeout_s
         self._lock = threading.RLock()
@@ -208,9 +215,10 @@ class TaskCard:
         self._meta = MetaProjector(self.paths)
         self._written = WrittenFiles()  # status and body as this host last wrote them
         self._settings = SettingsCache(self.paths)  # read per tick, parsed when changed
-        self._host_lock = HostLock(self.host_paths)
+        self._host_lock = HostLock(self.host_paths, renders=render_tag)
         self._host_lock.acquire()
         try:
+            self._end_leftover_renders()
             self._rehydrate()
         except BaseException:
             self._host_lock.release()
@@ -908,6 +916,23 @@ class TaskCard:
         log.error(
             "task card watch %s stopped: its workdir %s is gone", watch.watch_id, self.workdir
         )
+
+    def _end_leftover_renders(self) -> None:
+        """Before anything renders: kill what the runs of a host of this workdir that died
+        without ending cleanly (SIGKILL, a crash) left running; see `workdir_lock.py`."""
+        previous = self._host_lock.previous
+        tag = None if previous is None else previous.leftover_tag(self.workdir, boot_id())
+        if tag is None:
+            return
+        killed = end_leftover_renders(tag)
+        if killed:
+            log.warning(
+                "task card: ended %d process(es) the renders of a killed host (pid %s) left "
+                "running in %s",
+                killed,
+                previous.pid if previous is not None and previous.pid is not None else "unknown",
+                self.workdir,
+            )
 
     def _rehydrate(self) -> None:
         """Resume the persisted watch, or clear a stale descriptor and leave the card inactive."""

@@ -45,6 +45,18 @@ most of a producer host's CPU. Now:
   skipped; a run that ends by timeout, cancel or overflow (renderer still alive) keeps all
   three.
 
+A host killed with SIGKILL ends none of this: its renderer runs on in its own session, for its
+whole timeout or for ever. Every render of a host (one `TaskCard`) carries a random tag of
+that host in its environment (`RENDER_HOST_ENV`), the workdir lock's note names the tag, and
+the next host of the workdir, finding a note that no clean end emptied, kills every process
+carrying the tag before it renders (`end_leftover_renders`; `workdir_lock.py` says when).
+Nothing is written per run for it. A parent-death signal (`PR_SET_PDEATHSIG`) was the other
+way, but it must be set in the child before the renderer starts: a `preexec_fn` makes CPython
+fork instead of vfork (host CPU on every spawn), and Python 3.11's `subprocess` has no option
+for it (`process_group=` and `start_new_session=` keep vfork but only set the group); it
+would also fire when the spawning thread ends, not the host, and reach the renderer only,
+not its group.
+
 Renderers run at a lower CPU priority than the host (`nice_increment`, +10 by default, set
 right after the spawn, before the interpreter has even started): on a machine saturated by
 renderers the host still gets the CPU to start the next tick on time, and the renderers share
@@ -78,6 +90,9 @@ _DRAIN_CHUNKS: Final = 16
 _POLL_S: Final = 0.05
 _EXIT_GRACE_S: Final = 0.05  # from closing its pipes to exiting, a renderer takes microseconds
 RENDER_TOKEN_ENV: Final = "TASKCARD_RENDER_TOKEN"
+# Names the host (one `TaskCard`) whose renders carry it: what a later host looks for when
+# that one died without ending its runs (`end_leftover_renders`).
+RENDER_HOST_ENV: Final = "TASKCARD_RENDER_HOST"
 _PR_SET_CHILD_SUBREAPER: Final = 36
 _SWEEP_ROUNDS: Final = 100
 _SWEEP_PAUSE_S: Final = 0.01
@@ -186,6 +201,7 @@ class ProcEntry:
     zombie: bool
     tagged: bool  # its environment carries the run's token
     start: int | None = None  # its start time (clock ticks after boot): who holds the pid
+    pgrp: int | None = None  # its process group (a renderer leads its own)
 
 
 def decide_doomed(
@@ -382,7 +398,9 @@ class SpawnMark:
         return pid_window(self.leader, self.forks, _Forks.now(), _pid_cursor(), _PID_MAX)
 
 
-def _snapshot(token: bytes | None, window: PidWindow | None = None) -> list[ProcEntry]:
+def _snapshot(
+    token: bytes | None, window: PidWindow | None = None, *, marker: bytes | None = None
+) -> list[ProcEntry]:
     """Processes from /proc, only those inside `window` when one is given.
 
     A small window is probed pid by pid instead of listing /proc (the listing alone costs more
@@ -393,9 +411,9 @@ def _snapshot(token: bytes | None, window: PidWindow | None = None) -> list[Proc
     In a subreaper the environments are not read: every descendant of a finished renderer
     then hangs, through descendants only, under an orphan reparented to us, which
     `decide_doomed` takes as a root; the token only matters where orphans go to init.
+    A `marker` given (one whole `NAME=value` entry) is looked for in every environment.
     """
-    marker = None
-    if token and not _Fence.subreaper:
+    if marker is None and token and not _Fence.subreaper:
         marker = f"{RENDER_TOKEN_ENV}=".encode() + token
     if window is not None and window.first <= window.last <= window.first + _PROBE_MAX:
         pids: Iterable[int] = range(window.first, window.last + 1)
@@ -416,7 +434,14 @@ def _snapshot(token: bytes | None, window: PidWindow | None = None) -> list[Proc
             environ = _read_proc(f"/proc/{pid}/environ", 1 << 20)
             tagged = environ is not None and marker in environ.split(b"\0")
         entries.append(
-            ProcEntry(pid, int(fields[1]), fields[0] == b"Z", tagged, _start_field(fields))
+            ProcEntry(
+                pid,
+                int(fields[1]),
+                fields[0] == b"Z",
+                tagged,
+                _start_field(fields),
+                int(fields[2]) if fields[2].lstrip(b"-").isdigit() else None,
+            )
         )
     return entries
 
@@ -434,8 +459,12 @@ def _start_time(pid: int) -> int | None:
     return None if stat is None else _start_field(stat.rsplit(b")", 1)[-1].split())
 
 
-def kill_seen(entry: ProcEntry) -> None:
+def kill_seen(entry: ProcEntry, *, group: bool = False) -> None:
     """SIGKILL the process `entry` describes, never one that took its pid since.
+
+    With `group`, its whole process group instead (`entry` must lead it): checked the same
+    way, so the group is the one the leader still holds (a group's id cannot be handed to a
+    new process while any member of the group lives).
 
     Between the snapshot and the kill, a doomed process may have exited and been reaped,
     and its pid handed to an unrelated process. A pidfd names one process for good: it is
@@ -457,7 +486,9 @@ def kill_seen(entry: ProcEntry) -> None:
         if entry.start is not None and _start_time(entry.pid) != entry.start:
             return  # another process holds the pid now (or none does)
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            if fd is not None and send is not None:
+            if group:
+                os.killpg(entry.pid, signal.SIGKILL)
+            elif fd is not None and send is not None:
                 send(fd, signal.SIGKILL)
             else:
                 os.kill(entry.pid, signal.SIGKILL)
@@ -510,6 +541,58 @@ def _lower_priority(pid: int, increment: int) -> None:
     with contextlib.suppress(OSError):
         mine = os.getpriority(os.PRIO_PROCESS, 0)
         os.setpriority(os.PRIO_PROCESS, pid, min(_NICE_MAX, mine + increment))
+
+
+def end_leftover_renders(host_tag: str) -> int:
+    """SIGKILL what the renders of a dead host left running; how many processes it killed.
+
+    A host killed with SIGKILL cannot end the run it was supervising: the renderer (in its
+    own session) and whatever it started go on, for its whole timeout or for ever. Every
+    render of a host carries `RENDER_HOST_ENV=host_tag` in its environment (descendants
+    inherit it), so the next host of the workdir, which learns the dead host's tag from the
+    workdir lock's note (`workdir_lock.Holder.leftover_tag`), kills every process carrying
+    it, each renderer's whole process group first, and whatever lives below one. Nothing else:
+    a process that merely took a recorded pid carries no such tag (a random 128-bit value),
+    and each kill checks the start time the scan saw (`kill_seen`). It reads every process
+    once per round, but runs only when a host of this workdir died without ending cleanly.
+    A descendant that both cleared its environment and left the renderer's group and
+    ancestry is not found (as in the in-process API's sweep).
+    """
+    marker = f"{RENDER_HOST_ENV}={host_tag}".encode()
+    me = os.getpid()
+    killed: set[tuple[int, int | None]] = set()
+    with _Fence.lock:
+        for _ in range(_SWEEP_ROUNDS):
+            table = _snapshot(None, None, marker=marker)
+            doomed = decide_doomed(
+                table,
+                me=me,
+                leader=None,
+                live_leaders=frozenset(_Fence.live_leaders),
+                subreaper=False,
+            )
+            # A renderer leads its own group, and only its descendants can join it (it leads
+            # its session too): members that cleared their environment and lost their
+            # parent are still in it.
+            leaders = {entry.pid for entry in table if entry.tagged and entry.pgrp == entry.pid}
+            doomed |= {entry.pid for entry in table if entry.pgrp in leaders}
+            doomed -= {me, *_Fence.live_leaders}
+            by_pid = {entry.pid: entry for entry in table}
+            # Without a start time the pid's holder cannot be checked at the kill: left alone.
+            running = [
+                by_pid[pid]
+                for pid in doomed
+                if not by_pid[pid].zombie and by_pid[pid].start is not None
+            ]
+            if not running:
+                break
+            for pid in leaders & doomed - {entry.pid for entry in table if entry.start is None}:
+                kill_seen(by_pid[pid], group=True)  # the whole group at once, then each one
+            for entry in running:
+                kill_seen(entry)
+                killed.add((entry.pid, entry.start))
+            time.sleep(_SWEEP_PAUSE_S)
+    return len(killed)
 
 
 def reap_orphans() -> None:

@@ -133,10 +133,13 @@ class HostLock:
     (`workdir_lock.py`), which also holds against a host started with another runtime folder.
     """
 
-    def __init__(self, paths: HostPaths) -> None:
+    def __init__(self, paths: HostPaths, *, renders: str | None = None) -> None:
         self._paths = paths
+        self._renders = renders
         self._fd: int | None = None
         self._workdir_fd: int | None = None
+        # The note a previous holder left in the workdir lock (None: it ended cleanly).
+        self.previous: workdir_lock.Holder | None = None
 
     def acquire(self) -> None:
         self._paths.ensure_dir()
@@ -157,7 +160,9 @@ class HostLock:
                 "use it (taskcard tool/card talk to it) or stop it first"
             ) from None
         try:
-            self._workdir_fd = workdir_lock.acquire(self._paths.workdir, self._paths.runtime_dir)
+            self._workdir_fd, self.previous = workdir_lock.acquire(
+                self._paths.workdir, self._paths.runtime_dir, self._renders
+            )
         except workdir_lock.WorkdirHeld as exc:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)

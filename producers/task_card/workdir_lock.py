@@ -20,6 +20,16 @@ opened folder must lie inside the resolved workdir. A `taskcard` symlink leading
 (to another agent's card folder, to a folder someone else holds a lock in) would make the
 host wait on a foreign lock, or put its card there; that is `CardFolderOutside`, and the host
 does not start (a link that stays inside the workdir is followed).
+
+The note also says how to recognise the holder's renders (`renders`: the random tag every
+renderer it starts carries in its environment, `renderer.RENDER_HOST_ENV`), on which boot and
+for which workdir. A host that ends cleanly empties the note before it lets go of the lock. A
+host killed with SIGKILL cannot, and its renderer may still be running (in its own session, for
+its whole timeout or for ever); so the next host reads the note it finds before writing its
+own, and when it names this workdir on this boot, ends what those renders left running before
+it renders anything (`Holder.leftover_tag`, `renderer.end_leftover_renders`). The note is in the
+agent's workdir, so it is read as untrusted text: a copied workdir carries a note naming the
+original's path, and is ignored.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +50,18 @@ from taskcard.producers.task_card.contract import HOST_LOCK_FILE, TASKCARD_DIR, 
 log = logging.getLogger(__name__)
 
 _MAX_LOCK_BYTES: Final = 4096
+_TAG_RE: Final = re.compile(r"^[0-9a-f]{32}$")
+_BOOT_ID_PATH: Final = "/proc/sys/kernel/random/boot_id"
+
+
+def boot_id() -> str | None:
+    """This boot's id (Linux), None when it cannot be read: processes never outlive a boot."""
+    try:
+        with open(_BOOT_ID_PATH, "rb") as file:
+            value = file.read(64).decode("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return value or None
 
 
 @dataclass(frozen=True)
@@ -47,6 +70,18 @@ class Holder:
 
     pid: int | None
     runtime_dir: str | None
+    renders: str | None = None  # the tag its renders carry (`renderer.RENDER_HOST_ENV`)
+    boot: str | None = None  # the boot it ran in
+    workdir: str | None = None  # the resolved workdir it held
+
+    def leftover_tag(self, workdir: Path, boot: str | None) -> str | None:
+        """The tag of renders this note's host may have left running in `workdir`, or None.
+
+        Only a note left behind (a clean end empties it) by a host of this very workdir (a
+        copied workdir carries the original's note) on this boot (no process outlives one)."""
+        if self.renders is None or boot is None or self.boot != boot:
+            return None
+        return self.renders if self.workdir == str(workdir) else None
 
     def describe(self, workdir: Path) -> str:
         pid = self.pid if self.pid is not None else "unknown"
@@ -84,9 +119,15 @@ def parse_holder(raw: bytes) -> Holder:
         return Holder(None, None)
     pid = data.get("pid")
     runtime_dir = data.get("runtime_dir")
+    renders = data.get("renders")
+    boot = data.get("boot")
+    workdir = data.get("workdir")
     return Holder(
         pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None,
         runtime_dir if isinstance(runtime_dir, str) and runtime_dir else None,
+        renders if isinstance(renders, str) and _TAG_RE.match(renders) else None,
+        boot if isinstance(boot, str) and 0 < len(boot) <= 64 else None,
+        workdir if isinstance(workdir, str) and workdir else None,
     )
 
 
@@ -143,9 +184,13 @@ def read_holder(workdir: Path) -> Holder | None:
         os.close(fd)
 
 
-def acquire(workdir: Path, runtime_dir: Path) -> int | None:
-    """The held lock's descriptor; None when the file cannot be used. Raises `WorkdirHeld`,
-    and `CardFolderOutside` when `taskcard/` leads out of the workdir."""
+def acquire(
+    workdir: Path, runtime_dir: Path, renders: str | None = None
+) -> tuple[int | None, Holder | None]:
+    """The held lock's descriptor (None when the file cannot be used) and the note a previous
+    holder left in it (None when it ended cleanly, or there was none). `renders` is the tag
+    this holder's renders carry. Raises `WorkdirHeld`, and `CardFolderOutside` when
+    `taskcard/` leads out of the workdir."""
     path = lock_path(workdir)
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
@@ -153,12 +198,12 @@ def acquire(workdir: Path, runtime_dir: Path) -> int | None:
         assert folder is not None
     except OSError as exc:
         log.warning("no workdir lock at %s (%s); the runtime lock alone", path, exc.strerror)
-        return None
+        return None, None
     try:
         fd = os.open(HOST_LOCK_FILE, flags, 0o644, dir_fd=folder)
     except OSError as exc:
         log.warning("no workdir lock at %s (%s); the runtime lock alone", path, exc.strerror)
-        return None
+        return None, None
     finally:
         os.close(folder)
     info = os.fstat(fd)
@@ -169,25 +214,35 @@ def acquire(workdir: Path, runtime_dir: Path) -> int | None:
         log.warning(
             "no workdir lock: %s is not a regular file of its own; the runtime lock alone", path
         )
-        return None
+        return None, None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         raw = os.pread(fd, _MAX_LOCK_BYTES, 0)
         os.close(fd)
         raise WorkdirHeld(parse_holder(raw)) from None
-    record = json.dumps({"pid": os.getpid(), "runtime_dir": str(runtime_dir)}).encode()
+    try:
+        left = os.pread(fd, _MAX_LOCK_BYTES, 0)
+    except OSError:
+        left = b""
+    previous = parse_holder(left) if left.strip() else None
+    note: dict[str, object] = {"pid": os.getpid(), "runtime_dir": str(runtime_dir)}
+    if renders is not None:
+        note.update(renders=renders, boot=boot_id(), workdir=str(workdir))
     try:
         os.ftruncate(fd, 0)
-        os.pwrite(fd, record, 0)
+        os.pwrite(fd, json.dumps(note).encode(), 0)
     except OSError as exc:  # the lock holds without its note; a refused caller says "unknown"
         log.warning("cannot write the holder into %s (%s)", path, exc.strerror)
-    return fd
+    return fd, previous
 
 
 def release(fd: int | None) -> None:
+    """Let go of the lock, emptying the note first: a clean end left no render running."""
     if fd is None:
         return
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, 0)
     with contextlib.suppress(OSError):
         fcntl.flock(fd, fcntl.LOCK_UN)
     os.close(fd)

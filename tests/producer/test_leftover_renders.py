@@ -1,0 +1,161 @@
+"""A host killed mid-render: the next host ends what the run left running, and nothing else."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from .conftest import CliHost, pid_alive, wait_for, write_renderer
+
+# The first run and every run after the second print at once; the second run (the first
+# tick) starts a child in a session of its own, notes both pids and hangs.
+HANGING_SECOND_RUN = """\
+import os, subprocess, sys, time
+from pathlib import Path
+runs = Path("runs.txt")
+n = int(runs.read_text()) + 1 if runs.exists() else 1
+runs.write_text(str(n))
+if n == 2:
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
+    )
+    Path("hung.tmp").write_text(f"{os.getpid()} {child.pid}")
+    os.rename("hung.tmp", "hung.txt")
+    time.sleep(600)
+print(f"# run {n}")
+"""
+
+SLEEPER = "import time; time.sleep(600)"
+Sleeper = Callable[[str, Path], "subprocess.Popen[bytes]"]
+
+
+def boot_id() -> str:
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def _start_time(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _same_process_alive(pid: int, start: int | None) -> bool:
+    """Alive, not a zombie, and still the process first seen under that pid."""
+    return pid_alive(pid) and _start_time(pid) == start
+
+
+@pytest.fixture
+def strays() -> Iterator[list[int]]:
+    """Pids the test must not leave behind, whatever the outcome."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def sleeper() -> Iterator[Sleeper]:
+    """Starts a sleeping process with `TASKCARD_RENDER_HOST` set; all are gone afterwards."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(tag: str, cwd: Path) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "TASKCARD_RENDER_HOST": tag}
+        started.append(subprocess.Popen([sys.executable, "-c", SLEEPER], cwd=cwd, env=env))
+        return started[-1]
+
+    yield start
+    for process in started:
+        process.kill()
+        process.wait()
+
+
+def test_a_render_hanging_when_the_host_is_killed_is_ended_by_the_next_host(
+    workdir: Path, cli: CliHost, strays: list[int]
+) -> None:
+    write_renderer(workdir, "r.py", HANGING_SECOND_RUN)
+    started = cli.json("card", "start", "r.py", "--interval-s", "1", "--timeout-s", "300")
+    assert started["status"] == "watching", started
+    hung = workdir / "hung.txt"
+    wait_for(hung.exists)
+    renderer, child = (int(pid) for pid in hung.read_text().split())
+    strays.extend([renderer, child])
+    starts = {pid: _start_time(pid) for pid in (renderer, child)}
+    host = cli.host_pid()
+    assert host is not None
+    os.kill(host, signal.SIGKILL)
+    wait_for(lambda: not pid_alive(host))
+    # The run the dead host supervised goes on: nobody is left to end it.
+    assert all(_same_process_alive(pid, start) for pid, start in starts.items())
+    resumed = cli.json("card", "inspect", "tc_1")  # a new host, which resumes the watch
+    assert resumed["status"] == "watching", resumed
+    wait_for(lambda: not any(_same_process_alive(pid, s) for pid, s in starts.items()))
+    # The new host's renders run: the resume's and the ticks after it.
+    wait_for(lambda: int((workdir / "runs.txt").read_text()) >= 4)
+    wait_for(lambda: (workdir / "taskcard" / "taskcard.md").read_text() != "# run 1\n")
+    assert cli.json("card", "inspect", "tc_1")["status"] == "watching"
+
+
+def _plant_note(folder: Path, **note: object) -> None:
+    """A lock note as a host killed with SIGKILL leaves it (a clean end empties it)."""
+    lock = folder / "taskcard" / ".host.lock"
+    lock.parent.mkdir(exist_ok=True)
+    lock.write_text(json.dumps({"runtime_dir": "/nowhere", **note}))
+
+
+def test_only_the_dead_hosts_renders_are_ended_not_a_process_that_took_a_recorded_pid(
+    workdir: Path, cli: CliHost, sleeper: Sleeper
+) -> None:
+    write_renderer(workdir, "r.py", "print('# card')\n")
+    dead_tag, other_tag = uuid.uuid4().hex, uuid.uuid4().hex
+    # An unrelated process: a renderer of some other host, holding the pid the note records
+    # for the dead host; and a leftover of the dead host's renders, carrying its tag.
+    unrelated = sleeper(other_tag, workdir)
+    leftover = sleeper(dead_tag, workdir)
+    _plant_note(
+        workdir, pid=unrelated.pid, renders=dead_tag, boot=boot_id(), workdir=str(workdir.resolve())
+    )
+    assert cli.json("card", "start", "r.py")["status"] == "watching"  # the new host is up
+    wait_for(lambda: leftover.poll() is not None)
+    assert leftover.returncode == -signal.SIGKILL
+    assert unrelated.poll() is None
+
+
+def test_a_note_copied_with_the_workdir_or_from_an_earlier_boot_ends_nothing(
+    workdir: Path, tmp_path: Path, cli: CliHost, sleeper: Sleeper
+) -> None:
+    """A workdir copied while its host runs carries the live host's note: the copy's host
+    must not kill the original's renders; nor does a note from before a reboot count."""
+    write_renderer(workdir, "r.py", "print('# card')\n")
+    tag = uuid.uuid4().hex
+    original = tmp_path / "original"
+    original.mkdir()
+    live_render = sleeper(tag, original)
+    _plant_note(workdir, pid=live_render.pid, renders=tag, boot=boot_id(), workdir=str(original))
+    assert cli.json("card", "start", "r.py")["status"] == "watching"
+    cli.shutdown()
+    _plant_note(
+        workdir, pid=live_render.pid, renders=tag, boot="an-earlier-boot", workdir=str(workdir)
+    )
+    assert cli.json("card", "inspect", "tc_1")["status"] == "watching"  # resumed by a new host
+    assert live_render.poll() is None
+
+
+def test_a_host_that_ends_cleanly_leaves_no_note_behind(workdir: Path, cli: CliHost) -> None:
+    write_renderer(workdir, "r.py", "print('# card')\n")
+    assert cli.json("card", "start", "r.py")["status"] == "watching"
+    note = json.loads((workdir / "taskcard" / ".host.lock").read_text())
+    assert note["pid"] == cli.host_pid()
+    assert note["workdir"] == str(workdir.resolve()) and len(note["renders"]) == 32
+    cli.shutdown()
+    assert (workdir / "taskcard" / ".host.lock").read_bytes() == b""
