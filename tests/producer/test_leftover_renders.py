@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from taskcard.producers.task_card.capability import TaskCard
+
 from .conftest import CliHost, pid_alive, wait_for, write_renderer
 
 # The first run and every run after the second print at once; the second run (the first
@@ -104,6 +106,42 @@ def test_a_render_hanging_when_the_host_is_killed_is_ended_by_the_next_host(
     wait_for(lambda: int((workdir / "runs.txt").read_text()) >= 4)
     wait_for(lambda: (workdir / "taskcard" / "taskcard.md").read_text() != "# run 1\n")
     assert cli.json("card", "inspect", "tc_1")["status"] == "watching"
+
+
+# An agent process using the Python API: it starts a watch, then lives on until killed.
+AGENT = """\
+import sys, time
+from taskcard.producers.task_card.capability import TaskCard
+card = TaskCard(sys.argv[1], runtime_dir=sys.argv[2])
+start = {"renderer_path": "r.py", "interval_s": 1, "timeout_s": 300}
+result = card.call({"action": "start", "input": start, "reasoning": "test"})
+assert result["status"] == "watching", result
+time.sleep(600)
+"""
+
+
+def test_an_agent_killed_mid_render_through_the_python_api_leaves_nothing_to_the_next_one(
+    workdir: Path, runtime_dir: Path, make_card: Callable[..., TaskCard], strays: list[int]
+) -> None:
+    write_renderer(workdir, "r.py", HANGING_SECOND_RUN)
+    agent = subprocess.Popen([sys.executable, "-c", AGENT, str(workdir), str(runtime_dir)])
+    try:
+        hung = workdir / "hung.txt"
+        wait_for(hung.exists)
+        renderer, child = (int(pid) for pid in hung.read_text().split())
+        strays.extend([renderer, child])
+        starts = {pid: _start_time(pid) for pid in (renderer, child)}
+    finally:
+        agent.kill()
+        agent.wait()
+    assert all(_same_process_alive(pid, start) for pid, start in starts.items())
+    card = make_card()  # the agent's next process resumes the watch
+    assert (
+        card.call({"action": "inspect", "input": {"watch_id": "tc_1"}, "reasoning": "t"})["status"]
+        == "watching"
+    )
+    wait_for(lambda: not any(_same_process_alive(pid, s) for pid, s in starts.items()))
+    wait_for(lambda: int((workdir / "runs.txt").read_text()) >= 4)
 
 
 def _plant_note(folder: Path, **note: object) -> None:
