@@ -924,7 +924,11 @@ class TaskCard:
         tag = None if previous is None else previous.leftover_tag(self.workdir, boot_id())
         if tag is None:
             return
-        killed = end_leftover_renders(tag)
+        try:
+            killed = end_leftover_renders(tag)
+        except OSError as exc:  # no /proc to read: the card still comes up
+            log.warning("task card: cannot look for a killed host's renders (%s)", exc)
+            return
         if killed:
             log.warning(
                 "task card: ended %d process(es) the renders of a killed host (pid %s) left "
