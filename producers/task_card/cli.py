@@ -269,6 +269,8 @@ def run_host(args: argparse.Namespace) -> int:
 
 def _detach(args: argparse.Namespace, paths: HostPaths) -> int:
     """Start the foreground host in its own session and return without waiting for it."""
+    from taskcard.producers.task_card.renderer import RENDER_MARKS
+
     command = [
         sys.executable,
         "-m",
@@ -296,6 +298,10 @@ def _detach(args: argparse.Namespace, paths: HostPaths) -> int:
             start_new_session=True,
             close_fds=True,
             cwd="/",
+            # Called from inside a render (a renderer that starts another workdir's card),
+            # the host must not carry that render's marks: the next host of the render's
+            # workdir ends every process carrying its tag (`end_leftover_renders`).
+            env={k: v for k, v in os.environ.items() if k not in RENDER_MARKS},
         )
     finally:
         os.close(log_fd)

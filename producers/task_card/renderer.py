@@ -93,6 +93,8 @@ RENDER_TOKEN_ENV: Final = "TASKCARD_RENDER_TOKEN"
 # Names the host (one `TaskCard`) whose renders carry it: what a later host looks for when
 # that one died without ending its runs (`end_leftover_renders`).
 RENDER_HOST_ENV: Final = "TASKCARD_RENDER_HOST"
+# What marks a process as a render of one host: never passed on to a host started from one.
+RENDER_MARKS: Final = frozenset({RENDER_TOKEN_ENV, RENDER_HOST_ENV})
 _PR_SET_CHILD_SUBREAPER: Final = 36
 _SWEEP_ROUNDS: Final = 100
 _SWEEP_PAUSE_S: Final = 0.01

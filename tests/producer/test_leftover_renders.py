@@ -197,3 +197,57 @@ def test_a_host_that_ends_cleanly_leaves_no_note_behind(workdir: Path, cli: CliH
     assert note["workdir"] == str(workdir.resolve()) and len(note["renders"]) == 32
     cli.shutdown()
     assert (workdir / "taskcard" / ".host.lock").read_bytes() == b""
+
+
+# A's second run starts a card in workdir B (its host, detached, lives on), then hangs.
+STARTS_ANOTHER_CARD = """\
+import os, subprocess, sys, time
+from pathlib import Path
+runs = Path("runs.txt")
+n = int(runs.read_text()) + 1 if runs.exists() else 1
+runs.write_text(str(n))
+if n == 2:
+    other, runtime = OTHER, RUNTIME
+    subprocess.run(
+        [sys.executable, "-m", "taskcard.bridge.cli", "card", "start", "r.py",
+         "--workdir", other, "--runtime-dir", runtime],
+        check=True, capture_output=True,
+    )
+    Path("started.tmp").write_text(str(os.getpid()))
+    os.rename("started.tmp", "started.txt")
+    time.sleep(600)
+print(f"# run {n}")
+"""
+
+
+def test_a_host_started_from_a_render_is_not_ended_with_that_render(
+    workdir: Path, tmp_path: Path, runtime_dir: Path, cli: CliHost, strays: list[int]
+) -> None:
+    """A renderer that starts another workdir's card starts that workdir's host, which
+    inherited the render's tag: once the render's own host was killed, its next host ended
+    the other workdir's live host with the leftover render, and that card stopped."""
+    other = tmp_path / "other"
+    other.mkdir()
+    write_renderer(other, "r.py", "print('# other card')\n")
+    other_cli = CliHost(other, runtime_dir)
+    renderer = STARTS_ANOTHER_CARD.replace("OTHER", repr(str(other)))
+    write_renderer(workdir, "r.py", renderer.replace("RUNTIME", repr(str(runtime_dir))))
+    started = cli.json("card", "start", "r.py", "--interval-s", "1", "--timeout-s", "300")
+    assert started["status"] == "watching", started
+    wait_for((workdir / "started.txt").exists)
+    render = int((workdir / "started.txt").read_text())
+    strays.append(render)
+    other_host = other_cli.host_pid()
+    assert other_host is not None and pid_alive(other_host)
+    try:
+        host = cli.host_pid()
+        assert host is not None
+        os.kill(host, signal.SIGKILL)
+        wait_for(lambda: not pid_alive(host))
+        assert cli.json("card", "inspect", "tc_1")["status"] == "watching"  # the sweep ran
+        wait_for(lambda: not pid_alive(render))
+        assert pid_alive(other_host), "the other workdir's host was ended with the render"
+        assert other_cli.json("card", "inspect", "tc_1")["status"] == "watching"
+        assert other_cli.host_pid() == other_host
+    finally:
+        other_cli.shutdown()
