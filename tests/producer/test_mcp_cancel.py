@@ -28,7 +28,10 @@ HELD_RENDERER = """
 import os, pathlib, time
 here = pathlib.Path(__file__).resolve().parent
 (here / "render.pid").write_text(str(os.getpid()))
+deadline = time.monotonic() + 600  # a failed test never leaves it running for good
 while not (here / "release").exists():
+    if not here.exists() or time.monotonic() > deadline:
+        raise SystemExit("never released")
     time.sleep(0.05)
 print("# Work\\nreleased")
 """
