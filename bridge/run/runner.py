@@ -208,7 +208,7 @@ async def serve(
         return failed(EXIT_CONFIG)
     if holder is not None:
         holder = await _wait_for_serve_lock(lock, holder, config.state_dir, stopping)
-    if holder is not None:
+    if holder is not None and not stopping():  # a stop while waiting is said as a stop
         start_error(
             f"another `taskcard serve` (pid {holder}) already uses the state "
             f"directory {config.state_dir}; two services on one state would post duplicate "
@@ -372,7 +372,9 @@ async def _open_state(state_dir: Path, stopping: Callable[[], str | None]) -> Sq
         try:
             return SqliteStore.in_dir(state_dir)
         except StateFileLocked as error:
-            if loop.time() >= deadline or stopping():
+            if stopping():
+                return None  # the caller says it as a stop, not as an error
+            if loop.time() >= deadline:
                 start_error(str(error))
                 return None
             if not told:

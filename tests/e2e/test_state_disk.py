@@ -507,3 +507,40 @@ async def test_a_serve_lock_held_by_an_instance_still_stopping_is_waited_for(
     [line] = [line for line in serve.logs.splitlines() if "waiting up to" in line]
     assert "pid 424242" in line and str(state_dir) in line, line
     assert not any(line.startswith("taskcard:") for line in serve.logs.splitlines()), serve.logs
+
+
+@pytest.mark.parametrize("held", ["serve lock", "state file"])
+async def test_a_stop_while_a_lock_is_waited_for_is_a_stop_not_an_error(
+    tmp_path: Path, fake: FakeTelegram, held: str
+) -> None:
+    """A SIGTERM while the start waited for a lock ended it with exit 0, but printed the
+    error a failed start prints ("stop it first", "then start again") before the stop."""
+    import fcntl
+
+    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])])
+    state_dir = tmp_path / ".taskcard"
+    state_dir.mkdir(parents=True, exist_ok=True)
+    fd = -1
+    holder = None
+    if held == "serve lock":
+        fd = os.open(state_dir / "serve.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.pwrite(fd, b"424242", 0)
+    else:
+        SqliteStore.in_dir(state_dir).close()
+        holder = sqlite3.connect(state_dir / "state.sqlite3", isolation_level=None)
+        holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with serve:
+            await eventually(
+                lambda: "waiting up to" in serve.logs, timeout_s=60, what="the warning"
+            )
+            assert await serve.aterminate() == 0, serve.logs
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        if holder is not None:
+            holder.close()
+    lines = serve.logs.splitlines()
+    assert not any(line.startswith("taskcard:") for line in lines), serve.logs
+    assert any("stopped" in line for line in lines), serve.logs
