@@ -9,6 +9,8 @@ and on SIGTERM/SIGINT; exiting never ends a watch (its descriptor stays for the 
 A client that gives up on a `start` (its MCP call was cancelled) shuts its side of the
 connection: the host watches the connection of a start for that hangup while it runs, and
 sets the start's cancel flag (`TaskCard.start`: the first render stops, no watch is made).
+So a client must keep its writing side open until the answer: one that half-closes after
+its request line (as `nc -N` or `socat` may) cancels every start it sends.
 
 A request line goes through the same transport checks as an envelope (`decode_envelope`):
 size, UTF-8, NUL, nesting, JSON, object, valid Unicode. A refusal is answered, never dropped:
