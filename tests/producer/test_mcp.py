@@ -42,6 +42,29 @@ def server_for(workdir: Path, cli: CliHost) -> StdioServerParameters:
     )
 
 
+def raw_server(
+    workdir: Path, cli: CliHost
+) -> tuple[subprocess.Popen[bytes], Queue[dict[str, Any]]]:
+    """`taskcard mcp` driven line by line, as a hand-written client does: the process, and
+    the queue its answers arrive on (decoded, in order)."""
+    params = server_for(workdir, cli)
+    server = subprocess.Popen(
+        [params.command, *params.args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    answers: Queue[dict[str, Any]] = Queue()
+
+    def read() -> None:
+        assert server.stdout is not None
+        for raw in server.stdout:
+            answers.put(json.loads(raw))
+
+    threading.Thread(target=read, daemon=True).start()
+    return server, answers
+
+
 def taskcard_meta(result: Any) -> dict[str, Any] | None:
     meta = result.meta or {}
     payload = meta.get("agent_meta", {}).get("taskcard")
@@ -298,21 +321,7 @@ def test_every_line_a_client_gets_wrong_is_answered_and_the_server_goes_on(
     """A client with a bug (or a pipe that garbled a line) gets a JSON-RPC error for each line
     `taskcard mcp` cannot read, with the request's id when it can be read; the SDK alone
     dropped such lines and left the client waiting."""
-    params = server_for(workdir, cli)
-    server = subprocess.Popen(
-        [params.command, *params.args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
-    answers: Queue[dict[str, Any]] = Queue()
-
-    def read() -> None:
-        assert server.stdout is not None
-        for raw in server.stdout:
-            answers.put(json.loads(raw))
-
-    threading.Thread(target=read, daemon=True).start()
+    server, answers = raw_server(workdir, cli)
     huge = "9" * 5000
 
     def call(ident: int, params: str) -> str:
@@ -384,21 +393,7 @@ def test_a_tool_call_of_the_wrong_shape_is_answered_naming_the_field(
     """A tools/call whose `arguments` is not an object, or without a `name`, was answered
     "Invalid request parameters" with empty data: the client was not told which field. (The
     SDK's own client refuses to send these; a hand-written client does.)"""
-    params = server_for(workdir, cli)
-    server = subprocess.Popen(
-        [params.command, *params.args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
-    answers: Queue[dict[str, Any]] = Queue()
-
-    def read() -> None:
-        assert server.stdout is not None
-        for raw in server.stdout:
-            answers.put(json.loads(raw))
-
-    threading.Thread(target=read, daemon=True).start()
+    server, answers = raw_server(workdir, cli)
     wrong = [
         ({"name": "report", "arguments": [True]}, "params.arguments:"),
         ({"name": "report", "arguments": "ok"}, "params.arguments:"),

@@ -10,11 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import threading
 from pathlib import Path
-from queue import Queue
-from typing import Any
 
 import pytest
 from mcp import ClientSession, stdio_client
@@ -22,7 +18,7 @@ from mcp import ClientSession, stdio_client
 from taskcard.producers.task_card.mcp_wire import RepeatedKeys
 
 from .conftest import CliHost
-from .test_mcp import server_for
+from .test_mcp import raw_server, server_for
 
 INITIALIZE = {
     "jsonrpc": "2.0",
@@ -45,21 +41,7 @@ def test_a_repeated_key_in_a_tool_call_is_refused_naming_it_and_nothing_runs(
 ) -> None:
     (workdir / "child").mkdir()
     (workdir / "other").mkdir()
-    params = server_for(workdir, cli)
-    server = subprocess.Popen(
-        [params.command, *params.args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
-    answers: Queue[dict[str, Any]] = Queue()
-
-    def read() -> None:
-        assert server.stdout is not None
-        for raw in server.stdout:
-            answers.put(json.loads(raw))
-
-    threading.Thread(target=read, daemon=True).start()
+    server, answers = raw_server(workdir, cli)
     # A repeat outside a tools/call is left to the SDK, as before: initialize still works.
     hello = json.dumps(INITIALIZE).replace('"version": "1"', '"version": "0", "version": "1"')
     lines = [
