@@ -167,7 +167,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--parent-workdir",
         type=workdir_arg,
         default=None,
-        help="the parent's workdir: the child's depth is the parent's + 1 (default: depth 1)",
+        help="the parent's workdir, recorded: the child's depth is the parent's + 1, and a"
+        " child that would close a loop is refused"
+        " (default: depth 1, none of these checks)",
     )
     spawn_parser.add_argument(
         "--max-depth",

@@ -4,8 +4,9 @@ Layout under an agent's working directory::
 
     reports/reports.jsonl   one report per line: {"seq", "at", "ok", "verdict", "role",
                             "channel", "summary", ...}; `seq` only grows
-    lineage.json            who created this agent: {"parent", "reason", "provider",
-                            "depth", "created_at"}
+    lineage.json            who created this agent: {"parent", "parent_workdir", "reason",
+                            "provider", "depth", "created_at"} (the service does not read
+                            `parent_workdir`: the agent side's loop check walks it)
     inbox/queued/<id>.json  a message waiting for the agent (written by the service only
                             through inbox/tmp/ and an atomic rename)
     inbox/taken/<id>.json   claimed by the agent side (rename from queued/)

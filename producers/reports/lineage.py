@@ -1,20 +1,32 @@
 """`<child>/lineage.json`: who created this agent, why, with which provider, how deep.
 
-`{"parent": agent id, "reason": str, "provider": str | null, "depth": int, "created_at":
-ISO-8601 UTC}`, replaced atomically (it survives restarts: it is a file). The reason is the
-one field nothing can derive, so it is required and must say something. The depth is the
-parent's depth plus one when the parent's workdir is known (a parent without lineage is a
-root, depth 0), else 1; a spawn deeper than the cap (default 3) is refused, and so is a
-parent whose own lineage file is broken, since that would let a chain escape the cap.
-When the parent's workdir is known, a child's workdir that is the parent's or a folder above
-it (compared resolved, through `..` and symbolic links) is refused: the two agents would
-share files and the lineage would loop. A child inside the parent's workdir or beside it is
-fine.
+`{"parent": agent id, "parent_workdir": absolute path | null, "reason": str, "provider": str |
+null, "depth": int, "created_at": ISO-8601 UTC}`, replaced atomically (it survives restarts:
+it is a file). The reason is the one field nothing can derive, so it is required and must say
+something. The depth is the parent's depth plus one when the parent's workdir is known (a
+parent without lineage is a root, depth 0), else 1; a spawn deeper than the cap (default 3)
+is refused, and so is a parent whose own lineage file is broken, since that would let a chain
+escape the cap.
+
+When the parent's workdir is known, it is recorded (resolved) as `parent_workdir`: ids name
+no folders, so the folders are what lets a later spawn walk the chain above its parent. Every
+folder comparison is by the folder itself (device and inode, after resolving `..` and
+symbolic links), so a link, a bind mount or another spelling of a name on a case-insensitive
+file system cannot hide a folder. Refused, naming the child's `workdir`:
+
+- the parent's own folder, or one above it: the two agents would share files;
+- a folder the chain above the parent reaches through the recorded `parent_workdir`s: it
+  would become its own ancestor (b spawned by a, then a "spawned" by b; or a -> b -> c ->
+  a). A record without `parent_workdir` (a spawn that did not name the parent's folder) ends
+  the walk: nothing above it is known, for this check as for the depth.
+
+A child inside the parent's workdir or beside it is fine, whatever its name.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -28,17 +40,24 @@ from taskcard.producers.task_card.contract import (
     shows_text,
     utc_now_iso,
 )
-from taskcard.producers.task_card.workdir_arg import WorkdirError, given_path
+from taskcard.producers.task_card.workdir_arg import PATH_MAX, WorkdirError, given_path
 
 LINEAGE_FILE: Final = "lineage.json"
+PARENT_WORKDIR: Final = "parent_workdir"
 DEFAULT_MAX_DEPTH: Final = 3
 MAX_DEPTH_LIMIT: Final = 32
 MAX_REASON_CHARS: Final = 1000
 MAX_FILE_BYTES: Final = 16 * 1024
+# How many folders the loop check walks up the recorded parent folders before it gives up
+# and refuses: far more than any chain of spawns under the depth cap.
+MAX_WALK: Final = 1024
 AGENT_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 # The pattern in words, for every message that refuses an id.
 AGENT_ID_RULE: Final = "1-64 letters, digits, '_', '.' or '-', starting with a letter or digit"
 PROVIDER: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/ -]{0,63}")
+# A folder's identity: the same folder under any name (a link, `..`, a bind mount, another
+# case on a case-insensitive file system) has the same one.
+_Identity = tuple[int, int]
 
 
 class LineageError(ValueError):
@@ -83,6 +102,133 @@ def read_lineage(workdir: Path) -> dict[str, Any] | None:
             "fix or remove it (then the agent counts as a root)"
         )
     return data
+
+
+def _named(path: Path | str) -> str:
+    """A folder as the checks below quote it: whole up to the longest path the system opens
+    (a path cut in the middle names no folder), `quoted` past that."""
+    text = str(path)
+    return repr(text) if len(text) <= PATH_MAX else quoted(text)
+
+
+def _identity(path: Path) -> _Identity | None:
+    """The folder's (device, inode), following links; None when it cannot be reached."""
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return info.st_dev, info.st_ino
+
+
+def _within(inner: Path, outer: set[_Identity]) -> tuple[Path, _Identity] | None:
+    """The first folder from resolved `inner` up to `/` that is one of `outer` (with its
+    identity), else None.
+
+    Walked by identity, not by text: on a case-insensitive file system `/T/Planner` is
+    `/t/planner` without being spelt like it, and a bind mount shows one folder twice."""
+    for folder in (inner, *inner.parents):
+        ident = _identity(folder)
+        if ident is not None and ident in outer:
+            return folder, ident
+    return None
+
+
+def _recorded_parent_folder(workdir: Path) -> Path | None:
+    """The `parent_workdir` the workdir's lineage record names, None when it names none.
+
+    Total: a missing, broken or odd record (a named pipe, a relative path) names none."""
+    try:
+        data = json.loads(read_regular(workdir / LINEAGE_FILE, MAX_FILE_BYTES + 1))
+    except (OSError, ValueError, RecursionError):
+        return None
+    folder = data.get(PARENT_WORKDIR) if isinstance(data, dict) else None
+    if not isinstance(folder, str) or not os.path.isabs(folder):
+        return None
+    return Path(folder)
+
+
+def _recorded_identity(record: dict[str, Any]) -> _Identity | None:
+    """The identity of the parent's folder a lineage record names, when it still exists."""
+    before = record.get(PARENT_WORKDIR)
+    return _identity(Path(before)) if isinstance(before, str) and os.path.isabs(before) else None
+
+
+def _loop_through(parent_at: Path, child_id: _Identity) -> list[Path] | None:
+    """The chain of folders from the parent up to the child, when the recorded
+    `parent_workdir`s lead there (the child would be its own ancestor), else None.
+
+    The walk ends at a record without a folder, at a folder seen before (a loop written by
+    hand among other folders) and at a folder that is gone. Spawns keep a chain short (the
+    depth cap; a root adopted later adds its own chain), so past `MAX_WALK` folders the
+    records were written by hand: refused, rather than taken as no loop unseen."""
+    chain, folder = [parent_at], parent_at
+    seen = {_identity(parent_at)}
+    while len(chain) <= MAX_WALK:
+        above = _recorded_parent_folder(folder)
+        ident = None if above is None else _identity(above)
+        if above is None or ident is None or ident in seen:
+            return None
+        chain.append(above)
+        if ident == child_id:
+            return chain
+        seen.add(ident)
+        folder = above
+    raise LineageError(
+        f"parent_workdir: the lineage above {_named(parent_at)} runs through more than"
+        f" {MAX_WALK} folders ({PARENT_WORKDIR} in each lineage.json), more than spawns"
+        f" record; fix or remove the lineage.json files on the way (the last one read:"
+        f" {_named(folder / LINEAGE_FILE)})"
+    )
+
+
+def _check_parent(
+    child: Path, parent_workdir: Path, recorded: dict[str, Any] | None
+) -> tuple[Path, int]:
+    """Where the parent is (resolved) and its depth, once the child's folder is known to be
+    no folder of the parent's, nor of its chain; `LineageError` naming the field otherwise."""
+    if not parent_workdir.is_dir():
+        raise LineageError(
+            f"parent_workdir: {quoted(str(parent_workdir))} is not a directory; give the"
+            " parent's working directory, or leave it out"
+        )
+    parent_at, child_at = parent_workdir.resolve(), child.resolve()
+    parent_id, child_id = _identity(parent_at), _identity(child_at)
+    if parent_id is None or child_id is None:
+        raise LineageError(
+            f"parent_workdir: {quoted(str(parent_workdir))} cannot be reached; give the"
+            " parent's working directory, or leave it out"
+        )
+    if parent_id == child_id:
+        raise LineageError(
+            "parent_workdir: is the child's own workdir; an agent is not its own parent"
+        )
+    if _within(parent_at, {child_id}) is not None:
+        # The child's folder would hold the parent's files, and the parent would sit in its
+        # child's tree.
+        raise LineageError(
+            f"workdir: {quoted(str(child))} holds the parent's workdir"
+            f" ({quoted(str(parent_at))}); a child's workdir is never its parent's"
+            " folder or one above it: give the child a folder of its own (inside the"
+            " parent's workdir or beside it)"
+        )
+    chain = _loop_through(parent_at, child_id)
+    if chain is not None:
+        path = " -> ".join(_named(folder) for folder in reversed(chain))
+        raise LineageError(
+            f"workdir: {_named(child)} is an ancestor of the parent (spawned in turn:"
+            f" {path}, as their lineage.json files record it); recording it as the parent's"
+            " child would close a loop: give the child a folder of its own"
+        )
+    before_id = None if recorded is None else _recorded_identity(recorded)
+    if recorded is not None and before_id is not None and before_id != parent_id:
+        raise LineageError(
+            f"parent_workdir: {_named(child)} is already recorded as the child of"
+            f" {quoted(str(recorded['parent']))} in {_named(recorded[PARENT_WORKDIR])};"
+            " an agent is spawned once: give the new child a folder of its own (or remove its"
+            " lineage.json first if the folder now holds a new agent)"
+        )
+    record = read_lineage(parent_at)
+    return parent_at, 1 if record is None else int(record["depth"]) + 1
 
 
 def spawn(
@@ -135,50 +281,40 @@ def spawn(
         recorded = None  # a broken record is replaced, as a missing one is written
     if recorded is not None and recorded["parent"] != parent:
         # Who created whom survives restarts: a second spawn naming another parent would
-        # rewrite that history, and could close a loop between two folders side by side
-        # (b spawned by a, then a "spawned" by b). A retry naming the same parent is fine.
+        # rewrite that history. A retry naming the same parent is fine.
         raise LineageError(
             f"workdir: {quoted(str(child))} is already recorded as a child of"
             f" {quoted(str(recorded['parent']))}; an agent is spawned once: give the new"
             " child a folder of its own (or remove its lineage.json first if the folder now"
             " holds a new agent)"
         )
-    depth = 1
+    depth, parent_at = 1, None
     if parent_workdir is not None:
         parent_workdir = _folder(parent_workdir, "parent_workdir", "the parent's working directory")
-        if not parent_workdir.is_dir():
-            raise LineageError(
-                f"parent_workdir: {quoted(str(parent_workdir))} is not a directory; give the"
-                " parent's working directory, or leave it out"
-            )
-        parent_at, child_at = parent_workdir.resolve(), child.resolve()
-        if parent_at == child_at:
-            raise LineageError(
-                "parent_workdir: is the child's own workdir; an agent is not its own parent"
-            )
-        if parent_at.is_relative_to(child_at):
-            # Compared resolved, so `..` and symbolic links cannot hide it: the child's
-            # folder would hold the parent's files, and the parent would sit in its
-            # child's tree.
-            raise LineageError(
-                f"workdir: {quoted(str(child))} holds the parent's workdir"
-                f" ({quoted(str(parent_at))}); a child's workdir is never its parent's"
-                " folder or one above it: give the child a folder of its own (inside the"
-                " parent's workdir or beside it)"
-            )
-        record = read_lineage(Path(parent_workdir))
-        depth = 1 if record is None else int(record["depth"]) + 1
+        parent_at, depth = _check_parent(child, parent_workdir, recorded)
+    elif recorded is not None and _recorded_identity(recorded) is not None:
+        # A retry that leaves the folder out would drop the link the loop check walks.
+        raise LineageError(
+            f"parent_workdir: the lineage.json of {_named(child)} records its parent's"
+            f" folder ({_named(recorded[PARENT_WORKDIR])}); give it again as"
+            " parent_workdir (a retry names the same parent)"
+        )
     if depth > max_depth:
         raise LineageError(
             f"depth: this spawn would be depth {depth}, over the cap of {max_depth}; "
             "do the work in this agent, or ask a person to raise the cap (max_depth)"
         )
+    parent_text = None if parent_at is None else str(parent_at)
     record = {
         "parent": parent,
+        PARENT_WORKDIR: parent_text,
         "reason": reason.strip(),
         "provider": provider,
         "depth": depth,
         "created_at": clock(),
     }
-    atomic_write(child / LINEAGE_FILE, json.dumps(record, ensure_ascii=False).encode())
+    # A folder name may hold bytes that are not UTF-8 (kept as lone surrogates): escaped
+    # (`\udcff`), the file stays UTF-8 and the name reads back the same.
+    text = json.dumps(record, ensure_ascii=not encodable(parent_text or ""))
+    atomic_write(child / LINEAGE_FILE, text.encode())
     return record

@@ -2,8 +2,8 @@
 
 The server is bound to one workdir (the calling agent's): `report` reports for it with the
 channel `mcp`; `spawn` records a child with this agent as the parent (its id defaults to the
-workdir's directory name, which is the agent id a discovering service gives it) and this
-workdir's lineage for the depth.
+workdir's directory name, which is the agent id a discovering service gives it, and its folder
+is this workdir) and this workdir's lineage for the depth and the loop check.
 """
 
 from __future__ import annotations
@@ -73,8 +73,8 @@ def spawn_schema() -> dict[str, Any]:
             "child_workdir": {
                 **_STR,
                 "minLength": 1,
-                "description": "absolute, or relative to your workdir; never your workdir"
-                " or a folder above it",
+                "description": "absolute, or relative to your workdir; never your workdir,"
+                " a folder above it, or an agent above you in your lineage",
             },
             "reason": {
                 **_STR,
