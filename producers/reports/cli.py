@@ -168,7 +168,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=workdir_arg,
         default=None,
         help="the parent's workdir, recorded: the child's depth is the parent's + 1, and a"
-        " child that would close a loop is refused"
+        " child that would close a loop or sit in the parent's contract folders is refused"
         " (default: depth 1, none of these checks)",
     )
     spawn_parser.add_argument(

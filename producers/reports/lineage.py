@@ -15,12 +15,16 @@ symbolic links), so a link, a bind mount or another spelling of a name on a case
 file system cannot hide a folder. Refused, naming the child's `workdir`:
 
 - the parent's own folder, or one above it: the two agents would share files;
+- a folder inside one of the parent's contract folders (`inbox/`, `reports/`, `taskcard/`,
+  `ledger/`, `logs/`, `.notification/`): the parent's files and the service's writes live
+  there;
 - a folder the chain above the parent reaches through the recorded `parent_workdir`s: it
   would become its own ancestor (b spawned by a, then a "spawned" by b; or a -> b -> c ->
   a). A record without `parent_workdir` (a spawn that did not name the parent's folder) ends
   the walk: nothing above it is known, for this check as for the depth.
 
-A child inside the parent's workdir or beside it is fine, whatever its name.
+A child inside the parent's workdir (outside its contract folders) or beside it is fine,
+whatever its name.
 """
 
 from __future__ import annotations
@@ -32,8 +36,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
+from taskcard.producers.inbox.contract import INBOX_DIR
+from taskcard.producers.ledger.contract import LEDGER_DIR
+from taskcard.producers.reports.contract import REPORTS_DIR
 from taskcard.producers.reports.store import encodable
 from taskcard.producers.task_card.contract import (
+    LOGS_DIR,
+    NOTIFICATION_DIR,
+    TASKCARD_DIR,
     atomic_write,
     quoted,
     read_regular,
@@ -55,6 +65,16 @@ AGENT_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 # The pattern in words, for every message that refuses an id.
 AGENT_ID_RULE: Final = "1-64 letters, digits, '_', '.' or '-', starting with a letter or digit"
 PROVIDER: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/ -]{0,63}")
+# The folders of a workdir's file contracts: the parent's files (and the service's inbox
+# writes) live there, so no child's workdir may sit inside one.
+CONTRACT_DIRS: Final = (
+    TASKCARD_DIR,
+    NOTIFICATION_DIR,
+    LOGS_DIR,
+    REPORTS_DIR,
+    INBOX_DIR,
+    LEDGER_DIR,
+)
 # A folder's identity: the same folder under any name (a link, `..`, a bind mount, another
 # case on a case-insensitive file system) has the same one.
 _Identity = tuple[int, int]
@@ -210,6 +230,23 @@ def _check_parent(
             f" ({quoted(str(parent_at))}); a child's workdir is never its parent's"
             " folder or one above it: give the child a folder of its own (inside the"
             " parent's workdir or beside it)"
+        )
+    contract: dict[_Identity, str] = {}
+    for name in CONTRACT_DIRS:
+        # The contract folder as it is in the parent's workdir (not through a link: the
+        # service follows none there); on a case-insensitive file system `INBOX` is found.
+        try:
+            info = os.lstat(parent_at / name)
+        except OSError:
+            continue
+        contract[info.st_dev, info.st_ino] = name
+    inside = _within(child_at, set(contract))
+    if inside is not None:
+        name = contract[inside[1]]
+        raise LineageError(
+            f"workdir: {_named(child)} is inside the parent's {name}/ folder"
+            f" ({_named(inside[0])}), where the parent's own files live; give the child a"
+            f" folder of its own outside {name}/ (inside the parent's workdir or beside it)"
         )
     chain = _loop_through(parent_at, child_id)
     if chain is not None:

@@ -74,7 +74,8 @@ def spawn_schema() -> dict[str, Any]:
                 **_STR,
                 "minLength": 1,
                 "description": "absolute, or relative to your workdir; never your workdir,"
-                " a folder above it, or an agent above you in your lineage",
+                " a folder above it, one inside its inbox/, reports/, taskcard/, ledger/,"
+                " logs/ or .notification/, or an agent above you in your lineage",
             },
             "reason": {
                 **_STR,

@@ -1,4 +1,5 @@
-"""Which folder a spawn may record as a child: never one that closes a loop in the lineage.
+"""Which folder a spawn may record as a child: never one that closes a loop in the lineage,
+never one inside the parent's contract folders.
 
 Driven through every way an agent records a spawn: the `spawn` tool over MCP stdio (the real
 client), `taskcard spawn`, and the Python API, with the child's folder spelt the hostile ways
@@ -20,6 +21,8 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from taskcard.producers.reports import LineageError, read_lineage, spawn
 
 from .test_reports import TASKCARD
+
+CONTRACT_DIRS = ("taskcard", ".notification", "logs", "reports", "inbox", "ledger")
 
 Call = Callable[[str], Awaitable[dict[str, Any]]]
 
@@ -126,6 +129,66 @@ async def test_a_spawn_that_would_close_a_loop_is_refused_at_any_depth(tmp_path:
             spawn(child, parent="c", reason="loop", parent_workdir=c)
     assert read_lineage(a) is None
     assert [read_lineage(x)["parent"] for x in (b, c)] == ["a", "b"]  # type: ignore[index]
+
+
+async def test_a_child_inside_the_parents_contract_folders_is_refused(tmp_path: Path) -> None:
+    """A child's workdir inside the parent's inbox/, reports/, ledger/, taskcard/, logs/ or
+    .notification/ was recorded: the child's files mixed with the parent's, where the
+    service writes the parent's inbox. Refused, naming the folder and the fix, however the
+    child's folder is spelt; a folder of the same name elsewhere is fine."""
+    parent = tmp_path / "planner"
+    for name in CONTRACT_DIRS:
+        (parent / name / "deep" / "child").mkdir(parents=True)
+    (parent / "work" / "inbox" / "child").mkdir(parents=True)  # not the parent's inbox
+    (tmp_path / "inbox" / "child").mkdir(parents=True)  # beside the parent
+    (parent / "sneak").symlink_to(parent / "reports")
+    (tmp_path / "me").symlink_to(parent)
+    (tmp_path / "q").symlink_to(parent / "inbox")
+    rt = tmp_path / "rt"
+
+    async with spawn_tool(parent, rt) as tool:
+        for name in CONTRACT_DIRS:
+            for child in (f"{name}/deep/child", f"{name}/deep/child/", f"work/../{name}/deep"):
+                refused_by_tool(
+                    await tool(child), f"inside the parent's {name}/ folder", f"outside {name}/"
+                )
+        for child in ("sneak/deep", str(tmp_path / "me" / "ledger" / "deep"), "../q/deep"):
+            refused_by_tool(await tool(child), "inside the parent's")
+        # The contract folder itself is inside it too.
+        refused_by_tool(await tool("inbox"), f"({str(parent / 'inbox')!r})")
+        for child in ("work/inbox/child", "../inbox/child"):
+            assert not (await tool(child))["failed"], child
+
+    refused_by_cli(
+        cli_spawn("me/inbox/deep/child/", "planner", "me", tmp_path),
+        "inside the parent's inbox/ folder",
+        f"({str(parent / 'inbox')!r})",
+    )
+    refused_by_cli(
+        cli_spawn("../q/deep/../deep", "planner", ".", parent),
+        "inside the parent's inbox/ folder",
+    )
+    for child in (parent / "taskcard" / "deep", tmp_path / "me" / "logs", parent / "sneak"):
+        with pytest.raises(LineageError, match=r"^workdir: .* inside the parent's \w+/ folder"):
+            spawn(child, parent="planner", reason="r", parent_workdir=tmp_path / "me")
+    for name in CONTRACT_DIRS:
+        assert not list((parent / name).rglob("lineage.json")), name
+    assert read_lineage(parent / "work" / "inbox" / "child") is not None
+
+
+def test_the_case_of_a_contract_folder_follows_the_file_system(tmp_path: Path) -> None:
+    """`INBOX` is the parent's inbox where the file system ignores case (a child there is
+    refused) and another folder where it does not (a child there is recorded): the folders
+    are compared, not their names."""
+    parent = tmp_path / "planner"
+    (parent / "inbox").mkdir(parents=True)
+    (parent / "INBOX" / "child").mkdir(parents=True, exist_ok=True)
+    done = cli_spawn("INBOX/child", "planner", ".", parent)
+    if (parent / "inbox").samefile(parent / "INBOX"):
+        refused_by_cli(done, "inside the parent's inbox/ folder")
+    else:
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["parent_workdir"] == str(parent)
 
 
 def test_the_recorded_parent_folder_is_kept_on_a_retry(tmp_path: Path) -> None:
