@@ -259,7 +259,7 @@ def _check_parent(
     before_id = None if recorded is None else _recorded_identity(recorded)
     if recorded is not None and before_id is not None and before_id != parent_id:
         raise LineageError(
-            f"parent_workdir: {_named(child)} is already recorded as the child of"
+            f"workdir: {_named(child)} is already recorded as the child of"
             f" {quoted(str(recorded['parent']))} in {_named(recorded[PARENT_WORKDIR])};"
             " an agent is spawned once: give the new child a folder of its own (or remove its"
             " lineage.json first if the folder now holds a new agent)"

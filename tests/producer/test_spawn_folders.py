@@ -193,8 +193,9 @@ def test_the_case_of_a_contract_folder_follows_the_file_system(tmp_path: Path) -
 
 def test_the_recorded_parent_folder_is_kept_on_a_retry(tmp_path: Path) -> None:
     """A retry naming the same parent is fine; one that leaves the parent's folder out (which
-    would drop the link a later loop check walks) or names another folder is refused,
-    naming parent_workdir. A folder name that is not UTF-8 is recorded so it reads back."""
+    would drop the link a later loop check walks) is refused naming parent_workdir, one that
+    names another parent folder naming workdir (the child's folder is someone's already). A
+    folder name that is not UTF-8 is recorded so it reads back."""
     a, b, child = tmp_path / "a", tmp_path / "b", tmp_path / "child"
     odd = Path(tmp_path.as_posix() + "/p\udcff")
     for folder in (a, b, child, odd):
@@ -210,7 +211,7 @@ def test_the_recorded_parent_folder_is_kept_on_a_retry(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith(b"taskcard spawn: parent_workdir: "), done.stderr
     assert b"give it again as parent_workdir" in done.stderr
-    with pytest.raises(LineageError, match=r"^parent_workdir: .* already recorded as the child"):
+    with pytest.raises(LineageError, match=r"^workdir: .* already recorded as the child of 'a' in"):
         spawn(child, parent="a", reason="moved", parent_workdir=b)
     assert json.loads((child / "lineage.json").read_text()) | {"created_at": None} == {
         "parent": "a",
