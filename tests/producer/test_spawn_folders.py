@@ -19,6 +19,7 @@ import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
 from taskcard.producers.reports import LineageError, read_lineage, spawn
+from taskcard.producers.reports.contract import parse_lineage
 
 from .test_reports import TASKCARD
 
@@ -82,7 +83,9 @@ def refused_by_tool(result: dict[str, Any], *words: str) -> None:
         assert word in result["message"], result
 
 
-async def test_a_spawn_that_would_close_a_loop_is_refused_at_any_depth(tmp_path: Path) -> None:
+async def test_a_spawn_that_would_close_a_loop_is_refused_at_any_depth(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """b spawned by a, then a "spawned" by b was recorded when a had no lineage.json (a root):
     each folder named the other as its parent. The record now keeps the parent's folder, and
     a spawn whose child is already above its parent in the chain is refused, naming the
@@ -127,6 +130,9 @@ async def test_a_spawn_that_would_close_a_loop_is_refused_at_any_depth(tmp_path:
     for child in (a, tmp_path / "alias", b / "up" / "a", c / ".." / "a"):
         with pytest.raises(LineageError, match=r"^workdir: .* is an ancestor of the parent"):
             spawn(child, parent="c", reason="loop", parent_workdir=c)
+    monkeypatch.chdir(team)  # relative names start at the current folder
+    with pytest.raises(LineageError, match=r"^workdir: 'a' is an ancestor of the parent"):
+        spawn("a/", parent="c", reason="loop", parent_workdir="./c/")  # type: ignore[arg-type]
     assert read_lineage(a) is None
     assert [read_lineage(x)["parent"] for x in (b, c)] == ["a", "b"]  # type: ignore[index]
 
@@ -221,6 +227,9 @@ def test_the_recorded_parent_folder_is_kept_on_a_retry(tmp_path: Path) -> None:
         "depth": 1,
         "created_at": None,
     }
+    # The service reads the record as before (it does not read parent_workdir).
+    seen = parse_lineage((child / "lineage.json").read_bytes())
+    assert seen is not None and (seen.parent, seen.reason, seen.depth) == ("a", "again", 1)
     # Under a folder whose name is not UTF-8: the file stays UTF-8, the loop is still seen.
     spawn(b, parent="odd", reason="r", parent_workdir=odd)
     (b / "lineage.json").read_bytes().decode("utf-8")
