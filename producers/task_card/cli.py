@@ -359,6 +359,20 @@ def _seconds(floor: float, ceiling: float) -> Callable[[str], float]:
     return parse
 
 
+def _finite(text: str) -> float:
+    """An argparse type for `card start`'s numbers: any finite number, or a usage error (exit
+    2) naming the option and the value as typed. The floors are the envelope's to check (as
+    for `tool`); `nan`, `inf` or `1e400` used to reach it and come back on stdout naming
+    `input.interval_s`, and `1e400` as `inf`."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number; give one such as 5")
+    return value
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     # `workdir_arg` expands `~` and resolves once, so the check, the host's lock and socket,
     # and `settings` all see the same folder: a `~/agent` that no shell expanded (an MCP
@@ -392,13 +406,13 @@ def register(subparsers: Any) -> None:
     start.add_argument(
         "--interval-s",
         dest="interval_s",
-        type=float,
+        type=_finite,
         help="seconds between refreshes (default: the workdir's settings)",
     )
     start.add_argument(
         "--timeout-s",
         dest="timeout_s",
-        type=float,
+        type=_finite,
         help="time limit of one render, capped by the settings (default: the settings)",
     )
     start.add_argument(

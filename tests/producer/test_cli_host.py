@@ -403,6 +403,36 @@ def test_host_durations_out_of_range_are_usage_errors_naming_the_option(cli: Cli
         assert cli.host_pid() is None  # nothing was started
 
 
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--interval-s", "nan"),
+        ("--interval-s", "inf"),
+        ("--interval-s", "1e400"),
+        ("--timeout-s", "-inf"),
+        ("--timeout-s", "NaN"),
+    ],
+)
+def test_card_start_numbers_that_are_not_finite_are_usage_errors_naming_the_option(
+    workdir: Path, cli: CliHost, option: str, value: str
+) -> None:
+    """`nan` or `1e400` given to `card start` is a usage error like any bad option: one line on
+    stderr naming the option and the value as typed. It used to reach the envelope check and
+    come back on stdout as `envelope: input.interval_s: inf is not a finite number` (for
+    `1e400`, a value nobody typed), naming a field the command line does not have."""
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    for extra in ((), ("--json",)):
+        done = cli.run("card", "start", "r.py", f"{option}={value}", *extra, timeout_s=60)
+        assert done.returncode == 2, (done.stdout, done.stderr)
+        assert done.stdout == "", done.stdout
+        assert done.stderr.count("\n") == 1, done.stderr
+        assert f"argument {option}: {value!r}" in done.stderr, done.stderr
+        assert "finite" in done.stderr and "--help" in done.stderr, done.stderr
+        assert "input." not in done.stderr and "Traceback" not in done.stderr
+    assert cli.host_pid() is None  # nothing was started
+    assert not (workdir / "taskcard").exists()
+
+
 @pytest.mark.parametrize("how", ["env", "option"])
 def test_a_relative_runtime_dir_is_the_callers_folder(
     workdir: Path, runtime_dir: Path, how: str
