@@ -139,6 +139,25 @@ def _read(name: str, dir_fd: int) -> tuple[bytes, int] | None:
         os.close(fd)
 
 
+def _odd_entry(name: str, dir_fd: int) -> str | None:
+    """What stands under a message's name when it is not a regular file (a link, a named
+    pipe, a folder), never following or opening it; None when it is gone (claimed or
+    cancelled meanwhile) or a regular file after all."""
+    try:
+        mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISFIFO(mode):
+        return "a named pipe"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    return "not a regular file"
+
+
 def _scan(queued_fd: int) -> tuple[list[tuple[Message, int]], list[str]]:
     """Every valid queued message with its inode, oldest first, and what was wrong."""
     names = sorted(n for n in os.listdir(queued_fd) if n.endswith(".json"))[:MAX_FILES]
@@ -151,6 +170,9 @@ def _scan(queued_fd: int) -> tuple[list[tuple[Message, int]], list[str]]:
             continue
         read = _read(name, queued_fd)
         if read is None:
+            odd = _odd_entry(name, queued_fd)
+            if odd is not None:
+                problems.append(f"inbox/queued/{name}: {odd}, not a message file; left alone")
             continue
         try:
             found.append((parse_message(read[0], ident), read[1]))

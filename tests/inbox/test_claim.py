@@ -102,6 +102,35 @@ def test_a_symlinked_message_file_is_not_read(workdir: Path, tmp_path: Path) -> 
     assert secret.exists()
 
 
+@pytest.mark.parametrize("peek_only", [False, True], ids=["claim", "peek"])
+def test_queued_entries_that_are_not_regular_files_are_left_alone_and_named(
+    workdir: Path, tmp_path: Path, peek_only: bool
+) -> None:
+    """A link, a named pipe or a folder under a message's name is never read (a pipe is never
+    waited on), and, like any file that breaks the contract, it is named: it used to be
+    skipped without a word, so a message that never arrived left no trace."""
+    queue(workdir, "good", "hello")
+    queued = workdir / "inbox" / "queued"
+    secret = tmp_path / "secret.json"
+    secret.write_text("{}")
+    (queued / "link.json").symlink_to(secret)
+    os.mkfifo(queued / "pipe.json")
+    (queued / "folder.json").mkdir()
+    done = run_taskcard("inbox", "--workdir", str(workdir), *(["--peek"] if peek_only else []))
+    assert done.returncode == 0, done.stderr
+    assert b"> hello" in done.stdout
+    warned = done.stderr.decode().splitlines()
+    kinds = {"link": "a symbolic link", "pipe": "a named pipe", "folder": "a folder"}
+    for name, what in kinds.items():
+        said = f"inbox/queued/{name}.json: {what}, not a message file"
+        assert any(said in line and "left alone" in line for line in warned), warned
+    assert len(warned) == 3, warned
+    assert names(workdir, "queued") == sorted(
+        ["folder.json", "link.json", "pipe.json"] + ([] if not peek_only else ["good.json"])
+    )
+    assert secret.read_text() == "{}"
+
+
 def test_bad_files_are_left_alone_and_named(workdir: Path) -> None:
     queue(workdir, "good", "hello")
     queued = workdir / "inbox" / "queued"
