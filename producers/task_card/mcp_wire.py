@@ -18,6 +18,13 @@ other line (initialize, notifications, other requests, a call without repeats) g
 SDK unchanged; a line this decoder cannot read goes unchanged too, and the SDK's reader
 answers it as before.
 
+Bytes that are not UTF-8 are kept apart the same way: stdin is decoded with
+`surrogateescape`, so such a byte still shows in the line, and a tools/call holding one is
+refused like a repeat, naming the field whose text (or key) holds it. The SDK's reader
+replaced such bytes with U+FFFD, so a summary sent as Latin-1 was stored with the wrong
+characters and answered as a success. Every other line reaches the SDK with such bytes
+replaced, as before.
+
 The extra decoding runs in the worker thread that already waits for stdin, not on the loop.
 """
 
@@ -85,6 +92,38 @@ def _locate(root: object, targets: Mapping[int, tuple[str, int]]) -> str | None:
     return None
 
 
+def _undecodable(text: str) -> bool:
+    """Whether `text` (decoded with `surrogateescape`) holds a byte that is not UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _replaced(text: str) -> str:
+    """`text` with each byte that is not UTF-8 made U+FFFD, as the SDK's own reader does."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def _undecodable_field(root: object) -> str | None:
+    """The first place in document order whose key or text holds a byte that is not UTF-8,
+    worded as the refusal's field (its key shown with U+FFFD); None when none does."""
+    stack: list[tuple[object, tuple[str | int, ...]]] = [(root, ())]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, str) and _undecodable(value):
+            return _field_path(path) or "the request"
+        if isinstance(value, dict):
+            for name in value:
+                if _undecodable(name):
+                    return _field_path((*path, _replaced(name)))
+            stack.extend((item, (*path, name)) for name, item in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((item, (*path, n)) for n, item in reversed(list(enumerate(value))))
+    return None
+
+
 @dataclass(frozen=True)
 class RepeatedKeys:
     """Refuses a tools/call whose JSON names a key twice (see the module docstring)."""
@@ -102,18 +141,29 @@ class RepeatedKeys:
                 repeats[id(built)] = _first_repeat(pairs)
             return built
 
+        undecodable = _undecodable(text)
+        as_read = _replaced(text) if undecodable else text
         try:
             message = json.loads(text, object_pairs_hook=build)
         except (ValueError, RecursionError):
-            return text  # the SDK's reader refuses it too, and it is answered as such
-        if not repeats or not isinstance(message, dict) or message.get("method") != TOOLS_CALL:
-            return text
+            return as_read  # the SDK's reader refuses it too, and it is answered as such
+        if not isinstance(message, dict) or message.get("method") != TOOLS_CALL:
+            return as_read
         params = message.get("params")
-        refusal = _locate(message, repeats)
+        if undecodable:
+            where = _undecodable_field(message)
+            refusal: str | None = (
+                f"{where}: not valid UTF-8 (bytes of another encoding?), so nothing was done;"
+                " send UTF-8 text"
+                if where is not None
+                else None
+            )
+        else:
+            refusal = _locate(message, repeats) if repeats else None
         if not isinstance(params, dict) or refusal is None:
-            return text  # no params object: the SDK refuses the request itself, naming params
+            return as_read  # no params object: the SDK refuses the request itself, naming params
         params["arguments"] = {self.marker: refusal}
-        return json.dumps(message, ensure_ascii=False) + "\n"
+        return _replaced(json.dumps(message, ensure_ascii=False)) + "\n"
 
     def refusal(self, arguments: Mapping[str, Any]) -> str | None:
         """The refusal `line` put in place of a call's arguments, or None."""
@@ -122,12 +172,13 @@ class RepeatedKeys:
 
 
 class CheckedLines(io.TextIOWrapper):
-    """stdin as UTF-8 text (undecodable bytes replaced, as the SDK reads it), each line
-    passed through `check` on its way out. Closing it leaves the descriptor open: a worker
-    thread may still be blocked reading it when the server stops."""
+    """stdin as UTF-8 text (undecodable bytes kept as `surrogateescape` for `check` to see;
+    it hands the SDK text without them), each line passed through `check` on its way out.
+    Closing it leaves the descriptor open: a worker thread may still be blocked reading it
+    when the server stops."""
 
     def __init__(self, wire: IO[bytes], check: Callable[[str], str]) -> None:
-        super().__init__(wire, encoding="utf-8", errors="replace")
+        super().__init__(wire, encoding="utf-8", errors="surrogateescape")
         self._check = check
 
     def readline(self, size: int = -1, /) -> str:  # type: ignore[override]  # typeshed: bytes
