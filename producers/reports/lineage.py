@@ -29,10 +29,12 @@ whatever its name.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final
 
@@ -268,6 +270,27 @@ def _check_parent(
     return parent_at, 1 if record is None else int(record["depth"]) + 1
 
 
+@contextlib.contextmanager
+def _spawning(child: Path) -> Iterator[None]:
+    """One spawn of `child` at a time, across threads and processes: an exclusive `flock` on
+    the child's folder itself (no file of ours is added to it), held from reading its record
+    to writing the new one. Without it, parents spawning one folder at once each read "no
+    record yet" and each wrote its own: all were told they had spawned the child, and the
+    file kept only the last."""
+    try:
+        fd = os.open(child, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise LineageError(
+            f"workdir: {quoted(str(child))} cannot be used ({exc.strerror}); give the child's"
+            " working directory"
+        ) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def spawn(
     child: Path,
     *,
@@ -312,6 +335,29 @@ def spawn(
         raise LineageError(
             f"workdir: {quoted(str(child))} is not a directory; create the child's first"
         )
+    with _spawning(child):
+        return _spawn_locked(
+            child,
+            parent=parent,
+            reason=reason,
+            provider=provider,
+            parent_workdir=parent_workdir,
+            max_depth=max_depth,
+            clock=clock,
+        )
+
+
+def _spawn_locked(
+    child: Path,
+    *,
+    parent: str,
+    reason: str,
+    provider: str | None,
+    parent_workdir: Path | None,
+    max_depth: int,
+    clock: Callable[[], str],
+) -> dict[str, Any]:
+    """The rest of `spawn`, while it holds the child's folder (`_spawning`)."""
     try:
         recorded = read_lineage(child)
     except LineageError:

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -464,3 +465,42 @@ def test_spawn_never_rewrites_who_created_a_child(tmp_path: Path) -> None:
     (child / "lineage.json").write_text("{not json")
     spawn(child, parent="b", reason="over a broken record")
     assert json.loads((child / "lineage.json").read_text())["parent"] == "b"
+
+
+def test_concurrent_spawns_into_one_folder_record_one_parent_and_refuse_the_others(
+    tmp_path: Path,
+) -> None:
+    """Spawns of one folder by several parents at once (the Python API, from threads that
+    start together): each read "no record yet", each wrote its own, and all were told they
+    had spawned the child while the file kept only the last. Exactly one wins now; every
+    other is refused naming the winner, as a later spawn is."""
+    for round_ in range(20):
+        child = tmp_path / f"child{round_}"
+        child.mkdir()
+        start = threading.Barrier(8)
+        won: list[str] = []
+        refused: list[str] = []
+
+        def attempt(
+            parent: str,
+            child: Path = child,
+            start: threading.Barrier = start,
+            won: list[str] = won,
+            refused: list[str] = refused,
+        ) -> None:
+            start.wait()
+            try:
+                spawn(child, parent=parent, reason="split the work")
+                won.append(parent)
+            except LineageError as exc:
+                refused.append(str(exc))
+
+        threads = [threading.Thread(target=attempt, args=(f"p{n}",)) for n in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        assert len(won) == 1, (round_, won)
+        assert json.loads((child / "lineage.json").read_text())["parent"] == won[0]
+        assert len(refused) == 7, refused
+        assert all(f"already recorded as a child of '{won[0]}'" in text for text in refused)
