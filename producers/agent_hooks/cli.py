@@ -22,7 +22,9 @@ from taskcard.producers.task_card.workdir_arg import existing_workdir_arg
 
 
 def _read_stdin(limit: int) -> bytes:
-    return sys.stdin.buffer.read(limit + 1)
+    """At most `limit + 1` bytes of stdin; none when the hook was started with it closed
+    (Python then has no `sys.stdin`, and the hook died with a traceback and exit 1)."""
+    return b"" if sys.stdin is None else sys.stdin.buffer.read(limit + 1)
 
 
 def run_hook(args: argparse.Namespace) -> int:
@@ -36,7 +38,7 @@ def run_hook(args: argparse.Namespace) -> int:
     else:
         # The notify program gets its JSON as an argument; a lifecycle hook, on stdin.
         argument: bytes | str = args.payload or ""
-        if args.payload is None and not sys.stdin.isatty():
+        if args.payload is None and sys.stdin is not None and not sys.stdin.isatty():
             try:
                 argument = _read_stdin(runner.MAX_PAYLOAD_BYTES)
             except OSError:
@@ -50,10 +52,13 @@ def run_hook(args: argparse.Namespace) -> int:
     # The hosts read the hook's JSON as UTF-8, whatever the locale: written through the
     # locale's encoding (ASCII, Latin-1), a chat text in Chinese raised after the message was
     # claimed, so the chat read "delivered" and the agent never got it.
+    # Started with stdout closed (`>&-`), Python has no `sys.stdout`: nothing can be said,
+    # and the hook still exits 0 (it died with a traceback and exit 1).
     with contextlib.suppress(OSError):
-        if text:
+        if text and sys.stdout is not None:
             sys.stdout.buffer.write(text.encode("utf-8", errors="replace") + b"\n")
-        sys.stdout.buffer.flush()
+        if sys.stdout is not None:
+            sys.stdout.buffer.flush()
     return 0
 
 

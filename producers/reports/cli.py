@@ -41,6 +41,11 @@ def _fail(command: str, message: str, code: int = 2) -> int:
 
 def _read_payload(source: str) -> str:
     try:
+        if source == "-" and sys.stdin is None:  # started with stdin closed (`<&-`)
+            raise ReportError(
+                "--payload: stdin is closed, so there is no payload to read; pipe it in, or"
+                " name a file"
+            )
         if source == "-":
             raw = sys.stdin.buffer.read(MAX_PAYLOAD_BYTES + 1)
         else:

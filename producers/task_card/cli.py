@@ -173,6 +173,11 @@ def run_tool(args: argparse.Namespace) -> int:
     if _missing_workdir(args):
         return EXIT_USAGE
     # argv arrives decoded with surrogateescape; back to bytes so bad UTF-8 is named as such.
+    if args.envelope is None and sys.stdin is None:  # started with stdin closed (`<&-`)
+        return _refuse(
+            "envelope: none given and stdin is closed; pass the envelope as the argument or"
+            " pipe it to stdin"
+        )
     raw = os.fsencode(args.envelope) if args.envelope is not None else _read_stdin_envelope()
     try:
         envelope = decode_envelope(raw)
@@ -322,6 +327,13 @@ def _detach(args: argparse.Namespace, paths: HostPaths) -> int:
 
 def run_mcp(args: argparse.Namespace) -> int:
     # Refused before the MCP handshake: a client would otherwise list tools that all fail.
+    if sys.stdin is None:  # started with stdin closed (`<&-`): no client to serve
+        print(
+            "taskcard mcp: stdin is closed; an MCP client runs this command with its requests"
+            " on stdin",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     workdir: Path = args.workdir
     if not workdir.is_dir() or not os.access(workdir, os.W_OK | os.X_OK):
         print(
