@@ -22,6 +22,15 @@ VIA: Final = "inbox-cli"
 
 def run(args: argparse.Namespace) -> int:
     workdir: Path = args.workdir
+    if sys.stdout is None:  # started with stdout closed (`>&-`): nothing could be shown
+        # Claiming acknowledges a message as delivered: the chat would say so of a text the
+        # agent never saw ("stop now", say). So nothing is claimed.
+        print(
+            "taskcard inbox: stdout is closed, so no message could be shown; nothing was"
+            " claimed (the messages stay queued)",
+            file=sys.stderr,
+        )
+        return 2
     try:
         batch: Batch = peek(workdir) if args.peek else claim_all(workdir, VIA)
     except InboxUnsafe as exc:

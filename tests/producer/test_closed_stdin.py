@@ -1,5 +1,5 @@
 """Commands that read stdin, started with it closed (`<&-`, some supervisors and spawners);
-and the hooks started with stdout closed (`>&-`).
+the hooks and `inbox` started with stdout closed (`>&-`).
 
 Python then has no `sys.stdin` at all, and every such command died with a traceback
 (`'NoneType' object has no attribute 'buffer'`): `tool`, `report --payload -`, `mcp`, and the
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from ..inbox.conftest import acks, names, queue
 from .conftest import CliHost
 
 TASKCARD = str(Path(sys.executable).parent / "taskcard")
@@ -93,3 +94,22 @@ def test_a_hook_with_stdout_closed_still_records_and_exits_0(workdir: Path, host
     lines = (workdir / "logs" / "events.jsonl").read_text().splitlines()
     kinds = [json.loads(line)["kind"] for line in lines]
     assert kinds == ["turn.start"], kinds
+
+
+def test_inbox_with_stdout_closed_claims_nothing(workdir: Path) -> None:
+    """The texts could not be shown, yet they were claimed and acknowledged as delivered: the
+    chat said "delivered" for a "stop now" the agent never saw. Nothing is claimed now."""
+    queue(workdir, "m1", "stop now")
+    done = subprocess.run(
+        ["sh", "-c", 'exec "$0" "$@" >&-', TASKCARD, "inbox", "--workdir", str(workdir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("taskcard inbox: ") and "stdout" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert names(workdir, "queued") == ["m1.json"]
+    assert names(workdir, "taken") == []
+    assert acks(workdir) == []
