@@ -156,6 +156,10 @@ def board_omitted_text(omitted: int) -> str:
     return f"… {more} not shown: the board is cut to fit this chat"
 
 
+# `json.dumps(..., sort_keys=True)` builds a new encoder for every call; one serves them all.
+_FINGERPRINT_ENCODER = json.JSONEncoder(sort_keys=True, ensure_ascii=False)
+
+
 @dataclass(frozen=True)
 class Outgoing:
     """A rendered message: plain text (fallback, console, logs-free), the platform payload,
@@ -167,9 +171,7 @@ class Outgoing:
 
     @staticmethod
     def build(text: str, payload: Mapping[str, Any]) -> Outgoing:
-        digest = hashlib.sha256(
-            json.dumps([text, payload], sort_keys=True, ensure_ascii=False).encode()
-        ).hexdigest()
+        digest = hashlib.sha256(_FINGERPRINT_ENCODER.encode([text, payload]).encode()).hexdigest()
         return Outgoing(text=text, payload=payload, fingerprint=digest)
 
 

@@ -48,7 +48,12 @@ from typing import Any
 from telegram import error as tg
 from telegram.request import BaseRequest, RequestData
 
-from taskcard.channels.telegram.request import checked_success, lost_after_write, read_answer
+from taskcard.channels.telegram.request import (
+    checked_success,
+    lost_after_write,
+    parse_answer,
+    read_answer,
+)
 
 IDLE_EXPIRY_S = 30.0
 _FIXED_HEADERS = f"User-Agent: {BaseRequest.USER_AGENT}\r\nAccept: application/json\r\n"
@@ -57,6 +62,8 @@ _SUCCESS_MIN, _SUCCESS_MAX = 200, 299
 _MAX_HEAD = 64 * 1024
 _MAX_BODY = 64 * 1024 * 1024
 _HEX = re.compile(rb"[0-9A-Fa-f]+")
+# `json.dumps(..., separators=...)` builds a new encoder for every call; one serves them all.
+_BODY_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -177,6 +184,8 @@ def _timeout(value: Any, default: float | None) -> float | None:
 class LeanRequest(BaseRequest):
     """PTB's `BaseRequest` on asyncio streams: see the module docstring."""
 
+    parse_json_payload = staticmethod(parse_answer)
+
     def __init__(
         self,
         *,
@@ -235,7 +244,7 @@ class LeanRequest(BaseRequest):
         if request_data is not None:
             # One JSON document of the raw values (PTB's `json_payload` would encode each
             # value to a string first, nesting JSON in JSON).
-            body = json.dumps(request_data.parameters, separators=(",", ":")).encode()
+            body = _BODY_ENCODER.encode(request_data.parameters).encode()
             head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
             payload = head.encode() + body
         else:

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 from telegram import error as tg
-from telegram.request import HTTPXRequest, RequestData
+from telegram.request import BaseRequest, HTTPXRequest, RequestData
 
 from taskcard.channels.errors import sane_retry_after_s
 
@@ -31,8 +31,12 @@ _TOO_MANY_REQUESTS = 429
 _SUCCESS_MIN = 200
 _SUCCESS_MAX = 299
 _GATEWAY_TIMEOUT = 504
-_PLAIN_SUCCESS = b'{"ok":true,"result":'
 _TRUE_ANSWER = b'{"ok":true,"result":true}'
+# How every success answer begins: the Bot API writes `{"ok":true,"result":` compact, and
+# something in between that encodes JSON again (a proxy, a gateway) may add spaces. Matched
+# without a parse: most answers are read no further (see `read_answer`, `checked_success`).
+_SUCCESS_HEAD = re.compile(rb'\{\s*"ok"\s*:\s*true\s*,\s*"result"\s*:\s*')
+_TRUE_RESULT = re.compile(rb"true\s*\}\s*")
 _SEND = "sendMessage"
 _GET_ME = "getMe"
 _EDIT = "editMessageText"
@@ -95,7 +99,7 @@ def read_answer(status: int, payload: bytes) -> tuple[int, bytes]:
       nothing about the chat): a `NetworkError` naming the status, or `AnswerLost` for a
       gateway timeout (504), after which Telegram may have performed the request.
     """
-    if status == _SUCCESS_MIN and payload.startswith(_PLAIN_SUCCESS):
+    if status == _SUCCESS_MIN and _SUCCESS_HEAD.match(payload):
         return status, payload  # how the Bot API writes every success: no second parse
     raise_for_flood(status, payload)
     body = _json_object(payload)
@@ -232,8 +236,10 @@ def checked_success(endpoint: str, payload: bytes) -> bytes:
     as after a lost answer). Other methods' answers pass unchanged.
     """
     if endpoint in _RESULT_TRUE:
-        if payload == _TRUE_ANSWER or (
-            endpoint == _EDIT and payload.startswith(_PLAIN_SUCCESS + b"{")
+        head = _SUCCESS_HEAD.match(payload)
+        if head is not None and (
+            _TRUE_RESULT.fullmatch(payload, head.end())
+            or (endpoint == _EDIT and payload.startswith(b"{", head.end()))
         ):
             return _TRUE_ANSWER  # how the Bot API writes these: no parse
         result = _success_result(payload)
@@ -274,6 +280,15 @@ def checked_success(endpoint: str, payload: bytes) -> bytes:
     return json.dumps({"ok": True, "result": slim}).encode()
 
 
+def parse_answer(payload: bytes) -> dict[str, Any]:
+    """PTB's `parse_json_payload` (its documented override point) for both transports: the
+    `true` that `checked_success` hands on for every edit, delete and pin is known without
+    decoding it again; any other answer is parsed by PTB as before."""
+    if payload == _TRUE_ANSWER:
+        return {"ok": True, "result": True}
+    return BaseRequest.parse_json_payload(payload)
+
+
 def _success_result(payload: bytes) -> Any:
     """The `result` of a success answer that `read_answer` let through (None if unreadable)."""
     body = _json_object(payload)
@@ -292,6 +307,8 @@ class FloodAwareRequest(HTTPXRequest):
     """An `HTTPXRequest` that raises `FloodWait` for a 429 and `AnswerLost` when the request
     went out but its answer did not come back (or came back unreadable, see `read_answer`,
     or a success of another shape than documented, see `checked_success`)."""
+
+    parse_json_payload = staticmethod(parse_answer)
 
     async def do_request(
         self,

@@ -527,3 +527,52 @@ async def test_through_a_proxy_a_429_and_a_lost_answer_keep_their_meaning(
         await channel.stop()
     assert len(proxy.requests) == 3
     assert proxy.connections == 1
+
+
+@pytest.mark.parametrize(
+    "spacing",
+    [
+        pytest.param(lambda body: body, id="compact, as the Bot API writes it"),
+        pytest.param(lambda body: json.dumps(json.loads(body)).encode(), id="re-encoded"),
+    ],
+)
+async def test_edits_deletes_and_pins_answered_ok_decode_no_json(
+    spacing: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every card change is an edit: its answer is recognised by its first bytes, whatever
+    # the JSON spacing, and neither this layer nor PTB decodes it.
+    assert callable(spacing)
+    edited = b'{"ok":true,"result":{"message_id":5,"date":1,"chat":{"id":-1,"type":"group"}}}'
+    done = b'{"ok":true,"result":true}'
+    async with scripted(
+        _answer(GET_ME),
+        _answer(spacing(edited)),
+        _answer(spacing(done)),
+        _answer(spacing(done)),
+        _answer(spacing(done)),
+        keep_open=True,
+    ) as server:
+        config = TelegramConfig(api_base_url=server.url, commands=False)
+        channel = TelegramChannel(config, "1:T", MemoryCursorStore())
+
+        async def ignore(command: object) -> None:
+            del command
+
+        await channel.start(ignore)
+        decoded: list[object] = []
+        plain_loads = json.loads
+
+        def counting_loads(text: str | bytes, **kwargs: object) -> object:
+            decoded.append(text)
+            return plain_loads(text, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(json, "loads", counting_loads)
+        message = channel.render_card(CardView(agent_id="a", state="running", auto_rows=()))
+        await channel.edit(ChatRef("-1"), "5", message)  # answered with the message
+        await channel.edit(ChatRef("-1"), "5", message)  # answered true
+        await channel.pin(ChatRef("-1"), "5")
+        await channel.delete(ChatRef("-1"), "5")
+        monkeypatch.undo()
+        await channel.stop()
+    assert len(server.requests) == 5
+    assert decoded == []
