@@ -117,23 +117,28 @@ def redact_every_shape(text: str) -> str:
 # of them skips the pre-checks below.
 _FOLDS_TO_ASCII: Final = ("\u0130", "\u0131", "\u017f", "\u212a")
 
-# Words one of which every key of `_ASSIGNMENT` contains (the compound keys end in one).
-_KEY_WORDS: Final = (
-    "password", "passwd", "pwd", "secret", "token", "auth", "credential", "cookie", "key",
-)  # fmt: skip
-
-# Each shape pattern (all case-sensitive) with the literals it cannot match without any of.
-_PRECHECKED: Final[tuple[tuple[re.Pattern[str], tuple[str, ...]], ...]] = (
-    (_PATTERNS[0], (":", "%3")),
-    (_PATTERNS[1], ("sk-",)),
-    (_PATTERNS[2], ("gh",)),
-    (_PATTERNS[3], ("github_pat_",)),
-    (_PATTERNS[4], ("xox",)),
-    (_PATTERNS[5], ("AKIA", "ASIA")),
-    (_PATTERNS[6], ("AIza",)),
-    (_PATTERNS[7], ("eyJ",)),
+# Each shape pattern (all case-sensitive) with a search that finds every text the pattern can
+# match in: the pattern without its leading assertion (`\b`, `(?<!\d)`). The engine then
+# looks for the first characters alone instead of trying the assertion at every position,
+# and ordinary prose (`through`, `task-card`, `12:04`) no longer lets a pattern run for a
+# literal it happens to contain.
+_PRECHECKED: Final[tuple[tuple[re.Pattern[str], re.Pattern[str]], ...]] = (
+    (_PATTERNS[0], re.compile(r"(?::|%3[Aa])[A-Za-z0-9_-]{30}")),
+    (_PATTERNS[1], re.compile(r"sk-[A-Za-z0-9_-]{16}")),
+    (_PATTERNS[2], re.compile(r"gh[pousr]_[A-Za-z0-9]{20}")),
+    (_PATTERNS[3], re.compile(r"github_pat_[A-Za-z0-9_]{20}")),
+    (_PATTERNS[4], re.compile(r"xox[a-z]-[A-Za-z0-9-]{10}")),
+    (_PATTERNS[5], re.compile(r"(?:AKIA|ASIA)[A-Z0-9]{16}")),
+    (_PATTERNS[6], re.compile(r"AIza[A-Za-z0-9_-]{35}")),
+    (_PATTERNS[7], re.compile(r"eyJ[A-Za-z0-9_-]{8,}\.eyJ")),
 )
 assert len(_PRECHECKED) == len(_PATTERNS)
+# What every match of `_ASSIGNMENT` holds, in a lowered text: a key ends in one of these
+# words, then comes its separator.
+_ASSIGNMENT_HINT: Final = re.compile(
+    r"""(?:password|passwd|pwd|secret|token|auth|credentials?|cookie|key)\\?["']?\s*[:=]"""
+)
+_ANY_FOLDING: Final = re.compile(f"[{''.join(_FOLDS_TO_ASCII)}]")
 
 
 def redact(text: str) -> str:
@@ -141,23 +146,23 @@ def redact(text: str) -> str:
 
     Every card text passes here several times per change, and a dozen regular expression
     scans cost more than the rest of the redaction: a pattern runs only when the text holds
-    a literal it cannot match without (`sk-` for `sk-...` keys, `://` for URL credentials, a
-    key word and `:` or `=` for assignments). The checks look at the text as it is when
-    the pattern's turn comes, so the result is `redact_every_shape`'s
-    (`tests/bridge/test_redact.py` compares them).
+    what it cannot match without (`sk-` and 16 key characters for `sk-...` keys, `://` and
+    `@` for URL credentials, a key word and its `:` or `=` for assignments). The checks look
+    at the text as it is when the pattern's turn comes, so the result is
+    `redact_every_shape`'s (`tests/bridge/test_redact.py` compares them).
     """
-    if any(char in text for char in _FOLDS_TO_ASCII):
+    if not text.isascii() and _ANY_FOLDING.search(text):
         return redact_every_shape(text)
-    for pattern, literals in _PRECHECKED:
-        if any(literal in text for literal in literals):
+    for pattern, hint in _PRECHECKED:
+        if hint.search(text):
             text = pattern.sub(MARKER, text)
-    if "://" in text:
+    if "://" in text and "@" in text:
         text = _URL_CREDENTIALS.sub(rf"\1:{MARKER}@", text)
     lowered = text.lower()
     if "bearer" in lowered or "basic" in lowered:
         text = _BEARER.sub(rf"\1 {MARKER}", text)
         lowered = text.lower()
-    if ("=" in text or ":" in text) and any(word in lowered for word in _KEY_WORDS):
+    if _ASSIGNMENT_HINT.search(lowered):
         text = _ASSIGNMENT.sub(_hide_value, text)
     return text
 

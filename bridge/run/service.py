@@ -1268,12 +1268,12 @@ class Service:
         again, and a body that still spells a secret there is withheld whole.
         """
         scrub = self._redact
-        view = replace(
-            view,
-            auto_rows=tuple(scrub(row) for row in view.auto_rows),
-            body=None if view.body is None else scrub(view.body),
-            body_note=None if view.body_note is None else scrub(view.body_note),
-        )
+        rows = tuple(scrub(row) for row in view.auto_rows)
+        body = None if view.body is None else scrub(view.body)
+        note = None if view.body_note is None else scrub(view.body_note)
+        if rows != view.auto_rows or body != view.body or note != view.body_note:
+            # Only when a secret was removed: copying the view costs more than the check.
+            view = replace(view, auto_rows=rows, body=body, body_note=note)
         outgoing = channel.render_card(view)
         leaks = self._leaks(outgoing)  # checked again only after a new rendering
         if leaks and view.body is not None:

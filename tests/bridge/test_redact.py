@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from taskcard.bridge.compose import redact as redact_module
 from taskcard.bridge.compose.redact import (
     MARKER,
     Redactor,
@@ -308,3 +312,35 @@ def test_every_string_of_a_payload_is_found_for_the_leak_check() -> None:
     }  # fmt: skip
     redactor = Redactor([secret])
     assert [text for text in found if redactor.leaks(text)] == [f"https://x.test/?k={secret}"]
+
+
+def test_ordinary_prose_runs_no_shape_pattern(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A card body is redacted twice per change, and each pattern that runs scans the whole
+    text: prose holding a pattern's first letters (`through`, `task-card`, a time `12:04`, a
+    link, the word `key`) lets none of them run, and still comes out unchanged."""
+    ran: list[str] = []
+
+    class Counted:
+        def __init__(self, name: str, pattern: re.Pattern[str]) -> None:
+            self.name, self.pattern = name, pattern
+
+        def sub(self, *args: Any) -> str:
+            ran.append(self.name)
+            return self.pattern.sub(*args)
+
+    shapes = tuple(
+        (Counted(f"shape {index}", pattern), hint)
+        for index, (pattern, hint) in enumerate(redact_module._PRECHECKED)
+    )
+    monkeypatch.setattr(redact_module, "_PRECHECKED", shapes)
+    for name in ("_ASSIGNMENT", "_URL_CREDENTIALS", "_BEARER"):
+        monkeypatch.setattr(redact_module, name, Counted(name, getattr(redact_module, name)))
+    prose = (
+        "## Migrating the orders table\n- [x] copied through shard 3 at 12:04 (task-card v2)\n"
+        "- [ ] the key step: switch reads, see https://example.com/runbook#step-4\n"
+        "tokens this turn: 12k in"
+    )
+    assert redact(prose) == prose
+    assert ran == []
+    assert redact(f"{prose}\ntoken=zzz999yyy") == f"{prose}\ntoken={MARKER}"
+    assert ran == ["_ASSIGNMENT"]
