@@ -260,6 +260,8 @@ class Service:
         )
         self._routes: list[Route] = []
         self._routes_by_agent: dict[str, list[Route]] = {}
+        # The routes opened by a turn's origin, which the timer looks at (not every route).
+        self._origin_routes: dict[RouteKey, Route] = {}
         self._monitors: dict[str, AgentMonitor] = {}
         # Reports, inbox acks and lineage: what the agent side writes for the service (per
         # agent, made and dropped with its monitor in `apply`).
@@ -638,6 +640,7 @@ class Service:
             if self._running and self._serves(key.agent_id):
                 self._schedule(route)
         self._routes = list(wanted.values())
+        self._origin_routes = {route.key: route for route in self._routes if route.origin}
         self._routes_by_agent = {agent_id: [] for agent_id in fleet.agents}
         for route in self._routes:
             self._routes_by_agent.setdefault(route.key.agent_id, []).append(route)
@@ -719,6 +722,8 @@ class Service:
         """Stop projecting `route`; its last edit (`final`) still goes out, then it is dropped."""
         if route in self._routes:
             self._routes.remove(route)
+        if self._origin_routes.get(route.key) == route:
+            del self._origin_routes[route.key]
         by_agent = self._routes_by_agent.get(route.key.agent_id)
         if by_agent is not None and route in by_agent:
             by_agent.remove(route)
@@ -823,8 +828,9 @@ class Service:
         return self._origin_allowed
 
     def _close_finished_origin_routes(self) -> None:
-        """Close origin routes whose card was removed after they opened (once it shows so)."""
-        for route in [r for r in self._routes if r.origin]:
+        """Close origin routes whose card was removed after they opened (once it shows so).
+        Runs every second, so it looks at the origin routes alone, not at every route."""
+        for route in list(self._origin_routes.values()):
             monitor = self._monitors.get(route.key.agent_id)
             opened = self._origins.opened_at(route.key)
             if monitor is None or opened is None or route.key.channel not in self._ready_channels:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from taskcard.bridge.config import parse_config
+from taskcard.bridge.deliver.registry import build_channels
 from taskcard.bridge.run.service import Service
 from taskcard.bridge.store.sqlite import SqliteStore
 from taskcard.bridge.track.due import DueAgents
@@ -151,3 +152,39 @@ async def test_the_rescan_reports_a_slice_a_step_and_everyone_once_a_round(
     assert len(slices) >= 8
     assert all(len(batch) == 10 for batch in slices), [len(b) for b in slices]
     assert set().union(*slices[:4]) == everyone, "each agent comes round once per round"
+
+
+class CountedRoutes(list):  # type: ignore[type-arg]
+    """The service's route list, counting the walks over it."""
+
+    walks = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        CountedRoutes.walks += 1
+        return super().__iter__()
+
+
+@pytest.mark.parametrize("fleet", [100, 3_000])
+def test_a_timer_tick_walks_no_route_list(tmp_path: Path, fleet: int) -> None:
+    # Every route of a large fleet is configured (one group with all agents); the tick
+    # looks only at the routes a turn's origin opened, of which there are none here.
+    agents = [{"id": f"agent{i}", "workdir": f"w/agent{i}"} for i in range(fleet)]
+    config = parse_config(
+        {
+            "agents": agents,
+            "console": {"enabled": False},
+            "state_dir": "state",
+            "telegram": {"token_env": "TC_TOKEN", "routes": [{"chat_id": -100, "agents": ["*"]}]},
+        },
+        base_dir=tmp_path,
+    )
+    store = SqliteStore.in_dir(config.state_dir)
+    channels = build_channels(config, store, {"TC_TOKEN": "1:T"})
+    service = Service(config, channels, store, clock=CountingClock(datetime(2026, 3, 4, 12)))
+    assert len(service._routes) == fleet
+    service._routes = CountedRoutes(service._routes)
+    CountedRoutes.walks = 0
+    service._timer_tick()
+    service._timer_tick()
+    assert CountedRoutes.walks == 0
+    store.close()
