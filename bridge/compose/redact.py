@@ -267,7 +267,9 @@ def strings_in(value: object) -> set[str]:
 
     Walked with a stack, not recursive generators: every payload passes here before it is
     sent, and a card's entities are a dozen small dicts (one generator frame per value cost
-    more than the rest of the walk).
+    more than the rest of the walk). Numbers are passed over, and dicts, lists and tuples
+    told apart, before anything is asked whether it is a `Mapping`: that question is an
+    abstract-class check, and it was asked of every entity's offset and length.
     """
     found: set[str] = set()
     pending = [value]
@@ -275,13 +277,20 @@ def strings_in(value: object) -> set[str]:
         item = pending.pop()
         if isinstance(item, str):
             found.add(item)
-        elif isinstance(item, dict | Mapping):
+        elif item is None or isinstance(item, int | float):
+            continue
+        elif isinstance(item, dict):
             for key, nested in item.items():
                 if isinstance(key, str):
                     found.add(key)
                 pending.append(nested)
         elif isinstance(item, list | tuple):
             pending.extend(item)
+        elif isinstance(item, Mapping):
+            for key, nested in item.items():
+                if isinstance(key, str):
+                    found.add(key)
+                pending.append(nested)
     return found
 
 

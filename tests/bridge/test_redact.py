@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -344,3 +346,31 @@ def test_ordinary_prose_runs_no_shape_pattern(monkeypatch: pytest.MonkeyPatch) -
     assert ran == []
     assert redact(f"{prose}\ntoken=zzz999yyy") == f"{prose}\ntoken={MARKER}"
     assert ran == ["_ASSIGNMENT"]
+
+
+def test_the_leak_walk_asks_no_abstract_class_question_of_plain_json(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every payload is walked before it is sent: its numbers, dicts and lists are told by
+    their type, and only a value of another kind is asked whether it is a `Mapping`."""
+    asked: list[object] = []
+
+    class CountingMeta(type):
+        def __instancecheck__(cls, instance: object) -> bool:
+            asked.append(instance)
+            return isinstance(instance, Mapping)
+
+    class CountedMapping(metaclass=CountingMeta):
+        pass
+
+    monkeypatch.setattr(redact_module, "Mapping", CountedMapping)
+    entity = {"type": "bold", "offset": 0, "length": 4, "flag": True, "none": None, "x": 1.5}
+    payload = {"text": "card", "entities": [entity] * 10, "options": ({"is_disabled": True},)}
+    assert strings_in(payload) == {
+        "text", "card", "entities", "type", "bold", "offset", "length", "flag", "none", "x",
+        "options", "is_disabled",
+    }  # fmt: skip
+    assert asked == []
+    view = MappingProxyType({"key": ["value", 3]})
+    assert strings_in({"other": view}) == {"other", "key", "value"}
+    assert asked == [view]
