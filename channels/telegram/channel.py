@@ -57,6 +57,9 @@ _T = TypeVar("_T")
 # second at any plausible round trip, and bound the sockets a large fleet can hold open;
 # a request that finds all of them busy waits (its pool timeout) rather than open more.
 _POOL_SIZE = 64
+# Chats whose message scopes are kept (`TelegramChannel.rate_scopes`); past that many (a bot
+# answering commands in many chats) the kept ones are dropped and built again when asked.
+_KEPT_SCOPES = 4096
 _NO_PREVIEW = {"is_disabled": True}
 # The bot's command menu (the "/" button): people find `/taskcard` without reading docs.
 MENU_COMMANDS = (
@@ -153,6 +156,8 @@ class TelegramChannel(Channel):
         self.ambiguous_send_hold_s = config.ambiguous_send_hold_s
         self._moves = moves.ChatMoves(cursor)
         self._on_command: CommandSink | None = None
+        self._bot_scope = config.limits.bot.scope(BOT_SCOPE_KEY)
+        self._message_scopes: dict[ChatRef, tuple[RateScope, ...]] = {}
 
     @property
     def bot_username(self) -> str:
@@ -287,13 +292,21 @@ class TelegramChannel(Channel):
     def rate_scopes(
         self, chat: ChatRef, operation: Operation, message_id: str | None
     ) -> tuple[RateScope, ...]:
-        limits = self._config.limits
-        bot_scope = limits.bot.scope(BOT_SCOPE_KEY)
+        """The chat's and the bot's buckets. Asked twice per request, so each chat's are
+        built once: they depend only on the chat and on the limits, which stay as configured
+        for the channel's life (a reload cannot change them: that takes a restart)."""
         if operation in ("delete", "pin"):
             # Service actions, not messages: only the bot-wide request budget applies.
-            return (bot_scope,)
-        chat_limit = limits.private_chat if _is_private(chat) else limits.group_chat
-        return (chat_limit.scope(chat_scope_key(chat)), bot_scope)
+            return (self._bot_scope,)
+        scopes = self._message_scopes.get(chat)
+        if scopes is None:
+            limits = self._config.limits
+            chat_limit = limits.private_chat if _is_private(chat) else limits.group_chat
+            scopes = (chat_limit.scope(chat_scope_key(chat)), self._bot_scope)
+            if len(self._message_scopes) >= _KEPT_SCOPES:
+                self._message_scopes.clear()
+            self._message_scopes[chat] = scopes
+        return scopes
 
     async def send(
         self,

@@ -15,6 +15,7 @@ from taskcard.channels.errors import (
     RateLimited,
     Transient,
 )
+from taskcard.channels.telegram import channel as telegram_channel_module
 from taskcard.channels.telegram.channel import TelegramChannel
 from taskcard.channels.telegram.config import TelegramConfig, TelegramLimits
 from taskcard.channels.telegram.errors import ThreadNotFound
@@ -40,6 +41,27 @@ def test_rate_scopes_private_group_and_bot(telegram_config: TelegramConfig) -> N
     group_scopes = channel.rate_scopes(ChatRef("-100555", "9"), "send", None)
     assert group_scopes[0] == RateScope("telegram:chat:-100555", 20, 60.0)
     assert [s.key for s in channel.rate_scopes(GROUP, "pin", "5")] == ["telegram:bot"]
+
+
+def test_rate_scopes_are_built_once_per_chat(
+    telegram_config: TelegramConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Asked twice for every request: a chat's scopes are kept, each chat's its own (a topic
+    # shares its group's limit), and the kept ones are dropped past a bound.
+    channel = TelegramChannel(telegram_config, "1:x", MemoryCursorStore())
+    first = channel.rate_scopes(GROUP, "edit", "5")
+    assert channel.rate_scopes(GROUP, "send", None) is first
+    topic = channel.rate_scopes(ChatRef("-100555", "9"), "edit", "6")
+    assert topic == first and topic is not first
+    private = channel.rate_scopes(PRIVATE, "edit", "5")
+    assert private[0].key == "telegram:chat:777" and private[0].max_calls == 1
+    assert private[1] is first[1] is channel.rate_scopes(GROUP, "delete", "5")[0]
+    monkeypatch.setattr(telegram_channel_module, "_KEPT_SCOPES", 3)
+    for chat_id in range(1, 10):
+        scopes = channel.rate_scopes(ChatRef(str(chat_id)), "edit", "1")
+        assert scopes[0].key == f"telegram:chat:{chat_id}"
+        assert len(channel._message_scopes) <= 3
+    assert channel.rate_scopes(GROUP, "edit", "5") == first
 
 
 async def test_rate_limited_carries_retry_after_and_chat_scope(
