@@ -23,6 +23,7 @@ import errno
 import logging
 import os
 import struct
+import sys
 from collections.abc import Callable, Iterable
 from typing import Final
 
@@ -61,6 +62,8 @@ _NAME_CHANGED: Final = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO
 _READ_BYTES: Final = 64 * 1024
 # `struct inotify_event`: wd, mask, cookie, the length of the NUL-padded name that follows.
 _EVENT: Final = struct.Struct("iIII")
+# What `os.fsdecode` does with bytes, without its call and checks for every event's name.
+_FS_CODEC: Final = (sys.getfilesystemencoding(), sys.getfilesystemencodeerrors())
 
 
 # `inotify_init` when the user (EMFILE: fs.inotify.max_user_instances) or the process or
@@ -194,7 +197,7 @@ class InotifyWatches:
         while at < end:
             wd, mask, _cookie, length = unpack(data, at)
             start, at = at + _EVENT.size, at + _EVENT.size + length
-            name = os.fsdecode(data[start:at].split(b"\0", 1)[0]) if length else ""
+            name = data[start:at].split(b"\0", 1)[0].decode(*_FS_CODEC) if length else ""
             if mask & IN_Q_OVERFLOW:
                 overflow = True
                 continue
