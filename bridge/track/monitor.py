@@ -104,6 +104,22 @@ class CardState:
     watch_id: str | None = None
     status_changed_at: datetime | None = None
 
+    def with_body(self, body: str, changed_at: datetime | None) -> CardState:
+        """This state with a new body: `replace(self, body=..., body_changed_at=...)` for the
+        one change every card change makes, without `dataclasses.replace`'s walk over the
+        fields (it cost as much as the rest of reading the card). Every field is named, so
+        one added later must be added here (`tests/bridge/test_compose.py` checks)."""
+        return CardState(
+            status=self.status,
+            body=body,
+            body_changed_at=changed_at,
+            error_code=self.error_code,
+            error_since=self.error_since,
+            exhausted=self.exhausted,
+            watch_id=self.watch_id,
+            status_changed_at=self.status_changed_at,
+        )
+
 
 @dataclass(frozen=True)
 class AgentRefresh:
@@ -342,7 +358,7 @@ class AgentMonitor:
                     card.watch_id is not None and card.watch_id != self._card.watch_id
                 )
                 if raw != self._body_raw:
-                    card = replace(card, body=body_markdown(raw), body_changed_at=_mtime(body_sig))
+                    card = card.with_body(body_markdown(raw), _mtime(body_sig))
                     self._body_raw = raw
                 if card.status != "active":
                     card = replace(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 from datetime import UTC, datetime
 
 import pytest
@@ -278,3 +278,13 @@ def test_unknown_error_codes_never_reach_the_chat() -> None:
         health = " ".join(view.auto_rows)
         assert f"({shown})" in health
         assert ".ssh" not in health
+
+
+def test_a_card_state_with_a_new_body_keeps_every_other_field() -> None:
+    # `with_body` names every field instead of `dataclasses.replace` (every card change makes
+    # one): each field set to a value of its own, so a field added to `CardState` and not
+    # copied there makes the two differ.
+    values = {field.name: f"value of {field.name}" for field in fields(CardState)}
+    state = CardState(**values)  # type: ignore[arg-type]
+    at = datetime(2026, 3, 4, 12, 0, tzinfo=UTC)
+    assert state.with_body("new body", at) == replace(state, body="new body", body_changed_at=at)
