@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import math
 import re
 import ssl
 import urllib.parse
@@ -175,6 +176,76 @@ class _Pool:
         self.idle.clear()
 
 
+@dataclass(eq=False)
+class _Deadline:
+    """When one request's answer is due, and the task waiting for it."""
+
+    task: asyncio.Task[Any]
+    at: float
+    cancelling: int  # the task's pending cancellations when the wait began
+    expired: bool = False
+
+
+class _Deadlines:
+    """The read deadlines of the requests on their way, kept by one timer.
+
+    `asyncio.timeout` schedules a timer per request: at a hundred requests a second and a
+    timeout of tens of seconds, thousands of cancelled timers wait in the loop's heap, and
+    every new one is sifted in by Python-level comparisons (a twentieth of a change's
+    bytecodes, with the context manager around it). Here a request only notes its deadline.
+    The one timer stands at the earliest deadline noted; when it fires it cancels the tasks
+    whose deadline has passed, as `asyncio.timeout` does, and stands again at the earliest
+    one left. Requests of one transport share a timeout, so their deadlines come in order
+    and the timer is set about once per timeout while requests keep coming.
+    """
+
+    def __init__(self) -> None:
+        self._waiting: set[_Deadline] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+
+    def watch(self, loop: asyncio.AbstractEventLoop, seconds: float) -> _Deadline:
+        task = asyncio.current_task(loop)
+        assert task is not None, "a request runs in a task"
+        deadline = _Deadline(task, loop.time() + seconds, task.cancelling())
+        self._waiting.add(deadline)
+        if deadline.at < self._timer_at:
+            self._arm(loop, deadline.at)
+        return deadline
+
+    def release(self, deadline: _Deadline) -> None:
+        """The wait is over; a timer standing for it finds nothing due and moves on."""
+        self._waiting.discard(deadline)
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_at = None, math.inf
+        self._waiting.clear()
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_at = loop.call_at(at, self._fire, loop), at
+
+    def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
+        # The loop may run a timer up to its clock's resolution early: what it stood for
+        # is due.
+        now = max(loop.time(), self._timer_at)
+        self._timer, self._timer_at = None, math.inf
+        earliest = math.inf
+        for deadline in self._waiting:
+            if deadline.expired:
+                continue
+            if deadline.at <= now:
+                deadline.expired = True
+                deadline.task.cancel()
+            elif deadline.at < earliest:
+                earliest = deadline.at
+        if earliest < math.inf:
+            self._arm(loop, earliest)
+
+
 def _timeout(value: Any, default: float | None) -> float | None:
     if isinstance(value, type(BaseRequest.DEFAULT_NONE)):
         return default
@@ -194,6 +265,7 @@ class LeanRequest(BaseRequest):
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._pool = _Pool(pool_size)
+        self._deadlines = _Deadlines()
         self._timeout_s = timeout_s
         self._ssl = ssl_context
         self._closed = False
@@ -218,6 +290,7 @@ class LeanRequest(BaseRequest):
         self._closed = True
         self._pool.close_all()
         self._pool.slots = None  # a later start may run on another event loop
+        self._deadlines.close()
 
     def _ssl_context(self) -> ssl.SSLContext:
         if self._ssl is None:
@@ -294,8 +367,10 @@ class LeanRequest(BaseRequest):
             if connection.writer.transport.get_write_buffer_size():
                 async with asyncio.timeout(write_s):
                     await connection.writer.drain()
-            async with asyncio.timeout(read_s):
+            if read_s is None:
                 answer = await _read_answer(connection.reader)
+            else:
+                answer = await self._read_within(connection.reader, read_s, loop)
         except (TimeoutError, OSError, EOFError, asyncio.LimitOverrunError, _Incomplete) as exc:
             connection.close()
             raise lost_after_write(exc) from exc
@@ -306,6 +381,29 @@ class LeanRequest(BaseRequest):
             self._pool.give_back(target.origin, connection, loop.time())
         else:
             connection.close()
+        return answer
+
+    async def _read_within(
+        self, reader: asyncio.StreamReader, seconds: float, loop: asyncio.AbstractEventLoop
+    ) -> _Answer:
+        """`_read_answer` bounded as `asyncio.timeout(seconds)` bounds it (`TimeoutError`
+        once the time is up; a cancellation from elsewhere stays one), with the transport's
+        one timer for every request on its way (`_Deadlines`)."""
+        deadline = self._deadlines.watch(loop, seconds)
+        try:
+            answer = await _read_answer(reader)
+        except BaseException as exc:
+            if (
+                deadline.expired
+                and deadline.task.uncancel() <= deadline.cancelling
+                and isinstance(exc, asyncio.CancelledError)
+            ):
+                raise TimeoutError from exc
+            raise
+        finally:
+            self._deadlines.release(deadline)
+        if deadline.expired:
+            deadline.task.uncancel()  # cancelled just as the answer came: that cancel is ours
         return answer
 
     async def _connect(self, target: _Target, connect_s: float | None) -> _Connection:

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from telegram import error as tg
@@ -204,6 +205,43 @@ async def test_read_timeout_is_answer_lost(lean: LeanRequest) -> None:
             await _post(lean, server.url, read_timeout=0.2)
     assert "TimeoutError" in caught.value.message
     assert len(server.requests) == 1
+
+
+async def test_requests_on_their_way_share_one_read_timer(
+    lean: LeanRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A timer per request piles cancelled timers up in the loop's heap at a hundred
+    # requests a second; one timer keeps every read deadline. It still stands at the
+    # earliest one: a request with a shorter timeout than the one the timer stands for
+    # times out on its own time, and a cancellation from elsewhere stays one.
+    loop = asyncio.get_running_loop()
+    timers: list[float] = []
+    plain_call_at = loop.call_at
+
+    def counting_call_at(when: float, *args: Any, **kwargs: Any) -> asyncio.TimerHandle:
+        timers.append(when)
+        return plain_call_at(when, *args, **kwargs)
+
+    quick = [_answer() for _ in range(20)]
+    async with scripted(*quick, keep_open=True) as server:
+        monkeypatch.setattr(loop, "call_at", counting_call_at)
+        for _ in quick:
+            assert (await _post(lean, server.url))["message_id"] == 5  # type: ignore[index]
+        monkeypatch.undo()
+    assert len(timers) <= 2, timers  # the connection's connect timeout, the read timer
+    assert server.connections == 1
+    async with scripted("silent") as silent:
+        # The timer stands at the quick requests' 20 s; this request's 0.2 s comes first.
+        with pytest.raises(AnswerLost) as caught:
+            async with asyncio.timeout(15):
+                await _post(lean, silent.url, read_timeout=0.2)
+    assert "TimeoutError" in caught.value.message
+    async with scripted("silent") as silent:
+        hanging = asyncio.create_task(_post(lean, silent.url))
+        await wait_until(lambda: len(silent.requests) == 1, what="the request")
+        hanging.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await hanging
 
 
 async def test_pool_timeout_sends_nothing() -> None:
