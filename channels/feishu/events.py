@@ -328,6 +328,21 @@ def bot_mention_key(mentions: object, bot_open_id: str | None) -> str | None:
     return None
 
 
+def replied_message(message: Mapping[str, Any]) -> tuple[str, ...]:
+    """The message `message` replies to, as a 1-tuple (empty when it replies to none).
+
+    That is `parent_id`. `root_id` names the first message of the reply chain: a reply to
+    someone's reply to the bot's card has the card as its root, yet answers that person, as
+    on Telegram, where it names the person's message. Inside a topic both name the topic's
+    root. `root_id` stands in only when `parent_id` is missing.
+    """
+    for key in ("parent_id", "root_id"):
+        value = message.get(key)
+        if isinstance(value, str) and value:
+            return (value,)
+    return ()
+
+
 def command_from_event(
     document: Mapping[str, Any], bot_open_id: str | None = None, bot_name: str | None = None
 ) -> IncomingCommand | None:
@@ -361,11 +376,7 @@ def command_from_event(
     text = written.body
     mention_key = bot_mention_key(message.get("mentions"), bot_open_id)
     name: CommandName = "taskcard"
-    reply_to = tuple(
-        value
-        for value in (message.get("parent_id"), message.get("root_id"))
-        if isinstance(value, str) and value
-    )
+    reply_to = replied_message(message)
     # Anything but a private chat (a group, a topic group, an unknown kind) needs a mention
     # for a command; a reply names the message it answers, which the service matches.
     addressed = mention_key is not None or message.get("chat_type") == PRIVATE_CHAT

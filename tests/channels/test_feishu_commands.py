@@ -160,4 +160,12 @@ def test_a_reply_without_a_mention(text: str, expected: tuple[str, str] | None) 
     found = command_from_event(document, BOT, "taskcard")
     assert (None if found is None else (found.command, found.args)) == expected
     if found is not None:
-        assert found.reply_to == ("om_card", "om_card")
+        assert found.reply_to == ("om_card",)
+
+
+def test_a_reply_names_the_message_it_answers_not_the_root_of_its_chain() -> None:
+    # A reply to someone's reply to the card: Feishu writes the card as its `root_id`.
+    document = event("me too", mentions=[])
+    document["event"]["message"].update(parent_id="om_theirs", root_id="om_card")
+    found = command_from_event(document, BOT, "taskcard")
+    assert found is not None and found.reply_to == ("om_theirs",)

@@ -172,7 +172,6 @@ class FeishuChat:
             open_id=open_id,
             mention_bot=reply_to is None,
             parent_id=reply_to or "",
-            root_id=reply_to or "",
             verification_token=FS_VERIFY,
             thread_id=thread,
         )

@@ -14,6 +14,7 @@ from tests.e2e.test_talk_and_signals import (
     FS_CHAT,
     FS_PERSON,
     FS_VERIFY,
+    GROUP,
     Chat,
     FeishuChat,
     TelegramChat,
@@ -45,7 +46,6 @@ async def say_mentioning_the_bot(chat: Chat, text: str, *, reply_to: str | None 
         open_id=FS_PERSON,
         verification_token=FS_VERIFY,
         parent_id=reply_to or "",
-        root_id=reply_to or "",
     )
     message = document["event"]["message"]
     [mention] = message["mentions"]
@@ -187,4 +187,41 @@ async def test_a_rich_feishu_tell_keeps_the_spacing_around_the_mentions_it_holds
             assert answer.status == 200
             await wait_status(chat, "queued")
             assert texts_queued(tmp_path, "builder") == ["ask @Alice why, then @taskcard"]
+            assert await chat.serve.aterminate() == 0
+
+
+def last_person_message(chat: Chat) -> str:
+    """The id of the latest message a person wrote in the chat."""
+    if isinstance(chat, TelegramChat):
+        return str([m for m in chat.fake.messages(GROUP) if not m.from_bot][-1].message_id)
+    assert isinstance(chat, FeishuChat)
+    return list(chat.fake.user_messages)[-1]
+
+
+async def test_a_reply_to_a_persons_reply_to_the_card_is_not_for_the_agent(
+    platform: str, tmp_path: Path
+) -> None:
+    # A Feishu reply to a reply names the first message of the chain as its `root_id`, and
+    # that was read as replying to the card: a person answering someone's reply to the card
+    # had their words queued for the agent. On Telegram (and by the message it answers, on
+    # Feishu) such a reply is to the person, not to the bot.
+    async with chat_for(platform, tmp_path, ["builder"]) as chat:
+        running_agent(tmp_path)
+        with chat.serve:
+            await running_card_shown(chat)
+            card = chat.message_id_with("compile")
+            assert card is not None
+            await chat.say("first: for the agent", reply_to=card)
+            await wait_status(chat, "queued")
+            theirs = last_person_message(chat)
+            await chat.say("second: I agree, between us", reply_to=theirs)
+            # A text after it, to know the one before was handled.
+            await chat.say("third: for the agent too", reply_to=card)
+            await eventually(
+                lambda: len(texts_queued(tmp_path, "builder")) >= 2, what="the third text"
+            )
+            assert sorted(texts_queued(tmp_path, "builder")) == [
+                "first: for the agent",
+                "third: for the agent too",
+            ]
             assert await chat.serve.aterminate() == 0

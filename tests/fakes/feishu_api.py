@@ -502,7 +502,7 @@ class FakeFeishu:
         mention_users: tuple[str, ...] = (),
         verification_token: str | None = None,
         parent_id: str = "",
-        root_id: str = "",
+        root_id: str | None = None,
         message_type: str = "text",
         thread_id: str | None = None,
         title: str = "",
@@ -513,6 +513,9 @@ class FakeFeishu:
 
         The message is kept (`user_messages`), so the bot can reply to it; `thread_id` puts
         it in a thread (a topic of a topic group, or a reply thread), as the event then says.
+        `parent_id` makes it a reply to that message; `root_id` then defaults to what Feishu
+        writes there, the root of the reply chain (the replied message's own root, else the
+        replied message itself), so a reply to a reply names the first message as its root.
 
         Mentions come first in the text as Feishu writes them (`@_user_1 ...`): the users
         with the open_ids in `mention_users`, then the bot when `mention_bot`. With
@@ -564,6 +567,9 @@ class FakeFeishu:
                     "tenant_key": "fake_tenant",
                 }
             )
+        if root_id is None:
+            replied = self.messages.get(parent_id) or self.user_messages.get(parent_id)
+            root_id = (replied.root_id or replied.message_id) if replied else parent_id
         message_id = message_id or f"om_user_{next(self._ids):06d}"
         self.user_messages[message_id] = FakeMessage(
             message_id,
