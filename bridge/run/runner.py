@@ -79,7 +79,21 @@ def nothing_served(config: ServiceConfig) -> list[str]:
         ]
         + _shared_workdirs(config)
         + _repeated_roots(config)
+        + _webhook_not_served(config)
     )
+
+
+def _webhook_not_served(config: ServiceConfig) -> list[str]:
+    """A `[feishu.webhook]` table while `feishu.events` is not "webhook" (it defaults to
+    "websocket"): nothing listens there, so Feishu's URL check and every callback fail."""
+    feishu = config.feishu
+    if feishu is None or feishu.events == "webhook" or "webhook" not in feishu.model_fields_set:
+        return []
+    return [
+        f"feishu.webhook: set, but feishu.events is {feishu.events!r}, so no webhook is"
+        ' served and Feishu\'s callbacks find nothing listening; set events = "webhook" to'
+        " receive commands there, or remove the [feishu.webhook] table"
+    ]
 
 
 def _repeated_roots(config: ServiceConfig) -> list[str]:

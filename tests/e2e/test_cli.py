@@ -1081,3 +1081,25 @@ def test_serve_check_names_an_unset_variable_and_the_clusters_redis_url(tmp_path
     result = taskcard("serve", "--config", str(config), "--check", env=env)
     assert result.returncode == 0, result.stderr
     assert "redis://" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("events", ["", 'events = "websocket"\n', 'events = "none"\n'])
+def test_a_feishu_webhook_that_is_not_served_is_warned_of(tmp_path: Path, events: str) -> None:
+    # `events` defaults to "websocket": a [feishu.webhook] table written without it was
+    # taken without a word, and Feishu's callbacks then met a closed port (its URL check
+    # failed, commands never came).
+    feishu = (
+        "[feishu]\n" + events + "[feishu.webhook]\nport = 8088\n"
+        '[[feishu.routes]]\nchat_id = "oc_1"\nagents = ["builder"]\n'
+    )
+    config = console_config(tmp_path, AGENT + feishu)
+    check = taskcard("config", "check", str(config))
+    assert check.returncode == 0, check.stderr
+    assert "warning: feishu.webhook: " in check.stderr, check.stderr
+    assert 'set events = "webhook"' in check.stderr
+    served = console_config(
+        tmp_path,
+        AGENT + feishu.replace(events, "").replace("[feishu]\n", '[feishu]\nevents = "webhook"\n'),
+    )
+    check = taskcard("config", "check", str(served))
+    assert check.returncode == 0 and "feishu.webhook" not in check.stderr, check.stderr
