@@ -95,6 +95,17 @@ def translate(exc: tg.TelegramError, chat_scope: str) -> ChannelError:
         wait_s = sane_retry_after_s(exc._retry_after.total_seconds())
         return RateLimited(wait_s, chat_scope, "Telegram flood control")
     if isinstance(exc, tg.InvalidToken):
+        # `Bot.initialize` raises its own InvalidToken from the one that holds the answer.
+        cause = exc.__cause__
+        answered = cause.message if isinstance(cause, tg.TelegramError) else description
+        if "not found" in answered.lower():
+            # The Bot API's answer for a path it does not serve (PTB raises a 404 as an
+            # invalid token): a malformed token, or an address that is not the API's root.
+            return CredentialsRejected(
+                "Telegram answered Not Found for this bot: the token is malformed, or"
+                " telegram.api_base_url is not the Bot API root (e.g. https://api.telegram.org,"
+                " or a local Bot API server's address, without /bot)"
+            )
         return CredentialsRejected("Telegram rejected the bot token (invalid or revoked)")
     if isinstance(exc, tg.Forbidden):
         return Forbidden(forbidden_reason(description))

@@ -274,3 +274,36 @@ async def test_error_answers_with_fields_of_other_types_are_read(
         )
         assert await service.aterminate() == 0
     assert "Traceback" not in service.logs
+
+
+async def test_an_api_root_that_is_not_the_bot_api_is_said_so_not_blamed_on_the_token(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    # The Bot API answers 404 Not Found (JSON) for a path it does not serve, and PTB raises
+    # that as an invalid token: a wrong api_base_url (a local Bot API server's address with
+    # a path it does not have) was logged as "Telegram rejected the bot token", and the
+    # operator replaced a good token.
+    (tmp_path / "agents" / "builder").mkdir(parents=True)
+    config = tmp_path / "taskcard.toml"
+    config.write_text(
+        "\n".join(
+            [
+                *agents_lines(tmp_path, ["builder"]),
+                "[telegram]",
+                'token_env = "TC_TEST_TOKEN"',
+                f'api_base_url = "{fake.base_url}/telegram"',
+                "[[telegram.routes]]",
+                f"chat_id = {GROUP}",
+                'agents = ["builder"]',
+            ]
+        )
+        + "\n"
+    )
+    with ServeProcess(config, env={"TC_TEST_TOKEN": fake.token}) as serve:
+        line = await eventually(
+            lambda: next((x for x in serve.stderr if "channel telegram disabled" in x), None),
+            timeout_s=60,
+            what="the channel's refusal",
+        )
+        assert "telegram.api_base_url" in line and "Not Found" in line, line
+        assert fake.token not in serve.logs

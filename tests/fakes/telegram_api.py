@@ -262,6 +262,8 @@ class FakeTelegram:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_route("*", "/bot{token}/{method}", self._handle)
+        # Any other path: the Bot API's own 404, a JSON error (PTB reads it as InvalidToken).
+        app.router.add_route("*", "/{tail:.*}", self._not_found)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port)
@@ -611,6 +613,11 @@ class FakeTelegram:
         return web.Response(
             body=json.dumps(body).encode(), status=status, content_type="application/json"
         )
+
+    @staticmethod
+    async def _not_found(request: web.Request) -> web.Response:
+        body = {"ok": False, "error_code": 404, "description": "Not Found"}
+        return web.json_response(body, status=404)
 
     async def _until_confirmed(self, update_id: int) -> None:
         """Wait until a getUpdates offset has passed `update_id` (bounded)."""
