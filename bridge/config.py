@@ -636,26 +636,25 @@ def _endpoint_problems(config: ServiceConfig) -> list[str]:
         problem = url_problem(value)
         if problem is None and key == "feishu.domain":
             problem = _origin_problem(value)
-        if problem is None and key == "telegram.api_base_url":
-            problem = _bot_root_problem(value)
         if problem is not None:
             problems.append(f"{key}: {problem}")
     return problems
 
 
-def _bot_root_problem(value: str) -> str | None:
-    """Why `value` (a valid URL) is not the Bot API root: it ends in `/bot`, as the
+def bot_root_doubt(value: str) -> str | None:
+    """Why `value` (a valid URL) is likely not the Bot API root: it ends in `/bot`, as the
     `base_url` of python-telegram-bot does. The channel adds `/bot<token>` itself, so the
-    requests went to `.../bot/bot<token>/...`, and Telegram's 404 for that path reads as a
-    refused token."""
+    requests go to `.../bot/bot<token>/...`, which only a proxy mounted under such a path
+    serves. A warning, not a refusal: that proxy is a valid root."""
     parts = urlsplit(value)
     head, _, last = parts.path.rstrip("/").rpartition("/")
     if last.lower() != "bot":
         return None
     root = f"{parts.scheme}://{parts.netloc}{head}"
     return (
-        f"{_shown_url(value)} ends in /bot, which the service adds itself (with the token);"
-        f" give the API root without the /bot, e.g. {root!r}"
+        f"{_shown_url(value)} ends in /bot, which the service adds itself (with the token):"
+        f" requests go to .../bot/bot<token>/; unless a proxy serves that path, give the API"
+        f" root without the /bot, e.g. {root!r}"
     )
 
 

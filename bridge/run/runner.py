@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from taskcard.bridge.config import ConfigError, ServiceConfig, load_config
+from taskcard.bridge.config import ConfigError, ServiceConfig, bot_root_doubt, load_config
 from taskcard.bridge.deliver.registry import SecretMissing, build_channels, route_specs
 from taskcard.bridge.observe.metrics import MeteredChannel, ServiceMetrics
 from taskcard.bridge.observe.sdnotify import READY, STOPPING, sd_notify
@@ -61,7 +61,12 @@ log = logging.getLogger(__name__)
 
 def nothing_served(config: ServiceConfig) -> list[str]:
     """Warnings for a configuration that runs but shows nothing (or leaves agents out, or
-    shows one agent's files under two names)."""
+    shows one agent's files under two names, or has a listener or API root set up wrong)."""
+    return _shown_nowhere(config) + _webhook_not_served(config) + _bot_root_doubted(config)
+
+
+def _shown_nowhere(config: ServiceConfig) -> list[str]:
+    """Agents or cards that reach no chat, and one agent's files under two names."""
     if not config.agents and not config.discover.roots:
         return ["no [[agents]] are configured: nothing is served; add an agent and its workdir"]
     specs = route_specs(config)
@@ -79,8 +84,15 @@ def nothing_served(config: ServiceConfig) -> list[str]:
         ]
         + _shared_workdirs(config)
         + _repeated_roots(config)
-        + _webhook_not_served(config)
     )
+
+
+def _bot_root_doubted(config: ServiceConfig) -> list[str]:
+    """`telegram.api_base_url` ending in `/bot` (python-telegram-bot's `base_url`): likely a
+    slip whose 404s would otherwise read as a refused token."""
+    telegram = config.telegram
+    doubt = None if telegram is None else bot_root_doubt(telegram.api_base_url)
+    return [] if doubt is None else [f"telegram.api_base_url: {doubt}"]
 
 
 def _webhook_not_served(config: ServiceConfig) -> list[str]:

@@ -92,6 +92,8 @@ def _serve(args: argparse.Namespace) -> int:
         except StateFileError as error:
             print(f"taskcard: {error}", file=sys.stderr)
             return EXIT_CONFIG
+        for warning in nothing_served(config):  # as `config check` says them
+            print(f"warning: {warning}", file=sys.stderr)
         return _check_secrets(args.config, config)
     setup_logging(config.log_level)
     for warning in nothing_served(config):
