@@ -271,24 +271,37 @@ def _check_parent(
 
 
 @contextlib.contextmanager
-def _spawning(child: Path) -> Iterator[None]:
+def _spawning(child: Path, parent_workdir: Path | None) -> Iterator[None]:
     """One spawn of `child` at a time, across threads and processes: an exclusive `flock` on
     the child's folder itself (no file of ours is added to it), held from reading its record
     to writing the new one. Without it, parents spawning one folder at once each read "no
     record yet" and each wrote its own: all were told they had spawned the child, and the
-    file kept only the last."""
+    file kept only the last.
+
+    The parent's folder is locked too, so two agents spawning each other at once (a records
+    b while b records a) cannot both find the other side without a record and close a loop.
+    Both locks are taken in one order (by device and inode), so two such spawns never wait on
+    each other for good. A parent folder that cannot be opened is not locked: the checks that
+    follow refuse it with their own message."""
     try:
-        fd = os.open(child, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        child_fd = os.open(child, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
         raise LineageError(
             f"workdir: {quoted(str(child))} cannot be used ({exc.strerror}); give the child's"
             " working directory"
         ) from None
+    fds = [child_fd]
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        if parent_workdir is not None:
+            with contextlib.suppress(OSError, ValueError, TypeError):
+                fds.append(os.open(parent_workdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+        ordered = {(info.st_dev, info.st_ino): fd for fd in fds for info in [os.fstat(fd)]}
+        for _, fd in sorted(ordered.items()):  # one folder given twice is locked once
+            fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
-        os.close(fd)  # releases the lock
+        for fd in fds:
+            os.close(fd)  # releases the locks
 
 
 def spawn(
@@ -335,7 +348,7 @@ def spawn(
         raise LineageError(
             f"workdir: {quoted(str(child))} is not a directory; create the child's first"
         )
-    with _spawning(child):
+    with _spawning(child, parent_workdir):
         return _spawn_locked(
             child,
             parent=parent,
@@ -357,7 +370,7 @@ def _spawn_locked(
     max_depth: int,
     clock: Callable[[], str],
 ) -> dict[str, Any]:
-    """The rest of `spawn`, while it holds the child's folder (`_spawning`)."""
+    """The rest of `spawn`, while it holds the child's and the parent's folders (`_spawning`)."""
     try:
         recorded = read_lineage(child)
     except LineageError:

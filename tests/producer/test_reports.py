@@ -504,3 +504,43 @@ def test_concurrent_spawns_into_one_folder_record_one_parent_and_refuse_the_othe
         assert json.loads((child / "lineage.json").read_text())["parent"] == won[0]
         assert len(refused) == 7, refused
         assert all(f"already recorded as a child of '{won[0]}'" in text for text in refused)
+
+
+def test_two_agents_spawning_each_other_at_once_record_no_loop(tmp_path: Path) -> None:
+    """a records b as its child while b records a, at the same moment (threads that start
+    together): each locked only the folder it wrote, read no record on the other side and
+    succeeded, so the two named each other. Now exactly one spawn wins and the other is
+    refused as the loop it would close."""
+    for round_ in range(20):
+        a, b = tmp_path / f"a{round_}", tmp_path / f"b{round_}"
+        a.mkdir()
+        b.mkdir()
+        start = threading.Barrier(2)
+        won: list[str] = []
+        refused: list[str] = []
+
+        def attempt(
+            child: Path,
+            parent_dir: Path,
+            start: threading.Barrier = start,
+            won: list[str] = won,
+            refused: list[str] = refused,
+        ) -> None:
+            start.wait()
+            try:
+                spawn(child, parent=parent_dir.name, reason="split", parent_workdir=parent_dir)
+                won.append(child.name)
+            except LineageError as exc:
+                refused.append(str(exc))
+
+        threads = [
+            threading.Thread(target=attempt, args=(b, a)),
+            threading.Thread(target=attempt, args=(a, b)),
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        assert len(won) == 1 and len(refused) == 1, (round_, won, refused)
+        assert refused[0].startswith("workdir: "), refused
+        assert sum((folder / "lineage.json").exists() for folder in (a, b)) == 1
