@@ -48,14 +48,17 @@ def test_every_shipped_configuration_validates(
     config: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each example a reader copies passes both checks an operator runs on it (`serve
-    --check` with the secret variables it names set, as they are where it runs)."""
+    --check` with the secret variables it names set, as they are where it runs), without a
+    warning: a copy of it must not start with a complaint about itself."""
     assert len(SHIPPED_CONFIGS) >= 3
     result = run_cli("config", "check", str(config))
     assert result.returncode == 0, result.stderr
+    assert "warning" not in result.stderr, result.stderr
     for variable, value in placeholder_secrets(config).items():
         monkeypatch.setenv(variable, value)
     result = run_cli("serve", "--config", str(config), "--check")
     assert result.returncode == 0, result.stderr
+    assert "warning" not in result.stderr, result.stderr
 
 
 def test_the_unit_lets_the_service_write_its_state_and_the_agents_inbox() -> None:
