@@ -34,10 +34,15 @@ test: redis-server check
 redis-server:
 	command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
 
-check: $(DEV_STAMP)
+## Lint and format checks, then the type check: the fast part of `check`.
+lint: $(DEV_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+typecheck: $(DEV_STAMP)
 	$(BIN)/mypy
+
+check: lint typecheck
 	$(BIN)/pytest -q -W error --timeout=300
 
 ## Every benchmark scenario at full size (10,000 agents; about 30 minutes on 2 cores),

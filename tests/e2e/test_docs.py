@@ -253,3 +253,23 @@ def test_ledger_md_gives_the_id_and_text_limits_enforced() -> None:
     pattern = Ident.__metadata__[0].pattern
     assert pattern == r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$", "then say the new rule in ledger.md"
     assert "1-64 letters, digits, `_`, `.`, `:` or `-`, starting with a letter or digit" in text
+
+
+MAKE_TARGET = re.compile(r"`make ([a-z][\w-]*)")
+
+
+def test_every_make_target_the_docs_or_phony_name_has_a_recipe() -> None:
+    """`.PHONY` named `lint` and `typecheck` without a rule: `make lint` said "Nothing to be
+    done" and checked nothing. Each phony target and each `make X` in the docs must do work."""
+    makefile = (ROOT / "Makefile").read_text()
+    phony = re.search(r"^\.PHONY:(.*)$", makefile, re.M)
+    assert phony is not None
+    named = {m.group(1) for doc in DOCS for m in MAKE_TARGET.finditer(doc.read_text())}
+    targets = sorted(set(phony.group(1).split()) | named)
+    assert {"run", "test", "lint", "typecheck"} <= set(targets), targets
+    for target in targets:
+        rule = re.search(rf"^{re.escape(target)}:(.*)\n((?:\t.*\n)*)", makefile, re.M)
+        assert rule is not None, f"the Makefile has no rule for {target}"
+        assert rule.group(1).strip() or rule.group(2), f"the rule for {target} does nothing"
+    dry = subprocess.run(["make", "-n", "lint"], cwd=ROOT, capture_output=True, text=True)
+    assert "ruff check" in dry.stdout, dry.stdout + dry.stderr
