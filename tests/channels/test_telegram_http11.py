@@ -219,7 +219,10 @@ async def test_requests_on_their_way_share_one_read_timer(
     plain_call_at = loop.call_at
 
     def counting_call_at(when: float, *args: Any, **kwargs: Any) -> asyncio.TimerHandle:
-        timers.append(when)
+        # Only timers as far off as the transport's timeouts (20 s): short ones the loop,
+        # the scripted server or a loaded machine's slow steps set are not the transport's.
+        if when - loop.time() > 10:
+            timers.append(when)
         return plain_call_at(when, *args, **kwargs)
 
     quick = [_answer() for _ in range(20)]
