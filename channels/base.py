@@ -42,6 +42,18 @@ def web_link(url: str) -> bool:
     return _WEB_LINK.match(url) is not None
 
 
+# A code block's language as every channel shows it: a plain name, nothing else.
+_LANGUAGE = re.compile(r"[A-Za-z0-9_+.#-]+")
+
+
+def code_language(info: str) -> str:
+    """The language of a fenced code block from its info string, the same on every channel:
+    its first word (`python` of `python title=x`) when that is a plain name, else "" (none).
+    Feishu's card Markdown keeps a fence as code only with a plain word after it."""
+    words = info.split()
+    return words[0] if words and _LANGUAGE.fullmatch(words[0]) else ""
+
+
 @dataclass(frozen=True)
 class ChatRef:
     """Where a message goes: a chat and, on Telegram, an optional forum topic."""

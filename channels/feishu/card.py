@@ -7,10 +7,13 @@ markup), a divider, and the programmable body as a card `markdown` element.
 Feishu's card Markdown is not CommonMark: it interprets some HTML-like tags (`<at id=all>`
 mentions everyone, `<font>`, `<text_tag>`, ...), wants `http(s)` links, shows images only by
 uploaded `img_key`, and renders `#` headings large (older clients not at all). So the body
-is converted line by line: headings become bold lines, `& < >` become entities outside code
-(only a clean ```` ``` ```` fence counts as code; `~~~` and other fence-like lines are text),
-a mention tag inside code gets a zero-width space, images become links, and a fenced code block
-left open by a cut is closed.
+is converted line by line: headings become bold lines, `& < >` become entities outside code,
+a mention tag inside code gets a zero-width space, images become links. Code blocks are where
+CommonMark (Telegram's reading) finds them (`_code_lines`): fenced with backticks or tildes,
+with an info string or none, left open, indented, in a list or a quote; each is written with
+the one fence Feishu surely keeps as code (three backticks and at most a plain language word,
+the same word Telegram is given: `channels.base.code_language`), closed where CommonMark
+ends it or where a cut does.
 
 Emphasis is read first, once, by the CommonMark parser Telegram's converter uses (pyromark,
 with the same extensions), and written back so that Feishu's parser cannot read it another
@@ -38,7 +41,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 import pyromark
 
@@ -53,6 +56,7 @@ from taskcard.channels.base import (
     Outgoing,
     board_line_parts,
     board_omitted_text,
+    code_language,
     fit_view,
     precut_body,
     web_link,
@@ -79,13 +83,15 @@ STATE_TEMPLATE: dict[AgentState, str] = {
 }
 
 _HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
-# The only code fences trusted to stay code: exactly three backticks (at most three spaces in),
-# an opener with at most a plain language word, a closer with nothing after it. Any other
-# fence-like line (`~~~`, four backticks, an opener with an info string) is text to Feishu's
-# parser as far as we can tell, so it and what follows it are escaped.
-_OPEN_FENCE = re.compile(r"^ {0,3}```[A-Za-z0-9_+.#-]*[ \t]*$")
-_CLOSE_FENCE = re.compile(r"^ {0,3}```[ \t]*$")
+# Where a code block is, CommonMark decides (the reading Telegram's converter makes): fenced
+# with backticks or tildes, of any length, with or without an info string, closed or left
+# open, or indented. Each is written for Feishu in the one form trusted to stay code there:
+# exactly three backticks, an opener with at most a plain language word, a closer with
+# nothing after it. A line that would look like a fence to Feishu without being one to
+# CommonMark (inside a block, or as text) gets its first mark made harmless, so Feishu never
+# opens or closes a block where CommonMark does not.
 _FENCE_LIKE = re.compile(r"^\s*(`{3,}|~{3,})")
+_FENCE_RUN = re.compile(r"`{3,}|~{3,}")
 _IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]*)\)")
 _QUOTE_PREFIX = re.compile(r"^(\s{0,3}(?:>\s?)+)")
 # A Markdown link: `[words](target)` or `[words](<target>)`, a target with one level of
@@ -382,12 +388,13 @@ def _telegram_reading(body: str) -> list[Located] | None:
     return [(event, in_body(span["start"]), in_body(span["end"])) for event, span in events]
 
 
-def _style_edits(body: str) -> _Styles:
+def _style_edits(body: str, reading: list[Located] | None = None) -> _Styles:
     """The edits that write `body`'s emphasis as CommonMark reads it (see the module
-    docstring), in order; none inside code or raw HTML, none across a line."""
+    docstring), in order; none inside code or raw HTML, none across a line. `reading`: the
+    body already parsed (`_telegram_reading`)."""
     if not any(char in body for char in _DELIMITERS):
         return _Styles([], [], {})
-    events = _telegram_reading(body)
+    events = reading if reading is not None else _telegram_reading(body)
     if events is None:
         return _Styles([], [], {})
     marks = _delimiter_marks(body)
@@ -468,51 +475,232 @@ def _edited(text: str, edits: list[Edit]) -> str:
 def feishu_markdown(body: str) -> str:
     """Convert agent Markdown into Feishu card Markdown (see the module docstring).
 
-    Only lines between a clean ```` ``` ```` opener and its clean closer are left as code; an
-    ambiguous fence-like line inside a block ends the block first. Even in code a mention tag
-    gets a zero-width space after its `<`: should a parser read the fences differently,
-    `<at id=all>` there still mentions no one, and it looks the same in code.
+    Code blocks are where CommonMark finds them (see `_code_lines`), each written with clean
+    triple-backtick fences. Even in code a mention tag gets a zero-width space after its `<`:
+    should a parser read the fences differently, `<at id=all>` there still mentions no one,
+    and it looks the same in code.
     """
-    styles = _style_edits(body)
-    return styles.restored(_converted_lines(_edited(body, styles.edits)))
+    reading = _reading(body)
+    styles = _style_edits(body, reading)
+    written = _edited(body, styles.edits)
+    return styles.restored(_converted_lines(written, _code_lines(body, reading)))
 
 
-def _converted_lines(written: str) -> str:
-    """`written` (emphasis already written for Feishu) converted line by line."""
-    out: list[str] = []
-    in_code = False
-    for line in written.split("\n"):
-        in_code = _convert_next(line, in_code, out)
-    if in_code:
-        out.append("```")
-    return "\n".join(out)
+def _reading(body: str) -> list[Located] | None:
+    """`body` as Telegram's converter parses it (`_telegram_reading`), when anything in it
+    needs the parse: a mark of emphasis or the start of a code block. None otherwise."""
+    if not _MAY_HOLD_CODE.search(body) and not any(char in body for char in _DELIMITERS):
+        return None
+    return _telegram_reading(body)
 
 
-def _convert_next(line: str, in_code: bool, out: list[str]) -> bool:
-    """Append to `out` what the next `line` of a body becomes (see `feishu_markdown`), given
-    whether a code block is open before it; return whether one is open after it."""
-    if in_code:
-        if _CLOSE_FENCE.match(line):
-            out.append(line)
-            return False
-        if not _FENCE_LIKE.match(line):
-            out.append(_defuse_tags(line))
-            return True
-        out.append("```")  # ambiguous: close here, then the line is text
-    if _OPEN_FENCE.match(line):
-        out.append(line)
-        return True
-    out.append(_convert_line(line))
-    return False
+def _converted_lines(written: str, code: dict[int, _CodeLine] | None = None) -> str:
+    """`written` (emphasis already written for Feishu) converted line by line; `code`: its
+    code blocks' lines (see `_code_lines`), found in `written` itself when not given."""
+    if code is None:
+        code = _code_lines(written)
+    return "\n".join(
+        _line_output(line, code.get(index)) for index, line in enumerate(written.split("\n"))
+    )
+
+
+# Text that may hold a code block: a fence, or indentation an indented block needs.
+_MAY_HOLD_CODE = re.compile(r"```|~~~|    |\t")
+_FENCE_REFERENCES = {"`": "&#96;", "~": "&#126;"}
+
+
+@dataclass(frozen=True)
+class _CodeLine:
+    """One line of a code block as CommonMark reads it, and what it is written as for Feishu.
+
+    `kind`: `open` (a fenced block's opening fence), `code` (a line of its content) or
+    `close` (its closing fence). `prefix`: what stands before the block on its lines (a list
+    item's indentation, a quote's `>`), written before each fence. `column`: where the
+    content starts on a `code` line (-1: none of it does, as on a quote's bare `>` line).
+    `first`: the line that opens an indented block (which has no fence of its own). `last`:
+    the block's last line when no closing fence follows (the block was left open, or is
+    indented). `fence`: the opening fence as typed (`~~~~`), which a closing one must match.
+    """
+
+    kind: Literal["open", "code", "close"]
+    prefix: str
+    language: str = ""
+    column: int = -1
+    first: bool = False
+    last: bool = False
+    indented: bool = False
+    fence: str = ""
+
+
+def _code_lines(text: str, reading: list[Located] | None = None) -> dict[int, _CodeLine]:
+    """The lines of `text` inside code blocks, by line index, as CommonMark reads them (the
+    reading Telegram's converter makes, `reading` when given): fenced with backticks or
+    tildes, closed or not, with or without an info string, indented, inside a list or a
+    quote. Empty when no parser takes `text` (then every line is escaped as text)."""
+    if not _MAY_HOLD_CODE.search(text):
+        return {}
+    if reading is None:
+        reading = _telegram_reading(text)
+        if reading is None:
+            return {}
+    at_lines = _Lines(text)
+    line_of = at_lines.line_of
+    lines: dict[int, _CodeLine] = {}
+    block: tuple[int, int, object] | None = None
+    columns: dict[int, int] = {}  # line -> where the first text of the block on it starts
+    for event, start, end in reading:
+        if type(event) is not dict:
+            continue
+        if "Start" in event and _tag(event["Start"]) == "CodeBlock":
+            block, columns = (start, end, event["Start"]["CodeBlock"]), {}
+        elif block is not None and "Text" in event:
+            first = line_of(start)
+            columns.setdefault(first, start - at_lines.starts[first])
+            for index in range(first + 1, line_of(max(start, end - 1)) + 1):
+                columns.setdefault(index, 0)  # a text running on over lines: all content
+        elif block is not None and "End" in event and _tag(event["End"]) == "CodeBlock":
+            _add_block(lines, block, columns, at_lines)
+            block = None
+    return lines
+
+
+class _Lines:
+    """The lines of a text: which line a character is on, and each line's text."""
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+        self.starts = [0, *(found.end() for found in re.finditer("\n", text))]
+
+    def line_of(self, at: int) -> int:
+        return bisect.bisect_right(self.starts, at) - 1
+
+    def text(self, index: int) -> str:
+        end = self.starts[index + 1] - 1 if index + 1 < len(self.starts) else len(self._text)
+        return self._text[self.starts[index] : end]
+
+
+def _add_block(
+    lines: dict[int, _CodeLine],
+    block: tuple[int, int, object],
+    columns: dict[int, int],
+    at_lines: _Lines,
+) -> None:
+    """Record in `lines` each line of one code block (see `_code_lines`)."""
+    start, end, kind = block
+    line_of, line_text = at_lines.line_of, at_lines.text
+    first, last = line_of(start), line_of(max(start, end - 1))
+    opener = line_text(first)
+    column = start - at_lines.starts[first]
+    prefix = opener[:column]
+    if not (isinstance(kind, dict) and "Fenced" in kind):  # indented
+        if prefix.endswith("    "):
+            prefix = prefix[:-4]
+        elif prefix.endswith("\t"):
+            prefix = prefix[:-1]
+        for index in range(first, last + 1):
+            lines[index] = _CodeLine(
+                "code",
+                prefix,
+                column=columns.get(index, -1),
+                first=index == first,
+                last=index == last,
+                indented=True,
+            )
+        return
+    run = _FENCE_RUN.match(opener, column)
+    fence = run.group() if run is not None else "```"
+    closer = _FENCE_RUN.search(line_text(last)) if last > first and last not in columns else None
+    closed = (
+        closer is not None
+        and closer.group()[0] == fence[0]
+        and len(closer.group()) >= len(fence)
+        and not line_text(last)[closer.end() :].strip()
+    )
+    content_end = last - 1 if closed else last
+    lines[first] = _CodeLine(
+        "open",
+        prefix,
+        code_language(str(kind["Fenced"])),
+        last=not closed and content_end == first,
+        fence=fence,
+    )
+    for index in range(first + 1, content_end + 1):
+        lines[index] = _CodeLine(
+            "code", prefix, column=columns.get(index, -1), last=not closed and index == content_end
+        )
+    if closed and closer is not None:
+        lines[last] = _CodeLine("close", line_text(last)[: closer.start()], fence=fence)
+
+
+def _line_output(line: str, code: _CodeLine | None) -> str:
+    """What one line of a body becomes for Feishu: a line of a code block as `_code_output`
+    writes it, any other line converted as text (see `_convert_line`), with a first mark
+    that Feishu might take for a fence written as its reference."""
+    if code is not None:
+        return _code_output(line, code)
+    converted = _convert_line(line)
+    fence = _FENCE_LIKE.match(converted)
+    if fence is None:
+        return converted
+    at = fence.start(1)
+    return converted[:at] + _FENCE_REFERENCES[converted[at]] + converted[at + 1 :]
+
+
+def _code_output(line: str, code: _CodeLine) -> str:
+    """A line of a code block written for Feishu (see `_CodeLine`): fences as clean triple
+    backticks, content as typed but for a zero-width space that keeps a fence-like line from
+    closing the block, and one after the `<` of a mention tag."""
+    fence = f"{code.prefix}```"
+    if code.kind == "close":
+        return fence
+    if code.kind == "open":
+        return f"{fence}{code.language}\n{fence}" if code.last else fence + code.language
+    if code.column < 0:
+        lead, content = (code.prefix if code.indented else line), ""
+    else:
+        lead = code.prefix if code.indented else line[: code.column]
+        content = line[code.column :]
+    run = _FENCE_LIKE.match(content)
+    if run is not None:
+        content = content[: run.start(1)] + "\u200b" + content[run.start(1) :]
+    written = lead + _defuse_tags(content)
+    if code.first:
+        written = f"{fence}\n{written}"
+    return f"{written}\n{fence}" if code.last else written
+
+
+def _cut_line_output(text: str, code: _CodeLine | None) -> str:
+    """What the line a cut ends in becomes, `text` being what the cut keeps of it: as the
+    line alone would be read, a block it leaves open closed."""
+    if code is None:
+        return _line_output(text, None)
+    if code.kind == "open":
+        run = _FENCE_RUN.match(text, len(code.prefix))
+        if run is None or run.group()[0] != code.fence[0]:
+            return _line_output(text, None)  # the fence itself is cut: no block
+        return _code_output(
+            text, replace(code, language=code_language(text[run.end() :]), last=True)
+        )
+    if code.kind == "close":
+        run = _FENCE_RUN.search(text)
+        if (
+            run is not None
+            and run.group()[0] == code.fence[0]
+            and run.end() - run.start() >= len(code.fence)
+        ):
+            return _code_output(text, code)
+        return _code_output(text, _CodeLine("code", code.prefix, column=0, last=True))
+    return _code_output(text, replace(code, last=True))
 
 
 class _Prefixes:
     """`feishu_markdown` of `body`, and of its prefixes as the cut of that conversion (each
     line converted once).
 
-    The conversion goes line by line, a line's result depending only on whether a code block
-    is open before it: a prefix is the converted lines before its last one, that last line
-    (cut) converted, and a fence closing a block the cut left open. Fitting a card measures
+    The conversion goes line by line, a line's result depending only on what the whole
+    body's reading makes of it (text, or which line of a code block): a prefix is the
+    converted lines before its last one, that last line (cut) converted as it reads alone,
+    and a fence closing a block the cut left open. Fitting a card measures
     a dozen prefixes of one body; this keeps that one conversion of the body.
 
     Emphasis is read once, in the whole body, as Telegram's converter does before it cuts: a
@@ -521,7 +709,8 @@ class _Prefixes:
 
     def __init__(self, body: str) -> None:
         self._body = body
-        styles = _style_edits(body)
+        reading = _reading(body)
+        styles = _style_edits(body, reading)
         self._styles = styles
         self._edits = styles.edits
         self._edit_ends = [end for _, end, _ in self._edits]
@@ -541,24 +730,20 @@ class _Prefixes:
                 inside.pop()
             self._parents.append(inside[-1] if inside else -1)
             inside.append(index)
-        self._out: list[str] = []
-        # Per line: where it starts in `body`, its first output in `_out`, and whether a code
-        # block is open before it.
-        self._starts: list[int] = []
-        self._firsts: list[int] = []
-        self._in_code: list[bool] = []
-        in_code, start = False, 0
+        # Per line: where it starts in `body`, and what it becomes (one output per line).
+        self._code = _code_lines(body, reading)
         # The body with its emphasis written, and how far each edit moved what follows it.
         self._written = _edited(body, self._edits)
         self._shifts = [0, *itertools.accumulate(len(r) - (e - s) for s, e, r in self._edits)]
         # A line's edits stay on it: the edited body has the body's lines, one for one.
+        self._out: list[str] = []
+        self._starts: list[int] = []
+        start = 0
         lines = zip(self._written.split("\n"), body.split("\n"), strict=True)
-        for line, written in lines:
+        for index, (line, source) in enumerate(lines):
             self._starts.append(start)
-            self._firsts.append(len(self._out))
-            self._in_code.append(in_code)
-            in_code = _convert_next(line, in_code, self._out)
-            start += len(written) + 1
+            self._out.append(_line_output(line, self._code.get(index)))
+            start += len(source) + 1
 
     def _cut(self, prefix: str) -> tuple[int, str]:
         """Where the body is cut for `prefix`, and the marks closing the spans cut through."""
@@ -608,9 +793,7 @@ class _Prefixes:
         cut, closing = self._cut(prefix)
         line = bisect.bisect_right(self._starts, cut) - 1  # the line the cut is in
         text = self._kept(self._starts[line], cut) + closing
-        out = self._out[: self._firsts[line]]
-        if _convert_next(text, self._in_code[line], out):
-            out.append("```")
+        out = [*self._out[:line], _cut_line_output(text, self._code.get(line))]
         return self._styles.restored("\n".join(out))
 
 

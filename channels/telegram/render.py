@@ -32,6 +32,7 @@ from taskcard.channels.base import (
     Outgoing,
     board_line_parts,
     board_omitted_text,
+    code_language,
     precut_body,
     web_link,
 )
@@ -259,13 +260,19 @@ def markdown_to_rich(markdown: str) -> RichText:
             RichText(
                 text,
                 _outer_quotes_only(
-                    Entity(e.type, e.offset, e.length, e.url, e.language)
+                    Entity(e.type, e.offset, e.length, e.url, _language(e.language))
                     for e in entities
                     if e.length > 0 and e.type != "custom_emoji" and not _unsafe_link(e.type, e.url)
                 ),
             )
         )
     )
+
+
+def _language(info: str | None) -> str | None:
+    """A code block's language as the Feishu card shows it too (`channels.base.code_language`):
+    `python` of `python title=x`, none for an info string that names no plain language."""
+    return (code_language(info) or None) if info else info
 
 
 _QUOTES = frozenset({"blockquote", "expandable_blockquote"})  # a long quote is expandable

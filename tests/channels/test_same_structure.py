@@ -1,0 +1,120 @@
+"""Telegram and Feishu show a card's code blocks alike: where CommonMark finds them.
+
+Telegram's entities come from CommonMark's reading (telegramify-markdown). Feishu's card
+Markdown keeps as code only what stands between clean triple-backtick fences, so every block
+CommonMark finds (fenced with backticks or tildes, of any length, with an info string or
+none, left open, indented, in a list or a quote) must reach Feishu written that way, and
+nothing else may. `feishu_code_blocks` reads the Feishu Markdown as that rule does; the
+zero-width spaces Feishu's copy gets (a `<at` defused, a fence-like line kept from closing
+the block) are the only difference allowed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from taskcard.channels.base import CardView
+from taskcard.channels.feishu.card import CARD_BUDGET_BYTES, card_request_bytes, feishu_markdown
+from taskcard.channels.feishu.card import render_card as render_feishu
+from taskcard.channels.telegram.render import (
+    MAX_ENTITIES,
+    MAX_MESSAGE_UTF16,
+    markdown_to_rich,
+    utf16_len,
+)
+from taskcard.channels.telegram.render import render_card as render_telegram
+
+Block = tuple[str, str]  # (language, content)
+
+_OPEN = re.compile(r"^([ >]*)```([A-Za-z0-9_+.#-]*)$")
+_CLOSE = re.compile(r"^[ >]*```$")
+
+
+def feishu_code_blocks(markdown: str) -> list[Block]:
+    """The code blocks of Feishu card Markdown as its rule reads them: a clean opener,
+    content lines (their quote or list prefix taken off), a clean closer."""
+    blocks: list[Block] = []
+    lines = markdown.split("\n")
+    index = 0
+    while index < len(lines):
+        opener = _OPEN.match(lines[index])
+        index += 1
+        if opener is None:
+            continue
+        prefix, content = len(opener.group(1)), []
+        while index < len(lines) and not _CLOSE.match(lines[index]):
+            line = lines[index]
+            content.append(line[prefix:] if line[:prefix].strip(" >") == "" else line)
+            index += 1
+        assert index < len(lines), f"a block left open in {markdown!r}"
+        index += 1
+        blocks.append((opener.group(2), "\n".join(content).replace("\u200b", "")))
+    return blocks
+
+
+def telegram_code_blocks(markdown: str) -> list[Block]:
+    rich = markdown_to_rich(markdown)
+    return [
+        (entity.language or "", rich.text[entity.offset : entity.offset + entity.length])
+        for entity in rich.entities
+        if entity.type == "pre"
+    ]
+
+
+AT = "<at id=all></at>"
+
+
+@pytest.mark.parametrize(
+    ("body", "blocks"),
+    [
+        (f"~~~\nx {AT} *y*\n~~~\nafter *b*", [("", f"x {AT} *y*")]),
+        ("~~~python\nx = 1\n~~~", [("python", "x = 1")]),
+        ("```python title=x\ncode *x*\n```\nafter <b>", [("python", "code *x*")]),
+        ("````\n```\ninside\n```\n````\nafter", [("", "```\ninside\n```")]),
+        ("~~~~\n~~~\nstill code\n~~~~", [("", "~~~\nstill code")]),
+        ("```\nunclosed *x*", [("", "unclosed *x*")]),
+        ("~~~sh\nunclosed", [("sh", "unclosed")]),
+        ("    indented *x*\n    two\n\npara", [("", "indented *x*\ntwo")]),
+        ("- item\n\n  ```sh\n  make\n  ```\n- two", [("sh", "make")]),
+        ("> quoted\n> ```js\n> let a = 1\n> ```", [("js", "let a = 1")]),
+        ("```a`b\nnot code `x`", []),
+    ],
+    ids=["tilde", "tilde-language", "info-string", "four-ticks", "four-tildes", "unclosed",
+         "unclosed-tilde", "indented", "in-a-list", "in-a-quote", "no-fence"],
+)  # fmt: skip
+def test_code_blocks_are_the_same_on_both(body: str, blocks: list[Block]) -> None:
+    assert telegram_code_blocks(body) == blocks
+    assert feishu_code_blocks(feishu_markdown(body)) == blocks
+
+
+@pytest.mark.parametrize("cut", range(1, 60))
+def test_a_card_cut_in_a_code_block_keeps_it_code_on_feishu(cut: int) -> None:
+    """However the fit cuts a body of blocks, Feishu gets every block closed, and the text
+    after a block stays text."""
+    body = "~~~py\nline one\nline two\n~~~\n```sh title=x\nmake <all>\n```\nafter"
+    markdown = feishu_markdown(body[:cut].rstrip())
+    for _, content in feishu_code_blocks(markdown):  # reads every block as closed
+        assert "after" not in content
+
+
+def test_a_huge_body_of_fences_fits_both_limits() -> None:
+    """Thousands of blocks of both kinds, each with an info string and a mention tag: each
+    platform's card fits its limit, Feishu's blocks all closed and no mention live."""
+    fences = ["~~~", "```", "````"]
+    body = "\n".join(
+        f"{fences[n % 3]}lang{n} extra\n{AT} *{n}*\n{fences[n % 3]}" for n in range(6000)
+    )
+    view = CardView(agent_id="a", state="running", body=body)
+    message = render_feishu(view)
+    assert card_request_bytes(message.payload["content"]) <= CARD_BUDGET_BYTES
+    card = json.loads(message.payload["content"])
+    markdown = next(e["content"] for e in card["body"]["elements"] if e["tag"] == "markdown")
+    blocks = feishu_code_blocks(markdown)
+    assert len(blocks) > 100 and all(language.startswith("lang") for language, _ in blocks[:-1])
+    assert "<at" not in markdown
+    telegram = render_telegram(view)
+    assert utf16_len(telegram.payload["text"]) <= MAX_MESSAGE_UTF16
+    assert len(telegram.payload["entities"]) <= MAX_ENTITIES
