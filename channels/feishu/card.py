@@ -324,10 +324,9 @@ def _in_address(at: int, addresses: list[tuple[int, int]]) -> bool:
 
 
 _STRIKETHROUGH = {"Start": "Strikethrough"}
-# What a body needs for a mark telegramify-markdown reads as text: a single `~` (also one a
-# backslash splits off a run: `\~~`), a `$` and a digit after it (inline maths closed just
-# before a digit). Without any, one parse.
-_MAY_READ_AS_TEXT = re.compile(r"(?<!~)~(?!~)|\\~|\$[0-9]")
+# What a body needs for a mark read as text: a single `~` (also one a backslash splits off a
+# run: `\~~`), a `$` (maths, which neither channel reads). Without any, one parse.
+_MAY_READ_AS_TEXT = re.compile(r"(?<!~)~(?!~)|\\~|\$")
 # An event and where it is in the body, in characters.
 Located = tuple[object, int, int]
 
@@ -335,10 +334,11 @@ Located = tuple[object, int, int]
 def _telegram_reading(body: str) -> list[Located] | None:
     """`body` parsed as Telegram's converter reads it, or None when no parser takes it.
 
-    telegramify-markdown reads two marks the extensions allow as text, escaping them and
-    parsing again until none is left: strikethrough with a single `~` (it means "about"),
-    and inline maths whose closing `$` a digit follows (two prices). The same here, with
-    each event's place mapped back to `body` past the backslashes added."""
+    Marks the extensions allow are read as text by escaping them and parsing again until
+    none is left: strikethrough with a single `~` (it means "about"; telegramify-markdown
+    does this itself) and maths (`$x$`, `$$x$$`: the Telegram renderer escapes it before the
+    conversion, as agents write `$` for shell and money). The same here, with each event's
+    place mapped back to `body` past the backslashes added."""
     text = body
     added: list[int] = []  # where backslashes were added, in characters of `text`
     while True:
@@ -360,12 +360,13 @@ def _telegram_reading(body: str) -> list[Located] | None:
             if event == _STRIKETHROUGH:
                 if source[start + 1 : start + 2] != b"~":
                     literal += (char_at(start), char_at(end - 1))
-            elif (
-                isinstance(event, dict)
-                and "InlineMath" in event
-                and source[end : end + 1].isdigit()
-            ):
-                literal += (char_at(start), char_at(end - 1))
+            elif isinstance(event, dict) and ("InlineMath" in event or "DisplayMath" in event):
+                # Maths, read as text on both channels (see the Telegram renderer's
+                # `_math_as_text`): its `$` marks escaped.
+                width = 2 if "DisplayMath" in event else 1
+                literal += (
+                    char_at(at) for at in (*range(start, start + width), *range(end - width, end))
+                )
         if not literal:
             break
         places = sorted(literal)

@@ -239,8 +239,8 @@ def _trim_end(rich: RichText) -> RichText:
 def markdown_to_rich(markdown: str) -> RichText:
     """Telegram text + entities for a Markdown body.
 
-    An isolated render config keeps us off the library's process-global one, and LaTeX
-    conversion is off because agent bodies use `$` for shell and money, not maths.
+    An isolated render config keeps us off the library's process-global one, and maths is
+    not read at all (`_math_as_text`): agent bodies use `$` for shell and money.
 
     A custom emoji (`![👍](tg://emoji?id=...)`) goes as its plain emoji: its entity would go
     without the emoji's id (`Entity` has no such field), which Telegram refuses, and a bot
@@ -252,7 +252,7 @@ def markdown_to_rich(markdown: str) -> RichText:
     """
     config = RenderConfig.isolated()
     text, entities = telegramify_markdown.convert(
-        _html_as_text(_pipes_as_text(markdown)), latex_escape=False, config=config
+        _html_as_text(_pipes_as_text(_math_as_text(markdown))), latex_escape=False, config=config
     )
     # Defused here too, so that composing the card again finds the body's mentions done.
     return defuse_mentions(
@@ -384,6 +384,36 @@ def _as_inline_link(autolink: bytes) -> bytes:
         return autolink  # an address an inline link could not hold as it is: left alone
     address = _PIPES.sub(_escaped_pipes, autolink[1:-1])
     return b"[" + address + b"](" + address + b")"
+
+
+def _math_as_text(markdown: str) -> str:
+    """`markdown` with the `$` marks of what the converter reads as maths (`$x$`, `$$x$$`)
+    escaped (`\\$`), so that they show as typed, as the Feishu card shows them.
+
+    The converter always reads maths: `$HOME/$USER` in a card lost its dollars and showed
+    `HOME/` as code, on Telegram alone. Parsed again while escaping uncovers more (a `$`
+    left over may pair with a later one); the Feishu card's reading escapes the same marks
+    (`channels.feishu.card._telegram_reading`)."""
+    for _ in range(_HTML_PASSES):
+        if "$" not in markdown:
+            break
+        offsets: list[int] = []
+        for event, span in pyromark.events_with_range(markdown, options=STANDARD_OPTIONS):
+            if isinstance(event, dict) and ("InlineMath" in event or "DisplayMath" in event):
+                width = 2 if "DisplayMath" in event else 1
+                start, end = span["start"], span["end"]
+                offsets += [*range(start, start + width), *range(end - width, end)]
+        if not offsets:
+            break
+        source = markdown.encode()
+        parts: list[bytes] = []
+        last = 0
+        for at in sorted(offsets):
+            parts += [source[last:at], b"\\"]
+            last = at
+        parts.append(source[last:])
+        markdown = b"".join(parts).decode()
+    return markdown
 
 
 # How often a body is parsed again for raw HTML that escaping uncovered (see `_html_as_text`).

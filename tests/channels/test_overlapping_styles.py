@@ -27,7 +27,7 @@ from taskcard.channels.feishu.card import (
     _telegram_reading,
     feishu_markdown,
 )
-from taskcard.channels.telegram.render import markdown_to_rich, render_card
+from taskcard.channels.telegram.render import _math_as_text, markdown_to_rich, render_card
 
 Styled = list[tuple[str, frozenset[str]]]
 
@@ -202,12 +202,12 @@ READING_PARTS = [
 @example(["\\", "~", "~", "\\", "~~"])  # `\~~\~~`: an escape leaves single tildes
 @settings(max_examples=500, deadline=None)
 def test_the_feishu_reading_follows_the_telegram_converter(parts: list[str]) -> None:
-    """Feishu's reading of emphasis copies what telegramify-markdown does before it walks the
-    events (single `~` and `$` before a digit read as text, parsing again): over generated
-    bodies, the events are the converter's own, so that a new version of it that reads
+    """Feishu's reading of emphasis copies what the Telegram renderer and telegramify-markdown
+    do before the events are walked (maths and single `~` read as text, parsing again): over
+    generated bodies, the events are the converter's own, so that a new version of it that reads
     otherwise fails here instead of making the two platforms differ."""
     body = "".join(parts)
-    _, events = telegram_parse(body, STANDARD_OPTIONS, latex_escape=False)
+    _, events = telegram_parse(_math_as_text(body), STANDARD_OPTIONS, latex_escape=False)
     reading = _telegram_reading(body)
     assert reading is not None
     assert [event for event, _, _ in reading] == [event for event, _ in events], body

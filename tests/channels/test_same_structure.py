@@ -1,4 +1,4 @@
-"""Telegram and Feishu show a card's code blocks alike: where CommonMark finds them.
+"""Telegram and Feishu show a card's code blocks (and its dollars) alike.
 
 Telegram's entities come from CommonMark's reading (telegramify-markdown). Feishu's card
 Markdown keeps as code only what stands between clean triple-backtick fences, so every block
@@ -118,3 +118,29 @@ def test_a_huge_body_of_fences_fits_both_limits() -> None:
     telegram = render_telegram(view)
     assert utf16_len(telegram.payload["text"]) <= MAX_MESSAGE_UTF16
     assert len(telegram.payload["entities"]) <= MAX_ENTITIES
+
+
+@pytest.mark.parametrize(
+    ("body", "shown"),
+    [
+        ("cd $HOME/$USER; ls", "cd $HOME/$USER; ls"),
+        ("costs $5, total $x+y$ then $$z$$", "costs $5, total $x+y$ then $$z$$"),
+        ("$$\nblock\n$$", "$$\nblock\n$$"),
+    ],
+)
+def test_dollars_show_as_typed_on_both(body: str, shown: str) -> None:
+    """Neither channel reads maths: agents write `$` for shell variables and money. Telegram's
+    converter read `$HOME/$` as maths, dropped both dollars and showed `HOME/` as code."""
+    rich = markdown_to_rich(body)
+    assert rich.text == shown and not rich.entities
+    assert feishu_markdown(body) == shown
+
+
+def test_maths_marks_around_emphasis_read_alike() -> None:
+    """`$a*b*c$` is text with an italic `b` on both, not code on one and text on the other."""
+    rich = markdown_to_rich("x $a*b*c$ y")
+    assert rich.text == "x $abc$ y"
+    assert [(e.type, rich.text[e.offset : e.offset + e.length]) for e in rich.entities] == [
+        ("italic", "b")
+    ]
+    assert feishu_markdown("x $a*b*c$ y") == "x $a*b*c$ y"
