@@ -1,0 +1,119 @@
+"""One card, the same structure in Telegram and Feishu, end to end.
+
+`taskcard serve` with a Telegram and a Feishu route to the same agent, against the fake
+servers: the agent's card mixes every kind of code block (tilde and backtick fences, an info
+string, an indented block, one left open), dollars, emphasis, a link, a list and a quote.
+Telegram gets its code blocks as `pre` entities, Feishu as clean triple-backtick blocks, with
+the same languages and contents; the dollars show as typed on both; the styles are the same.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tests.channels.test_same_structure import feishu_code_blocks
+from tests.e2e.harness import TOKEN_ENV, ServeProcess, eventually, publish, telegram_config
+from tests.e2e.test_serve_feishu import CHAT, ENCRYPT, VERIFY
+from tests.fakes.feishu_api import FakeFeishu
+from tests.fakes.telegram_api import FakeTelegram
+
+GROUP = -1001234567890
+AT = '<at id="all"></at>'
+BODY = "\n".join(
+    [
+        "# Build alike-marker",
+        "~~~python title=build.py",
+        f"print('{AT} *not emphasis*')",
+        "~~~",
+        "```sh",
+        "make test",
+        "```",
+        "    indented code",
+        "",
+        "cd $HOME/$USER, then **bold** _it_ ~~struck~~ `inline` [docs](https://example.com/d)",
+        "",
+        "- one",
+        "- two",
+        "",
+        "> quoted",
+        "",
+        "````",
+        "left open",
+    ]
+)
+BLOCKS = [
+    ("python", f"print('{AT} *not emphasis*')"),
+    ("sh", "make test"),
+    ("", "indented code"),
+    ("", "left open"),
+]
+
+
+def serve_both(tmp_path: Path, telegram: FakeTelegram, feishu: FakeFeishu) -> ServeProcess:
+    feishu_lines = [
+        "[feishu]",
+        'app_id_env = "TC_FS_APP_ID"',
+        'app_secret_env = "TC_FS_APP_SECRET"',
+        f'domain = "{feishu.base_url}"',
+        'events = "none"',
+        "[[feishu.routes]]",
+        f'chat_id = "{CHAT}"',
+        'agents = ["*"]',
+    ]
+    config = telegram_config(tmp_path, telegram.base_url, GROUP, extra=feishu_lines)
+    env = {
+        TOKEN_ENV: telegram.token,
+        "TC_FS_APP_ID": feishu.app_id,
+        "TC_FS_APP_SECRET": feishu.app_secret,
+        "TC_FS_VERIFY": VERIFY,
+        "TC_FS_ENCRYPT": ENCRYPT,
+    }
+    return ServeProcess(config, env=env)
+
+
+def telegram_card(telegram: FakeTelegram) -> tuple[str, list[dict[str, Any]]]:
+    cards = [m for m in telegram.bot_messages(GROUP) if "alike-marker" in m.text]
+    return (cards[-1].text, cards[-1].entities) if cards else ("", [])
+
+
+def feishu_markdown_shown(feishu: FakeFeishu) -> str:
+    for card in feishu.cards(CHAT):
+        for element in card["body"]["elements"]:
+            if element["tag"] == "markdown" and "alike-marker" in element["content"]:
+                return str(element["content"])
+    return ""
+
+
+def utf16_slice(text: str, offset: int, length: int) -> str:
+    data = text.encode("utf-16-le")
+    return data[2 * offset : 2 * (offset + length)].decode("utf-16-le")
+
+
+async def test_one_card_shows_the_same_structure_on_telegram_and_feishu(
+    tmp_path: Path, telegram: FakeTelegram, feishu: FakeFeishu
+) -> None:
+    with serve_both(tmp_path, telegram, feishu) as serve:
+        publish(tmp_path / "agents" / "builder", BODY)
+        await eventually(lambda: telegram_card(telegram)[0] != "", what="the Telegram card")
+        await eventually(lambda: feishu_markdown_shown(feishu) != "", what="the Feishu card")
+        assert await serve.aterminate() == 0
+    text, entities = telegram_card(telegram)
+    shown = {
+        (entity["type"], utf16_slice(text, entity["offset"], entity["length"]))
+        for entity in entities
+    }
+    pre = [
+        (str(entity.get("language", "")), utf16_slice(text, entity["offset"], entity["length"]))
+        for entity in entities
+        if entity["type"] == "pre"
+    ]
+    assert pre == BLOCKS
+    markdown = feishu_markdown_shown(feishu)
+    assert feishu_code_blocks(markdown) == BLOCKS
+    # Dollars as typed on both, and the same styles.
+    assert "cd $HOME/$USER," in text and "cd $HOME/$USER," in markdown
+    assert {("bold", "bold"), ("italic", "it"), ("strikethrough", "struck")} <= shown
+    assert {("code", "inline"), ("text_link", "docs")} <= shown
+    assert "**bold** *it* ~~struck~~ `inline` [docs](https://example.com/d)" in markdown
+    assert not any(message.mentions_everyone for message in feishu.chat(CHAT))
