@@ -54,6 +54,20 @@ def code_language(info: str) -> str:
     return words[0] if words and _LANGUAGE.fullmatch(words[0]) else ""
 
 
+# Where maths could begin (`$` before a character that is no space) and end (`$` after one).
+_MATHS_OPENER = re.compile(r"\$[^ \t\n\r\f\v]")
+_MATHS_CLOSER = re.compile(r"(?<=[^ \t\n\r\f\v])\$")
+
+
+def may_hold_maths(text: str) -> bool:
+    """Whether CommonMark's maths extension could find maths in `text` (`$x$`, `$$x$$`): a
+    `$` with no space after it, and a later one with no space before it. Cheap, linear, and
+    never false for text that holds maths; most cards (`$5`, `$ make`, `$HOME` alone) skip
+    the parse that reads maths as text on every channel."""
+    opener = _MATHS_OPENER.search(text)
+    return opener is not None and _MATHS_CLOSER.search(text, opener.end()) is not None
+
+
 @dataclass(frozen=True)
 class ChatRef:
     """Where a message goes: a chat and, on Telegram, an optional forum topic."""

@@ -41,7 +41,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import pyromark
 
@@ -58,6 +58,7 @@ from taskcard.channels.base import (
     board_omitted_text,
     code_language,
     fit_view,
+    may_hold_maths,
     precut_body,
     web_link,
 )
@@ -244,6 +245,9 @@ class _Styles:
     # Where an `_` inside a word was left as typed: written as a reference should a cut leave
     # it last (then it is inside no word).
     in_word: set[int] = field(default_factory=set)
+    # The events of the code blocks met on the way (their starts, texts and ends), so that
+    # `_code_lines` need not walk every event again; None when the events were not walked.
+    code_events: list[Located] | None = None
 
     def restored(self, converted: str) -> str:
         """`converted` with each placeholder written as the reference it stands for."""
@@ -325,8 +329,9 @@ def _in_address(at: int, addresses: list[tuple[int, int]]) -> bool:
 
 _STRIKETHROUGH = {"Start": "Strikethrough"}
 # What a body needs for a mark read as text: a single `~` (also one a backslash splits off a
-# run: `\~~`), a `$` (maths, which neither channel reads). Without any, one parse.
-_MAY_READ_AS_TEXT = re.compile(r"(?<!~)~(?!~)|\\~|\$")
+# run: `\~~`), or maths (`channels.base.may_hold_maths`), which neither channel reads. Without
+# any, one parse.
+_MAY_READ_AS_TEXT = re.compile(r"(?<!~)~(?!~)|\\~")
 # An event and where it is in the body, in characters.
 Located = tuple[object, int, int]
 
@@ -351,7 +356,7 @@ def _telegram_reading(body: str) -> list[Located] | None:
         def char_at(offset: int, chars: list[int] | None = chars) -> int:
             return offset if chars is None else chars[offset]
 
-        if not _MAY_READ_AS_TEXT.search(text):
+        if not _MAY_READ_AS_TEXT.search(text) and not may_hold_maths(text):
             break
         source = text.encode()
         literal: list[int] = []
@@ -399,7 +404,10 @@ def _style_edits(body: str, reading: list[Located] | None = None) -> _Styles:
     if events is None:
         return _Styles([], [], {})
     marks = _delimiter_marks(body)
-    styles = _Styles([], [], {mark: _DELIMITER_REFS[char] for char, mark in marks.items()})
+    code_events: list[Located] = []
+    styles = _Styles(
+        [], [], {mark: _DELIMITER_REFS[char] for char, mark in marks.items()}, set(), code_events
+    )
     addresses: list[tuple[int, int]] | None = None
     edits = styles.edits
     # Open spans: [kind, start, end, where its content starts (None until seen), unmarked].
@@ -414,7 +422,9 @@ def _style_edits(body: str, reading: list[Located] | None = None) -> _Styles:
             previous_end = end
             continue
         if "Text" in event:
-            if not verbatim:
+            if verbatim:
+                code_events.append((event, start, end))
+            else:
                 for found in _DELIMITER.finditer(body, start, end):
                     at = found.start()
                     if at == start and at > 0 and body[at - 1] == "\\":
@@ -428,14 +438,18 @@ def _style_edits(body: str, reading: list[Located] | None = None) -> _Styles:
                     else:
                         edits.append((at, at + 1, marks[found.group()]))
         elif "Start" in event:
-            kind = _tag(event["Start"])
+            tag = event["Start"]  # a name, or {name: details}: `_tag` inlined (hot loop)
+            kind = tag if type(tag) is str else _tag(tag)
             if kind in _STYLE_MARKS:
                 spans.append([kind, start, end, None, any(s[0] == kind for s in spans)])
                 opened = True
             elif kind in _VERBATIM_BLOCKS:
                 verbatim += 1
+                if kind == "CodeBlock":
+                    code_events.append((event, start, end))
         elif "End" in event:
-            kind = _tag(event["End"])
+            tag = event["End"]
+            kind = tag if type(tag) is str else _tag(tag)
             if kind in _STYLE_MARKS and spans:
                 kind, first, close_to, content, unmarked = spans.pop()
                 mark = "" if unmarked else _STYLE_MARKS[kind]
@@ -448,6 +462,8 @@ def _style_edits(body: str, reading: list[Located] | None = None) -> _Styles:
                     styles.spans.append(_Span(first, last, close_from, close_to, mark))
             elif kind in _VERBATIM_BLOCKS:
                 verbatim -= 1
+                if kind == "CodeBlock":
+                    code_events.append((event, start, end))
         previous_end = end
     # Two spans of one kind, the second opening where the first closes (`*a**b*` read as
     # two), are written as one: their marks side by side would make one run of marks.
@@ -484,15 +500,27 @@ def feishu_markdown(body: str) -> str:
     reading = _reading(body)
     styles = _style_edits(body, reading)
     written = _edited(body, styles.edits)
-    return styles.restored(_converted_lines(written, _code_lines(body, reading)))
+    code = _code_lines_read(body, reading, styles)
+    return styles.restored(_converted_lines(written, code))
 
 
 def _reading(body: str) -> list[Located] | None:
     """`body` as Telegram's converter parses it (`_telegram_reading`), when anything in it
     needs the parse: a mark of emphasis or the start of a code block. None otherwise."""
-    if not _MAY_HOLD_CODE.search(body) and not any(char in body for char in _DELIMITERS):
+    if not _may_hold_code(body) and not any(char in body for char in _DELIMITERS):
         return None
     return _telegram_reading(body)
+
+
+def _code_lines_read(
+    body: str, reading: list[Located] | None, styles: _Styles
+) -> dict[int, _CodeLine]:
+    """The code blocks' lines of a body already read (`reading`, from `_reading`: None when
+    the body holds neither marks nor code), from the code events the emphasis reading kept
+    as it walked the events (`_Styles.code_events`) when it did."""
+    if reading is None:
+        return {}
+    return _code_lines(body, reading if styles.code_events is None else styles.code_events)
 
 
 def _converted_lines(written: str, code: dict[int, _CodeLine] | None = None) -> str:
@@ -506,12 +534,17 @@ def _converted_lines(written: str, code: dict[int, _CodeLine] | None = None) -> 
 
 
 # Text that may hold a code block: a fence, or indentation an indented block needs.
-_MAY_HOLD_CODE = re.compile(r"```|~~~|    |\t")
+_CODE_SIGNS = ("```", "~~~", "    ", "\t")
+
+
+def _may_hold_code(text: str) -> bool:
+    return any(sign in text for sign in _CODE_SIGNS)
+
+
 _FENCE_REFERENCES = {"`": "&#96;", "~": "&#126;"}
 
 
-@dataclass(frozen=True)
-class _CodeLine:
+class _CodeLine(NamedTuple):
     """One line of a code block as CommonMark reads it, and what it is written as for Feishu.
 
     `kind`: `open` (a fenced block's opening fence), `code` (a line of its content) or
@@ -538,10 +571,8 @@ def _code_lines(text: str, reading: list[Located] | None = None) -> dict[int, _C
     reading Telegram's converter makes, `reading` when given): fenced with backticks or
     tildes, closed or not, with or without an info string, indented, inside a list or a
     quote. Empty when no parser takes `text` (then every line is escaped as text)."""
-    if not _MAY_HOLD_CODE.search(text):
-        return {}
     if reading is None:
-        reading = _telegram_reading(text)
+        reading = _telegram_reading(text) if _may_hold_code(text) else None
         if reading is None:
             return {}
     at_lines = _Lines(text)
@@ -552,14 +583,16 @@ def _code_lines(text: str, reading: list[Located] | None = None) -> dict[int, _C
     for event, start, end in reading:
         if type(event) is not dict:
             continue
-        if "Start" in event and _tag(event["Start"]) == "CodeBlock":
-            block, columns = (start, end, event["Start"]["CodeBlock"]), {}
-        elif block is not None and "Text" in event:
+        if block is None:  # most events: only the start of a block matters
+            tag = event.get("Start")
+            if type(tag) is dict and "CodeBlock" in tag:
+                block, columns = (start, end, tag["CodeBlock"]), {}
+        elif "Text" in event:
             first = line_of(start)
             columns.setdefault(first, start - at_lines.starts[first])
             for index in range(first + 1, line_of(max(start, end - 1)) + 1):
                 columns.setdefault(index, 0)  # a text running on over lines: all content
-        elif block is not None and "End" in event and _tag(event["End"]) == "CodeBlock":
+        elif event.get("End") == "CodeBlock":
             _add_block(lines, block, columns, at_lines)
             block = None
     return lines
@@ -570,7 +603,8 @@ class _Lines:
 
     def __init__(self, text: str) -> None:
         self._text = text
-        self.starts = [0, *(found.end() for found in re.finditer("\n", text))]
+        self.starts = [0, *itertools.accumulate(len(line) + 1 for line in text.split("\n"))]
+        self.starts.pop()  # where a line after the last would start
 
     def line_of(self, at: int) -> int:
         return bisect.bisect_right(self.starts, at) - 1
@@ -610,12 +644,13 @@ def _add_block(
         return
     run = _FENCE_RUN.match(opener, column)
     fence = run.group() if run is not None else "```"
-    closer = _FENCE_RUN.search(line_text(last)) if last > first and last not in columns else None
+    closing = line_text(last)
+    closer = _FENCE_RUN.search(closing) if last > first and last not in columns else None
     closed = (
         closer is not None
         and closer.group()[0] == fence[0]
         and len(closer.group()) >= len(fence)
-        and not line_text(last)[closer.end() :].strip()
+        and not closing[closer.end() :].strip()
     )
     content_end = last - 1 if closed else last
     lines[first] = _CodeLine(
@@ -630,7 +665,7 @@ def _add_block(
             "code", prefix, column=columns.get(index, -1), last=not closed and index == content_end
         )
     if closed and closer is not None:
-        lines[last] = _CodeLine("close", line_text(last)[: closer.start()], fence=fence)
+        lines[last] = _CodeLine("close", closing[: closer.start()], fence=fence)
 
 
 def _line_output(line: str, code: _CodeLine | None) -> str:
@@ -680,7 +715,7 @@ def _cut_line_output(text: str, code: _CodeLine | None) -> str:
         if run is None or run.group()[0] != code.fence[0]:
             return _line_output(text, None)  # the fence itself is cut: no block
         return _code_output(
-            text, replace(code, language=code_language(text[run.end() :]), last=True)
+            text, code._replace(language=code_language(text[run.end() :]), last=True)
         )
     if code.kind == "close":
         run = _FENCE_RUN.search(text)
@@ -691,7 +726,7 @@ def _cut_line_output(text: str, code: _CodeLine | None) -> str:
         ):
             return _code_output(text, code)
         return _code_output(text, _CodeLine("code", code.prefix, column=0, last=True))
-    return _code_output(text, replace(code, last=True))
+    return _code_output(text, code._replace(last=True))
 
 
 class _Prefixes:
@@ -732,7 +767,7 @@ class _Prefixes:
             self._parents.append(inside[-1] if inside else -1)
             inside.append(index)
         # Per line: where it starts in `body`, and what it becomes (one output per line).
-        self._code = _code_lines(body, reading)
+        self._code = _code_lines_read(body, reading, styles)
         # The body with its emphasis written, and how far each edit moved what follows it.
         self._written = _edited(body, self._edits)
         self._shifts = [0, *itertools.accumulate(len(r) - (e - s) for s, e, r in self._edits)]

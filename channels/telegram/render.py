@@ -33,6 +33,7 @@ from taskcard.channels.base import (
     board_line_parts,
     board_omitted_text,
     code_language,
+    may_hold_maths,
     precut_body,
     web_link,
 )
@@ -395,7 +396,7 @@ def _math_as_text(markdown: str) -> str:
     left over may pair with a later one); the Feishu card's reading escapes the same marks
     (`channels.feishu.card._telegram_reading`)."""
     for _ in range(_HTML_PASSES):
-        if "$" not in markdown:
+        if not may_hold_maths(markdown):
             break
         offsets: list[int] = []
         for event, span in pyromark.events_with_range(markdown, options=STANDARD_OPTIONS):

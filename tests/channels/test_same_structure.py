@@ -14,9 +14,13 @@ from __future__ import annotations
 import json
 import re
 
+import pyromark
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from telegramify_markdown.converter import STANDARD_OPTIONS
 
-from taskcard.channels.base import CardView
+from taskcard.channels.base import CardView, may_hold_maths
 from taskcard.channels.feishu.card import CARD_BUDGET_BYTES, card_request_bytes, feishu_markdown
 from taskcard.channels.feishu.card import render_card as render_feishu
 from taskcard.channels.telegram.render import (
@@ -144,3 +148,19 @@ def test_maths_marks_around_emphasis_read_alike() -> None:
         ("italic", "b")
     ]
     assert feishu_markdown("x $a*b*c$ y") == "x $a*b*c$ y"
+
+
+@given(
+    st.lists(
+        st.sampled_from(["$", "$$", " ", "a", "\n", "\\", "`", "5", "\t", "\u00a0", "中", "*"]),
+        max_size=14,
+    )
+)
+@settings(max_examples=2000, deadline=None)
+def test_the_maths_guard_never_misses_maths(parts: list[str]) -> None:
+    """`may_hold_maths` lets both channels skip the parse that reads maths as text; it must
+    say yes wherever the parser would find maths (only ASCII white space counts as space)."""
+    text = "".join(parts)
+    events = pyromark.events(text, options=STANDARD_OPTIONS)
+    if any(isinstance(e, dict) and ("InlineMath" in e or "DisplayMath" in e) for e in events):
+        assert may_hold_maths(text)
