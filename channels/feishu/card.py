@@ -91,7 +91,9 @@ _HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
 # nothing after it. A line that would look like a fence to Feishu without being one to
 # CommonMark (inside a block, or as text) gets its first mark made harmless, so Feishu never
 # opens or closes a block where CommonMark does not.
-_FENCE_LIKE = re.compile(r"^\s*(`{3,}|~{3,})")
+# A line Feishu might take for a fence: a run of three marks after nothing but white space,
+# quote marks or a list item's marker (`> ```` inside a code block, `- ~~~` as text).
+_FENCE_LIKE = re.compile(r"^[\s>]*(?:(?:[-+*]|\d{1,9}[.)])[\s>]*)?(`{3,}|~{3,})")
 _FENCE_RUN = re.compile(r"`{3,}|~{3,}")
 _IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]*)\)")
 _QUOTE_PREFIX = re.compile(r"^(\s{0,3}(?:>\s?)+)")

@@ -85,9 +85,10 @@ AT = "<at id=all></at>"
         ("- item\n\n  ```sh\n  make\n  ```\n- two", [("sh", "make")]),
         ("> quoted\n> ```js\n> let a = 1\n> ```", [("js", "let a = 1")]),
         ("```a`b\nnot code `x`", []),
+        ("~~~\n>```\n- ~~~\n1. ```\n~~~", [("", ">```\n- ~~~\n1. ```")]),
     ],
     ids=["tilde", "tilde-language", "info-string", "four-ticks", "four-tildes", "unclosed",
-         "unclosed-tilde", "indented", "in-a-list", "in-a-quote", "no-fence"],
+         "unclosed-tilde", "indented", "in-a-list", "in-a-quote", "no-fence", "fence-like-content"],
 )  # fmt: skip
 def test_code_blocks_are_the_same_on_both(body: str, blocks: list[Block]) -> None:
     assert telegram_code_blocks(body) == blocks
