@@ -677,6 +677,8 @@ def _line_output(line: str, code: _CodeLine | None) -> str:
     if code is not None:
         return _code_output(line, code)
     converted = _convert_line(line)
+    if "```" not in converted and "~~~" not in converted:
+        return converted
     fence = _FENCE_LIKE.match(converted)
     if fence is None:
         return converted
@@ -698,7 +700,7 @@ def _code_output(line: str, code: _CodeLine) -> str:
     else:
         lead = code.prefix if code.indented else line[: code.column]
         content = line[code.column :]
-    run = _FENCE_LIKE.match(content)
+    run = _FENCE_LIKE.match(content) if "```" in content or "~~~" in content else None
     if run is not None:
         content = content[: run.start(1)] + "\u200b" + content[run.start(1) :]
     written = lead + _defuse_tags(content)
