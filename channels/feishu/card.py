@@ -550,8 +550,11 @@ class _CodeLine(NamedTuple):
     """One line of a code block as CommonMark reads it, and what it is written as for Feishu.
 
     `kind`: `open` (a fenced block's opening fence), `code` (a line of its content) or
-    `close` (its closing fence). `prefix`: what stands before the block on its lines (a list
-    item's indentation, a quote's `>`), written before each fence. `column`: where the
+    `close` (its closing fence). `prefix`: what stands before the block on its first line (a
+    quote's `>`, a list item's marker or indentation), written before the opening fence.
+    `rest`: what stands before it on the lines after (`prefix` with each list marker as
+    spaces of its width: `1. ` again would open a new item), written before the content of
+    an indented block and before a closing fence that is added. `column`: where the
     content starts on a `code` line (-1: none of it does, as on a quote's bare `>` line).
     `first`: the line that opens an indented block (which has no fence of its own). `last`:
     the block's last line when no closing fence follows (the block was left open, or is
@@ -560,6 +563,7 @@ class _CodeLine(NamedTuple):
 
     kind: Literal["open", "code", "close"]
     prefix: str
+    rest: str
     language: str = ""
     column: int = -1
     first: bool = False
@@ -634,10 +638,12 @@ def _add_block(
             prefix = prefix[:-4]
         elif prefix.endswith("\t"):
             prefix = prefix[:-1]
+        rest = _continuation(prefix)
         for index in range(first, last + 1):
             lines[index] = _CodeLine(
                 "code",
                 prefix,
+                rest,
                 column=columns.get(index, -1),
                 first=index == first,
                 last=index == last,
@@ -655,19 +661,38 @@ def _add_block(
         and not closing[closer.end() :].strip()
     )
     content_end = last - 1 if closed else last
+    rest = _continuation(prefix)
     lines[first] = _CodeLine(
         "open",
         prefix,
+        rest,
         code_language(str(kind["Fenced"])),
         last=not closed and content_end == first,
         fence=fence,
     )
     for index in range(first + 1, content_end + 1):
         lines[index] = _CodeLine(
-            "code", prefix, column=columns.get(index, -1), last=not closed and index == content_end
+            "code",
+            prefix,
+            rest,
+            column=columns.get(index, -1),
+            last=not closed and index == content_end,
         )
     if closed and closer is not None:
-        lines[last] = _CodeLine("close", closing[: closer.start()], fence=fence)
+        lead = closing[: closer.start()]
+        lines[last] = _CodeLine("close", lead, lead, fence=fence)
+
+
+# A list item's marker, in what stands before a code block (quote marks, markers, spaces).
+_LIST_MARKER = re.compile(r"[-+*]|\d{1,9}[.)]")
+
+
+def _continuation(prefix: str) -> str:
+    """What stands before a code block on its lines after the first, `prefix` standing before
+    it on the first: each list item's marker as spaces of its width, quote marks kept."""
+    if not prefix.strip(" \t>"):
+        return prefix
+    return _LIST_MARKER.sub(lambda marker: " " * len(marker.group()), prefix)
 
 
 def _line_output(line: str, code: _CodeLine | None) -> str:
@@ -690,23 +715,23 @@ def _code_output(line: str, code: _CodeLine) -> str:
     """A line of a code block written for Feishu (see `_CodeLine`): fences as clean triple
     backticks, content as typed but for a zero-width space that keeps a fence-like line from
     closing the block, and one after the `<` of a mention tag."""
-    fence = f"{code.prefix}```"
     if code.kind == "close":
-        return fence
+        return f"{code.prefix}```"
     if code.kind == "open":
-        return f"{fence}{code.language}\n{fence}" if code.last else fence + code.language
+        opener = f"{code.prefix}```{code.language}"
+        return f"{opener}\n{code.rest}```" if code.last else opener
     if code.column < 0:
-        lead, content = (code.prefix if code.indented else line), ""
+        lead, content = (code.rest if code.indented else line), ""
     else:
-        lead = code.prefix if code.indented else line[: code.column]
+        lead = code.rest if code.indented else line[: code.column]
         content = line[code.column :]
     run = _FENCE_LIKE.match(content) if "```" in content or "~~~" in content else None
     if run is not None:
         content = content[: run.start(1)] + "\u200b" + content[run.start(1) :]
     written = lead + _defuse_tags(content)
     if code.first:
-        written = f"{fence}\n{written}"
-    return f"{written}\n{fence}" if code.last else written
+        written = f"{code.prefix}```\n{written}"
+    return f"{written}\n{code.rest}```" if code.last else written
 
 
 def _cut_line_output(text: str, code: _CodeLine | None) -> str:
@@ -729,7 +754,7 @@ def _cut_line_output(text: str, code: _CodeLine | None) -> str:
             and run.end() - run.start() >= len(code.fence)
         ):
             return _code_output(text, code)
-        return _code_output(text, _CodeLine("code", code.prefix, column=0, last=True))
+        return _code_output(text, _CodeLine("code", code.prefix, code.rest, column=0, last=True))
     return _code_output(text, code._replace(last=True))
 
 

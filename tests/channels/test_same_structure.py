@@ -33,7 +33,9 @@ from taskcard.channels.telegram.render import render_card as render_telegram
 
 Block = tuple[str, str]  # (language, content)
 
-_OPEN = re.compile(r"^([ >]*)```([A-Za-z0-9_+.#-]*)$")
+# An opener may follow quote marks and a list item's marker; the lines after it have spaces
+# where the marker was (the marker again would open a new item).
+_OPEN = re.compile(r"^((?:[ >]|[-+*] |\d{1,9}[.)] )*)```([A-Za-z0-9_+.#-]*)$")
 _CLOSE = re.compile(r"^[ >]*```$")
 
 
@@ -84,15 +86,36 @@ AT = "<at id=all></at>"
         ("    indented *x*\n    two\n\npara", [("", "indented *x*\ntwo")]),
         ("- item\n\n  ```sh\n  make\n  ```\n- two", [("sh", "make")]),
         ("> quoted\n> ```js\n> let a = 1\n> ```", [("js", "let a = 1")]),
+        ("1.     indented code in item\n2. next", [("", "indented code in item")]),
+        ("-     one\n      two\n\n      three\n- next", [("", "one\ntwo\n\nthree")]),
+        ("> 1.     quoted item code\n>        more", [("", "quoted item code\nmore")]),
+        ("- ```sh\n  make", [("sh", "make")]),
         ("```a`b\nnot code `x`", []),
         ("~~~\n>```\n- ~~~\n1. ```\n~~~", [("", ">```\n- ~~~\n1. ```")]),
     ],
     ids=["tilde", "tilde-language", "info-string", "four-ticks", "four-tildes", "unclosed",
-         "unclosed-tilde", "indented", "in-a-list", "in-a-quote", "no-fence", "fence-like-content"],
+         "unclosed-tilde", "indented", "in-a-list", "in-a-quote", "indented-on-an-item",
+         "indented-on-a-bullet", "indented-on-an-item-in-a-quote", "unclosed-on-an-item",
+         "no-fence", "fence-like-content"],
 )  # fmt: skip
 def test_code_blocks_are_the_same_on_both(body: str, blocks: list[Block]) -> None:
     assert telegram_code_blocks(body) == blocks
     assert feishu_code_blocks(feishu_markdown(body)) == blocks
+
+
+@pytest.mark.parametrize(
+    ("body", "written"),
+    [
+        ("1.     indented code\n2. next", "1. ```\n   indented code\n   ```\n2. next"),
+        ("-     a\n      b\n- next", "- ```\n  a\n  b\n  ```\n- next"),
+        ("- ```sh\n  make", "- ```sh\n  make\n  ```"),
+    ],
+)  # fmt: skip
+def test_a_block_on_a_list_item_line_keeps_one_item(body: str, written: str) -> None:
+    """A code block that starts on a list item's own line is in that one item on Feishu: the
+    marker stands before the opening fence only, the lines after it get spaces of its width
+    (the marker before each would make each line an item of its own, the fences apart)."""
+    assert feishu_markdown(body) == written
 
 
 @pytest.mark.parametrize("cut", range(1, 60))
