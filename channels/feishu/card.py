@@ -13,7 +13,8 @@ CommonMark (Telegram's reading) finds them (`_code_lines`): fenced with backtick
 with an info string or none, left open, indented, in a list or a quote; each is written with
 the one fence Feishu surely keeps as code (three backticks and at most a plain language word,
 the same word Telegram is given: `channels.base.code_language`), closed where CommonMark
-ends it or where a cut does.
+ends it or where a cut does. A block in a quote or a list item keeps its `& < >` escaped in
+its code: Feishu documents fences only at the start of a line (see `_CodeLine.nested`).
 
 Emphasis is read first, once, by the CommonMark parser Telegram's converter uses (pyromark,
 with the same extensions), and written back so that Feishu's parser cannot read it another
@@ -559,6 +560,10 @@ class _CodeLine(NamedTuple):
     `first`: the line that opens an indented block (which has no fence of its own). `last`:
     the block's last line when no closing fence follows (the block was left open, or is
     indented). `fence`: the opening fence as typed (`~~~~`), which a closing one must match.
+    `nested`: the block is inside a quote or a list item, or indented (anything stands before
+    its first line): Feishu documents fences only at the start of a line, so whether it
+    reads such a block as code is not known, and its content has `& < >` escaped as text has
+    (`<font>` or a mention tag there then shows as typed whichever way Feishu reads it).
     """
 
     kind: Literal["open", "code", "close"]
@@ -570,6 +575,7 @@ class _CodeLine(NamedTuple):
     last: bool = False
     indented: bool = False
     fence: str = ""
+    nested: bool = False
 
 
 def _code_lines(text: str, reading: list[Located] | None = None) -> dict[int, _CodeLine]:
@@ -638,7 +644,7 @@ def _add_block(
             prefix = prefix[:-4]
         elif prefix.endswith("\t"):
             prefix = prefix[:-1]
-        rest = _continuation(prefix)
+        rest, nested = _continuation(prefix), prefix != ""
         for index in range(first, last + 1):
             lines[index] = _CodeLine(
                 "code",
@@ -648,6 +654,7 @@ def _add_block(
                 first=index == first,
                 last=index == last,
                 indented=True,
+                nested=nested,
             )
         return
     run = _FENCE_RUN.match(opener, column)
@@ -661,7 +668,7 @@ def _add_block(
         and not closing[closer.end() :].strip()
     )
     content_end = last - 1 if closed else last
-    rest = _continuation(prefix)
+    rest, nested = _continuation(prefix), prefix != ""
     lines[first] = _CodeLine(
         "open",
         prefix,
@@ -669,6 +676,7 @@ def _add_block(
         code_language(str(kind["Fenced"])),
         last=not closed and content_end == first,
         fence=fence,
+        nested=nested,
     )
     for index in range(first + 1, content_end + 1):
         lines[index] = _CodeLine(
@@ -677,10 +685,11 @@ def _add_block(
             rest,
             column=columns.get(index, -1),
             last=not closed and index == content_end,
+            nested=nested,
         )
     if closed and closer is not None:
         lead = closing[: closer.start()]
-        lines[last] = _CodeLine("close", lead, lead, fence=fence)
+        lines[last] = _CodeLine("close", lead, lead, fence=fence, nested=nested)
 
 
 # A list item's marker, in what stands before a code block (quote marks, markers, spaces).
@@ -714,7 +723,8 @@ def _line_output(line: str, code: _CodeLine | None) -> str:
 def _code_output(line: str, code: _CodeLine) -> str:
     """A line of a code block written for Feishu (see `_CodeLine`): fences as clean triple
     backticks, content as typed but for a zero-width space that keeps a fence-like line from
-    closing the block, and one after the `<` of a mention tag."""
+    closing the block, and one after the `<` of a mention tag; in a nested block, `& < >`
+    escaped instead."""
     if code.kind == "close":
         return f"{code.prefix}```"
     if code.kind == "open":
@@ -728,7 +738,7 @@ def _code_output(line: str, code: _CodeLine) -> str:
     run = _FENCE_LIKE.match(content) if "```" in content or "~~~" in content else None
     if run is not None:
         content = content[: run.start(1)] + "\u200b" + content[run.start(1) :]
-    written = lead + _defuse_tags(content)
+    written = lead + (_escape_entities(content) if code.nested else _defuse_tags(content))
     if code.first:
         written = f"{code.prefix}```\n{written}"
     return f"{written}\n{code.rest}```" if code.last else written
@@ -754,7 +764,10 @@ def _cut_line_output(text: str, code: _CodeLine | None) -> str:
             and run.end() - run.start() >= len(code.fence)
         ):
             return _code_output(text, code)
-        return _code_output(text, _CodeLine("code", code.prefix, code.rest, column=0, last=True))
+        cut = _CodeLine(
+            "code", code.prefix, code.rest, column=len(code.prefix), last=True, nested=code.nested
+        )
+        return _code_output(text, cut)
     return _code_output(text, code._replace(last=True))
 
 
