@@ -54,18 +54,34 @@ def code_language(info: str) -> str:
     return words[0] if words and _LANGUAGE.fullmatch(words[0]) else ""
 
 
-# Where maths could begin (`$` before a character that is no space) and end (`$` after one).
-_MATHS_OPENER = re.compile(r"\$[^ \t\n\r\f\v]")
-_MATHS_CLOSER = re.compile(r"(?<=[^ \t\n\r\f\v])\$")
+# White space as the maths extension counts it (ASCII only).
+_MATHS_SPACE = frozenset(" \t\n\r\f\v")
 
 
 def may_hold_maths(text: str) -> bool:
     """Whether CommonMark's maths extension could find maths in `text` (`$x$`, `$$x$$`): a
-    `$` with no space after it, and a later one with no space before it. Cheap, linear, and
-    never false for text that holds maths; most cards (`$5`, `$ make`, `$HOME` alone) skip
-    the parse that reads maths as text on every channel."""
-    opener = _MATHS_OPENER.search(text)
-    return opener is not None and _MATHS_CLOSER.search(text, opener.end()) is not None
+    `$` with no space after it and no backslash escaping it, and a later one with no space
+    before it. Cheap (it looks at each `$` only), and never false for text that holds maths;
+    most cards (`$5`, `$ make`, `$HOME` alone, and a body whose maths marks were escaped to
+    read them as text) skip the parse that reads maths as text on every channel."""
+    at = text.find("$")
+    while at >= 0:  # the first `$` that may open
+        after = text[at + 1 : at + 2]
+        if after and after not in _MATHS_SPACE:
+            before = at
+            while before > 0 and text[before - 1] == "\\":
+                before -= 1
+            if (at - before) % 2 == 0:  # not escaped
+                break
+        at = text.find("$", at + 1)
+    else:
+        return False
+    at = text.find("$", at + 2)
+    while at >= 0:  # a later `$` that may close
+        if text[at - 1] not in _MATHS_SPACE:
+            return True
+        at = text.find("$", at + 1)
+    return False
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,12 @@ from hypothesis import strategies as st
 from telegramify_markdown.converter import STANDARD_OPTIONS
 
 from taskcard.channels.base import CardView, may_hold_maths
-from taskcard.channels.feishu.card import CARD_BUDGET_BYTES, card_request_bytes, feishu_markdown
+from taskcard.channels.feishu.card import (
+    CARD_BUDGET_BYTES,
+    _may_hold_single_tilde,
+    card_request_bytes,
+    feishu_markdown,
+)
 from taskcard.channels.feishu.card import render_card as render_feishu
 from taskcard.channels.telegram.render import (
     MAX_ENTITIES,
@@ -215,3 +220,17 @@ def test_the_maths_guard_never_misses_maths(parts: list[str]) -> None:
     events = pyromark.events(text, options=STANDARD_OPTIONS)
     if any(isinstance(e, dict) and ("InlineMath" in e or "DisplayMath" in e) for e in events):
         assert may_hold_maths(text)
+
+
+@given(st.lists(st.sampled_from(["~", "~~", "~~~", "\\", "a", " ", "\n", "`", "*"]), max_size=14))
+@settings(max_examples=2000, deadline=None)
+def test_the_tilde_guard_never_misses_a_single_tilde(parts: list[str]) -> None:
+    """The Feishu reading parses a second time only when a body may hold strikethrough with a
+    single `~` (read as text, as Telegram's converter does): the guard must say yes wherever
+    the parser finds such a span."""
+    text = "".join(parts)
+    source = text.encode()
+    for event, span in pyromark.events_with_range(text, options=STANDARD_OPTIONS):
+        start = span["start"]
+        if event == {"Start": "Strikethrough"} and source[start + 1 : start + 2] != b"~":
+            assert _may_hold_single_tilde(text)
