@@ -650,7 +650,7 @@ def bot_root_doubt(value: str) -> str | None:
     head, _, last = parts.path.rstrip("/").rpartition("/")
     if last.lower() != "bot":
         return None
-    root = f"{parts.scheme}://{parts.netloc}{head}"
+    root = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{head}"  # no credentials
     return (
         f"{_shown_url(value)} ends in /bot, which the service adds itself (with the token):"
         f" requests go to .../bot/bot<token>/; unless a proxy serves that path, give the API"

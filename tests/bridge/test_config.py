@@ -470,3 +470,12 @@ def test_usual_env_names_and_chat_ids_are_accepted(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, text))
     assert config.telegram is not None and config.telegram.token_env == "_TC_TOKEN2"
     assert config.feishu is not None and config.feishu.routes[0].chat_id == "oc_a1b2"
+
+
+def test_the_bot_root_warning_shows_no_credentials_of_the_url() -> None:
+    # The warning's example root was built from the URL whole, user and password included.
+    from taskcard.bridge.config import bot_root_doubt
+
+    said = bot_root_doubt("https://user:S3CRET-PASS@gw.example:8443/tg/bot/")
+    assert said is not None and "'https://gw.example:8443/tg'" in said, said
+    assert "S3CRET" not in said and "user" not in said, said
