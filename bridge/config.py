@@ -345,6 +345,17 @@ class ServiceConfig(BaseModel):
         validate_default=True,
         description="Service state (SQLite); relative paths are relative to this file.",
     )
+    forget_departed_after_s: float = Field(
+        default=604_800.0,
+        ge=1,
+        le=31_622_400,
+        description=(
+            "An agent that left the fleet (removed from this file, its discovered folder"
+            " gone) keeps its resident messages, offsets and notices this long (1 s to 366"
+            " days; default 7 days): back within it, it edits the same messages; after it,"
+            " all of it is forgotten and a return posts new cards."
+        ),
+    )
     agents: list[AgentConfig] = Field(default_factory=list, description="The watched agents.")
     telegram: TelegramConfig | None = Field(default=None, description="The Telegram channel.")
     feishu: FeishuConfig | None = Field(default=None, description="The Feishu channel.")

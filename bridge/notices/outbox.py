@@ -75,9 +75,13 @@ class _LaneQueue:
     deferred: bool = False  # notices were left in the store when the queue was full
 
 
+# Where a route's open fold episode is saved (the route's store key follows).
+FOLDED_CURSOR_PREFIX = "notices:folded:"
+
+
 def _folded_cursor(key: RouteKey) -> str:
     """Where a route's open fold episode is saved, so its summary survives a restart."""
-    return f"notices:folded:{key.store_key}"
+    return FOLDED_CURSOR_PREFIX + key.store_key
 
 
 class NoticeOutbox:
@@ -125,6 +129,12 @@ class NoticeOutbox:
         saved = FoldedNotices.from_json(self._store.get_cursor(_folded_cursor(key)))
         if saved is not None:
             self._gate.restore(key.store_key, saved)
+
+    def forget_route(self, key: RouteKey) -> None:
+        """Forget a route whose agent left the fleet for good (its rows in the store go
+        with the agent's, see `StateStore.forget_agent`)."""
+        self._routes.pop(key.store_key, None)
+        self._gate.forget(key.store_key)
 
     def channel_ready(self, channel: str) -> None:
         """The channel can send: queue what is pending for its routes (from before a restart,

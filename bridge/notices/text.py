@@ -253,6 +253,11 @@ class NoticeGate:
         self._route(route).folded = folded
         self._open.add(route)
 
+    def forget(self, route: str) -> None:
+        """Forget a route that is gone for good (its agent left the fleet long ago)."""
+        self._routes.pop(route, None)
+        self._open.discard(route)
+
     def due(self, now_s: float) -> list[tuple[str, FoldedNotices]]:
         """The episodes whose summary is to be sent now; they are closed."""
         ready: list[tuple[str, FoldedNotices]] = []

@@ -68,6 +68,16 @@ class OriginBook:
         entry.closed_at = at
         self._save()
 
+    def forget_agent(self, agent_id: str) -> bool:
+        """Forget the routes of an agent that left the fleet for good, open or closed (a
+        later origin from it opens its route afresh); whether there were any."""
+        gone = [key for key in self._entries if key.agent_id == agent_id]
+        for key in gone:
+            del self._entries[key]
+        if gone:
+            self._save()
+        return bool(gone)
+
     def _save(self) -> None:
         while len(self._entries) > MAX_REMEMBERED:
             oldest = next((k for k, e in self._entries.items() if e.closed_at is not None), None)

@@ -41,9 +41,9 @@ from taskcard.bridge.compose.board import (
 )
 from taskcard.bridge.compose.redact import Redactor, strings_in
 from taskcard.bridge.compose.view import compose_view, format_at
-from taskcard.bridge.config import ServiceConfig
+from taskcard.bridge.config import AGENT_ID_PATTERN, ServiceConfig
 from taskcard.bridge.deliver.registry import BuiltChannel, RouteSpec, original_chat, route_specs
-from taskcard.bridge.notices.outbox import NoticeOutbox
+from taskcard.bridge.notices.outbox import FOLDED_CURSOR_PREFIX, NoticeOutbox
 from taskcard.bridge.notices.signals import Signal, SignalFacts, due_signals, report_signal
 from taskcard.bridge.notices.text import safe_error_code
 from taskcard.bridge.observe.metrics import ServiceSnapshot
@@ -61,7 +61,12 @@ from taskcard.bridge.run.fleet import (
     origin_route,
     restart_needed,
 )
-from taskcard.bridge.run.inbox_desk import NOTHING_TO_CANCEL, InboxDesk, latest_written
+from taskcard.bridge.run.inbox_desk import (
+    NOTHING_TO_CANCEL,
+    WAKE_ROUTE_PREFIX,
+    InboxDesk,
+    latest_written,
+)
 from taskcard.bridge.run.origins import OriginBook
 from taskcard.bridge.schedule.ratelimit import Limiter
 from taskcard.bridge.schedule.scheduler import RouteKey, RouteScheduler, SharedReplies
@@ -137,6 +142,11 @@ STATE_TEXT_UTF16: Final = 3800
 
 
 AGENT_HEALTH_PREFIX = "agent-health:"
+# When an agent left the fleet (epoch seconds), kept until its state is forgotten
+# (`forget_departed_after_s` later) or it comes back.
+DEPARTED_PREFIX = "departed:"
+# A departed agent whose last edits are still on their way is forgotten this much later.
+FORGET_RETRY_S = 30.0
 
 
 def may_command(route: Route, command: IncomingCommand) -> bool:
@@ -282,6 +292,10 @@ class Service:
         self._saved_health: dict[str, str] = {}
         self._prefs: dict[str, ChatPrefs] = {}
         self._due = DueAgents()  # agents whose state changes with time alone, by when
+        # Agents that left the fleet, by when their state is forgotten (alone on the state:
+        # see `_forget_departed`), and the routes each had here when it left.
+        self._departed = DueAgents()
+        self._departed_routes: dict[str, list[RouteKey]] = {}
         # Agents whose last card cost too much to compose: not again before when (see
         # `_project_paced`), and the agents owed a projection meanwhile.
         self._paced: dict[str, float] = {}
@@ -324,6 +338,7 @@ class Service:
         self._desk.load()
         if self._owned is None:  # alone on the state, not clustered
             self._forget_departed()
+            self._follow_departures()
         self._running = True
         self.started.set()
         starters = [
@@ -403,6 +418,105 @@ class Service:
                 wakes,
                 len(health),
             )
+
+    def _follow_departures(self) -> None:
+        """At start, alone on the state: the agents that left the fleet, each due to be
+        forgotten `forget_departed_after_s` after it left. Those that left while the service
+        was stopped (or before departures were recorded) are found by their offsets, which
+        every agent read has, and count as leaving now. One read of the departures and of
+        the offsets' agents; from then on a departure is recorded when it happens and
+        forgotten by the once-a-second timer, which looks only at those due."""
+        keep_s = self._config.forget_departed_after_s
+        now = self._clock().timestamp()
+        try:
+            marked: dict[str, float] = {}
+            for key in self._store.cursor_keys(DEPARTED_PREFIX):
+                try:
+                    marked[key[len(DEPARTED_PREFIX) :]] = float(self._store.get_cursor(key) or "")
+                except ValueError:
+                    marked[key[len(DEPARTED_PREFIX) :]] = now  # not ours: from now on
+            back = [agent for agent in marked if agent in self._monitors]
+            self._store.delete_cursors(DEPARTED_PREFIX + agent for agent in back)
+            unmarked = self._store.offset_agents() - marked.keys() - self._monitors.keys()
+        except Exception as error:
+            log.warning("the agents no longer served were not looked up: %s", error)
+            return
+        for agent_id in sorted(unmarked):
+            if AGENT_ID_PATTERN.fullmatch(agent_id):
+                self._store.set_cursor(DEPARTED_PREFIX + agent_id, repr(now))
+                marked[agent_id] = now
+        for agent_id, left_at in marked.items():
+            if agent_id not in self._monitors:
+                self._departed.set(agent_id, min(left_at, now) + keep_s)
+        if self._departed:
+            log.info(
+                "%d agents no longer served: each is forgotten %.0f s after it left, unless"
+                " it comes back",
+                len(self._departed),
+                keep_s,
+            )
+
+    def _departure(self, agent_id: str, routes: Iterable[RouteKey]) -> None:
+        """The agent left the fleet (alone on the state): its state is forgotten
+        `forget_departed_after_s` from now, unless it comes back first."""
+        if self._owned is not None:
+            return  # clustered: another instance may serve it; its state stays
+        now = self._clock().timestamp()
+        self._store.set_cursor(DEPARTED_PREFIX + agent_id, repr(now))
+        self._departed.set(agent_id, now + self._config.forget_departed_after_s)
+        self._departed_routes[agent_id] = list(routes)
+
+    def _returned(self, agent_id: str) -> None:
+        """The agent is in the fleet again: nothing of it is forgotten."""
+        if agent_id in self._departed:
+            self._departed.discard(agent_id)
+            self._departed_routes.pop(agent_id, None)
+            self._store.delete_cursors([DEPARTED_PREFIX + agent_id])
+            log.info("agent %s is back: its resident messages are edited again", agent_id)
+
+    def _forget_due(self, now: float) -> None:
+        """Forget the agents whose time away has run out (only those: a heap by time)."""
+        for agent_id in self._departed.pop_due(now):
+            routes = self._departed_routes.get(agent_id, [])
+            if any(key in self._closing for key in routes):
+                # Its last edits are still on their way: after them.
+                self._departed.set(agent_id, now + FORGET_RETRY_S)
+                continue
+            try:
+                self._forget_agent(agent_id)
+            except Exception as error:
+                log.warning(
+                    "the state of agent %s, which left, was not forgotten (%s); trying again"
+                    " in %.0f s",
+                    agent_id,
+                    error,
+                    FORGET_RETRY_S,
+                )
+                self._departed.set(agent_id, now + FORGET_RETRY_S)
+                continue
+            self._departed_routes.pop(agent_id, None)
+
+    def _forget_agent(self, agent_id: str) -> None:
+        """Forget all that is kept of an agent that left `forget_departed_after_s` ago: its
+        residents (the messages stay in the chats, last edited to say it retired), notices,
+        offsets, inbox records, wakes, origin routes and cursors. Back later, it is a new
+        agent: new cards, and its files read from their ends."""
+        if agent_id in self._monitors:
+            return  # back in the meantime
+        self._store.forget_agent(
+            agent_id,
+            routes=[WAKE_ROUTE_PREFIX + agent_id],
+            cursors=[DEPARTED_PREFIX + agent_id, agent_health_key(agent_id)],
+            cursor_prefixes=[FOLDED_CURSOR_PREFIX],
+        )
+        self._origins.forget_agent(agent_id)
+        for key in self._departed_routes.get(agent_id, []):
+            self._outbox.forget_route(key)
+        log.info(
+            "forgot agent %s, gone for forget_departed_after_s (%.0f s): a return posts new cards",
+            agent_id,
+            self._config.forget_departed_after_s,
+        )
 
     async def _start_channel(self, name: str, channel: Channel) -> None:
         """Start one channel, retrying while it is unreachable; then show what is pending."""
@@ -621,6 +735,7 @@ class Service:
                 agent_id, workdir, monitor.files, self._store, clock=self._clock
             )
             self._desk.add_agent(agent_id, workdir)
+            self._returned(agent_id)
             self._saved_health.setdefault(
                 agent_id, self._store.get_cursor(agent_health_key(agent_id)) or "[]"
             )
@@ -702,6 +817,8 @@ class Service:
         self._owed.discard(agent_id)
         self._paced_told.discard(agent_id)
         self._faults.pop(agent_id, None)
+        self._saved_health.pop(agent_id, None)
+        self._departure(agent_id, [route.key for route in self._routes_by_agent.get(agent_id, ())])
         for route in list(self._routes_by_agent.get(agent_id, ())):
             final = None
             channel = self._channels.get(route.key.channel)
@@ -858,11 +975,13 @@ class Service:
         its size."""
         self._scheduler.keep_windows()  # committed with the batched writes just below
         self._store.retry_pending()  # state writes a failing disk held back, when due
-        for agent_id in self._due.pop_due(self._clock().timestamp()):
+        now = self._clock().timestamp()
+        for agent_id in self._due.pop_due(now):
             self._refresh(agent_id)
         self._outbox.send_due_summaries()
         self._close_finished_origin_routes()
         self._drop_closed_routes()
+        self._forget_due(now)  # agents that left long enough ago
         self._desk.refresh()  # open messages turn unconfirmed with time alone
 
     def _refresh(self, agent_id: str, changed: frozenset[str] | None = None) -> None:

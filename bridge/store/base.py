@@ -216,6 +216,29 @@ class StateStore(ABC):
         """Forget these cursors (`get_cursor` gives None for them after); unknown keys are
         ignored."""
 
+    # An agent that left for good -----------------------------------------------------------
+    @abstractmethod
+    def offset_agents(self) -> set[str]:
+        """The agents whose files have offsets kept: every agent the service has read. It
+        reads every offset: for housekeeping at start, not per change."""
+
+    @abstractmethod
+    def forget_agent(
+        self,
+        agent_id: str,
+        *,
+        routes: Iterable[str] = (),
+        cursors: Iterable[str] = (),
+        cursor_prefixes: Iterable[str] = (),
+    ) -> None:
+        """Forget what is kept for an agent that left for good: the resident and the notices
+        of every route whose key ends with `:<agent_id>` (its cards in every chat; see
+        `RouteKey.store_key`) and of `routes`, the offsets of its files, its inbox messages,
+        the `cursors`, and each cursor whose key starts with one of `cursor_prefixes` and
+        ends with `:<agent_id>`. Called once per agent that left, never periodically: a
+        backend may walk its tables for it (SQLite compares the routes' ends, Redis filters
+        its scans on the server), as long as only the agent's own entries reach Python."""
+
     @abstractmethod
     def first_claim(self, key: str, value: str, keep_s: float) -> str:
         """The value the first caller gave for `key`, kept `keep_s`: the instances of a

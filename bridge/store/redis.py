@@ -296,6 +296,11 @@ def connect(
     )
 
 
+def _glob(text: str) -> str:
+    """`text` as a literal in a MATCH pattern (a glob: its own glob characters escaped)."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
 def _member(*parts: str) -> str:
     """One hash field or set member for a tuple of strings (any characters allowed)."""
     return json.dumps(parts, ensure_ascii=False)
@@ -520,8 +525,7 @@ class RedisStore(StateStore):
         self._r.hset(self.key("cursors"), key, value)
 
     def cursor_keys(self, prefix: str) -> list[str]:
-        # HSCAN's MATCH is a glob: the prefix's own glob characters are escaped.
-        pattern = "".join("\\" + c if c in "*?[]\\" else c for c in prefix) + "*"
+        pattern = _glob(prefix) + "*"
         found = {
             str(field)
             for field, _ in self._r.hscan_iter(self.key("cursors"), match=pattern, count=500)
@@ -532,6 +536,85 @@ class RedisStore(StateStore):
         wanted = sorted(set(keys))
         if wanted:
             self._r.hdel(self.key("cursors"), *wanted)
+
+    # An agent that left for good -----------------------------------------------------------
+
+    def offset_agents(self) -> set[str]:
+        agents = set()
+        for field in cast(list[str], self._r.hkeys(self.key("offsets"))):
+            parts = _parts(field, 2)
+            if parts is not None:
+                agents.add(parts[0])
+        return agents
+
+    def forget_agent(
+        self,
+        agent_id: str,
+        *,
+        routes: Iterable[str] = (),
+        cursors: Iterable[str] = (),
+        cursor_prefixes: Iterable[str] = (),
+    ) -> None:
+        # Each scan filters on the server (MATCH), so only the agent's own entries travel.
+        suffix = ":" + agent_id
+        named = set(routes)
+        found = {
+            str(route)
+            for route in self._r.sscan_iter(
+                self.key("residents"), match="*" + _glob(suffix), count=500
+            )
+        }
+        gone = sorted(r for r in found if r.endswith(suffix)) + sorted(named)
+        members: set[str] = set()
+        # A notice's field is `_member(route, id)`: `["<route>", "<id>"]`.
+        patterns = [_glob("[" + json.dumps(route, ensure_ascii=False)) + ", *" for route in named]
+        patterns.append(_glob('["') + "*" + _glob(suffix + '", ') + "*")
+        for pattern in patterns:
+            for member, _ in self._r.hscan_iter(self.key("n", "text"), match=pattern, count=500):
+                parts = _parts(str(member), 2)
+                if parts is not None and (parts[0].endswith(suffix) or parts[0] in named):
+                    members.add(str(member))
+        offsets = [
+            str(field)
+            for field, _ in self._r.hscan_iter(
+                self.key("offsets"),
+                match=_glob("[" + json.dumps(agent_id, ensure_ascii=False)) + ", *",
+                count=500,
+            )
+            if (_parts(str(field), 2) or [""])[0] == agent_id
+        ]
+        # MATCH reads fields, not values: the inbox (keyed by message id) is read whole,
+        # once per agent that left (`inbox_messages` reads it whole at every start).
+        needle = f'"agent_id": {json.dumps(agent_id)}'
+        inbox = [
+            str(message_id)
+            for message_id, raw in self._r.hscan_iter(self.key("inbox"), count=500)
+            if needle in str(raw) and (_object(str(raw)) or {}).get("agent_id") == agent_id
+        ]
+        keys = set(cursors)
+        for prefix in set(cursor_prefixes):
+            for field, _ in self._r.hscan_iter(
+                self.key("cursors"), match=_glob(prefix) + "*" + _glob(suffix), count=500
+            ):
+                if str(field).startswith(prefix) and str(field).endswith(suffix):
+                    keys.add(str(field))
+        pipe = self._r.pipeline(transaction=True)
+        for route in gone:
+            pipe.delete(self._res(route))
+        if gone:
+            pipe.srem(self.key("residents"), *gone)
+        if members:
+            for name in ("text", "state", "at"):
+                pipe.hdel(self.key("n", name), *members)
+            pipe.zrem(self.key("n", "pending"), *members)
+        if offsets:
+            pipe.hdel(self.key("offsets"), *offsets)
+        if inbox:
+            pipe.hdel(self.key("inbox"), *inbox)
+            pipe.zrem(self.key("inbox", "queued"), *inbox)
+        if keys:
+            pipe.hdel(self.key("cursors"), *sorted(keys))
+        pipe.execute()
 
     def first_claim(self, key: str, value: str, keep_s: float) -> str:
         """The first value claimed under `key`; `WrongKeyType` when the key holds another

@@ -28,6 +28,9 @@ class DueAgents:
     def __len__(self) -> int:
         return len(self._live)
 
+    def __contains__(self, agent_id: object) -> bool:
+        return agent_id in self._live
+
     def set(self, agent_id: str, when: float) -> None:
         """`agent_id` is due at `when` (replacing any earlier due time)."""
         current = self._live.get(agent_id)

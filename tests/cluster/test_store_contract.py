@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from taskcard.bridge.store.base import ChatPrefs, SeenChat, StateStore
+from taskcard.bridge.store.base import ChatPrefs, InboxRecord, SeenChat, StateStore
 from taskcard.bridge.store.redis import RedisStore, connect
 from taskcard.bridge.store.sqlite import SqliteStore
 
@@ -154,6 +154,52 @@ def test_messages_the_service_sent_are_known_by_channel_across_a_reopen(opener: 
     assert not again.sent_any("telegram", ["om_1"], 1001.0), "another channel's id"
     assert not again.sent_any("feishu", ["om_2"], 1001.0)
     assert not again.sent_any("feishu", [], 1001.0)
+
+
+def test_an_agent_that_left_is_forgotten_and_nothing_of_another(opener: Opener) -> None:
+    """Everything kept for one agent goes, in every chat; an agent whose id ends the same
+    way, or is a prefix of it, keeps all of its own."""
+    store = opener()
+    mine = ["telegram:-100:7:gone", "feishu:oc_1::gone"]
+    theirs = ["telegram:-100:7:stays", "telegram:-100:7:notgone", "telegram:-100:7:gone.2"]
+    for route in mine + theirs:
+        store.set_message_id(route, f"m-{route}")
+        store.set_committed(route, "fp", 1.0)
+        assert store.add_notice(route, "n1", f"text of {route}", "pending")
+    assert store.add_notice("wake:gone", "child:1", "a wake", "pending")
+    assert store.add_notice("wake:stays", "child:1", "a wake", "delivered")
+    for agent in ("gone", "stays", "gone.2"):
+        store.set_offset(agent, "notifications", 1, 10)
+        store.set_first_offset(agent, "acks", 2, 20)
+        store.add_inbox_message(
+            InboxRecord(f"msg-{agent.replace('.', '')}", agent, "telegram", "-100", None, "u", 5.0)
+        )
+    store.set_cursor("notices:folded:telegram:-100:7:gone", "{}")
+    store.set_cursor("notices:folded:telegram:-100:7:stays", "{}")
+    store.set_cursor("agent-health:gone", "[]")
+    store.set_cursor("agent-health:gone.2", "[]")
+    assert store.offset_agents() == {"gone", "stays", "gone.2"}
+
+    store.forget_agent(
+        "gone",
+        routes=["wake:gone"],
+        cursors=["agent-health:gone"],
+        cursor_prefixes=["notices:folded:"],
+    )
+    for again in (store, opener()):  # what went stays gone after a restart
+        assert [r.route for r in again.residents()] == sorted(theirs)
+        assert {n.route for n in again.pending_notices()} == set(theirs)
+        assert again.get_offset("gone", "notifications") is None
+        assert again.get_offset("gone", "acks") is None
+        assert again.get_offset("gone.2", "acks") == (2, 20)
+        assert again.offset_agents() == {"stays", "gone.2"}
+        assert sorted(r.agent_id for r in again.inbox_messages(0.0)) == ["gone.2", "stays"]
+        assert again.cursor_keys("notices:folded:") == ["notices:folded:telegram:-100:7:stays"]
+        assert again.cursor_keys("agent-health:") == ["agent-health:gone.2"]
+        assert again.notice_counts() == {"pending": 3, "delivered": 1}
+    # Recorded again later (the agent came back after all): a fresh start, not a duplicate.
+    assert store.add_notice(mine[0], "n1", "again", "pending")
+    store.forget_agent("never-seen")
 
 
 def test_a_shared_first_claim_is_kept_for_every_instance(redis_url: str) -> None:

@@ -1,0 +1,178 @@
+"""Agents that leave the fleet, end to end: what the state keeps of them, and for how long.
+
+`taskcard serve` runs with a discovery root and a route following every agent, against the
+stateful fakes of Telegram and Feishu. Agents come and go by their folders; the test reads the
+state file as an operator would (`sqlite3`), and the chat as people see it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.harness import ServeProcess, eventually, notify, publish
+from tests.fakes.feishu_api import FakeFeishu
+from tests.fakes.telegram_api import FakeTelegram
+
+GROUP = -1001234567890
+FEISHU_CHAT = "oc_churn_group"
+RETIRED = "Agent retired"
+# Generous: polled, never a timing assertion (a loaded machine runs two suites at once).
+WAIT_S = 90.0
+
+
+def config(tmp_path: Path, fake: FakeTelegram | FakeFeishu, keep_s: float) -> dict[str, str]:
+    """`tmp_path/taskcard.toml`: discovery root `fleet`, one route following every agent,
+    departed agents forgotten after `keep_s`; returns the secrets' environment."""
+    lines = [
+        'state_dir = ".taskcard"',
+        f"forget_departed_after_s = {keep_s!r}",
+        "[discover]",
+        'roots = ["fleet"]',
+    ]
+    if isinstance(fake, FakeTelegram):
+        lines += [
+            "[telegram]",
+            'token_env = "TC_TEST_TOKEN"',
+            f'api_base_url = "{fake.base_url}"',
+            "poll_timeout_s = 1",
+            "[[telegram.routes]]",
+            f"chat_id = {GROUP}",
+            'agents = ["*"]',
+        ]
+        env = {"TC_TEST_TOKEN": fake.token}
+    else:
+        lines += [
+            "[feishu]",
+            'app_id_env = "TC_FS_APP_ID"',
+            'app_secret_env = "TC_FS_APP_SECRET"',
+            f'domain = "{fake.base_url}"',
+            'events = "none"',
+            "[[feishu.routes]]",
+            f'chat_id = "{FEISHU_CHAT}"',
+            'agents = ["*"]',
+        ]
+        env = {"TC_FS_APP_ID": fake.app_id, "TC_FS_APP_SECRET": fake.app_secret}
+    (tmp_path / "taskcard.toml").write_text("\n".join(lines) + "\n")
+    (tmp_path / "fleet").mkdir(exist_ok=True)
+    return env
+
+
+def cards(fake: FakeTelegram | FakeFeishu) -> dict[str, str]:
+    """The bot's messages in the chat, by id: their text as it reads now."""
+    if isinstance(fake, FakeTelegram):
+        return {str(m.message_id): m.text for m in fake.bot_messages(GROUP)}
+    return {m.message_id: m.text for m in fake.chat(FEISHU_CHAT) if m.msg_type == "interactive"}
+
+
+def showing(fake: FakeTelegram | FakeFeishu, words: str) -> list[str]:
+    """The ids of the bot's messages whose text holds `words`."""
+    return [ident for ident, text in cards(fake).items() if words in text]
+
+
+def kept(tmp_path: Path, agent: str) -> dict[str, int]:
+    """How many rows the state file keeps for `agent`, by table (zeros left out)."""
+    suffix = f"%:{agent}"
+    queries = {
+        "residents": ("SELECT COUNT(*) FROM residents WHERE route LIKE ?", suffix),
+        "notices": ("SELECT COUNT(*) FROM notices WHERE route LIKE ?", suffix),
+        "offsets": ("SELECT COUNT(*) FROM offsets WHERE agent_id = ?", agent),
+        "cursors": ("SELECT COUNT(*) FROM cursors WHERE key LIKE ?", suffix),
+    }
+    with closing(sqlite3.connect(tmp_path / ".taskcard" / "state.sqlite3")) as db:
+        counts = {
+            name: int(db.execute(sql, (arg,)).fetchone()[0]) for name, (sql, arg) in queries.items()
+        }
+    return {name: count for name, count in counts.items() if count}
+
+
+def departed(tmp_path: Path, agent: str) -> bool:
+    """Whether the state file records that `agent` left (and waits to forget it)."""
+    with closing(sqlite3.connect(tmp_path / ".taskcard" / "state.sqlite3")) as db:
+        query = "SELECT 1 FROM cursors WHERE key = ?"
+        return db.execute(query, (f"departed:{agent}",)).fetchone() is not None
+
+
+@pytest.mark.parametrize("platform", ["telegram", "feishu"])
+async def test_a_departed_agent_is_forgotten_after_the_time_kept_and_a_quick_return_keeps_its_card(
+    platform: str, tmp_path: Path
+) -> None:
+    fake: FakeTelegram | FakeFeishu
+    async with FakeTelegram() if platform == "telegram" else FakeFeishu() as fake:
+        await _churn(fake, tmp_path)
+
+
+async def _churn(fake: FakeTelegram | FakeFeishu, tmp_path: Path) -> None:
+    scout, stay = tmp_path / "fleet" / "scout", tmp_path / "fleet" / "stay"
+    env = config(tmp_path, fake, keep_s=86_400.0)
+    for folder, body in ((scout, "scout card"), (stay, "stay card")):
+        folder.mkdir(parents=True)
+        publish(folder, body)
+
+    # Kept for a day: the agent leaves, comes back, and its card goes on in the same message.
+    with ServeProcess(tmp_path / "taskcard.toml", env=env) as serve:
+        await eventually(
+            lambda: showing(fake, "scout card") and showing(fake, "stay card"),
+            timeout_s=WAIT_S,
+            what="both cards",
+        )
+        [first] = showing(fake, "scout card")
+        notify(scout, "n-1", "error", code="renderer_failed")
+        await eventually(
+            lambda: kept(tmp_path, "scout").get("notices"), timeout_s=WAIT_S, what="a notice"
+        )
+        shutil.rmtree(scout)
+        await eventually(
+            lambda: RETIRED in cards(fake)[first], timeout_s=WAIT_S, what="the retired card"
+        )
+        await eventually(lambda: departed(tmp_path, "scout"), what="the departure recorded")
+        assert {"residents", "offsets", "notices"} <= kept(tmp_path, "scout").keys()
+
+        scout.mkdir()
+        publish(scout, "scout is back")
+        await eventually(
+            lambda: "scout is back" in cards(fake)[first], timeout_s=WAIT_S, what="the same card"
+        )
+        await eventually(lambda: not departed(tmp_path, "scout"), what="the return recorded")
+        assert showing(fake, "scout is back") == [first], "no second card for a quick return"
+        assert showing(fake, "scout card") == []
+        assert await serve.aterminate() == 0
+
+    # Kept for 2 s. The scout leaves while the service is stopped: found at the next start.
+    shutil.rmtree(scout)
+    env = config(tmp_path, fake, keep_s=2.0)
+    with ServeProcess(tmp_path / "taskcard.toml", env=env) as serve:
+        await eventually(
+            lambda: kept(tmp_path, "scout") == {}, timeout_s=WAIT_S, what="the scout forgotten"
+        )
+        assert "forgot agent scout" in serve.logs
+        assert {"residents", "offsets"} <= kept(tmp_path, "stay").keys(), "a served agent keeps"
+
+        # One that leaves while served: its card says so, then its state goes.
+        [stay_card] = showing(fake, "stay card")
+        shutil.rmtree(stay)
+        await eventually(
+            lambda: RETIRED in cards(fake)[stay_card], timeout_s=WAIT_S, what="stay retired"
+        )
+        await eventually(
+            lambda: kept(tmp_path, "stay") == {}, timeout_s=WAIT_S, what="stay forgotten"
+        )
+
+        # Back after the time kept: a new card; the old message stays as it was.
+        scout.mkdir()
+        publish(scout, "scout returns late")
+        await eventually(
+            lambda: showing(fake, "scout returns late"), timeout_s=WAIT_S, what="a new card"
+        )
+        assert showing(fake, "scout returns late") != [first]
+        assert "scout is back" in cards(fake)[first]
+        await eventually(
+            lambda: kept(tmp_path, "scout").get("residents") == 1,
+            timeout_s=WAIT_S,
+            what="its one new resident",
+        )
+        assert await serve.aterminate() == 0
