@@ -7,12 +7,15 @@ state file as an operator would (`sqlite3`), and the chat as people see it.
 
 from __future__ import annotations
 
+import json
 import shutil
+import signal
 import sqlite3
-from contextlib import closing
+from contextlib import ExitStack, closing
 from pathlib import Path
 
 import pytest
+import redis
 
 from tests.e2e.harness import ServeProcess, eventually, notify, publish
 from tests.fakes.feishu_api import FakeFeishu
@@ -176,3 +179,120 @@ async def _churn(fake: FakeTelegram | FakeFeishu, tmp_path: Path) -> None:
             what="its one new resident",
         )
         assert await serve.aterminate() == 0
+
+
+def redis_kept(redis_url: str, prefix: str, agent: str) -> dict[str, int]:
+    """How many entries the cluster's Redis keeps for `agent`, by kind (zeros left out)."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        counts = {
+            "residents": sum(
+                r.endswith(f":{agent}") for r in client.smembers(f"{prefix}:residents")
+            ),
+            "resident keys": len(list(client.scan_iter(f"{prefix}:res:*:{agent}"))),
+            "notices": sum(
+                json.loads(m)[0].endswith(f":{agent}") for m in client.hkeys(f"{prefix}:n:text")
+            ),
+            "offsets": sum(json.loads(f)[0] == agent for f in client.hkeys(f"{prefix}:offsets")),
+            "cursors": sum(k.endswith(f":{agent}") for k in client.hkeys(f"{prefix}:cursors")),
+            "lease fence": int(client.exists(f"{prefix}:lease:agent:{agent}:fence")),
+        }
+    finally:
+        client.close()
+    return {name: count for name, count in counts.items() if count}
+
+
+def keep_for(serve: ServeProcess, keep_s: float) -> None:
+    """Set the instance's `forget_departed_after_s` (before it starts)."""
+    serve.config.write_text(f"forget_departed_after_s = {keep_s!r}\n" + serve.config.read_text())
+
+
+async def test_in_a_cluster_an_agent_no_instance_serves_is_forgotten_and_a_served_one_kept(
+    tmp_path: Path, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """Two instances share one Redis. An agent configured on both is dropped by its owner's
+    reload: the standby serves it, so when the owner's time kept runs out nothing of it is
+    forgotten (its card goes on in the same message). An agent whose discovered folder goes
+    is served by no instance: its residents, notices, offsets, cursors and lease counter
+    leave Redis after the time kept, while the others' stay."""
+    from tests.e2e.test_cluster import instance, shown
+
+    async with FakeTelegram() as fake:
+        root = tmp_path / "fleet"
+        (root / "scout").mkdir(parents=True)
+        serves = {
+            name: instance(
+                tmp_path, name, fake, ["shared", f"{name}own"], redis_url=redis_url, prefix=prefix
+            )
+            for name in ("i0", "i1")
+        }
+        for serve in serves.values():
+            keep_for(serve, 2.0)
+        i0 = serves["i0"]
+        i0.config.write_text(
+            i0.config.read_text().replace('agents = ["shared", "i0own"]', 'agents = ["*"]')
+            + f'[discover]\nroots = ["{root}"]\n'
+        )
+        for serve in serves.values():
+            fleet.enter_context(serve)
+        shared = tmp_path / "agents" / "shared"
+        publish(shared, "shared card")
+        publish(root / "scout", "scout card")
+        await eventually(
+            lambda: all(
+                any(w in t for t in shown(fake, GROUP)) for w in ("shared card", "scout card")
+            ),
+            timeout_s=WAIT_S,
+            what="both cards",
+        )
+        serving = "agent shared: this instance serves it now"
+        owner = await eventually(
+            lambda: next((n for n, s in serves.items() if serving in s.logs), None),
+            timeout_s=WAIT_S,
+            what="an owner of the shared agent",
+        )
+        standby = serves["i1" if owner == "i0" else "i0"]
+
+        # The owner lets the shared agent go; the standby takes it over.
+        config = serves[owner].config
+        config.write_text(
+            config.read_text()
+            .replace(f'agents = ["shared", "{owner}own"]', f'agents = ["{owner}own"]')
+            .replace(f'[[agents]]\nid = "shared"\nworkdir = "{shared}"\n', "")
+        )
+        process = serves[owner].proc
+        assert process is not None
+        process.send_signal(signal.SIGHUP)
+        await eventually(lambda: "config reloaded" in serves[owner].logs, what="the reload")
+        await eventually(lambda: serving in standby.logs, timeout_s=WAIT_S, what="the standby")
+        await eventually(
+            lambda: (
+                "agent shared left this instance's fleet but another instance serves it"
+                in serves[owner].logs
+            ),
+            timeout_s=WAIT_S,
+            what="the owner's time kept over",
+        )
+        assert {"residents", "offsets"} <= redis_kept(redis_url, prefix, "shared").keys()
+        publish(shared, "shared goes on")
+        await eventually(
+            lambda: any("shared goes on" in t for t in shown(fake, GROUP)),
+            timeout_s=WAIT_S,
+            what="the standby's edit",
+        )
+        assert sum("shared" in t for t in shown(fake, GROUP)) == 1, "one resident, edited"
+
+        # The scout's folder goes: no instance serves it, and its state leaves Redis.
+        assert {"residents", "offsets", "lease fence"} <= redis_kept(
+            redis_url, prefix, "scout"
+        ).keys()
+        shutil.rmtree(root / "scout")
+        await eventually(
+            lambda: redis_kept(redis_url, prefix, "scout") == {},
+            timeout_s=WAIT_S,
+            what="the scout forgotten in Redis",
+        )
+        assert "forgot agent scout" in i0.logs
+        assert {"residents", "offsets"} <= redis_kept(redis_url, prefix, "shared").keys()
+        for serve in serves.values():
+            assert await serve.aterminate() == 0
