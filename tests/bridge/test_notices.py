@@ -189,3 +189,16 @@ def test_a_restored_episode_is_summarised_with_a_stable_id() -> None:
 )
 def test_unusable_saved_episodes_are_ignored(saved: str | None) -> None:
     assert FoldedNotices.from_json(saved) is None
+
+
+def test_a_forgotten_route_owes_no_summary_and_starts_a_fresh_window() -> None:
+    """A route whose agent left for good is forgotten: its open fold episode owes nothing,
+    and the gate keeps no window for it."""
+    gate = NoticeGate(max_per_minute=1, settle_s=5.0)
+    gate.record("r", 0.0)
+    assert not gate.allows("r", 1.0)
+    gate.fold("r", "error", 1.0)
+    gate.forget("r")
+    assert gate.due(120.0) == []
+    assert gate.allows("r", 2.0), "a route seen again starts afresh"
+    gate.forget("never-seen")

@@ -132,7 +132,9 @@ async def _churn(fake: FakeTelegram | FakeFeishu, tmp_path: Path) -> None:
         await eventually(
             lambda: RETIRED in cards(fake)[first], timeout_s=WAIT_S, what="the retired card"
         )
-        await eventually(lambda: departed(tmp_path, "scout"), what="the departure recorded")
+        await eventually(
+            lambda: departed(tmp_path, "scout"), timeout_s=WAIT_S, what="the departure recorded"
+        )
         assert {"residents", "offsets", "notices"} <= kept(tmp_path, "scout").keys()
 
         scout.mkdir()
@@ -140,7 +142,9 @@ async def _churn(fake: FakeTelegram | FakeFeishu, tmp_path: Path) -> None:
         await eventually(
             lambda: "scout is back" in cards(fake)[first], timeout_s=WAIT_S, what="the same card"
         )
-        await eventually(lambda: not departed(tmp_path, "scout"), what="the return recorded")
+        await eventually(
+            lambda: not departed(tmp_path, "scout"), timeout_s=WAIT_S, what="the return recorded"
+        )
         assert showing(fake, "scout is back") == [first], "no second card for a quick return"
         assert showing(fake, "scout card") == []
         assert await serve.aterminate() == 0
@@ -263,7 +267,9 @@ async def test_in_a_cluster_an_agent_no_instance_serves_is_forgotten_and_a_serve
         process = serves[owner].proc
         assert process is not None
         process.send_signal(signal.SIGHUP)
-        await eventually(lambda: "config reloaded" in serves[owner].logs, what="the reload")
+        await eventually(
+            lambda: "config reloaded" in serves[owner].logs, timeout_s=WAIT_S, what="the reload"
+        )
         await eventually(lambda: serving in standby.logs, timeout_s=WAIT_S, what="the standby")
         await eventually(
             lambda: (

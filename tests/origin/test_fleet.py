@@ -139,6 +139,27 @@ def test_origin_book_persists_and_never_reopens_on_an_older_origin(tmp_path: Pat
     store.close()
 
 
+def test_origin_routes_of_a_forgotten_agent_go_open_or_closed_and_the_others_stay(
+    tmp_path: Path,
+) -> None:
+    """An agent forgotten after leaving kept its open origin routes in the saved document for
+    good (only closed ones were ever dropped, past 5,000)."""
+    store = SqliteStore.in_dir(tmp_path)
+    gone_open = RouteKey("feishu", ChatRef("oc_1"), "gone")
+    gone_closed = RouteKey("telegram", ChatRef("-100", "7"), "gone")
+    stays = RouteKey("feishu", ChatRef("oc_1"), "stays")
+    book = OriginBook(store)
+    for key in (gone_open, gone_closed, stays):
+        book.open(key, 100.0)
+    book.close(gone_closed, 200.0)
+    assert book.forget_agent("gone") is True
+    assert book.forget_agent("gone") is False  # nothing left of it
+    again = OriginBook(store)
+    assert again.open_routes() == [stays]
+    assert again.open(gone_closed, 150.0) is True, "its closing time went with it"
+    store.close()
+
+
 def test_unreadable_saved_origin_routes_start_empty(tmp_path: Path) -> None:
     store = SqliteStore.in_dir(tmp_path)
     store.set_cursor("origin-routes", '[{"channel": 1}, "x", {"channel": "telegram"}]')
