@@ -353,7 +353,8 @@ class ServiceConfig(BaseModel):
             "An agent that left the fleet (removed from this file, its discovered folder"
             " gone) keeps its resident messages, offsets and notices this long (1 s to 366"
             " days; default 7 days): back within it, it edits the same messages; after it,"
-            " all of it is forgotten and a return posts new cards."
+            " all of it is forgotten and a return posts new cards. Not in a cluster: there"
+            " a departed agent's state is kept for good."
         ),
     )
     agents: list[AgentConfig] = Field(default_factory=list, description="The watched agents.")

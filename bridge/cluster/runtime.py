@@ -346,21 +346,6 @@ class Cluster:
         password = urlsplit(self._url).password
         return (password,) if password else ()
 
-    def agent_lease(self, agent: str) -> str:
-        """Who holds `agent`'s lease now: "here", "elsewhere", or "" when no instance does
-        (none has the agent in its fleet, or none is running). One GET, asked once per agent
-        that left, when its state is due to be forgotten."""
-        value = self.store.client.get(self.key("lease", "agent", agent))
-        if not isinstance(value, str):
-            return ""
-        return "here" if value.startswith(self.owner + "|") else "elsewhere"
-
-    def forget_agent(self, agent: str) -> None:
-        """Drop the fencing counter of the lease of an agent no instance serves (one key per
-        agent ever leased). Its next holder starts a counter again; tokens carry the
-        holder's unique name, so none can match a token of before."""
-        self.store.client.delete(self.key("lease", "agent", agent, "fence"))
-
     def limiter(self, max_pause_s: float) -> RedisLimiter:
         return RedisLimiter(self.aio, self.prefix, self.owner, max_pause_s=max_pause_s)
 

@@ -294,7 +294,6 @@ async def serve(
             cluster_names=wiring.cluster.routed_names if wiring else None,
             shared_boards=wiring.cluster.boards if wiring else None,
             shared_replies=wiring.cluster.replies if wiring else None,
-            agent_leases=wiring.cluster if wiring else None,
         )
         if wiring is not None:
             wiring.follow(service.routes_chat)

@@ -26,7 +26,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, tzinfo
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final
 
 from taskcard.bridge.compose.board import (
     BoardEntry,
@@ -149,18 +149,6 @@ DEPARTED_PREFIX = "departed:"
 FORGET_RETRY_S = 30.0
 
 
-class AgentLeases(Protocol):
-    """Clustered: who serves an agent (see `bridge.cluster.runtime.Cluster`)."""
-
-    def agent_lease(self, agent: str) -> str:
-        """ "here", "elsewhere", or "" when no instance holds the agent's lease."""
-        ...
-
-    def forget_agent(self, agent: str) -> None:
-        """Drop what the cluster keeps of an agent no instance serves."""
-        ...
-
-
 def may_command(route: Route, command: IncomingCommand) -> bool:
     """Whether `command`'s sender may command `route` (and talk to its agents).
 
@@ -234,12 +222,9 @@ class Service:
         cluster_names: ClusterNames | None = None,
         shared_boards: SharedBoards | None = None,
         shared_replies: SharedReplies | None = None,
-        agent_leases: AgentLeases | None = None,
     ) -> None:
         """`shared_replies`: clustered, where the unsent command replies are kept for the
-        instance that runs on when this one stops (see `bridge.cluster.replies`);
-        `agent_leases`: clustered, who serves an agent that left this instance's fleet, so
-        that its state is forgotten only when no instance serves it."""
+        instance that runs on when this one stops (see `bridge.cluster.replies`)."""
         self._config = config
         self._channels: dict[str, Channel] = {n: b.channel for n, b in channels.items()}
         self._store = store
@@ -311,7 +296,6 @@ class Service:
         # see `_forget_departed`), and the routes each had here when it left.
         self._departed = DueAgents()
         self._departed_routes: dict[str, list[RouteKey]] = {}
-        self._agent_leases = agent_leases
         # Agents whose last card cost too much to compose: not again before when (see
         # `_project_paced`), and the agents owed a projection meanwhile.
         self._paced: dict[str, float] = {}
@@ -354,7 +338,6 @@ class Service:
         self._desk.load()
         if self._owned is None:  # alone on the state, not clustered
             self._forget_departed()
-        if self._owned is None or self._agent_leases is not None:
             self._follow_departures()
         self._running = True
         self.started.set()
@@ -437,14 +420,12 @@ class Service:
             )
 
     def _follow_departures(self) -> None:
-        """At start: the agents that left the fleet, each due to be forgotten
-        `forget_departed_after_s` after it left. Alone on the state, those that left while
-        the service was stopped (or before departures were recorded) are found by their
-        offsets, which every agent read has, and count as leaving now (clustered, an agent
-        not in this instance's fleet may be another's: only recorded departures count). One
-        read of the departures and of the offsets' agents; from then on a departure is
-        recorded when it happens and forgotten by the once-a-second timer, which looks only
-        at those due."""
+        """At start, alone on the state: the agents that left the fleet, each due to be
+        forgotten `forget_departed_after_s` after it left. Those that left while the service
+        was stopped (or before departures were recorded) are found by their offsets, which
+        every agent read has, and count as leaving now. One read of the departures and of
+        the offsets' agents; from then on a departure is recorded when it happens and
+        forgotten by the once-a-second timer, which looks only at those due."""
         keep_s = self._config.forget_departed_after_s
         now = self._clock().timestamp()
         try:
@@ -456,11 +437,7 @@ class Service:
                     marked[key[len(DEPARTED_PREFIX) :]] = now  # not ours: from now on
             back = [agent for agent in marked if agent in self._monitors]
             self._store.delete_cursors(DEPARTED_PREFIX + agent for agent in back)
-            unmarked = (
-                self._store.offset_agents() - marked.keys() - self._monitors.keys()
-                if self._owned is None
-                else set()
-            )
+            unmarked = self._store.offset_agents() - marked.keys() - self._monitors.keys()
         except Exception as error:
             log.warning("the agents no longer served were not looked up: %s", error)
             return
@@ -480,10 +457,13 @@ class Service:
             )
 
     def _departure(self, agent_id: str, routes: Iterable[RouteKey]) -> None:
-        """The agent left the fleet: its state is forgotten `forget_departed_after_s` from
-        now, unless it comes back first (clustered: unless an instance serves it then)."""
-        if self._owned is not None and self._agent_leases is None:
-            return  # clustered without a way to ask who serves it: its state stays
+        """The agent left the fleet (alone on the state): its state is forgotten
+        `forget_departed_after_s` from now, unless it comes back first."""
+        if self._owned is not None:
+            # Clustered: it may be in another instance's fleet, and while that instance is
+            # stopped no record says so (its lease lapses), so nothing of it is forgotten.
+            log.info("agent %s left this instance's fleet: clustered, its state is kept", agent_id)
+            return
         now = self._clock().timestamp()
         self._store.set_cursor(DEPARTED_PREFIX + agent_id, repr(now))
         self._departed.set(agent_id, now + self._config.forget_departed_after_s)
@@ -506,23 +486,6 @@ class Service:
                 self._departed.set(agent_id, now + FORGET_RETRY_S)
                 continue
             try:
-                holder = (
-                    "" if self._agent_leases is None else self._agent_leases.agent_lease(agent_id)
-                )
-                if holder == "here":  # its lease is still being given up here: after that
-                    self._departed.set(agent_id, now + FORGET_RETRY_S)
-                    continue
-                if holder == "elsewhere":
-                    # Another instance has it in its fleet: not gone, so nothing is
-                    # forgotten; that instance records its departure if it lets it go.
-                    self._store.delete_cursors([DEPARTED_PREFIX + agent_id])
-                    self._departed_routes.pop(agent_id, None)
-                    log.info(
-                        "agent %s left this instance's fleet but another instance serves it:"
-                        " its state stays",
-                        agent_id,
-                    )
-                    continue
                 self._forget_agent(agent_id)
             except Exception as error:
                 log.warning(
@@ -549,8 +512,6 @@ class Service:
             cursors=[DEPARTED_PREFIX + agent_id, agent_health_key(agent_id)],
             cursor_prefixes=[FOLDED_CURSOR_PREFIX],
         )
-        if self._agent_leases is not None:
-            self._agent_leases.forget_agent(agent_id)
         self._origins.forget_agent(agent_id)
         for key in self._departed_routes.get(agent_id, []):
             self._outbox.forget_route(key)

@@ -7,9 +7,9 @@ state file as an operator would (`sqlite3`), and the chat as people see it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
-import signal
 import sqlite3
 from contextlib import ExitStack, closing
 from pathlib import Path
@@ -212,94 +212,68 @@ def keep_for(serve: ServeProcess, keep_s: float) -> None:
     serve.config.write_text(f"forget_departed_after_s = {keep_s!r}\n" + serve.config.read_text())
 
 
-async def test_in_a_cluster_an_agent_no_instance_serves_is_forgotten_and_a_served_one_kept(
+async def test_in_a_cluster_nothing_of_a_departed_agent_is_forgotten(
     tmp_path: Path, redis_url: str, prefix: str, fleet: ExitStack
 ) -> None:
-    """Two instances share one Redis. An agent configured on both is dropped by its owner's
-    reload: the standby serves it, so when the owner's time kept runs out nothing of it is
-    forgotten (its card goes on in the same message). An agent whose discovered folder goes
-    is served by no instance: its residents, notices, offsets, cursors and lease counter
-    leave Redis after the time kept, while the others' stay."""
+    """Two instances share one Redis with one second kept. An agent whose discovered folder
+    goes from one instance's fleet may still be in the other's while that one is stopped
+    (its lease lapsed), which the shared state cannot tell: its resident, offsets and lease
+    counter stay in Redis long after the time kept, and a return edits the same message."""
     from tests.e2e.test_cluster import instance, shown
 
     async with FakeTelegram() as fake:
         root = tmp_path / "fleet"
         (root / "scout").mkdir(parents=True)
         serves = {
-            name: instance(
-                tmp_path, name, fake, ["shared", f"{name}own"], redis_url=redis_url, prefix=prefix
-            )
+            name: instance(tmp_path, name, fake, [f"{name}own"], redis_url=redis_url, prefix=prefix)
             for name in ("i0", "i1")
         }
         for serve in serves.values():
-            keep_for(serve, 2.0)
+            keep_for(serve, 1.0)
         i0 = serves["i0"]
         i0.config.write_text(
-            i0.config.read_text().replace('agents = ["shared", "i0own"]', 'agents = ["*"]')
+            i0.config.read_text().replace('agents = ["i0own"]', 'agents = ["*"]')
             + f'[discover]\nroots = ["{root}"]\n'
         )
         for serve in serves.values():
             fleet.enter_context(serve)
-        shared = tmp_path / "agents" / "shared"
-        publish(shared, "shared card")
         publish(root / "scout", "scout card")
         await eventually(
-            lambda: all(
-                any(w in t for t in shown(fake, GROUP)) for w in ("shared card", "scout card")
-            ),
+            lambda: any("scout card" in t for t in shown(fake, GROUP)),
             timeout_s=WAIT_S,
-            what="both cards",
+            what="the scout's card",
         )
-        serving = "agent shared: this instance serves it now"
-        owner = await eventually(
-            lambda: next((n for n, s in serves.items() if serving in s.logs), None),
-            timeout_s=WAIT_S,
-            what="an owner of the shared agent",
-        )
-        standby = serves["i1" if owner == "i0" else "i0"]
-
-        # The owner lets the shared agent go; the standby takes it over.
-        config = serves[owner].config
-        config.write_text(
-            config.read_text()
-            .replace(f'agents = ["shared", "{owner}own"]', f'agents = ["{owner}own"]')
-            .replace(f'[[agents]]\nid = "shared"\nworkdir = "{shared}"\n', "")
-        )
-        process = serves[owner].proc
-        assert process is not None
-        process.send_signal(signal.SIGHUP)
-        await eventually(
-            lambda: "config reloaded" in serves[owner].logs, timeout_s=WAIT_S, what="the reload"
-        )
-        await eventually(lambda: serving in standby.logs, timeout_s=WAIT_S, what="the standby")
-        await eventually(
-            lambda: (
-                "agent shared left this instance's fleet but another instance serves it"
-                in serves[owner].logs
-            ),
-            timeout_s=WAIT_S,
-            what="the owner's time kept over",
-        )
-        assert {"residents", "offsets"} <= redis_kept(redis_url, prefix, "shared").keys()
-        publish(shared, "shared goes on")
-        await eventually(
-            lambda: any("shared goes on" in t for t in shown(fake, GROUP)),
-            timeout_s=WAIT_S,
-            what="the standby's edit",
-        )
-        assert sum("shared" in t for t in shown(fake, GROUP)) == 1, "one resident, edited"
-
-        # The scout's folder goes: no instance serves it, and its state leaves Redis.
         assert {"residents", "offsets", "lease fence"} <= redis_kept(
             redis_url, prefix, "scout"
         ).keys()
         shutil.rmtree(root / "scout")
         await eventually(
-            lambda: redis_kept(redis_url, prefix, "scout") == {},
+            lambda: any("scout" in t and RETIRED in t for t in shown(fake, GROUP)),
             timeout_s=WAIT_S,
-            what="the scout forgotten in Redis",
+            what="the scout's card retired",
         )
-        await eventually(lambda: "forgot agent scout" in i0.logs, what="the log line")
-        assert {"residents", "offsets"} <= redis_kept(redis_url, prefix, "shared").keys()
+        # Proving that nothing happens takes a wait: three times the time kept (a slow
+        # machine only makes this test miss a regression, never fail), then one of i0's own
+        # edits, which goes out after its timer has run past the scout's time.
+        await asyncio.sleep(3.0)
+        publish(tmp_path / "agents" / "i0own", "i0own later")
+        await eventually(
+            lambda: any("i0own later" in t for t in shown(fake, GROUP)),
+            timeout_s=WAIT_S,
+            what="i0's later edit",
+        )
+        assert "forgot agent scout" not in i0.logs
+        assert "agent scout left this instance's fleet: clustered, its state is kept" in i0.logs
+        assert {"residents", "offsets", "lease fence"} <= redis_kept(
+            redis_url, prefix, "scout"
+        ).keys()
+        (root / "scout").mkdir()
+        publish(root / "scout", "scout is back")
+        await eventually(
+            lambda: any("scout is back" in t for t in shown(fake, GROUP)),
+            timeout_s=WAIT_S,
+            what="the scout back",
+        )
+        assert sum("scout" in t for t in shown(fake, GROUP)) == 1, "one resident, edited"
         for serve in serves.values():
             assert await serve.aterminate() == 0
