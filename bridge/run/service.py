@@ -147,6 +147,11 @@ AGENT_HEALTH_PREFIX = "agent-health:"
 DEPARTED_PREFIX = "departed:"
 # A departed agent whose last edits are still on their way is forgotten this much later.
 FORGET_RETRY_S = 30.0
+# At most this many departed agents are forgotten per timer tick; the others stay due for
+# the next ticks. Agents that left together (a discovery root unmounted, the first start
+# after an upgrade marking every old agent) come due in the same second, and the timer runs
+# on the event loop: unbounded, thousands of them would hold up every card and command.
+FORGET_PER_TICK = 10
 
 
 def may_command(route: Route, command: IncomingCommand) -> bool:
@@ -478,8 +483,10 @@ class Service:
             log.info("agent %s is back: its resident messages are edited again", agent_id)
 
     def _forget_due(self, now: float) -> None:
-        """Forget the agents whose time away has run out (only those: a heap by time)."""
-        for agent_id in self._departed.pop_due(now):
+        """Forget the agents whose time away has run out (only those: a heap by time), at
+        most `FORGET_PER_TICK` of them; the rest wait for the next ticks."""
+        due = self._departed.pop_due(now, FORGET_PER_TICK)
+        for agent_id in due:
             routes = self._departed_routes.get(agent_id, [])
             if any(key in self._closing for key in routes):
                 # Its last edits are still on their way: after them.
@@ -498,6 +505,13 @@ class Service:
                 self._departed.set(agent_id, now + FORGET_RETRY_S)
                 continue
             self._departed_routes.pop(agent_id, None)
+        waiting = self._departed.next_due()
+        if len(due) == FORGET_PER_TICK and waiting is not None and waiting <= now:
+            log.info(
+                "%d departed agents handled this second, the most one second takes: more are"
+                " due and follow in the next seconds",
+                len(due),
+            )
 
     def _forget_agent(self, agent_id: str) -> None:
         """Forget all that is kept of an agent that left `forget_departed_after_s` ago: its

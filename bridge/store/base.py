@@ -235,9 +235,11 @@ class StateStore(ABC):
         of every route whose key ends with `:<agent_id>` (its cards in every chat; see
         `RouteKey.store_key`) and of `routes`, the offsets of its files, its inbox messages,
         the `cursors`, and each cursor whose key starts with one of `cursor_prefixes` and
-        ends with `:<agent_id>`. Called once per agent that left, never periodically: a
-        backend may walk its tables for it (SQLite compares the routes' ends, Redis filters
-        its scans on the server), as long as only the agent's own entries reach Python."""
+        ends with `:<agent_id>`. Called once per agent that left, never periodically, and on
+        the event loop, up to ten agents a second: SQLite finds the rows through indexes on
+        the routes' last part (the agent's own rows' work). Redis walks its tables,
+        filtering on the server; the service never calls it there, since a cluster forgets
+        nothing (docs/operators.md)."""
 
     @abstractmethod
     def first_claim(self, key: str, value: str, keep_s: float) -> str:

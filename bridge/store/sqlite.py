@@ -81,6 +81,16 @@ __all__ = [
     "read_health",
 ]
 
+
+def _last_part(column: str) -> str:
+    """SQL for what follows the last ":" in `column` (all of it when it has none): the agent
+    of a route key (`RouteKey.store_key` ends with `:<agent>`, and agent ids hold no ":").
+    `rtrim` strips from the right every character but ":", so it stops at the last one.
+    Built-in, deterministic functions only, so SQLite can index the expression, and a query
+    that repeats it exactly finds one agent's rows without reading the others'."""
+    return f"substr({column}, length(rtrim({column}, replace({column}, ':', ''))) + 1)"
+
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS residents (
     route TEXT PRIMARY KEY,
@@ -94,6 +104,7 @@ CREATE TABLE IF NOT EXISTS residents (
     unsure_at REAL,
     pin_owed_id TEXT
 );
+CREATE INDEX IF NOT EXISTS residents_agent ON residents ({agent_of_route});
 CREATE TABLE IF NOT EXISTS prefs (
     scope TEXT PRIMARY KEY,
     hidden INTEGER NOT NULL DEFAULT 0,
@@ -109,6 +120,7 @@ CREATE TABLE IF NOT EXISTS notices (
     PRIMARY KEY (route, notice_id)
 );
 CREATE INDEX IF NOT EXISTS notices_pending ON notices (state, created_at);
+CREATE INDEX IF NOT EXISTS notices_agent ON notices ({agent_of_route});
 CREATE TABLE IF NOT EXISTS offsets (
     agent_id TEXT NOT NULL,
     name TEXT NOT NULL,
@@ -117,6 +129,7 @@ CREATE TABLE IF NOT EXISTS offsets (
     PRIMARY KEY (agent_id, name)
 );
 CREATE TABLE IF NOT EXISTS cursors (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS cursors_agent ON cursors ({agent_of_key});
 CREATE TABLE IF NOT EXISTS pauses (scope TEXT PRIMARY KEY, until_epoch REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS inbox (
     message_id TEXT PRIMARY KEY,
@@ -133,6 +146,7 @@ CREATE TABLE IF NOT EXISTS inbox (
     reply_thread_id TEXT
 );
 CREATE INDEX IF NOT EXISTS inbox_open ON inbox (outcome, queued_at);
+CREATE INDEX IF NOT EXISTS inbox_agent ON inbox (agent_id);
 CREATE TABLE IF NOT EXISTS sent (
     channel TEXT NOT NULL,
     message_id TEXT NOT NULL,
@@ -148,7 +162,10 @@ CREATE TABLE IF NOT EXISTS seen_chats (
     last_seen REAL NOT NULL,
     PRIMARY KEY (channel, chat_id, thread_id)
 );
-"""
+""".format(
+    agent_of_route=_last_part("route"),
+    agent_of_key=_last_part("key"),
+)
 
 STATE_FILE = "state.sqlite3"
 HEALTH_FILE = "state.health"
@@ -896,11 +913,12 @@ class SqliteStore(StateStore):
 
         def op(db: sqlite3.Connection) -> None:
             for table in ("residents", "notices"):
-                # The routes of one agent end alike: a suffix, so no index helps; SQLite
-                # compares them without handing a row to Python (about 1 ms per 10,000).
+                # The agent's routes through the index on their last part (`_last_part`):
+                # the work is its own rows', not the fleet's.
                 db.execute(
-                    f"DELETE FROM {table} WHERE length(route) > ? AND substr(route, -?) = ?",
-                    (len(suffix), len(suffix), suffix),
+                    f"DELETE FROM {table} WHERE {_last_part('route')} = ?"
+                    " AND instr(route, ':') > 0",
+                    (agent_id,),
                 )
                 db.executemany(
                     f"DELETE FROM {table} WHERE route = ?",
@@ -911,9 +929,9 @@ class SqliteStore(StateStore):
             db.executemany("DELETE FROM cursors WHERE key = ?", [(key,) for key in keys])
             for prefix in prefixes:
                 db.execute(
-                    "DELETE FROM cursors WHERE substr(key, 1, ?) = ? AND length(key) > ?"
-                    " AND substr(key, -?) = ?",
-                    (len(prefix), prefix, len(prefix) + len(suffix), len(suffix), suffix),
+                    f"DELETE FROM cursors WHERE {_last_part('key')} = ?"
+                    " AND substr(key, 1, ?) = ? AND length(key) > ?",
+                    (agent_id, len(prefix), prefix, len(prefix) + len(suffix)),
                 )
 
         # What is kept in memory for it would write its rows again.

@@ -56,16 +56,18 @@ class DueAgents:
         self._drop_stale_head()
         return self._heap[0][0] if self._heap else None
 
-    def pop_due(self, now: float) -> list[str]:
-        """The agents due at or before `now`, earliest first; they are removed."""
+    def pop_due(self, now: float, limit: int | None = None) -> list[str]:
+        """The agents due at or before `now`, earliest first, at most `limit` of them; they
+        are removed (those beyond the limit stay due)."""
         due: list[str] = []
-        while True:
+        while limit is None or len(due) < limit:
             self._drop_stale_head()
             if not self._heap or now < self._heap[0][0]:
                 return due
             _, _, agent_id = heapq.heappop(self._heap)
             del self._live[agent_id]
             due.append(agent_id)
+        return due
 
     def _drop_stale_head(self) -> None:
         while self._heap:

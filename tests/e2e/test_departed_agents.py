@@ -277,3 +277,45 @@ async def test_in_a_cluster_nothing_of_a_departed_agent_is_forgotten(
         assert sum("scout" in t for t in shown(fake, GROUP)) == 1, "one resident, edited"
         for serve in serves.values():
             assert await serve.aterminate() == 0
+
+
+async def test_agents_that_left_together_are_forgotten_a_few_a_second(tmp_path: Path) -> None:
+    """25 agents leave while the service is stopped, so at the next start they all come due
+    in the same second. The timer forgets at most ten a second (so cards and commands are
+    not held up behind them), says so while more wait, and forgets every one in the end.
+    Counted in agents per tick from the log, never timed."""
+    names = [f"crew{n:02d}" for n in range(25)]
+    async with FakeTelegram() as fake:
+        env = config(tmp_path, fake, keep_s=1.0)
+        for name in names:
+            (tmp_path / "fleet" / name).mkdir()
+            publish(tmp_path / "fleet" / name, f"{name} card")
+        with ServeProcess(tmp_path / "taskcard.toml", env=env) as serve:
+            await eventually(
+                lambda: (
+                    (tmp_path / ".taskcard" / "state.sqlite3").exists()
+                    and all("offsets" in kept(tmp_path, name) for name in names)
+                ),
+                timeout_s=WAIT_S,
+                what="every agent's files read",
+            )
+            assert await serve.aterminate() == 0
+        for name in names:
+            shutil.rmtree(tmp_path / "fleet" / name)
+
+        with ServeProcess(tmp_path / "taskcard.toml", env=env) as serve:
+            await eventually(
+                lambda: all(kept(tmp_path, name) == {} for name in names),
+                timeout_s=WAIT_S,
+                what="every agent forgotten",
+            )
+            await eventually(
+                lambda: serve.logs.count("forgot agent crew") == len(names),
+                timeout_s=WAIT_S,
+                what="the log lines",
+            )
+            # Each tick's forgets come before its line saying that more are due.
+            ticks = serve.logs.split("departed agents handled this second")
+            per_tick = [tick.count("forgot agent crew") for tick in ticks]
+            assert per_tick == [10, 10, 5], per_tick
+            assert await serve.aterminate() == 0
