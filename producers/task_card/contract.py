@@ -783,10 +783,12 @@ def parse_event(line: bytes) -> ActivityEvent | None:
         return None
     kind = data.get("kind")
     ts = parse_iso(data.get("ts"))
-    if kind not in EVENT_KINDS or ts is None:
+    # A kind that is not text (a list, an object) is no kind: testing it against the set
+    # would raise (unhashable) and stop the read at that line for good.
+    if not isinstance(kind, str) or kind not in EVENT_KINDS or ts is None:
         return None
     fields = {k: v for k, v in data.items() if k not in ("kind", "ts")}
-    return ActivityEvent(kind=str(kind), ts=ts, fields=fields)
+    return ActivityEvent(kind=kind, ts=ts, fields=fields)
 
 
 # A turn's origin: the chat a turn came from, `<channel>:<chat_id>[:<thread_id>]`.

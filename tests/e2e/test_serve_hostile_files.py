@@ -262,6 +262,9 @@ POISON_LINES = [
     '{"ts": "2030-01-01T00:00:04Z", "kind": "agent.exit", "code": NaN}',
     '{"ts": "2030-01-01T00:00:05Z", "kind": "tool.start", "name": {"x": [1]}, "call_id": 7}',
     '{"ts": 1e309, "kind": "turn.end"}',
+    # A kind that is not text (a list, an object): no known kind, not a failure of the read.
+    '{"ts": "2030-01-01T00:00:06Z", "kind": ["turn.start"]}',
+    '{"ts": "2030-01-01T00:00:07Z", "kind": {"turn.end": 1}}',
     # Nesting deeper than the JSON parser's recursion allows.
     "[" * 100_000 + "]" * 100_000,
 ]
