@@ -103,7 +103,8 @@ def parse_summary(data: bytes) -> LedgerSummary:
     gate = derived.get("next_gate")
     return LedgerSummary(
         task_id=safe_id(record["task"].get("task_id")),
-        workflow=workflow if workflow in WORKFLOWS else "unknown",
+        # Only text is tested against the set: a list or an object there would raise.
+        workflow=workflow if isinstance(workflow, str) and workflow in WORKFLOWS else "unknown",
         next_gate=gate if isinstance(gate, str) and _GATE.fullmatch(gate) else "unknown",
         steps_done=_int(derived.get("steps_done")),
         step_count=_int(derived.get("step_count")),

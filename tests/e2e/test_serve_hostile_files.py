@@ -381,6 +381,32 @@ async def test_absurd_numbers_in_ledger_and_notices_become_unknown(
     assert "Traceback" not in serve.logs
 
 
+async def test_a_ledger_state_that_is_not_text_reads_as_unknown(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    serve = setup(tmp_path, fake, ["ledg"])
+    ledg, good = workdir(tmp_path, "ledg"), workdir(tmp_path, "good")
+    ledger = ledg / "ledger/long-task-ledger.json"
+    ledger.parent.mkdir()
+    # A workflow given as a list: no state of the closed vocabulary, so unknown.
+    ledger.write_text(_ledger_document("T1", workflow=["RUNNING"]))
+    publish(ledg, "ledg v1")
+    with serve:
+        publish(good, "good v1")
+        await eventually(lambda: shows(fake, PRIVATE, "good v1"), what="the healthy card")
+        await eventually(
+            lambda: any("ledg v1" in t and "ledger T1: unknown" in t for t in texts(fake, GROUP)),
+            what="the card with the ledger row saying unknown",
+        )
+        # Later an object where the state goes, then a good ledger: the row follows.
+        atomic_write(ledger, _ledger_document("T2", workflow={"RUNNING": 1}).encode())
+        await eventually(lambda: shows(fake, GROUP, "ledger T2: unknown"), what="T2 unknown")
+        atomic_write(ledger, _ledger_document("T3").encode())
+        await eventually(lambda: shows(fake, GROUP, "ledger T3: RUNNING"), what="T3 running")
+        assert await serve.aterminate() == 0
+    assert "Traceback" not in serve.logs
+
+
 async def test_a_dangling_symlink_out_of_the_workdir_is_listed_from_the_first_sight(
     tmp_path: Path, fake: FakeTelegram
 ) -> None:
