@@ -195,7 +195,9 @@ def parse_ack(line: bytes) -> Ack | None:
     if not isinstance(ident, str) or not MESSAGE_ID.match(ident):
         return None
     via = data.get("via")
-    return Ack(id=ident, at=parse_iso(data.get("at")), via=via if via in ACK_VIAS else None)
+    # Only text is tested against the set: a list or an object there would raise.
+    known = isinstance(via, str) and via in ACK_VIAS
+    return Ack(id=ident, at=parse_iso(data.get("at")), via=via if known else None)
 
 
 def inbox_message(

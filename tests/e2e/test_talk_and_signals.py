@@ -305,6 +305,26 @@ async def test_tell_is_queued_then_delivered_on_one_edited_message(
             assert await chat.serve.aterminate() == 0
 
 
+async def test_an_ack_line_with_a_way_in_that_is_not_text_costs_only_that_line(
+    platform: str, tmp_path: Path
+) -> None:
+    async with chat_for(platform, tmp_path, ["builder"]) as chat:
+        running_agent(tmp_path)
+        with chat.serve:
+            await running_card_shown(chat)
+            await chat.say("/tell builder run the checks")
+            await wait_status(chat, "queued")
+            [message] = queued(tmp_path)
+            # Lines before the good ack whose `via` is a list or an object: no known way in.
+            acks = message.parent.parent / "acks.jsonl"
+            for via in (["mcp"], {"mcp": 1}):
+                append_jsonl_line(acks, {"id": "other", "state": "delivered", "via": via})
+            claim_and_ack(tmp_path, message)
+            await wait_status(chat, "delivered")
+            assert await chat.serve.aterminate() == 0
+        assert "Traceback" not in chat.serve.logs
+
+
 async def test_reply_to_the_resident_is_parked_then_cancelled(
     platform: str, tmp_path: Path
 ) -> None:
