@@ -207,10 +207,15 @@ class ActivityTracker:
             text = _text(fields.get("text"))
             return None if text is None else Movement(kind, at, detail=text)
         if kind == "usage":
-            tokens_in = count_field(fields.get("input_tokens")) or 0
-            tokens_out = count_field(fields.get("output_tokens")) or 0
+            tokens_in = count_field(fields.get("input_tokens"))
+            tokens_out = count_field(fields.get("output_tokens"))
+            if tokens_in is None and tokens_out is None:
+                # Nothing countable (negative, text, absent): a malformed line, not a claim
+                # that the turn used no tokens.
+                self.skipped_lines += 1
+                return None
             before = self._tokens or (0, 0)
-            self._tokens = (before[0] + tokens_in, before[1] + tokens_out)
+            self._tokens = (before[0] + (tokens_in or 0), before[1] + (tokens_out or 0))
             return None
         return None
 

@@ -299,6 +299,30 @@ async def test_poisoned_activity_lines_cost_only_those_lines(
     assert "Traceback" not in serve.logs
 
 
+async def test_a_usage_line_with_no_count_claims_no_tokens(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    serve = setup(tmp_path, fake, ["counts"])
+    counts, good = workdir(tmp_path, "counts"), workdir(tmp_path, "good")
+    publish(counts, "counts v1")
+    # Neither count is one (negative, text, a list, absent): no usage is known.
+    activity(counts, "usage", input_tokens=-5, output_tokens="7")
+    activity(counts, "usage", input_tokens=[1])
+    with serve:
+        publish(good, "good v1")
+        await eventually(lambda: shows(fake, PRIVATE, "good v1"), what="the healthy card")
+        card = await eventually(
+            lambda: next((t for t in texts(fake, GROUP) if "counts v1" in t), None),
+            what="the card of the agent with the bad usage lines",
+        )
+        assert "tokens" not in card, card
+        assert "activity log: 2 unreadable lines skipped" in card, card
+        # A usage line with counts afterwards is shown as usual.
+        activity(counts, "usage", input_tokens=1200, output_tokens=300)
+        await eventually(lambda: shows(fake, GROUP, "1.2k"), what="the good usage line")
+        assert await serve.aterminate() == 0
+
+
 def _ledger_document(task_id: str, **derived: object) -> str:
     fields = {"workflow": "RUNNING", "next_gate": "task completion", **derived}
     return json.dumps({"tasks": {"t": {"task": {"task_id": task_id}, "derived": fields}}})
