@@ -12,7 +12,7 @@ state line, last movement, token usage, card health, then recent activity.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, tzinfo
 from zoneinfo import ZoneInfo
 
@@ -152,15 +152,19 @@ def compose_view(
     ledger_line: str | None = None,
     lineage: Lineage | None = None,
     redactor: Callable[[str], str] = redact,
+    problems: Sequence[str] = (),
 ) -> CardView:
     """The view of one agent for one route, its times in the route's `zone` (`ledger_line`:
-    the workdir ledger's state row; `redactor` for the lineage's free texts).
+    the workdir ledger's state row; `redactor` for the lineage's free texts; `problems`: what
+    is wrong with the agent's files as the service words it, each naming the file and the
+    fix, shown right under the state so a card cut short still says it).
 
     A `hidden` view carries the agent and its state alone: its chat shows the one-line
     hidden notice, so the body is neither redacted nor passed on to be rendered."""
     if hidden:
         return CardView(agent_id=agent_id, state=activity.state, hidden=True)
     rows = [state_row(activity, now, zone)]
+    rows.extend(f"⚠ {problem}" for problem in problems)
     for row in (
         lineage_row(lineage, redactor),
         movement_row(activity, now, zone),

@@ -1053,6 +1053,7 @@ class Service:
             or lineage_changed
             or ledger_changed
             or agent_id in self._owed
+            or self._health_changed(agent_id)  # the card shows the agent's problems
         ):
             self._project_paced(agent_id)
         self._save_health(agent_id)
@@ -1176,6 +1177,13 @@ class Service:
             problems + sorted(self._faults.get(agent_id, {}).values()) + ([inbox] if inbox else [])
         )
 
+    def _health_changed(self, agent_id: str) -> bool:
+        """Whether the agent's problems differ from those last saved (and so last shown)."""
+        problems = self.agent_problems(agent_id)
+        return self._saved_health.get(agent_id, "[]") != (
+            json.dumps(problems) if problems else "[]"
+        )
+
     def _save_health(self, agent_id: str) -> None:
         """Persist the agent's problems when they changed, for `taskcard status`."""
         problems = self.agent_problems(agent_id)
@@ -1223,6 +1231,9 @@ class Service:
         if prefs.hidden and not has_message:
             return
         with self._guard(route.key.agent_id, "composing its card"):
+            ledger_line = ledger_row(self._ledgers.current(monitor.files))
+            # After the ledger's look: a refusal found by a first look is on this card.
+            problems = self.agent_problems(route.key.agent_id)
             view = compose_view(
                 route.key.agent_id,
                 monitor.card,
@@ -1231,9 +1242,10 @@ class Service:
                 activity_rows=prefs.activity_rows or self._config.display.activity_rows,
                 now=self._clock(),
                 zone=route.zone,
-                ledger_line=ledger_row(self._ledgers.current(monitor.files)),
+                ledger_line=ledger_line,
                 lineage=self._sides[route.key.agent_id].lineage,
                 redactor=self._redact,
+                problems=problems,
             )
             self._scheduler.submit(route.key, self._render_card(channel, view))
         # A composition may take the ledger's first look: a refusal found there shows in

@@ -823,3 +823,30 @@ async def test_a_delete_refused_by_the_rate_limit_is_tried_again_once_its_window
     assert inside == []
     assert [r.message_id for r in fake.requests_of("delete")] == [first, first]
     assert any("v2 on a fresh card" in t for t in card_texts(fake))
+
+
+async def test_the_card_names_a_refused_file_and_the_fix_until_it_is_fixed(
+    tmp_path: Path, fake: FakeFeishu
+) -> None:
+    setup = Setup(tmp_path, fake, ["builder"])
+    workdir = tmp_path / "agents" / "builder"
+    ledger = workdir / "ledger" / "long-task-ledger.json"
+    row = "ledger/long-task-ledger.json: is a folder, not a regular file"
+    with setup.serve() as serve:
+        publish(workdir, "**compile** 1/3")
+        await eventually(lambda: any("compile" in t for t in card_texts(fake)), what="card")
+        ledger.mkdir(parents=True)  # a folder where the ledger goes, while served
+        publish(workdir, "**tests** 2/3")
+        await eventually(
+            lambda: any(row in t and "tests" in t for t in card_texts(fake)),
+            what="the refusal and its fix on the card",
+        )
+        assert "replace it with a regular file" in card_texts(fake)[-1]
+        assert str(tmp_path) not in "".join(card_texts(fake))
+        ledger.rmdir()
+        publish(workdir, "**lint** 3/3")
+        await eventually(
+            lambda: any("lint" in t and row not in t for t in card_texts(fake)),
+            what="the row gone once the ledger is fixed",
+        )
+        assert await serve.aterminate() == 0

@@ -158,6 +158,33 @@ async def test_named_pipes_cost_only_their_agent_and_sigterm_still_stops(
         assert await serve.aterminate() == 0
 
 
+async def test_the_card_names_a_refused_file_and_the_fix_until_it_is_fixed(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    serve = setup(tmp_path, fake, ["piped"])
+    piped, good = workdir(tmp_path, "piped"), workdir(tmp_path, "good")
+    publish(piped, "piped v1")
+    activity(piped, "agent.start")
+    row = "⚠ logs/events.jsonl: is a named pipe, not a regular file; replace it with a regular file"
+    with serve:
+        publish(good, "good v1")
+        await eventually(lambda: shows(fake, GROUP, "piped v1"), what="the card")
+        assert not shows(fake, GROUP, "⚠ logs/")
+        fifo(CardPaths(piped).events)  # while served, with no other change
+        await eventually(lambda: shows(fake, GROUP, row), what="the refusal on the card")
+        card = next(t for t in texts(fake, GROUP) if row in t)
+        assert "piped v1" in card  # the last good card stays
+        assert str(tmp_path) not in every_text(fake)
+        assert not shows(fake, PRIVATE, "⚠")  # the other agent's card is untouched
+        CardPaths(piped).events.unlink()
+        activity(piped, "turn.start")
+        await eventually(
+            lambda: any("piped v1" in t and row not in t for t in texts(fake, GROUP)),
+            what="the row gone once the file is fixed",
+        )
+        assert await serve.aterminate() == 0
+
+
 async def test_symlinks_out_of_the_workdir_are_refused_never_posted(
     tmp_path: Path, fake: FakeTelegram
 ) -> None:
