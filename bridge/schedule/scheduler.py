@@ -105,7 +105,8 @@ class _Resident:
     # The message the store holds as owing its pin (see `RouteScheduler._owe_pin`).
     pin_saved: str | None = None
     # The delete of `stale_id` was put off by a 429 (or a pause of its chat): the route comes
-    # back for it at `delete_at` (monotonic), whether or not its card changes meanwhile.
+    # back for it at `delete_at` (monotonic), whether or not its card changes meanwhile. Also
+    # set at start for a copy the last run left undeleted (`stale_message_id` in the store).
     delete_owed: bool = False
     delete_at: float = 0.0
     reply_to: ReplyTo | None = None  # the command this resident answers (a /tell status)
@@ -373,9 +374,20 @@ class RouteScheduler:
                 pin and record and record.message_id and record.pin_owed_id == record.message_id
             ),
             pin_saved=record.pin_owed_id if record else None,
+            # A copy the last run replaced but did not get to delete (the delete was put off
+            # by a 429 or a pause, failed for now, or a stop came first): the store keeps it
+            # until it is deleted, so it goes as soon as the limits and any stored pause
+            # allow, without waiting for the route's next delivery (which may never come).
+            delete_owed=bool(
+                record
+                and record.message_id
+                and record.stale_message_id
+                and record.stale_message_id != record.message_id
+            ),
         )
-        if self._residents[key].pin_owed and key.channel in self._ready:
-            self._enqueue(self._residents[key])  # else once the channel is (`channel_ready`)
+        resident = self._residents[key]
+        if (resident.pin_owed or resident.delete_pending) and key.channel in self._ready:
+            self._enqueue(resident)  # else once the channel is (`channel_ready`)
         if record and record.disabled_reason:
             self._store.set_disabled(key.store_key, None)
         if record and record.committed_at is not None:
@@ -637,10 +649,12 @@ class RouteScheduler:
 
     def channel_ready(self, channel: str) -> None:
         """`channel` can send: the replies the last run left unsent in it go out now, and
-        the pins it left owed."""
+        the pins and deletes it left owed."""
         self._ready.add(channel)
         for resident in self._residents.values():
-            if resident.key.channel == channel and resident.pin_pending:
+            if resident.key.channel == channel and (
+                resident.pin_pending or resident.delete_pending
+            ):
                 self._enqueue(resident)
         held, self._held_replies = self._held_replies, []
         for name, reply in held:
@@ -1127,7 +1141,8 @@ class RouteScheduler:
 
     async def _delete_stale(self, channel: Channel, resident: _Resident) -> None:
         """Remove the copy a replacement superseded (it may still show, frozen); kept and tried
-        again after the route's next delivery while the platform cannot answer."""
+        again after the route's next delivery while the platform cannot answer. The store
+        holds the copy's id until it is deleted, so the next start deletes it too."""
         key, stale = resident.key, resident.stale_id
         assert stale is not None
         wait_s = max(

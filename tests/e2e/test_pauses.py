@@ -272,6 +272,39 @@ async def test_a_delete_answered_429_is_tried_again_once_its_window_has_passed(
     assert fake.count("deleteMessage") == 2
 
 
+async def test_a_delete_put_off_by_a_429_is_made_after_a_restart_inside_its_window(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """A card that could not be edited any more is posted anew, the delete of the copy it
+    replaced draws a 429, and the service stops inside the window: the next run deletes the
+    copy once the window has passed, though its agent changes nothing (the put-off delete
+    was kept in memory only: after the restart it waited for the route's next delivery,
+    maybe for ever). Nothing reaches the chat inside the window."""
+    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])])
+    builder = agent_dir(tmp_path, "builder")
+    with serve:
+        publish(builder, "builder v1")
+        await eventually(lambda: shown(fake, GROUP), what="the card")
+        [old] = fake.bot_messages(GROUP)
+        fake.fail_next("editMessageText", 400, "Bad Request: message can't be edited")
+        flood(fake, "deleteMessage", 6)
+        publish(builder, "builder v2")
+        await eventually(lambda: fake.count("deleteMessage") == 1, what="the refused delete")
+        assert await serve.aterminate() == 0
+    assert not old.deleted
+    restarted = ServeProcess(serve.config, env={"TC_TEST_TOKEN": fake.token})
+    with restarted:
+        await eventually(
+            lambda: old.deleted, timeout_s=60, what="the replaced copy deleted by the next run"
+        )
+        assert await restarted.aterminate() == 0, restarted.logs
+    assert inside_the_window(fake, GROUP, 6) == []
+    [card] = shown(fake, GROUP)
+    assert "builder v2" in card
+    assert fake.count("deleteMessage") == 2
+    assert fake.count("sendMessage") == 2
+
+
 async def test_a_pin_put_off_by_a_429_is_made_after_a_restart_inside_its_window(
     tmp_path: Path, fake: FakeTelegram
 ) -> None:

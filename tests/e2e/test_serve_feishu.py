@@ -850,3 +850,43 @@ async def test_the_card_names_a_refused_file_and_the_fix_until_it_is_fixed(
             what="the row gone once the ledger is fixed",
         )
         assert await serve.aterminate() == 0
+
+
+async def test_a_delete_refused_by_the_rate_limit_is_made_after_a_restart_inside_its_window(
+    tmp_path: Path, fake: FakeFeishu
+) -> None:
+    """As on Telegram: the recall of the copy a fresh card replaced draws the app-level
+    limit and the service stops inside the window; the next run recalls the copy after the
+    window, though the agent changes nothing (the put-off recall waited for the route's next
+    delivery), and sends nothing inside it."""
+    setup = Setup(tmp_path, fake, ["builder"])
+    workdir = tmp_path / "agents" / "builder"
+    with setup.serve() as serve:
+        publish(workdir, "v1")
+        await eventually(lambda: card_texts(fake), what="the card")
+        first = fake.chat(CHAT)[0].message_id
+        fake.age_message(first, days=15)
+        fake.script_rate_limit("delete", reset_s=6)
+        publish(workdir, "v2 on a fresh card")
+        await eventually(lambda: fake.requests_of("delete"), what="the refused recall")
+        assert await serve.aterminate() == 0
+    assert not fake.messages[first].recalled
+    with setup.serve() as restarted:
+        await eventually(
+            lambda: fake.messages[first].recalled,
+            timeout_s=60,
+            what="the replaced copy recalled by the next run",
+        )
+        assert await restarted.aterminate() == 0, restarted.logs
+    limited = next(r for r in fake.requests if r.code == 99991400)
+    # The channel's own start (the token, the bot's info) does not go through the scheduler.
+    inside = [
+        r.operation
+        for r in fake.requests
+        if r.operation not in ("token", "bot_info") and limited.at_s < r.at_s < limited.at_s + 6
+    ]
+    assert inside == []
+    assert [r.message_id for r in fake.requests_of("delete")] == [first, first]
+    [card] = card_texts(fake)
+    assert "v2 on a fresh card" in card
+    assert len(fake.requests_of("send")) == 2
