@@ -461,6 +461,14 @@ class Channel(ABC):
         """Whether a pause of `scope` holds up a route in `chat` with resident `message_id`."""
         return False
 
+    def start_scopes(self) -> tuple[str, ...]:
+        """The scopes whose pause holds up the requests `start` makes itself (verifying the
+        credentials, learning the bot): the bot's or the app's as a whole. The service
+        starts the channel only once no pause over them runs, a stored one included, and
+        records a `RateLimited` that `start` raises as a pause like any other. Empty: the
+        start makes no request a pause could cover."""
+        return ()
+
     @classmethod
     def describe_scope(cls, scope: str) -> str | None:
         """The scope for people (`taskcard status`); None when it is not this channel's."""

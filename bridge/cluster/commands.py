@@ -541,6 +541,9 @@ class ClusteredChannel(Channel):
     ) -> tuple[RateScope, ...]:
         return self._inner.rate_scopes(chat, operation, message_id)
 
+    def start_scopes(self) -> tuple[str, ...]:
+        return self._inner.start_scopes()
+
     async def send(
         self,
         chat: ChatRef,

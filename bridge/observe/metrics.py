@@ -236,6 +236,9 @@ class MeteredChannel(Channel):
     ) -> tuple[RateScope, ...]:
         return self.inner.rate_scopes(chat, operation, message_id)
 
+    def start_scopes(self) -> tuple[str, ...]:
+        return self.inner.start_scopes()
+
     async def send(
         self,
         chat: ChatRef,

@@ -536,15 +536,31 @@ class Service:
         )
 
     async def _start_channel(self, name: str, channel: Channel) -> None:
-        """Start one channel, retrying while it is unreachable; then show what is pending."""
+        """Start one channel, retrying while it is unreachable; then show what is pending.
+
+        The start's own requests (a token, the bot's identity) wait for a rate-limit pause
+        over the bot or the app (`Channel.start_scopes`), one an earlier run stored
+        included, and a 429 answered to one of them is stored as a pause like any other: it
+        holds the cards' requests too, and a restart within it."""
         backoff = Backoff(initial_s=1.0, max_s=60.0)
         while True:
+            paused_s = await self._scheduler.paused_s(channel.start_scopes())
+            if paused_s > 0:
+                log.info(
+                    "channel %s starts in %.0fs, once a rate-limit pause has passed", name, paused_s
+                )
+                await asyncio.sleep(paused_s)
+                continue
             try:
                 await channel.start(functools.partial(self._on_command, name))
-            except (Transient, RateLimited) as error:
+            except RateLimited as error:
+                applied_s = self._scheduler.rate_limited(error, f"the start of channel {name}")
+                if applied_s <= 0 or error.scope not in channel.start_scopes():
+                    # No usable wait given, or a pause the check above does not read.
+                    await asyncio.sleep(applied_s if applied_s > 0 else backoff.next_delay_s())
+                continue
+            except Transient as error:
                 wait_s = backoff.next_delay_s()
-                if isinstance(error, RateLimited):
-                    wait_s = min(error.retry_after_s, self._config.limits.max_pause_s)
                 log.warning("channel %s not ready (%s); retrying in %.0fs", name, error, wait_s)
                 await asyncio.sleep(wait_s)
                 continue

@@ -878,6 +878,17 @@ class RouteScheduler:
             self._windows_changed = True
         return admitted
 
+    async def paused_s(self, scopes: Sequence[str]) -> float:
+        """Seconds left of the longest pause over any of `scopes` (0: none), a pause stored
+        by an earlier run or drawn by another instance included: a channel's start waits
+        for the pauses over its `Channel.start_scopes`."""
+        return await self._limiter.paused_s(scopes)
+
+    def rate_limited(self, error: RateLimited, where: str) -> float:
+        """A request made outside the lanes (a channel's start) drew a 429: pause the scope
+        it names, here and in the store, as for the lanes' own; returns the seconds applied."""
+        return self._rate_limited(error, where)
+
     def _rate_limited(self, error: RateLimited, where: str) -> float:
         """Pause the scope the platform named for its `retry_after` (bounded), here and in
         the store; returns the seconds applied."""

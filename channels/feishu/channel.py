@@ -63,7 +63,14 @@ from taskcard.channels.base import (
     RateScope,
     ReplyTo,
 )
-from taskcard.channels.errors import ChannelError, MessageGone, NotModified, Permanent, Transient
+from taskcard.channels.errors import (
+    ChannelError,
+    MessageGone,
+    NotModified,
+    Permanent,
+    RateLimited,
+    Transient,
+)
 from taskcard.channels.feishu import card, scopes
 from taskcard.channels.feishu.config import FeishuConfig
 from taskcard.channels.feishu.errors import (
@@ -268,6 +275,10 @@ class FeishuChannel(Channel):
             response = await self._call(
                 request, BaseResponse, narrow_scope=APP_SCOPE, operation="send"
             )
+        except RateLimited:
+            # The app's limit: it waits before any other request, and the start is tried
+            # again then (going on would ask Feishu again inside the window it set).
+            raise
         except ChannelError as error:
             log.info("feishu bot info unavailable (%s); any mention counts in groups", error)
             return None, None
@@ -366,6 +377,11 @@ class FeishuChannel(Channel):
 
     def board_fits(self, view: BoardView) -> bool:
         return card.board_fits(view)
+
+    def start_scopes(self) -> tuple[str, ...]:
+        """The tenant token and the bot's info count against the app's limits, like every
+        other call of the app (Feishu answers the token request with 99991400 too)."""
+        return (APP_SCOPE, APP_MINUTE_SCOPE)
 
     def rate_scopes(
         self, chat: ChatRef, operation: Operation, message_id: str | None

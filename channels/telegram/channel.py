@@ -34,6 +34,7 @@ from taskcard.channels.errors import (
     ChannelError,
     MessageGone,
     Permanent,
+    RateLimited,
     Transient,
 )
 from taskcard.channels.telegram import moves, render, scopes
@@ -46,7 +47,7 @@ from taskcard.channels.telegram.commands import (
 from taskcard.channels.telegram.config import TelegramConfig
 from taskcard.channels.telegram.errors import ChatUpgraded, ParseEntitiesFailed, translate
 from taskcard.channels.telegram.http11 import LeanRequest, proxy_configured
-from taskcard.channels.telegram.request import FloodAwareRequest
+from taskcard.channels.telegram.request import FloodAwareRequest, FloodWait
 from taskcard.channels.telegram.scopes import BOT_SCOPE_KEY, chat_scope_key
 
 _log = logging.getLogger(__name__)
@@ -224,7 +225,15 @@ class TelegramChannel(Channel):
         }:
             self._moves.load(chat_id)
         if self._config.commands:
-            await self._register_menu(bot)
+            try:
+                await self._register_menu(bot)
+            except RateLimited:
+                # Told to wait: the start is tried again once the bot's pause has passed.
+                self._bot = None
+                with contextlib.suppress(tg.TelegramError):
+                    await bot.shutdown()
+                self._remove_redactor()
+                raise
             poller = CommandPoller(
                 bot,
                 self._username,
@@ -237,9 +246,13 @@ class TelegramChannel(Channel):
             self._poll_task = asyncio.create_task(poller.run(), name="telegram-command-poll")
 
     async def _register_menu(self, bot: Bot) -> None:
-        """Put `/taskcard` in the command menu; a failure costs only the menu, not the start."""
+        """Put `/taskcard` in the command menu; a failure costs only the menu, not the start.
+        A 429 is raised (`RateLimited` over the bot): the bot waits it out before any other
+        request, and the start is tried again then."""
         try:
             await bot.set_my_commands(MENU_COMMANDS)
+        except (tg.RetryAfter, FloodWait) as exc:
+            raise self._scrub(translate(exc, BOT_SCOPE_KEY)) from None
         except tg.TelegramError as exc:
             _log.warning("registering the /taskcard menu command failed: %s", type(exc).__name__)
 
@@ -288,6 +301,10 @@ class TelegramChannel(Channel):
 
     def board_fits(self, view: BoardView) -> bool:
         return render.board_fits(view)
+
+    def start_scopes(self) -> tuple[str, ...]:
+        """`getMe` and `setMyCommands` name no chat: only a pause of the bot holds them up."""
+        return (BOT_SCOPE_KEY,)
 
     def rate_scopes(
         self, chat: ChatRef, operation: Operation, message_id: str | None

@@ -371,3 +371,57 @@ async def test_a_pin_that_failed_for_now_is_tried_again(tmp_path: Path, fake: Fa
         assert await serve.aterminate() == 0, serve.logs
     assert fake.count("pinChatMessage") == 2
     assert fake.count("sendMessage") == 1
+
+
+def bot_requests_inside_the_window(fake: FakeTelegram, retry_after_s: float) -> list[str]:
+    """The requests of any kind the fake received after its first 429 and before that
+    answer's `retry_after` had passed."""
+    flooded = next(r for r in fake.requests if r.status == 429)
+    end_s = flooded.at_s + retry_after_s
+    return [r.method for r in fake.requests if flooded.at_s < r.at_s < end_s]
+
+
+async def test_a_429_answered_to_the_start_is_a_pause_that_a_restart_keeps(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """`getMe` at the start draws a 429 and the service stops inside the window: the pause
+    is stored like any other, so the next run does not ask again inside it (it waited in
+    memory only, and the restart asked at once); the card goes once the window has passed."""
+    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])])
+    flood(fake, "getMe", 10)
+    with serve:
+        await eventually(lambda: fake.count("getMe") == 1, what="the refused start")
+        await eventually(lambda: pause_ends(serve.config), what="the pause in the status")
+        assert await serve.aterminate() == 0, serve.logs
+    restarted = ServeProcess(serve.config, env={"TC_TEST_TOKEN": fake.token})
+    with restarted:
+        publish(agent_dir(tmp_path, "builder"), "after the start's window")
+        await eventually(
+            lambda: any("after the start's window" in t for t in shown(fake, GROUP)),
+            timeout_s=60,
+            what="the card once the window has passed",
+        )
+        assert await restarted.aterminate() == 0, restarted.logs
+    assert bot_requests_inside_the_window(fake, 10) == [], restarted.logs
+    assert fake.count("getMe") == 2
+
+
+async def test_a_429_answered_to_the_menu_at_the_start_holds_the_bot_and_the_menu_is_set(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """`setMyCommands` at the start draws a 429: the bot waits the window out (no card goes
+    inside it: the failure was only logged, and the cards went at once) and then starts
+    again, so the menu is set too (it was left out for the whole run)."""
+    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])])
+    flood(fake, "setMyCommands", 4)
+    with serve:
+        publish(agent_dir(tmp_path, "builder"), "after the menu's window")
+        await eventually(
+            lambda: any("after the menu's window" in t for t in shown(fake, GROUP)),
+            timeout_s=60,
+            what="the card once the window has passed",
+        )
+        await eventually(lambda: fake.my_commands.get(("default", "")), what="the menu")
+        assert await serve.aterminate() == 0, serve.logs
+    assert bot_requests_inside_the_window(fake, 4) == []
+    assert fake.count("setMyCommands") == 2

@@ -780,14 +780,7 @@ async def test_a_pin_refused_by_the_rate_limit_is_made_after_a_restart_inside_it
             what="the card pinned by the next run",
         )
         assert await restarted.aterminate() == 0, restarted.logs
-    limited = next(r for r in fake.requests if r.code == 99991400)
-    # The channel's own start (the token, the bot's info) does not go through the scheduler.
-    inside = [
-        r.operation
-        for r in fake.requests
-        if r.operation not in ("token", "bot_info") and limited.at_s < r.at_s < limited.at_s + 6
-    ]
-    assert inside == []
+    assert requests_inside_the_window(fake, 6) == []  # the next run's start included
     assert len(fake.requests_of("pin")) == 2
     assert len(fake.requests_of("send")) == 1
 
@@ -878,15 +871,66 @@ async def test_a_delete_refused_by_the_rate_limit_is_made_after_a_restart_inside
             what="the replaced copy recalled by the next run",
         )
         assert await restarted.aterminate() == 0, restarted.logs
-    limited = next(r for r in fake.requests if r.code == 99991400)
-    # The channel's own start (the token, the bot's info) does not go through the scheduler.
-    inside = [
-        r.operation
-        for r in fake.requests
-        if r.operation not in ("token", "bot_info") and limited.at_s < r.at_s < limited.at_s + 6
-    ]
-    assert inside == []
+    assert requests_inside_the_window(fake, 6) == []  # the next run's start included
     assert [r.message_id for r in fake.requests_of("delete")] == [first, first]
     [card] = card_texts(fake)
     assert "v2 on a fresh card" in card
     assert len(fake.requests_of("send")) == 2
+
+
+def requests_inside_the_window(fake: FakeFeishu, reset_s: float) -> list[str]:
+    """The requests of any kind (the token's included) the fake received after its first
+    answer of the app-level limit and before that answer's reset had passed."""
+    limited = next(r for r in fake.requests if r.code == 99991400)
+    return [r.operation for r in fake.requests if limited.at_s < r.at_s < limited.at_s + reset_s]
+
+
+async def test_the_app_limit_answered_to_the_token_at_start_is_a_pause_a_restart_keeps(
+    tmp_path: Path, fake: FakeFeishu
+) -> None:
+    """The tenant token at the start draws the app-level limit and the service stops inside
+    the window: the pause is stored like any other, so the next run asks for nothing inside
+    it (it waited in memory only, and the restart asked for a token at once); the card goes
+    once the window has passed."""
+    setup = Setup(tmp_path, fake, ["builder"])
+    fake.script_rate_limit("token", reset_s=10)
+    with setup.serve() as serve:
+        await eventually(lambda: fake.requests_of("token"), what="the refused token")
+        await eventually(
+            lambda: "rate-limit pause:" in run_cli("status", "--config", str(setup.config)).stdout,
+            what="the pause in the status",
+        )
+        assert await serve.aterminate() == 0, serve.logs
+    with setup.serve() as restarted:
+        publish(tmp_path / "agents" / "builder", "after the token's window")
+        await eventually(
+            lambda: any("after the token's window" in t for t in card_texts(fake)),
+            timeout_s=60,
+            what="the card once the window has passed",
+        )
+        assert await restarted.aterminate() == 0, restarted.logs
+    assert requests_inside_the_window(fake, 10) == []
+    assert len(fake.requests_of("token")) == 2
+    assert fake.app_secret not in serve.logs + restarted.logs
+
+
+async def test_the_app_limit_answered_to_the_bot_info_holds_the_app_and_is_asked_again(
+    tmp_path: Path, fake: FakeFeishu
+) -> None:
+    """The bot's info at the start draws the app-level limit: the app waits the window out
+    (no card goes inside it: the failure was only logged and the cards went at once), then
+    the start is tried again and learns the bot (without it any mention counted as the
+    bot's for the whole run)."""
+    setup = Setup(tmp_path, fake, ["builder"])
+    fake.script_rate_limit("bot_info", reset_s=4)
+    with setup.serve() as serve:
+        publish(tmp_path / "agents" / "builder", "after the bot's window")
+        await eventually(
+            lambda: any("after the bot's window" in t for t in card_texts(fake)),
+            timeout_s=60,
+            what="the card once the window has passed",
+        )
+        assert await serve.aterminate() == 0, serve.logs
+    assert requests_inside_the_window(fake, 4) == []
+    assert [r.code for r in fake.requests_of("bot_info")] == [99991400, 0]
+    assert "bot info unavailable" not in serve.logs
