@@ -1482,3 +1482,34 @@ async def test_a_reply_a_stop_left_unsent_is_sent_once_by_the_instances_that_run
     for serve in serves:
         assert await serve.aterminate() == 0
         assert "Traceback" not in serve.logs
+
+
+async def test_a_delete_put_off_by_a_429_is_made_after_a_restart_from_the_shared_state(
+    tmp_path: Path, fake: FakeTelegram, redis_url: str, prefix: str
+) -> None:
+    """As without a cluster (`test_pauses`), with the residents in Redis: the delete of the
+    copy a fresh card replaced draws a 429 and the instance stops inside the window; started
+    again, it deletes the copy once the window has passed, though the card never changes
+    again (the put-off delete waited for the route's next delivery)."""
+    first = instance(tmp_path, "i0", fake, ["i0agent"], redis_url=redis_url, prefix=prefix)
+    workdir = tmp_path / "agents" / "i0agent"
+    with first:
+        publish(workdir, "card v1")
+        await eventually(lambda: shown(fake, GROUP), timeout_s=60, what="the card")
+        [old] = fake.bot_messages(GROUP)
+        fake.fail_next("editMessageText", 400, "Bad Request: message can't be edited")
+        fake.fail_next("deleteMessage", 429, "Too Many Requests: retry after 6", {"retry_after": 6})
+        publish(workdir, "card v2")
+        await eventually(lambda: fake.count("deleteMessage") == 1, what="the refused delete")
+        assert await first.aterminate() == 0, first.logs
+    assert not old.deleted
+    env = {"TC_TEST_TOKEN": fake.token, "TC_REDIS_URL": redis_url}
+    with ServeProcess(first.config, env=env) as again:
+        await eventually(
+            lambda: old.deleted, timeout_s=60, what="the replaced copy deleted after the restart"
+        )
+        assert await again.aterminate() == 0, again.logs
+    [card] = shown(fake, GROUP)
+    assert "card v2" in card
+    assert fake.count("deleteMessage") == 2
+    assert fake.count("sendMessage") == 2
