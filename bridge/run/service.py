@@ -543,14 +543,16 @@ class Service:
         included, and a 429 answered to one of them is stored as a pause like any other: it
         holds the cards' requests too, and a restart within it."""
         backoff = Backoff(initial_s=1.0, max_s=60.0)
+        waiting = False  # said once per wait (the shared book may answer "ask again" often)
         while True:
             paused_s = await self._scheduler.paused_s(channel.start_scopes())
             if paused_s > 0:
-                log.info(
-                    "channel %s starts in %.0fs, once a rate-limit pause has passed", name, paused_s
-                )
+                if not waiting:
+                    log.info("channel %s waits %.0fs for a rate-limit pause to end", name, paused_s)
+                waiting = True
                 await asyncio.sleep(paused_s)
                 continue
+            waiting = False
             try:
                 await channel.start(functools.partial(self._on_command, name))
             except RateLimited as error:

@@ -404,6 +404,7 @@ async def test_a_429_answered_to_the_start_is_a_pause_that_a_restart_keeps(
         assert await restarted.aterminate() == 0, restarted.logs
     assert bot_requests_inside_the_window(fake, 10) == [], restarted.logs
     assert fake.count("getMe") == 2
+    assert "channel telegram waits" in restarted.logs, "the wait is said"
 
 
 async def test_a_429_answered_to_the_menu_at_the_start_holds_the_bot_and_the_menu_is_set(

@@ -911,6 +911,7 @@ async def test_the_app_limit_answered_to_the_token_at_start_is_a_pause_a_restart
         assert await restarted.aterminate() == 0, restarted.logs
     assert requests_inside_the_window(fake, 10) == []
     assert len(fake.requests_of("token")) == 2
+    assert "channel feishu waits" in restarted.logs, "the wait is said"
     assert fake.app_secret not in serve.logs + restarted.logs
 
 
