@@ -34,6 +34,22 @@ REPORT_STACK_LINES = 600
 TOKEN_ENV = "TC_TEST_TOKEN"
 
 
+# A rate-limit window far longer than any stop takes, however loaded the machine: a test
+# that stops the service inside it knows the run did not act at its end.
+LONG_WINDOW_S = 120
+# The restarted run's `limits.max_pause_s` (`lift_long_pauses`): the stored long window is
+# cut to this much from that run's start, and the run must keep to that much.
+RESTART_CAP_S = 8
+
+
+def lift_long_pauses(config: Path) -> float:
+    """Before a restart: the next run caps every stored pause to `RESTART_CAP_S` from its
+    start (`limits.max_pause_s`), so a test need not wait out `LONG_WINDOW_S`. Returns the
+    time (`time.monotonic`, the fakes' clock) before which the capped pauses cannot end."""
+    config.write_text(config.read_text() + f"\n[limits]\nmax_pause_s = {RESTART_CAP_S}\n")
+    return time.monotonic() + RESTART_CAP_S
+
+
 def agents_lines(tmp_path: Path, agents: Sequence[str]) -> list[str]:
     """The head of a config: the state folder and each agent, its workdir made under
     `tmp_path/agents`."""

@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING
 import pytest
 import redis
 
-from tests.e2e.harness import ServeProcess, eventually, publish, run_cli
+from tests.e2e.harness import (
+    LONG_WINDOW_S,
+    ServeProcess,
+    eventually,
+    lift_long_pauses,
+    publish,
+    run_cli,
+)
 from tests.e2e.test_serve_telegram import GROUP, _quick_publish, _sleep, shown
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeLimits, FakeTelegram, Window
@@ -1498,17 +1505,27 @@ async def test_a_delete_put_off_by_a_429_is_made_after_a_restart_from_the_shared
         await eventually(lambda: shown(fake, GROUP), timeout_s=60, what="the card")
         [old] = fake.bot_messages(GROUP)
         fake.fail_next("editMessageText", 400, "Bad Request: message can't be edited")
-        fake.fail_next("deleteMessage", 429, "Too Many Requests: retry after 6", {"retry_after": 6})
+        fake.fail_next(
+            "deleteMessage",
+            429,
+            f"Too Many Requests: retry after {LONG_WINDOW_S}",
+            {"retry_after": LONG_WINDOW_S},
+        )
         publish(workdir, "card v2")
         await eventually(lambda: fake.count("deleteMessage") == 1, what="the refused delete")
         assert await first.aterminate() == 0, first.logs
     assert not old.deleted
+    restart_s = time.monotonic()
+    capped_s = lift_long_pauses(first.config)  # the pause in Redis is cut to the new cap too
     env = {"TC_TEST_TOKEN": fake.token, "TC_REDIS_URL": redis_url}
     with ServeProcess(first.config, env=env) as again:
         await eventually(
             lambda: old.deleted, timeout_s=60, what="the replaced copy deleted after the restart"
         )
         assert await again.aterminate() == 0, again.logs
+    assert [
+        r.method for r in fake.requests if restart_s < r.at_s < capped_s and r.chat_id == GROUP
+    ] == []
     [card] = shown(fake, GROUP)
     assert "card v2" in card
     assert fake.count("deleteMessage") == 2

@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 
 from taskcard.bridge.store.sqlite import SqliteStore
-from tests.e2e.harness import ServeProcess, eventually, publish, run_cli
+from tests.e2e.harness import (
+    LONG_WINDOW_S,
+    ServeProcess,
+    eventually,
+    lift_long_pauses,
+    publish,
+    run_cli,
+)
 from tests.e2e.test_serve_telegram import GROUP, agent_dir, setup, shown
 from tests.fakes.telegram_api import FakeLimits, FakeTelegram, Window
 
@@ -30,6 +37,11 @@ def flood(fake: FakeTelegram, method: str, retry_after: object) -> None:
     fake.fail_next(
         method, 429, f"Too Many Requests: retry after {retry_after}", {"retry_after": retry_after}
     )
+
+
+def asked_before(fake: FakeTelegram, after_s: float, until_s: float) -> list[str]:
+    """The methods the fake was asked after `after_s` and before `until_s` (its clock)."""
+    return [r.method for r in fake.requests if after_s < r.at_s < until_s]
 
 
 def pause_ends(config: Path) -> list[float]:
@@ -287,18 +299,21 @@ async def test_a_delete_put_off_by_a_429_is_made_after_a_restart_inside_its_wind
         await eventually(lambda: shown(fake, GROUP), what="the card")
         [old] = fake.bot_messages(GROUP)
         fake.fail_next("editMessageText", 400, "Bad Request: message can't be edited")
-        flood(fake, "deleteMessage", 6)
+        flood(fake, "deleteMessage", LONG_WINDOW_S)
         publish(builder, "builder v2")
         await eventually(lambda: fake.count("deleteMessage") == 1, what="the refused delete")
         assert await serve.aterminate() == 0
     assert not old.deleted
+    assert inside_the_window(fake, GROUP, LONG_WINDOW_S) == []
+    restart_s = time.monotonic()
+    capped_s = lift_long_pauses(serve.config)
     restarted = ServeProcess(serve.config, env={"TC_TEST_TOKEN": fake.token})
     with restarted:
         await eventually(
             lambda: old.deleted, timeout_s=60, what="the replaced copy deleted by the next run"
         )
         assert await restarted.aterminate() == 0, restarted.logs
-    assert inside_the_window(fake, GROUP, 6) == []
+    assert "deleteMessage" not in asked_before(fake, restart_s, capped_s)
     [card] = shown(fake, GROUP)
     assert "builder v2" in card
     assert fake.count("deleteMessage") == 2
@@ -313,11 +328,14 @@ async def test_a_pin_put_off_by_a_429_is_made_after_a_restart_inside_its_window(
     message is posted (the put-off pin was kept in memory only: after the restart it
     waited for a new message, maybe for ever). Nothing reaches the chat inside the window."""
     serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])], allowed="pin = true")
-    flood(fake, "pinChatMessage", 6)
+    flood(fake, "pinChatMessage", LONG_WINDOW_S)
     with serve:
         publish(agent_dir(tmp_path, "builder"), "builder v1")
         await eventually(lambda: fake.count("pinChatMessage") == 1, what="the refused pin")
         assert await serve.aterminate() == 0
+    assert inside_the_window(fake, GROUP, LONG_WINDOW_S) == []
+    restart_s = time.monotonic()
+    capped_s = lift_long_pauses(serve.config)
     restarted = ServeProcess(serve.config, env={"TC_TEST_TOKEN": fake.token})
     with restarted:
         await eventually(
@@ -326,7 +344,7 @@ async def test_a_pin_put_off_by_a_429_is_made_after_a_restart_inside_its_window(
             what="the card pinned by the next run",
         )
         assert await restarted.aterminate() == 0, restarted.logs
-    assert inside_the_window(fake, GROUP, 6) == []
+    assert "pinChatMessage" not in asked_before(fake, restart_s, capped_s)
     assert fake.count("pinChatMessage") == 2
     assert fake.count("sendMessage") == 1
 
@@ -388,11 +406,14 @@ async def test_a_429_answered_to_the_start_is_a_pause_that_a_restart_keeps(
     is stored like any other, so the next run does not ask again inside it (it waited in
     memory only, and the restart asked at once); the card goes once the window has passed."""
     serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])])
-    flood(fake, "getMe", 10)
+    flood(fake, "getMe", LONG_WINDOW_S)
     with serve:
         await eventually(lambda: fake.count("getMe") == 1, what="the refused start")
         await eventually(lambda: pause_ends(serve.config), what="the pause in the status")
         assert await serve.aterminate() == 0, serve.logs
+    assert bot_requests_inside_the_window(fake, LONG_WINDOW_S) == []
+    restart_s = time.monotonic()
+    capped_s = lift_long_pauses(serve.config)
     restarted = ServeProcess(serve.config, env={"TC_TEST_TOKEN": fake.token})
     with restarted:
         publish(agent_dir(tmp_path, "builder"), "after the start's window")
@@ -402,7 +423,7 @@ async def test_a_429_answered_to_the_start_is_a_pause_that_a_restart_keeps(
             what="the card once the window has passed",
         )
         assert await restarted.aterminate() == 0, restarted.logs
-    assert bot_requests_inside_the_window(fake, 10) == [], restarted.logs
+    assert asked_before(fake, restart_s, capped_s) == [], restarted.logs
     assert fake.count("getMe") == 2
     assert "channel telegram waits" in restarted.logs, "the wait is said"
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,15 @@ from typing import Any
 import pytest
 
 from taskcard.channels.base import BIND_RETRY_S
-from tests.e2e.harness import ServeProcess, eventually, notify, publish, run_cli
+from tests.e2e.harness import (
+    LONG_WINDOW_S,
+    ServeProcess,
+    eventually,
+    lift_long_pauses,
+    notify,
+    publish,
+    run_cli,
+)
 from tests.fakes.feishu_api import FakeFeishu
 
 CHAT = "oc_fleet_group"
@@ -768,11 +777,14 @@ async def test_a_pin_refused_by_the_rate_limit_is_made_after_a_restart_inside_it
     posted (the put-off pin was kept in memory only), and sends nothing inside it."""
     setup = Setup(tmp_path, fake, ["builder"])
     setup.config.write_text(setup.config.read_text() + "pin = true\n")
-    fake.script_rate_limit("pin", reset_s=6)
+    fake.script_rate_limit("pin", reset_s=LONG_WINDOW_S)
     with setup.serve() as serve:
         publish(tmp_path / "agents" / "builder", "**compile** 1/3")
         await eventually(lambda: fake.requests_of("pin"), what="the refused pin")
         assert await serve.aterminate() == 0
+    assert requests_inside_the_window(fake, LONG_WINDOW_S) == []
+    restart_s = time.monotonic()
+    capped_s = lift_long_pauses(setup.config)
     with setup.serve() as restarted:
         await eventually(
             lambda: [m.pinned for m in fake.chat(CHAT) if m.msg_type == "interactive"] == [True],
@@ -780,7 +792,7 @@ async def test_a_pin_refused_by_the_rate_limit_is_made_after_a_restart_inside_it
             what="the card pinned by the next run",
         )
         assert await restarted.aterminate() == 0, restarted.logs
-    assert requests_inside_the_window(fake, 6) == []  # the next run's start included
+    assert asked_between(fake, restart_s, capped_s) == []  # the next run's start included
     assert len(fake.requests_of("pin")) == 2
     assert len(fake.requests_of("send")) == 1
 
@@ -859,11 +871,14 @@ async def test_a_delete_refused_by_the_rate_limit_is_made_after_a_restart_inside
         await eventually(lambda: card_texts(fake), what="the card")
         first = fake.chat(CHAT)[0].message_id
         fake.age_message(first, days=15)
-        fake.script_rate_limit("delete", reset_s=6)
+        fake.script_rate_limit("delete", reset_s=LONG_WINDOW_S)
         publish(workdir, "v2 on a fresh card")
         await eventually(lambda: fake.requests_of("delete"), what="the refused recall")
         assert await serve.aterminate() == 0
     assert not fake.messages[first].recalled
+    assert requests_inside_the_window(fake, LONG_WINDOW_S) == []
+    restart_s = time.monotonic()
+    capped_s = lift_long_pauses(setup.config)
     with setup.serve() as restarted:
         await eventually(
             lambda: fake.messages[first].recalled,
@@ -871,7 +886,7 @@ async def test_a_delete_refused_by_the_rate_limit_is_made_after_a_restart_inside
             what="the replaced copy recalled by the next run",
         )
         assert await restarted.aterminate() == 0, restarted.logs
-    assert requests_inside_the_window(fake, 6) == []  # the next run's start included
+    assert asked_between(fake, restart_s, capped_s) == []  # the next run's start included
     assert [r.message_id for r in fake.requests_of("delete")] == [first, first]
     [card] = card_texts(fake)
     assert "v2 on a fresh card" in card
@@ -885,6 +900,11 @@ def requests_inside_the_window(fake: FakeFeishu, reset_s: float) -> list[str]:
     return [r.operation for r in fake.requests if limited.at_s < r.at_s < limited.at_s + reset_s]
 
 
+def asked_between(fake: FakeFeishu, after_s: float, until_s: float) -> list[str]:
+    """The requests of any kind the fake received after `after_s` and before `until_s`."""
+    return [r.operation for r in fake.requests if after_s < r.at_s < until_s]
+
+
 async def test_the_app_limit_answered_to_the_token_at_start_is_a_pause_a_restart_keeps(
     tmp_path: Path, fake: FakeFeishu
 ) -> None:
@@ -893,7 +913,7 @@ async def test_the_app_limit_answered_to_the_token_at_start_is_a_pause_a_restart
     it (it waited in memory only, and the restart asked for a token at once); the card goes
     once the window has passed."""
     setup = Setup(tmp_path, fake, ["builder"])
-    fake.script_rate_limit("token", reset_s=10)
+    fake.script_rate_limit("token", reset_s=LONG_WINDOW_S)
     with setup.serve() as serve:
         await eventually(lambda: fake.requests_of("token"), what="the refused token")
         await eventually(
@@ -901,6 +921,9 @@ async def test_the_app_limit_answered_to_the_token_at_start_is_a_pause_a_restart
             what="the pause in the status",
         )
         assert await serve.aterminate() == 0, serve.logs
+    assert requests_inside_the_window(fake, LONG_WINDOW_S) == []
+    restart_s = time.monotonic()
+    capped_s = lift_long_pauses(setup.config)
     with setup.serve() as restarted:
         publish(tmp_path / "agents" / "builder", "after the token's window")
         await eventually(
@@ -909,7 +932,7 @@ async def test_the_app_limit_answered_to_the_token_at_start_is_a_pause_a_restart
             what="the card once the window has passed",
         )
         assert await restarted.aterminate() == 0, restarted.logs
-    assert requests_inside_the_window(fake, 10) == []
+    assert asked_between(fake, restart_s, capped_s) == [], restarted.logs
     assert len(fake.requests_of("token")) == 2
     assert "channel feishu waits" in restarted.logs, "the wait is said"
     assert fake.app_secret not in serve.logs + restarted.logs
