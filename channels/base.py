@@ -24,6 +24,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from taskcard.channels.aio import wait_first
+from taskcard.channels.errors import RateLimited as RateLimited  # for the wrappers
 
 AgentState = Literal["running", "idle", "at prompt", "waiting", "exited", "no output", "unknown"]
 Operation = Literal["send", "edit", "delete", "pin"]
@@ -468,6 +469,21 @@ class Channel(ABC):
         records a `RateLimited` that `start` raises as a pause like any other. Empty: the
         start makes no request a pause could cover."""
         return ()
+
+    def start_put_off(self) -> RateLimited | None:
+        """The 429 answered to a request `start` can do without (the Telegram command menu,
+        the Feishu bot's identity), once, or None. `start` does not fail on it: it goes on
+        without that request, which is owed. The service records the pause it names (like a
+        lane's) and calls `finish_start` once neither it nor a pause over `start_scopes`
+        runs; the cards are held only by what the pause itself covers."""
+        return None
+
+    async def finish_start(self) -> RateLimited | None:
+        """Make the request a 429 put off at the start (`start_put_off`) once more: None when
+        nothing is owed any more (done, or failed otherwise: logged, and given up as at the
+        start), else the new 429 (the request stays owed; the service waits it out and
+        calls again, a bounded number of times)."""
+        return None
 
     @classmethod
     def describe_scope(cls, scope: str) -> str | None:

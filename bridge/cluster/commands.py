@@ -44,6 +44,7 @@ from taskcard.channels.base import (
     IncomingCommand,
     Operation,
     Outgoing,
+    RateLimited,
     RateScope,
     ReplyTo,
     SentAs,
@@ -543,6 +544,12 @@ class ClusteredChannel(Channel):
 
     def start_scopes(self) -> tuple[str, ...]:
         return self._inner.start_scopes()
+
+    def start_put_off(self) -> RateLimited | None:
+        return self._inner.start_put_off()
+
+    async def finish_start(self) -> RateLimited | None:
+        return await self._inner.finish_start()
 
     async def send(
         self,

@@ -239,6 +239,12 @@ class MeteredChannel(Channel):
     def start_scopes(self) -> tuple[str, ...]:
         return self.inner.start_scopes()
 
+    def start_put_off(self) -> RateLimited | None:
+        return self.inner.start_put_off()
+
+    async def finish_start(self) -> RateLimited | None:
+        return await self.inner.finish_start()
+
     async def send(
         self,
         chat: ChatRef,

@@ -129,6 +129,8 @@ NOT_LISTED = (
 # senders are remembered (the oldest forgotten first).
 REFUSAL_QUIET_S = 600.0
 REFUSED_KEPT = 10_000
+# How often a request the start can do without is asked again after a 429 (once per pause).
+_PUT_OFF_ATTEMPTS = 3
 # The last word of a card retired beside a board, and of a board retired for cards.
 # How long a cluster keeps which message a `/taskcard cancel` withdraws: an instance reads
 # the command stream seconds behind the others at most (a day covers a Redis outage).
@@ -541,7 +543,8 @@ class Service:
         The start's own requests (a token, the bot's identity) wait for a rate-limit pause
         over the bot or the app (`Channel.start_scopes`), one an earlier run stored
         included, and a 429 answered to one of them is stored as a pause like any other: it
-        holds the cards' requests too, and a restart within it."""
+        holds the cards' requests too, and a restart within it. A 429 on a request the start
+        can do without does not hold the start (`_finish_start`)."""
         backoff = Backoff(initial_s=1.0, max_s=60.0)
         waiting = False  # said once per wait (the shared book may answer "ask again" often)
         while True:
@@ -576,6 +579,10 @@ class Service:
                 self._failed_channels.add(name)
                 return
             break
+        put_off = channel.start_put_off()
+        if put_off is not None:
+            # Recorded before any card is let out: it holds those it covers.
+            self._scheduler.rate_limited(put_off, f"the start of channel {name}")
         self._ready_channels.add(name)
         log.info("channel %s ready", name)
         self._outbox.channel_ready(name)
@@ -584,6 +591,43 @@ class Service:
         for route in list(self._routes):
             if route.key.channel == name:
                 self._project_route(route)
+        if put_off is not None:
+            await self._finish_start(name, channel, put_off)
+
+    async def _finish_start(self, name: str, channel: Channel, error: RateLimited) -> None:
+        """A request the start can do without (the Telegram menu, the Feishu bot's identity)
+        drew a 429 and the channel started without it (`Channel.start_put_off`). The pause it
+        names is recorded like a lane's (it holds the cards only if it covers them: the
+        Feishu app's does, the Telegram menu's does not), and the request is made again once
+        no pause over it or the start's scopes runs, once per pause and at most
+        `_PUT_OFF_ATTEMPTS` times; then it waits for the next start."""
+        attempts = 0
+        while True:
+            if attempts == _PUT_OFF_ATTEMPTS:
+                log.warning(
+                    "channel %s: a request of its start was rate limited %d times; it serves"
+                    " without it until the next start",
+                    name,
+                    attempts + 1,
+                )
+                return
+            attempts += 1
+            scopes = (error.scope, *channel.start_scopes())
+            while True:  # the pause ends at a known time: nothing to be woken by
+                paused_s = await self._scheduler.paused_s(scopes)
+                if paused_s <= 0:
+                    break
+                await asyncio.sleep(paused_s)
+            try:
+                again = await channel.finish_start()
+            except Exception:
+                # The channel logs its own failures; this is a bug, and costs only the request.
+                log.exception("channel %s: finishing its start failed", name)
+                return
+            if again is None:
+                return
+            error = again
+            self._scheduler.rate_limited(error, f"the start of channel {name}")
 
     def _credentials_rejected(self, name: str, error: ChannelError) -> None:
         """The platform refused the channel's credentials while serving (a token revoked):

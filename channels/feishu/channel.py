@@ -183,6 +183,9 @@ class FeishuChannel(Channel):
         # What each recent message shows (content digest), so an identical edit is reported
         # as `NotModified` like on Telegram: Feishu accepts an identical PATCH silently.
         self._shown: OrderedDict[str, str] = OrderedDict()
+        # The bot info a 429 put off at the start (`start_put_off`, `finish_start`).
+        self._put_off: RateLimited | None = None
+        self._identity_owed = False
 
     # Lifecycle ----------------------------------------------------------------------------
 
@@ -199,6 +202,7 @@ class FeishuChannel(Channel):
         far is closed again."""
         if self._started:
             return
+        self._put_off, self._identity_owed = None, False  # of a start that failed later
         try:
             await self._token_source().get()
             if self._config.events != "none":
@@ -275,10 +279,13 @@ class FeishuChannel(Channel):
             response = await self._call(
                 request, BaseResponse, narrow_scope=APP_SCOPE, operation="send"
             )
-        except RateLimited:
-            # The app's limit: it waits before any other request, and the start is tried
-            # again then (going on would ask Feishu again inside the window it set).
-            raise
+        except RateLimited as error:
+            # The app's limit: the service pauses the app (the cards wait for it as for any
+            # other 99991400) and asks again once it has passed (`finish_start`); meanwhile
+            # any mention counts, as when the info is unavailable.
+            log.info("feishu bot info put off (%s); any mention counts in groups meanwhile", error)
+            self._put_off, self._identity_owed = error, True
+            return None, None
         except ChannelError as error:
             log.info("feishu bot info unavailable (%s); any mention counts in groups", error)
             return None, None
@@ -286,6 +293,21 @@ class FeishuChannel(Channel):
         if identity[0] is None:
             log.info("feishu bot info has no open_id; any mention counts in groups")
         return identity
+
+    def start_put_off(self) -> RateLimited | None:
+        error, self._put_off = self._put_off, None
+        return error
+
+    async def finish_start(self) -> RateLimited | None:
+        """Learn the bot's identity a 429 put off at the start."""
+        if not self._identity_owed or not self._started:
+            return None
+        self._identity_owed = False
+        open_id, name = await self._learn_bot_identity()
+        error = self.start_put_off()  # set again (and owed again) by a new 429
+        if error is None:
+            self._bot_open_id, self._bot_name = open_id, name
+        return error
 
     # Incoming commands --------------------------------------------------------------------
 
@@ -379,8 +401,8 @@ class FeishuChannel(Channel):
         return card.board_fits(view)
 
     def start_scopes(self) -> tuple[str, ...]:
-        """The tenant token and the bot's info count against the app's limits, like every
-        other call of the app (Feishu answers the token request with 99991400 too)."""
+        """The tenant token (and the optional bot info) count against the app's limits, like
+        every other call of the app (Feishu answers the token request with 99991400 too)."""
         return (APP_SCOPE, APP_MINUTE_SCOPE)
 
     def rate_scopes(

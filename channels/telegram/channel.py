@@ -48,7 +48,7 @@ from taskcard.channels.telegram.config import TelegramConfig
 from taskcard.channels.telegram.errors import ChatUpgraded, ParseEntitiesFailed, translate
 from taskcard.channels.telegram.http11 import LeanRequest, proxy_configured
 from taskcard.channels.telegram.request import FloodAwareRequest, FloodWait
-from taskcard.channels.telegram.scopes import BOT_SCOPE_KEY, chat_scope_key
+from taskcard.channels.telegram.scopes import BOT_SCOPE_KEY, MENU_SCOPE_KEY, chat_scope_key
 
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -159,6 +159,9 @@ class TelegramChannel(Channel):
         self._on_command: CommandSink | None = None
         self._bot_scope = config.limits.bot.scope(BOT_SCOPE_KEY)
         self._message_scopes: dict[ChatRef, tuple[RateScope, ...]] = {}
+        # The menu request a 429 put off at the start (`start_put_off`, `finish_start`).
+        self._put_off: RateLimited | None = None
+        self._menu_owed = False
 
     @property
     def bot_username(self) -> str:
@@ -225,15 +228,9 @@ class TelegramChannel(Channel):
         }:
             self._moves.load(chat_id)
         if self._config.commands:
-            try:
-                await self._register_menu(bot)
-            except RateLimited:
-                # Told to wait: the start is tried again once the bot's pause has passed.
-                self._bot = None
-                with contextlib.suppress(tg.TelegramError):
-                    await bot.shutdown()
-                self._remove_redactor()
-                raise
+            # Optional: told to wait, the start goes on without the menu (`finish_start`).
+            self._put_off = await self._register_menu(bot)
+            self._menu_owed = self._put_off is not None
             poller = CommandPoller(
                 bot,
                 self._username,
@@ -245,16 +242,33 @@ class TelegramChannel(Channel):
             )
             self._poll_task = asyncio.create_task(poller.run(), name="telegram-command-poll")
 
-    async def _register_menu(self, bot: Bot) -> None:
+    async def _register_menu(self, bot: Bot) -> RateLimited | None:
         """Put `/taskcard` in the command menu; a failure costs only the menu, not the start.
-        A 429 is raised (`RateLimited` over the bot): the bot waits it out before any other
-        request, and the start is tried again then."""
+        A 429 is returned, over the menu's own scope: Telegram does not say which limit it
+        hit, and a pause of the bot would hold every card for the sake of a menu (if it was
+        the bot's limit, the cards' own requests are answered 429 and paused in turn)."""
         try:
             await bot.set_my_commands(MENU_COMMANDS)
         except (tg.RetryAfter, FloodWait) as exc:
-            raise self._scrub(translate(exc, BOT_SCOPE_KEY)) from None
+            error = self._scrub(translate(exc, MENU_SCOPE_KEY))
+            assert isinstance(error, RateLimited)
+            _log.info("the /taskcard menu command is put off: %s", error)
+            return error
         except tg.TelegramError as exc:
             _log.warning("registering the /taskcard menu command failed: %s", type(exc).__name__)
+        return None
+
+    def start_put_off(self) -> RateLimited | None:
+        error, self._put_off = self._put_off, None
+        return error
+
+    async def finish_start(self) -> RateLimited | None:
+        """Set the command menu a 429 put off at the start."""
+        if not self._menu_owed or self._bot is None:
+            return None
+        error = await self._register_menu(self._bot)
+        self._menu_owed = error is not None
+        return error
 
     async def stop(self) -> None:
         task, self._poll_task = self._poll_task, None
@@ -303,7 +317,8 @@ class TelegramChannel(Channel):
         return render.board_fits(view)
 
     def start_scopes(self) -> tuple[str, ...]:
-        """`getMe` and `setMyCommands` name no chat: only a pause of the bot holds them up."""
+        """`getMe` (and the optional `setMyCommands`) name no chat: only a pause of the bot
+        holds them up."""
         return (BOT_SCOPE_KEY,)
 
     def rate_scopes(

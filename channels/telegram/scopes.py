@@ -13,6 +13,8 @@ from typing import Final
 from taskcard.channels.base import ChatRef
 
 BOT_SCOPE_KEY: Final = "telegram:bot"
+# The command menu (`setMyCommands`): a 429 answered to it pauses only the menu, no route.
+MENU_SCOPE_KEY: Final = "telegram:menu"
 _CHAT_PREFIX: Final = "telegram:chat:"
 
 
@@ -30,6 +32,8 @@ def describe(scope: str) -> str | None:
     """The scope for people; None when it is not one of this channel's keys."""
     if scope == BOT_SCOPE_KEY:
         return "every chat of the bot"
+    if scope == MENU_SCOPE_KEY:
+        return "the bot's command menu (no chat)"
     if scope.startswith(_CHAT_PREFIX):
         return f"chat {scope.removeprefix(_CHAT_PREFIX)}"
     return None

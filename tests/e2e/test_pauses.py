@@ -4,6 +4,7 @@ shows each pause with its end time. Driven through the fake Bot API's real 429 e
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import AsyncIterator
@@ -428,22 +429,61 @@ async def test_a_429_answered_to_the_start_is_a_pause_that_a_restart_keeps(
     assert "channel telegram waits" in restarted.logs, "the wait is said"
 
 
-async def test_a_429_answered_to_the_menu_at_the_start_holds_the_bot_and_the_menu_is_set(
+async def test_a_menu_answered_429_every_time_never_holds_the_cards(
     tmp_path: Path, fake: FakeTelegram
 ) -> None:
-    """`setMyCommands` at the start draws a 429: the bot waits the window out (no card goes
-    inside it: the failure was only logged, and the cards went at once) and then starts
-    again, so the menu is set too (it was left out for the whole run)."""
+    """`setMyCommands` is answered 429 with a long window, however often it is asked: the
+    menu is optional, so the card goes out all the same (the start failed on the menu and
+    was tried again after each window: no card went for as long as the 429s lasted). The
+    window is stored over the menu alone and the menu is not asked again inside it."""
     serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])])
-    flood(fake, "setMyCommands", 4)
+    for _ in range(10):
+        flood(fake, "setMyCommands", LONG_WINDOW_S)
     with serve:
-        publish(agent_dir(tmp_path, "builder"), "after the menu's window")
+        publish(agent_dir(tmp_path, "builder"), "card despite the menu")
         await eventually(
-            lambda: any("after the menu's window" in t for t in shown(fake, GROUP)),
-            timeout_s=60,
-            what="the card once the window has passed",
+            lambda: any("card despite the menu" in t for t in shown(fake, GROUP)),
+            timeout_s=LONG_WINDOW_S / 2,
+            what="the card inside the menu's window",
         )
-        await eventually(lambda: fake.my_commands.get(("default", "")), what="the menu")
+        ends = await eventually(lambda: pause_ends(serve.config), what="the menu's pause")
+        assert len(ends) == 1, ends
         assert await serve.aterminate() == 0, serve.logs
-    assert bot_requests_inside_the_window(fake, 4) == []
-    assert fake.count("setMyCommands") == 2
+    assert fake.count("setMyCommands") == 1
+    assert fake.my_commands.get(("default", "")) is None
+    assert "the /taskcard menu command is put off" in serve.logs
+
+
+async def test_a_menu_put_off_by_a_429_is_set_after_the_window_and_given_up_after_a_few(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """A menu answered 429 is asked again once its window has passed, once per window, and
+    set when Telegram takes it; answered 429 every time, it is given up after a few tries
+    (until the next start) while the cards keep going."""
+    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])])
+    flood(fake, "setMyCommands", 1)
+    flood(fake, "setMyCommands", 1)
+    with serve:
+        publish(agent_dir(tmp_path, "builder"), "first card")
+        await eventually(lambda: fake.my_commands.get(("default", "")), what="the menu")
+        assert any("first card" in t for t in shown(fake, GROUP))
+        assert await serve.aterminate() == 0, serve.logs
+    asked = [r.at_s for r in fake.requests if r.method == "setMyCommands"]
+    assert len(asked) == 3
+    assert all(later - earlier >= 1 for earlier, later in itertools.pairwise(asked)), asked
+
+    fake.clear_failures()
+    fake.my_commands.clear()
+    for _ in range(10):
+        flood(fake, "setMyCommands", 1)
+    again = ServeProcess(serve.config, env={"TC_TEST_TOKEN": fake.token})
+    with again:
+        await eventually(
+            lambda: "rate limited 4 times" in again.logs, timeout_s=60, what="the menu given up"
+        )
+        publish(agent_dir(tmp_path, "builder"), "second card")
+        await eventually(
+            lambda: any("second card" in t for t in shown(fake, GROUP)), what="the next card"
+        )
+        assert await again.aterminate() == 0, again.logs
+    assert fake.count("setMyCommands") == 3 + 4

@@ -6,6 +6,7 @@ signed); cards go out as interactive messages and are updated with PATCH.
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import socket
@@ -938,13 +939,14 @@ async def test_the_app_limit_answered_to_the_token_at_start_is_a_pause_a_restart
     assert fake.app_secret not in serve.logs + restarted.logs
 
 
-async def test_the_app_limit_answered_to_the_bot_info_holds_the_app_and_is_asked_again(
+async def test_the_app_limit_answered_to_the_bot_info_holds_the_app_not_the_start(
     tmp_path: Path, fake: FakeFeishu
 ) -> None:
-    """The bot's info at the start draws the app-level limit: the app waits the window out
-    (no card goes inside it: the failure was only logged and the cards went at once), then
-    the start is tried again and learns the bot (without it any mention counted as the
-    bot's for the whole run)."""
+    """The bot's info at the start draws the app-level limit: the bot info is optional, so
+    the channel starts without it (commands are taken at once, any mention counting as the
+    bot's meanwhile), the app's window is kept by the card as by any request, and the bot
+    info is asked again once the window has passed (the whole start used to wait for it
+    and be made again)."""
     setup = Setup(tmp_path, fake, ["builder"])
     fake.script_rate_limit("bot_info", reset_s=4)
     with setup.serve() as serve:
@@ -954,7 +956,36 @@ async def test_the_app_limit_answered_to_the_bot_info_holds_the_app_and_is_asked
             timeout_s=60,
             what="the card once the window has passed",
         )
+        await eventually(lambda: len(fake.requests_of("bot_info")) == 2, what="the bot info")
         assert await serve.aterminate() == 0, serve.logs
     assert requests_inside_the_window(fake, 4) == []
     assert [r.code for r in fake.requests_of("bot_info")] == [99991400, 0]
+    assert len(fake.requests_of("token")) == 1, "the start is not made again"
     assert "bot info unavailable" not in serve.logs
+
+
+async def test_a_bot_info_refused_by_the_app_limit_every_time_is_given_up_after_a_few(
+    tmp_path: Path, fake: FakeFeishu
+) -> None:
+    """Answered the app-level limit however often it is asked, the bot info is asked once
+    per window and given up after a few tries (until the next start), while the channel
+    serves all along: the card goes out and no request goes inside a window."""
+    setup = Setup(tmp_path, fake, ["builder"])
+    fake.script_rate_limit("bot_info", reset_s=1, times=10)
+    with setup.serve() as serve:
+        publish(tmp_path / "agents" / "builder", "served all along")
+        await eventually(
+            lambda: "rate limited 4 times" in serve.logs, timeout_s=60, what="given up"
+        )
+        await eventually(
+            lambda: any("served all along" in t for t in card_texts(fake)), what="the card"
+        )
+        assert await serve.aterminate() == 0, serve.logs
+    # Nothing inside the window the start drew (a card already on its way when a later
+    # bot info is refused is not held back, as for any two requests at once), and the bot
+    # info never inside its own.
+    assert requests_inside_the_window(fake, 1) == []
+    asked = [r.at_s for r in fake.requests_of("bot_info")]
+    assert all(later - earlier >= 1 for earlier, later in itertools.pairwise(asked)), asked
+    assert [r.code for r in fake.requests_of("bot_info")] == [99991400] * 4
+    assert len(fake.requests_of("token")) == 1
