@@ -58,16 +58,11 @@ from typing import Final, Literal
 
 from taskcard.bridge.watch.inotify import OUT_OF_INSTANCES, InotifyWatches, inotify_available
 from taskcard.channels.aio import AnyEvent, Backoff, wait_first
-from taskcard.producers.inbox.contract import INBOX_DIR
-from taskcard.producers.ledger.contract import LEDGER_DIR
-from taskcard.producers.reports.contract import LINEAGE_FILE, REPORTS_DIR
+from taskcard.producers.reports.contract import CONTRACT_DIRS, LINEAGE_FILE
 from taskcard.producers.task_card.contract import (
     HOST_LOCK_FILE,
-    LOGS_DIR,
-    NOTIFICATION_DIR,
     NOTIFICATION_LOCK_FILE,
     TALLY_FILE,
-    TASKCARD_DIR,
 )
 
 logger = logging.getLogger(__name__)
@@ -81,16 +76,6 @@ _OUT_OF_INSTANCES_FIX: Final = {
     " close what holds the files",
 }
 
-# Every folder of a file contract the service reads (the inbox for its acks); `lineage.json`
-# sits in the workdir itself, which is watched too.
-CONTRACT_DIRS: Final = (
-    TASKCARD_DIR,
-    NOTIFICATION_DIR,
-    LOGS_DIR,
-    REPORTS_DIR,
-    INBOX_DIR,
-    LEDGER_DIR,
-)
 CONTRACT_NAMES: Final = frozenset(CONTRACT_DIRS)
 # The watcher thread returns this often (ms) without events; a stop is noticed every `step`.
 _RUST_TIMEOUT_MS: Final = 5_000

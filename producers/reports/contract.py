@@ -36,8 +36,12 @@ from taskcard.producers.inbox.contract import (
     VERSION,
     VIAS,
 )
+from taskcard.producers.ledger.contract import LEDGER_DIR
 from taskcard.producers.task_card.contract import (
+    LOGS_DIR,
     MAX_COUNT,
+    NOTIFICATION_DIR,
+    TASKCARD_DIR,
     count_field,
     iso_utc,
     parse_iso,
@@ -46,6 +50,16 @@ from taskcard.producers.task_card.contract import (
 )
 
 REPORTS_DIR: Final = "reports"
+# Every folder of a workdir's file contracts (`lineage.json` sits in the workdir itself): the
+# service watches each, and no child's workdir may sit inside one of its parent's.
+CONTRACT_DIRS: Final = (
+    TASKCARD_DIR,
+    NOTIFICATION_DIR,
+    LOGS_DIR,
+    REPORTS_DIR,
+    INBOX_DIR,
+    LEDGER_DIR,
+)
 REPORTS_FILE: Final = "reports.jsonl"
 LINEAGE_FILE: Final = "lineage.json"
 # The inbox's names come from its own contract (the agent side reads the same ones).

@@ -38,14 +38,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final
 
-from taskcard.producers.inbox.contract import INBOX_DIR
-from taskcard.producers.ledger.contract import LEDGER_DIR
-from taskcard.producers.reports.contract import REPORTS_DIR
+from taskcard.producers.reports.contract import CONTRACT_DIRS
 from taskcard.producers.reports.store import encodable
 from taskcard.producers.task_card.contract import (
-    LOGS_DIR,
-    NOTIFICATION_DIR,
-    TASKCARD_DIR,
     atomic_write,
     quoted,
     read_regular,
@@ -67,16 +62,6 @@ AGENT_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 # The pattern in words, for every message that refuses an id.
 AGENT_ID_RULE: Final = "1-64 letters, digits, '_', '.' or '-', starting with a letter or digit"
 PROVIDER: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/ -]{0,63}")
-# The folders of a workdir's file contracts: the parent's files (and the service's inbox
-# writes) live there, so no child's workdir may sit inside one.
-CONTRACT_DIRS: Final = (
-    TASKCARD_DIR,
-    NOTIFICATION_DIR,
-    LOGS_DIR,
-    REPORTS_DIR,
-    INBOX_DIR,
-    LEDGER_DIR,
-)
 # A folder's identity: the same folder under any name (a link, `..`, a bind mount, another
 # case on a case-insensitive file system) has the same one.
 _Identity = tuple[int, int]
