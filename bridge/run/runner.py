@@ -62,7 +62,36 @@ log = logging.getLogger(__name__)
 def nothing_served(config: ServiceConfig) -> list[str]:
     """Warnings for a configuration that runs but shows nothing (or leaves agents out, or
     shows one agent's files under two names, or has a listener or API root set up wrong)."""
-    return _shown_nowhere(config) + _webhook_not_served(config) + _bot_root_doubted(config)
+    return (
+        _shown_nowhere(config)
+        + _webhook_not_served(config)
+        + _bot_root_doubted(config)
+        + _nobody_allowed(config)
+    )
+
+
+def _nobody_allowed(config: ServiceConfig) -> list[str]:
+    """A route whose `allowed_user_ids` is an empty list: no one in that chat may run
+    /taskcard, /tell or reply to a card (likely a slip for leaving the key out)."""
+    shut: list[tuple[str, int, object]] = []
+    if config.telegram is not None:
+        shut += [
+            ("telegram", index, route.chat_id)
+            for index, route in enumerate(config.telegram.routes)
+            if route.allowed_user_ids == []
+        ]
+    if config.feishu is not None:
+        shut += [
+            ("feishu", index, route.chat_id)
+            for index, route in enumerate(config.feishu.routes)
+            if route.allowed_user_ids == []
+        ]
+    return [
+        f"{platform}.routes[{index}].allowed_user_ids: empty, so no one in chat {chat!r} may"
+        " run /taskcard, /tell or reply to a card; list the people's ids, or remove the key"
+        " to let everyone in the chat"
+        for platform, index, chat in shut
+    ]
 
 
 def _shown_nowhere(config: ServiceConfig) -> list[str]:

@@ -1124,3 +1124,26 @@ def test_a_feishu_webhook_that_is_not_served_is_warned_of(tmp_path: Path, events
     )
     check = taskcard("config", "check", str(served))
     assert check.returncode == 0 and "feishu.webhook" not in check.stderr, check.stderr
+
+
+@pytest.mark.parametrize(
+    ("section", "chat"),
+    [("telegram", "-100123"), ("feishu", '"oc_1"')],
+)
+def test_an_empty_allowed_list_is_warned_of(tmp_path: Path, section: str, chat: str) -> None:
+    # `allowed_user_ids = []` lets no one use the commands in that chat: most likely a slip.
+    route = f'[[{section}.routes]]\nchat_id = {chat}\nagents = ["builder"]\n'
+    env = {"TELEGRAM_BOT_TOKEN": "1:T", "FEISHU_APP_ID": "cli_x", "FEISHU_APP_SECRET": "s"}
+    empty = console_config(tmp_path, AGENT + route + "allowed_user_ids = []\n")
+    for args in (("config", "check", str(empty)), ("serve", "--config", str(empty), "--check")):
+        result = taskcard(*args, env=env)
+        assert result.returncode == 0, result.stderr
+        assert f"warning: {section}.routes[0].allowed_user_ids: empty" in result.stderr
+    listed = console_config(
+        tmp_path,
+        AGENT
+        + route
+        + "allowed_user_ids = []\n".replace("[]", "[1]" if section == "telegram" else '["ou_1"]'),
+    )
+    check = taskcard("config", "check", str(listed), env=env)
+    assert check.returncode == 0 and "allowed_user_ids" not in check.stderr, check.stderr
