@@ -101,7 +101,9 @@ class CardView:
     """What one resident message should show, channel-neutral.
 
     `auto_rows` is the automatic slot as plain-text lines, most important first (shrinking
-    drops rows from the end). `body` is the programmable slot as Markdown, already redacted;
+    drops rows from the end, down to the first `kept_rows`: the state and what is wrong with
+    the agent's files, which a long card must still say; down to one only when those alone
+    do not fit). `body` is the programmable slot as Markdown, already redacted;
     None when there is no card to show. `body_note` is a one-line note about the card itself
     (for example that it stopped). `hidden` renders the one-line hidden notice instead.
     """
@@ -113,6 +115,7 @@ class CardView:
     body_note: str | None = None
     hidden: bool = False
     body_cut: bool = False
+    kept_rows: int = 1
 
     def shown_part(self) -> CardView:
         """The part of the view a rendering reads: all of it, or for a hidden view its agent
@@ -557,7 +560,8 @@ def precut_body(view: CardView, budget: int) -> CardView:
 
 def fit_view(view: CardView, size: Callable[[CardView], int], limit: int) -> CardView:
     """Shrink `view` until `size(view) <= limit`: drop automatic rows from the end (keeping
-    the first), then cut the body to the longest prefix that fits, marked with `body_cut`.
+    the first `kept_rows`), then cut the body to the longest prefix that fits, marked with
+    `body_cut`; when even the kept rows without body do not fit, keep the first row alone.
 
     `size` measures a rendering in the platform's unit (UTF-16 units, bytes, ...). The result
     always fits when the view without body and with one automatic row fits.
@@ -565,7 +569,7 @@ def fit_view(view: CardView, size: Callable[[CardView], int], limit: int) -> Car
     if size(view) <= limit:
         return view
     rows = list(view.auto_rows)
-    while len(rows) > 1:
+    while len(rows) > max(1, view.kept_rows):
         rows.pop()
         candidate = replace(view, auto_rows=tuple(rows))
         if size(candidate) <= limit:
@@ -581,6 +585,8 @@ def fit_view(view: CardView, size: Callable[[CardView], int], limit: int) -> Car
             best, low = candidate, middle + 1
         else:
             high = middle - 1
+    if len(rows) > 1 and size(best) > limit:  # the kept rows alone are too long
+        return fit_view(replace(view, kept_rows=1), size, limit)
     return best
 
 

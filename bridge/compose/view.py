@@ -187,4 +187,5 @@ def compose_view(
         body=body,
         body_note=note,
         hidden=hidden,
+        kept_rows=1 + len(problems),  # a long card still says what is wrong with its files
     )

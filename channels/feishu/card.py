@@ -1062,7 +1062,8 @@ def render_card(view: CardView, limit_bytes: int = CARD_BUDGET_BYTES) -> Outgoin
         prefixes = _prefixes(part)
         if part == body:
             break
-        candidate = replace(view, auto_rows=view.auto_rows[:1], body=part, body_cut=True)
+        kept = view.auto_rows[: max(1, view.kept_rows)]
+        candidate = replace(view, auto_rows=kept, body=part, body_cut=True)
         measured = size(candidate)
         if measured > limit_bytes:
             view = candidate  # the whole body fits no better: cut within the part read

@@ -517,8 +517,8 @@ def _outgoing(rich: RichText) -> Outgoing:
 def render_card(view: CardView, limit_utf16: int = MAX_MESSAGE_UTF16) -> Outgoing:
     """The resident message for `view`, always non-empty and within `limit_utf16`.
 
-    The automatic rows are dropped from the end first (keeping the first), as `fit_view`
-    does; then the body is cut. The body is converted once: what is cut is its text and
+    The automatic rows are dropped from the end first (keeping the first `kept_rows`), as
+    `fit_view` does; then the body is cut. The body is converted once: what is cut is its text and
     entities, at the longest prefix that fits (`_cut_rich`), never its Markdown source, so a
     dense body costs one conversion however many cuts are measured; a hidden card's body
     none (see `CardView.shown_part`)."""
@@ -532,7 +532,7 @@ def render_card(view: CardView, limit_utf16: int = MAX_MESSAGE_UTF16) -> Outgoin
 
     rich = compose_rich(view, body)
     rows = list(view.auto_rows)
-    while not fits(rich) and len(rows) > 1:
+    while not fits(rich) and len(rows) > max(1, view.kept_rows):
         rows.pop()
         rich = compose_rich(replace(view, auto_rows=tuple(rows)), body)
     if not fits(rich):
@@ -552,6 +552,8 @@ def render_card(view: CardView, limit_utf16: int = MAX_MESSAGE_UTF16) -> Outgoin
                 rich, low = candidate, middle + 1
             else:
                 high = middle - 1
+        if len(rows) > 1 and not fits(rich):  # the kept rows alone are too long
+            return render_card(replace(view, kept_rows=1), limit_utf16)
     if utf16_len(rich.text) > limit_utf16:
         # Only reachable when the header or the one kept row alone is too long: cut by code
         # points, which never splits a surrogate pair.

@@ -457,3 +457,18 @@ def test_the_readings_kept_stay_within_their_budget() -> None:
         assert sum(map(len, card_module._READINGS)) <= 1_000_000
     assert list(card_module._READINGS) == bodies[-3:]  # the least recently used went
     card_module._READINGS.clear()
+
+
+def test_a_cut_card_keeps_its_kept_rows_and_falls_back_to_one_when_they_cannot_fit() -> None:
+    # As on Telegram: the state and the problem rows stay on a card whose body is cut; rows
+    # that could never fit leave the first row alone.
+    rows = ("state: running", "⚠ ledger/long-task-ledger.json: is a folder", "last: tests")
+    view = CardView("a", "running", rows, body="line of a long body\n" * 8000, kept_rows=2)
+    out = render_card(view)
+    assert "⚠ ledger/long-task-ledger.json: is a folder" in out.text
+    assert "last: tests" not in out.text and BODY_CUT_MARKER in out.text
+    assert card_request_bytes(out.payload["content"]) <= CARD_BUDGET_BYTES
+    huge = ("state: running", "⚠ " + "x" * 40_000, "last: tests")
+    out = render_card(CardView("a", "running", huge, body="body", kept_rows=2))
+    assert "state: running" in out.text and "x" * 100 not in out.text
+    assert card_request_bytes(out.payload["content"]) <= CARD_BUDGET_BYTES

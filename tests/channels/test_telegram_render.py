@@ -310,3 +310,17 @@ def test_double_pipes_show_as_typed_never_as_a_spoiler(markdown: str, shown: str
     assert rich.text == shown
     assert not [e for e in rich.entities if e.type == "spoiler"]
     assert all(e.url == "https://x.test/a||b" for e in rich.entities if e.type == "text_link")
+
+
+def test_a_cut_card_keeps_its_kept_rows_and_falls_back_to_one_when_they_cannot_fit() -> None:
+    # The first `kept_rows` (the state and what is wrong with the agent's files) stay on a
+    # card whose body is cut; rows that could never fit leave the first row alone.
+    rows = ("state: running", "⚠ logs/events.jsonl: is a named pipe", "last: tests", "· more")
+    view = CardView("a", "running", rows, body="line of a long body\n" * 2000, kept_rows=2)
+    text = render_card(view).payload["text"]
+    assert "⚠ logs/events.jsonl: is a named pipe" in text and "last: tests" not in text
+    assert BODY_CUT_MARKER in text and utf16_len(text) <= MAX_MESSAGE_UTF16
+    huge = ("state: running", "⚠ " + "x" * 5000, "last: tests")
+    text = render_card(CardView("a", "running", huge, body="body", kept_rows=2)).payload["text"]
+    assert "state: running" in text and "x" * 100 not in text
+    assert utf16_len(text) <= MAX_MESSAGE_UTF16

@@ -842,7 +842,8 @@ async def test_the_card_names_a_refused_file_and_the_fix_until_it_is_fixed(
         publish(workdir, "**compile** 1/3")
         await eventually(lambda: any("compile" in t for t in card_texts(fake)), what="card")
         ledger.mkdir(parents=True)  # a folder where the ledger goes, while served
-        publish(workdir, "**tests** 2/3")
+        # A body longer than a card holds: the card is cut, and still says what is wrong.
+        publish(workdir, "**tests** 2/3\n\n" + "a line of the card's long body\n" * 4000)
         await eventually(
             lambda: any(row in t and "tests" in t for t in card_texts(fake)),
             what="the refusal and its fix on the card",

@@ -163,7 +163,8 @@ async def test_the_card_names_a_refused_file_and_the_fix_until_it_is_fixed(
 ) -> None:
     serve = setup(tmp_path, fake, ["piped"])
     piped, good = workdir(tmp_path, "piped"), workdir(tmp_path, "good")
-    publish(piped, "piped v1")
+    # A body longer than a message holds: the card is cut, and still says what is wrong.
+    publish(piped, "piped v1\n\n" + "a line of the card's long body\n" * 400)
     activity(piped, "agent.start")
     row = "⚠ logs/events.jsonl: is a named pipe, not a regular file; replace it with a regular file"
     with serve:
