@@ -87,9 +87,10 @@ def _nobody_allowed(config: ServiceConfig) -> list[str]:
             if route.allowed_user_ids == []
         ]
     return [
-        f"{platform}.routes[{index}].allowed_user_ids: empty, so no one in chat {chat!r} may"
-        " run /taskcard, /tell or reply to a card; list the people's ids, or remove the key"
-        " to let everyone in the chat"
+        f"{platform}.routes[{index}].allowed_user_ids: empty, so no one in chat {chat!r}"
+        + (" (but its anonymous administrators)" if platform == "telegram" else "")
+        + " may run /taskcard, /tell or reply to a card; list the people's ids, or remove"
+        " the key to let everyone in the chat"
         for platform, index, chat in shut
     ]
 
