@@ -809,6 +809,10 @@ def _cut_line_output(text: str, code: _CodeLine | None) -> str:
     return _code_output(text, code._replace(last=True))
 
 
+# A line that, alone, may close a fenced code block: a run of backticks or tildes only.
+_BARE_FENCE = re.compile(r"[ >\t]*(?:`{3,}|~{3,})[ \t]*\Z")
+
+
 class _Prefixes:
     """`feishu_markdown` of `body`, and of its prefixes as the cut of that conversion (each
     line converted once).
@@ -904,11 +908,15 @@ class _Prefixes:
     def markdown(self, prefix: str) -> str:
         """The conversion of the body cut to `prefix` (see the class docstring); of `prefix`
         alone when it is no prefix of the body."""
-        if not self._body.startswith(prefix):
+        if not self._body.startswith(prefix) or not prefix:  # nothing kept: no code block
             return feishu_markdown(prefix)
         cut, closing = self._cut(prefix)
         line = bisect.bisect_right(self._starts, cut) - 1  # the line the cut is in
         text = self._kept(self._starts[line], cut) + closing
+        if self._code.get(line) is not None and _BARE_FENCE.match(text):
+            # A code line cut to a bare fence (```py -> ```) closes the block in the cut body,
+            # which the whole body's reading cannot say: read the cut body itself (rare).
+            return _converted_lines(self.written(prefix))
         out = [*self._out[:line], _cut_line_output(text, self._code.get(line))]
         return self._styles.restored("\n".join(out))
 

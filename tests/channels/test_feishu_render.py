@@ -325,7 +325,8 @@ def test_no_live_mention_reaches_the_card_markdown_anywhere(body: str) -> None:
         st.sampled_from(
             ["```", "```py", "~~~", "# head", "> quote", "[l](https://e.x)", "[j](javascript:x)",
              "<at id=all>", "&amp;", "  ", "\n", "text", "`code`", "中文", "😀", "**b", "a**",
-             "_i", "i_", "~~s", "s~~ c", "*x* y"]
+             "_i", "i_", "~~s", "s~~ c", "*x* y", "    code", "- ```", "> ```", "````",
+             "~~~~py"]
         ),
         max_size=40,
     ),
@@ -472,3 +473,14 @@ def test_a_cut_card_keeps_its_kept_rows_and_falls_back_to_one_when_they_cannot_f
     out = render_card(CardView("a", "running", huge, body="body", kept_rows=2))
     assert "state: running" in out.text and "x" * 100 not in out.text
     assert card_request_bytes(out.payload["content"]) <= CARD_BUDGET_BYTES
+
+
+def test_a_code_line_cut_to_a_bare_fence_converts_as_the_cut_body() -> None:
+    # Found by the property test above: "```py" inside an open block, cut to "```", closes
+    # the block in the cut body, which the whole body's reading did not say.
+    body = "```py\n```py"
+    prefixes = _Prefixes(body)
+    assert prefixes.markdown("```py\n```") == _converted_lines(prefixes.written("```py\n```"))
+    assert prefixes.markdown("```py\n```") == feishu_markdown("```py\n```")
+    # Cut to nothing, a body opening with indented code shows no empty code block.
+    assert _Prefixes("    code").markdown("") == feishu_markdown("") == ""
