@@ -1108,6 +1108,7 @@ class Service:
         # A card reading that raised (None) tells nothing of what it moved before it failed:
         # project anyway; the card is still the last good reading, and an unchanged one
         # sends nothing.
+        health = self._health(agent_id)
         if (
             result is None
             or result.card_changed
@@ -1115,10 +1116,10 @@ class Service:
             or lineage_changed
             or ledger_changed
             or agent_id in self._owed
-            or self._health_changed(agent_id)  # the card shows the agent's problems
+            or self._saved_health.get(agent_id, "[]") != health  # the card shows problems
         ):
             self._project_paced(agent_id)
-        self._save_health(agent_id)
+        self._save_health(agent_id, health)
 
     def _project_paced(self, agent_id: str) -> None:
         """`_project`, at most `COMPOSE_SHARE` of the loop's time for one agent.
@@ -1239,17 +1240,16 @@ class Service:
             problems + sorted(self._faults.get(agent_id, {}).values()) + ([inbox] if inbox else [])
         )
 
-    def _health_changed(self, agent_id: str) -> bool:
-        """Whether the agent's problems differ from those last saved (and so last shown)."""
+    def _health(self, agent_id: str) -> str:
+        """The agent's problems as saved (a JSON list), to compare with what was saved."""
         problems = self.agent_problems(agent_id)
-        return self._saved_health.get(agent_id, "[]") != (
-            json.dumps(problems) if problems else "[]"
-        )
+        return json.dumps(problems) if problems else "[]"
 
-    def _save_health(self, agent_id: str) -> None:
-        """Persist the agent's problems when they changed, for `taskcard status`."""
-        problems = self.agent_problems(agent_id)
-        value = json.dumps(problems) if problems else "[]"  # twice per change: no encoder
+    def _save_health(self, agent_id: str, value: str | None = None) -> None:
+        """Persist the agent's problems when they changed, for `taskcard status` (`value`:
+        `_health` already read for this change)."""
+        if value is None:
+            value = self._health(agent_id)
         if self._saved_health.get(agent_id) == value:
             return
         try:
