@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 RUN_STAMP := $(VENV)/.installed-run
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: install run test check lint typecheck bench bench-quick clean redis-server
+.PHONY: install run test check lint typecheck explore bench bench-quick clean redis-server
 
 $(BIN)/pip:
 	$(PY) -m venv $(VENV)
@@ -44,6 +44,14 @@ typecheck: $(DEV_STAMP)
 
 check: lint typecheck
 	$(BIN)/pytest -q -W error --timeout=300
+
+## The property tests with fresh random examples, ten rounds (`make test` draws the same ones
+## every time): run it after changing a renderer or a reader of agent files.
+explore: $(DEV_STAMP)
+	for round in 1 2 3 4 5 6 7 8 9 10; do \
+	  TASKCARD_HYPOTHESIS_PROFILE=explore $(BIN)/pytest -q -x \
+	    $$(grep -rl '^from hypothesis import.*given' tests) || exit 1; \
+	done
 
 ## Every benchmark scenario at full size (10,000 agents; about 30 minutes on 2 cores),
 ## appended to bench/RESULTS.md.

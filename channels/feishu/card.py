@@ -354,6 +354,16 @@ def _may_hold_single_tilde(text: str) -> bool:
 Located = tuple[object, int, int]
 
 
+def _parse_located(text: str) -> tuple[list[Any], list[int] | None] | None:
+    """`text`'s events with their byte ranges, and its character offsets (None when bytes
+    and characters are the same), or None when the parser refuses it (a lone surrogate)."""
+    try:
+        events = list(pyromark.events_with_range(text, options=PARSE_OPTIONS))
+    except ValueError:
+        return None
+    return events, _char_offsets(text)
+
+
 def _telegram_reading(body: str) -> list[Located] | None:
     """`body` parsed as Telegram's converter reads it, or None when no parser takes it.
 
@@ -364,26 +374,28 @@ def _telegram_reading(body: str) -> list[Located] | None:
     place mapped back to `body` past the backslashes added."""
     text = body
     added: list[int] = []  # where backslashes were added, in characters of `text`
+    # Maths first, until none is left, then single tildes, in the order Telegram's renderer
+    # and its converter escape them: a tilde read while maths around it are still maths may
+    # pair otherwise. Without either (the usual case), one parse.
+    maths_done = False
+    parsed = _parse_located(text)
+    if parsed is None:  # a lone surrogate: written as it is
+        return None
+    events, chars = parsed
     while True:
-        try:
-            events = list(pyromark.events_with_range(text, options=PARSE_OPTIONS))
-        except ValueError:  # a lone surrogate: written as it is
-            return None
-        chars = _char_offsets(text)
+        maths_done = maths_done or not may_hold_maths(text)
+        if maths_done and not _may_hold_single_tilde(text):
+            break
 
         def char_at(offset: int, chars: list[int] | None = chars) -> int:
             return offset if chars is None else chars[offset]
 
-        # What a body needs for a mark read as text: a single `~` or maths (neither channel
-        # reads it). Without any, one parse.
-        if not _may_hold_single_tilde(text) and not may_hold_maths(text):
-            break
         source = text.encode()
         literal: list[int] = []
         for event, span in events:
             start, end = span["start"], span["end"]
-            if event == _STRIKETHROUGH:
-                if source[start + 1 : start + 2] != b"~":
+            if maths_done:
+                if event == _STRIKETHROUGH and source[start + 1 : start + 2] != b"~":
                     literal += (char_at(start), char_at(end - 1))
             elif isinstance(event, dict) and ("InlineMath" in event or "DisplayMath" in event):
                 # Maths, read as text on both channels (see the Telegram renderer's
@@ -393,13 +405,20 @@ def _telegram_reading(body: str) -> list[Located] | None:
                     char_at(at) for at in (*range(start, start + width), *range(end - width, end))
                 )
         if not literal:
-            break
+            if maths_done:
+                break
+            maths_done = True  # the same events, read for tildes now
+            continue
         places = sorted(literal)
         added = sorted(
             [at + bisect.bisect_right(places, at) for at in added]
             + [at + index for index, at in enumerate(places)]
         )
         text = "\\".join(text[a:b] for a, b in itertools.pairwise([0, *places, len(text)]))
+        parsed = _parse_located(text)
+        if parsed is None:
+            return None
+        events, chars = parsed
 
     if not added:  # the usual case: only bytes to count as characters
         if chars is None:

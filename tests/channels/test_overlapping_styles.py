@@ -200,6 +200,7 @@ READING_PARTS = [
 
 @given(st.lists(st.sampled_from(READING_PARTS), max_size=30))
 @example(["\\", "~", "~", "\\", "~~"])  # `\~~\~~`: an escape leaves single tildes
+@example(["$", "~", "$", "~", "5", "$", "~", "~", "$", "~"])  # maths are text before tildes pair
 @settings(max_examples=500, deadline=None)
 def test_the_feishu_reading_follows_the_telegram_converter(parts: list[str]) -> None:
     """Feishu's reading of emphasis copies what the Telegram renderer and telegramify-markdown
