@@ -274,7 +274,7 @@ def run_host(args: argparse.Namespace) -> int:
 
 def _detach(args: argparse.Namespace, paths: HostPaths) -> int:
     """Start the foreground host in its own session and return without waiting for it."""
-    from taskcard.producers.task_card.renderer import RENDER_MARKS
+    from taskcard.producers.task_card.renderer import HOST_PROCESS_ENV, RENDER_MARKS
 
     command = [
         sys.executable,
@@ -305,8 +305,12 @@ def _detach(args: argparse.Namespace, paths: HostPaths) -> int:
             cwd="/",
             # Called from inside a render (a renderer that starts another workdir's card),
             # the host must not carry that render's marks: the next host of the render's
-            # workdir ends every process carrying its tag (`end_leftover_renders`).
-            env={k: v for k, v in os.environ.items() if k not in RENDER_MARKS},
+            # workdir ends every process carrying its tag (`end_leftover_renders`). Marked
+            # as a host, so that the rendering host it reparents to spares it.
+            env={
+                **{k: v for k, v in os.environ.items() if k not in RENDER_MARKS},
+                HOST_PROCESS_ENV: "1",
+            },
         )
     finally:
         os.close(log_fd)

@@ -95,6 +95,16 @@ RENDER_TOKEN_ENV: Final = "TASKCARD_RENDER_TOKEN"
 RENDER_HOST_ENV: Final = "TASKCARD_RENDER_HOST"
 # What marks a process as a render of one host: never passed on to a host started from one.
 RENDER_MARKS: Final = frozenset({RENDER_TOKEN_ENV, RENDER_HOST_ENV})
+# Marks a detached `taskcard host` (set by `card start` when it spawns one). A renderer may
+# start another workdir's card: that card's host is orphaned when its `card start` exits, and
+# reparents to the rendering host, a subreaper, whose sweep would take it for a leftover and
+# kill it, ending the other card. A process with this mark and none of the render marks (a
+# host never carries them; `RENDER_MARKS`) is spared, with its subtree, like a running
+# renderer. Faking it needs a descendant that also cleared the render marks from its
+# environment, which already escapes the token sweep.
+HOST_PROCESS_ENV: Final = "TASKCARD_HOST_PROCESS"
+_HOST_MARK: Final = f"{HOST_PROCESS_ENV}=1".encode()
+_RENDER_MARK_PREFIXES: Final = tuple(f"{name}=".encode() for name in sorted(RENDER_MARKS))
 _PR_SET_CHILD_SUBREAPER: Final = 36
 _SWEEP_ROUNDS: Final = 100
 _SWEEP_PAUSE_S: Final = 0.01
@@ -204,6 +214,7 @@ class ProcEntry:
     tagged: bool  # its environment carries the run's token
     start: int | None = None  # its start time (clock ticks after boot): who holds the pid
     pgrp: int | None = None  # its process group (a renderer leads its own)
+    host: bool = False  # a detached taskcard host (`HOST_PROCESS_ENV`): never a leftover
 
 
 def decide_doomed(
@@ -218,7 +229,8 @@ def decide_doomed(
 
     Roots: the renderer itself, anything carrying its token, and, when we are a subreaper,
     every child of ours that is not a running renderer (an orphan reparented to us). Then
-    everything below a root. Never ourselves, never a running renderer or its subtree.
+    everything below a root. Never ourselves, never a running renderer, never a taskcard
+    host (one a renderer started for another workdir), nor anything below them.
     """
     rows = {entry.pid: entry for entry in table}
     roots = {pid for pid, entry in rows.items() if entry.tagged}
@@ -226,7 +238,7 @@ def decide_doomed(
         roots.add(leader)
     if subreaper:
         roots |= {pid for pid, entry in rows.items() if entry.ppid == me}
-    protected = set(live_leaders) | {me}
+    protected = set(live_leaders) | {me} | {pid for pid, entry in rows.items() if entry.host}
     doomed: set[int] = set()
     for pid in rows:
         chain: list[int] = []
@@ -414,9 +426,13 @@ def _snapshot(
     then hangs, through descendants only, under an orphan reparented to us, which
     `decide_doomed` takes as a root; the token only matters where orphans go to init.
     A `marker` given (one whole `NAME=value` entry) is looked for in every environment.
+    Wherever an environment is read, and always for our own children in a subreaper (the
+    orphans `decide_doomed` would take as roots), it also tells a taskcard host apart
+    (`HOST_PROCESS_ENV`).
     """
     if marker is None and token and not _Fence.subreaper:
         marker = f"{RENDER_TOKEN_ENV}=".encode() + token
+    me = os.getpid()
     if window is not None and window.first <= window.last <= window.first + _PROBE_MAX:
         pids: Iterable[int] = range(window.first, window.last + 1)
         probing = True
@@ -431,18 +447,24 @@ def _snapshot(
         fields = stat.rsplit(b")", 1)[-1].split()
         if len(fields) < 2 or (probing and len(fields) > 35 and fields[35] == b"-1"):
             continue
-        tagged = False
-        if marker is not None:
+        ppid = int(fields[1])
+        tagged = host = False
+        if marker is not None or (ppid == me and _Fence.subreaper):
             environ = _read_proc(f"/proc/{pid}/environ", 1 << 20)
-            tagged = environ is not None and marker in environ.split(b"\0")
+            names = environ.split(b"\0") if environ is not None else []
+            tagged = marker is not None and marker in names
+            host = _HOST_MARK in names and not any(
+                name.startswith(_RENDER_MARK_PREFIXES) for name in names
+            )
         entries.append(
             ProcEntry(
                 pid,
-                int(fields[1]),
+                ppid,
                 fields[0] == b"Z",
                 tagged,
                 _start_field(fields),
                 int(fields[2]) if fields[2].lstrip(b"-").isdigit() else None,
+                host,
             )
         )
     return entries
@@ -578,7 +600,7 @@ def end_leftover_renders(host_tag: str) -> int:
             # parent are still in it.
             leaders = {entry.pid for entry in table if entry.tagged and entry.pgrp == entry.pid}
             doomed |= {entry.pid for entry in table if entry.pgrp in leaders}
-            doomed -= {me, *_Fence.live_leaders}
+            doomed -= {me, *_Fence.live_leaders, *(entry.pid for entry in table if entry.host)}
             by_pid = {entry.pid: entry for entry in table}
             # Without a start time the pid's holder cannot be checked at the kill: left alone.
             running = [

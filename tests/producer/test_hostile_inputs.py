@@ -576,8 +576,10 @@ def test_a_descendant_the_first_sweep_missed_is_found_while_it_holds_the_pipes(
     card.call(envelope("remove"))
 
 
-def _row(pid: int, ppid: int, *, zombie: bool = False, tagged: bool = False) -> ProcEntry:
-    return ProcEntry(pid, ppid, zombie, tagged)
+def _row(
+    pid: int, ppid: int, *, zombie: bool = False, tagged: bool = False, host: bool = False
+) -> ProcEntry:
+    return ProcEntry(pid, ppid, zombie, tagged, host=host)
 
 
 @pytest.mark.parametrize(
@@ -589,6 +591,16 @@ def _row(pid: int, ppid: int, *, zombie: bool = False, tagged: bool = False) -> 
         ([_row(30, 1, tagged=True), _row(31, 30)], None, set(), False, {30, 31}),
         # as subreaper: our orphaned children die, a running renderer does not
         ([_row(40, 5), _row(41, 40), _row(50, 5)], None, {50}, True, {40, 41}),
+        # as subreaper: a taskcard host reparented to us lives on, with what it runs
+        ([_row(40, 5, host=True), _row(41, 40), _row(42, 5)], None, set(), True, {42}),
+        # a host below a finished renderer is spared, with its subtree, not its parents
+        (
+            [_row(10, 1), _row(11, 10), _row(12, 11, host=True), _row(13, 12)],
+            10,
+            set(),
+            False,
+            {10, 11},
+        ),
         # not a subreaper: our other children are the agent's business
         ([_row(40, 5), _row(50, 5)], None, set(), False, set()),
         # never ourselves, even when tagged

@@ -220,14 +220,6 @@ print(f"# run {n}")
 """
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "known race, open (likely cause): the host started from the render is orphaned"
-        " when its `card start` exits and reparented to the rendering host, a subreaper,"
-        " whose orphan sweep may kill it before this test looks (about one run in four)"
-    ),
-)
 def test_a_host_started_from_a_render_is_not_ended_with_that_render(
     workdir: Path, tmp_path: Path, runtime_dir: Path, cli: CliHost, strays: list[int]
 ) -> None:
@@ -259,3 +251,68 @@ def test_a_host_started_from_a_render_is_not_ended_with_that_render(
         assert other_cli.host_pid() == other_host
     finally:
         other_cli.shutdown()
+
+
+# The second run starts another workdir's card, then leaves a plain orphan (a `sleep` whose
+# shell exits), notes both pids and hangs: the orphan reparents to the rendering host after the
+# other card's host did, so its death proves that a sweep of the rendering host saw both.
+STARTS_ANOTHER_CARD_AND_AN_ORPHAN = """\
+import os, subprocess, sys, time
+from pathlib import Path
+runs = Path("runs.txt")
+n = int(runs.read_text()) + 1 if runs.exists() else 1
+runs.write_text(str(n))
+if n == 2:
+    other, runtime = OTHER, RUNTIME
+    subprocess.run(
+        [sys.executable, "-m", "taskcard.bridge.cli", "card", "start", "r.py",
+         "--workdir", other, "--runtime-dir", runtime],
+        check=True, capture_output=True,
+    )
+    orphan = subprocess.run(
+        ["sh", "-c", "sleep 600 >/dev/null 2>&1 & echo $!"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()
+    Path("started.tmp").write_text(f"{os.getpid()} {orphan}")
+    os.rename("started.tmp", "started.txt")
+    time.sleep(600)
+print(f"# run {n}")
+"""
+
+
+def test_a_rendering_host_spares_the_host_a_render_started(
+    workdir: Path, tmp_path: Path, runtime_dir: Path, cli: CliHost, strays: list[int]
+) -> None:
+    """The other workdir's host, orphaned when its `card start` exits, reparents to the
+    rendering host (a subreaper), whose sweep killed every child that was not a running
+    renderer: the other card stopped within a second of starting. It is spared now, while a
+    real leftover of the same render still dies."""
+    other = tmp_path / "other"
+    other.mkdir()
+    write_renderer(other, "r.py", "print('# other card')\n")
+    other_cli = CliHost(other, runtime_dir)
+    renderer = STARTS_ANOTHER_CARD_AND_AN_ORPHAN.replace("OTHER", repr(str(other)))
+    write_renderer(workdir, "r.py", renderer.replace("RUNTIME", repr(str(runtime_dir))))
+    started = cli.json("card", "start", "r.py", "--interval-s", "1", "--timeout-s", "300")
+    assert started["status"] == "watching", started
+    wait_for((workdir / "started.txt").exists)
+    render, orphan = map(int, (workdir / "started.txt").read_text().split())
+    strays += [render, orphan]
+    try:
+        host = cli.host_pid()
+        other_host = other_cli.host_pid()
+        assert other_host is not None and host is not None
+        assert _parent(other_host) == host  # reparented to the rendering host
+        wait_for(lambda: not pid_alive(orphan))  # a sweep ran since both were reparented
+        assert pid_alive(other_host), "the rendering host's sweep ended the other card's host"
+        assert other_cli.json("card", "inspect", "tc_1")["status"] == "watching"
+        assert other_cli.host_pid() == other_host
+    finally:
+        other_cli.shutdown()
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
