@@ -781,13 +781,16 @@ class TaskCard:
         """Record one spent refresh: a line in the tally, or the descriptor when it must change.
 
         Atomic without fsync either way (see `tally.py`); the descriptor is rewritten when its
-        other fields moved (an error episode opened or closed) or when the tally cannot be used.
+        other fields moved (an error episode opened or closed), when the tally cannot be used,
+        or when it is gone: the manual keeps `watch.json` while a watch is active, and one
+        deleted under a running watch (a shell `rm` of the card folder) left a later host
+        nothing to resume, and the card `active` with nobody refreshing it. One `lstat`.
         """
         unchanged = (
             watch.error_epoch == watch.persisted_epoch
             and (watch.error is not None) == watch.persisted_open
         )
-        if watch.tally is not None and unchanged:
+        if watch.tally is not None and unchanged and os.path.lexists(self.paths.watch):
             try:
                 watch.tally.record(watch.refreshes_used)
                 return

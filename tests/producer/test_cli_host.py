@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -113,6 +114,34 @@ def test_sigkill_of_the_host_then_rehydration_with_the_same_id_and_budget(
     assert inspected["interval_s"] == 3600
     assert int((workdir / "count.txt").read_text()) == renders_before + 1  # reran on resume
     assert cli.json("card", "start", "r.py")["status"] == "failed"  # still the one watch
+
+
+@pytest.mark.parametrize("deleted", ["card-folder", "descriptor"])
+def test_card_files_deleted_under_a_running_watch_come_back_with_the_descriptor(
+    workdir: Path, cli: CliHost, deleted: str
+) -> None:
+    """The manual keeps `taskcard/watch.json` while a watch is active, so the watch survives a
+    restart. A shell `rm` of the card folder (or of the descriptor) under a running watch used
+    to leave the descriptor gone for good: the ticks brought back the body and the status, so
+    the host that followed a killed one found no watch and left the card `active`, never
+    refreshed again."""
+    write_renderer(workdir, "r.py", COUNTER_RENDERER)
+    assert cli.json("card", "start", "r.py", "--interval-s", "1")["status"] == "watching"
+    folder = workdir / "taskcard"
+    if deleted == "card-folder":
+        trash = workdir / "trash"
+        folder.rename(trash)  # one step, so no tick writes into a half-deleted folder
+        shutil.rmtree(trash)
+    else:
+        (folder / "watch.json").unlink()
+    card_files = ("watch.json", "status", "taskcard.md")
+    wait_for(lambda: all((folder / name).is_file() for name in card_files))
+    kill_host(cli)
+    renders = int((workdir / "count.txt").read_text())
+    inspected = cli.json("card", "inspect", "tc_1")  # a new host: it resumes the watch
+    assert (inspected["status"], inspected["status_value"]) == ("watching", "active")
+    wait_for(lambda: int((workdir / "count.txt").read_text()) > renders + 1)
+    assert cli.json("card", "remove")["status"] == "removed"
 
 
 def kill_host(cli: CliHost) -> None:
