@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from taskcard.producers.task_card.contract import quoted, shows_text
 from taskcard.producers.task_card.settings import BOUNDS
@@ -45,6 +46,9 @@ ROOT_FIELDS: Final = ("action", "input", "reasoning", "summarize")
 # A real envelope is a few hundred bytes; the cap leaves room for long reasoning.
 MAX_ENVELOPE_BYTES: Final = 256 * 1024
 MAX_ENVELOPE_DEPTH: Final = 32
+
+
+_FLOAT_MAX: Final = int(sys.float_info.max)
 
 
 class _ClosedInput(BaseModel):
@@ -78,6 +82,18 @@ class StartInput(_ClosedInput):
         ge=BOUNDS["max_refreshes"].floor,
         description="Refresh budget after the first render, at least 1; capped to the setting.",
     )
+
+    @field_validator("interval_s", "timeout_s", mode="before")
+    @classmethod
+    def _clamp_huge_whole_numbers(cls, value: object) -> object:
+        """A whole number past the largest float (JSON sets no size limit) as that float.
+
+        Such a `timeout_s` is a request above the ceiling, which the manual caps silently,
+        and such an `interval_s` a slower cadence, always honoured: refused as "not a valid
+        number" they were neither. A negative one still meets the floor's refusal."""
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _FLOAT_MAX:
+            return sys.float_info.max if value > 0 else -sys.float_info.max
+        return value
 
 
 class WatchInput(_ClosedInput):

@@ -379,6 +379,28 @@ def test_start_caps_huge_ceilings_silently_and_honours_any_slower_interval(
     assert resumed.stop("tc_1")["status"] == "stopped"
 
 
+def test_a_whole_number_too_large_for_a_float_is_capped_like_any_huge_request(
+    cli: CliHost,
+) -> None:
+    """JSON puts no limit on a number's size: `timeout_s` written as 401 digits is a request
+    above the ceiling, which the manual caps silently, and `interval_s` so written is a slower
+    cadence, always honoured. Both were refused as "Input should be a valid number"."""
+    write_renderer(cli.workdir, "r.py", STATIC_RENDERER)
+    huge = "1" + "0" * 400
+    raw = (
+        '{"action": "start", "input": {"renderer_path": "r.py", '
+        f'"timeout_s": {huge}, "interval_s": {huge}}}, "reasoning": "x"}}'
+    )
+    started = cli.json("tool", raw)
+    assert started["status"] == "watching", started
+    inspected = cli.json("card", "inspect", "tc_1")
+    assert inspected["timeout_s"] == 10  # the timeout-s setting in force
+    assert inspected["interval_s"] == sys.float_info.max
+    below = raw.replace(f'"timeout_s": {huge}', f'"timeout_s": -{huge}')
+    refused = cli.json("tool", below)
+    assert "input.timeout_s: Input should be greater than or equal to 0.1" in refused["message"]
+
+
 def test_a_far_tick_is_waited_for_in_steps_and_a_stop_ends_the_wait() -> None:
     stop = threading.Event()
     done: list[bool] = []
