@@ -75,8 +75,17 @@ BOUNDS: Final[dict[str, Bound]] = {
 }
 
 
+class _GivenTwice:
+    """The value of a key an object names twice: JSON leaves open which one counts."""
+
+
+GIVEN_TWICE: Final = _GivenTwice()
+
+
 def setting_problem(key: str, value: object) -> str | None:
     """Why `value` is not acceptable for setting `key`, naming the range; None when it is. Pure."""
+    if value is GIVEN_TWICE:
+        return f"{key}: given twice in one object (readers differ on which counts); keep one"
     bound = BOUNDS[key]
     number_ok = _is_int(value) if bound.integer else _is_number(value)
     if number_ok and bound.floor <= value <= bound.ceiling:  # type: ignore[operator]
@@ -110,8 +119,18 @@ def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _mark_repeated(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An `object_pairs_hook`: a key named twice gets `GIVEN_TWICE`, not the last value, so
+    the field is refused on its own (an owner reading the first value got the last)."""
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        data[key] = GIVEN_TWICE if key in data else value
+    return data
+
+
 def _read_object(path: Any) -> dict[str, Any] | None:
-    """The JSON object at `path`, None when absent; raises SettingsUnavailable otherwise."""
+    """The JSON object at `path`, None when absent; raises SettingsUnavailable otherwise.
+    A key the object names twice has the value `GIVEN_TWICE`."""
     try:
         raw = read_regular(path, MAX_SETTINGS_FILE_BYTES + 1)
     except FileNotFoundError:
@@ -121,7 +140,7 @@ def _read_object(path: Any) -> dict[str, Any] | None:
     if len(raw) > MAX_SETTINGS_FILE_BYTES:
         raise SettingsUnavailable(f"{path.name} is larger than {MAX_SETTINGS_FILE_BYTES} bytes")
     try:
-        data = json.loads(raw)
+        data = json.loads(raw, object_pairs_hook=_mark_repeated)
     except (ValueError, UnicodeDecodeError, RecursionError):
         raise SettingsUnavailable(f"{path.name} is not valid JSON") from None
     if not isinstance(data, dict):

@@ -744,3 +744,25 @@ def test_settings_problems_spell_values_and_ranges_as_the_json_file_does(cli: Cl
         "taskcard.json max_refreshes: true is not allowed; use an integer from 1 to 1000000; "
         "the default 2000 is in force",
     ]
+
+
+def test_a_setting_named_twice_in_the_document_falls_back_to_its_default(
+    cli: CliHost,
+) -> None:
+    """JSON leaves open which of two values for one key counts, and readers differ (ours took
+    the last, an editor or `jq` reading the file may show the first): an owner reading `1`
+    got a watch with a budget of 5000. Such a field is refused on its own, as an invalid one
+    is; the others keep their values."""
+    write_renderer(cli.workdir, "r.py", STATIC_RENDERER)
+    (cli.workdir / "taskcard").mkdir()
+    document = '{"max_refreshes": 1, "interval_s": 2, "max_refreshes": 5000}'
+    (cli.workdir / "taskcard" / "taskcard.json").write_text(document)
+    shown = cli.json("card", "settings")
+    rows = {row["key"]: row["current"] for row in shown["settings"]}
+    assert (rows["max-refreshes"], rows["interval-s"]) == (2000, 2)
+    assert shown["problems"] == [
+        "taskcard.json max_refreshes: given twice in one object (readers differ on which"
+        " counts); keep one; the default 2000 is in force"
+    ]
+    started = cli.json("card", "start", "r.py")
+    assert (started["status"], started["max_refreshes"]) == ("watching", 2000)
