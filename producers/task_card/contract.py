@@ -737,7 +737,11 @@ def _text_field(value: object, default: str) -> str:
     """A text field: strings and plain numbers as text, anything else (lists, objects) unset."""
     if isinstance(value, str):
         return value or default
-    if isinstance(value, int | float) and not isinstance(value, bool):
+    if isinstance(value, int) and not isinstance(value, bool):
+        # Compared as a whole number: `math.isfinite` of one past the largest float raised
+        # OverflowError, out of a reader that must never raise.
+        return repr(value) if abs(value) < 10**18 else default
+    if isinstance(value, float):
         return repr(value) if math.isfinite(value) and abs(value) < 1e18 else default
     return default
 

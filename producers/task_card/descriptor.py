@@ -16,6 +16,7 @@ import contextlib
 import json
 import math
 import re
+import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Final, cast
 
@@ -66,7 +67,10 @@ def _number(data: dict[str, Any], key: str) -> float:
     value = data.get(key)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise DescriptorCorrupt(f"{key} is not a number")
-    if not math.isfinite(value) or setting_problem(key, value) is not None:
+    # The host writes floats; a whole number past the largest float was planted (and
+    # `math.isfinite` of it raised OverflowError, which stopped the host from booting).
+    too_big = isinstance(value, int) and abs(value) > sys.float_info.max
+    if too_big or not math.isfinite(value) or setting_problem(key, value) is not None:
         raise DescriptorCorrupt(f"{key} is out of range ({BOUNDS[key].describe()})")
     return float(value)
 

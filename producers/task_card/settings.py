@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ DEFAULT_REMINDER_TURNS: Final = 10
 DEFAULT_MAX_BODY_CHARS: Final = 2000
 LEGACY_UNTOUCHED_MAX_REFRESHES: Final = 1000
 MAX_SETTINGS_FILE_BYTES: Final = 1_000_000
+_FLOAT_MAX: Final = int(sys.float_info.max)
 
 
 @dataclass(frozen=True)
@@ -112,7 +114,20 @@ class EffectiveSettings:
 
 
 def _is_number(value: object) -> TypeGuard[float]:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """A JSON number that is not a boolean, NaN or an infinity. A whole number is finite at
+    any size (`math.isfinite` of one past the largest float raised OverflowError: a document
+    written with 400 digits made SHOW a traceback and every tick of a running watch a crash)."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
+
+
+def _as_float(value: float) -> float:
+    """A setting as a float; a whole number past the largest float as that float (as a
+    `start` input is read), a cadence too slow to tell from it."""
+    if isinstance(value, int) and value > _FLOAT_MAX:
+        return sys.float_info.max
+    return float(value)
 
 
 def _is_int(value: object) -> TypeGuard[int]:
@@ -186,8 +201,8 @@ def load_settings(paths: CardPaths) -> EffectiveSettings:
         problems.append(f"taskcard.json {problem}; the default {default:g} is in force")
         return default
 
-    interval_s = float(pick("interval_s", DEFAULT_INTERVAL_S))
-    timeout_s = float(pick("timeout_s", DEFAULT_TIMEOUT_S))
+    interval_s = _as_float(pick("interval_s", DEFAULT_INTERVAL_S))
+    timeout_s = _as_float(pick("timeout_s", DEFAULT_TIMEOUT_S))
     max_refreshes = int(pick("max_refreshes", DEFAULT_MAX_REFRESHES))
     reminder_turns = int(pick("reminder_turns", DEFAULT_REMINDER_TURNS))
     max_body_chars = int(pick("max_body_chars", DEFAULT_MAX_BODY_CHARS))

@@ -766,3 +766,51 @@ def test_a_setting_named_twice_in_the_document_falls_back_to_its_default(
     ]
     started = cli.json("card", "start", "r.py")
     assert (started["status"], started["max_refreshes"]) == ("watching", 2000)
+
+
+HUGE_WHOLE = "1" + "0" * 400  # a finite JSON number past the largest float
+
+
+def test_a_settings_value_too_large_for_a_float_is_read_not_a_traceback(cli: CliHost) -> None:
+    """`math.isfinite` of a whole number past the largest float raises OverflowError: such an
+    `interval_s` made `card settings` print a traceback, and every render (which reads the
+    settings) fail. It is a finite number of at least 1: honoured as the largest float, as a
+    start's request is; past a ceiling, it is refused like any value out of range."""
+    write_renderer(cli.workdir, "r.py", COUNTER_RENDERER)
+    (cli.workdir / "taskcard").mkdir()
+    document = f'{{"interval_s": {HUGE_WHOLE}, "max_refreshes": {HUGE_WHOLE}}}'
+    (cli.workdir / "taskcard" / "taskcard.json").write_text(document)
+    done = cli.run("card", "settings", "--json")
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)
+    rows = {row["key"]: row["current"] for row in shown["settings"]}
+    assert (rows["interval-s"], rows["max-refreshes"]) == (sys.float_info.max, 2000)
+    assert [problem.split(":")[0] for problem in shown["problems"]] == [
+        "taskcard.json max_refreshes"
+    ]
+    started = cli.json("card", "start", "r.py")
+    assert (started["status"], started["max_refreshes"]) == ("watching", 2000)
+    retried = cli.json("card", "retry", "tc_1")  # a render reads the settings again
+    assert (retried["status"], retried.get("refresh_error")) == ("watching", None)
+    assert (cli.workdir / "count.txt").read_text() == "2"
+
+
+def test_a_descriptor_with_a_number_too_large_for_a_float_is_cleared_and_the_host_serves(
+    cli: CliHost,
+) -> None:
+    """The host never writes such a number, so it was planted; reading it raised
+    OverflowError and the host never came up (every call: no host reachable, exit 4)."""
+    write_renderer(cli.workdir, "r.py", STATIC_RENDERER)
+    folder = cli.workdir / "taskcard"
+    folder.mkdir()
+    (folder / "watch.json").write_text(
+        '{"watch_id": "tc_4", "renderer_path": "r.py", "interval_s": ' + HUGE_WHOLE + ","
+        ' "timeout_s": 10, "max_refreshes": 10, "refreshes_used": 0,'
+        ' "started_at": "2024-01-01T00:00:00Z"}'
+    )
+    (folder / "status").write_bytes(b"active")
+    done = cli.run("card", "inspect", "tc_4", "--json")
+    assert done.returncode == 1, done.stderr  # refused by a host that runs, not exit 4
+    assert "not a watch of this host" in json.loads(done.stdout)["message"]
+    assert not (folder / "watch.json").exists()
+    assert (folder / "status").read_bytes() == b"inactive"

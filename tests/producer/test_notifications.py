@@ -129,3 +129,22 @@ def test_writers_in_two_processes_take_turns_around_the_rotation(workdir: Path) 
     # again over the unread lines.
     assert [r["id"] for r in lines(port_rotated)] == unread
     assert [r["id"] for r in lines(paths.notifications)] == ["task_card.limit:tc_1:40"]
+
+
+def test_a_line_with_a_number_too_large_for_a_float_is_read_not_raised(workdir: Path) -> None:
+    """The reader of `system.jsonl` is total: the service and the agent's wakes read lines an
+    agent may have written. A header given as 401 digits raised OverflowError out of it
+    (`math.isfinite` of a whole number past the largest float); it is now an unset field."""
+    huge = "1" + "0" * 400
+    line = (
+        '{"id": "task_card.error:tc_1:1:renderer_timeout", "source": "task_card.error",'
+        f' "channel": "system", "ref_id": "tc_1", "priority": "high", "header": {huge},'
+        ' "body": 12, "extra": {"state": "error"}, "at": "2026-01-01T00:00:00Z"}'
+    ).encode()
+    parsed = parse_notification(line)
+    assert parsed is not None
+    assert (parsed.id, parsed.header, parsed.body) == (
+        "task_card.error:tc_1:1:renderer_timeout",
+        "",
+        "12",
+    )
