@@ -28,12 +28,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, Final
 
-from taskcard.producers.reports.contract import MAX_SEQ, VERDICT_WORDS, report_seq
+from taskcard.producers.reports.contract import MAX_SEQ, VERDICT_WORDS, parse_report, report_seq
 from taskcard.producers.task_card.contract import (
     NotRegularFile,
     OutsideWorkdir,
     atomic_write,
     cannot_write,
+    count_field,
     file_kind,
     is_inside,
     line_break_first,
@@ -60,6 +61,7 @@ MAX_SUMMARY_CHARS: Final = 2000
 TAIL_BYTES: Final = 256 * 1024
 MAX_LINE_BYTES: Final = 64 * 1024
 ROLE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_. -]{0,63}")
+PAYLOAD_NAME: Final = re.compile(rf"{PAYLOADS_DIR}/[0-9]{{1,18}}\.txt")
 
 Clock = Callable[[], str]
 
@@ -97,6 +99,30 @@ def parse_line(raw: bytes) -> dict[str, Any] | None:
     if not isinstance(data, dict) or report_seq(data.get("seq")) is None:
         return None
     return data
+
+
+def readable(report: dict[str, Any]) -> dict[str, Any] | None:
+    """What a reader is given of one report line: None unless the service would announce it
+    too (a seq, a date and a boolean `ok`), else its documented fields with the types the
+    format states, an unusable value read as null (a verdict in the spec's words as the one
+    stored). A hand-written `"ok": "false"` read as a report would be a success to any caller
+    testing its truth; fields the format does not name are left out."""
+    typed = parse_report(json.dumps(report).encode())
+    if typed is None:
+        return None
+    name = report.get("payload_file")
+    named = isinstance(name, str) and PAYLOAD_NAME.fullmatch(name) is not None
+    return {
+        "seq": typed.seq,
+        "at": report["at"],
+        "ok": typed.ok,
+        "verdict": typed.verdict,
+        "role": typed.role,
+        "channel": typed.channel,
+        "summary": typed.summary,
+        "payload_file": name if named else None,
+        "payload_bytes": count_field(report.get("payload_bytes")) if named else None,
+    }
 
 
 def check_report(
@@ -229,17 +255,17 @@ class Reports:
         self._require_workdir()
         if seq is None:
             lines = self._tail_lines()
-            reports = [r for line in reversed(lines) if (r := parse_line(line))]
-            if reports:
-                return self._with_payload(reports[0])
+            for line in reversed(lines):
+                if (found := parse_line(line)) and (report := readable(found)):
+                    return self._with_payload(report)
             # The tail holds no report (a long run of other lines after the last one):
             # walk the whole file rather than answer that there is none.
             latest = None
-            for report in self._reports():
-                latest = report
+            for found in self._reports():
+                latest = readable(found) or latest
             return None if latest is None else self._with_payload(latest)
-        for report in self._reports():
-            if report["seq"] > seq:
+        for found in self._reports():
+            if found["seq"] > seq and (report := readable(found)):
                 return self._with_payload(report)
         return None
 
@@ -291,7 +317,7 @@ class Reports:
         """The report with its payload text, read from its side file (bounded)."""
         name = report.get("payload_file")
         text: str | None = None
-        if isinstance(name, str) and re.fullmatch(rf"{PAYLOADS_DIR}/[0-9]{{1,18}}\.txt", name):
+        if isinstance(name, str) and PAYLOAD_NAME.fullmatch(name):
             with contextlib.suppress(OSError):  # gone, odd, or a link out: no payload
                 data = read_regular(self.dir / name, MAX_PAYLOAD_BYTES, inside=self.workdir)
                 text = data.decode("utf-8", errors="replace")

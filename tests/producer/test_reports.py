@@ -544,3 +544,45 @@ def test_two_agents_spawning_each_other_at_once_record_no_loop(tmp_path: Path) -
         assert len(won) == 1 and len(refused) == 1, (round_, won, refused)
         assert refused[0].startswith("workdir: "), refused
         assert sum((folder / "lineage.json").exists() for folder in (a, b)) == 1
+
+
+def test_a_reader_gets_only_typed_reports_as_the_service_reads_them(workdir: Path) -> None:
+    """`taskcard reports` handed hand-written lines back as written: `"ok": "false"` (true to
+    any caller testing it), `"verdict": "maybe"`, the spec's `aprovado` unconverted, a role
+    that was a list. It now returns what the service would announce, typed as documented."""
+    assert taskcard("report", "--workdir", str(workdir), "--ok", "--summary", "one").returncode == 0
+    at = '"at":"2026-01-01T00:00:00Z"'
+    with (workdir / "reports" / "reports.jsonl").open("a") as handle:
+        handle.write(f'{{"seq":2,{at},"ok":"false","summary":"not a report"}}\n')
+        handle.write('{"seq":3,"at":"yesterday","ok":false,"summary":"no date"}\n')
+        handle.write(
+            f'{{"seq":4,{at},"ok":false,"verdict":"reprovado","role":["x"],"channel":7,'
+            '"summary":"typed","payload_file":"../../etc/passwd","payload_bytes":-1,'
+            '"extra":{"deep":[1]}}\n'
+        )
+        handle.write(f'{{"seq":5,{at},"ok":true,"verdict":"maybe","summary":"last"}}\n')
+        handle.write(f'{{"seq":6,{at},"ok":1,"summary":"one is not true"}}\n')
+    walked = []
+    last = 0
+    while (report := next_report(workdir, "--after", str(last))) is not None:
+        walked.append(report)
+        last = report["seq"]
+    assert [r["seq"] for r in walked] == [1, 4, 5]
+    assert walked[1] == {
+        "seq": 4,
+        "at": "2026-01-01T00:00:00Z",
+        "ok": False,
+        "verdict": "rejected",
+        "role": None,
+        "channel": None,
+        "summary": "typed",
+        "payload_file": None,
+        "payload_bytes": None,
+        "payload": None,
+    }
+    assert walked[2]["verdict"] is None
+    latest = next_report(workdir)
+    assert latest is not None and (latest["seq"], latest["summary"]) == (5, "last")
+    # The writer still numbers after every line with a seq, so none is handed out twice.
+    done = taskcard("report", "--workdir", str(workdir), "--ok")
+    assert json.loads(done.stdout)["seq"] == 7
