@@ -24,6 +24,8 @@ from typing import Annotated, Final, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints
 
+from taskcard.producers.task_card.contract import shows_text
+
 EventType = Literal[
     "STARTED",
     "STEP_PROGRESS",
@@ -372,7 +374,7 @@ def find_inconsistencies(observed: Observed) -> list[Inconsistency]:
                     detail=f"external job {job.job_id} is pending after the task completed",
                 )
             )
-        if not job.evidence:
+        if job.evidence is None or not shows_text(job.evidence):
             found.append(
                 Inconsistency(
                     code="external_pending_without_evidence",

@@ -677,6 +677,16 @@ class Ledger:
             raise LedgerError(f"status: {what}; give --status, one of {', '.join(statuses)}")
         _note("evidence", evidence)
         _note("provider", provider)
+        for field, text, what in (
+            ("evidence", evidence, "the provider's own id, URL or status line"),
+            ("provider", provider, "who runs the job"),
+        ):
+            # Blank evidence is no evidence: a pending job must not pass on white space.
+            if text is not None and not shows_text(text):
+                raise LedgerError(
+                    f"{field}: shows no text (only white space or invisible characters); give"
+                    f" {what}, or leave it out"
+                )
         if max_wait_sec is not None and not 0 < max_wait_sec <= MAX_SECONDS:
             raise LedgerError(
                 f"max_wait_sec: must be a number of seconds above 0, at most {MAX_SECONDS:.0f}"

@@ -487,3 +487,31 @@ def test_a_ledger_linked_out_of_the_workdir_is_neither_read_nor_written(
     # A ledger given elsewhere on purpose is the caller's choice, and still works.
     ok(workdir, "init", "t", "--purpose", "p", "--no-renderer", "--ledger", str(planted))
     assert planted.is_file()
+
+
+def test_a_pending_job_with_blank_evidence_is_not_taken_as_evidenced(workdir: Path) -> None:
+    """`--evidence " "` (or a zero-width space) was stored as the provider's evidence: the
+    job read WAITING_EXTERNAL, the monitor answered OK, and a claim of external work with
+    nothing behind it held nudges back. It is refused naming the field, and a blank one
+    written by other tooling reads as no evidence."""
+    ok(workdir, "init", "fit", "--purpose", "Fit", "--steps", "train")
+    for field, value in (("--evidence", " "), ("--evidence", "\u200b"), ("--provider", "\t")):
+        done = taskcard(
+            workdir, "external-job", "fit", "--job-id", "j1", "--status", "running", field, value
+        )
+        assert done.returncode == 2, done.stdout
+        assert done.stderr.startswith(f"taskcard ledger: {field[2:]}: shows no text"), done.stderr
+    assert json.loads(taskcard(workdir, "show", "fit").stdout)["observed"]["external_jobs"] == []
+    job = ("external-job", "fit", "--job-id", "j1", "--status", "running")
+    evidenced = ok(workdir, *job, "--evidence", "4711")
+    assert evidenced["workflow"] == "WAITING_EXTERNAL"
+    path = workdir / "ledger" / "long-task-ledger.json"
+    document = json.loads(path.read_text())
+    document["tasks"]["fit"]["observed"]["external_jobs"][0]["evidence"] = " \u200b"
+    path.write_text(json.dumps(document))
+    shown = json.loads(taskcard(workdir, "show", "fit").stdout)
+    assert [i["code"] for i in shown["derived"]["inconsistencies"]] == [
+        "external_pending_without_evidence"
+    ]
+    decided = json.loads(taskcard(workdir, "supervise", "fit").stdout)
+    assert decided["action"] == "TRUTH_INCONSISTENT"
