@@ -249,9 +249,9 @@ class Supervision(_Model):
     last_action: str | None = None
     last_action_at: Moment | None = None
     last_action_key: str | None = None
-    nudges_sent: int = 0
+    nudges_sent: int = Field(default=0, ge=0)
     nudged_for: Moment | None = None  # the progress delta the nudges counted against
-    retries_requested: int = 0
+    retries_requested: int = Field(default=0, ge=0)
     retried_block: str | None = None  # "<step>:<kind>" of the block the retries belong to
     last_retry_at: Moment | None = None
     stopped_at: Moment | None = None
@@ -260,8 +260,10 @@ class Supervision(_Model):
 class TaskRecord(_Model):
     task: TaskInfo
     observations: list[Observation] = Field(default_factory=list)
-    observations_dropped: int = 0
-    next_seq: int = 1
+    observations_dropped: int = Field(default=0, ge=0)
+    # The next observation's seq; a hand edit that lowers it below the last one recorded is
+    # not followed (seqs never repeat), one below 1 makes the task broken, naming the field.
+    next_seq: int = Field(default=1, ge=1)
     observed: Observed = Field(default_factory=Observed)
     derived: Derived = Field(default_factory=Derived)
     supervision: Supervision = Field(default_factory=Supervision)

@@ -473,6 +473,8 @@ class Ledger:
             record = self.require(document, task_id)
             now = self._clock()
             moved = apply(record, now) is not False
+            if record.observations:
+                record.next_seq = max(record.next_seq, record.observations[-1].seq + 1)
             record.observations.append(
                 Observation(
                     seq=record.next_seq,

@@ -515,3 +515,45 @@ def test_a_pending_job_with_blank_evidence_is_not_taken_as_evidenced(workdir: Pa
     ]
     decided = json.loads(taskcard(workdir, "supervise", "fit").stdout)
     assert decided["action"] == "TRUTH_INCONSISTENT"
+
+
+def test_hand_edited_counters_neither_repeat_a_seq_nor_fail_without_naming_the_field(
+    workdir: Path,
+) -> None:
+    """A `next_seq` of -5 in the file failed every checkpoint of that task with "seq: Input
+    should be greater than or equal to 1" (no field of the file, no fix); one lowered to 1
+    numbered the next observation 1 again; `nudges_sent: -3` bought the task more nudges
+    than `max_nudges`. Negative counters now make the task broken, naming the field, while
+    the file's other tasks carry on; a lowered `next_seq` is not followed."""
+    for task in ("a", "b"):
+        ok(workdir, "init", task, "--purpose", "P", "--steps", "s")
+        ok(workdir, "checkpoint", task, "--event-type", "STEP_PROGRESS", "--step", "s")
+    path = workdir / "ledger" / "long-task-ledger.json"
+    for field, where in (
+        ("next_seq", ()),
+        ("observations_dropped", ()),
+        ("nudges_sent", ("supervision",)),
+        ("retries_requested", ("supervision",)),
+    ):
+        document = json.loads(path.read_text())
+        original = json.loads(json.dumps(document["tasks"]["a"]))
+        record = document["tasks"]["a"]
+        for key in where:
+            record = record[key]
+        record[field] = -5 if field == "next_seq" else -3
+        path.write_text(json.dumps(document))
+        done = taskcard(workdir, "heartbeat", "a")
+        assert done.returncode == 2
+        assert f"tasks.a.{'.'.join((*where, field))}:" in done.stderr, done.stderr
+        assert "fix that field in the file" in done.stderr
+        ok(workdir, "heartbeat", "b")
+        document = json.loads(path.read_text())
+        assert document["tasks"]["a"] != original  # kept as written, not repaired or lost
+        document["tasks"]["a"] = original
+        path.write_text(json.dumps(document))
+    document = json.loads(path.read_text())
+    document["tasks"]["a"]["next_seq"] = 1
+    path.write_text(json.dumps(document))
+    ok(workdir, "heartbeat", "a")
+    seqs = [o["seq"] for o in json.loads(taskcard(workdir, "show", "a").stdout)["observations"]]
+    assert seqs == [1, 2]
