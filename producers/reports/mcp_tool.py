@@ -56,8 +56,8 @@ def report_schema() -> dict[str, Any]:
                 **_STR,
                 "minLength": 1,
                 "maxLength": 64,
-                "description": "your role at this moment, e.g. reviewer: 1-64 letters, digits,"
-                " spaces, '_', '.' or '-'",
+                "description": "your role at this moment, e.g. reviewer: 1-64 letters (of any"
+                " script), digits, spaces, '_', '.' or '-'",
             },
             "summary": {**_STR, "minLength": 1, "maxLength": MAX_SUMMARY_CHARS},
             "payload": {**_STR, "description": "details, at most 64 KiB of text"},

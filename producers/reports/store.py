@@ -24,6 +24,7 @@ import json
 import os
 import re
 import stat
+import unicodedata
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, Final
@@ -60,7 +61,9 @@ MAX_PAYLOAD_BYTES: Final = 64 * 1024
 MAX_SUMMARY_CHARS: Final = 2000
 TAIL_BYTES: Final = 256 * 1024
 MAX_LINE_BYTES: Final = 64 * 1024
-ROLE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_. -]{0,63}")
+# Letters and digits of any script (a reviewer may be a "revisão" or a "审阅者"), read in
+# NFC; no controls, format characters or marks alone.
+ROLE: Final = re.compile(r"[^\W_][\w. -]{0,63}")
 PAYLOAD_NAME: Final = re.compile(rf"{PAYLOADS_DIR}/[0-9]{{1,18}}\.txt")
 
 Clock = Callable[[], str]
@@ -141,8 +144,13 @@ def check_report(
             "verdict: must be approved or rejected (aprovado or reprovado), or left out when"
             " not a review"
         )
-    if role is not None and not (isinstance(role, str) and ROLE.fullmatch(role)):
-        raise ReportError("role: 1-64 letters, digits, spaces, '_', '.' or '-', e.g. reviewer")
+    if role is not None and not (
+        isinstance(role, str) and ROLE.fullmatch(unicodedata.normalize("NFC", role))
+    ):
+        raise ReportError(
+            "role: 1-64 letters (of any script), digits, spaces, '_', '.' or '-', starting"
+            " with a letter or digit, e.g. reviewer"
+        )
     if summary is not None:
         if not isinstance(summary, str) or not shows_text(summary):
             raise ReportError(
@@ -222,7 +230,7 @@ class Reports:
                 "at": self._clock(),
                 "ok": ok,
                 "verdict": None if verdict is None else VERDICT_WORDS[verdict],
-                "role": role,
+                "role": None if role is None else unicodedata.normalize("NFC", role),
                 "channel": self._channel,
                 "summary": summary,
                 "payload_file": None,

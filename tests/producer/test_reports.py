@@ -586,3 +586,25 @@ def test_a_reader_gets_only_typed_reports_as_the_service_reads_them(workdir: Pat
     # The writer still numbers after every line with a seq, so none is handed out twice.
     done = taskcard("report", "--workdir", str(workdir), "--ok")
     assert json.loads(done.stdout)["seq"] == 7
+
+
+def test_a_role_in_any_script_is_taken_as_the_error_says_letters(workdir: Path) -> None:
+    """`--role revisão` or `--role 审阅者` was refused with "role: 1-64 letters, ...": only
+    ASCII letters passed, though the spec this follows is Portuguese and Feishu chats are
+    often Chinese. Letters of any script pass (a decomposed one is stored composed); what is
+    not a letter or digit still does not."""
+    for given, stored in (
+        ("revisão", "revisão"),
+        ("revisa\u0303o", "revisão"),
+        ("审阅者", "审阅者"),
+        ("code reviewer 2", "code reviewer 2"),
+    ):
+        done = taskcard("report", "--workdir", str(workdir), "--ok", "--role", given)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["role"] == stored
+        latest = next_report(workdir)
+        assert latest is not None and latest["role"] == stored
+    for bad in ("rev\u202eiewer", "_x", "\u0303x", "a\u200bb", "x" * 65):
+        done = taskcard("report", "--workdir", str(workdir), "--ok", "--role", bad)
+        assert done.returncode == 2
+        assert done.stderr.startswith(b"taskcard report: role: 1-64 letters"), done.stderr
