@@ -42,6 +42,8 @@ from taskcard.producers.reports.contract import CONTRACT_DIRS
 from taskcard.producers.reports.store import encodable
 from taskcard.producers.task_card.contract import (
     atomic_write,
+    iso_utc,
+    parse_iso,
     quoted,
     read_regular,
     shows_text,
@@ -386,13 +388,17 @@ def _spawn_locked(
             "do the work in this agent, or ask a person to raise the cap (max_depth)"
         )
     parent_text = None if parent_at is None else str(parent_at)
+    # A retry (the recorded parent again) keeps the recorded creation time: the agent was
+    # created then, and a second run of the spawn must not move it to now.
+    first = parse_iso(recorded.get("created_at")) if recorded is not None else None
+    created_at = clock() if first is None else iso_utc(first)
     record = {
         "parent": parent,
         PARENT_WORKDIR: parent_text,
         "reason": reason.strip(),
         "provider": provider,
         "depth": depth,
-        "created_at": clock(),
+        "created_at": created_at,
     }
     # A folder name may hold bytes that are not UTF-8 (kept as lone surrogates): escaped
     # (`\udcff`), the file stays UTF-8 and the name reads back the same.

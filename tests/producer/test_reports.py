@@ -608,3 +608,27 @@ def test_a_role_in_any_script_is_taken_as_the_error_says_letters(workdir: Path) 
         done = taskcard("report", "--workdir", str(workdir), "--ok", "--role", bad)
         assert done.returncode == 2
         assert done.stderr.startswith(b"taskcard report: role: 1-64 letters"), done.stderr
+
+
+def test_a_retried_spawn_keeps_the_time_the_child_was_created(tmp_path: Path) -> None:
+    """A second run of the same spawn (an orchestrator restarted, a retry) wrote `created_at`
+    anew, so the record said the child was created at the retry. The recorded time stays; a
+    record without a usable one takes the retry's."""
+    child = tmp_path / "child"
+    child.mkdir()
+    args = ("spawn", "--workdir", str(child), "--parent", "planner", "--reason", "split")
+    first = taskcard(*args)
+    assert first.returncode == 0, first.stderr
+    created = json.loads(first.stdout)["created_at"]
+    record = json.loads((child / "lineage.json").read_text())
+    record["created_at"] = "2026-01-02T03:04:05.678+01:00"
+    (child / "lineage.json").write_text(json.dumps(record))
+    again = taskcard(*args[:-1], "split, retried")
+    assert again.returncode == 0, again.stderr
+    kept = json.loads((child / "lineage.json").read_text())
+    assert (kept["created_at"], kept["reason"]) == ("2026-01-02T02:04:05.678Z", "split, retried")
+    assert json.loads(again.stdout)["created_at"] == kept["created_at"] != created
+    record["created_at"] = "yesterday"
+    (child / "lineage.json").write_text(json.dumps(record))
+    assert taskcard(*args).returncode == 0
+    assert json.loads((child / "lineage.json").read_text())["created_at"] > created
