@@ -15,14 +15,16 @@ from pathlib import Path
 from typing import Final
 
 from taskcard.producers.ledger.model import TaskRecord, derive, moved_at
+from taskcard.producers.ledger.monitor import FUTURE_SKEW_S
 
 UNKNOWN: Final = "unknown"
 RENDERER_FILE: Final = "ledger_renderer.py"
 
 
 def format_age(since: datetime | None, now: datetime) -> str:
-    """`3h 05m`, `12m`, `<1m`; `unknown` without a time."""
-    if since is None:
+    """`3h 05m`, `12m`, `<1m`; `unknown` without a time or for one dated ahead of the clock
+    by more than the monitor allows (it is no age; `<1m` would call it fresh)."""
+    if since is None or (since - now).total_seconds() > FUTURE_SKEW_S:
         return UNKNOWN
     minutes = max(0, int((now - since).total_seconds() // 60))
     if minutes < 1:
@@ -47,9 +49,13 @@ def render_markdown(record: TaskRecord, now: datetime) -> str:
     lines = [f"**{purpose}**", f"task `{record.task.task_id}`"]
     lines.append(f"started: {_ago(observed.started_at, now)}")
     last_moved = moved_at(observed)
-    if last_moved is not None:
+    ahead = last_moved is not None and (last_moved - now).total_seconds() > FUTURE_SKEW_S
+    if last_moved is not None and not ahead:
         source = (observed.last_delta_source or UNKNOWN).replace("_", " ").lower()
         lines.append(f"last movement: {_ago(last_moved, now)} ({source})")
+    elif ahead:
+        # What the monitor answers TRUTH_INCONSISTENT for: not "<1m ago", a fresh movement.
+        lines.append(f"last movement: {UNKNOWN} (dated ahead of the clock)")
     else:
         lines.append(f"last movement: {UNKNOWN}")
     if derived.step_count == 0:
@@ -79,8 +85,11 @@ def render_markdown(record: TaskRecord, now: datetime) -> str:
     else:
         lines.append("blocker: none")
     lines.append(f"next gate: {derived.next_gate}")
-    for inconsistency in derived.inconsistencies[:3]:
-        lines.append(f"⚠ {inconsistency.detail}")
+    warnings = [i.detail for i in derived.inconsistencies]
+    if ahead:
+        warnings.insert(0, "the last movement is dated ahead of the clock")
+    for warning in warnings[:3]:
+        lines.append(f"⚠ {warning}")
     return "\n".join(lines) + "\n"
 
 

@@ -557,3 +557,28 @@ def test_hand_edited_counters_neither_repeat_a_seq_nor_fail_without_naming_the_f
     ok(workdir, "heartbeat", "a")
     seqs = [o["seq"] for o in json.loads(taskcard(workdir, "show", "a").stdout)["observations"]]
     assert seqs == [1, 2]
+
+
+def test_the_card_does_not_call_a_movement_dated_ahead_of_the_clock_fresh(workdir: Path) -> None:
+    """A ledger from other tooling dated a step's progress in 2099: the monitor answered
+    TRUTH_INCONSISTENT (movement_in_future), while the card read "last movement: <1m ago",
+    a task moving right now. The card says the date cannot be used, and why."""
+    ok(workdir, "init", "fit", "--purpose", "Fit", "--steps", "train")
+    ok(workdir, "external-job", "fit", "--job-id", "j1", "--status", "running", "--evidence", "x")
+    path = workdir / "ledger" / "long-task-ledger.json"
+    document = json.loads(path.read_text())
+    observed = document["tasks"]["fit"]["observed"]
+    for key in ("last_delta_at", "started_at"):
+        observed[key] = "2099-01-01T00:00:00Z"
+    observed["external_jobs"][0]["status_changed_at"] = "2099-01-01T00:00:00Z"
+    path.write_text(json.dumps(document))
+    assert json.loads(taskcard(workdir, "supervise", "fit").stdout)["reason"] == (
+        "movement_in_future"
+    )
+    card = taskcard(workdir, "render", "fit")
+    assert card.returncode == 0, card.stderr
+    assert "<1m" not in card.stdout, card.stdout
+    assert "started: unknown\n" in card.stdout
+    assert "last movement: unknown (dated ahead of the clock)\n" in card.stdout
+    assert "`j1` running for unknown" in card.stdout
+    assert "⚠ the last movement is dated ahead of the clock" in card.stdout
