@@ -795,6 +795,18 @@ class Ledger:
                 + "; ".join(f"{k} = {v}" for k, v in OWNER_REPLIES.items())
             )
         _note("note", note)
+        if reply != "B":
+            # Only a block records them: taken with another reply, they were dropped unsaid.
+            for field, option, value in (
+                ("reason", "--reason", reason),
+                ("safe_next_step", "--safe-next-step", safe_next_step),
+                ("kind", "--kind", kind),
+            ):
+                if value is not None:
+                    raise LedgerError(
+                        f"{field}: only reply B (blocked) takes {option}; remove it, or put"
+                        f" what it says in --note (reply {reply} records the note)"
+                    )
         if reply == "B":
             if not shows_text(reason or "") or not shows_text(safe_next_step or ""):
                 raise LedgerError(

@@ -582,3 +582,23 @@ def test_the_card_does_not_call_a_movement_dated_ahead_of_the_clock_fresh(workdi
     assert "last movement: unknown (dated ahead of the clock)\n" in card.stdout
     assert "`j1` running for unknown" in card.stdout
     assert "⚠ the last movement is dated ahead of the clock" in card.stdout
+
+
+def test_an_owner_reply_other_than_b_refuses_the_options_only_a_block_records(
+    workdir: Path,
+) -> None:
+    """`owner-reply --reply A --reason ...` (C with `--kind`, E with `--safe-next-step`) was
+    taken and the option dropped unsaid: the owner believed it recorded. Refused naming it."""
+    ok(workdir, "init", "t", "--purpose", "P", "--no-renderer")
+    for reply, option, value in (
+        ("A", "--reason", "text"),
+        ("C", "--kind", "OTHER"),
+        ("E", "--safe-next-step", "text"),
+    ):
+        done = taskcard(workdir, "owner-reply", "t", "--reply", reply, "--note", "n", option, value)
+        field = option[2:].replace("-", "_")
+        assert done.returncode == 2, done.stdout
+        assert done.stderr.startswith(f"taskcard ledger: {field}: only reply B"), done.stderr
+        assert f"takes {option};" in done.stderr
+    assert json.loads(taskcard(workdir, "show", "t").stdout)["observations"] == []
+    ok(workdir, "owner-reply", "t", "--reply", "B", "--reason", "r", "--safe-next-step", "s")

@@ -456,3 +456,30 @@ async def test_a_ledger_folder_linked_out_of_the_workdir_is_refused(
     finally:
         shutil.rmtree(runtime, ignore_errors=True)
     assert list(outside.iterdir()) == []
+
+
+async def test_an_owner_reply_other_than_b_refuses_over_mcp_the_fields_a_block_records(
+    workdir: Path,
+) -> None:
+    """`reply: "D"` with a `reason` was taken and the reason dropped unsaid. Refused naming
+    the tool's field (the command line's is in test_cli); nothing is recorded."""
+    server = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "taskcard.bridge.cli", "mcp", "--workdir", str(workdir)],
+    )
+    async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        init = {"command": "init", "task_id": "t", "purpose": "P"}
+        created = await session.call_tool("ledger", init)
+        assert not created.is_error
+        for extra in ({"reason": "r"}, {"safe_next_step": "s"}, {"kind": "OTHER"}):
+            result = await session.call_tool(
+                "ledger", {"command": "owner-reply", "task_id": "t", "reply": "D", **extra}
+            )
+            answer = json.loads(result.content[0].text)  # type: ignore[union-attr]
+            field = next(iter(extra))
+            assert result.is_error, answer
+            assert answer["message"].startswith(f"{field}: only reply B"), answer
+            assert "--" not in answer["message"], answer
+    document = json.loads((workdir / "ledger" / "long-task-ledger.json").read_text())
+    assert document["tasks"]["t"]["observations"] == []
