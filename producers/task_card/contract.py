@@ -705,8 +705,12 @@ def append_jsonl_line(path: Path, record: dict[str, Any], *, inside: Path | None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
+            # The path goes with it: a caller's message said "cannot write the ledger" for a
+            # named pipe at `.notification/system.jsonl`, naming the wrong file.
             raise NotRegularFile(
-                errno.EINVAL, f"{file_kind(mode)}, not a regular file; replace it with a file"
+                errno.EINVAL,
+                f"{file_kind(mode)}, not a regular file; replace it with a file",
+                str(path),
             )
         os.write(fd, line_break_first(fd) + line)
     finally:

@@ -602,3 +602,21 @@ def test_an_owner_reply_other_than_b_refuses_the_options_only_a_block_records(
         assert f"takes {option};" in done.stderr
     assert json.loads(taskcard(workdir, "show", "t").stdout)["observations"] == []
     ok(workdir, "owner-reply", "t", "--reply", "B", "--reason", "r", "--safe-next-step", "s")
+
+
+def test_a_named_pipe_at_the_notification_file_is_named_not_the_ledger(workdir: Path) -> None:
+    """A named pipe at `.notification/system.jsonl` stopped `supervise --apply-supervision`
+    with "cannot write the ledger (a named pipe, ...)": the ledger was fine, and the file to
+    move aside went unnamed. The line names it; once it is moved the escalation goes out."""
+    ok(workdir, "init", "t", "--purpose", "P", "--no-renderer")
+    ok(workdir, "block", "t", "--kind", "MISSING_ACCESS", "--reason", "no key")
+    pipe = workdir / ".notification" / "system.jsonl"
+    pipe.parent.mkdir()
+    os.mkfifo(pipe)
+    done = taskcard(workdir, "supervise", "--apply-supervision")
+    assert done.returncode == 1
+    assert f"cannot write {pipe} (a named pipe" in done.stderr, done.stderr
+    assert "the ledger" not in done.stderr
+    pipe.unlink()
+    assert taskcard(workdir, "supervise", "--apply-supervision").returncode == 0
+    assert [n["source"] for n in notifications(workdir)] == ["ledger.blocked"]
