@@ -62,8 +62,9 @@ MAX_SUMMARY_CHARS: Final = 2000
 TAIL_BYTES: Final = 256 * 1024
 MAX_LINE_BYTES: Final = 64 * 1024
 # Letters and digits of any script (a reviewer may be a "revisão" or a "审阅者"), read in
-# NFC; no controls, format characters or marks alone.
-ROLE: Final = re.compile(r"[^\W_][\w. -]{0,63}")
+# NFC, with the marks some scripts write words with (Devanagari's vowel signs); no controls,
+# format characters, or a mark to begin with.
+ROLE_MAX_CHARS: Final = 64
 PAYLOAD_NAME: Final = re.compile(rf"{PAYLOADS_DIR}/[0-9]{{1,18}}\.txt")
 
 Clock = Callable[[], str]
@@ -102,6 +103,13 @@ def parse_line(raw: bytes) -> dict[str, Any] | None:
     if not isinstance(data, dict) or report_seq(data.get("seq")) is None:
         return None
     return data
+
+
+def is_role(text: str) -> bool:
+    """1-64 letters, digits, combining marks (after the first), spaces, '_', '.' or '-'."""
+    if not 1 <= len(text) <= ROLE_MAX_CHARS or unicodedata.category(text[0])[0] not in "LN":
+        return False
+    return all(c in " _.-" or unicodedata.category(c)[0] in "LNM" for c in text)
 
 
 def readable(report: dict[str, Any]) -> dict[str, Any] | None:
@@ -145,7 +153,7 @@ def check_report(
             " not a review"
         )
     if role is not None and not (
-        isinstance(role, str) and ROLE.fullmatch(unicodedata.normalize("NFC", role))
+        isinstance(role, str) and is_role(unicodedata.normalize("NFC", role))
     ):
         raise ReportError(
             "role: 1-64 letters (of any script), digits, spaces, '_', '.' or '-', starting"

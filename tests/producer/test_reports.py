@@ -597,6 +597,7 @@ def test_a_role_in_any_script_is_taken_as_the_error_says_letters(workdir: Path) 
         ("revisão", "revisão"),
         ("revisa\u0303o", "revisão"),
         ("审阅者", "审阅者"),
+        ("समीक्षक", "समीक्षक"),
         ("code reviewer 2", "code reviewer 2"),
     ):
         done = taskcard("report", "--workdir", str(workdir), "--ok", "--role", given)
