@@ -133,12 +133,13 @@ ROUTE_VIEW_HELP = (
     '"cards": one resident card per agent; "board": one resident board with a line per agent,'
     " plus a card for each agent while it needs people. /taskcard board|cards switches it."
 )
-BoardMark = Literal["error", "limit", "waiting"]
+BoardMark = Literal["error", "problems", "limit", "waiting"]
 # A cluster's board line whose agent no running instance serves now (see `BoardLine`).
 UNOBSERVED_NOTE = "👻 not observed now: no instance serves it"
 # How each mark reads on a board line, in the order people should act on them.
 BOARD_MARKS: dict[BoardMark, str] = {
     "error": "⚠ error",
+    "problems": "⚠ problems with its files: see its card",
     "limit": "⛔ refresh limit",
     "waiting": "✋ waiting for a person",
 }

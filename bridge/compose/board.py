@@ -6,7 +6,8 @@ message instead: every change lands in it at the chat's pace (the scheduler's la
 coalescing makes a burst of changes one edit).
 
 A line says, in plain text: the agent and its state, marks for what needs a person (a
-renderer error, the refresh limit reached, waiting for a person), the first line of its card
+renderer error, files the service refused to read or failed to handle, the refresh limit
+reached, waiting for a person), the first line of its card
 and its last movement with the time. Lines that need people come first (the most urgent mark
 first), then by state (moving agents before resting ones), then by agent id, so a line only
 moves when its agent's situation changes. Everything agent-written is scrubbed (pattern
@@ -37,7 +38,7 @@ from taskcard.producers.task_card.contract import one_line
 HEADLINE_MAX_CHARS = 80
 MOVEMENT_MAX_CHARS = 60
 
-_MARK_RANK: dict[BoardMark, int] = {"error": 0, "limit": 1, "waiting": 2}
+_MARK_RANK: dict[BoardMark, int] = {"error": 0, "problems": 1, "limit": 2, "waiting": 3}
 _STATE_RANK: dict[AgentState, int] = {
     "running": 0,
     "no output": 1,
@@ -53,18 +54,26 @@ _EMPHASIS = re.compile(r"(\*\*|__|\*|`+|~~)")
 
 @dataclass(frozen=True)
 class BoardEntry:
-    """What the board knows of one agent: its card and its activity, as last read."""
+    """What the board knows of one agent: its card and its activity, as last read, and
+    whether the service has problems with its files (`problems`: files refused, a stage that
+    failed, an inbox it cannot write; its own card words them)."""
 
     agent_id: str
     card: CardState
     activity: ActivitySummary
+    problems: bool = False
 
 
-def board_marks(card: CardState, activity: ActivitySummary) -> tuple[BoardMark, ...]:
-    """What about this agent needs a person, most urgent first (empty: nothing)."""
+def board_marks(
+    card: CardState, activity: ActivitySummary, problems: bool = False
+) -> tuple[BoardMark, ...]:
+    """What about this agent needs a person, most urgent first (empty: nothing); `problems`:
+    the service has problems with the agent's files (see `BoardEntry`)."""
     marks: list[BoardMark] = []
     if card.error_code is not None:
         marks.append("error")
+    if problems:
+        marks.append("problems")
     if card.exhausted:
         marks.append("limit")
     if activity.state == "waiting":
@@ -72,9 +81,10 @@ def board_marks(card: CardState, activity: ActivitySummary) -> tuple[BoardMark, 
     return tuple(marks)
 
 
-def needs_attention(card: CardState, activity: ActivitySummary) -> bool:
-    """Whether the agent gets its own card beside the board (see `board_marks`)."""
-    return bool(board_marks(card, activity))
+def needs_attention(card: CardState, activity: ActivitySummary, problems: bool = False) -> bool:
+    """Whether the agent gets its own card beside the board (see `board_marks`): the card
+    says what the line only marks (the renderer's error, which files and how to fix them)."""
+    return bool(board_marks(card, activity, problems))
 
 
 def _cut(text: str, limit: int) -> str:
@@ -137,7 +147,7 @@ def board_facts(entry: BoardEntry, scrub: Callable[[str], str] = str) -> BoardFa
     return BoardFacts(
         agent_id=entry.agent_id,
         state=entry.activity.state,
-        marks=board_marks(entry.card, entry.activity),
+        marks=board_marks(entry.card, entry.activity, entry.problems),
         headline=headline,
         movement=None if last is None else _movement_words(entry.activity, scrub),
         movement_at=None if last is None else last.at,

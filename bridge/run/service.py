@@ -1240,6 +1240,16 @@ class Service:
             problems + sorted(self._faults.get(agent_id, {}).values()) + ([inbox] if inbox else [])
         )
 
+    def _has_problems(self, agent_id: str) -> bool:
+        """Whether `agent_problems` would list anything (asked per line of a board: nothing
+        is built for a healthy agent)."""
+        monitor = self._monitors.get(agent_id)
+        return bool(
+            (monitor is not None and monitor.files.problems)
+            or self._faults.get(agent_id)
+            or agent_id in self._desk.problems
+        )
+
     def _health(self, agent_id: str) -> str:
         """The agent's problems as saved (a JSON list), to compare with what was saved."""
         problems = self.agent_problems(agent_id)
@@ -1284,7 +1294,10 @@ class Service:
         has_message = self._scheduler.has_message(route.key)
         if self._views.view(route.key.chat_scope) == "board":
             self._mark_board(route.key.chat_scope)
-            if not needs_attention(monitor.card, monitor.activity):
+            attention = needs_attention(
+                monitor.card, monitor.activity, self._has_problems(route.key.agent_id)
+            )
+            if not attention:
                 if has_message:  # its own card is retired: the board follows it now
                     self._retire_card(route, channel)
                 return
@@ -1462,7 +1475,12 @@ class Service:
     def _board_entries(self, routes: list[Route]) -> list[BoardEntry]:
         """The board entries of the agents of `routes` served here."""
         return [
-            BoardEntry(route.key.agent_id, monitor.card, monitor.activity)
+            BoardEntry(
+                route.key.agent_id,
+                monitor.card,
+                monitor.activity,
+                problems=self._has_problems(route.key.agent_id),
+            )
             for route in routes
             if self._serves(route.key.agent_id)
             and (monitor := self._monitors.get(route.key.agent_id)) is not None

@@ -66,6 +66,42 @@ def test_marks_say_what_needs_people(
 
 
 @pytest.mark.parametrize(
+    ("card", "activity", "marks"),
+    [
+        (ACTIVE, IDLE, ("problems",)),
+        (
+            CardState(status="active", error_code="x", exhausted=True),
+            WAITING,
+            ("error", "problems", "limit", "waiting"),
+        ),
+        (CardState(), ActivitySummary(), ("problems",)),
+    ],
+)
+def test_problems_with_its_files_are_marked_after_an_error(
+    card: CardState, activity: ActivitySummary, marks: tuple[str, ...]
+) -> None:
+    assert board_marks(card, activity, problems=True) == marks
+    assert needs_attention(card, activity, problems=True)
+
+
+def test_an_agent_with_problems_comes_before_one_at_its_limit() -> None:
+    board = compose_board(
+        [
+            BoardEntry("a-limit", LIMIT, RUNNING),
+            BoardEntry("b-refused", ACTIVE, IDLE, problems=True),
+            BoardEntry("c-error", ERROR, IDLE),
+        ],
+        hidden=False,
+        now=NOW,
+    )
+    assert [line.agent_id for line in board.lines] == ["c-error", "b-refused", "a-limit"]
+    assert board.lines[1].marks == ("problems",)
+    assert facts_from_record(facts_record(board_facts(BoardEntry("b", ACTIVE, IDLE, True)))) == (
+        board_facts(BoardEntry("b", ACTIVE, IDLE, True))
+    )
+
+
+@pytest.mark.parametrize(
     ("body", "headline"),
     [
         ("# Build\n**3/10** steps", "Build"),

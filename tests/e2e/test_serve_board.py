@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import shutil
 import signal
 from pathlib import Path
 
+from taskcard.producers.task_card.contract import CardPaths
 from tests.e2e.harness import (
     ServeProcess,
+    activity,
     agents_lines,
     eventually,
     notify,
@@ -367,4 +370,123 @@ async def test_telegram_board_drops_the_line_of_an_agent_whose_folder_is_removed
             lambda: board_text(telegram) == "📋 Task board · 0 agents",
             what="a board that lists no agent",
         )
+        assert await serve.aterminate() == 0
+
+
+# What the card of an agent whose activity log is a named pipe says, and the board's mark.
+PIPE_ROW = (
+    "⚠ logs/events.jsonl: is a named pipe, not a regular file; replace it with a regular file"
+)
+PROBLEMS_MARK = "⚠ problems with its files: see its card"
+
+
+def pipe_events(workdir: Path) -> Path:
+    """Make the agent's activity log a named pipe, a file the service refuses to read."""
+    events = CardPaths(workdir).events
+    events.parent.mkdir(parents=True, exist_ok=True)
+    if events.exists():
+        events.unlink()
+    os.mkfifo(events)
+    return events
+
+
+async def test_telegram_board_marks_an_agent_with_refused_files_and_gives_it_a_card(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    """A file the service refuses to read is said on the agent's card in the cards view; on
+    a board, the agent's line is marked, first, and the agent gets its own card saying which
+    file and the fix, until the file is fixed."""
+    agents = ["alpha", "beta", "piped"]
+    piped = tmp_path / "agents" / "piped"
+    with telegram_serve(tmp_path, telegram, agents, "board") as serve:
+        for agent in agents:
+            publish(tmp_path / "agents" / agent, f"{agent} step 1")
+        await eventually(
+            lambda: all(f"{a} step 1" in board_text(telegram) for a in agents),
+            what="every agent on the board",
+        )
+        assert PROBLEMS_MARK not in board_text(telegram)
+
+        events = pipe_events(piped)  # while served, with no other change
+        await eventually(
+            lambda: f"piped · unknown · {PROBLEMS_MARK}" in board_text(telegram),
+            what="the mark on the agent's line",
+        )
+        assert "piped" in board_text(telegram).splitlines()[1], "what needs people comes first"
+        assert "1 needs people" in board_text(telegram).splitlines()[0]
+        card = await eventually(
+            lambda: next(
+                (
+                    m
+                    for m in telegram.bot_messages(GROUP)
+                    if m.text.split("\n")[0].startswith("❔ piped") and PIPE_ROW in m.text
+                ),
+                None,
+            ),
+            what="the agent's own card naming the file and the fix",
+            timeout_s=90,
+        )
+        assert "piped step 1" in card.text
+        assert len(boards(telegram)) == 1
+        assert not any(
+            m.text.split("\n")[0].startswith(("❔ alpha", "❔ beta"))
+            for m in telegram.bot_messages(GROUP)
+        ), "healthy agents stay on the board alone"
+
+        events.unlink()
+        activity(piped, "turn.start")
+        await eventually(
+            lambda: RETIRED_NOTE in (telegram.message(GROUP, card.message_id) or card).text,
+            what="its card says the board follows it again",
+            timeout_s=90,
+        )
+        await eventually(
+            lambda: (
+                PROBLEMS_MARK not in board_text(telegram)
+                and "piped · running" in board_text(telegram)
+            ),
+            what="the mark cleared",
+            timeout_s=90,
+        )
+        assert await serve.aterminate() == 0
+
+
+async def test_feishu_board_marks_an_agent_with_refused_files_and_gives_it_a_card(
+    tmp_path: Path, feishu: FakeFeishu
+) -> None:
+    agents = ["alpha", "beta", "piped"]
+    piped = tmp_path / "agents" / "piped"
+    setup = FeishuSetup(tmp_path, feishu, agents)
+    with setup.serve() as serve:
+        for agent in agents:
+            publish(tmp_path / "agents" / agent, f"{agent} step 1")
+        await eventually(
+            lambda: all(f"{a} step 1" in feishu_board(feishu) for a in agents),
+            what="every agent on the board",
+        )
+        assert len(feishu_cards(feishu)) == 1
+
+        events = pipe_events(piped)
+        await eventually(
+            lambda: (
+                feishu_board(feishu)
+                .split("\n")[2]
+                .startswith(f"**piped · unknown** · {PROBLEMS_MARK}")
+            ),
+            what="the agent first on the board, marked",
+        )
+        await eventually(
+            lambda: PIPE_ROW in (feishu_card_of(feishu, "piped") or ""),
+            what="the agent's own card naming the file and the fix",
+        )
+        assert "piped step 1" in (feishu_card_of(feishu, "piped") or "")
+        assert feishu_card_of(feishu, "alpha") is None and feishu_card_of(feishu, "beta") is None
+
+        events.unlink()
+        activity(piped, "turn.start")
+        await eventually(
+            lambda: RETIRED_NOTE in (feishu_card_of(feishu, "piped") or ""),
+            what="its card says the board follows it again",
+        )
+        await eventually(lambda: PROBLEMS_MARK not in feishu_board(feishu), what="the mark cleared")
         assert await serve.aterminate() == 0
