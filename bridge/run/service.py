@@ -69,11 +69,17 @@ from taskcard.bridge.run.inbox_desk import (
 )
 from taskcard.bridge.run.origins import OriginBook
 from taskcard.bridge.schedule.ratelimit import Limiter
+from taskcard.bridge.schedule.routes import route_of_store_key
 from taskcard.bridge.schedule.scheduler import RouteKey, RouteScheduler, SharedReplies
 from taskcard.bridge.store.sqlite import ChatPrefs, SeenChat, StateStore
 from taskcard.bridge.track.due import DueAgents
 from taskcard.bridge.track.ledger import LedgerView, ledger_row
-from taskcard.bridge.track.monitor import AgentMonitor, AgentRefresh
+from taskcard.bridge.track.monitor import (
+    ActivitySummary,
+    AgentMonitor,
+    AgentRefresh,
+    CardState,
+)
 from taskcard.bridge.track.reports import AgentSide, SideRefresh
 from taskcard.bridge.watch.watcher import ROOTS, FleetWatcher
 from taskcard.channels.aio import Backoff
@@ -303,6 +309,9 @@ class Service:
         # see `_forget_departed`), and the routes each had here when it left.
         self._departed = DueAgents()
         self._departed_routes: dict[str, list[RouteKey]] = {}
+        # Per channel, the residents of agents that left while the service was stopped, each
+        # owed the last edit a departure while serving gives (`_owe_retirements`).
+        self._retire_owed: dict[str, list[RouteKey]] = {}
         # Agents whose last card cost too much to compose: not again before when (see
         # `_project_paced`), and the agents owed a projection meanwhile.
         self._paced: dict[str, float] = {}
@@ -448,10 +457,12 @@ class Service:
         except Exception as error:
             log.warning("the agents no longer served were not looked up: %s", error)
             return
-        for agent_id in sorted(unmarked):
-            if AGENT_ID_PATTERN.fullmatch(agent_id):
-                self._store.set_cursor(DEPARTED_PREFIX + agent_id, repr(now))
-                marked[agent_id] = now
+        left = {agent_id for agent_id in unmarked if AGENT_ID_PATTERN.fullmatch(agent_id)}
+        # Before the departures are recorded: a failure here retires none of them later.
+        self._owe_retirements(left)
+        for agent_id in sorted(left):
+            self._store.set_cursor(DEPARTED_PREFIX + agent_id, repr(now))
+            marked[agent_id] = now
         for agent_id, left_at in marked.items():
             if agent_id not in self._monitors:
                 self._departed.set(agent_id, min(left_at, now) + keep_s)
@@ -462,6 +473,65 @@ class Service:
                 len(self._departed),
                 keep_s,
             )
+
+    def _owe_retirements(self, agents: set[str]) -> None:
+        """At start, alone on the state: the resident messages of `agents`, which left while
+        the service was stopped, are owed the last edit a departure while serving gives them
+        (`_retire`: the card says the agent retired), made once their channel is ready
+        (`_retire_left`). Their agents are forgotten only after it, as for a departure while
+        serving. One read of the residents, and only when some agent left so."""
+        if not agents:
+            return
+        try:
+            records = self._store.residents()
+        except Exception as error:
+            log.warning("the cards of agents that left while stopped were not looked up: %s", error)
+            return
+        for record in records:
+            key = route_of_store_key(record.route)
+            if (
+                record.message_id is None
+                or key is None
+                or key.agent_id not in agents
+                or key.channel not in self._channels
+            ):
+                continue
+            self._scheduler.add_route(key)
+            self._scheduled.add(key)
+            self._retire_owed.setdefault(key.channel, []).append(key)
+            self._departed_routes.setdefault(key.agent_id, []).append(key)
+        if self._retire_owed:
+            log.info(
+                "%d cards of agents that left while the service was stopped are marked"
+                " retired once their channel is ready",
+                sum(len(keys) for keys in self._retire_owed.values()),
+            )
+
+    def _retire_left(self, name: str) -> None:
+        """Channel `name` is ready: the residents owed their agent's retirement (see
+        `_owe_retirements`) get it, then close. Nothing is known of the agent now (its files
+        are gone): the card says its state is unknown, and that it retired."""
+        channel = self._channels[name]
+        now = self._clock()
+        for key in self._retire_owed.pop(name, []):
+            if self._scheduler.has_message(key):
+                view = compose_view(
+                    key.agent_id,
+                    CardState(),
+                    ActivitySummary(),
+                    hidden=False,
+                    activity_rows=0,
+                    now=now,
+                    zone=self._chat_zone(key.channel, key.chat),
+                )
+                final = replace(view, body=None, body_note=RETIRED_NOTE)
+                self._scheduler.submit(key, self._render_card(channel, final))
+            self._closing[key] = asyncio.get_running_loop().time()
+
+    def _retire_owed_to(self, agent_id: str) -> list[RouteKey]:
+        return [
+            key for keys in self._retire_owed.values() for key in keys if key.agent_id == agent_id
+        ]
 
     def _departure(self, agent_id: str, routes: Iterable[RouteKey]) -> None:
         """The agent left the fleet (alone on the state): its state is forgotten
@@ -481,6 +551,11 @@ class Service:
         if agent_id in self._departed:
             self._departed.discard(agent_id)
             self._departed_routes.pop(agent_id, None)
+            # Not told it retired after all: its routes close, but those it has again (apply,
+            # next) stay open and edit the same messages.
+            for key in self._retire_owed_to(agent_id):
+                self._retire_owed[key.channel].remove(key)
+                self._closing[key] = asyncio.get_running_loop().time() if self._running else 0.0
             self._store.delete_cursors([DEPARTED_PREFIX + agent_id])
             log.info("agent %s is back: its resident messages are edited again", agent_id)
 
@@ -490,7 +565,7 @@ class Service:
         due = self._departed.pop_due(now, FORGET_PER_TICK)
         for agent_id in due:
             routes = self._departed_routes.get(agent_id, [])
-            if any(key in self._closing for key in routes):
+            if any(key in self._closing for key in routes) or self._retire_owed_to(agent_id):
                 # Its last edits are still on their way: after them.
                 self._departed.set(agent_id, now + FORGET_RETRY_S)
                 continue
@@ -572,11 +647,13 @@ class Service:
             except ChannelError as error:
                 log.error("channel %s disabled: %s", name, error)
                 self._failed_channels.add(name)
+                self._retire_owed.pop(name, None)  # its agents need not wait to be forgotten
                 return
             except Exception:
                 # A busy webhook port, a library bug: this channel is out, the others go on.
                 log.exception("channel %s could not start and is disabled", name)
                 self._failed_channels.add(name)
+                self._retire_owed.pop(name, None)
                 return
             break
         put_off = channel.start_put_off()
@@ -588,6 +665,7 @@ class Service:
         self._outbox.channel_ready(name)
         self._scheduler.channel_ready(name)  # the replies a stop left unsent
         self._desk.channel_ready(name)
+        self._retire_left(name)
         for route in list(self._routes):
             if route.key.channel == name:
                 self._project_route(route)

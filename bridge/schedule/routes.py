@@ -39,6 +39,18 @@ class RouteKey:
         return chat_scope(self.channel, self.chat)
 
 
+def route_of_store_key(key: str) -> RouteKey | None:
+    """The route whose `RouteKey.store_key` is `key` (None: not such a key). The channel's
+    name is the part before the first colon and the thread and the agent (neither holds a
+    colon) the last two parts, so a chat id with a colon in it reads back whole."""
+    head, found_agent, agent_id = key.rpartition(":")
+    head, found_thread, thread_id = head.rpartition(":")
+    channel, found_chat, chat_id = head.partition(":")
+    if not (found_agent and found_thread and found_chat and channel and chat_id and agent_id):
+        return None
+    return RouteKey(channel, ChatRef(chat_id, thread_id or None), agent_id)
+
+
 class LaneKey(NamedTuple):
     """One chat of one channel: the unit of pacing (one request at a time). A named pair, so
     that layers that may not import this one (metrics) read it as `(channel, chat_id)`."""

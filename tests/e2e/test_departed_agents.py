@@ -177,13 +177,72 @@ async def _churn(fake: FakeTelegram | FakeFeishu, tmp_path: Path) -> None:
             lambda: showing(fake, "scout returns late"), timeout_s=WAIT_S, what="a new card"
         )
         assert showing(fake, "scout returns late") != [first]
-        assert "scout is back" in cards(fake)[first]
+        # It left while the service was stopped: its card was marked retired at the start.
+        assert RETIRED in cards(fake)[first]
         await eventually(
             lambda: kept(tmp_path, "scout").get("residents") == 1,
             timeout_s=WAIT_S,
             what="its one new resident",
         )
         assert await serve.aterminate() == 0
+
+
+@pytest.mark.parametrize("platform", ["telegram", "feishu"])
+async def test_an_agent_that_left_while_stopped_has_its_card_marked_retired_at_the_next_start(
+    platform: str, tmp_path: Path
+) -> None:
+    """An agent whose folder went while the service was stopped: the next start edits its
+    card to say it retired, as a departure while serving does, leaves the other agent's card
+    alone, and forgets the agent `forget_departed_after_s` later (after that edit). A further
+    restart does not edit the retired card again."""
+    fake: FakeTelegram | FakeFeishu
+    async with FakeTelegram() if platform == "telegram" else FakeFeishu() as fake:
+        gone, stay = tmp_path / "fleet" / "gone", tmp_path / "fleet" / "stay"
+        env = config(tmp_path, fake, keep_s=2.0)
+        for folder, body in ((gone, "gone card"), (stay, "stay card")):
+            folder.mkdir(parents=True)
+            publish(folder, body)
+        with ServeProcess(tmp_path / "taskcard.toml", env=env) as serve:
+            await eventually(
+                lambda: showing(fake, "gone card") and showing(fake, "stay card"),
+                timeout_s=WAIT_S,
+                what="both cards",
+            )
+            assert await serve.aterminate() == 0
+        [card] = showing(fake, "gone card")
+        [stay_card] = showing(fake, "stay card")
+        assert RETIRED not in cards(fake)[card]
+
+        shutil.rmtree(gone)
+        with ServeProcess(tmp_path / "taskcard.toml", env=env) as serve:
+            await eventually(
+                lambda: RETIRED in cards(fake)[card], timeout_s=WAIT_S, what="the retired card"
+            )
+            assert "gone card" not in cards(fake)[card], "its body is gone with its files"
+            await eventually(
+                lambda: kept(tmp_path, "gone") == {}, timeout_s=WAIT_S, what="gone forgotten"
+            )
+            await eventually(lambda: "forgot agent gone" in serve.logs, what="the log line")
+            publish(stay, "stay card v2")
+            await eventually(
+                lambda: "stay card v2" in cards(fake)[stay_card],
+                timeout_s=WAIT_S,
+                what="the other agent served on",
+            )
+            assert RETIRED not in cards(fake)[stay_card]
+            assert len(cards(fake)) == 2, "no new message"
+            assert await serve.aterminate() == 0
+        shown = cards(fake)[card]
+
+        with ServeProcess(tmp_path / "taskcard.toml", env=env) as serve:
+            publish(stay, "stay card v3")
+            await eventually(
+                lambda: "stay card v3" in cards(fake)[stay_card],
+                timeout_s=WAIT_S,
+                what="served again",
+            )
+            assert cards(fake)[card] == shown
+            assert await serve.aterminate() == 0
 
 
 def redis_kept(redis_url: str, prefix: str, agent: str) -> dict[str, int]:
@@ -283,13 +342,13 @@ async def test_agents_that_left_together_are_forgotten_a_few_a_second(tmp_path: 
     """25 agents leave while the service is stopped, so at the next start they all come due
     in the same second. The timer forgets at most ten a second (so cards and commands are
     not held up behind them), says so while more wait, and forgets every one in the end.
-    Counted in agents per tick from the log, never timed."""
+    Counted in agents per tick from the log, never timed. The agents published no card, so
+    no retiring edit holds their forgetting back (a group's 20 edits a minute would)."""
     names = [f"crew{n:02d}" for n in range(25)]
     async with FakeTelegram() as fake:
         env = config(tmp_path, fake, keep_s=1.0)
         for name in names:
             (tmp_path / "fleet" / name).mkdir()
-            publish(tmp_path / "fleet" / name, f"{name} card")
         with ServeProcess(tmp_path / "taskcard.toml", env=env) as serve:
             await eventually(
                 lambda: (
