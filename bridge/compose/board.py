@@ -177,15 +177,18 @@ def unobserved(facts: BoardFacts) -> BoardFacts:
 
 
 def facts_from_record(data: Mapping[str, Any]) -> BoardFacts | None:
-    """The facts `facts_record` gave; None for a record this version cannot read."""
+    """The facts `facts_record` gave; None for a record this version cannot read (marks it
+    does not know are left out)."""
     try:
         agent_id, state, marks = data["agent_id"], data["state"], data["marks"]
         headline, movement, at = data["headline"], data["movement"], data["movement_at"]
         started = data["started"]
         if not isinstance(agent_id, str) or state not in get_args(AgentState):
             return None
-        if not isinstance(marks, list) or not all(m in get_args(BoardMark) for m in marks):
+        if not isinstance(marks, list):
             return None
+        # A mark a later release added is left out, not the line: the agent stays listed.
+        marks = [mark for mark in marks if isinstance(mark, str) and mark in get_args(BoardMark)]
         if not all(v is None or isinstance(v, str) for v in (headline, movement)):
             return None
         if not isinstance(started, bool):

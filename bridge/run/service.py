@@ -1306,27 +1306,30 @@ class Service:
             if not kept:
                 del self._faults[agent_id]
 
+    def _problem_sources(
+        self, agent_id: str
+    ) -> tuple[Mapping[str, str], Mapping[str, str], str | None]:
+        """Where an agent's problems are kept: its refused files (name -> reason), its failed
+        stages (stage -> fault) and why its inbox cannot be written. `agent_problems` words
+        them and `_has_problems` asks whether any is there, both from here alone."""
+        monitor = self._monitors.get(agent_id)
+        return (
+            monitor.files.problems if monitor is not None else {},
+            self._faults.get(agent_id, {}),
+            self._desk.problems.get(agent_id),
+        )
+
     def agent_problems(self, agent_id: str) -> list[str]:
         """What is wrong with one agent now: refused files first, then failed stages."""
-        monitor = self._monitors.get(agent_id)
-        problems = [
-            f"{name}: {reason}"
-            for name, reason in sorted(monitor.files.problems.items() if monitor else ())
-        ]
-        inbox = self._desk.problems.get(agent_id)
-        return (
-            problems + sorted(self._faults.get(agent_id, {}).values()) + ([inbox] if inbox else [])
-        )
+        refused, faults, inbox = self._problem_sources(agent_id)
+        problems = [f"{name}: {reason}" for name, reason in sorted(refused.items())]
+        return problems + sorted(faults.values()) + ([inbox] if inbox else [])
 
     def _has_problems(self, agent_id: str) -> bool:
         """Whether `agent_problems` would list anything (asked per line of a board: nothing
         is built for a healthy agent)."""
-        monitor = self._monitors.get(agent_id)
-        return bool(
-            (monitor is not None and monitor.files.problems)
-            or self._faults.get(agent_id)
-            or agent_id in self._desk.problems
-        )
+        refused, faults, inbox = self._problem_sources(agent_id)
+        return bool(refused or faults or inbox)
 
     def _health(self, agent_id: str) -> str:
         """The agent's problems as saved (a JSON list), to compare with what was saved."""

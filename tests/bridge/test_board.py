@@ -84,6 +84,13 @@ def test_problems_with_its_files_are_marked_after_an_error(
     assert needs_attention(card, activity, problems=True)
 
 
+def test_a_mark_this_release_does_not_know_leaves_the_line_listed() -> None:
+    record = facts_record(board_facts(BoardEntry("b", ERROR, IDLE)))
+    record["marks"] = ["error", "a mark from a later release", 7]
+    facts = facts_from_record(record)
+    assert facts is not None and facts.marks == ("error",)
+
+
 def test_an_agent_with_problems_comes_before_one_at_its_limit() -> None:
     board = compose_board(
         [
@@ -269,7 +276,6 @@ def test_a_line_shared_through_json_composes_the_same_board() -> None:
     "change",
     [
         {"state": "dancing"},
-        {"marks": ["error", "party"]},
         {"marks": "error"},
         {"headline": 5},
         {"movement_at": "yesterday"},
