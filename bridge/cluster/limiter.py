@@ -16,7 +16,9 @@ going to whichever waiter is asked next.
 
 A 429 seen by one instance is a key with a TTL (capped like every pause), checked by the same
 script, so the scope pauses everywhere; `paused_s` reads those keys for a request that waits
-for a pause of scopes it does not spend (a pin in a paused chat). While Redis cannot be
+for a pause of scopes it does not spend (a pin in a paused chat). A pause whose write Redis
+did not take (it was gone at that moment) is kept in memory and holds this instance's
+requests until it ends; the other instances do not learn of it. While Redis cannot be
 reached nothing is sent (the script cannot vouch for the window): requests wait and ask again.
 """
 
@@ -155,6 +157,9 @@ class RedisLimiter(Limiter):
         self._pausing: set[asyncio.Task[object]] = set()  # this instance's pause writes
         self._failing = False
         self._wrong: set[str] = set()  # windows of another type, logged once each
+        # Pauses this instance drew whose write Redis did not take (scope -> end, on the
+        # clock): kept here and honoured until they end, so a 429 is never forgotten.
+        self._unwritten: dict[str, float] = {}
 
     def window_key(self, scope: str) -> str:
         return f"{self._prefix}:rl:{scope}"
@@ -174,6 +179,9 @@ class RedisLimiter(Limiter):
         for scope in scopes:
             keys += [self.window_key(scope.key), self.pause_key(scope.key)]
             args += [scope.max_calls, max(1, math.ceil(scope.period_s * 1000))]
+        unwritten_s = self._unwritten_s(scope.key for scope in scopes)
+        if unwritten_s > 0:
+            return unwritten_s
         try:
             answer = await self._acquire(keys=keys, args=args)
         except RedisError as error:
@@ -223,26 +231,48 @@ class RedisLimiter(Limiter):
             )
             self._pausing.add(task)
             task.add_done_callback(self._pausing.discard)
+            until = self._clock() + applied
+            task.add_done_callback(lambda done: self._pause_written(done, scope, until))
         return applied
+
+    def _pause_written(self, task: asyncio.Task[object], scope: str, until: float) -> None:
+        """A pause Redis did not take is kept here until it ends (`_unwritten_s`)."""
+        if task.cancelled() or task.exception() is None:
+            return
+        now = self._clock()
+        for key in [key for key, end in self._unwritten.items() if end <= now]:
+            del self._unwritten[key]  # a few 429s at most: the ended ones go as one is added
+        self._unwritten[scope] = max(self._unwritten.get(scope, 0.0), until)
+
+    def _unwritten_s(self, scopes: Iterable[str]) -> float:
+        """Seconds left of the longest pause over `scopes` that Redis did not take."""
+        if not self._unwritten:
+            return 0.0
+        now = self._clock()
+        return max([0.0, *(self._unwritten.get(scope, 0.0) - now for scope in scopes)])
 
     async def paused_s(self, scopes: Iterable[str]) -> float:
         """The longest pause left in Redis over `scopes`, whichever instance drew it. A pause
         this instance drew a moment ago is written first (its write runs in the background).
-        While Redis does not answer, nothing can vouch for the chat: ask again shortly."""
+        While Redis does not answer, nothing can vouch for the chat: ask again shortly. A
+        pause of this instance's that Redis did not take counts too, until it ends."""
+        scopes = list(scopes)
         keys = [self.pause_key(scope) for scope in scopes]
         if not keys:
             return 0.0
         if self._pausing:
             await asyncio.wait(list(self._pausing), timeout=PAUSE_WRITE_WAIT_S)
+        unwritten_s = self._unwritten_s(scopes)  # after the writes: one refused is in it
         try:
             async with self._client.pipeline(transaction=False) as pipe:
                 for key in keys:
                     pipe.pttl(key)
                 left_ms = await pipe.execute()
         except RedisError as error:
-            return self._unreachable(error)
+            return max(self._unreachable(error), unwritten_s)
         self._reachable()
-        return max([0, *(int(ms) for ms in left_ms)]) / 1000  # -2: no such pause
+        # -2: no such pause
+        return max(max([0, *(int(ms) for ms in left_ms)]) / 1000, unwritten_s)
 
     def seed(self, scopes: Iterable[RateScope], at: float) -> None:
         """Nothing to do: the shared windows outlive any one instance's restart."""

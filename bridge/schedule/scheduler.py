@@ -307,6 +307,7 @@ class RouteScheduler:
         self._store = store
         self._clock = clock
         self._wall = wall_clock
+        self._pause_unsaved = False  # a pause the store refused, said once until one is saved
         self._backoff = Backoff(initial_s=min(1.0, max_backoff_s), max_s=max_backoff_s)
         # Shared by several instances when clustered; in memory otherwise.
         self._limiter = limiter or RateLimiter(clock, max_pause_s=max_pause_s)
@@ -906,8 +907,29 @@ class RouteScheduler:
             log.warning(
                 "rate limited in %s: pausing scope %s for %.1fs", where, error.scope, applied
             )
-        self._store.set_pause(error.scope, self._wall() + applied)
+        self._save_pause(error.scope, self._wall() + applied)
         return applied
+
+    def _save_pause(self, scope: str, until_epoch: float) -> None:
+        """Keep the pause in the store, for a restart (and, clustered, the other instances'
+        statuses). It already holds this run's requests (the limiter has it), so a store that
+        fails (a Redis gone, a full disk) costs only that: one warning while it lasts, and
+        serving goes on, as for the store's other failures."""
+        try:
+            self._store.set_pause(scope, until_epoch)
+        except Exception as error:
+            if not self._pause_unsaved:
+                log.warning(
+                    "the rate-limit pause could not be saved (%s: %s); this run keeps to it,"
+                    " a restart inside it may ask once before its end",
+                    type(error).__name__,
+                    error,
+                )
+                self._pause_unsaved = True
+            return
+        if self._pause_unsaved:
+            log.info("rate-limit pauses are saved again")
+            self._pause_unsaved = False
 
     async def _pause_left_s(
         self, channel: Channel, chat: ChatRef, op: Operation, mid: str
