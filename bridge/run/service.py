@@ -63,13 +63,14 @@ from taskcard.bridge.run.fleet import (
 )
 from taskcard.bridge.run.inbox_desk import (
     NOTHING_TO_CANCEL,
+    STATUS_AGENT_PREFIX,
     WAKE_ROUTE_PREFIX,
     InboxDesk,
     latest_written,
 )
 from taskcard.bridge.run.origins import OriginBook
 from taskcard.bridge.schedule.ratelimit import Limiter
-from taskcard.bridge.schedule.routes import route_of_store_key
+from taskcard.bridge.schedule.routes import LaneKey, route_of_store_key
 from taskcard.bridge.schedule.scheduler import RouteKey, RouteScheduler, SharedReplies
 from taskcard.bridge.store.sqlite import ChatPrefs, SeenChat, StateStore
 from taskcard.bridge.track.due import DueAgents
@@ -160,6 +161,11 @@ FORGET_RETRY_S = 30.0
 # after an upgrade marking every old agent) come due in the same second, and the timer runs
 # on the event loop: unbounded, thousands of them would hold up every card and command.
 FORGET_PER_TICK = 10
+# A start edits at most this many cards per chat to say their agent left while the service
+# was stopped: they share the chat's budget with its live cards (a Telegram group's 20 edits
+# a minute), so a mass departure (a root not mounted yet, an upgrade) leaves the rest as
+# they are, said in the log, rather than holding the live cards back for minutes.
+RETIRE_AT_START_PER_CHAT = 10
 
 
 def may_command(route: Route, command: IncomingCommand) -> bool:
@@ -487,24 +493,39 @@ class Service:
         except Exception as error:
             log.warning("the cards of agents that left while stopped were not looked up: %s", error)
             return
+        now = self._clock().timestamp()
+        per_chat: dict[LaneKey, list[tuple[float, RouteKey]]] = {}
         for record in records:
-            key = route_of_store_key(record.route)
-            if (
-                record.message_id is None
-                or key is None
-                or key.agent_id not in agents
-                or key.channel not in self._channels
-            ):
+            # The inbox desk's status messages (`inbox:<id>` in the agent's place) are not cards.
+            if record.message_id is None or f":{STATUS_AGENT_PREFIX}" in record.route:
                 continue
-            self._scheduler.add_route(key)
-            self._scheduled.add(key)
-            self._retire_owed.setdefault(key.channel, []).append(key)
-            self._departed_routes.setdefault(key.agent_id, []).append(key)
+            key = route_of_store_key(record.route)
+            if key is None or key.agent_id not in agents or key.channel not in self._channels:
+                continue
+            edited = now if record.committed_at is None else record.committed_at
+            per_chat.setdefault(key.lane, []).append((edited, key))
+        left = 0
+        for found in per_chat.values():
+            found.sort(key=lambda item: item[0], reverse=True)  # the latest edited first
+            left += max(0, len(found) - RETIRE_AT_START_PER_CHAT)
+            for _, key in found[:RETIRE_AT_START_PER_CHAT]:
+                self._scheduler.add_route(key)
+                self._scheduled.add(key)
+                self._retire_owed.setdefault(key.channel, []).append(key)
+                self._departed_routes.setdefault(key.agent_id, []).append(key)
         if self._retire_owed:
             log.info(
                 "%d cards of agents that left while the service was stopped are marked"
                 " retired once their channel is ready",
                 sum(len(keys) for keys in self._retire_owed.values()),
+            )
+        if left:
+            log.info(
+                "%d cards of agents that left while the service was stopped are left as they"
+                " are: a start marks the %d edited last in each chat, so that its live cards"
+                " keep the chat's budget",
+                left,
+                RETIRE_AT_START_PER_CHAT,
             )
 
     def _retire_left(self, name: str) -> None:

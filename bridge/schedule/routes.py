@@ -41,8 +41,9 @@ class RouteKey:
 
 def route_of_store_key(key: str) -> RouteKey | None:
     """The route whose `RouteKey.store_key` is `key` (None: not such a key). The channel's
-    name is the part before the first colon and the thread and the agent (neither holds a
-    colon) the last two parts, so a chat id with a colon in it reads back whole."""
+    name is the part before the first colon and the thread and the agent the last two
+    parts, so a chat id with a colon in it reads back whole. Only for routes whose agent part
+    holds no colon (an agent's id): others (the inbox desk's `inbox:<id>`) read wrong."""
     head, found_agent, agent_id = key.rpartition(":")
     head, found_thread, thread_id = head.rpartition(":")
     channel, found_chat, chat_id = head.partition(":")

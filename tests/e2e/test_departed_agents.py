@@ -19,7 +19,7 @@ import redis
 
 from tests.e2e.harness import ServeProcess, eventually, notify, publish
 from tests.fakes.feishu_api import FakeFeishu
-from tests.fakes.telegram_api import FakeTelegram
+from tests.fakes.telegram_api import FakeLimits, FakeTelegram
 
 GROUP = -1001234567890
 FEISHU_CHAT = "oc_churn_group"
@@ -242,6 +242,60 @@ async def test_an_agent_that_left_while_stopped_has_its_card_marked_retired_at_t
                 what="served again",
             )
             assert cards(fake)[card] == shown
+            assert await serve.aterminate() == 0
+
+
+async def test_a_start_marks_at_most_ten_cards_a_chat_of_agents_that_left_while_stopped(
+    tmp_path: Path,
+) -> None:
+    """Twelve agents of one group leave while the service is stopped (a root not mounted
+    yet, say): the start marks the ten cards edited last as retired and leaves the other two
+    as they are, said in the log, so the chat's budget goes to its live cards; the live
+    agent's card is edited as usual."""
+    names = [f"crew{n:02d}" for n in range(12)]
+    async with FakeTelegram(limits=FakeLimits.unlimited()) as fake:
+        env = config(tmp_path, fake, keep_s=86_400.0)
+        toml = tmp_path / "taskcard.toml"
+        toml.write_text(
+            toml.read_text()
+            + "[telegram.limits.group_chat]\nmax_calls = 1000\nperiod_s = 1.0\n"
+            + "[telegram.limits.bot]\nmax_calls = 1000\nperiod_s = 1.0\n"
+        )
+        live = tmp_path / "fleet" / "live"
+        for name in [*names, "live"]:
+            (tmp_path / "fleet" / name).mkdir()
+            publish(tmp_path / "fleet" / name, f"{name} card")
+        with ServeProcess(toml, env=env) as serve:
+            await eventually(
+                lambda: all(showing(fake, f"{n} card") for n in [*names, "live"]),
+                timeout_s=WAIT_S,
+                what="every card",
+            )
+            # crew00 and crew01 are edited first, so they are the two edited longest ago.
+            for name in names:
+                publish(tmp_path / "fleet" / name, f"{name} card v2")
+                await eventually(
+                    lambda n=name: showing(fake, f"{n} card v2"), timeout_s=WAIT_S, what=name
+                )
+            assert await serve.aterminate() == 0
+        ids = {name: showing(fake, f"{name} card v2")[0] for name in names}
+        for name in names:
+            shutil.rmtree(tmp_path / "fleet" / name)
+
+        with ServeProcess(toml, env=env) as serve:
+            await eventually(
+                lambda: sum(RETIRED in cards(fake)[ids[n]] for n in names) == 10,
+                timeout_s=WAIT_S,
+                what="ten cards retired",
+            )
+            publish(live, "live card v2")
+            await eventually(
+                lambda: showing(fake, "live card v2"), timeout_s=WAIT_S, what="the live card"
+            )
+            assert [n for n in names if RETIRED not in cards(fake)[ids[n]]] == names[:2]
+            assert "2 cards of agents that left while the service was stopped are left" in (
+                serve.logs
+            )
             assert await serve.aterminate() == 0
 
 
