@@ -245,6 +245,7 @@ class FakeTelegram:
         self._poll_generation = 0
         self._failures: dict[str, deque[tuple[int, str, Json | None]]] = {}
         self._answer_delay_s: dict[str, float] = {}
+        self._answer_gates: dict[str, asyncio.Event] = {}
         self._drops: dict[str, int] = {}
         self._raw: dict[str, deque[tuple[int, bytes, str]]] = {}
         self._migrate_before: dict[str, tuple[int, int]] = {}
@@ -428,6 +429,16 @@ class FakeTelegram:
         """Perform every call of `method` at once but answer it `seconds` later (0: at once)."""
         self._answer_delay_s[method] = seconds
 
+    def hold_answers(self, method: str) -> None:
+        """Perform every call of `method` at once but answer none until `release_answers`."""
+        self._answer_gates.setdefault(method, asyncio.Event())
+
+    def release_answers(self, method: str) -> None:
+        """Answer the calls of `method` that `hold_answers` holds, and the next ones at once."""
+        gate = self._answer_gates.pop(method, None)
+        if gate is not None:
+            gate.set()
+
     def drop_after_accept(self, method: str, times: int = 1) -> None:
         """Perform the next `times` calls of `method`, then close each connection unanswered."""
         self._drops[method] = self._drops.get(method, 0) + times
@@ -610,6 +621,9 @@ class FakeTelegram:
         delay_s = self._answer_delay_s.get(method, 0.0)
         if delay_s > 0:
             await asyncio.sleep(delay_s)
+        gate = self._answer_gates.get(method)
+        if gate is not None:
+            await gate.wait()
         return web.Response(
             body=json.dumps(body).encode(), status=status, content_type="application/json"
         )
