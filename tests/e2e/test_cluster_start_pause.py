@@ -34,10 +34,10 @@ async def test_redis_gone_while_a_menu_429_is_recorded_does_not_stop_serve(
     )
     serve = instance(tmp_path, "i0", telegram, ["builder"], redis_url=server.url, prefix=prefix)
     # The held answer must not time out in the client however long stopping Redis takes.
+    text = serve.config.read_text()
+    assert "poll_timeout_s = 1\n" in text
     serve.config.write_text(
-        serve.config.read_text().replace(
-            "poll_timeout_s = 1\n", "poll_timeout_s = 1\nrequest_timeout_s = 300\n"
-        )
+        text.replace("poll_timeout_s = 1\n", "poll_timeout_s = 1\nrequest_timeout_s = 300\n")
     )
     fleet.enter_context(serve)
     await eventually(lambda: telegram.count("setMyCommands") >= 1, what="the menu asked")
