@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import errno
 import ipaddress
 import json
 import os
@@ -529,35 +530,65 @@ def path_problems(config: ServiceConfig) -> list[str]:
     """Problems of the configured paths on this machine (the one impure check).
 
     `state_dir` must be a writable directory, or creatable in one; an agent's `workdir` may
-    not exist yet, but when it exists it must be a directory.
+    not exist yet, but when it exists it must be a directory. A path the system cannot even
+    look at (a name longer than the file system allows, a folder on the way this user may
+    not enter) is refused naming its key, never a traceback.
     """
     problems: list[str] = []
-    state_problem = _state_dir_problem(config.state_dir)
+    state_problem = _examined(config.state_dir, _state_dir_problem)
     if state_problem is not None:
         problems.append(f"state_dir: {state_problem}")
     for index, root in enumerate(config.discover.roots):
-        if root.exists() and not root.is_dir():
-            problems.append(
-                f"discover.roots[{index}]: {root} exists and is not a directory; point it at"
-                " the folder that holds the agents' folders"
-            )
-        elif (blocker := _file_above(root)) is not None:
-            problems.append(
-                f"discover.roots[{index}]: {blocker} is not a directory, so {root} can never"
-                " exist; fix the path"
-            )
+        problem = _examined(root, _root_problem)
+        if problem is not None:
+            problems.append(f"discover.roots[{index}]: {problem}")
     for index, agent in enumerate(config.agents):
-        if agent.workdir.exists() and not agent.workdir.is_dir():
-            problems.append(
-                f"agents[{index}].workdir: {agent.workdir} exists and is not a directory;"
-                " point it at the agent's working directory"
-            )
-        elif (blocker := _file_above(agent.workdir)) is not None:
-            problems.append(
-                f"agents[{index}].workdir: {blocker} is not a directory, so {agent.workdir}"
-                " can never exist; fix the path"
-            )
+        problem = _examined(agent.workdir, _workdir_problem)
+        if problem is not None:
+            problems.append(f"agents[{index}].workdir: {problem}")
     return problems
+
+
+def _examined(path: Path, check: Callable[[Path], str | None]) -> str | None:
+    """`check(path)`, or what keeps the system from looking at `path` at all.
+
+    `Path.exists` answers False only for a missing path: a name too long (ENAMETOOLONG) or a
+    folder on the way this user may not search (EACCES) raised through `config check`,
+    `serve --check`, `serve` and a reload as a traceback. The path is not quoted when it is
+    the name that is too long (it would fill the screen).
+    """
+    try:
+        return check(path)
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:
+            return (
+                "the path (or one of its folder names) is longer than the file system allows;"
+                " use a shorter path"
+            )
+        reason = exc.strerror or type(exc).__name__
+        return (
+            f"{path} cannot be examined by this user ({reason}); fix the permissions of"
+            " the folders on the way to it, or choose another path"
+        )
+
+
+def _root_problem(root: Path) -> str | None:
+    if root.exists() and not root.is_dir():
+        return (
+            f"{root} exists and is not a directory; point it at the folder that holds the"
+            " agents' folders"
+        )
+    if (blocker := _file_above(root)) is not None:
+        return f"{blocker} is not a directory, so {root} can never exist; fix the path"
+    return None
+
+
+def _workdir_problem(workdir: Path) -> str | None:
+    if workdir.exists() and not workdir.is_dir():
+        return f"{workdir} exists and is not a directory; point it at the agent's working directory"
+    if (blocker := _file_above(workdir)) is not None:
+        return f"{blocker} is not a directory, so {workdir} can never exist; fix the path"
+    return None
 
 
 def _file_above(path: Path) -> Path | None:

@@ -157,11 +157,13 @@ def _repeated_roots(config: ServiceConfig) -> list[str]:
 
 def _shared_workdirs(config: ServiceConfig) -> list[str]:
     """Two agents on one workdir are one agent's files shown twice: the same card under two
-    names, and a `/tell` to either queued in the same inbox."""
+    names, and a `/tell` to either queued in the same inbox. Compared once links are
+    followed, as the roots are: a workdir reached through a symlink to another agent's
+    folder was taken without a word."""
     warnings: list[str] = []
     first: dict[str, int] = {}
     for index, agent in enumerate(config.agents):
-        folder = os.path.normpath(agent.workdir)
+        folder = os.path.realpath(agent.workdir)
         if folder in first:
             other = config.agents[first[folder]]
             warnings.append(

@@ -1,0 +1,97 @@
+"""`taskcard config check`, `serve --check` and `serve` on paths the system cannot look at,
+and on one agent's folder configured twice through different spellings."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.harness import ServeProcess, eventually
+from tests.e2e.test_cli import AGENT, console_config, taskcard
+
+# One folder name longer than any Linux file system takes (NAME_MAX is 255 bytes).
+LONG = "x" * 300
+
+
+def _locked(tmp_path: Path) -> str:
+    """A folder this user may not enter (mode 000; root enters it anyway)."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0)
+    return "locked"
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "name-too-long",
+        pytest.param(
+            "no-permission",
+            marks=pytest.mark.skipif(os.geteuid() == 0, reason="root enters a folder of mode 000"),
+        ),
+    ],
+)
+@pytest.mark.parametrize(
+    ("toml", "key"),
+    [
+        ('state_dir = "{bad}/state"\n' + AGENT, "state_dir"),
+        ('state_dir = "s"\n[[agents]]\nid = "a"\nworkdir = "{bad}/a"\n', "agents[0].workdir"),
+        ('state_dir = "s"\n[discover]\nroots = ["fleet", "{bad}/fleet"]\n', "discover.roots[1]"),
+    ],
+    ids=["state-dir", "workdir", "root"],
+)
+def test_a_path_that_cannot_be_examined_is_refused_naming_the_key(
+    tmp_path: Path, toml: str, key: str, kind: str
+) -> None:
+    """A path whose name is longer than the file system allows, or under a folder this user
+    may not enter, ended `config check`, `serve --check` and `serve` with a traceback (exit
+    1) from `Path.exists`. It is an invalid configuration: exit 2, one line naming the key."""
+    bad = LONG if kind == "name-too-long" else _locked(tmp_path) + "/inner"
+    config = tmp_path / "taskcard.toml"
+    config.write_text(toml.format(bad=bad) + "[console]\nenabled = true\n")
+    try:
+        for args in (
+            ("config", "check", str(config)),
+            ("serve", "--config", str(config), "--check"),
+            ("serve", "--config", str(config)),
+        ):
+            result = taskcard(*args)
+            assert result.returncode == 2, (args, result.stderr)
+            assert "Traceback" not in result.stderr, result.stderr
+            lines = [line for line in result.stderr.splitlines() if f" {key}: " in line]
+            assert len(lines) == 1, result.stderr
+            if kind == "name-too-long":
+                assert "longer than the file system allows" in lines[0], lines
+                assert LONG not in lines[0]  # the screenful of a name is not echoed
+            else:
+                assert "cannot be examined by this user" in lines[0], lines
+    finally:
+        if (tmp_path / "locked").exists():
+            (tmp_path / "locked").chmod(0o700)
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    ["link", "link/", "agents/../link", "{tmp}/link"],
+)
+async def test_one_workdir_through_a_symlink_is_warned_of_by_check_and_serve(
+    tmp_path: Path, spelling: str
+) -> None:
+    """A second agent on the first one's folder, reached through a symlink, was taken without
+    a word (only spellings that differ in text were compared): one agent's card shown twice
+    under two names, a `/tell` to either queued in the same inbox. It is warned of like the
+    other spellings, once by `config check` and once by `serve`."""
+    (tmp_path / "agents" / "builder").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "agents" / "builder")
+    twin = f'[[agents]]\nid = "twin"\nworkdir = "{spelling.format(tmp=tmp_path)}"\n'
+    config = console_config(tmp_path, AGENT + twin, extra="[console]\nenabled = true\n")
+    words = "agents[1].workdir: the same folder as agents[0] ('builder')"
+    check = taskcard("config", "check", str(config))
+    assert check.returncode == 0, check.stderr
+    assert check.stderr.count(f"warning: {words}") == 1, check.stderr
+    with ServeProcess(config) as serve:
+        await eventually(lambda: "channel console ready" in serve.logs, what="the start")
+        assert await serve.aterminate() == 0
+    assert serve.logs.count(words) == 1, serve.logs
