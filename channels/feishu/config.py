@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import (
     AfterValidator,
@@ -104,7 +104,32 @@ def _usable(kind: str, fix: str) -> Callable[[str], str]:
 _check_user_id = _usable("user", "give the person's open_id (ou_...)")
 _UserId = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_check_user_id)]
 
-_check_chat_id = _usable("chat", "use the chat's id (oc_...) as `taskcard chats` lists it")
+_CHAT_FIX = "use the chat's id (oc_...) as `taskcard chats` lists it"
+_check_usable_chat = _usable("chat", _CHAT_FIX)
+
+# What an id of another kind is, by its prefix: the ids Feishu hands out beside chat ids,
+# likely pasted into a route from the same API explorer or event.
+_OTHER_IDS: Final = {
+    "ou_": "a person's open_id",
+    "on_": "a person's union_id",
+    "om_": "a message id",
+    "cli_": "an app id",
+}
+
+
+def _check_chat_id(value: str) -> str:
+    """A Feishu chat id: usable, and of the chat kind (oc_...). Another kind of id (a
+    person's open_id, say) passed the check and every send to it was refused at runtime, or
+    went to that person's private chat instead of the group named."""
+    _check_usable_chat(value)
+    if value.startswith("oc_") and len(value) > 3:
+        return value
+    for prefix, kind in _OTHER_IDS.items():
+        if value.startswith(prefix):
+            raise ValueError(f"is {kind} ({prefix}...), not a chat id; {_CHAT_FIX}")
+    raise ValueError(f"not a Feishu chat id (those start with oc_); {_CHAT_FIX}")
+
+
 _ChatId = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_check_chat_id)]
 
 

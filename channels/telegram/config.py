@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from taskcard.channels.base import (
     ROUTE_VIEW_HELP,
@@ -41,7 +42,32 @@ def _check_chat_id(value: int) -> int:
     return value
 
 
-_ChatId = Annotated[int, Field(ge=-(2**53 - 1), le=2**53 - 1), AfterValidator(_check_chat_id)]
+_NUMERIC_ID = re.compile(r"[+-]?[0-9]+")
+_ID_FIX = (
+    "write the chat's numeric id (negative for groups and channels) as `taskcard chats` lists it"
+)
+
+
+def _chat_id_text(value: object) -> object:
+    """A chat id written as text: the number quoted passes to the usual type message ("write
+    the number without quotes"); a channel's @username or anything else is said as what it
+    is. Its fix was "write the number without quotes" too, which cannot be followed."""
+    if not isinstance(value, str) or _NUMERIC_ID.fullmatch(value.strip()):
+        return value
+    if value.startswith("@"):
+        raise ValueError(
+            "a @username is not taken: cards, commands and chat settings are kept by the"
+            f" chat's numeric id, which stays when the username changes; {_ID_FIX}"
+        )
+    raise ValueError(f"not a Telegram chat id; {_ID_FIX}")
+
+
+_ChatId = Annotated[
+    int,
+    Field(ge=-(2**53 - 1), le=2**53 - 1),
+    BeforeValidator(_chat_id_text),
+    AfterValidator(_check_chat_id),
+]
 
 
 class TelegramRoute(BaseModel):
@@ -71,6 +97,11 @@ class TelegramRoute(BaseModel):
             " oneself."
         ),
     )
+
+    @field_validator("chat_id", mode="before")
+    @classmethod
+    def _chat_as_text(cls, value: object) -> object:
+        return _chat_id_text(value)
 
     @field_validator("chat_id")
     @classmethod

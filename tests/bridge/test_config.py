@@ -108,7 +108,7 @@ SECRET_LIKE = "123456:AAExampleBotTokenPastedIntoTheWrongKey"
     [
         (
             ISSUE_EXAMPLE.replace("chat_id = -1001234567890", 'chat_id = "general"'),
-            "telegram.routes[0].chat_id: Input should be a valid integer",
+            "telegram.routes[0].chat_id: not a Telegram chat id; write the chat's numeric id",
         ),
         (
             ISSUE_EXAMPLE.replace("thread_id = 42", "thread = 42"),

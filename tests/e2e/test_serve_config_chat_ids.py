@@ -1,0 +1,96 @@
+"""Route and origin chat ids in the wrong shape for their platform: `config check`,
+`serve --check` and `serve` refuse each with one line naming the key and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.harness import placeholder_secrets
+from tests.e2e.test_cli import AGENT, taskcard
+
+TELEGRAM = '[telegram]\n[[telegram.routes]]\nchat_id = {value}\nagents = ["builder"]\n'
+TELEGRAM_ORIGIN = "[telegram]\norigin_chats = [{value}]\n"
+FEISHU = '[feishu]\n[[feishu.routes]]\nchat_id = {value}\nagents = ["builder"]\n'
+FEISHU_ORIGIN = "[feishu]\norigin_chats = [{value}]\n"
+# Set, so that a refusal is the chat id's and not a missing secret's.
+SECRETS = {
+    "TELEGRAM_BOT_TOKEN": "123456:placeholder-token",
+    "FEISHU_APP_ID": "cli_placeholder",
+    "FEISHU_APP_SECRET": "placeholder-secret",
+}
+
+
+@pytest.mark.parametrize(
+    ("section", "value", "key", "words"),
+    [
+        # A public channel's username: the fix was "write the number without quotes".
+        (TELEGRAM, '"@build_news"', "telegram.routes[0].chat_id", "a @username is not taken"),
+        (TELEGRAM_ORIGIN, '"@build_news"', "telegram.origin_chats[0]", "a @username is not"),
+        # A Feishu chat id in a Telegram route: the same unfollowable fix.
+        (TELEGRAM, '"oc_0123456789abcdef"', "telegram.routes[0].chat_id", "not a Telegram chat"),
+        # The number quoted: the fix is to drop the quotes, as before.
+        (TELEGRAM, '"-1001234567890"', "telegram.routes[0].chat_id", "without quotes"),
+        (TELEGRAM, "0", "telegram.routes[0].chat_id", "0 is no Telegram chat"),
+        # Ids of another kind than a chat passed, and every send failed at runtime.
+        (FEISHU, '"ou_0123456789abcdef"', "feishu.routes[0].chat_id", "a person's open_id"),
+        (FEISHU, '"om_0123456789abcdef"', "feishu.routes[0].chat_id", "a message id"),
+        (FEISHU, '"cli_a1b2c3d4e5f6"', "feishu.routes[0].chat_id", "an app id"),
+        (FEISHU, '"@build_news"', "feishu.routes[0].chat_id", "not a Feishu chat id"),
+        (FEISHU, '"oc_"', "feishu.routes[0].chat_id", "not a Feishu chat id"),
+        (FEISHU, "-1001234567890", "feishu.routes[0].chat_id", "write it in double quotes"),
+        (FEISHU_ORIGIN, '"ou_0123456789abcdef"', "feishu.origin_chats[0]", "a person's open_id"),
+    ],
+    ids=[
+        "telegram-username",
+        "telegram-origin-username",
+        "telegram-feishu-id",
+        "telegram-quoted-number",
+        "telegram-zero",
+        "feishu-open-id",
+        "feishu-message-id",
+        "feishu-app-id",
+        "feishu-username",
+        "feishu-bare-prefix",
+        "feishu-number",
+        "feishu-origin-open-id",
+    ],
+)
+def test_a_chat_id_of_the_wrong_shape_is_refused_naming_the_key_and_fix(
+    tmp_path: Path, section: str, value: str, key: str, words: str
+) -> None:
+    config = tmp_path / "taskcard.toml"
+    config.write_text('state_dir = "state"\n' + AGENT + section.format(value=value))
+    env = SECRETS
+    for args in (
+        ("config", "check", str(config)),
+        ("serve", "--config", str(config), "--check"),
+        ("serve", "--config", str(config)),
+    ):
+        result = taskcard(*args, env=env)
+        assert result.returncode == 2, (args, result.stderr)
+        assert "Traceback" not in result.stderr, result.stderr
+        lines = [line for line in result.stderr.splitlines() if f" {key}: " in line]
+        assert len(lines) == 1, result.stderr
+        assert words in lines[0], lines
+        assert "taskcard chats" in lines[0] or "quotes" in lines[0] or "0 is no" in lines[0]
+    assert not (tmp_path / "state").exists()  # nothing started
+
+
+@pytest.mark.parametrize(
+    "section",
+    [
+        "[telegram]\norigin_chats = [-100555]\n"
+        '[[telegram.routes]]\nchat_id = -1001234567890\nagents = ["builder"]\n',
+        '[telegram]\n[[telegram.routes]]\nchat_id = 123456789\nagents = ["builder"]\n',
+        '[feishu]\norigin_chats = ["oc_a"]\n'
+        '[[feishu.routes]]\nchat_id = "oc_0123456789abcdef"\nagents = ["builder"]\n',
+    ],
+    ids=["telegram-group", "telegram-private", "feishu"],
+)
+def test_chat_ids_of_the_right_shape_pass(tmp_path: Path, section: str) -> None:
+    config = tmp_path / "taskcard.toml"
+    config.write_text('state_dir = "state"\n' + AGENT + section)
+    result = taskcard("serve", "--config", str(config), "--check", env=placeholder_secrets(config))
+    assert result.returncode == 0, result.stderr
