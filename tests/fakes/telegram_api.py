@@ -244,6 +244,8 @@ class FakeTelegram:
         self._update_waiters: set[asyncio.Future[None]] = set()
         self._poll_generation = 0
         self._failures: dict[str, deque[tuple[int, str, Json | None]]] = {}
+        self._chat_failures: dict[int, tuple[int, str, Json | None]] = {}
+        self._chat_delays_s: dict[int, float] = {}
         self._answer_delay_s: dict[str, float] = {}
         self._answer_gates: dict[str, asyncio.Event] = {}
         self._drops: dict[str, int] = {}
@@ -421,9 +423,29 @@ class FakeTelegram:
         page, an empty body, a 200 carrying `ok: false`)."""
         self._raw.setdefault(method, deque()).append((status, body, content_type))
 
+    def fail_chat(
+        self,
+        chat_id: int | str,
+        status: int,
+        description: str,
+        parameters: Json | None = None,
+    ) -> None:
+        """Answer every call naming `chat_id` (sends, edits, deletes, pins) with this error,
+        until `clear_failures`: one chat the platform refuses while the others are served
+        (a chat id that does not exist, a flood that lasts)."""
+        self._chat_failures[int(chat_id)] = (status, description, parameters)
+
+    def hang_chat(self, chat_id: int | str, seconds: float) -> None:
+        """Answer every call naming `chat_id` only after `seconds` (beyond the client's
+        timeout: a chat whose requests time out), until `clear_failures`."""
+        self._chat_delays_s[int(chat_id)] = seconds
+
     def clear_failures(self) -> None:
-        """Forget the failures of `fail_next` not yet answered: every call is served again."""
+        """Forget the failures of `fail_next` not yet answered, and those of `fail_chat` and
+        `hang_chat`: every call is served again."""
         self._failures.clear()
+        self._chat_failures.clear()
+        self._chat_delays_s.clear()
 
     def delay_answers(self, method: str, seconds: float) -> None:
         """Perform every call of `method` at once but answer it `seconds` later (0: at once)."""
@@ -694,6 +716,10 @@ class FakeTelegram:
         handler = handlers.get(method)
         if handler is None:
             raise ApiError(404, "Not Found")
+        if chat_id is not None and chat_id in self._chat_delays_s:
+            await asyncio.sleep(self._chat_delays_s[chat_id])
+        if chat_id is not None and chat_id in self._chat_failures:
+            raise ApiError(*self._chat_failures[chat_id])
         self._refuse_migrated(chat_id)
         if method in BOT_LIMITED_METHODS:
             self._check_chat(chat_id)

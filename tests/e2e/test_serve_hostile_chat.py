@@ -1,0 +1,103 @@
+"""One chat the platform refuses (or never answers) while `taskcard serve` runs from a
+config file: the other chats keep being served, and the failure is reported clearly, once."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.harness import ServeProcess, eventually, publish
+from tests.fakes.telegram_api import FakeLimits, FakeTelegram
+
+BAD = -1005550002222
+GOOD = -1005550003333
+PRIVATE = 424242
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram(limits=FakeLimits.unlimited()) as server:
+        yield server
+
+
+def _config(tmp_path: Path, fake: FakeTelegram) -> Path:
+    (tmp_path / "agents" / "builder").mkdir(parents=True)
+    config = tmp_path / "taskcard.toml"
+    config.write_text(
+        'state_dir = "state"\n[[agents]]\nid = "builder"\nworkdir = "agents/builder"\n'
+        f'[telegram]\ntoken_env = "TC_TEST_TOKEN"\napi_base_url = "{fake.base_url}"\n'
+        "poll_timeout_s = 1\nrequest_timeout_s = 2.0\nsend_timeout_s = 5.0\n"
+        + "".join(
+            f'[[telegram.routes]]\nchat_id = {chat}\nagents = ["builder"]\n'
+            for chat in (BAD, GOOD, PRIVATE)
+        )
+    )
+    return config
+
+
+def _shown(fake: FakeTelegram, chat: int, text: str) -> bool:
+    return any(text in m.text for m in fake.bot_messages(chat))
+
+
+HOSTILE: dict[str, tuple[Callable[[FakeTelegram], None], str]] = {
+    "chat-not-found": (
+        lambda f: f.fail_chat(BAD, 400, "Bad Request: chat not found"),
+        "disabled: chat not found: the bot is not in this chat, or the chat id is wrong",
+    ),
+    "blocked": (
+        lambda f: f.fail_chat(BAD, 403, "Forbidden: bot was blocked by the user"),
+        "disabled: bot was blocked by the user",
+    ),
+    "kicked": (
+        lambda f: f.fail_chat(BAD, 403, "Forbidden: bot was kicked from the group chat"),
+        "disabled: bot was kicked from the chat",
+    ),
+    "flood": (
+        lambda f: f.fail_chat(BAD, 429, "Too Many Requests: retry after 30", {"retry_after": 30}),
+        f"pausing scope telegram:chat:{BAD} for 30",
+    ),
+    "server-error": (
+        lambda f: f.fail_chat(BAD, 500, "Internal Server Error"),
+        "transient failure (Telegram unreachable or failing: Internal Server Error)",
+    ),
+    "bad-gateway": (
+        lambda f: f.fail_chat(BAD, 502, "Bad Gateway"),
+        "transient failure (Telegram unreachable or failing: Bad Gateway)",
+    ),
+    "timeout": (
+        lambda f: f.hang_chat(BAD, 20.0),
+        "transient failure (Telegram may have performed the request",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", list(HOSTILE))
+async def test_one_hostile_chat_leaves_the_others_served_and_is_reported_once(
+    tmp_path: Path, fake: FakeTelegram, kind: str
+) -> None:
+    """One route's chat answers with an error (or never) from the first send on: the other
+    two chats of the same agent get every version of the card, the one chat's failure is
+    one log line naming its route and what Telegram said (not one per retry or per card
+    change), no traceback, no token, and nothing lands in that chat."""
+    hostile, words = HOSTILE[kind]
+    hostile(fake)
+    workdir = tmp_path / "agents" / "builder"
+    with ServeProcess(_config(tmp_path, fake), env={"TC_TEST_TOKEN": fake.token}) as serve:
+        for version in ("v1", "v2", "v3"):
+            publish(workdir, f"body {version}")
+            for chat in (GOOD, PRIVATE):
+                await eventually(
+                    lambda chat=chat, version=version: _shown(fake, chat, f"body {version}"),
+                    timeout_s=60,
+                    what=f"{version} in {chat} while {BAD} is {kind}",
+                )
+        await eventually(lambda: words in serve.logs, timeout_s=60, what=f"the {kind} line")
+        assert await serve.aterminate() == 0
+    about_bad = [line for line in serve.logs.splitlines() if str(BAD) in line]
+    assert len(about_bad) == 1, about_bad
+    assert f"telegram:{BAD}::builder" in about_bad[0] and words in about_bad[0]
+    assert "Traceback" not in serve.logs
+    assert fake.token not in serve.logs
+    assert not fake.bot_messages(BAD)
