@@ -34,6 +34,7 @@ from taskcard.bridge.store.sqlite import (
     StateStore,
 )
 from taskcard.channels.base import BIND_RETRY_S, bind_problem, bind_retrying
+from taskcard.channels.feishu.config import unusual_chat_id
 
 if TYPE_CHECKING:
     from taskcard.bridge.observe.listener import MetricsListener
@@ -67,7 +68,31 @@ def nothing_served(config: ServiceConfig) -> list[str]:
         + _webhook_not_served(config)
         + _bot_root_doubted(config)
         + _nobody_allowed(config)
+        + _unusual_feishu_chats(config)
     )
+
+
+def _unusual_feishu_chats(config: ServiceConfig) -> list[str]:
+    """A Feishu route or origin chat whose id lacks the `oc_` prefix: taken (the platform's
+    ids are what `taskcard chats` lists), but likely a slip whose sends will fail. The id is
+    not quoted: a value pasted under the wrong key may be a secret."""
+    feishu = config.feishu
+    if feishu is None:
+        return []
+    keys = [
+        f"feishu.routes[{index}].chat_id"
+        for index, route in enumerate(feishu.routes)
+        if unusual_chat_id(route.chat_id)
+    ] + [
+        f"feishu.origin_chats[{index}]"
+        for index, chat in enumerate(feishu.origin_chats)
+        if unusual_chat_id(chat)
+    ]
+    return [
+        f"{key}: does not start with oc_ as Feishu chat ids do; if sends to it fail, use the"
+        " chat's id as `taskcard chats` lists it"
+        for key in keys
+    ]
 
 
 def _nobody_allowed(config: ServiceConfig) -> list[str]:

@@ -118,16 +118,23 @@ _OTHER_IDS: Final = {
 
 
 def _check_chat_id(value: str) -> str:
-    """A Feishu chat id: usable, and of the chat kind (oc_...). Another kind of id (a
-    person's open_id, say) passed the check and every send to it was refused at runtime, or
-    went to that person's private chat instead of the group named."""
+    """A Feishu chat id: usable, and not an id of another kind (a person's open_id, say),
+    which passed the check while every send to it was refused at runtime, or went to that
+    person's private chat instead of the group named. An id of a shape not known here is
+    taken (`taskcard chats` lists what the platform sent) and warned of by `config check`
+    and the start (`unusual_chat_id`)."""
     _check_usable_chat(value)
-    if value.startswith("oc_") and len(value) > 3:
-        return value
     for prefix, kind in _OTHER_IDS.items():
         if value.startswith(prefix):
             raise ValueError(f"is {kind} ({prefix}...), not a chat id; {_CHAT_FIX}")
-    raise ValueError(f"not a Feishu chat id (those start with oc_); {_CHAT_FIX}")
+    if value == "oc_":
+        raise ValueError(f"is only the prefix of a chat id; {_CHAT_FIX}")
+    return value
+
+
+def unusual_chat_id(value: str) -> bool:
+    """Whether `value` lacks the `oc_` prefix every Feishu chat id seen so far has."""
+    return not value.startswith("oc_")
 
 
 _ChatId = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_check_chat_id)]

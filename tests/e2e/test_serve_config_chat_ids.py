@@ -37,8 +37,7 @@ SECRETS = {
         (FEISHU, '"ou_0123456789abcdef"', "feishu.routes[0].chat_id", "a person's open_id"),
         (FEISHU, '"om_0123456789abcdef"', "feishu.routes[0].chat_id", "a message id"),
         (FEISHU, '"cli_a1b2c3d4e5f6"', "feishu.routes[0].chat_id", "an app id"),
-        (FEISHU, '"@build_news"', "feishu.routes[0].chat_id", "not a Feishu chat id"),
-        (FEISHU, '"oc_"', "feishu.routes[0].chat_id", "not a Feishu chat id"),
+        (FEISHU, '"oc_"', "feishu.routes[0].chat_id", "only the prefix of a chat id"),
         (FEISHU, "-1001234567890", "feishu.routes[0].chat_id", "write it in double quotes"),
         (FEISHU_ORIGIN, '"ou_0123456789abcdef"', "feishu.origin_chats[0]", "a person's open_id"),
     ],
@@ -51,7 +50,6 @@ SECRETS = {
         "feishu-open-id",
         "feishu-message-id",
         "feishu-app-id",
-        "feishu-username",
         "feishu-bare-prefix",
         "feishu-number",
         "feishu-origin-open-id",
@@ -94,3 +92,34 @@ def test_chat_ids_of_the_right_shape_pass(tmp_path: Path, section: str) -> None:
     config.write_text('state_dir = "state"\n' + AGENT + section)
     result = taskcard("serve", "--config", str(config), "--check", env=placeholder_secrets(config))
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [
+        (FEISHU.format(value='"@build_news"'), "feishu.routes[0].chat_id"),
+        (FEISHU.format(value='"general"'), "feishu.routes[0].chat_id"),
+        (
+            FEISHU.format(value='"oc_0123456789abcdef"').replace(
+                "[feishu]\n", '[feishu]\norigin_chats = ["oc_a", "group-7"]\n'
+            ),
+            "feishu.origin_chats[1]",
+        ),
+    ],
+    ids=["username", "word", "origin"],
+)
+def test_a_feishu_chat_id_of_an_unknown_shape_is_taken_with_a_warning(
+    tmp_path: Path, section: str, key: str
+) -> None:
+    """An id that is no known other kind but lacks oc_ may still be what the platform (or a
+    tenant) hands out, as `taskcard chats` lists it: taken, and warned of once."""
+    config = tmp_path / "taskcard.toml"
+    config.write_text('state_dir = "state"\n' + AGENT + section)
+    for args in (("config", "check", str(config)), ("serve", "--config", str(config), "--check")):
+        result = taskcard(*args, env=SECRETS)
+        assert result.returncode == 0, result.stderr
+        warned = [line for line in result.stderr.splitlines() if "oc_" in line]
+        assert warned == [
+            f"warning: {key}: does not start with oc_ as Feishu chat ids do;"
+            " if sends to it fail, use the chat's id as `taskcard chats` lists it"
+        ]
