@@ -4,6 +4,7 @@ and on one agent's folder configured twice through different spellings."""
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,40 @@ async def test_one_workdir_through_a_symlink_is_warned_of_by_check_and_serve(
         await eventually(lambda: "channel console ready" in serve.logs, what="the start")
         assert await serve.aterminate() == 0
     assert serve.logs.count(words) == 1, serve.logs
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        f'[[agents]]\nid = "late"\nworkdir = "{LONG}/late"\n',
+        f'[discover]\nroots = ["{LONG}"]\n',
+    ],
+    ids=["workdir", "root"],
+)
+async def test_a_reload_naming_a_path_that_cannot_be_examined_is_refused_and_serving_goes_on(
+    tmp_path: Path, extra: str
+) -> None:
+    """SIGHUP after the file gained such a path: the reload was cut short by the same
+    traceback, logged as an exception of the loop. It is refused with the key's line, as an
+    invalid file is, and the running configuration stays (a later valid reload applies)."""
+    (tmp_path / "agents" / "builder").mkdir(parents=True)
+    (tmp_path / "agents" / "other").mkdir(parents=True)
+    config = console_config(tmp_path, AGENT, extra="[console]\nenabled = true\n")
+    good = config.read_text()
+    with ServeProcess(config, env={"TASKCARD_LOG_LEVEL": "INFO"}) as serve:
+        await eventually(lambda: "channel console ready" in serve.logs, what="the start")
+        assert serve.proc is not None
+        config.write_text(good + extra)
+        serve.proc.send_signal(signal.SIGHUP)
+        await eventually(lambda: "config reload refused" in serve.logs, what="the refusal")
+        await eventually(
+            lambda: "longer than the file system allows" in serve.logs, what="the key's line"
+        )
+        config.write_text(good + '[[agents]]\nid = "other"\nworkdir = "agents/other"\n')
+        serve.proc.send_signal(signal.SIGHUP)
+        await eventually(
+            lambda: "config reloaded: 2 agents" in serve.logs, what="the later valid reload"
+        )
+        assert await serve.aterminate() == 0
+    assert "Traceback" not in serve.logs, serve.logs
+    assert LONG not in serve.logs
