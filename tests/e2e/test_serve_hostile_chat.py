@@ -12,6 +12,7 @@ import pytest
 
 from taskcard.bridge.run.logs import REPEAT_INTERVAL_S
 from tests.e2e.harness import ServeProcess, eventually, publish
+from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeLimits, FakeTelegram
 
 BAD = -1005550002222
@@ -110,3 +111,93 @@ async def test_one_hostile_chat_leaves_the_others_served_and_is_reported_once(
     assert "Traceback" not in serve.logs
     assert fake.token not in serve.logs
     assert not fake.bot_messages(BAD)
+
+
+FS_BAD = "oc_hostile_chat"
+FS_GOOD = ("oc_good_group", "oc_good_p2p")
+
+
+@pytest.fixture
+async def feishu() -> AsyncIterator[FakeFeishu]:
+    async with FakeFeishu() as server:
+        yield server
+
+
+def _feishu_config(tmp_path: Path, fake: FakeFeishu) -> Path:
+    (tmp_path / "agents" / "builder").mkdir(parents=True)
+    config = tmp_path / "taskcard.toml"
+    config.write_text(
+        'state_dir = "state"\n[[agents]]\nid = "builder"\nworkdir = "agents/builder"\n'
+        '[feishu]\napp_id_env = "TC_FS_APP_ID"\napp_secret_env = "TC_FS_APP_SECRET"\n'
+        f'domain = "{fake.base_url}"\nevents = "none"\nrequest_timeout_s = 2.0\n'
+        + "".join(
+            f'[[feishu.routes]]\nchat_id = "{chat}"\nagents = ["builder"]\n'
+            for chat in (FS_BAD, *FS_GOOD)
+        )
+    )
+    return config
+
+
+def _feishu_shown(fake: FakeFeishu, chat: str, text: str) -> bool:
+    return any(text in m.text for m in fake.chat(chat) if m.msg_type == "interactive")
+
+
+FEISHU_HOSTILE: dict[str, tuple[Callable[[FakeFeishu], None], str]] = {
+    "bot-not-in-chat": (
+        lambda f: f.fail_chat(FS_BAD, 230002, msg="The bot is not in the chat."),
+        "230002",
+    ),
+    "chat-dissolved": (lambda f: f.dissolve_chat(FS_BAD), "232009"),
+    "no-permission": (
+        lambda f: f.fail_chat(FS_BAD, 230027, msg="Lack of necessary permissions"),
+        "230027",
+    ),
+    "chat-throttled": (
+        lambda f: f.fail_chat(FS_BAD, 230020, msg="This operation triggers the frequency limit"),
+        f"pausing scope feishu:chat:{FS_BAD}",
+    ),
+    "server-error": (
+        lambda f: f.fail_chat(FS_BAD, 1500, http_status=500, msg="internal error"),
+        "500",
+    ),
+    "timeout": (lambda f: f.hang_chat(FS_BAD, 20.0), "transient failure"),
+}
+
+
+@pytest.mark.parametrize("kind", list(FEISHU_HOSTILE))
+async def test_one_hostile_feishu_chat_leaves_the_others_served_and_is_reported_once(
+    tmp_path: Path, feishu: FakeFeishu, kind: str
+) -> None:
+    """The same on Feishu, with the codes it documents for a chat the bot cannot reach, a
+    missing permission and a chat's throttle, a server error and a send that is never
+    answered. (Its 99991400 is the whole app's limit, rightly pausing every chat: not a
+    one-chat failure.)"""
+    hostile, words = FEISHU_HOSTILE[kind]
+    hostile(feishu)
+    workdir = tmp_path / "agents" / "builder"
+    env = {"TC_FS_APP_ID": feishu.app_id, "TC_FS_APP_SECRET": feishu.app_secret}
+    with ServeProcess(_feishu_config(tmp_path, feishu), env=env) as serve:
+        for version in ("v1", "v2", "v3"):
+            publish(workdir, f"body {version}")
+            for chat in FS_GOOD:
+                await eventually(
+                    lambda chat=chat, version=version: _feishu_shown(
+                        feishu, chat, f"body {version}"
+                    ),
+                    timeout_s=60,
+                    what=f"{version} in {chat} while {FS_BAD} is {kind}",
+                )
+        await eventually(
+            lambda: any(FS_BAD in line for line in serve.logs.splitlines()),
+            timeout_s=60,
+            what=f"the {kind} line",
+        )
+        assert await serve.aterminate() == 0
+    about_bad = [line for line in serve.logs.splitlines() if FS_BAD in line]
+    assert f"feishu:{FS_BAD}::builder" in about_bad[0] and words in about_bad[0], about_bad
+    times = [datetime.fromisoformat(line.split(" ", 1)[0]) for line in about_bad]
+    for before, after in itertools.pairwise(times):
+        assert (after - before).total_seconds() >= REPEAT_INTERVAL_S - 1, about_bad
+    assert "Traceback" not in serve.logs
+    assert feishu.app_secret not in serve.logs
+    assert not feishu.chat(FS_BAD)

@@ -311,6 +311,8 @@ class FakeFeishu:
         self.removed_from: set[str] = set()
         self.dissolved: set[str] = set()
         self.stopped_bot: set[str] = set()
+        self._chat_failures: dict[str, ScriptedError] = {}
+        self._chat_delays_s: dict[str, float] = {}
         self._scripts: dict[str, deque[ScriptedError]] = {}
         self._windows = _Windows()
         self._ids = itertools.count(1)
@@ -407,8 +409,11 @@ class FakeFeishu:
             queue.append(ScriptedError(http_status, -1, "raw", headers, body))
 
     def clear_scripts(self) -> None:
-        """Forget the scripted errors not yet answered: every operation is served again."""
+        """Forget the scripted errors not yet answered, and those of `fail_chat` and
+        `hang_chat`: every operation is served again."""
         self._scripts.clear()
+        self._chat_failures.clear()
+        self._chat_delays_s.clear()
 
     def script_rate_limit(
         self, operation: str = "any", *, reset_s: int = 2, times: int = 1
@@ -451,10 +456,34 @@ class FakeFeishu:
         """The person of this one-to-one chat stops the bot's messages: sends answer 230053."""
         self.stopped_bot.add(chat_id)
 
+    def fail_chat(
+        self,
+        chat_id: str,
+        code: int,
+        *,
+        http_status: int = 400,
+        msg: str = "scripted error",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        """Answer every call about `chat_id` (sends, replies, updates, deletes, pins) with
+        this error until `clear_scripts`: one chat refused while the others are served."""
+        self._chat_failures[chat_id] = ScriptedError(
+            http_status, code, msg, tuple((headers or {}).items())
+        )
+
+    def hang_chat(self, chat_id: str, seconds: float) -> None:
+        """Answer every send to `chat_id` only after `seconds` (past the client's timeout),
+        until `clear_scripts`."""
+        self._chat_delays_s[chat_id] = seconds
+
     def _check_chat(self, chat_id: str) -> None:
-        """Refuse any call about a message of a dissolved chat, as Feishu does."""
+        """Refuse any call about a message of a dissolved chat, as Feishu does (and of a chat
+        given an error with `fail_chat`)."""
         if chat_id in self.dissolved:
             raise _Refusal(400, *CHAT_DISSOLVED)
+        failure = self._chat_failures.get(chat_id)
+        if failure is not None:
+            raise _Refusal(failure.http_status, failure.code, failure.msg, dict(failure.headers))
 
     def revoke_tokens(self) -> None:
         self._tokens.clear()
@@ -953,6 +982,8 @@ class FakeFeishu:
                 raise _Refusal(400, 230001, "invalid receive_id_type for this fake")
             if not chat_id:
                 raise _Refusal(400, 230001, "receive_id is required")
+            if chat_id in self._chat_delays_s:
+                await asyncio.sleep(self._chat_delays_s[chat_id])
             self._check_chat(chat_id)
             if chat_id in self.stopped_bot:
                 raise _Refusal(400, *BOT_STOPPED)
