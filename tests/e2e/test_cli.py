@@ -516,8 +516,12 @@ def test_a_secret_pasted_under_the_wrong_key_is_not_quoted_back(
     for args in (("config", "check", str(config)), ("serve", "--config", str(config), "--check")):
         result = taskcard(*args)
         assert result.returncode == 2, result.stderr
-        # A choice is quoted redacted; a value of the wrong type is named by its type only.
-        quoted = "[redacted]" in result.stderr or "(got a string)" in result.stderr
+        # A choice is quoted redacted; a value of the wrong type is named by its type only,
+        # a text where a chat id goes by what it is not.
+        quoted = any(
+            words in result.stderr
+            for words in ("[redacted]", "(got a string)", "not a Telegram chat id")
+        )
         assert key in result.stderr and quoted, result.stderr
         assert BOT_TOKEN_IN_FILE[10:] not in result.stderr + result.stdout
 
@@ -549,8 +553,7 @@ APP_SECRET_IN_FILE = "Zk3pQ9xLmN2vB7tRwq8YhJ4sD6fGa1Ce"
         ),
         (
             f'[telegram]\norigin_chats = ["{APP_SECRET_IN_FILE}"]\n',
-            "telegram.origin_chats[0]: Input should be a valid integer (got a string); write"
-            " the number without quotes",
+            "telegram.origin_chats[0]: not a Telegram chat id; write the chat's numeric id",
         ),
         (
             f'log_level = {{ level = "{APP_SECRET_IN_FILE}" }}\n',
