@@ -891,6 +891,16 @@ def _format_errors(exc: ValidationError) -> list[str]:
         if kind == "extra_forbidden":
             model = _model_at(loc[:-1])
             allowed = sorted(model.model_fields) if model is not None else []
+            env_key = _ENV_KEY_OF.get(str(loc[-1]), f"{loc[-1]}_env")
+            if env_key in allowed:
+                # A credential written into the file (`token = "..."` beside `token_env`):
+                # "did you mean 'token_env'?" read as "rename the key", leaving the secret in.
+                messages.append(
+                    f"{path}: unknown key: credentials are never read from this file; remove"
+                    f" it, export the value in an environment variable and give that"
+                    f" variable's NAME in {_key_path((*loc[:-1], env_key))}"
+                )
+                continue
             hint = ""
             close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
             if close:
@@ -917,6 +927,10 @@ def _format_errors(exc: ValidationError) -> list[str]:
             messages.append(f"{path}: {message}")
     return messages
 
+
+# Names a credential is likely written under, beside the `<name>_env` key that names its
+# variable (`app_secret` -> `app_secret_env` needs no entry).
+_ENV_KEY_OF: Final = {"bot_token": "token_env", "secret": "app_secret_env"}
 
 # pydantic's words for a wrong type that name our classes; said in TOML's terms instead.
 _EXPECTED_TABLE = re.compile(r"a valid dictionary(?: or instance of \w+)?")
