@@ -45,7 +45,9 @@ from taskcard.producers.task_card.contract import (
     CardPaths,
     NotRegularFile,
     Origin,
+    OutsideWorkdir,
     atomic_write,
+    is_inside,
     load_json,
     make_folder,
     open_append,
@@ -264,8 +266,22 @@ def _record(
     clock: Clock,
 ) -> HookDecision:
     """`make`'s decision for the session's open wait, with the wait kept and the events
-    appended, all under the waits lock."""
-    with _session_waits(paths) as waits:
+    appended, all under the waits lock.
+
+    A waits file or lock that cannot be used (a folder or a link planted at its name) costs
+    only the bookkeeping of waits: the events are still written (they were all lost)."""
+    with contextlib.ExitStack() as stack:
+        try:
+            waits = stack.enter_context(_session_waits(paths))
+        except OSError as exc:
+            logs = os.path.realpath(paths.logs_dir)
+            if not paths.logs_dir.is_dir() or not is_inside(os.path.realpath(paths.workdir), logs):
+                raise  # no events can be written either: one line says why
+            log_error(
+                paths.workdir,
+                f"{filesystem_problem(exc)}; the event is written without its session's wait",
+            )
+            waits = {}
         decision = make(waits.get(key))
         if decision.waiting is None:
             waits.pop(key, None)
@@ -574,6 +590,28 @@ def run_guarded(
         with contextlib.suppress(Exception):
             data = json.loads(raw_for_hint) if workdir_hint is None else {}
             workdir = resolve_workdir(workdir_hint, data if isinstance(data, dict) else {})
-        detail = "" if isinstance(exc, HookInputError) else "\n" + traceback.format_exc()
-        log_error(workdir, f"{exc.__class__.__name__}: {exc}{detail}".rstrip())
+        if isinstance(exc, HookInputError):
+            line = f"{exc.__class__.__name__}: {exc}"
+        elif isinstance(exc, OSError):
+            # The workdir's files, not a bug: one line naming the file and the fix.
+            line = f"{filesystem_problem(exc)}; this event may be missing from the card"
+        else:
+            line = f"{exc.__class__.__name__}: {exc}\n{traceback.format_exc()}".rstrip()
+        log_error(workdir, line)
         return ""
+
+
+def filesystem_problem(exc: OSError) -> str:
+    """One line for a hook's file that cannot be written (a folder or a pipe where a file
+    belongs, a link out of the workdir, a read-only or full disk): the file and the fix,
+    never a traceback."""
+    where = f"{exc.filename}: " if exc.filename else ""
+    reason = exc.strerror or str(exc)
+    if isinstance(exc, NotRegularFile | OutsideWorkdir):
+        fix = ""  # its reason says what to do with it
+    else:
+        fix = (
+            "; make it a writable folder or file of the workdir (move away whatever stands "
+            "in its place, or free some space)"
+        )
+    return f"cannot write the hook's files: {where}{reason}{fix}"

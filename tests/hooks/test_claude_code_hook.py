@@ -590,3 +590,42 @@ def test_a_subagents_permission_wait_outlasts_another_subagents_work(workdir: Pa
     send("PostToolUse", agent_id="b", tool_name="Read", tool_use_id="tc")
     send("Stop", stop_hook_active=False)
     assert kinds(workdir)[6:] == ["wait.start", "tool.end", "wait.end", "turn.end"]
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo", "link out"])
+@pytest.mark.parametrize(
+    ("planted", "written"),
+    [
+        ("logs", False),
+        ("logs/events.jsonl", False),
+        ("logs/.taskcard-hook-waits.json.lock", True),
+        (".notification", True),
+    ],
+)
+def test_a_file_of_the_hooks_planted_over_says_which_in_one_line(
+    workdir: Path, tmp_path: Path, planted: str, written: bool, kind: str
+) -> None:
+    """Something else where a hook's file belongs (a folder, a pipe, a link out of the
+    workdir) is a problem of the workdir, not a bug: one line naming the file, no traceback;
+    and one that holds only bookkeeping (the waits' lock, the notices) costs no event (a
+    planted waits lock lost every event)."""
+    path = workdir / planted
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "folder":  # or a file, where a folder belongs
+        path.write_text("a file") if planted in ("logs", ".notification") else path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        (tmp_path / "elsewhere").mkdir()
+        path.symlink_to(tmp_path / "elsewhere")
+    done = hook(payload("10_stop.json", workdir, transcript_path=""))
+    assert (done.returncode, done.stdout) == (0, b"")
+    log = workdir / "logs" / "taskcard-hook.log"
+    said = done.stderr.decode() + (log.read_text() if log.is_file() else "")
+    assert "Traceback" not in said
+    lines = [line for line in said.splitlines() if planted in line]
+    assert len(lines) == 1 and "cannot write the hook's files" in lines[0], said
+    recorded = kinds(workdir) if (workdir / "logs" / "events.jsonl").is_file() else []
+    assert recorded == (["turn.end"] if written else [])
+    if kind == "link out":
+        assert not list((tmp_path / "elsewhere").iterdir())
