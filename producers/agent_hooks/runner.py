@@ -388,6 +388,11 @@ def claude_code(
     env: Mapping[str, str] = os.environ,
 ) -> str:
     """Handle one Claude Code hook payload; the text to print on stdout (maybe empty)."""
+    if not raw.strip():
+        raise HookInputError(
+            "no payload: Claude Code passes the hook's JSON on stdin (run the hook from its "
+            "settings, or pipe a payload in); nothing written"
+        )
     payload = parse_payload(raw)
     paths = CardPaths(resolve_workdir(workdir_override, payload))
     name = payload.get("hook_event_name")

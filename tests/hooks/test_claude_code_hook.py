@@ -629,3 +629,12 @@ def test_a_file_of_the_hooks_planted_over_says_which_in_one_line(
     assert recorded == (["turn.end"] if written else [])
     if kind == "link out":
         assert not list((tmp_path / "elsewhere").iterdir())
+
+
+@pytest.mark.parametrize("raw", [b"", b"  \n"])
+def test_an_empty_stdin_says_where_the_payload_comes_from(workdir: Path, raw: bytes) -> None:
+    done = hook(raw, "--workdir", str(workdir))
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
+    log = (workdir / "logs" / "taskcard-hook.log").read_text()
+    assert "no payload: Claude Code passes the hook's JSON on stdin" in log
+    assert "Traceback" not in log and events(workdir) == []
