@@ -12,7 +12,7 @@ May import: the standard library, `producers.task_card.contract`,
 `channels`.
 """
 
-from taskcard.producers.inbox.claim import InboxUnsafe, claim_all, peek
+from taskcard.producers.inbox.claim import Claim, InboxUnsafe, claim_all, claiming, peek
 from taskcard.producers.inbox.contract import Message, frame
 
-__all__ = ["InboxUnsafe", "Message", "claim_all", "frame", "peek"]
+__all__ = ["Claim", "InboxUnsafe", "Message", "claim_all", "claiming", "frame", "peek"]

@@ -5,7 +5,9 @@ its subfolders must be real directories (a link or a file there is refused with
 `InboxUnsafe`, the same rule the service keeps), and message files must be regular files.
 A claim is `rename(queued/<id>.json, taken/<id>.json)`; when the service cancelled the
 message first, the rename fails with FileNotFoundError and the message is simply not ours.
-Only a message whose rename succeeded is acknowledged, with one `write` on `acks.jsonl`.
+Only a message whose rename succeeded is acknowledged, with one `write` on `acks.jsonl`, and
+only once its reader has it: `claiming` holds a claim while the caller hands the messages
+over, and puts back in `queued/` (`release`) whatever was not marked delivered.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import errno
 import json
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -191,8 +193,8 @@ def peek(workdir: Path) -> Batch:
     return Batch([message for message, _ in found], problems)
 
 
-def _ack(inbox_fd: int, message: Message, via: str, clock: Clock) -> None:
-    record = {"id": message.id, "state": "delivered", "at": clock(), "via": via}
+def _ack(inbox_fd: int, ident: str, via: str, clock: Clock) -> None:
+    record = {"id": ident, "state": "delivered", "at": clock(), "via": via}
     line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
     flags = os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = open_appending(ACKS_FILE, flags, dir_fd=inbox_fd)
@@ -202,18 +204,13 @@ def _ack(inbox_fd: int, message: Message, via: str, clock: Clock) -> None:
         os.close(fd)
 
 
-def claim_all(
-    workdir: Path,
-    via: str,
-    *,
-    max_bytes: int | None = None,
-    clock: Clock = utc_now_iso,
-) -> Batch:
-    """Claim the queued messages, oldest first, and acknowledge each one claimed.
+def claim(workdir: Path, via: str, *, max_bytes: int | None = None) -> Batch:
+    """Claim the queued messages, oldest first, without acknowledging any (see `claiming`).
 
     `max_bytes` bounds the framed texts of one delivery: once the next message would pass
     it, the rest stay queued for the next call. The first message is always taken, even a
-    larger one, since holding it back would hold it forever.
+    larger one, since holding it back would hold it forever. Each message returned sits in
+    `taken/` until `acknowledge` (delivered) or `release` (queued again) settles it.
     """
     if via not in VIAS:
         raise ValueError(f"via: {via!r} is not one of {', '.join(sorted(VIAS))}")
@@ -221,7 +218,7 @@ def claim_all(
     with _inbox(workdir, taken=True) as fds:
         if fds is None:
             return batch
-        inbox_fd, queued_fd, taken_fd = fds
+        _inbox_fd, queued_fd, taken_fd = fds
         if taken_fd is None:
             return batch
         found, batch.problems = _scan(queued_fd)
@@ -242,20 +239,148 @@ def claim_all(
                     f"left queued (check inbox/{TAKEN_DIR}/{name})"
                 )
                 continue
-            message = _reread_if_replaced(name, taken_fd, inode, message)
             used += size
-            batch.messages.append(message)
-            try:
-                _ack(inbox_fd, message, via, clock)
-            except OSError as exc:
-                # Claimed is claimed: the message goes to the agent all the same (a full
-                # disk, an odd acks.jsonl), or it would sit in taken/ unseen by anyone.
-                batch.problems.append(
-                    f"inbox/{ACKS_FILE}: cannot record the delivery of {message.id} "
-                    f"({exc.strerror or exc}); the agent has it, but the chat will not show "
-                    "it delivered"
-                )
+            batch.messages.append(_reread_if_replaced(name, taken_fd, inode, message))
     return batch
+
+
+def acknowledge(
+    workdir: Path, ids: Iterable[str], via: str, *, clock: Clock = utc_now_iso
+) -> list[str]:
+    """Record claimed messages as delivered (one `acks.jsonl` line each); the problems.
+
+    A line that cannot be written (a full disk, an odd `acks.jsonl`) is a problem, not an
+    error: the reader has the message, and the chat shows it unconfirmed, not delivered.
+    """
+    if via not in VIAS:
+        raise ValueError(f"via: {via!r} is not one of {', '.join(sorted(VIAS))}")
+    problems: list[str] = []
+    wanted = list(ids)
+    if not wanted:
+        return problems
+    try:
+        with _inbox(workdir, taken=False) as fds:
+            if fds is None:
+                raise FileNotFoundError(errno.ENOENT, "inbox/queued/ is gone")
+            for ident in wanted:
+                try:
+                    _ack(fds[0], ident, via, clock)
+                except OSError as exc:
+                    problems.append(_unrecorded(ident, exc))
+    except OSError as exc:  # the inbox itself is gone or became a link meanwhile
+        problems.extend(_unrecorded(ident, exc) for ident in wanted)
+    return problems
+
+
+def _unrecorded(ident: str, exc: OSError) -> str:
+    return (
+        f"inbox/{ACKS_FILE}: cannot record the delivery of {ident} "
+        f"({exc.strerror or exc}); the agent has it, but the chat will not show it delivered"
+    )
+
+
+def release(workdir: Path, ids: Iterable[str]) -> list[str]:
+    """Put claimed messages that were never delivered back in `queued/`; the problems.
+
+    Each keeps its file, id and `queued_at`, so the next read offers it first again, and the
+    service can cancel it again. One that cannot be moved back stays in `taken/`, named.
+    """
+    problems: list[str] = []
+    wanted = list(ids)
+    if not wanted:
+        return problems
+
+    def stuck(ident: str, why: str) -> str:
+        return (
+            f"inbox/{TAKEN_DIR}/{ident}.json: was not delivered and cannot be queued again "
+            f"({why}); move it back to inbox/{QUEUED_DIR}/ by hand"
+        )
+
+    try:
+        with _inbox(workdir, taken=True) as fds:
+            if fds is None or fds[2] is None:
+                raise FileNotFoundError(errno.ENOENT, "inbox/queued/ is gone")
+            _, queued_fd, taken_fd = fds
+            for ident in wanted:
+                name = f"{ident}.json"
+                try:
+                    os.rename(name, name, src_dir_fd=taken_fd, dst_dir_fd=queued_fd)
+                except OSError as exc:
+                    problems.append(stuck(ident, exc.strerror or str(exc)))
+    except OSError as exc:
+        problems.extend(stuck(ident, exc.strerror or str(exc)) for ident in wanted)
+    return problems
+
+
+def claim_all(
+    workdir: Path,
+    via: str,
+    *,
+    max_bytes: int | None = None,
+    clock: Clock = utc_now_iso,
+) -> Batch:
+    """Claim the queued messages, oldest first, and acknowledge each one claimed.
+
+    For a reader that has the messages once this returns (a hook whose output is the
+    delivery uses `claiming` instead). `max_bytes` as in `claim`; ack problems are added to
+    the batch's problems.
+    """
+    batch = claim(workdir, via, max_bytes=max_bytes)
+    batch.problems.extend(
+        acknowledge(workdir, [message.id for message in batch.messages], via, clock=clock)
+    )
+    return batch
+
+
+@dataclass
+class Claim:
+    """Messages claimed for one delivery (see `claiming`): mark each one the reader got."""
+
+    workdir: Path
+    via: str
+    clock: Clock
+    messages: list[Message] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    settled: set[str] = field(default_factory=set)
+
+    def delivered(self, *messages: Message) -> None:
+        """The reader has these: acknowledge them now (problems go to `problems`)."""
+        ids = [m.id for m in messages if m.id not in self.settled]
+        self.settled.update(ids)
+        self.problems.extend(acknowledge(self.workdir, ids, self.via, clock=self.clock))
+
+    def unsettled(self) -> list[Message]:
+        return [m for m in self.messages if m.id not in self.settled]
+
+    def release_rest(self) -> None:
+        """Queue again every message not marked delivered."""
+        ids = [m.id for m in self.unsettled()]
+        self.settled.update(ids)
+        self.problems.extend(release(self.workdir, ids))
+
+
+@contextlib.contextmanager
+def claiming(
+    workdir: Path,
+    via: str,
+    *,
+    max_bytes: int | None = None,
+    clock: Clock = utc_now_iso,
+) -> Iterator[Claim]:
+    """Claim the queued messages for a delivery that may fail halfway: at-least-once.
+
+    Inside the block, hand each message to its reader and call `claim.delivered(message)`
+    once the reader has it. Every message not marked so when the block ends (normally or by
+    an exception) goes back to `queued/` for the next read, so a reader that goes away
+    mid-way loses nothing; a message that was handed over but not yet marked when it did
+    goes out again (the one duplicate this allows).
+    """
+    batch = claim(workdir, via, max_bytes=max_bytes)
+    held = Claim(workdir, via, clock, batch.messages, batch.problems)
+    try:
+        yield held
+    finally:
+        held.release_rest()
 
 
 def _reread_if_replaced(name: str, taken_fd: int, inode: int, message: Message) -> Message:

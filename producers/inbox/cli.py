@@ -1,23 +1,28 @@
 """`taskcard inbox --workdir W [--peek] [--json]`: read the chat's texts from any host.
 
-Without `--peek` it claims every queued message (acknowledged with via `inbox-cli`) and
-prints each one framed as the agent should read it; `--peek` lists them and claims nothing.
-Exit codes: 0 done (nothing queued too), 2 bad workdir or an inbox that is a link.
+Without `--peek` it claims every queued message and prints each one framed as the agent
+should read it, acknowledging it (via `inbox-cli`) only once its reader has it: a reader that
+goes away mid-way (`| head -1`, a closed pipe) leaves the rest queued for the next read.
+`--peek` lists them and claims nothing. Exit codes: 0 done (nothing queued too), 2 bad
+workdir or an inbox that is a link, 141 the output closed before every message was read.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Final
 
-from taskcard.producers.inbox.claim import Batch, InboxUnsafe, claim_all, peek
+from taskcard.producers.inbox.claim import Batch, Claim, InboxUnsafe, claiming, peek
 from taskcard.producers.inbox.contract import frame
+from taskcard.producers.inbox.output import Output
 from taskcard.producers.task_card.contract import terminal_json
 from taskcard.producers.task_card.workdir_arg import existing_workdir_arg
 
 VIA: Final = "inbox-cli"
+EXIT_BROKEN_OUTPUT: Final = 141  # as a shell reports a command SIGPIPE ended
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,26 +37,95 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        batch: Batch = peek(workdir) if args.peek else claim_all(workdir, VIA)
+        if args.peek:
+            return _show_peek(args, peek(workdir))
+        with claiming(workdir, VIA) as claim:
+            code = _deliver(args, claim)
     except InboxUnsafe as exc:
         print(f"taskcard inbox: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"taskcard inbox: cannot read the inbox: {exc}", file=sys.stderr)
         return 1
+    for problem in claim.problems:
+        print(f"taskcard inbox: warning: {problem}", file=sys.stderr)
+    return code
+
+
+def _show_peek(args: argparse.Namespace, batch: Batch) -> int:
     for problem in batch.problems:
         print(f"taskcard inbox: warning: {problem}", file=sys.stderr)
     if args.json:
-        result = {
-            "claimed": not args.peek,
-            "messages": [message.summary() for message in batch.messages],
-        }
+        result = {"claimed": False, "messages": [m.summary() for m in batch.messages]}
         print(terminal_json(result, indent=2))
     elif batch.messages:
         print("\n\n".join(frame(message) for message in batch.messages))
     else:
         print("taskcard inbox: nothing queued", file=sys.stderr)
     return 0
+
+
+def _deliver(args: argparse.Namespace, claim: Claim) -> int:
+    """Print the claimed messages; each is acknowledged once its reader has it (see
+    `output.py`), the rest go back to the queue when the reader goes away."""
+    messages = claim.messages
+    if not args.json and not messages:
+        print("taskcard inbox: nothing queued", file=sys.stderr)
+        return 0
+    out = _output()
+    if args.json:  # one document: the reader has all of it or none
+        result = {"claimed": True, "messages": [m.summary() for m in messages]}
+        if out.deliver((terminal_json(result, indent=2) + "\n").encode()):
+            claim.delivered(*messages)
+    else:
+        for n, message in enumerate(messages):
+            text = ("\n" if n else "") + frame(message) + "\n"  # a blank line between
+            if not out.deliver(text.encode()):
+                break
+            claim.delivered(message)
+    if out.gone is None:
+        return 0
+    # No more output can reach anyone: the interpreter's last flush at exit must not fail on
+    # it again (a traceback), so stdout now leads to the null device.
+    if out.fd >= 0:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, out.fd)
+        os.close(null)
+    back = len(claim.unsettled())
+    print(
+        f"taskcard inbox: {out.gone} after {len(messages) - back} of {len(messages)} "
+        f"message(s); {back} queued again for the next read",
+        file=sys.stderr,
+    )
+    return EXIT_BROKEN_OUTPUT
+
+
+def _output() -> Output:
+    """stdout as a descriptor, with whatever Python buffered written first."""
+    sys.stdout.flush()
+    try:
+        return Output(sys.stdout.fileno())
+    except (OSError, ValueError):  # not a file (an embedding caller's stream)
+        return _StreamOutput()
+
+
+class _StreamOutput(Output):
+    """sys.stdout when it has no descriptor: a complete write and flush counts."""
+
+    def __init__(self) -> None:
+        self.fd = -1
+        self.gone = None
+
+    def deliver(self, data: bytes, *, confirm: bool = True) -> bool:
+        if self.gone is not None:
+            return False
+        try:
+            sys.stdout.write(data.decode())
+            sys.stdout.flush()
+        except (OSError, ValueError) as exc:
+            self.gone = f"cannot write the output ({exc})"
+            return False
+        return True
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

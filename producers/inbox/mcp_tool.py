@@ -2,13 +2,18 @@
 
 For hosts without hooks: the agent calls it to read what people wrote to it. One result
 carries at most `MAX_RESULT_BYTES` of framed text; `more_queued` says to call again.
+
+`call_inbox` claims; the server settles the claim with `settle_inbox` once it knows whether
+the client read the answer: acknowledged as delivered, or put back in the queue (an answer
+that could not be written, a client gone before reading it, a cancelled call).
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Final
 
-from taskcard.producers.inbox.claim import InboxUnsafe, claim_all, peek
+from taskcard.producers.inbox.claim import InboxUnsafe, acknowledge, claim, peek, release
 from taskcard.producers.task_card.runtime import HostPaths
 
 TOOL_NAME: Final = "inbox"
@@ -62,7 +67,7 @@ def call_inbox(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
             batch = peek(paths.workdir)
             more = False
         else:
-            batch = claim_all(paths.workdir, VIA, max_bytes=MAX_RESULT_BYTES)
+            batch = claim(paths.workdir, VIA, max_bytes=MAX_RESULT_BYTES)
             more = bool(peek(paths.workdir).messages)
     except InboxUnsafe as exc:
         return {"status": "failed", "message": str(exc)}
@@ -76,3 +81,16 @@ def call_inbox(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
     if batch.problems:  # as the CLI prints them: the caller learns what was left alone
         result["problems"] = list(batch.problems)
     return result
+
+
+def settle_inbox(
+    paths: HostPaths, arguments: dict[str, Any], result: dict[str, Any], delivered: bool
+) -> None:
+    """Acknowledge the messages `call_inbox` claimed for `result` once the client read it;
+    otherwise put them back in the queue. Problems go to stderr (the client's log)."""
+    if arguments.get("peek") is True or result.get("status") != "ok":
+        return
+    ids = [message["id"] for message in result.get("messages", [])]
+    problems = acknowledge(paths.workdir, ids, VIA) if delivered else release(paths.workdir, ids)
+    for problem in problems:
+        print(f"taskcard mcp: inbox: {problem}", file=sys.stderr, flush=True)

@@ -6,8 +6,8 @@ interval and publishes the body through the file contract in `contract.py`.
 
 May import: the standard library, pydantic, mcp (only `mcp_server`), and `producers.ledger`
 (only where the MCP server lists its tool and the host wires its monitor in), `producers.inbox`
-and `producers.reports` (only where the MCP server lists their tools). Never `bridge` or
-`channels`.
+and `producers.reports` (only where the MCP server lists their tools and writes its
+answers). Never `bridge` or `channels`.
 """
 
 from taskcard.producers.task_card.capability import TaskCard

@@ -44,6 +44,7 @@ from taskcard.producers.reports import mcp_tool as reports_tool
 from taskcard.producers.task_card.client import HostUnavailable, call_via_host
 from taskcard.producers.task_card.contract import CardPaths, quoted
 from taskcard.producers.task_card.envelope import ACTIONS, envelope_json_schema
+from taskcard.producers.task_card.mcp_answers import AnswerWriter, Deliveries, claimed_stdout
 from taskcard.producers.task_card.mcp_wire import CheckedLines, RepeatedKeys, claimed_stdin
 from taskcard.producers.task_card.meta import MetaProjector
 from taskcard.producers.task_card.runtime import HostPaths, RuntimeDirUnsafe
@@ -77,6 +78,9 @@ INSTRUCTIONS: Final = (
 # its result is then dropped (a cancelled request gets no answer).
 ToolFunction = Callable[[HostPaths, dict[str, Any], threading.Event], dict[str, Any]]
 RecordingFunction = Callable[[HostPaths, dict[str, Any]], dict[str, Any]]
+# For a tool whose answer hands something over (the `inbox` tool's claimed messages): called
+# with the arguments and result once it is known whether the client read the answer.
+SettleFunction = Callable[[HostPaths, dict[str, Any], dict[str, Any], bool], None]
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,7 @@ class McpTool:
     annotations: types.ToolAnnotations
     call: ToolFunction
     is_error: Callable[[dict[str, Any]], bool]
+    settle: SettleFunction | None = None
 
     def listing(self) -> types.Tool:
         return types.Tool(
@@ -151,6 +156,7 @@ def _recording_tool(
     output_schema: dict[str, Any],
     title: str,
     call: RecordingFunction,
+    settle: SettleFunction | None = None,
 ) -> McpTool:
     """A tool that records something in the workdir (an observation, a report, a spawn, a
     claimed message): never read-only, never destructive (its files are only appended to),
@@ -171,6 +177,7 @@ def _recording_tool(
         # finish what it started), and its result is dropped.
         call=lambda paths, arguments, cancelled: call(paths, arguments),
         is_error=lambda result: result.get("status") == "failed",
+        settle=settle,
     )
 
 
@@ -213,6 +220,7 @@ INBOX_TOOL: Final = _recording_tool(
     inbox_tool.output_schema(),
     "Messages from the chat",  # it claims what it returns
     inbox_tool.call_inbox,
+    inbox_tool.settle_inbox,  # acknowledged once the client read the answer, else queued again
 )
 
 # The registry: one entry per tool this server offers.
@@ -287,6 +295,41 @@ class AgentMeta:
         return {"agent_meta": {"taskcard": payload}}
 
 
+async def run_settled(
+    tool: McpTool,
+    paths: HostPaths,
+    arguments: dict[str, Any],
+    ctx: ServerRequestContext[Any],
+    deliveries: Deliveries | None,
+) -> dict[str, Any]:
+    """`tool.call`, and for a tool with a settle function, its answer handed to `deliveries`
+    to settle once written (or at once, as delivered, without them). A call cancelled while
+    its thread ran gets no answer: what it handed over is settled as not delivered."""
+    settle = tool.settle
+    if settle is None:
+        return await run_cancellable(tool.call, paths, arguments)
+    kept: list[dict[str, Any]] = []
+
+    def call(paths: HostPaths, arguments: dict[str, Any], cancelled: threading.Event) -> Any:
+        kept.append(tool.call(paths, arguments, cancelled))
+        return kept[-1]
+
+    try:
+        result = await run_cancellable(call, paths, arguments)
+    except BaseException:
+        if kept:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(settle, paths, arguments, kept[0], False)
+        raise
+    if deliveries is None:
+        settle(paths, arguments, result, True)
+    else:
+        deliveries.expect(
+            ctx.request_id, lambda delivered: settle(paths, arguments, result, delivered)
+        )
+    return result
+
+
 async def run_cancellable(
     call: ToolFunction, paths: HostPaths, arguments: dict[str, Any]
 ) -> dict[str, Any]:
@@ -312,10 +355,14 @@ async def run_cancellable(
 
 
 def build_server(
-    paths: HostPaths, tools: tuple[McpTool, ...] = TOOLS, repeated: RepeatedKeys | None = None
+    paths: HostPaths,
+    tools: tuple[McpTool, ...] = TOOLS,
+    repeated: RepeatedKeys | None = None,
+    deliveries: Deliveries | None = None,
 ) -> Server[Any]:
     """The low-level server with every registry tool bound to one workdir; `repeated`: the
-    check that read its stdin lines, whose refusals its tool calls answer."""
+    check that read its stdin lines, whose refusals its tool calls answer; `deliveries`: the
+    answers its writer settles (None: a tool's answer counts as delivered once returned)."""
     repeated = repeated if repeated is not None else RepeatedKeys()
     by_name = {tool.name: tool for tool in tools}
     listing = [tool.listing() for tool in tools]
@@ -352,7 +399,7 @@ def build_server(
             if stray is not None:
                 result, failed = {"status": "failed", "message": stray}, True
             else:
-                result = await run_cancellable(tool.call, paths, given(arguments))
+                result = await run_settled(tool, paths, given(arguments), ctx, deliveries)
                 failed = tool.is_error(result)
         try:
             meta = None if gone else await anyio.to_thread.run_sync(agent_meta.take)
@@ -407,14 +454,25 @@ async def name_invalid_params(ctx: ServerRequestContext[Any], call_next: Any) ->
 
 async def serve_stdio(paths: HostPaths) -> None:
     repeated = RepeatedKeys()
-    server = build_server(paths, repeated=repeated)
-    with claimed_stdin() as wire:
+    with claimed_stdin() as wire, claimed_stdout() as out:
         # Our own reader of stdin, so each line is checked while its text still shows a
-        # repeated key (`mcp_wire`); the SDK still owns stdout.
+        # repeated key (`mcp_wire`); our own writer of stdout, so an answer that hands
+        # something over is settled once the client read it (`mcp_answers`).
+        deliveries = Deliveries() if out is not None else None
+        server = build_server(paths, repeated=repeated, deliveries=deliveries)
         lines = anyio.wrap_file(CheckedLines(wire, repeated.line))
-        async with stdio_server(stdin=lines) as (read_stream, write_stream):
-            answering = AnswerMalformed(read_stream, write_stream)
-            await server.run(answering, write_stream, server.create_initialization_options())
+        answers = (
+            anyio.wrap_file(AnswerWriter(out, deliveries))  # type: ignore[arg-type]
+            if out is not None and deliveries is not None
+            else None
+        )
+        try:
+            async with stdio_server(stdin=lines, stdout=answers) as (read_stream, write_stream):
+                answering = AnswerMalformed(read_stream, write_stream)
+                await server.run(answering, write_stream, server.create_initialization_options())
+        finally:
+            if deliveries is not None:  # answers never written: what they held goes back
+                deliveries.settle_all(delivered=False)
 
 
 # Python's `int` refuses to read a decimal number longer than this (`sys.int_info`).

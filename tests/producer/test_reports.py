@@ -17,7 +17,7 @@ from taskcard.producers.reports import LineageError, ReportError, Reports, read_
 from taskcard.producers.reports.store import COUNTER_FILE
 
 from ..inbox.conftest import acks, names, queue
-from .conftest import CliHost
+from .conftest import CliHost, wait_for
 
 TASKCARD = str(Path(sys.executable).parent / "taskcard")
 
@@ -199,7 +199,8 @@ async def test_report_spawn_and_inbox_through_the_real_mcp_client(
         inbox, failed = await call("inbox", {})
         assert (failed, [m["id"] for m in inbox["messages"]]) == (False, ["m1"])
         assert "> please report when the suite is green" in inbox["messages"][0]["framed"]
-        assert [a["via"] for a in acks(workdir)] == ["mcp"]
+        # acknowledged once the client read the answer, which the server learns just after
+        wait_for(lambda: [a["via"] for a in acks(workdir)] == ["mcp"])
         assert names(workdir, "taken") == ["m1.json"]
         again, _ = await call("inbox", {})
         assert (again["messages"], again["more_queued"]) == ([], False)
