@@ -3,7 +3,9 @@
 The service queues a person's text (or a typed wake) as `inbox/queued/<id>.json` in the
 agent's workdir; whatever host reads the agent (the Claude Code hooks, `taskcard inbox`, the
 `inbox` MCP tool) claims it by renaming it to `inbox/taken/`, which races safely against the
-service's cancel rename to `inbox/cancelled/`, then appends one line to `inbox/acks.jsonl`.
+service's cancel rename to `inbox/cancelled/`, then, once its reader has it, appends one line
+to `inbox/acks.jsonl`; a claimed message that never reached its reader goes back to
+`inbox/queued/` (`claiming`, `output.py`).
 The file contract is in `contract.py` and docs/producer.md; nothing here follows a link.
 
 May import: the standard library, `producers.task_card.contract`,

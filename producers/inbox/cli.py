@@ -10,14 +10,17 @@ workdir or an inbox that is a link, 141 the output closed before every message w
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
 from taskcard.producers.inbox.claim import Batch, Claim, InboxUnsafe, claiming, peek
 from taskcard.producers.inbox.contract import frame
-from taskcard.producers.inbox.output import Output
+from taskcard.producers.inbox.output import PATIENCE_S, Output
 from taskcard.producers.task_card.contract import terminal_json
 from taskcard.producers.task_card.workdir_arg import existing_workdir_arg
 
@@ -39,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.peek:
             return _show_peek(args, peek(workdir))
-        with claiming(workdir, VIA) as claim:
+        with _stopped_by_signals(), claiming(workdir, VIA) as claim:
             code = _deliver(args, claim)
     except InboxUnsafe as exc:
         print(f"taskcard inbox: {exc}", file=sys.stderr)
@@ -50,6 +53,22 @@ def run(args: argparse.Namespace) -> int:
     for problem in claim.problems:
         print(f"taskcard inbox: warning: {problem}", file=sys.stderr)
     return code
+
+
+@contextlib.contextmanager
+def _stopped_by_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP (a host ending its session, a closed terminal) end the command
+    through Python, so the claim's end puts the messages not yet delivered back."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    before = {number: signal.signal(number, stop) for number in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
 
 
 def _show_peek(args: argparse.Namespace, batch: Batch) -> int:
@@ -83,7 +102,16 @@ def _deliver(args: argparse.Namespace, claim: Claim) -> int:
             if not out.deliver(text.encode()):
                 break
             claim.delivered(message)
+            if out.late:  # a reader that reads later, if at all: hand it no more
+                break
     if out.gone is None:
+        back = len(claim.unsettled())
+        if back:
+            print(
+                f"taskcard inbox: the reader took nothing for {PATIENCE_S:.0f} s; "
+                f"{back} message(s) left queued for the next read",
+                file=sys.stderr,
+            )
         return 0
     # No more output can reach anyone: the interpreter's last flush at exit must not fail on
     # it again (a traceback), so stdout now leads to the null device.
@@ -133,9 +161,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "inbox",
         help="claim and print the texts people queued for this agent from a chat",
         description=(
-            "Claim every message queued in <workdir>/inbox/queued/ (oldest first), "
-            "acknowledge it as delivered, and print it framed as a message from a person in "
-            "a chat. --peek lists without claiming."
+            "Claim every message queued in <workdir>/inbox/queued/ (oldest first) and print "
+            "each framed as a message from a person in a chat, acknowledging it as delivered "
+            "once the reader has it; what the reader did not take goes back to the queue. "
+            "--peek lists without claiming."
         ),
     )
     parser.add_argument(

@@ -2,16 +2,17 @@
 
 A successful `write` to a pipe only means the bytes sit in the pipe: `taskcard inbox | head -1`
 reads one line and exits, and whatever it did not read is gone with the pipe. So on a pipe
-(or FIFO) a delivery counts once the reader has read every byte of it (`FIONREAD` on our end
-says none are left), and counts as lost when the reader closes its end first (`POLLERR`).
-A caller that writes one message at a time and waits for this before the next one never
-hands a reader more than the message it is reading. Other outputs (a terminal, a file, a
-socket) give no such signal: there a complete write counts.
+(or FIFO) and on a local stream socket (what a Node host such as Claude Code gives its MCP
+servers as stdio) a delivery counts once the reader has read every byte of it (`FIONREAD` on
+a pipe, `SIOCOUTQ` on a socket: none left unread), and counts as lost when the reader closes
+its end first (`POLLERR`, `POLLHUP`). A caller that writes one message at a time and waits for
+this before the next one never hands a reader more than the message it is reading. Other
+outputs (a terminal, a file, a TCP socket) give no such signal: there a complete write counts.
 
 A reader that reads nothing until the writer exits (a parent that waits for the command
-before reading its output) would never drain the pipe: after `patience_s` without the
-reader taking anything, a reader still there is taken to read later, and the writes from
-then on count once written.
+before reading its output) would never drain the pipe: with `patience_s`, a delivery still
+unread that long by a reader still there counts (`late` is then set, so the caller can stop
+handing over more); without it, the wait lasts until the reader reads or goes away.
 """
 
 from __future__ import annotations
@@ -20,28 +21,49 @@ import errno
 import fcntl
 import os
 import select
+import socket
 import stat
 import struct
 import termios
 import time
 from typing import Final
 
-PATIENCE_S: Final = 30.0  # how long a live reader may leave a delivery unread in the pipe
+PATIENCE_S: Final = 30.0  # how long `taskcard inbox` lets a live reader leave a message unread
 _FIRST_WAIT_S: Final = 0.001
 _LONGEST_WAIT_S: Final = 0.05
+_GONE: Final = select.POLLERR | select.POLLHUP
+
+
+def _kind(fd: int) -> str:
+    """ "pipe", "socket" (a local stream socket) or "other"."""
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return "other"
+    if stat.S_ISFIFO(mode):
+        return "pipe"
+    if stat.S_ISSOCK(mode):
+        try:
+            probe = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            return "other"
+        try:
+            local = probe.family == socket.AF_UNIX and probe.type == socket.SOCK_STREAM
+        finally:
+            probe.close()
+        return "socket" if local else "other"
+    return "other"
 
 
 class Output:
     """One output descriptor; `deliver` writes a unit and says whether the reader has it."""
 
-    def __init__(self, fd: int, *, patience_s: float = PATIENCE_S) -> None:
+    def __init__(self, fd: int, *, patience_s: float | None = PATIENCE_S) -> None:
         self.fd = fd
         self.patience_s = patience_s
         self.gone: str | None = None  # why nothing more can reach the reader
-        try:
-            self._pipe = stat.S_ISFIFO(os.fstat(fd).st_mode)
-        except OSError:
-            self._pipe = False
+        self.late = False  # a delivery counted after `patience_s` without being read
+        self._kind = _kind(fd)
 
     def deliver(self, data: bytes, *, confirm: bool = True) -> bool:
         """Write all of `data`; True once the reader has it, False when it cannot have it
@@ -54,11 +76,11 @@ class Output:
         except OSError as exc:
             self.gone = (
                 "the reader closed the output"
-                if exc.errno == errno.EPIPE
+                if exc.errno in (errno.EPIPE, errno.ECONNRESET)
                 else f"cannot write the output ({exc.strerror or exc})"
             )
             return False
-        if confirm and self._pipe and not self._taken():
+        if confirm and self._kind != "other" and not self._taken():
             self.gone = "the reader closed the output before reading all of it"
             return False
         return True
@@ -72,27 +94,32 @@ class Output:
                 select.select([], [self.fd], [], _LONGEST_WAIT_S)
 
     def _unread(self) -> int:
-        return int(struct.unpack("i", fcntl.ioctl(self.fd, termios.FIONREAD, b"\0\0\0\0"))[0])
+        request = termios.FIONREAD if self._kind == "pipe" else termios.TIOCOUTQ
+        return int(struct.unpack("i", fcntl.ioctl(self.fd, request, b"\0\0\0\0"))[0])
 
     def _taken(self) -> bool:
         """Whether the reader read everything written so far; waits for it, or for it to
-        go away (False), within the patience left."""
+        go away (False), within the patience, if any."""
         poller = select.poll()
         poller.register(self.fd, 0)  # POLLERR and POLLHUP are reported all the same
-        deadline = time.monotonic() + self.patience_s
+        deadline = None if self.patience_s is None else time.monotonic() + self.patience_s
         wait_s = _FIRST_WAIT_S
         while True:
+            # A socket's count drops to 0 when its peer closes too: ask about the peer first.
+            gone = any(event & _GONE for _, event in poller.poll(0))
+            if gone and self._kind == "socket":
+                return False
             try:
                 if self._unread() == 0:
                     return True
             except OSError:
-                self._pipe = False  # no count for this pipe here: a complete write counts
+                self._kind = "other"  # no count for it here: a complete write counts
                 return True
-            if any(event & select.POLLERR for _, event in poller.poll(0)):
+            if gone:
                 return False
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.patience_s = 0.0  # it reads after we exit: stop waiting for it
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                self.late = True
                 return True
-            poller.poll(min(wait_s, left) * 1000)
+            poller.poll(min(wait_s, left if left is not None else wait_s) * 1000)
             wait_s = min(wait_s * 2, _LONGEST_WAIT_S)

@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import json
 import os
+import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -34,12 +35,35 @@ def _log(text: str) -> None:
         print(f"taskcard mcp: {text}", file=sys.stderr, flush=True)
 
 
+def _run(settle: Settle, *, delivered: bool) -> None:
+    try:
+        settle(delivered)
+    except Exception as exc:  # a settle's trouble must not stop the server
+        _log(f"cannot settle an answer ({exc.__class__.__name__}: {exc})")
+
+
+class _Once:
+    """A settle function that runs at most once, whoever calls it first."""
+
+    def __init__(self, settle: Settle) -> None:
+        self._settle = settle
+        self._lock = threading.Lock()
+        self._done = False
+
+    def __call__(self, delivered: bool) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        _run(self._settle, delivered=delivered)
+
+
 class Deliveries:
     """Requests whose answer must be settled once it is known to have arrived, or not."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pending: dict[tuple[str, Any], Settle] = {}
+        self._pending: dict[tuple[str, Any], _Once] = {}
         self.broken = False
 
     @staticmethod
@@ -50,13 +74,19 @@ class Deliveries:
         """Settle `request_id`'s answer once it is written; at once when it cannot be."""
         with self._lock:
             if not self.broken and request_id is not None:
-                self._pending[self._key(request_id)] = settle
+                self._pending[self._key(request_id)] = _Once(settle)
                 return
         _run(settle, delivered=False)
 
-    def take(self, request_id: Any) -> Settle | None:
+    def get(self, request_id: Any) -> Settle | None:
+        """The settle function of `request_id`'s answer; it stays pending (for `settle_all`,
+        should the server be stopped while the answer waits for its reader) until `done`."""
         with self._lock:
-            return self._pending.pop(self._key(request_id), None)
+            return self._pending.get(self._key(request_id))
+
+    def done(self, request_id: Any) -> None:
+        with self._lock:
+            self._pending.pop(self._key(request_id), None)
 
     def waiting(self) -> bool:
         with self._lock:
@@ -68,14 +98,7 @@ class Deliveries:
             pending = list(self._pending.values())
             self._pending.clear()
         for settle in pending:
-            _run(settle, delivered=delivered)
-
-
-def _run(settle: Settle, *, delivered: bool) -> None:
-    try:
-        settle(delivered)
-    except Exception as exc:  # a settle's trouble must not stop the server
-        _log(f"cannot settle an answer ({exc.__class__.__name__}: {exc})")
+            settle(delivered)
 
 
 class AnswerWriter:
@@ -84,7 +107,9 @@ class AnswerWriter:
     `deliveries` waits for."""
 
     def __init__(self, fd: int, deliveries: Deliveries) -> None:
-        self._out = Output(fd)
+        # No patience: a client must read its answers to go on; one that never does is
+        # stuck or gone, and a gone one is seen.
+        self._out = Output(fd, patience_s=None)
         self._deliveries = deliveries
         self._buffer: list[str] = []
 
@@ -99,28 +124,30 @@ class AnswerWriter:
             self._send(line)
 
     def _send(self, line: str) -> None:
-        settle, answered = self._settle_for(line)
+        request_id, settle, answered = self._settle_for(line)
         # Only an answer that hands something over waits for the client to read it.
         delivered = self._out.deliver(line.encode("utf-8"), confirm=settle is not None)
         if settle is not None:  # an error in place of the result hands nothing over
-            _run(settle, delivered=delivered and answered)
+            settle(delivered and answered)
+            self._deliveries.done(request_id)
         if not delivered and not self._deliveries.broken:
             self._deliveries.broken = True
             _log(f"{self._out.gone}; nothing more is written to it")
             self._deliveries.settle_all(delivered=False)
 
-    def _settle_for(self, line: str) -> tuple[Settle | None, bool]:
-        """The settle function waiting for this line, if it is an answer to one, and
+    def _settle_for(self, line: str) -> tuple[Any, Settle | None, bool]:
+        """The request this line answers, the settle function waiting for it if any, and
         whether the line carries the result (not an error)."""
         if not self._deliveries.waiting():
-            return None, False
+            return None, None, False
         try:
             message = json.loads(line)
         except ValueError:
-            return None, False
+            return None, None, False
         if not isinstance(message, dict) or "id" not in message or "method" in message:
-            return None, False
-        return self._deliveries.take(message["id"]), "result" in message
+            return None, None, False
+        request_id = message["id"]
+        return request_id, self._deliveries.get(request_id), "result" in message
 
 
 @contextlib.contextmanager
@@ -148,3 +175,24 @@ def claimed_stdout() -> Iterator[int | None]:
         if diverted:
             with contextlib.suppress(OSError):
                 os.dup2(private, 1)
+
+
+@contextlib.contextmanager
+def settled_on_signals(deliveries: Deliveries | None) -> Iterator[None]:
+    """SIGTERM and SIGHUP (a host ending its session) first put back what unsettled
+    answers hold, then end the process as the signal would."""
+    if deliveries is None:
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        deliveries.settle_all(delivered=False)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    before = {number: signal.signal(number, stop) for number in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)

@@ -17,6 +17,10 @@ has not delivered yet (`wakes.py`, consumer `mcp`).
 
 A tools/call whose JSON names one key twice is refused, naming the key, before any tool
 runs: the SDK would keep only the last value (`mcp_wire.py` reads each line first).
+
+The server writes its own stdout (`mcp_answers.py`): an answer that hands something over
+(the `inbox` tool's claimed messages) is settled once the client has read it, or put back
+when it could not be.
 """
 
 from __future__ import annotations
@@ -44,7 +48,12 @@ from taskcard.producers.reports import mcp_tool as reports_tool
 from taskcard.producers.task_card.client import HostUnavailable, call_via_host
 from taskcard.producers.task_card.contract import CardPaths, quoted
 from taskcard.producers.task_card.envelope import ACTIONS, envelope_json_schema
-from taskcard.producers.task_card.mcp_answers import AnswerWriter, Deliveries, claimed_stdout
+from taskcard.producers.task_card.mcp_answers import (
+    AnswerWriter,
+    Deliveries,
+    claimed_stdout,
+    settled_on_signals,
+)
 from taskcard.producers.task_card.mcp_wire import CheckedLines, RepeatedKeys, claimed_stdin
 from taskcard.producers.task_card.meta import MetaProjector
 from taskcard.producers.task_card.runtime import HostPaths, RuntimeDirUnsafe
@@ -467,9 +476,15 @@ async def serve_stdio(paths: HostPaths) -> None:
             else None
         )
         try:
-            async with stdio_server(stdin=lines, stdout=answers) as (read_stream, write_stream):
-                answering = AnswerMalformed(read_stream, write_stream)
-                await server.run(answering, write_stream, server.create_initialization_options())
+            with settled_on_signals(deliveries):
+                async with stdio_server(stdin=lines, stdout=answers) as (
+                    read_stream,
+                    write_stream,
+                ):
+                    answering = AnswerMalformed(read_stream, write_stream)
+                    await server.run(
+                        answering, write_stream, server.create_initialization_options()
+                    )
         finally:
             if deliveries is not None:  # answers never written: what they held goes back
                 deliveries.settle_all(delivered=False)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import fcntl
 import json
+import signal
+import socket
 import struct
 import subprocess
 import termios
@@ -137,16 +139,69 @@ def wait_until(condition: Any, what: str) -> None:
         time.sleep(0.02)
 
 
-def raw_client_call_then_close(workdir: Path, runtime_dir: Path, *, leave_unread: bool) -> bytes:
-    """A hand-written stdio client: initialize, call `inbox`, then close its read end (at
-    once, or once the answer sits unread in the pipe) and its stdin; the server's stderr."""
+class Wire:
+    """The server's stdout as the client holds it: a pipe, or a local stream socket (what a
+    Node host such as Claude Code gives its MCP servers)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.sock: socket.socket | None = None
+        if kind == "socket":
+            self.sock, self.child = socket.socketpair()
+            self.child_fd: Any = self.child
+        else:
+            self.child_fd = subprocess.PIPE
+
+    def attach(self, process: subprocess.Popen[bytes]) -> None:
+        if self.sock is not None:
+            self.child.close()
+            self.reader = self.sock.makefile("rb", buffering=0)
+        else:
+            assert process.stdout is not None
+            self.reader = process.stdout
+
+    def has_unread(self) -> bool:
+        if self.sock is not None:
+            try:
+                return bool(self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+            except BlockingIOError:
+                return False
+        return unread(self.reader.fileno()) > 0
+
+    def readline(self) -> bytes:
+        line = b""
+        while not line.endswith(b"\n"):  # byte by byte: nothing after the line is taken
+            byte = self.reader.read(1)
+            assert byte, line
+            line += byte
+        return line
+
+    def close(self) -> None:
+        self.reader.close()
+        if self.sock is not None:
+            self.sock.close()
+
+
+def raw_client_call_then_close(
+    workdir: Path,
+    runtime_dir: Path,
+    *,
+    leave_unread: bool,
+    wire: str = "pipe",
+    ending: str = "close",
+) -> bytes:
+    """A hand-written stdio client: initialize, call `inbox`, then go away without reading
+    the answer (at once, or once the answer sits unread on the wire): it closes its end and
+    its stdin, or the host stops the server with SIGTERM; the server's stderr."""
+    out = Wire(wire)
     server = subprocess.Popen(
         [TASKCARD, *mcp_args(workdir, runtime_dir)],
         stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
+        stdout=out.child_fd,
         stderr=subprocess.PIPE,
     )
-    assert server.stdout is not None and server.stdin is not None
+    out.attach(server)
+    assert server.stdin is not None
     try:
         send(
             server,
@@ -161,7 +216,7 @@ def raw_client_call_then_close(workdir: Path, runtime_dir: Path, *, leave_unread
                 },
             },
         )
-        assert json.loads(server.stdout.readline())["id"] == 1
+        assert json.loads(out.readline())["id"] == 1
         send(server, {"jsonrpc": "2.0", "method": "notifications/initialized"})
         send(
             server,
@@ -173,11 +228,16 @@ def raw_client_call_then_close(workdir: Path, runtime_dir: Path, *, leave_unread
             },
         )
         if leave_unread:  # the answer arrives, and the client dies without reading it
-            fd = server.stdout.fileno()
-            wait_until(lambda: unread(fd) > 0, "the answer in the pipe")
-        server.stdout.close()
-        server.stdin.close()
-        assert server.wait(timeout=TIMEOUT_S) == 0
+            wait_until(out.has_unread, "the answer on the wire")
+        if ending == "sigterm":
+            server.terminate()
+            assert server.wait(timeout=TIMEOUT_S) == -signal.SIGTERM
+            out.close()
+            server.stdin.close()
+        else:
+            out.close()
+            server.stdin.close()
+            assert server.wait(timeout=TIMEOUT_S) == 0
     finally:
         if server.poll() is None:
             server.kill()
@@ -188,18 +248,71 @@ def raw_client_call_then_close(workdir: Path, runtime_dir: Path, *, leave_unread
     return err
 
 
-@pytest.mark.parametrize("leave_unread", [False, True], ids=["closed-first", "left-unread"])
+@pytest.mark.parametrize(
+    ("wire", "leave_unread", "ending"),
+    [
+        ("pipe", False, "close"),
+        ("pipe", True, "close"),
+        ("socket", True, "close"),
+        ("pipe", True, "sigterm"),
+        ("socket", True, "sigterm"),
+    ],
+    ids=[
+        "pipe-closed-first",
+        "pipe-left-unread",
+        "socket-left-unread",
+        "pipe-sigterm",
+        "socket-sigterm",
+    ],
+)
 def test_an_mcp_answer_the_client_never_read_returns_its_messages_to_the_queue(
-    workdir: Path, tmp_path: Path, leave_unread: bool
+    workdir: Path, tmp_path: Path, wire: str, leave_unread: bool, ending: str
 ) -> None:
     """The call claimed and acknowledged the messages before its answer was written: a
     client gone by then lost them for good, and the chat said they were delivered."""
     queue_three(workdir)
-    err = raw_client_call_then_close(workdir, tmp_path / "rt", leave_unread=leave_unread)
+    err = raw_client_call_then_close(
+        workdir, tmp_path / "rt", leave_unread=leave_unread, wire=wire, ending=ending
+    )
     assert b"Traceback" not in err, err
     assert acks(workdir) == []
     assert names(workdir, "queued") == ["m0.json", "m1.json", "m2.json"]
     assert names(workdir, "taken") == []
+
+
+@pytest.mark.parametrize("ending", ["close", "sigterm"])
+def test_inbox_on_a_socket_whose_reader_never_reads_acknowledges_nothing(
+    workdir: Path, ending: str
+) -> None:
+    """A Node host gives its commands a socket, not a pipe, as stdout: a complete write
+    into it counted as delivered."""
+    queue_three(workdir)
+    out = Wire("socket")
+    done = subprocess.Popen(
+        [TASKCARD, "inbox", "--workdir", str(workdir)],
+        stdout=out.child_fd,
+        stderr=subprocess.PIPE,
+    )
+    out.attach(done)
+    try:
+        wait_until(out.has_unread, "the first message on the socket")
+        if ending == "sigterm":  # the host ends its session while the command waits
+            done.terminate()
+            assert done.wait(timeout=TIMEOUT_S) == 128 + signal.SIGTERM
+            out.close()
+        else:
+            out.close()
+            assert done.wait(timeout=TIMEOUT_S) == 141
+    finally:
+        if done.poll() is None:
+            done.kill()
+            done.wait()
+        assert done.stderr is not None
+        err = done.stderr.read()
+        done.stderr.close()
+    assert b"Traceback" not in err, err
+    assert acks(workdir) == []
+    assert names(workdir, "queued") == ["m0.json", "m1.json", "m2.json"]
 
 
 async def test_the_next_mcp_client_gets_what_the_last_one_never_read(
