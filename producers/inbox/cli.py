@@ -42,8 +42,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.peek:
             return _show_peek(args, peek(workdir))
-        with _stopped_by_signals(), claiming(workdir, VIA) as claim:
-            code = _deliver(args, claim)
+        stop = _Stop()
+        with stop.installed():
+            with claiming(workdir, VIA) as claim:
+                code = _deliver(args, claim, stop)
+            stop.check()  # noted during the release: the messages are back, now it ends
     except InboxUnsafe as exc:
         print(f"taskcard inbox: {exc}", file=sys.stderr)
         return 2
@@ -55,20 +58,45 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-@contextlib.contextmanager
-def _stopped_by_signals() -> Iterator[None]:
+class _Stop:
     """SIGTERM and SIGHUP (a host ending its session, a closed terminal) end the command
-    through Python, so the claim's end puts the messages not yet delivered back."""
+    through Python, so the claim's end puts the messages not yet delivered back. The signal
+    ends it at once only while it waits for its reader (`waiting`); during a claim, an
+    acknowledgement or a release it is noted and acted on at the next `check`, so none of
+    them stops half-way."""
 
-    def stop(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._armed = False
 
-    before = {number: signal.signal(number, stop) for number in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for number, handler in before.items():
-            signal.signal(number, handler)
+    def _handle(self, signum: int, frame: object) -> None:
+        self.signum = signum
+        if self._armed:
+            self._armed = False
+            raise SystemExit(128 + signum)
+
+    def check(self) -> None:
+        if self.signum is not None:
+            raise SystemExit(128 + self.signum)
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        self.check()
+        self._armed = True
+        try:
+            yield
+        finally:
+            self._armed = False
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        numbers = (signal.SIGTERM, signal.SIGHUP)
+        before = {number: signal.signal(number, self._handle) for number in numbers}
+        try:
+            yield
+        finally:
+            for number, handler in before.items():
+                signal.signal(number, handler)
 
 
 def _show_peek(args: argparse.Namespace, batch: Batch) -> int:
@@ -84,7 +112,7 @@ def _show_peek(args: argparse.Namespace, batch: Batch) -> int:
     return 0
 
 
-def _deliver(args: argparse.Namespace, claim: Claim) -> int:
+def _deliver(args: argparse.Namespace, claim: Claim, stop: _Stop) -> int:
     """Print the claimed messages; each is acknowledged once its reader has it (see
     `output.py`), the rest go back to the queue when the reader goes away."""
     messages = claim.messages
@@ -94,12 +122,16 @@ def _deliver(args: argparse.Namespace, claim: Claim) -> int:
     out = _output()
     if args.json:  # one document: the reader has all of it or none
         result = {"claimed": True, "messages": [m.summary() for m in messages]}
-        if out.deliver((terminal_json(result, indent=2) + "\n").encode()):
+        with stop.waiting():
+            delivered = out.deliver((terminal_json(result, indent=2) + "\n").encode())
+        if delivered:
             claim.delivered(*messages)
     else:
         for n, message in enumerate(messages):
             text = ("\n" if n else "") + frame(message) + "\n"  # a blank line between
-            if not out.deliver(text.encode()):
+            with stop.waiting():
+                delivered = out.deliver(text.encode())
+            if not delivered:
                 break
             claim.delivered(message)
             if out.late:  # a reader that reads later, if at all: hand it no more

@@ -47,7 +47,7 @@ class _Once:
 
     def __init__(self, settle: Settle) -> None:
         self._settle = settle
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # the signal handler may run inside
         self._done = False
 
     def __call__(self, delivered: bool) -> None:
@@ -62,7 +62,7 @@ class Deliveries:
     """Requests whose answer must be settled once it is known to have arrived, or not."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # the signal handler may run inside
         self._pending: dict[tuple[str, Any], _Once] = {}
         self.broken = False
 
