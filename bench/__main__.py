@@ -1,6 +1,7 @@
 """`python -m bench SCENARIO [--quick] [--real-limits] [--no-record]`.
 
-SCENARIO: all, latency, storm, board, cluster_storm, scale, scale2k, idle, creation or producer.
+SCENARIO: all, latency, storm, board, cluster_storm, scale, scale2k, idle, creation or producer;
+or `changecost` (not part of `all`): Python calls and bytecodes per card change, counted.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import cluster_storm, creation, idle, latency, producer, scale, storm
+from bench import changecost, cluster_storm, creation, idle, latency, producer, scale, storm
 from bench.measure import git_revision, machine
 from bench.results import RESULTS_PATH, ScenarioResult, append_results, markdown, table
 from tests.e2e.harness import ROOT
@@ -33,6 +34,10 @@ SCENARIOS: dict[str, Scenario] = {
     "creation": lambda w, a: creation.run(w, quick=a.quick),
     "producer": lambda w, a: producer.run(w, quick=a.quick),
 }
+# Counted, not timed: a tool for working on the change path, run on its own.
+TOOLS: dict[str, Scenario] = {
+    "changecost": lambda w, a: changecost.run(w, quick=a.quick),
+}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -40,7 +45,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         prog="python -m bench",
         description="Benchmark taskcard against the fake Telegram Bot API and a polling baseline.",
     )
-    parser.add_argument("scenario", choices=["all", *SCENARIOS])
+    parser.add_argument("scenario", choices=["all", *SCENARIOS, *TOOLS])
     parser.add_argument(
         "--quick", action="store_true", help="short runs with fewer agents (for development)"
     )
@@ -63,7 +68,7 @@ async def run_all(args: argparse.Namespace, names: list[str]) -> list[ScenarioRe
             print(f"running {name}{' (quick)' if args.quick else ''} ...", flush=True)
             started = time.monotonic()
             try:
-                result = await SCENARIOS[name](Path(folder), args)
+                result = await {**SCENARIOS, **TOOLS}[name](Path(folder), args)
             except Exception as error:  # one broken scenario must not hide the others
                 traceback.print_exc()
                 result = ScenarioResult(name, "did not complete")
