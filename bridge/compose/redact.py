@@ -261,6 +261,55 @@ class Redactor:
         bare = _folded_text(text, markup=True)
         return any(secret in bare for secret in self._bare)
 
+    def leaks_in(self, value: object, text: str | None = None) -> bool:
+        """Whether any string of a JSON-like value (dict keys and values, list and tuple
+        items), or `text`, still shows a configured secret: `leaks` of each, as
+        `strings_in` finds them, but without collecting them first.
+
+        Every payload passes here before it is sent. Most of its strings are keys, entity
+        types and short links that cannot hold a secret (ASCII and shorter than every
+        spelling): they are passed over where they are met, and only the others are checked,
+        each once. Numbers are passed over, and dicts, lists and tuples told apart, before
+        anything is asked whether it is a `Mapping` (an abstract-class check).
+        """
+        shortest = self._shortest
+        if not shortest:
+            return False
+        checked: set[str] = set()
+
+        def leaking(item: str) -> bool:  # a string that may hold a secret (see above)
+            if item in checked:
+                return False
+            checked.add(item)
+            return self.leaks(item)
+
+        if text is not None and (len(text) >= shortest or not text.isascii()) and leaking(text):
+            return True
+        pending = [value]
+        while pending:
+            item = pending.pop()
+            if isinstance(item, str):
+                if (len(item) >= shortest or not item.isascii()) and leaking(item):
+                    return True
+            elif item is None or isinstance(item, int | float):
+                continue
+            elif isinstance(item, list | tuple):
+                pending.extend(item)
+            elif isinstance(item, dict | Mapping):  # a dict is told before the ABC is asked
+                for key, nested in item.items():
+                    if (
+                        isinstance(key, str)
+                        and (len(key) >= shortest or not key.isascii())
+                        and leaking(key)
+                    ):
+                        return True
+                    if isinstance(nested, str):
+                        if (len(nested) >= shortest or not nested.isascii()) and leaking(nested):
+                            return True
+                    elif not (nested is None or isinstance(nested, int | float)):
+                        pending.append(nested)
+        return False
+
 
 def strings_in(value: object) -> set[str]:
     """Every distinct string in a JSON-like value: dict keys and values, list and tuple items.

@@ -39,7 +39,7 @@ from taskcard.bridge.compose.board import (
     needs_attention,
     unobserved,
 )
-from taskcard.bridge.compose.redact import Redactor, strings_in
+from taskcard.bridge.compose.redact import Redactor
 from taskcard.bridge.compose.view import compose_view, format_at
 from taskcard.bridge.config import AGENT_ID_PATTERN, ServiceConfig
 from taskcard.bridge.deliver.registry import BuiltChannel, RouteSpec, original_chat, route_specs
@@ -1634,11 +1634,9 @@ class Service:
         # Every string the platform receives is checked on its own (what a chat shows comes
         # from these strings; the JSON punctuation between them never joins two of them),
         # and the plain text too unless it is one of them verbatim. Walking the payload costs
-        # half of dumping it as JSON and folding the dump, entity offsets and all.
-        # A string met twice (entity keys and types) is checked once.
-        texts = strings_in(outgoing.payload)
-        texts.add(outgoing.text)
-        return any(self._redact.leaks(text) for text in texts)
+        # half of dumping it as JSON and folding the dump, entity offsets and all; strings
+        # too short to hold a secret (keys, entity types) are passed over as they are met.
+        return self._redact.leaks_in(outgoing.payload, outgoing.text)
 
     # Notices -----------------------------------------------------------------------------
 

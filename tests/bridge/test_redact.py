@@ -374,3 +374,37 @@ def test_the_leak_walk_asks_no_abstract_class_question_of_plain_json(
     view = MappingProxyType({"key": ["value", 3]})
     assert strings_in({"other": view}) == {"other", "key", "value"}
     assert asked == [view]
+
+
+def test_the_leak_check_of_a_payload_finds_what_each_of_its_strings_shows() -> None:
+    """`leaks_in` (the check before every send) walks the payload without collecting its
+    strings first, passing over the ones too short to hold a secret: it finds a secret
+    wherever `leaks` of one of `strings_in` would, in a link, a key, deep in a card, in a
+    string of ligatures shorter than the secret that a chat shows as it, or in the plain
+    text given beside the payload; and a payload without one is clean."""
+    secret = "Conf1guredValue-xyz-42"
+    redactor = Redactor([secret])
+    entity = {"type": "text_link", "offset": 0, "length": 3, "url": "https://x.test/"}
+    clean = {
+        "text": "all good",
+        "entities": [entity, {"type": "bold", "offset": 1, "length": 2}],
+        "card": {"elements": ({"tag": "div", "content": ["a", ("b", 7)]},)},
+        "view": MappingProxyType({"key": ["value", 3]}),
+        "flag": True,
+        "none": None,
+    }
+    assert not redactor.leaks_in(clean, "all good")
+    assert not Redactor([]).leaks_in({"text": secret}, secret)  # nothing configured
+    leaking = [
+        {**clean, "entities": [{**entity, "url": f"https://x.test/?k={secret}"}]},
+        {**clean, secret: 1},
+        {**clean, "card": {"elements": ({"content": ["a", ("b", f"x {secret} y")]},)}},
+        {**clean, "view": MappingProxyType({"key": [f"[{secret}]"]})},
+    ]
+    for payload in leaking:
+        assert any(redactor.leaks(text) for text in strings_in(payload)), payload
+        assert redactor.leaks_in(payload), payload
+    ligatures = Redactor(["fifi"])
+    assert ligatures.leaks_in({"t": "\ufb01\ufb01"})  # two characters, shown as "fifi"
+    assert not ligatures.leaks_in({"t": "fif"})
+    assert redactor.leaks_in(clean, f"the plain text: {secret}")
