@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import logging
 import os
 from collections.abc import AsyncGenerator, Iterable, Mapping
@@ -56,7 +57,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal
 
-from taskcard.bridge.watch.inotify import OUT_OF_INSTANCES, InotifyWatches, inotify_available
+from taskcard.bridge.watch.inotify import (
+    OUT_OF_INSTANCES,
+    PATH_MEMO,
+    InotifyWatches,
+    inotify_available,
+)
 from taskcard.channels.aio import AnyEvent, Backoff, wait_first
 from taskcard.producers.reports.contract import CONTRACT_DIRS, LINEAGE_FILE
 from taskcard.producers.task_card.contract import (
@@ -122,6 +128,12 @@ def _abs(path: Path) -> str:
     return os.path.abspath(path)
 
 
+# `os.path.split` of the paths events name, remembered as `inotify.child_path` remembers
+# their joins (the same few paths change again and again); `split_path(p)[1]` is
+# `os.path.basename(p)`.
+split_path = functools.lru_cache(maxsize=PATH_MEMO)(os.path.split)
+
+
 @dataclass
 class WatchPlan:
     """The paths one watcher run observes, and how an event path maps to agents.
@@ -148,7 +160,7 @@ class WatchPlan:
 
     def _contract_folder(self, path: str) -> frozenset[str] | None:
         """The agents whose contract folder `path` is, if it is one."""
-        workdir, name = os.path.split(path)
+        workdir, name = split_path(path)
         return self.workdirs.get(workdir) if name in CONTRACT_NAMES else None
 
     def _standing_for(self, path: str, first: Mapping[str, frozenset[str]]) -> set[str]:
@@ -187,7 +199,7 @@ class WatchPlan:
         files and nothing structural: (its agents, `<contract folder>/<file name>`)."""
         agents = self._standing_for(event_path, self.structural)
         stale = bool(agents)
-        folder, name = os.path.split(event_path)
+        folder, name = split_path(event_path)
         file: tuple[frozenset[str], str] | None = None
         if not unread(name):
             structural = frozenset(agents)
@@ -204,7 +216,7 @@ class WatchPlan:
                 file = (inner - structural, name)
             elif (owners := self._contract_folder(folder)) is not None:
                 agents |= owners
-                file = (owners - structural, os.path.basename(folder) + "/" + name)
+                file = (owners - structural, split_path(folder)[1] + "/" + name)
         return agents, stale, file
 
 
