@@ -321,6 +321,21 @@ def _feed(data: bytes) -> asyncio.StreamReader:
             True,
         ),
         (b"HTTP/1.1 204 No Content\r\n\r\n", 204, b"", True),
+        # Header names in any case and with spaces before the colon; names that only
+        # contain one of the names read are not them.
+        (
+            b"HTTP/1.1 200 OK\r\nX-Content-Length: 9\r\ncontent-LENGTH \t: 2\r\n"
+            b"Content-Length-Extra: 7\r\nServer: x\r\n\r\nok",
+            200,
+            b"ok",
+            True,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nCONNECTION:  Close\r\n\r\nok",
+            200,
+            b"ok",
+            False,
+        ),
         (b"HTTP/1.1 100 Continue\r\n\r\n" + _answer(b"{}"), 200, b"{}", True),
     ],
 )
@@ -343,6 +358,7 @@ async def test_answers_are_read_by_length_chunks_or_end(
         # Digits `str.isdigit` accepts and `int` refuses, and a negative chunk size.
         b"HTTP/1.1 \xb200 OK\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nContent-Length: \xb2\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\rX\r\n\r\nok",  # a lone CR is no line end
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\nabc",
     ],
 )
