@@ -22,6 +22,12 @@ reduced size in about 5 minutes, for development, with `--no-record`). Scenarios
 - `producer` (+ `producer_host`): the producer host's own CPU and tick drift (<= 2% of a
   core, drift p99 <= 10 ms).
 
+`python -m bench changecost [--quick]` (not part of `all`, no target) counts instead of
+timing: the Python calls, bytecodes and C calls one card change costs in a real `serve`
+(`changecost`, with `changecost_probe` running the service under a tracer);
+`python -m bench.changecost --mode profile` profiles the same window. For work on the change
+path on a machine whose timings are noise.
+
 Modules besides the scenarios:
 
 - `measure`: process CPU and peak RSS from /proc, percentiles, machine facts.

@@ -7,8 +7,10 @@ of 100 (unlimited limits, as in `scale`), waits until every resident exists, let
 agent (5%, as in `scale`) change once, not counted (what the service learns of a path or a
 route the first time it changes is no steady cost), then publishes M changes of those agents
 in turns, at a steady rate (20 a second by default: slow enough that the traced service
-handles each change on its own, as the untraced one does at 100 a second), and counts from
-the first change to the moment every change is shown. Every change must show as one edit.
+handles each change on its own, as the untraced one does at 100 a second; a change waits
+for its agent's previous one to show, so none coalesce on a loaded machine), and counts
+from the first change to the moment every change is shown. Every change must show as one
+edit.
 
 - `trace` (the default): Python calls (frames entered, coroutine resumptions included),
   bytecodes and C calls per change, on serve's main thread, where all of the change path
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import pstats
 import signal
 import sys
@@ -84,14 +87,17 @@ async def measure(
             await _shown_or_logs(serve, shown, keys, writer.versions)
             await asyncio.sleep(2.0)  # let the creation's tail settle
             changing = _dealt(ids, PER_GROUP)[::CHANGING_EVERY_NTH]
+            chat_of = {agent: chat for chat, agent in keys}
             # A first round, not counted: what the service learns of a path or a route the
             # first time it changes (and keeps) is not the cost of a change.
-            await _publish(writer, changing, rate)
+            await _publish(writer, changing, rate, shown, chat_of)
             await _shown_or_logs(serve, shown, keys, writer.versions)
             edits_before = fake.count("editMessageText")
             serve.proc.send_signal(signal.SIGUSR2)
             await asyncio.sleep(0.5)  # the probe starts before the first change
-            await _publish(writer, [changing[i % len(changing)] for i in range(changes)], rate)
+            await _publish(
+                writer, [changing[i % len(changing)] for i in range(changes)], rate, shown, chat_of
+            )
             await _shown_or_logs(serve, shown, keys, writer.versions)
             serve.proc.send_signal(signal.SIGUSR2)
             await eventually(out.exists, timeout_s=60, what="the probe's counts")
@@ -117,12 +123,25 @@ def _per_change(out: Path, changes: int, functions_path: Path | None) -> dict[st
     return {name: value / changes for name, value in counts.items()}
 
 
-async def _publish(writer: CardWriter, agents: list[str], rate: float) -> None:
-    """A change of each of `agents` in turn, `rate` a second."""
-    first = time.monotonic()
-    for index, agent in enumerate(agents):
-        await sleep_until(first + index / rate)
+async def _publish(
+    writer: CardWriter, agents: list[str], rate: float, shown: Shown, chat_of: dict[str, int]
+) -> None:
+    """A change of each of `agents` in turn, `rate` a second at most; an agent whose last
+    change is not shown yet (a service slowed by the tracer, a loaded machine) is waited
+    for first, so that no two changes of one agent coalesce into one edit (latest wins)."""
+    last = -math.inf
+    for agent in agents:
+        await sleep_until(last + 1 / rate)
+        version, key = writer.versions.get(agent, -1), (chat_of[agent], agent)
+
+        def shown_already(key: tuple[int, str] = key, version: int = version) -> bool:
+            shown.update()
+            return shown.latest.get(key, -1) >= version
+
+        if not shown_already():
+            await eventually(shown_already, timeout_s=600, what=f"{agent} v{version} shown")
         writer.publish(agent)
+        last = time.monotonic()
 
 
 def _dealt(ids: tuple[str, ...], per_group: int) -> list[str]:
