@@ -11,8 +11,10 @@ import shutil
 import socket
 import subprocess
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
+import pytest
 import redis
 
 
@@ -75,3 +77,13 @@ class RedisServer:
 
 def have_redis() -> bool:
     return shutil.which("redis-server") is not None
+
+
+def private_redis(folder: Path, stack: ExitStack) -> RedisServer:
+    """A Redis of one test's own (it may stop or restart it), persisting to `folder`, stopped
+    when `stack` closes; the test fails (never skips) where redis-server is missing."""
+    if not have_redis():
+        pytest.fail("redis-server is not installed: run `make test`, which installs it")
+    server = RedisServer(folder, appendonly=True).start()
+    stack.callback(server.stop)
+    return server

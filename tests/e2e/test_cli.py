@@ -42,6 +42,26 @@ def taskcard(
     )
 
 
+def refused_by_every_command(
+    config: Path, key: str
+) -> list[tuple[str, subprocess.CompletedProcess[str]]]:
+    """The one stderr line naming `key` that `config check`, `serve --check` and `serve` each
+    print when they refuse `config` (exit 2, no traceback), with each command's result."""
+    lines = []
+    for args in (
+        ("config", "check", str(config)),
+        ("serve", "--config", str(config), "--check"),
+        ("serve", "--config", str(config)),
+    ):
+        result = taskcard(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert "Traceback" not in result.stderr, result.stderr
+        named = [line for line in result.stderr.splitlines() if f" {key}: " in line]
+        assert len(named) == 1, result.stderr
+        lines.append((named[0], result))
+    return lines
+
+
 def console_config(tmp_path: Path, agents: str = "", extra: str = "") -> Path:
     config = tmp_path / "taskcard.toml"
     config.write_text('state_dir = ".taskcard"\n' + extra + agents)

@@ -33,7 +33,7 @@ from tests.e2e.harness import (
 from tests.e2e.test_serve_telegram import GROUP, _quick_publish, _sleep, shown
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeLimits, FakeTelegram, Window
-from tests.redis_server import RedisServer, free_port, have_redis
+from tests.redis_server import RedisServer, free_port, have_redis, private_redis
 
 if TYPE_CHECKING:
     from tests.e2e.test_serve_feishu import Setup
@@ -309,10 +309,7 @@ async def test_killing_an_agents_owner_hands_it_over_without_a_second_resident(
 async def test_a_redis_restart_is_survived(
     tmp_path: Path, fake: FakeTelegram, prefix: str, fleet: ExitStack
 ) -> None:
-    if not have_redis():
-        pytest.fail("redis-server is not installed: run `make test`, which installs it")
-    server = RedisServer(tmp_path / "redis", appendonly=True).start()
-    fleet.callback(server.stop)
+    server = private_redis(tmp_path / "redis", fleet)
     serves = [
         fleet.enter_context(
             instance(tmp_path, name, fake, [f"{name}agent"], redis_url=server.url, prefix=prefix)
@@ -718,10 +715,7 @@ async def test_a_redis_outage_longer_than_the_leases_lapses_them_and_recovers(
     """Redis gone for longer than `lease_ttl_s`: each instance lets its leases lapse (it
     cannot know it still holds them) without a traceback per renewal, and when Redis is back
     the agent is served again, editing its one resident."""
-    if not have_redis():
-        pytest.fail("redis-server is not installed: run `make test`, which installs it")
-    server = RedisServer(tmp_path / "redis", appendonly=True).start()
-    fleet.callback(server.stop)
+    server = private_redis(tmp_path / "redis", fleet)
     serves = [
         fleet.enter_context(
             instance(tmp_path, name, fake, ["shared"], redis_url=server.url, prefix=prefix)
@@ -1146,10 +1140,7 @@ async def test_a_reload_while_redis_is_down_is_refused_and_the_running_config_st
     """SIGHUP while the shared state cannot be read (a routed chat's key depends on it: a
     group's upgrade): the reload is refused with a log line saying so, the instance keeps
     serving what it served, and a SIGHUP once Redis is back applies the file."""
-    if not have_redis():
-        pytest.fail("redis-server is not installed: run `make test`, which installs it")
-    server = RedisServer(tmp_path / "redis", appendonly=True).start()
-    fleet.callback(server.stop)
+    server = private_redis(tmp_path / "redis", fleet)
     serve = fleet.enter_context(
         instance(tmp_path, "i0", fake, ["i0agent"], redis_url=server.url, prefix=prefix)
     )

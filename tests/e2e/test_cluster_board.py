@@ -28,7 +28,7 @@ from tests.e2e.test_serve_feishu import CHAT, ENCRYPT, VERIFY
 from tests.e2e.test_serve_telegram import GROUP
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram, StoredMessage
-from tests.redis_server import RedisServer, have_redis
+from tests.redis_server import RedisServer, have_redis, private_redis
 
 
 def boards(fake: FakeTelegram) -> list[StoredMessage]:
@@ -377,10 +377,7 @@ async def test_feishu_a_command_replying_to_another_instances_message_is_the_bot
 async def test_a_redis_restart_keeps_the_one_board_going(
     tmp_path: Path, telegram: FakeTelegram, prefix: str, fleet: ExitStack
 ) -> None:
-    if not have_redis():
-        pytest.fail("redis-server is not installed: run `make test`, which installs it")
-    server = RedisServer(tmp_path / "redis", appendonly=True).start()
-    fleet.callback(server.stop)
+    server = private_redis(tmp_path / "redis", fleet)
     split = {"i0": ["alpha"], "i1": ["bravo"]}
     serves = [
         fleet.enter_context(

@@ -11,22 +11,17 @@ from __future__ import annotations
 from contextlib import ExitStack
 from pathlib import Path
 
-import pytest
-
 from tests.e2e.harness import eventually, publish
 from tests.e2e.test_cluster import instance
 from tests.e2e.test_serve_telegram import GROUP, shown
 from tests.fakes.telegram_api import FakeTelegram
-from tests.redis_server import RedisServer, have_redis
+from tests.redis_server import private_redis
 
 
 async def test_redis_gone_while_a_menu_429_is_recorded_does_not_stop_serve(
     tmp_path: Path, telegram: FakeTelegram, prefix: str, fleet: ExitStack
 ) -> None:
-    if not have_redis():
-        pytest.fail("redis-server is not installed: run `make test`, which installs it")
-    server = RedisServer(tmp_path / "redis", appendonly=True).start()
-    fleet.callback(server.stop)
+    server = private_redis(tmp_path / "redis", fleet)
     # The menu's answer is held until Redis is gone: the 429 is recorded without it.
     telegram.hold_answers("setMyCommands")
     telegram.fail_next(
