@@ -47,6 +47,7 @@ from taskcard.producers.task_card.contract import (
     Origin,
     OutsideWorkdir,
     atomic_write,
+    int_or_digits,
     is_inside,
     load_json,
     make_folder,
@@ -113,7 +114,7 @@ def parse_payload(raw: bytes) -> dict[str, Any]:
     try:
         # A lone surrogate escaped in a string (`"\\ud800"`) is read as U+FFFD: kept, no
         # line of the activity log could carry it, and the event was lost with a traceback.
-        data = load_json(raw)
+        data = load_json(raw, parse_int=int_or_digits)
     except UnicodeDecodeError:
         # A byte that is not UTF-8 (in a tool's output, a message) is read as U+FFFD too:
         # the whole event (a turn's end) was lost for one byte in a field never used.
@@ -136,7 +137,7 @@ def parse_payload(raw: bytes) -> dict[str, Any]:
 def _load_replacing(raw: bytes) -> Any:
     """`raw` read as UTF-8 with each invalid byte as U+FFFD, then as JSON."""
     try:
-        return load_json(raw.decode("utf-8", errors="replace"))
+        return load_json(raw.decode("utf-8", errors="replace"), parse_int=int_or_digits)
     except (ValueError, RecursionError) as exc:
         raise HookInputError(f"payload is not JSON ({exc.__class__.__name__})") from None
 

@@ -28,6 +28,7 @@ import stat
 import tempfile
 import threading
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cached_property
@@ -389,13 +390,24 @@ def parse_json(raw: bytes | str) -> Any:
         return None
 
 
-def load_json(raw: bytes | str) -> Any:
+def load_json(raw: bytes | str, *, parse_int: Callable[[str], Any] | None = None) -> Any:
     """`json.loads(raw)`, raising as it does, except that a lone surrogate (`"\\ud800"`:
     valid JSON, but no UTF-8 can carry it, so every write of it to a file, the store or a
     platform would fail, on every retry) becomes U+FFFD in every string and key."""
-    value = json.loads(raw)
+    value = json.loads(raw, parse_int=parse_int)
     data = raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogatepass")
     return _without_surrogates(value) if _SURROGATE_ESCAPE.search(data) else value
+
+
+def int_or_digits(text: str) -> int | str:
+    """A JSON whole number as `int`, or as its digits (a string) when it is longer than
+    Python converts (4,300 digits): one such number in a field never used (a tool's input)
+    made the whole document "not JSON". A field that needs a number then refuses the string
+    by name, as it refuses any other text."""
+    try:
+        return int(text)
+    except ValueError:
+        return text
 
 
 def _without_surrogates(value: Any) -> Any:

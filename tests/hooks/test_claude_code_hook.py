@@ -550,6 +550,22 @@ def test_a_byte_that_is_not_utf8_in_a_payload_still_records_the_event(
     assert not (workdir / "logs" / "taskcard-hook.log").exists()
 
 
+@pytest.mark.parametrize("host", ["claude-code", "codex"])
+@pytest.mark.parametrize("digits", [4301, 5000, 100_000])
+def test_a_number_too_long_for_python_in_a_field_never_used_still_records_the_event(
+    workdir: Path, host: str, digits: int
+) -> None:
+    """JSON sets no size on a number; Python reads at most 4,300 digits. One longer number in
+    a field the hook never uses (a tool's input) made the whole payload "not JSON", and the
+    turn's end was lost. It is read as its digits."""
+    data = payload("10_stop.json", workdir, tool_input={"n": "BIG"}, count="BIG")
+    raw = json.dumps(data).replace('"BIG"', "9" * digits).encode()
+    done = run_taskcard("hook", host, stdin=raw)
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
+    assert kinds(workdir) == ["turn.end"]
+    assert not (workdir / "logs" / "taskcard-hook.log").exists()
+
+
 def test_a_subagent_id_of_any_length_keeps_its_wait(workdir: Path) -> None:
     """The saved wait carries the subagent's id; one longer than the waits file's read limit
     made the file unreadable, which lost every open wait. A huge id is kept as its digest."""
