@@ -16,7 +16,6 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from importlib import import_module
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Final, NoReturn
 
 from taskcard.bridge.run import early_stop
@@ -125,22 +124,40 @@ def print_help_handler(parser: argparse.ArgumentParser) -> Handler:
 
 
 def package_version() -> str:
+    # Imported here: it costs every run (a hook's on each tool call) 60 ms otherwise.
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version("taskcard")
     except PackageNotFoundError:  # running from a checkout that was never installed
         return "unknown"
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _VersionAction(argparse.Action):
+    """`--version`, looking the version up only when asked (reading the installed package's
+    metadata costs a hook's run a tenth of a second)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(
+            option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="show the version"
+        )
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        print(f"{parser.prog} {package_version()}")
+        parser.exit()
+
+
+def build_parser(modules: Sequence[str] = _COMMAND_MODULES) -> argparse.ArgumentParser:
+    """The whole command line, or only the commands `modules` register (a hook's run)."""
     parser = Parser(
         prog="taskcard",
         description="Keep one truthful task card per agent in Telegram and Feishu chats.",
         epilog=EXIT_CODES_EPILOG,
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     parser.set_defaults(handler=print_help_handler(parser))
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    for name in _COMMAND_MODULES:
+    for name in modules:
         import_module(name).register(subparsers)
     _register_completion(subparsers)
     _groups_print_help(parser)
@@ -192,6 +209,9 @@ def _completion(args: argparse.Namespace) -> int:
 # Claude Code hook that exits 2 blocks the tool call, erases the prompt or keeps the
 # session from stopping, feeding the usage text to the model.
 _HOST_HOOKS: Final = frozenset({"hook"})
+# What registers `hook`: an agent host runs it on every tool call, so it builds only its own
+# command (the service's modules it would import otherwise cost about 0.3 s of CPU a call).
+_HOOK_MODULE: Final = "taskcard.producers.agent_hooks.cli"
 
 
 # Errors of writing to stdout when it is a file on a full or failing disk.
@@ -217,7 +237,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # the file is read changes nothing anyway; one after it is dropped (send it again).
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
-        parser = build_parser()  # the imports: most of a start's first second
+        # The imports: most of a start's first second.
+        parser = build_parser((_HOOK_MODULE,) if words[:1] == ["hook"] else _COMMAND_MODULES)
         args = parser.parse_args(words)
     except early_stop.StopRequested as stopped:
         return _stopped_early(stopped)

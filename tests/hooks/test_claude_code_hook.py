@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -654,3 +655,42 @@ def test_an_empty_stdin_says_where_the_payload_comes_from(workdir: Path, raw: by
     log = (workdir / "logs" / "taskcard-hook.log").read_text()
     assert "no payload: Claude Code passes the hook's JSON on stdin" in log
     assert "Traceback" not in log and events(workdir) == []
+
+
+# What a hook's run must not import: the service, its configuration and the capability's
+# models cost an agent host about 0.3 s of CPU on every tool call, twice per call.
+_SERVICE_MODULES = (
+    "taskcard.bridge.run.service",
+    "taskcard.bridge.config",
+    "taskcard.producers.task_card.capability",
+    "pydantic",
+)
+_IMPORTED_BY_A_HOOK = """\
+import contextlib, json, sys
+from taskcard.bridge.cli import main
+with contextlib.redirect_stdout(sys.stderr):
+    code = main(["hook", sys.argv[1]])
+print(json.dumps({"code": code, "modules": sorted(sys.modules)}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("host", "name"),
+    [("claude-code", "03_pre_tool_use.json"), ("claude-code", "10_stop.json"), ("codex", "")],
+)
+def test_a_hooks_run_imports_none_of_the_service(workdir: Path, host: str, name: str) -> None:
+    """A hook builds only its own command: the rest of the command line imported the whole
+    service for every tool call."""
+    data = payload(name, workdir) if name else payload("10_stop.json", workdir)
+    done = subprocess.run(
+        [sys.executable, "-c", _IMPORTED_BY_A_HOOK, host],
+        input=json.dumps(data).encode(),
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["code"] == 0
+    assert kinds(workdir), "the event was recorded"
+    assert not [module for module in _SERVICE_MODULES if module in result["modules"]], result
