@@ -64,6 +64,10 @@ from taskcard.producers.task_card.wakes import WakeReader
 from taskcard.producers.task_card.workdir_arg import WorkdirError, expand_workdir
 
 MAX_PAYLOAD_BYTES: Final = 32_000_000
+# Arrays and objects of a payload nested deeper than this are read as `DEEP_MARKER` (see
+# `read_json`); the fields the hooks read are all near the top.
+MAX_DEPTH: Final = 100
+DEEP_MARKER: Final = f"(nested deeper than {MAX_DEPTH} levels: left out)"
 ERROR_LOG: Final = "taskcard-hook.log"
 ERROR_LOG_MAX_BYTES: Final = 256_000
 WAITS_FILE: Final = ".taskcard-hook-waits.json"
@@ -112,13 +116,7 @@ def parse_payload(raw: bytes) -> dict[str, Any]:
     if len(raw) > MAX_PAYLOAD_BYTES:
         raise HookInputError(f"payload over {MAX_PAYLOAD_BYTES} bytes, ignored")
     try:
-        # A lone surrogate escaped in a string (`"\\ud800"`) is read as U+FFFD: kept, no
-        # line of the activity log could carry it, and the event was lost with a traceback.
-        data = load_json(raw, parse_int=int_or_digits)
-    except UnicodeDecodeError:
-        # A byte that is not UTF-8 (in a tool's output, a message) is read as U+FFFD too:
-        # the whole event (a turn's end) was lost for one byte in a field never used.
-        data = _load_replacing(raw)
+        data = read_json(raw)
     except (ValueError, RecursionError) as exc:
         raise HookInputError(f"payload is not JSON ({exc.__class__.__name__})") from None
     if not isinstance(data, dict):
@@ -134,12 +132,57 @@ def parse_payload(raw: bytes) -> dict[str, Any]:
     return data
 
 
-def _load_replacing(raw: bytes) -> Any:
-    """`raw` read as UTF-8 with each invalid byte as U+FFFD, then as JSON."""
+def read_json(raw: bytes | str) -> Any:
+    """A hook payload read as JSON, losing nothing the hook uses to what it never uses:
+
+    - a lone surrogate escaped in a string (`"\\ud800"`) is read as U+FFFD: no line of the
+      activity log could carry it (the event was lost with a traceback);
+    - a byte that is not UTF-8 (in a tool's output, a message) is read as U+FFFD too: the
+      whole event (a turn's end) was lost for one byte in a field never used;
+    - a number longer than Python reads (4,300 digits) is read as its digits;
+    - an array or object nested deeper than `MAX_DEPTH` levels (in a tool's input, say) is
+      read as the string `DEEP_MARKER`: Python's reader recurses, and past about 990 levels
+      the whole payload was "not JSON". The fields the hooks read are all near the top.
+
+    Raises `ValueError` for what is not JSON."""
     try:
-        return load_json(raw.decode("utf-8", errors="replace"), parse_int=int_or_digits)
-    except (ValueError, RecursionError) as exc:
-        raise HookInputError(f"payload is not JSON ({exc.__class__.__name__})") from None
+        return load_json(raw, parse_int=int_or_digits)
+    except UnicodeDecodeError:
+        if isinstance(raw, str):
+            raise  # never: only bytes are decoded
+        return read_json(raw.decode("utf-8", errors="replace"))
+    except RecursionError:
+        if isinstance(raw, bytes):
+            raw = raw.decode(json.detect_encoding(raw), errors="replace")
+        return load_json(_shallow(raw), parse_int=int_or_digits)
+
+
+# A JSON string (with its escapes), or a bracket that opens or closes an array or object.
+_STRING_OR_BRACKET = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
+
+
+def _shallow(text: str) -> str:
+    """`text` with each array or object that opens deeper than `MAX_DEPTH` levels replaced,
+    whole, by `DEEP_MARKER` as a JSON string; brackets inside strings are not counted. Read
+    in one pass without recursing, so at any depth. What is not JSON stays not JSON, except
+    inside a part that is left out (it is not read)."""
+    kept: list[str] = []
+    depth = 0
+    copied = 0  # `text` up to here is in `kept`, or left out
+    deep_from: int | None = None  # where the part being left out opens
+    for match in _STRING_OR_BRACKET.finditer(text):
+        token = match.group()
+        if token in ("[", "{"):
+            depth += 1
+            if depth == MAX_DEPTH + 1:
+                deep_from = match.start()
+        elif token in ("]", "}"):
+            if depth == MAX_DEPTH + 1 and deep_from is not None:
+                kept += [text[copied:deep_from], json.dumps(DEEP_MARKER)]
+                copied, deep_from = match.end(), None
+            depth -= 1
+    kept.append(text[copied:])
+    return "".join(kept)
 
 
 def _directory(text: str, field: str) -> Path:
@@ -594,7 +637,7 @@ def run_guarded(
         # The log goes where the events would have gone, by the same rule; else to stderr.
         workdir: Path | None = None
         with contextlib.suppress(Exception):
-            data = json.loads(raw_for_hint) if workdir_hint is None else {}
+            data = read_json(raw_for_hint) if workdir_hint is None else {}
             workdir = resolve_workdir(workdir_hint, data if isinstance(data, dict) else {})
         if isinstance(exc, HookInputError):
             line = f"{exc.__class__.__name__}: {exc}"

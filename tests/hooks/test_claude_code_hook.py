@@ -567,6 +567,25 @@ def test_a_number_too_long_for_python_in_a_field_never_used_still_records_the_ev
     assert not (workdir / "logs" / "taskcard-hook.log").exists()
 
 
+@pytest.mark.parametrize("host", ["claude-code", "codex"])
+@pytest.mark.parametrize("depth", [5000, 100_000])
+@pytest.mark.parametrize("field", ["tool_input", "not_a_field_of_any_host"])
+@pytest.mark.parametrize(("opens", "inner", "closes"), [("[", "", "]"), ('{"a": ', "1", "}")])
+def test_a_value_nested_deeper_than_python_reads_still_records_the_event(
+    workdir: Path, host: str, depth: int, field: str, opens: str, inner: str, closes: str
+) -> None:
+    """Python's JSON reader recurses: past about 990 levels of arrays or objects in one field
+    (a tool's input) the whole payload was "not JSON", and the turn's end was lost. The
+    fields the hook reads are near the top; a part nested that deep is left out."""
+    data = payload("10_stop.json", workdir, **{field: "DEEP"})
+    deep = opens * depth + inner + closes * depth
+    raw = json.dumps(data).replace('"DEEP"', deep).encode()
+    done = run_taskcard("hook", host, stdin=raw)
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
+    assert kinds(workdir) == ["turn.end"]
+    assert not (workdir / "logs" / "taskcard-hook.log").exists()
+
+
 def test_a_subagent_id_of_any_length_keeps_its_wait(workdir: Path) -> None:
     """The saved wait carries the subagent's id; one longer than the waits file's read limit
     made the file unreadable, which lost every open wait. A huge id is kept as its digest."""
