@@ -76,6 +76,13 @@ WAITS_FILE: Final = ".taskcard-hook-waits.json"
 CODEX_TURNS_FILE: Final = ".taskcard-codex-turns.json"
 # Per Codex turn id, the tokens of it written so far ("<in> <out>"): see `_unwritten_usage`.
 CODEX_USAGE_FILE: Final = ".taskcard-codex-usage.json"
+# What an event is written without when one of those two cannot be used (see `_locked_map`).
+_TURNS_KEPT_FOR: Final = (
+    "the record of the turns that ended (another report of its turn may end it again)"
+)
+_USAGE_KEPT_FOR: Final = (
+    "the record of its turn's tokens (a later stop of the turn may count them again)"
+)
 MAX_SESSIONS: Final = 64
 CLAUDE_CONSUMER: Final = "claude-code"
 ORIGIN_ENV: Final = "TASKCARD_ORIGIN"
@@ -221,34 +228,60 @@ def resolve_workdir(override: str | None, payload: Mapping[str, Any]) -> Path:
 
 def _session_waits(paths: CardPaths) -> contextlib.AbstractContextManager[dict[str, str]]:
     """The open waits per session, read and written back under a lock."""
-    return _locked_map(paths, WAITS_FILE)
+    return _locked_map(paths, WAITS_FILE, "its session's wait")
 
 
 @contextlib.contextmanager
-def _locked_map(paths: CardPaths, name: str) -> Iterator[dict[str, str]]:
+def _locked_map(paths: CardPaths, name: str, kept_for: str) -> Iterator[dict[str, str]]:
     """A small string map in the logs folder, read and written back under a lock; only the
-    last `MAX_SESSIONS` keys are kept."""
-    make_folder(paths.logs_dir, inside=paths.workdir)
-    path = paths.logs_dir / name
-    fd = open_lock(path.with_name(path.name + ".lock"), inside=paths.workdir)
+    last `MAX_SESSIONS` keys are kept.
+
+    A map whose lock or file cannot be used (a folder, a pipe or a link out of the workdir
+    planted at its name, a full disk) costs only that bookkeeping, `kept_for`: one line in
+    the hook log names the file, and the map starts empty and is not kept, so the event is
+    still written (with a planted lock, a Claude Code event lost its session's wait, and a
+    Codex event was lost whole). When the logs folder itself cannot be used no event can be
+    written either, and the error is raised (one line says why)."""
+    try:
+        make_folder(paths.logs_dir, inside=paths.workdir)
+        path = paths.logs_dir / name
+        fd = open_lock(path.with_name(path.name + ".lock"), inside=paths.workdir)
+    except OSError as exc:
+        _without_bookkeeping(paths, exc, kept_for)
+        fd = None
+    if fd is None:
+        yield {}
+        return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             data = json.loads(read_regular(path, 65536))
         except (OSError, ValueError, RecursionError):
             data = {}
-        waits = {
+        records = {
             str(k): v
             for k, v in (data if isinstance(data, dict) else {}).items()
             if isinstance(v, str)
         }
-        before = dict(waits)
-        yield waits
-        if waits != before:
-            kept = dict(list(waits.items())[-MAX_SESSIONS:])
-            atomic_write(path, json.dumps(kept).encode(), durable=False)
+        before = dict(records)
+        yield records
+        if records != before:
+            kept = dict(list(records.items())[-MAX_SESSIONS:])
+            try:
+                atomic_write(path, json.dumps(kept).encode(), durable=False)
+            except OSError as exc:
+                _without_bookkeeping(paths, exc, kept_for)
     finally:
         os.close(fd)
+
+
+def _without_bookkeeping(paths: CardPaths, exc: OSError, kept_for: str) -> None:
+    """Log that a map of `_locked_map` cannot be used, so the event is written without what
+    it keeps (`kept_for`); raise `exc` when the logs folder cannot hold the events either."""
+    logs = os.path.realpath(paths.logs_dir)
+    if not paths.logs_dir.is_dir() or not is_inside(os.path.realpath(paths.workdir), logs):
+        raise exc
+    log_error(paths.workdir, f"{filesystem_problem(exc)}; the event is written without {kept_for}")
 
 
 def with_origin(
@@ -313,19 +346,9 @@ def _record(
     appended, all under the waits lock.
 
     A waits file or lock that cannot be used (a folder or a link planted at its name) costs
-    only the bookkeeping of waits: the events are still written (they were all lost)."""
-    with contextlib.ExitStack() as stack:
-        try:
-            waits = stack.enter_context(_session_waits(paths))
-        except OSError as exc:
-            logs = os.path.realpath(paths.logs_dir)
-            if not paths.logs_dir.is_dir() or not is_inside(os.path.realpath(paths.workdir), logs):
-                raise  # no events can be written either: one line says why
-            log_error(
-                paths.workdir,
-                f"{filesystem_problem(exc)}; the event is written without its session's wait",
-            )
-            waits = {}
+    only the bookkeeping of waits (`_locked_map`): the events are still written (they were
+    all lost)."""
+    with _session_waits(paths) as waits:
         decision = make(waits.get(key))
         if decision.waiting is None:
             waits.pop(key, None)
@@ -355,7 +378,7 @@ def _first_end_of(paths: CardPaths, thread: object, turn_id: object, reporter: s
     key = _turn_key(thread, turn_id)
     if key is None:
         return True  # no id to match: as before, every report ends a turn
-    with _locked_map(paths, CODEX_TURNS_FILE) as ended:
+    with _locked_map(paths, CODEX_TURNS_FILE, _TURNS_KEPT_FOR) as ended:
         first = ended.get(key)
         retried = first == "failure" and reporter == "hook"
         if first is not None and not retried and (first != reporter or reporter != "notify"):
@@ -383,8 +406,11 @@ def _turn_started(paths: CardPaths, thread: object, turn_id: object) -> None:
     """A Codex turn starts: an earlier turn's records under the same id are stale."""
     key = _turn_key(thread, turn_id)
     if key is not None:
-        for name in (CODEX_TURNS_FILE, CODEX_USAGE_FILE):
-            with _locked_map(paths, name) as records:
+        for name, kept_for in (
+            (CODEX_TURNS_FILE, _TURNS_KEPT_FOR),
+            (CODEX_USAGE_FILE, _USAGE_KEPT_FOR),
+        ):
+            with _locked_map(paths, name, kept_for) as records:
                 records.pop(key, None)
 
 
@@ -405,7 +431,7 @@ def _unwritten_usage(
     if not found or key is None:
         return decision
     total = (found[0]["input_tokens"], found[0]["output_tokens"])
-    with _locked_map(paths, CODEX_USAGE_FILE) as written:
+    with _locked_map(paths, CODEX_USAGE_FILE, _USAGE_KEPT_FOR) as written:
         before = _token_pair(written.pop(key, None))
         written[key] = f"{total[0]} {total[1]}"  # re-added last: the newest are kept
     if before is not None and total[0] >= before[0] and total[1] >= before[1]:
@@ -654,7 +680,9 @@ def filesystem_problem(exc: OSError) -> str:
     """One line for a hook's file that cannot be written (a folder or a pipe where a file
     belongs, a link out of the workdir, a read-only or full disk): the file and the fix,
     never a traceback."""
-    where = f"{exc.filename}: " if exc.filename else ""
+    # A rename names the file it replaces second: that one is in the way, not the new one.
+    name = exc.filename2 or exc.filename
+    where = f"{name}: " if name else ""
     reason = exc.strerror or str(exc)
     if isinstance(exc, NotRegularFile | OutsideWorkdir):
         fix = ""  # its reason says what to do with it

@@ -667,6 +667,20 @@ def test_a_file_of_the_hooks_planted_over_says_which_in_one_line(
         assert not list((tmp_path / "elsewhere").iterdir())
 
 
+def test_a_folder_planted_at_the_waits_file_names_it_and_keeps_the_event(workdir: Path) -> None:
+    """The waits are written back by a rename over their file: a folder there made the hook
+    log the temporary file's name (not the one in the way) and say the event may be missing,
+    though it was written."""
+    waits = workdir / "logs" / ".taskcard-hook-waits.json"
+    waits.mkdir(parents=True)
+    done = hook(payload("13_permission_request.json", workdir))
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
+    assert kinds(workdir) == ["wait.start"]
+    (line,) = (workdir / "logs" / "taskcard-hook.log").read_text().splitlines()
+    assert f"cannot write the hook's files: {waits}: " in line
+    assert line.endswith("the event is written without its session's wait")
+
+
 @pytest.mark.parametrize("raw", [b"", b"  \n"])
 def test_an_empty_stdin_says_where_the_payload_comes_from(workdir: Path, raw: bytes) -> None:
     done = hook(raw, "--workdir", str(workdir))

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from .conftest import events, kinds
 from .test_codex_hooks import codex_hook, codex_payload
@@ -212,3 +215,53 @@ def test_a_turn_notify_ended_first_still_writes_its_tokens(workdir: Path) -> Non
     stop(workdir, str(rollout))
     assert kinds(workdir) == ["turn.end", "usage"]
     assert (events(workdir)[1]["input_tokens"], events(workdir)[1]["output_tokens"]) == (7000, 500)
+
+
+@pytest.mark.parametrize(
+    ("planted", "kind", "said"),
+    [
+        *[
+            (f"logs/.taskcard-codex-{name}.json.lock", kind, 2)  # each event takes the lock
+            for name in ("turns", "usage")
+            for kind in ("folder", "fifo", "link out")
+        ],
+        ("logs/.taskcard-codex-turns.json", "folder", 1),  # only the stop writes a record
+        ("logs/.taskcard-codex-usage.json", "folder", 1),
+    ],
+)
+def test_a_planted_turn_record_costs_only_that_record_never_the_event(
+    workdir: Path, tmp_path: Path, planted: str, kind: str, said: int
+) -> None:
+    """The files where the hooks note which Codex turns ended and the tokens written of each
+    are bookkeeping: a folder, a pipe or a link out of the workdir at one of them lost every
+    prompt and stop event (one line in the hook log), where Claude Code's events were written
+    without the waits' record. Each is written now, and the hook log says which file is in the
+    way, once for each event that needed it."""
+    path = workdir / planted
+    path.parent.mkdir(parents=True)
+    if kind == "folder":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        (tmp_path / "elsewhere").mkdir()
+        path.symlink_to(tmp_path / "elsewhere")
+    rollout = write_rollout(workdir / "rollout.jsonl", two_turns())
+    log = workdir / "logs" / "taskcard-hook.log"
+    for data in (
+        codex_payload("02_user_prompt_submit.json", workdir),
+        codex_payload("06_stop.json", workdir, transcript_path=str(rollout)),
+    ):
+        done = codex_hook(data)
+        assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
+    assert kinds(workdir) == ["turn.start", "usage", "turn.end"]
+    usage = events(workdir)[1]
+    assert (usage["input_tokens"], usage["output_tokens"]) == (7000, 500)  # as with it
+    text = log.read_text()
+    assert "Traceback" not in text
+    lines = [line for line in text.splitlines() if re.search(f"{re.escape(str(path))}[: ]", line)]
+    assert len(lines) == said, text
+    assert all("cannot write the hook's files" in line for line in lines), text
+    assert all("the event is written without the record" in line for line in lines), text
+    if kind == "link out":
+        assert not list((tmp_path / "elsewhere").iterdir())
