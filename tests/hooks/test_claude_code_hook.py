@@ -586,6 +586,20 @@ def test_a_value_nested_deeper_than_python_reads_still_records_the_event(
     assert not (workdir / "logs" / "taskcard-hook.log").exists()
 
 
+@pytest.mark.parametrize("host", ["claude-code", "codex"])
+def test_a_deep_payload_with_a_string_left_open_is_refused_without_a_stall(
+    workdir: Path, host: str
+) -> None:
+    """Not JSON: deep brackets, then a string never closed, full of escaped quotes. Reading
+    past the depth Python's reader takes scanned the rest again from each quote: a megabyte
+    held the hook (and the agent's turn) for an hour. It is refused at once, in one line."""
+    raw = b'{"a": ' + b"[" * 1000 + b'"' + b'\\"' * 500_000
+    done = run_taskcard("hook", host, "--workdir", str(workdir), stdin=raw)  # 120 s at most
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
+    log = (workdir / "logs" / "taskcard-hook.log").read_text()
+    assert "payload is not JSON" in log and "Traceback" not in log
+
+
 def test_a_subagent_id_of_any_length_keeps_its_wait(workdir: Path) -> None:
     """The saved wait carries the subagent's id; one longer than the waits file's read limit
     made the file unreadable, which lost every open wait. A huge id is kept as its digest."""
