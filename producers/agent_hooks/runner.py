@@ -157,7 +157,8 @@ def read_json(raw: bytes | str) -> Any:
     except UnicodeDecodeError:
         if isinstance(raw, str):
             raise  # never: only bytes are decoded
-        return read_json(raw.decode("utf-8", errors="replace"))
+        # With a byte-order mark kept as a character, the text was "not JSON" after all.
+        return read_json(raw.decode("utf-8-sig", errors="replace"))
     except RecursionError:
         if isinstance(raw, bytes):
             raw = raw.decode(json.detect_encoding(raw), errors="replace")

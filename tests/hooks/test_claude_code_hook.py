@@ -539,13 +539,16 @@ def test_a_lone_surrogate_in_a_payload_string_still_records_the_event(workdir: P
 
 
 @pytest.mark.parametrize("host", ["claude-code", "codex"])
+@pytest.mark.parametrize("start", [b"", b"\xef\xbb\xbf"])
 def test_a_byte_that_is_not_utf8_in_a_payload_still_records_the_event(
-    workdir: Path, host: str
+    workdir: Path, host: str, start: bytes
 ) -> None:
     """One byte that is not UTF-8 (in the last message, a tool's output) lost the whole
-    event: a `Stop` never ended the turn, and the card read "running". It is read as U+FFFD."""
+    event: a `Stop` never ended the turn, and the card read "running". It is read as U+FFFD,
+    also after a byte-order mark (which then made the text "not JSON")."""
     raw = json.dumps(payload("10_stop.json", workdir, last_assistant_message="MARK")).encode()
-    done = run_taskcard("hook", host, stdin=raw.replace(b"MARK", b"caf\xe9 \xff\xfe"))
+    raw = start + raw.replace(b"MARK", b"caf\xe9 \xff\xfe")
+    done = run_taskcard("hook", host, stdin=raw)
     assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
     assert kinds(workdir) == ["turn.end"]
     assert not (workdir / "logs" / "taskcard-hook.log").exists()
