@@ -54,6 +54,7 @@ from taskcard.producers.task_card.contract import (
     open_append,
     open_lock,
     parse_origin,
+    quoted,
     read_regular,
     utc_now_iso,
 )
@@ -61,7 +62,12 @@ from taskcard.producers.task_card.notifications import FileNotificationPort
 from taskcard.producers.task_card.settings import settings_or_defaults
 from taskcard.producers.task_card.turns import add_completed_turn
 from taskcard.producers.task_card.wakes import WakeReader
-from taskcard.producers.task_card.workdir_arg import WorkdirError, expand_workdir
+from taskcard.producers.task_card.workdir_arg import (
+    PATH_MAX,
+    WorkdirError,
+    expand_workdir,
+    shown_path,
+)
 
 MAX_PAYLOAD_BYTES: Final = 32_000_000
 # Arrays and objects of a payload nested deeper than this are read as `DEEP_MARKER` (see
@@ -201,8 +207,17 @@ def _directory(text: str, field: str) -> Path:
         path = expand_workdir(text)
     except WorkdirError as exc:
         raise HookInputError(f"{field} {exc}") from None
-    if not path.is_dir():
-        raise HookInputError(f"{field} {text} is not a directory; nothing written")
+    # Shown on one line and cut: a cwd with a line break broke the line in two, and one of
+    # 100,000 characters (too long to open) came back whole, as a file the hook cannot write.
+    shown = shown_path(text) if len(text) <= PATH_MAX else quoted(text)
+    try:
+        found = path.is_dir()
+    except OSError as exc:
+        raise HookInputError(
+            f"{field} {shown} cannot be used ({exc.strerror}); nothing written"
+        ) from None
+    if not found:
+        raise HookInputError(f"{field} {shown} is not a directory; nothing written")
     return path
 
 

@@ -9,6 +9,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from .conftest import TASKCARD, hook, kinds, payload, run_taskcard
 
 
@@ -71,4 +73,26 @@ def test_a_cwd_that_is_not_absolute_gets_nothing_written(tmp_path: Path) -> None
         assert b"is not an absolute path; nothing written (pass --workdir)" in done.stderr
         codex = run_taskcard("hook", "codex", "--only-in", str(tmp_path), json.dumps(data))
         assert (codex.returncode, codex.stdout, codex.stderr) == (0, b"", b"")
+    assert not list(tmp_path.rglob("events.jsonl"))
+
+
+@pytest.mark.parametrize("host", ["claude-code", "codex"])
+@pytest.mark.parametrize(
+    ("name", "shown"),
+    [
+        ("/tmp/two\nlines", b"'/tmp/two\\nlines' is not a directory"),
+        ("/" + "a" * 100_000, b"(100001 characters) cannot be used (File name too long)"),
+        ("/" + "a/" * 3000, b"(6001 characters) cannot be used (File name too long)"),
+    ],
+)
+def test_a_cwd_that_cannot_be_shown_as_given_is_said_on_one_short_line(
+    tmp_path: Path, host: str, name: str, shown: bytes
+) -> None:
+    """The reason is one line: a cwd with a line break broke it in two, and one too long to
+    open came back whole (100 KB on stderr), as a file the hook could not write."""
+    data = {**payload("02_user_prompt_submit.json", tmp_path), "cwd": name}
+    done = run_taskcard("hook", host, stdin=json.dumps(data))
+    assert (done.returncode, done.stdout) == (0, b"")
+    assert done.stderr.count(b"\n") == 1 and len(done.stderr) < 500, done.stderr[:500]
+    assert shown in done.stderr and b"Traceback" not in done.stderr
     assert not list(tmp_path.rglob("events.jsonl"))
