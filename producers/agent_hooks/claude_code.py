@@ -10,10 +10,12 @@ Mapping (hook event -> activity kinds):
   follows; an `agent.exit` would tell the chats the agent exited without a report.
 - `UserPromptSubmit` -> `turn.start`.
 - `PreToolUse` -> `tool.start` (call_id = `tool_use_id`, name = `tool_name`); no summary, as
-  a tool's input may hold secrets. `PostToolUse` / `PostToolUseFailure` -> `tool.end` with
-  `ok` true / false. A failure with `is_interrupt` (the person pressed Esc) also ends the
-  turn (`turn.end` with `error` `interrupted`, `text` "turn interrupted"): `Stop` does not
-  fire after an interrupt. It is not counted for reminders (parallel calls each report it).
+  a tool's input may hold secrets. A name is cut to 256 characters, an id over 128 is
+  written as its digest (`sha256:<hex>`), so one line of the log stays small.
+  `PostToolUse` / `PostToolUseFailure` -> `tool.end` with `ok` true / false. A failure
+  with `is_interrupt` (the person pressed Esc) also ends the turn (`turn.end` with `error`
+  `interrupted`, `text` "turn interrupted"): `Stop` does not fire after an interrupt. It
+  is not counted for reminders (parallel calls each report it).
 - `Notification` of a permission prompt, and `PermissionRequest` (the dialog is about to be
   shown) -> `wait.start` reason `permission`; of an input prompt (idle prompt, elicitation
   dialog), and `Elicitation` (an MCP server asks the person for input) -> `wait.start` reason
@@ -185,17 +187,24 @@ def wait_reason_of(waiting: str) -> str:
     return waiting.partition(_THREAD_MARK)[0]
 
 
-_THREAD_MAX_CHARS = 128
+_ID_MAX_CHARS = 128
+# A tool's name as written; the hosts' are far shorter (an MCP tool's is server and tool).
+_TOOL_NAME_MAX_CHARS = 256
+
+
+def _bounded_id(text: str) -> str:
+    """An id as written: one longer than any a host makes is kept as its digest, which
+    still tells it from every other id and stays small."""
+    if len(text) > _ID_MAX_CHARS:
+        return "sha256:" + hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()
+    return text
 
 
 def _thread(payload: Mapping[str, Any]) -> str:
-    """The thread an event comes from: a subagent's id, else the main thread. An id longer
-    than any a host makes is kept as its digest, so the saved wait stays small (the waits
-    file is read with a size limit, and one oversized value would lose every open wait)."""
-    thread = _text(payload, "agent_id") or "main"
-    if len(thread) > _THREAD_MAX_CHARS:
-        return "sha256:" + hashlib.sha256(thread.encode("utf-8", "replace")).hexdigest()
-    return thread
+    """The thread an event comes from: a subagent's id, else the main thread. An oversized
+    id is kept as its digest (`_bounded_id`), so the saved wait stays small (the waits file
+    is read with a size limit, and one oversized value would lose every open wait)."""
+    return _bounded_id(_text(payload, "agent_id") or "main")
 
 
 def _ends_wait(payload: Mapping[str, Any], waiting: str) -> bool:
@@ -240,8 +249,11 @@ def decide(
     events: list[Event] = []
     if waiting is not None and moving:
         events.append(("wait.end", {"reason": wait_reason_of(waiting)}))
-    tool = _text(payload, "tool_name") or "tool"
-    call_id = _text(payload, "tool_use_id") or tool
+    # Both bounded: a tool name or id of megabytes was written whole into a line of the
+    # activity log, which the service reads in bounded steps, so that line (and the lines
+    # before it in the same step) never reached the card.
+    tool = (_text(payload, "tool_name") or "tool")[:_TOOL_NAME_MAX_CHARS]
+    call_id = _bounded_id(_text(payload, "tool_use_id") or tool)
     completed = False
     main = not subagent(payload)  # a subagent never starts or ends the session's turn
     if name == "SessionStart" and main:

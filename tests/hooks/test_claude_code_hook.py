@@ -603,6 +603,40 @@ def test_a_deep_payload_with_a_string_left_open_is_refused_without_a_stall(
     assert "payload is not JSON" in log and "Traceback" not in log
 
 
+@pytest.mark.parametrize("host", ["claude-code", "codex"])
+def test_a_tool_name_and_id_of_megabytes_write_a_short_line_that_still_pairs(
+    workdir: Path, host: str
+) -> None:
+    """A tool's name and id went whole into its lines of the activity log: megabytes, where
+    the service reads the log in bounded steps, so those lines (and the ones before them in
+    a step) never reached the card. The name is cut, the id kept as its digest: the start
+    and the end of the call still pair, and another call's id stays apart."""
+    name, call = "N" * 3_000_000, "I" * 3_000_000
+    for event, call_id in (("PreToolUse", call), ("PreToolUse", call + "2"), ("PostToolUse", call)):
+        data = {
+            **payload("03_pre_tool_use.json", workdir),
+            "hook_event_name": event,
+            "tool_name": name,
+            "tool_use_id": call_id,
+        }
+        done = run_taskcard("hook", host, stdin=json.dumps(data))
+        assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
+    lines = (workdir / "logs" / "events.jsonl").read_text().splitlines()
+    assert all(len(line) < 1000 for line in lines)
+    first, second, end = events(workdir)
+    assert [first["kind"], second["kind"], end["kind"]] == ["tool.start", "tool.start", "tool.end"]
+    assert first["name"] == "N" * 256
+    assert first["call_id"] == end["call_id"] != second["call_id"]
+    assert first["call_id"].startswith("sha256:")
+    short = {
+        **payload("03_pre_tool_use.json", workdir),
+        "tool_use_id": "toolu_01",
+        "tool_name": "Bash",
+    }
+    assert run_taskcard("hook", host, stdin=json.dumps(short)).returncode == 0
+    assert (events(workdir)[-1]["call_id"], events(workdir)[-1]["name"]) == ("toolu_01", "Bash")
+
+
 def test_a_subagent_id_of_any_length_keeps_its_wait(workdir: Path) -> None:
     """The saved wait carries the subagent's id; one longer than the waits file's read limit
     made the file unreadable, which lost every open wait. A huge id is kept as its digest."""
