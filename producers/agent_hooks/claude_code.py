@@ -56,12 +56,12 @@ usual, but it never starts or ends the session's turn or the agent: a subagent's
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from taskcard.producers.agent_hooks.payload_json import loads_at_any_depth
 from taskcard.producers.task_card.contract import MAX_COUNT, open_regular, turn_error_word
 
 Event = tuple[str, dict[str, Any]]
@@ -328,7 +328,7 @@ def turn_usage(lines: list[bytes]) -> tuple[int, int] | None:
     per_message: dict[str, tuple[int, int]] = {}
     for raw in lines:
         try:
-            entry = json.loads(raw)
+            entry = loads_at_any_depth(raw)  # a tool's deep input cost the line's usage
         except (ValueError, RecursionError):
             continue
         if not isinstance(entry, dict):

@@ -39,6 +39,7 @@ from taskcard.producers.agent_hooks.codex import (
 from taskcard.producers.agent_hooks.inbox_hook import Delivery, steer
 from taskcard.producers.agent_hooks.inbox_hook import output as inbox_output
 from taskcard.producers.agent_hooks.inbox_hook import take as take_inbox
+from taskcard.producers.agent_hooks.payload_json import read_json
 from taskcard.producers.task_card.activity_log import append_event, event_record
 from taskcard.producers.task_card.contract import (
     ORIGIN_FORMS,
@@ -47,9 +48,7 @@ from taskcard.producers.task_card.contract import (
     Origin,
     OutsideWorkdir,
     atomic_write,
-    int_or_digits,
     is_inside,
-    load_json,
     make_folder,
     open_append,
     open_lock,
@@ -70,10 +69,6 @@ from taskcard.producers.task_card.workdir_arg import (
 )
 
 MAX_PAYLOAD_BYTES: Final = 32_000_000
-# Arrays and objects of a payload nested deeper than this are read as `DEEP_MARKER` (see
-# `read_json`); the fields the hooks read are all near the top.
-MAX_DEPTH: Final = 100
-DEEP_MARKER: Final = f"(nested deeper than {MAX_DEPTH} levels: left out)"
 ERROR_LOG: Final = "taskcard-hook.log"
 ERROR_LOG_MAX_BYTES: Final = 256_000
 WAITS_FILE: Final = ".taskcard-hook-waits.json"
@@ -143,62 +138,6 @@ def parse_payload(raw: bytes) -> dict[str, Any]:
             "nothing written"
         )
     return data
-
-
-def read_json(raw: bytes | str) -> Any:
-    """A hook payload read as JSON, losing nothing the hook uses to what it never uses:
-
-    - a lone surrogate escaped in a string (`"\\ud800"`) is read as U+FFFD: no line of the
-      activity log could carry it (the event was lost with a traceback);
-    - a byte that is not UTF-8 (in a tool's output, a message) is read as U+FFFD too: the
-      whole event (a turn's end) was lost for one byte in a field never used;
-    - a number longer than Python reads (4,300 digits) is read as its digits;
-    - an array or object nested deeper than `MAX_DEPTH` levels (in a tool's input, say) is
-      read as the string `DEEP_MARKER`: Python's reader recurses, and past about 990 levels
-      the whole payload was "not JSON". The fields the hooks read are all near the top.
-
-    Raises `ValueError` for what is not JSON."""
-    try:
-        return load_json(raw, parse_int=int_or_digits)
-    except UnicodeDecodeError:
-        if isinstance(raw, str):
-            raise  # never: only bytes are decoded
-        # With a byte-order mark kept as a character, the text was "not JSON" after all.
-        return read_json(raw.decode("utf-8-sig", errors="replace"))
-    except RecursionError:
-        if isinstance(raw, bytes):
-            raw = raw.decode(json.detect_encoding(raw), errors="replace")
-        return load_json(_shallow(raw), parse_int=int_or_digits)
-
-
-# A JSON string (with its escapes), or a bracket that opens or closes an array or object. The
-# closing quote is optional: required, a string left open (not JSON) was scanned to the end
-# again from each quote in it, which took minutes on a payload of a megabyte.
-_STRING_OR_BRACKET = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.DOTALL)
-
-
-def _shallow(text: str) -> str:
-    """`text` with each array or object that opens deeper than `MAX_DEPTH` levels replaced,
-    whole, by `DEEP_MARKER` as a JSON string; brackets inside strings are not counted. Read
-    in one pass without recursing, so at any depth. What is not JSON stays not JSON, except
-    inside a part that is left out (it is not read)."""
-    kept: list[str] = []
-    depth = 0
-    copied = 0  # `text` up to here is in `kept`, or left out
-    deep_from: int | None = None  # where the part being left out opens
-    for match in _STRING_OR_BRACKET.finditer(text):
-        token = match.group()
-        if token in ("[", "{"):
-            depth += 1
-            if depth == MAX_DEPTH + 1:
-                deep_from = match.start()
-        elif token in ("]", "}"):
-            if depth == MAX_DEPTH + 1 and deep_from is not None:
-                kept += [text[copied:deep_from], json.dumps(DEEP_MARKER)]
-                copied, deep_from = match.end(), None
-            depth -= 1
-    kept.append(text[copied:])
-    return "".join(kept)
 
 
 def _directory(text: str, field: str) -> Path:

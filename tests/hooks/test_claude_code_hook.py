@@ -637,6 +637,31 @@ def test_a_tool_name_and_id_of_megabytes_write_a_short_line_that_still_pairs(
     assert (events(workdir)[-1]["call_id"], events(workdir)[-1]["name"]) == ("toolu_01", "Bash")
 
 
+def test_a_tool_call_nested_deeper_than_python_reads_still_counts_in_the_usage(
+    workdir: Path,
+) -> None:
+    """The transcript holds each tool call's input: a line deeper than Python's reader takes
+    was skipped, with the usage it carried, and the turn's tokens came out short (or none)."""
+    deep = "[" * 5000 + "]" * 5000
+    call = {
+        "type": "assistant",
+        "message": {
+            "id": "msg_1",
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "t1", "name": "Bash", "input": "DEEP"}],
+            "usage": {"input_tokens": 100, "output_tokens": 80},
+        },
+    }
+    prompt = {"type": "user", "message": {"role": "user", "content": "Run the tests"}}
+    lines = [json.dumps(prompt), json.dumps(call).replace('"DEEP"', deep)]
+    (workdir / "transcript.jsonl").write_text("\n".join(lines) + "\n")
+    done = hook(payload("10_stop.json", workdir))
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
+    usage, end = events(workdir)
+    assert (usage["kind"], end["kind"]) == ("usage", "turn.end")
+    assert (usage["input_tokens"], usage["output_tokens"]) == (100, 80)
+
+
 def test_a_subagent_id_of_any_length_keeps_its_wait(workdir: Path) -> None:
     """The saved wait carries the subagent's id; one longer than the waits file's read limit
     made the file unreadable, which lost every open wait. A huge id is kept as its digest."""
