@@ -192,7 +192,7 @@ _ID_MAX_CHARS = 128
 _TOOL_NAME_MAX_CHARS = 256
 
 
-def _bounded_id(text: str) -> str:
+def bounded_id(text: str) -> str:
     """An id as written: one longer than any a host makes is kept as its digest, which
     still tells it from every other id and stays small."""
     if len(text) > _ID_MAX_CHARS:
@@ -202,9 +202,9 @@ def _bounded_id(text: str) -> str:
 
 def _thread(payload: Mapping[str, Any]) -> str:
     """The thread an event comes from: a subagent's id, else the main thread. An oversized
-    id is kept as its digest (`_bounded_id`), so the saved wait stays small (the waits file
+    id is kept as its digest (`bounded_id`), so the saved wait stays small (the waits file
     is read with a size limit, and one oversized value would lose every open wait)."""
-    return _bounded_id(_text(payload, "agent_id") or "main")
+    return bounded_id(_text(payload, "agent_id") or "main")
 
 
 def _ends_wait(payload: Mapping[str, Any], waiting: str) -> bool:
@@ -253,7 +253,7 @@ def decide(
     # activity log, which the service reads in bounded steps, so that line (and the lines
     # before it in the same step) never reached the card.
     tool = (_text(payload, "tool_name") or "tool")[:_TOOL_NAME_MAX_CHARS]
-    call_id = _bounded_id(_text(payload, "tool_use_id") or tool)
+    call_id = bounded_id(_text(payload, "tool_use_id") or tool)
     completed = False
     main = not subagent(payload)  # a subagent never starts or ends the session's turn
     if name == "SessionStart" and main:

@@ -25,6 +25,7 @@ from typing import Any, Final
 from taskcard.producers.agent_hooks.claude_code import (
     TURN_END_EVENTS,
     HookDecision,
+    bounded_id,
     decide,
     read_transcript_usage,
     subagent,
@@ -316,9 +317,12 @@ def _record(
 
 
 def _turn_key(thread: object, turn_id: object) -> str | None:
+    """A Codex turn's key in the records, bounded (`bounded_id`): a turn id of 70,000
+    characters was written whole into the turns' record, past the size it is read at, so
+    every turn's record was lost and each turn's second report ended it again."""
     if not isinstance(turn_id, str) or not turn_id:
         return None
-    return f"{thread if isinstance(thread, str) else ''}/{turn_id}"
+    return bounded_id(f"{thread if isinstance(thread, str) else ''}/{turn_id}")
 
 
 def _first_end_of(paths: CardPaths, thread: object, turn_id: object, reporter: str) -> bool:

@@ -313,3 +313,19 @@ def test_init_codex_refuses_a_broken_hooks_json_and_writes_nothing(
         assert str(hooks_path).encode() in done.stderr
         assert hooks_path.read_text() == broken
         assert config.read_text() == 'model = "o3"\n'  # nothing half-written
+
+
+def test_a_turn_id_of_any_length_keeps_every_turns_record(workdir: Path) -> None:
+    """Which turns ended is kept by thread and turn id in a file read with a size limit: one
+    turn id of 70,000 characters made it unreadable, so every turn's second report (notify
+    after the Stop hook) ended that turn again. A long id is kept as its digest."""
+    huge = "t" * 70_000
+    for turn in ("019a3f6e-80aa-7d21-b3c4-5e6f7a8b9c0d", huge):
+        done = codex_hook(codex_payload("06_stop.json", workdir, turn_id=turn))
+        assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
+    for turn in (huge, "019a3f6e-80aa-7d21-b3c4-5e6f7a8b9c0d"):
+        done = notify(workdir, turn)  # the same turns, reported again: skipped
+        assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
+    assert kinds(workdir) == ["turn.end", "turn.end"]
+    assert turns(workdir) == 2
+    assert (workdir / "logs" / ".taskcard-codex-turns.json").stat().st_size < 1000
