@@ -5,7 +5,8 @@ agent's workdir; whatever host reads the agent (the Claude Code hooks, `taskcard
 `inbox` MCP tool) claims it by renaming it to `inbox/taken/`, which races safely against the
 service's cancel rename to `inbox/cancelled/`, then, once its reader has it, appends one line
 to `inbox/acks.jsonl`; a claimed message that never reached its reader goes back to
-`inbox/queued/` (`claiming`, `output.py`).
+`inbox/queued/` (`claiming`, `output.py`). Each claim names its holder in `inbox/claims/`
+(`holders.py`), so the next claim queues again what a killed reader held.
 The file contract is in `contract.py` and docs/producer.md; nothing here follows a link.
 
 May import: the standard library, `producers.task_card.contract`,

@@ -8,12 +8,20 @@ message first, the rename fails with FileNotFoundError and the message is simply
 Only a message whose rename succeeded is acknowledged, with one `write` on `acks.jsonl`, and
 only once its reader has it: `claiming` holds a claim while the caller hands the messages
 over, and puts back in `queued/` (`release`) whatever was not marked delivered.
+
+A reader killed before it settled its claim (SIGKILL, a crash) cannot put anything back
+itself, so each claim is recorded first in `inbox/claims/<id>.json` with who holds it
+(`holders.py`); the next reader's claim puts the messages of a holder that is gone back in
+`queued/` (unless acknowledged) before it reads the queue. Claiming, putting back and that
+recovery hold an exclusive `flock` on `inbox/claims/`, so a message a live reader holds is
+never put back by another one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import stat
@@ -22,13 +30,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from taskcard.producers.inbox import holders
 from taskcard.producers.inbox.contract import (
     ACKS_FILE,
+    CLAIMS_DIR,
     INBOX_DIR,
     MAX_MESSAGE_BYTES,
     MESSAGE_ID,
     QUEUED_DIR,
     SHARED_DIR_MODE,
+    SHARED_FILE_MODE,
     TAKEN_DIR,
     VIAS,
     Message,
@@ -87,8 +98,11 @@ def _open_dir(
 
 
 @contextlib.contextmanager
-def _inbox(workdir: Path, *, taken: bool) -> Iterator[tuple[int, int, int | None] | None]:
-    """(inbox, queued, taken) descriptors, or None when there is nothing queued at all."""
+def _inbox(
+    workdir: Path, *, taken: bool
+) -> Iterator[tuple[int, int, int | None, int | None] | None]:
+    """(inbox, queued, taken) descriptors and the workdir's shared group, or None when there
+    is nothing queued at all."""
     try:
         folder = given_path(workdir)
     except WorkdirError as exc:
@@ -108,17 +122,14 @@ def _inbox(workdir: Path, *, taken: bool) -> Iterator[tuple[int, int, int | None
             return
         fds.append(queued)
         taken_fd = None
+        group = shared_group(root)
         if taken:
             taken_fd = _open_dir(
-                TAKEN_DIR,
-                inbox,
-                f"{INBOX_DIR}/{TAKEN_DIR}/",
-                create=True,
-                group=shared_group(root),
+                TAKEN_DIR, inbox, f"{INBOX_DIR}/{TAKEN_DIR}/", create=True, group=group
             )
             if taken_fd is not None:
                 fds.append(taken_fd)
-        yield inbox, queued, taken_fd
+        yield inbox, queued, taken_fd, group
     finally:
         for fd in reversed(fds):
             os.close(fd)
@@ -204,13 +215,130 @@ def _ack(inbox_fd: int, ident: str, via: str, clock: Clock) -> None:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def _claims(inbox_fd: int, *, create: bool, group: int | None) -> Iterator[int | None]:
+    """The `claims/` folder, locked (exclusive `flock`) while the block runs; None when it
+    does not exist (and `create` is False). The kernel drops the lock when its holder dies."""
+    fd = _open_dir(CLAIMS_DIR, inbox_fd, f"{INBOX_DIR}/{CLAIMS_DIR}/", create=create, group=group)
+    if fd is None:
+        yield None
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield fd
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _record(claims_fd: int, ident: str, via: str, group: int | None) -> str | None:
+    """Write who holds `ident` (this process) before claiming it; a problem when it cannot
+    be written (the message is claimed all the same: delivering it matters more)."""
+    name = f"{ident}.json"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    data = holders.record_bytes(via)
+    try:
+        fd = os.open(name, flags, 0o600, dir_fd=claims_fd)
+        try:
+            share(fd, group, SHARED_FILE_MODE)
+            if os.write(fd, data) != len(data):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        _forget(claims_fd, ident)
+        return (
+            f"inbox/{CLAIMS_DIR}/{name}: cannot record who holds the message "
+            f"({exc.strerror or exc}); if this reader is killed before delivering it, move "
+            f"inbox/{TAKEN_DIR}/{name} back to inbox/{QUEUED_DIR}/ by hand"
+        )
+    return None
+
+
+def _forget(claims_fd: int | None, ident: str) -> None:
+    if claims_fd is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(f"{ident}.json", dir_fd=claims_fd)
+
+
+def _acked_ids(inbox_fd: int) -> set[str] | None:
+    """The ids `acks.jsonl` records as delivered (read only when a holder died); None when
+    it cannot be read, so nothing is known to be undelivered."""
+    ids: set[str] = set()
+    try:
+        fd = os.open(ACKS_FILE, _FILE_FLAGS, dir_fd=inbox_fd)
+    except FileNotFoundError:
+        return ids
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(os.dup(fd), "rb") as file:
+            for line in file:
+                with contextlib.suppress(ValueError, RecursionError):
+                    record = json.loads(line)
+                    if isinstance(record, dict) and isinstance(record.get("id"), str):
+                        ids.add(record["id"])
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return ids
+
+
+def _recover(inbox_fd: int, queued_fd: int, taken_fd: int, claims_fd: int) -> list[str]:
+    """Put back in `queued/` every message whose holder is gone without settling it (not
+    acknowledged), once: its record goes with it. Run with `claims/` locked."""
+    problems: list[str] = []
+    acked: set[str] | bool | None = False  # read once, when first needed
+    names = sorted(n for n in os.listdir(claims_fd) if n.endswith(".json"))[:MAX_FILES]
+    for name in names:
+        ident = name[: -len(".json")]
+        if not MESSAGE_ID.fullmatch(ident):
+            continue
+        read = _read(name, claims_fd)
+        if read is None or holders.judge(read[0]) != "gone":
+            continue  # held by a live reader, or a holder this reader cannot judge
+        try:
+            held = stat.S_ISREG(os.stat(name, dir_fd=taken_fd, follow_symlinks=False).st_mode)
+        except FileNotFoundError:
+            held = False  # the holder died before its claim, or after putting it back
+        except OSError:
+            continue
+        if held:
+            if acked is False:
+                acked = _acked_ids(inbox_fd)
+            if not isinstance(acked, set):
+                problems.append(
+                    f"inbox/{TAKEN_DIR}/{name}: its reader is gone, but inbox/{ACKS_FILE} "
+                    "cannot be read to tell whether it was delivered; left alone"
+                )
+                continue
+            if ident not in acked:
+                try:
+                    os.rename(name, name, src_dir_fd=taken_fd, dst_dir_fd=queued_fd)
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    problems.append(
+                        f"inbox/{TAKEN_DIR}/{name}: its reader is gone without delivering it, "
+                        f"but it cannot be queued again ({exc.strerror or exc}); move it back "
+                        f"to inbox/{QUEUED_DIR}/ by hand"
+                    )
+                    continue
+        _forget(claims_fd, ident)
+    return problems
+
+
 def claim(workdir: Path, via: str, *, max_bytes: int | None = None) -> Batch:
     """Claim the queued messages, oldest first, without acknowledging any (see `claiming`).
 
     `max_bytes` bounds the framed texts of one delivery: once the next message would pass
     it, the rest stay queued for the next call. The first message is always taken, even a
     larger one, since holding it back would hold it forever. Each message returned sits in
-    `taken/` until `acknowledge` (delivered) or `release` (queued again) settles it.
+    `taken/` until `acknowledge` (delivered) or `release` (queued again) settles it; its
+    record in `claims/` says this process holds it, so should the process die first, the
+    next claim (by any reader) queues it again.
     """
     if via not in VIAS:
         raise ValueError(f"via: {via!r} is not one of {', '.join(sorted(VIAS))}")
@@ -218,30 +346,64 @@ def claim(workdir: Path, via: str, *, max_bytes: int | None = None) -> Batch:
     with _inbox(workdir, taken=True) as fds:
         if fds is None:
             return batch
-        _inbox_fd, queued_fd, taken_fd = fds
+        inbox_fd, queued_fd, taken_fd, group = fds
         if taken_fd is None:
             return batch
-        found, batch.problems = _scan(queued_fd)
-        used = 0
-        for message, inode in found:
-            size = len(frame(message).encode())
-            if max_bytes is not None and batch.messages and used + size > max_bytes:
-                break
-            name = f"{message.id}.json"
-            try:
-                os.rename(name, name, src_dir_fd=queued_fd, dst_dir_fd=taken_fd)
-            except FileNotFoundError:
-                continue  # the service cancelled it, or another host claimed it: not ours
-            except OSError as exc:
-                # Not claimed, so left queued; the messages claimed before it still go out.
-                batch.problems.append(
-                    f"inbox/{QUEUED_DIR}/{name}: cannot claim it ({exc.strerror or exc}); "
-                    f"left queued (check inbox/{TAKEN_DIR}/{name})"
-                )
-                continue
-            used += size
-            batch.messages.append(_reread_if_replaced(name, taken_fd, inode, message))
+        with contextlib.ExitStack() as stack:
+            claims_fd = stack.enter_context(_claims(inbox_fd, create=False, group=group))
+            if claims_fd is not None:
+                batch.problems.extend(_recover(inbox_fd, queued_fd, taken_fd, claims_fd))
+            found, problems = _scan(queued_fd)
+            batch.problems.extend(problems)
+            if found and claims_fd is None:
+                try:
+                    claims_fd = stack.enter_context(_claims(inbox_fd, create=True, group=group))
+                except InboxUnsafe:
+                    raise
+                except OSError as exc:
+                    batch.problems.append(
+                        f"inbox/{CLAIMS_DIR}/: cannot record who holds the messages "
+                        f"({exc.strerror or exc}); a reader killed before delivering them "
+                        f"leaves them in inbox/{TAKEN_DIR}/ (move them back by hand)"
+                    )
+            _claim_found(batch, found, via, max_bytes, (queued_fd, taken_fd, claims_fd), group)
     return batch
+
+
+def _claim_found(
+    batch: Batch,
+    found: list[tuple[Message, int]],
+    via: str,
+    max_bytes: int | None,
+    fds: tuple[int, int, int | None],
+    group: int | None,
+) -> None:
+    queued_fd, taken_fd, claims_fd = fds
+    used = 0
+    for message, inode in found:
+        size = len(frame(message).encode())
+        if max_bytes is not None and batch.messages and used + size > max_bytes:
+            break
+        name = f"{message.id}.json"
+        if claims_fd is not None:
+            problem = _record(claims_fd, message.id, via, group)
+            if problem is not None:
+                batch.problems.append(problem)
+        try:
+            os.rename(name, name, src_dir_fd=queued_fd, dst_dir_fd=taken_fd)
+        except FileNotFoundError:
+            _forget(claims_fd, message.id)
+            continue  # the service cancelled it, or an older reader claimed it: not ours
+        except OSError as exc:
+            _forget(claims_fd, message.id)
+            # Not claimed, so left queued; the messages claimed before it still go out.
+            batch.problems.append(
+                f"inbox/{QUEUED_DIR}/{name}: cannot claim it ({exc.strerror or exc}); "
+                f"left queued (check inbox/{TAKEN_DIR}/{name})"
+            )
+            continue
+        used += size
+        batch.messages.append(_reread_if_replaced(name, taken_fd, inode, message))
 
 
 def acknowledge(
@@ -267,6 +429,15 @@ def acknowledge(
                     _ack(fds[0], ident, via, clock)
                 except OSError as exc:
                     problems.append(_unrecorded(ident, exc))
+            # Settled either way (the reader has it): no later reader may queue it again.
+            # Nobody else writes these records while this process holds the messages.
+            claims_fd = _open_dir(CLAIMS_DIR, fds[0], f"{INBOX_DIR}/{CLAIMS_DIR}/", create=False)
+            try:
+                for ident in wanted:
+                    _forget(claims_fd, ident)
+            finally:
+                if claims_fd is not None:
+                    os.close(claims_fd)
     except OSError as exc:  # the inbox itself is gone or became a link meanwhile
         problems.extend(_unrecorded(ident, exc) for ident in wanted)
     return problems
@@ -300,13 +471,20 @@ def release(workdir: Path, ids: Iterable[str]) -> list[str]:
         with _inbox(workdir, taken=True) as fds:
             if fds is None or fds[2] is None:
                 raise FileNotFoundError(errno.ENOENT, "inbox/queued/ is gone")
-            _, queued_fd, taken_fd = fds
-            for ident in wanted:
-                name = f"{ident}.json"
-                try:
-                    os.rename(name, name, src_dir_fd=taken_fd, dst_dir_fd=queued_fd)
-                except OSError as exc:
-                    problems.append(stuck(ident, exc.strerror or str(exc)))
+            inbox_fd, queued_fd, taken_fd, group = fds
+            # Locked: once back in `queued/` another reader may claim it and record itself,
+            # so this record must go before any other reader can claim.
+            with _claims(inbox_fd, create=False, group=group) as claims_fd:
+                for ident in wanted:
+                    name = f"{ident}.json"
+                    try:
+                        os.rename(name, name, src_dir_fd=taken_fd, dst_dir_fd=queued_fd)
+                    except FileNotFoundError as exc:
+                        problems.append(stuck(ident, exc.strerror or str(exc)))
+                    except OSError as exc:  # still held: the next reader tries once it ends
+                        problems.append(stuck(ident, exc.strerror or str(exc)))
+                        continue
+                    _forget(claims_fd, ident)
     except OSError as exc:
         problems.extend(stuck(ident, exc.strerror or str(exc)) for ident in wanted)
     return problems

@@ -7,6 +7,7 @@ Layout under the agent's workdir, all folders real directories (never links)::
     inbox/taken/<id>.json      the agent side claimed it (its rename won)
     inbox/cancelled/<id>.json  the service withdrew it (its rename won)
     inbox/acks.jsonl           one line per claimed message, appended by the agent side
+    inbox/claims/<id>.json     who holds a claimed message not yet settled (agent side only)
 
 A message is one UTF-8 JSON object of at most 16 KiB: `{"v": 1, "id", "kind": "message" |
 "wake", "text", "from": {"channel", "chat_id", "thread_id", "user"}, "origin", "queued_at"}`.
@@ -31,6 +32,7 @@ QUEUED_DIR: Final = "queued"
 TAKEN_DIR: Final = "taken"
 CANCELLED_DIR: Final = "cancelled"
 TMP_DIR: Final = "tmp"
+CLAIMS_DIR: Final = "claims"  # the agent side's own: the service never reads it
 
 # An inbox shared with an agent run by another user (docs/operators.md): folders and files.
 SHARED_DIR_MODE: Final = 0o2770
