@@ -20,7 +20,7 @@ from pathlib import Path
 
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
-from ..hooks.conftest import TASKCARD, run_taskcard
+from ..hooks.conftest import TASKCARD, hook, payload, run_taskcard
 from .conftest import acks, names, queue
 from .test_delivery import TIMEOUT_S, Wire, mcp_args, queue_three, send, wait_until
 
@@ -238,3 +238,22 @@ def test_the_crash_points_of_a_claim_leave_nothing_offered_twice_nor_held(workdi
     assert [a["id"] for a in acks(workdir)] == ["m1", "m0"]
     assert names(workdir, "claims") == ["m2.json"]
     assert names(workdir, "taken") == ["m0.json", "m1.json", "m2.json"]
+
+
+def test_a_claude_code_hook_is_the_next_reader_too(workdir: Path) -> None:
+    """The hooks claim through the same code: the next PostToolUse hands the killed
+    reader's messages to the model, oldest first."""
+    queue_three(workdir)
+    with cli_reader_holding(workdir) as reader:
+        killed(reader)
+    stranded(workdir)
+    done = hook(payload("04_post_tool_use.json", workdir))
+    assert done.returncode == 0, done.stderr
+    context = json.loads(done.stdout)["hookSpecificOutput"]["additionalContext"]
+    assert claimed_by_all_texts(context.encode()) == ["0", "1", "2"]
+    assert [(a["id"], a["via"]) for a in acks(workdir)] == [
+        ("m0", "claude-code:PostToolUse"),
+        ("m1", "claude-code:PostToolUse"),
+        ("m2", "claude-code:PostToolUse"),
+    ]
+    assert names(workdir, "claims") == []
