@@ -365,7 +365,17 @@ class InboxDesk:
         if won:
             self._close(record, "cancelled", "withdrawn by its author")
             return f"Your latest message to {record.agent_id} was cancelled."
-        return f"Too late: {record.agent_id} already took your latest message."
+        if writer is not None and writer.location(record.message_id) == "taken":
+            # Claimed, not yet known delivered: its reader may still give it back.
+            return (
+                f"Too late to cancel: a reader of {record.agent_id} has taken your latest"
+                " message. If it does not reach the agent, it is queued again, and"
+                " /taskcard cancel withdraws it then."
+            )
+        return (
+            f"Your latest message to {record.agent_id} could not be cancelled: it is no"
+            " longer queued."
+        )
 
     def shows_status(self, channel: str, message_ids: Iterable[str]) -> bool:
         """Whether one of `message_ids` is the status message of a text sent from `channel`."""

@@ -32,6 +32,7 @@ from taskcard.producers.task_card.contract import (
 from tests.e2e.harness import ServeProcess, activity, agents_lines, eventually, publish, run_cli
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram
+from tests.inbox.test_recovery import mcp_server_holding
 
 GROUP = -1001234567890
 FS_CHAT = "oc_fleet_group"
@@ -351,6 +352,33 @@ async def test_reply_to_the_resident_is_parked_then_cancelled(
                 lambda: any("was cancelled" in t for t in chat.bot_texts()), what="the answer"
             )
             assert len(status_texts(chat)) == 1
+            assert await chat.serve.aterminate() == 0
+
+
+async def test_a_cancel_while_a_reader_holds_the_message_says_it_may_come_back(
+    platform: str, tmp_path: Path
+) -> None:
+    """An MCP server holds the message, its answer unread: the cancel is too late, and says
+    the message is queued again if the reader does not get it. The server is stopped
+    (SIGTERM) before its client read it: queued again, and a second cancel withdraws it."""
+    async with chat_for(platform, tmp_path, ["builder"]) as chat:
+        running_agent(tmp_path)
+        with chat.serve:
+            await running_card_shown(chat)
+            await chat.say("/tell builder run the checks")
+            await wait_status(chat, "queued")
+            [message] = queued(tmp_path)
+            with mcp_server_holding(workdir(tmp_path), tmp_path / "rt") as server:
+                assert queued(tmp_path, folder="taken") != []
+                await chat.say("/taskcard cancel")
+                late = await wait_said(chat, "Too late to cancel", "the answer")
+                assert "queued again" in late and "builder" in late
+                server.terminate()
+                await asyncio.to_thread(server.wait, 120)
+            assert [p.name for p in queued(tmp_path)] == [message.name]
+            await chat.say("/taskcard cancel")
+            await wait_status(chat, "cancelled")
+            assert "was cancelled" in await wait_said(chat, "was cancelled", "the answer")
             assert await chat.serve.aterminate() == 0
 
 
