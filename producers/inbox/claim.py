@@ -354,7 +354,6 @@ def claim(workdir: Path, via: str, *, max_bytes: int | None = None) -> Batch:
             if claims_fd is not None:
                 batch.problems.extend(_recover(inbox_fd, queued_fd, taken_fd, claims_fd))
             found, problems = _scan(queued_fd)
-            batch.problems.extend(problems)
             if found and claims_fd is None:
                 try:
                     claims_fd = stack.enter_context(_claims(inbox_fd, create=True, group=group))
@@ -366,6 +365,12 @@ def claim(workdir: Path, via: str, *, max_bytes: int | None = None) -> Batch:
                         f"({exc.strerror or exc}); a reader killed before delivering them "
                         f"leaves them in inbox/{TAKEN_DIR}/ (move them back by hand)"
                     )
+                if claims_fd is not None:
+                    # That read came before the lock: another reader may have claimed since,
+                    # and recording over its claim would leave its message without a holder.
+                    batch.problems.extend(_recover(inbox_fd, queued_fd, taken_fd, claims_fd))
+                    found, problems = _scan(queued_fd)
+            batch.problems.extend(problems)
             _claim_found(batch, found, via, max_bytes, (queued_fd, taken_fd, claims_fd), group)
     return batch
 

@@ -14,11 +14,16 @@ import json
 import os
 import signal
 import subprocess
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
+
+from taskcard.producers.inbox.claim import claim
 
 from ..hooks.conftest import TASKCARD, hook, payload, run_taskcard
 from .conftest import acks, names, queue
@@ -257,3 +262,33 @@ def test_a_claude_code_hook_is_the_next_reader_too(workdir: Path) -> None:
         ("m2", "claude-code:PostToolUse"),
     ]
     assert names(workdir, "claims") == []
+
+
+def test_a_reader_that_read_the_queue_before_another_claimed_leaves_that_claim_recorded(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two readers on an inbox without `claims/` yet: B reads the queue, and before it gets
+    the lock (as it creates `claims/`) A claims everything. B used to record itself over A's
+    claims and then remove the records when its renames failed: A's messages were left
+    without a holder, stranded should A be killed. The moment is placed by running A's claim
+    from inside B's `mkdir` (the standard library's, not taskcard's)."""
+    queue_three(workdir)
+    real_mkdir = os.mkdir
+    held: list[list[str]] = []
+    a_ran = threading.Event()
+
+    def mkdir_after_a_claims(path: Any, *args: Any, **kwargs: Any) -> None:
+        if path == "claims" and not a_ran.is_set():
+            a_ran.set()
+            held.append([m.id for m in claim(workdir, "mcp").messages])  # reader A
+        real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", mkdir_after_a_claims)
+    b = claim(workdir, "inbox-cli")  # reader B
+    monkeypatch.setattr(os, "mkdir", real_mkdir)
+    assert held == [["m0", "m1", "m2"]]
+    assert b.messages == [] and b.problems == []
+    assert names(workdir, "claims") == ["m0.json", "m1.json", "m2.json"]
+    folder = workdir / "inbox" / "claims"
+    records = [json.loads((folder / name).read_text()) for name in names(workdir, "claims")]
+    assert {(r["pid"], r["via"]) for r in records} == {(os.getpid(), "mcp")}
