@@ -8,9 +8,11 @@ judges the holder of each record:
 - gone: no process has that pid, the process with that pid started at another time, or it is
   a zombie (it can do nothing more); or the machine restarted since (another boot id);
 - alive: that very process still runs;
-- unknown: the record is not one this code wrote, or the holder ran in another pid namespace
-  (a container: its pids are not ours to look up). An unknown holder is treated as alive:
-  its messages are never offered twice, at worst they wait for a person (docs/reports.md).
+- unknown: the record is not one this code wrote, the holder ran in another pid namespace
+  (a container: its pids are not ours to look up), or a process has that pid but `/proc`
+  does not show it (mounted with `hidepid`: its start time cannot be compared). An unknown
+  holder is treated as alive: its messages are never offered twice, at worst they wait for
+  a person (docs/reports.md).
 
 Linux gives the start time in `/proc/<pid>/stat`; where there is no `/proc`, only whether a
 process with that pid exists is known, so a reused pid keeps the claim held until it ends.
@@ -90,15 +92,20 @@ def judge(raw: bytes) -> Verdict:
         return "unknown"
     if os.path.isdir(_PROC) and _boot_id() is not None:
         fields = _stat_fields(pid)
-        if fields is None:
-            return "gone"
+        if fields is None:  # no such process, or /proc hides it (`hidepid`)
+            return "unknown" if _exists(pid) else "gone"
         if fields[0] == "Z" or (start is not None and fields[19:20] != [start]):
             return "gone"
         return "alive"
-    try:  # no /proc: only whether some process has that pid
+    return "alive" if _exists(pid) else "gone"  # no /proc: only whether the pid exists
+
+
+def _exists(pid: int) -> bool:
+    """Whether some process has that pid (one of another user too)."""
+    try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return "gone"
+        return False
     except OSError:
-        return "alive"  # it exists, run by another user
-    return "alive"
+        return True  # it exists, run by another user
+    return True
