@@ -36,8 +36,12 @@ exit codes:
        or secret, a metrics address that cannot be bound)
   {EXIT_ALREADY_RUNNING}    already running (a service on that state_dir, a host for that workdir)
   {EXIT_UNREACHABLE}    no task card host could be reached or started
+  129, 143
+       `taskcard inbox` stopped by SIGHUP or SIGTERM before its reader had taken every
+       message: those went back to the queue
   {EXIT_INTERRUPTED}  interrupted (Ctrl-C); serve, demo and host take it as a stop and exit 0
-  {EXIT_BROKEN_PIPE}  the reader of the output went away (`taskcard ... | head`)
+  {EXIT_BROKEN_PIPE}  the reader of the output went away (`taskcard ... | head`); nothing on
+       stderr, except from `taskcard inbox`, which says how many messages went back
 
 environment:
   TASKCARD_CONFIG       default for --config

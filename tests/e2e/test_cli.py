@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -141,6 +142,21 @@ def test_help_lists_the_exit_codes_and_environment() -> None:
     # Read by the task card commands and the hooks: a user meets them, the help names them.
     assert "TASKCARD_RUNTIME_DIR" in text and "TASKCARD_ORIGIN" in text
     assert "serve, demo and host take it as a stop and exit 0" in text
+
+
+def test_help_lists_every_exit_code_the_readme_table_gives() -> None:
+    """The README's table of exit codes gives 129 and 143 (`taskcard inbox` stopped by a
+    signal), which `taskcard --help` left out although the README says it lists them."""
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| code | meaning |") :].split("\n\n")[0]
+    codes = {
+        code.strip() for row in table.splitlines()[2:] for code in row.split("|")[1].split(",")
+    }
+    assert {"0", "129", "141"} <= codes, codes
+    text = taskcard("--help").stdout
+    listed = text[text.index("exit codes:") : text.index("environment:")]
+    for code in sorted(codes):
+        assert re.search(rf"^  (\d+, )*{code}\b", listed, re.MULTILINE), (code, listed)
 
 
 def test_the_mcp_command_names_every_tool_it_serves() -> None:
