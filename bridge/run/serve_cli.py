@@ -77,8 +77,7 @@ def _serve(args: argparse.Namespace) -> int:
     _apply_log_options(args)
     if args.config is None:
         if args.check:
-            print("taskcard: --check needs --config FILE", file=sys.stderr)
-            return EXIT_CONFIG
+            args._parser.error("--check needs --config FILE (or TASKCARD_CONFIG)")
         from taskcard.bridge.run.demo import run_demo
 
         return run_demo(None, None)
@@ -139,8 +138,7 @@ def _check_secrets(path: str, config: ServiceConfig) -> int:
 
 def _config_check(args: argparse.Namespace) -> int:
     if args.file is None:
-        print("taskcard: no configuration file given (FILE or TASKCARD_CONFIG)", file=sys.stderr)
-        return EXIT_CONFIG
+        args._parser.error("FILE: no configuration file given; pass FILE or set TASKCARD_CONFIG")
     config = _load(Path(args.file))
     if config is None:
         return EXIT_CONFIG

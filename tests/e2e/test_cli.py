@@ -116,6 +116,22 @@ def test_a_usage_error_is_one_line_naming_the_argument_and_the_help() -> None:
     )
 
 
+def test_a_missing_configuration_file_is_a_usage_line_naming_the_help() -> None:
+    """`serve --check` and `config check` without a file said "taskcard: ..." and stopped,
+    where every other missing argument is one line by the command, ending with its help."""
+    for args, words in (
+        (("serve", "--check"), "--check needs --config FILE"),
+        (("config", "check"), "FILE: no configuration file given"),
+    ):
+        result = taskcard(*args)
+        assert result.returncode == 2, args
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1 and words in lines[0], (args, result.stderr)
+        command = "taskcard " + " ".join(a for a in args if not a.startswith("-"))
+        assert lines[0].startswith(f"{command}: "), lines[0]
+        assert lines[0].endswith(f"see `{command} --help`"), lines[0]
+
+
 def test_the_demo_says_its_own_log_level_default() -> None:
     """`taskcard demo --help` said "default: the config's log_level" of a command that takes
     no configuration; the demo runs at WARNING."""
