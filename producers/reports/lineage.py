@@ -333,7 +333,8 @@ def spawn(
         ) from None
     if not usable:
         raise LineageError(
-            f"workdir: {quoted(str(child))} is not a directory; create the child's first"
+            f"workdir: {quoted(str(child))} is not a directory; create the child's working"
+            " directory first"
         )
     with _spawning(child, parent_workdir):
         return _spawn_locked(

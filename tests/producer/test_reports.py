@@ -290,6 +290,18 @@ def test_spawn_with_an_undecodable_reason_exits_2_naming_it(tmp_path: Path) -> N
     assert not (child / "lineage.json").exists()
 
 
+def test_a_child_folder_not_created_yet_is_refused_saying_what_to_create(tmp_path: Path) -> None:
+    """The line said "create the child's first", a word short of telling what to create."""
+    done = taskcard(
+        "spawn", "--workdir", str(tmp_path / "later"), "--parent", "p", "--reason", "split"
+    )
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.decode().splitlines()
+    assert line.startswith("taskcard spawn: workdir: "), line
+    assert line.endswith("is not a directory; create the child's working directory first"), line
+    assert not (tmp_path / "later").exists()
+
+
 async def test_a_named_pipe_for_the_reports_file_is_refused_never_waited_on(
     workdir: Path, cli: CliHost
 ) -> None:
