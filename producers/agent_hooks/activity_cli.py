@@ -119,6 +119,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("kind", metavar="KIND", help="the event kind, for example tool.start")
     parser.add_argument(
-        "fields", metavar="key=value", nargs="*", help="event fields, e.g. call_id=c1 name=pytest"
+        "fields",
+        metavar="key=value",
+        nargs="*",
+        default=[],  # optional: without a default argparse calls it required when KIND is missing
+        help="event fields, e.g. call_id=c1 name=pytest",
     )
     parser.set_defaults(handler=run)

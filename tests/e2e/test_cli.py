@@ -132,6 +132,20 @@ def test_a_missing_configuration_file_is_a_usage_line_naming_the_help() -> None:
         assert lines[0].endswith(f"see `{command} --help`"), lines[0]
 
 
+def test_activity_without_a_kind_names_only_the_kind_as_missing(tmp_path: Path) -> None:
+    """`taskcard activity` alone said "required: KIND, key=value", though the fields are
+    optional (`taskcard activity turn.end` takes none)."""
+    result = taskcard("activity", "--workdir", str(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr == (
+        "taskcard activity: the following arguments are required: KIND;"
+        " see `taskcard activity --help`\n"
+    )
+    assert taskcard("activity", "--workdir", str(tmp_path), "turn.end").returncode == 0
+    [line] = (tmp_path / "logs" / "events.jsonl").read_text().splitlines()
+    assert json.loads(line)["kind"] == "turn.end"
+
+
 def test_the_demo_says_its_own_log_level_default() -> None:
     """`taskcard demo --help` said "default: the config's log_level" of a command that takes
     no configuration; the demo runs at WARNING."""
