@@ -188,6 +188,10 @@ def run_tool(args: argparse.Namespace) -> int:
 
 
 def run_card(args: argparse.Namespace) -> int:
+    # Every action, `manual` too: a --workdir that names no folder is a mistake worth saying,
+    # as `tool` says it for the same envelope.
+    if _missing_workdir(args):
+        return EXIT_USAGE
     if args.card_action == "manual":
         from taskcard.producers.task_card.capability import load_manual
 
@@ -195,8 +199,6 @@ def run_card(args: argparse.Namespace) -> int:
             return _emit({"action": "manual", "status": "ok", "manual": load_manual()})
         print(load_manual())
         return EXIT_OK
-    if _missing_workdir(args):
-        return EXIT_USAGE
     if args.card_action == "settings":
         from taskcard.producers.task_card.capability import settings_result
         from taskcard.producers.task_card.contract import CardPaths

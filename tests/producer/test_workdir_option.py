@@ -100,6 +100,31 @@ def test_a_missing_workdir_is_refused_and_never_created(home: Path, name: str) -
     assert not (home / "typo").exists()
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["card", "start", "r.py"],
+        ["card", "inspect", "tc_1"],
+        ["card", "retry", "tc_1"],
+        ["card", "stop", "tc_1"],
+        ["card", "remove"],
+        ["card", "settings"],
+        ["card", "manual"],
+        ["card", "manual", "--json"],
+    ],
+    ids=lambda argv: " ".join(argv[1:]),
+)
+def test_every_card_action_refuses_a_missing_workdir(home: Path, argv: list[str]) -> None:
+    """`card manual` printed the manual for a --workdir that names no folder, where every
+    other action (and `tool` with the same envelope) says the workdir is missing, exit 2."""
+    done = _run(argv, str(home / "typo"), home)
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert done.stdout == ""
+    [line] = done.stderr.splitlines()
+    assert "typo" in line and "not a directory" in line and "--workdir" in line, line
+    assert not (home / "typo").exists()
+
+
 @pytest.mark.parametrize("name", ["ledger", "inbox", "reports", "card settings", "mcp", "tool"])
 def test_a_workdir_with_a_line_break_or_an_escape_is_still_one_line(home: Path, name: str) -> None:
     """A missing `--workdir` named with a line break and an escape sequence was printed raw:
