@@ -360,6 +360,8 @@ def call_ledger(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
     if wrong is not None:
         return _failed(f"{wrong}; see the ledger tool's schema")
     command = arguments.get("command")
+    if command is None:  # left out: say it is required, not that None is no command
+        return _failed(f"command: required; use one of {', '.join(COMMANDS)}")
     if command not in COMMANDS:
         return _failed(
             f"command: {quoted(command)} is not a command; use one of {', '.join(COMMANDS)}"

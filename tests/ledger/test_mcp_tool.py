@@ -75,6 +75,27 @@ async def test_an_mcp_client_keeps_a_ledger(workdir: Path) -> None:
     assert (workdir / "ledger" / "long-task-ledger.json").is_file()
 
 
+async def test_a_call_without_a_command_is_told_it_is_required(workdir: Path) -> None:
+    """The answer said "command: None is not a command", naming a value nobody sent."""
+    runtime = Path(tempfile.mkdtemp(prefix="tclm"))
+    server = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "taskcard.bridge.cli", "mcp", "--workdir", str(workdir)],
+    )
+    server.args += ["--runtime-dir", str(runtime)]
+    try:
+        async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            result = await session.call_tool("ledger", {"task_id": "t"})
+            message = json.loads(result.content[0].text)["message"]  # type: ignore[union-attr]
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
+    assert result.is_error
+    assert message.startswith("command: required; use one of init, checkpoint"), message
+    assert "None" not in message
+    assert not (workdir / "ledger").exists()
+
+
 async def test_wrong_json_types_are_refused_naming_the_field_and_limits_are_settable(
     workdir: Path,
 ) -> None:
