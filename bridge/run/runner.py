@@ -125,17 +125,22 @@ def _shown_nowhere(config: ServiceConfig) -> list[str]:
     if not config.agents and not config.discover.roots:
         return ["no [[agents]] are configured: nothing is served; add an agent and its workdir"]
     specs = route_specs(config)
-    if not specs:
+    # A channel's `origin_chats` is a way in too: a turn from one of them opens a route
+    # there, so an agent without a configured route is not shown nowhere.
+    by_origin = any(
+        channel is not None and channel.origin_chats for channel in (config.telegram, config.feishu)
+    )
+    if not specs and not by_origin:
         return [
             "no routes are configured: no card reaches any chat; add [[telegram.routes]] or"
-            " [[feishu.routes]], or set console.enabled = true"
+            " [[feishu.routes]] (or origin_chats), or set console.enabled = true"
         ]
     routed = {agent for spec in specs for agent in spec.agents}
     return (
         [
             f"agent {agent!r} is in no route: its card is shown nowhere"
             for agent in config.agent_ids()
-            if agent not in routed
+            if agent not in routed and not by_origin
         ]
         + _shared_workdirs(config)
         + _repeated_roots(config)

@@ -799,6 +799,16 @@ def test_an_empty_path_is_refused_naming_the_key(tmp_path: Path, toml: str, word
             ],
         ),
         (AGENT, []),
+        # Cards reach the chats a turn comes from: no route is needed for that.
+        (AGENT + "[telegram]\norigin_chats = [-1001]\n", []),
+        (AGENT + '[feishu]\norigin_chats = ["oc_team"]\n', []),
+        (
+            AGENT
+            + '[[agents]]\nid = "idle"\nworkdir = "agents/idle"\n'
+            + "[telegram]\norigin_chats = [-1001]\n"
+            + '[[telegram.routes]]\nchat_id = 5\nagents = ["builder"]\n',
+            [],
+        ),
     ],
 )
 def test_nothing_served_warnings(tmp_path: Path, toml: str, expected: list[str]) -> None:
@@ -807,6 +817,19 @@ def test_nothing_served_warnings(tmp_path: Path, toml: str, expected: list[str])
     assert len(warnings) == len(expected)
     for warning, start in zip(warnings, expected, strict=True):
         assert warning.startswith(start)
+
+
+def test_config_check_does_not_say_cards_reach_no_chat_when_turns_bring_them(
+    tmp_path: Path,
+) -> None:
+    """A configuration whose only way into a chat is `origin_chats` (cards follow the chat a
+    turn came from, as the README sets it up) was warned of as "no card reaches any chat"."""
+    config = tmp_path / "taskcard.toml"
+    config.write_text(AGENT + '[feishu]\norigin_chats = ["oc_team"]\n')
+    result = taskcard("config", "check", str(config))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"{config}: valid; 1 agent, 0 routes"), result.stdout
+    assert "warning" not in result.stderr, result.stderr
 
 
 async def test_two_agents_on_one_workdir_are_warned_of_by_check_and_serve(
