@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from taskcard.producers.inbox import holders
 from taskcard.producers.inbox.contract import (
     ACKS_FILE,
     CLAIMS_DIR,
@@ -49,6 +48,7 @@ from taskcard.producers.inbox.contract import (
     share,
     shared_group,
 )
+from taskcard.producers.inbox.holders import judge, record_bytes
 from taskcard.producers.task_card.contract import line_break_first, open_appending, utc_now_iso
 from taskcard.producers.task_card.workdir_arg import WorkdirError, given_path
 
@@ -235,7 +235,7 @@ def _record(claims_fd: int, ident: str, via: str, group: int | None) -> str | No
     be written (the message is claimed all the same: delivering it matters more)."""
     name = f"{ident}.json"
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    data = holders.record_bytes(via)
+    data = record_bytes(via)
     try:
         fd = os.open(name, flags, 0o600, dir_fd=claims_fd)
         try:
@@ -297,7 +297,7 @@ def _recover(inbox_fd: int, queued_fd: int, taken_fd: int, claims_fd: int) -> li
         if not MESSAGE_ID.fullmatch(ident):
             continue
         read = _read(name, claims_fd)
-        if read is None or holders.judge(read[0]) != "gone":
+        if read is None or judge(read[0]) != "gone":
             continue  # held by a live reader, or a holder this reader cannot judge
         try:
             held = stat.S_ISREG(os.stat(name, dir_fd=taken_fd, follow_symlinks=False).st_mode)
