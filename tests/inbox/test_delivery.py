@@ -203,30 +203,7 @@ def raw_client_call_then_close(
     out.attach(server)
     assert server.stdin is not None
     try:
-        send(
-            server,
-            {
-                "jsonrpc": "2.0",
-                "id": 1,
-                "method": "initialize",
-                "params": {
-                    "protocolVersion": "2025-06-18",
-                    "capabilities": {},
-                    "clientInfo": {"name": "raw", "version": "0"},
-                },
-            },
-        )
-        assert json.loads(out.readline())["id"] == 1
-        send(server, {"jsonrpc": "2.0", "method": "notifications/initialized"})
-        send(
-            server,
-            {
-                "jsonrpc": "2.0",
-                "id": 2,
-                "method": "tools/call",
-                "params": {"name": "inbox", "arguments": {}},
-            },
-        )
+        call_inbox_tool(server, out)
         if leave_unread:  # the answer arrives, and the client dies without reading it
             wait_until(out.has_unread, "the answer on the wire")
         if ending == "sigterm":
@@ -345,3 +322,32 @@ def test_the_server_keeps_no_traceback_when_its_output_breaks(
     lines = [line for line in err.decode().splitlines() if line.strip()]
     assert lines, "the broken output is said"
     assert all(line.startswith("taskcard mcp: ") for line in lines), lines
+
+
+def call_inbox_tool(server: subprocess.Popen[bytes], out: Wire) -> None:
+    """Initialize the MCP session over the raw wire and call the `inbox` tool once (its
+    answer is left on the wire for the test to read, or not)."""
+    send(
+        server,
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "raw", "version": "0"},
+            },
+        },
+    )
+    assert json.loads(out.readline())["id"] == 1
+    send(server, {"jsonrpc": "2.0", "method": "notifications/initialized"})
+    send(
+        server,
+        {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tools/call",
+            "params": {"name": "inbox", "arguments": {}},
+        },
+    )

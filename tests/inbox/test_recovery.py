@@ -27,7 +27,7 @@ from taskcard.producers.inbox.claim import claim
 
 from ..hooks.conftest import TASKCARD, hook, payload, run_taskcard
 from .conftest import acks, names, queue
-from .test_delivery import TIMEOUT_S, Wire, mcp_args, queue_three, send, wait_until
+from .test_delivery import TIMEOUT_S, Wire, call_inbox_tool, mcp_args, queue_three, wait_until
 
 
 def claimed_by_all_texts(stdout: bytes) -> list[str]:
@@ -69,30 +69,7 @@ def mcp_server_holding(workdir: Path, runtime_dir: Path) -> Iterator[subprocess.
     )
     out.attach(server)
     try:
-        send(
-            server,
-            {
-                "jsonrpc": "2.0",
-                "id": 1,
-                "method": "initialize",
-                "params": {
-                    "protocolVersion": "2025-06-18",
-                    "capabilities": {},
-                    "clientInfo": {"name": "raw", "version": "0"},
-                },
-            },
-        )
-        assert json.loads(out.readline())["id"] == 1
-        send(server, {"jsonrpc": "2.0", "method": "notifications/initialized"})
-        send(
-            server,
-            {
-                "jsonrpc": "2.0",
-                "id": 2,
-                "method": "tools/call",
-                "params": {"name": "inbox", "arguments": {}},
-            },
-        )
+        call_inbox_tool(server, out)
         wait_until(out.has_unread, "the answer on the wire")
         yield server
     finally:
