@@ -104,7 +104,7 @@ def _exists(pid: int) -> bool:
     """Whether some process has that pid (one of another user too)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # OverflowError: no process can have it
         return False
     except OSError:
         return True  # it exists, run by another user

@@ -269,3 +269,18 @@ def test_a_reader_that_read_the_queue_before_another_claimed_leaves_that_claim_r
     folder = workdir / "inbox" / "claims"
     records = [json.loads((folder / name).read_text()) for name in names(workdir, "claims")]
     assert {(r["pid"], r["via"]) for r in records} == {(os.getpid(), "mcp")}
+
+
+@pytest.mark.parametrize("pid", [2**31, 10**30])
+def test_a_claim_record_naming_a_pid_no_process_can_have_is_a_gone_holder(
+    workdir: Path, pid: int
+) -> None:
+    """A record in the agent's workdir is untrusted: one naming a pid beyond what the kernel
+    gives out made every later claim in that inbox fail on an overflow. No process can hold
+    it, so its message is queued again and read."""
+    queue_three(workdir)
+    write_claim(workdir, "m0", pid=pid)
+    take(workdir, "m0")
+    done = run_taskcard("inbox", "--workdir", str(workdir))
+    assert done.returncode == 0, done.stderr
+    assert claimed_by_all_texts(done.stdout) == ["0", "1", "2"]
