@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Final, Literal, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+import pyromark
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from taskcard.channels.aio import wait_first
@@ -83,6 +84,47 @@ def may_hold_maths(text: str) -> bool:
             return True
         at = text.find("$", at + 1)
     return False
+
+
+# How a task list item's box shows on every channel: Telegram's converter has ticked-looking
+# boxes for both (☑ for an open item), and Feishu's card Markdown knows no task lists at all.
+TASK_OPEN = "\N{BALLOT BOX}"  # ☐
+TASK_DONE = "\N{BALLOT BOX WITH CHECK}"  # ☑
+# Where a task list marker may be: after a list item's marker. Only a gate for the parse.
+_MAY_BE_TASK = re.compile(r"(?:[-+*]|\d{1,9}[.)])[ \t]+\[[ xX]\]")
+# The CommonMark extensions both channels read a body with (tables, strikethrough, task
+# lists, maths), as Telegram's converter reads it.
+_TASK_PARSE = (
+    pyromark.Options.ENABLE_TABLES
+    | pyromark.Options.ENABLE_STRIKETHROUGH
+    | pyromark.Options.ENABLE_TASKLISTS
+    | pyromark.Options.ENABLE_MATH
+)
+
+
+def task_boxes_as_text(markdown: str) -> str:
+    """`markdown` with each task list marker (`[ ]`, `[x]`, `[X]` opening a list item, as
+    CommonMark's task list extension reads it) written as a box that shows whether it is
+    ticked: `- [ ] todo` becomes `- ☐ todo`, `1. [x] done` becomes `1. ☑ done`.
+
+    Every channel shows the item as a list item with the box as its first word, so an open
+    and a done item read apart and the same on Telegram and Feishu, nested, numbered and in
+    quotes alike. A `[ ]` anywhere else (later in the item, in code, outside a list) is not
+    a marker and stays as written."""
+    if _MAY_BE_TASK.search(markdown) is None:
+        return markdown
+    source = markdown.encode()
+    parts: list[bytes] = []
+    last = 0
+    for event, span in pyromark.events_with_range(markdown, options=_TASK_PARSE):
+        if isinstance(event, dict) and "TaskListMarker" in event:
+            box = TASK_DONE if event["TaskListMarker"] else TASK_OPEN
+            parts += [source[last : span["start"]], box.encode()]
+            last = span["end"]
+    if not parts:
+        return markdown
+    parts.append(source[last:])
+    return b"".join(parts).decode()
 
 
 @dataclass(frozen=True)

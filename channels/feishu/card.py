@@ -61,6 +61,7 @@ from taskcard.channels.base import (
     fit_view,
     may_hold_maths,
     precut_body,
+    task_boxes_as_text,
     web_link,
 )
 
@@ -543,8 +544,10 @@ def feishu_markdown(body: str) -> str:
     Code blocks are where CommonMark finds them (see `_code_lines`), each written with clean
     triple-backtick fences. Even in code a mention tag gets a zero-width space after its `<`:
     should a parser read the fences differently, `<at id=all>` there still mentions no one,
-    and it looks the same in code.
+    and it looks the same in code. A task list item's box is written as a character that
+    shows whether it is ticked (`task_boxes_as_text`): card Markdown has no task lists.
     """
+    body = task_boxes_as_text(body)
     reading = _reading(body)
     styles = _style_edits(body, reading)
     written = _edited(body, styles.edits)
@@ -1074,6 +1077,8 @@ def render_card(view: CardView, limit_bytes: int = CARD_BUDGET_BYTES) -> Outgoin
     does not fit even with a single automatic row, the card is cut within it, as it would be
     within the whole body. The reading of each body is kept (`_prefixes`)."""
     view = precut_body(view.shown_part(), limit_bytes * SOURCE_BUDGET_FACTOR)
+    if view.body is not None:  # before the reading, whose cuts are prefixes of this body
+        view = replace(view, body=task_boxes_as_text(view.body))
 
     def converted(candidate: CardView) -> dict[str, Any]:
         body = candidate.body

@@ -35,6 +35,7 @@ from taskcard.channels.base import (
     code_language,
     may_hold_maths,
     precut_body,
+    task_boxes_as_text,
     web_link,
 )
 
@@ -243,6 +244,9 @@ def markdown_to_rich(markdown: str) -> RichText:
     An isolated render config keeps us off the library's process-global one, and maths is
     not read at all (`_math_as_text`): agent bodies use `$` for shell and money.
 
+    A task list item shows its box as Feishu's card does (`task_boxes_as_text`): the
+    converter's own boxes both look ticked.
+
     A custom emoji (`![👍](tg://emoji?id=...)`) goes as its plain emoji: its entity would go
     without the emoji's id (`Entity` has no such field), which Telegram refuses, and a bot
     may send custom emoji only with a username bought on Fragment anyway.
@@ -253,7 +257,9 @@ def markdown_to_rich(markdown: str) -> RichText:
     """
     config = RenderConfig.isolated()
     text, entities = telegramify_markdown.convert(
-        _html_as_text(_pipes_as_text(_math_as_text(markdown))), latex_escape=False, config=config
+        _html_as_text(_pipes_as_text(_math_as_text(task_boxes_as_text(markdown)))),
+        latex_escape=False,
+        config=config,
     )
     # Defused here too, so that composing the card again finds the body's mentions done.
     return defuse_mentions(

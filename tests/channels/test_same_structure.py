@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from telegramify_markdown.converter import STANDARD_OPTIONS
 
-from taskcard.channels.base import CardView, may_hold_maths
+from taskcard.channels.base import _MAY_BE_TASK, CardView, may_hold_maths, task_boxes_as_text
 from taskcard.channels.feishu.card import (
     CARD_BUDGET_BYTES,
     _may_hold_single_tilde,
@@ -234,3 +234,51 @@ def test_the_tilde_guard_never_misses_a_single_tilde(parts: list[str]) -> None:
         start = span["start"]
         if event == {"Start": "Strikethrough"} and source[start + 1 : start + 2] != b"~":
             assert _may_hold_single_tilde(text)
+
+
+@pytest.mark.parametrize(
+    ("body", "telegram", "feishu"),
+    [
+        ("- [ ] open\n- [x] done", "⦁ ☐ open\n⦁ ☑ done", "- ☐ open\n- ☑ done"),
+        ("* [ ] open\n+ [X] done", "⦁ ☐ open\n⦁ ☑ done", "* ☐ open\n+ ☑ done"),
+        ("1. [ ] open\n2. [x] done", "1. ☐ open\n2. ☑ done", "1. ☐ open\n2. ☑ done"),
+        ("- a\n  - [ ] open\n  - [x] done", "⦁ a\n  ⦁ ☐ open\n  ⦁ ☑ done", None),
+        ("> - [ ] quoted", "⦁ ☐ quoted", "> - ☐ quoted"),
+        ("- - [ ] inner", None, "- - ☐ inner"),
+        ("- [ ]\n", "⦁ ☐", "- ☐\n"),
+        ("- text [ ] later", "⦁ text [ ] later", "- text [ ] later"),
+        ("[ ] no list", "[ ] no list", "[ ] no list"),
+        ("```\n- [ ] code\n```", "- [ ] code", "```\n- [ ] code\n```"),
+        ("    - [x] indented code", "- [x] indented code", None),
+        ("- `[ ]` code span", "⦁ [ ] code span", "- `[ ]` code span"),
+    ],
+)
+def test_task_boxes_show_open_or_done_alike(
+    body: str, telegram: str | None, feishu: str | None
+) -> None:
+    """An open task item showed ☑ on Telegram (the converter's box for it), the same as a
+    done one, and `[ ]` on Feishu (its card Markdown has no task lists): both show ☐ for
+    open and ☑ for done, in every kind of list; a `[ ]` that is no task marker stays."""
+    if telegram is not None:
+        assert markdown_to_rich(body).text == telegram
+    if feishu is not None:
+        assert feishu_markdown(body) == feishu
+    assert task_boxes_as_text(task_boxes_as_text(body)) == task_boxes_as_text(body)
+
+
+def test_a_card_cut_after_a_task_list_shows_its_boxes_on_feishu() -> None:
+    """The Feishu card reads the body with its boxes written, cut or not."""
+    body = "\n".join(f"- [{'x' if n % 2 else ' '}] item {n}" for n in range(3000))
+    card = render_feishu(CardView(agent_id="a", state="running", auto_rows=(), body=body))
+    assert card.text.count("☐ item") > 10 and "[ ]" not in card.text and "[x]" not in card.text
+    assert "☐ item 0" in card.text and "☑ item 1" in card.text
+
+
+@given(st.lists(st.sampled_from(["- ", "1. ", "* ", "[ ]", "[x]", " ", "\t", "\n", ">", "a"])))
+@settings(max_examples=2000, deadline=None)
+def test_the_task_guard_never_misses_a_box(parts: list[str]) -> None:
+    """The parse for task markers runs only when the guard finds a list marker before a box."""
+    text = "".join(parts)
+    events = pyromark.events(text, options=STANDARD_OPTIONS)
+    if any(isinstance(e, dict) and "TaskListMarker" in e for e in events):
+        assert _MAY_BE_TASK.search(text)

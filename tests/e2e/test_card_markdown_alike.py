@@ -124,3 +124,68 @@ async def test_one_card_shows_the_same_structure_on_telegram_and_feishu(
     assert not any(message.mentions_everyone for message in feishu.chat(CHAT))
     # Code in a quote: escaped for Feishu, which may not read it as code there.
     assert "<font" not in markdown and "&lt;font color='red'&gt;quoted code" in markdown
+
+
+TASKS = "\n".join(
+    [
+        "tasks-marker",
+        "",
+        "- [ ] open dash",
+        "- [x] done dash",
+        "* [ ] open star",
+        "+ [X] done plus",
+        "1. [ ] open numbered",
+        "2. [x] done numbered",
+        "- parent",
+        "  - [ ] open nested",
+        "  - [x] done nested",
+        "- text then [ ] not a box",
+        "",
+        "```",
+        "- [ ] in code",
+        "```",
+    ]
+)
+# What each item reads as, on both platforms: its box, then its words.
+TASK_LINES = [
+    "☐ open dash",
+    "☑ done dash",
+    "☐ open star",
+    "☑ done plus",
+    "☐ open numbered",
+    "☑ done numbered",
+    "☐ open nested",
+    "☑ done nested",
+]
+
+
+async def test_task_list_boxes_read_open_or_done_alike_on_telegram_and_feishu(
+    tmp_path: Path, telegram: FakeTelegram, feishu: FakeFeishu
+) -> None:
+    """An open task item used to show as ☑ on Telegram, like a done one, and as `[ ]` on
+    Feishu: both now show ☐ for open and ☑ for done, numbers and nesting kept; a `[ ]` later
+    in an item or in code is not a box and shows as typed."""
+
+    def telegram_tasks() -> str:
+        cards = [m for m in telegram.bot_messages(GROUP) if "tasks-marker" in m.text]
+        return cards[-1].text if cards else ""
+
+    def feishu_tasks() -> str:
+        for card in feishu.cards(CHAT):
+            for element in card["body"]["elements"]:
+                if element["tag"] == "markdown" and "tasks-marker" in element["content"]:
+                    return str(element["content"])
+        return ""
+
+    with serve_both(tmp_path, telegram, feishu) as serve:
+        publish(tmp_path / "agents" / "builder", TASKS)
+        await eventually(lambda: telegram_tasks() != "", what="the Telegram card")
+        await eventually(lambda: feishu_tasks() != "", what="the Feishu card")
+        assert await serve.aterminate() == 0
+    for shown in (telegram_tasks(), feishu_tasks()):
+        for line in TASK_LINES:
+            assert line in shown, (line, shown)
+        assert "1. ☐ open numbered" in shown and "2. ☑ done numbered" in shown
+        assert "text then [ ] not a box" in shown
+        assert "- [ ] in code" in shown
+        assert "☑ open" not in shown and "☐ done" not in shown
