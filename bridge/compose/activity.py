@@ -11,7 +11,7 @@ from typing import Final
 
 from taskcard.bridge.compose.redact import redact
 from taskcard.bridge.track.activity import Movement
-from taskcard.producers.task_card.contract import one_line
+from taskcard.producers.task_card.contract import one_line, one_line_cut
 
 ROW_CHARS: Final = 100
 
@@ -46,5 +46,4 @@ def movement_words(movement: Movement) -> str:
 
 def movement_text(movement: Movement) -> str:
     """One redacted line of at most `ROW_CHARS` characters: what a card shows."""
-    flat = redact(one_line(movement_words(movement)))
-    return flat if len(flat) <= ROW_CHARS else flat[: ROW_CHARS - 1].rstrip() + "…"
+    return one_line_cut(redact(one_line(movement_words(movement))), ROW_CHARS)

@@ -23,7 +23,7 @@ from taskcard.bridge.track.activity import ActivitySummary
 from taskcard.bridge.track.monitor import CardState
 from taskcard.channels.base import CardView
 from taskcard.producers.reports.contract import Lineage
-from taskcard.producers.task_card.contract import one_line, shown_body
+from taskcard.producers.task_card.contract import one_line, one_line_cut, shown_body
 
 
 def route_zone(name: str) -> tzinfo:
@@ -91,10 +91,8 @@ def lineage_row(lineage: Lineage | None, redactor: Callable[[str], str] = redact
     secrets): the row is scrubbed again later, but a secret cut in two is no longer found."""
     if lineage is None:
         return None
-    reason = redactor(one_line(lineage.reason))
-    if len(reason) > LINEAGE_REASON_CHARS:
-        reason = reason[: LINEAGE_REASON_CHARS - 1].rstrip() + "…"
-    parent = redactor(one_line(lineage.parent))[:64]
+    reason = one_line_cut(redactor(one_line(lineage.reason)), LINEAGE_REASON_CHARS)
+    parent = one_line_cut(redactor(one_line(lineage.parent)), 64)
     return f"↳ spawned by {parent}: {reason}"
 
 

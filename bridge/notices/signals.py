@@ -31,7 +31,7 @@ from typing import Final, Literal
 from taskcard.bridge.compose.redact import redact
 from taskcard.channels.base import counted
 from taskcard.producers.reports.contract import Report
-from taskcard.producers.task_card.contract import iso_utc, one_line
+from taskcard.producers.task_card.contract import iso_utc, one_line, one_line_cut
 
 SignalKind = Literal["report", "exited", "idle", "no output"]
 IdleMechanism = Literal["no host", "turn ended", "silence"]
@@ -64,8 +64,7 @@ class Signal:
 
 
 def _one_line(text: str, limit: int, redactor: Callable[[str], str]) -> str:
-    flat = redactor(one_line(text))
-    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
+    return one_line_cut(redactor(one_line(text)), limit)
 
 
 def _minutes(seconds: float) -> str:
@@ -77,18 +76,31 @@ def _minutes(seconds: float) -> str:
     return counted(round(seconds / 60), "minute", "minutes")
 
 
-def report_signal(agent_id: str, report: Report, redactor: Callable[[str], str] = redact) -> Signal:
-    """The "report available" notice of one report; `redactor` is applied to each free text
-    before it is cut (the service passes its `Redactor`, which knows its own secrets)."""
-    outcome = "ok" if report.ok else "failed"
-    parts = [f"📋 {agent_id} reported (#{report.seq}): {outcome}"]
+def report_outcome(report: Report, redactor: Callable[[str], str] = redact) -> str:
+    """How a report ended, in one line: `ok, verdict approved, as reviewer.`"""
+    parts = ["ok" if report.ok else "failed"]
     if report.verdict is not None:
         parts.append(f"verdict {report.verdict}")
     if report.role is not None:
         parts.append(f"as {_one_line(report.role, ROLE_CHARS, redactor)}")
-    text = ", ".join(parts) + "."
-    if report.summary is not None:
-        text += f"\n{_one_line(report.summary, SUMMARY_CHARS, redactor)}"
+    return ", ".join(parts) + "."
+
+
+def report_summary(
+    report: Report, limit: int = SUMMARY_CHARS, redactor: Callable[[str], str] = redact
+) -> str:
+    """A report's summary in one line of at most `limit` characters ("" when it has none),
+    redacted whole before it is cut."""
+    return "" if report.summary is None else _one_line(report.summary, limit, redactor)
+
+
+def report_signal(agent_id: str, report: Report, redactor: Callable[[str], str] = redact) -> Signal:
+    """The "report available" notice of one report; `redactor` is applied to each free text
+    before it is cut (the service passes its `Redactor`, which knows its own secrets)."""
+    text = f"📋 {agent_id} reported (#{report.seq}): {report_outcome(report, redactor)}"
+    summary = report_summary(report, SUMMARY_CHARS, redactor)
+    if summary:
+        text += f"\n{summary}"
     # The date is part of the key: a series numbered from 1 again (reports/ moved aside)
     # must not be taken for the first series' notices already sent.
     stamp = int(report.at.timestamp() * 1000)

@@ -44,7 +44,14 @@ from taskcard.bridge.compose.view import compose_view, format_at
 from taskcard.bridge.config import AGENT_ID_PATTERN, ServiceConfig
 from taskcard.bridge.deliver.registry import BuiltChannel, RouteSpec, original_chat, route_specs
 from taskcard.bridge.notices.outbox import FOLDED_CURSOR_PREFIX, NoticeOutbox
-from taskcard.bridge.notices.signals import Signal, SignalFacts, due_signals, report_signal
+from taskcard.bridge.notices.signals import (
+    Signal,
+    SignalFacts,
+    due_signals,
+    report_outcome,
+    report_signal,
+    report_summary,
+)
 from taskcard.bridge.notices.text import safe_error_code
 from taskcard.bridge.observe.metrics import ServiceSnapshot
 from taskcard.bridge.run import heap
@@ -95,7 +102,7 @@ from taskcard.channels.base import (
     counted,
 )
 from taskcard.channels.errors import ChannelError, RateLimited, Transient
-from taskcard.producers.task_card.contract import Origin, parse_origin
+from taskcard.producers.task_card.contract import Origin, one_line_cut, parse_origin
 
 if TYPE_CHECKING:
     from taskcard.bridge.cluster.boards import SharedBoards
@@ -134,6 +141,9 @@ NOT_LISTED = (
 )
 # A sender refused in a chat is not answered again there for this long; at most this many
 # senders are remembered (the oldest forgotten first).
+# A report summary in the `/taskcard` answer: a glance at each agent, one line each (the
+# "report available" notice carries the longer one).
+LISTED_SUMMARY_CHARS: Final = 120
 REFUSAL_QUIET_S = 600.0
 REFUSED_KEPT = 10_000
 # How often a request the start can do without is asked again after a 429 (once per pause).
@@ -2012,13 +2022,15 @@ class Service:
             if card.error_code:
                 card_text += f", renderer error ({safe_error_code(card.error_code)})"
             disabled = self._scheduler.disabled_reason(route.key)
-            extra = f" — delivery disabled: {disabled}" if disabled else ""
+            # The platform's words: one line, as every value in an entry.
+            extra = f" — delivery disabled: {one_line_cut(disabled, 200)}" if disabled else ""
             entry = [f"• {route.key.agent_id}: {monitor.activity.state}; {card_text}{extra}"]
             report = self._sides[route.key.agent_id].latest_report
             if report is not None:
-                signal = report_signal(route.key.agent_id, report, self._redact)
                 when = format_at(report.at, self._clock(), route.zone)
-                entry.append(f"  latest report ({when}): " + signal.text.split(": ", 1)[-1])
+                said = report_outcome(report, self._redact)
+                summary = report_summary(report, LISTED_SUMMARY_CHARS, self._redact)
+                entry.append(f"  latest report ({when}): {said} {summary}".rstrip())
             entries.append("\n".join(entry))
         return _fit_entries(lines[0], entries)
 

@@ -25,7 +25,11 @@ import stat
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from taskcard.producers.task_card.contract import escape_controls, one_line, shows_text
+from taskcard.producers.task_card.contract import (
+    escape_controls,
+    one_line_cut,
+    shows_text,
+)
 
 INBOX_DIR: Final = "inbox"
 QUEUED_DIR: Final = "queued"
@@ -185,10 +189,7 @@ def parse_message(raw: bytes, expected_id: str) -> Message:
 
 def label(value: str | None, fallback: str) -> str:
     """A one-line, bounded name for the frame: no control or direction characters."""
-    cleaned = one_line(value or "")
-    if not cleaned:
-        return fallback
-    return cleaned if len(cleaned) <= _LABEL_CHARS else cleaned[: _LABEL_CHARS - 1] + "…"
+    return one_line_cut(value or "", _LABEL_CHARS) or fallback
 
 
 def frame(message: Message) -> str:

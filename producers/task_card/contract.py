@@ -558,6 +558,14 @@ def one_line(text: str) -> str:
     return limit_mark_stacks(flat) if shows_text(flat) else ""
 
 
+def one_line_cut(text: str, limit: int) -> str:
+    """`one_line(text)` cut to at most `limit` characters, a cut one ending in "…": an
+    agent-written value in one line of a list (a name, a summary, a reason), so that the
+    line stays one line of a bearable length whatever the agent wrote."""
+    flat = one_line(text)
+    return flat if len(flat) <= limit else flat[: max(0, limit - 1)].rstrip() + "…"
+
+
 def count_field(value: object) -> int | None:
     """A non-negative whole count (tokens, an exit code's size), or None when unusable.
 

@@ -180,3 +180,38 @@ async def test_status_prints_an_agents_notification_id_without_acting_on_the_ter
         assert "\x1b" not in out and "\u202e" not in out, out
         assert not any(line.startswith("agent builder") for line in out.splitlines()), out
         assert "n1\\x1b[2J\\nagent builder: PROBLEMS\\u202e" in out
+
+
+@PLATFORMS
+async def test_taskcard_lists_each_agent_in_one_entry_whatever_its_summary(
+    platform: str, tmp_path: Path
+) -> None:
+    """`/taskcard` quoted the report notice's two lines, so a report with a summary put the
+    summary on a line of its own, outside the agent's entry, and a long one (300 characters)
+    took several lines of the list. Each agent's report now takes one indented line, its
+    summary folded to one line and cut with an ellipsis."""
+    async with chat_for(platform, tmp_path, ["worker", "helper"]) as chat:
+        for agent in ("worker", "helper"):
+            publish(workdir(tmp_path, agent), f"**{agent} busy** 1/9")
+        with chat.serve:
+            await wait_said(chat, "worker busy", "the worker's card")
+            await wait_said(chat, "helper busy", "the helper's card")
+            long_summary = "first line\nsecond\r\nthird\vfourth " + "word " * 200
+            for agent, summary in (("worker", long_summary), ("helper", "short\n- forged")):
+                wd = workdir(tmp_path, agent)
+                done = run_cli("report", "--workdir", str(wd), "--ok", "--summary", summary)
+                assert done.returncode == 0, done.stderr
+                await wait_said(chat, f"{agent} reported (#1)", f"the {agent}'s report notice")
+            await chat.say("/taskcard")
+            answer = await wait_said(chat, "latest report", "the /taskcard answer")
+            assert await chat.serve.aterminate() == 0
+        head, *entries = answer.splitlines()
+        assert head.startswith("Task cards here:"), answer
+        assert [line[:2] for line in entries] == ["• ", "  ", "• ", "  "], answer
+        reports = {
+            entries[0][2:].split(":")[0]: entries[1],
+            entries[2][2:].split(":")[0]: entries[3],
+        }
+        assert "ok. first line second third fourth word word" in reports["worker"]
+        assert reports["worker"].endswith("…") and len(reports["worker"]) < 200, answer
+        assert reports["helper"].endswith("ok. short - forged"), answer

@@ -9,6 +9,7 @@ from taskcard.producers.task_card.contract import (
     escape_controls,
     limit_mark_stacks,
     one_line,
+    one_line_cut,
     shown_body,
     shows_text,
 )
@@ -60,6 +61,23 @@ def flag(region: str) -> str:
 )
 def test_one_line(text: str, line: str) -> None:
     assert one_line(text) == line
+
+
+@pytest.mark.parametrize(
+    ("text", "limit", "line"),
+    [
+        ("short", 10, "short"),
+        ("a\nb\r\nc\vd", 20, "a b c d"),
+        ("exactly10!", 10, "exactly10!"),
+        ("one two three four", 9, "one two…"),
+        ("x" * 50, 5, "xxxx…"),
+        ("\u200b\u2060", 5, ""),
+    ],
+)
+def test_one_line_cut(text: str, limit: int, line: str) -> None:
+    """One line of at most `limit` characters, a cut one ending in an ellipsis."""
+    assert one_line_cut(text, limit) == line
+    assert len(one_line_cut(text, limit)) <= limit
 
 
 def test_mark_stacks_are_bounded_per_character_only() -> None:
