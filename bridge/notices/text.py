@@ -95,7 +95,9 @@ def notice_text(agent_id: str, notification: Notification) -> str | None:
     ):
         limit = count_field(notification.extra.get("max_refreshes"))
         budget = (
-            f" after {limit} refreshes" if limit is not None and 1 <= limit <= MAX_REFRESHES else ""
+            f" after {counted(limit, 'refresh', 'refreshes')}"
+            if limit is not None and 1 <= limit <= MAX_REFRESHES
+            else ""
         )
         return f"⏹ {agent_id}: task card stopped{suffix}: refresh budget used up{budget}."
     return None

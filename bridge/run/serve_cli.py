@@ -344,7 +344,8 @@ def _status(args: argparse.Namespace) -> int:
     if writes:
         print(
             f"STATE WRITES FAILING since {writes['failing_since']}: {writes['reason']}"
-            f" ({writes['waiting_writes']} writes waiting; the service retries)"
+            f" ({counted(writes['waiting_writes'], 'write', 'writes')} waiting;"
+            " the service retries)"
         )
     for pause in report["pauses"]:
         print(f"rate-limit pause: {pause['scope']} ({pause['what']}) until {pause['until']}")

@@ -385,9 +385,9 @@ class Service:
             follow = self._shared_boards.follow(self.board_changed)
             tasks.append(asyncio.create_task(follow, name="board changes"))
         log.info(
-            "serving %d agents on %d routes (%s)",
-            len(self._monitors),
-            len(self._routes),
+            "serving %s on %s (%s)",
+            counted(len(self._monitors), "agent", "agents"),
+            counted(len(self._routes), "route", "routes"),
             ", ".join(self._channels) or "no channel",
         )
         stopper = asyncio.create_task(stop.wait(), name="stop")
@@ -484,9 +484,8 @@ class Service:
                 self._departed.set(agent_id, min(left_at, now) + keep_s)
         if self._departed:
             log.info(
-                "%d agents no longer served: each is forgotten %.0f s after it left, unless"
-                " it comes back",
-                len(self._departed),
+                "%s no longer served: each is forgotten %.0f s after it left, unless it comes back",
+                counted(len(self._departed), "agent", "agents"),
                 keep_s,
             )
 
@@ -524,17 +523,21 @@ class Service:
                 self._retire_owed.setdefault(key.channel, []).append(key)
                 self._departed_routes.setdefault(key.agent_id, []).append(key)
         if self._retire_owed:
+            owed = sum(len(keys) for keys in self._retire_owed.values())
             log.info(
-                "%d cards of agents that left while the service was stopped are marked"
+                "%s of agents that left while the service was stopped %s marked"
                 " retired once their channel is ready",
-                sum(len(keys) for keys in self._retire_owed.values()),
+                counted(owed, "card", "cards"),
+                "is" if owed == 1 else "are",
             )
         if left:
             log.info(
-                "%d cards of agents that left while the service was stopped are left as they"
-                " are: a start marks the %d edited last in each chat, so that its live cards"
-                " keep the chat's budget",
-                left,
+                "%s of agents that left while the service was stopped %s left as %s: a"
+                " start marks the %d edited last in each chat, so that its live cards keep"
+                " the chat's budget",
+                counted(left, "card", "cards"),
+                "is" if left == 1 else "are",
+                "it is" if left == 1 else "they are",
                 RETIRE_AT_START_PER_CHAT,
             )
 
@@ -1086,7 +1089,11 @@ class Service:
         self.apply(self._desired())
         for route in list(self._routes):
             self._project_route(route)  # display defaults may have changed
-        log.info("config reloaded: %d agents on %d routes", len(self._monitors), len(self._routes))
+        log.info(
+            "config reloaded: %s on %s",
+            counted(len(self._monitors), "agent", "agents"),
+            counted(len(self._routes), "route", "routes"),
+        )
         return True
 
     # Origins -----------------------------------------------------------------------------
@@ -1731,8 +1738,9 @@ class Service:
                     prefs = self._chat_prefs(scope)  # nothing left here to hide
         elif parsed.action == "on":
             reply = "Task cards shown here."
-        elif parsed.action == "rows":
-            reply = f"Task cards here now show {parsed.rows} activity rows."
+        elif parsed.action == "rows" and parsed.rows is not None:
+            rows = counted(parsed.rows, "activity row", "activity rows")
+            reply = f"Task cards here now show {rows}."
         elif parsed.action == "cancel" and self._owned is not None:
             answer = self._cancel_in_cluster(channel_name, command)
             if answer is not None:
@@ -2002,7 +2010,9 @@ class Service:
 
     def _state_text(self, routes: list[Route], prefs: ChatPrefs) -> str:
         rows = prefs.activity_rows or self._config.display.activity_rows
-        shown = "hidden" if prefs.hidden else f"shown, {rows} activity rows"
+        shown = (
+            "hidden" if prefs.hidden else f"shown, {counted(rows, 'activity row', 'activity rows')}"
+        )
         if self._views.view(routes[0].key.chat_scope) == "board":
             shown += ", one board"
         lines = [f"Task cards here: {shown}."]

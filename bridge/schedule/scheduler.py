@@ -58,7 +58,15 @@ from taskcard.bridge.schedule.routes import RouteKey as RouteKey
 from taskcard.bridge.schedule.routes import chat_scope as chat_scope
 from taskcard.bridge.store.sqlite import StateStore
 from taskcard.channels.aio import Backoff, wait_first
-from taskcard.channels.base import Channel, ChatRef, Operation, Outgoing, RateScope, ReplyTo
+from taskcard.channels.base import (
+    Channel,
+    ChatRef,
+    Operation,
+    Outgoing,
+    RateScope,
+    ReplyTo,
+    counted,
+)
 from taskcard.channels.errors import (
     ChannelError,
     CredentialsRejected,
@@ -1034,10 +1042,9 @@ class RouteScheduler:
             return False
         resident.retry_at = self._clock() + wait_s
         log.warning(
-            "route %s: %d sends got no answer (each may have posted a copy); "
-            "no further send for %.0fs",
+            "route %s: %s got no answer (each may have posted a copy); no further send for %.0fs",
             resident.key,
-            resident.unsure_sends,
+            counted(resident.unsure_sends, "send", "sends"),
             wait_s,
         )
         return True

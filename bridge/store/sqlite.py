@@ -657,7 +657,7 @@ class SqliteStore(StateStore):
             )
         else:
             log.warning(
-                "state file %s still not writable (%s); %d writes waiting, next try in %.0fs",
+                "state file %s still not writable (%s); writes waiting: %d, next try in %.0fs",
                 self.path,
                 reason,
                 len(self._backlog),

@@ -536,8 +536,8 @@ class FleetWatcher:
                 polled = plan.owners_of(unwatched)
                 if unwatched and not limit_logged:
                     logger.error(
-                        "inotify watch limit reached (fs.inotify.max_user_watches): %d folders"
-                        " of %d agents are not watched and are polled every %gs instead;"
+                        "inotify watch limit reached (fs.inotify.max_user_watches): folders"
+                        " not watched: %d (agents: %d); they are polled every %gs instead;"
                         " raise the limit (sysctl fs.inotify.max_user_watches) to watch them",
                         len(unwatched),
                         len(polled),

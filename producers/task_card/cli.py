@@ -127,7 +127,7 @@ def summarize(result: dict[str, Any]) -> str:
         lines.append(f"  renderer stderr, last line: {said[-1]}")
     if result.get("last_body"):
         body = str(result["last_body"]).strip().splitlines()
-        lines.append(f"  card ({len(body)} lines): {one_line(body[0]) if body else ''}")
+        lines.append(f"  card (lines: {len(body)}): {one_line(body[0]) if body else ''}")
     for row in result.get("settings") or ():
         lines.append(f"  {row['key']} = {row['current']} (default {row['default']})")
     if result.get("body_removed") is not None:

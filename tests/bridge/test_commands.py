@@ -199,6 +199,7 @@ async def running(tmp_path: Path) -> AsyncIterator[Running]:
         ("off", "Task cards hidden here. /taskcard on shows them again.", ChatPrefs(True)),
         ("on", "Task cards shown here.", ChatPrefs(False)),
         ("4", "Task cards here now show 4 activity rows.", ChatPrefs(False, 4)),
+        ("1", "Task cards here now show 1 activity row.", ChatPrefs(False, 1)),
         ("dance <b>", "Unknown option. /taskcard: show the state here", ChatPrefs()),
     ],
 )

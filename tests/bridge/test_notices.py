@@ -64,7 +64,7 @@ CASES: list[tuple[Notification, str | None]] = [
     ],
     (
         note("task_card.limit", ref_id="", state="limit", watch_id=10**4200, max_refreshes=1.0),
-        "⏹ builder: task card stopped: refresh budget used up after 1 refreshes.",
+        "⏹ builder: task card stopped: refresh budget used up after 1 refresh.",
     ),
     (note("task_card.reminder", state="reminder"), None),
     (note("something.else", state="error", code="renderer_timeout"), None),

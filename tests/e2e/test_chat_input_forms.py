@@ -313,6 +313,23 @@ async def test_a_misspelt_option_is_answered_with_the_one_it_likely_meant(
             assert await chat.serve.aterminate() == 0
 
 
+async def test_one_activity_row_is_said_in_the_singular(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    """`/taskcard 1` was answered "now show 1 activity rows", and the state said so too."""
+    async with chat_for(platform, tmp_path, ["builder"]) as chat:
+        running_agent(tmp_path)
+        with chat.serve:
+            await running_card_shown(chat)
+            await chat.say("/taskcard 1")
+            await wait_said(chat, "now show 1 activity row.", "the answer in the singular")
+            await chat.say("/taskcard")
+            await wait_said(chat, "shown, 1 activity row.", "the state in the singular")
+            assert not any("1 activity rows" in t for t in chat.bot_texts())
+            assert await chat.serve.aterminate() == 0
+
+
 async def test_a_reply_to_the_status_of_a_text_reaches_its_agent(
     platform: str,  # noqa: F811 (the imported fixture)
     tmp_path: Path,

@@ -281,7 +281,9 @@ def test_the_state_readers_take_the_file_from_taskcard_config(tmp_path: Path, co
 async def test_an_empty_config_warns_in_json_logs_from_the_environment(tmp_path: Path) -> None:
     config = console_config(tmp_path)
     with ServeProcess(config, env={"TASKCARD_LOG_FORMAT": "json"}) as serve:
-        await eventually(lambda: "serving 0 agents" in serve.logs, what="the service start")
+        await eventually(
+            lambda: "serving 0 agents on 0 routes" in serve.logs, what="the service start"
+        )
         assert serve.terminate() == 0
     records = [json.loads(line) for line in serve.logs.splitlines()]
     warning = next(r for r in records if "nothing is served" in r["message"])
@@ -349,7 +351,7 @@ def test_log_level_on_the_command_line_wins_over_the_config(tmp_path: Path) -> N
     try:
         assert proc.stderr is not None
         line = ""
-        while "serving 1 agents" not in line:
+        while "serving 1 agent on 1 route " not in line:
             line = proc.stderr.readline()
             assert line, f"the service exited with {proc.wait()}"
     finally:
@@ -411,7 +413,7 @@ def test_card_commands_print_a_summary_or_json(tmp_path: Path) -> None:
         assert inspected["watch_id"] == watch_id and inspected["status"] == "watching"
         human = taskcard("card", "inspect", watch_id, *common)
         assert human.returncode == 0
-        assert "card (1 lines): **building** step 1" in human.stdout
+        assert "card (lines: 1): **building** step 1" in human.stdout
     finally:
         removed = taskcard("card", "remove", *common)
         assert removed.returncode == 0, removed.stderr
@@ -431,7 +433,7 @@ def test_the_card_summary_does_not_replay_a_renderers_escapes(tmp_path: Path) ->
         watch_id = started.stdout.splitlines()[0].split("(watch ")[1].rstrip(")")
         human = taskcard("card", "inspect", watch_id, *common)
         assert human.returncode == 0
-        assert "card (1 lines): **building** [2J step 1" in human.stdout
+        assert "card (lines: 1): **building** [2J step 1" in human.stdout
         assert "\x1b" not in human.stdout and "\u202e" not in human.stdout
     finally:
         removed = taskcard("card", "remove", *common)
@@ -870,7 +872,7 @@ async def test_a_root_listed_twice_is_read_once_with_a_warning(tmp_path: Path) -
     with ServeProcess(config) as serve:
         await eventually(lambda: "channel console ready" in serve.logs, what="the start")
         assert await serve.aterminate() == 0
-    assert "serving 1 agent" in serve.logs, serve.logs
+    assert "serving 1 agent on 1 route (console)" in serve.logs, serve.logs  # not "1 agents"
     assert "already found" not in serve.logs, serve.logs
     for line in words:
         assert serve.logs.count(line) == 1, serve.logs

@@ -26,7 +26,7 @@ async def test_console_shows_cards_live_and_stops_cleanly(tmp_path: Path) -> Non
     builder.mkdir(parents=True)
     # The reviewer's workdir does not exist yet: it appears while the service runs.
     with ServeProcess(config) as serve:
-        await eventually(lambda: "serving 2 agents" in serve.logs, what="service start")
+        await eventually(lambda: "serving 2 agents on 2 routes" in serve.logs, what="service start")
         publish(builder, "**compile** step 1 of 3")
         await eventually(lambda: "compile" in serve.output, what="first card on the console")
         publish(builder, "**tests** step 2 of 3")

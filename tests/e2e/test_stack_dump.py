@@ -99,7 +99,7 @@ async def test_a_service_that_does_not_stop_in_time_fails_with_its_stacks(
         message = str(failure.value)
         assert "did not exit within 1s after SIGTERM" in message
         assert "log lines before SIGUSR1" in message
-        assert "serving 1 agents" in message, "the log's tail"
+        assert "serving 1 agent on 1 route" in message, "the log's tail"
         assert "most recent call first" in message, "the threads' stacks"
         # The lane of the chat, awaiting the send's answer: what held the stop.
         assert f"task 'lane telegram:{GROUP}'" in message
