@@ -91,7 +91,7 @@ def may_hold_maths(text: str) -> bool:
 TASK_OPEN = "\N{BALLOT BOX}"  # ☐
 TASK_DONE = "\N{BALLOT BOX WITH CHECK}"  # ☑
 # Where a task list marker may be: after a list item's marker. Only a gate for the parse.
-_MAY_BE_TASK = re.compile(r"(?:[-+*]|\d{1,9}[.)])[ \t]+\[[ xX]\]")
+_MAY_BE_TASK = re.compile(r"(?:[-+*]|\d{1,9}[.)])\s+\[(?:\s|[xX])\]")
 # The CommonMark extensions both channels read a body with (tables, strikethrough, task
 # lists, maths), as Telegram's converter reads it.
 _TASK_PARSE = (

@@ -11,7 +11,7 @@ from typing import Final
 
 from taskcard.bridge.compose.redact import redact
 from taskcard.bridge.track.activity import Movement
-from taskcard.producers.task_card.contract import one_line, one_line_cut
+from taskcard.producers.task_card.contract import cut_line, one_line
 
 ROW_CHARS: Final = 100
 
@@ -46,4 +46,4 @@ def movement_words(movement: Movement) -> str:
 
 def movement_text(movement: Movement) -> str:
     """One redacted line of at most `ROW_CHARS` characters: what a card shows."""
-    return one_line_cut(redact(one_line(movement_words(movement))), ROW_CHARS)
+    return cut_line(redact(one_line(movement_words(movement))), ROW_CHARS)

@@ -31,7 +31,7 @@ from taskcard.bridge.compose.redact import redact
 from taskcard.bridge.compose.view import format_at
 from taskcard.bridge.track.monitor import ActivitySummary, CardState
 from taskcard.channels.base import AgentState, BoardLine, BoardMark, BoardView, counted
-from taskcard.producers.task_card.contract import one_line, one_line_cut
+from taskcard.producers.task_card.contract import cut_line, one_line
 
 # Bounds of the agent-written parts of a line, in characters: a line stays short enough
 # that a Telegram board shows a few dozen agents, whatever an agent writes.
@@ -95,7 +95,7 @@ def card_headline(body: str | None, scrub: Callable[[str], str] = str) -> str | 
     for raw in body.splitlines():
         line = one_line(_EMPHASIS.sub("", _LINE_MARKERS.sub("", one_line(raw))))
         if line and not set(line) <= set("-=_|:~ "):  # a rule or table border says nothing
-            return one_line_cut(scrub(redact(line)), HEADLINE_MAX_CHARS)
+            return cut_line(scrub(redact(line)), HEADLINE_MAX_CHARS)
     return None
 
 
@@ -112,7 +112,7 @@ def movement_text(
 def _movement_words(activity: ActivitySummary, scrub: Callable[[str], str]) -> str:
     last = activity.last_movement
     words = "" if last is None else one_line(activity_movement_words(last))
-    return one_line_cut(scrub(redact(words)), MOVEMENT_MAX_CHARS)
+    return cut_line(scrub(redact(words)), MOVEMENT_MAX_CHARS)
 
 
 def _movement_line(words: str, at: datetime, now: datetime, zone: tzinfo) -> str:

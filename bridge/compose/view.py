@@ -23,7 +23,7 @@ from taskcard.bridge.track.activity import ActivitySummary
 from taskcard.bridge.track.monitor import CardState
 from taskcard.channels.base import CardView
 from taskcard.producers.reports.contract import Lineage
-from taskcard.producers.task_card.contract import one_line, one_line_cut, shown_body
+from taskcard.producers.task_card.contract import cut_line, one_line, shown_body
 
 
 def route_zone(name: str) -> tzinfo:
@@ -91,8 +91,8 @@ def lineage_row(lineage: Lineage | None, redactor: Callable[[str], str] = redact
     secrets): the row is scrubbed again later, but a secret cut in two is no longer found."""
     if lineage is None:
         return None
-    reason = one_line_cut(redactor(one_line(lineage.reason)), LINEAGE_REASON_CHARS)
-    parent = one_line_cut(redactor(one_line(lineage.parent)), 64)
+    reason = cut_line(redactor(one_line(lineage.reason)), LINEAGE_REASON_CHARS)
+    parent = cut_line(redactor(one_line(lineage.parent)), 64)
     return f"↳ spawned by {parent}: {reason}"
 
 

@@ -31,7 +31,7 @@ from typing import Final, Literal
 from taskcard.bridge.compose.redact import redact
 from taskcard.channels.base import counted
 from taskcard.producers.reports.contract import Report
-from taskcard.producers.task_card.contract import iso_utc, one_line, one_line_cut
+from taskcard.producers.task_card.contract import cut_line, iso_utc, one_line
 
 SignalKind = Literal["report", "exited", "idle", "no output"]
 IdleMechanism = Literal["no host", "turn ended", "silence"]
@@ -64,7 +64,7 @@ class Signal:
 
 
 def _one_line(text: str, limit: int, redactor: Callable[[str], str]) -> str:
-    return one_line_cut(redactor(one_line(text)), limit)
+    return cut_line(redactor(one_line(text)), limit)
 
 
 def _minutes(seconds: float) -> str:

@@ -141,11 +141,11 @@ NOT_LISTED = (
 )
 # A sender refused in a chat is not answered again there for this long; at most this many
 # senders are remembered (the oldest forgotten first).
+REFUSAL_QUIET_S = 600.0
+REFUSED_KEPT = 10_000
 # A report summary in the `/taskcard` answer: a glance at each agent, one line each (the
 # "report available" notice carries the longer one).
 LISTED_SUMMARY_CHARS: Final = 120
-REFUSAL_QUIET_S = 600.0
-REFUSED_KEPT = 10_000
 # How often a request the start can do without is asked again after a 429 (once per pause).
 _PUT_OFF_ATTEMPTS = 3
 # The last word of a card retired beside a board, and of a board retired for cards.

@@ -562,7 +562,13 @@ def one_line_cut(text: str, limit: int) -> str:
     """`one_line(text)` cut to at most `limit` characters, a cut one ending in "…": an
     agent-written value in one line of a list (a name, a summary, a reason), so that the
     line stays one line of a bearable length whatever the agent wrote."""
-    flat = one_line(text)
+    return cut_line(one_line(text), limit)
+
+
+def cut_line(flat: str, limit: int) -> str:
+    """`flat`, a text `one_line` made already (and redacted since: redaction adds no line
+    break), cut to at most `limit` characters as `one_line_cut` cuts: for the rows composed
+    on every change, which need not flatten the text twice."""
     return flat if len(flat) <= limit else flat[: max(0, limit - 1)].rstrip() + "…"
 
 

@@ -246,6 +246,7 @@ def test_the_tilde_guard_never_misses_a_single_tilde(parts: list[str]) -> None:
         ("> - [ ] quoted", "⦁ ☐ quoted", "> - ☐ quoted"),
         ("- - [ ] inner", None, "- - ☐ inner"),
         ("- [ ]\n", "⦁ ☐", "- ☐\n"),
+        ("- [\t] tab\n- [\x0c] feed", "⦁ ☐ tab\n⦁ ☐ feed", "- ☐ tab\n- ☐ feed"),
         ("- text [ ] later", "⦁ text [ ] later", "- text [ ] later"),
         ("[ ] no list", "[ ] no list", "[ ] no list"),
         ("```\n- [ ] code\n```", "- [ ] code", "```\n- [ ] code\n```"),
@@ -274,7 +275,13 @@ def test_a_card_cut_after_a_task_list_shows_its_boxes_on_feishu() -> None:
     assert "☐ item 0" in card.text and "☑ item 1" in card.text
 
 
-@given(st.lists(st.sampled_from(["- ", "1. ", "* ", "[ ]", "[x]", " ", "\t", "\n", ">", "a"])))
+@given(
+    st.lists(
+        st.sampled_from(
+            ["- ", "1. ", "* ", "[ ]", "[x]", "[", "]", "x", " ", "\t", "\x0b", "\x0c", "\n", ">"]
+        )
+    )
+)
 @settings(max_examples=2000, deadline=None)
 def test_the_task_guard_never_misses_a_box(parts: list[str]) -> None:
     """The parse for task markers runs only when the guard finds a list marker before a box."""
