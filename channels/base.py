@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import hashlib
 import json
 import re
@@ -90,7 +91,10 @@ def may_hold_maths(text: str) -> bool:
 # boxes for both (☑ for an open item), and Feishu's card Markdown knows no task lists at all.
 TASK_OPEN = "\N{BALLOT BOX}"  # ☐
 TASK_DONE = "\N{BALLOT BOX WITH CHECK}"  # ☑
-# Where a task list marker may be: after a list item's marker. Only a gate for the parse.
+# Where a task list marker may be: a box (CommonMark takes any white space for the open
+# one), after a list item's marker. Only gates for the parse: the box alone first, which a
+# search finds quickly by its leading bracket.
+_MAY_BE_BOX = re.compile(r"\[(?:\s|[xX])\]")
 _MAY_BE_TASK = re.compile(r"(?:[-+*]|\d{1,9}[.)])\s+\[(?:\s|[xX])\]")
 # The CommonMark extensions both channels read a body with (tables, strikethrough, task
 # lists, maths), as Telegram's converter reads it.
@@ -102,6 +106,7 @@ _TASK_PARSE = (
 )
 
 
+@functools.lru_cache(maxsize=256)
 def task_boxes_as_text(markdown: str) -> str:
     """`markdown` with each task list marker (`[ ]`, `[x]`, `[X]` opening a list item, as
     CommonMark's task list extension reads it) written as a box that shows whether it is
@@ -110,8 +115,8 @@ def task_boxes_as_text(markdown: str) -> str:
     Every channel shows the item as a list item with the box as its first word, so an open
     and a done item read apart and the same on Telegram and Feishu, nested, numbered and in
     quotes alike. A `[ ]` anywhere else (later in the item, in code, outside a list) is not
-    a marker and stays as written."""
-    if _MAY_BE_TASK.search(markdown) is None:
+    a marker and stays as written. Cached: a body is rendered once per route it has."""
+    if _MAY_BE_BOX.search(markdown) is None or _MAY_BE_TASK.search(markdown) is None:
         return markdown
     source = markdown.encode()
     parts: list[bytes] = []

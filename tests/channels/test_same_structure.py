@@ -21,7 +21,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from telegramify_markdown.converter import STANDARD_OPTIONS
 
-from taskcard.channels.base import _MAY_BE_TASK, CardView, may_hold_maths, task_boxes_as_text
+from taskcard.channels.base import (
+    _MAY_BE_BOX,
+    _MAY_BE_TASK,
+    CardView,
+    may_hold_maths,
+    task_boxes_as_text,
+)
 from taskcard.channels.feishu.card import (
     CARD_BUDGET_BYTES,
     _may_hold_single_tilde,
@@ -288,4 +294,4 @@ def test_the_task_guard_never_misses_a_box(parts: list[str]) -> None:
     text = "".join(parts)
     events = pyromark.events(text, options=STANDARD_OPTIONS)
     if any(isinstance(e, dict) and "TaskListMarker" in e for e in events):
-        assert _MAY_BE_TASK.search(text)
+        assert _MAY_BE_BOX.search(text) and _MAY_BE_TASK.search(text)
