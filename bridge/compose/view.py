@@ -12,8 +12,10 @@ state line, last movement, token usage, card health, then recent activity.
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime, tzinfo
+from datetime import UTC, date, datetime, tzinfo
 from zoneinfo import ZoneInfo
 
 from taskcard.bridge.compose.activity import movement_text
@@ -34,12 +36,23 @@ def route_zone(name: str) -> tzinfo:
 def format_at(moment: datetime, now: datetime, zone: tzinfo = UTC) -> str:
     """The one format of a time on a card: `HH:MM ZONE` on the day of `now` in that zone,
     `YYYY-MM-DD HH:MM ZONE` otherwise. ZONE is the zone's abbreviation at that moment
-    (`UTC`, `CET`, `CEST`) or its offset where it has none (`+08`)."""
-    moment, today = moment.astimezone(zone), now.astimezone(zone)
+    (`UTC`, `CET`, `CEST`) or its offset where it has none (`+08`).
+
+    What it shows changes at most once a minute, and every card of a busy fleet shows the
+    same few moments (this second, a turn's start): each whole second is worked out once
+    (`_second_at`), not converted and formatted again for every card (`strftime` was half
+    of the composer's time)."""
+    day, short, full = _second_at(math.floor(moment.timestamp()), zone)
+    return short if _second_at(math.floor(now.timestamp()), zone)[0] == day else full
+
+
+@functools.lru_cache(maxsize=512)
+def _second_at(second: int, zone: tzinfo) -> tuple[date, str, str]:
+    """The day, `HH:MM ZONE` and `YYYY-MM-DD HH:MM ZONE` of a whole second in `zone` (the
+    seconds within one are the same minute, so they show alike)."""
+    moment = datetime.fromtimestamp(second, zone)
     label = moment.tzname() or moment.strftime("%z")
-    if moment.date() == today.date():
-        return f"{moment:%H:%M} {label}"
-    return f"{moment:%Y-%m-%d %H:%M} {label}"
+    return moment.date(), f"{moment:%H:%M} {label}", f"{moment:%Y-%m-%d %H:%M} {label}"
 
 
 def format_tokens(count: int) -> str:

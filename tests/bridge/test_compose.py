@@ -249,6 +249,29 @@ def test_format_at_in_the_route_zone(moment: datetime, zone: str, text: str) -> 
     assert format_at(moment, NOW, route_zone(zone)) == text
 
 
+def test_format_at_is_never_stale_across_seconds_minutes_days_and_zones() -> None:
+    # format_at remembers each whole second it worked out: a moment a second later (a new
+    # minute), the same moment seen on another day, or in another zone must still be told
+    # as it is. Compared with the format worked out directly, moment by moment.
+    from datetime import timedelta
+
+    def direct(moment: datetime, now: datetime, zone: str) -> str:
+        here, today = moment.astimezone(route_zone(zone)), now.astimezone(route_zone(zone))
+        label = here.tzname() or here.strftime("%z")
+        shown = f"{here:%H:%M} {label}"
+        return shown if here.date() == today.date() else f"{here:%Y-%m-%d} {shown}"
+
+    start = datetime(2026, 3, 4, 23, 58, 58, 900_000, tzinfo=UTC)
+    for step in range(0, 200):
+        moment = start + timedelta(milliseconds=250 * step)  # across 23:59 and midnight
+        for now in (moment, moment + timedelta(hours=1), moment - timedelta(days=1)):
+            for zone in ("UTC", "Asia/Tokyo", "America/Los_Angeles"):
+                assert format_at(moment, now, route_zone(zone)) == direct(moment, now, zone)
+    assert format_at(start, start) == "23:58 UTC"
+    assert format_at(start + timedelta(seconds=2), start) == "23:59 UTC"
+    assert format_at(start + timedelta(seconds=62), start) == "2026-03-05 00:00 UTC"
+
+
 def test_every_time_on_a_card_uses_the_route_zone_and_one_format() -> None:
     view = compose_view(
         "b",
