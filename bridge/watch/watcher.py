@@ -376,33 +376,42 @@ class FleetWatcher:
         loop = asyncio.get_running_loop()
         next_rescan = loop.time() + self._sweep_step_s
         next_slice = 0
+        # The rescan step's wake-up: one timer per step, which puts an empty batch in the
+        # queue, rather than a timeout (a timer made and cancelled) around every wait for a
+        # change. `woken` tells its empty batch from anything else.
+        woken = False
+
+        def wake() -> None:
+            nonlocal woken
+            woken = True
+            queue.put_nowait(frozenset())
+
+        timer = loop.call_at(next_rescan, wake)
         try:
             everyone = self._everyone()
             self._report_all(everyone)
             yield everyone
             while True:
-                batch: frozenset[str] | None = None
-                if loop.time() < next_rescan:
-                    if not queue.empty():  # under load the next batch is often in already
-                        batch = queue.get_nowait()
-                    else:
-                        # `asyncio.timeout`, not `wait_for`: on 3.11 `wait_for` can swallow
-                        # a cancellation that races with a result, and the caller could not
-                        # stop us.
-                        with contextlib.suppress(TimeoutError):
-                            async with asyncio.timeout_at(next_rescan):
-                                batch = await queue.get()
-                if batch is not None:
+                if loop.time() < next_rescan and not woken:
+                    # Under load the next batch is often in already. Cancelling this wait
+                    # stops us (`Queue.get` passes a cancellation on).
+                    batch = queue.get_nowait() if not queue.empty() else await queue.get()
                     merged = set(batch)
                     while not queue.empty():
                         merged |= queue.get_nowait()
                     if pump.done():
                         pump.result()  # surfaces an unexpected failure of the watcher task
-                    yield frozenset(merged)
-                    continue
-                # The rescan step is due. Taken here, not only when a wait times out, so a
+                    if merged:
+                        yield frozenset(merged)
+                        continue
+                    if not woken:
+                        continue  # an earlier step's wake-up, taken late: nothing is due
+                # The rescan step is due. Taken here, not only when the timer wakes us, so a
                 # fleet whose events never pause does not starve the safety net.
+                timer.cancel()
+                woken = False
                 next_rescan = loop.time() + self._sweep_step_s
+                timer = loop.call_at(next_rescan, wake)
                 next_slice %= len(self._slices)  # the fleet may have shrunk meanwhile
                 sweep = self._slices[next_slice]
                 next_slice = (next_slice + 1) % len(self._slices)
@@ -414,6 +423,7 @@ class FleetWatcher:
                     self._report_all(sweep)
                     yield sweep
         finally:
+            timer.cancel()
             stop.set()
             pump.cancel()
             with contextlib.suppress(asyncio.CancelledError):
