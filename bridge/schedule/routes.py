@@ -20,6 +20,15 @@ class RouteKey:
     chat: ChatRef
     agent_id: str
 
+    def __post_init__(self) -> None:
+        # Worked out once: a route's key is looked up in dicts and sets many times per card
+        # change, and the generated hash hashed the chat's own fields again each time. The
+        # same value as the generated one (the hash of the fields in order).
+        object.__setattr__(self, "_hash", hash((self.channel, self.chat, self.agent_id)))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined,no-any-return]
+
     def __str__(self) -> str:
         return self.store_key
 
