@@ -41,7 +41,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -237,11 +237,43 @@ def _kept_reply(key: str, entry: object) -> _Reply | None:
     )
 
 
+class _RouteQueue:
+    """The routes waiting in a lane, in round-robin order, with a set beside the order: asking
+    whether a route waits already (every change asks) costs one look-up however many wait,
+    where a scan of the deque cost one comparison per waiting route, which made a burst in a
+    chat with many routes quadratic."""
+
+    __slots__ = ("_members", "_order")
+
+    def __init__(self) -> None:
+        self._order: deque[RouteKey] = deque()
+        self._members: set[RouteKey] = set()
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._members
+
+    def __iter__(self) -> Iterator[RouteKey]:
+        return iter(self._order)
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def append(self, key: RouteKey) -> None:
+        """`key` at the end, unless it waits already (a route waits once)."""
+        if key not in self._members:
+            self._members.add(key)
+            self._order.append(key)
+
+    def remove(self, key: RouteKey) -> None:
+        self._order.remove(key)
+        self._members.discard(key)
+
+
 @dataclass
 class _Lane:
     channel: str
     chat_id: str
-    routes: deque[RouteKey] = field(default_factory=deque)
+    routes: _RouteQueue = field(default_factory=_RouteQueue)
     replies: deque[_Reply] = field(default_factory=deque)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     failures: int = 0  # unexpected lane failures in a row, for the backoff
@@ -249,10 +281,11 @@ class _Lane:
     text_turn: bool = True  # texts and cards alternate, so neither starves the other
     text_in_flight: bool = False
     route_in_flight: RouteKey | None = None
+    # The lane's key, made once: asked several times per change (the chat never changes).
+    key: LaneKey = field(init=False, repr=False, compare=False)
 
-    @property
-    def key(self) -> LaneKey:
-        return LaneKey(self.channel, self.chat_id)
+    def __post_init__(self) -> None:
+        self.key = LaneKey(self.channel, self.chat_id)
 
 
 # Sends of one resident that may each have posted a copy before the route holds: the first
@@ -775,7 +808,10 @@ class RouteScheduler:
                 await self._wait(None, self._backoff.delay_s(lane.failures))
 
     async def _lane_step(self, lane: _Lane) -> None:
-        await asyncio.sleep(0)  # one step at a time: other lanes and the loop get their turn
+        """One request of the lane, or a wait for work. A step that did not wait ends by
+        giving the other lanes and the loop their turn (`asyncio.sleep(0)`): one step at a
+        time. A step that waits has given them theirs, so it does not yield again (a yield
+        at the start of every step cost a turn of the loop more for each change)."""
         now = self._clock()
         text: _Text | None = self._due_reply(lane, now)
         if text is None and self._outbox is not None:
@@ -794,6 +830,7 @@ class RouteScheduler:
                 if resident is not None and resident.pending and key not in lane.routes:
                     lane.routes.append(key)
             lane.failures = 0
+            await asyncio.sleep(0)  # the turn of the others (see above)
             return
         if text is not None:
             lane.text_turn = False
@@ -804,6 +841,7 @@ class RouteScheduler:
             finally:
                 lane.text_in_flight = False
             lane.failures = 0
+            await asyncio.sleep(0)  # the turn of the others (see above)
             return
         lane.wake.clear()
         due = [self._residents[k].due_at() for k in lane.routes if self._residents[k].pending]
@@ -811,6 +849,7 @@ class RouteScheduler:
         if self._outbox is not None:
             due += self._outbox.retry_times(lane.key)
         if due and min(due) <= self._clock():
+            await asyncio.sleep(0)  # the turn of the others (see above)
             return
         await self._wait(lane.wake, max(0.0, min(due) - self._clock()) if due else None)
 
