@@ -102,21 +102,31 @@ class _Builder:
         self._length_utf16 = 0
 
     def add(self, text: str, entities: Sequence[Entity] = ()) -> None:
-        for entity in entities:
-            self._entities.append(
-                Entity(
-                    type=entity.type,
-                    offset=entity.offset + self._length_utf16,
-                    length=entity.length,
-                    url=entity.url,
-                    language=entity.language,
+        shift = self._length_utf16
+        if shift:
+            for entity in entities:
+                self._entities.append(
+                    Entity(
+                        type=entity.type,
+                        offset=entity.offset + shift,
+                        length=entity.length,
+                        url=entity.url,
+                        language=entity.language,
+                    )
                 )
-            )
+        else:  # nothing before them: they stand where they are (entities are immutable)
+            self._entities.extend(entities)
         self._parts.append(text)
-        self._length_utf16 += utf16_len(text)
+        self._length_utf16 = shift + (len(text) if text.isascii() else utf16_len(text))
 
     def add_styled(self, text: str, entity_type: str) -> None:
-        self.add(text, (Entity(entity_type, 0, utf16_len(text)),) if text else ())
+        """`text` as one entity of `entity_type`, made where it lands (not made at 0 and
+        made again shifted: a card is composed on every change)."""
+        if text:
+            length = utf16_len(text)
+            self._entities.append(Entity(entity_type, self._length_utf16, length))
+            self._parts.append(text)
+            self._length_utf16 += length
 
     def build(self) -> RichText:
         return defuse_mentions(_trim_end(RichText("".join(self._parts), tuple(self._entities))))
