@@ -38,21 +38,49 @@ def format_at(moment: datetime, now: datetime, zone: tzinfo = UTC) -> str:
     `YYYY-MM-DD HH:MM ZONE` otherwise. ZONE is the zone's abbreviation at that moment
     (`UTC`, `CET`, `CEST`) or its offset where it has none (`+08`).
 
-    What it shows changes at most once a minute, and every card of a busy fleet shows the
-    same few moments (this second, a turn's start): each whole second is worked out once
-    (`_second_at`), not converted and formatted again for every card (`strftime` was half
-    of the composer's time)."""
-    day, short, full = _second_at(math.floor(moment.timestamp()), zone)
-    return short if _second_at(math.floor(now.timestamp()), zone)[0] == day else full
+    What it shows changes at most once a minute: each whole minute is worked out once
+    (`_minute_at`, the last 2,048 minutes and zones kept, a day and a half of one zone),
+    not converted and formatted again for every time on every card (`strftime` was half of
+    the composer's time). A minute in which the zone's offset is not a whole number of
+    minutes, or changes, is formatted directly (`_direct_at`)."""
+    shown = _minute_at(math.floor(moment.timestamp()) // 60, zone)
+    if shown is None:
+        return _direct_at(moment, now, zone)
+    day, short, full = shown
+    today = _minute_at(math.floor(now.timestamp()) // 60, zone)
+    if today is None:
+        return _direct_at(moment, now, zone)
+    return short if today[0] == day else full
 
 
-@functools.lru_cache(maxsize=512)
-def _second_at(second: int, zone: tzinfo) -> tuple[date, str, str]:
-    """The day, `HH:MM ZONE` and `YYYY-MM-DD HH:MM ZONE` of a whole second in `zone` (the
-    seconds within one are the same minute, so they show alike)."""
-    moment = datetime.fromtimestamp(second, zone)
+def _direct_at(moment: datetime, now: datetime, zone: tzinfo) -> str:
+    """`format_at` worked out without the cache."""
+    moment, today = moment.astimezone(zone), now.astimezone(zone)
     label = moment.tzname() or moment.strftime("%z")
-    return moment.date(), f"{moment:%H:%M} {label}", f"{moment:%Y-%m-%d %H:%M} {label}"
+    if moment.date() == today.date():
+        return f"{moment:%H:%M} {label}"
+    return f"{moment:%Y-%m-%d %H:%M} {label}"
+
+
+@functools.lru_cache(maxsize=2048)
+def _minute_at(minute: int, zone: tzinfo) -> tuple[date, str, str] | None:
+    """The day, `HH:MM ZONE` and `YYYY-MM-DD HH:MM ZONE` of the whole minute that begins
+    `minute` * 60 seconds after the epoch, in `zone`; None unless every second of it shows
+    alike there (the zone's offset a whole number of minutes, the same at its first and
+    last second, and so the same label: true of every zone today, not of some zones' old
+    local mean times)."""
+    first = datetime.fromtimestamp(minute * 60, zone)
+    last = datetime.fromtimestamp(minute * 60 + 59, zone)
+    offset, label = first.utcoffset(), first.tzname()
+    if (
+        offset is None
+        or offset.total_seconds() % 60
+        or last.utcoffset() != offset
+        or last.tzname() != label
+    ):
+        return None
+    day, short = first.date(), f"{first:%H:%M} {label or first.strftime('%z')}"
+    return day, short, f"{day.isoformat()} {short}"
 
 
 def format_tokens(count: int) -> str:

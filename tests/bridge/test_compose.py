@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import fields, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -249,27 +250,69 @@ def test_format_at_in_the_route_zone(moment: datetime, zone: str, text: str) -> 
     assert format_at(moment, NOW, route_zone(zone)) == text
 
 
+def _format_directly(moment: datetime, now: datetime, zone: str) -> str:
+    """format_at's rule worked out for one moment, with nothing remembered."""
+    here, today = moment.astimezone(route_zone(zone)), now.astimezone(route_zone(zone))
+    label = here.tzname() or here.strftime("%z")
+    shown = f"{here:%H:%M} {label}"
+    return shown if here.date() == today.date() else f"{here:%Y-%m-%d} {shown}"
+
+
 def test_format_at_is_never_stale_across_seconds_minutes_days_and_zones() -> None:
-    # format_at remembers each whole second it worked out: a moment a second later (a new
+    # format_at remembers each whole minute it worked out: a moment a second later (a new
     # minute), the same moment seen on another day, or in another zone must still be told
     # as it is. Compared with the format worked out directly, moment by moment.
-    from datetime import timedelta
-
-    def direct(moment: datetime, now: datetime, zone: str) -> str:
-        here, today = moment.astimezone(route_zone(zone)), now.astimezone(route_zone(zone))
-        label = here.tzname() or here.strftime("%z")
-        shown = f"{here:%H:%M} {label}"
-        return shown if here.date() == today.date() else f"{here:%Y-%m-%d} {shown}"
-
     start = datetime(2026, 3, 4, 23, 58, 58, 900_000, tzinfo=UTC)
     for step in range(0, 200):
         moment = start + timedelta(milliseconds=250 * step)  # across 23:59 and midnight
         for now in (moment, moment + timedelta(hours=1), moment - timedelta(days=1)):
             for zone in ("UTC", "Asia/Tokyo", "America/Los_Angeles"):
-                assert format_at(moment, now, route_zone(zone)) == direct(moment, now, zone)
+                assert format_at(moment, now, route_zone(zone)) == _format_directly(
+                    moment, now, zone
+                )
     assert format_at(start, start) == "23:58 UTC"
     assert format_at(start + timedelta(seconds=2), start) == "23:59 UTC"
     assert format_at(start + timedelta(seconds=62), start) == "2026-03-05 00:00 UTC"
+
+
+@pytest.mark.parametrize(
+    ("zone", "around"),
+    [
+        ("UTC", datetime(2026, 3, 4, 23, 55, tzinfo=UTC)),  # midnight
+        ("Asia/Kolkata", datetime(2026, 3, 4, 18, 25, tzinfo=UTC)),  # +05:30, its midnight
+        ("Asia/Kathmandu", datetime(2026, 3, 4, 18, 10, tzinfo=UTC)),  # +05:45, its midnight
+        ("Europe/Berlin", datetime(2026, 3, 29, 0, 55, tzinfo=UTC)),  # CET to CEST
+        ("America/New_York", datetime(2026, 11, 1, 5, 55, tzinfo=UTC)),  # EDT to EST
+        # offsets with seconds (local mean times): a whole minute of UTC is no whole local
+        # minute there, so those minutes are not remembered
+        ("Europe/Amsterdam", datetime(1935, 6, 1, 22, 35, tzinfo=UTC)),  # +01:19:32
+        ("Africa/Monrovia", datetime(1970, 6, 1, 0, 40, tzinfo=UTC)),  # -00:44:30
+    ],
+)
+def test_format_at_at_minute_boundaries(zone: str, around: datetime) -> None:
+    # The last and first instants of each minute for ten minutes, and seconds in between,
+    # each seen from its own minute, the minute after and the day before and after.
+    for minute in range(10):
+        for offset in (-0.001, 0, 0.001, 27.999, 28, 28.5, 29, 59.999):
+            moment = around + timedelta(minutes=minute, seconds=offset)
+            for now in (moment, moment + timedelta(minutes=1), moment + timedelta(days=1)):
+                assert format_at(moment, now, route_zone(zone)) == _format_directly(
+                    moment, now, zone
+                ), (moment, now, zone)
+
+
+def test_format_at_with_more_minutes_than_it_keeps() -> None:
+    # 10,000 agents each showing their own past minutes (turn start, activity, card
+    # updated): far more minutes than format_at keeps, visited in a shuffled order twice,
+    # every one still told as it is.
+    now = datetime(2026, 3, 4, 12, 0, 30, tzinfo=UTC)
+    moments = [now - timedelta(minutes=minute, seconds=minute % 60) for minute in range(10_000)]
+    order = list(range(len(moments))) * 2
+    random.Random(13).shuffle(order)
+    for zone in ("UTC", "Europe/Berlin"):
+        for index in order[:12_000]:
+            moment = moments[index]
+            assert format_at(moment, now, route_zone(zone)) == _format_directly(moment, now, zone)
 
 
 def test_every_time_on_a_card_uses_the_route_zone_and_one_format() -> None:
