@@ -1360,6 +1360,8 @@ class Service:
     def agent_problems(self, agent_id: str) -> list[str]:
         """What is wrong with one agent now: refused files first, then failed stages."""
         refused, faults, inbox = self._problem_sources(agent_id)
+        if not (refused or faults or inbox):
+            return []  # the common case, asked about three times per change: nothing built
         problems = [f"{name}: {reason}" for name, reason in sorted(refused.items())]
         return problems + sorted(faults.values()) + ([inbox] if inbox else [])
 
