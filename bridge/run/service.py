@@ -2143,7 +2143,8 @@ class _Guard:
         self, kind: type[BaseException] | None, error: BaseException | None, _tb: object
     ) -> bool:
         if error is None:
-            self._service._stage_worked(self._agent_id, self._stage)
+            if self._agent_id in self._service._faults:  # else nothing to clear (most often)
+                self._service._stage_worked(self._agent_id, self._stage)
             return False
         if isinstance(error, Exception):
             self._service._stage_failed(self._agent_id, self._stage, error)
