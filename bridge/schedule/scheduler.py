@@ -269,6 +269,28 @@ class _RouteQueue:
         self._members.discard(key)
 
 
+class _LoopTurn:
+    """Whether the event loop has gone round since this was made: a callback queued then
+    (`call_soon`) runs at the loop's next turn, before any task it wakes. A lane's request
+    that waited for its answer has let every other ready task run meanwhile; `give` yields
+    (`asyncio.sleep(0)`) only when the loop has not gone round (one turn of the loop less
+    per change than a yield after every request)."""
+
+    __slots__ = ("_handle", "_turned")
+
+    def __init__(self) -> None:
+        self._turned = False
+        self._handle = asyncio.get_running_loop().call_soon(self._mark)
+
+    def _mark(self) -> None:
+        self._turned = True
+
+    async def give(self) -> None:
+        if not self._turned:
+            self._handle.cancel()
+            await asyncio.sleep(0)
+
+
 @dataclass
 class _Lane:
     channel: str
@@ -811,7 +833,9 @@ class RouteScheduler:
         """One request of the lane, or a wait for work. A step that did not wait ends by
         giving the other lanes and the loop their turn (`asyncio.sleep(0)`): one step at a
         time. A step that waits has given them theirs, so it does not yield again (a yield
-        at the start of every step cost a turn of the loop more for each change)."""
+        at the start of every step cost a turn of the loop more for each change), and nor
+        does a request that waited for its answer (`_LoopTurn`): only one that ended without
+        letting the loop go round (a channel that answered at once) yields."""
         now = self._clock()
         text: _Text | None = self._due_reply(lane, now)
         if text is None and self._outbox is not None:
@@ -822,6 +846,7 @@ class RouteScheduler:
         if key is not None:
             lane.text_turn = True
             lane.route_in_flight = key
+            turn = _LoopTurn()
             try:
                 await self._deliver_route(key)
             finally:
@@ -830,18 +855,19 @@ class RouteScheduler:
                 if resident is not None and resident.pending and key not in lane.routes:
                     lane.routes.append(key)
             lane.failures = 0
-            await asyncio.sleep(0)  # the turn of the others (see above)
+            await turn.give()  # the turn of the others, unless they had it (see above)
             return
         if text is not None:
             lane.text_turn = False
             self._take(lane, text)  # off the queue while in flight: never coalesced away
             lane.text_in_flight = True
+            turn = _LoopTurn()
             try:
                 await self._deliver_text(lane, text)
             finally:
                 lane.text_in_flight = False
             lane.failures = 0
-            await asyncio.sleep(0)  # the turn of the others (see above)
+            await turn.give()  # the turn of the others, unless they had it (see above)
             return
         lane.wake.clear()
         due = [self._residents[k].due_at() for k in lane.routes if self._residents[k].pending]

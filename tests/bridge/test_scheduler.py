@@ -465,6 +465,63 @@ async def test_a_failing_route_does_not_starve_its_chat(store: SqliteStore) -> N
     await scheduler.stop(grace_s=1)
 
 
+class AtOnceChannel(ScriptedChannel):
+    """Answers every request without ever letting the event loop go round (no await that
+    suspends), as a channel that answers from memory would; `on_edit` runs at each edit."""
+
+    def __init__(self, on_edit: Callable[[str], None]) -> None:
+        super().__init__()
+        self.on_edit = on_edit
+
+    async def send(
+        self,
+        chat: ChatRef,
+        message: Outgoing,
+        *,
+        idempotency_key: str | None = None,
+        reply_to: ReplyTo | None = None,
+    ) -> str:
+        self.calls.append((time.monotonic(), "send", chat.chat_id, message.text))
+        message_id = str(self._next)
+        self._next += 1
+        self.messages[message_id] = message.text
+        return message_id
+
+    async def edit(self, chat: ChatRef, message_id: str, message: Outgoing) -> None:
+        self.calls.append((time.monotonic(), "edit", chat.chat_id, message.text))
+        self.messages[message_id] = message.text
+        self.on_edit(chat.chat_id)
+
+
+async def test_a_chat_whose_requests_never_wait_still_lets_other_chats_take_turns(
+    store: SqliteStore,
+) -> None:
+    # Chat -1's card changes again at each of its edits (300 in all), and its channel answers
+    # without the loop going round: its lane must still yield after each request, so chat
+    # -2's card, submitted meanwhile, goes out among the first few requests, not after all
+    # of chat -1's.
+    busy, other = RouteKey("fake", ChatRef("-1"), "busy"), RouteKey("fake", ChatRef("-2"), "b")
+    edits = 0
+
+    def again(chat_id: str) -> None:
+        nonlocal edits
+        if chat_id == "-1" and edits < 300:
+            edits += 1
+            scheduler.submit(busy, text(f"busy {edits}"))
+
+    channel = AtOnceChannel(again)
+    scheduler = await started(store, channel, busy, other)
+    scheduler.submit(busy, text("busy 0"))
+    await wait_for(lambda: "busy 0" in channel.messages.values(), "the busy chat's first card")
+    scheduler.submit(busy, text("busy go"))
+    scheduler.submit(other, text("other 1"))
+    await wait_for(lambda: edits >= 300, "the busy chat's edits")
+    await settle(scheduler)
+    await scheduler.stop()
+    order = [call[3] for call in channel.calls]
+    assert order.index("other 1") < 10, order[:20]
+
+
 async def test_the_stale_copy_of_a_replaced_card_is_deleted_later(store: SqliteStore) -> None:
     channel = ScriptedChannel()
     key = RouteKey("fake", ChatRef("5"), "a")
