@@ -54,7 +54,9 @@ explore: $(DEV_STAMP)
 	done
 
 ## Every benchmark scenario at full size (10,000 agents; about 30 minutes on 2 cores),
-## appended to bench/RESULTS.md.
+## appended to bench/RESULTS.md. The CPU figures depend on how the interpreter was built (the
+## results name it): to measure on another one, give it a venv of its own, e.g.
+## `make bench PY=/usr/bin/python3.11 VENV=.venv-opt`.
 bench: redis-server $(DEV_STAMP)
 	$(BIN)/python -m bench all
 

@@ -6,6 +6,7 @@ import math
 import os
 import platform
 import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,10 +56,15 @@ class Machine:
     memory_gb: float
     python: str
     load_1m: float
+    # The interpreter's own executable (a venv's base), because the CPU figures depend on how
+    # that interpreter was built: one without profile-guided and link-time optimisation runs
+    # the same service about a quarter slower (RESULTS.md, 2026-12-03).
+    interpreter: str = ""
 
     def describe(self) -> str:
+        built = f" ({self.interpreter})" if self.interpreter else ""
         return (
-            f"{self.cores} cores, {self.memory_gb:.1f} GB memory, Python {self.python}, "
+            f"{self.cores} cores, {self.memory_gb:.1f} GB memory, Python {self.python}{built}, "
             f"load average {self.load_1m:.2f} at the start"
         )
 
@@ -73,6 +79,7 @@ def machine() -> Machine:
         memory_gb=memory_kb / 1024 / 1024,
         python=platform.python_version(),
         load_1m=os.getloadavg()[0],
+        interpreter=os.path.realpath(getattr(sys, "_base_executable", sys.executable)),
     )
 
 
