@@ -72,11 +72,20 @@ class ConfigError(Exception):
 
 def _no_empty_path(value: object) -> object:
     """An empty path is refused: `Path("")` is `.`, so it silently meant the config file's
-    own folder (the state kept beside the config, every folder there taken for an agent)."""
+    own folder (the state kept beside the config, every folder there taken for an agent).
+    So is a path of spaces only (`" "`, or any other blank: a tab is refused earlier, as a
+    control character): it was taken as a folder named by those spaces, created beside the
+    config file, which no one means."""
     if value == "":
         raise ValueError(
             'is empty; give a path (relative paths start at this file\'s folder; "." is that'
             " folder itself)"
+        )
+    if isinstance(value, str) and not value.strip():
+        raise ValueError(
+            "holds only spaces, which would be taken as a folder named by them;"
+            ' give a path (relative paths start at this file\'s folder; "." is that folder'
+            " itself)"
         )
     return value
 

@@ -762,13 +762,23 @@ def test_a_path_no_system_call_takes_is_a_config_error_naming_the_key(
         ('state_dir = ""\n', "state_dir: is empty; give a path"),
         ('[[agents]]\nid = "a"\nworkdir = ""\n', "agents[0].workdir: is empty; give a path"),
         ('[discover]\nroots = ["fleet", ""]\n', "discover.roots: entry 1 is empty"),
+        ('state_dir = "  "\n', "state_dir: holds only spaces, which would be taken as a folder"),
+        (
+            '[[agents]]\nid = "a"\nworkdir = " "\n',
+            "agents[0].workdir: holds only spaces, which would be taken as a folder",
+        ),
+        (
+            '[discover]\nroots = ["fleet", "\u00a0 "]\n',
+            "discover.roots: entry 1 holds only spaces, which would be taken as a folder",
+        ),
     ],
-    ids=["state-dir", "workdir", "root"],
+    ids=["state-dir", "workdir", "root", "state-dir-spaces", "workdir-space", "root-blanks"],
 )
 def test_an_empty_path_is_refused_naming_the_key(tmp_path: Path, toml: str, words: str) -> None:
     """An empty path was taken as the config file's folder (`Path("")` is `.`): the state
     kept beside the config, an agent watching that folder, every folder there discovered as
-    an agent. It is refused before anything starts."""
+    an agent. A path of spaces only was taken as a folder named by them. Both are refused
+    before anything starts, naming the key and how to write the path."""
     config = tmp_path / "taskcard.toml"
     config.write_text(toml)
     for args in (("config", "check", str(config)), ("serve", "--config", str(config))):
@@ -776,7 +786,8 @@ def test_an_empty_path_is_refused_naming_the_key(tmp_path: Path, toml: str, word
         assert result.returncode == 2, result.stderr
         assert words.format(tmp=tmp_path) in result.stderr, result.stderr
         assert "Traceback" not in result.stderr
-    assert not (tmp_path / "state.sqlite3").exists()
+        assert "give a path" in result.stderr, result.stderr
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["taskcard.toml"]
 
 
 @pytest.mark.parametrize(
