@@ -69,7 +69,30 @@ def nothing_served(config: ServiceConfig) -> list[str]:
         + _bot_root_doubted(config)
         + _nobody_allowed(config)
         + _unusual_feishu_chats(config)
+        + _repeated_route_agents(config)
     )
+
+
+def _repeated_route_agents(config: ServiceConfig) -> list[str]:
+    """An agent named twice in one route's `agents`: served once (its card is posted once),
+    but likely a slip for another agent's name, so said once per repeat, naming the route,
+    the agent and where it was first listed."""
+    warnings: list[str] = []
+    for section in ("telegram", "feishu"):
+        channel = getattr(config, section)
+        for index, route in enumerate(channel.routes if channel is not None else ()):
+            first: dict[str, int] = {}
+            for position, name in enumerate(route.agents):
+                if name in first:
+                    warnings.append(
+                        f"{section}.routes[{index}].agents[{position}]: {name!r} is already"
+                        f" listed at agents[{first[name]}] of this route (chat"
+                        f" {route.chat_id!r}); it is served once, list it once (or name the"
+                        " agent you meant)"
+                    )
+                else:
+                    first[name] = position
+    return warnings
 
 
 def _unusual_feishu_chats(config: ServiceConfig) -> list[str]:
