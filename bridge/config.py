@@ -446,7 +446,8 @@ def _cross_problems(config: ServiceConfig) -> list[str]:
         route_groups.append(
             (
                 "telegram",
-                [((r.chat_id, r.thread_id), r.agents) for r in config.telegram.routes],
+                # A username is one chat however it is cased, as Telegram reads it.
+                [((_chat_key(r.chat_id), r.thread_id), r.agents) for r in config.telegram.routes],
             )
         )
     if config.feishu is not None:
@@ -475,6 +476,10 @@ def _cross_problems(config: ServiceConfig) -> list[str]:
                         f' [[agents]] entry ({choices}) or "*"'
                     )
     return problems
+
+
+def _chat_key(chat_id: int | str) -> int | str:
+    return chat_id.lower() if isinstance(chat_id, str) else chat_id
 
 
 _LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain"})

@@ -21,6 +21,7 @@ from typing import Any
 
 from taskcard.bridge.config import ServiceConfig
 from taskcard.bridge.deliver.registry import RouteSpec, route_specs
+from taskcard.bridge.run.chat_names import as_last_resolved
 from taskcard.bridge.run.serve_cli import EXIT_CONFIG, _config_option, _load
 from taskcard.bridge.run.terminal import printable
 from taskcard.bridge.store.base import SeenChat, StateFileError, StateStore
@@ -46,6 +47,7 @@ def _seen_chats(config: ServiceConfig) -> tuple[list[SeenChat], set[tuple[str, s
             return [], _routed(route_specs(config))
         store = SqliteStore(path, readonly=True)
     try:
+        config = as_last_resolved(config, store)  # a route's @username: its chat's id
         return store.seen_chats(), _routed(route_specs(config, store))
     finally:
         store.close()

@@ -24,6 +24,7 @@ from taskcard.bridge.deliver.registry import SecretMissing, build_channels, rout
 from taskcard.bridge.observe.metrics import MeteredChannel, ServiceMetrics
 from taskcard.bridge.observe.sdnotify import READY, STOPPING, sd_notify
 from taskcard.bridge.run import early_stop, heap
+from taskcard.bridge.run.chat_names import ChatNames, route_usernames
 from taskcard.bridge.run.logs import LOG_FORMATS, LOG_LEVELS, setup_logging, start_error
 from taskcard.bridge.run.service import Service, ServiceFailed
 from taskcard.bridge.store.sqlite import (
@@ -229,9 +230,12 @@ def _shared_workdirs(config: ServiceConfig) -> list[str]:
     return warnings
 
 
-def reload_config(service: Service, path: Path) -> bool:
+def reload_config(service: Service, path: Path, names: ChatNames | None = None) -> bool:
     """SIGHUP: read `path` again and apply it; an invalid file is refused with the same
-    messages as at start (logged), and the running configuration stays."""
+    messages as at start (logged), and the running configuration stays.
+
+    A Telegram route named by `@username` takes the id `names` learnt for it; a username new
+    to it is asked of Telegram first, in the background, and the file applied then."""
     try:
         config = load_config(_reloadable(path))
     except ConfigError as error:
@@ -244,6 +248,27 @@ def reload_config(service: Service, path: Path) -> bool:
             "".join(f"\n  - {message}" for message in error.messages),
         )
         return False
+    if names is not None and names.unknown(config):
+        task = asyncio.get_running_loop().create_task(
+            _reload_resolved(service, config, names), name="config_reload"
+        )
+        _RELOADS.add(task)
+        task.add_done_callback(_RELOADS.discard)
+        return True
+    if names is not None:
+        config = names.apply(config)
+    return _apply_reload(service, config)
+
+
+# Reloads waiting for Telegram to resolve a username (kept: a task nobody holds may vanish).
+_RELOADS: set[asyncio.Task[bool]] = set()
+
+
+async def _reload_resolved(service: Service, config: ServiceConfig, names: ChatNames) -> bool:
+    return _apply_reload(service, await names.resolve(config))
+
+
+def _apply_reload(service: Service, config: ServiceConfig) -> bool:
     if not service.reload(config):
         return False  # refused, and logged why: the running configuration stays
     for warning in nothing_served(config):
@@ -350,6 +375,12 @@ async def serve(
     try:
         if why := stopping():
             return _stopped_before_serving(why)
+        names = ChatNames(env, store)
+        if route_usernames(config):
+            # The token is in the lookup's request lines: scrubbed from the log from here.
+            token = env.get(config.telegram.token_env, "").strip() if config.telegram else ""
+            setup_logging(config.log_level, [token] if token else [])
+            config = await names.resolve(config)
         try:
             cursors = wiring.cursor_store(config) if wiring else store
             built = build_channels(config, cursors, env)
@@ -383,7 +414,7 @@ async def serve(
         if wiring is not None:
             wiring.follow(service.routes_chat)
         if own_signals and config_path is not None:
-            loop.add_signal_handler(signal.SIGHUP, reload_config, service, config_path)
+            loop.add_signal_handler(signal.SIGHUP, reload_config, service, config_path, names)
         metrics.bind(service.snapshot)
         listener = None
         if config.metrics.address is not None:

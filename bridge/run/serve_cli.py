@@ -25,6 +25,7 @@ from taskcard.bridge.deliver.registry import (
     scope_rules,
 )
 from taskcard.bridge.run import early_stop, stackdump
+from taskcard.bridge.run.chat_names import as_last_resolved, username_notes
 from taskcard.bridge.run.logs import choose, chosen_format, setup_logging, start_error
 from taskcard.bridge.run.runner import (
     EXIT_CONFIG,
@@ -93,6 +94,8 @@ def _serve(args: argparse.Namespace) -> int:
             return EXIT_CONFIG
         for warning in nothing_served(config):  # as `config check` says them
             print(f"warning: {warning}", file=sys.stderr)
+        for note in username_notes(config):
+            print(f"note: {note}", file=sys.stderr)
         return _check_secrets(args.config, config)
     setup_logging(config.log_level)
     for warning in nothing_served(config):
@@ -149,6 +152,8 @@ def _config_check(args: argparse.Namespace) -> int:
         f" {counted(len(specs), 'route', 'routes')}"
         + (f" ({', '.join(channels)})" if channels else "")
     )
+    for note in username_notes(config):
+        print(f"note: {note}")
     for warning in nothing_served(config):
         print(f"warning: {warning}", file=sys.stderr)
     return 0
@@ -172,6 +177,8 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
     elif path.exists():
         store = SqliteStore(path, readonly=True)
     try:
+        # A route named by @username is shown under the id the service last resolved it to.
+        config = as_last_resolved(config, store)
         routes: list[dict[str, Any]] = []
         pauses = store.pauses() if store else {}
         now = datetime.now(UTC).timestamp()

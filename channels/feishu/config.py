@@ -129,6 +129,13 @@ def _check_chat_id(value: str) -> str:
             raise ValueError(f"is {kind} ({prefix}...), not a chat id; {_CHAT_FIX}")
     if value == "oc_":
         raise ValueError(f"is only the prefix of a chat id; {_CHAT_FIX}")
+    if value.startswith("@"):
+        # Telegram's form of a public chat's name: Feishu chats have no usernames, and
+        # the id was taken with a warning while every send to it failed.
+        raise ValueError(
+            "a @username names a chat on Telegram only: Feishu chats have no usernames;"
+            f" {_CHAT_FIX}"
+        )
     return value
 
 

@@ -56,10 +56,64 @@ def _chat_id_text(value: object) -> object:
         return value
     if value.startswith("@"):
         raise ValueError(
-            "a @username is not taken: cards, commands and chat settings are kept by the"
-            f" chat's numeric id, which stays when the username changes; {_ID_FIX}"
+            "a @username is taken only in a route's chat_id (resolved when the service"
+            " starts); a turn's origin names the chat by its numeric id, so list that here;"
+            f" {_ID_FIX}"
         )
     raise ValueError(f"not a Telegram chat id; {_ID_FIX}")
+
+
+_MAX_CHAT_ID = 2**53 - 1
+# A public channel's or public supergroup's username, as the Bot API takes it for `chat_id`.
+USERNAME_PATTERN = re.compile(r"@[A-Za-z][A-Za-z0-9_]{4,31}")
+# The pattern in words, for the message that refuses one.
+USERNAME_RULE = "after the @, 5-32 letters, digits or underscores, starting with a letter"
+
+
+def _route_chat_text(value: object) -> object:
+    """A route's chat id written as text: a public chat's `@username` (checked for its
+    shape, resolved to the numeric id when `serve` starts), else as `_chat_id_text` says.
+    The number quoted is refused here: the route's key also takes text, so it would pass."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        # Said here: pydantic would give one line per member of `int | str`.
+        if isinstance(value, bool):
+            got = "true" if value else "false"
+        elif isinstance(value, float):
+            got = repr(value)
+        elif isinstance(value, list):
+            got = "an array"
+        else:
+            got = "a table" if isinstance(value, dict) else "a date or time"
+        raise ValueError(
+            f"got {got}; write the chat's numeric id as a whole number without quotes, or a"
+            ' public chat\'s @username in double quotes (e.g. "@build_news")'
+        )
+    if isinstance(value, int):
+        if abs(value) > _MAX_CHAT_ID:
+            raise ValueError(
+                f"{value} is out of range; Telegram chat ids are at most {_MAX_CHAT_ID} either"
+                " way: copy the id again as `taskcard chats` lists it"
+            )
+        return value
+    if _NUMERIC_ID.fullmatch(value.strip()):
+        raise ValueError("the chat id is a number in quotes; write the number without quotes")
+    if value.startswith("@"):
+        # Not quoted back: a value pasted under the wrong key may be a secret.
+        if not USERNAME_PATTERN.fullmatch(value):
+            raise ValueError(
+                f"not a Telegram username: a public chat's username is {USERNAME_RULE}"
+                f' (e.g. "@build_news"); fix it, or {_ID_FIX}'
+            )
+        return value
+    raise ValueError(
+        "not a Telegram chat id; write the chat's numeric id (negative for groups and"
+        " channels) as `taskcard chats` lists it, or a public channel's or supergroup's"
+        ' @username (e.g. "@build_news")'
+    )
+
+
+def _route_chat_number(value: int | str) -> int | str:
+    return value if isinstance(value, str) else _check_chat_id(value)
 
 
 _ChatId = Annotated[
@@ -75,10 +129,13 @@ class TelegramRoute(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
-    chat_id: int = Field(
-        ge=-(2**53 - 1),
-        le=2**53 - 1,
-        description="Chat id; negative for groups and channels (at most 2**53 - 1 either way).",
+    chat_id: Annotated[int, Field(ge=-(2**53 - 1), le=2**53 - 1)] | str = Field(
+        description=(
+            "Chat id; negative for groups and channels (at most 2**53 - 1 either way). Or a"
+            " public channel's or supergroup's \"@username\" (after the @, 5-32 letters,"
+            " digits or underscores, a letter first), resolved to the numeric id when the"
+            " service starts."
+        ),
     )
     thread_id: int | None = Field(
         default=None, ge=1, le=2**31 - 1, description="Forum topic (message_thread_id)."
@@ -101,12 +158,17 @@ class TelegramRoute(BaseModel):
     @field_validator("chat_id", mode="before")
     @classmethod
     def _chat_as_text(cls, value: object) -> object:
-        return _chat_id_text(value)
+        return _route_chat_text(value)
 
     @field_validator("chat_id")
     @classmethod
-    def _nonzero_chat(cls, value: int) -> int:
-        return _check_chat_id(value)
+    def _nonzero_chat(cls, value: int | str) -> int | str:
+        return _route_chat_number(value)
+
+    @property
+    def chat_username(self) -> str | None:
+        """The `@username` this route names its chat by, until the service resolves it."""
+        return self.chat_id if isinstance(self.chat_id, str) else None
 
 
 class TelegramConfig(BaseModel):

@@ -25,9 +25,14 @@ SECRETS = {
 @pytest.mark.parametrize(
     ("section", "value", "key", "words"),
     [
-        # A public channel's username: the fix was "write the number without quotes".
-        (TELEGRAM, '"@build_news"', "telegram.routes[0].chat_id", "a @username is not taken"),
-        (TELEGRAM_ORIGIN, '"@build_news"', "telegram.origin_chats[0]", "a @username is not"),
+        # A public channel's username: the fix was "write the number without quotes". A
+        # route takes one (tests/e2e/test_serve_chat_usernames.py), an origin chat does not.
+        (
+            TELEGRAM_ORIGIN,
+            '"@build_news"',
+            "telegram.origin_chats[0]",
+            "a @username is taken only in a route's chat_id",
+        ),
         # A Feishu chat id in a Telegram route: the same unfollowable fix.
         (TELEGRAM, '"oc_0123456789abcdef"', "telegram.routes[0].chat_id", "not a Telegram chat"),
         # The number quoted: the fix is to drop the quotes, as before.
@@ -37,12 +42,14 @@ SECRETS = {
         (FEISHU, '"ou_0123456789abcdef"', "feishu.routes[0].chat_id", "a person's open_id"),
         (FEISHU, '"om_0123456789abcdef"', "feishu.routes[0].chat_id", "a message id"),
         (FEISHU, '"cli_a1b2c3d4e5f6"', "feishu.routes[0].chat_id", "an app id"),
+        # Telegram's form of a public chat's name: Feishu chats have none.
+        (FEISHU, '"@build_news"', "feishu.routes[0].chat_id", "Feishu chats have no usernames"),
+        (FEISHU_ORIGIN, '"@build_news"', "feishu.origin_chats[0]", "Feishu chats have no"),
         (FEISHU, '"oc_"', "feishu.routes[0].chat_id", "only the prefix of a chat id"),
         (FEISHU, "-1001234567890", "feishu.routes[0].chat_id", "write it in double quotes"),
         (FEISHU_ORIGIN, '"ou_0123456789abcdef"', "feishu.origin_chats[0]", "a person's open_id"),
     ],
     ids=[
-        "telegram-username",
         "telegram-origin-username",
         "telegram-feishu-id",
         "telegram-quoted-number",
@@ -50,6 +57,8 @@ SECRETS = {
         "feishu-open-id",
         "feishu-message-id",
         "feishu-app-id",
+        "feishu-username",
+        "feishu-origin-username",
         "feishu-bare-prefix",
         "feishu-number",
         "feishu-origin-open-id",
@@ -97,7 +106,6 @@ def test_chat_ids_of_the_right_shape_pass(tmp_path: Path, section: str) -> None:
 @pytest.mark.parametrize(
     ("section", "key"),
     [
-        (FEISHU.format(value='"@build_news"'), "feishu.routes[0].chat_id"),
         (FEISHU.format(value='"general"'), "feishu.routes[0].chat_id"),
         (
             FEISHU.format(value='"oc_0123456789abcdef"').replace(
@@ -106,7 +114,7 @@ def test_chat_ids_of_the_right_shape_pass(tmp_path: Path, section: str) -> None:
             "feishu.origin_chats[1]",
         ),
     ],
-    ids=["username", "word", "origin"],
+    ids=["word", "origin"],
 )
 def test_a_feishu_chat_id_of_an_unknown_shape_is_taken_with_a_warning(
     tmp_path: Path, section: str, key: str

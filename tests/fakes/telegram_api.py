@@ -57,6 +57,8 @@ TOO_LONG = "Bad Request: message is too long"
 TEXT_EMPTY = "Bad Request: message text is empty"
 THREAD_NOT_FOUND = "Bad Request: message thread not found"
 KICKED = "Forbidden: bot was kicked from the group chat"
+CHAT_NOT_FOUND = "Bad Request: chat not found"
+NOT_MEMBER = "Forbidden: bot is not a member of the channel chat"
 BLOCKED = "Forbidden: bot was blocked by the user"
 CONFLICT = (
     "Conflict: terminated by other getUpdates request; make sure that only one bot instance "
@@ -237,6 +239,8 @@ class FakeTelegram:
         self._kicked: set[int] = set()
         self._blocked: set[int] = set()
         self._migrated: dict[int, int] = {}
+        # Public chats by lower-case username: (id, type, username as set, bot is a member).
+        self._public: dict[str, tuple[int, str, str, bool]] = {}
         self._deleted_topics: set[tuple[int, int]] = set()
         self._windows: dict[str, _SlidingWindow] = {}
         self._updates: list[Json] = []
@@ -341,6 +345,14 @@ class FakeTelegram:
 
     def block(self, chat_id: int | str) -> None:
         self.kick(chat_id)
+
+    def add_public_chat(
+        self, username: str, chat_id: int, *, kind: str = "supergroup", member: bool = True
+    ) -> None:
+        """A public channel or supergroup reachable by `@username` (getChat, and `chat_id`
+        of other methods), as Telegram reads it: regardless of case. `member=False`: the bot
+        is not in it, and getChat is refused as Telegram refuses it for such a channel."""
+        self._public[username.removeprefix("@").lower()] = (chat_id, kind, username, member)
 
     def migrate(
         self, chat_id: int | str, new_chat_id: int, *, announce: bool = True, user_id: int = 1000
@@ -700,6 +712,7 @@ class FakeTelegram:
             raise ApiError(status, description, parameters)
         handlers: dict[str, Callable[[Json, int | None], Any]] = {
             "getMe": self._get_me,
+            "getChat": self._get_chat,
             "sendMessage": self._send_message,
             "editMessageText": self._edit_message_text,
             "deleteMessage": self._delete_message,
@@ -822,6 +835,42 @@ class FakeTelegram:
         return text, checked
 
     # ---------------------------------------------------------------- methods
+
+    def _get_chat(self, params: Json, chat_id: int | None) -> Json:
+        """getChat by numeric id or by a public chat's `@username`. An unknown username is
+        Telegram's 400 "chat not found" (a private user's username too: only public channels
+        and supergroups are found by name); a chat the bot was removed from is its 403."""
+        raw = params.get("chat_id")
+        public = None
+        if isinstance(raw, str) and raw.startswith("@"):
+            public = self._public.get(raw[1:].lower())
+            if public is None:
+                raise ApiError(400, CHAT_NOT_FOUND)
+            chat_id = public[0]
+            if not public[3]:
+                raise ApiError(403, NOT_MEMBER)
+        if chat_id is None:
+            raise ApiError(400, "Bad Request: chat_id is empty")
+        self._check_chat(chat_id)
+        if public is None:
+            public = next((p for p in self._public.values() if p[0] == chat_id), None)
+        chat = _chat_json(chat_id)
+        if public is not None:
+            chat = {"id": chat_id, "type": public[1], "title": f"Public {public[2]}"}
+            chat["username"] = public[2].removeprefix("@")
+        # The fields every ChatFullInfo carries.
+        return {
+            **chat,
+            "accent_color_id": 0,
+            "max_reaction_count": 11,
+            "accepted_gift_types": {
+                "unlimited_gifts": False,
+                "limited_gifts": False,
+                "unique_gifts": False,
+                "premium_subscription": False,
+                "gifts_from_channels": False,
+            },
+        }
 
     def _get_me(self, params: Json, chat_id: int | None) -> Json:
         return {

@@ -210,3 +210,21 @@ async def test_an_upgraded_group_refuses_every_method_and_announces_the_move() -
         ]
         assert moves[0]["migrate_to_chat_id"] == -1009876543210
         assert moves[1]["migrate_from_chat_id"] == -42
+
+
+async def test_get_chat_finds_a_public_chat_by_username_as_telegram_does() -> None:
+    async with FakeTelegram() as fake:
+        fake.add_public_chat("Build_News", -100777)
+        fake.add_public_chat("left_channel", -100888, kind="channel", member=False)
+        fake.kick(-100999)
+        fake.add_public_chat("gone_group", -100999)
+        status, found = await _call(fake, "getChat", chat_id="@build_news")
+        assert status == 200 and found["result"]["id"] == -100777
+        assert found["result"]["username"] == "Build_News"
+        for username, answer in (
+            ("@nobody_here", (400, "Bad Request: chat not found")),
+            ("@left_channel", (403, "Forbidden: bot is not a member of the channel chat")),
+            ("@gone_group", (403, "Forbidden: bot was kicked from the group chat")),
+        ):
+            status, body = await _call(fake, "getChat", chat_id=username)
+            assert (status, body["error_code"], body["description"]) == (answer[0], *answer)

@@ -1,0 +1,67 @@
+"""Public chats named by `@username` in a route: their numeric ids, asked of the Bot API.
+
+The Bot API takes a public channel's or public supergroup's `@username` wherever it takes a
+`chat_id`, but the service keeps everything by the numeric id (the residents, a chat's
+settings, the commands arriving from it): the id stays when the username changes, and
+updates name the chat by it. So a username is resolved once, with getChat, when the service
+starts (and when a reload names a new one), and the numeric id is used from then on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+from telegram import Bot
+from telegram import error as tg
+from telegram.request import HTTPXRequest
+
+from taskcard.channels.errors import ChannelError, Permanent
+from taskcard.channels.telegram.config import TelegramConfig
+from taskcard.channels.telegram.errors import translate
+from taskcard.channels.telegram.scopes import BOT_SCOPE_KEY
+
+
+async def look_up_usernames(
+    config: TelegramConfig, token: str, usernames: Sequence[str]
+) -> dict[str, int | ChannelError]:
+    """Each `@username`'s numeric chat id, or the error Telegram answered for it (a chat
+    not found, a bot not in the chat, a token refused, Telegram out of reach).
+
+    Its own short-lived client: the channel's is made when the channel starts, after the
+    routes (and so the chats they name) are settled. PTB's httpx transport reads the proxy
+    variables of the environment, as the channel's does when a proxy is set.
+    """
+    timeout_s = config.request_timeout_s
+    request = HTTPXRequest(
+        connection_pool_size=1,
+        read_timeout=timeout_s,
+        write_timeout=timeout_s,
+        connect_timeout=timeout_s,
+        pool_timeout=timeout_s,
+    )
+    bot = Bot(token, base_url=f"{config.api_base_url.rstrip('/')}/bot", request=request)
+    found: dict[str, int | ChannelError] = {}
+    try:
+        await bot.initialize()
+    except tg.TelegramError as exc:
+        error = translate(exc, BOT_SCOPE_KEY)
+        return dict.fromkeys(usernames, error)
+    try:
+        for username in usernames:
+            try:
+                chat = await bot.get_chat(username)
+            except tg.TelegramError as exc:
+                found[username] = translate(exc, BOT_SCOPE_KEY)
+            except (TypeError, ValueError, KeyError) as exc:
+                # An answer PTB cannot read (a field it requires missing): that username
+                # alone is not resolved; the start goes on.
+                found[username] = Permanent(
+                    f"Telegram's answer could not be read ({type(exc).__name__})"
+                )
+            else:
+                found[username] = chat.id
+    finally:
+        with contextlib.suppress(tg.TelegramError):
+            await bot.shutdown()
+    return found

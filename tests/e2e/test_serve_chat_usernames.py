@@ -1,0 +1,183 @@
+"""Telegram routes naming a public channel or supergroup by its `@username`.
+
+`config check` takes a username of the right shape and says it is resolved at the start;
+`taskcard serve` asks the Bot API (getChat, through python-telegram-bot, against the fake)
+for each chat's numeric id and serves the route under that id: the card is posted there, a
+command from that chat acts on the route, and the state keeps the numeric id. A username
+Telegram does not resolve costs its route alone, with one error line naming both.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.harness import (
+    TOKEN_ENV,
+    ServeProcess,
+    agents_lines,
+    eventually,
+    publish,
+    run_cli,
+)
+from tests.e2e.test_cli import AGENT, taskcard
+from tests.fakes.telegram_api import FakeTelegram
+
+NEWS = -1001111111111  # the public supergroup @Build_News
+PLAIN = -1002222222222  # a chat named by its numeric id
+LEFT = -1003333333333  # the public channel @left_channel, which the bot is not in
+
+
+def username_config(tmp_path: Path, telegram: FakeTelegram) -> Path:
+    lines = [
+        *agents_lines(tmp_path, ["builder"]),
+        "[telegram]",
+        f'token_env = "{TOKEN_ENV}"',
+        f'api_base_url = "{telegram.base_url}"',
+        "poll_timeout_s = 1",
+        "[[telegram.routes]]",
+        'chat_id = "@build_news"',  # cased otherwise than the chat's own: the same chat
+        'agents = ["builder"]',
+        "[[telegram.routes]]",
+        'chat_id = "@no_such_chat"',
+        'agents = ["builder"]',
+        "[[telegram.routes]]",
+        f"chat_id = {PLAIN}",
+        'agents = ["builder"]',
+        "[[telegram.routes]]",
+        'chat_id = "@left_channel"',
+        'agents = ["builder"]',
+    ]
+    config = tmp_path / "taskcard.toml"
+    config.write_text("\n".join(lines) + "\n")
+    return config
+
+
+def error_lines(serve: ServeProcess, key: str) -> list[str]:
+    return [line for line in serve.logs.splitlines() if f"{key}: " in line]
+
+
+async def test_a_route_named_by_username_is_served_under_the_chats_numeric_id(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    telegram.add_public_chat("Build_News", NEWS)
+    telegram.add_public_chat("left_channel", LEFT, kind="channel", member=False)
+    config = username_config(tmp_path, telegram)
+    check = taskcard("config", "check", str(config))
+    assert check.returncode == 0, check.stderr
+    assert (
+        "note: telegram.routes[0].chat_id: @build_news is resolved to the chat's numeric id"
+        " when `taskcard serve` starts" in check.stdout
+    ), check.stdout
+    with ServeProcess(config, env={TOKEN_ENV: telegram.token}) as serve:
+        publish(tmp_path / "agents" / "builder", "# Build username-marker")
+        for chat in (NEWS, PLAIN):
+            await eventually(
+                lambda chat=chat: any(
+                    "username-marker" in m.text for m in telegram.bot_messages(chat)
+                ),
+                what=f"the card in chat {chat}",
+            )
+        # A command from the chat the username named acts on that route.
+        telegram.inject_command(NEWS, "/taskcard")
+        await eventually(
+            lambda: any("Task cards here" in m.text for m in telegram.bot_messages(NEWS)),
+            what="the answer to /taskcard in the chat named by username",
+        )
+        for key, username, why in (
+            ("telegram.routes[1].chat_id", "@no_such_chat", "chat not found"),
+            ("telegram.routes[3].chat_id", "@left_channel", "not a member"),
+        ):
+            await eventually(lambda key=key: error_lines(serve, key), what=f"{key}'s error")
+            (line,) = error_lines(serve, key)
+            assert "ERROR" in line and username in line and why in line, line
+            assert "this route is not served, the others are" in line, line
+        assert await serve.aterminate() == 0
+    # Each username asked for once, by name; every other request names a chat by its id.
+    assert telegram.count("getChat") == 3
+    named = [r for r in telegram.requests if r.method != "getChat" and "chat_id" in r.params]
+    assert named and all(str(r.params["chat_id"]).lstrip("-").isdigit() for r in named)
+    assert telegram.bot_messages(LEFT) == []
+    # The state keeps the chat by its numeric id: the resident was written under it.
+    state = run_cli("status", "--config", str(config), "--json")
+    assert state.returncode == 0, state.stderr
+    assert f"telegram:{NEWS}::builder" in state.stdout, state.stdout
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ('"@abc"', "after the @, 5-32 letters, digits or underscores, starting with a letter"),
+        ('"@1build_news"', "after the @, 5-32 letters, digits or underscores, starting with"),
+        ('"@build-news"', "after the @, 5-32 letters, digits or underscores, starting with"),
+        ('"@' + "a" * 33 + '"', "after the @, 5-32 letters, digits or underscores"),
+    ],
+    ids=["short", "digit-first", "hyphen", "long"],
+)
+def test_a_username_of_the_wrong_shape_is_refused_with_the_rule(
+    tmp_path: Path, value: str, words: str
+) -> None:
+    config = tmp_path / "taskcard.toml"
+    config.write_text(
+        AGENT + f'[telegram]\n[[telegram.routes]]\nchat_id = {value}\nagents = ["builder"]\n'
+    )
+    for args in (("config", "check", str(config)), ("serve", "--config", str(config))):
+        result = taskcard(*args, env={"TELEGRAM_BOT_TOKEN": "1:T"})
+        assert result.returncode == 2, result.stderr
+        lines = [
+            line for line in result.stderr.splitlines() if "telegram.routes[0].chat_id: " in line
+        ]
+        assert len(lines) == 1 and words in lines[0], result.stderr
+        assert value.strip('"') not in lines[0]  # not quoted back
+
+
+def test_two_routes_naming_one_username_are_refused_as_one_chat(tmp_path: Path) -> None:
+    config = tmp_path / "taskcard.toml"
+    route = '[[telegram.routes]]\nchat_id = "{}"\nagents = ["builder"]\n'
+    config.write_text(
+        AGENT + "[telegram]\n" + route.format("@build_news") + route.format("@Build_News")
+    )
+    result = taskcard("config", "check", str(config))
+    assert result.returncode == 2, result.stderr
+    assert "telegram.routes[1]: the same chat (and thread) as telegram.routes[0]" in result.stderr
+
+
+async def test_a_reload_resolves_a_username_new_to_the_service(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    """SIGHUP with a route named by a username the start did not know: asked of Telegram
+    then, and served under the chat's id; the one resolved at the start is not asked again."""
+    telegram.add_public_chat("build_news", NEWS)
+    telegram.add_public_chat("ops_room", PLAIN)
+    config = username_config(tmp_path, telegram)
+    text = config.read_text()
+    head, _, _ = text.partition('[[telegram.routes]]\nchat_id = "@no_such_chat"')
+    config.write_text(head)  # only the @build_news route
+    with ServeProcess(config, env={TOKEN_ENV: telegram.token}) as serve:
+        publish(tmp_path / "agents" / "builder", "# Build reload-marker")
+        await eventually(
+            lambda: any("reload-marker" in m.text for m in telegram.bot_messages(NEWS)),
+            what="the card in the chat named at the start",
+        )
+        config.write_text(
+            head
+            + '[[telegram.routes]]\nchat_id = "@ops_room"\nagents = ["builder"]\n'
+            + '[[telegram.routes]]\nchat_id = "@nobody_here"\nagents = ["builder"]\n'
+        )
+        assert serve.proc is not None
+        serve.proc.send_signal(signal.SIGHUP)
+        await eventually(
+            lambda: any("reload-marker" in m.text for m in telegram.bot_messages(PLAIN)),
+            what="the card in the chat the reload named by username",
+        )
+        await eventually(
+            lambda: error_lines(serve, "telegram.routes[2].chat_id"), what="the error line"
+        )
+        assert await serve.aterminate() == 0
+    (line,) = error_lines(serve, "telegram.routes[2].chat_id")
+    assert "@nobody_here" in line and "chat not found" in line, line
+    asked = [r.params["chat_id"] for r in telegram.requests if r.method == "getChat"]
+    assert sorted(asked) == ["@build_news", "@nobody_here", "@ops_room"]
+    assert len([m for m in telegram.bot_messages(NEWS) if "reload-marker" in m.text]) == 1
