@@ -4,19 +4,22 @@
 Telegram for each chat's numeric id (getChat) before the channels are built, and runs with
 a configuration that names every chat by its id, so the residents, a chat's settings and
 the commands arriving from it are all keyed by that id. A username Telegram cannot resolve
-(no such public chat, the bot not in it, Telegram out of reach) costs that route alone: one
-error line names the route and the username, and every other route is served. A reload
-(SIGHUP) reuses what the start learnt and asks only for usernames new to it.
+(no such public chat, the bot not in it) costs that route alone: one error line names the
+route and the username, and every other route is served. One Telegram could not be asked
+about (out of reach, a 5xx, a 429) is asked again in the background, and its route served
+once it resolves. A reload (SIGHUP) reuses what the start learnt and asks only for
+usernames new to it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from taskcard.bridge.config import ServiceConfig
 from taskcard.channels.base import CursorStore
-from taskcard.channels.errors import ChannelError
+from taskcard.channels.errors import ChannelError, RateLimited, Transient
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +44,10 @@ def username_notes(config: ServiceConfig) -> list[str]:
         for index, username in route_usernames(config)
     ]
 
+
+# How soon a username Telegram could not be asked about is asked again, doubling each time.
+RETRY_FIRST_S = 5.0
+RETRY_MAX_S = 300.0
 
 # Where the state keeps the id a username was last resolved to (for `taskcard status` and
 # `taskcard chats`, which run without asking Telegram).
@@ -75,6 +82,38 @@ class ChatNames:
         self._env = env
         self._cursor = cursor
         self._ids: dict[str, int] = {}
+        # The configuration as written that the service runs (from the start or the last
+        # reload), and its usernames Telegram could not be asked about for now (out of
+        # reach, a limit): `retry` asks for those again.
+        self._written: ServiceConfig | None = None
+        self._unreached: set[str] = set()
+        self._stop: asyncio.Event | None = None
+        self._retrying: asyncio.Task[None] | None = None
+        # Counts the configurations written (`written`): a lookup finishing after a later
+        # reload must not apply the older file over the newer one.
+        self.generation = 0
+        # Usernames Telegram could not be asked about, served meanwhile by the id the state
+        # kept from an earlier run (lower case: that id and why it is used).
+        self._fallback: dict[str, tuple[int, str]] = {}
+        # The longest wait a 429 asked for, honoured before asking again.
+        self._asked_to_wait_s = 0.0
+
+    def written(self, config: ServiceConfig) -> int:
+        """`config` is what the file says now (the start, a reload): the one `retry` applies
+        from here on. Returns its generation."""
+        self._written = config
+        self.generation += 1
+        return self.generation
+
+    def _last_known(self, username: str) -> int | None:
+        if self._cursor is None:
+            return None
+        try:
+            known = self._cursor.get_cursor(_CURSOR_PREFIX + username)
+        except Exception as error:
+            log.debug("the id of %s could not be read: %s", username, error)
+            return None
+        return int(known) if known is not None and known.lstrip("-").isdigit() else None
 
     def _remember(self, username: str, chat_id: int) -> None:
         self._ids[username] = chat_id
@@ -90,13 +129,22 @@ class ChatNames:
         """The usernames of `config` not resolved yet."""
         return sorted({name.lower() for _, name in route_usernames(config)} - self._ids.keys())
 
+    @property
+    def waiting(self) -> bool:
+        """Whether a username could not be asked about for now (`retry` will)."""
+        return bool(self._unreached)
+
     async def resolve(self, config: ServiceConfig) -> ServiceConfig:
         """`config` with each route's `@username` replaced by the chat's numeric id; a route
         whose username cannot be resolved is left out, with one error line naming it."""
+        return await self._resolve(config, None)
+
+    async def _resolve(self, config: ServiceConfig, only: set[str] | None) -> ServiceConfig:
         telegram = config.telegram
         if telegram is None:
+            self._unreached.clear()
             return config
-        missing = self.unknown(config)
+        missing = [name for name in self.unknown(config) if only is None or name in only]
         failures: dict[str, ChannelError] = {}
         token = self._env.get(telegram.token_env, "").strip()
         if missing and token:
@@ -108,17 +156,79 @@ class ChatNames:
                     failures[name] = answer
                 else:
                     self._remember(name, answer)
-        return self.apply(config, failures)
+        self._unreached = set()
+        self._asked_to_wait_s = 0.0
+        for name, error in list(failures.items()):
+            if not isinstance(error, Transient | RateLimited):
+                continue
+            if isinstance(error, RateLimited):
+                self._asked_to_wait_s = max(self._asked_to_wait_s, error.retry_after_s)
+            known = self._last_known(name)
+            if known is None:
+                self._unreached.add(name)
+            else:
+                # Telegram out of reach for now: the chat it named last time, rather than
+                # no card there until it answers (a username rarely moves to another chat).
+                self._ids[name] = known
+                self._fallback[name] = (known, str(error))
+                del failures[name]
+        quiet = None if only is None else {n for _, n in route_usernames(config)} - set(missing)
+        return self.apply(config, failures, quiet=quiet)
+
+    async def retry(self, apply: Callable[[ServiceConfig], object], stop: asyncio.Event) -> None:
+        """While a username could not be asked about (Telegram out of reach at the start or
+        a reload), ask again, less often each time, and `apply` the configuration once it
+        resolves: a network blip at the start does not cost the route until a reload."""
+        delay_s = RETRY_FIRST_S
+        while self._unreached and self._written is not None:
+            try:
+                await asyncio.wait_for(stop.wait(), max(delay_s, self._asked_to_wait_s))
+                return
+            except TimeoutError:
+                pass
+            delay_s = min(delay_s * 2, RETRY_MAX_S)
+            if not self._unreached or self._written is None:
+                return  # a reload resolved them meanwhile
+            asked = set(self._unreached)
+            generation = self.generation
+            resolved = await self._resolve(self._written, asked)
+            if stop.is_set():
+                return
+            if generation != self.generation:
+                continue  # a reload came meanwhile: its file is the one to apply
+            if not asked & self._unreached:  # every one answered: applied as a reload would
+                apply(resolved)
+
+    def keep_asking(
+        self, apply: Callable[[ServiceConfig], object], stop: asyncio.Event | None = None
+    ) -> None:
+        """Start `retry` in the background when a username waits and it does not run yet
+        (`stop`, given once by the start, ends it)."""
+        if stop is not None:
+            self._stop = stop
+        if not self._unreached or self._stop is None:
+            return
+        if self._retrying is not None and not self._retrying.done():
+            return
+        self._retrying = asyncio.get_running_loop().create_task(
+            self.retry(apply, self._stop), name="chat_usernames"
+        )
 
     def apply(
-        self, config: ServiceConfig, failures: Mapping[str, ChannelError] | None = None
+        self,
+        config: ServiceConfig,
+        failures: Mapping[str, ChannelError] | None = None,
+        *,
+        quiet: set[str] | None = None,
     ) -> ServiceConfig:
         """`config` with the usernames resolved so far replaced by their ids; a route whose
-        username is not known, or whose chat another route already names, is left out."""
+        username is not known, or whose chat another route already names, is left out.
+        Each is said in one line, except the usernames in `quiet` (said before, unchanged)."""
         telegram = config.telegram
         if telegram is None or not route_usernames(config):
             return config
         failures = failures or {}
+        said = quiet or set()
         taken = {
             (route.chat_id, route.thread_id)
             for route in telegram.routes
@@ -135,6 +245,17 @@ class ChatNames:
             if chat_id is None:
                 failure = failures.get(username.lower())
                 why = str(failure) if failure is not None else "no bot token to ask Telegram"
+                if username in said:
+                    continue
+                if username.lower() in self._unreached:
+                    log.error(
+                        "%s: %s could not be resolved for now (%s); this route is not served"
+                        " until it is, the others are: Telegram is asked again shortly",
+                        where,
+                        username,
+                        why,
+                    )
+                    continue
                 log.error(
                     "%s: %s could not be resolved to a chat (%s); this route is not served,"
                     " the others are. Check the username, add the bot to that public channel"
@@ -146,6 +267,8 @@ class ChatNames:
                 )
                 continue
             if (chat_id, route.thread_id) in taken:
+                if username in said:
+                    continue
                 log.error(
                     "%s: %s is chat %d, which another route already names; this route is not"
                     " served. Merge the two routes' agents into one route",
@@ -155,7 +278,18 @@ class ChatNames:
                 )
                 continue
             taken.add((chat_id, route.thread_id))
-            log.info("%s: %s is chat %d", where, username, chat_id)
+            fallback = self._fallback.pop(username.lower(), None)
+            if fallback is not None:
+                log.warning(
+                    "%s: Telegram could not be asked about %s (%s); the chat it named last"
+                    " time, %d, is used",
+                    where,
+                    username,
+                    fallback[1],
+                    chat_id,
+                )
+            elif username not in said:
+                log.info("%s: %s is chat %d", where, username, chat_id)
             routes.append(route.model_copy(update={"chat_id": chat_id}))
         return config.model_copy(
             update={"telegram": telegram.model_copy(update={"routes": routes})}

@@ -248,9 +248,11 @@ def reload_config(service: Service, path: Path, names: ChatNames | None = None) 
             "".join(f"\n  - {message}" for message in error.messages),
         )
         return False
+    if names is not None:
+        generation = names.written(config)
     if names is not None and names.unknown(config):
         task = asyncio.get_running_loop().create_task(
-            _reload_resolved(service, config, names), name="config_reload"
+            _reload_resolved(service, config, names, generation), name="config_reload"
         )
         _RELOADS.add(task)
         task.add_done_callback(_RELOADS.discard)
@@ -264,8 +266,20 @@ def reload_config(service: Service, path: Path, names: ChatNames | None = None) 
 _RELOADS: set[asyncio.Task[bool]] = set()
 
 
-async def _reload_resolved(service: Service, config: ServiceConfig, names: ChatNames) -> bool:
-    return _apply_reload(service, await names.resolve(config))
+async def _reload_resolved(
+    service: Service, config: ServiceConfig, names: ChatNames, generation: int
+) -> bool:
+    resolved = await names.resolve(config)
+    if names.generation != generation:
+        # A later SIGHUP came while Telegram was asked: its file wins, whenever this ends.
+        log.info(
+            "a config reload that waited for Telegram (usernames) was superseded by a later"
+            " reload; the later file is the one applied"
+        )
+        return False
+    applied = _apply_reload(service, resolved)
+    names.keep_asking(lambda resolved: _apply_reload(service, resolved))
+    return applied
 
 
 def _apply_reload(service: Service, config: ServiceConfig) -> bool:
@@ -380,6 +394,7 @@ async def serve(
             # The token is in the lookup's request lines: scrubbed from the log from here.
             token = env.get(config.telegram.token_env, "").strip() if config.telegram else ""
             setup_logging(config.log_level, [token] if token else [])
+            names.written(config)
             config = await names.resolve(config)
         try:
             cursors = wiring.cursor_store(config) if wiring else store
@@ -415,6 +430,8 @@ async def serve(
             wiring.follow(service.routes_chat)
         if own_signals and config_path is not None:
             loop.add_signal_handler(signal.SIGHUP, reload_config, service, config_path, names)
+        # A username Telegram could not be asked about at the start: asked again meanwhile.
+        names.keep_asking(lambda resolved: _apply_reload(service, resolved), stop)
         metrics.bind(service.snapshot)
         listener = None
         if config.metrics.address is not None:

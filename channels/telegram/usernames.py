@@ -9,6 +9,7 @@ starts (and when a reload names a new one), and the numeric id is used from then
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Sequence
 
@@ -16,10 +17,13 @@ from telegram import Bot
 from telegram import error as tg
 from telegram.request import HTTPXRequest
 
-from taskcard.channels.errors import ChannelError, Permanent
+from taskcard.channels.errors import ChannelError, Permanent, Transient
 from taskcard.channels.telegram.config import TelegramConfig
 from taskcard.channels.telegram.errors import translate
 from taskcard.channels.telegram.scopes import BOT_SCOPE_KEY
+
+# Usernames asked for at once (the bot's own limit is about 30 requests a second).
+_MAX_PARALLEL = 8
 
 
 async def look_up_usernames(
@@ -34,34 +38,52 @@ async def look_up_usernames(
     """
     timeout_s = config.request_timeout_s
     request = HTTPXRequest(
-        connection_pool_size=1,
+        connection_pool_size=max(1, min(len(usernames), _MAX_PARALLEL)),
         read_timeout=timeout_s,
         write_timeout=timeout_s,
         connect_timeout=timeout_s,
         pool_timeout=timeout_s,
     )
     bot = Bot(token, base_url=f"{config.api_base_url.rstrip('/')}/bot", request=request)
-    found: dict[str, int | ChannelError] = {}
+    # The whole lookup takes at most about one request's timeout, however many usernames:
+    # the start (every channel's) waits for it. One not answered by then is Transient.
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    late = Transient(f"Telegram did not answer within {timeout_s:g} s")
     try:
-        await bot.initialize()
+        await asyncio.wait_for(bot.initialize(), timeout_s)
+    except TimeoutError:
+        await _close(bot)
+        return dict.fromkeys(usernames, late)
     except tg.TelegramError as exc:
-        error = translate(exc, BOT_SCOPE_KEY)
-        return dict.fromkeys(usernames, error)
+        await _close(bot)
+        return dict.fromkeys(usernames, translate(exc, BOT_SCOPE_KEY))
+    tasks = {name: asyncio.create_task(_look_up(bot, name)) for name in usernames}
     try:
-        for username in usernames:
-            try:
-                chat = await bot.get_chat(username)
-            except tg.TelegramError as exc:
-                found[username] = translate(exc, BOT_SCOPE_KEY)
-            except (TypeError, ValueError, KeyError) as exc:
-                # An answer PTB cannot read (a field it requires missing): that username
-                # alone is not resolved; the start goes on.
-                found[username] = Permanent(
-                    f"Telegram's answer could not be read ({type(exc).__name__})"
-                )
-            else:
-                found[username] = chat.id
+        left_s = max(0.1, deadline - asyncio.get_running_loop().time())
+        await asyncio.wait(tasks.values(), timeout=left_s)
     finally:
-        with contextlib.suppress(tg.TelegramError):
-            await bot.shutdown()
-    return found
+        for task in tasks.values():
+            task.cancel()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+        await _close(bot)
+    return {
+        name: task.result() if task.done() and not task.cancelled() else late
+        for name, task in tasks.items()
+    }
+
+
+async def _look_up(bot: Bot, username: str) -> int | ChannelError:
+    try:
+        chat = await bot.get_chat(username)
+    except tg.TelegramError as exc:
+        return translate(exc, BOT_SCOPE_KEY)
+    except (TypeError, ValueError, KeyError) as exc:
+        # An answer PTB cannot read (a field it requires missing): that username alone is
+        # not resolved; the start goes on.
+        return Permanent(f"Telegram's answer could not be read ({type(exc).__name__})")
+    return chat.id
+
+
+async def _close(bot: Bot) -> None:
+    with contextlib.suppress(tg.TelegramError):
+        await bot.shutdown()

@@ -9,6 +9,7 @@ Telegram does not resolve costs its route alone, with one error line naming both
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
@@ -104,6 +105,11 @@ async def test_a_route_named_by_username_is_served_under_the_chats_numeric_id(
     state = run_cli("status", "--config", str(config), "--json")
     assert state.returncode == 0, state.stderr
     assert f"telegram:{NEWS}::builder" in state.stdout, state.stdout
+    # `taskcard chats` lists the chat the command came from as routed by this file.
+    chats = run_cli("chats", "--config", str(config), "--json")
+    assert chats.returncode == 0, chats.stderr
+    (news,) = [row for row in json.loads(chats.stdout) if row["chat_id"] == str(NEWS)]
+    assert news["routed"] is True, news
 
 
 @pytest.mark.parametrize(
@@ -181,3 +187,92 @@ async def test_a_reload_resolves_a_username_new_to_the_service(
     asked = [r.params["chat_id"] for r in telegram.requests if r.method == "getChat"]
     assert sorted(asked) == ["@build_news", "@nobody_here", "@ops_room"]
     assert len([m for m in telegram.bot_messages(NEWS) if "reload-marker" in m.text]) == 1
+
+
+async def test_a_username_telegram_could_not_be_asked_about_is_asked_again(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    """Telegram failing (a 5xx) when the start asks for a username: the route waits, with one
+    error line saying so, and is served once a later ask resolves it, without a reload."""
+    telegram.add_public_chat("build_news", NEWS)
+    config = username_config(tmp_path, telegram)
+    head, _, _ = config.read_text().partition('[[telegram.routes]]\nchat_id = "@no_such_chat"')
+    config.write_text(head)
+    telegram.fail_next("getChat", 500, "Internal Server Error")
+    with ServeProcess(config, env={TOKEN_ENV: telegram.token}) as serve:
+        publish(tmp_path / "agents" / "builder", "# Build retry-marker")
+        await eventually(
+            lambda: error_lines(serve, "telegram.routes[0].chat_id"), what="the waiting line"
+        )
+        await eventually(
+            lambda: any("retry-marker" in m.text for m in telegram.bot_messages(NEWS)),
+            timeout_s=90,
+            what="the card once the username is resolved",
+        )
+        assert await serve.aterminate() == 0
+    (line, resolved) = error_lines(serve, "telegram.routes[0].chat_id")
+    assert "ERROR" in line and "@build_news could not be resolved for now" in line, line
+    assert "asked again shortly" in line, line
+    assert f"@build_news is chat {NEWS}" in resolved, resolved
+    assert telegram.count("getChat") == 2
+
+
+async def test_a_restart_with_telegram_failing_uses_the_id_resolved_last_time(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    telegram.add_public_chat("build_news", NEWS)
+    config = username_config(tmp_path, telegram)
+    head, _, _ = config.read_text().partition('[[telegram.routes]]\nchat_id = "@no_such_chat"')
+    config.write_text(head)
+    workdir = tmp_path / "agents" / "builder"
+    with ServeProcess(config, env={TOKEN_ENV: telegram.token}) as serve:
+        publish(workdir, "# Build first-marker")
+        await eventually(
+            lambda: any("first-marker" in m.text for m in telegram.bot_messages(NEWS)),
+            what="the first run's card",
+        )
+        assert await serve.aterminate() == 0
+    (card,) = telegram.bot_messages(NEWS)
+    telegram.fail_next("getChat", 502, "Bad Gateway")
+    with ServeProcess(config, env={TOKEN_ENV: telegram.token}) as serve:
+        publish(workdir, "# Build second-marker")
+        await eventually(
+            lambda: "second-marker" in (telegram.message(NEWS, card.message_id) or card).text,
+            what="the same card edited by the second run",
+        )
+        assert await serve.aterminate() == 0
+    (line,) = error_lines(serve, "telegram.routes[0].chat_id")
+    assert "WARNING" in line and f"the chat it named last time, {NEWS}, is used" in line, line
+    assert len(telegram.bot_messages(NEWS)) == 1
+
+
+async def test_a_reload_waiting_for_telegram_does_not_undo_a_later_reload(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    """SIGHUP naming a new username whose lookup is slow, then SIGHUP with that route removed
+    again: the later file wins when the slow lookup ends."""
+    telegram.add_public_chat("ops_room", PLAIN)
+    config = username_config(tmp_path, telegram)
+    head, _, _ = config.read_text().partition('[[telegram.routes]]\nchat_id = "@build_news"')
+    plain = f'[[telegram.routes]]\nchat_id = {NEWS}\nagents = ["builder"]\n'
+    config.write_text(head + plain)
+    with ServeProcess(config, env={TOKEN_ENV: telegram.token}) as serve:
+        publish(tmp_path / "agents" / "builder", "# Build order-marker")
+        await eventually(
+            lambda: any("order-marker" in m.text for m in telegram.bot_messages(NEWS)),
+            what="the card",
+        )
+        telegram.hold_answers("getChat")
+        config.write_text(
+            head + plain + '[[telegram.routes]]\nchat_id = "@ops_room"\nagents = ["builder"]\n'
+        )
+        assert serve.proc is not None
+        serve.proc.send_signal(signal.SIGHUP)
+        await eventually(lambda: telegram.count("getChat") == 1, what="the lookup")
+        config.write_text(head + plain)
+        serve.proc.send_signal(signal.SIGHUP)
+        await eventually(lambda: "config reloaded" in serve.logs, what="the second reload")
+        telegram.release_answers("getChat")
+        await eventually(lambda: "superseded by a later reload" in serve.logs, what="the drop")
+        assert await serve.aterminate() == 0
+    assert telegram.bot_messages(PLAIN) == []
