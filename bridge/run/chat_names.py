@@ -129,11 +129,6 @@ class ChatNames:
         """The usernames of `config` not resolved yet."""
         return sorted({name.lower() for _, name in route_usernames(config)} - self._ids.keys())
 
-    @property
-    def waiting(self) -> bool:
-        """Whether a username could not be asked about for now (`retry` will)."""
-        return bool(self._unreached)
-
     async def resolve(self, config: ServiceConfig) -> ServiceConfig:
         """`config` with each route's `@username` replaced by the chat's numeric id; a route
         whose username cannot be resolved is left out, with one error line naming it."""
@@ -172,7 +167,11 @@ class ChatNames:
                 self._ids[name] = known
                 self._fallback[name] = (known, str(error))
                 del failures[name]
-        quiet = None if only is None else {n for _, n in route_usernames(config)} - set(missing)
+        quiet = (
+            None
+            if only is None
+            else {n for _, n in route_usernames(config) if n.lower() not in missing}
+        )
         return self.apply(config, failures, quiet=quiet)
 
     async def retry(self, apply: Callable[[ServiceConfig], object], stop: asyncio.Event) -> None:

@@ -197,7 +197,7 @@ async def test_a_username_telegram_could_not_be_asked_about_is_asked_again(
     telegram.add_public_chat("build_news", NEWS)
     config = username_config(tmp_path, telegram)
     head, _, _ = config.read_text().partition('[[telegram.routes]]\nchat_id = "@no_such_chat"')
-    config.write_text(head)
+    config.write_text(head.replace("@build_news", "@Build_NEWS"))  # any case: the same chat
     telegram.fail_next("getChat", 500, "Internal Server Error")
     with ServeProcess(config, env={TOKEN_ENV: telegram.token}) as serve:
         publish(tmp_path / "agents" / "builder", "# Build retry-marker")
@@ -211,9 +211,9 @@ async def test_a_username_telegram_could_not_be_asked_about_is_asked_again(
         )
         assert await serve.aterminate() == 0
     (line, resolved) = error_lines(serve, "telegram.routes[0].chat_id")
-    assert "ERROR" in line and "@build_news could not be resolved for now" in line, line
+    assert "ERROR" in line and "@Build_NEWS could not be resolved for now" in line, line
     assert "asked again shortly" in line, line
-    assert f"@build_news is chat {NEWS}" in resolved, resolved
+    assert f"@Build_NEWS is chat {NEWS}" in resolved, resolved
     assert telegram.count("getChat") == 2
 
 
