@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 
 from taskcard.bridge.config import ServiceConfig
+from taskcard.bridge.store.base import StateStore
+from taskcard.channels.aio import Backoff
 from taskcard.channels.base import CursorStore
 from taskcard.channels.errors import ChannelError, RateLimited, Transient
+from taskcard.channels.telegram.scopes import BOT_SCOPE_KEY
 
 log = logging.getLogger(__name__)
 
@@ -78,14 +82,17 @@ def as_last_resolved(config: ServiceConfig, cursor: CursorStore | None) -> Servi
 class ChatNames:
     """The usernames resolved so far (lower case: Telegram reads them regardless of case)."""
 
-    def __init__(self, env: Mapping[str, str], cursor: CursorStore | None = None) -> None:
+    def __init__(self, env: Mapping[str, str], store: StateStore | None = None) -> None:
         self._env = env
-        self._cursor = cursor
+        self._store = store
+        self._cursor: CursorStore | None = store
         self._ids: dict[str, int] = {}
         # The configuration as written that the service runs (from the start or the last
         # reload), and its usernames Telegram could not be asked about for now (out of
         # reach, a limit): `retry` asks for those again.
         self._written: ServiceConfig | None = None
+        self._before: ServiceConfig | None = None
+        self._unreached_before: set[str] = set()
         self._unreached: set[str] = set()
         self._stop: asyncio.Event | None = None
         self._retrying: asyncio.Task[None] | None = None
@@ -101,9 +108,26 @@ class ChatNames:
     def written(self, config: ServiceConfig) -> int:
         """`config` is what the file says now (the start, a reload): the one `retry` applies
         from here on. Returns its generation."""
-        self._written = config
+        self._before, self._written = self._written, config
+        self._unreached_before = set(self._unreached)
         self.generation += 1
         return self.generation
+
+    def refused(self, generation: int) -> ServiceConfig | None:
+        """The reload of `generation` was refused: the configuration running before it is
+        again the one `retry` applies (the refused file would be refused again each time).
+        Returns it, with the usernames known now, when that serves a route it did not."""
+        if generation != self.generation or self._before is None:
+            return None
+        self._written = self._before
+        running = self._written
+        names = {name.lower() for _, name in route_usernames(running)}
+        newly = names & self._ids.keys() & self._unreached_before
+        self._unreached -= newly
+        if not newly:
+            return None
+        quiet = {name for _, name in route_usernames(running) if name.lower() not in newly}
+        return self.apply(running, quiet=quiet)
 
     def _last_known(self, username: str) -> int | None:
         if self._cursor is None:
@@ -114,6 +138,27 @@ class ChatNames:
             log.debug("the id of %s could not be read: %s", username, error)
             return None
         return int(known) if known is not None and known.lstrip("-").isdigit() else None
+
+    def _bot_paused_s(self) -> float:
+        """How long a pause of the bot the state holds still runs (0: none)."""
+        if self._store is None:
+            return 0.0
+        try:
+            until = self._store.pauses().get(BOT_SCOPE_KEY, 0.0)
+        except Exception as error:
+            log.debug("the stored pauses could not be read: %s", error)
+            return 0.0
+        return max(0.0, until - time.time())
+
+    def _record_pause(self, wait_s: float) -> None:
+        """A 429 answered to a lookup pauses the bot, in the state, so that the channel's
+        start after it (and a restart) waits for its end too."""
+        if self._store is None:
+            return
+        try:
+            self._store.set_pause(BOT_SCOPE_KEY, time.time() + wait_s)
+        except Exception as error:
+            log.warning("could not keep the bot's pause in the state: %s", error)
 
     def _remember(self, username: str, chat_id: int) -> None:
         self._ids[username] = chat_id
@@ -142,13 +187,21 @@ class ChatNames:
         missing = [name for name in self.unknown(config) if only is None or name in only]
         failures: dict[str, ChannelError] = {}
         token = self._env.get(telegram.token_env, "").strip()
-        if missing and token:
+        paused_s = self._bot_paused_s()
+        if missing and token and paused_s > 0:
+            # A pause of the bot (stored by an earlier run, or answered to a lookup): ask
+            # nothing before its end, as the channel's own start does not.
+            pause = RateLimited(paused_s, BOT_SCOPE_KEY, "a pause of the bot is running")
+            failures = dict.fromkeys(missing, pause)
+        elif missing and token:
             from taskcard.channels.telegram.usernames import look_up_usernames
 
             found = await look_up_usernames(telegram, token, missing)
             for name, answer in found.items():
                 if isinstance(answer, ChannelError):
                     failures[name] = answer
+                    if isinstance(answer, RateLimited):
+                        self._record_pause(answer.retry_after_s)
                 else:
                     self._remember(name, answer)
         self._unreached = set()
@@ -178,14 +231,14 @@ class ChatNames:
         """While a username could not be asked about (Telegram out of reach at the start or
         a reload), ask again, less often each time, and `apply` the configuration once it
         resolves: a network blip at the start does not cost the route until a reload."""
-        delay_s = RETRY_FIRST_S
+        backoff = Backoff(initial_s=RETRY_FIRST_S, max_s=RETRY_MAX_S)
         while self._unreached and self._written is not None:
+            delay_s = max(backoff.next_delay_s(), self._asked_to_wait_s)
             try:
-                await asyncio.wait_for(stop.wait(), max(delay_s, self._asked_to_wait_s))
+                await asyncio.wait_for(stop.wait(), delay_s)
                 return
             except TimeoutError:
                 pass
-            delay_s = min(delay_s * 2, RETRY_MAX_S)
             if not self._unreached or self._written is None:
                 return  # a reload resolved them meanwhile
             asked = set(self._unreached)

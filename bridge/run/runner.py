@@ -258,7 +258,12 @@ def reload_config(service: Service, path: Path, names: ChatNames | None = None) 
         task.add_done_callback(_RELOADS.discard)
         return True
     if names is not None:
-        config = names.apply(config)
+        if not _apply_reload(service, names.apply(config)):
+            running = names.refused(generation)
+            if running is not None:
+                _apply_reload(service, running)
+            return False
+        return True
     return _apply_reload(service, config)
 
 
@@ -278,6 +283,12 @@ async def _reload_resolved(
         )
         return False
     applied = _apply_reload(service, resolved)
+    if not applied:
+        # The running configuration stays; a username it waited for, resolved by this
+        # lookup, is served by it now.
+        running = names.refused(generation)
+        if running is not None:
+            _apply_reload(service, running)
     names.keep_asking(lambda resolved: _apply_reload(service, resolved))
     return applied
 

@@ -276,3 +276,58 @@ async def test_a_reload_waiting_for_telegram_does_not_undo_a_later_reload(
         await eventually(lambda: "superseded by a later reload" in serve.logs, what="the drop")
         assert await serve.aterminate() == 0
     assert telegram.bot_messages(PLAIN) == []
+
+
+async def test_a_429_to_the_lookup_pauses_the_bot_and_a_restart_asks_nothing_inside_it(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    telegram.add_public_chat("build_news", NEWS)
+    config = username_config(tmp_path, telegram)
+    head, _, _ = config.read_text().partition('[[telegram.routes]]\nchat_id = "@no_such_chat"')
+    config.write_text(head)
+    telegram.fail_next("getChat", 429, "Too Many Requests: retry after 600", {"retry_after": 600})
+    with ServeProcess(config, env={TOKEN_ENV: telegram.token}) as serve:
+        await eventually(
+            lambda: error_lines(serve, "telegram.routes[0].chat_id"), what="the waiting line"
+        )
+        assert await serve.aterminate() == 0
+    (line,) = error_lines(serve, "telegram.routes[0].chat_id")
+    assert "could not be resolved for now" in line and "retry after 600" in line, line
+    state = run_cli("status", "--config", str(config))
+    assert "rate-limit pause: telegram:bot" in state.stdout, state.stdout
+    asked = telegram.count("getChat")
+    with ServeProcess(config, env={TOKEN_ENV: telegram.token}) as again:
+        await eventually(
+            lambda: error_lines(again, "telegram.routes[0].chat_id"), what="the second start"
+        )
+        assert await again.aterminate() == 0
+    (second,) = error_lines(again, "telegram.routes[0].chat_id")
+    assert "a pause of the bot is running" in second, second
+    assert telegram.count("getChat") == asked
+
+
+async def test_a_refused_reload_does_not_keep_a_waiting_username_from_being_served(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    """While a username waits for Telegram, a reload the service refuses (a key that needs
+    a restart changed): the retry applies the running configuration, not the refused file."""
+    telegram.add_public_chat("build_news", NEWS)
+    config = username_config(tmp_path, telegram)
+    head, _, _ = config.read_text().partition('[[telegram.routes]]\nchat_id = "@no_such_chat"')
+    config.write_text(head)
+    telegram.fail_next("getChat", 500, "Internal Server Error")
+    with ServeProcess(config, env={TOKEN_ENV: telegram.token}) as serve:
+        publish(tmp_path / "agents" / "builder", "# Build refused-marker")
+        await eventually(
+            lambda: error_lines(serve, "telegram.routes[0].chat_id"), what="the waiting line"
+        )
+        config.write_text(head.replace("poll_timeout_s = 1", "poll_timeout_s = 2"))
+        assert serve.proc is not None
+        serve.proc.send_signal(signal.SIGHUP)
+        await eventually(lambda: "config reload refused" in serve.logs, what="the refusal")
+        await eventually(
+            lambda: any("refused-marker" in m.text for m in telegram.bot_messages(NEWS)),
+            timeout_s=90,
+            what="the card once the username is resolved",
+        )
+        assert await serve.aterminate() == 0
