@@ -88,14 +88,21 @@ class ChatNames:
         self._cursor: CursorStore | None = store
         self._ids: dict[str, int] = {}
         # The configuration as written that the service runs (from the start or the last
-        # reload), and its usernames Telegram could not be asked about for now (out of
-        # reach, a limit): `retry` asks for those again.
+        # accepted reload), and the one before it, put back when a reload is refused.
         self._written: ServiceConfig | None = None
         self._before: ServiceConfig | None = None
-        self._unreached_before: set[str] = set()
-        self._unreached: set[str] = set()
+        # Usernames whose last lookup Telegram could not answer (out of reach, a limit) and
+        # no earlier run resolved: `retry` asks for those the running file names.
+        self._waiting: set[str] = set()
+        self._waiting_before: set[str] = set()
         self._stop: asyncio.Event | None = None
         self._retrying: asyncio.Task[None] | None = None
+        # One lookup at a time (the start's, a reload's, the retry's): a name one of them
+        # resolved is not asked again by the next, and a burst of reloads asks once.
+        self._lookup = asyncio.Lock()
+        # Reloads whose lookup has not ended yet: the retry applies nothing meanwhile (the
+        # reload applies its own file, or puts the running one back).
+        self._reloading = 0
         # Counts the configurations written (`written`): a lookup finishing after a later
         # reload must not apply the older file over the newer one.
         self.generation = 0
@@ -108,10 +115,17 @@ class ChatNames:
     def written(self, config: ServiceConfig) -> int:
         """`config` is what the file says now (the start, a reload): the one `retry` applies
         from here on. Returns its generation."""
+        self._waiting_before = self.waiting(self._written)
         self._before, self._written = self._written, config
-        self._unreached_before = set(self._unreached)
         self.generation += 1
         return self.generation
+
+    def waiting(self, config: ServiceConfig | None) -> set[str]:
+        """The usernames of `config` that wait for Telegram to answer (lower case)."""
+        if config is None:
+            return set()
+        names = {name.lower() for _, name in route_usernames(config)}
+        return (names & self._waiting) - self._ids.keys()
 
     def refused(self, generation: int) -> ServiceConfig | None:
         """The reload of `generation` was refused: the configuration running before it is
@@ -121,9 +135,8 @@ class ChatNames:
             return None
         self._written = self._before
         running = self._written
-        names = {name.lower() for _, name in route_usernames(running)}
-        newly = names & self._ids.keys() & self._unreached_before
-        self._unreached -= newly
+        newly = self._waiting_before & self._ids.keys()
+        self._waiting_before = set()
         if not newly:
             return None
         quiet = {name for _, name in route_usernames(running) if name.lower() not in newly}
@@ -177,13 +190,51 @@ class ChatNames:
     async def resolve(self, config: ServiceConfig) -> ServiceConfig:
         """`config` with each route's `@username` replaced by the chat's numeric id; a route
         whose username cannot be resolved is left out, with one error line naming it."""
-        return await self._resolve(config, None)
+        failures = await self._look_up(config, None, None)
+        assert failures is not None  # no generation: never superseded
+        return self.apply(config, failures)
 
-    async def _resolve(self, config: ServiceConfig, only: set[str] | None) -> ServiceConfig:
+    async def reload(
+        self, config: ServiceConfig, generation: int, apply: Callable[[ServiceConfig], bool]
+    ) -> bool:
+        """The reload of `generation` (`config`, naming a username not resolved yet): ask
+        Telegram, then `apply` the file, unless a later reload came first (its file wins:
+        this one asks nothing, or applies nothing). A refused file leaves the running
+        configuration, which now serves a username it waited for that this lookup resolved.
+        """
+        self._reloading += 1
+        try:
+            failures = await self._look_up(config, None, generation)
+            if failures is None or generation != self.generation:
+                log.info(
+                    "a config reload that waited for Telegram (usernames) was superseded by a"
+                    " later reload; the later file is the one applied"
+                )
+                return False
+            if apply(self.apply(config, failures)):
+                return True
+            running = self.refused(generation)
+            if running is not None:
+                apply(running)
+            return False
+        finally:
+            self._reloading -= 1
+
+    async def _look_up(
+        self, config: ServiceConfig, only: set[str] | None, generation: int | None
+    ) -> dict[str, ChannelError] | None:
+        """Ask Telegram for the usernames of `config` not resolved yet (those in `only`):
+        the answers that resolve none, by username. None: the reload of `generation` was
+        superseded while it waited for an earlier lookup, and nothing was asked."""
+        async with self._lookup:
+            if generation is not None and generation != self.generation:
+                return None
+            return await self._ask(config, only)
+
+    async def _ask(self, config: ServiceConfig, only: set[str] | None) -> dict[str, ChannelError]:
         telegram = config.telegram
         if telegram is None:
-            self._unreached.clear()
-            return config
+            return {}
         missing = [name for name in self.unknown(config) if only is None or name in only]
         failures: dict[str, ChannelError] = {}
         token = self._env.get(telegram.token_env, "").strip()
@@ -204,7 +255,7 @@ class ChatNames:
                         self._record_pause(answer.retry_after_s)
                 else:
                     self._remember(name, answer)
-        self._unreached = set()
+        self._waiting -= set(missing)
         self._asked_to_wait_s = 0.0
         for name, error in list(failures.items()):
             if not isinstance(error, Transient | RateLimited):
@@ -213,43 +264,45 @@ class ChatNames:
                 self._asked_to_wait_s = max(self._asked_to_wait_s, error.retry_after_s)
             known = self._last_known(name)
             if known is None:
-                self._unreached.add(name)
+                self._waiting.add(name)
             else:
                 # Telegram out of reach for now: the chat it named last time, rather than
                 # no card there until it answers (a username rarely moves to another chat).
                 self._ids[name] = known
                 self._fallback[name] = (known, str(error))
                 del failures[name]
-        quiet = (
-            None
-            if only is None
-            else {n for _, n in route_usernames(config) if n.lower() not in missing}
-        )
-        return self.apply(config, failures, quiet=quiet)
+        return failures
 
     async def retry(self, apply: Callable[[ServiceConfig], object], stop: asyncio.Event) -> None:
-        """While a username could not be asked about (Telegram out of reach at the start or
-        a reload), ask again, less often each time, and `apply` the configuration once it
-        resolves: a network blip at the start does not cost the route until a reload."""
+        """While a username of the running file could not be asked about (Telegram out of
+        reach at the start or a reload), ask again, less often each time, and `apply` that
+        file once it resolves: a network blip at the start does not cost the route until a
+        reload."""
         backoff = Backoff(initial_s=RETRY_FIRST_S, max_s=RETRY_MAX_S)
-        while self._unreached and self._written is not None:
+        while self.waiting(self._written):
             delay_s = max(backoff.next_delay_s(), self._asked_to_wait_s)
             try:
                 await asyncio.wait_for(stop.wait(), delay_s)
                 return
             except TimeoutError:
                 pass
-            if not self._unreached or self._written is None:
-                return  # a reload resolved them meanwhile
-            asked = set(self._unreached)
+            if self._reloading:
+                continue  # that reload asks for them, and applies its own file
+            written = self._written
+            asked = self.waiting(written)
+            if written is None or not asked:
+                return  # a reload resolved them meanwhile, or no longer names them
             generation = self.generation
-            resolved = await self._resolve(self._written, asked)
+            failures = await self._look_up(written, asked, generation)
             if stop.is_set():
                 return
-            if generation != self.generation:
+            if failures is None or generation != self.generation or self._reloading:
                 continue  # a reload came meanwhile: its file is the one to apply
-            if not asked & self._unreached:  # every one answered: applied as a reload would
-                apply(resolved)
+            written = self._written
+            if written is None or asked & self.waiting(written):
+                continue  # not all answered yet: said once they are
+            quiet = {n for _, n in route_usernames(written) if n.lower() not in asked}
+            apply(self.apply(written, failures, quiet=quiet))
 
     def keep_asking(
         self, apply: Callable[[ServiceConfig], object], stop: asyncio.Event | None = None
@@ -258,7 +311,7 @@ class ChatNames:
         (`stop`, given once by the start, ends it)."""
         if stop is not None:
             self._stop = stop
-        if not self._unreached or self._stop is None:
+        if not self.waiting(self._written) or self._stop is None:
             return
         if self._retrying is not None and not self._retrying.done():
             return
@@ -299,7 +352,7 @@ class ChatNames:
                 why = str(failure) if failure is not None else "no bot token to ask Telegram"
                 if username in said:
                     continue
-                if username.lower() in self._unreached:
+                if username.lower() in self._waiting:
                     log.error(
                         "%s: %s could not be resolved for now (%s); this route is not served"
                         " until it is, the others are: Telegram is asked again shortly",

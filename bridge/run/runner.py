@@ -250,20 +250,22 @@ def reload_config(service: Service, path: Path, names: ChatNames | None = None) 
         return False
     if names is not None:
         generation = names.written(config)
-    if names is not None and names.unknown(config):
-        task = asyncio.get_running_loop().create_task(
-            _reload_resolved(service, config, names, generation), name="config_reload"
-        )
-        _RELOADS.add(task)
-        task.add_done_callback(_RELOADS.discard)
-        return True
-    if names is not None:
-        if not _apply_reload(service, names.apply(config)):
-            running = names.refused(generation)
-            if running is not None:
-                _apply_reload(service, running)
-            return False
-        return True
+        unknown = names.unknown(config)
+        if unknown:
+            log.info(
+                "config reload: asking Telegram for the chat ids of %s first", ", ".join(unknown)
+            )
+            task = asyncio.get_running_loop().create_task(
+                _reload_resolved(service, config, names, generation), name="config_reload"
+            )
+            _RELOADS.add(task)
+            task.add_done_callback(_RELOADS.discard)
+            return True
+        applied = _apply_reload(service, names.apply(config))
+        if not applied and (running := names.refused(generation)) is not None:
+            _apply_reload(service, running)
+        names.keep_asking(lambda resolved: _apply_reload(service, resolved))
+        return applied
     return _apply_reload(service, config)
 
 
@@ -274,21 +276,7 @@ _RELOADS: set[asyncio.Task[bool]] = set()
 async def _reload_resolved(
     service: Service, config: ServiceConfig, names: ChatNames, generation: int
 ) -> bool:
-    resolved = await names.resolve(config)
-    if names.generation != generation:
-        # A later SIGHUP came while Telegram was asked: its file wins, whenever this ends.
-        log.info(
-            "a config reload that waited for Telegram (usernames) was superseded by a later"
-            " reload; the later file is the one applied"
-        )
-        return False
-    applied = _apply_reload(service, resolved)
-    if not applied:
-        # The running configuration stays; a username it waited for, resolved by this
-        # lookup, is served by it now.
-        running = names.refused(generation)
-        if running is not None:
-            _apply_reload(service, running)
+    applied = await names.reload(config, generation, lambda c: _apply_reload(service, c))
     names.keep_asking(lambda resolved: _apply_reload(service, resolved))
     return applied
 

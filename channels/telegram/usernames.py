@@ -22,6 +22,9 @@ from taskcard.channels.telegram.config import TelegramConfig
 from taskcard.channels.telegram.errors import translate
 from taskcard.channels.telegram.scopes import BOT_SCOPE_KEY
 
+# The kinds of chat a route's username may name (a public group is always a supergroup).
+_SHARED_KINDS = frozenset({"channel", "supergroup", "group"})
+
 # Usernames asked for at once (the bot's own limit is about 30 requests a second).
 _MAX_PARALLEL = 8
 
@@ -81,6 +84,13 @@ async def _look_up(bot: Bot, username: str) -> int | ChannelError:
         # An answer PTB cannot read (a field it requires missing): that username alone is
         # not resolved; the start goes on.
         return Permanent(f"Telegram's answer could not be read ({type(exc).__name__})")
+    if chat.type not in _SHARED_KINDS:
+        # A person's or a bot's username: the cards of a fleet are not sent to one person's
+        # private chat because a route's username happened to name them.
+        return Permanent(
+            f"it names a {chat.type} chat, not a public channel or supergroup"
+            " (a route names a person's chat by its numeric id)"
+        )
     return chat.id
 
 

@@ -306,28 +306,142 @@ async def test_a_429_to_the_lookup_pauses_the_bot_and_a_restart_asks_nothing_ins
     assert telegram.count("getChat") == asked
 
 
+def _served(serve: ServeProcess) -> bool:
+    """The service runs (its loop takes SIGHUP from here on: one sent during the start,
+    the username lookup included, is dropped by design)."""
+    return "serving 1 agents" in serve.logs
+
+
+def _asked_for(telegram: FakeTelegram, username: str) -> bool:
+    return any(
+        r.method == "getChat" and r.params.get("chat_id") == username for r in telegram.requests
+    )
+
+
+@pytest.mark.parametrize("keeps_route", [True, False], ids=["file-keeps-it", "file-drops-it"])
 async def test_a_refused_reload_does_not_keep_a_waiting_username_from_being_served(
-    tmp_path: Path, telegram: FakeTelegram
+    tmp_path: Path, telegram: FakeTelegram, keeps_route: bool
 ) -> None:
     """While a username waits for Telegram, a reload the service refuses (a key that needs
-    a restart changed): the retry applies the running configuration, not the refused file."""
+    a restart changed): the running configuration stays, and its route is served once the
+    username resolves, whether the refused file still named it (its lookup resolved it) or
+    not (the background retry does). The refused file's own new route is never served."""
     telegram.add_public_chat("build_news", NEWS)
+    telegram.add_public_chat("ops_room", PLAIN)
     config = username_config(tmp_path, telegram)
     head, _, _ = config.read_text().partition('[[telegram.routes]]\nchat_id = "@no_such_chat"')
+    head = head.replace("poll_timeout_s = 1", "poll_timeout_s = 1\nrequest_timeout_s = 5")
     config.write_text(head)
-    telegram.fail_next("getChat", 500, "Internal Server Error")
+    # No getChat is answered until released: the start's lookup and the retry's time out,
+    # so the username waits until the reload's lookup is under way, however slow the host.
+    telegram.hold_answers("getChat")
     with ServeProcess(config, env={TOKEN_ENV: telegram.token}) as serve:
         publish(tmp_path / "agents" / "builder", "# Build refused-marker")
         await eventually(
             lambda: error_lines(serve, "telegram.routes[0].chat_id"), what="the waiting line"
         )
-        config.write_text(head.replace("poll_timeout_s = 1", "poll_timeout_s = 2"))
+        await eventually(lambda: _served(serve), timeout_s=60, what="the service running")
+        refused = head.replace("poll_timeout_s = 1", "poll_timeout_s = 2")
+        if not keeps_route:
+            refused = refused.partition("[[telegram.routes]]")[0]
+        config.write_text(
+            refused + '[[telegram.routes]]\nchat_id = "@ops_room"\nagents = ["builder"]\n'
+        )
         assert serve.proc is not None
         serve.proc.send_signal(signal.SIGHUP)
+        await eventually(
+            lambda: _asked_for(telegram, "@ops_room"), timeout_s=60, what="the reload's lookup"
+        )
+        telegram.release_answers("getChat")
         await eventually(lambda: "config reload refused" in serve.logs, what="the refusal")
         await eventually(
             lambda: any("refused-marker" in m.text for m in telegram.bot_messages(NEWS)),
-            timeout_s=90,
+            timeout_s=120,
             what="the card once the username is resolved",
         )
         assert await serve.aterminate() == 0
+    assert telegram.bot_messages(PLAIN) == []
+    assert len(telegram.bot_messages(NEWS)) == 1
+
+
+async def test_a_burst_of_reloads_asks_telegram_once(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    """SIGHUP four times while the first reload's lookup waits for Telegram: one lookup at a
+    time, and a reload superseded before its turn asks nothing (each used to ask at once)."""
+    telegram.add_public_chat("ops_room", PLAIN)
+    config = username_config(tmp_path, telegram)
+    head, _, _ = config.read_text().partition('[[telegram.routes]]\nchat_id = "@build_news"')
+    head = head.replace("poll_timeout_s = 1", "poll_timeout_s = 1\nrequest_timeout_s = 120")
+    plain = f'[[telegram.routes]]\nchat_id = {NEWS}\nagents = ["builder"]\n'
+    config.write_text(head + plain)
+    asking = "config reload: asking Telegram for the chat ids of @ops_room first"
+    with ServeProcess(config, env={TOKEN_ENV: telegram.token}) as serve:
+        publish(tmp_path / "agents" / "builder", "# Build burst-marker")
+        await eventually(
+            lambda: any("burst-marker" in m.text for m in telegram.bot_messages(NEWS)),
+            what="the card",
+        )
+        telegram.hold_answers("getChat")
+        config.write_text(
+            head + plain + '[[telegram.routes]]\nchat_id = "@ops_room"\nagents = ["builder"]\n'
+        )
+        assert serve.proc is not None
+        for count in range(1, 5):
+            serve.proc.send_signal(signal.SIGHUP)
+            await eventually(
+                lambda count=count: serve.logs.count(asking) == count, what=f"reload {count}"
+            )
+        await eventually(lambda: telegram.count("getChat") == 1, what="the first lookup")
+        telegram.release_answers("getChat")
+        await eventually(
+            lambda: any("burst-marker" in m.text for m in telegram.bot_messages(PLAIN)),
+            what="the card in the chat the reloads named",
+        )
+        await eventually(
+            lambda: serve.logs.count("superseded by a later reload") == 3, what="the drops"
+        )
+        assert await serve.aterminate() == 0
+    assert telegram.count("getChat") == 1
+    assert len(telegram.bot_messages(PLAIN)) == 1
+
+
+async def test_a_username_naming_a_person_or_a_chat_already_routed_is_not_served(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    """A person's username resolves to their private chat: the fleet's cards never go there.
+    A username naming the chat a numeric route already names: that route keeps it, alone."""
+    telegram.add_public_chat("some_person", 424242, kind="private")
+    telegram.add_public_chat("build_news", NEWS)
+    route = '[[telegram.routes]]\nchat_id = {}\nagents = ["builder"]\n'
+    config = username_config(tmp_path, telegram)
+    head, _, _ = config.read_text().partition("[[telegram.routes]]")
+    config.write_text(
+        head
+        + route.format('"@some_person"')
+        + route.format('"@build_news"')
+        + route.format(NEWS)
+        + route.format(PLAIN)
+    )
+    with ServeProcess(config, env={TOKEN_ENV: telegram.token}) as serve:
+        publish(tmp_path / "agents" / "builder", "# Build person-marker")
+        for chat in (NEWS, PLAIN):
+            await eventually(
+                lambda chat=chat: any(
+                    "person-marker" in m.text for m in telegram.bot_messages(chat)
+                ),
+                what=f"the card in chat {chat}",
+            )
+        for key in ("telegram.routes[0].chat_id", "telegram.routes[1].chat_id"):
+            await eventually(lambda key=key: error_lines(serve, key), what=f"{key}'s error")
+        assert await serve.aterminate() == 0
+    (person,) = error_lines(serve, "telegram.routes[0].chat_id")
+    assert "ERROR" in person and "@some_person" in person, person
+    assert "names a private chat, not a public channel or supergroup" in person, person
+    (twice,) = error_lines(serve, "telegram.routes[1].chat_id")
+    assert f"@build_news is chat {NEWS}, which another route already names" in twice, twice
+    assert telegram.bot_messages(424242) == []
+    assert len(telegram.bot_messages(NEWS)) == 1
+    state = run_cli("status", "--config", str(config), "--json")
+    assert state.returncode == 0, state.stderr
+    assert state.stdout.count(f"telegram:{NEWS}::builder") == 1, state.stdout

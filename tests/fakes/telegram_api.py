@@ -351,7 +351,8 @@ class FakeTelegram:
     ) -> None:
         """A public channel or supergroup reachable by `@username` (getChat, and `chat_id`
         of other methods), as Telegram reads it: regardless of case. `member=False`: the bot
-        is not in it, and getChat is refused as Telegram refuses it for such a channel."""
+        is not in it, and getChat is refused as Telegram refuses it for such a channel.
+        `kind="private"`: a person's username (getChat answers their private chat)."""
         self._public[username.removeprefix("@").lower()] = (chat_id, kind, username, member)
 
     def migrate(
@@ -855,7 +856,10 @@ class FakeTelegram:
         if public is None:
             public = next((p for p in self._public.values() if p[0] == chat_id), None)
         chat = _chat_json(chat_id)
-        if public is not None:
+        if public is not None and public[1] == "private":  # a person's (or a bot's) username
+            chat = {"id": chat_id, "type": "private", "first_name": public[2]}
+            chat["username"] = public[2].removeprefix("@")
+        elif public is not None:
             chat = {"id": chat_id, "type": public[1], "title": f"Public {public[2]}"}
             chat["username"] = public[2].removeprefix("@")
         # The fields every ChatFullInfo carries.
