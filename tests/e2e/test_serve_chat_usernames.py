@@ -364,6 +364,44 @@ async def test_a_refused_reload_does_not_keep_a_waiting_username_from_being_serv
     assert len(telegram.bot_messages(NEWS)) == 1
 
 
+async def test_a_username_a_reload_adds_while_another_waits_is_asked_again_too(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    """Telegram not answering: the start's username waits and is asked again in the
+    background; a reload adds a second one, which Telegram does not answer either. Both are
+    served once Telegram answers, without a second SIGHUP (the retry and the reload shared
+    one record of what waits, and the later lookup to end could erase the other's)."""
+    telegram.add_public_chat("build_news", NEWS)
+    telegram.add_public_chat("ops_room", PLAIN)
+    config = username_config(tmp_path, telegram)
+    head, _, _ = config.read_text().partition('[[telegram.routes]]\nchat_id = "@no_such_chat"')
+    head = head.replace("poll_timeout_s = 1", "poll_timeout_s = 1\nrequest_timeout_s = 3")
+    config.write_text(head)
+    telegram.hold_answers("getChat")
+    with ServeProcess(config, env={TOKEN_ENV: telegram.token}) as serve:
+        publish(tmp_path / "agents" / "builder", "# Build both-marker")
+        await eventually(lambda: _served(serve), timeout_s=60, what="the service running")
+        ops = '[[telegram.routes]]\nchat_id = "@ops_room"\nagents = ["builder"]\n'
+        config.write_text(head + ops)
+        assert serve.proc is not None
+        serve.proc.send_signal(signal.SIGHUP)
+        await eventually(
+            lambda: error_lines(serve, "telegram.routes[1].chat_id"),
+            timeout_s=60,
+            what="the reload's username waiting",
+        )
+        telegram.release_answers("getChat")
+        for chat in (NEWS, PLAIN):
+            await eventually(
+                lambda chat=chat: any("both-marker" in m.text for m in telegram.bot_messages(chat)),
+                timeout_s=120,
+                what=f"the card in chat {chat}",
+            )
+        assert await serve.aterminate() == 0
+    (line, *_) = error_lines(serve, "telegram.routes[1].chat_id")
+    assert "@ops_room could not be resolved for now" in line, line
+
+
 async def test_a_burst_of_reloads_asks_telegram_once(
     tmp_path: Path, telegram: FakeTelegram
 ) -> None:
