@@ -226,6 +226,8 @@ class ChatNames:
         """Ask Telegram for the usernames of `config` not resolved yet (those in `only`):
         the answers that resolve none, by username. None: the reload of `generation` was
         superseded while it waited for an earlier lookup, and nothing was asked."""
+        if self._lookup.locked():
+            log.info("another lookup of Telegram usernames is under way; this one waits for it")
         async with self._lookup:
             if generation is not None and generation != self.generation:
                 return None
