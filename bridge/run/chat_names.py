@@ -87,10 +87,11 @@ class ChatNames:
         self._store = store
         self._cursor: CursorStore | None = store
         self._ids: dict[str, int] = {}
-        # The configuration as written that the service runs (from the start or the last
-        # accepted reload), and the one before it, put back when a reload is refused.
+        # The configuration as last written (the start, the last SIGHUP), and the one the
+        # service runs (the start or the last reload it accepted), put back when a reload
+        # is refused: never a reload that was superseded before it was applied.
         self._written: ServiceConfig | None = None
-        self._before: ServiceConfig | None = None
+        self._running: ServiceConfig | None = None
         # Usernames whose last lookup Telegram could not answer (out of reach, a limit) and
         # no earlier run resolved: `retry` asks for those the running file names.
         self._waiting: set[str] = set()
@@ -115,10 +116,17 @@ class ChatNames:
     def written(self, config: ServiceConfig) -> int:
         """`config` is what the file says now (the start, a reload): the one `retry` applies
         from here on. Returns its generation."""
-        self._waiting_before = self.waiting(self._written)
-        self._before, self._written = self._written, config
+        if self._running is None:
+            self._running = config  # the start
+        self._waiting_before = self.waiting(self._running)
+        self._written = config
         self.generation += 1
         return self.generation
+
+    def accepted(self, generation: int) -> None:
+        """The reload of `generation` was applied: its file is the one running."""
+        if generation == self.generation:
+            self._running = self._written
 
     def waiting(self, config: ServiceConfig | None) -> set[str]:
         """The usernames of `config` that wait for Telegram to answer (lower case)."""
@@ -131,10 +139,9 @@ class ChatNames:
         """The reload of `generation` was refused: the configuration running before it is
         again the one `retry` applies (the refused file would be refused again each time).
         Returns it, with the usernames known now, when that serves a route it did not."""
-        if generation != self.generation or self._before is None:
+        if generation != self.generation or self._running is None:
             return None
-        self._written = self._before
-        running = self._written
+        self._written = running = self._running
         newly = self._waiting_before & self._ids.keys()
         self._waiting_before = set()
         if not newly:
@@ -212,6 +219,7 @@ class ChatNames:
                 )
                 return False
             if apply(self.apply(config, failures)):
+                self.accepted(generation)
                 return True
             running = self.refused(generation)
             if running is not None:

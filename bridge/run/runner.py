@@ -262,7 +262,9 @@ def reload_config(service: Service, path: Path, names: ChatNames | None = None) 
             task.add_done_callback(_RELOADS.discard)
             return True
         applied = _apply_reload(service, names.apply(config))
-        if not applied and (running := names.refused(generation)) is not None:
+        if applied:
+            names.accepted(generation)
+        elif (running := names.refused(generation)) is not None:
             _apply_reload(service, running)
         names.keep_asking(lambda resolved: _apply_reload(service, resolved))
         return applied

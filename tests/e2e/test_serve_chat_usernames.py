@@ -409,6 +409,44 @@ async def test_a_username_a_reload_adds_while_another_waits_is_asked_again_too(
     assert "@ops_room could not be resolved for now" in line, line
 
 
+async def test_a_refused_reload_puts_back_the_running_file_not_a_superseded_one(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    """SIGHUP adding a username while Telegram does not answer, then SIGHUP with a file the
+    service refuses before the first reload ran: the running file stays, and the first
+    reload's file, never applied, is not applied once Telegram answers."""
+    telegram.add_public_chat("build_news", NEWS)
+    telegram.add_public_chat("ops_room", PLAIN)
+    config = username_config(tmp_path, telegram)
+    head, _, _ = config.read_text().partition('[[telegram.routes]]\nchat_id = "@no_such_chat"')
+    head = head.replace("poll_timeout_s = 1", "poll_timeout_s = 1\nrequest_timeout_s = 60")
+    config.write_text(head)
+    telegram.fail_next("getMe", 500, "Internal Server Error")  # @build_news waits
+    with ServeProcess(config, env={TOKEN_ENV: telegram.token}) as serve:
+        publish(tmp_path / "agents" / "builder", "# Build superseded-marker")
+        await eventually(lambda: _served(serve), timeout_s=60, what="the service running")
+        telegram.hold_answers("getChat")
+        ops = '[[telegram.routes]]\nchat_id = "@ops_room"\nagents = ["builder"]\n'
+        config.write_text(head + ops)
+        assert serve.proc is not None
+        serve.proc.send_signal(signal.SIGHUP)
+        await eventually(lambda: "@ops_room first" in serve.logs, what="the first reload")
+        config.write_text(head.replace("poll_timeout_s = 1", "poll_timeout_s = 2"))
+        serve.proc.send_signal(signal.SIGHUP)
+        await eventually(lambda: serve.logs.count("chat ids of") == 2, what="the second reload")
+        telegram.release_answers("getChat")
+        await eventually(lambda: "config reload refused" in serve.logs, what="the refusal")
+        await eventually(
+            lambda: any("superseded-marker" in m.text for m in telegram.bot_messages(NEWS)),
+            timeout_s=120,
+            what="the card of the running file's route",
+        )
+        assert await serve.aterminate() == 0
+    after = serve.logs.partition("config reload refused")[2]
+    assert "@ops_room" not in after, after
+    assert telegram.bot_messages(PLAIN) == []
+
+
 async def test_a_burst_of_reloads_asks_telegram_once(
     tmp_path: Path, telegram: FakeTelegram
 ) -> None:
