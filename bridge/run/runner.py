@@ -391,6 +391,11 @@ async def serve(
         if why := stopping():
             return _stopped_before_serving(why)
         names = ChatNames(env, store)
+        hup_during_start: list[int] = []
+        if own_signals and config_path is not None and route_usernames(config):
+            # The lookup below may hold the start for up to `request_timeout_s`: a SIGHUP
+            # then is noted and read once serving, not dropped as one at the start is.
+            signal.signal(signal.SIGHUP, lambda signum, _frame: hup_during_start.append(signum))
         if route_usernames(config):
             # The token is in the lookup's request lines: scrubbed from the log from here.
             token = env.get(config.telegram.token_env, "").strip() if config.telegram else ""
@@ -431,6 +436,9 @@ async def serve(
             wiring.follow(service.routes_chat)
         if own_signals and config_path is not None:
             loop.add_signal_handler(signal.SIGHUP, reload_config, service, config_path, names)
+            if hup_during_start:
+                log.info("a SIGHUP came while the service started: reading the file again")
+                reload_config(service, config_path, names)
         # A username Telegram could not be asked about at the start: asked again meanwhile.
         names.keep_asking(lambda resolved: _apply_reload(service, resolved), stop)
         metrics.bind(service.snapshot)

@@ -447,6 +447,34 @@ async def test_a_refused_reload_puts_back_the_running_file_not_a_superseded_one(
     assert telegram.bot_messages(PLAIN) == []
 
 
+async def test_a_sighup_while_the_start_looks_up_usernames_is_read_once_serving(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    """The start's lookup can take up to `request_timeout_s`; a SIGHUP meanwhile used to be
+    dropped without a word. It is read once the service runs."""
+    telegram.add_public_chat("build_news", NEWS)
+    config = username_config(tmp_path, telegram)
+    head, _, _ = config.read_text().partition('[[telegram.routes]]\nchat_id = "@no_such_chat"')
+    head = head.replace("poll_timeout_s = 1", "poll_timeout_s = 1\nrequest_timeout_s = 60")
+    config.write_text(head)
+    telegram.hold_answers("getChat")
+    with ServeProcess(config, env={TOKEN_ENV: telegram.token}) as serve:
+        publish(tmp_path / "agents" / "builder", "# Build start-marker")
+        await eventually(lambda: telegram.count("getChat") == 1, what="the start's lookup")
+        config.write_text(head + f'[[telegram.routes]]\nchat_id = {PLAIN}\nagents = ["builder"]\n')
+        assert serve.proc is not None
+        serve.proc.send_signal(signal.SIGHUP)
+        telegram.release_answers("getChat")
+        for chat in (NEWS, PLAIN):
+            await eventually(
+                lambda chat=chat: any(
+                    "start-marker" in m.text for m in telegram.bot_messages(chat)
+                ),
+                what=f"the card in chat {chat}",
+            )
+        assert await serve.aterminate() == 0
+
+
 async def test_a_burst_of_reloads_asks_telegram_once(
     tmp_path: Path, telegram: FakeTelegram
 ) -> None:
