@@ -396,11 +396,11 @@ async def serve(
             # The lookup below may hold the start for up to `request_timeout_s`: a SIGHUP
             # then is noted and read once serving, not dropped as one at the start is.
             signal.signal(signal.SIGHUP, lambda signum, _frame: hup_during_start.append(signum))
+        names.written(config)  # the start's file: the one a refused reload puts back
         if route_usernames(config):
             # The token is in the lookup's request lines: scrubbed from the log from here.
             token = env.get(config.telegram.token_env, "").strip() if config.telegram else ""
             setup_logging(config.log_level, [token] if token else [])
-            names.written(config)
             config = await names.resolve(config)
         try:
             cursors = wiring.cursor_store(config) if wiring else store

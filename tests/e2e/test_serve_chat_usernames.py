@@ -475,6 +475,42 @@ async def test_a_sighup_while_the_start_looks_up_usernames_is_read_once_serving(
         assert await serve.aterminate() == 0
 
 
+async def test_a_refused_reload_is_not_tried_again_when_the_start_named_no_username(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    """A start with numeric routes only, then a refused reload adding a username Telegram
+    does not answer: the refused file is not what the retry asks for and applies again."""
+    telegram.add_public_chat("ops_room", PLAIN)
+    config = username_config(tmp_path, telegram)
+    head, _, _ = config.read_text().partition('[[telegram.routes]]\nchat_id = "@build_news"')
+    head = head.replace("poll_timeout_s = 1", "poll_timeout_s = 1\nrequest_timeout_s = 3")
+    plain = f'[[telegram.routes]]\nchat_id = {NEWS}\nagents = ["builder"]\n'
+    config.write_text(head + plain)
+    with ServeProcess(config, env={TOKEN_ENV: telegram.token}) as serve:
+        publish(tmp_path / "agents" / "builder", "# Build numeric-marker")
+        await eventually(
+            lambda: any("numeric-marker" in m.text for m in telegram.bot_messages(NEWS)),
+            what="the card",
+        )
+        telegram.hold_answers("getChat")  # the reload's lookup times out: @ops_room waits
+        ops = '[[telegram.routes]]\nchat_id = "@ops_room"\nagents = ["builder"]\n'
+        config.write_text(head.replace("poll_timeout_s = 1", "poll_timeout_s = 2") + plain + ops)
+        assert serve.proc is not None
+        serve.proc.send_signal(signal.SIGHUP)
+        await eventually(lambda: "config reload refused" in serve.logs, what="the refusal")
+        telegram.release_answers("getChat")
+        # Ten long polls of a second each: longer than the retry's first wait (5 s at most,
+        # measured by the service), whatever the load.
+        polls = telegram.count("getUpdates")
+        await eventually(
+            lambda: telegram.count("getUpdates") >= polls + 10, timeout_s=120, what="ten polls"
+        )
+        assert await serve.aterminate() == 0
+    assert serve.logs.count("config reload refused") == 1, serve.logs
+    assert len([r for r in telegram.requests if r.method == "getChat"]) == 1
+    assert telegram.bot_messages(PLAIN) == []
+
+
 async def test_a_burst_of_reloads_asks_telegram_once(
     tmp_path: Path, telegram: FakeTelegram
 ) -> None:
