@@ -57,6 +57,18 @@ def username_config(tmp_path: Path, telegram: FakeTelegram) -> Path:
     return config
 
 
+def numeric_route_only(config: Path, *telegram_keys: str) -> tuple[str, str]:
+    """Rewrite `username_config`'s file to one numeric route (the news chat) and return its
+    two parts, the head (agents and `[telegram]`, plus `telegram_keys`) and that route, for a
+    test to append a username route to later."""
+    head, _, _ = config.read_text().partition('[[telegram.routes]]\nchat_id = "@build_news"')
+    for key in telegram_keys:
+        head = head.replace("poll_timeout_s = 1", f"poll_timeout_s = 1\n{key}")
+    plain = f'[[telegram.routes]]\nchat_id = {NEWS}\nagents = ["builder"]\n'
+    config.write_text(head + plain)
+    return head, plain
+
+
 def error_lines(serve: ServeProcess, key: str) -> list[str]:
     return [line for line in serve.logs.splitlines() if f"{key}: " in line]
 
@@ -254,9 +266,7 @@ async def test_a_reload_waiting_for_telegram_does_not_undo_a_later_reload(
     again: the later file wins when the slow lookup ends."""
     telegram.add_public_chat("ops_room", PLAIN)
     config = username_config(tmp_path, telegram)
-    head, _, _ = config.read_text().partition('[[telegram.routes]]\nchat_id = "@build_news"')
-    plain = f'[[telegram.routes]]\nchat_id = {NEWS}\nagents = ["builder"]\n'
-    config.write_text(head + plain)
+    head, plain = numeric_route_only(config)
     with ServeProcess(config, env={TOKEN_ENV: telegram.token}) as serve:
         publish(tmp_path / "agents" / "builder", "# Build order-marker")
         await eventually(
@@ -482,10 +492,7 @@ async def test_a_refused_reload_is_not_tried_again_when_the_start_named_no_usern
     does not answer: the refused file is not what the retry asks for and applies again."""
     telegram.add_public_chat("ops_room", PLAIN)
     config = username_config(tmp_path, telegram)
-    head, _, _ = config.read_text().partition('[[telegram.routes]]\nchat_id = "@build_news"')
-    head = head.replace("poll_timeout_s = 1", "poll_timeout_s = 1\nrequest_timeout_s = 3")
-    plain = f'[[telegram.routes]]\nchat_id = {NEWS}\nagents = ["builder"]\n'
-    config.write_text(head + plain)
+    head, plain = numeric_route_only(config, "request_timeout_s = 3")
     with ServeProcess(config, env={TOKEN_ENV: telegram.token}) as serve:
         publish(tmp_path / "agents" / "builder", "# Build numeric-marker")
         await eventually(
@@ -518,10 +525,7 @@ async def test_a_burst_of_reloads_asks_telegram_once(
     time, and a reload superseded before its turn asks nothing (each used to ask at once)."""
     telegram.add_public_chat("ops_room", PLAIN)
     config = username_config(tmp_path, telegram)
-    head, _, _ = config.read_text().partition('[[telegram.routes]]\nchat_id = "@build_news"')
-    head = head.replace("poll_timeout_s = 1", "poll_timeout_s = 1\nrequest_timeout_s = 120")
-    plain = f'[[telegram.routes]]\nchat_id = {NEWS}\nagents = ["builder"]\n'
-    config.write_text(head + plain)
+    head, plain = numeric_route_only(config, "request_timeout_s = 120")
     asking = "config reload: asking Telegram for the chat ids of @ops_room first"
     with ServeProcess(config, env={TOKEN_ENV: telegram.token}) as serve:
         publish(tmp_path / "agents" / "builder", "# Build burst-marker")
