@@ -839,17 +839,18 @@ async def test_reports_after_lines_with_odd_seqs_still_reach_the_chat(
 async def test_the_state_answer_counts_the_agents_it_has_no_room_for(
     platform: str, tmp_path: Path
 ) -> None:
-    """Sixteen agents with long reports do not fit one Telegram message: the answer lists the
-    ones that fit and counts the rest, alike on both platforms (Telegram's cut used to drop
-    the last agents unseen, mid-line, while Feishu listed them all)."""
-    agents = [f"agent{index:02d}" for index in range(16)]
+    """Sixteen agents with the longest names and long reports do not fit one Telegram message
+    (each takes two lines of about 280 characters): the answer lists the ones that fit and
+    counts the rest, alike on both platforms (Telegram's cut used to drop the last agents
+    unseen, mid-line, while Feishu listed them all)."""
+    agents = [f"agent{index:02d}-" + "n" * 56 for index in range(16)]
     async with chat_for(platform, tmp_path, agents) as chat:
         for agent in agents:
             publish(workdir(tmp_path, agent), f"**{agent} card**")
             Reports(workdir(tmp_path, agent)).add(ok=True, role="r" * 64, summary="S" * 1900)
         with chat.serve:
             await eventually(
-                lambda: chat.message_id_with("agent15 card"), timeout_s=60, what="the cards"
+                lambda: chat.message_id_with(f"{agents[-1]} card"), timeout_s=60, what="the cards"
             )
             await chat.say("/taskcard")
             answer = await wait_said(chat, "Task cards here", "the /taskcard answer")
