@@ -16,9 +16,12 @@ going to whichever waiter is asked next.
 
 A 429 seen by one instance is a key with a TTL (capped like every pause), checked by the same
 script, so the scope pauses everywhere; `paused_s` reads those keys for a request that waits
-for a pause of scopes it does not spend (a pin in a paused chat). A pause whose write Redis
-did not take (it was gone at that moment) is kept in memory and holds this instance's
-requests until it ends; the other instances do not learn of it. While Redis cannot be
+for a pause of scopes it does not spend (a pin in a paused chat). The key is written in the
+background, so this instance also keeps each pause it draws in memory and holds its own
+requests by it from the moment of the 429 until the pause ends: a request asked for before
+the write landed would otherwise pass the script and meet the platform's 429 again. A pause
+whose write Redis did not take (it was gone at that moment) is held the same way; the other
+instances do not learn of it. While Redis cannot be
 reached nothing is sent (the script cannot vouch for the window): requests wait and ask again.
 """
 
@@ -50,8 +53,6 @@ log = logging.getLogger(__name__)
 UNREACHABLE_WAIT_S = 0.5
 # While a window's key holds another type (something else on the prefix), this long.
 WRONG_TYPE_WAIT_S = 2.0
-# How long a question about pauses waits for this instance's own pause writes on their way.
-PAUSE_WRITE_WAIT_S = 2.0
 # A round judged as of longer ago than this (a clock that is not the dispatcher's) is judged
 # as of this long ago: never a window emptied by a wrong reading.
 MAX_AGO_MS = 60_000
@@ -154,12 +155,11 @@ class RedisLimiter(Limiter):
         self.complete_script = client.register_script(_COMPLETE)
         self._pause = client.register_script(_PAUSE)
         self._tasks: set[asyncio.Task[object]] = set()
-        self._pausing: set[asyncio.Task[object]] = set()  # this instance's pause writes
         self._failing = False
         self._wrong: set[str] = set()  # windows of another type, logged once each
-        # Pauses this instance drew whose write Redis did not take (scope -> end, on the
-        # clock): kept here and honoured until they end, so a 429 is never forgotten.
-        self._unwritten: dict[str, float] = {}
+        # Pauses this instance drew (scope -> end, on the clock): honoured here from the 429
+        # on, before their write reaches Redis and if it never does, until they end.
+        self._drawn: dict[str, float] = {}
 
     def window_key(self, scope: str) -> str:
         return f"{self._prefix}:rl:{scope}"
@@ -179,9 +179,9 @@ class RedisLimiter(Limiter):
         for scope in scopes:
             keys += [self.window_key(scope.key), self.pause_key(scope.key)]
             args += [scope.max_calls, max(1, math.ceil(scope.period_s * 1000))]
-        unwritten_s = self._unwritten_s(scope.key for scope in scopes)
-        if unwritten_s > 0:
-            return unwritten_s
+        drawn_s = self._drawn_s(scope.key for scope in scopes)
+        if drawn_s > 0:
+            return drawn_s
         try:
             answer = await self._acquire(keys=keys, args=args)
         except RedisError as error:
@@ -225,54 +225,44 @@ class RedisLimiter(Limiter):
     def pause(self, scope: str, seconds: float) -> float:
         applied = bounded_pause_s(seconds, self.max_pause_s)
         if applied > 0:
+            now = self._clock()
+            for key in [key for key, end in self._drawn.items() if end <= now]:
+                del self._drawn[key]  # a few 429s at most: the ended ones go as one is added
+            # As in memory: a longer pause already running is kept, never beyond the cap.
+            current = min(self._drawn.get(scope, 0.0), now + self.max_pause_s)
+            self._drawn[scope] = max(current, now + applied)
             cap_ms = math.ceil(self.max_pause_s * 1000)
-            task = self.later(
+            self.later(
                 self._pause(keys=[self.pause_key(scope)], args=[math.ceil(applied * 1000), cap_ms])
             )
-            self._pausing.add(task)
-            task.add_done_callback(self._pausing.discard)
-            until = self._clock() + applied
-            task.add_done_callback(lambda done: self._pause_written(done, scope, until))
         return applied
 
-    def _pause_written(self, task: asyncio.Task[object], scope: str, until: float) -> None:
-        """A pause Redis did not take is kept here until it ends (`_unwritten_s`)."""
-        if task.cancelled() or task.exception() is None:
-            return
-        now = self._clock()
-        for key in [key for key, end in self._unwritten.items() if end <= now]:
-            del self._unwritten[key]  # a few 429s at most: the ended ones go as one is added
-        self._unwritten[scope] = max(self._unwritten.get(scope, 0.0), until)
-
-    def _unwritten_s(self, scopes: Iterable[str]) -> float:
-        """Seconds left of the longest pause over `scopes` that Redis did not take."""
-        if not self._unwritten:
+    def _drawn_s(self, scopes: Iterable[str]) -> float:
+        """Seconds left of the longest pause this instance drew over `scopes`."""
+        if not self._drawn:
             return 0.0
         now = self._clock()
-        return max([0.0, *(self._unwritten.get(scope, 0.0) - now for scope in scopes)])
+        return max([0.0, *(self._drawn.get(scope, 0.0) - now for scope in scopes)])
 
     async def paused_s(self, scopes: Iterable[str]) -> float:
-        """The longest pause left in Redis over `scopes`, whichever instance drew it. A pause
-        this instance drew a moment ago is written first (its write runs in the background).
-        While Redis does not answer, nothing can vouch for the chat: ask again shortly. A
-        pause of this instance's that Redis did not take counts too, until it ends."""
+        """The longest pause left over `scopes`, whichever instance drew it: in Redis, or drawn
+        here (known here from the 429 on, whether or not its write has landed or ever will).
+        While Redis does not answer, nothing can vouch for the chat: ask again shortly."""
         scopes = list(scopes)
         keys = [self.pause_key(scope) for scope in scopes]
         if not keys:
             return 0.0
-        if self._pausing:
-            await asyncio.wait(list(self._pausing), timeout=PAUSE_WRITE_WAIT_S)
-        unwritten_s = self._unwritten_s(scopes)  # after the writes: one refused is in it
+        drawn_s = self._drawn_s(scopes)
         try:
             async with self._client.pipeline(transaction=False) as pipe:
                 for key in keys:
                     pipe.pttl(key)
                 left_ms = await pipe.execute()
         except RedisError as error:
-            return max(self._unreachable(error), unwritten_s)
+            return max(self._unreachable(error), drawn_s)
         self._reachable()
         # -2: no such pause
-        return max(max([0, *(int(ms) for ms in left_ms)]) / 1000, unwritten_s)
+        return max(max([0, *(int(ms) for ms in left_ms)]) / 1000, drawn_s)
 
     def seed(self, scopes: Iterable[RateScope], at: float) -> None:
         """Nothing to do: the shared windows outlive any one instance's restart."""
