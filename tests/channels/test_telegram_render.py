@@ -14,7 +14,9 @@ from taskcard.channels.base import BODY_CUT_MARKER, CardView
 from taskcard.channels.telegram.render import (
     MAX_MESSAGE_UTF16,
     SEPARATOR,
+    Entity,
     RichText,
+    _trim_end,
     defuse_mentions,
     hidden_notice,
     markdown_to_rich,
@@ -92,6 +94,25 @@ def test_code_block_keeps_language_and_link_keeps_url() -> None:
     assert pre and pre[0]["language"] == "python"
     links = [e for e in entities if e["type"] == "text_link"]
     assert links and links[0]["url"] == "https://example.org/log"
+
+
+def test_entities_moved_by_the_card_keep_their_url_and_language() -> None:
+    """Each entity is made again where it lands (shifted past the header, moved by a
+    defused mention, clamped at trailing white space): its link and language come along."""
+    body = "@ops wrote\n\n```python\nprint('hi')\n```\n\nsee [the log](https://example.org/log)"
+    out = render_card(CardView(agent_id="a", state="idle", body=body))
+    covered = dict(_entity_texts(out.payload))
+    assert covered["pre"] == "print('hi')"
+    assert covered["text_link"] == "the log"
+    by_type = {e["type"]: e for e in out.payload["entities"]}
+    assert by_type["pre"]["language"] == "python"
+    assert by_type["text_link"]["url"] == "https://example.org/log"
+    clamped = _trim_end(
+        RichText("see log  ", (Entity("text_link", 4, 5, url="https://x.example/"),))
+    )
+    assert clamped == RichText("see log", (Entity("text_link", 4, 3, url="https://x.example/"),))
+    with pytest.raises(AttributeError):
+        clamped.entities[0].length = 9  # type: ignore[misc]
 
 
 def test_lists_stay_text_bullets() -> None:
