@@ -102,6 +102,7 @@ from taskcard.channels.base import (
     counted,
 )
 from taskcard.channels.errors import ChannelError, RateLimited, Transient
+from taskcard.producers.reports.contract import Report
 from taskcard.producers.task_card.contract import Origin, one_line_cut, parse_origin
 
 if TYPE_CHECKING:
@@ -305,6 +306,12 @@ class Service:
         # Reports, inbox acks and lineage: what the agent side writes for the service (per
         # agent, made and dropped with its monitor in `apply`).
         self._sides: dict[str, AgentSide] = {}
+        # Per agent, the facts of its last look at the time-driven signals that found none
+        # due, and when the next may be (`_follow_agent_side`).
+        self._quiet_signals: dict[
+            str,
+            tuple[ActivitySummary, Report | None, str, datetime | None, float, datetime | None],
+        ] = {}
         self._desk = InboxDesk(
             config.inbox,
             store,
@@ -1003,6 +1010,7 @@ class Service:
         log.info("agent %s retired", agent_id)
         self._desk.remove_agent(agent_id, "the agent was retired")
         self._sides.pop(agent_id, None)
+        self._quiet_signals.pop(agent_id, None)
         self._due.discard(agent_id)
         self._paced.pop(agent_id, None)
         self._owed.discard(agent_id)
@@ -1279,6 +1287,41 @@ class Service:
         for report in news.reports:
             self._signal(agent_id, report_signal(agent_id, report, self._redact))
         activity, card = monitor.activity, monitor.card
+        # Most changes move nothing the time-driven signals are decided from (a new card
+        # body: only the card's status and its time count). With the same facts, the same
+        # floor and no signal due last time, `due_signals` says the same until the moment it
+        # named (the idle floor), which stays set as the agent's due time: not asked again.
+        # The activity summary and the report are immutable, so the same objects are the
+        # same facts.
+        floor_s = self._config.signals.idle_floor_s
+        quiet = self._quiet_signals.get(agent_id)
+        if (
+            quiet is not None
+            and quiet[0] is activity
+            and quiet[1] is side.latest_report
+            and quiet[2] == card.status
+            and quiet[3] == card.status_changed_at
+            and quiet[4] == floor_s
+            and (quiet[5] is None or self._clock() < quiet[5])
+        ):
+            if quiet[5] is not None:  # a refresh may have moved the agent's due time
+                self._due.set_earliest(agent_id, quiet[5].timestamp())
+        else:
+            self._follow_signals(agent_id, side, activity, card, floor_s)
+        self._desk.on_acks(agent_id, news.acks)
+        self._desk.refresh(agent_id)
+        side.commit()  # recorded in the store: the offsets may move past them
+
+    def _follow_signals(
+        self,
+        agent_id: str,
+        side: AgentSide,
+        activity: ActivitySummary,
+        card: CardState,
+        floor_s: float,
+    ) -> None:
+        """Announce the time-driven signals due now, and make the agent due when the next
+        one may become due; remembered when none was due (see `_follow_agent_side`)."""
         facts = SignalFacts(
             agent_id=agent_id,
             state=activity.state,
@@ -1292,14 +1335,22 @@ class Service:
             latest_report=side.latest_report,
             turn_error=activity.turn_error,
         )
-        signals, next_due = due_signals(facts, self._clock(), self._config.signals.idle_floor_s)
+        signals, next_due = due_signals(facts, self._clock(), floor_s)
         for signal in signals:
             self._signal(agent_id, signal)
         if next_due is not None:
             self._due.set_earliest(agent_id, next_due.timestamp())
-        self._desk.on_acks(agent_id, news.acks)
-        self._desk.refresh(agent_id)
-        side.commit()  # recorded in the store: the offsets may move past them
+        if signals:
+            self._quiet_signals.pop(agent_id, None)
+        else:
+            self._quiet_signals[agent_id] = (
+                activity,
+                side.latest_report,
+                card.status,
+                card.status_changed_at,
+                floor_s,
+                next_due,
+            )
 
     def _signal(self, agent_id: str, signal: Signal) -> None:
         """A signal to the agent's routes and, as a wake, to its parent when known here."""

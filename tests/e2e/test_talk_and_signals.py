@@ -712,6 +712,30 @@ async def test_signals_reach_the_chat_and_the_parent(platform: str, tmp_path: Pa
         assert len(queued(tmp_path, "lead")) == len({p.name for p in queued(tmp_path, "lead")})
 
 
+async def test_a_card_rewritten_while_its_agent_is_quiet_still_gets_the_idle_notice(
+    platform: str, tmp_path: Path
+) -> None:
+    """A new card body moves nothing the idle notice is decided from, so the service does
+    not decide it again on such a change; the notice must still come once the floor has
+    passed. Each change also makes the agent due when its running state would go stale
+    (minutes away), which must not push back the floor's earlier moment."""
+    async with chat_for(platform, tmp_path, ["quiet"], SIGNALS) as chat:
+        wd = workdir(tmp_path, "quiet")
+        activity(wd, "agent.start")
+        activity(wd, "turn.start")
+        activity(wd, "tool.start", call_id="c1", name="pytest")
+        publish(wd, "draft 0")
+        with chat.serve:
+            await wait_said(chat, "draft", "the card")
+            activity(wd, "text", text="still going")  # the floor counts from here
+            for step in range(1, 4):  # body only: the card stays live, nothing else moves
+                atomic_write(CardPaths(wd).body, f"draft {step}".encode())
+                await wait_said(chat, f"draft {step}", f"the card's body {step}")
+            notice = await wait_said(chat, "quiet has been quiet for", "the idle notice")
+            assert "silence, not proof" in notice
+            assert await chat.serve.aterminate() == 0
+
+
 async def test_a_burst_of_reports_wakes_the_parent_once(tmp_path: Path) -> None:
     """Each report queued a wake of its own: a child reporting three times in a row put
     three notices in its parent's inbox. Reports the parent has not taken yet now travel in
