@@ -102,7 +102,6 @@ from taskcard.channels.base import (
     counted,
 )
 from taskcard.channels.errors import ChannelError, RateLimited, Transient
-from taskcard.producers.reports.contract import Report
 from taskcard.producers.task_card.contract import Origin, one_line_cut, parse_origin
 
 if TYPE_CHECKING:
@@ -306,12 +305,6 @@ class Service:
         # Reports, inbox acks and lineage: what the agent side writes for the service (per
         # agent, made and dropped with its monitor in `apply`).
         self._sides: dict[str, AgentSide] = {}
-        # Per agent, the facts of its last look at the time-driven signals that found none
-        # due, and when the next may be (`_follow_agent_side`).
-        self._quiet_signals: dict[
-            str,
-            tuple[ActivitySummary, Report | None, str, datetime | None, float, datetime | None],
-        ] = {}
         self._desk = InboxDesk(
             config.inbox,
             store,
@@ -1010,7 +1003,6 @@ class Service:
         log.info("agent %s retired", agent_id)
         self._desk.remove_agent(agent_id, "the agent was retired")
         self._sides.pop(agent_id, None)
-        self._quiet_signals.pop(agent_id, None)
         self._due.discard(agent_id)
         self._paced.pop(agent_id, None)
         self._owed.discard(agent_id)
@@ -1294,7 +1286,7 @@ class Service:
         # The activity summary and the report are immutable, so the same objects are the
         # same facts.
         floor_s = self._config.signals.idle_floor_s
-        quiet = self._quiet_signals.get(agent_id)
+        quiet = side.quiet_signals
         if (
             quiet is not None
             and quiet[0] is activity
@@ -1340,10 +1332,10 @@ class Service:
             self._signal(agent_id, signal)
         if next_due is not None:
             self._due.set_earliest(agent_id, next_due.timestamp())
-        if signals:
-            self._quiet_signals.pop(agent_id, None)
-        else:
-            self._quiet_signals[agent_id] = (
+        side.quiet_signals = (
+            None
+            if signals
+            else (
                 activity,
                 side.latest_report,
                 card.status,
@@ -1351,6 +1343,7 @@ class Service:
                 floor_s,
                 next_due,
             )
+        )
 
     def _signal(self, agent_id: str, signal: Signal) -> None:
         """A signal to the agent's routes and, as a wake, to its parent when known here."""

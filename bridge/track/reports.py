@@ -17,10 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeAlias
 
 from taskcard.bridge.follow.safe_read import StrPath, WorkdirFiles
 from taskcard.bridge.follow.tail import FileSignature, LineFollower, Position, signature
+from taskcard.bridge.track.activity import ActivitySummary
 from taskcard.bridge.track.files import ACKS_NAME, LINEAGE_NAME, REPORTS_NAME, SideFiles
 from taskcard.bridge.track.monitor import OffsetStore
 from taskcard.producers.reports.contract import (
@@ -35,6 +36,12 @@ from taskcard.producers.reports.contract import (
 REPORTS_OFFSET: Final = "reports"
 ACKS_OFFSET: Final = "inbox-acks"
 MAX_LINEAGE_BYTES: Final = 64 * 1024
+# What the time-driven signals were last decided from when none was due, and the moment the
+# next may become due: the activity summary, the latest report, the card's status and its
+# time, the idle floor (`Service._follow_agent_side`).
+QuietSignals: TypeAlias = tuple[
+    ActivitySummary, Report | None, str, datetime | None, float, datetime | None
+]
 
 
 @dataclass(frozen=True)
@@ -144,6 +151,7 @@ class AgentSide:
         "latest_report",
         "lineage",
         "paths",
+        "quiet_signals",
     )
 
     def __init__(
@@ -163,6 +171,10 @@ class AgentSide:
         self.latest_report: Report | None = None
         self.lineage: Lineage | None = None
         self._full_next = True
+        # The service's note of its last look at this agent's time-driven signals that
+        # found none due (`Service._follow_agent_side`): kept here, with the agent's other
+        # per-agent state, rather than in a map of its own.
+        self.quiet_signals: QuietSignals | None = None
 
     def refresh(self, changed: frozenset[str] | None = None) -> SideRefresh:
         """What is new; `changed` as in `AgentMonitor.refresh` (None: look at every file).
