@@ -39,11 +39,12 @@ import asyncio
 import json
 import logging
 import time
+import types
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from taskcard.bridge.notices.outbox import NoticeOutbox, QueuedNotice
 from taskcard.bridge.schedule.admission import AdmissionQueue, catch_up
@@ -80,6 +81,7 @@ from taskcard.channels.errors import (
 )
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 # The requests inside each rate window at the last stop (see `Scheduler._keep_recent_requests`).
 RECENT_REQUESTS_CURSOR = "ratelimit:recent"
@@ -269,26 +271,41 @@ class _RouteQueue:
         self._members.discard(key)
 
 
-class _LoopTurn:
-    """Whether the event loop has gone round since this was made: a callback queued then
-    (`call_soon`) runs at the loop's next turn, before any task it wakes. A lane's request
-    that waited for its answer has let every other ready task run meanwhile; `give` yields
-    (`asyncio.sleep(0)`) only when the loop has not gone round (one turn of the loop less
-    per change than a yield after every request)."""
+class _Waits:
+    """Whether an awaited coroutine suspended its task (`awaited`): it yielded to the event
+    loop, which runs every callback and task that was ready before it resumes the task. A
+    lane's request that waited for its answer has so let every other ready task run; only
+    one that did not (a channel that answered at once) yields at its end.
 
-    __slots__ = ("_handle", "_turned")
+    Told by passing the coroutine's yields through (each resumption costs a few steps of
+    this generator), not by a callback queued when the request starts (`call_soon`), which
+    cost a turn of the loop of its own on every request: the loop's next turn ran that
+    callback alone, before the answer could be there."""
+
+    __slots__ = ("suspended",)
 
     def __init__(self) -> None:
-        self._turned = False
-        self._handle = asyncio.get_running_loop().call_soon(self._mark)
+        self.suspended = False
 
-    def _mark(self) -> None:
-        self._turned = True
-
-    async def give(self) -> None:
-        if not self._turned:
-            self._handle.cancel()
-            await asyncio.sleep(0)
+    @types.coroutine
+    def awaited(self, coroutine: Coroutine[Any, Any, _T]) -> Generator[Any, Any, _T]:
+        send, throw = coroutine.send, coroutine.throw
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                yielded = send(value) if error is None else throw(error)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            self.suspended = True
+            value, error = None, None
+            try:
+                value = yield yielded
+            except GeneratorExit:
+                coroutine.close()
+                raise
+            except BaseException as caught:  # a cancellation: passed on to the coroutine
+                error = caught
 
 
 @dataclass
@@ -834,7 +851,7 @@ class RouteScheduler:
         giving the other lanes and the loop their turn (`asyncio.sleep(0)`): one step at a
         time. A step that waits has given them theirs, so it does not yield again (a yield
         at the start of every step cost a turn of the loop more for each change), and nor
-        does a request that waited for its answer (`_LoopTurn`): only one that ended without
+        does a request that waited for its answer (`_Waits`): only one that ended without
         letting the loop go round (a channel that answered at once) yields."""
         now = self._clock()
         text: _Text | None = self._due_reply(lane, now)
@@ -846,28 +863,30 @@ class RouteScheduler:
         if key is not None:
             lane.text_turn = True
             lane.route_in_flight = key
-            turn = _LoopTurn()
+            waits = _Waits()
             try:
-                await self._deliver_route(key)
+                await waits.awaited(self._deliver_route(key))
             finally:
                 lane.route_in_flight = None
                 resident = self._residents.get(key)  # removed meanwhile: not served here
                 if resident is not None and resident.pending and key not in lane.routes:
                     lane.routes.append(key)
             lane.failures = 0
-            await turn.give()  # the turn of the others, unless they had it (see above)
+            if not waits.suspended:
+                await asyncio.sleep(0)  # the turn of the others, unless they had it (see above)
             return
         if text is not None:
             lane.text_turn = False
             self._take(lane, text)  # off the queue while in flight: never coalesced away
             lane.text_in_flight = True
-            turn = _LoopTurn()
+            waits = _Waits()
             try:
-                await self._deliver_text(lane, text)
+                await waits.awaited(self._deliver_text(lane, text))
             finally:
                 lane.text_in_flight = False
             lane.failures = 0
-            await turn.give()  # the turn of the others, unless they had it (see above)
+            if not waits.suspended:
+                await asyncio.sleep(0)  # the turn of the others, unless they had it (see above)
             return
         lane.wake.clear()
         due = [self._residents[k].due_at() for k in lane.routes if self._residents[k].pending]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from taskcard.bridge.notices.outbox import NoticeOutbox
-from taskcard.bridge.schedule.scheduler import RouteKey, RouteScheduler, unsure_send_wait_s
+from taskcard.bridge.schedule.scheduler import RouteKey, RouteScheduler, _Waits, unsure_send_wait_s
 from taskcard.bridge.store.sqlite import SqliteStore
 from taskcard.channels.base import (
     CardView,
@@ -878,3 +878,83 @@ async def test_a_card_posted_where_the_chat_moved_while_the_news_came_counts_as_
     await settle(scheduler)
     await scheduler.stop()
     assert [op for _, op, _, _ in channel.calls] == ["send"]
+
+
+async def test_a_lane_request_passed_through_for_its_waits_keeps_results_errors_and_cancels() -> (
+    None
+):
+    """A lane's request runs inside `_Waits.awaited`, which passes its yields through to
+    tell whether it let the loop go round: its result, its exceptions and a cancellation
+    (the service stopping mid-request) must reach it and come back as without the wrapper."""
+
+    async def answers(wait: bool) -> str:
+        if wait:
+            await asyncio.sleep(0.01)
+        return "done"
+
+    quick, slow = _Waits(), _Waits()
+    assert await quick.awaited(answers(False)) == "done" and not quick.suspended
+    assert await slow.awaited(answers(True)) == "done" and slow.suspended
+
+    async def fails() -> None:
+        await asyncio.sleep(0)
+        raise Transient("the channel said no")
+
+    with pytest.raises(Transient, match="the channel said no"):
+        await _Waits().awaited(fails())
+
+    cleaned: list[str] = []
+    started = asyncio.Event()
+
+    async def hangs() -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cleaned.append("the request's own cleanup ran")
+
+    async def lane() -> None:
+        await _Waits().awaited(hangs())
+
+    task = asyncio.create_task(lane())
+    await asyncio.wait_for(started.wait(), 30.0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert cleaned == ["the request's own cleanup ran"]
+
+    # A cancellation while the request only yields (no future to carry it): passed in.
+    spinning = asyncio.Event()
+
+    async def spins() -> str:
+        for _ in range(100_000):
+            spinning.set()
+            await asyncio.sleep(0)
+        return "never cancelled"
+
+    async def spinning_lane() -> str:
+        return await _Waits().awaited(spins())
+
+    spinner = asyncio.create_task(spinning_lane())
+    await asyncio.wait_for(spinning.wait(), 30.0)
+    spinner.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await spinner
+
+    waiting = asyncio.Event()
+
+    async def swallows() -> str:
+        waiting.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            return "stopped cleanly"
+        return "never"
+
+    async def lane_that_stops() -> str:
+        return await _Waits().awaited(swallows())
+
+    inner = asyncio.create_task(lane_that_stops())
+    await asyncio.wait_for(waiting.wait(), 30.0)
+    inner.cancel()
+    assert await inner == "stopped cleanly"
