@@ -24,7 +24,7 @@ import json
 import re
 import unicodedata
 from collections.abc import Iterable, Mapping
-from typing import Final
+from typing import Any, Final
 from urllib.parse import quote
 
 MARKER: Final = "[redacted]"
@@ -34,6 +34,14 @@ MARKER: Final = "[redacted]"
 MIN_SECRET_CHARS: Final = 4
 # `Redactor` remembers this many of its results for texts up to this long.
 _MEMO_ENTRIES: Final = 2048
+# How many distinct short dict keys `Redactor.leaks_in` remembers as passed over.
+_PASSED_KEYS: Final = 1024
+# The item types `leaks_in` tells apart, as tuples made once (`int | float` in an
+# `isinstance` makes a union each time it runs); the exact classes of the values it passes
+# over where it meets them in a dict (anything else is looked at as an item of its own).
+_NUMBERS: Final = (int, float)
+_SEQUENCES: Final = (list, tuple)
+_SCALARS: Final = frozenset({int, float, bool, type(None)})
 _MEMO_CHARS: Final = 512
 
 # Ordered: the specific vendor shapes first, so a token inside `token=...` is still one marker.
@@ -208,6 +216,10 @@ class Redactor:
         # A card's automatic rows are mostly the same from one change to the next: short
         # texts are remembered (bodies, long and new each time, are not).
         self._short = functools.lru_cache(maxsize=_MEMO_ENTRIES)(self._redacted)
+        # Dict keys met in payloads and found too short to hold a secret (and ASCII): a
+        # payload's keys are a few dozen names, so a dict whose keys are all among them is
+        # passed over in one look rather than key by key (`leaks_in`).
+        self._passed_keys: set[str] = set()
 
     def scrub(self, text: str) -> str:
         """`text` without any spelling of a configured secret (no pattern matching).
@@ -269,8 +281,11 @@ class Redactor:
         Every payload passes here before it is sent. Most of its strings are keys, entity
         types and short links that cannot hold a secret (ASCII and shorter than every
         spelling): they are passed over where they are met, and only the others are checked,
-        each once. Numbers are passed over, and dicts, lists and tuples told apart, before
-        anything is asked whether it is a `Mapping` (an abstract-class check).
+        each once. Numbers are passed over, and dicts, lists and tuples told apart by their
+        exact class, before anything is asked whether it is a `Mapping` (an abstract-class
+        check). A dict whose keys are all short names met before (`_passed_keys`: each was
+        found ASCII and too short once) is passed over key by key in one set look; its
+        values are looked at one by one, as always.
         """
         shortest = self._shortest
         if not shortest:
@@ -285,29 +300,40 @@ class Redactor:
 
         if text is not None and (len(text) >= shortest or not text.isascii()) and leaking(text):
             return True
-        pending = [value]
+        pending: list[Any] = [value]  # told apart by class below, which mypy cannot follow
+        passed_keys = self._passed_keys
         while pending:
             item = pending.pop()
-            if isinstance(item, str):
-                if (len(item) >= shortest or not item.isascii()) and leaking(item):
-                    return True
-            elif item is None or isinstance(item, int | float):
-                continue
-            elif isinstance(item, list | tuple):
+            kind = item.__class__
+            if kind is list or kind is tuple:
                 pending.extend(item)
-            elif isinstance(item, dict | Mapping):  # a dict is told before the ABC is asked
-                for key, nested in item.items():
-                    if (
-                        isinstance(key, str)
-                        and (len(key) >= shortest or not key.isascii())
-                        and leaking(key)
-                    ):
+                continue
+            if kind is not dict:  # the other kinds in order, the `Mapping` ABC last
+                if isinstance(item, str):
+                    if (len(item) >= shortest or not item.isascii()) and leaking(item):
                         return True
-                    if isinstance(nested, str):
-                        if (len(nested) >= shortest or not nested.isascii()) and leaking(nested):
+                    continue
+                if item is None or isinstance(item, _NUMBERS):
+                    continue
+                if isinstance(item, _SEQUENCES):
+                    pending.extend(item)
+                    continue
+                if not isinstance(item, Mapping):
+                    continue
+            if not passed_keys.issuperset(item):  # all keys known to be passed over: none
+                for key in item:
+                    if isinstance(key, str) and (len(key) >= shortest or not key.isascii()):
+                        if leaking(key):
                             return True
-                    elif not (nested is None or isinstance(nested, int | float)):
-                        pending.append(nested)
+                    elif key.__class__ is str and len(passed_keys) < _PASSED_KEYS:
+                        passed_keys.add(key)
+            for nested in item.values():
+                kind = nested.__class__
+                if kind is str:
+                    if (len(nested) >= shortest or not nested.isascii()) and leaking(nested):
+                        return True
+                elif kind not in _SCALARS:  # anything else is told apart as an item
+                    pending.append(nested)
         return False
 
 

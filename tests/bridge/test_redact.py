@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -408,3 +409,28 @@ def test_the_leak_check_of_a_payload_finds_what_each_of_its_strings_shows() -> N
     assert ligatures.leaks_in({"t": "\ufb01\ufb01"})  # two characters, shown as "fifi"
     assert not ligatures.leaks_in({"t": "fif"})
     assert redactor.leaks_in(clean, f"the plain text: {secret}")
+
+
+def test_the_leak_check_remembers_short_keys_without_passing_over_anything_else() -> None:
+    """The keys of a dict that are all short names met before are passed over in one look;
+    a dict with any other key, and every value beside such keys, is still looked at, also
+    a value of a subclass of `str`, a key spelled in ligatures, or a number-like wrapper."""
+
+    class Text(str):
+        pass
+
+    class Level(enum.IntEnum):
+        HIGH = 1
+
+    secret = "Conf1guredValue-xyz-42"
+    redactor = Redactor([secret])
+    known = {"type": "bold", "offset": 1, "length": 2, "flag": True, "none": None}
+    for _ in range(2):  # learnt, then known
+        assert not redactor.leaks_in({"entities": [known, {"level": Level.HIGH}]})
+    assert redactor.leaks_in({"entities": [{**known, "url": f"https://x.test/{secret}"}]})
+    assert redactor.leaks_in({"entities": [{**known, "type": Text(secret)}]})
+    assert redactor.leaks_in({"entities": [{**known, Text(secret): 0}]})
+    assert redactor.leaks_in({"entities": [{**known, "level": Level.HIGH, "x": [secret]}]})
+    ligatures = Redactor(["fifi"])
+    assert not ligatures.leaks_in({"type": "bold", "t": "fif"})
+    assert ligatures.leaks_in({"type": "bold", "\ufb01\ufb01": 1})  # a key shown as "fifi"
