@@ -303,8 +303,11 @@ class AgentMonitor:
             summary = self._tracker.summary(now, self._no_output_after_s, self._start_silence_s)
             activity_changed = summary != self._activity
             self._activity = summary
+        card = self._card
         return AgentRefresh(
-            card_changed=self._card != card_before,
+            # The same object when nothing was read; a new body tells a change at once.
+            card_changed=card is not card_before
+            and (card.body != card_before.body or card != card_before),
             activity_changed=activity_changed,
             notifications=notifications,
             failure=failure,

@@ -53,6 +53,10 @@ class SideRefresh:
     lineage_changed: bool = False
 
 
+# What most refreshes find (a change of the card's own files): one shared answer.
+_NOTHING_NEW: Final = SideRefresh()
+
+
 class _Followed:
     """One followed file with its persisted offset (see the module docstring)."""
 
@@ -200,6 +204,8 @@ class AgentSide:
         lineage_changed = (
             self._refresh_lineage() if changed is None or LINEAGE_NAME in changed else False
         )
+        if not (reports or acks or lineage_changed):
+            return _NOTHING_NEW
         return SideRefresh(tuple(reports), acks, lineage_changed)
 
     def _dated(self, report: Report | None) -> Report | None:

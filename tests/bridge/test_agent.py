@@ -122,6 +122,26 @@ def test_active_card_is_shown_and_identical_bytes_change_nothing(
     assert mon.card.body_changed_at == datetime.fromtimestamp(1_900_000_000, UTC)
 
 
+def test_a_card_read_again_into_the_same_state_is_no_change(paths: CardPaths, clock: Clock) -> None:
+    """The card state is made again when a file it comes from is rewritten: the same watch
+    id, the same status at a new time. Equal to the last one, it is no change (a change is
+    told by the body first, then by every field)."""
+    publish(paths, "same body")
+    atomic_write(paths.watch, json.dumps({"watch_id": "tc_1"}).encode())
+    mon = monitor(paths, clock)
+    assert mon.refresh().card_changed is True
+    before = mon.card
+    atomic_write(paths.watch, json.dumps({"watch_id": "tc_1"}).encode())
+    os.utime(paths.watch, (1_900_000_000, 1_900_000_000))
+    publish(paths, "same body")
+    os.utime(paths.status, (1_900_000_000, 1_900_000_000))
+    assert mon.refresh().card_changed is False
+    assert mon.card == before
+    atomic_write(paths.watch, json.dumps({"watch_id": "tc_2"}).encode())
+    assert mon.refresh().card_changed is True  # the body alone is the same
+    assert mon.card.watch_id == "tc_2"
+
+
 @pytest.mark.parametrize("status", [b"act", b"active\n", b"", b"\xff\xfe", b"ACTIVE"])
 def test_unknown_status_bytes_keep_the_last_good_state(
     paths: CardPaths, clock: Clock, status: bytes
