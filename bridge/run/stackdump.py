@@ -49,6 +49,8 @@ TASKS_HEADER = "--- asyncio tasks (SIGUSR1) ---"
 TASKS_FOOTER = "--- end of asyncio tasks ---"
 # Frames shown per task: deep enough for any await chain of the service.
 _TASK_FRAMES = 40
+# The frame local in which a generator that drives a coroutine by hand keeps it (`_awaited`).
+DRIVEN_LOCAL = "driven"
 
 
 _RECORDS_LOGGER = "taskcard.bridge.run.stackdump"
@@ -170,4 +172,10 @@ def _awaited(obj: Any) -> Any:
         inner = getattr(obj, name, None)
         if inner is not None:
             return inner
+    # A generator that drives another coroutine by hand (passing its yields through, as a
+    # lane's request runs in `bridge.schedule.scheduler._Waits.awaited`) has no
+    # `gi_yieldfrom`: it keeps what it drives in its frame's local `driven`.
+    frame = getattr(obj, "gi_frame", None)
+    if isinstance(frame, FrameType):
+        return frame.f_locals.get(DRIVEN_LOCAL)
     return None

@@ -289,7 +289,10 @@ class _Waits:
 
     @types.coroutine
     def awaited(self, coroutine: Coroutine[Any, Any, _T]) -> Generator[Any, Any, _T]:
-        send, throw = coroutine.send, coroutine.throw
+        # Named for the SIGUSR1 dump (`bridge.run.stackdump`), which follows it to show where
+        # the request waits: a generator driving a coroutine by hand has no `gi_yieldfrom`.
+        driven = coroutine
+        send, throw = driven.send, driven.throw
         value: Any = None
         error: BaseException | None = None
         while True:
@@ -302,7 +305,7 @@ class _Waits:
             try:
                 value = yield yielded
             except GeneratorExit:
-                coroutine.close()
+                driven.close()
                 raise
             except BaseException as caught:  # a cancellation: passed on to the coroutine
                 error = caught

@@ -106,3 +106,29 @@ async def test_a_service_that_does_not_stop_in_time_fails_with_its_stacks(
         assert "_read_answer" in message
         assert fake.token not in message
         serve.kill()
+
+
+async def test_the_dump_shows_where_a_chats_request_waits_for_its_answer(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """A chat's lane runs each request through a wrapper that passes its yields through
+    (to tell whether the loop went round): the dump must follow it down to the request's
+    own innermost wait, which is what it is for when a stop or a chat hangs."""
+    with serving(tmp_path, fake) as serve:
+        workdir = tmp_path / "agents" / "builder"
+        publish(workdir, "first card")
+        await eventually(lambda: any("first card" in t for t in texts(fake)), what="the card")
+        fake.hold_answers("editMessageText")
+        publish(workdir, "second card")
+        # Performed at once, answered only when released: the lane waits for the answer.
+        await eventually(lambda: any("second card" in t for t in texts(fake)), what="an edit")
+        mark = len(serve.stderr)
+        serve._ask_for_stacks()
+        await eventually(lambda: FOOTER in "".join(serve.stderr[mark:]), what="the stacks")
+        dump = "".join(serve.stderr[mark:])
+        fake.release_answers("editMessageText")
+        lane = dump[dump.index(f"task 'lane telegram:{GROUP}'") :]
+        lane = lane[: lane.index("\ntask ", 1)] if "\ntask " in lane[1:] else lane
+        assert "in awaited" in lane, lane  # the wrapper ...
+        assert "in _read_answer" in lane or "in readuntil" in lane, lane  # ... and below it
+        assert await serve.aterminate() == 0
