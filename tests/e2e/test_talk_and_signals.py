@@ -718,8 +718,10 @@ async def test_a_card_rewritten_while_its_agent_is_quiet_still_gets_the_idle_not
     """A new card body moves nothing the idle notice is decided from, so the service does
     not decide it again on such a change; the notice must still come once the floor has
     passed. Each change also makes the agent due when its running state would go stale
-    (minutes away), which must not push back the floor's earlier moment."""
-    async with chat_for(platform, tmp_path, ["quiet"], SIGNALS) as chat:
+    (minutes away), which must not push back the floor's earlier moment. The floor is 10 s
+    here, so the three rewrites fall inside it even on a loaded machine."""
+    floor = "[signals]\nidle_floor_s = 10\n"
+    async with chat_for(platform, tmp_path, ["quiet"], floor) as chat:
         wd = workdir(tmp_path, "quiet")
         activity(wd, "agent.start")
         activity(wd, "turn.start")
