@@ -65,9 +65,25 @@ def _print(data: Any) -> None:
     print(terminal_json(data, indent=2, default=str))
 
 
+def _plan(text: str | None) -> list[str]:
+    """The step ids of `--steps` (none when it is not given). An empty item is refused, as
+    the MCP tool refuses an empty step id: `prep,,eval` dropped it without a word, and an
+    empty `--steps` (an unset variable) made a task without a plan."""
+    if text is None:
+        return []
+    steps = [item.strip() for item in text.split(",")]
+    for index, step in enumerate(steps, 1):
+        if not step:
+            raise LedgerError(
+                f"steps: item {index} of {text[:80]!r} is empty; give comma-separated step ids"
+                " (e.g. prep,train,eval), or leave --steps out for a task without a plan"
+            )
+    return steps
+
+
 def run_init(args: argparse.Namespace) -> int:
     ledger = _ledger(args)
-    steps = [s.strip() for s in args.steps.split(",") if s.strip()] if args.steps else []
+    steps = _plan(args.steps)
     limits = {
         name: getattr(args, name)
         for name in (

@@ -114,6 +114,12 @@ def test_render_is_a_working_task_card_renderer(workdir: Path) -> None:
         (["heartbeat", "nope"], "task_id:"),
         (["init", "t", "--purpose", "again"], "task_id:"),
         (["init", "bad id", "--purpose", "p"], "task_id:"),
+        # An empty item of the plan was dropped without a word (the MCP tool refuses it), and
+        # an empty --steps made a task without a plan.
+        (["init", "u", "--purpose", "p", "--steps", "prep,,eval"], "steps: item 2"),
+        (["init", "u", "--purpose", "p", "--steps", "prep,train,"], "steps: item 3"),
+        (["init", "u", "--purpose", "p", "--steps", ""], "steps: item 1"),
+        (["init", "u", "--purpose", "p", "--steps", " , "], "steps: item 1"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_field(workdir: Path, args: list[str], field: str) -> None:
