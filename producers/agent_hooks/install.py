@@ -462,6 +462,7 @@ def _merge_codex_config(workdir: Path, config: Path, exe: str) -> bytes:
                 "so remove it (or call taskcard hook codex from it), then run init again"
             )
     ours = {"command": exe, "args": ["mcp", "--workdir", str(workdir.resolve())]}
+    _refuse_another_agents(config, document, str(workdir.resolve()))
     try:
         new_text = _with_ours(config, tomlkit.parse(text), notify, ours, inline=False)
         _check_merged(config, text, new_text, notify, ours)
@@ -472,6 +473,32 @@ def _merge_codex_config(workdir: Path, config: Path, exe: str) -> bytes:
         new_text = _with_ours(config, tomlkit.parse(text), notify, ours, inline=True)
         _check_merged(config, text, new_text, notify, ours)
     return new_text.encode("utf-8")
+
+
+def _refuse_another_agents(config: Path, document: Any, workdir: str) -> None:
+    """`InitError` when the file is set up for another agent whose folder still exists.
+
+    Codex runs one `notify` program, and `--only-in` makes it one workdir's: taking the file
+    over for this workdir pointed notify, the MCP server and the hooks here without a word,
+    and the other agent's sessions reported nothing from then on. A folder that is gone (an
+    agent moved or removed) has nothing left to lose, so its entries are taken over."""
+    named: list[str] = []
+    notify = document.get("notify")
+    if isinstance(notify, list) and notify[1:4] == ["hook", "codex", "--only-in"]:
+        named.append(str(notify[4]) if len(notify) > 4 else "")
+    servers = document.get("mcp_servers")
+    server = servers.get(SERVER_NAME) if isinstance(servers, dict) else None
+    args = server.get("args") if isinstance(server, dict) else None
+    if isinstance(args, list) and args[:2] == ["mcp", "--workdir"] and len(args) > 2:
+        named.append(str(args[2]))
+    for other in named:
+        if other and other != workdir and Path(other).is_dir():
+            raise InitError(
+                f"{config}: set up for the agent in {other!r} (notify, [mcp_servers."
+                f"{SERVER_NAME}], the hooks); Codex runs one notify program, so one config "
+                "serves one agent: give this agent a config of its own (--config FILE, or "
+                "CODEX_HOME), or remove those entries to move them here, then run init again"
+            )
 
 
 def _with_ours(

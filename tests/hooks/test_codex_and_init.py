@@ -409,3 +409,31 @@ def test_init_claude_code_registers_permission_request_and_the_hook_leaves_the_a
     assert done.returncode == 0, done.stderr
     assert "PermissionRequest" not in json.loads(settings.read_text())["hooks"]
     assert b"PermissionRequest not registered: Claude Code 2.0.40 predates it" in done.stdout
+
+
+def test_init_codex_for_a_second_agent_refuses_to_take_the_first_ones_config(
+    workdir: Path, tmp_path: Path
+) -> None:
+    """One config.toml runs one notify program: `init codex` for a second workdir silently
+    pointed notify, the MCP server and the hooks at it, and the first agent's Codex sessions
+    reported nothing from then on. A workdir that is gone (a moved agent) is taken over."""
+    first, second = tmp_path / "first agent", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    config = tmp_path / "codex" / "config.toml"
+    config.parent.mkdir()
+    done = run_taskcard("init", "codex", "--workdir", str(first), "--config", str(config))
+    assert done.returncode == 0, done.stderr
+    hooks = config.parent / "hooks.json"
+    before = (config.read_bytes(), hooks.read_bytes())
+    taken = run_taskcard("init", "codex", "--workdir", str(second), "--config", str(config))
+    assert taken.returncode == 2, taken.stdout
+    message = taken.stderr.decode()
+    assert str(config) in message and str(first.resolve()) in message, message
+    assert "--config" in message and "CODEX_HOME" in message, message
+    assert (config.read_bytes(), hooks.read_bytes()) == before
+    first.rmdir()  # the first agent's folder is gone: nothing of it is lost any more
+    moved = run_taskcard("init", "codex", "--workdir", str(second), "--config", str(config))
+    assert moved.returncode == 0, moved.stderr
+    notify = tomllib.loads(config.read_text())["notify"]
+    assert notify[1:] == ["hook", "codex", "--only-in", str(second.resolve())]
