@@ -6,8 +6,8 @@ fields are present with the right types, `ts` is UTC ISO-8601, and the line is a
 one `write` so concurrent writers never interleave. Bad input exits with code 2 and a message
 naming the field and the fix; nothing is written then. Fields of the caller's own are carried
 as given, except one spelt almost like a field of the kind (`sumary`), which is refused as
-the typo it is. A required text field given blank is refused too (the service reads it
-as unset, so the card would show nothing of it).
+the typo it is. A `text` event whose text is blank is refused too: the service reads it as
+no movement, so the card would show nothing of it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from taskcard.producers.task_card.activity_log import (
-    REQUIRED_FIELDS,
     RESERVED_FIELDS,
     ActivityInputError,
     event_record,
@@ -88,15 +87,15 @@ def build_event(kind: str, assignments: list[str], *, ts: str) -> dict[str, Any]
                 f"({kind} reads {', '.join(sorted(typed))})"
             )
         fields[key] = raw if typed.get(key) == (str,) else parse_value(raw)
-    for name in REQUIRED_FIELDS[kind]:
-        value = fields.get(name)
-        if isinstance(value, str) and not shows_text(value):
-            # The service reads a blank text as unset: `text text=` was written with exit 0
-            # and the card showed nothing of it.
-            raise ActivityInputError(
-                f"{name}: must show text (not only white space or invisible characters); "
-                f"give {name}=... a value"
-            )
+    text = fields.get("text")
+    if kind == "text" and isinstance(text, str) and not shows_text(text):
+        # The one line that moves nothing: the service reads a blank text as no movement, so
+        # `text text=` was written with exit 0 and the card never showed a thing of it. (A
+        # blank call_id, name or reason still pairs a tool call or opens a wait.)
+        raise ActivityInputError(
+            "text: must show text (not only white space or invisible characters); "
+            "give text=... the words to show"
+        )
     return event_record(kind, fields, ts=ts)
 
 
