@@ -640,21 +640,44 @@ def is_inside(root: str, path: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
-def _outside(path: Path, verb: str = "written") -> OutsideWorkdir:
+def _outside(
+    path: Path, verb: str = "written", root: str | None = None, *, folder: bool = False
+) -> OutsideWorkdir:
+    """The refusal of `path`, naming the link that leads out of `root` (the resolved workdir)
+    when it is a folder on the way: "replace the link with a regular file" was said for a
+    linked `logs/` too, where a file would break every writer of the folder."""
+    link = _link_out(path, root) if root is not None else None
+    if link is None or link == os.path.abspath(path):
+        where, fix = "", "a folder" if folder else "a regular file"
+    else:
+        where, fix = f" at {link}", "a folder"
     return OutsideWorkdir(
         errno.EXDEV,
-        f"{path} leads out of the workdir (a symlink); nothing is {verb} outside it, so "
-        "replace the link with a regular file",
+        f"{path} leads out of the workdir (a symlink{where}); nothing is {verb} outside it, so "
+        f"replace the link with {fix}",
     )
 
 
-def _resolved_inside(path: Path, inside: Path, verb: str) -> tuple[str, str]:
+def _link_out(path: Path, root: str) -> str | None:
+    """The first symbolic link on the way to `path` that leads out of `root`, else None."""
+    whole = os.path.abspath(path)
+    parts = Path(whole).parts
+    for end in range(2, len(parts) + 1):
+        step = os.path.join(*parts[:end])
+        if os.path.islink(step) and not is_inside(root, os.path.realpath(step)):
+            return step
+    return None
+
+
+def _resolved_inside(
+    path: Path, inside: Path, verb: str, *, folder: bool = False
+) -> tuple[str, str]:
     """(resolved `inside`, resolved `path`) when the second lies inside the first; raises
     `OutsideWorkdir` otherwise (`verb`: what is not done outside, for its message)."""
     root = os.path.realpath(inside)
     target = os.path.realpath(path)
     if not is_inside(root, target):
-        raise _outside(path, verb)
+        raise _outside(path, verb, root, folder=folder)
     return root, target
 
 
@@ -668,7 +691,7 @@ def _opened_inside(fd: int, root: str, path: Path, verb: str) -> None:
         return
     if not is_inside(root, opened):
         os.close(fd)
-        raise _outside(path, verb)
+        raise _outside(path, verb, root)
 
 
 def open_append(path: Path, *, inside: Path | None = None) -> int:
@@ -688,7 +711,7 @@ def open_append(path: Path, *, inside: Path | None = None) -> int:
 def make_folder(folder: Path, *, inside: Path) -> None:
     """`folder` and its missing parents created, only when it lies inside `inside` once
     symlinks are resolved; `OutsideWorkdir` otherwise, and nothing is created."""
-    _resolved_inside(folder, inside, "written")
+    _resolved_inside(folder, inside, "written", folder=True)
     folder.mkdir(parents=True, exist_ok=True)
 
 

@@ -299,3 +299,42 @@ def test_reports_linked_out_of_the_workdir_are_not_read_as_the_agents_own(
     (workdir / "reports" / "payloads").symlink_to(other / "reports" / "payloads")
     shown = json.loads(run(workdir, "reports").stdout)["report"]
     assert shown["summary"] == "mine" and shown["payload"] is None
+
+
+def test_a_folder_linked_out_of_the_workdir_is_named_with_the_right_fix(
+    workdir: Path, tmp_path: Path
+) -> None:
+    """`logs/` linked out: the refusal said to "replace the link with a regular file", which
+    names neither the link (the folder, not the file below it) nor a fix that works (a file at
+    `logs` breaks every writer). It names the link and says to make it a folder; a file that
+    is the link itself is still told to be a regular file."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (workdir / "logs").symlink_to(elsewhere)
+    done = activity(workdir)
+    assert done.returncode == 1, done.stderr
+    assert f"(a symlink at {workdir / 'logs'})" in done.stderr, done.stderr
+    assert "replace the link with a folder" in done.stderr, done.stderr
+    hook = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "taskcard.bridge.cli",
+            "hook",
+            "claude-code",
+            "--workdir",
+            str(workdir),
+        ],
+        input='{"hook_event_name": "UserPromptSubmit", "session_id": "s", "prompt": "go"}',
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert hook.returncode == 0 and "replace the link with a folder" in hook.stderr, hook.stderr
+    assert list(elsewhere.iterdir()) == []
+    (workdir / "logs").unlink()
+    (workdir / "logs").mkdir()
+    (workdir / "logs" / "events.jsonl").symlink_to(tmp_path / "dotfile")
+    done = activity(workdir)
+    assert done.returncode == 1 and "events.jsonl leads out of the workdir" in done.stderr
+    assert "replace the link with a regular file" in done.stderr, done.stderr
