@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -102,7 +103,9 @@ def run_init(args: argparse.Namespace) -> int:
     workdir: Path = args.workdir  # expanded and resolved by `existing_workdir_arg`
     if not args.no_renderer and write_renderer(workdir, ledger.path, args.task_id):
         result["renderer"] = RENDERER_FILE
-        result["start_card"] = f"taskcard card start --workdir {workdir} {RENDERER_FILE}"
+        # Quoted for a shell: the line is meant to be pasted, and a workdir may hold spaces.
+        folder = shlex.quote(str(workdir))
+        result["start_card"] = f"taskcard card start --workdir {folder} {RENDERER_FILE}"
     _print(result)
     return EXIT_OK
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -626,3 +627,23 @@ def test_a_named_pipe_at_the_notification_file_is_named_not_the_ledger(workdir: 
     pipe.unlink()
     assert taskcard(workdir, "supervise", "--apply-supervision").returncode == 0
     assert [n["source"] for n in notifications(workdir)] == ["ledger.blocked"]
+
+
+def test_the_suggested_card_command_works_in_a_shell_for_a_workdir_with_spaces(
+    tmp_path: Path,
+) -> None:
+    """`start_card` printed the workdir unquoted: pasted into a shell, a folder named
+    `my agent's run` split into three words (and an open quote)."""
+    workdir = tmp_path / "my agent's run"
+    workdir.mkdir()
+    result = ok(workdir, "init", "t", "--purpose", "p")
+    command = result["start_card"]
+    assert isinstance(command, str)
+    assert shlex.split(command) == [
+        "taskcard",
+        "card",
+        "start",
+        "--workdir",
+        str(workdir),
+        "ledger_renderer.py",
+    ]
