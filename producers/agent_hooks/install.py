@@ -492,7 +492,8 @@ def _refuse_another_agents(config: Path, document: Any, workdir: str) -> None:
     if isinstance(args, list) and args[:2] == ["mcp", "--workdir"] and len(args) > 2:
         named.append(str(args[2]))
     for other in named:
-        if other and other != workdir and Path(other).is_dir():
+        # Compared resolved: a link to this folder, or `..` in an older entry, is this one.
+        if other and os.path.realpath(other) != workdir and Path(other).is_dir():
             raise InitError(
                 f"{config}: set up for the agent in {other!r} (notify, [mcp_servers."
                 f"{SERVER_NAME}], the hooks); Codex runs one notify program, so one config "

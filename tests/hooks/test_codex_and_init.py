@@ -432,6 +432,11 @@ def test_init_codex_for_a_second_agent_refuses_to_take_the_first_ones_config(
     assert str(config) in message and str(first.resolve()) in message, message
     assert "--config" in message and "CODEX_HOME" in message, message
     assert (config.read_bytes(), hooks.read_bytes()) == before
+    # The same folder through a link is the same agent: set up again, not refused.
+    (tmp_path / "link").symlink_to(first)
+    link = str(tmp_path / "link")
+    again = run_taskcard("init", "codex", "--workdir", link, "--config", str(config))
+    assert again.returncode == 0 and b"already set up" in again.stdout, again.stderr
     first.rmdir()  # the first agent's folder is gone: nothing of it is lost any more
     moved = run_taskcard("init", "codex", "--workdir", str(second), "--config", str(config))
     assert moved.returncode == 0, moved.stderr
