@@ -41,9 +41,11 @@ from taskcard.producers.agent_hooks.claude_code import (
 from taskcard.producers.inbox import InboxUnsafe, Message, claim_all, frame
 from taskcard.producers.task_card.contract import (
     CardPaths,
+    Origin,
     atomic_write,
     make_folder,
     open_lock,
+    parse_origin,
     read_regular,
 )
 
@@ -69,12 +71,29 @@ class Delivery:
 
 
 def origins(messages: list[Message]) -> list[str]:
-    """The distinct origins of the messages, in order."""
+    """The distinct origins of the messages, in order, as the activity log takes them."""
     seen: list[str] = []
     for message in messages:
-        if message.origin is not None and message.origin not in seen:
-            seen.append(message.origin)
+        origin = activity_origin(message.origin)
+        if origin is not None and origin not in seen:
+            seen.append(origin)
     return seen
+
+
+def activity_origin(origin: str | None) -> str | None:
+    """A message's origin in the activity log's form, or None when it has none.
+
+    The inbox contract allows `<channel>:<chat_id>[:<thread_id>]` for any channel, while the
+    activity log takes only the chats a route can name: one it refused made the hook's whole
+    write fail, losing the prompt's `turn.start`. A Feishu origin names the chat only (its
+    routes have no threads), so a topic's `feishu:<chat>:<thread>` is kept as its chat; any
+    other that is no origin here is left out, and the turn's events are written without it."""
+    if origin is None:
+        return None
+    parsed = parse_origin(origin)
+    if not isinstance(parsed, Origin) and origin.startswith("feishu:"):
+        parsed = parse_origin(origin.rpartition(":")[0])
+    return str(parsed) if isinstance(parsed, Origin) else None
 
 
 def steer(name: object, decision: HookDecision, messages: list[Message]) -> HookDecision:

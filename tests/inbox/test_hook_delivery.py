@@ -207,3 +207,25 @@ def test_a_text_reaches_the_agent_whatever_the_locales_encoding(workdir: Path) -
     context = json.loads(done.stdout.decode("utf-8"))["hookSpecificOutput"]["additionalContext"]
     assert "> 请停止部署 🚫" in context
     assert [a["via"] for a in acks(workdir)] == ["claude-code:PostToolUse"]
+
+
+def test_an_origin_the_activity_log_does_not_take_costs_no_event_of_the_turn(
+    workdir: Path,
+) -> None:
+    """A message whose origin the inbox contract allows but the activity log refuses (a
+    Feishu topic's `feishu:<chat>:<thread>`, a channel without chats here) made the hook's
+    whole write fail: the prompt's `turn.start` was lost, with a traceback in the hook's
+    log. The Feishu chat is kept (a Feishu origin names the chat only); an origin of no
+    channel here is left out; the events are written either way."""
+    queue(workdir, "m1", "from a topic", origin="feishu:oc_team:omt_7")
+    done = hook(payload("02_user_prompt_submit.json", workdir))
+    assert done.returncode == 0 and b"> from a topic" in done.stdout
+    assert [(e["kind"], e.get("origin")) for e in events(workdir)] == [
+        ("turn.start", "feishu:oc_team")
+    ]
+    queue(workdir, "m2", "from elsewhere", origin="slack:C0123")
+    done = hook(payload("04_post_tool_use.json", workdir))
+    assert done.returncode == 0 and b"> from elsewhere" in done.stdout
+    assert kinds(workdir) == ["turn.start", "tool.end"]
+    log = workdir / "logs" / "taskcard-hook.log"
+    assert not log.exists() or "Traceback" not in log.read_text()
