@@ -6,8 +6,10 @@ fields are present with the right types, `ts` is UTC ISO-8601, and the line is a
 one `write` so concurrent writers never interleave. Bad input exits with code 2 and a message
 naming the field and the fix; nothing is written then. Fields of the caller's own are carried
 as given, except one spelt almost like a field of the kind (`sumary`), which is refused as
-the typo it is. A `text` event whose text is blank is refused too: the service reads it as
-no movement, so the card would show nothing of it.
+the typo it is. A `text` event whose text is blank is refused too: it would put no words on
+the card (it still counted as activity), and the caller never learnt that its text was empty.
+This is the command line's rule; the hooks, which never write a blank text, call
+`event_record` directly.
 """
 
 from __future__ import annotations
@@ -89,9 +91,9 @@ def build_event(kind: str, assignments: list[str], *, ts: str) -> dict[str, Any]
         fields[key] = raw if typed.get(key) == (str,) else parse_value(raw)
     text = fields.get("text")
     if kind == "text" and isinstance(text, str) and not shows_text(text):
-        # The one line that moves nothing: the service reads a blank text as no movement, so
-        # `text text=` was written with exit 0 and the card never showed a thing of it. (A
-        # blank call_id, name or reason still pairs a tool call or opens a wait.)
+        # `text text="$MSG"` with an empty variable was written with exit 0 and put no words
+        # on the card (a sign of life only). A blank call_id, name or reason still pairs a
+        # tool call or opens a wait, so only the text kind's own field is checked.
         raise ActivityInputError(
             "text: must show text (not only white space or invisible characters); "
             "give text=... the words to show"

@@ -641,12 +641,16 @@ def is_inside(root: str, path: str) -> bool:
 
 
 def _outside(
-    path: Path, verb: str = "written", root: str | None = None, *, folder: bool = False
+    path: Path,
+    verb: str = "written",
+    inside: Path | None = None,
+    *,
+    folder: bool = False,
 ) -> OutsideWorkdir:
-    """The refusal of `path`, naming the link that leads out of `root` (the resolved workdir)
+    """The refusal of `path`, naming the link below the workdir `inside` that leads out of it
     when it is a folder on the way: "replace the link with a regular file" was said for a
     linked `logs/` too, where a file would break every writer of the folder."""
-    link = _link_out(path, root) if root is not None else None
+    link = _link_out(path, inside) if inside is not None else None
     if link is None or link == os.path.abspath(path):
         where, fix = "", "a folder" if folder else "a regular file"
     else:
@@ -658,12 +662,17 @@ def _outside(
     )
 
 
-def _link_out(path: Path, root: str) -> str | None:
-    """The first symbolic link on the way to `path` that leads out of `root`, else None."""
-    whole = os.path.abspath(path)
-    parts = Path(whole).parts
-    for end in range(2, len(parts) + 1):
-        step = os.path.join(*parts[:end])
+def _link_out(path: Path, inside: Path) -> str | None:
+    """The first symbolic link on the way from the workdir `inside` (as given) down to
+    `path` that leads out of it, else None. Only what lies below the workdir counts: a link
+    above it (`/tmp` on macOS, a linked home) is how the workdir is reached, not the fault."""
+    base, whole = os.path.abspath(inside), os.path.abspath(path)
+    if not whole.startswith(base.rstrip(os.sep) + os.sep):
+        return None
+    root = os.path.realpath(base)
+    step = base
+    for part in Path(os.path.relpath(whole, base)).parts:
+        step = os.path.join(step, part)
         if os.path.islink(step) and not is_inside(root, os.path.realpath(step)):
             return step
     return None
@@ -677,7 +686,7 @@ def _resolved_inside(
     root = os.path.realpath(inside)
     target = os.path.realpath(path)
     if not is_inside(root, target):
-        raise _outside(path, verb, root, folder=folder)
+        raise _outside(path, verb, inside, folder=folder)
     return root, target
 
 
@@ -691,7 +700,7 @@ def _opened_inside(fd: int, root: str, path: Path, verb: str) -> None:
         return
     if not is_inside(root, opened):
         os.close(fd)
-        raise _outside(path, verb, root)
+        raise _outside(path, verb)
 
 
 def open_append(path: Path, *, inside: Path | None = None) -> int:

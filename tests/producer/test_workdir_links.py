@@ -338,3 +338,24 @@ def test_a_folder_linked_out_of_the_workdir_is_named_with_the_right_fix(
     done = activity(workdir)
     assert done.returncode == 1 and "events.jsonl leads out of the workdir" in done.stderr
     assert "replace the link with a regular file" in done.stderr, done.stderr
+
+
+def test_a_link_above_the_workdir_is_never_named_as_the_one_to_replace(tmp_path: Path) -> None:
+    """A workdir reached through a link (a linked home; `/tmp` on macOS) whose `logs/` leads
+    out: the refusal names `logs`, never the link above the workdir, which is not the fault."""
+    from taskcard.producers.task_card.contract import OutsideWorkdir, append_jsonl_line
+
+    (tmp_path / "real" / "agent").mkdir(parents=True)
+    (tmp_path / "home").symlink_to(tmp_path / "real")
+    (tmp_path / "elsewhere").mkdir()
+    workdir = tmp_path / "home" / "agent"
+    (workdir / "logs").symlink_to(tmp_path / "elsewhere")
+    try:
+        append_jsonl_line(workdir / "logs" / "events.jsonl", {"kind": "x"}, inside=workdir)
+    except OutsideWorkdir as exc:
+        message = str(exc)
+    else:
+        raise AssertionError("written through the link")
+    assert f"(a symlink at {workdir / 'logs'})" in message, message
+    assert "replace the link with a folder" in message, message
+    assert list((tmp_path / "elsewhere").iterdir()) == []
