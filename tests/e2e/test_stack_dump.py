@@ -31,6 +31,14 @@ def serving(tmp_path: Path, fake: FakeTelegram) -> ServeProcess:
     return ServeProcess(config, env={TOKEN_ENV: fake.token})
 
 
+async def stacks_of(serve: ServeProcess) -> list[str]:
+    """The stderr lines of one dump: SIGUSR1 sent, read until its footer."""
+    mark = len(serve.stderr)
+    serve._ask_for_stacks()
+    await eventually(lambda: FOOTER in "".join(serve.stderr[mark:]), what="the stacks")
+    return serve.stderr[mark:]
+
+
 def texts(fake: FakeTelegram) -> list[str]:
     return [m.text for m in fake.bot_messages(GROUP)]
 
@@ -42,10 +50,7 @@ async def test_sigusr1_prints_every_stack_and_the_service_goes_on(
         workdir = tmp_path / "agents" / "builder"
         publish(workdir, "first card")
         await eventually(lambda: any("first card" in t for t in texts(fake)), what="the card")
-        mark = len(serve.stderr)
-        serve._ask_for_stacks()
-        await eventually(lambda: FOOTER in "".join(serve.stderr[mark:]), what="the stacks")
-        dump = "".join(serve.stderr[mark:])
+        dump = "".join(await stacks_of(serve))
         # Every thread, by faulthandler (the main thread sits in the event loop) ...
         assert "most recent call first" in dump
         assert "run_forever" in dump
@@ -70,10 +75,7 @@ async def test_with_json_logs_every_line_of_the_dump_is_a_json_record(
     with ServeProcess(config, env=env) as serve:
         publish(tmp_path / "agents" / "builder", "first card")
         await eventually(lambda: any("first card" in t for t in texts(fake)), what="the card")
-        mark = len(serve.stderr)
-        serve._ask_for_stacks()
-        await eventually(lambda: FOOTER in "".join(serve.stderr[mark:]), what="the stacks")
-        records = [json.loads(line) for line in serve.stderr[mark:]]
+        records = [json.loads(line) for line in await stacks_of(serve)]
         dumped = [r["message"] for r in records if r["logger"] == "taskcard.bridge.run.stackdump"]
         assert all(r["level"] == "INFO" and "ts" in r for r in records)
         assert any("most recent call first" in line for line in dumped)
@@ -122,10 +124,7 @@ async def test_the_dump_shows_where_a_chats_request_waits_for_its_answer(
         publish(workdir, "second card")
         # Performed at once, answered only when released: the lane waits for the answer.
         await eventually(lambda: any("second card" in t for t in texts(fake)), what="an edit")
-        mark = len(serve.stderr)
-        serve._ask_for_stacks()
-        await eventually(lambda: FOOTER in "".join(serve.stderr[mark:]), what="the stacks")
-        dump = "".join(serve.stderr[mark:])
+        dump = "".join(await stacks_of(serve))
         fake.release_answers("editMessageText")
         lane = dump[dump.index(f"task 'lane telegram:{GROUP}'") :]
         lane = lane[: lane.index("\ntask ", 1)] if "\ntask " in lane[1:] else lane
