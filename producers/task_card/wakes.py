@@ -89,7 +89,7 @@ def wake_text(note: Notification) -> str | None:
         turns = _count(note.extra.get("turns"))
         quiet = f"{turns} turns" if turns is not None else "Many turns"
         return (
-            f"Task card reminder: {quiet} passed without a card update. Check whether your "
+            f"Task Card reminder: {quiet} passed without a card update. Check whether your "
             "card is absent or stale; update it, or remove it if the work is done."
         )
     return None

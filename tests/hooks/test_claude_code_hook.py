@@ -166,10 +166,12 @@ def test_stop_events_count_turns_and_the_reminder_comes_back_to_the_agent(
     lines = (workdir / ".notification" / "system.jsonl").read_text().splitlines()
     (reminder,) = [json.loads(line) for line in lines]
     assert (reminder["source"], reminder["extra"]["turns"]) == ("task_card.reminder", 2)
+    assert reminder["header"] == "Task Card reminder"  # the manual's name for it
     told = json.loads(hook(payload("02_user_prompt_submit.json", workdir)).stdout)
-    assert (
-        "2 turns passed without a card update" in (told["hookSpecificOutput"]["additionalContext"])
-    )
+    context = told["hookSpecificOutput"]["additionalContext"]
+    # The agent is told by the name the manual and SKILL.md give it, and what to check.
+    assert "Task Card reminder: 2 turns passed without a card update" in context
+    assert "absent or stale" in context
 
 
 def test_a_wait_closes_with_the_next_event_of_its_session_only(workdir: Path) -> None:
