@@ -119,6 +119,10 @@ async def test_an_mcp_client_starts_inspects_and_removes_a_watch(
         assert (removed["status"], removed["body_removed"]) == ("removed", True)
         absent = taskcard_meta(raw)
         assert absent is not None and absent["present"] is False
+        # The manual's generic hint, word for word, while no card is present.
+        assert absent["hint"] == (
+            "no taskcard present, consider maintaining one, see task_card manual"
+        )
     assert (workdir / "taskcard" / "status").read_bytes() == b"inactive"
 
 
