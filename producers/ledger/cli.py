@@ -400,7 +400,9 @@ def register(subparsers: Any) -> None:
     _new_step_field(checkpoint)
     checkpoint.add_argument("--note", help="what was observed (TASK_COMPLETED: the evidence)")
     checkpoint.add_argument("--source", choices=SOURCES, default="executor", help="who observed it")
-    checkpoint.add_argument("--artifact", action="append", help="a delivered artifact (repeat)")
+    checkpoint.add_argument(
+        "--artifact", action="append", help="a delivered artifact (repeat; TASK_COMPLETED only)"
+    )
     _block_fields(checkpoint)
     _job_fields(checkpoint)
     _download_fields(checkpoint)

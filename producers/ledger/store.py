@@ -566,6 +566,13 @@ class Ledger:
                 + (f" (it takes step, note, {', '.join(takes)})" if takes else "")
             )
         _check_types(note=note, artifacts=artifacts, new_step=new_step)
+        if artifacts and event_type != "TASK_COMPLETED":
+            # Only the completion truth keeps artifacts; on any other event they were dropped
+            # without a word while the command said it had recorded the checkpoint.
+            raise LedgerError(
+                f"artifacts: only a TASK_COMPLETED checkpoint records artifacts, not a "
+                f"{event_type} one; remove --artifact, or say what was produced in --note"
+            )
         if step is not None:
             _check_id("step", step)
         _note("note", note)

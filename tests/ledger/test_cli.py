@@ -104,6 +104,12 @@ def test_render_is_a_working_task_card_renderer(workdir: Path) -> None:
         # An option of another event type was dropped without a word (MCP refused it).
         (["checkpoint", "t", "--event-type", "STARTED", "--kind", "OTHER"], "kind: not a field"),
         (["checkpoint", "t", "--event-type", "HEARTBEAT", "--complete"], "complete: not a"),
+        # Only a completion keeps artifacts: on another checkpoint they were dropped unsaid.
+        (
+            ["checkpoint", "t", "--event-type", "STEP_PROGRESS", "--step", "a", "--artifact", "x"],
+            "artifacts: only a TASK_COMPLETED",
+        ),
+        (["checkpoint", "t", "--event-type", "HEARTBEAT", "--artifact", "x"], "artifacts:"),
         (
             ["checkpoint", "t", "--event-type", "STEP_PROGRESS", "--step", "a", "--reply", "A"],
             "reply:",

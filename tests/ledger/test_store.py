@@ -158,6 +158,11 @@ WRONG_TYPES: list[tuple[str, dict[str, object], str]] = [
     ("init", {"task_id": "n", "purpose": "p", "timeout_sec": "60"}, "timeout_sec"),
     ("checkpoint", {"task_id": "t", "event_type": "HEARTBEAT", "note": 5}, "note"),
     ("checkpoint", {"task_id": "t", "event_type": "STARTED", "kind": "OTHER"}, "kind"),
+    (
+        "checkpoint",
+        {"task_id": "t", "event_type": "STEP_PROGRESS", "step": "s1", "artifacts": ["out.bin"]},
+        "artifacts",
+    ),
     ("checkpoint", {"task_id": "t", "event_type": None}, "event_type"),
     ("download_observed", {"task_id": "t", "name": "d", "observed_bytes": "5"}, "observed_bytes"),
     ("download_observed", {"task_id": "t", "name": "d", "observed_bytes": True}, "observed_bytes"),
