@@ -109,6 +109,12 @@ _TEXT_FIELDS: Final = ("note", "reason", "safe_next_step", "provider", "evidence
 _INT_FIELDS: Final = ("observed_bytes", "expected_bytes", "max_nudges", "max_retries")
 _BOOL_FIELDS: Final = ("failed", "complete", "corrupt", "new_step")
 _LIST_FIELDS: Final = ("steps", "artifacts")
+# The checkpoints whose own fields say what was seen, and where to say it instead of a note.
+_NOTELESS: Final = {
+    "BLOCKED_CONFIRMED": "say what stops the task in --reason",
+    "EXTERNAL_OBSERVED": "the job's --evidence says what was seen",
+    "DOWNLOAD_OBSERVED": "the sizes and --complete or --corrupt say what was seen",
+}
 # Fields only some event types take: a checkpoint of that type passes them to its method.
 EVENT_FIELDS: Final[dict[str, tuple[str, ...]]] = {
     "BLOCKED_CONFIRMED": ("kind", "reason", "safe_next_step", "failed"),
@@ -576,6 +582,13 @@ class Ledger:
         if step is not None:
             _check_id("step", step)
         _note("note", note)
+        if note and event_type in _NOTELESS:
+            # Their own fields carry what was seen; a note given here was dropped while the
+            # checkpoint was reported recorded.
+            raise LedgerError(
+                f"note: {event_type} checkpoints keep no note; remove --note "
+                f"({_NOTELESS[event_type]})"
+            )
         if event_type == "BLOCKED_CONFIRMED":
             return self.block(task_id, step=step, source=source, new_step=new_step, **fields)
         if event_type == "OWNER_REPLY_RECORDED":

@@ -110,6 +110,28 @@ def test_render_is_a_working_task_card_renderer(workdir: Path) -> None:
             "artifacts: only a TASK_COMPLETED",
         ),
         (["checkpoint", "t", "--event-type", "HEARTBEAT", "--artifact", "x"], "artifacts:"),
+        # These three keep no note: it was dropped while the checkpoint was reported recorded.
+        (
+            [
+                *("checkpoint", "t", "--event-type", "BLOCKED_CONFIRMED", "--note", "n"),
+                *("--kind", "OTHER", "--reason", "r"),
+            ],
+            "note: BLOCKED_CONFIRMED checkpoints keep no note",
+        ),
+        (
+            [
+                *("checkpoint", "t", "--event-type", "EXTERNAL_OBSERVED", "--note", "n"),
+                *("--job-id", "j", "--status", "running", "--evidence", "e"),
+            ],
+            "note: EXTERNAL_OBSERVED checkpoints",
+        ),
+        (
+            [
+                *("checkpoint", "t", "--event-type", "DOWNLOAD_OBSERVED", "--note", "n"),
+                *("--name", "d", "--bytes", "5"),
+            ],
+            "note: DOWNLOAD_OBSERVED checkpoints",
+        ),
         (
             ["checkpoint", "t", "--event-type", "STEP_PROGRESS", "--step", "a", "--reply", "A"],
             "reply:",

@@ -163,6 +163,12 @@ WRONG_TYPES: list[tuple[str, dict[str, object], str]] = [
         {"task_id": "t", "event_type": "STEP_PROGRESS", "step": "s1", "artifacts": ["out.bin"]},
         "artifacts",
     ),
+    (
+        "checkpoint",
+        {"task_id": "t", "event_type": "DOWNLOAD_OBSERVED", "name": "d", "observed_bytes": 5}
+        | {"note": "half of it"},
+        "note",
+    ),
     ("checkpoint", {"task_id": "t", "event_type": None}, "event_type"),
     ("download_observed", {"task_id": "t", "name": "d", "observed_bytes": "5"}, "observed_bytes"),
     ("download_observed", {"task_id": "t", "name": "d", "observed_bytes": True}, "observed_bytes"),
