@@ -109,6 +109,8 @@ _TEXT_FIELDS: Final = ("note", "reason", "safe_next_step", "provider", "evidence
 _INT_FIELDS: Final = ("observed_bytes", "expected_bytes", "max_nudges", "max_retries")
 _BOOL_FIELDS: Final = ("failed", "complete", "corrupt", "new_step")
 _LIST_FIELDS: Final = ("steps", "artifacts")
+# The checkpoints that record no step (their own record is a job, a download, a reply).
+_STEPLESS: Final = ("EXTERNAL_OBSERVED", "DOWNLOAD_OBSERVED", "OWNER_REPLY_RECORDED")
 # The checkpoints whose own fields say what was seen, and where to say it instead of a note.
 _NOTELESS: Final = {
     "BLOCKED_CONFIRMED": "say what stops the task in --reason",
@@ -565,13 +567,24 @@ class Ledger:
             )
             raise LedgerError(f"event_type: {what}; use one of " + ", ".join(EVENT_TYPES))
         takes = EVENT_FIELDS.get(event_type, ())
+        common = [
+            name
+            for name in ("step", "note")
+            if not (name == "note" and event_type in _NOTELESS)
+            and not (name == "step" and event_type in _STEPLESS)
+        ]
         stray = sorted(name for name in fields if name not in takes)
         if stray:
             raise LedgerError(
                 f"{stray[0]}: not a field of a {event_type} checkpoint; remove it"
-                + (f" (it takes step, note, {', '.join(takes)})" if takes else "")
+                + (f" (it takes {', '.join([*common, *takes])})" if takes else "")
             )
         _check_types(note=note, artifacts=artifacts, new_step=new_step)
+        if (step is not None or new_step) and event_type in _STEPLESS:
+            # Their methods record no step: a step given here was dropped unsaid.
+            raise LedgerError(
+                f"step: {event_type} checkpoints keep no step; remove --step and --new-step"
+            )
         if artifacts and event_type != "TASK_COMPLETED":
             # Only the completion truth keeps artifacts; on any other event they were dropped
             # without a word while the command said it had recorded the checkpoint.

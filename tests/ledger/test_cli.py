@@ -136,6 +136,35 @@ def test_render_is_a_working_task_card_renderer(workdir: Path) -> None:
             ["checkpoint", "t", "--event-type", "STEP_PROGRESS", "--step", "a", "--reply", "A"],
             "reply:",
         ),
+        # A step on a checkpoint whose record has none was checked, then dropped.
+        (
+            [
+                *("checkpoint", "t", "--event-type", "DOWNLOAD_OBSERVED", "--step", "b"),
+                *("--name", "d", "--bytes", "5"),
+            ],
+            "step: DOWNLOAD_OBSERVED checkpoints keep no step",
+        ),
+        (
+            [
+                "checkpoint",
+                "t",
+                "--event-type",
+                "OWNER_REPLY_RECORDED",
+                "--reply",
+                "A",
+                "--step",
+                "b",
+            ],
+            "step: OWNER_REPLY_RECORDED",
+        ),
+        # The hint lists only what the type takes (it offered the note refused below).
+        (
+            [
+                *("checkpoint", "t", "--event-type", "DOWNLOAD_OBSERVED", "--kind", "OTHER"),
+                *("--name", "d", "--bytes", "5"),
+            ],
+            "(it takes name, observed_bytes",
+        ),
         (["owner-reply", "t", "--reply", "F"], "--reply"),
         (["owner-reply", "t", "--reply", "B"], "reason:"),
         (["block", "t", "--reason", "x"], "kind:"),
