@@ -226,6 +226,7 @@ class Reports:
             )
         check_report(ok=ok, verdict=verdict, role=role, summary=summary, payload=payload)
         self._require_workdir()
+        self._require_folder()
         with self._locked():
             seq = max(self._last_seq(), self._counter()) + 1
             if seq > MAX_SEQ:
@@ -269,6 +270,7 @@ class Reports:
         if seq is not None and (isinstance(seq, bool) or not isinstance(seq, int) or seq < 0):
             raise ReportError("after: must be a whole number >= 0 (the last seq you read)")
         self._require_workdir()
+        self._require_folder()
         if seq is None:
             lines = self._tail_lines()
             for line in reversed(lines):
@@ -298,6 +300,21 @@ class Reports:
             raise ReportError(
                 f"workdir: {quoted(str(self.workdir))} is not a directory; give the agent's"
                 " working directory"
+            )
+
+    def _require_folder(self) -> None:
+        """Something other than a folder at `reports/` (a file, a named pipe) is the agent's
+        files being wrong, not the system failing: refused naming it and the fix, where the
+        system's "File exists" or "Not a directory" said neither."""
+        try:
+            mode = os.stat(self.dir).st_mode
+        except OSError:  # missing (created on the first report) or a dangling link
+            return
+        if not stat.S_ISDIR(mode):
+            kind = "a regular file" if stat.S_ISREG(mode) else file_kind(mode)
+            raise ReportError(
+                f"{REPORTS_DIR}/: {kind}, not a folder; move it aside (reports are kept in the"
+                f" folder {REPORTS_DIR}/, created by the first report)"
             )
 
     def _reports(self) -> Iterator[dict[str, Any]]:

@@ -646,3 +646,35 @@ def test_a_retried_spawn_keeps_the_time_the_child_was_created(tmp_path: Path) ->
     (child / "lineage.json").write_text(json.dumps(record))
     assert taskcard(*args).returncode == 0
     assert json.loads((child / "lineage.json").read_text())["created_at"] > created
+
+
+async def test_a_file_where_the_reports_folder_goes_is_bad_input_naming_it(
+    workdir: Path, cli: CliHost
+) -> None:
+    """A file (or a named pipe) at `reports/` made `report` exit 1 with "File exists" and
+    `reports` exit 1 with "Not a directory", as if the system had failed; it is the agent's
+    files that are wrong, so each exits 2 naming the path and the fix, as a folder at
+    `reports/reports.jsonl` already does, and the MCP tool says the same. Nothing is lost."""
+    (workdir / "reports").write_text("notes\n")
+    for args in (["report", "--ok"], ["reports"], ["reports", "--after", "0"]):
+        done = taskcard(args[0], "--workdir", str(workdir), *args[1:])
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith(
+            f"taskcard {args[0]}: reports/: a regular file, not a folder; move it aside".encode()
+        ), done.stderr
+    server = StdioServerParameters(
+        command=TASKCARD,
+        args=["mcp", "--workdir", str(workdir), "--runtime-dir", str(cli.runtime_dir)],
+    )
+    async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        result = await session.call_tool("report", {"ok": True, "summary": "suite green"})
+        content = result.structured_content
+        assert isinstance(content, dict) and content["status"] == "failed"
+        assert content["message"].startswith("reports/: a regular file, not a folder")
+    assert (workdir / "reports").read_text() == "notes\n"
+    (workdir / "reports").unlink()
+    os.mkfifo(workdir / "reports")
+    done = taskcard("reports", "--workdir", str(workdir))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(b"taskcard reports: reports/: a named pipe, not a folder")
