@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any, Final, Literal, TextIO
+from urllib.parse import quote
 
 from taskcard.producers.task_card.contract import terminal_json
 
@@ -89,16 +90,20 @@ class ScrubbingFormatter(logging.Formatter):
         super().__init__()
         self._inner = inner
         # Short values would match ordinary text; a secret is never that short.
-        self._secrets = tuple(sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True))
+        kept = {s for s in secrets if len(s) >= 4}
+        # JSON escapes some characters, and a URL quoted in an error encodes others: a secret
+        # must match in those spellings too. In any case: a client library may change the
+        # case of a platform's answer that echoes it (PTB capitalizes a bad request's text).
+        spellings = kept | {json.dumps(s)[1:-1] for s in kept} | {quote(s, safe="") for s in kept}
+        ordered = sorted(spellings, key=len, reverse=True)
+        self._secrets = (
+            re.compile("|".join(map(re.escape, ordered)), re.IGNORECASE) if ordered else None
+        )
 
     def format(self, record: logging.LogRecord) -> str:
         line = self._inner.format(record)
-        for secret in self._secrets:
-            line = line.replace(secret, SECRET_MASK)
-            # JSON escapes some characters; a secret containing them must match escaped too.
-            escaped = json.dumps(secret)[1:-1]
-            if escaped != secret:
-                line = line.replace(escaped, SECRET_MASK)
+        if self._secrets is not None:
+            line = self._secrets.sub(SECRET_MASK, line)
         return line
 
 

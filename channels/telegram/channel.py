@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 from telegram import Bot, BotCommand
 from telegram import error as tg
@@ -470,7 +472,18 @@ class TelegramChannel(Channel):
             _log.exception("handling the upgrade of Telegram group %s failed", old)
 
     def _scrub(self, error: ChannelError) -> ChannelError:
-        """Belt and braces: no error message leaves this class carrying the token."""
-        if self._token and any(self._token in str(arg) for arg in error.args):
-            error.args = tuple(str(arg).replace(self._token, "<token>") for arg in error.args)
+        """Belt and braces: no error leaves this class carrying the token, in its message or
+        in a text it keeps for later (a `Forbidden.reason` shown by `taskcard status`). An
+        answer may echo the request URL, and PTB capitalizes a bad request's description
+        (lowercasing the rest), so the token is looked for in any case and URL-encoded."""
+        if not self._token:
+            return error
+        spellings = {self._token, quote(self._token, safe="")}
+        token = re.compile("|".join(map(re.escape, sorted(spellings))), re.IGNORECASE)
+        error.args = tuple(
+            token.sub("<token>", arg) if isinstance(arg, str) else arg for arg in error.args
+        )
+        for name, value in vars(error).items():
+            if isinstance(value, str):
+                setattr(error, name, token.sub("<token>", value))
         return error
