@@ -307,9 +307,20 @@ class Reports:
         files being wrong, not the system failing: refused naming it and the fix, where the
         system's "File exists" or "Not a directory" said neither."""
         try:
-            mode = os.stat(self.dir).st_mode
-        except OSError:  # missing (created on the first report) or a dangling link
+            mode = os.lstat(self.dir).st_mode
+        except OSError:  # missing: created by the first report
             return
+        if stat.S_ISLNK(mode):
+            # Never followed out of the workdir (not even for a stat); a link inside it that
+            # leads nowhere is named as such, not as the system's "File exists".
+            if not is_inside(os.path.realpath(self.workdir), os.path.realpath(self.dir)):
+                raise self._outside()
+            try:
+                mode = os.stat(self.dir).st_mode
+            except OSError:
+                raise ReportError(
+                    f"{REPORTS_DIR}/: a symlink that leads nowhere; replace it with a folder"
+                ) from None
         if not stat.S_ISDIR(mode):
             kind = "a regular file" if stat.S_ISREG(mode) else file_kind(mode)
             raise ReportError(

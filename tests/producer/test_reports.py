@@ -678,3 +678,16 @@ async def test_a_file_where_the_reports_folder_goes_is_bad_input_naming_it(
     done = taskcard("reports", "--workdir", str(workdir))
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith(b"taskcard reports: reports/: a named pipe, not a folder")
+    (workdir / "reports").unlink()
+    (workdir / "reports").symlink_to(workdir.parent / "gone-elsewhere")  # dangling, out
+    for args in (["report", "--ok"], ["reports"]):
+        done = taskcard(args[0], "--workdir", str(workdir), *args[1:])
+        assert done.returncode == 2, done.stderr
+        assert b"reports/: leads out of the workdir (a symlink)" in done.stderr, done.stderr
+    (workdir / "reports").unlink()
+    (workdir / "reports").symlink_to("missing-inside")  # dangling, inside
+    for args in (["report", "--ok"], ["reports"]):
+        done = taskcard(args[0], "--workdir", str(workdir), *args[1:])
+        assert done.returncode == 2, done.stderr
+        assert b"reports/: a symlink that leads nowhere" in done.stderr, done.stderr
+    assert not (workdir / "missing-inside").exists()
