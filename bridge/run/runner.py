@@ -20,7 +20,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from taskcard.bridge.config import ConfigError, ServiceConfig, bot_root_doubt, load_config
-from taskcard.bridge.deliver.registry import SecretMissing, build_channels, route_specs
+from taskcard.bridge.deliver.registry import (
+    SecretMissing,
+    build_channels,
+    missing_secrets,
+    route_specs,
+)
 from taskcard.bridge.observe.metrics import MeteredChannel, ServiceMetrics
 from taskcard.bridge.observe.sdnotify import READY, STOPPING, sd_notify
 from taskcard.bridge.run import early_stop, heap
@@ -345,6 +350,12 @@ async def serve(
         why = stopping()
         return _stopped_before_serving(why) if why else code
 
+    # A secret's variable unset or empty is told before anything is made or locked: a
+    # mistyped variable must not leave a state folder (or a database) behind.
+    if problems := missing_secrets(config, env):
+        for message in problems:
+            start_error(message)
+        return failed(EXIT_CONFIG)
     lock = ServeLock(config.state_dir)
     try:
         holder = lock.acquire()

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,8 @@ from tests.e2e.test_cli import AGENT, refused_by_every_command
 
 SECRET = "s3cr3tValue0123456789abcdefABCDEF"  # the shape of a Feishu app secret
 TOKEN = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"  # the shape of a bot token
+
+TASKCARD = str(Path(sys.executable).parent / "taskcard")
 
 TG = '[[telegram.routes]]\nchat_id = -100123\nagents = ["builder"]\n'
 FS = '[[feishu.routes]]\nchat_id = "oc_0123456789abcdef"\nagents = ["builder"]\n'
@@ -60,3 +65,42 @@ def test_a_credential_in_the_file_is_refused_pointing_at_the_env_key(
         assert f"NAME in {instead}" in line, line
         assert SECRET not in result.stderr + result.stdout
         assert TOKEN not in result.stderr + result.stdout
+
+
+def test_a_secret_variable_not_set_stops_serve_before_the_state_is_touched(
+    tmp_path: Path,
+) -> None:
+    """`serve` with the variable of a secret unset (or empty) exits 2 naming every such
+    variable and the fix, before anything is made: it used to take the serve lock and create
+    the state database first, so a mistyped variable left a state folder behind."""
+    (tmp_path / "agents" / "builder").mkdir(parents=True)
+    config = tmp_path / "taskcard.toml"
+    config.write_text(
+        'state_dir = "state"\n[[agents]]\nid = "builder"\nworkdir = "agents/builder"\n'
+        '[telegram]\ntoken_env = "TC_PROBE_UNSET_TOKEN"\n'
+        'api_base_url = "http://127.0.0.1:9"\n'
+        + TG
+        + '[feishu]\napp_id_env = "TC_PROBE_APP_ID"\napp_secret_env = "TC_PROBE_UNSET_SECRET"\n'
+        + FS
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TC_PROBE_")}
+    env["TC_PROBE_APP_ID"] = "cli_probe"
+    env["TC_PROBE_UNSET_SECRET"] = "  "
+    done = subprocess.run(
+        [TASKCARD, "serve", "--config", str(config)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert any(
+        "telegram.token_env" in line and "TC_PROBE_UNSET_TOKEN is not set" in line for line in lines
+    ), done.stderr
+    assert any(
+        "feishu.app_secret_env" in line and "TC_PROBE_UNSET_SECRET is empty" in line
+        for line in lines
+    ), done.stderr
+    assert not (tmp_path / "state").exists()
