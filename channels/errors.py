@@ -17,11 +17,25 @@ Nothing upstream of a channel matches error strings or codes; it sees only this 
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Iterable
+from urllib.parse import quote
 
 # A platform's wait hint above this is not a wait but a fault (a 429 once asked for 1e9 s);
 # the service then applies its own, configurable cap below it.
 RETRY_AFTER_CEILING_S = 86_400.0
 DEFAULT_RETRY_AFTER_S = 1.0
+
+
+def without_secrets(text: str, secrets: Iterable[str | None], marker: str = "<secret>") -> str:
+    """`text` with each secret (4 characters or more) replaced by `marker`, in any case and
+    URL-encoded: a platform's answer may quote the request it refuses (a URL with the bot
+    token, an `Authorization` header), and a client library may change its case."""
+    spellings = {f for s in secrets if s and len(s) >= 4 for f in (s, quote(s, safe=""))}
+    if not spellings:
+        return text
+    ordered = sorted(spellings, key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, ordered)), re.IGNORECASE).sub(marker, text)
 
 
 def sane_retry_after_s(value: object, default_s: float = DEFAULT_RETRY_AFTER_S) -> float:

@@ -70,6 +70,7 @@ from taskcard.channels.errors import (
     Permanent,
     RateLimited,
     Transient,
+    without_secrets,
 )
 from taskcard.channels.feishu import card, scopes
 from taskcard.channels.feishu.config import FeishuConfig
@@ -563,7 +564,13 @@ class FeishuChannel(Channel):
             status=status,
             code=code,
             # Feishu's `msg` is text; a gateway's number or object is shown, never matched.
-            msg=None if response.msg is None else str(response.msg),
+            # An answer quoting the request (its bearer token, the app secret) is stored as
+            # a route's reason and shown by `taskcard status`: neither is kept.
+            msg=(
+                None
+                if response.msg is None
+                else without_secrets(str(response.msg), (token, self._app_secret))
+            ),
             headers=headers,
             app_scope=APP_SCOPE,
             narrow_scope=narrow_scope,

@@ -17,7 +17,12 @@ from collections.abc import Callable
 from lark_oapi.core.token import AccessTokenResponse, CreateSelfTenantTokenRequest
 from lark_oapi.core.token.create_token_request_body import CreateTokenRequestBody
 
-from taskcard.channels.errors import CredentialsRejected, RateLimited, Transient
+from taskcard.channels.errors import (
+    CredentialsRejected,
+    RateLimited,
+    Transient,
+    without_secrets,
+)
 from taskcard.channels.feishu.errors import APP_RATE_LIMITED, answer_code, retry_after_s
 from taskcard.channels.feishu.scopes import APP_SCOPE
 from taskcard.channels.feishu.transport import LarkTransport
@@ -82,4 +87,5 @@ class TenantTokenSource:
             # No answer, a server failure, or a success without a token: nothing here says
             # the credentials are wrong.
             raise Transient(detail)
-        raise CredentialsRejected(f"feishu: app credentials rejected (code {code}: {answer.msg})")
+        msg = without_secrets(str(answer.msg), (self._app_secret,))
+        raise CredentialsRejected(f"feishu: app credentials rejected (code {code}: {msg})")

@@ -9,6 +9,7 @@ import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -165,3 +166,20 @@ def test_every_module_names_its_logger_after_itself() -> None:
                 ):
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert offenders == []
+
+
+def test_a_secret_is_masked_in_any_case_and_url_encoded(capture: io.StringIO) -> None:
+    """A platform's answer may echo a secret in a URL, and a client library may change its
+    case (PTB capitalizes a bad request's description, lowercasing the rest): each spelling
+    is masked, as the exact one is."""
+    secret = "123456:AbC/dEf-Secret"
+    logs.choose(None, "text")
+    logs.setup_logging("INFO", [secret], stream=capture)
+    log = logging.getLogger("taskcard.bridge.schedule.scheduler")
+    log.warning("refused: %s", f"odd https://x/bot{secret.lower()}/editmessagetext")
+    log.warning("refused: %s", f"odd https://x/bot{quote(secret, safe='')}/getMe")
+    out = capture.getvalue()
+    assert secret.lower() not in out.lower()
+    assert quote(secret, safe="").lower() not in out.lower()
+    assert "https://x/bot***/editmessagetext" in out
+    assert "https://x/bot***/getMe" in out

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.harness import eventually, publish, run_cli
+from tests.e2e.test_serve_feishu import CHAT, Setup, card_texts
 from tests.e2e.test_serve_telegram import GROUP, PRIVATE, agent_dir, setup, shown
+from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram
 
 
@@ -49,4 +51,45 @@ async def test_a_token_echoed_in_an_error_answer_is_never_logged_or_shown(
     secret = fake.token.split(":", 1)[1].lower()
     assert secret not in serve.logs.lower()
     assert secret not in (status_out.stdout + status_out.stderr).lower()
-    assert "[secret]" in serve.logs or "<token>" in serve.logs or "[redacted]" in serve.logs
+    if status == 403:  # the stored reason, scrubbed by the channel before the store
+        assert "bot<token> may not post here" in status_out.stdout
+    else:  # the lowercased echo, scrubbed by the channel before it is logged
+        assert "https://api.example/bot<token>/editmessagetext" in serve.logs
+
+
+@pytest.fixture
+async def feishu() -> AsyncIterator[FakeFeishu]:
+    async with FakeFeishu() as server:
+        yield server
+
+
+async def test_a_feishu_answer_echoing_the_app_secret_or_the_tenant_token_never_shows_them(
+    tmp_path: Path, feishu: FakeFeishu
+) -> None:
+    """A Feishu refusal whose `msg` quotes the request (the bearer tenant token, the app
+    secret) becomes the route's disabled reason: `taskcard status` and the log show
+    `<secret>` in their place, in whatever case the answer wrote them."""
+    setup = Setup(tmp_path, feishu, ["builder"])
+    workdir = tmp_path / "agents" / "builder"
+    with setup.serve() as serve:
+        publish(workdir, "first body")
+        await eventually(lambda: any("first body" in t for t in card_texts(feishu)), what="card")
+        tenant = next(iter(feishu._tokens))
+        feishu.fail_chat(
+            CHAT,
+            230002,
+            msg=f"Bot not in chat. Authorization: Bearer {tenant.upper()} app {feishu.app_secret}",
+        )
+        publish(workdir, "second body")
+        report = await eventually(
+            lambda: (lambda text: text if "DISABLED" in text else "")(
+                run_cli("status", "--config", str(setup.config)).stdout
+            ),
+            timeout_s=60,
+            what="the route disabled",
+        )
+        assert await serve.aterminate() == 0
+    for text in (report, serve.logs):
+        assert tenant.lower() not in text.lower()
+        assert feishu.app_secret.lower() not in text.lower()
+    assert "Bearer <secret> app <secret>" in report
