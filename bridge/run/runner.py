@@ -322,6 +322,22 @@ def skip_cli_only_imports() -> None:
         sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
 
 
+def secrets_missing(config: ServiceConfig, env: Mapping[str, str]) -> list[str]:
+    """Each required secret variable `config` names that is unset, empty or malformed in
+    `env`, one line each naming the setting and the fix (never a value): the channels' and,
+    in cluster mode, the Redis URL's. `serve` stops on them before it locks or makes anything;
+    `serve --check` says them."""
+    problems = missing_secrets(config, env)
+    if config.cluster.enabled:
+        from taskcard.bridge.cluster.config import ClusterUrlMissing, resolve_redis_url
+
+        try:
+            resolve_redis_url(config.cluster, env)
+        except ClusterUrlMissing as error:
+            problems.append(str(error))
+    return problems
+
+
 async def serve(
     config: ServiceConfig,
     env: Mapping[str, str],
@@ -352,7 +368,7 @@ async def serve(
 
     # A secret's variable unset or empty is told before anything is made or locked: a
     # mistyped variable must not leave a state folder (or a database) behind.
-    if problems := missing_secrets(config, env):
+    if problems := secrets_missing(config, env):
         for message in problems:
             start_error(message)
         return failed(EXIT_CONFIG)

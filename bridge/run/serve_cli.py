@@ -19,7 +19,6 @@ from taskcard.bridge.config import ConfigError, ServiceConfig, load_config
 from taskcard.bridge.deliver.registry import (
     chat_moved_to,
     describe_scope,
-    missing_secrets,
     optional_secrets_unset,
     route_specs,
     scope_rules,
@@ -33,6 +32,7 @@ from taskcard.bridge.run.runner import (
     add_log_options,
     nothing_served,
     running_pid,
+    secrets_missing,
     serve,
 )
 from taskcard.bridge.run.service import agent_health_key, parse_agent_health
@@ -117,14 +117,7 @@ def _check_secrets(path: str, config: ServiceConfig) -> int:
     this environment as `serve` reads them (the same checks, the same lines, never a value).
     A required one unset or empty (a channel that could not start, a cluster without its
     Redis URL) is exit 2; an optional one unset is a warning."""
-    problems = missing_secrets(config, os.environ)
-    if config.cluster.enabled:
-        from taskcard.bridge.cluster.config import ClusterUrlMissing, resolve_redis_url
-
-        try:
-            resolve_redis_url(config.cluster, os.environ)
-        except ClusterUrlMissing as error:
-            problems.append(str(error))
+    problems = secrets_missing(config, os.environ)
     for note in optional_secrets_unset(config, os.environ):
         print(f"warning: {note}", file=sys.stderr)
     if problems:

@@ -104,3 +104,27 @@ def test_a_secret_variable_not_set_stops_serve_before_the_state_is_touched(
         for line in lines
     ), done.stderr
     assert not (tmp_path / "state").exists()
+
+
+def test_a_cluster_without_its_redis_url_variable_stops_serve_before_the_state_is_touched(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "agents" / "builder").mkdir(parents=True)
+    config = tmp_path / "taskcard.toml"
+    config.write_text(
+        'state_dir = "state"\n[[agents]]\nid = "builder"\nworkdir = "agents/builder"\n'
+        '[cluster]\nredis_url_env = "TC_PROBE_UNSET_REDIS_URL"\n'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TC_PROBE_")}
+    done = subprocess.run(
+        [TASKCARD, "serve", "--config", str(config)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "cluster.redis_url_env" in done.stderr, done.stderr
+    assert "TC_PROBE_UNSET_REDIS_URL is not set" in done.stderr, done.stderr
+    assert not (tmp_path / "state").exists()
