@@ -322,7 +322,7 @@ def skip_cli_only_imports() -> None:
         sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
 
 
-def secrets_missing(config: ServiceConfig, env: Mapping[str, str]) -> list[str]:
+def start_blockers(config: ServiceConfig, env: Mapping[str, str]) -> list[str]:
     """Each required secret variable `config` names that is unset, empty or malformed in
     `env`, one line each naming the setting and the fix (never a value): the channels' and,
     in cluster mode, the Redis URL's. `serve` stops on them before it locks or makes anything;
@@ -368,7 +368,7 @@ async def serve(
 
     # A secret's variable unset or empty is told before anything is made or locked: a
     # mistyped variable must not leave a state folder (or a database) behind.
-    if problems := secrets_missing(config, env):
+    if problems := start_blockers(config, env):
         for message in problems:
             start_error(message)
         return failed(EXIT_CONFIG)

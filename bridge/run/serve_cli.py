@@ -32,8 +32,8 @@ from taskcard.bridge.run.runner import (
     add_log_options,
     nothing_served,
     running_pid,
-    secrets_missing,
     serve,
+    start_blockers,
 )
 from taskcard.bridge.run.service import agent_health_key, parse_agent_health
 from taskcard.bridge.run.terminal import printable
@@ -117,7 +117,7 @@ def _check_secrets(path: str, config: ServiceConfig) -> int:
     this environment as `serve` reads them (the same checks, the same lines, never a value).
     A required one unset or empty (a channel that could not start, a cluster without its
     Redis URL) is exit 2; an optional one unset is a warning."""
-    problems = secrets_missing(config, os.environ)
+    problems = start_blockers(config, os.environ)
     for note in optional_secrets_unset(config, os.environ):
         print(f"warning: {note}", file=sys.stderr)
     if problems:
