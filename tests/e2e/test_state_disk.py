@@ -344,7 +344,8 @@ async def test_a_state_deleted_while_serving_is_written_again(
         )
         if what == "folder":
             await eventually(lambda: "serve.lock was deleted" in serve.logs, what="the lock")
-            second = _run(serve.config, "serve", timeout_s=180)  # the lock's wait included
+            # The token given, so the lock (made again) is what refuses it; the wait included.
+            second = _run(serve.config, "serve", env=serve.env, timeout_s=180)
             assert second.returncode == 3, second.stderr
         assert await serve.aterminate() == 0, serve.logs
     assert "Traceback" not in serve.logs
