@@ -67,6 +67,18 @@ def test_a_credential_in_the_file_is_refused_pointing_at_the_env_key(
         assert TOKEN not in result.stderr + result.stdout
 
 
+def serve_once(config: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`taskcard serve --config CONFIG` with `env`, expected to stop on its own."""
+    return subprocess.run(
+        [TASKCARD, "serve", "--config", str(config)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
 def test_a_secret_variable_not_set_stops_serve_before_the_state_is_touched(
     tmp_path: Path,
 ) -> None:
@@ -86,14 +98,7 @@ def test_a_secret_variable_not_set_stops_serve_before_the_state_is_touched(
     env = {k: v for k, v in os.environ.items() if not k.startswith("TC_PROBE_")}
     env["TC_PROBE_APP_ID"] = "cli_probe"
     env["TC_PROBE_UNSET_SECRET"] = "  "
-    done = subprocess.run(
-        [TASKCARD, "serve", "--config", str(config)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = serve_once(config, env)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.splitlines()
     assert any(
@@ -116,14 +121,7 @@ def test_a_cluster_without_its_redis_url_variable_stops_serve_before_the_state_i
         '[cluster]\nredis_url_env = "TC_PROBE_UNSET_REDIS_URL"\n'
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("TC_PROBE_")}
-    done = subprocess.run(
-        [TASKCARD, "serve", "--config", str(config)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = serve_once(config, env)
     assert done.returncode == 2, done.stderr
     assert "cluster.redis_url_env" in done.stderr, done.stderr
     assert "TC_PROBE_UNSET_REDIS_URL is not set" in done.stderr, done.stderr

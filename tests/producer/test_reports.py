@@ -302,6 +302,20 @@ def test_a_child_folder_not_created_yet_is_refused_saying_what_to_create(tmp_pat
     assert not (tmp_path / "later").exists()
 
 
+async def refused_over_mcp(workdir: Path, cli: CliHost) -> str:
+    """The message of the MCP `report` tool's refusal of a report in `workdir`."""
+    server = StdioServerParameters(
+        command=TASKCARD,
+        args=["mcp", "--workdir", str(workdir), "--runtime-dir", str(cli.runtime_dir)],
+    )
+    async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        result = await session.call_tool("report", {"ok": True, "summary": "suite green"})
+        content = result.structured_content
+        assert isinstance(content, dict) and content["status"] == "failed"
+        return str(content["message"])
+
+
 async def test_a_named_pipe_for_the_reports_file_is_refused_never_waited_on(
     workdir: Path, cli: CliHost
 ) -> None:
@@ -316,16 +330,8 @@ async def test_a_named_pipe_for_the_reports_file_is_refused_never_waited_on(
         assert done.stderr.startswith(
             f"taskcard {args[0]}: reports/reports.jsonl: a named pipe, not a regular file".encode()
         ), done.stderr
-    server = StdioServerParameters(
-        command=TASKCARD,
-        args=["mcp", "--workdir", str(workdir), "--runtime-dir", str(cli.runtime_dir)],
-    )
-    async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
-        await session.initialize()
-        result = await session.call_tool("report", {"ok": True, "summary": "suite green"})
-        content = result.structured_content
-        assert isinstance(content, dict) and content["status"] == "failed"
-        assert content["message"].startswith("reports/reports.jsonl: a named pipe")
+    refused = await refused_over_mcp(workdir, cli)
+    assert refused.startswith("reports/reports.jsonl: a named pipe"), refused
     (workdir / "reports" / "reports.jsonl").unlink()
     os.mkfifo(workdir / "reports" / ".seq")
     done = taskcard("report", "--workdir", str(workdir), "--failed", "--summary", "red")
@@ -662,16 +668,8 @@ async def test_a_file_where_the_reports_folder_goes_is_bad_input_naming_it(
         assert done.stderr.startswith(
             f"taskcard {args[0]}: reports/: a regular file, not a folder; move it aside".encode()
         ), done.stderr
-    server = StdioServerParameters(
-        command=TASKCARD,
-        args=["mcp", "--workdir", str(workdir), "--runtime-dir", str(cli.runtime_dir)],
-    )
-    async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
-        await session.initialize()
-        result = await session.call_tool("report", {"ok": True, "summary": "suite green"})
-        content = result.structured_content
-        assert isinstance(content, dict) and content["status"] == "failed"
-        assert content["message"].startswith("reports/: a regular file, not a folder")
+    refused = await refused_over_mcp(workdir, cli)
+    assert refused.startswith("reports/: a regular file, not a folder"), refused
     assert (workdir / "reports").read_text() == "notes\n"
     (workdir / "reports").unlink()
     os.mkfifo(workdir / "reports")
