@@ -16,6 +16,7 @@ Nothing upstream of a channel matches error strings or codes; it sees only this 
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Iterable
@@ -27,15 +28,30 @@ RETRY_AFTER_CEILING_S = 86_400.0
 DEFAULT_RETRY_AFTER_S = 1.0
 
 
-def without_secrets(text: str, secrets: Iterable[str | None], marker: str = "<secret>") -> str:
-    """`text` with each secret (4 characters or more) replaced by `marker`, in any case and
-    URL-encoded: a platform's answer may quote the request it refuses (a URL with the bot
-    token, an `Authorization` header), and a client library may change its case."""
-    spellings = {f for s in secrets if s and len(s) >= 4 for f in (s, quote(s, safe=""))}
+def secrets_pattern(
+    secrets: Iterable[str | None], *, json_escaped: bool = False
+) -> re.Pattern[str] | None:
+    """One pattern for every spelling of each secret (4 characters or more; a shorter value
+    would match ordinary text), in any case: as given, URL-encoded and, with `json_escaped`,
+    as a JSON string holds it. A platform's answer may quote the request it refuses (a URL
+    with the bot token, an `Authorization` header), and a client library may change its
+    case. None when there is nothing to look for."""
+    spellings: set[str] = set()
+    for secret in secrets:
+        if secret and len(secret) >= 4:
+            spellings |= {secret, quote(secret, safe="")}
+            if json_escaped:
+                spellings.add(json.dumps(secret)[1:-1])
     if not spellings:
-        return text
-    ordered = sorted(spellings, key=len, reverse=True)
-    return re.compile("|".join(map(re.escape, ordered)), re.IGNORECASE).sub(marker, text)
+        return None
+    ordered = sorted(spellings, key=len, reverse=True)  # the longest spelling wins
+    return re.compile("|".join(map(re.escape, ordered)), re.IGNORECASE)
+
+
+def without_secrets(text: str, secrets: Iterable[str | None], marker: str = "<secret>") -> str:
+    """`text` with every spelling of each secret (`secrets_pattern`) replaced by `marker`."""
+    pattern = secrets_pattern(secrets)
+    return text if pattern is None else pattern.sub(marker, text)
 
 
 def sane_retry_after_s(value: object, default_s: float = DEFAULT_RETRY_AFTER_S) -> float:

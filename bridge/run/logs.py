@@ -15,7 +15,6 @@ from (`bridge.schedule.scheduler`); this module only decides the shape of the li
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import sys
@@ -23,8 +22,8 @@ import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any, Final, Literal, TextIO
-from urllib.parse import quote
 
+from taskcard.channels.errors import secrets_pattern
 from taskcard.producers.task_card.contract import terminal_json
 
 LogFormat = Literal["text", "json"]
@@ -89,16 +88,9 @@ class ScrubbingFormatter(logging.Formatter):
     def __init__(self, inner: logging.Formatter, secrets: Iterable[str]) -> None:
         super().__init__()
         self._inner = inner
-        # Short values would match ordinary text; a secret is never that short.
-        kept = {s for s in secrets if len(s) >= 4}
-        # JSON escapes some characters, and a URL quoted in an error encodes others: a secret
-        # must match in those spellings too. In any case: a client library may change the
-        # case of a platform's answer that echoes it (PTB capitalizes a bad request's text).
-        spellings = kept | {json.dumps(s)[1:-1] for s in kept} | {quote(s, safe="") for s in kept}
-        ordered = sorted(spellings, key=len, reverse=True)
-        self._secrets = (
-            re.compile("|".join(map(re.escape, ordered)), re.IGNORECASE) if ordered else None
-        )
+        # A JSON line escapes some characters, a URL quoted in an error encodes others, and a
+        # client library may change the case of an answer that echoes a secret.
+        self._secrets = secrets_pattern(secrets, json_escaped=True)
 
     def format(self, record: logging.LogRecord) -> str:
         line = self._inner.format(record)

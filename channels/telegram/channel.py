@@ -11,10 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
-from urllib.parse import quote
 
 from telegram import Bot, BotCommand
 from telegram import error as tg
@@ -38,6 +36,7 @@ from taskcard.channels.errors import (
     Permanent,
     RateLimited,
     Transient,
+    without_secrets,
 )
 from taskcard.channels.telegram import moves, render, scopes
 from taskcard.channels.telegram.commands import (
@@ -478,12 +477,12 @@ class TelegramChannel(Channel):
         (lowercasing the rest), so the token is looked for in any case and URL-encoded."""
         if not self._token:
             return error
-        spellings = {self._token, quote(self._token, safe="")}
-        token = re.compile("|".join(map(re.escape, sorted(spellings))), re.IGNORECASE)
+        secrets = (self._token,)
         error.args = tuple(
-            token.sub("<token>", arg) if isinstance(arg, str) else arg for arg in error.args
+            without_secrets(arg, secrets, "<token>") if isinstance(arg, str) else arg
+            for arg in error.args
         )
         for name, value in vars(error).items():
             if isinstance(value, str):
-                setattr(error, name, token.sub("<token>", value))
+                setattr(error, name, without_secrets(value, secrets, "<token>"))
         return error
