@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -256,6 +257,48 @@ def unknown_field(tool: McpTool, arguments: dict[str, Any]) -> str | None:
     return f"{stray[0]}: not a field of {tool.name}; remove it (its fields: {', '.join(fields)})"
 
 
+def _json_kind(value: object) -> str:
+    """How a JSON value that is not a number is named in a refusal."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, str):
+        return "text; give the number without quotes"
+    return "a list" if isinstance(value, list) else "an object"
+
+
+def whole_numbers(
+    schema: dict[str, Any], arguments: dict[str, Any], where: str = ""
+) -> tuple[dict[str, Any], str | None]:
+    """The arguments with every field the schema types `integer` (at any depth of its object
+    properties) as an `int`, and the refusal of the first that is not a whole number (None:
+    all fine). One check for every tool: JSON Schema counts `2.0` as an integer, and clients
+    written in JavaScript send a whole number so, where each tool refused it in its own words.
+    Still refused, naming the field: a fraction, NaN or an infinity, a boolean, text."""
+    fields = schema.get("properties", {})
+    checked = dict(arguments)
+    for name, value in arguments.items():
+        spec = fields.get(name)
+        if value is None or not isinstance(spec, dict):
+            continue
+        path = f"{where}{name}"
+        if spec.get("type") == "object" and isinstance(value, dict):
+            checked[name], refused = whole_numbers(spec, value, f"{path}.")
+            if refused is not None:
+                return arguments, refused
+        elif spec.get("type") != "integer" or (
+            isinstance(value, int) and not isinstance(value, bool)
+        ):
+            continue
+        elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            checked[name] = int(value)
+        elif isinstance(value, float):
+            fix = "drop the fraction" if math.isfinite(value) else "give a finite whole number"
+            return arguments, f"{path}: must be a whole number, not {json.dumps(value)}; {fix}"
+        else:
+            return arguments, f"{path}: must be a whole number, not {_json_kind(value)}"
+    return checked, None
+
+
 def workdir_gone(paths: HostPaths) -> str:
     return (
         f"workdir: {paths.workdir} no longer exists (it was removed while this server ran);"
@@ -405,6 +448,8 @@ def build_server(
             arguments = dict(params.arguments or {})
             refused = repeated.refusal(arguments)
             stray = refused if refused is not None else unknown_field(tool, arguments)
+            if stray is None:
+                arguments, stray = whole_numbers(tool.input_schema, arguments)
             if stray is not None:
                 result, failed = {"status": "failed", "message": stray}, True
             else:
