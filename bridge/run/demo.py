@@ -34,6 +34,7 @@ from taskcard.producers.task_card.contract import (
     atomic_write,
     utc_now_iso,
 )
+from taskcard.producers.task_card.number_args import decimal_number
 
 # Each demo agent keeps a snapshot of its own work; its renderer turns that into its card.
 TESTER_RENDERER = '''\
@@ -276,10 +277,7 @@ MAX_DEMO_S = 7 * 86_400
 def _duration_s(text: str) -> float:
     """`--duration`: a finite number of seconds from 0.1 to a week, else a usage error (a
     negative or `nan` duration used to end the demo at once, `inf` never)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    value = decimal_number(text, "a number of seconds")
     if not (math.isfinite(value) and 0.1 <= value <= MAX_DEMO_S):
         raise argparse.ArgumentTypeError(
             f"{text!r} is out of range; give 0.1 to {MAX_DEMO_S} seconds"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import math
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -34,22 +35,27 @@ from taskcard.producers.task_card.contract import (
     shows_text,
     utc_now_iso,
 )
+from taskcard.producers.task_card.number_args import decimal_number, whole_number
 from taskcard.producers.task_card.workdir_arg import existing_workdir_arg
 
 
 def parse_value(text: str) -> Any:
-    """`12` -> int, `1.5` -> float, `true`/`false` -> bool, anything else stays text."""
+    """`12` -> int, `1.5` -> float, `true`/`false` -> bool, anything else stays text.
+
+    A number is read as every numeric option of the command line reads one (`number_args`):
+    `１０`, `1_0` or ` 3` stay text, so a field that must be an integer refuses them, naming
+    itself, where `int` took them as 10, 10 and 3."""
     if text in ("true", "false"):
         return text == "true"
     try:
-        return int(text)
-    except ValueError:
+        return whole_number(text)
+    except argparse.ArgumentTypeError:
         pass
     try:
-        number = float(text)
-    except ValueError:
+        number = decimal_number(text)
+    except argparse.ArgumentTypeError:
         return text
-    return number if number == number and abs(number) != float("inf") else text
+    return number if math.isfinite(number) else text
 
 
 def _misspelt(key: str, known: Iterable[str]) -> list[str]:
@@ -124,7 +130,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="append one activity event to <workdir>/logs/events.jsonl",
         description=(
             "Append one well-formed activity event for the automatic slot of the card. "
-            f"Kinds: {kinds}. Values: integers, numbers, true/false, else text."
+            f"Kinds: {kinds}. Values: integers, numbers (ASCII digits), true/false, else text."
         ),
     )
     parser.add_argument(

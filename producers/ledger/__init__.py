@@ -7,7 +7,8 @@ function (`model.derive`). A pure monitor (`monitor.decide`) picks exactly one c
 per task; `supervise` turns actions into typed notifications and retires the task's card.
 
 May import: the standard library, pydantic, `producers.task_card` (its contract, notification
-port, runtime and capability). Never the service or a channel.
+port, runtime, capability and the command line's reading of numbers). Never the service or
+a channel.
 """
 
 from taskcard.producers.ledger.model import EVENT_TYPES, FAILURE_KINDS, derive

@@ -14,7 +14,7 @@ import json
 import os
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -29,6 +29,7 @@ from taskcard.producers.ledger.model import (
 from taskcard.producers.ledger.render import RENDERER_FILE, render_markdown, write_renderer
 from taskcard.producers.ledger.store import DEFAULT_LEDGER, Ledger, LedgerError, cannot_write
 from taskcard.producers.task_card.contract import is_inside, terminal_json
+from taskcard.producers.task_card.number_args import decimal_number, whole_number
 from taskcard.producers.task_card.runtime import RUNTIME_DIR_HELP
 from taskcard.producers.task_card.workdir_arg import existing_workdir_arg
 
@@ -319,7 +320,7 @@ def _job_fields(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-wait-sec",
         dest="max_wait_sec",
-        type=float,
+        type=decimal_number,
         help="time limit while pending (default: the job's last one, else the task's "
         "external_max_wait_sec)",
     )
@@ -327,9 +328,12 @@ def _job_fields(parser: argparse.ArgumentParser) -> None:
 
 def _download_fields(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", help="the download's id")
-    parser.add_argument("--bytes", type=int, help="bytes seen on disk")
+    parser.add_argument("--bytes", type=whole_number, help="bytes seen on disk")
     parser.add_argument(
-        "--expected-bytes", dest="expected_bytes", type=int, help="the download's full size"
+        "--expected-bytes",
+        dest="expected_bytes",
+        type=whole_number,
+        help="the download's full size",
     )
     parser.add_argument("--complete", action="store_true", help="the download says it finished")
     parser.add_argument("--corrupt", action="store_true", help="a check found it corrupt")
@@ -366,14 +370,15 @@ def register(subparsers: Any) -> None:
     init = add("init", run_init, "create a task (and a task card renderer for it)")
     init.add_argument("--purpose", required=True, help="what the task is for, one line")
     init.add_argument("--steps", help="the planned step ids, comma-separated")
-    limits: dict[str, tuple[str, type[float] | type[int]]] = {
-        "nudge_after_sec": ("seconds without progress before the agent is nudged", float),
-        "timeout_sec": ("seconds without progress before the task counts as stale", float),
-        "heartbeat_every_sec": ("seconds between expected heartbeats while waiting", float),
-        "renotify_sec": ("seconds before the same action is sent again", float),
-        "external_max_wait_sec": ("longest wait on pending external work", float),
-        "max_nudges": ("nudges before escalating", int),
-        "max_retries": ("retries before escalating", int),
+    seconds, count = decimal_number, whole_number  # the command line's one reading of numbers
+    limits: dict[str, tuple[str, Callable[[str], float] | Callable[[str], int]]] = {
+        "nudge_after_sec": ("seconds without progress before the agent is nudged", seconds),
+        "timeout_sec": ("seconds without progress before the task counts as stale", seconds),
+        "heartbeat_every_sec": ("seconds between expected heartbeats while waiting", seconds),
+        "renotify_sec": ("seconds before the same action is sent again", seconds),
+        "external_max_wait_sec": ("longest wait on pending external work", seconds),
+        "max_nudges": ("nudges before escalating", count),
+        "max_retries": ("retries before escalating", count),
     }
     # The defaults are the model's (`Limits`), shown with the number an unset option stands for.
     defaults = {name: field.default for name, field in Limits.model_fields.items()}

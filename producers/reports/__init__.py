@@ -10,7 +10,8 @@ service reads (and the inbox message it writes); the file contracts are in docs/
 May import: the standard library, `producers.task_card.contract`, `producers.inbox.contract`,
 `producers.ledger.contract` (only `lineage`, for the folder a child may not sit in),
 `producers.task_card.runtime` (only `mcp_tool`, for its type),
-`producers.task_card.workdir_arg` (how a command or tool reads a workdir). Never `bridge` or
+`producers.task_card.workdir_arg` (how a command or tool reads a workdir),
+`producers.task_card.number_args` (how a command reads a number). Never `bridge` or
 `channels`.
 """
 

@@ -27,6 +27,7 @@ from taskcard.producers.reports.store import (
     write_problem,
 )
 from taskcard.producers.task_card.contract import cannot_write, terminal_json
+from taskcard.producers.task_card.number_args import whole_number
 from taskcard.producers.task_card.workdir_arg import existing_workdir_arg, workdir_arg
 
 
@@ -113,10 +114,7 @@ def run_spawn(args: argparse.Namespace) -> int:
 
 
 def _seq(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: the last seq you read, e.g. 3") from None
+    value = whole_number(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r}: a seq is 0 or more")
     return value
@@ -178,7 +176,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     spawn_parser.add_argument(
         "--max-depth",
-        type=int,
+        type=whole_number,
         default=DEFAULT_MAX_DEPTH,
         help=f"the depth cap, 1 to {MAX_DEPTH_LIMIT}",
     )

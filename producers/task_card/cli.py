@@ -40,6 +40,7 @@ from taskcard.producers.task_card.envelope import (
     check_values,
     decode_envelope,
 )
+from taskcard.producers.task_card.number_args import decimal_number, whole_number
 from taskcard.producers.task_card.runtime import (
     RUNTIME_DIR_HELP,
     HostAlreadyRunning,
@@ -364,10 +365,7 @@ def _seconds(floor: float, ceiling: float) -> Callable[[str], float]:
     (exit 2) that names the range. A `nan` or negative grace used to be taken as given."""
 
     def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        value = decimal_number(text, "a number of seconds")
         if not math.isfinite(value) or not floor <= value <= ceiling:
             raise argparse.ArgumentTypeError(
                 f"{text!r} is out of range; use a number of seconds from {floor:g} to {ceiling:g}"
@@ -382,10 +380,7 @@ def _finite(text: str) -> float:
     2) naming the option and the value as typed. The floors are the envelope's to check (as
     for `tool`); `nan`, `inf` or `1e400` used to reach it and come back on stdout naming
     `input.interval_s`, and `1e400` as `inf`."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    value = decimal_number(text)
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"{text!r} is not a finite number; give one such as 5")
     return value
@@ -436,7 +431,7 @@ def register(subparsers: Any) -> None:
     start.add_argument(
         "--max-refreshes",
         dest="max_refreshes",
-        type=int,
+        type=whole_number,
         help="refresh budget, capped by the settings (default: the settings)",
     )
     for name, text in (

@@ -1,0 +1,159 @@
+"""Every numeric option of every command reads ASCII digits only, through one converter.
+
+Options typed with Python's `int` and `float` took `１０` (full-width digits), `٣` (Arabic-Indic),
+`1_0` and ` 3` as 10, 3, 10 and 3. Driven as a user at a shell: `taskcard` run as a process,
+each option given a number in one of those forms, which is a usage error (exit 2) naming the
+option and the form expected; ASCII digits with a sign still work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from taskcard.bridge.cli import build_parser
+
+from .test_cli import taskcard
+
+# Option readers that take text, not a number (a workdir, a log level, a version).
+TEXT_READERS = {
+    "workdir_arg",
+    "existing_workdir_arg",
+    "_one_of.<locals>.parse",
+    "_version_arg",
+}
+WHOLE = "is not a whole number; write ASCII digits 0-9 with an optional sign, e.g. 10"
+# A float option may name what it counts ("is not a number of seconds; write ...").
+DECIMAL = re.compile(
+    r"is not a number( of seconds)?; write ASCII digits 0-9 with an optional sign, decimal"
+    r" point and exponent, e\.g\. 2\.5"
+)
+# Each command's positional arguments and required options, so only the number is wrong.
+REQUIRED = {
+    ("card", "start"): ["r.py"],
+    ("card", "inspect"): ["tc_1"],
+    ("card", "retry"): ["tc_1"],
+    ("card", "stop"): ["tc_1"],
+    ("ledger", "init"): ["t", "--purpose", "p"],
+    ("ledger", "checkpoint"): ["t", "--event-type", "DOWNLOAD_OBSERVED", "--name", "d"],
+    ("ledger", "external-job"): ["t", "--job-id", "j", "--status", "running"],
+    ("ledger", "download-observed"): ["t", "--name", "d"],
+    ("spawn",): ["--parent", "p", "--reason", "r"],
+}
+# Whole numbers as Python's `int` reads them, and floats as `float` does, none typed in ASCII.
+NOT_WHOLE = ["１０", "٣", "1_0", " 3", "3\t", "+ 3", "0x10", "3.0"]
+NOT_DECIMAL = ["１.5", "٣", "1_0.5", " 2", "2 ", "2,5", "0x10", "1e"]
+
+
+def numeric_readers() -> Iterator[tuple[tuple[str, ...], str, str]]:
+    """(command words, option, reader's name) for every option read as a number, found by
+    walking the parser: an option added later is covered without editing this test."""
+
+    def walk(
+        parser: argparse.ArgumentParser, words: tuple[str, ...]
+    ) -> Iterator[tuple[tuple[str, ...], str, str]]:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield from walk(sub, (*words, name))
+            elif action.type is not None and action.type is not str:
+                reader = getattr(action.type, "__qualname__", repr(action.type))
+                if reader not in TEXT_READERS:
+                    yield words, action.option_strings[0], reader
+
+    yield from walk(build_parser(), ())
+
+
+READERS = sorted(numeric_readers())
+OPTIONS = [
+    (words, option, reader in ("whole_number", "_seq", "int")) for words, option, reader in READERS
+]
+
+
+def test_the_walk_finds_every_kind_of_numeric_option() -> None:
+    plain = [(words, option) for words, option, reader in READERS if reader in ("int", "float")]
+    assert plain == [], "an option read by Python's int or float takes other scripts' digits"
+    found = {(" ".join(words), option) for words, option, _ in OPTIONS}
+    assert {
+        ("spawn", "--max-depth"),
+        ("reports", "--after"),
+        ("card start", "--max-refreshes"),
+        ("card start", "--interval-s"),
+        ("ledger init", "--max-nudges"),
+        ("ledger download-observed", "--bytes"),
+        ("ledger external-job", "--max-wait-sec"),
+        ("host", "--ledger-check-s"),
+        ("tool", "--idle-grace-s"),
+        ("demo", "--duration"),
+    } <= found
+    assert len(OPTIONS) >= 30
+
+
+@pytest.mark.parametrize(
+    ("words", "option", "whole"), OPTIONS, ids=[f"{' '.join(w)} {o}" for w, o, _ in OPTIONS]
+)
+def test_a_number_not_in_ascii_digits_is_a_usage_error_naming_the_option(
+    tmp_path: Path, words: tuple[str, ...], option: str, whole: bool
+) -> None:
+    values = NOT_WHOLE if whole else NOT_DECIMAL
+    # One form per option, each form by several options: every form and every option is
+    # tried without running each option once per form.
+    value = values[OPTIONS.index((words, option, whole)) % len(values)]
+    where = [] if words[0] == "demo" else ["--workdir", str(tmp_path)]
+    result = taskcard(*words, *REQUIRED.get(words, []), *where, f"{option}={value}")
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    named = f"argument {option}: {value!r} "
+    assert named in result.stderr, result.stderr
+    form = result.stderr.split(named, 1)[1]
+    assert form.startswith(WHOLE) if whole else DECIMAL.match(form), result.stderr
+    assert result.stderr.count("\n") == 1 and result.stdout == "", result.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing was written or started
+
+
+@pytest.mark.parametrize("value", NOT_WHOLE)
+def test_every_form_is_refused_by_an_integer_option(tmp_path: Path, value: str) -> None:
+    (tmp_path / "child").mkdir()
+    child = ("--workdir", str(tmp_path / "child"), "--parent", "p", "--reason", "r")
+    result = taskcard("spawn", *child, f"--max-depth={value}")
+    assert result.returncode == 2, result.stderr
+    assert f"argument --max-depth: {value!r} {WHOLE}" in result.stderr
+    assert not (tmp_path / "child" / "lineage.json").exists()
+
+
+def test_ascii_digits_with_a_sign_still_work(tmp_path: Path) -> None:
+    (tmp_path / "child").mkdir()
+    child = ("--workdir", str(tmp_path / "child"), "--parent", "p", "--reason", "r")
+    spawned = taskcard("spawn", *child, "--max-depth", "+2")
+    assert spawned.returncode == 0, spawned.stderr
+    common = ("--workdir", str(tmp_path))
+    created = taskcard(
+        "ledger", "init", "t", "--purpose", "p", "--max-nudges", "07", "--timeout-sec", "1.5e3",
+        "--no-renderer", *common,
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    seen = taskcard("ledger", "download-observed", "t", "--name", "d", "--bytes", "+10", *common)
+    assert seen.returncode == 0, seen.stderr
+    shown = json.loads(taskcard("ledger", "show", "t", *common).stdout)
+    assert shown["task"]["limits"]["max_nudges"] == 7
+    assert shown["task"]["limits"]["timeout_sec"] == 1500.0
+    assert shown["observed"]["downloads"][0]["observed_bytes"] == 10
+    # A negative seq still meets its own range check, not the form's.
+    after = taskcard("reports", "--after", "-1", *common)
+    assert after.returncode == 2 and "'-1': a seq is 0 or more" in after.stderr, after.stderr
+
+
+@pytest.mark.parametrize("value", ["１０", "1_0", " 3"])
+def test_an_activity_field_reads_numbers_as_the_options_do(tmp_path: Path, value: str) -> None:
+    """`taskcard activity usage input_tokens=１０` was written as 10: the integer field now
+    meets the text as given and refuses it, naming the field."""
+    result = taskcard(
+        "activity", "--workdir", str(tmp_path), "usage", "output_tokens=1", f"input_tokens={value}"
+    )
+    assert result.returncode == 2, result.stderr
+    assert "input_tokens: must be an integer for usage" in result.stderr, result.stderr
+    assert not (tmp_path / "logs").exists()
