@@ -38,6 +38,7 @@ from taskcard.producers.task_card.contract import (
     count_field,
     file_kind,
     is_inside,
+    iso_utc,
     line_break_first,
     open_append,
     open_lock,
@@ -125,7 +126,7 @@ def readable(report: dict[str, Any]) -> dict[str, Any] | None:
     named = isinstance(name, str) and PAYLOAD_NAME.fullmatch(name) is not None
     return {
         "seq": typed.seq,
-        "at": report["at"],
+        "at": iso_utc(typed.at),  # a hand-written offset in the writers' UTC form
         "ok": typed.ok,
         "verdict": typed.verdict,
         "role": typed.role,

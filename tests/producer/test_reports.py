@@ -589,7 +589,7 @@ def test_a_reader_gets_only_typed_reports_as_the_service_reads_them(workdir: Pat
     assert [r["seq"] for r in walked] == [1, 4, 5]
     assert walked[1] == {
         "seq": 4,
-        "at": "2026-01-01T00:00:00Z",
+        "at": "2026-01-01T00:00:00.000Z",
         "ok": False,
         "verdict": "rejected",
         "role": None,
@@ -605,6 +605,36 @@ def test_a_reader_gets_only_typed_reports_as_the_service_reads_them(workdir: Pat
     # The writer still numbers after every line with a seq, so none is handed out twice.
     done = taskcard("report", "--workdir", str(workdir), "--ok")
     assert json.loads(done.stdout)["seq"] == 7
+
+
+def test_every_date_a_reader_gets_is_in_the_writers_utc_form(workdir: Path) -> None:
+    """`taskcard reports` returned a hand-written line's `at` as written: `+05:00` stayed an
+    offset, unlike the UTC `Z` form the writers stamp. Every `at` a reader gets (the command
+    line, the Python API) is now that form; a line whose `at` is no date stays no report, as
+    for the service, which never announces it."""
+    written = json.loads(taskcard("report", "--workdir", str(workdir), "--ok").stdout)
+    hand_written = {
+        2: ("2026-03-01T17:30:00+05:00", "2026-03-01T12:30:00.000Z"),
+        3: ("2026-03-01T12:30:00.123456-02:30", "2026-03-01T15:00:00.123Z"),
+        4: ("2026-03-01T12:30:00", "2026-03-01T12:30:00.000Z"),  # no offset: UTC, as served
+        5: ("2026-03-01", "2026-03-01T00:00:00.000Z"),
+    }
+    with (workdir / "reports" / "reports.jsonl").open("a") as handle:
+        for seq, (at, _) in hand_written.items():
+            handle.write(json.dumps({"seq": seq, "at": at, "ok": True}) + "\n")
+        handle.write('{"seq":6,"at":"tomorrow","ok":true}\n')
+        handle.write('{"seq":7,"at":1767225600,"ok":true}\n')
+    expected = {1: written["at"], **{seq: utc for seq, (_, utc) in hand_written.items()}}
+    assert written["at"].endswith("Z") and len(written["at"]) == len("2026-03-01T12:30:00.000Z")
+    for after, seq in [(str(n - 1), n) for n in expected]:
+        report = next_report(workdir, "--after", after)
+        assert report is not None and (report["seq"], report["at"]) == (seq, expected[seq])
+        python = Reports(workdir).after(seq - 1)
+        assert python is not None and python["at"] == expected[seq]
+    # Not a date: no report, for the reader as for the service (nothing after seq 5).
+    assert next_report(workdir, "--after", "5") is None
+    latest = next_report(workdir)
+    assert latest is not None and (latest["seq"], latest["at"]) == (5, expected[5])
 
 
 def test_a_role_in_any_script_is_taken_as_the_error_says_letters(workdir: Path) -> None:
