@@ -202,7 +202,9 @@ class InboxDesk:
             if record.channel not in self._channels:
                 continue
             self._keep(record)
-            self._scheduler.add_route(status_key(record), reply_to=answered(record))
+            self._scheduler.add_route(
+                status_key(record), reply_to=answered(record), keeps_refusal=False
+            )
         for agent_id in {r.agent_id for r in self._records.values()} - set(self._writers):
             self.retire(agent_id, "the agent was removed")
 
@@ -221,7 +223,9 @@ class InboxDesk:
             if record.agent_id != agent_id or record.channel not in self._channels:
                 continue
             self._keep(record)
-            self._scheduler.add_route(status_key(record), reply_to=answered(record))
+            self._scheduler.add_route(
+                status_key(record), reply_to=answered(record), keeps_refusal=False
+            )
             self._show(record)
 
     def drop_agent(self, agent_id: str) -> None:
@@ -322,7 +326,9 @@ class InboxDesk:
             self._rate.give_back(author or "", agent_id, now.timestamp())
             raise
         self._keep(record)
-        self._scheduler.add_route(status_key(record), reply_to=answered(record))
+        self._scheduler.add_route(
+            status_key(record), reply_to=answered(record), keeps_refusal=False
+        )
         try:
             self._writers[agent_id].queue(message)
         except (InboxRefused, OSError) as error:

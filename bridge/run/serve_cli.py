@@ -37,6 +37,7 @@ from taskcard.bridge.run.runner import (
 )
 from taskcard.bridge.run.service import agent_health_key, parse_agent_health
 from taskcard.bridge.run.terminal import printable
+from taskcard.bridge.schedule.scheduler import card_refused_key, parse_card_refused
 from taskcard.bridge.store.sqlite import (
     STATE_FILE,
     ResidentRecord,
@@ -197,6 +198,7 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
                 if rules is not None and rules.covers(scope, chat, message_id)
             }
             moved = chat_moved_to(channel, store, chat.chat_id) if store else None
+            refused = parse_card_refused(store.get_cursor(card_refused_key(key))) if store else None
             routes.append(
                 {
                     "route": key,
@@ -207,6 +209,11 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
                     "message_id": record.message_id if record else None,
                     "last_committed": _when(record.committed_at) if record else None,
                     "disabled": record.disabled_reason if record else None,
+                    # The platform refused the route's latest card for good: the chat shows
+                    # the one before, until a later card goes through.
+                    "card_refused": (
+                        {"reason": refused[0], "since": _when(refused[1])} if refused else None
+                    ),
                     "unanswered_sends": record.unsure_sends if record else 0,
                     "sends_held_until": _send_hold(config, channel, record, now),
                     "paused_until": route_pauses,
@@ -314,6 +321,8 @@ def _send_hold(
 
 
 def _status(args: argparse.Namespace) -> int:
+    from taskcard.bridge.run.boards import BOARD_AGENT
+
     config = _load(Path(args.config))
     if config is None:
         return EXIT_CONFIG
@@ -362,6 +371,15 @@ def _status(args: argparse.Namespace) -> int:
             )
         if route["disabled"]:
             print(f"  DISABLED: {printable(route['disabled'])}")
+        if route["card_refused"]:
+            refused = route["card_refused"]
+            whose = "board" if route["agent"] == BOARD_AGENT else f"agent {route['agent']}"
+            print(
+                printable(
+                    f"  CARD REFUSED ({whose}) since {refused['since']}: {refused['reason']};"
+                    " the chat shows the last card that went through"
+                )
+            )
         if route["unanswered_sends"]:
             print(
                 f"  sends without an answer: {route['unanswered_sends']}"

@@ -78,7 +78,12 @@ from taskcard.bridge.run.inbox_desk import (
 from taskcard.bridge.run.origins import OriginBook
 from taskcard.bridge.schedule.ratelimit import Limiter
 from taskcard.bridge.schedule.routes import LaneKey, route_of_store_key
-from taskcard.bridge.schedule.scheduler import RouteKey, RouteScheduler, SharedReplies
+from taskcard.bridge.schedule.scheduler import (
+    CARD_REFUSED_PREFIX,
+    RouteKey,
+    RouteScheduler,
+    SharedReplies,
+)
 from taskcard.bridge.store.sqlite import ChatPrefs, SeenChat, StateStore
 from taskcard.bridge.track.due import DueAgents
 from taskcard.bridge.track.ledger import LedgerView, ledger_row
@@ -635,7 +640,7 @@ class Service:
             agent_id,
             routes=[WAKE_ROUTE_PREFIX + agent_id],
             cursors=[DEPARTED_PREFIX + agent_id, agent_health_key(agent_id)],
-            cursor_prefixes=[FOLDED_CURSOR_PREFIX],
+            cursor_prefixes=[FOLDED_CURSOR_PREFIX, CARD_REFUSED_PREFIX],
         )
         self._origins.forget_agent(agent_id)
         for key in self._departed_routes.get(agent_id, []):

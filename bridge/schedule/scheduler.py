@@ -87,6 +87,33 @@ _T = TypeVar("_T")
 RECENT_REQUESTS_CURSOR = "ratelimit:recent"
 # The command replies not sent yet (see `keep_replies`).
 PENDING_REPLIES_CURSOR = "replies:pending"
+# A route's card the platform refused for good, kept for `taskcard status` until a later card
+# of the route goes through: `{"reason": text, "at": epoch seconds}` under this prefix and the
+# route's store key (which ends with the agent's id, so a departed agent's is forgotten too).
+CARD_REFUSED_PREFIX = "card-refused:"
+MAX_REFUSAL_CHARS = 500
+
+
+def card_refused_key(route: str) -> str:
+    """The store key of the refusal kept for the route whose store key is `route`."""
+    return CARD_REFUSED_PREFIX + route
+
+
+def parse_card_refused(raw: str | None) -> tuple[str, float] | None:
+    """The refusal kept for a route (its reason and when, in epoch seconds), or None: none
+    kept, or a value this release cannot read."""
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    reason, at = data.get("reason"), data.get("at")
+    if not isinstance(reason, str) or isinstance(at, bool) or not isinstance(at, int | float):
+        return None
+    return reason, float(at)
 
 
 @dataclass
@@ -98,6 +125,10 @@ class _Resident:
     disabled: str | None
     desired: Outgoing | None = None
     failed: str | None = None  # fingerprint the platform rejected for good
+    # The refusal the store keeps for `taskcard status` (None: none kept), and whether this
+    # route keeps one at all (a /tell status message is not listed there).
+    refusal: str | None = None
+    keeps_refusal: bool = True
     stale_id: str | None = None  # a replaced message still to delete (persisted)
     send_key: str | None = None  # the same for every retry of one intended send
     # Attempts made with `send_key` (one restored from before a restart counts): after a
@@ -425,11 +456,13 @@ class RouteScheduler:
         pin: bool = False,
         paced: bool = False,
         reply_to: ReplyTo | None = None,
+        keeps_refusal: bool = True,
     ) -> None:
         """`paced`: the route's requests are spread at its chat's sustained rate (`pace_s`)
         instead of spending the chat's window in bursts; for a resident that changes all the
         time, such as a board. `reply_to`: the command the resident answers; its message is
-        posted as a reply to it (see `Channel.send`)."""
+        posted as a reply to it (see `Channel.send`). `keeps_refusal`: a card the platform
+        refuses for good is kept in the store for `taskcard status` (see `_keep_refusal`)."""
         record = self._store.resident(key.store_key)
         channel = self._channels.get(key.channel)
         if channel is not None and not channel.messages_outlive_process:
@@ -453,6 +486,9 @@ class RouteScheduler:
             unsure_at=record.unsure_at if record else None,
             stale_id=record.stale_message_id if record else None,
             reply_to=reply_to,
+            keeps_refusal=keeps_refusal,
+            # A refusal the last run kept stays until a card of the route goes through.
+            refusal=self._kept_refusal(key) if keeps_refusal else None,
             # A pin the last run put off, saw fail for now, or was stopped in the middle of.
             pin_owed=bool(
                 pin and record and record.message_id and record.pin_owed_id == record.message_id
@@ -1108,6 +1144,7 @@ class RouteScheduler:
         except Permanent as error:
             resident.failed = message.fingerprint
             log.error("route %s: the platform refused this card for good: %s", key, error)
+            self._keep_refusal(resident, str(error))
         except Exception:
             # Not a platform answer we know: keep the card pending and retry later.
             log.exception("route %s: unexpected failure", key)
@@ -1329,6 +1366,8 @@ class RouteScheduler:
                 resident.key.store_key, message.fingerprint, self._wall()
             ),
         )
+        if resident.refusal is not None:
+            self._clear_refusal(resident)
         if resident.release and resident.desired is message:
             log.info("route %s: resident message %s retired", resident.key, resident.message_id)
             resident.release = False
@@ -1341,6 +1380,44 @@ class RouteScheduler:
             # Nothing sends it again: a gone message is noticed by the edit of a newer card,
             # which is the replacement, and a repeated send skips this commit.
             resident.desired = None
+
+    def _kept_refusal(self, key: RouteKey) -> str | None:
+        """The reason of the refusal the store keeps for the route (None: none); "" when the
+        store cannot be read now, so that the route's next card shown clears any there."""
+        try:
+            kept = parse_card_refused(self._store.get_cursor(card_refused_key(key.store_key)))
+        except Exception:
+            return ""
+        return None if kept is None else kept[0]
+
+    def _keep_refusal(self, resident: _Resident, reason: str) -> None:
+        """Keep in the store that the platform refused the route's card for good, and why, for
+        `taskcard status`: the chat goes on showing the card before it, and the log alone
+        said so. Written once per reason (a card refused at each change writes nothing more)
+        and cleared by `_commit` when a later card of the route goes through."""
+        reason = reason[:MAX_REFUSAL_CHARS]
+        if not resident.keeps_refusal or resident.refusal == reason:
+            return
+        value = json.dumps({"reason": reason, "at": self._wall()})
+        try:
+            self._store.set_cursor(card_refused_key(resident.key.store_key), value)
+        except Exception as error:
+            log.warning(
+                "route %s: the refusal could not be kept for taskcard status (%s)",
+                resident.key,
+                type(error).__name__,  # not its text: a Redis error's can quote a key
+            )
+            return
+        resident.refusal = reason
+
+    def _clear_refusal(self, resident: _Resident) -> None:
+        """A card of the route went through: the refusal kept for it is over."""
+        try:
+            self._store.delete_cursors([card_refused_key(resident.key.store_key)])
+        except Exception:
+            return  # tried again at the route's next card
+        resident.refusal = None
+        log.info("route %s: the platform takes its cards again", resident.key)
 
     def _record(self, key: RouteKey, write: Callable[[], None]) -> bool:
         """Record what the platform took; False when the state store failed (a shared Redis
