@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from taskcard.producers.ledger.model import (
     EVENT_TYPES,
     FAILURE_KINDS,
+    MAX_BYTES,
     MAX_NOTE_CHARS,
     MAX_SECONDS,
     OWNER_REPLIES,
@@ -215,12 +216,14 @@ def input_schema() -> dict[str, Any]:
                 "observed_bytes": {
                     "type": "integer",
                     "minimum": 0,
-                    "description": "bytes of the download seen on disk",
+                    "maximum": MAX_BYTES,
+                    "description": f"bytes of the download seen on disk, at most {MAX_BYTES}",
                 },
                 "expected_bytes": {
                     "type": "integer",
                     "minimum": 0,
-                    "description": "the download's full size in bytes",
+                    "maximum": MAX_BYTES,
+                    "description": f"the download's full size in bytes, at most {MAX_BYTES}",
                 },
                 "complete": {
                     "type": "boolean",

@@ -24,6 +24,7 @@ from typing import Annotated, Final, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints
 
+from taskcard.producers.task_card.contract import MAX_COUNT as CONTRACT_MAX_COUNT
 from taskcard.producers.task_card.contract import shows_text
 
 EventType = Literal[
@@ -91,6 +92,10 @@ MAX_OBSERVATIONS: Final = 500
 MAX_NOTE_CHARS: Final = 500
 MAX_SECONDS: Final = 10 * 365 * 24 * 3600.0  # the largest threshold or wait: ten years
 MAX_COUNT: Final = 1000  # the most nudges or retries a task may allow
+# The largest byte count a download may give (its size seen on disk, its full size): the
+# contracts' bound on a count read from an agent's files, 10^15 bytes (a petabyte). No real
+# download comes near it, and JSON readers of other languages hold it exactly (below 2^53).
+MAX_BYTES: Final = CONTRACT_MAX_COUNT
 
 
 def _in_utc(moment: datetime) -> datetime:

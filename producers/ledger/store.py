@@ -34,6 +34,7 @@ from taskcard.producers.ledger.contract import LEDGER_DIR, LEDGER_FILE, SAFE_ID
 from taskcard.producers.ledger.model import (
     EVENT_TYPES,
     FAILURE_KINDS,
+    MAX_BYTES,
     MAX_NOTE_CHARS,
     MAX_OBSERVATIONS,
     MAX_SECONDS,
@@ -784,6 +785,17 @@ class Ledger:
             raise LedgerError("observed_bytes: give --bytes with the size seen on disk (>= 0)")
         if expected_bytes is not None and expected_bytes < 0:
             raise LedgerError("expected_bytes: must be >= 0")
+        for field, option, count in (
+            ("observed_bytes", "--bytes", observed_bytes),
+            ("expected_bytes", "--expected-bytes", expected_bytes),
+        ):
+            if count is not None and count > MAX_BYTES:
+                # Said by its length past 20 digits: a 4,000-digit count was stored and shown.
+                shown = str(count) if count < 10**20 else f"a number of {len(str(count))} digits"
+                raise LedgerError(
+                    f"{field}: {shown} is over the largest byte count a download may give"
+                    f" ({MAX_BYTES}, a petabyte); give {option} the size in bytes"
+                )
 
         def apply(record: TaskRecord, now: datetime) -> bool:
             before = next((d for d in record.observed.downloads if d.name == name), None)

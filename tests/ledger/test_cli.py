@@ -704,3 +704,35 @@ def test_the_suggested_card_command_works_in_a_shell_for_a_workdir_with_spaces(
         str(workdir),
         "ledger_renderer.py",
     ]
+
+
+@pytest.mark.parametrize(
+    ("option", "field"), [("--bytes", "observed_bytes"), ("--expected-bytes", "expected_bytes")]
+)
+def test_a_byte_count_past_a_petabyte_is_refused_naming_the_option(
+    workdir: Path, option: str, field: str
+) -> None:
+    """`--bytes` took any whole number: 4,000 digits were stored in the ledger and shown back
+    in its summaries. A download's byte count is at most 10^15 (the contracts' bound on a
+    count, a petabyte): past it the command exits 2 naming the option, and records nothing."""
+    ok(workdir, "init", "t", "--purpose", "p", "--no-renderer")
+    before = (workdir / "ledger" / "long-task-ledger.json").read_bytes()
+    base = ("download-observed", "t", "--name", "d", "--bytes", "1")
+    for value, shown in [(10**15 + 1, str(10**15 + 1)), (10**4000, "a number of 4001 digits")]:
+        done = taskcard(workdir, *base, f"{option}={value}")
+        assert done.returncode == 2, done.stdout
+        assert done.stderr == (
+            f"taskcard ledger: {field}: {shown} is over the largest byte count a download may"
+            f" give (1000000000000000, a petabyte); give {option} the size in bytes\n"
+        )
+        done = taskcard(
+            workdir, "checkpoint", "t", "--event-type", "DOWNLOAD_OBSERVED", *base[2:],
+            f"{option}={value}",
+        )  # fmt: skip
+        assert done.returncode == 2 and f"{field}: {shown} is over" in done.stderr, done.stderr
+    assert (workdir / "ledger" / "long-task-ledger.json").read_bytes() == before
+    # At the bound, taken.
+    ok(workdir, *base, f"{option}={10**15}")
+    shown_record = ok(workdir, "show", "t")
+    download = shown_record["observed"]["downloads"][0]  # type: ignore[index]
+    assert download[field] == 10**15

@@ -504,3 +504,41 @@ async def test_an_owner_reply_other_than_b_refuses_over_mcp_the_fields_a_block_r
             assert "--" not in answer["message"], answer
     document = json.loads((workdir / "ledger" / "long-task-ledger.json").read_text())
     assert document["tasks"]["t"]["observations"] == []
+
+
+async def test_a_byte_count_past_a_petabyte_is_refused_naming_the_field(workdir: Path) -> None:
+    """The tool listed no maximum for `observed_bytes` and `expected_bytes` and took any
+    whole number; both are now at most 10^15, listed so and refused past it, naming the
+    field (not the command line's option)."""
+    runtime = Path(tempfile.mkdtemp(prefix="tclm"))
+    server = StdioServerParameters(
+        command=sys.executable,
+        args=[
+            *("-m", "taskcard.bridge.cli", "mcp"),
+            *("--workdir", str(workdir), "--runtime-dir", str(runtime)),
+        ],
+    )
+    try:
+        async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            tools = {tool.name: tool for tool in (await session.list_tools()).tools}
+            properties = tools["ledger"].input_schema["properties"]
+            created = await session.call_tool(
+                "ledger", {"command": "init", "task_id": "t", "purpose": "p"}
+            )
+            assert not created.is_error
+            for field in ("observed_bytes", "expected_bytes"):
+                assert properties[field]["maximum"] == 10**15
+                call = {"command": "download-observed", "task_id": "t", "name": "d"}
+                call = {"observed_bytes": 1, **call, field: 10**15 + 1}
+                refused = await session.call_tool("ledger", call)
+                content = refused.structured_content
+                assert refused.is_error and isinstance(content, dict)
+                assert content["message"] == (
+                    f"{field}: {10**15 + 1} is over the largest byte count a download may give"
+                    f" (1000000000000000, a petabyte); give {field} the size in bytes"
+                )
+                taken = await session.call_tool("ledger", {**call, field: 10**15})
+                assert not taken.is_error, taken.structured_content
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)

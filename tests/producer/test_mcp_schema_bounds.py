@@ -78,6 +78,17 @@ BOUNDED: list[tuple[str, str, Arguments]] = [
             "observed_bytes": v,
         },
     ),
+    (
+        "ledger",
+        "expected_bytes",
+        lambda v, n: {
+            "command": "download-observed",
+            "task_id": "base",
+            "name": f"e{n}",
+            "observed_bytes": 0,
+            "expected_bytes": v,
+        },
+    ),
     ("report", "summary", lambda v, n: {"ok": True, "summary": v}),
     ("report", "role", lambda v, n: {"ok": True, "role": v}),
     ("spawn", "child_workdir", lambda v, n: {"child_workdir": v, "reason": "r"}),
