@@ -374,10 +374,15 @@ def _status(args: argparse.Namespace) -> int:
         if route["card_refused"]:
             refused = route["card_refused"]
             whose = "board" if route["agent"] == BOARD_AGENT else f"agent {route['agent']}"
+            shows = (
+                "the chat shows the last card that went through"
+                if route["message_id"]
+                else "no card of the route was shown yet"
+            )
             print(
                 printable(
                     f"  CARD REFUSED ({whose}) since {refused['since']}: {refused['reason']};"
-                    " the chat shows the last card that went through"
+                    f" {shows}"
                 )
             )
         if route["unanswered_sends"]:

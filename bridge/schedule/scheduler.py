@@ -128,6 +128,7 @@ class _Resident:
     # The refusal the store keeps for `taskcard status` (None: none kept), and whether this
     # route keeps one at all (a /tell status message is not listed there).
     refusal: str | None = None
+    refused_at: float | None = None  # when it began (epoch seconds), kept while it lasts
     keeps_refusal: bool = True
     stale_id: str | None = None  # a replaced message still to delete (persisted)
     send_key: str | None = None  # the same for every retry of one intended send
@@ -487,8 +488,6 @@ class RouteScheduler:
             stale_id=record.stale_message_id if record else None,
             reply_to=reply_to,
             keeps_refusal=keeps_refusal,
-            # A refusal the last run kept stays until a card of the route goes through.
-            refusal=self._kept_refusal(key) if keeps_refusal else None,
             # A pin the last run put off, saw fail for now, or was stopped in the middle of.
             pin_owed=bool(
                 pin and record and record.message_id and record.pin_owed_id == record.message_id
@@ -506,6 +505,9 @@ class RouteScheduler:
             ),
         )
         resident = self._residents[key]
+        if keeps_refusal:
+            # A refusal the last run kept stays until a card of the route goes through.
+            resident.refusal, resident.refused_at = self._kept_refusal(key)
         if (resident.pin_owed or resident.delete_pending) and key.channel in self._ready:
             self._enqueue(resident)  # else once the channel is (`channel_ready`)
         if record and record.disabled_reason:
@@ -1381,14 +1383,16 @@ class RouteScheduler:
             # which is the replacement, and a repeated send skips this commit.
             resident.desired = None
 
-    def _kept_refusal(self, key: RouteKey) -> str | None:
-        """The reason of the refusal the store keeps for the route (None: none); "" when the
-        store cannot be read now, so that the route's next card shown clears any there."""
+    def _kept_refusal(self, key: RouteKey) -> tuple[str | None, float | None]:
+        """The reason and the start of the refusal the store keeps for the route (None: none;
+        a reason of "" when the store cannot be read now, so that the route's next card shown
+        clears any there). One read per route added, as `resident` is: a restart, a reload, a
+        lease taken over; never per card."""
         try:
             kept = parse_card_refused(self._store.get_cursor(card_refused_key(key.store_key)))
         except Exception:
-            return ""
-        return None if kept is None else kept[0]
+            return "", None
+        return (None, None) if kept is None else kept
 
     def _keep_refusal(self, resident: _Resident, reason: str) -> None:
         """Keep in the store that the platform refused the route's card for good, and why, for
@@ -1398,7 +1402,11 @@ class RouteScheduler:
         reason = reason[:MAX_REFUSAL_CHARS]
         if not resident.keeps_refusal or resident.refusal == reason:
             return
-        value = json.dumps({"reason": reason, "at": self._wall()})
+        # Open already (a reason worded anew, such as an entity error's byte offset): it
+        # began when its first refusal came.
+        began = resident.refused_at if resident.refusal is not None else None
+        began = self._wall() if began is None else began
+        value = json.dumps({"reason": reason, "at": began})
         try:
             self._store.set_cursor(card_refused_key(resident.key.store_key), value)
         except Exception as error:
@@ -1408,7 +1416,7 @@ class RouteScheduler:
                 type(error).__name__,  # not its text: a Redis error's can quote a key
             )
             return
-        resident.refusal = reason
+        resident.refusal, resident.refused_at = reason, began
 
     def _clear_refusal(self, resident: _Resident) -> None:
         """A card of the route went through: the refusal kept for it is over."""
@@ -1416,7 +1424,7 @@ class RouteScheduler:
             self._store.delete_cursors([card_refused_key(resident.key.store_key)])
         except Exception:
             return  # tried again at the route's next card
-        resident.refusal = None
+        resident.refusal = resident.refused_at = None
         log.info("route %s: the platform takes its cards again", resident.key)
 
     def _record(self, key: RouteKey, write: Callable[[], None]) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -143,4 +144,43 @@ async def test_a_feishu_card_refused_for_good_shows_in_status_until_one_goes_thr
             lambda: REFUSED not in status_text(setup_.config), what="the refusal cleared"
         )
         assert status_routes(setup_.config)[route]["card_refused"] is None
+        assert await serve.aterminate() == 0
+
+
+async def test_a_refusal_keeps_when_it_began_and_says_when_no_card_was_shown(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    """The route's first card refused: no card went through, and status says so rather than
+    that the chat shows the last one. Telegram words an entity error with the byte offset,
+    which moves with each card: the refusal's reason follows it, its `since` does not."""
+    serve = setup(tmp_path, telegram, ["builder"], [(GROUP, ["builder"])])
+    workdir = agent_dir(tmp_path, "builder")
+    route = f"telegram:{GROUP}::builder"
+    offset = "Bad Request: can't find end of the entity starting at byte offset {}"
+    with serve:
+        telegram.fail_chat(GROUP, 400, offset.format(12))
+        publish(workdir, "v1")
+        first = await eventually(
+            lambda: status_routes(serve.config)[route]["card_refused"],
+            timeout_s=60,
+            what="the first card refused",
+        )
+        assert "offset 12" in first["reason"], first
+        block = route_block(status_text(serve.config), route)
+        assert "no card of the route was shown yet" in block, block
+        assert "the last card that went through" not in block
+        since = datetime.fromisoformat(first["since"])
+        # The next refusal comes in a later second than the first (status shows seconds).
+        await eventually(lambda: datetime.now(UTC) >= since + timedelta(seconds=2), what="time")
+        telegram.fail_chat(GROUP, 400, offset.format(34))
+        publish(workdir, "v2")
+        later = await eventually(
+            lambda: (lambda r: r if r and "offset 34" in r["reason"] else None)(
+                status_routes(serve.config)[route]["card_refused"]
+            ),
+            timeout_s=60,
+            what="the second refusal",
+        )
+        assert later["since"] == first["since"], (first, later)
+        assert shown(telegram, GROUP) == []
         assert await serve.aterminate() == 0
