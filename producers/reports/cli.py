@@ -114,7 +114,7 @@ def run_spawn(args: argparse.Namespace) -> int:
 
 
 def _seq(text: str) -> int:
-    value = whole_number(text)
+    value = whole_number(text, "a seq (the last one you read)")
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r}: a seq is 0 or more")
     return value

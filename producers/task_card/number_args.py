@@ -28,10 +28,12 @@ DECIMAL_FORM: Final = (
 )
 
 
-def whole_number(text: str) -> int:
-    """An argparse `type=` for an integer option: ASCII digits with an optional sign."""
+def whole_number(text: str, what: str = "a whole number") -> int:
+    """An argparse `type=` for an integer option, or the form check of one that checks a
+    range too (`what` names what the option counts, e.g. "a seq, the last one you read"):
+    ASCII digits with an optional sign."""
     if not _WHOLE.fullmatch(text):
-        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a whole number; {WHOLE_FORM}")
+        raise argparse.ArgumentTypeError(f"{quoted(text)} is not {what}; {WHOLE_FORM}")
     try:
         return int(text)
     except ValueError:  # more digits than Python converts (4,300)

@@ -28,6 +28,7 @@ TEXT_READERS = {
     "_version_arg",
 }
 WHOLE = "is not a whole number; write ASCII digits 0-9 with an optional sign, e.g. 10"
+SEQ = "is not a seq (the last one you read); write ASCII digits 0-9 with an optional sign"
 # A float option may name what it counts ("is not a number of seconds; write ...").
 DECIMAL = re.compile(
     r"is not a number( of seconds)?; write ASCII digits 0-9 with an optional sign, decimal"
@@ -110,7 +111,10 @@ def test_a_number_not_in_ascii_digits_is_a_usage_error_naming_the_option(
     named = f"argument {option}: {value!r} "
     assert named in result.stderr, result.stderr
     form = result.stderr.split(named, 1)[1]
-    assert form.startswith(WHOLE) if whole else DECIMAL.match(form), result.stderr
+    if not whole:
+        assert DECIMAL.match(form), result.stderr
+    else:
+        assert form.startswith(SEQ if option == "--after" else WHOLE), result.stderr
     assert result.stderr.count("\n") == 1 and result.stdout == "", result.stderr
     assert list(tmp_path.iterdir()) == []  # nothing was written or started
 
