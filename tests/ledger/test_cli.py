@@ -736,3 +736,28 @@ def test_a_byte_count_past_a_petabyte_is_refused_naming_the_option(
     shown_record = ok(workdir, "show", "t")
     download = shown_record["observed"]["downloads"][0]  # type: ignore[index]
     assert download[field] == 10**15
+
+
+def test_a_byte_count_past_a_petabyte_in_the_file_makes_its_task_broken(workdir: Path) -> None:
+    """Only the writers were bounded: a count of 4,000 digits left in the file (a hand edit,
+    another writer, an older version) was read, shown by `show` and carried on by the next
+    write. Such a task is broken, like one holding a negative count: every command about it
+    names the field, the file keeps it as it was, and the other tasks work as before."""
+    ok(workdir, "init", "t", "--purpose", "p", "--no-renderer")
+    ok(workdir, "init", "u", "--purpose", "p", "--no-renderer")
+    ok(workdir, "download-observed", "t", "--name", "d", "--bytes", "10")
+    path = workdir / "ledger" / "long-task-ledger.json"
+    planted = path.read_text().replace('"observed_bytes": 10', f'"observed_bytes": {"9" * 4000}')
+    path.write_text(planted)
+    for args in (["show", "t"], ["download-observed", "t", "--name", "d", "--bytes", "30"]):
+        done = taskcard(workdir, *args)
+        assert done.returncode == 2, done.stdout
+        assert "task t in" in done.stderr and "is broken (tasks.t.observed.downloads.0" in (
+            done.stderr
+        )
+        assert ".observed_bytes: Input should be less than or equal to 1000000000000000)" in (
+            done.stderr
+        )
+        assert "9" * 100 not in done.stderr + done.stdout
+    assert path.read_text() == planted
+    assert ok(workdir, "show", "u")["task"]["task_id"] == "u"  # type: ignore[index]
