@@ -26,6 +26,10 @@ log = logging.getLogger(__name__)
 
 # The last edit of a resident whose agent left the fleet.
 RETIRED_NOTE = "Agent retired: its folder was removed or it left the configuration."
+# The last edit of a card whose chat a reload stopped routing the agent to (still served).
+UNROUTED_NOTE = (
+    "No longer followed in this chat: the configuration stopped routing this agent here."
+)
 # Keys that SIGHUP applies; a change anywhere else needs a restart.
 _RELOADABLE = ("agents", "discover", "display")
 _CHANNEL_RELOADABLE: dict[str, list[object]] = {"routes": [], "origin_chats": []}

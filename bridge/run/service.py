@@ -59,6 +59,7 @@ from taskcard.bridge.run.boards import ChatViews, board_key
 from taskcard.bridge.run.commands import apply_to_prefs, parse_taskcard, suggestion
 from taskcard.bridge.run.fleet import (
     RETIRED_NOTE,
+    UNROUTED_NOTE,
     Discovery,
     Fleet,
     Route,
@@ -938,7 +939,7 @@ class Service:
             fresh.append(agent_id)
         wanted = {route.key: route for route in fleet.routes}
         for route in [r for r in self._routes if r.key not in wanted]:
-            self._close_route(route, None)
+            self._close_route(route, self._unrouted_edit(route))
         current = {route.key: route for route in self._routes}
         added: list[Route] = []
         for key, route in wanted.items():
@@ -1030,6 +1031,41 @@ class Service:
                 )
                 final = self._render_card(channel, replace(view, body=None, body_note=RETIRED_NOTE))
             self._close_route(route, final)
+
+    def _unrouted_edit(self, route: Route) -> Outgoing | None:
+        """The last edit of the card of a configured route that goes while its agent stays
+        served (a reload dropped the chat's route, or the agent from it), or None.
+
+        Why: the card stopped being edited but went on showing its last state, "running"
+        for good, to a chat that is no longer told anything about the agent. A card people
+        hid, one another instance sends, or an origin route's (it closes once its card
+        shows the watch stopped, or on `/taskcard off`) is left as it is.
+        """
+        agent_id = route.key.agent_id
+        monitor = self._monitors.get(agent_id)
+        channel = self._channels.get(route.key.channel)
+        if (
+            route.origin
+            or monitor is None
+            or channel is None
+            or not self._running
+            or not self._serves(agent_id)
+            or not self._scheduler.has_message(route.key)
+            or self._chat_prefs(route.key.chat_scope).hidden
+        ):
+            return None
+        with self._guard(agent_id, "composing its card"):
+            view = compose_view(
+                agent_id,
+                monitor.card,
+                monitor.activity,
+                hidden=False,
+                activity_rows=0,
+                now=self._clock(),
+                zone=route.zone,
+            )
+            return self._render_card(channel, replace(view, body=None, body_note=UNROUTED_NOTE))
+        return None
 
     def _close_route(self, route: Route, final: Outgoing | None) -> None:
         """Stop projecting `route`; its last edit (`final`) still goes out, then it is dropped."""

@@ -1,0 +1,133 @@
+"""SIGHUP reloads that change the routes, end to end: `taskcard serve` with a config file
+rewritten while it runs, against the fake Telegram Bot API and the fake Feishu Open API, the
+chats read as people see them."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.harness import ServeProcess, agents_lines, eventually, publish
+from tests.fakes.feishu_api import FakeFeishu
+from tests.fakes.telegram_api import FakeTelegram
+
+TELEGRAM_CHATS = (-1001111111111, -1002222222222)
+FEISHU_CHATS = ("oc_reload_first", "oc_reload_second")
+# The last edit of a card whose chat no longer follows its agent.
+UNROUTED = "No longer followed in this chat"
+# Generous: polled, never a timing assertion (a loaded machine runs two suites at once).
+WAIT_S = 90.0
+
+
+def write_config(
+    tmp_path: Path, fake: FakeTelegram | FakeFeishu, routes: list[tuple[object, list[str]]]
+) -> tuple[Path, dict[str, str]]:
+    """`tmp_path/taskcard.toml`: agents alpha and beta and one route per (chat, agents) on
+    the fake's platform; returns the file and the secrets' environment."""
+    lines = agents_lines(tmp_path, ["alpha", "beta"])
+    if isinstance(fake, FakeTelegram):
+        section = "telegram"
+        lines += [
+            "[telegram]",
+            'token_env = "TC_TEST_TOKEN"',
+            f'api_base_url = "{fake.base_url}"',
+            "poll_timeout_s = 1",
+        ]
+        env = {"TC_TEST_TOKEN": fake.token}
+    else:
+        section = "feishu"
+        lines += [
+            "[feishu]",
+            'app_id_env = "TC_FS_APP_ID"',
+            'app_secret_env = "TC_FS_APP_SECRET"',
+            f'domain = "{fake.base_url}"',
+            'events = "none"',
+        ]
+        env = {"TC_FS_APP_ID": fake.app_id, "TC_FS_APP_SECRET": fake.app_secret}
+    for chat, agents in routes:
+        shown = f'"{chat}"' if isinstance(chat, str) else str(chat)
+        lines += [f"[[{section}.routes]]", f"chat_id = {shown}", f"agents = {agents!r}"]
+    config = tmp_path / "taskcard.toml"
+    config.write_text("\n".join(lines).replace("'", '"') + "\n")
+    return config, env
+
+
+def cards(fake: FakeTelegram | FakeFeishu, chat: object) -> dict[str, str]:
+    """The bot's cards in `chat`, by message id: their text as it reads now."""
+    if isinstance(fake, FakeTelegram):
+        assert isinstance(chat, int)
+        return {str(m.message_id): m.text for m in fake.bot_messages(chat)}
+    assert isinstance(chat, str)
+    return {m.message_id: m.text for m in fake.chat(chat) if m.msg_type == "interactive"}
+
+
+def card_of(fake: FakeTelegram | FakeFeishu, chat: object, agent: str) -> tuple[str, str] | None:
+    """(message id, text) of `agent`'s card in `chat`, when there is exactly one."""
+    found = [(i, t) for i, t in cards(fake, chat).items() if agent in t.split("\n")[0].split()]
+    return found[0] if len(found) == 1 else None
+
+
+@pytest.mark.parametrize("platform", ["telegram", "feishu"])
+async def test_a_route_a_reload_removes_leaves_its_cards_saying_so_and_a_return_edits_them(
+    tmp_path: Path, platform: str, telegram: FakeTelegram, feishu: FakeFeishu
+) -> None:
+    """A reload that drops a chat's route, or an agent from a route, stops the cards there:
+    each is edited a last time to say its chat no longer follows the agent (it went on
+    showing the last state as if live: "running", for good). The other routes go on as
+    before. A reload that routes the agent there again edits the same card back to life."""
+    fake: FakeTelegram | FakeFeishu = telegram if platform == "telegram" else feishu
+    first, second = TELEGRAM_CHATS if platform == "telegram" else FEISHU_CHATS
+    both: list[tuple[object, list[str]]] = [(first, ["alpha", "beta"]), (second, ["alpha"])]
+    config, env = write_config(tmp_path, fake, both)
+    with ServeProcess(config, env=env) as serve:
+        assert serve.proc is not None
+        for agent in ("alpha", "beta"):
+            publish(tmp_path / "agents" / agent, f"{agent} step 1")
+        await eventually(
+            lambda: (
+                len(cards(fake, first)) == 2
+                and all("step 1" in text for text in cards(fake, first).values())
+                and "alpha step 1" in "".join(cards(fake, second).values())
+            ),
+            timeout_s=WAIT_S,
+            what="alpha and beta in the first chat, alpha in the second",
+        )
+        beta_card = card_of(fake, first, "beta")
+        second_card = card_of(fake, second, "alpha")
+        assert beta_card is not None and second_card is not None
+
+        write_config(tmp_path, fake, [(first, ["alpha"])])
+        serve.proc.send_signal(signal.SIGHUP)
+        await eventually(
+            lambda: UNROUTED in cards(fake, second).get(second_card[0], ""),
+            timeout_s=WAIT_S,
+            what="the second chat's card saying its chat no longer follows alpha",
+        )
+        await eventually(
+            lambda: UNROUTED in cards(fake, first).get(beta_card[0], ""),
+            timeout_s=WAIT_S,
+            what="beta's card in the first chat saying so",
+        )
+        publish(tmp_path / "agents" / "alpha", "alpha step 2")
+        await eventually(
+            lambda: "alpha step 2" in "".join(cards(fake, first).values()),
+            timeout_s=WAIT_S,
+            what="alpha's card in the first chat going on",
+        )
+        assert UNROUTED not in "".join(
+            text for ident, text in cards(fake, first).items() if ident != beta_card[0]
+        )
+        assert "alpha step 2" not in cards(fake, second)[second_card[0]], "the edits stopped"
+
+        write_config(tmp_path, fake, both)
+        serve.proc.send_signal(signal.SIGHUP)
+        await eventually(
+            lambda: "alpha step 2" in cards(fake, second).get(second_card[0], ""),
+            timeout_s=WAIT_S,
+            what="the same card in the second chat showing alpha again",
+        )
+        assert UNROUTED not in cards(fake, second)[second_card[0]]
+        assert len(cards(fake, second)) == 1, "no second card"
+        assert await serve.aterminate() == 0
