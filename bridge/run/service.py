@@ -1122,8 +1122,11 @@ class Service:
                 error,
             )
             return False
+        retime = config.display.no_output_after_s != self._config.display.no_output_after_s
         self._config = config
         self._specs = [spec for spec in specs if spec.channel in self._channels]
+        if retime:
+            self._retime(config.display.no_output_after_s)
         self._origin_refused.clear()
         self._origin_allowed = None
         self._rediscover()
@@ -1136,6 +1139,18 @@ class Service:
             counted(len(self._routes), "route", "routes"),
         )
         return True
+
+    def _retime(self, no_output_after_s: float) -> None:
+        """Every agent served takes a reloaded `no_output_after_s`: it kept the value it was
+        first read with, so a silent turn went on showing "running" for the old time. The
+        reload projects every route afterwards; here each state is worked out again and
+        the time it holds until is queued anew."""
+        for agent_id, monitor in self._monitors.items():
+            with self._guard(agent_id, "reading its files"):
+                monitor.retime(no_output_after_s)
+                until = monitor.activity.state_valid_until
+                if until is not None:
+                    self._due.set_earliest(agent_id, until.timestamp())
 
     # Origins -----------------------------------------------------------------------------
 

@@ -230,6 +230,15 @@ class AgentMonitor:
             )
         return self._activity
 
+    def retime(self, no_output_after_s: float) -> None:
+        """Take a new `no_output_after_s` (a reload changed `[display]`): the state is worked
+        out again with it at once (before the first refresh there is none to work out)."""
+        self._no_output_after_s = no_output_after_s
+        if self._primed:
+            self._activity = self._tracker.summary(
+                self._clock(), no_output_after_s, self._start_silence_s
+            )
+
     def commit(self) -> None:
         """Persist the notification offset of what the last `refresh` returned.
 

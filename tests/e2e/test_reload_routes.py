@@ -1,6 +1,6 @@
-"""SIGHUP reloads that change the routes, end to end: `taskcard serve` with a config file
-rewritten while it runs, against the fake Telegram Bot API and the fake Feishu Open API, the
-chats read as people see them."""
+"""SIGHUP reloads that change the routes or the display defaults, end to end: `taskcard serve`
+with a config file rewritten while it runs, against the fake Telegram Bot API and the fake
+Feishu Open API, the chats read as people see them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import ServeProcess, agents_lines, eventually, publish
+from tests.e2e.harness import ServeProcess, activity, agents_lines, eventually, publish
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram
 
@@ -22,10 +22,14 @@ WAIT_S = 90.0
 
 
 def write_config(
-    tmp_path: Path, fake: FakeTelegram | FakeFeishu, routes: list[tuple[object, list[str]]]
+    tmp_path: Path,
+    fake: FakeTelegram | FakeFeishu,
+    routes: list[tuple[object, list[str]]],
+    tail: tuple[str, ...] = (),
 ) -> tuple[Path, dict[str, str]]:
     """`tmp_path/taskcard.toml`: agents alpha and beta and one route per (chat, agents) on
-    the fake's platform; returns the file and the secrets' environment."""
+    the fake's platform, then the `tail` lines (sections of their own); returns the file and
+    the secrets' environment."""
     lines = agents_lines(tmp_path, ["alpha", "beta"])
     if isinstance(fake, FakeTelegram):
         section = "telegram"
@@ -50,7 +54,7 @@ def write_config(
         shown = f'"{chat}"' if isinstance(chat, str) else str(chat)
         lines += [f"[[{section}.routes]]", f"chat_id = {shown}", f"agents = {agents!r}"]
     config = tmp_path / "taskcard.toml"
-    config.write_text("\n".join(lines).replace("'", '"') + "\n")
+    config.write_text("\n".join([*lines, *tail]).replace("'", '"') + "\n")
     return config, env
 
 
@@ -130,4 +134,42 @@ async def test_a_route_a_reload_removes_leaves_its_cards_saying_so_and_a_return_
         )
         assert UNROUTED not in cards(fake, second)[second_card[0]]
         assert len(cards(fake, second)) == 1, "no second card"
+        assert await serve.aterminate() == 0
+
+
+def state_shown(fake: FakeTelegram | FakeFeishu, chat: object, agent: str) -> str:
+    """The head of `agent`'s card in `chat` (its name and state), "" while there is none."""
+    found = card_of(fake, chat, agent)
+    return "" if found is None else " ".join(found[1].split("\n")[:2])
+
+
+@pytest.mark.parametrize("platform", ["telegram", "feishu"])
+async def test_a_reload_that_shortens_no_output_after_s_applies_to_the_agents_served(
+    tmp_path: Path, platform: str, telegram: FakeTelegram, feishu: FakeFeishu
+) -> None:
+    """`[display] no_output_after_s` is one of the keys a reload applies: an agent already
+    served takes the new value too (it kept the one it was first read with, so a silent
+    turn went on showing "running" for the old hour; only agents added later took it)."""
+    fake: FakeTelegram | FakeFeishu = telegram if platform == "telegram" else feishu
+    chat = TELEGRAM_CHATS[0] if platform == "telegram" else FEISHU_CHATS[0]
+    routes: list[tuple[object, list[str]]] = [(chat, ["alpha"])]
+    config, env = write_config(tmp_path, fake, routes, ("[display]", "no_output_after_s = 3600"))
+    with ServeProcess(config, env=env) as serve:
+        assert serve.proc is not None
+        publish(tmp_path / "agents" / "alpha", "alpha step 1")
+        activity(tmp_path / "agents" / "alpha", "turn.start")
+        await eventually(
+            lambda: "running" in state_shown(fake, chat, "alpha"),
+            timeout_s=WAIT_S,
+            what="alpha's card showing its turn running",
+        )
+
+        write_config(tmp_path, fake, routes, ("[display]", "no_output_after_s = 1"))
+        serve.proc.send_signal(signal.SIGHUP)
+        await eventually(lambda: "config reloaded" in serve.logs, what="the reload")
+        await eventually(
+            lambda: "unknown" in state_shown(fake, chat, "alpha"),
+            timeout_s=WAIT_S,
+            what="the silent turn shown as unknown after the new second, not the old hour",
+        )
         assert await serve.aterminate() == 0
