@@ -1127,6 +1127,8 @@ class Service:
         self._specs = [spec for spec in specs if spec.channel in self._channels]
         if retime:
             self._retime(config.display.no_output_after_s)
+        if self._watcher is not None:
+            self._watcher.set_roots(config.discover.roots)  # before the next arming's plan
         self._origin_refused.clear()
         self._origin_allowed = None
         self._rediscover()

@@ -354,6 +354,15 @@ class FleetWatcher:
         if self._arming is not None:
             self._arming.rearm.set()
 
+    def set_roots(self, roots: Iterable[Path]) -> None:
+        """Watch these discovery roots from now on (a reload changed `[discover] roots`)."""
+        roots = tuple(roots)
+        if roots == self._roots:
+            return
+        self._roots = roots
+        if self._arming is not None:
+            self._arming.rearm.set()
+
     def _everyone(self) -> frozenset[str]:
         return frozenset(self._workdirs) | (frozenset({ROOTS}) if self._roots else frozenset())
 

@@ -173,3 +173,38 @@ async def test_a_reload_that_shortens_no_output_after_s_applies_to_the_agents_se
             what="the silent turn shown as unknown after the new second, not the old hour",
         )
         assert await serve.aterminate() == 0
+
+
+@pytest.mark.parametrize("platform", ["telegram", "feishu"])
+async def test_a_discovery_root_a_reload_adds_is_watched_for_new_agents(
+    tmp_path: Path, platform: str, telegram: FakeTelegram, feishu: FakeFeishu
+) -> None:
+    """`[discover] roots` is one of the keys a reload applies: a folder that appears under
+    a root the reload added is an agent served like one under a root given at the start (the
+    watcher kept the roots it started with, so such a folder was never found by a service
+    started without roots, and only at the next rescan by one that had others)."""
+    fake: FakeTelegram | FakeFeishu = telegram if platform == "telegram" else feishu
+    chat = TELEGRAM_CHATS[0] if platform == "telegram" else FEISHU_CHATS[0]
+    (tmp_path / "fleet").mkdir()
+    routes: list[tuple[object, list[str]]] = [(chat, ["*"])]
+    config, env = write_config(tmp_path, fake, routes)
+    with ServeProcess(config, env=env) as serve:
+        assert serve.proc is not None
+        publish(tmp_path / "agents" / "alpha", "alpha step 1")
+        await eventually(
+            lambda: "alpha step 1" in "".join(cards(fake, chat).values()),
+            timeout_s=WAIT_S,
+            what="alpha's card",
+        )
+
+        write_config(tmp_path, fake, routes, ("[discover]", 'roots = ["fleet"]'))
+        serve.proc.send_signal(signal.SIGHUP)
+        await eventually(lambda: "config reloaded" in serve.logs, what="the reload")
+        (tmp_path / "fleet" / "newcomer").mkdir()
+        publish(tmp_path / "fleet" / "newcomer", "newcomer step 1")
+        await eventually(
+            lambda: "newcomer step 1" in "".join(cards(fake, chat).values()),
+            timeout_s=WAIT_S,
+            what="the card of the agent found under the root the reload added",
+        )
+        assert await serve.aterminate() == 0
