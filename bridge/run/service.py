@@ -1521,7 +1521,10 @@ class Service:
                 monitor.card, monitor.activity, self._has_problems(route.key.agent_id)
             )
             if not attention:
-                if has_message:  # its own card is retired: the board follows it now
+                # Its own card is retired: the board follows it now. So is one still on its
+                # way (`/taskcard cards` just before): unsent, it is dropped; in flight, it is
+                # edited once posted (it was posted afterwards and stayed, as if live).
+                if has_message or not self._scheduler.settled(route.key):
                     self._retire_card(route, channel)
                 return
         if monitor.card.status == "none" and not has_message:

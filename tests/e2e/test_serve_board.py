@@ -490,3 +490,86 @@ async def test_feishu_board_marks_an_agent_with_refused_files_and_gives_it_a_car
         )
         await eventually(lambda: PROBLEMS_MARK not in feishu_board(feishu), what="the mark cleared")
         assert await serve.aterminate() == 0
+
+
+def agent_cards(texts: list[str], agents: list[str]) -> list[str]:
+    """The texts of `texts` that are an agent's own card (its name heads the first line)."""
+    return [t for t in texts if any(a in t.split("\n")[0].split() for a in agents)]
+
+
+async def test_telegram_board_asked_back_while_cards_are_on_their_way_retires_them(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    """`/taskcard cards` then `/taskcard board` before the cards the first asked for were
+    posted: each card still on its way is let go too (dropped unsent, or edited to say the
+    board follows its agent). Only the cards already posted were retired: one on its way was
+    posted afterwards and stayed, showing its first state as if live, beside the board."""
+    agents = ["alpha", "gamma"]
+    with telegram_serve(tmp_path, telegram, agents, "board") as serve:
+        for agent in agents:
+            publish(tmp_path / "agents" / agent, f"{agent} v1")
+        await eventually(
+            lambda: all(f"{a} v1" in board_text(telegram) for a in agents), what="the board"
+        )
+        telegram.hold_answers("sendMessage")  # what `cards` sends stays on its way
+        telegram.inject_command(GROUP, "/taskcard cards")
+        await eventually(
+            lambda: serve.logs.count("now shows cards") == 1 and telegram.bot_messages(GROUP)[1:],
+            what="the switch to cards, its first send taken by Telegram",
+        )
+        telegram.inject_command(GROUP, "/taskcard board")
+        await eventually(lambda: "now shows board" in serve.logs, what="the switch back")
+        telegram.release_answers("sendMessage")
+        for agent in agents:
+            publish(tmp_path / "agents" / agent, f"{agent} v2")
+
+        def settled() -> bool:
+            texts = [m.text for m in telegram.bot_messages(GROUP)]
+            return (
+                all(f"{a} v2" in board_text(telegram) for a in agents)
+                and any("now shows one task board" in t for t in texts)
+                and all(RETIRED_NOTE in t for t in agent_cards(texts, agents))
+            )
+
+        await eventually(settled, timeout_s=90, what="the board alone, every card let go")
+        assert await serve.aterminate() == 0
+    texts = [m.text for m in telegram.bot_messages(GROUP)]
+    assert all(RETIRED_NOTE in t for t in agent_cards(texts, agents)), texts
+
+
+async def test_feishu_board_asked_back_while_cards_wait_for_the_chats_limit_retires_them(
+    tmp_path: Path, feishu: FakeFeishu
+) -> None:
+    """The same on Feishu, the cards waiting for the chat's send limit rather than for an
+    answer: `/taskcard board` lets them go, and none is posted later beside the board."""
+    agents = ["alpha", "gamma"]
+    setup = FeishuSetup(tmp_path, feishu, agents)
+    setup.config.write_text(
+        setup.config.read_text() + "[feishu.limits.chat_send]\nmax_calls = 1\nperiod_s = 10.0\n"
+    )
+    with setup.serve() as serve:
+        for agent in agents:
+            publish(tmp_path / "agents" / agent, f"{agent} v1")
+        await eventually(
+            lambda: all(f"{a} v1" in feishu_board(feishu) for a in agents), what="the board"
+        )
+        for command in ("/taskcard cards", "/taskcard board"):
+            answer = await feishu.deliver_command(
+                setup.url, CHAT, command, verification_token=VERIFY, encrypt_key=ENCRYPT
+            )
+            assert answer.status == 200
+        await eventually(lambda: serve.logs.count("now shows") == 2, what="both switches taken")
+        for agent in agents:
+            publish(tmp_path / "agents" / agent, f"{agent} v2")
+
+        def settled() -> bool:
+            texts = [m.text for m in feishu.chat(CHAT)]
+            return (
+                all(f"{a} v2" in feishu_board(feishu) for a in agents)
+                and any("now shows one task board" in t for t in texts)
+                and all(RETIRED_NOTE in t for t in agent_cards(feishu_cards(feishu), agents))
+            )
+
+        await eventually(settled, timeout_s=90, what="the board alone, every card let go")
+        assert await serve.aterminate() == 0
+    assert all(RETIRED_NOTE in t for t in agent_cards(feishu_cards(feishu), agents))
