@@ -877,12 +877,20 @@ class Service:
             backend=self._config.watch.backend,
             roots=self._config.discover.roots,
         )
-        first = True
-        async for agent_ids in watcher.changes():
+
+        def handle(agent_ids: frozenset[str]) -> None:
             if ROOTS in agent_ids and self._rediscover():
                 self.apply(self._desired())
             for agent_id in agent_ids:
                 self._refresh(agent_id, watcher.take_changed(agent_id))
+
+        first = True
+        # `handle` is also given to the watcher: a change read while this loop waits is
+        # handled in the loop's callback that read it, a turn of the loop sooner and cheaper
+        # than waking this task (`FleetWatcher.changes`); what it raises ends this loop all
+        # the same.
+        async for agent_ids in watcher.changes(handle):
+            handle(agent_ids)
             if first:
                 first = False
                 heap.settled()  # the first report covers every agent: all first sights taken

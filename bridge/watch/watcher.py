@@ -39,9 +39,13 @@ Design, and why:
   the owner lists the roots again. The owner changes the set of workdirs while watching with
   `set_workdirs`, which re-arms.
 - Both backends hand their batches to `changes()` through a queue, so whatever arrived while
-  the owner was busy goes out as one batch. watchfiles' blocking wait runs in the single
-  worker thread that `awatch` owns; closing or cancelling `changes()` stops it promptly (the
-  thread checks the stop event every `step`) instead of after the watcher's timeout.
+  the owner was busy goes out as one batch. With a `handler` (the service's), a batch of
+  inotify events read while the owner waits for the next batch and none is pending is
+  handed to it at once, in the loop's callback that read the events, instead of waking the
+  owner's task one turn of the loop later (see `_Handoff`). watchfiles' blocking wait runs
+  in the single worker thread that `awatch` owns; closing or cancelling `changes()` stops it
+  promptly (the thread checks the stop event every `step`) instead of after the watcher's
+  timeout.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ import errno
 import functools
 import logging
 import os
-from collections.abc import AsyncGenerator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal
@@ -289,6 +293,47 @@ def plan_watch(workdirs: Mapping[str, Path], roots: Iterable[Path] = ()) -> Watc
     return plan
 
 
+class _Handoff:
+    """How the batches of events the loop reads reach the owner of `changes()`.
+
+    Through the queue, as every other batch (the first report, rescans, polls), unless
+    `changes()` was given a handler, the owner waits for its next batch (`idle`) and none is
+    pending: then the handler takes the batch at once, in the callback that read the events.
+    That saves the owner's task a wake-up (a turn of the loop) per change. What the queue
+    gives is kept: a batch that arrives while one is pending, or while the owner is busy
+    with one, goes into the queue and is merged there (latest wins, one batch under load);
+    the rescan's wake-up and the pump's failures still reach the owner through it; and
+    nothing is handed over once the iteration ends. A handler that raises ends the
+    iteration with that error, raised by `changes()` where the owner waits, as a failure of
+    the owner's own loop always did.
+    """
+
+    __slots__ = ("failure", "handler", "idle", "queue")
+
+    def __init__(
+        self,
+        queue: asyncio.Queue[frozenset[str]],
+        handler: Callable[[frozenset[str]], None] | None,
+    ) -> None:
+        self.queue = queue
+        self.handler = handler
+        self.idle = False  # the owner waits in `changes()` for its next batch
+        self.failure: Exception | None = None
+
+    def events(self, batch: frozenset[str]) -> None:
+        """A batch of events read by the loop."""
+        handler = self.handler
+        if handler is None or not self.idle or not self.queue.empty():
+            self.queue.put_nowait(batch)
+            return
+        try:
+            handler(batch)
+        except Exception as error:
+            self.handler = None  # nothing more is handed over: the iteration ends
+            self.failure = error
+            self.queue.put_nowait(frozenset())  # wakes the owner to raise it
+
+
 @dataclass
 class _Arming:
     """The plan the running watcher observes, and the event that makes it re-arm."""
@@ -366,18 +411,26 @@ class FleetWatcher:
     def _everyone(self) -> frozenset[str]:
         return frozenset(self._workdirs) | (frozenset({ROOTS}) if self._roots else frozenset())
 
-    async def changes(self) -> AsyncGenerator[frozenset[str], None]:
+    async def changes(
+        self, handler: Callable[[frozenset[str]], None] | None = None
+    ) -> AsyncGenerator[frozenset[str], None]:
         """All agents first, then the agents whose files may have changed, as they change.
 
         Every agent is reported again within each rescan interval (a slice at a time) and
         after each re-arm. Closing or cancelling the iteration stops the watcher thread.
+
+        `handler`: what the owner does with a batch, when that is synchronous. A batch of
+        inotify events read while the owner waits here for its next one, with none pending,
+        goes to `handler` at once instead of being yielded (see `_Handoff`); every other
+        batch is yielded as without it.
         """
         queue: asyncio.Queue[frozenset[str]] = asyncio.Queue()
+        handoff = _Handoff(queue, handler)
         stop = asyncio.Event()
         arming = self._arming = _Arming()
         # Started before the first yield so the watcher arms while the caller reads everyone.
         pump = asyncio.create_task(
-            self._pump_inotify(queue, stop, arming)
+            self._pump_inotify(queue, stop, arming, handoff)
             if self._backend == "inotify"
             else self._pump(queue, stop, arming),
             name="taskcard-watcher",
@@ -404,10 +457,19 @@ class FleetWatcher:
                 if loop.time() < next_rescan and not woken:
                     # Under load the next batch is often in already. Cancelling this wait
                     # stops us (`Queue.get` passes a cancellation on).
-                    batch = queue.get_nowait() if not queue.empty() else await queue.get()
+                    if queue.empty():
+                        handoff.idle = True  # events read meanwhile may go to the handler
+                        try:
+                            batch = await queue.get()
+                        finally:
+                            handoff.idle = False
+                    else:
+                        batch = queue.get_nowait()
                     merged = set(batch)
                     while not queue.empty():
                         merged |= queue.get_nowait()
+                    if handoff.failure is not None:
+                        raise handoff.failure
                     if pump.done():
                         pump.result()  # surfaces an unexpected failure of the watcher task
                     if merged:
@@ -432,6 +494,7 @@ class FleetWatcher:
                     self._report_all(sweep)
                     yield sweep
         finally:
+            handoff.handler = None
             timer.cancel()
             stop.set()
             pump.cancel()
@@ -470,7 +533,11 @@ class FleetWatcher:
                 backoff.reset()
 
     async def _pump_inotify(
-        self, queue: asyncio.Queue[frozenset[str]], stop: asyncio.Event, arming: _Arming
+        self,
+        queue: asyncio.Queue[frozenset[str]],
+        stop: asyncio.Event,
+        arming: _Arming,
+        handoff: _Handoff,
     ) -> None:
         """Keep one inotify instance's watches in step with the plan, re-planning on events.
 
@@ -496,11 +563,11 @@ class FleetWatcher:
                 self._report_all(everyone)
                 agents |= everyone
                 stale = True
-            if agents:
-                queue.put_nowait(frozenset(agents))
             if stale and rearm_at is None:
                 earliest = planned_at + plan_cost_s * (1 + _REARM_COST_FACTOR)
                 rearm_at = loop.call_at(max(earliest, loop.time()), arming.rearm.set)
+            if agents:  # last: the handler may run now (see `_Handoff`)
+                handoff.events(frozenset(agents))
 
         out_logged = False
         while True:

@@ -582,3 +582,143 @@ async def test_the_ledger_is_named_to_every_agent_of_its_workdir(tmp_path: Path)
         assert await changes.next() == {"a", "b"}
         await changes.settle()
         assert (watcher.take_changed("a"), watcher.take_changed("b")) == (None, None)
+
+
+# -- the handler: a change read while the owner waits is handled at once ------------------
+
+
+class Handled:
+    """Consumes `changes(handler)` as the service does: yielded batches go to the same
+    handler; records which way each batch came and what the handler found."""
+
+    def __init__(self, watcher: FleetWatcher, fail: Exception | None = None) -> None:
+        self.watcher = watcher
+        self.fail = fail
+        self.direct: list[frozenset[str]] = []  # handed over in the reading callback
+        self.yielded: list[frozenset[str]] = []
+        self.taken: dict[str, frozenset[str] | None] = {}
+        self.busy = False  # the owner is inside its loop body with a yielded batch
+        self.while_busy = 0  # handler calls made while it was
+        self.direct_arrived = asyncio.Event()
+        self.task = asyncio.create_task(self._run())
+
+    def handle(self, batch: frozenset[str], *, direct: bool = True) -> None:
+        if direct:
+            self.while_busy += self.busy
+            self.direct.append(batch)
+            self.direct_arrived.set()
+        for agent_id in batch:
+            self.taken[agent_id] = self.watcher.take_changed(agent_id)
+        if self.fail is not None and direct:
+            raise self.fail
+
+    async def _run(self) -> None:
+        async for batch in self.watcher.changes(self.handle):
+            self.yielded.append(batch)
+            self.handle(batch, direct=False)
+
+    async def close(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(self.task, TIMEOUT_S)
+
+
+async def test_with_a_handler_a_change_is_handled_where_it_is_read(
+    tmp_path: Path, backend: str
+) -> None:
+    """inotify: a change read while the owner waits goes to the handler at once, with the
+    files it named; watchfiles (a thread, no reading callback) yields it as before."""
+    a = CardPaths(tmp_path / "a")
+    a.taskcard_dir.mkdir(parents=True)
+    watcher = FleetWatcher({"a": a.workdir}, rescan_interval_s=3600)
+    owner = Handled(watcher)
+    try:
+        await eventually_true(lambda: len(owner.yielded) >= 2)  # everyone, then armed
+        before = len(owner.yielded)
+        atomic_write(a.body, b"# body")
+        await eventually_true(lambda: owner.taken.get("a") == {"taskcard/taskcard.md"})
+        if backend == "inotify":
+            assert owner.direct == [frozenset({"a"})]
+            assert len(owner.yielded) == before
+        else:
+            assert owner.direct == []
+    finally:
+        await owner.close()
+
+
+async def test_a_failing_handler_ends_the_iteration_with_its_error(
+    tmp_path: Path, backend: str
+) -> None:
+    """What the handler raises where the events are read is raised by `changes()` where the
+    owner waits, as a failure of the owner's own loop would be: it is not lost in the
+    loop's exception handler while the watcher carries on."""
+    if backend == "watchfiles":
+        pytest.skip("watchfiles batches are always yielded")
+    a = CardPaths(tmp_path / "a")
+    a.taskcard_dir.mkdir(parents=True)
+    watcher = FleetWatcher({"a": a.workdir}, rescan_interval_s=3600)
+    owner = Handled(watcher, fail=RuntimeError("the owner's bug"))
+    await eventually_true(lambda: len(owner.yielded) >= 2)
+    atomic_write(a.body, b"# body")
+    with pytest.raises(RuntimeError, match="the owner's bug"):
+        await asyncio.wait_for(owner.task, TIMEOUT_S)
+    assert owner.direct == [frozenset({"a"})]
+    assert [t for t in asyncio.all_tasks() if t.get_name() == "taskcard-watcher"] == []
+
+
+async def test_the_handler_never_runs_while_the_owner_handles_a_batch(
+    tmp_path: Path, backend: str
+) -> None:
+    """Changes read while the owner is busy with a yielded batch wait in the queue (merged)
+    and are yielded; only once the owner waits again does the handler take them."""
+    if backend == "watchfiles":
+        pytest.skip("watchfiles batches are always yielded")
+    busy, quiet = CardPaths(tmp_path / "busy"), CardPaths(tmp_path / "quiet")
+    busy.taskcard_dir.mkdir(parents=True)
+    quiet.taskcard_dir.mkdir(parents=True)
+    # A rescan every 0.2 s: yielded batches (with "quiet") the owner is slow with, while
+    # events come.
+    watcher = FleetWatcher({"busy": busy.workdir, "quiet": quiet.workdir}, rescan_interval_s=0.2)
+    stop = threading.Event()
+
+    def hammer() -> None:
+        while not stop.is_set():
+            atomic_write(busy.status, b"active")
+            time.sleep(0.002)
+
+    writer = threading.Thread(target=hammer)
+    yielded_with_busy = 0
+
+    class Slow(Handled):
+        async def _run(self) -> None:
+            nonlocal yielded_with_busy
+            async for batch in self.watcher.changes(self.handle):
+                self.yielded.append(batch)
+                if "quiet" in batch:  # the rescan's: the owner's own work takes a while
+                    self.busy = True
+                    await asyncio.sleep(0.05)  # events are read meanwhile
+                    self.busy = False
+                else:
+                    yielded_with_busy += batch == {"busy"}  # what was read meanwhile
+                self.handle(batch, direct=False)
+
+    owner = Slow(watcher)
+    try:
+        await eventually_true(lambda: len(owner.yielded) >= 2)
+        writer.start()
+        # Both ways are taken: the writes read while the owner is slow come out yielded, in
+        # one batch, the others go to the handler.
+        await eventually_true(lambda: yielded_with_busy >= 3 and len(owner.direct) >= 5)
+        assert owner.while_busy == 0
+    finally:
+        stop.set()
+        if writer.is_alive():
+            writer.join()
+        await owner.close()
+
+
+async def eventually_true(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + TIMEOUT_S
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
