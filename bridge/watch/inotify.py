@@ -106,10 +106,10 @@ class InotifyWatches:
     def __init__(
         self,
         on_events: Callable[[list[str], bool], None],
-        ignored: Callable[[str], bool] = lambda _name: False,
+        ignored: Callable[[str], object] = lambda _name: False,
     ) -> None:
-        """`ignored(name)`: a file of that name is never read, so its events are dropped
-        as they are read (a writer's temp file costs four events per atomic write, the
+        """`ignored(name)` (its truth): a file of that name is never read, so its events are
+        dropped as they are read (a writer's temp file costs four events per atomic write, the
         rename that matters one). Names in `kept` are reported all the same: the caller puts
         there any such name a watched or planned folder has."""
         self._on_events = on_events

@@ -17,10 +17,17 @@ import inotify_simple
 import pytest
 
 import taskcard.bridge.watch.watcher as watcher_module
-from taskcard.bridge.watch.watcher import FleetWatcher, plan_watch
+from taskcard.bridge.watch.watcher import FleetWatcher, is_writer_temp, plan_watch, unread
 from taskcard.producers.ledger.contract import LEDGER_DIR, LEDGER_FILE
 from taskcard.producers.ledger.store import DEFAULT_LEDGER, Ledger
-from taskcard.producers.task_card.contract import CardPaths, append_jsonl_line, atomic_write
+from taskcard.producers.task_card.contract import (
+    HOST_LOCK_FILE,
+    NOTIFICATION_LOCK_FILE,
+    TALLY_FILE,
+    CardPaths,
+    append_jsonl_line,
+    atomic_write,
+)
 
 TIMEOUT_S = 20.0
 
@@ -63,6 +70,42 @@ def test_the_temp_files_of_atomic_writes_are_not_reported(tmp_path: Path) -> Non
     assert plan.agents_for(str(folder / ".refreshes")) == (set(), False)
     # The host's workdir lock is written when a host starts and closed when it stops.
     assert plan.agents_for(str(folder / ".host.lock")) == (set(), False)
+
+
+def test_the_names_never_read_are_the_temp_files_tally_and_locks_alone() -> None:
+    """`unread` (one regular expression, asked of every event's name) answers as the plain
+    rules: a name starting with "." and ending with ".tmp", or the tally or a lock."""
+    fixed = (TALLY_FILE, HOST_LOCK_FILE, NOTIFICATION_LOCK_FILE)
+    names = [
+        *fixed,
+        *(f"{name}x" for name in fixed),
+        *(f"x{name}" for name in fixed),
+        *(f".{name}.tmp" for name in fixed),
+        ".tmp",
+        "..tmp",
+        "...tmp",
+        ".x.tmp",
+        ".status.a1b2c3.tmp",
+        ".a\nb.tmp",
+        ".tmp\n",
+        ".x.tmp\n",
+        "x.tmp",
+        ".tmpx",
+        ".x.tmp.",
+        ".x.TMP",
+        "tmp",
+        ".",
+        "",
+        "status",
+        "taskcard.md",
+        ".hidden",
+        "\udcff.x.tmp",
+        ".\udcff.tmp",
+    ]
+    for name in names:
+        plain = name in fixed or (name.startswith(".") and name.endswith(".tmp"))
+        assert unread(name) is plain, name
+        assert is_writer_temp(name) is (name.startswith(".") and name.endswith(".tmp")), name
 
 
 def test_a_workdir_inside_another_agents_contract_folder_maps_to_both(tmp_path: Path) -> None:
