@@ -178,11 +178,17 @@ class _Resident:
         """The route has work: its card, an owed pin, or a put-off delete."""
         if self.disabled is not None:
             return False
-        return self.card_pending or self.pin_pending or self.delete_pending
+        # Asked several times per change: the pin's and the delete's properties only when
+        # one is owed at all (most often neither).
+        return self.card_pending or (
+            (self.pin_owed or self.delete_owed) and (self.pin_pending or self.delete_pending)
+        )
 
     def due_at(self) -> float:
         """When the route's next turn may go (monotonic): its backoff, and for a pin or a
         delete a 429 put off, the end of that window."""
+        if not (self.pin_owed or self.delete_owed):
+            return self.retry_at  # its card's turn, or none: the backoff (most often)
         times = []
         if self.card_pending:
             times.append(self.retry_at)

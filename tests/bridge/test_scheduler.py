@@ -16,7 +16,13 @@ from pathlib import Path
 import pytest
 
 from taskcard.bridge.notices.outbox import NoticeOutbox
-from taskcard.bridge.schedule.scheduler import RouteKey, RouteScheduler, _Waits, unsure_send_wait_s
+from taskcard.bridge.schedule.scheduler import (
+    RouteKey,
+    RouteScheduler,
+    _Resident,
+    _Waits,
+    unsure_send_wait_s,
+)
 from taskcard.bridge.store.sqlite import SqliteStore
 from taskcard.channels.base import (
     CardView,
@@ -958,3 +964,34 @@ async def test_a_lane_request_passed_through_for_its_waits_keeps_results_errors_
     await asyncio.wait_for(waiting.wait(), 30.0)
     inner.cancel()
     assert await inner == "stopped cleanly"
+
+
+def test_a_residents_work_and_its_due_time_follow_the_plain_rules() -> None:
+    """`pending` and `due_at` (asked several times per change, with shortcuts for a route
+    that owes no pin and no delete) answer as the rules they stand for, in every case."""
+    import itertools
+
+    shown = Outgoing("shown", {}, "f-shown")
+    newer = Outgoing("newer", {}, "f-newer")
+    cases = itertools.product(
+        (None, shown, newer),  # desired
+        (None, "f-newer"),  # failed
+        (None, "7"),  # message_id
+        (None, "6"),  # stale_id
+        (False, True),  # pin_owed
+        (False, True),  # delete_owed
+        (None, "gone"),  # disabled
+    )
+    for desired, failed, message_id, stale_id, pin_owed, delete_owed, disabled in cases:
+        resident = _Resident(
+            RouteKey("telegram", ChatRef("-1"), "a"), False, message_id, "f-shown", disabled
+        )
+        resident.desired, resident.failed, resident.stale_id = desired, failed, stale_id
+        resident.pin_owed, resident.delete_owed = pin_owed, delete_owed
+        resident.retry_at, resident.pin_at, resident.delete_at = 5.0, 9.0, 7.0
+        card = desired is not None and desired.fingerprint not in ("f-shown", failed)
+        pin = pin_owed and message_id is not None
+        delete = delete_owed and stale_id is not None and message_id is not None
+        assert resident.pending is (disabled is None and (card or pin or delete))
+        times = [5.0] * card + [9.0] * pin + [7.0] * delete
+        assert resident.due_at() == min(times, default=5.0)
