@@ -202,16 +202,24 @@ class InotifyWatches:
         changed: list[str] = []
         overflow = False
         unpack, ignored, kept, joined = _EVENT.unpack_from, self._ignored, self.kept, child_path
+        size, (encoding, errors) = _EVENT.size, _FS_CODEC
         at, end = 0, len(data)
+        # Most events of a change name a writer's temp file, dropped at once: the loop does
+        # as little as it can before that (a name holds no NUL, so its padding is stripped;
+        # an overflow is an event without a name).
         while at < end:
             wd, mask, _cookie, length = unpack(data, at)
-            start, at = at + _EVENT.size, at + _EVENT.size + length
-            name = data[start:at].split(b"\0", 1)[0].decode(*_FS_CODEC) if length else ""
-            if mask & IN_Q_OVERFLOW:
-                overflow = True
-                continue
-            if name and not mask & IN_ISDIR and ignored(name) and name not in kept:
-                continue
+            start = at + size
+            at = start + length
+            if length:
+                name = data[start:at].rstrip(b"\0").decode(encoding, errors)
+                if not mask & IN_ISDIR and ignored(name) and name not in kept:
+                    continue
+            else:
+                name = ""
+                if mask & IN_Q_OVERFLOW:
+                    overflow = True
+                    continue
             paths = self._paths_of.get(wd)
             if not paths:
                 continue

@@ -202,11 +202,22 @@ class WatchPlan:
     def classify(self, event_path: str) -> tuple[set[str], bool, tuple[frozenset[str], str] | None]:
         """`agents_for`, plus the file the event names when it is one of a contract folder's
         files and nothing structural: (its agents, `<contract folder>/<file name>`)."""
-        agents = self._standing_for(event_path, self.structural)
-        stale = bool(agents)
+        # Asked for every event path that survives the reader (one or two per change): the
+        # path is split once and `_standing_for(event_path, self.structural)` is spelled
+        # out here, so its `_contract_folder` look needs no split of its own.
+        workdirs = self.workdirs
         folder, name = split_path(event_path)
+        agents: set[str] = set()
+        for who in (
+            self.structural.get(event_path),
+            workdirs.get(event_path),
+            workdirs.get(folder) if name in CONTRACT_NAMES else None,
+        ):
+            if who is not None:
+                agents |= who
+        stale = bool(agents)
         file: tuple[frozenset[str], str] | None = None
-        if not unread(name):
+        if not unread_match(name):
             structural = frozenset(agents)
             roots = self.files_in.get(folder)
             if roots is not None:
@@ -215,13 +226,16 @@ class WatchPlan:
             # workdir itself, whose root is watched) is a level deeper than the files of a
             # contract folder, so in a workdir nested as another agent's contract folder
             # (`<outer>/reports` as a workdir) it is the inner agent's, not the outer's.
-            inner = self.workdirs.get(folder) if name == LINEAGE_FILE else None
+            inner = workdirs.get(folder) if name == LINEAGE_FILE else None
             if inner is not None:
                 agents |= inner
                 file = (inner - structural, name)
-            elif (owners := self._contract_folder(folder)) is not None:
-                agents |= owners
-                file = (owners - structural, split_path(folder)[1] + "/" + name)
+            else:
+                parent, folder_name = split_path(folder)  # `_contract_folder(folder)`
+                owners = workdirs.get(parent) if folder_name in CONTRACT_NAMES else None
+                if owners is not None:
+                    agents |= owners
+                    file = (owners - structural, folder_name + "/" + name)
         return agents, stale, file
 
 

@@ -108,6 +108,66 @@ def test_the_names_never_read_are_the_temp_files_tally_and_locks_alone() -> None
         assert is_writer_temp(name) is (name.startswith(".") and name.endswith(".tmp")), name
 
 
+def test_an_event_path_maps_as_the_plans_rules_say(tmp_path: Path) -> None:
+    """`WatchPlan.classify` (spelled out for speed) answers as its rules composed from the
+    plan's own pieces: what the path stands for as a folder, then the file it names in a
+    contract folder or as a workdir's lineage file, the innermost workdir winning; over
+    nested workdirs, shared workdirs, a missing workdir and a discovery root."""
+    outer, shared = tmp_path / "outer", tmp_path / "shared"
+    nested = outer / "reports"  # a workdir that is also the outer agent's contract folder
+    for folder in (outer / "taskcard", nested / "taskcard", shared / "logs"):
+        folder.mkdir(parents=True)
+    root = tmp_path / "root"
+    root.mkdir()
+    plan = plan_watch(
+        {
+            "outer": outer,
+            "nested": nested,
+            "s1": shared,
+            "s2": shared,
+            "gone": tmp_path / "missing" / "deeper" / "w",
+        },
+        roots=[root],
+    )
+
+    def by_the_rules(path: str) -> tuple[set[str], bool, tuple[frozenset[str], str] | None]:
+        agents = plan._standing_for(path, plan.structural)
+        stale = bool(agents)
+        folder, name = os.path.split(path)
+        file = None
+        if not unread(name):
+            structural = frozenset(agents)
+            agents |= plan.files_in.get(folder, frozenset())
+            inner = plan.workdirs.get(folder) if name == "lineage.json" else None
+            if inner is not None:
+                agents |= inner
+                file = (inner - structural, name)
+            elif (owners := plan._contract_folder(folder)) is not None:
+                agents |= owners
+                file = (owners - structural, os.path.basename(folder) + "/" + name)
+        return agents, stale, file
+
+    places = [
+        outer,
+        nested,
+        shared,
+        root,
+        tmp_path,
+        tmp_path / "missing",
+        tmp_path / "missing" / "deeper",
+        tmp_path / "missing" / "deeper" / "w",
+        tmp_path / "missing" / "deeper" / "w" / "taskcard",
+        *(base / name for base in (outer, nested, shared) for name in ("taskcard", "logs")),
+        outer / "elsewhere",
+    ]
+    names = ["status", "taskcard.md", "lineage.json", "reports", "taskcard", "x", ".a.b.tmp"]
+    paths = {str(place) for place in places} | {
+        str(place / name) for place in places for name in names
+    }
+    for path in sorted(paths):
+        assert plan.classify(path) == by_the_rules(path), path
+
+
 def test_a_workdir_inside_another_agents_contract_folder_maps_to_both(tmp_path: Path) -> None:
     """The plan keeps one entry per workdir and applies the contract rules to an event's path
     by splitting it; nested workdirs must still reach exactly the agents they did."""
