@@ -242,6 +242,11 @@ CLOSE_GRACE_S = 120.0
 BOARD_COMPOSE_EVERY_S = 0.5
 
 
+# The service's clock, asked about five times per change: `datetime.now(UTC)` without a
+# Python frame of its own (a lambda's).
+_utc_now: Final = functools.partial(datetime.now, UTC)
+
+
 class Service:
     """Owns monitors, channels, the scheduler and the store for one `serve` run."""
 
@@ -251,7 +256,7 @@ class Service:
         channels: Mapping[str, BuiltChannel],
         store: StateStore,
         *,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        clock: Callable[[], datetime] = _utc_now,
         limiter: Limiter | None = None,
         clustered: bool = False,
         cluster_names: ClusterNames | None = None,
@@ -1252,14 +1257,14 @@ class Service:
         if monitor is None or not self._serves(agent_id):
             return  # another instance reads it (and moves its shared offsets)
         result: AgentRefresh | None = None
-        with self._guard(agent_id, "reading its files"):
+        with _Guard(self, agent_id, "reading its files"):
             try:
                 result = monitor.refresh(changed)
             except BaseException:
                 monitor.forget_signatures()  # the next change or rescan reads everything again
                 raise
             for notification in result.notifications:
-                with self._guard(agent_id, "notifying"):
+                with _Guard(self, agent_id, "notifying"):
                     routes = [route.key for route in self._routes_by_agent.get(agent_id, ())]
                     self._outbox.notify(routes, agent_id, notification)
             for origin, at in monitor.take_origins():
@@ -1276,7 +1281,7 @@ class Service:
         # failure above (or after them) would leave their rows stale until the agent's next
         # change, since the next reading finds them unchanged.
         lineage_changed = ledger_changed = False
-        with self._guard(agent_id, "reading its reports and inbox"):
+        with _Guard(self, agent_id, "reading its reports and inbox"):
             side = self._sides[agent_id]
             try:
                 news = side.refresh(changed)
@@ -1285,7 +1290,7 @@ class Service:
             except BaseException:
                 side.rewind()  # read again at the next refresh what was not acted on
                 raise
-        with self._guard(agent_id, "reading its ledger"):
+        with _Guard(self, agent_id, "reading its ledger"):
             ledger_changed = self._ledgers.refresh(monitor.files, changed)
         # A card reading that raised (None) tells nothing of what it moved before it failed:
         # project anyway; the card is still the last good reading, and an unchanged one
@@ -1436,7 +1441,7 @@ class Service:
         same stage), recorded for `taskcard status` by its type only (a message may quote the
         agent's files), and cleared by the next success.
         """
-        return _Guard(self, agent_id, stage)
+        return _Guard(self, agent_id, stage)  # `_refresh` makes its four directly (per change)
 
     def _stage_failed(self, agent_id: str, stage: str, error: Exception) -> None:
         fault = f"{stage} failed ({type(error).__name__}); retried on the next change"

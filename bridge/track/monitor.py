@@ -107,18 +107,13 @@ class CardState:
     def with_body(self, body: str, changed_at: datetime | None) -> CardState:
         """This state with a new body: `replace(self, body=..., body_changed_at=...)` for the
         one change every card change makes, without `dataclasses.replace`'s walk over the
-        fields (it cost as much as the rest of reading the card). Every field is named, so
-        one added later must be added here (`tests/bridge/test_compose.py` checks)."""
-        return CardState(
-            status=self.status,
-            body=body,
-            body_changed_at=changed_at,
-            error_code=self.error_code,
-            error_since=self.error_since,
-            exhausted=self.exhausted,
-            watch_id=self.watch_id,
-            status_changed_at=self.status_changed_at,
-        )
+        fields (it cost as much as the rest of reading the card), nor the frozen `__init__`'s
+        `object.__setattr__` per field: the new state's fields are this one's, copied in one
+        update of its `__dict__` (the class has no `__post_init__` to run, and no slots), so a
+        field added later is carried too (`tests/bridge/test_compose.py` checks both)."""
+        state = object.__new__(CardState)
+        state.__dict__.update(self.__dict__, body=body, body_changed_at=changed_at)
+        return state
 
 
 @dataclass(frozen=True)
@@ -134,6 +129,13 @@ class AgentRefresh:
 
 
 _CARD_NAMES: Final = frozenset({STATUS_NAME, BODY_NAME, WATCH_NAME})
+# What most refreshes find, made once (immutable, so shared): no notification and no
+# failure, by (card_changed, activity_changed).
+_PLAIN_REFRESHES: Final = {
+    (card, activity): AgentRefresh(card_changed=card, activity_changed=activity)
+    for card in (False, True)
+    for activity in (False, True)
+}
 
 
 def _mtime(signature: FileSignature | None) -> datetime | None:
@@ -313,10 +315,14 @@ class AgentMonitor:
             activity_changed = summary != self._activity
             self._activity = summary
         card = self._card
+        # The same object when nothing was read; a new body tells a change at once.
+        card_changed = card is not card_before and (
+            card.body != card_before.body or card != card_before
+        )
+        if not notifications and failure is None:
+            return _PLAIN_REFRESHES[card_changed, activity_changed]
         return AgentRefresh(
-            # The same object when nothing was read; a new body tells a change at once.
-            card_changed=card is not card_before
-            and (card.body != card_before.body or card != card_before),
+            card_changed=card_changed,
             activity_changed=activity_changed,
             notifications=notifications,
             failure=failure,

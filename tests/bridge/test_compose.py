@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from dataclasses import fields, replace
+from dataclasses import FrozenInstanceError, fields, replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -347,10 +347,17 @@ def test_unknown_error_codes_never_reach_the_chat() -> None:
 
 
 def test_a_card_state_with_a_new_body_keeps_every_other_field() -> None:
-    # `with_body` names every field instead of `dataclasses.replace` (every card change makes
-    # one): each field set to a value of its own, so a field added to `CardState` and not
-    # copied there makes the two differ.
+    # `with_body` copies the fields instead of `dataclasses.replace` (every card change makes
+    # one), past `__init__`: each field set to a value of its own, so a field not carried
+    # makes the two differ, and an `__init__` that came to do more than set the fields (a
+    # `__post_init__`) would be skipped there.
     values = {field.name: f"value of {field.name}" for field in fields(CardState)}
     state = CardState(**values)  # type: ignore[arg-type]
     at = datetime(2026, 3, 4, 12, 0, tzinfo=UTC)
-    assert state.with_body("new body", at) == replace(state, body="new body", body_changed_at=at)
+    moved = state.with_body("new body", at)
+    assert moved == replace(state, body="new body", body_changed_at=at)
+    assert vars(moved) == vars(replace(state, body="new body", body_changed_at=at))
+    assert state.body == "value of body"  # the original is untouched
+    assert not hasattr(CardState, "__post_init__")
+    with pytest.raises(FrozenInstanceError):
+        moved.body = "changed"  # type: ignore[misc]
