@@ -1256,15 +1256,22 @@ class Service:
         monitor = self._monitors.get(agent_id)
         if monitor is None or not self._serves(agent_id):
             return  # another instance reads it (and moves its shared offsets)
+        # The three stages below are each behind the per-agent fault barrier (`_guard`),
+        # spelled out as `try` blocks: `except Exception` is `_Guard.__exit__`'s failure
+        # (a cancellation or an interrupt passes through), `else` its success, which clears
+        # a fault of the stage only when the agent has any. A `with` of a `_Guard` cost about
+        # 40 bytecodes per stage (the object, `__enter__`, `__exit__`); these run on every
+        # change. `tests/bridge/test_fault_barrier.py` drives each stage's failure.
+        faults = self._faults
         result: AgentRefresh | None = None
-        with _Guard(self, agent_id, "reading its files"):
+        try:
             try:
                 result = monitor.refresh(changed)
             except BaseException:
                 monitor.forget_signatures()  # the next change or rescan reads everything again
                 raise
             for notification in result.notifications:
-                with _Guard(self, agent_id, "notifying"):
+                with self._guard(agent_id, "notifying"):
                     routes = [route.key for route in self._routes_by_agent.get(agent_id, ())]
                     self._outbox.notify(routes, agent_id, notification)
             for origin, at in monitor.take_origins():
@@ -1276,12 +1283,17 @@ class Service:
                 self._due.set(agent_id, until.timestamp())
             if result.failure is not None:
                 raise result.failure
+        except Exception as error:
+            self._stage_failed(agent_id, "reading its files", error)
+        else:
+            if agent_id in faults:
+                self._stage_worked(agent_id, "reading its files")
         # The lineage and the ledger are read by their own readers whatever the card's
         # reading did, and each reading is taken once: what they saw is projected now, or a
         # failure above (or after them) would leave their rows stale until the agent's next
         # change, since the next reading finds them unchanged.
         lineage_changed = ledger_changed = False
-        with _Guard(self, agent_id, "reading its reports and inbox"):
+        try:
             side = self._sides[agent_id]
             try:
                 news = side.refresh(changed)
@@ -1290,8 +1302,18 @@ class Service:
             except BaseException:
                 side.rewind()  # read again at the next refresh what was not acted on
                 raise
-        with _Guard(self, agent_id, "reading its ledger"):
+        except Exception as error:
+            self._stage_failed(agent_id, "reading its reports and inbox", error)
+        else:
+            if agent_id in faults:
+                self._stage_worked(agent_id, "reading its reports and inbox")
+        try:
             ledger_changed = self._ledgers.refresh(monitor.files, changed)
+        except Exception as error:
+            self._stage_failed(agent_id, "reading its ledger", error)
+        else:
+            if agent_id in faults:
+                self._stage_worked(agent_id, "reading its ledger")
         # A card reading that raised (None) tells nothing of what it moved before it failed:
         # project anyway; the card is still the last good reading, and an unchanged one
         # sends nothing.
@@ -1441,7 +1463,7 @@ class Service:
         same stage), recorded for `taskcard status` by its type only (a message may quote the
         agent's files), and cleared by the next success.
         """
-        return _Guard(self, agent_id, stage)  # `_refresh` makes its four directly (per change)
+        return _Guard(self, agent_id, stage)
 
     def _stage_failed(self, agent_id: str, stage: str, error: Exception) -> None:
         fault = f"{stage} failed ({type(error).__name__}); retried on the next change"
