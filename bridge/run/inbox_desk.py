@@ -441,6 +441,8 @@ class InboxDesk:
     def refresh(self, agent_id: str | None = None) -> None:
         """Show the current state of open messages (of one agent, or all: the timer, which
         also lets closed messages older than `KEEP_CLOSED_S` go from memory)."""
+        if agent_id is not None and agent_id not in self._open:
+            return  # no open message (asked on every change of the agent)
         for record in self._open_records(agent_id):
             self._show(record)
         if agent_id is None and self._closed:

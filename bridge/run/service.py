@@ -1393,7 +1393,8 @@ class Service:
                 self._due.set_earliest(agent_id, quiet[5].timestamp())
         else:
             self._follow_signals(agent_id, side, activity, card, floor_s)
-        self._desk.on_acks(agent_id, news.acks)
+        if news.acks:
+            self._desk.on_acks(agent_id, news.acks)
         self._desk.refresh(agent_id)
         side.commit()  # recorded in the store: the offsets may move past them
 
@@ -1542,18 +1543,20 @@ class Service:
             self._project_route(route)
 
     def _project_route(self, route: Route) -> None:
-        monitor = self._monitors.get(route.key.agent_id)
-        if monitor is None or route.key.channel not in self._ready_channels:
+        key = route.key
+        agent_id = key.agent_id
+        monitor = self._monitors.get(agent_id)
+        if monitor is None or key.channel not in self._ready_channels:
             return
-        if not self._serves(route.key.agent_id):
+        if not self._serves(agent_id):
             return
-        channel = self._channels[route.key.channel]
-        prefs = self._chat_prefs(route.key.chat_scope)
-        has_message = self._scheduler.has_message(route.key)
-        if self._views.view(route.key.chat_scope) == "board":
-            self._mark_board(route.key.chat_scope)
+        channel = self._channels[key.channel]
+        prefs = self._chat_prefs(key.chat_scope)
+        has_message = self._scheduler.has_message(key)
+        if self._views.view(key.chat_scope) == "board":
+            self._mark_board(key.chat_scope)
             attention = needs_attention(
-                monitor.card, monitor.activity, self._has_problems(route.key.agent_id)
+                monitor.card, monitor.activity, self._has_problems(agent_id)
             )
             if not attention:
                 # Its own card is retired: the board follows it now. So is one still on its
@@ -1566,12 +1569,13 @@ class Service:
             return  # the resident appears with the first card, not before
         if prefs.hidden and not has_message:
             return
-        with self._guard(route.key.agent_id, "composing its card"):
+        # Behind the fault barrier (`_guard`), spelled out as in `_refresh` (once per change).
+        try:
             ledger_line = ledger_row(self._ledgers.current(monitor.files))
             # After the ledger's look: a refusal found by a first look is on this card.
-            problems = self.agent_problems(route.key.agent_id)
+            problems = self.agent_problems(agent_id)
             view = compose_view(
-                route.key.agent_id,
+                agent_id,
                 monitor.card,
                 monitor.activity,
                 hidden=prefs.hidden,
@@ -1579,14 +1583,23 @@ class Service:
                 now=self._clock(),
                 zone=route.zone,
                 ledger_line=ledger_line,
-                lineage=self._sides[route.key.agent_id].lineage,
+                lineage=self._sides[agent_id].lineage,
                 redactor=self._redact,
                 problems=problems,
             )
-            self._scheduler.submit(route.key, self._render_card(channel, view))
+            self._scheduler.submit(key, self._render_card(channel, view))
+        except Exception as error:
+            self._stage_failed(agent_id, "composing its card", error)
+        else:
+            if agent_id in self._faults:
+                self._stage_worked(agent_id, "composing its card")
+            elif not problems and self._saved_health.get(agent_id) == "[]":
+                # No problem after the ledger's look, no fault now, none saved: nothing
+                # composing does after that look can add one, so there is nothing to save.
+                return
         # A composition may take the ledger's first look: a refusal found there shows in
         # `taskcard status` now, not only after the agent's next change.
-        self._save_health(route.key.agent_id)
+        self._save_health(agent_id)
 
     def _retire_card(self, route: Route, channel: Channel) -> None:
         monitor = self._monitors[route.key.agent_id]
