@@ -255,6 +255,8 @@ class AgentMonitor:
 
     def take_origins(self) -> list[tuple[str, datetime]]:
         """The chats turns came from since the last call, as written (unchecked), with when."""
+        if not self._tracker.origins:
+            return []  # the usual answer (asked on every change)
         taken = list(self._tracker.origins)
         self._tracker.origins.clear()
         return taken

@@ -64,10 +64,10 @@ class _Followed:
         "_agent_id",
         "_name",
         "_offsets",
-        "_pending",
         "_primed",
         "_restarted_inode",
         "follower",
+        "pending",
     )
 
     def __init__(
@@ -78,7 +78,8 @@ class _Followed:
         self._offsets = offsets
         self.follower = LineFollower(path, files)
         self._primed = False
-        self._pending: tuple[int, int] | None = None
+        # The position read up to and not saved yet (`commit` saves it).
+        self.pending: tuple[int, int] | None = None
         # The inode of a file that was read again from its beginning (it replaced the one
         # followed, or was truncated): its lines may be a new series numbered from 1 again.
         # Kept, since the file is often seen empty (just created) before its first line.
@@ -117,7 +118,7 @@ class _Followed:
         if position is not None:
             if was is not None and (position.inode != was[0] or position.offset < was[1]):
                 self._restarted_inode = position.inode
-            self._pending = (position.inode, position.offset)
+            self.pending = (position.inode, position.offset)
         return lines
 
     @property
@@ -127,9 +128,9 @@ class _Followed:
         return position is not None and position.inode == self._restarted_inode
 
     def commit(self) -> None:
-        if self._pending is not None:
-            self._offsets.set_offset(self._agent_id, self._name, *self._pending)
-            self._pending = None
+        if self.pending is not None:
+            self._offsets.set_offset(self._agent_id, self._name, *self.pending)
+            self.pending = None
 
     def forget(self) -> None:
         self.follower.forget()
@@ -137,7 +138,7 @@ class _Followed:
     def rewind(self) -> None:
         """The next `read` starts again from the saved offset, as after a restart: the lines
         read since are read again."""
-        self._pending = None
+        self.pending = None
         self._primed = False
         self.follower.forget()
 
@@ -249,9 +250,12 @@ class AgentSide:
         return True
 
     def commit(self) -> None:
-        """Persist the offsets of what the last `refresh` returned."""
-        self._reports.commit()
-        self._acks.commit()
+        """Persist the offsets of what the last `refresh` returned (asked twice per change,
+        most often with nothing read: then nothing is called)."""
+        if self._reports.pending is not None:
+            self._reports.commit()
+        if self._acks.pending is not None:
+            self._acks.commit()
 
     def forget(self) -> None:
         self._reports.forget()
