@@ -557,20 +557,15 @@ class Service:
         `_owe_retirements`) get it, then close. Nothing is known of the agent now (its files
         are gone): the card says its state is unknown, and that it retired."""
         channel = self._channels[name]
-        now = self._clock()
         for key in self._retire_owed.pop(name, []):
             if self._scheduler.has_message(key):
-                view = compose_view(
-                    key.agent_id,
-                    CardState(),
-                    ActivitySummary(),
-                    hidden=False,
-                    activity_rows=0,
-                    now=now,
-                    zone=self._chat_zone(key.channel, key.chat),
+                zone = self._chat_zone(key.channel, key.chat)
+                self._scheduler.submit(
+                    key,
+                    self._last_edit(
+                        channel, key.agent_id, CardState(), ActivitySummary(), zone, RETIRED_NOTE
+                    ),
                 )
-                final = replace(view, body=None, body_note=RETIRED_NOTE)
-                self._scheduler.submit(key, self._render_card(channel, final))
             self._closing[key] = asyncio.get_running_loop().time()
 
     def _retire_owed_to(self, agent_id: str) -> list[RouteKey]:
@@ -1033,16 +1028,9 @@ class Service:
             final = None
             channel = self._channels.get(route.key.channel)
             if channel is not None and self._running and self._scheduler.has_message(route.key):
-                view = compose_view(
-                    agent_id,
-                    monitor.card,
-                    monitor.activity,
-                    hidden=False,
-                    activity_rows=0,
-                    now=self._clock(),
-                    zone=route.zone,
+                final = self._last_edit(
+                    channel, agent_id, monitor.card, monitor.activity, route.zone, RETIRED_NOTE
                 )
-                final = self._render_card(channel, replace(view, body=None, body_note=RETIRED_NOTE))
             self._close_route(route, final)
 
     def _unrouted_edit(self, route: Route) -> Outgoing | None:
@@ -1068,17 +1056,26 @@ class Service:
         ):
             return None
         with self._guard(agent_id, "composing its card"):
-            view = compose_view(
-                agent_id,
-                monitor.card,
-                monitor.activity,
-                hidden=False,
-                activity_rows=0,
-                now=self._clock(),
-                zone=route.zone,
+            return self._last_edit(
+                channel, agent_id, monitor.card, monitor.activity, route.zone, UNROUTED_NOTE
             )
-            return self._render_card(channel, replace(view, body=None, body_note=UNROUTED_NOTE))
         return None
+
+    def _last_edit(
+        self,
+        channel: Channel,
+        agent_id: str,
+        card: CardState,
+        activity: ActivitySummary,
+        zone: tzinfo,
+        note: str,
+    ) -> Outgoing:
+        """The last edit of a card that is no longer followed: the agent and its state, no
+        activity rows, and `note` where the body was."""
+        view = compose_view(
+            agent_id, card, activity, hidden=False, activity_rows=0, now=self._clock(), zone=zone
+        )
+        return self._render_card(channel, replace(view, body=None, body_note=note))
 
     def _close_route(self, route: Route, final: Outgoing | None) -> None:
         """Stop projecting `route`; its last edit (`final`) still goes out, then it is dropped."""
