@@ -71,9 +71,9 @@ from taskcard.bridge.watch.inotify import (
 from taskcard.channels.aio import AnyEvent, Backoff, wait_first
 from taskcard.producers.reports.contract import CONTRACT_DIRS, LINEAGE_FILE
 from taskcard.producers.task_card.contract import (
-    HOST_LOCK_FILE,
+    LEGACY_HOST_LOCK_FILE,
+    LEGACY_TALLY_FILE,
     NOTIFICATION_LOCK_FILE,
-    TALLY_FILE,
 )
 
 logger = logging.getLogger(__name__)
@@ -252,7 +252,10 @@ def is_writer_temp(name: str) -> bool:
 # and `endswith(".tmp")` accept; DOTALL, since a name may hold a newline.
 _UNREAD: Final = re.compile(
     r"(?:\.(?:.*\.)?tmp|"
-    + "|".join(re.escape(name) for name in (TALLY_FILE, HOST_LOCK_FILE, NOTIFICATION_LOCK_FILE))
+    + "|".join(
+        re.escape(name)
+        for name in (LEGACY_TALLY_FILE, LEGACY_HOST_LOCK_FILE, NOTIFICATION_LOCK_FILE)
+    )
     + r")\Z",
     re.DOTALL,
 )
@@ -262,11 +265,11 @@ unread_match: Final = _UNREAD.match
 
 def unread(name: str) -> bool:
     """Whether a file named `name` in a contract folder is one the service never reads: a
-    writer's temp file (`is_writer_temp`), the producer host's refresh tally (appended to on
-    every tick, so reporting it would read the agent once more per tick for nothing), or a
-    lock (the host's workdir lock, written at every host start and closed at its exit; the
-    notification writers' lock, opened around every append): they say nothing about the
-    card."""
+    writer's temp file (`is_writer_temp`), or a lock the notification writers open around
+    every append. The producer host keeps its own files (its lock, its refresh tally appended
+    to on every tick) in `.taskcard-host/`, a folder of the workdir no watch covers; a host of
+    an earlier version still running kept them in `taskcard/` as `.refreshes` and
+    `.host.lock`, so those names are ignored too: they say nothing about the card."""
     return unread_match(name) is not None
 
 

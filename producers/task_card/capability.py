@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from taskcard.producers.task_card.contract import (
+    HOST_DIR,
     STATUS_ACTIVE,
     STATUS_INACTIVE,
     CardPaths,
@@ -34,9 +35,9 @@ from taskcard.producers.task_card.contract import (
     utc_now_iso,
 )
 from taskcard.producers.task_card.descriptor import (
-    SEQ_FILE,
     DescriptorCorrupt,
     WatchDescriptor,
+    adopt_legacy_files,
     allocate_watch_id,
     clear_descriptor,
     read_descriptor,
@@ -219,6 +220,7 @@ class TaskCard:
         self._host_lock.acquire()
         try:
             self._end_leftover_renders()
+            adopt_legacy_files(self.paths)
             self._rehydrate()
         except BaseException:
             self._host_lock.release()
@@ -923,23 +925,24 @@ class TaskCard:
     def _end_leftover_renders(self) -> None:
         """Before anything renders: kill what the runs of a host of this workdir that died
         without ending cleanly (SIGKILL, a crash) left running; see `workdir_lock.py`."""
-        previous = self._host_lock.previous
-        tag = None if previous is None else previous.leftover_tag(self.workdir, boot_id())
-        if tag is None:
-            return
-        try:
-            killed = end_leftover_renders(tag)
-        except OSError as exc:  # no /proc to read: the card still comes up
-            log.warning("task card: cannot look for a killed host's renders (%s)", exc)
-            return
-        if killed:
-            log.warning(
-                "task card: ended %d process(es) the renders of a killed host (pid %s) left "
-                "running in %s",
-                killed,
-                previous.pid if previous is not None and previous.pid is not None else "unknown",
-                self.workdir,
-            )
+        boot = boot_id()
+        for previous in self._host_lock.previous:
+            tag = previous.leftover_tag(self.workdir, boot)
+            if tag is None:
+                continue
+            try:
+                killed = end_leftover_renders(tag)
+            except OSError as exc:  # no /proc to read: the card still comes up
+                log.warning("task card: cannot look for a killed host's renders (%s)", exc)
+                return
+            if killed:
+                log.warning(
+                    "task card: ended %d process(es) the renders of a killed host (pid %s) "
+                    "left running in %s",
+                    killed,
+                    previous.pid if previous.pid is not None else "unknown",
+                    self.workdir,
+                )
 
     def _rehydrate(self) -> None:
         """Resume the persisted watch, or clear a stale descriptor and leave the card inactive."""
@@ -1052,16 +1055,23 @@ class TaskCard:
         )
 
     def _cannot_write(self, exc: OSError) -> str:
-        """Why a card file could not be written or removed, naming it and what it must be."""
+        """Why a card file (or one of the host's own, in its private folder) could not be
+        written or removed, naming it and what it must be."""
         target = exc.filename2 if exc.filename2 is not None else exc.filename
-        name = Path(os.fsdecode(target)).name if target is not None else ""
+        path = Path(os.fsdecode(target)) if target is not None else None
+        if path is not None and HOST_DIR in (path.name, path.parent.name):
+            where = f"{HOST_DIR}/" if path.name == HOST_DIR else f"{HOST_DIR}/{path.name}"
+            for known in (self.paths.watch_seq.name, self.paths.tally.name):
+                if path.name.startswith(f".{known}."):  # its temp file
+                    where = f"{HOST_DIR}/{known}"
+            return (
+                f"cannot write {where} ({exc.strerror or exc}); the task card host keeps its "
+                f"own files in a writable {HOST_DIR}/ folder of the workdir: move away what is "
+                "in the way, then call again"
+            )
+        name = path.name if path is not None else ""
         where = "taskcard/"
-        for known in (
-            self.paths.body.name,
-            self.paths.status.name,
-            self.paths.watch.name,
-            SEQ_FILE,
-        ):
+        for known in (self.paths.body.name, self.paths.status.name, self.paths.watch.name):
             if name == known or name.startswith(f".{known}."):  # or its temp file
                 where = f"taskcard/{known}"
         return (

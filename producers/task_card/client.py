@@ -133,22 +133,20 @@ def spawn_detached_host(paths: HostPaths, idle_grace_s: float | None = None) -> 
 
 
 def _check_card_folder(workdir: Path) -> None:
+    """`CardFolderUnsafe` when `taskcard/` or `.taskcard-host/` leads out of the workdir; not
+    a folder, unreadable: the host says what it can do with it."""
     try:
-        folder = workdir_lock.open_card_folder(workdir, create=False)
+        workdir_lock.check_folders(workdir)
     except workdir_lock.CardFolderOutside as exc:
         raise CardFolderUnsafe(str(exc)) from None
-    except OSError:
-        return  # not a folder, unreadable: the host says what it can do with it
-    if folder is not None:
-        os.close(folder)
 
 
 def ensure_host(paths: HostPaths, idle_grace_s: float | None = None) -> None:
     """Make sure a host answers for the workdir (it rehydrates a persisted watch on start).
 
     Raises `RuntimeDirUnsafe` before anything is sent when the runtime folder is not ours,
-    and `CardFolderUnsafe` when the workdir's `taskcard/` leads out of it (no host would
-    start there).
+    and `CardFolderUnsafe` when the workdir's `taskcard/` or `.taskcard-host/` leads out of
+    it (no host would start there).
     """
     paths.ensure_dir()
     _check_card_folder(paths.workdir)

@@ -12,6 +12,11 @@ Layout under an agent's working directory::
     taskcard/taskcard.json        the owner document of the five settings
     .notification/system.jsonl    typed notifications, one JSON object per line
     logs/events.jsonl             the agent's activity log, one JSON object per line
+
+`taskcard/` holds nothing else of ours: the manual gives the capability exactly those files.
+The producer host's own bookkeeping (its workdir lock, the watch id counter, the refresh tally)
+lives in a private folder beside it, `.taskcard-host/`, which no consumer reads or watches
+(`CardPaths.host_dir`; docs/producer.md, "The host's private folder").
 """
 
 from __future__ import annotations
@@ -40,9 +45,16 @@ BODY_FILE: Final = "taskcard.md"
 STATUS_FILE: Final = "status"
 WATCH_FILE: Final = "watch.json"
 SETTINGS_FILE: Final = "taskcard.json"
-# The host's own running count of spent refreshes (see `tally.py`); no reader but the host.
-TALLY_FILE: Final = ".refreshes"
-HOST_LOCK_FILE: Final = ".host.lock"  # the host's workdir lock (`workdir_lock.py`)
+# The producer host's private folder in the workdir, and its files; no reader but the host.
+HOST_DIR: Final = ".taskcard-host"
+HOST_LOCK_FILE: Final = "lock"  # the host's workdir lock (`workdir_lock.py`)
+WATCH_SEQ_FILE: Final = "watch-seq"  # the never-reused watch id counter (`descriptor.py`)
+TALLY_FILE: Final = "refreshes"  # spent refreshes since `watch.json` (`tally.py`)
+# Where earlier versions kept the same three files, inside `taskcard/`: read when the new ones
+# are missing, removed once the new ones are written (and the old lock taken while it exists).
+LEGACY_HOST_LOCK_FILE: Final = ".host.lock"
+LEGACY_WATCH_SEQ_FILE: Final = ".watch-seq"
+LEGACY_TALLY_FILE: Final = ".refreshes"
 NOTIFICATION_DIR: Final = ".notification"
 NOTIFICATION_FILE: Final = "system.jsonl"
 # Taken by every writer of `system.jsonl` around its dedupe, rotation and append.
@@ -83,7 +95,8 @@ CardStatus = Literal["active", "inactive", "unknown"]
 
 @dataclass(frozen=True)
 class CardPaths:
-    """Every contract path of one working directory (each built once: a tick asks often)."""
+    """Every contract path of one working directory, and the host's private ones (each built
+    once: a tick asks often)."""
 
     workdir: Path
 
@@ -106,6 +119,27 @@ class CardPaths:
     @cached_property
     def settings(self) -> Path:
         return self.taskcard_dir / SETTINGS_FILE
+
+    @cached_property
+    def host_dir(self) -> Path:
+        """The producer host's private folder (not part of the contract; see the top)."""
+        return self.workdir / HOST_DIR
+
+    @cached_property
+    def watch_seq(self) -> Path:
+        return self.host_dir / WATCH_SEQ_FILE
+
+    @cached_property
+    def tally(self) -> Path:
+        return self.host_dir / TALLY_FILE
+
+    @cached_property
+    def legacy_watch_seq(self) -> Path:
+        return self.taskcard_dir / LEGACY_WATCH_SEQ_FILE
+
+    @cached_property
+    def legacy_tally(self) -> Path:
+        return self.taskcard_dir / LEGACY_TALLY_FILE
 
     @cached_property
     def notification_dir(self) -> Path:

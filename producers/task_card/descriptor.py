@@ -6,26 +6,32 @@ restart gets a fresh idempotency key instead of colliding with one already deliv
 error_code, the code of the error episode still open when the file was written (null when the
 watch was healthy): a host killed mid-episode resumes it, so a renderer still failing sends no
 second error notice and one that works again sends the recovery the chats wait for.
-Watch ids come from `taskcard/.watch-seq`, a counter that only grows, so an id is never reused
-even after the descriptor is cleared.
+Watch ids come from `.taskcard-host/watch-seq` (the host's private folder, not the card's), a
+counter that only grows, so an id is never reused even after the descriptor is cleared.
+Earlier versions kept it at `taskcard/.watch-seq`: the larger of the two counts, and the old
+file is removed once the new one is written (`adopt_legacy_files`, at every host start).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
+import os
 import re
 import sys
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Final, cast
 
 from taskcard.producers.task_card.contract import CardPaths, atomic_write, read_regular
 from taskcard.producers.task_card.renderer import ERROR_CODES, ErrorCode
 from taskcard.producers.task_card.settings import BOUNDS, setting_problem
-from taskcard.producers.task_card.tally import clear_tally
+from taskcard.producers.task_card.tally import clear_tally, host_folder, remove_legacy
 
-SEQ_FILE: Final = ".watch-seq"
+log = logging.getLogger(__name__)
+
 MAX_DESCRIPTOR_BYTES: Final = 64 * 1024  # a descriptor is a few hundred bytes
 _ID_RE: Final = re.compile(r"^tc_([1-9][0-9]*)$")
 
@@ -128,13 +134,45 @@ def watch_number(watch_id: str) -> int:
     return int(match.group(1)) if match else 0
 
 
+def _read_seq(path: Path) -> int:
+    """The counter in `path`, 0 when missing or unusable (never through a symbolic link: only
+    a planter makes one; the host writes the counter by rename)."""
+    try:
+        return int(read_regular(path, 64, follow=False).decode().strip())
+    except (OSError, ValueError):
+        return 0
+
+
 def allocate_watch_id(paths: CardPaths, seen: int) -> str:
     """The next id, persisted before use so a crash can never hand the same id out twice."""
-    seq_path = paths.taskcard_dir / SEQ_FILE
-    try:
-        last = int(read_regular(seq_path, 64).decode().strip())
-    except (OSError, ValueError):
-        last = 0
+    last = max(_read_seq(paths.watch_seq), _read_seq(paths.legacy_watch_seq))
     number = max(last, seen) + 1
-    atomic_write(seq_path, str(number).encode())
+    host_folder(paths)
+    atomic_write(paths.watch_seq, str(number).encode())
+    remove_legacy(paths.legacy_watch_seq)
     return f"tc_{number}"
+
+
+def adopt_legacy_files(paths: CardPaths) -> None:
+    """Upgrade a workdir an earlier version's host used: its id counter and refresh tally sat
+    in `taskcard/`. The counter moves to the host's folder now (the larger count wins); the
+    old tally goes when the new one exists or no watch is left to resume, and otherwise stays
+    until the resumed watch's own tally is written (`tally.read_tally` reads it meanwhile).
+    When the host's folder cannot be written the old files stay and keep counting."""
+    try:
+        if os.path.lexists(paths.legacy_watch_seq):
+            number = max(_read_seq(paths.watch_seq), _read_seq(paths.legacy_watch_seq))
+            if number:
+                host_folder(paths)
+                atomic_write(paths.watch_seq, str(number).encode())
+            remove_legacy(paths.legacy_watch_seq)
+        if os.path.lexists(paths.legacy_tally) and (
+            os.path.lexists(paths.tally) or not os.path.lexists(paths.watch)
+        ):
+            remove_legacy(paths.legacy_tally)
+    except OSError as exc:
+        log.warning(
+            "task card: an earlier version's files stay in %s and are read there (%s)",
+            paths.taskcard_dir,
+            exc.strerror or exc,
+        )

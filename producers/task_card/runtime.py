@@ -39,8 +39,9 @@ class RuntimeDirUnsafe(RuntimeError):
 
 
 class CardFolderUnsafe(RuntimeDirUnsafe):
-    """The workdir's `taskcard/` folder leads out of it; answered like an unsafe runtime
-    folder (one line, exit 2), since a host there would lock and write somewhere else."""
+    """The workdir's `taskcard/` or `.taskcard-host/` folder leads out of it; answered like an
+    unsafe runtime folder (one line, exit 2), since a host there would lock and write
+    somewhere else."""
 
 
 def runtime_dir_problem(mode: int, owner_uid: int, my_uid: int) -> str | None:
@@ -137,9 +138,9 @@ class HostLock:
         self._paths = paths
         self._renders = renders
         self._fd: int | None = None
-        self._workdir_fd: int | None = None
-        # The note a previous holder left in the workdir lock (None: it ended cleanly).
-        self.previous: workdir_lock.Holder | None = None
+        self._workdir_lock: workdir_lock.WorkdirLock | None = None
+        # The notes previous holders left in the workdir lock (none: they ended cleanly).
+        self.previous: tuple[workdir_lock.Holder, ...] = ()
 
     def acquire(self) -> None:
         self._paths.ensure_dir()
@@ -160,7 +161,7 @@ class HostLock:
                 "use it (taskcard tool/card talk to it) or stop it first"
             ) from None
         try:
-            self._workdir_fd, self.previous = workdir_lock.acquire(
+            self._workdir_lock = workdir_lock.acquire(
                 self._paths.workdir, self._paths.runtime_dir, self._renders
             )
         except workdir_lock.WorkdirHeld as exc:
@@ -171,13 +172,14 @@ class HostLock:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
             raise CardFolderUnsafe(str(exc)) from None
+        self.previous = self._workdir_lock.previous
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._fd = fd
 
     def release(self) -> None:
-        workdir_fd, self._workdir_fd = self._workdir_fd, None
-        workdir_lock.release(workdir_fd)
+        held, self._workdir_lock = self._workdir_lock, None
+        workdir_lock.release(held)
         fd, self._fd = self._fd, None
         if fd is not None:
             with contextlib.suppress(OSError):

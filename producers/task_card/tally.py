@@ -1,4 +1,4 @@
-"""`taskcard/.refreshes`: the refresh budget spent since `watch.json` was last written.
+"""`.taskcard-host/refreshes`: the refresh budget spent since `watch.json` was last written.
 
 Every refresh spends one unit of the watch's budget, and a host killed with SIGKILL must come
 back with exactly the budget it had. Rewriting `watch.json` on every tick did that, but it
@@ -31,12 +31,16 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+from pathlib import Path
 from typing import Final
 
 from taskcard.producers.task_card.contract import (
     TALLY_FILE,
     CardPaths,
+    OutsideWorkdir,
     atomic_write,
+    is_inside,
+    make_folder,
     read_regular,
 )
 
@@ -66,20 +70,45 @@ def parse_tally(raw: bytes, watch_id: str, ceiling: int) -> int | None:
     return value if value <= ceiling else None
 
 
-def read_tally(paths: CardPaths, watch_id: str, ceiling: int) -> int | None:
-    """The tally's count for `watch_id`; None when missing, unusable or for another watch."""
+def host_folder(paths: CardPaths) -> None:
+    """The host's private folder created if missing, only inside the workdir once links are
+    resolved; raises `OutsideWorkdir` (naming the folder) otherwise, and nothing is created."""
     try:
-        raw = read_regular(paths.taskcard_dir / TALLY_FILE, 2 * MAX_TALLY_BYTES + 1, follow=False)
-    except OSError:
-        return None
-    if len(raw) > 2 * MAX_TALLY_BYTES:
-        return None
-    return parse_tally(raw, watch_id, ceiling)
+        make_folder(paths.host_dir, inside=paths.workdir)
+    except OutsideWorkdir as exc:
+        raise OutsideWorkdir(exc.errno, exc.strerror, str(paths.host_dir)) from None
+
+
+def remove_legacy(path: Path) -> None:
+    """An earlier version's file of the host removed from `taskcard/` (its replacement is
+    written); one that cannot be removed is left, and still read in its place."""
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def read_tally(paths: CardPaths, watch_id: str, ceiling: int) -> int | None:
+    """The tally's count for `watch_id`; None when missing, unusable or for another watch.
+    The old `taskcard/.refreshes` is read when the tally is missing (an upgraded workdir)."""
+    for path in (paths.tally, paths.legacy_tally):
+        try:
+            raw = read_regular(path, 2 * MAX_TALLY_BYTES + 1, follow=False)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return None
+        if len(raw) > 2 * MAX_TALLY_BYTES:
+            return None
+        return parse_tally(raw, watch_id, ceiling)
+    return None
 
 
 def clear_tally(paths: CardPaths) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(paths.taskcard_dir / TALLY_FILE)
+    """The tally removed (an earlier version's too); never through a host folder swapped for
+    a link out of the workdir, where it would remove another folder's file of that name."""
+    inside = is_inside(os.path.realpath(paths.workdir), os.path.realpath(paths.host_dir))
+    for path in (paths.tally, paths.legacy_tally) if inside else (paths.legacy_tally,):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 class RefreshTally:
@@ -95,9 +124,11 @@ class RefreshTally:
     def restart(self, used: int) -> None:
         """Header and current count only, replaced atomically (after a descriptor write)."""
         self.close()
-        path = self._paths.taskcard_dir / TALLY_FILE
+        path = self._paths.tally
         data = f"{self._watch_id}\n{used}\n".encode()
+        host_folder(self._paths)
         atomic_write(path, data, durable=False)
+        remove_legacy(self._paths.legacy_tally)
         fd = os.open(path, _APPEND_FLAGS)
         try:
             info = os.fstat(fd)

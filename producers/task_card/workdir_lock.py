@@ -6,30 +6,44 @@ workdir. But that folder comes from the caller's environment (`--runtime-dir`,
 `XDG_RUNTIME_DIR`, a cron job or an MCP client started from a desktop may not. Two callers
 with two folders used to start two hosts on one workdir, both resuming the same watch from
 `watch.json`, both rendering and spending its budget. So the host also holds an `flock` on
-`taskcard/.host.lock` inside the workdir, the one place every caller agrees on, and writes
+`.taskcard-host/lock` inside the workdir, the one place every caller agrees on, and writes
 there which pid and runtime folder hold it, so a refused caller can say where the host is.
+The folder is the host's private one (`contract.HOST_DIR`), beside `taskcard/` rather than in
+it: the manual gives the capability exactly its card files there, and a shell `rm -r` of the
+card folder no longer takes the lock with it.
 
 The file is opened without following symlinks and without blocking, and must be a regular
 file with no other name (a hard link planted there would be truncated). When it cannot be
-used at all (a read-only workdir, a folder planted at its name) the host runs on the runtime
-lock alone, as before, and logs why: refusing to start would stop the card for a problem the
-runtime lock still mostly covers.
+used at all (a read-only workdir, a folder planted at its name or at the folder's) the host
+runs on the runtime lock alone, as before, and logs why: refusing to start would stop the
+card for a problem the runtime lock still mostly covers.
 
-The folder is opened first and the lock file relative to it, and the kernel's path of the
-opened folder must lie inside the resolved workdir. A `taskcard` symlink leading elsewhere
-(to another agent's card folder, to a folder someone else holds a lock in) would make the
-host wait on a foreign lock, or put its card there; that is `CardFolderOutside`, and the host
-does not start (a link that stays inside the workdir is followed).
+Both folders the host writes in, `.taskcard-host/` and `taskcard/`, are opened first (the lock
+file relative to the first), and the kernel's path of each opened folder must lie inside the
+resolved workdir. Either one a symlink leading elsewhere (to another agent's folder, to a
+folder someone else holds a lock in) would make the host wait on a foreign lock, or put its
+card there; that is `CardFolderOutside`, and the host does not start (a link that stays
+inside the workdir is followed).
+
+Earlier versions kept the lock at `taskcard/.host.lock`. While that file exists the host takes
+its `flock` too, after its own: a host of the previous version still running on the workdir
+(with another runtime folder) holds it, and the new one is refused as it would be by a host of
+its own version. Once both are held the old name is removed, and its descriptor kept until
+the host ends, so an old host that opened the name just before still finds it locked. (An old
+host started after that creates the name anew and is not stopped by this one: only an old
+installation kept beside the new one, used with another runtime folder, could start one; see
+docs/producer.md.) When the new lock cannot be used, the old one, if present, stands in for it
+with the same note, and stays.
 
 The note also says how to recognise the holder's renders (`renders`: the random tag every
 renderer it starts carries in its environment, `renderer.RENDER_HOST_ENV`), on which boot and
 for which workdir. A host that ends cleanly empties the note before it lets go of the lock. A
 host killed with SIGKILL cannot, and its renderer may still be running (in its own session, for
-its whole timeout or for ever); so the next host reads the note it finds before writing its
-own, and when it names this workdir on this boot, ends what those renders left running before
-it renders anything (`Holder.leftover_tag`, `renderer.end_leftover_renders`). The note is in the
-agent's workdir, so it is read as untrusted text: a copied workdir carries a note naming the
-original's path, and is ignored.
+its whole timeout or for ever); so the next host reads the notes it finds (in the old lock too)
+before writing its own, and when one names this workdir on this boot, ends what those renders
+left running before it renders anything (`Holder.leftover_tag`,
+`renderer.end_leftover_renders`). The note is in the agent's workdir, so it is read as
+untrusted text: a copied workdir carries a note naming the original's path, and is ignored.
 """
 
 from __future__ import annotations
@@ -41,11 +55,18 @@ import logging
 import os
 import re
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from taskcard.producers.task_card.contract import HOST_LOCK_FILE, TASKCARD_DIR, is_inside
+from taskcard.producers.task_card.contract import (
+    HOST_DIR,
+    HOST_LOCK_FILE,
+    LEGACY_HOST_LOCK_FILE,
+    TASKCARD_DIR,
+    is_inside,
+)
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +115,8 @@ class Holder:
 
 
 class CardFolderOutside(RuntimeError):
-    """The workdir's `taskcard/` folder leads out of the workdir; the text names the fix."""
+    """The workdir's `taskcard/` or `.taskcard-host/` folder leads out of the workdir; the
+    text names the folder and the fix."""
 
 
 class WorkdirHeld(RuntimeError):
@@ -105,8 +127,24 @@ class WorkdirHeld(RuntimeError):
         self.holder = holder
 
 
+@dataclass
+class WorkdirLock:
+    """What `acquire` holds: the lock (None when it could not be used), the old lock of an
+    earlier version (held while the host runs; its name removed unless it stands in for the
+    lock), and the notes hosts that did not end cleanly left in either."""
+
+    fd: int | None
+    legacy_fd: int | None = None
+    legacy_in_use: bool = False  # the old lock carries this host's note (no new lock)
+    previous: tuple[Holder, ...] = ()
+
+
 def lock_path(workdir: Path) -> Path:
-    return workdir / TASKCARD_DIR / HOST_LOCK_FILE
+    return workdir / HOST_DIR / HOST_LOCK_FILE
+
+
+def legacy_lock_path(workdir: Path) -> Path:
+    return workdir / TASKCARD_DIR / LEGACY_HOST_LOCK_FILE
 
 
 def parse_holder(raw: bytes) -> Holder:
@@ -131,12 +169,12 @@ def parse_holder(raw: bytes) -> Holder:
     )
 
 
-def open_card_folder(workdir: Path, *, create: bool) -> int | None:
-    """A descriptor of `<workdir>/taskcard/` (None when missing and not created).
-
-    Raises `CardFolderOutside` when the folder opened (after any symlink) is not inside the
-    resolved workdir, and `OSError` when it cannot be opened."""
-    folder = workdir / TASKCARD_DIR
+def _open_folder_inside(workdir: Path, name: str, *, create: bool, holds: str) -> int | None:
+    """A descriptor of `<workdir>/<name>/` (None when missing and not created). Raises
+    `CardFolderOutside` when the folder opened (after any symlink) is not inside the resolved
+    workdir (`holds`: what the host keeps there, for the message), `OSError` when it cannot
+    be opened."""
+    folder = workdir / name
     if create:
         with contextlib.suppress(FileExistsError):
             folder.mkdir()
@@ -153,23 +191,46 @@ def open_card_folder(workdir: Path, *, create: bool) -> int | None:
     if not is_inside(os.path.realpath(workdir), opened):
         os.close(fd)
         raise CardFolderOutside(
-            f"{folder} is a symlink that leads out of the workdir; the host keeps its lock and "
-            "the card there, so make it a real folder inside the workdir (remove the link)"
+            f"{folder} is a symlink that leads out of the workdir; the host keeps {holds} "
+            "there, so make it a real folder inside the workdir (remove the link)"
         )
     return fd
 
 
-def read_holder(workdir: Path) -> Holder | None:
-    """What the lock file says, None when there is none (or it cannot be read)."""
+def open_card_folder(workdir: Path, *, create: bool) -> int | None:
+    """A descriptor of `<workdir>/taskcard/`; see `_open_folder_inside`."""
+    return _open_folder_inside(workdir, TASKCARD_DIR, create=create, holds="the card")
+
+
+def open_host_folder(workdir: Path, *, create: bool) -> int | None:
+    """A descriptor of `<workdir>/.taskcard-host/`; see `_open_folder_inside`."""
+    return _open_folder_inside(
+        workdir, HOST_DIR, create=create, holds="its lock and its bookkeeping"
+    )
+
+
+def check_folders(workdir: Path) -> None:
+    """Raise `CardFolderOutside` when either folder the host writes in leads out of the
+    workdir; anything else (missing, not a folder, unreadable) is the host's to report."""
+    for opener in (open_card_folder, open_host_folder):
+        try:
+            fd = opener(workdir, create=False)
+        except OSError:
+            continue
+        if fd is not None:
+            os.close(fd)
+
+
+def _read_note(workdir: Path, opener: Callable[..., int | None], name: str) -> Holder | None:
     try:
-        folder = open_card_folder(workdir, create=False)
+        folder = opener(workdir, create=False)
     except (OSError, CardFolderOutside):
         return None
     if folder is None:
         return None
     try:
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-        fd = os.open(HOST_LOCK_FILE, flags, dir_fd=folder)
+        fd = os.open(name, flags, dir_fd=folder)
     except OSError:
         return None
     finally:
@@ -184,17 +245,65 @@ def read_holder(workdir: Path) -> Holder | None:
         os.close(fd)
 
 
-def acquire(
-    workdir: Path, runtime_dir: Path, renders: str | None = None
-) -> tuple[int | None, Holder | None]:
-    """The held lock's descriptor (None when the file cannot be used) and the note a previous
-    holder left in it (None when it ended cleanly, or there was none). `renders` is the tag
-    this holder's renders carry. Raises `WorkdirHeld`, and `CardFolderOutside` when
-    `taskcard/` leads out of the workdir."""
+def read_holder(workdir: Path) -> Holder | None:
+    """What the lock file says (the old one's note when only it names a pid), None when there
+    is none (or it cannot be read)."""
+    notes = [
+        note
+        for note in (
+            _read_note(workdir, open_host_folder, HOST_LOCK_FILE),
+            _read_note(workdir, open_card_folder, LEGACY_HOST_LOCK_FILE),
+        )
+        if note is not None
+    ]
+    named = [note for note in notes if note.pid is not None]
+    return next(iter(named or notes), None)
+
+
+def _write_note(fd: int, path: Path, workdir: Path, runtime_dir: Path, renders: str | None) -> None:
+    note: dict[str, object] = {"pid": os.getpid(), "runtime_dir": str(runtime_dir)}
+    if renders is not None:
+        note.update(renders=renders, boot=boot_id(), workdir=str(workdir))
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(note).encode(), 0)
+    except OSError as exc:  # the lock holds without its note; a refused caller says "unknown"
+        log.warning("cannot write the holder into %s (%s)", path, exc.strerror)
+
+
+def _left_note(fd: int) -> Holder | None:
+    """The note a holder that did not end cleanly left in the lock just taken, else None."""
+    try:
+        left = os.pread(fd, _MAX_LOCK_BYTES, 0)
+    except OSError:
+        left = b""
+    return parse_holder(left) if left.strip() else None
+
+
+def _lock(fd: int) -> None:
+    """`flock` the descriptor, or close it and raise `WorkdirHeld` naming the holder."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raw = os.pread(fd, _MAX_LOCK_BYTES, 0)
+        os.close(fd)
+        raise WorkdirHeld(parse_holder(raw)) from None
+
+
+def _own_regular_file(fd: int) -> bool:
+    """A regular file with no other name: a hard link planted at a lock's name is another
+    file's inode, and truncating it would empty that file, wherever it lives."""
+    info = os.fstat(fd)
+    return stat.S_ISREG(info.st_mode) and info.st_nlink == 1
+
+
+def _take_lock(workdir: Path) -> tuple[int | None, Holder | None]:
+    """`.taskcard-host/lock` locked (None when it cannot be used) and the note left in it.
+    Raises `WorkdirHeld`, and `CardFolderOutside` when the folder leads out."""
     path = lock_path(workdir)
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
-        folder = open_card_folder(workdir, create=True)
+        folder = open_host_folder(workdir, create=True)
         assert folder is not None
     except OSError as exc:
         log.warning("no workdir lock at %s (%s); the runtime lock alone", path, exc.strerror)
@@ -206,43 +315,94 @@ def acquire(
         return None, None
     finally:
         os.close(folder)
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
-        # A hard link planted at the name is another file's inode: truncating it would empty
-        # that file, wherever it lives.
+    if not _own_regular_file(fd):
         os.close(fd)
         log.warning(
             "no workdir lock: %s is not a regular file of its own; the runtime lock alone", path
         )
         return None, None
+    _lock(fd)
+    return fd, _left_note(fd)
+
+
+def _take_legacy_lock(card_folder: int) -> tuple[int | None, Holder | None]:
+    """The old `taskcard/.host.lock` locked while it exists (never created), and the note in
+    it; (None, None) when it is missing or is not a file an earlier host could have locked (a
+    link, a pipe, a folder or a hard link planted there: those hosts refused such a file too).
+    Raises `WorkdirHeld` when a host of an earlier version holds it."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raw = os.pread(fd, _MAX_LOCK_BYTES, 0)
-        os.close(fd)
-        raise WorkdirHeld(parse_holder(raw)) from None
-    try:
-        left = os.pread(fd, _MAX_LOCK_BYTES, 0)
+        fd = os.open(LEGACY_HOST_LOCK_FILE, flags, dir_fd=card_folder)
     except OSError:
-        left = b""
-    previous = parse_holder(left) if left.strip() else None
-    note: dict[str, object] = {"pid": os.getpid(), "runtime_dir": str(runtime_dir)}
-    if renders is not None:
-        note.update(renders=renders, boot=boot_id(), workdir=str(workdir))
+        return None, None
+    if not _own_regular_file(fd):
+        os.close(fd)
+        return None, None
+    _lock(fd)
+    return fd, _left_note(fd)
+
+
+def _remove_legacy_name(card_folder: int, fd: int) -> None:
+    """Remove the old lock's name, when it still names the file we hold."""
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(note).encode(), 0)
-    except OSError as exc:  # the lock holds without its note; a refused caller says "unknown"
-        log.warning("cannot write the holder into %s (%s)", path, exc.strerror)
-    return fd, previous
+        named = os.stat(LEGACY_HOST_LOCK_FILE, dir_fd=card_folder, follow_symlinks=False)
+        held = os.fstat(fd)
+        if (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino):
+            os.unlink(LEGACY_HOST_LOCK_FILE, dir_fd=card_folder)
+    except OSError as exc:
+        log.warning("cannot remove the old workdir lock taskcard/.host.lock (%s)", exc.strerror)
 
 
-def release(fd: int | None) -> None:
-    """Let go of the lock, emptying the note first: a clean end left no render running."""
+def acquire(workdir: Path, runtime_dir: Path, renders: str | None = None) -> WorkdirLock:
+    """The workdir lock held, with the notes previous holders left (see the top). `renders`
+    is the tag this holder's renders carry. Raises `WorkdirHeld`, and `CardFolderOutside`
+    when `taskcard/` or `.taskcard-host/` leads out of the workdir."""
+    try:
+        card_folder = open_card_folder(workdir, create=True)
+    except OSError:
+        card_folder = None  # not a folder, not creatable: the card writes will say so
+    try:
+        fd, previous = _take_lock(workdir)
+        try:
+            legacy_fd, legacy_previous = (
+                _take_legacy_lock(card_folder) if card_folder is not None else (None, None)
+            )
+        except WorkdirHeld:
+            _let_go(fd, empty=False)  # a note left in it stays for the host that gets it
+            raise
+        held = WorkdirLock(
+            fd,
+            legacy_fd,
+            previous=tuple(note for note in (previous, legacy_previous) if note is not None),
+        )
+        if fd is not None:
+            _write_note(fd, lock_path(workdir), workdir, runtime_dir, renders)
+            if legacy_fd is not None and card_folder is not None:
+                _remove_legacy_name(card_folder, legacy_fd)
+        elif legacy_fd is not None:
+            held.legacy_in_use = True
+            _write_note(legacy_fd, legacy_lock_path(workdir), workdir, runtime_dir, renders)
+        return held
+    finally:
+        if card_folder is not None:
+            os.close(card_folder)
+
+
+def release(held: WorkdirLock | None) -> None:
+    """Let go of the locks, emptying the note first: a clean end left no render running."""
+    if held is None:
+        return
+    _let_go(held.fd, empty=True)
+    _let_go(held.legacy_fd, empty=held.legacy_in_use)
+    held.fd = held.legacy_fd = None
+
+
+def _let_go(fd: int | None, *, empty: bool) -> None:
     if fd is None:
         return
-    with contextlib.suppress(OSError):
-        os.ftruncate(fd, 0)
+    if empty:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
     with contextlib.suppress(OSError):
         fcntl.flock(fd, fcntl.LOCK_UN)
     os.close(fd)

@@ -20,10 +20,11 @@ import taskcard.bridge.watch.watcher as watcher_module
 from taskcard.bridge.watch.watcher import FleetWatcher, is_writer_temp, plan_watch, unread
 from taskcard.producers.ledger.contract import LEDGER_DIR, LEDGER_FILE
 from taskcard.producers.ledger.store import DEFAULT_LEDGER, Ledger
+from taskcard.producers.task_card.capability import TaskCard
 from taskcard.producers.task_card.contract import (
-    HOST_LOCK_FILE,
+    LEGACY_HOST_LOCK_FILE,
+    LEGACY_TALLY_FILE,
     NOTIFICATION_LOCK_FILE,
-    TALLY_FILE,
     CardPaths,
     append_jsonl_line,
     atomic_write,
@@ -66,16 +67,24 @@ def test_the_temp_files_of_atomic_writes_are_not_reported(tmp_path: Path) -> Non
     assert plan.agents_for(str(folder / "card.md")) == ({"a"}, False)
     assert plan.agents_for(str(folder / "card.tmp")) == ({"a"}, False)  # not hidden: a file
     assert plan.agents_for(str(folder / ".hidden")) == ({"a"}, False)
-    # The host appends its refresh tally on every tick; the service never reads it.
+    # A host of an earlier version kept its refresh tally (appended on every tick) and its
+    # workdir lock here; the service never reads either.
     assert plan.agents_for(str(folder / ".refreshes")) == (set(), False)
-    # The host's workdir lock is written when a host starts and closed when it stops.
     assert plan.agents_for(str(folder / ".host.lock")) == (set(), False)
+    # Today's host keeps them in its own folder beside the card's, which nothing watches; the
+    # same names in a contract folder are someone's files, and reported.
+    host = tmp_path / "w" / ".taskcard-host"
+    assert str(host) not in plan.paths
+    assert plan.agents_for(str(host)) == (set(), False)
+    for name in ("lock", "refreshes", "watch-seq"):
+        assert plan.agents_for(str(host / name)) == (set(), False)
+        assert plan.agents_for(str(folder / name)) == ({"a"}, False)
 
 
 def test_the_names_never_read_are_the_temp_files_tally_and_locks_alone() -> None:
     """`unread` (one regular expression, asked of every event's name) answers as the plain
     rules: a name starting with "." and ending with ".tmp", or the tally or a lock."""
-    fixed = (TALLY_FILE, HOST_LOCK_FILE, NOTIFICATION_LOCK_FILE)
+    fixed = (LEGACY_TALLY_FILE, LEGACY_HOST_LOCK_FILE, NOTIFICATION_LOCK_FILE)
     names = [
         *fixed,
         *(f"{name}x" for name in fixed),
@@ -279,6 +288,41 @@ async def test_first_all_agents_then_changed_ones(tmp_path: Path) -> None:
     async with collecting(watcher, {"a", "b"}) as changes:
         atomic_write(b.status, b"active")
         assert await changes.next() == {"b"}
+
+
+async def test_the_producer_hosts_own_folder_and_its_tally_are_never_reported(
+    tmp_path: Path,
+) -> None:
+    """A real task card host on agent a: its private folder appearing, its lock, its id
+    counter and the refresh tally it appends to on every refresh cost the watcher nothing;
+    the next batch after them is b's change alone."""
+    a, b = CardPaths(tmp_path / "a"), CardPaths(tmp_path / "b")
+    for paths in (a, b):
+        paths.taskcard_dir.mkdir(parents=True)
+    (a.workdir / "r.py").write_text('print("# Work\\nsteady")\n')
+    envelope = {"action": "start", "input": {"renderer_path": "r.py", "interval_s": 3600}}
+    watcher = FleetWatcher({"a": a.workdir, "b": b.workdir}, rescan_interval_s=3600)
+    async with collecting(watcher, {"a", "b"}) as changes:
+        card = await asyncio.to_thread(
+            TaskCard, a.workdir, runtime_dir=tmp_path / "rt", environ={"PATH": os.defpath}
+        )
+        try:
+            assert (a.workdir / ".taskcard-host" / "lock").is_file()
+            await asyncio.to_thread(atomic_write, b.status, b"active")
+            assert await changes.next() == {"b"}
+            started = await asyncio.to_thread(card.call, {**envelope, "reasoning": "t"})
+            assert started["status"] == "watching", started
+            await changes.settle()  # the card's own files: a's, reported
+            for _ in range(3):
+                retry = {"action": "retry", "input": {"watch_id": "tc_1"}, "reasoning": "t"}
+                assert (await asyncio.to_thread(card.call, retry))["status"] == "watching"
+            assert (
+                a.workdir / ".taskcard-host" / "refreshes"
+            ).read_bytes() == b"tc_1\n0\n1\n2\n3\n"
+            await asyncio.to_thread(atomic_write, b.status, b"inactive")
+            assert await changes.next() == {"b"}
+        finally:
+            await asyncio.to_thread(card.close)
 
 
 async def test_file_names_with_odd_bytes_are_reported_and_break_nothing(

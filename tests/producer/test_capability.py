@@ -525,7 +525,7 @@ def test_a_planted_workdir_lock_is_never_written_through_and_the_host_still_star
     the host truncate or write anything else (a hard link shares the other file's inode)."""
     outside = tmp_path / "outside.txt"
     outside.write_bytes(b"keep me\n")
-    lock = workdir / "taskcard" / ".host.lock"
+    lock = workdir / ".taskcard-host" / "lock"
     lock.parent.mkdir()
     if plant == "symlink":
         lock.symlink_to(outside)
@@ -592,7 +592,8 @@ def test_a_stale_or_corrupt_descriptor_is_cleared_and_leaves_the_card_inactive(
     folder = workdir / "taskcard"
     folder.mkdir()
     (folder / "watch.json").write_text(descriptor)
-    (folder / ".watch-seq").write_text("1")
+    (workdir / ".taskcard-host").mkdir()
+    (workdir / ".taskcard-host" / "watch-seq").write_text("1")
     (folder / "status").write_bytes(b"active")
     (folder / "taskcard.md").write_text("old body")
     card = make_card()

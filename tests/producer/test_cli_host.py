@@ -324,10 +324,10 @@ def test_a_start_that_cannot_write_its_descriptor_leaves_no_active_card(
     # Body and `active` were written before the descriptor failed; no watch refreshes them.
     assert (workdir / "taskcard" / "status").read_bytes() == b"inactive"
     (workdir / "taskcard" / "watch.json").rmdir()
-    (workdir / "taskcard" / ".watch-seq").unlink()
-    (workdir / "taskcard" / ".watch-seq").mkdir()
+    (workdir / ".taskcard-host" / "watch-seq").unlink()
+    (workdir / ".taskcard-host" / "watch-seq").mkdir()
     refused = cli.json("card", "start", "r.py")
-    assert "cannot write taskcard/.watch-seq (Is a directory)" in refused["message"]
+    assert "cannot write .taskcard-host/watch-seq (Is a directory)" in refused["message"]
 
 
 def test_the_lead_entry_point_registers_every_subcommand() -> None:

@@ -146,7 +146,7 @@ def test_an_agent_killed_mid_render_through_the_python_api_leaves_nothing_to_the
 
 def _plant_note(folder: Path, **note: object) -> None:
     """A lock note as a host killed with SIGKILL leaves it (a clean end empties it)."""
-    lock = folder / "taskcard" / ".host.lock"
+    lock = folder / ".taskcard-host" / "lock"
     lock.parent.mkdir(exist_ok=True)
     lock.write_text(json.dumps({"runtime_dir": "/nowhere", **note}))
 
@@ -192,11 +192,11 @@ def test_a_note_copied_with_the_workdir_or_from_an_earlier_boot_ends_nothing(
 def test_a_host_that_ends_cleanly_leaves_no_note_behind(workdir: Path, cli: CliHost) -> None:
     write_renderer(workdir, "r.py", "print('# card')\n")
     assert cli.json("card", "start", "r.py")["status"] == "watching"
-    note = json.loads((workdir / "taskcard" / ".host.lock").read_text())
+    note = json.loads((workdir / ".taskcard-host" / "lock").read_text())
     assert note["pid"] == cli.host_pid()
     assert note["workdir"] == str(workdir.resolve()) and len(note["renders"]) == 32
     cli.shutdown()
-    assert (workdir / "taskcard" / ".host.lock").read_bytes() == b""
+    assert (workdir / ".taskcard-host" / "lock").read_bytes() == b""
 
 
 # A's second run starts a card in workdir B (its host, detached, lives on), then hangs.

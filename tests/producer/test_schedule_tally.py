@@ -119,15 +119,15 @@ def test_spent_refreshes_go_to_the_tally_and_a_new_host_counts_them(
         card.call(envelope("retry", watch_id="tc_1"))
     descriptor = json.loads((workdir / "taskcard" / "watch.json").read_text())
     assert descriptor["refreshes_used"] == 0  # written at start only
-    assert (workdir / "taskcard" / TALLY_FILE).read_bytes() == b"tc_1\n0\n1\n2\n3\n"
+    assert (workdir / ".taskcard-host" / TALLY_FILE).read_bytes() == b"tc_1\n0\n1\n2\n3\n"
     card.close()
     resumed = make_card()
     assert resumed.inspect("tc_1")["refreshes_used"] == 3
     descriptor = json.loads((workdir / "taskcard" / "watch.json").read_text())
     assert descriptor["refreshes_used"] == 3  # the resume writes the merged count
-    assert (workdir / "taskcard" / TALLY_FILE).read_bytes() == b"tc_1\n3\n"
+    assert (workdir / ".taskcard-host" / TALLY_FILE).read_bytes() == b"tc_1\n3\n"
     resumed.call(envelope("stop", watch_id="tc_1"))
-    assert not (workdir / "taskcard" / TALLY_FILE).exists()
+    assert not (workdir / ".taskcard-host" / TALLY_FILE).exists()
 
 
 def two_refreshes_then_stopped(workdir: Path, make_card: MakeCard) -> None:
@@ -157,7 +157,7 @@ def test_a_new_host_trusts_the_tally_only_upward_and_for_its_own_watch(
     workdir: Path, make_card: MakeCard, tally: bytes, expected_used: int
 ) -> None:
     two_refreshes_then_stopped(workdir, make_card)
-    (workdir / "taskcard" / TALLY_FILE).write_bytes(tally)
+    (workdir / ".taskcard-host" / TALLY_FILE).write_bytes(tally)
     assert make_card().inspect("tc_1")["refreshes_used"] == expected_used
 
 
@@ -166,7 +166,7 @@ def test_a_planted_tally_is_never_written_through_and_the_budget_stays_exact(
     workdir: Path, make_card: MakeCard, kind: str
 ) -> None:
     write_renderer(workdir, "r.py", COUNTER_RENDERER)
-    planted = workdir / "taskcard" / TALLY_FILE
+    planted = workdir / ".taskcard-host" / TALLY_FILE
     planted.parent.mkdir(parents=True, exist_ok=True)
     if kind == "folder":
         (planted / "inside").mkdir(parents=True)  # not empty: nothing can be renamed over it
@@ -193,7 +193,7 @@ def test_a_hostile_tally_found_at_resume_is_ignored_and_replaced(
     workdir: Path, tmp_path: Path, make_card: MakeCard, kind: str
 ) -> None:
     two_refreshes_then_stopped(workdir, make_card)
-    planted = workdir / "taskcard" / TALLY_FILE
+    planted = workdir / ".taskcard-host" / TALLY_FILE
     planted.unlink()
     outside = tmp_path / "outside"
     outside.write_bytes(b"tc_1\n5\n")  # would count, if a link out of the workdir were read
@@ -223,7 +223,7 @@ def test_the_tally_restarts_before_it_passes_its_size_bound(workdir: Path) -> No
     try:
         for used in range(1, 5001):
             tally.record(used)
-            assert (workdir / "taskcard" / TALLY_FILE).stat().st_size <= MAX_TALLY_BYTES
+            assert (workdir / ".taskcard-host" / TALLY_FILE).stat().st_size <= MAX_TALLY_BYTES
     finally:
         tally.close()
     assert read_tally(paths, "tc_3", ceiling=5000) == 5000

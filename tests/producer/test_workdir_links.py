@@ -8,6 +8,7 @@ checked once at start, and never reads, writes or locks through a link out of th
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -114,7 +115,8 @@ def test_a_card_folder_linked_out_of_the_workdir_is_refused_not_locked_through(
         (other / "taskcard").symlink_to(other / "state")
         assert second.json("card", "start", "r.py")["status"] == "watching"
         wait_for(lambda: "OTHER BODY" in (other / "state" / "taskcard.md").read_text())
-        assert (other / "state" / ".host.lock").is_file()
+        assert (other / ".taskcard-host" / "lock").is_file()
+        assert set(os.listdir(other / "state")) == {"status", "taskcard.md", "watch.json"}
     finally:
         second.shutdown()
 
