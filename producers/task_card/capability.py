@@ -1066,8 +1066,8 @@ class TaskCard:
                     where = f"{HOST_DIR}/{known}"
             return (
                 f"cannot write {where} ({exc.strerror or exc}); the task card host keeps its "
-                f"own files in a writable {HOST_DIR}/ folder of the workdir: move away what is "
-                "in the way, then call again"
+                f"own files in a writable {HOST_DIR}/ folder of the workdir: create it (or let "
+                "the host create it) and move away what is in the way, then call again"
             )
         name = path.name if path is not None else ""
         where = "taskcard/"
