@@ -105,48 +105,57 @@ def test_the_card_folder_holds_only_the_manuals_files_after_exhaustion(
     assert host_folder(workdir) == {"lock", "watch-seq"}
 
 
-@pytest.fixture
-def supervised(workdir: Path, runtime_dir: Path) -> Iterator[CliHost]:
-    """`taskcard host` run in the foreground, as a supervisor runs it; stopped with SIGTERM."""
-    cli = CliHost(workdir, runtime_dir)
-    hosts: list[subprocess.Popen[bytes]] = []
+class Supervisor:
+    """Runs `taskcard host` in the foreground, as a supervisor does; stops what it started."""
 
-    def start_host() -> None:
+    def __init__(self, cli: CliHost) -> None:
+        self.cli = cli
+        self.hosts: list[subprocess.Popen[bytes]] = []
+
+    def start_host(self) -> None:
         command = [sys.executable, "-m", "taskcard.bridge.cli", "host"]
-        command += ["--workdir", str(workdir), "--runtime-dir", str(runtime_dir)]
-        hosts.append(subprocess.Popen(command, stderr=subprocess.DEVNULL))
-        wait_for(lambda: cli.host_pid() == hosts[-1].pid and cli.paths.socket.exists())
+        command += ["--workdir", str(self.cli.workdir), "--runtime-dir", str(self.cli.runtime_dir)]
+        host = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+        self.hosts.append(host)
+        wait_for(lambda: self.cli.host_pid() == host.pid and self.cli.paths.socket.exists())
 
-    cli.start_host = start_host  # type: ignore[attr-defined]
-    yield cli
-    for host in hosts:
-        if host.poll() is None:
-            host.send_signal(signal.SIGTERM)
-            try:
-                host.wait(30)
-            except subprocess.TimeoutExpired:
-                host.kill()
-                host.wait()
+    def stop_all(self) -> None:
+        for host in self.hosts:
+            if host.poll() is None:
+                host.send_signal(signal.SIGTERM)
+                try:
+                    host.wait(30)
+                except subprocess.TimeoutExpired:
+                    host.kill()
+                    host.wait()
+
+
+@pytest.fixture
+def supervisor(workdir: Path, runtime_dir: Path) -> Iterator[Supervisor]:
+    supervisor = Supervisor(CliHost(workdir, runtime_dir))
+    yield supervisor
+    supervisor.stop_all()
 
 
 def test_a_supervised_host_that_stops_and_resumes_keeps_the_card_folder_clean(
-    workdir: Path, supervised: CliHost
+    workdir: Path, supervisor: Supervisor
 ) -> None:
+    cli = supervisor.cli
     write_renderer(workdir, "r.py", STATIC_RENDERER)
-    supervised.start_host()  # type: ignore[attr-defined]
+    supervisor.start_host()
     assert card_folder(workdir) == set()  # a host alone writes nothing of its own there
-    started = supervised.json("card", "start", "r.py", "--interval-s", "1")
+    started = cli.json("card", "start", "r.py", "--interval-s", "1")
     assert started["status"] == "watching"
-    wait_for(lambda: supervised.json("card", "inspect", "tc_1")["refreshes_used"] >= 2)
+    wait_for(lambda: cli.json("card", "inspect", "tc_1")["refreshes_used"] >= 2)
     assert card_folder(workdir) == ACTIVE
-    pid = supervised.host_pid()
+    pid = cli.host_pid()
     assert pid is not None
     os.kill(pid, signal.SIGTERM)  # the supervisor stops it; the watch stays on disk
     wait_for(lambda: not pid_alive(pid))
     assert card_folder(workdir) == ACTIVE
     assert (workdir / ".taskcard-host" / "lock").read_bytes() == b""  # a clean end
-    supervised.start_host()  # type: ignore[attr-defined]
-    assert supervised.json("card", "inspect", "tc_1")["status"] == "watching"
+    supervisor.start_host()
+    assert cli.json("card", "inspect", "tc_1")["status"] == "watching"
     assert card_folder(workdir) == ACTIVE
 
 
