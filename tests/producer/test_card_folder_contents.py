@@ -428,3 +428,26 @@ def test_a_host_folder_swapped_for_a_link_out_while_a_watch_runs_is_not_written_
     assert sorted(os.listdir(outside)) == ["refreshes", "watch-seq"]
     assert all((outside / name).read_text() == "keep me\n" for name in os.listdir(outside))
     assert card_folder(workdir) == ENDED
+
+
+def test_the_old_lock_stands_in_when_the_host_folder_cannot_be_used(
+    workdir: Path, cli: CliHost, tmp_path: Path
+) -> None:
+    """No `.taskcard-host/` (a file planted at its name) but an earlier version's lock: that
+    lock carries the host's note and stays, so a caller with another runtime folder is still
+    kept out and told where the host is, as before the upgrade."""
+    (workdir / ".taskcard-host").write_text("not a folder")
+    (workdir / "taskcard").mkdir()
+    old_lock = workdir / "taskcard" / ".host.lock"
+    old_lock.write_text("")
+    assert tool(cli, "settings")["status"] == "ok"  # brings a host up
+    assert json.loads(old_lock.read_text())["pid"] == cli.host_pid()
+    other = tmp_path / "rt-other"
+    other.mkdir(mode=0o700)
+    command = [sys.executable, "-m", "taskcard.bridge.cli", "host"]
+    command += ["--workdir", str(workdir), "--runtime-dir", str(other)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 3, done.stderr
+    assert f"runtime dir {cli.runtime_dir}" in done.stderr
+    cli.shutdown()
+    assert old_lock.read_bytes() == b""  # a clean end empties the note
