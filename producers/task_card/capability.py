@@ -926,10 +926,12 @@ class TaskCard:
         """Before anything renders: kill what the runs of a host of this workdir that died
         without ending cleanly (SIGKILL, a crash) left running; see `workdir_lock.py`."""
         boot = boot_id()
+        ended: set[str] = set()  # the same note may be in both locks (an upgraded workdir)
         for previous in self._host_lock.previous:
             tag = previous.leftover_tag(self.workdir, boot)
-            if tag is None:
+            if tag is None or tag in ended:
                 continue
+            ended.add(tag)
             try:
                 killed = end_leftover_renders(tag)
             except OSError as exc:  # no /proc to read: the card still comes up

@@ -15,6 +15,7 @@ file is removed once the new one is written (`adopt_legacy_files`, at every host
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import math
@@ -25,7 +26,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final, cast
 
-from taskcard.producers.task_card.contract import CardPaths, atomic_write, read_regular
+from taskcard.producers.task_card.contract import (
+    CardPaths,
+    OutsideWorkdir,
+    atomic_write,
+    read_regular,
+)
 from taskcard.producers.task_card.renderer import ERROR_CODES, ErrorCode
 from taskcard.producers.task_card.settings import BOUNDS, setting_problem
 from taskcard.producers.task_card.tally import clear_tally, host_folder, remove_legacy
@@ -144,13 +150,40 @@ def _read_seq(path: Path) -> int:
 
 
 def allocate_watch_id(paths: CardPaths, seen: int) -> str:
-    """The next id, persisted before use so a crash can never hand the same id out twice."""
+    """The next id, persisted before use so a crash can never hand the same id out twice.
+
+    In the host's folder; where that folder cannot be made or written (a workdir whose root
+    is read-only while `taskcard/` is writable, a file planted at its name) the counter stays
+    where earlier versions kept it, `taskcard/.watch-seq`, rather than no card being startable
+    (a folder linked out of the workdir is still refused)."""
     last = max(_read_seq(paths.watch_seq), _read_seq(paths.legacy_watch_seq))
     number = max(last, seen) + 1
-    host_folder(paths)
-    atomic_write(paths.watch_seq, str(number).encode())
-    remove_legacy(paths.legacy_watch_seq)
+    data = str(number).encode()
+    try:
+        host_folder(paths)
+        atomic_write(paths.watch_seq, data)
+    except OutsideWorkdir:
+        raise
+    except OSError as exc:
+        if not _host_folder_unusable(paths, exc):
+            raise
+        log.warning(
+            "task card: %s cannot be written (%s); the id counter stays in taskcard/",
+            paths.host_dir,
+            exc.strerror or exc,
+        )
+        atomic_write(paths.legacy_watch_seq, data)
+        return f"tc_{number}"
+    remove_legacy(paths, paths.legacy_watch_seq)
     return f"tc_{number}"
+
+
+def _host_folder_unusable(paths: CardPaths, exc: OSError) -> bool:
+    """Whether `exc` says the host's folder itself cannot be used (not made, not a folder, no
+    writes allowed there), as opposed to something planted at the counter's own name."""
+    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return True
+    return exc.filename is not None and os.fsdecode(exc.filename) == str(paths.host_dir)
 
 
 def adopt_legacy_files(paths: CardPaths) -> None:
@@ -165,11 +198,11 @@ def adopt_legacy_files(paths: CardPaths) -> None:
             if number:
                 host_folder(paths)
                 atomic_write(paths.watch_seq, str(number).encode())
-            remove_legacy(paths.legacy_watch_seq)
+            remove_legacy(paths, paths.legacy_watch_seq)
         if os.path.lexists(paths.legacy_tally) and (
             os.path.lexists(paths.tally) or not os.path.lexists(paths.watch)
         ):
-            remove_legacy(paths.legacy_tally)
+            remove_legacy(paths, paths.legacy_tally)
     except OSError as exc:
         log.warning(
             "task card: an earlier version's files stay in %s and are read there (%s)",

@@ -79,11 +79,18 @@ def host_folder(paths: CardPaths) -> None:
         raise OutsideWorkdir(exc.errno, exc.strerror, str(paths.host_dir)) from None
 
 
-def remove_legacy(path: Path) -> None:
+def _inside(paths: CardPaths, folder: Path) -> bool:
+    return is_inside(os.path.realpath(paths.workdir), os.path.realpath(folder))
+
+
+def remove_legacy(paths: CardPaths, path: Path) -> None:
     """An earlier version's file of the host removed from `taskcard/` (its replacement is
-    written); one that cannot be removed is left, and still read in its place."""
-    with contextlib.suppress(OSError):
-        os.unlink(path)
+    written); one that cannot be removed is left, and still read in its place. One `lstat`
+    when there is none; never through a `taskcard/` swapped for a link out of the workdir,
+    where it would remove another agent's file of that name."""
+    if os.path.lexists(path) and _inside(paths, path.parent):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def read_tally(paths: CardPaths, watch_id: str, ceiling: int) -> int | None:
@@ -105,10 +112,10 @@ def read_tally(paths: CardPaths, watch_id: str, ceiling: int) -> int | None:
 def clear_tally(paths: CardPaths) -> None:
     """The tally removed (an earlier version's too); never through a host folder swapped for
     a link out of the workdir, where it would remove another folder's file of that name."""
-    inside = is_inside(os.path.realpath(paths.workdir), os.path.realpath(paths.host_dir))
-    for path in (paths.tally, paths.legacy_tally) if inside else (paths.legacy_tally,):
+    if _inside(paths, paths.host_dir):
         with contextlib.suppress(OSError):
-            os.unlink(path)
+            os.unlink(paths.tally)
+    remove_legacy(paths, paths.legacy_tally)
 
 
 class RefreshTally:
@@ -128,7 +135,7 @@ class RefreshTally:
         data = f"{self._watch_id}\n{used}\n".encode()
         host_folder(self._paths)
         atomic_write(path, data, durable=False)
-        remove_legacy(self._paths.legacy_tally)
+        remove_legacy(self._paths, self._paths.legacy_tally)
         fd = os.open(path, _APPEND_FLAGS)
         try:
             info = os.fstat(fd)

@@ -28,12 +28,13 @@ inside the workdir is followed).
 Earlier versions kept the lock at `taskcard/.host.lock`. While that file exists the host takes
 its `flock` too, after its own: a host of the previous version still running on the workdir
 (with another runtime folder) holds it, and the new one is refused as it would be by a host of
-its own version. Once both are held the old name is removed, and its descriptor kept until
-the host ends, so an old host that opened the name just before still finds it locked. (An old
-host started after that creates the name anew and is not stopped by this one: only an old
-installation kept beside the new one, used with another runtime folder, could start one; see
-docs/producer.md.) When the new lock cannot be used, the old one, if present, stands in for it
-with the same note, and stays.
+its own version. The host then writes its note there too and keeps both locked while it runs,
+so a host of the previous version started meanwhile is refused and told where this one is;
+a clean end removes the old name (still locked, so an old host that opened it just before
+finds it held) and `taskcard/` is left with the manual's files only. (An old host started
+after that creates the name anew and is not stopped by a later new host that never saw it:
+see docs/producer.md for why that takes an old installation kept beside the new one.) When
+the new lock cannot be used, the old one, if present, stands in for it and stays.
 
 The note also says how to recognise the holder's renders (`renders`: the random tag every
 renderer it starts carries in its environment, `renderer.RENDER_HOST_ENV`), on which boot and
@@ -130,12 +131,14 @@ class WorkdirHeld(RuntimeError):
 @dataclass
 class WorkdirLock:
     """What `acquire` holds: the lock (None when it could not be used), the old lock of an
-    earlier version (held while the host runs; its name removed unless it stands in for the
-    lock), and the notes hosts that did not end cleanly left in either."""
+    earlier version (held, with this host's note, while the host runs; its name removed at a
+    clean end unless it stands in for the lock), and the notes hosts that did not end cleanly
+    left in either."""
 
+    workdir: Path
     fd: int | None
     legacy_fd: int | None = None
-    legacy_in_use: bool = False  # the old lock carries this host's note (no new lock)
+    legacy_kept: bool = False  # the old lock stands in for the new one: its name stays
     previous: tuple[Holder, ...] = ()
 
 
@@ -371,16 +374,16 @@ def acquire(workdir: Path, runtime_dir: Path, renders: str | None = None) -> Wor
             _let_go(fd, empty=False)  # a note left in it stays for the host that gets it
             raise
         held = WorkdirLock(
+            workdir,
             fd,
             legacy_fd,
+            legacy_kept=fd is None,
             previous=tuple(note for note in (previous, legacy_previous) if note is not None),
         )
         if fd is not None:
             _write_note(fd, lock_path(workdir), workdir, runtime_dir, renders)
-            if legacy_fd is not None and card_folder is not None:
-                _remove_legacy_name(card_folder, legacy_fd)
-        elif legacy_fd is not None:
-            held.legacy_in_use = True
+        if legacy_fd is not None:
+            # An earlier version's host refused by it says where this one is.
             _write_note(legacy_fd, legacy_lock_path(workdir), workdir, runtime_dir, renders)
         return held
     finally:
@@ -393,7 +396,19 @@ def release(held: WorkdirLock | None) -> None:
     if held is None:
         return
     _let_go(held.fd, empty=True)
-    _let_go(held.legacy_fd, empty=held.legacy_in_use)
+    if held.legacy_fd is not None and not held.legacy_kept:
+        # Removed while still locked: an earlier version's host that opened the name just
+        # before finds it held, one that comes after finds no lock of ours to wait on.
+        try:
+            card_folder = open_card_folder(held.workdir, create=False)
+        except (OSError, CardFolderOutside):  # gone, or now a link out: nothing removed
+            card_folder = None
+        if card_folder is not None:
+            try:
+                _remove_legacy_name(card_folder, held.legacy_fd)
+            finally:
+                os.close(card_folder)
+    _let_go(held.legacy_fd, empty=True)
     held.fd = held.legacy_fd = None
 
 

@@ -262,7 +262,9 @@ def test_a_host_of_the_previous_version_still_running_keeps_a_new_one_out(
 ) -> None:
     """An earlier version's host holds `taskcard/.host.lock` (here, a process doing what it
     did: an `flock` and its note) with another runtime folder: a new host is refused and told
-    where that host is, and once it is gone a new host starts and the old name goes."""
+    where that host is; once it is gone a new host starts, holds the old lock while it runs
+    (an old-style locker started then is refused and told where it is) and its clean end
+    removes the old name."""
     write_renderer(workdir, "r.py", STATIC_RENDERER)
     (workdir / "taskcard").mkdir()
     old_lock = workdir / "taskcard" / ".host.lock"
@@ -287,8 +289,22 @@ def test_a_host_of_the_previous_version_still_running_keeps_a_new_one_out(
         holder.wait(30)
         holder.stdout.close()
     assert cli.json("card", "start", "r.py")["status"] == "watching"
-    assert card_folder(workdir) == ACTIVE
     assert json.loads((workdir / ".taskcard-host" / "lock").read_text())["pid"] == cli.host_pid()
+    assert card_folder(workdir) == ACTIVE | {".host.lock"}  # held while this first host runs
+    late = subprocess.run(
+        [sys.executable, "-c", HOLD_OLD_LOCK, str(old_lock), elsewhere],
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert late.returncode != 0 and "BlockingIOError" in late.stderr
+    assert json.loads(old_lock.read_text())["pid"] == cli.host_pid()  # what it would report
+    cli.shutdown()
+    assert card_folder(workdir) == ACTIVE
+    assert cli.json("card", "inspect", "tc_1")["status"] == "watching"  # a new host resumes
+    assert card_folder(workdir) == ACTIVE
 
 
 def test_a_killed_old_hosts_leftover_render_is_ended_by_a_new_host(
@@ -311,6 +327,8 @@ def test_a_killed_old_hosts_leftover_render_is_ended_by_a_new_host(
         assert cli.json("card", "start", "r.py")["status"] == "watching"
         wait_for(lambda: leftover.poll() is not None)
         assert leftover.returncode == -signal.SIGKILL
+        assert card_folder(workdir) == ACTIVE | {".host.lock"}  # until this host's clean end
+        cli.shutdown()
         assert card_folder(workdir) == ACTIVE
     finally:
         if leftover.poll() is None:
@@ -363,28 +381,34 @@ def test_a_planted_lock_in_the_host_folder_is_never_written_through(
     assert card_folder(workdir) == ACTIVE
 
 
-def test_a_file_planted_as_the_host_folder_leaves_the_lock_to_the_runtime_and_start_says_so(
+def test_a_file_planted_as_the_host_folder_keeps_the_counter_where_it_was(
     workdir: Path, cli: CliHost
 ) -> None:
-    """No host folder can be used: the host still comes up (the runtime lock alone, as the docs
-    say), and a start names the folder and the fix instead of writing the counter elsewhere."""
+    """No host folder can be made (a file at its name; a read-only workdir root beside a
+    writable `taskcard/` is the same to the host): cards still start, on the runtime lock
+    alone, with the id counter where earlier versions kept it; the first host that can make
+    the folder moves the counter there, and no id is handed out twice."""
     write_renderer(workdir, "r.py", STATIC_RENDERER)
     (workdir / ".taskcard-host").write_text("not a folder")
-    started = cli.json("card", "start", "r.py")
-    assert (started["status"], started["code"]) == ("failed", "write_failed")
-    assert "cannot write .taskcard-host/ (File exists)" in started["message"]
-    assert "move away what is in the way" in started["message"]
-    assert card_folder(workdir) == set()
-    (workdir / ".taskcard-host").unlink()
     assert cli.json("card", "start", "r.py")["watch_id"] == "tc_1"
+    assert card_folder(workdir) == ACTIVE | {".watch-seq"}
+    assert cli.json("card", "stop", "tc_1")["status"] == "stopped"
+    cli.shutdown()
+    assert cli.json("card", "start", "r.py")["watch_id"] == "tc_2"  # a new host, same count
+    assert cli.json("card", "stop", "tc_2")["status"] == "stopped"
+    cli.shutdown()
+    (workdir / ".taskcard-host").unlink()
+    assert cli.json("card", "start", "r.py")["watch_id"] == "tc_3"
     assert card_folder(workdir) == ACTIVE
+    assert (workdir / ".taskcard-host" / "watch-seq").read_text() == "3"
 
 
 def test_the_old_lock_is_held_by_a_new_host_so_an_old_host_opening_it_is_refused(
     workdir: Path, cli: CliHost
 ) -> None:
     """An earlier version's host that opened `taskcard/.host.lock` just before the new host
-    took it (and removed the name) finds it locked, as it would have found its own."""
+    took it finds it locked, as it would have found its own, also after the new host's clean
+    end removed the name (it is removed while still held)."""
     (workdir / "taskcard").mkdir()
     old_lock = workdir / "taskcard" / ".host.lock"
     old_lock.write_text("")
@@ -393,9 +417,12 @@ def test_the_old_lock_is_held_by_a_new_host_so_an_old_host_opening_it_is_refused
         # `tool settings` goes through the host, so it brings one up.
         assert tool(cli, "settings")["status"] == "ok"
         assert cli.host_pid() is not None
-        assert not old_lock.exists()
         with pytest.raises(BlockingIOError):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert old_lock.exists()
+        cli.shutdown()
+        assert not old_lock.exists()
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # let go of only now
     finally:
         os.close(fd)
 
@@ -451,3 +478,25 @@ def test_the_old_lock_stands_in_when_the_host_folder_cannot_be_used(
     assert f"runtime dir {cli.runtime_dir}" in done.stderr
     cli.shutdown()
     assert old_lock.read_bytes() == b""  # a clean end empties the note
+
+
+def test_an_earlier_versions_files_are_never_removed_through_a_card_folder_linked_out(
+    workdir: Path, tmp_path: Path, make_card: Callable[..., TaskCard]
+) -> None:
+    """`taskcard/` swapped for a link to another agent's card folder (an agent still on the
+    previous version, its counter and tally in there) while a host runs: stop and start must
+    not remove that agent's files as if they were this workdir's old ones."""
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    card = make_card()
+    start = {"renderer_path": "r.py", "interval_s": 3600}
+    assert card.call({"action": "start", "input": start, "reasoning": "t"})["status"] == "watching"
+    other = tmp_path / "other" / "taskcard"
+    other.mkdir(parents=True)
+    (other / ".watch-seq").write_text("12")
+    (other / ".refreshes").write_bytes(b"tc_12\n4\n")
+    (workdir / "taskcard").rename(workdir / "moved")
+    (workdir / "taskcard").symlink_to(other)
+    card.call({"action": "stop", "input": {"watch_id": "tc_1"}, "reasoning": "t"})
+    card.call({"action": "start", "input": start, "reasoning": "t"})
+    assert (other / ".watch-seq").read_text() == "12"
+    assert (other / ".refreshes").read_bytes() == b"tc_12\n4\n"
