@@ -34,7 +34,10 @@ a clean end removes the old name (still locked, so an old host that opened it ju
 finds it held) and `taskcard/` is left with the manual's files only. (An old host started
 after that creates the name anew and is not stopped by a later new host that never saw it:
 see docs/producer.md for why that takes an old installation kept beside the new one.) When
-the new lock cannot be used, the old one, if present, stands in for it and stays.
+the new lock cannot be used, the old one, if present, stands in for it and stays; where
+`.taskcard-host/` cannot be made or written at all (a read-only workdir root beside a
+writable `taskcard/`, a file at its name) the old lock is created for that, as the id counter
+falls back to its old place then too.
 
 The note also says how to recognise the holder's renders (`renders`: the random tag every
 renderer it starts carries in its environment, `renderer.RENDER_HOST_ENV`), on which boot and
@@ -50,6 +53,7 @@ untrusted text: a copied workdir carries a note naming the original's path, and 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -300,21 +304,32 @@ def _own_regular_file(fd: int) -> bool:
     return stat.S_ISREG(info.st_mode) and info.st_nlink == 1
 
 
+_NO_WRITES: Final = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+class _FolderUnusable(Exception):
+    """`.taskcard-host/` cannot be made or written (not a link out, not a planted lock)."""
+
+
 def _take_lock(workdir: Path) -> tuple[int | None, Holder | None]:
     """`.taskcard-host/lock` locked (None when it cannot be used) and the note left in it.
-    Raises `WorkdirHeld`, and `CardFolderOutside` when the folder leads out."""
+    Raises `WorkdirHeld`, `CardFolderOutside` when the folder leads out, and `_FolderUnusable`
+    when the folder cannot be made or written (a read-only root, a file at its name)."""
     path = lock_path(workdir)
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
         folder = open_host_folder(workdir, create=True)
         assert folder is not None
     except OSError as exc:
-        log.warning("no workdir lock at %s (%s); the runtime lock alone", path, exc.strerror)
-        return None, None
+        log.warning("no workdir lock at %s (%s)", path, exc.strerror)
+        raise _FolderUnusable from None
     try:
         fd = os.open(HOST_LOCK_FILE, flags, 0o644, dir_fd=folder)
     except OSError as exc:
-        log.warning("no workdir lock at %s (%s); the runtime lock alone", path, exc.strerror)
+        log.warning("no workdir lock at %s (%s)", path, exc.strerror)
+        if exc.errno in _NO_WRITES:
+            raise _FolderUnusable from None
+        log.warning("the runtime lock alone")
         return None, None
     finally:
         os.close(folder)
@@ -328,14 +343,16 @@ def _take_lock(workdir: Path) -> tuple[int | None, Holder | None]:
     return fd, _left_note(fd)
 
 
-def _take_legacy_lock(card_folder: int) -> tuple[int | None, Holder | None]:
+def _take_legacy_lock(card_folder: int, *, create: bool) -> tuple[int | None, Holder | None]:
     """The old `taskcard/.host.lock` locked while it exists (never created), and the note in
     it; (None, None) when it is missing or is not a file an earlier host could have locked (a
     link, a pipe, a folder or a hard link planted there: those hosts refused such a file too).
     Raises `WorkdirHeld` when a host of an earlier version holds it."""
     flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    if create:
+        flags |= os.O_CREAT
     try:
-        fd = os.open(LEGACY_HOST_LOCK_FILE, flags, dir_fd=card_folder)
+        fd = os.open(LEGACY_HOST_LOCK_FILE, flags, 0o644, dir_fd=card_folder)
     except OSError:
         return None, None
     if not _own_regular_file(fd):
@@ -365,14 +382,25 @@ def acquire(workdir: Path, runtime_dir: Path, renders: str | None = None) -> Wor
     except OSError:
         card_folder = None  # not a folder, not creatable: the card writes will say so
     try:
-        fd, previous = _take_lock(workdir)
         try:
+            fd, previous = _take_lock(workdir)
+            unusable = False
+        except _FolderUnusable:
+            fd, previous, unusable = None, None, True
+        try:
+            # Where the host's folder cannot be made or written (and only there) the old lock
+            # is created as its stand-in, as the id counter falls back to the old place too:
+            # two hosts with two runtime folders must still not run one watch.
             legacy_fd, legacy_previous = (
-                _take_legacy_lock(card_folder) if card_folder is not None else (None, None)
+                _take_legacy_lock(card_folder, create=unusable)
+                if card_folder is not None
+                else (None, None)
             )
         except WorkdirHeld:
             _let_go(fd, empty=False)  # a note left in it stays for the host that gets it
             raise
+        if unusable and legacy_fd is None:
+            log.warning("no workdir lock for %s; the runtime lock alone", workdir)
         held = WorkdirLock(
             workdir,
             fd,

@@ -391,7 +391,7 @@ def test_a_file_planted_as_the_host_folder_keeps_the_counter_where_it_was(
     write_renderer(workdir, "r.py", STATIC_RENDERER)
     (workdir / ".taskcard-host").write_text("not a folder")
     assert cli.json("card", "start", "r.py")["watch_id"] == "tc_1"
-    assert card_folder(workdir) == ACTIVE | {".watch-seq"}
+    assert card_folder(workdir) == ACTIVE | {".watch-seq", ".host.lock"}
     assert cli.json("card", "stop", "tc_1")["status"] == "stopped"
     cli.shutdown()
     assert cli.json("card", "start", "r.py")["watch_id"] == "tc_2"  # a new host, same count
@@ -399,8 +399,9 @@ def test_a_file_planted_as_the_host_folder_keeps_the_counter_where_it_was(
     cli.shutdown()
     (workdir / ".taskcard-host").unlink()
     assert cli.json("card", "start", "r.py")["watch_id"] == "tc_3"
-    assert card_folder(workdir) == ACTIVE
     assert (workdir / ".taskcard-host" / "watch-seq").read_text() == "3"
+    cli.shutdown()  # the old lock, held while it ran, goes at its clean end
+    assert card_folder(workdir) == ACTIVE
 
 
 def test_the_old_lock_is_held_by_a_new_host_so_an_old_host_opening_it_is_refused(
@@ -457,16 +458,18 @@ def test_a_host_folder_swapped_for_a_link_out_while_a_watch_runs_is_not_written_
     assert card_folder(workdir) == ENDED
 
 
+@pytest.mark.parametrize("old_lock_there", [True, False])
 def test_the_old_lock_stands_in_when_the_host_folder_cannot_be_used(
-    workdir: Path, cli: CliHost, tmp_path: Path
+    workdir: Path, cli: CliHost, tmp_path: Path, old_lock_there: bool
 ) -> None:
-    """No `.taskcard-host/` (a file planted at its name) but an earlier version's lock: that
-    lock carries the host's note and stays, so a caller with another runtime folder is still
-    kept out and told where the host is, as before the upgrade."""
+    """No `.taskcard-host/` (a file planted at its name; a read-only root is the same to the
+    host): the old lock, found or created, carries the host's note and stays, so a caller with
+    another runtime folder is still kept out and told where the host is, as before."""
     (workdir / ".taskcard-host").write_text("not a folder")
     (workdir / "taskcard").mkdir()
     old_lock = workdir / "taskcard" / ".host.lock"
-    old_lock.write_text("")
+    if old_lock_there:
+        old_lock.write_text("")
     assert tool(cli, "settings")["status"] == "ok"  # brings a host up
     assert json.loads(old_lock.read_text())["pid"] == cli.host_pid()
     other = tmp_path / "rt-other"
