@@ -14,11 +14,8 @@ channel would measure a process that does less than any deployment does.
 Figures: CPU seconds per minute of the `serve` process during the changing phase (its own
 utime+stime from /proc), its peak RSS (VmHWM, which includes start-up and the creation of
 every resident), the rename-to-edit latency of every change, and the time from the start of
-`serve` until every route showed its first card. The polling baseline runs on the same files
-with the same schedule of changes, against its own unlimited fake, after `serve` has stopped;
-its process is measured the same way. One at a time, because the baseline keeps most of a
-core busy: measured beside it, serve's CPU figure moved with the contention as much as with
-its own work.
+`serve` until every route showed its first card. The polling baseline runs beside it on the
+same files, against its own unlimited fake; its process is measured the same way.
 
 Targets (issue 13) by size: 10,000 agents at most 5 CPU-s per minute, peak RSS at most
 150 MB, latency p50 at most 20 ms and p99 at most 100 ms, first card on every route within
@@ -33,24 +30,21 @@ from pathlib import Path
 
 from bench.harness import (
     UNLIMITED_CONFIG,
-    BaselineProcess,
     CardWriter,
-    Fleet,
     ProcessMeter,
     Progress,
     Shown,
     agent_ids,
     chat_routes,
     make_fleet,
+    side_by_side,
     sleep_until,
-    start_serve,
     visible_delays,
     wait_all_shown,
 )
 from bench.measure import percentile
 from bench.results import Figure, ScenarioResult
-from tests.e2e.harness import ServeProcess
-from tests.fakes.telegram_api import FakeLimits, FakeTelegram
+from tests.fakes.telegram_api import FakeLimits
 
 PER_GROUP = 100
 FIRST_GROUP = -1008000000000
@@ -82,74 +76,6 @@ def _at_most(value: float, target: float | None) -> tuple[str, bool | None]:
     return f"<= {target:g}", value <= target
 
 
-@dataclass
-class _Phase:
-    """What one process (taskcard or the baseline) did in its own phase of the run."""
-
-    meter: ProcessMeter
-    latencies_ms: list[float]
-    first_card_s: float
-
-
-async def _phase(
-    who: str,
-    fleet: Fleet,
-    writer: CardWriter,
-    changing: list[str],
-    duration_s: float,
-    progress: Progress,
-) -> _Phase:
-    """Start `who` ("taskcard" or "baseline") against a fake of its own, wait until every
-    route shows its agent's latest card, then change `changing` in turns for `duration_s`
-    while metering the process; stop it and read what each chat showed."""
-    keys = fleet.route_keys()
-    async with FakeTelegram(limits=FakeLimits.unlimited()) as fake:
-        shown = Shown(fake)
-        serve: ServeProcess | None = None
-        baseline: BaselineProcess | None = None
-        if who == "taskcard":
-            serve = start_serve(fleet, fake, UNLIMITED_CONFIG)
-            assert serve.proc is not None
-            pid = serve.proc.pid
-        else:
-            baseline = BaselineProcess(fleet, fake).start()
-            pid = baseline.pid
-        try:
-            # The wait begins as the process is started, so its start-up is part of the figure.
-            first_card_s = await wait_all_shown(shown, keys, writer.versions, 900)
-            progress(f"{who} shows all {len(keys)} residents; changing phase begins")
-            await sleep_until(time.monotonic() + 2.0)  # let it settle after the creation
-            meter = ProcessMeter(pid)
-            meter.begin()
-            first = time.monotonic()
-            step_s = CHANGE_PERIOD_S / len(changing)
-            index = 0
-            while True:
-                due = first + index * step_s
-                if due > first + duration_s:
-                    break
-                await sleep_until(due)
-                writer.publish(changing[index % len(changing)])
-                index += 1
-            await sleep_until(time.monotonic() + 2.0)
-            meter.end()
-            end_s = time.monotonic()
-            progress(f"{who}: changing phase over; stopping")
-        finally:
-            if baseline is not None:
-                await baseline.stop()
-            if serve is not None:
-                await serve.aterminate()
-            shown.update()
-    latencies: list[float] = []
-    for chat, agent in keys:
-        writes = [w for w in writer.log[agent] if first <= w[0] <= end_s]
-        if writes:
-            timeline = shown.timeline.get((chat, agent), [])
-            latencies += [d * 1000 for d, _ in visible_delays(writes, timeline, end_s)]
-    return _Phase(meter, latencies, first_card_s)
-
-
 async def run(
     workspace: Path,
     *,
@@ -166,18 +92,56 @@ async def run(
     fleet = make_fleet(workspace / size.name, ids, routes)
     writer = CardWriter(fleet)
     writer.activate_all()
-    changing = list(ids[::CHANGING_EVERY_NTH])
+    changing = ids[::CHANGING_EVERY_NTH]
     started = time.monotonic()
     progress = Progress(size.name)
-    # One process at a time: the polling baseline keeps most of a core busy, and measured
-    # beside it the service's CPU figure counted the contention (caches, the scheduler) as
-    # much as its own work (RESULTS.md, 2026-12-03 13:00). Same files, same schedule of
-    # changes, each against its own fake, one after the other.
-    ours = await _phase("taskcard", fleet, writer, changing, duration_s, progress)
-    theirs = await _phase("baseline", fleet, writer, changing, duration_s, progress)
-    meter_ours, meter_theirs = ours.meter, theirs.meter
-    warmup_ours_s = ours.first_card_s
-    ours_ms, theirs_ms = ours.latencies_ms, theirs.latencies_ms
+    async with side_by_side(
+        fleet, FakeLimits.unlimited(), UNLIMITED_CONFIG, progress=progress
+    ) as run:
+        serve = run.serve
+        baseline = run.baseline
+        assert baseline is not None  # side_by_side starts it unless told not to
+        shown_ours = run.shown_ours
+        shown_theirs = run.shown_theirs
+        keys = run.keys
+        # The wait begins as `serve` is started, so its start-up is part of the figure.
+        warmup_ours_s = await wait_all_shown(shown_ours, keys, writer.versions, 900)
+        progress(f"taskcard shows all {len(keys)} residents")
+        await wait_all_shown(shown_theirs, keys, writer.versions, 900)
+        progress(f"the baseline shows all {len(keys)} residents; changing phase begins")
+        await sleep_until(time.monotonic() + 2.0)  # let both settle after the creation
+        meter_ours = ProcessMeter(serve.proc.pid if serve.proc else 0)
+        meter_theirs = ProcessMeter(baseline.pid)
+        meter_ours.begin()
+        meter_theirs.begin()
+        first = time.monotonic()
+        step_s = CHANGE_PERIOD_S / len(changing)
+        window_start = first
+        index = 0
+        while True:
+            due = first + index * step_s
+            if due > first + duration_s:
+                break
+            await sleep_until(due)
+            writer.publish(changing[index % len(changing)])
+            index += 1
+        await sleep_until(time.monotonic() + 2.0)
+        meter_ours.end()
+        meter_theirs.end()
+        progress("changing phase over; stopping")
+        end_s = time.monotonic()
+
+    def latencies_ms(shown: Shown) -> list[float]:
+        values: list[float] = []
+        for chat, agent in keys:
+            writes = [w for w in writer.log[agent] if w[0] >= window_start]
+            if not writes:
+                continue
+            timeline = shown.timeline.get((chat, agent), [])
+            values += [d * 1000 for d, _ in visible_delays(writes, timeline, end_s)]
+        return values
+
+    ours_ms, theirs_ms = latencies_ms(shown_ours), latencies_ms(shown_theirs)
     cpu = meter_ours.cpu_s_per_min
     rss = meter_ours.peak_rss_mb
     p50 = percentile(ours_ms, 0.5)
