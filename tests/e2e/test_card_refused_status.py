@@ -10,7 +10,6 @@ serve` against the fake Bot API and the fake Feishu, then `taskcard status` (tex
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -24,18 +23,6 @@ from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram
 
 REFUSED = "CARD REFUSED"
-
-
-@pytest.fixture
-async def telegram() -> AsyncIterator[FakeTelegram]:
-    async with FakeTelegram() as server:
-        yield server
-
-
-@pytest.fixture
-async def feishu() -> AsyncIterator[FakeFeishu]:
-    async with FakeFeishu() as server:
-        yield server
 
 
 def status_text(config: Path) -> str:
