@@ -490,6 +490,29 @@ async def test_periodic_rescan_reports_everyone(tmp_path: Path) -> None:
         await collector.close()
 
 
+class _Rewriter:
+    """A busy agent: rewrites one file atomically every 2 ms, in a thread of its own, from
+    `start()` until `stop()`."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            atomic_write(self._path, b"active")
+            time.sleep(0.002)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
 async def test_the_rescan_comes_round_while_events_keep_coming(tmp_path: Path) -> None:
     """A busy fleet must not starve the safety net: with a batch always waiting when the
     consumer asks for the next one, the quiet agent is still reported by the rescan."""
@@ -497,14 +520,7 @@ async def test_the_rescan_comes_round_while_events_keep_coming(tmp_path: Path) -
     busy.taskcard_dir.mkdir(parents=True)
     quiet.taskcard_dir.mkdir(parents=True)
     watcher = FleetWatcher({"busy": busy.workdir, "quiet": quiet.workdir}, rescan_interval_s=0.4)
-    stop = threading.Event()
-
-    def hammer() -> None:
-        while not stop.is_set():
-            atomic_write(busy.status, b"active")
-            time.sleep(0.002)
-
-    writer = threading.Thread(target=hammer)
+    writer = _Rewriter(busy.status)
     batches = watcher.changes()
     try:
         assert await batches.__anext__() == {"busy", "quiet"}
@@ -519,9 +535,7 @@ async def test_the_rescan_comes_round_while_events_keep_coming(tmp_path: Path) -
                 break
             await asyncio.sleep(0.05)  # the consumer's own work: the next batch piles up
     finally:
-        stop.set()
-        if writer.is_alive():
-            writer.join()
+        writer.stop()
         await batches.aclose()
 
 
@@ -826,14 +840,7 @@ async def test_the_handler_never_runs_while_the_owner_handles_a_batch(
     # A rescan every 0.2 s: yielded batches (with "quiet") the owner is slow with, while
     # events come.
     watcher = FleetWatcher({"busy": busy.workdir, "quiet": quiet.workdir}, rescan_interval_s=0.2)
-    stop = threading.Event()
-
-    def hammer() -> None:
-        while not stop.is_set():
-            atomic_write(busy.status, b"active")
-            time.sleep(0.002)
-
-    writer = threading.Thread(target=hammer)
+    writer = _Rewriter(busy.status)
     yielded_with_busy = 0
 
     class Slow(Handled):
@@ -858,9 +865,7 @@ async def test_the_handler_never_runs_while_the_owner_handles_a_batch(
         await eventually_true(lambda: yielded_with_busy >= 3 and len(owner.direct) >= 5)
         assert owner.while_busy == 0
     finally:
-        stop.set()
-        if writer.is_alive():
-            writer.join()
+        writer.stop()
         await owner.close()
 
 
