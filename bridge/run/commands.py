@@ -19,7 +19,9 @@ MIN_ROWS: Final = 1
 MAX_ROWS: Final = 10
 _ROWS_ARG: Final = re.compile(r"^[0-9]{1,2}$")  # ASCII digits only, not "٣"
 
-TaskcardAction = Literal["state", "off", "on", "rows", "cancel", "board", "cards", "unknown"]
+TaskcardAction = Literal[
+    "state", "off", "on", "rows", "cancel", "board", "cards", "help", "unknown"
+]
 
 
 @dataclass(frozen=True)
@@ -33,8 +35,8 @@ class TaskcardCommand:
 def parse_taskcard(args: str) -> TaskcardCommand:
     """`""`/`status`/`state`: show the state; `off`/`on`: hide/show the cards; `1`-`10`: that
     many activity rows; `cancel`: withdraw the author's latest message still queued for an
-    agent; `board`/`cards`: one board for the chat, or one card per agent; anything else is
-    unknown (case and surrounding space ignored)."""
+    agent; `board`/`cards`: one board for the chat, or one card per agent; `help` (or `?`):
+    what may be typed; anything else is unknown (case and surrounding space ignored)."""
     word = args.strip().lower()
     if word in ("", "status", "state"):
         return TaskcardCommand("state")
@@ -46,13 +48,15 @@ def parse_taskcard(args: str) -> TaskcardCommand:
         return TaskcardCommand("cancel")
     if word in ("board", "cards"):
         return TaskcardCommand("board" if word == "board" else "cards")
+    if word in ("help", "?"):
+        return TaskcardCommand("help")
     if _ROWS_ARG.match(word) and MIN_ROWS <= int(word) <= MAX_ROWS:
         return TaskcardCommand("rows", int(word))
     return TaskcardCommand("unknown")
 
 
 # The option words a misspelt one is compared with (the numbers are said by the help).
-_OPTION_WORDS: Final = ("status", "off", "on", "cancel", "board", "cards")
+_OPTION_WORDS: Final = ("status", "off", "on", "cancel", "board", "cards", "help")
 
 
 def suggestion(args: str) -> str | None:

@@ -196,6 +196,12 @@ def may_command(route: Route, command: IncomingCommand) -> bool:
     return command.sent_as is None and command.user_id in route.allowed_user_ids
 
 
+def _sender(command: IncomingCommand) -> str | None:
+    """Who gave `command`, as its answers are told apart: the person, or the chat it was sent
+    on behalf of (every anonymous administrator of a group is one sender)."""
+    return command.sent_as or command.user_id
+
+
 def refusal(command: IncomingCommand) -> str | None:
     """The answer to `command` from a sender `may_command` refused, None for none.
 
@@ -1873,7 +1879,9 @@ class Service:
             if answer is not None:
                 # Refusals of the service's own words (they never quote the person's text).
                 outgoing = self._render_text(channel, answer, own=True)
-                self._scheduler.send_reply(channel_name, reply_chat, outgoing, command.answer_to)
+                self._scheduler.send_reply(
+                    channel_name, reply_chat, outgoing, command.answer_to, sender=_sender(command)
+                )
             return
         parsed = parse_taskcard(command.args)
         prefs = apply_to_prefs(parsed, self._chat_prefs(scope))
@@ -1897,7 +1905,9 @@ class Service:
             answer = self._cancel_in_cluster(channel_name, command)
             if answer is not None:
                 outgoing = self._render_text(channel, answer, own=True)
-                self._scheduler.send_reply(channel_name, reply_chat, outgoing, command.answer_to)
+                self._scheduler.send_reply(
+                    channel_name, reply_chat, outgoing, command.answer_to, sender=_sender(command)
+                )
             return
         elif parsed.action == "cancel":
             reply = self._desk.cancel_latest(
@@ -1905,6 +1915,8 @@ class Service:
             )
         elif parsed.action in ("board", "cards"):
             reply = self._switch_view(allowed, "board" if parsed.action == "board" else "cards")
+        elif parsed.action == "help":
+            reply = f"Task card commands here: {HELP_TEXT}"
         else:
             # Never echoed: the arguments are a chat member's text, and a reply quoting them
             # could carry a platform mention (Feishu `<at user_id="all">`) or markup.
@@ -1922,7 +1934,9 @@ class Service:
             return  # clustered: another instance that routes this chat answers
         # Every answer but the state's (which quotes the agents' reports) is the service's own.
         outgoing = self._render_text(channel, reply, own=parsed.action != "state")
-        self._scheduler.send_reply(channel_name, reply_chat, outgoing, command.answer_to)
+        self._scheduler.send_reply(
+            channel_name, reply_chat, outgoing, command.answer_to, sender=_sender(command)
+        )
 
     def _refuse(self, channel_name: str, command: IncomingCommand) -> None:
         """Answer a command its sender may not give (`refusal`), at most once per sender and
@@ -1932,7 +1946,7 @@ class Service:
         if text is None or not command.reply:
             return
         now_s = self._clock().timestamp()
-        sender = command.sent_as or command.user_id or ""
+        sender = _sender(command) or ""
         key = (channel_name, command.chat.chat_id, command.chat.thread_id, sender)
         last_s = self._refused.get(key)
         if last_s is not None and 0 <= now_s - last_s < REFUSAL_QUIET_S:
@@ -1946,7 +1960,9 @@ class Service:
         self._refused[key] = now_s
         # Not `own`: the answer may carry the sender's id, a value the platform gave.
         outgoing = self._render_text(self._channels[channel_name], text)
-        self._scheduler.send_reply(channel_name, command.chat, outgoing, command.answer_to)
+        self._scheduler.send_reply(
+            channel_name, command.chat, outgoing, command.answer_to, sender=_sender(command)
+        )
 
     def _ours(self, routes: list[Route], command: IncomingCommand) -> bool:
         """Whether `command` replies to one of this service's messages in the chat: a card,

@@ -65,7 +65,7 @@ _KEPT_SCOPES = 4096
 _NO_PREVIEW = {"is_disabled": True}
 # The bot's command menu (the "/" button): people find `/taskcard` without reading docs.
 MENU_COMMANDS = (
-    BotCommand("taskcard", "show the task cards' state; on, off, board, cards, or 1-10 rows"),
+    BotCommand("taskcard", "show the task cards' state; on, off, board, cards, help, or 1-10 rows"),
     BotCommand("tell", "send text to an agent: /tell AGENT TEXT"),
 )
 

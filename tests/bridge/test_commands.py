@@ -49,6 +49,9 @@ from taskcard.channels.base import (
         ("off", TaskcardCommand("off")),
         (" Off ", TaskcardCommand("off")),
         ("on", TaskcardCommand("on")),
+        ("help", TaskcardCommand("help")),
+        (" HELP ", TaskcardCommand("help")),
+        ("?", TaskcardCommand("help")),
         ("1", TaskcardCommand("rows", 1)),
         ("10", TaskcardCommand("rows", 10)),
         ("05", TaskcardCommand("rows", 5)),
@@ -72,6 +75,7 @@ def test_parse_taskcard(args: str, expected: TaskcardCommand) -> None:
         ("of", "/taskcard off"),
         ("borad", "/taskcard board"),
         ("cancle", "/taskcard cancel"),
+        ("hlep", "/taskcard help"),
         ("off please", "/taskcard off"),
         ("\uff4f\uff46\uff46", "/taskcard off"),  # full-width letters
         ("\uff17", "/taskcard 7"),  # a full-width digit

@@ -419,6 +419,23 @@ async def test_unsent_command_replies_collapse_to_the_latest(store: SqliteStore)
     assert len(sent) <= 2
 
 
+async def test_unsent_replies_collapse_per_sender_never_across_senders(
+    store: SqliteStore,
+) -> None:
+    channel = ScriptedChannel(per_chat=RateScope("x", 1, 0.3))
+    scheduler = RouteScheduler({"fake": channel}, store)
+    await scheduler.start()
+    chat = ChatRef("-9")
+    for i in range(3):
+        for person in ("ann", "bob"):
+            scheduler.send_reply("fake", chat, text(f"{person} {i}"), sender=person)
+    await settle(scheduler)
+    await scheduler.stop()
+    sent = [c[3] for c in channel.calls]
+    assert "ann 2" in sent and "bob 2" in sent, sent
+    assert len(sent) <= 4
+
+
 async def test_a_send_interrupted_by_a_crash_reuses_its_key(store: SqliteStore) -> None:
     channel = DedupingChannel()
     key = RouteKey("fake", ChatRef("5"), "a")
