@@ -134,6 +134,11 @@ HELP_TEXT = (
     "/taskcard cancel: withdraw your latest queued text · "
     "/taskcard board: one board for all agents · /taskcard cards: one card per agent"
 )
+# The answer to a reply to the chat's board, before the agents a `/tell` may name.
+BOARD_REPLY = (
+    "A reply to the task board reaches no agent: reply to an agent's card, or write"
+    " /tell AGENT TEXT."
+)
 # The answers to a command its sender may not give where only listed people command (see
 # `refusal`): sent on behalf of another chat, or by a person not on the list.
 SENT_AS_CHAT = (
@@ -197,9 +202,16 @@ def may_command(route: Route, command: IncomingCommand) -> bool:
 
 
 def _sender(command: IncomingCommand) -> str | None:
-    """Who gave `command`, as its answers are told apart: the person, or the chat it was sent
-    on behalf of (every anonymous administrator of a group is one sender)."""
+    """Who gave `command`: the person, or the chat it was sent on behalf of (every anonymous
+    administrator of a group is one sender)."""
     return command.sent_as or command.user_id
+
+
+def _answer_key(command: IncomingCommand) -> str:
+    """What an answer to `command` replaces while unsent (`RouteScheduler.send_reply`): an
+    earlier answer to the same sender's same command (`/taskcard` or `/tell`), never
+    another person's, nor one that says a `/tell` went nowhere."""
+    return f"{command.command}:{_sender(command) or ''}"
 
 
 def refusal(command: IncomingCommand) -> str | None:
@@ -1880,7 +1892,11 @@ class Service:
                 # Refusals of the service's own words (they never quote the person's text).
                 outgoing = self._render_text(channel, answer, own=True)
                 self._scheduler.send_reply(
-                    channel_name, reply_chat, outgoing, command.answer_to, sender=_sender(command)
+                    channel_name,
+                    reply_chat,
+                    outgoing,
+                    command.answer_to,
+                    collapse_key=_answer_key(command),
                 )
             return
         parsed = parse_taskcard(command.args)
@@ -1906,7 +1922,11 @@ class Service:
             if answer is not None:
                 outgoing = self._render_text(channel, answer, own=True)
                 self._scheduler.send_reply(
-                    channel_name, reply_chat, outgoing, command.answer_to, sender=_sender(command)
+                    channel_name,
+                    reply_chat,
+                    outgoing,
+                    command.answer_to,
+                    collapse_key=_answer_key(command),
                 )
             return
         elif parsed.action == "cancel":
@@ -1935,7 +1955,7 @@ class Service:
         # Every answer but the state's (which quotes the agents' reports) is the service's own.
         outgoing = self._render_text(channel, reply, own=parsed.action != "state")
         self._scheduler.send_reply(
-            channel_name, reply_chat, outgoing, command.answer_to, sender=_sender(command)
+            channel_name, reply_chat, outgoing, command.answer_to, collapse_key=_answer_key(command)
         )
 
     def _refuse(self, channel_name: str, command: IncomingCommand) -> None:
@@ -1961,7 +1981,11 @@ class Service:
         # Not `own`: the answer may carry the sender's id, a value the platform gave.
         outgoing = self._render_text(self._channels[channel_name], text)
         self._scheduler.send_reply(
-            channel_name, command.chat, outgoing, command.answer_to, sender=_sender(command)
+            channel_name,
+            command.chat,
+            outgoing,
+            command.answer_to,
+            collapse_key=_answer_key(command),
         )
 
     def _ours(self, routes: list[Route], command: IncomingCommand) -> bool:
@@ -2080,6 +2104,11 @@ class Service:
                 if agent_id not in {r.key.agent_id for r in routes}:
                     agent_id = None
             if agent_id is None:
+                if command.reply and self._replies_to_board(routes, command):
+                    # The board speaks for every agent of the chat: which one the text is
+                    # for cannot be told, and it used to go nowhere without a word.
+                    here = sorted({r.key.agent_id for r in routes})
+                    return f"{BOARD_REPLY} {_unknown_agent(here)}"
                 return None  # a reply to a notice or to someone else: not for an agent
             text = command.args
         else:
@@ -2095,6 +2124,11 @@ class Service:
         return self._desk.queue(
             channel_name, command.chat, agent_id, command.user_id, text, command.answer_to
         )
+
+    def _replies_to_board(self, routes: list[Route], command: IncomingCommand) -> bool:
+        """Whether `command` replies to the chat's board (of any instance, clustered)."""
+        boards = {self._shown_id(board_key(r.key)) for r in routes}
+        return not boards.isdisjoint(command.reply_to)
 
     async def _named_agent(
         self, channel_name: str, command: IncomingCommand, name: str, here: list[str]

@@ -214,9 +214,9 @@ def _already_shown(resident: _Resident, message: Outgoing, in_flight: bool) -> b
 
 @dataclass
 class _Reply:
-    """A command reply: collapsed to its sender's latest while unsent, kept in the store
-    until sent when the scheduler keeps replies. `sender` is who gave the command (None when
-    not known: a reply kept by a version that did not record it)."""
+    """A command reply: collapsed to the latest of its `collapse_key` while unsent, kept in
+    the store until sent when the scheduler keeps replies. `collapse_key` names who asked
+    and what (None when not known: a reply kept by a version that did not record it)."""
 
     chat: ChatRef
     message: Outgoing
@@ -224,7 +224,7 @@ class _Reply:
     reply_to: ReplyTo | None = None
     retry_at: float = 0.0
     failures: int = 0
-    sender: str | None = None
+    collapse_key: str | None = None
 
 
 _Text = _Reply | QueuedNotice
@@ -262,7 +262,7 @@ def _kept_reply(key: str, entry: object) -> _Reply | None:
         and isinstance(entry.get("text"), str)
         and isinstance(entry.get("payload"), dict)
         and isinstance(entry.get("fingerprint"), str)
-        and isinstance(entry.get("sender"), str | None)
+        and isinstance(entry.get("collapse_key"), str | None)
     )
     answered_ok = answered is None or (
         isinstance(answered, list)
@@ -277,7 +277,7 @@ def _kept_reply(key: str, entry: object) -> _Reply | None:
         Outgoing(entry["text"], entry["payload"], entry["fingerprint"]),
         key,
         None if answered is None else ReplyTo(str(answered[0]), answered[1]),
-        sender=entry.get("sender"),
+        collapse_key=entry.get("collapse_key"),
     )
 
 
@@ -754,25 +754,29 @@ class RouteScheduler:
         message: Outgoing,
         reply_to: ReplyTo | None = None,
         *,
-        sender: str | None = None,
+        collapse_key: str | None = None,
     ) -> None:
         """Queue a command reply in the chat's lane, posted as a reply to `reply_to`.
 
-        Unsent replies to one sender in a chat (and thread) collapse into the latest: a person
-        repeating `/taskcard` cannot spend the chat's whole budget. Another sender's answer
-        is never replaced: commands of several people that arrive together (one batch of
-        Telegram updates) are each answered. (Notices come from the outbox instead.)
+        Unsent replies with the same `collapse_key` in a chat (and thread) collapse into the
+        latest: a person repeating `/taskcard` cannot spend the chat's whole budget. The
+        service keys a reply by who asked and with which command, so another person's answer,
+        or the same person's answer to another command (a `/tell` refused beside a
+        `/taskcard`), is never replaced, even when the commands arrive together (one batch
+        of Telegram updates). (Notices come from the outbox instead.)
         """
         lane = self._lane(channel, chat.chat_id)
         thread = None if reply_to is None else reply_to.thread_id
         for stale in [
             r
             for r in lane.replies
-            if r.chat == chat and _thread(r) == thread and r.sender == sender
+            if r.chat == chat and _thread(r) == thread and r.collapse_key == collapse_key
         ]:
             lane.replies.remove(stale)
             self._forget_reply(stale, save=False)
-        reply = _Reply(chat, message, f"reply:{uuid.uuid4().hex}", reply_to, sender=sender)
+        reply = _Reply(
+            chat, message, f"reply:{uuid.uuid4().hex}", reply_to, collapse_key=collapse_key
+        )
         lane.replies.append(reply)
         entry = {
             "channel": channel,
@@ -782,7 +786,7 @@ class RouteScheduler:
             "payload": message.payload,
             "fingerprint": message.fingerprint,
             "reply_to": None if reply_to is None else [reply_to.message_id, reply_to.thread_id],
-            "sender": sender,
+            "collapse_key": collapse_key,
         }
         # Kept before the caller goes on: the command's update is confirmed after this.
         if self._kept_replies is not None:

@@ -419,7 +419,7 @@ async def test_unsent_command_replies_collapse_to_the_latest(store: SqliteStore)
     assert len(sent) <= 2
 
 
-async def test_unsent_replies_collapse_per_sender_never_across_senders(
+async def test_unsent_replies_collapse_per_key_never_across_keys(
     store: SqliteStore,
 ) -> None:
     channel = ScriptedChannel(per_chat=RateScope("x", 1, 0.3))
@@ -428,7 +428,7 @@ async def test_unsent_replies_collapse_per_sender_never_across_senders(
     chat = ChatRef("-9")
     for i in range(3):
         for person in ("ann", "bob"):
-            scheduler.send_reply("fake", chat, text(f"{person} {i}"), sender=person)
+            scheduler.send_reply("fake", chat, text(f"{person} {i}"), collapse_key=person)
     await settle(scheduler)
     await scheduler.stop()
     sent = [c[3] for c in channel.calls]
