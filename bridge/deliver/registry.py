@@ -145,6 +145,9 @@ def _telegram(
 ) -> BuiltChannel | None:
     if config.telegram is None:
         return None
+    from taskcard.channels.telegram import import_client_library
+
+    import_client_library()
     from taskcard.channels.telegram.channel import TelegramChannel
 
     section = config.telegram

@@ -255,6 +255,9 @@ class ChatNames:
             pause = RateLimited(paused_s, BOT_SCOPE_KEY, "a pause of the bot is running")
             failures = dict.fromkeys(missing, pause)
         elif missing and token:
+            from taskcard.channels.telegram import import_client_library
+
+            import_client_library()
             from taskcard.channels.telegram.usernames import look_up_usernames
 
             found = await look_up_usernames(telegram, token, missing)

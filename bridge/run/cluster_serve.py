@@ -25,7 +25,6 @@ from taskcard.bridge.run.logs import start_error
 from taskcard.bridge.store.base import StateFileError, StateStore
 from taskcard.bridge.store.redis import permission_fix, redis_trouble, wrong_type
 from taskcard.channels.base import CursorStore
-from taskcard.channels.telegram.commands import OFFSET_CURSOR_KEY
 
 
 def open_cluster(config: ServiceConfig, env: Mapping[str, str]) -> Cluster | None:
@@ -111,6 +110,11 @@ class ClusterWiring:
         store = self.cluster.store
         if config.telegram is None or not config.telegram.commands:
             return store
+        from taskcard.channels.telegram import import_client_library
+
+        import_client_library()  # before the first module of it that loads the library
+        from taskcard.channels.telegram.commands import OFFSET_CURSOR_KEY
+
         gate, cursors = self.cluster.poll_gate("telegram", store, OFFSET_CURSOR_KEY)
         self._telegram_gate = gate
         return cursors

@@ -68,3 +68,45 @@ def test_a_telegram_only_config_loads_no_feishu_sdk() -> None:
         """
     )
     assert not any(name == "lark_oapi" or name.startswith("lark_oapi.") for name in loaded)
+
+
+def test_the_telegram_client_library_loads_without_the_passport_cryptography() -> None:
+    loaded = _modules_after(
+        """
+        from taskcard.channels.telegram import import_client_library
+        import_client_library()
+        import taskcard.channels.telegram.channel
+        import sys
+        from telegram._bot import CRYPTO_INSTALLED
+        assert not CRYPTO_INSTALLED  # PTB took it as not installed
+        assert "cryptography" not in sys.modules  # and nothing is left in its place
+        """
+    )
+    assert "telegram" in loaded
+    assert not any(name.split(".")[0] == "cryptography" for name in loaded)
+
+
+def test_cryptography_stays_importable_after_the_client_library() -> None:
+    loaded = _modules_after(
+        """
+        from taskcard.channels.telegram import import_client_library
+        import_client_library()
+        import_client_library()  # once loaded, nothing more happens
+        from cryptography.hazmat.primitives.hashes import SHA256
+        assert SHA256.name == "sha256"
+        """
+    )
+    assert "telegram" in loaded and "cryptography" in loaded
+
+
+def test_an_earlier_import_of_cryptography_is_left_alone() -> None:
+    loaded = _modules_after(
+        """
+        import cryptography
+        from taskcard.channels.telegram import import_client_library
+        import_client_library()
+        from telegram._bot import CRYPTO_INSTALLED
+        assert CRYPTO_INSTALLED  # it was there first: PTB uses it as usual
+        """
+    )
+    assert "telegram" in loaded

@@ -7,6 +7,7 @@ contract, exactly as the producer does.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -76,6 +77,11 @@ def shown(fake: FakeTelegram, chat: int) -> list[str]:
     return [m.text for m in fake.bot_messages(chat)]
 
 
+def mapped_files(pid: int) -> str:
+    """What a running process has mapped: its libraries, one line each (`/proc/PID/maps`)."""
+    return Path(f"/proc/{pid}/maps").read_text()
+
+
 def agent_dir(tmp_path: Path, agent: str) -> Path:
     return tmp_path / "agents" / agent
 
@@ -96,6 +102,23 @@ async def test_first_card_creates_resident_and_changes_edit_it(
         assert fake.count("editMessageText") >= 1
         assert await serve.aterminate() == 0
     assert fake.token not in serve.logs
+
+
+async def test_the_service_leaves_the_passport_cryptography_unloaded(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """PTB would load `cryptography` (installed here) for Telegram Passport, which the service
+    never uses: a running service has none of its files mapped, and still edits its cards."""
+    if importlib.util.find_spec("cryptography") is None:
+        pytest.skip("cryptography is not installed, so nothing could load it")
+    with setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])]) as serve:
+        publish(agent_dir(tmp_path, "builder"), "**compile** 1/3")
+        await eventually(lambda: any("compile" in t for t in shown(fake, GROUP)), what="card")
+        assert serve.proc is not None
+        maps = mapped_files(serve.proc.pid)
+        assert "telegramify" in maps or "pyromark" in maps, "the maps list the native libraries"
+        assert "/cryptography/" not in maps
+        assert await serve.aterminate() == 0
 
 
 async def test_taskcard_is_in_the_bot_command_menu(tmp_path: Path, fake: FakeTelegram) -> None:
