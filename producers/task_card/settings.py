@@ -18,6 +18,7 @@ with its range in the message; the other fields keep their values.
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
@@ -181,6 +182,23 @@ def _legacy_max_refreshes(paths: CardPaths) -> int | None:
     return None
 
 
+def _fold(key: str) -> str:
+    """A key with case, `-`, `_`, spaces and dots left out: `Interval-S` reads `intervals`."""
+    return "".join(char for char in key.casefold() if char.isalnum())
+
+
+def _spelt_almost(key: str, data: dict[str, Any]) -> str | None:
+    """A key of the document, not itself a setting, that names setting `key` in another
+    spelling (`interval-s`, `intervalS`, `Interval_S`) or with a slip (`intervl_s`)."""
+    others = [name for name in data if isinstance(name, str) and name not in BOUNDS]
+    for name in others:
+        if _fold(name) == _fold(key):
+            return name
+    folded = {_fold(name): name for name in others}
+    close = difflib.get_close_matches(_fold(key), list(folded), n=1, cutoff=0.85)
+    return folded[close[0]] if close else None
+
+
 def load_settings(paths: CardPaths) -> EffectiveSettings:
     """Effective values with per-field fallback. Raises `SettingsUnavailable`."""
     document = _read_object(paths.settings)
@@ -191,7 +209,15 @@ def load_settings(paths: CardPaths) -> EffectiveSettings:
 
     def pick(key: str, default: Any) -> Any:
         if key not in data:
-            sources[key] = "default"
+            near = _spelt_almost(key, data)
+            if near is None:
+                sources[key] = "default"
+            else:
+                # `interval-s` (as SHOW's rows name it) or `intervalS`: the owner meant this
+                # setting, and silence left them believing it was in force.
+                unread = f"{_as_json(near)} is not read; the key is {key}"
+                sources[key] = f"default; taskcard.json {unread}"
+                problems.append(f"taskcard.json {unread}; the default {default:g} is in force")
             return default
         problem = setting_problem(key, data[key])
         if problem is None:

@@ -746,6 +746,33 @@ def test_settings_problems_spell_values_and_ranges_as_the_json_file_does(cli: Cl
     ]
 
 
+@pytest.mark.parametrize(
+    ("written", "key"),
+    [
+        ("interval-s", "interval_s"),  # as the rows of SHOW name it
+        ("maxRefreshes", "max_refreshes"),
+        ("Reminder_Turns", "reminder_turns"),
+        ("max_body_char", "max_body_chars"),
+        ("timeout", "timeout_s"),
+    ],
+)
+def test_a_setting_spelt_another_way_is_named_not_silently_ignored(
+    cli: CliHost, written: str, key: str
+) -> None:
+    """The rows name a setting `interval-s` and the file's key is `interval_s`: an owner who
+    wrote the row's name (or another case, or a slip) saw the default "from default" and
+    nothing saying their value was never read."""
+    (cli.workdir / "taskcard").mkdir()
+    document = {written: 7, "owner": "ana"}  # fields of the owner's own stay unremarked
+    (cli.workdir / "taskcard" / "taskcard.json").write_text(json.dumps(document))
+    shown = cli.json("card", "settings")
+    (problem,) = shown["problems"]
+    assert problem.startswith(f'taskcard.json "{written}" is not read; the key is {key}; ')
+    row = next(row for row in shown["settings"] if row["key"] == key.replace("_", "-"))
+    assert f'"{written}" is not read; the key is {key}' in row["comment"]
+    assert row["current"] == row["default"]
+
+
 def test_a_setting_named_twice_in_the_document_falls_back_to_its_default(
     cli: CliHost,
 ) -> None:
