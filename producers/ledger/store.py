@@ -16,6 +16,7 @@ naming it, before anything is read, created or written there, as the other contr
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import difflib
 import errno
@@ -180,6 +181,9 @@ def _note(field: str, value: str | None) -> str | None:
 def load_document(data: bytes, where: str) -> LedgerDocument:
     """The document; a task whose record does not validate is set aside in `broken` (the
     others are read as usual), and anything wrong outside one task is a `LedgerError`."""
+    # A byte-order mark, as an editor may save a hand edit with: JSON readers (the service's
+    # among them) take it, and every command here refused the whole file for it.
+    data = data.removeprefix(codecs.BOM_UTF8)
     if not data.strip():
         return LedgerDocument()
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
 import os
@@ -360,6 +361,19 @@ def test_a_hand_written_ledger_with_times_without_an_offset_is_read_as_utc(
     done = taskcard(workdir, "show")
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert "tasks.dl.task.created_at" in done.stderr
+
+
+def test_a_ledger_saved_with_a_byte_order_mark_is_read_and_written(workdir: Path) -> None:
+    """An editor saved a hand edit with a UTF-8 byte-order mark. The service read the file
+    (JSON readers take the mark) while every ledger command refused the whole of it as
+    "expected value at line 1 column 1", naming neither the mark nor a fix."""
+    ok(workdir, "init", "build", "--purpose", "Build the index", "--steps", "fetch,index")
+    path = workdir / "ledger" / "long-task-ledger.json"
+    path.write_bytes(codecs.BOM_UTF8 + path.read_bytes().replace(b"\n", b"\r\n"))
+    assert ok(workdir, "show", "build")["task"]["purpose"] == "Build the index"  # type: ignore[index]
+    moved = ok(workdir, "checkpoint", "build", "--event-type", "STEP_COMPLETED", "--step", "fetch")
+    assert moved["current_step"] == "index"
+    assert json.loads(path.read_bytes())["tasks"]["build"]["observed"]["steps"][0]["completed_at"]
 
 
 def test_a_movement_dated_ahead_of_the_clock_is_contradictory_not_progress(
