@@ -190,13 +190,21 @@ def _fold(key: str) -> str:
 def _spelt_almost(key: str, data: dict[str, Any]) -> str | None:
     """A key of the document, not itself a setting, that names setting `key` in another
     spelling (`interval-s`, `intervalS`, `Interval_S`) or with a slip (`intervl_s`)."""
-    others = [name for name in data if isinstance(name, str) and name not in BOUNDS]
-    for name in others:
-        if _fold(name) == _fold(key):
-            return name
-    folded = {_fold(name): name for name in others}
+    folded: dict[str, str] = {}
+    for name in data:
+        if isinstance(name, str) and name not in BOUNDS and len(name) <= _NEAR_KEY_CHARS:
+            folded.setdefault(_fold(name), name)
+    if _fold(key) in folded:
+        return folded[_fold(key)]
+    if len(folded) > _NEAR_KEYS_COMPARED:
+        return None  # no hand-kept settings file: a slip is not looked for in so many keys
     close = difflib.get_close_matches(_fold(key), list(folded), n=1, cutoff=0.85)
     return folded[close[0]] if close else None
+
+
+# Past these, a key is no spelling of a setting, and a document no hand-kept settings file.
+_NEAR_KEY_CHARS: Final = 64
+_NEAR_KEYS_COMPARED: Final = 256
 
 
 def load_settings(paths: CardPaths) -> EffectiveSettings:
