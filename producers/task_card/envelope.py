@@ -223,6 +223,10 @@ def decode_envelope(
         raise EnvelopeError(f"{what}: {bad}")
     if not text.strip():
         raise EnvelopeError(f"{what}: empty; send one JSON object with action, input, reasoning")
+    if text.startswith("\ufeff"):
+        raise EnvelopeError(
+            f"{what}: starts with a byte-order mark (U+FEFF); send the JSON object without it"
+        )
     if _nesting_depth(text, max_depth) > max_depth:
         raise EnvelopeError(
             f"{what}: nested deeper than {max_depth} levels; an envelope is a flat object"

@@ -67,6 +67,8 @@ BAD_ENVELOPES: list[tuple[str, bytes, str]] = [
     ("nul-byte", b'{"action": "settings", "input": {}, "reasoning": "a\x00b"}', "NUL"),
     ("nan", b'{"action": "start", "input": {"renderer_path": "r.py", "interval_s": NaN}}', "NaN"),
     ("empty", b"", "empty"),
+    # What a Windows editor or shell may put first: refused as "line 1, column 1" before.
+    ("byte-order-mark", b'\xef\xbb\xbf{"action": "settings", "input": {}}', "byte-order mark"),
     # A strict object names each key once: which "action" counts is up to each JSON reader.
     (
         "repeated-key",
