@@ -1258,22 +1258,24 @@ class Service:
             return
         now = asyncio.get_running_loop().time()
         for key, since in list(self._closing.items()):
-            if self._scheduler.settled(key) or (
+            said = self._scheduler.settled(key)  # its last edit went out (or never will)
+            if said or (
                 now - since > CLOSE_GRACE_S and self._scheduler.settled(key, in_flight_only=True)
             ):
                 self._scheduler.remove_route(key)
                 self._scheduled.discard(key)
                 del self._closing[key]
-                self._route_gone(key)
+                self._route_gone(key, said)
 
-    def _route_gone(self, key: RouteKey) -> None:
+    def _route_gone(self, key: RouteKey, said: bool) -> None:
         """A closed route was dropped: the refusal kept for `taskcard status` goes with it
         (it stayed until the agent was forgotten, which a cluster never does), and a route
-        closed with the "no longer followed" edit is marked so (alone on the state), so a
-        later start does not edit that card again."""
+        whose "no longer followed" edit went out (`said`) is marked so (alone on the
+        state), so a later start does not edit that card again; one dropped unsaid (a
+        long pause) is edited by the next start."""
         try:
             self._store.delete_cursors([card_refused_key(key.store_key)])
-            if key in self._unrouted_closing and self._owned is None:
+            if said and key in self._unrouted_closing and self._owned is None:
                 self._store.set_cursor(
                     UNROUTED_PREFIX + key.store_key, repr(self._clock().timestamp())
                 )
