@@ -1,13 +1,20 @@
-"""Shared test configuration. Area-specific fixtures live in each test folder's conftest."""
+"""Shared test configuration and fixtures: an agent workdir, a short runtime dir, `taskcard
+mcp` driven by the SDK's stdio client. Area-specific fixtures live in each test folder's
+conftest."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import sys
-from collections.abc import Iterator
+import tempfile
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
+from mcp import ClientSession, StdioServerParameters, stdio_client
 
 # The property tests draw the same examples on every run of `make test` (a gate that passes
 # once passes again: a new random draw finding an old bug must not turn CI red on an unrelated
@@ -38,3 +45,61 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     server = RedisServer(tmp_path_factory.mktemp("redis")).start()
     yield server.url
     server.stop()
+
+
+# The first message a hand-written MCP client sends (`taskcard mcp` driven line by line).
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "test", "version": "1"},
+    },
+}
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    """An agent's workdir, empty (the hooks' and the inbox's tests give theirs a card folder)."""
+    path = tmp_path / "agent"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def runtime_dir() -> Iterator[Path]:
+    """A runtime dir for task card hosts, short on purpose: unix socket paths are limited to
+    108 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="tcrt"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+# How the tests start `taskcard`: its package's entry point, run by this interpreter.
+TASKCARD_MODULE = (sys.executable, "-m", "taskcard.bridge.cli")
+
+
+def mcp_server(
+    workdir: Path, runtime_dir: Path, taskcard: Sequence[str] = TASKCARD_MODULE
+) -> StdioServerParameters:
+    """`taskcard mcp` for `workdir`, as the MCP SDK's stdio client starts it (`taskcard`: the
+    command line that runs it, up to the subcommand)."""
+    command, *first = taskcard
+    return StdioServerParameters(
+        command=command,
+        args=[*first, "mcp", "--workdir", str(workdir), "--runtime-dir", str(runtime_dir)],
+    )
+
+
+@contextlib.asynccontextmanager
+async def mcp_session(
+    workdir: Path, runtime_dir: Path, taskcard: Sequence[str] = TASKCARD_MODULE
+) -> AsyncIterator[ClientSession]:
+    """An initialized session of the SDK's real client with `taskcard mcp` over stdio; the
+    server exits when the block ends."""
+    server = mcp_server(workdir, runtime_dir, taskcard)
+    async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        yield session

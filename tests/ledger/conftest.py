@@ -1,4 +1,5 @@
-"""Fixtures for the ledger: a workdir, a controllable clock, a ledger file in the workdir."""
+"""Fixtures for the ledger: a controllable clock and a ledger file in the workdir (the
+workdir itself comes from tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -33,13 +34,6 @@ def notifications(workdir: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-@pytest.fixture
-def workdir(tmp_path: Path) -> Path:
-    path = tmp_path / "agent"
-    path.mkdir()
-    return path
 
 
 @pytest.fixture

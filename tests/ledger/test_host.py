@@ -7,35 +7,17 @@ short check period so the test does not wait for the default.
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.ledger.conftest import notifications
 from tests.ledger.test_cli import ok
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
-
-
-@pytest.fixture
-def runtime_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="tclg"))  # short: socket paths are limited
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+from tests.producer.conftest import wait_for
 
 
 @pytest.fixture
