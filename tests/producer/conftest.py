@@ -1,25 +1,30 @@
-"""Fixtures for the task_card producer: a workdir, a short runtime dir, renderers, helpers."""
+"""Fixtures for the task_card producer: renderers, a `taskcard` run as separate processes
+(`CliHost`, with its MCP server), helpers. The workdir and the short runtime dir come from
+tests/conftest.py."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
+from queue import Queue
 from typing import Any
 
 import pytest
+from mcp import ClientSession, StdioServerParameters
 
 from taskcard.producers.task_card.capability import TaskCard
 from taskcard.producers.task_card.client import request_host
 from taskcard.producers.task_card.runtime import HostPaths
+from tests.conftest import mcp_server, mcp_session
 
 POLL_TIMEOUT_S = 60.0
 
@@ -64,21 +69,6 @@ def pid_alive(pid: int) -> bool:
 
 
 @pytest.fixture
-def workdir(tmp_path: Path) -> Path:
-    path = tmp_path / "agent"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
-def runtime_dir() -> Iterator[Path]:
-    """Short on purpose: unix socket paths are limited to 108 bytes."""
-    path = Path(tempfile.mkdtemp(prefix="tcrt"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
 def make_card(workdir: Path, runtime_dir: Path) -> Iterator[Callable[..., TaskCard]]:
     cards: list[TaskCard] = []
 
@@ -115,6 +105,14 @@ print("# Work\\nall good")
 
 STATIC_RENDERER = 'print("# Work\\nsteady body")\n'
 
+# `taskcard mcp` as the producer's own module runs it.
+MCP_MODULE = (sys.executable, "-m", "taskcard.producers.task_card.cli")
+
+
+def tool_call(ident: int, params: str) -> str:
+    """A raw tools/call line with `params` written as given (JSON or not)."""
+    return f'{{"jsonrpc":"2.0","id":{ident},"method":"tools/call","params":{params}}}'
+
 
 class CliHost:
     """Runs `taskcard` (the lead's entry point) as separate processes against one workdir."""
@@ -138,6 +136,41 @@ class CliHost:
         done = self.run(*args, *(("--json",) if args[0] == "card" else ()), stdin=stdin)
         result: dict[str, Any] = json.loads(done.stdout)
         return result
+
+    def mcp_server(self) -> StdioServerParameters:
+        return mcp_server(self.workdir, self.runtime_dir, MCP_MODULE)
+
+    def mcp(self) -> AbstractAsyncContextManager[ClientSession]:
+        """An initialized session of the SDK's real stdio client with `taskcard mcp`."""
+        return mcp_session(self.workdir, self.runtime_dir, MCP_MODULE)
+
+    @contextlib.contextmanager
+    def raw_mcp(self) -> Iterator[tuple[subprocess.Popen[bytes], Queue[dict[str, Any]]]]:
+        """`taskcard mcp` driven line by line, as a hand-written client does: the process, and
+        the queue its answers arrive on (decoded, in order); killed when the block ends."""
+        params = self.mcp_server()
+        server = subprocess.Popen(
+            [params.command, *params.args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        answers: Queue[dict[str, Any]] = Queue()
+
+        def read() -> None:
+            assert server.stdout is not None
+            for raw in server.stdout:
+                answers.put(json.loads(raw))
+
+        threading.Thread(target=read, daemon=True).start()
+        try:
+            yield server, answers
+        finally:
+            server.kill()
+            server.wait()
+            for pipe in (server.stdin, server.stdout):
+                if pipe is not None:
+                    pipe.close()
 
     def host_pid(self) -> int | None:
         try:

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp import ClientSession, stdio_client
 
 from taskcard.producers.task_card.capability import TaskCard
 from taskcard.producers.task_card.workdir_lock import boot_id
@@ -33,7 +32,6 @@ from .conftest import (
     wait_for,
     write_renderer,
 )
-from .test_mcp import server_for
 
 ACTIVE = {"status", "taskcard.md", "watch.json"}
 ENDED = {"status", "taskcard.md"}
@@ -163,11 +161,7 @@ async def test_the_card_folder_holds_only_the_manuals_files_through_mcp(
     workdir: Path, cli: CliHost
 ) -> None:
     write_renderer(workdir, "r.py", STATIC_RENDERER)
-    async with (
-        stdio_client(server_for(workdir, cli)) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
+    async with cli.mcp() as session:
 
         async def call(action: str, **inputs: object) -> dict[str, Any]:
             arguments = {"action": action, "input": inputs, "reasoning": "mcp folder test"}

@@ -6,15 +6,14 @@ import json
 import shutil
 import subprocess
 import sys
-import threading
 from importlib import metadata
 from pathlib import Path
-from queue import Empty, Queue
+from queue import Empty
 from typing import Any
 
 import jsonschema
 import pytest
-from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp import ClientSession, stdio_client
 
 from taskcard.producers.task_card.contract import CardPaths
 from taskcard.producers.task_card.envelope import ACTIONS
@@ -22,47 +21,10 @@ from taskcard.producers.task_card.notifications import (
     FileNotificationPort,
     TaskCardErrorNotification,
 )
+from tests.conftest import INITIALIZE
 from tests.inbox.conftest import queue
 
-from .conftest import STATIC_RENDERER, CliHost, write_renderer
-
-
-def server_for(workdir: Path, cli: CliHost) -> StdioServerParameters:
-    return StdioServerParameters(
-        command=sys.executable,
-        args=[
-            "-m",
-            "taskcard.producers.task_card.cli",
-            "mcp",
-            "--workdir",
-            str(workdir),
-            "--runtime-dir",
-            str(cli.runtime_dir),
-        ],
-    )
-
-
-def raw_server(
-    workdir: Path, cli: CliHost
-) -> tuple[subprocess.Popen[bytes], Queue[dict[str, Any]]]:
-    """`taskcard mcp` driven line by line, as a hand-written client does: the process, and
-    the queue its answers arrive on (decoded, in order)."""
-    params = server_for(workdir, cli)
-    server = subprocess.Popen(
-        [params.command, *params.args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
-    answers: Queue[dict[str, Any]] = Queue()
-
-    def read() -> None:
-        assert server.stdout is not None
-        for raw in server.stdout:
-            answers.put(json.loads(raw))
-
-    threading.Thread(target=read, daemon=True).start()
-    return server, answers
+from .conftest import STATIC_RENDERER, CliHost, tool_call, write_renderer
 
 
 def taskcard_meta(result: Any) -> dict[str, Any] | None:
@@ -77,7 +39,7 @@ async def test_an_mcp_client_starts_inspects_and_removes_a_watch(
 ) -> None:
     write_renderer(workdir, "r.py", STATIC_RENDERER)
     async with (
-        stdio_client(server_for(workdir, cli)) as (read, write),
+        stdio_client(cli.mcp_server()) as (read, write),
         ClientSession(read, write) as session,
     ):
         init = await session.initialize()
@@ -129,11 +91,7 @@ async def test_an_mcp_client_starts_inspects_and_removes_a_watch(
 async def test_a_task_card_wake_reaches_the_mcp_client_once(workdir: Path, cli: CliHost) -> None:
     port = FileNotificationPort(CardPaths(workdir))
     port.notify(TaskCardErrorNotification("tc_1", 1, "renderer_failed", "old"))  # before: not news
-    async with (
-        stdio_client(server_for(workdir, cli)) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
+    async with cli.mcp() as session:
         envelope = {"action": "settings", "input": {}, "reasoning": "look"}
         first = taskcard_meta(await session.call_tool("task_card", envelope))
         assert first is not None and "notices" not in first  # the first projection only
@@ -163,11 +121,7 @@ async def test_a_wake_cursor_edited_by_hand_is_placed_anew(
     port = FileNotificationPort(CardPaths(workdir))
     stored = CardPaths(workdir).notification_dir / CURSOR_DIR / f"{WAKE_CONSUMER}.json"
     port.notify(TaskCardErrorNotification("tc_1", 0, "renderer_failed", "old"))  # a file to read
-    async with (
-        stdio_client(server_for(workdir, cli)) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
+    async with cli.mcp() as session:
         envelope = {"action": "settings", "input": {}, "reasoning": "look"}
         await session.call_tool("task_card", envelope)  # the cursor is placed
         placed = json.loads(stored.read_text())
@@ -187,11 +141,7 @@ async def test_the_inbox_tool_names_the_files_it_left_alone(workdir: Path, cli: 
     the result, beside the messages it returns."""
     queue(workdir, "m1", "please rerun the tests")
     (workdir / "inbox" / "queued" / "not a message.json").write_text("{}")
-    async with (
-        stdio_client(server_for(workdir, cli)) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
+    async with cli.mcp() as session:
         result = await session.call_tool("inbox", {})
         content = result.structured_content
         assert not result.is_error and isinstance(content, dict)
@@ -228,11 +178,7 @@ async def test_a_workdir_removed_while_serving_is_not_created_again(
         "spawn": {"child_workdir": str(workdir.parent), "reason": "lint"},
         "inbox": {},
     }
-    async with (
-        stdio_client(server_for(workdir, cli)) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
+    async with cli.mcp() as session:
         shutil.rmtree(workdir)
         for name, arguments in calls.items():
             result = await session.call_tool(name, arguments)
@@ -274,11 +220,7 @@ async def test_a_notices_folder_linked_out_of_the_workdir_gets_no_cursor_and_too
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     (workdir / ".notification").symlink_to(outside)
-    async with (
-        stdio_client(server_for(workdir, cli)) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
+    async with cli.mcp() as session:
         envelope = {"action": "settings", "input": {}, "reasoning": "look"}
         result = await session.call_tool("task_card", envelope)
         assert not result.is_error, result.structured_content
@@ -298,11 +240,7 @@ async def test_a_card_linked_out_of_the_workdir_is_unreadable_never_shown_as_the
     (other / "status").write_text("active")
     (other / "taskcard.md").write_text("# Other\nOTHER BODY")
     (workdir / "taskcard").symlink_to(other)
-    async with (
-        stdio_client(server_for(workdir, cli)) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
+    async with cli.mcp() as session:
         meta = taskcard_meta(await session.call_tool("report", {"ok": True}))
         assert meta is not None and meta["status"] == "unreadable", meta
         assert "OTHER BODY" not in json.dumps(meta)
@@ -325,43 +263,29 @@ def test_every_line_a_client_gets_wrong_is_answered_and_the_server_goes_on(
     """A client with a bug (or a pipe that garbled a line) gets a JSON-RPC error for each line
     `taskcard mcp` cannot read, with the request's id when it can be read; the SDK alone
     dropped such lines and left the client waiting."""
-    server, answers = raw_server(workdir, cli)
     huge = "9" * 5000
-
-    def call(ident: int, params: str) -> str:
-        return f'{{"jsonrpc":"2.0","id":{ident},"method":"tools/call","params":{params}}}'
-
     lines = [
-        json.dumps(
-            {
-                "jsonrpc": "2.0",
-                "id": 1,
-                "method": "initialize",
-                "params": {
-                    "protocolVersion": "2025-06-18",
-                    "capabilities": {},
-                    "clientInfo": {"name": "test", "version": "1"},
-                },
-            }
-        ),
+        json.dumps(INITIALIZE),
         '{"jsonrpc":"2.0","method":"notifications/initialized"}',
         "{not json",  # -32700, id null
         "",  # a blank line: no answer
         "\udcff".encode("utf-8", "surrogatepass").decode("latin-1"),  # not UTF-8
         "[]",  # not one message
-        call(
+        tool_call(
             2, f'{{"name":"task_card","arguments":{{"action":"inspect","input":{{"n":{huge}}}}}}}'
         ),
         f'{{"jsonrpc":"2.0","method":"notifications/x","params":{{"n":{huge}}}}}',  # no answer
         '{"jsonrpc":"2.0","id":"three","method":5}',
-        call(4, "3"),
+        tool_call(4, "3"),
         # An id too long to read: answered with a null id, never with another request's.
         f'{{"jsonrpc":"2.0","id":{huge},"method":"tools/list"}}',
         # Half of a surrogate pair, as a cut emoji is escaped: the SDK cannot read the line.
-        call(6, r'{"name":"task_card","arguments":{"action":"inspect","input":{"n":"\ud83d"}}}'),
+        tool_call(
+            6, r'{"name":"task_card","arguments":{"action":"inspect","input":{"n":"\ud83d"}}}'
+        ),
         '{"jsonrpc":"2.0","id":5,"method":"tools/list"}',
     ]
-    try:
+    with cli.raw_mcp() as (server, answers):
         assert server.stdin is not None
         server.stdin.write(("\n".join(lines) + "\n").encode("latin-1"))
         server.stdin.flush()
@@ -383,12 +307,6 @@ def test_every_line_a_client_gets_wrong_is_answered_and_the_server_goes_on(
         assert "task_card" in {tool["name"] for tool in by_id[5]["result"]["tools"]}
         with pytest.raises(Empty):  # nothing more: the notification and blank line
             answers.get(timeout=1)
-    finally:
-        server.kill()
-        server.wait()
-        for pipe in (server.stdin, server.stdout):
-            if pipe is not None:
-                pipe.close()
 
 
 def test_a_tool_call_of_the_wrong_shape_is_answered_naming_the_field(
@@ -397,7 +315,6 @@ def test_a_tool_call_of_the_wrong_shape_is_answered_naming_the_field(
     """A tools/call whose `arguments` is not an object, or without a `name`, was answered
     "Invalid request parameters" with empty data: the client was not told which field. (The
     SDK's own client refuses to send these; a hand-written client does.)"""
-    server, answers = raw_server(workdir, cli)
     wrong = [
         ({"name": "report", "arguments": [True]}, "params.arguments:"),
         ({"name": "report", "arguments": "ok"}, "params.arguments:"),
@@ -405,23 +322,14 @@ def test_a_tool_call_of_the_wrong_shape_is_answered_naming_the_field(
         ({"arguments": {"ok": True}}, "params.name:"),
     ]
     lines = [
-        {
-            "jsonrpc": "2.0",
-            "id": 0,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-06-18",
-                "capabilities": {},
-                "clientInfo": {"name": "test", "version": "1"},
-            },
-        },
+        {**INITIALIZE, "id": 0},
         {"jsonrpc": "2.0", "method": "notifications/initialized"},
         *({"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": p} for n, (p, _) in
           enumerate(wrong, 1)),
         {"jsonrpc": "2.0", "id": 9, "method": "tools/call",
          "params": {"name": "report", "arguments": {"ok": True}}},
     ]  # fmt: skip
-    try:
+    with cli.raw_mcp() as (server, answers):
         assert server.stdin is not None
         server.stdin.write("".join(json.dumps(line) + "\n" for line in lines).encode())
         server.stdin.flush()
@@ -433,12 +341,6 @@ def test_a_tool_call_of_the_wrong_shape_is_answered_naming_the_field(
             assert "arguments" in error["message"], error
         assert by_id[9]["result"]["isError"] is False, by_id[9]
         assert (workdir / "reports" / "reports.jsonl").read_text().count("\n") == 1
-    finally:
-        server.kill()
-        server.wait()
-        for pipe in (server.stdin, server.stdout):
-            if pipe is not None:
-                pipe.close()
 
 
 async def test_a_task_card_call_the_schema_refuses_starts_no_host(
@@ -446,11 +348,7 @@ async def test_a_task_card_call_the_schema_refuses_starts_no_host(
 ) -> None:
     """The refusal is the host's sentence, given without starting a host that would then
     idle for its grace."""
-    async with (
-        stdio_client(server_for(workdir, cli)) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
+    async with cli.mcp() as session:
         result = await session.call_tool(
             "task_card", {"action": "inspect", "input": {}, "reasoning": "look"}
         )

@@ -15,13 +15,11 @@ from typing import Any
 
 import anyio
 import pytest
-from mcp import ClientSession, stdio_client
 
 from taskcard.producers.reports import ReportError, Reports
 from taskcard.producers.task_card import TaskCard
 
 from .conftest import CliHost
-from .test_mcp import server_for
 
 # One valid-looking call per tool; each test adds a stray argument to it.
 VALID_CALLS: dict[str, dict[str, Any]] = {
@@ -37,11 +35,7 @@ async def test_a_stray_argument_is_refused_by_every_tool_naming_it(
     workdir: Path, cli: CliHost
 ) -> None:
     (workdir / "child").mkdir()
-    async with (
-        stdio_client(server_for(workdir, cli)) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
+    async with cli.mcp() as session:
         listed = {tool.name for tool in (await session.list_tools()).tools}
         assert listed == set(VALID_CALLS), "every tool of the server is covered here"
         for name, arguments in VALID_CALLS.items():
@@ -97,11 +91,7 @@ async def test_a_long_value_is_named_not_echoed_whole(workdir: Path, cli: CliHos
     """A 100,000-character id or path came back whole in the error, twice in the result (its
     text and its structured content), and a child folder name too long for the system was
     "cannot write lineage.json": the error names the field and quotes the start of the value."""
-    async with (
-        stdio_client(server_for(workdir, cli)) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
+    async with cli.mcp() as session:
         for name, arguments, field in LONG_VALUES:
             result = await session.call_tool(name, arguments)
             content = result.structured_content
@@ -120,11 +110,7 @@ async def test_spawn_errors_name_its_own_field_and_the_file_it_cannot_write(
     lineage.json: Is a directory", naming neither the field, the file nor the fix."""
     blocked = workdir / "child"
     (blocked / "lineage.json").mkdir(parents=True)
-    async with (
-        stdio_client(server_for(workdir, cli)) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
+    async with cli.mcp() as session:
         for own in (".", str(workdir), "../agent"):
             result = await session.call_tool("spawn", {"child_workdir": own, "reason": "lint"})
             content = result.structured_content
@@ -180,11 +166,7 @@ async def test_a_null_is_a_field_left_out_by_every_tool(workdir: Path, cli: CliH
     (it has a default), `inbox` a null `peek` and `task_card` a null `summarize`. Now every
     tool leaves a null out, and a required field given as null is refused as missing."""
     (workdir / "child").mkdir()
-    async with (
-        stdio_client(server_for(workdir, cli)) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
+    async with cli.mcp() as session:
         created = await session.call_tool(
             "ledger", {"command": "init", "task_id": "t", "purpose": "p"}
         )
@@ -229,11 +211,7 @@ async def test_the_envelope_size_limit_counts_bytes_on_every_way_in(
     refusal = "over the 262144-byte limit; send a short envelope"
     done = cli.run("tool", stdin=json.dumps(envelope, ensure_ascii=False))
     assert done.returncode == 2 and refusal in json.loads(done.stdout)["message"]
-    async with (
-        stdio_client(server_for(workdir, cli)) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
+    async with cli.mcp() as session:
         result = await session.call_tool("task_card", envelope)
         content = result.structured_content
         assert result.is_error and isinstance(content, dict)
@@ -265,11 +243,7 @@ async def test_a_report_that_cannot_be_written_names_the_file_in_the_way(
             (workdir / obstacle).mkdir()
         else:
             (workdir / obstacle).write_text("the agent's notes\n")
-        async with (
-            stdio_client(server_for(workdir, CliHost(workdir, runtime_dir))) as (read, write),
-            ClientSession(read, write) as session,
-        ):
-            await session.initialize()
+        async with CliHost(workdir, runtime_dir).mcp() as session:
             result = await session.call_tool("report", {"ok": True, "payload": "details"})
             content = result.structured_content
             assert result.is_error and isinstance(content, dict), obstacle
@@ -307,11 +281,7 @@ async def test_an_envelope_over_the_limit_names_the_field_that_filled_it(
 ) -> None:
     """A 1 MB `reasoning` (or path, or id) was refused as "envelope: over the 262144-byte
     limit" alone: the caller had to guess which field to cut. The field is now named."""
-    async with (
-        stdio_client(server_for(workdir, cli)) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
+    async with cli.mcp() as session:
         for arguments, field in HUGE_TEXTS:
             result = await session.call_tool("task_card", arguments)
             content = result.structured_content
@@ -354,11 +324,7 @@ async def test_a_nul_in_any_text_is_refused_by_every_tool(workdir: Path, cli: Cl
     summary, `spawn` in the reason and `ledger` in a purpose or note: every tool refuses it
     now, naming the field, and records nothing."""
     (workdir / "child").mkdir()
-    async with (
-        stdio_client(server_for(workdir, cli)) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
+    async with cli.mcp() as session:
         created = await session.call_tool(
             "ledger", {"command": "init", "task_id": "t", "purpose": "p"}
         )

@@ -18,10 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import anyio
-from mcp import ClientSession, stdio_client
 
 from .conftest import POLL_TIMEOUT_S, CliHost, pid_alive, wait_for, write_renderer
-from .test_mcp import server_for
 
 # Says it runs (its pid), then waits for the test to let it print a card.
 HELD_RENDERER = """
@@ -54,11 +52,7 @@ async def test_a_start_cancelled_in_its_first_render_leaves_no_watch(
     (workdir / "taskcard").mkdir()
     (workdir / "taskcard" / "taskcard.json").write_text('{"timeout_s": 300}')
     pid_file = workdir / "render.pid"
-    async with (
-        stdio_client(server_for(workdir, cli)) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
+    async with cli.mcp() as session:
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(session.call_tool, "task_card", START)
             await eventually(pid_file.exists, "the first render to run")

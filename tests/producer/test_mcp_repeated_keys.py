@@ -13,27 +13,11 @@ import os
 from pathlib import Path
 
 import pytest
-from mcp import ClientSession, stdio_client
 
 from taskcard.producers.task_card.mcp_wire import RepeatedKeys
+from tests.conftest import INITIALIZE
 
-from .conftest import CliHost
-from .test_mcp import raw_server, server_for
-
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "test", "version": "1"},
-    },
-}
-
-
-def call(ident: int, params: str) -> str:
-    return f'{{"jsonrpc":"2.0","id":{ident},"method":"tools/call","params":{params}}}'
+from .conftest import CliHost, tool_call
 
 
 def test_a_repeated_key_in_a_tool_call_is_refused_naming_it_and_nothing_runs(
@@ -41,22 +25,21 @@ def test_a_repeated_key_in_a_tool_call_is_refused_naming_it_and_nothing_runs(
 ) -> None:
     (workdir / "child").mkdir()
     (workdir / "other").mkdir()
-    server, answers = raw_server(workdir, cli)
     # A repeat outside a tools/call is left to the SDK, as before: initialize still works.
     hello = json.dumps(INITIALIZE).replace('"version": "1"', '"version": "0", "version": "1"')
     lines = [
         hello,
         '{"jsonrpc":"2.0","method":"notifications/initialized"}',
-        call(2, '{"name":"spawn","arguments":{"child_workdir":"child","reason":"lint",'
+        tool_call(2, '{"name":"spawn","arguments":{"child_workdir":"child","reason":"lint",'
                 '"child_workdir":"other"}}'),
-        call(3, '{"name":"task_card","arguments":{"action":"start","input":{'
+        tool_call(3, '{"name":"task_card","arguments":{"action":"start","input":{'
                 '"renderer_path":"a.py","interval_s":5,"renderer_path":"b.py"},"reasoning":"r"}}'),
-        call(4, '{"name":"report","name":"spawn","arguments":{"ok":true}}'),
-        call(5, '{"name":"report","arguments":{"ok":true,"ok":false,"ok":true}}'),
-        call(6, '{"name":"report","arguments":{"ok":true,"summary":"{\\"a\\":1,\\"a\\":2}"}}'),
+        tool_call(4, '{"name":"report","name":"spawn","arguments":{"ok":true}}'),
+        tool_call(5, '{"name":"report","arguments":{"ok":true,"ok":false,"ok":true}}'),
+        tool_call(6, '{"name":"report","arguments":{"ok":true,"summary":"{\\"a\\":1,\\"a\\":2}"}}'),
         '{"jsonrpc":"2.0","id":7,"method":"tools/list","params":{"x":1,"x":2}}',
     ]  # fmt: skip
-    try:
+    with cli.raw_mcp() as (server, answers):
         assert server.stdin is not None
         server.stdin.write("".join(line + "\n" for line in lines).encode())
         server.stdin.flush()
@@ -84,23 +67,13 @@ def test_a_repeated_key_in_a_tool_call_is_refused_naming_it_and_nothing_runs(
         assert not (workdir / "taskcard" / "watch.json").exists()
         # The wire is read on a private descriptor: fd 0 gives a child nothing of it.
         assert os.readlink(f"/proc/{server.pid}/fd/0") == os.devnull
-    finally:
-        server.kill()
-        server.wait()
-        for pipe in (server.stdin, server.stdout):
-            if pipe is not None:
-                pipe.close()
 
 
 async def test_the_real_client_works_as_before_over_the_checked_stdin(
     workdir: Path, cli: CliHost
 ) -> None:
     (workdir / "child").mkdir()
-    async with (
-        stdio_client(server_for(workdir, cli)) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
+    async with cli.mcp() as session:
         assert {tool.name for tool in (await session.list_tools()).tools} >= {"spawn", "report"}
         text = "ünïcödé ✓ " + "x" * 60_000
         report = await session.call_tool("report", {"ok": True, "summary": "s", "payload": text})
@@ -123,9 +96,9 @@ CHECKS = RepeatedKeys(marker="M")
         '{"jsonrpc":"2.0","id":1,"method":"ping"}\n',
         '{"jsonrpc":"2.0","id":1,"method":"ping","params":{"a":1,"a":2}}\n',
         '{"jsonrpc":"2.0","method":"notifications/x","params":{"a":1,"a":2}}\n',
-        call(1, '{"name":"report","arguments":{"ok":true,"payload":"a"}}') + "\n",
-        call(1, '{"name":"report","arguments":{"ok":tru') + "\n",  # the SDK answers it
-        call(1, '[{"a":1,"a":2}]') + "\n",  # params not an object: the SDK answers it
+        tool_call(1, '{"name":"report","arguments":{"ok":true,"payload":"a"}}') + "\n",
+        tool_call(1, '{"name":"report","arguments":{"ok":tru') + "\n",  # the SDK answers it
+        tool_call(1, '[{"a":1,"a":2}]') + "\n",  # params not an object: the SDK answers it
         "\n",
     ],
 )
@@ -143,7 +116,7 @@ def test_lines_without_a_repeat_in_a_tool_call_pass_unchanged(line: str) -> None
     ],
 )
 def test_a_repeat_in_a_tool_call_becomes_the_refusal_alone(params: str, field: str) -> None:
-    checked = json.loads(CHECKS.line(call(9, params)))
+    checked = json.loads(CHECKS.line(tool_call(9, params)))
     assert (checked["id"], checked["params"]["name"]) == (9, "x")
     arguments = checked["params"]["arguments"]
     refusal = CHECKS.refusal(arguments)

@@ -16,10 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-from mcp import ClientSession, stdio_client
 
 from .conftest import CliHost
-from .test_mcp import server_for
 
 Arguments = Callable[[Any, int], dict[str, Any]]
 
@@ -132,11 +130,7 @@ async def test_every_listed_bound_is_the_bound_the_server_enforces(
     for n in range(200):  # a child folder of its own for every spawn (spawned once)
         (workdir / f"child{n}").mkdir()
     counter = itertools.count()
-    async with (
-        stdio_client(server_for(workdir, cli)) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
+    async with cli.mcp() as session:
         schemas = {tool.name: tool.input_schema for tool in (await session.list_tools()).tools}
         base = await session.call_tool(
             "ledger", {"command": "init", "task_id": "base", "purpose": "p"}

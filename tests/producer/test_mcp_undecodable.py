@@ -12,30 +12,30 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .conftest import CliHost
-from .test_mcp import raw_server
-from .test_mcp_repeated_keys import INITIALIZE, call
+from tests.conftest import INITIALIZE
+
+from .conftest import CliHost, tool_call
 
 
 def test_bytes_that_are_not_utf8_in_a_tool_call_are_refused_naming_the_field(
     workdir: Path, cli: CliHost
 ) -> None:
     (workdir / "child").mkdir()
-    server, answers = raw_server(workdir, cli)
     lines = [
         json.dumps(INITIALIZE).encode(),
         b'{"jsonrpc":"2.0","method":"notifications/initialized"}',
-        call(2, '{"name":"report","arguments":{"ok":true,"summary":"caf\xe9"}}').encode("latin-1"),
-        call(3, '{"name":"spawn","arguments":{"child_workdir":"child","reason":"split \xff"}}')
+        tool_call(2, '{"name":"report","arguments":{"ok":true,"summary":"caf\xe9"}}')
         .encode("latin-1"),
-        call(4, '{"name":"task_card","arguments":{"action":"start","input":'
+        tool_call(3, '{"name":"spawn","arguments":{"child_workdir":"child","reason":"split \xff"}}')
+        .encode("latin-1"),
+        tool_call(4, '{"name":"task_card","arguments":{"action":"start","input":'
                 '{"renderer_path":"r\xe9.py"},"reasoning":"r"}}').encode("latin-1"),
-        call(5, '{"name":"report","arguments":{"ok":true,"r\xf4le":"x"}}').encode("latin-1"),
+        tool_call(5, '{"name":"report","arguments":{"ok":true,"r\xf4le":"x"}}').encode("latin-1"),
         # Not a tool call: read as before (the bytes replaced), and answered.
         b'{"jsonrpc":"2.0","id":6,"method":"tools/list","params":{"_meta":{"x":"\xff"}}}',
-        call(7, '{"name":"report","arguments":{"ok":true,"summary":"caf\u00e9"}}').encode(),
+        tool_call(7, '{"name":"report","arguments":{"ok":true,"summary":"caf\u00e9"}}').encode(),
     ]  # fmt: skip
-    try:
+    with cli.raw_mcp() as (server, answers):
         assert server.stdin is not None
         server.stdin.write(b"".join(line + b"\n" for line in lines))
         server.stdin.flush()
@@ -55,9 +55,3 @@ def test_bytes_that_are_not_utf8_in_a_tool_call_are_refused_naming_the_field(
         assert [json.loads(line)["summary"] for line in reports] == ["caf\u00e9"]
         assert not (workdir / "child" / "lineage.json").exists()
         assert not (workdir / "taskcard" / "watch.json").exists()
-    finally:
-        server.kill()
-        server.wait()
-        for pipe in (server.stdin, server.stdout):
-            if pipe is not None:
-                pipe.close()

@@ -12,11 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mcp import ClientSession, stdio_client
+from tests.conftest import INITIALIZE
 
-from .conftest import STATIC_RENDERER, CliHost, write_renderer
-from .test_mcp import raw_server, server_for
-from .test_mcp_repeated_keys import INITIALIZE, call
+from .conftest import STATIC_RENDERER, CliHost, tool_call, write_renderer
 
 # Every integer field of every tool, and a call that sets it (the value goes in `VALUE`).
 VALUE = object()
@@ -81,11 +79,7 @@ async def test_every_integer_field_takes_a_whole_float_and_refuses_the_rest(
 ) -> None:
     write_renderer(workdir, "r.py", STATIC_RENDERER)
     (workdir / "child").mkdir()
-    async with (
-        stdio_client(server_for(workdir, cli)) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
+    async with cli.mcp() as session:
         tools = (await session.list_tools()).tools
         listed = {
             (tool.name, field) for tool in tools for field in integer_fields(tool.input_schema)
@@ -142,7 +136,6 @@ def test_nan_and_infinities_are_refused_naming_the_field(workdir: Path, cli: Cli
     """A line with NaN, Infinity or 1e400 (a float too large, read as an infinity) reaches the
     tools as a float: it is refused as a whole number it is not."""
     (workdir / "child").mkdir()
-    server, answers = raw_server(workdir, cli)
     spawn = '{"name":"spawn","arguments":{"child_workdir":"child","reason":"x","max_depth":%s}}'
     ledger = (
         '{"name":"ledger","arguments":{"command":"download-observed","task_id":"t","name":"d",'
@@ -151,12 +144,12 @@ def test_nan_and_infinities_are_refused_naming_the_field(workdir: Path, cli: Cli
     lines = [
         json.dumps(INITIALIZE),
         '{"jsonrpc":"2.0","method":"notifications/initialized"}',
-        call(2, spawn % "NaN"),
-        call(3, spawn % "-Infinity"),
-        call(4, ledger % "1e400"),
-        call(5, spawn % "2.0"),
+        tool_call(2, spawn % "NaN"),
+        tool_call(3, spawn % "-Infinity"),
+        tool_call(4, ledger % "1e400"),
+        tool_call(5, spawn % "2.0"),
     ]
-    try:
+    with cli.raw_mcp() as (server, answers):
         assert server.stdin is not None
         server.stdin.write("".join(line + "\n" for line in lines).encode())
         server.stdin.flush()
@@ -172,9 +165,3 @@ def test_nan_and_infinities_are_refused_naming_the_field(workdir: Path, cli: Cli
             assert result["structuredContent"]["message"] == message
         assert by_id[5]["result"]["isError"] is False, by_id[5]
         assert json.loads((workdir / "child" / "lineage.json").read_text())["depth"] == 1
-    finally:
-        server.kill()
-        server.wait()
-        for pipe in (server.stdin, server.stdout):
-            if pipe is not None:
-                pipe.close()
