@@ -14,17 +14,16 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp import ClientSession, StdioServerParameters, stdio_client
 
 from taskcard.producers.task_card.client import request_host
 from taskcard.producers.task_card.runtime import HostPaths
+from tests.conftest import mcp_session
 from tests.e2e.harness import ServeProcess, eventually, publish
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram
@@ -48,26 +47,14 @@ def runtime_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def hook(name: str, workdir: Path, origin: str | None = None) -> None:
-    """One Claude Code hook call, as the host makes it (payload on stdin, env inherited)."""
+def hook_run(
+    name: str, workdir: Path, origin: str | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    """One Claude Code hook call, as the host makes it (payload on stdin, env inherited, with
+    TASKCARD_ORIGIN only when `origin` is given)."""
     env = {k: v for k, v in os.environ.items() if k != "TASKCARD_ORIGIN"}
     if origin is not None:
         env["TASKCARD_ORIGIN"] = origin
-    done = subprocess.run(
-        # As `taskcard init claude-code` installs it: --workdir "$CLAUDE_PROJECT_DIR".
-        [TASKCARD, "hook", "claude-code", "--workdir", str(workdir)],
-        input=json.dumps(payload(name, workdir)).encode(),
-        capture_output=True,
-        timeout=120,
-        check=False,
-        env=env,
-    )
-    assert done.returncode == 0 and done.stderr == b"", done.stderr
-
-
-def hook_run(name: str, workdir: Path) -> subprocess.CompletedProcess[bytes]:
-    """One Claude Code hook call whose output the test reads (no TASKCARD_ORIGIN set)."""
-    env = {k: v for k, v in os.environ.items() if k != "TASKCARD_ORIGIN"}
     return subprocess.run(
         # As `taskcard init claude-code` installs it: --workdir "$CLAUDE_PROJECT_DIR".
         [TASKCARD, "hook", "claude-code", "--workdir", str(workdir)],
@@ -79,22 +66,15 @@ def hook_run(name: str, workdir: Path) -> subprocess.CompletedProcess[bytes]:
     )
 
 
+def hook(name: str, workdir: Path, origin: str | None = None) -> None:
+    """One hook call that must succeed without a word on stderr."""
+    done = hook_run(name, workdir, origin)
+    assert done.returncode == 0 and done.stderr == b"", done.stderr
+
+
 async def task_card(workdir: Path, runtime_dir: Path, action: str, **fields: Any) -> Any:
     """One `task_card` call through the real MCP client over stdio (`taskcard mcp`)."""
-    server = StdioServerParameters(
-        command=sys.executable,
-        args=[
-            "-m",
-            "taskcard.bridge.cli",
-            "mcp",
-            "--workdir",
-            str(workdir),
-            "--runtime-dir",
-            str(runtime_dir),
-        ],
-    )
-    async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
-        await session.initialize()
+    async with mcp_session(workdir, runtime_dir) as session:
         result = await session.call_tool(
             "task_card", {"action": action, "input": fields, "reasoning": "e2e"}
         )

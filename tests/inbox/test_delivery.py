@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp import ClientSession, StdioServerParameters, stdio_client
 
 from taskcard.producers.inbox import claiming
 
+from ..conftest import INITIALIZE, mcp_session
 from ..hooks.conftest import TASKCARD, run_taskcard
 from .conftest import acks, names, queue
 
@@ -297,9 +297,7 @@ async def test_the_next_mcp_client_gets_what_the_last_one_never_read(
 ) -> None:
     queue_three(workdir)
     raw_client_call_then_close(workdir, tmp_path / "rt", leave_unread=True)
-    params = StdioServerParameters(command=TASKCARD, args=mcp_args(workdir, tmp_path / "rt"))
-    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
-        await session.initialize()
+    async with mcp_session(workdir, tmp_path / "rt", (TASKCARD,)) as session:
         result = await session.call_tool("inbox", {})
         assert isinstance(result.structured_content, dict)
         got = [m["id"] for m in result.structured_content["messages"]]
@@ -327,19 +325,7 @@ def test_the_server_keeps_no_traceback_when_its_output_breaks(
 def call_inbox_tool(server: subprocess.Popen[bytes], out: Wire) -> None:
     """Initialize the MCP session over the raw wire and call the `inbox` tool once (its
     answer is left on the wire for the test to read, or not)."""
-    send(
-        server,
-        {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-06-18",
-                "capabilities": {},
-                "clientInfo": {"name": "raw", "version": "0"},
-            },
-        },
-    )
+    send(server, INITIALIZE)
     assert json.loads(out.readline())["id"] == 1
     send(server, {"jsonrpc": "2.0", "method": "notifications/initialized"})
     send(

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp import ClientSession, StdioServerParameters, stdio_client
 
 from taskcard.producers.inbox.claim import claim
 
+from ..conftest import mcp_session
 from ..hooks.conftest import TASKCARD, hook, payload, run_taskcard
 from .conftest import acks, names, queue
 from .test_delivery import TIMEOUT_S, Wire, call_inbox_tool, mcp_args, queue_three, wait_until
@@ -118,9 +118,7 @@ async def test_the_next_mcp_client_gets_what_a_killed_mcp_server_held(
     with mcp_server_holding(workdir, tmp_path / "rt") as server:
         killed(server)
     stranded(workdir)
-    params = StdioServerParameters(command=TASKCARD, args=mcp_args(workdir, tmp_path / "rt"))
-    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
-        await session.initialize()
+    async with mcp_session(workdir, tmp_path / "rt", (TASKCARD,)) as session:
         result = await session.call_tool("inbox", {})
         assert isinstance(result.structured_content, dict)
         assert [m["id"] for m in result.structured_content["messages"]] == ["m0", "m1", "m2"]

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp import ClientSession, StdioServerParameters, stdio_client
 
 from taskcard.producers.reports import LineageError, ReportError, Reports, read_lineage, spawn
 from taskcard.producers.reports.store import COUNTER_FILE
 
+from ..conftest import mcp_session
 from ..inbox.conftest import acks, names, queue
 from .conftest import CliHost, wait_for
 
@@ -181,15 +181,7 @@ async def test_report_spawn_and_inbox_through_the_real_mcp_client(
 ) -> None:
     queue(workdir, "m1", "please report when the suite is green")
     (workdir / "child").mkdir()
-    server = StdioServerParameters(
-        command=TASKCARD,
-        args=["mcp", "--workdir", str(workdir), "--runtime-dir", str(cli.runtime_dir)],
-    )
-    async with (
-        stdio_client(server) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
+    async with mcp_session(workdir, cli.runtime_dir, (TASKCARD,)) as session:
 
         async def call(name: str, arguments: dict[str, Any]) -> tuple[dict[str, Any], bool]:
             result = await session.call_tool(name, arguments)
@@ -254,15 +246,7 @@ async def test_the_spawn_tool_says_when_the_folder_name_is_no_parent_id(tmp_path
     """The default parent is the folder's name; one that is no agent id is named as such."""
     workdir = tmp_path / "my agent"
     (workdir / "child").mkdir(parents=True)
-    server = StdioServerParameters(
-        command=TASKCARD,
-        args=["mcp", "--workdir", str(workdir), "--runtime-dir", str(tmp_path / "rt")],
-    )
-    async with (
-        stdio_client(server) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
+    async with mcp_session(workdir, tmp_path / "rt", (TASKCARD,)) as session:
         result = await session.call_tool("spawn", {"child_workdir": "child", "reason": "lint"})
         assert result.is_error and isinstance(result.structured_content, dict)
         message = result.structured_content["message"]
@@ -304,12 +288,7 @@ def test_a_child_folder_not_created_yet_is_refused_saying_what_to_create(tmp_pat
 
 async def refused_over_mcp(workdir: Path, cli: CliHost) -> str:
     """The message of the MCP `report` tool's refusal of a report in `workdir`."""
-    server = StdioServerParameters(
-        command=TASKCARD,
-        args=["mcp", "--workdir", str(workdir), "--runtime-dir", str(cli.runtime_dir)],
-    )
-    async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
-        await session.initialize()
+    async with mcp_session(workdir, cli.runtime_dir, (TASKCARD,)) as session:
         result = await session.call_tool("report", {"ok": True, "summary": "suite green"})
         content = result.structured_content
         assert isinstance(content, dict) and content["status"] == "failed"
@@ -422,15 +401,7 @@ async def test_spawn_refuses_a_child_folder_that_holds_the_parent_in_every_entry
     (parent / "up").symlink_to(top)
     (tmp_path / "me").symlink_to(parent)
     above = ["..", "../..", "up", str(top), "inner/../.."]
-    server = StdioServerParameters(
-        command=TASKCARD,
-        args=["mcp", "--workdir", str(parent), "--runtime-dir", str(tmp_path / "rt")],
-    )
-    async with (
-        stdio_client(server) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
+    async with mcp_session(parent, tmp_path / "rt", (TASKCARD,)) as session:
         for child in above:
             result = await session.call_tool("spawn", {"child_workdir": child, "reason": "lint"})
             content = result.structured_content

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp import ClientSession, StdioServerParameters, stdio_client
 
 from taskcard.producers.reports import LineageError, read_lineage, spawn
 from taskcard.producers.reports.contract import parse_lineage
 
+from ..conftest import mcp_session
 from .test_reports import TASKCARD
 
 CONTRACT_DIRS = ("taskcard", ".notification", "logs", "reports", "inbox", "ledger")
@@ -32,15 +32,7 @@ Call = Callable[[str], Awaitable[dict[str, Any]]]
 async def spawn_tool(workdir: Path, runtime_dir: Path) -> AsyncIterator[Call]:
     """The `spawn` tool of `taskcard mcp --workdir workdir`: a call with a child's folder
     returns the result (`is_error` as `failed`)."""
-    server = StdioServerParameters(
-        command=TASKCARD,
-        args=["mcp", "--workdir", str(workdir), "--runtime-dir", str(runtime_dir)],
-    )
-    async with (
-        stdio_client(server) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
+    async with mcp_session(workdir, runtime_dir, (TASKCARD,)) as session:
 
         async def call(child: str) -> dict[str, Any]:
             result = await session.call_tool(
