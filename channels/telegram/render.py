@@ -427,14 +427,7 @@ def _math_as_text(markdown: str) -> str:
                 offsets += [*range(start, start + width), *range(end - width, end)]
         if not offsets:
             break
-        source = markdown.encode()
-        parts: list[bytes] = []
-        last = 0
-        for at in sorted(offsets):
-            parts += [source[last:at], b"\\"]
-            last = at
-        parts.append(source[last:])
-        markdown = b"".join(parts).decode()
+        markdown = _backslash_at(markdown.encode(), offsets)
     return markdown
 
 
@@ -478,14 +471,19 @@ def _html_as_text(markdown: str) -> str:
                 fence = None
         if not offsets:
             break
-        parts: list[bytes] = []
-        last = 0
-        for at in sorted(offsets):
-            parts += [source[last:at], b"\\"]
-            last = at
-        parts.append(source[last:])
-        markdown = b"".join(parts).decode()
+        markdown = _backslash_at(source, offsets)
     return markdown
+
+
+def _backslash_at(source: bytes, offsets: list[int]) -> str:
+    """`source` (a body's UTF-8) with a backslash put before each byte offset in `offsets`."""
+    parts: list[bytes] = []
+    last = 0
+    for at in sorted(offsets):
+        parts += [source[last:at], b"\\"]
+        last = at
+    parts.append(source[last:])
+    return b"".join(parts).decode()
 
 
 def _unsafe_link(kind: str, url: str | None) -> bool:
