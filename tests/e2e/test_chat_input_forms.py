@@ -8,6 +8,8 @@ the agent as a typed one does. (A `/tell` whose text starts on the next line is 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from tests.e2e.harness import eventually, publish, run_cli
@@ -18,6 +20,7 @@ from tests.e2e.test_talk_and_signals import (
     GROUP,
     PERSON,
     STATUS,
+    Chat,
     FeishuChat,
     TelegramChat,
     chat_for,
@@ -31,27 +34,35 @@ from tests.e2e.test_talk_and_signals import (
 )
 
 
-async def test_feishu_commands_from_the_rich_editor(tmp_path: Path) -> None:
-    async with chat_for("feishu", tmp_path, ["builder"]) as chat:
-        assert isinstance(chat, FeishuChat)
+@asynccontextmanager
+async def running_card(on: str, tmp_path: Path) -> AsyncIterator[Chat]:
+    """The chat on platform `on` of `taskcard serve` showing the card of a running agent,
+    `builder`; the service must stop cleanly (exit 0) when the block ends."""
+    async with chat_for(on, tmp_path, ["builder"]) as chat:
         running_agent(tmp_path)
         with chat.serve:
             await running_card_shown(chat)
-            for text in ("/tell builder\n**bold** request", "/TaskCard board"):
-                document = chat.fake.command_event(
-                    FS_CHAT,
-                    text,
-                    open_id=FS_PERSON,
-                    verification_token=FS_VERIFY,
-                    message_type="post",
-                )
-                answer = await chat.fake.deliver_event(chat.url, document)
-                assert answer.status == 200
-            await wait_status(chat, "queued")
-            [message] = queued(tmp_path)
-            assert json.loads(message.read_text())["text"] == "**bold** request"
-            await wait_said(chat, "now shows one task board", "the board answer")
+            yield chat
             assert await chat.serve.aterminate() == 0
+
+
+async def test_feishu_commands_from_the_rich_editor(tmp_path: Path) -> None:
+    async with running_card("feishu", tmp_path) as chat:
+        assert isinstance(chat, FeishuChat)
+        for text in ("/tell builder\n**bold** request", "/TaskCard board"):
+            document = chat.fake.command_event(
+                FS_CHAT,
+                text,
+                open_id=FS_PERSON,
+                verification_token=FS_VERIFY,
+                message_type="post",
+            )
+            answer = await chat.fake.deliver_event(chat.url, document)
+            assert answer.status == 200
+        await wait_status(chat, "queued")
+        [message] = queued(tmp_path)
+        assert json.loads(message.read_text())["text"] == "**bold** request"
+        await wait_said(chat, "now shows one task board", "the board answer")
 
 
 async def test_a_look_alike_of_the_command_is_not_the_command(
@@ -61,15 +72,11 @@ async def test_a_look_alike_of_the_command_is_not_the_command(
     # "/tasKcard" with a Kelvin sign (U+212A) folds to "taskcard" in Python's lower(), but it
     # is no command to Telegram nor to the person reading it: on both platforms it is ignored,
     # while the real command right after it is answered.
-    async with chat_for(platform, tmp_path, ["builder"]) as chat:
-        running_agent(tmp_path)
-        with chat.serve:
-            await running_card_shown(chat)
-            await chat.say("/tas\u212acard off")
-            await chat.say("/taskcard 7")
-            await wait_said(chat, "7 activity rows", "the answer to the real command")
-            assert not any("hidden" in t.lower() for t in chat.bot_texts())
-            assert await chat.serve.aterminate() == 0
+    async with running_card(platform, tmp_path) as chat:
+        await chat.say("/tas\u212acard off")
+        await chat.say("/taskcard 7")
+        await wait_said(chat, "7 activity rows", "the answer to the real command")
+        assert not any("hidden" in t.lower() for t in chat.bot_texts())
 
 
 async def test_a_command_resumes_a_route_disabled_while_the_bot_was_out_of_the_chat(
@@ -78,28 +85,24 @@ async def test_a_command_resumes_a_route_disabled_while_the_bot_was_out_of_the_c
 ) -> None:
     # The bot removed from the group disables the route (`taskcard status` says why); once
     # it is back, a /taskcard in the chat resumes the card, as the README says.
-    async with chat_for(platform, tmp_path, ["builder"]) as chat:
-        running_agent(tmp_path)
-        with chat.serve:
-            await running_card_shown(chat)
-            if isinstance(chat, TelegramChat):
-                chat.fake.kick(GROUP)
-            elif isinstance(chat, FeishuChat):
-                chat.fake.remove_bot(FS_CHAT)
-            publish(workdir(tmp_path), "**link** 2/3")
+    async with running_card(platform, tmp_path) as chat:
+        if isinstance(chat, TelegramChat):
+            chat.fake.kick(GROUP)
+        elif isinstance(chat, FeishuChat):
+            chat.fake.remove_bot(FS_CHAT)
+        publish(workdir(tmp_path), "**link** 2/3")
 
-            def status() -> str:
-                return run_cli("status", "--config", str(chat.serve.config)).stdout
+        def status() -> str:
+            return run_cli("status", "--config", str(chat.serve.config)).stdout
 
-            await eventually(lambda: "DISABLED" in status(), timeout_s=60, what="disabled")
-            if isinstance(chat, TelegramChat):
-                chat.fake.readmit(GROUP)
-            elif isinstance(chat, FeishuChat):
-                chat.fake.add_bot(FS_CHAT)
-            await chat.say("/taskcard")
-            await eventually(lambda: chat.message_id_with("link"), timeout_s=60, what="resumed")
-            assert "DISABLED" not in status()
-            assert await chat.serve.aterminate() == 0
+        await eventually(lambda: "DISABLED" in status(), timeout_s=60, what="disabled")
+        if isinstance(chat, TelegramChat):
+            chat.fake.readmit(GROUP)
+        elif isinstance(chat, FeishuChat):
+            chat.fake.add_bot(FS_CHAT)
+        await chat.say("/taskcard")
+        await eventually(lambda: chat.message_id_with("link"), timeout_s=60, what="resumed")
+        assert "DISABLED" not in status()
 
 
 async def test_invisible_characters_a_client_pasted_change_no_command(
@@ -110,38 +113,30 @@ async def test_invisible_characters_a_client_pasted_change_no_command(
     # and no-break spaces around what people type. `/taskcard off` followed by a zero-width
     # space was answered "Unknown option"; the command reads as it shows, on both platforms,
     # while a visible typo still gets the answer naming the options.
-    async with chat_for(platform, tmp_path, ["builder"]) as chat:
-        running_agent(tmp_path)
-        with chat.serve:
-            await running_card_shown(chat)
-            await chat.say("/taskcard offx")
-            await wait_said(chat, "Unknown option", "the answer to a visible typo")
-            assert any("/taskcard off: hide the cards" in t for t in chat.bot_texts())
-            await chat.say("\ufeff/taskcard off\u200b")
-            await wait_said(chat, "Task cards hidden here", "the answer to off")
-            await chat.say("/TaskCard\u2060\u00a0\u200e7\u202c\u00a0")
-            await wait_said(chat, "7 activity rows", "the answer to 7")
-            await chat.say(
-                "\u200b/tell\u2061 \u200fbuilder\u200d look \U0001f468\u200d\U0001f4bb\u00a0"
-            )
-            await wait_status(chat, "queued")
-            [message] = queued(tmp_path)
-            assert json.loads(message.read_text())["text"] == "look \U0001f468\u200d\U0001f4bb"
-            assert not any("AGENT is one of" in t for t in chat.bot_texts())
-            assert sum("Unknown option" in t for t in chat.bot_texts()) == 1
-            assert await chat.serve.aterminate() == 0
+    async with running_card(platform, tmp_path) as chat:
+        await chat.say("/taskcard offx")
+        await wait_said(chat, "Unknown option", "the answer to a visible typo")
+        assert any("/taskcard off: hide the cards" in t for t in chat.bot_texts())
+        await chat.say("\ufeff/taskcard off\u200b")
+        await wait_said(chat, "Task cards hidden here", "the answer to off")
+        await chat.say("/TaskCard\u2060\u00a0\u200e7\u202c\u00a0")
+        await wait_said(chat, "7 activity rows", "the answer to 7")
+        await chat.say(
+            "\u200b/tell\u2061 \u200fbuilder\u200d look \U0001f468\u200d\U0001f4bb\u00a0"
+        )
+        await wait_status(chat, "queued")
+        [message] = queued(tmp_path)
+        assert json.loads(message.read_text())["text"] == "look \U0001f468\u200d\U0001f4bb"
+        assert not any("AGENT is one of" in t for t in chat.bot_texts())
+        assert sum("Unknown option" in t for t in chat.bot_texts()) == 1
 
 
 async def test_a_command_to_this_bot_by_name_with_invisible_characters(tmp_path: Path) -> None:
     # Telegram: `/taskcard@ThisBot` with a zero-width space after the bot's name is ours.
-    async with chat_for("telegram", tmp_path, ["builder"]) as chat:
+    async with running_card("telegram", tmp_path) as chat:
         assert isinstance(chat, TelegramChat)
-        running_agent(tmp_path)
-        with chat.serve:
-            await running_card_shown(chat)
-            await chat.say(f"/taskcard@{chat.fake.username}\u200b 4")
-            await wait_said(chat, "4 activity rows", "the answer")
-            assert await chat.serve.aterminate() == 0
+        await chat.say(f"/taskcard@{chat.fake.username}\u200b 4")
+        await wait_said(chat, "4 activity rows", "the answer")
 
 
 async def test_a_feishu_app_whose_name_has_a_space_is_addressed_by_name(tmp_path: Path) -> None:
@@ -173,47 +168,39 @@ async def test_a_picture_sent_with_a_tell_as_its_caption_reaches_the_agent(
 ) -> None:
     # A screenshot with "/tell builder ..." under it: on Feishu a rich message with a picture
     # is read by its text; Telegram's caption was not read at all, and nothing answered.
-    async with chat_for(platform, tmp_path, ["builder"]) as chat:
-        running_agent(tmp_path)
-        with chat.serve:
-            await running_card_shown(chat)
-            text = "/tell builder see the failing test"
-            if isinstance(chat, TelegramChat):
-                chat.fake.inject_message(GROUP, text, user_id=PERSON, photo=True)
-            elif isinstance(chat, FeishuChat):
-                document = chat.fake.command_event(
-                    FS_CHAT,
-                    text,
-                    open_id=FS_PERSON,
-                    verification_token=FS_VERIFY,
-                    message_type="post",
-                )
-                post = json.loads(document["event"]["message"]["content"])
-                post["content"].append([{"tag": "img", "image_key": "img_v2_1"}])
-                document["event"]["message"]["content"] = json.dumps(post)
-                assert (await chat.fake.deliver_event(chat.url, document)).status == 200
-            await wait_status(chat, "queued")
-            [message] = queued(tmp_path)
-            assert json.loads(message.read_text())["text"].startswith("see the failing test")
-            assert await chat.serve.aterminate() == 0
+    async with running_card(platform, tmp_path) as chat:
+        text = "/tell builder see the failing test"
+        if isinstance(chat, TelegramChat):
+            chat.fake.inject_message(GROUP, text, user_id=PERSON, photo=True)
+        elif isinstance(chat, FeishuChat):
+            document = chat.fake.command_event(
+                FS_CHAT,
+                text,
+                open_id=FS_PERSON,
+                verification_token=FS_VERIFY,
+                message_type="post",
+            )
+            post = json.loads(document["event"]["message"]["content"])
+            post["content"].append([{"tag": "img", "image_key": "img_v2_1"}])
+            document["event"]["message"]["content"] = json.dumps(post)
+            assert (await chat.fake.deliver_event(chat.url, document)).status == 200
+        await wait_status(chat, "queued")
+        [message] = queued(tmp_path)
+        assert json.loads(message.read_text())["text"].startswith("see the failing test")
 
 
 async def test_a_telegram_command_beside_a_mention_of_the_bot_is_ours(tmp_path: Path) -> None:
     # On Feishu a command in a group is written beside the bot's mention ("@taskcard
     # /taskcard off", the mention first or last); the same on Telegram was ignored without an
     # answer (the text did not start with the command) or answered "Unknown option".
-    async with chat_for("telegram", tmp_path, ["builder"]) as chat:
+    async with running_card("telegram", tmp_path) as chat:
         assert isinstance(chat, TelegramChat)
         bot = chat.fake.username
-        running_agent(tmp_path)
-        with chat.serve:
-            await running_card_shown(chat)
-            await chat.say(f"@{bot} /taskcard 6")
-            await wait_said(chat, "6 activity rows", "the answer to the mention first")
-            await chat.say(f"/taskcard off @{bot.lower()}")
-            await wait_said(chat, "Task cards hidden here", "the answer to the mention last")
-            assert not any("Unknown option" in t for t in chat.bot_texts())
-            assert await chat.serve.aterminate() == 0
+        await chat.say(f"@{bot} /taskcard 6")
+        await wait_said(chat, "6 activity rows", "the answer to the mention first")
+        await chat.say(f"/taskcard off @{bot.lower()}")
+        await wait_said(chat, "Task cards hidden here", "the answer to the mention last")
+        assert not any("Unknown option" in t for t in chat.bot_texts())
 
 
 async def test_words_no_person_typed_here_command_nothing_and_reach_no_agent(
@@ -292,25 +279,21 @@ async def test_a_misspelt_option_is_answered_with_the_one_it_likely_meant(
     # "/taskcard borad", "/taskcard off please" and a full-width "/taskcard ｏｆｆ" were
     # answered with the whole help alone; the answer now names the option they likely
     # meant (never quoting what was typed), and does nothing.
-    async with chat_for(platform, tmp_path, ["builder"]) as chat:
-        running_agent(tmp_path)
-        with chat.serve:
-            await running_card_shown(chat)
-            for typed, meant in (
-                ("borad", "board"),
-                ("off please", "off"),
-                ("\uff4f\uff46\uff46", "off"),
-                ("\uff15", "5"),
-            ):
-                await chat.say(f"/taskcard {typed}")
-                await wait_said(chat, f"Did you mean /taskcard {meant}?", f"{meant} suggested")
-            await chat.say("/taskcard xyzzy")
-            answer = await wait_said(chat, "Unknown option. /taskcard:", "the help alone")
-            assert "xyzzy" not in answer
-            await chat.say("/taskcard")
-            await wait_said(chat, "shown, 3 activity rows.", "the state: nothing done")
-            assert not any("now shows one task board" in t for t in chat.bot_texts())
-            assert await chat.serve.aterminate() == 0
+    async with running_card(platform, tmp_path) as chat:
+        for typed, meant in (
+            ("borad", "board"),
+            ("off please", "off"),
+            ("\uff4f\uff46\uff46", "off"),
+            ("\uff15", "5"),
+        ):
+            await chat.say(f"/taskcard {typed}")
+            await wait_said(chat, f"Did you mean /taskcard {meant}?", f"{meant} suggested")
+        await chat.say("/taskcard xyzzy")
+        answer = await wait_said(chat, "Unknown option. /taskcard:", "the help alone")
+        assert "xyzzy" not in answer
+        await chat.say("/taskcard")
+        await wait_said(chat, "shown, 3 activity rows.", "the state: nothing done")
+        assert not any("now shows one task board" in t for t in chat.bot_texts())
 
 
 async def test_one_activity_row_is_said_in_the_singular(
@@ -318,16 +301,12 @@ async def test_one_activity_row_is_said_in_the_singular(
     tmp_path: Path,
 ) -> None:
     """`/taskcard 1` was answered "now show 1 activity rows", and the state said so too."""
-    async with chat_for(platform, tmp_path, ["builder"]) as chat:
-        running_agent(tmp_path)
-        with chat.serve:
-            await running_card_shown(chat)
-            await chat.say("/taskcard 1")
-            await wait_said(chat, "now show 1 activity row.", "the answer in the singular")
-            await chat.say("/taskcard")
-            await wait_said(chat, "shown, 1 activity row.", "the state in the singular")
-            assert not any("1 activity rows" in t for t in chat.bot_texts())
-            assert await chat.serve.aterminate() == 0
+    async with running_card(platform, tmp_path) as chat:
+        await chat.say("/taskcard 1")
+        await wait_said(chat, "now show 1 activity row.", "the answer in the singular")
+        await chat.say("/taskcard")
+        await wait_said(chat, "shown, 1 activity row.", "the state in the singular")
+        assert not any("1 activity rows" in t for t in chat.bot_texts())
 
 
 async def test_a_reply_to_the_status_of_a_text_reaches_its_agent(
@@ -337,16 +316,12 @@ async def test_a_reply_to_the_status_of_a_text_reaches_its_agent(
     # The status message of a text sent to an agent is headed with the agent's line, as its
     # card is, so people reply to it with more text; the reply was dropped without a word on
     # both platforms. It reaches that agent, as a reply to its card does.
-    async with chat_for(platform, tmp_path, ["builder"]) as chat:
-        running_agent(tmp_path)
-        with chat.serve:
-            await running_card_shown(chat)
-            await chat.say("/tell builder first")
-            await wait_status(chat, "queued")
-            status = chat.message_id_with(STATUS)
-            assert status is not None
-            await chat.say("and a second thing", reply_to=status)
-            await eventually(lambda: len(queued(tmp_path)) == 2, what="the reply queued")
-            texts = sorted(json.loads(m.read_text())["text"] for m in queued(tmp_path))
-            assert texts == ["and a second thing", "first"]
-            assert await chat.serve.aterminate() == 0
+    async with running_card(platform, tmp_path) as chat:
+        await chat.say("/tell builder first")
+        await wait_status(chat, "queued")
+        status = chat.message_id_with(STATUS)
+        assert status is not None
+        await chat.say("and a second thing", reply_to=status)
+        await eventually(lambda: len(queued(tmp_path)) == 2, what="the reply queued")
+        texts = sorted(json.loads(m.read_text())["text"] for m in queued(tmp_path))
+        assert texts == ["and a second thing", "first"]
