@@ -194,6 +194,20 @@ FORGET_PER_TICK = 10
 RETIRE_AT_START_PER_CHAT = 10
 
 
+def _log_owed(owed: dict[str, list[RouteKey]], whose: str, mark: str) -> None:
+    """Say how many cards a start found owed a last edit (`Service._owe_last_edit`)."""
+    count = sum(len(keys) for keys in owed.values())
+    if count:
+        log.info(
+            "%s %s while the service was stopped %s marked %s once %s channel is ready",
+            counted(count, "card", "cards"),
+            whose,
+            "is" if count == 1 else "are",
+            mark,
+            "its" if count == 1 else "their",
+        )
+
+
 def may_command(route: Route, command: IncomingCommand) -> bool:
     """Whether `command`'s sender may command `route` (and talk to its agents).
 
@@ -567,18 +581,9 @@ class Service:
             found.sort(key=lambda item: item[0], reverse=True)  # the latest edited first
             left += max(0, len(found) - RETIRE_AT_START_PER_CHAT)
             for _, key in found[:RETIRE_AT_START_PER_CHAT]:
-                self._scheduler.add_route(key)
-                self._scheduled.add(key)
-                self._retire_owed.setdefault(key.channel, []).append(key)
+                self._owe_last_edit(self._retire_owed, key)
                 self._departed_routes.setdefault(key.agent_id, []).append(key)
-        if self._retire_owed:
-            owed = sum(len(keys) for keys in self._retire_owed.values())
-            log.info(
-                "%s of agents that left while the service was stopped %s marked"
-                " retired once their channel is ready",
-                counted(owed, "card", "cards"),
-                "is" if owed == 1 else "are",
-            )
+        _log_owed(self._retire_owed, "of agents that left", "retired")
         if left:
             log.info(
                 "%s of agents that left while the service was stopped %s left as %s: a"
@@ -654,18 +659,15 @@ class Service:
                 or self._chat_prefs(key.chat_scope).hidden
             ):
                 continue
-            self._scheduler.add_route(key)
-            self._scheduled.add(key)
-            self._unrouted_owed.setdefault(key.channel, []).append(key)
-        if self._unrouted_owed:
-            owed = sum(len(keys) for keys in self._unrouted_owed.values())
-            log.info(
-                "%s whose route was removed while the service was stopped %s marked no"
-                " longer followed once %s channel is ready",
-                counted(owed, "card", "cards"),
-                "is" if owed == 1 else "are",
-                "its" if owed == 1 else "their",
-            )
+            self._owe_last_edit(self._unrouted_owed, key)
+        _log_owed(self._unrouted_owed, "whose route was removed", "no longer followed")
+
+    def _owe_last_edit(self, owed: dict[str, list[RouteKey]], key: RouteKey) -> None:
+        """At start: `key` is owed a last edit, made once its channel is ready (`owed` holds
+        such routes per channel); it is scheduled now so that nothing else is sent first."""
+        self._scheduler.add_route(key)
+        self._scheduled.add(key)
+        owed.setdefault(key.channel, []).append(key)
 
     def _unroute_left(self, name: str) -> None:
         """Channel `name` is ready: the residents owed the "no longer followed" edit (see
