@@ -79,6 +79,34 @@ def card_of(fake: FakeTelegram | FakeFeishu, chat: object, agent: str) -> tuple[
     return found[0] if len(found) == 1 else None
 
 
+async def removed_routes_told(
+    tmp_path: Path,
+    fake: FakeTelegram | FakeFeishu,
+    first: object,
+    second: object,
+    beta_id: str,
+    second_id: str,
+) -> None:
+    """Alpha's card in the second chat and beta's in the first (both routes removed) say they
+    are no longer followed, and alpha's card in the first chat goes on with its next change."""
+    await eventually(
+        lambda: UNROUTED in cards(fake, second).get(second_id, ""),
+        timeout_s=WAIT_S,
+        what="the second chat's card saying its chat no longer follows alpha",
+    )
+    await eventually(
+        lambda: UNROUTED in cards(fake, first).get(beta_id, ""),
+        timeout_s=WAIT_S,
+        what="beta's card in the first chat saying so",
+    )
+    publish(tmp_path / "agents" / "alpha", "alpha step 2")
+    await eventually(
+        lambda: "alpha step 2" in "".join(cards(fake, first).values()),
+        timeout_s=WAIT_S,
+        what="alpha's card in the first chat going on",
+    )
+
+
 @pytest.mark.parametrize("platform", ["telegram", "feishu"])
 async def test_a_route_a_reload_removes_leaves_its_cards_saying_so_and_a_return_edits_them(
     tmp_path: Path, platform: str, telegram: FakeTelegram, feishu: FakeFeishu
@@ -110,22 +138,7 @@ async def test_a_route_a_reload_removes_leaves_its_cards_saying_so_and_a_return_
 
         write_config(tmp_path, fake, [(first, ["alpha"])])
         serve.proc.send_signal(signal.SIGHUP)
-        await eventually(
-            lambda: UNROUTED in cards(fake, second).get(second_card[0], ""),
-            timeout_s=WAIT_S,
-            what="the second chat's card saying its chat no longer follows alpha",
-        )
-        await eventually(
-            lambda: UNROUTED in cards(fake, first).get(beta_card[0], ""),
-            timeout_s=WAIT_S,
-            what="beta's card in the first chat saying so",
-        )
-        publish(tmp_path / "agents" / "alpha", "alpha step 2")
-        await eventually(
-            lambda: "alpha step 2" in "".join(cards(fake, first).values()),
-            timeout_s=WAIT_S,
-            what="alpha's card in the first chat going on",
-        )
+        await removed_routes_told(tmp_path, fake, first, second, beta_card[0], second_card[0])
         assert UNROUTED not in "".join(
             text for ident, text in cards(fake, first).items() if ident != beta_card[0]
         )
@@ -195,22 +208,7 @@ async def test_a_route_removed_while_stopped_is_said_no_longer_followed_at_the_n
 
     write_config(tmp_path, fake, [(first, ["alpha"])])
     with ServeProcess(config, env=env) as serve:
-        await eventually(
-            lambda: UNROUTED in cards(fake, second).get(second_card[0], ""),
-            timeout_s=WAIT_S,
-            what="the second chat's card saying its chat no longer follows alpha",
-        )
-        await eventually(
-            lambda: UNROUTED in cards(fake, first).get(beta_card[0], ""),
-            timeout_s=WAIT_S,
-            what="beta's card in the first chat saying so",
-        )
-        publish(tmp_path / "agents" / "alpha", "alpha step 2")
-        await eventually(
-            lambda: "alpha step 2" in "".join(cards(fake, first).values()),
-            timeout_s=WAIT_S,
-            what="alpha's card in the first chat going on",
-        )
+        await removed_routes_told(tmp_path, fake, first, second, beta_card[0], second_card[0])
         assert "alpha step 2" not in cards(fake, second)[second_card[0]], "the edits stopped"
         assert await serve.aterminate() == 0
     said = edits(fake, second, second_card[0])
