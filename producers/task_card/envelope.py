@@ -13,11 +13,15 @@ a traceback. Refused: more than `MAX_ENVELOPE_BYTES`, invalid UTF-8, a NUL byte,
 deeper than `MAX_ENVELOPE_DEPTH` (checked by a linear scan before any recursive parser sees
 the text), `NaN`/`Infinity`, truncated or otherwise invalid JSON, a top level that is not an
 object, strings that are not valid Unicode (a lone surrogate such as `"\\ud800"`), and an
-object that names one key twice.
+object that names one key twice. Then the numbers: an integer field given a whole number
+written as a float (`2.0`, as JSON Schema counts it) is taken as that int, by the same
+`number_args.whole_numbers` the MCP server applies to every tool, so `taskcard tool`, the
+Python API and MCP take the same values.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -28,6 +32,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from taskcard.producers.task_card.contract import quoted, shows_text
+from taskcard.producers.task_card.number_args import whole_numbers
 from taskcard.producers.task_card.settings import BOUNDS
 
 ActionName = Literal["start", "inspect", "retry", "stop", "remove", "settings", "manual"]
@@ -156,8 +161,10 @@ def _nesting_depth(text: str, limit: int) -> int:
     return deepest
 
 
-def _refuse_constant(name: str) -> Any:
-    raise EnvelopeError(f"envelope: {name} is not a JSON number; use a finite number")
+def _constant(name: str) -> float:
+    """`NaN`, `Infinity`, `-Infinity` read as the float they spell, for `check_values` to
+    refuse naming the field that holds one (refused here, the message could not say which)."""
+    return float(name)
 
 
 def _refuse_repeated_keys(what: str) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
@@ -233,7 +240,7 @@ def decode_envelope(
         )
     try:
         data = json.loads(
-            text, parse_constant=_refuse_constant, object_pairs_hook=_refuse_repeated_keys(what)
+            text, parse_constant=_constant, object_pairs_hook=_refuse_repeated_keys(what)
         )
     except json.JSONDecodeError as exc:
         if exc.msg.startswith("Unterminated string") or exc.pos >= len(exc.doc.rstrip()):
@@ -353,7 +360,7 @@ def check_values(
             for index, item in enumerate(value):
                 stack.append((item, f"{where}[{index}]", depth + 1))
         elif isinstance(value, float) and not math.isfinite(value):
-            return f"{where}: {value!r} is not a finite number"
+            return f"{where}: {json.dumps(value)} is not a finite number; give a finite number"
         elif isinstance(value, int) and value.bit_length() > _MAX_INT_BITS:
             return f"{where}: a number with thousands of digits; send numbers of ordinary size"
     return None
@@ -387,6 +394,9 @@ def parse_envelope(raw: Mapping[str, Any] | str | bytes) -> Envelope:
     if problem:
         raise EnvelopeError(f"envelope: {problem}")
     problems: list[str] = []
+    # Every way in reads its integer fields alike (the MCP server applies the same check to
+    # its arguments first): `2.0` taken as 2, `2.5` or `true` refused naming the field.
+    data, refused = whole_numbers(_numbers_schema(), data)
     for key in data:
         if key not in ROOT_FIELDS:
             problems.append(f"{key}: unknown root field; allowed: {', '.join(ROOT_FIELDS)}")
@@ -411,6 +421,8 @@ def parse_envelope(raw: Mapping[str, Any] | str | bytes) -> Envelope:
         problems.append("input: required, an object ({} for remove, settings, manual)")
     elif not isinstance(payload, Mapping):
         problems.append(f"input: must be an object, got {_json_kind(payload)}")
+    if refused is not None:
+        problems.append(refused)
     if problems:
         raise EnvelopeError("; ".join(problems))
     assert isinstance(payload, Mapping) and isinstance(reasoning, str)
@@ -422,6 +434,12 @@ def parse_envelope(raw: Mapping[str, Any] | str | bytes) -> Envelope:
         errors = exc.errors(include_url=False)
         raise EnvelopeError("; ".join(_describe(name, err) for err in errors)) from None
     return Envelope(action=name, input=parsed, reasoning=reasoning, summarize=bool(summarize))
+
+
+@functools.cache
+def _numbers_schema() -> dict[str, Any]:
+    """The advertised schema, built once, for `whole_numbers` (read only, never changed)."""
+    return envelope_json_schema()
 
 
 def _portable_field(schema: dict[str, Any], actions: list[str]) -> dict[str, Any]:

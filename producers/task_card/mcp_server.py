@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,6 +56,7 @@ from taskcard.producers.task_card.mcp_answers import (
 )
 from taskcard.producers.task_card.mcp_wire import CheckedLines, RepeatedKeys, claimed_stdin
 from taskcard.producers.task_card.meta import MetaProjector
+from taskcard.producers.task_card.number_args import whole_numbers
 from taskcard.producers.task_card.runtime import HostPaths, RuntimeDirUnsafe
 from taskcard.producers.task_card.wakes import WakeReader
 
@@ -105,6 +105,10 @@ class McpTool:
     call: ToolFunction
     is_error: Callable[[dict[str, Any]], bool]
     settle: SettleFunction | None = None
+    # True: the call reads its integer fields with the same `whole_numbers` itself (task_card:
+    # `parse_envelope`, as for `taskcard tool` and the Python API), so the server leaves them
+    # to it and a refusal reads the same on every way in.
+    reads_own_numbers: bool = False
 
     def listing(self) -> types.Tool:
         return types.Tool(
@@ -156,6 +160,7 @@ TASK_CARD_TOOL: Final = McpTool(
     ),
     call=_call_task_card,
     is_error=lambda result: result.get("status") in FAILED_STATES,
+    reads_own_numbers=True,
 )
 
 
@@ -255,48 +260,6 @@ def unknown_field(tool: McpTool, arguments: dict[str, Any]) -> str | None:
     if not stray:
         return None
     return f"{stray[0]}: not a field of {tool.name}; remove it (its fields: {', '.join(fields)})"
-
-
-def _json_kind(value: object) -> str:
-    """How a JSON value that is not a number is named in a refusal."""
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, str):
-        return "text; give the number without quotes"
-    return "a list" if isinstance(value, list) else "an object"
-
-
-def whole_numbers(
-    schema: dict[str, Any], arguments: dict[str, Any], where: str = ""
-) -> tuple[dict[str, Any], str | None]:
-    """The arguments with every field the schema types `integer` (at any depth of its object
-    properties) as an `int`, and the refusal of the first that is not a whole number (None:
-    all fine). One check for every tool: JSON Schema counts `2.0` as an integer, and clients
-    written in JavaScript send a whole number so, where each tool refused it in its own words.
-    Still refused, naming the field: a fraction, NaN or an infinity, a boolean, text."""
-    fields = schema.get("properties", {})
-    checked = dict(arguments)
-    for name, value in arguments.items():
-        spec = fields.get(name)
-        if value is None or not isinstance(spec, dict):
-            continue
-        path = f"{where}{name}"
-        if spec.get("type") == "object" and isinstance(value, dict):
-            checked[name], refused = whole_numbers(spec, value, f"{path}.")
-            if refused is not None:
-                return arguments, refused
-        elif spec.get("type") != "integer" or (
-            isinstance(value, int) and not isinstance(value, bool)
-        ):
-            continue
-        elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
-            checked[name] = int(value)
-        elif isinstance(value, float):
-            fix = "drop the fraction" if math.isfinite(value) else "give a finite whole number"
-            return arguments, f"{path}: must be a whole number, not {json.dumps(value)}; {fix}"
-        else:
-            return arguments, f"{path}: must be a whole number, not {_json_kind(value)}"
-    return checked, None
 
 
 def workdir_gone(paths: HostPaths) -> str:
@@ -448,7 +411,7 @@ def build_server(
             arguments = dict(params.arguments or {})
             refused = repeated.refusal(arguments)
             stray = refused if refused is not None else unknown_field(tool, arguments)
-            if stray is None:
+            if stray is None and not tool.reads_own_numbers:
                 arguments, stray = whole_numbers(tool.input_schema, arguments)
             if stray is not None:
                 result, failed = {"status": "failed", "message": stray}, True

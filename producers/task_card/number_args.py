@@ -7,13 +7,22 @@ command reads its text with `whole_number` (ASCII digits 0-9 with an optional si
 float option with `decimal_number` (the same, with a decimal point and an exponent; `inf` and
 `nan` pass the form and meet each option's own range check). Anything else is a usage error
 (exit 2); argparse puts the option's name before the message, which says the form expected.
+
+Numbers in JSON (an MCP tool's arguments, a `task_card` envelope given to `taskcard tool`, the
+host socket or the Python API) are read by `whole_numbers`: a field typed `integer` takes a
+whole number written as a float (`2.0`, `1e3`) as that int, and refuses a fraction, NaN, an
+infinity, a boolean or text, naming the field. The MCP server applies it to every tool's
+arguments and `parse_envelope` to every envelope, so each way in takes the same values.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import re
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
 from taskcard.producers.task_card.contract import quoted
 
@@ -49,3 +58,47 @@ def decimal_number(text: str, what: str = "a number") -> float:
     if not _DECIMAL.fullmatch(text):
         raise argparse.ArgumentTypeError(f"{quoted(text)} is not {what}; {DECIMAL_FORM}")
     return float(text)
+
+
+def _json_kind(value: object) -> str:
+    """How a JSON value that is not a number is named in a refusal."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, str):
+        return "text; give the number without quotes"
+    return "a list" if isinstance(value, list) else "an object"
+
+
+def whole_numbers(
+    schema: Mapping[str, Any], arguments: Mapping[str, Any], where: str = ""
+) -> tuple[dict[str, Any], str | None]:
+    """The arguments with every field the schema types `integer` (at any depth of its object
+    properties) as an `int`, and the refusal of the first that is not a whole number (None:
+    all fine). JSON Schema counts `2.0` as an integer, and clients written in JavaScript send
+    a whole number so. Still refused, naming the field: a fraction, NaN or an infinity, a
+    boolean, text. The range is left to the caller's own check, as for any int."""
+    fields = schema.get("properties", {})
+    checked = dict(arguments)
+    for name, value in arguments.items():
+        spec = fields.get(name)
+        if value is None or not isinstance(spec, dict):
+            continue
+        path = f"{where}{name}"
+        if spec.get("type") == "object" and isinstance(value, Mapping):
+            checked[name], refused = whole_numbers(spec, dict(value), f"{path}.")
+            if refused is not None:
+                return dict(arguments), refused
+        elif spec.get("type") != "integer" or (
+            isinstance(value, int) and not isinstance(value, bool)
+        ):
+            continue
+        elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            checked[name] = int(value)
+        elif isinstance(value, float):
+            fix = "drop the fraction" if math.isfinite(value) else "give a finite whole number"
+            return dict(
+                arguments
+            ), f"{path}: must be a whole number, not {json.dumps(value)}; {fix}"
+        else:
+            return dict(arguments), f"{path}: must be a whole number, not {_json_kind(value)}"
+    return checked, None

@@ -54,7 +54,7 @@ def test_a_valid_start_is_parsed_into_its_closed_input() -> None:
                 "input": {"renderer_path": "r.py", "max_refreshes": True},
                 "reasoning": "r",
             },
-            "input.max_refreshes: Input should be a valid integer",
+            "input.max_refreshes: must be a whole number, not a boolean",
         ),
         (
             {
