@@ -8,7 +8,7 @@ import socket
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from taskcard.channels.base import EnvName, env_name_shown
 
@@ -95,7 +95,14 @@ class ClusterConfig(BaseModel):
 
     @field_validator("instance", "key_prefix")
     @classmethod
-    def _check_name(cls, value: str, info: object) -> str:
+    def _check_name(cls, value: str, info: ValidationInfo) -> str:
+        if not value and info.field_name == "key_prefix":
+            # Every Redis key starts with it: empty, the fleet's keys would share a namespace
+            # with whatever else the Redis holds.
+            raise ValueError(
+                "is empty; write a name of 1-64 of the characters A-Z a-z 0-9 _ . -, one per"
+                ' fleet (or leave the key out for the default "taskcard")'
+            )
         if value and not _NAME.match(value):
             raise ValueError("use 1-64 of the characters A-Z a-z 0-9 _ . -")
         return value
@@ -104,8 +111,6 @@ class ClusterConfig(BaseModel):
     def _one_source(self) -> ClusterConfig:
         if self.redis_url is not None and self.redis_url_env is not None:
             raise ValueError("set either cluster.redis_url_env or cluster.redis_url, not both")
-        if not self.key_prefix:
-            raise ValueError("cluster.key_prefix must not be empty")
         return self
 
     @property

@@ -472,6 +472,23 @@ def test_an_unknown_route_timezone_is_a_config_error_naming_the_key(tmp_path: Pa
     assert "console.timezone" in result.stderr and "IANA" in result.stderr
 
 
+def test_an_empty_redis_key_prefix_is_refused_naming_the_key_and_what_to_write(
+    tmp_path: Path,
+) -> None:
+    """`key_prefix = ""` was refused as "cluster: cluster.key_prefix must not be empty": the
+    key named twice and no word of what to write instead."""
+    cluster = '[cluster]\nredis_url = "redis://127.0.0.1:6379/0"\nkey_prefix = ""\n'
+    config = console_config(tmp_path, AGENT, extra=cluster)
+    for line, _ in refused_by_every_command(config, "cluster.key_prefix"):
+        assert line.endswith(
+            "cluster.key_prefix: is empty; write a name of 1-64 of the characters"
+            " A-Z a-z 0-9 _ . -, one per fleet (or leave the key out for the default"
+            ' "taskcard")'
+        ), line
+        assert "cluster: cluster." not in line, line
+    assert not (tmp_path / ".taskcard").exists()
+
+
 @pytest.mark.parametrize(
     ("url", "problem"),
     [
