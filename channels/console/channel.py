@@ -34,6 +34,7 @@ from taskcard.channels.base import (
     Outgoing,
     RateScope,
     ReplyTo,
+    counted,
     fit_view,
 )
 from taskcard.channels.errors import MessageGone, NotModified
@@ -108,7 +109,10 @@ def card_renderable(payload: dict[str, Any]) -> RenderableType:
 def header_renderable(header: ConsoleHeader) -> RenderableType:
     agents = ", ".join(header.agents) or "none configured"
     lines = [
-        Text.assemble(("taskcard", "bold"), f" · {len(header.agents)} agents: {agents}"),
+        Text.assemble(
+            ("taskcard", "bold"),
+            f" · {counted(len(header.agents), 'agent', 'agents')}: {agents}",
+        ),
         *(Text(f"  route {route}", style="dim") for route in header.routes),
         Text("Ctrl-C to stop", style="dim italic"),
     ]

@@ -21,7 +21,7 @@ from typing import Final
 from taskcard.producers.inbox.claim import Batch, Claim, InboxUnsafe, claiming, peek
 from taskcard.producers.inbox.contract import frame
 from taskcard.producers.inbox.output import PATIENCE_S, Output
-from taskcard.producers.task_card.contract import terminal_json
+from taskcard.producers.task_card.contract import counted, terminal_json
 from taskcard.producers.task_card.workdir_arg import existing_workdir_arg
 
 VIA: Final = "inbox-cli"
@@ -141,7 +141,7 @@ def _deliver(args: argparse.Namespace, claim: Claim, stop: _Stop) -> int:
         if back:
             print(
                 f"taskcard inbox: the reader took nothing for {PATIENCE_S:.0f} s; "
-                f"{back} message(s) left queued for the next read",
+                f"{counted(back, 'message', 'messages')} left queued for the next read",
                 file=sys.stderr,
             )
         return 0
@@ -153,8 +153,9 @@ def _deliver(args: argparse.Namespace, claim: Claim, stop: _Stop) -> int:
         os.close(null)
     back = len(claim.unsettled())
     print(
-        f"taskcard inbox: {out.gone} after {len(messages) - back} of {len(messages)} "
-        f"message(s); {back} queued again for the next read",
+        f"taskcard inbox: {out.gone} after {len(messages) - back} of"
+        f" {counted(len(messages), 'message', 'messages')}; {back} queued again for the next"
+        " read",
         file=sys.stderr,
     )
     return EXIT_BROKEN_OUTPUT

@@ -28,6 +28,7 @@ from taskcard.producers.task_card.contract import (
     STATUS_ACTIVE,
     STATUS_INACTIVE,
     CardPaths,
+    counted,
     is_inside,
     parse_status,
     quoted,
@@ -939,9 +940,8 @@ class TaskCard:
                 return
             if killed:
                 log.warning(
-                    "task card: ended %d process(es) the renders of a killed host (pid %s) "
-                    "left running in %s",
-                    killed,
+                    "task card: ended %s the renders of a killed host (pid %s) left running in %s",
+                    counted(killed, "process", "processes"),
                     previous.pid if previous.pid is not None else "unknown",
                     self.workdir,
                 )
@@ -1104,5 +1104,6 @@ def _summary(result: Result) -> str:
     if status == "failed":
         return f"{result.get('action')} failed: {result.get('message')}"
     if "refreshes_remaining" in result:
-        return f"{watch}: {status}, {result['refreshes_remaining']} refreshes left"
+        left = counted(result["refreshes_remaining"], "refresh", "refreshes")
+        return f"{watch}: {status}, {left} left"
     return f"{result.get('action')}: {status}"

@@ -526,6 +526,13 @@ def terminal_json(value: Any, **options: Any) -> str:
 MAX_QUOTED_CHARS: Final = 80
 
 
+def counted(count: int, one: str, many: str) -> str:
+    """`1 refresh`, `3 refreshes`: a count with the noun that agrees with it, for every text
+    the producers write for agents and operators (the service's own texts use
+    `channels.base.counted`, which the producers may not import)."""
+    return f"{count} {one if count == 1 else many}"
+
+
 def quoted(value: object) -> str:
     """`value` as an error message quotes it back (`repr`), cut to `MAX_QUOTED_CHARS` with its
     full length said: a 200 KB id or path given by mistake came back whole, twice in an MCP

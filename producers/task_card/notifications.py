@@ -27,6 +27,7 @@ from taskcard.producers.task_card.contract import (
     SOURCE_REMINDER,
     CardPaths,
     append_jsonl_line,
+    counted,
     make_folder,
     open_lock,
     read_regular,
@@ -100,7 +101,8 @@ def _record(event: TaskCardNotification) -> dict[str, Any]:
         "source": SOURCE_LIMIT,
         "priority": "normal",
         "header": "Task card refresh budget exhausted",
-        "body": f"Watch {event.watch_id} used all {event.max_refreshes} refreshes and stopped.",
+        "body": f"Watch {event.watch_id} used all"
+        f" {counted(event.max_refreshes, 'refresh', 'refreshes')} and stopped.",
         "extra": {
             "state": "limit",
             "watch_id": event.watch_id,
@@ -131,7 +133,8 @@ class FileNotificationPort:
                 "source": SOURCE_REMINDER,
                 "priority": "normal",
                 "header": "Task Card reminder",
-                "body": f"{turns} turns without a task card update: check whether the card is "
+                "body": f"{counted(turns, 'turn', 'turns')} without a task card update: check"
+                " whether the card is "
                 "absent or stale, then update it, or remove it if the work is done.",
                 "extra": {"state": "reminder", "watch_id": watch_id or "", "turns": turns},
             },

@@ -34,6 +34,7 @@ from taskcard.producers.task_card.contract import (
     CardPaths,
     Notification,
     atomic_write,
+    counted,
     make_folder,
     open_lock,
     open_regular,
@@ -80,14 +81,18 @@ def wake_text(note: Notification) -> str | None:
         return f"Task card: watch {watch} publishes again."
     if note.source == SOURCE_LIMIT and state == "limit":
         budget = _count(note.extra.get("max_refreshes"))
-        used = f"all {budget} refreshes" if budget is not None else "its refresh budget"
+        used = (
+            f"all {counted(budget, 'refresh', 'refreshes')}"
+            if budget is not None
+            else "its refresh budget"
+        )
         return (
             f"Task card: watch {watch} used {used} and stopped. Start a new watch if the work "
             "goes on, or remove the card if it is done."
         )
     if note.source == SOURCE_REMINDER and state == "reminder":
         turns = _count(note.extra.get("turns"))
-        quiet = f"{turns} turns" if turns is not None else "Many turns"
+        quiet = counted(turns, "turn", "turns") if turns is not None else "Many turns"
         return (
             f"Task Card reminder: {quiet} passed without a card update. Check whether your "
             "card is absent or stale; update it, or remove it if the work is done."

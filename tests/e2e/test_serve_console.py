@@ -186,3 +186,20 @@ async def test_a_cards_escape_sequences_do_not_reach_the_console(tmp_path: Path)
     shown = serve.output
     assert "\x1b" not in shown and "\x07" not in shown and "\x9b" not in shown, repr(shown)
     assert "hostile-marker[2J]52;c;ZWNobyBoaQ==" in shown and "next line31m" in shown
+
+
+async def test_one_agent_is_counted_in_the_singular_in_the_header_and_the_start_line(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "taskcard.toml"
+    config.write_text(
+        'state_dir = ".taskcard"\n[[agents]]\nid = "builder"\nworkdir = "agents/builder"\n'
+    )
+    (tmp_path / "agents" / "builder").mkdir(parents=True)
+    with ServeProcess(config) as serve:
+        await eventually(lambda: "Ctrl-C to stop" in serve.output, what="the header")
+        await eventually(lambda: "serving 1 agent on 1 route" in serve.logs, what="the start")
+        assert "1 agent: builder" in serve.output, serve.output
+        assert await serve.aterminate() == 0
+    shown = serve.logs + serve.output
+    assert "1 agents" not in shown and "1 routes" not in shown

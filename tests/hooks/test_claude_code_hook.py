@@ -154,23 +154,41 @@ def test_task_card_wakes_reach_the_agent_once_as_additional_context(workdir: Pat
     assert "used all 50 refreshes" in prompt["hookSpecificOutput"]["additionalContext"]
 
 
+@pytest.mark.parametrize(
+    ("budget", "words"),
+    [(50, "used all 50 refreshes and stopped"), (1, "used all 1 refresh and stopped")],
+)
+def test_the_limit_wake_counts_the_refreshes_in_agreement(
+    workdir: Path, budget: int, words: str
+) -> None:
+    hook(payload("01_session_start.json", workdir))
+    FileNotificationPort(CardPaths(workdir)).notify(TaskCardLimitNotification("tc_1", budget))
+    prompt = json.loads(hook(payload("02_user_prompt_submit.json", workdir)).stdout)
+    assert f"watch tc_1 {words}" in prompt["hookSpecificOutput"]["additionalContext"]
+    lines = (workdir / ".notification" / "system.jsonl").read_text().splitlines()
+    (limit,) = [json.loads(line) for line in lines]
+    assert limit["body"] == f"Watch tc_1 {words}.", limit
+
+
+@pytest.mark.parametrize(("turns", "quiet"), [(2, "2 turns"), (1, "1 turn")])
 def test_stop_events_count_turns_and_the_reminder_comes_back_to_the_agent(
-    workdir: Path,
+    workdir: Path, turns: int, quiet: str
 ) -> None:
     (workdir / "taskcard").mkdir(exist_ok=True)
-    (workdir / "taskcard" / "taskcard.json").write_text('{"reminder_turns": 2}')
+    (workdir / "taskcard" / "taskcard.json").write_text(f'{{"reminder_turns": {turns}}}')
     hook(payload("01_session_start.json", workdir))
-    for _ in range(2):
+    for _ in range(turns):
         hook(payload("02_user_prompt_submit.json", workdir))
         hook(payload("10_stop.json", workdir))
     lines = (workdir / ".notification" / "system.jsonl").read_text().splitlines()
     (reminder,) = [json.loads(line) for line in lines]
-    assert (reminder["source"], reminder["extra"]["turns"]) == ("task_card.reminder", 2)
+    assert (reminder["source"], reminder["extra"]["turns"]) == ("task_card.reminder", turns)
     assert reminder["header"] == "Task Card reminder"  # the manual's name for it
+    assert reminder["body"].startswith(f"{quiet} without a task card update:"), reminder
     told = json.loads(hook(payload("02_user_prompt_submit.json", workdir)).stdout)
     context = told["hookSpecificOutput"]["additionalContext"]
     # The agent is told by the name the manual and SKILL.md give it, and what to check.
-    assert "Task Card reminder: 2 turns passed without a card update" in context
+    assert f"Task Card reminder: {quiet} passed without a card update" in context
     assert "absent or stale" in context
 
 

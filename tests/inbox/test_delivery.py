@@ -82,8 +82,15 @@ def test_a_reader_that_never_reads_gets_nothing_acknowledged(
     assert [a["id"] for a in acks(workdir)] == ["m0", "m1", "m2"]
 
 
-def test_the_broken_output_is_said_in_one_line_with_its_exit_status(workdir: Path) -> None:
-    queue_three(workdir)
+@pytest.mark.parametrize(
+    ("count", "said"),
+    [(3, "after 0 of 3 messages; 3 queued again"), (1, "after 0 of 1 message; 1 queued again")],
+)
+def test_the_broken_output_is_said_in_one_line_with_its_exit_status(
+    workdir: Path, count: int, said: str
+) -> None:
+    for n in range(count):
+        queue(workdir, f"m{n}", f"text {n}\nits second line", queued_at=f"2026-01-01T00:00:0{n}Z")
     done = subprocess.run(
         ["bash", "-c", 'set -o pipefail; "$0" inbox --workdir "$1" | true', TASKCARD, str(workdir)],
         capture_output=True,
@@ -94,7 +101,7 @@ def test_the_broken_output_is_said_in_one_line_with_its_exit_status(workdir: Pat
     lines = done.stderr.decode().splitlines()
     assert len(lines) == 1, lines
     assert lines[0].startswith("taskcard inbox: the reader closed the output"), lines
-    assert lines[0].endswith("after 0 of 3 message(s); 3 queued again for the next read"), lines
+    assert lines[0].endswith(f"{said} for the next read"), lines
 
 
 def test_the_python_api_queues_again_what_the_caller_did_not_mark_delivered(

@@ -786,18 +786,21 @@ def test_manual_returns_the_packaged_manual_covering_the_contract(make_card: Mak
         assert needle in text
 
 
-def test_summarize_adds_a_one_line_summary(workdir: Path, make_card: MakeCard) -> None:
+@pytest.mark.parametrize(("budget", "left"), [(4, "4 refreshes left"), (1, "1 refresh left")])
+def test_summarize_adds_a_one_line_summary(
+    workdir: Path, make_card: MakeCard, budget: int, left: str
+) -> None:
     write_renderer(workdir, "r.py", STATIC_RENDERER)
     card = make_card()
     result = card.call(
         {
             "action": "start",
-            "input": {"renderer_path": "r.py", "max_refreshes": 4, "interval_s": 3600},
+            "input": {"renderer_path": "r.py", "max_refreshes": budget, "interval_s": 3600},
             "reasoning": "r",
             "summarize": True,
         }
     )
-    assert result["summary"] == "tc_1: watching, 4 refreshes left"
+    assert result["summary"] == f"tc_1: watching, {left}"
 
 
 def test_invalid_envelopes_come_back_as_failed_results(make_card: MakeCard) -> None:
