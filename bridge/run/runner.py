@@ -748,28 +748,41 @@ class ServeLock:
         return None
 
     def remove_made(self) -> None:
-        """Release, and remove what this start made when it held the lock (so no other
-        instance uses the folder): the folders `acquire` made, or in a state directory that
-        was there, the entries it did not hold before (the lock file, a new database). What
-        was there before, and a folder another instance holds, are left as they are."""
-        self.release()
+        """Release, and remove what this start made when it held the lock: in the state
+        directory, the entries it did not hold before (the lock file, a new database), taken
+        away while the lock still keeps every other instance out; then the folders `acquire`
+        made for it, innermost first, each only while empty (another process may have put
+        something in a parent meanwhile: never a tree removed whole). What was there before
+        is left as it is."""
         made, before = self._made, self._before
         self._made = self._before = None
         if not self._held:
+            self.release()
             return
         state_dir = self._path.parent
+        lock_name = self._path.name
         try:
-            if made is not None:
-                shutil.rmtree(made)
-            elif before is not None:
-                for name in sorted(set(os.listdir(state_dir)) - before):
-                    entry = state_dir / name
-                    if entry.is_dir() and not entry.is_symlink():
-                        shutil.rmtree(entry)
-                    else:
-                        entry.unlink()
+            present = set(os.listdir(state_dir))
+            added = present if made is not None else present - (before or set())
+            for name in sorted(added - {lock_name}):
+                entry = state_dir / name
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
         except OSError as error:
             log.warning("could not remove what a start that did not serve made: %s", error)
+        self.release()
+        with contextlib.suppress(OSError):
+            if made is not None or (before is not None and lock_name not in before):
+                self._path.unlink()
+            if made is not None:
+                folder = state_dir.absolute()
+                while True:
+                    folder.rmdir()  # refused when not empty: what is left stays
+                    if folder == made or folder == folder.parent:
+                        break
+                    folder = folder.parent
 
     def keep(self) -> None:
         """Take the lock again on a new file when its file was deleted (or its folder).

@@ -24,7 +24,7 @@ from typing import TypeVar
 import httpx
 import pytest
 
-from taskcard.bridge.run.runner import BIND_RETRY_S
+from taskcard.bridge.run.runner import BIND_RETRY_S, ServeLock
 from taskcard.bridge.store.sqlite import STATE_FILE, SqliteStore
 from tests.e2e.harness import (
     ServeProcess,
@@ -645,3 +645,30 @@ async def test_with_json_logs_a_start_error_is_a_json_record(
     assert result.returncode == 2
     [problem] = [json.loads(line) for line in result.stderr.splitlines()]
     assert problem["level"] == "ERROR" and "bogus" in problem["message"], problem
+
+
+def test_a_parent_folder_another_instance_uses_meanwhile_is_kept(tmp_path: Path) -> None:
+    """Two services whose state folders share a parent that neither found: the one whose
+    start is refused takes away its own folder, never the parent with the other's state."""
+    ours, theirs = tmp_path / "srv" / "a", tmp_path / "srv" / "b"
+    lock = ServeLock(ours)
+    assert lock.acquire() is None
+    (ours / "state.db").write_bytes(b"ours")
+    theirs.mkdir()  # the other service, started meanwhile, made its folder beside ours
+    (theirs / "state.db").write_bytes(b"theirs")
+    lock.remove_made()
+    assert not ours.exists()
+    assert (theirs / "state.db").read_bytes() == b"theirs"
+
+
+def test_a_state_folder_there_before_keeps_its_files_and_loses_only_the_added(
+    tmp_path: Path,
+) -> None:
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    (state_dir / "notes.txt").write_text("the operator's\n")
+    lock = ServeLock(state_dir)
+    assert lock.acquire() is None
+    (state_dir / "state.db").write_bytes(b"new")
+    lock.remove_made()
+    assert sorted(p.name for p in state_dir.iterdir()) == ["notes.txt"]
