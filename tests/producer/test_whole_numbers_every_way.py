@@ -19,14 +19,12 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from mcp import ClientSession, stdio_client
 
 from taskcard.producers.task_card.capability import TaskCard
 from taskcard.producers.task_card.envelope import ACTIONS, INPUT_MODELS
+from tests.conftest import INITIALIZE
 
-from .conftest import STATIC_RENDERER, CliHost, write_renderer
-from .test_mcp import raw_server, server_for
-from .test_mcp_repeated_keys import INITIALIZE, call
+from .conftest import STATIC_RENDERER, CliHost, tool_call, write_renderer
 
 # Every integer field of every action, with the rest of an input that sets it.
 INTEGER_FIELDS: dict[tuple[str, str], dict[str, Any]] = {
@@ -140,11 +138,7 @@ async def test_mcp_gives_the_same_answers(
     workdir: Path, cli: CliHost, action: str, field: str
 ) -> None:
     write_renderer(workdir, "r.py", STATIC_RENDERER)
-    async with (
-        stdio_client(server_for(workdir, cli)) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
+    async with cli.mcp() as session:
 
         async def task_card(envelope: dict[str, Any]) -> dict[str, Any]:
             answer = await session.call_tool("task_card", envelope)
@@ -162,12 +156,11 @@ async def test_mcp_gives_the_same_answers(
             result = await task_card(json.loads(envelope_text(action, field, value)))
             assert result == {"status": "failed", "message": refusal(field, words, False)}
 
-    server, answers = raw_server(workdir, cli)
     lines = [json.dumps(INITIALIZE), '{"jsonrpc":"2.0","method":"notifications/initialized"}']
     for ident, (value, _) in enumerate(NOT_FINITE, start=2):
         text = envelope_text(action, field, value)
-        lines.append(call(ident, f'{{"name":"task_card","arguments":{text}}}'))
-    try:
+        lines.append(tool_call(ident, f'{{"name":"task_card","arguments":{text}}}'))
+    with cli.raw_mcp() as (server, answers):
         assert server.stdin is not None
         server.stdin.write("".join(line + "\n" for line in lines).encode())
         server.stdin.flush()
@@ -177,12 +170,6 @@ async def test_mcp_gives_the_same_answers(
             result = by_id[ident]["result"]
             assert result["isError"] is True, (value, result)
             assert result["structuredContent"]["message"] == refusal(field, words, True)
-    finally:
-        server.kill()
-        server.wait()
-        for pipe in (server.stdin, server.stdout):
-            if pipe is not None:
-                pipe.close()
     assert not (workdir / "taskcard" / "watch.json").exists()
 
 
