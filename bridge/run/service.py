@@ -2069,13 +2069,7 @@ class Service:
             if answer is not None:
                 # Refusals of the service's own words (they never quote the person's text).
                 outgoing = self._render_text(channel, answer, own=True)
-                self._scheduler.send_reply(
-                    channel_name,
-                    reply_chat,
-                    outgoing,
-                    command.answer_to,
-                    collapse_key=_answer_key(command),
-                )
+                self._answer(channel_name, reply_chat, outgoing, command)
             return
         parsed = parse_taskcard(command.args)
         prefs = apply_to_prefs(parsed, self._chat_prefs(scope))
@@ -2099,13 +2093,7 @@ class Service:
             answer = self._cancel_in_cluster(channel_name, command)
             if answer is not None:
                 outgoing = self._render_text(channel, answer, own=True)
-                self._scheduler.send_reply(
-                    channel_name,
-                    reply_chat,
-                    outgoing,
-                    command.answer_to,
-                    collapse_key=_answer_key(command),
-                )
+                self._answer(channel_name, reply_chat, outgoing, command)
             return
         elif parsed.action == "cancel":
             reply = self._desk.cancel_latest(
@@ -2132,8 +2120,15 @@ class Service:
             return  # clustered: another instance that routes this chat answers
         # Every answer but the state's (which quotes the agents' reports) is the service's own.
         outgoing = self._render_text(channel, reply, own=parsed.action != "state")
+        self._answer(channel_name, reply_chat, outgoing, command)
+
+    def _answer(
+        self, channel_name: str, chat: ChatRef, outgoing: Outgoing, command: IncomingCommand
+    ) -> None:
+        """Queue `outgoing` as the answer to `command` in `chat`: posted as a reply to it, and
+        replacing only an unsent answer to the same sender's same command (`_answer_key`)."""
         self._scheduler.send_reply(
-            channel_name, reply_chat, outgoing, command.answer_to, collapse_key=_answer_key(command)
+            channel_name, chat, outgoing, command.answer_to, collapse_key=_answer_key(command)
         )
 
     def _refuse(self, channel_name: str, command: IncomingCommand) -> None:
@@ -2158,13 +2153,7 @@ class Service:
         self._refused[key] = now_s
         # Not `own`: the answer may carry the sender's id, a value the platform gave.
         outgoing = self._render_text(self._channels[channel_name], text)
-        self._scheduler.send_reply(
-            channel_name,
-            command.chat,
-            outgoing,
-            command.answer_to,
-            collapse_key=_answer_key(command),
-        )
+        self._answer(channel_name, command.chat, outgoing, command)
 
     def _ours(self, routes: list[Route], command: IncomingCommand) -> bool:
         """Whether `command` replies to one of this service's messages in the chat: a card,
