@@ -47,10 +47,6 @@ class OriginBook:
     def open_routes(self) -> list[RouteKey]:
         return [e.key for e in self._entries.values() if e.closed_at is None]
 
-    def closed_routes(self) -> set[RouteKey]:
-        """The routes remembered as closed (their card removed, or `/taskcard off`)."""
-        return {e.key for e in self._entries.values() if e.closed_at is not None}
-
     def opened_at(self, key: RouteKey) -> float | None:
         entry = self._entries.get(key)
         return entry.opened_at if entry is not None and entry.closed_at is None else None
@@ -66,19 +62,11 @@ class OriginBook:
         return True
 
     def close(self, key: RouteKey, at: float) -> None:
-        self.close_all([key], at)
-
-    def close_all(self, keys: list[RouteKey], at: float) -> None:
-        """Close every open route of `keys` (one save): only an origin written after `at`
-        opens one again."""
-        closed = False
-        for key in keys:
-            entry = self._entries.get(key)
-            if entry is not None and entry.closed_at is None:
-                entry.closed_at = at
-                closed = True
-        if closed:
-            self._save()
+        entry = self._entries.get(key)
+        if entry is None or entry.closed_at is not None:
+            return
+        entry.closed_at = at
+        self._save()
 
     def forget_agent(self, agent_id: str) -> bool:
         """Forget the routes of an agent that left the fleet for good, open or closed (a

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import fcntl
 import logging
 import os
-import shutil
 import signal
 import stat
 import sys
@@ -350,30 +348,7 @@ async def serve(
     """Run the service until SIGTERM/SIGINT (or `stop`); returns the exit code.
 
     With `config_path`, SIGHUP reloads that file while serving (see `reload_config`).
-
-    A start that ends before serving (a metrics port in use, a secret missing, a state file
-    it cannot open, a stop) leaves nothing it made: the state folder, when this start made it
-    (and its parents it made), is removed again; in one that was there, only the files this
-    start added (the lock file, a new database) are, and what was there stays.
     """
-    lock = ServeLock(config.state_dir)
-    served: list[bool] = []
-    try:
-        return await _serve(config, env, stop, config_path, lock, served)
-    finally:
-        if not served:
-            lock.remove_made()
-
-
-async def _serve(
-    config: ServiceConfig,
-    env: Mapping[str, str],
-    stop: asyncio.Event | None,
-    config_path: Path | None,
-    lock: ServeLock,
-    served: list[bool],
-) -> int:
-    """`serve`, with its lock not yet taken; `served` gets an entry once it serves."""
     skip_cli_only_imports()
     heap.starting()
     own_signals = stop is None
@@ -397,6 +372,7 @@ async def _serve(
         for message in problems:
             start_error(message)
         return failed(EXIT_CONFIG)
+    lock = ServeLock(config.state_dir)
     try:
         holder = lock.acquire()
     except OSError as error:
@@ -521,7 +497,6 @@ async def _serve(
                 name="leases",
             )
         serving = True
-        served.append(True)
         try:
             await service.run(stop)
         finally:
@@ -693,25 +668,6 @@ def running_pid(state_dir: Path) -> str | None:
         os.close(fd)
 
 
-def _make_folders(folder: Path) -> Path | None:
-    """Make `folder` and its missing parents one at a time; the outermost one made here
-    (None: all were there, or one could not be made, which `mkdir` then says). One made at
-    the same moment by another process is not counted as ours."""
-    missing = []
-    for path in (folder.absolute(), *folder.absolute().parents):
-        if os.path.lexists(path):
-            break
-        missing.append(path)
-    made = None
-    for path in reversed(missing):
-        try:
-            path.mkdir()
-        except OSError:
-            break
-        made = made or path
-    return made
-
-
 class ServeLock:
     """One service per state directory: an exclusive `flock` held for the whole run."""
 
@@ -719,20 +675,9 @@ class ServeLock:
         self._path = state_dir / "serve.lock"
         self._fd: int | None = None
         self._lost_logged = False
-        # What `remove_made` may take away again: the outermost folder of the state
-        # directory's path this lock made, else the names the state directory held before
-        # the first `acquire`; and whether the lock was ever held.
-        self._made: Path | None = None
-        self._before: set[str] | None = None
-        self._held = False
 
     def acquire(self) -> str | None:
         """None when acquired; otherwise the pid recorded by the holder (or "unknown")."""
-        if not self._held and self._made is None and self._before is None:
-            with contextlib.suppress(OSError):
-                self._before = set(os.listdir(self._path.parent))
-            if self._before is None:
-                self._made = _make_folders(self._path.parent)
         self._path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -744,45 +689,7 @@ class ServeLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._fd = fd
-        self._held = True
         return None
-
-    def remove_made(self) -> None:
-        """Release, and remove what this start made when it held the lock: in the state
-        directory, the entries it did not hold before (the lock file, a new database), taken
-        away while the lock still keeps every other instance out; then the folders `acquire`
-        made for it, innermost first, each only while empty (another process may have put
-        something in a parent meanwhile: never a tree removed whole). What was there before
-        is left as it is."""
-        made, before = self._made, self._before
-        self._made = self._before = None
-        if not self._held:
-            self.release()
-            return
-        state_dir = self._path.parent
-        lock_name = self._path.name
-        try:
-            present = set(os.listdir(state_dir))
-            added = present if made is not None else present - (before or set())
-            for name in sorted(added - {lock_name}):
-                entry = state_dir / name
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry)
-                else:
-                    entry.unlink()
-        except OSError as error:
-            log.warning("could not remove what a start that did not serve made: %s", error)
-        self.release()
-        with contextlib.suppress(OSError):
-            if made is not None or (before is not None and lock_name not in before):
-                self._path.unlink()
-            if made is not None:
-                folder = state_dir.absolute()
-                while True:
-                    folder.rmdir()  # refused when not empty: what is left stays
-                    if folder == made or folder == folder.parent:
-                        break
-                    folder = folder.parent
 
     def keep(self) -> None:
         """Take the lock again on a new file when its file was deleted (or its folder).

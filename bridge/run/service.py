@@ -84,7 +84,6 @@ from taskcard.bridge.schedule.scheduler import (
     RouteKey,
     RouteScheduler,
     SharedReplies,
-    card_refused_key,
 )
 from taskcard.bridge.store.sqlite import ChatPrefs, SeenChat, StateStore
 from taskcard.bridge.track.due import DueAgents
@@ -176,10 +175,6 @@ AGENT_HEALTH_PREFIX = "agent-health:"
 # When an agent left the fleet (epoch seconds), kept until its state is forgotten
 # (`forget_departed_after_s` later) or it comes back.
 DEPARTED_PREFIX = "departed:"
-# A resident whose route went while its agent stayed (a reload, or a start, found the route
-# no longer configured) and whose last edit went out: kept (epoch seconds) so that a later
-# start does not edit it again, and dropped when the route comes back.
-UNROUTED_PREFIX = "unrouted:"
 # A departed agent whose last edits are still on their way is forgotten this much later.
 FORGET_RETRY_S = 30.0
 # At most this many departed agents are forgotten per timer tick; the others stay due for
@@ -192,20 +187,6 @@ FORGET_PER_TICK = 10
 # a minute), so a mass departure (a root not mounted yet, an upgrade) leaves the rest as
 # they are, said in the log, rather than holding the live cards back for minutes.
 RETIRE_AT_START_PER_CHAT = 10
-
-
-def _log_owed(owed: dict[str, list[RouteKey]], whose: str, mark: str) -> None:
-    """Say how many cards a start found owed a last edit (`Service._owe_last_edit`)."""
-    count = sum(len(keys) for keys in owed.values())
-    if count:
-        log.info(
-            "%s %s while the service was stopped %s marked %s once %s channel is ready",
-            counted(count, "card", "cards"),
-            whose,
-            "is" if count == 1 else "are",
-            mark,
-            "its" if count == 1 else "their",
-        )
 
 
 def may_command(route: Route, command: IncomingCommand) -> bool:
@@ -376,13 +357,6 @@ class Service:
         # Per channel, the residents of agents that left while the service was stopped, each
         # owed the last edit a departure while serving gives (`_owe_retirements`).
         self._retire_owed: dict[str, list[RouteKey]] = {}
-        # Per channel, the residents whose route was removed from the configuration while
-        # the service was stopped, owed the last edit a reload gives (`_owe_unrouted`); the
-        # routes closing with that edit (its mark is written once it went out); and the
-        # routes marked so (alone on the state: see `UNROUTED_PREFIX`).
-        self._unrouted_owed: dict[str, list[RouteKey]] = {}
-        self._unrouted_closing: set[RouteKey] = set()
-        self._unrouted_marks: set[RouteKey] = set()
         # Agents whose last card cost too much to compose: not again before when (see
         # `_project_paced`), and the agents owed a projection meanwhile.
         self._paced: dict[str, float] = {}
@@ -406,8 +380,6 @@ class Service:
         self._running = False
         self.started = asyncio.Event()  # set once the loop runs (systemd readiness)
         self._rediscover()
-        # Origin routes of chats taken out of `origin_chats` while the service was stopped.
-        self._origins_closed_at_start = self._close_disallowed_origins()
         self.apply(self._desired())
 
     # Lifecycle ---------------------------------------------------------------------------
@@ -428,7 +400,6 @@ class Service:
         if self._owned is None:  # alone on the state, not clustered
             self._forget_departed()
             self._follow_departures()
-            self._owe_unrouted()
         self._running = True
         self.started.set()
         starters = [
@@ -471,11 +442,6 @@ class Service:
                 task.cancel()
             await asyncio.gather(stopper, *tasks, *starters, return_exceptions=True)
             await self._scheduler.stop()
-            if self._owned is None:
-                # Routes whose last edit went out after the timer's last tick: their refusal
-                # goes and their mark is written now, or the next start would edit them
-                # again. (Clustered, a Redis gone would hold the stop for each of them.)
-                self._drop_closed_routes()
             for channel in reversed(list(self._channels.values())):
                 try:
                     await channel.stop()
@@ -581,9 +547,18 @@ class Service:
             found.sort(key=lambda item: item[0], reverse=True)  # the latest edited first
             left += max(0, len(found) - RETIRE_AT_START_PER_CHAT)
             for _, key in found[:RETIRE_AT_START_PER_CHAT]:
-                self._owe_last_edit(self._retire_owed, key)
+                self._scheduler.add_route(key)
+                self._scheduled.add(key)
+                self._retire_owed.setdefault(key.channel, []).append(key)
                 self._departed_routes.setdefault(key.agent_id, []).append(key)
-        _log_owed(self._retire_owed, "of agents that left", "retired")
+        if self._retire_owed:
+            owed = sum(len(keys) for keys in self._retire_owed.values())
+            log.info(
+                "%s of agents that left while the service was stopped %s marked"
+                " retired once their channel is ready",
+                counted(owed, "card", "cards"),
+                "is" if owed == 1 else "are",
+            )
         if left:
             log.info(
                 "%s of agents that left while the service was stopped %s left as %s: a"
@@ -609,90 +584,6 @@ class Service:
                         channel, key.agent_id, CardState(), ActivitySummary(), zone, RETIRED_NOTE
                     ),
                 )
-            self._closing[key] = asyncio.get_running_loop().time()
-
-    def _owe_unrouted(self) -> None:
-        """At start, alone on the state: the resident messages whose route is no longer
-        configured (removed from the file, or its chat from `origin_chats`, while the service
-        was stopped) though their agent is still served are owed the last edit a reload
-        gives them ("no longer followed in this chat"), made once their channel is ready
-        (`_unroute_left`); then they close as a reload closes them. Left out: the cards of
-        agents that left (`_owe_retirements` has them), those of a chat that hid its cards,
-        origin routes closed on their own (their card shows it stopped, or hidden), and those
-        given the edit before (marked `UNROUTED_PREFIX`). The refusals kept for `taskcard
-        status` of routes that are gone are dropped. One read of the residents and marks."""
-        routed = {route.key for route in self._routes}
-        try:
-            marks = {
-                key
-                for mark in self._store.cursor_keys(UNROUTED_PREFIX)
-                if (key := route_of_store_key(mark[len(UNROUTED_PREFIX) :])) is not None
-            }
-            back = [key for key in marks if key in routed]  # routed again while stopped
-            self._store.delete_cursors(UNROUTED_PREFIX + key.store_key for key in back)
-            self._unrouted_marks = marks - set(back)
-            refused = [
-                key
-                for key in self._store.cursor_keys(CARD_REFUSED_PREFIX)
-                if (route := route_of_store_key(key[len(CARD_REFUSED_PREFIX) :])) is not None
-                and route not in routed
-                and route.agent_id in self._monitors
-            ]
-            self._store.delete_cursors(refused)
-            records = self._store.residents()
-        except Exception as error:
-            log.warning("the cards of routes removed while stopped were not looked up: %s", error)
-            return
-        closed_origins = self._origins.closed_routes() - set(self._origins_closed_at_start)
-        for record in records:
-            # The inbox desk's status messages (`inbox:<id>` in the agent's place) are not cards.
-            if record.message_id is None or f":{STATUS_AGENT_PREFIX}" in record.route:
-                continue
-            key = route_of_store_key(record.route)
-            if (
-                key is None
-                or key in routed
-                or key.agent_id not in self._monitors
-                or key.channel not in self._channels
-                or key in self._unrouted_marks
-                or key in closed_origins
-                or self._chat_prefs(key.chat_scope).hidden
-            ):
-                continue
-            self._owe_last_edit(self._unrouted_owed, key)
-        _log_owed(self._unrouted_owed, "whose route was removed", "no longer followed")
-
-    def _owe_last_edit(self, owed: dict[str, list[RouteKey]], key: RouteKey) -> None:
-        """At start: `key` is owed a last edit, made once its channel is ready (`owed` holds
-        such routes per channel); it is scheduled now so that nothing else is sent first."""
-        self._scheduler.add_route(key)
-        self._scheduled.add(key)
-        owed.setdefault(key.channel, []).append(key)
-
-    def _unroute_left(self, name: str) -> None:
-        """Channel `name` is ready: the residents owed the "no longer followed" edit (see
-        `_owe_unrouted`) get it, with their agent's state read now, then close."""
-        channel = self._channels[name]
-        owed = self._unrouted_owed.pop(name, [])
-        for agent_id in sorted({key.agent_id for key in owed}):
-            self._refresh(agent_id)  # its files read before its state is shown a last time
-        for key in owed:
-            monitor = self._monitors.get(key.agent_id)
-            if monitor is not None and self._scheduler.has_message(key):
-                zone = self._chat_zone(key.channel, key.chat)
-                with self._guard(key.agent_id, "composing its card"):
-                    self._scheduler.submit(
-                        key,
-                        self._last_edit(
-                            channel,
-                            key.agent_id,
-                            monitor.card,
-                            monitor.activity,
-                            zone,
-                            UNROUTED_NOTE,
-                        ),
-                    )
-                    self._unrouted_closing.add(key)
             self._closing[key] = asyncio.get_running_loop().time()
 
     def _retire_owed_to(self, agent_id: str) -> list[RouteKey]:
@@ -768,7 +659,7 @@ class Service:
             agent_id,
             routes=[WAKE_ROUTE_PREFIX + agent_id],
             cursors=[DEPARTED_PREFIX + agent_id, agent_health_key(agent_id)],
-            cursor_prefixes=[FOLDED_CURSOR_PREFIX, CARD_REFUSED_PREFIX, UNROUTED_PREFIX],
+            cursor_prefixes=[FOLDED_CURSOR_PREFIX, CARD_REFUSED_PREFIX],
         )
         self._origins.forget_agent(agent_id)
         for key in self._departed_routes.get(agent_id, []):
@@ -815,14 +706,12 @@ class Service:
                 log.error("channel %s disabled: %s", name, error)
                 self._failed_channels.add(name)
                 self._retire_owed.pop(name, None)  # its agents need not wait to be forgotten
-                self._unrouted_owed.pop(name, None)  # marked at a start its channel makes
                 return
             except Exception:
                 # A busy webhook port, a library bug: this channel is out, the others go on.
                 log.exception("channel %s could not start and is disabled", name)
                 self._failed_channels.add(name)
                 self._retire_owed.pop(name, None)
-                self._unrouted_owed.pop(name, None)
                 return
             break
         put_off = channel.start_put_off()
@@ -835,7 +724,6 @@ class Service:
         self._scheduler.channel_ready(name)  # the replies a stop left unsent
         self._desk.channel_ready(name)
         self._retire_left(name)
-        self._unroute_left(name)
         for route in list(self._routes):
             if route.key.channel == name:
                 self._project_route(route)
@@ -1029,34 +917,8 @@ class Service:
 
     def _desired(self) -> Fleet:
         return desired_fleet(
-            self._config, self._specs, self._discovery.agents, self._allowed_origin_routes()
+            self._config, self._specs, self._discovery.agents, self._origins.open_routes()
         )
-
-    def _allowed_origin_routes(self) -> list[RouteKey]:
-        """The open origin routes whose chat is still in its channel's `origin_chats` (a
-        chat taken out of it no longer shows the card, like a route taken out of the file)."""
-        allowed = self._origin_chats()
-        return [
-            key
-            for key in self._origins.open_routes()
-            if key.chat.chat_id in allowed.get(key.channel, frozenset())
-        ]
-
-    def _close_disallowed_origins(self) -> list[RouteKey]:
-        """Alone on the state: close, in the saved origin routes, the open ones whose chat
-        left `origin_chats` (a reload, or an edit while the service was stopped), so that
-        only a later turn from that chat opens them again once it is allowed again; returns
-        them. Clustered, the routes are shared and another instance's `origin_chats` may
-        still allow the chat: they only leave this instance's fleet (`_desired`)."""
-        if self._owned is not None:
-            return []
-        allowed = set(self._allowed_origin_routes())
-        gone = [key for key in self._origins.open_routes() if key not in allowed]
-        if gone:
-            self._origins.close_all(gone, self._clock().timestamp())
-            for key in gone:
-                log.info("route %s closed: its chat is no longer in origin_chats", key)
-        return gone
 
     def _rediscover(self) -> bool:
         """List the discovery roots again; whether the discovered agents changed."""
@@ -1103,10 +965,7 @@ class Service:
             fresh.append(agent_id)
         wanted = {route.key: route for route in fleet.routes}
         for route in [r for r in self._routes if r.key not in wanted]:
-            final = self._unrouted_edit(route)
-            if final is not None and route.key in self._scheduled:
-                self._unrouted_closing.add(route.key)  # marked once its last edit went out
-            self._close_route(route, final)
+            self._close_route(route, self._unrouted_edit(route))
         current = {route.key: route for route in self._routes}
         added: list[Route] = []
         for key, route in wanted.items():
@@ -1115,7 +974,6 @@ class Service:
             if key not in current:
                 added.append(route)
                 self._outbox.add_route(key)  # a fold episode saved before a restart still owes
-                self._routed_again(key)
             self._closing.pop(key, None)
             if self._running and self._serves(key.agent_id):
                 self._schedule(route)
@@ -1198,16 +1056,16 @@ class Service:
         served (a reload dropped the chat's route, or the agent from it), or None.
 
         Why: the card stopped being edited but went on showing its last state, "running"
-        for good, to a chat that is no longer told anything about the agent. An origin
-        route's card gets it when its chat left `origin_chats` (the only way one leaves
-        here: removed, or `/taskcard off`, it closes on its own). A card people hid, or one
-        another instance sends, is left as it is.
+        for good, to a chat that is no longer told anything about the agent. A card people
+        hid, one another instance sends, or an origin route's (it closes once its card
+        shows the watch stopped, or on `/taskcard off`) is left as it is.
         """
         agent_id = route.key.agent_id
         monitor = self._monitors.get(agent_id)
         channel = self._channels.get(route.key.channel)
         if (
-            monitor is None
+            route.origin
+            or monitor is None
             or channel is None
             or not self._running
             or not self._serves(agent_id)
@@ -1260,47 +1118,12 @@ class Service:
             return
         now = asyncio.get_running_loop().time()
         for key, since in list(self._closing.items()):
-            said = self._scheduler.settled(key)  # its last edit went out (or never will)
-            if said or (
+            if self._scheduler.settled(key) or (
                 now - since > CLOSE_GRACE_S and self._scheduler.settled(key, in_flight_only=True)
             ):
                 self._scheduler.remove_route(key)
                 self._scheduled.discard(key)
                 del self._closing[key]
-                self._route_gone(key, said)
-
-    def _route_gone(self, key: RouteKey, said: bool) -> None:
-        """A closed route was dropped: the refusal kept for `taskcard status` goes with it
-        (it stayed until the agent was forgotten, which a cluster never does), and a route
-        whose "no longer followed" edit went out (`said`) is marked so (alone on the
-        state), so a later start does not edit that card again; one dropped unsaid (a
-        long pause) is edited by the next start."""
-        try:
-            self._store.delete_cursors([card_refused_key(key.store_key)])
-            if said and key in self._unrouted_closing and self._owned is None:
-                self._store.set_cursor(
-                    UNROUTED_PREFIX + key.store_key, repr(self._clock().timestamp())
-                )
-                self._unrouted_marks.add(key)
-        except Exception as error:
-            # Housekeeping: a failing state file is the writes' business (logged there).
-            log.warning("the state of route %s, which closed, was not updated: %s", key, error)
-        finally:
-            self._unrouted_closing.discard(key)
-
-    def _routed_again(self, key: RouteKey) -> None:
-        """`key` is routed again (a reload put it back): it is not owed the "no longer
-        followed" edit, and its mark goes, so a later removal says so again."""
-        self._unrouted_closing.discard(key)
-        owed = self._unrouted_owed.get(key.channel)
-        if owed is not None and key in owed:
-            owed.remove(key)
-        if key in self._unrouted_marks:
-            self._unrouted_marks.discard(key)
-            try:
-                self._store.delete_cursors([UNROUTED_PREFIX + key.store_key])
-            except Exception as error:
-                log.warning("the mark of route %s, routed again, was not dropped: %s", key, error)
 
     def reload(self, config: ServiceConfig) -> bool:
         """Apply a new configuration (SIGHUP) while serving; False when it needs a restart.
@@ -1337,7 +1160,6 @@ class Service:
         self._origin_refused.clear()
         self._origin_allowed = None
         self._rediscover()
-        self._close_disallowed_origins()
         self.apply(self._desired())
         for route in list(self._routes):
             self._project_route(route)  # display defaults may have changed

@@ -25,13 +25,11 @@ import redis
 from tests.e2e.harness import (
     LONG_WINDOW_S,
     ServeProcess,
-    activity,
     eventually,
     lift_long_pauses,
     publish,
     run_cli,
 )
-from tests.e2e.test_serve_feishu import CHAT as FEISHU_CHAT
 from tests.e2e.test_serve_telegram import GROUP, _quick_publish, _sleep, shown
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeLimits, FakeTelegram, Window
@@ -1523,106 +1521,3 @@ async def test_a_delete_put_off_by_a_429_is_made_after_a_restart_from_the_shared
     assert "card v2" in card
     assert fake.count("deleteMessage") == 2
     assert fake.count("sendMessage") == 2
-
-
-# A second chat for the routes a test removes; the last edit such a route's card gets.
-OTHER_CHAT = -1003333333333
-OTHER_FEISHU_CHAT = "oc_cluster_other"
-UNROUTED = "No longer followed in this chat"
-
-
-@pytest.mark.parametrize("platform", ["telegram", "feishu"])
-async def test_a_chat_a_reload_takes_out_of_origin_chats_stops_its_origin_cards_in_a_cluster(
-    tmp_path: Path,
-    platform: str,
-    fake: FakeTelegram,
-    feishu: FakeFeishu,
-    redis_url: str,
-    prefix: str,
-    fleet: ExitStack,
-) -> None:
-    """Clustered, a turn from a chat in `origin_chats` brings the agent's card there, and a
-    reload that takes the chat out of `origin_chats` gives that card the "no longer
-    followed" edit (it was edited on as if the chat still followed the agent)."""
-    if platform == "telegram":
-        serve = instance(tmp_path, "i0", fake, ["i0agent"], redis_url=redis_url, prefix=prefix)
-        workdir = tmp_path / "agents" / "i0agent"
-        routed, other, anchor = GROUP, OTHER_CHAT, "poll_timeout_s = 1"
-
-        def cards_in(chat: object) -> list[str]:
-            return shown(fake, int(str(chat)))
-    else:
-        setup = feishu_instance(tmp_path, "i0", feishu, redis_url=redis_url, prefix=prefix)
-        serve = setup.serve()
-        workdir = tmp_path / "i0" / "agents" / "i0agent"
-        routed, other, anchor = FEISHU_CHAT, OTHER_FEISHU_CHAT, 'events = "webhook"'
-
-        def cards_in(chat: object) -> list[str]:
-            return [m.text for m in feishu.chat(str(chat)) if m.msg_type == "interactive"]
-
-    allowed = serve.config.read_text()
-    chat_value = json.dumps(other)
-    serve.config.write_text(allowed.replace(anchor, f"{anchor}\norigin_chats = [{chat_value}]"))
-    fleet.enter_context(serve)
-    publish(workdir, "step 1")
-    activity(workdir, "turn.origin", origin=f"{platform}:{other}")
-    await eventually(
-        lambda: any("step 1" in t for t in cards_in(other)),
-        timeout_s=60,
-        what="the card in the chat the turn came from",
-    )
-    serve.config.write_text(allowed)
-    assert serve.proc is not None
-    serve.proc.send_signal(signal.SIGHUP)
-    await eventually(
-        lambda: any(UNROUTED in t for t in cards_in(other)),
-        timeout_s=60,
-        what="the origin chat's card saying it no longer follows the agent",
-    )
-    publish(workdir, "step 2")
-    await eventually(
-        lambda: any("step 2" in t for t in cards_in(routed)),
-        timeout_s=60,
-        what="the configured route going on",
-    )
-    assert not any("step 2" in t for t in cards_in(other)), "the edits stopped"
-    assert len(cards_in(other)) == 1
-    assert await serve.aterminate() == 0
-
-
-async def test_a_clustered_start_leaves_the_cards_of_routes_removed_meanwhile_as_they_are(
-    tmp_path: Path, fake: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
-) -> None:
-    """Alone on its state, a start edits the cards of routes taken out of the file while it
-    was stopped. Clustered it does not (as documented): the instances share the residents but
-    not their configurations, so a route missing from the starting instance's file may be
-    another instance's, stopped or restarting meanwhile; a reload of each instance removes
-    routes there."""
-    serve = instance(tmp_path, "i0", fake, ["i0agent"], redis_url=redis_url, prefix=prefix)
-    alone = serve.config.read_text()
-    serve.config.write_text(
-        alone + f'[[telegram.routes]]\nchat_id = {OTHER_CHAT}\nagents = ["i0agent"]\n'
-    )
-    workdir = tmp_path / "agents" / "i0agent"
-    with serve:
-        publish(workdir, "step 1")
-        await eventually(
-            lambda: (
-                any("step 1" in t for t in shown(fake, OTHER_CHAT))
-                and any("step 1" in t for t in shown(fake, GROUP))
-            ),
-            timeout_s=60,
-            what="the card in both chats",
-        )
-        assert await serve.aterminate() == 0
-    serve.config.write_text(alone)
-    again = fleet.enter_context(ServeProcess(serve.config, env=serve.env))
-    publish(workdir, "step 2")
-    await eventually(
-        lambda: any("step 2" in t for t in shown(fake, GROUP)),
-        timeout_s=60,
-        what="the route still configured going on",
-    )
-    assert [t for t in shown(fake, OTHER_CHAT) if "step 1" in t and UNROUTED not in t]
-    assert "removed while the service was stopped" not in again.logs
-    assert await again.aterminate() == 0

@@ -5,13 +5,11 @@ Feishu Open API, the chats read as people see them."""
 from __future__ import annotations
 
 import signal
-from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.harness import ServeProcess, activity, agents_lines, eventually, publish
-from tests.e2e.test_card_refused_status import status_routes
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram
 
@@ -28,13 +26,10 @@ def write_config(
     fake: FakeTelegram | FakeFeishu,
     routes: list[tuple[object, list[str]]],
     tail: tuple[str, ...] = (),
-    *,
-    origin_chats: tuple[object, ...] = (),
-    name: str = "taskcard.toml",
 ) -> tuple[Path, dict[str, str]]:
-    """`tmp_path/NAME`: agents alpha and beta, the channel's `origin_chats` and one route
-    per (chat, agents) on the fake's platform, then the `tail` lines (sections of their
-    own); returns the file and the secrets' environment."""
+    """`tmp_path/taskcard.toml`: agents alpha and beta and one route per (chat, agents) on
+    the fake's platform, then the `tail` lines (sections of their own); returns the file and
+    the secrets' environment."""
     lines = agents_lines(tmp_path, ["alpha", "beta"])
     if isinstance(fake, FakeTelegram):
         section = "telegram"
@@ -55,11 +50,10 @@ def write_config(
             'events = "none"',
         ]
         env = {"TC_FS_APP_ID": fake.app_id, "TC_FS_APP_SECRET": fake.app_secret}
-    lines.append(f"origin_chats = {list(origin_chats)!r}")
     for chat, agents in routes:
         shown = f'"{chat}"' if isinstance(chat, str) else str(chat)
         lines += [f"[[{section}.routes]]", f"chat_id = {shown}", f"agents = {agents!r}"]
-    config = tmp_path / name
+    config = tmp_path / "taskcard.toml"
     config.write_text("\n".join([*lines, *tail]).replace("'", '"') + "\n")
     return config, env
 
@@ -77,34 +71,6 @@ def card_of(fake: FakeTelegram | FakeFeishu, chat: object, agent: str) -> tuple[
     """(message id, text) of `agent`'s card in `chat`, when there is exactly one."""
     found = [(i, t) for i, t in cards(fake, chat).items() if agent in t.split("\n")[0].split()]
     return found[0] if len(found) == 1 else None
-
-
-async def removed_routes_told(
-    tmp_path: Path,
-    fake: FakeTelegram | FakeFeishu,
-    first: object,
-    second: object,
-    beta_id: str,
-    second_id: str,
-) -> None:
-    """Alpha's card in the second chat and beta's in the first (both routes removed) say they
-    are no longer followed, and alpha's card in the first chat goes on with its next change."""
-    await eventually(
-        lambda: UNROUTED in cards(fake, second).get(second_id, ""),
-        timeout_s=WAIT_S,
-        what="the second chat's card saying its chat no longer follows alpha",
-    )
-    await eventually(
-        lambda: UNROUTED in cards(fake, first).get(beta_id, ""),
-        timeout_s=WAIT_S,
-        what="beta's card in the first chat saying so",
-    )
-    publish(tmp_path / "agents" / "alpha", "alpha step 2")
-    await eventually(
-        lambda: "alpha step 2" in "".join(cards(fake, first).values()),
-        timeout_s=WAIT_S,
-        what="alpha's card in the first chat going on",
-    )
 
 
 @pytest.mark.parametrize("platform", ["telegram", "feishu"])
@@ -138,7 +104,22 @@ async def test_a_route_a_reload_removes_leaves_its_cards_saying_so_and_a_return_
 
         write_config(tmp_path, fake, [(first, ["alpha"])])
         serve.proc.send_signal(signal.SIGHUP)
-        await removed_routes_told(tmp_path, fake, first, second, beta_card[0], second_card[0])
+        await eventually(
+            lambda: UNROUTED in cards(fake, second).get(second_card[0], ""),
+            timeout_s=WAIT_S,
+            what="the second chat's card saying its chat no longer follows alpha",
+        )
+        await eventually(
+            lambda: UNROUTED in cards(fake, first).get(beta_card[0], ""),
+            timeout_s=WAIT_S,
+            what="beta's card in the first chat saying so",
+        )
+        publish(tmp_path / "agents" / "alpha", "alpha step 2")
+        await eventually(
+            lambda: "alpha step 2" in "".join(cards(fake, first).values()),
+            timeout_s=WAIT_S,
+            what="alpha's card in the first chat going on",
+        )
         assert UNROUTED not in "".join(
             text for ident, text in cards(fake, first).items() if ident != beta_card[0]
         )
@@ -154,214 +135,6 @@ async def test_a_route_a_reload_removes_leaves_its_cards_saying_so_and_a_return_
         assert UNROUTED not in cards(fake, second)[second_card[0]]
         assert len(cards(fake, second)) == 1, "no second card"
         assert await serve.aterminate() == 0
-
-
-def edits(fake: FakeTelegram | FakeFeishu, chat: object, message_id: str) -> int:
-    """How many edits of the bot's message `message_id` in `chat` the fake was asked for."""
-    if isinstance(fake, FakeTelegram):
-        return sum(
-            1
-            for r in fake.requests
-            if r.method == "editMessageText"
-            and r.chat_id == chat
-            and str(r.params.get("message_id")) == message_id
-        )
-    return sum(1 for r in fake.requests_of("patch") if r.message_id == message_id)
-
-
-def platform_of(
-    platform: str, telegram: FakeTelegram, feishu: FakeFeishu
-) -> tuple[FakeTelegram | FakeFeishu, object, object]:
-    """The fake of `platform` and its two chats."""
-    if platform == "telegram":
-        return telegram, *TELEGRAM_CHATS
-    return feishu, *FEISHU_CHATS
-
-
-@pytest.mark.parametrize("platform", ["telegram", "feishu"])
-async def test_a_route_removed_while_stopped_is_said_no_longer_followed_at_the_next_start(
-    tmp_path: Path, platform: str, telegram: FakeTelegram, feishu: FakeFeishu
-) -> None:
-    """A route taken out of the file while `serve` was stopped left its cards as they were
-    at the stop, looking live for good. The next start gives each the last edit a reload
-    gives (once: a later start leaves it alone), and the routes still configured go on. A
-    reload that routes the agent there again edits the same card back."""
-    fake, first, second = platform_of(platform, telegram, feishu)
-    both: list[tuple[object, list[str]]] = [(first, ["alpha", "beta"]), (second, ["alpha"])]
-    config, env = write_config(tmp_path, fake, both)
-    with ServeProcess(config, env=env) as serve:
-        for agent in ("alpha", "beta"):
-            publish(tmp_path / "agents" / agent, f"{agent} step 1")
-        await eventually(
-            lambda: (
-                len(cards(fake, first)) == 2
-                and all("step 1" in text for text in cards(fake, first).values())
-                and "alpha step 1" in "".join(cards(fake, second).values())
-            ),
-            timeout_s=WAIT_S,
-            what="alpha and beta in the first chat, alpha in the second",
-        )
-        assert await serve.aterminate() == 0
-    beta_card = card_of(fake, first, "beta")
-    second_card = card_of(fake, second, "alpha")
-    assert beta_card is not None and second_card is not None
-
-    write_config(tmp_path, fake, [(first, ["alpha"])])
-    with ServeProcess(config, env=env) as serve:
-        await removed_routes_told(tmp_path, fake, first, second, beta_card[0], second_card[0])
-        assert "alpha step 2" not in cards(fake, second)[second_card[0]], "the edits stopped"
-        assert await serve.aterminate() == 0
-    said = edits(fake, second, second_card[0])
-
-    # Started again: the card said its last word already, and is not edited again.
-    with ServeProcess(config, env=env) as serve:
-        publish(tmp_path / "agents" / "alpha", "alpha step 3")
-        await eventually(
-            lambda: "alpha step 3" in "".join(cards(fake, first).values()),
-            timeout_s=WAIT_S,
-            what="alpha's card in the first chat after the second start",
-        )
-        assert edits(fake, second, second_card[0]) == said
-        assert UNROUTED in cards(fake, second)[second_card[0]]
-
-        write_config(tmp_path, fake, both)
-        assert serve.proc is not None
-        serve.proc.send_signal(signal.SIGHUP)
-        await eventually(
-            lambda: "alpha step 3" in cards(fake, second).get(second_card[0], ""),
-            timeout_s=WAIT_S,
-            what="the same card in the second chat showing alpha again",
-        )
-        assert UNROUTED not in cards(fake, second)[second_card[0]]
-        assert len(cards(fake, second)) == 1, "no second card"
-        assert await serve.aterminate() == 0
-
-    # Taken out again while stopped: routed again in between, it is said again.
-    write_config(tmp_path, fake, [(first, ["alpha", "beta"])])
-    with ServeProcess(config, env=env) as serve:
-        await eventually(
-            lambda: UNROUTED in cards(fake, second).get(second_card[0], ""),
-            timeout_s=WAIT_S,
-            what="the second chat's card saying so again",
-        )
-        assert await serve.aterminate() == 0
-
-
-@pytest.mark.parametrize("platform", ["telegram", "feishu"])
-@pytest.mark.parametrize("how", ["reload", "restart"])
-async def test_a_chat_taken_out_of_origin_chats_closes_the_routes_its_turns_opened(
-    tmp_path: Path, platform: str, how: str, telegram: FakeTelegram, feishu: FakeFeishu
-) -> None:
-    """A turn from a chat in `origin_chats` brings the agent's card there. Taking the chat
-    out of `origin_chats` (by a reload, or while the service is stopped) left that card
-    edited on as if the chat still followed the agent; now it gets the "no longer followed"
-    edit and the route closes: allowed again, only a later turn from the chat opens it."""
-    fake, first, second = platform_of(platform, telegram, feishu)
-    routes: list[tuple[object, list[str]]] = [(first, ["alpha"])]
-    config, env = write_config(tmp_path, fake, routes, origin_chats=(second,))
-    alpha = tmp_path / "agents" / "alpha"
-    with ExitStack() as stack:
-        serve = stack.enter_context(ServeProcess(config, env=env))
-        publish(alpha, "alpha step 1")
-        activity(alpha, "turn.origin", origin=f"{platform}:{second}")
-        await eventually(
-            lambda: "alpha step 1" in "".join(cards(fake, second).values()),
-            timeout_s=WAIT_S,
-            what="alpha's card in the chat its turn came from",
-        )
-        origin_card = card_of(fake, second, "alpha")
-        assert origin_card is not None
-        write_config(tmp_path, fake, routes)
-        if how == "reload":
-            assert serve.proc is not None
-            serve.proc.send_signal(signal.SIGHUP)
-        else:
-            assert await serve.aterminate() == 0
-            serve = stack.enter_context(ServeProcess(config, env=env))
-        await eventually(
-            lambda: UNROUTED in cards(fake, second).get(origin_card[0], ""),
-            timeout_s=WAIT_S,
-            what="the origin chat's card saying it no longer follows alpha",
-        )
-        publish(alpha, "alpha step 2")
-        await eventually(
-            lambda: "alpha step 2" in "".join(cards(fake, first).values()),
-            timeout_s=WAIT_S,
-            what="alpha's configured route going on",
-        )
-        assert "alpha step 2" not in cards(fake, second)[origin_card[0]], "the edits stopped"
-        assert await serve.aterminate() == 0
-
-    # Allowed again: the old turn opens nothing; a new one opens the same card again.
-    write_config(tmp_path, fake, routes, origin_chats=(second,))
-    with ServeProcess(config, env=env) as serve:
-        publish(alpha, "alpha step 3")
-        await eventually(
-            lambda: "alpha step 3" in "".join(cards(fake, first).values()),
-            timeout_s=WAIT_S,
-            what="alpha's card after the restart",
-        )
-        assert UNROUTED in cards(fake, second)[origin_card[0]]
-        activity(alpha, "turn.origin", origin=f"{platform}:{second}")
-        await eventually(
-            lambda: "alpha step 3" in cards(fake, second).get(origin_card[0], ""),
-            timeout_s=WAIT_S,
-            what="a new turn from the chat showing the same card again",
-        )
-        assert len(cards(fake, second)) == 1, "no second card"
-        assert await serve.aterminate() == 0
-
-
-@pytest.mark.parametrize("platform", ["telegram", "feishu"])
-@pytest.mark.parametrize("how", ["reload", "restart"])
-async def test_a_card_refusal_goes_with_its_route(
-    tmp_path: Path, platform: str, how: str, telegram: FakeTelegram, feishu: FakeFeishu
-) -> None:
-    """A route whose card the platform refused for good keeps that refusal for `taskcard
-    status` until a card goes through. Its route removed (by a reload, or while stopped),
-    the refusal stayed in the state until the agent was forgotten (never, in a cluster), and
-    showed again, stale, once the route came back; now it goes with the route."""
-    fake, first, second = platform_of(platform, telegram, feishu)
-    both: list[tuple[object, list[str]]] = [(first, ["alpha"]), (second, ["alpha"])]
-    config, env = write_config(tmp_path, fake, both)
-    # The same state, read by `taskcard status` with the removed route still configured.
-    with_route, _ = write_config(tmp_path, fake, both, name="with-route.toml")
-    route = f"{platform}:{second}::alpha"
-    if isinstance(fake, FakeTelegram):
-        assert isinstance(second, int)
-        fake.fail_chat(second, 400, "Bad Request: message is too long")
-    else:
-        assert isinstance(second, str)
-        fake.fail_chat(second, 230025, msg="The message content exceeds the length limit.")
-    alpha = tmp_path / "agents" / "alpha"
-    with ExitStack() as stack:
-        serve = stack.enter_context(ServeProcess(config, env=env))
-        publish(alpha, "alpha step 1")
-        await eventually(
-            lambda: status_routes(with_route)[route]["card_refused"],
-            timeout_s=WAIT_S,
-            what="the card refused in the second chat",
-        )
-        write_config(tmp_path, fake, [(first, ["alpha"])])
-        if how == "reload":
-            assert serve.proc is not None
-            serve.proc.send_signal(signal.SIGHUP)
-        else:
-            assert await serve.aterminate() == 0
-            serve = stack.enter_context(ServeProcess(config, env=env))
-        await eventually(
-            lambda: status_routes(with_route)[route]["card_refused"] is None,
-            timeout_s=WAIT_S,
-            what="the refusal gone with its route",
-        )
-        publish(alpha, "alpha step 2")
-        await eventually(
-            lambda: "alpha step 2" in "".join(cards(fake, first).values()),
-            timeout_s=WAIT_S,
-            what="alpha's other route going on",
-        )
-        assert await serve.aterminate() == 0
-    assert status_routes(with_route)[route]["card_refused"] is None
 
 
 def state_shown(fake: FakeTelegram | FakeFeishu, chat: object, agent: str) -> str:

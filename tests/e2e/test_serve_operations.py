@@ -24,7 +24,7 @@ from typing import TypeVar
 import httpx
 import pytest
 
-from taskcard.bridge.run.runner import BIND_RETRY_S, ServeLock
+from taskcard.bridge.run.runner import BIND_RETRY_S
 from taskcard.bridge.store.sqlite import STATE_FILE, SqliteStore
 from tests.e2e.harness import (
     ServeProcess,
@@ -522,55 +522,6 @@ async def test_a_metrics_port_taken_stops_the_start_with_one_line_naming_it(
         assert words in lines[0], lines[0]
     assert "Traceback" not in serve.logs and "Errno" not in lines[0]
     assert fake.token not in serve.logs
-    assert not (tmp_path / ".taskcard").exists(), "the state folder this start made is gone"
-
-
-def tree(folder: Path) -> dict[str, bytes | None]:
-    """Every path under `folder` (a folder's content as None), to compare before and after."""
-    return {
-        str(path.relative_to(folder)): None if path.is_dir() else path.read_bytes()
-        for path in sorted(folder.rglob("*"))
-    }
-
-
-@pytest.mark.parametrize("state", ["made-by-the-start", "there-before"])
-@pytest.mark.parametrize(
-    ("refusal", "extra", "with_token"),
-    [
-        ("unbindable-metrics-address", ["[metrics]", 'listen = "192.0.2.1:9464"'], True),
-        ("secret-missing", [], False),
-        ("config-invalid", ["[nonsense]", "x = 1"], True),
-    ],
-)
-async def test_a_refused_start_leaves_nothing_it_made_and_keeps_what_was_there(
-    tmp_path: Path,
-    fake: FakeTelegram,
-    state: str,
-    refusal: str,
-    extra: list[str],
-    with_token: bool,
-) -> None:
-    """A start refused with exit 2 left the state folder it had made (with its lock and
-    database) behind; one that was there before, with the operator's files, stays as it was."""
-    config = telegram_config(tmp_path, fake.base_url, GROUP, extra=extra)
-    config.write_text(config.read_text().replace('".taskcard"', '"var/lib/taskcard"'))
-    state_dir = tmp_path / "var" / "lib" / "taskcard"
-    if state == "there-before":
-        (state_dir / "kept").mkdir(parents=True)
-        (state_dir / "kept" / "notes.txt").write_text("the operator's\n")
-    before = tree(tmp_path)
-    env = {"TC_TEST_TOKEN": fake.token} if with_token else {}
-    with ServeProcess(config, env=env) as serve:
-        await eventually(
-            lambda: serve.proc is not None and serve.proc.poll() is not None,
-            what=f"the start refused ({refusal})",
-        )
-        assert serve.proc is not None
-        code = serve.proc.returncode
-    assert code == 2, serve.logs
-    assert "Traceback" not in serve.logs
-    assert tree(tmp_path) == before, serve.logs
-    assert (tmp_path / "var").exists() == (state == "there-before")
 
 
 async def test_a_metrics_port_busy_for_a_moment_is_waited_for(
@@ -645,30 +596,3 @@ async def test_with_json_logs_a_start_error_is_a_json_record(
     assert result.returncode == 2
     [problem] = [json.loads(line) for line in result.stderr.splitlines()]
     assert problem["level"] == "ERROR" and "bogus" in problem["message"], problem
-
-
-def test_a_parent_folder_another_instance_uses_meanwhile_is_kept(tmp_path: Path) -> None:
-    """Two services whose state folders share a parent that neither found: the one whose
-    start is refused takes away its own folder, never the parent with the other's state."""
-    ours, theirs = tmp_path / "srv" / "a", tmp_path / "srv" / "b"
-    lock = ServeLock(ours)
-    assert lock.acquire() is None
-    (ours / "state.db").write_bytes(b"ours")
-    theirs.mkdir()  # the other service, started meanwhile, made its folder beside ours
-    (theirs / "state.db").write_bytes(b"theirs")
-    lock.remove_made()
-    assert not ours.exists()
-    assert (theirs / "state.db").read_bytes() == b"theirs"
-
-
-def test_a_state_folder_there_before_keeps_its_files_and_loses_only_the_added(
-    tmp_path: Path,
-) -> None:
-    state_dir = tmp_path / "state"
-    state_dir.mkdir()
-    (state_dir / "notes.txt").write_text("the operator's\n")
-    lock = ServeLock(state_dir)
-    assert lock.acquire() is None
-    (state_dir / "state.db").write_bytes(b"new")
-    lock.remove_made()
-    assert sorted(p.name for p in state_dir.iterdir()) == ["notes.txt"]
