@@ -2116,7 +2116,9 @@ class Service:
 
     def _replies_to_board(self, routes: list[Route], command: IncomingCommand) -> bool:
         """Whether `command` replies to the chat's board (of any instance, clustered)."""
-        boards = {self._shown_id(board_key(r.key)) for r in routes}
+        # One board per chat and thread, however many routes: its id read once each (a read
+        # of the shared state is a round trip when clustered).
+        boards = {self._shown_id(key) for key in {board_key(r.key) for r in routes}}
         return not boards.isdisjoint(command.reply_to)
 
     async def _named_agent(
