@@ -187,19 +187,26 @@ def _fold(key: str) -> str:
     return "".join(char for char in key.casefold() if char.isalnum())
 
 
-def _spelt_almost(key: str, data: dict[str, Any]) -> str | None:
-    """A key of the document, not itself a setting, that names setting `key` in another
-    spelling (`interval-s`, `intervalS`, `Interval_S`) or with a slip (`intervl_s`)."""
+def _other_keys(data: dict[str, Any]) -> dict[str, str]:
+    """The document's keys that are no setting (and short enough to be a spelling of one),
+    by their folded form: built once per document, for `_spelt_almost`."""
     folded: dict[str, str] = {}
     for name in data:
-        if isinstance(name, str) and name not in BOUNDS and len(name) <= _NEAR_KEY_CHARS:
+        if name not in BOUNDS and len(name) <= _NEAR_KEY_CHARS:
             folded.setdefault(_fold(name), name)
-    if _fold(key) in folded:
-        return folded[_fold(key)]
-    if len(folded) > _NEAR_KEYS_COMPARED:
+    return folded
+
+
+def _spelt_almost(key: str, others: dict[str, str]) -> str | None:
+    """The key of `others` (see `_other_keys`) that names setting `key` in another spelling
+    (`interval-s`, `intervalS`, `Interval_S`) or with a slip (`intervl_s`)."""
+    wanted = _fold(key)
+    if wanted in others:
+        return others[wanted]
+    if len(others) > _NEAR_KEYS_COMPARED:
         return None  # no hand-kept settings file: a slip is not looked for in so many keys
-    close = difflib.get_close_matches(_fold(key), list(folded), n=1, cutoff=0.85)
-    return folded[close[0]] if close else None
+    close = difflib.get_close_matches(wanted, list(others), n=1, cutoff=0.85)
+    return others[close[0]] if close else None
 
 
 # Past these, a key is no spelling of a setting, and a document no hand-kept settings file.
@@ -214,10 +221,11 @@ def load_settings(paths: CardPaths) -> EffectiveSettings:
     sources: dict[str, str] = {}
 
     problems: list[str] = []
+    others = _other_keys(data) if not BOUNDS.keys() <= data.keys() else {}
 
     def pick(key: str, default: Any) -> Any:
         if key not in data:
-            near = _spelt_almost(key, data)
+            near = _spelt_almost(key, others)
             if near is None:
                 sources[key] = "default"
             else:
