@@ -9,11 +9,9 @@ from pathlib import Path
 from tests.e2e.harness import eventually
 from tests.e2e.test_talk_and_signals import (
     PERSON,
-    chat_for,
     platform,  # noqa: F401 (the fixture, used by name)
     queued,
-    running_agent,
-    running_card_shown,
+    running_card,
     wait_said,
 )
 
@@ -31,19 +29,15 @@ async def test_commands_of_several_people_arriving_together_are_each_answered(
     # was never said to have gone nowhere when its author's `/taskcard` came right after
     # (Feishu, one event per request, answered each). Answers to one person's repeated
     # command still collapse into the latest.
-    async with chat_for(platform, tmp_path, ["builder"]) as chat:
-        running_agent(tmp_path)
-        with chat.serve:
-            await running_card_shown(chat)
-            await chat.say("/taskcard offf", user=PERSON)
-            await chat.say("/taskcard", user=OTHER)
-            await wait_said(chat, "Only the people listed", "the answer to the member not listed")
-            await wait_said(chat, "Did you mean /taskcard off?", "the answer to the typo")
-            await chat.say("/tell nobody hello", user=PERSON)
-            await chat.say("/taskcard", user=PERSON)
-            await wait_said(chat, "AGENT is one of builder", "the answer to the /tell")
-            await wait_said(chat, "Task cards here: shown", "the answer to /taskcard")
-            assert await chat.serve.aterminate() == 0
+    async with running_card(platform, tmp_path) as chat:
+        await chat.say("/taskcard offf", user=PERSON)
+        await chat.say("/taskcard", user=OTHER)
+        await wait_said(chat, "Only the people listed", "the answer to the member not listed")
+        await wait_said(chat, "Did you mean /taskcard off?", "the answer to the typo")
+        await chat.say("/tell nobody hello", user=PERSON)
+        await chat.say("/taskcard", user=PERSON)
+        await wait_said(chat, "AGENT is one of builder", "the answer to the /tell")
+        await wait_said(chat, "Task cards here: shown", "the answer to /taskcard")
 
 
 async def test_help_is_answered_with_the_help(
@@ -51,15 +45,11 @@ async def test_help_is_answered_with_the_help(
     tmp_path: Path,
 ) -> None:
     # `/taskcard help` was "Unknown option", as if asking for help were a mistake.
-    async with chat_for(platform, tmp_path, ["builder"]) as chat:
-        running_agent(tmp_path)
-        with chat.serve:
-            await running_card_shown(chat)
-            await chat.say("/taskcard Help")
-            help_text = await wait_said(chat, "Task card commands here", "the help")
-            assert "/taskcard off: hide the cards" in help_text
-            assert not any("Unknown option" in text for text in chat.bot_texts())
-            assert await chat.serve.aterminate() == 0
+    async with running_card(platform, tmp_path) as chat:
+        await chat.say("/taskcard Help")
+        help_text = await wait_said(chat, "Task card commands here", "the help")
+        assert "/taskcard off: hide the cards" in help_text
+        assert not any("Unknown option" in text for text in chat.bot_texts())
 
 
 async def test_a_reply_to_the_board_is_told_how_to_reach_an_agent(
@@ -68,17 +58,13 @@ async def test_a_reply_to_the_board_is_told_how_to_reach_an_agent(
 ) -> None:
     # The board speaks for every agent of the chat, so text written as a reply to it cannot
     # be given to one; it went nowhere without a word, and its author thought it sent.
-    async with chat_for(platform, tmp_path, ["builder", "tester"]) as chat:
-        running_agent(tmp_path)
-        with chat.serve:
-            await running_card_shown(chat)
-            await chat.say("/taskcard board")
-            board = await eventually(
-                lambda: chat.message_id_with("Task board"), timeout_s=60, what="the board"
-            )
-            await chat.say("builder, please stop", reply_to=board)
-            answer = await wait_said(chat, "reply to the task board", "the answer to the reply")
-            assert "AGENT is one of builder, tester" in answer
-            assert "please stop" not in answer
-            assert queued(tmp_path) == [] and queued(tmp_path, "tester") == []
-            assert await chat.serve.aterminate() == 0
+    async with running_card(platform, tmp_path, ("builder", "tester")) as chat:
+        await chat.say("/taskcard board")
+        board = await eventually(
+            lambda: chat.message_id_with("Task board"), timeout_s=60, what="the board"
+        )
+        await chat.say("builder, please stop", reply_to=board)
+        answer = await wait_said(chat, "reply to the task board", "the answer to the reply")
+        assert "AGENT is one of builder, tester" in answer
+        assert "please stop" not in answer
+        assert queued(tmp_path) == [] and queued(tmp_path, "tester") == []

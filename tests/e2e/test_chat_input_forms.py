@@ -8,8 +8,6 @@ the agent as a typed one does. (A `/tell` whose text starts on the next line is 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 from tests.e2e.harness import eventually, publish, run_cli
@@ -20,30 +18,18 @@ from tests.e2e.test_talk_and_signals import (
     GROUP,
     PERSON,
     STATUS,
-    Chat,
     FeishuChat,
     TelegramChat,
     chat_for,
     platform,  # noqa: F401 (the fixture, used by name)
     queued,
     running_agent,
+    running_card,
     running_card_shown,
     wait_said,
     wait_status,
     workdir,
 )
-
-
-@asynccontextmanager
-async def running_card(on: str, tmp_path: Path) -> AsyncIterator[Chat]:
-    """The chat on platform `on` of `taskcard serve` showing the card of a running agent,
-    `builder`; the service must stop cleanly (exit 0) when the block ends."""
-    async with chat_for(on, tmp_path, ["builder"]) as chat:
-        running_agent(tmp_path)
-        with chat.serve:
-            await running_card_shown(chat)
-            yield chat
-            assert await chat.serve.aterminate() == 0
 
 
 async def test_feishu_commands_from_the_rich_editor(tmp_path: Path) -> None:

@@ -274,6 +274,20 @@ async def running_card_shown(chat: Chat) -> None:
     await eventually(lambda: chat.message_id_with("compile"), timeout_s=60, what="card")
 
 
+@asynccontextmanager
+async def running_card(
+    on: str, tmp_path: Path, agents: tuple[str, ...] = ("builder",)
+) -> AsyncIterator[Chat]:
+    """The chat on platform `on` of `taskcard serve` following `agents`, showing the card of
+    the running agent `builder`; the service must stop cleanly (exit 0) when the block ends."""
+    async with chat_for(on, tmp_path, list(agents)) as chat:
+        running_agent(tmp_path)
+        with chat.serve:
+            await running_card_shown(chat)
+            yield chat
+            assert await chat.serve.aterminate() == 0
+
+
 @pytest.mark.parametrize(
     ("typed", "text"),
     [
