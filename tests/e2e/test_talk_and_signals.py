@@ -300,24 +300,20 @@ async def running_card(
 async def test_tell_is_queued_then_delivered_on_one_edited_message(
     platform: str, tmp_path: Path, typed: str, text: str
 ) -> None:
-    async with chat_for(platform, tmp_path, ["builder"]) as chat:
-        running_agent(tmp_path)
-        with chat.serve:
-            await running_card_shown(chat)
-            await chat.say(typed)
-            await wait_status(chat, "queued")
-            assert not any("AGENT is one of" in t for t in chat.bot_texts())
-            [message] = queued(tmp_path)
-            data = json.loads(message.read_text())
-            assert data["text"] == text and data["kind"] == "message"
-            assert data["origin"].split(":")[0] == platform
-            claim_and_ack(tmp_path, message)
-            await wait_status(chat, "delivered")
-            assert len(status_texts(chat)) == 1  # one message, edited as the state changed
-            status_id = chat.message_id_with(STATUS)
-            assert status_id is not None and chat.edits_of(status_id) >= 1
-            assert not any("stop now" in t or "please" in t for t in chat.bot_texts())
-            assert await chat.serve.aterminate() == 0
+    async with running_card(platform, tmp_path) as chat:
+        await chat.say(typed)
+        await wait_status(chat, "queued")
+        assert not any("AGENT is one of" in t for t in chat.bot_texts())
+        [message] = queued(tmp_path)
+        data = json.loads(message.read_text())
+        assert data["text"] == text and data["kind"] == "message"
+        assert data["origin"].split(":")[0] == platform
+        claim_and_ack(tmp_path, message)
+        await wait_status(chat, "delivered")
+        assert len(status_texts(chat)) == 1  # one message, edited as the state changed
+        status_id = chat.message_id_with(STATUS)
+        assert status_id is not None and chat.edits_of(status_id) >= 1
+        assert not any("stop now" in t or "please" in t for t in chat.bot_texts())
 
 
 async def test_an_ack_line_with_a_way_in_that_is_not_text_costs_only_that_line(
@@ -375,41 +371,33 @@ async def test_a_cancel_while_a_reader_holds_the_message_says_it_may_come_back(
     """An MCP server holds the message, its answer unread: the cancel is too late, and says
     the message is queued again if the reader does not get it. The server is stopped
     (SIGTERM) before its client read it: queued again, and a second cancel withdraws it."""
-    async with chat_for(platform, tmp_path, ["builder"]) as chat:
-        running_agent(tmp_path)
-        with chat.serve:
-            await running_card_shown(chat)
-            await chat.say("/tell builder run the checks")
-            await wait_status(chat, "queued")
-            [message] = queued(tmp_path)
-            with mcp_server_holding(workdir(tmp_path), tmp_path / "rt") as server:
-                assert queued(tmp_path, folder="taken") != []
-                await chat.say("/taskcard cancel")
-                late = await wait_said(chat, "Too late to cancel", "the answer")
-                assert "queued again" in late and "builder" in late
-                server.terminate()
-                await asyncio.to_thread(server.wait, 120)
-            assert [p.name for p in queued(tmp_path)] == [message.name]
+    async with running_card(platform, tmp_path) as chat:
+        await chat.say("/tell builder run the checks")
+        await wait_status(chat, "queued")
+        [message] = queued(tmp_path)
+        with mcp_server_holding(workdir(tmp_path), tmp_path / "rt") as server:
+            assert queued(tmp_path, folder="taken") != []
             await chat.say("/taskcard cancel")
-            await wait_status(chat, "cancelled")
-            assert "was cancelled" in await wait_said(chat, "was cancelled", "the answer")
-            assert await chat.serve.aterminate() == 0
+            late = await wait_said(chat, "Too late to cancel", "the answer")
+            assert "queued again" in late and "builder" in late
+            server.terminate()
+            await asyncio.to_thread(server.wait, 120)
+        assert [p.name for p in queued(tmp_path)] == [message.name]
+        await chat.say("/taskcard cancel")
+        await wait_status(chat, "cancelled")
+        assert "was cancelled" in await wait_said(chat, "was cancelled", "the answer")
 
 
 async def test_rate_limit_and_who_may_write(platform: str, tmp_path: Path) -> None:
-    async with chat_for(platform, tmp_path, ["builder"]) as chat:
-        running_agent(tmp_path)
-        with chat.serve:
-            await running_card_shown(chat)
-            await chat.say("/tell builder from a stranger", user=99)
-            for index in range(6):
-                await chat.say(f"/tell builder step {index}")
-            await wait_said(chat, "Too many messages to builder", "the refusal")
-            await eventually(lambda: len(status_texts(chat)) == 5, timeout_s=60, what="5 statuses")
-            assert len(queued(tmp_path)) == 5
-            texts = {json.loads(p.read_text())["text"] for p in queued(tmp_path)}
-            assert "from a stranger" not in texts
-            assert await chat.serve.aterminate() == 0
+    async with running_card(platform, tmp_path) as chat:
+        await chat.say("/tell builder from a stranger", user=99)
+        for index in range(6):
+            await chat.say(f"/tell builder step {index}")
+        await wait_said(chat, "Too many messages to builder", "the refusal")
+        await eventually(lambda: len(status_texts(chat)) == 5, timeout_s=60, what="5 statuses")
+        assert len(queued(tmp_path)) == 5
+        texts = {json.loads(p.read_text())["text"] for p in queued(tmp_path)}
+        assert "from a stranger" not in texts
 
 
 async def test_a_tell_without_text_costs_no_message_of_the_rate(
@@ -417,20 +405,16 @@ async def test_a_tell_without_text_costs_no_message_of_the_rate(
 ) -> None:
     # An empty `/tell builder` queues nothing, yet it used to count against the person's
     # `inbox.max_messages` (5): after two of them, the fourth real text was refused.
-    async with chat_for(platform, tmp_path, ["builder"]) as chat:
-        running_agent(tmp_path)
-        with chat.serve:
-            await running_card_shown(chat)
-            await chat.say("/tell builder")
-            await chat.say("/tell builder \u200b")
-            for index in range(5):
-                await chat.say(f"/tell builder step {index}")
-            await eventually(lambda: len(status_texts(chat)) == 5, timeout_s=60, what="5 statuses")
-            assert len(queued(tmp_path)) == 5
-            # (Unsent answers of a chat collapse into the latest: one or both refusals show.)
-            await wait_said(chat, "Nothing to send", "the refusal of an empty text")
-            assert not any("Too many messages" in t for t in chat.bot_texts())
-            assert await chat.serve.aterminate() == 0
+    async with running_card(platform, tmp_path) as chat:
+        await chat.say("/tell builder")
+        await chat.say("/tell builder \u200b")
+        for index in range(5):
+            await chat.say(f"/tell builder step {index}")
+        await eventually(lambda: len(status_texts(chat)) == 5, timeout_s=60, what="5 statuses")
+        assert len(queued(tmp_path)) == 5
+        # (Unsent answers of a chat collapse into the latest: one or both refusals show.)
+        await wait_said(chat, "Nothing to send", "the refusal of an empty text")
+        assert not any("Too many messages" in t for t in chat.bot_texts())
 
 
 async def test_a_text_too_long_for_the_inbox_is_refused_saying_to_split_it(
@@ -438,17 +422,13 @@ async def test_a_text_too_long_for_the_inbox_is_refused_saying_to_split_it(
 ) -> None:
     # Over the inbox file's 16 KiB: it used to become a "failed ... Send it again." status,
     # and sending it again failed the same way.
-    async with chat_for(platform, tmp_path, ["builder"]) as chat:
-        running_agent(tmp_path)
-        with chat.serve:
-            await running_card_shown(chat)
-            await chat.say("/tell builder " + "é" * 9000)
-            await chat.say("/tell builder short one")
-            await wait_status(chat, "queued")
-            await wait_said(chat, "Split it into shorter messages", "the refusal")
-            assert len(status_texts(chat)) == 1
-            assert [json.loads(p.read_text())["text"] for p in queued(tmp_path)] == ["short one"]
-            assert await chat.serve.aterminate() == 0
+    async with running_card(platform, tmp_path) as chat:
+        await chat.say("/tell builder " + "é" * 9000)
+        await chat.say("/tell builder short one")
+        await wait_status(chat, "queued")
+        await wait_said(chat, "Split it into shorter messages", "the refusal")
+        assert len(status_texts(chat)) == 1
+        assert [json.loads(p.read_text())["text"] for p in queued(tmp_path)] == ["short one"]
 
 
 async def test_restart_between_queue_and_delivery(platform: str, tmp_path: Path) -> None:
@@ -546,27 +526,23 @@ async def test_a_command_written_as_a_reply_to_a_card_is_a_command(
     # reply without the bot's mention used to reach the agent as text instead ("/taskcard
     # off" queued in its inbox, the cards still shown); a reply addresses the bot, as on
     # Telegram. One replying to a person's message (not the bot's) is still no command.
-    async with chat_for(platform, tmp_path, ["builder"]) as chat:
-        running_agent(tmp_path)
-        with chat.serve:
-            await running_card_shown(chat)
-            card = chat.message_id_with("compile")
-            assert card is not None
-            await chat.say("/tell builder first")
-            await wait_status(chat, "queued")
-            status = chat.message_id_with(STATUS)
-            assert status is not None
-            await chat.say("/taskcard cancel", reply_to=status)
-            await wait_status(chat, "cancelled")
-            if isinstance(chat, FeishuChat):
-                person = chat.fake.command_event(FS_CHAT, "hello", verification_token=FS_VERIFY)
-                other = str(person["event"]["message"]["message_id"])
-                await chat.say("/taskcard 4", reply_to=other)
-            await chat.say("/taskcard off", reply_to=card)
-            await wait_said(chat, "Task cards hidden here", "the answer to off")
-            assert queued(tmp_path) == [] and len(queued(tmp_path, folder="cancelled")) == 1
-            assert not any("4 activity rows" in t for t in chat.bot_texts())
-            assert await chat.serve.aterminate() == 0
+    async with running_card(platform, tmp_path) as chat:
+        card = chat.message_id_with("compile")
+        assert card is not None
+        await chat.say("/tell builder first")
+        await wait_status(chat, "queued")
+        status = chat.message_id_with(STATUS)
+        assert status is not None
+        await chat.say("/taskcard cancel", reply_to=status)
+        await wait_status(chat, "cancelled")
+        if isinstance(chat, FeishuChat):
+            person = chat.fake.command_event(FS_CHAT, "hello", verification_token=FS_VERIFY)
+            other = str(person["event"]["message"]["message_id"])
+            await chat.say("/taskcard 4", reply_to=other)
+        await chat.say("/taskcard off", reply_to=card)
+        await wait_said(chat, "Task cards hidden here", "the answer to off")
+        assert queued(tmp_path) == [] and len(queued(tmp_path, folder="cancelled")) == 1
+        assert not any("4 activity rows" in t for t in chat.bot_texts())
 
 
 async def test_another_bots_command_replying_to_a_card_is_not_text_for_the_agent(
@@ -574,19 +550,15 @@ async def test_another_bots_command_replying_to_a_card_is_not_text_for_the_agent
 ) -> None:
     # "/start@OtherBot" written as a reply to our card is the other bot's command; it was
     # queued in our agent's inbox as text, with a status message, on both platforms.
-    async with chat_for(platform, tmp_path, ["builder"]) as chat:
-        running_agent(tmp_path)
-        with chat.serve:
-            await running_card_shown(chat)
-            card = chat.message_id_with("compile")
-            assert card is not None
-            await chat.say("/start@OtherBot now", reply_to=card)
-            await chat.say("a real answer", reply_to=card)
-            await wait_status(chat, "queued")
-            await eventually(lambda: queued(tmp_path), what="the text queued")
-            texts = [json.loads(p.read_text())["text"] for p in queued(tmp_path)]
-            assert texts == ["a real answer"] and len(status_texts(chat)) == 1
-            assert await chat.serve.aterminate() == 0
+    async with running_card(platform, tmp_path) as chat:
+        card = chat.message_id_with("compile")
+        assert card is not None
+        await chat.say("/start@OtherBot now", reply_to=card)
+        await chat.say("a real answer", reply_to=card)
+        await wait_status(chat, "queued")
+        await eventually(lambda: queued(tmp_path), what="the text queued")
+        texts = [json.loads(p.read_text())["text"] for p in queued(tmp_path)]
+        assert texts == ["a real answer"] and len(status_texts(chat)) == 1
 
 
 async def test_no_host_is_unconfirmed_and_a_symlinked_inbox_fails(

@@ -23,6 +23,7 @@ from tests.e2e.test_talk_and_signals import (
     queued,
     report,
     running_agent,
+    running_card,
     running_card_shown,
     wait_said,
     wait_status,
@@ -70,33 +71,29 @@ async def test_a_tell_finds_the_agent_whatever_the_case_and_asks_when_two_differ
     # the one to use; so was `/tell builder: hi`. A name is matched exactly first, else
     # regardless of case; when several agents differ only in case, the answer names them
     # and nothing is queued.
-    async with chat_for(platform, tmp_path, ["builder", "Keeper", "keeper"]) as chat:
-        running_agent(tmp_path)
-        with chat.serve:
-            await running_card_shown(chat)
-            await chat.say("/tell Builder look at the logs")
-            await wait_status(chat, "queued")
-            assert texts_queued(tmp_path, "builder") == ["look at the logs"]
-            # "builder:" is how people address someone; no agent id holds a ':' or ','.
-            await chat.say("/tell builder: check the disk")
-            await eventually(
-                lambda: len(texts_queued(tmp_path, "builder")) == 2, what="builder's second"
-            )
-            await chat.say("/tell KEEPER roll back")
-            answer = await wait_said(chat, "differ only in case", "the question")
-            assert "Keeper, keeper" in answer and "KEEPER" not in answer
-            await chat.say("/tell keeper roll back")
-            await eventually(lambda: texts_queued(tmp_path, "keeper"), what="keeper's text")
-            # A look-alike is no name: a Kelvin sign folds to "k" but names no agent.
-            await chat.say("/tell \u212aeeper nothing")
-            await wait_said(chat, "AGENT is one of Keeper, builder, keeper.", "the refusal")
-            assert texts_queued(tmp_path, "Keeper") == []
-            assert texts_queued(tmp_path, "keeper") == ["roll back"]
-            assert sorted(texts_queued(tmp_path, "builder")) == [
-                "check the disk",
-                "look at the logs",
-            ]
-            assert await chat.serve.aterminate() == 0
+    async with running_card(platform, tmp_path, ("builder", "Keeper", "keeper")) as chat:
+        await chat.say("/tell Builder look at the logs")
+        await wait_status(chat, "queued")
+        assert texts_queued(tmp_path, "builder") == ["look at the logs"]
+        # "builder:" is how people address someone; no agent id holds a ':' or ','.
+        await chat.say("/tell builder: check the disk")
+        await eventually(
+            lambda: len(texts_queued(tmp_path, "builder")) == 2, what="builder's second"
+        )
+        await chat.say("/tell KEEPER roll back")
+        answer = await wait_said(chat, "differ only in case", "the question")
+        assert "Keeper, keeper" in answer and "KEEPER" not in answer
+        await chat.say("/tell keeper roll back")
+        await eventually(lambda: texts_queued(tmp_path, "keeper"), what="keeper's text")
+        # A look-alike is no name: a Kelvin sign folds to "k" but names no agent.
+        await chat.say("/tell \u212aeeper nothing")
+        await wait_said(chat, "AGENT is one of Keeper, builder, keeper.", "the refusal")
+        assert texts_queued(tmp_path, "Keeper") == []
+        assert texts_queued(tmp_path, "keeper") == ["roll back"]
+        assert sorted(texts_queued(tmp_path, "builder")) == [
+            "check the disk",
+            "look at the logs",
+        ]
 
 
 async def test_only_the_mention_that_addresses_a_tell_is_taken_out_of_its_text(
@@ -105,25 +102,19 @@ async def test_only_the_mention_that_addresses_a_tell_is_taken_out_of_its_text(
     # "/tell builder ask @ThisBot why" reached the agent as "ask   why" (Telegram) and
     # "ask  why" (Feishu, the placeholder dropped): every mention of the bot was removed,
     # not only the one addressing the command. On Feishu the mention reads as the name.
-    async with chat_for(platform, tmp_path, ["builder"]) as chat:
-        running_agent(tmp_path)
-        with chat.serve:
-            await running_card_shown(chat)
-            card = chat.message_id_with("compile")
-            assert card is not None
-            name = bot_name(chat)
-            await say_mentioning_the_bot(chat, "{bot} /tell builder one: ask {bot} why")
-            await say_mentioning_the_bot(chat, "/tell {bot} builder two: {bot}")
-            await say_mentioning_the_bot(chat, "{bot} three: thanks {bot}", reply_to=card)
-            await eventually(
-                lambda: len(texts_queued(tmp_path, "builder")) == 3, what="three texts"
-            )
-            assert sorted(texts_queued(tmp_path, "builder")) == [
-                f"one: ask {name} why",
-                f"three: thanks {name}",
-                f"two: {name}",
-            ]
-            assert await chat.serve.aterminate() == 0
+    async with running_card(platform, tmp_path) as chat:
+        card = chat.message_id_with("compile")
+        assert card is not None
+        name = bot_name(chat)
+        await say_mentioning_the_bot(chat, "{bot} /tell builder one: ask {bot} why")
+        await say_mentioning_the_bot(chat, "/tell {bot} builder two: {bot}")
+        await say_mentioning_the_bot(chat, "{bot} three: thanks {bot}", reply_to=card)
+        await eventually(lambda: len(texts_queued(tmp_path, "builder")) == 3, what="three texts")
+        assert sorted(texts_queued(tmp_path, "builder")) == [
+            f"one: ask {name} why",
+            f"three: thanks {name}",
+            f"two: {name}",
+        ]
 
 
 async def test_a_command_replying_to_a_report_notice_is_the_bots_on_both_platforms(
@@ -133,20 +124,16 @@ async def test_a_command_replying_to_a_report_notice_is_the_bots_on_both_platfor
     # a reply to it is a command. A Feishu reply names only the message it answers, and the
     # service knew only its cards, boards and status messages as its own: the same reply to
     # a report notice (or to any answer of the service) was ignored without the mention.
-    async with chat_for(platform, tmp_path, ["builder"]) as chat:
-        running_agent(tmp_path)
-        with chat.serve:
-            await running_card_shown(chat)
-            report(workdir(tmp_path), 1, ok=True, summary="all green")
-            await wait_said(chat, "builder reported", "the report notice")
-            notice = chat.message_id_with("builder reported")
-            assert notice is not None
-            await chat.say("/tell builder about that report", reply_to=notice)
-            await wait_status(chat, "queued")
-            assert texts_queued(tmp_path, "builder") == ["about that report"]
-            await chat.say("/taskcard 4", reply_to=notice)
-            await wait_said(chat, "now show 4 activity rows", "the answer")
-            assert await chat.serve.aterminate() == 0
+    async with running_card(platform, tmp_path) as chat:
+        report(workdir(tmp_path), 1, ok=True, summary="all green")
+        await wait_said(chat, "builder reported", "the report notice")
+        notice = chat.message_id_with("builder reported")
+        assert notice is not None
+        await chat.say("/tell builder about that report", reply_to=notice)
+        await wait_status(chat, "queued")
+        assert texts_queued(tmp_path, "builder") == ["about that report"]
+        await chat.say("/taskcard 4", reply_to=notice)
+        await wait_said(chat, "now show 4 activity rows", "the answer")
 
 
 async def test_a_rich_feishu_tell_keeps_the_spacing_around_the_mentions_it_holds(
@@ -205,23 +192,17 @@ async def test_a_reply_to_a_persons_reply_to_the_card_is_not_for_the_agent(
     # that was read as replying to the card: a person answering someone's reply to the card
     # had their words queued for the agent. On Telegram (and by the message it answers, on
     # Feishu) such a reply is to the person, not to the bot.
-    async with chat_for(platform, tmp_path, ["builder"]) as chat:
-        running_agent(tmp_path)
-        with chat.serve:
-            await running_card_shown(chat)
-            card = chat.message_id_with("compile")
-            assert card is not None
-            await chat.say("first: for the agent", reply_to=card)
-            await wait_status(chat, "queued")
-            theirs = last_person_message(chat)
-            await chat.say("second: I agree, between us", reply_to=theirs)
-            # A text after it, to know the one before was handled.
-            await chat.say("third: for the agent too", reply_to=card)
-            await eventually(
-                lambda: len(texts_queued(tmp_path, "builder")) >= 2, what="the third text"
-            )
-            assert sorted(texts_queued(tmp_path, "builder")) == [
-                "first: for the agent",
-                "third: for the agent too",
-            ]
-            assert await chat.serve.aterminate() == 0
+    async with running_card(platform, tmp_path) as chat:
+        card = chat.message_id_with("compile")
+        assert card is not None
+        await chat.say("first: for the agent", reply_to=card)
+        await wait_status(chat, "queued")
+        theirs = last_person_message(chat)
+        await chat.say("second: I agree, between us", reply_to=theirs)
+        # A text after it, to know the one before was handled.
+        await chat.say("third: for the agent too", reply_to=card)
+        await eventually(lambda: len(texts_queued(tmp_path, "builder")) >= 2, what="the third text")
+        assert sorted(texts_queued(tmp_path, "builder")) == [
+            "first: for the agent",
+            "third: for the agent too",
+        ]
