@@ -94,11 +94,14 @@ def whole_numbers(
             continue
         elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
             checked[name] = int(value)
-        elif isinstance(value, float):
-            fix = "drop the fraction" if math.isfinite(value) else "give a finite whole number"
-            return dict(
-                arguments
-            ), f"{path}: must be a whole number, not {json.dumps(value)}; {fix}"
         else:
-            return dict(arguments), f"{path}: must be a whole number, not {_json_kind(value)}"
+            return dict(arguments), f"{path}: must be a whole number, not {_not_whole(value)}"
     return checked, None
+
+
+def _not_whole(value: object) -> str:
+    """What a value given for an integer field is, and the fix, for the refusal."""
+    if isinstance(value, float):
+        fix = "drop the fraction" if math.isfinite(value) else "give a finite whole number"
+        return f"{json.dumps(value)}; {fix}"
+    return _json_kind(value)
