@@ -35,7 +35,11 @@ from taskcard.producers.task_card.contract import (
     shows_text,
     utc_now_iso,
 )
-from taskcard.producers.task_card.number_args import decimal_number, whole_number
+from taskcard.producers.task_card.number_args import (
+    decimal_number,
+    in_digits,
+    whole_number,
+)
 from taskcard.producers.task_card.workdir_arg import existing_workdir_arg
 
 
@@ -47,10 +51,11 @@ def parse_value(text: str) -> Any:
     itself, where `int` took them as 10, 10 and 3."""
     if text in ("true", "false"):
         return text == "true"
-    try:
-        return whole_number(text)
-    except argparse.ArgumentTypeError:
-        pass
+    if in_digits(text):  # `2.0` stays a float here: the field's type says what it must be
+        try:
+            return whole_number(text)
+        except argparse.ArgumentTypeError:
+            pass
     try:
         number = decimal_number(text)
     except argparse.ArgumentTypeError:

@@ -2,11 +2,14 @@
 
 Python's `int` and `float` take more than a person means to type: digits of other scripts
 (`１０`, `٣`), underscores between digits (`1_0`) and white space around the number, so
-`--max-depth １０` was taken as 10 and `--bytes 1_0` as 10. Every integer option of every
-command reads its text with `whole_number` (ASCII digits 0-9 with an optional sign) and every
-float option with `decimal_number` (the same, with a decimal point and an exponent; `inf` and
-`nan` pass the form and meet each option's own range check). Anything else is a usage error
-(exit 2); argparse puts the option's name before the message, which says the form expected.
+`--max-depth １０` was taken as 10 and `--bytes 1_0` as 10. Every float option reads its text
+with `decimal_number` (ASCII digits 0-9 with an optional sign, a decimal point and an exponent;
+`inf` and `nan` pass the form and meet each option's own range check). Every integer option
+reads it with `whole_number`: ASCII digits with an optional sign, or a number in the float's
+form whose value is whole (`2.0`, `1e3`), taken as that int, so a flag takes what the same
+field takes in JSON (below); a fraction, NaN or an infinity is refused, saying the fix.
+Anything else is a usage error (exit 2); argparse puts the option's name before the message,
+which says the form expected.
 
 Numbers in JSON (an MCP tool's arguments, a `task_card` envelope given to `taskcard tool`, the
 host socket or the Python API) are read by `whole_numbers`: a field typed `integer` takes a
@@ -40,15 +43,27 @@ DECIMAL_FORM: Final = (
 def whole_number(text: str, what: str = "a whole number") -> int:
     """An argparse `type=` for an integer option, or the form check of one that checks a
     range too (`what` names what the option counts, e.g. "a seq, the last one you read"):
-    ASCII digits with an optional sign."""
+    ASCII digits with an optional sign, or a float's form (`2.0`, `1e3`) of a finite whole
+    number, as `whole_numbers` takes an integer field of JSON."""
     if not _WHOLE.fullmatch(text):
-        raise argparse.ArgumentTypeError(f"{quoted(text)} is not {what}; {WHOLE_FORM}")
+        if not _DECIMAL.fullmatch(text):
+            raise argparse.ArgumentTypeError(f"{quoted(text)} is not {what}; {WHOLE_FORM}")
+        value = float(text)
+        if not (math.isfinite(value) and value.is_integer()):
+            raise argparse.ArgumentTypeError(f"{quoted(text)} is not {what}; {_fix(value)}")
+        return int(value)
     try:
         return int(text)
     except ValueError:  # more digits than Python converts (4,300)
         raise argparse.ArgumentTypeError(
             f"{quoted(text)} has too many digits ({len(text)}); give a smaller number"
         ) from None
+
+
+def in_digits(text: str) -> bool:
+    """Whether `text` is a whole number written in ASCII digits with an optional sign, not in a
+    float's form: for a reader that keeps `2.0` a float where the value's type is free."""
+    return _WHOLE.fullmatch(text) is not None
 
 
 def decimal_number(text: str, what: str = "a number") -> float:
@@ -102,6 +117,10 @@ def whole_numbers(
 def _not_whole(value: object) -> str:
     """What a value given for an integer field is, and the fix, for the refusal."""
     if isinstance(value, float):
-        fix = "drop the fraction" if math.isfinite(value) else "give a finite whole number"
-        return f"{json.dumps(value)}; {fix}"
+        return f"{json.dumps(value)}; {_fix(value)}"
     return _json_kind(value)
+
+
+def _fix(value: float) -> str:
+    """The fix for a float given where a whole number is wanted."""
+    return "drop the fraction" if math.isfinite(value) else "give a finite whole number"

@@ -4,6 +4,10 @@ Options typed with Python's `int` and `float` took `１０` (full-width digits),
 `1_0` and ` 3` as 10, 3, 10 and 3. Driven as a user at a shell: `taskcard` run as a process,
 each option given a number in one of those forms, which is a usage error (exit 2) naming the
 option and the form expected; ASCII digits with a sign still work.
+
+An integer option refused `2.0` too, which every JSON way in (MCP tool arguments, envelopes,
+settings) takes for an integer field: each integer option now takes a whole number written in
+a float's form as that int, and refuses a fraction, NaN or an infinity naming itself and the fix.
 """
 
 from __future__ import annotations
@@ -47,7 +51,17 @@ REQUIRED = {
     ("spawn",): ["--parent", "p", "--reason", "r"],
 }
 # Whole numbers as Python's `int` reads them, and floats as `float` does, none typed in ASCII.
-NOT_WHOLE = ["１０", "٣", "1_0", " 3", "3\t", "+ 3", "0x10", "3.0"]
+NOT_WHOLE = ["１０", "٣", "1_0", " 3", "3\t", "+ 3", "0x10", "3.0.0"]
+# A whole number in a float's form, taken by an integer option as JSON's integer fields take
+# it; and floats that are no whole number, refused with the fix (the words after the value).
+WHOLE_FLOATS = ["2.0", "1e3", "+3.0", "0.5E1", "7."]
+NO_WHOLE_FLOATS = [
+    ("2.5", "drop the fraction"),
+    ("1e-3", "drop the fraction"),
+    ("nan", "give a finite whole number"),
+    ("-Infinity", "give a finite whole number"),
+    ("1e400", "give a finite whole number"),
+]
 NOT_DECIMAL = ["１.5", "٣", "1_0.5", " 2", "2 ", "2,5", "0x10", "1e"]
 
 
@@ -161,3 +175,52 @@ def test_an_activity_field_reads_numbers_as_the_options_do(tmp_path: Path, value
     assert result.returncode == 2, result.stderr
     assert "input_tokens: must be an integer for usage" in result.stderr, result.stderr
     assert not (tmp_path / "logs").exists()
+
+
+WHOLE_OPTIONS = [(words, option) for words, option, whole in OPTIONS if whole]
+
+
+@pytest.mark.parametrize(
+    ("words", "option"), WHOLE_OPTIONS, ids=[f"{' '.join(w)} {o}" for w, o in WHOLE_OPTIONS]
+)
+def test_an_integer_option_takes_a_whole_float_and_refuses_any_other_naming_itself(
+    tmp_path: Path, words: tuple[str, ...], option: str
+) -> None:
+    """Each integer option of every command (the walk above finds them all) reads `2.0` as
+    an MCP tool or an envelope reads it. An unknown option after it shows the value passed:
+    the command stops at that option, nothing runs."""
+    index = WHOLE_OPTIONS.index((words, option))
+    base = [*words, *REQUIRED.get(words, []), "--workdir", str(tmp_path)]
+    value = WHOLE_FLOATS[index % len(WHOLE_FLOATS)]
+    taken = taskcard(*base, f"{option}={value}", "--no-such-option")
+    assert taken.returncode == 2, taken.stderr
+    assert ": unrecognized arguments: --no-such-option; see `taskcard " in taken.stderr
+    assert "argument " not in taken.stderr, taken.stderr
+    value, fix = NO_WHOLE_FLOATS[index % len(NO_WHOLE_FLOATS)]
+    refused = taskcard(*base, f"{option}={value}")
+    assert refused.returncode == 2, refused.stderr
+    named = f"argument {option}: {value!r} is not a {'seq' if option == '--after' else 'whole'}"
+    assert named in refused.stderr, refused.stderr
+    assert f"; {fix}; see `taskcard " in refused.stderr, refused.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing was written or started
+
+
+def test_whole_floats_are_taken_as_their_int(tmp_path: Path) -> None:
+    (tmp_path / "child").mkdir()
+    child = ("--workdir", str(tmp_path / "child"), "--parent", "p", "--reason", "r")
+    spawned = taskcard("spawn", *child, "--max-depth", "2.0")  # a float is refused by spawn
+    assert spawned.returncode == 0, spawned.stderr
+    common = ("--workdir", str(tmp_path))
+    created = taskcard(
+        "ledger", "init", "t", "--purpose", "p", "--max-nudges", "7.0", "--max-retries", "3e0",
+        "--no-renderer", *common,
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    seen = taskcard("ledger", "download-observed", "t", "--name", "d", "--bytes", "1e3", *common)
+    assert seen.returncode == 0, seen.stderr
+    shown = json.loads(taskcard("ledger", "show", "t", *common).stdout)
+    limits = shown["task"]["limits"]
+    assert (limits["max_nudges"], limits["max_retries"]) == (7, 3)
+    assert type(limits["max_nudges"]) is int and type(limits["max_retries"]) is int
+    observed = shown["observed"]["downloads"][0]["observed_bytes"]
+    assert observed == 1000 and type(observed) is int

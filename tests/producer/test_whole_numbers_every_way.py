@@ -5,7 +5,9 @@ the Python API refused the same envelope ("Input should be a valid integer, got 
 check (`number_args.whole_numbers`, applied by `parse_envelope`) now serves them all: each
 value of the table below gets the same answer from `taskcard tool` (argument and stdin),
 `TaskCard.call` and `taskcard mcp` (the SDK's stdio client; raw lines for the NaN and
-infinities that client cannot send).
+infinities that client cannot send). `taskcard card start --max-refreshes 2.0` was a usage
+error: the flag now takes the same values, and refuses the others as a usage error (exit 2)
+naming the flag and the fix.
 """
 
 from __future__ import annotations
@@ -109,6 +111,40 @@ def test_taskcard_tool_takes_whole_floats_and_refuses_the_rest_naming_the_field(
         code, result = tool(envelope_text(action, field, value), index % 2 == 1)
         assert code == 2, (value, result)
         assert result["message"] == refusal(field, words, True), value
+    assert not (workdir / "taskcard" / "watch.json").exists()
+
+
+# What the command line's flag says, after the value, of a value JSON refuses before the range.
+FLAG_REFUSED: list[tuple[str, str]] = [
+    ("2.5", "drop the fraction"),
+    ("1e-3", "drop the fraction"),
+    ("NaN", "give a finite whole number"),
+    ("-Infinity", "give a finite whole number"),
+    ("1e400", "give a finite whole number"),
+    ("true", "write ASCII digits 0-9 with an optional sign, e.g. 10"),
+]
+
+
+def test_the_card_start_flag_takes_whole_floats_and_refuses_the_rest_naming_the_flag(
+    workdir: Path, cli: CliHost
+) -> None:
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    for value, taken in ACCEPTED:
+        done = cli.run("card", "start", "r.py", f"--max-refreshes={value}", "--json")
+        assert done.returncode == 0 and json.loads(done.stdout)["status"] == "watching", done
+        assert watch_budget(cli.workdir) == taken
+        removed(lambda envelope: cli.json("card", envelope["action"]))
+    for value, fix in FLAG_REFUSED:
+        done = cli.run("card", "start", "r.py", f"--max-refreshes={value}", "--json")
+        assert done.returncode == 2 and done.stdout == "", (value, done)
+        said = f"argument --max-refreshes: {value!r} is not a whole number; {fix}; see `"
+        assert said in done.stderr, done.stderr
+    # The range is the card's own check, as for the other ways in.
+    for value, words in REFUSED:
+        if words.startswith("Input should be"):
+            done = cli.run("card", "start", "r.py", f"--max-refreshes={value}", "--json")
+            assert done.returncode == 1, (value, done)
+            assert json.loads(done.stdout)["message"] == refusal("max_refreshes", words, False)
     assert not (workdir / "taskcard" / "watch.json").exists()
 
 
