@@ -474,10 +474,9 @@ class Service:
             return
         if wakes or health:
             log.info(
-                "forgot the state of agents no longer served: %d report-wake cursors, %d"
-                " health records",
-                wakes,
-                len(health),
+                "forgot the state of agents no longer served: %s, %s",
+                counted(wakes, "report-wake cursor", "report-wake cursors"),
+                counted(len(health), "health record", "health records"),
             )
 
     def _follow_departures(self) -> None:
@@ -643,9 +642,9 @@ class Service:
         waiting = self._departed.next_due()
         if len(due) == FORGET_PER_TICK and waiting is not None and waiting <= now:
             log.info(
-                "%d departed agents handled this second, the most one second takes: more are"
-                " due and follow in the next seconds",
-                len(due),
+                "%s handled this second, the most one second takes: more are due and follow"
+                " in the next seconds",
+                counted(len(due), "departed agent", "departed agents"),
             )
 
     def _forget_agent(self, agent_id: str) -> None:

@@ -61,6 +61,7 @@ from taskcard.bridge.store.base import (
     StateStore,
 )
 from taskcard.channels.aio import Backoff
+from taskcard.channels.base import counted
 
 log = logging.getLogger(__name__)
 
@@ -370,9 +371,9 @@ class SqliteStore(StateStore):
         self._save_commits()
         if self._backlog and not self.retry_pending(force=True):
             log.error(
-                "%d state writes could not be saved to %s before stopping (%s); the next start"
-                " works from the state last committed",
-                len(self._backlog),
+                "%s could not be saved to %s before stopping (%s); the next start works from"
+                " the state last committed",
+                counted(len(self._backlog), "state write", "state writes"),
                 self.path,
                 self._health.reason if self._health else "unknown",
             )
@@ -500,7 +501,9 @@ class SqliteStore(StateStore):
             with suppress(sqlite3.Error):
                 self._db.execute(f"PRAGMA busy_timeout = {_BUSY_MS}")
         log.warning(
-            "state writes to %s work again; %d waiting writes saved", self.path, len(self._backlog)
+            "state writes to %s work again; %s saved",
+            self.path,
+            counted(len(self._backlog), "waiting write", "waiting writes"),
         )
         self._backlog.clear()
         self._notice_overlay.clear()

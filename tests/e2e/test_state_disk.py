@@ -8,7 +8,9 @@ program's database, a directory in the file's place, a read-only mount.
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -381,6 +383,9 @@ async def test_a_state_file_locked_by_another_process_is_named_and_waited_out(
             holder.close()  # the transaction ends with it
         await eventually(lambda: "work again" in serve.logs, what="the writes saved")
         assert await serve.aterminate() == 0, serve.logs
+    # The count and its noun agree: "1 waiting write", "2 waiting writes".
+    agreeing = r"work again; (1 waiting write|(?!1 )[0-9]+ waiting writes) saved"
+    assert re.search(agreeing, serve.logs), serve.logs
     publish(workdir, "after the restart")
     with ServeProcess(serve.config, env=serve.env) as again:
         await eventually(lambda: any("after the restart" in t for t in shown(fake, GROUP)))
@@ -545,3 +550,31 @@ async def test_a_stop_while_a_lock_is_waited_for_is_a_stop_not_an_error(
     lines = serve.logs.splitlines()
     assert not any(line.startswith("taskcard:") for line in lines), serve.logs
     assert any("stopped" in line for line in lines), serve.logs
+
+
+def test_the_store_counts_its_waiting_writes_in_words_that_agree(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The lines said "1 waiting writes saved" and "1 state writes could not be saved". One
+    write made while another process holds the file locked, saved once it is free; then one
+    made while it is held again, still waiting when the store closes."""
+    caplog.set_level(logging.INFO, logger="taskcard.bridge.store.sqlite")
+    store = SqliteStore.in_dir(tmp_path)
+    holder = sqlite3.connect(tmp_path / "state.sqlite3", isolation_level=None)
+    try:
+        holder.execute("BEGIN EXCLUSIVE")
+        store.set_cursor("one", "1")
+        holder.execute("ROLLBACK")
+        assert store.retry_pending(force=True)
+        holder.execute("BEGIN EXCLUSIVE")
+        store.set_cursor("two", "2")
+        store.close()
+    finally:
+        holder.close()
+    assert "work again; 1 waiting write saved" in caplog.text
+    assert "1 state write could not be saved to " in caplog.text
+    again = SqliteStore.in_dir(tmp_path)
+    try:
+        assert (again.get_cursor("one"), again.get_cursor("two")) == ("1", None)
+    finally:
+        again.close()
