@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal, get_args
 
 from taskcard.producers.task_card.contract import count_field
 
@@ -29,24 +29,30 @@ SOURCE_HEARTBEAT: Final = "ledger.heartbeat"
 SOURCE_BLOCKED: Final = "ledger.blocked"  # extra: task_id, kind, step
 SOURCE_COMPLETED: Final = "ledger.completed"  # extra: task_id, outcome, steps_done, step_count
 
-WORKFLOWS: Final = frozenset(
-    {"NOT_STARTED", "RUNNING", "WAITING_EXTERNAL", "BLOCKED", "FAILED", "COMPLETED", "INCONSISTENT"}
-)
-OUTCOMES: Final = frozenset({"SUCCESS", "PARTIAL_SUCCESS", "BLOCKED", "FAILED", "IN_PROGRESS"})
-FAILURE_KIND_NAMES: Final = frozenset(
-    {
-        "TIMEOUT",
-        "DOWNLOAD_TIMEOUT",
-        "DOWNLOAD_INCOMPLETE",
-        "TRANSIENT_NETWORK",
-        "EXECUTION_ERROR",
-        "EXTERNAL_WAIT",
-        "NEEDS_OWNER_DECISION",
-        "MISSING_ACCESS",
-        "MISSING_INPUT",
-        "OTHER",
-    }
-)
+# The closed vocabularies of the ledger file, stated once: the pydantic model (`model.py`)
+# types its fields with these `Literal`s, and a consumer reading the file checks a value
+# against the set of the same words (a `Literal` is standard library, so this module stays
+# free of pydantic). A word added here is at once a value the model writes and one the chat
+# shows; there is no second list to forget.
+Workflow = Literal[
+    "NOT_STARTED", "RUNNING", "WAITING_EXTERNAL", "BLOCKED", "FAILED", "COMPLETED", "INCONSISTENT"
+]
+Outcome = Literal["SUCCESS", "PARTIAL_SUCCESS", "BLOCKED", "FAILED", "IN_PROGRESS"]
+FailureKind = Literal[
+    "TIMEOUT",
+    "DOWNLOAD_TIMEOUT",
+    "DOWNLOAD_INCOMPLETE",
+    "TRANSIENT_NETWORK",
+    "EXECUTION_ERROR",
+    "EXTERNAL_WAIT",
+    "NEEDS_OWNER_DECISION",
+    "MISSING_ACCESS",
+    "MISSING_INPUT",
+    "OTHER",
+]
+WORKFLOWS: Final[frozenset[str]] = frozenset(get_args(Workflow))
+OUTCOMES: Final[frozenset[str]] = frozenset(get_args(Outcome))
+FAILURE_KIND_NAMES: Final[frozenset[str]] = frozenset(get_args(FailureKind))
 SAFE_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
 _GATE: Final = re.compile(
     r"(unknown|none: completed|owner reconciles the truth|task completion"

@@ -24,6 +24,7 @@ from typing import Annotated, Final, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints
 
+from taskcard.producers.ledger.contract import FailureKind, Outcome, Workflow
 from taskcard.producers.task_card.contract import MAX_COUNT as CONTRACT_MAX_COUNT
 from taskcard.producers.task_card.contract import shows_text
 
@@ -45,18 +46,8 @@ EVENT_TYPES: Final[tuple[str, ...]] = get_args(EventType)
 # the fields that give them meaning (a block needs its kind, a reply its letter).
 CHECKPOINT_EVENTS: Final[tuple[str, ...]] = EVENT_TYPES
 
-FailureKind = Literal[
-    "TIMEOUT",
-    "DOWNLOAD_TIMEOUT",
-    "DOWNLOAD_INCOMPLETE",
-    "TRANSIENT_NETWORK",
-    "EXECUTION_ERROR",
-    "EXTERNAL_WAIT",
-    "NEEDS_OWNER_DECISION",
-    "MISSING_ACCESS",
-    "MISSING_INPUT",
-    "OTHER",
-]
+# `FailureKind`, `Workflow` and `Outcome` are the file contract's (`contract.py`), which the
+# service reads without pydantic: one list of words each, for the model and the consumers.
 FAILURE_KINDS: Final[tuple[str, ...]] = get_args(FailureKind)
 # Kinds that are retried (once by default) before a block is escalated to people.
 RETRYABLE_KINDS: Final = frozenset(
@@ -82,11 +73,7 @@ OWNER_REPLIES: Final[dict[str, str]] = {
 JobStatus = Literal["submitted", "running", "succeeded", "failed", "cancelled"]
 PENDING_JOB_STATUSES: Final = frozenset({"submitted", "running"})
 StepState = Literal["PENDING", "RUNNING", "DONE", "BLOCKED", "FAILED"]
-Workflow = Literal[
-    "NOT_STARTED", "RUNNING", "WAITING_EXTERNAL", "BLOCKED", "FAILED", "COMPLETED", "INCONSISTENT"
-]
 TruthState = Literal["NO_TRUTH", "OBSERVED", "INCONSISTENT"]
-Outcome = Literal["SUCCESS", "PARTIAL_SUCCESS", "BLOCKED", "FAILED", "IN_PROGRESS"]
 
 MAX_OBSERVATIONS: Final = 500
 MAX_NOTE_CHARS: Final = 500
