@@ -3,12 +3,28 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
 
 def parse_listen(value: str) -> tuple[str, int]:
-    """`host:port` (`[v6]:port` for IPv6) as a (host, port) pair; ValueError names the fix."""
+    """`host:port` (`[v6]:port` for IPv6) as a (host, port) pair; ValueError names the fix.
+
+    A URL (`http://127.0.0.1:9464`, the address as a browser shows it) was told to put an
+    IPv6 address in brackets, and a host no resolver takes (`my host:9464`) passed the check
+    and stopped `serve` at the bind instead: both are refused here with what to write.
+    """
+    scheme, sep, rest = value.partition("://")
+    if sep:
+        address = rest.split("/", 1)[0]
+        example = address if address and not address.startswith(":") else "127.0.0.1:9464"
+        raise ValueError(
+            f"{value!r} is a URL; give only host:port, without {scheme}:// or a path"
+            f' (e.g. "{example}"): the listener serves /metrics and /healthz there'
+        )
     host, sep, port_text = value.rpartition(":")
     if not sep or not host:
         raise ValueError(f'{value!r} is not host:port; write for example "127.0.0.1:9464"')
@@ -20,6 +36,11 @@ def parse_listen(value: str) -> tuple[str, int]:
             raise ValueError(f"{value!r}: {host!r} is not an IPv6 address") from None
     elif ":" in host:
         raise ValueError(f'{value!r}: put an IPv6 address in brackets, as "[::1]:9464"')
+    elif not all(_HOST_LABEL.fullmatch(label) for label in host.removesuffix(".").split(".")):
+        raise ValueError(
+            f"{value!r}: {host!r} is not an IP address or host name; write for example"
+            ' "127.0.0.1:9464" (this machine only) or "0.0.0.0:9464" (every address)'
+        )
     if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
         raise ValueError(f"{value!r}: the port must be a number from 1 to 65535")
     return host, int(port_text)
