@@ -915,6 +915,10 @@ def _format_errors(exc: ValidationError) -> list[str]:
                     f" variable's NAME in {_key_path((*loc[:-1], env_key))}"
                 )
                 continue
+            misplaced = _misplaced_key(loc)
+            if misplaced is not None:
+                messages.append(f"{path}: unknown key here; {misplaced}")
+                continue
             hint = ""
             close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
             if close:
@@ -940,6 +944,39 @@ def _format_errors(exc: ValidationError) -> list[str]:
         else:
             messages.append(f"{path}: {message}")
     return messages
+
+
+def _misplaced_key(loc: Sequence[int | str]) -> str | None:
+    """Where a key unknown at `loc` belongs, when an enclosing table takes it.
+
+    TOML puts every key written after a `[table]` or `[[table]]` header into that table, so
+    `log_level = "DEBUG"` appended at the end of a file lands in the last `[[agents]]` entry,
+    and an `origin_chats` after `[[telegram.routes]]` in that route. "Unknown key; allowed
+    keys here: id, workdir" did not say why a key the docs list was refused.
+    """
+    key = str(loc[-1])
+    for depth in range(len(loc) - 2, -1, -1):
+        table = loc[:depth]
+        if table and isinstance(table[-1], int):
+            continue  # an entry of an array of tables: its own keys were looked at already
+        model = _model_at(table)
+        if model is None or key not in model.model_fields:
+            continue
+        header = ".".join(str(part) for part in loc[: depth + 1] if isinstance(part, str))
+        inner = f"[[{header}]]" if isinstance(loc[depth + 1], int) else f"[{header}]"
+        if not table:
+            return (
+                f"{key!r} is a top-level key, but TOML reads every key after a table header as"
+                f" part of that table (here {inner}); move the line above the first [table]"
+                " or [[table]] header of the file"
+            )
+        outer = ".".join(str(part) for part in table if isinstance(part, str))
+        return (
+            f"{key!r} belongs to [{outer}], but TOML reads every key after a table header as"
+            f" part of that table (here {inner}); move the line up under [{outer}], before"
+            f" its first {inner} header"
+        )
+    return None
 
 
 # Names a credential is likely written under, beside the `<name>_env` key that names its

@@ -35,3 +35,50 @@ def test_a_metrics_address_that_is_no_host_port_is_refused_saying_what_to_write(
     for line, _ in refused_by_every_command(config, "metrics.listen"):
         assert words in line, line
         assert "brackets" not in line, line
+
+
+TG_ROUTE = '[telegram]\n[[telegram.routes]]\nchat_id = -100123\nagents = ["builder"]\n'
+
+
+@pytest.mark.parametrize(
+    ("tail", "key", "words"),
+    [
+        (
+            AGENT + 'log_level = "DEBUG"\n',
+            "agents[0].log_level",
+            "'log_level' is a top-level key, but TOML reads every key after a table header as"
+            " part of that table (here [[agents]]); move the line above the first [table]",
+        ),
+        (
+            AGENT + '[metrics]\nlisten = "127.0.0.1:9464"\nstate_dir = "state"\n',
+            "metrics.state_dir",
+            "'state_dir' is a top-level key, but TOML reads every key after a table header as"
+            " part of that table (here [metrics])",
+        ),
+        (
+            AGENT + TG_ROUTE + "origin_chats = [-100999]\n",
+            "telegram.routes[0].origin_chats",
+            "'origin_chats' belongs to [telegram], but TOML reads every key after a table"
+            " header as part of that table (here [[telegram.routes]]); move the line up under"
+            " [telegram], before its first [[telegram.routes]] header",
+        ),
+        (
+            AGENT + '[feishu]\n[feishu.webhook]\nport = 8080\nevents = "webhook"\n',
+            "feishu.webhook.events",
+            "'events' belongs to [feishu], but TOML reads every key after a table header as"
+            " part of that table (here [feishu.webhook]); move the line up under [feishu],"
+            " before its first [feishu.webhook] header",
+        ),
+    ],
+    ids=["top-under-agents", "top-under-metrics", "telegram-under-route", "feishu-under-webhook"],
+)
+def test_a_key_written_under_the_wrong_table_header_is_refused_saying_where_it_goes(
+    tmp_path: Path, tail: str, key: str, words: str
+) -> None:
+    """A key appended at the end of a file lands in the last table TOML opened there: the
+    docs' `log_level` was refused as "unknown key; allowed keys here: id, workdir", which
+    reads as a key that does not exist rather than a line in the wrong place."""
+    config = console_config(tmp_path, tail)
+    for line, _ in refused_by_every_command(config, key):
+        assert words in line, line
+        assert "allowed keys here" not in line, line
