@@ -66,8 +66,33 @@ class ConfigError(Exception):
     """
 
     def __init__(self, messages: Sequence[str]) -> None:
-        self.messages = [redact_tokens(message) for message in messages]
+        self.messages = [_clip_quotes(redact_tokens(message)) for message in messages]
         super().__init__("\n".join(self.messages))
+
+
+# A value quoted back longer than this is cut: an agent id, a log level or an address pasted
+# many times over (or a whole file pasted into one string) was echoed whole, a screen of
+# text per line in the terminal and the log, burying the key and the fix after it.
+MAX_QUOTED_CHARS: Final = 120
+MAX_KEY_CHARS: Final = 64
+# A value as `repr` quotes it: a quote after no letter or digit (an apostrophe in a word,
+# "chat's", opens nothing), escapes inside, the same quote before no letter or digit.
+_QUOTED = re.compile(r"(?<!\w)(?:'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\")(?!\w)")
+
+
+def _clip_quotes(message: str) -> str:
+    """`message` with each quoted value over `MAX_QUOTED_CHARS` cut to its head and tail,
+    saying how long it was."""
+
+    def clip(found: re.Match[str]) -> str:
+        text = found.group()
+        inner = text[1:-1]
+        if len(inner) <= MAX_QUOTED_CHARS:
+            return text
+        quote = text[0]
+        return f"{quote}{inner[:60]}…{inner[-20:]}{quote} ({len(inner)} characters)"
+
+    return _QUOTED.sub(clip, message)
 
 
 def _no_empty_path(value: object) -> object:
@@ -867,6 +892,8 @@ def _key_path(loc: Sequence[int | str]) -> str:
         if isinstance(part, int):
             text += f"[{part}]"
         else:
+            if len(part) > MAX_KEY_CHARS:  # an unknown key pasted long: its head names it
+                part = f"{part[:MAX_KEY_CHARS]}…({len(part)} characters)"
             text += f".{part}" if text else part
     return text or "(top level)"
 

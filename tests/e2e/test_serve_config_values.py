@@ -82,3 +82,75 @@ def test_a_key_written_under_the_wrong_table_header_is_refused_saying_where_it_g
     for line, _ in refused_by_every_command(config, key):
         assert words in line, line
         assert "allowed keys here" not in line, line
+
+
+LONG = 5000
+
+
+@pytest.mark.parametrize(
+    ("toml", "key", "words"),
+    [
+        (
+            f'[[agents]]\nid = "{"b" * LONG}"\nworkdir = "agents/builder"\n',
+            "agents[0].id",
+            "is not a valid agent id; use 1-64 letters",
+        ),
+        (
+            AGENT + f'[console]\ntimezone = "{"Z" * LONG}"\n',
+            "console.timezone",
+            "is not a known IANA time zone; use a name like 'UTC'",
+        ),
+        (
+            f'log_level = "{"X" * LONG}"\n' + AGENT,
+            "log_level",
+            "Input should be 'DEBUG', 'INFO', 'WARNING' or 'ERROR' (got 'XXXX",
+        ),
+        (
+            AGENT + TG_ROUTE.replace('"builder"', f'"{"z" * LONG}"'),
+            "telegram.routes[0].agents[0]",
+            '; use the id of an [[agents]] entry (builder) or "*"',
+        ),
+        (
+            AGENT + f'[metrics]\nlisten = "{"v" * LONG}"\n',
+            "metrics.listen",
+            'is not host:port; write for example "127.0.0.1:9464"',
+        ),
+    ],
+    ids=["agent-id", "timezone", "log-level", "route-agent", "listen"],
+)
+def test_a_value_pasted_long_is_quoted_cut_so_the_key_and_the_fix_stay_readable(
+    tmp_path: Path, toml: str, key: str, words: str
+) -> None:
+    """The refusal quoted the value whole: a value pasted many times over (or a file pasted
+    into one string) made each line a screen of text in the terminal and the log, with the
+    fix at its far end. The value is now cut to its head and tail, saying its length."""
+    config = tmp_path / "taskcard.toml"
+    config.write_text('state_dir = "state"\n' + toml)
+    (tmp_path / "agents" / "builder").mkdir(parents=True)
+    for line, _ in refused_by_every_command(config, key):
+        assert f"({LONG} characters)" in line, line[:300]
+        assert words in line, line[:300]
+        assert len(line) < 600, line[:300]
+
+
+def test_a_long_unknown_key_is_named_by_its_head(tmp_path: Path) -> None:
+    config = tmp_path / "taskcard.toml"
+    config.write_text(f"{'k' * LONG} = 1\n")
+    for line, _ in refused_by_every_command(config, "k" * 64 + f"…({LONG} characters)"):
+        assert "unknown key; allowed keys here: agents," in line, line[:300]
+        assert len(line) < 600, line[:300]
+
+
+def test_the_words_of_a_refusal_are_never_cut_as_if_quoted(tmp_path: Path) -> None:
+    """Only a quoted value is cut: the apostrophes of the words around it ("chat's") quote
+    nothing, however long the line."""
+    config = tmp_path / "taskcard.toml"
+    config.write_text(AGENT + TG_ROUTE.replace("-100123", f'"@{"v" * LONG}"'))
+    (tmp_path / "agents" / "builder").mkdir(parents=True)
+    for line, _ in refused_by_every_command(config, "telegram.routes[0].chat_id"):
+        assert line.endswith(
+            "not a Telegram username: a public chat's username is after the @, 5-32 letters,"
+            ' digits or underscores, starting with a letter (e.g. "@build_news"); fix it, or'
+            " write the chat's numeric id (negative for groups and channels) as `taskcard"
+            " chats` lists it"
+        ), line
