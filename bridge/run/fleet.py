@@ -164,7 +164,7 @@ def origin_route(
 
 
 def restart_needed(running: ServiceConfig, new: ServiceConfig) -> list[str]:
-    """The top-level keys whose change SIGHUP cannot apply (channels, state, limits...).
+    """The keys (dotted paths) whose change SIGHUP cannot apply (channels, state, limits...).
 
     Agents, discovery roots, display defaults and each channel's routes and origin_chats are
     applied while serving; credentials, endpoints and the rest need a restart.
@@ -180,4 +180,20 @@ def restart_needed(running: ServiceConfig, new: ServiceConfig) -> list[str]:
         return data
 
     before, after = comparable(running), comparable(new)
-    return sorted(key for key in before if before[key] != after.get(key))
+    return sorted(_changed_keys(before, after))
+
+
+def _changed_keys(before: object, after: object, path: str = "") -> list[str]:
+    """The dotted key paths (`telegram.poll_timeout_s`) whose values differ: a table added
+    or removed is named as a whole, an array compared whole. The refusal named only the
+    table (`telegram changed`), leaving the operator to hunt for the key a reload cannot
+    apply among the table's others."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        return [
+            changed
+            for key in sorted(before.keys() | after.keys(), key=str)
+            for changed in _changed_keys(
+                before.get(key), after.get(key), f"{path}.{key}" if path else str(key)
+            )
+        ]
+    return [] if before == after else [path]

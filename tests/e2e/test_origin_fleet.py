@@ -301,6 +301,8 @@ async def test_sighup_adds_and_refuses_and_a_removed_folder_retires(
         config.write_text(original.replace("poll_timeout_s = 1", "poll_timeout_s = 2"))
         serve.proc.send_signal(signal.SIGHUP)
         await eventually(lambda: "restart to change channels" in serve.logs)
+        # named by its path: "telegram changed" left the key to be hunted for in the table
+        assert "config reload refused: telegram.poll_timeout_s changed" in serve.logs
 
         # A removed discovered folder: its resident says the agent retired.
         scout_message = next(

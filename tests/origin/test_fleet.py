@@ -88,16 +88,24 @@ def test_origin_route_only_for_allowed_chats(
         ({"discover": {"roots": ["other"]}}, []),
         ({"display": {"activity_rows": 5}}, []),
         ({"telegram": {"routes": [], "origin_chats": [-1]}}, []),
-        ({"telegram": {"api_base_url": "https://example.org", "routes": []}}, ["telegram"]),
+        (
+            {"telegram": {"api_base_url": "https://example.org", "routes": []}},
+            ["telegram.api_base_url"],
+        ),
         ({"feishu": {}}, ["feishu"]),
         ({"state_dir": "elsewhere"}, ["state_dir"]),
-        ({"notices": {"max_per_minute": 9}}, ["notices"]),
+        ({"notices": {"max_per_minute": 9}}, ["notices.max_per_minute"]),
         # docs/operators.md lists these as needing a restart too.
         ({"log_level": "DEBUG"}, ["log_level"]),
-        ({"console": {"enabled": True}}, ["console"]),
-        ({"signals": {"idle_floor_s": 60}}, ["signals"]),
-        ({"inbox": {"max_messages": 9}}, ["inbox"]),
-        ({"cluster": {"redis_url": "redis://127.0.0.1:6379/0"}}, ["cluster"]),
+        ({"console": {"enabled": True}}, ["console.enabled"]),
+        ({"signals": {"idle_floor_s": 60}}, ["signals.idle_floor_s"]),
+        ({"inbox": {"max_messages": 9}}, ["inbox.max_messages"]),
+        ({"cluster": {"redis_url": "redis://127.0.0.1:6379/0"}}, ["cluster.redis_url"]),
+        # Each key a reload cannot apply is named by its path, not by its table alone.
+        (
+            {"telegram": {"routes": [], "poll_timeout_s": 2}, "limits": {"max_pause_s": 9}},
+            ["limits.max_pause_s", "telegram.poll_timeout_s"],
+        ),
     ],
 )
 def test_reload_applies_fleet_keys_and_refuses_the_rest(
