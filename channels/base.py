@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Final, Literal, Protocol
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 import pyromark
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -654,8 +654,12 @@ def check_timezone(name: str) -> str:
     try:
         ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError):
+        # The names are looked up case by case on Linux: `utc` or `asia/shanghai` was refused
+        # with examples only, leaving the operator to spot that the case was all that differed.
+        folded = {zone.lower(): zone for zone in available_timezones()}.get(name.lower())
+        hint = f" (did you mean {folded!r}? the names are case-sensitive)" if folded else ""
         raise ValueError(
-            f"{name!r} is not a known IANA time zone; use a name like 'UTC',"
+            f"{name!r} is not a known IANA time zone{hint}; use a name like 'UTC',"
             " 'Europe/Berlin' or 'Asia/Shanghai'"
         ) from None
     return name

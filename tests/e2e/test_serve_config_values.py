@@ -154,3 +154,35 @@ def test_the_words_of_a_refusal_are_never_cut_as_if_quoted(tmp_path: Path) -> No
             " write the chat's numeric id (negative for groups and channels) as `taskcard"
             " chats` lists it"
         ), line
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "given", "meant"),
+    [
+        ("[console]\n", "console.timezone", "asia/shanghai", "Asia/Shanghai"),
+        (TG_ROUTE, "telegram.routes[0].timezone", "utc", "UTC"),
+        (
+            '[feishu]\n[[feishu.routes]]\nchat_id = "oc_0123456789abcdef"\nagents = ["builder"]\n',
+            "feishu.routes[0].timezone",
+            "EUROPE/BERLIN",
+            "Europe/Berlin",
+        ),
+    ],
+    ids=["console", "telegram-route", "feishu-route"],
+)
+def test_a_time_zone_written_in_another_case_is_refused_naming_the_zone_meant(
+    tmp_path: Path, section: str, key: str, given: str, meant: str
+) -> None:
+    """Zone names are looked up case by case: `utc` was refused with examples only."""
+    config = console_config(tmp_path, AGENT + section + f'timezone = "{given}"\n')
+    for line, _ in refused_by_every_command(config, key):
+        assert f"(did you mean {meant!r}? the names are case-sensitive)" in line, line
+
+
+def test_a_time_zone_of_no_known_name_is_offered_no_guess(tmp_path: Path) -> None:
+    """Only a name that differs by its case is offered: a near spelling of another zone
+    (`Asia/Beijing`, `Asia/Beirut`) would send the cards' times to the wrong city."""
+    config = console_config(tmp_path, AGENT + '[console]\ntimezone = "Asia/Beijing"\n')
+    for line, _ in refused_by_every_command(config, "console.timezone"):
+        assert "did you mean" not in line, line
+        assert "is not a known IANA time zone; use a name like 'UTC'" in line, line
