@@ -948,7 +948,9 @@ def _format_errors(exc: ValidationError) -> list[str]:
                 continue
             hint = ""
             close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
-            if close:
+            if (other := _other_channel_key(loc)) is not None:
+                hint = f" ({other})"
+            elif close:
                 hint = f" (did you mean {close[0]!r}?)"
             messages.append(
                 f"{path}: unknown key{hint}; allowed keys here: {', '.join(allowed) or 'none'}"
@@ -971,6 +973,21 @@ def _format_errors(exc: ValidationError) -> list[str]:
         else:
             messages.append(f"{path}: {message}")
     return messages
+
+
+_CHANNELS: Final = {"telegram": "Telegram", "feishu": "Feishu"}
+
+
+def _other_channel_key(loc: Sequence[int | str]) -> str | None:
+    """Why a key of one channel's table is unknown in the other's: a `thread_id` copied
+    into a Feishu route was asked "did you mean 'chat_id'?", which invites the wrong fix."""
+    if not loc or loc[0] not in _CHANNELS:
+        return None
+    other = next(name for name in _CHANNELS if name != loc[0])
+    model = _model_at((other, *loc[1:-1]))
+    if model is None or str(loc[-1]) not in model.model_fields:
+        return None
+    return f"a {_CHANNELS[other]} key, which {_CHANNELS[str(loc[0])]} does not take: remove it"
 
 
 def _misplaced_key(loc: Sequence[int | str]) -> str | None:

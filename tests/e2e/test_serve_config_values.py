@@ -186,3 +186,31 @@ def test_a_time_zone_of_no_known_name_is_offered_no_guess(tmp_path: Path) -> Non
     for line, _ in refused_by_every_command(config, "console.timezone"):
         assert "did you mean" not in line, line
         assert "is not a known IANA time zone; use a name like 'UTC'" in line, line
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "words"),
+    [
+        (
+            '[feishu]\n[[feishu.routes]]\nchat_id = "oc_0123456789abcdef"\nagents = ["builder"]\n'
+            "thread_id = 42\n",
+            "feishu.routes[0].thread_id",
+            "unknown key (a Telegram key, which Feishu does not take: remove it)",
+        ),
+        (
+            '[telegram]\nevents = "webhook"\n',
+            "telegram.events",
+            "unknown key (a Feishu key, which Telegram does not take: remove it)",
+        ),
+    ],
+    ids=["thread-in-feishu-route", "events-in-telegram"],
+)
+def test_a_key_of_the_other_channel_is_refused_as_such(
+    tmp_path: Path, section: str, key: str, words: str
+) -> None:
+    """A route copied from Telegram to Feishu with its `thread_id` was asked "did you mean
+    'chat_id'?", which invites renaming it into the chat id."""
+    config = console_config(tmp_path, AGENT + section)
+    for line, _ in refused_by_every_command(config, key):
+        assert words in line, line
+        assert "did you mean" not in line, line
