@@ -414,6 +414,17 @@ class ServiceConfig(BaseModel):
     def _state_dir_given(cls, value: object) -> object:
         return _no_empty_path(value)
 
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _log_level_any_case(cls, value: object) -> object:
+        """`log_level = "info"` is taken as INFO, as `--log-level info` and
+        `TASKCARD_LOG_LEVEL=info` are: the file alone refused it."""
+        if isinstance(value, str) and value.upper() in get_args(
+            cls.model_fields["log_level"].annotation
+        ):
+            return value.upper()
+        return value  # anything else is refused quoted as written
+
     @field_validator("state_dir")
     @classmethod
     def _resolve_state_dir(cls, value: Path, info: ValidationInfo) -> Path:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_cli import AGENT, console_config, refused_by_every_command
+from tests.e2e.harness import ServeProcess, eventually
+from tests.e2e.test_cli import AGENT, console_config, refused_by_every_command, taskcard
 
 
 @pytest.mark.parametrize(
@@ -214,3 +215,18 @@ def test_a_key_of_the_other_channel_is_refused_as_such(
     for line, _ in refused_by_every_command(config, key):
         assert words in line, line
         assert "did you mean" not in line, line
+
+
+async def test_the_log_level_in_the_file_is_taken_in_any_case_as_on_the_command_line(
+    tmp_path: Path,
+) -> None:
+    """`--log-level debug` and `TASKCARD_LOG_LEVEL=debug` were taken, `log_level = "debug"`
+    in the file refused: the same setting, three rules. The file takes any case too."""
+    config = console_config(tmp_path, AGENT, 'log_level = "debug"\n')
+    (tmp_path / "agents" / "builder").mkdir(parents=True)
+    result = taskcard("config", "check", str(config))
+    assert result.returncode == 0, result.stderr
+    with ServeProcess(config) as serve:
+        # DEBUG lines appear only at the level the file set (the default is INFO)
+        await eventually(lambda: " DEBUG " in serve.logs, what="a DEBUG line in the log")
+        assert await serve.aterminate() == 0
