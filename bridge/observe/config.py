@@ -7,7 +7,9 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+# Letters, digits, hyphens inside, and underscores: container and compose service names
+# (`metrics_proxy`) carry them and the resolvers of those networks answer for them.
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")
 
 
 def parse_listen(value: str) -> tuple[str, int]:

@@ -38,6 +38,18 @@ def test_a_metrics_address_that_is_no_host_port_is_refused_saying_what_to_write(
         assert "brackets" not in line, line
 
 
+@pytest.mark.parametrize("listen", ["localhost:9464", "metrics_proxy:9464", "[::1]:9464"])
+def test_a_metrics_address_of_a_host_name_a_resolver_takes_passes_the_check(
+    tmp_path: Path, listen: str
+) -> None:
+    """The host check refuses what no resolver takes, not the names containers are given
+    (a compose service `metrics_proxy`), a plain name or an IPv6 address in brackets."""
+    config = console_config(tmp_path, AGENT, f'[metrics]\nlisten = "{listen}"\n')
+    (tmp_path / "agents" / "builder").mkdir(parents=True)
+    done = taskcard("config", "check", str(config))
+    assert done.returncode == 0, done.stderr
+
+
 TG_ROUTE = '[telegram]\n[[telegram.routes]]\nchat_id = -100123\nagents = ["builder"]\n'
 
 
