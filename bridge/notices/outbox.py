@@ -11,7 +11,9 @@ queues the scheduler's lanes pull from:
 - `suppress` withdraws every unsent notice of routes people silenced (also one in flight);
 - `channel_ready` queues what a restart left pending, once the channel can send;
 - a lane asks `next_due` for its next notice, `take`s it, and reports the outcome with
-  `delivered`, `failed` or `put_back` (rate limited, transient failure, shutting down).
+  `delivered` (with the id of the message posted, kept with the notice's agent so that a
+  reply to it reaches that agent), `failed` or `put_back` (rate limited, transient failure,
+  shutting down).
 
 A lane's queue is bounded (`MAX_QUEUED`): beyond it notices wait in the store (`pending`) and
 are queued again once the lane has room, so a flood cannot grow memory. Command replies are
@@ -277,10 +279,33 @@ class NoticeOutbox:
         else:
             queue.items.append(item)
 
-    def done(self, item: QueuedNotice, outcome: NoticeOutcome) -> None:
-        """The platform's final answer for this notice."""
+    def done(
+        self, item: QueuedNotice, outcome: NoticeOutcome, message_id: str | None = None
+    ) -> None:
+        """The platform's final answer for this notice; `message_id`, the message it posted."""
         self._known.discard(item.ref)
-        self._store.set_notice_state(item.ref.route.store_key, item.ref.notice_id, outcome)
+        key = item.ref.route
+        self._store.set_notice_state(key.store_key, item.ref.notice_id, outcome)
+        if outcome == "delivered" and message_id is not None:
+            self._remember_message(key, message_id)
+
+    def _remember_message(self, key: RouteKey, message_id: str) -> None:
+        """Keep whose notice `message_id` is, so that a reply to it reaches that agent. Best
+        effort: the notice is out either way, and a store that fails now only leaves a
+        reply to it unanswered, as a reply to any message of the service's but a card."""
+        try:
+            self._store.remember_notice(
+                key.channel, key.chat.chat_id, message_id, key.agent_id, self._clock()
+            )
+        except Exception as error:
+            log.warning(
+                "%s: could not record that message %s is a notice about %s (%s); a reply to"
+                " it reaches no agent",
+                key.channel,
+                message_id,
+                key.agent_id,
+                type(error).__name__,
+            )
 
     def depth(self, lane: LaneKey) -> int:
         queue = self._lanes.get(lane)

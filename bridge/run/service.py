@@ -2070,7 +2070,8 @@ class Service:
     async def _text_for_agent(
         self, channel_name: str, command: IncomingCommand, routes: list[Route]
     ) -> str | None:
-        """`/tell AGENT TEXT` or a reply to an agent's resident: queue the text in its inbox.
+        """`/tell AGENT TEXT` or a reply to an agent's resident, to the status message of a
+        text sent to it, or to a notice about it: queue the text in its inbox.
 
         Returns the answer this instance gives (a refusal; it never quotes the person's text
         or the agent name they typed), None when it gives none: the text was queued (its
@@ -2089,6 +2090,15 @@ class Service:
                 # The status message of a text sent to an agent of this chat reads like its
                 # card (the agent's line heads it): a reply to it was silently dropped.
                 agent_id = self._desk.status_agent(channel_name, command.chat, command.reply_to)
+                if agent_id is None:
+                    # A notice (an error, a refresh budget used up, a report, an exit...) is
+                    # about one agent: a reply to it is for that agent, as one to its card.
+                    agent_id = self._store.notice_agent(
+                        channel_name,
+                        command.chat.chat_id,
+                        command.reply_to,
+                        self._clock().timestamp(),
+                    )
                 if agent_id not in {r.key.agent_id for r in routes}:
                     agent_id = None
             if agent_id is None:
@@ -2097,7 +2107,7 @@ class Service:
                     # for cannot be told, and it used to go nowhere without a word.
                     here = sorted({r.key.agent_id for r in routes})
                     return f"{BOARD_REPLY} {_unknown_agent(here)}"
-                return None  # a reply to a notice or to someone else: not for an agent
+                return None  # a reply to an answer or to someone else: not for an agent
             text = command.args
         else:
             # The agent's name ends at any white space: "/tell builder\nline one" is common.

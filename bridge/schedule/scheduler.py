@@ -1523,7 +1523,7 @@ class RouteScheduler:
         finally:
             reservation.complete()
         if isinstance(text, QueuedNotice) and self._outbox is not None:
-            self._outbox.done(text, "delivered")
+            self._outbox.done(text, "delivered", message_id)
         if isinstance(text, _Reply):
             self._forget_reply(text)
         self._remember_sent(channel, message_id)

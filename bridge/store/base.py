@@ -277,6 +277,23 @@ class StateStore(ABC):
         """Whether the service posted one of `message_ids` on `channel` within `SENT_KEEP_S`
         (any instance of a cluster)."""
 
+    # Notices people may reply to ---------------------------------------------------------
+    @abstractmethod
+    def remember_notice(
+        self, channel: str, chat_id: str, message_id: str, agent_id: str, at: float
+    ) -> None:
+        """Keep for `SENT_KEEP_S` that `message_id` in the chat is a notice about `agent_id`
+        (on every platform): a reply to it is text for that agent, as a reply to its card.
+        Kept when the agent leaves (`forget_agent`): the service gives a reply only to an
+        agent routed to the chat, and one that returns under its name is the same agent."""
+
+    @abstractmethod
+    def notice_agent(
+        self, channel: str, chat_id: str, message_ids: Iterable[str], now: float
+    ) -> str | None:
+        """The agent a notice among `message_ids` in the chat was about, posted within
+        `SENT_KEEP_S` (by any instance of a cluster); None when none is a notice."""
+
     # Messages to agents (the inbox) ------------------------------------------------------
     @abstractmethod
     def add_inbox_message(self, record: InboxRecord) -> None:

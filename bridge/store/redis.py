@@ -22,7 +22,9 @@ Layout under the prefix `P`: `P:res:<route>` hashes of resident fields (and the 
 notices the hashes `P:n:text`, `P:n:state`, `P:n:at` keyed by route and id, with the sorted set
 `P:n:pending` (by creation time) as the index of pending ones; `P:sent:<channel>:<message id>`
 for each message posted on a platform whose replies do not say who wrote the message replied
-to, expiring after `SENT_KEEP_S`.
+to, expiring after `SENT_KEEP_S`; `P:nm:["<channel>", "<chat>", "<message id>"]` (the agent a
+notice posted on any platform was about, so a reply to it reaches that agent), expiring alike
+(kept when the agent leaves, see `StateStore.remember_notice`).
 
 Every value is read defensively: a field that does not parse (written by hand, by an older
 version, or damaged) is logged once by its key and read as absent, so one bad entry never stops
@@ -517,6 +519,21 @@ class RedisStore(StateStore):
         del now
         keys = [self.key("sent", channel, message_id) for message_id in set(message_ids)]
         return bool(keys) and int(self._r.exists(*keys)) > 0
+
+    def remember_notice(
+        self, channel: str, chat_id: str, message_id: str, agent_id: str, at: float
+    ) -> None:
+        del at  # Redis keeps the time: the key expires after SENT_KEEP_S
+        key = self.key("nm", _member(channel, chat_id, message_id))
+        self._r.set(key, agent_id, ex=int(SENT_KEEP_S))
+
+    def notice_agent(
+        self, channel: str, chat_id: str, message_ids: Iterable[str], now: float
+    ) -> str | None:
+        del now
+        keys = [self.key("nm", _member(channel, chat_id, m)) for m in dict.fromkeys(message_ids)]
+        found = cast(list[str | None], self._r.mget(keys)) if keys else []
+        return next((agent for agent in found if agent), None)
 
     def get_cursor(self, key: str) -> str | None:
         return cast(str | None, self._r.hget(self.key("cursors"), key))

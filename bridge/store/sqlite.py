@@ -155,6 +155,15 @@ CREATE TABLE IF NOT EXISTS sent (
     PRIMARY KEY (channel, message_id)
 );
 CREATE INDEX IF NOT EXISTS sent_at ON sent (at);
+CREATE TABLE IF NOT EXISTS notice_messages (
+    channel TEXT NOT NULL,
+    chat_id TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    agent_id TEXT NOT NULL,
+    at REAL NOT NULL,
+    PRIMARY KEY (channel, chat_id, message_id)
+);
+CREATE INDEX IF NOT EXISTS notice_messages_at ON notice_messages (at);
 CREATE TABLE IF NOT EXISTS seen_chats (
     channel TEXT NOT NULL,
     chat_id TEXT NOT NULL,
@@ -1016,6 +1025,36 @@ class SqliteStore(StateStore):
         except sqlite3.OperationalError:
             return False  # a read-only open of a state file from before this table
         return row is not None
+
+    def remember_notice(
+        self, channel: str, chat_id: str, message_id: str, agent_id: str, at: float
+    ) -> None:
+        def op(db: sqlite3.Connection) -> None:
+            db.execute(
+                "INSERT OR REPLACE INTO notice_messages (channel, chat_id, message_id, agent_id,"
+                " at) VALUES (?, ?, ?, ?, ?)",
+                (channel, chat_id, message_id, agent_id, at),
+            )
+            db.execute("DELETE FROM notice_messages WHERE at < ?", (at - SENT_KEEP_S,))
+
+        self._write(("notice_message", channel, chat_id, message_id), op)
+
+    def notice_agent(
+        self, channel: str, chat_id: str, message_ids: Iterable[str], now: float
+    ) -> str | None:
+        wanted = list(dict.fromkeys(message_ids))
+        if not wanted:
+            return None
+        marks = ", ".join("?" * len(wanted))
+        try:
+            row = self._db.execute(
+                "SELECT agent_id FROM notice_messages WHERE channel = ? AND chat_id = ?"
+                f" AND at >= ? AND message_id IN ({marks}) ORDER BY at DESC",
+                (channel, chat_id, now - SENT_KEEP_S, *wanted),
+            ).fetchone()
+        except sqlite3.OperationalError:
+            return None  # a read-only open of a state file from before this table
+        return None if row is None else str(row["agent_id"])
 
     def add_inbox_message(self, record: InboxRecord) -> None:
         def op(db: sqlite3.Connection) -> None:

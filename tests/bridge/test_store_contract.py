@@ -292,3 +292,22 @@ def test_a_state_file_from_before_the_answered_command_is_taken_up(tmp_path: Pat
     store.add_inbox_message(replace(old, message_id="m_1", reply_to_id="om_1"))
     assert [r.reply_to_id for r in store.inbox_messages(0.0)] == [None, "om_1"]
     store.close()
+
+
+def test_a_state_file_from_before_the_notices_agents_is_taken_up(tmp_path: Path) -> None:
+    # It has no table of whose notice each message is: a read-only open (`taskcard status`)
+    # finds none, and the service's open adds the table and keeps the rest.
+    SqliteStore.in_dir(tmp_path).close()
+    db = sqlite3.connect(tmp_path / STATE_FILE)
+    db.execute("DROP TABLE notice_messages")
+    db.execute("INSERT INTO cursors (key, value) VALUES ('k', 'v')")
+    db.commit()
+    db.close()
+    readonly = SqliteStore.in_dir(tmp_path, readonly=True)
+    assert readonly.notice_agent("telegram", "-100", ["57"], 1000.0) is None
+    readonly.close()
+    store = SqliteStore.in_dir(tmp_path)
+    assert store.get_cursor("k") == "v"
+    store.remember_notice("telegram", "-100", "57", "builder", 1000.0)
+    assert store.notice_agent("telegram", "-100", ["57"], 1000.0) == "builder"
+    store.close()

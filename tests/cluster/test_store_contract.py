@@ -156,6 +156,20 @@ def test_messages_the_service_sent_are_known_by_channel_across_a_reopen(opener: 
     assert not again.sent_any("feishu", [], 1001.0)
 
 
+def test_whose_notice_a_message_is_is_known_in_its_chat_across_a_reopen(opener: Opener) -> None:
+    # Telegram numbers messages per chat: the same id in another chat is another message.
+    store = opener()
+    assert store.notice_agent("telegram", "-100", ["57"], 1000.0) is None
+    store.remember_notice("telegram", "-100", "57", "builder", 1000.0)
+    store.remember_notice("feishu", "oc_1", "om_9", "tester", 1000.0)
+    again = opener()
+    assert again.notice_agent("telegram", "-100", ["56", "57"], 1001.0) == "builder"
+    assert again.notice_agent("telegram", "-200", ["57"], 1001.0) is None, "another chat"
+    assert again.notice_agent("feishu", "-100", ["57"], 1001.0) is None, "another channel"
+    assert again.notice_agent("feishu", "oc_1", ["om_9"], 1001.0) == "tester"
+    assert again.notice_agent("feishu", "oc_1", [], 1001.0) is None
+
+
 def test_an_agent_that_left_is_forgotten_and_nothing_of_another(opener: Opener) -> None:
     """Everything kept for one agent goes, in every chat; an agent whose id ends the same
     way, or is a prefix of it, keeps all of its own."""

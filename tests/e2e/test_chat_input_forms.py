@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.e2e.harness import eventually, publish, run_cli
+from tests.e2e.harness import eventually, notify, publish, run_cli
 from tests.e2e.test_talk_and_signals import (
     FS_CHAT,
     FS_PERSON,
@@ -311,3 +311,39 @@ async def test_a_reply_to_the_status_of_a_text_reaches_its_agent(
         await eventually(lambda: len(queued(tmp_path)) == 2, what="the reply queued")
         texts = sorted(json.loads(m.read_text())["text"] for m in queued(tmp_path))
         assert texts == ["and a second thing", "first"]
+
+
+async def test_a_reply_to_a_notice_reaches_the_agent_it_is_about_also_after_a_restart(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    # A notice is about one agent (its card broke here), so people reply to it with what the
+    # agent should do; the reply was dropped without a word on both platforms. It reaches
+    # that agent, not the other one of the chat, as a reply to its card does, also after a
+    # restart (the state keeps whose notice each message is). A Feishu reply to a person's
+    # message (not the service's) stays silent.
+    async with chat_for(platform, tmp_path, ["builder", "tester"]) as chat:
+        running_agent(tmp_path)
+        with chat.serve:
+            await running_card_shown(chat)
+            notify(workdir(tmp_path), "task_card.error:tc_1:1:renderer_timeout", "error")
+            await wait_said(chat, "builder: task card error", "the error notice")
+            notice = chat.message_id_with("builder: task card error")
+            assert notice is not None
+            if isinstance(chat, FeishuChat):
+                person = chat.fake.command_event(FS_CHAT, "hi", verification_token=FS_VERIFY)
+                said = str(person["event"]["message"]["message_id"])
+                await chat.say("words between people", reply_to=said)
+            await chat.say("fix the renderer", reply_to=notice)
+            status = await wait_status(chat, "queued")
+            assert "Message to builder" in status
+            assert await chat.serve.aterminate() == 0
+        with chat.restart():
+            await chat.say("then run the checks", reply_to=notice)
+            await eventually(lambda: len(queued(tmp_path)) == 2, what="the second reply queued")
+            assert await chat.serve.aterminate() == 0
+    texts = sorted(json.loads(m.read_text())["text"] for m in queued(tmp_path))
+    assert texts == ["fix the renderer", "then run the checks"]
+    assert queued(tmp_path, "tester") == []
+    assert len([t for t in chat.bot_texts() if STATUS in t]) == 2
+    assert not any("AGENT is one of" in t or "words between" in t for t in chat.bot_texts())

@@ -31,6 +31,7 @@ from tests.e2e.harness import (
     run_cli,
 )
 from tests.e2e.test_serve_telegram import GROUP, _quick_publish, _sleep, shown
+from tests.e2e.test_talk_and_signals import report
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeLimits, FakeTelegram, Window
 from tests.redis_server import RedisServer, free_port, have_redis, private_redis
@@ -916,6 +917,46 @@ async def test_tell_in_a_cluster_is_queued_once_and_answered_only_by_the_agents_
     assert (queued("i0agent"), queued("i1agent")) == (4, 4)
     assert replies(fake, "Message to") == 8
     assert replies(fake, "AGENT is one of") == 0
+    for serve in serves:
+        assert await serve.aterminate() == 0
+
+
+async def test_a_reply_to_a_notice_in_a_cluster_is_queued_once_for_the_agent_it_is_about(
+    tmp_path: Path, fake: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """A reply to the notice about i0agent reaches i0agent once, queued and answered by its
+    owner alone: every instance learns whose notice it is from the shared state, and no
+    other one (i1, or the standby i2) queues it again or answers for it."""
+    agents = {"i0": ["i0agent"], "i1": ["i1agent"], "i2": ["i0agent"]}
+    serves = [
+        fleet.enter_context(
+            instance(tmp_path, name, fake, names, redis_url=redis_url, prefix=prefix)
+        )
+        for name, names in agents.items()
+    ]
+    for agent in ("i0agent", "i1agent"):
+        publish(tmp_path / "agents" / agent, f"card of {agent}")
+    await eventually(
+        lambda: all("channel telegram ready" in s.logs for s in serves),
+        timeout_s=60,
+        what="every instance reading the commands",
+    )
+    report(tmp_path / "agents" / "i0agent", 1, ok=True)
+    await eventually(
+        lambda: replies(fake, "i0agent reported"), timeout_s=60, what="the report notice"
+    )
+    [notice] = [m.message_id for m in fake.bot_messages(GROUP) if "i0agent reported" in m.text]
+    fake.inject_message(GROUP, "ship it", reply_to=notice)
+    queued = tmp_path / "agents" / "i0agent" / "inbox" / "queued"
+    await eventually(lambda: list(queued.glob("*.json")), timeout_s=60, what="the reply queued")
+    await eventually(
+        lambda: replies(fake, "Message to i0agent"), timeout_s=60, what="its status message"
+    )
+    await past_a_later_command(fake, serves)
+    assert [json.loads(p.read_text())["text"] for p in queued.glob("*.json")] == ["ship it"]
+    assert replies(fake, "Message to") == 1
+    assert replies(fake, "AGENT is one of") == 0
+    assert not list((tmp_path / "agents" / "i1agent" / "inbox" / "queued").glob("*.json"))
     for serve in serves:
         assert await serve.aterminate() == 0
 
