@@ -23,6 +23,7 @@ import functools
 import json
 import logging
 import time
+import unicodedata
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, tzinfo
@@ -2137,7 +2138,7 @@ class Service:
         (an unknown name, or one several agents share but for case), or None when it gives
         none (clustered: another instance answers).
 
-        A name is matched exactly first, else regardless of case (`matching_agents`).
+        A name is matched exactly first, else folded (case, width: `matching_agents`).
         Clustered, a name not exactly one of this instance's is looked up among the agents
         every instance routes to the chat: another instance's agent may be the exact one,
         or one more that differs only in case; the instance that claimed the reply refuses.
@@ -2275,19 +2276,25 @@ def _utf16_len(text: str) -> int:
 
 def matching_agents(name: str, agents: list[str]) -> list[str]:
     """The agents a typed `name` may mean: itself when it is one, else (without a trailing
-    `:` or `,`, as in "builder: hi") every one that equals it regardless of case (a person
-    does not expect case to matter in a name). ASCII only,
-    as agent ids are: a look-alike (a Kelvin sign for a "k") folds to an ASCII letter but
-    names no agent."""
+    `:` or `,`, as in "builder: hi") every one that equals it once both are folded
+    (`_folded_name`): a person does not expect case to matter in a name, nor the width a
+    phone's keyboard typed it in (`ｂｕｉｌｄｅｒ`). A look-alike from another script (a
+    Cyrillic "е" for an "e") folds to itself and names no agent."""
     if name in agents:
         return [name]
     name = name.rstrip(":,")  # "builder: hi" addresses builder; no id holds either mark
     if name in agents:
         return [name]
-    if not name.isascii():
-        return []
-    folded = name.lower()
-    return [agent for agent in agents if agent.lower() == folded]
+    # A full-width "：" of the same keyboard folds to ":" only now.
+    folded = _folded_name(name).rstrip(":,")
+    return [agent for agent in agents if _folded_name(agent) == folded]
+
+
+def _folded_name(name: str) -> str:
+    """`name` in its compatibility form (NFKC: full-width letters, ligatures, a Kelvin sign
+    read as the letters they stand for), case folded, and composed again (a folded letter
+    may decompose): two names people read as the same fold alike."""
+    return unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", name).casefold())
 
 
 def _same_but_case(names: list[str]) -> str:

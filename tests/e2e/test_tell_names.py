@@ -85,8 +85,8 @@ async def test_a_tell_finds_the_agent_whatever_the_case_and_asks_when_two_differ
         assert "Keeper, keeper" in answer and "KEEPER" not in answer
         await chat.say("/tell keeper roll back")
         await eventually(lambda: texts_queued(tmp_path, "keeper"), what="keeper's text")
-        # A look-alike is no name: a Kelvin sign folds to "k" but names no agent.
-        await chat.say("/tell \u212aeeper nothing")
+        # A look-alike from another script is no name: a Cyrillic "е" is not an "e".
+        await chat.say("/tell k\u0435eper nothing")
         await wait_said(chat, "AGENT is one of Keeper, builder, keeper.", "the refusal")
         assert texts_queued(tmp_path, "Keeper") == []
         assert texts_queued(tmp_path, "keeper") == ["roll back"]
@@ -94,6 +94,32 @@ async def test_a_tell_finds_the_agent_whatever_the_case_and_asks_when_two_differ
             "check the disk",
             "look at the logs",
         ]
+
+
+async def test_a_tell_finds_the_agent_in_the_full_width_letters_a_phone_typed(
+    platform: str, tmp_path: Path
+) -> None:
+    # A phone's Chinese or Japanese keyboard types full-width letters (ｂｕｉｌｄｅｒ), and the
+    # ideographic space and colon with them: `/tell ｂｕｉｌｄｅｒ hi` was refused as naming no
+    # agent. A name is compared in its compatibility form (NFKC), regardless of case; one
+    # that folds to several agents is answered with their names, never with the typed one.
+    async with running_card(platform, tmp_path, ("builder", "Keeper", "keeper")) as chat:
+        await chat.say("/tell ｂｕｉｌｄｅｒ\u3000look at the logs")
+        await wait_status(chat, "queued")
+        await chat.say("/tell ＢＵＩＬＤＥＲ： check the disk")
+        await eventually(
+            lambda: len(texts_queued(tmp_path, "builder")) == 2, what="builder's second"
+        )
+        await chat.say("/tell ｋｅｅｐｅｒ roll back")
+        answer = await wait_said(chat, "differ only in case", "the question")
+        assert "Keeper, keeper" in answer
+        assert sorted(texts_queued(tmp_path, "builder")) == [
+            "check the disk",
+            "look at the logs",
+        ]
+        assert texts_queued(tmp_path, "Keeper") == texts_queued(tmp_path, "keeper") == []
+        typed = ("ｂｕｉｌｄｅｒ", "ＢＵＩＬＤＥＲ", "ｋｅｅｐｅｒ")
+        assert not any(name in text for text in chat.bot_texts() for name in typed)
 
 
 async def test_only_the_mention_that_addresses_a_tell_is_taken_out_of_its_text(
