@@ -131,13 +131,13 @@ WITHHELD_ROWS = "(activity withheld: it contained one of this service's own secr
 HELP_TEXT = (
     "/taskcard: show the state here · /taskcard off: hide the cards · "
     "/taskcard on: show them · /taskcard N: show N activity rows (1-10) · "
-    "/tell AGENT TEXT (or a reply to an agent's card): send it text · "
+    "/tell AGENT TEXT (or a reply to an agent's card or notice): send it text · "
     "/taskcard cancel: withdraw your latest queued text · "
     "/taskcard board: one board for all agents · /taskcard cards: one card per agent"
 )
 # The answer to a reply to the chat's board, before the agents a `/tell` may name.
 BOARD_REPLY = (
-    "A reply to the task board reaches no agent: reply to an agent's card, or write"
+    "A reply to the task board reaches no agent: reply to an agent's card or notice, or write"
     " /tell AGENT TEXT."
 )
 # The answers to a command its sender may not give where only listed people command (see

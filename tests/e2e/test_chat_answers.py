@@ -49,6 +49,7 @@ async def test_help_is_answered_with_the_help(
         await chat.say("/taskcard Help")
         help_text = await wait_said(chat, "Task card commands here", "the help")
         assert "/taskcard off: hide the cards" in help_text
+        assert "a reply to an agent's card or notice" in help_text
         assert not any("Unknown option" in text for text in chat.bot_texts())
 
 
@@ -66,5 +67,6 @@ async def test_a_reply_to_the_board_is_told_how_to_reach_an_agent(
         await chat.say("builder, please stop", reply_to=board)
         answer = await wait_said(chat, "reply to the task board", "the answer to the reply")
         assert "AGENT is one of builder, tester" in answer
+        assert "reply to an agent's card or notice" in answer
         assert "please stop" not in answer
         assert queued(tmp_path) == [] and queued(tmp_path, "tester") == []
