@@ -873,13 +873,11 @@ async def test_a_group_upgraded_to_a_supergroup_is_followed_by_every_instance(
         assert await serve.aterminate() == 0
 
 
-async def test_tell_in_a_cluster_is_queued_once_and_answered_only_by_the_agents_owner(
-    tmp_path: Path, fake: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
-) -> None:
-    """i2 is a standby for i0agent (same workdir). Each `/tell` is queued once, by the
-    agent's owner, with one status message; no instance answers for an agent it does not
-    serve (the instance that claimed the reply used to refuse another's agent as unknown,
-    and a standby queued the text a second time)."""
+async def two_agents_and_a_standby(
+    tmp_path: Path, fake: FakeTelegram, fleet: ExitStack, *, redis_url: str, prefix: str
+) -> list[ServeProcess]:
+    """i0 serving i0agent, i1 serving i1agent and i2 a standby for i0agent (same workdir),
+    once both residents show and every instance reads the commands."""
     agents = {"i0": ["i0agent"], "i1": ["i1agent"], "i2": ["i0agent"]}
     serves = [
         fleet.enter_context(
@@ -895,6 +893,19 @@ async def test_tell_in_a_cluster_is_queued_once_and_answered_only_by_the_agents_
         lambda: all("channel telegram ready" in s.logs for s in serves),
         timeout_s=60,
         what="every instance reading the commands",
+    )
+    return serves
+
+
+async def test_tell_in_a_cluster_is_queued_once_and_answered_only_by_the_agents_owner(
+    tmp_path: Path, fake: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """i2 is a standby for i0agent (same workdir). Each `/tell` is queued once, by the
+    agent's owner, with one status message; no instance answers for an agent it does not
+    serve (the instance that claimed the reply used to refuse another's agent as unknown,
+    and a standby queued the text a second time)."""
+    serves = await two_agents_and_a_standby(
+        tmp_path, fake, fleet, redis_url=redis_url, prefix=prefix
     )
     for index in range(4):
         for agent in ("i0agent", "i1agent"):
@@ -927,19 +938,8 @@ async def test_a_reply_to_a_notice_in_a_cluster_is_queued_once_for_the_agent_it_
     """A reply to the notice about i0agent reaches i0agent once, queued and answered by its
     owner alone: every instance learns whose notice it is from the shared state, and no
     other one (i1, or the standby i2) queues it again or answers for it."""
-    agents = {"i0": ["i0agent"], "i1": ["i1agent"], "i2": ["i0agent"]}
-    serves = [
-        fleet.enter_context(
-            instance(tmp_path, name, fake, names, redis_url=redis_url, prefix=prefix)
-        )
-        for name, names in agents.items()
-    ]
-    for agent in ("i0agent", "i1agent"):
-        publish(tmp_path / "agents" / agent, f"card of {agent}")
-    await eventually(
-        lambda: all("channel telegram ready" in s.logs for s in serves),
-        timeout_s=60,
-        what="every instance reading the commands",
+    serves = await two_agents_and_a_standby(
+        tmp_path, fake, fleet, redis_url=redis_url, prefix=prefix
     )
     report(tmp_path / "agents" / "i0agent", 1, ok=True)
     await eventually(
