@@ -1013,18 +1013,27 @@ class SqliteStore(StateStore):
         self._write(("sent", channel, message_id), op)
 
     def sent_any(self, channel: str, message_ids: Iterable[str], now: float) -> bool:
+        where = "FROM sent WHERE channel = ?"
+        return self._recent_message("SELECT 1 " + where, (channel,), message_ids, now) is not None
+
+    def _recent_message(
+        self, query: str, args: tuple[str, ...], message_ids: Iterable[str], now: float
+    ) -> sqlite3.Row | None:
+        """The newest row of `query` (a SELECT ... WHERE of a table of message ids kept
+        `SENT_KEEP_S`) for one of `message_ids`, posted within that time; None when there is
+        none, or the table is not there (a read-only open of a state file from before it)."""
         wanted = list(dict.fromkeys(message_ids))
         if not wanted:
-            return False
+            return None
         marks = ", ".join("?" * len(wanted))
         try:
-            row = self._db.execute(
-                f"SELECT 1 FROM sent WHERE channel = ? AND at >= ? AND message_id IN ({marks})",
-                (channel, now - SENT_KEEP_S, *wanted),
+            row: sqlite3.Row | None = self._db.execute(
+                f"{query} AND at >= ? AND message_id IN ({marks}) ORDER BY at DESC",
+                (*args, now - SENT_KEEP_S, *wanted),
             ).fetchone()
         except sqlite3.OperationalError:
-            return False  # a read-only open of a state file from before this table
-        return row is not None
+            return None
+        return row
 
     def remember_notice(
         self, channel: str, chat_id: str, message_id: str, agent_id: str, at: float
@@ -1042,18 +1051,8 @@ class SqliteStore(StateStore):
     def notice_agent(
         self, channel: str, chat_id: str, message_ids: Iterable[str], now: float
     ) -> str | None:
-        wanted = list(dict.fromkeys(message_ids))
-        if not wanted:
-            return None
-        marks = ", ".join("?" * len(wanted))
-        try:
-            row = self._db.execute(
-                "SELECT agent_id FROM notice_messages WHERE channel = ? AND chat_id = ?"
-                f" AND at >= ? AND message_id IN ({marks}) ORDER BY at DESC",
-                (channel, chat_id, now - SENT_KEEP_S, *wanted),
-            ).fetchone()
-        except sqlite3.OperationalError:
-            return None  # a read-only open of a state file from before this table
+        where = "FROM notice_messages WHERE channel = ? AND chat_id = ?"
+        row = self._recent_message("SELECT agent_id " + where, (channel, chat_id), message_ids, now)
         return None if row is None else str(row["agent_id"])
 
     def add_inbox_message(self, record: InboxRecord) -> None:
