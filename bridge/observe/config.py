@@ -12,6 +12,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 _HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")
 
 
+def _ascii_host(host: str) -> str:
+    """`host` as the resolver is asked for it (a name in another script, `münchen.example`, in
+    its IDNA form), without a final dot; empty when it has no such form."""
+    try:
+        return host.removesuffix(".").encode("idna").decode("ascii")
+    except UnicodeError:
+        return ""
+
+
 def parse_listen(value: str) -> tuple[str, int]:
     """`host:port` (`[v6]:port` for IPv6) as a (host, port) pair; ValueError names the fix.
 
@@ -21,7 +30,7 @@ def parse_listen(value: str) -> tuple[str, int]:
     """
     scheme, sep, rest = value.partition("://")
     if sep:
-        address = rest.split("/", 1)[0]
+        address = rest.split("/", 1)[0].rpartition("@")[2]  # never a user:password@
         example = address if address and not address.startswith(":") else "127.0.0.1:9464"
         raise ValueError(
             f"{value!r} is a URL; give only host:port, without {scheme}:// or a path"
@@ -38,7 +47,7 @@ def parse_listen(value: str) -> tuple[str, int]:
             raise ValueError(f"{value!r}: {host!r} is not an IPv6 address") from None
     elif ":" in host:
         raise ValueError(f'{value!r}: put an IPv6 address in brackets, as "[::1]:9464"')
-    elif not all(_HOST_LABEL.fullmatch(label) for label in host.removesuffix(".").split(".")):
+    elif not all(_HOST_LABEL.fullmatch(label) for label in _ascii_host(host).split(".")):
         raise ValueError(
             f"{value!r}: {host!r} is not an IP address or host name; write for example"
             ' "127.0.0.1:9464" (this machine only) or "0.0.0.0:9464" (every address)'

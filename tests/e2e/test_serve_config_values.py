@@ -20,10 +20,14 @@ from tests.e2e.test_cli import AGENT, console_config, refused_by_every_command, 
             'is a URL; give only host:port, without http:// or a path (e.g. "127.0.0.1:9464")',
         ),
         ("https://[::1]:9464/metrics", 'without https:// or a path (e.g. "[::1]:9464")'),
+        (
+            "http://admin:s3cretpass@metrics.example:9464/metrics",
+            'without http:// or a path (e.g. "metrics.example:9464")',
+        ),
         ("my host:9464", "'my host' is not an IP address or host name"),
         ("-bad-.example:9464", "'-bad-.example' is not an IP address or host name"),
     ],
-    ids=["http-url", "https-url-path", "space-in-host", "bad-label"],
+    ids=["http-url", "https-url-path", "url-with-password", "space-in-host", "bad-label"],
 )
 def test_a_metrics_address_that_is_no_host_port_is_refused_saying_what_to_write(
     tmp_path: Path, listen: str, words: str
@@ -36,9 +40,12 @@ def test_a_metrics_address_that_is_no_host_port_is_refused_saying_what_to_write(
     for line, _ in refused_by_every_command(config, "metrics.listen"):
         assert words in line, line
         assert "brackets" not in line, line
+        assert "s3cretpass" not in line, line
 
 
-@pytest.mark.parametrize("listen", ["localhost:9464", "metrics_proxy:9464", "[::1]:9464"])
+@pytest.mark.parametrize(
+    "listen", ["localhost:9464", "metrics_proxy:9464", "münchen.example:9464", "[::1]:9464"]
+)
 def test_a_metrics_address_of_a_host_name_a_resolver_takes_passes_the_check(
     tmp_path: Path, listen: str
 ) -> None:
