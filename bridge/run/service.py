@@ -2094,12 +2094,7 @@ class Service:
                 if agent_id is None:
                     # A notice (an error, a refresh budget used up, a report, an exit...) is
                     # about one agent: a reply to it is for that agent, as one to its card.
-                    agent_id = self._store.notice_agent(
-                        channel_name,
-                        command.chat.chat_id,
-                        command.reply_to,
-                        self._clock().timestamp(),
-                    )
+                    agent_id = self._notice_agent(channel_name, command)
                 if agent_id not in {r.key.agent_id for r in routes}:
                     agent_id = None
             if agent_id is None:
@@ -2123,6 +2118,22 @@ class Service:
         return self._desk.queue(
             channel_name, command.chat, agent_id, command.user_id, text, command.answer_to
         )
+
+    def _notice_agent(self, channel_name: str, command: IncomingCommand) -> str | None:
+        """The agent a notice `command` replies to was about; None when it is none, or the
+        state cannot be read now (the reply is then answered as one to no agent's message:
+        the error's own text may quote a key, so only its kind is logged)."""
+        try:
+            return self._store.notice_agent(
+                channel_name, command.chat.chat_id, command.reply_to, self._clock().timestamp()
+            )
+        except Exception as error:
+            log.warning(
+                "%s: could not look up whether a reply answers a notice (%s)",
+                channel_name,
+                type(error).__name__,
+            )
+            return None
 
     def _replies_to_board(self, routes: list[Route], command: IncomingCommand) -> bool:
         """Whether `command` replies to the chat's board (of any instance, clustered)."""
@@ -2282,11 +2293,12 @@ def matching_agents(name: str, agents: list[str]) -> list[str]:
     Cyrillic "е" for an "e") folds to itself and names no agent."""
     if name in agents:
         return [name]
-    name = name.rstrip(":,")  # "builder: hi" addresses builder; no id holds either mark
+    # "builder: hi" addresses builder; no id holds either mark. In its compatibility form
+    # first, so that a full-width "：" is a ":" and the exact name still wins over a fold.
+    name = unicodedata.normalize("NFKC", name).rstrip(":,")
     if name in agents:
         return [name]
-    # A full-width "：" of the same keyboard folds to ":" only now.
-    folded = _folded_name(name).rstrip(":,")
+    folded = _folded_name(name)
     return [agent for agent in agents if _folded_name(agent) == folded]
 
 

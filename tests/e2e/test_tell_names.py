@@ -110,15 +110,19 @@ async def test_a_tell_finds_the_agent_in_the_full_width_letters_a_phone_typed(
         await eventually(
             lambda: len(texts_queued(tmp_path, "builder")) == 2, what="builder's second"
         )
-        await chat.say("/tell ｋｅｅｐｅｒ roll back")
+        await chat.say("/tell ＫＥＥＰＥＲ roll back")
         answer = await wait_said(chat, "differ only in case", "the question")
         assert "Keeper, keeper" in answer
+        # The exact name wins over a fold after a full-width colon too, as after ":".
+        await chat.say("/tell keeper： once more")
+        await eventually(lambda: texts_queued(tmp_path, "keeper"), what="keeper's text")
         assert sorted(texts_queued(tmp_path, "builder")) == [
             "check the disk",
             "look at the logs",
         ]
-        assert texts_queued(tmp_path, "Keeper") == texts_queued(tmp_path, "keeper") == []
-        typed = ("ｂｕｉｌｄｅｒ", "ＢＵＩＬＤＥＲ", "ｋｅｅｐｅｒ")
+        assert texts_queued(tmp_path, "Keeper") == []
+        assert texts_queued(tmp_path, "keeper") == ["once more"]
+        typed = ("ｂｕｉｌｄｅｒ", "ＢＵＩＬＤＥＲ", "ＫＥＥＰＥＲ")
         assert not any(name in text for text in chat.bot_texts() for name in typed)
 
 
