@@ -49,8 +49,9 @@ CHECKPOINT_EVENTS: Final[tuple[str, ...]] = EVENT_TYPES
 # `FailureKind`, `Workflow` and `Outcome` are the file contract's (`contract.py`), which the
 # service reads without pydantic: one list of words each, for the model and the consumers.
 FAILURE_KINDS: Final[tuple[str, ...]] = get_args(FailureKind)
-# Kinds that are retried (once by default) before a block is escalated to people.
-RETRYABLE_KINDS: Final = frozenset(
+# Kinds that are retried (once by default) before a block is escalated to people; typed with
+# the contract's words, so a kind misspelt here is a type error, not a kind never retried.
+RETRYABLE_KINDS: Final[frozenset[FailureKind]] = frozenset(
     {
         "TIMEOUT",
         "DOWNLOAD_TIMEOUT",
