@@ -292,7 +292,8 @@ class StateStore(ABC):
         self, channel: str, chat_id: str, message_ids: Iterable[str], now: float
     ) -> str | None:
         """The agent a notice among `message_ids` in the chat was about, posted within
-        `SENT_KEEP_S` (by any instance of a cluster); None when none is a notice."""
+        `SENT_KEEP_S` (by any instance of a cluster); None when none is a notice. When
+        several are, the first of `message_ids` wins (every store alike)."""
 
     # Messages to agents (the inbox) ------------------------------------------------------
     @abstractmethod

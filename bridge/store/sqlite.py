@@ -1014,26 +1014,30 @@ class SqliteStore(StateStore):
 
     def sent_any(self, channel: str, message_ids: Iterable[str], now: float) -> bool:
         where = "FROM sent WHERE channel = ?"
-        return self._recent_message("SELECT 1 " + where, (channel,), message_ids, now) is not None
+        return (
+            self._recent_message("SELECT message_id " + where, (channel,), message_ids, now)
+            is not None
+        )
 
     def _recent_message(
         self, query: str, args: tuple[str, ...], message_ids: Iterable[str], now: float
     ) -> sqlite3.Row | None:
-        """The newest row of `query` (a SELECT ... WHERE of a table of message ids kept
-        `SENT_KEEP_S`) for one of `message_ids`, posted within that time; None when there is
-        none, or the table is not there (a read-only open of a state file from before it)."""
+        """The row of `query` (a SELECT message_id, ... WHERE of a table of message ids kept
+        `SENT_KEEP_S`) for the first of `message_ids` posted within that time, as Redis
+        answers; None when there is none, or the table is not there (a read-only open of a
+        state file from before it)."""
         wanted = list(dict.fromkeys(message_ids))
         if not wanted:
             return None
         marks = ", ".join("?" * len(wanted))
         try:
-            row: sqlite3.Row | None = self._db.execute(
-                f"{query} AND at >= ? AND message_id IN ({marks}) ORDER BY at DESC",
+            rows: list[sqlite3.Row] = self._db.execute(
+                f"{query} AND at >= ? AND message_id IN ({marks})",
                 (*args, now - SENT_KEEP_S, *wanted),
-            ).fetchone()
+            ).fetchall()
         except sqlite3.OperationalError:
             return None
-        return row
+        return min(rows, key=lambda row: wanted.index(row["message_id"]), default=None)
 
     def remember_notice(
         self, channel: str, chat_id: str, message_id: str, agent_id: str, at: float
@@ -1052,7 +1056,8 @@ class SqliteStore(StateStore):
         self, channel: str, chat_id: str, message_ids: Iterable[str], now: float
     ) -> str | None:
         where = "FROM notice_messages WHERE channel = ? AND chat_id = ?"
-        row = self._recent_message("SELECT agent_id " + where, (channel, chat_id), message_ids, now)
+        query = "SELECT message_id, agent_id " + where
+        row = self._recent_message(query, (channel, chat_id), message_ids, now)
         return None if row is None else str(row["agent_id"])
 
     def add_inbox_message(self, record: InboxRecord) -> None:

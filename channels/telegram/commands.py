@@ -254,7 +254,10 @@ def move_in(update: Update) -> tuple[str, str] | None:
 
 def as_original(command: IncomingCommand, moves: ChatMoves) -> IncomingCommand:
     """A command from a supergroup that a routed group became, as from that group (its
-    routes and settings are kept under the group's id); a reply names the message both ways."""
+    routes and settings are kept under the group's id). A reply names its message by the
+    qualified id alone: the plain number is that of a message of the supergroup, and the
+    service's records of the group (a notice kept 30 days) hold the group's numbers plainly,
+    so the plain one could name another message the service posted there."""
     new = command.chat.chat_id
     old = moves.original(new)
     if old is None:
@@ -262,7 +265,7 @@ def as_original(command: IncomingCommand, moves: ChatMoves) -> IncomingCommand:
     return replace(
         command,
         chat=ChatRef(old, command.chat.thread_id),
-        reply_to=command.reply_to + tuple(qualified(r, new) for r in command.reply_to),
+        reply_to=tuple(qualified(r, new) for r in command.reply_to),
     )
 
 

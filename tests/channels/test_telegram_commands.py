@@ -298,7 +298,7 @@ async def test_an_upgraded_group_is_followed_and_its_commands_arrive_under_its_o
         telegram_fake.inject_message(supergroup, "for the agent", reply_to=3)
         off, reply = (await inbox.wait_for(3))[1:]
         assert (off.chat, off.args) == (chat, "off")
-        assert reply.chat == chat and new in reply.reply_to
+        assert reply.chat == chat and reply.reply_to == (new,), "never the group's plain 3"
         assert telegram_fake.count(chat_id=basic) == 2  # the two sends before the upgrade
     finally:
         await channel.stop()

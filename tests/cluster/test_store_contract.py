@@ -170,6 +170,18 @@ def test_whose_notice_a_message_is_is_known_in_its_chat_across_a_reopen(opener: 
     assert again.notice_agent("feishu", "oc_1", [], 1001.0) is None
 
 
+def test_of_several_notices_replied_to_the_first_named_wins(opener: Opener) -> None:
+    # The ids of a reply come most telling first; both stores answer alike (one kept the
+    # newest notice, the other the first id).
+    store = opener()
+    store.remember_notice("telegram", "-100", "57", "builder", 1000.0)
+    store.remember_notice("telegram", "-100", "58", "tester", 1001.0)
+    again = opener()
+    assert again.notice_agent("telegram", "-100", ["57", "58"], 1002.0) == "builder"
+    assert again.notice_agent("telegram", "-100", ["58", "57"], 1002.0) == "tester"
+    assert again.notice_agent("telegram", "-100", ["56", "58", "57"], 1002.0) == "tester"
+
+
 def test_an_agent_that_left_is_forgotten_and_nothing_of_another(opener: Opener) -> None:
     """Everything kept for one agent goes, in every chat; an agent whose id ends the same
     way, or is a prefix of it, keeps all of its own."""

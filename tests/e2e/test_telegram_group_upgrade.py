@@ -41,9 +41,9 @@ def _texts(fake: FakeTelegram, chat: int, needle: str) -> list[str]:
     return [t for t in shown(fake, chat) if needle in t]
 
 
-def _cards_follow(fake: FakeTelegram, needles: list[str]) -> bool:
-    """Exactly one card per needle in the supergroup, each showing its own agent."""
-    return all(len(_texts(fake, SUPER, needle)) == 1 for needle in needles)
+def _cards_follow(fake: FakeTelegram, needles: list[str], chat: int = SUPER) -> bool:
+    """Exactly one card per needle in the chat (the supergroup), each showing its agent."""
+    return all(len(_texts(fake, chat, needle)) == 1 for needle in needles)
 
 
 async def _show_then_upgrade(fake: FakeTelegram, builder: Path) -> None:
@@ -386,6 +386,52 @@ async def test_a_reply_to_a_card_in_the_supergroup_reaches_the_agent(
         sent = json.loads(message.read_text())
         assert sent["text"] == "please rebase first"
         assert await serve.aterminate() == 0
+
+
+async def test_a_reply_in_the_supergroup_is_never_taken_for_one_to_a_notice_of_the_group(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """Telegram numbers messages per chat, so the supergroup soon has a message with the
+    number of a notice posted in the group before the upgrade. A reply to the service's
+    answer of that number is no agent's text: it never reaches the agent the group's notice
+    was about (it did, within the 30 days notices are kept), while a reply to a card still
+    reaches its agent."""
+    serve, builder, tester = _builder_and_tester(tmp_path, fake)
+    with serve:
+        publish(builder, "builder v1")
+        publish(tester, "tester v1")
+        await eventually(
+            lambda: _cards_follow(fake, ["builder v1", "tester v1"], BASIC), what="the cards"
+        )
+        for n in range(8):  # people talking: the notice gets a number the supergroup reaches
+            fake.inject_message(BASIC, f"chatter {n}")
+        notify(builder, "task_card.error:tc_1:1:renderer_timeout", "error")
+        await eventually(lambda: _texts(fake, BASIC, "builder: task card error"), what="notice")
+        [notice] = [m for m in fake.bot_messages(BASIC) if "task card error" in m.text]
+        fake.migrate(BASIC, SUPER)
+        await eventually(lambda: _cards_follow(fake, ["builder v1", "tester v1"]), what="moved")
+        while _last_number(fake, SUPER) < notice.message_id - 2:
+            fake.inject_message(SUPER, "chatter")
+        fake.inject_command(SUPER, "/taskcard")
+        await eventually(lambda: _texts(fake, SUPER, "Task cards here"), what="the answer")
+        [answer] = [m for m in fake.bot_messages(SUPER) if "Task cards here" in m.text]
+        assert answer.message_id == notice.message_id  # the number the group's notice had
+        fake.inject_message(SUPER, "not for the builder", reply_to=answer.message_id)
+        [card] = [m for m in fake.bot_messages(SUPER) if "tester v1" in m.text]
+        fake.inject_message(SUPER, "for the tester", reply_to=card.message_id)
+        await eventually(lambda: _queued_texts(tester) == ["for the tester"], what="queued")
+        assert _queued_texts(builder) == []
+        assert await serve.aterminate() == 0
+
+
+def _last_number(fake: FakeTelegram, chat: int) -> int:
+    """The highest message number of the chat that the fake keeps (0 when none)."""
+    return max((m.message_id for m in fake.messages(chat)), default=0)
+
+
+def _queued_texts(workdir: Path) -> list[str]:
+    queued = workdir / "inbox" / "queued"
+    return sorted(json.loads(p.read_text())["text"] for p in queued.glob("*.json"))
 
 
 async def test_a_turn_from_the_group_opens_its_route_once_origin_chats_names_the_supergroup(
