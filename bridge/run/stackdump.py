@@ -45,6 +45,8 @@ import threading
 from types import FrameType
 from typing import Any, TextIO
 
+from taskcard.channels.base import counted
+
 TASKS_HEADER = "--- asyncio tasks (SIGUSR1) ---"
 TASKS_FOOTER = "--- end of asyncio tasks ---"
 # Frames shown per task: deep enough for any await chain of the service.
@@ -126,7 +128,7 @@ def dump_tasks(stream: TextIO, frame: FrameType | None = None) -> None:
         lines.append("(no event loop is running)")
     else:
         tasks = sorted(asyncio.all_tasks(loop), key=lambda task: task.get_name())
-        lines.append(f"{len(tasks)} tasks")
+        lines.append(counted(len(tasks), "task", "tasks"))
         stream.write("\n".join(lines) + "\n")
         lines = []
         for task in tasks:

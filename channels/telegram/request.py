@@ -25,6 +25,7 @@ import httpx
 from telegram import error as tg
 from telegram.request import BaseRequest, HTTPXRequest, RequestData
 
+from taskcard.channels.base import counted
 from taskcard.channels.errors import sane_retry_after_s
 
 _TOO_MANY_REQUESTS = 429
@@ -199,7 +200,7 @@ def _shape(payload: bytes) -> str:
     """What a body was, for a log line: never the body itself (it may be a whole page)."""
     if not payload.strip():
         return "an empty body"
-    return f"{len(payload)} bytes that are not a JSON object"
+    return f"a body of {counted(len(payload), 'byte', 'bytes')}, not a JSON object"
 
 
 def flood_wait_from(payload: bytes) -> FloodWait:

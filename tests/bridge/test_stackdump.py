@@ -54,6 +54,12 @@ def test_the_dump_reaches_a_working_stderr() -> None:
     assert TASKS_FOOTER.encode() in run.stderr
 
 
+def test_the_dump_counts_one_task_in_the_singular() -> None:
+    run = _run("plain", stderr=subprocess.PIPE)
+    assert run.returncode == 0, run.stderr
+    assert b"\n1 task\n" in run.stderr  # the program's one task, main(): not "1 tasks"
+
+
 @pytest.mark.parametrize(
     ("case", "stderr", "preexec"),
     [

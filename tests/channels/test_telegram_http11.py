@@ -146,6 +146,19 @@ async def test_connection_refused_is_a_network_error_that_sent_nothing(
     assert "nothing was sent" in caught.value.message
 
 
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [(b"x", "1 byte, not a JSON object"), (b"<p>", "3 bytes, not a JSON object")],
+)
+async def test_a_body_that_is_not_json_is_told_by_its_size_in_words_that_agree(
+    lean: LeanRequest, body: bytes, said: str
+) -> None:
+    async with scripted(_answer(body, "502 Bad Gateway")) as server:
+        with pytest.raises(tg.NetworkError) as caught:
+            await _post(lean, server.url)
+    assert caught.value.message.endswith(f"(a body of {said})")
+
+
 async def test_answer_cut_off_after_the_write_is_answer_lost(lean: LeanRequest) -> None:
     cut = _answer()[:-10]
     async with scripted(cut) as server:
