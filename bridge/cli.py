@@ -165,7 +165,20 @@ def build_parser(modules: Sequence[str] = _COMMAND_MODULES) -> argparse.Argument
         import_module(name).register(subparsers)
     _register_completion(subparsers)
     _groups_print_help(parser)
+    _each_knows_its_parser(parser)
     return parser
+
+
+def _each_knows_its_parser(parser: argparse.ArgumentParser) -> None:
+    """Every parser of the tree records itself as the innermost one (see `Parser.parse_args`),
+    also a subcommand a module built with a parser class of its own (`ledger`'s, which must
+    not import this module): `taskcard ledger show --bogus` is said by `taskcard ledger
+    show`, with its help, not by `taskcard ledger`."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                sub.set_defaults(_parser=sub)
+                _each_knows_its_parser(sub)
 
 
 def _groups_print_help(parser: argparse.ArgumentParser) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -18,7 +19,7 @@ from typing import IO
 
 import pytest
 
-from taskcard.bridge.cli import build_parser
+from taskcard.bridge.cli import build_parser, main
 from taskcard.bridge.config import parse_config
 from taskcard.bridge.run.serve_cli import nothing_served
 from taskcard.producers.task_card.mcp_server import TOOLS
@@ -114,6 +115,52 @@ def test_a_usage_error_is_one_line_naming_the_argument_and_the_help() -> None:
     assert result.stderr == (
         "taskcard card start: unrecognized arguments: --every; see `taskcard card start --help`\n"
     )
+
+
+def _group_subcommands() -> list[tuple[str, ...]]:
+    """Every subcommand of every command group (`card start`, `ledger show`, `init codex`,
+    ...), found by walking the parser, each with dummy values for what it requires."""
+    found = []
+    for top in build_parser()._actions:
+        if not isinstance(top, argparse._SubParsersAction):
+            continue
+        for group_name, group in top.choices.items():
+            for inner in group._actions:
+                if not isinstance(inner, argparse._SubParsersAction):
+                    continue
+                for name, sub in inner.choices.items():
+                    words = [group_name, name]
+                    for action in sub._actions:
+                        value = str(action.choices and next(iter(action.choices)) or "x")
+                        if not action.option_strings and action.nargs not in ("?", "*"):
+                            words.append(value)
+                        elif action.required and action.option_strings:
+                            words += [action.option_strings[0], value]
+                    found.append(tuple(words))
+    return found
+
+
+GROUP_SUBCOMMANDS = _group_subcommands()
+
+
+@pytest.mark.parametrize("words", GROUP_SUBCOMMANDS, ids=" ".join)
+def test_an_unknown_option_of_any_group_subcommand_is_said_by_that_subcommand(
+    words: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`taskcard ledger show --bogus` was refused as `taskcard ledger: ...; see `taskcard
+    ledger --help``, the group's usage, where every other subcommand names itself."""
+    command = f"taskcard {words[0]} {words[1]}"
+    with pytest.raises(SystemExit) if words[0] != "hook" else contextlib.nullcontext():
+        main([*words, "--no-such-option"])
+    assert capsys.readouterr().err == (
+        f"{command}: unrecognized arguments: --no-such-option; see `{command} --help`\n"
+    )
+
+
+def test_the_walk_finds_the_subcommands_of_every_group() -> None:
+    groups = {words[0] for words in GROUP_SUBCOMMANDS}
+    assert groups == {"card", "config", "ledger", "hook", "init"}
+    assert ("ledger", "show") in GROUP_SUBCOMMANDS
 
 
 def test_a_missing_configuration_file_is_a_usage_line_naming_the_help() -> None:
