@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import fcntl
 import logging
 import os
@@ -17,7 +18,7 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from taskcard.bridge.config import ConfigError, ServiceConfig, bot_root_doubt, load_config
 from taskcard.bridge.deliver.registry import (
@@ -33,6 +34,7 @@ from taskcard.bridge.run.chat_names import ChatNames, route_usernames
 from taskcard.bridge.run.logs import LOG_FORMATS, LOG_LEVELS, setup_logging, start_error
 from taskcard.bridge.run.service import Service, ServiceFailed
 from taskcard.bridge.store.sqlite import (
+    HEALTH_FILE,
     STATE_FILE,
     SqliteStore,
     StateFileError,
@@ -372,6 +374,7 @@ async def serve(
         for message in problems:
             start_error(message)
         return failed(EXIT_CONFIG)
+    made = _missing_dirs(config.state_dir)  # what a refused start takes away again
     lock = ServeLock(config.state_dir)
     try:
         holder = lock.acquire()
@@ -398,6 +401,7 @@ async def serve(
         return _stopped_before_serving(why)
     wiring = None
     serving = False
+    refused = False  # a refusal before serving: the state folder it made goes again
     signals_taken = False
     store: StateStore
     if config.cluster.enabled:
@@ -406,12 +410,14 @@ async def serve(
         cluster = open_cluster(config, env)
         if cluster is None:
             lock.release()
+            _unmake(made)
             return failed(EXIT_CONFIG)
         wiring, store = ClusterWiring(cluster), cluster.store
     else:
         opened = await _open_state(config.state_dir, stopping)
         if opened is None:
             lock.release()
+            _unmake(made)
             return failed(EXIT_CONFIG)
         store = opened
     try:
@@ -435,6 +441,7 @@ async def serve(
         except SecretMissing as error:
             for message in error.messages:
                 start_error(message)
+            refused = True
             return failed(EXIT_CONFIG)
         if wiring is not None:
             built = wiring.attach(built)
@@ -480,6 +487,7 @@ async def serve(
             if bound is None:
                 return _stopped_before_serving(stopping() or "a stop")
             if not bound:
+                refused = True
                 return failed(EXIT_CONFIG)
         systemd = asyncio.create_task(_tell_systemd(service, stop, env), name="sd_notify")
         keeper = asyncio.create_task(_keep_lock(lock), name="serve_lock")
@@ -523,6 +531,39 @@ async def serve(
             wiring.cluster.forget_bots()  # it never served: its bot claim must not linger
         store.close()
         lock.release()
+        if refused:
+            _unmake(made)
+
+
+def _missing_dirs(state_dir: Path) -> list[Path]:
+    """The folders of `state_dir` that do not exist yet, innermost first."""
+    missing = []
+    for folder in (state_dir, *state_dir.parents):
+        if folder.exists():
+            break
+        missing.append(folder)
+    return missing
+
+
+def _unmake(made: list[Path]) -> None:
+    """Take away the state folder a start that was refused made (`made`, innermost first):
+    its lock file and a state file with nothing served into it, then the folders. A folder
+    that holds anything else is kept, and so is all of a state folder that was there."""
+    if not made:
+        return
+    for name in (
+        ServeLock.FILE,
+        HEALTH_FILE,
+        STATE_FILE,
+        *(STATE_FILE + end for end in ("-wal", "-shm", "-journal")),
+    ):
+        with contextlib.suppress(OSError):
+            (made[0] / name).unlink(missing_ok=True)
+    for folder in made:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 async def _wait_for_serve_lock(
@@ -671,8 +712,10 @@ def running_pid(state_dir: Path) -> str | None:
 class ServeLock:
     """One service per state directory: an exclusive `flock` held for the whole run."""
 
+    FILE: Final = "serve.lock"
+
     def __init__(self, state_dir: Path) -> None:
-        self._path = state_dir / "serve.lock"
+        self._path = state_dir / self.FILE
         self._fd: int | None = None
         self._lost_logged = False
 

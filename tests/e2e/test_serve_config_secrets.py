@@ -126,3 +126,37 @@ def test_a_cluster_without_its_redis_url_variable_stops_serve_before_the_state_i
     assert "cluster.redis_url_env" in done.stderr, done.stderr
     assert "TC_PROBE_UNSET_REDIS_URL is not set" in done.stderr, done.stderr
     assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize(
+    ("section", "said"),
+    [
+        # Refused once the lock was taken, before the SQLite file is opened.
+        ('[cluster]\nredis_url = "redis://127.0.0.1:9/0"\n', "cannot reach the Redis"),
+        # Refused after the state file was made.
+        ('[metrics]\nlisten = "192.0.2.1:9100"\n', "is not one of this machine's"),
+    ],
+    ids=["redis unreachable", "metrics address not here"],
+)
+def test_a_start_refused_after_the_lock_takes_away_the_state_folder_it_made(
+    tmp_path: Path, section: str, said: str
+) -> None:
+    """A refusal once the serve lock was taken (or the state file made) left the state folder
+    behind with its lock file (and an empty database); a folder that was there stays."""
+    (tmp_path / "agents" / "builder").mkdir(parents=True)
+    config = tmp_path / "taskcard.toml"
+    config.write_text(
+        'state_dir = "state/deep"\n[[agents]]\nid = "builder"\nworkdir = "agents/builder"\n'
+        + section
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKCARD_")}
+    done = serve_once(config, env)
+    assert done.returncode == 2, done.stderr
+    assert said in done.stderr, done.stderr
+    assert not (tmp_path / "state").exists()
+    kept = tmp_path / "state" / "deep" / "notes.txt"
+    kept.parent.mkdir(parents=True)
+    kept.write_text("the operator's")
+    again = serve_once(config, env)
+    assert again.returncode == 2, again.stderr
+    assert kept.read_text() == "the operator's"
