@@ -131,7 +131,7 @@ def _group_subcommands() -> list[tuple[str, ...]]:
                 for name, sub in inner.choices.items():
                     words = [group_name, name]
                     for action in sub._actions:
-                        value = str(action.choices and next(iter(action.choices)) or "x")
+                        value = str(next(iter(action.choices)) if action.choices else "x")
                         if not action.option_strings and action.nargs not in ("?", "*"):
                             words.append(value)
                         elif action.required and action.option_strings:
