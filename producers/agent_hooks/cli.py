@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import select
 import sys
-import time
 from pathlib import Path
 from typing import Any, Final
 
@@ -21,57 +19,29 @@ from taskcard.producers.agent_hooks.install import (
     parse_version,
 )
 from taskcard.producers.agent_hooks.payload_json import read_json
+from taskcard.producers.task_card.stdin_json import read_stdin_object
 from taskcard.producers.task_card.workdir_arg import existing_workdir_arg
 
 # A host writes the hook's JSON and closes its stdin. One that keeps the pipe open (a wrapper
 # holding its end, a host bug) held the hook until the host's timeout killed it, and the
-# event was lost: a whole JSON object followed by `_QUIET_S` of silence is the payload, and
+# event was lost: a whole JSON object followed by `QUIET_S` of silence is the payload, and
 # `_IDLE_S` without a byte ends the read with what came (nothing: "no payload" is logged).
-_QUIET_S: Final = 0.2
 _IDLE_S: Final = 5.0  # under the 10 s `init` gives each hook
-_CHUNK: Final = 1 << 20
 
 
 def _read_stdin(limit: int) -> bytes:
     """At most `limit + 1` bytes of stdin, up to its end or, when it stays open, a whole
-    payload (see `_QUIET_S`); none when the hook was started with it closed (Python then
+    payload (`read_stdin_object`); none when the hook was started with it closed (Python then
     has no `sys.stdin`, and the hook died with a traceback and exit 1)."""
     if sys.stdin is None:
         return b""
-    try:
-        fd = sys.stdin.fileno()
-    except (OSError, ValueError):
-        return sys.stdin.buffer.read(limit + 1)
-    if os.isatty(fd):
-        return sys.stdin.buffer.read(limit + 1)  # typed by a person: up to their Ctrl-D
-    data = bytearray()
-    tried = -1  # the length at which `data` was last tried as a whole object
-    last_byte = time.monotonic()
-    while len(data) <= limit:
-        if select.select([fd], [], [], _QUIET_S)[0]:
-            chunk = os.read(fd, min(_CHUNK, limit + 1 - len(data)))
-            if not chunk:
-                break
-            data += chunk
-            last_byte = time.monotonic()
-            continue
-        # Quiet: parsed only now, and once per length, so a large payload arriving in
-        # pieces is not parsed again at each piece.
-        if len(data) != tried:
-            tried = len(data)
-            if _whole_object(data):
-                break
-        if time.monotonic() - last_byte >= _IDLE_S:
-            break
-    return bytes(data)
+    return read_stdin_object(limit, _whole_object, _IDLE_S)[0]
 
 
-def _whole_object(data: bytearray) -> bool:
-    """Whether `data` is one whole JSON object (tried only when it ends as one does)."""
-    if not data.rstrip().endswith(b"}"):
-        return False
+def _whole_object(data: bytes) -> bool:
+    """Whether `data` is one whole JSON object."""
     try:
-        return isinstance(read_json(bytes(data)), dict)
+        return isinstance(read_json(data), dict)
     except (ValueError, RecursionError):
         return False
 

@@ -48,6 +48,7 @@ from taskcard.producers.task_card.runtime import (
     RuntimeDirUnsafe,
     default_runtime_dir,
 )
+from taskcard.producers.task_card.stdin_json import read_stdin_object
 from taskcard.producers.task_card.workdir_arg import shown_path, workdir_arg
 
 EXIT_OK: Final = 0
@@ -56,6 +57,9 @@ EXIT_USAGE: Final = 2
 # After a refusal for size, stdin is read on (and dropped) up to this much, so a writer still
 # sending gets EOF semantics instead of a broken pipe.
 _STDIN_DRAIN_BYTES: Final = 64 * 1024 * 1024
+# A pipe on stdin that stays open this long without a byte (and without a whole envelope)
+# ends the read with a refusal; a whole envelope followed by a moment's quiet is taken at once.
+STDIN_IDLE_S: Final = 30.0
 EXIT_UNREACHABLE: Final = 4
 DEFAULT_IDLE_GRACE_S: Final = 120.0
 DEFAULT_LEDGER_CHECK_S: Final = 30.0
@@ -157,9 +161,20 @@ def _call(args: argparse.Namespace, envelope: Any) -> dict[str, Any] | int:
         return EXIT_UNREACHABLE
 
 
-def _read_stdin_envelope() -> bytes:
-    """At most one byte over the cap; the rest of an oversized input is drained, not left."""
-    raw = sys.stdin.buffer.read(MAX_ENVELOPE_BYTES + 1)
+def _whole_envelope(data: bytes) -> bool:
+    try:
+        return isinstance(json.loads(data), dict)
+    except (ValueError, RecursionError):
+        return False
+
+
+def _read_stdin_envelope() -> bytes | None:
+    """At most one byte over the cap; the rest of an oversized input is drained, not left.
+    None when the pipe stayed open `STDIN_IDLE_S` without a byte and without a whole
+    envelope (a caller that never closes it held the command forever)."""
+    raw, ended = read_stdin_object(MAX_ENVELOPE_BYTES, _whole_envelope, STDIN_IDLE_S)
+    if not ended:
+        return None
     if len(raw) > MAX_ENVELOPE_BYTES:
         drained = 0
         while drained < _STDIN_DRAIN_BYTES:
@@ -180,6 +195,11 @@ def run_tool(args: argparse.Namespace) -> int:
             " pipe it to stdin"
         )
     raw = os.fsencode(args.envelope) if args.envelope is not None else _read_stdin_envelope()
+    if raw is None:
+        return _refuse(
+            f"envelope: stdin stayed open {STDIN_IDLE_S:g} s without a whole JSON object;"
+            " close stdin after writing the envelope, or pass it as the argument"
+        )
     try:
         envelope = decode_envelope(raw)
     except EnvelopeError as exc:

@@ -122,11 +122,16 @@ class CliHost:
         self.runtime_dir = runtime_dir
         self.paths = HostPaths(runtime_dir, workdir.resolve())
 
+    def command(self, *args: str) -> list[str]:
+        return [
+            *(sys.executable, "-m", "taskcard.bridge.cli", *args),
+            *("--workdir", str(self.workdir), "--runtime-dir", str(self.runtime_dir)),
+        ]
+
     def run(
         self, *args: str, stdin: str | None = None, timeout_s: float = 120
     ) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "taskcard.bridge.cli", *args]
-        command += ["--workdir", str(self.workdir), "--runtime-dir", str(self.runtime_dir)]
+        command = self.command(*args)
         return subprocess.run(
             command, input=stdin, capture_output=True, text=True, timeout=timeout_s, check=False
         )

@@ -56,6 +56,36 @@ def test_tool_takes_the_envelope_as_argument_or_stdin(workdir: Path, cli: CliHos
 
 
 @pytest.mark.parametrize(
+    ("written", "code", "said"),
+    [
+        (b'{"action": "manual", "input": {}, "reasoning": "read"}\n', 0, "### max-body-chars"),
+        (b'{"action": "manual", "input"', 2, "stdin stayed open 30 s without a whole JSON"),
+    ],
+    ids=["a whole envelope", "half an envelope"],
+)
+def test_tool_ends_when_its_caller_keeps_stdin_open(
+    cli: CliHost, written: bytes, code: int, said: str
+) -> None:
+    """A caller that writes the envelope and never closes the pipe held `taskcard tool`
+    forever: a whole envelope is taken once the pipe goes quiet, and a pipe that stays open
+    without one is refused after 30 s, naming the fix."""
+    with subprocess.Popen(
+        cli.command("tool"), stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    ) as tool:
+        assert tool.stdin is not None and tool.stdout is not None
+        tool.stdin.write(written)
+        tool.stdin.flush()
+        try:
+            assert tool.wait(timeout=120) == code
+        finally:
+            tool.kill()
+        result = json.loads(tool.stdout.read())
+    assert said in json.dumps(result), result
+    if code:
+        assert "close stdin after writing the envelope" in result["message"]
+
+
+@pytest.mark.parametrize(
     "command",
     [
         ("tool", '{"action": "bogus", "input": {}, "reasoning": "x"}'),
