@@ -111,6 +111,19 @@ def test_the_data_path_table_names_every_module_of_each_step() -> None:
         assert named == modules, f"bridge/{step}: the table says {sorted(named)}"
 
 
+def test_the_channel_table_names_every_module_of_each_transport() -> None:
+    """docs/architecture.md mapped every module of `bridge/` and none of `channels/`: a
+    newcomer looking for where Feishu's rich posts are read (`content.py`) or Telegram's
+    rate scopes are built (`scopes.py`) found no row."""
+    rows = _table_rows("### The channels")
+    packages = {names[0]: set(_NAME.findall(modules)) for names, modules in rows}
+    on_disk = {p.name for p in (ROOT / "channels").iterdir() if (p / "__init__.py").exists()}
+    assert set(packages) == on_disk
+    for package, named in packages.items():
+        modules = {p.name for p in (ROOT / "channels" / package).glob("*.py")} - {"__init__.py"}
+        assert named == modules, f"channels/{package}: the table says {sorted(named)}"
+
+
 def test_the_layering_table_states_each_package_rule() -> None:
     """The table promised `channels.aio` to the Feishu channel, whose rule (the one
     tests/test_layering.py enforces) does not allow it."""
