@@ -124,6 +124,20 @@ def test_the_channel_table_names_every_module_of_each_transport() -> None:
         assert named == modules, f"channels/{package}: the table says {sorted(named)}"
 
 
+def test_the_producer_table_names_every_module_of_each_package() -> None:
+    """Only `producers/task_card/` had a map of its modules (docs/producer.md); the ledger's,
+    the reports', the inbox's and the hooks' were named nowhere in the docs."""
+    rows = _table_rows("### The producers")
+    packages = {names[0]: set(_NAME.findall(modules)) for names, modules in rows}
+    on_disk = {p.name for p in (ROOT / "producers").iterdir() if (p / "__init__.py").exists()}
+    assert set(packages) == on_disk
+    for package, named in packages.items():
+        if package == "task_card":  # its table is docs/producer.md's, checked below
+            continue
+        modules = {p.name for p in (ROOT / "producers" / package).glob("*.py")} - {"__init__.py"}
+        assert named == modules, f"producers/{package}: the table says {sorted(named)}"
+
+
 def test_the_layering_table_states_each_package_rule() -> None:
     """The table promised `channels.aio` to the Feishu channel, whose rule (the one
     tests/test_layering.py enforces) does not allow it."""
