@@ -12,7 +12,9 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
+from typing import Any
 
 from taskcard.producers.task_card.client import request_host
 from taskcard.producers.task_card.runtime import HostPaths
@@ -300,3 +302,60 @@ def test_every_make_target_the_docs_or_phony_name_has_a_recipe() -> None:
         assert rule.group(1).strip() or rule.group(2), f"the rule for {target} does nothing"
     dry = subprocess.run(["make", "-n", "lint"], cwd=ROOT, capture_output=True, text=True)
     assert "ruff check" in dry.stdout, dry.stdout + dry.stderr
+
+
+FILE_NAME = re.compile(r"\.(json|jsonl|py|md|toml|lock)$")  # `watch.json`, `signals.py`
+
+
+def _config_node(prop: dict[str, Any], definitions: dict[str, Any]) -> dict[str, Any]:
+    """The schema object a property of the config leads to (a table, or an array of tables),
+    or an empty one for a plain value."""
+    for node in [prop, *prop.get("anyOf", []), prop.get("items", {})]:
+        for candidate in (node, node.get("items", {})):
+            if "$ref" in candidate:
+                found: dict[str, Any] = definitions[candidate["$ref"].rsplit("/", 1)[1]]
+                return found
+    return {}
+
+
+def _is_config_key(path: list[str]) -> bool:
+    from taskcard.bridge.config import config_json_schema
+
+    schema = config_json_schema()
+    node: dict[str, Any] = schema
+    for part in path:
+        properties = node.get("properties", {})
+        if part not in properties:
+            return False
+        node = _config_node(properties[part], schema["$defs"])
+    return True
+
+
+def _toml_keys(value: object, path: list[str]) -> list[list[str]]:
+    if isinstance(value, list):
+        return [key for item in value for key in _toml_keys(item, path)]
+    if not isinstance(value, dict):
+        return []
+    return [key for k, v in value.items() for key in [[*path, k], *_toml_keys(v, [*path, k])]]
+
+
+def test_every_config_key_the_docs_name_is_a_key_of_the_file() -> None:
+    """A key the docs tell an operator to set (`inbox.unconfirmed_after_s`, `[metrics] listen`,
+    a TOML snippet) must be one the configuration takes: an unknown key stops the service."""
+    from taskcard.bridge.config import config_json_schema
+
+    sections = set(config_json_schema()["properties"])
+    named: list[tuple[str, list[str]]] = []
+    for doc in DOCS:
+        text = doc.read_text()
+        for dotted in re.findall(r"`([a-z_]+(?:\.[a-z_]+)+)`", text):
+            if dotted.split(".")[0] in sections and not FILE_NAME.search(dotted):
+                named.append((doc.name, dotted.split(".")))
+        for table, key in re.findall(r"`\[([a-z_.]+)\]\s+([a-z_]+)", text):
+            if table.split(".")[0] in sections:  # not Codex's `[features] hooks`
+                named.append((doc.name, [*table.split("."), key]))
+        for block in re.findall(r"```toml\n(.*?)```", text, re.S):
+            named += [(doc.name, key) for key in _toml_keys(tomllib.loads(block), [])]
+    assert len(named) >= 50, len(named)
+    unknown = [f"{doc}: {'.'.join(path)}" for doc, path in named if not _is_config_key(path)]
+    assert unknown == []
