@@ -359,3 +359,23 @@ def test_every_config_key_the_docs_name_is_a_key_of_the_file() -> None:
     assert len(named) >= 50, len(named)
     unknown = [f"{doc}: {'.'.join(path)}" for doc, path in named if not _is_config_key(path)]
     assert unknown == []
+
+
+def test_the_activity_log_contract_lists_each_kind_with_its_fields() -> None:
+    """docs/architecture.md is where a script writing `logs/events.jsonl` by hand learns each
+    kind's fields (`{origin?}` optional); `taskcard activity` refuses what it leaves out."""
+    from taskcard.producers.task_card.activity_log import OPTIONAL_FIELDS, REQUIRED_FIELDS
+
+    section = ARCHITECTURE.read_text().split("### `<workdir>/logs/events.jsonl`", 1)[1]
+    section = section.split("\n### ", 1)[0]
+    listed: dict[str, set[str]] = {}
+    for first, second, fields in re.findall(
+        r"`([a-z]+(?:\.[a-z]+)?)`(?: / `([a-z]+\.[a-z]+)`)? \{([^}]*)\}", section
+    ):
+        for kind in filter(None, (first, second)):
+            listed[kind] = {field.strip() for field in fields.split(",")}
+    expected = {
+        kind: {*required, *(f"{name}?" for name in OPTIONAL_FIELDS.get(kind, {}))}
+        for kind, required in REQUIRED_FIELDS.items()
+    }
+    assert listed == expected
