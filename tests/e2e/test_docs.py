@@ -379,3 +379,27 @@ def test_the_activity_log_contract_lists_each_kind_with_its_fields() -> None:
         for kind, required in REQUIRED_FIELDS.items()
     }
     assert listed == expected
+
+
+def test_every_agent_file_the_service_reads_has_its_contract_in_architecture() -> None:
+    """docs/architecture.md's "File contracts" left out `reports/reports.jsonl` and
+    `lineage.json`, which the service follows for the report and wake signals."""
+    from taskcard.bridge.track import files
+    from taskcard.producers.ledger.contract import LEDGER_DIR, LEDGER_FILE
+
+    read = [getattr(files, name) for name in dir(files) if name.endswith("_NAME")]
+    assert len(read) >= 8, read
+    contracts = ARCHITECTURE.read_text().split("\n## File contracts", 1)[1].split("\n## ", 1)[0]
+    sections = [
+        ({name.removeprefix("<workdir>/") for name in _NAME.findall(heading)}, body)
+        for heading, body in re.findall(r"\n### ([^\n]+)\n((?:(?!\n### ).)*)", contracts, re.S)
+    ]
+    missing = []
+    for path in [*read, f"{LEDGER_DIR}/{LEDGER_FILE}"]:
+        folder, _, name = path.rpartition("/")
+        if not any(
+            path in named or (f"{folder}/" in named and re.search(f"`({folder}/)?{name}`", body))
+            for named, body in sections
+        ):
+            missing.append(path)
+    assert missing == []
