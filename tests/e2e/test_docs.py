@@ -403,3 +403,17 @@ def test_every_agent_file_the_service_reads_has_its_contract_in_architecture() -
         ):
             missing.append(path)
     assert missing == []
+
+
+def test_ledger_md_lists_the_event_types_and_failure_kinds_enforced() -> None:
+    """The event types a checkpoint takes and the failure kinds, retried first or escalated at
+    once, are what an agent or operator writes by hand from docs/ledger.md."""
+    from taskcard.producers.ledger.model import EVENT_TYPES, FAILURE_KINDS, RETRYABLE_KINDS
+
+    text = " ".join((ROOT / "docs" / "ledger.md").read_text().split())
+    listed = text.split("`checkpoint --event-type` takes exactly ", 1)[1].split(";", 1)[0]
+    assert set(re.findall(r"[A-Z_]{4,}", listed)) == set(EVENT_TYPES)
+    kinds = text.split("Failure kinds: ", 1)[1].split(" (escalated at once)", 1)[0]
+    retried, escalated = kinds.split(" (retried first), and ")
+    assert set(re.findall(r"[A-Z_]{4,}", retried)) == RETRYABLE_KINDS
+    assert set(re.findall(r"[A-Z_]{4,}", escalated)) == set(FAILURE_KINDS) - RETRYABLE_KINDS
