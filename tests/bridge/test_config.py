@@ -267,6 +267,46 @@ def test_the_example_gives_the_upper_bound_of_every_bounded_number() -> None:
     assert checked > 15
 
 
+def test_the_example_sets_every_key_of_a_single_table_to_its_default(tmp_path: Path) -> None:
+    """The example says every key is shown with its default: a key set in `[telegram]`,
+    `[watch]` or another single table (not an example route or agent) must read the same when
+    the line is left out, so an operator copying the file changes nothing by accident."""
+    import tomllib
+
+    import tomlkit
+
+    data = tomllib.loads(EXAMPLE_PATH.read_text(encoding="utf-8"))
+    set_keys: list[list[str]] = []
+
+    def strip(table: dict[str, object], path: list[str]) -> None:
+        for key, value in list(table.items()):
+            if isinstance(value, dict):
+                strip(value, [*path, key])
+                if path and not value:  # `[telegram.limits.bot]` left empty: use the defaults
+                    del table[key]
+            elif not (isinstance(value, list) and value and isinstance(value[0], dict)):
+                set_keys.append([*path, key])
+                del table[key]
+
+    strip(data, [])
+    assert len(set_keys) >= 40, set_keys
+    defaults_path = tmp_path / "defaults.toml"
+    defaults_path.write_text(tomlkit.dumps(data), encoding="utf-8")
+    example, defaults = load_config(EXAMPLE_PATH), load_config(defaults_path)
+
+    def value(config: object, path: list[str], folder: Path) -> object:
+        for part in path:
+            config = getattr(config, part)
+        return config.relative_to(folder) if isinstance(config, Path) else config
+
+    differ = [
+        ".".join(path)
+        for path in set_keys
+        if value(example, path, EXAMPLE_PATH.parent) != value(defaults, path, tmp_path)
+    ]
+    assert differ == []
+
+
 def _all_keys(schema: dict[str, object]) -> set[str]:
     keys: set[str] = set()
     definitions = schema.get("$defs", {})
