@@ -140,6 +140,14 @@ BOARD_REPLY = (
     "A reply to the task board reaches no agent: reply to an agent's card or notice, or write"
     " /tell AGENT TEXT."
 )
+# The answer to a reply to another message of the service's that is about no one agent (the
+# `/taskcard` answer, the help, a refusal, the card of an agent no longer served there),
+# before the agents a `/tell` may name when they fit in `HINT_NAMES_CHARS`.
+NO_AGENT_REPLY = (
+    "A reply to this message reaches no agent: reply to an agent's card or to a notice about"
+    " it, or write /tell AGENT TEXT."
+)
+HINT_NAMES_CHARS: Final = 200
 # The answers to a command its sender may not give where only listed people command (see
 # `refusal`): sent on behalf of another chat, or by a person not on the list.
 SENT_AS_CHAT = (
@@ -300,8 +308,10 @@ class Service:
         self._discovery = Discovery()
         self._origin_refused: set[tuple[str, str]] = set()
         self._origin_allowed: Mapping[str, frozenset[str]] | None = None
-        # When each sender was last told they may not command a chat (see `_refuse`).
+        # When each sender was last told they may not command a chat (see `_refuse`), and
+        # that their reply to one of the service's messages reaches no agent (`_no_agent`).
         self._refused: dict[tuple[str, str, str | None, str], float] = {}
+        self._hinted: dict[tuple[str, str, str | None, str], float] = {}
         self._closing: dict[RouteKey, float] = {}  # route -> when it began closing (monotonic)
         self._scheduled: set[RouteKey] = set()
         self._watcher: FleetWatcher | None = None
@@ -1960,22 +1970,34 @@ class Service:
         text = refusal(command)
         if text is None or not command.reply:
             return
-        now_s = self._clock().timestamp()
-        sender = _sender(command) or ""
-        key = (channel_name, command.chat.chat_id, command.chat.thread_id, sender)
-        last_s = self._refused.get(key)
-        if last_s is not None and 0 <= now_s - last_s < REFUSAL_QUIET_S:
+        if self._told_lately(self._refused, channel_name, command):
             return
-        if len(self._refused) >= REFUSED_KEPT:
-            self._refused = {
-                k: at for k, at in self._refused.items() if 0 <= now_s - at < REFUSAL_QUIET_S
-            }
-            while len(self._refused) >= REFUSED_KEPT:
-                del self._refused[next(iter(self._refused))]
-        self._refused[key] = now_s
         # Not `own`: the answer may carry the sender's id, a value the platform gave.
         outgoing = self._render_text(self._channels[channel_name], text)
         self._answer(channel_name, command.chat, outgoing, command)
+
+    def _told_lately(
+        self,
+        told: dict[tuple[str, str, str | None, str], float],
+        channel_name: str,
+        command: IncomingCommand,
+    ) -> bool:
+        """Whether `command`'s sender was told (`told`: when each sender was) in its chat
+        within `REFUSAL_QUIET_S`; if not, they are counted as told now. At most
+        `REFUSED_KEPT` senders are remembered, the oldest forgotten first."""
+        now_s = self._clock().timestamp()
+        sender = _sender(command) or ""
+        key = (channel_name, command.chat.chat_id, command.chat.thread_id, sender)
+        last_s = told.get(key)
+        if last_s is not None and 0 <= now_s - last_s < REFUSAL_QUIET_S:
+            return True
+        if len(told) >= REFUSED_KEPT:
+            for old in [k for k, at in told.items() if not 0 <= now_s - at < REFUSAL_QUIET_S]:
+                del told[old]
+            while len(told) >= REFUSED_KEPT:
+                del told[next(iter(told))]
+        told[key] = now_s
+        return False
 
     def _ours(self, routes: list[Route], command: IncomingCommand) -> bool:
         """Whether `command` replies to one of this service's messages in the chat: a card,
@@ -2095,15 +2117,10 @@ class Service:
                     # A notice (an error, a refresh budget used up, a report, an exit...) is
                     # about one agent: a reply to it is for that agent, as one to its card.
                     agent_id = self._notice_agent(channel_name, command)
+                if agent_id is None:
+                    return self._not_for_an_agent(channel_name, command, routes)
                 if agent_id not in {r.key.agent_id for r in routes}:
-                    agent_id = None
-            if agent_id is None:
-                if command.reply and self._replies_to_board(routes, command):
-                    # The board speaks for every agent of the chat: which one the text is
-                    # for cannot be told, and it used to go nowhere without a word.
-                    here = sorted({r.key.agent_id for r in routes})
-                    return f"{BOARD_REPLY} {_unknown_agent(here)}"
-                return None  # a reply to an answer or to someone else: not for an agent
+                    return None  # its agent left, or its sender may not talk to it here
             text = command.args
         else:
             # The agent's name ends at any white space: "/tell builder\nline one" is common.
@@ -2118,6 +2135,58 @@ class Service:
         return self._desk.queue(
             channel_name, command.chat, agent_id, command.user_id, text, command.answer_to
         )
+
+    def _not_for_an_agent(
+        self, channel_name: str, command: IncomingCommand, routes: list[Route]
+    ) -> str | None:
+        """The answer to a reply that is to no agent's card, status message or notice (None:
+        no answer): one to the board or to another message of the service is told how to
+        reach an agent; one to someone else's message is theirs, not the service's."""
+        if not command.reply:
+            return None  # clustered: another instance answers
+        if self._replies_to_board(routes, command):
+            # The board speaks for every agent of the chat: which one the text is for cannot
+            # be told, and it used to go nowhere without a word.
+            here = sorted({r.key.agent_id for r in routes})
+            return f"{BOARD_REPLY} {_unknown_agent(here)}"
+        if self._replies_to_service(channel_name, command):
+            return self._no_agent(channel_name, command, routes)
+        return None
+
+    def _replies_to_service(self, channel_name: str, command: IncomingCommand) -> bool:
+        """Whether the reply `command`, about no agent's card, status message or notice,
+        answers another message the service posted (where replies do not say who wrote the
+        message replied to, one it remembers posting). Not the card of an agent of the chat
+        its sender may not talk to (left unanswered, see `refusal`). Alone: clustered,
+        another instance's status message is one this instance cannot tell from an answer,
+        so there such a reply stays unanswered."""
+        if self._owned is not None:
+            return False
+        chat_routes = self._routes_in(channel_name, command.chat)
+        if any(self._shown_id(r.key) in command.reply_to for r in chat_routes):
+            return False
+        if self._channels[channel_name].replies_name_author:
+            return True  # the channel passes on only replies to the bot's own messages
+        try:
+            return self._store.sent_any(channel_name, command.reply_to, self._clock().timestamp())
+        except Exception as error:
+            log.warning(
+                "%s: could not look up whether a reply answers one of the service's messages (%s)",
+                channel_name,
+                type(error).__name__,
+            )
+            return False
+
+    def _no_agent(
+        self, channel_name: str, command: IncomingCommand, routes: list[Route]
+    ) -> str | None:
+        """The answer to a reply to one of the service's messages that is about no agent
+        served in the chat (the `/taskcard` answer, the help, a refusal, a retired card): how
+        to reach one. Once per sender and chat in `REFUSAL_QUIET_S`, as a refusal, so that
+        people talking in a thread under an answer do not spend the chat's send budget."""
+        if self._told_lately(self._hinted, channel_name, command):
+            return None
+        return no_agent_hint(sorted({r.key.agent_id for r in routes}))
 
     def _notice_agent(self, channel_name: str, command: IncomingCommand) -> str | None:
         """The agent a notice `command` replies to was about; None when it is none, or the
@@ -2315,6 +2384,15 @@ def _same_but_case(names: list[str]) -> str:
         f"/tell AGENT TEXT: the agents {', '.join(names)} differ only in case; write the"
         " exact name of the one you mean."
     )
+
+
+def no_agent_hint(names: list[str]) -> str:
+    """The answer to a reply to a message of the service about no one agent of the chat:
+    how to reach one, with the agents a `/tell` may name when they fit `HINT_NAMES_CHARS`."""
+    listed = ", ".join(names)
+    if names and len(listed) <= HINT_NAMES_CHARS:
+        return f"{NO_AGENT_REPLY} AGENT is one of {listed}."
+    return f"{NO_AGENT_REPLY} /taskcard lists the agents here."
 
 
 def _unknown_agent(names: list[str]) -> str:

@@ -70,3 +70,35 @@ async def test_a_reply_to_the_board_is_told_how_to_reach_an_agent(
         assert "reply to an agent's card or notice" in answer
         assert "please stop" not in answer
         assert queued(tmp_path) == [] and queued(tmp_path, "tester") == []
+
+
+async def test_a_reply_to_an_answer_is_told_once_how_to_reach_an_agent(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    # The answer to `/taskcard` lists every agent of the chat, the help none: text written
+    # as a reply to either reached no agent, and went nowhere without a word.
+    async with running_card(platform, tmp_path, ("builder", "tester")) as chat:
+        await chat.say("/taskcard")
+        await wait_said(chat, "Task cards here: shown", "the answer to /taskcard")
+        answer = chat.message_id_with("Task cards here: shown")
+        assert answer is not None
+        await chat.say("builder: stop <b>now</b> @all", reply_to=answer)
+        hint = await wait_said(chat, "A reply to this message reaches no agent", "the hint")
+        assert "reply to an agent's card or to a notice about it" in hint
+        assert "/tell AGENT TEXT" in hint and "AGENT is one of builder, tester." in hint
+        assert "stop" not in hint and "@all" not in hint
+        # Told once in a while: a second reply of theirs, to the help this time, and one of
+        # a member not listed for the chat, are not answered (each would spend the chat's
+        # budget, which the cards share); the command after them is, so they were read.
+        await chat.say("/taskcard help")
+        await wait_said(chat, "Task card commands here", "the help")
+        help_id = chat.message_id_with("Task card commands here")
+        assert help_id is not None
+        await chat.say("tester, and you", reply_to=help_id)
+        await chat.say("me too", reply_to=answer, user=OTHER)
+        await chat.say("/taskcard 4")
+        await wait_said(chat, "show 4 activity rows", "the answer to /taskcard 4")
+        told = [text for text in chat.bot_texts() if "reaches no agent" in text]
+        assert len(told) == 1
+        assert queued(tmp_path) == [] and queued(tmp_path, "tester") == []
