@@ -599,6 +599,20 @@ def path_problems(config: ServiceConfig) -> list[str]:
     return problems
 
 
+def workdirs_not_yet(config: ServiceConfig) -> list[AgentConfig]:
+    """The configured agents whose workdir does not exist (yet). Each is served all the same
+    and picked up once its folder is made, so this is information rather than a warning;
+    but a slip in the path (`agents/buidler`) would otherwise show nothing anywhere. Said by
+    `serve --check`, `taskcard status` and the log of a start and of a reload
+    (`workdir_not_yet`). A link to a folder not made yet counts as not existing."""
+    return [agent for agent in config.agents if not os.path.exists(agent.workdir)]
+
+
+def workdir_not_yet(agent_id: str, workdir: Path | str) -> str:
+    """The line that says an agent's workdir does not exist yet (`workdirs_not_yet`)."""
+    return f"agent {agent_id}: workdir {workdir} does not exist yet; it is picked up when created"
+
+
 def _examined(path: Path, check: Callable[[Path], str | None]) -> str | None:
     """`check(path)`, or what keeps the system from looking at `path` at all.
 

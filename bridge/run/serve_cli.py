@@ -15,7 +15,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from taskcard.bridge.config import ConfigError, ServiceConfig, load_config
+from taskcard.bridge.config import (
+    ConfigError,
+    ServiceConfig,
+    load_config,
+    workdir_not_yet,
+    workdirs_not_yet,
+)
 from taskcard.bridge.deliver.registry import (
     chat_moved_to,
     describe_scope,
@@ -97,6 +103,8 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"warning: {warning}", file=sys.stderr)
         for note in username_notes(config):
             print(f"note: {note}", file=sys.stderr)
+        for agent in workdirs_not_yet(config):  # served all the same: information
+            print(f"note: {workdir_not_yet(agent.id, agent.workdir)}", file=sys.stderr)
         return _check_secrets(args.config, config)
     setup_logging(config.log_level)
     for warning in nothing_served(config):
@@ -223,10 +231,13 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
                 }
             )
         pid = running_pid(config.state_dir)
+        not_yet = {agent.id for agent in workdirs_not_yet(config)}
         agents = [
             {
                 "agent": agent_id,
                 "workdir": str(workdir),
+                # A configured workdir not made yet (served, picked up once it is).
+                "workdir_exists": agent_id not in not_yet,
                 "found_by": found_by,
                 "problems": parse_agent_health(
                     store.get_cursor(agent_health_key(agent_id)) if store else None
@@ -403,6 +414,8 @@ def _status(args: argparse.Namespace) -> int:
     for agent in report["agents"]:
         if agent["found_by"] == "discovered":
             print(printable(f"agent {agent['agent']}: discovered at {agent['workdir']}"))
+        if not agent["workdir_exists"]:
+            print(printable(workdir_not_yet(agent["agent"], agent["workdir"])))
         if agent["problems"]:
             print(printable(f"agent {agent['agent']}: PROBLEMS"))
             for problem in agent["problems"]:

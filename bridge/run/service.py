@@ -42,7 +42,12 @@ from taskcard.bridge.compose.board import (
 )
 from taskcard.bridge.compose.redact import Redactor
 from taskcard.bridge.compose.view import compose_view, format_at
-from taskcard.bridge.config import AGENT_ID_PATTERN, ServiceConfig
+from taskcard.bridge.config import (
+    AGENT_ID_PATTERN,
+    ServiceConfig,
+    workdir_not_yet,
+    workdirs_not_yet,
+)
 from taskcard.bridge.deliver.registry import BuiltChannel, RouteSpec, original_chat, route_specs
 from taskcard.bridge.notices.outbox import FOLDED_CURSOR_PREFIX, NoticeOutbox
 from taskcard.bridge.notices.signals import (
@@ -112,6 +117,8 @@ from taskcard.channels.errors import ChannelError, RateLimited, Transient
 from taskcard.producers.task_card.contract import Origin, one_line_cut, parse_origin
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from taskcard.bridge.cluster.boards import SharedBoards
 
 log = logging.getLogger(__name__)
@@ -312,6 +319,8 @@ class Service:
         # that their reply to one of the service's messages reaches no agent (`_no_agent`).
         self._refused: dict[tuple[str, str, str | None, str], float] = {}
         self._hinted: dict[tuple[str, str, str | None, str], float] = {}
+        # The configured agents whose workdir did not exist when last looked (`_say_not_yet`).
+        self._not_yet: set[tuple[str, Path]] = set()
         self._closing: dict[RouteKey, float] = {}  # route -> when it began closing (monotonic)
         self._scheduled: set[RouteKey] = set()
         self._watcher: FleetWatcher | None = None
@@ -430,6 +439,7 @@ class Service:
             counted(len(self._routes), "route", "routes"),
             ", ".join(self._channels) or "no channel",
         )
+        self._say_not_yet()
         stopper = asyncio.create_task(stop.wait(), name="stop")
         try:
             pending = {stopper, *tasks, *starters}
@@ -1178,7 +1188,20 @@ class Service:
             counted(len(self._monitors), "agent", "agents"),
             counted(len(self._routes), "route", "routes"),
         )
+        self._say_not_yet()
         return True
+
+    def _say_not_yet(self) -> None:
+        """Log the configured agents whose workdir does not exist yet (`workdirs_not_yet`),
+        one line each, at the start and at a reload: served and picked up once the folder is
+        made, but a slip in the path showed nothing anywhere. Once: a reload does not say
+        again one it said before with the same workdir (it says one that appeared since and
+        is gone again)."""
+        missing = workdirs_not_yet(self._config)
+        for agent in missing:
+            if (agent.id, agent.workdir) not in self._not_yet:
+                log.info("%s", workdir_not_yet(agent.id, agent.workdir))
+        self._not_yet = {(agent.id, agent.workdir) for agent in missing}
 
     def _retime(self, no_output_after_s: float) -> None:
         """Every agent served takes a reloaded `no_output_after_s`: it kept the value it was

@@ -1236,6 +1236,9 @@ def test_serve_check_names_each_unset_secret_variable_and_never_a_value(tmp_path
     assert "feishu.webhook.encrypt_key_env" in warning and "TC_CHECK_ENCRYPT" in warning
     assert secrets["TC_CHECK_APP_ID"] not in result.stderr + result.stdout
 
+    # With its workdir made, so that nothing at all is said but "valid" (a workdir not made
+    # yet is noted, see tests/e2e/test_workdir_not_yet.py).
+    (tmp_path / "agents" / "builder").mkdir(parents=True)
     result = taskcard(*args, env=secrets)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"{config}: valid" and result.stderr == ""
