@@ -236,3 +236,6 @@ async def test_a_reply_to_a_persons_reply_to_the_card_is_not_for_the_agent(
             "first: for the agent",
             "third: for the agent too",
         ]
+        # Nor is it answered: the person's message is no message of the service's, so the
+        # hint given to a reply to one (how to reach an agent) is not for it.
+        assert not any("reaches no agent" in text for text in chat.bot_texts())
