@@ -36,7 +36,7 @@ from taskcard.bridge.notices.text import (
     summary_text,
 )
 from taskcard.bridge.schedule.routes import LaneKey, RouteKey
-from taskcard.bridge.store.sqlite import NoticeState, StateStore
+from taskcard.bridge.store.sqlite import NoticeState, ReadAhead, StateStore, in_batches
 from taskcard.channels.base import Channel, Outgoing
 from taskcard.producers.task_card.contract import Notification
 
@@ -127,8 +127,20 @@ class NoticeOutbox:
 
     def add_route(self, key: RouteKey) -> None:
         """Know a route; a fold episode saved before a restart still owes its summary."""
+        self._add_route(key, self._store.get_cursor)
+
+    def add_routes(self, keys: Iterable[RouteKey]) -> None:
+        """`add_route` of each, the saved fold episodes read in batches (at start: every
+        route of the fleet)."""
+        store = self._store
+        for batch in in_batches(keys):
+            saved = ReadAhead(store.get_cursors, store.get_cursor, map(_folded_cursor, batch))
+            for key in batch:
+                self._add_route(key, saved.take)
+
+    def _add_route(self, key: RouteKey, get_cursor: Callable[[str], str | None]) -> None:
         self._routes[key.store_key] = key
-        saved = FoldedNotices.from_json(self._store.get_cursor(_folded_cursor(key)))
+        saved = FoldedNotices.from_json(get_cursor(_folded_cursor(key)))
         if saved is not None:
             self._gate.restore(key.store_key, saved)
 

@@ -91,16 +91,24 @@ from taskcard.bridge.schedule.scheduler import (
     RouteScheduler,
     SharedReplies,
 )
-from taskcard.bridge.store.sqlite import ChatPrefs, SeenChat, StateStore
+from taskcard.bridge.store.sqlite import (
+    ChatPrefs,
+    OffsetsAhead,
+    ReadAhead,
+    SeenChat,
+    StateStore,
+    in_batches,
+)
 from taskcard.bridge.track.due import DueAgents
 from taskcard.bridge.track.ledger import LedgerView, ledger_row
 from taskcard.bridge.track.monitor import (
+    NOTIFICATIONS_OFFSET,
     ActivitySummary,
     AgentMonitor,
     AgentRefresh,
     CardState,
 )
-from taskcard.bridge.track.reports import AgentSide, SideRefresh
+from taskcard.bridge.track.reports import ACKS_OFFSET, REPORTS_OFFSET, AgentSide, SideRefresh
 from taskcard.bridge.watch.watcher import ROOTS, FleetWatcher
 from taskcard.channels.aio import Backoff
 from taskcard.channels.base import (
@@ -203,6 +211,12 @@ FORGET_PER_TICK = 10
 # a minute), so a mass departure (a root not mounted yet, an upgrade) leaves the rest as
 # they are, said in the log, rather than holding the live cards back for minutes.
 RETIRE_AT_START_PER_CHAT = 10
+
+
+# The offsets an agent's readers look up at its first reading (`_refresh_many`): the
+# notifications' (the monitor), the reports' and the inbox acks' (its side). A name not
+# listed is still read, alone.
+FIRST_OFFSETS: Final = (NOTIFICATIONS_OFFSET, REPORTS_OFFSET, ACKS_OFFSET)
 
 
 def may_command(route: Route, command: IncomingCommand) -> bool:
@@ -351,6 +365,10 @@ class Service:
         # The routes opened by a turn's origin, which the timer looks at (not every route).
         self._origin_routes: dict[RouteKey, Route] = {}
         self._monitors: dict[str, AgentMonitor] = {}
+        # The offsets the agents' readers follow their files by, read ahead for many agents
+        # at their first reading (`_refresh_many`), and the agents not read yet.
+        self._offsets = OffsetsAhead(store)
+        self._unread: set[str] = set()
         # Reports, inbox acks and lineage: what the agent side writes for the service (per
         # agent, made and dropped with its monitor in `apply`).
         self._sides: dict[str, AgentSide] = {}
@@ -412,9 +430,7 @@ class Service:
         when every channel failed for good (a wrong token, say).
         """
         await self._scheduler.start()
-        for route in self._routes:
-            if self._serves(route.key.agent_id):
-                self._schedule(route)
+        self._schedule_many(r for r in self._routes if self._serves(r.key.agent_id))
         self._schedule_boards()
         self._desk.load()
         if self._owned is None:  # alone on the state, not clustered
@@ -919,6 +935,9 @@ class Service:
         def handle(agent_ids: frozenset[str]) -> None:
             if ROOTS in agent_ids and self._rediscover():
                 self.apply(self._desired())
+            if self._unread and not self._unread.isdisjoint(agent_ids):
+                self._refresh_many(agent_ids, watcher.take_changed)
+                return
             for agent_id in agent_ids:
                 self._refresh(agent_id, watcher.take_changed(agent_id))
 
@@ -960,40 +979,48 @@ class Service:
         for agent_id in [a for a in self._monitors if a not in fleet.agents]:
             self._retire(agent_id)
         fresh: list[str] = []
-        for agent_id, workdir in fleet.agents.items():
-            monitor = self._monitors.get(agent_id)
-            if monitor is not None and monitor.paths.workdir == workdir:
-                continue
-            if monitor is not None:
-                self._ledgers.forget(monitor.files)  # the new monitor looks for itself
-            monitor = self._monitors[agent_id] = AgentMonitor(
-                agent_id,
-                workdir,
-                self._store,
-                clock=self._clock,
-                no_output_after_s=self._config.display.no_output_after_s,
-                start_silence_s=self._config.signals.no_output_after_start_s,
+        store = self._store
+        for batch in in_batches(fleet.agents.items()):
+            stale = [
+                (agent_id, workdir)
+                for agent_id, workdir in batch
+                if (known := self._monitors.get(agent_id)) is None or known.paths.workdir != workdir
+            ]
+            health = ReadAhead(
+                store.get_cursors, store.get_cursor, [agent_health_key(a) for a, _ in stale]
             )
-            self._sides[agent_id] = AgentSide(
-                agent_id, workdir, monitor.files, self._store, clock=self._clock
-            )
-            self._desk.add_agent(agent_id, workdir)
-            self._returned(agent_id)
-            self._saved_health.setdefault(
-                agent_id, self._store.get_cursor(agent_health_key(agent_id)) or "[]"
-            )
-            fresh.append(agent_id)
+            for agent_id, workdir in stale:
+                monitor = self._monitors.get(agent_id)
+                if monitor is not None:
+                    self._ledgers.forget(monitor.files)  # the new monitor looks for itself
+                monitor = self._monitors[agent_id] = AgentMonitor(
+                    agent_id,
+                    workdir,
+                    self._offsets,
+                    clock=self._clock,
+                    no_output_after_s=self._config.display.no_output_after_s,
+                    start_silence_s=self._config.signals.no_output_after_start_s,
+                )
+                self._sides[agent_id] = AgentSide(
+                    agent_id, workdir, monitor.files, self._offsets, clock=self._clock
+                )
+                self._desk.add_agent(agent_id, workdir)
+                self._returned(agent_id)
+                self._saved_health.setdefault(
+                    agent_id, health.take(agent_health_key(agent_id)) or "[]"
+                )
+                self._unread.add(agent_id)
+                fresh.append(agent_id)
         wanted = {route.key: route for route in fleet.routes}
         for route in [r for r in self._routes if r.key not in wanted]:
             self._close_route(route, self._unrouted_edit(route))
         current = {route.key: route for route in self._routes}
-        added: list[Route] = []
+        added = [route for key, route in wanted.items() if key not in current]
+        # A fold episode saved before a restart still owes its summary.
+        self._outbox.add_routes(route.key for route in added)
         for key, route in wanted.items():
             if current.get(key) == route:
                 continue
-            if key not in current:
-                added.append(route)
-                self._outbox.add_route(key)  # a fold episode saved before a restart still owes
             self._closing.pop(key, None)
             if self._running and self._serves(key.agent_id):
                 self._schedule(route)
@@ -1041,6 +1068,18 @@ class Service:
             else:
                 self._scheduler.set_pin(key, routes[0].pin)
 
+    def _schedule_many(self, routes: Iterable[Route]) -> None:
+        """`_schedule` of each; the store is read for the new ones in batches (at start,
+        every route of the fleet is new)."""
+        new: list[tuple[RouteKey, bool]] = []
+        for route in routes:
+            if route.key in self._scheduled:
+                self._scheduler.set_pin(route.key, route.pin)
+            else:
+                new.append((route.key, route.pin))
+        self._scheduler.add_routes(new)
+        self._scheduled.update(key for key, _ in new)
+
     def _schedule(self, route: Route) -> None:
         if route.key not in self._scheduled:
             self._scheduler.add_route(route.key, pin=route.pin)
@@ -1061,6 +1100,7 @@ class Service:
         self._paced_told.discard(agent_id)
         self._faults.pop(agent_id, None)
         self._saved_health.pop(agent_id, None)
+        self._unread.discard(agent_id)
         self._departure(agent_id, [route.key for route in self._routes_by_agent.get(agent_id, ())])
         for route in list(self._routes_by_agent.get(agent_id, ())):
             final = None
@@ -1297,6 +1337,20 @@ class Service:
         self._drop_closed_routes()
         self._forget_due(now)  # agents that left long enough ago
         self._desk.refresh()  # open messages turn unconfirmed with time alone
+
+    def _refresh_many(
+        self, agent_ids: Iterable[str], changed: Callable[[str], frozenset[str] | None]
+    ) -> None:
+        """`_refresh` of each agent (`changed` tells its changed files), the offsets of the
+        agents read for the first time read ahead in batches: at start, every agent's three
+        offsets in a few reads rather than three reads per agent."""
+        for batch in in_batches(agent_ids):
+            first = [agent_id for agent_id in batch if agent_id in self._unread]
+            self._unread.difference_update(first)
+            ahead = [(a, name) for a in first if self._serves(a) for name in FIRST_OFFSETS]
+            with self._offsets.reading_ahead(ahead):
+                for agent_id in batch:
+                    self._refresh(agent_id, changed(agent_id))
 
     def _refresh(self, agent_id: str, changed: frozenset[str] | None = None) -> None:
         """Read one agent's files and project what changed; `changed` names the files the

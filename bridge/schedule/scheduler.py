@@ -42,7 +42,15 @@ import time
 import types
 import uuid
 from collections import deque
-from collections.abc import Callable, Coroutine, Generator, Iterator, Mapping, Sequence
+from collections.abc import (
+    Callable,
+    Coroutine,
+    Generator,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -57,7 +65,7 @@ from taskcard.bridge.schedule.ratelimit import (
 from taskcard.bridge.schedule.routes import LaneKey as LaneKey
 from taskcard.bridge.schedule.routes import RouteKey as RouteKey
 from taskcard.bridge.schedule.routes import chat_scope as chat_scope
-from taskcard.bridge.store.sqlite import StateStore
+from taskcard.bridge.store.sqlite import ReadAhead, ResidentRecord, StateStore, in_batches
 from taskcard.channels.aio import Backoff, wait_first
 from taskcard.channels.base import (
     Channel,
@@ -474,7 +482,45 @@ class RouteScheduler:
         time, such as a board. `reply_to`: the command the resident answers; its message is
         posted as a reply to it (see `Channel.send`). `keeps_refusal`: a card the platform
         refuses for good is kept in the store for `taskcard status` (see `_keep_refusal`)."""
-        record = self._store.resident(key.store_key)
+        self._add_route(
+            key,
+            pin=pin,
+            paced=paced,
+            reply_to=reply_to,
+            keeps_refusal=keeps_refusal,
+            record=self._store.resident(key.store_key),
+        )
+
+    def add_routes(self, routes: Iterable[tuple[RouteKey, bool]], *, paced: bool = False) -> None:
+        """`add_route` of each (key, pin), with what the store keeps for them (the resident,
+        a kept refusal) read in batches: at start, every route of the fleet is added at once,
+        and one read per route per batch is most of the store's work then."""
+        store = self._store
+        for batch in in_batches(routes):
+            records = ReadAhead(store.residents_of, store.resident, [k.store_key for k, _ in batch])
+            refusals = ReadAhead(
+                store.get_cursors,
+                store.get_cursor,
+                [card_refused_key(key.store_key) for key, _ in batch],
+            )
+            for key, pin in batch:
+                self._add_route(
+                    key, pin=pin, paced=paced, record=records.take(key.store_key), kept=refusals
+                )
+
+    def _add_route(
+        self,
+        key: RouteKey,
+        *,
+        pin: bool,
+        paced: bool,
+        record: ResidentRecord | None,
+        reply_to: ReplyTo | None = None,
+        keeps_refusal: bool = True,
+        kept: ReadAhead[str, str] | None = None,
+    ) -> None:
+        """`add_route` with the route's record as the store keeps it (`kept`: its refusal
+        read ahead, see `add_routes`)."""
         channel = self._channels.get(key.channel)
         if channel is not None and not channel.messages_outlive_process:
             if key not in self._added:
@@ -517,7 +563,7 @@ class RouteScheduler:
         resident = self._residents[key]
         if keeps_refusal:
             # A refusal the last run kept stays until a card of the route goes through.
-            resident.refusal, resident.refused_at = self._kept_refusal(key)
+            resident.refusal, resident.refused_at = self._kept_refusal(key, kept)
         if (resident.pin_owed or resident.delete_pending) and key.channel in self._ready:
             self._enqueue(resident)  # else once the channel is (`channel_ready`)
         if record and record.disabled_reason:
@@ -1410,16 +1456,20 @@ class RouteScheduler:
             # which is the replacement, and a repeated send skips this commit.
             resident.desired = None
 
-    def _kept_refusal(self, key: RouteKey) -> tuple[str | None, float | None]:
+    def _kept_refusal(
+        self, key: RouteKey, kept: ReadAhead[str, str] | None = None
+    ) -> tuple[str | None, float | None]:
         """The reason and the start of the refusal the store keeps for the route (None: none;
         a reason of "" when the store cannot be read now, so that the route's next card shown
         clears any there). One read per route added, as `resident` is: a restart, a reload, a
         lease taken over; never per card."""
         try:
-            kept = parse_card_refused(self._store.get_cursor(card_refused_key(key.store_key)))
+            cursor = card_refused_key(key.store_key)
+            raw = self._store.get_cursor(cursor) if kept is None else kept.take(cursor)
+            refusal = parse_card_refused(raw)
         except Exception:
             return "", None
-        return (None, None) if kept is None else kept
+        return (None, None) if refusal is None else refusal
 
     def _keep_refusal(self, resident: _Resident, reason: str) -> None:
         """Keep in the store that the platform refused the route's card for good, and why, for

@@ -7,10 +7,19 @@ statement on a local file or a loopback round trip, cheaper than a thread hop.
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Generic, Literal, TypeVar
+
+log = logging.getLogger(__name__)
+
+# How many keys one batch read names (`residents_of`, `get_offsets`, `get_cursors`): a
+# statement's parameters stay far below SQLite's limit, and a caller reading ahead for
+# thousands of agents holds this many values at a time, not all of them.
+READ_BATCH: Final = 500
 
 # How long the service remembers a message it posted on a platform whose replies do not say
 # who wrote the message replied to (Feishu), so a command written as a reply to it counts as
@@ -138,6 +147,11 @@ class StateStore(ABC):
     def residents(self) -> list[ResidentRecord]: ...
 
     @abstractmethod
+    def residents_of(self, routes: Iterable[str]) -> dict[str, ResidentRecord]:
+        """`resident` of each of `routes`, those that have one, in a few reads: for the
+        routes of every agent at start (see `ReadAhead`), not per change."""
+
+    @abstractmethod
     def set_message_id(self, route: str, message_id: str | None) -> None:
         """Persist the resident id (None forgets it); the committed fingerprint is cleared."""
 
@@ -192,6 +206,13 @@ class StateStore(ABC):
     @abstractmethod
     def set_offset(self, agent_id: str, name: str, inode: int, offset: int) -> None: ...
 
+    @abstractmethod
+    def get_offsets(
+        self, keys: Iterable[tuple[str, str]]
+    ) -> dict[tuple[str, str], tuple[int, int]]:
+        """`get_offset` of each (agent id, file name) of `keys`, those that have one, in a few
+        reads: for every agent's files at start (see `ReadAhead`), not per change."""
+
     def set_first_offset(self, agent_id: str, name: str, inode: int, offset: int) -> None:
         """The offset taken at an agent's first sight; a store may commit it a little later.
 
@@ -205,6 +226,11 @@ class StateStore(ABC):
 
     @abstractmethod
     def set_cursor(self, key: str, value: str) -> None: ...
+
+    @abstractmethod
+    def get_cursors(self, keys: Iterable[str]) -> dict[str, str]:
+        """`get_cursor` of each of `keys`, those that are set, in a few reads: for every
+        agent's cursors at start (see `ReadAhead`), not per change."""
 
     @abstractmethod
     def cursor_keys(self, prefix: str) -> list[str]:
@@ -309,3 +335,106 @@ class StateStore(ABC):
     @abstractmethod
     def inbox_messages(self, since: float) -> list[InboxRecord]:
         """Every open message, and closed ones queued at or after `since`, oldest first."""
+
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+def in_batches(items: Iterable[K], size: int = READ_BATCH) -> Iterator[list[K]]:
+    """`items` in lists of at most `size`, in order."""
+    batch: list[K] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+class ReadAhead(Generic[K, V]):
+    """Values of many keys read in one batch, then taken one key at a time.
+
+    At start the service reads the same few rows for every agent (its offsets, its cursors,
+    its routes' residents): one batch read (`read_many`, a store's `get_offsets` and the like)
+    replaces thousands of single reads. Each value is taken once (`take`); a key the batch
+    did not name, or one taken already, is read alone (`read_one`) as before. When the batch
+    read fails, it is as if it had named no key: every key is then read alone, so a state
+    that cannot be read fails where and as it did before, one agent's read at a time (the
+    failure is logged at debug level only: the single reads report it).
+    """
+
+    __slots__ = ("_found", "_named", "_read_one")
+
+    def __init__(
+        self,
+        read_many: Callable[[Sequence[K]], Mapping[K, V]],
+        read_one: Callable[[K], V | None],
+        keys: Iterable[K],
+    ) -> None:
+        self._read_one = read_one
+        wanted = list(dict.fromkeys(keys))
+        self._found: dict[K, V] = {}
+        self._named: set[K] = set()
+        if not wanted:
+            return
+        try:
+            self._found = dict(read_many(wanted))
+        except Exception as error:
+            log.debug("a batch read of %d keys failed (%s); each is read alone", len(wanted), error)
+            return
+        self._named = set(wanted)
+
+    def take(self, key: K) -> V | None:
+        """The value of `key` (None: none is kept), from the batch the first time."""
+        if key in self._named:
+            self._named.discard(key)
+            return self._found.pop(key, None)
+        return self._read_one(key)
+
+    def forget(self, key: K) -> None:
+        """The value of `key` changed (it is written): read it alone if asked for again."""
+        self._named.discard(key)
+        self._found.pop(key, None)
+
+
+class OffsetsAhead:
+    """The store's offsets as the agents' readers use them (`bridge.track.monitor`'s
+    `OffsetStore`), whose first reads can be read ahead for many agents at once.
+
+    Outside `reading_ahead` every call is the store's own. Inside it, the offsets it named
+    were read in one batch and each is taken once; a write of one drops what was read ahead
+    for it, so nothing read before a write is handed out after it.
+    """
+
+    __slots__ = ("_ahead", "_store")
+
+    def __init__(self, store: StateStore) -> None:
+        self._store = store
+        self._ahead: ReadAhead[tuple[str, str], tuple[int, int]] | None = None
+
+    @contextmanager
+    def reading_ahead(self, keys: Iterable[tuple[str, str]]) -> Iterator[None]:
+        """Read the offsets of `keys`, (agent id, file name), in one batch for the block."""
+        store = self._store
+        self._ahead = ReadAhead(store.get_offsets, lambda key: store.get_offset(*key), keys)
+        try:
+            yield
+        finally:
+            self._ahead = None
+
+    def get_offset(self, agent_id: str, name: str) -> tuple[int, int] | None:
+        if self._ahead is None:
+            return self._store.get_offset(agent_id, name)
+        return self._ahead.take((agent_id, name))
+
+    def set_offset(self, agent_id: str, name: str, inode: int, offset: int) -> None:
+        if self._ahead is not None:
+            self._ahead.forget((agent_id, name))
+        self._store.set_offset(agent_id, name, inode, offset)
+
+    def set_first_offset(self, agent_id: str, name: str, inode: int, offset: int) -> None:
+        if self._ahead is not None:
+            self._ahead.forget((agent_id, name))
+        self._store.set_first_offset(agent_id, name, inode, offset)

@@ -60,6 +60,7 @@ from taskcard.bridge.store.base import (
     SeenChat,
     StateFileError,
     StateStore,
+    in_batches,
 )
 
 # Enough to ride out a Redis restart (a second or two) without failing the call...
@@ -389,6 +390,25 @@ class RedisStore(StateStore):
         records = [self.resident(route) for route in routes]
         return [record for record in records if record is not None]
 
+    def residents_of(self, routes: Iterable[str]) -> dict[str, ResidentRecord]:
+        """As `resident` of each, one round trip per batch (`WrongKeyType` alike)."""
+        found: dict[str, ResidentRecord] = {}
+        for batch in in_batches(dict.fromkeys(routes)):
+            pipe = self._r.pipeline(transaction=False)
+            for route in batch:
+                pipe.hgetall(self._res(route))
+            answers = pipe.execute(raise_on_error=False)
+            for route, data in zip(batch, answers, strict=True):
+                if isinstance(data, redis.ResponseError):
+                    if not str(data).startswith("WRONGTYPE"):
+                        raise data
+                    raise WrongKeyType.of(self._r, self._res(route), "hash")
+                if isinstance(data, Exception):
+                    raise data
+                if data:
+                    found[route] = _record(self._res(route), route, cast(dict[str, str], data))
+        return found
+
     def set_message_id(self, route: str, message_id: str | None) -> None:
         if message_id is None:
             self._update(route, {}, ("message_id", "fingerprint", "send_key"))
@@ -509,6 +529,25 @@ class RedisStore(StateStore):
     def set_offset(self, agent_id: str, name: str, inode: int, offset: int) -> None:
         self._r.hset(self.key("offsets"), _member(agent_id, name), f"{inode}:{offset}")
 
+    def get_offsets(
+        self, keys: Iterable[tuple[str, str]]
+    ) -> dict[tuple[str, str], tuple[int, int]]:
+        """As `get_offset` of each (a value that does not parse is absent), one HMGET per
+        batch."""
+        found: dict[tuple[str, str], tuple[int, int]] = {}
+        for batch in in_batches(dict.fromkeys(keys)):
+            members = [_member(agent_id, name) for agent_id, name in batch]
+            values = cast(list[str | None], self._r.hmget(self.key("offsets"), members))
+            for key, member, raw in zip(batch, members, values, strict=True):
+                if raw is None:
+                    continue
+                inode, _, offset = raw.partition(":")
+                try:
+                    found[key] = (int(inode), int(offset))
+                except ValueError:
+                    _corrupt(self.key("offsets"), member)
+        return found
+
     # Messages sent where a reply does not say who wrote the message ------------------------
 
     def remember_sent(self, channel: str, message_id: str, at: float) -> None:
@@ -540,6 +579,16 @@ class RedisStore(StateStore):
 
     def set_cursor(self, key: str, value: str) -> None:
         self._r.hset(self.key("cursors"), key, value)
+
+    def get_cursors(self, keys: Iterable[str]) -> dict[str, str]:
+        """As `get_cursor` of each, one HMGET per batch."""
+        found: dict[str, str] = {}
+        for batch in in_batches(dict.fromkeys(keys)):
+            values = cast(list[str | None], self._r.hmget(self.key("cursors"), batch))
+            found.update(
+                (key, value) for key, value in zip(batch, values, strict=True) if value is not None
+            )
+        return found
 
     def cursor_keys(self, prefix: str) -> list[str]:
         pattern = _glob(prefix) + "*"

@@ -52,13 +52,16 @@ from taskcard.bridge.store.base import (
     InboxOutcome,
     InboxRecord,
     NoticeState,
+    OffsetsAhead,
     PendingNotice,
+    ReadAhead,
     ResidentRecord,
     SeenChat,
     StateFileError,
     StateFileLocked,
     StateHealth,
     StateStore,
+    in_batches,
 )
 from taskcard.channels.aio import Backoff
 from taskcard.channels.base import counted
@@ -70,7 +73,9 @@ __all__ = [
     "InboxOutcome",
     "InboxRecord",
     "NoticeState",
+    "OffsetsAhead",
     "PendingNotice",
+    "ReadAhead",
     "ResidentRecord",
     "SeenChat",
     "SqliteStore",
@@ -79,6 +84,7 @@ __all__ = [
     "StateHealth",
     "StateStore",
     "check_state_file",
+    "in_batches",
     "read_health",
 ]
 
@@ -698,6 +704,18 @@ class SqliteStore(StateStore):
             records[route] = self._with_commit(ResidentRecord(route, None, None, None, None))
         return [records[route] for route in sorted(records)]
 
+    def residents_of(self, routes: Iterable[str]) -> dict[str, ResidentRecord]:
+        found: dict[str, ResidentRecord] = {}
+        for batch in in_batches(dict.fromkeys(routes)):
+            rows = self._db.execute(
+                f"SELECT * FROM residents WHERE route IN ({_marks(len(batch))})", batch
+            )
+            for row in rows:
+                found[row["route"]] = self._with_commit(_resident(row))
+            for route in self._unsaved_commits.keys() & set(batch) - found.keys():
+                found[route] = self._with_commit(ResidentRecord(route, None, None, None, None))
+        return found
+
     def _with_commit(self, record: ResidentRecord) -> ResidentRecord:
         """`record` as it reads once its kept fingerprint is committed."""
         unsaved = self._unsaved_commits.get(record.route)
@@ -854,6 +872,25 @@ class SqliteStore(StateStore):
         ).fetchone()
         return (int(row["inode"]), int(row["offset"])) if row else None
 
+    def get_offsets(
+        self, keys: Iterable[tuple[str, str]]
+    ) -> dict[tuple[str, str], tuple[int, int]]:
+        wanted = set(keys)
+        found: dict[tuple[str, str], tuple[int, int]] = {}
+        for agents in in_batches(dict.fromkeys(agent_id for agent_id, _ in wanted)):
+            rows = self._db.execute(
+                "SELECT agent_id, name, inode, offset FROM offsets"
+                f" WHERE agent_id IN ({_marks(len(agents))})",
+                agents,
+            )
+            for row in rows:
+                key = (row["agent_id"], row["name"])
+                if key in wanted:
+                    found[key] = (int(row["inode"]), int(row["offset"]))
+        for key in wanted & self._unsaved_offsets.keys():
+            found[key] = self._unsaved_offsets[key]
+        return found
+
     def set_offset(self, agent_id: str, name: str, inode: int, offset: int) -> None:
         def op(db: sqlite3.Connection) -> None:
             _save_offset(db, agent_id, name, inode, offset)
@@ -869,6 +906,15 @@ class SqliteStore(StateStore):
     def get_cursor(self, key: str) -> str | None:
         row = self._db.execute("SELECT value FROM cursors WHERE key = ?", (key,)).fetchone()
         return str(row["value"]) if row else None
+
+    def get_cursors(self, keys: Iterable[str]) -> dict[str, str]:
+        found: dict[str, str] = {}
+        for batch in in_batches(dict.fromkeys(keys)):
+            rows = self._db.execute(
+                f"SELECT key, value FROM cursors WHERE key IN ({_marks(len(batch))})", batch
+            )
+            found.update((str(row["key"]), str(row["value"])) for row in rows)
+        return found
 
     def first_claim(self, key: str, value: str, keep_s: float) -> str:
         del key, keep_s  # one instance per state file: no one else decides
@@ -1256,6 +1302,11 @@ def _fault_reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
     return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+
+
+def _marks(count: int) -> str:
+    """The placeholders of an `IN (...)` list of `count` values."""
+    return ", ".join("?" * count)
 
 
 def _save_offset(db: sqlite3.Connection, agent_id: str, name: str, inode: int, offset: int) -> None:

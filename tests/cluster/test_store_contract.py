@@ -4,13 +4,20 @@ clears the fingerprint, prefs and cursors across a reopen) must be the same on b
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from taskcard.bridge.store.base import ChatPrefs, InboxRecord, SeenChat, StateStore
+from taskcard.bridge.store.base import (
+    READ_BATCH,
+    ChatPrefs,
+    InboxRecord,
+    SeenChat,
+    StateStore,
+)
 from taskcard.bridge.store.redis import RedisStore, connect
 from taskcard.bridge.store.sqlite import SqliteStore
 
@@ -133,6 +140,48 @@ def test_offsets_cursors_and_pauses(opener: Opener) -> None:
     assert again.pauses()["telegram:bot"] == 1234.5
 
 
+def test_batch_reads_answer_as_the_single_reads_do(opener: Opener) -> None:
+    """`residents_of`, `get_offsets` and `get_cursors` (the service's reads at start, for
+    every agent at once) give what `resident`, `get_offset` and `get_cursor` give for each
+    key, over more keys than one batch names, across a reopen, and with what a store keeps
+    in memory before committing it (first-sight offsets, fingerprints)."""
+    store = opener()
+    agents = [f"a{i}" for i in range(READ_BATCH + 150)]
+    for i, agent in enumerate(agents[::3]):
+        store.set_offset(agent, "notifications", i + 1, 10 * i)
+        store.set_cursor(f"agent-health:{agent}", '["error"]')
+        store.set_message_id(f"telegram:-100::{agent}", str(i))
+    store.set_offset(agents[1], "reports", 4, 44)  # one file of an agent, not the others
+    store.set_cursor("empty", "")
+    store.set_send_key("telegram:-100::sending", "k1")
+    store.set_unsure_sends("telegram:-100::sending", 2, 5.5)
+    for reader in (store, opener()):  # as written, then as the next start finds it
+        pairs = [(a, name) for a in agents for name in ("notifications", "reports")]
+        offsets = reader.get_offsets([*pairs, ("a0", "notifications")])  # asked twice: once
+        assert offsets == {
+            pair: found for pair in pairs if (found := reader.get_offset(*pair)) is not None
+        }
+        assert offsets[("a3", "notifications")] == (2, 10) and offsets[("a1", "reports")] == (4, 44)
+        keys = [f"agent-health:{a}" for a in agents] + ["empty", "never-set"]
+        cursors = reader.get_cursors(keys)
+        assert cursors == {k: v for k in keys if (v := reader.get_cursor(k)) is not None}
+        assert cursors["empty"] == "" and len(cursors) == len(agents[::3]) + 1
+        routes = [f"telegram:-100::{a}" for a in agents] + ["telegram:-100::sending"]
+        residents = reader.residents_of(routes)
+        assert residents == {r: found for r in routes if (found := reader.resident(r)) is not None}
+        assert residents["telegram:-100::sending"].unsure_sends == 2
+        assert len(residents) == len(agents[::3]) + 1
+    assert (store.get_offsets([]), store.get_cursors([]), store.residents_of([])) == ({}, {}, {})
+    store.set_first_offset("new", "notifications", 9, 90)  # SQLite keeps it uncommitted a while
+    store.set_committed("telegram:-100::a0", "fp", 7.0)  # and the fingerprint likewise
+    store.set_committed("telegram:-100::fresh", "fp2", 8.0)
+    assert store.get_offsets([("new", "notifications")]) == {("new", "notifications"): (9, 90)}
+    shown = store.residents_of(["telegram:-100::a0", "telegram:-100::fresh"])
+    assert shown["telegram:-100::a0"] == store.resident("telegram:-100::a0")
+    assert shown["telegram:-100::a0"].fingerprint == "fp"
+    assert shown["telegram:-100::fresh"] == store.resident("telegram:-100::fresh")
+
+
 def test_seen_chats_keep_a_known_title(opener: Opener) -> None:
     store = opener()
     store.record_chat(SeenChat("telegram", "-1", None, "Ops", 10.0))
@@ -239,6 +288,37 @@ def test_a_shared_first_claim_is_kept_for_every_instance(redis_url: str) -> None
     finally:
         first.close()
         second.close()
+
+
+def test_redis_batch_reads_skip_a_bad_value_and_name_a_key_of_another_type(
+    redis_url: str,
+) -> None:
+    """Read in a batch as alone: an offset that does not parse is absent (the good ones beside
+    it are read), a resident key holding another type is `WrongKeyType` naming the key."""
+    import redis as redis_py
+
+    from taskcard.bridge.store.redis import WrongKeyType
+
+    prefix = f"test-{uuid.uuid4().hex}"
+    store = RedisStore(connect(redis_url), prefix)
+    client = redis_py.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        store.set_offset("good", "notifications", 3, 30)
+        client.hset(f"{prefix}:offsets", json.dumps(["bad", "notifications"]), "garbage")
+        pairs = [("good", "notifications"), ("bad", "notifications")]
+        assert store.get_offsets(pairs) == {("good", "notifications"): (3, 30)}
+        assert store.get_offset("bad", "notifications") is None
+        store.set_message_id("ok", "1")
+        client.set(f"{prefix}:res:odd", "a string")
+        with pytest.raises(WrongKeyType) as alone:
+            store.resident("odd")
+        with pytest.raises(WrongKeyType) as batched:
+            store.residents_of(["ok", "odd"])
+        assert str(batched.value) == str(alone.value)
+        assert f"{prefix}:res:odd is a string, not the hash" in str(batched.value)
+    finally:
+        client.close()
+        store.close()
 
 
 def test_a_redis_refusal_is_told_with_what_to_do(redis_url: str) -> None:
