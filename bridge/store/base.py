@@ -339,6 +339,7 @@ class StateStore(ABC):
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
+_UNREAD: Final = object()  # `ReadAhead.take` of a key its batch did not name
 
 
 def in_batches(items: Iterable[K], size: int = READ_BATCH) -> Iterator[list[K]]:
@@ -365,7 +366,7 @@ class ReadAhead(Generic[K, V]):
     failure is logged at debug level only: the single reads report it).
     """
 
-    __slots__ = ("_found", "_named", "_read_one")
+    __slots__ = ("_found", "_read_one")
 
     def __init__(
         self,
@@ -374,28 +375,23 @@ class ReadAhead(Generic[K, V]):
         keys: Iterable[K],
     ) -> None:
         self._read_one = read_one
-        wanted = list(dict.fromkeys(keys))
-        self._found: dict[K, V] = {}
-        self._named: set[K] = set()
-        if not wanted:
+        # Each key the batch named, with its value (None: the store keeps none).
+        self._found: dict[K, V | None] = dict.fromkeys(keys)
+        if not self._found:
             return
         try:
-            self._found = dict(read_many(wanted))
+            self._found.update(read_many(list(self._found)))
         except Exception as error:
-            log.debug("a batch read of %d keys failed (%s); each is read alone", len(wanted), error)
-            return
-        self._named = set(wanted)
+            log.debug("a batch read failed (%s); each key is read alone", error)
+            self._found = {}
 
     def take(self, key: K) -> V | None:
         """The value of `key` (None: none is kept), from the batch the first time."""
-        if key in self._named:
-            self._named.discard(key)
-            return self._found.pop(key, None)
-        return self._read_one(key)
+        value = self._found.pop(key, _UNREAD)
+        return self._read_one(key) if value is _UNREAD else value  # type: ignore[return-value]
 
     def forget(self, key: K) -> None:
         """The value of `key` changed (it is written): read it alone if asked for again."""
-        self._named.discard(key)
         self._found.pop(key, None)
 
 

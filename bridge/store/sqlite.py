@@ -883,10 +883,9 @@ class SqliteStore(StateStore):
                 f" WHERE agent_id IN ({_marks(len(agents))})",
                 agents,
             )
-            for row in rows:
-                key = (row["agent_id"], row["name"])
-                if key in wanted:
-                    found[key] = (int(row["inode"]), int(row["offset"]))
+            for agent_id, name, inode, offset in rows:
+                if (agent_id, name) in wanted:
+                    found[agent_id, name] = (int(inode), int(offset))
         for key in wanted & self._unsaved_offsets.keys():
             found[key] = self._unsaved_offsets[key]
         return found
@@ -913,7 +912,7 @@ class SqliteStore(StateStore):
             rows = self._db.execute(
                 f"SELECT key, value FROM cursors WHERE key IN ({_marks(len(batch))})", batch
             )
-            found.update((str(row["key"]), str(row["value"])) for row in rows)
+            found.update((str(key), str(value)) for key, value in rows)
         return found
 
     def first_claim(self, key: str, value: str, keep_s: float) -> str:
