@@ -862,6 +862,7 @@ class Service:
         except Exception:
             self.drop_agent(agent_id)  # not half served: the cluster tries again later
             raise
+        self._unread.discard(agent_id)  # read here, alone
         self._refresh(agent_id)
         for route in routes:
             self._outbox.route_ready(route.key)  # what another instance left pending
@@ -1045,6 +1046,7 @@ class Service:
             return
         for agent_id in fresh:
             log.info("now serving agent %s", agent_id)
+            self._unread.discard(agent_id)  # read here, alone
             self._refresh(agent_id)
         for route in added:
             if route.key.agent_id not in fresh:
