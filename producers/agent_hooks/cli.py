@@ -24,26 +24,19 @@ from taskcard.producers.task_card.workdir_arg import existing_workdir_arg
 
 # A host writes the hook's JSON and closes its stdin. One that keeps the pipe open (a wrapper
 # holding its end, a host bug) held the hook until the host's timeout killed it, and the
-# event was lost: a whole JSON object followed by `QUIET_S` of silence is the payload, and
+# event was lost: a whole JSON object followed by `QUIET_S` of silence is the payload (and
+# bytes no more input can make one are taken as they are, to be logged as not JSON), and
 # `_IDLE_S` without a byte ends the read with what came (nothing: "no payload" is logged).
 _IDLE_S: Final = 5.0  # under the 10 s `init` gives each hook
 
 
 def _read_stdin(limit: int) -> bytes:
-    """At most `limit + 1` bytes of stdin, up to its end or, when it stays open, a whole
+    """At most `limit + 1` bytes of stdin, up to its end or, when it stays open, a settled
     payload (`read_stdin_object`); none when the hook was started with it closed (Python then
     has no `sys.stdin`, and the hook died with a traceback and exit 1)."""
     if sys.stdin is None:
         return b""
-    return read_stdin_object(limit, _whole_object, _IDLE_S)[0]
-
-
-def _whole_object(data: bytes) -> bool:
-    """Whether `data` is one whole JSON object."""
-    try:
-        return isinstance(read_json(data), dict)
-    except (ValueError, RecursionError):
-        return False
+    return read_stdin_object(limit, read_json, _IDLE_S)[0]
 
 
 def run_hook(args: argparse.Namespace) -> int:

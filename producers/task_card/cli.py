@@ -48,7 +48,7 @@ from taskcard.producers.task_card.runtime import (
     RuntimeDirUnsafe,
     default_runtime_dir,
 )
-from taskcard.producers.task_card.stdin_json import read_stdin_object
+from taskcard.producers.task_card.stdin_json import drain_stdin, read_stdin_object
 from taskcard.producers.task_card.workdir_arg import shown_path, workdir_arg
 
 EXIT_OK: Final = 0
@@ -57,8 +57,9 @@ EXIT_USAGE: Final = 2
 # After a refusal for size, stdin is read on (and dropped) up to this much, so a writer still
 # sending gets EOF semantics instead of a broken pipe.
 _STDIN_DRAIN_BYTES: Final = 64 * 1024 * 1024
-# A pipe on stdin that stays open this long without a byte (and without a whole envelope)
-# ends the read with a refusal; a whole envelope followed by a moment's quiet is taken at once.
+# A pipe on stdin that stays open this long without a byte (and without a settled envelope)
+# ends the read with a refusal; a whole envelope, or bytes no more input can mend, followed
+# by a moment's quiet is taken at once.
 STDIN_IDLE_S: Final = 30.0
 EXIT_UNREACHABLE: Final = 4
 DEFAULT_IDLE_GRACE_S: Final = 120.0
@@ -161,28 +162,20 @@ def _call(args: argparse.Namespace, envelope: Any) -> dict[str, Any] | int:
         return EXIT_UNREACHABLE
 
 
-def _whole_envelope(data: bytes) -> bool:
-    try:
-        return isinstance(json.loads(data), dict)
-    except (ValueError, RecursionError):
-        return False
-
-
-def _read_stdin_envelope() -> bytes | None:
-    """At most one byte over the cap; the rest of an oversized input is drained, not left.
-    None when the pipe stayed open `STDIN_IDLE_S` without a byte and without a whole
-    envelope (a caller that never closes it held the command forever)."""
-    raw, ended = read_stdin_object(MAX_ENVELOPE_BYTES, _whole_envelope, STDIN_IDLE_S)
-    if not ended:
-        return None
+def _read_stdin_envelope() -> tuple[bytes, bool]:
+    """(at most one byte over the cap, whether the read ended by itself): False when the
+    pipe stayed open `STDIN_IDLE_S` without a byte and without a settled envelope (a caller
+    that never closes it held the command forever). The rest of an oversized input is
+    drained, not left, and a pipe kept open after it does not hold the refusal."""
+    raw, ended = read_stdin_object(MAX_ENVELOPE_BYTES, _loads, STDIN_IDLE_S)
     if len(raw) > MAX_ENVELOPE_BYTES:
-        drained = 0
-        while drained < _STDIN_DRAIN_BYTES:
-            chunk = sys.stdin.buffer.read(65536)
-            if not chunk:
-                break
-            drained += len(chunk)
-    return raw
+        drain_stdin(_STDIN_DRAIN_BYTES)
+    return raw, ended
+
+
+def _loads(data: bytes) -> object:
+    # Digits kept as text: a long number is refused by `decode_envelope`, not waited on.
+    return json.loads(data, parse_int=str)
 
 
 def run_tool(args: argparse.Namespace) -> int:
@@ -194,16 +187,20 @@ def run_tool(args: argparse.Namespace) -> int:
             "envelope: none given and stdin is closed; pass the envelope as the argument or"
             " pipe it to stdin"
         )
-    raw = os.fsencode(args.envelope) if args.envelope is not None else _read_stdin_envelope()
-    if raw is None:
-        return _refuse(
-            f"envelope: stdin stayed open {STDIN_IDLE_S:g} s without a whole JSON object;"
-            " close stdin after writing the envelope, or pass it as the argument"
-        )
+    if args.envelope is not None:
+        raw, ended = os.fsencode(args.envelope), True
+    else:
+        raw, ended = _read_stdin_envelope()
     try:
         envelope = decode_envelope(raw)
     except EnvelopeError as exc:
-        return _refuse(str(exc))
+        if ended:
+            return _refuse(str(exc))
+        # What came is named exactly, as it would be had the pipe been closed after it.
+        return _refuse(
+            f"{exc}; stdin stayed open {STDIN_IDLE_S:g} s with nothing more: close stdin after"
+            " writing the envelope, or pass it as the argument"
+        )
     result = _call(args, envelope)
     return result if isinstance(result, int) else _emit(result)
 

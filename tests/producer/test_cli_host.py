@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from taskcard.producers.task_card.envelope import MAX_ENVELOPE_BYTES
+
 from .conftest import (
     COUNTER_RENDERER,
     FLAG_RENDERER,
@@ -55,20 +57,41 @@ def test_tool_takes_the_envelope_as_argument_or_stdin(workdir: Path, cli: CliHos
     assert "## Lifecycle" in cli.run("card", "manual").stdout
 
 
+# Over the envelope cap, by less than the 64 KiB a blocking read of the rest waited for.
+_OVERSIZED = b'{"action": "manual", "input": {"pad": "%s"}, "reasoning": "r"}' % (
+    b"x" * (MAX_ENVELOPE_BYTES + 16_000)
+)
+
+
 @pytest.mark.parametrize(
     ("written", "code", "said"),
     [
         (b'{"action": "manual", "input": {}, "reasoning": "read"}\n', 0, "### max-body-chars"),
-        (b'{"action": "manual", "input"', 2, "stdin stayed open 30 s without a whole JSON"),
+        (
+            b'{"action": "manual", "input"',
+            2,
+            "the text ends before the object is complete (truncated?); stdin stayed open 30 s"
+            " with nothing more: close stdin after writing the envelope",
+        ),
+        (
+            b'{"action": "manual", "input": {}, "reasoning": "read",}\n',
+            2,
+            "envelope: not valid JSON at line 1, column 55; send exactly one JSON object",
+        ),
+        (b"{'action': 'manual'}", 2, "envelope: not valid JSON at line 1, column 2;"),
+        (_OVERSIZED, 2, f"over the {MAX_ENVELOPE_BYTES}-byte limit"),
     ],
-    ids=["a whole envelope", "half an envelope"],
+    ids=["a whole envelope", "half an envelope", "a trailing comma", "single quotes", "too large"],
 )
 def test_tool_ends_when_its_caller_keeps_stdin_open(
     cli: CliHost, written: bytes, code: int, said: str
 ) -> None:
     """A caller that writes the envelope and never closes the pipe held `taskcard tool`
-    forever: a whole envelope is taken once the pipe goes quiet, and a pipe that stays open
-    without one is refused after 30 s, naming the fix."""
+    forever: a whole envelope is taken once the pipe goes quiet, bytes no more input can make
+    one (a trailing comma, quotes that are not JSON's) are refused as soon as it goes quiet,
+    naming line and column as on a closed pipe, and a pipe that stays open with half an
+    envelope is refused after 30 s naming what is wrong with it and the fix. An oversized
+    envelope is refused without waiting for the rest (the drain of it waited for ever)."""
     with subprocess.Popen(
         cli.command("tool"), stdin=subprocess.PIPE, stdout=subprocess.PIPE
     ) as tool:
@@ -82,7 +105,9 @@ def test_tool_ends_when_its_caller_keeps_stdin_open(
         result = json.loads(tool.stdout.read())
     assert said in json.dumps(result), result
     if code:
-        assert "close stdin after writing the envelope" in result["message"]
+        assert said in result["message"], result
+        # Only a pipe that went quiet with bytes more input could still mend is waited on.
+        assert ("stayed open" in result["message"]) == ("stayed open" in said), result
 
 
 @pytest.mark.parametrize(
