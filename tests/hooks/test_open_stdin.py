@@ -65,3 +65,20 @@ def test_a_stdin_left_open_and_empty_ends_the_hook_with_a_line_in_its_log(
     assert kinds(workdir) == []
     log = (workdir / "logs" / "taskcard-hook.log").read_text()
     assert "no payload" in log, log
+
+
+@pytest.mark.parametrize("args", [("claude-code",), ("codex",)])
+def test_a_payload_no_more_input_can_mend_on_a_stdin_left_open_is_logged_not_json(
+    workdir: Path, args: tuple[str, ...]
+) -> None:
+    """A trailing comma cannot be mended by more bytes: the hook takes what came once the
+    pipe goes quiet, logs it as not JSON and exits 0, as it does on a closed pipe."""
+    with started(*args, "--workdir", str(workdir)) as hook:
+        assert hook.stdin is not None and hook.stdout is not None
+        hook.stdin.write(b'{"hook_event_name": "Stop", "cwd": "%s",}\n' % bytes(workdir))
+        hook.stdin.flush()
+        assert hook.wait(timeout=EXIT_WITHIN_S) == 0
+        assert hook.stdout.read() == b""
+    assert kinds(workdir) == []
+    log = (workdir / "logs" / "taskcard-hook.log").read_text()
+    assert "payload is not JSON" in log, log
