@@ -104,40 +104,34 @@ def _table_rows(heading: str, doc: Path = ARCHITECTURE) -> list[tuple[list[str],
 def test_the_data_path_table_names_every_module_of_each_step() -> None:
     """docs/architecture.md's table of `bridge/` is the newcomer's map: it left out
     `track/files.py`, `observe/config.py`, `run/heap.py` and `run/stackdump.py`."""
-    rows = _table_rows("one subpackage per step:")
-    steps = {names[0]: set(_NAME.findall(modules)) for names, modules in rows}
-    on_disk = {p.name for p in (ROOT / "bridge").iterdir() if (p / "__init__.py").exists()}
-    assert set(steps) == on_disk
-    for step, named in steps.items():
-        modules = {p.name for p in (ROOT / "bridge" / step).glob("*.py")} - {"__init__.py"}
-        assert named == modules, f"bridge/{step}: the table says {sorted(named)}"
+    _assert_the_table_maps("one subpackage per step:", "bridge")
+
+
+def _assert_the_table_maps(heading: str, top: str, *, mapped_elsewhere: str = "") -> None:
+    """The table under `heading` has a row per package of `top/` naming all its modules."""
+    rows = _table_rows(heading)
+    packages = {names[0]: set(_NAME.findall(modules)) for names, modules in rows}
+    on_disk = {p.name for p in (ROOT / top).iterdir() if (p / "__init__.py").exists()}
+    assert set(packages) == on_disk
+    for package, named in packages.items():
+        if package == mapped_elsewhere:
+            continue
+        modules = {p.name for p in (ROOT / top / package).glob("*.py")} - {"__init__.py"}
+        assert named == modules, f"{top}/{package}: the table says {sorted(named)}"
 
 
 def test_the_channel_table_names_every_module_of_each_transport() -> None:
     """docs/architecture.md mapped every module of `bridge/` and none of `channels/`: a
     newcomer looking for where Feishu's rich posts are read (`content.py`) or Telegram's
     rate scopes are built (`scopes.py`) found no row."""
-    rows = _table_rows("### The channels")
-    packages = {names[0]: set(_NAME.findall(modules)) for names, modules in rows}
-    on_disk = {p.name for p in (ROOT / "channels").iterdir() if (p / "__init__.py").exists()}
-    assert set(packages) == on_disk
-    for package, named in packages.items():
-        modules = {p.name for p in (ROOT / "channels" / package).glob("*.py")} - {"__init__.py"}
-        assert named == modules, f"channels/{package}: the table says {sorted(named)}"
+    _assert_the_table_maps("### The channels", "channels")
 
 
 def test_the_producer_table_names_every_module_of_each_package() -> None:
     """Only `producers/task_card/` had a map of its modules (docs/producer.md); the ledger's,
     the reports', the inbox's and the hooks' were named nowhere in the docs."""
-    rows = _table_rows("### The producers")
-    packages = {names[0]: set(_NAME.findall(modules)) for names, modules in rows}
-    on_disk = {p.name for p in (ROOT / "producers").iterdir() if (p / "__init__.py").exists()}
-    assert set(packages) == on_disk
-    for package, named in packages.items():
-        if package == "task_card":  # its table is docs/producer.md's, checked below
-            continue
-        modules = {p.name for p in (ROOT / "producers" / package).glob("*.py")} - {"__init__.py"}
-        assert named == modules, f"producers/{package}: the table says {sorted(named)}"
+    # task_card's own table is docs/producer.md's, checked below
+    _assert_the_table_maps("### The producers", "producers", mapped_elsewhere="task_card")
 
 
 def test_the_layering_table_states_each_package_rule() -> None:
