@@ -374,7 +374,6 @@ async def serve(
         for message in problems:
             start_error(message)
         return failed(EXIT_CONFIG)
-    made = _missing_dirs(config.state_dir)  # what a refused start takes away again
     lock = ServeLock(config.state_dir)
     try:
         holder = lock.acquire()
@@ -409,15 +408,13 @@ async def serve(
 
         cluster = open_cluster(config, env)
         if cluster is None:
-            lock.release()
-            _unmake(made)
+            _unmake(lock)
             return failed(EXIT_CONFIG)
         wiring, store = ClusterWiring(cluster), cluster.store
     else:
         opened = await _open_state(config.state_dir, stopping)
         if opened is None:
-            lock.release()
-            _unmake(made)
+            _unmake(lock)
             return failed(EXIT_CONFIG)
         store = opened
     try:
@@ -530,35 +527,29 @@ async def serve(
         if wiring is not None and not serving:
             wiring.cluster.forget_bots()  # it never served: its bot claim must not linger
         store.close()
-        lock.release()
         if refused:
-            _unmake(made)
+            _unmake(lock)
+        else:
+            lock.release()
 
 
-def _missing_dirs(state_dir: Path) -> list[Path]:
-    """The folders of `state_dir` that do not exist yet, innermost first."""
-    missing = []
-    for folder in (state_dir, *state_dir.parents):
-        if folder.exists():
-            break
-        missing.append(folder)
-    return missing
-
-
-def _unmake(made: list[Path]) -> None:
-    """Take away the state folder a start that was refused made (`made`, innermost first):
-    its lock file and a state file with nothing served into it, then the folders. A folder
-    that holds anything else is kept, and so is all of a state folder that was there."""
-    if not made:
-        return
-    for name in (
-        ServeLock.FILE,
-        HEALTH_FILE,
-        STATE_FILE,
-        *(STATE_FILE + end for end in ("-wal", "-shm", "-journal")),
-    ):
-        with contextlib.suppress(OSError):
-            (made[0] / name).unlink(missing_ok=True)
+def _unmake(lock: ServeLock) -> None:
+    """Release `lock` for a start that was refused, taking away the state folder it made
+    (`ServeLock.made`): its state file with nothing served into it and the lock file,
+    unlinked while the lock is still held (a start waiting for it then finds no file of this
+    one), then the folders. A folder that holds anything else is kept, and so is all of a
+    state folder that was there, or that another serve held when this one came."""
+    made = lock.made
+    if made:
+        for name in (
+            HEALTH_FILE,
+            STATE_FILE,
+            *(STATE_FILE + end for end in ("-wal", "-shm", "-journal")),
+            ServeLock.FILE,
+        ):
+            with contextlib.suppress(OSError):
+                (made[0] / name).unlink(missing_ok=True)
+    lock.release()
     for folder in made:
         try:
             folder.rmdir()
@@ -715,13 +706,18 @@ class ServeLock:
     FILE: Final = "serve.lock"
 
     def __init__(self, state_dir: Path) -> None:
-        self._path = state_dir / self.FILE
+        self._path = Path(os.path.abspath(state_dir)) / self.FILE
         self._fd: int | None = None
         self._lost_logged = False
+        self._first = True
+        # The folders of the state directory this lock's own `mkdir` made, innermost first,
+        # when its first attempt found the lock free: what a refused start may take away.
+        self.made: list[Path] = []
 
     def acquire(self) -> str | None:
         """None when acquired; otherwise the pid recorded by the holder (or "unknown")."""
-        self._path.parent.mkdir(parents=True, exist_ok=True)
+        made = _make_folders(self._path.parent)
+        first, self._first = self._first, False
         fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -729,6 +725,10 @@ class ServeLock:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             return holder
+        if first:
+            # A folder made while waiting for another serve is one that serve may have
+            # taken away and made again: not this start's to remove.
+            self.made = made
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._fd = fd
@@ -796,6 +796,25 @@ class ServeLock:
         if self._fd is not None:
             os.close(self._fd)  # closing the descriptor drops the lock
             self._fd = None
+
+
+def _make_folders(folder: Path) -> list[Path]:
+    """Make `folder` and its missing parents; the ones this call's own `mkdir` made,
+    innermost first. A level made meanwhile by someone else (another serve starting on the
+    same state) is not counted: its `mkdir` fails with `FileExistsError` here."""
+    missing = []
+    for level in (folder, *folder.parents):
+        if level.exists():
+            break
+        missing.append(level)
+    made: list[Path] = []
+    for level in reversed(missing):
+        try:
+            level.mkdir()
+        except FileExistsError:
+            continue
+        made.insert(0, level)
+    return made
 
 
 def _one_of(

@@ -160,3 +160,27 @@ def test_a_start_refused_after_the_lock_takes_away_the_state_folder_it_made(
     again = serve_once(config, env)
     assert again.returncode == 2, again.stderr
     assert kept.read_text() == "the operator's"
+
+
+def test_a_refused_start_through_dot_dot_keeps_the_state_of_the_folder_it_names(
+    tmp_path: Path,
+) -> None:
+    """`state_dir = "nothing/../kept"` names the folder `kept`, which was there: the refused
+    start read the path as one it had made (`nothing` did not exist) and deleted `kept`'s
+    state file."""
+    (tmp_path / "agents" / "builder").mkdir(parents=True)
+    (tmp_path / "kept").mkdir()
+    config = tmp_path / "taskcard.toml"
+    agent = '[[agents]]\nid = "builder"\nworkdir = "agents/builder"\n'
+    refused = '[metrics]\nlisten = "192.0.2.1:9100"\n'
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKCARD_")}
+    config.write_text('state_dir = "kept"\n' + agent + refused)
+    first = serve_once(config, env)
+    assert first.returncode == 2, first.stderr
+    state = tmp_path / "kept" / "state.sqlite3"
+    assert state.is_file()  # the folder was there, so what the start made in it stays
+    config.write_text('state_dir = "nothing/../kept"\n' + agent + refused)
+    again = serve_once(config, env)
+    assert again.returncode == 2, again.stderr
+    assert "is not one of this machine's" in again.stderr, again.stderr
+    assert state.is_file()
