@@ -114,7 +114,7 @@ def test_an_offset_read_ahead_is_taken_once_and_never_after_a_write(store: Sqlit
     offsets = OffsetsAhead(store)
     with offsets.reading_ahead([("a", "notifications"), ("b", "reports"), ("c", "reports")]):
         assert offsets.get_offset("a", "notifications") == (1, 10)
-        store.set_offset("a", "notifications", 1, 15)  # by another path: read alone now
+        store.set_offset("a", "notifications", 1, 15)  # taken once already: read alone now
         assert offsets.get_offset("a", "notifications") == (1, 15)
         offsets.set_offset("b", "reports", 2, 25)
         assert offsets.get_offset("b", "reports") == (2, 25)
