@@ -162,6 +162,13 @@ NO_AGENT_REPLY = (
     "A reply to this message reaches no agent: reply to an agent's card or to a notice about"
     " it, or write /tell AGENT TEXT."
 )
+# The answer to a reply to one of the service's messages when the state could not be read
+# to tell whether that message was a notice about an agent: nothing reached an agent, and the
+# hint above could be wrong (the message may be a notice), so the person is told to try again.
+UNREAD_REPLY = (
+    "Your reply was not delivered: the task card service could not read its state just now."
+    " Send it again in a minute, or write /tell AGENT TEXT."
+)
 HINT_NAMES_CHARS: Final = 200
 # The answers to a command its sender may not give where only listed people command (see
 # `refusal`): sent on behalf of another chat, or by a person not on the list.
@@ -333,6 +340,8 @@ class Service:
         # that their reply to one of the service's messages reaches no agent (`_no_agent`).
         self._refused: dict[tuple[str, str, str | None, str], float] = {}
         self._hinted: dict[tuple[str, str, str | None, str], float] = {}
+        # ... and that their reply could not be delivered, the state being unreadable.
+        self._unread_told: dict[tuple[str, str, str | None, str], float] = {}
         # The configured agents whose workdir did not exist when last looked (`_say_not_yet`).
         self._not_yet: set[tuple[str, Path]] = set()
         self._closing: dict[RouteKey, float] = {}  # route -> when it began closing (monotonic)
@@ -2192,12 +2201,13 @@ class Service:
                 # The status message of a text sent to an agent of this chat reads like its
                 # card (the agent's line heads it): a reply to it was silently dropped.
                 agent_id = self._desk.status_agent(channel_name, command.chat, command.reply_to)
+                read = True
                 if agent_id is None:
                     # A notice (an error, a refresh budget used up, a report, an exit...) is
                     # about one agent: a reply to it is for that agent, as one to its card.
-                    agent_id = self._notice_agent(channel_name, command)
+                    read, agent_id = self._notice_agent(channel_name, command)
                 if agent_id is None:
-                    return self._not_for_an_agent(channel_name, command, routes)
+                    return self._not_for_an_agent(channel_name, command, routes, read=read)
                 if agent_id not in {r.key.agent_id for r in routes}:
                     return None  # its agent left, or its sender may not talk to it here
             text = command.args
@@ -2216,11 +2226,13 @@ class Service:
         )
 
     def _not_for_an_agent(
-        self, channel_name: str, command: IncomingCommand, routes: list[Route]
+        self, channel_name: str, command: IncomingCommand, routes: list[Route], *, read: bool
     ) -> str | None:
         """The answer to a reply that is to no agent's card, status message or notice (None:
         no answer): one to the board or to another message of the service is told how to
-        reach an agent; one to someone else's message is theirs, not the service's."""
+        reach an agent; one to someone else's message is theirs, not the service's. Not
+        `read`: whether the message replied to was a notice could not be looked up, so one
+        to a message of the service is told that it was not delivered, not where to reply."""
         if not command.reply:
             return None  # clustered: another instance answers
         if self._replies_to_board(routes, command):
@@ -2228,9 +2240,13 @@ class Service:
             # be told, and it used to go nowhere without a word.
             here = sorted({r.key.agent_id for r in routes})
             return f"{BOARD_REPLY} {_unknown_agent(here)}"
-        if self._replies_to_service(channel_name, command):
-            return self._no_agent(channel_name, command, routes)
-        return None
+        if not self._replies_to_service(channel_name, command):
+            return None
+        if not read:
+            if self._told_lately(self._unread_told, channel_name, command):
+                return None
+            return UNREAD_REPLY
+        return self._no_agent(channel_name, command, routes)
 
     def _replies_to_service(self, channel_name: str, command: IncomingCommand) -> bool:
         """Whether the reply `command`, about no agent's card, status message or notice,
@@ -2267,12 +2283,13 @@ class Service:
             return None
         return no_agent_hint(sorted({r.key.agent_id for r in routes}))
 
-    def _notice_agent(self, channel_name: str, command: IncomingCommand) -> str | None:
-        """The agent a notice `command` replies to was about; None when it is none, or the
-        state cannot be read now (the reply is then answered as one to no agent's message:
-        the error's own text may quote a key, so only its kind is logged)."""
+    def _notice_agent(self, channel_name: str, command: IncomingCommand) -> tuple[bool, str | None]:
+        """Whether the state could be read, and the agent a notice `command` replies to was
+        about (None when it is none). When the state cannot be read now, (False, None): the
+        reply is told it was not delivered (`_not_for_an_agent`); the error's own text may
+        quote a key, so only its kind is logged."""
         try:
-            return self._store.notice_agent(
+            found = self._store.notice_agent(
                 channel_name, command.chat.chat_id, command.reply_to, self._clock().timestamp()
             )
         except Exception as error:
@@ -2281,7 +2298,8 @@ class Service:
                 channel_name,
                 type(error).__name__,
             )
-            return None
+            return False, None
+        return True, found
 
     def _replies_to_board(self, routes: list[Route], command: IncomingCommand) -> bool:
         """Whether `command` replies to the chat's board (of any instance, clustered)."""

@@ -1065,12 +1065,19 @@ class SqliteStore(StateStore):
         )
 
     def _recent_message(
-        self, query: str, args: tuple[str, ...], message_ids: Iterable[str], now: float
+        self,
+        query: str,
+        args: tuple[str, ...],
+        message_ids: Iterable[str],
+        now: float,
+        *,
+        strict: bool = False,
     ) -> sqlite3.Row | None:
         """The row of `query` (a SELECT message_id, ... WHERE of a table of message ids kept
         `SENT_KEEP_S`) for the first of `message_ids` posted within that time, as Redis
         answers; None when there is none, or the table is not there (a read-only open of a
-        state file from before it)."""
+        state file from before it). `strict`: any other failure to read is raised, not
+        taken for none."""
         wanted = list(dict.fromkeys(message_ids))
         if not wanted:
             return None
@@ -1080,7 +1087,9 @@ class SqliteStore(StateStore):
                 f"{query} AND at >= ? AND message_id IN ({marks})",
                 (*args, now - SENT_KEEP_S, *wanted),
             ).fetchall()
-        except sqlite3.OperationalError:
+        except sqlite3.OperationalError as error:
+            if strict and not str(error).startswith("no such table"):
+                raise  # the file cannot be read now: not the same as no such message
             return None
         return min(rows, key=lambda row: wanted.index(row["message_id"]), default=None)
 
@@ -1102,7 +1111,7 @@ class SqliteStore(StateStore):
     ) -> str | None:
         where = "FROM notice_messages WHERE channel = ? AND chat_id = ?"
         query = "SELECT message_id, agent_id " + where
-        row = self._recent_message(query, (channel, chat_id), message_ids, now)
+        row = self._recent_message(query, (channel, chat_id), message_ids, now, strict=True)
         return None if row is None else str(row["agent_id"])
 
     def add_inbox_message(self, record: InboxRecord) -> None:

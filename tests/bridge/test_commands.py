@@ -8,6 +8,7 @@ channel, calling the command sink a channel calls."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -278,3 +279,29 @@ async def test_a_message_on_behalf_of_a_chat(
     assert text.startswith(answer)
     assert sent_as == "admin" or "Send it again as yourself" in text
     assert running.store.prefs(running.key.chat_scope) == prefs
+
+
+async def test_a_reply_while_the_state_is_unreadable_is_told_to_send_it_again(
+    running: Running,
+) -> None:
+    # A reply to a notice about an agent, while the state could not be read: the notice
+    # was taken for none, and its author was told to reply to a notice about the agent,
+    # which they had done, while their text went nowhere. They are told it was not
+    # delivered and to send it again, once in a while like the other answers.
+    running.store.remember_notice("rec", GROUP.chat_id, "n1", "a", time.time())
+    # The notices cannot be read: each read of them fails as a damaged page would.
+    with sqlite3.connect(running.store.path) as other:
+        other.executescript(
+            "DROP TABLE notice_messages; CREATE VIEW notice_messages AS SELECT 'rec' AS"
+            " channel, '-100' AS chat_id, 'n1' AS message_id, 'a' AS agent_id,"
+            " abs(-9223372036854775807 - 1) AS at"
+        )
+    reply = IncomingCommand(GROUP, "stop now", user_id="7", command="reply", reply_to=("n1",))
+    await running.service._on_command("rec", reply)
+    (told,) = await running.replies(1)
+    assert told.startswith("Your reply was not delivered") and "again" in told
+    assert "reaches no agent" not in told and "stop now" not in told
+    await running.service._on_command("rec", reply)
+    await running.command("help")  # answered after the second reply: that one was read
+    texts = await running.replies(2)
+    assert len(texts) == 2 and texts[1].startswith("Task card commands here"), texts
