@@ -331,6 +331,12 @@ class IncomingCommand:
     reply_to: tuple[str, ...] = ()
     # The thread the message was written in when `chat` does not name it (see `ReplyTo`).
     message_thread: str | None = None
+    # True when `reply_to` names only the root of the thread the message was written in, not
+    # a message its author chose to reply to: Feishu makes every message of a thread (a
+    # topic, a reply thread) a reply to the thread's root. Such a "reply" to an agent's card
+    # still reaches the agent (people discussing under a card talk to it); one to any other
+    # message of the service is not answered with how to reach an agent.
+    in_thread: bool = False
     sent_as: SentAs | None = None
 
     @property

@@ -337,7 +337,7 @@ class Service:
         self._origin_refused: set[tuple[str, str]] = set()
         self._origin_allowed: Mapping[str, frozenset[str]] | None = None
         # When each sender was last told they may not command a chat (see `_refuse`), and
-        # that their reply to one of the service's messages reaches no agent (`_no_agent`).
+        # that their reply to the board or another of the service's messages reaches no agent.
         self._refused: dict[tuple[str, str, str | None, str], float] = {}
         self._hinted: dict[tuple[str, str, str | None, str], float] = {}
         # ... and that their reply could not be delivered, the state being unreadable.
@@ -2232,12 +2232,21 @@ class Service:
         no answer): one to the board or to another message of the service is told how to
         reach an agent; one to someone else's message is theirs, not the service's. Not
         `read`: whether the message replied to was a notice could not be looked up, so one
-        to a message of the service is told that it was not delivered, not where to reply."""
+        to a message of the service is told that it was not delivered, not where to reply.
+
+        Each person is told once in `REFUSAL_QUIET_S` (`_told_lately`), and a message that
+        is merely written in a thread (`IncomingCommand.in_thread`: Feishu makes every
+        message of a thread a reply to its root) is told nothing: people talking in a thread
+        opened on an answer or the board did not try to reach an agent."""
         if not command.reply:
             return None  # clustered: another instance answers
+        if command.in_thread:
+            return None  # merely written in a thread on the message: no one was addressed
         if self._replies_to_board(routes, command):
             # The board speaks for every agent of the chat: which one the text is for cannot
             # be told, and it used to go nowhere without a word.
+            if self._told_lately(self._hinted, channel_name, command):
+                return None
             here = sorted({r.key.agent_id for r in routes})
             return f"{BOARD_REPLY} {_unknown_agent(here)}"
         if not self._replies_to_service(channel_name, command):

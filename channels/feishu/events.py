@@ -405,6 +405,7 @@ def command_from_event(
     # A message in a topic (of a topic group) or in a reply thread carries the thread's id;
     # its answers are posted as replies in that thread (Telegram: the forum topic).
     thread_id = message.get("thread_id")
+    in_thread = isinstance(thread_id, str) and bool(thread_id)
     return IncomingCommand(
         chat=ChatRef(chat_id),
         args=args,
@@ -412,8 +413,19 @@ def command_from_event(
         message_id=message_id if isinstance(message_id, str) and message_id else None,
         command=name,
         reply_to=reply_to if name == "reply" or not addressed else (),
-        message_thread=thread_id if isinstance(thread_id, str) and thread_id else None,
+        message_thread=thread_id if in_thread else None,
+        in_thread=in_thread and bool(reply_to) and _threads_root(message) == reply_to[0],
     )
+
+
+def _threads_root(message: Mapping[str, Any]) -> str | None:
+    """The root a message written in a thread names when it replies to no message of the
+    thread in particular: Feishu then gives the root as both `parent_id` and `root_id`
+    (quoting a message of the thread names that one as `parent_id`). None otherwise."""
+    parent, root = message.get("parent_id"), message.get("root_id")
+    if isinstance(root, str) and root and parent in (root, "", None):
+        return root
+    return None
 
 
 class SeenEvents:

@@ -379,6 +379,25 @@ def test_tell_needs_the_mention_and_a_reply_names_its_parent(fake: FakeFeishu) -
     assert command_from_event(chatter, bot) is None
 
 
+def test_a_message_in_a_thread_is_told_from_a_reply_its_author_chose(fake: FakeFeishu) -> None:
+    # Every message written in a thread replies to its root: only one quoting another message
+    # of the thread, or one outside any thread, is a reply its author chose.
+    bot = fake.bot_open_id
+    events = [
+        fake.command_event("oc_g", "a", mention_bot=False, parent_id="om_answer"),
+        fake.command_event("oc_g", "b", mention_bot=False, parent_id="om_answer", thread_id="t"),
+        fake.command_event("oc_g", "c", mention_bot=False, thread_id="t"),
+        fake.command_event("oc_g", "d", mention_bot=False, parent_id="om_x", thread_id="t"),
+    ]
+    commands = [command_from_event(event, bot) for event in events]
+    assert [(c.args, c.reply_to, c.in_thread) for c in commands if c is not None] == [
+        ("a", ("om_answer",), False),
+        ("b", ("om_answer",), True),
+        ("c", ("om_answer",), True),
+        ("d", ("om_x",), False),
+    ]
+
+
 def test_event_ids_outlive_the_longest_replayable_request_whatever_the_config() -> None:
     """Kept for max age plus skew both ways, even where the configured window is shorter."""
     webhook = FeishuWebhook(max_request_age_s=3600, clock_skew_s=300)

@@ -8,7 +8,9 @@ from pathlib import Path
 
 from tests.e2e.harness import eventually
 from tests.e2e.test_talk_and_signals import (
+    FS_CHAT,
     PERSON,
+    FeishuChat,
     platform,  # noqa: F401 (the fixture, used by name)
     queued,
     running_card,
@@ -69,7 +71,47 @@ async def test_a_reply_to_the_board_is_told_how_to_reach_an_agent(
         assert "AGENT is one of builder, tester" in answer
         assert "reply to an agent's card or notice" in answer
         assert "please stop" not in answer
+        # Told once in a while, as the other hints: each answer spends the chat's budget.
+        await chat.say("tester, then", reply_to=board)
+        await chat.say("/taskcard 4")
+        await wait_said(chat, "show 4 activity rows", "the answer to /taskcard 4")
+        assert len([text for text in chat.bot_texts() if "reply to the task board" in text]) == 1
         assert queued(tmp_path) == [] and queued(tmp_path, "tester") == []
+
+
+async def test_talk_in_a_feishu_thread_on_an_answer_or_the_board_is_not_answered(
+    tmp_path: Path,
+) -> None:
+    # Feishu makes every message of a thread a reply to its root: people talking in a
+    # thread opened on the answer to `/taskcard` or on the board were each told how to reach
+    # an agent (the board's answer every time), though none tried to. Under a card, such
+    # talk still reaches its agent.
+    async with running_card("feishu", tmp_path, ("builder", "tester")) as chat:
+        assert isinstance(chat, FeishuChat)
+        card = chat.message_id_with("compile")
+        assert card is not None
+        await chat.say("look at the logs", reply_to=card, thread="omt_on_card")
+        await chat.say("the second half too", thread="omt_on_card", mention=False)
+        await eventually(lambda: len(queued(tmp_path)) == 2, what="both texts queued")
+        await chat.say("/taskcard")
+        await wait_said(chat, "Task cards here: shown", "the answer to /taskcard")
+        answer = chat.message_id_with("Task cards here: shown")
+        await chat.say("/taskcard board")
+        board = await eventually(
+            lambda: chat.message_id_with("Task board"), timeout_s=60, what="the board"
+        )
+        assert answer is not None
+        for root, thread in ((answer, "omt_on_answer"), (board, "omt_on_board")):
+            await chat.say("shall we split the work?", reply_to=root, thread=thread)
+            await chat.say("yes, after lunch", thread=thread, mention=False)
+            await chat.say("fine by me", thread=thread, mention=False, user=OTHER)
+        # A reply the person chose, outside any thread, is still told how to reach one.
+        await chat.say("builder: stop", reply_to=answer)
+        await wait_said(chat, "A reply to this message reaches no agent", "the hint")
+        hinted = [m for m in chat.fake.chat(FS_CHAT) if "reaches no agent" in m.text]
+        assert [m.thread_id for m in hinted] == [None]
+        assert not any("reply to the task board" in text for text in chat.bot_texts())
+        assert queued(tmp_path, "tester") == []
 
 
 async def test_a_reply_to_an_answer_is_told_once_how_to_reach_an_agent(

@@ -163,15 +163,17 @@ class FeishuChat:
         reply_to: str | None = None,
         user: int = PERSON,
         thread: str | None = None,
+        mention: bool = True,
     ) -> None:
-        """`thread`: written in that topic or reply thread (`omt_...`)."""
+        """`thread`: written in that topic or reply thread (`omt_...`); `mention`: a message
+        that is no reply mentions the bot (without it, a remark in a thread)."""
         open_id = FS_PERSON if user == PERSON else f"ou_other_{user}"
         # A reply answers the card itself; a command in a group mentions the bot.
         document = self.fake.command_event(
             FS_CHAT,
             text,
             open_id=open_id,
-            mention_bot=reply_to is None,
+            mention_bot=mention and reply_to is None,
             parent_id=reply_to or "",
             verification_token=FS_VERIFY,
             thread_id=thread,

@@ -307,6 +307,8 @@ class FakeFeishu:
         self.messages: dict[str, FakeMessage] = {}
         # People's messages (commands from `command_event`): not the bot's, never in `chat`.
         self.user_messages: dict[str, FakeMessage] = {}
+        # Each thread's root: the message it was opened on (see `command_event`).
+        self.thread_roots: dict[str, str] = {}
         self.requests: list[LoggedRequest] = []
         self.removed_from: set[str] = set()
         self.dissolved: set[str] = set()
@@ -541,7 +543,9 @@ class FakeFeishu:
         """An `im.message.receive_v1` document for a text message `text` in `chat_id`.
 
         The message is kept (`user_messages`), so the bot can reply to it; `thread_id` puts
-        it in a thread (a topic of a topic group, or a reply thread), as the event then says.
+        it in a thread (a topic of a topic group, or a reply thread), as the event then says;
+        with no `parent_id` it then replies to the thread's root, as every message of a
+        thread does on Feishu, and with one it opens that thread on the replied message.
         `parent_id` makes it a reply to that message; `root_id` then defaults to what Feishu
         writes there, the root of the reply chain (the replied message's own root, else the
         replied message itself), so a reply to a reply names the first message as its root.
@@ -596,10 +600,23 @@ class FakeFeishu:
                     "tenant_key": "fake_tenant",
                 }
             )
+        message_id = message_id or f"om_user_{next(self._ids):06d}"
+        if thread_id is not None:
+            # A thread's root is the message it was opened on (a topic's first message).
+            # Every message written in it replies to that root, as Feishu says it: the root
+            # is its `root_id`, and its `parent_id` too unless it quotes another message.
+            if thread_id not in self.thread_roots:
+                self.thread_roots[thread_id] = parent_id or message_id
+                opened = self.messages.get(parent_id) or self.user_messages.get(parent_id)
+                if opened is not None and opened.thread_id is None:
+                    opened.thread_id = thread_id
+            thread_root = self.thread_roots[thread_id]
+            if thread_root != message_id:
+                parent_id = parent_id or thread_root
+                root_id = thread_root if root_id is None else root_id
         if root_id is None:
             replied = self.messages.get(parent_id) or self.user_messages.get(parent_id)
             root_id = (replied.root_id or replied.message_id) if replied else parent_id
-        message_id = message_id or f"om_user_{next(self._ids):06d}"
         self.user_messages[message_id] = FakeMessage(
             message_id,
             chat_id,
@@ -1051,6 +1068,7 @@ class FakeFeishu:
         if thread_id is None and in_thread:
             thread_id = f"omt_{next(self._ids):08x}{secrets.token_hex(4)}"
             target.thread_id = thread_id  # the replied message now opens that thread
+            self.thread_roots[thread_id] = target.message_id
         message = self._post(
             chat_id,
             str(msg_type),
