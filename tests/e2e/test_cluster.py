@@ -164,7 +164,15 @@ def relayed(redis_url: str, prefix: str, channel: str, args: str) -> int:
 
 async def past_a_later_command(fake: FakeTelegram, serves: list[ServeProcess]) -> None:
     """Send a command from a chat no instance routes and wait until each of `serves` has
-    logged it: the stream is read in order, so each has handled every command before it."""
+    logged it: the stream is read in order, so each has handled every command before it.
+    Each reads the stream from where it ended when its channel started, so the command waits
+    for every channel to be ready (on a loaded machine one instance may still be starting
+    when another has already sent what the test waited for)."""
+    await eventually(
+        lambda: all("channel telegram ready" in s.logs for s in serves),
+        timeout_s=60,
+        what="every instance reading the chats' commands",
+    )
     unrouted = -1007777777777
     fake.inject_command(unrouted, "/taskcard")
     await eventually(
