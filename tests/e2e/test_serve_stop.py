@@ -53,6 +53,9 @@ async def test_a_stop_while_the_configuration_is_read_is_clean(
         pipe = await asyncio.get_running_loop().run_in_executor(None, fifo.open, "w")
         try:
             serve.proc.send_signal(signum)
+            # Its own exit, not aterminate's SIGTERM: a second signal once the stop is under
+            # way ends the process at once (`early_stop.force`), by design.
+            await eventually(lambda: serve.proc is not None and serve.proc.poll() is not None)
             assert await serve.aterminate() == 0, serve.logs
         finally:
             pipe.close()
@@ -80,6 +83,7 @@ async def test_a_stop_while_the_state_file_is_opened_is_clean(
             await eventually(lambda: _locked(state_dir, pid), what="the service's lock")
             serve.proc.send_signal(signum)
             holder.execute("ROLLBACK")
+            await eventually(lambda: serve.proc is not None and serve.proc.poll() is not None)
             assert await serve.aterminate() == 0, serve.logs
     finally:
         holder.close()
