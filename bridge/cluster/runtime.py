@@ -240,7 +240,9 @@ def refused_permissions(store: RedisStore, owner: str) -> list[tuple[str, str]]:
     except RedisError as error:
         if (found := refused_permission(error)) is not None:
             refused.append(found)
-    pubsub: Any = store.client.pubsub()  # type: ignore[no-untyped-call]
+    # Typed from redis-py 8.2 on, untyped before: read through `Any` so both type-check.
+    client: Any = store.client
+    pubsub: Any = client.pubsub()
     try:
         pubsub.subscribe(store.key("board", "changed"))
         pubsub.get_message(timeout=1)
