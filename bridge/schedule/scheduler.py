@@ -1249,29 +1249,43 @@ class RouteScheduler:
         return True
 
     def _count_unsure(self, channel: Channel, resident: _Resident, change: int) -> None:
-        """Record a send about to go out (+1) or one the platform answered with an error (-1).
-        Only where a lost answer may leave a copy; persisted before the request, so a crash
-        in the middle of it still counts."""
+        """Record a send the platform answered with an error (`change` -1): nothing was
+        posted. A send about to go out is counted by `_before_send`."""
+        counted = self._unsure_after(channel, resident, change)
+        if counted is not None:
+            self._store.set_unsure_sends(resident.key.store_key, *counted)
+
+    def _unsure_after(
+        self, channel: Channel, resident: _Resident, change: int
+    ) -> tuple[int, float | None] | None:
+        """The resident's count of sends without an answer after `change` (+1: one about to
+        go out), with its time; None where a lost answer cannot leave a copy (not counted)."""
         if channel.ambiguous_send_hold_s is None:
-            return
+            return None
         if change > 0:
             if resident.unsure_sends >= MAX_UNSURE_SENDS:
                 resident.unsure_sends = 0  # the hold has passed: a new episode
             resident.unsure_at = self._wall()
         resident.unsure_sends = max(0, resident.unsure_sends + change)
-        self._store.set_unsure_sends(
-            resident.key.store_key, resident.unsure_sends, resident.unsure_at
-        )
+        return resident.unsure_sends, resident.unsure_at
+
+    def _before_send(self, channel: Channel, resident: _Resident) -> None:
+        """Persist, before the request, what a crash in the middle of it must leave behind:
+        a new send's idempotency key and the count of sends without an answer, in one write
+        (one transaction per send instead of two, bench/RESULTS.md "start-up")."""
+        new_key = None
+        if resident.send_key is None:
+            new_key = resident.send_key = f"{resident.key}:{uuid.uuid4().hex}"
+        resident.send_attempts += 1
+        unsure = self._unsure_after(channel, resident, +1)
+        if new_key is not None or unsure is not None:
+            self._store.before_send(resident.key.store_key, new_key, unsure)
 
     async def _send_resident(
         self, channel: Channel, resident: _Resident, message: Outgoing
     ) -> None:
         key = resident.key
-        if resident.send_key is None:
-            resident.send_key = f"{key}:{uuid.uuid4().hex}"
-            self._store.set_send_key(key.store_key, resident.send_key)
-        resident.send_attempts += 1
-        self._count_unsure(channel, resident, +1)
+        self._before_send(channel, resident)
         try:
             message_id = await channel.send(
                 key.chat, message, idempotency_key=resident.send_key, reply_to=resident.reply_to

@@ -171,6 +171,18 @@ class StateStore(ABC):
         """Persist how many sends of the resident have no answer yet (see ResidentRecord);
         `set_message_id` with an id resets the count, the outcome being known."""
 
+    def before_send(
+        self, route: str, send_key: str | None, unsure: tuple[int, float | None] | None
+    ) -> None:
+        """What a send about to go out must leave behind if the process dies during it, in
+        one write: its idempotency key (None: the one kept stays) and the count of sends
+        without an answer with its time (None: not counted on this channel). Both stores
+        write it as one transaction; this default is the two writes it stands for."""
+        if send_key is not None:
+            self.set_send_key(route, send_key)
+        if unsure is not None:
+            self.set_unsure_sends(route, *unsure)
+
     @abstractmethod
     def set_pin_owed(self, route: str, message_id: str | None) -> None:
         """Persist that `message_id` still owes its pin (None: no pin owed)."""

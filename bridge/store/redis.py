@@ -438,6 +438,22 @@ class RedisStore(StateStore):
         else:
             self._update(route, {"unsure_sends": str(count), "unsure_at": repr(at)})
 
+    def before_send(
+        self, route: str, send_key: str | None, unsure: tuple[int, float | None] | None
+    ) -> None:
+        fields: dict[str, str] = {}
+        gone: tuple[str, ...] = ()
+        if send_key is not None:
+            fields["send_key"] = send_key
+        if unsure is not None:
+            fields["unsure_sends"] = str(unsure[0])
+            if unsure[1] is None:
+                gone = ("unsure_at",)
+            else:
+                fields["unsure_at"] = repr(unsure[1])
+        if fields:
+            self._update(route, fields, gone)
+
     def set_pin_owed(self, route: str, message_id: str | None) -> None:
         if message_id is None:
             self._update(route, {}, ("pin_owed_id",))

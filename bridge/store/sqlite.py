@@ -767,6 +767,28 @@ class SqliteStore(StateStore):
 
         self._write(("unsure_sends", route), op)
 
+    def before_send(
+        self, route: str, send_key: str | None, unsure: tuple[int, float | None] | None
+    ) -> None:
+        if send_key is None or unsure is None:
+            super().before_send(route, send_key, unsure)  # one write or none
+            return
+        count, at = unsure
+
+        def op(db: sqlite3.Connection) -> None:
+            self._ensure_resident(db, route)
+            db.execute(
+                "UPDATE residents SET send_key = ?, unsure_sends = ?, unsure_at = ? "
+                "WHERE route = ?",
+                (send_key, count, at, route),
+            )
+
+        # In a backlog it supersedes the waiting writes of both fields; a later write of
+        # either one goes after it.
+        self._backlog.pop(("send_key", route), None)
+        self._backlog.pop(("unsure_sends", route), None)
+        self._write(("before_send", route), op)
+
     def set_pin_owed(self, route: str, message_id: str | None) -> None:
         def op(db: sqlite3.Connection) -> None:
             self._ensure_resident(db, route)

@@ -8,6 +8,8 @@ disabled route not stopping the others, and persistence of resident ids.
 from __future__ import annotations
 
 import asyncio
+import re
+import sqlite3
 import time
 from collections import deque
 from collections.abc import Callable
@@ -662,6 +664,63 @@ async def wait_for(predicate: Callable[[], bool], what: str) -> None:
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.01)
+
+
+async def test_what_a_send_must_leave_behind_is_one_transaction_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The key and the unsure count of a send go to the store in one transaction before the
+    request (they were two): a crash in the middle of it finds both, and a new resident
+    costs one write fewer (bench/RESULTS.md, start-up). A retry writes the count alone."""
+    ran: list[str] = []
+    connect = sqlite3.connect
+
+    def traced(*args: object, **kwargs: object) -> sqlite3.Connection:
+        db = connect(*args, **kwargs)  # type: ignore[arg-type]
+        db.set_trace_callback(ran.append)
+        return db
+
+    monkeypatch.setattr(sqlite3, "connect", traced)
+    store = SqliteStore.in_dir(tmp_path / "state")
+    channel = AnswerLosingChannel()
+    channel.lose_answers = 1
+    key = RouteKey("fake", ChatRef("5"), "a")
+    mono = [1000.0]
+    try:
+        scheduler = await started(store, channel, key, clock=lambda: mono[0])
+        ran.clear()
+        scheduler.submit(key, text("v1"))
+        await wait_for(lambda: len(channel.calls) == 1, "the first send")
+        lost = store.resident(str(key))
+        assert lost is not None and lost.send_key and lost.unsure_sends == 1, "both on disk"
+        mono[0] += 5  # past the backoff
+        scheduler.submit(key, text("v2"))
+        await wait_for(lambda: scheduler.message_id(key) is not None, "the retry answered")
+        await scheduler.stop()
+    finally:
+        store.close()
+    transactions: list[list[str]] = []
+    for statement in ran:
+        if statement.startswith("BEGIN"):
+            transactions.append([])
+        elif transactions:
+            transactions[-1].append(statement)
+    # The trace shows each statement with its values: "SET send_key = 'fake:5::a:...'".
+    writes = [
+        " ".join(t)
+        for t in transactions
+        if any(re.match(r"UPDATE residents SET (send_key|unsure_sends) =", s) for s in t)
+    ]
+    assert len(writes) == 2, writes
+    first, retry = writes
+    assert re.search(r"SET send_key = '[^']+', unsure_sends = 1,", first), first
+    assert "send_key" not in retry and "unsure_sends = 2," in retry, "the key is kept"
+    store_after = SqliteStore.in_dir(tmp_path / "state")
+    try:
+        record = store_after.resident(str(key))
+    finally:
+        store_after.close()
+    assert record is not None and record.message_id is not None and record.send_key is None
 
 
 async def test_an_unanswered_send_is_retried_once_then_held(store: SqliteStore) -> None:

@@ -88,3 +88,27 @@ def test_many_kept_fingerprints_are_committed_without_waiting(
         store.set_committed(route, f"fp-{route}", 100.0)
     assert on_disk(tmp_path, routes[0]) == (None, f"fp-{routes[0]}")
     assert on_disk(tmp_path, routes[-1]) == (None, f"fp-{routes[-1]}")
+
+
+def test_a_send_written_while_the_file_is_locked_keeps_its_key_behind_a_later_count(
+    store: SqliteStore, tmp_path: Path
+) -> None:
+    """`before_send` waits in the backlog while another process holds the file; the count
+    the failed send writes after it must not take the key's place there."""
+    holder = sqlite3.connect(tmp_path / STATE_FILE, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")  # another writer holds the lock (5 s wait)
+        store.before_send(ROUTE, "k1", (1, 5.0))
+        store.set_unsure_sends(ROUTE, 0, 5.0)  # the platform answered: nothing was posted
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert store.retry_pending(force=True) is True
+    db = sqlite3.connect(tmp_path / STATE_FILE)
+    try:
+        row = db.execute(
+            "SELECT send_key, unsure_sends FROM residents WHERE route = ?", (ROUTE,)
+        ).fetchone()
+    finally:
+        db.close()
+    assert tuple(row) == ("k1", 0)

@@ -67,6 +67,29 @@ def test_resident_fields_round_trip_and_survive_a_reopen(opener: Opener) -> None
     assert store.residents()[0].disabled_reason is None
 
 
+def test_what_a_send_leaves_behind_is_written_in_one_call(opener: Opener) -> None:
+    """`before_send`: the key and the unsure count together, each left as it is when not
+    given; a later single write of either field still wins, and an id settles both."""
+    store = opener()
+    store.before_send("r", "k1", (1, 10.5))
+    record = store.resident("r")
+    assert record is not None
+    assert (record.send_key, record.unsure_sends, record.unsure_at) == ("k1", 1, 10.5)
+    store.before_send("r", None, (2, 20.0))  # a retry: the key kept
+    store.before_send("r", None, None)  # nothing to write
+    record = opener().resident("r")
+    assert record is not None
+    assert (record.send_key, record.unsure_sends, record.unsure_at) == ("k1", 2, 20.0)
+    store.before_send("r", "k2", None)  # a channel that does not count
+    store.set_unsure_sends("r", 1, None)
+    record = store.resident("r")
+    assert record is not None
+    assert (record.send_key, record.unsure_sends, record.unsure_at) == ("k2", 1, None)
+    store.set_message_id("r", "7")
+    record = store.resident("r")
+    assert record is not None and (record.send_key, record.unsure_sends) == (None, 0)
+
+
 def test_forgetting_the_id_clears_the_fingerprint(opener: Opener) -> None:
     store = opener()
     store.set_message_id("r", "1")
