@@ -253,6 +253,13 @@ class SideBySide:
     shown_ours: Shown
     shown_theirs: Shown
     keys: list[tuple[int, str]]
+    fleet: Fleet | None = None
+
+    def start_baseline(self) -> BaselineProcess:
+        """Start the baseline told to wait (`side_by_side(defer_baseline=True)`)."""
+        assert self.baseline is None and self.fleet is not None, "the baseline runs already"
+        self.baseline = BaselineProcess(self.fleet, self.theirs).start()
+        return self.baseline
 
 
 @asynccontextmanager
@@ -262,24 +269,28 @@ async def side_by_side(
     serve_limits: Limits,
     *,
     with_baseline: bool = True,
+    defer_baseline: bool = False,
     progress: Progress | None = None,
 ) -> AsyncIterator[SideBySide]:
     """Start both fakes, `serve` and (optionally) the baseline; stop both processes on exit
-    and bring what each chat showed up to date."""
+    and bring what each chat showed up to date. `defer_baseline`: the caller starts the
+    baseline (`SideBySide.start_baseline`), so that `serve`'s start-up is measured without
+    the baseline's own start-up on the same two cores."""
     async with (
         FakeTelegram(limits=fake_limits) as ours,
         FakeTelegram(limits=fake_limits) as theirs,
     ):
         serve = start_serve(fleet, ours, serve_limits)
-        baseline = BaselineProcess(fleet, theirs).start() if with_baseline else None
+        now = with_baseline and not defer_baseline
+        baseline = BaselineProcess(fleet, theirs).start() if now else None
         run = SideBySide(
-            serve, baseline, ours, theirs, Shown(ours), Shown(theirs), fleet.route_keys()
+            serve, baseline, ours, theirs, Shown(ours), Shown(theirs), fleet.route_keys(), fleet
         )
         try:
             yield run
         finally:
-            if baseline is not None:
-                await baseline.stop()
+            if run.baseline is not None:
+                await run.baseline.stop()
                 if progress is not None:
                     progress("baseline stopped")
             await serve.aterminate()
