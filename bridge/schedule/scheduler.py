@@ -100,6 +100,10 @@ PENDING_REPLIES_CURSOR = "replies:pending"
 # route's store key (which ends with the agent's id, so a departed agent's is forgotten too).
 CARD_REFUSED_PREFIX = "card-refused:"
 MAX_REFUSAL_CHARS = 500
+# "resident message N created": the first of a burst at INFO at once, the others of the next
+# minute at DEBUG and counted in one INFO line at its end (a start of 10,000 agents wrote
+# 10,000 lines, about 2-4% of the start's CPU; bench/RESULTS.md, 2026-12-04).
+CREATED_SUMMARY_S = 60.0
 
 
 def card_refused_key(route: str) -> str:
@@ -461,6 +465,8 @@ class RouteScheduler:
         self._ready: set[str] = set()  # channels `channel_ready` named
         # A request was admitted since the windows were last kept (see `keep_windows`).
         self._windows_changed = False
+        self._created_summary: asyncio.TimerHandle | None = None
+        self._created_more = 0
         self._record_failing = False  # a card shown could not be recorded (see `_record`)
         self._outbox = outbox
         if outbox is not None:
@@ -710,6 +716,7 @@ class RouteScheduler:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         self._keep_recent_requests()
+        self._summarise_created()
         await self._admission.close()
         await self._limiter.close()
 
@@ -1302,7 +1309,7 @@ class RouteScheduler:
         resident.id_unsaved = not self._record(
             key, lambda: self._store.set_message_id(key.store_key, message_id)
         )
-        log.info("route %s: resident message %s created", key, message_id)
+        self._log_created(key, message_id)
         self._remember_sent(channel, message_id)
         if resident.stale_id == message_id:
             resident.stale_id = None  # some platforms reuse ids: never delete the new one
@@ -1322,6 +1329,30 @@ class RouteScheduler:
             resident.committed = None
             return
         self._commit(resident, message)
+
+    def _log_created(self, key: RouteKey, message_id: str) -> None:
+        """Log a new resident: at INFO when none was created in the last minute, else at
+        DEBUG and counted for the minute's summary (`CREATED_SUMMARY_S`)."""
+        if self._created_summary is None:
+            log.info("route %s: resident message %s created", key, message_id)
+            self._created_summary = asyncio.get_running_loop().call_later(
+                CREATED_SUMMARY_S, self._summarise_created
+            )
+            return
+        self._created_more += 1
+        log.debug("route %s: resident message %s created", key, message_id)
+
+    def _summarise_created(self) -> None:
+        """One INFO line for the residents logged at DEBUG since the last one at INFO."""
+        if self._created_summary is not None:
+            self._created_summary.cancel()  # a no-op when it is what runs
+            self._created_summary = None
+        more, self._created_more = self._created_more, 0
+        if more:
+            log.info(
+                "%s created since the last such line (each is logged at DEBUG)",
+                counted(more, "more resident message", "more resident messages"),
+            )
 
     async def _pin(self, channel: Channel, resident: _Resident, message_id: str | None) -> bool:
         """Pin the route's resident. False when the platform answers that the message is

@@ -8,6 +8,7 @@ disabled route not stopping the others, and persistence of resident ids.
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import sqlite3
 import time
@@ -1071,3 +1072,25 @@ def test_a_residents_work_and_its_due_time_follow_the_plain_rules() -> None:
         assert resident.pending is (disabled is None and (card or pin or delete))
         times = [5.0] * card + [9.0] * pin + [7.0] * delete
         assert resident.due_at() == min(times, default=5.0)
+
+
+async def test_a_burst_of_new_residents_is_one_info_line_and_a_count(
+    store: SqliteStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A start that creates thousands of residents wrote a line for each at INFO; now the
+    first is named at INFO, the rest at DEBUG, and their count at INFO (at the minute's end
+    or, as here, at the stop)."""
+    channel = ScriptedChannel()
+    keys = [RouteKey("fake", ChatRef(f"-{chat}"), f"a{chat}") for chat in range(1, 6)]
+    with caplog.at_level(logging.DEBUG, logger="taskcard.bridge.schedule.scheduler"):
+        scheduler = await started(store, channel, *keys)
+        for key in keys:
+            scheduler.submit(key, text(f"card of {key}"))
+        await settle(scheduler)
+        await scheduler.stop()
+    created = [r for r in caplog.records if "created" in r.getMessage()]
+    at_info = [r.getMessage() for r in created if r.levelno == logging.INFO]
+    assert len(at_info) == 2, at_info
+    assert re.fullmatch(r"route fake:-\d::a\d: resident message \d+ created", at_info[0])
+    assert at_info[1].startswith("4 more resident messages created since the last such line")
+    assert sum(r.levelno == logging.DEBUG for r in created) == 4
