@@ -603,7 +603,7 @@ def workdirs_not_yet(config: ServiceConfig) -> list[AgentConfig]:
     """The configured agents whose workdir does not exist (yet). Each is served all the same
     and picked up once its folder is made, so this is information rather than a warning;
     but a slip in the path (`agents/buidler`) would otherwise show nothing anywhere. Said by
-    `serve --check`, `taskcard status` and the log of a start and of a reload
+    `config check`, `serve --check`, `taskcard status` and the log of a start and of a reload
     (`workdir_not_yet`). A link to a folder not made yet counts as not existing."""
     return [agent for agent in config.agents if not os.path.exists(agent.workdir)]
 

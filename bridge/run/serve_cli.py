@@ -101,10 +101,8 @@ def _serve(args: argparse.Namespace) -> int:
             return EXIT_CONFIG
         for warning in nothing_served(config):  # as `config check` says them
             print(f"warning: {warning}", file=sys.stderr)
-        for note in username_notes(config):
+        for note in _check_notes(config):
             print(f"note: {note}", file=sys.stderr)
-        for agent in workdirs_not_yet(config):  # served all the same: information
-            print(f"note: {workdir_not_yet(agent.id, agent.workdir)}", file=sys.stderr)
         return _check_secrets(args.config, config)
     setup_logging(config.log_level)
     for warning in nothing_served(config):
@@ -154,11 +152,20 @@ def _config_check(args: argparse.Namespace) -> int:
         f" {counted(len(specs), 'route', 'routes')}"
         + (f" ({', '.join(channels)})" if channels else "")
     )
-    for note in username_notes(config):
+    for note in _check_notes(config):
         print(f"note: {note}")
     for warning in nothing_served(config):
         print(f"warning: {warning}", file=sys.stderr)
     return 0
+
+
+def _check_notes(config: ServiceConfig) -> list[str]:
+    """What `config check` and `serve --check` both say as information (`note: ...`): routes
+    named by @username (resolved at the start), and configured agents whose workdir does not
+    exist yet (served all the same, picked up once made; a slip in the path shows here)."""
+    return username_notes(config) + [
+        workdir_not_yet(agent.id, agent.workdir) for agent in workdirs_not_yet(config)
+    ]
 
 
 def _when(epoch: float | None) -> str | None:
@@ -230,7 +237,7 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
                     "config_names_new_chat": moved is not None and moved in configured_chats,
                 }
             )
-        pid = running_pid(config.state_dir)
+        running, pid = running_pid(config.state_dir)
         not_yet = {agent.id for agent in workdirs_not_yet(config)}
         agents = [
             {
@@ -254,7 +261,7 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
                 if config.cluster.enabled
                 else {"store": "sqlite", "file": str(path)}
             ),
-            "service": {"running": pid is not None, "pid": pid},
+            "service": {"running": running, "pid": pid},
             "state_writes": (
                 {
                     "failing_since": _when(health.failing_since),
@@ -358,8 +365,9 @@ def _status(args: argparse.Namespace) -> int:
         print(f"state: the cluster's Redis (key prefix {config.cluster.key_prefix})")
     else:
         print(f"state: {report['state_file']}")
-    pid = report["service"]["pid"]
-    print(f"service: running (pid {pid})" if pid else "service: not running")
+    service = report["service"]
+    pid = "unknown" if service["pid"] is None else service["pid"]
+    print(f"service: running (pid {pid})" if service["running"] else "service: not running")
     writes = report["state_writes"]
     if writes:
         print(

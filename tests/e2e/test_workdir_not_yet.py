@@ -1,8 +1,8 @@
 """A configured agent whose workdir does not exist yet, as the operator sees it: served all
 the same (its folder is watched and picked up when made), so it is information, never a
 warning, but a slip in the path (`agents/buidler`) used to show nothing anywhere. `taskcard
-serve --check` and `taskcard status` name it, and `taskcard serve` logs it once at the start
-and at a reload, through the CLI in a subprocess."""
+config check`, `taskcard serve --check` and `taskcard status` name it, and `taskcard serve`
+logs it once at the start and at a reload, through the CLI in a subprocess."""
 
 from __future__ import annotations
 
@@ -56,6 +56,11 @@ def test_check_and_status_name_the_workdirs_not_made_yet(
     assert f"note: {not_yet('buidler', tmp_path)}" in checked.stderr.splitlines()
     assert "builder" not in checked.stderr  # its workdir is there
     assert "warning" not in checked.stderr
+    # `config check` says it too, in the same words, as it says its other notes (stdout).
+    validated = run_cli("config", "check", str(config))
+    assert validated.returncode == 0, validated.stderr
+    assert f"note: {not_yet('buidler', tmp_path)}" in validated.stdout.splitlines()
+    assert "builder:" not in validated.stdout
     status = run_cli("status", "--config", str(config))
     assert status.returncode == 0, status.stderr
     assert not_yet("buidler", tmp_path) in status.stdout.splitlines()
@@ -68,6 +73,7 @@ def test_check_and_status_name_the_workdirs_not_made_yet(
     # Made: nothing more to say.
     (tmp_path / "agents" / "buidler").mkdir()
     assert "does not exist" not in run_cli("serve", "--config", str(config), "--check").stderr
+    assert "does not exist" not in run_cli("config", "check", str(config)).stdout
     assert "does not exist" not in run_cli("status", "--config", str(config)).stdout
 
 
