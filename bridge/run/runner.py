@@ -684,18 +684,21 @@ async def _keep_lock(lock: ServeLock) -> None:
         lock.keep()
 
 
-def running_pid(state_dir: Path) -> str | None:
-    """The pid of the `taskcard serve` holding `state_dir`'s lock, or None when none does."""
+def running_pid(state_dir: Path) -> tuple[bool, int | None]:
+    """Whether a `taskcard serve` holds `state_dir`'s lock, and its pid as the lock file names
+    it (None when none does, or the file holds no pid yet: its holder writes it just after
+    taking the lock)."""
     try:
         fd = os.open(state_dir / "serve.lock", os.O_RDONLY)
     except FileNotFoundError:
-        return None
+        return False, None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError:
-        return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        return True, int(text) if text.isascii() and text.isdigit() else None
     else:
-        return None  # we got the lock, so nobody holds it; closing drops ours
+        return False, None  # we got the lock, so nobody holds it; closing drops ours
     finally:
         os.close(fd)
 

@@ -182,7 +182,7 @@ async def test_status_says_whether_a_service_runs_on_the_state_dir(
         )
         assert "not running" not in text
         report = json.loads(_cli_ok("status", "--config", str(config), "--json"))
-        assert report["service"] == {"running": True, "pid": str(pid)}
+        assert report["service"] == {"running": True, "pid": pid}  # a number, as in the text
         assert await serve.aterminate() == 0
     assert "service: not running" in _cli_ok("status", "--config", str(config))
     report = json.loads(_cli_ok("status", "--config", str(config), "--json"))
