@@ -39,6 +39,12 @@ def _read_stdin(limit: int) -> bytes:
     return read_stdin_object(limit, read_json, _IDLE_S)[0]
 
 
+def _command(args: argparse.Namespace) -> str:
+    """The hook's command as typed (`taskcard hook codex`), which its errors start with."""
+    parser = getattr(args, "_parser", None)
+    return parser.prog if parser is not None else f"taskcard hook {args.host}"
+
+
 def run_hook(args: argparse.Namespace) -> int:
     """Always exit 0: a hook must not break its agent (errors go to the workdir's log)."""
     if args.host == "claude-code":
@@ -46,7 +52,9 @@ def run_hook(args: argparse.Namespace) -> int:
             raw = _read_stdin(runner.MAX_PAYLOAD_BYTES)
         except OSError:
             raw = b""
-        text = runner.run_guarded(args.workdir, raw, lambda: runner.claude_code(raw, args.workdir))
+        text = runner.run_guarded(
+            args.workdir, raw, lambda: runner.claude_code(raw, args.workdir), _command(args)
+        )
     else:
         # The notify program gets its JSON as an argument; a lifecycle hook, on stdin.
         argument: bytes | str = args.payload or ""
@@ -60,7 +68,7 @@ def run_hook(args: argparse.Namespace) -> int:
             return runner.codex(argument, args.workdir, only_in=args.only_in)
 
         hint = args.workdir if args.workdir is not None else args.only_in
-        text = runner.run_guarded(hint, argument, handle)
+        text = runner.run_guarded(hint, argument, handle, _command(args))
     # The hosts read the hook's JSON as UTF-8, whatever the locale: written through the
     # locale's encoding (ASCII, Latin-1), a chat text in Chinese raised after the message was
     # claimed, so the chat read "delivered" and the agent never got it.

@@ -64,6 +64,7 @@ from taskcard.producers.task_card.turns import add_completed_turn
 from taskcard.producers.task_card.wakes import WakeReader
 from taskcard.producers.task_card.workdir_arg import (
     PATH_MAX,
+    WORKDIR_FIX,
     WorkdirError,
     expand_workdir,
     shown_path,
@@ -97,8 +98,11 @@ class HookInputError(ValueError):
     """The payload cannot be used; the message says what was wrong with it."""
 
 
-def log_error(workdir: Path | None, message: str) -> None:
-    """Append one line to the workdir's hook log; stderr when there is no usable workdir."""
+def log_error(
+    workdir: Path | None, message: str, command: str = "taskcard hook", said: str | None = None
+) -> None:
+    """Append one line to the workdir's hook log; stderr when there is no usable workdir, as
+    `command: said` (default: `message`), in the shape of the command's usage errors."""
     line = f"{utc_now_iso()} {message}\n"
     if workdir is not None and workdir.is_dir():
         path = CardPaths(workdir).logs_dir / ERROR_LOG
@@ -118,7 +122,7 @@ def log_error(workdir: Path | None, message: str) -> None:
                 os.close(fd)
             return
     with contextlib.suppress(OSError):
-        os.write(2, f"taskcard hook: {message}\n".encode(errors="replace"))
+        os.write(2, f"{command}: {said or message}\n".encode(errors="replace"))
 
 
 def parse_payload(raw: bytes) -> dict[str, Any]:
@@ -157,8 +161,13 @@ def _directory(text: str, field: str) -> Path:
             f"{field} {shown} cannot be used ({exc.strerror}); nothing written"
         ) from None
     if not found:
-        raise HookInputError(f"{field} {shown} is not a directory; nothing written")
+        fix = f"{WORKDIR_FIX}; " if field == _WORKDIR_FIELD else ""
+        raise HookInputError(f"{field} {shown} is not a directory; {fix}nothing written")
     return path
+
+
+# `--workdir` as every command's usage error names it (`workdir_arg.existing_workdir_arg`).
+_WORKDIR_FIELD: Final = "argument --workdir:"
 
 
 def resolve_workdir(override: str | None, payload: Mapping[str, Any]) -> Path:
@@ -170,7 +179,7 @@ def resolve_workdir(override: str | None, payload: Mapping[str, Any]) -> Path:
     agent nested in another's workdir would have its events credited to.
     """
     if override is not None:
-        return _directory(override, "--workdir")
+        return _directory(override, _WORKDIR_FIELD)
     cwd = payload.get("cwd")
     if not isinstance(cwd, str) or not cwd.strip():
         raise HookInputError("no workdir: the payload has no cwd; pass --workdir")
@@ -615,9 +624,14 @@ def _codex_hook(
 
 
 def run_guarded(
-    workdir_hint: str | None, raw_for_hint: bytes | str, action: Callable[[], str]
+    workdir_hint: str | None,
+    raw_for_hint: bytes | str,
+    action: Callable[[], str],
+    command: str = "taskcard hook",
 ) -> str:
-    """Run `action`; on any error log it and return nothing to print."""
+    """Run `action`; on any error log it and return nothing to print. Said on stderr (no
+    workdir to log into), a bad input is one line `command: problem; fix`, as the command's
+    usage errors are; the log file also names its kind (`HookInputError: ...`)."""
     try:
         return action()
     except Exception as exc:  # a hook must never fail its agent; the log says what happened
@@ -626,14 +640,15 @@ def run_guarded(
         with contextlib.suppress(Exception):
             data = read_json(raw_for_hint) if workdir_hint is None else {}
             workdir = resolve_workdir(workdir_hint, data if isinstance(data, dict) else {})
+        said: str | None = None
         if isinstance(exc, HookInputError):
-            line = f"{exc.__class__.__name__}: {exc}"
+            line, said = f"{exc.__class__.__name__}: {exc}", str(exc)
         elif isinstance(exc, OSError):
             # The workdir's files, not a bug: one line naming the file and the fix.
             line = f"{filesystem_problem(exc)}; this event may be missing from the card"
         else:
             line = f"{exc.__class__.__name__}: {exc}\n{traceback.format_exc()}".rstrip()
-        log_error(workdir, line)
+        log_error(workdir, line, command, said)
         return ""
 
 

@@ -129,7 +129,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "channel (cli) is stamped by this command."
         ),
     )
-    report.add_argument("--workdir", type=workdir_arg, default=".", help="the agent's workdir")
+    report.add_argument(
+        "--workdir", type=existing_workdir_arg, default=".", help="the agent's workdir"
+    )
     outcome = report.add_mutually_exclusive_group(required=True)
     outcome.add_argument("--ok", dest="ok", action="store_true", help="the work succeeded")
     outcome.add_argument("--failed", dest="ok", action="store_false", help="a declared failure")

@@ -49,7 +49,10 @@ from taskcard.producers.task_card.runtime import (
     default_runtime_dir,
 )
 from taskcard.producers.task_card.stdin_json import drain_stdin, read_stdin_object
-from taskcard.producers.task_card.workdir_arg import shown_path, workdir_arg
+from taskcard.producers.task_card.workdir_arg import (
+    existing_workdir_arg,
+    writable_workdir_arg,
+)
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
@@ -73,19 +76,6 @@ def _host_paths(args: argparse.Namespace) -> HostPaths:
         Path(args.runtime_dir).expanduser() if args.runtime_dir else default_runtime_dir(os.environ)
     )
     return HostPaths(runtime, args.workdir)
-
-
-def _missing_workdir(args: argparse.Namespace) -> bool:
-    """Say so in one line when the workdir is not a directory (no host, no log to read)."""
-    workdir: Path = args.workdir
-    if workdir.is_dir():
-        return False
-    print(
-        f"taskcard: the workdir {shown_path(workdir)} does not exist or is not a directory;"
-        " create it or fix --workdir",
-        file=sys.stderr,
-    )
-    return True
 
 
 def _emit(result: dict[str, Any], as_json: bool = True) -> int:
@@ -141,6 +131,14 @@ def summarize(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _say(args: argparse.Namespace, message: str) -> None:
+    """One error line on stderr, in the shape of every `taskcard` usage error: the command as
+    typed (`taskcard card start: ...`), then what went wrong and the fix."""
+    parser = getattr(args, "_parser", None)  # set by the `taskcard` parser; not by `main`
+    command = parser.prog if parser is not None else f"taskcard {args.command}"
+    print(f"{command}: {message}", file=sys.stderr)
+
+
 def _refuse(message: str, as_json: bool = True, **extra: str) -> int:
     """An envelope we cannot use at all: the reason as a result, exit 2."""
     _emit({**extra, "status": "failed", "code": "bad_envelope", "message": message}, as_json)
@@ -152,13 +150,13 @@ def _call(args: argparse.Namespace, envelope: Any) -> dict[str, Any] | int:
     try:
         return call_via_host(_host_paths(args), envelope, args.idle_grace_s)
     except RuntimeDirUnsafe as exc:
-        print(f"taskcard: {exc}", file=sys.stderr)
+        _say(args, str(exc))
         return EXIT_USAGE
     except HostElsewhere as exc:
-        print(f"taskcard: {exc}", file=sys.stderr)
+        _say(args, str(exc))
         return EXIT_ALREADY_RUNNING
     except (HostUnavailable, OSError, ValueError, subprocess.SubprocessError) as exc:
-        print(f"taskcard: {exc}", file=sys.stderr)
+        _say(args, str(exc))
         return EXIT_UNREACHABLE
 
 
@@ -179,8 +177,6 @@ def _loads(data: bytes) -> object:
 
 
 def run_tool(args: argparse.Namespace) -> int:
-    if _missing_workdir(args):
-        return EXIT_USAGE
     # argv arrives decoded with surrogateescape; back to bytes so bad UTF-8 is named as such.
     if args.envelope is None and sys.stdin is None:  # started with stdin closed (`<&-`)
         return _refuse(
@@ -206,10 +202,8 @@ def run_tool(args: argparse.Namespace) -> int:
 
 
 def run_card(args: argparse.Namespace) -> int:
-    # Every action, `manual` too: a --workdir that names no folder is a mistake worth saying,
-    # as `tool` says it for the same envelope.
-    if _missing_workdir(args):
-        return EXIT_USAGE
+    # Every action, `manual` too, had its --workdir checked by the parser: one that names no
+    # folder is a mistake worth saying, as `tool` says it for the same envelope.
     if args.card_action == "manual":
         from taskcard.producers.task_card.capability import load_manual
 
@@ -248,14 +242,12 @@ def _private_paths(args: argparse.Namespace) -> HostPaths | None:
     try:
         paths.ensure_dir()
     except RuntimeDirUnsafe as exc:
-        print(f"taskcard: {exc}", file=sys.stderr)
+        _say(args, str(exc))
         return None
     return paths
 
 
 def run_host(args: argparse.Namespace) -> int:
-    if _missing_workdir(args):
-        return EXIT_USAGE
     paths = _private_paths(args)
     if paths is None:
         return EXIT_USAGE
@@ -273,10 +265,10 @@ def run_host(args: argparse.Namespace) -> int:
     try:
         card = TaskCard(paths.workdir, runtime_dir=paths.runtime_dir)
     except HostAlreadyRunning as exc:
-        print(f"taskcard host: {exc}", file=sys.stderr)
+        _say(args, str(exc))
         return EXIT_ALREADY_RUNNING
     except RuntimeDirUnsafe as exc:
-        print(f"taskcard host: {exc}", file=sys.stderr)
+        _say(args, str(exc))
         return EXIT_USAGE
     # The ledger's monitor runs here too, so a ledger needs no cron (lazy: the only import
     # of the ledger from the task card, and only in the host process).
@@ -312,7 +304,7 @@ def _detach(args: argparse.Namespace, paths: HostPaths) -> int:
     try:
         log_fd = host_log_file(paths)
     except RuntimeDirUnsafe as exc:
-        print(f"taskcard: {exc}", file=sys.stderr)
+        _say(args, str(exc))
         return EXIT_USAGE
     try:
         proc = subprocess.Popen(
@@ -342,29 +334,17 @@ def _detach(args: argparse.Namespace, paths: HostPaths) -> int:
         code = proc.poll()
         if code is not None:
             if code != EXIT_ALREADY_RUNNING:
-                print(f"taskcard host exited with code {code}; see {paths.log}", file=sys.stderr)
+                _say(args, f"the task card host exited with code {code}; see {paths.log}")
             return code
         time.sleep(0.05)
-    print(f"taskcard host did not answer within {SPAWN_TIMEOUT_S:g} s", file=sys.stderr)
+    _say(args, f"the task card host did not answer within {SPAWN_TIMEOUT_S:g} s")
     return EXIT_UNREACHABLE
 
 
 def run_mcp(args: argparse.Namespace) -> int:
     # Refused before the MCP handshake: a client would otherwise list tools that all fail.
     if sys.stdin is None:  # started with stdin closed (`<&-`): no client to serve
-        print(
-            "taskcard mcp: stdin is closed; an MCP client runs this command with its requests"
-            " on stdin",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
-    workdir: Path = args.workdir
-    if not workdir.is_dir() or not os.access(workdir, os.W_OK | os.X_OK):
-        print(
-            f"taskcard mcp: --workdir {shown_path(workdir)} is not a writable directory; "
-            "pass the agent's working directory",
-            file=sys.stderr,
-        )
+        _say(args, "stdin is closed; an MCP client runs this command with its requests on stdin")
         return EXIT_USAGE
     import anyio
 
@@ -403,13 +383,16 @@ def _finite(text: str) -> float:
     return value
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def _common(
+    parser: argparse.ArgumentParser, workdir_type: Callable[[str], Path] = existing_workdir_arg
+) -> None:
     # `workdir_arg` expands `~` and resolves once, so the check, the host's lock and socket,
     # and `settings` all see the same folder: a `~/agent` that no shell expanded (an MCP
     # client's config passes arguments verbatim) used to pass the check expanded and then
-    # start the host on a literal `./~/agent`.
+    # start the host on a literal `./~/agent`. A folder that is not there is a usage error
+    # worded as every agent-side command words it (`existing_workdir_arg`).
     parser.add_argument(
-        "--workdir", type=workdir_arg, default=".", help="the agent's working directory"
+        "--workdir", type=workdir_type, default=".", help="the agent's working directory"
     )
     parser.add_argument("--runtime-dir", default=None, help=RUNTIME_DIR_HELP)
     parser.add_argument(
@@ -484,7 +467,7 @@ def register(subparsers: Any) -> None:
     mcp = subparsers.add_parser(
         "mcp", help="serve the task_card, ledger, report, spawn and inbox tools over MCP stdio"
     )
-    _common(mcp)
+    _common(mcp, writable_workdir_arg)
     mcp.set_defaults(handler=run_mcp)
 
 

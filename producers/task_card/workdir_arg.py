@@ -23,6 +23,8 @@ from taskcard.producers.task_card.contract import quoted
 
 # The longest path Linux opens (`PATH_MAX`).
 PATH_MAX: Final = 4096
+# The fix named by every refusal of a `--workdir` that is no (usable) directory.
+WORKDIR_FIX: Final = "pass the agent's working directory"
 
 
 class WorkdirError(ValueError):
@@ -88,10 +90,23 @@ def workdir_arg(text: str) -> Path:
 
 def existing_workdir_arg(text: str) -> Path:
     """`workdir_arg` for commands that only read or add to a workdir: it must already be a
-    directory (a mistyped name used to create a folder tree, or to be looked at as empty)."""
+    directory (a mistyped name used to create a folder tree, or to be looked at as empty).
+    Every agent-side command checks its `--workdir` so, as a usage error of one shape:
+    `taskcard COMMAND: argument --workdir: DIR is not a directory; pass the agent's working
+    directory; see ...`."""
     path = workdir_arg(text)
     if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{shown_path(text)} is not a directory; {WORKDIR_FIX}")
+    return path
+
+
+def writable_workdir_arg(text: str) -> Path:
+    """`existing_workdir_arg` for `taskcard mcp`, whose tools write into the workdir: a
+    folder this user may not write is refused before the handshake, in the same shape (a
+    client would otherwise list tools that all fail)."""
+    path = existing_workdir_arg(text)
+    if not os.access(path, os.W_OK | os.X_OK):
         raise argparse.ArgumentTypeError(
-            f"{shown_path(text)} is not a directory; pass the agent's working directory"
+            f"{shown_path(text)} is not a writable directory; {WORKDIR_FIX}"
         )
     return path

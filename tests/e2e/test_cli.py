@@ -413,19 +413,57 @@ def test_log_level_on_the_command_line_wins_over_the_config(tmp_path: Path) -> N
     assert (level, name) == ("INFO", "taskcard.bridge.run.service:")
 
 
-def test_a_missing_workdir_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    missing = tmp_path / "nowhere"
-    for args in (
-        ("card", "inspect", "tc_1"),
-        ("card", "settings"),
-        ("card", "start", "card.py"),
-        ("tool", '{"action":"settings","input":{},"reasoning":"x"}'),
-        ("host",),
-    ):
-        result = taskcard(*args, "--workdir", str(missing), "--runtime-dir", str(tmp_path / "r"))
-        assert result.returncode == 2, (args, result.stderr)
-        assert result.stderr.count("\n") == 1, result.stderr
-        assert str(missing) in result.stderr and "Traceback" not in result.stderr
+# Every command that takes an agent's `--workdir`, with the arguments it needs besides.
+WORKDIR_COMMANDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("card start", ("card.py",)),
+    ("card inspect", ("tc_1",)),
+    ("card retry", ("tc_1",)),
+    ("card stop", ("tc_1",)),
+    ("card remove", ()),
+    ("card settings", ()),
+    ("card manual", ()),
+    ("tool", ('{"action":"settings","input":{},"reasoning":"x"}',)),
+    ("host", ()),
+    ("mcp", ()),
+    ("activity", ("turn.start",)),
+    ("ledger show", ()),
+    ("ledger checkpoint", ("--summary", "x")),
+    ("inbox", ()),
+    ("reports", ()),
+    ("report", ("--ok", "--summary", "x")),
+    ("init claude-code", ()),
+    ("init codex", ()),
+)
+
+
+@pytest.mark.parametrize("made", ["missing", "a file"])
+def test_a_workdir_that_is_no_folder_is_one_usage_line_of_one_shape(
+    tmp_path: Path, made: str
+) -> None:
+    """`card`, `tool` and `host` said "taskcard: the workdir ... does not exist", `mcp`
+    "taskcard mcp: --workdir ...", the other agent-side commands argparse's form, and a hook
+    "taskcard hook: HookInputError: ...". Each now names its command, the option and the fix
+    alike; a hook still exits 0 (it never fails its agent) and says nothing was written."""
+    workdir = tmp_path / "nowhere"
+    if made == "a file":
+        workdir.write_text("not a folder")
+    runtime = ("--runtime-dir", str(tmp_path / "r"))
+    for words, extra in WORKDIR_COMMANDS:
+        command = f"taskcard {words}"
+        options = runtime if words.split()[0] in ("card", "tool", "host", "mcp") else ()
+        result = taskcard(*words.split(), *extra, "--workdir", str(workdir), *options, stdin="")
+        assert (result.returncode, result.stdout) == (2, ""), (words, result)
+        assert result.stderr == (
+            f"{command}: argument --workdir: {workdir} is not a directory; pass the agent's"
+            f" working directory; see `{command} --help`\n"
+        )
+    for host in ("claude-code", "codex"):
+        result = taskcard("hook", host, "--workdir", str(workdir), stdin="{}")
+        assert (result.returncode, result.stdout) == (0, "")
+        assert result.stderr == (
+            f"taskcard hook {host}: argument --workdir: {workdir} is not a directory; pass the"
+            " agent's working directory; nothing written\n"
+        )
     assert not (tmp_path / "r").exists()  # nothing tried to start a host
 
 

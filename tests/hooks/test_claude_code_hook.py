@@ -213,7 +213,7 @@ def test_a_payload_without_usable_cwd_exits_0_and_prints_nothing(tmp_path: Path)
     for data in ({"hook_event_name": "Stop"}, {"hook_event_name": "Stop", "cwd": "/nonexist"}):
         done = hook(json.dumps(data).encode())
         assert (done.returncode, done.stdout) == (0, b"")
-        assert b"taskcard hook:" in done.stderr  # only there: no workdir log to write to
+        assert done.stderr.startswith(b"taskcard hook claude-code: ")  # no workdir log to write to
 
 
 def test_a_hook_command_with_options_this_version_lacks_still_exits_0(workdir: Path) -> None:

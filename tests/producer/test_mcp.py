@@ -206,8 +206,8 @@ def test_mcp_refuses_an_unusable_workdir_at_start(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert done.stdout == ""
     assert done.stderr.strip().splitlines() == [
-        f"taskcard mcp: --workdir {missing} is not a writable directory; "
-        "pass the agent's working directory"
+        f"taskcard mcp: argument --workdir: {missing} is not a directory; "
+        "pass the agent's working directory; see `taskcard mcp --help`"
     ]
 
 
