@@ -99,7 +99,16 @@ def build_event(kind: str, assignments: list[str], *, ts: str) -> dict[str, Any]
                 f"{key}: not a field of {kind}; did you mean {near[0]}=...? "
                 f"({kind} reads {', '.join(sorted(typed))})"
             )
-        fields[key] = raw if typed.get(key) == (str,) else parse_value(raw)
+        if typed.get(key) == (int,):
+            # Read as every integer option reads its text (`2.0` and `1e3` exactly; `true`
+            # or `1.5` refused saying the form), not as a number of any type the field
+            # then refused as "got 1000.0".
+            try:
+                fields[key] = whole_number(raw)
+            except argparse.ArgumentTypeError as exc:
+                raise ActivityInputError(f"{key}: {exc}") from None
+        else:
+            fields[key] = raw if typed.get(key) == (str,) else parse_value(raw)
     text = fields.get("text")
     if kind == "text" and isinstance(text, str) and not shows_text(text):
         # `text text="$MSG"` with an empty variable was written with exit 0 and put no words

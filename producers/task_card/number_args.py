@@ -6,8 +6,9 @@ Python's `int` and `float` take more than a person means to type: digits of othe
 with `decimal_number` (ASCII digits 0-9 with an optional sign, a decimal point and an exponent;
 `inf` and `nan` pass the form and meet each option's own range check). Every integer option
 reads it with `whole_number`: ASCII digits with an optional sign, or a number in the float's
-form whose value is whole (`2.0`, `1e3`), taken as that int, so a flag takes what the same
-field takes in JSON (below); a fraction, NaN or an infinity is refused, saying the fix.
+form whose value is whole (`2.0`, `1e3`), taken as exactly that int (read as a decimal, never
+through a float, which took `2.0000000000000001` as 2), so a flag takes what the same field
+takes in JSON (below); a fraction, NaN or an infinity is refused, saying the fix.
 Anything else is a usage error (exit 2); argparse puts the option's name before the message,
 which says the form expected.
 
@@ -21,9 +22,11 @@ arguments and `parse_envelope` to every envelope, so each way in takes the same 
 from __future__ import annotations
 
 import argparse
+import decimal
 import json
 import math
 import re
+import sys
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -34,6 +37,7 @@ _DECIMAL: Final = re.compile(
     r"[+-]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|inf|infinity|nan)",
     re.IGNORECASE,
 )
+_FLOAT_MAX: Final = decimal.Decimal(sys.float_info.max)
 WHOLE_FORM: Final = "write ASCII digits 0-9 with an optional sign, e.g. 10"
 DECIMAL_FORM: Final = (
     "write ASCII digits 0-9 with an optional sign, decimal point and exponent, e.g. 2.5"
@@ -48,16 +52,26 @@ def whole_number(text: str, what: str = "a whole number") -> int:
     if not _WHOLE.fullmatch(text):
         if not _DECIMAL.fullmatch(text):
             raise argparse.ArgumentTypeError(f"{quoted(text)} is not {what}; {WHOLE_FORM}")
-        value = float(text)
-        if not (math.isfinite(value) and value.is_integer()):
-            raise argparse.ArgumentTypeError(f"{quoted(text)} is not {what}; {_fix(value)}")
-        return int(value)
+        return _exactly_whole(text, what)
     try:
         return int(text)
     except ValueError:  # more digits than Python converts (4,300)
         raise argparse.ArgumentTypeError(
             f"{quoted(text)} has too many digits ({len(text)}); give a smaller number"
         ) from None
+
+
+def _exactly_whole(text: str, what: str) -> int:
+    """A number in a float's form (`2.0`, `1e3`) as the int it is, read exactly: through a
+    float, `2.0000000000000001` was taken as 2 and `9007199254740993.0` as one less."""
+    value = decimal.Decimal(text)
+    # Past the largest float, JSON reads the same text as an infinity: refused alike (and
+    # `1e99999999` is never made digit by digit).
+    if not value.is_finite() or value.copy_abs() > _FLOAT_MAX:
+        raise argparse.ArgumentTypeError(f"{quoted(text)} is not {what}; {_fix(math.inf)}")
+    if value != value.to_integral_value():
+        raise argparse.ArgumentTypeError(f"{quoted(text)} is not {what}; {_fix(0.5)}")
+    return int(value)
 
 
 def in_digits(text: str) -> bool:

@@ -132,6 +132,11 @@ def _as_float(value: float) -> float:
 
 
 def _is_int(value: object) -> TypeGuard[int]:
+    """A whole JSON number, in either form: `300` or `300.0` (JSON Schema's integer, which a
+    `start` input takes too, `number_args.whole_numbers`; this document refused it). Never a
+    boolean, a fraction, NaN or an infinity. The caller takes it as `int`."""
+    if isinstance(value, float):
+        return math.isfinite(value) and value.is_integer()
     return isinstance(value, int) and not isinstance(value, bool)
 
 

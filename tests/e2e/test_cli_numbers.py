@@ -61,6 +61,8 @@ NO_WHOLE_FLOATS = [
     ("nan", "give a finite whole number"),
     ("-Infinity", "give a finite whole number"),
     ("1e400", "give a finite whole number"),
+    # Read exactly, not through a float (which took it as 2).
+    ("2.0000000000000001", "drop the fraction"),
 ]
 NOT_DECIMAL = ["１.5", "٣", "1_0.5", " 2", "2 ", "2,5", "0x10", "1e"]
 
@@ -173,8 +175,31 @@ def test_an_activity_field_reads_numbers_as_the_options_do(tmp_path: Path, value
         "activity", "--workdir", str(tmp_path), "usage", "output_tokens=1", f"input_tokens={value}"
     )
     assert result.returncode == 2, result.stderr
-    assert "input_tokens: must be an integer for usage" in result.stderr, result.stderr
+    assert f"input_tokens: {value!r} is not a whole number; write ASCII digits" in result.stderr
     assert not (tmp_path / "logs").exists()
+
+
+def test_an_activity_count_takes_what_an_integer_option_takes(tmp_path: Path) -> None:
+    """`input_tokens=1e3` was refused as "must be an integer for usage, got 1000.0" where
+    `--max-refreshes 1e3` is 1000, `true` as "got True", and `2.0000000000000001` shown as
+    2.0: a count reads its text as every integer option does, exactly."""
+    for value, fix in (
+        ("true", "write ASCII digits 0-9 with an optional sign, e.g. 10"),
+        ("1.5", "drop the fraction"),
+        ("2.0000000000000001", "drop the fraction"),
+        ("1e400", "give a finite whole number"),
+    ):
+        result = taskcard("activity", "--workdir", str(tmp_path), "usage", f"input_tokens={value}")
+        assert result.returncode == 2, result.stderr
+        said = f"taskcard activity: input_tokens: {value!r} is not a whole number; {fix}\n"
+        assert result.stderr == said
+    assert not (tmp_path / "logs").exists()
+    written = taskcard(
+        "activity", "--workdir", str(tmp_path), "usage", "input_tokens=1e3", "output_tokens=7.0"
+    )
+    assert written.returncode == 0, written.stderr
+    record = json.loads((tmp_path / "logs" / "events.jsonl").read_text())
+    assert (record["input_tokens"], record["output_tokens"]) == (1000, 7)
 
 
 WHOLE_OPTIONS = [(words, option) for words, option, whole in OPTIONS if whole]
@@ -224,3 +249,12 @@ def test_whole_floats_are_taken_as_their_int(tmp_path: Path) -> None:
     assert type(limits["max_nudges"]) is int and type(limits["max_retries"]) is int
     observed = shown["observed"]["downloads"][0]["observed_bytes"]
     assert observed == 1000 and type(observed) is int
+    # Read exactly: through a float this was a petabyte, the fraction lost.
+    inexact = "999999999999999.99999"
+    refused = taskcard(
+        "ledger", "download-observed", "t", "--name", "e", "--bytes", inexact, *common
+    )
+    assert refused.returncode == 2
+    assert f"--bytes: {inexact!r} is not a whole number; drop the fraction" in refused.stderr
+    shown = json.loads(taskcard("ledger", "show", "t", *common).stdout)
+    assert [d["observed_bytes"] for d in shown["observed"]["downloads"]] == [1000]

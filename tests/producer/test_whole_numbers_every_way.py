@@ -239,3 +239,23 @@ def test_the_python_api_takes_exactly_the_finite_whole_numbers_in_range(
         assert result["message"].startswith("renderer_path: 'absent.py' does not exist"), result
     else:
         assert "input.max_refreshes: " in result["message"], result
+
+
+def test_the_settings_document_reads_its_integers_as_a_start_input_does(cli: CliHost) -> None:
+    """`taskcard/taskcard.json` refused `"max_refreshes": 300.0`, which `start` takes as 300
+    (both JSON, JSON Schema's integer): the owner's ceiling silently became the default. A
+    whole number in either form is now taken as its int; a boolean or a fraction is still
+    refused for that field alone, naming it and the range."""
+    (cli.workdir / "taskcard").mkdir()
+    (cli.workdir / "taskcard" / "taskcard.json").write_text(
+        '{"max_refreshes": 300.0, "reminder_turns": true, "max_body_chars": 150.5}'
+    )
+    shown = cli.json("card", "settings")
+    rows = {row["key"]: row for row in shown["settings"]}
+    assert rows["max-refreshes"]["current"] == 300
+    assert type(rows["max-refreshes"]["current"]) is int
+    assert "(source: taskcard.json)" in rows["max-refreshes"]["comment"]
+    assert rows["reminder-turns"]["current"] == 10  # the default
+    assert "reminder_turns: true is not allowed" in rows["reminder-turns"]["comment"]
+    assert rows["max-body-chars"]["current"] == 2000
+    assert "max_body_chars: 150.5 is not allowed" in rows["max-body-chars"]["comment"]
