@@ -197,6 +197,10 @@ class ConsoleConfig(BaseModel):
         if value == "auto" or isinstance(value, bool):
             return value
         shown = repr(value) if isinstance(value, str | int | float) else _toml_kind(value)
+        if isinstance(value, str) and value.casefold() in ("true", "false"):
+            raise ValueError(f"got {shown}; write {value.casefold()} without quotes (a boolean)")
+        if isinstance(value, str) and value.casefold() == "auto":
+            raise ValueError(f"got {shown}{_case_meant(value, ['auto'])}")
         raise ValueError(f'got {shown}; use "auto", true or false')
 
 
@@ -987,7 +991,8 @@ def _format_errors(exc: ValidationError) -> list[str]:
         elif kind == "literal_error":
             value = error["input"]
             got = repr(value) if isinstance(value, str | int | float) else _toml_kind(value)
-            messages.append(f"{path}: {message} (got {got}); use one of these")
+            choices = re.findall(r"'([^']*)'", str((error.get("ctx") or {}).get("expected", "")))
+            messages.append(f"{path}: {message} (got {got}){_case_meant(value, choices)}")
         elif kind.endswith("_type") or kind.endswith("_parsing"):
             messages.append(_type_problem(path, loc, kind, message, error["input"]))
         elif (fix := _bound_fix(kind, error.get("ctx") or {})) is not None:
@@ -1057,6 +1062,17 @@ _EXPECTED_TABLE = re.compile(r"a valid dictionary(?: or instance of \w+)?")
 _EXPECTED_PATH = "Input is not a valid path for <class 'pathlib.Path'>"
 
 
+def _case_meant(value: object, choices: Sequence[str]) -> str:
+    """The end of the refusal of an enumerated word: the one meant when `value` differs from
+    it by case alone (the values are case-sensitive, as the time zones are: `Webhook` and
+    `BOARD` were answered with the list only), else the advice to use one of the list."""
+    if isinstance(value, str):
+        meant = [choice for choice in choices if choice.casefold() == value.casefold()]
+        if meant:
+            return f"; did you mean {meant[0]!r}? the values are case-sensitive"
+    return "; use one of these"
+
+
 def _toml_kind(value: object) -> str:
     """What a TOML value is, in the file's terms, without quoting what it holds."""
     if isinstance(value, bool):
@@ -1110,6 +1126,10 @@ def _type_problem(
         fix = "write true or false, without quotes"
     elif got == "a string" and kind.startswith(("int_", "float_")):
         fix = "write the number without quotes"
+    elif kind.startswith("int_") and isinstance(value, float) and value.is_integer():
+        # TOML keeps integers and floats apart (`2.0` is a float there): the key takes one
+        # written as an integer, without a decimal point or exponent.
+        fix = f"write it as an integer, without a decimal point or exponent: {int(value)}"
     elif kind.startswith("int_"):
         fix = "write a whole number"
     elif kind.startswith("float_"):
