@@ -249,3 +249,22 @@ async def test_the_log_level_in_the_file_is_taken_in_any_case_as_on_the_command_
         # DEBUG lines appear only at the level the file set (the default is INFO)
         await eventually(lambda: " DEBUG " in serve.logs, what="a DEBUG line in the log")
         assert await serve.aterminate() == 0
+
+
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [
+        ("[console]\n", "console.timezone"),
+        (TG_ROUTE, "telegram.routes[0].timezone"),
+    ],
+)
+def test_the_hosts_own_zone_is_refused_asking_for_its_iana_name(
+    tmp_path: Path, section: str, key: str
+) -> None:
+    """`localtime` was taken: the zone database's name for whatever the machine is set to,
+    so the cards' times followed the host (and differed between a cluster's hosts) while the
+    file named no zone. Refused, naming the key and an IANA name (this host's, when known)."""
+    config = console_config(tmp_path, AGENT + section + 'timezone = "localtime"\n')
+    for line, _ in refused_by_every_command(config, key):
+        assert "'localtime' is this host's zone, not a zone of its own; write its IANA" in line
+        assert "Traceback" not in line
