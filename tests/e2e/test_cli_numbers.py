@@ -28,6 +28,7 @@ from .test_cli import taskcard
 TEXT_READERS = {
     "workdir_arg",
     "existing_workdir_arg",
+    "writable_workdir_arg",
     "_one_of.<locals>.parse",
     "_version_arg",
 }

@@ -63,12 +63,15 @@ def test_appends_typed_fields_and_a_utc_timestamp(tmp_path: Path) -> None:
     [
         (["dance"], "KIND: unknown kind 'dance'; use one of agent.exit"),
         (["tool.start", "name=x"], "call_id: required for tool.start; add call_id=..."),
-        (["usage", "input_tokens=ten", "output_tokens=1"], "input_tokens: must be an integer"),
+        (
+            ["usage", "input_tokens=ten", "output_tokens=1"],
+            "input_tokens: 'ten' is not a whole number",
+        ),
         (["tool.end", "call_id=1", "ok=maybe"], "ok: must be true or false"),
         (["text", "oops"], "'oops': expected key=value"),
         (["text", "text=a", "ts=yesterday"], "ts: set by the command itself"),
         (["text", "text=a", "text=b"], "text: given twice"),
-        (["agent.exit", "code=true"], "code: must be an integer"),
+        (["agent.exit", "code=true"], "code: 'true' is not a whole number"),
         # Written before, then read by the service as unknown: the card showed nothing.
         (["usage", "input_tokens=-1", "output_tokens=2"], "input_tokens: -1 is out of range"),
         (["tool.end", "call_id=1", "ok=true", "duration_s=-3"], "duration_s: -3 is out of range"),
