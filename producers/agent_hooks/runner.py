@@ -131,9 +131,12 @@ def parse_payload(raw: bytes) -> dict[str, Any]:
     try:
         data = read_json(raw)
     except (ValueError, RecursionError) as exc:
-        raise HookInputError(f"payload is not JSON ({exc.__class__.__name__})") from None
+        raise HookInputError(f"payload is not JSON: {_not_json(exc)}; nothing written") from None
     if not isinstance(data, dict):
-        raise HookInputError("payload is not a JSON object")
+        raise HookInputError(
+            f"payload is not a JSON object (the top level is {_json_kind(data)}); a hook's "
+            "payload is one object; nothing written"
+        )
     name = data.get("hook_event_name")
     if name is not None and not isinstance(name, str):
         # Read as one, a list there made every set lookup raise `TypeError` (a traceback in
@@ -143,6 +146,28 @@ def parse_payload(raw: bytes) -> dict[str, Any]:
             "nothing written"
         )
     return data
+
+
+def _not_json(exc: ValueError | RecursionError) -> str:
+    """Where and how the payload stopped being JSON, as a person fixing it needs it: the
+    class name alone (`JSONDecodeError`) said neither."""
+    if not isinstance(exc, json.JSONDecodeError):
+        return exc.__class__.__name__
+    if exc.msg.startswith("Unterminated string") or exc.pos >= len(exc.doc.rstrip()):
+        return "the text ends before the object is complete (truncated?)"
+    return f"{exc.msg.lower()} at line {exc.lineno}, column {exc.colno}"
+
+
+def _json_kind(value: object) -> str:
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        return "a string"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    return "a number"
 
 
 def _directory(text: str, field: str) -> Path:
@@ -181,8 +206,14 @@ def resolve_workdir(override: str | None, payload: Mapping[str, Any]) -> Path:
     if override is not None:
         return _directory(override, _WORKDIR_FIELD)
     cwd = payload.get("cwd")
+    if cwd is None:
+        raise HookInputError("no workdir: the payload has no cwd; nothing written (pass --workdir)")
     if not isinstance(cwd, str) or not cwd.strip():
-        raise HookInputError("no workdir: the payload has no cwd; pass --workdir")
+        # A number or a blank was reported as no cwd at all: the wrong fix to look for.
+        raise HookInputError(
+            f"the payload's cwd must be the session's folder as an absolute path, not "
+            f"{json.dumps(cwd)[:80]}; nothing written (pass --workdir)"
+        )
     if not os.path.isabs(cwd):
         # The hosts send the session's absolute folder. Read from the hook's own folder, a
         # `..` or `~` here wrote the agent's events into a folder of no agent (`/`, home).

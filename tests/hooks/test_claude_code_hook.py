@@ -823,3 +823,26 @@ def test_a_hooks_run_imports_none_of_the_service(workdir: Path, host: str, name:
     assert result["code"] == 0
     assert kinds(workdir), "the event was recorded"
     assert not [module for module in _SERVICE_MODULES if module in result["modules"]], result
+
+
+@pytest.mark.parametrize(
+    ("stdin", "said"),
+    [
+        (b'{"hook_event_name": "Stop", "cwd": "/tm', "ends before the object is complete"),
+        (b'{"hook_event_name": "Stop"} {"x": 1}', "extra data at line 1, column 29"),
+        (b'{"hook_event_name": "Stop", "cwd": /tmp}', "expecting value at line 1, column 36"),
+        (b'["Stop"]', "not a JSON object (the top level is an array)"),
+        (b'"Stop"', "not a JSON object (the top level is a string)"),
+        (b'{"hook_event_name": "Stop", "cwd": 5}', "cwd must be the session's folder"),
+        (b'{"hook_event_name": "Stop", "cwd": " "}', "cwd must be the session's folder"),
+        (b'{"hook_event_name": "Stop"}', "the payload has no cwd"),
+    ],
+)
+def test_an_unusable_payload_is_told_by_where_it_went_wrong(stdin: bytes, said: str) -> None:
+    """A payload that was not JSON was told only as `payload is not JSON (JSONDecodeError)`,
+    and a `cwd` of the wrong type as `the payload has no cwd`: neither says what to fix."""
+    done = hook(stdin)
+    assert done.returncode == 0 and done.stdout == b""
+    line = done.stderr.decode()
+    assert said in line and line.rstrip().endswith(("nothing written", "(pass --workdir)")), line
+    assert "Traceback" not in line and line.count("\n") == 1
