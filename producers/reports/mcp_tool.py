@@ -132,6 +132,13 @@ def call_spawn(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
     child = arguments.get("child_workdir")
     if not isinstance(child, str):
         return _failed("child_workdir: required, the child's working directory")
+    if not child.strip():
+        # The workdirs' own hint, "for this one: .", named the parent's workdir here, which
+        # the next check refuses.
+        return _failed(
+            "child_workdir: is empty; give the child's working directory (absolute, or "
+            "relative to your workdir, such as a folder inside it or beside it)"
+        )
     workdir = Path(paths.workdir)
     try:
         child_workdir = expand_workdir(child, base=workdir)

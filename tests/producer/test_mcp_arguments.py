@@ -107,7 +107,8 @@ async def test_spawn_errors_name_its_own_field_and_the_file_it_cannot_write(
 ) -> None:
     """`spawn` of the server's own workdir was refused naming `parent_workdir`, a field the
     tool does not have; a folder in the way at the child's lineage.json was "cannot write
-    lineage.json: Is a directory", naming neither the field, the file nor the fix."""
+    lineage.json: Is a directory", naming neither the field, the file nor the fix; a blank one
+    was told to give "." (for this one), the parent's own workdir, refused in turn."""
     blocked = workdir / "child"
     (blocked / "lineage.json").mkdir(parents=True)
     async with cli.mcp() as session:
@@ -116,6 +117,12 @@ async def test_spawn_errors_name_its_own_field_and_the_file_it_cannot_write(
             content = result.structured_content
             assert result.is_error and isinstance(content, dict), own
             assert content["message"].startswith("child_workdir: is your own workdir"), content
+        for blank in ("", "  "):  # told to give the child's folder, never "." (its own)
+            result = await session.call_tool("spawn", {"child_workdir": blank, "reason": "lint"})
+            content = result.structured_content
+            assert result.is_error and isinstance(content, dict), blank
+            assert content["message"].startswith("child_workdir: is empty; give the child's")
+            assert ": ." not in content["message"], content
         result = await session.call_tool("spawn", {"child_workdir": "child", "reason": "lint"})
         content = result.structured_content
         assert result.is_error and isinstance(content, dict)
