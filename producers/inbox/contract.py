@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from taskcard.producers.task_card.contract import (
+    drop_hidden_tags,
     escape_controls,
     one_line_cut,
     shows_text,
@@ -106,11 +107,12 @@ class Message:
     queued_at: str
 
     def summary(self) -> dict[str, Any]:
-        """The JSON shape `taskcard inbox --json` and the `inbox` MCP tool answer with."""
+        """The JSON shape `taskcard inbox --json` and the `inbox` MCP tool answer with (the
+        text without its tag characters, as `frame` quotes it)."""
         return {
             "id": self.id,
             "kind": self.kind,
-            "text": self.text,
+            "text": drop_hidden_tags(self.text),
             "from": {
                 "channel": self.channel,
                 "chat_id": self.chat_id,
@@ -196,9 +198,11 @@ def frame(message: Message) -> str:
     """The text as the agent reads it: who sent it, from where, then the text quoted.
 
     Every line of the text starts with `> `, so a text cannot end the quote and pose as a
-    second frame or as an instruction of the agent's own operator.
+    second frame or as an instruction of the agent's own operator. Unicode tag characters
+    are left out: invisible to the person who pasted the text, they spell words the model
+    reads ("ASCII smuggling").
     """
-    lines = escape_controls(message.text).splitlines() or [""]
+    lines = escape_controls(drop_hidden_tags(message.text)).splitlines() or [""]
     quoted = "\n".join(f"> {line}" for line in lines)
     if message.kind == "wake":
         when = label(message.queued_at, "?")

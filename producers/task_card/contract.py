@@ -477,6 +477,7 @@ _SUBDIVISION_FLAG: Final = "\U0001f3f4\U000e0067\U000e0062(?:{})\U000e007f".form
 _UNSHOWN_IN_LINE: Final = re.compile(
     f"({_SUBDIVISION_FLAG})|[{BIDI_CHARS}\\U000e0000-\\U000e007f]+"
 )
+_HIDDEN_TAGS: Final = re.compile(f"({_SUBDIVISION_FLAG})|[\\U000e0000-\\U000e007f]+")
 _BREAKS: Final = re.compile(f"[{BREAK_CHARS}]+")
 _CONTROLS: Final = re.compile(f"[{BREAK_CHARS}]")
 # General categories a reader does not see as text on their own: controls, format characters
@@ -589,6 +590,12 @@ def shown_body(body: str) -> str:
 
 def _kept_flag(found: re.Match[str]) -> str:
     return found.group(1) or ""
+
+
+def drop_hidden_tags(text: str) -> str:
+    """`text` without the Unicode tag characters (invisible text a model still reads), the
+    subdivision flags kept; lines, controls and direction marks are left as they are."""
+    return _HIDDEN_TAGS.sub(_kept_flag, text)
 
 
 def one_line(text: str) -> str:
