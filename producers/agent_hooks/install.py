@@ -33,7 +33,12 @@ import tomlkit
 import tomlkit.exceptions
 import tomlkit.items
 
-from taskcard.producers.task_card.contract import atomic_write, read_bytes, read_regular
+from taskcard.producers.task_card.contract import (
+    NotRegularFile,
+    atomic_write,
+    read_bytes,
+    read_regular,
+)
 
 # A file's writing plan: where the bytes land, with which permissions (see `_plan`).
 Plan = tuple[Path, int]
@@ -100,12 +105,41 @@ def taskcard_command() -> str:
     return str(beside) if beside.exists() else "taskcard"
 
 
+def _read_config(path: Path) -> bytes:
+    """The bytes of an existing configuration file, or an `InitError` saying why they cannot
+    be read: a folder, a pipe or an unreadable file was "not valid JSON (NotRegularFile)",
+    and a file over the size read was cut and then "not valid JSON" too."""
+    try:
+        raw = read_regular(path, _MAX_CONFIG_BYTES + 1)
+    except NotRegularFile as exc:  # its text names what it is and the fix
+        raise InitError(
+            f"{path}: {exc.strerror}, then run init again (it was left untouched)"
+        ) from None
+    except OSError as exc:
+        raise InitError(
+            f"{path}: cannot be read ({exc.strerror or exc.__class__.__name__}); fix or move "
+            "it, then run init again (it was left untouched)"
+        ) from None
+    if len(raw) > _MAX_CONFIG_BYTES:
+        raise InitError(
+            f"{path}: over {_MAX_CONFIG_BYTES} bytes, more than a configuration file holds; "
+            "fix or move it, then run init again (it was left untouched)"
+        )
+    return raw
+
+
 def _load_json(path: Path) -> dict[str, Any]:
     if not path.exists():
         return {}
+    raw = _read_config(path)
     try:
-        data = json.loads(read_regular(path, _MAX_CONFIG_BYTES))
-    except (OSError, ValueError, RecursionError) as exc:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InitError(
+            f"{path}: not valid JSON ({exc.msg.lower()} at line {exc.lineno}, column "
+            f"{exc.colno}); fix or move it, then run init again (it was left untouched)"
+        ) from None
+    except (ValueError, RecursionError) as exc:
         raise InitError(
             f"{path}: not valid JSON ({exc.__class__.__name__}); fix or move it, then run "
             "init again (it was left untouched)"
@@ -440,10 +474,11 @@ def init_codex(workdir: Path, config: Path, command: str | None = None) -> list[
 
 def _merge_codex_config(workdir: Path, config: Path, exe: str) -> bytes:
     """config.toml with `notify` and `[mcp_servers.taskcard]` merged in (not written)."""
+    raw = _read_config(config) if config.exists() else b""
     try:
-        text = read_regular(config, _MAX_CONFIG_BYTES).decode("utf-8") if config.exists() else ""
+        text = raw.decode("utf-8")
         document = tomlkit.parse(text)
-    except (OSError, UnicodeDecodeError, tomlkit.exceptions.TOMLKitError) as exc:
+    except (UnicodeDecodeError, tomlkit.exceptions.TOMLKitError) as exc:
         raise InitError(
             f"{config}: not valid TOML ({exc}); fix it, then run init again (left untouched)"
         ) from None

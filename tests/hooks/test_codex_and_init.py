@@ -104,6 +104,45 @@ def test_init_claude_code_refuses_a_malformed_file_and_leaves_it(workdir: Path) 
 
 
 @pytest.mark.parametrize(
+    ("host", "name", "plant", "said"),
+    [
+        ("claude-code", ".claude/settings.json", "folder", "a folder, not a regular file"),
+        ("claude-code", ".claude/settings.json", "fifo", "a named pipe, not a regular file"),
+        ("claude-code", ".claude/settings.json", "huge", "over 10000000 bytes"),
+        ("claude-code", ".claude/settings.json", "comma", "not valid JSON (expecting"),
+        ("claude-code", ".mcp.json", "folder", "a folder, not a regular file"),
+        ("codex", "codex/config.toml", "folder", "a folder, not a regular file"),
+        ("codex", "codex/hooks.json", "fifo", "a named pipe, not a regular file"),
+    ],
+)
+def test_init_says_why_a_file_it_cannot_read_is_refused(
+    workdir: Path, tmp_path: Path, host: str, name: str, plant: str, said: str
+) -> None:
+    """A folder or a pipe at a settings file was "not valid JSON (NotRegularFile)" (and "not
+    valid TOML ([Errno 22] ...)"), a file over the size read was cut and then "not valid
+    JSON", and a syntax error was "not valid JSON (JSONDecodeError)" without its place."""
+    path = (tmp_path if host == "codex" else workdir) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if plant == "folder":
+        path.mkdir()
+    elif plant == "fifo":
+        os.mkfifo(path)
+    elif plant == "huge":
+        path.write_text("{}" + " " * 10_000_000)
+    else:
+        path.write_text('{"hooks": {},\n}')
+    extra = ("--config", str(tmp_path / "codex" / "config.toml")) if host == "codex" else ()
+    done = run_taskcard("init", host, "--workdir", str(workdir), *extra)
+    line = done.stderr.decode()
+    assert done.returncode == 2 and line.count("\n") == 1, line
+    assert line.startswith(f"taskcard init: {path}: "), line
+    assert said in line and "then run init again (it was left untouched)" in line, line
+    if plant == "comma":
+        assert "at line 2, column 1" in line, line
+    assert not (workdir / ".mcp.json").is_file() or name == ".mcp.json"
+
+
+@pytest.mark.parametrize(
     ("stop", "problem"),
     [
         ([{"hooks": "./notify.sh"}], b"hooks.Stop[0].hooks must be a list"),
