@@ -335,7 +335,11 @@ class TaskCard:
             if self._closed:
                 return _failed("this task card host is shutting down; call again")
             if self._starting:
-                return _failed("another start is in progress; one active watch per agent")
+                return _failed(
+                    "another start is in progress (its first render is running); one active "
+                    "watch per agent: call start again once it is done, and it answers with "
+                    "the watch's id if that start made one"
+                )
             current = self._current
             if current is not None and current.state in LIVE_STATES:
                 return _failed(

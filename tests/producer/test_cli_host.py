@@ -148,6 +148,37 @@ def test_concurrent_starts_from_two_processes_exactly_one_wins(workdir: Path, cl
     assert statuses == ["failed", "watching"]
 
 
+def test_a_start_while_another_renders_says_what_to_do_then_names_the_watch(
+    workdir: Path, cli: CliHost
+) -> None:
+    """The start that lost the race was told only "another start is in progress": not
+    what to do, nor how to find the watch the other one made."""
+    write_renderer(
+        workdir,
+        "r.py",
+        "import pathlib, time\n"
+        "pathlib.Path('rendering').touch()\n"
+        "while not pathlib.Path('go').exists():\n"
+        "    time.sleep(0.05)\n"
+        "print('# one card')\n",
+    )
+    first = subprocess.Popen(
+        cli.command("card", "start", "r.py", "--json"), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for(lambda: (workdir / "rendering").exists())
+        second = cli.json("card", "start", "r.py")
+        assert second["status"] == "failed", second
+        assert second["message"].startswith("another start is in progress"), second
+        assert "call start again once it is done" in second["message"], second
+    finally:
+        (workdir / "go").touch()
+        out, _ = first.communicate(timeout=120)
+    assert json.loads(out)["status"] == "watching"
+    again = cli.json("card", "start", "r.py")
+    assert (again["status"], again["watch_id"]) == ("failed", "tc_1"), again
+
+
 def test_sigkill_of_the_host_then_rehydration_with_the_same_id_and_budget(
     workdir: Path, cli: CliHost
 ) -> None:
