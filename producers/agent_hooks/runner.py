@@ -465,6 +465,13 @@ def claude_code(
             "settings, or pipe a payload in); nothing written"
         )
     payload = parse_payload(raw)
+    if not str(payload.get("hook_event_name") or "").strip():
+        # Ignored without a word (an empty logs/ folder made), as an event of a later version
+        # is: a payload written by hand had no sign of why the card did not move.
+        raise HookInputError(
+            "hook_event_name: missing or empty; a Claude Code hook payload names its event "
+            "(such as PreToolUse): run the hook from its settings, or add it; nothing written"
+        )
     paths = CardPaths(resolve_workdir(workdir_override, payload))
     name = payload.get("hook_event_name")
     key = _session_key(payload)

@@ -205,7 +205,9 @@ def test_a_broken_payload_never_fails_the_agent_and_is_logged(workdir: Path) -> 
         done = hook(raw, "--workdir", str(workdir))
         assert (done.returncode, done.stdout) == (0, b"")
     log = (workdir / "logs" / "taskcard-hook.log").read_text()
-    assert log.count("HookInputError") == 4  # the {"cwd": 5} one has --workdir, so it is fine
+    # The {"cwd": 5} one has --workdir, so its cwd is fine, but it names no event.
+    assert log.count("HookInputError") == 5
+    assert log.count("hook_event_name: missing") == 1
     assert events(workdir) == []
 
 
@@ -846,3 +848,16 @@ def test_an_unusable_payload_is_told_by_where_it_went_wrong(stdin: bytes, said: 
     line = done.stderr.decode()
     assert said in line and line.rstrip().endswith(("nothing written", "(pass --workdir)")), line
     assert "Traceback" not in line and line.count("\n") == 1
+
+
+@pytest.mark.parametrize("named", [{}, {"hook_event_name": ""}, {"hook_event_name": " "}])
+def test_a_payload_naming_no_event_is_logged_not_ignored(
+    workdir: Path, named: dict[str, str]
+) -> None:
+    """A payload without its event's name was dropped without a word: nothing on the card,
+    nothing in the log, only an empty `logs/` folder to show the hook had run."""
+    done = hook({"session_id": "s1", "cwd": str(workdir), **named})
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
+    log = (workdir / "logs" / "taskcard-hook.log").read_text()
+    assert "hook_event_name: missing or empty" in log and "nothing written" in log, log
+    assert events(workdir) == []
