@@ -50,6 +50,8 @@ from taskcard.producers.task_card.contract import (
     OutsideWorkdir,
     atomic_write,
     is_inside,
+    json_cut_short,
+    json_kind,
     make_folder,
     open_append,
     open_lock,
@@ -134,7 +136,7 @@ def parse_payload(raw: bytes) -> dict[str, Any]:
         raise HookInputError(f"payload is not JSON: {_not_json(exc)}; nothing written") from None
     if not isinstance(data, dict):
         raise HookInputError(
-            f"payload is not a JSON object (the top level is {_json_kind(data)}); a hook's "
+            f"payload is not a JSON object (the top level is {json_kind(data)}); a hook's "
             "payload is one object; nothing written"
         )
     name = data.get("hook_event_name")
@@ -153,21 +155,9 @@ def _not_json(exc: ValueError | RecursionError) -> str:
     class name alone (`JSONDecodeError`) said neither."""
     if not isinstance(exc, json.JSONDecodeError):
         return exc.__class__.__name__
-    if exc.msg.startswith("Unterminated string") or exc.pos >= len(exc.doc.rstrip()):
+    if json_cut_short(exc):
         return "the text ends before the object is complete (truncated?)"
     return f"{exc.msg.lower()} at line {exc.lineno}, column {exc.colno}"
-
-
-def _json_kind(value: object) -> str:
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, str):
-        return "a string"
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    return "a number"
 
 
 def _directory(text: str, field: str) -> Path:

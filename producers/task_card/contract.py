@@ -495,6 +495,26 @@ MAX_STACKED_MARKS: Final = 4
 _LINE_BREAKS: Final = re.compile("\r\n?|[\x85\u2028\u2029]")
 
 
+def json_cut_short(exc: json.JSONDecodeError) -> bool:
+    """Whether the text ended before the JSON did (a truncated document, not a wrong one)."""
+    return exc.msg.startswith("Unterminated string") or exc.pos >= len(exc.doc.rstrip())
+
+
+def json_kind(value: object) -> str:
+    """What a JSON value is, in words (`an array`, `null`), for an error about its type."""
+    if isinstance(value, list | tuple):
+        return "an array"
+    if isinstance(value, str):
+        return "a string"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    return f"a {type(value).__name__}"  # only the Python API can pass other objects
+
+
 def escape_controls(text: str) -> str:
     """`text` with its line breaks made `\\n` and its other controls (tab kept) written as
     escapes (`\\x1b`): for a person's text quoted to an agent, whose reader may be a

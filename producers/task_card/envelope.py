@@ -31,7 +31,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from taskcard.producers.task_card.contract import quoted, shows_text
+from taskcard.producers.task_card.contract import json_cut_short, json_kind, quoted, shows_text
 from taskcard.producers.task_card.number_args import whole_numbers
 from taskcard.producers.task_card.settings import BOUNDS
 
@@ -243,7 +243,7 @@ def decode_envelope(
             text, parse_constant=_constant, object_pairs_hook=_refuse_repeated_keys(what)
         )
     except json.JSONDecodeError as exc:
-        if exc.msg.startswith("Unterminated string") or exc.pos >= len(exc.doc.rstrip()):
+        if json_cut_short(exc):
             raise EnvelopeError(
                 f"{what}: not valid JSON, the text ends before the object is complete (truncated?)"
             ) from None
@@ -262,26 +262,12 @@ def decode_envelope(
     if not isinstance(data, dict):
         raise EnvelopeError(
             f"{what}: must be a JSON object with action, input and reasoning; "
-            f"the top level is {_json_kind(data)}"
+            f"the top level is {json_kind(data)}"
         )
     problem = check_values(data, max_depth=max_depth)
     if problem:
         raise EnvelopeError(f"{what}: {problem}")
     return data
-
-
-def _json_kind(value: object) -> str:
-    if isinstance(value, list | tuple):
-        return "an array"
-    if isinstance(value, str):
-        return "a string"
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    return f"a {type(value).__name__}"  # only the Python API can pass other objects
 
 
 def _shown(value: object) -> str:
@@ -389,7 +375,10 @@ def parse_envelope(raw: Mapping[str, Any] | str | bytes) -> Envelope:
     if isinstance(raw, str | bytes):
         data = decode_envelope(raw)
     if not isinstance(data, Mapping):
-        raise EnvelopeError("envelope: must be a JSON object with action, input and reasoning")
+        raise EnvelopeError(
+            "envelope: must be a JSON object with action, input and reasoning; the top level "
+            f"is {json_kind(data)}"
+        )
     problem = check_values(data)
     if problem:
         raise EnvelopeError(f"envelope: {problem}")
@@ -420,7 +409,7 @@ def parse_envelope(raw: Mapping[str, Any] | str | bytes) -> Envelope:
     if "input" not in data:
         problems.append("input: required, an object ({} for remove, settings, manual)")
     elif not isinstance(payload, Mapping):
-        problems.append(f"input: must be an object, got {_json_kind(payload)}")
+        problems.append(f"input: must be an object, got {json_kind(payload)}")
     if refused is not None:
         problems.append(refused)
     if problems:

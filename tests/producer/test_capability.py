@@ -854,3 +854,16 @@ def test_a_closed_card_refuses_calls_and_leaves_the_watch_to_the_next_host(
     assert (workdir / "taskcard" / "watch.json").exists()
     resumed = make_card().call(envelope("inspect", watch_id="tc_1"))
     assert (resumed["status"], resumed["watch_id"]) == ("watching", "tc_1")
+
+
+@pytest.mark.parametrize(
+    ("envelope", "kind"),
+    [(None, "null"), (["start"], "an array"), (5, "a number"), ('"settings"', "a string")],
+)
+def test_the_python_api_names_what_it_got_instead_of_an_envelope(
+    make_card: MakeCard, envelope: object, kind: str
+) -> None:
+    """`call(None)` said only that an envelope must be an object, not what came instead."""
+    result = make_card().call(envelope)  # type: ignore[arg-type]
+    assert result["status"] == "failed", result
+    assert result["message"].endswith(f"and reasoning; the top level is {kind}"), result
