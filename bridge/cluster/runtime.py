@@ -410,7 +410,7 @@ class Cluster:
     async def run(
         self,
         agents: Callable[[], Iterable[str]],
-        take: Callable[[str], None],
+        take: Callable[[list[str]], Mapping[str, Exception]],
         drop: Callable[[str], None],
         routed: Callable[[], Mapping[str, Any]] = dict,
         boards: BoardHolder | None = None,
@@ -418,7 +418,9 @@ class Cluster:
     ) -> None:
         """Renew every lease until cancelled: one per agent `agents` names at each renewal
         (configured, discovered, added by a reload), and one per chat `boards` routes to;
-        call `take`/`drop` as agents' leases change (`boards` as the boards' do), share
+        call `take` with the agents whose leases a renewal gained, all at once (it returns
+        those it could not serve, with why), and `drop` with each agent whose lease was
+        lost, as they change (`boards` as the boards' do), share
         what `routed` says this instance routes, and hand `replies` the command replies
         stopped instances left unsent."""
         interval_s = self.config.lease_ttl_s / 3
@@ -495,7 +497,7 @@ class Cluster:
 
     async def _renew(
         self,
-        take: Callable[[str], None],
+        take: Callable[[list[str]], Mapping[str, Exception]],
         drop: Callable[[str], None],
         routed: Callable[[], Mapping[str, Any]],
     ) -> None:
@@ -520,11 +522,16 @@ class Cluster:
         await self._share_routes(routed())
         resumed = error is None and self._silent_since is not None
         lost: list[str] = []
+        gained = [
+            agent
+            for agent, lease in self._agent_leases.items()
+            if lease.held and agent not in self._serving
+        ]
+        if gained:
+            # Together: the service reads their state in batches, not agent by agent.
+            self._take(gained, take, resumed=resumed)
         for agent, lease in self._agent_leases.items():
-            if lease.held and agent not in self._serving:
-                takeover = self._renewed and not resumed and agent not in self._fresh
-                self._take(agent, take, takeover=takeover)
-            elif agent in self._serving and not lease.held:
+            if agent in self._serving and not lease.held:
                 self._serving.discard(agent)
                 drop(agent)
                 lost.append(agent)
@@ -562,34 +569,45 @@ class Cluster:
             self._silent_since = None
         self._renewed = True
 
-    def _take(self, agent: str, take: Callable[[str], None], *, takeover: bool) -> None:
-        """Serve `agent` (its lease is held here); one that cannot be served now (its state
-        in Redis unusable) is logged once and tried again at each renewal, and never keeps
-        the agents after it from being served."""
+    def _take(
+        self,
+        agents: list[str],
+        take: Callable[[list[str]], Mapping[str, Exception]],
+        *,
+        resumed: bool,
+    ) -> None:
+        """Serve `agents` (their leases are held here); one that cannot be served now (its
+        state in Redis unusable) is logged once and tried again at each renewal, and never
+        keeps the others from being served."""
         try:
-            take(agent)
+            failed: Mapping[str, Exception] = take(agents)
         except Exception as error:
-            reason = " ".join(str(error).split()) or type(error).__name__
-            if self._refused.get(agent) != reason:
-                self._refused[agent] = reason
-                log.error(
-                    "agent %s: this instance holds its lease but cannot serve it: %s; it is"
-                    " tried again at each lease renewal",
+            failed = dict.fromkeys(agents, error)
+        for agent in agents:
+            why = failed.get(agent)
+            if why is not None:
+                reason = " ".join(str(why).split()) or type(why).__name__
+                if self._refused.get(agent) != reason:
+                    self._refused[agent] = reason
+                    log.error(
+                        "agent %s: this instance holds its lease but cannot serve it: %s; it"
+                        " is tried again at each lease renewal",
+                        agent,
+                        reason,
+                    )
+                continue
+            self._refused.pop(agent, None)
+            self._serving.add(agent)
+            if self._renewed and not resumed and agent not in self._fresh:
+                log.warning(
+                    "agent %s: this instance serves it now, taking over from the instance that"
+                    " served it (stopped, or cut off from Redis for lease_ttl_s); its card goes"
+                    " on in the same message; nothing to do if that instance was stopped on"
+                    " purpose",
                     agent,
-                    reason,
                 )
-            return
-        self._refused.pop(agent, None)
-        self._serving.add(agent)
-        if takeover:
-            log.warning(
-                "agent %s: this instance serves it now, taking over from the instance that"
-                " served it (stopped, or cut off from Redis for lease_ttl_s); its card goes on"
-                " in the same message; nothing to do if that instance was stopped on purpose",
-                agent,
-            )
-        else:
-            log.info("agent %s: this instance serves it now", agent)
+            else:
+                log.info("agent %s: this instance serves it now", agent)
 
     async def close(self) -> None:
         """Hand the unsent replies over and release every lease (others take over at once,

@@ -171,6 +171,13 @@ class NoticeOutbox:
         if key.channel in self._ready:
             self._queue_pending(lambda other: other == key)
 
+    def routes_ready(self, keys: Iterable[RouteKey]) -> None:
+        """`route_ready` of each of `keys`, with one read of the pending notices for all of
+        them (clustered: the routes of every agent one lease renewal gained)."""
+        wanted = {key for key in keys if key.channel in self._ready}
+        if wanted:
+            self._queue_pending(wanted.__contains__)
+
     def _queue_pending(self, wanted: Callable[[RouteKey], bool]) -> None:
         for pending in self._store.pending_notices():
             key = self._routes.get(pending.route)

@@ -493,7 +493,7 @@ async def serve(
             leases = asyncio.create_task(
                 wiring.cluster.run(
                     service.agent_ids,
-                    service.take_agent,
+                    service.take_agents,
                     service.drop_agent,
                     service.routed_agents,
                     boards=service,

@@ -88,6 +88,7 @@ from taskcard.bridge.schedule.routes import LaneKey, route_of_store_key
 from taskcard.bridge.schedule.scheduler import (
     CARD_REFUSED_PREFIX,
     RouteKey,
+    RoutesAhead,
     RouteScheduler,
     SharedReplies,
 )
@@ -324,7 +325,7 @@ class Service:
         self._channels: dict[str, Channel] = {n: b.channel for n, b in channels.items()}
         self._store = store
         self._clock = clock
-        # Clustered: only agents whose lease this instance holds (`take_agent`); else all.
+        # Clustered: only agents whose lease this instance holds (`take_agents`); else all.
         self._owned: set[str] | None = set() if clustered else None
         # Clustered: the agents every instance routes to a chat (see `routed_agents`).
         self._cluster_names = cluster_names
@@ -857,25 +858,72 @@ class Service:
             for channel, chats in found.items()
         }
 
-    def take_agent(self, agent_id: str) -> None:
-        """Serve this agent here from now on (its lease was gained): its routes start from
-        the shared store, so the resident another instance posted is edited, not doubled."""
-        if self._owned is None or agent_id in self._owned:
-            return
-        self._owned.add(agent_id)
-        routes = self._routes_by_agent.get(agent_id, [])
-        try:
-            for route in routes:
-                self._schedule(route)
-            self._desk.take_agent(agent_id)
-        except Exception:
-            self.drop_agent(agent_id)  # not half served: the cluster tries again later
-            raise
-        self._unread.discard(agent_id)  # read here, alone
-        self._refresh(agent_id)
-        for route in routes:
-            self._outbox.route_ready(route.key)  # what another instance left pending
-            self._project_route(route)
+    def take_agents(self, agent_ids: Iterable[str]) -> dict[str, Exception]:
+        """Serve these agents here from now on (their leases were gained); returns those
+        that could not be served, with why (the cluster tries them again later).
+
+        Each agent's routes start from the shared store, so the resident another instance
+        posted is edited, not doubled, and its files are read on from the offsets that
+        instance left. What the store keeps for them (residents, kept refusals, offsets,
+        pending notices) is read in batches for all the agents, as at start, rather than
+        agent by agent: on Redis each read is a round trip, and an instance that takes over
+        a stopped one's thousands of agents would make thousands of them. A batch that
+        cannot be read is read key by key, so a failure lands on its agent alone."""
+        if self._owned is None:
+            return {}
+        owned = self._owned
+        failed: dict[str, Exception] = {}
+        for batch in in_batches([a for a in dict.fromkeys(agent_ids) if a not in owned]):
+            routes = {agent_id: self._routes_by_agent.get(agent_id, []) for agent_id in batch}
+            ahead = self._scheduler.read_ahead(
+                route.key
+                for agent_routes in routes.values()
+                for route in agent_routes
+                if route.key not in self._scheduled
+            )
+            taken: list[str] = []
+            for agent_id in batch:
+                owned.add(agent_id)
+                try:
+                    for route in routes[agent_id]:
+                        self._schedule(route, ahead)
+                    self._desk.take_agent(agent_id)
+                except Exception as error:
+                    self.drop_agent(agent_id)  # not half served
+                    failed[agent_id] = error
+                    continue
+                taken.append(agent_id)
+            self._unread.difference_update(taken)  # read here, below
+            read = []
+            with self._offsets.reading_ahead((a, name) for a in taken for name in FIRST_OFFSETS):
+                for agent_id in taken:
+                    try:
+                        self._refresh(agent_id)
+                    except Exception as error:
+                        failed[agent_id] = error
+                        continue
+                    read.append(agent_id)
+            try:  # what another instance left pending, one read for the batch
+                self._outbox.routes_ready(route.key for a in read for route in routes[a])
+            except Exception:
+                log.debug("the pending notices of a batch of agents are read agent by agent")
+                ready = []
+                for agent_id in read:
+                    try:
+                        for route in routes[agent_id]:
+                            self._outbox.route_ready(route.key)
+                    except Exception as error:
+                        failed[agent_id] = error
+                        continue
+                    ready.append(agent_id)
+                read = ready
+            for agent_id in read:
+                try:
+                    for route in routes[agent_id]:
+                        self._project_route(route)
+                except Exception as error:
+                    failed[agent_id] = error
+        return failed
 
     def drop_agent(self, agent_id: str) -> None:
         """Stop serving this agent (another instance holds its lease now)."""
@@ -1091,9 +1139,9 @@ class Service:
         self._scheduler.add_routes(new)
         self._scheduled.update(key for key, _ in new)
 
-    def _schedule(self, route: Route) -> None:
+    def _schedule(self, route: Route, ahead: RoutesAhead | None = None) -> None:
         if route.key not in self._scheduled:
-            self._scheduler.add_route(route.key, pin=route.pin)
+            self._scheduler.add_route(route.key, pin=route.pin, ahead=ahead)
             self._scheduled.add(route.key)
         else:
             self._scheduler.set_pin(route.key, route.pin)  # a reload may have changed it

@@ -415,6 +415,23 @@ def unsure_send_wait_s(
     return max(0.0, min(hold_s, unsure_at + hold_s - now))
 
 
+class RoutesAhead:
+    """The store's rows of many routes about to be added (each one's resident and kept
+    refusal), read in one batch each and taken route by route (see `ReadAhead`): at start,
+    every route of the fleet; clustered, every route of the agents one lease renewal gained."""
+
+    __slots__ = ("records", "refusals")
+
+    def __init__(self, store: StateStore, keys: Iterable[RouteKey]) -> None:
+        routes = [key.store_key for key in keys]
+        self.records: ReadAhead[str, ResidentRecord] = ReadAhead(
+            store.residents_of, store.resident, routes
+        )
+        self.refusals: ReadAhead[str, str] = ReadAhead(
+            store.get_cursors, store.get_cursor, map(card_refused_key, routes)
+        )
+
+
 class RouteScheduler:
     """Owns every lane task; `start()` then `submit`/`send_reply`, then `stop()`."""
 
@@ -482,36 +499,46 @@ class RouteScheduler:
         paced: bool = False,
         reply_to: ReplyTo | None = None,
         keeps_refusal: bool = True,
+        ahead: RoutesAhead | None = None,
     ) -> None:
         """`paced`: the route's requests are spread at its chat's sustained rate (`pace_s`)
         instead of spending the chat's window in bursts; for a resident that changes all the
         time, such as a board. `reply_to`: the command the resident answers; its message is
         posted as a reply to it (see `Channel.send`). `keeps_refusal`: a card the platform
-        refuses for good is kept in the store for `taskcard status` (see `_keep_refusal`)."""
+        refuses for good is kept in the store for `taskcard status` (see `_keep_refusal`).
+        `ahead`: the route's rows read ahead with others' (`read_ahead`)."""
         self._add_route(
             key,
             pin=pin,
             paced=paced,
             reply_to=reply_to,
             keeps_refusal=keeps_refusal,
-            record=self._store.resident(key.store_key),
+            record=(
+                self._store.resident(key.store_key)
+                if ahead is None
+                else ahead.records.take(key.store_key)
+            ),
+            kept=None if ahead is None else ahead.refusals,
         )
+
+    def read_ahead(self, keys: Iterable[RouteKey]) -> RoutesAhead:
+        """What the store keeps for the routes of `keys` (their residents, kept refusals),
+        read in one batch each for `add_route` to take route by route."""
+        return RoutesAhead(self._store, keys)
 
     def add_routes(self, routes: Iterable[tuple[RouteKey, bool]], *, paced: bool = False) -> None:
         """`add_route` of each (key, pin), with what the store keeps for them (the resident,
         a kept refusal) read in batches: at start, every route of the fleet is added at once,
         and one read per route per batch is most of the store's work then."""
-        store = self._store
         for batch in in_batches(routes):
-            records = ReadAhead(store.residents_of, store.resident, [k.store_key for k, _ in batch])
-            refusals = ReadAhead(
-                store.get_cursors,
-                store.get_cursor,
-                [card_refused_key(key.store_key) for key, _ in batch],
-            )
+            ahead = self.read_ahead(key for key, _ in batch)
             for key, pin in batch:
                 self._add_route(
-                    key, pin=pin, paced=paced, record=records.take(key.store_key), kept=refusals
+                    key,
+                    pin=pin,
+                    paced=paced,
+                    record=ahead.records.take(key.store_key),
+                    kept=ahead.refusals,
                 )
 
     def _add_route(

@@ -241,7 +241,7 @@ async def test_the_lease_loop_stops_when_a_redis_call_swallowed_its_cancellation
     real, swallowing = cluster.aio, _SwallowingClient()
     cluster.aio = swallowing  # type: ignore[assignment]
     cluster._bots["telegram"] = "bot"
-    task = asyncio.create_task(cluster.run(list, lambda agent: None, lambda agent: None))
+    task = asyncio.create_task(cluster.run(list, lambda agents: {}, lambda agent: None))
     await asyncio.wait_for(swallowing.entered.wait(), timeout=30)
     task.cancel()
     done, _ = await asyncio.wait({task}, timeout=30)  # a bound on a hang, not a timing
