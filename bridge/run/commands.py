@@ -76,6 +76,17 @@ def suggestion(args: str) -> str | None:
     return f"/taskcard {close[0]}" if len(words) == 1 and close else None
 
 
+_SIGNED_NUMBER: Final = re.compile(r"^[+-]?[0-9]+$")
+
+
+def rows_out_of_range(args: str) -> bool:
+    """Whether an unknown `/taskcard ARGS` is a whole number outside 1 to 10 (`0`, `11`,
+    `-3`, a full-width `１２`): a count of activity rows the chat cannot have, answered with
+    the range rather than as an unknown option."""
+    word = unicodedata.normalize("NFKC", args).strip()
+    return bool(_SIGNED_NUMBER.match(word)) and parse_taskcard(word).action != "rows"
+
+
 def apply_to_prefs(command: TaskcardCommand, prefs: ChatPrefs) -> ChatPrefs:
     """The chat's preferences after `command` (unchanged for one that only asks)."""
     if command.action == "off":

@@ -62,7 +62,14 @@ from taskcard.bridge.notices.text import safe_error_code
 from taskcard.bridge.observe.metrics import ServiceSnapshot
 from taskcard.bridge.run import heap
 from taskcard.bridge.run.boards import ChatViews, board_key
-from taskcard.bridge.run.commands import apply_to_prefs, parse_taskcard, suggestion
+from taskcard.bridge.run.commands import (
+    MAX_ROWS,
+    MIN_ROWS,
+    apply_to_prefs,
+    parse_taskcard,
+    rows_out_of_range,
+    suggestion,
+)
 from taskcard.bridge.run.fleet import (
     RETIRED_NOTE,
     UNROUTED_NOTE,
@@ -2078,6 +2085,11 @@ class Service:
             meant = suggestion(command.args)
             hint = f" Did you mean {meant}?" if meant else ""
             reply = f"Unknown option.{hint} {HELP_TEXT}"
+            if rows_out_of_range(command.args):
+                reply = (
+                    f"A card shows {MIN_ROWS} to {MAX_ROWS} activity rows: /taskcard {MAX_ROWS}"
+                    f" shows the most, /taskcard {MIN_ROWS} the fewest."
+                )
         if prefs != self._chat_prefs(scope):
             self._store.set_prefs(scope, prefs)
             self._prefs[scope] = prefs

@@ -206,6 +206,7 @@ async def running(tmp_path: Path) -> AsyncIterator[Running]:
         ("4", "Task cards here now show 4 activity rows.", ChatPrefs(False, 4)),
         ("1", "Task cards here now show 1 activity row.", ChatPrefs(False, 1)),
         ("dance <b>", "Unknown option. /taskcard: show the state here", ChatPrefs()),
+        ("12", "A card shows 1 to 10 activity rows: /taskcard 10 shows the most", ChatPrefs()),
     ],
 )
 async def test_a_command_is_answered_and_remembered(

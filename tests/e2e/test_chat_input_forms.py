@@ -282,6 +282,30 @@ async def test_a_misspelt_option_is_answered_with_the_one_it_likely_meant(
         assert not any("now shows one task board" in t for t in chat.bot_texts())
 
 
+async def test_a_row_count_out_of_range_is_answered_with_the_range(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    # "/taskcard 0", "/taskcard 11", "/taskcard -3" and a number too long to read were
+    # answered "Unknown option" and the whole help, as if a count were no option; the
+    # answer now says the range, and the rows stay as they were.
+    async with running_card(platform, tmp_path) as chat:
+        for typed in ("0", "11", "-3", "99999999999999999999999", "\uff11\uff12"):
+            before = len(chat.bot_texts())
+            await chat.say(f"/taskcard {typed}")
+            await eventually(
+                lambda before=before: any(
+                    "shows 1 to 10 activity rows: /taskcard 10 shows the most" in t
+                    for t in chat.bot_texts()[before:]
+                ),
+                timeout_s=60,
+                what=f"the range in the answer to /taskcard {typed}",
+            )
+        assert not any("Unknown option" in t for t in chat.bot_texts())
+        await chat.say("/taskcard")
+        await wait_said(chat, "shown, 3 activity rows.", "the state: the rows unchanged")
+
+
 async def test_one_activity_row_is_said_in_the_singular(
     platform: str,  # noqa: F811 (the imported fixture)
     tmp_path: Path,
