@@ -130,7 +130,7 @@ from taskcard.channels.base import (
     counted,
 )
 from taskcard.channels.errors import ChannelError, RateLimited, Transient
-from taskcard.producers.task_card.contract import Origin, one_line_cut, parse_origin
+from taskcard.producers.task_card.contract import Origin, one_line_cut, parse_origin, shows_text
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -2271,6 +2271,12 @@ class Service:
                 if agent_id not in {r.key.agent_id for r in routes}:
                     return None  # its agent left, or its sender may not talk to it here
             text = command.args
+            if not shows_text(text):
+                # A picture, sticker or file, or a reply of blank text: nothing to queue.
+                return (
+                    f"Only text reaches {agent_id}: write your words in the reply"
+                    " (pictures, stickers and files are not sent)."
+                )
         else:
             # The agent's name ends at any white space: "/tell builder\nline one" is common.
             name, text = [*command.args.split(maxsplit=1), "", ""][:2]

@@ -372,7 +372,11 @@ def command_from_event(
     # is read from the body, as a person sees it: a post's title is a heading above it.
     written = message_text(message.get("message_type"), message.get("content"))
     if written is None:
-        return None
+        # A picture, sticker or file (no words): only as a reply can it be to an agent,
+        # which gets no text from it, so the person is told (as on Telegram).
+        if not replied_message(message) or not isinstance(message.get("message_type"), str):
+            return None
+        written = MessageText("")
     text = written.body
     mention_key = bot_mention_key(message.get("mentions"), bot_open_id)
     name: CommandName = "taskcard"

@@ -151,7 +151,11 @@ def command_from_update(update: Update, bot_username: str) -> IncomingCommand | 
         return None
     text = message.text or message.caption
     if not isinstance(text, str):
-        return None
+        # A picture, sticker or file without words: only as a reply to this bot's message
+        # is it anything to us (text for an agent that has none, so the person is told).
+        if message.reply_to_message is None:
+            return None
+        text = ""
     name: CommandName = "taskcard"
     reply_to: tuple[str, ...] = ()
     args = parse_command(text, bot_username)

@@ -371,3 +371,70 @@ async def test_a_reply_to_a_notice_reaches_the_agent_it_is_about_also_after_a_re
     assert queued(tmp_path, "tester") == []
     assert len([t for t in chat.bot_texts() if STATUS in t]) == 2
     assert not any("AGENT is one of" in t or "words between" in t for t in chat.bot_texts())
+
+
+async def test_a_picture_replying_to_a_card_is_told_that_only_text_reaches_the_agent(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    # A picture or sticker sent as a reply to an agent's card reached no one and got no
+    # answer on Feishu; on Telegram a captionless one was dropped as well. The person is now
+    # told that only text reaches the agent, and words replied after it are queued as ever.
+    async with running_card(platform, tmp_path) as chat:
+        card = chat.message_id_with("compile")
+        assert card is not None
+        if isinstance(chat, TelegramChat):
+            replied = chat.fake.message(GROUP, card)
+            assert replied is not None
+            group = {"id": GROUP, "type": "supergroup", "title": "Fleet"}
+            chat.fake.inject_update(
+                {
+                    "message": {
+                        "message_id": 900,
+                        "date": replied.date,
+                        "chat": group,
+                        "from": {"id": PERSON, "is_bot": False, "first_name": "Pat"},
+                        "sticker": {
+                            "file_id": "s1",
+                            "file_unique_id": "u1",
+                            "width": 512,
+                            "height": 512,
+                            "is_animated": False,
+                            "is_video": False,
+                            "type": "regular",
+                        },
+                        "reply_to_message": {
+                            "message_id": int(card),
+                            "date": replied.date,
+                            "chat": group,
+                            "from": {
+                                "id": chat.fake.bot_id,
+                                "is_bot": True,
+                                "first_name": "Taskcard",
+                                "username": chat.fake.username,
+                            },
+                            "text": replied.text,
+                        },
+                    }
+                }
+            )
+        else:
+            assert isinstance(chat, FeishuChat)
+            document = chat.fake.command_event(
+                FS_CHAT,
+                "",
+                open_id=FS_PERSON,
+                mention_bot=False,
+                parent_id=card,
+                verification_token=FS_VERIFY,
+            )
+            document["event"]["message"]["message_type"] = "image"
+            document["event"]["message"]["content"] = json.dumps({"image_key": "img_v2_1"})
+            answer = await chat.fake.deliver_event(chat.url, document)
+            assert answer.status == 200
+        await wait_said(chat, "Only text reaches builder", "the answer to the picture")
+        assert queued(tmp_path) == []
+        await chat.say("see the log", reply_to=card)
+        await wait_status(chat, "queued")
+        [message] = queued(tmp_path)
+        assert json.loads(message.read_text())["text"] == "see the log"
