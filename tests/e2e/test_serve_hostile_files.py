@@ -186,6 +186,29 @@ async def test_the_card_names_a_refused_file_and_the_fix_until_it_is_fixed(
         assert await serve.aterminate() == 0
 
 
+async def test_a_card_body_too_large_to_read_is_named_on_the_card_that_stays(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """A body over the 512 KB the service reads (only a writer other than the producer, which
+    caps its bodies, can leave one): the last good card stays, with a row saying why it no
+    longer moves and what to do, until a body of a size it reads comes."""
+    serve = setup(tmp_path, fake, ["piped"])
+    piped = workdir(tmp_path, "piped")
+    publish(piped, "piped v1")
+    row = "⚠ taskcard/taskcard.md: is larger than the 512 KB the service reads of it"
+    with serve:
+        await eventually(lambda: shows(fake, GROUP, "piped v1"), what="the card")
+        atomic_write(CardPaths(piped).body, b"huge body\n" * 60_000)  # 600,000 bytes
+        await eventually(lambda: shows(fake, GROUP, row), what="the refusal on the card")
+        assert "piped v1" in next(t for t in texts(fake, GROUP) if row in t)
+        publish(piped, "piped v2")
+        await eventually(
+            lambda: any("piped v2" in t and row not in t for t in texts(fake, GROUP)),
+            what="the row gone with a body of a size it reads",
+        )
+        assert await serve.aterminate() == 0
+
+
 async def test_symlinks_out_of_the_workdir_are_refused_never_posted(
     tmp_path: Path, fake: FakeTelegram
 ) -> None:
