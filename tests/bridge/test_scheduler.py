@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import sqlite3
 import time
 from collections import deque
 from collections.abc import Callable
@@ -668,20 +667,12 @@ async def wait_for(predicate: Callable[[], bool], what: str) -> None:
 
 
 async def test_what_a_send_must_leave_behind_is_one_transaction_before_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, statements: list[str]
 ) -> None:
     """The key and the unsure count of a send go to the store in one transaction before the
     request (they were two): a crash in the middle of it finds both, and a new resident
     costs one write fewer (bench/RESULTS.md, start-up). A retry writes the count alone."""
-    ran: list[str] = []
-    connect = sqlite3.connect
-
-    def traced(*args: object, **kwargs: object) -> sqlite3.Connection:
-        db = connect(*args, **kwargs)  # type: ignore[arg-type]
-        db.set_trace_callback(ran.append)
-        return db
-
-    monkeypatch.setattr(sqlite3, "connect", traced)
+    ran = statements
     store = SqliteStore.in_dir(tmp_path / "state")
     channel = AnswerLosingChannel()
     channel.lose_answers = 1

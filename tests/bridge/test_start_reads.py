@@ -30,21 +30,6 @@ PER_KEY_READS = (
 
 
 @pytest.fixture
-def statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every statement run on a SQLite connection opened from now on."""
-    ran: list[str] = []
-    connect = sqlite3.connect
-
-    def traced(*args: object, **kwargs: object) -> sqlite3.Connection:
-        db = connect(*args, **kwargs)  # type: ignore[arg-type]
-        db.set_trace_callback(ran.append)
-        return db
-
-    monkeypatch.setattr(sqlite3, "connect", traced)
-    return ran
-
-
-@pytest.fixture
 def store(tmp_path: Path) -> Iterator[SqliteStore]:
     opened = SqliteStore.in_dir(tmp_path)
     yield opened

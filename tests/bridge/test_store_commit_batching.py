@@ -27,16 +27,17 @@ def store(tmp_path: Path) -> Iterator[SqliteStore]:
     opened.close()
 
 
-def on_disk(tmp_path: Path, route: str = ROUTE) -> tuple[str | None, str | None] | None:
-    """(message id, fingerprint) as another process would read them now."""
+def on_disk(
+    tmp_path: Path, route: str = ROUTE, columns: str = "message_id, fingerprint"
+) -> tuple[object, ...] | None:
+    """The resident's `columns` (by default its message id and fingerprint) as another
+    process would read them now."""
     db = sqlite3.connect(tmp_path / STATE_FILE)
     try:
-        row = db.execute(
-            "SELECT message_id, fingerprint FROM residents WHERE route = ?", (route,)
-        ).fetchone()
+        row = db.execute(f"SELECT {columns} FROM residents WHERE route = ?", (route,)).fetchone()
     finally:
         db.close()
-    return None if row is None else (row[0], row[1])
+    return None if row is None else tuple(row)
 
 
 def test_message_id_is_on_disk_at_once_and_fingerprint_after_the_tick(
@@ -104,11 +105,4 @@ def test_a_send_written_while_the_file_is_locked_keeps_its_key_behind_a_later_co
         holder.execute("ROLLBACK")
         holder.close()
     assert store.retry_pending(force=True) is True
-    db = sqlite3.connect(tmp_path / STATE_FILE)
-    try:
-        row = db.execute(
-            "SELECT send_key, unsure_sends FROM residents WHERE route = ?", (ROUTE,)
-        ).fetchone()
-    finally:
-        db.close()
-    assert tuple(row) == ("k1", 0)
+    assert on_disk(tmp_path, columns="send_key, unsure_sends") == ("k1", 0)
