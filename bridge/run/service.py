@@ -907,6 +907,7 @@ class Service:
                     try:
                         self._refresh(agent_id)
                     except Exception as error:
+                        self.drop_agent(agent_id)  # not half served: taken whole next time
                         failed[agent_id] = error
                         continue
                     read.append(agent_id)
@@ -920,6 +921,7 @@ class Service:
                         for route in routes[agent_id]:
                             self._outbox.route_ready(route.key)
                     except Exception as error:
+                        self.drop_agent(agent_id)
                         failed[agent_id] = error
                         continue
                     ready.append(agent_id)
@@ -929,6 +931,7 @@ class Service:
                     for route in routes[agent_id]:
                         self._project_route(route)
                 except Exception as error:
+                    self.drop_agent(agent_id)
                     failed[agent_id] = error
         return failed
 
