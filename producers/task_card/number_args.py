@@ -64,7 +64,10 @@ def whole_number(text: str, what: str = "a whole number") -> int:
 def _exactly_whole(text: str, what: str) -> int:
     """A number in a float's form (`2.0`, `1e3`) as the int it is, read exactly: through a
     float, `2.0000000000000001` was taken as 2 and `9007199254740993.0` as one less."""
-    value = decimal.Decimal(text)
+    try:
+        value = decimal.Decimal(text)
+    except decimal.InvalidOperation:  # an exponent past what any decimal holds (1e99...9)
+        value = decimal.Decimal("Infinity")
     # Past the largest float, JSON reads the same text as an infinity: refused alike (and
     # `1e99999999` is never made digit by digit).
     if not value.is_finite() or value.copy_abs() > _FLOAT_MAX:

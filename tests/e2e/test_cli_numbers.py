@@ -62,6 +62,8 @@ NO_WHOLE_FLOATS = [
     ("nan", "give a finite whole number"),
     ("-Infinity", "give a finite whole number"),
     ("1e400", "give a finite whole number"),
+    # An exponent past what a decimal holds: a traceback once read exactly.
+    ("1e9999999999999999999999", "give a finite whole number"),
     # Read exactly, not through a float (which took it as 2).
     ("2.0000000000000001", "drop the fraction"),
 ]
@@ -189,6 +191,7 @@ def test_an_activity_count_takes_what_an_integer_option_takes(tmp_path: Path) ->
         ("1.5", "drop the fraction"),
         ("2.0000000000000001", "drop the fraction"),
         ("1e400", "give a finite whole number"),
+        ("-1e9999999999999999999999", "give a finite whole number"),
     ):
         result = taskcard("activity", "--workdir", str(tmp_path), "usage", f"input_tokens={value}")
         assert result.returncode == 2, result.stderr
