@@ -55,6 +55,9 @@ def parse_taskcard(args: str) -> TaskcardCommand:
     return TaskcardCommand("unknown")
 
 
+_SIGNED_NUMBER: Final = re.compile(r"^[+-]?[0-9]+$")
+
+
 # The option words a misspelt one is compared with (the numbers are said by the help).
 _OPTION_WORDS: Final = ("status", "off", "on", "cancel", "board", "cards", "help")
 
@@ -72,11 +75,11 @@ def suggestion(args: str) -> str | None:
         return None
     if len(known) == 1:
         return f"/taskcard {known[0]}"
+    if len(words) == 1 and _SIGNED_NUMBER.match(words[0]):
+        rows = int(words[0])  # `+5`, `005`: the count written another way
+        return f"/taskcard {rows}" if MIN_ROWS <= rows <= MAX_ROWS else None
     close = difflib.get_close_matches(words[0], _OPTION_WORDS, n=1, cutoff=0.6)
     return f"/taskcard {close[0]}" if len(words) == 1 and close else None
-
-
-_SIGNED_NUMBER: Final = re.compile(r"^[+-]?[0-9]+$")
 
 
 def rows_out_of_range(args: str) -> bool:
@@ -84,7 +87,7 @@ def rows_out_of_range(args: str) -> bool:
     `-3`, a full-width `１２`): a count of activity rows the chat cannot have, answered with
     the range rather than as an unknown option."""
     word = unicodedata.normalize("NFKC", args).strip()
-    return bool(_SIGNED_NUMBER.match(word)) and parse_taskcard(word).action != "rows"
+    return bool(_SIGNED_NUMBER.match(word)) and not MIN_ROWS <= int(word) <= MAX_ROWS
 
 
 def apply_to_prefs(command: TaskcardCommand, prefs: ChatPrefs) -> ChatPrefs:

@@ -21,6 +21,7 @@ from taskcard.bridge.run.commands import (
     TaskcardCommand,
     apply_to_prefs,
     parse_taskcard,
+    rows_out_of_range,
     suggestion,
 )
 from taskcard.bridge.run.service import Service
@@ -83,12 +84,33 @@ def test_parse_taskcard(args: str, expected: TaskcardCommand) -> None:
         ("on off", None),  # two options: the help says which is which
         ("xyzzy", None),
         ("11", None),
+        ("+5", "/taskcard 5"),  # an in-range count written another way
+        ("005", "/taskcard 5"),
         ('<at user_id="all">', None),
     ],
 )
 def test_an_unknown_option_suggests_only_an_option(args: str, meant: str | None) -> None:
     assert parse_taskcard(args) == TaskcardCommand("unknown")
     assert suggestion(args) == meant
+
+
+@pytest.mark.parametrize(
+    ("args", "out"),
+    [
+        ("0", True),
+        ("11", True),
+        ("-3", True),
+        ("\uff11\uff12", True),  # a full-width 12
+        ("99999999999999999999999", True),
+        ("+5", False),  # in range, written another way: suggested as /taskcard 5
+        ("005", False),
+        ("-0", True),
+        ("five", False),
+        ("", False),
+    ],
+)
+def test_only_a_count_outside_the_range_is_answered_with_the_range(args: str, out: bool) -> None:
+    assert rows_out_of_range(args) is out
 
 
 @pytest.mark.parametrize(
