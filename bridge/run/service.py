@@ -2252,6 +2252,7 @@ class Service:
         status message answers), or, clustered, another instance answers for it.
         """
         if command.command == "reply":
+            blank = not shows_text(command.args)  # a picture, sticker or file: no words
             agent_id = next(
                 (
                     r.key.agent_id
@@ -2270,12 +2271,18 @@ class Service:
                     # about one agent: a reply to it is for that agent, as one to its card.
                     read, agent_id = self._notice_agent(channel_name, command)
                 if agent_id is None:
+                    if blank:
+                        return None  # a picture answering anything else is not for us
                     return self._not_for_an_agent(channel_name, command, routes, read=read)
                 if agent_id not in {r.key.agent_id for r in routes}:
                     return None  # its agent left, or its sender may not talk to it here
             text = command.args
-            if not shows_text(text):
-                # A picture, sticker or file, or a reply of blank text: nothing to queue.
+            if blank:
+                # Nothing to queue. Told once in a while per person, as the other hints are:
+                # stickers answering a card, or pictures in a Feishu thread under it, are
+                # common talk, and every answer spends the chat's message budget.
+                if self._told_lately(self._hinted, channel_name, command):
+                    return None
                 return (
                     f"Only text reaches {agent_id}: write your words in the reply"
                     " (pictures, stickers and files are not sent)."

@@ -153,7 +153,9 @@ def command_from_update(update: Update, bot_username: str) -> IncomingCommand | 
     if not isinstance(text, str):
         # A picture, sticker or file without words: only as a reply to this bot's message
         # is it anything to us (text for an agent that has none, so the person is told).
-        if message.reply_to_message is None:
+        # The other pictures of an album come one update each, with the reply but not the
+        # caption: only the one with the words is anything to us.
+        if message.reply_to_message is None or message.media_group_id is not None:
             return None
         text = ""
     name: CommandName = "taskcard"
