@@ -15,7 +15,6 @@ import errno
 import functools
 import hashlib
 import json
-import os
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
@@ -656,28 +655,10 @@ def board_plain_text(view: BoardView) -> str:
     return "\n".join(lines)
 
 
-# The name the time zone database gives whatever zone the host is set to (a link to
-# `/etc/localtime`): the cards' times would follow the machine (differ between a cluster's
-# hosts, move with a host's setting), while the config names no zone a reader could check.
-_HOST_ZONE: Final = "localtime"
-
-
-def _host_zone_name() -> str | None:
-    """The IANA name of the zone this host is set to (where `/etc/localtime` leads), if any."""
-    target = os.path.realpath("/etc/localtime")
-    _, found, name = target.partition("/zoneinfo/")
-    return name if found and name != _HOST_ZONE else None
-
-
 def check_timezone(name: str) -> str:
-    """An IANA time zone name the system knows (`Europe/Berlin`, `UTC`), else a fixable error."""
-    if name == _HOST_ZONE:
-        here = _host_zone_name()
-        example = f"{here!r} (this host's zone)" if here else "'Europe/Berlin'"
-        raise ValueError(
-            f"{name!r} is this host's zone, not a zone of its own; write its IANA name, e.g."
-            f" {example}, so the cards show the same times wherever the service runs"
-        )
+    """An IANA time zone name the system knows (`Europe/Berlin`, `UTC`), else a fixable error.
+    Where the zone database has `localtime` (a link to the host's own setting), it is taken
+    as before, following the host; the README advises an IANA name for clusters."""
     try:
         ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError):
