@@ -455,6 +455,8 @@ def claude_code(
             "settings, or pipe a payload in); nothing written"
         )
     payload = parse_payload(raw)
+    # The workdir first: a --workdir that is no folder is said as by every agent command.
+    paths = CardPaths(resolve_workdir(workdir_override, payload))
     if not str(payload.get("hook_event_name") or "").strip():
         # Ignored without a word (an empty logs/ folder made), as an event of a later version
         # is: a payload written by hand had no sign of why the card did not move.
@@ -462,7 +464,6 @@ def claude_code(
             "hook_event_name: missing or empty; a Claude Code hook payload names its event "
             "(such as PreToolUse): run the hook from its settings, or add it; nothing written"
         )
-    paths = CardPaths(resolve_workdir(workdir_override, payload))
     name = payload.get("hook_event_name")
     key = _session_key(payload)
     main = not subagent(payload)
