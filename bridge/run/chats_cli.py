@@ -25,7 +25,7 @@ from taskcard.bridge.run.chat_names import as_last_resolved
 from taskcard.bridge.run.serve_cli import EXIT_CONFIG, _config_option, _load
 from taskcard.bridge.run.terminal import printable
 from taskcard.bridge.store.base import SeenChat, StateFileError, StateStore
-from taskcard.bridge.store.sqlite import STATE_FILE, SqliteStore
+from taskcard.bridge.store.sqlite import STATE_FILE, UNFIT_STATE_ERRORS, SqliteStore, unfit_state
 from taskcard.producers.task_card.contract import terminal_json
 
 
@@ -106,7 +106,10 @@ def _chats(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     except Exception as error:
         if not config.cluster.enabled:
-            raise
+            if not isinstance(error, UNFIT_STATE_ERRORS):
+                raise
+            print(f"taskcard: {unfit_state(config.state_dir / STATE_FILE, error)}", file=sys.stderr)
+            return EXIT_CONFIG
         from taskcard.bridge.run.cluster_serve import say_read_failure
 
         say_read_failure(error)  # raises what it cannot say in one line

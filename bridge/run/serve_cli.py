@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import signal
-import sqlite3
 import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -46,12 +45,14 @@ from taskcard.bridge.run.terminal import printable
 from taskcard.bridge.schedule.scheduler import card_refused_key, parse_card_refused
 from taskcard.bridge.store.sqlite import (
     STATE_FILE,
+    UNFIT_STATE_ERRORS,
     ResidentRecord,
     SqliteStore,
     StateFileError,
     StateStore,
     check_state_file,
     read_health,
+    unfit_state,
 )
 from taskcard.channels.base import counted
 
@@ -348,12 +349,15 @@ def _status(args: argparse.Namespace) -> int:
         if not config.cluster.enabled:  # clustered, the SQLite file is not used
             check_state_file(config.state_dir / STATE_FILE)
         report = status_report(config)
-    except (StateFileError, sqlite3.Error) as error:
+    except StateFileError as error:
         print(f"taskcard: {error}", file=sys.stderr)
         return EXIT_CONFIG
     except Exception as error:
         if not config.cluster.enabled:
-            raise
+            if not isinstance(error, UNFIT_STATE_ERRORS):
+                raise
+            print(f"taskcard: {unfit_state(config.state_dir / STATE_FILE, error)}", file=sys.stderr)
+            return EXIT_CONFIG
         from taskcard.bridge.run.cluster_serve import say_read_failure
 
         say_read_failure(error)  # raises what it cannot say in one line

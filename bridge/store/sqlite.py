@@ -86,6 +86,7 @@ __all__ = [
     "check_state_file",
     "in_batches",
     "read_health",
+    "unfit_state",
 ]
 
 
@@ -269,6 +270,10 @@ def check_state_file(path: Path) -> None:
         finally:
             db.close()
     except sqlite3.Error as exc:
+        if _locked(exc):  # a healthy file another process holds: never "move it away"
+            raise StateFileLocked(
+                f"{path}: cannot be read ({_fault_reason(exc)}); {_fault_advice(exc)}"
+            ) from None
         raise StateFileError(
             f"{path} is damaged ({exc}); restore it from a backup, {_FRESH_START}"
         ) from None
@@ -282,6 +287,24 @@ def check_state_file(path: Path) -> None:
             f"{path} is a SQLite database without taskcard's tables (another program's file?);"
             f" choose another state_dir, {_FRESH_START}"
         )
+
+
+# What reading a state file that passed `check_state_file` raises when its tables or values
+# are not the ones this version writes (a newer version's file, or rows edited by hand).
+UNFIT_STATE_ERRORS: Final = (sqlite3.Error, ValueError, TypeError, KeyError, IndexError)
+
+
+def unfit_state(path: Path, error: BaseException) -> StateFileError:
+    """The one line `taskcard status` and `taskcard chats` print for a state file they could
+    open but not read: `error` (one of `UNFIT_STATE_ERRORS`) and the way out."""
+    reason = " ".join(str(error).split())[:120] or type(error).__name__
+    if isinstance(error, sqlite3.Error) and _locked(error):
+        return StateFileLocked(f"{path}: cannot be read ({reason}); {_fault_advice(error)}")
+    return StateFileError(
+        f"{path} could not be read ({reason}): its tables or values are not the ones this"
+        " version of taskcard writes (a newer version's state, or one edited by hand); read it"
+        f" with the version that wrote it, restore it from a backup, {_FRESH_START}"
+    )
 
 
 def read_health(state_dir: Path) -> StateHealth | None:

@@ -259,6 +259,88 @@ def test_a_folder_in_place_of_sqlite_companion_is_named_not_the_database(
     assert state_file.read_bytes() == before
 
 
+def _state_of(path: Path, *statements: str) -> None:
+    """A state file as this version writes it, then changed by `statements` (SQL)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    SqliteStore.in_dir(path.parent).close()
+    db = sqlite3.connect(path)
+    for statement in statements:
+        db.execute(statement)
+    db.commit()
+    db.close()
+
+
+# States a newer version (or a hand edit) leaves: the tables are there, but not as read here;
+# each with the commands that read what changed (`chats` reads the chats seen alone, and a
+# state from before that table was made lists none).
+_STATUS = [("status",), ("status", "--json")]
+_UNFIT_STATES = {
+    "a column dropped": (
+        [
+            "INSERT INTO residents (route, message_id) VALUES ('console:console::a', '7')",
+            "ALTER TABLE residents DROP COLUMN fingerprint",
+            "PRAGMA user_version = 9",
+        ],
+        _STATUS,
+    ),
+    "a table renamed": (["ALTER TABLE pauses RENAME TO pauses_v9"], _STATUS),
+    "values in another form": (
+        [
+            "INSERT INTO pauses VALUES ('console:bot', 'tomorrow')",
+            "INSERT INTO seen_chats VALUES ('console', 'console', '', NULL, 'yesterday')",
+        ],
+        [*_STATUS, ("chats",), ("chats", "--json")],
+    ),
+}
+
+
+@pytest.mark.parametrize("change", list(_UNFIT_STATES))
+def test_a_state_status_and_chats_cannot_read_is_one_line_naming_the_way_out(
+    tmp_path: Path, change: str
+) -> None:
+    """A SQLite state with taskcard's tables that this version cannot read (a newer
+    version's, one edited by hand) made `taskcard status` and `taskcard chats` end in a
+    traceback (or a bare "no such table"); each now prints one line naming the file and what
+    to do, exits 2, and leaves the file as it was."""
+    config = _console_config(tmp_path)
+    state_file = tmp_path / "state" / "state.sqlite3"
+    statements, commands = _UNFIT_STATES[change]
+    _state_of(state_file, *statements)
+    before = state_file.read_bytes()
+    for args in commands:
+        result = _run(config, *args)
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith(f"taskcard: {state_file} could not be read ("), (args, line)
+        assert "version" in line and "restore it from a backup" in line, line
+        assert result.stdout == "", (args, result.stdout)
+    assert state_file.read_bytes() == before
+
+
+def test_a_state_file_locked_by_another_process_is_not_called_damaged(tmp_path: Path) -> None:
+    """A healthy state file another process held locked (a sqlite3 shell in a transaction
+    on a file in rollback-journal mode) was called damaged by `taskcard status`, `taskcard
+    chats` and `serve --check`, with the advice to move it away (a second resident message in
+    every chat); each now says it is locked and what to end."""
+    config = _console_config(tmp_path)
+    state_file = tmp_path / "state" / "state.sqlite3"
+    _state_of(state_file)
+    holder = sqlite3.connect(state_file, isolation_level=None)
+    try:
+        holder.execute("PRAGMA journal_mode = DELETE")
+        holder.execute("BEGIN EXCLUSIVE")
+        holder.execute("INSERT INTO pauses VALUES ('console:bot', 1)")
+        for args in (("status",), ("chats", "--json"), ("serve", "--check")):
+            result = _run(config, *args)
+            assert result.returncode == 2, (args, result.stderr)
+            (line,) = result.stderr.strip().splitlines()
+            assert str(state_file) in line and "locked" in line, (args, line)
+            assert "end that transaction or stop that process" in line, line
+            assert "damaged" not in line and "start afresh" not in line, line
+    finally:
+        holder.close()
+
+
 def test_a_read_only_state_disk_stops_serve_with_one_line(tmp_path: Path) -> None:
     config = _console_config(tmp_path)
     state_dir = tmp_path / "state"
