@@ -41,6 +41,11 @@ _STANDARD_ATTRS: Final = frozenset(logging.LogRecord("", 0, "", 0, "", None, Non
     "taskName",
 }
 _DIGITS: Final = re.compile(r"\d+")
+# `extra=EVERY_TIME` marks a record the repeat limiter never holds back: the answer to an
+# operator's own action (a SIGHUP's refused reload), which each action is owed, however
+# like the one before it. The mark itself is not written out.
+_EVERY_TIME_ATTR: Final = "taskcard_every_time"
+EVERY_TIME: Final = {_EVERY_TIME_ATTR: True}
 
 
 def iso_timestamp(created: float) -> str:
@@ -49,7 +54,11 @@ def iso_timestamp(created: float) -> str:
 
 
 def _extras(record: logging.LogRecord) -> dict[str, Any]:
-    return {k: v for k, v in record.__dict__.items() if k not in _STANDARD_ATTRS}
+    return {
+        k: v
+        for k, v in record.__dict__.items()
+        if k not in _STANDARD_ATTRS and k != _EVERY_TIME_ATTR
+    }
 
 
 class TextFormatter(logging.Formatter):
@@ -100,7 +109,8 @@ class ScrubbingFormatter(logging.Formatter):
 
 
 class RepeatLimiter(logging.Filter):
-    """Lets the first of a kind of warning through, then one per `interval_s` with a count.
+    """Lets the first of a kind of warning through, then one per `interval_s` with a count
+    (a record logged with `extra=EVERY_TIME` always passes).
 
     Messages are of one kind when the logger, the level and the text with its numbers blanked
     out agree ("refresh of builder failed (attempt 7)" and "... (attempt 8)"). Below WARNING
@@ -120,7 +130,7 @@ class RepeatLimiter(logging.Filter):
         self._windows: dict[tuple[str, int, str], tuple[float, int]] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING:
+        if record.levelno < logging.WARNING or getattr(record, _EVERY_TIME_ATTR, False):
             return True
         message = record.getMessage()
         key = (record.name, record.levelno, _DIGITS.sub("#", message))

@@ -31,7 +31,13 @@ from taskcard.bridge.observe.metrics import MeteredChannel, ServiceMetrics
 from taskcard.bridge.observe.sdnotify import READY, STOPPING, sd_notify
 from taskcard.bridge.run import early_stop, heap
 from taskcard.bridge.run.chat_names import ChatNames, route_usernames
-from taskcard.bridge.run.logs import LOG_FORMATS, LOG_LEVELS, setup_logging, start_error
+from taskcard.bridge.run.logs import (
+    EVERY_TIME,
+    LOG_FORMATS,
+    LOG_LEVELS,
+    setup_logging,
+    start_error,
+)
 from taskcard.bridge.run.service import Service, ServiceFailed
 from taskcard.bridge.store.sqlite import (
     HEALTH_FILE,
@@ -247,12 +253,13 @@ def reload_config(service: Service, path: Path, names: ChatNames | None = None) 
         config = load_config(_reloadable(path))
     except ConfigError as error:
         # One record, its problems below the first line: a problem logged on its own would
-        # lose what it is about (a JSON log line each, and the repeat limiter holds back a
-        # second refusal's first line while letting a new problem through alone).
+        # lose what it is about (a JSON log line each). Never held back as a repeat: each
+        # SIGHUP is answered, also when the file is as broken as at the one before.
         log.error(
             "config reload refused: %s is invalid; the running configuration stays%s",
             path,
             "".join(f"\n  - {message}" for message in error.messages),
+            extra=EVERY_TIME,
         )
         return False
     if names is not None:

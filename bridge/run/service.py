@@ -89,6 +89,7 @@ from taskcard.bridge.run.inbox_desk import (
     InboxDesk,
     latest_written,
 )
+from taskcard.bridge.run.logs import EVERY_TIME
 from taskcard.bridge.run.origins import OriginBook
 from taskcard.bridge.schedule.ratelimit import Limiter
 from taskcard.bridge.schedule.routes import LaneKey, route_of_store_key
@@ -1266,6 +1267,7 @@ class Service:
                 "config reload refused: %s changed; restart to change channels and those keys"
                 " (the running configuration stays)",
                 ", ".join(needs_restart),
+                extra=EVERY_TIME,
             )
             return False
         try:
@@ -1277,6 +1279,7 @@ class Service:
                 "config reload refused: the state could not be read (%s); the running"
                 " configuration stays",
                 error,
+                extra=EVERY_TIME,
             )
             return False
         retime = config.display.no_output_after_s != self._config.display.no_output_after_s

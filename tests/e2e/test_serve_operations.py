@@ -288,6 +288,40 @@ async def test_each_refused_reload_says_what_it_refused(tmp_path: Path, fake: Fa
         assert record["level"] == "ERROR"
 
 
+async def test_a_sighup_repeated_on_the_same_refusal_is_answered_each_time(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """A second SIGHUP within a minute on a file refused for the same reason (still broken,
+    still changing a key that needs a restart) was answered by nothing at all: the log's
+    repeat limiter held the refusal back, so an operator who fixed something else read the
+    silence as a reload that applied. Each SIGHUP now gets its refusal line."""
+    config = write_config(tmp_path, fake.base_url, None)
+    good = config.read_text()
+    renamed = good.replace('token_env = "TC_TEST_TOKEN"', 'token_env = "TC_OTHER_TOKEN"')
+    assert renamed != good
+    env = {"TC_TEST_TOKEN": fake.token, "TC_OTHER_TOKEN": fake.token}
+    with ServeProcess(config, env=env) as serve:
+        assert serve.proc is not None
+        await eventually(lambda: fake.waiting_pollers, what="the service polling")
+        # The TOML problem is on the line below its refusal; the key's is on the refusal.
+        for broken, said in (
+            (good + "broken = [\n", "TOML syntax error"),
+            (renamed, "config reload refused: telegram.token_env changed"),
+        ):
+            config.write_text(broken)
+            for sent in (1, 2, 3):
+                serve.proc.send_signal(signal.SIGHUP)
+                await eventually(
+                    lambda said=said, sent=sent: serve.logs.count(said) >= sent,
+                    what=f"refusal {sent} ({said})",
+                )
+        config.write_text(good)
+        serve.proc.send_signal(signal.SIGHUP)
+        await eventually(lambda: "config reloaded" in serve.logs, what="the good reload")
+        assert await serve.aterminate() == 0
+    assert "suppressed" not in serve.logs, serve.logs
+
+
 async def test_a_reload_of_a_config_given_as_a_named_pipe_is_refused_not_awaited(
     tmp_path: Path, fake: FakeTelegram
 ) -> None:
