@@ -43,6 +43,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
@@ -291,7 +292,14 @@ def check_state_file(path: Path) -> None:
 
 # What reading a state file that passed `check_state_file` raises when its tables or values
 # are not the ones this version writes (a newer version's file, or rows edited by hand).
-UNFIT_STATE_ERRORS: Final = (sqlite3.Error, ValueError, TypeError, KeyError, IndexError)
+UNFIT_STATE_ERRORS: Final = (
+    sqlite3.Error,
+    ValueError,
+    TypeError,
+    KeyError,
+    IndexError,
+    OverflowError,  # a time no date can show
+)
 
 
 def unfit_state(path: Path, error: BaseException) -> StateFileError:
@@ -317,11 +325,13 @@ def read_health(state_dir: Path) -> StateHealth | None:
     if not isinstance(data, dict) or data.get("failing_since") is None:
         return None
     try:
-        return StateHealth(
+        health = StateHealth(
             float(data["failing_since"]), str(data["reason"]), int(data["waiting_writes"])
         )
-    except (KeyError, TypeError, ValueError):
+        datetime.fromtimestamp(health.failing_since, UTC)  # a time a date can show
+    except (KeyError, TypeError, ValueError, OverflowError, OSError):
         return None
+    return health
 
 
 class _HealthFile:

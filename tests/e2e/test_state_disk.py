@@ -284,6 +284,14 @@ _UNFIT_STATES = {
         _STATUS,
     ),
     "a table renamed": (["ALTER TABLE pauses RENAME TO pauses_v9"], _STATUS),
+    "a time out of range": (
+        [
+            "INSERT INTO residents (route, message_id, committed_at)"
+            " VALUES ('console:console::a', '7', 1e308)",
+            "INSERT INTO seen_chats VALUES ('console', 'console', '', NULL, 1e308)",
+        ],
+        [*_STATUS, ("chats",), ("chats", "--json")],
+    ),
     "values in another form": (
         [
             "INSERT INTO pauses VALUES ('console:bot', 'tomorrow')",
@@ -315,6 +323,26 @@ def test_a_state_status_and_chats_cannot_read_is_one_line_naming_the_way_out(
         assert "version" in line and "restore it from a backup" in line, line
         assert result.stdout == "", (args, result.stdout)
     assert state_file.read_bytes() == before
+
+
+@pytest.mark.parametrize("since", ["1e308", "-1e308", "NaN", "Infinity"])
+def test_a_health_file_with_a_time_no_date_shows_is_read_as_no_fault(
+    tmp_path: Path, since: str
+) -> None:
+    """The health file `serve` writes beside the state (the write fault it is in) read with a
+    time no date can show (a damaged or hand-edited file) ended `taskcard status` in a
+    traceback; it is read as no recorded fault, as other unreadable health files are."""
+    config = _console_config(tmp_path)
+    state_file = tmp_path / "state" / "state.sqlite3"
+    _state_of(state_file)
+    (state_file.parent / "state.health").write_text(
+        f'{{"failing_since": {since}, "reason": "disk full", "waiting_writes": 3}}'
+    )
+    for args in (("status",), ("status", "--json")):
+        result = _run(config, *args)
+        assert result.returncode == 0, (args, result.stderr)
+        assert "Traceback" not in result.stderr and "disk full" not in result.stdout
+        assert "console:console::a" in result.stdout
 
 
 def test_a_state_file_locked_by_another_process_is_not_called_damaged(tmp_path: Path) -> None:
