@@ -8,6 +8,7 @@ statement on a local file or a loopback round trip, cheaper than a thread hop.
 from __future__ import annotations
 
 import logging
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -352,6 +353,19 @@ class StateStore(ABC):
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 _UNREAD: Final = object()  # `ReadAhead.take` of a key its batch did not name
+
+
+def stored_float(value: object) -> float | None:
+    """A stored number as a finite float, or None when absent or not one (text such as
+    "soon", NaN, infinity, a blob): the stores skip such a value with a warning instead of
+    ending the service on a file or key edited by hand."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (ValueError, TypeError, OverflowError):
+        return None
+    return number if math.isfinite(number) else None
 
 
 def in_batches(items: Iterable[K], size: int = READ_BATCH) -> Iterator[list[K]]:

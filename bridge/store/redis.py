@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import re
 import time
 from collections.abc import Callable, Iterable
@@ -61,6 +60,7 @@ from taskcard.bridge.store.base import (
     StateFileError,
     StateStore,
     in_batches,
+    stored_float,
 )
 
 # Enough to ride out a Redis restart (a second or two) without failing the call...
@@ -320,15 +320,6 @@ def _parts(member: str, count: int) -> list[str] | None:
     return [str(part) for part in value]
 
 
-def _float(value: str | None) -> float | None:
-    """A finite float, or None when absent or not a number."""
-    try:
-        number = None if value is None else float(value)
-    except _CORRUPT:
-        return None
-    return number if number is not None and math.isfinite(number) else None
-
-
 def _object(raw: str | None) -> dict[str, Any] | None:
     """A JSON object, or None when absent or not one."""
     try:
@@ -516,7 +507,8 @@ class RedisStore(StateStore):
             notice_route, notice_id = parts
             if route is not None and notice_route != route:
                 continue
-            found.append(PendingNotice(notice_route, notice_id, text or "", _float(at) or 0.0))
+            created = stored_float(at) or 0.0
+            found.append(PendingNotice(notice_route, notice_id, text or "", created))
         return sorted(found, key=lambda n: (n.created_at, n.notice_id))
 
     def set_notice_state(self, route: str, notice_id: str, state: NoticeState) -> None:
@@ -718,7 +710,7 @@ class RedisStore(StateStore):
         raw = cast(dict[str, str], self._r.hgetall(self.key("pauses")))
         pauses = {}
         for scope, value in raw.items():
-            until = _float(value)
+            until = stored_float(value)
             if until is None:
                 _corrupt(self.key("pauses"), scope)
             else:
@@ -758,7 +750,7 @@ class RedisStore(StateStore):
                     chat_id,
                     thread_id or None,
                     title if isinstance(title, str) else None,
-                    _float(str(last_seen)) or 0.0,
+                    stored_float(str(last_seen)) or 0.0,
                 )
             )
         return sorted(chats, key=lambda c: (-c.last_seen, c.channel, c.chat_id, c.thread_id or ""))
@@ -807,17 +799,17 @@ def _record(key: str, route: str, data: dict[str, str]) -> ResidentRecord:
         _corrupt(key, "unsure_sends")
         unsure_sends = 0
     for name in ("committed_at", "unsure_at"):
-        if data.get(name) is not None and _float(data[name]) is None:
+        if data.get(name) is not None and stored_float(data[name]) is None:
             _corrupt(key, name)
     return ResidentRecord(
         route=route,
         message_id=data.get("message_id"),
         fingerprint=data.get("fingerprint"),
-        committed_at=_float(data.get("committed_at")),
+        committed_at=stored_float(data.get("committed_at")),
         disabled_reason=data.get("disabled_reason"),
         send_key=data.get("send_key"),
         stale_message_id=data.get("stale_message_id"),
         unsure_sends=unsure_sends,
-        unsure_at=_float(data.get("unsure_at")),
+        unsure_at=stored_float(data.get("unsure_at")),
         pin_owed_id=data.get("pin_owed_id"),
     )

@@ -63,6 +63,7 @@ from taskcard.bridge.store.base import (
     StateHealth,
     StateStore,
     in_batches,
+    stored_float,
 )
 from taskcard.channels.aio import Backoff
 from taskcard.channels.base import counted
@@ -393,6 +394,7 @@ class SqliteStore(StateStore):
         self._mark: _RunMark | None = None  # this run's mark in the file (None: read-only)
         self._overwritten_logged = False
         self._restore_failed = False
+        self._unreadable_pauses: set[str] = set()  # said once each
         check_state_file(path)
         if readonly:
             self._db = sqlite3.connect(_readonly_uri(path), uri=True, timeout=5.0)
@@ -1057,7 +1059,25 @@ class SqliteStore(StateStore):
 
     def pauses(self) -> dict[str, float]:
         rows = self._db.execute("SELECT scope, until_epoch FROM pauses").fetchall()
-        return {str(row["scope"]): float(row["until_epoch"]) for row in rows}
+        pauses = {}
+        for row in rows:
+            until = stored_float(row["until_epoch"])
+            if until is None:  # edited by hand: no pause is better than no service
+                self._unreadable_pause(str(row["scope"]), row["until_epoch"])
+            else:
+                pauses[str(row["scope"])] = until
+        return pauses
+
+    def _unreadable_pause(self, scope: str, value: object) -> None:
+        if scope not in self._unreadable_pauses:
+            self._unreadable_pauses.add(scope)
+            log.warning(
+                "%s: the rate-limit pause of %s holds %.40r, not a time; it is ignored (the"
+                " platform's next 429 sets a new one)",
+                self.path,
+                scope[:200],
+                value,
+            )
 
     def set_pause(self, scope: str, until_epoch: float) -> None:
         def op(db: sqlite3.Connection) -> None:

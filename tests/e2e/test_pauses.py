@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 from datetime import datetime
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from taskcard.bridge.store.sqlite import SqliteStore
+from taskcard.bridge.store.sqlite import STATE_FILE, SqliteStore
 from tests.e2e.harness import (
     LONG_WINDOW_S,
     ServeProcess,
@@ -487,3 +488,34 @@ async def test_a_menu_put_off_by_a_429_is_set_after_the_window_and_given_up_afte
         )
         assert await again.aterminate() == 0, again.logs
     assert fake.count("setMyCommands") == 3 + 4
+
+
+@pytest.mark.parametrize("value", ["'soon'", "'nan'", "'inf'", "x'00ff'"])
+async def test_a_stored_pause_that_is_no_time_is_skipped_and_the_rest_kept(
+    tmp_path: Path, fake: FakeTelegram, value: str
+) -> None:
+    """A pause edited by hand into something that is no time ended `serve` in a traceback
+    while `serve --check` called the state valid. It is skipped with a warning naming the
+    scope; the other, readable pause is still honoured and the card still lands."""
+    serve = setup(
+        tmp_path, fake, ["builder"], [(GROUP, ["builder"])], limits="[limits]\nmax_pause_s = 3"
+    )
+    old = SqliteStore.in_dir(tmp_path / ".taskcard")
+    old.set_pause("telegram:bot", time.time() + 2)
+    old.close()
+    with sqlite3.connect(tmp_path / ".taskcard" / STATE_FILE) as db:
+        db.execute(
+            f"INSERT INTO pauses (scope, until_epoch) VALUES ('telegram:chat:{GROUP}', {value})"
+        )
+    assert len(pause_ends(serve.config)) == 1
+    with serve:
+        publish(agent_dir(tmp_path, "builder"), "despite the odd pause")
+        await eventually(
+            lambda: any("despite the odd pause" in t for t in shown(fake, GROUP)),
+            timeout_s=60,
+            what="the card",
+        )
+        assert await serve.aterminate() == 0
+    assert f"rate-limit pause of telegram:chat:{GROUP} holds" in serve.logs
+    assert "not a time; it is ignored" in serve.logs
+    assert "honouring a rate-limit pause from before the restart: telegram:bot" in serve.logs
