@@ -368,6 +368,26 @@ def stored_float(value: object) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def stored_int(value: object) -> int | None:
+    """A stored whole number as an int, or None when absent or not one (text, a blob, a
+    fraction, NaN, one beyond the 64 bits a store can hold): read like `stored_float`."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63:
+        return value
+    return None
+
+
+def stored_text(value: object) -> str | None:
+    """A stored text (an id, a key, a reason) as a str, or None when absent or a blob: read
+    like `stored_float`. A number is the text SQLite would have stored for it."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    return None
+
+
 def in_batches(items: Iterable[K], size: int = READ_BATCH) -> Iterator[list[K]]:
     """`items` in lists of at most `size`, in order."""
     batch: list[K] = []

@@ -64,6 +64,8 @@ from taskcard.bridge.store.base import (
     StateStore,
     in_batches,
     stored_float,
+    stored_int,
+    stored_text,
 )
 from taskcard.channels.aio import Backoff
 from taskcard.channels.base import counted
@@ -203,6 +205,146 @@ MAX_UNSAVED_COMMITS = 1000
 _BUG_ERRORS = (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError)
 
 WriteOp = Callable[[sqlite3.Connection], Any]
+
+# Columns added after the first version: a read-only open (`taskcard status`) of an older
+# file that lacks one reads None; any other column missing is a newer version's file.
+_ADDED_COLUMNS: Final = frozenset(
+    {"unsure_sends", "unsure_at", "pin_owed_id", "reply_to_id", "reply_thread_id"}
+)
+_A_TIME = "a time"
+_AN_ID = "a message id"
+_TEXT = "text"
+_A_NUMBER = "a whole number"
+# What a file whose offset is lost is read from: as at the agent's first sight.
+_FIRST_SIGHT = "the file is read on from its end, as at the agent's first sight"
+_UNLISTED = "it is left out of `taskcard chats` (a command from it lists it again)"
+_NO_STATUS = (
+    "it is left out: its status message is no longer updated (the message itself, in the"
+    " agent's inbox folder, is untouched)"
+)
+# How `SqliteStore._stored` reads a column of a table, and what a value that is not of its
+# kind (a file edited by hand, or a row a bug wrote) means: (the reader, what the value is,
+# what it should be, what the service does instead). Every such value is skipped, with the
+# least harm: the service keeps serving every other row.
+_COLUMNS: Final[dict[tuple[str, str], tuple[Callable[[object], Any], str, str, str]]] = {
+    ("pauses", "scope"): (stored_text, "the scope of a rate-limit pause", _TEXT, "it is ignored"),
+    ("pauses", "until_epoch"): (
+        stored_float,
+        "the rate-limit pause of",
+        _A_TIME,
+        "it is ignored (the platform's next 429 sets a new one)",
+    ),
+    ("residents", "route"): (stored_text, "the route of a card", _TEXT, "the row is ignored"),
+    ("residents", "message_id"): (
+        stored_text,
+        "the message id of card",
+        _AN_ID,
+        "it is forgotten: the card is posted as a new message, the old one stays in the chat",
+    ),
+    ("residents", "fingerprint"): (
+        stored_text,
+        "the fingerprint of card",
+        _TEXT,
+        "the card is edited once more",
+    ),
+    ("residents", "committed_at"): (
+        stored_float,
+        "the last edit time of card",
+        _A_TIME,
+        "it is taken as unknown",
+    ),
+    ("residents", "disabled_reason"): (
+        stored_text,
+        "the reason it is off, of card",
+        _TEXT,
+        "the card is tried again",
+    ),
+    ("residents", "send_key"): (
+        stored_text,
+        "the key of the send in flight of card",
+        "a key",
+        "it is taken as none (a send cut short then may show as a second message)",
+    ),
+    ("residents", "stale_message_id"): (
+        stored_text,
+        "the replaced message id of card",
+        _AN_ID,
+        "it is not deleted (delete it by hand)",
+    ),
+    ("residents", "unsure_sends"): (
+        stored_int,
+        "the count of unanswered sends of card",
+        _A_NUMBER,
+        "it is taken as none",
+    ),
+    ("residents", "unsure_at"): (
+        stored_float,
+        "the last unanswered send time of card",
+        _A_TIME,
+        "it is taken as unknown",
+    ),
+    ("residents", "pin_owed_id"): (
+        stored_text,
+        "the id of the message whose pin is owed by card",
+        _AN_ID,
+        "no pin is owed (pin it by hand)",
+    ),
+    ("prefs", "hidden"): (
+        stored_int,
+        "the /taskcard on/off setting of",
+        "0 or 1",
+        "they are shown (/taskcard off hides them again)",
+    ),
+    ("prefs", "activity_rows"): (
+        stored_int,
+        "the /taskcard <rows> setting of",
+        _A_NUMBER,
+        "cards show the default (/taskcard <rows> sets it again)",
+    ),
+    ("offsets", "inode"): (stored_int, "the inode of", _A_NUMBER, _FIRST_SIGHT),
+    ("offsets", "offset"): (stored_int, "the read offset of", _A_NUMBER, _FIRST_SIGHT),
+    ("notices", "route"): (stored_text, "the route of notice", _TEXT, "it is not sent"),
+    ("notices", "notice_id"): (stored_text, "the id of notice", _TEXT, "it is not sent"),
+    ("notices", "text"): (stored_text, "the text of notice", _TEXT, "it is not sent"),
+    ("notices", "created_at"): (
+        stored_float,
+        "the time of notice",
+        _A_TIME,
+        "it is taken as the oldest",
+    ),
+    ("seen_chats", "channel"): (stored_text, "the channel of seen chat", _TEXT, _UNLISTED),
+    ("seen_chats", "chat_id"): (stored_text, "the id of seen chat", _TEXT, _UNLISTED),
+    ("seen_chats", "thread_id"): (stored_text, "the topic of seen chat", _TEXT, _UNLISTED),
+    ("seen_chats", "title"): (stored_text, "the title of seen chat", _TEXT, "it is unknown"),
+    ("seen_chats", "last_seen"): (
+        stored_float,
+        "the last command time of seen chat",
+        _A_TIME,
+        "it is taken as long ago",
+    ),
+    **{
+        ("inbox", column): (reader, f"the {what} of inbox message", kind, _NO_STATUS)
+        for column, reader, what, kind in (
+            ("message_id", stored_text, "id", _TEXT),
+            ("agent_id", stored_text, "agent", _TEXT),
+            ("channel", stored_text, "channel", _TEXT),
+            ("chat_id", stored_text, "chat", _TEXT),
+            ("queued_at", stored_float, "queue time", _A_TIME),
+        )
+    },
+    **{
+        ("inbox", column): (reader, f"the {what} of inbox message", kind, "it is unknown")
+        for column, reader, what, kind in (
+            ("outcome", stored_text, "outcome", _TEXT),
+            ("thread_id", stored_text, "topic", _TEXT),
+            ("author", stored_text, "author", _TEXT),
+            ("reason", stored_text, "outcome's reason", _TEXT),
+            ("closed_at", stored_float, "closing time", _A_TIME),
+            ("reply_to_id", stored_text, "command", _AN_ID),
+            ("reply_thread_id", stored_text, "command's thread", _TEXT),
+        )
+    },
+}
 
 
 def _readonly_uri(path: Path) -> str:
@@ -394,7 +536,7 @@ class SqliteStore(StateStore):
         self._mark: _RunMark | None = None  # this run's mark in the file (None: read-only)
         self._overwritten_logged = False
         self._restore_failed = False
-        self._unreadable_pauses: set[str] = set()  # said once each
+        self._unreadable: set[tuple[str, str, str]] = set()  # (table, key, column), said once
         check_state_file(path)
         if readonly:
             self._db = sqlite3.connect(_readonly_uri(path), uri=True, timeout=5.0)
@@ -730,11 +872,15 @@ class SqliteStore(StateStore):
                 if route not in self._unsaved_commits
                 else self._with_commit(ResidentRecord(route, None, None, None, None))
             )
-        return self._with_commit(_resident(row))
+        return self._with_commit(self._resident(row, route))
 
     def residents(self) -> list[ResidentRecord]:
         rows = self._db.execute("SELECT * FROM residents ORDER BY route").fetchall()
-        records = {row["route"]: self._with_commit(_resident(row)) for row in rows}
+        records = {}
+        for row in rows:
+            route = self._stored("residents", "?", row, "route")
+            if route is not None:
+                records[route] = self._with_commit(self._resident(row, route))
         for route in self._unsaved_commits.keys() - records.keys():
             records[route] = self._with_commit(ResidentRecord(route, None, None, None, None))
         return [records[route] for route in sorted(records)]
@@ -746,10 +892,49 @@ class SqliteStore(StateStore):
                 f"SELECT * FROM residents WHERE route IN ({_marks(len(batch))})", batch
             )
             for row in rows:
-                found[row["route"]] = self._with_commit(_resident(row))
+                found[row["route"]] = self._with_commit(self._resident(row, row["route"]))
             for route in self._unsaved_commits.keys() & set(batch) - found.keys():
                 found[route] = self._with_commit(ResidentRecord(route, None, None, None, None))
         return found
+
+    def _resident(self, row: sqlite3.Row, route: str) -> ResidentRecord:
+        def field(column: str) -> Any:
+            return self._stored("residents", route, row, column)
+
+        return ResidentRecord(
+            route=route,
+            message_id=field("message_id"),
+            fingerprint=field("fingerprint"),
+            committed_at=field("committed_at"),
+            disabled_reason=field("disabled_reason"),
+            send_key=field("send_key"),
+            stale_message_id=field("stale_message_id"),
+            unsure_sends=field("unsure_sends") or 0,
+            unsure_at=field("unsure_at"),
+            pin_owed_id=field("pin_owed_id"),
+        )
+
+    def _stored(self, table: str, key: str, row: sqlite3.Row, column: str) -> Any:
+        """`row[column]` of `table` read as `_COLUMNS` says (None where the file is from
+        before a column of `_ADDED_COLUMNS`). A value that is not of the column's kind,
+        edited by hand or written by a bug, reads as None, with one warning per row and
+        column naming it and what the service does instead: a file that ends the service
+        helps no one."""
+        raw = _added(row, column) if column in _ADDED_COLUMNS else row[column]
+        reader, what, kind, instead = _COLUMNS[table, column]
+        value = reader(raw)
+        if value is None and raw is not None and (table, key, column) not in self._unreadable:
+            self._unreadable.add((table, key, column))
+            log.warning(
+                "%s: %s %s holds %.40r, not %s; %s",
+                self.path,
+                what,
+                key[:200],
+                raw,
+                kind,
+                instead,
+            )
+        return value
 
     def _with_commit(self, record: ResidentRecord) -> ResidentRecord:
         """`record` as it reads once its kept fingerprint is committed."""
@@ -849,7 +1034,9 @@ class SqliteStore(StateStore):
         row = self._db.execute("SELECT * FROM prefs WHERE scope = ?", (scope,)).fetchone()
         if row is None:
             return ChatPrefs()
-        return ChatPrefs(hidden=bool(row["hidden"]), activity_rows=row["activity_rows"])
+        hidden = self._stored("prefs", scope, row, "hidden")
+        rows = self._stored("prefs", scope, row, "activity_rows")
+        return ChatPrefs(hidden=bool(hidden), activity_rows=rows)
 
     def set_prefs(self, scope: str, prefs: ChatPrefs) -> None:
         def op(db: sqlite3.Connection) -> None:
@@ -889,12 +1076,17 @@ class SqliteStore(StateStore):
             query += " AND route = ?"
             params = (route,)
         rows = self._db.execute(query + " ORDER BY created_at, notice_id", params).fetchall()
-        found = {
-            (row["route"], row["notice_id"]): PendingNotice(
-                row["route"], row["notice_id"], row["text"], row["created_at"]
+        found = {}
+        for row in rows:
+            name = f"{stored_text(row['route'])} {stored_text(row['notice_id'])}"
+            notice_route, notice_id, text, created_at = (
+                self._stored("notices", name, row, column)
+                for column in ("route", "notice_id", "text", "created_at")
             )
-            for row in rows
-        }
+            if notice_route is not None and notice_id is not None and text is not None:
+                found[notice_route, notice_id] = PendingNotice(
+                    notice_route, notice_id, text, created_at or 0.0
+                )
         # Writes waiting in the backlog are newer than the file: they decide.
         for (notice_route, notice_id), (text, state, at) in self._notice_overlay.items():
             if route is not None and notice_route != route:
@@ -927,7 +1119,12 @@ class SqliteStore(StateStore):
         row = self._db.execute(
             "SELECT inode, offset FROM offsets WHERE agent_id = ? AND name = ?", (agent_id, name)
         ).fetchone()
-        return (int(row["inode"]), int(row["offset"])) if row else None
+        return None if row is None else self._offset(agent_id, name, row)
+
+    def _offset(self, agent_id: str, name: str, row: sqlite3.Row) -> tuple[int, int] | None:
+        inode = self._stored("offsets", f"{agent_id}/{name}", row, "inode")
+        offset = self._stored("offsets", f"{agent_id}/{name}", row, "offset")
+        return None if inode is None or offset is None else (inode, offset)
 
     def get_offsets(
         self, keys: Iterable[tuple[str, str]]
@@ -940,9 +1137,10 @@ class SqliteStore(StateStore):
                 f" WHERE agent_id IN ({_marks(len(agents))})",
                 agents,
             )
-            for agent_id, name, inode, offset in rows:
-                if (agent_id, name) in wanted:
-                    found[agent_id, name] = (int(inode), int(offset))
+            for row in rows:
+                key = (row["agent_id"], row["name"])
+                if key in wanted and (offset := self._offset(*key, row)) is not None:
+                    found[key] = offset
         for key in wanted & self._unsaved_offsets.keys():
             found[key] = self._unsaved_offsets[key]
         return found
@@ -1061,23 +1259,11 @@ class SqliteStore(StateStore):
         rows = self._db.execute("SELECT scope, until_epoch FROM pauses").fetchall()
         pauses = {}
         for row in rows:
-            until = stored_float(row["until_epoch"])
-            if until is None:  # edited by hand: no pause is better than no service
-                self._unreadable_pause(str(row["scope"]), row["until_epoch"])
-            else:
-                pauses[str(row["scope"])] = until
+            scope = self._stored("pauses", "?", row, "scope")
+            until = None if scope is None else self._stored("pauses", scope, row, "until_epoch")
+            if scope is not None and until is not None:
+                pauses[scope] = until
         return pauses
-
-    def _unreadable_pause(self, scope: str, value: object) -> None:
-        if scope not in self._unreadable_pauses:
-            self._unreadable_pauses.add(scope)
-            log.warning(
-                "%s: the rate-limit pause of %s holds %.40r, not a time; it is ignored (the"
-                " platform's next 429 sets a new one)",
-                self.path,
-                scope[:200],
-                value,
-            )
 
     def set_pause(self, scope: str, until_epoch: float) -> None:
         def op(db: sqlite3.Connection) -> None:
@@ -1111,16 +1297,16 @@ class SqliteStore(StateStore):
             ).fetchall()
         except sqlite3.OperationalError:
             return []  # a read-only open of a state file from before this table
-        return [
-            SeenChat(
-                row["channel"],
-                row["chat_id"],
-                row["thread_id"] or None,
-                row["title"],
-                float(row["last_seen"]),
+        chats = []
+        for row in rows:
+            name = ":".join(str(stored_text(row[c])) for c in ("channel", "chat_id", "thread_id"))
+            channel, chat_id, thread_id, title, last_seen = (
+                self._stored("seen_chats", name, row, column)
+                for column in ("channel", "chat_id", "thread_id", "title", "last_seen")
             )
-            for row in rows
-        ]
+            if channel is not None and chat_id is not None and thread_id is not None:
+                chats.append(SeenChat(channel, chat_id, thread_id or None, title, last_seen or 0.0))
+        return chats
 
     def remember_sent(self, channel: str, message_id: str, at: float) -> None:
         def op(db: sqlite3.Connection) -> None:
@@ -1233,7 +1419,39 @@ class SqliteStore(StateStore):
             ).fetchall()
         except sqlite3.OperationalError:
             return []  # a read-only open of a state file from before this table
-        return [_inbox_record(row) for row in rows]
+        records = (self._inbox_record(row) for row in rows)
+        return [record for record in records if record is not None]
+
+    def _inbox_record(self, row: sqlite3.Row) -> InboxRecord | None:
+        """The inbox message of `row`, None when it lacks what names or places it."""
+        name = str(stored_text(row["message_id"]))
+
+        def field(column: str) -> Any:
+            return self._stored("inbox", name, row, column)
+
+        message_id, agent_id, channel, chat_id, queued_at = (
+            field(column)
+            for column in ("message_id", "agent_id", "channel", "chat_id", "queued_at")
+        )
+        if None in (message_id, agent_id, channel, chat_id, queued_at):
+            return None
+        outcome = field("outcome")
+        return InboxRecord(
+            message_id=message_id,
+            agent_id=agent_id,
+            channel=channel,
+            chat_id=chat_id,
+            thread_id=field("thread_id"),
+            author=field("author"),
+            queued_at=queued_at,
+            outcome=outcome
+            if outcome in ("open", "delivered", "failed", "cancelled")
+            else "failed",
+            reason=field("reason"),
+            closed_at=field("closed_at"),
+            reply_to_id=field("reply_to_id"),
+            reply_thread_id=field("reply_thread_id"),
+        )
 
 
 def _create_atomically(path: Path) -> None:
@@ -1421,37 +1639,3 @@ def _added(row: sqlite3.Row, column: str) -> Any:
         return row[column]
     except IndexError:  # no such column (a Row's `in` looks at values, not names)
         return None
-
-
-def _inbox_record(row: sqlite3.Row) -> InboxRecord:
-    return InboxRecord(
-        message_id=row["message_id"],
-        agent_id=row["agent_id"],
-        channel=row["channel"],
-        chat_id=row["chat_id"],
-        thread_id=row["thread_id"],
-        author=row["author"],
-        queued_at=float(row["queued_at"]),
-        outcome=row["outcome"]
-        if row["outcome"] in ("open", "delivered", "failed", "cancelled")
-        else "failed",
-        reason=row["reason"],
-        closed_at=row["closed_at"],
-        reply_to_id=_added(row, "reply_to_id"),
-        reply_thread_id=_added(row, "reply_thread_id"),
-    )
-
-
-def _resident(row: sqlite3.Row) -> ResidentRecord:
-    return ResidentRecord(
-        route=row["route"],
-        message_id=row["message_id"],
-        fingerprint=row["fingerprint"],
-        committed_at=row["committed_at"],
-        disabled_reason=row["disabled_reason"],
-        send_key=row["send_key"],
-        stale_message_id=row["stale_message_id"],
-        unsure_sends=int(_added(row, "unsure_sends") or 0),
-        unsure_at=_added(row, "unsure_at"),
-        pin_owed_id=_added(row, "pin_owed_id"),
-    )

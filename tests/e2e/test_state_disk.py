@@ -292,13 +292,6 @@ _UNFIT_STATES = {
         ],
         [*_STATUS, ("chats",), ("chats", "--json")],
     ),
-    "values in another form": (
-        [
-            "INSERT INTO pauses VALUES ('console:bot', 'tomorrow')",
-            "INSERT INTO seen_chats VALUES ('console', 'console', '', NULL, 'yesterday')",
-        ],
-        [*_STATUS, ("chats",), ("chats", "--json")],
-    ),
 }
 
 

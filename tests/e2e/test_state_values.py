@@ -1,0 +1,170 @@
+"""A state file whose values are not of their column's kind: text where a time or a count
+belongs, a blob where an id does, as a hand edit or a bug leaves them. `taskcard serve` keeps
+serving: each such value is skipped with one warning naming the row and what happens instead,
+every other row is still honoured and every other card still lands; `taskcard status` and
+`taskcard chats` still show the state. Driven through the fake Bot API; the reading is the
+store's, so it is the same for every platform."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from taskcard.bridge.store.sqlite import STATE_FILE, ChatPrefs, InboxRecord, SeenChat, SqliteStore
+from tests.e2e.harness import ServeProcess, eventually, publish, run_cli
+from tests.e2e.test_serve_telegram import GROUP, agent_dir, setup, shown
+from tests.fakes.telegram_api import FakeTelegram
+
+AGENTS = ["builder", "tester"]
+BUILDER = f"telegram:{GROUP}::builder"
+
+
+def edit_state(tmp_path: Path, *statements: str) -> None:
+    """Change the state file as a person with the sqlite3 shell would."""
+    with sqlite3.connect(tmp_path / ".taskcard" / STATE_FILE) as db:
+        for statement in statements:
+            db.execute(statement)
+
+
+def cards_with(fake: FakeTelegram, text: str) -> int:
+    return sum(text in shown_text for shown_text in shown(fake, GROUP))
+
+
+def readable_status(config: Path) -> tuple[str, str]:
+    """`taskcard status`, `status --json` and `chats` all show the state: the first one's
+    output, and what they all logged."""
+    outputs, logs = [], ""
+    for args in (("status",), ("status", "--json"), ("chats",)):
+        result = run_cli(*args, "--config", str(config))
+        assert result.returncode == 0, (args, result.stderr)
+        assert "Traceback" not in result.stderr, result.stderr
+        outputs.append(result.stdout)
+        logs += result.stderr
+    return outputs[0], logs
+
+
+async def both_cards(serve: ServeProcess, fake: FakeTelegram, text: str) -> None:
+    """Publish `text` for every agent and wait until both cards show it."""
+    for agent in AGENTS:
+        publish(agent_dir(serve.config.parent, agent), f"{agent} {text}")
+    await eventually(
+        lambda: all(cards_with(fake, f"{agent} {text}") for agent in AGENTS),
+        timeout_s=60,
+        what=f"both cards showing {text!r}",
+    )
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("committed_at", "'soon'"),
+        ("committed_at", "'nan'"),
+        ("committed_at", "x'00ff'"),
+        ("unsure_sends", "'soon'"),
+        ("unsure_sends", "x'00ff'"),
+        ("unsure_at", "'inf'"),
+        ("stale_message_id", "x'00ff'"),
+        ("message_id", "x'00ff'"),
+    ],
+)
+async def test_a_card_value_of_another_kind_is_skipped_and_the_rest_kept(
+    tmp_path: Path, telegram: FakeTelegram, column: str, value: str
+) -> None:
+    """A resident row edited by hand ended `serve` in a traceback at start (a text last-edit
+    time, a text count of unanswered sends), or left the card failing on every change (a blob
+    message id); `status --json` ended in one on a blob. The value is skipped with a warning
+    naming the route and the column's meaning; the other agent's card is still edited in
+    place. Only a message id that cannot be read costs a second message, as the warning
+    says."""
+    serve = setup(tmp_path, telegram, AGENTS, [(GROUP, AGENTS)])
+    with serve:
+        await both_cards(serve, telegram, "before")
+        assert await serve.aterminate() == 0, serve.logs
+    edit_state(tmp_path, f"UPDATE residents SET {column} = {value} WHERE route = '{BUILDER}'")
+    assert f"{GROUP}::tester" in readable_status(serve.config)[0]
+    again = ServeProcess(serve.config, env={"TC_TEST_TOKEN": telegram.token})
+    with again:
+        await both_cards(again, telegram, "after")
+        assert await again.aterminate() == 0, again.logs
+    assert "Traceback" not in again.logs
+    assert again.logs.count(f"card {BUILDER} holds") == 1, again.logs
+    assert cards_with(telegram, "tester") == 1, "the other card is edited in place"
+    if column == "message_id":
+        assert "the card is posted as a new message" in again.logs
+        assert cards_with(telegram, "builder") == 2
+    else:
+        assert cards_with(telegram, "builder") == 1
+
+
+# A row of each other table kept by a run, and a hand edit that makes one of its values
+# another kind; the words the warning gives for the row.
+OTHER_VALUES = {
+    "a notice's text as a blob": (
+        "UPDATE notices SET text = x'00ff' WHERE notice_id = 'odd'",
+        f"the text of notice {BUILDER} odd holds",
+    ),
+    "an inbox message's queue time as text": (
+        "UPDATE inbox SET queued_at = 'soon'",
+        "the queue time of inbox message m1 holds",
+    ),
+    "a seen chat's last command as text": (
+        "UPDATE seen_chats SET last_seen = 'yesterday' WHERE chat_id = '555'",
+        "the last command time of seen chat telegram:555: holds",
+    ),
+    "the rows setting as text": (
+        "UPDATE prefs SET activity_rows = 'many'",
+        f"the /taskcard <rows> setting of telegram:{GROUP}: holds",
+    ),
+    "the on/off setting as a blob": (
+        "UPDATE prefs SET hidden = x'01'",
+        f"the /taskcard on/off setting of telegram:{GROUP}: holds",
+    ),
+    "a read offset as text": (
+        "UPDATE offsets SET offset = 'end' WHERE agent_id = 'builder' AND name = 'reports'",
+        "the read offset of builder/reports holds",
+    ),
+    "a read offset beyond 64 bits": (
+        "UPDATE offsets SET offset = 99999999999999999999999 WHERE agent_id = 'builder'"
+        " AND name = 'reports'",
+        "the read offset of builder/reports holds",
+    ),
+}
+
+
+@pytest.mark.parametrize("change", list(OTHER_VALUES))
+async def test_a_value_of_another_kind_in_any_table_is_skipped_and_the_rest_kept(
+    tmp_path: Path, telegram: FakeTelegram, change: str
+) -> None:
+    """A notice text as a blob ended `serve` in a traceback at start; a text queue time of an
+    inbox message or last-seen time of a chat ended `status` or `chats` in the unreadable-state
+    error; a text rows setting failed every card of the chat; a text read offset failed the
+    reading of the agent's files. Each is skipped with one warning naming the row; both cards
+    land, the good notice is still sent, and status and chats show the state."""
+    serve = setup(tmp_path, telegram, AGENTS, [(GROUP, AGENTS)])
+    with serve:
+        await both_cards(serve, telegram, "before")
+        assert await serve.aterminate() == 0, serve.logs
+    store = SqliteStore.in_dir(tmp_path / ".taskcard")
+    now = time.time()
+    store.set_prefs(f"telegram:{GROUP}:", ChatPrefs(hidden=False, activity_rows=3))
+    store.add_notice(BUILDER, "odd", "an odd notice", "pending")
+    store.add_notice(BUILDER, "good", "a good notice", "pending")
+    store.add_inbox_message(InboxRecord("m1", "builder", "telegram", str(GROUP), None, "al", now))
+    store.record_chat(SeenChat("telegram", "555", None, "another chat", now))
+    store.close()
+    statement, warning = OTHER_VALUES[change]
+    edit_state(tmp_path, statement)
+    _, logs = readable_status(serve.config)
+    again = ServeProcess(serve.config, env={"TC_TEST_TOKEN": telegram.token})
+    with again:
+        await both_cards(again, telegram, "after")
+        await eventually(lambda: cards_with(telegram, "a good notice"), what="the good notice")
+        assert await again.aterminate() == 0, again.logs
+    assert "Traceback" not in again.logs
+    # Said once by each command that reads the row (`taskcard chats` alone reads seen chats).
+    assert again.logs.count(warning) <= 1, again.logs
+    assert warning in logs + again.logs, logs
+    assert cards_with(telegram, "tester") == 1, "the cards are edited in place"
