@@ -610,8 +610,8 @@ class InboxDesk:
         return state
 
     def _show(self, record: InboxRecord) -> None:
-        if record.channel not in self._ready:
-            return
+        if record.channel not in self._ready or record.agent_id not in self._writers:
+            return  # a removed agent's message (cancelled at `load`) has no card to show
         channel = self._channels[record.channel]
         chat = ChatRef(record.chat_id, record.thread_id)
         activity = self._activity(record.agent_id)

@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Final, Generic, Literal, TypeVar
 
 log = logging.getLogger(__name__)
@@ -366,6 +367,19 @@ def stored_float(value: object) -> float | None:
     except (ValueError, TypeError, OverflowError):
         return None
     return number if math.isfinite(number) else None
+
+
+def stored_time(value: object) -> float | None:
+    """A stored epoch as a float, or None when absent or not one a date can show (see
+    `stored_float`; `1e300` is a number but no time)."""
+    number = stored_float(value)
+    if number is None:
+        return None
+    try:
+        datetime.fromtimestamp(number, UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
+    return number
 
 
 def stored_int(value: object) -> int | None:

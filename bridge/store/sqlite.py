@@ -66,6 +66,7 @@ from taskcard.bridge.store.base import (
     stored_float,
     stored_int,
     stored_text,
+    stored_time,
 )
 from taskcard.channels.aio import Backoff
 from taskcard.channels.base import counted
@@ -329,7 +330,7 @@ _COLUMNS: Final[dict[tuple[str, str], tuple[Callable[[object], Any], str, str, s
             ("agent_id", stored_text, "agent", _TEXT),
             ("channel", stored_text, "channel", _TEXT),
             ("chat_id", stored_text, "chat", _TEXT),
-            ("queued_at", stored_float, "queue time", _A_TIME),
+            ("queued_at", stored_time, "queue time", _A_TIME),
         )
     },
     **{
@@ -339,7 +340,7 @@ _COLUMNS: Final[dict[tuple[str, str], tuple[Callable[[object], Any], str, str, s
             ("thread_id", stored_text, "topic", _TEXT),
             ("author", stored_text, "author", _TEXT),
             ("reason", stored_text, "outcome's reason", _TEXT),
-            ("closed_at", stored_float, "closing time", _A_TIME),
+            ("closed_at", stored_time, "closing time", _A_TIME),
             ("reply_to_id", stored_text, "command", _AN_ID),
             ("reply_thread_id", stored_text, "command's thread", _TEXT),
         )

@@ -110,6 +110,10 @@ OTHER_VALUES = {
         "UPDATE inbox SET queued_at = 'soon'",
         "the queue time of inbox message m1 holds",
     ),
+    "an inbox message's queue time beyond any date": (
+        "UPDATE inbox SET queued_at = 1e300",
+        "the queue time of inbox message m1 holds",
+    ),
     "a seen chat's last command as text": (
         "UPDATE seen_chats SET last_seen = 'yesterday' WHERE chat_id = '555'",
         "the last command time of seen chat telegram:555: holds",
@@ -168,3 +172,27 @@ async def test_a_value_of_another_kind_in_any_table_is_skipped_and_the_rest_kept
     assert again.logs.count(warning) <= 1, again.logs
     assert warning in logs + again.logs, logs
     assert cards_with(telegram, "tester") == 1, "the cards are edited in place"
+
+
+async def test_a_removed_agents_inbox_message_leaves_serve_running(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    """An agent taken out of the config while a message to it waited in its inbox ended every
+    `serve` start in a traceback (its status had no agent to show) until the row was forgotten
+    a week later. The message is cancelled and the other agent's card is served."""
+    serve = setup(tmp_path, telegram, AGENTS, [(GROUP, AGENTS)])
+    with serve:
+        await both_cards(serve, telegram, "before")
+        assert await serve.aterminate() == 0, serve.logs
+    store = SqliteStore.in_dir(tmp_path / ".taskcard")
+    store.add_inbox_message(
+        InboxRecord("m1", "builder", "telegram", str(GROUP), None, "al", time.time())
+    )
+    store.close()
+    without = setup(tmp_path, telegram, ["tester"], [(GROUP, ["tester"])])
+    with without:
+        publish(agent_dir(tmp_path, "tester"), "tester alone")
+        await eventually(lambda: cards_with(telegram, "tester alone"), what="the card")
+        assert await without.aterminate() == 0, without.logs
+    assert "Traceback" not in without.logs
+    assert cards_with(telegram, "tester") == 1
