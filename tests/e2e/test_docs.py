@@ -12,13 +12,16 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 import tomllib
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from taskcard.producers.task_card.client import request_host
 from taskcard.producers.task_card.runtime import HostPaths
-from tests.e2e.harness import ROOT
+from tests.e2e.harness import ROOT, placeholder_secrets, run_cli
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
@@ -353,6 +356,36 @@ def test_every_config_key_the_docs_name_is_a_key_of_the_file() -> None:
     assert len(named) >= 50, len(named)
     unknown = [f"{doc}: {'.'.join(path)}" for doc, path in named if not _is_config_key(path)]
     assert unknown == []
+
+
+TOML_BLOCKS = [
+    (doc, textwrap.dedent(block))
+    for doc in DOCS
+    for block in re.findall(r"```toml\n(.*?)```", doc.read_text(), re.S)
+]
+
+
+@pytest.mark.parametrize(
+    "block",
+    [block for _doc, block in TOML_BLOCKS],
+    ids=[f"{doc.name}-{n}" for n, (doc, _block) in enumerate(TOML_BLOCKS)],
+)
+def test_every_toml_block_of_the_docs_passes_both_checks(
+    block: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A snippet an operator copies into a file of its own (the minimal configurations, the
+    `[metrics]`, `[discover]`, `origin_chats` and `[cluster]` tables) must be a configuration
+    the service takes: `config check` and `serve --check`, its secret variables set, as the
+    docs tell the operator to run them. The key test above reads only the keys' names."""
+    assert len(TOML_BLOCKS) >= 6
+    config = tmp_path / "taskcard.toml"
+    config.write_text(block)
+    result = run_cli("config", "check", str(config))
+    assert result.returncode == 0, result.stderr
+    for variable, value in placeholder_secrets(config).items():
+        monkeypatch.setenv(variable, value)
+    result = run_cli("serve", "--config", str(config), "--check")
+    assert result.returncode == 0, result.stderr
 
 
 def test_the_activity_log_contract_lists_each_kind_with_its_fields() -> None:
