@@ -225,11 +225,17 @@ async def _run(root: Path, duration_s: float | None) -> int:
         base_dir=root,
         source="embedded demo configuration",
     )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    # A hangup (the terminal closed, the SSH session dropped) stops the demo as Ctrl-C does:
+    # its cards are drawn on that terminal, so nobody is left to see them or to stop it.
+    # `taskcard serve` ignores SIGHUP until it reloads a file, which the demo has none of, so
+    # without this it ran on in the background for good; `taskcard demo` was killed by it,
+    # leaving its temporary folder behind. Taken before the watches start, so a signal during
+    # their start is a stop too.
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        loop.add_signal_handler(signum, stop.set)
     with _fleet(root) as workdirs:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
         simulator = asyncio.create_task(_simulate(workdirs, stop))
         if duration_s is not None:
             loop.call_later(duration_s, stop.set)
@@ -291,7 +297,7 @@ def register(subparsers: Any) -> None:
         help="run the service on embedded defaults: a simulated fleet on the console",
         description=(
             "Create two demo agents with real task card watches and project their cards to "
-            "this terminal. No credentials needed. Ctrl-C stops it."
+            "this terminal. No credentials needed. Ctrl-C (or closing the terminal) stops it."
         ),
     )
     parser.add_argument("--dir", help="keep the demo fleet in this folder (default: temporary)")

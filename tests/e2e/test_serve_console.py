@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+import sys
 from pathlib import Path
 
 import pytest
 
 from taskcard.bridge.store.sqlite import STATE_FILE, SqliteStore
-from tests.e2e.harness import ServeProcess, eventually, notify, publish, run_cli, set_status
+from tests.e2e.harness import (
+    ROOT,
+    ServeProcess,
+    eventually,
+    notify,
+    publish,
+    run_cli,
+    set_status,
+)
 
 
 def write_config(tmp_path: Path, extra: str = "") -> Path:
@@ -120,6 +132,47 @@ def test_embedded_demo_runs_and_ends_cleanly() -> None:
     assert "Run the 2.4 test suite" in out and "Migrate orders to the v3 schema" in out
     assert "pytest" in out and "pg_dump orders" in out
     assert "**" not in out  # the cards' Markdown is rendered, not printed as source
+
+
+@pytest.mark.parametrize("command", [["serve"], ["demo"]], ids=["serve", "demo"])
+async def test_a_hangup_stops_the_demo_and_takes_its_folder_away(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """Closing the terminal that runs `make run` (`taskcard serve` on the embedded defaults)
+    sends the demo a SIGHUP: `serve` ignored it (a SIGHUP only reloads a file, and the demo
+    has none) and ran on in the background for good, drawing cards for nobody;
+    `taskcard demo` was killed by it and left its temporary folder behind. Both stop as on
+    Ctrl-C: exit 0, the demo's folder removed."""
+    output = tmp_path / "terminal.txt"
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    with output.open("w") as terminal:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "taskcard.bridge.cli",
+            *command,
+            cwd=ROOT,
+            env={**os.environ, "TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1"},
+            stdout=terminal,
+            stderr=asyncio.subprocess.PIPE,
+        )
+    try:
+        await eventually(
+            lambda: "Run the 2.4 test suite" in output.read_text(),
+            timeout_s=120,
+            what="the demo's cards",
+        )
+        assert [p.name for p in tmp.iterdir() if p.name.startswith("taskcard-demo-")]
+        proc.send_signal(signal.SIGHUP)
+        _, stderr = await asyncio.wait_for(proc.communicate(), timeout=120)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, stderr
+    assert b"Traceback" not in stderr
+    assert list(tmp.iterdir()) == []
 
 
 @pytest.mark.parametrize("duration", ["0", "-1", "nan", "inf"])
