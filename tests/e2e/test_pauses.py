@@ -57,6 +57,12 @@ def pause_ends(config: Path) -> list[float]:
     return ends
 
 
+async def card_lands(tmp_path: Path, fake: FakeTelegram, text: str, what: str) -> None:
+    """Publish `text` as the builder's card and wait until the group shows it."""
+    publish(agent_dir(tmp_path, "builder"), text)
+    await eventually(lambda: any(text in t for t in shown(fake, GROUP)), timeout_s=60, what=what)
+
+
 async def test_a_huge_retry_after_is_capped_and_the_card_lands(
     tmp_path: Path, fake: FakeTelegram
 ) -> None:
@@ -65,12 +71,7 @@ async def test_a_huge_retry_after_is_capped_and_the_card_lands(
     )
     flood(fake, "sendMessage", HUGE)
     with serve:
-        publish(agent_dir(tmp_path, "builder"), "after the flood")
-        await eventually(
-            lambda: any("after the flood" in t for t in shown(fake, GROUP)),
-            timeout_s=60,
-            what="the card after a capped pause",
-        )
+        await card_lands(tmp_path, fake, "after the flood", "the card after a capped pause")
         assert await serve.aterminate() == 0
     assert "max_pause_s" in serve.logs, "the cap is logged"
 
@@ -109,11 +110,8 @@ async def test_a_stored_pause_from_an_old_state_file_is_capped(
     ends = pause_ends(serve.config)
     assert len(ends) == 2 and all(end <= time.time() + 3 for end in ends), ends
     with serve:
-        publish(agent_dir(tmp_path, "builder"), "despite the old pause")
-        await eventually(
-            lambda: any("despite the old pause" in t for t in shown(fake, GROUP)),
-            timeout_s=60,
-            what="the card once the capped pause ended",
+        await card_lands(
+            tmp_path, fake, "despite the old pause", "the card once the capped pause ended"
         )
         assert await serve.aterminate() == 0
     assert "capped" in serve.logs
@@ -216,11 +214,7 @@ async def test_rate_windows_of_a_state_file_edited_by_hand_are_ignored(
     old.set_cursor("ratelimit:recent", windows.replace("NOW", str(time.time() - 0.5)))
     old.close()
     with serve:
-        publish(agent_dir(tmp_path, "builder"), "despite the mangled windows")
-        await eventually(
-            lambda: any("despite the mangled windows" in t for t in shown(fake, GROUP)),
-            what="the card",
-        )
+        await card_lands(tmp_path, fake, "despite the mangled windows", "the card")
         assert await serve.aterminate() == 0, serve.logs
     assert "Traceback" not in serve.logs
 
@@ -418,11 +412,8 @@ async def test_a_429_answered_to_the_start_is_a_pause_that_a_restart_keeps(
     capped_s = lift_long_pauses(serve.config)
     restarted = ServeProcess(serve.config, env={"TC_TEST_TOKEN": fake.token})
     with restarted:
-        publish(agent_dir(tmp_path, "builder"), "after the start's window")
-        await eventually(
-            lambda: any("after the start's window" in t for t in shown(fake, GROUP)),
-            timeout_s=60,
-            what="the card once the window has passed",
+        await card_lands(
+            tmp_path, fake, "after the start's window", "the card once the window has passed"
         )
         assert await restarted.aterminate() == 0, restarted.logs
     assert asked_before(fake, restart_s, capped_s) == [], restarted.logs
@@ -511,12 +502,7 @@ async def test_a_stored_pause_that_is_no_time_is_skipped_and_the_rest_kept(
         )
     assert len(pause_ends(serve.config)) == 1
     with serve:
-        publish(agent_dir(tmp_path, "builder"), "despite the odd pause")
-        await eventually(
-            lambda: any("despite the odd pause" in t for t in shown(fake, GROUP)),
-            timeout_s=60,
-            what="the card",
-        )
+        await card_lands(tmp_path, fake, "despite the odd pause", "the card")
         assert await serve.aterminate() == 0
     assert f"rate-limit pause of telegram:chat:{GROUP} holds" in serve.logs
     assert "not a time; it is ignored" in serve.logs
