@@ -5,7 +5,9 @@ reads one line and exits, and whatever it did not read is gone with the pipe. So
 (or FIFO) and on a local stream socket (what a Node host such as Claude Code gives its MCP
 servers as stdio) a delivery counts once the reader has read every byte of it (`FIONREAD` on
 a pipe, `SIOCOUTQ` on a socket: none left unread), and counts as lost when the reader closes
-its end first (`POLLERR`, `POLLHUP`). A caller that writes one message at a time and waits for
+its end first (`POLLERR`, `POLLHUP`; a socket's count drops to 0 as its peer closes too, and
+the error Linux leaves behind, `ECONNRESET`, tells a peer that left bytes unread from one
+that read them all before it closed). A caller that writes one message at a time and waits for
 this before the next one never hands a reader more than the message it is reading. Other
 outputs (a terminal, a file, a TCP socket) give no such signal: there a complete write counts.
 
@@ -97,6 +99,15 @@ class Output:
         request = termios.FIONREAD if self._kind == "pipe" else termios.TIOCOUTQ
         return int(struct.unpack("i", fcntl.ioctl(self.fd, request, b"\0\0\0\0"))[0])
 
+    def _reset_by_peer(self) -> bool:
+        """Whether the socket's peer closed it with bytes of ours unread: Linux leaves
+        ECONNRESET as the socket's error then, and none when the peer read all first."""
+        try:
+            with socket.socket(fileno=os.dup(self.fd)) as probe:
+                return probe.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == errno.ECONNRESET
+        except OSError:
+            return False
+
     def _taken(self) -> bool:
         """Whether the reader read everything written so far; waits for it, or for it to
         go away (False), within the patience, if any."""
@@ -111,7 +122,9 @@ class Output:
                 return False
             try:
                 if self._unread() == 0:
-                    return True
+                    # A peer that closes drops the count to 0 too, even between the poll
+                    # above and this look: it leaves a reset behind when it had not read all.
+                    return not (self._kind == "socket" and self._reset_by_peer())
             except OSError:
                 self._kind = "other"  # no count for it here: a complete write counts
                 return True
