@@ -750,7 +750,7 @@ class RedisStore(StateStore):
                     chat_id,
                     thread_id or None,
                     title if isinstance(title, str) else None,
-                    stored_float(str(last_seen)) or 0.0,
+                    stored_float(last_seen) or 0.0,
                 )
             )
         return sorted(chats, key=lambda c: (-c.last_seen, c.channel, c.chat_id, c.thread_id or ""))
