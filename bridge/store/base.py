@@ -356,6 +356,14 @@ V = TypeVar("V")
 _UNREAD: Final = object()  # `ReadAhead.take` of a key its batch did not name
 
 
+def shown_key(key: str, limit: int = 200) -> str:
+    """A stored row's key or a Redis member as a log line may show it: cut to `limit`
+    characters, and written as its `repr` when it holds a line break or another character a
+    log line should not carry (a hand-edited key would otherwise split a text log line)."""
+    key = key[:limit]
+    return key if key.isprintable() else repr(key)
+
+
 def stored_float(value: object) -> float | None:
     """A stored number as a finite float, or None when absent or not one (text such as
     "soon", NaN, infinity, a blob): the stores skip such a value with a warning instead of

@@ -60,6 +60,7 @@ from taskcard.bridge.store.base import (
     StateFileError,
     StateStore,
     in_batches,
+    shown_key,
     stored_float,
 )
 
@@ -80,7 +81,9 @@ def _corrupt(key: str, field: str) -> None:
     where = f"{key} {field}".strip()
     if where not in _reported:
         _reported.add(where)
-        log.warning("Redis %s: the stored value does not parse; it is ignored", where[:300])
+        log.warning(
+            "Redis %s: the stored value does not parse; it is ignored", shown_key(where, 300)
+        )
 
 
 def wrong_type(key: str, found: str, expected: str) -> str:

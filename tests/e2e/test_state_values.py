@@ -196,3 +196,25 @@ async def test_a_removed_agents_inbox_message_leaves_serve_running(
         assert await without.aterminate() == 0, without.logs
     assert "Traceback" not in without.logs
     assert cards_with(telegram, "tester") == 1
+
+
+async def test_a_row_key_with_a_line_break_is_one_log_line(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    """The warning names the row by its key; a key edited to hold a line break split a
+    text log line in two, the second looking like a line of its own. It is written escaped."""
+    serve = setup(tmp_path, telegram, AGENTS, [(GROUP, AGENTS)])
+    store = SqliteStore.in_dir(tmp_path / ".taskcard")
+    store.record_chat(SeenChat("telegram", "555", None, "another chat", time.time()))
+    store.close()
+    edit_state(
+        tmp_path,
+        "UPDATE seen_chats SET chat_id = '55' || char(10) || 'forged: line',"
+        " last_seen = 'yesterday' WHERE chat_id = '555'",
+    )
+    result = run_cli("chats", "--config", str(serve.config))
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "seen chat" in line]
+    assert len(warnings) == 1, result.stderr
+    assert "'telegram:55\\nforged: line:' holds 'yesterday'" in warnings[0], result.stderr
+    assert not any(line.startswith("forged") for line in result.stderr.splitlines())
