@@ -637,6 +637,7 @@ class Service:
                     self._last_edit(
                         channel, key.agent_id, CardState(), ActivitySummary(), zone, RETIRED_NOTE
                     ),
+                    last=True,
                 )
             self._closing[key] = asyncio.get_running_loop().time()
 
@@ -1239,7 +1240,7 @@ class Service:
         if route.key not in self._scheduled:
             return
         if final is not None:
-            self._scheduler.submit(route.key, final)
+            self._scheduler.submit(route.key, final, last=True)
         self._closing[route.key] = asyncio.get_running_loop().time() if self._running else 0.0
 
     def _drop_closed_routes(self) -> None:

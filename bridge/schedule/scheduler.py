@@ -152,6 +152,7 @@ class _Resident:
     retry_at: float = 0.0  # per-route backoff: not before this (monotonic) time
     failures: int = 0  # failed attempts in a row, for the backoff
     release: bool = False  # once `desired` is shown, let go of the message (see `submit`)
+    last: bool = False  # `desired` is the resident's last word: an edit only (see `submit`)
     paced: bool = False  # requests spread at the chat's pace rather than in bursts (a board)
     pin_owed: bool = False  # `pin` turned on while a message was shown: pin that one
     pin_at: float = 0.0  # an owed pin goes no sooner than this (monotonic): a 429's window
@@ -805,17 +806,24 @@ class RouteScheduler:
 
     # Work --------------------------------------------------------------------------------
 
-    def submit(self, key: RouteKey, message: Outgoing, *, release: bool = False) -> None:
+    def submit(
+        self, key: RouteKey, message: Outgoing, *, release: bool = False, last: bool = False
+    ) -> None:
         """Make `message` the latest desired content of the route's resident message.
 
         `release`: `message` is the resident's last word (a card retired beside a board):
         once it is shown, the route lets go of the message, which stays in the chat as it is,
         and a later `submit` sends a new one. Without a message to edit, nothing is sent.
+        `last`: `message` is the last edit of a route that closes (its agent retired, its
+        chat no longer follows it): it edits the message there or nothing, and a message
+        found gone is not replaced, since nobody follows the route any more. The message
+        stays the route's, so a route opened again edits it back.
         """
         resident = self._residents.get(key)
         if resident is None:
             return  # not served here (see remove_route)
         resident.release = release
+        resident.last = last
         if _already_shown(resident, message, self._in_flight(key)):
             resident.desired = None  # the fingerprint is enough (see `_commit`)
             return
@@ -1206,7 +1214,7 @@ class RouteScheduler:
                 await self._delete_stale(channel, resident)
             return
         op: Operation = "edit" if resident.message_id else "send"
-        if op == "send" and resident.release:
+        if op == "send" and (resident.release or resident.last):
             resident.desired, resident.release = None, False  # nothing left to retire
             return
         if op == "send" and self._send_held(channel, resident):
@@ -1233,6 +1241,12 @@ class RouteScheduler:
         except MessageGone as error:
             if resident.message_id is None:
                 self._retry_later(resident, f"route {key}: the send was refused ({error})")
+                return
+            if resident.last:
+                # A last word for nobody: not posted anew (a route opened again finds the
+                # message gone with its first card, and replaces it then).
+                log.info("route %s: message %s is gone; its last edit is dropped", key, error)
+                resident.desired = None
                 return
             self._replace_gone(resident)
         except RateLimited as error:

@@ -789,6 +789,36 @@ async def test_a_newer_submit_cancels_a_pending_release(store: SqliteStore) -> N
     assert channel.messages == {"1": "needs people again"}
 
 
+async def test_a_last_edit_edits_its_message_or_nothing_and_keeps_it_for_a_return(
+    store: SqliteStore,
+) -> None:
+    """The last edit of a route that closes (its chat no longer follows the agent): shown by
+    an edit; a message found gone is not posted anew, nor is one never sent; the message
+    stays the route's, so a later card edits it again."""
+    channel = ScriptedChannel()
+    key = RouteKey("fake", ChatRef("1"), "builder")
+    gone = RouteKey("fake", ChatRef("1"), "deleted")
+    never_shown = RouteKey("fake", ChatRef("1"), "quiet")
+    scheduler = await started(store, channel, key, gone, never_shown)
+    scheduler.submit(key, text("running"))
+    scheduler.submit(gone, text("running too"))
+    await settle(scheduler)
+    del channel.messages["2"]  # a person deleted it
+    scheduler.submit(key, text("no longer followed"), last=True)
+    scheduler.submit(gone, text("no longer followed"), last=True)
+    scheduler.submit(never_shown, text("no longer followed"), last=True)
+    await settle(scheduler)
+    assert channel.messages == {"1": "no longer followed"}
+    assert [c[1] for c in channel.calls] == ["send", "send", "edit", "edit"]
+    assert scheduler.settled(key) and scheduler.settled(gone) and scheduler.settled(never_shown)
+    scheduler.submit(key, text("followed again"))
+    await settle(scheduler)
+    await scheduler.stop()
+    assert channel.messages == {"1": "followed again"}
+    record = store.resident(str(key))
+    assert record is not None and record.message_id == "1"
+
+
 async def test_a_shown_card_is_kept_as_its_fingerprint_only(store: SqliteStore) -> None:
     """Memory: a resident holds no copy of the card it shows; a gone message is still replaced
     by the next card, and the same card again sends nothing."""
