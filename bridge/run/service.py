@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import json
 import logging
 import time
@@ -104,6 +105,7 @@ from taskcard.bridge.store.sqlite import (
     ChatPrefs,
     OffsetsAhead,
     ReadAhead,
+    ResidentRecord,
     SeenChat,
     StateStore,
     in_batches,
@@ -227,6 +229,18 @@ FORGET_PER_TICK = 10
 # a minute), so a mass departure (a root not mounted yet, an upgrade) leaves the rest as
 # they are, said in the log, rather than holding the live cards back for minutes.
 RETIRE_AT_START_PER_CHAT = 10
+# Kept as the resident's disabled reason once its last edit said that its chat no longer
+# follows the agent (`Service._unfollow`): no later start says it again, and the route
+# there again clears it (`RouteScheduler.add_route`) and edits the card back.
+UNFOLLOWED_REASON = (
+    "no longer followed: the configuration stopped routing this agent here, and its card says so"
+)
+# A start edits the cards of routes that went while the service was stopped a few a second
+# per channel, each in a chat whose lane has nothing else to do (`Service._unfollow_stale`):
+# thousands of them never hold up a live card nor spend much of the bot's (the app's)
+# budget. At most this many chats are looked at a second (the others wait their turn).
+UNFOLLOW_PER_TICK = 3
+UNFOLLOW_LANES_PER_TICK = 100
 
 
 # The offsets an agent's readers look up at its first reading (`_refresh_many`): the
@@ -413,6 +427,12 @@ class Service:
         # Per channel, the residents of agents that left while the service was stopped, each
         # owed the last edit a departure while serving gives (`_owe_retirements`).
         self._retire_owed: dict[str, list[RouteKey]] = {}
+        # Per chat, the residents of routes that went while the service was stopped, owed
+        # the last edit a reload gives (`_owe_unfollows`); and the routes whose such edit is
+        # on its way, marked in the store once shown (`_unfollow`).
+        self._unfollow_owed: dict[LaneKey, list[RouteKey]] = {}
+        self._unfollowing: set[RouteKey] = set()
+        self._first_read = False  # the watcher's first report was handled: every agent read
         # Agents whose last card cost too much to compose: not again before when (see
         # `_project_paced`), and the agents owed a projection meanwhile.
         self._paced: dict[str, float] = {}
@@ -451,9 +471,11 @@ class Service:
         self._schedule_many(r for r in self._routes if self._serves(r.key.agent_id))
         self._schedule_boards()
         self._desk.load()
+        residents = self._residents_at_start()
         if self._owned is None:  # alone on the state, not clustered
             self._forget_departed()
-            self._follow_departures()
+            self._follow_departures(residents)
+        self._owe_unfollows(residents)
         self._running = True
         self.started.set()
         starters = [
@@ -497,6 +519,9 @@ class Service:
                 task.cancel()
             await asyncio.gather(stopper, *tasks, *starters, return_exceptions=True)
             await self._scheduler.stop()
+            for key in list(self._unfollowing):
+                if self._scheduler.settled(key):  # shown before the stop: not again
+                    self._mark_unfollowed(key)
             for channel in reversed(list(self._channels.values())):
                 try:
                     await channel.stop()
@@ -534,7 +559,17 @@ class Service:
                 counted(len(health), "health record", "health records"),
             )
 
-    def _follow_departures(self) -> None:
+    def _residents_at_start(self) -> list[ResidentRecord] | None:
+        """Every resident the state keeps, read once at start for the cards owed a last
+        edit (`_owe_retirements`, `_owe_unfollows`); None when the state cannot be read
+        now (logged: those cards are looked at again at the next start)."""
+        try:
+            return self._store.residents()
+        except Exception as error:
+            log.warning("the cards of routes no longer served were not looked up: %s", error)
+            return None
+
+    def _follow_departures(self, residents: list[ResidentRecord] | None) -> None:
         """At start, alone on the state: the agents that left the fleet, each due to be
         forgotten `forget_departed_after_s` after it left. Those that left while the service
         was stopped (or before departures were recorded) are found by their offsets, which
@@ -558,7 +593,8 @@ class Service:
             return
         left = {agent_id for agent_id in unmarked if AGENT_ID_PATTERN.fullmatch(agent_id)}
         # Before the departures are recorded: a failure here retires none of them later.
-        self._owe_retirements(left)
+        if residents is not None:
+            self._owe_retirements(left, residents)
         for agent_id in sorted(left):
             self._store.set_cursor(DEPARTED_PREFIX + agent_id, repr(now))
             marked[agent_id] = now
@@ -572,18 +608,13 @@ class Service:
                 keep_s,
             )
 
-    def _owe_retirements(self, agents: set[str]) -> None:
+    def _owe_retirements(self, agents: set[str], records: list[ResidentRecord]) -> None:
         """At start, alone on the state: the resident messages of `agents`, which left while
         the service was stopped, are owed the last edit a departure while serving gives them
         (`_retire`: the card says the agent retired), made once their channel is ready
         (`_retire_left`). Their agents are forgotten only after it, as for a departure while
-        serving. One read of the residents, and only when some agent left so."""
+        serving."""
         if not agents:
-            return
-        try:
-            records = self._store.residents()
-        except Exception as error:
-            log.warning("the cards of agents that left while stopped were not looked up: %s", error)
             return
         now = self._clock().timestamp()
         per_chat: dict[LaneKey, list[tuple[float, RouteKey]]] = {}
@@ -622,6 +653,108 @@ class Service:
                 "is" if left == 1 else "are",
                 "it is" if left == 1 else "they are",
                 RETIRE_AT_START_PER_CHAT,
+            )
+
+    def _owe_unfollows(self, records: list[ResidentRecord] | None) -> None:
+        """At start: the residents of routes the fleet no longer has (a route, or an agent
+        taken out of a route, while the service was stopped) whose agent it still serves are
+        owed the last edit a reload gives them (`_unfollow`), and get it a few at a time once
+        the live cards are out (`_unfollow_stale`). Those of agents gone from the fleet are
+        the retirements' (`_owe_retirements`); a resident already told (`UNFOLLOWED_REASON`)
+        or refused by its chat is left as it is. Clustered, only the instance that serves the
+        agent edits its cards, once its lease is held (`_unfollow_stale` asks)."""
+        if not records:
+            return
+        wanted = {route.key for route in self._routes}
+        owed = 0
+        for record in records:
+            if (
+                record.message_id is None
+                or record.disabled_reason is not None
+                or f":{STATUS_AGENT_PREFIX}" in record.route  # the inbox desk's, not cards
+            ):
+                continue
+            key = route_of_store_key(record.route)
+            if key is None or key in wanted or key.agent_id not in self._monitors:
+                continue
+            channel = self._channels.get(key.channel)
+            if channel is None or not channel.messages_outlive_process:
+                continue  # a channel gone, or the console's panels, gone with their run
+            self._unfollow_owed.setdefault(key.lane, []).append(key)
+            owed += 1
+        if owed:
+            log.info(
+                "%s of routes the configuration no longer has %s marked no longer followed,"
+                " a few a second once their chats' live cards are out",
+                counted(owed, "card", "cards"),
+                "is" if owed == 1 else "are",
+            )
+
+    def _unfollow_stale(self) -> None:
+        """Once a second, after the agents' first reading: the next of the residents
+        `_owe_unfollows` found get their last edit, each in a chat whose lane has nothing
+        else to do (`RouteScheduler.lane_idle`), at most `UNFOLLOW_PER_TICK` per channel. So
+        a start that finds thousands never bursts past a limit (the lanes pace each as any
+        request), never puts one before a live card of its chat, and leaves most of the
+        bot's (the app's) budget to the live cards of the other chats."""
+        if not self._unfollow_owed or not self._first_read:
+            return
+        budget = dict.fromkeys(self._ready_channels, UNFOLLOW_PER_TICK)
+        for lane in list(itertools.islice(self._unfollow_owed, UNFOLLOW_LANES_PER_TICK)):
+            keys = [key for key in self._unfollow_owed.pop(lane) if self._unwanted(key)]
+            if budget.get(lane.channel, 0) > 0 and self._scheduler.lane_idle(lane):
+                # Clustered: an agent whose lease another instance holds is that one's.
+                key = next((k for k in keys if self._serves(k.agent_id)), None)
+                if key is not None and key.agent_id not in self._unread:
+                    keys.remove(key)
+                    budget[lane.channel] -= 1
+                    try:
+                        self._unfollow_resident(key)
+                    except Exception as error:
+                        log.warning(
+                            "route %s: its card was not marked no longer followed (%s); the"
+                            " next start tries again",
+                            key,
+                            error,
+                        )
+            if keys:
+                self._unfollow_owed[lane] = keys  # behind the other chats: each in turn
+
+    def _unwanted(self, key: RouteKey) -> bool:
+        """Whether a resident `_owe_unfollows` found is still owed its last edit: its agent
+        is still served, and no reload routed it again meanwhile."""
+        return (
+            key.agent_id in self._monitors
+            and key not in self._scheduled
+            and all(route.key != key for route in self._routes_by_agent.get(key.agent_id, ()))
+        )
+
+    def _unfollow_resident(self, key: RouteKey) -> None:
+        """The last edit of a resident whose route went while the service was stopped, the
+        way a reload gives it (`_unfollow`). Its record is read again first: clustered,
+        another instance serving the agent before may have told it meanwhile."""
+        record = self._store.resident(key.store_key)
+        if record is None or record.message_id is None or record.disabled_reason is not None:
+            if record is not None and record.disabled_reason == UNFOLLOWED_REASON:
+                log.info("route %s: its card says already that it is no longer followed", key)
+            return
+        self._scheduler.add_route(key)
+        self._scheduled.add(key)
+        zone = self._chat_zone(key.channel, key.chat)
+        self._unfollow(Route(key, pin=False, allowed_user_ids=None, zone=zone))
+
+    def _mark_unfollowed(self, key: RouteKey) -> None:
+        """The route's last edit saying its chat no longer follows the agent was shown:
+        kept with its resident, so that no later start says it again."""
+        self._unfollowing.discard(key)
+        try:
+            self._store.set_disabled(key.store_key, UNFOLLOWED_REASON)
+        except Exception as error:
+            log.warning(
+                "route %s: its card's last edit was not recorded (%s); the next start edits it"
+                " again",
+                key,
+                error,
             )
 
     def _retire_left(self, name: str) -> None:
@@ -1020,6 +1153,7 @@ class Service:
             handle(agent_ids)
             if first:
                 first = False
+                self._first_read = True
                 heap.settled()  # the first report covers every agent: all first sights taken
 
     # The fleet -------------------------------------------------------------------------
@@ -1083,7 +1217,7 @@ class Service:
                 fresh.append(agent_id)
         wanted = {route.key: route for route in fleet.routes}
         for route in [r for r in self._routes if r.key not in wanted]:
-            self._close_route(route, self._unrouted_edit(route))
+            self._unfollow(route)
         current = {route.key: route for route in self._routes}
         added = [route for key, route in wanted.items() if key not in current]
         # A fold episode saved before a restart still owes its summary.
@@ -1092,6 +1226,7 @@ class Service:
             if current.get(key) == route:
                 continue
             self._closing.pop(key, None)
+            self._unfollowing.discard(key)  # its card comes back to life
             if self._running and self._serves(key.agent_id):
                 self._schedule(route)
         self._routes = list(wanted.values())
@@ -1182,9 +1317,21 @@ class Service:
                 )
             self._close_route(route, final)
 
+    def _unfollow(self, route: Route) -> None:
+        """`route` goes while its agent stays served: a reload dropped the chat's route or the
+        agent from it, or the start found its resident with no route (`_unfollow_resident`).
+        The one way both take: its card is edited a last time to say the chat no longer
+        follows the agent (`_unrouted_edit`), then the route closes; once that edit is shown,
+        the resident is marked (`UNFOLLOWED_REASON`), so no later start says it again, and a
+        route there again clears the mark and edits the same card back."""
+        final = self._unrouted_edit(route)
+        self._close_route(route, final)
+        if final is not None and route.key in self._closing:
+            self._unfollowing.add(route.key)
+
     def _unrouted_edit(self, route: Route) -> Outgoing | None:
-        """The last edit of the card of a configured route that goes while its agent stays
-        served (a reload dropped the chat's route, or the agent from it), or None.
+        """The last edit of the card of a route that goes while its agent stays served
+        (see `_unfollow`), or None.
 
         Why: the card stopped being edited but went on showing its last state, "running"
         for good, to a chat that is no longer told anything about the agent. A card people
@@ -1249,9 +1396,15 @@ class Service:
             return
         now = asyncio.get_running_loop().time()
         for key, since in list(self._closing.items()):
-            if self._scheduler.settled(key) or (
+            shown = self._scheduler.settled(key)
+            if shown or (
                 now - since > CLOSE_GRACE_S and self._scheduler.settled(key, in_flight_only=True)
             ):
+                if key in self._unfollowing:
+                    if shown:
+                        self._mark_unfollowed(key)
+                    else:  # given up on: the next start tries again
+                        self._unfollowing.discard(key)
                 self._scheduler.remove_route(key)
                 self._scheduled.discard(key)
                 del self._closing[key]
@@ -1408,6 +1561,7 @@ class Service:
         self._outbox.send_due_summaries()
         self._close_finished_origin_routes()
         self._drop_closed_routes()
+        self._unfollow_stale()  # routes that went while the service was stopped
         self._forget_due(now)  # agents that left long enough ago
         self._desk.refresh()  # open messages turn unconfirmed with time alone
 

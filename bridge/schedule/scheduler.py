@@ -674,6 +674,20 @@ class RouteScheduler:
         ):
             resident.committed = None
 
+    def lane_idle(self, lane_key: LaneKey) -> bool:
+        """Whether the chat's lane has nothing waiting and nothing on its way (a card, a
+        pin or delete, a reply, a notice): a last edit that can wait goes in only then, so
+        no live card of the chat queues behind it (see `Service._unfollow_stale`)."""
+        if self._outbox is not None and self._outbox.depth(lane_key):
+            return False
+        lane = self._lanes.get(lane_key)
+        if lane is None:
+            return True
+        if lane.route_in_flight is not None or lane.text_in_flight or lane.replies:
+            return False
+        residents = self._residents
+        return not any(key in residents and residents[key].pending for key in lane.routes)
+
     def disabled_reason(self, key: RouteKey) -> str | None:
         resident = self._residents.get(key)
         return None if resident is None else resident.disabled

@@ -819,6 +819,50 @@ async def test_a_last_edit_edits_its_message_or_nothing_and_keeps_it_for_a_retur
     assert record is not None and record.message_id == "1"
 
 
+class GatedChannel(ScriptedChannel):
+    """Holds every send until `gate` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.waiting = 0
+
+    async def send(
+        self,
+        chat: ChatRef,
+        message: Outgoing,
+        *,
+        idempotency_key: str | None = None,
+        reply_to: ReplyTo | None = None,
+    ) -> str:
+        self.waiting += 1
+        await self.gate.wait()
+        return await super().send(chat, message)
+
+
+async def test_a_lane_is_idle_only_with_nothing_waiting_and_nothing_on_its_way(
+    store: SqliteStore,
+) -> None:
+    channel = GatedChannel()
+    key = RouteKey("fake", ChatRef("1"), "builder")
+    other = RouteKey("fake", ChatRef("2"), "builder")
+    scheduler = await started(store, channel, key, other)
+    assert scheduler.lane_idle(key.lane) and scheduler.lane_idle(other.lane)
+    scheduler.submit(key, text("v1"))
+    assert not scheduler.lane_idle(key.lane)  # waiting
+    assert scheduler.lane_idle(other.lane)
+    await wait_for(lambda: channel.waiting == 1, "the send on its way")
+    assert not scheduler.lane_idle(key.lane)  # on its way
+    channel.gate.set()
+    await settle(scheduler)
+    assert scheduler.lane_idle(key.lane)
+    scheduler.send_reply("fake", key.chat, text("an answer"))
+    assert not scheduler.lane_idle(key.lane)  # a reply waits
+    await settle(scheduler)
+    await scheduler.stop()
+    assert scheduler.lane_idle(key.lane)
+
+
 async def test_a_shown_card_is_kept_as_its_fingerprint_only(store: SqliteStore) -> None:
     """Memory: a resident holds no copy of the card it shows; a gone message is still replaced
     by the next card, and the same card again sends nothing."""

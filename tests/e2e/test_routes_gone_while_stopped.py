@@ -1,0 +1,130 @@
+"""Routes that go while `taskcard serve` is stopped, end to end: the operator stops the
+service, edits the config file, and starts it again. The cards of the routes that went say
+that their chat no longer follows the agent, as after a reload, once; routed there again,
+the same card comes back. Against the fake Telegram Bot API and the fake Feishu Open API,
+the chats read as people see them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.harness import ServeProcess, eventually, publish
+from tests.e2e.test_reload_routes import UNROUTED, WAIT_S, card_of, cards, write_config
+from tests.fakes.feishu_api import FakeFeishu
+from tests.fakes.telegram_api import FakeTelegram
+
+TELEGRAM_CHATS = (-1003333333333, -1004444444444)
+FEISHU_CHATS = ("oc_stopped_first", "oc_stopped_second")
+# The start's log line when it finds cards of routes that went while it was stopped.
+OWED = "of routes the configuration no longer has"
+
+
+def edits(fake: FakeTelegram | FakeFeishu, chat: object, message_id: str) -> int:
+    """How many times the bot edited the message since it posted it."""
+    if isinstance(fake, FakeTelegram):
+        assert isinstance(chat, int)
+        found = fake.message(chat, int(message_id))
+        assert found is not None
+        return found.edit_count
+    [message] = [m for m in fake.chat(str(chat)) if m.message_id == message_id]
+    return message.update_count
+
+
+def platform_of(
+    platform: str, telegram: FakeTelegram, feishu: FakeFeishu
+) -> tuple[FakeTelegram | FakeFeishu, object, object]:
+    if platform == "telegram":
+        return telegram, *TELEGRAM_CHATS
+    return feishu, *FEISHU_CHATS
+
+
+@pytest.mark.parametrize("platform", ["telegram", "feishu"])
+async def test_a_route_removed_while_stopped_has_its_cards_say_so_once_at_the_next_start(
+    tmp_path: Path, platform: str, telegram: FakeTelegram, feishu: FakeFeishu
+) -> None:
+    """The operator takes the second chat's route, and beta out of the first chat's, while
+    the service is stopped: the next start edits those two cards a last time to say their
+    chat no longer follows the agent (they went on showing the last state as if live, for
+    good), and alpha's card in the first chat goes on. A further restart leaves them as they
+    are; routed there again, the same card shows alpha again."""
+    fake, first, second = platform_of(platform, telegram, feishu)
+    agents = tmp_path / "agents"
+    both: list[tuple[object, list[str]]] = [(first, ["alpha", "beta"]), (second, ["alpha"])]
+    config, env = write_config(tmp_path, fake, both)
+    with ServeProcess(config, env=env) as serve:
+        for agent in ("alpha", "beta"):
+            publish(agents / agent, f"{agent} step 1")
+        await eventually(
+            lambda: (
+                len(cards(fake, first)) == 2
+                and all("step 1" in text for text in cards(fake, first).values())
+                and "alpha step 1" in "".join(cards(fake, second).values())
+            ),
+            timeout_s=WAIT_S,
+            what="alpha and beta in the first chat, alpha in the second",
+        )
+        assert await serve.aterminate() == 0
+    beta_card, second_card = card_of(fake, first, "beta"), card_of(fake, second, "alpha")
+    alpha_card = card_of(fake, first, "alpha")
+    assert beta_card is not None and second_card is not None and alpha_card is not None
+
+    write_config(tmp_path, fake, [(first, ["alpha"])])
+    with ServeProcess(config, env=env) as serve:
+        await eventually(
+            lambda: UNROUTED in cards(fake, second).get(second_card[0], ""),
+            timeout_s=WAIT_S,
+            what="the second chat's card saying its chat no longer follows alpha",
+        )
+        await eventually(
+            lambda: UNROUTED in cards(fake, first).get(beta_card[0], ""),
+            timeout_s=WAIT_S,
+            what="beta's card in the first chat saying so",
+        )
+        publish(agents / "alpha", "alpha step 2")
+        await eventually(
+            lambda: "alpha step 2" in cards(fake, first).get(alpha_card[0], ""),
+            timeout_s=WAIT_S,
+            what="alpha's card in the first chat going on",
+        )
+        assert UNROUTED not in cards(fake, first)[alpha_card[0]]
+        assert "alpha step 2" not in cards(fake, second)[second_card[0]], "the edits stopped"
+        assert await serve.aterminate() == 0
+    told = {
+        (chat, ident): (cards(fake, chat)[ident], edits(fake, chat, ident))
+        for chat, ident in ((first, beta_card[0]), (second, second_card[0]))
+    }
+
+    # Restarted on the same file: told once is enough.
+    with ServeProcess(config, env=env) as serve:
+        publish(agents / "alpha", "alpha step 3")
+        publish(agents / "beta", "beta step 3")
+        await eventually(
+            lambda: "alpha step 3" in cards(fake, first).get(alpha_card[0], ""),
+            timeout_s=WAIT_S,
+            what="alpha's card in the first chat going on",
+        )
+        await eventually(lambda: f"channel {platform} ready" in serve.logs, what="the log")
+        assert OWED not in serve.logs, "a card already told was owed its last edit again"
+        assert await serve.aterminate() == 0
+    for (chat, ident), (text, count) in told.items():
+        assert (cards(fake, chat)[ident], edits(fake, chat, ident)) == (text, count)
+
+    # Routed there again while stopped: the same cards come back.
+    write_config(tmp_path, fake, both)
+    with ServeProcess(config, env=env) as serve:
+        publish(agents / "alpha", "alpha step 4")
+        publish(agents / "beta", "beta step 4")
+        await eventually(
+            lambda: "alpha step 4" in cards(fake, second).get(second_card[0], ""),
+            timeout_s=WAIT_S,
+            what="the same card in the second chat showing alpha again",
+        )
+        await eventually(
+            lambda: "beta step 4" in cards(fake, first).get(beta_card[0], ""),
+            timeout_s=WAIT_S,
+            what="the same card in the first chat showing beta again",
+        )
+        assert len(cards(fake, first)) == 2 and len(cards(fake, second)) == 1, "no new card"
+        assert await serve.aterminate() == 0
