@@ -17,9 +17,9 @@ from pathlib import Path
 
 from taskcard.bridge.compose.view import route_zone
 from taskcard.bridge.config import AGENT_ID_PATTERN, AGENT_ID_RULE, ServiceConfig
-from taskcard.bridge.deliver.registry import RouteSpec
+from taskcard.bridge.deliver.registry import RouteSpec, original_chat
 from taskcard.bridge.schedule.scheduler import RouteKey
-from taskcard.channels.base import ChatRef, RouteView
+from taskcard.channels.base import ChatRef, CursorStore, RouteView
 from taskcard.producers.task_card.contract import Origin
 
 log = logging.getLogger(__name__)
@@ -152,6 +152,26 @@ def origin_chats(config: ServiceConfig) -> dict[str, frozenset[str]]:
     if config.feishu is not None:
         chats["feishu"] = frozenset(config.feishu.origin_chats)
     return chats
+
+
+def keyed_origin_chats(
+    config: ServiceConfig, cursor: CursorStore | None
+) -> dict[str, frozenset[str]]:
+    """`origin_chats` with each chat under the id the service keys it by (a supergroup a
+    routed group became, under the group's id; as written without a state to ask)."""
+    return {
+        channel: frozenset(
+            chat_id if cursor is None else original_chat(channel, cursor, ChatRef(chat_id)).chat_id
+            for chat_id in chats
+        )
+        for channel, chats in origin_chats(config).items()
+    }
+
+
+def origin_listed(key: RouteKey, allowed: Mapping[str, frozenset[str]]) -> bool:
+    """Whether the chat of origin route `key` is in its channel's `origin_chats` (keyed as
+    `keyed_origin_chats` gives them): an open route of a chat taken out of them closes."""
+    return key.chat.chat_id in allowed.get(key.channel, frozenset())
 
 
 def origin_route(

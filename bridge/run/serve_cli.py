@@ -297,13 +297,21 @@ def _fleet(config: ServiceConfig, store: StateStore | None) -> _StatusFleet:
     """The configured routes (also of agents named but not found yet), the routes origins
     opened (from the store) and the agents under `[discover] roots`, as `serve` builds them."""
     from taskcard.bridge.run.boards import board_key
-    from taskcard.bridge.run.fleet import desired_fleet, discover_agents
+    from taskcard.bridge.run.fleet import (
+        desired_fleet,
+        discover_agents,
+        keyed_origin_chats,
+        origin_listed,
+    )
     from taskcard.bridge.run.origins import OriginBook
     from taskcard.bridge.schedule.scheduler import RouteKey
 
     specs = route_specs(config, store)
     discovered = discover_agents(config.discover.roots, config.agent_ids()).agents
+    # An open origin route of a chat `origin_chats` no longer lists closes at the next start.
+    listed = keyed_origin_chats(config, store)
     origins = OriginBook(store).open_routes() if store is not None else []
+    origins = [key for key in origins if origin_listed(key, listed)]
     fleet = desired_fleet(config, specs, discovered, origins)
     routes: dict[RouteKey, str] = {}
     for spec in specs:  # configured first, in the file's order, found or not

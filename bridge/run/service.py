@@ -79,7 +79,8 @@ from taskcard.bridge.run.fleet import (
     Route,
     desired_fleet,
     discover_agents,
-    origin_chats,
+    keyed_origin_chats,
+    origin_listed,
     origin_route,
     restart_needed,
 )
@@ -456,6 +457,7 @@ class Service:
         self._running = False
         self.started = asyncio.Event()  # set once the loop runs (systemd readiness)
         self._rediscover()
+        self._close_unlisted_origins()
         self.apply(self._desired())
 
     # Lifecycle ---------------------------------------------------------------------------
@@ -656,13 +658,14 @@ class Service:
             )
 
     def _owe_unfollows(self, records: list[ResidentRecord] | None) -> None:
-        """At start: the residents of routes the fleet no longer has (a route, or an agent
-        taken out of a route, while the service was stopped) whose agent it still serves are
-        owed the last edit a reload gives them (`_unfollow`), and get it a few at a time once
-        the live cards are out (`_unfollow_stale`). Those of agents gone from the fleet are
-        the retirements' (`_owe_retirements`); a resident already told (`UNFOLLOWED_REASON`)
-        or refused by its chat is left as it is. Clustered, only the instance that serves the
-        agent edits its cards, once its lease is held (`_unfollow_stale` asks)."""
+        """At start: the residents of routes the fleet no longer has (a route, an agent taken
+        out of a route, or a chat out of `origin_chats`, while the service was stopped) whose
+        agent it still serves are owed the last edit a reload gives them (`_unfollow`), and
+        get it a few at a time once the live cards are out (`_unfollow_stale`). Those of
+        agents gone from the fleet are the retirements' (`_owe_retirements`); a resident
+        already told (`UNFOLLOWED_REASON`) or refused by its chat is left as it is.
+        Clustered, only the instance that serves the agent edits its cards, once its lease
+        is held (`_unfollow_stale` asks)."""
         if not records:
             return
         wanted = {route.key for route in self._routes}
@@ -1318,12 +1321,13 @@ class Service:
             self._close_route(route, final)
 
     def _unfollow(self, route: Route) -> None:
-        """`route` goes while its agent stays served: a reload dropped the chat's route or the
-        agent from it, or the start found its resident with no route (`_unfollow_resident`).
-        The one way both take: its card is edited a last time to say the chat no longer
-        follows the agent (`_unrouted_edit`), then the route closes; once that edit is shown,
-        the resident is marked (`UNFOLLOWED_REASON`), so no later start says it again, and a
-        route there again clears the mark and edits the same card back."""
+        """`route` goes while its agent stays served: a reload dropped the chat's route, the
+        agent from it, or the chat from `origin_chats`, or the start found its resident with
+        no route (`_unfollow_resident`). The one way both take: its card is edited a last
+        time to say the chat no longer follows the agent (`_unrouted_edit`), then the route
+        closes; once that edit is shown, the resident is marked (`UNFOLLOWED_REASON`), so no
+        later start says it again, and a route there again clears the mark and edits the
+        same card back."""
         final = self._unrouted_edit(route)
         self._close_route(route, final)
         if final is not None and route.key in self._closing:
@@ -1335,15 +1339,15 @@ class Service:
 
         Why: the card stopped being edited but went on showing its last state, "running"
         for good, to a chat that is no longer told anything about the agent. A card people
-        hid, one another instance sends, or an origin route's (it closes once its card
-        shows the watch stopped, or on `/taskcard off`) is left as it is.
+        hid or one another instance sends is left as it is. (An origin route that closes
+        because its card shows the watch stopped, or on `/taskcard off`, does not come
+        here: its card says so already.)
         """
         agent_id = route.key.agent_id
         monitor = self._monitors.get(agent_id)
         channel = self._channels.get(route.key.channel)
         if (
-            route.origin
-            or monitor is None
+            monitor is None
             or channel is None
             or not self._running
             or not self._serves(agent_id)
@@ -1446,6 +1450,7 @@ class Service:
         self._origin_refused.clear()
         self._origin_allowed = None
         self._rediscover()
+        self._close_unlisted_origins()
         self.apply(self._desired())
         for route in list(self._routes):
             self._project_route(route)  # display defaults may have changed
@@ -1515,14 +1520,23 @@ class Service:
         """`origin_chats` with each chat under the id the service keys it by (a supergroup a
         routed group became, under the group's id); worked out again after a reload or a move."""
         if self._origin_allowed is None:
-            self._origin_allowed = {
-                channel: frozenset(
-                    original_chat(channel, self._store, ChatRef(chat_id)).chat_id
-                    for chat_id in chats
-                )
-                for channel, chats in origin_chats(self._config).items()
-            }
+            self._origin_allowed = keyed_origin_chats(self._config, self._store)
         return self._origin_allowed
+
+    def _close_unlisted_origins(self) -> None:
+        """At start and at a reload: the open origin routes of chats `origin_chats` no
+        longer lists close, as a route taken out of the configuration does (`apply` gives
+        their cards the last edit, `_owe_unfollows` at start). Turns from there open nothing
+        now, and a card left open would look live to a chat that no longer follows it. A
+        later turn from the chat, listed again, opens its route on the same message."""
+        allowed = self._origin_chats()
+        now = self._clock().timestamp()
+        for key in self._origins.open_routes():
+            if not origin_listed(key, allowed):
+                self._origins.close(key, now)
+                log.info(
+                    "route %s closed: its chat is no longer in %s.origin_chats", key, key.channel
+                )
 
     def _close_finished_origin_routes(self) -> None:
         """Close origin routes whose card was removed after they opened (once it shows so).

@@ -4,6 +4,7 @@ Feishu Open API, the chats read as people see them."""
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
@@ -26,10 +27,12 @@ def write_config(
     fake: FakeTelegram | FakeFeishu,
     routes: list[tuple[object, list[str]]],
     tail: tuple[str, ...] = (),
+    *,
+    origin_chats: tuple[object, ...] = (),
 ) -> tuple[Path, dict[str, str]]:
     """`tmp_path/taskcard.toml`: agents alpha and beta and one route per (chat, agents) on
-    the fake's platform, then the `tail` lines (sections of their own); returns the file and
-    the secrets' environment."""
+    the fake's platform, turns from `origin_chats` opening routes, then the `tail` lines
+    (sections of their own); returns the file and the secrets' environment."""
     lines = agents_lines(tmp_path, ["alpha", "beta"])
     if isinstance(fake, FakeTelegram):
         section = "telegram"
@@ -50,6 +53,7 @@ def write_config(
             'events = "none"',
         ]
         env = {"TC_FS_APP_ID": fake.app_id, "TC_FS_APP_SECRET": fake.app_secret}
+    lines.append(f"origin_chats = {json.dumps(list(origin_chats))}")
     for chat, agents in routes:
         shown = f'"{chat}"' if isinstance(chat, str) else str(chat)
         lines += [f"[[{section}.routes]]", f"chat_id = {shown}", f"agents = {agents!r}"]

@@ -6,11 +6,12 @@ the chats read as people see them."""
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import ServeProcess, eventually, publish
+from tests.e2e.harness import ServeProcess, activity, eventually, publish
 from tests.e2e.test_reload_routes import UNROUTED, WAIT_S, card_of, cards, write_config
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram
@@ -127,4 +128,106 @@ async def test_a_route_removed_while_stopped_has_its_cards_say_so_once_at_the_ne
             what="the same card in the first chat showing beta again",
         )
         assert len(cards(fake, first)) == 2 and len(cards(fake, second)) == 1, "no new card"
+        assert await serve.aterminate() == 0
+
+
+def origin(platform: str, chat: object) -> str:
+    return f"{platform}:{chat}"
+
+
+@pytest.mark.parametrize("platform", ["telegram", "feishu"])
+async def test_a_chat_taken_out_of_origin_chats_while_stopped_has_its_open_cards_say_so(
+    tmp_path: Path, platform: str, telegram: FakeTelegram, feishu: FakeFeishu
+) -> None:
+    """A turn from a chat in `origin_chats` opened alpha's route there. The operator takes
+    the chat out of `origin_chats` while the service is stopped: the next start closes the
+    route and edits its card a last time to say the chat no longer follows alpha (it kept
+    the route open and the card live), and a further restart leaves it as it is."""
+    fake, chat, routed = platform_of(platform, telegram, feishu)
+    alpha = tmp_path / "agents" / "alpha"
+    only_routed: list[tuple[object, list[str]]] = [(routed, ["beta"])]
+    config, env = write_config(tmp_path, fake, only_routed, origin_chats=(chat,))
+    with ServeProcess(config, env=env) as serve:
+        publish(alpha, "alpha step 1")
+        activity(alpha, "turn.start", origin=origin(platform, chat))
+        await eventually(
+            lambda: "alpha step 1" in (card_of(fake, chat, "alpha") or ("", ""))[1],
+            timeout_s=WAIT_S,
+            what="alpha's card in the chat its turn came from",
+        )
+        assert await serve.aterminate() == 0
+    opened = card_of(fake, chat, "alpha")
+    assert opened is not None
+
+    write_config(tmp_path, fake, only_routed)
+    with ServeProcess(config, env=env) as serve:
+        await eventually(
+            lambda: UNROUTED in cards(fake, chat).get(opened[0], ""),
+            timeout_s=WAIT_S,
+            what="the card saying its chat no longer follows alpha",
+        )
+        publish(alpha, "alpha step 2")
+        await eventually(lambda: "closed: its chat is no longer in" in serve.logs, what="the log")
+        assert await serve.aterminate() == 0
+    told = (cards(fake, chat)[opened[0]], edits(fake, chat, opened[0]))
+    assert "alpha step 2" not in told[0]
+
+    with ServeProcess(config, env=env) as serve:
+        publish(alpha, "alpha step 3")
+        publish(tmp_path / "agents" / "beta", "beta step 3")
+        await eventually(
+            lambda: "beta step 3" in "".join(cards(fake, routed).values()),
+            timeout_s=WAIT_S,
+            what="beta's card in the routed chat",
+        )
+        await eventually(lambda: f"channel {platform} ready" in serve.logs, what="the log")
+        assert OWED not in serve.logs, "a card already told was owed its last edit again"
+        assert await serve.aterminate() == 0
+    assert (cards(fake, chat)[opened[0]], edits(fake, chat, opened[0])) == told
+    assert len(cards(fake, chat)) == 1, "no new card"
+
+
+@pytest.mark.parametrize("platform", ["telegram", "feishu"])
+async def test_a_reload_that_takes_a_chat_out_of_origin_chats_closes_its_open_routes(
+    tmp_path: Path, platform: str, telegram: FakeTelegram, feishu: FakeFeishu
+) -> None:
+    """A reload that takes a chat out of `origin_chats` closes the routes turns from it
+    opened, their cards saying that the chat no longer follows the agent, as for a route
+    taken out of the file. Listed again, the chat's next turn opens the route on the same
+    card."""
+    fake, chat, routed = platform_of(platform, telegram, feishu)
+    alpha = tmp_path / "agents" / "alpha"
+    only_routed: list[tuple[object, list[str]]] = [(routed, ["beta"])]
+    config, env = write_config(tmp_path, fake, only_routed, origin_chats=(chat,))
+    with ServeProcess(config, env=env) as serve:
+        assert serve.proc is not None
+        publish(alpha, "alpha step 1")
+        activity(alpha, "turn.start", origin=origin(platform, chat))
+        await eventually(
+            lambda: "alpha step 1" in (card_of(fake, chat, "alpha") or ("", ""))[1],
+            timeout_s=WAIT_S,
+            what="alpha's card in the chat its turn came from",
+        )
+        opened = card_of(fake, chat, "alpha")
+        assert opened is not None
+
+        write_config(tmp_path, fake, only_routed)
+        serve.proc.send_signal(signal.SIGHUP)
+        await eventually(
+            lambda: UNROUTED in cards(fake, chat).get(opened[0], ""),
+            timeout_s=WAIT_S,
+            what="the card saying its chat no longer follows alpha",
+        )
+
+        write_config(tmp_path, fake, only_routed, origin_chats=(chat,))
+        serve.proc.send_signal(signal.SIGHUP)
+        await eventually(lambda: serve.logs.count("config reloaded") == 2, what="the reload")
+        publish(alpha, "alpha step 2")
+        activity(alpha, "turn.start", origin=origin(platform, chat))
+        await eventually(
+            lambda: "alpha step 2" in cards(fake, chat).get(opened[0], ""),
+            timeout_s=WAIT_S,
+            what="the same card showing alpha again after the chat's next turn",
+        )
+        assert len(cards(fake, chat)) == 1, "no new card"
         assert await serve.aterminate() == 0

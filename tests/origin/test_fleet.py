@@ -12,7 +12,9 @@ from taskcard.bridge.deliver.registry import route_specs
 from taskcard.bridge.run.fleet import (
     desired_fleet,
     discover_agents,
+    keyed_origin_chats,
     origin_chats,
+    origin_listed,
     origin_route,
     restart_needed,
 )
@@ -79,6 +81,35 @@ def test_origin_route_only_for_allowed_chats(
 ) -> None:
     allowed = origin_chats(config(tmp_path))
     assert origin_route(origin, "a", allowed) == expected
+
+
+@pytest.mark.parametrize(
+    ("key", "listed"),
+    [
+        (RouteKey("telegram", ChatRef("-200", "3"), "builder"), True),
+        (RouteKey("telegram", ChatRef("-200"), "scout"), True),
+        (RouteKey("telegram", ChatRef("-100"), "builder"), False),  # routed, not listed
+        (RouteKey("feishu", ChatRef("-200"), "builder"), False),  # no feishu section
+    ],
+)
+def test_an_open_origin_route_stays_only_while_origin_chats_lists_its_chat(
+    tmp_path: Path, key: RouteKey, listed: bool
+) -> None:
+    assert origin_listed(key, keyed_origin_chats(config(tmp_path), None)) is listed
+
+
+def test_origin_chats_are_keyed_as_the_group_a_supergroup_was(tmp_path: Path) -> None:
+    """A chat listed by the id Telegram gave the supergroup a routed group became is keyed
+    by the group's id, as its routes are, so its open origin routes stay listed."""
+    store = SqliteStore.in_dir(tmp_path)
+    try:
+        store.set_cursor("telegram:chat_moved_from:-300", "-200")
+        store.set_cursor("telegram:chat_moved_to:-200", "-300")
+        cfg = config(tmp_path, telegram={"routes": [], "origin_chats": [-300]})
+        allowed = keyed_origin_chats(cfg, store)
+    finally:
+        store.close()
+    assert origin_listed(RouteKey("telegram", ChatRef("-200"), "builder"), allowed)
 
 
 @pytest.mark.parametrize(
