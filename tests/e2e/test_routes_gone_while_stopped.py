@@ -6,12 +6,13 @@ the chats read as people see them."""
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import ServeProcess, activity, eventually, publish
+from tests.e2e.harness import ServeProcess, activity, agents_lines, eventually, publish
 from tests.e2e.test_reload_routes import UNROUTED, WAIT_S, card_of, cards, write_config
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram
@@ -128,6 +129,65 @@ async def test_a_route_removed_while_stopped_has_its_cards_say_so_once_at_the_ne
             what="the same card in the first chat showing beta again",
         )
         assert len(cards(fake, first)) == 2 and len(cards(fake, second)) == 1, "no new card"
+        assert await serve.aterminate() == 0
+
+
+def edited(fake: FakeTelegram | FakeFeishu, chat: object, since: int) -> list[str]:
+    """The ids of the messages in `chat` that the bot asked to edit, in order, from the
+    fake's `since`-th request on."""
+    if isinstance(fake, FakeTelegram):
+        return [
+            str(r.params.get("message_id"))
+            for r in fake.requests[since:]
+            if r.method == "editMessageText" and r.chat_id == chat
+        ]
+    return [
+        r.message_id or ""
+        for r in fake.requests[since:]
+        if r.operation == "patch" and r.chat_id in (chat, None)
+    ]
+
+
+@pytest.mark.parametrize("platform", ["telegram", "feishu"])
+async def test_the_live_card_of_a_chat_goes_before_the_last_edits_a_start_owes_there(
+    tmp_path: Path, platform: str, telegram: FakeTelegram, feishu: FakeFeishu
+) -> None:
+    """Four agents leave a chat's route while the service is stopped, and the agent that
+    stays there changed meanwhile: the start edits the live card first, and each of the
+    four once after it, one at a time while the chat has nothing else to send."""
+    fake, chat, _ = platform_of(platform, telegram, feishu)
+    gone = [f"gone{n}" for n in range(4)]
+    names = ["alpha", *gone]
+    env = write_config(tmp_path, fake, [(chat, names)])[1]
+    config = tmp_path / "taskcard.toml"
+    config.write_text(config.read_text() + "\n".join(agents_lines(tmp_path, gone)[1:]) + "\n")
+    with ServeProcess(config, env=env) as serve:
+        for agent in names:
+            publish(tmp_path / "agents" / agent, f"{agent} step 1")
+        await eventually(
+            lambda: all(
+                f"{agent} step 1" in (card_of(fake, chat, agent) or ("", ""))[1] for agent in names
+            ),
+            timeout_s=WAIT_S,
+            what="every agent's card",
+        )
+        assert await serve.aterminate() == 0
+    ids = {agent: (card_of(fake, chat, agent) or ("", ""))[0] for agent in names}
+
+    text = config.read_text().replace(json.dumps(names), json.dumps(["alpha"]))
+    config.write_text(text)
+    publish(tmp_path / "agents" / "alpha", "alpha step 2")
+    since = len(fake.requests)
+    with ServeProcess(config, env=env) as serve:
+        await eventually(
+            lambda: all(UNROUTED in cards(fake, chat)[ids[agent]] for agent in gone),
+            timeout_s=WAIT_S,
+            what="the four cards saying the chat no longer follows their agents",
+        )
+        assert "alpha step 2" in cards(fake, chat)[ids["alpha"]]
+        order = edited(fake, chat, since)
+        assert order[0] == ids["alpha"], order
+        assert sorted(order[1:]) == sorted(ids[agent] for agent in gone), "each once"
         assert await serve.aterminate() == 0
 
 
