@@ -1084,6 +1084,14 @@ class Service:
             self._scheduled.discard(route.key)
             if self._running and self._views.view(route.key.chat_scope) == "board":
                 self._mark_board(route.key.chat_scope)  # its line here is withdrawn
+        for key in [key for key in self._unfollowing if key.agent_id == agent_id]:
+            # A last edit still to go is the lease holder's now: owed again here, for when
+            # this instance holds it again (the resident is read before, so never twice).
+            self._scheduler.remove_route(key)
+            self._scheduled.discard(key)
+            self._closing.pop(key, None)
+            self._unfollowing.discard(key)
+            self._unfollow_owed.setdefault(key.lane, []).append(key)
 
     def reply_channels(self) -> list[str]:
         """Clustered: the channels this instance answers on, whose replies a stopped
