@@ -1348,8 +1348,9 @@ class Service:
         Why: the card stopped being edited but went on showing its last state, "running"
         for good, to a chat that is no longer told anything about the agent. A card people
         hid or one another instance sends is left as it is. (An origin route that closes
-        because its card shows the watch stopped, or on `/taskcard off`, does not come
-        here: its card says so already.)
+        while serving because its card shows the watch stopped, or on `/taskcard off`,
+        does not come here: its card says so already. The next start finds its resident
+        with no route, and gives it this edit unless the chat hid its cards.)
         """
         agent_id = route.key.agent_id
         monitor = self._monitors.get(agent_id)
