@@ -10,6 +10,7 @@ second. The derived state is recomputed from the truth, never read back from the
 from __future__ import annotations
 
 import contextlib
+import re
 from datetime import datetime
 from pathlib import Path
 from typing import Final
@@ -19,6 +20,20 @@ from taskcard.producers.ledger.monitor import FUTURE_SKEW_S
 
 UNKNOWN: Final = "unknown"
 RENDERER_FILE: Final = "ledger_renderer.py"
+
+# What Markdown may read as markup inside a line: the agent's own words (a purpose, a
+# reason) are shown as written, so `*.py` keeps its star and `**x**` no longer closes the
+# purpose's bold early. A backslash before ASCII punctuation is CommonMark's escape, which
+# both channels' renderers read; a backtick is a character reference instead, since a
+# Feishu card can take an escaped backtick for the start of inline code.
+_MARKUP: Final = re.compile(r"[\\*_\[\]<>~|&!#]")
+
+
+def as_text(words: str) -> str:
+    """`words` on one line (white space collapsed), every Markdown mark in it shown as the
+    character it is."""
+    escaped = _MARKUP.sub(lambda mark: "\\" + mark.group(), " ".join(words.split()))
+    return escaped.replace("`", "&#96;")
 
 
 def format_age(since: datetime | None, now: datetime) -> str:
@@ -45,7 +60,7 @@ def render_markdown(record: TaskRecord, now: datetime) -> str:
     """The card body for one task at `now`. Pure."""
     observed = record.observed
     derived = derive(observed)
-    purpose = " ".join(record.task.purpose.split()) or UNKNOWN
+    purpose = as_text(record.task.purpose) or UNKNOWN
     lines = [f"**{purpose}**", f"task `{record.task.task_id}`"]
     lines.append(f"started: {_ago(observed.started_at, now)}")
     last_moved = moved_at(observed)
@@ -81,7 +96,7 @@ def render_markdown(record: TaskRecord, now: datetime) -> str:
     block = observed.block
     if block is not None and block.active:
         where = f" at `{block.step}`" if block.step else ""
-        lines.append(f"blocked{where}: {block.kind}: {' '.join(block.reason.split())}")
+        lines.append(f"blocked{where}: {block.kind}: {as_text(block.reason)}")
     else:
         lines.append("blocker: none")
     lines.append(f"next gate: {derived.next_gate}")

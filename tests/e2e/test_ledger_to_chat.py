@@ -4,6 +4,7 @@ ledger's state and next gate in its automatic slot."""
 
 from __future__ import annotations
 
+import html
 import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -210,3 +211,51 @@ async def test_a_ledger_written_by_other_tooling_counts_its_truth(
             )
             assert not (wd / ".notification" / "system.jsonl").exists()
             assert await chat.serve.aterminate() == 0
+
+
+PURPOSE = "Fix foo_bar in *.py and *.md files, then **lint** <b>all</b>"
+REASON = "needs `sudo` for [etc](https://example.com/etc) ~~now~~"
+
+
+def card_markdown_line(markdown: str, start: str) -> str:
+    """The line of a Feishu card's Markdown that starts with `start`."""
+    return next((line for line in markdown.splitlines() if line.startswith(start)), "")
+
+
+@pytest.mark.parametrize("platform", ["telegram", "feishu"])
+async def test_the_ledger_card_shows_the_purpose_and_reason_as_written(
+    platform: str, tmp_path: Path
+) -> None:
+    """The ledger's renderer wrote the agent's purpose and block reason into its Markdown as
+    they were: "*.py and *.md" lost both stars and made the rest italic (the purpose's bold
+    left as a literal `**` on Telegram), a `**` inside ended the bold early, a link became a
+    link. Both are now shown as typed, the purpose in bold, on Telegram and Feishu alike."""
+    async with chat_for(platform, tmp_path, ["fixer"]) as chat:
+        wd = workdir(tmp_path, "fixer")
+        ledger(wd, "init", "fix", "--purpose", PURPOSE, "--steps", "lint", "--no-renderer")
+        ledger(wd, "block", "fix", "--kind", "MISSING_ACCESS", "--reason", REASON)
+        body = run_cli("ledger", "render", "--workdir", str(wd))
+        assert body.returncode == 0, body.stderr
+        publish(wd, body.stdout)
+        with chat.serve:
+            await wait_said(chat, "blocked: MISSING_ACCESS", "the ledger's card")
+            assert await chat.serve.aterminate() == 0
+        if isinstance(chat.fake, FakeTelegram):
+            [card] = chat.fake.bot_messages(chat_id=-1001234567890)
+            assert PURPOSE in card.text and f"MISSING_ACCESS: {REASON}" in card.text
+            bold = {(e["offset"], e["length"]) for e in card.entities if e["type"] == "bold"}
+            assert (card.text.index(PURPOSE), len(PURPOSE)) in bold
+            assert {e["type"] for e in card.entities} <= {"bold", "code"}
+        else:
+            [markdown] = [
+                element["content"]
+                for card in chat.fake.cards("oc_fleet_group")
+                for element in card["body"]["elements"]
+                if element["tag"] == "markdown"
+            ]
+            purpose = card_markdown_line(markdown, "**")
+            assert html.unescape(purpose) == f"**{PURPOSE}**"
+            assert not set("*_`[<~") & set(purpose[2:-2])  # each mark a character reference
+            reason = card_markdown_line(markdown, "blocked: MISSING_ACCESS: ")
+            assert html.unescape(reason) == f"blocked: MISSING_ACCESS: {REASON}"
+            assert not set("*_`[<~") & set(reason.removeprefix("blocked: MISSING_ACCESS: "))
