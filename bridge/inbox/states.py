@@ -10,7 +10,9 @@ is not "open"; an open message's state comes from the agent's activity (the inbo
 |             | than `unconfirmed_after_s`                                                |
 | parked      | the agent's session is idle (its turn ended, or it waits for input): it   |
 |             | gets the text at its next turn; parked is not delivered                   |
-| queued      | otherwise: a turn runs and its host hands queued text over                |
+| queued      | otherwise: a turn runs and its host hands queued text over, or the agent  |
+|             | is in a state that tells no turn (unknown, no output), which the line     |
+|             | says instead of promising a turn                                          |
 
 The text a person typed is never part of the line: a chat member's text is not echoed.
 """
@@ -18,13 +20,16 @@ The text a person typed is never part of the line: a chat member's text is not e
 from __future__ import annotations
 
 from datetime import datetime, timedelta, tzinfo
-from typing import Literal
+from typing import Final, Literal
 
 from taskcard.bridge.compose.view import format_at
 from taskcard.bridge.store.sqlite import InboxRecord
 from taskcard.bridge.track.monitor import ActivitySummary
 
 MessageState = Literal["queued", "parked", "unconfirmed", "delivered", "failed", "cancelled"]
+# The agent states in which a turn runs, whose host hands queued text over (a consent
+# prompt holds the turn, which goes on once it is answered).
+TURN_STATES: Final = frozenset({"running", "waiting"})
 
 
 def message_state(
@@ -79,7 +84,16 @@ def state_line(
             why = f"no host reads {agent}'s activity, so nothing may pick it up"
         elif activity.state == "exited":
             why = f"{agent} exited; it is read when the agent starts again"
-        else:
+        elif activity.state in TURN_STATES:
             why = "a turn is running but no host has acknowledged it yet"
+        else:
+            why = f"no host has acknowledged it yet ({agent} is {activity.state})"
         return head + f"unconfirmed: {why}. /taskcard cancel withdraws it."
+    if activity.state not in TURN_STATES:
+        # Unknown and no output tell no turn: the line says so rather than promise a turn
+        # that may not run (the signals spec reads unknown as "check before deciding").
+        return (
+            head + f"queued; {agent} is {activity.state}, so no running turn is known to hand"
+            " it over: the next host to read its inbox does. /taskcard cancel withdraws it."
+        )
     return head + "queued; the running turn's host hands it over. /taskcard cancel withdraws it."

@@ -318,6 +318,25 @@ async def test_tell_is_queued_then_delivered_on_one_edited_message(
         assert not any("stop now" in t or "please" in t for t in chat.bot_texts())
 
 
+async def test_a_tell_to_an_agent_with_no_known_turn_promises_no_turn(
+    platform: str, tmp_path: Path
+) -> None:
+    # An agent that started and has said nothing since is unknown (then no output): no turn
+    # is known to run. Its status read "queued; the running turn's host hands it over", a
+    # turn nobody saw, so people waited on it; it now says the state and who reads the text.
+    async with chat_for(platform, tmp_path, ["builder"]) as chat:
+        wd = workdir(tmp_path)
+        activity(wd, "agent.start")
+        publish(wd, "**warming up**")
+        with chat.serve:
+            await wait_said(chat, "warming up", "the card")
+            await chat.say("/tell builder start with the docs")
+            line = await wait_status(chat, "queued")
+            assert "running turn's host" not in line
+            assert "no running turn is known" in line and "next host to read its inbox" in line
+            assert await chat.serve.aterminate() == 0
+
+
 async def test_an_ack_line_with_a_way_in_that_is_not_text_costs_only_that_line(
     platform: str, tmp_path: Path
 ) -> None:
