@@ -105,7 +105,7 @@ _LINK = re.compile(
     r"\[([^\[\]]*)\]\(\s*(<[^<>\n]*>|(?:[^()\s]|\([^()\s]*\))*)"
     r"(?:\s+(?:\"[^\"]*\"|'[^']*'|\([^()]*\)))?\s*\)"
 )
-_INLINE_CODE = re.compile(r"(`+)(.+?)\1")
+_BACKTICKS = re.compile(r"`+")
 # What is left of a link to anything but a web address, once escaped.
 _NON_WEB_TARGET = re.compile(r"\]\((?!\s*(?:&lt;)?\s*https?://)", re.IGNORECASE)
 
@@ -180,6 +180,44 @@ def _escaped_text(text: str) -> str:
     return _NON_WEB_TARGET.sub("]&#40;", _escape_literals(text))
 
 
+def _code_span_parts(text: str) -> list[str]:
+    """`text` cut at its inline code spans as CommonMark finds them on one line: the text
+    before each, its backticks, its code, and the text after the last. A run of backticks
+    opens a span that the next run of as many closes; a run with no such run after it is
+    text, and so is a backtick escaped with a backslash outside code (`\\``), as on
+    Telegram. Linear: each run is looked at once as an opening and once as a closing."""
+    runs = [run.span() for run in _BACKTICKS.finditer(text)]
+    # Per length, the indexes of the runs of that length, the last one first (popped from
+    # the end as the scan passes them).
+    ahead: dict[int, list[int]] = {}
+    for index in range(len(runs) - 1, -1, -1):
+        ahead.setdefault(runs[index][1] - runs[index][0], []).append(index)
+    parts: list[str] = []
+    start = 0  # where the current text part starts
+    index = 0
+    while index < len(runs):
+        opening, after = runs[index]
+        index += 1
+        if opening < start:
+            continue  # inside the code span just closed
+        slash = opening
+        while slash > start and text[slash - 1] == "\\":
+            slash -= 1
+        if (opening - slash) % 2:  # its first backtick is escaped
+            opening += 1
+        candidates = ahead.get(after - opening, [])
+        while candidates and candidates[-1] < index:
+            candidates.pop()
+        if opening == after or not candidates:
+            continue
+        closing = candidates.pop()
+        parts += [text[start:opening], text[opening:after], text[after : runs[closing][0]]]
+        start = runs[closing][1]
+        index = closing + 1
+    parts.append(text[start:])
+    return parts
+
+
 def _converted_text(text: str) -> str:
     """A line's text (after any heading or quote marker) in Feishu card Markdown: images as
     links, links only to web addresses, `& < >` escaped, character references and backslash
@@ -187,7 +225,7 @@ def _converted_text(text: str) -> str:
     text = _IMAGE.sub(_image_to_link, text)
     if "](" not in text and "&" not in text and "\\" not in text:
         return _escape_entities(text)
-    parts = _INLINE_CODE.split(text)  # text, then each code span's backticks and its text
+    parts = _code_span_parts(text)  # text, then each code span's backticks and its text
     out = [_escaped_text(parts[0])]
     for index in range(1, len(parts), 3):
         ticks, code, after = parts[index : index + 3]

@@ -104,6 +104,10 @@ def test_card_layout_rows_divider_body() -> None:
         ("&nosuch; &#10; &nbsp;", "&amp;nosuch; &#10; &#160;"),
         ("`&amp; \\*` &amp;", "`&amp;amp; \\*` &amp;"),
         ("[a &amp; b](https://x.test/?a=1&amp;b=2)", "[a &amp; b](https://x.test/?a=1&amp;b=2)"),
+        # An escaped backtick is a backtick, never the start of code (CommonMark, Telegram).
+        ("run \\`make\\` first", "run &#96;make&#96; first"),
+        ("\\``code` \\\\`more`", "&#96;`code` &#92;`more`"),
+        ("`a``b` and ` alone \\*", "`a``b` and ` alone &#42;"),
     ],
 )
 def test_markdown_is_converted_to_feishu_dialect(source: str, expected: str) -> None:

@@ -10,6 +10,7 @@ are the same.
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 from typing import Any
 
@@ -189,3 +190,40 @@ async def test_task_list_boxes_read_open_or_done_alike_on_telegram_and_feishu(
         assert "text then [ ] not a box" in shown
         assert "- [ ] in code" in shown
         assert "☑ open" not in shown and "☐ done" not in shown
+
+
+ESCAPED = "escaped-marker: run \\`make test\\` then `deploy` \\\\ done"
+
+
+async def test_an_escaped_backtick_is_a_backtick_on_telegram_and_feishu(
+    tmp_path: Path, telegram: FakeTelegram, feishu: FakeFeishu
+) -> None:
+    """A backtick written `\\`` shows as a backtick, as CommonMark says. Telegram showed it
+    so; Feishu's card took it for the start of inline code (on a line with a backslash), so
+    "\\`make test\\`" went out as code with its backslashes showing."""
+
+    def feishu_line() -> str:
+        for card in feishu.cards(CHAT):
+            for element in card["body"]["elements"]:
+                if element["tag"] == "markdown" and "escaped-marker" in element["content"]:
+                    return str(element["content"])
+        return ""
+
+    with serve_both(tmp_path, telegram, feishu) as serve:
+        publish(tmp_path / "agents" / "builder", ESCAPED)
+        await eventually(lambda: feishu_line() != "", what="the Feishu card")
+        await eventually(
+            lambda: any("escaped-marker" in m.text for m in telegram.bot_messages(GROUP)),
+            what="the Telegram card",
+        )
+        assert await serve.aterminate() == 0
+    [card] = [m for m in telegram.bot_messages(GROUP) if "escaped-marker" in m.text]
+    codes = [
+        utf16_slice(card.text, e["offset"], e["length"])
+        for e in card.entities
+        if e["type"] == "code"
+    ]
+    assert "run `make test` then deploy \\ done" in card.text and codes == ["deploy"]
+    line = feishu_line()
+    assert line == "escaped-marker: run &#96;make test&#96; then `deploy` &#92; done"
+    assert html.unescape(line.replace("`deploy`", "deploy")) in card.text
