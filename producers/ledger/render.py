@@ -22,18 +22,16 @@ UNKNOWN: Final = "unknown"
 RENDERER_FILE: Final = "ledger_renderer.py"
 
 # What Markdown may read as markup inside a line: the agent's own words (a purpose, a
-# reason) are shown as written, so `*.py` keeps its star and `**x**` no longer closes the
+# reason) are shown as written, so `*.py` keeps its star and `**x**` does not close the
 # purpose's bold early. A backslash before ASCII punctuation is CommonMark's escape, which
-# both channels' renderers read; a backtick is a character reference instead, since a
-# Feishu card can take an escaped backtick for the start of inline code.
-_MARKUP: Final = re.compile(r"[\\*_\[\]<>~|&!#]")
+# both channels' renderers read.
+_MARKUP: Final = re.compile(r"[\\`*_\[\]<>~|&!#]")
 
 
 def as_text(words: str) -> str:
     """`words` on one line (white space collapsed), every Markdown mark in it shown as the
     character it is."""
-    escaped = _MARKUP.sub(lambda mark: "\\" + mark.group(), " ".join(words.split()))
-    return escaped.replace("`", "&#96;")
+    return _MARKUP.sub(lambda mark: "\\" + mark.group(), " ".join(words.split()))
 
 
 def format_age(since: datetime | None, now: datetime) -> str:
