@@ -61,8 +61,11 @@ def _read_payload(source: str) -> str:
         )
     try:
         return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ReportError("--payload: not UTF-8 text") from None
+    except UnicodeDecodeError as exc:
+        raise ReportError(
+            f"--payload: not UTF-8 text (byte {exc.start} is 0x{raw[exc.start]:02x}); convert it"
+            " to UTF-8 (iconv -t UTF-8) and report again"
+        ) from None
 
 
 def run_report(args: argparse.Namespace) -> int:

@@ -112,6 +112,13 @@ def test_a_payload_goes_to_a_side_file_and_is_bounded(workdir: Path, tmp_path: P
     assert refused.returncode == 2
     assert refused.stderr.startswith(b"taskcard report: --payload: over 65536 bytes")
     assert refused.stderr.count(b"\n") == 1
+    # Text in another encoding (Latin-1 here) was refused without the way out.
+    latin = tmp_path / "notes.txt"
+    latin.write_bytes("café au lait".encode("latin-1"))
+    refused = taskcard("report", "--workdir", str(workdir), "--ok", "--payload", str(latin))
+    assert refused.returncode == 2 and refused.stderr.count(b"\n") == 1
+    assert refused.stderr.startswith(b"taskcard report: --payload: not UTF-8 text (byte 3 is 0xe9)")
+    assert b"convert it to UTF-8" in refused.stderr
 
 
 @pytest.mark.parametrize(
