@@ -226,7 +226,7 @@ def run_render(args: argparse.Namespace) -> int:
 
 
 def run_supervise(args: argparse.Namespace) -> int:
-    from taskcard.producers.ledger.card import retire_via_host
+    from taskcard.producers.ledger.card import retirer_via_host
     from taskcard.producers.ledger.notifications import LedgerNotificationPort
     from taskcard.producers.ledger.supervise import supervise
     from taskcard.producers.task_card.contract import CardPaths
@@ -243,7 +243,7 @@ def run_supervise(args: argparse.Namespace) -> int:
         LedgerNotificationPort(CardPaths(workdir)),
         apply=args.apply_supervision,
         task_id=args.task_id,
-        retire_card=lambda: retire_via_host(host_paths),
+        retire_card=retirer_via_host(host_paths),
         skipped=skipped,
     )
     for decision in decisions:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from taskcard.producers.ledger.card import retire_in_host
+from taskcard.producers.ledger.card import retirer_in_host
 from taskcard.producers.ledger.notifications import LedgerNotificationPort
 from taskcard.producers.ledger.store import DEFAULT_LEDGER, Ledger, LedgerError
 from taskcard.producers.ledger.supervise import supervise
@@ -30,9 +30,7 @@ def ledger_supervisor(card: TaskCard) -> Callable[[], None]:
             return
         skipped: list[str] = []
         try:
-            supervise(
-                ledger, port, apply=True, retire_card=lambda: retire_in_host(card), skipped=skipped
-            )
+            supervise(ledger, port, apply=True, retire_card=retirer_in_host(card), skipped=skipped)
         except LedgerError as exc:
             log.warning("ledger monitor skipped: %s", exc)
         for problem in skipped:

@@ -390,7 +390,7 @@ def _run(ledger: Ledger, paths: HostPaths, command: str, args: dict[str, Any]) -
     if command in ("show", "render") and task_id is None:
         task_id = ledger.default_task_id()
     if command == "supervise":
-        from taskcard.producers.ledger.card import retire_via_host
+        from taskcard.producers.ledger.card import retirer_via_host
         from taskcard.producers.ledger.notifications import LedgerNotificationPort
         from taskcard.producers.ledger.supervise import supervise
         from taskcard.producers.task_card.contract import CardPaths
@@ -401,7 +401,7 @@ def _run(ledger: Ledger, paths: HostPaths, command: str, args: dict[str, Any]) -
             LedgerNotificationPort(CardPaths(paths.workdir)),
             apply=bool(args.get("apply_supervision")),
             task_id=task_id,
-            retire_card=lambda: retire_via_host(paths),
+            retire_card=retirer_via_host(paths),
             skipped=skipped,
         )
         result: dict[str, Any] = {

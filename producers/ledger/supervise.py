@@ -21,6 +21,8 @@ from taskcard.producers.ledger.notifications import LedgerNotificationPort
 from taskcard.producers.ledger.store import Ledger
 
 log = logging.getLogger(__name__)
+# Stops the workdir's task card at completion; None where there is no card to stop (no
+# watch), and the completion notice then does not call the card retired.
 CardRetirer = Callable[[], None]
 
 

@@ -474,6 +474,8 @@ def test_supervise_finds_the_host_in_a_runtime_dir_written_with_a_tilde(
         assert json.loads(done.stdout)["action"] == "STOP_AND_DELETE"
         assert (workdir / "taskcard" / "status").read_text() == "inactive"
         assert not (tmp_path / "~").exists()
+        (completed,) = [n for n in notifications(workdir) if n["source"] == "ledger.completed"]
+        assert completed["extra"]["card_retired"] is True
     finally:
         with contextlib.suppress(OSError, ValueError):
             request_host(HostPaths(home / "rt", workdir.resolve()), {"op": "shutdown"}, 5.0)
