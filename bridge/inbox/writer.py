@@ -96,6 +96,11 @@ class InboxWriter:
         try:
             root = os.open(self.workdir.resolve(), _DIR_FLAGS)
         except OSError as error:
+            if error.errno == errno.ENOENT:  # sending the same again cannot help: say why
+                raise InboxRefused(
+                    "the agent's workdir does not exist yet (the agent was never started"
+                    " there), so nothing could read it"
+                ) from None
             raise InboxRefused(f"the workdir cannot be opened ({error.strerror})") from None
         fds: dict[str, int] = {}
         try:

@@ -585,7 +585,8 @@ async def test_another_bots_command_replying_to_a_card_is_not_text_for_the_agent
 async def test_no_host_is_unconfirmed_and_a_symlinked_inbox_fails(
     platform: str, tmp_path: Path
 ) -> None:
-    async with chat_for(platform, tmp_path, ["builder", "tester"]) as chat:
+    async with chat_for(platform, tmp_path, ["builder", "tester", "ghost"]) as chat:
+        workdir(tmp_path, "ghost").rmdir()
         publish(workdir(tmp_path), "**quiet** card")
         publish(workdir(tmp_path, "tester"), "**tests** card")
         outside = tmp_path / "outside"
@@ -598,9 +599,14 @@ async def test_no_host_is_unconfirmed_and_a_symlinked_inbox_fails(
             await chat.say("/tell tester hello")
             await wait_status(chat, "failed: inbox is a symlink")
             assert list(outside.iterdir()) == []
+            # A workdir not made yet: "cannot be opened (No such file or directory)".
+            await chat.say("/tell ghost hello")
+            await wait_status(chat, "failed: the agent's workdir does not exist yet")
             await chat.say("/tell nobody hello")
             await eventually(
-                lambda: any("AGENT is one of builder, tester" in t for t in chat.bot_texts()),
+                lambda: any(
+                    "AGENT is one of builder, ghost, tester" in t for t in chat.bot_texts()
+                ),
                 what="the usage answer",
             )
             assert await chat.serve.aterminate() == 0
