@@ -87,13 +87,20 @@ def state_line(
         elif activity.state in TURN_STATES:
             why = "a turn is running but no host has acknowledged it yet"
         else:
-            why = f"no host has acknowledged it yet ({agent} is {activity.state})"
+            why = f"no host has acknowledged it yet ({_no_turn(agent, activity)})"
         return head + f"unconfirmed: {why}. /taskcard cancel withdraws it."
     if activity.state not in TURN_STATES:
         # Unknown and no output tell no turn: the line says so rather than promise a turn
         # that may not run (the signals spec reads unknown as "check before deciding").
         return (
-            head + f"queued; {agent} is {activity.state}, so no running turn is known to hand"
+            head + f"queued; {_no_turn(agent, activity)}, so no running turn is known to hand"
             " it over: the next host to read its inbox does. /taskcard cancel withdraws it."
         )
     return head + "queued; the running turn's host hands it over. /taskcard cancel withdraws it."
+
+
+def _no_turn(agent: str, activity: ActivitySummary) -> str:
+    """What is known of an agent in a state that tells no turn, as a clause."""
+    if activity.state == "no output":
+        return f"{agent} has written nothing since it started"
+    return f"{agent}'s state is {activity.state}"

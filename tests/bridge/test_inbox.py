@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from taskcard.bridge.inbox.states import message_state, state_line
+from taskcard.bridge.inbox.states import MessageState, message_state, state_line
 from taskcard.bridge.inbox.writer import InboxRefused, InboxWriter
 from taskcard.bridge.run.inbox_desk import AuthorRate
 from taskcard.bridge.store.sqlite import InboxRecord
 from taskcard.bridge.track.monitor import ActivitySummary
+from taskcard.channels.base import AgentState
 from taskcard.producers.reports.contract import inbox_message, parse_ack
 
 T0 = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
@@ -129,6 +130,24 @@ def test_state_line_says_parked_is_not_delivered() -> None:
     idle = ActivitySummary(state="idle", last_event_at=T0)
     line = state_line(RECORD, "parked", idle, T0, UTC)
     assert "parked" in line and "Not delivered yet" in line and "builder" in line
+
+
+@pytest.mark.parametrize(
+    ("agent_state", "state", "says"),
+    [
+        ("running", "queued", "the running turn's host hands it over"),
+        ("waiting", "queued", "the running turn's host hands it over"),
+        ("unknown", "queued", "builder's state is unknown, so no running turn is known"),
+        ("no output", "queued", "builder has written nothing since it started, so no running"),
+        ("running", "unconfirmed", "a turn is running but no host has acknowledged it"),
+        ("unknown", "unconfirmed", "no host has acknowledged it yet (builder's state is unknown)"),
+    ],
+)
+def test_a_state_line_promises_a_running_turn_only_when_one_runs(
+    agent_state: AgentState, state: MessageState, says: str
+) -> None:
+    activity = ActivitySummary(state=agent_state, last_event_at=T0)
+    assert says in state_line(RECORD, state, activity, T0, UTC)
 
 
 def test_author_rate_is_a_sliding_window_per_author_and_agent() -> None:
