@@ -42,8 +42,10 @@ lint: $(DEV_STAMP)
 typecheck: $(DEV_STAMP)
 	$(BIN)/mypy
 
+## The tests run in two worker processes (pytest-xdist), one per core of a two-core machine.
+## Every test keeps to its own folders, ports and servers, so workers never meet.
 check: lint typecheck
-	$(BIN)/pytest -q -W error --timeout=300
+	$(BIN)/pytest -q -W error --timeout=300 -n 2
 
 ## The property tests with fresh random examples, ten rounds (`make test` draws the same ones
 ## every time): run it after changing a renderer or a reader of agent files.
