@@ -214,7 +214,8 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
                 if rules is not None and rules.covers(scope, chat, message_id)
             }
             moved = chat_moved_to(channel, store, chat.chat_id) if store else None
-            refused = parse_card_refused(store.get_cursor(card_refused_key(key))) if store else None
+            kept = store.get_cursor(card_refused_key(key)) if store else None
+            refused = parse_card_refused(kept, key)
             routes.append(
                 {
                     "route": key,
@@ -412,7 +413,8 @@ def _status(args: argparse.Namespace) -> int:
             )
             print(
                 printable(
-                    f"  CARD REFUSED ({whose}) since {refused['since']}: {refused['reason']};"
+                    f"  CARD REFUSED ({whose}) since {refused['since'] or 'an unknown time'}:"
+                    f" {refused['reason']};"
                     f" {shows}"
                 )
             )

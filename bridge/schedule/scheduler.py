@@ -65,7 +65,13 @@ from taskcard.bridge.schedule.ratelimit import (
 from taskcard.bridge.schedule.routes import LaneKey as LaneKey
 from taskcard.bridge.schedule.routes import RouteKey as RouteKey
 from taskcard.bridge.schedule.routes import chat_scope as chat_scope
-from taskcard.bridge.store.sqlite import ReadAhead, ResidentRecord, StateStore, in_batches
+from taskcard.bridge.store.sqlite import (
+    ReadAhead,
+    ResidentRecord,
+    StateStore,
+    in_batches,
+    stored_time,
+)
 from taskcard.channels.aio import Backoff, wait_first
 from taskcard.channels.base import (
     Channel,
@@ -111,21 +117,28 @@ def card_refused_key(route: str) -> str:
     return CARD_REFUSED_PREFIX + route
 
 
-def parse_card_refused(raw: str | None) -> tuple[str, float] | None:
-    """The refusal kept for a route (its reason and when, in epoch seconds), or None: none
-    kept, or a value this release cannot read."""
+def parse_card_refused(raw: str | None, route: str) -> tuple[str, float | None] | None:
+    """The refusal kept for the route whose store key is `route` (its reason and when, in
+    epoch seconds), or None: none kept, or a value this release cannot read. A start that is
+    no time a date can show (`1e308`, text, edited by hand) is unknown, with one warning as
+    the store gives for its other values: the reason is still worth showing."""
     if not raw:
         return None
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError):
         return None
-    if not isinstance(data, dict):
+    if not isinstance(data, dict) or not isinstance(data.get("reason"), str):
         return None
-    reason, at = data.get("reason"), data.get("at")
-    if not isinstance(reason, str) or isinstance(at, bool) or not isinstance(at, int | float):
-        return None
-    return reason, float(at)
+    at = data.get("at")
+    since = None if isinstance(at, str) else stored_time(at)
+    if since is None:
+        log.warning(
+            "the start of the refusal of card %s holds %.40r, not a time; it is taken as unknown",
+            route[:200],
+            at,
+        )
+    return data["reason"], since
 
 
 @dataclass
@@ -1566,7 +1579,7 @@ class RouteScheduler:
         try:
             cursor = card_refused_key(key.store_key)
             raw = self._store.get_cursor(cursor) if kept is None else kept.take(cursor)
-            refusal = parse_card_refused(raw)
+            refusal = parse_card_refused(raw, key.store_key)
         except Exception:
             return "", None
         return (None, None) if refusal is None else refusal

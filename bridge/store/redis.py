@@ -61,7 +61,7 @@ from taskcard.bridge.store.base import (
     StateStore,
     in_batches,
     shown_key,
-    stored_float,
+    stored_time,
 )
 
 # Enough to ride out a Redis restart (a second or two) without failing the call...
@@ -511,7 +511,7 @@ class RedisStore(StateStore):
             notice_route, notice_id = parts
             if route is not None and notice_route != route:
                 continue
-            created = stored_float(at) or 0.0
+            created = stored_time(at) or 0.0
             found.append(PendingNotice(notice_route, notice_id, text or "", created))
         return sorted(found, key=lambda n: (n.created_at, n.notice_id))
 
@@ -714,7 +714,7 @@ class RedisStore(StateStore):
         raw = cast(dict[str, str], self._r.hgetall(self.key("pauses")))
         pauses = {}
         for scope, value in raw.items():
-            until = stored_float(value)
+            until = stored_time(value)
             if until is None:
                 _corrupt(self.key("pauses"), scope)
             else:
@@ -747,14 +747,16 @@ class RedisStore(StateStore):
                 continue
             channel, chat_id, thread_id = parts
             title = data.get("title")
-            last_seen = data.get("last_seen", 0.0)
+            last_seen = stored_time(data.get("last_seen"))
+            if last_seen is None and data.get("last_seen") is not None:
+                _corrupt(self.key("chats"), f"{field} last_seen")
             chats.append(
                 SeenChat(
                     channel,
                     chat_id,
                     thread_id or None,
                     title if isinstance(title, str) else None,
-                    stored_float(last_seen) or 0.0,
+                    last_seen or 0.0,
                 )
             )
         return sorted(chats, key=lambda c: (-c.last_seen, c.channel, c.chat_id, c.thread_id or ""))
@@ -803,17 +805,17 @@ def _record(key: str, route: str, data: dict[str, str]) -> ResidentRecord:
         _corrupt(key, "unsure_sends")
         unsure_sends = 0
     for name in ("committed_at", "unsure_at"):
-        if data.get(name) is not None and stored_float(data[name]) is None:
+        if data.get(name) is not None and stored_time(data[name]) is None:
             _corrupt(key, name)
     return ResidentRecord(
         route=route,
         message_id=data.get("message_id"),
         fingerprint=data.get("fingerprint"),
-        committed_at=stored_float(data.get("committed_at")),
+        committed_at=stored_time(data.get("committed_at")),
         disabled_reason=data.get("disabled_reason"),
         send_key=data.get("send_key"),
         stale_message_id=data.get("stale_message_id"),
         unsure_sends=unsure_sends,
-        unsure_at=stored_float(data.get("unsure_at")),
+        unsure_at=stored_time(data.get("unsure_at")),
         pin_owed_id=data.get("pin_owed_id"),
     )

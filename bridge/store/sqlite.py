@@ -64,7 +64,6 @@ from taskcard.bridge.store.base import (
     StateStore,
     in_batches,
     shown_key,
-    stored_float,
     stored_int,
     stored_text,
     stored_time,
@@ -92,6 +91,7 @@ __all__ = [
     "check_state_file",
     "in_batches",
     "read_health",
+    "stored_time",
     "unfit_state",
 ]
 
@@ -231,7 +231,7 @@ _NO_STATUS = (
 _COLUMNS: Final[dict[tuple[str, str], tuple[Callable[[object], Any], str, str, str]]] = {
     ("pauses", "scope"): (stored_text, "the scope of a rate-limit pause", _TEXT, "it is ignored"),
     ("pauses", "until_epoch"): (
-        stored_float,
+        stored_time,
         "the rate-limit pause of",
         _A_TIME,
         "it is ignored (the platform's next 429 sets a new one)",
@@ -250,7 +250,7 @@ _COLUMNS: Final[dict[tuple[str, str], tuple[Callable[[object], Any], str, str, s
         "the card is edited once more",
     ),
     ("residents", "committed_at"): (
-        stored_float,
+        stored_time,
         "the last edit time of card",
         _A_TIME,
         "it is taken as unknown",
@@ -280,7 +280,7 @@ _COLUMNS: Final[dict[tuple[str, str], tuple[Callable[[object], Any], str, str, s
         "it is taken as none",
     ),
     ("residents", "unsure_at"): (
-        stored_float,
+        stored_time,
         "the last unanswered send time of card",
         _A_TIME,
         "it is taken as unknown",
@@ -309,7 +309,7 @@ _COLUMNS: Final[dict[tuple[str, str], tuple[Callable[[object], Any], str, str, s
     ("notices", "notice_id"): (stored_text, "the id of notice", _TEXT, "it is not sent"),
     ("notices", "text"): (stored_text, "the text of notice", _TEXT, "it is not sent"),
     ("notices", "created_at"): (
-        stored_float,
+        stored_time,
         "the time of notice",
         _A_TIME,
         "it is taken as the oldest",
@@ -319,7 +319,7 @@ _COLUMNS: Final[dict[tuple[str, str], tuple[Callable[[object], Any], str, str, s
     ("seen_chats", "thread_id"): (stored_text, "the topic of seen chat", _TEXT, _UNLISTED),
     ("seen_chats", "title"): (stored_text, "the title of seen chat", _TEXT, "it is unknown"),
     ("seen_chats", "last_seen"): (
-        stored_float,
+        stored_time,
         "the last command time of seen chat",
         _A_TIME,
         "it is taken as long ago",
@@ -1308,7 +1308,9 @@ class SqliteStore(StateStore):
             )
             if channel is not None and chat_id is not None and thread_id is not None:
                 chats.append(SeenChat(channel, chat_id, thread_id or None, title, last_seen or 0.0))
-        return chats
+        # Sorted again once read: SQL put a time no date shows (`1e308`, text) first, and it
+        # is taken as long ago.
+        return sorted(chats, key=lambda c: (-c.last_seen, c.channel, c.chat_id, c.thread_id or ""))
 
     def remember_sent(self, channel: str, message_id: str, at: float) -> None:
         def op(db: sqlite3.Connection) -> None:

@@ -572,6 +572,8 @@ async def test_corrupt_values_left_in_redis_are_skipped_not_fatal(
     client.sadd(f"{prefix}:residents", route)
     client.hset(f"{prefix}:chats", '["telegram", "1"', "{}")
     client.hset(f"{prefix}:chats", json.dumps(["telegram", "2", ""]), '{"title": "Kept"}')
+    far = '{"title": "Far", "last_seen": 1e308}'  # no date shows it: read as long ago
+    client.hset(f"{prefix}:chats", json.dumps(["telegram", "3", ""]), far)
     client.zadd(f"{prefix}:n:pending", {"not a member": 1})
     client.hset(f"{prefix}:offsets", json.dumps(["i0agent", "cards.jsonl"]), "garbage")
     client.hset(f"{prefix}:inbox", "m1", '{"message_id": "m1"}')
@@ -592,6 +594,7 @@ async def test_corrupt_values_left_in_redis_are_skipped_not_fatal(
     assert status.returncode == 0 and route in status.stdout, status.stderr
     chats = run_cli("chats", "--config", str(serve.config))
     assert chats.returncode == 0 and "Kept" in chats.stdout, chats.stderr
+    assert "Far" in chats.stdout and "1970-01-01" in chats.stdout, chats.stdout
     for output in (status.stderr, chats.stderr):
         assert "Traceback" not in output and "does not parse" in output
     assert await serve.aterminate() == 0

@@ -271,8 +271,7 @@ def _state_of(path: Path, *statements: str) -> None:
 
 
 # States a newer version (or a hand edit) leaves: the tables are there, but not as read here;
-# each with the commands that read what changed (`chats` reads the chats seen alone, and a
-# state from before that table was made lists none).
+# each with the commands that read what changed.
 _STATUS = [("status",), ("status", "--json")]
 _UNFIT_STATES = {
     "a column dropped": (
@@ -284,14 +283,6 @@ _UNFIT_STATES = {
         _STATUS,
     ),
     "a table renamed": (["ALTER TABLE pauses RENAME TO pauses_v9"], _STATUS),
-    "a time out of range": (
-        [
-            "INSERT INTO residents (route, message_id, committed_at)"
-            " VALUES ('console:console::a', '7', 1e308)",
-            "INSERT INTO seen_chats VALUES ('console', 'console', '', NULL, 1e308)",
-        ],
-        [*_STATUS, ("chats",), ("chats", "--json")],
-    ),
 }
 
 

@@ -7,6 +7,7 @@ store's, so it is the same for every platform."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from pathlib import Path
@@ -62,6 +63,7 @@ async def both_cards(serve: ServeProcess, fake: FakeTelegram, text: str) -> None
     [
         ("committed_at", "'soon'"),
         ("committed_at", "'nan'"),
+        ("committed_at", "1e308"),
         ("committed_at", "x'00ff'"),
         ("unsure_sends", "'soon'"),
         ("unsure_sends", "x'00ff'"),
@@ -218,3 +220,90 @@ async def test_a_row_key_with_a_line_break_is_one_log_line(
     assert len(warnings) == 1, result.stderr
     assert "'telegram:55\\nforged: line:' holds 'yesterday'" in warnings[0], result.stderr
     assert not any(line.startswith("forged") for line in result.stderr.splitlines())
+
+
+# Values a hand edit or a bug may leave where a time belongs that no date can show, or that
+# are no number at all: (as SQL for a column, as JSON for the card refusal's start).
+NO_TIMES = {
+    "1e23": ("1e23", "1e23"),
+    "1e308": ("1e308", "1e308"),
+    "-1e308": ("-1e308", "-1e308"),
+    "infinity": ("9e999", "Infinity"),
+    "minus infinity": ("-9e999", "-Infinity"),
+    "NaN": ("'NaN'", "NaN"),
+    "the year 10000": ("253402300800", "253402300800"),
+    "the year 0": ("-62135596801", "-62135596801"),
+    "beyond the system's time_t": ("4611686018427387904", "4611686018427387904"),
+    "text": ("'soon'", '"soon"'),
+    "a blob": ("x'00ff'", "[0, 255]"),
+}
+
+
+def _console_fleet(tmp_path: Path) -> Path:
+    for agent in ("a", "b"):
+        (tmp_path / "agents" / agent).mkdir(parents=True)
+    config = tmp_path / "taskcard.toml"
+    config.write_text(
+        'state_dir = "state"\n'
+        '[[agents]]\nid = "a"\nworkdir = "agents/a"\n'
+        '[[agents]]\nid = "b"\nworkdir = "agents/b"\n'
+        "[console]\nenabled = true\n"
+    )
+    return config
+
+
+@pytest.mark.parametrize("value", list(NO_TIMES))
+def test_a_time_no_date_can_show_is_skipped_by_status_and_chats(tmp_path: Path, value: str) -> None:
+    """A card's last edit or unanswered send time, a rate-limit pause, a refused card's start
+    or a chat's last command holding a time beyond any date (`1e23`, `-1e308`, the year
+    10000) ended `status` and `chats` in the unreadable-state error while `serve` ran on; the
+    values of another kind were already skipped. Every such time is now skipped the same way,
+    with one warning naming the row, and the rest of the state is shown."""
+    config = _console_fleet(tmp_path)
+    SqliteStore.in_dir(tmp_path / "state").close()
+    sql, json_value = NO_TIMES[value]
+    with sqlite3.connect(tmp_path / "state" / STATE_FILE) as db:
+        for statement in (
+            "INSERT INTO residents (route, message_id, committed_at, unsure_sends, unsure_at)"
+            f" VALUES ('console:console::a', '7', {sql}, 3, {sql})",
+            "INSERT INTO residents (route, message_id, committed_at)"
+            " VALUES ('console:console::b', '8', 1700000000)",
+            "INSERT INTO cursors VALUES ('card-refused:console:console::a',"
+            f' \'{{"reason": "too long", "at": {json_value}}}\')',
+            f"INSERT INTO pauses VALUES ('console', {sql})",
+            f"INSERT INTO seen_chats VALUES ('console', 'console', '', NULL, {sql})",
+            "INSERT INTO seen_chats VALUES ('telegram', '-100', '', 'Ops', 1700000000)",
+        ):
+            db.execute(statement)
+    warnings = {
+        "status": [
+            "the rate-limit pause of console holds",
+            "the last edit time of card console:console::a holds",
+            "the last unanswered send time of card console:console::a holds",
+            "the start of the refusal of card console:console::a holds",
+        ],
+        "chats": ["the last command time of seen chat console:console: holds"],
+    }
+    for args in (("status",), ("status", "--json"), ("chats",), ("chats", "--json")):
+        result = run_cli(*args, "--config", str(config))
+        assert result.returncode == 0, (args, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        expected = warnings[args[0]]
+        assert len(lines) == len(expected), (args, result.stderr)
+        for line, start in zip(lines, expected, strict=True):
+            assert start in line and "not a time" in line, (args, line)
+        assert "2023-11-14T22:13:20Z" in result.stdout, (args, result.stdout)
+    status = json.loads(run_cli("status", "--json", "--config", str(config)).stdout)
+    (route,) = [r for r in status["routes"] if r["agent"] == "a"]
+    assert route["last_committed"] is None and route["message_id"] == "7"
+    assert route["card_refused"] == {"reason": "too long", "since": None}
+    assert status["pauses"] == []
+    assert (
+        "CARD REFUSED (agent a) since an unknown time: too long"
+        in run_cli("status", "--config", str(config)).stdout
+    )
+    chats = json.loads(run_cli("chats", "--json", "--config", str(config)).stdout)
+    assert [(c["chat_id"], c["last_seen"]) for c in chats] == [
+        ("-100", "2023-11-14T22:13:20Z"),
+        ("console", "1970-01-01T00:00:00Z"),
+    ]
