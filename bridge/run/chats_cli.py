@@ -22,7 +22,7 @@ from typing import Any
 from taskcard.bridge.config import ServiceConfig
 from taskcard.bridge.deliver.registry import RouteSpec, route_specs
 from taskcard.bridge.run.chat_names import as_last_resolved
-from taskcard.bridge.run.serve_cli import EXIT_CONFIG, _config_option, _load
+from taskcard.bridge.run.serve_cli import EXIT_CONFIG, _config_option, _load, no_config_given
 from taskcard.bridge.run.terminal import printable
 from taskcard.bridge.store.base import SeenChat, StateFileError, StateStore
 from taskcard.bridge.store.sqlite import STATE_FILE, UNFIT_STATE_ERRORS, SqliteStore, unfit_state
@@ -96,6 +96,8 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 
 def _chats(args: argparse.Namespace) -> int:
+    if args.config is None:
+        no_config_given(args, "--config", "--config FILE")
     config = _load(Path(args.config))
     if config is None:
         return EXIT_CONFIG
@@ -136,6 +138,6 @@ def register(subparsers: Any) -> None:
             "[cluster], the chats every instance saw, from the shared Redis."
         ),
     )
-    _config_option(parser, required=True)
+    _config_option(parser)
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(handler=_chats)

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from taskcard.bridge.config import (
     ConfigError,
@@ -86,7 +86,7 @@ def _serve(args: argparse.Namespace) -> int:
     _apply_log_options(args)
     if args.config is None:
         if args.check:
-            args._parser.error("--check needs --config FILE (or TASKCARD_CONFIG)")
+            no_config_given(args, "--check", "--config FILE")
         from taskcard.bridge.run.demo import run_demo
 
         return run_demo(None, None)
@@ -142,7 +142,7 @@ def _check_secrets(path: str, config: ServiceConfig) -> int:
 
 def _config_check(args: argparse.Namespace) -> int:
     if args.file is None:
-        args._parser.error("FILE: no configuration file given; pass FILE or set TASKCARD_CONFIG")
+        no_config_given(args, "FILE", "FILE")
     config = _load(Path(args.file))
     if config is None:
         return EXIT_CONFIG
@@ -351,6 +351,8 @@ def _send_hold(
 def _status(args: argparse.Namespace) -> int:
     from taskcard.bridge.run.boards import BOARD_AGENT
 
+    if args.config is None:
+        no_config_given(args, "--config", "--config FILE")
     config = _load(Path(args.config))
     if config is None:
         return EXIT_CONFIG
@@ -445,15 +447,24 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _config_option(parser: argparse.ArgumentParser, *, required: bool) -> None:
-    default = os.environ.get("TASKCARD_CONFIG") or None
+def _config_option(parser: argparse.ArgumentParser) -> None:
+    """`--config FILE`, by default `TASKCARD_CONFIG`; a command that needs one and got
+    neither says so with `no_config_given` (argparse's "required" would name the option
+    alone)."""
     parser.add_argument(
         "--config",
         "-c",
-        default=default,
-        required=required and default is None,
+        default=os.environ.get("TASKCARD_CONFIG") or None,
         help="the TOML configuration (env TASKCARD_CONFIG)",
     )
+
+
+def no_config_given(args: argparse.Namespace, argument: str, way: str) -> NoReturn:
+    """The one usage error of every command that needs a configuration file and was given
+    none (`serve --check`, `status`, `chats`, `config check`): it names both ways to give
+    one, `way` (the command's own argument) and the variable."""
+    parser: argparse.ArgumentParser = args._parser  # the command's own (see bridge.cli)
+    parser.error(f"{argument}: no configuration file given; pass {way} or set TASKCARD_CONFIG")
 
 
 def register(subparsers: Any) -> None:
@@ -466,7 +477,7 @@ def register(subparsers: Any) -> None:
             "`taskcard demo`)."
         ),
     )
-    _config_option(serve_parser, required=False)
+    _config_option(serve_parser)
     serve_parser.add_argument(
         "--check",
         action="store_true",
@@ -484,7 +495,7 @@ def register(subparsers: Any) -> None:
         "status",
         help="print each route's resident message, last edit, pauses and pending notices",
     )
-    _config_option(status_parser, required=True)
+    _config_option(status_parser)
     status_parser.add_argument("--json", action="store_true", help="machine-readable output")
     status_parser.set_defaults(handler=_status)
 

@@ -163,20 +163,33 @@ def test_the_walk_finds_the_subcommands_of_every_group() -> None:
     assert ("ledger", "show") in GROUP_SUBCOMMANDS
 
 
-def test_a_missing_configuration_file_is_a_usage_line_naming_the_help() -> None:
+@pytest.mark.parametrize(
+    ("args", "argument", "way"),
+    [
+        (("serve", "--check"), "--check", "--config FILE"),
+        (("config", "check"), "FILE", "FILE"),
+        (("status",), "--config", "--config FILE"),
+        (("status", "--json"), "--config", "--config FILE"),
+        (("chats",), "--config", "--config FILE"),
+        (("chats", "--json"), "--config", "--config FILE"),
+    ],
+)
+@pytest.mark.parametrize("variable", [None, ""])
+def test_a_missing_configuration_file_is_one_usage_line_naming_both_ways(
+    args: tuple[str, ...], argument: str, way: str, variable: str | None
+) -> None:
     """`serve --check` and `config check` without a file said "taskcard: ..." and stopped,
-    where every other missing argument is one line by the command, ending with its help."""
-    for args, words in (
-        (("serve", "--check"), "--check needs --config FILE"),
-        (("config", "check"), "FILE: no configuration file given"),
-    ):
-        result = taskcard(*args)
-        assert result.returncode == 2, args
-        lines = result.stderr.splitlines()
-        assert len(lines) == 1 and words in lines[0], (args, result.stderr)
-        command = "taskcard " + " ".join(a for a in args if not a.startswith("-"))
-        assert lines[0].startswith(f"{command}: "), lines[0]
-        assert lines[0].endswith(f"see `{command} --help`"), lines[0]
+    where every other missing argument is one line by the command, ending with its help;
+    `status` and `chats` named only the option, not TASKCARD_CONFIG. Every command that
+    needs a configuration says the same line, naming both ways to give it."""
+    result = taskcard(*args, env=None if variable is None else {"TASKCARD_CONFIG": variable})
+    assert result.returncode == 2, args
+    command = "taskcard " + " ".join(a for a in args if not a.startswith("-"))
+    assert result.stderr == (
+        f"{command}: {argument}: no configuration file given; pass {way} or set"
+        f" TASKCARD_CONFIG; see `{command} --help`\n"
+    )
+    assert result.stdout == ""
 
 
 def test_activity_without_a_kind_names_only_the_kind_as_missing(tmp_path: Path) -> None:
