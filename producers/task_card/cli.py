@@ -57,9 +57,11 @@ from taskcard.producers.task_card.workdir_arg import (
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
 EXIT_USAGE: Final = 2
-# After a refusal for size, stdin is read on (and dropped) up to this much, so a writer still
-# sending gets EOF semantics instead of a broken pipe.
+# After a refusal for size has been answered, stdin is read on (and dropped) up to this much
+# and for this long at most, so a writer finishing its write sees it taken rather than a
+# broken pipe; one that keeps writing, or keeps the pipe open, is not waited for beyond it.
 _STDIN_DRAIN_BYTES: Final = 64 * 1024 * 1024
+_STDIN_DRAIN_S: Final = 1.0
 # A pipe on stdin that stays open this long without a byte (and without a settled envelope)
 # ends the read with a refusal; a whole envelope, or bytes no more input can mend, followed
 # by a moment's quiet is taken at once.
@@ -163,12 +165,9 @@ def _call(args: argparse.Namespace, envelope: Any) -> dict[str, Any] | int:
 def _read_stdin_envelope() -> tuple[bytes, bool]:
     """(at most one byte over the cap, whether the read ended by itself): False when the
     pipe stayed open `STDIN_IDLE_S` without a byte and without a settled envelope (a caller
-    that never closes it held the command forever). The rest of an oversized input is
-    drained, not left, and a pipe kept open after it does not hold the refusal."""
-    raw, ended = read_stdin_object(MAX_ENVELOPE_BYTES, _loads, STDIN_IDLE_S)
-    if len(raw) > MAX_ENVELOPE_BYTES:
-        drain_stdin(_STDIN_DRAIN_BYTES)
-    return raw, ended
+    that never closes it held the command forever). Reading stops one byte over the cap:
+    the rest of an oversized input waits for the refusal to be answered (`run_tool`)."""
+    return read_stdin_object(MAX_ENVELOPE_BYTES, _loads, STDIN_IDLE_S)
 
 
 def _loads(data: bytes) -> object:
@@ -188,8 +187,15 @@ def run_tool(args: argparse.Namespace) -> int:
     else:
         raw, ended = _read_stdin_envelope()
     try:
-        envelope = decode_envelope(raw)
+        envelope = decode_envelope(raw, cut=args.envelope is None)
     except EnvelopeError as exc:
+        if len(raw) > MAX_ENVELOPE_BYTES and args.envelope is None:
+            # Answered before the rest is dropped: a writer that keeps sending, or keeps the
+            # pipe open, held the refusal for as long as it wrote.
+            code = _refuse(str(exc))
+            sys.stdout.flush()
+            drain_stdin(_STDIN_DRAIN_BYTES, _STDIN_DRAIN_S)
+            return code
         if ended:
             return _refuse(str(exc))
         # What came is named exactly, as it would be had the pipe been closed after it.

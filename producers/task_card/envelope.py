@@ -194,11 +194,14 @@ def decode_envelope(
     what: str = "envelope",
     max_bytes: int = MAX_ENVELOPE_BYTES,
     max_depth: int = MAX_ENVELOPE_DEPTH,
+    cut: bool = False,
 ) -> dict[str, Any]:
     """Bytes or text off a transport into a JSON object; raises `EnvelopeError` naming why.
 
     A `str` that came from a byte source with `surrogateescape` (argv, for instance) should
-    be passed as bytes (`os.fsencode`) so invalid UTF-8 is reported as such.
+    be passed as bytes (`os.fsencode`) so invalid UTF-8 is reported as such. `cut`: `raw`
+    over `max_bytes` is only the start of what came (a read that stopped there), so its size
+    is not the envelope's.
     """
     size = len(raw) if isinstance(raw, bytes) else len(raw.encode("utf-8", "surrogatepass"))
     if size > max_bytes:
@@ -209,8 +212,9 @@ def decode_envelope(
                 f"{what}: nested deeper than {max_depth} levels (and over the "
                 f"{max_bytes}-byte limit); an envelope is a flat object"
             )
+        said = "" if cut else f" {size} bytes,"
         raise EnvelopeError(
-            f"{what}: {size} bytes, over the {max_bytes}-byte limit; send a short envelope "
+            f"{what}:{said} over the {max_bytes}-byte limit; send a short envelope "
             "(put long detail in files the renderer reads)"
         )
     if isinstance(raw, bytes):

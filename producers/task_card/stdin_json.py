@@ -111,11 +111,12 @@ def beyond_repair(exc: json.JSONDecodeError) -> bool:
     return _TOKEN_START.fullmatch(text, start) is None
 
 
-def drain_stdin(max_bytes: int) -> None:
-    """Read and drop up to `max_bytes` of what stdin still holds, so a writer still sending
-    sees its input taken rather than a broken pipe; a pipe ends the draining once
-    `DRAIN_QUIET_S` pass without a byte (a writer that keeps it open held the command for
-    ever). A terminal is read up to its end (a person's Ctrl-D)."""
+def drain_stdin(max_bytes: int, within_s: float) -> None:
+    """Read and drop up to `max_bytes` of what stdin still holds, for `within_s` at most, so
+    a writer still sending sees its input taken rather than a broken pipe; a pipe ends the
+    draining once `DRAIN_QUIET_S` pass without a byte, or at `within_s` (a writer that keeps
+    it open, or keeps writing, held the command for ever). A terminal is read up to its end
+    (a person's Ctrl-D)."""
     assert sys.stdin is not None
     try:
         fd = sys.stdin.fileno()
@@ -130,7 +131,11 @@ def drain_stdin(max_bytes: int) -> None:
             drained += len(chunk)
         return
     drained = 0
-    while drained < max_bytes and select.select([fd], [], [], DRAIN_QUIET_S)[0]:
+    deadline = time.monotonic() + within_s
+    while drained < max_bytes:
+        left_s = deadline - time.monotonic()
+        if left_s <= 0 or not select.select([fd], [], [], min(DRAIN_QUIET_S, left_s))[0]:
+            return
         chunk = os.read(fd, min(_CHUNK, max_bytes - drained))
         if not chunk:
             return

@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -108,6 +109,46 @@ def test_tool_ends_when_its_caller_keeps_stdin_open(
         assert said in result["message"], result
         # Only a pipe that went quiet with bytes more input could still mend is waited on.
         assert ("stayed open" in result["message"]) == ("stayed open" in said), result
+
+
+def test_an_oversized_envelope_is_answered_while_its_writer_goes_on_writing(
+    cli: CliHost,
+) -> None:
+    """A caller that wrote an oversized envelope and went on writing (a byte now and then,
+    the pipe never closed) held `taskcard tool` for as long as it wrote: the rest was drained
+    before the refusal was answered, up to 64 MiB. The refusal, naming the limit and the fix,
+    is answered at once and the command ends while the writer still writes."""
+    stop = threading.Event()
+    # Unbuffered: closing the pipe at the end has nothing left to flush into a closed reader.
+    with subprocess.Popen(
+        cli.command("tool"), stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0
+    ) as tool:
+        assert tool.stdin is not None and tool.stdout is not None
+        writer_stdin = tool.stdin
+
+        def write_on() -> None:
+            try:
+                writer_stdin.write(_OVERSIZED)
+                while not stop.wait(0.05):  # the writer's pace, not a wait for the command
+                    writer_stdin.write(b" ")
+            except (BrokenPipeError, ValueError):
+                pass  # the command stopped reading, as it should
+
+        writer = threading.Thread(target=write_on, daemon=True)
+        writer.start()
+        try:
+            assert tool.wait(timeout=60) == 2
+            assert not stop.is_set(), "the writer was still writing when the command ended"
+        finally:
+            stop.set()
+            tool.kill()
+            writer.join(timeout=10)
+        result = json.loads(tool.stdout.read())
+    assert result["code"] == "bad_envelope", result
+    assert result["message"] == (
+        f"envelope: over the {MAX_ENVELOPE_BYTES}-byte limit; send a short envelope (put long"
+        " detail in files the renderer reads)"
+    )
 
 
 @pytest.mark.parametrize(
