@@ -356,12 +356,14 @@ def command_from_event(
         return None
     event = document.get("event")
     if not isinstance(event, dict):
-        return None
+        event = {}
     message = event.get("message")
     if not isinstance(message, dict):
+        _missing("event.message", "an object")
         return None
     chat_id = message.get("chat_id")
     if not isinstance(chat_id, str) or not chat_id:
+        _missing("event.message.chat_id", "a chat id")
         return None
     sender = event.get("sender")
     if isinstance(sender, dict) and sender.get("sender_type") == APP_SENDER:
@@ -419,6 +421,19 @@ def command_from_event(
         reply_to=reply_to if name == "reply" or not addressed else (),
         message_thread=thread_id if in_thread else None,
         in_thread=in_thread and bool(reply_to) and _threads_root(message) == reply_to[0],
+    )
+
+
+def _missing(field: str, kind: str) -> None:
+    """Say that a message event came without `field`: Feishu always sends it, so the event
+    is malformed (a changed format, or a request that is not Feishu's) and cannot be
+    answered. Worded alike for every such event, with nothing of the request in it (no id,
+    no text, no token), so the log's repeat limit holds a flood back."""
+    log.warning(
+        "feishu message event without %s (%s): ignored; Feishu sends one with every message,"
+        " so the event is not in the format this version reads",
+        field,
+        kind,
     )
 
 

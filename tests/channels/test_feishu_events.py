@@ -11,6 +11,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import aiohttp
 import pytest
@@ -541,3 +542,83 @@ EVERYONE = {"key": "@_all", "id": {"open_id": ""}, "name": "所有人"}
 )
 def test_mentions_read_as_the_chat_showed_them(text: str, mentions: object, expected: str) -> None:
     assert named_mentions(text, mentions) == expected
+
+
+def _without(path: tuple[str, ...]) -> Callable[[dict[str, Any]], None]:
+    def spoil(document: dict[str, Any]) -> None:
+        node = document
+        for key in path[:-1]:
+            node = node[key]
+        del node[path[-1]]
+
+    return spoil
+
+
+def _set(path: tuple[str, ...], value: object) -> Callable[[dict[str, Any]], None]:
+    def spoil(document: dict[str, Any]) -> None:
+        node = document
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+
+    return spoil
+
+
+# A message event as no Feishu sends it (a changed format, a forged callback), and the field
+# the warning names.
+BROKEN_MESSAGE_EVENTS = {
+    "no event": (_without(("event",)), "event.message"),
+    "no message": (_without(("event", "message")), "event.message"),
+    "a message that is text": (_set(("event", "message"), "hi"), "event.message"),
+    "no chat": (_without(("event", "message", "chat_id")), "event.message.chat_id"),
+    "an empty chat": (_set(("event", "message", "chat_id"), ""), "event.message.chat_id"),
+    "a chat that is a number": (_set(("event", "message", "chat_id"), 7), "event.message.chat_id"),
+}
+
+
+@pytest.mark.parametrize("broken", list(BROKEN_MESSAGE_EVENTS))
+@pytest.mark.parametrize("events", ["webhook", "websocket"])
+async def test_a_message_event_without_its_message_or_chat_is_one_warning(
+    fake: FakeFeishu, caplog: pytest.LogCaptureFixture, events: str, broken: str
+) -> None:
+    """A message event missing its `message` or its chat was dropped without a word, on the
+    HTTP callback and the long connection alike. It is acknowledged (Feishu would only send
+    it again) and ignored with a warning naming the missing field, worded the same for every
+    such event so the log's repeat limit holds a flood of them back; no id, text or secret
+    of the request is in it. The commands after it are handled."""
+    spoil, field = BROKEN_MESSAGE_EVENTS[broken]
+    inbox = CommandInbox()
+    documents = []
+    for n in range(2):
+        document = fake.command_event("oc_g", "/taskcard off", verification_token=TOKEN)
+        document["header"]["event_id"] = f"broken-{n}-{secrets.token_hex(4)}"
+        spoil(document)
+        documents.append(document)
+    good = fake.command_event("oc_g", "/taskcard on", verification_token=TOKEN)
+    with caplog.at_level(logging.DEBUG, logger="taskcard"):
+        if events == "webhook":
+            async with webhook_channel(fake, inbox) as url:
+                for document in documents:
+                    answer = await fake.deliver_event(url, document)
+                    assert answer.status == 200, answer
+                assert (await fake.deliver_event(url, good)).status == 200
+                commands = await inbox.wait_for(1)
+        else:
+            config = FeishuConfig(domain=fake.base_url, events="websocket")
+            channel = FeishuChannel(config, fake.app_id, fake.app_secret, MemoryCursorStore())
+            await channel.start(inbox)
+            try:
+                await wait_until(lambda: fake.ws_connections == 1, what="the long connection")
+                for document in [*documents, good]:
+                    assert await fake.push_ws_event(document) == 1
+                commands = await inbox.wait_for(1)
+                await wait_until(lambda: len(fake.ws_acks) == 3, what="acknowledgements")
+            finally:
+                await channel.stop()
+            assert all(ack.get("code") == 200 for ack in fake.ws_acks)
+    assert [c.args for c in commands] == ["on"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 2 and warnings[0] == warnings[1], warnings
+    assert f"without {field} " in warnings[0], warnings[0]
+    for secret in (TOKEN, fake.app_secret, "broken-", "oc_g", "/taskcard"):
+        assert secret not in warnings[0], warnings[0]
