@@ -37,13 +37,17 @@ from taskcard.producers.task_card.contract import (
 )
 from taskcard.producers.task_card.descriptor import (
     DescriptorCorrupt,
+    EndedWatch,
     WatchDescriptor,
     adopt_legacy_files,
     allocate_watch_id,
     clear_descriptor,
+    clear_ended,
     read_descriptor,
+    read_ended,
     watch_number,
     write_descriptor,
+    write_ended,
 )
 from taskcard.producers.task_card.envelope import (
     EnvelopeError,
@@ -399,6 +403,7 @@ class TaskCard:
             try:
                 changed = self._publish(verdict.body, activate=True)
                 write_descriptor(self.paths, watch.descriptor())
+                self._forget_ended()  # the watch it kept is replaced: no retry for it
             except OSError as exc:
                 # No watch will refresh this card: it must not stay `active` for the chats.
                 with contextlib.suppress(OSError):
@@ -491,6 +496,8 @@ class TaskCard:
         # Every retry counts against the budget, a stopped watch's included (manual, budget).
         outcome = self._refresh(watch, counted=True, from_tick=False)
         with self._lock:
+            if watch.state == "stopped" and not watch.removed and watch is self._current:
+                self._record_ended(watch)  # the refresh it spent, for a later host
             thread = watch.thread
             dead = thread is not None and not thread.is_alive() and not watch.stop_event.is_set()
             if dead and watch.state in ("watching", "error") and not self._closed:
@@ -531,6 +538,7 @@ class TaskCard:
                     "message": "the updater did not quiesce; status is inactive; call stop again",
                 }
             watch.state = "stopped"
+            self._record_ended(watch)
             log.info("task card watch %s stopped", watch_id)
             return self._view(watch)
 
@@ -558,6 +566,7 @@ class TaskCard:
             try:
                 self._write_status(STATUS_INACTIVE)
                 clear_descriptor(self.paths)
+                self._forget_ended()  # a removed card stays removed, also for a later host
                 try:
                     self.paths.body.unlink()
                     removed = True
@@ -782,6 +791,7 @@ class TaskCard:
                 log.error("task card watch %s: cannot write inactive: %s", watch.watch_id, exc)
             with contextlib.suppress(OSError):
                 clear_descriptor(self.paths)
+            self._record_ended(watch)
         log.info("task card watch %s exhausted its refresh budget", watch.watch_id)
 
     def _persist_budget(self, watch: _Watch) -> None:
@@ -955,10 +965,13 @@ class TaskCard:
         try:
             descriptor = read_descriptor(self.paths)
         except DescriptorCorrupt as exc:
+            self._forget_ended()
             self._retire_stale(f"corrupt watch.json ({exc})")
             return
         if descriptor is None:
+            self._restore_ended()
             return
+        self._forget_ended()  # a watch was started after the one it kept
         self._seen_watch_number = watch_number(descriptor.watch_id)
         try:
             resolve_renderer(self.workdir, descriptor.renderer_path)
@@ -1017,6 +1030,53 @@ class TaskCard:
             self._current = watch
             self._spawn_updater(watch)
         log.info("task card watch %s resumed", watch.watch_id)
+
+    def _restore_ended(self) -> None:
+        """The watch an earlier host stopped (or whose budget ran out), known again, so
+        `inspect` and `retry` answer for it as that host would have: a host exits once no
+        watch is live, and the manual keeps a stopped watch for a later retry. Nothing is
+        rendered and no updater runs; its ceilings are capped as a resume's are."""
+        ended = read_ended(self.paths)
+        if ended is None:
+            return
+        descriptor = ended.descriptor
+        timeout_s, max_refreshes = self._resume_ceilings(descriptor)
+        spent = descriptor.refreshes_used >= max_refreshes
+        watch = _Watch(
+            watch_id=descriptor.watch_id,
+            renderer_rel=descriptor.renderer_path,
+            interval_s=descriptor.interval_s,
+            timeout_s=timeout_s,
+            max_refreshes=max_refreshes,
+            refreshes_used=descriptor.refreshes_used,
+            started_at=descriptor.started_at,
+            error_epoch=descriptor.error_epoch,
+            state="exhausted" if spent else ended.state,
+            stop_reason="max_refreshes" if spent or ended.state == "exhausted" else "stopped",
+            last_body_at=ended.last_body_at,
+        )
+        if descriptor.error_code is not None:
+            # The episode is still open: a retry that publishes sends its recovery, one that
+            # fails opens no second episode (as in the host that stopped it).
+            watch.error = RenderFailure(
+                descriptor.error_code, "the renderer was failing when the watch ended"
+            )
+        watch.stop_event.set()
+        self._seen_watch_number = max(self._seen_watch_number, watch_number(watch.watch_id))
+        self._watches[watch.watch_id] = watch
+        self._current = watch
+
+    def _record_ended(self, watch: _Watch) -> None:
+        """Keep a stopped or exhausted watch for later hosts (`descriptor.write_ended`); a
+        record that cannot be written is logged and costs only that."""
+        if watch.state not in ("stopped", "exhausted") or self._card_folder_outside():
+            return
+        ended = EndedWatch(watch.descriptor(), watch.state, watch.last_body_at)
+        self._side_effect(watch, "record the ended watch", lambda: write_ended(self.paths, ended))
+
+    def _forget_ended(self) -> None:
+        with contextlib.suppress(OSError):
+            clear_ended(self.paths)
 
     def _resume_ceilings(self, descriptor: WatchDescriptor) -> tuple[float, int]:
         """The watch's timeout and budget, capped by the ceilings in force now: the manual

@@ -14,9 +14,10 @@ Layout under an agent's working directory::
     logs/events.jsonl             the agent's activity log, one JSON object per line
 
 `taskcard/` holds nothing else of ours: the manual gives the capability exactly those files.
-The producer host's own bookkeeping (its workdir lock, the watch id counter, the refresh tally)
-lives in a private folder beside it, `.taskcard-host/`, which no consumer reads or watches
-(`CardPaths.host_dir`; docs/producer.md, "The host's private folder").
+The producer host's own bookkeeping (its workdir lock, the watch id counter, the refresh tally,
+the record of a stopped or exhausted watch) lives in a private folder beside it,
+`.taskcard-host/`, which no consumer reads or watches (`CardPaths.host_dir`; docs/producer.md,
+"The host's private folder").
 """
 
 from __future__ import annotations
@@ -50,8 +51,10 @@ HOST_DIR: Final = ".taskcard-host"
 HOST_LOCK_FILE: Final = "lock"  # the host's workdir lock (`workdir_lock.py`)
 WATCH_SEQ_FILE: Final = "watch-seq"  # the never-reused watch id counter (`descriptor.py`)
 TALLY_FILE: Final = "refreshes"  # spent refreshes since `watch.json` (`tally.py`)
-# Where earlier versions kept the same three files, inside `taskcard/`: read when the new ones
-# are missing, removed once the new ones are written (and the old lock taken while it exists).
+ENDED_FILE: Final = "ended.json"  # a stopped or exhausted watch, for later hosts (`descriptor.py`)
+# Where earlier versions kept the lock, the counter and the tally, inside `taskcard/`: read when
+# the new ones are missing, removed once the new ones are written (and the old lock taken while
+# it exists).
 LEGACY_HOST_LOCK_FILE: Final = ".host.lock"
 LEGACY_WATCH_SEQ_FILE: Final = ".watch-seq"
 LEGACY_TALLY_FILE: Final = ".refreshes"
@@ -132,6 +135,10 @@ class CardPaths:
     @cached_property
     def tally(self) -> Path:
         return self.host_dir / TALLY_FILE
+
+    @cached_property
+    def ended(self) -> Path:
+        return self.host_dir / ENDED_FILE
 
     @cached_property
     def legacy_watch_seq(self) -> Path:

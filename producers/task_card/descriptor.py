@@ -10,6 +10,10 @@ Watch ids come from `.taskcard-host/watch-seq` (the host's private folder, not t
 counter that only grows, so an id is never reused even after the descriptor is cleared.
 Earlier versions kept it at `taskcard/.watch-seq`: the larger of the two counts, and the old
 file is removed once the new one is written (`adopt_legacy_files`, at every host start).
+
+A watch that `stop` paused (or that used its budget) has no `watch.json`, but is recorded in
+`.taskcard-host/ended.json` with the same fields, so a host started later can still answer
+`inspect` and `retry` for it (`write_ended`, `read_ended`).
 """
 
 from __future__ import annotations
@@ -24,12 +28,13 @@ import re
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Final, cast
+from typing import Any, Final, Literal, cast
 
 from taskcard.producers.task_card.contract import (
     CardPaths,
     OutsideWorkdir,
     atomic_write,
+    is_inside,
     read_regular,
 )
 from taskcard.producers.task_card.renderer import ERROR_CODES, ErrorCode
@@ -96,8 +101,14 @@ def _integer(data: dict[str, Any], key: str, minimum: int, maximum: float) -> in
 
 def read_descriptor(paths: CardPaths) -> WatchDescriptor | None:
     """The descriptor, None when there is none; raises `DescriptorCorrupt`."""
+    data = _read_object(paths.watch, follow=True)
+    return None if data is None else _descriptor_from(data)
+
+
+def _read_object(path: Path, *, follow: bool) -> dict[str, Any] | None:
+    """The JSON object at `path`, None when there is none; raises `DescriptorCorrupt`."""
     try:
-        raw = read_regular(paths.watch, MAX_DESCRIPTOR_BYTES + 1)
+        raw = read_regular(path, MAX_DESCRIPTOR_BYTES + 1, follow=follow)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -110,6 +121,12 @@ def read_descriptor(paths: CardPaths) -> WatchDescriptor | None:
         raise DescriptorCorrupt("not valid JSON") from None
     if not isinstance(data, dict):
         raise DescriptorCorrupt("not a JSON object")
+    return data
+
+
+def _descriptor_from(data: dict[str, Any]) -> WatchDescriptor:
+    """A descriptor's fields checked one by one; raises `DescriptorCorrupt` naming the first
+    that is wrong."""
     watch_id = data.get("watch_id")
     renderer = data.get("renderer_path")
     started = data.get("started_at")
@@ -133,6 +150,68 @@ def read_descriptor(paths: CardPaths) -> WatchDescriptor | None:
         error_epoch=_integer(data, "error_epoch", 0, 2**53) if "error_epoch" in data else 0,
         error_code=cast("ErrorCode | None", error_code),
     )
+
+
+EndedState = Literal["stopped", "exhausted"]
+
+
+@dataclass(frozen=True)
+class EndedWatch:
+    """A watch that `stop` paused or its budget ended, as a later host needs it to answer
+    `inspect` and `retry` for it: its descriptor (with the budget spent so far), how it
+    ended and when its last body was published."""
+
+    descriptor: WatchDescriptor
+    state: EndedState
+    last_body_at: str | None
+
+
+def write_ended(paths: CardPaths, ended: EndedWatch) -> None:
+    """Record the ended watch in the host's folder (`.taskcard-host/ended.json`).
+
+    The manual keeps a stopped watch for a later `retry` or inspection, and clears
+    `watch.json` at `stop`; but the host of a workdir exits once no watch is live (its idle
+    grace), so a stopped watch held only in its memory was unknown two minutes later
+    ("not a watch of this host") and the agent could no longer retry the card it paused.
+    Only the host reads this file; the card folder keeps exactly the manual's files."""
+    data = {
+        **asdict(ended.descriptor),
+        "state": ended.state,
+        "last_body_at": ended.last_body_at,
+    }
+    host_folder(paths)
+    atomic_write(paths.ended, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
+
+
+def read_ended(paths: CardPaths) -> EndedWatch | None:
+    """The ended watch recorded in the host's folder, None when there is none or the record
+    cannot be trusted (never through a link: the host writes it by rename; logged)."""
+    if not is_inside(os.path.realpath(paths.workdir), os.path.realpath(paths.host_dir)):
+        return None
+    try:
+        data = _read_object(paths.ended, follow=False)
+        if data is None:
+            return None
+        descriptor = _descriptor_from(data)
+    except DescriptorCorrupt as exc:
+        log.warning("task card: the record of an ended watch is ignored: %s", exc)
+        return None
+    state = data.get("state")
+    last_body_at = data.get("last_body_at")
+    if state not in ("stopped", "exhausted") or not isinstance(last_body_at, str | None):
+        log.warning("task card: the record of an ended watch is ignored: no state it can have")
+        return None
+    return EndedWatch(descriptor, cast("EndedState", state), last_body_at)
+
+
+def clear_ended(paths: CardPaths) -> None:
+    """No ended watch to keep (a new watch started, or the card was removed); never through
+    a host folder swapped for a link out of the workdir."""
+    if os.path.lexists(paths.ended) and is_inside(
+        os.path.realpath(paths.workdir), os.path.realpath(paths.host_dir)
+    ):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(paths.ended)
 
 
 def watch_number(watch_id: str) -> int:

@@ -75,11 +75,13 @@ def test_the_card_folder_holds_only_the_manuals_files_through_the_cli(
     assert cli.json("card", "stop", "tc_1")["status"] == "stopped"
     assert card_folder(workdir) == ENDED
     assert "refreshes" not in host_folder(workdir)  # the tally went with the descriptor
+    assert "ended.json" in host_folder(workdir)  # the stopped watch, for a later host
     retried = cli.json("card", "retry", "tc_1")  # a stopped watch's retry: body only
     assert retried["status"] == "stopped"
     assert card_folder(workdir) == ENDED
     assert tool(cli, "start", renderer_path="r.py", interval_s=3600)["watch_id"] == "tc_2"
     assert card_folder(workdir) == ACTIVE
+    assert "ended.json" not in host_folder(workdir)  # replaced: tc_1 is retried no more
     # The owner's settings document is the one other file the manual names there.
     (workdir / "taskcard" / "taskcard.json").write_text('{"interval_s": 5}\n')
     kill_host(cli)
@@ -100,7 +102,8 @@ def test_the_card_folder_holds_only_the_manuals_files_after_exhaustion(
     wait_for(lambda: cli.json("card", "inspect", "tc_1")["status"] == "exhausted")
     assert card_folder(workdir) == ENDED
     assert (workdir / "taskcard" / "status").read_bytes() == b"inactive"
-    assert host_folder(workdir) == {"lock", "watch-seq"}
+    # The exhausted watch is recorded for later hosts' inspect, in the host's folder.
+    assert host_folder(workdir) == {"lock", "watch-seq", "ended.json"}
 
 
 class Supervisor:

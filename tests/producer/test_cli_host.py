@@ -335,6 +335,54 @@ def test_ceilings_lowered_while_no_host_runs_cap_the_resumed_watch(
     assert (workdir / "taskcard" / "status").read_bytes() == b"inactive"
 
 
+def test_a_stopped_watch_can_be_retried_and_inspected_after_its_host_exited(
+    workdir: Path, cli: CliHost
+) -> None:
+    """The manual keeps a stopped watch "for a possible later retry/inspection", but a host
+    exits once no watch is live (its idle grace): the stopped watch was then "not a watch of
+    this host" for every later call. A later host knows it, its budget and how it ended."""
+    write_renderer(workdir, "r.py", COUNTER_RENDERER)
+    assert (
+        cli.json("card", "start", "r.py", "--interval-s", "3600", "--max-refreshes", "3")["status"]
+        == "watching"
+    )
+    assert cli.json("card", "stop", "tc_1")["status"] == "stopped"
+    cli.shutdown()  # as the idle grace ends it
+    inspected = cli.json("card", "inspect", "tc_1")
+    assert (inspected["status"], inspected["stop_reason"]) == ("stopped", "stopped")
+    assert inspected["last_body"] == "# Work\nrender 1\n"
+    retried = cli.json("card", "retry", "tc_1")  # a stopped watch's retry: body only
+    assert (retried["status"], retried["refreshes_used"]) == ("stopped", 1)
+    assert (workdir / "taskcard" / "taskcard.md").read_text() == "# Work\nrender 2\n"
+    assert (workdir / "taskcard" / "status").read_bytes() == b"inactive"
+    cli.shutdown()
+    assert cli.json("card", "retry", "tc_1")["refreshes_used"] == 2  # the spent budget stays
+    assert cli.json("card", "retry", "tc_1")["status"] == "exhausted"
+    assert [n["source"] for n in notifications(workdir)] == ["task_card.limit"]
+    cli.shutdown()
+    exhausted = cli.json("card", "inspect", "tc_1")
+    assert (exhausted["status"], exhausted["stop_reason"]) == ("exhausted", "max_refreshes")
+    refused = cli.json("card", "retry", "tc_1")
+    assert "start a new watch" in refused["message"]
+    # A removed card stays removed for later hosts too.
+    assert cli.json("card", "remove")["status"] == "removed"
+    cli.shutdown()
+    assert "not a watch of this host" in cli.json("card", "inspect", "tc_1")["message"]
+    assert not (workdir / "taskcard" / "taskcard.md").exists()
+
+
+def test_a_new_watch_replaces_the_stopped_one_a_later_host_knows(
+    workdir: Path, cli: CliHost
+) -> None:
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    assert cli.json("card", "start", "r.py", "--interval-s", "3600")["watch_id"] == "tc_1"
+    assert cli.json("card", "stop", "tc_1")["status"] == "stopped"
+    assert cli.json("card", "start", "r.py", "--interval-s", "3600")["watch_id"] == "tc_2"
+    kill_host(cli)
+    assert cli.json("card", "inspect", "tc_2")["status"] == "watching"  # resumed
+    assert "not a watch of this host" in cli.json("card", "retry", "tc_1")["message"]
+
+
 def test_a_resumed_watch_keeps_its_cadence_whatever_interval_s_says_now(
     workdir: Path, cli: CliHost
 ) -> None:
