@@ -176,6 +176,8 @@ def _loads(data: bytes) -> object:
 
 
 def run_tool(args: argparse.Namespace) -> int:
+    if args.envelope == "-":  # stdin, as `-` is for `report --payload` and most commands
+        args.envelope = None
     # argv arrives decoded with surrogateescape; back to bytes so bad UTF-8 is named as such.
     if args.envelope is None and sys.stdin is None:  # started with stdin closed (`<&-`)
         return _refuse(
@@ -414,7 +416,9 @@ def register(subparsers: Any) -> None:
     """Add `tool`, `card`, `host` and `mcp` to the `taskcard` command line."""
     tool = subparsers.add_parser("tool", help="call the task_card tool with a JSON envelope")
     _common(tool)
-    tool.add_argument("envelope", nargs="?", help="the envelope as JSON (default: stdin)")
+    tool.add_argument(
+        "envelope", nargs="?", help="the envelope as JSON, or - for stdin (default: stdin)"
+    )
     tool.set_defaults(handler=run_tool)
 
     card = subparsers.add_parser("card", help="friendly forms of the task_card actions")

@@ -52,6 +52,9 @@ def test_tool_takes_the_envelope_as_argument_or_stdin(workdir: Path, cli: CliHos
     assert settings["status"] == "ok" and len(settings["settings"]) == 5
     manual = cli.json("tool", stdin='{"action": "manual", "input": {}, "reasoning": "read"}')
     assert "### max-body-chars" in manual["manual"]
+    # `-` is stdin, as for `report --payload -`; it was read as the envelope's text.
+    dash = cli.json("tool", "-", stdin='{"action": "settings", "input": {}, "reasoning": "r"}')
+    assert dash["status"] == "ok"
     bad = cli.run("tool", '{"action": "start", "input": {"renderer_path": 3}, "reasoning": "x"}')
     assert bad.returncode == 1
     assert "input.renderer_path" in json.loads(bad.stdout)["message"]
