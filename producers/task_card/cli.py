@@ -128,6 +128,10 @@ def summarize(result: dict[str, Any]) -> str:
         lines.append(f"  card (lines: {len(body)}): {one_line(body[0]) if body else ''}")
     for row in result.get("settings") or ():
         lines.append(f"  {row['key']} = {row['current']} (default {row['default']})")
+    # A value of taskcard.json refused or a key not read: the owner must see it here too,
+    # not only in --json (the rows alone showed the defaults as if nothing was written).
+    for problem in (*(result.get("problems") or ()), *(result.get("settings_problems") or ())):
+        lines.append(f"  settings problem: {one_line(str(problem))}")
     if result.get("body_removed") is not None:
         lines.append(f"  card body removed: {'yes' if result['body_removed'] else 'no'}")
     return "\n".join(lines)

@@ -681,6 +681,25 @@ def test_the_human_output_says_why_a_render_failed(workdir: Path, cli: CliHost) 
     assert "renderer stderr, last line: boom" in inspected.stdout
 
 
+def test_the_human_output_names_what_taskcard_json_got_wrong(workdir: Path, cli: CliHost) -> None:
+    """`card settings` and `card start` without --json showed the rows with their defaults
+    and nothing else: an owner who misspelt a key or wrote a value out of range read it as
+    if the document held nothing, while the JSON result named both."""
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    (workdir / "taskcard").mkdir()
+    (workdir / "taskcard" / "taskcard.json").write_text('{"intervl_s": 2, "max_refreshes": 0}')
+    wrong = (
+        'settings problem: taskcard.json "intervl_s" is not read; the key is interval_s',
+        "settings problem: taskcard.json max_refreshes: 0 is not allowed; use an integer from 1",
+    )
+    shown = cli.run("card", "settings")
+    assert shown.returncode == 0
+    assert all(line in shown.stdout for line in wrong), shown.stdout
+    started = cli.run("card", "start", "r.py", "--interval-s", "3600")
+    assert started.returncode == 0
+    assert all(line in started.stdout for line in wrong), started.stdout
+
+
 def test_a_host_killed_during_a_call_is_named_as_gone_and_the_next_call_resumes(
     workdir: Path, cli: CliHost
 ) -> None:
