@@ -897,6 +897,14 @@ class RenderFailure:
     message: str
 
 
+def _signal_name(number: int) -> str:
+    """`SIGKILL` for 9; a number this system names no signal for stays a number."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "unnamed"
+
+
 def classify(
     outcome: RunOutcome, max_body_chars: int, timeout_s: float
 ) -> Rendered | RenderFailure:
@@ -915,6 +923,14 @@ def classify(
         return RenderFailure(
             "body_too_large",
             f"the renderer printed far more than max-body-chars ({max_body_chars}); refused",
+        )
+    if outcome.exit_code is not None and outcome.exit_code < 0:
+        # `Popen`'s negative code is a signal, which "exited with code -9" hid: a renderer
+        # killed from outside (the kernel's out-of-memory killer sends SIGKILL) or crashed.
+        number = -outcome.exit_code
+        return RenderFailure(
+            "renderer_nonzero_exit",
+            f"the renderer did not exit: it was ended by signal {number} ({_signal_name(number)})",
         )
     if outcome.exit_code != 0:
         return RenderFailure(

@@ -66,6 +66,22 @@ def test_classify_names_failures_from_typed_fields(run: RunOutcome, code: str) -
     assert verdict.code == code
 
 
+@pytest.mark.parametrize(
+    ("exit_code", "said"),
+    [
+        (3, "the renderer exited with code 3"),
+        (-9, "the renderer did not exit: it was ended by signal 9 (SIGKILL)"),
+        (-11, "the renderer did not exit: it was ended by signal 11 (SIGSEGV)"),
+        (-200, "the renderer did not exit: it was ended by signal 200 (unnamed)"),
+    ],
+)
+def test_classify_names_the_signal_that_ended_a_renderer(exit_code: int, said: str) -> None:
+    """A renderer killed by a signal (the out-of-memory killer's SIGKILL, a crash) was told
+    as "exited with code -9", an exit code no program can return."""
+    verdict = classify(outcome(exit_code=exit_code), max_body_chars=100, timeout_s=1)
+    assert verdict == RenderFailure("renderer_nonzero_exit", said)
+
+
 def test_classify_keeps_the_body_verbatim_and_counts_characters_not_bytes() -> None:
     body = "é" * 100 + "\n"
     assert classify(outcome(stdout=body.encode()), max_body_chars=101, timeout_s=1) == Rendered(
