@@ -59,9 +59,17 @@ def runtime_dir_problem(mode: int, owner_uid: int, my_uid: int) -> str | None:
 
 def ensure_private_dir(path: Path) -> None:
     """Create `path` 0700 if missing; raise `RuntimeDirUnsafe` unless it is ours alone."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o700)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+    except OSError as exc:
+        # A folder that cannot be made (a file on its path, a read-only or pseudo file
+        # system) was a bare "[Errno 17] File exists: ..." and exit 4, "no host reachable".
+        raise RuntimeDirUnsafe(
+            f"runtime dir {path} cannot be created ({exc.strerror}: {exc.filename}); set "
+            "TASKCARD_RUNTIME_DIR (or --runtime-dir) to a private directory you can create"
+        ) from None
     try:
         info = os.lstat(path)
     except OSError as exc:

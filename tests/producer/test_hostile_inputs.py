@@ -269,6 +269,33 @@ def test_an_unsafe_runtime_dir_is_refused_with_one_line_and_exit_2(
         TaskCard(workdir, runtime_dir=runtime, environ={"PATH": os.defpath})
 
 
+@pytest.mark.parametrize("where", ["under-a-file", "in-proc"])
+def test_a_runtime_dir_that_cannot_be_created_is_refused_with_one_line_and_exit_2(
+    workdir: Path, foreign_runtime_dir: Path, where: str
+) -> None:
+    """It was a bare "[Errno 17] File exists: ..." (or errno 2) with exit 4, "no host could
+    be reached", naming neither the option nor what to do."""
+    if where == "under-a-file":
+        (foreign_runtime_dir / "file").write_text("")
+        runtime = foreign_runtime_dir / "file" / "rt"
+    else:
+        runtime = Path("/proc/taskcard-no-such-folder")
+    manual = '{"action": "manual", "input": {}, "reasoning": "x"}'
+    for args in (["card", "inspect", "tc_1"], ["tool", manual], ["host"], ["mcp"]):
+        command = [sys.executable, "-m", "taskcard.bridge.cli", *args]
+        command += ["--workdir", str(workdir), "--runtime-dir", str(runtime)]
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
+        )
+        assert done.returncode == 2, (args, done.stdout, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1, done.stderr
+        assert f"runtime dir {runtime} cannot be created" in lines[0], lines[0]
+        assert "--runtime-dir" in lines[0] and "Errno" not in lines[0], lines[0]
+    with pytest.raises(RuntimeError, match="cannot be created"):
+        TaskCard(workdir, runtime_dir=runtime, environ={"PATH": os.defpath})
+
+
 def _private_tmp_available() -> bool:
     probe = ["unshare", "--mount", "--propagation", "private", "sh", "-c", "mount -t tmpfs n /tmp"]
     try:
