@@ -550,6 +550,29 @@ def terminal_json(value: Any, **options: Any) -> str:
     return _RAW_IN_JSON.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
 
 
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+
+
+def _byte_or_mark(found: re.Match[str]) -> str:
+    code = ord(found.group())
+    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else "\ufffd"
+
+
+def utf8_encodable(value: Any) -> Any:
+    """`value` with every text in it (keys too, at any depth) encodable as UTF-8: a byte of a
+    file name that is not UTF-8 (a surrogate escape) as `\\xff`, as Python shows it, any other
+    lone surrogate as U+FFFD. For answers that must be UTF-8 on the wire (MCP): a workdir whose
+    name is not UTF-8 put such escapes in every result's paths, and the SDK's writer, unable
+    to encode them, ended the server."""
+    if isinstance(value, str):
+        return _SURROGATE.sub(_byte_or_mark, value) if _SURROGATE.search(value) else value
+    if isinstance(value, dict):
+        return {utf8_encodable(key): utf8_encodable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [utf8_encodable(item) for item in value]
+    return value
+
+
 # The most characters of a caller's value an error message quotes back.
 MAX_QUOTED_CHARS: Final = 80
 

@@ -46,7 +46,7 @@ from taskcard.producers.inbox import mcp_tool as inbox_tool
 from taskcard.producers.ledger import mcp_tool as ledger_tool
 from taskcard.producers.reports import mcp_tool as reports_tool
 from taskcard.producers.task_card.client import HostUnavailable, call_via_host
-from taskcard.producers.task_card.contract import CardPaths, quoted
+from taskcard.producers.task_card.contract import CardPaths, quoted, utf8_encodable
 from taskcard.producers.task_card.envelope import ACTIONS, envelope_json_schema
 from taskcard.producers.task_card.mcp_answers import (
     AnswerWriter,
@@ -422,8 +422,11 @@ def build_server(
             meta = None if gone else await anyio.to_thread.run_sync(agent_meta.take)
         except OSError:
             meta = None  # the card's news waits for the next call; the result must not
+        # Paths of a workdir whose name is not UTF-8 carry surrogate escapes, which the SDK
+        # cannot write: the server ended on them.
+        result = utf8_encodable(result)
         return types.CallToolResult(
-            _meta=meta,
+            _meta=utf8_encodable(meta),
             content=[types.TextContent(text=json.dumps(result, ensure_ascii=False))],
             structured_content=result,
             is_error=failed,

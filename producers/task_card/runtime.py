@@ -116,7 +116,9 @@ class HostPaths:
 
     @property
     def key(self) -> str:
-        return hashlib.sha256(str(self.workdir.resolve()).encode()).hexdigest()[:20]
+        # The path's own bytes: a folder name that is not UTF-8 (surrogate escapes) made
+        # `.encode()` raise, a traceback for every command on such a workdir.
+        return hashlib.sha256(os.fsencode(self.workdir.resolve())).hexdigest()[:20]
 
     @property
     def lock(self) -> Path:

@@ -870,3 +870,37 @@ def test_a_descriptor_with_a_number_too_large_for_a_float_is_cleared_and_the_hos
     assert "not a watch of this host" in json.loads(done.stdout)["message"]
     assert not (folder / "watch.json").exists()
     assert (folder / "status").read_bytes() == b"inactive"
+
+
+@pytest.fixture
+def undecodable_workdir(tmp_path: Path, runtime_dir: Path) -> Iterator[CliHost]:
+    """An agent folder whose name is not UTF-8 (Latin-1 `ÿ`), and `taskcard` for it."""
+    workdir = Path(os.fsdecode(os.fsencode(tmp_path) + b"/agent-\xff"))
+    workdir.mkdir()
+    host = CliHost(workdir, runtime_dir)
+    yield host
+    host.shutdown()
+
+
+async def test_a_workdir_whose_name_is_not_utf8_works_from_the_shell_and_mcp(
+    undecodable_workdir: CliHost,
+) -> None:
+    """Every command on such a folder ended in a traceback (the host's socket name hashed the
+    path as UTF-8), and the MCP server, once that was past, ended on the first result: its
+    paths held surrogate escapes the SDK's writer cannot encode."""
+    cli = undecodable_workdir
+    write_renderer(cli.workdir, "r.py", STATIC_RENDERER)
+    started = cli.run("card", "start", "r.py", "--interval-s", "3600")
+    assert (started.returncode, started.stderr) == (0, ""), started.stdout
+    assert cli.json("card", "stop", "tc_1")["status"] == "stopped"
+    async with cli.mcp() as session:
+        for arguments, status in (
+            ({"action": "start", "input": {"renderer_path": "r.py"}}, "watching"),
+            ({"action": "inspect", "input": {"watch_id": "tc_2"}}, "watching"),
+            ({"action": "remove", "input": {}}, "removed"),
+        ):
+            result = await session.call_tool("task_card", {**arguments, "reasoning": "odd name"})
+            answer = json.loads(result.content[0].text)  # type: ignore[union-attr]
+            assert (answer["status"], result.is_error) == (status, False), answer
+            assert answer["taskcard_dir"].endswith("/agent-\\xff/taskcard")  # the byte, shown
+    assert not (cli.workdir / "taskcard" / "taskcard.md").exists()
