@@ -100,7 +100,8 @@ def summarize(result: dict[str, Any]) -> str:
         head += f" (watch {result['watch_id']})"
     lines = [head]
     if result.get("message"):
-        lines.append(f"  {result['message']}")
+        # It may name the workdir, whose name may hold a line break or a terminal escape.
+        lines.append(f"  {one_line(str(result['message']))}")
     if "refreshes_remaining" in result:
         lines.append(
             f"  refreshes: {result.get('refreshes_used')} of {result.get('max_refreshes')}"

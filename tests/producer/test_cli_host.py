@@ -700,6 +700,21 @@ def test_the_human_output_names_what_taskcard_json_got_wrong(workdir: Path, cli:
     assert all(line in started.stdout for line in wrong), started.stdout
 
 
+def test_the_human_output_keeps_a_workdir_name_with_controls_on_one_line(
+    tmp_path: Path, runtime_dir: Path
+) -> None:
+    """A refusal naming the workdir printed its name raw: a line break in it split the
+    message, an escape in it acted on the terminal."""
+    workdir = tmp_path / "agent\nline \x1b[2J"
+    workdir.mkdir()
+    cli = CliHost(workdir, runtime_dir)
+    refused = cli.run("card", "start", "/etc/passwd")
+    cli.shutdown()
+    assert refused.returncode == 1
+    assert refused.stdout.count("\n") == 2, refused.stdout
+    assert "resolves outside the workdir" in refused.stdout and "\x1b" not in refused.stdout
+
+
 def test_a_host_killed_during_a_call_is_named_as_gone_and_the_next_call_resumes(
     workdir: Path, cli: CliHost
 ) -> None:
