@@ -164,7 +164,7 @@ def settings_result(paths: CardPaths) -> Result:
     except SettingsUnavailable as exc:
         return _failed(
             f"effective settings are unavailable: taskcard/{exc}. No rows are shown; "
-            "fix or delete taskcard/taskcard.json, then call settings again"
+            f"{exc.fix}, then call settings again"
         )
     result: Result = {"status": "ok", "settings": rows, "settings_path": str(paths.settings)}
     if effective.problems:
@@ -364,9 +364,7 @@ class TaskCard:
         try:
             settings = load_settings(self.paths)
         except SettingsUnavailable as exc:
-            return _failed(
-                f"settings unavailable: taskcard/{exc}; fix or delete taskcard/taskcard.json"
-            )
+            return _failed(f"settings unavailable: taskcard/{exc}; {exc.fix}")
         try:
             migrate_legacy(self.paths, settings)
             seen = max((watch_number(w) for w in self._watches), default=0)

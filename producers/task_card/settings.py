@@ -97,7 +97,12 @@ def setting_problem(key: str, value: object) -> str | None:
 
 
 class SettingsUnavailable(RuntimeError):
-    """The owner document exists but its effective values cannot be determined."""
+    """The owner document exists but its effective values cannot be determined; `fix` says
+    what the owner does about it."""
+
+    def __init__(self, message: str, fix: str = "fix or delete taskcard/taskcard.json") -> None:
+        super().__init__(message)
+        self.fix = fix
 
 
 @dataclass(frozen=True)
@@ -156,6 +161,14 @@ def _read_object(path: Any) -> dict[str, Any] | None:
         raw = read_regular(path, MAX_SETTINGS_FILE_BYTES + 1)
     except FileNotFoundError:
         return None
+    except NotADirectoryError:
+        # A file where the folder belongs: "fix or delete taskcard.json" named a file that
+        # cannot exist, and not what is in the way.
+        folder = path.parent.name
+        raise SettingsUnavailable(
+            f"{path.name} cannot be read: {folder} is a file, not a folder",
+            f"move the file {folder} out of the way (the card's folder goes there)",
+        ) from None
     except OSError as exc:
         raise SettingsUnavailable(f"{path.name} cannot be read ({exc.strerror})") from None
     if len(raw) > MAX_SETTINGS_FILE_BYTES:

@@ -700,6 +700,22 @@ def test_the_human_output_names_what_taskcard_json_got_wrong(workdir: Path, cli:
     assert all(line in started.stdout for line in wrong), started.stdout
 
 
+def test_a_file_where_the_card_folder_belongs_is_named_with_the_fix(
+    workdir: Path, cli: CliHost
+) -> None:
+    """`settings` and `start` said "fix or delete taskcard/taskcard.json", a file that cannot
+    exist while `taskcard` is a file, and not what was in the way."""
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    (workdir / "taskcard").write_text("notes")
+    for args in (("card", "settings"), ("card", "start", "r.py")):
+        answer = cli.json(*args)
+        assert answer["status"] == "failed", answer
+        assert "taskcard is a file, not a folder" in answer["message"], answer
+        assert "move the file taskcard out of the way" in answer["message"], answer
+        assert "delete taskcard/taskcard.json" not in answer["message"], answer
+    assert (workdir / "taskcard").read_text() == "notes"
+
+
 def test_the_human_output_keeps_a_workdir_name_with_controls_on_one_line(
     tmp_path: Path, runtime_dir: Path
 ) -> None:
