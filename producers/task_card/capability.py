@@ -217,6 +217,9 @@ class TaskCard:
         self._current: _Watch | None = None
         self._starting = False
         self._seen_watch_number = 0
+        # The watch a stale watch.json named at boot, and why it was not resumed: an agent
+        # asking for it was told only that it is "not a watch of this host".
+        self._not_resumed: tuple[str, str] | None = None
         self._closed = False
         self._meta = MetaProjector(self.paths)
         self._written = WrittenFiles()  # status and body as this host last wrote them
@@ -604,6 +607,12 @@ class TaskCard:
             del self._watches[watch.watch_id]
 
     def _unknown(self, watch_id: str) -> Result:
+        if self._not_resumed is not None and self._not_resumed[0] == watch_id:
+            return _failed(
+                f"watch_id: {watch_id} was not resumed when this host started: "
+                f"{self._not_resumed[1]}, so its card was left inactive; start a new watch, "
+                "or call remove to clear the card"
+            )
         known = ", ".join(self._watches) or "none"
         return _failed(
             f"watch_id: {quoted(watch_id)} is not a watch of this host (known: {known}); "
@@ -975,6 +984,10 @@ class TaskCard:
             resolve_renderer(self.workdir, descriptor.renderer_path)
         except RendererPathError:
             self._retire_stale(f"renderer of {descriptor.watch_id} is gone")
+            self._not_resumed = (
+                descriptor.watch_id,
+                f"its renderer {quoted(descriptor.renderer_path)} is gone",
+            )
             return
         used = descriptor.refreshes_used
         tallied = read_tally(self.paths, descriptor.watch_id, descriptor.max_refreshes)
@@ -983,6 +996,7 @@ class TaskCard:
         timeout_s, max_refreshes = self._resume_ceilings(descriptor)
         if used >= max_refreshes:
             self._retire_stale(f"{descriptor.watch_id} has no refresh budget left")
+            self._not_resumed = (descriptor.watch_id, "it had no refresh budget left")
             return
         watch = _Watch(
             watch_id=descriptor.watch_id,

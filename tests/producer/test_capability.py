@@ -599,7 +599,11 @@ def test_a_stale_or_corrupt_descriptor_is_cleared_and_leaves_the_card_inactive(
     card = make_card()
     assert not (folder / "watch.json").exists()
     assert (folder / "status").read_bytes() == b"inactive"
-    assert card.call(envelope("inspect", watch_id="tc_1"))["status"] == "failed"
+    refused = card.call(envelope("inspect", watch_id="tc_1"))
+    assert refused["status"] == "failed"
+    if "renderer_path" in descriptor:  # a whole descriptor: the agent is told why
+        assert "tc_1 was not resumed when this host started: it" in refused["message"]
+        assert "start a new watch" in refused["message"]
     assert start(card, interval_s=3600)["watch_id"] == "tc_2"
 
 
