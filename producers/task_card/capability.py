@@ -133,6 +133,29 @@ class _Watch:
     ticks_skipped: int = 0  # grid points passed while a render overran (schedule.py)
     removed: bool = False  # `remove` deleted its card: it never publishes again
 
+    @classmethod
+    def of(
+        cls,
+        descriptor: WatchDescriptor,
+        timeout_s: float,
+        max_refreshes: int,
+        refreshes_used: int,
+        **state: Any,
+    ) -> _Watch:
+        """The watch a descriptor kept, with the ceilings in force now (a resume's, or a
+        stopped watch's known again) and `state`'s other fields."""
+        return cls(
+            watch_id=descriptor.watch_id,
+            renderer_rel=descriptor.renderer_path,
+            interval_s=descriptor.interval_s,
+            timeout_s=timeout_s,
+            max_refreshes=max_refreshes,
+            refreshes_used=refreshes_used,
+            started_at=descriptor.started_at,
+            error_epoch=descriptor.error_epoch,
+            **state,
+        )
+
     def descriptor(self) -> WatchDescriptor:
         return WatchDescriptor(
             watch_id=self.watch_id,
@@ -998,16 +1021,7 @@ class TaskCard:
             self._retire_stale(f"{descriptor.watch_id} has no refresh budget left")
             self._not_resumed = (descriptor.watch_id, "it had no refresh budget left")
             return
-        watch = _Watch(
-            watch_id=descriptor.watch_id,
-            renderer_rel=descriptor.renderer_path,
-            interval_s=descriptor.interval_s,
-            timeout_s=timeout_s,
-            max_refreshes=max_refreshes,
-            refreshes_used=used,
-            started_at=descriptor.started_at,
-            error_epoch=descriptor.error_epoch,
-        )
+        watch = _Watch.of(descriptor, timeout_s, max_refreshes, used)
         if descriptor.error_code is not None:
             # Killed mid-episode: the episode goes on, so a renderer still failing sends no
             # second error notice, and one that works again sends the recovery the chats'
@@ -1054,15 +1068,11 @@ class TaskCard:
         descriptor = ended.descriptor
         timeout_s, max_refreshes = self._resume_ceilings(descriptor)
         spent = descriptor.refreshes_used >= max_refreshes
-        watch = _Watch(
-            watch_id=descriptor.watch_id,
-            renderer_rel=descriptor.renderer_path,
-            interval_s=descriptor.interval_s,
-            timeout_s=timeout_s,
-            max_refreshes=max_refreshes,
-            refreshes_used=descriptor.refreshes_used,
-            started_at=descriptor.started_at,
-            error_epoch=descriptor.error_epoch,
+        watch = _Watch.of(
+            descriptor,
+            timeout_s,
+            max_refreshes,
+            descriptor.refreshes_used,
             state="exhausted" if spent else ended.state,
             stop_reason="max_refreshes" if spent or ended.state == "exhausted" else "stopped",
             last_body_at=ended.last_body_at,
