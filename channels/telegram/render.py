@@ -57,6 +57,10 @@ _STATE_ICONS = {
     "at prompt": "⌨",
     "unknown": "❔",
 }
+# The converter's settings, apart from its process-global ones (which another library in the
+# process may change). Made once: the converter only reads them, and making them per body
+# (`RenderConfig.isolated()`) was a tenth of its work on a short card.
+_CONVERTER_CONFIG = RenderConfig.isolated()
 
 
 def utf16_len(text: str) -> int:
@@ -256,8 +260,8 @@ def _trim_end(rich: RichText) -> RichText:
 def markdown_to_rich(markdown: str) -> RichText:
     """Telegram text + entities for a Markdown body.
 
-    An isolated render config keeps us off the library's process-global one, and maths is
-    not read at all (`_math_as_text`): agent bodies use `$` for shell and money.
+    Our own render config (`_CONVERTER_CONFIG`) keeps us off the library's global one, and
+    maths is not read at all (`_math_as_text`): agent bodies use `$` for shell and money.
 
     A task list item shows its box as Feishu's card does (`task_boxes_as_text`): the
     converter's own boxes both look ticked.
@@ -270,11 +274,10 @@ def markdown_to_rich(markdown: str) -> RichText:
     when only its automatic rows moved, both with the same body. 256 bodies of at most
     4 x 4096 characters bound the cache to a few MB.
     """
-    config = RenderConfig.isolated()
     text, entities = telegramify_markdown.convert(
         _html_as_text(_pipes_as_text(_math_as_text(task_boxes_as_text(markdown)))),
         latex_escape=False,
-        config=config,
+        config=_CONVERTER_CONFIG,
     )
     # Defused here too, so that composing the card again finds the body's mentions done.
     return defuse_mentions(
