@@ -2,7 +2,8 @@
 
 We never send a `parse_mode`: text with an explicit entity list cannot fail on escaping, which
 is the classic MarkdownV2 failure. The Markdown body is converted by `telegramify-markdown`,
-whose entity offsets are already in UTF-16 code units, the unit Telegram counts in. The
+whose entity offsets are already in UTF-16 code units, the unit Telegram counts in (a body of
+paragraphs and inline styles alone is read the same way without it: `_inline_rich`). The
 rendered message always fits `MAX_MESSAGE_UTF16` after entity parsing (`render_card` shrinks the
 automatic slot first, then cuts the body) and is never empty, since Telegram rejects that.
 """
@@ -274,24 +275,122 @@ def markdown_to_rich(markdown: str) -> RichText:
     when only its automatic rows moved, both with the same body. 256 bodies of at most
     4 x 4096 characters bound the cache to a few MB.
     """
-    text, entities = telegramify_markdown.convert(
-        _html_as_text(_pipes_as_text(_math_as_text(task_boxes_as_text(markdown)))),
-        latex_escape=False,
-        config=_CONVERTER_CONFIG,
-    )
-    # Defused here too, so that composing the card again finds the body's mentions done.
-    return defuse_mentions(
-        _trim_end(
-            RichText(
-                text,
-                _outer_quotes_only(
-                    Entity(e.type, e.offset, e.length, e.url, _language(e.language))
-                    for e in entities
-                    if e.length > 0 and e.type != "custom_emoji" and not _unsafe_link(e.type, e.url)
-                ),
-            )
+    prepared = _html_as_text(_pipes_as_text(_math_as_text(task_boxes_as_text(markdown))))
+    rich = _inline_rich(prepared)
+    if rich is None:
+        text, entities = telegramify_markdown.convert(
+            prepared, latex_escape=False, config=_CONVERTER_CONFIG
         )
-    )
+        rich = RichText(
+            text,
+            _outer_quotes_only(
+                Entity(e.type, e.offset, e.length, e.url, _language(e.language))
+                for e in entities
+                if e.length > 0 and e.type != "custom_emoji" and not _unsafe_link(e.type, e.url)
+            ),
+        )
+    # Defused here too, so that composing the card again finds the body's mentions done.
+    return defuse_mentions(_trim_end(rich))
+
+
+# The inline styles `_inline_rich` reads, with their entities' types (the tags also as a
+# tuple: a tag may be a dict, which a tuple compares and a dict cannot look up).
+_INLINE_STYLES = {"Strong": "bold", "Emphasis": "italic"}
+_STYLE_TAGS = tuple(_INLINE_STYLES)
+# The longest body `_inline_rich` reads, in characters: a card of a few paragraphs.
+_INLINE_MAX = 2048
+# Line breaks and the marks before a paragraph that the converter's block spacing looks
+# through for a blank line (see `_inline_rich`).
+_BLANK = b" \t>\n"
+
+
+def _inline_rich(markdown: str) -> RichText | None:
+    """What the converter (`telegramify_markdown.convert`) makes of `markdown` when it is
+    paragraphs of text, bold, italic, inline code and line breaks alone, as most cards are;
+    None for any other body, which the converter reads.
+
+    The converter's walker dispatches each parser event through a dozen comparisons into
+    buffer and scope objects: about 1,400 bytecodes for a two-line card, a tenth of a card
+    change's work. This loop reads the same events (one parse, in C) in about 500 and makes
+    what the walker makes of them, which a property test holds it to
+    (`test_inline_bodies_read_as_the_converter_reads_them`): text and code spans as written,
+    each line break as `\n`, a style's or a code span's entity listed when it closes (none
+    when empty), and before each paragraph but the first as many line breaks as make two
+    where the source has a blank line since the last paragraph began (`>`, spaces and tabs
+    apart), one elsewhere (a link definition between them). Left to the converter as well:
+    `$`, `~` and `||`, which it reads again (prices, "about", spoilers) before walking, and
+    `\r`, which its blank-line scan reads with rules of its own; and a long body
+    (`_INLINE_MAX`), where giving up late (at a list far down) would cost more than this
+    saves.
+    """
+    if (
+        len(markdown) > _INLINE_MAX
+        or "$" in markdown
+        or "~" in markdown
+        or "||" in markdown
+        or "\r" in markdown
+    ):
+        return None
+    parts: list[str] = []
+    entities: list[Entity] = []
+    opened: list[tuple[str, int]] = []  # the styles open: their tag, their UTF-16 offset
+    at = 0  # the UTF-16 length of the text so far
+    paragraph = -1  # where the last paragraph began in `source`, none yet
+    source = markdown.encode()  # the parser's spans count UTF-8 bytes
+    for event, span in pyromark.events_with_range(markdown, options=STANDARD_OPTIONS):
+        if isinstance(event, str):
+            if event != "SoftBreak" and event != "HardBreak":
+                return None
+            parts.append("\n")
+            at += 1
+        elif "Text" in event:
+            text = event["Text"]
+            parts.append(text)
+            at += len(text) if text.isascii() else utf16_len(text)
+        elif "Start" in event:
+            tag = event["Start"]
+            if tag == "Paragraph":
+                if paragraph >= 0:
+                    gap = source[paragraph + 1 : span["start"]]
+                    wanted = 2 if gap[len(gap.rstrip(_BLANK)) :].count(b"\n") >= 2 else 1
+                    breaks = wanted - _trailing_breaks(parts)
+                    if breaks > 0:
+                        parts.append("\n" * breaks)
+                        at += breaks
+                paragraph = span["start"]
+            elif tag in _STYLE_TAGS:
+                opened.append((tag, at))
+            else:
+                return None
+        elif "End" in event:
+            closed = event["End"]
+            if closed in _STYLE_TAGS and opened[-1][0] == closed:
+                begin = opened.pop()[1]
+                if at > begin:
+                    entities.append(Entity(_INLINE_STYLES[closed], begin, at - begin))
+            elif closed != "Paragraph":
+                return None
+        elif "Code" in event:
+            code = event["Code"]
+            parts.append(code)
+            length = len(code) if code.isascii() else utf16_len(code)
+            if length:
+                entities.append(Entity("code", at, length))
+            at += length
+        else:
+            return None
+    return RichText("".join(parts), tuple(entities))
+
+
+def _trailing_breaks(parts: list[str]) -> int:
+    """How many `\n` end the text made of `parts`."""
+    count = 0
+    for part in reversed(parts):
+        kept = part.rstrip("\n")
+        count += len(part) - len(kept)
+        if kept:
+            break
+    return count
 
 
 def _language(info: str | None) -> str | None:

@@ -9,6 +9,7 @@ import pytest
 import telegramify_markdown
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from telegramify_markdown.config import RenderConfig
 
 from taskcard.channels.base import BODY_CUT_MARKER, CardView
 from taskcard.channels.telegram.render import (
@@ -16,6 +17,7 @@ from taskcard.channels.telegram.render import (
     SEPARATOR,
     Entity,
     RichText,
+    _inline_rich,
     _trim_end,
     defuse_mentions,
     hidden_notice,
@@ -345,3 +347,57 @@ def test_a_cut_card_keeps_its_kept_rows_and_falls_back_to_one_when_they_cannot_f
     text = render_card(CardView("a", "running", huge, body="body", kept_rows=2)).payload["text"]
     assert "state: running" in text and "x" * 100 not in text
     assert utf16_len(text) <= MAX_MESSAGE_UTF16
+
+
+# What bodies are made of in the property test below: text (ASCII, accented, beyond the BMP,
+# a character reference to a line break), inline marks, breaks and blank lines (one with a
+# tab), which the fast reading takes, a link definition between two paragraphs (one line
+# break between them, not two), and the block syntax, links, HTML and marks it must leave
+# to the converter.
+INLINE_PIECES = ["word", "a", "é", "😀", " ", "  ", "\t", "\n", "\n\n", "\n \n", "\n\t\n"]
+INLINE_PIECES += ["*", "**", "_", "__", "`", "``", "\\", "&#10;", "&amp;", "@ops", "/stop"]
+INLINE_PIECES += ["  \n", ">", "\n\n[x]: /u\n"]
+OTHER_PIECES = ["> ", "# ", "- ", "1. ", "    ", "```", "---", "===", "[x]", "(/u)", "[x]: /u\n"]
+OTHER_PIECES += ["<b>", "<!-- -->", "!", "|", "||", "~", "~~", "$", "\r", "\r\n", "- [ ] "]
+
+
+@settings(max_examples=1500, deadline=None)
+@given(
+    st.lists(
+        st.one_of(st.sampled_from(INLINE_PIECES), st.sampled_from(INLINE_PIECES + OTHER_PIECES)),
+        max_size=20,
+    ).map("".join)
+)
+def test_inline_bodies_read_as_the_converter_reads_them(markdown: str) -> None:
+    """A body of paragraphs, styles, code spans and line breaks is read without the
+    converter (a tenth of a card change's work): to the same text and entities, in the same
+    order, as the converter makes of it."""
+    fast = _inline_rich(markdown)
+    if fast is not None:
+        text, entities = telegramify_markdown.convert(
+            markdown, latex_escape=False, config=RenderConfig.isolated()
+        )
+        made = tuple(Entity(e.type, e.offset, e.length, e.url, e.language) for e in entities)
+        assert fast == RichText(text, made)
+
+
+@pytest.mark.parametrize(
+    "markdown",
+    [
+        "card a00042 v7\n\n**step** 7: still working",
+        "just words",
+        "**bold _both_** and `code`\nnext line  \nhard break\n\n\n\nlast 😀",
+        "[ref]: https://example.org\nafter a definition",
+    ],
+)
+def test_a_body_of_inline_styles_is_read_without_the_converter(markdown: str) -> None:
+    """The property test above has something to compare: common cards take the fast way."""
+    assert _inline_rich(markdown) is not None
+
+
+@pytest.mark.parametrize(
+    "markdown",
+    ["# heading", "- item", "> quote", "[l](https://example.org)", "a ~b~", "$5", "x\r\ny"],
+)
+def test_other_markdown_is_left_to_the_converter(markdown: str) -> None:
+    assert _inline_rich(markdown) is None
