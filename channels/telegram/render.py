@@ -100,13 +100,21 @@ class RichText(NamedTuple):
     entities: tuple[Entity, ...] = ()
 
 
+class _Part(NamedTuple):
+    """Fragments added to a `_Builder`, joined, not yet built: to start others from."""
+
+    text: str
+    entities: tuple[Entity, ...]
+    length_utf16: int
+
+
 class _Builder:
     """Appends fragments, shifting each fragment's entities by the UTF-16 length so far."""
 
-    def __init__(self) -> None:
-        self._parts: list[str] = []
-        self._entities: list[Entity] = []
-        self._length_utf16 = 0
+    def __init__(self, start: _Part | None = None) -> None:
+        self._parts: list[str] = [start.text] if start else []
+        self._entities: list[Entity] = list(start.entities) if start else []
+        self._length_utf16 = start.length_utf16 if start else 0
 
     def add(self, text: str, entities: Sequence[Entity] = ()) -> None:
         shift = self._length_utf16
@@ -134,6 +142,9 @@ class _Builder:
             self._entities.append(Entity(entity_type, self._length_utf16, length))
             self._parts.append(text)
             self._length_utf16 += length
+
+    def part(self) -> _Part:
+        return _Part("".join(self._parts), tuple(self._entities), self._length_utf16)
 
     def build(self) -> RichText:
         return defuse_mentions(_trim_end(RichText("".join(self._parts), tuple(self._entities))))
@@ -607,16 +618,8 @@ def compose_rich(view: CardView, body: RichText | None = None) -> RichText:
     agent = view.agent_id.strip() or "agent"
     if view.hidden:
         return RichText(hidden_notice(agent))
-    out = _Builder()
-    icon = _STATE_ICONS.get(view.state, "")
-    out.add_styled(f"{icon} {agent} · {view.state}".strip(), "bold")
-    for row in view.auto_rows:
-        out.add("\n" + row)
-    if view.body is not None or view.body_note is not None or view.body_cut:
-        out.add("\n" + SEPARATOR)
-    if view.body_note:
-        out.add("\n")
-        out.add_styled(view.body_note, "italic")
+    separated = view.body is not None or view.body_note is not None or view.body_cut
+    out = _Builder(_card_head(agent, view.state, view.auto_rows, separated, view.body_note))
     if body is None and view.body is not None and view.body.strip():
         body = markdown_to_rich(view.body)
     if body is not None:
@@ -626,6 +629,31 @@ def compose_rich(view: CardView, body: RichText | None = None) -> RichText:
     if view.body_cut:
         out.add_styled(BODY_CUT_MARKER, "italic")
     return out.build()
+
+
+@functools.lru_cache(maxsize=1024)
+def _card_head(
+    agent: str, state: str, rows: tuple[str, ...], separated: bool, note: str | None
+) -> _Part:
+    """The card above its body (`compose_rich`): the header, the automatic rows, the
+    separator when there is a body slot, the body's note.
+
+    Remembered, as a card's body changes with each of its changes and its rows (times to
+    the minute) far less often: laying them out again was a sixth of the rendering's work.
+    Any other agent, state, row, separator or note is another key, laid out anew. 1,024
+    heads of a few lines each (a card's rows as the chat shows them) bound the cache to a
+    MB or two."""
+    out = _Builder()
+    icon = _STATE_ICONS.get(state, "")
+    out.add_styled(f"{icon} {agent} · {state}".strip(), "bold")
+    for row in rows:
+        out.add("\n" + row)
+    if separated:
+        out.add("\n" + SEPARATOR)
+    if note:
+        out.add("\n")
+        out.add_styled(note, "italic")
+    return out.part()
 
 
 def _outgoing(rich: RichText) -> Outgoing:

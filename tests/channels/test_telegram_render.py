@@ -17,6 +17,7 @@ from taskcard.channels.telegram.render import (
     SEPARATOR,
     Entity,
     RichText,
+    _card_head,
     _inline_rich,
     _trim_end,
     defuse_mentions,
@@ -401,3 +402,37 @@ def test_a_body_of_inline_styles_is_read_without_the_converter(markdown: str) ->
 )
 def test_other_markdown_is_left_to_the_converter(markdown: str) -> None:
     assert _inline_rich(markdown) is None
+
+
+HEAD_ROWS = ("❔ state unknown: no activity reported", "card updated 17:05 UTC")
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        CardView("a1", "unknown", (HEAD_ROWS[0], "card updated 17:06 UTC"), body="v2 **x**"),
+        CardView("a1", "unknown", HEAD_ROWS[:1], body="v2 **x**"),
+        CardView("a1", "running", HEAD_ROWS, body="v2 **x**"),
+        CardView("a2", "unknown", HEAD_ROWS, body="v2 **x**"),
+        CardView("a1", "unknown", HEAD_ROWS, body_note="The task card stopped."),
+        CardView("a1", "unknown", HEAD_ROWS, body="v2 **x**", body_note="Cut: too long."),
+        CardView("a1", "unknown", HEAD_ROWS),
+    ],
+)
+def test_the_card_head_is_laid_out_once_and_anew_when_it_changes(changed: CardView) -> None:
+    """The header, the automatic rows, the separator and the note are remembered across
+    changes of the body alone (a card's body changes on each change, its rows seldom); a
+    head with anything else in it (a row, the state, the agent, a note, no body slot) is
+    laid out anew: as it shows when nothing was remembered."""
+    _card_head.cache_clear()
+    before = render_card(CardView("a1", "unknown", HEAD_ROWS, body="v1 **x**"))
+    again = render_card(CardView("a1", "unknown", HEAD_ROWS, body="v2 **x**"))
+    assert _card_head.cache_info().hits == 1
+    assert again.payload == {
+        **before.payload,
+        "text": before.text.replace("v1", "v2"),
+    }
+    shown = render_card(changed)
+    assert _card_head.cache_info().misses == 2
+    _card_head.cache_clear()
+    assert shown.payload == render_card(changed).payload
