@@ -680,6 +680,8 @@ def render_card(view: CardView, limit_utf16: int = MAX_MESSAGE_UTF16) -> Outgoin
         return len(rich.entities) <= MAX_ENTITIES and utf16_len(rich.text) <= limit_utf16
 
     rich = compose_rich(view, body)
+    if fits(rich):  # most cards: nothing to drop or cut, and no need to measure it again
+        return _outgoing(rich)
     rows = list(view.auto_rows)
     while not fits(rich) and len(rows) > max(1, view.kept_rows):
         rows.pop()
@@ -748,9 +750,9 @@ def _links_cut(view: CardView, body: RichText) -> tuple[CardView, RichText]:
     that does not fit; at a space or a line's end before it, where there is one.
 
     Cut before fitting, which would first drop the automatic rows for nothing."""
-    links = [entity for entity in body.entities if entity.type == "text_link"]
     if len(within_entity_limit(body, _BODY_ENTITIES).entities) <= _BODY_ENTITIES:
         return view, body
+    links = [entity for entity in body.entities if entity.type == "text_link"]
     first_out = sorted(entity.offset for entity in links)[_BODY_ENTITIES]
     cut = _code_points(body.text, first_out)
     gap = max(body.text.rfind(" ", 0, cut), body.text.rfind("\n", 0, cut))
