@@ -147,7 +147,10 @@ class _Builder:
         return _Part("".join(self._parts), tuple(self._entities), self._length_utf16)
 
     def build(self) -> RichText:
-        return defuse_mentions(_trim_end(RichText("".join(self._parts), tuple(self._entities))))
+        rich = RichText("".join(self._parts), tuple(self._entities))
+        # Without white space at the end it is as trimmed: each fragment's entities lie
+        # within it and are not empty (`add_styled`'s, and `add`'s from a trimmed body).
+        return defuse_mentions(_trim_end(rich) if rich.text[-1:].isspace() else rich)
 
 
 # Where Telegram would find a mention of a user by name: `@` at the start of a word, before a
@@ -292,16 +295,20 @@ def markdown_to_rich(markdown: str) -> RichText:
         text, entities = telegramify_markdown.convert(
             prepared, latex_escape=False, config=_CONVERTER_CONFIG
         )
-        rich = RichText(
-            text,
-            _outer_quotes_only(
-                Entity(e.type, e.offset, e.length, e.url, _language(e.language))
-                for e in entities
-                if e.length > 0 and e.type != "custom_emoji" and not _unsafe_link(e.type, e.url)
-            ),
+        rich = _trim_end(
+            RichText(
+                text,
+                _outer_quotes_only(
+                    Entity(e.type, e.offset, e.length, e.url, _language(e.language))
+                    for e in entities
+                    if e.length > 0 and e.type != "custom_emoji" and not _unsafe_link(e.type, e.url)
+                ),
+            )
         )
+    elif rich.text[-1:].isspace():  # else as trimmed: its entities lie within its text
+        rich = _trim_end(rich)
     # Defused here too, so that composing the card again finds the body's mentions done.
-    return defuse_mentions(_trim_end(rich))
+    return defuse_mentions(rich)
 
 
 # The inline styles `_inline_rich` reads, with their entities' types (the tags also as a

@@ -436,3 +436,21 @@ def test_the_card_head_is_laid_out_once_and_anew_when_it_changes(changed: CardVi
     assert _card_head.cache_info().misses == 2
     _card_head.cache_clear()
     assert shown.payload == render_card(changed).payload
+
+
+@pytest.mark.parametrize(
+    "view",
+    [
+        CardView("a", "idle", ("last row  ",)),
+        CardView("a", "idle", body_note="The task card stopped.  "),
+        CardView("a", "idle", body="**bold** ends in a break&#10;"),
+        CardView("a", "idle", body="**bold&#10;**"),
+        CardView("a", "idle", body="> quoted  \n>\n"),
+    ],
+)
+def test_white_space_at_the_end_goes_and_entities_end_with_the_text(view: CardView) -> None:
+    """Telegram strips white space at a message's end: a card ends without any (only a
+    text that ends in some is trimmed: the rest is as trimmed), and no entity runs past it."""
+    out = render_card(view)
+    assert out.text == out.text.rstrip()
+    _assert_valid(out.payload)
