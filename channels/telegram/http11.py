@@ -49,17 +49,12 @@ from typing import Any
 from telegram import error as tg
 from telegram.request import BaseRequest, RequestData
 
-from taskcard.channels.telegram.request import (
-    checked_success,
-    lost_after_write,
-    parse_answer,
-    read_answer,
-)
+from taskcard.channels.telegram.request import checked_answer, lost_after_write, parse_answer
 
 IDLE_EXPIRY_S = 30.0
 _FIXED_HEADERS = f"User-Agent: {BaseRequest.USER_AGENT}\r\nAccept: application/json\r\n"
+_JSON_BODY = "Content-Type: application/json\r\nContent-Length: "
 
-_SUCCESS_MIN, _SUCCESS_MAX = 200, 299
 _MAX_HEAD = 64 * 1024
 _MAX_BODY = 64 * 1024 * 1024
 _HEX = re.compile(rb"[0-9A-Fa-f]+")
@@ -76,22 +71,17 @@ _BODY_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 @dataclass(frozen=True)
 class _Target:
-    """Where a URL goes: scheme, host, port and the request target (path and query)."""
+    """Where a URL goes, with what every request to it repeats worked out once (`_target`
+    keeps the targets of the URLs seen)."""
 
     secure: bool
     host: str
     port: int
-    path: str
-    authority: str  # the Host header: host and any explicit port, without user info
-
-    @property
-    def endpoint(self) -> str:
-        """The Bot API method: the last path segment (`.../bot<token>/sendMessage`)."""
-        return self.path.partition("?")[0].rsplit("/", 1)[-1]
-
-    @property
-    def origin(self) -> tuple[bool, str, int]:
-        return (self.secure, self.host, self.port)
+    origin: tuple[bool, str, int]  # (secure, host, port): the pool's key
+    # The request line after the method (path and query), the Host header (host and any
+    # explicit port, without user info) and the headers every request carries.
+    head: str
+    endpoint: str  # the Bot API method: the last path segment (`.../bot<token>/sendMessage`)
 
 
 @functools.lru_cache(maxsize=256)
@@ -100,11 +90,14 @@ def _target(url: str) -> _Target:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise tg.NetworkError(f"unsupported Bot API URL scheme {parts.scheme!r}")
     secure = parts.scheme == "https"
+    port = parts.port or (443 if secure else 80)
     path = parts.path or "/"
+    endpoint = path.rsplit("/", 1)[-1]
     if parts.query:
         path = f"{path}?{parts.query}"
     authority = parts.netloc.rpartition("@")[2]
-    return _Target(secure, parts.hostname, parts.port or (443 if secure else 80), path, authority)
+    head = f" {path} HTTP/1.1\r\nHost: {authority}\r\n{_FIXED_HEADERS}"
+    return _Target(secure, parts.hostname, port, (secure, parts.hostname, port), head, endpoint)
 
 
 def proxy_configured(base_url: str) -> bool:
@@ -319,23 +312,20 @@ class LeanRequest(BaseRequest):
         if request_data is not None and request_data.contains_files:
             raise tg.TelegramError("file uploads are not supported by this transport")
         target = _target(url)
-        head = f"{method} {target.path} HTTP/1.1\r\nHost: {target.authority}\r\n"
-        head += _FIXED_HEADERS
         if request_data is not None:
             # One JSON document of the raw values (PTB's `json_payload` would encode each
             # value to a string first, nesting JSON in JSON).
             body = _BODY_ENCODER.encode(request_data.parameters).encode()
-            head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            head = f"{method}{target.head}{_JSON_BODY}{len(body)}\r\n\r\n"
             payload = head.encode() + body
         else:
-            payload = (head + "\r\n").encode()
-        default = self._timeout_s
+            payload = f"{method}{target.head}\r\n".encode()
         slots = self._pool.semaphore()
         if not slots.locked():
             await slots.acquire()  # a free slot: taken at once, no timer needed
         else:
             try:
-                async with asyncio.timeout(_timeout(pool_timeout, default)):
+                async with asyncio.timeout(_timeout(pool_timeout, self._timeout_s)):
                     await slots.acquire()
             except TimeoutError:
                 raise tg.TimedOut(
@@ -343,37 +333,34 @@ class LeanRequest(BaseRequest):
                 ) from None
         try:
             answer = await self._exchange(
-                target,
-                payload,
-                _timeout(read_timeout, default),
-                _timeout(write_timeout, default),
-                _timeout(connect_timeout, default),
+                target, payload, read_timeout, write_timeout, connect_timeout
             )
         finally:
             slots.release()
-        status, body = read_answer(answer.status, answer.body)
-        if _SUCCESS_MIN <= status <= _SUCCESS_MAX:
-            return status, checked_success(target.endpoint, body)
-        return status, body
+        return checked_answer(target.endpoint, answer.status, answer.body)
 
     async def _exchange(
         self,
         target: _Target,
         payload: bytes,
-        read_s: float | None,
-        write_s: float | None,
-        connect_s: float | None,
+        read_timeout: Any,
+        write_timeout: Any,
+        connect_timeout: Any,
     ) -> _Answer:
+        """One request on a pooled connection. The timeouts are PTB's arguments, each worked
+        out (`_timeout`) only when its wait happens: most requests open no connection and
+        never wait for the socket to take their bytes."""
         loop = asyncio.get_running_loop()
         connection = self._pool.take(target.origin, loop.time())
         if connection is None:
-            connection = await self._connect(target, connect_s)
+            connection = await self._connect(target, _timeout(connect_timeout, self._timeout_s))
         # From here on the request may reach Telegram: every failure is an unknown outcome.
         try:
             connection.writer.write(payload)
             if connection.writer.transport.get_write_buffer_size():
-                async with asyncio.timeout(write_s):
+                async with asyncio.timeout(_timeout(write_timeout, self._timeout_s)):
                     await connection.writer.drain()
+            read_s = _timeout(read_timeout, self._timeout_s)
             if read_s is None:
                 answer = await _read_answer(connection.reader)
             else:

@@ -35,7 +35,12 @@ from taskcard.channels.telegram.http11 import (
     _read_answer,
     proxy_configured,
 )
-from taskcard.channels.telegram.request import AnswerLost, FloodWait, checked_success
+from taskcard.channels.telegram.request import (
+    AnswerLost,
+    FloodWait,
+    checked_answer,
+    checked_success,
+)
 from tests.channels.conftest import MemoryCursorStore, wait_until
 
 OK_BODY = b'{"ok":true,"result":{"message_id":5,"date":1,"chat":{"id":-1,"type":"group"}}}'
@@ -451,6 +456,53 @@ def test_checked_success(endpoint: str, payload: bytes, expected: object) -> Non
 def test_a_success_of_another_shape_is_an_unknown_outcome(endpoint: str, payload: bytes) -> None:
     with pytest.raises(AnswerLost, match=endpoint):
         checked_success(endpoint, payload)
+
+
+NOT_MODIFIED = b'{"ok":false,"error_code":400,"description":"Bad Request: message is not modified"}'
+TRUE_ANSWER = {"ok": True, "result": True}
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "status", "payload", "expected"),
+    [
+        # Answered as the Bot API writes them: known by the one match.
+        ("editMessageText", 200, OK_BODY, (200, TRUE_ANSWER)),
+        ("deleteMessage", 200, b'{"ok":true,"result":true}', (200, TRUE_ANSWER)),
+        ("pinChatMessage", 200, b'{ "ok" : true , "result" : true }', (200, TRUE_ANSWER)),
+        # Any other success is read in full, as before.
+        (
+            "editMessageText",
+            200,
+            b'{"result":{"chat":{"type":"group","id":-1},"message_id":5},"ok":true}',
+            (200, TRUE_ANSWER),
+        ),
+        ("editMessageText", 201, OK_BODY, (201, TRUE_ANSWER)),
+        ("sendMessage", 200, OK_BODY, (200, json.loads(checked_success("sendMessage", OK_BODY)))),
+        # Errors reach PTB as `read_answer` leaves them, also under a success status.
+        ("editMessageText", 400, NOT_MODIFIED, (400, json.loads(NOT_MODIFIED))),
+        ("editMessageText", 200, NOT_MODIFIED, (400, json.loads(NOT_MODIFIED))),
+    ],
+)
+def test_checked_answer_is_read_answer_then_checked_success(
+    endpoint: str, status: int, payload: bytes, expected: tuple[int, object]
+) -> None:
+    code, body = checked_answer(endpoint, status, payload)
+    assert (code, json.loads(body)) == expected
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "payload"),
+    [
+        ("editMessageText", b'{"ok":true,"result":[1]}'),
+        ("deleteMessage", b'{"ok":true,"result":{"message_id":5}}'),
+        ("sendMessage", b'{"ok":true,"result":true}'),
+    ],
+)
+def test_checked_answer_of_another_shape_is_an_unknown_outcome(
+    endpoint: str, payload: bytes
+) -> None:
+    with pytest.raises(AnswerLost, match=endpoint):
+        checked_answer(endpoint, 200, payload)
 
 
 PROXY_VARIABLES = ("https_proxy", "http_proxy", "all_proxy", "no_proxy")
