@@ -65,6 +65,11 @@ _READ_HEADERS = re.compile(
     r"\r\n\s*(content-length|transfer-encoding|connection)\s*:(.*?)(?=\r\n)",
     re.IGNORECASE | re.DOTALL,
 )
+# A status line's HTTP/1 version (after the dot) and its three-digit code, in one match.
+_STATUS_LINE = re.compile(r"HTTP/1\.([^ \r\n]*) ([0-9]{3})")
+# A number as `int` reads it, whitespace around it allowed (ASCII digits only: `str.isdigit`
+# also takes `²`, a latin-1 byte, which `int` refuses).
+_DECIMAL = re.compile(r"\s*[0-9]+\s*")
 # `json.dumps(..., separators=...)` builds a new encoder for every call; one serves them all.
 _BODY_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
@@ -418,11 +423,6 @@ class LeanRequest(BaseRequest):
         return _Connection(reader, writer)
 
 
-def _is_decimal(text: str) -> bool:
-    """ASCII digits only: `str.isdigit` also takes `²` (a latin-1 byte), which `int` refuses."""
-    return text.isascii() and text.isdigit()
-
-
 async def _read_answer(reader: asyncio.StreamReader) -> _Answer:
     """One HTTP/1.1 response: status, headers, and a body by length, chunks or end of stream.
     Informational answers (1xx) before it are skipped."""
@@ -433,19 +433,18 @@ async def _read_answer(reader: asyncio.StreamReader) -> _Answer:
         except asyncio.IncompleteReadError as exc:
             raise _Incomplete("the connection closed before an answer") from exc
         text = head.decode("latin-1")
-        status_line = text[: text.index("\r\n")]
-        version, _, rest = status_line.partition(" ")
-        code = rest[:3]
-        if not version.startswith("HTTP/1.") or not _is_decimal(code):
-            raise _Incomplete(f"not an HTTP/1 status line: {status_line[:40]!r}")
-        status = int(code)
+        status_line = _STATUS_LINE.match(text)
+        if status_line is None:
+            first_line = text.partition("\r\n")[0]
+            raise _Incomplete(f"not an HTTP/1 status line: {first_line[:40]!r}")
+        minor_version, status = status_line.group(1), int(status_line.group(2))
     length: int | None = None
     chunked = False
-    keep_alive = version == "HTTP/1.1"
+    keep_alive = minor_version == "1"
     for header in _READ_HEADERS.finditer(text):
         name, value = header.group(1).lower(), header.group(2)
         if name == "content-length":
-            if not _is_decimal(value.strip()):
+            if _DECIMAL.fullmatch(value) is None:
                 raise _Incomplete("a Content-Length that is not a number")
             length = int(value)
         elif name == "transfer-encoding":

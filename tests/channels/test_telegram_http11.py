@@ -375,6 +375,8 @@ async def test_answers_are_read_by_length_chunks_or_end(
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabXY",
         # Digits `str.isdigit` accepts and `int` refuses, and a negative chunk size.
         b"HTTP/1.1 \xb200 OK\r\n\r\n",
+        b"HTTP/1.1 20\r\n\r\n",  # a status code is three digits
+        b"HTTP/2 200\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nContent-Length: \xb2\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nContent-Length: 2\rX\r\n\r\nok",  # a lone CR is no line end
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\nabc",
