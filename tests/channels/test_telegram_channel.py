@@ -136,6 +136,20 @@ async def test_unparsable_entities_fall_back_to_plain_text(
     assert telegram_fake.count("sendMessage") == 2
 
 
+async def test_an_edit_with_unparsable_entities_falls_back_to_plain_text(
+    telegram_fake: FakeTelegram, telegram_channel: TelegramChannel
+) -> None:
+    message_id = await telegram_channel.send(GROUP, telegram_channel.render_card(_card("x")))
+    telegram_fake.fail_next(
+        "editMessageText", 400, "Bad Request: can't parse entities: unsupported start tag"
+    )
+    message = telegram_channel.render_card(_card("**bold**"))
+    await telegram_channel.edit(GROUP, message_id, message)
+    stored = telegram_fake.message(-100555, message_id)
+    assert stored is not None and stored.text == message.text and stored.entities == []
+    assert telegram_fake.count("editMessageText") == 2
+
+
 async def test_server_error_is_transient(
     telegram_fake: FakeTelegram, telegram_channel: TelegramChannel
 ) -> None:
