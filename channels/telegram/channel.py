@@ -159,7 +159,7 @@ class TelegramChannel(Channel):
         self._moves = moves.ChatMoves(cursor)
         self._on_command: CommandSink | None = None
         self._bot_scope = config.limits.bot.scope(BOT_SCOPE_KEY)
-        self._message_scopes: dict[ChatRef, tuple[RateScope, ...]] = {}
+        self._message_scopes: dict[tuple[str, str | None], tuple[RateScope, ...]] = {}
         # The menu request a 429 put off at the start (`start_put_off`, `finish_start`).
         self._put_off: RateLimited | None = None
         self._menu_owed = False
@@ -331,14 +331,17 @@ class TelegramChannel(Channel):
         if operation in ("delete", "pin"):
             # Service actions, not messages: only the bot-wide request budget applies.
             return (self._bot_scope,)
-        scopes = self._message_scopes.get(chat)
+        # Kept by the chat's fields: a `ChatRef` key would hash through its dataclass
+        # `__hash__`, a Python call on each of the two asks.
+        key = (chat.chat_id, chat.thread_id)
+        scopes = self._message_scopes.get(key)
         if scopes is None:
             limits = self._config.limits
             chat_limit = limits.private_chat if _is_private(chat) else limits.group_chat
             scopes = (chat_limit.scope(chat_scope_key(chat)), self._bot_scope)
             if len(self._message_scopes) >= _KEPT_SCOPES:
                 self._message_scopes.clear()
-            self._message_scopes[chat] = scopes
+            self._message_scopes[key] = scopes
         return scopes
 
     async def send(
