@@ -294,10 +294,10 @@ def checked_answer(endpoint: str, status: int, payload: bytes) -> tuple[int, byt
 
 
 def _true_as_written(endpoint: str, payload: bytes, result_at: int) -> bool:
-    """A result at `result_at` that is `true`, or for an edit the message: read as `true`."""
-    return bool(
-        _TRUE_RESULT.fullmatch(payload, result_at)
-        or (endpoint == _EDIT and payload.startswith(b"{", result_at))
+    """A result at `result_at` that is `true`, or for an edit the message: read as `true`.
+    The edit's message is looked for first: it is how every card change is answered."""
+    return (endpoint == _EDIT and payload.startswith(b"{", result_at)) or (
+        _TRUE_RESULT.fullmatch(payload, result_at) is not None
     )
 
 
