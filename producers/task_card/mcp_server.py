@@ -54,7 +54,12 @@ from taskcard.producers.task_card.mcp_answers import (
     claimed_stdout,
     settled_on_signals,
 )
-from taskcard.producers.task_card.mcp_wire import CheckedLines, RepeatedKeys, claimed_stdin
+from taskcard.producers.task_card.mcp_wire import (
+    CheckedLines,
+    LongLines,
+    RepeatedKeys,
+    claimed_stdin,
+)
 from taskcard.producers.task_card.meta import MetaProjector
 from taskcard.producers.task_card.number_args import whole_numbers
 from taskcard.producers.task_card.runtime import HostPaths, RuntimeDirUnsafe
@@ -474,13 +479,14 @@ async def name_invalid_params(ctx: ServerRequestContext[Any], call_next: Any) ->
 
 async def serve_stdio(paths: HostPaths) -> None:
     repeated = RepeatedKeys()
+    long = LongLines()
     with claimed_stdin() as wire, claimed_stdout() as out:
         # Our own reader of stdin, so each line is checked while its text still shows a
         # repeated key (`mcp_wire`); our own writer of stdout, so an answer that hands
         # something over is settled once the client read it (`mcp_answers`).
         deliveries = Deliveries() if out is not None else None
         server = build_server(paths, repeated=repeated, deliveries=deliveries)
-        lines = anyio.wrap_file(CheckedLines(wire, repeated.line))
+        lines = anyio.wrap_file(CheckedLines(wire, repeated.line, long))
         answers = (
             anyio.wrap_file(AnswerWriter(out, deliveries))  # type: ignore[arg-type]
             if out is not None and deliveries is not None
@@ -492,7 +498,7 @@ async def serve_stdio(paths: HostPaths) -> None:
                     read_stream,
                     write_stream,
                 ):
-                    answering = AnswerMalformed(read_stream, write_stream)
+                    answering = AnswerMalformed(read_stream, write_stream, long)
                     await server.run(
                         answering, write_stream, server.create_initialization_options()
                     )
@@ -585,11 +591,13 @@ class AnswerMalformed:
 
     The SDK's stdio transport hands the server an exception for such a line, and the server
     drops it without a word: a client whose request went that way waited for ever. This
-    wrapper answers it on the write stream (see `malformed_answer`) and goes on reading."""
+    wrapper answers it on the write stream (see `malformed_answer`) and goes on reading; the
+    stand-in for a line over the limit (`long`) is answered with the limit."""
 
-    def __init__(self, inner: Any, out: Any) -> None:
+    def __init__(self, inner: Any, out: Any, long: LongLines | None = None) -> None:
         self._inner = inner
         self._out = out
+        self._long = long or LongLines()
 
     @property
     def last_context(self) -> Any:
@@ -600,7 +608,7 @@ class AnswerMalformed:
             item = await self._inner.receive()
             if not isinstance(item, Exception):
                 return item
-            answer = _answer_for(item)
+            answer = _answer_for(item, self._long)
             if answer is not None:
                 await self._out.send(SessionMessage(answer))
 
@@ -623,11 +631,12 @@ class AnswerMalformed:
         await self.aclose()
 
 
-def _answer_for(error: Exception) -> types.JSONRPCError | None:
+def _answer_for(error: Exception, long: LongLines) -> types.JSONRPCError | None:
     """The answer to the line behind `error`. A validation error of the SDK's reader carries
     the line: as the input of a JSON error, else as the input of an error about the whole
     object (a field missing from it, or not an object at all); its first complaint about
-    the request's own fields says what is wrong."""
+    the request's own fields says what is wrong. The stand-in for a line over the limit is
+    such an object (`long`)."""
     if not isinstance(error, ValidationError):
         return None  # not about a line: nothing to answer
     details = error.errors()
@@ -638,6 +647,8 @@ def _answer_for(error: Exception) -> types.JSONRPCError | None:
     ]
     if not details:
         return malformed_answer(None)
+    if whole and long.marks(whole[0]):
+        return _error(whole[0], types.INVALID_REQUEST, long.message)
     if details[0]["type"] == "json_invalid" or not whole:
         line = details[0].get("input")
         if isinstance(line, str) and not line.strip():

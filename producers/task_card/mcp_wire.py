@@ -25,6 +25,13 @@ replaced such bytes with U+FFFD, so a summary sent as Latin-1 was stored with th
 characters and answered as a success. Every other line reaches the SDK with such bytes
 replaced, as before.
 
+A line is read as bytes, at most `MAX_LINE_BYTES` of them: the SDK's reader kept a line
+until its newline, so a client that wrote megabytes without one grew the server without
+bound. A longer line reaches the SDK as a stand-in that it refuses and `mcp_server` answers
+with an error naming the limit (`LongLines`), for the request's id when the part read shows
+it; the rest of that line is read and dropped as it arrives, and the next line is read as
+usual.
+
 The extra decoding runs in the worker thread that already waits for stdin, not on the loop.
 """
 
@@ -35,13 +42,28 @@ import fcntl
 import io
 import json
 import os
+import re
 import secrets
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any, Final
 
+from taskcard.producers.task_card.envelope import MAX_ENVELOPE_BYTES
+
 TOOLS_CALL: Final = "tools/call"
+
+# One line holds one call, whose arguments the envelope limit bounds in UTF-8 bytes; JSON
+# escapes make a text at most six times that long (a control character as `\u0001`), so
+# eight times the envelope limit holds any call that limit lets through, however escaped.
+MAX_LINE_BYTES: Final = 8 * MAX_ENVELOPE_BYTES
+_DROP_CHUNK_BYTES: Final = 64 * 1024
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _after_space(text: str, at: int) -> int:
+    """Where the JSON whitespace that starts at `at` ends (the pattern matches empty)."""
+    return _SPACE.match(text, at).end()  # type: ignore[union-attr]
 
 
 def _marker() -> str:
@@ -171,18 +193,99 @@ class RepeatedKeys:
         return value if isinstance(value, str) else None
 
 
-class CheckedLines(io.TextIOWrapper):
-    """stdin as UTF-8 text (undecodable bytes kept as `surrogateescape` for `check` to see;
-    it hands the SDK text without them), each line passed through `check` on its way out.
-    Closing it leaves the descriptor open: a worker thread may still be blocked reading it
-    when the server stops."""
+def leading_id(head: bytes) -> str | int | None:
+    """The id of the request whose line begins with `head` (a line cut at the limit), when
+    a top-level `id` comes before the field the cut fell in; None otherwise (not an object,
+    no id yet, an id that is not text or a whole number)."""
+    text = head.decode("utf-8", "replace")
+    decoder = json.JSONDecoder()
+    ident: object = None
+    at = _after_space(text, 0)
+    if not text.startswith("{", at):
+        return None
+    at += 1
+    try:
+        while True:
+            at = _after_space(text, at)
+            key, at = decoder.raw_decode(text, at)
+            at = _after_space(text, at)
+            if not text.startswith(":", at):
+                break
+            at = _after_space(text, at + 1)
+            value, at = decoder.raw_decode(text, at)
+            if key == "id":
+                ident = value
+            at = _after_space(text, at)
+            if not text.startswith(",", at):
+                break
+            at += 1
+    except (ValueError, RecursionError):
+        pass  # the cut, or text that is not JSON: the id is what was read before it
+    if isinstance(ident, bool) or not isinstance(ident, str | int):
+        return None
+    return ident
 
-    def __init__(self, wire: IO[bytes], check: Callable[[str], str]) -> None:
+
+@dataclass(frozen=True)
+class LongLines:
+    """Stands in for a line over `limit` bytes: the SDK gets an object it refuses (it has no
+    method), carrying the request's id if read and `marker`, a key no client can know, by
+    which `mcp_server` answers it with `message`."""
+
+    marker: str = field(default_factory=lambda: f"taskcard.line-too-long.{secrets.token_hex(16)}")
+    limit: int = MAX_LINE_BYTES
+
+    @property
+    def message(self) -> str:
+        return (
+            f"Invalid Request: a line over the {self.limit}-byte limit, so it was not read"
+            " (the rest of it is dropped); send one message per line, and a short envelope"
+            " (put long detail in files the renderer reads)"
+        )
+
+    def stand_in(self, head: bytes) -> str:
+        ident = leading_id(head)
+        message: dict[str, object] = {"jsonrpc": "2.0", self.marker: True}
+        if ident is not None:
+            message["id"] = ident
+        return json.dumps(message) + "\n"
+
+    def marks(self, decoded: object) -> bool:
+        """Whether `decoded` (what the SDK refused) is a stand-in of this server's."""
+        return isinstance(decoded, dict) and decoded.get(self.marker) is True
+
+
+class CheckedLines(io.TextIOWrapper):
+    """stdin as lines of UTF-8 text (undecodable bytes kept as `surrogateescape` for `check`
+    to see; it hands the SDK text without them), each line passed through `check` on its way
+    out, and none longer than `long.limit` bytes (see the module docstring).
+
+    Lines are read off the byte buffer itself, never through the text layer's own reading,
+    so a line is bounded before it is decoded. Closing it leaves the descriptor open: a
+    worker thread may still be blocked reading it when the server stops."""
+
+    def __init__(
+        self, wire: IO[bytes], check: Callable[[str], str], long: LongLines | None = None
+    ) -> None:
         super().__init__(wire, encoding="utf-8", errors="surrogateescape")
+        self._wire = wire
         self._check = check
+        self._long = long or LongLines()
+        self._dropping = False  # the rest of a line over the limit is still to come
 
     def readline(self, size: int = -1, /) -> str:  # type: ignore[override]  # typeshed: bytes
-        line = super().readline(size)
+        wire = self._wire
+        while self._dropping:
+            rest = wire.readline(_DROP_CHUNK_BYTES)
+            if not rest:
+                return ""
+            self._dropping = not rest.endswith(b"\n")
+        limit = self._long.limit
+        raw = wire.readline(limit + 1 if size < 0 else min(size, limit + 1))
+        if len(raw) > limit and not raw.endswith(b"\n"):
+            self._dropping = True
+            return self._long.stand_in(raw)
+        line = raw.decode("utf-8", "surrogateescape")
         return self._check(line) if line else line
 
     def close(self) -> None:
