@@ -281,6 +281,14 @@ def test_ledger_md_gives_the_id_and_text_limits_enforced() -> None:
     assert "1-64 letters, digits, `_`, `.`, `:` or `-`, starting with a letter or digit" in text
 
 
+def test_producer_md_gives_the_mcp_line_limit_enforced() -> None:
+    from taskcard.producers.task_card.mcp_wire import MAX_LINE_BYTES
+
+    text = " ".join((ROOT / "docs" / "producer.md").read_text().split())
+    assert f"at most 2 MiB (`mcp_wire.MAX_LINE_BYTES`, {MAX_LINE_BYTES:,} bytes" in text
+    assert MAX_LINE_BYTES == 2 * 1024 * 1024
+
+
 MAKE_TARGET = re.compile(r"`make ([a-z][\w-]*)")
 
 
