@@ -938,6 +938,14 @@ class SqliteStore(StateStore):
             )
         return value
 
+    def _has_table(self, name: str) -> bool:
+        """Whether the file has table `name`: a read-only open of a file from before it was
+        added reads it as empty, while a table of another layout is an unfit state."""
+        row = self._db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
+        ).fetchone()
+        return row is not None
+
     def _with_commit(self, record: ResidentRecord) -> ResidentRecord:
         """`record` as it reads once its kept fingerprint is committed."""
         unsaved = self._unsaved_commits.get(record.route)
@@ -1293,12 +1301,12 @@ class SqliteStore(StateStore):
         self._write(("seen_chat", chat.channel, chat.chat_id, chat.thread_id or ""), op)
 
     def seen_chats(self) -> list[SeenChat]:
-        try:
-            rows = self._db.execute(
-                "SELECT * FROM seen_chats ORDER BY last_seen DESC, channel, chat_id, thread_id"
-            ).fetchall()
-        except sqlite3.OperationalError:
+        if not self._has_table("seen_chats"):
             return []  # a read-only open of a state file from before this table
+        # A table of another layout (a newer version's) raises, as any unfit table does.
+        rows = self._db.execute(
+            "SELECT * FROM seen_chats ORDER BY last_seen DESC, channel, chat_id, thread_id"
+        ).fetchall()
         chats = []
         for row in rows:
             name = ":".join(str(stored_text(row[c])) for c in ("channel", "chat_id", "thread_id"))
@@ -1415,14 +1423,13 @@ class SqliteStore(StateStore):
         self._write(("inbox_outcome", message_id), op)
 
     def inbox_messages(self, since: float) -> list[InboxRecord]:
-        try:
-            rows = self._db.execute(
-                "SELECT * FROM inbox WHERE outcome = 'open' OR queued_at >= ?"
-                " ORDER BY queued_at, message_id",
-                (since,),
-            ).fetchall()
-        except sqlite3.OperationalError:
+        if not self._has_table("inbox"):
             return []  # a read-only open of a state file from before this table
+        rows = self._db.execute(
+            "SELECT * FROM inbox WHERE outcome = 'open' OR queued_at >= ?"
+            " ORDER BY queued_at, message_id",
+            (since,),
+        ).fetchall()
         records = (self._inbox_record(row) for row in rows)
         return [record for record in records if record is not None]
 

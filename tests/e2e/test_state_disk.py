@@ -273,6 +273,7 @@ def _state_of(path: Path, *statements: str) -> None:
 # States a newer version (or a hand edit) leaves: the tables are there, but not as read here;
 # each with the commands that read what changed.
 _STATUS = [("status",), ("status", "--json")]
+_CHATS = [("chats",), ("chats", "--json")]
 _UNFIT_STATES = {
     "a column dropped": (
         [
@@ -283,6 +284,20 @@ _UNFIT_STATES = {
         _STATUS,
     ),
     "a table renamed": (["ALTER TABLE pauses RENAME TO pauses_v9"], _STATUS),
+    # `chats` said "No command seen yet" on these: a newer layout read as an empty table.
+    "the seen chats of another layout": (
+        [
+            "DROP TABLE seen_chats",
+            "CREATE TABLE seen_chats (chat TEXT PRIMARY KEY, seen_at REAL, meta TEXT)",
+            "INSERT INTO seen_chats VALUES ('telegram:-100', 1700000000, '{}')",
+            "PRAGMA user_version = 9",
+        ],
+        _CHATS,
+    ),
+    "the seen chats' time renamed": (
+        ["ALTER TABLE seen_chats RENAME COLUMN last_seen TO last_seen_ms"],
+        _CHATS,
+    ),
 }
 
 
