@@ -22,7 +22,13 @@ from typing import Any
 from taskcard.bridge.config import ServiceConfig
 from taskcard.bridge.deliver.registry import RouteSpec, route_specs
 from taskcard.bridge.run.chat_names import as_last_resolved
-from taskcard.bridge.run.serve_cli import EXIT_CONFIG, _config_option, _load, no_config_given
+from taskcard.bridge.run.serve_cli import (
+    EXIT_CONFIG,
+    UNREADABLE,
+    _config_option,
+    _load,
+    no_config_given,
+)
 from taskcard.bridge.run.terminal import printable
 from taskcard.bridge.store.base import SeenChat, StateFileError, StateStore
 from taskcard.bridge.store.sqlite import STATE_FILE, UNFIT_STATE_ERRORS, SqliteStore, unfit_state
@@ -66,7 +72,11 @@ def seen_chats_report(config: ServiceConfig) -> list[dict[str, Any]]:
             "chat_id": chat.chat_id,
             "thread_id": chat.thread_id,
             "title": chat.title,
-            "last_seen": datetime.fromtimestamp(chat.last_seen, UTC)
+            # An unreadable time is null (the chat listed last, as seen long ago), as
+            # `status` shows its unreadable times.
+            "last_seen": None
+            if "last_seen" in chat.unreadable
+            else datetime.fromtimestamp(chat.last_seen, UTC)
             .isoformat(timespec="seconds")
             .replace("+00:00", "Z"),
             "routed": (chat.channel, chat.chat_id, chat.thread_id) in routed,
@@ -83,7 +93,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
             printable(row["chat_id"]),
             printable(row["thread_id"] or "-"),
             printable(row["title"] or "-"),
-            row["last_seen"],
+            row["last_seen"] or UNREADABLE,
             "yes" if row["routed"] else "no",
         )
         for row in rows

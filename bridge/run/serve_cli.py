@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from taskcard.bridge.config import (
     ConfigError,
@@ -169,6 +169,11 @@ def _check_notes(config: ServiceConfig) -> list[str]:
     ]
 
 
+# How `status` and `chats` show a time the state holds but no date can show (text, `1e308`):
+# the store's warning on stderr names the row and the value.
+UNREADABLE: Final = "(unreadable; see the warning above)"
+
+
 def _when(epoch: float | None) -> str | None:
     if epoch is None:
         return None
@@ -225,6 +230,11 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
                     "opened_by": opened_by,
                     "message_id": record.message_id if record else None,
                     "last_committed": _when(record.committed_at) if record else None,
+                    # The fields above that are null because the state's value could not be
+                    # read (a warning names it), not because there is none.
+                    "unreadable": (
+                        ["last_committed"] if record and "committed_at" in record.unreadable else []
+                    ),
                     "disabled": record.disabled_reason if record else None,
                     # The platform refused the route's latest card for good: the chat shows
                     # the one before, until a later card goes through.
@@ -396,7 +406,8 @@ def _status(args: argparse.Namespace) -> int:
         opened = " (opened by a turn origin)" if route["opened_by"] == "origin" else ""
         print(f"{route['route']}{opened}")
         print(f"  resident message: {route['message_id'] or '(none yet)'}")
-        print(f"  last committed edit: {route['last_committed'] or '(never)'}")
+        never = UNREADABLE if "last_committed" in route["unreadable"] else "(never)"
+        print(f"  last committed edit: {route['last_committed'] or never}")
         if route["moved_to"]:
             new = route["moved_to"]
             print(

@@ -50,6 +50,9 @@ class ResidentRecord:
     # The message whose pin is still owed (put off by a 429, failed for now, or cut short by
     # a stop): pinned by the next run too. Owed only while it is still `message_id`.
     pin_owed_id: str | None = None
+    # The fields whose stored value could not be read (text where a time belongs, a time no
+    # date can show): each reads as None, and `taskcard status` says it is unreadable.
+    unreadable: frozenset[str] = frozenset()
 
 
 InboxOutcome = Literal["open", "delivered", "failed", "cancelled"]
@@ -123,7 +126,8 @@ class SeenChat:
     chat_id: str
     thread_id: str | None
     title: str | None
-    last_seen: float
+    last_seen: float  # 0.0 (long ago) when unreadable
+    unreadable: frozenset[str] = frozenset()  # as `ResidentRecord.unreadable`
 
 
 class StateStore(ABC):

@@ -748,8 +748,10 @@ class RedisStore(StateStore):
             channel, chat_id, thread_id = parts
             title = data.get("title")
             last_seen = stored_time(data.get("last_seen"))
+            unread: frozenset[str] = frozenset()
             if last_seen is None and data.get("last_seen") is not None:
                 _corrupt(self.key("chats"), f"{field} last_seen")
+                unread = frozenset({"last_seen"})
             chats.append(
                 SeenChat(
                     channel,
@@ -757,6 +759,7 @@ class RedisStore(StateStore):
                     thread_id or None,
                     title if isinstance(title, str) else None,
                     last_seen or 0.0,
+                    unread,
                 )
             )
         return sorted(chats, key=lambda c: (-c.last_seen, c.channel, c.chat_id, c.thread_id or ""))
@@ -804,9 +807,11 @@ def _record(key: str, route: str, data: dict[str, str]) -> ResidentRecord:
     except ValueError:
         _corrupt(key, "unsure_sends")
         unsure_sends = 0
+    unread = set()
     for name in ("committed_at", "unsure_at"):
         if data.get(name) is not None and stored_time(data[name]) is None:
             _corrupt(key, name)
+            unread.add(name)
     return ResidentRecord(
         route=route,
         message_id=data.get("message_id"),
@@ -818,4 +823,5 @@ def _record(key: str, route: str, data: dict[str, str]) -> ResidentRecord:
         unsure_sends=unsure_sends,
         unsure_at=stored_time(data.get("unsure_at")),
         pin_owed_id=data.get("pin_owed_id"),
+        unreadable=frozenset(unread),
     )

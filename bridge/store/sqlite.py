@@ -900,8 +900,10 @@ class SqliteStore(StateStore):
         return found
 
     def _resident(self, row: sqlite3.Row, route: str) -> ResidentRecord:
+        unread: set[str] = set()
+
         def field(column: str) -> Any:
-            return self._stored("residents", route, row, column)
+            return self._stored("residents", route, row, column, unread)
 
         return ResidentRecord(
             route=route,
@@ -914,17 +916,22 @@ class SqliteStore(StateStore):
             unsure_sends=field("unsure_sends") or 0,
             unsure_at=field("unsure_at"),
             pin_owed_id=field("pin_owed_id"),
+            unreadable=frozenset(unread),
         )
 
-    def _stored(self, table: str, key: str, row: sqlite3.Row, column: str) -> Any:
+    def _stored(
+        self, table: str, key: str, row: sqlite3.Row, column: str, unread: set[str] | None = None
+    ) -> Any:
         """`row[column]` of `table` read as `_COLUMNS` says (None where the file is from
         before a column of `_ADDED_COLUMNS`). A value that is not of the column's kind,
         edited by hand or written by a bug, reads as None, with one warning per row and
         column naming it and what the service does instead: a file that ends the service
-        helps no one."""
+        helps no one. Such a column is added to `unread`."""
         raw = _added(row, column) if column in _ADDED_COLUMNS else row[column]
         reader, what, kind, instead = _COLUMNS[table, column]
         value = reader(raw)
+        if value is None and raw is not None and unread is not None:
+            unread.add(column)
         if value is None and raw is not None and (table, key, column) not in self._unreadable:
             self._unreadable.add((table, key, column))
             log.warning(
@@ -951,7 +958,10 @@ class SqliteStore(StateStore):
         unsaved = self._unsaved_commits.get(record.route)
         if unsaved is None:
             return record
-        return replace(record, fingerprint=unsaved[0], committed_at=unsaved[1])
+        unreadable = record.unreadable - {"fingerprint", "committed_at"}
+        return replace(
+            record, fingerprint=unsaved[0], committed_at=unsaved[1], unreadable=unreadable
+        )
 
     def set_message_id(self, route: str, message_id: str | None) -> None:
         def op(db: sqlite3.Connection) -> None:
@@ -1310,12 +1320,18 @@ class SqliteStore(StateStore):
         chats = []
         for row in rows:
             name = ":".join(str(stored_text(row[c])) for c in ("channel", "chat_id", "thread_id"))
+            unread: set[str] = set()
             channel, chat_id, thread_id, title, last_seen = (
-                self._stored("seen_chats", name, row, column)
+                self._stored("seen_chats", name, row, column, unread)
                 for column in ("channel", "chat_id", "thread_id", "title", "last_seen")
             )
             if channel is not None and chat_id is not None and thread_id is not None:
-                chats.append(SeenChat(channel, chat_id, thread_id or None, title, last_seen or 0.0))
+                chats.append(
+                    SeenChat(
+                        channel, chat_id, thread_id or None, title, last_seen or 0.0,
+                        frozenset(unread),
+                    )
+                )  # fmt: skip
         # Sorted again once read: SQL put a time no date shows (`1e308`, text) first, and it
         # is taken as long ago.
         return sorted(chats, key=lambda c: (-c.last_seen, c.channel, c.chat_id, c.thread_id or ""))

@@ -8,6 +8,7 @@ store's, so it is the same for every platform."""
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import time
 from pathlib import Path
@@ -305,5 +306,40 @@ def test_a_time_no_date_can_show_is_skipped_by_status_and_chats(tmp_path: Path, 
     chats = json.loads(run_cli("chats", "--json", "--config", str(config)).stdout)
     assert [(c["chat_id"], c["last_seen"]) for c in chats] == [
         ("-100", "2023-11-14T22:13:20Z"),
-        ("console", "1970-01-01T00:00:00Z"),
+        ("console", None),
     ]
+
+
+@pytest.mark.parametrize("value", ["1e308", "text"])
+def test_an_unreadable_time_is_shown_as_unreadable_not_as_never(tmp_path: Path, value: str) -> None:
+    """`status` showed a card's last edit time it could not read as "(never)", and `chats`
+    a chat's last command time as 1970: both now say the time is unreadable (null in
+    `--json`), a card never edited still says "(never)", and the rest is shown as before."""
+    config = _console_fleet(tmp_path)
+    SqliteStore.in_dir(tmp_path / "state").close()
+    sql, _ = NO_TIMES[value]
+    with sqlite3.connect(tmp_path / "state" / STATE_FILE) as db:
+        for statement in (
+            "INSERT INTO residents (route, message_id, committed_at)"
+            f" VALUES ('console:console::a', '7', {sql})",
+            "INSERT INTO residents (route, message_id) VALUES ('console:console::b', '8')",
+            f"INSERT INTO seen_chats VALUES ('console', 'console', '', 'Desk', {sql})",
+        ):
+            db.execute(statement)
+    status = run_cli("status", "--config", str(config))
+    assert status.returncode == 0, status.stderr
+    blocks = status.stdout.split("console:console::")
+    (a,) = [block for block in blocks if block.startswith("a\n")]
+    (b,) = [block for block in blocks if block.startswith("b\n")]
+    assert "  last committed edit: (unreadable; see the warning above)\n" in a, status.stdout
+    assert "  resident message: 7\n" in a and "pending notices: 0" in a, status.stdout
+    assert "  last committed edit: (never)\n" in b, status.stdout
+    report = json.loads(run_cli("status", "--json", "--config", str(config)).stdout)
+    unreadable = {route["agent"]: route["unreadable"] for route in report["routes"]}
+    assert unreadable == {"a": ["last_committed"], "b": []}
+    chats = run_cli("chats", "--config", str(config))
+    assert chats.returncode == 0, chats.stderr
+    (row,) = chats.stdout.splitlines()[1:]
+    assert re.split(r"\s{2,}", row)[3:] == ["Desk", "(unreadable; see the warning above)", "yes"], (
+        row
+    )
