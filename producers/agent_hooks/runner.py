@@ -204,6 +204,13 @@ def resolve_workdir(override: str | None, payload: Mapping[str, Any]) -> Path:
             f"the payload's cwd must be the session's folder as an absolute path, not "
             f"{json.dumps(cwd)[:80]}; nothing written (pass --workdir)"
         )
+    if "\0" in cwd:
+        # No path holds one: it was reported as "not an absolute path" or "not a usable
+        # path", which sent the reader looking at the wrong part of it.
+        raise HookInputError(
+            f"the payload's cwd {json.dumps(cwd)[:200]} holds a NUL character, which no path"
+            " can; nothing written (send the session's folder, or pass --workdir)"
+        )
     if not os.path.isabs(cwd):
         # The hosts send the session's absolute folder. Read from the hook's own folder, a
         # `..` or `~` here wrote the agent's events into a folder of no agent (`/`, home).

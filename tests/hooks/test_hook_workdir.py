@@ -96,3 +96,22 @@ def test_a_cwd_that_cannot_be_shown_as_given_is_said_on_one_short_line(
     assert done.stderr.count(b"\n") == 1 and len(done.stderr) < 500, done.stderr[:500]
     assert shown in done.stderr and b"Traceback" not in done.stderr
     assert not list(tmp_path.rglob("events.jsonl"))
+
+
+@pytest.mark.parametrize("host", ["claude-code", "codex"])
+@pytest.mark.parametrize("name", ["/tmp/a\0b", "\0/tmp", "/tmp/\0"])
+def test_a_cwd_holding_a_nul_character_is_named_as_such(
+    tmp_path: Path, host: str, name: str
+) -> None:
+    """A NUL character in `cwd` was called "not an absolute path" (at its start) or "not a
+    usable path; give the full path" (further on): neither named what was wrong with it."""
+    data = {**payload("02_user_prompt_submit.json", tmp_path), "cwd": name}
+    done = run_taskcard("hook", host, stdin=json.dumps(data))
+    assert (done.returncode, done.stdout) == (0, b"")
+    (line,) = done.stderr.decode().splitlines()
+    shown = json.dumps(name)
+    assert line == (
+        f"taskcard hook {host}: the payload's cwd {shown} holds a NUL character, which no path"
+        " can; nothing written (send the session's folder, or pass --workdir)"
+    )
+    assert not list(tmp_path.rglob("events.jsonl"))
