@@ -21,6 +21,7 @@ from typing import Any, Final
 from taskcard.producers.ledger.model import (
     EVENT_TYPES,
     FAILURE_KINDS,
+    MAX_NOTE_CHARS,
     OWNER_REPLIES,
     Limits,
     TaskRecord,
@@ -38,6 +39,9 @@ EXIT_BAD_INPUT: Final = 2
 EXIT_FAILED: Final = 1
 SOURCES: Final = ("owner", "executor", "external", "monitor")
 JOB_STATUSES: Final = ("submitted", "running", "succeeded", "failed", "cancelled")
+
+# Each text of a ledger record (a note, a reason, the evidence) is at most this long.
+_AT_MOST: Final = f", at most {MAX_NOTE_CHARS} characters"
 
 
 def _ledger(args: argparse.Namespace) -> Ledger:
@@ -307,8 +311,10 @@ def _new_step_field(parser: argparse.ArgumentParser) -> None:
 
 def _block_fields(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kind", choices=FAILURE_KINDS, help="what kind of failure blocks it")
-    parser.add_argument("--reason", help="what stops the task, in one sentence")
-    parser.add_argument("--safe-next-step", dest="safe_next_step", help="what is safe to do next")
+    parser.add_argument("--reason", help=f"what stops the task, in one sentence{_AT_MOST}")
+    parser.add_argument(
+        "--safe-next-step", dest="safe_next_step", help=f"what is safe to do next{_AT_MOST}"
+    )
     parser.add_argument("--failed", action="store_true", help="the step failed for good")
 
 
@@ -316,7 +322,7 @@ def _job_fields(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job-id", dest="job_id", help="the external job's id")
     parser.add_argument("--status", choices=JOB_STATUSES, help="the provider's status")
     parser.add_argument("--provider", help="who runs the job")
-    parser.add_argument("--evidence", help="the provider's own id, URL or status line")
+    parser.add_argument("--evidence", help=f"the provider's own id, URL or status line{_AT_MOST}")
     parser.add_argument(
         "--max-wait-sec",
         dest="max_wait_sec",
@@ -368,7 +374,7 @@ def register(subparsers: Any) -> None:
         return parser
 
     init = add("init", run_init, "create a task (and a task card renderer for it)")
-    init.add_argument("--purpose", required=True, help="what the task is for, one line")
+    init.add_argument("--purpose", required=True, help=f"what the task is for, one line{_AT_MOST}")
     init.add_argument("--steps", help="the planned step ids, comma-separated")
     seconds, count = decimal_number, whole_number  # the command line's one reading of numbers
     limits: dict[str, tuple[str, Callable[[str], float] | Callable[[str], int]]] = {
@@ -403,7 +409,9 @@ def register(subparsers: Any) -> None:
     )
     checkpoint.add_argument("--step", help="the step that moved")
     _new_step_field(checkpoint)
-    checkpoint.add_argument("--note", help="what was observed (TASK_COMPLETED: the evidence)")
+    checkpoint.add_argument(
+        "--note", help=f"what was observed (TASK_COMPLETED: the evidence){_AT_MOST}"
+    )
     checkpoint.add_argument("--source", choices=SOURCES, default="executor", help="who observed it")
     checkpoint.add_argument(
         "--artifact", action="append", help="a delivered artifact (repeat; TASK_COMPLETED only)"
@@ -427,13 +435,15 @@ def register(subparsers: Any) -> None:
 
     reply = add("owner-reply", run_owner_reply, "record the owner's answer to the monitor")
     _reply_fields(reply, required=True)
-    reply.add_argument("--note", help="what the owner observed")
-    reply.add_argument("--reason", help="why the task is blocked (with a block reply)")
-    reply.add_argument("--safe-next-step", dest="safe_next_step", help="what is safe to do next")
+    reply.add_argument("--note", help=f"what the owner observed{_AT_MOST}")
+    reply.add_argument("--reason", help=f"why the task is blocked (with a block reply){_AT_MOST}")
+    reply.add_argument(
+        "--safe-next-step", dest="safe_next_step", help=f"what is safe to do next{_AT_MOST}"
+    )
     reply.add_argument("--kind", choices=FAILURE_KINDS, help="the kind of failure, if any")
 
     heartbeat = add("heartbeat", run_heartbeat, "record that the executor is healthy")
-    heartbeat.add_argument("--note", help="what the executor is doing")
+    heartbeat.add_argument("--note", help=f"what the executor is doing{_AT_MOST}")
 
     newest = "the newest task not completed, else the newest task"
     add("show", run_show, "print a task's record as JSON", task=newest)

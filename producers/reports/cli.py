@@ -16,11 +16,13 @@ from taskcard.producers.reports.lineage import (
     DEFAULT_MAX_DEPTH,
     LINEAGE_FILE,
     MAX_DEPTH_LIMIT,
+    MAX_REASON_CHARS,
     LineageError,
     spawn,
 )
 from taskcard.producers.reports.store import (
     MAX_PAYLOAD_BYTES,
+    MAX_SUMMARY_CHARS,
     VERDICTS,
     ReportError,
     Reports,
@@ -140,7 +142,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     outcome.add_argument("--failed", dest="ok", action="store_false", help="a declared failure")
     report.add_argument("--verdict", choices=VERDICTS, default=None, help="when it is a review")
     report.add_argument("--role", default=None, help="your role now, e.g. reviewer")
-    report.add_argument("--summary", default=None, help="one short paragraph")
+    report.add_argument(
+        "--summary",
+        default=None,
+        help=f"one short paragraph, at most {MAX_SUMMARY_CHARS} characters",
+    )
     report.add_argument(
         "--payload", default=None, metavar="FILE|-", help="details, UTF-8, at most 64 KiB"
     )
@@ -157,7 +163,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     reports.add_argument(
         "--workdir", type=existing_workdir_arg, default=".", help="the agent's workdir"
     )
-    reports.add_argument("--after", type=_seq, default=None, metavar="SEQ", help="last seq read")
+    reports.add_argument(
+        "--after",
+        type=_seq,
+        default=None,
+        metavar="SEQ",
+        help="last seq read (default: print the latest report)",
+    )
     reports.set_defaults(handler=run_reports)
 
     spawn_parser = subparsers.add_parser(
@@ -169,7 +181,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--workdir", type=workdir_arg, required=True, help="the child's workdir"
     )
     spawn_parser.add_argument("--parent", required=True, help="the parent's agent id")
-    spawn_parser.add_argument("--reason", required=True, help="why the child is created")
+    spawn_parser.add_argument(
+        "--reason",
+        required=True,
+        help=f"why the child is created, at most {MAX_REASON_CHARS} characters",
+    )
     spawn_parser.add_argument("--provider", default=None, help="e.g. claude-code, codex")
     spawn_parser.add_argument(
         "--parent-workdir",

@@ -48,6 +48,11 @@ from taskcard.producers.task_card.runtime import (
     RuntimeDirUnsafe,
     default_runtime_dir,
 )
+from taskcard.producers.task_card.settings import (
+    DEFAULT_INTERVAL_S,
+    DEFAULT_MAX_REFRESHES,
+    DEFAULT_TIMEOUT_S,
+)
 from taskcard.producers.task_card.stdin_json import drain_stdin, read_stdin_object
 from taskcard.producers.task_card.workdir_arg import (
     existing_workdir_arg,
@@ -413,7 +418,7 @@ def _common(
         type=_seconds(0.1, 7 * 86_400),
         default=None,
         help=f"seconds a host without a live watch waits before exiting "
-        f"(default {DEFAULT_IDLE_GRACE_S:g})",
+        f"(default: {DEFAULT_IDLE_GRACE_S:g})",
     )
 
 
@@ -422,7 +427,10 @@ def register(subparsers: Any) -> None:
     tool = subparsers.add_parser("tool", help="call the task_card tool with a JSON envelope")
     _common(tool)
     tool.add_argument(
-        "envelope", nargs="?", help="the envelope as JSON, or - for stdin (default: stdin)"
+        "envelope",
+        nargs="?",
+        help=f"the envelope as JSON, at most {MAX_ENVELOPE_BYTES // 1024} KiB, or - for stdin"
+        " (default: stdin)",
     )
     tool.set_defaults(handler=run_tool)
 
@@ -435,19 +443,22 @@ def register(subparsers: Any) -> None:
         "--interval-s",
         dest="interval_s",
         type=_finite,
-        help="seconds between refreshes (default: the workdir's settings)",
+        help="seconds between refreshes (default: the workdir's settings, which say"
+        f" {DEFAULT_INTERVAL_S:g} unless its taskcard.json sets interval_s)",
     )
     start.add_argument(
         "--timeout-s",
         dest="timeout_s",
         type=_finite,
-        help="time limit of one render, capped by the settings (default: the settings)",
+        help="time limit of one render in seconds, capped by the settings (default: the"
+        f" settings, {DEFAULT_TIMEOUT_S:g} unless taskcard.json sets timeout_s)",
     )
     start.add_argument(
         "--max-refreshes",
         dest="max_refreshes",
         type=whole_number,
-        help="refresh budget, capped by the settings (default: the settings)",
+        help="refresh budget, capped by the settings (default: the settings,"
+        f" {DEFAULT_MAX_REFRESHES} unless taskcard.json sets max_refreshes)",
     )
     for name, text in (
         ("inspect", "show a watch's state, body, error and budget"),

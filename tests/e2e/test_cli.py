@@ -288,6 +288,37 @@ def test_every_option_has_help_and_shows_its_default() -> None:
     assert "(default: text)" in taskcard("serve", "--help").stdout  # --log-format
 
 
+# (command, what its --help must say): a default or a limit a user needs and the help left
+# out (an option whose default is None, looked up later, or a text cut at a length).
+HELP_SAYS = [
+    (("tool",), "the envelope as JSON, at most 256 KiB, or - for stdin (default: stdin)"),
+    (("tool",), "before exiting (default: 120)"),  # it said "(default 120)", unlike the rest
+    (("mcp",), "before exiting (default: 120)"),
+    (("card", "start"), "(default: the workdir's settings, which say 5 unless its"),
+    (("card", "start"), "(default: the settings, 10 unless taskcard.json sets timeout_s)"),
+    (("card", "start"), "(default: the settings, 2000 unless taskcard.json sets max_refreshes)"),
+    (("reports",), "last seq read (default: print the latest report)"),
+    (("report",), "one short paragraph, at most 2000 characters"),
+    (("spawn",), "why the child is created, at most 1000 characters"),
+    (("ledger", "init"), "what the task is for, one line, at most 500 characters"),
+    (("ledger", "checkpoint"), "(TASK_COMPLETED: the evidence), at most 500 characters"),
+    (("ledger", "block"), "what stops the task, in one sentence, at most 500 characters"),
+    (("ledger", "owner-reply"), "what the owner observed, at most 500 characters"),
+    (("ledger", "heartbeat"), "what the executor is doing, at most 500 characters"),
+]
+
+
+def test_help_shows_the_defaults_and_limits_a_user_needs() -> None:
+    for command, says in HELP_SAYS:
+        result = taskcard(*command, "--help", env={"COLUMNS": "300"})
+        assert result.returncode == 0, result.stderr
+        text = " ".join(result.stdout.split())
+        assert says in text, (command, says, text)
+    for path, parser in _all_parsers(build_parser()):
+        text = " ".join(parser.format_help().split())
+        assert "(default " not in text, f"{path}: a default not written '(default: X)'"
+
+
 def test_completion_scripts_for_bash_and_zsh() -> None:
     bash = taskcard("completion", "bash")
     assert bash.returncode == 0
