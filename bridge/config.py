@@ -832,6 +832,16 @@ def _devnull_rdev() -> int | None:
         return None
 
 
+# What to do about a configuration path the system refuses for its own sake, not for the
+# file's permissions (which were named for all of these).
+_CONFIG_PATH_FIXES: Final = {
+    errno.ENAMETOOLONG: "the path (or one of its folder names) is longer than the file system"
+    " allows; use a shorter path",
+    errno.ENOTDIR: "a part of the path before the file is not a folder; fix the path",
+    errno.ELOOP: "the path goes round a loop of symbolic links; fix the path or the links",
+}
+
+
 def load_config(path: Path) -> ServiceConfig:
     """Read and validate the TOML file at `path`; raise `ConfigError` with every problem."""
     try:
@@ -843,9 +853,8 @@ def load_config(path: Path) -> ServiceConfig:
     except IsADirectoryError:
         raise ConfigError([f"{path}: is a folder; give the path of the TOML file in it"]) from None
     except OSError as exc:
-        raise ConfigError(
-            [f"{path}: cannot be read ({exc.strerror}); check its permissions"]
-        ) from None
+        fix = _CONFIG_PATH_FIXES.get(exc.errno or 0, "check its permissions")
+        raise ConfigError([f"{path}: cannot be read ({exc.strerror}); {fix}"]) from None
     if raw.startswith(_UTF8_BOM):
         # TOML allows no byte order mark; tomllib's "Invalid statement" at 1:1 hides why.
         raise ConfigError(

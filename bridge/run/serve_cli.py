@@ -64,16 +64,33 @@ log = logging.getLogger(__name__)
 __all__ = ["EXIT_CONFIG", "add_log_options", "running_pid", "serve", "setup_logging"]
 
 
+# The longest path the system opens (Linux's PATH_MAX): a config path past it is cut.
+_PATH_MAX: Final = 4096
+
+
+def shown_config(path: object) -> str:
+    """The configuration's path as the operator's terminal shows it: controls escaped (a
+    path with a line break split the error in two, an escape acted on the terminal) and,
+    past any length the system opens, cut with its length said (a 5,000-character path
+    came back whole, twice)."""
+    text = str(path)
+    if len(text) > _PATH_MAX:
+        text = f"{text[:120]}... ({len(text)} characters)"
+    return printable(text)
+
+
 def _load(path: Path) -> ServiceConfig | None:
     try:
         return load_config(path)
     except ConfigError as error:
+        shown = shown_config(path)
+        messages = [printable(m.replace(str(path), shown)) for m in error.messages]
         if chosen_format() == "json":  # one record per problem, as every other log line
-            for message in error.messages:
-                start_error(f"invalid configuration {path}: {message}")
+            for message in messages:
+                start_error(f"invalid configuration {shown}: {message}")
             return None
-        print(f"taskcard: invalid configuration {path}:", file=sys.stderr)
-        for message in error.messages:
+        print(f"taskcard: invalid configuration {shown}:", file=sys.stderr)
+        for message in messages:
             print(f"  - {message}", file=sys.stderr)
         return None
 
@@ -149,7 +166,7 @@ def _config_check(args: argparse.Namespace) -> int:
     specs = route_specs(config)
     channels = sorted({spec.channel for spec in specs})
     print(
-        f"{args.file}: valid; {counted(len(config.agents), 'agent', 'agents')},"
+        f"{shown_config(args.file)}: valid; {counted(len(config.agents), 'agent', 'agents')},"
         f" {counted(len(specs), 'route', 'routes')}"
         + (f" ({', '.join(channels)})" if channels else "")
     )

@@ -369,6 +369,31 @@ def test_the_state_readers_take_the_file_from_taskcard_config(tmp_path: Path, co
     assert result.returncode == 2 and "--config" in result.stderr
 
 
+@pytest.mark.parametrize("command", [("status",), ("chats",), ("config", "check")])
+def test_a_config_path_that_cannot_be_shown_or_opened_is_said_on_short_lines(
+    tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    """A --config path holding a line break or an escape was printed raw (the error split in
+    two, the escape acting on the terminal), one longer than any path the system opens came
+    back whole twice (10 KB), and every path the system refused was told to "check its
+    permissions", whatever was wrong with it."""
+    option = () if command == ("config", "check") else ("--config",)
+    cases = {
+        "x\ny\x1b[31m.toml": "x\\ny\\x1b[31m.toml: no such file",
+        "a" * 5000: "... (5000 characters): cannot be read (File name too long); the path (or"
+        " one of its folder names) is longer than the file system allows; use a shorter path",
+        str(tmp_path / "file" / "x.toml"): "a part of the path before the file is not a folder;"
+        " fix the path",
+    }
+    (tmp_path / "file").write_text("")
+    for path, says in cases.items():
+        result = taskcard(*command, *option, path)
+        assert result.returncode == 2, (path[:20], result.stderr[:300])
+        lines = result.stderr.splitlines()
+        assert len(lines) == 2 and len(result.stderr) < 800, result.stderr[:800]
+        assert "\x1b" not in result.stderr and says in lines[1], (says, lines)
+
+
 async def test_an_empty_config_warns_in_json_logs_from_the_environment(tmp_path: Path) -> None:
     config = console_config(tmp_path)
     with ServeProcess(config, env={"TASKCARD_LOG_FORMAT": "json"}) as serve:
