@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -188,6 +189,37 @@ def _refuse_repeated_keys(what: str) -> Callable[[list[tuple[str, Any]]], dict[s
     return build
 
 
+def _undecodable_field(raw: bytes) -> str | None:
+    """The first field (`reasoning`, `input.renderer_path`) whose text or key holds a byte
+    that is not UTF-8, when `raw` is JSON once such bytes are set aside; None otherwise. A
+    byte offset alone left the caller counting bytes to find the text to fix (the MCP server
+    names the field)."""
+    try:
+        data = json.loads(raw.decode("utf-8", "surrogateescape"))
+    except (ValueError, RecursionError):
+        return None
+    stack: list[tuple[object, str]] = [(data, "")]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, str) and _UNDECODED.search(value):
+            return where or None
+        if isinstance(value, dict):
+            for key in value:
+                if _UNDECODED.search(key):
+                    shown = key.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+                    return f"{where}.{shown}" if where else shown
+            stack.extend(
+                (item, f"{where}.{key}" if where else key) for key, item in reversed(value.items())
+            )
+        elif isinstance(value, list):
+            stack.extend((item, f"{where}[{n}]") for n, item in reversed(list(enumerate(value))))
+    return None
+
+
+# A byte that is not UTF-8, as `surrogateescape` decodes it.
+_UNDECODED: Final = re.compile("[\udc80-\udcff]")
+
+
 def decode_envelope(
     raw: str | bytes,
     *,
@@ -221,6 +253,12 @@ def decode_envelope(
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
+            where = _undecodable_field(raw)
+            if where is not None:
+                raise EnvelopeError(
+                    f"{what}: {where}: not valid UTF-8 (bytes of another encoding?); send"
+                    " UTF-8 text"
+                ) from None
             raise EnvelopeError(
                 f"{what}: not valid UTF-8 (byte offset {exc.start}); send UTF-8 text"
             ) from None

@@ -755,3 +755,32 @@ def test_a_host_killed_during_a_call_is_named_as_gone_and_the_next_call_resumes(
     assert "malformed" not in done.stderr
     (workdir / "slow.flag").unlink()
     assert cli.json("card", "inspect", "tc_1")["status"] == "watching"
+
+
+@pytest.mark.parametrize(
+    ("envelope", "field"),
+    [
+        (b'{"action": "settings", "input": {}, "reasoning": "caf\xe9"}', "reasoning"),
+        (b'{"action": "start", "input": {"renderer_path": "r\xe9.py"}, "reasoning": "r"}',
+         "input.renderer_path"),
+        (b'{"action": "start", "input": {"r\xe9": "r.py"}, "reasoning": "r"}', "input.r\ufffd"),
+    ],
+)  # fmt: skip
+def test_bytes_that_are_not_utf8_are_refused_naming_the_field(
+    cli: CliHost, envelope: bytes, field: str
+) -> None:
+    """A Latin-1 `é` in the reasoning was refused as "not valid UTF-8 (byte offset 50)",
+    leaving the caller to count bytes; the MCP server named the field, and so does `tool`,
+    from stdin and from its argument alike."""
+    said = f"envelope: {field}: not valid UTF-8 (bytes of another encoding?); send UTF-8 text"
+    for args, stdin in ((("tool",), envelope), (("tool", os.fsdecode(envelope)), b"")):
+        done = subprocess.run(
+            cli.command(*args), input=stdin, capture_output=True, timeout=120, check=False
+        )
+        assert done.returncode == 2, done.stderr
+        assert json.loads(done.stdout)["message"] == said
+    # Bytes that are not UTF-8 in text that is no JSON either: still named by their offset.
+    done = subprocess.run(
+        cli.command("tool"), input=b'{"reasoning": "\xff', capture_output=True, timeout=120
+    )
+    assert "not valid UTF-8 (byte offset 15)" in json.loads(done.stdout)["message"]
