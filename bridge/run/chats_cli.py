@@ -17,7 +17,7 @@ import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from taskcard.bridge.config import ServiceConfig
 from taskcard.bridge.deliver.registry import RouteSpec, route_specs
@@ -85,14 +85,27 @@ def seen_chats_report(config: ServiceConfig) -> list[dict[str, Any]]:
     ]
 
 
+# The widest a cell of the table grows: a title or id past it (a state edited by hand; the
+# platforms cap titles far below) is cut, or every row was padded to its width. `--json`
+# keeps the whole text.
+MAX_CELL_CHARS: Final = 100
+
+
+def _cell(text: str) -> str:
+    shown = printable(text)
+    if len(shown) <= MAX_CELL_CHARS:
+        return shown
+    return f"{shown[: MAX_CELL_CHARS - 3]}..."
+
+
 def _table(rows: list[dict[str, Any]]) -> str:
     header = ("CHANNEL", "CHAT ID", "THREAD", "TITLE", "LAST SEEN", "ROUTED")
     lines = [
         (
-            row["channel"],
-            printable(row["chat_id"]),
-            printable(row["thread_id"] or "-"),
-            printable(row["title"] or "-"),
+            _cell(row["channel"]),
+            _cell(row["chat_id"]),
+            _cell(row["thread_id"] or "-"),
+            _cell(row["title"] or "-"),
             row["last_seen"] or UNREADABLE,
             "yes" if row["routed"] else "no",
         )

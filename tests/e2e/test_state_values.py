@@ -343,3 +343,26 @@ def test_an_unreadable_time_is_shown_as_unreadable_not_as_never(tmp_path: Path, 
     assert re.split(r"\s{2,}", row)[3:] == ["Desk", "(unreadable; see the warning above)", "yes"], (
         row
     )
+
+
+def test_chats_cuts_a_cell_too_wide_for_a_table_and_json_keeps_it(tmp_path: Path) -> None:
+    """A seen chat's title of 100,000 characters (a state edited by hand: the platforms cap
+    titles far below) padded every row of `taskcard chats` to its width, and a channel name
+    holding an escape reached the terminal raw; `--json` keeps the whole text."""
+    config = _console_fleet(tmp_path)
+    SqliteStore.in_dir(tmp_path / "state").close()
+    title = "T" * 100_000
+    with sqlite3.connect(tmp_path / "state" / STATE_FILE) as db:
+        db.execute(
+            "INSERT INTO seen_chats VALUES (?, '-100', '', ?, 1700000000)",
+            ("tele\x1b[2Jgram", title),
+        )
+        db.execute("INSERT INTO seen_chats VALUES ('telegram', '-200', '', 'Ops', 1700000000)")
+    result = run_cli("chats", "--config", str(config))
+    assert result.returncode == 0, result.stderr
+    assert "\x1b" not in result.stdout and "tele\\x1b[2Jgram" in result.stdout
+    lines = result.stdout.splitlines()
+    assert len(lines) == 3 and max(len(line) for line in lines) < 250, [len(x) for x in lines]
+    assert "T" * 97 + "..." in result.stdout
+    chats = json.loads(run_cli("chats", "--json", "--config", str(config)).stdout)
+    assert title in [chat["title"] for chat in chats]
