@@ -613,9 +613,9 @@ class Service:
     def _owe_retirements(self, agents: set[str], records: list[ResidentRecord]) -> None:
         """At start, alone on the state: the resident messages of `agents`, which left while
         the service was stopped, are owed the last edit a departure while serving gives them
-        (`_retire`: the card says the agent retired), made once their channel is ready
-        (`_retire_left`). Their agents are forgotten only after it, as for a departure while
-        serving."""
+        (`_retire`: the card says the agent retired), made once their channel is ready and
+        their chat's live cards are out (`_retire_left`). Their agents are forgotten only
+        after it, as for a departure while serving."""
         if not agents:
             return
         now = self._clock().timestamp()
@@ -642,7 +642,7 @@ class Service:
             owed = sum(len(keys) for keys in self._retire_owed.values())
             log.info(
                 "%s of agents that left while the service was stopped %s marked"
-                " retired once their channel is ready",
+                " retired once their chat's live cards are out",
                 counted(owed, "card", "cards"),
                 "is" if owed == 1 else "are",
             )
@@ -760,22 +760,31 @@ class Service:
                 error,
             )
 
-    def _retire_left(self, name: str) -> None:
-        """Channel `name` is ready: the residents owed their agent's retirement (see
-        `_owe_retirements`) get it, then close. Nothing is known of the agent now (its files
-        are gone): the card says its state is unknown, and that it retired."""
-        channel = self._channels[name]
-        for key in self._retire_owed.pop(name, []):
-            if self._scheduler.has_message(key):
-                zone = self._chat_zone(key.channel, key.chat)
-                self._scheduler.submit(
-                    key,
-                    self._last_edit(
+    def _retire_left(self) -> None:
+        """Once a second, after the agents' first reading: the residents owed their agent's
+        retirement (see `_owe_retirements`) get it, then close, in each chat once its lane
+        has nothing else to do (`RouteScheduler.lane_idle`). So the chat's live cards, which
+        people follow, go first (made at the channel's start, these went before them); the
+        lane paces these as any request. Nothing is known of the agent now (its files are
+        gone): the card says its state is unknown, and that it retired."""
+        if not self._retire_owed or not self._first_read:
+            return
+        now = asyncio.get_running_loop().time()
+        for name in [name for name in self._retire_owed if name in self._ready_channels]:
+            channel = self._channels[name]
+            keys = self._retire_owed[name]
+            idle = {lane for lane in {key.lane for key in keys} if self._scheduler.lane_idle(lane)}
+            for key in [key for key in keys if key.lane in idle]:
+                keys.remove(key)
+                if self._scheduler.has_message(key):
+                    zone = self._chat_zone(key.channel, key.chat)
+                    final = self._last_edit(
                         channel, key.agent_id, CardState(), ActivitySummary(), zone, RETIRED_NOTE
-                    ),
-                    last=True,
-                )
-            self._closing[key] = asyncio.get_running_loop().time()
+                    )
+                    self._scheduler.submit(key, final, last=True)
+                self._closing[key] = now
+            if not keys:
+                del self._retire_owed[name]
 
     def _retire_owed_to(self, agent_id: str) -> list[RouteKey]:
         return [
@@ -914,7 +923,6 @@ class Service:
         self._outbox.channel_ready(name)
         self._scheduler.channel_ready(name)  # the replies a stop left unsent
         self._desk.channel_ready(name)
-        self._retire_left(name)
         for route in list(self._routes):
             if route.key.channel == name:
                 self._project_route(route)
@@ -1584,6 +1592,7 @@ class Service:
         self._outbox.send_due_summaries()
         self._close_finished_origin_routes()
         self._drop_closed_routes()
+        self._retire_left()  # agents that left while the service was stopped
         self._unfollow_stale()  # routes that went while the service was stopped
         self._forget_due(now)  # agents that left long enough ago
         self._desk.refresh()  # open messages turn unconfirmed with time alone

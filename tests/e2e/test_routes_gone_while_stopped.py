@@ -291,3 +291,53 @@ async def test_a_reload_that_takes_a_chat_out_of_origin_chats_closes_its_open_ro
         )
         assert len(cards(fake, chat)) == 1, "no new card"
         assert await serve.aterminate() == 0
+
+
+# The last edit of a card whose agent left the fleet.
+RETIRED = "Agent retired"
+
+
+@pytest.mark.parametrize("platform", ["telegram", "feishu"])
+async def test_the_live_card_goes_before_the_retirements_a_start_owes_in_its_chat(
+    tmp_path: Path, platform: str, telegram: FakeTelegram, feishu: FakeFeishu
+) -> None:
+    """While the service is stopped the operator takes gamma out of the configuration (it
+    retired) and beta out of the chat's route (still served, no longer followed there), and
+    alpha, which stays, changes: the start edits alpha's live card first, what people
+    follow, and only then the two cards' last edits, each once."""
+    fake, chat, _ = platform_of(platform, telegram, feishu)
+    names = ["alpha", "beta", "gamma"]
+    config, env = write_config(tmp_path, fake, [(chat, names)])
+    gamma = "\n".join(agents_lines(tmp_path, ["gamma"])[1:])
+    text = config.read_text()
+    config.write_text(text + gamma + "\n")
+    with ServeProcess(config, env=env) as serve:
+        for agent in names:
+            publish(tmp_path / "agents" / agent, f"{agent} step 1")
+        await eventually(
+            lambda: all(
+                f"{agent} step 1" in (card_of(fake, chat, agent) or ("", ""))[1] for agent in names
+            ),
+            timeout_s=WAIT_S,
+            what="every agent's card",
+        )
+        assert await serve.aterminate() == 0
+    ids = {agent: (card_of(fake, chat, agent) or ("", ""))[0] for agent in names}
+
+    config.write_text(text.replace(json.dumps(names), json.dumps(["alpha"])))
+    publish(tmp_path / "agents" / "alpha", "alpha step 2")
+    since = len(fake.requests)
+    with ServeProcess(config, env=env) as serve:
+        await eventually(
+            lambda: (
+                UNROUTED in cards(fake, chat)[ids["beta"]]
+                and RETIRED in cards(fake, chat)[ids["gamma"]]
+            ),
+            timeout_s=WAIT_S,
+            what="beta's card no longer followed, gamma's retired",
+        )
+        assert "alpha step 2" in cards(fake, chat)[ids["alpha"]]
+        order = edited(fake, chat, since)
+        assert order[0] == ids["alpha"], order
+        assert sorted(order[1:]) == sorted([ids["beta"], ids["gamma"]]), "each once"
+        assert await serve.aterminate() == 0
