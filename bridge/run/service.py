@@ -62,7 +62,7 @@ from taskcard.bridge.notices.signals import (
 from taskcard.bridge.notices.text import safe_error_code
 from taskcard.bridge.observe.metrics import ServiceSnapshot
 from taskcard.bridge.run import heap
-from taskcard.bridge.run.boards import ChatViews, board_key
+from taskcard.bridge.run.boards import BOARD_AGENT, ChatViews, board_key
 from taskcard.bridge.run.commands import (
     MAX_ROWS,
     MIN_ROWS,
@@ -94,7 +94,7 @@ from taskcard.bridge.run.inbox_desk import (
 from taskcard.bridge.run.logs import EVERY_TIME
 from taskcard.bridge.run.origins import OriginBook
 from taskcard.bridge.schedule.ratelimit import Limiter
-from taskcard.bridge.schedule.routes import LaneKey, route_of_store_key
+from taskcard.bridge.schedule.routes import LaneKey, chat_scope, route_of_store_key
 from taskcard.bridge.schedule.scheduler import (
     CARD_REFUSED_PREFIX,
     RouteKey,
@@ -208,6 +208,8 @@ _PUT_OFF_ATTEMPTS = 3
 CANCEL_DECISION_KEEP_S = 86_400.0
 RETIRED_CARD_NOTE = "Needs no one now: followed on this chat's task board."
 RETIRED_BOARD_SUMMARY = "replaced by one card per agent (/taskcard board brings it back)"
+# The last word of a board whose chat lost its last route (`Service._unfollow_board`).
+UNFOLLOWED_BOARD_SUMMARY = "no longer followed: this chat follows no agent now"
 # The `/taskcard` answer is built to fit the smallest platform's message (Telegram's 4096
 # UTF-16 units) with room for redaction, so every chat gets the same answer and an agent that
 # does not fit is counted in its last line rather than cut off unseen by the platform's cut.
@@ -678,7 +680,12 @@ class Service:
             ):
                 continue
             key = route_of_store_key(record.route)
-            if key is None or key in wanted or key.agent_id not in self._monitors:
+            if key is None or key in wanted:
+                continue
+            if key.agent_id == BOARD_AGENT:
+                if not self._board_unrouted(key):
+                    continue
+            elif key.agent_id not in self._monitors:
                 continue
             channel = self._channels.get(key.channel)
             if channel is None or not channel.messages_outlive_process:
@@ -725,7 +732,10 @@ class Service:
 
     def _unwanted(self, key: RouteKey) -> bool:
         """Whether a resident `_owe_unfollows` found is still owed its last edit: its agent
-        is still served, and no reload routed it again meanwhile."""
+        is still served, and no reload routed it again meanwhile (a board: its chat is still
+        routed no agent)."""
+        if key.agent_id == BOARD_AGENT:
+            return key not in self._boards and self._board_unrouted(key)
         return (
             key.agent_id in self._monitors
             and key not in self._scheduled
@@ -740,6 +750,11 @@ class Service:
         if record is None or record.message_id is None or record.disabled_reason is not None:
             if record is not None and record.disabled_reason == UNFOLLOWED_REASON:
                 log.info("route %s: its card says already that it is no longer followed", key)
+            return
+        if key.agent_id == BOARD_AGENT:
+            self._scheduler.add_route(key, paced=True)
+            self._boards.add(key)
+            self._unfollow_board(key)
             return
         self._scheduler.add_route(key)
         self._scheduled.add(key)
@@ -1286,6 +1301,10 @@ class Service:
             if self._shared_boards is not None and scope not in self._boards_held:
                 continue
             key = board_key(routes[0].key)
+            # Routed again while its last edit saying the chat follows no agent is on its
+            # way: it stays, and the board's next composition brings it back to life.
+            self._closing.pop(key, None)
+            self._unfollowing.discard(key)
             if key not in self._boards:
                 # Paced: a board changes with every agent, so bursts would starve it.
                 self._scheduler.add_route(key, pin=routes[0].pin, paced=True)
@@ -1428,6 +1447,7 @@ class Service:
                         self._unfollowing.discard(key)
                 self._scheduler.remove_route(key)
                 self._scheduled.discard(key)
+                self._boards.discard(key)
                 del self._closing[key]
 
     def reload(self, config: ServiceConfig) -> bool:
@@ -2041,6 +2061,9 @@ class Service:
         key, zone = found, routes[0].zone if routes else UTC
         if key.channel not in self._ready_channels or key not in self._boards:
             return None  # not scheduled yet (the service is starting)
+        if not routes and self._board_unrouted(key):
+            self._unfollow_board(key)
+            return None
         if self._views.view(scope) == "cards":
             if self._scheduler.has_message(key):
                 retired = BoardView(summary=RETIRED_BOARD_SUMMARY)
@@ -2048,6 +2071,35 @@ class Service:
                 self._scheduler.submit(key, channel.render_board(retired), release=True)
             return None
         return key, zone
+
+    def _board_unrouted(self, key: RouteKey) -> bool:
+        """Whether the chat of board `key` lost its last route: no agent is routed there and
+        the configuration names the chat no more (one it still names, say with `["*"]`,
+        lists no agent until one appears). Not clustered only: another instance's
+        configuration may still route the chat, which this one cannot tell."""
+        scope = key.chat_scope
+        return (
+            self._shared_boards is None
+            and not self._routes_by_scope.get(scope)
+            and all(chat_scope(spec.channel, spec.chat) != scope for spec in self._specs)
+        )
+
+    def _unfollow_board(self, key: RouteKey) -> None:
+        """The chat of board `key` lost its last route (a reload, or the start found the
+        board with none: `_unfollow_resident`): the board is edited a last time to say the
+        chat follows no agent now, as a card is (`_unfollow`), then closes; once that edit
+        is shown it is marked (`UNFOLLOWED_REASON`), so no later start says it again. Routed
+        again, the chat's board comes back to life in the same message (`_schedule_boards`).
+        A board people hid is left as it is, as their cards are."""
+        if key in self._closing:
+            return
+        if self._scheduler.has_message(key) and not self._chat_prefs(key.chat_scope).hidden:
+            final = self._channels[key.channel].render_board(
+                BoardView(summary=UNFOLLOWED_BOARD_SUMMARY)
+            )
+            self._scheduler.submit(key, final, last=True)
+            self._unfollowing.add(key)
+        self._closing[key] = asyncio.get_running_loop().time()
 
     def _project_board(self, scope: str) -> None:
         routes = self._routes_by_scope.get(scope, [])
