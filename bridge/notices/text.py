@@ -103,6 +103,12 @@ def notice_text(agent_id: str, notification: Notification) -> str | None:
     return None
 
 
+# The block notice's last line: the decision it asks for is given by replying to it, which
+# queues the reply in the agent's inbox (as a reply to its card does; README, "Talking to an
+# agent"), on every platform.
+REPLY_REACHES_AGENT: Final = "Reply to this message to answer: your reply reaches the agent."
+
+
 def _ledger_notice(agent_id: str, notification: Notification) -> str:
     """A ledger block or completion, from the task id, failure kind and outcome only."""
     extra = notification.extra
@@ -113,7 +119,10 @@ def _ledger_notice(agent_id: str, notification: Notification) -> str:
         shown = kind if isinstance(kind, str) and kind in FAILURE_KIND_NAMES else "unknown"
         step = safe_id(extra.get("step"))
         where = f" at step {step}" if step else ""
-        return f"⛔ {agent_id}:{task} is blocked{where} ({shown}); it needs a person to decide."
+        return (
+            f"⛔ {agent_id}:{task} is blocked{where} ({shown}); it needs a person to decide.\n"
+            f"{REPLY_REACHES_AGENT}"
+        )
     outcome = extra.get("outcome")
     shown = outcome if isinstance(outcome, str) and outcome in OUTCOMES else "unknown"
     # Retired only when the producer says so: another task of the ledger may still be open,

@@ -32,11 +32,13 @@ def note(source: str, **extra: Any) -> Notification:
         (
             note("ledger.blocked", task_id="t1", kind="MISSING_ACCESS", step="train"),
             "⛔ bot: task t1 is blocked at step train (MISSING_ACCESS);"
-            " it needs a person to decide.",
+            " it needs a person to decide.\n"
+            "Reply to this message to answer: your reply reaches the agent.",
         ),
         (
             note("ledger.blocked", task_id="../etc", kind="rm -rf", step="a b"),
-            "⛔ bot: a task is blocked (unknown); it needs a person to decide.",
+            "⛔ bot: a task is blocked (unknown); it needs a person to decide.\n"
+            "Reply to this message to answer: your reply reaches the agent.",
         ),
         (
             note("ledger.completed", task_id="t1", outcome="SUCCESS", card_retired=True),

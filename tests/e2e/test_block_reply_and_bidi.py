@@ -1,0 +1,51 @@
+"""What people send an agent from a chat, end to end through `taskcard serve` against the fake
+Telegram Bot API and the fake Feishu Open API: the notice of a blocked task says that a reply
+to it reaches the agent, and one does."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.e2e.harness import eventually
+from tests.e2e.test_ledger_to_chat import ledger
+from tests.e2e.test_talk_and_signals import (
+    platform,  # noqa: F401 (the fixture, used by name)
+    queued,
+    running_card,
+    wait_said,
+    wait_status,
+    workdir,
+)
+
+# The block notice's last line.
+REPLY_LINE = "Reply to this message to answer: your reply reaches the agent."
+
+
+def queued_texts(tmp_path: Path) -> list[str]:
+    return sorted(json.loads(path.read_text())["text"] for path in queued(tmp_path))
+
+
+async def test_a_block_notice_says_a_reply_reaches_the_agent_and_a_reply_does(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    """The ledger's monitor escalates a block: the chat's notice asks a person to decide,
+    and now says how (it did not, though a reply to it is the way: the reply is queued in
+    the agent's inbox as one to its card)."""
+    async with running_card(platform, tmp_path) as chat:
+        wd = workdir(tmp_path)
+        ledger(wd, "init", "train-7", "--purpose", "Train", "--steps", "prep,train")
+        ledger(wd, "checkpoint", "train-7", "--event-type", "STARTED")
+        ledger(
+            wd, "block", "train-7", "--kind", "MISSING_ACCESS", "--step", "train", "--reason", "key"
+        )
+        ledger(wd, "supervise", "--apply-supervision")
+        notice = await wait_said(chat, "is blocked", "the block notice")
+        assert notice.endswith(f"it needs a person to decide.\n{REPLY_LINE}"), notice
+        notice_id = chat.message_id_with("is blocked")
+        assert notice_id is not None
+        await chat.say("use the read-only key", reply_to=notice_id)
+        await eventually(lambda: queued_texts(tmp_path), timeout_s=60, what="the reply queued")
+        assert queued_texts(tmp_path) == ["use the read-only key"]
+        await wait_status(chat, "queued")
