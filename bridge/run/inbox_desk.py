@@ -41,6 +41,7 @@ from taskcard.bridge.schedule.scheduler import RouteKey, RouteScheduler
 from taskcard.bridge.store.sqlite import InboxRecord, StateStore
 from taskcard.bridge.track.monitor import ActivitySummary
 from taskcard.channels.base import CardView, Channel, ChatRef, Outgoing, ReplyTo
+from taskcard.producers.inbox.contract import show_bidi
 from taskcard.producers.reports.contract import (
     MAX_INBOX_MESSAGE_BYTES,
     MAX_TEXT_CHARS,
@@ -288,7 +289,9 @@ class InboxDesk:
         message = inbox_message(
             ident=message_id,
             kind="message",
-            text=text,
+            # Both platforms' /tell and replies come here: the agent reads no direction
+            # character a person's text holds, only where it was (`show_bidi`).
+            text=show_bidi(text),
             channel=channel,
             chat_id=chat.chat_id,
             thread_id=chat.thread_id,

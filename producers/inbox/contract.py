@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from taskcard.producers.task_card.contract import (
+    BIDI_CHARS,
     drop_hidden_tags,
     escape_controls,
     one_line_cut,
@@ -88,6 +89,7 @@ ORIGIN: Final = re.compile(
     r"[a-z][a-z0-9_-]{0,31}:-?[A-Za-z0-9_.@-]{1,128}(:[A-Za-z0-9_.@-]{1,64})?"
 )
 _LABEL_CHARS: Final = 64
+_BIDI: Final = re.compile(f"[{BIDI_CHARS}]")
 
 Kind = Literal["message", "wake"]
 
@@ -112,7 +114,7 @@ class Message:
         return {
             "id": self.id,
             "kind": self.kind,
-            "text": drop_hidden_tags(self.text),
+            "text": show_bidi(drop_hidden_tags(self.text)),
             "from": {
                 "channel": self.channel,
                 "chat_id": self.chat_id,
@@ -189,6 +191,17 @@ def parse_message(raw: bytes, expected_id: str) -> Message:
     )
 
 
+def show_bidi(text: str) -> str:
+    """`text` with each bidirectional formatting character (the embeddings, overrides and
+    isolates U+202A..U+202E and U+2066..U+2069, the marks U+200E, U+200F and U+061C) written
+    as its code point, `<U+202E>`, and everything else as written. Invisible in the text a
+    person sent, they would reorder what the agent reads around them: the frame's words
+    ("from ... in ...") after an override, or the text itself (`txt.exe` shown as `exe.txt`).
+    The service writes a person's text so (a file another program queued, or an older
+    service, is shown so by `frame`); the agent still sees that they were there."""
+    return _BIDI.sub(lambda found: f"<U+{ord(found.group()):04X}>", text)
+
+
 def label(value: str | None, fallback: str) -> str:
     """A one-line, bounded name for the frame: no control or direction characters."""
     return one_line_cut(value or "", _LABEL_CHARS) or fallback
@@ -200,9 +213,10 @@ def frame(message: Message) -> str:
     Every line of the text starts with `> `, so a text cannot end the quote and pose as a
     second frame or as an instruction of the agent's own operator. Unicode tag characters
     are left out: invisible to the person who pasted the text, they spell words the model
-    reads ("ASCII smuggling").
+    reads ("ASCII smuggling"); bidirectional formatting is shown as code points
+    (`show_bidi`).
     """
-    lines = escape_controls(drop_hidden_tags(message.text)).splitlines() or [""]
+    lines = escape_controls(show_bidi(drop_hidden_tags(message.text))).splitlines() or [""]
     quoted = "\n".join(f"> {line}" for line in lines)
     if message.kind == "wake":
         when = label(message.queued_at, "?")

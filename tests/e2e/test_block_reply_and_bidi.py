@@ -1,13 +1,14 @@
 """What people send an agent from a chat, end to end through `taskcard serve` against the fake
 Telegram Bot API and the fake Feishu Open API: the notice of a blocked task says that a reply
-to it reaches the agent, and one does."""
+to it reaches the agent, and one does; direction characters in a person's text reach the
+agent's inbox shown as code points, so they cannot reorder what the agent reads."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from tests.e2e.harness import eventually
+from tests.e2e.harness import eventually, run_cli
 from tests.e2e.test_ledger_to_chat import ledger
 from tests.e2e.test_talk_and_signals import (
     platform,  # noqa: F401 (the fixture, used by name)
@@ -49,3 +50,31 @@ async def test_a_block_notice_says_a_reply_reaches_the_agent_and_a_reply_does(
         await eventually(lambda: queued_texts(tmp_path), timeout_s=60, what="the reply queued")
         assert queued_texts(tmp_path) == ["use the read-only key"]
         await wait_status(chat, "queued")
+
+
+async def test_direction_characters_a_person_sends_reach_the_agent_as_code_points(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    """A `/tell` and a reply to the card holding bidirectional formatting (a right-to-left
+    override that shows `gnp.exe` as `exe.png`, an isolate, marks): the inbox has each as
+    its code point, `<U+202E>`, and the rest of the text as written; the agent reads them
+    so. They reached the inbox as written, and could make the frame around the text ("from
+    <person> in <chat>: ...") read in another order."""
+    async with running_card(platform, tmp_path) as chat:
+        await chat.say("/tell builder rename \u202egnp.exe\u202c now")
+        await wait_status(chat, "queued")
+        card = chat.message_id_with("compile")
+        assert card is not None
+        await chat.say("and \u2067this\u2069 \u200fone \u061c\u200e", reply_to=card)
+        await eventually(
+            lambda: len(queued(tmp_path)) == 2, timeout_s=60, what="the reply queued too"
+        )
+        assert queued_texts(tmp_path) == [
+            "and <U+2067>this<U+2069> <U+200F>one <U+061C><U+200E>",
+            "rename <U+202E>gnp.exe<U+202C> now",
+        ]
+        read = run_cli("inbox", "--workdir", str(workdir(tmp_path)), "--peek")
+        assert read.returncode == 0, read.stderr
+        assert "> rename <U+202E>gnp.exe<U+202C> now" in read.stdout
+        assert not set(read.stdout) & {"\u202e", "\u2067", "\u200f", "\u061c", "\u200e"}

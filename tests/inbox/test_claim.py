@@ -180,6 +180,29 @@ def test_the_frame_quotes_every_line_of_a_persons_text(workdir: Path) -> None:
     assert frame(wake).startswith("Notice from taskcard (the service, not a person)")
 
 
+def test_direction_characters_in_a_text_are_shown_where_they_were(workdir: Path) -> None:
+    """A text queued with bidirectional formatting in it (by another program, or a service
+    before it wrote them so) reads to the agent with each shown as its code point: a right-
+    to-left override would show the frame's words after it, and the text, in another order.
+    The rest of the text is as written."""
+    typed = (
+        "rename \u202egnp.exe\u202c now \u2066x\u2069"
+        " \u200e\u200f\u061c\u202a\u202b\u202d\u2067\u2068 é"
+    )
+    shown = (
+        "rename <U+202E>gnp.exe<U+202C> now <U+2066>x<U+2069>"
+        " <U+200E><U+200F><U+061C><U+202A><U+202B><U+202D><U+2067><U+2068> é"
+    )
+    queue(workdir, "m1", typed)
+    (message,) = peek(workdir).messages
+    assert frame(message).endswith(f"taskcard:\n> {shown}")
+    assert message.summary()["text"] == shown
+    printed = run_taskcard("inbox", "--workdir", str(workdir))
+    assert printed.returncode == 0, printed.stderr
+    assert f"> {shown}".encode() in printed.stdout
+    assert not any(chr(c).encode() in printed.stdout for c in (0x202E, 0x2066, 0x200F, 0x61C))
+
+
 def test_the_cli_claims_and_prints_or_peeks(workdir: Path) -> None:
     queue(workdir, "m1", "please also run the linter")
     peeked = run_taskcard("inbox", "--workdir", str(workdir), "--peek", "--json")
