@@ -1422,6 +1422,13 @@ class Service:
         by_agent = self._routes_by_agent.get(route.key.agent_id)
         if by_agent is not None and route in by_agent:
             by_agent.remove(route)
+        # The chat's board is composed from these: an origin route closing between two
+        # applications of the fleet kept its line there, shown stopped, until the next one.
+        by_scope = self._routes_by_scope.get(route.key.chat_scope)
+        if by_scope is not None and route in by_scope:
+            by_scope.remove(route)
+            if not by_scope:
+                del self._routes_by_scope[route.key.chat_scope]
         if self._running and self._views.view(route.key.chat_scope) == "board":
             self._mark_board(route.key.chat_scope)  # its line leaves the chat's board
         if route.key not in self._scheduled:

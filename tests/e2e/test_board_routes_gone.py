@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import ServeProcess, eventually, publish
+from tests.e2e.harness import ServeProcess, activity, eventually, publish, set_status
 from tests.e2e.test_reload_routes import WAIT_S, cards, write_config
 from tests.e2e.test_routes_gone_while_stopped import OWED, edits, platform_of
 from tests.fakes.feishu_api import FakeFeishu
@@ -23,10 +23,14 @@ UNFOLLOWED = "no longer followed: this chat follows no agent now"
 
 
 def board_config(
-    tmp_path: Path, fake: FakeTelegram | FakeFeishu, routes: list[tuple[object, list[str]]]
+    tmp_path: Path,
+    fake: FakeTelegram | FakeFeishu,
+    routes: list[tuple[object, list[str]]],
+    *,
+    origin_chats: tuple[object, ...] = (),
 ) -> tuple[Path, dict[str, str]]:
     """`write_config`, each route showing its chat one board."""
-    config, env = write_config(tmp_path, fake, routes)
+    config, env = write_config(tmp_path, fake, routes, origin_chats=origin_chats)
     config.write_text(config.read_text().replace("\nagents = ", '\nview = "board"\nagents = '))
     return config, env
 
@@ -175,4 +179,37 @@ async def test_a_board_whose_chat_lost_its_routes_while_stopped_says_so_once_at_
         )
         assert board_of(fake, first)[0] == board and UNFOLLOWED not in board_of(fake, first)[1]
         assert list(cards(fake, first)) == [board], "one board, no new message"
+        assert await serve.aterminate() == 0
+
+
+@pytest.mark.parametrize("platform", ["telegram", "feishu"])
+async def test_a_board_drops_the_line_of_an_origin_route_that_closes(
+    tmp_path: Path, platform: str, telegram: FakeTelegram, feishu: FakeFeishu
+) -> None:
+    """The chat shows beta's route as a board, and a turn from it opened alpha's route
+    there: the board lists both. Alpha's card is removed, which closes its route: the board
+    drops alpha's line at its next edit (it kept listing alpha, stopped, until the next
+    reload or route opened)."""
+    fake, chat, _ = platform_of(platform, telegram, feishu)
+    config, env = board_config(tmp_path, fake, [(chat, ["beta"])], origin_chats=(chat,))
+    alpha = tmp_path / "agents" / "alpha"
+    with ServeProcess(config, env=env) as serve:
+        publish(tmp_path / "agents" / "beta", "beta step 1")
+        publish(alpha, "alpha step 1")
+        activity(alpha, "turn.start", origin=f"{platform}:{chat}")
+        await eventually(
+            lambda: "alpha step 1" in board_of(fake, chat)[1] and "beta" in board_of(fake, chat)[1],
+            timeout_s=WAIT_S,
+            what="the board listing alpha, its route opened by a turn, and beta",
+        )
+        set_status(alpha, "inactive")
+        await eventually(lambda: "its card was removed" in serve.logs, what="the route closed")
+        publish(tmp_path / "agents" / "beta", "beta step 2")
+        await eventually(
+            lambda: "beta step 2" in board_of(fake, chat)[1],
+            timeout_s=WAIT_S,
+            what="the board's next edit",
+        )
+        assert "alpha" not in board_of(fake, chat)[1]
+        assert "1 agent" in board_of(fake, chat)[1]
         assert await serve.aterminate() == 0
