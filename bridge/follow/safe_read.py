@@ -22,6 +22,7 @@ A reason names the file, what is wrong and the fix; it never names the symlink's
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import stat
@@ -95,6 +96,20 @@ def _read_fd(fd: int, size: int, limit: int) -> bytes:
         parts.append(more)
         got += len(more)
     return b"".join(parts)
+
+
+def _is_normal_absolute(path: str) -> bool:
+    """Whether `path` is already absolute and normal (`os.path.abspath` gives it back)."""
+    return path == os.path.abspath(path)
+
+
+# `_is_normal_absolute`, remembered: every read and `stat` asks it of one of an agent's few
+# contract paths (`abspath` is Python code, about 50 bytecodes a call; a hit is a lookup in
+# C). Pure although `abspath` reads the working folder: a relative path is never its own
+# `abspath`, whatever that folder is, and an absolute one's answer depends on its text alone.
+# Bounded, as `inotify.child_path` is.
+PATH_MEMO: Final = 4096
+is_normal_absolute = functools.lru_cache(maxsize=PATH_MEMO)(_is_normal_absolute)
 
 
 def is_inside(root: str, path: str) -> bool:
@@ -297,7 +312,7 @@ class WorkdirFiles:
         what resolving `path` first would have read. A symlink anywhere on the way makes the
         kernel's path differ, so it always goes the long way.
         """
-        if path != os.path.abspath(path) or not is_inside(self._resolved_root(), path):
+        if not is_normal_absolute(path) or not is_inside(self._resolved_root(), path):
             return None
         try:
             looked_at = os.lstat(path)
@@ -337,7 +352,7 @@ class WorkdirFiles:
         nothing (a pipe or a device is only named), and accepted only when it is a regular
         file and the kernel's path of the descriptor is exactly `path`.
         """
-        if not _O_PATH or path != os.path.abspath(path):
+        if not _O_PATH or not is_normal_absolute(path):
             return None
         if not is_inside(self._resolved_root(), path):
             return None
@@ -366,7 +381,7 @@ class WorkdirFiles:
         decides, and refuses a way out of the workdir even for a missing file.
         `seen_missing`: the caller's own `lstat` of `path` has just failed with ENOENT, so it
         is not looked at again (the ancestors still are)."""
-        if not _O_PATH or path != os.path.abspath(path):
+        if not _O_PATH or not is_normal_absolute(path):
             return False
         root = self._resolved_root()
         if not is_inside(root, path) or path == root:

@@ -16,6 +16,7 @@ from taskcard.bridge.follow.safe_read import (
     _read_up_to,
     file_kind,
     is_inside,
+    is_normal_absolute,
 )
 
 
@@ -290,6 +291,31 @@ def test_file_kinds_are_named(mode: int, kind: str) -> None:
 )
 def test_is_inside(root: str, path: str, inside: bool) -> None:
     assert is_inside(root, path) is inside
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/w/a/taskcard/status",
+        "/w/a/taskcard/",
+        "/w/a//taskcard/status",
+        "/w/a/./taskcard/status",
+        "/w/a/../a/taskcard/status",
+        "//w/a",
+        "/",
+        "taskcard/status",
+        "./status",
+        "",
+    ],
+)
+def test_the_remembered_normal_path_test_answers_as_abspath_wherever_the_service_runs(
+    path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Remembered across calls, so its answer must not depend on the working folder: a
+    relative path is never its own absolute form, wherever the service runs."""
+    for folder in (tmp_path, Path("/")):
+        monkeypatch.chdir(folder)
+        assert is_normal_absolute(path) is (path == os.path.abspath(path))
 
 
 @pytest.mark.parametrize("size", [0, 1, 9, 10, 11, 100])
