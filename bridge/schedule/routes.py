@@ -6,7 +6,7 @@ and the scheduler (which delivers them) share the identity without importing eac
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from taskcard.channels.base import ChatRef
@@ -19,33 +19,33 @@ class RouteKey:
     channel: str
     chat: ChatRef
     agent_id: str
+    # Worked out once, in `__post_init__`, from the three fields above (so not compared,
+    # shown or passed): each is asked several times per card change, and as properties
+    # they built their string or pair again each time.
+    store_key: str = field(init=False, repr=False, compare=False)
+    """The route's key in the state store (stable across releases: stored rows use it)."""
+    lane: LaneKey = field(init=False, repr=False, compare=False)
+    """The chat whose limits the route shares (forum topics share their chat's lane)."""
+    chat_scope: str = field(init=False, repr=False, compare=False)
+    """The key of the chat (and thread) the route belongs to, used for preferences."""
 
     def __post_init__(self) -> None:
         # Worked out once: a route's key is looked up in dicts and sets many times per card
         # change, and the generated hash hashed the chat's own fields again each time. The
         # same value as the generated one (the hash of the fields in order).
-        object.__setattr__(self, "_hash", hash((self.channel, self.chat, self.agent_id)))
+        set_field = object.__setattr__
+        chat = self.chat
+        set_field(self, "_hash", hash((self.channel, chat, self.agent_id)))
+        scope = chat_scope(self.channel, chat)
+        set_field(self, "chat_scope", scope)
+        set_field(self, "store_key", f"{scope}:{self.agent_id}")
+        set_field(self, "lane", LaneKey(self.channel, chat.chat_id))
 
     def __hash__(self) -> int:
         return self._hash  # type: ignore[attr-defined,no-any-return]
 
     def __str__(self) -> str:
         return self.store_key
-
-    @property
-    def store_key(self) -> str:
-        """The route's key in the state store (stable across releases: stored rows use it)."""
-        return f"{self.channel}:{self.chat.chat_id}:{self.chat.thread_id or ''}:{self.agent_id}"
-
-    @property
-    def lane(self) -> LaneKey:
-        """The chat whose limits the route shares (forum topics share their chat's lane)."""
-        return LaneKey(self.channel, self.chat.chat_id)
-
-    @property
-    def chat_scope(self) -> str:
-        """The key of the chat (and thread) the route belongs to, used for preferences."""
-        return chat_scope(self.channel, self.chat)
 
 
 def route_of_store_key(key: str) -> RouteKey | None:

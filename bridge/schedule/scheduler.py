@@ -859,7 +859,7 @@ class RouteScheduler:
             self._enqueue(resident)
 
     def _in_flight(self, key: RouteKey) -> bool:
-        lane = self._lanes.get(LaneKey(key.channel, key.chat.chat_id))
+        lane = self._lanes.get(key.lane)
         return lane is not None and lane.route_in_flight == key
 
     def send_reply(
@@ -993,10 +993,10 @@ class RouteScheduler:
 
     def _wake_lane(self, lane_key: LaneKey) -> None:
         """The outbox queued a notice in this lane."""
-        self._lane(lane_key.channel, lane_key.chat_id).wake.set()
+        self._lane_at(lane_key).wake.set()
 
     def _enqueue(self, resident: _Resident) -> None:
-        lane = self._lane(resident.key.channel, resident.key.chat.chat_id)
+        lane = self._lane_at(resident.key.lane)
         # A route in flight gets its place back (at the tail) when its turn ends: queuing it
         # now would give it two turns in one round, ahead of residents still waiting.
         if resident.key not in lane.routes and resident.key != lane.route_in_flight:
@@ -1004,12 +1004,16 @@ class RouteScheduler:
         lane.wake.set()
 
     def _lane(self, channel: str, chat_id: str) -> _Lane:
-        lane = self._lanes.get(LaneKey(channel, chat_id))
+        return self._lane_at(LaneKey(channel, chat_id))
+
+    def _lane_at(self, key: LaneKey) -> _Lane:
+        """The chat's lane, made (and its task started) when it has none."""
+        lane = self._lanes.get(key)
         if lane is None:
-            lane = _Lane(channel, chat_id)
+            lane = _Lane(key.channel, key.chat_id)
             self._lanes[lane.key] = lane
         if lane.task is None and not self._closing.is_set():
-            lane.task = asyncio.create_task(self._run_lane(lane), name=f"lane {channel}:{chat_id}")
+            lane.task = asyncio.create_task(self._run_lane(lane), name=f"lane {key}")
         return lane
 
     async def _run_lane(self, lane: _Lane) -> None:
