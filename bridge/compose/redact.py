@@ -159,8 +159,12 @@ def redact(text: str) -> str:
     at the text as it is when the pattern's turn comes, so the result is
     `redact_every_shape`'s (`tests/bridge/test_redact.py` compares them).
     """
+    global _last_unchanged
+    if text is _last_unchanged:
+        return text
     if not text.isascii() and _ANY_FOLDING.search(text):
         return redact_every_shape(text)
+    given = text
     for pattern, hint in _PRECHECKED:
         if hint.search(text):
             text = pattern.sub(MARKER, text)
@@ -172,7 +176,19 @@ def redact(text: str) -> str:
         lowered = text.lower()
     if _ASSIGNMENT_HINT.search(lowered):
         text = _ASSIGNMENT.sub(_hide_value, text)
+    if text == given:
+        _last_unchanged = text
     return text
+
+
+# The last text `redact` gave back unchanged (one string, the function's own). A card's body
+# is redacted where its view is composed and again inside the service's `Redactor`, just
+# after (`Service._render_card`): when the first pass found no shape and the configured
+# secrets none either, the second is handed the very same string, which is answered at
+# once. Only that very object is: a text with a shape hidden may show another shape once
+# redacted (a marker gives a key glued to the one before it a word boundary), so a
+# changed text is always looked at again.
+_last_unchanged: str | None = None
 
 
 def secret_spellings(secret: str) -> frozenset[str]:

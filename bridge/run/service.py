@@ -2196,8 +2196,10 @@ class Service:
         again, and a body that still spells a secret there is withheld whole.
         """
         scrub = self._redact
-        rows = tuple(scrub(row) for row in view.auto_rows)
+        # The body first: `compose_view` redacted it last, and a body it left unchanged is
+        # answered by `redact` at once if no other text is redacted in between.
         body = None if view.body is None else scrub(view.body)
+        rows = tuple(map(scrub, view.auto_rows))
         note = None if view.body_note is None else scrub(view.body_note)
         if rows != view.auto_rows or body != view.body or note != view.body_note:
             # Only when a secret was removed: copying the view costs more than the check.

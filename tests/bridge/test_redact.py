@@ -349,6 +349,41 @@ def test_ordinary_prose_runs_no_shape_pattern(monkeypatch: pytest.MonkeyPatch) -
     assert ran == ["_ASSIGNMENT"]
 
 
+class _Unasked:
+    """A pre-check that fails the test if `redact` looks at a text with it."""
+
+    def search(self, text: str) -> None:
+        raise AssertionError(f"looked at {text!r} again")
+
+
+def test_a_text_redact_gave_back_unchanged_is_answered_at_once_the_very_same_object_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The body's second pass (in the service's `Redactor`, after `compose_view`'s) costs
+    nothing when the first found nothing: that very string is given back without a look. A
+    text equal to it but another object, or another text, is looked at as ever."""
+    body = "## Migrating\n- [x] copied through shard 3 at 12:04"
+    assert redact(body) is body
+    monkeypatch.setattr(redact_module, "_PRECHECKED", ((None, _Unasked()),))
+    assert redact(body) is body
+    with pytest.raises(AssertionError, match="looked at"):
+        redact("".join([body[:5], body[5:]]))
+
+
+def test_a_text_whose_redaction_shows_another_shape_is_redacted_again_by_the_service() -> None:
+    """One pass of `redact` is not always final: a key hidden gives the key glued after it
+    a word boundary. The service's `Redactor` passes a composed body (already redacted once)
+    through `redact` again, and a changed text is never taken as finished."""
+    glued = "g AIzaSyA1234567890abcdefghijklmnopqrstuvgithub_pat_11ABCDEFG0123456789_abcdefghijk"
+    once = redact(glued)
+    assert once == f"g {MARKER}github_pat_11ABCDEFG0123456789_abcdefghijk"
+    assert redact(once) == f"g {MARKER}{MARKER}"
+    assert Redactor(["configured-secret"])(redact(glued)) == f"g {MARKER}{MARKER}"
+    tail = "\n" + "x" * 600  # past the redactor's memo of short texts: the other way in
+    long = glued + tail
+    assert Redactor(["configured-secret"])(redact(long)) == f"g {MARKER}{MARKER}{tail}"
+
+
 def test_the_leak_walk_asks_no_abstract_class_question_of_plain_json(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
