@@ -1705,7 +1705,7 @@ class Service:
         # A card reading that raised (None) tells nothing of what it moved before it failed:
         # project anyway; the card is still the last good reading, and an unchanged one
         # sends nothing.
-        health = self._health(agent_id)
+        health = self._health(agent_id) if self._has_problems(agent_id) else "[]"
         if (
             result is None
             or result.card_changed
@@ -1716,7 +1716,8 @@ class Service:
             or self._saved_health.get(agent_id, "[]") != health  # the card shows problems
         ):
             self._project_paced(agent_id)
-        self._save_health(agent_id, health)
+        if self._saved_health.get(agent_id) != health:  # the call only when it saves
+            self._save_health(agent_id, health)
 
     def _project_paced(self, agent_id: str) -> None:
         """`_project`, at most `COMPOSE_SHARE` of the loop's time for one agent.
@@ -1885,17 +1886,22 @@ class Service:
 
     def agent_problems(self, agent_id: str) -> list[str]:
         """What is wrong with one agent now: refused files first, then failed stages."""
+        if not self._has_problems(agent_id):
+            return []  # the common case: nothing built
         refused, faults, inbox = self._problem_sources(agent_id)
-        if not (refused or faults or inbox):
-            return []  # the common case, asked about three times per change: nothing built
         problems = [f"{name}: {reason}" for name, reason in sorted(refused.items())]
         return problems + sorted(faults.values()) + ([inbox] if inbox else [])
 
     def _has_problems(self, agent_id: str) -> bool:
-        """Whether `agent_problems` would list anything (asked per line of a board: nothing
-        is built for a healthy agent)."""
-        refused, faults, inbox = self._problem_sources(agent_id)
-        return bool(refused or faults or inbox)
+        """Whether `agent_problems` would list anything: `_problem_sources`' three places
+        looked at without building its answer (asked twice per change, and per line of a
+        board; the callers ask this first and word the problems only when there are some)."""
+        monitor = self._monitors.get(agent_id)
+        return bool(
+            (monitor is not None and monitor.files.problems)
+            or self._faults.get(agent_id)
+            or self._desk.problems.get(agent_id)
+        )
 
     def _health(self, agent_id: str) -> str:
         """The agent's problems as saved (a JSON list), to compare with what was saved."""
@@ -1961,7 +1967,7 @@ class Service:
         try:
             ledger_line = ledger_row(self._ledgers.current(monitor.files))
             # After the ledger's look: a refusal found by a first look is on this card.
-            problems = self.agent_problems(agent_id)
+            problems = self.agent_problems(agent_id) if self._has_problems(agent_id) else []
             view = compose_view(
                 agent_id,
                 monitor.card,
