@@ -23,6 +23,7 @@ from taskcard.bridge.schedule.scheduler import (
     RouteScheduler,
     _Resident,
     _Waits,
+    _Wake,
     unsure_send_wait_s,
 )
 from taskcard.bridge.store.sqlite import SqliteStore
@@ -1159,3 +1160,29 @@ async def test_a_burst_of_new_residents_is_one_info_line_and_a_count(
     assert re.fullmatch(r"route fake:-\d::a\d: resident message \d+ created", at_info[0])
     assert at_info[1].startswith("4 more resident messages created since the last such line")
     assert sum(r.levelno == logging.DEBUG for r in created) == 4
+
+
+async def test_a_lanes_wake_behaves_as_an_event_for_its_one_waiter() -> None:
+    """Set before the wait: no suspension. Set while waiting: the waiter resumes, once. A
+    wait cancelled (a timeout, the lane's stop) leaves the wake usable."""
+    wake = _Wake()
+    wake.set()
+    wake.set()
+    assert wake.is_set()
+    await wake.wait()  # at once
+    wake.clear()
+    assert not wake.is_set()
+    waiting = asyncio.create_task(wake.wait())
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    wake.set()
+    wake.set()  # a second set while the waiter has not run yet changes nothing
+    await asyncio.wait_for(waiting, timeout=5)
+    wake.clear()
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.01):
+            await wake.wait()
+    waiting = asyncio.create_task(wake.wait())
+    await asyncio.sleep(0)
+    wake.set()
+    await asyncio.wait_for(waiting, timeout=5)
