@@ -108,6 +108,9 @@ Backend = Literal["auto", "inotify", "watchfiles"]
 # (`<contract folder>/<file name>`, or the lineage file's name), or None for "anything may
 # have changed" (a rescan, a structural event, the report after arming, an overflow).
 ChangedFiles = dict[str, set[str] | None]
+# What `WatchPlan.classify` tells of an event's path: the agents it concerns, whether it is
+# structural, and the contract file it names when that is all it is (its agents, its name).
+Classified = tuple[frozenset[str], bool, tuple[frozenset[str], str] | None]
 # What `backend="auto"` means; tests switch it to run the same checks on both.
 DEFAULT_BACKEND: Backend = "auto"
 
@@ -162,6 +165,14 @@ class WatchPlan:
     files_in: dict[str, frozenset[str]] = field(default_factory=dict)
     structural: dict[str, frozenset[str]] = field(default_factory=dict)
     owners: dict[str, frozenset[str]] = field(default_factory=dict)
+    # `classify`, remembered for the last `PATH_MEMO` paths: every change asks it of the
+    # same one or two paths (about 120 bytecodes a path), and its answer depends on the path
+    # and this plan's maps alone, which are complete once `plan_watch` returns it (a change
+    # of the folders makes a new plan, with a memo of its own).
+    classify: Callable[[str], Classified] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.classify = functools.lru_cache(maxsize=PATH_MEMO)(self.classify_now)
 
     def _contract_folder(self, path: str) -> frozenset[str] | None:
         """The agents whose contract folder `path` is, if it is one."""
@@ -194,14 +205,15 @@ class WatchPlan:
             found |= self._standing_for(path, self.owners)
         return found
 
-    def agents_for(self, event_path: str) -> tuple[set[str], bool]:
+    def agents_for(self, event_path: str) -> tuple[frozenset[str], bool]:
         """(agents whose files may have changed, whether the plan must be rebuilt)."""
         agents, stale, _ = self.classify(event_path)
         return agents, stale
 
-    def classify(self, event_path: str) -> tuple[set[str], bool, tuple[frozenset[str], str] | None]:
+    def classify_now(self, event_path: str) -> Classified:
         """`agents_for`, plus the file the event names when it is one of a contract folder's
-        files and nothing structural: (its agents, `<contract folder>/<file name>`)."""
+        files and nothing structural: (its agents, `<contract folder>/<file name>`). Worked
+        out each time; `classify` remembers its answers."""
         # Asked for every event path that survives the reader (one or two per change): the
         # path is split once and `_standing_for(event_path, self.structural)` is spelled
         # out here, so its `_contract_folder` look needs no split of its own.
@@ -236,7 +248,7 @@ class WatchPlan:
                 if owners is not None:
                     agents |= owners
                     file = (owners - structural, folder_name + "/" + name)
-        return agents, stale, file
+        return frozenset(agents), stale, file
 
 
 def is_writer_temp(name: str) -> bool:

@@ -177,6 +177,26 @@ def test_an_event_path_maps_as_the_plans_rules_say(tmp_path: Path) -> None:
         assert plan.classify(path) == by_the_rules(path), path
 
 
+def test_a_plan_remembers_how_a_path_maps_and_a_new_plan_maps_it_anew(tmp_path: Path) -> None:
+    """Each change asks its plan about the same few paths: the answer is remembered, the
+    same as working it out again; a folder that appears makes a new plan, which is asked
+    afresh (a remembered answer never outlives its plan)."""
+    workdir = tmp_path / "a"
+    (workdir / "taskcard").mkdir(parents=True)
+    body = str(workdir / "taskcard" / "status")
+    parent = tmp_path / "x"  # agent b's workdir, x/b, is not there yet
+    agents = {"a": workdir, "b": parent / "b"}
+    plan = plan_watch(agents)
+    first = plan.classify(body)
+    assert first == plan.classify_now(body) == ({"a"}, False, ({"a"}, "taskcard/status"))
+    assert plan.classify(body) is first
+    assert plan.classify(str(parent)) == plan.classify_now(str(parent)) == ({"b"}, True, None)
+    parent.mkdir()
+    fresh = plan_watch(agents)
+    assert fresh.classify(str(parent)) == (set(), False, None)
+    assert fresh.classify(body) == first
+
+
 def test_a_workdir_inside_another_agents_contract_folder_maps_to_both(tmp_path: Path) -> None:
     """The plan keeps one entry per workdir and applies the contract rules to an event's path
     by splitting it; nested workdirs must still reach exactly the agents they did."""
