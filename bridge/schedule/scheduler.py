@@ -1077,7 +1077,8 @@ class RouteScheduler:
         does a request that waited for its answer (`_Waits`): only one that ended without
         letting the loop go round (a channel that answered at once) yields."""
         now = self._clock()
-        text: _Text | None = self._due_reply(lane, now)
+        # Most lanes have no reply queued: no generator is made to find none.
+        text: _Text | None = self._due_reply(lane, now) if lane.replies else None
         if text is None and self._outbox is not None:
             text = self._outbox.next_due(lane.key, now)
         key = None
@@ -1113,7 +1114,8 @@ class RouteScheduler:
             return
         lane.wake.clear()
         due = [self._residents[k].due_at() for k in lane.routes if self._residents[k].pending]
-        due += [r.retry_at for r in lane.replies]
+        if lane.replies:
+            due += [r.retry_at for r in lane.replies]
         if self._outbox is not None:
             due += self._outbox.retry_times(lane.key)
         if not due:
