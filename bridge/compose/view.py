@@ -203,7 +203,8 @@ def compose_view(
     if hidden:
         return CardView(agent_id=agent_id, state=activity.state, hidden=True)
     rows = [state_row(activity, now, zone)]
-    rows.extend(f"⚠ {problem}" for problem in problems)
+    if problems:  # most often none, nor recent rows below: no generator made for nothing
+        rows.extend(f"⚠ {problem}" for problem in problems)
     for row in (
         lineage_row(lineage, redactor),
         movement_row(activity, now, zone),
@@ -215,7 +216,8 @@ def compose_view(
             rows.append(row)
     # The newest movement is already the "last:" row.
     recent = activity.recent[1 : 1 + max(0, activity_rows)]
-    rows.extend(f"· {format_at(m.at, now, zone)} {movement_text(m)}" for m in recent)
+    if recent:
+        rows.extend(f"· {format_at(m.at, now, zone)} {movement_text(m)}" for m in recent)
     if activity.skipped_lines:
         rows.append(f"activity log: {activity.skipped_lines} unreadable lines skipped")
     body, note = body_slot(card, now, zone)
