@@ -1740,7 +1740,8 @@ class Service:
         self._project(agent_id)
         cost_s = time.thread_time() - started
         if cost_s < COMPOSE_COST_FLOOR_S:
-            self._paced.pop(agent_id, None)
+            if until is not None:  # most agents were never paced: nothing to drop
+                self._paced.pop(agent_id, None)
             return
         pause_s = cost_s * (1 / COMPOSE_SHARE - 1)
         if agent_id not in self._paced_told:
