@@ -106,9 +106,10 @@ class InotifyWatches:
     def __init__(
         self,
         on_events: Callable[[list[str], bool], None],
-        ignored: Callable[[str], object] = lambda _name: False,
+        ignored: Callable[[bytes, int, int], object] = lambda _data, _start, _end: False,
     ) -> None:
-        """`ignored(name)` (its truth): a file of that name is never read, so its events are
+        """`ignored(buffer, start, end)` (its truth), of a name as read, undecoded: the bytes
+        `buffer[start:end]`, NUL-padded: a file of that name is never read, so its events are
         dropped as they are read (a writer's temp file costs four events per atomic write, the
         rename that matters one). Names in `kept` are reported all the same: the caller puts
         there any such name a watched or planned folder has."""
@@ -212,9 +213,16 @@ class InotifyWatches:
             start = at + size
             at = start + length
             if length:
-                name = data[start:at].rstrip(b"\0").decode(encoding, errors)
-                if not mask & IN_ISDIR and ignored(name) and name not in kept:
+                if (
+                    not mask & IN_ISDIR
+                    and ignored(data, start, at)
+                    and (
+                        not kept
+                        or data[start:at].rstrip(b"\0").decode(encoding, errors) not in kept
+                    )
+                ):
                     continue
+                name = data[start:at].rstrip(b"\0").decode(encoding, errors)
             else:
                 name = ""
                 if mask & IN_Q_OVERFLOW:

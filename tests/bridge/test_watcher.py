@@ -8,6 +8,7 @@ import errno
 import logging
 import os
 import shutil
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import inotify_simple
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import taskcard.bridge.watch.watcher as watcher_module
 from taskcard.bridge.watch.watcher import FleetWatcher, is_writer_temp, plan_watch, unread
@@ -115,6 +118,28 @@ def test_the_names_never_read_are_the_temp_files_tally_and_locks_alone() -> None
         plain = name in fixed or (name.startswith(".") and name.endswith(".tmp"))
         assert unread(name) is plain, name
         assert is_writer_temp(name) is (name.startswith(".") and name.endswith(".tmp")), name
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from([b".", b"tmp", b".tmp", b"x", b"\n", b"\xff", "\u00e9".encode(), b"lock"])
+        | st.sampled_from(
+            [n.encode() for n in (LEGACY_TALLY_FILE, LEGACY_HOST_LOCK_FILE, NOTIFICATION_LOCK_FILE)]
+        ),
+        max_size=6,
+    ),
+    st.integers(min_value=0, max_value=16),
+)
+def test_a_raw_name_is_unread_as_its_decoded_name_is(pieces: list[bytes], padding: int) -> None:
+    """The inotify reader asks `unread_raw_match` of a name as the kernel gives it (inside
+    the read buffer, NUL-padded, undecoded): the same answer as `unread` of the name
+    decoded as the reader decodes the names it keeps."""
+    raw = b"".join(pieces)
+    buffer = b"\x01" * 16 + raw + b"\0" * padding + b"\x02" * 8
+    start, end = 16, 16 + len(raw) + padding
+    decoded = raw.decode(sys.getfilesystemencoding(), sys.getfilesystemencodeerrors())
+    assert bool(watcher_module.unread_raw_match(buffer, start, end)) is unread(decoded), raw
 
 
 def test_an_event_path_maps_as_the_plans_rules_say(tmp_path: Path) -> None:
