@@ -887,7 +887,11 @@ class RouteScheduler:
             return  # not served here (see remove_route)
         resident.release = release
         resident.last = last
-        if _already_shown(resident, message, self._in_flight(key)):
+        # The fingerprint first: a new card (most often) is not the one shown, whatever is in
+        # flight, and asking the lane would be for nothing.
+        if message.fingerprint == resident.committed and _already_shown(
+            resident, message, self._in_flight(key)
+        ):
             resident.desired = None  # the fingerprint is enough (see `_commit`)
             return
         resident.desired = message
