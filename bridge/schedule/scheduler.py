@@ -434,6 +434,10 @@ class _Lane:
         self.key = LaneKey(self.channel, self.chat_id)
 
 
+# The chats whose catch-up the scheduler keeps (`RouteScheduler._admit`); past this many, the
+# ones kept are dropped and worked out again as they come.
+KEPT_CATCH_UPS = 10_000
+
 # Sends of one resident that may each have posted a copy before the route holds: the first
 # send and one retry.
 MAX_UNSURE_SENDS = 2
@@ -517,6 +521,11 @@ class RouteScheduler:
         self._limiter = limiter or RateLimiter(clock, max_pause_s=max_pause_s)
         # Chats waiting for room in a shared scope (the bot's budget) take turns.
         self._admission = AdmissionQueue(self._limiter, clock)
+        # Each chat's catch-up (`admission.catch_up` of its channel's scopes for a send
+        # there), worked out once per channel and chat: a channel's limits stay as built for
+        # its life. Bounded as the channels bound their own kept scopes.
+        # (Keyed by the chat's fields, hashed in C, not by the `ChatRef`, whose hash is not.)
+        self._catch_ups: dict[tuple[Channel, str, str | None], int] = {}
         self._residents: dict[RouteKey, _Resident] = {}
         # Routes of channels whose messages end with the process (the console) added since
         # this process started: what the store holds for them then names a panel of this run.
@@ -1198,7 +1207,13 @@ class RouteScheduler:
         if self._closing.is_set():
             return None
         scopes = channel.rate_scopes(chat, op, mid)
-        behind = catch_up(channel.rate_scopes(chat, "send", None))
+        kept_as = (channel, chat.chat_id, chat.thread_id)
+        behind = self._catch_ups.get(kept_as)
+        if behind is None:
+            if len(self._catch_ups) >= KEPT_CATCH_UPS:
+                self._catch_ups.clear()
+            behind = catch_up(channel.rate_scopes(chat, "send", None))
+            self._catch_ups[kept_as] = behind
         admitted = await self._admission.admit(
             (channel.name, chat.chat_id), scopes, self._closing, behind
         )

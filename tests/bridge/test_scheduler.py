@@ -1186,3 +1186,44 @@ async def test_a_lanes_wake_behaves_as_an_event_for_its_one_waiter() -> None:
     await asyncio.sleep(0)
     wake.set()
     await asyncio.wait_for(waiting, timeout=5)
+
+
+class SendScopesCountingChannel(ScriptedChannel):
+    """Counts the chats whose scopes for a send are asked for (a first send, a catch-up)."""
+
+    def __init__(self) -> None:
+        super().__init__(per_chat=RateScope("fake", 1000, 1.0))
+        self.send_scopes_of: list[ChatRef] = []
+
+    def rate_scopes(
+        self, chat: ChatRef, operation: Operation, message_id: str | None
+    ) -> tuple[RateScope, ...]:
+        if operation == "send":
+            self.send_scopes_of.append(chat)
+        return super().rate_scopes(chat, operation, message_id)
+
+
+async def test_a_chats_catch_up_is_worked_out_once_per_channel_and_chat(
+    store: SqliteStore,
+) -> None:
+    """Each request's turn needs its chat's catch-up, from the channel's scopes for a send
+    there: asked once per chat (and topic), not at every edit."""
+    channel = SendScopesCountingChannel()
+    keys = [
+        RouteKey("fake", ChatRef("1"), "a"),
+        RouteKey("fake", ChatRef("1", "7"), "b"),
+        RouteKey("fake", ChatRef("2"), "c"),
+    ]
+    scheduler = await started(store, channel, *keys)
+    for key in keys:
+        scheduler.submit(key, text(f"{key.agent_id} first"))
+    await settle(scheduler)
+    assert {chat for chat in channel.send_scopes_of} == {key.chat for key in keys}
+    channel.send_scopes_of.clear()
+    for round_ in range(3):
+        for key in keys:
+            scheduler.submit(key, text(f"{key.agent_id} v{round_}"))
+        await settle(scheduler)
+    await scheduler.stop()
+    assert [c[1] for c in channel.calls].count("edit") == 9
+    assert channel.send_scopes_of == []
