@@ -205,10 +205,13 @@ class _Resident:
         if self.disabled is not None:
             return False
         # Asked several times per change: the pin's and the delete's properties only when
-        # one is owed at all (most often neither).
-        return self.card_pending or (
-            (self.pin_owed or self.delete_owed) and (self.pin_pending or self.delete_pending)
-        )
+        # one is owed at all (most often neither), and `card_pending` spelled out (a frame).
+        desired = self.desired
+        return (
+            desired is not None
+            and desired.fingerprint != self.committed
+            and desired.fingerprint != self.failed
+        ) or ((self.pin_owed or self.delete_owed) and (self.pin_pending or self.delete_pending))
 
     def due_at(self) -> float:
         """When the route's next turn may go (monotonic): its backoff, and for a pin or a
