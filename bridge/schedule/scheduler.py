@@ -1618,11 +1618,9 @@ class RouteScheduler:
             )
             return
         resident.committed = message.fingerprint
+        key = resident.key
         self._record(
-            resident.key,
-            lambda: self._store.set_committed(
-                resident.key.store_key, message.fingerprint, self._wall()
-            ),
+            key, self._store.set_committed, key.store_key, message.fingerprint, self._wall()
         )
         if resident.refusal is not None:
             self._clear_refusal(resident)
@@ -1687,14 +1685,15 @@ class RouteScheduler:
         resident.refusal = resident.refused_at = None
         log.info("route %s: the platform takes its cards again", resident.key)
 
-    def _record(self, key: RouteKey, write: Callable[[], None]) -> bool:
-        """Record what the platform took; False when the state store failed (a shared Redis
+    def _record(self, key: RouteKey, write: Callable[..., None], *args: object) -> bool:
+        """Record what the platform took (`write(*args)`: the arguments passed rather than
+        a closure made for each card); False when the state store failed (a shared Redis
         that answers too late): one warning while it lasts, not a traceback at each card. A
         fingerprint lost so is written with the route's next change (a restart before that
         edits once more, and the platform answers "not modified"); a message id is written
         again at the route's next turn (`_Resident.id_unsaved`)."""
         try:
-            write()
+            write(*args)
         except Exception as error:
             if not self._record_failing:
                 self._record_failing = True
