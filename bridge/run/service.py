@@ -1946,7 +1946,7 @@ class Service:
         if not self._serves(agent_id):
             return
         channel = self._channels[key.channel]
-        prefs = self._chat_prefs(key.chat_scope)
+        prefs = self._prefs.get(key.chat_scope) or self._chat_prefs(key.chat_scope)
         has_message = self._scheduler.has_message(key)
         if self._views.view(key.chat_scope) == "board":
             self._mark_board(key.chat_scope)
@@ -2212,12 +2212,18 @@ class Service:
             # Only when a secret was removed: copying the view costs more than the check.
             view = replace(view, auto_rows=rows, body=body, body_note=note)
         outgoing = channel.render_card(view)
-        leaks = self._leaks(outgoing)  # checked again only after a new rendering
+        # Every string the platform receives is checked on its own (what a chat shows comes
+        # from these strings; the JSON punctuation between them never joins two of them),
+        # and the plain text too unless it is one of them verbatim. Walking the payload costs
+        # half of dumping it as JSON and folding the dump, entity offsets and all; strings
+        # too short to hold a secret (keys, entity types) are passed over as they are met.
+        leaks_in = self._redact.leaks_in
+        leaks = leaks_in(outgoing.payload, outgoing.text)  # again only after a new rendering
         if leaks and view.body is not None:
             log.warning("agent %s: card body spelled a configured secret; withheld", view.agent_id)
             view = replace(view, body=WITHHELD_BODY, body_cut=False)
             outgoing = channel.render_card(view)
-            leaks = self._leaks(outgoing)
+            leaks = leaks_in(outgoing.payload, outgoing.text)
         if leaks and view.auto_rows:
             log.warning("agent %s: activity spelled a configured secret; withheld", view.agent_id)
             outgoing = channel.render_card(replace(view, auto_rows=(WITHHELD_ROWS,)))
@@ -2230,14 +2236,6 @@ class Service:
         if own:
             return channel.render_own_text(self._redact(text))
         return channel.render_text(self._redact(text))
-
-    def _leaks(self, outgoing: Outgoing) -> bool:
-        # Every string the platform receives is checked on its own (what a chat shows comes
-        # from these strings; the JSON punctuation between them never joins two of them),
-        # and the plain text too unless it is one of them verbatim. Walking the payload costs
-        # half of dumping it as JSON and folding the dump, entity offsets and all; strings
-        # too short to hold a secret (keys, entity types) are passed over as they are met.
-        return self._redact.leaks_in(outgoing.payload, outgoing.text)
 
     # Notices -----------------------------------------------------------------------------
 
