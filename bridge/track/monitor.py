@@ -281,7 +281,8 @@ class AgentMonitor:
         `stat`s). None, the first refresh and the one after a failure look at every file;
         the watcher's rescan passes None, so whatever an event missed is still found.
         """
-        self.commit()
+        if self._pending_offset is not None:  # `commit`'s own test: most often none
+            self.commit()
         if not self._primed or self._full_next:
             changed = None
             self._full_next = False
