@@ -112,6 +112,15 @@ PATH_MEMO: Final = 4096
 is_normal_absolute = functools.lru_cache(maxsize=PATH_MEMO)(_is_normal_absolute)
 
 
+# `os.path.dirname`, remembered the same way: a missing file (most often an agent's ledger,
+# at each rescan) is shown missing by walking up its folders.
+def _parent_of(path: str) -> str:
+    return os.path.dirname(path)
+
+
+parent_of = functools.lru_cache(maxsize=PATH_MEMO)(_parent_of)
+
+
 def is_inside(root: str, path: str) -> bool:
     """Whether the absolute `path` is `root` or below it (both already resolved)."""
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
@@ -394,14 +403,14 @@ class WorkdirFiles:
                 pass
             except OSError:
                 return False
-        folder = os.path.dirname(path)
+        folder = parent_of(path)
         while is_inside(root, folder):
             try:
                 fd = os.open(folder, _LOOK_FLAGS | os.O_DIRECTORY)
             except FileNotFoundError:
                 if folder == root:
                     return False
-                folder = os.path.dirname(folder)
+                folder = parent_of(folder)
                 continue
             except OSError:
                 return False  # a symlink (O_NOFOLLOW), a file, no permission: full check
