@@ -12,11 +12,12 @@ updates the card, and composing a card costs no look at all.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Collection
 from typing import Final
 
-from taskcard.bridge.follow.safe_read import WorkdirFiles
+from taskcard.bridge.follow.safe_read import PATH_MEMO, WorkdirFiles
 from taskcard.producers.ledger.contract import (
     LEDGER_DIR,
     LEDGER_FILE,
@@ -30,6 +31,15 @@ _UNKNOWN: Final = LedgerSummary()
 _ABSENT: Final = (None, None)
 _REFUSED: Final = (None, _UNKNOWN)
 _LEDGER_NAME: Final = f"{LEDGER_DIR}/{LEDGER_FILE}"
+
+
+def _joined_ledger_path(workdir: str) -> str:
+    return os.path.join(workdir, _LEDGER_NAME)
+
+
+# A workdir's ledger path, worked out once (`os.path.join` is Python code, about 50 bytecodes
+# a call, and every rescan looks at each agent's ledger); bounded as `safe_read`'s memos are.
+_ledger_path = functools.lru_cache(maxsize=PATH_MEMO)(_joined_ledger_path)
 Signature = tuple[int, int, int]
 
 
@@ -52,8 +62,8 @@ class LedgerView:
         self._cache: dict[WorkdirFiles, tuple[Signature | None, LedgerSummary | None]] = {}
 
     def summary(self, files: WorkdirFiles) -> LedgerSummary | None:
-        # Asked on every look: joined as text, not built as `Path` objects.
-        path = os.path.join(files.workdir, _LEDGER_NAME)
+        # Asked on every look: joined as text, not built as `Path` objects, and remembered.
+        path = _ledger_path(os.fspath(files.workdir))
         name = _LEDGER_NAME
         info = files.stat(path)
         if info is None:
