@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import string
 from typing import Any
 
 import pytest
@@ -356,30 +357,83 @@ def test_a_cut_card_keeps_its_kept_rows_and_falls_back_to_one_when_they_cannot_f
 # break between them, not two), and the block syntax, links, HTML and marks it must leave
 # to the converter.
 INLINE_PIECES = ["word", "a", "é", "😀", " ", "  ", "\t", "\n", "\n\n", "\n \n", "\n\t\n"]
-INLINE_PIECES += ["*", "**", "_", "__", "`", "``", "\\", "&#10;", "&amp;", "@ops", "/stop"]
+INLINE_PIECES += ["*", "**", "***", "_", "__", "`", "``", "\\", "&#10;", "&amp;", "@ops", "/stop"]
 INLINE_PIECES += ["  \n", ">", "\n\n[x]: /u\n"]
+# Marks already paired, nested, inside a word or across a line: the styles and code spans
+# whose entities the reading lists (a code span with spaces and a backtick inside).
+INLINE_PIECES += ["*a*", "**a**", "_a_", "a_b_c", "a*b*c", "`a`", "` a `", "``a`b``", "*a\nb*"]
+# White space that is not ASCII's and control characters, which the parser and the blank-line
+# count between paragraphs could each take for white space or not: alone and as a line of
+# their own between two paragraphs.
+INLINE_PIECES += ["\u00a0", "\u2028", "\u2029", "\u3000", "\u200b", "\ufeff", "\x0c", "\x0b"]
+INLINE_PIECES += ["\x00", "\x85", "\n\u00a0\n", "\n\x0c\n", "\n\x0b\n", "\n\u3000\n"]
+# Character references the parser reads as a character, as U+FFFD (NUL, a surrogate, beyond
+# Unicode) or as written, and text whose UTF-16 length is not its length in code points.
+INLINE_PIECES += ["&nbsp;", "&#0;", "&#x1F600;", "&#xD800;", "&#x110000;", "&#42;", "&bogus;"]
+INLINE_PIECES += ["&#;", "\u0301", "👍🏽", "\U0010ffff"]
+# Every ASCII punctuation mark escaped (`\$` and `\~` left to the converter, as bare).
+ESCAPED_MARKS = ["\\" + mark for mark in string.punctuation]
 OTHER_PIECES = ["> ", "# ", "- ", "1. ", "    ", "```", "---", "===", "[x]", "(/u)", "[x]: /u\n"]
 OTHER_PIECES += ["<b>", "<!-- -->", "!", "|", "||", "~", "~~", "$", "\r", "\r\n", "- [ ] "]
+_BODIES = st.lists(
+    st.one_of(
+        st.sampled_from(INLINE_PIECES),
+        st.sampled_from(ESCAPED_MARKS),
+        st.sampled_from(INLINE_PIECES + OTHER_PIECES),
+    ),
+    max_size=20,
+).map("".join)
 
 
-@settings(max_examples=1500, deadline=None)
-@given(
-    st.lists(
-        st.one_of(st.sampled_from(INLINE_PIECES), st.sampled_from(INLINE_PIECES + OTHER_PIECES)),
-        max_size=20,
-    ).map("".join)
-)
+def _up_to_the_fast_limit(body: str) -> str:
+    """`body` repeated as often as fits in the longest body the fast reading takes."""
+    return body * (2048 // max(len(body), 1))
+
+
+@settings(max_examples=4000, deadline=None)
+@given(st.one_of(_BODIES, _BODIES.map(_up_to_the_fast_limit)))
 def test_inline_bodies_read_as_the_converter_reads_them(markdown: str) -> None:
     """A body of paragraphs, styles, code spans and line breaks is read without the
     converter (a tenth of a card change's work): to the same text and entities, in the same
     order, as the converter makes of it."""
     fast = _inline_rich(markdown)
     if fast is not None:
-        text, entities = telegramify_markdown.convert(
-            markdown, latex_escape=False, config=RenderConfig.isolated()
-        )
-        made = tuple(Entity(e.type, e.offset, e.length, e.url, e.language) for e in entities)
-        assert fast == RichText(text, made)
+        assert fast == _as_the_converter_reads(markdown)
+
+
+def _as_the_converter_reads(markdown: str) -> RichText:
+    text, entities = telegramify_markdown.convert(
+        markdown, latex_escape=False, config=RenderConfig.isolated()
+    )
+    return RichText(
+        text, tuple(Entity(e.type, e.offset, e.length, e.url, e.language) for e in entities)
+    )
+
+
+@pytest.mark.parametrize(
+    "markdown",
+    [
+        "a\n\n\x0c\nb",  # a form feed's line after a blank line: the converter makes one break
+        "a\n\u00a0\nb",  # a line of a no-break space is no blank line
+        "a&#10;&#10;\nb",  # character references to line breaks end the paragraph's text
+        "a\\\n\nb\\",  # a backslash before a blank line, and at the very end
+        "***a***",
+        "_a_b_ snake_case_name 2*3*4",
+        "*a **b* c**",
+        "**a\nb**",
+        "`` a`b `` `  ` ` `` `",  # code spans: a backtick inside, spaces only, stripped edges
+        "&#0;&#xD800;&#x110000;&nbsp;&bogus;",  # U+FFFD for the invalid, as written for none
+        "a\u2028b\u2029c \u200b\n\n\ufeffd",
+        "e\u0301 👍🏽 \U0010ffff *😀*",
+        "\n\n  a  \n\n\n",
+        "\\*a\\* \\_b\\_ \\`c\\` \\&amp; \\[x]",
+        "**a**\n" * 341,  # near the longest body the fast reading takes (2,048 characters)
+    ],
+)
+def test_edge_bodies_read_as_the_converter_reads_them(markdown: str) -> None:
+    """Bodies of each kind the property test's pieces stand for, written out: each is read
+    without the converter, as the converter reads it."""
+    assert _inline_rich(markdown) == _as_the_converter_reads(markdown)
 
 
 @pytest.mark.parametrize(
