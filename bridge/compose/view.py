@@ -119,6 +119,10 @@ def state_row(activity: ActivitySummary, now: datetime, zone: tzinfo = UTC) -> s
         )
     if since is not None:
         return f"❔ state unknown: started {format_at(since, now, zone)}, nothing said yet"
+    if activity.last_event_at is not None:
+        # Tool calls or texts without an agent.start or turn.start (a script writing only
+        # those): the log has activity, it tells no state.
+        return "❔ state unknown: no session or turn start reported"
     return "❔ state unknown: no activity reported"
 
 

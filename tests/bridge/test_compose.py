@@ -84,6 +84,27 @@ CASES: list[tuple[str, CardState, ActivitySummary, int, CardView]] = [
         ),
     ),
     (
+        "tools reported, no session or turn",
+        CardState(),
+        ActivitySummary(
+            last_movement=Movement("tool.start", at(15, 28), name="pytest"),
+            last_event_at=at(15, 28),
+            recent=(Movement("tool.start", at(15, 28), name="pytest"),),
+        ),
+        3,
+        CardView(
+            agent_id="builder",
+            state="unknown",
+            # It said "no activity reported" right above the tool it reported.
+            auto_rows=(
+                "❔ state unknown: no session or turn start reported",
+                "last: pytest (15:28 UTC)",
+            ),
+            body=None,
+            body_note="No task card is published.",
+        ),
+    ),
+    (
         "stopped card after budget, idle agent with tokens",
         CardState(
             status="inactive",
