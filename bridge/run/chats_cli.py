@@ -118,6 +118,35 @@ def _table(rows: list[dict[str, Any]]) -> str:
     )
 
 
+def _nothing_seen(config: ServiceConfig) -> str:
+    """What to do when no chat is recorded. A configuration without a channel that receives
+    commands (the console alone, say) was told to send /taskcard "in the chat", which it has
+    none of."""
+    if config.telegram is None and config.feishu is None:
+        return (
+            "No command seen yet, and none can arrive: this configuration has no chat channel "
+            "(the console takes no commands). Add a [telegram] or [feishu] section (see "
+            "config/taskcard.example.toml), start `taskcard serve`, send /taskcard in the chat, "
+            "then run this again."
+        )
+    telegram_off = config.telegram is None or not config.telegram.commands
+    feishu_off = config.feishu is None or config.feishu.events == "none"
+    if telegram_off and feishu_off:
+        off = [
+            *(["telegram.commands = false"] if config.telegram is not None else []),
+            *(['feishu.events = "none"'] if config.feishu is not None else []),
+        ]
+        return (
+            f"No command seen yet, and none can arrive: this configuration receives no commands "
+            f"({', '.join(off)}). Turn them on, start `taskcard serve`, send /taskcard in the "
+            "chat, then run this again."
+        )
+    return (
+        "No command seen yet. With `taskcard serve` running, send /taskcard in the chat "
+        "(or forum topic), then run this again."
+    )
+
+
 def _chats(args: argparse.Namespace) -> int:
     if args.config is None:
         no_config_given(args, "--config", "--config FILE")
@@ -142,10 +171,7 @@ def _chats(args: argparse.Namespace) -> int:
     if args.json:
         print(terminal_json(rows, indent=2))
     elif not rows:
-        print(
-            "No command seen yet. With `taskcard serve` running, send /taskcard in the chat "
-            "(or forum topic), then run this again."
-        )
+        print(_nothing_seen(config))
     else:
         print(_table(rows))
     return 0

@@ -369,6 +369,27 @@ def test_the_state_readers_take_the_file_from_taskcard_config(tmp_path: Path, co
     assert result.returncode == 2 and "--config" in result.stderr
 
 
+def test_chats_with_nothing_seen_says_when_no_command_can_arrive(tmp_path: Path) -> None:
+    """A console-only configuration (the README's first one) was told to send /taskcard "in
+    the chat", which it has none of; so was one whose channels take no commands."""
+    console = console_config(tmp_path, AGENT)
+    result = taskcard("chats", "--config", str(console))
+    assert result.returncode == 0, result.stderr
+    assert "none can arrive: this configuration has no chat channel" in result.stdout
+    assert "[telegram] or [feishu]" in result.stdout
+    telegram = '[telegram]\ntoken_env = "TC_TEST_TOKEN"\n'
+    (tmp_path / "off").mkdir()
+    off = console_config(tmp_path / "off", AGENT, telegram + "commands = false\n")
+    result = taskcard("chats", "--config", str(off))
+    assert result.returncode == 0, result.stderr
+    assert "receives no commands (telegram.commands = false)" in result.stdout
+    (tmp_path / "on").mkdir()
+    on = console_config(tmp_path / "on", AGENT, telegram)
+    result = taskcard("chats", "--config", str(on))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("No command seen yet. With `taskcard serve` running")
+
+
 @pytest.mark.parametrize("command", [("status",), ("chats",), ("config", "check")])
 def test_a_config_path_that_cannot_be_shown_or_opened_is_said_on_short_lines(
     tmp_path: Path, command: tuple[str, ...]
