@@ -42,6 +42,23 @@ def board_of(fake: FakeTelegram | FakeFeishu, chat: object) -> tuple[str, str]:
     return found[0] if found else ("", "")
 
 
+async def board_comes_back(
+    fake: FakeTelegram | FakeFeishu, chat: object, board: str, step: str, serve: ServeProcess
+) -> None:
+    """The chat, routed again, shows `board` listing alpha at `step` and beta again, with no
+    last word and no second message; then the service stops cleanly."""
+    await eventually(
+        lambda: (
+            f"alpha {step}" in board_of(fake, chat)[1] and "beta step 1" in board_of(fake, chat)[1]
+        ),
+        timeout_s=WAIT_S,
+        what="the same board listing alpha and beta again",
+    )
+    assert board_of(fake, chat)[0] == board and UNFOLLOWED not in board_of(fake, chat)[1]
+    assert list(cards(fake, chat)) == [board], "one board, no new message"
+    assert await serve.aterminate() == 0
+
+
 @pytest.mark.parametrize("platform", ["telegram", "feishu"])
 async def test_a_board_drops_the_lines_a_reload_unroutes_and_says_when_it_follows_none(
     tmp_path: Path, platform: str, telegram: FakeTelegram, feishu: FakeFeishu
@@ -95,17 +112,7 @@ async def test_a_board_drops_the_lines_a_reload_unroutes_and_says_when_it_follow
 
         board_config(tmp_path, fake, both)
         serve.proc.send_signal(signal.SIGHUP)
-        await eventually(
-            lambda: (
-                "alpha step 2" in board_of(fake, first)[1]
-                and "beta step 1" in board_of(fake, first)[1]
-            ),
-            timeout_s=WAIT_S,
-            what="the same board listing alpha and beta again",
-        )
-        assert board_of(fake, first)[0] == board and UNFOLLOWED not in board_of(fake, first)[1]
-        assert list(cards(fake, first)) == [board], "one board, no new message"
-        assert await serve.aterminate() == 0
+        await board_comes_back(fake, first, board, "step 2", serve)
 
 
 @pytest.mark.parametrize("platform", ["telegram", "feishu"])
@@ -169,17 +176,7 @@ async def test_a_board_whose_chat_lost_its_routes_while_stopped_says_so_once_at_
     board_config(tmp_path, fake, both)
     with ServeProcess(config, env=env) as serve:
         publish(tmp_path / "agents" / "alpha", "alpha step 4")
-        await eventually(
-            lambda: (
-                "alpha step 4" in board_of(fake, first)[1]
-                and "beta step 1" in board_of(fake, first)[1]
-            ),
-            timeout_s=WAIT_S,
-            what="the same board listing alpha and beta again",
-        )
-        assert board_of(fake, first)[0] == board and UNFOLLOWED not in board_of(fake, first)[1]
-        assert list(cards(fake, first)) == [board], "one board, no new message"
-        assert await serve.aterminate() == 0
+        await board_comes_back(fake, first, board, "step 4", serve)
 
 
 @pytest.mark.parametrize("platform", ["telegram", "feishu"])
