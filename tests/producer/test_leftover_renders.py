@@ -25,7 +25,8 @@ import os, subprocess, sys, time
 from pathlib import Path
 runs = Path("runs.txt")
 n = int(runs.read_text()) + 1 if runs.exists() else 1
-runs.write_text(str(n))
+Path("runs.tmp").write_text(str(n))
+os.replace("runs.tmp", runs)  # whole: the test reads it meanwhile
 if n == 2:
     child = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
@@ -205,7 +206,8 @@ import os, subprocess, sys, time
 from pathlib import Path
 runs = Path("runs.txt")
 n = int(runs.read_text()) + 1 if runs.exists() else 1
-runs.write_text(str(n))
+Path("runs.tmp").write_text(str(n))
+os.replace("runs.tmp", runs)  # whole: the test reads it meanwhile
 if n == 2:
     other, runtime = OTHER, RUNTIME
     subprocess.run(
