@@ -42,6 +42,25 @@ def board_of(fake: FakeTelegram | FakeFeishu, chat: object) -> tuple[str, str]:
     return found[0] if found else ("", "")
 
 
+async def first_says_unfollowed(
+    fake: FakeTelegram | FakeFeishu, first: object, second: object, board: str, tmp_path: Path
+) -> None:
+    """The first chat's `board` says the chat follows no agent now, in the same message,
+    while alpha's next step still reaches the second chat's board."""
+    await eventually(
+        lambda: UNFOLLOWED in board_of(fake, first)[1],
+        timeout_s=WAIT_S,
+        what="the first chat's board saying the chat follows no agent now",
+    )
+    assert board_of(fake, first)[0] == board
+    publish(tmp_path / "agents" / "alpha", "alpha step 2")
+    await eventually(
+        lambda: "alpha step 2" in board_of(fake, second)[1],
+        timeout_s=WAIT_S,
+        what="the second chat's board going on",
+    )
+
+
 async def board_comes_back(
     fake: FakeTelegram | FakeFeishu, chat: object, board: str, step: str, serve: ServeProcess
 ) -> None:
@@ -96,18 +115,7 @@ async def test_a_board_drops_the_lines_a_reload_unroutes_and_says_when_it_follow
 
         board_config(tmp_path, fake, [(second, ["alpha"])])
         serve.proc.send_signal(signal.SIGHUP)
-        await eventually(
-            lambda: UNFOLLOWED in board_of(fake, first)[1],
-            timeout_s=WAIT_S,
-            what="the first chat's board saying the chat follows no agent now",
-        )
-        assert board_of(fake, first)[0] == board
-        publish(tmp_path / "agents" / "alpha", "alpha step 2")
-        await eventually(
-            lambda: "alpha step 2" in board_of(fake, second)[1],
-            timeout_s=WAIT_S,
-            what="the second chat's board going on",
-        )
+        await first_says_unfollowed(fake, first, second, board, tmp_path)
         assert "alpha" not in board_of(fake, first)[1], "the first chat's board changed no more"
 
         board_config(tmp_path, fake, both)
@@ -143,18 +151,7 @@ async def test_a_board_whose_chat_lost_its_routes_while_stopped_says_so_once_at_
 
     board_config(tmp_path, fake, [(second, ["alpha"])])
     with ServeProcess(config, env=env) as serve:
-        await eventually(
-            lambda: UNFOLLOWED in board_of(fake, first)[1],
-            timeout_s=WAIT_S,
-            what="the first chat's board saying the chat follows no agent now",
-        )
-        assert board_of(fake, first)[0] == board
-        publish(tmp_path / "agents" / "alpha", "alpha step 2")
-        await eventually(
-            lambda: "alpha step 2" in board_of(fake, second)[1],
-            timeout_s=WAIT_S,
-            what="the second chat's board going on",
-        )
+        await first_says_unfollowed(fake, first, second, board, tmp_path)
         assert await serve.aterminate() == 0
     told = (board_of(fake, first)[1], edits(fake, first, board))
     assert "alpha" not in told[0]
