@@ -7,7 +7,12 @@ activity log (after a restart, or when an agent is seen for the first time) neve
 route that people closed.
 
 Kept as one JSON document under one store cursor: the `StateStore` interface needs nothing
-new, whichever store backs it.
+new, whichever store backs it. Clustered, the document is shared by every instance, and each
+writes only the routes it changed into it: it reads the document again first and keeps the
+other entries as stored. Only the instance serving an agent opens or closes that agent's
+routes (see `Service._close_unlisted_origins`), so one instance's write never undoes
+another's; writing back the whole document it read at its start, an instance dropped the
+routes others had opened since and opened again those they had closed.
 """
 
 from __future__ import annotations
@@ -36,13 +41,24 @@ class _Entry:
 
 
 class OriginBook:
-    """Open and closed origin routes, saved on every change."""
+    """Open and closed origin routes, saved on every change.
 
-    def __init__(self, store: StateStore) -> None:
+    `shared`: other instances write the same document (clustered), so a change is merged
+    into the stored document rather than replacing it."""
+
+    def __init__(self, store: StateStore, *, shared: bool = False) -> None:
         self._store = store
-        self._entries: dict[RouteKey, _Entry] = {}
-        for entry in _parse(store.get_cursor(ORIGIN_ROUTES_CURSOR)):
-            self._entries[entry.key] = entry
+        self._shared = shared
+        self._entries = _by_key(_parse(store.get_cursor(ORIGIN_ROUTES_CURSOR)))
+
+    def reread(self) -> bool:
+        """Shared: take the stored document as it is now (other instances wrote to it since
+        it was read); whether the open routes changed."""
+        if not self._shared:
+            return False
+        before = set(self.open_routes())
+        self._entries = _by_key(_parse(self._store.get_cursor(ORIGIN_ROUTES_CURSOR)))
+        return set(self.open_routes()) != before
 
     def open_routes(self) -> list[RouteKey]:
         return [e.key for e in self._entries.values() if e.closed_at is None]
@@ -58,7 +74,7 @@ class OriginBook:
             return False
         self._entries.pop(key, None)
         self._entries[key] = _Entry(key, at)
-        self._save()
+        self._save([key])
         return True
 
     def close(self, key: RouteKey, at: float) -> None:
@@ -66,7 +82,7 @@ class OriginBook:
         if entry is None or entry.closed_at is not None:
             return
         entry.closed_at = at
-        self._save()
+        self._save([key])
 
     def forget_agent(self, agent_id: str) -> bool:
         """Forget the routes of an agent that left the fleet for good, open or closed (a
@@ -75,10 +91,18 @@ class OriginBook:
         for key in gone:
             del self._entries[key]
         if gone:
-            self._save()
+            self._save(gone)
         return bool(gone)
 
-    def _save(self) -> None:
+    def _save(self, changed: list[RouteKey]) -> None:
+        if self._shared:
+            # The others' entries as they are now; ours (`changed`) as we have them.
+            stored = _by_key(_parse(self._store.get_cursor(ORIGIN_ROUTES_CURSOR)))
+            for key in changed:
+                stored.pop(key, None)
+                if key in self._entries:
+                    stored[key] = self._entries[key]
+            self._entries = stored
         while len(self._entries) > MAX_REMEMBERED:
             oldest = next((k for k, e in self._entries.items() if e.closed_at is not None), None)
             if oldest is None:
@@ -96,6 +120,10 @@ class OriginBook:
             for e in self._entries.values()
         ]
         self._store.set_cursor(ORIGIN_ROUTES_CURSOR, json.dumps(data))
+
+
+def _by_key(entries: list[_Entry]) -> dict[RouteKey, _Entry]:
+    return {entry.key: entry for entry in entries}
 
 
 def _parse(raw: str | None) -> list[_Entry]:

@@ -358,7 +358,7 @@ class Service:
         self._redact = Redactor(secret for b in channels.values() for secret in b.secrets)
         # The fleet: configured routes, discovered agents and origin routes (see `apply`).
         self._specs: list[RouteSpec] = [spec for b in channels.values() for spec in b.routes]
-        self._origins = OriginBook(store)
+        self._origins = OriginBook(store, shared=clustered)
         self._discovery = Discovery()
         self._origin_refused: set[tuple[str, str]] = set()
         self._origin_allowed: Mapping[str, frozenset[str]] | None = None

@@ -199,6 +199,32 @@ def test_origin_routes_of_a_forgotten_agent_go_open_or_closed_and_the_others_sta
     store.close()
 
 
+def test_shared_origin_books_write_only_the_routes_they_change(tmp_path: Path) -> None:
+    """Clustered, every instance's book is one document in the shared store. Each used to
+    write back the whole document it read at its start: the routes others had opened since
+    went, and those they had closed opened again."""
+    store = SqliteStore.in_dir(tmp_path)
+    theirs, ours = (RouteKey("telegram", ChatRef(c), a) for c, a in (("-1", "b"), ("-2", "a")))
+    mine, other = OriginBook(store, shared=True), OriginBook(store, shared=True)
+    assert other.open(theirs, 100.0) is True
+    assert mine.open(ours, 110.0) is True  # read before `theirs` opened
+    assert OriginBook(store).open_routes() == [theirs, ours]
+    other.close(theirs, 120.0)
+    mine.close(ours, 130.0)  # holds `theirs` open since the write above
+    assert OriginBook(store).open_routes() == []
+    assert mine.open(theirs, 115.0) is False, "written before the other closed it"
+    assert other.reread() is True and other.open_routes() == []  # `ours` closed since
+    assert mine.reread() is False
+    other.open(theirs, 140.0)
+    assert mine.reread() is True and mine.open_routes() == [theirs]
+    # Alone on its state (not shared) the book's own copy is the document, as before.
+    alone = OriginBook(store)
+    other.open(ours, 150.0)
+    alone.close(theirs, 160.0)
+    assert OriginBook(store).open_routes() == [] and alone.reread() is False
+    store.close()
+
+
 def test_unreadable_saved_origin_routes_start_empty(tmp_path: Path) -> None:
     store = SqliteStore.in_dir(tmp_path)
     store.set_cursor("origin-routes", '[{"channel": 1}, "x", {"channel": "telegram"}]')
