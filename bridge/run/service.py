@@ -25,7 +25,7 @@ import json
 import logging
 import time
 import unicodedata
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, tzinfo
 from typing import TYPE_CHECKING, Any, Final
@@ -1041,7 +1041,19 @@ class Service:
             return {}
         owned = self._owned
         failed: dict[str, Exception] = {}
-        for batch in in_batches([a for a in dict.fromkeys(agent_ids) if a not in owned]):
+        taking = [a for a in dict.fromkeys(agent_ids) if a not in owned]
+        # The routes turns opened while another instance served them count (one read).
+        reread = self._origins.reread()
+        closed = self._close_unlisted_origins(frozenset(taking))
+        if reread or closed:
+            # Applied before the agents are served here, so a closed route is never scheduled
+            # nor shown live first: its card gets the last edit a start gives those of routes
+            # gone while stopped (`_owe_unfollows` finds it when the service is not running
+            # yet).
+            self.apply(self._desired())
+            for key in closed if self._running else ():
+                self._unfollow_owed.setdefault(key.lane, []).append(key)
+        for batch in in_batches(taking):
             routes = {agent_id: self._routes_by_agent.get(agent_id, []) for agent_id in batch}
             ahead = self._scheduler.read_ahead(
                 route.key
@@ -1567,20 +1579,31 @@ class Service:
             self._origin_allowed = keyed_origin_chats(self._config, self._store)
         return self._origin_allowed
 
-    def _close_unlisted_origins(self) -> None:
-        """At start and at a reload: the open origin routes of chats `origin_chats` no
-        longer lists close, as a route taken out of the configuration does (`apply` gives
-        their cards the last edit, `_owe_unfollows` at start). Turns from there open nothing
-        now, and a card left open would look live to a chat that no longer follows it. A
-        later turn from the chat, listed again, opens its route on the same message."""
+    def _close_unlisted_origins(self, agent_ids: Collection[str] | None = None) -> list[RouteKey]:
+        """At start and at a reload (clustered: when it gains the leases of `agent_ids`),
+        the open origin routes of chats `origin_chats` no longer lists close, as a route
+        taken out of the configuration does (`apply` gives their cards the last edit,
+        `_owe_unfollows` at start). Turns from there open nothing now, and a card left open
+        would look live to a chat that no longer follows it. A later turn from the chat,
+        listed again, opens its route on the same message. Returns the routes closed.
+
+        Only the routes of agents this instance serves: clustered, the instance holding an
+        agent's lease reads its turns, so its `origin_chats` opened the agent's routes and
+        it alone closes them. Every instance closing every route its own `origin_chats`
+        did not list closed, at each start or reload, those of chats only another instance
+        allows. An instance that takes an agent over (a standby) applies its own list."""
         allowed = self._origin_chats()
         now = self._clock().timestamp()
+        closed: list[RouteKey] = []
         for key in self._origins.open_routes():
-            if not origin_listed(key, allowed):
+            served = self._serves(key.agent_id) if agent_ids is None else key.agent_id in agent_ids
+            if served and not origin_listed(key, allowed):
                 self._origins.close(key, now)
+                closed.append(key)
                 log.info(
                     "route %s closed: its chat is no longer in %s.origin_chats", key, key.channel
                 )
+        return closed
 
     def _close_finished_origin_routes(self) -> None:
         """Close origin routes whose card was removed after they opened (once it shows so).
@@ -1588,7 +1611,12 @@ class Service:
         for route in list(self._origin_routes.values()):
             monitor = self._monitors.get(route.key.agent_id)
             opened = self._origins.opened_at(route.key)
-            if monitor is None or opened is None or route.key.channel not in self._ready_channels:
+            if (
+                monitor is None
+                or opened is None
+                or route.key.channel not in self._ready_channels
+                or not self._serves(route.key.agent_id)  # its card is read elsewhere
+            ):
                 continue
             card = monitor.card
             stopped = card.status_changed_at
