@@ -3,7 +3,8 @@
 `origin_chats`, share the fake Bot API and a real `redis-server`. A turn of each agent from its
 instance's chat opens a route there. The other instance writing, reloading and restarting
 leaves that route open (its `origin_chats` does not list the chat, but it does not serve the
-agent); taking the chat out of the agent's own instance's `origin_chats` still closes it."""
+agent); taking the chat out of the agent's own instance's `origin_chats`, by a reload or while
+it is stopped, still closes it."""
 
 from __future__ import annotations
 
@@ -128,6 +129,25 @@ async def test_an_instance_leaves_open_the_origin_routes_of_chats_only_another_a
                 await eventually(lambda: serves(bob_again, "m1"), what="m1 serving again")
                 publish(tmp_path / "agents" / AGENT["m1"], "bob step 2")
                 await shows(fake, "m1", "step 2")
+                assert (card_of(fake, ORIGIN["m1"], AGENT["m1"]) or (0, ""))[0] == opened[0]
+
+                # A reload of m1 that takes the chat out closes bob's route; listed again,
+                # bob's next turn from there opens it on the same card.
+                assert bob_again.proc is not None
+                write_member(tmp_path, "m1", fake, prefix, listed=False)
+                bob_again.proc.send_signal(signal.SIGHUP)
+                await eventually(
+                    lambda: UNROUTED in (card_of(fake, ORIGIN["m1"], AGENT["m1"]) or (0, ""))[1],
+                    timeout_s=WAIT_S,
+                    what="bob's card saying its chat no longer follows bob, after m1's reload",
+                )
+                write_member(tmp_path, "m1", fake, prefix)
+                bob_again.proc.send_signal(signal.SIGHUP)
+                await eventually(
+                    lambda: bob_again.logs.count("config reloaded") == 2, what="m1's reload"
+                )
+                turn(tmp_path, "m1", "step 3")
+                await shows(fake, "m1", "step 3")
                 assert (card_of(fake, ORIGIN["m1"], AGENT["m1"]) or (0, ""))[0] == opened[0]
                 assert await bob_again.aterminate() == 0
 
