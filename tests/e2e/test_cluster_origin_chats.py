@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import signal
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from taskcard.bridge.follow.tail import TAIL_BYTES
 from tests.e2e.harness import ServeProcess, activity, eventually, publish, run_cli
 from tests.e2e.test_cluster import cluster_lines
 from tests.e2e.test_reload_routes import UNROUTED, WAIT_S, card_of
@@ -72,13 +74,20 @@ def platform_of(platform: str, telegram: FakeTelegram, feishu: FakeFeishu) -> Pl
 
 
 def write_member(
-    tmp_path: Path, name: str, chats: Platform, prefix: str, *, listed: bool = True
+    tmp_path: Path,
+    name: str,
+    chats: Platform,
+    prefix: str,
+    *,
+    listed: bool = True,
+    like: str | None = None,
 ) -> Path:
     """Instance `name`'s config (its own folder and state): its agent routed to the routed
-    chat, and its chat in `origin_chats` while `listed`."""
+    chat, and its chat in `origin_chats` while `listed`; `like` another instance, that
+    instance's agent and chat instead (a standby)."""
     folder = tmp_path / name
     folder.mkdir(exist_ok=True)
-    agent = AGENT[name]
+    agent = AGENT[like or name]
     workdir = tmp_path / "agents" / agent
     workdir.mkdir(parents=True, exist_ok=True)
     lines = [
@@ -86,7 +95,7 @@ def write_member(
         "[[agents]]",
         f'id = "{agent}"',
         f'workdir = "{workdir}"',
-        *chats.channel_lines([chats.origin[name]] if listed else []),
+        *chats.channel_lines([chats.origin[like or name]] if listed else []),
         f"[[{chats.name}.routes]]",
         f"chat_id = {json.dumps(chats.routed)}",
         f"agents = {json.dumps([agent])}",
@@ -209,3 +218,51 @@ async def test_an_instance_leaves_open_the_origin_routes_of_chats_only_another_a
                 assert await bob_unlisted.aterminate() == 0
             assert await ada_again.aterminate() == 0
     assert chats.card("m1")[0] == opened, "no second card"
+
+
+@pytest.mark.parametrize("platform", ["telegram", "feishu"])
+async def test_a_standby_taking_an_agent_over_serves_the_origin_routes_opened_since_its_start(
+    tmp_path: Path,
+    platform: str,
+    telegram: FakeTelegram,
+    feishu: FakeFeishu,
+    redis_url: str,
+    prefix: str,
+) -> None:
+    """Both instances are configured with the same agent and the same `origin_chats`; one
+    serves the agent and opens its route from a turn after the standby started. The owner
+    stops: the standby takes the agent over with that route. It read the shared routes at
+    its start only, and unless the turn's origin was in the tail of events it reads at its
+    first sight of the agent, went on without the route: the card there stayed as the owner
+    left it."""
+    chats = platform_of(platform, telegram, feishu)
+    # Both serve bob (m1's agent), listing m1's chat: bob's lease goes to one of them.
+    configs = {name: write_member(tmp_path, name, chats, prefix, like="m1") for name in AGENT}
+    env = {**chats.env(), "TC_REDIS_URL": redis_url}
+    with ExitStack() as fleet:
+        serve = {n: fleet.enter_context(ServeProcess(configs[n], env=env)) for n in AGENT}
+        await eventually(
+            lambda: (
+                all("serving 1 agent" in s.logs for s in serve.values())
+                and any(serves(s, "m1") for s in serve.values())
+            ),
+            what="both running, bob served by one",
+        )
+        [owner] = [n for n, s in serve.items() if serves(s, "m1")]
+        [standby] = [n for n in AGENT if n != owner]
+        turn(tmp_path, "m1", chats, "step 1")
+        await shows(chats, "m1", "step 1")
+        opened = chats.card("m1")[0]
+        # The turn goes on past the tail of the events a first sight of the agent reads
+        # (which would show the standby the turn's origin again).
+        workdir = tmp_path / "agents" / AGENT["m1"]
+        for n in range(TAIL_BYTES // 200 + 100):
+            activity(workdir, "text", text=f"{n:>5} " + "x" * 200)
+        publish(workdir, "bob step 1b")
+        await shows(chats, "m1", "step 1b")
+        assert await serve[owner].aterminate() == 0
+        await eventually(lambda: serves(serve[standby], "m1"), what="the take-over")
+        publish(tmp_path / "agents" / AGENT["m1"], "bob step 2")
+        await shows(chats, "m1", "step 2")
+        assert chats.card("m1")[0] == opened
+        assert await serve[standby].aterminate() == 0
