@@ -28,7 +28,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, TypeGuard
 
-from taskcard.producers.task_card.contract import CardPaths, atomic_write, read_regular
+from taskcard.producers.task_card.contract import (
+    CardPaths,
+    atomic_write,
+    json_kind,
+    read_regular,
+)
 
 DEFAULT_INTERVAL_S: Final = 5.0
 DEFAULT_TIMEOUT_S: Final = 10.0
@@ -175,11 +180,25 @@ def _read_object(path: Any) -> dict[str, Any] | None:
         raise SettingsUnavailable(f"{path.name} is larger than {MAX_SETTINGS_FILE_BYTES} bytes")
     try:
         data = json.loads(raw, object_pairs_hook=_mark_repeated)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise SettingsUnavailable(f"{path.name} is not valid JSON") from None
+    except (ValueError, RecursionError) as exc:
+        raise SettingsUnavailable(f"{path.name} {_why_not_json(raw, exc)}") from None
     if not isinstance(data, dict):
-        raise SettingsUnavailable(f"{path.name} is not a JSON object")
+        raise SettingsUnavailable(
+            f"{path.name} is not a JSON object (the top level is {json_kind(data)})"
+        )
     return data
+
+
+def _why_not_json(raw: bytes, error: ValueError | RecursionError) -> str:
+    """Where the owner's document stops being JSON: "is not valid JSON" alone left an owner
+    who edited it by hand to search the whole file for one missing comma."""
+    if not raw.strip():
+        return "is empty"
+    if isinstance(error, UnicodeDecodeError):
+        return f"is not UTF-8 text (byte offset {error.start}); save it as UTF-8"
+    if isinstance(error, json.JSONDecodeError):
+        return f"is not valid JSON at line {error.lineno}, column {error.colno} ({error.msg})"
+    return "is nested too deeply to read"
 
 
 def _legacy_max_refreshes(paths: CardPaths) -> int | None:

@@ -784,3 +784,32 @@ def test_bytes_that_are_not_utf8_are_refused_naming_the_field(
         cli.command("tool"), input=b'{"reasoning": "\xff', capture_output=True, timeout=120
     )
     assert "not valid UTF-8 (byte offset 15)" in json.loads(done.stdout)["message"]
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (b'{"interval_s": 2,\n "timeout_s": 3,}', "is not valid JSON at line 2, column 17"),
+        (b'{"interval_s": 2} {"timeout_s": 3}', "is not valid JSON at line 1, column 19"),
+        (b"", "is empty"),
+        (b'{"note": "caf\xe9"}', "is not UTF-8 text (byte offset 13); save it as UTF-8"),
+        (b"[1, 2]", "is not a JSON object (the top level is an array)"),
+    ],
+    ids=["trailing-comma", "two-objects", "empty", "latin-1", "array"],
+)
+def test_a_broken_taskcard_json_is_named_where_it_breaks(
+    workdir: Path, cli: CliHost, content: bytes, said: str
+) -> None:
+    """The owner edits the document by hand; "is not valid JSON" alone sent them looking
+    through the whole file for one stray comma, and said the same of an empty file or one
+    saved in Latin-1. `settings` and `start` now name the place or the kind of fault."""
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    (workdir / "taskcard").mkdir()
+    (workdir / "taskcard" / "taskcard.json").write_bytes(content)
+    shown = cli.run("card", "settings")
+    assert shown.returncode == 1
+    assert f"taskcard/taskcard.json {said}" in shown.stdout, shown.stdout
+    started = cli.run("card", "start", "r.py")
+    assert started.returncode == 1
+    assert f"taskcard/taskcard.json {said}" in started.stdout, started.stdout
+    assert not (workdir / "taskcard" / "status").exists()
