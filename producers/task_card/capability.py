@@ -1005,11 +1005,13 @@ class TaskCard:
         self._seen_watch_number = watch_number(descriptor.watch_id)
         try:
             resolve_renderer(self.workdir, descriptor.renderer_path)
-        except RendererPathError:
-            self._retire_stale(f"renderer of {descriptor.watch_id} is gone")
+        except RendererPathError as exc:
+            # Said as it is: "is gone" of a renderer linked out of the workdir sent the agent
+            # looking for a file that was still there.
+            self._retire_stale(f"renderer of {descriptor.watch_id} {exc.why}")
             self._not_resumed = (
                 descriptor.watch_id,
-                f"its renderer {quoted(descriptor.renderer_path)} is gone",
+                f"its renderer {quoted(descriptor.renderer_path)} {exc.why}",
             )
             return
         used = descriptor.refreshes_used

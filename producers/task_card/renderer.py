@@ -128,7 +128,12 @@ ERROR_CODES: Final[frozenset[str]] = frozenset(get_args(ErrorCode))
 
 
 class RendererPathError(ValueError):
-    """The renderer path is not a regular file inside the workdir."""
+    """The renderer path is not a regular file inside the workdir; `why` says which of the
+    three it is, without the path or the fix (a resume names it for a watch it drops)."""
+
+    def __init__(self, message: str, why: str) -> None:
+        super().__init__(message)
+        self.why = why
 
 
 def resolve_renderer(workdir: Path, renderer_path: str) -> Path:
@@ -142,15 +147,20 @@ def resolve_renderer(workdir: Path, renderer_path: str) -> Path:
     except (OSError, RuntimeError):
         raise RendererPathError(
             f"renderer_path: {quoted(renderer_path)} does not exist (relative paths start at"
-            " the workdir)"
+            " the workdir)",
+            "does not exist",
         ) from None
     if not resolved.is_relative_to(root):
         raise RendererPathError(
             f"renderer_path: {quoted(renderer_path)} resolves outside the workdir; keep it"
-            f" inside {root}"
+            f" inside {root}",
+            "resolves outside the workdir",
         )
     if not resolved.is_file():
-        raise RendererPathError(f"renderer_path: {quoted(renderer_path)} is not a regular file")
+        raise RendererPathError(
+            f"renderer_path: {quoted(renderer_path)} is not a regular file",
+            "is not a regular file",
+        )
     return resolved
 
 

@@ -813,3 +813,37 @@ def test_a_broken_taskcard_json_is_named_where_it_breaks(
     assert started.returncode == 1
     assert f"taskcard/taskcard.json {said}" in started.stdout, started.stdout
     assert not (workdir / "taskcard" / "status").exists()
+
+
+@pytest.mark.parametrize(
+    ("replace", "why"),
+    [
+        ("link-out", "resolves outside the workdir"),
+        ("folder", "is not a regular file"),
+        ("deleted", "does not exist"),
+    ],
+)
+def test_a_watch_not_resumed_says_what_became_of_its_renderer(
+    workdir: Path, tmp_path: Path, cli: CliHost, replace: str, why: str
+) -> None:
+    """A host killed, then its watch's renderer made unusable before the next host: the
+    watch is dropped and the card left inactive. `inspect` said the renderer "is gone" even
+    when it was a link out of the workdir to a file that still existed, or a folder."""
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    assert cli.json("card", "start", "r.py", "--interval-s", "3600")["status"] == "watching"
+    kill_host(cli)
+    renderer = workdir / "r.py"
+    renderer.unlink()
+    if replace == "link-out":
+        outside = tmp_path / "elsewhere.py"
+        outside.write_text(STATIC_RENDERER)
+        renderer.symlink_to(outside)
+    elif replace == "folder":
+        renderer.mkdir()
+    inspected = cli.json("card", "inspect", "tc_1")
+    assert inspected["status"] == "failed"
+    assert inspected["message"].startswith(
+        f"watch_id: tc_1 was not resumed when this host started: its renderer 'r.py' {why},"
+        " so its card was left inactive"
+    ), inspected["message"]
+    assert (workdir / "taskcard" / "status").read_bytes() == b"inactive"
