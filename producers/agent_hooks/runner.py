@@ -62,7 +62,7 @@ from taskcard.producers.task_card.contract import (
 )
 from taskcard.producers.task_card.notifications import FileNotificationPort
 from taskcard.producers.task_card.settings import settings_or_defaults
-from taskcard.producers.task_card.turns import add_completed_turn
+from taskcard.producers.task_card.turns import add_completed_turn, keep_reminder
 from taskcard.producers.task_card.wakes import WakeReader
 from taskcard.producers.task_card.workdir_arg import (
     PATH_MAX,
@@ -322,7 +322,7 @@ def _count_turn(paths: CardPaths) -> None:
     """A completed turn for the reminder count; submits the reminder when it is due."""
     count = add_completed_turn(paths, settings_or_defaults(paths).reminder_turns)
     if count is not None:
-        FileNotificationPort(paths).submit_reminder(count, None)
+        keep_reminder(paths, FileNotificationPort(paths).submit_reminder(count, None))
 
 
 def _session_key(payload: Mapping[str, Any]) -> str:

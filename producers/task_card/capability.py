@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 from taskcard.producers.task_card.contract import (
     HOST_DIR,
@@ -89,12 +89,13 @@ from taskcard.producers.task_card.settings import (
     show_rows,
 )
 from taskcard.producers.task_card.tally import RefreshTally, read_tally
-from taskcard.producers.task_card.turns import add_completed_turn, reset_turns
+from taskcard.producers.task_card.turns import add_completed_turn, keep_reminder, reset_turns
 from taskcard.producers.task_card.workdir_arg import WorkdirError, given_path
 from taskcard.producers.task_card.workdir_lock import boot_id
 from taskcard.producers.task_card.written import WrittenFiles
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 WatchState = Literal["watching", "error", "stopping", "stop_failed", "stopped", "exhausted"]
 LIVE_STATES: Final = frozenset({"watching", "error", "stopping", "stop_failed"})
@@ -323,7 +324,7 @@ class TaskCard:
             return
         with self._lock:
             current = self._current.watch_id if self._current is not None else None
-        self._notifier.submit_reminder(count, current)
+        keep_reminder(self.paths, self._notifier.submit_reminder(count, current))
 
     def meta_update(self) -> dict[str, Any] | None:
         """The `_meta.agent_meta.taskcard` payload when it changed since the last call."""
@@ -715,8 +716,13 @@ class TaskCard:
     def _record_success(self, watch: _Watch, body: str) -> None:
         watch.last_body = body
         watch.last_body_at = self._clock()
-        self._side_effect(watch, "reset the turn count", lambda: reset_turns(self.paths))
-        self._side_effect(watch, "clear the reminder", self._notifier.clear_reminder)
+        # A reminder a hook submitted is known from the turn count's file alone.
+        hooks_reminder = self._side_effect(
+            watch, "reset the turn count", lambda: reset_turns(self.paths)
+        )
+        self._side_effect(
+            watch, "clear the reminder", lambda: self._notifier.clear_reminder(hooks_reminder)
+        )
 
     def _record_published(self, watch: _Watch, body: str) -> None:
         """A publication: the success, and the recovery when it ends an error episode."""
@@ -733,13 +739,14 @@ class TaskCard:
             watch, f"write a {type(event).__name__}", lambda: self._notifier.notify(event)
         )
 
-    def _side_effect(self, watch: _Watch, what: str, action: Callable[[], object]) -> None:
+    def _side_effect(self, watch: _Watch, what: str, action: Callable[[], _T]) -> _T | None:
         """Notices and the turn count live in `.notification/`, beside the card, not in it:
         a file there that cannot be written is logged and never stops the card itself."""
         try:
-            action()
+            return action()
         except OSError as exc:
             log.warning("task card watch %s: cannot %s: %s", watch.watch_id, what, exc)
+            return None
 
     def _record_failure(self, watch: _Watch, failure: RenderFailure, tail: str) -> None:
         if watch.error is None:

@@ -74,9 +74,9 @@ class NotificationPort(Protocol):
 
     def notify(self, event: TaskCardNotification) -> None: ...
 
-    def submit_reminder(self, turns: int, watch_id: str | None) -> None: ...
+    def submit_reminder(self, turns: int, watch_id: str | None) -> str: ...
 
-    def clear_reminder(self) -> None: ...
+    def clear_reminder(self, pending: str | None = None) -> None: ...
 
 
 def _record(event: TaskCardNotification) -> dict[str, Any]:
@@ -124,7 +124,8 @@ class FileNotificationPort:
         record = _record(event)
         self._append(idempotency_key(event), event.watch_id, record)
 
-    def submit_reminder(self, turns: int, watch_id: str | None) -> None:
+    def submit_reminder(self, turns: int, watch_id: str | None) -> str:
+        """Append a reminder; its id, for `clear_reminder` in whichever process publishes."""
         key = f"task_card.reminder:{uuid.uuid4().hex}"
         self._append(
             key,
@@ -140,10 +141,13 @@ class FileNotificationPort:
             },
         )
         self._pending_reminder = key
+        return key
 
-    def clear_reminder(self) -> None:
-        """Retract the pending reminder: a reader drops a reminder whose id a later line clears."""
-        pending, self._pending_reminder = self._pending_reminder, None
+    def clear_reminder(self, pending: str | None = None) -> None:
+        """Retract the pending reminder: a reader drops a reminder whose id a later line clears.
+        `pending` names one another process submitted (a hook's; kept in `turns.py`)."""
+        own, self._pending_reminder = self._pending_reminder, None
+        pending = pending or own
         if pending is None:
             return
         self._append(

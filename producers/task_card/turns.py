@@ -5,8 +5,13 @@ hook, a Codex `notify` call), which runs as a short process of its own, often wh
 card host runs at all (no card, or a card that was removed): exactly when a reminder matters.
 So the count lives in a small file, `.notification/turns.json`, updated under an advisory
 lock by whoever sees the event: hooks add turns, the host resets the count on every
-publication. The file is absent while the count is zero, so a refreshing watch pays one failed
-`open` per publication and nothing more.
+publication. The file is absent while the count is zero and no reminder waits, so a
+refreshing watch pays one failed `open` per publication and nothing more.
+
+The file also keeps the id of the last reminder submitted (`reminder`) until a publication
+takes it (`reset_turns`), so the host retracts a reminder a hook wrote: the port's own memory
+of it lived only in the process that wrote it, and an agent that started its card after a
+hook's reminder was still told, with the very result of that start, that it had none.
 """
 
 from __future__ import annotations
@@ -42,13 +47,28 @@ def _locked(paths: CardPaths) -> Iterator[None]:
         os.close(fd)
 
 
-def _read_count(path: Path) -> int:
+def _read_state(path: Path) -> tuple[int, str | None]:
+    """(turns counted, the id of the reminder waiting to be cleared)."""
     try:
         data = json.loads(read_regular(path, 4096))
     except (OSError, ValueError, RecursionError):
-        return 0
-    turns = data.get("turns") if isinstance(data, dict) else None
-    return turns if isinstance(turns, int) and not isinstance(turns, bool) and turns > 0 else 0
+        return 0, None
+    if not isinstance(data, dict):
+        return 0, None
+    turns, reminder = data.get("turns"), data.get("reminder")
+    count = turns if isinstance(turns, int) and not isinstance(turns, bool) and turns > 0 else 0
+    return count, reminder if isinstance(reminder, str) and reminder else None
+
+
+def _write_state(path: Path, count: int, reminder: str | None) -> None:
+    state: dict[str, object] = {"turns": count}
+    if reminder is not None:
+        state["reminder"] = reminder
+    atomic_write(path, json.dumps(state).encode(), durable=False)
+
+
+def _read_count(path: Path) -> int:
+    return _read_state(path)[0]
 
 
 def turns_path(paths: CardPaths) -> Path:
@@ -59,24 +79,36 @@ def add_completed_turn(paths: CardPaths, threshold: int) -> int | None:
     """Count one completed turn; the count when it reaches `threshold` (then it restarts)."""
     path = turns_path(paths)
     with _locked(paths):
-        count = _read_count(path) + 1
+        count, reminder = _read_state(path)
+        count += 1
         if count >= threshold:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+            if reminder is None:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+            else:
+                _write_state(path, 0, reminder)
             return count
-        atomic_write(path, json.dumps({"turns": count}).encode(), durable=False)
+        _write_state(path, count, reminder)
         return None
 
 
-def reset_turns(paths: CardPaths) -> bool:
-    """A publication: the count restarts at zero. True when there were turns counted."""
+def keep_reminder(paths: CardPaths, reminder: str) -> None:
+    """Note the reminder just submitted, for the next publication to clear."""
+    path = turns_path(paths)
+    with _locked(paths):
+        _write_state(path, _read_state(path)[0], reminder)
+
+
+def reset_turns(paths: CardPaths) -> str | None:
+    """A publication: the count restarts at zero; the id of the reminder it clears, if any."""
     path = turns_path(paths)
     if not path.exists():
-        return False
-    with _locked(paths), contextlib.suppress(FileNotFoundError):
-        path.unlink()
-        return True
-    return False
+        return None
+    with _locked(paths):
+        reminder = _read_state(path)[1]
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        return reminder
 
 
 def completed_turns(paths: CardPaths) -> int:

@@ -356,3 +356,46 @@ async def test_a_task_card_call_the_schema_refuses_starts_no_host(
         assert result.is_error and isinstance(content, dict)
         assert content["message"] == "input.watch_id: required for inspect"
     assert cli.host_pid() is None and not cli.paths.socket.exists()
+
+
+def _hook_ends_a_turn(workdir: Path) -> None:
+    """Claude Code's `Stop` hook, run as Claude Code runs it: one payload on stdin."""
+    payload = {"hook_event_name": "Stop", "session_id": "s1", "cwd": str(workdir)}
+    done = subprocess.run(
+        [sys.executable, "-m", "taskcard.bridge.cli", "hook", "claude-code"],
+        input=json.dumps({**payload, "stop_hook_active": False}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+async def test_a_hooks_reminder_is_cleared_by_the_start_that_publishes_the_card(
+    workdir: Path, cli: CliHost
+) -> None:
+    """A reminder is for an absent or stale card; the card published after it retracts it
+    (a `reminder_cleared` line). The host cleared only a reminder it had written itself, not
+    the hooks' (which count the turns as the agent host ends them): the result of the very
+    `start` that published the card told the agent that its card was absent or stale."""
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    (workdir / "taskcard").mkdir()
+    (workdir / "taskcard" / "taskcard.json").write_text('{"reminder_turns": 2}')
+    async with cli.mcp() as session:
+        look = {"action": "settings", "input": {}, "reasoning": "look"}
+        await session.call_tool("task_card", look)  # the notices are read from here on
+        for _ in range(3):  # a reminder at the second turn; one more turn after it
+            _hook_ends_a_turn(workdir)
+        start = {"renderer_path": "r.py", "interval_s": 3600}
+        started = await session.call_tool(
+            "task_card", {"action": "start", "input": start, "reasoning": "long work"}
+        )
+        assert not started.is_error, started.structured_content
+        shown = taskcard_meta(started)
+        assert shown is not None and shown["body"] == "# Work\nsteady body\n"
+        assert "notices" not in shown, shown["notices"]
+    lines = [json.loads(line) for line in CardPaths(workdir).notifications.read_text().splitlines()]
+    (reminder,) = [line for line in lines if line["extra"]["state"] == "reminder"]
+    (cleared,) = [line for line in lines if line["extra"]["state"] == "reminder_cleared"]
+    assert cleared["extra"]["clears"] == reminder["id"]
