@@ -716,12 +716,14 @@ class TaskCard:
     def _record_success(self, watch: _Watch, body: str) -> None:
         watch.last_body = body
         watch.last_body_at = self._clock()
-        # A reminder a hook submitted is known from the turn count's file alone.
-        hooks_reminder = self._side_effect(
+        # Reminders the hooks submitted are known from the turn count's file alone.
+        hooks_reminders = self._side_effect(
             watch, "reset the turn count", lambda: reset_turns(self.paths)
         )
         self._side_effect(
-            watch, "clear the reminder", lambda: self._notifier.clear_reminder(hooks_reminder)
+            watch,
+            "clear the reminder",
+            lambda: self._notifier.clear_reminder(hooks_reminders or ()),
         )
 
     def _record_published(self, watch: _Watch, body: str) -> None:

@@ -14,7 +14,7 @@ import json
 import os
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -76,7 +76,7 @@ class NotificationPort(Protocol):
 
     def submit_reminder(self, turns: int, watch_id: str | None) -> str: ...
 
-    def clear_reminder(self, pending: str | None = None) -> None: ...
+    def clear_reminder(self, pending: Collection[str] = ()) -> None: ...
 
 
 def _record(event: TaskCardNotification) -> dict[str, Any]:
@@ -143,24 +143,23 @@ class FileNotificationPort:
         self._pending_reminder = key
         return key
 
-    def clear_reminder(self, pending: str | None = None) -> None:
-        """Retract the pending reminder: a reader drops a reminder whose id a later line clears.
-        `pending` names one another process submitted (a hook's; kept in `turns.py`)."""
+    def clear_reminder(self, pending: Collection[str] = ()) -> None:
+        """Retract the pending reminders: a reader drops a reminder whose id a later line
+        clears. `pending` names those other processes submitted (the hooks'; `turns.py`)."""
         own, self._pending_reminder = self._pending_reminder, None
-        pending = pending or own
-        if pending is None:
-            return
-        self._append(
-            f"{pending}:cleared",
-            "",
-            {
-                "source": SOURCE_REMINDER,
-                "priority": "normal",
-                "header": "Task Card reminder cleared",
-                "body": "The card was published again.",
-                "extra": {"state": "reminder_cleared", "watch_id": "", "clears": pending},
-            },
-        )
+        keys = dict.fromkeys((*pending, *((own,) if own is not None else ())))
+        for key in keys:
+            self._append(
+                f"{key}:cleared",
+                "",
+                {
+                    "source": SOURCE_REMINDER,
+                    "priority": "normal",
+                    "header": "Task Card reminder cleared",
+                    "body": "The card was published again.",
+                    "extra": {"state": "reminder_cleared", "watch_id": "", "clears": key},
+                },
+            )
 
     def _known_ids(self) -> set[str]:
         ids: set[str] = set()

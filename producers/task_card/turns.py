@@ -8,10 +8,11 @@ lock by whoever sees the event: hooks add turns, the host resets the count on ev
 publication. The file is absent while the count is zero and no reminder waits, so a
 refreshing watch pays one failed `open` per publication and nothing more.
 
-The file also keeps the id of the last reminder submitted (`reminder`) until a publication
-takes it (`reset_turns`), so the host retracts a reminder a hook wrote: the port's own memory
-of it lived only in the process that wrote it, and an agent that started its card after a
-hook's reminder was still told, with the very result of that start, that it had none.
+The file also keeps the ids of the reminders submitted since the last publication
+(`reminders`, the latest 16) until a publication takes them (`reset_turns`), so the host
+retracts the reminders the hooks wrote: the port's own memory of one lived only in the
+process that wrote it, and an agent that started its card after a hook's reminder was still
+told, with the very result of that start, that it had none.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ from taskcard.producers.task_card.contract import (
 )
 
 TURNS_FILE: Final = "turns.json"
+# Reminders kept for the next publication to clear: as many as a consumer is given at once
+# (`wakes.MAX_WAKES`), and a few more; the file stays within one small read.
+MAX_KEPT_REMINDERS: Final = 16
 _LOCK_FILE: Final = ".turns.lock"
 
 
@@ -47,23 +51,25 @@ def _locked(paths: CardPaths) -> Iterator[None]:
         os.close(fd)
 
 
-def _read_state(path: Path) -> tuple[int, str | None]:
-    """(turns counted, the id of the reminder waiting to be cleared)."""
+def _read_state(path: Path) -> tuple[int, tuple[str, ...]]:
+    """(turns counted, the ids of the reminders waiting to be cleared)."""
     try:
         data = json.loads(read_regular(path, 4096))
     except (OSError, ValueError, RecursionError):
-        return 0, None
+        return 0, ()
     if not isinstance(data, dict):
-        return 0, None
-    turns, reminder = data.get("turns"), data.get("reminder")
+        return 0, ()
+    turns, reminders = data.get("turns"), data.get("reminders")
     count = turns if isinstance(turns, int) and not isinstance(turns, bool) and turns > 0 else 0
-    return count, reminder if isinstance(reminder, str) and reminder else None
+    if not isinstance(reminders, list):
+        return count, ()
+    return count, tuple(key for key in reminders if isinstance(key, str) and key)
 
 
-def _write_state(path: Path, count: int, reminder: str | None) -> None:
+def _write_state(path: Path, count: int, reminders: tuple[str, ...]) -> None:
     state: dict[str, object] = {"turns": count}
-    if reminder is not None:
-        state["reminder"] = reminder
+    if reminders:
+        state["reminders"] = list(reminders[-MAX_KEPT_REMINDERS:])
     atomic_write(path, json.dumps(state).encode(), durable=False)
 
 
@@ -79,16 +85,16 @@ def add_completed_turn(paths: CardPaths, threshold: int) -> int | None:
     """Count one completed turn; the count when it reaches `threshold` (then it restarts)."""
     path = turns_path(paths)
     with _locked(paths):
-        count, reminder = _read_state(path)
+        count, reminders = _read_state(path)
         count += 1
         if count >= threshold:
-            if reminder is None:
+            if reminders:
+                _write_state(path, 0, reminders)
+            else:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
-            else:
-                _write_state(path, 0, reminder)
             return count
-        _write_state(path, count, reminder)
+        _write_state(path, count, reminders)
         return None
 
 
@@ -96,19 +102,20 @@ def keep_reminder(paths: CardPaths, reminder: str) -> None:
     """Note the reminder just submitted, for the next publication to clear."""
     path = turns_path(paths)
     with _locked(paths):
-        _write_state(path, _read_state(path)[0], reminder)
+        count, reminders = _read_state(path)
+        _write_state(path, count, (*reminders, reminder))
 
 
-def reset_turns(paths: CardPaths) -> str | None:
-    """A publication: the count restarts at zero; the id of the reminder it clears, if any."""
+def reset_turns(paths: CardPaths) -> tuple[str, ...]:
+    """A publication: the count restarts at zero; the ids of the reminders it clears."""
     path = turns_path(paths)
     if not path.exists():
-        return None
+        return ()
     with _locked(paths):
-        reminder = _read_state(path)[1]
+        reminders = _read_state(path)[1]
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
-        return reminder
+        return reminders
 
 
 def completed_turns(paths: CardPaths) -> int:
