@@ -28,6 +28,7 @@ key. A private (p2p) chat is with the bot alone and needs no mention.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
@@ -92,26 +93,51 @@ class DecodedEvent:
     document: Mapping[str, Any]
 
 
+def read_json_object(raw: bytes, what: str = "body") -> dict[str, Any]:
+    """The JSON object `raw` holds, or `EventRejected` (400) saying what is wrong with it.
+
+    Feishu sends UTF-8 JSON objects only. Everything else is refused here, once, for every
+    path an event comes in by: bytes that are not UTF-8, text that is not JSON or nests
+    deeper than the parser goes, a JSON value that is not an object, and a `\\u` escape of a
+    lone surrogate (valid JSON, but no text: it cannot be encoded again, so the token check,
+    the duplicate hash and every later write of the text would fail on it).
+    """
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise EventRejected(400, f"{what} is not UTF-8 text") from None
+    try:
+        document = json.loads(text)
+    except RecursionError:
+        raise EventRejected(400, f"{what} nests JSON too deeply") from None
+    except ValueError:
+        raise EventRejected(400, f"{what} is not JSON") from None
+    if not isinstance(document, dict):
+        raise EventRejected(400, f"{what} is not a JSON object")
+    try:
+        json.dumps(document, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise EventRejected(400, f"{what} holds an escaped lone surrogate (not text)") from None
+    except RecursionError:
+        raise EventRejected(400, f"{what} nests JSON too deeply") from None
+    return document
+
+
 def decrypt_body(raw_body: bytes, encrypt_key: str | None) -> dict[str, Any]:
     """The JSON document of a callback body, decrypted when it is `{"encrypt": ...}`."""
-    try:
-        outer = json.loads(raw_body)
-    except (ValueError, RecursionError):
-        raise EventRejected(400, "body is not JSON") from None
-    if not isinstance(outer, dict):
-        raise EventRejected(400, "body is not a JSON object")
+    outer = read_json_object(raw_body)
     sealed = outer.get("encrypt")
     if sealed is None:
         return outer
     if not encrypt_key:
         raise EventRejected(400, "encrypted event but no encrypt key configured")
+    if not isinstance(sealed, str):
+        raise EventRejected(400, "cannot decrypt the event: `encrypt` is not a string")
     try:
-        inner = json.loads(AESCipher(encrypt_key).decrypt_str(str(sealed)))
-    except (ValueError, RecursionError):
+        plain = AESCipher(encrypt_key).decrypt(base64.b64decode(sealed))
+    except ValueError:
         raise EventRejected(400, "cannot decrypt the event") from None
-    if not isinstance(inner, dict):
-        raise EventRejected(400, "decrypted event is not a JSON object")
-    return inner
+    return read_json_object(plain, "decrypted event")
 
 
 def signature(timestamp: str, nonce: str, encrypt_key: str, raw_body: bytes) -> str:
@@ -146,13 +172,20 @@ def decode_callback(
     ):
         raise EventRejected(401, "verification token mismatch")
     if is_challenge:
-        return DecodedEvent(str(document.get("challenge", "")), None, None, document)
+        challenge = document.get("challenge", "")
+        if not isinstance(challenge, str):
+            raise EventRejected(400, "url_verification: `challenge` is not a string")
+        return DecodedEvent(challenge, None, None, document)
     if encrypt_key:
         stamp = _header(headers, "X-Lark-Request-Timestamp")
         nonce = _header(headers, "X-Lark-Request-Nonce")
         given = _header(headers, "X-Lark-Signature")
         if stamp is None or nonce is None or given is None:
             raise EventRejected(401, "signature headers missing")
+        # Feishu writes them in ASCII; the server hands other bytes on as surrogates, which
+        # cannot be hashed (the check answered 500 and logged a traceback).
+        if not (stamp.isascii() and nonce.isascii() and given.isascii()):
+            raise EventRejected(401, "signature headers are not ASCII")
         expected = signature(stamp, nonce, encrypt_key, raw_body)
         if not hmac.compare_digest(given.encode(), expected.encode()):
             raise EventRejected(401, "signature mismatch")
@@ -171,6 +204,9 @@ def check_request_age(stamp: str | None, now_s: float, max_age_s: float, skew_s:
     most `skew_s` in the future, with `skew_s` of slack on the old side too (clocks differ)."""
     if stamp is None:
         raise EventRejected(401, "request timestamp missing")
+    # ASCII digits only: `float` also reads other scripts' digits ("١٧٠٠٠٠٠٠٠٠").
+    if not stamp.isascii():
+        raise EventRejected(401, "request timestamp is not a number")
     try:
         sent_s = float(stamp.strip())
     except ValueError:
@@ -193,7 +229,8 @@ def duplicate_key(decoded: DecodedEvent) -> str:
     if isinstance(uuid, str) and uuid:
         return "uuid:" + uuid
     canonical = json.dumps(decoded.document, sort_keys=True, ensure_ascii=False)
-    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+    # `surrogatepass`: a document `read_json_object` did not vet must not fail here either.
+    return "sha256:" + hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def command_args(

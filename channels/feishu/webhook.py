@@ -108,7 +108,14 @@ class WebhookServer:
             await runner.cleanup()
 
     async def _handle(self, request: web.Request) -> web.Response:
-        raw_body = await request.read()
+        try:
+            raw_body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            # aiohttp's own answer is a text/plain line and no log; answered as every other
+            # refusal is, so the sender and the operator read the same reason.
+            reason = f"body larger than {MAX_BODY_BYTES} bytes"
+            log.warning("feishu callback rejected: %s", reason)
+            return web.json_response({"msg": reason}, status=413)
         try:
             decoded = decode_callback(
                 raw_body, request.headers, self._verification_token, self._encrypt_key

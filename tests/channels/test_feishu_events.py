@@ -622,3 +622,147 @@ async def test_a_message_event_without_its_message_or_chat_is_one_warning(
     assert f"without {field} " in warnings[0], warnings[0]
     for secret in (TOKEN, fake.app_secret, "broken-", "oc_g", "/taskcard"):
         assert secret not in warnings[0], warnings[0]
+
+
+def _lone_surrogate(token: str, event_id: str | None) -> bytes:
+    """An event whose text holds `\\ud800`: valid JSON, but no text (it cannot be encoded)."""
+    header: dict[str, object] = {"token": token, "event_type": "im.message.receive_v1"}
+    if event_id is not None:
+        header["event_id"] = event_id
+    document = {"schema": "2.0", "header": header, "event": {"message": {"content": "\ud800"}}}
+    return json.dumps(document).encode()
+
+
+# name: (the body's plain bytes, the status, words of the reason)
+UNREADABLE_BODIES: dict[str, tuple[bytes, int, str]] = {
+    "bytes that are not UTF-8": (b'{"schema": "2.0", "x": "\xff\xfe"}', 400, "not UTF-8"),
+    "Latin-1 text": ('{"schema": "2.0", "x": "café"}'.encode("latin-1"), 400, "not UTF-8"),
+    "truncated JSON": (b'{"schema": "2.0", "header": {"token', 400, "not JSON"),
+    "an empty body": (b"", 400, "not JSON"),
+    "an array": (b'[{"schema": "2.0"}]', 400, "not a JSON object"),
+    "a string": (b'"/taskcard off"', 400, "not a JSON object"),
+    "deeply nested arrays": (b"[" * 200_000 + b"]" * 200_000, 400, "nests JSON too deeply"),
+    "deeply nested objects": (b'{"a":' * 50_000 + b"1" + b"}" * 50_000, 400, "too deeply"),
+    "a lone surrogate as the token": (_lone_surrogate("\ud800", "ev-s"), 400, "lone surrogate"),
+    "a lone surrogate, no event id": (_lone_surrogate(TOKEN, None), 400, "lone surrogate"),
+    "a body over the limit": (b'{"x": "' + b"x" * (1024 * 1024) + b'"}', 413, "larger than"),
+}
+
+
+@pytest.mark.parametrize("sealed", [False, True], ids=["plain", "encrypted"])
+@pytest.mark.parametrize("case", list(UNREADABLE_BODIES))
+async def test_a_body_that_cannot_be_read_is_refused_with_its_reason(
+    fake: FakeFeishu, caplog: pytest.LogCaptureFixture, case: str, sealed: bool
+) -> None:
+    """Bytes that are not UTF-8, JSON that is cut short, nests past the parser, is not an
+    object or escapes a lone surrogate, and bodies over the limit: each is answered with a
+    4xx saying what is wrong, never a 500 and a traceback (a lone surrogate in the token or
+    in an event without an id failed the token check or the duplicate hash with a 500; an
+    oversized body got aiohttp's plain-text line and no log). One warning says why, with no
+    secret in it, and the next good event is served. Encrypted, the same bytes are sealed
+    and signed as Feishu would (the oversized one stays over the limit sealed)."""
+    plain, status, reason = UNREADABLE_BODIES[case]
+    inbox = CommandInbox()
+    key = KEY if sealed else None
+    with caplog.at_level(logging.INFO):
+        async with webhook_channel(fake, inbox, encrypt_key=key) as url:
+            answer = await fake.deliver_body(url, plain, encrypt_key=key)
+            assert answer.status == status, answer
+            assert isinstance(answer.body, dict) and reason in answer.body["msg"], answer
+            good = fake.command_event("oc_g", "/taskcard on", verification_token=TOKEN)
+            assert (await fake.deliver_event(url, good, encrypt_key=key)).status == 200
+            commands = await inbox.wait_for(1)
+    assert [c.args for c in commands] == ["on"]
+    problems = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(problems) == 1, [r.getMessage() for r in problems]
+    line = problems[0].getMessage()
+    assert reason in line and problems[0].levelno == logging.WARNING, line
+    for secret in (TOKEN, KEY, fake.app_secret):
+        assert secret not in line + json.dumps(answer.body), line
+
+
+# name: (the whole body, the status, words of the reason); with the encrypt key configured
+BROKEN_ENVELOPES: dict[str, tuple[bytes, int, str]] = {
+    "`encrypt` a number": (b'{"encrypt": 5}', 400, "`encrypt` is not a string"),
+    "`encrypt` an object": (b'{"encrypt": {"a": 1}}', 400, "`encrypt` is not a string"),
+    "`encrypt` not base64": ('{"encrypt": "ÿÿÿÿ"}'.encode(), 400, "cannot decrypt"),
+    "`encrypt` empty": (b'{"encrypt": ""}', 400, "cannot decrypt"),
+    "`encrypt` cut short": (b'{"encrypt": "AAAAAAAAAAAAAAAAAAAAAA=="}', 400, "cannot decrypt"),
+    "`encrypt` null": (b'{"encrypt": null}', 401, "verification token"),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN_ENVELOPES))
+async def test_an_encrypted_envelope_that_cannot_be_opened_is_refused(
+    fake: FakeFeishu, caplog: pytest.LogCaptureFixture, case: str
+) -> None:
+    outer, status, reason = BROKEN_ENVELOPES[case]
+    inbox = CommandInbox()
+    with caplog.at_level(logging.INFO):
+        async with webhook_channel(fake, inbox, encrypt_key=KEY) as url:
+            answer = await fake.deliver_body(url, b"", encrypt_key=KEY, outer=outer)
+            assert (answer.status, reason in str(answer.body)) == (status, True), answer
+            good = fake.command_event("oc_g", "/taskcard on", verification_token=TOKEN)
+            assert (await fake.deliver_event(url, good, encrypt_key=KEY)).status == 200
+            await inbox.wait_for(1)
+    problems = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(problems) == 1 and reason in problems[0], problems
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"X-Lark-Signature": b"\xff\xfe"},
+        {"X-Lark-Request-Nonce": b"\xc3\xa9\xff"},
+        {"X-Lark-Request-Timestamp": "١٧٠٠٠٠٠٠٠٠".encode()},
+    ],
+    ids=["signature", "nonce", "timestamp"],
+)
+async def test_signature_headers_that_are_not_ascii_are_refused(
+    fake: FakeFeishu, caplog: pytest.LogCaptureFixture, headers: dict[str, bytes]
+) -> None:
+    """A signature header holding bytes that are not ASCII reached the hash as surrogates
+    and failed it with a 500; it is a 401 now, like any other forged signature."""
+    inbox = CommandInbox()
+    with caplog.at_level(logging.INFO):
+        async with webhook_channel(fake, inbox, encrypt_key=KEY) as url:
+            document = fake.command_event("oc_g", "/taskcard off", verification_token=TOKEN)
+            raw, signed = signed_request(document, str(int(time.time())))
+            sent = {name: value.encode() for name, value in signed.items()} | headers
+            status, answer = await _post_raw_headers(url, raw, sent)
+            assert status == 401, answer
+            good = fake.command_event("oc_g", "/taskcard on", verification_token=TOKEN)
+            assert (await fake.deliver_event(url, good, encrypt_key=KEY)).status == 200
+            commands = await inbox.wait_for(1)
+    assert [c.args for c in commands] == ["on"]
+    problems = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(problems) == 1 and "rejected" in problems[0], problems
+
+
+async def _post_raw_headers(url: str, body: bytes, headers: dict[str, bytes]) -> tuple[int, bytes]:
+    """POST with header values written as the bytes given (a client library would refuse
+    or re-encode bytes that are not ASCII, which is the point of sending them)."""
+    _, _, rest = url.partition("://")
+    address, _, path = rest.partition("/")
+    host, _, port = address.partition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        lines = [f"POST /{path} HTTP/1.1".encode(), f"Host: {address}".encode()]
+        lines += [name.encode() + b": " + value for name, value in headers.items()]
+        lines += [f"Content-Length: {len(body)}".encode(), b"Connection: close", b"", b""]
+        writer.write(b"\r\n".join(lines) + body)
+        await writer.drain()
+        answer = await reader.read()
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    status = int(answer.split(b" ", 2)[1])
+    return status, answer.partition(b"\r\n\r\n")[2]
+
+
+async def test_a_challenge_that_is_not_a_string_is_refused(fake: FakeFeishu) -> None:
+    """It was echoed as Python's rendering of the value (`{'a': 1}`)."""
+    async with webhook_channel(fake, CommandInbox()) as url:
+        document = {"type": "url_verification", "token": TOKEN, "challenge": {"a": 1}}
+        answer = await fake.deliver_event(url, document)
+    assert answer.status == 400 and "`challenge` is not a string" in str(answer.body), answer

@@ -163,3 +163,40 @@ async def test_a_command_with_an_empty_addressee_is_read_alike_on_both_platforms
             what="the Feishu answer",
         )
         assert await serve.aterminate() == 0
+
+
+async def test_a_callback_body_that_is_not_text_is_refused_and_the_next_served(
+    tmp_path: Path, feishu: FakeFeishu
+) -> None:
+    # Bytes that are not UTF-8, and JSON escaping a lone surrogate (valid JSON, no text: it
+    # failed the token check with a 500 and a traceback), each sealed and signed as Feishu
+    # would send an event: a 400 saying why, one warning line naming it with no secret in
+    # it, and the next command is answered.
+    setup = Setup(tmp_path, feishu, ["builder"])
+    with setup.serve() as serve:
+        publish(tmp_path / "agents" / "builder", "body")
+        await eventually(lambda: card_texts(feishu), what="the card")
+        surrogate = json.dumps({"schema": "2.0", "header": {"token": "\ud800"}}).encode()
+        for plain, reason in [
+            (b'{"schema": "2.0", "x": "\xff"}', "not UTF-8"),
+            (surrogate, "lone surrogate"),
+        ]:
+            answer = await feishu.deliver_body(setup.url, plain, encrypt_key=ENCRYPT)
+            assert answer.status == 400 and reason in str(answer.body), answer
+            await eventually(
+                lambda reason=reason: (
+                    "feishu callback rejected: decrypted event" in serve.logs
+                    and reason in serve.logs
+                ),
+                what=f"the warning saying {reason}",
+            )
+        await feishu.deliver_command(
+            setup.url, CHAT, "/taskcard", verification_token=VERIFY, encrypt_key=ENCRYPT
+        )
+        await eventually(lambda: _answers(feishu), what="the answer to the next command")
+        assert await serve.aterminate() == 0
+    rejected = [line for line in serve.logs.splitlines() if "callback rejected" in line]
+    assert len(rejected) == 2, rejected
+    assert "Traceback" not in serve.logs
+    for secret in (VERIFY, ENCRYPT, feishu.app_secret):
+        assert secret not in serve.logs

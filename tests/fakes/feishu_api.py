@@ -49,6 +49,7 @@ import argparse
 import asyncio
 import base64
 import hashlib
+import io
 import itertools
 import json
 import os
@@ -270,7 +271,11 @@ def _post_paragraph(line: str) -> list[dict[str, Any]]:
 
 def encrypt_event(document: dict[str, Any], encrypt_key: str) -> str:
     """Seal an event as Feishu does: AES-256-CBC, key SHA-256(encrypt key), IV first, base64."""
-    plain = json.dumps(document, ensure_ascii=False).encode()
+    return seal(json.dumps(document, ensure_ascii=False).encode(), encrypt_key)
+
+
+def seal(plain: bytes, encrypt_key: str) -> str:
+    """Seal any bytes as `encrypt_event` seals an event's JSON (for bodies Feishu never sends)."""
     pad = AES.block_size - len(plain) % AES.block_size
     plain += bytes([pad]) * pad
     iv = os.urandom(AES.block_size)
@@ -670,20 +675,41 @@ class FakeFeishu:
         bad_signature: bool = False,
     ) -> Delivery:
         """POST one callback to `url` as Feishu does (sealed and signed with `encrypt_key`)."""
+        return await self.deliver_body(
+            url,
+            json.dumps(document, ensure_ascii=False).encode(),
+            encrypt_key=encrypt_key,
+            bad_signature=bad_signature,
+        )
+
+    async def deliver_body(
+        self,
+        url: str,
+        plain: bytes,
+        *,
+        encrypt_key: str | None = None,
+        bad_signature: bool = False,
+        outer: bytes | None = None,
+    ) -> Delivery:
+        """POST the bytes `plain` as a callback body, sealed in `{"encrypt": ...}` and signed
+        with `encrypt_key` when given, as Feishu would send them were they an event's JSON;
+        `outer` replaces the whole body (still signed), for a broken envelope."""
         headers = {"Content-Type": "application/json"}
         if encrypt_key:
-            raw = json.dumps({"encrypt": encrypt_event(document, encrypt_key)}).encode()
+            raw = outer or json.dumps({"encrypt": seal(plain, encrypt_key)}).encode()
             stamp, nonce = str(int(self.now_s())), secrets.token_hex(8)
             digest = hashlib.sha256((stamp + nonce + encrypt_key).encode() + raw).hexdigest()
             headers["X-Lark-Request-Timestamp"] = stamp
             headers["X-Lark-Request-Nonce"] = nonce
             headers["X-Lark-Signature"] = "0" * 64 if bad_signature else digest
         else:
-            raw = json.dumps(document, ensure_ascii=False).encode()
+            raw = plain if outer is None else outer
         started = time.monotonic()
+        # aiohttp warns of raw bytes over 1 MiB (they are sent in one go), not of a stream.
+        data: bytes | io.BytesIO = raw if len(raw) < 1024 * 1024 else io.BytesIO(raw)
         async with (
             aiohttp.ClientSession() as session,
-            session.post(url, data=raw, headers=headers) as response,
+            session.post(url, data=data, headers=headers) as response,
         ):
             text = await response.text()
             elapsed_s = time.monotonic() - started
