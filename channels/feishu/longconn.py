@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import http
 import logging
 import re
 import threading
@@ -31,7 +31,11 @@ from typing import Any, Final
 import lark_oapi
 import lark_oapi.ws.client as ws_client_module
 from lark_oapi.core.enum import LogLevel
+from lark_oapi.core.json import JSON
 from lark_oapi.event.dispatcher_handler import EventDispatcherHandler
+from lark_oapi.ws.model import Response
+
+from taskcard.channels.feishu.events import EventRejected, read_json_object
 
 log = logging.getLogger(__name__)
 # lark-oapi logs through this logger; its receive loop logs every end of the connection at
@@ -88,15 +92,33 @@ class EveryEvent(EventDispatcherHandler):  # type: ignore[misc]  # lark-oapi is 
 
     def _do_without_validation(self, payload: bytes) -> Any:
         try:
-            document = json.loads(payload)
-        except (ValueError, RecursionError):
-            log.warning("feishu long connection: an event that is not JSON was skipped")
+            document = read_json_object(payload, "event")
+        except EventRejected as rejected:
+            # Acknowledged all the same: the same bytes delivered again cannot read better.
+            log.warning("feishu long connection: event skipped: %s", rejected.reason)
             return None
-        if isinstance(document, dict):
-            self._deliver(document)
-        else:
-            log.warning("feishu long connection: an event that is not a JSON object was skipped")
+        self._deliver(document)
         return None
+
+
+class SkipsUnreadableFrames(lark_oapi.ws.Client):  # type: ignore[misc]  # lark-oapi is untyped
+    """`lark_oapi.ws.Client` that answers a frame whose payload is not UTF-8.
+
+    The library decodes every event's payload for a debug line before it calls the
+    dispatcher, outside its own error handling: such a frame ended in an ERROR line from
+    the library and no answer at all, so Feishu delivered it again and again. It is
+    answered here as `EveryEvent` answers an event that is not JSON: skipped with one
+    warning, and acknowledged.
+    """
+
+    async def _handle_data_frame(self, frame: Any) -> None:
+        try:
+            await super()._handle_data_frame(frame)
+        except UnicodeDecodeError:
+            # Only that debug line can raise it: the dispatcher's errors are caught inside.
+            log.warning("feishu long connection: event skipped: event is not UTF-8 text")
+            frame.payload = JSON.marshal(Response(code=http.HTTPStatus.OK)).encode()
+            await self._write_message(frame.SerializeToString())
 
 
 class LongConnection:
@@ -158,7 +180,7 @@ class LongConnection:
             previous_loop = ws_client_module.loop
             ws_client_module.loop = loop
         handler = EveryEvent(self._deliver)
-        client = lark_oapi.ws.Client(
+        client = SkipsUnreadableFrames(
             self._app_id,
             self._app_secret,
             log_level=LogLevel.WARNING,

@@ -766,3 +766,45 @@ async def test_a_challenge_that_is_not_a_string_is_refused(fake: FakeFeishu) -> 
         document = {"type": "url_verification", "token": TOKEN, "challenge": {"a": 1}}
         answer = await fake.deliver_event(url, document)
     assert answer.status == 400 and "`challenge` is not a string" in str(answer.body), answer
+
+
+# name: (the frame's payload, words of the warning)
+UNREADABLE_FRAMES: dict[str, tuple[bytes, str]] = {
+    "bytes that are not UTF-8": (b'{"schema": "2.0", "x": "\xff"}', "not UTF-8"),
+    "truncated JSON": (b'{"schema": "2.0", "header": {', "not JSON"),
+    "an array": (b"[1, 2]", "not a JSON object"),
+    "deeply nested": (b"[" * 200_000 + b"]" * 200_000, "nests JSON too deeply"),
+    "a lone surrogate": (_lone_surrogate(TOKEN, None), "lone surrogate"),
+}
+
+
+@pytest.mark.parametrize("case", list(UNREADABLE_FRAMES))
+async def test_a_long_connection_event_that_cannot_be_read_is_skipped_and_answered(
+    fake: FakeFeishu, caplog: pytest.LogCaptureFixture, case: str
+) -> None:
+    """Over the long connection the sender is Feishu, on a connection it authenticated: an
+    event it cannot read is skipped with one warning and acknowledged, since the same bytes
+    delivered again would not read better. A payload that is not UTF-8 got no answer at all
+    (lark-oapi decodes it for a debug line before calling us, outside its error handling)
+    and an ERROR line from the library; one escaping a lone surrogate failed the duplicate
+    hash, answered 500, and Feishu would deliver it again forever."""
+    payload, reason = UNREADABLE_FRAMES[case]
+    inbox = CommandInbox()
+    config = FeishuConfig(domain=fake.base_url, events="websocket")
+    channel = FeishuChannel(config, fake.app_id, fake.app_secret, MemoryCursorStore())
+    with caplog.at_level(logging.INFO):
+        await channel.start(inbox)
+        try:
+            await wait_until(lambda: fake.ws_connections == 1, what="the long connection")
+            assert await fake.push_ws_event({}, payload=payload) == 1
+            await wait_until(lambda: len(fake.ws_acks) == 1, what="the answer to the bad event")
+            await fake.push_ws_event(fake.command_event("oc_g", "/taskcard on", event_id="ws-g"))
+            commands = await inbox.wait_for(1)
+            await wait_until(lambda: len(fake.ws_acks) == 2, what="the answer to the good one")
+        finally:
+            await channel.stop()
+    assert [c.args for c in commands] == ["on"]
+    assert [ack.get("code") for ack in fake.ws_acks] == [200, 200]
+    problems = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(problems) == 1 and problems[0].levelno == logging.WARNING, problems
+    assert reason in problems[0].getMessage(), problems[0].getMessage()

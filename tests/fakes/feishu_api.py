@@ -746,8 +746,10 @@ class FakeFeishu:
             document["token"] = verification_token
         return await self.deliver_event(url, document, encrypt_key=encrypt_key)
 
-    async def push_ws_event(self, document: dict[str, Any]) -> int:
-        """Send an event to every connected long-connection client; returns how many."""
+    async def push_ws_event(self, document: dict[str, Any], *, payload: bytes | None = None) -> int:
+        """Send an event to every connected long-connection client; returns how many.
+        `payload` replaces the frame's payload (the document as JSON) with those bytes, as a
+        broken sender might write them."""
         frame = Frame()
         frame.SeqID = next(self._ids)
         frame.LogID = frame.SeqID
@@ -764,7 +766,9 @@ class FakeFeishu:
             header = frame.headers.add()
             header.key = key
             header.value = value
-        frame.payload = json.dumps(document, ensure_ascii=False).encode()
+        frame.payload = (
+            json.dumps(document, ensure_ascii=False).encode() if payload is None else payload
+        )
         header = document.get("header")
         if isinstance(header, dict) and isinstance(header.get("event_id"), str):
             self._ws_pushed[headers["message_id"]] = header["event_id"]
