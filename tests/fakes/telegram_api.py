@@ -3,7 +3,9 @@
 It keeps chats and their messages (text + entities, ids increasing per chat, edit history),
 answers the methods taskcard uses with the real success and error shapes, validates what the
 real API validates (entity bounds, also inside an emoji, the fields an entity type needs,
-the 4096 UTF-16 limit, empty text), applies only the first 100 entities, and enforces
+the 4096 UTF-16 limit, empty text), applies only the first 100 entities, marks the commands
+in what a person sends as Telegram does (every `/command` standing alone, wherever it is,
+offsets and lengths in UTF-16 code units like every entity the API sends), and enforces
 configurable sliding-window limits per private chat, per group and per bot, answering the
 real 429 body. Every request is recorded with its time; every 429 is recorded too.
 
@@ -116,6 +118,53 @@ def _inside_surrogate_pair(units: bytes, offset: int) -> bool:
         return False
     unit = int.from_bytes(units[2 * offset : 2 * offset + 2], "little")
     return 0xDC00 <= unit <= 0xDFFF
+
+
+def _command_char(char: str) -> bool:
+    return char.isascii() and (char.isalnum() or char == "_")
+
+
+def _ends_command(char: str) -> bool:
+    """Whether `char` may stand right before a command's `/` or right after the command:
+    not a letter or digit of any script, not `_`, `/`, `<` or `>` (tdlib's rule)."""
+    return not (char.isalnum() or char in "_/<>")
+
+
+def bot_command_entities(text: str) -> list[Json]:
+    """The `bot_command` entities Telegram marks in a person's `text`: every `/command`
+    (1 to 64 ASCII letters, digits or `_`, then optionally `@` and a bot's name of 3 to 32)
+    standing alone, wherever it is in the text, as tdlib's `find_bot_commands` finds them.
+    Offsets and lengths count UTF-16 code units, as in every entity the Bot API sends: a
+    command after an emoji starts two units after where it starts in characters."""
+    entities: list[Json] = []
+    at = 0
+    while (slash := text.find("/", at)) >= 0:
+        at = slash + 1
+        if slash > 0 and not _ends_command(text[slash - 1]):
+            continue
+        end = at
+        while end < len(text) and _command_char(text[end]):
+            end += 1
+        if not 1 <= end - at <= 64:
+            at = end
+            continue
+        if end < len(text) and text[end] == "@":
+            name_end = end + 1
+            while name_end < len(text) and _command_char(text[name_end]):
+                name_end += 1
+            if 3 <= name_end - end - 1 <= 32:
+                end = name_end
+        at = end
+        if end < len(text) and not _ends_command(text[end]):
+            continue
+        entities.append(
+            {
+                "type": "bot_command",
+                "offset": utf16_len(text[:slash]),
+                "length": utf16_len(text[slash:end]),
+            }
+        )
+    return entities
 
 
 @dataclass(frozen=True)
@@ -494,10 +543,11 @@ class FakeTelegram:
         `sender` replaces the fields naming who sent it (see `inject_on_behalf`).
         Returns the update id."""
         chat = int(chat_id)
+        entities = self._people_entities(text)
         if edit_of is None:
             message_id = self._allocate_id(chat)
             stored = StoredMessage(
-                chat, message_id, text, [], thread_id, from_bot=False, date=self._date()
+                chat, message_id, text, entities, thread_id, from_bot=False, date=self._date()
             )
             self._chats.setdefault(chat, {})[message_id] = stored
             kind = "message"
@@ -506,7 +556,7 @@ class FakeTelegram:
             if existing is None:
                 raise KeyError(f"no message {edit_of} in chat {chat}")
             existing.history.append((existing.text, existing.entities))
-            existing.text = text
+            existing.text, existing.entities = text, entities
             stored = existing
             kind = "edited_message"
         message = self._message_json(stored, user_id=user_id)
@@ -515,9 +565,6 @@ class FakeTelegram:
             message["reply_to_message"] = self._message_json(
                 self._existing(chat, reply_to, "Bad Request: message to be replied not found")
             )
-        if text.startswith("/"):
-            command_length = len(text.split()[0])
-            message["entities"] = [{"type": "bot_command", "offset": 0, "length": command_length}]
         if photo:
             message["caption"] = message.pop("text")
             if "entities" in message:
@@ -534,7 +581,10 @@ class FakeTelegram:
         signed by the channel, without a user); returns the update id."""
         chat = int(chat_id)
         message_id = self._allocate_id(chat)
-        stored = StoredMessage(chat, message_id, text, [], None, from_bot=False, date=self._date())
+        entities = self._people_entities(text)
+        stored = StoredMessage(
+            chat, message_id, text, entities, None, from_bot=False, date=self._date()
+        )
         self._chats.setdefault(chat, {})[message_id] = stored
         channel = {"id": chat, "type": "channel", "title": f"Channel {chat}"}
         post: Json = {
@@ -544,11 +594,21 @@ class FakeTelegram:
             "sender_chat": channel,
             "text": text,
         }
-        if text.startswith("/"):
-            post["entities"] = [
-                {"type": "bot_command", "offset": 0, "length": len(text.split()[0])}
-            ]
+        if entities:
+            post["entities"] = entities
         return self._push_update({"channel_post": post})
+
+    @staticmethod
+    def _people_entities(text: str) -> list[Json]:
+        """The entities Telegram gives `text` a person sent, held to the bounds the API
+        holds a bot's entities to (in UTF-16 units, never inside a character)."""
+        entities = bot_command_entities(text)
+        units = text.encode("utf-16-le", "surrogatepass")
+        for entity in entities:
+            start, end = entity["offset"], entity["offset"] + entity["length"]
+            assert 0 <= start < end <= len(units) // 2, (text, entity)
+            assert not any(_inside_surrogate_pair(units, at) for at in (start, end)), entity
+        return entities
 
     def inject_on_behalf(
         self, chat_id: int | str, text: str, channel_id: int | None = None, **options: Any

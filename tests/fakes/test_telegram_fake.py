@@ -228,3 +228,42 @@ async def test_get_chat_finds_a_public_chat_by_username_as_telegram_does() -> No
         ):
             status, body = await _call(fake, "getChat", chat_id=username)
             assert (status, body["error_code"], body["description"]) == (answer[0], *answer)
+
+
+def _units(text: str, start: int, length: int) -> str:
+    """The part of `text` at UTF-16 offset `start`, `length` units long."""
+    units = text.encode("utf-16-le", "surrogatepass")
+    return units[2 * start : 2 * (start + length)].decode("utf-16-le")
+
+
+# text: the commands Telegram marks in it, as written
+COMMANDS_MARKED: dict[str, list[str]] = {
+    "/taskcard off": ["/taskcard"],
+    "😀 /taskcard off": ["/taskcard"],
+    "😀😀 /taskcard@TaskcardTestBot on": ["/taskcard@TaskcardTestBot"],
+    "𝔘𝔫𝔦 /tell builder 🎉 /taskcard": ["/tell", "/taskcard"],
+    "/tell builder 👨\u200d💻 done": ["/tell"],
+    "/tell😀 builder": ["/tell"],
+    "/taskcard@ab on": ["/taskcard"],
+    "a/taskcard and 😀/b": ["/b"],
+    "/taskcard/off <b>/x</b>": [],
+    "x" * 3 + " /" + "c" * 65: [],
+    "no command 😀 here": [],
+}
+
+
+@pytest.mark.parametrize("text", list(COMMANDS_MARKED))
+async def test_a_persons_commands_are_marked_in_utf16_units(text: str) -> None:
+    """Telegram marks every command in a message a person sends, wherever it stands, with
+    its offset and length in UTF-16 code units; the fake marked only a command at the start,
+    and measured it in characters (a command word holding an emoji came out a unit short)."""
+    async with FakeTelegram() as fake:
+        fake.inject_message(-5, text)
+        fake.inject_message(-5, text, photo=True)
+        _, body = await _call(fake, "getUpdates")
+    text_message, photo_message = (update["message"] for update in body["result"])
+    for message, key in ((text_message, "entities"), (photo_message, "caption_entities")):
+        entities = message.get(key, [])
+        assert all(entity["type"] == "bot_command" for entity in entities)
+        marked = [_units(text, entity["offset"], entity["length"]) for entity in entities]
+        assert marked == COMMANDS_MARKED[text], entities
