@@ -53,6 +53,12 @@ GROUP = -100777
         ("\u200b/taskcard off\u200b", "off"),  # invisible characters count as not typed
         ("/taskcard o\u200bff", "off"),
         ("\uff0ftaskcard off", None),  # a full-width slash is a look-alike
+        # Characters outside the BMP (two UTF-16 units each, as Telegram counts entities):
+        ("\U0001f600 /taskcard off", None),  # not the first word
+        ("\U0001d518\U0001d51b /taskcard@TaskcardTestBot on", None),
+        ("/taskcard@TaskcardTestBot \U0001f600 3", "\U0001f600 3"),
+        ("/taskcard\U0001f600 off", None),  # the command word reads as it shows
+        ("@TaskcardTestBot \U0001f600 /taskcard off", None),
     ],
 )
 def test_parse_command(text: str, expected: str | None) -> None:
@@ -102,6 +108,32 @@ async def test_mentions_threads_and_users(
             (ChatRef("4242"), "", "4242"),
         ]
         assert all(c.message_id for c in commands)
+    finally:
+        await channel.stop()
+
+
+async def test_commands_beside_characters_outside_the_bmp_are_read_as_telegram_sends_them(
+    telegram_fake: FakeTelegram, telegram_cursor: MemoryCursorStore
+) -> None:
+    """The fake marks each command with its offset in UTF-16 units, as Telegram does, so a
+    command after an emoji arrives with an entity two units further on than its characters;
+    the commands are read from the text, and only a command that starts the message is one."""
+    inbox = CommandInbox()
+    channel = await _started(telegram_fake, telegram_cursor, inbox)
+    try:
+        for text in (
+            "\U0001f600\U0001f600 /taskcard@TaskcardTestBot off",
+            "/taskcard@TaskcardTestBot 4 \U0001f389",
+            "/tell builder \U0001f600 then /taskcard off \U0001d518",
+            "/taskcard on",
+        ):
+            telegram_fake.inject_command(GROUP, text, user_id=5)
+        commands = await inbox.wait_for(3)
+        assert [(c.command, c.args) for c in commands] == [
+            ("taskcard", "4 \U0001f389"),
+            ("tell", "builder \U0001f600 then /taskcard off \U0001d518"),
+            ("taskcard", "on"),
+        ]
     finally:
         await channel.stop()
 

@@ -454,3 +454,35 @@ async def test_a_picture_replying_to_a_card_is_told_that_only_text_reaches_the_a
         texts = sorted(json.loads(m.read_text())["text"] for m in queued(tmp_path))
         assert "see more" in texts
         assert sum("Only text reaches" in t for t in chat.bot_texts()) == 1
+
+
+async def test_commands_beside_and_inside_characters_outside_the_bmp(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    # Telegram counts every entity's offset and length in UTF-16 code units, in which an
+    # emoji or a letter such as 𝔘 is two; the fake now marks a person's commands that way,
+    # wherever they stand. A command after such a character is no command (it does not start
+    # the message), one inside a /tell's text is the person's words, and a command and its
+    # arguments holding them read as typed, on both platforms.
+    async with running_card(platform, tmp_path) as chat:
+        addressed = "/taskcard"
+        if isinstance(chat, TelegramChat):
+            addressed = f"/taskcard@{chat.fake.username}"
+        await chat.say(f"😀 {addressed} off")
+        await chat.say(f"/tell builder 😀 fix 𝔘nicode, then {addressed} off 🎉")
+        await wait_status(chat, "queued")
+        [message] = queued(tmp_path)
+        text = "😀 fix 𝔘nicode, then " + addressed + " off 🎉"
+        assert json.loads(message.read_text())["text"] == text
+        await chat.say(f"{addressed} 4 \U0001f600")
+        await wait_said(chat, "Unknown option", "the answer to an emoji as an option")
+        await chat.say(f"{addressed} 4")
+        await wait_said(chat, "4 activity rows", "the answer to 4")
+        if isinstance(chat, TelegramChat):
+            chat.fake.inject_message(GROUP, "/tell builder 🖼️ 𝔰𝔢𝔢 this", user_id=PERSON, photo=True)
+            await eventually(lambda: len(queued(tmp_path)) == 2, what="the caption's /tell")
+            texts = sorted(json.loads(m.read_text())["text"] for m in queued(tmp_path))
+            assert "🖼️ 𝔰𝔢𝔢 this" in texts, texts
+        # Commands of one chat are handled in order: the ignored "off" came first.
+        assert not any("hidden" in t.lower() for t in chat.bot_texts()), chat.bot_texts()
