@@ -53,6 +53,10 @@ def message_text(message_type: object, content: object) -> MessageText | None:
         return None
     try:
         document = json.loads(content or "{}")
+        # A `\u` escape of a lone surrogate is valid JSON but no text: nothing can write it
+        # (an agent's inbox failed with a traceback and the person got no answer), so such
+        # content reads as none. A Feishu client never sends one.
+        json.dumps(document, ensure_ascii=False).encode()
     except (ValueError, RecursionError):
         return None
     if not isinstance(document, dict):

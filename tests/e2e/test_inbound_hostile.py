@@ -22,6 +22,14 @@ from tests.e2e.test_serve_feishu import (
     card_texts,
 )
 from tests.e2e.test_serve_telegram import GROUP, setup, shown
+from tests.e2e.test_talk_and_signals import (
+    FS_CHAT,
+    FS_PERSON,
+    FS_VERIFY,
+    FeishuChat,
+    queued,
+    running_card,
+)
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram
 
@@ -200,3 +208,25 @@ async def test_a_callback_body_that_is_not_text_is_refused_and_the_next_served(
     assert "Traceback" not in serve.logs
     for secret in (VERIFY, ENCRYPT, feishu.app_secret):
         assert secret not in serve.logs
+
+
+async def test_a_message_whose_content_escapes_a_lone_surrogate_is_no_text(
+    tmp_path: Path,
+) -> None:
+    # The content of a Feishu message is JSON inside the event's JSON: an escaped lone
+    # surrogate there passes the body's check, and a `/tell` holding one failed writing the
+    # agent's inbox with a traceback, leaving the person without an answer. Such content
+    # reads as no text (a Feishu client never sends it); the next /tell is queued.
+    async with running_card("feishu", tmp_path) as chat:
+        assert isinstance(chat, FeishuChat)
+        document = chat.fake.command_event(
+            FS_CHAT, "/tell builder x", open_id=FS_PERSON, verification_token=FS_VERIFY
+        )
+        content = json.dumps({"text": "@_user_1 /tell builder broken \ud800 text"})
+        document["event"]["message"]["content"] = content
+        assert (await chat.fake.deliver_event(chat.url, document)).status == 200
+        await chat.say("/tell builder fine text")
+        await eventually(lambda: queued(tmp_path), what="the second /tell queued")
+        [message] = queued(tmp_path)
+        assert json.loads(message.read_text())["text"] == "fine text"
+    assert "Traceback" not in chat.serve.logs
