@@ -1,7 +1,10 @@
-"""The `report` and `spawn` MCP tools: flat input schemas, results as dicts, never raising.
+"""The `report`, `reports` and `spawn` MCP tools: flat input schemas, results as dicts,
+never raising.
 
 The server is bound to one workdir (the calling agent's): `report` reports for it with the
-channel `mcp`; `spawn` records a child with this agent as the parent (its id defaults to the
+channel `mcp`; `reports` reads its reports, or a child's (an orchestrator reading what the
+agent it spawned returned, with the last seq it read, as `taskcard reports --after` does);
+`spawn` records a child with this agent as the parent (its id defaults to the
 workdir's directory name, which is the agent id a discovering service gives it, and its folder
 is this workdir) and this workdir's lineage for the depth and the loop check.
 """
@@ -11,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Final
 
+from taskcard.producers.reports.contract import MAX_SEQ
 from taskcard.producers.reports.lineage import (
     AGENT_ID,
     AGENT_ID_RULE,
@@ -28,16 +32,22 @@ from taskcard.producers.reports.store import (
     Reports,
     write_problem,
 )
-from taskcard.producers.task_card.contract import cannot_write
+from taskcard.producers.task_card.contract import cannot_write, quoted
 from taskcard.producers.task_card.runtime import HostPaths
 from taskcard.producers.task_card.workdir_arg import WorkdirError, expand_workdir
 
 REPORT_TOOL: Final = "report"
+READ_TOOL: Final = "reports"
 SPAWN_TOOL: Final = "spawn"
 REPORT_DESCRIPTION: Final = (
     "Report the result of your work, numbered, kept after you exit: ok=true when it "
     "succeeded, false for a declared failure; verdict approved/rejected when it is a review; "
     "your role now; a short summary; details in payload (at most 64 KiB)."
+)
+READ_DESCRIPTION: Final = (
+    "Read a report, yours or a child agent's (child_workdir): the first one numbered above "
+    "after (the last seq you read), or the latest without it; report is null when there is "
+    "none newer. Read with the seq of the last one you got: nothing skipped, nothing repeated."
 )
 SPAWN_DESCRIPTION: Final = (
     "Record that you create another agent: its workdir, why (required), its provider. "
@@ -63,6 +73,42 @@ def report_schema() -> dict[str, Any]:
             "payload": {**_STR, "description": "details, at most 64 KiB of text"},
         },
         "required": ["ok"],
+    }
+
+
+def read_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "after": {
+                "type": "integer",
+                "minimum": 0,
+                "maximum": MAX_SEQ,
+                "description": "the seq of the last report you read (default: the latest)",
+            },
+            "child_workdir": {
+                **_STR,
+                "minLength": 1,
+                "description": "a child agent's workdir (absolute, or relative to yours), to"
+                " read its reports; default: your own",
+            },
+        },
+    }
+
+
+def read_result_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "status": {"type": "string", "description": "ok, or failed with a message"},
+            "report": {
+                "type": ["object", "null"],
+                "description": "seq, at, ok, verdict, role, channel, summary, payload_file,"
+                " payload_bytes and payload; null when there is none newer",
+            },
+            "message": {"type": "string", "description": "Why a call failed, and the fix."},
+        },
+        "required": ["status"],
     }
 
 
@@ -126,6 +172,37 @@ def call_report(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
     except OSError as exc:
         return _failed(write_problem(exc, paths.workdir))
     return {"status": "ok", **record}
+
+
+def call_reports(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
+    after = arguments.get("after")
+    if after is not None and not 0 <= after <= MAX_SEQ:
+        return _failed(
+            f"after: {after} is out of range; give the last seq you read (0 to {MAX_SEQ})"
+        )
+    workdir = Path(paths.workdir)
+    child = arguments.get("child_workdir")
+    if child is not None:
+        if not isinstance(child, str) or not child.strip():
+            return _failed(
+                "child_workdir: give the child agent's working directory (absolute, or"
+                " relative to yours), or leave it out to read your own reports"
+            )
+        try:
+            workdir = expand_workdir(child, base=workdir)
+        except WorkdirError as exc:
+            return _failed(f"child_workdir: {exc}")
+    try:
+        report = Reports(workdir, channel="mcp").after(after)
+    except ReportError as exc:
+        message = str(exc)
+        if child is not None and message.startswith("workdir:"):
+            message = "child_" + message
+        return _failed(message)
+    except OSError as exc:
+        where = "child_workdir" if child is not None else "reports"
+        return _failed(f"{where}: cannot read {quoted(str(workdir / 'reports'))} ({exc.strerror})")
+    return {"status": "ok", "report": report}
 
 
 def call_spawn(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:

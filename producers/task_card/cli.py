@@ -491,7 +491,8 @@ def register(subparsers: Any) -> None:
     host.set_defaults(handler=run_host)
 
     mcp = subparsers.add_parser(
-        "mcp", help="serve the task_card, ledger, report, spawn and inbox tools over MCP stdio"
+        "mcp",
+        help="serve the task_card, ledger, report, reports, spawn and inbox tools over MCP stdio",
     )
     _common(mcp, writable_workdir_arg)
     mcp.set_defaults(handler=run_mcp)

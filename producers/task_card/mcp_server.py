@@ -1,5 +1,5 @@
 """`taskcard mcp`: a stdio MCP server over a small registry of tools (task_card, ledger, report,
-spawn, inbox).
+reports, spawn, inbox).
 
 Each tool is one `McpTool` entry in `TOOLS`: its name, description, input and output schemas,
 annotations and a plain function from (workdir paths, arguments) to a result dict, run in a
@@ -225,6 +225,21 @@ REPORT_TOOL: Final = _recording_tool(
     "Report",
     reports_tool.call_report,
 )
+READ_REPORTS_TOOL: Final = McpTool(
+    name=reports_tool.READ_TOOL,
+    description=reports_tool.READ_DESCRIPTION,
+    input_schema=reports_tool.read_schema(),
+    output_schema=reports_tool.read_result_schema(),
+    annotations=types.ToolAnnotations(
+        title="Read reports",
+        read_only_hint=True,
+        destructive_hint=False,
+        idempotent_hint=True,
+        open_world_hint=False,
+    ),
+    call=lambda paths, arguments, cancelled: reports_tool.call_reports(paths, arguments),
+    is_error=lambda result: result.get("status") == "failed",
+)
 SPAWN_TOOL: Final = _recording_tool(
     reports_tool.SPAWN_TOOL,
     reports_tool.SPAWN_DESCRIPTION,
@@ -248,6 +263,7 @@ TOOLS: Final[tuple[McpTool, ...]] = (
     TASK_CARD_TOOL,
     LEDGER_TOOL,
     REPORT_TOOL,
+    READ_REPORTS_TOOL,
     SPAWN_TOOL,
     INBOX_TOOL,
 )

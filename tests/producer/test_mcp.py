@@ -47,7 +47,14 @@ async def test_an_mcp_client_starts_inspects_and_removes_a_watch(
         assert init.server_info.version == metadata.version("taskcard")
         assert init.instructions is not None and "prints the whole card" in init.instructions
         tools = (await session.list_tools()).tools
-        assert [tool.name for tool in tools] == ["task_card", "ledger", "report", "spawn", "inbox"]
+        assert [tool.name for tool in tools] == [
+            "task_card",
+            "ledger",
+            "report",
+            "reports",
+            "spawn",
+            "inbox",
+        ]
         tool = tools[0]
         assert tool.input_schema["properties"]["action"]["enum"] == list(ACTIONS)
         assert "oneOf" not in tool.input_schema
@@ -150,6 +157,68 @@ async def test_the_inbox_tool_names_the_files_it_left_alone(workdir: Path, cli: 
         assert "not a message" in problem and "left alone" in problem
 
 
+def child_reports(child: Path, flag: str, verdict: str) -> dict[str, Any]:
+    """A report of the child, as the child writes it: `taskcard report`, its details on stdin."""
+    done = subprocess.run(
+        [sys.executable, "-m", "taskcard.bridge.cli", "report", "--workdir", str(child),
+         flag, "--verdict", verdict, "--role", "reviewer", "--payload", "-"],
+        input=f"round {verdict}", capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+async def test_an_orchestrator_reads_its_childs_reports_in_order_over_mcp(
+    workdir: Path, cli: CliHost
+) -> None:
+    """The reports-and-signals spec: the orchestrator reads what a card returned, with the
+    last number seen, without re-reading one or losing an old round. Over MCP it could write
+    reports and spawn children, but read none (only `taskcard reports` did)."""
+    child = workdir / "reviewer"
+    child.mkdir()
+    async with cli.mcp() as session:
+
+        async def read(arguments: dict[str, Any]) -> dict[str, Any]:
+            result = await session.call_tool("reports", arguments)
+            content = result.structured_content
+            assert isinstance(content, dict)
+            assert result.is_error is (content["status"] == "failed"), content
+            return content
+
+        spawned = await session.call_tool(
+            "spawn", {"child_workdir": "reviewer", "reason": "review"}
+        )
+        assert not spawned.is_error, spawned.structured_content
+        assert await read({"child_workdir": "reviewer"}) == {"status": "ok", "report": None}
+        for flag, verdict in (("--failed", "reprovado"), ("--ok", "aprovado")):
+            assert child_reports(child, flag, verdict)["channel"] == "cli"
+        seen: list[tuple[int, bool, str, str]] = []
+        after = 0
+        while report := (await read({"child_workdir": str(child), "after": after}))["report"]:
+            seen.append((report["seq"], report["ok"], report["verdict"], report["payload"]))
+            after = report["seq"]
+        assert seen == [
+            (1, False, "rejected", "round reprovado"),
+            (2, True, "approved", "round aprovado"),
+        ]
+        latest = (await read({"child_workdir": "reviewer"}))["report"]
+        assert latest["seq"] == 2 and latest["role"] == "reviewer"
+        # Its own reports, by default; the child's are not its own.
+        assert (await session.call_tool("report", {"ok": True})).is_error is False
+        assert (await read({}))["report"]["channel"] == "mcp"
+        assert (await read({"after": 1})) == {"status": "ok", "report": None}
+        # Bad input names the field and the fix.
+        refused = await read({"after": -1})
+        assert refused["message"].startswith("after:") and "last seq you read" in refused["message"]
+        refused = await read({"after": 1.5})
+        assert refused["message"].startswith("after: must be a whole number")
+        refused = await read({"child_workdir": "nowhere"})
+        assert (
+            refused["message"].startswith("child_workdir:")
+            and "not a directory" in (refused["message"])
+        )
+
+
 def resolved(path: Path) -> Path:
     return path.resolve()
 
@@ -175,6 +244,7 @@ async def test_a_workdir_removed_while_serving_is_not_created_again(
         "task_card": {"action": "settings", "input": {}, "reasoning": "check"},
         "ledger": {"command": "init", "task_id": "t", "purpose": "p"},
         "report": {"ok": True, "summary": "done"},
+        "reports": {},
         "spawn": {"child_workdir": str(workdir.parent), "reason": "lint"},
         "inbox": {},
     }

@@ -26,6 +26,7 @@ VALID_CALLS: dict[str, dict[str, Any]] = {
     "task_card": {"action": "settings", "input": {}, "reasoning": "check"},
     "ledger": {"command": "heartbeat", "task_id": "t1"},
     "report": {"ok": True, "summary": "done"},
+    "reports": {"after": 0},
     "spawn": {"child_workdir": "child", "reason": "lint"},
     "inbox": {"peek": True},
 }
@@ -84,6 +85,8 @@ LONG_VALUES: list[tuple[str, dict[str, Any], str]] = [
     ("ledger", {"command": LONG}, "command"),
     ("spawn", {"child_workdir": LONG, "reason": "lint"}, "child_workdir"),
     ("spawn", {"child_workdir": "missing/" + LONG[:200], "reason": "lint"}, "child_workdir"),
+    ("reports", {"child_workdir": LONG}, "child_workdir"),
+    ("reports", {"child_workdir": "missing/" + LONG[:200]}, "child_workdir"),
 ]
 
 

@@ -50,6 +50,7 @@ CALLS: dict[tuple[str, str], dict[str, Any]] = {
         "expected_bytes": VALUE,
     },
     ("spawn", "max_depth"): {"child_workdir": "child", "reason": "lint", "max_depth": VALUE},
+    ("reports", "after"): {"after": VALUE},
 }
 
 
