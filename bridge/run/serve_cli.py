@@ -275,6 +275,7 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
                 # A configured workdir not made yet (served, picked up once it is).
                 "workdir_exists": agent_id not in not_yet,
                 "found_by": found_by,
+                **_agent_now(config, agent_id, workdir, agent_id not in not_yet),
                 "problems": parse_agent_health(
                     store.get_cursor(agent_health_key(agent_id)) if store else None
                 ),
@@ -310,6 +311,43 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
     finally:
         if store:
             store.close()
+
+
+def _agent_now(config: ServiceConfig, agent_id: str, workdir: Path, exists: bool) -> dict[str, Any]:
+    """The agent's state and latest report, read from its files as the service reads them
+    when it starts (the reports-and-signals spec: query the state, then read the report),
+    so a script gets them without a chat and whether the service runs or not."""
+    from taskcard.bridge.track.monitor import AgentMonitor, MemoryOffsetStore
+    from taskcard.bridge.track.reports import AgentSide
+
+    if not exists:
+        return {"state": None, "latest_report": None}
+    now = datetime.now(UTC)
+    offsets = MemoryOffsetStore()  # read-only: nothing of the service's is moved
+    monitor = AgentMonitor(
+        agent_id,
+        workdir,
+        offsets,
+        clock=lambda: now,
+        no_output_after_s=config.display.no_output_after_s,
+        start_silence_s=config.signals.no_output_after_start_s,
+    )
+    monitor.refresh()
+    side = AgentSide(agent_id, workdir, monitor.files, offsets, clock=lambda: now)
+    side.refresh()
+    report = side.latest_report
+    return {
+        "state": monitor.activity.state,
+        "latest_report": None
+        if report is None
+        else {
+            "seq": report.seq,
+            "at": _when(report.at.timestamp()),
+            "ok": report.ok,
+            "verdict": report.verdict,
+            "role": report.role,
+        },
+    }
 
 
 @dataclass(frozen=True)
@@ -373,6 +411,19 @@ def _send_hold(
         return None
     wait_s = unsure_send_wait_s(record.unsure_sends, record.unsure_at, now, hold_s)
     return _when(now + wait_s) if wait_s > 0 else None
+
+
+def _report_said(agent: dict[str, Any]) -> str:
+    """`; latest report #2 (at): ok, verdict approved, as reviewer.`, or no report."""
+    report = agent["latest_report"]
+    if report is None:
+        return "; no report"
+    said = ["ok" if report["ok"] else "failed"]
+    if report["verdict"] is not None:
+        said.append(f"verdict {report['verdict']}")
+    if report["role"] is not None:
+        said.append(f"as {report['role']}")
+    return f"; latest report #{report['seq']} ({report['at']}): {', '.join(said)}."
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -464,6 +515,8 @@ def _status(args: argparse.Namespace) -> int:
             + (f" ({printable(', '.join(notices))})" if notices else "")
         )
     for agent in report["agents"]:
+        if agent["state"] is not None:
+            print(printable(f"agent {agent['agent']}: {agent['state']}{_report_said(agent)}"))
         if agent["found_by"] == "discovered":
             print(printable(f"agent {agent['agent']}: discovered at {agent['workdir']}"))
         if not agent["workdir_exists"]:

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.harness import ServeProcess, eventually, publish, run_cli
+from tests.e2e.harness import ServeProcess, agents_lines, eventually, publish, run_cli
 from tests.e2e.test_origin_fleet import GROUP, TOPIC, hook, ready, telegram_config, texts
 from tests.fakes.telegram_api import FakeTelegram
 
@@ -67,3 +67,54 @@ async def test_status_lists_origin_routes_and_discovered_agents(
     assert agents["idle"]["found_by"] == "discovered"
     assert agents["idle"]["workdir"] == str(idle)
     assert agents["coder"]["found_by"] == "discovered"
+
+
+def test_status_tells_each_agents_state_and_latest_report(tmp_path: Path) -> None:
+    """The reports-and-signals spec: query the state, then read the report. Only a chat could
+    ask for them (`/taskcard`); `status`, the one command a script or an operator has, named
+    each agent's workdir and problems but neither its state nor its latest report."""
+    config = tmp_path / "taskcard.toml"
+    lines = agents_lines(tmp_path, ["reviewer", "coder", "gone", "silent"])
+    lines += ["[[agents]]", 'id = "later"', 'workdir = "agents/later"']
+    config.write_text("\n".join(lines) + "\n")
+    agents = tmp_path / "agents"
+
+    def cli(*args: str) -> None:
+        done = run_cli(*args)
+        assert done.returncode == 0, done.stderr
+
+    for kind in ("agent.start", "turn.start", "turn.end"):
+        cli("activity", "--workdir", str(agents / "reviewer"), kind)
+    cli("report", "--workdir", str(agents / "reviewer"), "--failed", "--summary", "first round")
+    cli("report", "--workdir", str(agents / "reviewer"), "--ok", "--verdict", "aprovado",
+        "--role", "reviewer", "--summary", "second round")  # fmt: skip
+    for kind in ("agent.start", "turn.start"):
+        cli("activity", "--workdir", str(agents / "coder"), kind)
+    for kind in ("agent.start", "agent.exit"):
+        cli("activity", "--workdir", str(agents / "gone"), kind)
+    cli("report", "--workdir", str(agents / "gone"), "--failed")
+
+    report: dict[str, Any] = json.loads(status(config, "--json"))
+    found = {agent["agent"]: (agent["state"], agent["latest_report"]) for agent in report["agents"]}
+    reviewed = found["reviewer"][1]
+    assert found["reviewer"][0] == "idle"
+    assert reviewed is not None and reviewed["at"].endswith("Z")
+    assert {k: v for k, v in reviewed.items() if k != "at"} == {
+        "seq": 2,
+        "ok": True,
+        "verdict": "approved",
+        "role": "reviewer",
+    }
+    assert found["coder"] == ("running", None)
+    assert found["gone"][0] == "exited"
+    assert found["gone"][1] is not None and found["gone"][1]["ok"] is False
+    assert found["silent"] == ("unknown", None)
+    assert found["later"] == (None, None), "a workdir not made yet has no state"
+
+    text = status(config)
+    assert f"agent reviewer: idle; latest report #2 ({reviewed['at']}): ok, verdict approved," \
+        " as reviewer." in text, text  # fmt: skip
+    assert "agent coder: running; no report" in text, text
+    assert "agent gone: exited; latest report #1 (" in text and "): failed." in text, text
+    assert "agent silent: unknown; no report" in text, text
+    assert "agent later:" in text and "agent later: None" not in text, text

@@ -64,7 +64,7 @@ def test_check_and_status_name_the_workdirs_not_made_yet(
     status = run_cli("status", "--config", str(config))
     assert status.returncode == 0, status.stderr
     assert not_yet("buidler", tmp_path) in status.stdout.splitlines()
-    assert "agent builder" not in status.stdout
+    assert "agent builder: workdir" not in status.stdout  # only its state and report
     as_json = run_cli("status", "--config", str(config), "--json")
     assert as_json.returncode == 0, as_json.stderr
     agents = {a["agent"]: a for a in json.loads(as_json.stdout)["agents"]}
