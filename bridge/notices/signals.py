@@ -5,6 +5,7 @@
 | report          | a new report line (seq greater than any seen)                          |
 | exited          | `agent.exit` with no report since `agent.start`                        |
 | idle            | a live card, no report since the turn began, quiet beyond the floor    |
+|                 | (never at a prompt: a shell has no turn, so it is never idle)          |
 | no output       | `agent.start` and not one event since, past the start grace           |
 
 Idle has three sentences because three different mechanisms lead there, and a wrong alarm
@@ -139,7 +140,9 @@ def due_signals(
                 " still running; nothing was stopped.",
             )
         )
-    if not facts.card_live or facts.state in ("waiting", "no output"):
+    # A shell at its prompt has no turn to have left without a report: the spec's state
+    # table says it is never idle, and "no report since its turn began" would be untrue.
+    if not facts.card_live or facts.state in ("waiting", "no output", "at prompt"):
         return due, None
     turn_began = facts.turn_started_at or facts.started_at
     if _reported_since(facts.latest_report, turn_began):

@@ -124,6 +124,14 @@ CASES: list[tuple[str, SignalFacts, float, list[str], str]] = [
         "",
     ),
     ("waiting for consent", replace(BASE, state="waiting"), 999, [], ""),
+    # A shell at its prompt has no turn: never idle, so never "idle without a report".
+    (
+        "a shell at its prompt",
+        replace(BASE, state="at prompt", turn_started_at=None, last_event_at=at(0)),
+        999,
+        [],
+        "",
+    ),
 ]
 
 

@@ -751,6 +751,32 @@ async def test_a_card_rewritten_while_its_agent_is_quiet_still_gets_the_idle_not
             assert await chat.serve.aterminate() == 0
 
 
+async def test_a_shell_at_its_prompt_is_never_told_idle_without_a_report(
+    platform: str, tmp_path: Path
+) -> None:
+    """The signals spec: at a prompt, "a shell has no turn, so it is never idle". A shell's
+    live card quiet beyond the floor got "has been quiet ... no report since its turn
+    began. Please check on it", about a turn it never had. An agent in a turn, quiet as
+    long (its events written after the shell's, so its floor passes later), is still told."""
+    floor = "[signals]\nidle_floor_s = 5\n"
+    async with chat_for(platform, tmp_path, ["shell", "coder"], floor) as chat:
+        shell, coder = workdir(tmp_path, "shell"), workdir(tmp_path, "coder")
+        activity(shell, "agent.start")
+        activity(shell, "text", text="$ make")
+        publish(shell, "**shell** ready")
+        activity(coder, "agent.start")
+        activity(coder, "turn.start")
+        activity(coder, "tool.start", call_id="c1", name="pytest")
+        publish(coder, "**coder** testing")
+        with chat.serve:
+            await chat.say("/taskcard")
+            answer = await wait_said(chat, "Task cards here", "/taskcard answer")
+            assert "shell: at prompt" in answer, answer
+            await wait_said(chat, "coder has been quiet for", "the coder's idle notice")
+            assert not [t for t in chat.bot_texts() if "💤 shell" in t], chat.bot_texts()
+            assert await chat.serve.aterminate() == 0
+
+
 async def test_a_burst_of_reports_wakes_the_parent_once(tmp_path: Path) -> None:
     """Each report queued a wake of its own: a child reporting three times in a row put
     three notices in its parent's inbox. Reports the parent has not taken yet now travel in
