@@ -463,7 +463,7 @@ class TaskCard:
         with self._lock:
             watch = self._watches.get(watch_id)
             if watch is None:
-                return self._unknown(watch_id)
+                return self._unknown(watch_id, "inspect")
             view = self._view(watch)
             body = watch.last_body
             if body is None:
@@ -495,7 +495,7 @@ class TaskCard:
         with self._lock:
             watch = self._watches.get(watch_id)
             if watch is None:
-                return self._unknown(watch_id)
+                return self._unknown(watch_id, "retry")
             if watch.state == "exhausted":
                 return {
                     **self._view(watch),
@@ -537,7 +537,7 @@ class TaskCard:
         with self._lock:
             watch = self._watches.get(watch_id)
             if watch is None:
-                return self._unknown(watch_id)
+                return self._unknown(watch_id, "stop")
             if watch.state in ("stopped", "exhausted"):
                 return self._view(watch)
             self._drop_tally(watch)
@@ -630,18 +630,36 @@ class TaskCard:
             self._seen_watch_number = max(self._seen_watch_number, watch_number(watch.watch_id))
             del self._watches[watch.watch_id]
 
-    def _unknown(self, watch_id: str) -> Result:
+    def _unknown(self, watch_id: str, action: str) -> Result:
+        """The refusal of a `watch_id` this host does not know, with the ids it knows and
+        the next step that fits `action`: every action was told to `remove`, which an
+        `inspect` of a mistyped id has no use for (and which deletes the card)."""
         if self._not_resumed is not None and self._not_resumed[0] == watch_id:
             return _failed(
                 f"watch_id: {watch_id} was not resumed when this host started: "
                 f"{self._not_resumed[1]}, so its card was left inactive; start a new watch, "
                 "or call remove to clear the card"
             )
-        known = ", ".join(self._watches) or "none"
-        return _failed(
-            f"watch_id: {quoted(watch_id)} is not a watch of this host (known: {known}); "
-            "call remove to clear the card without an id"
-        )
+        unknown = f"watch_id: {quoted(watch_id)} is not a watch of this host"
+        if not self._watches:
+            # No id to give: `start` answers one; a card left by no watch goes with `remove`.
+            fix = {
+                "stop": "nothing runs to stop; call remove to clear a card left without an id",
+            }.get(action, f"nothing to {action}; call start, whose result names the watch's id")
+            return _failed(f"{unknown}, which has no watch: {fix}")
+        known = ", ".join(self._watches)
+        current = self._current
+        if action == "inspect":
+            fix = "inspect one of those ids (start's result names each)"
+        elif action == "retry" and current is not None and not current.removed:
+            fix = f"only the latest can be retried: retry {current.watch_id}"
+        elif action == "retry":
+            fix = "none can be retried, its card was removed: call start for a new watch"
+        elif current is not None and current.state in LIVE_STATES:
+            fix = f"the running one is {current.watch_id}: stop {current.watch_id}"
+        else:
+            fix = "none is running, so there is nothing to stop"
+        return _failed(f"{unknown} (known: {known}); {fix}")
 
     def _paths_view(self) -> Result:
         return {

@@ -115,7 +115,7 @@ def summarize(result: dict[str, Any]) -> str:
     if result.get("interval_s") is not None:
         lines.append(f"  every {result['interval_s']:g} s, renderer {result.get('renderer_path')}")
     if result.get("stop_reason"):
-        lines.append(f"  stopped: {result['stop_reason']}")
+        lines.append(f"  why it stopped: {stop_reason_text(result['stop_reason'])}")
     error = result.get("error")
     if isinstance(error, dict):
         # The message may quote the renderer's own output: one plain line, no escapes.
@@ -141,6 +141,20 @@ def summarize(result: dict[str, Any]) -> str:
     if result.get("body_removed") is not None:
         lines.append(f"  card body removed: {'yes' if result['body_removed'] else 'no'}")
     return "\n".join(lines)
+
+
+# `stop_reason` as people read it; the result keeps the token (the manual documents it).
+STOP_REASONS: Final = {
+    "stopped": "a stop or remove call",
+    "max_refreshes": "its refresh budget is used up; start a new watch to go on",
+    "workdir_gone": "its workdir was deleted",
+}
+
+
+def stop_reason_text(reason: object) -> str:
+    """Why a watch stopped, in words: the summary said `stopped: stopped` and
+    `stopped: max_refreshes`. A reason a later host may add is shown as given, on one line."""
+    return STOP_REASONS.get(str(reason)) or one_line(str(reason))
 
 
 def _say(args: argparse.Namespace, message: str) -> None:
