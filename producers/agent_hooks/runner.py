@@ -100,6 +100,11 @@ class HookInputError(ValueError):
     """The payload cannot be used; the message says what was wrong with it."""
 
 
+class NoSessionFolder(HookInputError):
+    """The payload's `cwd` names no folder at all (it holds a NUL character): no workdir can
+    be told from it, `--only-in`'s included, so it is said on stderr as without one."""
+
+
 def log_error(
     workdir: Path | None, message: str, command: str = "taskcard hook", said: str | None = None
 ) -> None:
@@ -204,13 +209,7 @@ def resolve_workdir(override: str | None, payload: Mapping[str, Any]) -> Path:
             f"the payload's cwd must be the session's folder as an absolute path, not "
             f"{json.dumps(cwd)[:80]}; nothing written (pass --workdir)"
         )
-    if "\0" in cwd:
-        # No path holds one: it was reported as "not an absolute path" or "not a usable
-        # path", which sent the reader looking at the wrong part of it.
-        raise HookInputError(
-            f"the payload's cwd {json.dumps(cwd)[:200]} holds a NUL character, which no path"
-            " can; nothing written (send the session's folder, or pass --workdir)"
-        )
+    _refuse_nul_cwd(cwd)
     if not os.path.isabs(cwd):
         # The hosts send the session's absolute folder. Read from the hook's own folder, a
         # `..` or `~` here wrote the agent's events into a folder of no agent (`/`, home).
@@ -219,6 +218,33 @@ def resolve_workdir(override: str | None, payload: Mapping[str, Any]) -> Path:
             "written (pass --workdir)"
         )
     return _directory(cwd, "the payload's cwd")
+
+
+def _refuse_nul_cwd(cwd: object) -> None:
+    """No path holds a NUL character: it was reported as "not an absolute path" or "not a
+    usable path", which sent the reader looking at the wrong part of it."""
+    if isinstance(cwd, str) and "\0" in cwd:
+        raise NoSessionFolder(
+            f"the payload's cwd {json.dumps(cwd)[:200]} holds a NUL character, which no path"
+            " can; nothing written (send the session's folder, or pass --workdir)"
+        )
+
+
+def transcript_path(payload: Mapping[str, Any], paths: CardPaths) -> object:
+    """The payload's `transcript_path` to read the turn's tokens from; None, with one line in
+    the hook log naming the field, when it holds a NUL character (no file can be named so,
+    and it was dropped without a word, as if the host had sent none). The event is still
+    written, without the turn's token usage."""
+    path = payload.get("transcript_path")
+    if isinstance(path, str) and "\0" in path:
+        log_error(
+            paths.workdir,
+            f"HookInputError: the payload's transcript_path {json.dumps(path)[:200]} holds a"
+            " NUL character, which no path can; the event is written without the turn's"
+            " token usage (send the transcript's path)",
+        )
+        return None
+    return path
 
 
 def _session_waits(paths: CardPaths) -> contextlib.AbstractContextManager[dict[str, str]]:
@@ -475,7 +501,7 @@ def claude_code(
     key = _session_key(payload)
     main = not subagent(payload)
     ends_turn = name in TURN_END_EVENTS and main
-    usage = read_transcript_usage(payload.get("transcript_path")) if ends_turn else None
+    usage = read_transcript_usage(transcript_path(payload, paths)) if ends_turn else None
     # A subagent's context is not the agent's: the chat's texts and the card's notices handed
     # to it would read "delivered" while the agent the chat talks to never saw them.
     inbox = (
@@ -553,6 +579,7 @@ def codex(
     payload = parse_payload(data)
     if only_in is not None:
         root = _directory(only_in, "--only-in")
+        _refuse_nul_cwd(payload.get("cwd"))  # said as without --only-in, not passed over
         if not _inside(payload.get("cwd"), root):
             return ""
         workdir_override = str(root)
@@ -591,7 +618,7 @@ def _codex_hook(
         _turn_started(paths, thread, turn)
     usage = None
     if name in TURN_END_EVENTS and main:
-        lines = transcript_tail(payload.get("transcript_path"))
+        lines = transcript_tail(transcript_path(payload, paths))
         usage = rollout_usage(lines) if lines is not None else None
     key = _session_key(payload)
     # A subagent's context is not the agent's (see `claude_code`). A blocked stop is marked
@@ -672,10 +699,12 @@ def run_guarded(
         return action()
     except Exception as exc:  # a hook must never fail its agent; the log says what happened
         # The log goes where the events would have gone, by the same rule; else to stderr.
+        # A payload naming no session folder is not `--only-in`'s: said on stderr.
         workdir: Path | None = None
         with contextlib.suppress(Exception):
-            data = read_json(raw_for_hint) if workdir_hint is None else {}
-            workdir = resolve_workdir(workdir_hint, data if isinstance(data, dict) else {})
+            if not isinstance(exc, NoSessionFolder):
+                data = read_json(raw_for_hint) if workdir_hint is None else {}
+                workdir = resolve_workdir(workdir_hint, data if isinstance(data, dict) else {})
         said: str | None = None
         if isinstance(exc, HookInputError):
             line, said = f"{exc.__class__.__name__}: {exc}", str(exc)
