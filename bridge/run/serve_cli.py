@@ -58,6 +58,7 @@ from taskcard.channels.base import counted
 
 if TYPE_CHECKING:
     from taskcard.bridge.schedule.scheduler import RouteKey
+    from taskcard.channels.base import RouteView
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +201,8 @@ def _when(epoch: float | None) -> str | None:
 def status_report(config: ServiceConfig) -> dict[str, Any]:
     """Every route `serve` would run (configured ones, those opened by turn origins) with what
     the store knows about it, and every agent (configured or discovered); read-only."""
+    from taskcard.bridge.run.boards import BOARD_AGENT
+
     path = config.state_dir / STATE_FILE
     store: StateStore | None = None
     if config.cluster.enabled:
@@ -236,6 +239,13 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
                 if rules is not None and rules.covers(scope, chat, message_id)
             }
             moved = chat_moved_to(channel, store, chat.chat_id) if store else None
+            view = _chat_view(fleet, store, route_key)
+            # A board is retired when its chat shows cards; a card, followed on the board
+            # (let go until its agent needs people), when its chat shows the board.
+            if agent_id == BOARD_AGENT:
+                retired = view == "cards"
+            else:
+                retired = view == "board" and message_id is None
             kept = store.get_cursor(card_refused_key(key)) if store else None
             refused = parse_card_refused(kept, key)
             routes.append(
@@ -246,6 +256,8 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
                     "agent": agent_id,
                     "opened_by": opened_by,
                     "message_id": record.message_id if record else None,
+                    "chat_view": view,
+                    "retired": retired,
                     "last_committed": _when(record.committed_at) if record else None,
                     # The fields above that are null because the state's value could not be
                     # read (a warning names it), not because there is none.
@@ -357,6 +369,8 @@ class _StatusFleet:
 
     routes: list[tuple[RouteKey, str]]
     agents: dict[str, tuple[Path, str]]
+    # Each chat's view as its routes set it (a `/taskcard board|cards` stored overrides it).
+    views: dict[str, RouteView]
 
 
 def _fleet(config: ServiceConfig, store: StateStore | None) -> _StatusFleet:
@@ -370,6 +384,7 @@ def _fleet(config: ServiceConfig, store: StateStore | None) -> _StatusFleet:
         origin_listed,
     )
     from taskcard.bridge.run.origins import OriginBook
+    from taskcard.bridge.schedule.routes import chat_scope
     from taskcard.bridge.schedule.scheduler import RouteKey
 
     specs = route_specs(config, store)
@@ -380,7 +395,11 @@ def _fleet(config: ServiceConfig, store: StateStore | None) -> _StatusFleet:
     origins = [key for key in origins if origin_listed(key, listed)]
     fleet = desired_fleet(config, specs, discovered, origins)
     routes: dict[RouteKey, str] = {}
+    views: dict[str, RouteView] = {}
+    for route in fleet.routes:  # the service takes the view of a chat's first route
+        views.setdefault(route.key.chat_scope, route.view)
     for spec in specs:  # configured first, in the file's order, found or not
+        views.setdefault(chat_scope(spec.channel, spec.chat), spec.view)
         names = list(fleet.agents) if spec.all_agents else list(spec.agents)
         for agent_id in names:
             routes.setdefault(RouteKey(spec.channel, spec.chat, agent_id), "config")
@@ -396,7 +415,16 @@ def _fleet(config: ServiceConfig, store: StateStore | None) -> _StatusFleet:
         agent_id: (workdir, "config" if agent_id in configured else "discovered")
         for agent_id, workdir in fleet.agents.items()
     }
-    return _StatusFleet(list(routes.items()), agents)
+    return _StatusFleet(list(routes.items()), agents, views)
+
+
+def _chat_view(fleet: _StatusFleet, store: StateStore | None, key: RouteKey) -> RouteView:
+    """What the chat of `key` shows, as the service decides it (`boards.ChatViews`)."""
+    from taskcard.bridge.run.boards import parse_view, view_cursor
+
+    scope = key.chat_scope
+    stored = parse_view(store.get_cursor(view_cursor(scope))) if store is not None else None
+    return stored or fleet.views.get(scope, "cards")
 
 
 def _send_hold(
@@ -472,8 +500,9 @@ def _status(args: argparse.Namespace) -> int:
         print(f"rate-limit pause: {pause['scope']} ({pause['what']}) until {pause['until']}")
     for route in report["routes"]:
         opened = " (opened by a turn origin)" if route["opened_by"] == "origin" else ""
+        board = route["agent"] == BOARD_AGENT
         print(f"{route['route']}{opened}")
-        print(f"  resident message: {route['message_id'] or '(none yet)'}")
+        print(f"  resident message: {_resident_shown(route, board)}")
         never = UNREADABLE if "last_committed" in route["unreadable"] else "(never)"
         print(f"  last committed edit: {route['last_committed'] or never}")
         if route["moved_to"]:
@@ -486,11 +515,12 @@ def _status(args: argparse.Namespace) -> int:
             print(f"  DISABLED: {printable(route['disabled'])}")
         if route["card_refused"]:
             refused = route["card_refused"]
-            whose = "board" if route["agent"] == BOARD_AGENT else f"agent {route['agent']}"
+            whose = "board" if board else f"agent {route['agent']}"
+            what = "board" if board else "card"
             shows = (
-                "the chat shows the last card that went through"
+                f"the chat shows the last {what} that went through"
                 if route["message_id"]
-                else "no card of the route was shown yet"
+                else f"no {what} of the route was shown yet"
             )
             print(
                 printable(
@@ -526,6 +556,20 @@ def _status(args: argparse.Namespace) -> int:
             for problem in agent["problems"]:
                 print(f"  - {printable(problem)}")
     return 0
+
+
+def _resident_shown(route: dict[str, Any], board: bool) -> str:
+    """The route's message as `status` shows it: a retired board read "(none yet)", as if
+    its first message were on its way (and a card followed on the board the same)."""
+    if board and route["retired"]:
+        left = f"message {route['message_id']} is its last word" if route["message_id"] else ""
+        return (
+            "none, the board is retired: the chat shows one card per agent (/taskcard board"
+            f" there brings it back){'; ' + left if left else ''}"
+        )
+    if route["retired"]:
+        return "none, followed on the chat's board (the agent gets a card when it needs people)"
+    return str(route["message_id"] or "(none yet)")
 
 
 def _config_option(parser: argparse.ArgumentParser) -> None:
