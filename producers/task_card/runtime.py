@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Final
 
 import taskcard.producers.task_card.workdir_lock as workdir_lock
+from taskcard.producers.task_card.workdir_arg import shown_path
 
 
 class HostAlreadyRunning(RuntimeError):
@@ -66,18 +67,22 @@ def ensure_private_dir(path: Path) -> None:
     except OSError as exc:
         # A folder that cannot be made (a file on its path, a read-only or pseudo file
         # system) was a bare "[Errno 17] File exists: ..." and exit 4, "no host reachable".
+        # The folder in the way, when not the runtime dir itself (said once, not twice).
+        where = "" if exc.filename in (None, str(path)) else f": {shown_path(exc.filename)}"
         raise RuntimeDirUnsafe(
-            f"runtime dir {path} cannot be created ({exc.strerror}: {exc.filename}); set "
+            f"runtime dir {shown_path(path)} cannot be created ({exc.strerror}{where}); set "
             "TASKCARD_RUNTIME_DIR (or --runtime-dir) to a private directory you can create"
         ) from None
     try:
         info = os.lstat(path)
     except OSError as exc:
-        raise RuntimeDirUnsafe(f"runtime dir {path} cannot be checked ({exc.strerror})") from None
+        raise RuntimeDirUnsafe(
+            f"runtime dir {shown_path(path)} cannot be checked ({exc.strerror})"
+        ) from None
     problem = runtime_dir_problem(info.st_mode, info.st_uid, os.getuid())
     if problem is not None:
         raise RuntimeDirUnsafe(
-            f"runtime dir {path} {problem}; refusing to use it. Remove it if it is not "
+            f"runtime dir {shown_path(path)} {problem}; refusing to use it. Remove it if it is not "
             "yours, or set TASKCARD_RUNTIME_DIR (or --runtime-dir) to a private directory"
         )
 
@@ -167,7 +172,8 @@ class HostLock:
             holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             raise HostAlreadyRunning(
-                f"a task_card host already runs for {self._paths.workdir} (pid {holder}); "
+                f"a task_card host already runs for {shown_path(self._paths.workdir)}"
+                f" (pid {shown_path(holder)}); "
                 "use it (taskcard tool/card talk to it) or stop it first"
             ) from None
         try:

@@ -38,9 +38,9 @@ def shown_path(path: object) -> str:
     terminal that showed it. Whole up to the longest path the system opens (cut as `quoted`
     cuts past that), since the end of a path is often its mistake."""
     text = str(path)
-    if text.isprintable():
-        return text
-    return repr(text) if len(text) <= PATH_MAX else quoted(text)
+    if len(text) > PATH_MAX:  # printable or not: a 100 KB name came back whole
+        return quoted(text)
+    return text if text.isprintable() else repr(text)
 
 
 def expand_workdir(text: str, base: Path | None = None) -> Path:
@@ -95,7 +95,13 @@ def existing_workdir_arg(text: str) -> Path:
     `taskcard COMMAND: argument --workdir: DIR is not a directory; pass the agent's working
     directory; see ...`."""
     path = workdir_arg(text)
-    if not path.is_dir():
+    try:
+        found = path.is_dir()
+    except OSError as exc:  # a name too long to open: it was a traceback
+        raise argparse.ArgumentTypeError(
+            f"{shown_path(text)} cannot be used ({exc.strerror}); {WORKDIR_FIX}"
+        ) from None
+    if not found:
         raise argparse.ArgumentTypeError(f"{shown_path(text)} is not a directory; {WORKDIR_FIX}")
     return path
 

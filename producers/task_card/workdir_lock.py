@@ -72,6 +72,7 @@ from taskcard.producers.task_card.contract import (
     TASKCARD_DIR,
     is_inside,
 )
+from taskcard.producers.task_card.workdir_arg import shown_path
 
 log = logging.getLogger(__name__)
 
@@ -111,9 +112,12 @@ class Holder:
 
     def describe(self, workdir: Path) -> str:
         pid = self.pid if self.pid is not None else "unknown"
-        where = self.runtime_dir or "unknown"
+        # Both names are the user's own: a runtime dir holding an escape acted on the
+        # terminal that showed this line, and one of 100 KB came back whole, twice.
+        where = shown_path(self.runtime_dir) if self.runtime_dir else "unknown"
         return (
-            f"a task_card host already runs for {workdir} (pid {pid}, runtime dir {where}); "
+            f"a task_card host already runs for {shown_path(workdir)} (pid {pid}, runtime dir"
+            f" {where}); "
             f"talk to it through the same runtime dir (TASKCARD_RUNTIME_DIR={where} or "
             "--runtime-dir), or stop it first"
         )
