@@ -31,6 +31,7 @@ from typing import Any, Final, TypeGuard
 from taskcard.producers.task_card.contract import (
     CardPaths,
     atomic_write,
+    json_cut_short,
     json_kind,
     read_regular,
 )
@@ -181,7 +182,7 @@ def _read_object(path: Any) -> dict[str, Any] | None:
     try:
         data = json.loads(raw, object_pairs_hook=_mark_repeated)
     except (ValueError, RecursionError) as exc:
-        raise SettingsUnavailable(f"{path.name} {_why_not_json(raw, exc)}") from None
+        raise SettingsUnavailable(f"{path.name} {_not_json(raw, exc)}") from None
     if not isinstance(data, dict):
         raise SettingsUnavailable(
             f"{path.name} is not a JSON object (the top level is {json_kind(data)})"
@@ -189,16 +190,22 @@ def _read_object(path: Any) -> dict[str, Any] | None:
     return data
 
 
-def _why_not_json(raw: bytes, error: ValueError | RecursionError) -> str:
-    """Where the owner's document stops being JSON: "is not valid JSON" alone left an owner
-    who edited it by hand to search the whole file for one missing comma."""
+def _not_json(raw: bytes, exc: ValueError | RecursionError) -> str:
+    """Why the document is not a JSON object one can read, and where: "is not valid JSON"
+    alone was said of an empty file, bytes that are not UTF-8, a NUL, a 5,000-digit number
+    and a document nested too deeply, and the owner had to guess which."""
     if not raw.strip():
-        return "is empty"
-    if isinstance(error, UnicodeDecodeError):
-        return f"is not UTF-8 text (byte offset {error.start}); save it as UTF-8"
-    if isinstance(error, json.JSONDecodeError):
-        return f"is not valid JSON at line {error.lineno}, column {error.colno} ({error.msg})"
-    return "is nested too deeply to read"
+        return "is empty; write a JSON object (such as {})"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"is not UTF-8 (byte {exc.start + 1}, counting from 1); save it as UTF-8"
+    if isinstance(exc, RecursionError):
+        return "nests too deeply to read"
+    if not isinstance(exc, json.JSONDecodeError):  # Python's cap on a number's digits
+        cap = sys.get_int_max_str_digits()
+        return f"holds a number of over {cap} digits, more than can be read; shorten it"
+    if json_cut_short(exc):
+        return "is not valid JSON: it ends before the object is complete"
+    return f"is not valid JSON: {exc.msg.lower()} at line {exc.lineno}, column {exc.colno}"
 
 
 def _legacy_max_refreshes(paths: CardPaths) -> int | None:

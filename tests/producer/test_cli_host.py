@@ -789,10 +789,19 @@ def test_bytes_that_are_not_utf8_are_refused_naming_the_field(
 @pytest.mark.parametrize(
     ("content", "said"),
     [
-        (b'{"interval_s": 2,\n "timeout_s": 3,}', "is not valid JSON at line 2, column 17"),
-        (b'{"interval_s": 2} {"timeout_s": 3}', "is not valid JSON at line 1, column 19"),
+        (
+            b'{"interval_s": 2,\n "timeout_s": 3,}',
+            (
+                "is not valid JSON: expecting property name enclosed in double quotes at line 2,"
+                " column 17"
+            ),
+        ),
+        (
+            b'{"interval_s": 2} {"timeout_s": 3}',
+            "is not valid JSON: extra data at line 1, column 19",
+        ),
         (b"", "is empty"),
-        (b'{"note": "caf\xe9"}', "is not UTF-8 text (byte offset 13); save it as UTF-8"),
+        (b'{"note": "caf\xe9"}', "is not UTF-8 (byte 14, counting from 1); save it as UTF-8"),
         (b"[1, 2]", "is not a JSON object (the top level is an array)"),
     ],
     ids=["trailing-comma", "two-objects", "empty", "latin-1", "array"],
