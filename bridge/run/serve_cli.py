@@ -579,9 +579,19 @@ def _config_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config",
         "-c",
+        type=config_path,
         default=os.environ.get("TASKCARD_CONFIG") or None,
         help="the TOML configuration (env TASKCARD_CONFIG)",
     )
+
+
+def config_path(text: str) -> str:
+    """An argparse `type=` for a configuration file's name: an empty one is a usage error
+    naming the argument. It was read as `.`, the current folder, and refused as "is a
+    folder; give the path of the TOML file in it", about a folder nobody named."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; give the path of the TOML configuration file")
+    return text
 
 
 def no_config_given(args: argparse.Namespace, argument: str, way: str) -> NoReturn:
@@ -638,6 +648,7 @@ def register(subparsers: Any) -> None:
         "file",
         metavar="FILE",
         nargs="?",
+        type=config_path,
         default=os.environ.get("TASKCARD_CONFIG") or None,
         help="the TOML configuration (default: $TASKCARD_CONFIG)",
     )
