@@ -232,19 +232,22 @@ def _refuse_nul_cwd(cwd: object) -> None:
 
 def transcript_path(payload: Mapping[str, Any], paths: CardPaths) -> object:
     """The payload's `transcript_path` to read the turn's tokens from; None, with one line in
-    the hook log naming the field, when it holds a NUL character (no file can be named so,
-    and it was dropped without a word, as if the host had sent none). The event is still
-    written, without the turn's token usage."""
+    the hook log naming the field, when it holds a NUL character (no file can be named so)
+    or is not a string: either was dropped without a word, as if the host had sent none. The
+    event is still written, without the turn's token usage."""
     path = payload.get("transcript_path")
     if isinstance(path, str) and "\0" in path:
-        log_error(
-            paths.workdir,
-            f"HookInputError: the payload's transcript_path {json.dumps(path)[:200]} holds a"
-            " NUL character, which no path can; the event is written without the turn's"
-            " token usage (send the transcript's path)",
-        )
-        return None
-    return path
+        problem = "holds a NUL character, which no path can"
+    elif path is not None and not isinstance(path, str):
+        problem = "is not a path (a string)"
+    else:
+        return path
+    log_error(
+        paths.workdir,
+        f"HookInputError: the payload's transcript_path {json.dumps(path)[:200]} {problem};"
+        " the event is written without the turn's token usage (send the transcript's path)",
+    )
+    return None
 
 
 def _session_waits(paths: CardPaths) -> contextlib.AbstractContextManager[dict[str, str]]:

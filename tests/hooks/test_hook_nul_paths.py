@@ -54,6 +54,18 @@ def test_a_codex_transcript_path_holding_nul_is_named_and_the_turn_still_ends(
     assert said_of_transcript(workdir) == EXPECTED
 
 
+@pytest.mark.parametrize("given", [["/tmp/t.jsonl"], 7, {"path": "/tmp/t.jsonl"}])
+def test_a_transcript_path_that_is_no_string_is_named_too(workdir: Path, given: object) -> None:
+    done = hook(payload("10_stop.json", workdir, transcript_path=given))
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
+    assert kinds(workdir) == ["turn.end"]
+    assert said_of_transcript(workdir) == (
+        f"HookInputError: the payload's transcript_path {json.dumps(given)} is not a path (a"
+        " string); the event is written without the turn's token usage (send the"
+        " transcript's path)"
+    )
+
+
 def test_a_transcript_path_is_only_looked_at_when_a_turn_ends(workdir: Path) -> None:
     """Every event carries it; only a turn's end reads it, so only that one says so."""
     done = hook(payload("02_user_prompt_submit.json", workdir, transcript_path=TRANSCRIPT_NUL))
