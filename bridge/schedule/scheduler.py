@@ -341,6 +341,12 @@ class _RouteQueue:
         self._order.remove(key)
         self._members.discard(key)
 
+    def to_front(self, key: RouteKey) -> None:
+        """`key`, waiting already, takes the next turn (see `RouteScheduler.go_next`)."""
+        if key in self._members:
+            self._order.remove(key)
+            self._order.appendleft(key)
+
 
 class _Waits:
     """Whether an awaited coroutine suspended its task (`awaited`): it yielded to the event
@@ -745,8 +751,9 @@ class RouteScheduler:
 
     def lane_idle(self, lane_key: LaneKey) -> bool:
         """Whether the chat's lane has nothing waiting and nothing on its way (a card, a
-        pin or delete, a reply, a notice): a last edit that can wait goes in only then, so
-        no live card of the chat queues behind it (see `Service._unfollow_stale`)."""
+        pin or delete, a reply, a notice): a last edit that can wait goes in then, so no live
+        card of the chat queues behind it, or past its bound ahead of them (`go_next`; see
+        `Service._held_edit_may_go`)."""
         if self._outbox is not None and self._outbox.depth(lane_key):
             return False
         lane = self._lanes.get(lane_key)
@@ -756,6 +763,24 @@ class RouteScheduler:
             return False
         residents = self._residents
         return not any(key in residents and residents[key].pending for key in lane.routes)
+
+    def go_next(self, key: RouteKey) -> None:
+        """The route's pending edit takes the next turn of its lane, ahead of the routes
+        waiting there (round-robin goes on after it): for a last edit that waited for the
+        lane to be idle past its bound (`Service._held_edit_may_go`). Nothing when the route
+        has nothing waiting. Its request is admitted and paced as any other."""
+        lane = self._lanes.get(key.lane)
+        if lane is not None:
+            lane.routes.to_front(key)
+
+    def lane_pace_s(self, lane_key: LaneKey) -> float:
+        """The chat's pace: the spacing that spends a message there at the sustained rate of
+        its slowest scope (`pace_s`; 3 s in a Telegram group at 20 a minute, 0 for a channel
+        that names no limit or is not served here)."""
+        channel = self._channels.get(lane_key.channel)
+        if channel is None:
+            return 0.0
+        return pace_s(channel.rate_scopes(ChatRef(lane_key.chat_id), "send", None))
 
     def disabled_reason(self, key: RouteKey) -> str | None:
         resident = self._residents.get(key)

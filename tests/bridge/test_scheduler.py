@@ -19,6 +19,7 @@ import pytest
 
 from taskcard.bridge.notices.outbox import NoticeOutbox
 from taskcard.bridge.schedule.scheduler import (
+    LaneKey,
     RouteKey,
     RouteScheduler,
     _Resident,
@@ -862,6 +863,42 @@ async def test_a_lane_is_idle_only_with_nothing_waiting_and_nothing_on_its_way(
     await settle(scheduler)
     await scheduler.stop()
     assert scheduler.lane_idle(key.lane)
+
+
+async def test_a_route_sent_next_takes_its_lanes_next_turn_ahead_of_those_waiting(
+    store: SqliteStore,
+) -> None:
+    """`go_next` (a start's last edit that waited past its bound for an idle lane): the
+    route goes right after the request on its way, before the routes queued ahead of it,
+    and round-robin goes on after it."""
+    channel = GatedChannel()
+    a, b, c = (RouteKey("fake", ChatRef("1"), name) for name in ("a", "b", "c"))
+    scheduler = await started(store, channel, a, b, c)
+    for key in (a, b, c):
+        scheduler.submit(key, text(f"{key.agent_id} 1"))
+    await wait_for(lambda: channel.waiting == 1, "a's send on its way")
+    scheduler.go_next(c)
+    scheduler.go_next(RouteKey("fake", ChatRef("2"), "a"))  # no lane: nothing to do
+    channel.gate.set()
+    await settle(scheduler)
+    await scheduler.stop()
+    assert [call[3] for call in channel.calls] == ["a 1", "c 1", "b 1"]
+
+
+@pytest.mark.parametrize(
+    ("per_chat", "lane", "pace_s"),
+    [
+        (RateScope("chat", 20, 60.0), LaneKey("fake", "1"), 3.0),  # a Telegram group
+        (RateScope("chat", 5, 1.0), LaneKey("fake", "1"), 0.2),
+        (None, LaneKey("fake", "1"), 0.0),  # no limit named
+        (RateScope("chat", 20, 60.0), LaneKey("other", "1"), 0.0),  # not served here
+    ],
+)
+async def test_a_lanes_pace_is_its_slowest_scopes_sustained_spacing(
+    store: SqliteStore, per_chat: RateScope | None, lane: LaneKey, pace_s: float
+) -> None:
+    scheduler = RouteScheduler({"fake": ScriptedChannel(per_chat)}, store)
+    assert scheduler.lane_pace_s(lane) == pytest.approx(pace_s)
 
 
 async def test_a_shown_card_is_kept_as_its_fingerprint_only(store: SqliteStore) -> None:
