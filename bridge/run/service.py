@@ -28,7 +28,7 @@ import unicodedata
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, tzinfo
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from taskcard.bridge.compose.board import (
     BoardEntry,
@@ -244,6 +244,15 @@ UNFOLLOWED_REASON = (
 # budget. At most this many chats are looked at a second (the others wait their turn).
 UNFOLLOW_PER_TICK = 3
 UNFOLLOW_LANES_PER_TICK = 100
+# Those last edits, and a start's retirements (`Service._retire_left`), wait for their chat's
+# lane to be idle; in a chat whose cards change faster than its limit lets them out it never
+# is, and they waited for good, the cards showing agents the chat no longer follows. So one
+# that has waited this many of its chat's paces (`RouteScheduler.lane_pace_s`), and at least
+# `HELD_EDIT_FLOOR_S`, takes the lane's next turn ahead of the live cards, one at a time
+# (`Service._held_edit_may_go`): 30 s in a Telegram group (20 a minute), 10 s in a private
+# chat or on Feishu, so a busy chat gives them at most one request in ten of its own.
+HELD_EDIT_PACES = 10
+HELD_EDIT_FLOOR_S = 10.0
 
 
 # The offsets an agent's readers look up at its first reading (`_refresh_many`): the
@@ -435,6 +444,11 @@ class Service:
         # on its way, marked in the store once shown (`_unfollow`).
         self._unfollow_owed: dict[LaneKey, list[RouteKey]] = {}
         self._unfollowing: set[RouteKey] = set()
+        # Per chat owed those last edits or retirements at start: since when (loop time) its
+        # next one waits for the lane, and the one that last went ahead of the live cards
+        # (see `_held_edit_may_go`).
+        self._held_since: dict[LaneKey, float] = {}
+        self._held_ahead: dict[LaneKey, RouteKey] = {}
         self._first_read = False  # the watcher's first report was handled: every agent read
         # Agents whose last card cost too much to compose: not again before when (see
         # `_project_paced`), and the agents owed a projection meanwhile.
@@ -705,28 +719,37 @@ class Service:
         `_owe_unfollows` found get their last edit, each in a chat whose lane has nothing
         else to do (`RouteScheduler.lane_idle`), at most `UNFOLLOW_PER_TICK` per channel. So
         a start that finds thousands never bursts past a limit (the lanes pace each as any
-        request), never puts one before a live card of its chat, and leaves most of the
-        bot's (the app's) budget to the live cards of the other chats."""
+        request), puts one before a live card of its chat only when the chat stayed busy
+        past the bound (`_held_edit_may_go`), and leaves most of the bot's (the app's)
+        budget to the live cards of the other chats."""
         if not self._unfollow_owed or not self._first_read:
             return
+        now = asyncio.get_running_loop().time()
         budget = dict.fromkeys(self._ready_channels, UNFOLLOW_PER_TICK)
         for lane in list(itertools.islice(self._unfollow_owed, UNFOLLOW_LANES_PER_TICK)):
             keys = [key for key in self._unfollow_owed.pop(lane) if self._unwanted(key)]
-            if budget.get(lane.channel, 0) > 0 and self._scheduler.lane_idle(lane):
-                # Clustered: an agent whose lease another instance holds is that one's.
-                key = next((k for k in keys if self._serves(k.agent_id)), None)
-                if key is not None and key.agent_id not in self._unread:
-                    keys.remove(key)
-                    budget[lane.channel] -= 1
-                    try:
-                        self._unfollow_resident(key)
-                    except Exception as error:
-                        log.warning(
-                            "route %s: its card was not marked no longer followed (%s); the"
-                            " next start tries again",
-                            key,
-                            error,
-                        )
+            # Clustered: an agent whose lease another instance holds is that one's.
+            key = next((k for k in keys if self._serves(k.agent_id)), None)
+            way = None
+            if (
+                budget.get(lane.channel, 0) > 0
+                and key is not None
+                and key.agent_id not in self._unread
+            ):
+                way = self._held_edit_may_go(lane, now)
+            if key is not None and way is not None:
+                keys.remove(key)
+                budget[lane.channel] -= 1
+                try:
+                    self._unfollow_resident(key)
+                except Exception as error:
+                    log.warning(
+                        "route %s: its card was not marked no longer followed (%s); the"
+                        " next start tries again",
+                        key,
+                        error,
+                    )
+                self._held_edit_went(key, way, now)
             if keys:
                 self._unfollow_owed[lane] = keys  # behind the other chats: each in turn
 
@@ -778,18 +801,25 @@ class Service:
     def _retire_left(self) -> None:
         """Once a second, after the agents' first reading: the residents owed their agent's
         retirement (see `_owe_retirements`) get it, then close, in each chat once its lane
-        has nothing else to do (`RouteScheduler.lane_idle`). So the chat's live cards, which
-        people follow, go first (made at the channel's start, these went before them); the
-        lane paces these as any request. Nothing is known of the agent now (its files are
-        gone): the card says its state is unknown, and that it retired."""
+        has nothing else to do (`RouteScheduler.lane_idle`), or one at a time ahead of the
+        live cards once the chat stayed busy past the bound (`_held_edit_may_go`). So the
+        chat's live cards, which people follow, go first (made at the channel's start, these
+        went before them); the lane paces these as any request. Nothing is known of the
+        agent now (its files are gone): the card says its state is unknown, and that it
+        retired."""
         if not self._retire_owed or not self._first_read:
             return
         now = asyncio.get_running_loop().time()
         for name in [name for name in self._retire_owed if name in self._ready_channels]:
             channel = self._channels[name]
             keys = self._retire_owed[name]
-            idle = {lane for lane in {key.lane for key in keys} if self._scheduler.lane_idle(lane)}
-            for key in [key for key in keys if key.lane in idle]:
+            ways = {lane: self._held_edit_may_go(lane, now) for lane in {key.lane for key in keys}}
+            for key in list(keys):
+                way = ways.get(key.lane)
+                if way is None:
+                    continue
+                if way == "ahead":
+                    ways[key.lane] = None  # one at a time: the lane's others wait on
                 keys.remove(key)
                 if self._scheduler.has_message(key):
                     zone = self._chat_zone(key.channel, key.chat)
@@ -798,8 +828,48 @@ class Service:
                     )
                     self._scheduler.submit(key, final, last=True)
                 self._closing[key] = now
+                self._held_edit_went(key, way, now)
             if not keys:
                 del self._retire_owed[name]
+
+    def _held_edit_may_go(self, lane: LaneKey, now: float) -> Literal["idle", "ahead"] | None:
+        """How the next last edit a start owes in `lane` (`_unfollow_stale`, `_retire_left`)
+        may go now: "idle", the lane has nothing else to do, so it queues behind nothing;
+        "ahead", it has waited `HELD_EDIT_PACES` of the chat's paces (at least
+        `HELD_EDIT_FLOOR_S`) for that and none of the lane's went ahead still waits to be
+        shown, so it takes the lane's next turn ahead of the live cards; None, it waits on.
+        Its wait starts when first asked (its channel ready, the agents read)."""
+        since = self._held_since.setdefault(lane, now)
+        if self._scheduler.lane_idle(lane):
+            return "idle"
+        if self._held_ahead.get(lane) in self._closing:
+            return None  # one at a time: the last one ahead is not shown yet
+        pace_s = self._scheduler.lane_pace_s(lane)
+        return "ahead" if now - since >= max(HELD_EDIT_FLOOR_S, HELD_EDIT_PACES * pace_s) else None
+
+    def _held_edit_went(self, key: RouteKey, way: Literal["idle", "ahead"], now: float) -> None:
+        """The last edit of `key` was handed to its lane (`_held_edit_may_go` said `way`):
+        the lane's next one waits from now; one ahead takes the lane's next turn."""
+        self._held_since[key.lane] = now
+        if way == "ahead":
+            self._scheduler.go_next(key)
+            self._held_ahead[key.lane] = key
+            log.info(
+                "route %s: its last edit waited for a quiet moment in its chat past the bound"
+                " and goes ahead of the live cards",
+                key,
+            )
+
+    def _forget_held_lanes(self) -> None:
+        """The chats no longer owed a start's last edit forget when their next one waited
+        from (a later one, given back by a lease lost, waits anew)."""
+        if not self._held_since:
+            return
+        owed = set(self._unfollow_owed)
+        owed.update(key.lane for keys in self._retire_owed.values() for key in keys)
+        for lane in [lane for lane in self._held_since if lane not in owed]:
+            del self._held_since[lane]
+            self._held_ahead.pop(lane, None)
 
     def _retire_owed_to(self, agent_id: str) -> list[RouteKey]:
         return [
@@ -1649,6 +1719,7 @@ class Service:
         self._drop_closed_routes()
         self._retire_left()  # agents that left while the service was stopped
         self._unfollow_stale()  # routes that went while the service was stopped
+        self._forget_held_lanes()
         self._forget_due(now)  # agents that left long enough ago
         self._desk.refresh()  # open messages turn unconfirmed with time alone
 
