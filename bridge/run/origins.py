@@ -51,14 +51,11 @@ class OriginBook:
         self._shared = shared
         self._entries = _by_key(_parse(store.get_cursor(ORIGIN_ROUTES_CURSOR)))
 
-    def reread(self) -> bool:
+    def reread(self) -> None:
         """Shared: take the stored document as it is now (other instances wrote to it since
-        it was read); whether the open routes changed."""
-        if not self._shared:
-            return False
-        before = set(self.open_routes())
-        self._entries = _by_key(_parse(self._store.get_cursor(ORIGIN_ROUTES_CURSOR)))
-        return set(self.open_routes()) != before
+        it was read)."""
+        if self._shared:
+            self._entries = _by_key(_parse(self._store.get_cursor(ORIGIN_ROUTES_CURSOR)))
 
     def open_routes(self) -> list[RouteKey]:
         return [e.key for e in self._entries.values() if e.closed_at is None]

@@ -368,6 +368,8 @@ class Service:
         # The fleet: configured routes, discovered agents and origin routes (see `apply`).
         self._specs: list[RouteSpec] = [spec for b in channels.values() for spec in b.routes]
         self._origins = OriginBook(store, shared=clustered)
+        # The open origin routes the running fleet was last made of (`_apply_desired`).
+        self._origins_applied: frozenset[RouteKey] = frozenset()
         self._discovery = Discovery()
         self._origin_refused: set[tuple[str, str]] = set()
         self._origin_allowed: Mapping[str, frozenset[str]] | None = None
@@ -474,7 +476,7 @@ class Service:
         self.started = asyncio.Event()  # set once the loop runs (systemd readiness)
         self._rediscover()
         self._close_unlisted_origins()
-        self.apply(self._desired())
+        self._apply_desired()
 
     # Lifecycle ---------------------------------------------------------------------------
 
@@ -1113,14 +1115,17 @@ class Service:
         failed: dict[str, Exception] = {}
         taking = [a for a in dict.fromkeys(agent_ids) if a not in owned]
         # The routes turns opened while another instance served them count (one read).
-        reread = self._origins.reread()
+        # Compared with the routes the running fleet was made of, not with the book's copy
+        # before the read: a save of this instance's own merges the others' changes into
+        # that copy and applies nothing, and it is the fleet that must catch up.
+        self._origins.reread()
         closed = self._close_unlisted_origins(frozenset(taking))
-        if reread or closed:
+        if closed or frozenset(self._origins.open_routes()) != self._origins_applied:
             # Applied before the agents are served here, so a closed route is never scheduled
             # nor shown live first: its card gets the last edit a start gives those of routes
             # gone while stopped (`_owe_unfollows` finds it when the service is not running
             # yet).
-            self.apply(self._desired())
+            self._apply_desired()
             for key in closed if self._running else ():
                 self._unfollow_owed.setdefault(key.lane, []).append(key)
         for batch in in_batches(taking):
@@ -1253,7 +1258,7 @@ class Service:
 
         def handle(agent_ids: frozenset[str]) -> None:
             if ROOTS in agent_ids and self._rediscover():
-                self.apply(self._desired())
+                self._apply_desired()
             if self._unread and not self._unread.isdisjoint(agent_ids):
                 self._refresh_many(agent_ids, watcher.take_changed)
                 return
@@ -1274,10 +1279,12 @@ class Service:
 
     # The fleet -------------------------------------------------------------------------
 
-    def _desired(self) -> Fleet:
-        return desired_fleet(
-            self._config, self._specs, self._discovery.agents, self._origins.open_routes()
-        )
+    def _apply_desired(self) -> None:
+        """`apply` the fleet config, discovery and the open origin routes make now, and
+        note the origin routes it was made of (`take_agents` compares)."""
+        opened = frozenset(self._origins.open_routes())
+        self.apply(desired_fleet(self._config, self._specs, self._discovery.agents, opened))
+        self._origins_applied = opened
 
     def _rediscover(self) -> bool:
         """List the discovery roots again; whether the discovered agents changed."""
@@ -1577,7 +1584,7 @@ class Service:
         self._origin_allowed = None
         self._rediscover()
         self._close_unlisted_origins()
-        self.apply(self._desired())
+        self._apply_desired()
         for route in list(self._routes):
             self._project_route(route)  # display defaults may have changed
         log.info(
@@ -1640,7 +1647,7 @@ class Service:
             return  # already shown there (a configured route, or an open origin route)
         if self._origins.open(key, at.timestamp()):
             log.info("agent %s: route to %s opened by a turn's origin", agent_id, origin)
-            self.apply(self._desired())
+            self._apply_desired()
 
     def _origin_chats(self) -> Mapping[str, frozenset[str]]:
         """`origin_chats` with each chat under the id the service keys it by (a supergroup a
