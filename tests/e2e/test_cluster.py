@@ -404,6 +404,40 @@ async def test_feishu_a_command_delivered_to_one_instance_reaches_all_answered_o
         assert replies_in(fake.texts(CHAT)) == 1
 
 
+async def test_feishu_long_connection_a_command_given_to_either_instance_is_answered(
+    tmp_path: Path, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """Feishu hands each long-connection event to one connection of the app, at random
+    among those open: here one instance's, then the other's. Each command is taken once
+    and applies to both instances' cards, whichever instance Feishu chose (the fake used
+    to send every event over every connection)."""
+    from tests.e2e.test_serve_feishu import CHAT, VERIFY, card_texts
+
+    async with FakeFeishu() as fake:
+        for name in ("i0", "i1"):
+            setup = feishu_instance(tmp_path, name, fake, redis_url=redis_url, prefix=prefix)
+            setup.config.write_text(
+                setup.config.read_text().replace('events = "webhook"', 'events = "websocket"')
+            )
+            fleet.enter_context(setup.serve())
+            publish(tmp_path / name / "agents" / f"{name}agent", f"card of {name}")
+        await eventually(lambda: len(card_texts(fake)) == 2, timeout_s=60, what="two cards")
+        await eventually(lambda: fake.ws_connections == 2, timeout_s=60, what="two connections")
+        for connection, (args, hidden) in enumerate((("off", 2), ("on", 0))):
+            event = fake.command_event(CHAT, f"/taskcard {args}", verification_token=VERIFY)
+            event_id = event["header"]["event_id"]
+            assert await fake.push_ws_event(event, connection=connection) == 1
+            assert await eventually(lambda e=event_id: fake.ws_answers.get(e)) == [200]
+            await eventually(
+                lambda hidden=hidden: (
+                    sum("hidden" in t.lower() for t in card_texts(fake)) == hidden
+                ),
+                timeout_s=30,
+                what=f"the cards after /taskcard {args}",
+            )
+            assert relayed(redis_url, prefix, "feishu", args) == 1
+
+
 async def test_feishu_tell_and_thread_commands_cross_instances_as_written(
     tmp_path: Path, redis_url: str, prefix: str, fleet: ExitStack
 ) -> None:

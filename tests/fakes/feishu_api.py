@@ -34,6 +34,8 @@ What it serves (real paths, real answer shapes `{"code": 0, "msg": "success", "d
 - The long connection: `POST /callback/ws/endpoint` and a websocket at `/ws` that speaks
   lark-oapi's protobuf frames, so `lark_oapi.ws.Client` connects and receives events
   pushed with `push_ws_event`; the client's answer codes are kept by event id (`ws_answers`).
+  With several connections of the app open (a cluster), each event goes to one of them,
+  chosen at random, as Feishu documents; never to all.
 
 Controls (see `FakeFeishu`): scripted errors, recall / delete / age a message, remove the
 bot from a chat, revoke tokens, advance the wall clock. Inspection: the request log with
@@ -53,6 +55,7 @@ import io
 import itertools
 import json
 import os
+import random
 import re
 import secrets
 import time
@@ -324,7 +327,8 @@ class FakeFeishu:
         self._windows = _Windows()
         self._ids = itertools.count(1)
         self._runner: web.AppRunner | None = None
-        self._ws_clients: set[web.WebSocketResponse] = set()
+        # Open long connections, in the order they opened (`push_ws_event(connection=n)`).
+        self._ws_clients: list[web.WebSocketResponse] = []
         self.ws_opened = 0  # long connections accepted so far (a reconnect counts again)
         self.ws_acks: list[dict[str, Any]] = []
         # The answer codes each pushed event got, by its `header.event_id` (in order).
@@ -746,10 +750,19 @@ class FakeFeishu:
             document["token"] = verification_token
         return await self.deliver_event(url, document, encrypt_key=encrypt_key)
 
-    async def push_ws_event(self, document: dict[str, Any], *, payload: bytes | None = None) -> int:
-        """Send an event to every connected long-connection client; returns how many.
-        `payload` replaces the frame's payload (the document as JSON) with those bytes, as a
-        broken sender might write them."""
+    async def push_ws_event(
+        self,
+        document: dict[str, Any],
+        *,
+        payload: bytes | None = None,
+        connection: int | None = None,
+    ) -> int:
+        """Send an event over one open long connection; returns how many got it (0 or 1).
+
+        Feishu hands each event to one connection of the app, chosen at random when there
+        are several (cluster mode): so does the fake, unless `connection` names the n-th
+        open one (in the order they opened). `payload` replaces the frame's payload (the
+        document as JSON) with those bytes, as a broken sender might write them."""
         frame = Frame()
         frame.SeqID = next(self._ids)
         frame.LogID = frame.SeqID
@@ -772,10 +785,14 @@ class FakeFeishu:
         header = document.get("header")
         if isinstance(header, dict) and isinstance(header.get("event_id"), str):
             self._ws_pushed[headers["message_id"]] = header["event_id"]
-        sockets = list(self._ws_clients)
-        for socket in sockets:
-            await socket.send_bytes(frame.SerializeToString())
-        return len(sockets)
+        if not self._ws_clients:
+            return 0
+        if connection is None:
+            socket = random.choice(self._ws_clients)
+        else:
+            socket = self._ws_clients[connection]
+        await socket.send_bytes(frame.SerializeToString())
+        return 1
 
     @property
     def ws_connections(self) -> int:
@@ -1252,7 +1269,7 @@ class FakeFeishu:
     async def _ws(self, request: web.Request) -> web.WebSocketResponse:
         socket = web.WebSocketResponse()
         await socket.prepare(request)
-        self._ws_clients.add(socket)
+        self._ws_clients.append(socket)
         self.ws_opened += 1
         try:
             async for message in socket:
@@ -1267,7 +1284,7 @@ class FakeFeishu:
                             answers = self.ws_answers.setdefault(self._ws_pushed[sent], [])
                             answers.append(int(ack.get("code", 0)))
         finally:
-            self._ws_clients.discard(socket)
+            self._ws_clients.remove(socket)
         return socket
 
     async def _dump(self, request: web.Request) -> web.Response:
