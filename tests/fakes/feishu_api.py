@@ -4,8 +4,11 @@ What it serves (real paths, real answer shapes `{"code": 0, "msg": "success", "d
 
 - `POST /open-apis/auth/v3/tenant_access_token/internal`: tokens for the one configured app
   (a wrong secret is refused with code 10014); every other call needs `Bearer <token>`
-  (missing: 99991661, unknown or expired: 99991663). Tokens expire on the rate clock, so
-  `advance_time` (for the 14-day window) does not expire them; `revoke_tokens` does.
+  (missing: 99991661, unknown or expired: 99991663). As on Feishu, a request while the
+  newest token has half an hour or more left answers that token again, its `expire` the
+  seconds it has left; with less, a new one (the old stays valid until it expires). Tokens
+  expire on the rate clock, so `advance_time` (for the 14-day window) does not expire
+  them; `revoke_tokens` does.
 - `GET /open-apis/bot/v3/info`: the bot's `open_id` (`bot_open_id`, also the id the
   command events mention), in Feishu's shape with `bot` beside `code`; switched off with
   `bot_info_available = False` (then 404, like a server without the route).
@@ -75,6 +78,9 @@ TEXT_LIMIT_BYTES = 150 * 1024
 UPDATE_WINDOW_S = 14 * 24 * 3600.0
 TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
 UUID_WINDOW_S = 3600.0
+# While the newest token has at least this long left, a token request answers it again with
+# the seconds it has left as `expire`; with less, a new token (Feishu: 30 minutes).
+TOKEN_REISSUE_S = 1800.0
 UUID_MAX_CHARS = 50
 INVALID_MESSAGE_ID = "Your request contains an invalid request parameter, ext=invalid message_id."
 # The documented answers (code and msg) for a dissolved chat and for a person who turned the
@@ -948,13 +954,19 @@ class FakeFeishu:
                 raise _Refusal(400, 10014, "app secret invalid")
         except _Refusal as refusal:
             return self._refusal(request, "token", refusal, None, None)
-        token = "t-" + secrets.token_hex(16)
-        self._tokens[token] = self._rate_clock() + self.token_lifetime_s
+        now = self._rate_clock()
+        token, expires_at = max(self._tokens.items(), key=lambda item: item[1], default=("", 0.0))
+        if expires_at - now < TOKEN_REISSUE_S:
+            # Less than half an hour left (or none): a new token; the old one stays valid
+            # until its own expiry, as Feishu documents (two valid tokens for a while).
+            token = "t-" + secrets.token_hex(16)
+            expires_at = now + self.token_lifetime_s
+            self._tokens[token] = expires_at
         return self._answer(
             request,
             "token",
             msg="ok",
-            extra={"tenant_access_token": token, "expire": self.token_lifetime_s},
+            extra={"tenant_access_token": token, "expire": int(expires_at - now)},
         )
 
     async def _bot_info(self, request: web.Request) -> web.Response:

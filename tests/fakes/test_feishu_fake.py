@@ -12,7 +12,7 @@ import pytest
 from lark_oapi.ws.pb.pbbp2_pb2 import Frame
 
 from tests.e2e.harness import eventually
-from tests.fakes.feishu_api import FakeFeishu, FakeMessage
+from tests.fakes.feishu_api import TOKEN_PATH, FakeFeishu, FakeMessage
 
 
 def _card(tag: str, content: str) -> str:
@@ -71,3 +71,35 @@ async def test_an_event_goes_to_one_long_connection_of_the_app() -> None:
         for socket in sockets:
             await socket.close()
         await asyncio.gather(*listeners)
+
+
+async def test_a_token_request_answers_the_live_token_until_half_an_hour_is_left() -> None:
+    """Feishu answers a tenant token request with the token it gave before, and the seconds
+    it has left as `expire`, while half an hour or more is left; then a new one, the old
+    one still valid until it expires. The fake gave a new two-hour token every time, so a
+    client that took `expire` for the full two hours was never caught."""
+    now_s = [1000.0]
+    async with FakeFeishu(rate_clock=lambda: now_s[0]) as fake, aiohttp.ClientSession() as session:
+
+        async def token() -> tuple[str, int]:
+            body = {"app_id": fake.app_id, "app_secret": fake.app_secret}
+            async with session.post(f"{fake.base_url}{TOKEN_PATH}", json=body) as answer:
+                document = await answer.json()
+            return document["tenant_access_token"], document["expire"]
+
+        async def works(value: str) -> bool:
+            headers = {"Authorization": f"Bearer {value}"}
+            async with session.get(f"{fake.base_url}/open-apis/bot/v3/info", headers=headers) as a:
+                return (await a.json())["code"] == 0
+
+        first, expire = await token()
+        assert expire == 7200
+        now_s[0] += 5000
+        assert await token() == (first, 2200)
+        now_s[0] += 500  # 1700 s left: a new token
+        second, expire = await token()
+        assert second != first and expire == 7200
+        assert await works(first) and await works(second)
+        now_s[0] += 1700
+        assert not await works(first)
+        assert await works(second)
