@@ -26,7 +26,8 @@ from taskcard.channels.telegram.request import AnswerLost, FloodWait
 
 
 class ParseEntitiesFailed(Permanent):
-    """Telegram rejected our entities; the channel retries once as plain text."""
+    """Telegram rejected our entities (or their total size); the channel retries once as
+    plain text."""
 
 
 class ChatUpgraded(MessageGone):
@@ -55,6 +56,10 @@ _GONE_MARKERS = (
     "message to delete not found",
     "message to pin not found",
 )
+# Telegram refused the entities, not the text: the message goes again as plain text. Their
+# total size is bounded too (ENTITIES_TOO_LONG, links' addresses included), past which every
+# edit of the card would be refused for as long as its body stays.
+_ENTITIES_REFUSED = ("can't parse entities", "can't find end of", "entities_too_long")
 _FORBIDDEN_REASONS = (
     ("blocked", "bot was blocked by the user"),
     ("kicked", "bot was kicked from the chat"),
@@ -127,7 +132,7 @@ def _translate_bad_request(description: str, lowered: str) -> ChannelError:
         return NotModified(description)
     if any(marker in lowered for marker in _GONE_MARKERS):
         return MessageGone(description)
-    if "can't parse entities" in lowered or "can't find end of" in lowered:
+    if any(marker in lowered for marker in _ENTITIES_REFUSED):
         return ParseEntitiesFailed(description)
     if "message thread not found" in lowered or "topic_deleted" in lowered:
         return ThreadNotFound(description)

@@ -307,3 +307,21 @@ async def test_an_api_root_that_is_not_the_bot_api_is_said_so_not_blamed_on_the_
         )
         assert "telegram.api_base_url" in line and "Not Found" in line, line
         assert fake.token not in serve.logs
+
+
+async def test_a_card_whose_links_are_too_long_for_telegram_shows_as_plain_text(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """Telegram bounds the size of a message's entities, links' addresses included, and
+    answers ENTITIES_TOO_LONG past it (a 400, whatever the text's length): the card goes as
+    plain text, as after any refusal of its entities, instead of never showing."""
+    service = serve(tmp_path, fake, ["builder"], "lean")
+    workdir = tmp_path / "agents" / "builder"
+    address = "https://example.com/" + "a" * 120
+    links = " ".join(f"[link {n}]({address}/{n})" for n in range(60))
+    with service:
+        publish(workdir, f"report: {links}")
+        await eventually(lambda: any("link 59" in text for text in shown(fake)), what="the card")
+        assert fake.bot_messages(GROUP)[-1].entities == []
+        assert await service.aterminate() == 0
+    assert "Traceback" not in service.logs

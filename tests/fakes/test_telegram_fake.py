@@ -11,6 +11,7 @@ import pytest
 
 from tests.fakes.telegram_api import (
     EDIT_NOT_FOUND,
+    ENTITIES_TOO_LONG,
     NOT_MODIFIED,
     TOO_LONG,
     FakeLimits,
@@ -84,6 +85,25 @@ async def test_entities_past_the_hundredth_are_ignored() -> None:
         assert status == 200
         kept = fake.messages(-5)[0].entities
         assert [entity["offset"] for entity in kept] == [2 * i for i in range(100)]
+
+
+async def test_entities_too_large_in_total_are_refused() -> None:
+    """Links' addresses count towards the entities' size: past the bound, ENTITIES_TOO_LONG,
+    however short the text."""
+    async with FakeTelegram() as fake:
+        url = "https://example.com/" + "a" * 200
+
+        def links(count: int) -> list[dict[str, Any]]:
+            return [
+                {"type": "text_link", "offset": i, "length": 1, "url": url} for i in range(count)
+            ]
+
+        status, body = await _call(
+            fake, "sendMessage", chat_id=-5, text="x" * 40, entities=links(40)
+        )
+        assert (status, body["description"]) == (400, ENTITIES_TOO_LONG)
+        status, _ = await _call(fake, "sendMessage", chat_id=-5, text="x" * 40, entities=links(10))
+        assert status == 200
 
 
 async def test_real_429_body_and_record() -> None:
