@@ -106,6 +106,19 @@ ENTITY_TYPES = frozenset(
         "custom_emoji",
     }
 )
+# Parameters of the methods served whose type is an array or an object: sent as a form or a
+# query, they come JSON-serialized.
+JSON_PARAMETERS = frozenset(
+    {
+        "entities",
+        "link_preview_options",
+        "reply_markup",
+        "reply_parameters",
+        "allowed_updates",
+        "commands",
+        "scope",
+    }
+)
 # Methods that put a message into a chat and so count against that chat's limit.
 CHAT_LIMITED_METHODS = frozenset({"sendMessage", "editMessageText"})
 # Methods that count against the bot-wide limit (polling and identity do not).
@@ -749,7 +762,9 @@ class FakeTelegram:
 
     @staticmethod
     async def _params(request: web.Request) -> Json:
-        """Query, form and JSON parameters merged, JSON-looking form values decoded."""
+        """Query, form and JSON parameters merged; the values of the parameters the API
+        types as arrays or objects decoded when they come JSON-serialized. Any other value
+        is taken as sent: a text that looks like JSON (`[WIP] ...`) is still a text."""
         params: Json = dict(request.query)
         if request.can_read_body:
             if request.content_type == "application/json":
@@ -760,7 +775,7 @@ class FakeTelegram:
                 form = await request.post()
                 params.update({k: v for k, v in form.items() if isinstance(v, str)})
         for key, value in list(params.items()):
-            if isinstance(value, str) and value[:1] in ("[", "{"):
+            if key in JSON_PARAMETERS and isinstance(value, str) and value[:1] in ("[", "{"):
                 with contextlib.suppress(ValueError):
                     params[key] = json.loads(value)
         return params

@@ -43,6 +43,17 @@ async def test_send_accepts_every_encoding(how: str) -> None:
         assert [m.text for m in fake.messages(-5)] == ["hi"]
 
 
+@pytest.mark.parametrize("how", ["json", "form", "query"])
+async def test_a_text_that_looks_like_json_is_a_text(how: str) -> None:
+    """Only the parameters typed as arrays or objects are read as JSON: a text is a String,
+    whatever it looks like."""
+    async with FakeTelegram() as fake:
+        for text in ("[WIP] build", '{"a": 1}'):
+            status, body = await _call(fake, "sendMessage", how, chat_id=-5, text=text)
+            assert status == 200, body
+            assert fake.messages(-5)[-1].text == text
+
+
 async def test_wrong_token_is_unauthorized() -> None:
     async with FakeTelegram() as fake:
         status, body = await _call(fake, "getMe", token="1:bad")
