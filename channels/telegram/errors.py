@@ -77,6 +77,9 @@ _UNREACHABLE = (
     ("topic_closed", "the forum topic is closed"),
     ("rights to send", "bot lacks the rights to post in the chat"),
     ("chat_write_forbidden", "bot lacks the rights to post in the chat"),
+    # A channel whose administrators the bot is not among (or lost "Post Messages"): only
+    # they post there.
+    ("need administrator rights", "bot lacks the administrator rights to post in the channel"),
 )
 
 

@@ -627,6 +627,8 @@ async def test_answers_that_are_no_bot_api_answer(tmp_path: Path, fake: FakeTele
         ("Bad Request: chat not found", "chat not found"),
         ("Bad Request: TOPIC_CLOSED", "topic is closed"),
         ("Bad Request: not enough rights to send text messages to the chat", "rights to post"),
+        ("Bad Request: have no rights to send a message", "rights to post"),
+        ("Bad Request: need administrator rights in the channel chat", "administrator rights"),
     ],
 )
 async def test_a_chat_the_bot_cannot_reach_disables_its_route(
