@@ -31,6 +31,7 @@ TEXT_READERS = {
     "writable_workdir_arg",
     "_one_of.<locals>.parse",
     "_version_arg",
+    "config_path",
 }
 WHOLE = "is not a whole number; write ASCII digits 0-9 with an optional sign, e.g. 10"
 SEQ = "is not a seq (the last one you read); write ASCII digits 0-9 with an optional sign"
