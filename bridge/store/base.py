@@ -246,6 +246,17 @@ class StateStore(ABC):
     def set_cursor(self, key: str, value: str) -> None: ...
 
     @abstractmethod
+    def change_cursor(self, key: str, change: Callable[[str | None], str]) -> None:
+        """Set the cursor to `change` of its stored value (None: not set), in one atomic
+        step: no other writer of the store (another instance of a cluster, another process
+        on the same file) writes the cursor between the read and the write, so two writers
+        changing different parts of one document both keep their change (the shared origin
+        route book). `change` may be called more than once, each time on a newer value
+        (Redis: another writer came first), and later than this call (SQLite: a write that
+        failed is retried from the backlog), so it depends only on its argument and on
+        values it captured when given. A read stays one `get_cursor`."""
+
+    @abstractmethod
     def get_cursors(self, keys: Iterable[str]) -> dict[str, str]:
         """`get_cursor` of each of `keys`, those that are set, in a few reads: for every
         agent's cursors at start (see `ReadAhead`), not per change."""

@@ -14,8 +14,10 @@ timeout) held the loop for half a minute per call; the budget keeps one call to 
 whatever the failure looks like.
 
 Read-modify-write steps (a notice recorded once cluster-wide, a resident's replacement) are
-Lua scripts, so two instances never interleave inside one. Durability is Redis's: run it with
-`appendonly yes` so that an acknowledged write survives a restart of Redis itself.
+Lua scripts, so two instances never interleave inside one; a cursor changed from what was read
+(`change_cursor`, the shared origin route book) is written by a compare-and-set script.
+Durability is Redis's: run it with `appendonly yes` so that an acknowledged write survives a
+restart of Redis itself.
 
 Layout under the prefix `P`: `P:res:<route>` hashes of resident fields (and the set
 `P:residents`), hashes `P:prefs`, `P:offsets`, `P:cursors`, `P:pauses`, `P:chats`, and for
@@ -34,6 +36,7 @@ an instance at start nor hides the good entries beside it.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import re
@@ -224,6 +227,23 @@ redis.call('SADD', KEYS[2], ARGV[3])
 return 1
 """
 
+# change_cursor: write the field only while it holds the value the change was made from, named
+# by its SHA-1 ('' for a field not set): a compare-and-set, so a writer that came in between
+# is seen, not overwritten. ARGV: field, SHA-1 of the value read, new value.
+_CHANGE_FIELD = """
+local current = redis.call('HGET', KEYS[1], ARGV[1])
+if (current and redis.sha1hex(current) or '') ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+return 1
+"""
+# Tries of one change_cursor: each that fails means another writer's change went in, so the
+# cluster makes progress; this many in a row is a cursor rewritten without pause.
+CHANGE_TRIES = 100
+
+
+class CursorContended(redis.RedisError):
+    """`change_cursor` found the cursor changed by another writer at each of its tries."""
+
 
 class BudgetRetry(Retry):
     """redis-py's retry, plus a time budget: no new attempt once `budget_s` has passed since
@@ -341,6 +361,7 @@ class RedisStore(StateStore):
         self._add_notice = client.register_script(_ADD_NOTICE)
         self._notice_state = client.register_script(_NOTICE_STATE)
         self._replace = client.register_script(_REPLACE)
+        self._change_field = client.register_script(_CHANGE_FIELD)
 
     @property
     def client(self) -> redis.Redis:
@@ -591,6 +612,30 @@ class RedisStore(StateStore):
 
     def set_cursor(self, key: str, value: str) -> None:
         self._r.hset(self.key("cursors"), key, value)
+
+    def change_cursor(self, key: str, change: Callable[[str | None], str]) -> None:
+        """Read the field, change it here, and write it with a compare-and-set script that
+        refuses when the field no longer holds what was read; then read it again and change
+        that. Not WATCH and MULTI: WATCH sees the whole hash of cursors, which other cursors'
+        writes (every instance's) change all the time, while the script looks at this field
+        alone. A read is still one HGET, and the script holds Redis for one hash of the value
+        (a few milliseconds for the largest origin book). An attempt whose answer was lost,
+        sent again by the client's retry, finds its own write: it reads that and writes it
+        again."""
+        cursors = self.key("cursors")
+        for _ in range(CHANGE_TRIES):
+            current = self.get_cursor(key)
+            seen = (
+                ""
+                if current is None
+                else hashlib.sha1(current.encode(), usedforsecurity=False).hexdigest()
+            )
+            if self._change_field(keys=[cursors], args=[key, seen, change(current)]):
+                return
+        raise CursorContended(
+            f"the cursor {shown_key(key)} was changed by another instance at each of"
+            f" {CHANGE_TRIES} tries to change it; it is left as they wrote it"
+        )
 
     def get_cursors(self, keys: Iterable[str]) -> dict[str, str]:
         """As `get_cursor` of each, one HMGET per batch."""

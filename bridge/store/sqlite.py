@@ -522,6 +522,7 @@ class SqliteStore(StateStore):
         self._wall = wall_clock
         self._backoff = Backoff(initial_s=min(0.5, max_retry_s), max_s=max_retry_s)
         self._backlog: dict[tuple[str, ...], WriteOp] = {}
+        self._changes = 0  # `change_cursor` calls, each a backlog key of its own
         # Notice states written to the backlog, so reads do not re-send a delivered one.
         self._notice_overlay: dict[tuple[str, str], tuple[str, NoticeState, float]] = {}
         # Fingerprints of shown cards not committed yet, per route, in the order written
@@ -1203,6 +1204,25 @@ class SqliteStore(StateStore):
             )
 
         self._write(("cursor", key), op)
+
+    def change_cursor(self, key: str, change: Callable[[str | None], str]) -> None:
+        """Read, change and write in one `BEGIN IMMEDIATE` transaction: it holds the file's
+        write lock from before the read, so another process on the same file waits (its busy
+        timeout) rather than writing in between. A change that fails waits in the backlog
+        behind the writes before it, under a key of its own: a later change of the same
+        cursor changes another part of it and supersedes nothing (a `set_cursor` after it
+        does)."""
+
+        def op(db: sqlite3.Connection) -> None:
+            row = db.execute("SELECT value FROM cursors WHERE key = ?", (key,)).fetchone()
+            db.execute(
+                "INSERT INTO cursors (key, value) VALUES (?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (key, change(None if row is None else str(row[0]))),
+            )
+
+        self._changes += 1
+        self._write(("cursor changed", key, str(self._changes)), op)
 
     def cursor_keys(self, prefix: str) -> list[str]:
         rows = self._db.execute(

@@ -163,6 +163,48 @@ def test_offsets_cursors_and_pauses(opener: Opener) -> None:
     assert again.pauses()["telegram:bot"] == 1234.5
 
 
+def test_a_cursor_is_changed_from_the_value_it_holds(opener: Opener) -> None:
+    """`change_cursor` hands the change the stored value (None when not set, "" when set
+    empty) and keeps what it returns, across a reopen."""
+    store = opener()
+    seen: list[str | None] = []
+
+    def add_a(value: str | None) -> str:
+        seen.append(value)
+        return (value or "") + "a"
+
+    store.change_cursor("doc", add_a)
+    store.change_cursor("doc", add_a)
+    assert opener().get_cursor("doc") == "aa"
+    store.set_cursor("doc", "")
+    store.change_cursor("doc", add_a)
+    assert seen == [None, "a", ""]
+    assert opener().get_cursor("doc") == "a"
+
+
+def test_a_cursor_change_is_made_again_on_a_write_that_came_in_between(redis_url: str) -> None:
+    """Another instance writing the cursor between the read and the write of a change: the
+    change is made again on what that instance wrote, never written over it."""
+    prefix = f"test-{uuid.uuid4().hex}"
+    store, other = RedisStore(connect(redis_url), prefix), RedisStore(connect(redis_url), prefix)
+    store.set_cursor("doc", "x")
+    seen: list[str | None] = []
+
+    def add_y(value: str | None) -> str:
+        seen.append(value)
+        if len(seen) == 1:
+            other.set_cursor("doc", f"{value}o")
+        return f"{value}y"
+
+    try:
+        store.change_cursor("doc", add_y)
+        assert seen == ["x", "xo"]
+        assert other.get_cursor("doc") == "xoy"
+    finally:
+        store.close()
+        other.close()
+
+
 def test_batch_reads_answer_as_the_single_reads_do(opener: Opener) -> None:
     """`residents_of`, `get_offsets` and `get_cursors` (the service's reads at start, for
     every agent at once) give what `resident`, `get_offset` and `get_cursor` give for each
