@@ -6,20 +6,23 @@ only an origin written after that moment opens it again, so replaying an old tai
 activity log (after a restart, or when an agent is seen for the first time) never reopens a
 route that people closed.
 
-Kept as one JSON document under one store cursor: the `StateStore` interface needs nothing
-new, whichever store backs it. Clustered, the document is shared by every instance, and each
-writes only the routes it changed into it: it reads the document again first and keeps the
-other entries as stored. Only the instance serving an agent opens or closes that agent's
-routes (see `Service._close_unlisted_origins`), so one instance's write never undoes
-another's; writing back the whole document it read at its start, an instance dropped the
-routes others had opened since and opened again those they had closed.
+Kept as one JSON document under one store cursor, whichever store backs it. Clustered, the
+document is shared by every instance, and each writes only the routes it changed into it: it
+changes the document as stored (`StateStore.change_cursor`), keeping the other entries as they
+are there, in one atomic step of the store (a compare-and-set in Redis, one transaction in
+SQLite), so two instances changing routes at the same moment both keep their change. Read,
+then written in two steps, the second write dropped the first's change. Only the instance
+serving an agent opens or closes that agent's routes (see `Service._close_unlisted_origins`),
+so one instance's write never undoes another's; writing back the whole document it read at
+its start, an instance dropped the routes others had opened since and opened again those they
+had closed.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from taskcard.bridge.schedule.scheduler import RouteKey
@@ -92,20 +95,46 @@ class OriginBook:
         return bool(gone)
 
     def _save(self, changed: list[RouteKey]) -> None:
-        if self._shared:
-            # The others' entries as they are now; ours (`changed`) as we have them.
-            stored = _by_key(_parse(self._store.get_cursor(ORIGIN_ROUTES_CURSOR)))
-            for key in changed:
+        if not self._shared:
+            _forget_oldest(self._entries)
+            self._store.set_cursor(ORIGIN_ROUTES_CURSOR, _document(self._entries))
+            return
+        # Ours (`changed`) as we have them now, copied: the change may run again later.
+        ours = {key: _copy(self._entries.get(key)) for key in changed}
+        merged = self._entries
+
+        def merge(raw: str | None) -> str:
+            """The others' entries as they are stored now; ours in place of theirs."""
+            nonlocal merged
+            stored = _by_key(_parse(raw))
+            for key, entry in ours.items():
                 stored.pop(key, None)
-                if key in self._entries:
-                    stored[key] = self._entries[key]
-            self._entries = stored
-        while len(self._entries) > MAX_REMEMBERED:
-            oldest = next((k for k, e in self._entries.items() if e.closed_at is not None), None)
-            if oldest is None:
-                break
-            del self._entries[oldest]
-        data = [
+                if entry is not None:
+                    stored[key] = replace(entry)
+            _forget_oldest(stored)
+            merged = stored
+            return _document(stored)
+
+        self._store.change_cursor(ORIGIN_ROUTES_CURSOR, merge)
+        self._entries = merged
+
+
+def _copy(entry: _Entry | None) -> _Entry | None:
+    return None if entry is None else replace(entry)
+
+
+def _forget_oldest(entries: dict[RouteKey, _Entry]) -> None:
+    """Drop the oldest closed entries past `MAX_REMEMBERED` (open ones are kept)."""
+    while len(entries) > MAX_REMEMBERED:
+        oldest = next((k for k, e in entries.items() if e.closed_at is not None), None)
+        if oldest is None:
+            break
+        del entries[oldest]
+
+
+def _document(entries: dict[RouteKey, _Entry]) -> str:
+    return json.dumps(
+        [
             {
                 "channel": e.key.channel,
                 "chat_id": e.key.chat.chat_id,
@@ -114,9 +143,9 @@ class OriginBook:
                 "opened_at": e.opened_at,
                 "closed_at": e.closed_at,
             }
-            for e in self._entries.values()
+            for e in entries.values()
         ]
-        self._store.set_cursor(ORIGIN_ROUTES_CURSOR, json.dumps(data))
+    )
 
 
 def _by_key(entries: list[_Entry]) -> dict[RouteKey, _Entry]:
