@@ -5,7 +5,8 @@ typo never silently resets the others. A document that cannot be read as a JSON 
 means the effective values are unknown: SHOW then fails as a whole (no partial rows) and
 `start` refuses, rather than guessing. The one legacy source, a customised
 `telegram/taskcard.json` `max_refreshes`, is previewed by SHOW and written once by the first
-`start`, and only while the intrinsic document does not exist yet.
+`start`, and only while the intrinsic document does not exist yet; a legacy value the
+intrinsic document would refuse is not migrated, and named among the problems as one there is.
 
 Every setting has a floor, and all but `interval_s` a ceiling (`BOUNDS`). Ceilings exist
 because each value sizes something real: `max_body_chars` sizes the stdout buffer of every
@@ -208,22 +209,24 @@ def _not_json(raw: bytes, exc: ValueError | RecursionError) -> str:
     return f"is not valid JSON: {exc.msg.lower()} at line {exc.lineno}, column {exc.colno}"
 
 
-def _legacy_max_refreshes(paths: CardPaths) -> int | None:
-    """A genuinely customised legacy ceiling; unreadable or untouched legacy files count as none."""
+def _legacy_max_refreshes(paths: CardPaths) -> tuple[int | None, str | None]:
+    """(a genuinely customised legacy ceiling, why the legacy value cannot be taken). An
+    unreadable or absent legacy file, or its untouched default, is neither. A value the
+    intrinsic document would refuse (past 1,000,000, not a positive integer) is not migrated
+    either, and the owner is told why: it used to be dropped without a word."""
     try:
         data = _read_object(paths.legacy_telegram_settings)
     except SettingsUnavailable:
-        return None
-    if data is None:
-        return None
-    value = data.get("max_refreshes")
-    if (
-        _is_int(value)
-        and setting_problem("max_refreshes", value) is None
-        and value != LEGACY_UNTOUCHED_MAX_REFRESHES
-    ):
-        return int(value)
-    return None
+        return None, None
+    if data is None or "max_refreshes" not in data:
+        return None, None
+    value = data["max_refreshes"]
+    problem = setting_problem("max_refreshes", value)
+    if problem is not None:
+        return None, problem
+    if value == LEGACY_UNTOUCHED_MAX_REFRESHES:
+        return None, None
+    return int(value), None
 
 
 def _fold(key: str) -> str:
@@ -294,10 +297,19 @@ def load_settings(paths: CardPaths) -> EffectiveSettings:
     max_body_chars = int(pick("max_body_chars", DEFAULT_MAX_BODY_CHARS))
     pending: int | None = None
     if document is None:
-        pending = _legacy_max_refreshes(paths)
+        pending, refused = _legacy_max_refreshes(paths)
         if pending is not None:
             max_refreshes = pending
             sources["max_refreshes"] = "legacy telegram/taskcard.json (migrated at first start)"
+        elif refused is not None:
+            sources["max_refreshes"] = (
+                f"refused value in legacy telegram/taskcard.json ({refused}), default"
+            )
+            problems.append(
+                f"telegram/taskcard.json {refused} (there, or as max_refreshes in"
+                f" taskcard/taskcard.json); it is not migrated and the default"
+                f" {DEFAULT_MAX_REFRESHES} is in force"
+            )
     return EffectiveSettings(
         interval_s=interval_s,
         timeout_s=timeout_s,
