@@ -2,10 +2,11 @@
 
 `bridge.cli` calls `register(subparsers)`; `python -m taskcard.producers.task_card.cli` runs
 the same commands on their own (the detached host is started that way, so it never imports the
-projection service). Exit codes: 0 done, 1 the call was refused or failed, 2 a usage error or
-input that cannot be used at all (a missing workdir, no action given, an envelope that is not a
-UTF-8 JSON object within the limits, a runtime folder that is not private to us), 3 a host
-already runs for the workdir, 4 no host could be reached. `card` prints a short summary for
+projection service). Exit codes: 0 done, 1 the call was refused or failed (`call_failed`, a
+`retry` whose render failed too), 2 a usage error or input that cannot be used at all (a
+missing workdir, no action given, an envelope that is not a UTF-8 JSON object within the
+limits, a runtime folder that is not private to us), 3 a host already runs for the workdir, 4
+no host could be reached. `card` prints a short summary for
 people; `--json` prints the result object. `card manual` and `card settings` only read files,
 so they answer without starting a host.
 """
@@ -29,6 +30,7 @@ from taskcard.producers.task_card.client import (
     SPAWN_TIMEOUT_S,
     HostElsewhere,
     HostUnavailable,
+    call_failed,
     call_via_host,
     host_log_file,
     ping,
@@ -74,7 +76,6 @@ STDIN_IDLE_S: Final = 30.0
 EXIT_UNREACHABLE: Final = 4
 DEFAULT_IDLE_GRACE_S: Final = 120.0
 DEFAULT_LEDGER_CHECK_S: Final = 30.0
-FAILED_STATES: Final = frozenset({"failed", "stop_failed", "remove_blocked", "remove_failed"})
 CLI_REASONING: Final = "requested from the taskcard command line"
 
 
@@ -95,7 +96,7 @@ def _emit(result: dict[str, Any], as_json: bool = True) -> int:
         print(text)
     else:
         print(summarize(result))
-    return EXIT_FAILED if result.get("status") in FAILED_STATES else EXIT_OK
+    return EXIT_FAILED if call_failed(result) else EXIT_OK
 
 
 def summarize(result: dict[str, Any]) -> str:
@@ -448,7 +449,14 @@ def register(subparsers: Any) -> None:
     )
     tool.set_defaults(handler=run_tool)
 
-    card = subparsers.add_parser("card", help="friendly forms of the task_card actions")
+    card = subparsers.add_parser(
+        "card",
+        help="friendly forms of the task_card actions",
+        # Wrapped by hand: the `taskcard` parsers keep descriptions as written.
+        description="friendly forms of the task_card actions; each exits 1 when its call was\n"
+        "refused or failed, as `taskcard tool` does, a retry whose render failed included\n"
+        "(its status is then error, or stays stopped, and the card keeps its last body)",
+    )
     card.set_defaults(handler=_usage_help(card))
     actions = card.add_subparsers(dest="card_action", metavar="ACTION")
     start = actions.add_parser("start", help="start the agent's one watch")
@@ -476,10 +484,10 @@ def register(subparsers: Any) -> None:
     )
     for name, text in (
         ("inspect", "show a watch's state, body, error and budget"),
-        ("retry", "render now"),
+        ("retry", "render now; exit 1 when the render fails (the card keeps its last body)"),
         ("stop", "pause: status inactive, body kept"),
     ):
-        sub = actions.add_parser(name, help=text)
+        sub = actions.add_parser(name, help=text, description=f"{text[0].upper()}{text[1:]}.")
         sub.add_argument("watch_id", help="the watch's id, as `start` printed it (tc_1)")
     actions.add_parser("remove", help="retire the card and delete its body")
     actions.add_parser("settings", help="show the five settings")

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -23,6 +24,19 @@ EXIT_ALREADY_RUNNING: Final = 3
 CALL_TIMEOUT_S: Final = 600.0
 # How often a call that can be cancelled looks at its flag while it waits for the reply.
 _CANCEL_CHECK_S: Final = 0.2
+# The statuses of a call that was refused or failed; a watch's own states are not among them.
+FAILED_STATES: Final = frozenset({"failed", "stop_failed", "remove_blocked", "remove_failed"})
+
+
+def call_failed(result: Mapping[str, Any]) -> bool:
+    """Whether a `task_card` result says the call failed: the one mapping behind the exit code
+    1 of `taskcard tool` and `taskcard card` and the `isError` of the MCP tool.
+
+    A refusal or a failure state, and a `retry` whose render failed: its answer is the watch
+    (in `error`, or still `stopped`) with the render's `refresh_error`, and the card kept its
+    last body; `card retry` exited 0 for it. An `inspect` of a watch in `error` succeeded: it
+    looked."""
+    return result.get("status") in FAILED_STATES or result.get("refresh_error") is not None
 
 
 class HostUnavailable(RuntimeError):

@@ -45,7 +45,7 @@ from pydantic import ValidationError
 from taskcard.producers.inbox import mcp_tool as inbox_tool
 from taskcard.producers.ledger import mcp_tool as ledger_tool
 from taskcard.producers.reports import mcp_tool as reports_tool
-from taskcard.producers.task_card.client import HostUnavailable, call_via_host
+from taskcard.producers.task_card.client import HostUnavailable, call_failed, call_via_host
 from taskcard.producers.task_card.contract import CardPaths, quoted, utf8_encodable
 from taskcard.producers.task_card.envelope import ACTIONS, envelope_json_schema
 from taskcard.producers.task_card.mcp_answers import (
@@ -68,7 +68,6 @@ from taskcard.producers.task_card.wakes import WakeReader
 SERVER_NAME: Final = "taskcard"
 WAKE_CONSUMER: Final = "mcp"
 TOOL_NAME: Final = "task_card"
-FAILED_STATES: Final = frozenset({"failed", "stop_failed", "remove_blocked", "remove_failed"})
 TOOL_DESCRIPTION: Final = (
     "Keep one truthful, self-refreshing progress card for the people following your work. "
     "Actions: start, inspect, retry, stop, remove, settings, manual. "
@@ -164,7 +163,7 @@ TASK_CARD_TOOL: Final = McpTool(
         open_world_hint=False,
     ),
     call=_call_task_card,
-    is_error=lambda result: result.get("status") in FAILED_STATES,
+    is_error=call_failed,
     reads_own_numbers=True,
 )
 
