@@ -50,6 +50,8 @@ from taskcard.producers.task_card.descriptor import (
     write_ended,
 )
 from taskcard.producers.task_card.envelope import (
+    READ_ONLY_ACTIONS,
+    Envelope,
     EnvelopeError,
     StartInput,
     WatchInput,
@@ -196,6 +198,22 @@ def settings_result(paths: CardPaths) -> Result:
     return result
 
 
+def read_only_answer(parsed: Envelope, paths: CardPaths) -> Result:
+    """The whole answer to `manual` or `settings` (`READ_ONLY_ACTIONS`), read from files alone.
+
+    The manual says `manual` "does not enter the watch manager" and SHOW "never creates or
+    changes taskcard/taskcard.json" nor migrates: neither needs a host, so `taskcard tool`,
+    `card` and MCP answer them in their own process (`client.call_via_host`), starting no host
+    and writing nothing in the workdir; a host answers them with this same function."""
+    if parsed.action == "settings":
+        result: Result = {"action": "settings", **settings_result(paths)}
+    else:
+        result = {"action": "manual", "status": "ok", "manual": load_manual()}
+    if parsed.summarize:
+        result["summary"] = _summary(result)
+    return result
+
+
 class TaskCard:
     """The task card capability of one workdir. Use as a context manager or call `close()`."""
 
@@ -277,8 +295,10 @@ class TaskCard:
             parsed = parse_envelope(envelope)
         except EnvelopeError as exc:
             return _failed(str(exc))
+        if parsed.action in READ_ONLY_ACTIONS:
+            return read_only_answer(parsed, self.paths)
         result: Result
-        if self._closed and parsed.action not in ("settings", "manual"):
+        if self._closed:
             # Its updater is gone and its host lock released (another host may own the
             # workdir now): answering `watching`, or writing the card files, would be false.
             return {
@@ -295,12 +315,8 @@ class TaskCard:
             assert isinstance(parsed.input, WatchInput)
             handler = {"inspect": self.inspect, "retry": self.retry, "stop": self.stop}
             result = handler[parsed.action](parsed.input.watch_id)
-        elif parsed.action == "remove":
+        else:  # remove: the read-only actions were answered above
             result = self.remove()
-        elif parsed.action == "settings":
-            result = self.settings()
-        else:
-            result = {"status": "ok", "manual": load_manual()}
         result = {"action": parsed.action, **result}
         if parsed.summarize:
             result["summary"] = _summary(result)

@@ -7,8 +7,8 @@ projection service). Exit codes: 0 done, 1 the call was refused or failed (`call
 missing workdir, no action given, an envelope that is not a UTF-8 JSON object within the
 limits, a runtime folder that is not private to us), 3 a host already runs for the workdir, 4
 no host could be reached. `card` prints a short summary for
-people; `--json` prints the result object. `card manual` and `card settings` only read files,
-so they answer without starting a host.
+people; `--json` prints the result object. `manual` and `settings` only read files, so
+`card` and `tool` answer them without starting or asking a host (`client.call_via_host`).
 """
 
 from __future__ import annotations
@@ -236,20 +236,8 @@ def run_tool(args: argparse.Namespace) -> int:
 
 def run_card(args: argparse.Namespace) -> int:
     # Every action, `manual` too, had its --workdir checked by the parser: one that names no
-    # folder is a mistake worth saying, as `tool` says it for the same envelope.
-    if args.card_action == "manual":
-        from taskcard.producers.task_card.capability import load_manual
-
-        if args.json:
-            return _emit({"action": "manual", "status": "ok", "manual": load_manual()})
-        print(load_manual())
-        return EXIT_OK
-    if args.card_action == "settings":
-        from taskcard.producers.task_card.capability import settings_result
-        from taskcard.producers.task_card.contract import CardPaths
-
-        paths = CardPaths(args.workdir)
-        return _emit({"action": "settings", **settings_result(paths)}, args.json)
+    # folder is a mistake worth saying, as `tool` says it for the same envelope. `manual` and
+    # `settings` go the same way as the others: `call_via_host` answers them without a host.
     payload: dict[str, Any] = {}
     if args.card_action == "start":
         payload["renderer_path"] = args.renderer_path
@@ -265,6 +253,9 @@ def run_card(args: argparse.Namespace) -> int:
     result = _call(args, envelope)
     if isinstance(result, int):
         return result
+    if args.card_action == "manual" and not args.json and result.get("status") == "ok":
+        print(result["manual"])  # the manual itself is what people asked to read
+        return EXIT_OK
     # A refused envelope comes back without its action; the summary names the command run.
     return _emit({"action": args.card_action, **result}, args.json)
 

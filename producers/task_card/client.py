@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any, Final
 
 import taskcard.producers.task_card.workdir_lock as workdir_lock
-from taskcard.producers.task_card.envelope import EnvelopeError, check_values, parse_envelope
+from taskcard.producers.task_card.contract import CardPaths
+from taskcard.producers.task_card.envelope import (
+    READ_ONLY_ACTIONS,
+    EnvelopeError,
+    check_values,
+    parse_envelope,
+)
 from taskcard.producers.task_card.runtime import CardFolderUnsafe, HostPaths, RuntimeDirUnsafe
 
 SPAWN_TIMEOUT_S: Final = 60.0
@@ -189,14 +195,23 @@ def call_via_host(
     with the same result shape the host would give, before any host is started or contacted.
     So is one the schema refuses (an unknown action, a missing field): the host would answer
     it with the same sentence, but starting one for it left a process idling for its grace.
+
+    `manual` and `settings` only read files, and are answered here, as a host would answer
+    them (`capability.read_only_answer`): no host is started or contacted, so they create
+    nothing in the workdir or the runtime folder, and resume no watch a killed host left.
     """
     problem = check_values(envelope)
     if problem:
         return {"status": "failed", "code": "bad_envelope", "message": f"envelope: {problem}"}
     try:
-        parse_envelope(envelope)
+        parsed = parse_envelope(envelope)
     except EnvelopeError as exc:
         return {"status": "failed", "message": str(exc)}
+    if parsed.action in READ_ONLY_ACTIONS:
+        # Imported here: a call that goes to the host never loads the capability.
+        from taskcard.producers.task_card.capability import read_only_answer
+
+        return read_only_answer(parsed, CardPaths(paths.workdir.resolve()))
     ensure_host(paths, idle_grace_s)
     if cancel is not None and cancel.is_set():
         return {"status": "failed", "code": "cancelled", "message": "cancelled; nothing was done"}

@@ -48,6 +48,9 @@ ACTIONS: Final[tuple[ActionName, ...]] = (
     "settings",
     "manual",
 )
+# The actions that only read files (the packaged manual, the settings documents): answered
+# without a host by whoever receives them (`capability.read_only_answer`).
+READ_ONLY_ACTIONS: Final[frozenset[ActionName]] = frozenset({"settings", "manual"})
 ROOT_FIELDS: Final = ("action", "input", "reasoning", "summarize")
 # A real envelope is a few hundred bytes; the cap leaves room for long reasoning.
 MAX_ENVELOPE_BYTES: Final = 256 * 1024

@@ -6,9 +6,10 @@ annotations and a plain function from (workdir paths, arguments) to a result dic
 worker thread. Adding a tool is adding one entry; the server code does not change.
 
 The server owns no watch: `task_card` calls go to the workdir's background host (started on
-demand), so a watch keeps refreshing after the MCP client disconnects. Input schemas stay in
-the subset every major host loads (see `envelope_json_schema`); the strict validation happens
-in the host, whose errors name the field and the fix.
+demand), so a watch keeps refreshing after the MCP client disconnects; `manual` and
+`settings`, which only read files, are answered without one (`client.call_via_host`). Input
+schemas stay in the subset every major host loads (see `envelope_json_schema`); the strict
+validation happens in the host, whose errors name the field and the fix.
 
 Every result also carries what the agent should hear about its card, in
 `_meta.agent_meta.taskcard`: the card as published, sent only when it changed since this

@@ -177,6 +177,12 @@ class CliHost:
                 if pipe is not None:
                     pipe.close()
 
+    def start_host(self) -> None:
+        """Brings the workdir's background host up, as a call that needs it would
+        (`manual` and `settings` need none)."""
+        done = self.run("host", "--detach")
+        assert done.returncode == 0, done.stderr
+
     def host_pid(self) -> int | None:
         try:
             return int(self.paths.lock.read_text().strip())

@@ -412,8 +412,7 @@ def test_the_old_lock_is_held_by_a_new_host_so_an_old_host_opening_it_is_refused
     old_lock.write_text("")
     fd = os.open(old_lock, os.O_RDWR)
     try:
-        # `tool settings` goes through the host, so it brings one up.
-        assert tool(cli, "settings")["status"] == "ok"
+        cli.start_host()
         assert cli.host_pid() is not None
         with pytest.raises(BlockingIOError):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -467,7 +466,7 @@ def test_the_old_lock_stands_in_when_the_host_folder_cannot_be_used(
     old_lock = workdir / "taskcard" / ".host.lock"
     if old_lock_there:
         old_lock.write_text("")
-    assert tool(cli, "settings")["status"] == "ok"  # brings a host up
+    cli.start_host()
     assert json.loads(old_lock.read_text())["pid"] == cli.host_pid()
     other = tmp_path / "rt-other"
     other.mkdir(mode=0o700)

@@ -28,7 +28,6 @@ from .conftest import (
 )
 
 # A call through the host (`card settings` answers without one).
-SETTINGS = '{"action": "settings", "input": {}, "reasoning": "start a host"}'
 
 
 def test_a_watch_started_from_the_shell_keeps_refreshing_after_the_command_exits(
@@ -178,7 +177,7 @@ def test_an_envelope_the_schema_refuses_starts_no_host(cli: CliHost, command: tu
 
 
 def test_a_second_host_for_the_same_workdir_is_refused(workdir: Path, cli: CliHost) -> None:
-    cli.json("tool", SETTINGS)  # brings a host up
+    cli.start_host()
     second = cli.run("host", timeout_s=60)
     assert second.returncode == 3
     assert "already runs" in second.stderr
@@ -429,7 +428,7 @@ def test_a_corrupt_descriptor_found_by_a_new_host_leaves_the_card_inactive(
     folder.mkdir()
     (folder / "watch.json").write_text("{ this is not json")
     (folder / "status").write_bytes(b"active")
-    cli.json("tool", SETTINGS)  # a host starts and finds the descriptor
+    cli.start_host()  # and it finds the descriptor
     assert not (folder / "watch.json").exists()
     assert (folder / "status").read_bytes() == b"inactive"
 

@@ -181,8 +181,7 @@ def _socket_exchange(cli: CliHost, line: bytes) -> dict[str, Any]:
 def test_the_host_socket_answers_unusable_requests_and_keeps_serving(
     cli: CliHost, raw: bytes, words: str
 ) -> None:
-    settings = '{"action": "settings", "input": {}, "reasoning": "bring the host up"}'
-    assert cli.json("tool", stdin=settings)["status"] == "ok"  # `tool` starts the host
+    cli.start_host()
     if raw.startswith(b"{"):
         raw = b'{"op": "call", "envelope": ' + raw + b"}"
     reply = _socket_exchange(cli, raw)
@@ -254,8 +253,9 @@ def test_an_unsafe_runtime_dir_is_refused_with_one_line_and_exit_2(
     workdir: Path, foreign_runtime_dir: Path, how: str
 ) -> None:
     runtime = _make_unsafe(foreign_runtime_dir, how)
-    manual = '{"action": "manual", "input": {}, "reasoning": "x"}'  # a schema refusal comes first
-    for args in (["card", "inspect", "tc_1"], ["tool", manual], ["host"], ["mcp"]):
+    # Valid (a schema refusal comes first), and one that needs a host (not manual or settings).
+    inspect = '{"action": "inspect", "input": {"watch_id": "tc_1"}, "reasoning": "x"}'
+    for args in (["card", "inspect", "tc_1"], ["tool", inspect], ["host"], ["mcp"]):
         command = [sys.executable, "-m", "taskcard.bridge.cli", *args]
         command += ["--workdir", str(workdir), "--runtime-dir", str(runtime)]
         done = subprocess.run(
@@ -280,8 +280,8 @@ def test_a_runtime_dir_that_cannot_be_created_is_refused_with_one_line_and_exit_
         runtime = foreign_runtime_dir / "file" / "rt"
     else:
         runtime = Path("/proc/taskcard-no-such-folder")
-    manual = '{"action": "manual", "input": {}, "reasoning": "x"}'
-    for args in (["card", "inspect", "tc_1"], ["tool", manual], ["host"], ["mcp"]):
+    inspect = '{"action": "inspect", "input": {"watch_id": "tc_1"}, "reasoning": "x"}'
+    for args in (["card", "inspect", "tc_1"], ["tool", inspect], ["host"], ["mcp"]):
         command = [sys.executable, "-m", "taskcard.bridge.cli", *args]
         command += ["--workdir", str(workdir), "--runtime-dir", str(runtime)]
         done = subprocess.run(
@@ -317,8 +317,8 @@ def test_the_tmp_fallback_is_created_0700_and_a_planted_one_is_refused() -> None
     workdir = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="tcwd"))
     try:
         (workdir / "r.py").write_text(STATIC_RENDERER)
-        settings = """'{"action": "settings", "input": {}, "reasoning": "x"}'"""
-        taskcard = f"{sys.executable} -m bridge.cli tool {settings} --workdir {workdir}"
+        remove = """'{"action": "remove", "input": {}, "reasoning": "x"}'"""  # needs a host
+        taskcard = f"{sys.executable} -m bridge.cli tool {remove} --workdir {workdir}"
         fallback = f"/tmp/taskcard-{os.getuid()}"
         script = f"""
             mount -t tmpfs none /tmp || exit 99
@@ -686,10 +686,8 @@ def _plant(path: Path, kind: str) -> None:
 def test_a_planted_watch_descriptor_never_stalls_the_host(cli: CliHost, kind: str) -> None:
     """Rehydration meets it first: the host retires it as corrupt and serves calls."""
     _plant(CardPaths(cli.workdir).watch, kind)
-    settings = '{"action": "settings", "input": {}, "reasoning": "bring the host up"}'
-    done = cli.run("tool", stdin=settings)  # times out after 120 s if the host hangs
+    done = cli.run("host", "--detach")  # times out after 120 s if the host hangs
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["status"] == "ok"
     assert "Traceback" not in done.stderr
     assert _socket_exchange(cli, b'{"op": "ping"}')["ok"] is True
 
