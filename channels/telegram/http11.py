@@ -43,7 +43,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import math
 import re
 import ssl
@@ -55,6 +54,7 @@ from typing import Any
 from telegram import error as tg
 from telegram.request import BaseRequest, RequestData
 
+from taskcard.channels.base import json_chunks
 from taskcard.channels.telegram.request import checked_answer, lost_after_write, parse_answer
 
 IDLE_EXPIRY_S = 30.0
@@ -77,7 +77,7 @@ _STATUS_LINE = re.compile(r"HTTP/1\.([^ \r\n]*) ([0-9]{3})")
 # also takes `²`, a latin-1 byte, which `int` refuses).
 _DECIMAL = re.compile(r"\s*[0-9]+\s*")
 # `json.dumps(..., separators=...)` builds a new encoder for every call; one serves them all.
-_BODY_ENCODER = json.JSONEncoder(separators=(",", ":"))
+_BODY_JSON = json_chunks(separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -326,7 +326,7 @@ class LeanRequest(BaseRequest):
         if request_data is not None:
             # One JSON document of the raw values (PTB's `json_payload` would encode each
             # value to a string first, nesting JSON in JSON).
-            body = _BODY_ENCODER.encode(request_data.parameters).encode()
+            body = "".join(_BODY_JSON(request_data.parameters, 0)).encode()
             head = f"{method}{target.head}{_JSON_BODY}{len(body)}\r\n\r\n"
             payload = head.encode() + body
         else:
