@@ -7,6 +7,7 @@ that reads that file; anything that is not exactly such a frame is shown verbati
 
 from __future__ import annotations
 
+from codecs import BOM_UTF8 as _BOM
 from typing import Any, Final
 
 from taskcard.producers.task_card.contract import parse_json
@@ -66,5 +67,6 @@ def body_markdown(raw: bytes) -> str:
     A byte-order mark at the start (a renderer that writes UTF-8 "with signature") marks the
     encoding, not text: kept, it made the first line's `#` heading and a legacy frame's `{`
     read as plain text."""
-    text = raw.decode("utf-8-sig", errors="replace")
+    # What the "utf-8-sig" codec does, without its decoder's Python frame on every change.
+    text = (raw[3:] if raw.startswith(_BOM) else raw).decode("utf-8", errors="replace")
     return legacy_json_to_markdown(text) or text

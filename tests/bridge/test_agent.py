@@ -17,7 +17,7 @@ from taskcard.bridge.follow import safe_read
 from taskcard.bridge.follow.safe_read import WorkdirFiles
 from taskcard.bridge.follow.tail import TAIL_BYTES
 from taskcard.bridge.track.files import BODY_NAME, EVENTS_NAME, STATUS_NAME
-from taskcard.bridge.track.legacy import legacy_json_to_markdown
+from taskcard.bridge.track.legacy import body_markdown, legacy_json_to_markdown
 from taskcard.bridge.track.monitor import AgentMonitor, MemoryOffsetStore
 from taskcard.producers.task_card.contract import (
     CardPaths,
@@ -751,3 +751,21 @@ def test_a_body_written_while_it_is_read_is_read_again_at_the_next_change(
     assert mon.card.body == "second"
     assert mon.refresh(frozenset({BODY_NAME})).card_changed is True  # the writer's event
     assert mon.card.body == "second and more"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"\xef\xbb\xbf",
+        b"\xef\xbb\xbf# heading\r\nnext",
+        b"\xef\xbb\xbf\xef\xbb\xbftwo marks",  # only the first is the signature
+        b"\xef\xbbcut mark",
+        b"x\xef\xbb\xbf inside",
+        b"\xff\xfe not UTF-8 \xc3",
+        b'\xef\xbb\xbf{"title": "T", "lines": ["a"]}',
+    ],
+)
+def test_a_body_is_decoded_as_utf_8_with_an_optional_signature(raw: bytes) -> None:
+    text = raw.decode("utf-8-sig", errors="replace")
+    assert body_markdown(raw) == (legacy_json_to_markdown(text) or text)
