@@ -355,13 +355,13 @@ def _inline_rich(markdown: str) -> RichText | None:
     at = 0  # the UTF-16 length of the text so far
     paragraph = -1  # where the last paragraph began in `source`, none yet
     source = markdown.encode()  # the parser's spans count UTF-8 bytes
-    for event, span in pyromark.events_with_range(markdown, options=STANDARD_OPTIONS):
-        if isinstance(event, str):
-            if event != "SoftBreak" and event != "HardBreak":
-                return None
-            parts.append("\n")
-            at += 1
-        elif "Text" in event:
+    # Most events are dicts of one key, looked for most frequent first. The few events that
+    # are strings (line breaks, a rule) hold none of these keys as a substring, so they fall
+    # through the `in` tests to their own branch: one type check fewer for every other event.
+    # (Typed `Any`: mypy cannot tell the kinds apart by those tests.)
+    read: Iterable[tuple[Any, Any]] = pyromark.events_with_range(markdown, options=STANDARD_OPTIONS)
+    for event, span in read:
+        if "Text" in event:
             text = event["Text"]
             parts.append(text)
             at += len(text) if text.isascii() else utf16_len(text)
@@ -382,12 +382,19 @@ def _inline_rich(markdown: str) -> RichText | None:
                 return None
         elif "End" in event:
             closed = event["End"]
+            if closed == "Paragraph":
+                continue
             if closed in _STYLE_TAGS and opened[-1][0] == closed:
                 begin = opened.pop()[1]
                 if at > begin:
                     entities.append(Entity(_INLINE_STYLES[closed], begin, at - begin))
-            elif closed != "Paragraph":
+            else:
                 return None
+        elif isinstance(event, str):
+            if event != "SoftBreak" and event != "HardBreak":
+                return None
+            parts.append("\n")
+            at += 1
         elif "Code" in event:
             code = event["Code"]
             parts.append(code)
