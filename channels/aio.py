@@ -1,4 +1,5 @@
-"""Two small asyncio helpers shared by the service and the channels: one backoff, one wait.
+"""Small asyncio helpers shared by the service and the channels: one backoff, one wait, one
+clock for the work done once a second.
 
 Every retry loop in the project (the scheduler's lanes and items, a channel's start, the file
 watcher, the Telegram command poller, the state store's write retry) backs off the same way:
@@ -89,6 +90,39 @@ async def wait_first(*events: asyncio.Event, timeout_s: float | None = None) -> 
             waiter.cancel()
         await asyncio.gather(*waiters, return_exceptions=True)
     return any(event.is_set() for event in events)
+
+
+# The period of the service's work done once a second (see `next_tick`).
+TICK_S = 1.0
+
+
+def next_tick(now: float, period_s: float) -> float:
+    """The first multiple of `period_s` after `now` (a time on the loop's clock): the next tick.
+
+    The service's periodic work (its timer, the serve lock's check, the watcher's rescan
+    step, each once a second) is timed by this one clock: their timers stand at the very
+    same times and fire in one turn of the loop, so a service wakes once a second for all
+    of them, not once for each (each wake-up is a turn of the loop, and the task it resumes
+    another). A timer may run up to the clock's resolution early: a `now` within a
+    thousandth of the period before a tick counts as that tick, whose next one is given."""
+    return ((now + period_s * 0.001) // period_s + 1.0) * period_s
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():  # not cancelled meanwhile
+        future.set_result(None)
+
+
+async def sleep_to_tick(period_s: float) -> None:
+    """Sleep until the next tick of the `period_s` clock (`next_tick`)."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+    timer = loop.call_at(next_tick(loop.time(), period_s), _wake, future)
+    try:
+        await future
+    except BaseException:
+        timer.cancel()
+        raise
 
 
 class AnyEvent(asyncio.Event):

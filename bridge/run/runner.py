@@ -47,6 +47,7 @@ from taskcard.bridge.store.sqlite import (
     StateFileLocked,
     StateStore,
 )
+from taskcard.channels.aio import TICK_S, sleep_to_tick
 from taskcard.channels.base import BIND_RETRY_S, bind_problem, bind_retrying
 from taskcard.channels.feishu.config import unusual_chat_id
 
@@ -685,9 +686,10 @@ async def _tell_systemd(service: Service, stop: asyncio.Event, env: Mapping[str,
 
 
 async def _keep_lock(lock: ServeLock) -> None:
-    """Once a second, take the serve lock again if its file was deleted while serving."""
+    """Once a second, take the serve lock again if its file was deleted while serving; at
+    the service timer's ticks (`next_tick`), in the same turn of the loop."""
     while True:
-        await asyncio.sleep(1.0)
+        await sleep_to_tick(TICK_S)
         lock.keep()
 
 

@@ -122,7 +122,7 @@ from taskcard.bridge.track.monitor import (
 )
 from taskcard.bridge.track.reports import ACKS_OFFSET, REPORTS_OFFSET, AgentSide, SideRefresh
 from taskcard.bridge.watch.watcher import ROOTS, FleetWatcher
-from taskcard.channels.aio import Backoff
+from taskcard.channels.aio import TICK_S, Backoff, sleep_to_tick
 from taskcard.channels.base import (
     BoardView,
     CardView,
@@ -1705,9 +1705,10 @@ class Service:
             self._close_route(route, None)
 
     async def _timer_loop(self) -> None:
-        """Once a second, the work that waits for a time (see `_timer_tick`)."""
+        """Once a second, the work that waits for a time (see `_timer_tick`), at the ticks
+        the serve lock's check and the watcher's rescan step keep too (`next_tick`)."""
         while True:
-            await asyncio.sleep(1.0)
+            await sleep_to_tick(TICK_S)
             self._timer_tick()
 
     def _timer_tick(self) -> None:

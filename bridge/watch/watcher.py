@@ -68,7 +68,7 @@ from taskcard.bridge.watch.inotify import (
     InotifyWatches,
     inotify_available,
 )
-from taskcard.channels.aio import AnyEvent, Backoff, wait_first
+from taskcard.channels.aio import TICK_S, AnyEvent, Backoff, next_tick, wait_first
 from taskcard.producers.reports.contract import CONTRACT_DIRS, LINEAGE_FILE
 from taskcard.producers.task_card.contract import (
     LEGACY_HOST_LOCK_FILE,
@@ -98,8 +98,8 @@ _REARM_COST_FACTOR: Final = 9.0
 # Reported when something changed directly in a discovery root (no agent id is empty).
 ROOTS: Final = ""
 
-# How often the rescan reports its next slice of agents.
-SWEEP_STEP_S: Final = 1.0
+# How often the rescan reports its next slice of agents: at the service timer's ticks.
+SWEEP_STEP_S: Final = TICK_S
 # How often agents whose folders could not be watched (the inotify limit) are reported.
 POLL_UNWATCHED_S: Final = 2.0
 
@@ -491,7 +491,10 @@ class FleetWatcher:
             name="taskcard-watcher",
         )
         loop = asyncio.get_running_loop()
-        next_rescan = loop.time() + self._sweep_step_s
+        # Each step at a tick of its own clock (`next_tick`): with the one-second step of a
+        # fleet of a few hundred agents or more, in the turn of the loop that the service's
+        # timer and the serve lock's check take too.
+        next_rescan = next_tick(loop.time(), self._sweep_step_s)
         next_slice = 0
         # The rescan step's wake-up: one timer per step, which puts an empty batch in the
         # queue, rather than a timeout (a timer made and cancelled) around every wait for a
@@ -536,7 +539,7 @@ class FleetWatcher:
                 # fleet whose events never pause does not starve the safety net.
                 timer.cancel()
                 woken = False
-                next_rescan = loop.time() + self._sweep_step_s
+                next_rescan = next_tick(loop.time(), self._sweep_step_s)
                 timer = loop.call_at(next_rescan, wake)
                 next_slice %= len(self._slices)  # the fleet may have shrunk meanwhile
                 sweep = self._slices[next_slice]

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from taskcard.channels.aio import AnyEvent, Backoff, wait_first
+from taskcard.channels.aio import AnyEvent, Backoff, next_tick, sleep_to_tick, wait_first
 
 
 @pytest.mark.parametrize(
@@ -93,3 +93,60 @@ async def test_any_event_is_set_while_one_is_and_sets_the_first() -> None:
     rearm.clear()
     either.set()  # what an API does with its stop event when it ends
     assert stop.is_set() and either.is_set()
+
+
+@pytest.mark.parametrize(
+    ("now", "period_s", "expected"),
+    [
+        (0.0, 1.0, 1.0),
+        (0.5, 1.0, 1.0),
+        (41.25, 1.0, 42.0),
+        (42.0, 1.0, 43.0),  # on a tick: the next one
+        (41.9995, 1.0, 43.0),  # a timer run a hair early for 42: counts as 42's
+        (41.998, 1.0, 42.0),
+        (1000.1, 300.0, 1200.0),
+        (7.0, 0.5, 7.5),
+    ],
+)
+def test_next_tick_is_the_next_multiple_of_the_period(
+    now: float, period_s: float, expected: float
+) -> None:
+    assert next_tick(now, period_s) == expected
+
+
+async def _periodic(period_s: float, order: list[str], name: str, queue: bool) -> None:
+    await sleep_to_tick(period_s)
+    order.append(name)
+    if queue:
+        asyncio.get_running_loop().call_soon(order.append, f"queued by the {name}")
+
+
+async def test_periodic_sleeps_begun_apart_end_in_one_turn_of_the_loop() -> None:
+    """Two once-a-period sleeps begun a quarter period apart wake in the same turn: the
+    second resumes before a callback the first one queued as it resumed."""
+    loop = asyncio.get_running_loop()
+    period_s = 0.4
+    for _ in range(5):  # a round that a stalled machine let pass the tick is tried again
+        await sleep_to_tick(period_s)  # just past a tick: the next is a period away
+        tick = next_tick(loop.time(), period_s)
+        order: list[str] = []
+        one = asyncio.create_task(_periodic(period_s, order, "first", queue=True))
+        await asyncio.sleep(period_s / 4)  # the second begins later, before the same tick
+        if loop.time() >= tick - period_s / 8:
+            await one
+            continue
+        await asyncio.gather(one, _periodic(period_s, order, "second", queue=False))
+        await asyncio.sleep(0)
+        assert order == ["first", "second", "queued by the first"]
+        return
+    pytest.fail("the machine never left a quarter period between the two starts")
+
+
+async def test_a_cancelled_periodic_sleep_leaves_no_timer() -> None:
+    loop = asyncio.get_running_loop()
+    sleeper = asyncio.create_task(sleep_to_tick(3600.0))
+    await asyncio.sleep(0)
+    sleeper.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await sleeper
+    assert not [h for h in loop._scheduled if not h.cancelled()]  # type: ignore[attr-defined]
