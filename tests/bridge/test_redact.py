@@ -466,6 +466,20 @@ def test_the_leak_check_remembers_short_keys_without_passing_over_anything_else(
     assert redactor.leaks_in({"entities": [{**known, "type": Text(secret)}]})
     assert redactor.leaks_in({"entities": [{**known, Text(secret): 0}]})
     assert redactor.leaks_in({"entities": [{**known, "level": Level.HIGH, "x": [secret]}]})
+    # A list of such dicts (a card's entities) is passed over at once only when the walk
+    # would pass over each of them: a long string, a key, a nested or wrapped value, or an
+    # item that is not a dict anywhere in it, and the list is walked.
+    many = [dict(known, offset=n) for n in range(60)]
+    assert not redactor.leaks_in({"entities": many})
+    assert redactor.leaks_in({"entities": [*many, {**known, "url": f"https://x.test/{secret}"}]})
+    assert redactor.leaks_in({"entities": (*many, {**known, "type": Text(secret)})})
+    assert redactor.leaks_in({"entities": [*many, {**known, "x": [secret]}]})
+    assert redactor.leaks_in({"entities": [*many, {**known, "x": {"y": secret}}]})
+    assert redactor.leaks_in({"entities": [*many, secret]})
+    assert redactor.leaks_in({"entities": [*many, {**known, secret: 1}]})
+    assert not redactor.leaks_in({"entities": [*many, {**known, "url": "https://x.test/"}]})
     ligatures = Redactor(["fifi"])
     assert not ligatures.leaks_in({"type": "bold", "t": "fif"})
     assert ligatures.leaks_in({"type": "bold", "\ufb01\ufb01": 1})  # a key shown as "fifi"
+    assert not ligatures.leaks_in({"e": [{"type": "bold", "t": "fif"}] * 3})
+    assert ligatures.leaks_in({"e": [{"type": "bold", "t": "fif"}, {"t": "\ufb01\ufb01"}]})
