@@ -447,6 +447,31 @@ def drop_leading(text: str, word: re.Pattern[str]) -> str:
 _COMMAND_WORD = re.compile(r"/[A-Za-z0-9_]{1,64}")
 
 
+def ends_command(char: str) -> bool:
+    """Whether `char`, right after a command word, ends it, as Telegram marks commands (a
+    `bot_command` entity, tdlib's `match_bot_commands`): anything but a letter or digit of
+    any script, `_`, `/`, `<` or `>`. So `/tell😀` and `/taskcard,off` hold the commands
+    `/tell` and `/taskcard`, while `/taskcardé`, `/taskcard/off` and `/home/me` hold none."""
+    return not (char.isalnum() or char in "_/<>")
+
+
+def command_word(head: str) -> tuple[str, str] | None:
+    """The command the first word `head` of a message starts with, as Telegram marks one:
+    `/` and 1 to 64 ASCII letters, digits or underscores, ended by the word's end, by `@`
+    (the bot it is addressed to, which each channel reads its own way) or by any character
+    that `ends_command`. Returns the command's name (no slash, as typed) and the rest of the
+    word after it (`"😀"` of `/tell😀`, `"@OurBot"` of `/taskcard@OurBot`); None when the
+    word starts with no command. The name is ASCII, so a look-alike (a Kelvin sign for the
+    `k`, which `lower()` folds to `k`) is never taken for a command."""
+    found = _COMMAND_WORD.match(head)
+    if found is None:
+        return None
+    glued = head[found.end() :]
+    if glued and glued[0] != "@" and not ends_command(glued[0]):
+        return None
+    return found.group(0)[1:], glued
+
+
 def other_bots_command(head: str, ours: Callable[[str], bool]) -> bool:
     """Whether the first word `head` is a command addressed to someone else: `/word@NAME`
     (a command word as Telegram reads one: 1-64 ASCII letters, digits or underscores) where

@@ -49,6 +49,7 @@ from taskcard.channels.base import (
     CursorStore,
     IncomingCommand,
     command_arguments,
+    command_word,
     drop_leading,
     first_word,
     other_bots_command,
@@ -58,6 +59,7 @@ from taskcard.channels.feishu.content import ALL_MENTION_KEY, MessageText, messa
 
 MESSAGE_EVENT = "im.message.receive_v1"
 COMMAND = "/taskcard"
+FULL_WIDTH_SLASH = "\uff0f"  # ／
 TELL = "/tell"
 PRIVATE_CHAT = "p2p"
 APP_SENDER = "app"  # `sender.sender_type` of a message an app (a bot) sent
@@ -233,13 +235,27 @@ def duplicate_key(decoded: DecodedEvent) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def mentions_pattern(keys: tuple[str, ...]) -> re.Pattern[str] | None:
+    """The placeholders `keys` (`@_user_1`) as one pattern, None for none. `(?!\\d)`:
+    removing `@_user_1` must not eat the start of `@_user_12`."""
+    if not keys:
+        return None
+    alternatives = "|".join(re.escape(key) for key in sorted(keys, key=len, reverse=True))
+    return re.compile(f"(?:{alternatives})(?!\\d)")
+
+
 def command_args(
-    text: str, mention_key: str | None = None, command: str = COMMAND, bot_name: str | None = None
+    text: str,
+    mention_key: str | tuple[str, ...] | None = None,
+    command: str = COMMAND,
+    bot_name: str | None = None,
 ) -> str | None:
     """The arguments of a `/taskcard` command in message text, None when it is not one.
 
-    `mention_key` is the placeholder Feishu wrote for the bot's mention (`@_user_1`); it is
-    removed first, so "@_user_1 /taskcard off" is the command `off`. Other mentions stay, so
+    `mention_key` is the placeholder Feishu wrote for the bot's mention (`@_user_1`), or
+    those of each time the message mentions the bot (each mention has its own); they are
+    removed first, so "@_user_1 /taskcard off @_user_2" is the command `off` when both
+    name the bot. Other mentions stay, so
     a command addressed to someone else ("@_user_2 /taskcard off", "/taskcard@_user_2 off",
     "/taskcard@OtherBot off") is not ours. `/taskcard@Name` names us when Name is the app's
     name `bot_name` (case-insensitive, as Telegram compares usernames; with its spaces when it
@@ -249,23 +265,31 @@ def command_args(
     stays, for `named_mentions` to write as the bot's name.
     """
     tell = command == TELL
-    # `(?!\d)`: removing `@_user_1` must not eat the start of `@_user_12`.
-    mention = re.compile(re.escape(mention_key) + r"(?!\d)") if mention_key else None
+    keys = (mention_key,) if isinstance(mention_key, str) else mention_key or ()
+    mention = mentions_pattern(keys)
     if mention is not None:
         text = drop_leading(text, mention) if tell else mention.sub(" ", text)
     # The command reads as it shows: invisible characters a client pasted around or between
     # its words change nothing (`channels.base.first_word`).
     head, rest = first_word(text)
-    if not head:
+    # A full-width slash is the slash a Chinese input method types in full-width mode;
+    # Feishu marks no commands of its own, so it opens one here (not on Telegram, which
+    # marks no command there).
+    if head.startswith(FULL_WIDTH_SLASH):
+        head = "/" + head[1:]
+    # "/TaskCard" too, as on Telegram, and the command word ends where Telegram ends one
+    # (`channels.base.command_word`): "/tell😀 builder" is `/tell`, "/taskcard,off" is
+    # `/taskcard` with ",off", which the service answers as an unknown option.
+    found = command_word(head)
+    if found is None or "/" + found[0].lower() != command:
         return None
-    # "/TaskCard" too, as on Telegram; ASCII only before folding case, so a look-alike
-    # such as a Kelvin sign for the "k" is not taken for the command.
-    name, _, addressee = head.partition("@")
-    if not name.isascii() or name.lower() != command:
-        return None
+    glued = found[1]
+    addressee = glued[1:] if glued.startswith("@") else ""
+    if not glued.startswith("@"):
+        rest = glued + rest
     # "/taskcard@" with nothing after the sign names nobody: the plain command, as the
     # Telegram parser reads it.
-    if addressee and not (mention_key and "@" + addressee == mention_key):
+    if addressee and "@" + addressee not in keys:
         # "/taskcard@OtherBot" (or the command glued to another mention, "/taskcard@_user_2")
         # is addressed to someone else, as on Telegram; our own mention was removed above.
         after = _after_bot_name(addressee, rest, bot_name)
@@ -345,13 +369,23 @@ def named_mentions(text: str, mentions: object) -> str:
 
 
 def bot_mention_key(mentions: object, bot_open_id: str | None) -> str | None:
-    """The text key of the bot's mention among `message.mentions`, None when not mentioned.
+    """The text key of the bot's (first) mention among `message.mentions`, None when not
+    mentioned (see `bot_mention_keys`)."""
+    keys = bot_mention_keys(mentions, bot_open_id)
+    return keys[0] if keys else None
 
-    With the bot's open_id unknown (it could not be learned at start), any user mention is
-    taken as the bot's: a group still needs some mention, never none.
+
+def bot_mention_keys(mentions: object, bot_open_id: str | None) -> tuple[str, ...]:
+    """The text keys of the bot's mentions among `message.mentions` (Feishu gives each
+    mention its own, also a second one of the same bot: "@bot /taskcard off @bot"), none
+    when not mentioned.
+
+    With the bot's open_id unknown (it could not be learned at start), the first user
+    mention is taken as the bot's: a group still needs some mention, never none.
     """
+    keys: list[str] = []
     if not isinstance(mentions, list):
-        return None
+        return ()
     for mention in mentions:
         if not isinstance(mention, dict):
             continue
@@ -360,9 +394,11 @@ def bot_mention_key(mentions: object, bot_open_id: str | None) -> str | None:
             continue
         ids = mention.get("id")
         open_id = ids.get("open_id") if isinstance(ids, dict) else None
-        if bot_open_id is None or open_id == bot_open_id:
-            return key
-    return None
+        if bot_open_id is None:
+            return (key,)
+        if open_id == bot_open_id:
+            keys.append(key)
+    return tuple(keys)
 
 
 def replied_message(message: Mapping[str, Any]) -> tuple[str, ...]:
@@ -417,12 +453,12 @@ def command_from_event(
             return None
         written = MessageText("")
     text = written.body
-    mention_key = bot_mention_key(message.get("mentions"), bot_open_id)
+    mention_key = bot_mention_keys(message.get("mentions"), bot_open_id)
     name: CommandName = "taskcard"
     reply_to = replied_message(message)
     # Anything but a private chat (a group, a topic group, an unknown kind) needs a mention
     # for a command; a reply names the message it answers, which the service matches.
-    addressed = mention_key is not None or message.get("chat_type") == PRIVATE_CHAT
+    addressed = bool(mention_key) or message.get("chat_type") == PRIVATE_CHAT
     # A reply addresses the message it answers: a command written as a reply to one of the
     # bot's messages is the bot's, as on Telegram (the service checks that the message
     # replied to is one of its own, and ignores the command otherwise).
@@ -435,8 +471,8 @@ def command_from_event(
             return None
         name = "reply"
         # Only a mention leading the reply addresses it; one in the text is the person's.
-        if mention_key:
-            text = drop_leading(text, re.compile(re.escape(mention_key) + r"(?!\d)"))
+        if (mention := mentions_pattern(mention_key)) is not None:
+            text = drop_leading(text, mention)
         args = text.strip()
         if _for_another_bot(args, bot_name):
             return None

@@ -32,7 +32,9 @@ from taskcard.channels.base import (
     PollGate,
     SentAs,
     command_arguments,
+    command_word,
     drop_leading,
+    ends_command,
     first_word,
     other_bots_command,
 )
@@ -97,6 +99,10 @@ class FloodAwarePollRequest(FloodAwareRequest):
         return readable_updates(BaseRequest.parse_json_payload(payload))
 
 
+# The bot a command is addressed to, glued to it: `@` and a username (letters, digits, `_`).
+_ADDRESSEE = re.compile(r"@([A-Za-z0-9_]*)")
+
+
 def mention_of(bot_username: str) -> re.Pattern[str]:
     """The bot's mention as a word of its own (`@ThisBot`, any case, as usernames compare)."""
     return re.compile(f"(?<!\\S)@{re.escape(bot_username)}(?!\\w)", flags=re.I)
@@ -108,11 +114,14 @@ def parse_command(text: str, bot_username: str, command: str = COMMAND) -> str |
     `/taskcard@OtherBot` is someone else's command in a group and is ignored; the mention
     of this bot is matched case-insensitively, as Telegram usernames are. The command reads
     as it shows: invisible characters a client pasted around or between its words change
-    nothing (`channels.base.first_word`). A mention of this bot as a word of its own
-    addresses the command, as on Feishu: "@ThisBot /taskcard off" and "/taskcard off
-    @ThisBot" are `off`. In a `/tell` only the mention that addresses it goes (leading the
-    message, or right after the command word): "/tell builder ask @ThisBot why" reaches
-    the agent as written.
+    nothing (`channels.base.first_word`). The command word is what Telegram marks as one
+    (`channels.base.command_word`): it ends at white space or at any character that is not a
+    letter, digit, `_`, `/`, `<` or `>` (`/tell😀 builder hi` is `/tell` with "😀 builder
+    hi"), and what follows it is its arguments, glued or not. A mention of this bot as a
+    word of its own addresses the command, as on Feishu: "@ThisBot /taskcard off" and
+    "/taskcard off @ThisBot" are `off`. In a `/tell` only the mention that addresses it
+    goes (leading the message, or right after the command word): "/tell builder ask
+    @ThisBot why" reaches the agent as written.
     """
     tell = command == TELL
     ours = mention_of(bot_username)
@@ -120,17 +129,21 @@ def parse_command(text: str, bot_username: str, command: str = COMMAND) -> str |
         text = ours.sub(" ", text)
     elif bot_username:
         text = drop_leading(text, ours)
-    # The command ends at the first white space of any kind: "/tell\nbuilder ..." too.
+    # The command ends at the first white space of any kind ("/tell\nbuilder ..."), or at
+    # any other character Telegram ends one at ("/tell😀 builder", "/taskcard,off"); what
+    # follows it is its arguments.
     head, rest = first_word(text)
-    if not head.startswith("/"):
+    found = command_word(head)
+    if found is None or found[0].lower() != command:
         return None
-    name, _, mention = head[1:].partition("@")
-    # ASCII only before folding case: "/tas\u212acard" (a Kelvin sign) folds to "taskcard"
-    # but is no command to Telegram, nor to a person reading it.
-    if not name.isascii() or name.lower() != command:
-        return None
-    if mention and mention.lower() != bot_username.lower():
-        return None
+    glued = found[1]
+    if (addressee := _ADDRESSEE.match(glued)) is not None:
+        mention, glued = addressee.group(1), glued[addressee.end() :]
+        if glued and not ends_command(glued[0]):
+            return None  # "/taskcard@OurBotté" names no bot Telegram knows
+        if mention and mention.lower() != bot_username.lower():
+            return None
+    rest = glued + rest
     if bot_username and tell:
         rest = drop_leading(rest, ours)
     # Text for an agent keeps its line breaks.

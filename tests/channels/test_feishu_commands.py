@@ -10,7 +10,12 @@ from typing import Any
 import pytest
 
 from taskcard.channels.base import ChatRef, IncomingCommand
-from taskcard.channels.feishu.events import bot_mention_key, command_args, command_from_event
+from taskcard.channels.feishu.events import (
+    bot_mention_key,
+    bot_mention_keys,
+    command_args,
+    command_from_event,
+)
 
 BOT = "ou_bot"
 
@@ -31,6 +36,13 @@ BOT = "ou_bot"
         ("please /taskcard off", None, None),
         ("", None, None),
         ("@_user_1", "@_user_1", None),
+        # The command word ends where Telegram ends one; a full-width slash opens it.
+        ("/taskcard,off", None, ",off"),
+        ("/taskcard\U0001f600 off", None, "\U0001f600 off"),
+        ("/taskcard\u00e9 off", None, None),
+        ("\uff0ftaskcard off", None, "off"),
+        ("@_user_1 \uff0fTASKCARD\u00a0board", "@_user_1", "board"),
+        ("\uff0f\uff54askcard off", None, None),  # full-width letters stay look-alikes
     ],
 )
 def test_command_args(text: str, mention_key: str | None, expected: str | None) -> None:
@@ -68,6 +80,21 @@ def test_an_app_name_with_a_space_is_typed_as_it_shows(text: str, expected: str 
     assert command_args(text, "@_user_1", command, bot_name="Task Card") == expected
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("@_user_1 /taskcard off @_user_2", "off"),  # the bot mentioned twice
+        ("@_user_1 /taskcard @_user_2 off", "off"),
+        ("@_user_1 @_user_2 /taskcard 3", "3"),
+        ("@_user_1 @_user_3 /taskcard off", None),  # someone else's mention leads
+        ("@_user_1 /tell @_user_2 builder hi", "builder hi"),
+    ],
+)
+def test_every_mention_of_the_bot_goes(text: str, expected: str | None) -> None:
+    command = "/tell" if "/tell" in text else "/taskcard"
+    assert command_args(text, ("@_user_1", "@_user_2"), command) == expected
+
+
 def mention(key: str, open_id: str) -> dict[str, Any]:
     return {"key": key, "id": {"open_id": open_id}, "name": "someone"}
 
@@ -87,6 +114,13 @@ def mention(key: str, open_id: str) -> dict[str, Any]:
 )
 def test_bot_mention_key(mentions: object, bot_open_id: str | None, expected: str | None) -> None:
     assert bot_mention_key(mentions, bot_open_id) == expected
+
+
+def test_bot_mention_keys_are_every_mention_of_the_bot() -> None:
+    mentions = [mention("@_user_1", BOT), mention("@_user_2", "ou_alice"), mention("@_user_3", BOT)]
+    assert bot_mention_keys(mentions, BOT) == ("@_user_1", "@_user_3")
+    assert bot_mention_keys(mentions, None) == ("@_user_1",)  # bot unknown: the first
+    assert bot_mention_keys([mention("@_user_1", "ou_alice")], BOT) == ()
 
 
 def event(

@@ -57,12 +57,28 @@ GROUP = -100777
         ("\U0001f600 /taskcard off", None),  # not the first word
         ("\U0001d518\U0001d51b /taskcard@TaskcardTestBot on", None),
         ("/taskcard@TaskcardTestBot \U0001f600 3", "\U0001f600 3"),
-        ("/taskcard\U0001f600 off", None),  # the command word reads as it shows
+        # The command word ends where Telegram ends one: at any character that is not a
+        # letter, digit, `_`, `/`, `<` or `>`; what follows is the arguments, as typed.
+        ("/taskcard\U0001f600 off", "\U0001f600 off"),
+        ("/taskcard,off", ",off"),
+        ("/taskcard@TaskcardTestBot,off", ",off"),
+        ("/taskcard\u00e9 off", None),  # a letter of another script continues the word
+        ("/taskcard/off", None),
+        ("/taskcard@TaskcardTestBot\u00e9 off", None),
+        ("/taskcard@OtherBot,off", None),
         ("@TaskcardTestBot \U0001f600 /taskcard off", None),
     ],
 )
 def test_parse_command(text: str, expected: str | None) -> None:
     assert parse_command(text, "TaskcardTestBot") == expected
+
+
+def test_a_tell_glued_to_what_ends_its_command_word() -> None:
+    assert parse_command("/tell\U0001f600 builder hi", "TaskcardTestBot", "tell") == (
+        "\U0001f600 builder hi"
+    )
+    assert parse_command("/tell,builder hi", "TaskcardTestBot", "tell") == ",builder hi"
+    assert parse_command("/tellme builder hi", "TaskcardTestBot", "tell") is None
 
 
 def test_a_long_run_of_invisible_words_before_a_command() -> None:
