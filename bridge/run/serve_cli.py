@@ -40,7 +40,7 @@ from taskcard.bridge.run.runner import (
     serve,
     start_blockers,
 )
-from taskcard.bridge.run.service import agent_health_key, parse_agent_health
+from taskcard.bridge.run.service import UNFOLLOWED_REASON, agent_health_key, parse_agent_health
 from taskcard.bridge.run.terminal import printable
 from taskcard.bridge.schedule.scheduler import card_refused_key, parse_card_refused
 from taskcard.bridge.store.sqlite import (
@@ -227,7 +227,7 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
         fleet = _fleet(config, store)
         # Whether the config already names the chat's new id (then nothing is left to edit).
         configured_chats = {str(spec.chat.chat_id) for spec in route_specs(config)}
-        for route_key, opened_by in fleet.routes:
+        for route_key, opened_by in [*fleet.routes, *_unrouted_boards(config, store, fleet)]:
             channel, chat, agent_id = route_key.channel, route_key.chat, route_key.agent_id
             key = str(route_key)
             record = store.resident(key) if store else None
@@ -255,6 +255,9 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
                     "chat": str(chat),
                     "agent": agent_id,
                     "opened_by": opened_by,
+                    # False for the board of a chat no route follows now, kept in the state
+                    # (`_unrouted_boards`): routed there again, the same board comes back.
+                    "routed": opened_by is not None,
                     "message_id": record.message_id if record else None,
                     "chat_view": view,
                     "retired": retired,
@@ -418,6 +421,31 @@ def _fleet(config: ServiceConfig, store: StateStore | None) -> _StatusFleet:
     return _StatusFleet(list(routes.items()), agents, views)
 
 
+def _unrouted_boards(
+    config: ServiceConfig, store: StateStore | None, fleet: _StatusFleet
+) -> list[tuple[RouteKey, None]]:
+    """The boards in the state of chats that lost their last route (the configuration names
+    the chat no more, and no turn origin routes it): the service edits such a board a last
+    time to say the chat follows no agent now and keeps its message, which a route there
+    again brings back to life. Not clustered: another instance's configuration may still
+    route the chat, as the service itself holds."""
+    from taskcard.bridge.run.boards import BOARD_AGENT
+    from taskcard.bridge.schedule.routes import chat_scope, route_of_store_key
+
+    if store is None or config.cluster.enabled:
+        return []
+    routed = {key.chat_scope for key, _ in fleet.routes}
+    routed |= {chat_scope(spec.channel, spec.chat) for spec in route_specs(config, store)}
+    boards: list[tuple[RouteKey, None]] = []
+    for record in store.residents():
+        key = route_of_store_key(record.route)
+        if key is None or key.agent_id != BOARD_AGENT or record.message_id is None:
+            continue
+        if key.chat_scope not in routed:
+            boards.append((key, None))
+    return sorted(boards, key=lambda board: board[0].store_key)
+
+
 def _chat_view(fleet: _StatusFleet, store: StateStore | None, key: RouteKey) -> RouteView:
     """What the chat of `key` shows, as the service decides it (`boards.ChatViews`)."""
     from taskcard.bridge.run.boards import parse_view, view_cursor
@@ -511,7 +539,9 @@ def _status(args: argparse.Namespace) -> int:
                 f"  group upgraded to supergroup {printable(new)}: cards and commands go there"
                 + ("" if route["config_names_new_chat"] else f"; set chat_id = {printable(new)}")
             )
-        if route["disabled"]:
+        # An unrouted board's last edit is said on its resident line.
+        said = not route["routed"] and route["disabled"] == UNFOLLOWED_REASON
+        if route["disabled"] and not said:
             print(f"  DISABLED: {printable(route['disabled'])}")
         if route["card_refused"]:
             refused = route["card_refused"]
@@ -561,6 +591,19 @@ def _status(args: argparse.Namespace) -> int:
 def _resident_shown(route: dict[str, Any], board: bool) -> str:
     """The route's message as `status` shows it: a retired board read "(none yet)", as if
     its first message were on its way (and a card followed on the board the same)."""
+    if board and not route["routed"]:
+        told = route["disabled"] == UNFOLLOWED_REASON
+        return (
+            f"{route['message_id']}, the board of a chat no route follows now; "
+            + (
+                "it says the chat follows no agent now"
+                if told
+                else "the service edits it to say the chat follows no agent now"
+                " (unless the chat hid its cards)"
+            )
+            + "; a route to the chat again (configured, then a reload) brings the same board"
+            " back, and deleting the message in the chat clears it there"
+        )
     if board and route["retired"]:
         left = f"message {route['message_id']} is its last word" if route["message_id"] else ""
         return (
