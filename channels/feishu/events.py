@@ -453,25 +453,25 @@ def command_from_event(
             return None
         written = MessageText("")
     text = written.body
-    mention_key = bot_mention_keys(message.get("mentions"), bot_open_id)
+    mention_keys = bot_mention_keys(message.get("mentions"), bot_open_id)
     name: CommandName = "taskcard"
     reply_to = replied_message(message)
     # Anything but a private chat (a group, a topic group, an unknown kind) needs a mention
     # for a command; a reply names the message it answers, which the service matches.
-    addressed = bool(mention_key) or message.get("chat_type") == PRIVATE_CHAT
+    addressed = bool(mention_keys) or message.get("chat_type") == PRIVATE_CHAT
     # A reply addresses the message it answers: a command written as a reply to one of the
     # bot's messages is the bot's, as on Telegram (the service checks that the message
     # replied to is one of its own, and ignores the command otherwise).
     commanded = addressed or bool(reply_to)
-    args = command_args(text, mention_key, COMMAND, bot_name) if commanded else None
+    args = command_args(text, mention_keys, COMMAND, bot_name) if commanded else None
     if args is None and commanded:
-        name, args = "tell", command_args(text, mention_key, TELL, bot_name)
+        name, args = "tell", command_args(text, mention_keys, TELL, bot_name)
     if args is None:
         if not reply_to:
             return None
         name = "reply"
         # Only a mention leading the reply addresses it; one in the text is the person's.
-        if (mention := mentions_pattern(mention_key)) is not None:
+        if (mention := mentions_pattern(mention_keys)) is not None:
             text = drop_leading(text, mention)
         args = text.strip()
         if _for_another_bot(args, bot_name):
