@@ -32,6 +32,12 @@ with an error naming the limit (`LongLines`), for the request's id when the part
 it; the rest of that line is read and dropped as it arrives, and the next line is read as
 usual.
 
+A tools/call nested deeper than `MAX_NESTING` levels is refused the same way, naming the
+field that nests so deep. The SDK's reader gives up near 200 levels and answered the whole line
+as a parse error (one deeper than Python's reader takes, near 1,000, with a null id, so the
+client waited for ever); no tool takes a value nested more than a few levels. The line is read
+once more with each part past the limit as a stand-in text, in one pass without recursing.
+
 The extra decoding runs in the worker thread that already waits for stdin, not on the loop.
 """
 
@@ -58,6 +64,12 @@ TOOLS_CALL: Final = "tools/call"
 # eight times the envelope limit holds any call that limit lets through, however escaped.
 MAX_LINE_BYTES: Final = 8 * MAX_ENVELOPE_BYTES
 _DROP_CHUNK_BYTES: Final = 64 * 1024
+# The deepest a tools/call may nest (the message, params and arguments count as three levels):
+# well under the ~200 the SDK's reader takes, far over what any tool's fields need.
+MAX_NESTING: Final = 100
+# A JSON string (with its escapes, the closing quote optional: a string left open is scanned
+# once), or a bracket that opens or closes an array or object.
+_STRING_OR_BRACKET = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.DOTALL)
 _SPACE = re.compile(r"[ \t\n\r]*")
 
 
@@ -146,11 +158,65 @@ def _undecodable_field(root: object) -> str | None:
     return None
 
 
+def _flattened(text: str, stand_in: str) -> str | None:
+    """`text` with each array or object that opens deeper than `MAX_NESTING` levels replaced,
+    whole, by `stand_in` as a JSON string (brackets inside strings are not counted); None when
+    nothing nests that deep. One pass, without recursing, so at any depth."""
+    if text.count("[") + text.count("{") <= MAX_NESTING:
+        return None  # too few brackets to nest that deep: the common case, at C speed
+    kept: list[str] = []
+    depth = 0
+    copied = 0  # `text` up to here is in `kept`, or left out
+    deep_from: int | None = None  # where the part being left out opens
+    for match in _STRING_OR_BRACKET.finditer(text):
+        token = match.group()
+        if token in ("[", "{"):
+            depth += 1
+            if depth == MAX_NESTING + 1:
+                deep_from = match.start()
+        elif token in ("]", "}"):
+            if depth == MAX_NESTING + 1 and deep_from is not None:
+                kept += [text[copied:deep_from], json.dumps(stand_in)]
+                copied, deep_from = match.end(), None
+            depth -= 1
+    if not kept:
+        return None
+    kept.append(text[copied:])
+    return "".join(kept)
+
+
+def _too_deep(root: object, stand_in: str) -> str:
+    """The refusal of a message `_flattened` cut: the field (as the caller named it, not the
+    indices inside it) where the first part cut off lies, in document order."""
+    stack: list[tuple[object, tuple[str | int, ...]]] = [(root, ())]
+    where = "the request"
+    while stack:
+        value, path = stack.pop()
+        if value == stand_in:
+            names: list[str | int] = []
+            for part in path:
+                if not isinstance(part, str):
+                    break  # an index inside the field: the field is named, not its items
+                names.append(part)
+            where = _field_path(tuple(names)) or where
+            break
+        if isinstance(value, dict):
+            stack.extend((item, (*path, name)) for name, item in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((item, (*path, n)) for n, item in reversed(list(enumerate(value))))
+    return (
+        f"{where}: nested deeper than {MAX_NESTING} levels, so nothing was done; send the"
+        " field as the tool's schema gives it (text, a number, true or false, a short list)"
+    )
+
+
 @dataclass(frozen=True)
 class RepeatedKeys:
     """Refuses a tools/call whose JSON names a key twice (see the module docstring)."""
 
     marker: str = field(default_factory=_marker)
+    # What a part nested too deep is read as: a text no client can know.
+    deep: str = field(default_factory=lambda: f"taskcard.nested-too-deep.{secrets.token_hex(16)}")
 
     def line(self, text: str) -> str:
         """`text` as the SDK should read it: unchanged, or, for a tools/call with a repeated
@@ -165,16 +231,19 @@ class RepeatedKeys:
 
         undecodable = _undecodable(text)
         as_read = _replaced(text) if undecodable else text
+        flat = _flattened(text, self.deep)
         try:
-            message = json.loads(text, object_pairs_hook=build)
+            message = json.loads(text if flat is None else flat, object_pairs_hook=build)
         except (ValueError, RecursionError):
             return as_read  # the SDK's reader refuses it too, and it is answered as such
         if not isinstance(message, dict) or message.get("method") != TOOLS_CALL:
             return as_read
         params = message.get("params")
-        if undecodable:
+        if flat is not None:
+            refusal: str | None = _too_deep(message, self.deep)
+        elif undecodable:
             where = _undecodable_field(message)
-            refusal: str | None = (
+            refusal = (
                 f"{where}: not valid UTF-8 (bytes of another encoding?), so nothing was done;"
                 " send UTF-8 text"
                 if where is not None
