@@ -36,6 +36,7 @@ import tomlkit.items
 from taskcard.producers.task_card.contract import (
     NotRegularFile,
     atomic_write,
+    json_error_place,
     read_bytes,
     read_regular,
 )
@@ -136,8 +137,8 @@ def _load_json(path: Path) -> dict[str, Any]:
         data = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise InitError(
-            f"{path}: not valid JSON ({exc.msg.lower()} at line {exc.lineno}, column "
-            f"{exc.colno}); fix or move it, then run init again (it was left untouched)"
+            f"{path}: not valid JSON ({json_error_place(exc)}); fix or move it, then run init"
+            " again (it was left untouched)"
         ) from None
     except (ValueError, RecursionError) as exc:
         raise InitError(

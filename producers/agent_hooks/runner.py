@@ -51,6 +51,7 @@ from taskcard.producers.task_card.contract import (
     atomic_write,
     is_inside,
     json_cut_short,
+    json_error_place,
     json_kind,
     make_folder,
     open_append,
@@ -162,7 +163,7 @@ def _not_json(exc: ValueError | RecursionError) -> str:
         return exc.__class__.__name__
     if json_cut_short(exc):
         return "the text ends before the object is complete (truncated?)"
-    return f"{exc.msg.lower()} at line {exc.lineno}, column {exc.colno}"
+    return json_error_place(exc)
 
 
 def _directory(text: str, field: str) -> Path:

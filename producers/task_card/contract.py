@@ -507,6 +507,13 @@ def json_cut_short(exc: json.JSONDecodeError) -> bool:
     return exc.msg.startswith("Unterminated string") or exc.pos >= len(exc.doc.rstrip())
 
 
+def json_error_place(exc: json.JSONDecodeError) -> str:
+    """What is wrong and where, for a person to fix it (`invalid control character at line 1,
+    column 9`): Python words one error with a trailing "at" of its own, which read "at at"."""
+    what = exc.msg.lower().removesuffix(" at")
+    return f"{what} at line {exc.lineno}, column {exc.colno}"
+
+
 def json_kind(value: object) -> str:
     """What a JSON value is, in words (`an array`, `null`), for an error about its type."""
     if isinstance(value, list | tuple):

@@ -33,6 +33,7 @@ from taskcard.producers.task_card.contract import (
     CardPaths,
     atomic_write,
     json_cut_short,
+    json_error_place,
     json_kind,
     read_regular,
 )
@@ -206,7 +207,7 @@ def _not_json(raw: bytes, exc: ValueError | RecursionError) -> str:
         return f"holds a number of over {cap} digits, more than can be read; shorten it"
     if json_cut_short(exc):
         return "is not valid JSON: it ends before the object is complete"
-    return f"is not valid JSON: {exc.msg.lower()} at line {exc.lineno}, column {exc.colno}"
+    return f"is not valid JSON: {json_error_place(exc)}"
 
 
 def _legacy_max_refreshes(paths: CardPaths) -> tuple[int | None, str | None]:
