@@ -31,7 +31,7 @@ from taskcard.producers.ledger.render import RENDERER_FILE, render_markdown, wri
 from taskcard.producers.ledger.store import DEFAULT_LEDGER, Ledger, LedgerError, cannot_write
 from taskcard.producers.task_card.contract import is_inside, terminal_json
 from taskcard.producers.task_card.number_args import decimal_number, whole_number
-from taskcard.producers.task_card.runtime import RUNTIME_DIR_HELP
+from taskcard.producers.task_card.runtime import RUNTIME_DIR_HELP, runtime_dir_arg
 from taskcard.producers.task_card.workdir_arg import existing_workdir_arg
 
 EXIT_OK: Final = 0
@@ -455,7 +455,9 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="deliver the actions (wakes, notices, retiring the card), not only print them",
     )
-    supervise.add_argument("--runtime-dir", default=None, help=RUNTIME_DIR_HELP)
+    supervise.add_argument(
+        "--runtime-dir", type=runtime_dir_arg, default=None, help=RUNTIME_DIR_HELP
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

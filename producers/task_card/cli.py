@@ -49,6 +49,7 @@ from taskcard.producers.task_card.runtime import (
     HostPaths,
     RuntimeDirUnsafe,
     default_runtime_dir,
+    runtime_dir_arg,
 )
 from taskcard.producers.task_card.settings import (
     DEFAULT_INTERVAL_S,
@@ -418,7 +419,7 @@ def _common(
     parser.add_argument(
         "--workdir", type=workdir_type, default=".", help="the agent's working directory"
     )
-    parser.add_argument("--runtime-dir", default=None, help=RUNTIME_DIR_HELP)
+    parser.add_argument("--runtime-dir", type=runtime_dir_arg, default=None, help=RUNTIME_DIR_HELP)
     parser.add_argument(
         "--idle-grace-s",
         type=_seconds(0.1, 7 * 86_400),

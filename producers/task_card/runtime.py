@@ -17,6 +17,7 @@ are opened without following symlinks.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import fcntl
 import hashlib
@@ -92,6 +93,19 @@ RUNTIME_DIR_HELP: Final = (
     "where host sockets and locks live (default: $TASKCARD_RUNTIME_DIR, "
     "$XDG_RUNTIME_DIR/taskcard or /tmp/taskcard-UID); never inside the workdir"
 )
+
+
+def runtime_dir_arg(text: str) -> str:
+    """`--runtime-dir` as an argparse `type=`: an empty or blank name is a usage error. It
+    meant the default folder without a word, so a script's `--runtime-dir "$DIR"` with `DIR`
+    unset reached another host than the one it named (an empty `--workdir` or `--config` is
+    refused alike). An empty `TASKCARD_RUNTIME_DIR` still means unset, as for any variable."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "is empty; give a private directory for the hosts' sockets and locks, or leave"
+            " the option out for the default"
+        )
+    return text
 
 
 def default_runtime_dir(environ: Mapping[str, str]) -> Path:
