@@ -43,6 +43,7 @@ from taskcard.producers.reports.store import encodable
 from taskcard.producers.task_card.contract import (
     atomic_write,
     iso_utc,
+    json_kind,
     parse_iso,
     quoted,
     read_regular,
@@ -304,6 +305,10 @@ def spawn(
     """Write `<child>/lineage.json` and return the record; raises `LineageError`."""
     if not isinstance(parent, str) or not AGENT_ID.fullmatch(parent):
         raise LineageError(f"parent: the parent's agent id, {AGENT_ID_RULE}")
+    if reason is not None and not isinstance(reason, str):
+        raise LineageError(
+            f"reason: must be text, not {json_kind(reason)}; say why this agent is created"
+        )
     if not isinstance(reason, str) or not shows_text(reason):
         raise LineageError(
             "reason: required, and it must show text (not only white space or invisible"

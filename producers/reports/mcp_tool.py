@@ -32,7 +32,7 @@ from taskcard.producers.reports.store import (
     Reports,
     write_problem,
 )
-from taskcard.producers.task_card.contract import cannot_write, quoted
+from taskcard.producers.task_card.contract import cannot_write, json_kind, quoted
 from taskcard.producers.task_card.runtime import HostPaths
 from taskcard.producers.task_card.workdir_arg import WorkdirError, expand_workdir
 
@@ -207,8 +207,13 @@ def call_reports(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
 
 def call_spawn(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
     child = arguments.get("child_workdir")
-    if not isinstance(child, str):
+    if child is None:
         return _failed("child_workdir: required, the child's working directory")
+    if not isinstance(child, str):
+        return _failed(
+            f"child_workdir: must be text, not {json_kind(child)}; give the child's working"
+            " directory (absolute, or relative to your workdir)"
+        )
     if not child.strip():
         # The workdirs' own hint, "for this one: .", named the parent's workdir here, which
         # the next check refuses.

@@ -39,6 +39,7 @@ from taskcard.producers.task_card.contract import (
     file_kind,
     is_inside,
     iso_utc,
+    json_kind,
     line_break_first,
     open_append,
     open_lock,
@@ -161,7 +162,13 @@ def check_report(
             " with a letter or digit, e.g. reviewer"
         )
     if summary is not None:
-        if not isinstance(summary, str) or not shows_text(summary):
+        if not isinstance(summary, str):
+            # Said as white space before, which sent the writer looking at the wrong thing.
+            raise ReportError(
+                f"summary: must be text, not {json_kind(summary)}; give one short paragraph,"
+                " or leave it out"
+            )
+        if not shows_text(summary):
             raise ReportError(
                 "summary: must be text that shows (not only white space or invisible"
                 " characters such as zero-width spaces), or left out"

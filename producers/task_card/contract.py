@@ -526,6 +526,8 @@ def json_kind(value: object) -> str:
         return "a boolean"
     if isinstance(value, int | float):
         return "a number"
+    if isinstance(value, dict):
+        return "an object"
     return f"a {type(value).__name__}"  # only the Python API can pass other objects
 
 

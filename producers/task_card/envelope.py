@@ -440,7 +440,12 @@ def parse_envelope(raw: Mapping[str, Any] | str | bytes) -> Envelope:
     elif action not in ACTIONS:
         problems.append(f"action: {_shown(action)} is not one of {', '.join(ACTIONS)}")
     reasoning = data.get("reasoning")
-    if not isinstance(reasoning, str) or not shows_text(reasoning):
+    if reasoning is not None and not isinstance(reasoning, str):
+        problems.append(
+            f"reasoning: must be text, not {json_kind(reasoning)}; say in one sentence why you"
+            " call this"
+        )
+    elif not isinstance(reasoning, str) or not shows_text(reasoning):
         problems.append(
             "reasoning: required, a string that shows text (not only white space or invisible"
             " characters) saying why you call this"
