@@ -113,6 +113,18 @@ def _version_arg(text: str) -> Version:
     return version
 
 
+def codex_config_arg(text: str) -> str:
+    """`init codex --config` as an argparse `type=`: an empty or blank name is a usage error.
+    It meant the default, so `--config "$CONFIG"` with `CONFIG` unset wrote the hooks into
+    the person's own `~/.codex` (or `$CODEX_HOME`), which every Codex project reads."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "is empty; give the path of Codex's config.toml, or leave the option out for"
+            " $CODEX_HOME/config.toml or ~/.codex/config.toml"
+        )
+    return text
+
+
 def register(subparsers: Any) -> None:
     hook = subparsers.add_parser(
         "hook", help="turn one agent-host hook event into activity (always exits 0)"
@@ -154,7 +166,10 @@ def register(subparsers: Any) -> None:
         "codex", help="merge into Codex's config.toml and the hooks.json beside it"
     )
     codex_init.add_argument(
-        "--config", default=None, help="default: $CODEX_HOME/config.toml or ~/.codex/config.toml"
+        "--config",
+        type=codex_config_arg,
+        default=None,
+        help="default: $CODEX_HOME/config.toml or ~/.codex/config.toml",
     )
     for sub in (claude_init, codex_init):
         sub.add_argument(

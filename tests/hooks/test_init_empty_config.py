@@ -1,0 +1,39 @@
+"""`taskcard init codex --config ''` is a usage error naming the option, and writes nothing.
+
+An empty `--config` meant the default: `--config "$CONFIG"` with `CONFIG` unset merged the
+agent's notify program, MCP server and lifecycle hooks into the person's own
+`$CODEX_HOME/config.toml` (or `~/.codex/config.toml`) and the hooks.json beside it, which every
+Codex project on the machine reads. Driven as a person at a shell: `taskcard` as a process.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from .conftest import run_taskcard
+
+
+@pytest.mark.parametrize("empty", ["", " "])
+def test_an_empty_codex_config_is_refused_and_nothing_is_written(
+    workdir: Path, tmp_path: Path, empty: str
+) -> None:
+    home = tmp_path / "home"
+    codex_home = tmp_path / "codex-home"
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home), "CODEX_HOME": str(codex_home)}
+    done = run_taskcard("init", "codex", "--workdir", str(workdir), "--config", empty, env=env)
+    assert (done.returncode, done.stdout) == (2, b"")
+    assert done.stderr.decode().splitlines() == [
+        "taskcard init codex: argument --config: is empty; give the path of Codex's"
+        " config.toml, or leave the option out for $CODEX_HOME/config.toml or"
+        " ~/.codex/config.toml; see `taskcard init codex --help`"
+    ]
+    assert not codex_home.exists()
+    assert list(home.iterdir()) == []
+    # Left out, the option still means $CODEX_HOME/config.toml.
+    done = run_taskcard("init", "codex", "--workdir", str(workdir), env=env)
+    assert done.returncode == 0, done.stderr
+    assert (codex_home / "config.toml").is_file()
