@@ -30,7 +30,11 @@ from taskcard.producers.reports.store import (
 )
 from taskcard.producers.task_card.contract import cannot_write, terminal_json
 from taskcard.producers.task_card.number_args import whole_number
-from taskcard.producers.task_card.workdir_arg import existing_workdir_arg, workdir_arg
+from taskcard.producers.task_card.workdir_arg import (
+    existing_workdir_arg,
+    shown_path,
+    workdir_arg,
+)
 
 
 def _print(data: Any) -> None:
@@ -49,13 +53,17 @@ def _read_payload(source: str) -> str:
                 "--payload: stdin is closed, so there is no payload to read; pipe it in, or"
                 " name a file"
             )
+        if not source.strip():
+            # Read as `.`, it was "cannot read  (Is a directory)", about a folder nobody named.
+            raise ReportError("--payload: is empty; give the file to read, or - for stdin")
         if source == "-":
             raw = sys.stdin.buffer.read(MAX_PAYLOAD_BYTES + 1)
         else:
             with Path(source).open("rb") as handle:
                 raw = handle.read(MAX_PAYLOAD_BYTES + 1)
     except OSError as exc:
-        raise ReportError(f"--payload: cannot read {source} ({exc.strerror})") from None
+        # Shown escaped: a name holding an escape sequence acted on the terminal.
+        raise ReportError(f"--payload: cannot read {shown_path(source)} ({exc.strerror})") from None
     if len(raw) > MAX_PAYLOAD_BYTES:
         raise ReportError(
             f"--payload: over {MAX_PAYLOAD_BYTES} bytes; write the rest to a file in the "
