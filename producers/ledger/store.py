@@ -66,7 +66,7 @@ from taskcard.producers.task_card.contract import (
     shows_text,
 )
 from taskcard.producers.task_card.contract import cannot_write as contract_cannot_write
-from taskcard.producers.task_card.workdir_arg import WorkdirError, given_path
+from taskcard.producers.task_card.workdir_arg import WorkdirError, given_path, shown_path
 
 DEFAULT_LEDGER: Final = Path(LEDGER_DIR) / LEDGER_FILE
 MAX_LEDGER_BYTES: Final = 16_000_000
@@ -298,8 +298,12 @@ class Ledger:
         except WorkdirError as exc:
             raise LedgerError(f"ledger: {exc}") from None
         if not self.path.name or self.path.name in (".", ".."):
-            raise LedgerError(f"ledger: {path} names a folder; give the ledger's file path")
+            raise LedgerError(
+                f"ledger: {shown_path(path)} names a folder; give the ledger's file path"
+            )
         self.lock_path = self.path.with_name(self.path.name + ".lock")
+        # The path as the errors show it: escaped when it holds a control, cut when too long.
+        self.shown = shown_path(self.path)
         self._clock = clock
         self._inside = inside
 
@@ -315,14 +319,14 @@ class Ledger:
         except OutsideWorkdir:
             raise self._outside() from None
         except OSError as exc:
-            raise LedgerError(f"ledger {self.path}: cannot read it ({exc.strerror})") from None
+            raise LedgerError(f"ledger {self.shown}: cannot read it ({exc.strerror})") from None
         if len(data) > MAX_LEDGER_BYTES:
             raise LedgerError(
-                f"ledger {self.path}: larger than {MAX_LEDGER_BYTES} bytes, the most a ledger"
+                f"ledger {self.shown}: larger than {MAX_LEDGER_BYTES} bytes, the most a ledger"
                 " may hold; move it aside and start a new one (`taskcard ledger init`), or keep"
                 " long tasks in ledgers of their own (--ledger PATH)"
             )
-        return load_document(data, str(self.path))
+        return load_document(data, self.shown)
 
     def task(self, task_id: str) -> TaskRecord:
         return self.require(self.read(), task_id)
@@ -334,7 +338,7 @@ class Ledger:
             first = sorted(document.broken)[0]
             raise LedgerError(f"task_id: {self.broken_problem(document, first)}")
         if not document.tasks:
-            raise LedgerError(f"task_id: the ledger {self.path} has no task; run `ledger init`")
+            raise LedgerError(f"task_id: the ledger {self.shown} has no task; run `ledger init`")
         records = sorted(document.tasks.values(), key=lambda r: r.task.created_at)
         open_records = [r for r in records if r.derived.workflow != "COMPLETED"]
         return (open_records or records)[-1].task.task_id
@@ -383,7 +387,7 @@ class Ledger:
 
     def _outside(self) -> LedgerError:
         return LedgerError(
-            f"ledger {self.path}: leads out of the workdir {self._inside} through a symlink"
+            f"ledger {self.shown}: leads out of the workdir {self._inside} through a symlink"
             f" (the {self.path.parent.name}/ folder or the file); nothing is read or written"
             " there, so make it a real folder and file inside the workdir (remove the link)"
         )
@@ -394,7 +398,7 @@ class Ledger:
         if broken is None:
             return None
         return (
-            f"task {_shown_id(task_id)} in {self.path} is broken ({broken.problem}); fix that "
+            f"task {_shown_id(task_id)} in {self.shown} is broken ({broken.problem}); fix that "
             "field in the file, or delete the task's entry there (ledger commands leave it as "
             "it is; the file's other tasks work as before)"
         )
@@ -407,7 +411,7 @@ class Ledger:
         if record is None:
             known = ", ".join(sorted(document.tasks)) or "none"
             raise LedgerError(
-                f"task_id: {quoted(task_id)} is not in {self.path} (known: {known}); "
+                f"task_id: {quoted(task_id)} is not in {self.shown} (known: {known}); "
                 "run `taskcard ledger init` first"
             )
         return record
@@ -442,7 +446,7 @@ class Ledger:
         with self.locked() as document:
             if task_id in document.tasks or task_id in document.broken:
                 raise LedgerError(
-                    f"task_id: {quoted(task_id)} already exists in {self.path}; "
+                    f"task_id: {quoted(task_id)} already exists in {self.shown}; "
                     "choose another id (a task's truth is never reset)"
                 )
             record = TaskRecord(task=info)

@@ -1027,11 +1027,19 @@ def parse_origin(value: object) -> Origin | str:
     return Origin(channel, parts[0])
 
 
+# The longest path Linux opens (`PATH_MAX`), as `workdir_arg.PATH_MAX`.
+_PATH_MAX: Final = 4096
+
+
 def cannot_write(where: object, exc: OSError) -> str:
     """One line for a write the system refused, for an agent's command or tool call: the
     path, why, and the fix (what usually stands in the way is a file or folder of the wrong
-    kind, or missing write access)."""
+    kind, or missing write access). The path is shown as `workdir_arg.shown_path` shows
+    one: escaped when it holds a control (a line break split the line, an escape sequence acted
+    on the terminal), cut when longer than any path the system opens (it came back whole)."""
+    name = str(where)
+    shown = name if name.isprintable() and len(name) <= _PATH_MAX else quoted(name)
     return (
-        f"cannot write {where} ({exc.strerror or exc}); move what is in the way aside or make"
+        f"cannot write {shown} ({exc.strerror or exc}); move what is in the way aside or make"
         " it writable"
     )
