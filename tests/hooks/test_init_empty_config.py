@@ -9,11 +9,12 @@ Codex project on the machine reads. Driven as a person at a shell: `taskcard` as
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from .conftest import run_taskcard
+from .conftest import TASKCARD, run_taskcard
 
 
 @pytest.mark.parametrize("empty", ["", " "])
@@ -24,7 +25,15 @@ def test_an_empty_codex_config_is_refused_and_nothing_is_written(
     codex_home = tmp_path / "codex-home"
     home.mkdir()
     env = {**os.environ, "HOME": str(home), "CODEX_HOME": str(codex_home)}
-    done = run_taskcard("init", "codex", "--workdir", str(workdir), "--config", empty, env=env)
+    # Run from a folder of its own: read as a relative name, " " was a file in the checkout.
+    done = subprocess.run(
+        [TASKCARD, "init", "codex", "--workdir", str(workdir), "--config", empty],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
     assert (done.returncode, done.stdout) == (2, b"")
     assert done.stderr.decode().splitlines() == [
         "taskcard init codex: argument --config: is empty; give the path of Codex's"
@@ -33,6 +42,7 @@ def test_an_empty_codex_config_is_refused_and_nothing_is_written(
     ]
     assert not codex_home.exists()
     assert list(home.iterdir()) == []
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["agent", "home"]
     # Left out, the option still means $CODEX_HOME/config.toml.
     done = run_taskcard("init", "codex", "--workdir", str(workdir), env=env)
     assert done.returncode == 0, done.stderr
