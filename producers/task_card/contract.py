@@ -604,6 +604,15 @@ def quoted(value: object) -> str:
     return f"{text[:MAX_QUOTED_CHARS]}...{size}"
 
 
+def shown_field(name: str) -> str:
+    """A field's name as a refusal names it: as given when it is a short line that prints,
+    else `quoted` (escaped, cut). A caller's unknown key came back raw and whole: empty, with
+    an escape sequence or a line break in it, or of 100,000 characters."""
+    if name and name.isprintable() and len(name) <= MAX_QUOTED_CHARS:
+        return name
+    return quoted(name)
+
+
 def shows_text(text: str) -> bool:
     """Whether `text` shows a reader anything: False for text of white space, controls,
     zero-width and other format characters, lone combining marks or blank-looking letters

@@ -32,7 +32,13 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from taskcard.producers.task_card.contract import json_cut_short, json_kind, quoted, shows_text
+from taskcard.producers.task_card.contract import (
+    json_cut_short,
+    json_kind,
+    quoted,
+    shown_field,
+    shows_text,
+)
 from taskcard.producers.task_card.number_args import whole_numbers
 from taskcard.producers.task_card.settings import BOUNDS
 
@@ -406,6 +412,8 @@ def _describe(action: ActionName, error: Mapping[str, Any]) -> str:
     loc = ".".join(str(part) for part in ("input", *error["loc"]))
     kind = error["type"]
     if kind == "extra_forbidden":
+        loc = ".".join(["input", *(str(part) for part in error["loc"][:-1])])
+        loc += f".{shown_field(str(error['loc'][-1]))}"
         return f"{loc}: unknown field; {action} accepts: {_allowed_fields(action)}"
     if kind == "missing":
         return f"{loc}: required for {action}"
@@ -433,7 +441,8 @@ def parse_envelope(raw: Mapping[str, Any] | str | bytes) -> Envelope:
     data, refused = whole_numbers(_numbers_schema(), data)
     for key in data:
         if key not in ROOT_FIELDS:
-            problems.append(f"{key}: unknown root field; allowed: {', '.join(ROOT_FIELDS)}")
+            allowed = ", ".join(ROOT_FIELDS)
+            problems.append(f"{shown_field(key)}: unknown root field; allowed: {allowed}")
     action = data.get("action")
     if "action" not in data:
         problems.append(f"action: required, one of {', '.join(ACTIONS)}")

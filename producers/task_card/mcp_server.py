@@ -47,7 +47,7 @@ from taskcard.producers.inbox import mcp_tool as inbox_tool
 from taskcard.producers.ledger import mcp_tool as ledger_tool
 from taskcard.producers.reports import mcp_tool as reports_tool
 from taskcard.producers.task_card.client import HostUnavailable, call_failed, call_via_host
-from taskcard.producers.task_card.contract import CardPaths, quoted, utf8_encodable
+from taskcard.producers.task_card.contract import CardPaths, quoted, shown_field, utf8_encodable
 from taskcard.producers.task_card.envelope import ACTIONS, envelope_json_schema
 from taskcard.producers.task_card.mcp_answers import (
     AnswerWriter,
@@ -280,7 +280,8 @@ def unknown_field(tool: McpTool, arguments: dict[str, Any]) -> str | None:
     stray = sorted(name for name in arguments if name not in fields)
     if not stray:
         return None
-    return f"{stray[0]}: not a field of {tool.name}; remove it (its fields: {', '.join(fields)})"
+    fix = f"remove it (its fields: {', '.join(fields)})"
+    return f"{shown_field(stray[0])}: not a field of {tool.name}; {fix}"
 
 
 def workdir_gone(paths: HostPaths) -> str:
