@@ -481,22 +481,28 @@ def _cross_problems(config: ServiceConfig) -> list[str]:
             seen[agent.id] = index
     problems.extend(_endpoint_problems(config))
     known = sorted(seen)
-    route_groups: list[tuple[str, Sequence[tuple[object, Sequence[str]]]]] = []
+    route_groups: list[tuple[str, Sequence[tuple[object, Sequence[str], str | None]]]] = []
     if config.telegram is not None:
         route_groups.append(
             (
                 "telegram",
                 # A username is one chat however it is cased, as Telegram reads it.
-                [((_chat_key(r.chat_id), r.thread_id), r.agents) for r in config.telegram.routes],
+                [
+                    ((_chat_key(r.chat_id), r.thread_id), r.agents, r.orchestrator)
+                    for r in config.telegram.routes
+                ],
             )
         )
     if config.feishu is not None:
         route_groups.append(
-            ("feishu", [((r.chat_id, None), r.agents) for r in config.feishu.routes])
+            (
+                "feishu",
+                [((r.chat_id, None), r.agents, r.orchestrator) for r in config.feishu.routes],
+            )
         )
     for section, routes in route_groups:
         chats: dict[object, int] = {}
-        for index, (chat, agents) in enumerate(routes):
+        for index, (chat, agents, orchestrator) in enumerate(routes):
             where = f"{section}.routes[{index}]"
             if chat in chats:
                 problems.append(
@@ -515,7 +521,32 @@ def _cross_problems(config: ServiceConfig) -> list[str]:
                         f"{where}.agents[{position}]: unknown agent {name!r}; use the id of an"
                         f' [[agents]] entry ({choices}) or "*"'
                     )
+            if orchestrator is not None:
+                problem = _orchestrator_problem(orchestrator, agents, known, config)
+                if problem is not None:
+                    problems.append(f"{where}.orchestrator: {problem}")
     return problems
+
+
+def _orchestrator_problem(
+    name: str, agents: Sequence[str], known: list[str], config: ServiceConfig
+) -> str | None:
+    """Why a route's `orchestrator` cannot be `name` (None when it can): it must be one of
+    the agents the route follows, since only their signals wake it and only there is it
+    shown. Under `["*"]` that is any configured agent, or any agent id when folders are
+    discovered (one may appear while serving)."""
+    if ALL_AGENTS in agents:
+        if name in known or (config.discover.roots and AGENT_ID_PATTERN.fullmatch(name)):
+            return None
+        choices = ", ".join(known) if known else "none configured"
+        return f"unknown agent {name!r}; name one of the route's agents ({choices}) or leave it out"
+    if name in agents:
+        return None
+    listed = ", ".join(repr(agent) for agent in dict.fromkeys(agents))
+    return (
+        f"{name!r} is not one of the route's agents ({listed}); name one of them, add it to"
+        " the route's agents, or leave orchestrator out"
+    )
 
 
 def _chat_key(chat_id: int | str) -> int | str:

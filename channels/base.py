@@ -180,7 +180,14 @@ ROUTE_VIEW_HELP = (
     '"cards": one resident card per agent; "board": one resident board with a line per agent,'
     " plus a card for each agent while it needs people. /taskcard board|cards switches it."
 )
+ROUTE_ORCHESTRATOR_HELP = (
+    "One of the route's agents, woken through its inbox by the signals (a report, an exit or"
+    " idle without one, no output) of the other agents of this chat that no parent wakes."
+    " /taskcard orchestrator AGENT|off changes it from the chat."
+)
 BoardMark = Literal["error", "problems", "limit", "waiting"]
+# The board line of the chat's orchestrator (see `BoardLine`).
+ORCHESTRATOR_NOTE = "🎯 orchestrator"
 # A cluster's board line whose agent no running instance serves now (see `BoardLine`).
 UNOBSERVED_NOTE = "👻 not observed now: no instance serves it"
 # How each mark reads on a board line, in the order people should act on them.
@@ -204,6 +211,7 @@ class BoardLine:
     # A cluster's agent that no instance serves now (its instance died): its last line,
     # kept so that it does not silently leave the board, says so.
     unobserved: bool = False
+    orchestrator: bool = False  # the chat's orchestrator mark (see `bridge.run.orchestrators`)
 
 
 @dataclass(frozen=True)
@@ -229,7 +237,8 @@ def board_line_parts(line: BoardLine) -> tuple[str, str]:
     """A board line as (lead, rest): the lead (agent and state) is emphasised where the
     platform can; both channels word a line the same way."""
     lead = f"{line.agent_id} · {line.state}"
-    rest = "".join(f" · {BOARD_MARKS[mark]}" for mark in line.marks)
+    rest = f" · {ORCHESTRATOR_NOTE}" if line.orchestrator else ""
+    rest += "".join(f" · {BOARD_MARKS[mark]}" for mark in line.marks)
     if line.unobserved:
         rest += f" · {UNOBSERVED_NOTE}"
     if line.headline:

@@ -205,7 +205,10 @@ def facts_from_record(data: Mapping[str, Any]) -> BoardFacts | None:
     )
 
 
-def facts_line(facts: BoardFacts, now: datetime, zone: tzinfo = UTC) -> BoardLine:
+def facts_line(
+    facts: BoardFacts, now: datetime, zone: tzinfo = UTC, orchestrator: str | None = None
+) -> BoardLine:
+    """`orchestrator`: the chat's orchestrator, whose line says so."""
     movement = None
     if facts.movement is not None and facts.movement_at is not None:
         movement = _movement_line(facts.movement, facts.movement_at, now, zone)
@@ -216,6 +219,7 @@ def facts_line(facts: BoardFacts, now: datetime, zone: tzinfo = UTC) -> BoardLin
         headline=facts.headline,
         movement=movement,
         unobserved=facts.unobserved,
+        orchestrator=orchestrator is not None and facts.agent_id == orchestrator,
     )
 
 
@@ -252,18 +256,29 @@ def compose_board(
     now: datetime,
     zone: tzinfo = UTC,
     scrub: Callable[[str], str] = str,
+    orchestrator: str | None = None,
 ) -> BoardView:
-    """The whole board of one chat, uncut (see `fit_board`)."""
+    """The whole board of one chat, uncut (see `fit_board`); `orchestrator`: the chat's
+    orchestrator, whose line says so."""
     return compose_facts(
-        [board_facts(entry, scrub) for entry in entries], hidden=hidden, now=now, zone=zone
+        [board_facts(entry, scrub) for entry in entries],
+        hidden=hidden,
+        now=now,
+        zone=zone,
+        orchestrator=orchestrator,
     )
 
 
 def compose_facts(
-    facts: Sequence[BoardFacts], *, hidden: bool, now: datetime, zone: tzinfo = UTC
+    facts: Sequence[BoardFacts],
+    *,
+    hidden: bool,
+    now: datetime,
+    zone: tzinfo = UTC,
+    orchestrator: str | None = None,
 ) -> BoardView:
     """The whole board of one chat from its agents' facts, uncut (see `fit_board`)."""
-    lines = sorted((facts_line(item, now, zone) for item in facts), key=line_order)
+    lines = sorted((facts_line(item, now, zone, orchestrator) for item in facts), key=line_order)
     return BoardView(summary=board_summary(lines), lines=tuple(lines), hidden=hidden)
 
 

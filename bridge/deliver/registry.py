@@ -45,6 +45,7 @@ class RouteSpec:
     timezone: str = "UTC"  # IANA name, already validated
     all_agents: bool = False  # written ["*"]: also every agent discovered while serving
     view: RouteView = "cards"  # the chat's view until a /taskcard board|cards there
+    orchestrator: str | None = None  # the chat's until a /taskcard orchestrator there
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,7 @@ def route_specs(config: ServiceConfig, cursor: CursorStore | None = None) -> lis
                     t.timezone,
                     "*" in t.agents,
                     t.view,
+                    t.orchestrator,
                 )
             )
     if config.feishu is not None:
@@ -117,6 +119,7 @@ def route_specs(config: ServiceConfig, cursor: CursorStore | None = None) -> lis
                     f.timezone,
                     "*" in f.agents,
                     f.view,
+                    f.orchestrator,
                 )
             )
     if config.console_enabled:

@@ -62,6 +62,7 @@ class Signal:
     kind: SignalKind
     episode: str  # the notice id: one announcement per episode
     text: str
+    report_seq: int | None = None  # the report's seq, for a "report" signal
 
 
 def _one_line(text: str, limit: int, redactor: Callable[[str], str]) -> str:
@@ -105,7 +106,7 @@ def report_signal(agent_id: str, report: Report, redactor: Callable[[str], str] 
     # The date is part of the key: a series numbered from 1 again (reports/ moved aside)
     # must not be taken for the first series' notices already sent.
     stamp = int(report.at.timestamp() * 1000)
-    return Signal("report", f"signal:report:{report.seq}:{stamp}", text)
+    return Signal("report", f"signal:report:{report.seq}:{stamp}", text, report.seq)
 
 
 def _reported_since(report: Report | None, moment: datetime | None) -> bool:

@@ -20,23 +20,48 @@ MAX_ROWS: Final = 10
 _ROWS_ARG: Final = re.compile(r"^[0-9]{1,2}$")  # ASCII digits only, not "٣"
 
 TaskcardAction = Literal[
-    "state", "off", "on", "rows", "cancel", "board", "cards", "help", "unknown"
+    "state",
+    "off",
+    "on",
+    "rows",
+    "cancel",
+    "board",
+    "cards",
+    "orchestrator",
+    "help",
+    "unknown",
 ]
+ORCHESTRATOR_WORD: Final = "orchestrator"
+ORCHESTRATOR_OFF: Final = "off"
 
 
 @dataclass(frozen=True)
 class TaskcardCommand:
-    """What `/taskcard ARGS` asks for; `rows` only with `action == "rows"`."""
+    """What `/taskcard ARGS` asks for; `rows` only with `action == "rows"`; `agent` only
+    with `action == "orchestrator"`: the name as typed (a chat member's text, never echoed),
+    `off`, or None when only asked which agent it is."""
 
     action: TaskcardAction
     rows: int | None = None
+    agent: str | None = None
 
 
 def parse_taskcard(args: str) -> TaskcardCommand:
     """`""`/`status`/`state`: show the state; `off`/`on`: hide/show the cards; `1`-`10`: that
     many activity rows; `cancel`: withdraw the author's latest message still queued for an
-    agent; `board`/`cards`: one board for the chat, or one card per agent; `help` (or `?`):
-    what may be typed; anything else is unknown (case and surrounding space ignored)."""
+    agent; `board`/`cards`: one board for the chat, or one card per agent; `orchestrator
+    [AGENT|off]`: the chat's orchestrator (`off`: none; the agent's name keeps its case); `help`
+    (or `?`): what may be typed; anything else is unknown (case and surrounding space
+    ignored)."""
+    words = args.split()
+    if words and words[0].lower() == ORCHESTRATOR_WORD and len(words) <= 2:
+        if len(words) == 1:
+            return TaskcardCommand("orchestrator")
+        named = words[1]
+        return TaskcardCommand(
+            "orchestrator",
+            agent=ORCHESTRATOR_OFF if named.lower() == ORCHESTRATOR_OFF else named,
+        )
     word = args.strip().lower()
     if word in ("", "status", "state"):
         return TaskcardCommand("state")
@@ -59,7 +84,16 @@ _SIGNED_NUMBER: Final = re.compile(r"^[+-]?[0-9]+$")
 
 
 # The option words a misspelt one is compared with (the numbers are said by the help).
-_OPTION_WORDS: Final = ("status", "off", "on", "cancel", "board", "cards", "help")
+_OPTION_WORDS: Final = (
+    "status",
+    "off",
+    "on",
+    "cancel",
+    "board",
+    "cards",
+    ORCHESTRATOR_WORD,
+    "help",
+)
 
 
 def suggestion(args: str) -> str | None:

@@ -45,6 +45,7 @@ class Route:
     zone: tzinfo = UTC
     origin: bool = False
     view: RouteView = "cards"  # the chat's view until a /taskcard board|cards there
+    orchestrator: str | None = None  # the chat's until a /taskcard orchestrator there
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,7 @@ def desired_fleet(
                     spec.allowed_user_ids,
                     route_zone(spec.timezone),
                     view=spec.view,
+                    orchestrator=spec.orchestrator,
                 ),
             )
     for key in origin_routes:

@@ -240,6 +240,7 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
             }
             moved = chat_moved_to(channel, store, chat.chat_id) if store else None
             view = _chat_view(fleet, store, route_key)
+            orchestrator = _chat_orchestrator(fleet, store, route_key)
             # A board is retired when its chat shows cards; a card, followed on the board
             # (let go until its agent needs people), when its chat shows the board.
             if agent_id == BOARD_AGENT:
@@ -260,6 +261,10 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
                     "routed": opened_by is not None,
                     "message_id": record.message_id if record else None,
                     "chat_view": view,
+                    # The agent the chat's other agents' signals wake (null: none), and
+                    # whether it is this route's agent.
+                    "chat_orchestrator": orchestrator,
+                    "orchestrator": orchestrator is not None and orchestrator == agent_id,
                     "retired": retired,
                     "last_committed": _when(record.committed_at) if record else None,
                     # The fields above that are null because the state's value could not be
@@ -374,6 +379,10 @@ class _StatusFleet:
     agents: dict[str, tuple[Path, str]]
     # Each chat's view as its routes set it (a `/taskcard board|cards` stored overrides it).
     views: dict[str, RouteView]
+    # Each chat's orchestrator as its route sets it (a `/taskcard orchestrator` stored
+    # overrides it), and the agents it follows (only one of them is its orchestrator).
+    orchestrators: dict[str, str | None]
+    followed: dict[str, set[str]]
 
 
 def _fleet(config: ServiceConfig, store: StateStore | None) -> _StatusFleet:
@@ -399,8 +408,13 @@ def _fleet(config: ServiceConfig, store: StateStore | None) -> _StatusFleet:
     fleet = desired_fleet(config, specs, discovered, origins)
     routes: dict[RouteKey, str] = {}
     views: dict[str, RouteView] = {}
+    orchestrators: dict[str, str | None] = {}
+    followed: dict[str, set[str]] = {}
     for route in fleet.routes:  # the service takes the view of a chat's first route
         views.setdefault(route.key.chat_scope, route.view)
+        followed.setdefault(route.key.chat_scope, set()).add(route.key.agent_id)
+        if route.orchestrator is not None:
+            orchestrators.setdefault(route.key.chat_scope, route.orchestrator)
     for spec in specs:  # configured first, in the file's order, found or not
         views.setdefault(chat_scope(spec.channel, spec.chat), spec.view)
         names = list(fleet.agents) if spec.all_agents else list(spec.agents)
@@ -418,7 +432,7 @@ def _fleet(config: ServiceConfig, store: StateStore | None) -> _StatusFleet:
         agent_id: (workdir, "config" if agent_id in configured else "discovered")
         for agent_id, workdir in fleet.agents.items()
     }
-    return _StatusFleet(list(routes.items()), agents, views)
+    return _StatusFleet(list(routes.items()), agents, views, orchestrators, followed)
 
 
 def _unrouted_boards(
@@ -453,6 +467,21 @@ def _chat_view(fleet: _StatusFleet, store: StateStore | None, key: RouteKey) -> 
     scope = key.chat_scope
     stored = parse_view(store.get_cursor(view_cursor(scope))) if store is not None else None
     return stored or fleet.views.get(scope, "cards")
+
+
+def _chat_orchestrator(fleet: _StatusFleet, store: StateStore | None, key: RouteKey) -> str | None:
+    """The orchestrator of the chat of `key`, as the service decides it
+    (`orchestrators.chat_orchestrator`)."""
+    from taskcard.bridge.run.orchestrators import (
+        chat_orchestrator,
+        orchestrator_cursor,
+        parse_choice,
+    )
+
+    scope = key.chat_scope
+    choice = parse_choice(store.get_cursor(orchestrator_cursor(scope))) if store else None
+    configured = fleet.orchestrators.get(scope)
+    return chat_orchestrator(choice, configured, fleet.followed.get(scope, set()))
 
 
 def _send_hold(
@@ -531,6 +560,10 @@ def _status(args: argparse.Namespace) -> int:
         board = route["agent"] == BOARD_AGENT
         print(f"{route['route']}{opened}")
         print(f"  resident message: {_resident_shown(route, board)}")
+        if route["orchestrator"]:
+            print("  the chat's orchestrator: the other agents' reports and signals wake it")
+        elif board and route["chat_orchestrator"]:
+            print(f"  the chat's orchestrator: {route['chat_orchestrator']}")
         never = UNREADABLE if "last_committed" in route["unreadable"] else "(never)"
         print(f"  last committed edit: {route['last_committed'] or never}")
         if route["moved_to"]:

@@ -66,6 +66,7 @@ from taskcard.bridge.run.boards import BOARD_AGENT, ChatViews, board_key
 from taskcard.bridge.run.commands import (
     MAX_ROWS,
     MIN_ROWS,
+    ORCHESTRATOR_OFF,
     apply_to_prefs,
     parse_taskcard,
     rows_out_of_range,
@@ -92,6 +93,11 @@ from taskcard.bridge.run.inbox_desk import (
     latest_written,
 )
 from taskcard.bridge.run.logs import EVERY_TIME
+from taskcard.bridge.run.orchestrators import (
+    ChatOrchestrators,
+    chat_orchestrator,
+    orchestrator_pointer,
+)
 from taskcard.bridge.run.origins import OriginBook
 from taskcard.bridge.schedule.ratelimit import Limiter
 from taskcard.bridge.schedule.routes import LaneKey, chat_scope, route_of_store_key
@@ -160,7 +166,8 @@ HELP_TEXT = (
     "/taskcard on: show them · /taskcard N: show N activity rows (1-10) · "
     "/tell AGENT TEXT (or a reply to an agent's card or notice): send it text · "
     "/taskcard cancel: withdraw your latest queued text · "
-    "/taskcard board: one board for all agents · /taskcard cards: one card per agent"
+    "/taskcard board: one board for all agents · /taskcard cards: one card per agent · "
+    "/taskcard orchestrator AGENT|off: the agent the others' reports and signals wake"
 )
 # The answer to a reply to the chat's board, before the agents a `/tell` may name.
 BOARD_REPLY = (
@@ -459,6 +466,7 @@ class Service:
         self._paced_told: set[str] = set()  # said once per agent: a hostile body comes back
         self._routes_by_scope: dict[str, list[Route]] = {}
         self._views = ChatViews(store, ())
+        self._orchestrators = ChatOrchestrators(store)
         self._board_timer: asyncio.TimerHandle | None = None
         self._board_flush: asyncio.Task[None] | None = None  # clustered: boards composing
         self._stopped = False  # run() has ended
@@ -1937,18 +1945,39 @@ class Service:
         )
 
     def _signal(self, agent_id: str, signal: Signal) -> None:
-        """A signal to the agent's routes and, as a wake, to its parent when known here."""
-        self._announce(agent_id, signal.episode, self._redact(signal.text), "signal")
+        """A signal to the agent's routes and, as a wake, to its parent when known here,
+        else to the orchestrator of each chat that follows it (the spec's order: the
+        spawner first, then the board's orchestrator mark)."""
+        text = self._redact(signal.text)
+        self._announce(agent_id, signal.episode, text, "signal")
         lineage = self._sides[agent_id].lineage
+        report = signal.kind == "report"
         # An agent named as its own parent (a mistaken spawn) is woken by nobody.
         if lineage is not None and lineage.parent != agent_id and lineage.parent in self._monitors:
+            self._desk.wake(lineage.parent, agent_id, signal.episode, text, report=report)
+            return
+        woken: set[str] = set()
+        for route in self._routes_by_agent.get(agent_id, ()):
+            orchestrator = self._orchestrator_of(route.key.chat_scope)
+            if orchestrator is None or orchestrator == agent_id or orchestrator in woken:
+                continue
+            if orchestrator not in self._monitors:
+                continue
+            woken.add(orchestrator)
+            workdir = self._monitors[agent_id].paths.workdir
+            pointer = orchestrator_pointer(agent_id, workdir, signal.report_seq)
             self._desk.wake(
-                lineage.parent,
-                agent_id,
-                signal.episode,
-                self._redact(signal.text),
-                report=signal.kind == "report",
+                orchestrator, agent_id, signal.episode, f"{text}\n{pointer}", report=report
             )
+
+    def _orchestrator_of(self, scope: str) -> str | None:
+        """The chat's orchestrator now (see `bridge.run.orchestrators`), or None."""
+        routes = self._routes_by_scope.get(scope, ())
+        configured = next((r.orchestrator for r in routes if r.orchestrator is not None), None)
+        choice = self._orchestrators.choice(scope)
+        if choice is None and configured is None:
+            return None  # the common case: no set of the chat's agents built
+        return chat_orchestrator(choice, configured, {r.key.agent_id for r in routes})
 
     def _chat_zone(self, channel: str, chat: ChatRef) -> tzinfo:
         routes = self._routes_in(channel, chat)
@@ -2236,7 +2265,12 @@ class Service:
         if not has_message and (prefs.hidden or not started):
             return  # the board appears with the first sign of life, not before
         board = compose_board(
-            entries, hidden=prefs.hidden, now=self._clock(), zone=zone, scrub=self._redact
+            entries,
+            hidden=prefs.hidden,
+            now=self._clock(),
+            zone=zone,
+            scrub=self._redact,
+            orchestrator=self._orchestrator_of(scope),
         )
         self._scheduler.submit(key, channel.render_board(fit_board(board, channel.board_fits)))
 
@@ -2277,7 +2311,13 @@ class Service:
             )
             for line in lines
         ]
-        board = compose_facts(lines, hidden=prefs.hidden, now=self._clock(), zone=zone)
+        board = compose_facts(
+            lines,
+            hidden=prefs.hidden,
+            now=self._clock(),
+            zone=zone,
+            orchestrator=self._orchestrator_of(scope),
+        )
         self._scheduler.submit(key, channel.render_board(fit_board(board, channel.board_fits)))
 
     def _board_entries(self, routes: list[Route]) -> list[BoardEntry]:
@@ -2442,6 +2482,8 @@ class Service:
             )
         elif parsed.action in ("board", "cards"):
             reply = self._switch_view(allowed, "board" if parsed.action == "board" else "cards")
+        elif parsed.action == "orchestrator":
+            reply = self._orchestrator_command(allowed, parsed.agent)
         elif parsed.action == "help":
             reply = f"Task card commands here: {HELP_TEXT}"
         else:
@@ -2836,6 +2878,45 @@ class Service:
             )
         return "This chat now shows one task card per agent. /taskcard board shows one board."
 
+    def _orchestrator_command(self, routes: list[Route], named: str | None) -> str:
+        """`/taskcard orchestrator [AGENT|off]`: say the chat's orchestrator, or choose one
+        (or none) for the chat and persist it (`bridge.run.orchestrators`); the board's
+        lines say it again. `named` is a chat member's text: never echoed."""
+        scope = routes[0].key.chat_scope
+        here = sorted({r.key.agent_id for r in routes})
+        usage = "/taskcard orchestrator AGENT marks one, /taskcard orchestrator off none"
+        if named is None:
+            current = self._orchestrator_of(scope)
+            if current is None:
+                return f"This chat has no orchestrator. {usage}."
+            return (
+                f"This chat's orchestrator is {current}: the reports and signals of the other"
+                f" agents here wake it through its inbox. {usage}."
+            )
+        if named == ORCHESTRATOR_OFF:
+            self._orchestrators.choose(scope, None)
+            self._mark_board(scope)
+            return (
+                "This chat has no orchestrator now: the signals of its agents wake only their"
+                " parents. /taskcard orchestrator AGENT marks one."
+            )
+        agent_id = named if named in here else None
+        if agent_id is None:
+            folded = [name for name in here if name.lower() == named.lower()]
+            agent_id = folded[0] if len(folded) == 1 else None
+        if agent_id is None:
+            listed = f"/taskcard orchestrator AGENT: AGENT is one of {', '.join(here)}."
+            if _utf16_len(listed) <= STATE_TEXT_UTF16:
+                return listed
+            return _fit_entries("/taskcard orchestrator AGENT: AGENT is one of:", here)
+        self._orchestrators.choose(scope, agent_id)
+        self._mark_board(scope)
+        return (
+            f"{agent_id} is now this chat's orchestrator: the reports and signals of the other"
+            " agents here (those no parent agent is woken by) wake it through its inbox."
+            " /taskcard orchestrator off stops it."
+        )
+
     def _state_text(self, routes: list[Route], prefs: ChatPrefs) -> str:
         rows = prefs.activity_rows or self._config.display.activity_rows
         shown = (
@@ -2845,6 +2926,7 @@ class Service:
             shown += ", one board"
         lines = [f"Task cards here: {shown}."]
         entries: list[str] = []
+        orchestrator = self._orchestrator_of(routes[0].key.chat_scope)
         for route in routes:
             monitor = self._monitors.get(route.key.agent_id)
             if monitor is None:
@@ -2862,7 +2944,8 @@ class Service:
             disabled = self._scheduler.disabled_reason(route.key)
             # The platform's words: one line, as every value in an entry.
             extra = f" — delivery disabled: {one_line_cut(disabled, 200)}" if disabled else ""
-            entry = [f"• {route.key.agent_id}: {monitor.activity.state}; {card_text}{extra}"]
+            role = " (orchestrator)" if route.key.agent_id == orchestrator else ""
+            entry = [f"• {route.key.agent_id}{role}: {monitor.activity.state}; {card_text}{extra}"]
             report = self._sides[route.key.agent_id].latest_report
             if report is not None:
                 when = format_at(report.at, self._clock(), route.zone)

@@ -15,6 +15,7 @@ from pydantic import (
 )
 
 from taskcard.channels.base import (
+    ROUTE_ORCHESTRATOR_HELP,
     ROUTE_VIEW_HELP,
     TIMEZONE_HELP,
     EnvName,
@@ -161,6 +162,7 @@ class FeishuRoute(BaseModel):
     pin: bool = Field(default=False, description="Pin the resident card.")
     timezone: TimeZoneName = Field(default="UTC", description=TIMEZONE_HELP)
     view: RouteView = Field(default="cards", description=ROUTE_VIEW_HELP)
+    orchestrator: str | None = Field(default=None, description=ROUTE_ORCHESTRATOR_HELP)
     allowed_user_ids: list[_UserId] | None = Field(
         default=None,
         description=(

@@ -8,6 +8,7 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from taskcard.channels.base import (
+    ROUTE_ORCHESTRATOR_HELP,
     ROUTE_VIEW_HELP,
     TIMEZONE_HELP,
     EnvName,
@@ -144,6 +145,7 @@ class TelegramRoute(BaseModel):
     pin: bool = Field(default=False, description="Pin the resident message (needs admin).")
     timezone: TimeZoneName = Field(default="UTC", description=TIMEZONE_HELP)
     view: RouteView = Field(default="cards", description=ROUTE_VIEW_HELP)
+    orchestrator: str | None = Field(default=None, description=ROUTE_ORCHESTRATOR_HELP)
     allowed_user_ids: list[Annotated[int, Field(ge=1, le=2**53 - 1)]] | None = Field(
         default=None,
         description=(

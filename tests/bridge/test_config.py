@@ -114,7 +114,7 @@ SECRET_LIKE = "123456:AAExampleBotTokenPastedIntoTheWrongKey"
             ISSUE_EXAMPLE.replace("thread_id = 42", "thread = 42"),
             "telegram.routes[0].thread: unknown key (did you mean 'thread_id'?); allowed keys"
             " here: agents,"
-            " allowed_user_ids, chat_id, pin, thread_id",
+            " allowed_user_ids, chat_id, orchestrator, pin, thread_id",
         ),
         (ISSUE_EXAMPLE + "\n[display]\nactivity_rows = 11\n", "display.activity_rows:"),
         (ISSUE_EXAMPLE.replace('id = "builder"', 'id = "has space"'), "agents[0].id:"),

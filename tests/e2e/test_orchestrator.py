@@ -1,0 +1,316 @@
+"""A chat's orchestrator mark, through `taskcard serve` against the fake Bot API and Feishu.
+
+The reports-and-signals spec wakes "the card that spawned it, or the last directive sent, or
+the board's orchestrator mark". An agent that coordinates others it did not spawn is marked
+in the route's config (`orchestrator = "lead"`) or from the chat (`/taskcard orchestrator
+lead`, `/taskcard orchestrator off`); the signals of the chat's other agents that no parent
+is woken by then wake it through its inbox, as a parent's wake does. The agent side is
+played as the contracts say (`reports/reports.jsonl`, `lineage.json`, `inbox/queued/`).
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+
+from taskcard.producers.task_card.contract import atomic_write, utc_now_iso
+from tests.e2e.harness import ServeProcess, activity, eventually, publish, run_cli
+from tests.e2e.test_cluster import instance
+from tests.e2e.test_talk_and_signals import (
+    GROUP,
+    SIGNALS,
+    chat_for,
+    queued,
+    report,
+    wait_said,
+    workdir,
+)
+from tests.fakes.telegram_api import FakeTelegram
+
+
+@pytest.fixture(params=["telegram", "feishu"])
+def platform(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def wakes_about(tmp_path: Path, woken: str, about: str) -> list[dict[str, object]]:
+    """The wakes queued in `woken`'s inbox about agent `about` (in the order queued)."""
+    found = []
+    for path in queued(tmp_path, woken):
+        entry = json.loads(path.read_text())
+        if entry.get("kind") == "wake" and entry.get("from", {}).get("chat_id") == about:
+            found.append(dict(entry))
+    return found
+
+
+def wake_texts(tmp_path: Path, woken: str, about: str, words: str = "") -> list[str]:
+    """The texts of `wakes_about`, those holding `words`: an idle spell on a loaded machine
+    (past the 5 s floor) may wake the orchestrator too, and the tests look for one signal."""
+    texts = [str(entry["text"]) for entry in wakes_about(tmp_path, woken, about)]
+    return [text for text in texts if words in text]
+
+
+def spawned_by(child: Path, parent: str) -> None:
+    lineage = {"parent": parent, "reason": "split", "depth": 1, "created_at": utc_now_iso()}
+    atomic_write(child / "lineage.json", json.dumps(lineage).encode())
+
+
+async def test_the_configured_orchestrator_is_woken_by_the_other_agents_reports(
+    platform: str, tmp_path: Path
+) -> None:
+    """`orchestrator = "lead"`: worker's report wakes lead, with a pointer to read it; kid,
+    spawned by worker, wakes its parent only; lead's own report wakes nobody."""
+    async with chat_for(platform, tmp_path, ["lead", "worker", "kid"], SIGNALS) as chat:
+        with chat.config.open("a") as config:  # the route's table is the file's last
+            config.write('orchestrator = "lead"\n')
+        lead, worker, kid = (workdir(tmp_path, a) for a in ("lead", "worker", "kid"))
+        spawned_by(kid, "worker")
+        publish(worker, "**migrating**")
+        publish(lead, "**leading**")
+        publish(kid, "**helping**")
+        with chat.serve:
+            await wait_said(chat, "migrating", "worker card")
+            await wait_said(chat, "helping", "kid card")
+            report(worker, 1, ok=True, role="reviewer", summary="suite green")
+            await wait_said(chat, "worker reported (#1)", "worker's report in the chat")
+            # A quiet spell on a loaded machine (idle, past the floor) may wake lead first.
+            text = await eventually(
+                lambda: next(
+                    (t for t in wake_texts(tmp_path, "lead", "worker") if "reported" in t), None
+                ),
+                what="lead's wake about the report",
+            )
+            assert "worker reported (#1): ok, as reviewer." in text, text
+            assert "suite green" in text, text
+            assert "orchestrator" in text, text
+            assert f"taskcard reports --workdir {worker} --after 0" in text, text
+            assert f"child_workdir {worker}" in text, text
+            # A child of worker: its parent is woken, the orchestrator is not.
+            report(kid, 1, ok=False, summary="stuck")
+            await wait_said(chat, "kid reported (#1)", "kid's report in the chat")
+            await eventually(
+                lambda: wakes_about(tmp_path, "worker", "kid"), what="worker's wake by kid"
+            )
+            # The orchestrator's own report wakes nobody, itself included.
+            report(lead, 1, ok=True, summary="plan ready")
+            await wait_said(chat, "lead reported (#1)", "lead's report in the chat")
+            assert wakes_about(tmp_path, "lead", "kid") == []
+            assert wakes_about(tmp_path, "lead", "lead") == []
+            # Idle without a report is a signal too: it wakes the orchestrator.
+            activity(worker, "turn.start")
+            activity(worker, "turn.end")
+            await wait_said(chat, "declared its turn finished", "worker's idle notice")
+            await eventually(
+                lambda: any(
+                    "declared its turn finished" in t
+                    for t in wake_texts(tmp_path, "lead", "worker")
+                ),
+                what="lead's wake about worker's idle turn",
+            )
+            assert await chat.serve.aterminate() == 0
+
+
+async def test_the_chat_marks_its_orchestrator_and_the_mark_survives_a_restart(
+    platform: str, tmp_path: Path
+) -> None:
+    """`/taskcard orchestrator lead` marks lead (the board says so, `taskcard status` too),
+    kept across a restart; `/taskcard orchestrator off` ends it, over the config's mark."""
+    async with chat_for(platform, tmp_path, ["lead", "worker"], SIGNALS) as chat:
+        lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
+        publish(worker, "**migrating**")
+        publish(lead, "**leading**")
+        with chat.serve:
+            await wait_said(chat, "migrating", "worker card")
+            await chat.say("/taskcard orchestrator")
+            await wait_said(chat, "This chat has no orchestrator", "the answer without one")
+            await chat.say("/taskcard orchestrator nobody")
+            refused = await wait_said(chat, "AGENT is one of", "the refusal of an unknown name")
+            assert "lead, worker" in refused and "nobody" not in refused, refused
+            await chat.say("/taskcard orchestrator lead")
+            await wait_said(chat, "lead is now this chat's orchestrator", "the mark's answer")
+            await chat.say("/taskcard board")
+            board = await eventually(
+                lambda: next(
+                    (t for t in chat.bot_texts() if "Task board" in t and "🎯" in t), None
+                ),
+                timeout_s=60,
+                what="the board marking lead",
+            )
+            [lead_line] = [line for line in board.splitlines() if "🎯 orchestrator" in line]
+            assert "lead" in lead_line and "worker" not in lead_line, board
+            assert await chat.serve.aterminate() == 0
+        status = run_cli("status", "--config", str(chat.config), "--json")
+        assert status.returncode == 0, status.stderr
+        routes = {r["agent"]: r for r in json.loads(status.stdout)["routes"]}
+        assert routes["lead"]["chat_orchestrator"] == "lead"
+        assert routes["lead"]["orchestrator"] is True
+        assert routes["worker"]["orchestrator"] is False
+        text = run_cli("status", "--config", str(chat.config))
+        assert "the chat's orchestrator: the other agents' reports" in text.stdout, text.stdout
+        with chat.restart():
+            await eventually(lambda: "ready" in chat.serve.logs, timeout_s=60, what="restart")
+            report(worker, 1, ok=True, summary="part 1 done")
+            await wait_said(chat, "worker reported (#1)", "report 1 in the chat")
+            await eventually(
+                lambda: wake_texts(tmp_path, "lead", "worker", "part 1 done"),
+                what="lead woken after the restart",
+            )
+            await chat.say("/taskcard orchestrator")
+            await wait_said(chat, "This chat's orchestrator is lead", "the mark, asked")
+            await chat.say("/taskcard orchestrator off")
+            await wait_said(chat, "This chat has no orchestrator now", "the answer to off")
+            report(worker, 2, ok=True, summary="part 2 done")
+            await wait_said(chat, "worker reported (#2)", "report 2 in the chat")
+            texts = wake_texts(tmp_path, "lead", "worker")
+            assert not any("part 2 done" in text for text in texts), texts
+            assert await chat.serve.aterminate() == 0
+        status = run_cli("status", "--config", str(chat.config), "--json")
+        routes = {r["agent"]: r for r in json.loads(status.stdout)["routes"]}
+        assert routes["lead"]["chat_orchestrator"] is None
+
+
+async def test_off_in_the_chat_wins_over_the_configured_orchestrator(tmp_path: Path) -> None:
+    async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
+        with chat.config.open("a") as config:
+            config.write('orchestrator = "lead"\n')
+        worker = workdir(tmp_path, "worker")
+        publish(worker, "**migrating**")
+        with chat.serve:
+            await wait_said(chat, "migrating", "worker card")
+            await chat.say("/taskcard orchestrator OFF")
+            await wait_said(chat, "This chat has no orchestrator now", "the answer to off")
+            report(worker, 1, ok=True, summary="part 1 done")
+            await wait_said(chat, "worker reported (#1)", "report 1 in the chat")
+            assert wake_texts(tmp_path, "lead", "worker", "reported") == []
+            await chat.say("/taskcard orchestrator LEAD")  # names are matched in any case
+            await wait_said(chat, "lead is now this chat's orchestrator", "the mark's answer")
+            report(worker, 2, ok=True, summary="part 2 done")
+            await eventually(
+                lambda: wake_texts(tmp_path, "lead", "worker", "part 2 done"),
+                what="lead woken again",
+            )
+            assert await chat.serve.aterminate() == 0
+
+
+async def test_an_agent_followed_in_two_chats_wakes_each_orchestrator_once(
+    tmp_path: Path,
+) -> None:
+    """worker is followed in two chats marking lead and boss, and in a third marking lead
+    again: each is woken once per report."""
+    async with FakeTelegram() as telegram:
+        lines = ['state_dir = ".taskcard"', SIGNALS]
+        for agent in ("lead", "boss", "worker"):
+            workdir(tmp_path, agent).mkdir(parents=True)
+            lines += ["[[agents]]", f'id = "{agent}"', f'workdir = "agents/{agent}"']
+        lines += [
+            "[telegram]",
+            'token_env = "TC_TEST_TOKEN"',
+            f'api_base_url = "{telegram.base_url}"',
+            "poll_timeout_s = 1",
+        ]
+        chats = (GROUP, GROUP - 1, GROUP - 2)
+        for chat_id, orchestrator in zip(chats, ("lead", "boss", "lead"), strict=True):
+            lines += [
+                "[[telegram.routes]]",
+                f"chat_id = {chat_id}",
+                'agents = ["lead", "boss", "worker"]',
+                f'orchestrator = "{orchestrator}"',
+            ]
+        config = tmp_path / "taskcard.toml"
+        config.write_text("\n".join(lines) + "\n")
+        worker = workdir(tmp_path, "worker")
+        publish(worker, "**migrating**")
+        serve = ServeProcess(config, env={"TC_TEST_TOKEN": telegram.token})
+        with serve:
+
+            def shown(words: str) -> int:
+                return sum(any(words in m.text for m in telegram.bot_messages(c)) for c in chats)
+
+            await eventually(lambda: shown("migrating") == 3, timeout_s=60, what="three cards")
+            report(worker, 1, ok=True, summary="done")
+            await eventually(
+                lambda: shown("worker reported") == 3, timeout_s=60, what="the three notices"
+            )
+            await eventually(
+                lambda: wake_texts(tmp_path, "boss", "worker", "reported"), what="boss's wake"
+            )
+            assert len(wake_texts(tmp_path, "lead", "worker", "reported")) == 1
+            assert len(wake_texts(tmp_path, "boss", "worker", "reported")) == 1
+            assert await serve.aterminate() == 0
+
+
+async def test_clustered_the_orchestrator_is_woken_once(
+    tmp_path: Path, telegram: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """Two instances share Redis and both route lead and worker (each serves one): the mark
+    given in the chat reaches both, and worker's report wakes lead once."""
+    agents = ["lead", "worker"]
+    serves = [
+        fleet.enter_context(
+            instance(tmp_path, name, telegram, agents, redis_url=redis_url, prefix=prefix)
+        )
+        for name in ("i0", "i1")
+    ]
+    lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
+    publish(lead, "**leading**")
+    publish(worker, "**migrating**")
+
+    def said(words: str) -> list[str]:
+        return [m.text for m in telegram.bot_messages(GROUP) if words in m.text]
+
+    await eventually(lambda: said("migrating") and said("leading"), timeout_s=60, what="cards")
+    telegram.inject_message(GROUP, "/taskcard orchestrator lead", user_id=7)
+    await eventually(
+        lambda: said("lead is now this chat's orchestrator"), timeout_s=60, what="the answer"
+    )
+    report(worker, 1, ok=True, summary="part 1 done")
+    await eventually(lambda: said("worker reported (#1)"), timeout_s=60, what="the notice")
+    await eventually(
+        lambda: wake_texts(tmp_path, "lead", "worker", "part 1 done"), what="lead's wake"
+    )
+    assert len(said("lead is now this chat's orchestrator")) == 1
+    assert len(wake_texts(tmp_path, "lead", "worker", "part 1 done")) == 1
+    for serve in serves:
+        assert await serve.aterminate() == 0
+    assert len(wake_texts(tmp_path, "lead", "worker", "part 1 done")) == 1
+
+
+@pytest.mark.parametrize(
+    ("channel", "route"),
+    [
+        ("telegram", f"[[telegram.routes]]\nchat_id = {GROUP}"),
+        ("feishu", '[[feishu.routes]]\nchat_id = "oc_fleet_group"'),
+    ],
+)
+def test_an_orchestrator_the_route_does_not_follow_is_refused_naming_the_field(
+    channel: str, route: str, tmp_path: Path
+) -> None:
+    section = (
+        '[telegram]\ntoken_env = "TC_TEST_TOKEN"'
+        if channel == "telegram"
+        else '[feishu]\nevents = "none"'
+    )
+    lines = ['state_dir = ".taskcard"']
+    for agent in ("lead", "worker", "other"):
+        workdir(tmp_path, agent).mkdir(parents=True)
+        lines += ["[[agents]]", f'id = "{agent}"', f'workdir = "agents/{agent}"']
+    lines += [section, route, 'agents = ["lead", "worker"]', 'orchestrator = "other"']
+    config = tmp_path / "taskcard.toml"
+    config.write_text("\n".join(lines) + "\n")
+    checked = run_cli("config", "check", str(config))
+    assert checked.returncode == 2, checked.stdout
+    assert f"{channel}.routes[0].orchestrator" in checked.stderr, checked.stderr
+    assert "'other' is not one of the route's agents ('lead', 'worker')" in checked.stderr
+    served = run_cli("serve", "--config", str(config))
+    assert served.returncode == 2, served.stdout
+    assert f"{channel}.routes[0].orchestrator" in served.stderr, served.stderr
+    # Under "*", any configured agent; an unknown one is named.
+    config.write_text(config.read_text().replace('["lead", "worker"]', '["*"]'))
+    assert run_cli("config", "check", str(config)).returncode == 0
+    config.write_text(config.read_text().replace('r = "other"', 'r = "ghost"'))
+    checked = run_cli("config", "check", str(config))
+    assert checked.returncode == 2
+    assert f"{channel}.routes[0].orchestrator: unknown agent 'ghost'" in checked.stderr
