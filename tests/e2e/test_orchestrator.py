@@ -195,6 +195,38 @@ async def test_off_in_the_chat_wins_over_the_configured_orchestrator(tmp_path: P
             assert await chat.serve.aterminate() == 0
 
 
+async def test_a_burst_of_reports_wakes_the_orchestrator_once_also_across_a_restart(
+    tmp_path: Path,
+) -> None:
+    """The orchestrator's wake is the parent's: reports it has not taken yet travel in one
+    wake, each with its pointer, also when the service restarts between two of them."""
+    async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
+        with chat.config.open("a") as config:
+            config.write('orchestrator = "lead"\n')
+        worker = workdir(tmp_path, "worker")
+        publish(worker, "**migrating**")
+        with chat.serve:
+            await wait_said(chat, "migrating", "worker card")
+            for seq in (1, 2):
+                report(worker, seq, ok=True, summary=f"part {seq} done")
+            await wait_said(chat, "worker reported (#2)", "report 2 in the chat")
+            await eventually(
+                lambda: wake_texts(tmp_path, "lead", "worker", "part 2 done"), what="the wake"
+            )
+            assert await chat.serve.aterminate() == 0
+        with chat.restart():
+            await eventually(lambda: "ready" in chat.serve.logs, timeout_s=60, what="restart")
+            report(worker, 3, ok=True, summary="part 3 done")
+            await wait_said(chat, "worker reported (#3)", "report 3 in the chat")
+            await eventually(
+                lambda: wake_texts(tmp_path, "lead", "worker", "part 3 done"), what="the wake"
+            )
+            [wake] = wake_texts(tmp_path, "lead", "worker", "reported")
+            for seq in (1, 2, 3):
+                assert f"(#{seq})" in wake and f"--after {seq - 1}" in wake, wake
+            assert await chat.serve.aterminate() == 0
+
+
 async def test_an_agent_followed_in_two_chats_wakes_each_orchestrator_once(
     tmp_path: Path,
 ) -> None:
