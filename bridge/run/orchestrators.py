@@ -74,18 +74,19 @@ def orchestrator_pointer(agent_id: str, workdir: Path, report_seq: int | None) -
     agent's reports (the CLI, or the MCP `reports` tool, whose `child_workdir` takes any
     absolute folder). From typed values only: the id, the configured or discovered folder,
     the report's number."""
-    where = shlex.quote(str(workdir))
+    where = shlex.quote(str(workdir))  # for a shell
+    named = json.dumps(str(workdir), ensure_ascii=False)  # for a tool's JSON arguments
     if report_seq is None:
         return (
             f"You are woken as the orchestrator of a chat that follows {agent_id}. Its latest"
             f" report, if any: taskcard reports --workdir {where} (or the reports MCP tool with"
-            f" child_workdir {where})."
+            f" child_workdir {named})."
         )
     after = report_seq - 1
     return (
         f"You are woken as the orchestrator of a chat that follows {agent_id}. Read report"
         f" #{report_seq}: taskcard reports --workdir {where} --after {after} (or the reports"
-        f" MCP tool with child_workdir {where} and after {after})."
+        f" MCP tool with child_workdir {named} and after {after})."
     )
 
 

@@ -103,7 +103,7 @@ def test_the_pointer_says_how_to_read_the_report_from_typed_values() -> None:
     pointer = orchestrator_pointer("worker", folder, 4)
     assert "orchestrator" in pointer and "worker" in pointer
     assert "taskcard reports --workdir '/srv/agents/my worker' --after 3" in pointer
-    assert "child_workdir '/srv/agents/my worker' and after 3" in pointer
+    assert 'child_workdir "/srv/agents/my worker" and after 3' in pointer
     other = orchestrator_pointer("worker", folder, None)
     assert "--after" not in other and "taskcard reports --workdir" in other
 
