@@ -6,10 +6,9 @@ Python's JSON reader recurses, one level of the stack per array or object, and g
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Final
 
-from taskcard.producers.task_card.contract import int_or_digits, load_json
+from taskcard.producers.task_card.contract import cut_deep, int_or_digits, load_json
 
 # Arrays and objects nested deeper than this are read as `DEEP_MARKER`, when the whole would
 # be too deep for Python's reader.
@@ -60,31 +59,7 @@ def _text(raw: bytes | str) -> str:
     return raw.decode(json.detect_encoding(raw), errors="replace")
 
 
-# A JSON string (with its escapes), or a bracket that opens or closes an array or object. The
-# closing quote is optional: required, a string left open (not JSON) was scanned to the end
-# again from each quote in it, which took minutes on a payload of a megabyte.
-_STRING_OR_BRACKET = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.DOTALL)
-
-
 def _shallow(text: str) -> str:
     """`text` with each array or object that opens deeper than `MAX_DEPTH` levels replaced,
-    whole, by `DEEP_MARKER` as a JSON string; brackets inside strings are not counted. Read
-    in one pass without recursing, so at any depth. What is not JSON stays not JSON, except
-    inside a part that is left out (it is not read)."""
-    kept: list[str] = []
-    depth = 0
-    copied = 0  # `text` up to here is in `kept`, or left out
-    deep_from: int | None = None  # where the part being left out opens
-    for match in _STRING_OR_BRACKET.finditer(text):
-        token = match.group()
-        if token in ("[", "{"):
-            depth += 1
-            if depth == MAX_DEPTH + 1:
-                deep_from = match.start()
-        elif token in ("]", "}"):
-            if depth == MAX_DEPTH + 1 and deep_from is not None:
-                kept += [text[copied:deep_from], json.dumps(DEEP_MARKER)]
-                copied, deep_from = match.end(), None
-            depth -= 1
-    kept.append(text[copied:])
-    return "".join(kept)
+    whole, by `DEEP_MARKER` as a JSON string (`cut_deep`)."""
+    return cut_deep(text, MAX_DEPTH, DEEP_MARKER) or text

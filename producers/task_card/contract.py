@@ -431,6 +431,41 @@ def parse_json(raw: bytes | str) -> Any:
         return None
 
 
+# A JSON string (with its escapes), or a bracket that opens or closes an array or object. The
+# closing quote is optional: required, a string left open (not JSON) was scanned to the end
+# again from each quote in it, which took minutes on a text of a megabyte.
+_STRING_OR_BRACKET = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.DOTALL)
+
+
+def cut_deep(text: str, max_depth: int, stand_in: str) -> str | None:
+    """`text` with each array or object that opens deeper than `max_depth` levels replaced,
+    whole, by `stand_in` as a JSON string (brackets inside strings are not counted); None when
+    nothing nests that deep. One pass without recursing, so at any depth, for the readers of
+    hook payloads and MCP messages, which must answer a document too deep for `json`. What is
+    not JSON stays not JSON, except inside a part that is left out (it is not read)."""
+    if text.count("[") + text.count("{") <= max_depth:
+        return None  # too few brackets to nest that deep: the common case, at C speed
+    kept: list[str] = []
+    depth = 0
+    copied = 0  # `text` up to here is in `kept`, or left out
+    deep_from: int | None = None  # where the part being left out opens
+    for match in _STRING_OR_BRACKET.finditer(text):
+        token = match.group()
+        if token in ("[", "{"):
+            depth += 1
+            if depth == max_depth + 1:
+                deep_from = match.start()
+        elif token in ("]", "}"):
+            if depth == max_depth + 1 and deep_from is not None:
+                kept += [text[copied:deep_from], json.dumps(stand_in)]
+                copied, deep_from = match.end(), None
+            depth -= 1
+    if not kept:
+        return None
+    kept.append(text[copied:])
+    return "".join(kept)
+
+
 def load_json(raw: bytes | str, *, parse_int: Callable[[str], Any] | None = None) -> Any:
     """`json.loads(raw)`, raising as it does, except that a lone surrogate (`"\\ud800"`:
     valid JSON, but no UTF-8 can carry it, so every write of it to a file, the store or a

@@ -55,6 +55,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any, Final
 
+from taskcard.producers.task_card.contract import cut_deep
 from taskcard.producers.task_card.envelope import MAX_ENVELOPE_BYTES
 
 TOOLS_CALL: Final = "tools/call"
@@ -67,9 +68,6 @@ _DROP_CHUNK_BYTES: Final = 64 * 1024
 # The deepest a tools/call may nest (the message, params and arguments count as three levels):
 # well under the ~200 the SDK's reader takes, far over what any tool's fields need.
 MAX_NESTING: Final = 100
-# A JSON string (with its escapes, the closing quote optional: a string left open is scanned
-# once), or a bracket that opens or closes an array or object.
-_STRING_OR_BRACKET = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.DOTALL)
 _SPACE = re.compile(r"[ \t\n\r]*")
 
 
@@ -158,35 +156,8 @@ def _undecodable_field(root: object) -> str | None:
     return None
 
 
-def _flattened(text: str, stand_in: str) -> str | None:
-    """`text` with each array or object that opens deeper than `MAX_NESTING` levels replaced,
-    whole, by `stand_in` as a JSON string (brackets inside strings are not counted); None when
-    nothing nests that deep. One pass, without recursing, so at any depth."""
-    if text.count("[") + text.count("{") <= MAX_NESTING:
-        return None  # too few brackets to nest that deep: the common case, at C speed
-    kept: list[str] = []
-    depth = 0
-    copied = 0  # `text` up to here is in `kept`, or left out
-    deep_from: int | None = None  # where the part being left out opens
-    for match in _STRING_OR_BRACKET.finditer(text):
-        token = match.group()
-        if token in ("[", "{"):
-            depth += 1
-            if depth == MAX_NESTING + 1:
-                deep_from = match.start()
-        elif token in ("]", "}"):
-            if depth == MAX_NESTING + 1 and deep_from is not None:
-                kept += [text[copied:deep_from], json.dumps(stand_in)]
-                copied, deep_from = match.end(), None
-            depth -= 1
-    if not kept:
-        return None
-    kept.append(text[copied:])
-    return "".join(kept)
-
-
 def _too_deep(root: object, stand_in: str) -> str:
-    """The refusal of a message `_flattened` cut: the field (as the caller named it, not the
+    """The refusal of a message `cut_deep` cut: the field (as the caller named it, not the
     indices inside it) where the first part cut off lies, in document order."""
     stack: list[tuple[object, tuple[str | int, ...]]] = [(root, ())]
     where = "the request"
@@ -231,7 +202,7 @@ class RepeatedKeys:
 
         undecodable = _undecodable(text)
         as_read = _replaced(text) if undecodable else text
-        flat = _flattened(text, self.deep)
+        flat = cut_deep(text, MAX_NESTING, self.deep)
         try:
             message = json.loads(text if flat is None else flat, object_pairs_hook=build)
         except (ValueError, RecursionError):
