@@ -873,6 +873,103 @@ _CONFIG_PATH_FIXES: Final = {
 }
 
 
+# A key as TOML writes it: bare, "basic" or 'literal', dotted with optional spaces.
+_TOML_KEY_PART = r"""(?:[A-Za-z0-9_-]+|"(?:[^"\\\n]|\\.)*"|'[^'\n]*')"""
+_TOML_KEY = rf"{_TOML_KEY_PART}(?:[ \t]*\.[ \t]*{_TOML_KEY_PART})*"
+_TOML_STATEMENT = re.compile(rf"[ \t]*({_TOML_KEY})[ \t]*=")
+_TOML_HEADER = re.compile(rf"[ \t]*(\[\[?)[ \t]*({_TOML_KEY})[ \t]*\]\]?[ \t]*(?:#.*)?")
+_TOML_WHERE = re.compile(r" \(at (?:line (\d+), column \d+|end of document)\)$")
+_DECLARED_TWICE = re.compile(r"Cannot declare \((.*)\) twice")
+
+
+def _given_twice(text: str, error: str) -> str | None:
+    """The line that names a key (or table) the file gives twice, or None for other errors.
+
+    tomllib says only "Cannot overwrite a value (at line 7, column 19)", or "at end of
+    document", and names a table twice as a Python tuple: the key was hunted through the
+    file. The line reported is where the second statement ends; its key is read from the
+    nearest statement at or above it, under the nearest table header (an entry of an array
+    of tables is counted, as the other messages name it: `telegram.routes[1].pin`). Only key
+    names are shown, never a value (it may be a secret)."""
+    where = _TOML_WHERE.search(error)
+    if where is None:
+        return None
+    lines = text.splitlines()
+    number = int(where.group(1)) if where.group(1) else len(lines)
+    while number > 1 and number <= len(lines) and not lines[number - 1].strip():
+        number -= 1  # "end of document": the last line that holds something
+    declared = _DECLARED_TWICE.match(error)
+    if declared is not None:
+        names = re.findall(r"'((?:[^'\\]|\\.)*)'|\"((?:[^\"\\]|\\.)*)\"", declared.group(1))
+        table = ".".join(single or double for single, double in names)
+        return (
+            f"line {number}: the table [{_clipped_key(table)}] is declared twice (or its name"
+            " is also a key given above); TOML takes each table once: put its keys together"
+            " under one header"
+        )
+    if not error.startswith("Cannot overwrite a value"):
+        return None
+    start = min(number, len(lines))
+    while start >= 1:
+        line = lines[start - 1]
+        if (header := _TOML_HEADER.fullmatch(line)) is not None:
+            return (
+                f"line {start}: [{_clipped_key(_dotted(header.group(2)))}] names a table, but"
+                " that name is already given a value above; remove one of the two, or rename"
+                " the key you meant"
+            )
+        if (statement := _TOML_STATEMENT.match(line)) is not None:
+            key = _dotted(statement.group(1))
+            tables = _tables(lines[:start])
+            shown = f"{tables[-1]}.{key}" if tables[-1] else key
+            first = next(
+                (
+                    number
+                    for number, line in enumerate(lines[: start - 1], 1)
+                    if tables[number - 1] == tables[-1]
+                    and (other := _TOML_STATEMENT.match(line)) is not None
+                    and _dotted(other.group(1)) == key
+                ),
+                None,
+            )
+            also = f" (first at line {first})" if first is not None else ""
+            return (
+                f"line {start}: {_clipped_key(shown)} is given twice{also}; TOML takes each key"
+                " once: keep the line with the value you mean and remove the other"
+            )
+        start -= 1
+    return None
+
+
+def _dotted(key: str) -> str:
+    """A TOML key as written, without the spaces around its dots."""
+    return ".".join(part.strip() for part in re.findall(rf"{_TOML_KEY_PART}", key))
+
+
+def _tables(lines: Sequence[str]) -> list[str]:
+    """The table each of `lines` belongs to, as the other messages name it: an entry of an
+    array of tables with its index (`telegram.routes[1]`); "" at the top of the file."""
+    tables: list[str] = []
+    entries: dict[str, int] = {}
+    table = ""
+    for line in lines:
+        header = _TOML_HEADER.fullmatch(line)
+        if header is not None:
+            table = _dotted(header.group(2))
+            if header.group(1) == "[[":
+                entries[table] = entries.get(table, -1) + 1
+                table = f"{table}[{entries[table]}]"
+        tables.append(table)
+    return tables
+
+
+def _clipped_key(key: str) -> str:
+    """`key` cut to its head when pasted long, as `_key_path` cuts an unknown key."""
+    if len(key) > MAX_KEY_CHARS:
+        return f"{key[:MAX_KEY_CHARS]}…({len(key)} characters)"
+    return key
+
+
 def load_config(path: Path) -> ServiceConfig:
     """Read and validate the TOML file at `path`; raise `ConfigError` with every problem."""
     try:
@@ -907,6 +1004,9 @@ def load_config(path: Path) -> ServiceConfig:
             ]
         ) from None
     except tomllib.TOMLDecodeError as exc:
+        twice = _given_twice(raw.decode("utf-8"), str(exc))
+        if twice is not None:
+            raise ConfigError([f"{path}: {twice}"]) from None
         raise ConfigError([f"{path}: TOML syntax error: {exc}; fix the file there"]) from None
     # An anonymous pipe (`--config <(...)`) or /dev/null has no folder of its own: its
     # folder is /proc/<pid>/fd or /dev, where no state can be kept. Relative paths start at
