@@ -873,6 +873,39 @@ _CONFIG_PATH_FIXES: Final = {
 }
 
 
+# Byte order marks of the encodings a text editor offers beside UTF-8 (UTF-32 first: its
+# little-endian mark starts with UTF-16's).
+_WIDE_MARKS: Final = (
+    (b"\xff\xfe\x00\x00", "UTF-32"),
+    (b"\x00\x00\xfe\xff", "UTF-32"),
+    (b"\xff\xfe", "UTF-16"),
+    (b"\xfe\xff", "UTF-16"),
+)
+
+
+def _wide_encoding(raw: bytes) -> str | None:
+    """Why `raw` is no UTF-8 text when it holds NUL bytes or starts with a UTF-16 or UTF-32
+    byte order mark, else None.
+
+    A file saved as UTF-16 (Windows editors call it "Unicode") was refused as "not UTF-8 text
+    (byte 0xff at line 1, column 1)", or, without its mark, as a TOML syntax error at line 1
+    ("Expected '=' after a key"): every ASCII letter has a NUL beside it, which is valid
+    UTF-8. TOML takes no NUL anywhere, so a file holding one is refused here, saying where.
+    """
+    for mark, encoding in _WIDE_MARKS:
+        if raw.startswith(mark):
+            return f"is {encoding} text (it starts with that byte order mark); save it as UTF-8"
+    at = raw.find(b"\x00")
+    if at < 0:
+        return None
+    line = raw.count(b"\n", 0, at) + 1
+    column = at - (raw.rfind(b"\n", 0, at) + 1) + 1
+    return (
+        f"holds a NUL byte (line {line}, column {column}), which TOML does not allow: the file"
+        " is likely saved as UTF-16, or is not a text file; save it as UTF-8 text"
+    )
+
+
 # A key as TOML writes it: bare, "basic" or 'literal', dotted with optional spaces.
 _TOML_KEY_PART = r"""(?:[A-Za-z0-9_-]+|"(?:[^"\\\n]|\\.)*"|'[^'\n]*')"""
 _TOML_KEY = rf"{_TOML_KEY_PART}(?:[ \t]*\.[ \t]*{_TOML_KEY_PART})*"
@@ -991,6 +1024,9 @@ def load_config(path: Path) -> ServiceConfig:
                 " save the file as UTF-8 without BOM"
             ]
         )
+    wide = _wide_encoding(raw)
+    if wide is not None:
+        raise ConfigError([f"{path}: {wide}"])
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:

@@ -58,3 +58,29 @@ def test_a_key_given_twice_is_named_with_its_lines(tmp_path: Path, body: str, wo
     assert line.startswith(words), line
     assert "TOML takes each" in line, line
     assert TOKEN not in line and "Cannot" not in line, line
+
+
+@pytest.mark.parametrize(
+    ("encoding", "bom", "words"),
+    [
+        ("utf-16", "", "is UTF-16 text (it starts with that byte order mark)"),
+        ("utf-32", "", "is UTF-32 text (it starts with that byte order mark)"),
+        ("utf-16-le", "", "holds a NUL byte (line 1, column 2)"),
+        ("utf-16-be", "", "holds a NUL byte (line 1, column 1)"),
+        ("utf-8", "\x00", "holds a NUL byte (line 3, column 15)"),
+    ],
+    ids=["utf-16", "utf-32", "utf-16-le-without-mark", "utf-16-be-without-mark", "a-nul"],
+)
+def test_a_file_saved_as_utf16_or_holding_a_nul_is_said_so(
+    tmp_path: Path, encoding: str, bom: str, words: str
+) -> None:
+    """A file saved as UTF-16 was "not UTF-8 text (byte 0xff at line 1, column 1)", or,
+    without its byte order mark, a TOML syntax error at line 1 (every ASCII letter has a NUL
+    beside it, which is valid UTF-8); a NUL byte in a UTF-8 file was "Expected newline or end
+    of document after a statement". Each is said as what it is, with the fix."""
+    config = tmp_path / "taskcard.toml"
+    text = 'state_dir = ".taskcard"\n' + AGENT.replace('"builder"\n', '"builder"' + bom + "\n")
+    config.write_bytes(text.encode(encoding))
+    line = refusal(config)
+    assert line.startswith(words), line
+    assert line.endswith(("save it as UTF-8", "save it as UTF-8 text")), line
