@@ -1304,8 +1304,13 @@ def _type_problem(
         fix = "write the number without quotes"
     elif kind.startswith("int_") and isinstance(value, float) and value.is_integer():
         # TOML keeps integers and floats apart (`2.0` is a float there): the key takes one
-        # written as an integer, without a decimal point or exponent.
-        fix = f"write it as an integer, without a decimal point or exponent: {int(value)}"
+        # written as an integer, without a decimal point or exponent. Not offered when out
+        # of the key's range: `1e300` was answered with its 301 digits to write instead.
+        outside = _out_of_range(loc, value)
+        if outside is not None:
+            fix = f"write a whole number {outside}, without a decimal point or exponent"
+        else:
+            fix = f"write it as an integer, without a decimal point or exponent: {int(value)}"
     elif kind.startswith("int_"):
         fix = "write a whole number"
     elif kind.startswith("float_"):
@@ -1313,6 +1318,29 @@ def _type_problem(
     else:
         fix = "fix the value's type"
     return f"{path}: {message} (got {got}); {fix}"
+
+
+# Past this, a float no longer holds every whole number exactly: its digits as an integer
+# are not what was written (`1e300` is 1000000000000000052504760255204420248...).
+_EXACT_FLOAT_INTEGERS: Final = 2**53
+
+
+def _out_of_range(loc: Sequence[int | str], value: float) -> str | None:
+    """The range of the integer key at `loc` in words ("of at most 10000") when `value` lies
+    outside it, or "of fewer digits" for a key of no known bound and a value too large to
+    be written back exactly; None when `value` written as an integer would be taken."""
+    model = _model_at(loc[:-1]) if loc and isinstance(loc[-1], str) else None
+    field = model.model_fields.get(str(loc[-1])) if model is not None else None
+    for rule in field.metadata if field is not None else ():
+        low = getattr(rule, "ge", None)
+        high = getattr(rule, "le", None)
+        if isinstance(low, int) and value < low:
+            return f"of at least {low}"
+        if isinstance(high, int) and value > high:
+            return f"of at most {high}"
+    if abs(value) >= _EXACT_FLOAT_INTEGERS:
+        return "of fewer digits"
+    return None
 
 
 def _bound_fix(kind: str, ctx: Mapping[str, Any]) -> str | None:

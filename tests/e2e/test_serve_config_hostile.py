@@ -84,3 +84,26 @@ def test_a_file_saved_as_utf16_or_holding_a_nul_is_said_so(
     line = refusal(config)
     assert line.startswith(words), line
     assert line.endswith(("save it as UTF-8", "save it as UTF-8 text")), line
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ("[watch]\ndebounce_ms = 1e300\n", "watch.debounce_ms:"),
+        ("[telegram]\npoll_timeout_s = 51.0\n", "telegram.poll_timeout_s:"),
+        ("[telegram.limits.bot]\nmax_calls = -2.0\nperiod_s = 1.0\n", "max_calls:"),
+    ],
+    ids=["huge", "above", "below"],
+)
+def test_an_integer_key_given_a_float_out_of_its_range_is_told_the_range(
+    tmp_path: Path, body: str, words: str
+) -> None:
+    """An integer key given a whole float is told to write it as an integer, the integer
+    shown; for `1e300` that was its 301 digits, out of the key's range anyway (and `51.0`
+    was told to write 51, refused next as above 50). The range is said instead."""
+    config = console_config(tmp_path, AGENT, extra=body)
+    line = refusal(config)
+    assert words in line, line
+    bound = {"huge": "of at most 10000", "above": "of at most 50", "below": "of at least 1"}
+    assert any(f"write a whole number {b}," in line for b in bound.values()), line
+    assert "1000000000" not in line and ": 51" not in line and ": -2" not in line, line
