@@ -1003,8 +1003,14 @@ def _clipped_key(key: str) -> str:
     return key
 
 
-def load_config(path: Path) -> ServiceConfig:
-    """Read and validate the TOML file at `path`; raise `ConfigError` with every problem."""
+def load_config(path: Path, *, reload: bool = False) -> ServiceConfig:
+    """Read and validate the TOML file at `path`; raise `ConfigError` with every problem.
+
+    With `reload` (SIGHUP), a file that holds no key at all is refused: empty, it is most
+    likely caught between an editor's truncation and its write (or emptied by mistake), and
+    taken as valid it retired every agent the running service served. At a start such a file
+    is the defaults with nothing to serve, which `config check` and the start warn of.
+    """
     try:
         raw, regular = _read_config_bytes(path)
     except FileNotFoundError:
@@ -1044,6 +1050,14 @@ def load_config(path: Path) -> ServiceConfig:
         if twice is not None:
             raise ConfigError([f"{path}: {twice}"]) from None
         raise ConfigError([f"{path}: TOML syntax error: {exc}; fix the file there"]) from None
+    if reload and not data:
+        raise ConfigError(
+            [
+                f"{path}: holds no settings (it is empty, or only comments and blank lines),"
+                " which would stop serving every agent; write the configuration back and"
+                " reload again (to serve nothing, stop the service)"
+            ]
+        )
     # An anonymous pipe (`--config <(...)`) or /dev/null has no folder of its own: its
     # folder is /proc/<pid>/fd or /dev, where no state can be kept. Relative paths start at
     # the current folder then, where such a command is run. A named pipe keeps its folder.

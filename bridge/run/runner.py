@@ -251,7 +251,7 @@ def reload_config(service: Service, path: Path, names: ChatNames | None = None) 
     A Telegram route named by `@username` takes the id `names` learnt for it; a username new
     to it is asked of Telegram first, in the background, and the file applied then."""
     try:
-        config = load_config(_reloadable(path))
+        config = load_config(_reloadable(path), reload=True)
     except ConfigError as error:
         # One record, its problems below the first line: a problem logged on its own would
         # lose what it is about (a JSON log line each). Never held back as a repeat: each

@@ -4,10 +4,12 @@ written in the file) or the place, and the fix; a reload keeps the running confi
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.harness import ServeProcess, eventually
 from tests.e2e.test_cli import AGENT, console_config, taskcard
 
 # A bot token's shape: a value given twice must never be quoted back.
@@ -107,3 +109,41 @@ def test_an_integer_key_given_a_float_out_of_its_range_is_told_the_range(
     bound = {"huge": "of at most 10000", "above": "of at most 50", "below": "of at least 1"}
     assert any(f"write a whole number {b}," in line for b in bound.values()), line
     assert "1000000000" not in line and ": 51" not in line and ": -2" not in line, line
+
+
+async def test_a_file_emptied_or_broken_while_serving_keeps_the_running_configuration(
+    tmp_path: Path,
+) -> None:
+    """SIGHUP after the file was emptied (an editor's truncation caught before its write, a
+    `> file` by mistake): it was taken as a valid configuration of no agents, and every
+    agent served was retired. It is refused like an invalid file, one line saying why, and so
+    are a key given twice and a file saved as UTF-16; the agents stay served, and the file
+    written back applies."""
+    (tmp_path / "agents" / "builder").mkdir(parents=True)
+    (tmp_path / "agents" / "other").mkdir(parents=True)
+    config = console_config(tmp_path, AGENT, extra="[console]\nenabled = true\n")
+    good = config.read_text()
+    broken = [
+        (b"", "holds no settings (it is empty, or only comments and blank lines)"),
+        (b"\n  \n# all gone\n", "holds no settings"),
+        ((good + 'id = "x"\n').encode(), "line 7: agents[0].id is given twice (first at line 5)"),
+        (good.encode("utf-16"), "is UTF-16 text"),
+    ]
+    with ServeProcess(config, env={"TASKCARD_LOG_LEVEL": "INFO"}) as serve:
+        await eventually(lambda: "channel console ready" in serve.logs, what="the start")
+        assert serve.proc is not None
+        for count, (content, words) in enumerate(broken, 1):
+            config.write_bytes(content)
+            serve.proc.send_signal(signal.SIGHUP)
+            await eventually(
+                lambda n=count: serve.logs.count("config reload refused") == n,
+                what=f"refusal {count}",
+            )
+            await eventually(lambda w=words: w in serve.logs, what=words)
+        config.write_text(good + '[[agents]]\nid = "other"\nworkdir = "agents/other"\n')
+        serve.proc.send_signal(signal.SIGHUP)
+        await eventually(lambda: "config reloaded: 2 agents" in serve.logs, what="the fix")
+        assert await serve.aterminate() == 0
+    assert "retired" not in serve.logs, serve.logs
+    assert "config reloaded: 0 agents" not in serve.logs, serve.logs
+    assert "Traceback" not in serve.logs, serve.logs
