@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Annotated, Final, Literal
 
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     field_validator,
@@ -102,8 +104,64 @@ def _usable(kind: str, fix: str) -> Callable[[str], str]:
     return check
 
 
-_check_user_id = _usable("user", "give the person's open_id (ou_...)")
-_UserId = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_check_user_id)]
+_NUMBER = re.compile(r"[+-]?[0-9]+")
+
+
+def _numeric_id(kind: str, fix: str) -> Callable[[object], object]:
+    """A validator refusing an id written as a number, or as a number in quotes: Telegram's
+    chat and user ids are numbers, Feishu's never are. The number was refused with "write it
+    in double quotes", and quoted it was taken (a chat with a warning, a person without a
+    word) while no send or command could ever match it."""
+
+    def check(value: object) -> object:
+        if isinstance(value, bool):
+            return value  # refused by the type check, as "a valid string"
+        if isinstance(value, int) or (isinstance(value, str) and _NUMBER.fullmatch(value)):
+            raise ValueError(
+                f"a number is no Feishu {kind} (it looks like a Telegram id, which are"
+                f" numbers); {fix}"
+            )
+        return value
+
+    return check
+
+
+_USER_FIX = "give the person's open_id (ou_...), as the refusal of their command tells it"
+_check_usable_user = _usable("user", _USER_FIX)
+
+# What an id listed for a person is instead, by its prefix. Only a sender's open_id is
+# compared with the list, so any of these lets no one in, without a word.
+_NOT_PEOPLE: Final = {
+    "oc_": "a chat id",
+    "om_": "a message id",
+    "cli_": "an app id",
+    "on_": "a person's union_id, which the service never sees",
+}
+
+
+def _check_user_id(value: str) -> str:
+    """A person's open_id: usable, and not an id of another kind (the route's own chat id,
+    say) nor a Telegram @username, each of which was taken while no command from the chat
+    matched it, so no one there could run /taskcard or /tell."""
+    _check_usable_user(value)
+    for prefix, kind in _NOT_PEOPLE.items():
+        if value.startswith(prefix):
+            raise ValueError(f"is {kind} ({prefix}...), not a person's open_id; {_USER_FIX}")
+    if value.startswith("@"):
+        raise ValueError(
+            "a @username names a person on Telegram only: Feishu lists people by their"
+            f" open_id; {_USER_FIX}"
+        )
+    return value
+
+
+_user_not_a_number = _numeric_id("open_id", _USER_FIX)
+_UserId = Annotated[
+    str,
+    Field(min_length=1, max_length=128),
+    BeforeValidator(_user_not_a_number),
+    AfterValidator(_check_user_id),
+]
 
 _CHAT_FIX = "use the chat's id (oc_...) as `taskcard chats` lists it"
 _check_usable_chat = _usable("chat", _CHAT_FIX)
@@ -145,13 +203,24 @@ def unusual_chat_id(value: str) -> bool:
     return not value.startswith("oc_")
 
 
-_ChatId = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_check_chat_id)]
+_chat_not_a_number = _numeric_id("chat id", _CHAT_FIX)
+_ChatId = Annotated[
+    str,
+    Field(min_length=1, max_length=128),
+    BeforeValidator(_chat_not_a_number),
+    AfterValidator(_check_chat_id),
+]
 
 
 class FeishuRoute(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     chat_id: str = Field(description="Chat id (oc_...).")
+
+    @field_validator("chat_id", mode="before")
+    @classmethod
+    def _chat_as_text(cls, value: object) -> object:
+        return _chat_not_a_number(value)
 
     @field_validator("chat_id")
     @classmethod

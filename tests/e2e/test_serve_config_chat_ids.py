@@ -14,6 +14,11 @@ TELEGRAM = '[telegram]\n[[telegram.routes]]\nchat_id = {value}\nagents = ["build
 TELEGRAM_ORIGIN = "[telegram]\norigin_chats = [{value}]\n"
 FEISHU = '[feishu]\n[[feishu.routes]]\nchat_id = {value}\nagents = ["builder"]\n'
 FEISHU_ORIGIN = "[feishu]\norigin_chats = [{value}]\n"
+FEISHU_PEOPLE = (
+    '[feishu]\n[[feishu.routes]]\nchat_id = "oc_0123456789abcdef"\nagents = ["builder"]\n'
+    "allowed_user_ids = [{value}]\n"
+)
+KEY_PEOPLE = "feishu.routes[0].allowed_user_ids[0]"
 # Set, so that a refusal is the chat id's and not a missing secret's.
 SECRETS = {
     "TELEGRAM_BOT_TOKEN": "123456:placeholder-token",
@@ -46,7 +51,15 @@ SECRETS = {
         (FEISHU, '"@build_news"', "feishu.routes[0].chat_id", "Feishu chats have no usernames"),
         (FEISHU_ORIGIN, '"@build_news"', "feishu.origin_chats[0]", "Feishu chats have no"),
         (FEISHU, '"oc_"', "feishu.routes[0].chat_id", "only the prefix of a chat id"),
-        (FEISHU, "-1001234567890", "feishu.routes[0].chat_id", "write it in double quotes"),
+        # A Telegram id in Feishu: "write it in double quotes", and quoted it was taken.
+        (FEISHU, "-1001234567890", "feishu.routes[0].chat_id", "a number is no Feishu chat id"),
+        (FEISHU, '"-1001234567890"', "feishu.routes[0].chat_id", "a number is no Feishu chat"),
+        (FEISHU_ORIGIN, "-100123", "feishu.origin_chats[0]", "a number is no Feishu chat id"),
+        # Ids listed for people that no sender's open_id can match: no one was let in.
+        (FEISHU_PEOPLE, "123456789", KEY_PEOPLE, "a number is no Feishu open_id"),
+        (FEISHU_PEOPLE, '"oc_0123456789abcdef"', KEY_PEOPLE, "is a chat id (oc_...), not a"),
+        (FEISHU_PEOPLE, '"on_0123456789abcdef"', KEY_PEOPLE, "is a person's union_id"),
+        (FEISHU_PEOPLE, '"@alice_dev"', KEY_PEOPLE, "names a person on Telegram only"),
         (FEISHU_ORIGIN, '"ou_0123456789abcdef"', "feishu.origin_chats[0]", "a person's open_id"),
     ],
     ids=[
@@ -61,6 +74,12 @@ SECRETS = {
         "feishu-origin-username",
         "feishu-bare-prefix",
         "feishu-number",
+        "feishu-quoted-number",
+        "feishu-origin-number",
+        "feishu-person-number",
+        "feishu-person-chat-id",
+        "feishu-person-union-id",
+        "feishu-person-username",
         "feishu-origin-open-id",
     ],
 )
@@ -81,7 +100,8 @@ def test_a_chat_id_of_the_wrong_shape_is_refused_naming_the_key_and_fix(
         lines = [line for line in result.stderr.splitlines() if f" {key}: " in line]
         assert len(lines) == 1, result.stderr
         assert words in lines[0], lines
-        assert "taskcard chats" in lines[0] or "quotes" in lines[0] or "0 is no" in lines[0]
+        fixes = ("taskcard chats", "quotes", "0 is no", "give the person's open_id (ou_...)")
+        assert any(fix in lines[0] for fix in fixes), lines
     assert not (tmp_path / "state").exists()  # nothing started
 
 
