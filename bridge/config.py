@@ -43,7 +43,7 @@ from pydantic import (
 )
 
 from taskcard.bridge.cluster.config import ClusterConfig
-from taskcard.bridge.compose.redact import redact_tokens
+from taskcard.bridge.compose.redact import redact_every_shape, redact_tokens
 from taskcard.bridge.observe.config import MetricsConfig
 from taskcard.channels.base import TIMEZONE_HELP, TimeZoneName, counted
 from taskcard.channels.feishu.config import FeishuConfig
@@ -1165,6 +1165,15 @@ def _format_errors(exc: ValidationError) -> list[str]:
             if misplaced is not None:
                 messages.append(f"{path}: unknown key here; {misplaced}")
                 continue
+            if _credential_written(str(loc[-1]), error["input"]):
+                # `api_token = "123:AA..."`, `TELEGRAM_BOT_TOKEN = "..."`: told only that the
+                # key is unknown, the fix read as "rename it", leaving the secret in the file.
+                messages.append(
+                    f"{path}: unknown key, and its value looks like a credential, which is never"
+                    f" read from this file; remove it, export the value in an environment"
+                    f" variable and {_env_keys_hint(loc[:-1], allowed)}"
+                )
+                continue
             hint = ""
             close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
             if (other := _other_channel_key(loc)) is not None:
@@ -1193,6 +1202,34 @@ def _format_errors(exc: ValidationError) -> list[str]:
         else:
             messages.append(f"{path}: {message}")
     return messages
+
+
+# An environment variable's name as people write them (`TELEGRAM_BOT_TOKEN`): a value of
+# this shape under a secret-sounding key names a variable, it is no secret itself.
+_ENV_STYLE_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+
+
+def _credential_written(key: str, value: object) -> bool:
+    """Whether an unknown key holds a credential: a value of a token's shape, or a text under
+    a secret-sounding name (`password`, `..._token`, `app_key`), as the redaction of cards
+    finds them."""
+    if not isinstance(value, str) or _ENV_STYLE_NAME.fullmatch(value):
+        return False
+    assignment = f"{key} = {json.dumps(value)}"
+    return redact_tokens(value) != value or redact_every_shape(assignment) != assignment
+
+
+def _env_keys_hint(table: Sequence[int | str], allowed: Sequence[str]) -> str:
+    """Where the table at `table` takes the NAME of a secret's variable (its `*_env` keys)."""
+    env_keys = [_key_path((*table, key)) for key in allowed if key.endswith("_env")]
+    if len(env_keys) == 1:
+        return f"give that variable's NAME in {env_keys[0]}"
+    if env_keys:
+        return f"give that variable's NAME in the key for it ({', '.join(env_keys)})"
+    return (
+        "give that variable's NAME in the section that uses it (telegram.token_env,"
+        " feishu.app_id_env, feishu.app_secret_env, cluster.redis_url_env)"
+    )
 
 
 _CHANNELS: Final = {"telegram": "Telegram", "feishu": "Feishu"}

@@ -147,3 +147,50 @@ async def test_a_file_emptied_or_broken_while_serving_keeps_the_running_configur
     assert "retired" not in serve.logs, serve.logs
     assert "config reloaded: 0 agents" not in serve.logs, serve.logs
     assert "Traceback" not in serve.logs, serve.logs
+
+
+@pytest.mark.parametrize(
+    ("body", "key", "env_key"),
+    [
+        (f'[telegram]\napi_token = "{TOKEN}"\n', "telegram.api_token", "telegram.token_env"),
+        (
+            '[telegram]\nTELEGRAM_BOT_TOKEN = "AAHdqTcvCH1vGWJxfSeofSAs"\n',
+            "telegram.TELEGRAM_BOT_TOKEN",
+            "telegram.token_env",
+        ),
+        (
+            '[feishu]\nappsecret = "Zx8yQe3vT1uWb7LmNp2KdR5sHj9Fc4Ga"\n',
+            "feishu.appsecret",
+            "feishu.app_secret_env",
+        ),
+        (
+            '[feishu.webhook]\nverify_token = "Zx8yQe3vT1uWb7Lm"\n',
+            "feishu.webhook.verify_token",
+            "feishu.webhook.verification_token_env",
+        ),
+    ],
+    ids=["telegram-token-shape", "telegram-variable-as-key", "feishu-secret", "webhook-token"],
+)
+def test_an_unknown_key_holding_a_credential_is_refused_as_one(
+    tmp_path: Path, body: str, key: str, env_key: str
+) -> None:
+    """A credential under a key of the writer's own (`api_token`, the variable's name as the
+    key) was refused as an unknown key, with the allowed keys or "did you mean
+    'app_secret_env'?": the fix read as "rename the key", leaving the secret in the file.
+    It is refused as a credential, naming the key for its variable, and never quoted."""
+    secret = body.split('"')[1]
+    config = console_config(tmp_path, AGENT, extra=body)
+    line = refusal(config)
+    assert line.startswith(f"{key}: unknown key, and its value looks like a credential"), line
+    assert env_key in line and "did you mean" not in line, line
+    serve = taskcard("serve", "--config", str(config))
+    assert serve.returncode == 2, serve.stderr
+    for output in (line, serve.stdout, serve.stderr):
+        assert secret not in output, output
+
+
+def test_an_unknown_key_naming_a_variable_is_still_offered_the_key_meant(tmp_path: Path) -> None:
+    """A typo of a `*_env` key holds a variable's name, no secret: the nearest key is named."""
+    config = console_config(tmp_path, AGENT, extra='[telegram]\ntoken_enc = "TG_TOKEN"\n')
+    line = refusal(config)
+    assert line.startswith("telegram.token_enc: unknown key (did you mean 'token_env'?)"), line
