@@ -1003,6 +1003,14 @@ def _clipped_key(key: str) -> str:
     return key
 
 
+def _home_hint(path: Path) -> str:
+    """`, e.g. <path with its ~ expanded>` where that home folder is known, else ""."""
+    try:
+        return f", e.g. {path.expanduser()}"
+    except RuntimeError:  # `~user` of no known user
+        return ""
+
+
 def load_config(path: Path, *, reload: bool = False) -> ServiceConfig:
     """Read and validate the TOML file at `path`; raise `ConfigError` with every problem.
 
@@ -1014,6 +1022,15 @@ def load_config(path: Path, *, reload: bool = False) -> ServiceConfig:
     try:
         raw, regular = _read_config_bytes(path)
     except FileNotFoundError:
+        if str(path).startswith("~"):
+            # `--config=~/taskcard.toml`, `"~/..."` in quotes, a unit's ExecStart: no shell
+            # expanded the ~, so a folder named "~" was looked for in the current one.
+            raise ConfigError(
+                [
+                    f"{path}: no such file: the ~ was not expanded (only a shell does, and not"
+                    f" in quotes or after --config=); write the full path{_home_hint(path)}"
+                ]
+            ) from None
         raise ConfigError(
             [f"{path}: no such file; create it (see config/taskcard.example.toml) or fix the path"]
         ) from None

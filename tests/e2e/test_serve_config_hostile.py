@@ -194,3 +194,22 @@ def test_an_unknown_key_naming_a_variable_is_still_offered_the_key_meant(tmp_pat
     config = console_config(tmp_path, AGENT, extra='[telegram]\ntoken_enc = "TG_TOKEN"\n')
     line = refusal(config)
     assert line.startswith("telegram.token_enc: unknown key (did you mean 'token_env'?)"), line
+
+
+def test_a_config_path_whose_tilde_no_shell_expanded_says_so(tmp_path: Path) -> None:
+    """`--config=~/taskcard.toml` (or the path in quotes, or a unit's ExecStart) reaches the
+    command with its ~: "no such file; create it" sent the operator to create a file that
+    exists. The line says the ~ was not expanded and shows the full path."""
+    (tmp_path / "taskcard.toml").write_text(AGENT)
+    for args in (
+        ("config", "check", "~/taskcard.toml"),
+        ("serve", "--config=~/taskcard.toml"),
+        ("status", "--config=~/taskcard.toml"),
+    ):
+        result = taskcard(*args, env={"HOME": str(tmp_path)})
+        assert result.returncode == 2, (args, result.stderr)
+        assert "Traceback" not in result.stderr, result.stderr
+        assert (
+            "~/taskcard.toml: no such file: the ~ was not expanded (only a shell does, and not"
+            f" in quotes or after --config=); write the full path, e.g. {tmp_path}/taskcard.toml"
+        ) in result.stderr, result.stderr
