@@ -648,6 +648,26 @@ def workdir_not_yet(agent_id: str, workdir: Path | str) -> str:
     return f"agent {agent_id}: workdir {workdir} does not exist yet; it is picked up when created"
 
 
+def roots_not_yet(config: ServiceConfig) -> list[tuple[int, Path]]:
+    """The discovery roots that do not exist (yet), with their index in `discover.roots`.
+    Watched all the same (their folders are taken as agents once the root is made); said as
+    `workdirs_not_yet` says agents, since a slip in a root's path showed nothing anywhere:
+    no agent, no line, `config check` valid."""
+    return [
+        (index, root)
+        for index, root in enumerate(config.discover.roots)
+        if not os.path.exists(root)
+    ]
+
+
+def root_not_yet(index: int, root: Path | str) -> str:
+    """The line that says a discovery root does not exist yet (`roots_not_yet`)."""
+    return (
+        f"discover.roots[{index}]: {root} does not exist yet; its folders are taken as agents"
+        " once it is created"
+    )
+
+
 def _examined(path: Path, check: Callable[[Path], str | None]) -> str | None:
     """`check(path)`, or what keeps the system from looking at `path` at all.
 

@@ -18,6 +18,8 @@ from taskcard.bridge.config import (
     ConfigError,
     ServiceConfig,
     load_config,
+    root_not_yet,
+    roots_not_yet,
     workdir_not_yet,
     workdirs_not_yet,
 )
@@ -180,11 +182,14 @@ def _config_check(args: argparse.Namespace) -> int:
 
 def _check_notes(config: ServiceConfig) -> list[str]:
     """What `config check` and `serve --check` both say as information (`note: ...`): routes
-    named by @username (resolved at the start), and configured agents whose workdir does not
-    exist yet (served all the same, picked up once made; a slip in the path shows here)."""
-    return username_notes(config) + [
-        workdir_not_yet(agent.id, agent.workdir) for agent in workdirs_not_yet(config)
-    ]
+    named by @username (resolved at the start), and configured agents whose workdir (and
+    discovery roots that) do not exist yet (served all the same, picked up once made; a slip
+    in the path shows here)."""
+    return (
+        username_notes(config)
+        + [workdir_not_yet(agent.id, agent.workdir) for agent in workdirs_not_yet(config)]
+        + [root_not_yet(index, root) for index, root in roots_not_yet(config)]
+    )
 
 
 # How `status` and `chats` show a time the state holds but no date can show (text, `1e308`):

@@ -46,6 +46,8 @@ from taskcard.bridge.compose.view import compose_view, format_at
 from taskcard.bridge.config import (
     AGENT_ID_PATTERN,
     ServiceConfig,
+    root_not_yet,
+    roots_not_yet,
     workdir_not_yet,
     workdirs_not_yet,
 )
@@ -388,6 +390,8 @@ class Service:
         self._unread_told: dict[tuple[str, str, str | None, str], float] = {}
         # The configured agents whose workdir did not exist when last looked (`_say_not_yet`).
         self._not_yet: set[tuple[str, Path]] = set()
+        # ... and the discovery roots that did not (`roots_not_yet`), said the same way.
+        self._roots_not_yet: set[Path] = set()
         self._closing: dict[RouteKey, float] = {}  # route -> when it began closing (monotonic)
         self._scheduled: set[RouteKey] = set()
         self._watcher: FleetWatcher | None = None
@@ -1605,6 +1609,7 @@ class Service:
 
     def _say_not_yet(self) -> None:
         """Log the configured agents whose workdir does not exist yet (`workdirs_not_yet`),
+        and the discovery roots that do not (`roots_not_yet`),
         one line each, at the start and at a reload: served and picked up once the folder is
         made, but a slip in the path showed nothing anywhere. Once: a reload does not say
         again one it said before with the same workdir (it says one that appeared since and
@@ -1614,6 +1619,11 @@ class Service:
             if (agent.id, agent.workdir) not in self._not_yet:
                 log.info("%s", workdir_not_yet(agent.id, agent.workdir))
         self._not_yet = {(agent.id, agent.workdir) for agent in missing}
+        roots = roots_not_yet(self._config)
+        for index, root in roots:
+            if root not in self._roots_not_yet:
+                log.info("%s", root_not_yet(index, root))
+        self._roots_not_yet = {root for _, root in roots}
 
     def _retime(self, no_output_after_s: float) -> None:
         """Every agent served takes a reloaded `no_output_after_s`: it kept the value it was

@@ -213,3 +213,29 @@ def test_a_config_path_whose_tilde_no_shell_expanded_says_so(tmp_path: Path) -> 
             "~/taskcard.toml: no such file: the ~ was not expanded (only a shell does, and not"
             f" in quotes or after --config=); write the full path, e.g. {tmp_path}/taskcard.toml"
         ) in result.stderr, result.stderr
+
+
+async def test_a_discovery_root_that_does_not_exist_yet_is_noted_as_a_workdir_is(
+    tmp_path: Path,
+) -> None:
+    """A root with a slip in its path (`fleet` for `fleets`) showed nothing anywhere: no
+    agent, `config check` valid without a word, nothing in the log. It is noted by `config
+    check` and the start, once each, as a workdir that does not exist yet is; the root made
+    later is still watched."""
+    (tmp_path / "agents").mkdir()
+    config = console_config(
+        tmp_path, extra='[console]\nenabled = true\n[discover]\nroots = ["agents", "fleet"]\n'
+    )
+    words = f"discover.roots[1]: {tmp_path}/fleet does not exist yet"
+    check = taskcard("config", "check", str(config))
+    assert check.returncode == 0, check.stderr
+    assert check.stdout.count(f"note: {words}") == 1, check.stdout
+    assert "discover.roots[0]" not in check.stdout, check.stdout
+    with ServeProcess(config, env={"TASKCARD_LOG_LEVEL": "INFO"}) as serve:
+        await eventually(lambda: "channel console ready" in serve.logs, what="the start")
+        (tmp_path / "fleet" / "builder").mkdir(parents=True)
+        await eventually(
+            lambda: "now serving agent builder" in serve.logs, what="the agent found in the root"
+        )
+        assert await serve.aterminate() == 0
+    assert serve.logs.count(words) == 1, serve.logs
