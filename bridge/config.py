@@ -785,13 +785,16 @@ def _endpoint_problems(config: ServiceConfig) -> list[str]:
         urls.append(("feishu.domain", config.feishu.domain))
         webhook = config.feishu.webhook
         if not webhook.path.startswith("/") or any(c.isspace() or c in "?#" for c in webhook.path):
+            # Quoted without its query or fragment (`?token=...`), which may hold a secret.
+            shown = repr(_URL_QUERY.sub("?***", webhook.path))
             problems.append(
-                f"feishu.webhook.path: {webhook.path!r} is not a request path; use e.g."
-                ' "/feishu/events"'
+                f'feishu.webhook.path: {shown} is not a request path; use e.g. "/feishu/events"'
             )
         if not _is_host(webhook.host):
+            # Quoted without what comes before an @ (`user:password@0.0.0.0`).
+            shown = repr(_URL_USERINFO.sub("***@", "//" + webhook.host)[2:])
             problems.append(
-                f"feishu.webhook.host: {webhook.host!r} is not an IP address or host name;"
+                f"feishu.webhook.host: {shown} is not an IP address or host name;"
                 ' use e.g. "127.0.0.1" or "0.0.0.0"'
             )
     for key, value in urls:

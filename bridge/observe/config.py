@@ -36,6 +36,15 @@ def parse_listen(value: str) -> tuple[str, int]:
             f"{value!r} is a URL; give only host:port, without {scheme}:// or a path"
             f' (e.g. "{example}"): the listener serves /metrics and /healthz there'
         )
+    if "@" in value:
+        # `user:password@host:port`: never quoted back, the part before the @ may be a
+        # password (it was, whole, in "put an IPv6 address in brackets").
+        address = value.rpartition("@")[2] or "127.0.0.1:9464"
+        raise ValueError(
+            "holds a user or password (before an @), which a listen address does not take;"
+            f' give only host:port (e.g. "{address}"); the listener asks no password, so'
+            " bind it to loopback or guard the port"
+        )
     host, sep, port_text = value.rpartition(":")
     if not sep or not host:
         raise ValueError(f'{value!r} is not host:port; write for example "127.0.0.1:9464"')

@@ -239,3 +239,37 @@ async def test_a_discovery_root_that_does_not_exist_yet_is_noted_as_a_workdir_is
         )
         assert await serve.aterminate() == 0
     assert serve.logs.count(words) == 1, serve.logs
+
+
+@pytest.mark.parametrize(
+    ("body", "line_start"),
+    [
+        (
+            '[metrics]\nlisten = "admin:hunter2pw@127.0.0.1:9464"\n',
+            "metrics.listen: holds a user or password (before an @)",
+        ),
+        ('[metrics]\nlisten = "hunter2pw@127.0.0.1:9464"\n', "metrics.listen: holds a user"),
+        (
+            '[feishu]\nevents = "webhook"\n[feishu.webhook]\nhost = "admin:hunter2pw@0.0.0.0"\n',
+            "feishu.webhook.host: '***@0.0.0.0' is not an IP address or host name",
+        ),
+        (
+            '[feishu]\nevents = "webhook"\n[feishu.webhook]\npath = "/events?token=hunter2pw"\n',
+            "feishu.webhook.path: '/events?***' is not a request path",
+        ),
+    ],
+    ids=["listen-user-password", "listen-user", "webhook-host", "webhook-path-query"],
+)
+def test_a_listen_address_or_path_holding_a_password_is_refused_without_it(
+    tmp_path: Path, body: str, line_start: str
+) -> None:
+    """`metrics.listen = "admin:pw@127.0.0.1:9464"` was told to put an IPv6 address in
+    brackets, quoting the password; a webhook host or path holding one was quoted whole. Each
+    is refused naming the key, without what may be a secret."""
+    config = console_config(tmp_path, AGENT, extra=body)
+    line = refusal(config)
+    assert line.startswith(line_start), line
+    serve = taskcard("serve", "--config", str(config))
+    assert serve.returncode == 2, serve.stderr
+    for output in (line, serve.stdout, serve.stderr):
+        assert "hunter2pw" not in output, output
