@@ -1026,6 +1026,40 @@ def _clipped_key(key: str) -> str:
     return key
 
 
+# More brackets or braces than this on one line: no key nests that deep.
+_DEEP_LINE: Final = 64
+
+
+def _too_deep(raw: bytes) -> str:
+    """Why a file tomllib could not read for its nesting cannot be used, naming the first
+    line that opens many arrays or inline tables, when one does."""
+    where = ""
+    for number, line in enumerate(raw.split(b"\n"), 1):
+        if line.count(b"[") + line.count(b"{") > _DEEP_LINE:
+            where = f"line {number}: "
+            break
+    return (
+        f"{where}arrays or inline tables nested too deeply to be read (no key takes more than"
+        " two levels); fix the value"
+    )
+
+
+_LONG_DIGITS = re.compile(rb"[0-9_]{1000,}")
+
+
+def _too_long_number(raw: bytes, error: ValueError) -> str:
+    """Why a file holding a number of thousands of digits cannot be used, saying where."""
+    found = _LONG_DIGITS.search(raw)
+    if found is None:
+        return f"cannot be read as TOML ({type(error).__name__}); check the file"
+    line = raw.count(b"\n", 0, found.start()) + 1
+    digits = len(found.group().replace(b"_", b""))
+    return (
+        f"line {line}: a number of {digits} digits, more than Python reads and far past any"
+        " key's range; fix the value"
+    )
+
+
 def _home_hint(path: Path) -> str:
     """`, e.g. <path with its ~ expanded>` where that home folder is known, else ""."""
     try:
@@ -1090,6 +1124,13 @@ def load_config(path: Path, *, reload: bool = False) -> ServiceConfig:
         if twice is not None:
             raise ConfigError([f"{path}: {twice}"]) from None
         raise ConfigError([f"{path}: TOML syntax error: {exc}; fix the file there"]) from None
+    except RecursionError:
+        # `x = [[[[...` or `{a={a={...` some hundreds deep: tomllib reads nesting by recursion,
+        # and the start, `config check` and a reload ended in a RecursionError traceback.
+        raise ConfigError([f"{path}: {_too_deep(raw)}"]) from None
+    except ValueError as exc:
+        # An integer of more digits than Python converts (4300): a traceback too.
+        raise ConfigError([f"{path}: {_too_long_number(raw, exc)}"]) from None
     if reload and not data:
         raise ConfigError(
             [

@@ -273,3 +273,26 @@ def test_a_listen_address_or_path_holding_a_password_is_refused_without_it(
     assert serve.returncode == 2, serve.stderr
     for output in (line, serve.stdout, serve.stderr):
         assert "hunter2pw" not in output, output
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ("[watch]\ndebounce_ms = " + "9" * 5000 + "\n", "line 3: a number of 5000 digits"),
+        ("[discover]\nroots = " + "[" * 2000 + "]" * 2000 + "\n", "line 3: arrays or inline"),
+        ("[watch]\nx = " + "{a=" * 2000 + "1" + "}" * 2000 + "\n", "line 3: arrays or inline"),
+    ],
+    ids=["number-of-5000-digits", "arrays-nested-deep", "inline-tables-nested-deep"],
+)
+def test_a_value_python_cannot_read_is_refused_saying_where(
+    tmp_path: Path, body: str, words: str
+) -> None:
+    """An integer of more digits than Python converts (4300), or arrays or inline tables
+    nested some hundreds deep, ended `config check`, `serve` and a reload in a traceback
+    (ValueError, RecursionError) from the TOML reader. Each is refused naming the line."""
+    config = console_config(tmp_path, AGENT, extra=body)
+    line = refusal(config)
+    assert line.startswith(words) and line.endswith("fix the value"), line
+    serve = taskcard("serve", "--config", str(config))
+    assert serve.returncode == 2 and "Traceback" not in serve.stderr, serve.stderr
+    assert words in serve.stderr, serve.stderr
