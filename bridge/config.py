@@ -645,7 +645,19 @@ def workdirs_not_yet(config: ServiceConfig) -> list[AgentConfig]:
 
 def workdir_not_yet(agent_id: str, workdir: Path | str) -> str:
     """The line that says an agent's workdir does not exist yet (`workdirs_not_yet`)."""
-    return f"agent {agent_id}: workdir {workdir} does not exist yet; it is picked up when created"
+    return (
+        f"agent {agent_id}: workdir {shown_path(workdir)} does not exist yet; it is picked up"
+        " when created"
+    )
+
+
+def shown_path(path: Path | str) -> str:
+    """`path` as a note shows it: as written when every character of it prints, else quoted
+    with the others escaped. A workdir ending in an invisible character (a zero-width space,
+    a no-break space pasted from a chat or a document) read exactly as the folder that
+    exists in the note that it does not exist, and a right-to-left override reordered it."""
+    text = str(path)
+    return text if text.isprintable() else repr(text)
 
 
 def roots_not_yet(config: ServiceConfig) -> list[tuple[int, Path]]:
@@ -663,8 +675,8 @@ def roots_not_yet(config: ServiceConfig) -> list[tuple[int, Path]]:
 def root_not_yet(index: int, root: Path | str) -> str:
     """The line that says a discovery root does not exist yet (`roots_not_yet`)."""
     return (
-        f"discover.roots[{index}]: {root} does not exist yet; its folders are taken as agents"
-        " once it is created"
+        f"discover.roots[{index}]: {shown_path(root)} does not exist yet; its folders are taken"
+        " as agents once it is created"
     )
 
 

@@ -296,3 +296,28 @@ def test_a_value_python_cannot_read_is_refused_saying_where(
     serve = taskcard("serve", "--config", str(config))
     assert serve.returncode == 2 and "Traceback" not in serve.stderr, serve.stderr
     assert words in serve.stderr, serve.stderr
+
+
+@pytest.mark.parametrize("char", ["\u200b", "\u00a0", "\u202e"], ids=["zwsp", "nbsp", "rlo"])
+async def test_a_workdir_with_an_invisible_character_is_noted_with_it_escaped(
+    tmp_path: Path, char: str
+) -> None:
+    """`workdir = "agents/builder\u200b"` (a zero-width or no-break space pasted from a chat
+    or a document) names a folder that does not exist: the note said so printing the path
+    raw, reading exactly as the folder that exists (a right-to-left override reordered it).
+    `config check` and the start show it quoted, the character escaped."""
+    (tmp_path / "agents" / "builder").mkdir(parents=True)
+    agent = '[[agents]]\nid = "builder"\nworkdir = "agents/builder{char}"\n'
+    config = console_config(tmp_path, agent.format(char=char), "[console]\nenabled = true\n")
+    escaped = char.encode("unicode_escape").decode("ascii")
+    if escaped == char:  # `unicode_escape` leaves Latin-1 alone: repr writes it as \xa0
+        escaped = f"\\x{ord(char):02x}"
+    words = f"workdir '{tmp_path}/agents/builder{escaped}' does not exist yet"
+    check = taskcard("config", "check", str(config))
+    assert check.returncode == 0, check.stderr
+    assert f"note: agent builder: {words}" in check.stdout, check.stdout
+    with ServeProcess(config, env={"TASKCARD_LOG_LEVEL": "INFO"}) as serve:
+        await eventually(lambda: "channel console ready" in serve.logs, what="the start")
+        assert await serve.aterminate() == 0
+    assert words in serve.logs, serve.logs
+    assert char not in check.stdout + serve.logs
