@@ -1294,7 +1294,30 @@ def _format_errors(exc: ValidationError) -> list[str]:
             messages.append(f"{path}: {message}{got}; {fix}")
         else:
             messages.append(f"{path}: {message}")
+        if kind != "missing" and _unset_meant(loc, error["input"]):
+            messages[-1] += f"; TOML has no null: to leave {path} unset, remove its line"
     return messages
+
+
+# What people write for "no value" in a key that takes none when left out.
+_NULL_WORDS: Final = frozenset({"", "none", "null", "nil", "~", "unset", "off", "disabled"})
+
+
+def _unset_meant(loc: Sequence[int | str], value: object) -> bool:
+    """Whether `value` is a null-like stand-in (`""`, `"none"`, `"null"`, a `0` for an
+    optional number) given to a key that is unset when left out (`metrics.listen`,
+    `cluster.redis_url`, a route's `thread_id`). Refused for its form alone, the fix named
+    a value to write (`"127.0.0.1:9464"`, a thread of at least 1) when none was meant:
+    TOML has no null, and leaving the key out is how it is written."""
+    if not loc or not isinstance(loc[-1], str):
+        return False
+    model = _model_at(loc[:-1])
+    field = model.model_fields.get(loc[-1]) if model is not None else None
+    if field is None or field.is_required() or field.default is not None:
+        return False
+    if isinstance(value, str):
+        return value.strip().casefold() in _NULL_WORDS
+    return value == 0 and not isinstance(value, bool)
 
 
 # An environment variable's name as people write them (`TELEGRAM_BOT_TOKEN`): a value of

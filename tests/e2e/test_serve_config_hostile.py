@@ -321,3 +321,38 @@ async def test_a_workdir_with_an_invisible_character_is_noted_with_it_escaped(
         assert await serve.aterminate() == 0
     assert words in serve.logs, serve.logs
     assert char not in check.stdout + serve.logs
+
+
+@pytest.mark.parametrize(
+    ("body", "key"),
+    [
+        ('[metrics]\nlisten = ""\n', "metrics.listen"),
+        ('[cluster]\nredis_url = "none"\n', "cluster.redis_url"),
+        ('[cluster]\nredis_url_env = ""\n', "cluster.redis_url_env"),
+        (
+            '[telegram]\n[[telegram.routes]]\nchat_id = -100\nagents = ["*"]\nthread_id = 0\n',
+            "telegram.routes[0].thread_id",
+        ),
+        (
+            '[feishu]\n[[feishu.routes]]\nchat_id = "oc_a"\nagents = ["*"]\n'
+            'allowed_user_ids = ""\n',
+            "feishu.routes[0].allowed_user_ids",
+        ),
+    ],
+    ids=["listen-empty", "redis-none", "redis-env-empty", "thread-zero", "allowed-empty"],
+)
+def test_a_null_like_value_of_a_key_unset_when_left_out_says_to_remove_the_line(
+    tmp_path: Path, body: str, key: str
+) -> None:
+    """TOML has no null, so "no listener", "no thread" or "no Redis" is written `""`,
+    `"none"` or `0`; each was refused with a value to write instead (`"127.0.0.1:9464"`, a
+    thread of at least 1), which is not what was meant. The line also says how to leave the
+    key unset: remove it."""
+    line = refusal(console_config(tmp_path, AGENT, extra=body))
+    assert line.startswith(f"{key}: "), line
+    assert line.endswith(f"; TOML has no null: to leave {key} unset, remove its line"), line
+
+
+def test_a_key_that_cannot_be_left_unset_is_not_told_to_remove_its_line(tmp_path: Path) -> None:
+    line = refusal(console_config(tmp_path, AGENT, extra='log_level = ""\n'))
+    assert line.startswith("log_level: ") and "TOML has no null" not in line, line
