@@ -71,6 +71,12 @@ USERNAME_PATTERN = re.compile(r"@[A-Za-z][A-Za-z0-9_]{4,31}")
 USERNAME_RULE = "after the @, 5-32 letters, digits or underscores, starting with a letter"
 
 
+# A public chat's link as Telegram shows it (`https://t.me/build_news`, `t.me/build_news`).
+_CHAT_LINK = re.compile(
+    r"(?:https?://)?(?:www\.)?(?:t|telegram)\.me/([A-Za-z][A-Za-z0-9_]{4,31})/?"
+)
+
+
 def _route_chat_text(value: object) -> object:
     """A route's chat id written as text: a public chat's `@username` (checked for its
     shape, resolved to the numeric id when `serve` starts), else as `_chat_id_text` says.
@@ -106,6 +112,12 @@ def _route_chat_text(value: object) -> object:
                 f' (e.g. "@build_news"); fix it, or {_ID_FIX}'
             )
         return value
+    link = _CHAT_LINK.fullmatch(value)
+    if link is not None:
+        # The public link Telegram shows for the chat: its username, written as a link.
+        raise ValueError(
+            f'a t.me link, not a chat id; write the chat\'s username: "@{link.group(1)}"'
+        )
     raise ValueError(
         "not a Telegram chat id; write the chat's numeric id (negative for groups and"
         " channels) as `taskcard chats` lists it, or a public channel's or supergroup's"

@@ -43,6 +43,8 @@ SECRETS = {
         # The number quoted: the fix is to drop the quotes, as before.
         (TELEGRAM, '"-1001234567890"', "telegram.routes[0].chat_id", "without quotes"),
         (TELEGRAM, "0", "telegram.routes[0].chat_id", "0 is no Telegram chat"),
+        # The link Telegram shows for a public chat: its username is meant.
+        (TELEGRAM, '"https://t.me/deploy_feed"', "telegram.routes[0].chat_id", '"@deploy_feed"'),
         # Ids of another kind than a chat passed, and every send failed at runtime.
         (FEISHU, '"ou_0123456789abcdef"', "feishu.routes[0].chat_id", "a person's open_id"),
         (FEISHU, '"om_0123456789abcdef"', "feishu.routes[0].chat_id", "a message id"),
@@ -67,6 +69,7 @@ SECRETS = {
         "telegram-feishu-id",
         "telegram-quoted-number",
         "telegram-zero",
+        "telegram-link",
         "feishu-open-id",
         "feishu-message-id",
         "feishu-app-id",
@@ -100,7 +103,13 @@ def test_a_chat_id_of_the_wrong_shape_is_refused_naming_the_key_and_fix(
         lines = [line for line in result.stderr.splitlines() if f" {key}: " in line]
         assert len(lines) == 1, result.stderr
         assert words in lines[0], lines
-        fixes = ("taskcard chats", "quotes", "0 is no", "give the person's open_id (ou_...)")
+        fixes = (
+            "taskcard chats",
+            "quotes",
+            "0 is no",
+            "give the person's open_id (ou_...)",
+            "write the chat's username",
+        )
         assert any(fix in lines[0] for fix in fixes), lines
     assert not (tmp_path / "state").exists()  # nothing started
 
