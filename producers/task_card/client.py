@@ -199,6 +199,8 @@ def call_via_host(
     `manual` and `settings` only read files, and are answered here, as a host would answer
     them (`capability.read_only_answer`): no host is started or contacted, so they create
     nothing in the workdir or the runtime folder, and resume no watch a killed host left.
+    `settings` raises `CardFolderUnsafe` as a host call does when `taskcard/` (where it
+    reads) or `.taskcard-host/` leads out of the workdir: nothing is read through the link.
     """
     problem = check_values(envelope)
     if problem:
@@ -211,6 +213,10 @@ def call_via_host(
         # Imported here: a call that goes to the host never loads the capability.
         from taskcard.producers.task_card.capability import read_only_answer
 
+        if parsed.action == "settings":
+            # The settings are read in `taskcard/`: one leading out of the workdir is refused
+            # as for the calls a host answers, not read as this workdir's.
+            _check_card_folder(paths.workdir)
         return read_only_answer(parsed, CardPaths(paths.workdir.resolve()))
     ensure_host(paths, idle_grace_s)
     if cancel is not None and cancel.is_set():

@@ -153,3 +153,29 @@ def test_settings_do_not_resume_a_watch_a_killed_host_left(
     assert snapshot(workdir) == before
     no_host(cli, runtime_dir)
     assert cli.json("card", "inspect", "tc_1")["status"] == "watching"
+
+
+async def test_settings_through_a_card_folder_linked_out_of_the_workdir_are_refused(
+    workdir: Path, tmp_path: Path, runtime_dir: Path, cli: CliHost
+) -> None:
+    """`taskcard/` planted as a link to another folder: its settings are not this workdir's,
+    and nothing is read through it. Every caller says so as for the calls a host answers
+    (`tool` and `card` exit 2 naming the folder, MCP a failed result); answered without a
+    host, `tool` and MCP read the other folder's taskcard.json as this workdir's."""
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "taskcard.json").write_text('{"interval_s": 7}\n')
+    (workdir / "taskcard").symlink_to(other)
+    refusal = f"{workdir / 'taskcard'} is a symlink that leads out of the workdir"
+    envelope = {"action": "settings", "input": {}, "reasoning": "look"}
+    for command in (("tool", json.dumps(envelope)), ("card", "settings")):
+        done = cli.run(*command)
+        assert done.returncode == 2, (command, done.stdout, done.stderr)
+        assert refusal in done.stderr
+        assert '"current": 7' not in done.stdout
+    async with cli.mcp() as session:
+        result: types.CallToolResult = await session.call_tool("task_card", envelope)
+    assert result.is_error
+    assert isinstance(result.structured_content, dict)
+    assert refusal in result.structured_content["message"], result.structured_content
+    no_host(cli, runtime_dir)
