@@ -359,8 +359,8 @@ class Ledger:
             if exc.errno != errno.ELOOP and not isinstance(exc, NotRegularFile | OutsideWorkdir):
                 raise
             raise LedgerError(
-                f"ledger lock {self.lock_path}: a symlink or not a regular file; only taskcard "
-                "creates it, so remove it (it is made again)"
+                f"ledger lock {shown_path(self.lock_path)}: a symlink or not a regular file;"
+                " only taskcard creates it, so remove it (it is made again)"
             ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -387,9 +387,10 @@ class Ledger:
 
     def _outside(self) -> LedgerError:
         return LedgerError(
-            f"ledger {self.shown}: leads out of the workdir {self._inside} through a symlink"
-            f" (the {self.path.parent.name}/ folder or the file); nothing is read or written"
-            " there, so make it a real folder and file inside the workdir (remove the link)"
+            f"ledger {self.shown}: leads out of the workdir {shown_path(self._inside)} through"
+            f" a symlink (the {shown_path(self.path.parent.name)}/ folder or the file); nothing"
+            " is read or written there, so make it a real folder and file inside the workdir"
+            " (remove the link)"
         )
 
     def broken_problem(self, document: LedgerDocument, task_id: str) -> str | None:

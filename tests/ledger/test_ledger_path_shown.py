@@ -46,3 +46,36 @@ def test_a_ledger_path_too_long_to_open_is_cut(workdir: Path) -> None:
     assert "(File name too long)" in done.stderr
     assert "y" * 4097 not in done.stderr
     assert "characters)" in done.stderr  # the cut says how long the name was
+
+
+@pytest.mark.parametrize("name", ["w\x1b[2Jx", "w\nx"])
+def test_a_workdir_with_controls_is_shown_escaped_where_the_ledger_leads_out(
+    tmp_path: Path, name: str
+) -> None:
+    """The refusal of a ledger folder linked out of the workdir names the workdir too: one
+    holding an escape sequence or a line break is shown escaped there, as in the path before
+    it, not raw (which acted on the terminal, or broke the refusal in two)."""
+    workdir = tmp_path / name
+    workdir.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (workdir / "ledger").symlink_to(tmp_path / "elsewhere")
+    done = _ledger(workdir, "show")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert "\x1b" not in done.stderr
+    assert f"leads out of the workdir {str(workdir)!r} through a symlink" in done.stderr
+    assert "the ledger/ folder or the file" in done.stderr
+
+
+@pytest.mark.parametrize("name", ["w\x1b[2Jx", "w\nx"])
+def test_a_planted_ledger_lock_is_named_escaped(tmp_path: Path, name: str) -> None:
+    """A link planted at the ledger's lock is refused naming the lock, escaped as the
+    ledger's own path is (it was printed raw)."""
+    workdir = tmp_path / name
+    (workdir / "ledger").mkdir(parents=True)
+    lock = workdir / "ledger" / "long-task-ledger.json.lock"
+    lock.symlink_to(tmp_path / "nowhere")
+    done = _ledger(workdir, "heartbeat", "t1")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.startswith(f"taskcard ledger: ledger lock {str(lock)!r}: a symlink")
+    assert len(done.stderr.splitlines()) == 1, done.stderr
