@@ -40,6 +40,7 @@ from taskcard.producers.task_card.contract import (
     read_bytes,
     read_regular,
 )
+from taskcard.producers.task_card.workdir_arg import shown_path
 
 # A file's writing plan: where the bytes land, with which permissions (see `_plan`).
 Plan = tuple[Path, int]
@@ -114,16 +115,18 @@ def _read_config(path: Path) -> bytes:
         raw = read_regular(path, _MAX_CONFIG_BYTES + 1)
     except NotRegularFile as exc:  # its text names what it is and the fix
         raise InitError(
-            f"{path}: {exc.strerror}, then run init again (it was left untouched)"
+            f"{shown_path(path)}: {exc.strerror}, then run init again (it was left untouched)"
         ) from None
     except OSError as exc:
         raise InitError(
-            f"{path}: cannot be read ({exc.strerror or exc.__class__.__name__}); fix or move "
+            f"{shown_path(path)}:"
+            f" cannot be read ({exc.strerror or exc.__class__.__name__}); fix or move "
             "it, then run init again (it was left untouched)"
         ) from None
     if len(raw) > _MAX_CONFIG_BYTES:
         raise InitError(
-            f"{path}: over {_MAX_CONFIG_BYTES} bytes, more than a configuration file holds; "
+            f"{shown_path(path)}:"
+            f" over {_MAX_CONFIG_BYTES} bytes, more than a configuration file holds; "
             "fix or move it, then run init again (it was left untouched)"
         )
     return raw
@@ -137,23 +140,27 @@ def _load_json(path: Path) -> dict[str, Any]:
         data = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise InitError(
-            f"{path}: not valid JSON ({json_error_place(exc)}); fix or move it, then run init"
+            f"{shown_path(path)}:"
+            f" not valid JSON ({json_error_place(exc)}); fix or move it, then run init"
             " again (it was left untouched)"
         ) from None
     except (ValueError, RecursionError) as exc:
         raise InitError(
-            f"{path}: not valid JSON ({exc.__class__.__name__}); fix or move it, then run "
+            f"{shown_path(path)}:"
+            f" not valid JSON ({exc.__class__.__name__}); fix or move it, then run "
             "init again (it was left untouched)"
         ) from None
     if not isinstance(data, dict):
-        raise InitError(f"{path}: the top level must be a JSON object; fix it, then run again")
+        raise InitError(
+            f"{shown_path(path)}: the top level must be a JSON object; fix it, then run again"
+        )
     return data
 
 
 def _object_at(data: dict[str, Any], key: str, path: Path) -> dict[str, Any]:
     value = data.setdefault(key, {})
     if not isinstance(value, dict):
-        raise InitError(f"{path}: {key} must be an object; fix it, then run init again")
+        raise InitError(f"{shown_path(path)}: {key} must be an object; fix it, then run init again")
     return value
 
 
@@ -201,7 +208,7 @@ def _groups(hooks: dict[str, Any], event: str, path: Path) -> list[Any]:
     set up."""
     groups = hooks.setdefault(event, [])
     if not isinstance(groups, list):
-        raise InitError(f"{path}: hooks.{event} must be a list; fix it, then run again")
+        raise InitError(f"{shown_path(path)}: hooks.{event} must be a list; fix it, then run again")
     for index, group in enumerate(groups):
         where = f"hooks.{event}[{index}]"
         if not isinstance(group, dict):
@@ -212,7 +219,9 @@ def _groups(hooks: dict[str, Any], event: str, path: Path) -> list[Any]:
             problem = f"{where}.matcher must be a string"
         else:
             continue
-        raise InitError(f"{path}: {problem}; fix it, then run init again (it was left untouched)")
+        raise InitError(
+            f"{shown_path(path)}: {problem}; fix it, then run init again (it was left untouched)"
+        )
     return groups
 
 
@@ -331,7 +340,8 @@ def _skipped_line(path: Path, event: str, version: Version | None) -> str:
         else f"Claude Code {'.'.join(str(part) for part in version)} predates it"
     )
     return (
-        f"{path}: {event} not registered: {found}, and a Claude Code before {since} refuses "
+        f"{shown_path(path)}:"
+        f" {event} not registered: {found}, and a Claude Code before {since} refuses "
         f"the whole file for it; run init again once it is {since} or later, or pass "
         "--claude-version"
     )
@@ -360,7 +370,8 @@ def _plan(path: Path, text: bytes) -> Plan | None:
     mode = stat.S_IMODE(info.st_mode)
     if not mode & 0o222 or not os.access(target, os.W_OK):
         raise InitError(
-            f"{path}: is read-only; make it writable (chmod u+w {shlex.quote(str(path))}), "
+            f"{shown_path(path)}:"
+            f" is read-only; make it writable (chmod u+w {shlex.quote(str(path))}), "
             "then run init again (nothing was written)"
         )
     return target, mode
@@ -402,7 +413,7 @@ def init_claude_code(
     report = []
     for (path, text), plan in zip(texts, plans, strict=True):
         changed = _write(plan, text)
-        report.append(f"{path}: {'updated' if changed else 'already set up'}")
+        report.append(f"{shown_path(path)}: {'updated' if changed else 'already set up'}")
     report.extend(_skipped_line(settings_path, event, version) for event in skipped)
     return report
 
@@ -461,14 +472,17 @@ def init_codex(workdir: Path, config: Path, command: str | None = None) -> list[
     config_text = _merge_codex_config(workdir, config, exe)
     hooks_text = _json_text(hooks_doc)
     config_plan, hooks_plan = _plan(config, config_text), _plan(hooks_path, hooks_text)
-    report = [f"{config}: {'updated' if _write(config_plan, config_text) else 'already set up'}"]
+    report = [
+        f"{shown_path(config)}:"
+        f" {'updated' if _write(config_plan, config_text) else 'already set up'}"
+    ]
     changed = _write(hooks_plan, hooks_text)
-    report.append(f"{hooks_path}: {'updated' if changed else 'already set up'}")
+    report.append(f"{shown_path(hooks_path)}: {'updated' if changed else 'already set up'}")
     if changed:
         report.append(
-            f"{hooks_path}: Codex runs a new or changed hook only once you have reviewed and "
-            "trusted it in Codex (and a project's hooks only in a trusted project); until "
-            "then notify still ends each turn"
+            f"{shown_path(hooks_path)}: Codex runs a new or changed hook only once you have"
+            " reviewed and trusted it in Codex (and a project's hooks only in a trusted"
+            " project); until then notify still ends each turn"
         )
     return report
 
@@ -481,7 +495,8 @@ def _merge_codex_config(workdir: Path, config: Path, exe: str) -> bytes:
         document = tomlkit.parse(text)
     except (UnicodeDecodeError, tomlkit.exceptions.TOMLKitError) as exc:
         raise InitError(
-            f"{config}: not valid TOML ({exc}); fix it, then run init again (left untouched)"
+            f"{shown_path(config)}:"
+            f" not valid TOML ({exc}); fix it, then run init again (left untouched)"
         ) from None
     # As the hooks: a session in another project is not this agent's (and its turn must not
     # end here, nor write into that project).
@@ -490,11 +505,14 @@ def _merge_codex_config(workdir: Path, config: Path, exe: str) -> bytes:
     if current is not None:
         values = list(current) if isinstance(current, list) else None
         if values is None or not all(isinstance(v, str) for v in values):
-            raise InitError(f"{config}: notify must be a list of strings; fix it, then run again")
+            raise InitError(
+                f"{shown_path(config)}: notify must be a list of strings; fix it, then run again"
+            )
         # An empty list runs nothing: there is no program of the user's to keep.
         if values and values != notify and values[1:3] != ["hook", "codex"]:
             raise InitError(
-                f"{config}: notify already runs {values[0]!r}; Codex runs one notify program, "
+                f"{shown_path(config)}:"
+                f" notify already runs {values[0]!r}; Codex runs one notify program, "
                 "so remove it (or call taskcard hook codex from it), then run init again"
             )
     ours = {"command": exe, "args": ["mcp", "--workdir", str(workdir.resolve())]}
@@ -531,7 +549,7 @@ def _refuse_another_agents(config: Path, document: Any, workdir: str) -> None:
         # Compared resolved: a link to this folder, or `..` in an older entry, is this one.
         if other and os.path.realpath(other) != workdir and Path(other).is_dir():
             raise InitError(
-                f"{config}: set up for the agent in {other!r} (notify, [mcp_servers."
+                f"{shown_path(config)}: set up for the agent in {other!r} (notify, [mcp_servers."
                 f"{SERVER_NAME}], the hooks); Codex runs one notify program, so one config "
                 "serves one agent: give this agent a config of its own (--config FILE, or "
                 "CODEX_HOME), or remove those entries to move them here, then run init again"
@@ -553,7 +571,9 @@ def _with_ours(
         servers = tomlkit.table(is_super_table=True)
         document["mcp_servers"] = servers
     elif not isinstance(servers, dict):
-        raise InitError(f"{config}: mcp_servers must be a table; fix it, then run init again")
+        raise InitError(
+            f"{shown_path(config)}: mcp_servers must be a table; fix it, then run init again"
+        )
     current = servers.get(SERVER_NAME)
     if isinstance(current, dict):
         current.update(ours)  # in place: its other keys (env, timeouts) and comments stay
@@ -581,7 +601,8 @@ def _check_merged(
         before, after = tomllib.loads(old), tomllib.loads(new)
     except tomllib.TOMLDecodeError as exc:
         raise InitError(
-            f"{config}: not valid TOML ({exc}); fix it, then run init again (left untouched)"
+            f"{shown_path(config)}:"
+            f" not valid TOML ({exc}); fix it, then run init again (left untouched)"
         ) from None
     servers = after.get("mcp_servers")
     server = servers.get(SERVER_NAME) if isinstance(servers, dict) else None
@@ -601,7 +622,8 @@ def _check_merged(
     if placed and before == after:
         return
     raise InitError(
-        f"{config}: cannot merge into this file's layout without moving its keys; add by "
+        f"{shown_path(config)}:"
+        " cannot merge into this file's layout without moving its keys; add by "
         f"hand at the top: notify = {json.dumps(notify)}, and a table "
         f"[mcp_servers.{SERVER_NAME}] with command = {json.dumps(ours['command'])} and "
         f"args = {json.dumps(ours['args'])}; then run init again (left untouched)"
