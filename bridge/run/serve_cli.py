@@ -631,16 +631,21 @@ def _resident_shown(route: dict[str, Any], board: bool) -> str:
     its first message were on its way (and a card followed on the board the same)."""
     if board and not route["routed"]:
         told = route["disabled"] == UNFOLLOWED_REASON
-        return (
-            f"{route['message_id']}, the board of a chat no route follows now; "
-            + (
-                "it says the chat follows no agent now"
-                if told
-                else "the service edits it to say the chat follows no agent now"
-                " (unless the chat hid its cards)"
+        if told:
+            said = "it says the chat follows no agent now"
+        elif route["disabled"]:
+            # The service edits no board whose route is disabled (the chat removed the bot,
+            # say): it stays as it is, for the reason on the DISABLED line.
+            said = "the service leaves it as it is, for its route is disabled (below)"
+        else:
+            said = (
+                "the service edits it to say the chat follows no agent now (unless the chat"
+                " hid its cards)"
             )
-            + "; a route to the chat again (configured, then a reload) brings the same board"
-            " back, and deleting the message in the chat clears it there"
+        return (
+            f"{route['message_id']}, the board of a chat no route follows now; {said}; a route"
+            " to the chat again (configured, then a reload) brings the same board back, and"
+            " deleting the message in the chat clears it there"
         )
     if board and route["retired"]:
         left = f"message {route['message_id']} is its last word" if route["message_id"] else ""

@@ -89,3 +89,41 @@ async def test_status_lists_the_board_of_a_chat_that_lost_its_routes(
     board_config(tmp_path, fake, both)
     text, routes = status(config)
     assert UNROUTED not in text and routes[route]["routed"] is True
+
+
+@pytest.mark.parametrize("platform", ["telegram", "feishu"])
+async def test_status_does_not_promise_an_edit_to_a_disabled_unrouted_board(
+    tmp_path: Path, platform: str, telegram: FakeTelegram, feishu: FakeFeishu
+) -> None:
+    """The board of a chat that removed the bot, whose route the operator then takes away:
+    its route is disabled, and the service leaves such a board as it is (it edits only a
+    board with no disabled reason). `status` said "the service edits it to say the chat
+    follows no agent now" beside the DISABLED line, an edit that never comes."""
+    fake, first, second = platform_of(platform, telegram, feishu)
+    both: list[tuple[object, list[str]]] = [(first, ["alpha"]), (second, ["alpha"])]
+    config, env = board_config(tmp_path, fake, both)
+    route = f"{platform}:{first}::#board"
+    with ServeProcess(config, env=env) as serve:
+        publish(tmp_path / "agents" / "alpha", "alpha step 1")
+        await eventually(
+            lambda: "alpha step 1" in board_of(fake, first)[1],
+            timeout_s=WAIT_S,
+            what="the first chat's board",
+        )
+        if isinstance(fake, FakeTelegram):
+            fake.kick(first)
+        else:
+            fake.remove_bot(str(first))
+        publish(tmp_path / "agents" / "alpha", "alpha step 2")
+        await eventually(
+            lambda: status(config)[1][route]["disabled"] is not None,
+            timeout_s=WAIT_S,
+            what="the first chat's board disabled",
+        )
+        assert await serve.aterminate() == 0
+    board_config(tmp_path, fake, [(second, ["alpha"])])
+    text, routes = status(config)
+    assert routes[route]["routed"] is False and routes[route]["disabled"] is not None
+    assert f"{route}\n  resident message: " in text, text
+    assert "the service edits it" not in text, text
+    assert "DISABLED: " in text, "the reason the service leaves it as it is"
