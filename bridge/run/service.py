@@ -2493,7 +2493,7 @@ class Service:
         elif parsed.action in ("board", "cards"):
             reply = self._switch_view(allowed, "board" if parsed.action == "board" else "cards")
         elif parsed.action == "orchestrator":
-            reply = self._orchestrator_command(allowed, parsed.agent)
+            reply = self._orchestrator_command(allowed, parsed.agent, len(allowed) < len(routes))
         elif parsed.action == "help":
             reply = f"Task card commands here: {HELP_TEXT}"
         else:
@@ -2888,10 +2888,13 @@ class Service:
             )
         return "This chat now shows one task card per agent. /taskcard board shows one board."
 
-    def _orchestrator_command(self, routes: list[Route], named: str | None) -> str:
+    def _orchestrator_command(self, routes: list[Route], named: str | None, partly: bool) -> str:
         """`/taskcard orchestrator [AGENT|off]`: say the chat's orchestrator, or choose one
         (or none) for the chat and persist it (`bridge.run.orchestrators`); the board's
-        lines say it again. `named` is a chat member's text: never echoed."""
+        lines say it again. `named` is a chat member's text: never echoed. `partly`: the
+        sender may command only some of the chat's routes (`routes`), such as those a turn
+        opened, which anyone may; the mark is the whole chat's (every agent's signals go to
+        it), so they may ask for it but not change it."""
         scope = routes[0].key.chat_scope
         here = sorted({r.key.agent_id for r in routes})
         usage = "/taskcard orchestrator AGENT marks one, /taskcard orchestrator off none"
@@ -2902,6 +2905,11 @@ class Service:
             return (
                 f"This chat's orchestrator is {current}: the reports and signals of the other"
                 f" agents here wake it through its inbox. {usage}."
+            )
+        if partly:
+            return (
+                "Only a person allowed to command every agent of this chat (its routes'"
+                " allowed_user_ids) changes its orchestrator."
             )
         if named == ORCHESTRATOR_OFF:
             self._orchestrators.choose(scope, None)

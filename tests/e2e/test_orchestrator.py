@@ -20,6 +20,7 @@ from taskcard.producers.task_card.contract import atomic_write, utc_now_iso
 from tests.e2e.harness import ServeProcess, activity, eventually, publish, run_cli
 from tests.e2e.test_cluster import instance
 from tests.e2e.test_talk_and_signals import (
+    FS_CHAT,
     GROUP,
     SIGNALS,
     chat_for,
@@ -346,3 +347,43 @@ def test_an_orchestrator_the_route_does_not_follow_is_refused_naming_the_field(
     checked = run_cli("config", "check", str(config))
     assert checked.returncode == 2
     assert f"{channel}.routes[0].orchestrator: unknown agent 'ghost'" in checked.stderr
+
+
+async def test_only_a_person_allowed_on_every_route_of_the_chat_changes_its_orchestrator(
+    platform: str, tmp_path: Path
+) -> None:
+    """The chat's route lets only PERSON command lead and worker; a turn from the chat opened
+    helper's route there, which anyone may command. A member not on `allowed_user_ids` is
+    let in by helper's route alone: the mark is the whole chat's, so they may ask which
+    agent it is but not change it (`off`, or helper, whom worker's reports would then wake)."""
+    async with chat_for(platform, tmp_path, ["lead", "worker", "helper"], SIGNALS) as chat:
+        text = chat.config.read_text()
+        text = text.replace('agents = ["lead", "worker", "helper"]', 'agents = ["lead", "worker"]')
+        chat_id = GROUP if platform == "telegram" else FS_CHAT
+        section = "poll_timeout_s = 1\n" if platform == "telegram" else 'events = "webhook"\n'
+        shown = json.dumps([chat_id])
+        text = text.replace(section, f"{section}origin_chats = {shown}\n")
+        chat.config.write_text(text + 'orchestrator = "lead"\n')
+        worker, helper = workdir(tmp_path, "worker"), workdir(tmp_path, "helper")
+        publish(worker, "**migrating**")
+        publish(helper, "**helping**")
+        activity(helper, "turn.start", origin=f"{platform}:{chat_id}")
+        with chat.serve:
+            await wait_said(chat, "migrating", "worker card")
+            await wait_said(chat, "helping", "helper card, its route opened by a turn")
+            stranger = 99
+            await chat.say("/taskcard orchestrator helper", user=stranger)
+            await chat.say("/taskcard orchestrator off", user=stranger)
+            await wait_said(chat, "Only a person allowed to command every agent", "refusal")
+            await chat.say("/taskcard orchestrator", user=stranger)
+            await wait_said(chat, "This chat's orchestrator is lead", "the mark, asked")
+            texts = chat.bot_texts()
+            assert not any("now this chat's orchestrator" in t for t in texts), texts
+            assert not any("no orchestrator now" in t for t in texts), texts
+            report(worker, 1, ok=True, summary="part 1 done")
+            await eventually(
+                lambda: wake_texts(tmp_path, "lead", "worker", "part 1 done"),
+                what="lead still woken",
+            )
+            assert wake_texts(tmp_path, "helper", "worker") == []
+            assert await chat.serve.aterminate() == 0
