@@ -12,7 +12,7 @@ The mark starts as the route's `orchestrator` setting; `/taskcard orchestrator A
 `orchestrator:<chat scope>`, as the chat's view is (`bridge.run.boards`): it survives a
 restart and wins over the config until changed again in the chat. `off` is a choice too (no
 orchestrator here, whatever the config names). A mark naming an agent the chat no longer
-follows marks nobody.
+follows marks nobody, and one naming an agent forgotten as departed is dropped.
 """
 
 from __future__ import annotations
@@ -29,9 +29,12 @@ from taskcard.bridge.store.sqlite import StateStore
 log = logging.getLogger(__name__)
 
 
+CURSOR_PREFIX = "orchestrator:"
+
+
 def orchestrator_cursor(scope: str) -> str:
     """Where a chat's `/taskcard orchestrator` choice is kept in the store."""
-    return f"orchestrator:{scope}"
+    return CURSOR_PREFIX + scope
 
 
 @dataclass(frozen=True)
@@ -108,3 +111,22 @@ class ChatOrchestrators:
         self._store.set_cursor(orchestrator_cursor(scope), encode_choice(choice))
         self._choices[scope] = choice
         log.info("chat %s: orchestrator %s", scope, agent or "off")
+
+    def forget_agent(self, agent_id: str) -> None:
+        """Drop every chat's choice of `agent_id`, an agent forgotten as departed: back later
+        it is a new agent, which a choice made of the old one must not mark (and wake with
+        the chat's signals). The route's `orchestrator` decides there again."""
+        keys = self._store.cursor_keys(CURSOR_PREFIX)
+        named = [
+            key
+            for key, raw in self._store.get_cursors(keys).items()
+            if (choice := parse_choice(raw)) is not None and choice.agent == agent_id
+        ]
+        if not named:
+            return
+        self._store.delete_cursors(named)
+        for key in named:
+            self._choices.pop(key.removeprefix(CURSOR_PREFIX), None)
+            log.info(
+                "chat %s: orchestrator %s forgotten", key.removeprefix(CURSOR_PREFIX), agent_id
+            )

@@ -950,7 +950,8 @@ class Service:
     def _forget_agent(self, agent_id: str) -> None:
         """Forget all that is kept of an agent that left `forget_departed_after_s` ago: its
         residents (the messages stay in the chats, last edited to say it retired), notices,
-        offsets, inbox records, wakes, origin routes and cursors. Back later, it is a new
+        offsets, inbox records, wakes, origin routes, chats' choices of it as orchestrator
+        and cursors. Back later, it is a new
         agent: new cards, and its files read from their ends."""
         if agent_id in self._monitors:
             return  # back in the meantime
@@ -961,6 +962,7 @@ class Service:
             cursor_prefixes=[FOLDED_CURSOR_PREFIX, CARD_REFUSED_PREFIX],
         )
         self._origins.forget_agent(agent_id)
+        self._orchestrators.forget_agent(agent_id)
         for key in self._departed_routes.get(agent_id, []):
             self._outbox.forget_route(key)
         log.info(

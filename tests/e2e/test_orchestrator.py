@@ -11,6 +11,7 @@ played as the contracts say (`reports/reports.jsonl`, `lineage.json`, `inbox/que
 from __future__ import annotations
 
 import json
+import signal
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -386,4 +387,39 @@ async def test_only_a_person_allowed_on_every_route_of_the_chat_changes_its_orch
                 what="lead still woken",
             )
             assert wake_texts(tmp_path, "helper", "worker") == []
+            assert await chat.serve.aterminate() == 0
+
+
+async def test_an_orchestrator_forgotten_as_departed_is_not_marked_when_it_returns(
+    tmp_path: Path,
+) -> None:
+    """The chat marks lead; lead leaves the fleet and is forgotten (`forget_departed_after_s`):
+    back later it is a new agent, whom the chat's old choice must not mark again, so
+    worker's reports do not wake it (they did, and the board marked it, though `/taskcard
+    orchestrator` had said the chat had none while lead was away)."""
+    async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
+        full = "forget_departed_after_s = 2\n" + chat.config.read_text()
+        chat.config.write_text(full)
+        lead_entry = '[[agents]]\nid = "lead"\nworkdir = "agents/lead"\n'
+        without_lead = full.replace(lead_entry, "").replace(
+            'agents = ["lead", "worker"]', 'agents = ["worker"]'
+        )
+        assert without_lead != full and lead_entry not in without_lead
+        publish(workdir(tmp_path, "worker"), "**migrating**")
+        with chat.serve:
+            await wait_said(chat, "migrating", "worker card")
+            await chat.say("/taskcard orchestrator lead")
+            await wait_said(chat, "lead is now this chat's orchestrator", "the mark's answer")
+            chat.config.write_text(without_lead)
+            chat.serve.proc.send_signal(signal.SIGHUP)
+            await eventually(lambda: "forgot agent lead" in chat.serve.logs, what="lead forgotten")
+            chat.config.write_text(full)
+            chat.serve.proc.send_signal(signal.SIGHUP)
+            publish(workdir(tmp_path, "lead"), "**back anew**")
+            await wait_said(chat, "back anew", "lead's new card")
+            report(workdir(tmp_path, "worker"), 1, ok=True, summary="part 1 done")
+            await wait_said(chat, "worker reported (#1)", "the report in the chat")
+            await chat.say("/taskcard orchestrator")
+            await wait_said(chat, "This chat has no orchestrator.", "the mark, asked")
+            assert wake_texts(tmp_path, "lead", "worker") == []
             assert await chat.serve.aterminate() == 0
