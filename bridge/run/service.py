@@ -1977,9 +1977,11 @@ class Service:
                 continue
             woken.add(orchestrator)
             workdir = self._monitors[agent_id].paths.workdir
+            # The service's line first: the notice ends with the agent's own summary, which
+            # could otherwise end with a look-alike pointer to another folder.
             pointer = orchestrator_pointer(agent_id, workdir, signal.report_seq)
             self._desk.wake(
-                orchestrator, agent_id, signal.episode, f"{text}\n{pointer}", report=report
+                orchestrator, agent_id, signal.episode, f"{pointer}\n{text}", report=report
             )
 
     def _orchestrator_of(self, scope: str) -> str | None:

@@ -90,6 +90,9 @@ async def test_the_configured_orchestrator_is_woken_by_the_other_agents_reports(
             assert "orchestrator" in text, text
             assert f"taskcard reports --workdir {worker} --after 0" in text, text
             assert f'child_workdir "{worker}" and after 0' in text, text
+            # The service's pointer comes before the agent-written summary, which could end
+            # with a look-alike of it.
+            assert text.index("taskcard reports --workdir") < text.index("suite green"), text
             # A child of worker: its parent is woken, the orchestrator is not.
             report(kid, 1, ok=False, summary="stuck")
             await wait_said(chat, "kid reported (#1)", "kid's report in the chat")
