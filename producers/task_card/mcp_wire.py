@@ -37,6 +37,8 @@ field that nests so deep. The SDK's reader gives up near 200 levels and answered
 as a parse error (one deeper than Python's reader takes, near 1,000, with a null id, so the
 client waited for ever); no tool takes a value nested more than a few levels. The line is read
 once more with each part past the limit as a stand-in text, in one pass without recursing.
+Any other message nested that deep (a ping, an initialize) reaches the SDK as so read, with
+the stand-in texts in place of its deep parts: it is answered (or refused) under its own id.
 
 The extra decoding runs in the worker thread that already waits for stdin, not on the loop.
 """
@@ -208,6 +210,8 @@ class RepeatedKeys:
         except (ValueError, RecursionError):
             return as_read  # the SDK's reader refuses it too, and it is answered as such
         if not isinstance(message, dict) or message.get("method") != TOOLS_CALL:
+            if flat is not None:  # the SDK reads it with the deep parts cut: under its id
+                return _replaced(flat) if undecodable else flat
             return as_read
         params = message.get("params")
         if flat is not None:

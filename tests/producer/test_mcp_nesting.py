@@ -71,3 +71,23 @@ async def test_the_sdk_client_gets_a_tool_error_for_a_deep_argument(
         assert result.structured_content["message"].startswith("after: nested deeper than")
         again = await session.call_tool("report", {"ok": True})
         assert not again.is_error
+
+
+def test_any_request_nested_too_deep_is_answered_under_its_id(workdir: Path, cli: CliHost) -> None:
+    """Not a tools/call: a ping or a list whose params nest past Python's reader got an
+    answer with a null id, so the client that sent it waited for ever."""
+    lines = [
+        json.dumps(INITIALIZE),
+        '{"jsonrpc":"2.0","method":"notifications/initialized"}',
+        '{"jsonrpc":"2.0","id":7,"method":"ping","params":{"x":' + _nested(5000) + "}}",
+        '{"jsonrpc":"2.0","id":8,"method":"tools/list","params":{"x":' + _nested(300) + "}}",
+        '{"jsonrpc":"2.0","method":"notifications/progress","params":{"x":' + _nested(5000) + "}}",
+        '{"jsonrpc":"2.0","id":9,"method":"ping"}',
+    ]
+    with cli.raw_mcp() as (server, answers):
+        assert server.stdin is not None
+        server.stdin.write("".join(line + "\n" for line in lines).encode())
+        server.stdin.flush()
+        by_id = {answer.get("id"): answer for answer in (answers.get(timeout=60) for _ in range(4))}
+        assert set(by_id) == {1, 7, 8, 9}, by_id
+        assert by_id[9]["result"] == {}, by_id[9]
