@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Annotated, Final, Literal
 
 from pydantic import (
@@ -126,6 +126,13 @@ def _numeric_id(kind: str, fix: str) -> Callable[[object], object]:
     return check
 
 
+def _refuse_other_kind(value: str, kinds: Mapping[str, str], wanted: str, fix: str) -> None:
+    """Refuse `value` when its prefix (a key of `kinds`) marks an id of another kind."""
+    for prefix, kind in kinds.items():
+        if value.startswith(prefix):
+            raise ValueError(f"is {kind} ({prefix}...), not {wanted}; {fix}")
+
+
 _USER_FIX = "give the person's open_id (ou_...), as the refusal of their command tells it"
 _check_usable_user = _usable("user", _USER_FIX)
 
@@ -144,9 +151,7 @@ def _check_user_id(value: str) -> str:
     say) nor a Telegram @username, each of which was taken while no command from the chat
     matched it, so no one there could run /taskcard or /tell."""
     _check_usable_user(value)
-    for prefix, kind in _NOT_PEOPLE.items():
-        if value.startswith(prefix):
-            raise ValueError(f"is {kind} ({prefix}...), not a person's open_id; {_USER_FIX}")
+    _refuse_other_kind(value, _NOT_PEOPLE, "a person's open_id", _USER_FIX)
     if value.startswith("@"):
         raise ValueError(
             "a @username names a person on Telegram only: Feishu lists people by their"
@@ -183,9 +188,7 @@ def _check_chat_id(value: str) -> str:
     taken (`taskcard chats` lists what the platform sent) and warned of by `config check`
     and the start (`unusual_chat_id`)."""
     _check_usable_chat(value)
-    for prefix, kind in _OTHER_IDS.items():
-        if value.startswith(prefix):
-            raise ValueError(f"is {kind} ({prefix}...), not a chat id; {_CHAT_FIX}")
+    _refuse_other_kind(value, _OTHER_IDS, "a chat id", _CHAT_FIX)
     if value == "oc_":
         raise ValueError(f"is only the prefix of a chat id; {_CHAT_FIX}")
     if value.startswith("@"):
