@@ -6,10 +6,12 @@ not for the first person who pastes it.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -452,3 +454,127 @@ def test_ledger_md_lists_the_event_types_and_failure_kinds_enforced() -> None:
     retried, escalated = kinds.split(" (retried first), and ")
     assert set(re.findall(r"[A-Z_]{4,}", retried)) == RETRYABLE_KINDS
     assert set(re.findall(r"[A-Z_]{4,}", escalated)) == set(FAILURE_KINDS) - RETRYABLE_KINDS
+
+
+# A command line the docs show: a line of a ```sh block whose command (at its start, or
+# after `|`, `&&` or `;`) is taskcard, or a `taskcard ...` in backticks.
+_SHELL_BREAKS = frozenset({"|", "||", "&&", ";", ">", ">>", "<", "2>", "&"})
+# A word that stands for what the reader writes: `W`, `TASK`, `<workdir>`, `...`, `[TASK]`.
+_PLACEHOLDER = re.compile(r"^(\.\.\.|[A-Z][A-Z0-9_-]*|<[^>]*>|\$\w+)$")
+
+
+def _is_taskcard(word: str) -> bool:
+    return word == "taskcard" or word.endswith("/bin/taskcard")
+
+
+def _docs_command_lines() -> list[tuple[str, list[str]]]:
+    """Each taskcard command line of the docs, as the words after `taskcard`."""
+    found: list[tuple[str, list[str]]] = []
+    for doc in DOCS:
+        text = doc.read_text()
+        for block in re.findall(r"```sh\n(.*?)```", text, re.S):
+            for line in textwrap.dedent(block).replace("\\\n", " ").splitlines():
+                words = shlex.split(line, comments=True)
+                starts = [0] + [n + 1 for n, word in enumerate(words) if word in _SHELL_BREAKS]
+                found += [
+                    (doc.name, words[n + 1 :])
+                    for n, word in enumerate(words)
+                    # a path to the command is one wherever it stands (`systemd-run ... PATH`)
+                    if (n in starts and word == "taskcard") or word.endswith("/bin/taskcard")
+                ]
+        prose = re.sub(r"```.*?```", "", text, flags=re.S)
+        for span in re.findall(r"`([^`]+)`", prose):
+            # an error message quoted from the CLI (`taskcard card start: argument ...`)
+            if ": argument " in span:
+                continue
+            first = span.split(maxsplit=1)[0] if span.strip() else ""
+            if _is_taskcard(first) and not span.startswith("/taskcard"):
+                found.append((doc.name, shlex.split(span.replace("\\|", "|"))[1:]))
+    return found
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return {
+        name: sub
+        for action in parser._actions
+        if isinstance(action, argparse._SubParsersAction)
+        for name, sub in action.choices.items()
+    }
+
+
+def _options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return {option: action for action in parser._actions for option in action.option_strings}
+
+
+def _command_line_mistakes(parser: argparse.ArgumentParser, words: list[str]) -> list[str]:
+    """What in `words` (after `taskcard`) the parser does not know: a command, an option of
+    the command it is given to, a value that is not one of the option's choices. Optional
+    parts in brackets and alternatives (`init|checkpoint`) are checked each; placeholders
+    pass."""
+    mistakes: list[str] = []
+    positionals = [a for a in parser._actions if not a.option_strings and a.choices]
+    words = [w for word in words for w in [word.strip("[]")] if w]
+    n = 0
+    while n < len(words):
+        word = words[n]
+        n += 1
+        if word in _SHELL_BREAKS:
+            break
+        if _PLACEHOLDER.match(word):
+            continue
+        if word.startswith("-") and word != "-":
+            name, equals, value = word.partition("=")
+            action = _options(parser).get(name)
+            if action is None:
+                mistakes.append(f"{parser.prog} has no option {name}")
+                continue
+            if action.nargs == 0:
+                continue
+            if not equals and n < len(words):
+                value = words[n]
+                n += 1
+            choices = [str(choice) for choice in action.choices or ()]
+            known = {choice.lower() for choice in choices}  # `--log-level DEBUG`: any case
+            for one in value.split("|"):
+                # a choice is often in capitals (`--kind TRANSIENT_NETWORK`): only the
+                # option's own metavar stands for one
+                stands_for = one in ("...", action.metavar, action.dest.upper())
+                if known and not stands_for and one.lower() not in known:
+                    mistakes.append(f"{parser.prog} {name}: {one} is not one of {choices}")
+            continue
+        commands = _subcommands(parser)
+        if commands:
+            alternatives = [one for one in word.split("|") if one != "..."]
+            unknown = [one for one in alternatives if one not in commands]
+            if unknown:
+                mistakes.append(f"{parser.prog} has no command {' or '.join(unknown)}")
+                break
+            if len(alternatives) > 1:
+                break  # `ledger init|checkpoint|...`: each is a command; no options follow
+            parser = commands[word]
+            positionals = [a for a in parser._actions if not a.option_strings and a.choices]
+            continue
+        if positionals:
+            choices = [str(choice) for choice in positionals.pop(0).choices or ()]
+            if word not in choices:
+                mistakes.append(f"{parser.prog}: {word} is not one of {choices}")
+    return mistakes
+
+
+def test_every_command_line_the_docs_show_names_commands_and_options_that_exist() -> None:
+    """A reader copies `taskcard ledger supervise --apply-supervision` or `taskcard reports
+    --after 3` from the docs: a command renamed, an option dropped or a choice that changed
+    would be a usage error for the first person who pastes it. Each line is read against
+    the command line's own parser."""
+    from taskcard.bridge.cli import build_parser
+
+    parser = build_parser()
+    lines = _docs_command_lines()
+    assert len(lines) >= 100, len(lines)
+    assert {words[0] for _doc, words in lines if words} >= {"serve", "card", "ledger", "inbox"}
+    mistakes = [
+        f"{doc}: taskcard {' '.join(words)}: {mistake}"
+        for doc, words in lines
+        for mistake in _command_line_mistakes(parser, words)
+    ]
+    assert mistakes == []
