@@ -578,3 +578,37 @@ def test_every_command_line_the_docs_show_names_commands_and_options_that_exist(
         for mistake in _command_line_mistakes(parser, words)
     ]
     assert mistakes == []
+
+
+def _json_table_fields(cell: str) -> set[str]:
+    """The field names a cell of the `status --json` table gives: each `name` before the
+    first colon of a `;`-separated part (`route`, `channel`: strings; `opened_by`: ...)."""
+    return {name for part in cell.split(";") for name in _NAME.findall(part.split(":", 1)[0])}
+
+
+def test_the_status_json_table_names_every_field_status_prints(tmp_path: Path) -> None:
+    """docs/operators.md's table of `taskcard status --json` is what a script reads it by: it
+    left out the routes' `chat_view`, `chat_orchestrator`, `orchestrator` and `retired`,
+    named only in passing in later sections."""
+    section = (ROOT / "docs" / "operators.md").read_text().split("`--json` for scripts", 1)[1]
+    lines = section.split("\n\n", 1)[1].splitlines()  # the table, indented in its list item
+    rows = [line.strip() for line in lines[: next(n for n, x in enumerate(lines) if "|" not in x)]]
+    table = {
+        first.strip(" `").removesuffix("[]"): cell
+        for first, cell in (row.strip("|").split("|", 1) for row in rows[2:])
+    }
+    (tmp_path / "agents" / "builder").mkdir(parents=True)
+    config = tmp_path / "taskcard.toml"
+    config.write_text(
+        'state_dir = ".taskcard"\n'
+        '[[agents]]\nid = "builder"\nworkdir = "agents/builder"\n'
+        '[[agents]]\nid = "planner"\nworkdir = "agents/planner"\n'  # not made yet
+    )
+    result = run_cli("status", "--config", str(config), "--json")
+    assert result.returncode == 0, result.stderr
+    printed = json.loads(result.stdout)
+    assert set(table) == set(printed)
+    assert {len(printed["routes"]), len(printed["agents"])} == {2}
+    for part in ("routes", "agents"):
+        for item in printed[part]:
+            assert _json_table_fields(table[part]) == set(item), part
