@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
+import itertools
 import json
 import os
 import re
@@ -467,12 +469,12 @@ def _is_taskcard(word: str) -> bool:
     return word == "taskcard" or word.endswith("/bin/taskcard")
 
 
-def _docs_command_lines() -> list[tuple[str, list[str]]]:
-    """Each taskcard command line of the docs, as the words after `taskcard`."""
+def _docs_shell_lines() -> list[tuple[str, list[str]]]:
+    """Each taskcard command of a ```sh block of the docs (what a reader pastes), as the
+    words after `taskcard`."""
     found: list[tuple[str, list[str]]] = []
     for doc in DOCS:
-        text = doc.read_text()
-        for block in re.findall(r"```sh\n(.*?)```", text, re.S):
+        for block in re.findall(r"```sh\n(.*?)```", doc.read_text(), re.S):
             for line in textwrap.dedent(block).replace("\\\n", " ").splitlines():
                 words = shlex.split(line, comments=True)
                 starts = [0] + [n + 1 for n, word in enumerate(words) if word in _SHELL_BREAKS]
@@ -482,7 +484,15 @@ def _docs_command_lines() -> list[tuple[str, list[str]]]:
                     # a path to the command is one wherever it stands (`systemd-run ... PATH`)
                     if (n in starts and word == "taskcard") or word.endswith("/bin/taskcard")
                 ]
-        prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    return found
+
+
+def _docs_command_lines() -> list[tuple[str, list[str]]]:
+    """Each taskcard command line of the docs, as the words after `taskcard`: those of the
+    ```sh blocks and each `taskcard ...` in backticks in the prose."""
+    found = _docs_shell_lines()
+    for doc in DOCS:
+        prose = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)
         for span in re.findall(r"`([^`]+)`", prose):
             # an error message quoted from the CLI (`taskcard card start: argument ...`)
             if ": argument " in span:
@@ -612,3 +622,42 @@ def test_the_status_json_table_names_every_field_status_prints(tmp_path: Path) -
     for part in ("routes", "agents"):
         for item in printed[part]:
             assert _json_table_fields(table[part]) == set(item), part
+
+
+def test_every_command_line_of_a_docs_shell_block_parses_whole(tmp_path: Path) -> None:
+    """A line of a ```sh block is pasted as it stands: besides its names (above), its
+    required arguments must be there and each value of the form its option reads. The
+    agent's folder a line names (`~/agent`, `W`) stands for one that exists; lines with
+    optional parts in brackets show a form, not a line to paste."""
+    from taskcard.bridge.cli import build_parser
+
+    parser = build_parser()
+    folders = {
+        option
+        for action in _all_actions(parser)
+        if action.dest.endswith("workdir") or action.dest == "only_in"
+        for option in action.option_strings
+    }
+    lines = [(doc, words) for doc, words in _docs_shell_lines() if "[" not in " ".join(words)]
+    assert len(lines) >= 30, len(lines)
+    refused = []
+    for doc, words in lines:
+        given = list(itertools.takewhile(lambda word: word not in _SHELL_BREAKS, words))
+        given = [
+            str(tmp_path) if n and given[n - 1] in folders else word for n, word in enumerate(given)
+        ]
+        said = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(said), contextlib.redirect_stdout(io.StringIO()):
+                parser.parse_args(given)
+        except SystemExit as stop:
+            if stop.code:
+                refused.append(f"{doc}: taskcard {' '.join(words)}: {said.getvalue().strip()}")
+    assert refused == []
+
+
+def _all_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    return [
+        *parser._actions,
+        *(action for sub in _subcommands(parser).values() for action in _all_actions(sub)),
+    ]
