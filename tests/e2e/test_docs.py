@@ -661,3 +661,40 @@ def _all_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
         *parser._actions,
         *(action for sub in _subcommands(parser).values() for action in _all_actions(sub)),
     ]
+
+
+# The docs show these as typed wrong on purpose: answered with the option likely meant.
+MISTYPED_CHAT_COMMANDS = {"borad", "off please"}
+
+
+def test_every_chat_command_the_docs_show_is_one_the_service_reads() -> None:
+    """`/taskcard off|on|N`, `/taskcard orchestrator AGENT|off`: an option the docs give
+    people to type must be one `/taskcard` takes, or it is answered as unknown. Each
+    alternative is read (`N` as 1 and as 10, `AGENT` as a name)."""
+    from taskcard.bridge.run.commands import parse_taskcard, suggestion
+
+    shown = []
+    for doc in DOCS:
+        prose = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)
+        shown += [
+            (doc.name, " ".join(span.split()[1:]))
+            for span in re.findall(r"`([^`]+)`", prose)
+            if span.split()[0] == "/taskcard"
+        ]
+    assert len(shown) >= 60, len(shown)
+    stand_in = {"N": ["1", "10"], "AGENT": ["planner"]}
+    unread = []
+    for doc, args in shown:
+        if args in MISTYPED_CHAT_COMMANDS:
+            assert parse_taskcard(args).action == "unknown" and suggestion(args), args
+            continue
+        choices = [
+            [one for word in alternatives.split("|") for one in stand_in.get(word, [word])]
+            for alternatives in args.split()
+        ]
+        unread += [
+            f"{doc}: /taskcard {' '.join(words)}"
+            for words in itertools.product(*choices)
+            if parse_taskcard(" ".join(words)).action == "unknown"
+        ]
+    assert unread == []
