@@ -698,3 +698,42 @@ def test_every_chat_command_the_docs_show_is_one_the_service_reads() -> None:
             if parse_taskcard(" ".join(words)).action == "unknown"
         ]
     assert unread == []
+
+
+def test_a_redis_user_granted_the_operators_list_passes_the_start_and_serves(
+    redis_url: str, prefix: str
+) -> None:
+    """docs/operators.md lists the Redis commands a cluster's ACL user needs. The list gave
+    `INCR` but not the `INCRBY` of the start's own check, which refused such a user, nor
+    `HVALS` (every read of `/metrics`) or `EXISTS` (a Feishu reply checked against the
+    messages the cluster posted), which it met only later, as NOPERM."""
+    import redis
+
+    from taskcard.bridge.cluster.runtime import refused_permissions
+    from taskcard.bridge.store.redis import RedisStore
+
+    text = " ".join((ROOT / "docs" / "operators.md").read_text().split())
+    listed = text.split("and these commands: ", 1)[1].split(". Each start", 1)[0]
+    commands = [name.lower() for name in re.findall(r"`([A-Z]+(?: [A-Z]+)?)`", listed)]
+    assert {"ping", "incr", "script load"} <= set(commands), commands
+    user, password = f"docs-{prefix}", "Pa55-docs"
+    admin = redis.Redis.from_url(redis_url)
+    try:
+        grants = [f"+{name.replace(' ', '|')}" for name in commands]
+        admin.execute_command(
+            "ACL", "SETUSER", user, "on", f">{password}", "resetkeys", f"~{prefix}:*",
+            "resetchannels", f"&{prefix}:*", "-@all", *grants,
+        )  # fmt: skip
+        client = redis.Redis.from_url(
+            redis_url.replace("redis://", f"redis://{user}:{password}@"), decode_responses=True
+        )
+        try:
+            store = RedisStore(client, prefix)
+            assert refused_permissions(store, "docs") == []
+            assert store.notice_counts() == {}
+            assert store.sent_any("feishu", ["om_1"], 0.0) is False
+        finally:
+            client.close()
+    finally:
+        admin.execute_command("ACL", "DELUSER", user)
+        admin.close()
