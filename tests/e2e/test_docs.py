@@ -737,3 +737,30 @@ def test_a_redis_user_granted_the_operators_list_passes_the_start_and_serves(
     finally:
         admin.execute_command("ACL", "DELUSER", user)
         admin.close()
+
+
+def test_ledger_md_names_every_difference_of_the_mcp_tool_from_the_commands() -> None:
+    """docs/ledger.md: the `ledger` tool takes the command line's options as fields, `_`
+    for `-`, "with these differences". It left out `task_id` (the TASK argument) and
+    `--runtime-dir`, which has no field."""
+    from taskcard.bridge.cli import build_parser
+    from taskcard.producers.ledger.mcp_tool import input_schema
+
+    text = " ".join((ROOT / "docs" / "ledger.md").read_text().split())
+    paragraph = text.split("serves a `ledger` tool", 1)[1].split("## The monitor", 1)[0]
+    named = set(_NAME.findall(paragraph))
+    fields = set(input_schema()["properties"])
+    ledger = _subcommands(build_parser())["ledger"]
+    options = {
+        option
+        for command in _subcommands(ledger).values()
+        for action in command._actions
+        for option in action.option_strings
+        if option.startswith("--") and option != "--help"
+    }
+    as_fields = {option[2:].replace("-", "_") for option in options}
+    unsaid = sorted(
+        [option for option in options if option[2:].replace("-", "_") not in fields]
+        + [field for field in fields - as_fields if field != "command"]
+    )
+    assert [name for name in unsaid if not any(name in said for said in named)] == []
