@@ -15,6 +15,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
 
@@ -460,10 +461,12 @@ def acl_user(server: RedisServer, rules: list[str]) -> str:
         (["+@all", "-hset", "~*", "&*"], ["the command HSET", "+hset"]),
         (["+@all", "-xadd", "-evalsha", "~*", "&*"], ["XADD", "EVALSHA", "+xadd +evalsha"]),
         (["+@all", "-multi", "~*", "&*"], ["the command MULTI", "+multi"]),
+        (["+@all", "-hvals", "-exists", "~*", "&*"], ["HVALS", "EXISTS", "+exists +hvals"]),
+        (["+@all", "-incr", "~*", "&*"], ["the command INCR", "+incr"]),
         (["+@all", "~*", "resetchannels"], ["the fleet's channels", "&<key_prefix>:*"]),
         (["+@all", "~someone-else:*", "&*"], ["the fleet's keys", "~<key_prefix>:*"]),
     ],
-    ids=["hset", "xadd-evalsha", "multi", "channels", "keys"],
+    ids=["hset", "xadd-evalsha", "multi", "hvals-exists", "incr", "channels", "keys"],
 )
 def test_a_redis_user_lacking_a_permission_is_refused_at_start_naming_it(
     tmp_path: Path,

@@ -703,10 +703,9 @@ def test_every_chat_command_the_docs_show_is_one_the_service_reads() -> None:
 def test_a_redis_user_granted_the_operators_list_passes_the_start_and_serves(
     redis_url: str, prefix: str
 ) -> None:
-    """docs/operators.md lists the Redis commands a cluster's ACL user needs. The list gave
-    `INCR` but not the `INCRBY` of the start's own check, which refused such a user, nor
-    `HVALS` (every read of `/metrics`) or `EXISTS` (a Feishu reply checked against the
-    messages the cluster posted), which it met only later, as NOPERM."""
+    """docs/operators.md lists the Redis commands a cluster's ACL user needs. The list left
+    out `HVALS` (every read of `/metrics`) and `EXISTS` (a Feishu reply checked against the
+    messages the cluster posted), which such a user met only later, as NOPERM."""
     import redis
 
     from taskcard.bridge.cluster.runtime import refused_permissions
