@@ -60,6 +60,8 @@ class ServiceSnapshot:
     active_pauses: int
     lane_depths: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (channel, chat)
     notices: Mapping[str, int] = field(default_factory=dict)  # state -> count
+    # Why the state store could not be read now (pauses and notices then unknown), or None.
+    store_error: str | None = None
 
 
 SnapshotSource = Callable[[], ServiceSnapshot]
@@ -145,6 +147,9 @@ class ServiceMetrics:
         snapshot = self.snapshot()
         if snapshot is None or not snapshot.running:
             return False, {"status": "unavailable", "reason": "the service loop is not running"}
+        if snapshot.store_error is not None:
+            reason = f"the state store cannot be read ({snapshot.store_error})"
+            return False, {"status": "unavailable", "reason": reason}
         if not snapshot.ready_channels:
             waiting = ", ".join(snapshot.channels) or "none configured"
             return False, {"status": "unavailable", "reason": f"no channel ready ({waiting})"}
@@ -178,11 +183,6 @@ class _LevelCollector(Collector):
             "Agents whose renderer is failing now (the card shows an error).",
             snapshot.agents_faulted,
         )
-        yield GaugeMetricFamily(
-            "taskcard_active_pauses",
-            "Rate-limit pauses in force now (a scope the platform asked us to leave alone).",
-            snapshot.active_pauses,
-        )
         depth = GaugeMetricFamily(
             "taskcard_queue_depth",
             "Work waiting in each chat lane: routes with an undelivered card plus queued texts.",
@@ -191,6 +191,18 @@ class _LevelCollector(Collector):
         for (channel, chat), count in sorted(snapshot.lane_depths.items()):
             depth.add_metric([channel, chat], float(count))
         yield depth
+        yield GaugeMetricFamily(
+            "taskcard_state_store_readable",
+            "1 when the state store answered this scrape; 0 leaves out the levels it holds.",
+            0.0 if snapshot.store_error else 1.0,
+        )
+        if snapshot.store_error is not None:
+            return  # pauses and notices unknown: no number rather than a wrong one
+        yield GaugeMetricFamily(
+            "taskcard_active_pauses",
+            "Rate-limit pauses in force now (a scope the platform asked us to leave alone).",
+            snapshot.active_pauses,
+        )
         notices = GaugeMetricFamily(
             "taskcard_notices", "Notices in the state store by state.", labels=["state"]
         )

@@ -2986,17 +2986,28 @@ class Service:
         the fleet (a few ms at 10,000 agents), which a level needs to be exact; the scraper
         sets the pace, and an unscraped service never pays it."""
         now = self._clock().timestamp()
+        store_error = None
+        try:
+            active_pauses = sum(1 for until in self._store.pauses().values() if until > now)
+            notices = self._store.notice_counts()
+        except Exception as error:
+            # Redis away, or its user may not read: the levels kept in memory still count,
+            # and the page and /healthz say the store cannot be read instead of failing.
+            store_error = one_line_cut(f"{type(error).__name__}: {error}", 200)
+            log.warning("the state store could not be read for /metrics: %s", store_error)
+            active_pauses, notices = 0, {}
         return ServiceSnapshot(
             running=self._running,
             channels=tuple(self._channels),
             ready_channels=tuple(n for n in self._channels if n in self._ready_channels),
             agents_watched=len(self._monitors),
             agents_faulted=sum(1 for m in self._monitors.values() if m.card.error_code),
-            active_pauses=sum(1 for until in self._store.pauses().values() if until > now),
+            active_pauses=active_pauses,
             lane_depths={
                 (lane.channel, lane.chat_id): n for lane, n in self._scheduler.lane_depths().items()
             },
-            notices=self._store.notice_counts(),
+            notices=notices,
+            store_error=store_error,
         )
 
 

@@ -32,6 +32,7 @@ from tests.e2e.test_cluster import (
     replies,
     replies_in,
 )
+from tests.e2e.test_serve_operations import get, sample, until
 from tests.e2e.test_serve_telegram import GROUP
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram
@@ -535,6 +536,49 @@ async def test_a_permission_redis_withdraws_at_run_time_holds_only_the_commands_
     assert serve.logs.count("may not use the command MULTI (NOPERM)") == 1, serve.logs
     assert "Pa55" not in serve.logs
     assert "Traceback" not in serve.logs
+
+
+async def test_metrics_and_healthz_say_the_state_store_cannot_be_read(
+    tmp_path: Path, telegram: FakeTelegram, server: RedisServer, prefix: str
+) -> None:
+    """A scrape while Redis refuses a read the levels need (here `HVALS`, taken away while
+    the fleet runs) failed with a traceback in the log and no page. The page now comes with
+    the levels kept in memory and `taskcard_state_store_readable 0`; `/healthz` is 503 naming
+    the store; both recover when the permission is back."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    url = acl_user(server, ["+@all", "~*", "&*"])
+    metrics = f'[metrics]\nlisten = "127.0.0.1:{port}"'
+    serve = instance(
+        tmp_path, "i0", telegram, ["i0agent"], redis_url=url, prefix=prefix, limits=metrics
+    )
+    with serve:
+        publish(tmp_path / "agents" / "i0agent", "card of i0")
+        await eventually(lambda: telegram.bot_messages(GROUP), timeout_s=60, what="the card")
+        healthy = await until(lambda: _status_is(base + "/healthz", 200), what="a healthy start")
+        assert healthy.json()["status"] == "ok"
+        acl_user(server, ["+@all", "-hvals", "~*", "&*"])
+        page = await until(lambda: get(base + "/metrics"), what="/metrics")
+        assert page.status_code == 200
+        assert sample(page.text, "taskcard_state_store_readable") == 0.0
+        assert sample(page.text, "taskcard_agents_watched") == 1.0
+        assert sample(page.text, "taskcard_notices", state="sent") is None
+        health = await until(lambda: _status_is(base + "/healthz", 503), what="/healthz 503")
+        assert "the state store cannot be read" in health.json()["reason"]
+        assert "hvals" in health.json()["reason"].lower()
+        acl_user(server, ["+@all", "~*", "&*"])
+        await until(lambda: _status_is(base + "/healthz", 200), what="healthy again")
+        page = await until(lambda: get(base + "/metrics"), what="/metrics")
+        assert sample(page.text, "taskcard_state_store_readable") == 1.0
+        assert await serve.aterminate() == 0
+    assert "the state store could not be read for /metrics" in serve.logs
+    assert "Pa55" not in serve.logs
+    assert "Traceback" not in serve.logs
+
+
+async def _status_is(url: str, status: int) -> httpx.Response | None:
+    answer = await get(url)
+    return answer if answer is not None and answer.status_code == status else None
 
 
 async def test_a_notice_whose_record_redis_took_but_answered_late_is_sent(
