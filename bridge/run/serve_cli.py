@@ -1,4 +1,4 @@
-"""`taskcard serve`, `taskcard status` and `taskcard demo`: the operator's commands."""
+"""`taskcard serve`, `taskcard status` and `taskcard config check`: the operator's commands."""
 
 from __future__ import annotations
 
