@@ -703,7 +703,41 @@ def _examined(path: Path, check: Callable[[Path], str | None]) -> str | None:
         )
 
 
+def _loop_at(path: Path) -> Path | None:
+    """The first part of `path` that goes round a loop of symbolic links (a link to itself,
+    or two links to each other), or None. Such a path never exists until the links change:
+    `exists()` answers False and `is_symlink()` True, as for a link to a folder not made
+    yet, so a loop was called a dangling link, or a workdir not made yet."""
+    try:
+        os.stat(path)
+        return None
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            return None
+    for probe in (*reversed(path.parents), path):
+        try:
+            os.stat(probe)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return probe
+    return path
+
+
+def _loop_problem(path: Path, fix: str) -> str | None:
+    """The line that says `path` goes round a loop of links (`_loop_at`), or None."""
+    loop = _loop_at(path)
+    if loop is None:
+        return None
+    where = "" if loop == path else f" at {loop}"
+    return (
+        f"{path} goes round a loop of symbolic links{where} (following them leads back to"
+        f" where they start); fix the link{fix}"
+    )
+
+
 def _root_problem(root: Path) -> str | None:
+    if (loop := _loop_problem(root, " or choose another root")) is not None:
+        return loop
     if root.exists() and not root.is_dir():
         return (
             f"{root} exists and is not a directory; point it at the folder that holds the"
@@ -715,6 +749,8 @@ def _root_problem(root: Path) -> str | None:
 
 
 def _workdir_problem(workdir: Path) -> str | None:
+    if (loop := _loop_problem(workdir, " or point workdir at the agent's folder")) is not None:
+        return loop
     if workdir.exists() and not workdir.is_dir():
         return f"{workdir} exists and is not a directory; point it at the agent's working directory"
     if (blocker := _file_above(workdir)) is not None:
@@ -757,6 +793,8 @@ def _state_dir_problem(state_dir: Path) -> str | None:
             f"{state_dir} is under {pseudo}, a kernel file system where no state is kept; choose"
             " a directory on a disk, such as /var/lib/taskcard"
         )
+    if (loop := _loop_problem(state_dir, " or choose another state_dir")) is not None:
+        return loop
     probe = state_dir
     while not probe.exists():  # the nearest existing ancestor is where it will be created
         if probe.parent == probe:
