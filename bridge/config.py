@@ -1,9 +1,10 @@
 """The service configuration: one TOML file validated once, at the edge, into frozen models.
 
 `load_config` is the only reader. Relative paths (`state_dir`, each agent's `workdir`) are
-resolved against the folder of the config file, so a service started from any directory sees
-the same agents. Every problem is reported as a `ConfigError` whose messages each name the key
-path (`telegram.routes[0].chat_id`) and say how to fix it; nothing is half-loaded.
+resolved against the folder of the config file as its path was given (a link to the file
+is not followed), so a service started from any directory sees the same agents. Every
+problem is reported as a `ConfigError` whose messages each name the key path
+(`telegram.routes[0].chat_id`) and say how to fix it; nothing is half-loaded.
 
 Every number has a documented range (a timeout of 1e12 seconds passes a type check and breaks
 the service hours later), every URL is checked for its form, and `load_config` also checks the
@@ -1192,7 +1193,10 @@ def load_config(path: Path, *, reload: bool = False) -> ServiceConfig:
     # An anonymous pipe (`--config <(...)`) or /dev/null has no folder of its own: its
     # folder is /proc/<pid>/fd or /dev, where no state can be kept. Relative paths start at
     # the current folder then, where such a command is run. A named pipe keeps its folder.
-    base_dir = path.resolve().parent
+    # The folder of the path as given, links not followed: a file linked into place
+    # (/etc/taskcard/taskcard.toml -> /srv/releases/7/taskcard.toml) keeps its state and
+    # workdirs beside the link, where the operator reads the file, not beside each target.
+    base_dir = path.absolute().parent
     if not regular and _pseudo_root(base_dir) is not None:
         base_dir = Path.cwd()
     config = parse_config(data, base_dir=base_dir, source=str(path))

@@ -5,11 +5,12 @@ carelessly. Driven through the CLI (`config check`, `serve --check`) as an opera
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_cli import AGENT, console_config, refused_by_every_command
+from tests.e2e.test_cli import AGENT, console_config, refused_by_every_command, taskcard
 
 
 @pytest.mark.parametrize("key", ["state_dir", "agents[0].workdir", "discover.roots[0]"])
@@ -40,3 +41,24 @@ def test_a_path_that_is_a_loop_of_links_is_called_a_loop(tmp_path: Path, key: st
                 "fix the link or choose another root",
             )
         ), line
+
+
+def test_relative_paths_of_a_config_reached_through_a_link_start_beside_the_link(
+    tmp_path: Path,
+) -> None:
+    """A config file linked into place (/etc/taskcard/taskcard.toml -> a release folder)
+    had its relative paths resolved beside the link's target: its state and workdirs moved
+    with each release. They start at the folder of the path the operator gave."""
+    release = tmp_path / "release"
+    release.mkdir()
+    (release / "taskcard.toml").write_text('state_dir = ".taskcard"\n' + AGENT)
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    link = etc / "taskcard.toml"
+    link.symlink_to(os.path.relpath(release / "taskcard.toml", etc))
+    result = taskcard("config", "check", str(link))
+    assert result.returncode == 0, result.stderr
+    assert (
+        f"note: agent builder: workdir {etc}/agents/builder does not exist yet" in result.stdout
+    ), result.stdout
+    assert str(release / "agents") not in result.stdout
