@@ -15,7 +15,7 @@ import os
 import signal
 import stat
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -85,7 +85,38 @@ def nothing_served(config: ServiceConfig) -> list[str]:
         + _nobody_allowed(config)
         + _unusual_feishu_chats(config)
         + _repeated_route_agents(config)
+        + _repeated_ids(config)
     )
+
+
+def _repeated_ids(config: ServiceConfig) -> list[str]:
+    """A chat listed twice in a channel's `origin_chats`, or a person twice in a route's
+    `allowed_user_ids`: both are sets (the repeat is taken once, so nothing changes), but a
+    repeat is likely a slip for the id meant, said once per repeat with both positions.
+    The id is not quoted: a value pasted under the wrong key may be a secret."""
+    lists: list[tuple[str, Sequence[object]]] = []
+    for section in ("telegram", "feishu"):
+        channel = getattr(config, section)
+        if channel is None:
+            continue
+        lists.append((f"{section}.origin_chats", channel.origin_chats))
+        for index, route in enumerate(channel.routes):
+            if route.allowed_user_ids is not None:
+                lists.append(
+                    (f"{section}.routes[{index}].allowed_user_ids", route.allowed_user_ids)
+                )
+    warnings: list[str] = []
+    for key, values in lists:
+        first: dict[object, int] = {}
+        for position, value in enumerate(values):
+            if value in first:
+                warnings.append(
+                    f"{key}[{position}]: the same id as {key}[{first[value]}]; it is taken"
+                    " once, so remove the repeat (or write the id you meant there)"
+                )
+            else:
+                first[value] = position
+    return warnings
 
 
 def _repeated_route_agents(config: ServiceConfig) -> list[str]:

@@ -13,6 +13,39 @@ import pytest
 from tests.e2e.test_cli import AGENT, console_config, refused_by_every_command, taskcard
 
 
+def test_a_repeated_origin_chat_or_allowed_user_is_warned_of_with_both_positions(
+    tmp_path: Path,
+) -> None:
+    """`origin_chats` and `allowed_user_ids` are sets: a repeat changes nothing, so it is
+    taken, but it is likely a slip for the id meant (a chat or a person left out), and it
+    passed silently. Each repeat is warned of once, naming the key, both positions and the
+    fix, on both platforms, without quoting the id."""
+    extra = (
+        "[telegram]\norigin_chats = [-1001, -1002, -1001]\n"
+        '[[telegram.routes]]\nchat_id = -1003\nagents = ["*"]\n'
+        "allowed_user_ids = [11, 12, 11, 11]\n"
+        '[feishu]\norigin_chats = ["oc_aaa", "oc_aaa"]\n'
+        '[[feishu.routes]]\nchat_id = "oc_bbb"\nagents = ["*"]\n'
+        'allowed_user_ids = ["ou_ccc", "ou_ddd", "ou_ccc"]\n'
+    )
+    config = console_config(tmp_path, AGENT, extra=extra)
+    result = taskcard("config", "check", str(config))
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "the same id as" in line]
+    fix = "it is taken once, so remove the repeat (or write the id you meant there)"
+    assert warnings == [
+        f"warning: telegram.origin_chats[2]: the same id as telegram.origin_chats[0]; {fix}",
+        "warning: telegram.routes[0].allowed_user_ids[2]: the same id as"
+        f" telegram.routes[0].allowed_user_ids[0]; {fix}",
+        "warning: telegram.routes[0].allowed_user_ids[3]: the same id as"
+        f" telegram.routes[0].allowed_user_ids[0]; {fix}",
+        f"warning: feishu.origin_chats[1]: the same id as feishu.origin_chats[0]; {fix}",
+        "warning: feishu.routes[0].allowed_user_ids[2]: the same id as"
+        f" feishu.routes[0].allowed_user_ids[0]; {fix}",
+    ], result.stderr
+    assert "oc_aaa" not in result.stderr and "ou_ccc" not in result.stderr
+
+
 @pytest.mark.parametrize("key", ["state_dir", "agents[0].workdir", "discover.roots[0]"])
 def test_a_path_that_is_a_loop_of_links_is_called_a_loop(tmp_path: Path, key: str) -> None:
     """A path key naming a symbolic link to itself (or two links to each other) was "a
