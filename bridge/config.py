@@ -24,6 +24,7 @@ import ipaddress
 import json
 import os
 import re
+import socket
 import stat
 import sys
 import tomllib
@@ -841,13 +842,9 @@ def _endpoint_problems(config: ServiceConfig) -> list[str]:
             problems.append(
                 f'feishu.webhook.path: {shown} is not a request path; use e.g. "/feishu/events"'
             )
-        if not _is_host(webhook.host):
-            # Quoted without what comes before an @ (`user:password@0.0.0.0`).
-            shown = repr(_URL_USERINFO.sub("***@", "//" + webhook.host)[2:])
-            problems.append(
-                f"feishu.webhook.host: {shown} is not an IP address or host name;"
-                ' use e.g. "127.0.0.1" or "0.0.0.0"'
-            )
+        host_problem = _listen_host_problem(webhook.host)
+        if host_problem is not None:
+            problems.append(f"feishu.webhook.host: {host_problem}")
     for key, value in urls:
         problem = url_problem(value)
         if problem is None and key == "feishu.domain":
@@ -886,16 +883,55 @@ def _origin_problem(value: str) -> str | None:
 
 
 _HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+_HOST_EXAMPLES = 'e.g. "127.0.0.1" (this machine only) or "0.0.0.0" (every address)'
 
 
-def _is_host(value: str) -> bool:
+def _listen_host_problem(value: str) -> str | None:
+    """Why `value` is not an address the webhook server can be told to listen on (an IP
+    address, or a name the resolver looks up), or None when it is.
+
+    A name whose last part is a number is none: `"5"` or `"127.1"` passed as host names,
+    yet the resolver reads them as the IPv4 shorthand (0.0.0.5, 127.0.0.1), so `"5"` failed
+    only at the bind. An address in brackets or with its port is said as such, with the key
+    to move the port to. Quoted without what comes before an @ (`user:password@0.0.0.0`).
+    """
+    shown = repr(_URL_USERINFO.sub("***@", "//" + value)[2:])
     try:
         ipaddress.ip_address(value)
-        return True
+        return None
     except ValueError:
         pass
-    labels = value.removesuffix(".").split(".")
-    return 0 < len(value) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels)
+    if "@" not in value:
+        if value.startswith("[") and value.endswith("]"):
+            try:
+                ipaddress.IPv6Address(value[1:-1])
+            except ValueError:
+                pass
+            else:
+                return f"{shown} is in brackets; write the IPv6 address alone, as {value[1:-1]!r}"
+        host, sep, port = value.rpartition(":")
+        if sep and port.isdigit() and _listen_host_problem(host.strip("[]")) is None:
+            return (
+                f"{shown} holds a port; write the address alone here, as"
+                f" {host.strip('[]')!r}, and the port in feishu.webhook.port"
+            )
+    try:
+        ascii_name = value.removesuffix(".").encode("idna").decode("ascii")
+    except UnicodeError:
+        ascii_name = ""
+    labels = ascii_name.split(".")
+    if not (0 < len(ascii_name) <= 253 and all(_HOST_LABEL.fullmatch(x) for x in labels)):
+        return f"{shown} is not an IP address or host name; use {_HOST_EXAMPLES}"
+    if labels[-1].isdigit():
+        try:
+            read_as = f", and the resolver reads it as {socket.inet_ntoa(socket.inet_aton(value))}"
+        except OSError:
+            read_as = ""
+        return (
+            f"{shown} is not a full IPv4 address (no host name ends in a number{read_as});"
+            f" write all four numbers, {_HOST_EXAMPLES}"
+        )
+    return None
 
 
 # Far more than a fleet of 10,000 agents takes; a bound so that `--config /dev/zero` (or any

@@ -21,6 +21,14 @@ def _ascii_host(host: str) -> str:
         return ""
 
 
+def _is_ipv4(host: str) -> bool:
+    try:
+        ipaddress.IPv4Address(host)
+    except ValueError:
+        return False
+    return True
+
+
 def parse_listen(value: str) -> tuple[str, int]:
     """`host:port` (`[v6]:port` for IPv6) as a (host, port) pair; ValueError names the fix.
 
@@ -60,6 +68,14 @@ def parse_listen(value: str) -> tuple[str, int]:
         raise ValueError(
             f"{value!r}: {host!r} is not an IP address or host name; write for example"
             ' "127.0.0.1:9464" (this machine only) or "0.0.0.0:9464" (every address)'
+        )
+    elif _ascii_host(host).split(".")[-1].isdigit() and not _is_ipv4(host):
+        # `"5:9464"`, `"127.1:9464"`: no host name ends in a number; the resolver reads them
+        # as the IPv4 shorthand (0.0.0.5), so they passed and failed only at the bind.
+        raise ValueError(
+            f"{value!r}: {host!r} is not a full IPv4 address (no host name ends in a number);"
+            ' write all four numbers, e.g. "127.0.0.1:9464" (this machine only) or'
+            ' "0.0.0.0:9464" (every address)'
         )
     if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
         raise ValueError(f"{value!r}: the port must be a number from 1 to 65535")

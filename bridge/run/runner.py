@@ -81,6 +81,7 @@ def nothing_served(config: ServiceConfig) -> list[str]:
     return (
         _shown_nowhere(config)
         + _webhook_not_served(config)
+        + _webhook_port_any(config)
         + _bot_root_doubted(config)
         + _nobody_allowed(config)
         + _unusual_feishu_chats(config)
@@ -234,6 +235,20 @@ def _webhook_not_served(config: ServiceConfig) -> list[str]:
         f"feishu.webhook: set, but feishu.events is {feishu.events!r}, so no webhook is"
         ' served and Feishu\'s callbacks find nothing listening; set events = "webhook" to'
         " receive commands there, or remove the [feishu.webhook] table"
+    ]
+
+
+def _webhook_port_any(config: ServiceConfig) -> list[str]:
+    """`feishu.webhook.port = 0` while the webhook is served: the system picks a free port at
+    each start, which the proxy in front and the callback URL set in Feishu cannot follow. A
+    warning, not a refusal: 0 is a valid port to bind (tests and a port found by hand)."""
+    feishu = config.feishu
+    if feishu is None or feishu.events != "webhook" or feishu.webhook.port != 0:
+        return []
+    return [
+        "feishu.webhook.port: 0 binds whatever port is free at each start, so the proxy in"
+        " front and the callback URL set in Feishu cannot know it; give the port they forward"
+        " to (e.g. 8088)"
     ]
 
 

@@ -95,3 +95,87 @@ def test_relative_paths_of_a_config_reached_through_a_link_start_beside_the_link
         f"note: agent builder: workdir {etc}/agents/builder does not exist yet" in result.stdout
     ), result.stdout
     assert str(release / "agents") not in result.stdout
+
+
+WEBHOOK = AGENT + '[feishu]\nevents = "webhook"\n[[feishu.routes]]\nchat_id = "oc_aaa"\n'
+WEBHOOK += 'agents = ["*"]\n[feishu.webhook]\n'
+
+
+@pytest.mark.parametrize(
+    ("body", "key", "words"),
+    [
+        (
+            WEBHOOK + 'host = "5"\n',
+            "feishu.webhook.host",
+            "'5' is not a full IPv4 address (no host name ends in a number, and the resolver"
+            ' reads it as 0.0.0.5); write all four numbers, e.g. "127.0.0.1"',
+        ),
+        (
+            WEBHOOK + 'host = "127.1"\n',
+            "feishu.webhook.host",
+            "'127.1' is not a full IPv4 address (no host name ends in a number, and the"
+            " resolver reads it as 127.0.0.1)",
+        ),
+        (
+            WEBHOOK + 'host = "0.0.0.0:8088"\n',
+            "feishu.webhook.host",
+            "'0.0.0.0:8088' holds a port; write the address alone here, as '0.0.0.0', and the"
+            " port in feishu.webhook.port",
+        ),
+        (
+            WEBHOOK + 'host = "[::1]"\n',
+            "feishu.webhook.host",
+            "'[::1]' is in brackets; write the IPv6 address alone, as '::1'",
+        ),
+        (
+            '[metrics]\nlisten = "5:9464"\n' + AGENT,
+            "metrics.listen",
+            "'5:9464': '5' is not a full IPv4 address (no host name ends in a number)",
+        ),
+        (
+            WEBHOOK + "port = 65536\n",
+            "feishu.webhook.port",
+            "Input should be less than or equal to 65535 (got 65536)",
+        ),
+        (
+            WEBHOOK + 'port = "8088"\n',
+            "feishu.webhook.port",
+            "Input should be a valid integer (got a string); write the number without quotes",
+        ),
+    ],
+    ids=[
+        "a-number",
+        "ipv4-shorthand",
+        "with-its-port",
+        "ipv6-in-brackets",
+        "listen",
+        "65536",
+        "text",
+    ],
+)
+def test_a_listen_address_that_is_no_address_is_refused_saying_what_to_write(
+    tmp_path: Path, body: str, key: str, words: str
+) -> None:
+    """`feishu.webhook.host = "5"` (or `"127.1"`, `metrics.listen = "5:9464"`) passed as a
+    host name, yet no host name ends in a number: the resolver reads the IPv4 shorthand, so
+    the webhook bound 0.0.0.5, and failed, only at the start. An address given with its
+    port, or an IPv6 address in brackets as a URL writes it, was "not an IP address or host
+    name" without the fix. A port out of range or in quotes stays refused."""
+    config = console_config(tmp_path, extra=body)
+    result = taskcard("config", "check", str(config))
+    assert result.returncode == 2, result.stdout + result.stderr
+    line = next(line for line in result.stderr.splitlines() if f" {key}: " in line)
+    assert line.split(f" {key}: ", 1)[1].startswith(words), line
+
+
+def test_a_webhook_on_port_0_is_warned_of(tmp_path: Path) -> None:
+    """Port 0 binds whatever port is free at each start: valid to bind, but the proxy in
+    front and the callback URL set in Feishu cannot follow it. It passed without a word."""
+    config = console_config(tmp_path, extra=WEBHOOK + "port = 0\n")
+    result = taskcard("config", "check", str(config))
+    assert result.returncode == 0, result.stderr
+    assert (
+        "warning: feishu.webhook.port: 0 binds whatever port is free at each start, so the"
+        " proxy in front and the callback URL set in Feishu cannot know it; give the port they"
+        " forward to (e.g. 8088)"
+    ) in result.stderr.splitlines(), result.stderr
