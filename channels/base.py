@@ -815,6 +815,34 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _SECRET_SHAPED = re.compile(r"(?=[A-Za-z0-9]*[0-9])[A-Za-z0-9]{24,}")
 
 
+def secret_value_problem(value: str, what: str) -> str | None:
+    """Why the value of a secret's variable, white space around it already removed, cannot
+    be `what` whatever the platform (None: it may be): the slips of writing a variable by
+    hand. Each reason is said without the value, which is a secret.
+
+    Quotes around it are kept as part of the value by `docker run --env-file`, a Kubernetes
+    secret or a unit's `Environment=` quoted twice; a `Bearer ` prefix is an HTTP header's
+    word copied along; white space inside is two values pasted together, or a line break
+    inside the secret. (A trailing line break, as `echo` and files add, is taken: the
+    reader strips white space around the value.)"""
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+        return (
+            f"the {what} is in quotes, which are kept as part of the value (as"
+            " `docker run --env-file` and a Kubernetes secret keep them); remove the quotes"
+        )
+    if value[:7].lower() == "bearer ":
+        return (
+            f"it starts with 'Bearer ', a request header's word, not part of the {what};"
+            f" give the {what} alone"
+        )
+    if any(char.isspace() for char in value):
+        return (
+            f"it has white space inside (a line break, or two values pasted together); copy"
+            f" the {what} again, alone"
+        )
+    return None
+
+
 def check_env_name(name: str) -> str:
     """A usable environment variable name for a `*_env` key, else a fixable error.
 

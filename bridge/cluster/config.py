@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from taskcard.channels.base import EnvName, env_name_shown
+from taskcard.channels.base import EnvName, env_name_shown, secret_value_problem
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _SCHEMES = ("redis", "rediss", "unix")
@@ -137,6 +137,12 @@ def resolve_redis_url(config: ClusterConfig, env: Mapping[str, str]) -> str:
             f"cluster.redis_url_env: the environment variable"
             f" {env_name_shown(config.redis_url_env)} is not"
             " set; export the Redis URL there (redis://:password@host:6379/0)"
+        )
+    form = secret_value_problem(value, "Redis URL")
+    if form is not None:
+        raise ClusterUrlMissing(
+            f"cluster.redis_url_env: the environment variable"
+            f" {env_name_shown(config.redis_url_env)} does not hold a usable Redis URL: {form}"
         )
     problem = redis_url_problem(value)
     if problem:

@@ -13,13 +13,21 @@ from dataclasses import dataclass
 from typing import Final, Protocol
 
 from taskcard.bridge.config import ServiceConfig
-from taskcard.channels.base import Channel, ChatRef, CursorStore, RouteView, env_name_shown
+from taskcard.channels.base import (
+    Channel,
+    ChatRef,
+    CursorStore,
+    RouteView,
+    env_name_shown,
+    secret_value_problem,
+)
 
 
 class SecretMissing(Exception):
     """A secret environment variable the configuration names is unset, empty, or does not
-    hold a value of the secret's form. `messages` holds one line per such variable: every
-    one is named at once, not one per start."""
+    hold a value of the secret's form (white space around a value is taken off first: a
+    trailing line break from a file or an `echo` is no mistake). `messages` holds one line
+    per such variable: every one is named at once, not one per start."""
 
     def __init__(self, *messages: str) -> None:
         self.messages = list(messages)
@@ -69,7 +77,44 @@ def _need(env: Mapping[str, str], key_path: str, variable: str, what: str) -> st
             f" the {what} "
             f"there (or point {key_path} at the variable that holds it)"
         )
+    problem = _value_problem(key_path, value, what)
+    if problem is not None:
+        article = "an" if what[0] in "aeiou" else "a"
+        raise SecretMissing(
+            f"{key_path}: the environment variable {env_name_shown(variable)} does not hold"
+            f" {article} {what}: {problem}"
+        )
     return value
+
+
+# A bot token from @BotFather: the bot's id, a colon, 35 characters of [A-Za-z0-9_-].
+_TELEGRAM_TOKEN_FORM: Final = re.compile(r"[0-9]{5,}:[A-Za-z0-9_-]{30,}")
+
+
+def _value_problem(key_path: str, value: str, what: str) -> str | None:
+    """Why a secret's value (white space around it removed) is not the `what` that
+    `key_path` names, without quoting it: a slip any secret can carry (quotes, `Bearer `,
+    white space inside), or a credential of the other platform, or of the other key."""
+    problem = secret_value_problem(value, what)
+    if problem is not None:
+        return problem
+    if key_path.startswith("telegram.") and value.startswith("cli_"):
+        return (
+            "it is a Feishu app id (cli_...); point telegram.token_env at the variable that"
+            " holds the bot token from @BotFather"
+        )
+    if key_path.startswith("feishu.") and _TELEGRAM_TOKEN_FORM.fullmatch(value):
+        return (
+            "it has a Telegram bot token's form (the bot's id, a colon, then letters); point"
+            f" {key_path} at the variable that holds the Feishu {what}"
+        )
+    if key_path == "feishu.app_secret_env" and value.startswith("cli_"):
+        return (
+            "it is an app id (cli_...); the variables of feishu.app_id_env and"
+            " feishu.app_secret_env may be swapped: the secret is the other value on the"
+            " app's Credentials page"
+        )
+    return None
 
 
 def _expand(agents: Sequence[str], config: ServiceConfig) -> tuple[str, ...]:
@@ -205,7 +250,8 @@ def _feishu_secrets(
     config: ServiceConfig, env: Mapping[str, str]
 ) -> tuple[str, str, str | None, str | None]:
     """The app id, app secret, verification token (webhook only) and encrypt key (webhook,
-    optional); `SecretMissing` naming every required variable that is unset or empty."""
+    optional); `SecretMissing` naming every required variable that is unset or empty, and
+    every variable whose value is not of its secret's form (`_value_problem`)."""
     assert config.feishu is not None
     section = config.feishu
     wanted = [
@@ -227,13 +273,19 @@ def _feishu_secrets(
             found.append(_need(env, key_path, variable, what))
         except SecretMissing as problem:
             missing += problem.messages
+    encrypt_key: str | None = None
+    variable = section.webhook.encrypt_key_env
+    # Optional: unset or empty is only a warning (`optional_secrets_unset`), but a value
+    # given is checked as the others are.
+    if section.events == "webhook" and env.get(variable, "").strip():
+        try:
+            encrypt_key = _need(env, "feishu.webhook.encrypt_key_env", variable, "encrypt key")
+        except SecretMissing as problem:
+            missing += problem.messages
     if missing:
         raise SecretMissing(*missing)
     app_id, app_secret = found[0], found[1]
     verification_token: str | None = found[2] if len(found) > 2 else None
-    encrypt_key: str | None = None
-    if section.events == "webhook":
-        encrypt_key = env.get(section.webhook.encrypt_key_env, "").strip() or None
     return app_id, app_secret, verification_token, encrypt_key
 
 

@@ -179,3 +179,130 @@ def test_a_webhook_on_port_0_is_warned_of(tmp_path: Path) -> None:
         " proxy in front and the callback URL set in Feishu cannot know it; give the port they"
         " forward to (e.g. 8088)"
     ) in result.stderr.splitlines(), result.stderr
+
+
+SECRETS = {
+    "TC_G_TOKEN": "123456:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw",
+    "TC_G_APP_ID": "cli_a1b2c3d4e5f6a7b8",
+    "TC_G_SECRET": "Zx8yQe3vT1uWb7LmZx8yQe3vT1uWb7Lm",
+    "TC_G_VERIFY": "vErIfYtOkEn1234567",
+    "TC_G_ENCRYPT": "eNcRyPtKeY4567890",
+}
+SECRET_CONFIG = (
+    '[telegram]\ntoken_env = "TC_G_TOKEN"\n'
+    '[[telegram.routes]]\nchat_id = -100123\nagents = ["*"]\n'
+    '[feishu]\napp_id_env = "TC_G_APP_ID"\napp_secret_env = "TC_G_SECRET"\nevents = "webhook"\n'
+    '[feishu.webhook]\nverification_token_env = "TC_G_VERIFY"\n'
+    'encrypt_key_env = "TC_G_ENCRYPT"\n'
+    '[[feishu.routes]]\nchat_id = "oc_aaa"\nagents = ["*"]\n'
+)
+
+
+def _secret_check(tmp_path: Path, env: dict[str, str]) -> tuple[int, str, str]:
+    (tmp_path / "agents" / "builder").mkdir(parents=True, exist_ok=True)
+    config = console_config(tmp_path, AGENT, extra=SECRET_CONFIG)
+    result = taskcard("serve", "--config", str(config), "--check", env={**SECRETS, **env})
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.returncode, result.stdout, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "setting", "words"),
+    [
+        (
+            "TC_G_TOKEN",
+            f'"{SECRETS["TC_G_TOKEN"]}"',
+            "telegram.token_env",
+            "does not hold a bot token: the bot token is in quotes, which are kept as part of"
+            " the value",
+        ),
+        (
+            "TC_G_SECRET",
+            f"'{SECRETS['TC_G_SECRET']}'",
+            "feishu.app_secret_env",
+            "does not hold an app secret: the app secret is in quotes",
+        ),
+        (
+            "TC_G_VERIFY",
+            f"Bearer {SECRETS['TC_G_VERIFY']}",
+            "feishu.webhook.verification_token_env",
+            "does not hold an event verification token: it starts with 'Bearer ', a request"
+            " header's word, not part of the event verification token; give the event"
+            " verification token alone",
+        ),
+        (
+            "TC_G_TOKEN",
+            f"Bearer {SECRETS['TC_G_TOKEN']}",
+            "telegram.token_env",
+            "does not hold a bot token: it starts with 'Bearer '",
+        ),
+        (
+            "TC_G_ENCRYPT",
+            f"{SECRETS['TC_G_ENCRYPT']}\n{SECRETS['TC_G_ENCRYPT']}",
+            "feishu.webhook.encrypt_key_env",
+            "does not hold an encrypt key: it has white space inside",
+        ),
+        (
+            "TC_G_APP_ID",
+            SECRETS["TC_G_TOKEN"],
+            "feishu.app_id_env",
+            "does not hold an app id: it has a Telegram bot token's form (the bot's id, a"
+            " colon, then letters); point feishu.app_id_env at the variable that holds the"
+            " Feishu app id",
+        ),
+        (
+            "TC_G_TOKEN",
+            SECRETS["TC_G_APP_ID"],
+            "telegram.token_env",
+            "does not hold a bot token: it is a Feishu app id (cli_...); point"
+            " telegram.token_env at the variable that holds the bot token from @BotFather",
+        ),
+        (
+            "TC_G_SECRET",
+            SECRETS["TC_G_APP_ID"],
+            "feishu.app_secret_env",
+            "does not hold an app secret: it is an app id (cli_...); the variables of"
+            " feishu.app_id_env and feishu.app_secret_env may be swapped",
+        ),
+    ],
+    ids=[
+        "token-in-quotes",
+        "secret-in-single-quotes",
+        "verify-bearer",
+        "token-bearer",
+        "encrypt-key-two-lines",
+        "telegram-token-as-app-id",
+        "app-id-as-telegram-token",
+        "app-id-as-secret",
+    ],
+)
+def test_a_secret_variable_written_carelessly_is_refused_naming_the_variable_not_the_value(
+    tmp_path: Path, variable: str, value: str, setting: str, words: str
+) -> None:
+    """A secret's variable holding the secret in quotes (kept by `docker run --env-file`),
+    after `Bearer `, as two lines, or holding the other platform's credential (or the app id
+    where the secret belongs) was taken: the channel started and every request was refused
+    by the platform, or, for a quoted or `Bearer ` bot token, refused as a token with "a
+    space, a quote, ..." without saying which. Each is refused by `serve --check` (and
+    `serve`), naming the setting and the variable and the slip, never the value."""
+    code, stdout, stderr = _secret_check(tmp_path, {variable: value})
+    assert code == 2, stdout + stderr
+    [line] = [line for line in stderr.splitlines() if line.startswith(f"  - {setting}: ")]
+    assert line.startswith(f"  - {setting}: the environment variable {variable} {words}"), line
+    assert value.strip("'\"").split()[-1] not in stdout + stderr
+
+
+def test_a_redis_url_in_quotes_is_refused_as_quoted_not_as_another_scheme(
+    tmp_path: Path,
+) -> None:
+    """A quoted Redis URL was told it "must start with redis://", which it seems to; the
+    quotes are named, and the URL (it may hold a password) is not quoted back."""
+    config = console_config(tmp_path, AGENT, extra='[cluster]\nredis_url_env = "TC_G_REDIS"\n')
+    url = "redis://:Pa55w0rd-x@127.0.0.1:6379/0"
+    result = taskcard("serve", "--config", str(config), "--check", env={"TC_G_REDIS": f"'{url}'"})
+    assert result.returncode == 2, result.stderr
+    assert (
+        "  - cluster.redis_url_env: the environment variable TC_G_REDIS does not hold a usable"
+        " Redis URL: the Redis URL is in quotes, which are kept as part of the value"
+    ) in result.stderr, result.stderr
+    assert "Pa55w0rd" not in result.stderr + result.stdout
