@@ -883,7 +883,9 @@ def _one_of(
     is not a choice stops the command (exit 2) instead of being ignored without a word."""
 
     def parse(text: str) -> str:
-        value = normal(text)
+        # White space around a word is no mistake (a variable's value from an env file, with
+        # its line break); the word itself is checked.
+        value = normal(text.strip())
         if value not in choices:
             raise argparse.ArgumentTypeError(
                 f"{text!r} is not one of {', '.join(choices)} (the option, or {variable}"

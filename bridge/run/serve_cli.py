@@ -666,9 +666,17 @@ def _config_option(parser: argparse.ArgumentParser) -> None:
         "--config",
         "-c",
         type=config_path,
-        default=os.environ.get("TASKCARD_CONFIG") or None,
+        default=config_from_environment(),
         help="the TOML configuration (env TASKCARD_CONFIG)",
     )
+
+
+def config_from_environment() -> str | None:
+    """`TASKCARD_CONFIG` without the line breaks it may end in (an env file's value, or one
+    written with `echo`): no file name is meant to end in one, and the file was refused as
+    "no such file" under a name with a line break in it. Spaces are kept: a path may hold
+    them."""
+    return os.environ.get("TASKCARD_CONFIG", "").rstrip("\r\n") or None
 
 
 def config_path(text: str) -> str:
@@ -735,7 +743,7 @@ def register(subparsers: Any) -> None:
         metavar="FILE",
         nargs="?",
         type=config_path,
-        default=os.environ.get("TASKCARD_CONFIG") or None,
+        default=config_from_environment(),
         help="the TOML configuration (default: $TASKCARD_CONFIG)",
     )
     check.set_defaults(handler=_config_check)

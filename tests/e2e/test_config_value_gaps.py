@@ -292,6 +292,34 @@ def test_a_secret_variable_written_carelessly_is_refused_naming_the_variable_not
     assert value.strip("'\"").split()[-1] not in stdout + stderr
 
 
+def test_a_secret_or_a_taskcard_variable_with_a_line_break_or_spaces_around_is_taken(
+    tmp_path: Path,
+) -> None:
+    """White space around a value is no mistake: a file read into a variable, an env file,
+    `echo` leave a line break at its end. The secrets are taken as they were; a
+    TASKCARD_CONFIG ending in a line break was "no such file" about a name with the break
+    in it, and a TASKCARD_LOG_LEVEL of "info" and a line break a usage error."""
+    padded = {name: f" {value}\n" for name, value in SECRETS.items()}
+    code, stdout, stderr = _secret_check(tmp_path, padded)
+    assert code == 0 and stdout.endswith(": valid\n"), stderr
+    config = tmp_path / "taskcard.toml"
+    result = taskcard(
+        "serve",
+        "--check",
+        env={
+            **SECRETS,
+            "TASKCARD_CONFIG": f"{config}\n",
+            "TASKCARD_LOG_LEVEL": "info\n",
+            "TASKCARD_LOG_FORMAT": " json\n",
+        },
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"{config}: valid", result.stdout
+    result = taskcard("config", "check", env={"TASKCARD_CONFIG": f"{config}\r\n"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"{config}: valid;"), result.stdout
+
+
 def test_a_redis_url_in_quotes_is_refused_as_quoted_not_as_another_scheme(
     tmp_path: Path,
 ) -> None:
