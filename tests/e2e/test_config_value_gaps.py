@@ -6,11 +6,16 @@ carelessly. Driven through the CLI (`config check`, `serve --check`) as an opera
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.harness import ServeProcess, eventually
 from tests.e2e.test_cli import AGENT, console_config, refused_by_every_command, taskcard
+from tests.e2e.test_reload_routes import FEISHU_CHATS, TELEGRAM_CHATS, WAIT_S, write_config
+from tests.fakes.feishu_api import FakeFeishu
+from tests.fakes.telegram_api import FakeTelegram
 
 
 def test_a_repeated_origin_chat_or_allowed_user_is_warned_of_with_both_positions(
@@ -334,3 +339,42 @@ def test_a_redis_url_in_quotes_is_refused_as_quoted_not_as_another_scheme(
         " Redis URL: the Redis URL is in quotes, which are kept as part of the value"
     ) in result.stderr, result.stderr
     assert "Pa55w0rd" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize("platform", ["telegram", "feishu"])
+async def test_a_reload_warns_of_a_repeated_id_and_refuses_a_workdir_that_loops(
+    tmp_path: Path, platform: str, telegram: FakeTelegram, feishu: FakeFeishu
+) -> None:
+    """What `config check` says, a running service says at a SIGHUP: a repeated origin chat
+    is taken with the warning, and a new agent whose workdir is a loop of links refuses the
+    reload as a loop (it was taken as a folder not made yet), the running agents kept."""
+    fake: FakeTelegram | FakeFeishu = telegram if platform == "telegram" else feishu
+    chat, origin = TELEGRAM_CHATS if platform == "telegram" else FEISHU_CHATS
+    config, env = write_config(tmp_path, fake, [(chat, ["alpha"])])
+    with ServeProcess(config, env={**env, "TASKCARD_LOG_LEVEL": "INFO"}) as serve:
+        assert serve.proc is not None
+        await eventually(
+            lambda: f"channel {platform} ready" in serve.logs, timeout_s=WAIT_S, what="the start"
+        )
+        write_config(tmp_path, fake, [(chat, ["alpha"])], origin_chats=(origin, origin))
+        serve.proc.send_signal(signal.SIGHUP)
+        warning = (
+            f"{platform}.origin_chats[1]: the same id as {platform}.origin_chats[0]; it is"
+            " taken once, so remove the repeat (or write the id you meant there)"
+        )
+        await eventually(lambda: warning in serve.logs, timeout_s=WAIT_S, what="the warning")
+        (tmp_path / "loop").symlink_to("loop")
+        loop_agent = ("[[agents]]", 'id = "gamma"', 'workdir = "loop"')
+        write_config(tmp_path, fake, [(chat, ["alpha"])], loop_agent)
+        serve.proc.send_signal(signal.SIGHUP)
+        await eventually(
+            lambda: "config reload refused" in serve.logs, timeout_s=WAIT_S, what="the refusal"
+        )
+        await eventually(
+            lambda: f"{tmp_path}/loop goes round a loop of symbolic links" in serve.logs,
+            timeout_s=WAIT_S,
+            what="the loop named",
+        )
+        assert await serve.aterminate() == 0
+    assert "gamma" not in serve.logs, serve.logs
+    assert "Traceback" not in serve.logs, serve.logs
