@@ -41,6 +41,7 @@ from taskcard.bridge.cluster.lease import (
 )
 from taskcard.bridge.cluster.limiter import RedisLimiter
 from taskcard.bridge.cluster.replies import ClusterReplies
+from taskcard.bridge.cluster.wakes import WakeRelay
 from taskcard.bridge.store.redis import (
     RedisStore,
     WrongKeyType,
@@ -97,6 +98,20 @@ class ReplyTaker(Protocol):
 
     def adopt_replies(self, kept: Mapping[str, Any]) -> None:
         """Send these replies (idempotency key -> entry), now this instance's."""
+        ...
+
+
+class WakeTaker(Protocol):
+    """What wakes the chats' orchestrators this instance serves with the wakes other instances
+    kept for them (see `bridge.cluster.wakes`)."""
+
+    def orchestrated_scopes(self) -> Iterable[str]:
+        """The chats whose orchestrator this instance serves now."""
+        ...
+
+    def wake_relayed(self, scope: str, members: list[str]) -> list[str]:
+        """Wake the chat's orchestrator with the kept wakes `members`; returns those done
+        with (woken, known already, or not wakes at all), which are forgotten."""
         ...
 
 
@@ -288,6 +303,7 @@ class Cluster:
         self.replies = ClusterReplies(
             self.store.client, self.aio, self.prefix, self.owner, config.lease_ttl_s
         )
+        self.wakes = WakeRelay(self.store.client, self.aio, self.prefix)
 
     @classmethod
     def connect(cls, config: ClusterConfig, url: str) -> Cluster:
@@ -418,14 +434,16 @@ class Cluster:
         routed: Callable[[], Mapping[str, Any]] = dict,
         boards: BoardHolder | None = None,
         replies: ReplyTaker | None = None,
+        wakes: WakeTaker | None = None,
     ) -> None:
         """Renew every lease until cancelled: one per agent `agents` names at each renewal
         (configured, discovered, added by a reload), and one per chat `boards` routes to;
         call `take` with the agents whose leases a renewal gained, all at once (it returns
         those it could not serve, with why), and `drop` with each agent whose lease was
         lost, as they change (`boards` as the boards' do), share
-        what `routed` says this instance routes, and hand `replies` the command replies
-        stopped instances left unsent."""
+        what `routed` says this instance routes, hand `replies` the command replies
+        stopped instances left unsent, and `wakes` the wakes other instances kept for the
+        orchestrators it serves."""
         interval_s = self.config.lease_ttl_s / 3
         log.info("cluster member %s on Redis (key prefix %s)", self.instance, self.prefix)
         while True:
@@ -438,6 +456,8 @@ class Cluster:
                     await self._hand_boards(boards)
                 if replies is not None:
                     await self._take_replies(replies)
+                if wakes is not None:
+                    await self._take_wakes(wakes)
             except Exception:
                 # Renewal must go on whatever happened: a lease left to lapse while this
                 # instance still serves its agent would give the agent two servers.
@@ -454,6 +474,22 @@ class Cluster:
             return
         if kept:
             replies.adopt_replies(kept)
+
+    async def _take_wakes(self, wakes: WakeTaker) -> None:
+        """Wake the orchestrators served here with the wakes kept for their chats; a Redis
+        that does not answer is the leases' business (the wakes stay for the next renewal)."""
+        try:
+            kept = await self.wakes.take(wakes.orchestrated_scopes())
+        except RedisError:
+            return
+        done: dict[str, list[str]] = {}
+        for scope, members in kept.items():
+            try:
+                done[scope] = wakes.wake_relayed(scope, members)
+            except Exception:
+                log.exception("chat %s: the wakes kept for its orchestrator failed", scope)
+        with contextlib.suppress(RedisError):
+            await self.wakes.done(done)
 
     async def _follow(self, agents: Iterable[str], drop: Callable[[str], None]) -> None:
         """Lease the agents this instance serves now: a lease for each new one (an agent

@@ -516,6 +516,7 @@ async def serve(
             cluster_names=wiring.cluster.routed_names if wiring else None,
             shared_boards=wiring.cluster.boards if wiring else None,
             shared_replies=wiring.cluster.replies if wiring else None,
+            wake_relay=wiring.cluster.wakes if wiring else None,
         )
         if wiring is not None:
             wiring.follow(service.routes_chat)
@@ -552,6 +553,7 @@ async def serve(
                     service.routed_agents,
                     boards=service,
                     replies=service,
+                    wakes=service,
                 ),
                 name="leases",
             )

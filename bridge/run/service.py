@@ -28,8 +28,10 @@ import unicodedata
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, tzinfo
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
+from taskcard.bridge.cluster.wakes import RelayedWake, decode_wake
 from taskcard.bridge.compose.board import (
     BoardEntry,
     board_facts,
@@ -145,9 +147,8 @@ from taskcard.channels.errors import ChannelError, RateLimited, Transient
 from taskcard.producers.task_card.contract import Origin, one_line_cut, parse_origin, shows_text
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from taskcard.bridge.cluster.boards import SharedBoards
+    from taskcard.bridge.cluster.wakes import WakeRelay
 
 log = logging.getLogger(__name__)
 
@@ -361,9 +362,12 @@ class Service:
         cluster_names: ClusterNames | None = None,
         shared_boards: SharedBoards | None = None,
         shared_replies: SharedReplies | None = None,
+        wake_relay: WakeRelay | None = None,
     ) -> None:
         """`shared_replies`: clustered, where the unsent command replies are kept for the
-        instance that runs on when this one stops (see `bridge.cluster.replies`)."""
+        instance that runs on when this one stops (see `bridge.cluster.replies`).
+        `wake_relay`: clustered, where a chat's wake is kept for the instance serving its
+        orchestrator when this one does not (see `bridge.cluster.wakes`)."""
         self._config = config
         self._channels: dict[str, Channel] = {n: b.channel for n, b in channels.items()}
         self._store = store
@@ -372,6 +376,7 @@ class Service:
         self._owned: set[str] | None = set() if clustered else None
         # Clustered: the agents every instance routes to a chat (see `routed_agents`).
         self._cluster_names = cluster_names
+        self._wake_relay = wake_relay
         # Every outgoing text loses the exact values of the configured secrets, not only logs.
         self._redact = Redactor(secret for b in channels.values() for secret in b.secrets)
         # The fleet: configured routes, discovered agents and origin routes (see `apply`).
@@ -1969,20 +1974,87 @@ class Service:
             self._desk.wake(lineage.parent, agent_id, signal.episode, text, report=report)
             return
         woken: set[str] = set()
+        relayed: set[str] = set()
+        workdir = self._monitors[agent_id].paths.workdir
         for route in self._routes_by_agent.get(agent_id, ()):
-            orchestrator = self._orchestrator_of(route.key.chat_scope)
-            if orchestrator is None or orchestrator == agent_id or orchestrator in woken:
+            scope = route.key.chat_scope
+            orchestrator = self._orchestrator_of(scope)
+            if orchestrator is None or orchestrator not in self._monitors:
+                if scope not in relayed and self._marked_elsewhere(scope, agent_id):
+                    relayed.add(scope)
+                    self._relay_wake(scope, agent_id, workdir, signal, text)
                 continue
-            if orchestrator not in self._monitors:
+            if orchestrator == agent_id or orchestrator in woken:
                 continue
             woken.add(orchestrator)
-            workdir = self._monitors[agent_id].paths.workdir
             # The service's line first: the notice ends with the agent's own summary, which
             # could otherwise end with a look-alike pointer to another folder.
             pointer = orchestrator_pointer(agent_id, workdir, signal.report_seq)
             self._desk.wake(
                 orchestrator, agent_id, signal.episode, f"{pointer}\n{text}", report=report
             )
+
+    def _marked_elsewhere(self, scope: str, agent_id: str) -> bool:
+        """Clustered: whether the chat may have an orchestrator another instance serves, its
+        mark unknown here (another instance's route setting, or the chat's choice of an agent
+        no route here follows). Not when the chat chose none, nor `agent_id` itself."""
+        if self._wake_relay is None:
+            return False
+        choice = self._orchestrators.choice(scope)
+        return choice is None or choice.agent not in (None, agent_id)
+
+    def _relay_wake(
+        self, scope: str, agent_id: str, workdir: Path, signal: Signal, text: str
+    ) -> None:
+        """Keep the wake in the shared store for the instance serving the chat's orchestrator
+        (`wake_relayed` there): typed fields, the pointer built by that instance."""
+        assert self._wake_relay is not None
+        wake = RelayedWake(
+            agent_id=agent_id,
+            workdir=str(workdir),
+            episode=signal.episode,
+            report_seq=signal.report_seq,
+            report=signal.kind == "report",
+            text=text,
+        )
+        self._wake_relay.keep(scope, wake)
+
+    def orchestrated_scopes(self) -> list[str]:
+        """Clustered: the chats whose orchestrator this instance serves (holds its lease)."""
+        owned = self._owned or set()
+        return [
+            scope
+            for scope in self._routes_by_scope
+            if (orchestrator := self._orchestrator_of(scope)) is not None and orchestrator in owned
+        ]
+
+    def wake_relayed(self, scope: str, members: list[str]) -> list[str]:
+        """Clustered: wake the chat's orchestrator, served here, with the wakes another
+        instance kept for it (`_relay_wake`); returns those done with. A wake is the desk's,
+        so it is queued once per signal in the cluster (the shared notices), and reports the
+        orchestrator has not taken yet travel in one wake. Left for later: the wakes of a
+        chat whose orchestrator this instance no longer serves (another takes them)."""
+        orchestrator = self._orchestrator_of(scope)
+        if orchestrator is None or orchestrator not in (self._owned or set()):
+            return []
+        done: list[str] = []
+        for member in members:
+            done.append(member)
+            wake = decode_wake(member, AGENT_ID_PATTERN.fullmatch)
+            if wake is None:
+                log.warning("chat %s: a kept wake this version does not read was dropped", scope)
+                continue
+            if wake.agent_id == orchestrator:
+                continue  # the orchestrator's own signals wake nobody
+            pointer = orchestrator_pointer(wake.agent_id, Path(wake.workdir), wake.report_seq)
+            self._desk.wake(
+                orchestrator,
+                wake.agent_id,
+                wake.episode,
+                f"{pointer}\n{self._redact(wake.text)}",
+                report=wake.report,
+            )
+        return done
 
     def _orchestrator_of(self, scope: str) -> str | None:
         """The chat's orchestrator now (see `bridge.run.orchestrators`), or None."""

@@ -315,6 +315,64 @@ async def test_clustered_the_orchestrator_is_woken_once(
     assert len(wake_texts(tmp_path, "lead", "worker", "part 1 done")) == 1
 
 
+async def test_clustered_an_orchestrator_another_instance_serves_is_woken_through_redis(
+    tmp_path: Path, telegram: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """i0 routes only worker, i1 only lead, its route marking lead: worker's report, seen by
+    i0, wakes lead through Redis, once, with the pointer i1 builds. With i1 stopped, the next
+    report waits in Redis, and joins the first (not taken yet) in one wake once i1 is back."""
+    from redis import Redis
+
+    i0 = fleet.enter_context(
+        instance(tmp_path, "i0", telegram, ["worker"], redis_url=redis_url, prefix=prefix)
+    )
+    i1 = fleet.enter_context(
+        instance(
+            tmp_path, "i1", telegram, ["lead"], redis_url=redis_url, prefix=prefix,
+            limits='orchestrator = "lead"',
+        )
+    )  # fmt: skip
+    lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
+    publish(lead, "**leading**")
+    publish(worker, "**migrating**")
+
+    def said(words: str) -> list[str]:
+        return [m.text for m in telegram.bot_messages(GROUP) if words in m.text]
+
+    def reports_woken() -> list[str]:
+        return wake_texts(tmp_path, "lead", "worker", "reported")
+
+    await eventually(lambda: said("migrating") and said("leading"), timeout_s=60, what="cards")
+    with Redis.from_url(redis_url, decode_responses=True) as client:
+        # i1 notes at its lease renewals that it serves the chat's orchestrator.
+        await eventually(
+            lambda: client.keys(f"{prefix}:orchestrated:*"), timeout_s=60, what="lead served"
+        )
+    report(worker, 1, ok=True, summary="part 1 done")
+    await eventually(lambda: said("worker reported (#1)"), timeout_s=60, what="the notice")
+    [text] = await eventually(reports_woken, timeout_s=60, what="lead's wake through Redis")
+    assert "part 1 done" in text, text
+    assert f"taskcard reports --workdir {worker} --after 0" in text, text
+    assert text.index("taskcard reports --workdir") < text.index("part 1 done"), text
+    assert wake_texts(tmp_path, "worker", "lead") == []
+    assert await i1.aterminate() == 0
+    report(worker, 2, ok=True, summary="part 2 done")
+    await eventually(lambda: said("worker reported (#2)"), timeout_s=60, what="the notice")
+    assert reports_woken() == [text]  # nobody serves lead: the wake waits in Redis
+    again = fleet.enter_context(ServeProcess(i1.config, env=i1.env))
+    await eventually(
+        lambda: any("part 2 done" in t for t in reports_woken()),
+        timeout_s=60,
+        what="lead woken once its instance is back",
+    )
+    [both] = reports_woken()  # one wake carries both reports lead has not taken yet
+    for seq in (1, 2):
+        assert f"(#{seq})" in both and f"--after {seq - 1}" in both, both
+    for serve in (i0, again):
+        assert await serve.aterminate() == 0
+    assert reports_woken() == [both]
+
+
 @pytest.mark.parametrize(
     ("channel", "route"),
     [

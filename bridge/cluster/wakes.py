@@ -1,0 +1,180 @@
+"""Orchestrator wakes across instances: a chat's wake kept in Redis for its orchestrator's server.
+
+A chat's orchestrator is woken through its inbox (`bridge.run.orchestrators`), a file the
+instance that sees another agent's signal writes. Clustered, that instance may not serve the
+orchestrator at all (its routes of the chat name other agents; the mark is another instance's
+route setting, or the chat's choice of an agent it does not follow). It then keeps the wake in
+the chat's sorted set `P:wakes:<chat scope>` (member: the wake's typed fields as JSON; score:
+when it was kept), and the instance holding the lease of the chat's orchestrator takes the
+chat's wakes at each lease renewal, wakes the orchestrator with each (the inbox desk's wake:
+one per signal, recorded in the shared notices, a burst of reports in one) and removes them.
+
+What holds:
+
+- *Restart-safe*: a wake stays in Redis until an instance woke the orchestrator with it, so an
+  orchestrator whose instance is stopped (or moving to another) is woken once it is served
+  again; one taken and woken but not yet removed (a crash between the two) is taken again,
+  and the shared notice refuses it as known.
+- *Once in the cluster*: the same signal kept twice (an agent followed in two chats marking the
+  same orchestrator, or a wake also written directly) is one notice, so one wake.
+- *Typed*: only the agent's id, its folder, the signal's episode, the report's number, whether
+  it is a report and the notice's text travel; the pointer the orchestrator reads first is
+  built from the first three by the instance that wakes it, and a member that does not parse
+  as these fields is dropped, not acted on.
+- *Bounded*: wakes are kept only for a chat whose orchestrator an instance served within
+  `KEEP_S` (that instance renews the chat's mark `P:orchestrated:<chat scope>` at each lease
+  renewal), so a chat without one keeps nothing; at most `MAX_PER_CHAT` wakes, none older
+  than `KEEP_S`. An orchestrator first served after the signal (a cluster's first start) is
+  not woken by it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the service imports this module unclustered too, without redis
+    import redis
+    from redis.asyncio import Redis as AsyncRedis
+
+log = logging.getLogger(__name__)
+
+# A wake nobody took for a day is dropped: the orchestrator it was for is gone or was never
+# served (a chat without one), and the agent's report is still in its folder.
+KEEP_S = 86_400.0
+MAX_PER_CHAT = 1_000
+MAX_TEXT_CHARS = 16_384
+MAX_EPISODE_CHARS = 512
+
+
+# KEYS: the chat's wakes (sorted set), its served mark; ARGV: the wake, now (s), keep (s), most
+# kept. Kept only when an instance served the chat's orchestrator within `KEEP_S` (it renews
+# the mark while it does): a chat without one, the common case, keeps nothing.
+_KEEP = """
+if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
+local now, keep = tonumber(ARGV[2]), tonumber(ARGV[3])
+redis.call('ZADD', KEYS[1], 'NX', now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - keep)
+redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -(tonumber(ARGV[4]) + 1))
+redis.call('EXPIRE', KEYS[1], math.floor(keep))
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class RelayedWake:
+    """A signal of `agent_id`, followed in the chat, for that chat's orchestrator."""
+
+    agent_id: str
+    workdir: str
+    episode: str
+    report_seq: int | None
+    report: bool
+    text: str
+
+
+def encode_wake(wake: RelayedWake) -> str:
+    return json.dumps(
+        {
+            "agent": wake.agent_id,
+            "workdir": wake.workdir,
+            "episode": wake.episode,
+            "report_seq": wake.report_seq,
+            "report": wake.report,
+            "text": wake.text,
+        },
+        ensure_ascii=False,
+        sort_keys=True,
+    )
+
+
+def decode_wake(raw: str, valid_agent: Callable[[str], object]) -> RelayedWake | None:
+    """The wake `raw` holds, or None when it is not one this version writes (another
+    version's, a hand edit's): such a member is dropped. `valid_agent` checks an agent id
+    (the config's rule, which this package does not import)."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    agent, workdir, episode = data.get("agent"), data.get("workdir"), data.get("episode")
+    seq, report, text = data.get("report_seq"), data.get("report"), data.get("text")
+    if not (isinstance(agent, str) and valid_agent(agent)):
+        return None
+    if not (isinstance(workdir, str) and "\0" not in workdir and workdir.startswith("/")):
+        return None
+    if not (isinstance(episode, str) and 0 < len(episode) <= MAX_EPISODE_CHARS):
+        return None
+    if seq is not None and (type(seq) is not int or seq < 1):
+        return None
+    if not isinstance(report, bool) or not isinstance(text, str) or len(text) > MAX_TEXT_CHARS:
+        return None
+    normal = str(PurePosixPath(workdir))
+    return RelayedWake(agent, normal, episode, seq, report, text)
+
+
+class WakeRelay:
+    """The chats' kept wakes in Redis: `keep` from the instance seeing the signal, `take` and
+    `done` from the one serving the orchestrator."""
+
+    def __init__(self, client: redis.Redis, aio: AsyncRedis, prefix: str) -> None:
+        self._aio = aio
+        self._prefix = prefix
+        self._keep = client.register_script(_KEEP)
+
+    def _key(self, scope: str) -> str:
+        return f"{self._prefix}:wakes:{scope}"
+
+    def _served_key(self, scope: str) -> str:
+        return f"{self._prefix}:orchestrated:{scope}"
+
+    def keep(self, scope: str, wake: RelayedWake) -> None:
+        """Keep `wake` for the orchestrator of chat `scope`, if an instance served one there
+        within `KEEP_S`; a Redis that refuses it is logged (that orchestrator is not woken by
+        this signal)."""
+        from redis.exceptions import RedisError
+
+        from taskcard.bridge.store.redis import redis_trouble
+
+        try:
+            self._keep(
+                keys=[self._key(scope), self._served_key(scope)],
+                args=[encode_wake(wake), repr(time.time()), KEEP_S, MAX_PER_CHAT],
+            )
+        except RedisError as error:
+            log.warning(
+                "agent %s: the wake of chat %s's orchestrator, served by another instance, was"
+                " not kept in Redis (%s); that orchestrator is not woken by this signal",
+                wake.agent_id,
+                scope,
+                redis_trouble(error),
+            )
+
+    async def take(self, scopes: Iterable[str]) -> dict[str, list[str]]:
+        """The wakes kept for each of `scopes`, chats whose orchestrator this instance serves
+        (oldest first, as kept), noting for the others that these chats have one served
+        (raises `RedisError`)."""
+        wanted = sorted(set(scopes))
+        if not wanted:
+            return {}
+        async with self._aio.pipeline(transaction=False) as pipe:
+            for scope in wanted:
+                pipe.set(self._served_key(scope), "1", ex=int(KEEP_S))
+                pipe.zrange(self._key(scope), 0, -1)
+            found: list[list[str]] = (await pipe.execute())[1::2]
+        return {scope: members for scope, members in zip(wanted, found, strict=True) if members}
+
+    async def done(self, taken: Mapping[str, Iterable[str]]) -> None:
+        """Forget the wakes `taken` (woken with, or not wakes at all)."""
+        async with self._aio.pipeline(transaction=False) as pipe:
+            for scope, members in taken.items():
+                listed = list(members)
+                if listed:
+                    pipe.zrem(self._key(scope), *listed)
+            await pipe.execute()
