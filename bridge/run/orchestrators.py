@@ -11,8 +11,10 @@ The mark starts as the route's `orchestrator` setting; `/taskcard orchestrator A
 `/taskcard orchestrator off` change it, and the choice is kept in the store's cursors under
 `orchestrator:<chat scope>`, as the chat's view is (`bridge.run.boards`): it survives a
 restart and wins over the config until changed again in the chat. `off` is a choice too (no
-orchestrator here, whatever the config names). A mark naming an agent the chat no longer
-follows marks nobody, and one naming an agent forgotten as departed is dropped.
+orchestrator here, whatever the config names). A choice naming an agent the chat no longer
+follows is set aside while it does not (the config's mark applies, and the chat's answer and
+`taskcard status` say so); it applies again once the agent is followed again, and one naming
+an agent forgotten as departed is dropped.
 """
 
 from __future__ import annotations
@@ -63,12 +65,23 @@ def parse_choice(raw: str | None) -> Choice | None:
     return Choice(agent) if agent is None or isinstance(agent, str) else None
 
 
+def unfollowed_choice(choice: Choice | None, followed: Collection[str]) -> str | None:
+    """The agent the chat chose that it no longer follows (a reload or a departure took its
+    route away), or None: such a choice is set aside while the agent is not followed."""
+    if choice is None or choice.agent is None or choice.agent in followed:
+        return None
+    return choice.agent
+
+
 def chat_orchestrator(
     choice: Choice | None, configured: str | None, followed: Collection[str]
 ) -> str | None:
     """The chat's orchestrator: its choice, else its route's setting; only an agent the chat
-    follows (`followed`) is one."""
-    name = configured if choice is None else choice.agent
+    follows (`followed`) is one. A choice of an agent the chat no longer follows is set aside
+    (`unfollowed_choice`), the route's setting applying meanwhile: it marked nobody and kept
+    the setting from applying until someone in the chat changed it, though nobody had."""
+    chosen = choice is not None and unfollowed_choice(choice, followed) is None
+    name = choice.agent if chosen and choice is not None else configured
     return name if name is not None and name in followed else None
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from taskcard.bridge.config import (
+    AGENT_ID_PATTERN,
     ConfigError,
     ServiceConfig,
     load_config,
@@ -245,7 +246,7 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
             }
             moved = chat_moved_to(channel, store, chat.chat_id) if store else None
             view = _chat_view(fleet, store, route_key)
-            orchestrator = _chat_orchestrator(fleet, store, route_key)
+            orchestrator, choice_set_aside = _chat_orchestrator(fleet, store, route_key)
             # A board is retired when its chat shows cards; a card, followed on the board
             # (let go until its agent needs people), when its chat shows the board.
             if agent_id == BOARD_AGENT:
@@ -270,6 +271,9 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
                     # whether it is this route's agent.
                     "chat_orchestrator": orchestrator,
                     "orchestrator": orchestrator is not None and orchestrator == agent_id,
+                    # The agent the chat chose as its orchestrator that it no longer follows,
+                    # a choice set aside meanwhile (null: none).
+                    "orchestrator_choice_set_aside": choice_set_aside,
                     "retired": retired,
                     "last_committed": _when(record.committed_at) if record else None,
                     # The fields above that are null because the state's value could not be
@@ -474,19 +478,26 @@ def _chat_view(fleet: _StatusFleet, store: StateStore | None, key: RouteKey) -> 
     return stored or fleet.views.get(scope, "cards")
 
 
-def _chat_orchestrator(fleet: _StatusFleet, store: StateStore | None, key: RouteKey) -> str | None:
+def _chat_orchestrator(
+    fleet: _StatusFleet, store: StateStore | None, key: RouteKey
+) -> tuple[str | None, str | None]:
     """The orchestrator of the chat of `key`, as the service decides it
-    (`orchestrators.chat_orchestrator`)."""
+    (`orchestrators.chat_orchestrator`), and the agent the chat chose that it no longer
+    follows (`orchestrators.unfollowed_choice`), if any."""
     from taskcard.bridge.run.orchestrators import (
         chat_orchestrator,
         orchestrator_cursor,
         parse_choice,
+        unfollowed_choice,
     )
 
     scope = key.chat_scope
     choice = parse_choice(store.get_cursor(orchestrator_cursor(scope))) if store else None
     configured = fleet.orchestrators.get(scope)
-    return chat_orchestrator(choice, configured, fleet.followed.get(scope, set()))
+    followed = fleet.followed.get(scope, set())
+    gone = unfollowed_choice(choice, followed)
+    shown = gone if gone is not None and AGENT_ID_PATTERN.fullmatch(gone) else None
+    return chat_orchestrator(choice, configured, followed), shown
 
 
 def _send_hold(
@@ -560,6 +571,7 @@ def _status(args: argparse.Namespace) -> int:
         )
     for pause in report["pauses"]:
         print(f"rate-limit pause: {pause['scope']} ({pause['what']}) until {pause['until']}")
+    aside_said: set[tuple[str, str]] = set()
     for route in report["routes"]:
         opened = " (opened by a turn origin)" if route["opened_by"] == "origin" else ""
         board = route["agent"] == BOARD_AGENT
@@ -569,6 +581,24 @@ def _status(args: argparse.Namespace) -> int:
             print("  the chat's orchestrator: the other agents' reports and signals wake it")
         elif board and route["chat_orchestrator"]:
             print(f"  the chat's orchestrator: {route['chat_orchestrator']}")
+        aside = route["orchestrator_choice_set_aside"]
+        # Said once per chat: under its orchestrator's route, else under its first route.
+        where = (route["channel"], route["chat"])
+        if (
+            aside
+            and (route["orchestrator"] or not route["chat_orchestrator"])
+            and where not in aside_said
+        ):
+            aside_said.add(where)
+            print(
+                f"  the chat chose {aside} as its orchestrator, which it no longer follows:"
+                " that choice is set aside until it does"
+                + (
+                    ", the route's orchestrator setting applying"
+                    if route["chat_orchestrator"]
+                    else " (no orchestrator meanwhile)"
+                )
+            )
         never = UNREADABLE if "last_committed" in route["unreadable"] else "(never)"
         print(f"  last committed edit: {route['last_committed'] or never}")
         if route["moved_to"]:

@@ -101,6 +101,7 @@ from taskcard.bridge.run.orchestrators import (
     ChatOrchestrators,
     chat_orchestrator,
     orchestrator_pointer,
+    unfollowed_choice,
 )
 from taskcard.bridge.run.origins import OriginBook
 from taskcard.bridge.schedule.ratelimit import Limiter
@@ -2976,11 +2977,20 @@ class Service:
         usage = "/taskcard orchestrator AGENT marks one, /taskcard orchestrator off none"
         if named is None:
             current = self._orchestrator_of(scope)
+            followed = {r.key.agent_id for r in self._routes_by_scope.get(scope, ())}
+            gone = unfollowed_choice(self._orchestrators.choice(scope), followed)
+            aside = ""
+            if gone is not None and AGENT_ID_PATTERN.fullmatch(gone):  # else not ours to show
+                applying = ", the route's setting applying meanwhile" if current else ""
+                aside = (
+                    f" The chat chose {gone}, which it no longer follows: that choice is set"
+                    f" aside until it does{applying}."
+                )
             if current is None:
-                return f"This chat has no orchestrator. {usage}."
+                return f"This chat has no orchestrator.{aside} {usage}."
             return (
                 f"This chat's orchestrator is {current}: the reports and signals of the other"
-                f" agents here wake it through its inbox. {usage}."
+                f" agents here wake it through its inbox.{aside} {usage}."
             )
         if partly:
             return (

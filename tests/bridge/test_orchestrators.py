@@ -18,6 +18,7 @@ from taskcard.bridge.run.orchestrators import (
     orchestrator_cursor,
     orchestrator_pointer,
     parse_choice,
+    unfollowed_choice,
 )
 from taskcard.bridge.store.sqlite import SqliteStore
 from taskcard.bridge.track.monitor import ActivitySummary, CardState
@@ -75,7 +76,9 @@ def test_stored_choices(raw: str | None, expected: Choice | None) -> None:
         (None, "lead", "lead"),
         (Choice("boss"), "lead", "boss"),  # the chat's choice wins
         (Choice(None), "lead", None),  # off in the chat wins too
-        (Choice("gone"), "lead", None),  # an agent the chat no longer follows is none
+        # A choice of an agent the chat no longer follows is set aside: the config applies.
+        (Choice("gone"), "lead", "lead"),
+        (Choice("gone"), None, None),
         (None, "gone", None),
     ],
 )
@@ -83,6 +86,14 @@ def test_which_agent_a_chat_marks(
     choice: Choice | None, configured: str | None, expected: str | None
 ) -> None:
     assert chat_orchestrator(choice, configured, {"lead", "boss", "worker"}) == expected
+
+
+@pytest.mark.parametrize(
+    ("choice", "expected"),
+    [(None, None), (Choice(None), None), (Choice("lead"), None), (Choice("gone"), "gone")],
+)
+def test_which_choice_is_set_aside(choice: Choice | None, expected: str | None) -> None:
+    assert unfollowed_choice(choice, {"lead", "worker"}) == expected
 
 
 def test_a_choice_persists_in_the_store(tmp_path: Path) -> None:

@@ -484,3 +484,60 @@ async def test_an_orchestrator_forgotten_as_departed_is_not_marked_when_it_retur
             await wait_said(chat, "This chat has no orchestrator.", "the mark, asked")
             assert wake_texts(tmp_path, "lead", "worker") == []
             assert await chat.serve.aterminate() == 0
+
+
+async def test_a_choice_of_an_agent_the_chat_no_longer_follows_lets_the_config_mark_apply(
+    platform: str, tmp_path: Path
+) -> None:
+    """The route marks lead; the chat chooses helper; a reload takes helper's route away.
+    The choice is set aside while the chat does not follow helper: lead is the orchestrator
+    again (the chat's answer and `taskcard status` say why), woken by worker's report; the
+    choice marked nobody and kept the route's mark from applying. helper routed again (the
+    first file, at a restart), the chat's choice applies again."""
+    async with chat_for(platform, tmp_path, ["lead", "worker", "helper"], SIGNALS) as chat:
+        full = chat.config.read_text() + 'orchestrator = "lead"\n'
+        chat.config.write_text(full)
+        without_helper = full.replace(
+            'agents = ["lead", "worker", "helper"]', 'agents = ["lead", "worker"]'
+        )
+        assert without_helper != full
+        worker = workdir(tmp_path, "worker")
+        publish(worker, "**migrating**")
+        with chat.serve:
+            await wait_said(chat, "migrating", "worker card")
+            await chat.say("/taskcard orchestrator helper")
+            await wait_said(chat, "helper is now this chat's orchestrator", "the mark's answer")
+            chat.config.write_text(without_helper)
+            chat.serve.proc.send_signal(signal.SIGHUP)
+            await eventually(
+                lambda: chat.serve.logs.count("config reloaded") == 1, what="the reload"
+            )
+            await chat.say("/taskcard orchestrator")
+            answer = await wait_said(chat, "This chat's orchestrator is lead", "the mark, asked")
+            assert "The chat chose helper, which it no longer follows" in answer, answer
+            report(worker, 1, ok=True, summary="part 1 done")
+            await eventually(
+                lambda: wake_texts(tmp_path, "lead", "worker", "part 1 done"),
+                what="lead woken by the route's mark",
+            )
+            assert await chat.serve.aterminate() == 0
+        status = run_cli("status", "--config", str(chat.config), "--json")
+        assert status.returncode == 0, status.stderr
+        routes = {r["agent"]: r for r in json.loads(status.stdout)["routes"]}
+        assert routes["lead"]["chat_orchestrator"] == "lead"
+        assert routes["lead"]["orchestrator_choice_set_aside"] == "helper"
+        text = run_cli("status", "--config", str(chat.config)).stdout
+        assert text.count("the chat chose helper as its orchestrator") == 1, text
+        assert "the route's orchestrator setting applying" in text, text
+        chat.config.write_text(full)
+        with chat.restart():
+            await eventually(lambda: "ready" in chat.serve.logs, timeout_s=60, what="restart")
+            await chat.say("/taskcard orchestrator")
+            await wait_said(chat, "This chat's orchestrator is helper", "the choice again")
+            report(worker, 2, ok=True, summary="part 2 done")
+            await eventually(
+                lambda: wake_texts(tmp_path, "helper", "worker", "part 2 done"),
+                what="helper woken again",
+            )
+            assert wake_texts(tmp_path, "lead", "worker", "part 2 done") == []
+            assert await chat.serve.aterminate() == 0
