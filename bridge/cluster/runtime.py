@@ -59,9 +59,20 @@ log = logging.getLogger(__name__)
 # The keys under the prefix with fixed names, and the Redis type each holds.
 _FIXED_KEYS = {
     **dict.fromkeys(
-        ("prefs", "offsets", "cursors", "pauses", "chats", "inbox", "n:text", "n:state", "n:at"),
+        (
+            "prefs",
+            "offsets",
+            "cursors",
+            "pauses",
+            "chats",
+            "inbox",
+            "n:text",
+            "n:state",
+            "n:at",
+        ),
         "hash",
     ),
+    "versioned": "zset",
     "bots:telegram": "hash",
     "bots:feishu": "hash",
     "residents": "set",
@@ -216,6 +227,7 @@ def refused_permissions(store: RedisStore, owner: str) -> list[tuple[str, str]]:
     pipe.mget([text])
     pipe.type(text)
     pipe.pexpire(text, 60_000)
+    pipe.expire(text, 60)
     pipe.pttl(text)
     # redis-py's `incr` sends INCRBY; the leases' script calls INCR, which the ACL may allow alone.
     pipe.execute_command("INCR", count)  # type: ignore[no-untyped-call]
@@ -230,10 +242,12 @@ def refused_permissions(store: RedisStore, owner: str) -> list[tuple[str, str]]:
     pipe.zadd(ranks, {"m": 1})
     pipe.zscore(ranks, "m")
     pipe.zcard(ranks)
+    pipe.zcount(ranks, "-inf", "+inf")
     pipe.zrange(ranks, 0, 0)
     pipe.zrangebyscore(ranks, "-inf", "+inf")
     pipe.zrem(ranks, "m")
     pipe.zremrangebyscore(ranks, "-inf", "+inf")
+    pipe.zremrangebyrank(ranks, 0, -1)
     pipe.sadd(members, "m")
     pipe.smembers(members)
     pipe.xadd(stream, {"f": "v"}, maxlen=1)
@@ -251,13 +265,18 @@ def refused_permissions(store: RedisStore, owner: str) -> list[tuple[str, str]]:
         for answer in answers
         if isinstance(answer, RedisError) and (found := refused_permission(answer)) is not None
     ]
-    transaction = store.client.pipeline(transaction=True)  # MULTI and EXEC
-    transaction.get(text)
+    # WATCH, MULTI and EXEC (`RedisStore.change_cursor`)
+    transaction: Any = store.client.pipeline(transaction=True)
     try:
+        transaction.watch(text)
+        transaction.multi()
+        transaction.get(text)
         transaction.execute()
     except RedisError as error:
         if (found := refused_permission(error)) is not None:
             refused.append(found)
+    finally:
+        transaction.reset()
     # Typed from redis-py 8.2 on, untyped before: read through `Any` so both type-check.
     client: Any = store.client
     pubsub: Any = client.pubsub()
@@ -398,6 +417,11 @@ class Cluster:
                 await self.aio.set(key, text, px=self._bot_ttl_ms)
                 self._routes_shared = text
             members = self.key("instances")
+            # Listed as a writer of cursor versions first (see `RedisStore.change_cursor`): an
+            # instance in `P:instances` alone is taken for an older version, which is safe.
+            versioned = self.key("versioned")
+            await self.aio.zadd(versioned, {self.owner: now_ms + self._bot_ttl_ms})
+            await self.aio.zremrangebyscore(versioned, "-inf", now_ms)
             await self.aio.zadd(members, {self.owner: now_ms + self._bot_ttl_ms})
             if await self.aio.zremrangebyscore(members, "-inf", now_ms):
                 # An instance died: its board lines are ignored now (their agents' leases
@@ -664,5 +688,6 @@ class Cluster:
                 await self.aio.hdel(self.key("bots", channel), bot)
             await self.aio.delete(self.key("routed", self.owner))
             await self.aio.zrem(self.key("instances"), self.owner)
+            await self.aio.zrem(self.key("versioned"), self.owner)
         await self.aio.aclose()
         self.store.close()

@@ -205,6 +205,64 @@ def test_a_cursor_change_is_made_again_on_a_write_that_came_in_between(redis_url
         other.close()
 
 
+def _older_write(store: RedisStore, value: str) -> None:
+    """What an older version's `change_cursor` writes: the value alone, no version."""
+    store.client.hset(store.key("cursors"), "doc", value)
+
+
+def test_a_cursor_an_older_version_stored_is_changed_from_its_value(redis_url: str) -> None:
+    """A cursor without a version (written by an older version) is compared by its value:
+    an older write between the read and the write of a change is seen; once changed, the
+    cursor has its version."""
+    store = RedisStore(connect(redis_url), f"test-{uuid.uuid4().hex}")
+    _older_write(store, "x")
+    seen: list[str | None] = []
+
+    def add_y(value: str | None) -> str:
+        seen.append(value)
+        if len(seen) == 1:
+            _older_write(store, f"{value}o")
+        return f"{value}y"
+
+    try:
+        store.change_cursor("doc", add_y)
+        assert seen == ["x", "xo"]
+        assert store.get_cursor("doc") == "xoy"
+        assert store.client.get(store.key("cursor-version", "doc")) is not None
+        store.change_cursor("doc", lambda value: f"{value}z")
+        assert store.get_cursor("doc") == "xoyz"
+    finally:
+        store.close()
+
+
+def test_an_older_instance_alive_writing_without_the_version_is_not_written_over(
+    redis_url: str,
+) -> None:
+    """While a live instance has not listed itself as writing versions (an older version, in
+    `P:instances` alone), a change compares the value: that instance's write between the read
+    and the write is seen, though the version did not move. Once only instances of this
+    version live, the version alone decides."""
+    store = RedisStore(connect(redis_url), f"test-{uuid.uuid4().hex}")
+    far = 10**13  # listed until long after the test (epoch ms)
+    store.client.zadd(store.key("instances"), {"new#1": far, "old#2": far})
+    store.client.zadd(store.key("versioned"), {"new#1": far})
+    store.change_cursor("doc", lambda value: "x")  # stored with a version
+    seen: list[str | None] = []
+
+    def add_y(value: str | None) -> str:
+        seen.append(value)
+        if len(seen) == 1:
+            _older_write(store, f"{value}o")
+        return f"{value}y"
+
+    try:
+        store.change_cursor("doc", add_y)
+        assert seen == ["x", "xo"]
+        assert store.get_cursor("doc") == "xoy"
+    finally:
+        store.close()
+
+
 def test_batch_reads_answer_as_the_single_reads_do(opener: Opener) -> None:
     """`residents_of`, `get_offsets` and `get_cursors` (the service's reads at start, for
     every agent at once) give what `resident`, `get_offset` and `get_cursor` give for each
