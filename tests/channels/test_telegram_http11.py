@@ -64,6 +64,7 @@ class ScriptedServer:
     requests: list[bytes] = field(default_factory=list)
     connections: int = 0
     server: asyncio.Server | None = None
+    handlers: set[asyncio.Task[None]] = field(default_factory=set)
 
     @property
     def url(self) -> str:
@@ -73,6 +74,9 @@ class ScriptedServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        handler = asyncio.current_task()
+        assert handler is not None
+        self.handlers.add(handler)
         try:
             for step in self.script:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -106,6 +110,12 @@ async def scripted(
         yield server
     finally:
         server.server.close()
+        # A connection still open (kept alive, or silent) is closed here, on the test's
+        # loop: left to the loop's end, its pending handler and unclosed transport were
+        # reported as unraisable warnings in whichever test the collector ran next.
+        for handler in server.handlers:
+            handler.cancel()
+        await asyncio.gather(*server.handlers, return_exceptions=True)
 
 
 def _data(text: str = "hello") -> RequestData:
