@@ -401,15 +401,29 @@ class IncomingCommand:
 CommandSink = Callable[[IncomingCommand], Awaitable[None]]
 
 # Characters a chat shows as nothing, which chat clients paste around what people type: the
-# soft hyphen, the Arabic letter mark, the Mongolian vowel separator, the zero-width space and
-# joiners, the directional marks, embeddings, overrides and isolates, the word joiner and the
-# invisible operators, the byte-order mark. In a command's words they count as not typed:
-# `/taskcard off` followed by a zero-width space is `off`, and `/taskcardoff` with one in the
-# middle is no command, as it shows.
+# soft hyphen, the combining grapheme joiner, the Arabic letter mark, the Khmer inherent
+# vowels, the Mongolian variation selectors and vowel separator, the zero-width space and
+# joiners, the directional marks, embeddings, overrides and isolates, the word joiner, the
+# invisible operators and deprecated format controls, the byte-order mark, the shorthand and
+# musical format controls and the tag characters (Unicode's default-ignorable code points,
+# but for the Hangul fillers, which Telegram reads as letters, and the variation selectors of
+# emoji). In a command's arguments they count as not typed: `/taskcard off` followed by a
+# zero-width space is `off`, and so is `/taskcard o` + one + `ff`. Right after the command
+# word one ends the word, as Telegram ends a command there (`command_word`).
 _UNSHOWN = re.compile(
-    "[\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]"
+    "[\u00ad\u034f\u061c\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e"
+    "\u2060-\u2064\u2066-\u206f\ufeff\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
+    "\U000e0000-\U000e0fff]"
 )
-_FIRST_WORD = re.compile(r"\s*(\S+)")
+# The control characters Telegram's servers turn into spaces in every text a person sends
+# (tdlib's `clean_input_string`): all below the space but the line break and the carriage
+# return (which they drop). Feishu passes them on; in a command's words (its name, its
+# options, the agent a `/tell` names) they count as white space on both platforms, so a NUL
+# or an escape pasted into `/taskcard off` is `off` there too. A `/tell`'s text keeps them
+# as sent (`taskcard inbox` shows them escaped).
+_CONTROLS = "\x00-\x09\x0b\x0c\x0e-\x1f"
+_FIRST_WORD = re.compile(f"[\\s{_CONTROLS}]*([^\\s{_CONTROLS}]+)")
+_CONTROL = re.compile(f"[{_CONTROLS}]")
 
 
 def shown(text: str) -> str:
@@ -427,6 +441,23 @@ def first_word(text: str) -> tuple[str, str]:
         at = match.end()
         if word:
             return word, text[at:]
+    return "", ""
+
+
+def first_word_as_typed(text: str) -> tuple[str, str]:
+    """The first word of `text` that shows (as `first_word` finds it) as typed: without the
+    invisible characters before it, with those inside it and after it; and the text after
+    it. For a command word, which Telegram ends at an invisible character (`command_word`):
+    `/taskcard` + a word joiner + `off` is the command `/taskcard` with `off`."""
+    at = 0
+    while (match := _FIRST_WORD.match(text, at)) is not None:
+        word = match.group(1)
+        at = match.end()
+        start = 0
+        while start < len(word) and _UNSHOWN.match(word[start]):
+            start += 1
+        if start < len(word):
+            return word[start:], text[at:]
     return "", ""
 
 
@@ -466,27 +497,57 @@ def ends_command(char: str) -> bool:
 
 def command_word(head: str) -> tuple[str, str] | None:
     """The command the first word `head` of a message starts with, as Telegram marks one:
-    `/` and 1 to 64 ASCII letters, digits or underscores, ended by the word's end, by `@`
-    (the bot it is addressed to, which each channel reads its own way) or by any character
-    that `ends_command`. Returns the command's name (no slash, as typed) and the rest of the
-    word after it (`"😀"` of `/tell😀`, `"@OurBot"` of `/taskcard@OurBot`); None when the
-    word starts with no command. The name is ASCII, so a look-alike (a Kelvin sign for the
-    `k`, which `lower()` folds to `k`) is never taken for a command."""
+    `/` and 1 to 64 ASCII letters, digits or underscores, ended by the word's end, by `@` and
+    a name (the bot it is addressed to, which each channel reads its own way; `@` with no
+    name after it addresses nobody, and Telegram marks no command there) or by any character
+    that `ends_command`, an invisible one too. Returns the command's name (no slash, as
+    typed) and the rest of the word after it (`"😀"` of `/tell😀`, `"@OurBot"` of
+    `/taskcard@OurBot`, a word joiner and `"off"` of `/taskcard` + one + `off`); None when
+    the word starts with no command. The name is ASCII, so a look-alike (a Kelvin sign for
+    the `k`, which `lower()` folds to `k`) is never taken for a command. `command_readings`
+    reads a word both as it shows and as typed."""
     found = _COMMAND_WORD.match(head)
     if found is None:
         return None
     glued = head[found.end() :]
-    if glued and glued[0] != "@" and not ends_command(glued[0]):
+    if glued[:1] == "@":
+        addressee = shown(glued[1:])
+        if not addressee or not (addressee[0].isalnum() or addressee[0] == "_"):
+            return None  # "/taskcard@ off", "/taskcard@,off": addressed to nobody
+    elif glued and not ends_command(glued[0]):
         return None
     return found.group(0)[1:], glued
+
+
+def command_readings(text: str, slashes: str = "/") -> list[tuple[str, str, str]]:
+    """The command the first word of `text` starts with, read two ways: as the word shows
+    (the invisible characters inside it not typed: `/`, a zero-width space and `taskcard`,
+    as the service quotes a command so it is none, pasted back into the chat is `/taskcard`),
+    then as typed, where an invisible character ends the command word as Telegram ends one
+    there (`/taskcard`, a word joiner and `off`, which shows as `/taskcardoff`, is `/taskcard`
+    with `off`). Each reading is (name, glued, rest) as `command_word` gives the first two,
+    with the text after the word; none when the word starts with no command. A channel takes
+    the first reading that is a command of its own. `slashes`: the characters that open a
+    command, each read as `/`."""
+    typed, rest = first_word_as_typed(text)
+    if typed and typed[0] in slashes:
+        typed = "/" + typed[1:]
+    readings: list[tuple[str, str, str]] = []
+    for head in dict.fromkeys((shown(typed), typed)):
+        if (found := command_word(head)) is not None:
+            readings.append((*found, rest))
+    return readings
 
 
 def other_bots_command(head: str, ours: Callable[[str], bool]) -> bool:
     """Whether the first word `head` is a command addressed to someone else: `/word@NAME`
     (a command word as Telegram reads one: 1-64 ASCII letters, digits or underscores) where
-    `ours(NAME)` is False. A path such as `/home/me@host` is no command."""
+    `ours(NAME)` is False. A path such as `/home/me@host` is no command, and neither is
+    `/start@` with no name after the sign (`command_word`)."""
     name, at, addressee = head.partition("@")
-    return bool(at) and _COMMAND_WORD.fullmatch(name) is not None and not ours(addressee)
+    if not at or _COMMAND_WORD.fullmatch(name) is None:
+        return False
+    return command_word(head) is not None and not ours(addressee)
 
 
 def command_arguments(rest: str, tell: bool) -> str:
@@ -495,7 +556,7 @@ def command_arguments(rest: str, tell: bool) -> str:
     breaks and inner characters kept, only its ends trimmed); otherwise the words as they
     show, joined by single spaces."""
     if not tell:
-        return " ".join(shown(rest).split())
+        return " ".join(shown(_CONTROL.sub(" ", rest)).split())
     name, text = first_word(rest)
     body = trim_unshown(text)
     if not name or not body:

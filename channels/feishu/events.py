@@ -49,7 +49,7 @@ from taskcard.channels.base import (
     CursorStore,
     IncomingCommand,
     command_arguments,
-    command_word,
+    command_readings,
     drop_leading,
     first_word,
     other_bots_command,
@@ -270,36 +270,34 @@ def command_args(
     if mention is not None:
         text = drop_leading(text, mention) if tell else mention.sub(" ", text)
     # The command reads as it shows: invisible characters a client pasted around or between
-    # its words change nothing (`channels.base.first_word`).
-    head, rest = first_word(text)
-    # A full-width slash is the slash a Chinese input method types in full-width mode;
-    # Feishu marks no commands of its own, so it opens one here (not on Telegram, which
-    # marks no command there).
-    if head.startswith(FULL_WIDTH_SLASH):
-        head = "/" + head[1:]
-    # "/TaskCard" too, as on Telegram, and the command word ends where Telegram ends one
+    # its words change nothing, and one glued to the command word ends it
+    # (`channels.base.command_readings`). A full-width slash is the slash a Chinese input
+    # method types in full-width mode; Feishu marks no commands of its own, so it opens one
+    # here (not on Telegram, which marks no command there). "/TaskCard" too, as on
+    # Telegram, and the command word ends where Telegram ends one
     # (`channels.base.command_word`): "/tell😀 builder" is `/tell`, "/taskcard,off" is
     # `/taskcard` with ",off", which the service answers as an unknown option.
-    found = command_word(head)
-    if found is None or "/" + found[0].lower() != command:
-        return None
-    glued = found[1]
-    addressee = glued[1:] if glued.startswith("@") else ""
-    if not glued.startswith("@"):
-        rest = glued + rest
-    # "/taskcard@" with nothing after the sign names nobody: the plain command, as the
-    # Telegram parser reads it.
-    if addressee and "@" + addressee not in keys:
-        # "/taskcard@OtherBot" (or the command glued to another mention, "/taskcard@_user_2")
-        # is addressed to someone else, as on Telegram; our own mention was removed above.
-        after = _after_bot_name(addressee, rest, bot_name)
-        if after is None:
-            return None
-        rest = after
-    if mention is not None and tell:
-        rest = drop_leading(rest, mention)
-    # The text for the agent keeps its line breaks: only the command word goes.
-    return command_arguments(rest, tell=tell)
+    for name, glued, rest in command_readings(text, "/" + FULL_WIDTH_SLASH):
+        if "/" + name.lower() != command:
+            continue
+        # "/taskcard@" with no name after the sign is no command (`command_word`), as
+        # Telegram marks none there.
+        addressee = shown(glued[1:]) if glued.startswith("@") else ""
+        if not glued.startswith("@"):
+            rest = glued + rest
+        if addressee and "@" + addressee not in keys:
+            # "/taskcard@OtherBot" (or the command glued to another mention,
+            # "/taskcard@_user_2") is addressed to someone else, as on Telegram; our own
+            # mention was removed above.
+            after = _after_bot_name(addressee, rest, bot_name)
+            if after is None:
+                continue
+            rest = after
+        if mention is not None and tell:
+            rest = drop_leading(rest, mention)
+        # The text for the agent keeps its line breaks: only the command word goes.
+        return command_arguments(rest, tell=tell)
+    return None
 
 
 def _after_bot_name(addressee: str, rest: str, bot_name: str | None) -> str | None:

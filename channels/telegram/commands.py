@@ -32,7 +32,7 @@ from taskcard.channels.base import (
     PollGate,
     SentAs,
     command_arguments,
-    command_word,
+    command_readings,
     drop_leading,
     ends_command,
     first_word,
@@ -101,6 +101,9 @@ class FloodAwarePollRequest(FloodAwareRequest):
 
 # The bot a command is addressed to, glued to it: `@` and a username (letters, digits, `_`).
 _ADDRESSEE = re.compile(r"@([A-Za-z0-9_]*)")
+# How long the name after a command's `@` may be for Telegram to mark the command at all
+# (tdlib's `match_bot_commands`): `/taskcard@`, with none, or `/taskcard@ab` is no command.
+USERNAME_LENGTHS = (3, 32)
 
 
 def mention_of(bot_username: str) -> re.Pattern[str]:
@@ -114,14 +117,16 @@ def parse_command(text: str, bot_username: str, command: str = COMMAND) -> str |
     `/taskcard@OtherBot` is someone else's command in a group and is ignored; the mention
     of this bot is matched case-insensitively, as Telegram usernames are. The command reads
     as it shows: invisible characters a client pasted around or between its words change
-    nothing (`channels.base.first_word`). The command word is what Telegram marks as one
-    (`channels.base.command_word`): it ends at white space or at any character that is not a
-    letter, digit, `_`, `/`, `<` or `>` (`/tell😀 builder hi` is `/tell` with "😀 builder
-    hi"), and what follows it is its arguments, glued or not. A mention of this bot as a
-    word of its own addresses the command, as on Feishu: "@ThisBot /taskcard off" and
-    "/taskcard off @ThisBot" are `off`. In a `/tell` only the mention that addresses it
-    goes (leading the message, or right after the command word): "/tell builder ask
-    @ThisBot why" reaches the agent as written.
+    nothing, and one glued to the command word ends it (`channels.base.command_readings`).
+    The command word is what Telegram marks as one (`channels.base.command_word`): it ends
+    at white space or at any character that is not a letter, digit, `_`, `/`, `<` or `>`
+    (`/tell😀 builder hi` is `/tell` with "😀 builder hi"), and what follows it is its
+    arguments, glued or not. A command glued to `@` is one only with 3 to 32 name
+    characters after the sign, as Telegram marks it: `/taskcard@ off` is none. A mention
+    of this bot as a word of its own addresses the command, as on Feishu: "@ThisBot
+    /taskcard off" and "/taskcard off @ThisBot" are `off`. In a `/tell` only the mention
+    that addresses it goes (leading the message, or right after the command word): "/tell
+    builder ask @ThisBot why" reaches the agent as written.
     """
     tell = command == TELL
     ours = mention_of(bot_username)
@@ -132,22 +137,23 @@ def parse_command(text: str, bot_username: str, command: str = COMMAND) -> str |
     # The command ends at the first white space of any kind ("/tell\nbuilder ..."), or at
     # any other character Telegram ends one at ("/tell😀 builder", "/taskcard,off"); what
     # follows it is its arguments.
-    head, rest = first_word(text)
-    found = command_word(head)
-    if found is None or found[0].lower() != command:
-        return None
-    glued = found[1]
-    if (addressee := _ADDRESSEE.match(glued)) is not None:
-        mention, glued = addressee.group(1), glued[addressee.end() :]
-        if glued and not ends_command(glued[0]):
-            return None  # "/taskcard@OurBotté" names no bot Telegram knows
-        if mention and mention.lower() != bot_username.lower():
-            return None
-    rest = glued + rest
-    if bot_username and tell:
-        rest = drop_leading(rest, ours)
-    # Text for an agent keeps its line breaks.
-    return command_arguments(rest, tell=tell)
+    for name, glued, rest in command_readings(text):
+        if name.lower() != command:
+            continue
+        if (addressee := _ADDRESSEE.match(glued)) is not None:
+            mention, glued = addressee.group(1), glued[addressee.end() :]
+            if glued and not ends_command(glued[0]):
+                continue  # "/taskcard@OurBotté" names no bot Telegram knows
+            if not USERNAME_LENGTHS[0] <= len(mention) <= USERNAME_LENGTHS[1]:
+                continue  # "/taskcard@ off", "/taskcard@ab": Telegram marks no command
+            if mention.lower() != bot_username.lower():
+                continue
+        rest = glued + rest
+        if bot_username and tell:
+            rest = drop_leading(rest, ours)
+        # Text for an agent keeps its line breaks.
+        return command_arguments(rest, tell=tell)
+    return None
 
 
 def command_from_update(update: Update, bot_username: str) -> IncomingCommand | None:

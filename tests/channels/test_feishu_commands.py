@@ -43,6 +43,15 @@ BOT = "ou_bot"
         ("\uff0ftaskcard off", None, "off"),
         ("@_user_1 \uff0fTASKCARD\u00a0board", "@_user_1", "board"),
         ("\uff0f\uff54askcard off", None, None),  # full-width letters stay look-alikes
+        # "@" with no name after it names nobody: no command, as Telegram marks none.
+        ("/taskcard@ off", None, None),
+        ("/taskcard@\u200b off", None, None),
+        # An invisible or control character glued to the command word ends it.
+        ("/taskcard\u2060off", None, "off"),
+        ("/taskcard\u034f\U000e0020 3\u17b4", None, "3"),
+        ("/taskcard\x00off\x1b", None, "off"),
+        ("/\u200btaskcard off", None, "off"),  # the service's quoted command, pasted back
+        ("/taskcard@_user_1\u200boff", "@_user_1", "off"),
     ],
 )
 def test_command_args(text: str, mention_key: str | None, expected: str | None) -> None:

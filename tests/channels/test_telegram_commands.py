@@ -67,6 +67,16 @@ GROUP = -100777
         ("/taskcard@TaskcardTestBot\u00e9 off", None),
         ("/taskcard@OtherBot,off", None),
         ("@TaskcardTestBot \U0001f600 /taskcard off", None),
+        # Telegram marks a command glued to `@` only with 3 to 32 name characters after it.
+        ("/taskcard@ off", None),
+        ("/taskcard@ab off", None),
+        ("/taskcard@" + "b" * 33 + " off", None),
+        # An invisible or control character glued to the command word ends it.
+        ("/taskcard\u2060off", "off"),
+        ("/taskcard@TaskcardTestBot\u200boff", "off"),
+        ("/taskcard\x00off", "off"),
+        ("/\u200btaskcard off", "off"),  # the service's quoted command, pasted back
+        ("/task\u200bcard off", "off"),  # read as it shows first
     ],
 )
 def test_parse_command(text: str, expected: str | None) -> None:
@@ -79,6 +89,8 @@ def test_a_tell_glued_to_what_ends_its_command_word() -> None:
     )
     assert parse_command("/tell,builder hi", "TaskcardTestBot", "tell") == ",builder hi"
     assert parse_command("/tellme builder hi", "TaskcardTestBot", "tell") is None
+    assert parse_command("/tell\u200bbuilder hi", "TaskcardTestBot", "tell") == "builder hi"
+    assert parse_command("/tell\x07builder hi", "TaskcardTestBot", "tell") == "builder hi"
 
 
 def test_a_long_run_of_invisible_words_before_a_command() -> None:

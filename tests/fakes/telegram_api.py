@@ -153,8 +153,9 @@ def _ends_command(char: str) -> bool:
 
 def bot_command_entities(text: str) -> list[Json]:
     """The `bot_command` entities Telegram marks in a person's `text`: every `/command`
-    (1 to 64 ASCII letters, digits or `_`, then optionally `@` and a bot's name of 3 to 32)
-    standing alone, wherever it is in the text, as tdlib's `find_bot_commands` finds them.
+    (1 to 64 ASCII letters, digits or `_`, then optionally `@` and a bot's name of 3 to 32;
+    with a name of another length after the `@`, none) standing alone, wherever it is in the
+    text, as tdlib's `find_bot_commands` finds them.
     Offsets and lengths count UTF-16 code units, as in every entity the Bot API sends: a
     command after an emoji starts two units after where it starts in characters."""
     entities: list[Json] = []
@@ -173,8 +174,10 @@ def bot_command_entities(text: str) -> list[Json]:
             name_end = end + 1
             while name_end < len(text) and _command_char(text[name_end]):
                 name_end += 1
-            if 3 <= name_end - end - 1 <= 32:
-                end = name_end
+            at = name_end
+            if not 3 <= name_end - end - 1 <= 32:
+                continue  # "/taskcard@ off", "/taskcard@ab": no command at all
+            end = name_end
         at = end
         if end < len(text) and not _ends_command(text[end]):
             continue

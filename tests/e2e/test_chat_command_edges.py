@@ -1,0 +1,75 @@
+"""Edge cases of a chat command's words, through `taskcard serve` and both platforms' fakes.
+
+Telegram marks no command in `/taskcard@ off` (tdlib's `match_bot_commands` wants 3 to 32
+name characters after the `@`), ends a command word at an invisible character glued to it
+(`/taskcard` + a word joiner + `off`) and turns control characters into spaces before a bot
+sees them. Feishu reads the same words alike.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.e2e.test_talk_and_signals import (
+    platform,  # noqa: F401 (the fixture, used by name)
+    queued,
+    running_card,
+    wait_said,
+    wait_status,
+)
+
+
+async def test_a_command_glued_to_an_at_sign_without_a_bot_name_is_none(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    # `/taskcard@ off` was taken as `/taskcard off`, and `/start@` replying to a card as
+    # another bot's command; Telegram marks no command in either.
+    async with running_card(platform, tmp_path) as chat:
+        for text in ("/taskcard@ off", "/taskcard@\u200b off", "/taskcard@ab off"):
+            await chat.say(text)
+        await chat.say("/taskcard@" + "b" * 33 + " off")
+        await chat.say("/taskcard 7")
+        await wait_said(chat, "7 activity rows", "the answer to the real command")
+        assert not any("hidden" in t.lower() for t in chat.bot_texts()), chat.bot_texts()
+        assert not any("Unknown option" in t for t in chat.bot_texts()), chat.bot_texts()
+
+
+async def test_an_invisible_character_glued_to_the_command_word_ends_it(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    # A word joiner, a zero-width space or a combining grapheme joiner a client pasted
+    # instead of the space made the message no command (no answer) or an unknown option.
+    async with running_card(platform, tmp_path) as chat:
+        await chat.say("/taskcard\u20604")
+        await wait_said(chat, "4 activity rows", "the answer to a word joiner")
+        await chat.say("/taskcard\ufeff\u034f5\u034f")
+        await wait_said(chat, "5 activity rows", "the answer to a byte-order mark")
+        await chat.say("/tell\u200bbuilder\u2060 look")
+        await wait_status(chat, "queued")
+        [message] = queued(tmp_path)
+        assert json.loads(message.read_text())["text"] == "look"
+        # "/" and a zero-width space is how the service quotes a command without making it
+        # one: copied back into the chat by a person, it is the command they see.
+        await chat.say("/\u200btask\u200bcard 6")
+        await wait_said(chat, "6 activity rows", "the answer to the quoted command")
+        assert not any("Unknown option" in t for t in chat.bot_texts()), chat.bot_texts()
+
+
+async def test_control_characters_in_a_command_count_as_spaces(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    # Telegram's servers turn control characters into spaces; Feishu passes them on, and
+    # `/taskcard off` with a NUL was an unknown option there (and on the fake Bot API).
+    async with running_card(platform, tmp_path) as chat:
+        await chat.say("/taskcard\x003\x1b")
+        await wait_said(chat, "3 activity rows", "the answer to a NUL and an escape")
+        await chat.say("/tell\x07builder\x1f look")
+        await wait_status(chat, "queued")
+        [message] = queued(tmp_path)
+        assert json.loads(message.read_text())["text"] == "look"
+        assert not any("Unknown option" in t for t in chat.bot_texts()), chat.bot_texts()
+        assert not any("AGENT is one of" in t for t in chat.bot_texts()), chat.bot_texts()
