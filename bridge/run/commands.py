@@ -116,6 +116,16 @@ def suggestion(args: str) -> str | None:
     return f"/taskcard {close[0]}" if len(words) == 1 and close else None
 
 
+def without_mentions(args: str) -> str | None:
+    """`args` without the words that mention someone (a Telegram `@alice`, a Feishu mention's
+    placeholder `@_user_2` or `@_all`), None when they mention no one. No option takes a
+    mention: `/taskcard off @alice` is answered as such, never as an unknown option, whose
+    "Did you mean /taskcard off?" read as if `off` had not been typed."""
+    words = args.split()
+    kept = [word for word in words if not (word.startswith("@") and len(word) > 1)]
+    return None if len(kept) == len(words) else " ".join(kept)
+
+
 def rows_out_of_range(args: str) -> bool:
     """Whether an unknown `/taskcard ARGS` is a whole number outside 1 to 10 (`0`, `11`,
     `-3`, a full-width `１２`): a count of activity rows the chat cannot have, answered with

@@ -75,6 +75,7 @@ from taskcard.bridge.run.commands import (
     parse_taskcard,
     rows_out_of_range,
     suggestion,
+    without_mentions,
 )
 from taskcard.bridge.run.fleet import (
     RETIRED_NOTE,
@@ -2580,7 +2581,20 @@ class Service:
             meant = suggestion(command.args)
             hint = f" Did you mean {meant}?" if meant else ""
             reply = f"Unknown option.{hint} {HELP_TEXT}"
-            if rows_out_of_range(command.args):
+            unmentioned = without_mentions(command.args)
+            if unmentioned is not None:
+                # Named as a mention, never quoted: a Feishu placeholder means nothing to
+                # the person, and a Telegram username is theirs to know.
+                # The option written out, but for an agent's name (a person's text).
+                action = parse_taskcard(unmentioned).action
+                alone = "/taskcard" if not unmentioned else suggestion(unmentioned)
+                if action == "unknown":
+                    reply = f"Unknown option: /taskcard takes no mention. {HELP_TEXT}"
+                elif action == "orchestrator" or alone is None:
+                    reply = "/taskcard takes no mention: send it without the mention."
+                else:
+                    reply = f"/taskcard takes no mention: send {alone} without it."
+            elif rows_out_of_range(command.args):
                 reply = (
                     f"A card shows {MIN_ROWS} to {MAX_ROWS} activity rows: /taskcard {MAX_ROWS}"
                     f" shows the most, /taskcard {MIN_ROWS} the fewest."

@@ -23,6 +23,7 @@ from taskcard.bridge.run.commands import (
     parse_taskcard,
     rows_out_of_range,
     suggestion,
+    without_mentions,
 )
 from taskcard.bridge.run.service import Service
 from taskcard.bridge.schedule.scheduler import RouteKey
@@ -92,6 +93,21 @@ def test_parse_taskcard(args: str, expected: TaskcardCommand) -> None:
 def test_an_unknown_option_suggests_only_an_option(args: str, meant: str | None) -> None:
     assert parse_taskcard(args) == TaskcardCommand("unknown")
     assert suggestion(args) == meant
+
+
+@pytest.mark.parametrize(
+    ("args", "left"),
+    [
+        ("off @alice_person", "off"),
+        ("@_user_2 3", "3"),  # a Feishu mention's placeholder
+        ("@_all", ""),
+        ("off", None),  # no mention
+        ("off @", None),  # a lone sign mentions no one
+        ("orchestrator builder @alice_person", "orchestrator builder"),
+    ],
+)
+def test_the_options_without_their_mentions(args: str, left: str | None) -> None:
+    assert without_mentions(args) == left
 
 
 @pytest.mark.parametrize(

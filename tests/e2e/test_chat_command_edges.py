@@ -3,7 +3,8 @@
 Telegram marks no command in `/taskcard@ off` (tdlib's `match_bot_commands` wants 3 to 32
 name characters after the `@`), ends a command word at an invisible character glued to it
 (`/taskcard` + a word joiner + `off`) and turns control characters into spaces before a bot
-sees them. Feishu reads the same words alike.
+sees them. Feishu reads the same words alike. No option takes a mention of a person: the
+answer says so, naming neither the person nor Feishu's placeholder for them.
 """
 
 from __future__ import annotations
@@ -11,13 +12,26 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tests.e2e.harness import eventually
 from tests.e2e.test_talk_and_signals import (
+    FS_CHAT,
+    FS_PERSON,
+    FS_VERIFY,
+    Chat,
+    FeishuChat,
     platform,  # noqa: F401 (the fixture, used by name)
     queued,
     running_card,
     wait_said,
     wait_status,
 )
+
+
+async def answered(chat: Chat, words: str, times: int, what: str) -> None:
+    """Wait until `times` of the bot's messages in the chat say `words`."""
+    await eventually(
+        lambda: sum(words in t for t in chat.bot_texts()) >= times, timeout_s=60, what=what
+    )
 
 
 async def test_a_command_glued_to_an_at_sign_without_a_bot_name_is_none(
@@ -73,3 +87,34 @@ async def test_control_characters_in_a_command_count_as_spaces(
         assert json.loads(message.read_text())["text"] == "look"
         assert not any("Unknown option" in t for t in chat.bot_texts()), chat.bot_texts()
         assert not any("AGENT is one of" in t for t in chat.bot_texts()), chat.bot_texts()
+
+
+async def test_a_mention_of_a_person_among_the_options_is_named_as_such(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    # `/taskcard off @alice` was answered "Unknown option. Did you mean /taskcard off?", as
+    # if `off` had not been typed; on Feishu the same with the placeholder `@_user_1`.
+    async with running_card(platform, tmp_path) as chat:
+        if isinstance(chat, FeishuChat):
+            document = chat.fake.command_event(
+                FS_CHAT,
+                "",
+                open_id=FS_PERSON,
+                mention_users=("ou_alice",),
+                verification_token=FS_VERIFY,
+            )
+            message = document["event"]["message"]
+            # @_user_1 is alice, @_user_2 the bot.
+            message["content"] = json.dumps({"text": "@_user_2 /taskcard off @_user_1"})
+            assert (await chat.fake.deliver_event(chat.url, document)).status == 200
+        else:
+            await chat.say("/taskcard off @alice_person")
+        await answered(chat, "send /taskcard off without it", 1, "the answer to the mention")
+        await chat.say("/taskcard @alice_person")
+        await answered(chat, "send /taskcard without it", 1, "the answer to a mention alone")
+        await chat.say("/taskcard borad @alice_person")
+        await answered(chat, "Unknown option: /taskcard takes no mention", 1, "unknown + mention")
+        texts = chat.bot_texts()
+        assert not any("hidden" in t.lower() for t in texts), texts
+        assert not any("@_user" in t or "alice" in t for t in texts), texts
