@@ -46,6 +46,12 @@ class TaskcardCommand:
     agent: str | None = None
 
 
+def _folded(word: str) -> str:
+    """`word` as a person means it: in its compatibility form (full-width `ＯＦＦ` is `off`),
+    case folded."""
+    return unicodedata.normalize("NFKC", word).casefold()
+
+
 def parse_taskcard(args: str) -> TaskcardCommand:
     """`""`/`status`/`state`: show the state; `off`/`on`: hide/show the cards; `1`-`10`: that
     many activity rows; `cancel`: withdraw the author's latest message still queued for an
@@ -60,7 +66,7 @@ def parse_taskcard(args: str) -> TaskcardCommand:
         named = words[1]
         return TaskcardCommand(
             "orchestrator",
-            agent=ORCHESTRATOR_OFF if named.lower() == ORCHESTRATOR_OFF else named,
+            agent=ORCHESTRATOR_OFF if _folded(named) == ORCHESTRATOR_OFF else named,
         )
     word = args.strip().lower()
     if word in ("", "status", "state"):

@@ -3018,10 +3018,9 @@ class Service:
                 "This chat has no orchestrator now: the signals of its agents wake only their"
                 " parents. /taskcard orchestrator AGENT marks one."
             )
-        agent_id = named if named in here else None
-        if agent_id is None:
-            folded = [name for name in here if name.lower() == named.lower()]
-            agent_id = folded[0] if len(folded) == 1 else None
+        # Read as a `/tell` reads the name: case and width do not matter (`ｂｕｉｌｄｅｒ`).
+        matches = matching_agents(named, here)
+        agent_id = matches[0] if len(matches) == 1 else None
         if agent_id is None:
             listed = f"/taskcard orchestrator AGENT: AGENT is one of {', '.join(here)}."
             if _utf16_len(listed) <= STATE_TEXT_UTF16:

@@ -118,3 +118,18 @@ async def test_a_mention_of_a_person_among_the_options_is_named_as_such(
         texts = chat.bot_texts()
         assert not any("hidden" in t.lower() for t in texts), texts
         assert not any("@_user" in t or "alice" in t for t in texts), texts
+
+
+async def test_the_orchestrator_is_named_as_a_tell_names_an_agent(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    # `/tell ｂｕｉｌｄｅｒ hi` reaches builder (a phone's keyboard typed it full-width), while
+    # `/taskcard orchestrator ｂｕｉｌｄｅｒ` was answered with the list of agents and
+    # `/taskcard orchestrator ｏｆｆ` took `ｏｆｆ` for an agent's name.
+    async with running_card(platform, tmp_path) as chat:
+        await chat.say("/taskcard orchestrator \uff42\uff55\uff49\uff4c\uff44\uff45\uff52")
+        await wait_said(chat, "builder is now this chat's orchestrator", "the mark")
+        await chat.say("/taskcard orchestrator \uff2f\uff26\uff26")
+        await wait_said(chat, "This chat has no orchestrator now", "the mark taken off")
+        assert not any("AGENT is one of" in t for t in chat.bot_texts()), chat.bot_texts()
