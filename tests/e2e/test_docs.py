@@ -671,7 +671,7 @@ def test_every_chat_command_the_docs_show_is_one_the_service_reads() -> None:
     """`/taskcard off|on|N`, `/taskcard orchestrator AGENT|off`: an option the docs give
     people to type must be one `/taskcard` takes, or it is answered as unknown. Each
     alternative is read (`N` as 1 and as 10, `AGENT` as a name)."""
-    from taskcard.bridge.run.commands import parse_taskcard, suggestion
+    from taskcard.bridge.run.commands import parse_taskcard, suggestion, without_mentions
 
     shown = []
     for doc in DOCS:
@@ -687,6 +687,9 @@ def test_every_chat_command_the_docs_show_is_one_the_service_reads() -> None:
     for doc, args in shown:
         if args in MISTYPED_CHAT_COMMANDS:
             assert parse_taskcard(args).action == "unknown" and suggestion(args), args
+            continue
+        if (kept := without_mentions(args)) is not None:  # shown answered as a mention
+            assert parse_taskcard(kept).action != "unknown", args
             continue
         choices = [
             [one for word in alternatives.split("|") for one in stand_in.get(word, [word])]
