@@ -8,9 +8,11 @@ too: `{"report": null}`), 2 bad input (one line on stderr naming the field and t
 from __future__ import annotations
 
 import argparse
+import errno
+import os
+import stat
 import sys
-from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from taskcard.producers.reports.lineage import (
     DEFAULT_MAX_DEPTH,
@@ -59,8 +61,7 @@ def _read_payload(source: str) -> str:
         if source == "-":
             raw = sys.stdin.buffer.read(MAX_PAYLOAD_BYTES + 1)
         else:
-            with Path(source).open("rb") as handle:
-                raw = handle.read(MAX_PAYLOAD_BYTES + 1)
+            raw = _read_payload_file(source)
     except OSError as exc:
         # Shown escaped: a name holding an escape sequence acted on the terminal.
         raise ReportError(f"--payload: cannot read {shown_path(source)} ({exc.strerror})") from None
@@ -76,6 +77,52 @@ def _read_payload(source: str) -> str:
             f"--payload: not UTF-8 text (byte {exc.start} is 0x{raw[exc.start]:02x}); convert it"
             " to UTF-8 (iconv -t UTF-8) and report again"
         ) from None
+
+
+# What `--payload` names when it is not a regular file, by `stat.S_IFMT` of its mode.
+_FILE_KINDS: Final = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a named pipe",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a device",
+    stat.S_IFBLK: "a device",
+}
+
+
+def _read_payload_file(source: str) -> bytes:
+    """At most one byte over the cap of the regular file `source` names.
+
+    Anything else is refused before a byte is read: a named pipe with no writer held the
+    command for ever at its `open`, a device such as `/dev/zero` was read as a payload too
+    long, a socket failed as "No such device or address". The file is opened without
+    waiting (`O_NONBLOCK`) and checked by its descriptor, so a name swapped for a pipe
+    between a look and the open cannot hold it either.
+    """
+    if "\0" in source:  # `open` raised ValueError: a traceback
+        raise ReportError(f"--payload: {shown_path(source)} contains a NUL character; name a file")
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno != errno.ENXIO:  # a socket (or a device with no driver) cannot be opened
+            raise
+        _refuse_kind(source, os.stat(source).st_mode)
+        raise
+    try:
+        _refuse_kind(source, os.fstat(fd).st_mode)
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read(MAX_PAYLOAD_BYTES + 1)
+    finally:
+        os.close(fd)
+
+
+def _refuse_kind(source: str, mode: int) -> None:
+    kind = stat.S_IFMT(mode)
+    if kind != stat.S_IFREG:
+        raise ReportError(
+            f"--payload: {shown_path(source)} is {_FILE_KINDS.get(kind, 'not a file')}, not a"
+            " regular file; write the payload to a file, or pipe it in with --payload -"
+        )
 
 
 def run_report(args: argparse.Namespace) -> int:
