@@ -234,13 +234,14 @@ def run_supervise(args: argparse.Namespace) -> int:
     from taskcard.producers.ledger.notifications import LedgerNotificationPort
     from taskcard.producers.ledger.supervise import supervise
     from taskcard.producers.task_card.contract import CardPaths
-    from taskcard.producers.task_card.runtime import HostPaths, default_runtime_dir
+    from taskcard.producers.task_card.runtime import RuntimeDirUnsafe, chosen_host_paths
 
     workdir: Path = args.workdir  # expanded and resolved by `existing_workdir_arg`
-    runtime = (
-        Path(args.runtime_dir).expanduser() if args.runtime_dir else default_runtime_dir(os.environ)
-    )
-    host_paths = HostPaths(runtime, workdir)
+    try:
+        host_paths = chosen_host_paths(args.runtime_dir, os.environ, workdir)
+    except RuntimeDirUnsafe as exc:  # a blank variable, a folder inside the workdir
+        print(f"taskcard ledger supervise: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     skipped: list[str] = []
     decisions = supervise(
         _ledger(args),

@@ -48,7 +48,7 @@ from taskcard.producers.task_card.runtime import (
     HostAlreadyRunning,
     HostPaths,
     RuntimeDirUnsafe,
-    default_runtime_dir,
+    chosen_host_paths,
     runtime_dir_arg,
 )
 from taskcard.producers.task_card.settings import (
@@ -81,10 +81,8 @@ CLI_REASONING: Final = "requested from the taskcard command line"
 
 
 def _host_paths(args: argparse.Namespace) -> HostPaths:
-    runtime = (
-        Path(args.runtime_dir).expanduser() if args.runtime_dir else default_runtime_dir(os.environ)
-    )
-    return HostPaths(runtime, args.workdir)
+    """Raises `RuntimeDirUnsafe` for a runtime folder no host can use (`chosen_host_paths`)."""
+    return chosen_host_paths(args.runtime_dir, os.environ, args.workdir)
 
 
 def _emit(result: dict[str, Any], as_json: bool = True) -> int:
@@ -263,8 +261,8 @@ def run_card(args: argparse.Namespace) -> int:
 
 def _private_paths(args: argparse.Namespace) -> HostPaths | None:
     """The host paths once the runtime folder is known to be ours; None after one line."""
-    paths = _host_paths(args)
     try:
+        paths = _host_paths(args)
         paths.ensure_dir()
     except RuntimeDirUnsafe as exc:
         _say(args, str(exc))

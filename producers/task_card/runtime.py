@@ -40,6 +40,12 @@ class RuntimeDirUnsafe(RuntimeError):
     """The runtime folder could be read or replaced by someone else; nothing is sent there."""
 
 
+class RuntimeDirInvalid(RuntimeDirUnsafe):
+    """`TASKCARD_RUNTIME_DIR` or `--runtime-dir` names no folder a host can use (blank, inside
+    the workdir, too long for a socket); answered like an unsafe runtime folder (one line,
+    exit 2)."""
+
+
 class CardFolderUnsafe(RuntimeDirUnsafe):
     """The workdir's `taskcard/` or `.taskcard-host/` folder leads out of it; answered like an
     unsafe runtime folder (one line, exit 2), since a host there would lock and write
@@ -86,6 +92,13 @@ def ensure_private_dir(path: Path) -> None:
             f"runtime dir {shown_path(path)} {problem}; refusing to use it. Remove it if it is not "
             "yours, or set TASKCARD_RUNTIME_DIR (or --runtime-dir) to a private directory"
         )
+    if not os.access(path, os.W_OK | os.X_OK):
+        # Ours and 0500: the lock's open failed with "remove it", about a lock never made.
+        raise RuntimeDirUnsafe(
+            f"runtime dir {shown_path(path)} is not writable (mode"
+            f" {stat.S_IMODE(info.st_mode):04o}); chmod 700 it, or set TASKCARD_RUNTIME_DIR"
+            " (or --runtime-dir) to a private directory you can write"
+        )
 
 
 # The `--runtime-dir` option's help, the same for every command that reaches a host.
@@ -108,14 +121,77 @@ def runtime_dir_arg(text: str) -> str:
     return text
 
 
+# The variable that names the runtime folder; read in one place, `default_runtime_dir`.
+RUNTIME_DIR_ENV: Final = "TASKCARD_RUNTIME_DIR"
+# The longest path a unix socket is bound at (`sun_path` is 108 bytes, its NUL included).
+MAX_SOCKET_PATH_BYTES: Final = 107
+
+
 def default_runtime_dir(environ: Mapping[str, str]) -> Path:
-    explicit = environ.get("TASKCARD_RUNTIME_DIR")
+    """The runtime folder when no `--runtime-dir` is given.
+
+    An empty `TASKCARD_RUNTIME_DIR` counts as unset, as for any variable; one of white space
+    only is refused (`RuntimeDirInvalid`): it was used as a folder named by spaces in the
+    current folder, while the same `--runtime-dir` is a usage error. `~` is expanded (a
+    client's config passes it verbatim, as for `--runtime-dir`); a relative name starts at
+    the caller's folder (`HostPaths`). An `XDG_RUNTIME_DIR` that is empty, blank or relative
+    is ignored, as the XDG base directory specification says of such values.
+    """
+    explicit = environ.get(RUNTIME_DIR_ENV)
     if explicit:
-        return Path(explicit)
+        if not explicit.strip():
+            raise RuntimeDirInvalid(
+                f"{RUNTIME_DIR_ENV} is blank; set it to a private directory for the hosts'"
+                " sockets and locks, or unset it for the default"
+            )
+        try:
+            return Path(explicit).expanduser()
+        except RuntimeError:  # `~name` of no known user
+            raise RuntimeDirInvalid(
+                f"{RUNTIME_DIR_ENV}={shown_path(explicit)} cannot be expanded; set it to the"
+                " full path of a private directory"
+            ) from None
     xdg = environ.get("XDG_RUNTIME_DIR")
-    if xdg:
+    if xdg and os.path.isabs(xdg):
         return Path(xdg) / "taskcard"
     return Path(f"/tmp/taskcard-{os.getuid()}")
+
+
+def chosen_host_paths(option: str | None, environ: Mapping[str, str], workdir: Path) -> HostPaths:
+    """The host paths for `--runtime-dir` (None when not given), else the environment's folder.
+
+    A folder chosen by the option or by `TASKCARD_RUNTIME_DIR` that is the workdir or lies
+    inside it is refused (`RuntimeDirInvalid`, naming which of the two chose it): the help
+    always said "never inside the workdir", yet it was taken, putting the host's lock,
+    socket and log among the agent's files, where the agent's own cleanup (`git clean`,
+    removing the tree) deletes a running host's socket and lock. The defaults are not
+    checked: a workdir of `/tmp` or `/` holds them, and the host's folder there is a
+    system folder, not one an agent keeps its work in.
+    """
+    if option is not None:
+        source: str | None = "--runtime-dir"
+        try:
+            runtime = Path(option).expanduser()
+        except RuntimeError:  # `~name` of no known user: it was a traceback
+            raise RuntimeDirInvalid(
+                f"--runtime-dir: {shown_path(option)} cannot be expanded; give the full path of"
+                " a private directory"
+            ) from None
+    else:
+        source = RUNTIME_DIR_ENV if environ.get(RUNTIME_DIR_ENV) else None
+        runtime = default_runtime_dir(environ)
+    paths = HostPaths(runtime, workdir)
+    if source is not None:
+        inside = Path(os.path.realpath(paths.runtime_dir))
+        home = workdir.resolve()
+        if inside == home or home in inside.parents:
+            default = "leave it out" if source == "--runtime-dir" else "unset it"
+            raise RuntimeDirInvalid(
+                f"{source}: {shown_path(paths.runtime_dir)} is inside the workdir"
+                f" {shown_path(home)}, among the agent's files; give {source} a private"
+                f" directory outside it, or {default} for the default"
+            )
+    return paths
 
 
 @dataclass(frozen=True)
@@ -152,7 +228,20 @@ class HostPaths:
         return self.runtime_dir / f"{self.key}.log"
 
     def ensure_dir(self) -> None:
-        """Create or check the runtime folder; raises `RuntimeDirUnsafe`."""
+        """Create or check the runtime folder; raises `RuntimeDirUnsafe`.
+
+        A folder whose socket path would not fit a unix socket is refused before anything is
+        made: the host's `bind` failed with a traceback in its log, and the caller saw exit
+        4, "failed to start", with no word of the folder's length.
+        """
+        length = len(os.fsencode(self.socket))
+        if length > MAX_SOCKET_PATH_BYTES:
+            raise RuntimeDirInvalid(
+                f"runtime dir {shown_path(self.runtime_dir)} is too long for the hosts' sockets"
+                f" (a socket's path in it takes {length} bytes, a unix socket's at most"
+                f" {MAX_SOCKET_PATH_BYTES}); set {RUNTIME_DIR_ENV} (or --runtime-dir) to a"
+                " shorter private directory"
+            )
         ensure_private_dir(self.runtime_dir)
 
 

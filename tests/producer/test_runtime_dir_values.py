@@ -1,0 +1,230 @@
+"""What `TASKCARD_RUNTIME_DIR` and `--runtime-dir` may name, for every command that reaches
+a host: one line naming the variable or the option and the fix (exit 2), never a folder of
+spaces, a host among the agent's files, or a traceback in the host's log.
+
+A blank variable was used as a folder named by spaces in the current folder (the same
+`--runtime-dir` is a usage error); a folder inside the workdir was taken although the help
+says "never inside the workdir"; one too long for a unix socket's path started a host that
+died on `bind` with a traceback in its log while the caller said exit 4, "failed to start".
+An empty variable still counts as unset. Driven as a person at a shell, and as an MCP
+client starts `taskcard mcp` (it is refused before the handshake).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from taskcard.producers.task_card.runtime import MAX_SOCKET_PATH_BYTES, default_runtime_dir
+from tests.producer.conftest import STATIC_RENDERER, CliHost, write_renderer
+
+COMMANDS = [
+    ["card", "start", "r.py"],
+    ["card", "inspect", "tc_1"],
+    ["tool", '{"action": "inspect", "input": {"watch_id": "tc_1"}, "reasoning": "r"}'],
+    ["host"],
+    ["mcp"],
+    ["ledger", "supervise"],
+]
+IDS = [" ".join(command[:2]) for command in COMMANDS]
+
+
+def _taskcard(
+    workdir: Path, command: list[str], env: dict[str, str], *options: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "taskcard.bridge.cli", *command, *options],
+        cwd=workdir,
+        env={**{k: v for k, v in os.environ.items() if k != "TASKCARD_RUNTIME_DIR"}, **env},
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _prog(command: list[str]) -> str:
+    return "taskcard " + " ".join(command[:2] if command[0] in ("card", "ledger") else command[:1])
+
+
+def _refused(done: subprocess.CompletedProcess[str], command: list[str], message: str) -> None:
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", f"{_prog(command)}: {message}\n")
+
+
+@pytest.mark.parametrize("blank", [" ", "   ", "\t"], ids=["space", "spaces", "tab"])
+@pytest.mark.parametrize("command", COMMANDS, ids=IDS)
+def test_a_blank_variable_is_refused_naming_it(
+    workdir: Path, command: list[str], blank: str
+) -> None:
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    done = _taskcard(workdir, command, {"TASKCARD_RUNTIME_DIR": blank})
+    _refused(
+        done,
+        command,
+        "TASKCARD_RUNTIME_DIR is blank; set it to a private directory for the hosts' sockets"
+        " and locks, or unset it for the default",
+    )
+    assert sorted(os.listdir(workdir)) == ["r.py"]  # no folder of spaces, no host
+
+
+def test_an_empty_variable_counts_as_unset(workdir: Path, runtime_dir: Path) -> None:
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    env = {"TASKCARD_RUNTIME_DIR": "", "XDG_RUNTIME_DIR": str(runtime_dir)}
+    host = CliHost(workdir, runtime_dir / "taskcard")
+    try:
+        done = _taskcard(workdir, ["card", "start", "r.py"], env)
+        assert done.returncode == 0, done.stderr
+        assert host.paths.socket.exists()
+    finally:
+        host.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, Path(f"/tmp/taskcard-{os.getuid()}")),
+        ({"TASKCARD_RUNTIME_DIR": ""}, Path(f"/tmp/taskcard-{os.getuid()}")),
+        ({"TASKCARD_RUNTIME_DIR": "/r/t"}, Path("/r/t")),
+        ({"TASKCARD_RUNTIME_DIR": "rt"}, Path("rt")),  # from the caller's folder: HostPaths
+        ({"TASKCARD_RUNTIME_DIR": "~/rt"}, Path.home() / "rt"),
+        ({"XDG_RUNTIME_DIR": "/run/user/7"}, Path("/run/user/7/taskcard")),
+        # The XDG base directory specification: a relative value is ignored.
+        ({"XDG_RUNTIME_DIR": "run"}, Path(f"/tmp/taskcard-{os.getuid()}")),
+        ({"XDG_RUNTIME_DIR": "  "}, Path(f"/tmp/taskcard-{os.getuid()}")),
+    ],
+)
+def test_the_default_folder_by_the_environment(env: dict[str, str], expected: Path) -> None:
+    assert default_runtime_dir(env) == expected
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=IDS)
+def test_a_runtime_dir_option_inside_the_workdir_is_refused(
+    workdir: Path, command: list[str]
+) -> None:
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    done = _taskcard(workdir, command, {}, "--runtime-dir", "rt")
+    _refused(
+        done,
+        command,
+        f"--runtime-dir: {workdir}/rt is inside the workdir {workdir}, among the agent's files;"
+        " give --runtime-dir a private directory outside it, or leave it out for the default",
+    )
+    assert sorted(os.listdir(workdir)) == ["r.py"]
+
+
+@pytest.mark.parametrize("where", [".", "sub/rt", "ABS"])
+def test_a_variable_inside_the_workdir_is_refused(workdir: Path, where: str) -> None:
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    named = str(workdir / "deep" / "rt") if where == "ABS" else where
+    inside = workdir / "deep" / "rt" if where == "ABS" else (workdir / where).resolve()
+    command = ["card", "start", "r.py"]
+    done = _taskcard(workdir, command, {"TASKCARD_RUNTIME_DIR": named})
+    _refused(
+        done,
+        command,
+        f"TASKCARD_RUNTIME_DIR: {os.path.abspath(workdir / named)} is inside the workdir"
+        f" {workdir}, among the agent's files; give TASKCARD_RUNTIME_DIR a private directory"
+        " outside it, or unset it for the default",
+    )
+    assert not inside.exists() or inside == workdir
+    assert sorted(os.listdir(workdir)) == ["r.py"]
+
+
+def test_a_link_into_the_workdir_is_inside_it(workdir: Path, tmp_path: Path) -> None:
+    (tmp_path / "link").symlink_to(workdir)
+    command = ["card", "inspect", "tc_1"]
+    done = _taskcard(workdir, command, {}, "--runtime-dir", str(tmp_path / "link" / "rt"))
+    assert done.returncode == 2
+    assert f"is inside the workdir {workdir}, among the agent's files" in done.stderr
+    assert not (workdir / "rt").exists()
+
+
+def test_a_folder_too_long_for_a_socket_is_refused_before_any_host(
+    workdir: Path, runtime_dir: Path
+) -> None:
+    socket_name = len("/0123456789abcdef0123.sock")
+    fits = MAX_SOCKET_PATH_BYTES - socket_name - len(str(runtime_dir)) - 1
+    too_long = runtime_dir / ("x" * (fits + 1))
+    command = ["card", "inspect", "tc_1"]
+    done = _taskcard(workdir, command, {}, "--runtime-dir", str(too_long))
+    _refused(
+        done,
+        command,
+        f"runtime dir {too_long} is too long for the hosts' sockets (a socket's path in it takes"
+        f" {MAX_SOCKET_PATH_BYTES + 1} bytes, a unix socket's at most {MAX_SOCKET_PATH_BYTES});"
+        " set TASKCARD_RUNTIME_DIR (or --runtime-dir) to a shorter private directory",
+    )
+    assert not too_long.exists()
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    host = CliHost(workdir, runtime_dir / ("x" * fits))  # one byte shorter: a host answers
+    try:
+        done = _taskcard(
+            workdir, ["card", "start", "r.py"], {}, "--runtime-dir", str(host.runtime_dir)
+        )
+        assert done.returncode == 0, done.stderr
+        assert len(os.fsencode(host.paths.socket)) == MAX_SOCKET_PATH_BYTES
+    finally:
+        host.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["file", "dangling link", "file on its path"])
+def test_a_runtime_dir_that_is_no_folder_is_refused_naming_the_fix(
+    workdir: Path, tmp_path: Path, kind: str
+) -> None:
+    named = tmp_path / "rt"
+    if kind == "file":
+        named.write_text("")
+        problem = f"runtime dir {named} is not a directory; refusing to use it."
+    elif kind == "dangling link":
+        named.symlink_to(tmp_path / "nowhere")
+        problem = f"runtime dir {named} is a symlink; refusing to use it."
+    else:
+        named.write_text("")
+        named = named / "sub"
+        problem = f"runtime dir {named} cannot be created (File exists: {named.parent}); set"
+    for env, options in (
+        ({"TASKCARD_RUNTIME_DIR": str(named)}, ()),
+        ({}, ("--runtime-dir", str(named))),
+    ):
+        done = _taskcard(workdir, ["card", "inspect", "tc_1"], env, *options)
+        assert (done.returncode, done.stdout) == (2, ""), done.stderr
+        assert done.stderr.startswith(f"taskcard card inspect: {problem}")
+        assert "TASKCARD_RUNTIME_DIR (or --runtime-dir)" in done.stderr
+        assert len(done.stderr.splitlines()) == 1
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a folder of mode 0500")
+def test_an_unwritable_runtime_dir_is_refused_naming_the_fix(
+    workdir: Path, runtime_dir: Path
+) -> None:
+    runtime_dir.chmod(0o500)
+    try:
+        done = _taskcard(
+            workdir, ["card", "inspect", "tc_1"], {}, "--runtime-dir", str(runtime_dir)
+        )
+    finally:
+        runtime_dir.chmod(0o700)
+    _refused(
+        done,
+        ["card", "inspect"],
+        f"runtime dir {runtime_dir} is not writable (mode 0500); chmod 700 it, or set"
+        " TASKCARD_RUNTIME_DIR (or --runtime-dir) to a private directory you can write",
+    )
+
+
+@pytest.mark.parametrize("how", ["env", "option"])
+def test_a_home_of_no_known_user_is_refused_naming_it(workdir: Path, how: str) -> None:
+    named = "~no-such-user-here/rt"
+    command = ["card", "inspect", "tc_1"]
+    if how == "env":
+        done = _taskcard(workdir, command, {"TASKCARD_RUNTIME_DIR": named})
+        said = f"TASKCARD_RUNTIME_DIR={named} cannot be expanded; set it to the full path of"
+    else:
+        done = _taskcard(workdir, command, {}, "--runtime-dir", named)
+        said = f"--runtime-dir: {named} cannot be expanded; give the full path of"
+    _refused(done, command, f"{said} a private directory")
