@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import errno
 import os
-import stat
 import sys
-from typing import Any, Final
+from pathlib import Path
+from typing import Any
 
 from taskcard.producers.reports.lineage import (
     DEFAULT_MAX_DEPTH,
@@ -30,7 +30,13 @@ from taskcard.producers.reports.store import (
     Reports,
     write_problem,
 )
-from taskcard.producers.task_card.contract import cannot_write, terminal_json
+from taskcard.producers.task_card.contract import (
+    NotRegularFile,
+    cannot_write,
+    file_kind,
+    read_regular,
+    terminal_json,
+)
 from taskcard.producers.task_card.number_args import whole_number
 from taskcard.producers.task_card.workdir_arg import (
     existing_workdir_arg,
@@ -79,50 +85,26 @@ def _read_payload(source: str) -> str:
         ) from None
 
 
-# What `--payload` names when it is not a regular file, by `stat.S_IFMT` of its mode.
-_FILE_KINDS: Final = {
-    stat.S_IFDIR: "a directory",
-    stat.S_IFIFO: "a named pipe",
-    stat.S_IFSOCK: "a socket",
-    stat.S_IFCHR: "a device",
-    stat.S_IFBLK: "a device",
-}
-
-
 def _read_payload_file(source: str) -> bytes:
     """At most one byte over the cap of the regular file `source` names.
 
-    Anything else is refused before a byte is read: a named pipe with no writer held the
-    command for ever at its `open`, a device such as `/dev/zero` was read as a payload too
-    long, a socket failed as "No such device or address". The file is opened without
-    waiting (`O_NONBLOCK`) and checked by its descriptor, so a name swapped for a pipe
-    between a look and the open cannot hold it either.
+    Anything else is refused before a byte is read (`read_regular` opens without waiting and
+    checks the descriptor): a named pipe with no writer held the command for ever at its
+    `open`, `/dev/zero` was read as a payload too long, a socket (which cannot be opened at
+    all) was "No such device or address".
     """
-    if "\0" in source:  # `open` raised ValueError: a traceback
-        raise ReportError(f"--payload: {shown_path(source)} contains a NUL character; name a file")
     try:
-        fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        return read_regular(Path(source), MAX_PAYLOAD_BYTES + 1)
+    except NotRegularFile:
+        mode = os.stat(source).st_mode
     except OSError as exc:
-        if exc.errno != errno.ENXIO:  # a socket (or a device with no driver) cannot be opened
+        if exc.errno != errno.ENXIO:
             raise
-        _refuse_kind(source, os.stat(source).st_mode)
-        raise
-    try:
-        _refuse_kind(source, os.fstat(fd).st_mode)
-        os.set_blocking(fd, True)
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            return handle.read(MAX_PAYLOAD_BYTES + 1)
-    finally:
-        os.close(fd)
-
-
-def _refuse_kind(source: str, mode: int) -> None:
-    kind = stat.S_IFMT(mode)
-    if kind != stat.S_IFREG:
-        raise ReportError(
-            f"--payload: {shown_path(source)} is {_FILE_KINDS.get(kind, 'not a file')}, not a"
-            " regular file; write the payload to a file, or pipe it in with --payload -"
-        )
+        mode = os.stat(source).st_mode
+    raise ReportError(
+        f"--payload: {shown_path(source)} is {file_kind(mode)}, not a regular file; write the"
+        " payload to a file, or pipe it in with --payload -"
+    )
 
 
 def run_report(args: argparse.Namespace) -> int:

@@ -53,7 +53,7 @@ def _socket(path: Path) -> Path:
 
 MADE: dict[str, tuple[Callable[[Path], Path], str]] = {
     "fifo": (_fifo, "a named pipe"),
-    "folder": (_folder, "a directory"),
+    "folder": (_folder, "a folder"),
     "socket": (_socket, "a socket"),
 }
 
