@@ -196,7 +196,14 @@ def _check_parent(
 ) -> tuple[Path, int]:
     """Where the parent is (resolved) and its depth, once the child's folder is known to be
     no folder of the parent's, nor of its chain; `LineageError` naming the field otherwise."""
-    if not parent_workdir.is_dir():
+    try:
+        found = parent_workdir.is_dir()
+    except OSError as exc:  # a name too long: it was "cannot write lineage.json" of the child
+        raise LineageError(
+            f"parent_workdir: {quoted(str(parent_workdir))} cannot be used ({exc.strerror});"
+            " give the parent's working directory, or leave it out"
+        ) from None
+    if not found:
         raise LineageError(
             f"parent_workdir: {quoted(str(parent_workdir))} is not a directory; give the"
             " parent's working directory, or leave it out"

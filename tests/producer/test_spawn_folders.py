@@ -264,3 +264,20 @@ def test_a_hand_written_loop_above_the_parent_ends_the_walk(tmp_path: Path) -> N
     assert b"more than 1024 folders" in done.stderr and b"fix or remove" in done.stderr
     assert b"chain/1024/lineage.json" in done.stderr
     assert not (tmp_path / "fresh" / "lineage.json").exists()
+
+
+def test_a_parent_folder_name_too_long_is_named_as_the_parent_s(tmp_path: Path) -> None:
+    """A `--parent-workdir` longer than a path may be was refused as "cannot write
+    lineage.json (File name too long)" of the child, with the advice to move what is in the
+    way aside: the child's file was never the problem."""
+    child = tmp_path / "child"
+    child.mkdir()
+    done = cli_spawn(str(child), "p", "z" * 5000, tmp_path)
+    assert (done.returncode, done.stdout) == (2, b"")
+    stderr = done.stderr.decode()
+    assert stderr.startswith(f"taskcard spawn: parent_workdir: '{tmp_path}/zzz")
+    assert stderr.endswith(
+        " cannot be used (File name too long); give the parent's working directory, or leave it"
+        " out\n"
+    )
+    assert not (child / "lineage.json").exists()
