@@ -19,6 +19,7 @@ from taskcard.producers.agent_hooks.install import (
     parse_version,
 )
 from taskcard.producers.agent_hooks.payload_json import read_json
+from taskcard.producers.task_card.contract import cannot_write
 from taskcard.producers.task_card.stdin_json import read_stdin_object
 from taskcard.producers.task_card.workdir_arg import existing_workdir_arg
 
@@ -94,7 +95,9 @@ def run_init(args: argparse.Namespace) -> int:
         print(f"taskcard init: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
-        print(f"taskcard init: cannot write: {exc}", file=sys.stderr)
+        # `str(exc)` was "[Errno 20] Not a directory: '...'", the path whole and unescaped.
+        where = exc.filename if exc.filename is not None else workdir
+        print(f"taskcard init: {cannot_write(where, exc)}", file=sys.stderr)
         return 1
     for line in report:
         print(line)
