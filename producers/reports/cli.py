@@ -12,7 +12,7 @@ import errno
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from taskcard.producers.reports.lineage import (
     DEFAULT_MAX_DEPTH,
@@ -38,6 +38,7 @@ from taskcard.producers.task_card.contract import (
     terminal_json,
 )
 from taskcard.producers.task_card.number_args import whole_number
+from taskcard.producers.task_card.stdin_json import read_stdin_object
 from taskcard.producers.task_card.workdir_arg import (
     existing_workdir_arg,
     shown_path,
@@ -64,10 +65,7 @@ def _read_payload(source: str) -> str:
         if not source.strip():
             # Read as `.`, it was "cannot read  (Is a directory)", about a folder nobody named.
             raise ReportError("--payload: is empty; give the file to read, or - for stdin")
-        if source == "-":
-            raw = sys.stdin.buffer.read(MAX_PAYLOAD_BYTES + 1)
-        else:
-            raw = _read_payload_file(source)
+        raw = _read_payload_stdin() if source == "-" else _read_payload_file(source)
     except OSError as exc:
         # Shown escaped: a name holding an escape sequence acted on the terminal.
         raise ReportError(f"--payload: cannot read {shown_path(source)} ({exc.strerror})") from None
@@ -83,6 +81,32 @@ def _read_payload(source: str) -> str:
             f"--payload: not UTF-8 text (byte {exc.start} is 0x{raw[exc.start]:02x}); convert it"
             " to UTF-8 (iconv -t UTF-8) and report again"
         ) from None
+
+
+# A pipe on stdin that stays open this long without a byte ends `--payload -` with a
+# refusal, as `taskcard tool` ends its envelope's read (`task_card.cli.STDIN_IDLE_S`).
+PAYLOAD_STDIN_IDLE_S: Final = 30.0
+
+
+def _never_settled(data: bytes) -> object:
+    raise ValueError("a payload is text: only its end ends it")
+
+
+def _read_payload_stdin() -> bytes:
+    """At most one byte over the cap of stdin, read to its end (a terminal: to Ctrl-D).
+
+    A caller that runs the command with a pipe it never closes (an agent host's tool runner
+    does, when nothing is piped in) held `--payload -` for ever: the read now ends after
+    `PAYLOAD_STDIN_IDLE_S` without a byte, refused, with the one stdin reader the envelope's
+    and the hooks' reads use. Text has no end of its own, so only the pipe's end takes it.
+    """
+    raw, ended = read_stdin_object(MAX_PAYLOAD_BYTES, _never_settled, PAYLOAD_STDIN_IDLE_S)
+    if not ended:
+        raise ReportError(
+            f"--payload: stdin stayed open {PAYLOAD_STDIN_IDLE_S:g} s without a byte and"
+            " without its end; close it after the payload, or name a file"
+        )
+    return raw
 
 
 def _read_payload_file(source: str) -> bytes:

@@ -3,7 +3,8 @@
 A named pipe with no writer held the command for ever at its `open`; `/dev/zero` was read
 up to the cap and refused as a payload too long; a socket was "No such device or address".
 Each is now one line naming the option, what the name is, and the fix, before a byte is
-read; a regular file over the limit is refused for its size without being read whole.
+read; a regular file over the limit is refused for its size without being read whole; a
+`--payload -` whose stdin is never closed ends after a quiet while instead of never.
 Driven as a person at a shell.
 """
 
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from taskcard.producers.reports.cli import PAYLOAD_STDIN_IDLE_S
 from taskcard.producers.reports.store import MAX_PAYLOAD_BYTES
 
 TASKCARD = str(Path(sys.executable).parent / "taskcard")
@@ -98,3 +100,29 @@ def test_a_regular_file_is_read_as_before(workdir: Path) -> None:
     done = _report(workdir, "--payload", "notes.txt")
     assert done.returncode == 0, done.stderr
     assert (workdir / "reports" / "payloads" / "1.txt").read_text() == "all green\n"
+
+
+def test_a_stdin_held_open_ends_the_read_with_a_refusal(workdir: Path) -> None:
+    """A caller that runs the command with a pipe it never closes (as an agent host's tool
+    runner does when nothing is piped in) held `--payload -` for ever."""
+    with subprocess.Popen(
+        [TASKCARD, "report", "--workdir", str(workdir), "--ok", "--summary", "s", "--payload", "-"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as proc:
+        assert proc.stdin is not None
+        proc.stdin.write(b"half of it")
+        proc.stdin.flush()
+        try:
+            proc.wait(timeout=PAYLOAD_STDIN_IDLE_S + 90)  # stdin stays open all along
+        finally:
+            proc.kill()
+        assert proc.stdout is not None and proc.stderr is not None
+        out, err = proc.stdout.read(), proc.stderr.read()
+    assert (proc.returncode, out) == (2, b""), err
+    assert err.decode() == (
+        f"taskcard report: --payload: stdin stayed open {PAYLOAD_STDIN_IDLE_S:g} s without a byte"
+        " and without its end; close it after the payload, or name a file\n"
+    )
+    assert not (workdir / "reports").exists()
