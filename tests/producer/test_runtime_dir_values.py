@@ -17,9 +17,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import anyio
 import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
 
 from taskcard.producers.task_card.runtime import MAX_SOCKET_PATH_BYTES, default_runtime_dir
+from tests.conftest import mcp_server
 from tests.producer.conftest import STATIC_RENDERER, CliHost, write_renderer
 
 COMMANDS = [
@@ -228,3 +232,30 @@ def test_a_home_of_no_known_user_is_refused_naming_it(workdir: Path, how: str) -
         done = _taskcard(workdir, command, {}, "--runtime-dir", named)
         said = f"--runtime-dir: {named} cannot be expanded; give the full path of"
     _refused(done, command, f"{said} a private directory")
+
+
+async def test_an_mcp_client_sees_the_server_refuse_a_blank_variable(
+    workdir: Path, tmp_path: Path
+) -> None:
+    """The SDK's stdio client, as an agent host starts `taskcard mcp` with the variable in
+    its config: the server says why on stderr and exits before the handshake, and the
+    client's `initialize` fails at once instead of listing tools that all fail."""
+    server = mcp_server(workdir, tmp_path / "unused")
+    args = server.args[: server.args.index("--runtime-dir")]  # the variable alone chooses
+    env = {**os.environ, "TASKCARD_RUNTIME_DIR": "  "}
+    params = StdioServerParameters(command=server.command, args=args, env=env, cwd=workdir)
+    with (tmp_path / "stderr").open("w+") as errlog:
+        with pytest.raises(ExceptionGroup):  # the SDK's: its reader found the pipe closed
+            with anyio.fail_after(60):
+                async with (
+                    stdio_client(params, errlog=errlog) as (read, write),
+                    ClientSession(read, write) as session,
+                ):
+                    await session.initialize()
+        errlog.seek(0)
+        said = errlog.read()
+    assert said == (
+        "taskcard mcp: TASKCARD_RUNTIME_DIR is blank; set it to a private directory for the"
+        " hosts' sockets and locks, or unset it for the default\n"
+    )
+    assert sorted(os.listdir(workdir)) == []
