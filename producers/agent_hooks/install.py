@@ -442,7 +442,16 @@ def _named_workdir(workdir: Path) -> str:
 
 
 def codex_config_path(environ: Mapping[str, str]) -> Path:
+    """Codex's config.toml by `CODEX_HOME`, as Codex finds it: an empty one counts as unset.
+    One of white space only is refused (`InitError`): it was taken as a folder named by
+    spaces in the current folder, and the hooks were written there, where no Codex looks
+    (Codex itself fails on such a home)."""
     home = environ.get("CODEX_HOME")
+    if home and not home.strip():
+        raise InitError(
+            "CODEX_HOME is blank; set it to Codex's home folder, unset it for ~/.codex, or"
+            " pass --config"
+        )
     return Path(home) / "config.toml" if home else Path.home() / ".codex" / "config.toml"
 
 

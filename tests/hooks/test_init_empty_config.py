@@ -47,3 +47,27 @@ def test_an_empty_codex_config_is_refused_and_nothing_is_written(
     done = run_taskcard("init", "codex", "--workdir", str(workdir), env=env)
     assert done.returncode == 0, done.stderr
     assert (codex_home / "config.toml").is_file()
+
+
+@pytest.mark.parametrize("blank", [" ", "\t"], ids=["space", "tab"])
+def test_a_blank_codex_home_is_refused_naming_it(workdir: Path, tmp_path: Path, blank: str) -> None:
+    """A `CODEX_HOME` of white space only was a folder named by spaces in the current
+    folder: the hooks were written where no Codex looks. An empty one still counts as unset,
+    as Codex reads it."""
+    home = tmp_path / "home"
+    home.mkdir()
+    here = tmp_path / "here"
+    here.mkdir()
+    command = [TASKCARD, "init", "codex", "--workdir", str(workdir)]
+    env = {**os.environ, "HOME": str(home), "CODEX_HOME": blank}
+    done = subprocess.run(command, cwd=here, env=env, capture_output=True, timeout=120)
+    assert (done.returncode, done.stdout) == (2, b"")
+    assert done.stderr.decode() == (
+        "taskcard init: CODEX_HOME is blank; set it to Codex's home folder, unset it for"
+        " ~/.codex, or pass --config\n"
+    )
+    assert sorted(os.listdir(here)) == [] and sorted(os.listdir(home)) == []
+    env["CODEX_HOME"] = ""
+    done = subprocess.run(command, cwd=here, env=env, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (home / ".codex" / "config.toml").is_file()
