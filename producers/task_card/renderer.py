@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import fcntl
 import math
 import os
@@ -80,9 +81,10 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from stat import S_ISREG
 from typing import ClassVar, Final, Literal, Protocol, get_args
 
-from taskcard.producers.task_card.contract import body_chars, quoted, shows_text
+from taskcard.producers.task_card.contract import body_chars, file_kind, quoted, shows_text
 
 STDERR_TAIL_BYTES: Final = 4096
 _READ_CHUNK: Final = 65536
@@ -144,7 +146,20 @@ def resolve_renderer(workdir: Path, renderer_path: str) -> Path:
         candidate = root / candidate
     try:
         resolved = candidate.resolve(strict=True)
-    except (OSError, RuntimeError):
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            raise RendererPathError(
+                f"renderer_path: {quoted(renderer_path)} does not exist (relative paths start"
+                " at the workdir)",
+                "does not exist",
+            ) from None
+        # A name too long to look at was said not to exist.
+        raise RendererPathError(
+            f"renderer_path: {quoted(renderer_path)} cannot be used ({exc.strerror}); give the"
+            " renderer's Python file, inside the workdir",
+            "cannot be used",
+        ) from None
+    except RuntimeError:  # a loop of symbolic links
         raise RendererPathError(
             f"renderer_path: {quoted(renderer_path)} does not exist (relative paths start at"
             " the workdir)",
@@ -156,9 +171,19 @@ def resolve_renderer(workdir: Path, renderer_path: str) -> Path:
             f" inside {root}",
             "resolves outside the workdir",
         )
-    if not resolved.is_file():
+    try:
+        mode = resolved.stat().st_mode
+    except OSError:  # removed since it was resolved
         raise RendererPathError(
-            f"renderer_path: {quoted(renderer_path)} is not a regular file",
+            f"renderer_path: {quoted(renderer_path)} does not exist (relative paths start at"
+            " the workdir)",
+            "does not exist",
+        ) from None
+    if not S_ISREG(mode):
+        # What it is and the fix: "is not a regular file" alone left both to guess.
+        raise RendererPathError(
+            f"renderer_path: {quoted(renderer_path)} is {file_kind(mode)}, not a regular file;"
+            " give the renderer's Python file",
             "is not a regular file",
         )
     return resolved
