@@ -557,8 +557,8 @@ def test_a_workdir_that_is_no_folder_is_one_usage_line_of_one_shape(
     assert not (tmp_path / "r").exists()  # nothing tried to start a host
 
 
-def test_card_manual_and_settings_answer_without_a_host(tmp_path: Path) -> None:
-    runtime = tmp_path / "run"
+def test_card_manual_and_settings_answer_without_a_host(tmp_path: Path, runtime_dir: Path) -> None:
+    runtime = runtime_dir / "run"  # never inside the workdir: that is refused
     common = ("--workdir", str(tmp_path), "--runtime-dir", str(runtime))
     manual = taskcard("card", "manual", *common)
     assert manual.returncode == 0
@@ -572,10 +572,10 @@ def test_card_manual_and_settings_answer_without_a_host(tmp_path: Path) -> None:
     assert not runtime.exists()  # no host was started, so no socket directory either
 
 
-def test_card_commands_print_a_summary_or_json(tmp_path: Path) -> None:
+def test_card_commands_print_a_summary_or_json(tmp_path: Path, runtime_dir: Path) -> None:
     (tmp_path / "card.py").write_text('print("**building** step 1")\n')
     # A short idle grace: the host exits soon after the card is removed.
-    common = ("--workdir", str(tmp_path), "--runtime-dir", str(tmp_path / "run"))
+    common = ("--workdir", str(tmp_path), "--runtime-dir", str(runtime_dir))
     common += ("--idle-grace-s", "1")
     started = taskcard("card", "start", "card.py", "--interval-s", "30", *common)
     try:
@@ -595,12 +595,14 @@ def test_card_commands_print_a_summary_or_json(tmp_path: Path) -> None:
         assert removed.stdout.startswith("remove: removed")
 
 
-def test_the_card_summary_does_not_replay_a_renderers_escapes(tmp_path: Path) -> None:
+def test_the_card_summary_does_not_replay_a_renderers_escapes(
+    tmp_path: Path, runtime_dir: Path
+) -> None:
     """`taskcard card inspect` (no --json) quoted the card's first line and the renderer's
     error as they were: a renderer's escape sequence acted on the terminal of whoever looked
     at the card."""
     (tmp_path / "card.py").write_text('print("**building**\\x1b[2J\\u202e step 1")\n')
-    common = ("--workdir", str(tmp_path), "--runtime-dir", str(tmp_path / "run"))
+    common = ("--workdir", str(tmp_path), "--runtime-dir", str(runtime_dir))
     common += ("--idle-grace-s", "1")
     started = taskcard("card", "start", "card.py", "--interval-s", "30", *common)
     try:
@@ -615,8 +617,10 @@ def test_the_card_summary_does_not_replay_a_renderers_escapes(tmp_path: Path) ->
         assert removed.returncode == 0, removed.stderr
 
 
-def test_a_refused_card_command_is_summarised_under_its_own_name(tmp_path: Path) -> None:
-    common = ("--workdir", str(tmp_path), "--runtime-dir", str(tmp_path / "run"))
+def test_a_refused_card_command_is_summarised_under_its_own_name(
+    tmp_path: Path, runtime_dir: Path
+) -> None:
+    common = ("--workdir", str(tmp_path), "--runtime-dir", str(runtime_dir))
     common += ("--idle-grace-s", "1")
     (tmp_path / "card.py").write_text('print("# card")\n')
     unusable = taskcard("card", "start", "card.py", "--interval-s", "nan", *common)
