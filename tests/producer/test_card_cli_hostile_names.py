@@ -53,8 +53,9 @@ def test_a_runtime_dir_too_long_is_said_once_and_cut(workdir: Path) -> None:
     assert done.returncode == 2
     line = one_short_line(done.stderr)
     assert line.startswith("taskcard card inspect: runtime dir ")
-    # Resolved from the current folder: longer than given, and said once.
-    assert line.count("characters)") == 1 and "cannot be created (File name too long)" in line
+    # Resolved from the current folder: longer than given, and said once; refused for the
+    # socket path it cannot hold before anything is made.
+    assert line.count("characters)") == 1 and "is too long for the hosts' sockets" in line
 
 
 @pytest.fixture
