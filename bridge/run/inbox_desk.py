@@ -494,7 +494,12 @@ class InboxDesk:
         self, parent_id: str, child_id: str, episode: str, text: str, *, report: bool = False
     ) -> None:
         """Write a typed notice about `child_id` into the parent's inbox, once per episode.
-        `report`: it announces a report, which joins the child's report wake still queued."""
+        `report`: it announces a report, which joins the child's report wake still queued.
+
+        An inbox that cannot be written is one of the parent's problems, as for a person's
+        text (`queue`): its card says what is wrong and how to fix it until a write there
+        works again. Logged alone, nobody in the chat learned that the orchestrator or the
+        parent was no longer woken."""
         writer = self._writers.get(parent_id)
         if writer is None:
             return
@@ -512,12 +517,15 @@ class InboxDesk:
         try:
             writer.queue(self._wake_message(ident, child_id, body))
         except (InboxRefused, OSError) as error:
-            log.warning("agent %s: wake about %s not queued: %s", parent_id, child_id, error)
+            reason = str(error) if isinstance(error, InboxRefused) else "the inbox is unusable"
+            log.warning("agent %s: wake about %s not queued: %s", parent_id, child_id, reason)
+            self.problems[parent_id] = f"inbox: {reason}"
             self._store.set_notice_state(route, notice_id, "failed")
             if taken_back is not None:  # the reports it carried are not lost with it
                 with contextlib.suppress(InboxRefused, OSError):
                     writer.queue(self._wake_message(taken_back[0], child_id, taken_back[1]))
             return
+        self.problems.pop(parent_id, None)
         if report:
             self._report_wakes[(parent_id, child_id)] = (ident, body)
             self._store.set_cursor(

@@ -1973,7 +1973,7 @@ class Service:
         report = signal.kind == "report"
         # An agent named as its own parent (a mistaken spawn) is woken by nobody.
         if lineage is not None and lineage.parent != agent_id and lineage.parent in self._monitors:
-            self._desk.wake(lineage.parent, agent_id, signal.episode, text, report=report)
+            self._wake(lineage.parent, agent_id, signal.episode, text, report=report)
             return
         woken: set[str] = set()
         relayed: set[str] = set()
@@ -1992,9 +1992,17 @@ class Service:
             # The service's line first: the notice ends with the agent's own summary, which
             # could otherwise end with a look-alike pointer to another folder.
             pointer = orchestrator_pointer(agent_id, workdir, signal.report_seq)
-            self._desk.wake(
-                orchestrator, agent_id, signal.episode, f"{pointer}\n{text}", report=report
-            )
+            self._wake(orchestrator, agent_id, signal.episode, f"{pointer}\n{text}", report=report)
+
+    def _wake(self, woken: str, agent_id: str, episode: str, text: str, *, report: bool) -> None:
+        """`InboxDesk.wake`, and the woken agent's card shown again when that changed its
+        problems (its inbox cannot be written, or can again): the card is where the chat
+        learns that the agent is no longer woken, and its own files may not change soon."""
+        before = self._desk.problems.get(woken)
+        self._desk.wake(woken, agent_id, episode, text, report=report)
+        if self._desk.problems.get(woken) != before:
+            self._project_paced(woken)
+            self._save_health(woken)
 
     def _marked_elsewhere(self, scope: str, agent_id: str) -> bool:
         """Clustered: whether the chat may have an orchestrator another instance serves, its
