@@ -66,6 +66,30 @@ def _report_wake_cursor(parent_id: str, child_id: str) -> str:
     return REPORT_WAKE_CURSOR + json.dumps([parent_id, child_id], ensure_ascii=False)
 
 
+# Where a report wake too long to take one more report keeps only its head (the first
+# report, with the orchestrator's pointer to read from there) and the newest report.
+REPORTS_CUT_LINE = (
+    "(reports in between left out: more came than one message holds; read them all with"
+    " taskcard reports)"
+)
+
+
+def joined_report_wakes(queued: str, text: str) -> str | None:
+    """The text of a report wake still queued (`queued`) that the next one (`text`)
+    carries before its own, cut to fit one message: its head lines, then
+    `REPORTS_CUT_LINE`; None when even the cut line and `text` do not fit (the next wake
+    then goes alone). Without the cut, a child reporting faster than its parent took its
+    wakes filled the parent's inbox with one full wake after another, hundreds a minute."""
+    if len(queued) + 1 + len(text) <= MAX_TEXT_CHARS:
+        return queued
+    room = MAX_TEXT_CHARS - len(text) - len(REPORTS_CUT_LINE) - 2
+    if room < 0:
+        return None
+    head = queued.split(REPORTS_CUT_LINE, 1)[0][: room + 1]
+    head = head[: head.rfind("\n") + 1] if "\n" in head else ""
+    return head + REPORTS_CUT_LINE
+
+
 def status_key(record: InboxRecord) -> RouteKey:
     """The scheduler route of a message's status message."""
     return RouteKey(
@@ -538,13 +562,16 @@ class InboxDesk:
         self, writer: InboxWriter, parent_id: str, child_id: str, text: str
     ) -> tuple[str, str] | None:
         """The child's report wake still queued in the parent's inbox, withdrawn so that the
-        next wake carries it too; None when there is none (the parent took it first), or
-        when both would not fit one message's text."""
+        next wake carries it too (cut to fit: `joined_report_wakes`); None when there is
+        none (the parent took it first), or when `text` alone nearly fills a message."""
         last = self._forget_report_wake((parent_id, child_id))
-        if last is None or len(last[1]) + 1 + len(text) > MAX_TEXT_CHARS:
+        if last is None:
+            return None
+        kept = joined_report_wakes(last[1], text)
+        if kept is None:
             return None
         try:
-            return last if writer.cancel(last[0]) else None
+            return (last[0], kept) if writer.cancel(last[0]) else None
         except InboxRefused:
             return None
 

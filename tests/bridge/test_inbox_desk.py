@@ -7,13 +7,21 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
+
 from taskcard.bridge.config import InboxConfig
-from taskcard.bridge.run.inbox_desk import KEEP_CLOSED_S, InboxDesk, status_key
+from taskcard.bridge.run.inbox_desk import (
+    KEEP_CLOSED_S,
+    REPORTS_CUT_LINE,
+    InboxDesk,
+    joined_report_wakes,
+    status_key,
+)
 from taskcard.bridge.schedule.scheduler import RouteScheduler
 from taskcard.bridge.store.sqlite import SqliteStore
 from taskcard.bridge.track.activity import ActivitySummary
 from taskcard.channels.base import ChatRef
-from taskcard.producers.reports.contract import Ack
+from taskcard.producers.reports.contract import MAX_TEXT_CHARS, Ack
 from tests.bridge.test_scheduler import ScriptedChannel, settle, started, store  # noqa: F401
 
 CHAT = ChatRef("-100")
@@ -199,3 +207,34 @@ async def test_an_ack_read_late_is_forgotten_by_its_own_time_not_behind_later_on
     desk.refresh()
     assert scheduler.message_id(later_key) is None
     await scheduler.stop()
+
+
+HEAD = "Read report #1: taskcard reports --after 0\nw reported (#1): ok."
+
+
+@pytest.mark.parametrize(
+    ("queued", "text", "joined"),
+    [
+        # Room for both: the queued text whole.
+        (HEAD, "w reported (#2): ok.", HEAD),
+        # No room: its head lines stay, the rest is cut.
+        (HEAD + "\n" + "x" * 3500, "y" * 900, HEAD + "\n" + REPORTS_CUT_LINE),
+        # Cut before: cut again at the same place, never a second cut line.
+        (HEAD + "\n" + REPORTS_CUT_LINE + "\n" + "y" * 900, "z" * 3890, REPORTS_CUT_LINE),
+        (
+            HEAD + "\n" + REPORTS_CUT_LINE + "\n" + "y" * 900,
+            "z" * 3000,
+            HEAD + "\n" + REPORTS_CUT_LINE,
+        ),
+        # A head line too long for the room: the cut line alone.
+        ("x" * 3000 + "\nmore", "y" * 2000, REPORTS_CUT_LINE),
+        # The new text alone nearly fills a message: no joining.
+        (HEAD, "y" * (MAX_TEXT_CHARS - 10), None),
+    ],
+)
+def test_a_report_wake_joined_to_the_next_is_cut_to_fit_one_message(
+    queued: str, text: str, joined: str | None
+) -> None:
+    assert joined_report_wakes(queued, text) == joined
+    if joined is not None:
+        assert len(joined) + 1 + len(text) <= MAX_TEXT_CHARS

@@ -541,3 +541,52 @@ async def test_a_choice_of_an_agent_the_chat_no_longer_follows_lets_the_config_m
             )
             assert wake_texts(tmp_path, "lead", "worker", "part 2 done") == []
             assert await chat.serve.aterminate() == 0
+
+
+def settled_wakes(tmp_path: Path) -> list[str]:
+    """`wake_texts` of lead about worker, [] while one of them was withdrawn as it was read
+    (the service takes back the wake still queued to queue one carrying it too)."""
+    try:
+        return wake_texts(tmp_path, "lead", "worker")
+    except FileNotFoundError:
+        return []
+
+
+async def test_a_flood_of_reports_leaves_the_orchestrator_one_wake(
+    platform: str, tmp_path: Path
+) -> None:
+    """worker writes 150 reports at once, more than one wake's text holds: lead is left one
+    wake about worker, from the first report's pointer to the newest, the ones between
+    left out with how to read them. Each wake that could take no more went alone before,
+    so a child reporting fast put a full wake in the orchestrator's inbox after another."""
+    async with chat_for(platform, tmp_path, ["lead", "worker"], SIGNALS) as chat:
+        with chat.config.open("a") as config:  # the route's table is the file's last
+            config.write('orchestrator = "lead"\n')
+        worker = workdir(tmp_path, "worker")
+        publish(worker, "**migrating**")
+        with chat.serve:
+            await wait_said(chat, "migrating", "worker card")
+            lines = [
+                {
+                    "seq": seq,
+                    "at": utc_now_iso(),
+                    "ok": True,
+                    "channel": "cli",
+                    "summary": f"step {seq} done " + "." * 60,
+                }
+                for seq in range(1, 151)
+            ]
+            (worker / "reports").mkdir()
+            with (worker / "reports" / "reports.jsonl").open("a") as reports:
+                reports.write("".join(json.dumps(line) + "\n" for line in lines))
+            await eventually(
+                lambda: any("step 150 done" in t for t in settled_wakes(tmp_path)),
+                timeout_s=60,
+                what="lead's wake with the newest report",
+            )
+            [wake] = [t for t in settled_wakes(tmp_path) if "reported" in t]
+            assert "Read report #1:" in wake and "--after 0" in wake, wake
+            assert "reports in between left out" in wake, wake
+            assert "step 150 done" in wake, wake
+            assert chat.serve.proc is not None and chat.serve.proc.poll() is None
+            assert await chat.serve.aterminate() == 0
