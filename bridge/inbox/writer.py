@@ -164,6 +164,19 @@ class InboxWriter:
                 raise InboxRefused(f"inbox/queued/{name} ({error.strerror})") from None
         return True
 
+    def discard_cancelled(self, ident: str) -> None:
+        """Delete a message this writer withdrew (`cancel`) and nobody will ask about: a
+        wake whose text a newer wake carries. Nothing when it is not there."""
+        if not MESSAGE_ID.match(ident):
+            return
+        with self._folders(create=False) as fds:
+            try:
+                os.unlink(f"{ident}.json", dir_fd=fds[CANCELLED_DIR])
+            except FileNotFoundError:
+                pass
+            except OSError as error:
+                raise InboxRefused(f"inbox/cancelled/{ident}.json ({error.strerror})") from None
+
     def location(self, ident: str) -> Location:
         """Which folder holds the message now ("missing" also when the inbox is unusable)."""
         if not MESSAGE_ID.match(ident):

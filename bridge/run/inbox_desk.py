@@ -550,6 +550,12 @@ class InboxDesk:
                     writer.queue(self._wake_message(taken_back[0], child_id, taken_back[1]))
             return
         self.problems.pop(parent_id, None)
+        if taken_back is not None:
+            # Its text travels in this wake: kept in `cancelled/`, every report of a child
+            # left one more file in its parent's inbox, thousands for an agent that reports
+            # many times a second.
+            with contextlib.suppress(InboxRefused, OSError):
+                writer.discard_cancelled(taken_back[0])
         if report:
             self._report_wakes[(parent_id, child_id)] = (ident, body)
             self._store.set_cursor(

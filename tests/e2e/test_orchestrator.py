@@ -588,5 +588,8 @@ async def test_a_flood_of_reports_leaves_the_orchestrator_one_wake(
             assert "Read report #1:" in wake and "--after 0" in wake, wake
             assert "reports in between left out" in wake, wake
             assert "step 150 done" in wake, wake
+            # The wakes it replaced are not kept: their texts travel in this one.
+            cancelled = workdir(tmp_path, "lead") / "inbox" / "cancelled"
+            assert list(cancelled.glob("wake_*.json")) == []
             assert chat.serve.proc is not None and chat.serve.proc.poll() is None
             assert await chat.serve.aterminate() == 0
