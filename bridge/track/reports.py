@@ -240,6 +240,11 @@ class AgentSide:
             return False
         self._lineage_signature = seen
         if seen is None:
+            if self._files.problems:
+                # Gone: a refusal of the file that was there (a folder, unreadable, a link
+                # out) ends with it, as it does for every other file; unlooked at, its row
+                # stayed on the card and in `taskcard status` for good.
+                self._files.stat(self.paths.lineage)
             changed = self.lineage is not None
             self.lineage = None
             return changed

@@ -24,6 +24,7 @@ from tests.e2e.harness import (
     publish,
     run_cli,
 )
+from tests.e2e.test_talk_and_signals import chat_for, wait_said
 from tests.fakes.telegram_api import FakeLimits, FakeTelegram
 
 GROUP = -1009876543210
@@ -707,3 +708,33 @@ async def test_a_card_dense_with_markdown_cannot_hold_the_service(
         assert await serve.aterminate() == 0
     assert serve.logs.count("agent dense: composing its card took") == 1, serve.logs
     assert "good: composing" not in serve.logs
+
+
+@pytest.mark.parametrize("platform", ["telegram", "feishu"])
+async def test_a_refused_lineage_removed_leaves_the_card_and_status(
+    platform: str, tmp_path: Path
+) -> None:
+    """lineage.json made a folder is named on its agent's card; removed, the row goes, as for
+    every other file (it stayed for good: a missing lineage was never looked at again)."""
+    async with chat_for(platform, tmp_path, ["builder", "tester"]) as chat:
+        builder, tester = tmp_path / "agents" / "builder", tmp_path / "agents" / "tester"
+        publish(builder, "**building**")
+        publish(tester, "testing step 1")
+        with chat.serve:
+            await wait_said(chat, "building", "builder's card")
+            (builder / "lineage.json").mkdir()
+            card = await wait_said(chat, "⚠ lineage.json: is a folder", "the refusal's row")
+            assert "building" in card, card
+            publish(tester, "testing step 2")
+            await wait_said(chat, "testing step 2", "tester's card moving on")
+            (builder / "lineage.json").rmdir()
+            await eventually(
+                lambda: not any("⚠ lineage.json" in t for t in chat.bot_texts()),
+                what="the row gone with the folder",
+            )
+            assert any("building" in t for t in chat.bot_texts())
+            assert await chat.serve.aterminate() == 0
+        status = run_cli("status", "--config", str(chat.config), "--json")
+        assert status.returncode == 0, status.stderr
+        agents = {a["agent"]: a for a in json.loads(status.stdout)["agents"]}
+        assert agents["builder"]["problems"] == [], agents["builder"]
