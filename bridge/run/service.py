@@ -2057,7 +2057,7 @@ class Service:
             if wake.agent_id == orchestrator:
                 continue  # the orchestrator's own signals wake nobody
             pointer = orchestrator_pointer(wake.agent_id, Path(wake.workdir), wake.report_seq)
-            self._desk.wake(
+            self._wake(
                 orchestrator,
                 wake.agent_id,
                 wake.episode,
