@@ -83,6 +83,25 @@ _FIXED_KEYS = {
 }
 
 
+# Where an instance's routed record (`P:routed:<owner>`) keeps the `orchestrator` settings of
+# its routes, beside the channels' names (no channel is named so): `{channel: {chat: {topic or
+# "": agent}}}`, left out while no route sets one, so such a record reads as before.
+MARKS_KEY = "@orchestrators"
+
+
+def _with_marks(routed: Mapping[str, Any], marks: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The routed record shared: `routed`, with `marks` under `MARKS_KEY` when there are any."""
+    return {**routed, MARKS_KEY: marks} if marks else routed
+
+
+def _in_chat(chats: Mapping[str, Any], chat: ChatRef) -> object:
+    """What a routed record's `chats` (`{chat: {topic or "": value}}`) holds for `chat`, as
+    its instance's routes would take a command from it: the chat's topic, else the whole
+    chat."""
+    threads = chats.get(chat.chat_id, {})
+    return threads.get(chat.thread_id or "") or threads.get("")
+
+
 class BoardHolder(Protocol):
     """The service's side of the boards' leases (see `bridge.cluster.boards`)."""
 
@@ -433,6 +452,13 @@ class Cluster:
         take a command from it: the chat's topic, else the whole chat). A Redis that does
         not answer raises: the command asking is handled again once Redis answers (it got
         no answer at all when this said nothing instead)."""
+        return (await self.routed_chat(channel, chat))[0]
+
+    async def routed_chat(self, channel: str, chat: ChatRef) -> tuple[list[str], list[str]]:
+        """The agents the live instances route to `chat` (as `routed_names`), and the
+        `orchestrator` settings of those routes (sorted: one when the instances agree).
+        Read when a command asks, never periodically: one `MGET` of an entry per live
+        instance."""
         now_ms = int(time.time() * 1000)
         owners = cast(
             list[str], await self.aio.zrangebyscore(self.key("instances"), now_ms, "+inf")
@@ -440,15 +466,19 @@ class Cluster:
         keys = [self.key("routed", owner) for owner in owners]
         texts = cast(list[str | None], await self.aio.mget(keys) if keys else [])
         names: set[str] = set()
+        marks: set[str] = set()
         for text in texts:
             try:
-                threads = json.loads(text or "{}").get(channel, {}).get(chat.chat_id, {})
-                agents = threads.get(chat.thread_id or "") or threads.get("") or []
+                record = json.loads(text or "{}")
+                agents = _in_chat(record.get(channel, {}), chat)
                 if isinstance(agents, list):
                     names.update(agent for agent in agents if isinstance(agent, str))
+                mark = _in_chat(record.get(MARKS_KEY, {}).get(channel, {}), chat)
+                if isinstance(mark, str):
+                    marks.add(mark)
             except (ValueError, AttributeError, TypeError):
                 continue  # another version's or a hand edit's: its instance answers alone
-        return sorted(names)
+        return sorted(names), sorted(marks)
 
     async def run(
         self,
@@ -459,6 +489,7 @@ class Cluster:
         boards: BoardHolder | None = None,
         replies: ReplyTaker | None = None,
         wakes: WakeTaker | None = None,
+        marks: Callable[[], Mapping[str, Any]] = dict,
     ) -> None:
         """Renew every lease until cancelled: one per agent `agents` names at each renewal
         (configured, discovered, added by a reload), and one per chat `boards` routes to;
@@ -467,7 +498,8 @@ class Cluster:
         lost, as they change (`boards` as the boards' do), share
         what `routed` says this instance routes, hand `replies` the command replies
         stopped instances left unsent, and `wakes` the wakes other instances kept for the
-        orchestrators it serves."""
+        orchestrators it serves; `marks` (the routes' `orchestrator` settings) is shared
+        with `routed`."""
         interval_s = self.config.lease_ttl_s / 3
         log.info("cluster member %s on Redis (key prefix %s)", self.instance, self.prefix)
         while True:
@@ -475,7 +507,7 @@ class Cluster:
                 await self._follow(agents(), drop)
                 if boards is not None:
                     await self._follow_boards(boards)
-                await self._renew(take, drop, routed)
+                await self._renew(take, drop, lambda: _with_marks(routed(), marks()))
                 if boards is not None:
                     await self._hand_boards(boards)
                 if replies is not None:

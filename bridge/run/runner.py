@@ -514,6 +514,7 @@ async def serve(
             limiter=wiring.cluster.limiter(config.limits.max_pause_s) if wiring else None,
             clustered=wiring is not None,
             cluster_names=wiring.cluster.routed_names if wiring else None,
+            cluster_chat=wiring.cluster.routed_chat if wiring else None,
             shared_boards=wiring.cluster.boards if wiring else None,
             shared_replies=wiring.cluster.replies if wiring else None,
             wake_relay=wiring.cluster.wakes if wiring else None,
@@ -554,6 +555,7 @@ async def serve(
                     boards=service,
                     replies=service,
                     wakes=service,
+                    marks=service.routed_marks,
                 ),
                 name="leases",
             )

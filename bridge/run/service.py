@@ -26,7 +26,7 @@ import logging
 import time
 import unicodedata
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, tzinfo
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -161,6 +161,19 @@ COMPOSE_COST_FLOOR_S: Final = 0.05
 
 # Clustered: the agents the whole cluster routes to a chat (None when Redis did not answer).
 ClusterNames = Callable[[str, ChatRef], Awaitable[list[str] | None]]
+# Clustered: the agents the whole cluster routes to a chat, and those routes' `orchestrator`
+# settings (see `routed_marks`).
+ClusterChat = Callable[[str, ChatRef], Awaitable[tuple[list[str], list[str]]]]
+
+
+@dataclass(frozen=True)
+class ChatMarks:
+    """What decides a chat's orchestrator besides its choice: the agents it follows and its
+    routes' `orchestrator` setting (clustered, those of every live instance)."""
+
+    followed: frozenset[str]
+    configured: str | None
+
 
 # Shown instead of a card body that still spelled a configured secret after rendering (for
 # example split by Markdown emphasis, `12345**6789:AA...**`, and joined again by the renderer).
@@ -362,6 +375,7 @@ class Service:
         limiter: Limiter | None = None,
         clustered: bool = False,
         cluster_names: ClusterNames | None = None,
+        cluster_chat: ClusterChat | None = None,
         shared_boards: SharedBoards | None = None,
         shared_replies: SharedReplies | None = None,
         wake_relay: WakeRelay | None = None,
@@ -378,6 +392,7 @@ class Service:
         self._owned: set[str] | None = set() if clustered else None
         # Clustered: the agents every instance routes to a chat (see `routed_agents`).
         self._cluster_names = cluster_names
+        self._cluster_chat = cluster_chat
         self._wake_relay = wake_relay
         # Every outgoing text loses the exact values of the configured secrets, not only logs.
         self._redact = Redactor(secret for b in channels.values() for secret in b.secrets)
@@ -1118,6 +1133,19 @@ class Service:
             }
             for channel, chats in found.items()
         }
+
+    def routed_marks(self) -> dict[str, dict[str, dict[str, str]]]:
+        """The `orchestrator` setting of each route here that has one, by channel, chat and
+        topic (as `routed_agents`), which a cluster shares: the instance answering
+        `/taskcard orchestrator` in a chat whose mark another instance's route sets names it
+        (it said the chat had none, and refused to mark that instance's agent)."""
+        found: dict[str, dict[str, dict[str, str]]] = {}
+        for route in self._routes:
+            if route.orchestrator is not None:
+                chat = route.key.chat
+                chats = found.setdefault(route.key.channel, {}).setdefault(chat.chat_id, {})
+                chats.setdefault(chat.thread_id or "", route.orchestrator)
+        return found
 
     def take_agents(self, agent_ids: Iterable[str]) -> dict[str, Exception]:
         """Serve these agents here from now on (their leases were gained); returns those
@@ -2066,8 +2094,31 @@ class Service:
             )
         return done
 
-    def _orchestrator_of(self, scope: str) -> str | None:
-        """The chat's orchestrator now (see `bridge.run.orchestrators`), or None."""
+    async def _chat_marks(
+        self, channel_name: str, command: IncomingCommand, scope: str, named: str | None = None
+    ) -> ChatMarks:
+        """The agents the chat follows and its routes' `orchestrator` setting, for the answer
+        to `command`: this instance's routes; clustered, every live instance's too (read
+        from Redis only for an instance that answers, or for a mark named that no route here
+        follows: every instance keeps the chat's choice), this instance's setting first."""
+        routes = self._routes_by_scope.get(scope, ())
+        followed = {r.key.agent_id for r in routes}
+        configured = next((r.orchestrator for r in routes if r.orchestrator is not None), None)
+        elsewhere = named is not None and named != ORCHESTRATOR_OFF and named not in followed
+        if self._cluster_chat is not None and (command.reply or elsewhere):
+            names, marks = await self._cluster_chat(channel_name, command.chat)
+            # Ids as the config takes them only: the answer is the service's own text.
+            followed.update(filter(AGENT_ID_PATTERN.fullmatch, names))
+            configured = configured or next(filter(AGENT_ID_PATTERN.fullmatch, marks), None)
+        return ChatMarks(frozenset(followed), configured)
+
+    def _orchestrator_of(self, scope: str, marks: ChatMarks | None = None) -> str | None:
+        """The chat's orchestrator now (see `bridge.run.orchestrators`), or None; by `marks`
+        (the cluster's, for an answer) when given, else by the routes here."""
+        if marks is not None:
+            return chat_orchestrator(
+                self._orchestrators.choice(scope), marks.configured, marks.followed
+            )
         routes = self._routes_by_scope.get(scope, ())
         configured = next((r.orchestrator for r in routes if r.orchestrator is not None), None)
         choice = self._orchestrators.choice(scope)
@@ -2551,7 +2602,9 @@ class Service:
         parsed = parse_taskcard(command.args)
         prefs = apply_to_prefs(parsed, self._chat_prefs(scope))
         if parsed.action == "state":
-            reply = self._state_text(allowed, prefs)
+            reply = self._state_text(
+                allowed, prefs, await self._chat_marks(channel_name, command, scope)
+            )
         elif parsed.action == "off":
             self._outbox.suppress(route.key for route in allowed)
             reply = "Task cards hidden here. /taskcard on shows them again."
@@ -2579,7 +2632,10 @@ class Service:
         elif parsed.action in ("board", "cards"):
             reply = self._switch_view(allowed, "board" if parsed.action == "board" else "cards")
         elif parsed.action == "orchestrator":
-            reply = self._orchestrator_command(allowed, parsed.agent, len(allowed) < len(routes))
+            marks = await self._chat_marks(channel_name, command, scope, parsed.agent)
+            reply = self._orchestrator_command(
+                allowed, parsed.agent, len(allowed) < len(routes), marks
+            )
         elif parsed.action == "help":
             reply = f"Task card commands here: {HELP_TEXT}"
         else:
@@ -2987,20 +3043,22 @@ class Service:
             )
         return "This chat now shows one task card per agent. /taskcard board shows one board."
 
-    def _orchestrator_command(self, routes: list[Route], named: str | None, partly: bool) -> str:
+    def _orchestrator_command(
+        self, routes: list[Route], named: str | None, partly: bool, marks: ChatMarks
+    ) -> str:
         """`/taskcard orchestrator [AGENT|off]`: say the chat's orchestrator, or choose one
         (or none) for the chat and persist it (`bridge.run.orchestrators`); the board's
         lines say it again. `named` is a chat member's text: never echoed. `partly`: the
         sender may command only some of the chat's routes (`routes`), such as those a turn
         opened, which anyone may; the mark is the whole chat's (every agent's signals go to
-        it), so they may ask for it but not change it."""
+        it), so they may ask for it but not change it. `marks`: the chat's agents and route
+        setting (clustered, every instance's: another may route the agent named)."""
         scope = routes[0].key.chat_scope
-        here = sorted({r.key.agent_id for r in routes})
+        here = sorted({r.key.agent_id for r in routes} | (marks.followed - self._followed(scope)))
         usage = "/taskcard orchestrator AGENT marks one, /taskcard orchestrator off none"
         if named is None:
-            current = self._orchestrator_of(scope)
-            followed = {r.key.agent_id for r in self._routes_by_scope.get(scope, ())}
-            gone = unfollowed_choice(self._orchestrators.choice(scope), followed)
+            current = self._orchestrator_of(scope, marks)
+            gone = unfollowed_choice(self._orchestrators.choice(scope), marks.followed)
             aside = ""
             if gone is not None and AGENT_ID_PATTERN.fullmatch(gone):  # else not ours to show
                 applying = ", the route's setting applying meanwhile" if current else ""
@@ -3042,7 +3100,11 @@ class Service:
             " /taskcard orchestrator off stops it."
         )
 
-    def _state_text(self, routes: list[Route], prefs: ChatPrefs) -> str:
+    def _followed(self, scope: str) -> set[str]:
+        """The agents the routes here follow in chat `scope`."""
+        return {r.key.agent_id for r in self._routes_by_scope.get(scope, ())}
+
+    def _state_text(self, routes: list[Route], prefs: ChatPrefs, marks: ChatMarks) -> str:
         rows = prefs.activity_rows or self._config.display.activity_rows
         shown = (
             "hidden" if prefs.hidden else f"shown, {counted(rows, 'activity row', 'activity rows')}"
@@ -3051,7 +3113,8 @@ class Service:
             shown += ", one board"
         lines = [f"Task cards here: {shown}."]
         entries: list[str] = []
-        orchestrator = self._orchestrator_of(routes[0].key.chat_scope)
+        scope = routes[0].key.chat_scope
+        orchestrator = self._orchestrator_of(scope, marks)
         for route in routes:
             monitor = self._monitors.get(route.key.agent_id)
             if monitor is None:
@@ -3078,6 +3141,10 @@ class Service:
                 summary = report_summary(report, LISTED_SUMMARY_CHARS, self._redact)
                 entry.append(f"  latest report ({when}): {said} {summary}".rstrip())
             entries.append("\n".join(entry))
+        for agent_id in sorted(marks.followed - self._followed(scope)):
+            # Clustered: an agent another instance routes here, whose state that one knows.
+            role = " (orchestrator)" if agent_id == orchestrator else ""
+            entries.append(f"• {agent_id}{role}: served by another instance of the cluster")
         return _fit_entries(lines[0], entries)
 
     # Observing ---------------------------------------------------------------------------

@@ -1105,7 +1105,8 @@ def routed_in_redis(redis_url: str, prefix: str) -> set[str]:
     return {
         agent
         for text in texts
-        for chats in json.loads(text or "{}").values()
+        for channel, chats in json.loads(text or "{}").items()
+        if channel != "@orchestrators"  # the routes' orchestrator settings, beside the channels
         for threads in chats.values()
         for agents in threads.values()
         for agent in agents

@@ -30,6 +30,7 @@ from tests.e2e.test_talk_and_signals import (
     wait_said,
     workdir,
 )
+from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram
 
 
@@ -541,3 +542,108 @@ async def test_a_choice_of_an_agent_the_chat_no_longer_follows_lets_the_config_m
             )
             assert wake_texts(tmp_path, "lead", "worker", "part 2 done") == []
             assert await chat.serve.aterminate() == 0
+
+
+async def test_clustered_the_answers_name_agents_and_marks_other_instances_route(
+    platform: str, telegram: FakeTelegram, feishu: FakeFeishu, tmp_path: Path, redis_url: str,
+    prefix: str, fleet: ExitStack,
+) -> None:  # fmt: skip
+    """i0 routes only i0agent, i1 only i1agent, its route marking i1agent; i0 answers every
+    command (its claim on their replies is taken for it in Redis). It answered from its own
+    routes alone: no orchestrator, a state without i1agent, and `/taskcard orchestrator
+    i1agent` refused listing i0agent only. Now it answers for the whole cluster, and the
+    choice reaches i1 too; a `/tell` to i1agent reaches it, one to nobody lists both."""
+    from redis import Redis
+
+    stream, first = f"{prefix}:cmd:{platform}", 9_000_000_000_000
+    with Redis.from_url(redis_url, decode_responses=True) as client:
+        # An entry from before the start (never read) fixes the ids of the commands.
+        client.xadd(stream, {"command": "{}"}, id=f"{first}-0")
+    mark = 'orchestrator = "i1agent"'
+    if platform == "telegram":
+        for name, limits in (("i0", ""), ("i1", mark)):
+            fleet.enter_context(
+                instance(
+                    tmp_path, name, telegram, [f"{name}agent"], redis_url=redis_url,
+                    prefix=prefix, limits=limits,
+                )
+            )  # fmt: skip
+        folders = {name: tmp_path / "agents" / f"{name}agent" for name in ("i0", "i1")}
+
+        def texts() -> list[str]:
+            return [m.text for m in telegram.bot_messages(GROUP)]
+
+        async def say(text: str) -> None:
+            telegram.inject_message(GROUP, text, user_id=7)
+
+    else:
+        from tests.e2e.test_cluster import feishu_instance
+        from tests.e2e.test_serve_feishu import CHAT, ENCRYPT, VERIFY
+
+        setups = [
+            feishu_instance(tmp_path, name, feishu, redis_url=redis_url, prefix=prefix)
+            for name in ("i0", "i1")
+        ]
+        routed = 'agents = ["*"]'
+        setups[1].config.write_text(
+            setups[1].config.read_text().replace(routed, f"{routed}\n{mark}")
+        )
+        for setup in setups:
+            fleet.enter_context(setup.serve())
+        folders = {name: tmp_path / name / "agents" / f"{name}agent" for name in ("i0", "i1")}
+
+        def texts() -> list[str]:
+            return [m.text for m in feishu.chat(CHAT)]
+
+        async def say(text: str) -> None:
+            event = feishu.command_event(CHAT, text, verification_token=VERIFY)
+            delivered = await feishu.deliver_event(setups[0].url, event, encrypt_key=ENCRYPT)
+            assert delivered.status == 200
+
+    for name, folder in folders.items():
+        publish(folder, f"card of {name}")
+
+    def said(words: str) -> list[str]:
+        return [text for text in texts() if words in text]
+
+    await eventually(lambda: said("card of i0") and said("card of i1"), timeout_s=60, what="cards")
+    with Redis.from_url(redis_url, decode_responses=True) as client:
+        owners = await eventually(
+            lambda: (found := client.zrange(f"{prefix}:instances", 0, -1)) and len(found) == 2
+            and found,
+            timeout_s=60,
+            what="both instances listed",
+        )  # fmt: skip
+        [i0, i1] = sorted(owners)
+        # What i1 routes (and marks) is shared at its lease renewals.
+        await eventually(
+            lambda: client.exists(f"{prefix}:routed:{i1}"), timeout_s=60, what="i1's routes"
+        )
+        for seq in range(1, 8):
+            client.set(f"{prefix}:reply:{platform}:{first}-{seq}", i0, ex=600)
+
+    async def ask(text: str, answer: str) -> str:
+        before = len(said(answer))
+        await say(text)
+        found = await eventually(
+            lambda: said(answer)[before:], timeout_s=60, what=f"{text!r} answered"
+        )
+        return str(found[0])
+
+    asked = await ask("/taskcard orchestrator", "orchestrator is i1agent")
+    assert "set aside" not in asked, asked
+    state = await ask("/taskcard", "• i1agent (orchestrator): served by another instance")
+    assert "• i0agent:" in state, state
+    await ask("/taskcard orchestrator off", "no orchestrator now")
+    await ask("/taskcard orchestrator I1AGENT", "i1agent is now this chat's orchestrator")
+    asked = await ask("/taskcard orchestrator", "orchestrator is i1agent")
+    assert "set aside" not in asked, asked
+    await ask("/tell nobody hello", "AGENT is one of i0agent, i1agent")
+    await say("/tell i1agent look at the logs")
+    inbox = folders["i1"] / "inbox" / "queued"
+    [queued] = await eventually(lambda: list(inbox.glob("*.json")), what="the text in i1's inbox")
+    assert "look at the logs" in queued.read_text()
+    await eventually(lambda: said("✉ Message to i1agent"), what="its status message")
+    assert not said("has no orchestrator.") and not said("AGENT is one of i0agent."), texts()
+    assert len(said("orchestrator is i1agent")) == 2, texts()  # answered once each
+    assert len(said("now this chat's orchestrator")) == 1, texts()
