@@ -2458,12 +2458,19 @@ class Service:
             )
             for line in lines
         ]
+        # The chat's choice of an agent another instance serves marks its line too: every
+        # agent with a line on the board is followed in the chat (it was marked nowhere).
+        routes = self._routes_by_scope.get(scope, [])
+        marks = ChatMarks(
+            frozenset(self._followed(scope) | {line.agent_id for line in lines}),
+            next((r.orchestrator for r in routes if r.orchestrator is not None), None),
+        )
         board = compose_facts(
             lines,
             hidden=prefs.hidden,
             now=self._clock(),
             zone=zone,
-            orchestrator=self._orchestrator_of(scope),
+            orchestrator=self._orchestrator_of(scope, marks),
         )
         self._scheduler.submit(key, channel.render_board(fit_board(board, channel.board_fits)))
 

@@ -647,3 +647,69 @@ async def test_clustered_the_answers_name_agents_and_marks_other_instances_route
     assert not said("has no orchestrator.") and not said("AGENT is one of i0agent."), texts()
     assert len(said("orchestrator is i1agent")) == 2, texts()  # answered once each
     assert len(said("now this chat's orchestrator")) == 1, texts()
+
+
+async def test_clustered_the_board_marks_a_chosen_orchestrator_another_instance_serves(
+    platform: str, telegram: FakeTelegram, feishu: FakeFeishu, tmp_path: Path, redis_url: str,
+    prefix: str, fleet: ExitStack,
+) -> None:  # fmt: skip
+    """The chat shows one board, sent by i0 (started first, it holds the board's lease); i1
+    routes i1agent there. `/taskcard orchestrator i1agent` marks i1agent's line on i0's
+    board: i0 took the choice for one of an agent the chat no longer follows, and marked
+    nobody."""
+    if platform == "telegram":
+
+        def start(name: str) -> Path:
+            fleet.enter_context(
+                instance(
+                    tmp_path, name, telegram, [f"{name}agent"], redis_url=redis_url,
+                    prefix=prefix, view="board",
+                )
+            )  # fmt: skip
+            return tmp_path / "agents" / f"{name}agent"
+
+        def boards() -> list[str]:
+            return [m.text for m in telegram.bot_messages(GROUP) if "i0agent" in m.text]
+
+        async def say(text: str) -> None:
+            telegram.inject_message(GROUP, text, user_id=7)
+
+    else:
+        from tests.e2e.test_cluster import feishu_instance
+        from tests.e2e.test_serve_feishu import CHAT, ENCRYPT, VERIFY, card_texts
+
+        urls: list[str] = []
+
+        def start(name: str) -> Path:
+            setup = feishu_instance(tmp_path, name, feishu, redis_url=redis_url, prefix=prefix)
+            routed = 'agents = ["*"]'
+            setup.config.write_text(
+                setup.config.read_text().replace(routed, f'{routed}\nview = "board"')
+            )
+            fleet.enter_context(setup.serve())
+            urls.append(setup.url)
+            return tmp_path / name / "agents" / f"{name}agent"
+
+        def boards() -> list[str]:
+            return [text for text in card_texts(feishu) if "i0agent" in text]
+
+        async def say(text: str) -> None:
+            event = feishu.command_event(CHAT, text, verification_token=VERIFY)
+            delivered = await feishu.deliver_event(urls[0], event, encrypt_key=ENCRYPT)
+            assert delivered.status == 200
+
+    publish(start("i0"), "card of i0")
+    await eventually(boards, timeout_s=60, what="i0's board")
+    publish(start("i1"), "card of i1")
+    await eventually(
+        lambda: any("card of i1" in board for board in boards()), timeout_s=60, what="i1's line"
+    )
+    await say("/taskcard orchestrator i1agent")
+
+    def marked() -> list[str]:
+        return [
+            line for board in boards() for line in board.splitlines() if "🎯 orchestrator" in line
+        ]
+
+    found = await eventually(marked, timeout_s=60, what="i1agent's line marked")
+    assert all("i1agent" in line for line in found), found
