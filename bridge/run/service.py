@@ -166,6 +166,11 @@ ClusterNames = Callable[[str, ChatRef], Awaitable[list[str] | None]]
 ClusterChat = Callable[[str, ChatRef], Awaitable[tuple[list[str], list[str]]]]
 
 
+# In a board line shared in a cluster: the route of the instance sharing it marks its agent
+# as the chat's orchestrator (`orchestrator = ...`).
+ROUTE_MARK: Final = "route_orchestrator"
+
+
 @dataclass(frozen=True)
 class ChatMarks:
     """What decides a chat's orchestrator besides its choice: the agents it follows and its
@@ -2459,11 +2464,15 @@ class Service:
             for line in lines
         ]
         # The chat's choice of an agent another instance serves marks its line too: every
-        # agent with a line on the board is followed in the chat (it was marked nowhere).
+        # agent a live instance shares a line of is followed in the chat (it was marked nowhere);
+        # so does another instance's route setting, which its line says (`ROUTE_MARK`).
         routes = self._routes_by_scope.get(scope, [])
+        configured = next((r.orchestrator for r in routes if r.orchestrator is not None), None)
+        live = {agent: record for agent, (record, observed) in records.items() if observed}
+        marked = sorted(agent for agent, record in live.items() if record.get(ROUTE_MARK) is True)
         marks = ChatMarks(
-            frozenset(self._followed(scope) | {line.agent_id for line in lines}),
-            next((r.orchestrator for r in routes if r.orchestrator is not None), None),
+            frozenset(self._followed(scope) | live.keys()),
+            configured or next(iter(marked), None),
         )
         board = compose_facts(
             lines,
@@ -2493,8 +2502,18 @@ class Service:
         (none while the chat shows cards: a switch to the board shares them again)."""
         assert self._shared_boards is not None
         entries = self._board_entries(routes) if self._views.view(scope) == "board" else []
+        configured = next((r.orchestrator for r in routes if r.orchestrator is not None), None)
         await self._shared_boards.share(
-            scope, {e.agent_id: facts_record(board_facts(e, self._redact)) for e in entries}
+            scope,
+            {
+                e.agent_id: {
+                    **facts_record(board_facts(e, self._redact)),
+                    # The route here marks it: the board's sender, routing other agents,
+                    # knows no such setting (a version that does not read it marks nobody).
+                    **({ROUTE_MARK: True} if e.agent_id == configured else {}),
+                }
+                for e in entries
+            },
         )
 
     def _render_card(self, channel: Channel, view: CardView) -> Outgoing:

@@ -649,21 +649,23 @@ async def test_clustered_the_answers_name_agents_and_marks_other_instances_route
     assert len(said("now this chat's orchestrator")) == 1, texts()
 
 
-async def test_clustered_the_board_marks_a_chosen_orchestrator_another_instance_serves(
+async def test_clustered_the_board_marks_an_orchestrator_another_instance_serves(
     platform: str, telegram: FakeTelegram, feishu: FakeFeishu, tmp_path: Path, redis_url: str,
     prefix: str, fleet: ExitStack,
 ) -> None:  # fmt: skip
     """The chat shows one board, sent by i0 (started first, it holds the board's lease); i1
-    routes i1agent there. `/taskcard orchestrator i1agent` marks i1agent's line on i0's
-    board: i0 took the choice for one of an agent the chat no longer follows, and marked
-    nobody."""
+    routes i1agent there, its route marking i1agent. i0's board marks i1agent's line, as
+    the route says, and again once `/taskcard orchestrator i1agent` chose it after `off`:
+    i0 knew no route setting, and took the choice for one of an agent the chat no longer
+    follows, marking nobody."""
+    marks = {"i0": "", "i1": 'orchestrator = "i1agent"'}
     if platform == "telegram":
 
         def start(name: str) -> Path:
             fleet.enter_context(
                 instance(
                     tmp_path, name, telegram, [f"{name}agent"], redis_url=redis_url,
-                    prefix=prefix, view="board",
+                    prefix=prefix, view="board", limits=marks[name],
                 )
             )  # fmt: skip
             return tmp_path / "agents" / f"{name}agent"
@@ -684,7 +686,7 @@ async def test_clustered_the_board_marks_a_chosen_orchestrator_another_instance_
             setup = feishu_instance(tmp_path, name, feishu, redis_url=redis_url, prefix=prefix)
             routed = 'agents = ["*"]'
             setup.config.write_text(
-                setup.config.read_text().replace(routed, f'{routed}\nview = "board"')
+                setup.config.read_text().replace(routed, f'{routed}\nview = "board"\n{marks[name]}')
             )
             fleet.enter_context(setup.serve())
             urls.append(setup.url)
@@ -704,12 +706,16 @@ async def test_clustered_the_board_marks_a_chosen_orchestrator_another_instance_
     await eventually(
         lambda: any("card of i1" in board for board in boards()), timeout_s=60, what="i1's line"
     )
-    await say("/taskcard orchestrator i1agent")
 
     def marked() -> list[str]:
         return [
             line for board in boards() for line in board.splitlines() if "🎯 orchestrator" in line
         ]
 
-    found = await eventually(marked, timeout_s=60, what="i1agent's line marked")
+    found = await eventually(marked, timeout_s=60, what="i1agent's line marked, as configured")
+    assert all("i1agent" in line for line in found), found
+    await say("/taskcard orchestrator off")
+    await eventually(lambda: not marked(), timeout_s=60, what="no line marked")
+    await say("/taskcard orchestrator i1agent")
+    found = await eventually(marked, timeout_s=60, what="i1agent's line marked, as chosen")
     assert all("i1agent" in line for line in found), found
