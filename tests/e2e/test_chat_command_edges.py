@@ -12,12 +12,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.e2e.harness import eventually
+from tests.e2e.test_chat_command_words import answered
 from tests.e2e.test_talk_and_signals import (
     FS_CHAT,
     FS_PERSON,
     FS_VERIFY,
-    Chat,
     FeishuChat,
     platform,  # noqa: F401 (the fixture, used by name)
     queued,
@@ -25,13 +24,6 @@ from tests.e2e.test_talk_and_signals import (
     wait_said,
     wait_status,
 )
-
-
-async def answered(chat: Chat, words: str, times: int, what: str) -> None:
-    """Wait until `times` of the bot's messages in the chat say `words`."""
-    await eventually(
-        lambda: sum(words in t for t in chat.bot_texts()) >= times, timeout_s=60, what=what
-    )
 
 
 async def test_a_command_glued_to_an_at_sign_without_a_bot_name_is_none(
