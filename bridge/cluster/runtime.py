@@ -250,12 +250,15 @@ def refused_permissions(store: RedisStore, owner: str) -> list[tuple[str, str]]:
     pipe.pttl(text)
     # redis-py's `incr` sends INCRBY; the leases' script calls INCR, which the ACL may allow alone.
     pipe.execute_command("INCR", count)  # type: ignore[no-untyped-call]
+    pipe.execute_command("UNWATCH")  # type: ignore[no-untyped-call]  # change_cursor's
     pipe.hset(table, "f", "v")
     pipe.hsetnx(table, "f", "v")
     pipe.hget(table, "f")
     pipe.hmget(table, ["f"])
     pipe.hgetall(table)
     pipe.hvals(table)
+    pipe.hkeys(table)
+    pipe.hscan(table, 0)
     pipe.hexists(table, "f")
     pipe.hdel(table, "f")
     pipe.zadd(ranks, {"m": 1})
@@ -269,6 +272,8 @@ def refused_permissions(store: RedisStore, owner: str) -> list[tuple[str, str]]:
     pipe.zremrangebyrank(ranks, 0, -1)
     pipe.sadd(members, "m")
     pipe.smembers(members)
+    pipe.sscan(members, 0)
+    pipe.srem(members, "m")
     pipe.xadd(stream, {"f": "v"}, maxlen=1)
     pipe.xrevrange(stream, count=1)
     pipe.xread({stream: "0-0"}, count=1)

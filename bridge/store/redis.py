@@ -647,10 +647,16 @@ class RedisStore(StateStore):
         cursors, version_key = self.key("cursors"), self._version_key(key)
         for _ in range(CHANGE_TRIES):
             with self._r.pipeline(transaction=True) as pipe:
-                pipe.watch(version_key)  # type: ignore[no-untyped-call]
-                version = pipe.get(version_key)
-                current = cast(str | None, pipe.hget(cursors, key))
-                if version is None or self._older_writer_live(pipe):
+                try:
+                    pipe.watch(version_key)  # type: ignore[no-untyped-call]
+                    version = pipe.get(version_key)
+                    current = cast(str | None, pipe.hget(cursors, key))
+                    older_live = version is None or self._older_writer_live(pipe)
+                except redis.WatchError as error:
+                    # redis-py says a connection lost while watching as a WatchError, past
+                    # the client's retries: an outage, not another writer.
+                    raise redis.ConnectionError(str(error)) from error
+                if older_live:
                     pipe.unwatch()
                     seen = (
                         ""
@@ -665,7 +671,7 @@ class RedisStore(StateStore):
                 value = change(current)
                 pipe.multi()
                 pipe.hset(cursors, key, value)
-                pipe.incr(version_key)
+                pipe.execute_command("INCR", version_key)  # type: ignore[no-untyped-call]
                 try:
                     pipe.execute()
                 except redis.WatchError:

@@ -464,10 +464,11 @@ def acl_user(server: RedisServer, rules: list[str]) -> str:
         (["+@all", "-multi", "~*", "&*"], ["the command MULTI", "+multi"]),
         (["+@all", "-hvals", "-exists", "~*", "&*"], ["HVALS", "EXISTS", "+exists +hvals"]),
         (["+@all", "-incr", "~*", "&*"], ["the command INCR", "+incr"]),
+        (["+@all", "-unwatch", "~*", "&*"], ["the command UNWATCH", "+unwatch"]),
         (["+@all", "~*", "resetchannels"], ["the fleet's channels", "&<key_prefix>:*"]),
         (["+@all", "~someone-else:*", "&*"], ["the fleet's keys", "~<key_prefix>:*"]),
     ],
-    ids=["hset", "xadd-evalsha", "multi", "hvals-exists", "incr", "channels", "keys"],
+    ids=["hset", "xadd-evalsha", "multi", "hvals-exists", "incr", "unwatch", "channels", "keys"],
 )
 def test_a_redis_user_lacking_a_permission_is_refused_at_start_naming_it(
     tmp_path: Path,

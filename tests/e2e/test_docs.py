@@ -708,7 +708,9 @@ def test_a_redis_user_granted_the_operators_list_passes_the_start_and_serves(
 ) -> None:
     """docs/operators.md lists the Redis commands a cluster's ACL user needs. The list left
     out `HVALS` (every read of `/metrics`) and `EXISTS` (a Feishu reply checked against the
-    messages the cluster posted), which such a user met only later, as NOPERM."""
+    messages the cluster posted), which such a user met only later, as NOPERM; then
+    `UNWATCH`, which a change of the shared route book sends when the book has no version
+    yet, so every origin route change failed."""
     import redis
 
     from taskcard.bridge.cluster.runtime import refused_permissions
@@ -734,6 +736,11 @@ def test_a_redis_user_granted_the_operators_list_passes_the_start_and_serves(
             assert refused_permissions(store, "docs") == []
             assert store.notice_counts() == {}
             assert store.sent_any("feishu", ["om_1"], 0.0) is False
+            for _ in range(2):  # a cursor with no version yet (UNWATCH), then with one
+                store.change_cursor("docs-book", lambda value: (value or "") + "x")
+            assert store.get_cursor("docs-book") == "xx"
+            assert store.cursor_keys("docs-") == ["docs-book"]  # HSCAN
+            assert store.offset_agents() == set()  # HKEYS
         finally:
             client.close()
     finally:
