@@ -166,7 +166,9 @@ def chosen_host_paths(option: str | None, environ: Mapping[str, str], workdir: P
     socket and log among the agent's files, where the agent's own cleanup (`git clean`,
     removing the tree) deletes a running host's socket and lock. The defaults are not
     checked: a workdir of `/tmp` or `/` holds them, and the host's folder there is a
-    system folder, not one an agent keeps its work in.
+    system folder, not one an agent keeps its work in. Nor is a workdir of `/` or of the
+    home folder (`_holds_system_folders`): every folder is inside the one, and the user's
+    own (`~/.cache`) inside the other.
     """
     if option is not None:
         source: str | None = "--runtime-dir"
@@ -184,6 +186,8 @@ def chosen_host_paths(option: str | None, environ: Mapping[str, str], workdir: P
     if source is not None:
         inside = Path(os.path.realpath(paths.runtime_dir))
         home = workdir.resolve()
+        if _holds_system_folders(home, environ):
+            return paths
         if inside == home or home in inside.parents:
             default = "leave it out" if source == "--runtime-dir" else "unset it"
             raise RuntimeDirInvalid(
@@ -192,6 +196,16 @@ def chosen_host_paths(option: str | None, environ: Mapping[str, str], workdir: P
                 f" directory outside it, or {default} for the default"
             )
     return paths
+
+
+def _holds_system_folders(workdir: Path, environ: Mapping[str, str]) -> bool:
+    """Whether `workdir` is `/` or the user's home folder, which hold the system's and the
+    user's own folders (`/run`, `/tmp`, `~/.cache`) besides any work: every runtime folder
+    is inside `/`, and `~/.cache/taskcard` inside a home an agent works in is no agent file."""
+    if workdir.parent == workdir:
+        return True
+    home = environ.get("HOME", "")
+    return bool(home) and Path(os.path.realpath(home)) == workdir
 
 
 @dataclass(frozen=True)

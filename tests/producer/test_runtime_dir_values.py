@@ -13,8 +13,10 @@ client starts `taskcard mcp` (it is refused before the handshake).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import anyio
@@ -259,3 +261,28 @@ async def test_an_mcp_client_sees_the_server_refuse_a_blank_variable(
         " hosts' sockets and locks, or unset it for the default\n"
     )
     assert sorted(os.listdir(workdir)) == []
+
+
+def test_a_runtime_dir_under_a_workdir_of_slash_is_taken(tmp_path: Path) -> None:
+    """Every folder is inside `/`: an agent working in `/` (a container's) had every
+    `--runtime-dir` refused as inside its workdir, with no choice left but the default."""
+    done = _taskcard(Path("/"), ["card", "settings"], {}, "--runtime-dir", str(tmp_path / "rt"))
+    assert done.returncode == 0, done.stderr
+    assert "inside the workdir" not in done.stderr
+
+
+def test_a_cache_folder_under_a_home_the_agent_works_in_is_taken() -> None:
+    """`TASKCARD_RUNTIME_DIR=~/.cache/taskcard` with an agent working in the home folder
+    itself: the user's own folders, not the agent's files. (A short home under /tmp: a
+    socket's path must fit 107 bytes.)"""
+    home = Path(tempfile.mkdtemp(prefix="h", dir="/tmp"))
+    write_renderer(home, "r.py", STATIC_RENDERER)
+    env = {"HOME": str(home), "TASKCARD_RUNTIME_DIR": "~/.cache/tc"}
+    host = CliHost(home, home / ".cache" / "tc")
+    try:
+        done = _taskcard(home, ["card", "start", "r.py"], env)
+        assert done.returncode == 0, done.stderr
+        assert host.paths.socket.exists()
+    finally:
+        host.shutdown()
+        shutil.rmtree(home, ignore_errors=True)
