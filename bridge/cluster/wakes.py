@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 # served (a chat without one), and the agent's report is still in its folder.
 KEEP_S = 86_400.0
 MAX_PER_CHAT = 1_000
+# Taken per chat at one renewal: each is an inbox write and a few state calls on the loop, so
+# a burst (an agent reporting many times a second) is spread over renewals, not one long turn.
+TAKE_PER_RENEWAL = 100
 MAX_TEXT_CHARS = 16_384
 MAX_EPISODE_CHARS = 512
 
@@ -158,7 +161,7 @@ class WakeRelay:
 
     async def take(self, scopes: Iterable[str]) -> dict[str, list[str]]:
         """The wakes kept for each of `scopes`, chats whose orchestrator this instance serves
-        (oldest first, as kept), noting for the others that these chats have one served
+        (oldest first, as kept; at most `TAKE_PER_RENEWAL`, the rest left for later), noting for the others that these chats have one served
         (raises `RedisError`)."""
         wanted = sorted(set(scopes))
         if not wanted:
@@ -166,7 +169,7 @@ class WakeRelay:
         async with self._aio.pipeline(transaction=False) as pipe:
             for scope in wanted:
                 pipe.set(self._served_key(scope), "1", ex=int(KEEP_S))
-                pipe.zrange(self._key(scope), 0, -1)
+                pipe.zrange(self._key(scope), 0, TAKE_PER_RENEWAL - 1)
             found: list[list[str]] = (await pipe.execute())[1::2]
         return {scope: members for scope, members in zip(wanted, found, strict=True) if members}
 
