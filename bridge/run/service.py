@@ -2033,7 +2033,9 @@ class Service:
         learns that the agent is no longer woken, and its own files may not change soon."""
         before = self._desk.problems.get(woken)
         self._desk.wake(woken, agent_id, episode, text, report=report)
-        if self._desk.problems.get(woken) != before:
+        # Clustered, only the agent's server shows and records its problems: another
+        # instance's view (its own failed or good write) would overwrite the server's record.
+        if self._desk.problems.get(woken) != before and self._serves(woken):
             self._project_paced(woken)
             self._save_health(woken)
 
