@@ -161,8 +161,8 @@ class WakeRelay:
 
     async def take(self, scopes: Iterable[str]) -> dict[str, list[str]]:
         """The wakes kept for each of `scopes`, chats whose orchestrator this instance serves
-        (oldest first, as kept; at most `TAKE_PER_RENEWAL`, the rest left for later), noting for the others that these chats have one served
-        (raises `RedisError`)."""
+        (oldest first, as kept; at most `TAKE_PER_RENEWAL`, the rest left for later), noting
+        for the others that these chats have one served (raises `RedisError`)."""
         wanted = sorted(set(scopes))
         if not wanted:
             return {}

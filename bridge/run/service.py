@@ -2131,7 +2131,12 @@ class Service:
         choice = self._orchestrators.choice(scope)
         if choice is None and configured is None:
             return None  # the common case: no set of the chat's agents built
-        return chat_orchestrator(choice, configured, {r.key.agent_id for r in routes})
+        followed = {r.key.agent_id for r in routes}
+        if self._wake_relay is not None and unfollowed_choice(choice, followed) is not None:
+            # Clustered, the chosen agent may be another instance's: the chat's choice holds
+            # (its wakes relayed, `_marked_elsewhere`), not set aside for this one's setting.
+            return None
+        return chat_orchestrator(choice, configured, followed)
 
     def _chat_zone(self, channel: str, chat: ChatRef) -> tzinfo:
         routes = self._routes_in(channel, chat)

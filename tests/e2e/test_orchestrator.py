@@ -374,6 +374,59 @@ async def test_clustered_an_orchestrator_another_instance_serves_is_woken_throug
     assert reports_woken() == [both]
 
 
+async def test_clustered_a_choice_of_another_instances_agent_is_not_set_aside(
+    tmp_path: Path, telegram: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """i0 routes worker and helper, its route marking helper; i1 routes lead, which the chat
+    chooses. i0 follows no lead, and set the choice aside as if the chat no longer followed
+    it: worker's report woke helper, while the answers and the board said lead."""
+    from redis import Redis
+
+    i0 = fleet.enter_context(
+        instance(
+            tmp_path, "i0", telegram, ["worker", "helper"], redis_url=redis_url, prefix=prefix,
+            limits='orchestrator = "helper"',
+        )
+    )  # fmt: skip
+    i1 = fleet.enter_context(
+        instance(tmp_path, "i1", telegram, ["lead"], redis_url=redis_url, prefix=prefix)
+    )
+    for agent in ("lead", "worker", "helper"):
+        publish(workdir(tmp_path, agent), f"**{agent} card**")
+
+    def said(words: str) -> list[str]:
+        return [m.text for m in telegram.bot_messages(GROUP) if words in m.text]
+
+    await eventually(
+        lambda: all(said(f"{agent} card") for agent in ("lead", "worker", "helper")),
+        timeout_s=60,
+        what="cards",
+    )
+    # Both instances know lead is routed in the cluster before the chat chooses it.
+    with Redis.from_url(redis_url, decode_responses=True) as client:
+        await eventually(
+            lambda: len(client.keys(f"{prefix}:routed:*")) == 2, timeout_s=60, what="routes"
+        )
+        telegram.inject_message(GROUP, "/taskcard orchestrator lead", user_id=7)
+        await eventually(
+            lambda: said("lead is now this chat's orchestrator"), timeout_s=60, what="answer"
+        )
+        await eventually(
+            lambda: client.keys(f"{prefix}:orchestrated:*"), timeout_s=60, what="lead served"
+        )
+    report(workdir(tmp_path, "worker"), 1, ok=True, summary="part 1 done")
+    await eventually(lambda: said("worker reported (#1)"), timeout_s=60, what="the notice")
+    await eventually(
+        lambda: wake_texts(tmp_path, "lead", "worker", "part 1 done"),
+        timeout_s=60,
+        what="lead's wake through Redis",
+    )
+    assert wake_texts(tmp_path, "helper", "worker") == []
+    for serve in (i0, i1):
+        assert await serve.aterminate() == 0
+    assert wake_texts(tmp_path, "helper", "worker") == []
+
+
 @pytest.mark.parametrize(
     ("channel", "route"),
     [
