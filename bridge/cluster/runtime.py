@@ -441,12 +441,14 @@ class Cluster:
                 await self.aio.set(key, text, px=self._bot_ttl_ms)
                 self._routes_shared = text
             members = self.key("instances")
-            # Listed as a writer of cursor versions first (see `RedisStore.change_cursor`): an
-            # instance in `P:instances` alone is taken for an older version, which is safe.
+            # Listed as live before as a writer of cursor versions (`RedisStore.change_cursor`
+            # counts both), and unlisted in the other order at the stop: an instance in
+            # `P:instances` alone is taken for an older version, which is safe; one in
+            # `P:versioned` alone would hide an older instance from the count.
+            await self.aio.zadd(members, {self.owner: now_ms + self._bot_ttl_ms})
             versioned = self.key("versioned")
             await self.aio.zadd(versioned, {self.owner: now_ms + self._bot_ttl_ms})
             await self.aio.zremrangebyscore(versioned, "-inf", now_ms)
-            await self.aio.zadd(members, {self.owner: now_ms + self._bot_ttl_ms})
             if await self.aio.zremrangebyscore(members, "-inf", now_ms):
                 # An instance died: its board lines are ignored now (their agents' leases
                 # lapsed), so the boards that showed them are composed again.
@@ -724,7 +726,7 @@ class Cluster:
             for channel, bot in self._bots.items():
                 await self.aio.hdel(self.key("bots", channel), bot)
             await self.aio.delete(self.key("routed", self.owner))
-            await self.aio.zrem(self.key("instances"), self.owner)
             await self.aio.zrem(self.key("versioned"), self.owner)
+            await self.aio.zrem(self.key("instances"), self.owner)
         await self.aio.aclose()
         self.store.close()
