@@ -275,7 +275,7 @@ COMMANDS_MARKED: dict[str, list[str]] = {
     "𝔘𝔫𝔦 /tell builder 🎉 /taskcard": ["/tell", "/taskcard"],
     "/tell builder 👨\u200d💻 done": ["/tell"],
     "/tell😀 builder": ["/tell"],
-    "/taskcard@ab on": ["/taskcard"],
+    "/taskcard@ab on": [],  # a bot name of 3 to 32 characters, or no command (tdlib)
     "a/taskcard and 😀/b": ["/b"],
     "/taskcard/off <b>/x</b>": [],
     "x" * 3 + " /" + "c" * 65: [],
