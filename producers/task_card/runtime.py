@@ -241,15 +241,17 @@ class HostPaths:
     def log(self) -> Path:
         return self.runtime_dir / f"{self.key}.log"
 
-    def ensure_dir(self) -> None:
+    def ensure_dir(self, *, for_socket: bool = True) -> None:
         """Create or check the runtime folder; raises `RuntimeDirUnsafe`.
 
         A folder whose socket path would not fit a unix socket is refused before anything is
         made: the host's `bind` failed with a traceback in its log, and the caller saw exit
-        4, "failed to start", with no word of the folder's length.
+        4, "failed to start", with no word of the folder's length. Not for the lock alone
+        (`for_socket=False`: the Python API's in-process watches, which bind no socket, as
+        the demo's under a long `TMPDIR`).
         """
         length = len(os.fsencode(self.socket))
-        if length > MAX_SOCKET_PATH_BYTES:
+        if for_socket and length > MAX_SOCKET_PATH_BYTES:
             raise RuntimeDirInvalid(
                 f"runtime dir {shown_path(self.runtime_dir)} is too long for the hosts' sockets"
                 f" (a socket's path in it takes {length} bytes, a unix socket's at most"
@@ -275,7 +277,8 @@ class HostLock:
         self.previous: tuple[workdir_lock.Holder, ...] = ()
 
     def acquire(self) -> None:
-        self._paths.ensure_dir()
+        # The host's socket path was checked by whoever started it (`client`, `taskcard host`).
+        self._paths.ensure_dir(for_socket=False)
         flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
             fd = os.open(self._paths.lock, flags, 0o600)
