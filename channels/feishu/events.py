@@ -235,6 +235,11 @@ def duplicate_key(decoded: DecodedEvent) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+# Feishu's placeholder for a mention in a message's text: of a user or a bot (`@_user_2`,
+# whether or not the mention carries an open_id), or of everyone (`@_all`).
+_PLACEHOLDER = re.compile(f"(?:{re.escape(USER_MENTION_PREFIX)}[0-9]+|{ALL_MENTION_KEY})(?!\\w)")
+
+
 def mentions_pattern(keys: tuple[str, ...]) -> re.Pattern[str] | None:
     """The placeholders `keys` (`@_user_1`) as one pattern, None for none. `(?!\\d)`:
     removing `@_user_1` must not eat the start of `@_user_12`."""
@@ -295,6 +300,11 @@ def command_args(
             rest = after
         if mention is not None and tell:
             rest = drop_leading(rest, mention)
+        if not tell:
+            # A mention is one wherever it was typed, also glued to the word before it
+            # ("off@_user_2"): an option with a mention is answered as such, never as an
+            # unknown option. The text for an agent keeps it as typed.
+            rest = _PLACEHOLDER.sub(lambda found: f" {found.group(0)} ", rest)
         # The text for the agent keeps its line breaks: only the command word goes.
         return command_arguments(rest, tell=tell)
     return None

@@ -15,10 +15,11 @@ import asyncio
 import copy
 import logging
 import re
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from telegram import Bot, Message, Update
+from telegram import Bot, Message, MessageEntity, Update
 from telegram import error as tg
 from telegram.request import BaseRequest
 
@@ -179,7 +180,8 @@ def command_from_update(update: Update, bot_username: str) -> IncomingCommand | 
         text = ""
     name: CommandName = "taskcard"
     reply_to: tuple[str, ...] = ()
-    args = parse_command(text, bot_username)
+    entities = message.entities if message.text is not None else message.caption_entities
+    args = parse_command(with_mentions_marked(text, entities), bot_username)
     if args is None:
         name, args = "tell", parse_command(text, bot_username, TELL)
     if args is None:
@@ -210,6 +212,40 @@ def command_from_update(update: Update, bot_username: str) -> IncomingCommand | 
         reply_to=reply_to,
         sent_as=on_behalf_of(message),
     )
+
+
+# What a mention of a person without a username stands as in `/taskcard`'s arguments: a
+# mention, as `@alice` is, which the service answers as one without naming anyone.
+MARKED_MENTION = "@_mention"
+
+
+def with_mentions_marked(text: str, entities: Sequence[MessageEntity]) -> str:
+    """`text` with each mention of a person who has no username (a `text_mention` entity:
+    its text is the person's name, as the client showed it) written as `MARKED_MENTION`.
+
+    For the options of `/taskcard`, none of which takes a mention: "/taskcard off Alice
+    Smith" is answered as "/taskcard off @alice" is, naming no one, not as an unknown option.
+    A `/tell` or a reply keeps the name as typed. The offsets count UTF-16 units; an entity
+    that does not fit the text (or splits a character) leaves the text as it is.
+    """
+    spans = sorted(
+        (e.offset, e.offset + e.length) for e in entities if e.type == MessageEntity.TEXT_MENTION
+    )
+    if not spans:
+        return text
+    units = text.encode("utf-16-le", "surrogatepass")
+    pieces: list[bytes] = []
+    at = 0
+    for start, end in spans:
+        if not at <= start < end <= len(units) // 2:
+            return text
+        pieces += [units[2 * at : 2 * start], f" {MARKED_MENTION} ".encode("utf-16-le")]
+        at = end
+    pieces.append(units[2 * at :])
+    try:
+        return b"".join(pieces).decode("utf-16-le")
+    except UnicodeDecodeError:
+        return text  # an entity's edge inside a character: no offsets to trust
 
 
 def on_behalf_of(message: Message) -> SentAs | None:

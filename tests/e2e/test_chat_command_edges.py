@@ -17,6 +17,8 @@ from tests.e2e.test_talk_and_signals import (
     FS_CHAT,
     FS_PERSON,
     FS_VERIFY,
+    GROUP,
+    PERSON,
     FeishuChat,
     platform,  # noqa: F401 (the fixture, used by name)
     queued,
@@ -125,3 +127,32 @@ async def test_the_orchestrator_is_named_as_a_tell_names_an_agent(
         await chat.say("/taskcard orchestrator \uff2f\uff26\uff26")
         await wait_said(chat, "This chat has no orchestrator now", "the mark taken off")
         assert not any("AGENT is one of" in t for t in chat.bot_texts()), chat.bot_texts()
+
+
+async def test_a_mention_of_someone_without_a_name_to_type_is_named_as_such(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    # Telegram marks a mention of a person without a username as a `text_mention` entity
+    # over their name: "/taskcard off Alice Smith" was an unknown option ("Did you mean
+    # /taskcard off?"). Feishu writes a mention where it was typed, glued to the word before
+    # it ("off@_user_1"), also one of someone it gives no open_id or of another bot.
+    async with running_card(platform, tmp_path) as chat:
+        if isinstance(chat, FeishuChat):
+            document = chat.fake.command_event(
+                FS_CHAT, "", open_id=FS_PERSON, verification_token=FS_VERIFY
+            )
+            message = document["event"]["message"]
+            ours = message["mentions"][0]
+            unnamed = {"key": "@_user_2", "id": {"union_id": "on_guest"}, "name": "Alice Smith"}
+            message["mentions"] = [{**ours, "key": "@_user_1"}, unnamed]
+            message["content"] = json.dumps({"text": "@_user_1 /taskcard off@_user_2"})
+            assert (await chat.fake.deliver_event(chat.url, document)).status == 200
+        else:
+            mentioned = {"Alice Smith": 4242}
+            text = "/taskcard off Alice Smith"
+            chat.fake.inject_message(GROUP, text, user_id=PERSON, text_mentions=mentioned)
+        await answered(chat, "send /taskcard off without it", 1, "the answer to the mention")
+        texts = chat.bot_texts()
+        assert not any("hidden" in t.lower() or "Unknown option" in t for t in texts), texts
+        assert not any("@_" in t or "Alice" in t for t in texts), texts

@@ -561,13 +561,16 @@ class FakeTelegram:
         reply_to: int | None = None,
         photo: bool = False,
         sender: Json | None = None,
+        text_mentions: Mapping[str, int] | None = None,
     ) -> int:
         """A person writes `text` (or edits their message `edit_of`), as a reply to message
         `reply_to` when given; with `photo`, `text` is the caption of a picture they send;
-        `sender` replaces the fields naming who sent it (see `inject_on_behalf`).
-        Returns the update id."""
+        `sender` replaces the fields naming who sent it (see `inject_on_behalf`);
+        `text_mentions` maps a part of `text` to the id of the person it mentions, as a
+        client marks a mention of someone without a username (a `text_mention` entity, whose
+        text is the person's name). Returns the update id."""
         chat = int(chat_id)
-        entities = self._people_entities(text)
+        entities = self._people_entities(text, text_mentions or {})
         if edit_of is None:
             message_id = self._allocate_id(chat)
             stored = StoredMessage(
@@ -623,10 +626,21 @@ class FakeTelegram:
         return self._push_update({"channel_post": post})
 
     @staticmethod
-    def _people_entities(text: str) -> list[Json]:
+    def _people_entities(text: str, text_mentions: Mapping[str, int] | None = None) -> list[Json]:
         """The entities Telegram gives `text` a person sent, held to the bounds the API
         holds a bot's entities to (in UTF-16 units, never inside a character)."""
         entities = bot_command_entities(text)
+        for named, user_id in (text_mentions or {}).items():
+            start = text.index(named)
+            entities.append(
+                {
+                    "type": "text_mention",
+                    "offset": utf16_len(text[:start]),
+                    "length": utf16_len(named),
+                    "user": {"id": user_id, "is_bot": False, "first_name": named},
+                }
+            )
+        entities.sort(key=lambda entity: int(entity["offset"]))
         units = text.encode("utf-16-le", "surrogatepass")
         for entity in entities:
             start, end = entity["offset"], entity["offset"] + entity["length"]
