@@ -550,6 +550,19 @@ def other_bots_command(head: str, ours: Callable[[str], bool]) -> bool:
     return command_word(head) is not None and not ours(addressee)
 
 
+def command_to_mentioned(text: str, mention: re.Pattern[str]) -> bool:
+    """Whether `text` is a command written to whom its leading mention names ("@OtherBot
+    /start", on Feishu "@_user_2 /taskcard off"): `mention` matches a mention of someone
+    else (the bot's own leading mention taken out first). Written as a reply to one of the
+    bot's messages, such a command is still theirs, as `/start@OtherBot` is, and no text for
+    the agent whose message it answers."""
+    head, rest = first_word(text)
+    if mention.fullmatch(head) is None:
+        return False
+    after, _ = first_word(rest)
+    return command_word(after) is not None
+
+
 def command_arguments(rest: str, tell: bool) -> str:
     """The arguments of a command read from `rest` (what followed the command word): for
     `/tell`, the agent's name as it shows, a space and the text for the agent (its line

@@ -50,6 +50,7 @@ from taskcard.channels.base import (
     IncomingCommand,
     command_arguments,
     command_readings,
+    command_to_mentioned,
     drop_leading,
     first_word,
     other_bots_command,
@@ -237,6 +238,9 @@ def duplicate_key(decoded: DecodedEvent) -> str:
 
 # Feishu's placeholder for a mention in a message's text: of a user or a bot (`@_user_2`,
 # whether or not the mention carries an open_id), or of everyone (`@_all`).
+# A mention of one user or app (not of everyone): after a leading one of the bot is taken
+# out, one leading a command addresses someone else.
+_USER_PLACEHOLDER = re.compile(f"{re.escape(USER_MENTION_PREFIX)}[0-9]+")
 _PLACEHOLDER = re.compile(f"(?:{re.escape(USER_MENTION_PREFIX)}[0-9]+|{ALL_MENTION_KEY})(?!\\w)")
 
 
@@ -482,8 +486,8 @@ def command_from_event(
         if (mention := mentions_pattern(mention_keys)) is not None:
             text = drop_leading(text, mention)
         args = text.strip()
-        if _for_another_bot(args, bot_name):
-            return None
+        if _for_another_bot(args, bot_name) or command_to_mentioned(args, _USER_PLACEHOLDER):
+            return None  # "/start@OtherBot", "@OtherApp /taskcard off": someone else's
     if name != "taskcard":
         args = named_mentions(_with_title(written, name, args), message.get("mentions"))
     sender_ids = sender.get("sender_id") if isinstance(sender, dict) else None

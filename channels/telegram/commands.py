@@ -34,6 +34,7 @@ from taskcard.channels.base import (
     SentAs,
     command_arguments,
     command_readings,
+    command_to_mentioned,
     drop_leading,
     ends_command,
     first_word,
@@ -102,6 +103,8 @@ class FloodAwarePollRequest(FloodAwareRequest):
 
 # The bot a command is addressed to, glued to it: `@` and a username (letters, digits, `_`).
 _ADDRESSEE = re.compile(r"@([A-Za-z0-9_]*)")
+# A mention of someone by username (`@OtherBot`), or one `with_mentions_marked` marked.
+_SOMEONES_MENTION = re.compile(r"@[A-Za-z0-9_]+")
 # How long the name after a command's `@` may be for Telegram to mark the command at all
 # (tdlib's `match_bot_commands`): `/taskcard@`, with none, or `/taskcard@ab` is no command.
 USERNAME_LENGTHS = (3, 32)
@@ -181,7 +184,9 @@ def command_from_update(update: Update, bot_username: str) -> IncomingCommand | 
     name: CommandName = "taskcard"
     reply_to: tuple[str, ...] = ()
     entities = message.entities if message.text is not None else message.caption_entities
-    args = parse_command(with_mentions_marked(text, entities), bot_username)
+    marked = with_mentions_marked(text, entities)
+    ours = mention_of(bot_username)
+    args = parse_command(marked, bot_username)
     if args is None:
         name, args = "tell", parse_command(text, bot_username, TELL)
     if args is None:
@@ -196,9 +201,12 @@ def command_from_update(update: Update, bot_username: str) -> IncomingCommand | 
         head, _ = first_word(text)
         if other_bots_command(head, lambda name: name.lower() == bot_username.lower()):
             return None  # "/start@OtherBot" replying to our card is the other bot's
+        unaddressed = drop_leading(marked, ours) if bot_username else marked
+        if command_to_mentioned(unaddressed, _SOMEONES_MENTION):
+            return None  # "@OtherBot /start" replying to our card is for whom it mentions
         # A mention of this bot leading the reply addresses it, as on Feishu; one inside
         # the text is the person's and reaches the agent as written.
-        if bot_username and (dropped := drop_leading(text, mention_of(bot_username))) != text:
+        if bot_username and (dropped := drop_leading(text, ours)) != text:
             text = dropped.strip()
         name, args, reply_to = "reply", text, (str(replied.message_id),)
     thread = message.message_thread_id if message.is_topic_message else None

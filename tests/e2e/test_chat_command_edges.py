@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tests.e2e.harness import eventually
 from tests.e2e.test_chat_command_words import answered
 from tests.e2e.test_talk_and_signals import (
     FS_CHAT,
@@ -156,3 +157,39 @@ async def test_a_mention_of_someone_without_a_name_to_type_is_named_as_such(
         texts = chat.bot_texts()
         assert not any("hidden" in t.lower() or "Unknown option" in t for t in texts), texts
         assert not any("@_" in t or "Alice" in t for t in texts), texts
+
+
+async def test_a_command_to_someone_else_replying_to_a_card_is_neither_ours_nor_the_agents(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    # A command addressed to another bot is that bot's, also written as a reply to our card:
+    # `/start@ab` (a name Telegram marks no command for, yet no one's command but another
+    # bot's), `/taskcard@OtherBot off`, and a command led by a mention of someone else
+    # ("@OtherBot /taskcard off"; on Feishu a mention of another app, the only way to
+    # address one there), which reached the agent as text for it.
+    async with running_card(platform, tmp_path) as chat:
+        card = chat.message_id_with("compile")
+        assert card is not None
+        for text in ("/start@ab now", "/taskcard@OtherBot off"):
+            await chat.say(text, reply_to=card)
+        if isinstance(chat, FeishuChat):
+            document = chat.fake.command_event(
+                FS_CHAT,
+                "/taskcard off",
+                open_id=FS_PERSON,
+                mention_bot=False,
+                mention_users=("ou_other_app",),
+                parent_id=card,
+                verification_token=FS_VERIFY,
+            )
+            assert (await chat.fake.deliver_event(chat.url, document)).status == 200
+        else:
+            await chat.say("@OtherBot /taskcard off", reply_to=card)
+        await chat.say("a real answer", reply_to=card)
+        await wait_status(chat, "queued")
+        await eventually(lambda: queued(tmp_path), what="the text queued")
+        texts = [json.loads(p.read_text())["text"] for p in queued(tmp_path)]
+        assert texts == ["a real answer"], texts
+        said = chat.bot_texts()
+        assert not any("hidden" in t.lower() or "Unknown option" in t for t in said), said
