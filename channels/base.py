@@ -389,6 +389,10 @@ class IncomingCommand:
     # message of the service is not answered with how to reach an agent.
     in_thread: bool = False
     sent_as: SentAs | None = None
+    # True when the message holds a right-to-left control (`shows_reordered`): its words may
+    # show in another order than typed ("/taskcard", an override and "ffo" shows as "off").
+    # The arguments are read as typed; an answer that they name nothing says so.
+    reordered: bool = False
 
     @property
     def answer_to(self) -> ReplyTo | None:
@@ -561,6 +565,30 @@ def command_to_mentioned(text: str, mention: re.Pattern[str]) -> bool:
         return False
     after, _ = first_word(rest)
     return command_word(after) is not None
+
+
+# The characters that show the letters or words after them right to left whatever they are:
+# the right-to-left embedding, override and isolate. Latin letters in an override show
+# reversed ("ffo" as "off"); words in an embedding or isolate show in reverse order.
+_RIGHT_TO_LEFT = re.compile("[\u202b\u202e\u2067]")
+
+
+def shows_reordered(text: str) -> bool:
+    """Whether `text` holds a right-to-left control, so its words may show in another order
+    than they were typed in (`IncomingCommand.reordered`)."""
+    return _RIGHT_TO_LEFT.search(text) is not None
+
+
+_PLAIN_WORDS = re.compile(r"[A-Za-z0-9][A-Za-z0-9 .,:-]{0,39}")
+
+
+def typed_form(words: str) -> str | None:
+    """`words` (a command's arguments, read as typed) to quote in an answer, when they are
+    plain enough to show as they are: ASCII letters, digits, spaces and `.,:-`, at most 40
+    characters. Nothing a chat could take for a mention, a link or markup; None otherwise."""
+    if _PLAIN_WORDS.fullmatch(words) is None:
+        return None
+    return words
 
 
 def command_arguments(rest: str, tell: bool) -> str:

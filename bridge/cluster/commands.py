@@ -111,6 +111,9 @@ def encode(command: IncomingCommand) -> str:
             "message_thread": command.message_thread,
             # Without it an anonymous admin's command was read back as GroupAnonymousBot's.
             "sent_as": command.sent_as,
+            # Without it the answer to "/taskcard" + an override + "ffo" said nothing of
+            # the order the option shows in (an older version reads it as False).
+            "reordered": command.reordered,
         }
     )
 
@@ -137,6 +140,9 @@ def decode(raw: str) -> IncomingCommand | None:
         sent_as = data.get("sent_as")
         if sent_as is not None and sent_as not in get_args(SentAs):
             return None
+        reordered = data.get("reordered", False)
+        if not isinstance(reordered, bool):
+            return None
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
     return IncomingCommand(
@@ -149,6 +155,7 @@ def decode(raw: str) -> IncomingCommand | None:
         reply_to=tuple(reply_to),
         message_thread=text["message_thread"],
         sent_as=sent_as,
+        reordered=reordered,
     )
 
 

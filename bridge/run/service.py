@@ -144,6 +144,7 @@ from taskcard.channels.base import (
     Outgoing,
     RouteView,
     counted,
+    typed_form,
 )
 from taskcard.channels.errors import ChannelError, RateLimited, Transient
 from taskcard.producers.task_card.contract import Origin, one_line_cut, parse_origin, shows_text
@@ -2691,6 +2692,8 @@ class Service:
                     reply = "/taskcard takes no mention: send it without the mention."
                 else:
                     reply = f"/taskcard takes no mention: send {alone} without it."
+            elif command.reordered:
+                reply = f"Unknown option: {_reordered('the option', command.args)} {HELP_TEXT}"
             elif rows_out_of_range(command.args):
                 reply = (
                     f"A card shows {MIN_ROWS} to {MAX_ROWS} activity rows: /taskcard {MAX_ROWS}"
@@ -3026,6 +3029,8 @@ class Service:
             return None  # clustered: the instance that claimed the reply refuses it, once
         if matches:
             return _same_but_case(matches)
+        if command.reordered:
+            return f"{_reordered('The name', name)} {_unknown_agent(here)}"
         return _unknown_agent(here)
 
     def _cancel_in_cluster(self, channel_name: str, command: IncomingCommand) -> str | None:
@@ -3257,6 +3262,18 @@ def no_agent_hint(names: list[str]) -> str:
     if names and len(listed) <= HINT_NAMES_CHARS:
         return f"{NO_AGENT_REPLY} AGENT is one of {listed}."
     return f"{NO_AGENT_REPLY} /taskcard lists the agents here."
+
+
+def _reordered(what: str, typed: str) -> str:
+    """That `what` of a command (read as typed) shows in another order than typed, and what
+    was typed when it can be shown as it is (`typed_form`): never the direction controls,
+    which would show it reordered again ("off" for "ffo")."""
+    form = typed_form(typed)
+    as_typed = f' (typed: "{form}")' if form else ""
+    return (
+        f"{what} shows in another order than it was typed{as_typed}: the message holds a"
+        " right-to-left control character. Type it again without one."
+    )
 
 
 def _unknown_agent(names: list[str]) -> str:

@@ -55,6 +55,7 @@ from taskcard.channels.base import (
     first_word,
     other_bots_command,
     shown,
+    shows_reordered,
 )
 from taskcard.channels.feishu.content import ALL_MENTION_KEY, MessageText, message_text
 
@@ -506,6 +507,7 @@ def command_from_event(
         reply_to=reply_to if name == "reply" or not addressed else (),
         message_thread=thread_id if in_thread else None,
         in_thread=in_thread and bool(reply_to) and _threads_root(message) == reply_to[0],
+        reordered=name != "reply" and shows_reordered(text),
     )
 
 

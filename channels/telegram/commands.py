@@ -39,6 +39,7 @@ from taskcard.channels.base import (
     ends_command,
     first_word,
     other_bots_command,
+    shows_reordered,
 )
 from taskcard.channels.telegram.http11 import LeanRequest
 from taskcard.channels.telegram.moves import ChatMoves, qualified
@@ -219,6 +220,7 @@ def command_from_update(update: Update, bot_username: str) -> IncomingCommand | 
         command=name,
         reply_to=reply_to,
         sent_as=on_behalf_of(message),
+        reordered=name != "reply" and shows_reordered(text),
     )
 
 

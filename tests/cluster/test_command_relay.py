@@ -30,3 +30,15 @@ def test_an_entry_naming_an_unknown_sender_kind_is_not_read() -> None:
     assert decode(json.dumps(entry)) is not None
     entry["sent_as"] = "someone"
     assert decode(json.dumps(entry)) is None
+
+
+def test_that_a_command_shows_reordered_crosses_the_relay() -> None:
+    # Lost on the way, the instance answering "/taskcard" + an override + "ffo" said "Did
+    # you mean /taskcard off?" of the "off" the person sees.
+    command = IncomingCommand(ChatRef("-100"), "ffo", "7", reordered=True)
+    assert decode(encode(command)) == command
+    entry = json.loads(encode(command))
+    del entry["reordered"]  # written by an older version
+    assert decode(json.dumps(entry)) == IncomingCommand(ChatRef("-100"), "ffo", "7")
+    entry["reordered"] = "yes"
+    assert decode(json.dumps(entry)) is None

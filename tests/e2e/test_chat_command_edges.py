@@ -193,3 +193,28 @@ async def test_a_command_to_someone_else_replying_to_a_card_is_neither_ours_nor_
         assert texts == ["a real answer"], texts
         said = chat.bot_texts()
         assert not any("hidden" in t.lower() or "Unknown option" in t for t in said), said
+
+
+async def test_words_a_direction_override_shows_reversed_are_answered_as_typed(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    # "/taskcard", a right-to-left override and "ffo" shows as "/taskcard off"; it is read
+    # as typed, as Telegram reads it, and was answered "Unknown option. Did you mean
+    # /taskcard off?", which told the person that the "off" they see is unknown. Likewise
+    # "/tell" and "redliub", shown as "builder": "AGENT is one of builder".
+    async with running_card(platform, tmp_path) as chat:
+        await chat.say("/taskcard \u202effo\u202c")
+        answer = await wait_said(chat, 'typed: "ffo"', "the answer to the reversed option")
+        assert "right-to-left" in answer and "Did you mean" not in answer, answer
+        await chat.say("/tell \u202eredliub\u202c hi")
+        answer = await wait_said(chat, 'typed: "redliub"', "the answer to the reversed name")
+        assert "AGENT is one of builder" in answer, answer
+        # Words in a right-to-left isolate show in reverse order ("on off" as "off on").
+        await chat.say("/taskcard \u2067on off\u2069")
+        await wait_said(chat, 'typed: "on off"', "the answer to the isolated words")
+        texts = chat.bot_texts()
+        assert not any(
+            set(t) & set("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069") for t in texts
+        ), texts
+        assert queued(tmp_path) == [] and not any("hidden" in t.lower() for t in texts), texts
