@@ -190,6 +190,8 @@ def command_from_update(update: Update, bot_username: str) -> IncomingCommand | 
     args = parse_command(marked, bot_username)
     if args is None:
         name, args = "tell", parse_command(text, bot_username, TELL)
+    if args is not None and for_another_bot(message, bot_username):
+        return None
     if args is None:
         # A reply to one of this bot's messages (privacy mode still delivers those): text
         # for the agent whose message it answers, when the service knows that message.
@@ -222,6 +224,26 @@ def command_from_update(update: Update, bot_username: str) -> IncomingCommand | 
         sent_as=on_behalf_of(message),
         reordered=name != "reply" and shows_reordered(text),
     )
+
+
+def for_another_bot(message: Message, bot_username: str) -> bool:
+    """Whether a command in `message` is another bot's because it replies to that bot's
+    message without naming this bot (`/taskcard@ThisBot`, or a mention of it).
+
+    Telegram delivers a command written as a reply to a bot's message to that bot: in a chat
+    with two card services, "/taskcard off" replying to the other's card hides that one's
+    cards, not ours. Feishu takes a command replying to another app's message, without our
+    mention, as not ours alike. A message a bot sent on behalf of a chat (an anonymous
+    administrator's GroupAnonymousBot) is a person's, and a command replying to it is ours.
+    """
+    replied = message.reply_to_message
+    author = None if replied is None else replied.from_user
+    if replied is None or author is None or not author.is_bot or replied.sender_chat:
+        return False
+    if (author.username or "").lower() == bot_username.lower() or not bot_username:
+        return False
+    named = re.compile(f"@{re.escape(bot_username)}(?![A-Za-z0-9_])", flags=re.I)
+    return named.search(message.text or message.caption or "") is None
 
 
 # What a mention of a person without a username stands as in `/taskcard`'s arguments: a

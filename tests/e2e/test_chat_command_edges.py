@@ -218,3 +218,43 @@ async def test_words_a_direction_override_shows_reversed_are_answered_as_typed(
             set(t) & set("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069") for t in texts
         ), texts
         assert queued(tmp_path) == [] and not any("hidden" in t.lower() for t in texts), texts
+
+
+async def test_a_command_replying_to_another_bots_card_is_that_bots(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    # Two card services in one chat: "/taskcard off" written as a reply to the other bot's
+    # card is for that bot (Telegram delivers a command replying to a bot's message to that
+    # bot), as on Feishu, where a command replying to another app's message without our
+    # mention is not ours. On Telegram it hid our cards. Addressed to us by name, it is ours.
+    async with running_card(platform, tmp_path) as chat:
+        if isinstance(chat, FeishuChat):
+            other_card = "om_other_app_card"
+            await chat.say("/taskcard off", reply_to=other_card)
+            await chat.say("/tell builder hi", reply_to=other_card)
+            document = chat.fake.command_event(
+                FS_CHAT,
+                "/taskcard 6",
+                open_id=FS_PERSON,
+                parent_id=other_card,
+                verification_token=FS_VERIFY,
+            )
+            assert (await chat.fake.deliver_event(chat.url, document)).status == 200
+        else:
+            group = {"id": GROUP, "type": "supergroup", "title": "Fleet"}
+            person = {"id": PERSON, "is_bot": False, "first_name": "Ann"}
+            robot = {"id": 4242, "is_bot": True, "first_name": "Ci", "username": "OtherCardsBot"}
+            card = {"message_id": 800, "date": 1, "chat": group, "from": robot, "text": "tests"}
+            named = f"/taskcard@{chat.fake.username} 6"
+            for index, text in enumerate(("/taskcard off", "/tell builder hi", named)):
+                command = {"type": "bot_command", "offset": 0, "length": text.index(" ")}
+                message = {"message_id": 900 + index, "date": 1, "chat": group, "from": person}
+                message |= {"text": text, "entities": [command], "reply_to_message": card}
+                chat.fake.inject_update({"message": message})
+        await wait_said(chat, "6 activity rows", "the answer to the command naming us")
+        await chat.say("/taskcard 7")
+        await wait_said(chat, "7 activity rows", "the answer to the command to us")
+        texts = chat.bot_texts()
+        assert not any("hidden" in t.lower() for t in texts), texts
+        assert queued(tmp_path) == [], texts
