@@ -236,7 +236,7 @@ def for_another_bot(message: Message, bot_username: str) -> bool:
     mention, as not ours alike. A message a bot sent on behalf of a chat (an anonymous
     administrator's GroupAnonymousBot) is a person's, and a command replying to it is ours.
     """
-    replied = message.reply_to_message
+    replied = chosen_reply(message)
     author = None if replied is None else replied.from_user
     if replied is None or author is None or not author.is_bot or replied.sender_chat:
         return False
@@ -244,6 +244,21 @@ def for_another_bot(message: Message, bot_username: str) -> bool:
         return False
     named = re.compile(f"@{re.escape(bot_username)}(?![A-Za-z0-9_])", flags=re.I)
     return named.search(message.text or message.caption or "") is None
+
+
+def chosen_reply(message: Message) -> Message | None:
+    """The message `message` replies to by its author's choice, None when none.
+
+    In a forum topic Telegram gives every message that replies to nothing else the topic's
+    first message (the service message that opened it) as `reply_to_message`: a command in
+    a topic another bot opened is no reply to that bot.
+    """
+    replied = message.reply_to_message
+    if replied is None:
+        return None
+    if message.is_topic_message and replied.message_id == message.message_thread_id:
+        return None
+    return replied
 
 
 # What a mention of a person without a username stands as in `/taskcard`'s arguments: a

@@ -258,3 +258,39 @@ async def test_a_command_replying_to_another_bots_card_is_that_bots(
         texts = chat.bot_texts()
         assert not any("hidden" in t.lower() for t in texts), texts
         assert queued(tmp_path) == [], texts
+
+
+async def test_a_command_in_a_topic_another_bot_opened_is_ours(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    # Telegram gives every message of a forum topic that replies to nothing else the topic's
+    # first message as the one it replies to; in a topic another bot opened, a command was
+    # taken for one replying to that bot's message, and ignored. It is answered in the topic.
+    async with running_card(platform, tmp_path) as chat:
+        if isinstance(chat, FeishuChat):
+            document = chat.fake.command_event(
+                FS_CHAT,
+                "/taskcard 6",
+                open_id=FS_PERSON,
+                parent_id="om_other_app_topic",
+                thread_id="omt_other_app",
+                verification_token=FS_VERIFY,
+            )
+            assert (await chat.fake.deliver_event(chat.url, document)).status == 200
+        else:
+            group = {"id": GROUP, "type": "supergroup", "title": "Fleet", "is_forum": True}
+            person = {"id": PERSON, "is_bot": False, "first_name": "Ann"}
+            robot = {"id": 4242, "is_bot": True, "first_name": "Ci", "username": "OtherCardsBot"}
+            opened = {"name": "Builds", "icon_color": 7322096}
+            root = {"message_id": 55, "date": 1, "chat": group, "from": robot}
+            root |= {"message_thread_id": 55, "forum_topic_created": opened}
+            text = "/taskcard 6"
+            message = {"message_id": 56, "date": 1, "chat": group, "from": person, "text": text}
+            message |= {"message_thread_id": 55, "is_topic_message": True}
+            message |= {"entities": [{"type": "bot_command", "offset": 0, "length": 9}]}
+            chat.fake.inject_update({"message": {**message, "reply_to_message": root}})
+        await wait_said(chat, "6 activity rows", "the answer in the topic")
+        if not isinstance(chat, FeishuChat):
+            [answer] = [m for m in chat.fake.bot_messages(GROUP) if "6 activity rows" in m.text]
+            assert answer.thread_id == 55
