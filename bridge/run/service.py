@@ -2668,7 +2668,7 @@ class Service:
         elif parsed.action == "orchestrator":
             marks = await self._chat_marks(channel_name, command, scope, parsed.agent)
             reply = self._orchestrator_command(
-                allowed, parsed.agent, len(allowed) < len(routes), marks
+                allowed, parsed.agent, len(allowed) < len(routes), marks, command.reordered
             )
         elif parsed.action == "help":
             reply = f"Task card commands here: {HELP_TEXT}"
@@ -3082,7 +3082,12 @@ class Service:
         return "This chat now shows one task card per agent. /taskcard board shows one board."
 
     def _orchestrator_command(
-        self, routes: list[Route], named: str | None, partly: bool, marks: ChatMarks
+        self,
+        routes: list[Route],
+        named: str | None,
+        partly: bool,
+        marks: ChatMarks,
+        reordered: bool = False,
     ) -> str:
         """`/taskcard orchestrator [AGENT|off]`: say the chat's orchestrator, or choose one
         (or none) for the chat and persist it (`bridge.run.orchestrators`); the board's
@@ -3090,7 +3095,8 @@ class Service:
         sender may command only some of the chat's routes (`routes`), such as those a turn
         opened, which anyone may; the mark is the whole chat's (every agent's signals go to
         it), so they may ask for it but not change it. `marks`: the chat's agents and route
-        setting (clustered, every instance's: another may route the agent named)."""
+        setting (clustered, every instance's: another may route the agent named);
+        `reordered`: the message shows in another order than typed (`_reordered`)."""
         scope = routes[0].key.chat_scope
         here = sorted({r.key.agent_id for r in routes} | (marks.followed - self._followed(scope)))
         usage = "/taskcard orchestrator AGENT marks one, /taskcard orchestrator off none"
@@ -3126,10 +3132,11 @@ class Service:
         matches = matching_agents(named, here)
         agent_id = matches[0] if len(matches) == 1 else None
         if agent_id is None:
-            listed = f"/taskcard orchestrator AGENT: AGENT is one of {', '.join(here)}."
+            head = f"{_reordered('The name', named)} " if reordered else ""
+            listed = f"{head}/taskcard orchestrator AGENT: AGENT is one of {', '.join(here)}."
             if _utf16_len(listed) <= STATE_TEXT_UTF16:
                 return listed
-            return _fit_entries("/taskcard orchestrator AGENT: AGENT is one of:", here)
+            return _fit_entries(f"{head}/taskcard orchestrator AGENT: AGENT is one of:", here)
         self._orchestrators.choose(scope, agent_id)
         self._mark_board(scope)
         return (

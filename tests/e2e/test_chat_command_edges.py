@@ -210,6 +210,9 @@ async def test_words_a_direction_override_shows_reversed_are_answered_as_typed(
         await chat.say("/tell \u202eredliub\u202c hi")
         answer = await wait_said(chat, 'typed: "redliub"', "the answer to the reversed name")
         assert "AGENT is one of builder" in answer, answer
+        await chat.say("/taskcard orchestrator \u202eredliub\u202c")
+        answer = await wait_said(chat, "orchestrator AGENT: AGENT is one of", "the orchestrator")
+        assert 'typed: "redliub"' in answer, answer
         # Words in a right-to-left isolate show in reverse order ("on off" as "off on").
         await chat.say("/taskcard \u2067on off\u2069")
         await wait_said(chat, 'typed: "on off"', "the answer to the isolated words")
