@@ -237,11 +237,11 @@ def duplicate_key(decoded: DecodedEvent) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-# Feishu's placeholder for a mention in a message's text: of a user or a bot (`@_user_2`,
-# whether or not the mention carries an open_id), or of everyone (`@_all`).
 # A mention of one user or app (not of everyone): after a leading one of the bot is taken
 # out, one leading a command addresses someone else.
 _USER_PLACEHOLDER = re.compile(f"{re.escape(USER_MENTION_PREFIX)}[0-9]+")
+# Feishu's placeholder for a mention in a message's text: of a user or a bot (`@_user_2`,
+# whether or not the mention carries an open_id), or of everyone (`@_all`).
 _PLACEHOLDER = re.compile(f"(?:{re.escape(USER_MENTION_PREFIX)}[0-9]+|{ALL_MENTION_KEY})(?!\\w)")
 
 
