@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from telegram import Bot, Update
+from telegram import Bot, MessageEntity, Update
 
 from taskcard.channels.aio import Backoff
 from taskcard.channels.base import ChatRef
@@ -19,6 +19,7 @@ from taskcard.channels.telegram.commands import (
     command_from_update,
     parse_command,
     poll_backoff,
+    with_mentions_marked,
 )
 from taskcard.channels.telegram.config import TelegramConfig, TelegramRoute
 from tests.channels.conftest import CommandInbox, MemoryCursorStore, wait_until
@@ -457,3 +458,23 @@ async def test_an_offset_that_cannot_be_recorded_is_one_line_and_polling_goes_on
     assert failures, "the failure is logged"
     assert all(r.exc_info is None and r.levelname == "WARNING" for r in failures)
     assert "no space left on device" in failures[0].getMessage()
+
+
+@pytest.mark.parametrize(
+    ("text", "spans", "marked"),
+    [
+        ("/taskcard off Alice Smith", [(14, 11)], "/taskcard off  @_mention "),
+        # Offsets count UTF-16 units: an emoji before the name is two.
+        ("/taskcard 😀Alice", [(12, 5)], "/taskcard 😀 @_mention "),
+        ("/taskcard Ann and Bo", [(10, 3), (18, 2)], "/taskcard  @_mention  and  @_mention "),
+        # Inside the emoji, or past the text's end: the text as it is.
+        ("/taskcard 😀Alice", [(11, 6)], "/taskcard 😀Alice"),
+        ("/taskcard off", [(10, 9)], "/taskcard off"),
+        ("/taskcard off", [], "/taskcard off"),
+    ],
+)
+def test_a_mention_of_someone_without_a_username_is_marked_as_a_mention(
+    text: str, spans: list[tuple[int, int]], marked: str
+) -> None:
+    entities = [MessageEntity(MessageEntity.TEXT_MENTION, offset, size) for offset, size in spans]
+    assert with_mentions_marked(text, entities) == marked
