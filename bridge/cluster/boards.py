@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from redis.asyncio import Redis as AsyncRedis
+from redis.client import NEVER_DECODE
 from redis.exceptions import RedisError
 
 from taskcard.bridge.store.redis import raise_if_cancel_swallowed, wrong_type
@@ -75,6 +76,21 @@ def _encode(record: Mapping[str, Any], writer: str, lost_at: float | None = None
     return json.dumps(data, sort_keys=True)
 
 
+# Read as bytes: one field or line not UTF-8 (a hand edit, a hostile writer) must leave that
+# agent's line out, not fail the whole board's reading.
+_RAW = {NEVER_DECODE: True}
+
+
+def _readable(stored: Mapping[bytes, bytes]) -> dict[str, str]:
+    """The fields and values of a chat's lines that are UTF-8 (the others are left out, as a
+    value `_decode` cannot read is)."""
+    found: dict[str, str] = {}
+    for field, value in stored.items():
+        with contextlib.suppress(UnicodeDecodeError):
+            found[field.decode()] = value.decode()
+    return found
+
+
 def _decode(raw: str) -> tuple[str, dict[str, Any], float | None] | None:
     """The writer, the line and when it was found unobserved (`lost_at`) of a stored value;
     None for one this version cannot read (another version's, a hand edit): that agent's
@@ -82,7 +98,7 @@ def _decode(raw: str) -> tuple[str, dict[str, Any], float | None] | None:
     try:
         data = json.loads(raw)
         writer, line, lost_at = data["writer"], data["line"], data.get("lost_at")
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
     if not isinstance(writer, str) or not isinstance(line, dict):
         return None
@@ -175,7 +191,9 @@ class SharedBoards:
         now = time.time() if now is None else now
         key = self._key("board", scope)
         try:
-            stored = cast(dict[str, str], await self._aio.hgetall(key))
+            hgetall: Any = self._aio.execute_command  # untyped in redis-py
+            raw = await hgetall("HGETALL", key, **_RAW)
+            stored = _readable(raw)
             found = [(agent, raw, _decode(raw)) for agent, raw in sorted(stored.items())]
             usable = [(agent, raw, item) for agent, raw, item in found if item is not None]
             leases = [self._key("lease", "agent", agent) for agent, _, _ in usable]

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 import redis
 from redis.asyncio import Redis as AsyncRedis
+from redis.client import NEVER_DECODE
 from redis.exceptions import RedisError
 
 from taskcard.bridge.cluster.boards import SharedBoards
@@ -100,6 +101,59 @@ def _in_chat(chats: Mapping[str, Any], chat: ChatRef) -> object:
     chat."""
     threads = chats.get(chat.chat_id, {})
     return threads.get(chat.thread_id or "") or threads.get("")
+
+
+# A routed record is a few hundred bytes per route; one past this is not read (a hand edit,
+# a hostile writer), so a command's answer never carries it whole.
+MAX_ROUTED_BYTES = 8 * 1024 * 1024
+
+# KEYS: the instances' routed records; ARGV: the most bytes read of one. Each record as it is
+# stored, or its length when over the cap, or false when it is missing or not a string.
+_READ_ROUTED = """
+local found = {}
+for i, key in ipairs(KEYS) do
+  if redis.call('TYPE', key).ok ~= 'string' then
+    found[i] = false
+  else
+    local size = redis.call('STRLEN', key)
+    if size > tonumber(ARGV[1]) then found[i] = size else found[i] = redis.call('GET', key) end
+  end
+end
+return found
+"""
+
+
+class _RefusedRecord(ValueError):
+    """A routed record that is not one: said as the reason it was left out."""
+
+
+def _routed_record(raw: object) -> Mapping[str, Any] | None:
+    """The routed record `raw` (as `_READ_ROUTED` gives it) holds; None when there is none;
+    raises (`_RefusedRecord`, `ValueError`, `RecursionError`) when it cannot be read."""
+    if raw is None:
+        return None
+    if isinstance(raw, int):
+        raise _RefusedRecord(f"{raw} bytes, over the {MAX_ROUTED_BYTES} read")
+    if not isinstance(raw, bytes):
+        raise _RefusedRecord(f"a {type(raw).__name__} from Redis")
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError:
+        raise _RefusedRecord("not UTF-8") from None
+    record = json.loads(text)
+    if not isinstance(record, dict):
+        raise _RefusedRecord(f"a JSON {type(record).__name__}, not an object")
+    return record
+
+
+def _why_refused(error: Exception) -> str:
+    if isinstance(error, _RefusedRecord):
+        return str(error)
+    if isinstance(error, RecursionError):
+        return "nested deeper than can be read"
+    if isinstance(error, ValueError):
+        return "not JSON"
+    return "not of the shape this version writes"
 
 
 class BoardHolder(Protocol):
@@ -244,6 +298,7 @@ def refused_permissions(store: RedisStore, owner: str) -> list[tuple[str, str]]:
     pipe.get(text)
     pipe.exists(text)
     pipe.mget([text])
+    pipe.strlen(text)  # with TYPE and GET, in a script (`Cluster.routed_chat`)
     pipe.type(text)
     pipe.pexpire(text, 60_000)
     pipe.expire(text, 60)
@@ -340,6 +395,8 @@ class Cluster:
         self._silent_since: float | None = None  # when Redis stopped answering (monotonic)
         self._bots: dict[str, str] = {}  # channel -> the bot this instance posts as
         self._routes_shared: str | None = None  # what `_share_routes` last wrote
+        # The routed records left out (`routed_chat`): key -> digest of the value logged.
+        self._routed_refused: dict[str, str] = {}
         self.boards = SharedBoards(self.aio, self.prefix, self.owner)
         self._board_leases: dict[str, Lease] = {}
         self._boards_held: set[str] = set()  # chats whose board `take_board` was told of
@@ -464,28 +521,57 @@ class Cluster:
     async def routed_chat(self, channel: str, chat: ChatRef) -> tuple[list[str], list[str]]:
         """The agents the live instances route to `chat` (as `routed_names`), and the
         `orchestrator` settings of those routes (sorted: one when the instances agree).
-        Read when a command asks, never periodically: one `MGET` of an entry per live
-        instance."""
+        Read when a command asks, never periodically: one script reading an entry per live
+        instance.
+
+        Each entry is another process's writing, read as untrusted: one this version cannot
+        use (not JSON, nested past what the parser takes, not UTF-8, over
+        `MAX_ROUTED_BYTES`, of another shape) is left out, and logged once by its key, and
+        the answer is made from the others (that instance answers its own chats alone)."""
         now_ms = int(time.time() * 1000)
         owners = cast(
             list[str], await self.aio.zrangebyscore(self.key("instances"), now_ms, "+inf")
         )
         keys = [self.key("routed", owner) for owner in owners]
-        texts = cast(list[str | None], await self.aio.mget(keys) if keys else [])
+        found: list[object] = []
+        if keys:
+            # Raw bytes, and a value over the cap as its length: a record not UTF-8 must not
+            # fail the others' decoding, nor a huge one be carried here whole.
+            found = await self.aio.execute_command(  # type: ignore[no-untyped-call]
+                "EVAL", _READ_ROUTED, len(keys), *keys, MAX_ROUTED_BYTES, **{NEVER_DECODE: True}
+            )
         names: set[str] = set()
         marks: set[str] = set()
-        for text in texts:
+        for key, raw in zip(keys, found, strict=True):
             try:
-                record = json.loads(text or "{}")
+                record = _routed_record(raw)
+                if record is None:
+                    continue
                 agents = _in_chat(record.get(channel, {}), chat)
                 if isinstance(agents, list):
                     names.update(agent for agent in agents if isinstance(agent, str))
                 mark = _in_chat(record.get(MARKS_KEY, {}).get(channel, {}), chat)
                 if isinstance(mark, str):
                     marks.add(mark)
-            except (ValueError, AttributeError, TypeError):
-                continue  # another version's or a hand edit's: its instance answers alone
+            except (ValueError, AttributeError, TypeError, RecursionError) as error:
+                self._refuse_routed(key, raw, error)
         return sorted(names), sorted(marks)
+
+    def _refuse_routed(self, key: str, raw: object, error: Exception) -> None:
+        """Log, once per value, that the routed record at `key` was left out, and why."""
+        seen = hashlib.sha1(repr(raw).encode(), usedforsecurity=False).hexdigest()
+        if self._routed_refused.get(key) == seen:
+            return
+        self._routed_refused[key] = seen
+        if len(self._routed_refused) > 1_000:  # keys of instances long gone
+            del self._routed_refused[next(iter(self._routed_refused))]
+        log.warning(
+            "Redis key %s: an instance's routed record was left out of the cluster's answers"
+            " (%s); its instance answers for its own routes alone; nothing to do if it runs"
+            " another version, else delete the key (the instance writes it again)",
+            key,
+            _why_refused(error),
+        )
 
     async def run(
         self,

@@ -53,6 +53,8 @@ MAX_PER_CHAT = 1_000
 TAKE_PER_RENEWAL = 100
 MAX_TEXT_CHARS = 16_384
 MAX_EPISODE_CHARS = 512
+# A member longer than its fields allow (each escaped, six characters for one) is not read.
+MAX_WAKE_CHARS = 6 * (MAX_TEXT_CHARS + MAX_EPISODE_CHARS + 8_192)
 
 
 # KEYS: the chat's wakes (sorted set), its served mark; ARGV: the wake, now (s), keep (s), most
@@ -100,9 +102,11 @@ def decode_wake(raw: str, valid_agent: Callable[[str], object]) -> RelayedWake |
     """The wake `raw` holds, or None when it is not one this version writes (another
     version's, a hand edit's): such a member is dropped. `valid_agent` checks an agent id
     (the config's rule, which this package does not import)."""
+    if len(raw) > MAX_WAKE_CHARS:
+        return None
     try:
         data = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(data, dict):
         return None
@@ -163,15 +167,40 @@ class WakeRelay:
         """The wakes kept for each of `scopes`, chats whose orchestrator this instance serves
         (oldest first, as kept; at most `TAKE_PER_RENEWAL`, the rest left for later), noting
         for the others that these chats have one served (raises `RedisError`)."""
+        from redis.client import NEVER_DECODE
+
         wanted = sorted(set(scopes))
         if not wanted:
             return {}
         async with self._aio.pipeline(transaction=False) as pipe:
             for scope in wanted:
                 pipe.set(self._served_key(scope), "1", ex=int(KEEP_S))
-                pipe.zrange(self._key(scope), 0, TAKE_PER_RENEWAL - 1)
-            found: list[list[str]] = (await pipe.execute())[1::2]
-        return {scope: members for scope, members in zip(wanted, found, strict=True) if members}
+                # As bytes: a member not UTF-8 (not written by any instance) is removed here,
+                # and must not fail the reading of the chats' other wakes.
+                pipe.execute_command(
+                    "ZRANGE", self._key(scope), 0, TAKE_PER_RENEWAL - 1, **{NEVER_DECODE: True}
+                )
+            found: list[list[bytes]] = (await pipe.execute())[1::2]
+        taken: dict[str, list[str]] = {}
+        unreadable: dict[str, list[bytes]] = {}
+        for scope, members in zip(wanted, found, strict=True):
+            for member in members:
+                try:
+                    taken.setdefault(scope, []).append(member.decode())
+                except UnicodeDecodeError:
+                    unreadable.setdefault(scope, []).append(member)
+        if unreadable:
+            async with self._aio.pipeline(transaction=False) as pipe:
+                for scope, members in unreadable.items():
+                    pipe.zrem(self._key(scope), *members)
+                    log.warning(
+                        "chat %s: %d kept wakes not UTF-8 (not written by an instance) were"
+                        " dropped",
+                        scope,
+                        len(members),
+                    )
+                await pipe.execute()
+        return taken
 
     async def done(self, taken: Mapping[str, Iterable[str]]) -> None:
         """Forget the wakes `taken` (woken with, or not wakes at all)."""

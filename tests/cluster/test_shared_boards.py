@@ -53,3 +53,26 @@ async def test_a_paused_redis_holds_the_board_calls_but_not_the_event_loop(
     await boards.share(SCOPE, {})  # it no longer serves the agent there: its line goes
     assert await boards.lines(SCOPE) == {}
     assert await aio.hlen(f"{prefix}:board:{SCOPE}") == 0
+
+
+async def test_lines_another_writer_left_unreadable_leave_only_their_agents_out(
+    redis_url: str, aio: Redis
+) -> None:
+    """A chat's hash holds, beside a line this instance shared, values nested past what the
+    parser takes and bytes not UTF-8 (field or value): the first raised a RecursionError and
+    the second a UnicodeDecodeError out of `lines`, so the chat's board was never composed.
+    Now those agents are left out and the board has the others."""
+    prefix = f"boards-{uuid.uuid4().hex[:8]}"
+    boards = SharedBoards(aio, prefix, "one")
+    await aio.set(f"{prefix}:lease:agent:builder", "one|1")
+    await boards.share(SCOPE, {"builder": {"headline": "compile"}})
+    raw = redis.Redis.from_url(redis_url)
+    try:
+        key = f"{prefix}:board:{SCOPE}"
+        raw.hset(key, "deep", b'{"writer": "two", "line": ' + b"[" * 200_000)
+        raw.hset(key, "deeper", b"[" * 200_000)
+        raw.hset(key, "bytes", b'{"writer": "two", "line": {"headline": "\xff"}}')
+        raw.hset(key, b"\xfe", b'{"writer": "two", "line": {}}')
+    finally:
+        raw.close()
+    assert await boards.lines(SCOPE) == {"builder": ({"headline": "compile"}, True)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from dataclasses import replace
 
@@ -40,6 +41,8 @@ def test_a_kept_wake_reads_back_as_written() -> None:
         fields(report="yes"),
         fields(text=None),
         fields(text="x" * 20_000),
+        "[" * 200_000,  # nested past what the parser takes
+        fields(text="x" * 1_000, padding=" " * 500_000),  # far longer than its fields
     ],
 )
 def test_a_member_that_is_not_a_wake_of_this_version_is_not_acted_on(raw: str) -> None:
@@ -73,4 +76,35 @@ async def test_a_burst_of_kept_wakes_is_taken_a_share_at_each_renewal(redis_url:
         assert await relay.take(["chat"]) == {}
     finally:
         client.close()
+        await aio.aclose()
+
+
+async def test_kept_wakes_not_utf8_are_dropped_and_the_others_taken(redis_url: str) -> None:
+    """A member of a chat's wakes that is not UTF-8 (no instance writes one) failed the
+    reading of every chat's wakes at each renewal, so no orchestrator was woken. Now it is
+    removed, and the chat's other wakes are taken."""
+    import redis
+    from redis.asyncio import Redis as AsyncRedis
+
+    from taskcard.bridge.cluster.wakes import WakeRelay
+
+    prefix = f"t-{uuid.uuid4().hex}"
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    raw = redis.Redis.from_url(redis_url)
+    aio = AsyncRedis.from_url(redis_url, decode_responses=True)
+    relay = WakeRelay(client, aio, prefix)
+    try:
+        assert await relay.take(["chat", "other"]) == {}
+        # Kept a moment ago (older than a day would be dropped as stale).
+        now = time.time()
+        raw.zadd(f"{prefix}:wakes:chat", {b'{"agent": "\xff\xfe"}': now - 2})
+        raw.zadd(f"{prefix}:wakes:chat", {b"\xff\xfe": now - 1})
+        relay.keep("chat", WAKE)
+        relay.keep("other", WAKE)
+        taken = await relay.take(["chat", "other"])
+        assert taken == {"chat": [encode_wake(WAKE)], "other": [encode_wake(WAKE)]}
+        assert raw.zcard(f"{prefix}:wakes:chat") == 1
+    finally:
+        client.close()
+        raw.close()
         await aio.aclose()
