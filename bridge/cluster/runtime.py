@@ -499,9 +499,8 @@ class Cluster:
                 self._routes_shared = text
             members = self.key("instances")
             # Listed as live before as a writer of cursor versions (`RedisStore.change_cursor`
-            # counts both), and unlisted in the other order at the stop: an instance in
-            # `P:instances` alone is taken for an older version, which is safe; one in
-            # `P:versioned` alone would hide an older instance from the count.
+            # compares both lists' members), and unlisted in the other order at the stop: an
+            # instance in `P:instances` alone is taken for an older version, which is safe.
             await self.aio.zadd(members, {self.owner: now_ms + self._bot_ttl_ms})
             versioned = self.key("versioned")
             await self.aio.zadd(versioned, {self.owner: now_ms + self._bot_ttl_ms})

@@ -686,8 +686,14 @@ class RedisStore(StateStore):
         """Whether a live instance may be of a version that writes cursors without their
         versions (see `change_cursor`)."""
         now_ms = int(time.time() * 1000)
-        live = int(pipe.zcount(self.key("instances"), now_ms, "+inf"))
-        return live > int(pipe.zcount(self.key("versioned"), now_ms, "+inf"))
+        try:
+            live = set(pipe.zrangebyscore(self.key("instances"), now_ms, "+inf"))
+            versioned = set(pipe.zrangebyscore(self.key("versioned"), now_ms, "+inf"))
+        except redis.ResponseError:
+            return True  # a listing Redis refuses (another type) cannot vouch for anyone
+        # By members, not counts: a newer instance in `P:versioned` alone (its live listing
+        # refused, or a stale entry) must not stand in for an older one listed as live.
+        return bool(live - versioned)
 
     def get_cursors(self, keys: Iterable[str]) -> dict[str, str]:
         """As `get_cursor` of each, one HMGET per batch."""

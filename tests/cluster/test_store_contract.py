@@ -245,8 +245,36 @@ def test_an_older_instance_alive_writing_without_the_version_is_not_written_over
     store = RedisStore(connect(redis_url), f"test-{uuid.uuid4().hex}")
     far = 10**13  # listed until long after the test (epoch ms)
     store.client.zadd(store.key("instances"), {"new#1": far, "old#2": far})
-    store.client.zadd(store.key("versioned"), {"new#1": far})
+    # A newer instance listed as versioned alone (its live listing refused, or a stale
+    # entry): the lists were compared by their counts, two each, and the older one was hidden.
+    store.client.zadd(store.key("versioned"), {"new#1": far, "new#3": far})
     store.change_cursor("doc", lambda value: "x")  # stored with a version
+    seen: list[str | None] = []
+
+    def add_y(value: str | None) -> str:
+        seen.append(value)
+        if len(seen) == 1:
+            _older_write(store, f"{value}o")
+        return f"{value}y"
+
+    try:
+        store.change_cursor("doc", add_y)
+        assert seen == ["x", "xo"]
+        assert store.get_cursor("doc") == "xoy"
+    finally:
+        store.close()
+
+
+def test_a_versioned_listing_of_another_type_counts_as_an_older_instance_live(
+    redis_url: str,
+) -> None:
+    """`P:versioned` holding another type (something else on the prefix): Redis refuses the
+    listing, which cannot vouch for the live instances; the change compares the value, so an
+    older instance's write between the read and the write is seen."""
+    store = RedisStore(connect(redis_url), f"test-{uuid.uuid4().hex}")
+    store.client.zadd(store.key("instances"), {"old#2": 10**13})
+    store.client.set(store.key("versioned"), "not a sorted set")
+    store.change_cursor("doc", lambda value: "x")
     seen: list[str | None] = []
 
     def add_y(value: str | None) -> str:
