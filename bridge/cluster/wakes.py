@@ -23,9 +23,17 @@ What holds:
   as these fields is dropped, not acted on.
 - *Bounded*: wakes are kept only for a chat whose orchestrator an instance served within
   `KEEP_S` (that instance renews the chat's mark `P:orchestrated:<chat scope>` at each lease
-  renewal), so a chat without one keeps nothing; at most `MAX_PER_CHAT` wakes, none older
-  than `KEEP_S`. An orchestrator first served after the signal (a cluster's first start) is
-  not woken by it.
+  renewal), so a chat without one keeps nothing; none older than `KEEP_S`. An orchestrator
+  first served after the signal (a cluster's first start) is not woken by it.
+- *Capped per agent, by kind*: each agent keeps at most `MAX_REPORTS_PER_AGENT` report wakes
+  and `MAX_SIGNALS_PER_AGENT` others (exited, idle, no output) in a chat, its oldest of that
+  kind dropped past that. So an agent reporting very fast drops only its own oldest reports,
+  never another agent's wake nor its own exit or idle one. Each agent's wakes of a kind are
+  also listed in a sorted set of their own (`P:wakes-of:<kind>:<agent>:<chat scope>`), so
+  keeping one costs a few calls whatever the chat holds; the chat's set is taken and emptied
+  as before, and a wake taken stays in its agent's list until pushed out by newer ones or
+  `KEEP_S` (dropping it again there removes nothing). `MAX_PER_CHAT` bounds the chat's set
+  whatever the agents (its memory in Redis); the caps per agent keep it far below that.
 """
 
 from __future__ import annotations
@@ -47,7 +55,11 @@ log = logging.getLogger(__name__)
 # A wake nobody took for a day is dropped: the orchestrator it was for is gone or was never
 # served (a chat without one), and the agent's report is still in its folder.
 KEEP_S = 86_400.0
-MAX_PER_CHAT = 1_000
+MAX_REPORTS_PER_AGENT = 200
+MAX_SIGNALS_PER_AGENT = 50
+# A bound on the chat's set for memory's sake only: the caps per agent keep it below unless
+# about 80 agents of one chat each fill theirs while its orchestrator is not served.
+MAX_PER_CHAT = 20_000
 # Taken per chat at one renewal: each is an inbox write and a few state calls on the loop, so
 # a burst (an agent reporting many times a second) is spread over renewals, not one long turn.
 TAKE_PER_RENEWAL = 100
@@ -57,16 +69,27 @@ MAX_EPISODE_CHARS = 512
 MAX_WAKE_CHARS = 6 * (MAX_TEXT_CHARS + MAX_EPISODE_CHARS + 8_192)
 
 
-# KEYS: the chat's wakes (sorted set), its served mark; ARGV: the wake, now (s), keep (s), most
-# kept. Kept only when an instance served the chat's orchestrator within `KEEP_S` (it renews
-# the mark while it does): a chat without one, the common case, keeps nothing.
+# KEYS: the chat's wakes (sorted set), its served mark, the agent's wakes of this kind in the
+# chat (sorted set); ARGV: the wake, now (s), keep (s), most kept in the chat, most kept of
+# the agent's of this kind. Kept only when an instance served the chat's orchestrator within
+# `KEEP_S` (it renews the mark while it does): a chat without one, the common case, keeps
+# nothing. Past the agent's cap, its oldest of the kind leave both sets (one, usually).
 _KEEP = """
 if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
 local now, keep = tonumber(ARGV[2]), tonumber(ARGV[3])
 redis.call('ZADD', KEYS[1], 'NX', now, ARGV[1])
+redis.call('ZADD', KEYS[3], 'NX', now, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - keep)
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - keep)
+local excess = redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[5])
+if excess > 0 then
+  local oldest = redis.call('ZRANGE', KEYS[3], 0, excess - 1)
+  redis.call('ZREMRANGEBYRANK', KEYS[3], 0, excess - 1)
+  redis.call('ZREM', KEYS[1], unpack(oldest))
+end
 redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -(tonumber(ARGV[4]) + 1))
 redis.call('EXPIRE', KEYS[1], math.floor(keep))
+redis.call('EXPIRE', KEYS[3], math.floor(keep))
 return 1
 """
 
@@ -130,10 +153,19 @@ class WakeRelay:
     """The chats' kept wakes in Redis: `keep` from the instance seeing the signal, `take` and
     `done` from the one serving the orchestrator."""
 
-    def __init__(self, client: redis.Redis, aio: AsyncRedis, prefix: str) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        aio: AsyncRedis,
+        prefix: str,
+        *,
+        max_reports_per_agent: int = MAX_REPORTS_PER_AGENT,
+        max_signals_per_agent: int = MAX_SIGNALS_PER_AGENT,
+    ) -> None:
         self._aio = aio
         self._prefix = prefix
         self._keep = client.register_script(_KEEP)
+        self._caps = {"report": max_reports_per_agent, "signal": max_signals_per_agent}
 
     def _key(self, scope: str) -> str:
         return f"{self._prefix}:wakes:{scope}"
@@ -149,10 +181,18 @@ class WakeRelay:
 
         from taskcard.bridge.store.redis import redis_trouble
 
+        kind = "report" if wake.report else "signal"
+        of_agent = f"{self._prefix}:wakes-of:{kind}:{wake.agent_id}:{scope}"
         try:
             self._keep(
-                keys=[self._key(scope), self._served_key(scope)],
-                args=[encode_wake(wake), repr(time.time()), KEEP_S, MAX_PER_CHAT],
+                keys=[self._key(scope), self._served_key(scope), of_agent],
+                args=[
+                    encode_wake(wake),
+                    repr(time.time()),
+                    KEEP_S,
+                    MAX_PER_CHAT,
+                    self._caps[kind],
+                ],
             )
         except RedisError as error:
             log.warning(

@@ -108,3 +108,56 @@ async def test_kept_wakes_not_utf8_are_dropped_and_the_others_taken(redis_url: s
         client.close()
         raw.close()
         await aio.aclose()
+
+
+async def test_a_chatty_reporter_drops_only_its_own_oldest_reports(redis_url: str) -> None:
+    """While the chat's orchestrator is not taken (its instance stopped), one agent reports
+    more than a thousand times: the cap was the chat's 1,000 wakes, the oldest dropped
+    whatever they were, so another agent's exit wake and report were pushed out. Now each
+    agent keeps its own newest reports and, apart, its other signals: only the chatty agent's
+    oldest reports go, and another agent's many idle signals are capped on their own."""
+    import redis
+    from redis.asyncio import Redis as AsyncRedis
+
+    from taskcard.bridge.cluster.wakes import (
+        MAX_REPORTS_PER_AGENT,
+        MAX_SIGNALS_PER_AGENT,
+        TAKE_PER_RENEWAL,
+        WakeRelay,
+    )
+
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    aio = AsyncRedis.from_url(redis_url, decode_responses=True)
+    relay = WakeRelay(client, aio, f"t-{uuid.uuid4().hex}")
+    exited = RelayedWake("other", "/srv/agents/other", "signal:exited:1", None, False, "exited")
+    other_report = replace(WAKE, agent_id="other", workdir="/srv/agents/other")
+    try:
+        assert await relay.take(["chat"]) == {}  # served once: the chat keeps wakes
+        relay.keep("chat", exited)
+        relay.keep("chat", other_report)
+        chatty = [replace(WAKE, episode=f"report:{seq}", report_seq=seq) for seq in range(1, 1051)]
+        for wake in chatty:
+            relay.keep("chat", wake)
+        idle = [
+            replace(exited, agent_id="idler", episode=f"signal:idle:{n}")
+            for n in range(MAX_SIGNALS_PER_AGENT + 10)
+        ]
+        for wake in idle:
+            relay.keep("chat", wake)
+        kept = [*chatty[-MAX_REPORTS_PER_AGENT:], *idle[-MAX_SIGNALS_PER_AGENT:]]
+        expected = [exited, other_report, *kept]
+        taken: list[RelayedWake | None] = []
+        while found := (await relay.take(["chat"])).get("chat"):
+            assert len(found) <= TAKE_PER_RENEWAL
+            taken += [decode_wake(member, AGENT_ID_PATTERN.fullmatch) for member in found]
+            await relay.done({"chat": found})
+        assert taken == expected
+        # Taken and done with, then more: the agent's list of the taken ones makes room.
+        relay.keep("chat", replace(exited, episode="signal:exited:2"))
+        [member] = (await relay.take(["chat"]))["chat"]
+        assert decode_wake(member, AGENT_ID_PATTERN.fullmatch) == replace(
+            exited, episode="signal:exited:2"
+        )
+    finally:
+        client.close()
+        await aio.aclose()
