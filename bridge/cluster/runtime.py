@@ -74,6 +74,7 @@ _FIXED_KEYS = {
         "hash",
     ),
     "versioned": "zset",
+    "routes-changed": "string",
     "bots:telegram": "hash",
     "bots:feishu": "hash",
     "residents": "set",
@@ -196,6 +197,11 @@ class WakeTaker(Protocol):
     def wake_relayed(self, scope: str, members: list[str]) -> list[str]:
         """Wake the chat's orchestrator with the kept wakes `members`; returns those done
         with (woken, known already, or not wakes at all), which are forgotten."""
+        ...
+
+    def others_route_marks(self, marks: list[tuple[str, str, str, str]]) -> None:
+        """The `orchestrator` settings of the other live instances' routes, each as
+        (channel, chat, topic or "", agent): all of them, replacing those told before."""
         ...
 
 
@@ -397,6 +403,8 @@ class Cluster:
         self._routes_shared: str | None = None  # what `_share_routes` last wrote
         # The routed records left out (`routed_chat`): key -> digest of the value logged.
         self._routed_refused: dict[str, str] = {}
+        # What `_follow_marks` last read the others' marks at: the change counter, the owners.
+        self._marks_seen: tuple[object, tuple[str, ...]] | None = None
         self.boards = SharedBoards(self.aio, self.prefix, self.owner)
         self._board_leases: dict[str, Lease] = {}
         self._boards_held: set[str] = set()  # chats whose board `take_board` was told of
@@ -496,6 +504,8 @@ class Cluster:
         with contextlib.suppress(RedisError):
             if text != self._routes_shared or not await self.aio.pexpire(key, self._bot_ttl_ms):
                 await self.aio.set(key, text, px=self._bot_ttl_ms)
+                # Tells the others to read the records again (`_follow_marks`).
+                await self.aio.incr(self.key("routes-changed"))
                 self._routes_shared = text
             members = self.key("instances")
             # Listed as live before as a writer of cursor versions (`RedisStore.change_cursor`
@@ -531,30 +541,69 @@ class Cluster:
         owners = cast(
             list[str], await self.aio.zrangebyscore(self.key("instances"), now_ms, "+inf")
         )
-        keys = [self.key("routed", owner) for owner in owners]
-        found: list[object] = []
-        if keys:
-            # Raw bytes, and a value over the cap as its length: a record not UTF-8 must not
-            # fail the others' decoding, nor a huge one be carried here whole.
-            found = await self.aio.execute_command(  # type: ignore[no-untyped-call]
-                "EVAL", _READ_ROUTED, len(keys), *keys, MAX_ROUTED_BYTES, **{NEVER_DECODE: True}
-            )
         names: set[str] = set()
         marks: set[str] = set()
-        for key, raw in zip(keys, found, strict=True):
+        for key, record in await self._routed_records(owners):
             try:
-                record = _routed_record(raw)
-                if record is None:
-                    continue
                 agents = _in_chat(record.get(channel, {}), chat)
                 if isinstance(agents, list):
                     names.update(agent for agent in agents if isinstance(agent, str))
                 mark = _in_chat(record.get(MARKS_KEY, {}).get(channel, {}), chat)
                 if isinstance(mark, str):
                     marks.add(mark)
-            except (ValueError, AttributeError, TypeError, RecursionError) as error:
-                self._refuse_routed(key, raw, error)
+            except (AttributeError, TypeError) as error:
+                self._refuse_routed(key, record, error)
         return sorted(names), sorted(marks)
+
+    async def _routed_records(self, owners: list[str]) -> list[tuple[str, Mapping[str, Any]]]:
+        """The routed records of `owners` that can be read, each with its key; those that
+        cannot are left out (logged once by `_refuse_routed`). One script call."""
+        keys = [self.key("routed", owner) for owner in owners]
+        if not keys:
+            return []
+        # Raw bytes, and a value over the cap as its length: a record not UTF-8 must not
+        # fail the others' decoding, nor a huge one be carried here whole.
+        found: list[object] = await self.aio.execute_command(  # type: ignore[no-untyped-call]
+            "EVAL", _READ_ROUTED, len(keys), *keys, MAX_ROUTED_BYTES, **{NEVER_DECODE: True}
+        )
+        records: list[tuple[str, Mapping[str, Any]]] = []
+        for key, raw in zip(keys, found, strict=True):
+            try:
+                record = _routed_record(raw)
+            except (ValueError, RecursionError) as error:
+                self._refuse_routed(key, raw, error)
+                continue
+            if record is not None:
+                records.append((key, record))
+        return records
+
+    async def _follow_marks(self, wakes: WakeTaker) -> None:
+        """Tell `wakes` the `orchestrator` settings of the other live instances' routes, when
+        they may have changed: an instance rewrote its record (`P:routes-changed` moved) or
+        the live instances are others. One GET and one listing per renewal; the records are
+        read only on such a change. The instance serving an agent another instance's route
+        marks (discovered only here, say) wakes it with the wakes kept for its chat."""
+        now_ms = int(time.time() * 1000)
+        async with self.aio.pipeline(transaction=False) as pipe:
+            pipe.get(self.key("routes-changed"))
+            pipe.zrangebyscore(self.key("instances"), now_ms, "+inf")
+            changed, owners = await pipe.execute()
+        others = sorted(owner for owner in cast(list[str], owners) if owner != self.owner)
+        seen = (changed, tuple(others))
+        if seen == self._marks_seen:
+            return
+        marked: set[tuple[str, str, str, str]] = set()
+        for key, record in await self._routed_records(others):
+            try:
+                for channel, chats in record.get(MARKS_KEY, {}).items():
+                    for chat, threads in chats.items():
+                        for topic, agent in threads.items():
+                            if all(isinstance(v, str) for v in (channel, chat, topic, agent)):
+                                marked.add((channel, chat, topic, agent))
+            except (AttributeError, TypeError) as error:
+                self._refuse_routed(key, record, error)
+        wakes.others_route_marks(sorted(marked))
+        self._marks_seen = seen
 
     def _refuse_routed(self, key: str, raw: object, error: Exception) -> None:
         """Log, once per value, that the routed record at `key` was left out, and why."""
@@ -605,6 +654,8 @@ class Cluster:
                 if replies is not None:
                     await self._take_replies(replies)
                 if wakes is not None:
+                    with contextlib.suppress(RedisError):  # read again at the next renewal
+                        await self._follow_marks(wakes)
                     await self._take_wakes(wakes)
             except Exception:
                 # Renewal must go on whatever happened: a lease left to lapse while this

@@ -400,6 +400,8 @@ class Service:
         self._cluster_names = cluster_names
         self._cluster_chat = cluster_chat
         self._wake_relay = wake_relay
+        # Clustered: the other instances' routes' `orchestrator` settings, by chat scope.
+        self._route_marks_elsewhere: dict[str, list[str]] = {}
         # Every outgoing text loses the exact values of the configured secrets, not only logs.
         self._redact = Redactor(secret for b in channels.values() for secret in b.secrets)
         # The fleet: configured routes, discovered agents and origin routes (see `apply`).
@@ -2065,6 +2067,15 @@ class Service:
         )
         self._wake_relay.keep(scope, wake)
 
+    def others_route_marks(self, marks: list[tuple[str, str, str, str]]) -> None:
+        """Clustered: the `orchestrator` settings of the other live instances' routes, as
+        (channel, chat, topic or "", agent); see `_orchestrator_of`."""
+        found: dict[str, list[str]] = {}
+        for channel, chat, topic, agent in marks:
+            scope = chat_scope(channel, ChatRef(chat, topic or None))
+            found.setdefault(scope, []).append(agent)
+        self._route_marks_elsewhere = {scope: sorted(set(a)) for scope, a in found.items()}
+
     def orchestrated_scopes(self) -> list[str]:
         """Clustered: the chats whose orchestrator this instance serves (holds its lease)."""
         owned = self._owned or set()
@@ -2129,10 +2140,15 @@ class Service:
             )
         routes = self._routes_by_scope.get(scope, ())
         configured = next((r.orchestrator for r in routes if r.orchestrator is not None), None)
+        elsewhere = self._route_marks_elsewhere.get(scope, ()) if configured is None else ()
         choice = self._orchestrators.choice(scope)
-        if choice is None and configured is None:
+        if choice is None and configured is None and not elsewhere:
             return None  # the common case: no set of the chat's agents built
         followed = {r.key.agent_id for r in routes}
+        # Clustered, another instance's route setting applies here when no route here has
+        # one and it names an agent a route here follows (one discovered only here): this
+        # instance serves it, so it takes the wakes kept for the chat.
+        configured = configured or next((a for a in elsewhere if a in followed), None)
         if self._wake_relay is not None and unfollowed_choice(choice, followed) is not None:
             # Clustered, the chosen agent may be another instance's: the chat's choice holds
             # (its wakes relayed, `_marked_elsewhere`), not set aside for this one's setting.

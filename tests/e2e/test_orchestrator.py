@@ -374,6 +374,53 @@ async def test_clustered_an_orchestrator_another_instance_serves_is_woken_throug
     assert reports_woken() == [both]
 
 
+async def test_clustered_another_instances_route_mark_wakes_the_agent_served_here(
+    tmp_path: Path, telegram: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """i0 routes its agents (worker, and any it discovers) to the chat, its route marking
+    lead, an agent only i1 has (and routes there, with no mark of its own). i0 keeps
+    worker's wake in Redis for the chat's orchestrator; i1 counted only its own routes'
+    marks, so it never took it, and lead was never woken though `/taskcard` named it. Now
+    i1 takes the other instances' route marks into account: lead is woken through Redis."""
+    from redis import Redis
+
+    i0 = instance(
+        tmp_path, "i0", telegram, ["worker"], redis_url=redis_url, prefix=prefix,
+        limits='orchestrator = "lead"',
+    )  # fmt: skip
+    # i0 discovers agents (none under its root) and routes them all: its route may name an
+    # agent it does not know.
+    found = tmp_path / "i0" / "found"
+    found.mkdir()
+    text = i0.config.read_text().replace('agents = ["worker"]', 'agents = ["*"]')
+    i0.config.write_text(f"{text}[discover]\nroots = [{json.dumps(str(found))}]\n")
+    fleet.enter_context(i0)
+    fleet.enter_context(
+        instance(tmp_path, "i1", telegram, ["lead"], redis_url=redis_url, prefix=prefix)
+    )
+    lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
+    publish(lead, "**leading**")
+    publish(worker, "**migrating**")
+
+    def said(words: str) -> list[str]:
+        return [m.text for m in telegram.bot_messages(GROUP) if words in m.text]
+
+    await eventually(lambda: said("migrating") and said("leading"), timeout_s=60, what="cards")
+    with Redis.from_url(redis_url, decode_responses=True) as client:
+        # i1 notes at its lease renewals that it serves the chat's orchestrator.
+        await eventually(
+            lambda: client.keys(f"{prefix}:orchestrated:*"), timeout_s=60, what="lead served"
+        )
+    report(worker, 1, ok=True, summary="part 1 done")
+    await eventually(lambda: said("worker reported (#1)"), timeout_s=60, what="the notice")
+    [text] = await eventually(
+        lambda: wake_texts(tmp_path, "lead", "worker", "part 1 done"),
+        timeout_s=60,
+        what="lead's wake through Redis",
+    )
+    assert f"taskcard reports --workdir {worker} --after 0" in text, text
+
+
 async def test_clustered_a_choice_of_another_instances_agent_is_not_set_aside(
     tmp_path: Path, telegram: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
 ) -> None:
