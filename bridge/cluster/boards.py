@@ -236,6 +236,24 @@ class SharedBoards:
             self._unobserved.pop(scope, None)
         return shown
 
+    async def peek(self, scope: str) -> dict[str, dict[str, Any]] | None:
+        """Every agent's line in the chat as shared (agent -> its line), for an answer:
+        one read, nothing stamped or removed (see `lines` for the board's); None when
+        Redis does not answer (the answer goes without)."""
+        hgetall: Any = self._aio.execute_command  # untyped in redis-py
+        try:
+            stored = _readable(await hgetall("HGETALL", self._key("board", scope), **_RAW))
+        except RedisError as error:
+            log.warning(
+                "chat %s: the other instances' board lines were not read for an answer (%s)",
+                scope,
+                type(error).__name__,
+            )
+            return None
+        return {
+            agent: item[1] for agent, raw in stored.items() if (item := _decode(raw)) is not None
+        }
+
     async def withdraw_all(self) -> None:
         """Remove every line this instance wrote (it stops) and tell the boards' owners."""
         if not self._written:

@@ -2652,8 +2652,9 @@ class Service:
         parsed = parse_taskcard(command.args)
         prefs = apply_to_prefs(parsed, self._chat_prefs(scope))
         if parsed.action == "state":
+            marks = await self._chat_marks(channel_name, command, scope)
             reply = self._state_text(
-                allowed, prefs, await self._chat_marks(channel_name, command, scope)
+                allowed, prefs, marks, await self._states_elsewhere(scope, marks)
             )
         elif parsed.action == "off":
             self._outbox.suppress(route.key for route in allowed)
@@ -3165,7 +3166,29 @@ class Service:
         """The agents the routes here follow in chat `scope`."""
         return {r.key.agent_id for r in self._routes_by_scope.get(scope, ())}
 
-    def _state_text(self, routes: list[Route], prefs: ChatPrefs, marks: ChatMarks) -> str:
+    async def _states_elsewhere(self, scope: str, marks: ChatMarks) -> dict[str, str]:
+        """Clustered, a chat showing the board: the state of each agent another instance
+        serves there, as its board line says (read when `/taskcard` asks, never
+        periodically: lines are shared only while the chat shows the board). Empty when
+        Redis does not answer: the answer names those agents without it."""
+        if self._shared_boards is None or self._views.view(scope) != "board":
+            return {}
+        if not marks.followed - self._followed(scope):
+            return {}
+        lines = await self._shared_boards.peek(scope) or {}
+        return {
+            agent: facts.state
+            for agent, line in lines.items()
+            if (facts := facts_from_record(line)) is not None and facts.agent_id == agent
+        }
+
+    def _state_text(
+        self,
+        routes: list[Route],
+        prefs: ChatPrefs,
+        marks: ChatMarks,
+        elsewhere: Mapping[str, str] | None = None,
+    ) -> str:
         rows = prefs.activity_rows or self._config.display.activity_rows
         shown = (
             "hidden" if prefs.hidden else f"shown, {counted(rows, 'activity row', 'activity rows')}"
@@ -3205,7 +3228,9 @@ class Service:
         for agent_id in sorted(marks.followed - self._followed(scope)):
             # Clustered: an agent another instance routes here, whose state that one knows.
             role = " (orchestrator)" if agent_id == orchestrator else ""
-            entries.append(f"• {agent_id}{role}: served by another instance of the cluster")
+            state = (elsewhere or {}).get(agent_id)
+            said = "" if state is None else f"{state}; "
+            entries.append(f"• {agent_id}{role}: {said}served by another instance of the cluster")
         return _fit_entries(lines[0], entries)
 
     # Observing ---------------------------------------------------------------------------

@@ -693,3 +693,72 @@ async def test_the_board_lines_are_said_to_work_again_only_once_redis_takes_a_wr
     assert serve.logs.count("sharing the chats' board lines works again") == 1, serve.logs
     assert serve.logs.count("sharing the chats' board lines through Redis failed") == 1
     assert "Traceback" not in serve.logs
+
+
+@pytest.mark.parametrize("platform", ["telegram", "feishu"])
+async def test_taskcard_gives_the_state_of_another_instances_agent_from_its_board_line(
+    platform: str, tmp_path: Path, telegram: FakeTelegram, feishu: FakeFeishu, redis_url: str,
+    prefix: str, fleet: ExitStack,
+) -> None:  # fmt: skip
+    """A chat showing the board, i0 and i1 each serving one agent there: `/taskcard` named
+    the other instance's agent alone ("served by another instance"), while its line on the
+    board said its state. Now the answer gives that state, as for the agents served here,
+    read from the shared line when the command asks."""
+    import re
+
+    if platform == "telegram":
+        for name in ("i0", "i1"):
+            fleet.enter_context(
+                instance(tmp_path, name, telegram, [f"{name}agent"], redis_url=redis_url,
+                         prefix=prefix, view="board")
+            )  # fmt: skip
+            publish(tmp_path / "agents" / f"{name}agent", f"# {name}agent phase 1")
+
+        def board() -> str:
+            return board_text(telegram)
+
+        def texts() -> list[str]:
+            return [m.text for m in telegram.bot_messages(GROUP)]
+
+        async def ask() -> None:
+            telegram.inject_message(GROUP, "/taskcard", user_id=7)
+
+    else:
+        setups = []
+        for name in ("i0", "i1"):
+            setup = feishu_instance(tmp_path, name, feishu, redis_url=redis_url, prefix=prefix)
+            text = setup.config.read_text()
+            setup.config.write_text(
+                text.replace('agents = ["*"]', 'agents = ["*"]\nview = "board"')
+            )
+            fleet.enter_context(setup.serve())
+            publish(tmp_path / name / "agents" / f"{name}agent", f"# {name}agent phase 1")
+            setups.append(setup)
+
+        def board() -> str:
+            return feishu_board(feishu)
+
+        def texts() -> list[str]:
+            return [html.unescape(t) for t in feishu.texts(CHAT)]
+
+        async def ask() -> None:
+            answer = await feishu.deliver_command(
+                setups[0].url, CHAT, "/taskcard", verification_token=VERIFY, encrypt_key=ENCRYPT
+            )
+            assert answer.status == 200
+
+    await eventually(
+        lambda: all(f"{n}agent phase 1" in board() for n in ("i0", "i1")),
+        timeout_s=60,
+        what="both instances' agents on the one board",
+    )
+    await ask()
+    [answer] = await eventually(
+        lambda: [t for t in texts() if "served by another instance" in t],
+        timeout_s=60,
+        what="/taskcard answered",
+    )
+    local = re.search(r"• i\dagent: ([a-z ]+); card", answer)
+    elsewhere = re.search(r"• i\dagent: ([a-z ]+); served by another instance", answer)
+    assert local is not None and elsewhere is not None, answer
+    assert elsewhere.group(1) == local.group(1), answer  # both as yet unknown
