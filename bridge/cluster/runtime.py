@@ -157,6 +157,44 @@ def _why_refused(error: Exception) -> str:
     return "not of the shape this version writes"
 
 
+def routed_in_chat(
+    records: Iterable[Mapping[str, Any]], channel: str, chat: ChatRef
+) -> tuple[list[str], list[str]]:
+    """The agents `records` (routed records) route to `chat` on `channel`, and their routes'
+    `orchestrator` settings (both sorted); parts of another shape are passed over."""
+    names: set[str] = set()
+    marks: set[str] = set()
+    for record in records:
+        with contextlib.suppress(AttributeError, TypeError):
+            agents = _in_chat(record.get(channel, {}), chat)
+            if isinstance(agents, list):
+                names.update(agent for agent in agents if isinstance(agent, str))
+        with contextlib.suppress(AttributeError, TypeError):
+            mark = _in_chat(record.get(MARKS_KEY, {}).get(channel, {}), chat)
+            if isinstance(mark, str):
+                marks.add(mark)
+    return sorted(names), sorted(marks)
+
+
+def live_routed_records(store: RedisStore) -> list[Mapping[str, Any]]:
+    """The routed records of the live instances that can be read (`taskcard status`: the
+    chat's orchestrator as the cluster decides it); one listing and one script call."""
+    now_ms = int(time.time() * 1000)
+    owners = cast(list[str], store.client.zrangebyscore(store.key("instances"), now_ms, "+inf"))
+    keys = [store.key("routed", owner) for owner in owners]
+    if not keys:
+        return []
+    found: list[object] = store.client.execute_command(  # type: ignore[no-untyped-call]
+        "EVAL", _READ_ROUTED, len(keys), *keys, MAX_ROUTED_BYTES, **{NEVER_DECODE: True}
+    )
+    records: list[Mapping[str, Any]] = []
+    for raw in found:
+        with contextlib.suppress(ValueError, RecursionError):
+            if (record := _routed_record(raw)) is not None:
+                records.append(record)
+    return records
+
+
 class BoardHolder(Protocol):
     """The service's side of the boards' leases (see `bridge.cluster.boards`)."""
 

@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -231,6 +232,7 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
         health = read_health(config.state_dir)
         pending = store.pending_notices() if store else []
         fleet = _fleet(config, store)
+        cluster_routed = _cluster_routed(config, store)
         # Whether the config already names the chat's new id (then nothing is left to edit).
         configured_chats = {str(spec.chat.chat_id) for spec in route_specs(config)}
         for route_key, opened_by in [*fleet.routes, *_unrouted_boards(config, store, fleet)]:
@@ -246,7 +248,9 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
             }
             moved = chat_moved_to(channel, store, chat.chat_id) if store else None
             view = _chat_view(fleet, store, route_key)
-            orchestrator, choice_set_aside = _chat_orchestrator(fleet, store, route_key)
+            orchestrator, choice_set_aside = _chat_orchestrator(
+                fleet, store, route_key, cluster_routed
+            )
             # A board is retired when its chat shows cards; a card, followed on the board
             # (let go until its agent needs people), when its chat shows the board.
             if agent_id == BOARD_AGENT:
@@ -478,12 +482,35 @@ def _chat_view(fleet: _StatusFleet, store: StateStore | None, key: RouteKey) -> 
     return stored or fleet.views.get(scope, "cards")
 
 
+def _cluster_routed(config: ServiceConfig, store: StateStore | None) -> list[Mapping[str, Any]]:
+    """Clustered: the live instances' routed records (what each routes, and its routes'
+    `orchestrator` settings), so the chat's orchestrator is the cluster's, as its answers
+    give it; empty otherwise, or when Redis does not answer (this config's routes alone)."""
+    if not config.cluster.enabled or store is None:
+        return []
+    from redis.exceptions import RedisError
+
+    from taskcard.bridge.cluster.runtime import live_routed_records
+    from taskcard.bridge.store.redis import RedisStore
+
+    if not isinstance(store, RedisStore):
+        return []
+    try:
+        return live_routed_records(store)
+    except RedisError:
+        return []
+
+
 def _chat_orchestrator(
-    fleet: _StatusFleet, store: StateStore | None, key: RouteKey
+    fleet: _StatusFleet,
+    store: StateStore | None,
+    key: RouteKey,
+    cluster_routed: list[Mapping[str, Any]],
 ) -> tuple[str | None, str | None]:
     """The orchestrator of the chat of `key`, as the service decides it
-    (`orchestrators.chat_orchestrator`), and the agent the chat chose that it no longer
-    follows (`orchestrators.unfollowed_choice`), if any."""
+    (`orchestrators.chat_orchestrator`; clustered, as the service answering in the chat
+    does: every live instance's routes count), and the agent the chat chose that it no
+    longer follows (`orchestrators.unfollowed_choice`), if any."""
     from taskcard.bridge.run.orchestrators import (
         chat_orchestrator,
         orchestrator_cursor,
@@ -495,6 +522,13 @@ def _chat_orchestrator(
     choice = parse_choice(store.get_cursor(orchestrator_cursor(scope))) if store else None
     configured = fleet.orchestrators.get(scope)
     followed = fleet.followed.get(scope, set())
+    if cluster_routed:
+        from taskcard.bridge.cluster.runtime import routed_in_chat
+
+        names, marks = routed_in_chat(cluster_routed, key.channel, key.chat)
+        # Ids as the config takes them only, this config's setting first (as `_chat_marks`).
+        followed = followed | set(filter(AGENT_ID_PATTERN.fullmatch, names))
+        configured = configured or next(filter(AGENT_ID_PATTERN.fullmatch, marks), None)
     gone = unfollowed_choice(choice, followed)
     shown = gone if gone is not None and AGENT_ID_PATTERN.fullmatch(gone) else None
     return chat_orchestrator(choice, configured, followed), shown

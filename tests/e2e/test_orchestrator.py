@@ -421,6 +421,52 @@ async def test_clustered_another_instances_route_mark_wakes_the_agent_served_her
     assert f"taskcard reports --workdir {worker} --after 0" in text, text
 
 
+async def test_clustered_status_gives_the_clusters_orchestrator(
+    tmp_path: Path, telegram: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """i0 routes i0agent, i1 routes i1agent, its route marking it. `taskcard status` with
+    i0's config worked the chat's orchestrator out from that config alone: none, though
+    the chat's answers (and i1) say i1agent. Now, the config naming Redis, it reads the
+    live instances' routes there, as the answers do."""
+    from redis import Redis
+
+    serves = [
+        fleet.enter_context(
+            instance(
+                tmp_path, name, telegram, [f"{name}agent"], redis_url=redis_url, prefix=prefix,
+                limits='orchestrator = "i1agent"' if name == "i1" else "",
+            )
+        )
+        for name in ("i0", "i1")
+    ]  # fmt: skip
+    with Redis.from_url(redis_url, decode_responses=True) as client:
+        await eventually(
+            lambda: len(client.keys(f"{prefix}:routed:*")) == 2, timeout_s=60, what="routes"
+        )
+    monkeypatch.setenv("TC_REDIS_URL", redis_url)
+    status = run_cli("status", "--config", str(serves[0].config), "--json")
+    assert status.returncode == 0, status.stderr
+    [route] = [r for r in json.loads(status.stdout)["routes"] if r["agent"] == "i0agent"]
+    assert route["chat_orchestrator"] == "i1agent", route
+    assert route["orchestrator"] is False
+    assert route["orchestrator_choice_set_aside"] is None
+    # The chat's choice of i1agent, which i0's routes do not follow, is not set aside.
+    telegram.inject_message(GROUP, "/taskcard orchestrator off", user_id=7)
+    telegram.inject_message(GROUP, "/taskcard orchestrator i1agent", user_id=7)
+    await eventually(
+        lambda: [
+            m for m in telegram.bot_messages(GROUP) if "now this chat's orchestrator" in m.text
+        ],
+        timeout_s=60,
+        what="the choice answered",
+    )
+    status = run_cli("status", "--config", str(serves[0].config), "--json")
+    [route] = [r for r in json.loads(status.stdout)["routes"] if r["agent"] == "i0agent"]
+    assert route["chat_orchestrator"] == "i1agent", route
+    assert route["orchestrator_choice_set_aside"] is None, route
+
+
 async def test_clustered_a_choice_of_another_instances_agent_is_not_set_aside(
     tmp_path: Path, telegram: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
 ) -> None:
