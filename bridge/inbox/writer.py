@@ -164,6 +164,21 @@ class InboxWriter:
                 raise InboxRefused(f"inbox/queued/{name} ({error.strerror})") from None
         return True
 
+    def restore(self, ident: str) -> bool:
+        """Move a message this writer withdrew (`cancel`) back into `queued/`, as it was;
+        False when it is not in `cancelled/`."""
+        if not MESSAGE_ID.match(ident):
+            return False
+        name = f"{ident}.json"
+        with self._folders(create=False) as fds:
+            try:
+                os.rename(name, name, src_dir_fd=fds[CANCELLED_DIR], dst_dir_fd=fds[QUEUED_DIR])
+            except FileNotFoundError:
+                return False
+            except OSError as error:
+                raise InboxRefused(f"inbox/cancelled/{name} ({error.strerror})") from None
+        return True
+
     def discard_cancelled(self, ident: str) -> None:
         """Delete a message this writer withdrew (`cancel`) and nobody will ask about: a
         wake whose text a newer wake carries. Nothing when it is not there."""

@@ -29,7 +29,7 @@ import logging
 import secrets
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import Any
@@ -133,6 +133,16 @@ def latest_written(
         and (r.channel, r.chat_id, _thread(r)) == (channel, chat.chat_id, where)
     ]
     return max(mine, key=lambda r: r.queued_at) if mine else None
+
+
+@dataclass(frozen=True)
+class _TakenBack:
+    """A report wake withdrawn from `queued/` for the next wake to carry: its id, its text
+    as it was queued (`whole`) and as the next wake carries it (`kept`, maybe cut)."""
+
+    ident: str
+    whole: str
+    kept: str
 
 
 class AuthorRate:
@@ -535,7 +545,7 @@ class InboxDesk:
         if report:
             taken_back = self._take_back_report_wake(writer, parent_id, child_id, text)
             if taken_back is not None:
-                body = f"{taken_back[1]}\n{text}"
+                body = f"{taken_back.kept}\n{text}"
         digest = hashlib.sha256(notice_id.encode()).hexdigest()[:24]
         ident = "wake_" + digest
         try:
@@ -546,8 +556,7 @@ class InboxDesk:
             self.problems[parent_id] = f"inbox: {reason}"
             self._store.set_notice_state(route, notice_id, "failed")
             if taken_back is not None:  # the reports it carried are not lost with it
-                with contextlib.suppress(InboxRefused, OSError):
-                    writer.queue(self._wake_message(taken_back[0], child_id, taken_back[1]))
+                self._put_back_report_wake(writer, parent_id, child_id, taken_back)
             return
         self.problems.pop(parent_id, None)
         if taken_back is not None:
@@ -555,7 +564,7 @@ class InboxDesk:
             # left one more file in its parent's inbox, thousands for an agent that reports
             # many times a second.
             with contextlib.suppress(InboxRefused, OSError):
-                writer.discard_cancelled(taken_back[0])
+                writer.discard_cancelled(taken_back.ident)
         if report:
             self._report_wakes[(parent_id, child_id)] = (ident, body)
             self._store.set_cursor(
@@ -566,7 +575,7 @@ class InboxDesk:
 
     def _take_back_report_wake(
         self, writer: InboxWriter, parent_id: str, child_id: str, text: str
-    ) -> tuple[str, str] | None:
+    ) -> _TakenBack | None:
         """The child's report wake still queued in the parent's inbox, withdrawn so that the
         next wake carries it too (cut to fit: `joined_report_wakes`); None when there is
         none (the parent took it first), or when `text` alone nearly fills a message."""
@@ -577,9 +586,34 @@ class InboxDesk:
         if kept is None:
             return None
         try:
-            return (last[0], kept) if writer.cancel(last[0]) else None
+            return _TakenBack(last[0], last[1], kept) if writer.cancel(last[0]) else None
         except InboxRefused:
             return None
+
+    def _put_back_report_wake(
+        self, writer: InboxWriter, parent_id: str, child_id: str, taken_back: _TakenBack
+    ) -> None:
+        """The wake taken back for one that could not be queued, queued again as it was
+        (moved back from `cancelled/`, else written again whole) and noted as the child's
+        wake still queued, so the next report joins it. Written again with the text cut for
+        the failed wake, it lost the reports the cut left out."""
+        try:
+            restored = writer.restore(taken_back.ident)
+            if not restored:
+                writer.queue(self._wake_message(taken_back.ident, child_id, taken_back.whole))
+        except (InboxRefused, OSError) as error:
+            log.warning(
+                "agent %s: the wake about %s taken back could not be queued again: %s",
+                parent_id,
+                child_id,
+                error,
+            )
+            return
+        self._report_wakes[(parent_id, child_id)] = (taken_back.ident, taken_back.whole)
+        self._store.set_cursor(
+            _report_wake_cursor(parent_id, child_id),
+            json.dumps([taken_back.ident, taken_back.whole]),
+        )
 
     def _forget_report_wake(self, key: tuple[str, str]) -> tuple[str, str] | None:
         """The report wake last queued for (parent, child), from memory or else from the

@@ -1,0 +1,69 @@
+"""A parent's wake that cannot be queued, through `taskcard serve` against the fake Bot API:
+the wake it took back to join goes back whole, and the lost one comes once the inbox can be
+written again."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from taskcard.producers.task_card.contract import atomic_write, parse_iso, utc_now_iso
+from tests.e2e.harness import eventually, publish
+from tests.e2e.test_talk_and_signals import SIGNALS, chat_for, queued, report, wait_said, workdir
+
+# Near the summary's 300 characters: twelve reports fill most of one wake's 4000.
+FILLER = "steady progress " * 18
+
+
+def report_wakes(tmp_path: Path) -> list[str]:
+    """The texts of lead's queued wakes about worker's reports ([] while one is withdrawn to
+    join the next: the service takes it back to queue one carrying it too)."""
+    try:
+        texts = [str(json.loads(p.read_text())["text"]) for p in queued(tmp_path, "lead")]
+    except FileNotFoundError:
+        return []
+    return [text for text in texts if "worker reported" in text]
+
+
+def report_wake_file(child: str, seq: int, at: str) -> str:
+    """The name of the wake file the service writes for `child`'s report `seq` dated `at`
+    (its id is derived from the report's episode)."""
+    moment = parse_iso(at)
+    assert moment is not None
+    episode = f"signal:report:{seq}:{int(moment.timestamp() * 1000)}"
+    return "wake_" + hashlib.sha256(f"{child}:{episode}".encode()).hexdigest()[:24] + ".json"
+
+
+async def test_a_wake_that_cannot_be_queued_puts_back_whole_the_wake_it_took_back(
+    tmp_path: Path,
+) -> None:
+    """worker's twelve reports wait in one wake in lead's inbox; the thirteenth does not fit
+    with them, so its wake takes that one back to carry its head and is cut, and cannot be
+    queued (a file is in its way). The wake taken back is queued again as it was: it was
+    written again with the cut text, and the reports the cut left out were lost."""
+    async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
+        lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
+        lineage = {"parent": "lead", "reason": "split", "depth": 1, "created_at": utc_now_iso()}
+        atomic_write(worker / "lineage.json", json.dumps(lineage).encode())
+        publish(worker, "**migrating**")
+        publish(lead, "**leading**")
+        with chat.serve:
+            await wait_said(chat, "migrating", "worker card")
+            await wait_said(chat, "leading", "lead card")
+            for seq in range(1, 13):
+                report(worker, seq, ok=True, summary=f"part {seq} {FILLER}")
+            await eventually(
+                lambda: any("part 12 " in text for text in report_wakes(tmp_path)),
+                what="one wake with the twelve reports",
+            )
+            [whole] = report_wakes(tmp_path)
+            assert all(f"(#{seq})" in whole for seq in range(1, 13)), whole
+            assert "left out" not in whole and len(whole) > 3600, len(whole)
+            at = utc_now_iso()
+            (lead / "inbox" / "tmp" / report_wake_file("worker", 13, at)).write_text("in the way")
+            report(worker, 13, ok=True, summary=f"part 13 {FILLER}", at=at)
+            await wait_said(chat, "⚠ inbox:", "lead's card naming its inbox")
+            assert report_wakes(tmp_path) == [whole]
+            assert chat.serve.proc is not None and chat.serve.proc.poll() is None
+            assert await chat.serve.aterminate() == 0
