@@ -23,7 +23,7 @@ import json
 import os
 import stat
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Literal
 
@@ -148,6 +148,9 @@ class InboxWriter:
             try:
                 os.rename(name, name, src_dir_fd=fds[TMP_DIR], dst_dir_fd=fds[QUEUED_DIR])
             except OSError as error:
+                # Left in `tmp/`, it would refuse the same message written again (O_EXCL).
+                with suppress(OSError):
+                    os.unlink(name, dir_fd=fds[TMP_DIR])
                 raise InboxRefused(f"inbox/queued/{name} ({error.strerror})") from None
 
     def cancel(self, ident: str) -> bool:

@@ -29,10 +29,10 @@ import logging
 import secrets
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, tzinfo
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from taskcard.bridge.config import InboxConfig
 from taskcard.bridge.inbox.states import MessageState, message_state, state_line
@@ -40,6 +40,7 @@ from taskcard.bridge.inbox.writer import InboxRefused, InboxWriter, encode_messa
 from taskcard.bridge.schedule.scheduler import RouteKey, RouteScheduler
 from taskcard.bridge.store.sqlite import InboxRecord, StateStore
 from taskcard.bridge.track.monitor import ActivitySummary
+from taskcard.channels.aio import Backoff
 from taskcard.channels.base import CardView, Channel, ChatRef, Outgoing, ReplyTo
 from taskcard.producers.inbox.contract import show_bidi
 from taskcard.producers.reports.contract import (
@@ -135,6 +136,35 @@ def latest_written(
     return max(mine, key=lambda r: r.queued_at) if mine else None
 
 
+# A wake that could not be queued is written again after this backoff (per woken agent,
+# reset when a write there works), and at most this many wait per agent.
+WAKE_RETRY_FIRST_S = 5.0
+WAKE_RETRY_MAX_S = 300.0
+MAX_OWED_WAKES = 100
+# Failed tries in a row after which an agent's owed wakes are dropped (about an hour and a
+# half); the `⚠ inbox` problem stays until a write there works.
+WAKE_RETRY_TRIES = 24
+
+
+class _FailedWake(NamedTuple):
+    """A wake to write again: what `InboxDesk.wake` was given."""
+
+    child_id: str
+    episode: str
+    text: str
+    report: bool
+
+
+@dataclass
+class _WakeRetry:
+    """The wakes one agent is owed, by notice id in the order they failed, and when the
+    next try is due."""
+
+    backoff: Backoff
+    wakes: dict[str, _FailedWake] = field(default_factory=dict)
+    due_s: float = 0.0
+
+
 @dataclass(frozen=True)
 class _TakenBack:
     """A report wake withdrawn from `queued/` for the next wake to carry: its id, its text
@@ -224,6 +254,7 @@ class InboxDesk:
         self.problems: dict[str, str] = {}  # agent -> why its inbox cannot be written
         # (parent, child) -> the id and text of the report wake last queued (see the doc)
         self._report_wakes: dict[tuple[str, str], tuple[str, str]] = {}
+        self._wake_retries: dict[str, _WakeRetry] = {}  # agent -> the wakes it is owed
 
     # Lifecycle -------------------------------------------------------------------------
 
@@ -452,6 +483,7 @@ class InboxDesk:
         """The agent left the fleet: its queued messages are cancelled, then it is forgotten."""
         self.retire(agent_id, reason)
         self._writers.pop(agent_id, None)
+        self._wake_retries.pop(agent_id, None)
         for key in [key for key in self._report_wakes if agent_id in key]:
             self._forget_report_wake(key)
 
@@ -541,6 +573,54 @@ class InboxDesk:
         notice_id = f"{child_id}:{episode}"
         if not self._store.add_notice(route, notice_id, text, "pending"):
             return
+        owed = self._wake_retries.get(parent_id)
+        if owed is not None:
+            # The wakes owed go first, in their order: a report retried after a newer one
+            # of the same child would join it after its own text.
+            self._retry_wakes_of(parent_id, owed)
+        self._write_wake(writer, parent_id, _FailedWake(child_id, episode, text, report))
+
+    def retry_wakes(self) -> list[str]:
+        """Write again the wakes that could not be queued and whose backoff has passed; the
+        agents whose problems this changed (their card and record are shown again). Looks
+        only at the agents that owe a wake: nothing at all while every write worked."""
+        if not self._wake_retries:
+            return []
+        now_s = self._clock().timestamp()
+        changed: list[str] = []
+        for parent_id, owed in list(self._wake_retries.items()):
+            if owed.due_s > now_s:
+                continue
+            before = self.problems.get(parent_id)
+            self._retry_wakes_of(parent_id, owed)
+            if self.problems.get(parent_id) != before:
+                changed.append(parent_id)
+        return changed
+
+    def owed_wakes(self, parent_id: str) -> int:
+        """How many wakes of `parent_id` wait to be written again."""
+        owed = self._wake_retries.get(parent_id)
+        return 0 if owed is None else len(owed.wakes)
+
+    def _retry_wakes_of(self, parent_id: str, owed: _WakeRetry) -> None:
+        """Write the wakes `parent_id` is owed, oldest first, until one fails (its backoff
+        then grows) or none is left (the agent is forgotten here)."""
+        writer = self._writers.get(parent_id)
+        if writer is None:
+            self._wake_retries.pop(parent_id, None)
+            return
+        for wake in list(owed.wakes.values()):
+            if not self._write_wake(writer, parent_id, wake):
+                return
+        log.info("agent %s: the wakes owed are queued", parent_id)
+
+    def _write_wake(self, writer: InboxWriter, parent_id: str, wake: _FailedWake) -> bool:
+        """Queue one wake (recorded in the notices already); whether it was queued. One that
+        is not is owed: written again with a backoff (`retry_wakes`), or before the next
+        wake of the same agent, until it is queued or the agent leaves."""
+        child_id, episode, text, report = wake
+        route = WAKE_ROUTE_PREFIX + parent_id
+        notice_id = f"{child_id}:{episode}"
         body, taken_back = text, None
         if report:
             taken_back = self._take_back_report_wake(writer, parent_id, child_id, text)
@@ -557,8 +637,18 @@ class InboxDesk:
             self._store.set_notice_state(route, notice_id, "failed")
             if taken_back is not None:  # the reports it carried are not lost with it
                 self._put_back_report_wake(writer, parent_id, child_id, taken_back)
-            return
-        self.problems.pop(parent_id, None)
+            self._owe_wake(parent_id, notice_id, wake)
+            return False
+        owed = self._wake_retries.get(parent_id)
+        if owed is not None:
+            owed.wakes.pop(notice_id, None)
+            owed.backoff.reset()
+            if owed.wakes:
+                owed.due_s = 0.0  # the inbox works again: the rest at the next tick
+            else:
+                del self._wake_retries[parent_id]
+        if parent_id not in self._wake_retries:
+            self.problems.pop(parent_id, None)
         if taken_back is not None:
             # Its text travels in this wake: kept in `cancelled/`, every report of a child
             # left one more file in its parent's inbox, thousands for an agent that reports
@@ -572,6 +662,36 @@ class InboxDesk:
             )
         self._store.set_notice_state(route, notice_id, "delivered")
         log.info("agent %s: woken about %s (%s)", parent_id, child_id, episode)
+        return True
+
+    def _owe_wake(self, parent_id: str, notice_id: str, wake: _FailedWake) -> None:
+        """Keep a wake that could not be queued for `retry_wakes`, the next try after the
+        agent's backoff; at most `MAX_OWED_WAKES` per agent (the oldest dropped, logged)."""
+        owed = self._wake_retries.get(parent_id)
+        if owed is None:
+            owed = self._wake_retries[parent_id] = _WakeRetry(
+                Backoff(initial_s=WAKE_RETRY_FIRST_S, max_s=WAKE_RETRY_MAX_S)
+            )
+        owed.wakes[notice_id] = wake
+        while len(owed.wakes) > MAX_OWED_WAKES:
+            dropped = next(iter(owed.wakes))
+            del owed.wakes[dropped]
+            log.warning(
+                "agent %s: wake %s dropped: more than %d wait for its inbox",
+                parent_id,
+                dropped,
+                MAX_OWED_WAKES,
+            )
+        if owed.backoff.attempts >= WAKE_RETRY_TRIES:
+            log.error(
+                "agent %s: %d wakes dropped: its inbox could not be written in %d tries",
+                parent_id,
+                len(owed.wakes),
+                WAKE_RETRY_TRIES,
+            )
+            del self._wake_retries[parent_id]
+            return
+        owed.due_s = self._clock().timestamp() + owed.backoff.next_delay_s()
 
     def _take_back_report_wake(
         self, writer: InboxWriter, parent_id: str, child_id: str, text: str

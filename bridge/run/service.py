@@ -1778,8 +1778,8 @@ class Service:
         """Recompose agents whose state changes with the passage of time alone, retry held
         back state writes, send owed notice summaries, close finished routes. Each looks only
         at what waits (a heap of due agents, the store's backlog, the open fold episodes,
-        routes closing, open inbox messages), so an idle fleet costs the same here whatever
-        its size."""
+        routes closing, open inbox messages, wakes owed to an inbox that failed), so an idle
+        fleet costs the same here whatever its size."""
         self._scheduler.keep_windows()  # committed with the batched writes just below
         self._store.retry_pending()  # state writes a failing disk held back, when due
         now = self._clock().timestamp()
@@ -1793,6 +1793,10 @@ class Service:
         self._forget_held_lanes()
         self._forget_due(now)  # agents that left long enough ago
         self._desk.refresh()  # open messages turn unconfirmed with time alone
+        for woken in self._desk.retry_wakes():  # wakes owed to an inbox that failed
+            if self._serves(woken):
+                self._project_paced(woken)
+                self._save_health(woken)
 
     def _refresh_many(
         self, agent_ids: Iterable[str], changed: Callable[[str], frozenset[str] | None]

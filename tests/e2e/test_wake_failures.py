@@ -8,6 +8,8 @@ import hashlib
 import json
 from pathlib import Path
 
+import pytest
+
 from taskcard.producers.task_card.contract import atomic_write, parse_iso, utc_now_iso
 from tests.e2e.harness import eventually, publish
 from tests.e2e.test_talk_and_signals import SIGNALS, chat_for, queued, report, wait_said, workdir
@@ -66,4 +68,44 @@ async def test_a_wake_that_cannot_be_queued_puts_back_whole_the_wake_it_took_bac
             await wait_said(chat, "⚠ inbox:", "lead's card naming its inbox")
             assert report_wakes(tmp_path) == [whole]
             assert chat.serve.proc is not None and chat.serve.proc.poll() is None
+            assert await chat.serve.aterminate() == 0
+
+
+@pytest.fixture(params=["telegram", "feishu"])
+def platform(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+async def test_a_wake_lost_to_a_broken_inbox_is_queued_once_the_inbox_works(
+    platform: str, tmp_path: Path
+) -> None:
+    """lead's `inbox` is a file when worker reports: the wake cannot be queued and lead's card
+    says so. Once the file is gone the wake is queued, with no other signal to bring it, and
+    the line goes. It was lost before: only the next signal woke lead."""
+    async with chat_for(platform, tmp_path, ["lead", "worker"], SIGNALS) as chat:
+        lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
+        lineage = {"parent": "lead", "reason": "split", "depth": 1, "created_at": utc_now_iso()}
+        atomic_write(worker / "lineage.json", json.dumps(lineage).encode())
+        (lead / "inbox").write_text("not a folder\n")
+        publish(worker, "**migrating**")
+        publish(lead, "**leading**")
+        with chat.serve:
+            await wait_said(chat, "migrating", "worker card")
+            await wait_said(chat, "leading", "lead card")
+            report(worker, 1, ok=True, summary="part 1 done")
+            # Announced in the same step as the wake is tried (another signal of worker's
+            # may have failed to wake lead before).
+            await wait_said(chat, "worker reported (#1)", "the report in the chat")
+            await wait_said(chat, "⚠ inbox:", "lead's card naming its inbox")
+            (lead / "inbox").unlink()
+            await eventually(
+                lambda: any("part 1 done" in text for text in report_wakes(tmp_path)),
+                timeout_s=60,
+                what="the lost wake queued once the inbox works",
+            )
+            await eventually(
+                lambda: not any("⚠ inbox:" in t for t in chat.bot_texts()),
+                what="lead's card without the inbox line",
+            )
+            assert "leading" in "\n".join(chat.bot_texts())
             assert await chat.serve.aterminate() == 0
