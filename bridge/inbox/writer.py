@@ -57,16 +57,47 @@ class InboxRefused(Exception):
     """The inbox cannot be written safely; the message says what and how to fix it."""
 
 
+def refusal(what: str, error: OSError, folder: str) -> InboxRefused:
+    """`what` failed with `error`: the refusal that says so and how to fix it, by the
+    error's kind; `folder` is the one the service must write (or search) for `what`, as
+    people name it. A bare `(Permission denied)` left the person reading the agent's card
+    to guess which folder, and for whom."""
+    reason = error.strerror or type(error).__name__
+    code = error.errno
+    if code in (errno.EACCES, errno.EPERM):
+        fix = f"make {folder} writable by the user running taskcard serve (uid {os.geteuid()})"
+    elif code in (errno.ENOSPC, errno.EDQUOT):
+        fix = "free space (or quota) on the disk of the agent's workdir"
+    elif code == errno.EROFS:
+        fix = "the agent's workdir is on a read-only mount: mount it read-write"
+    elif code == errno.EEXIST:
+        fix = "remove that file, which is in the way"
+    elif code in (errno.ELOOP, errno.ENOTDIR, errno.EISDIR):
+        fix = f"remove what is in the way in {folder}, so the service can write a real file"
+    else:
+        fix = f"check {folder} and the disk it is on"
+    return InboxRefused(f"{what} ({reason}); {fix}")
+
+
+def why_refused(error: InboxRefused | OSError) -> str:
+    """What a failed write into an inbox tells people: the refusal's words, or for another
+    error on the way (setting a file's group, say) the same kind of words by its kind."""
+    if isinstance(error, InboxRefused):
+        return str(error)
+    return str(refusal("the inbox cannot be written", error, "inbox"))
+
+
 def _open_dir(
-    name: str, parent_fd: int, shown: str, *, create: bool, group: int | None = None
+    name: str, parent_fd: int, shown: str, parent: str, *, create: bool, group: int | None = None
 ) -> int:
+    """`parent`: the folder holding `name`, as people name it."""
     if create:
         try:
             os.mkdir(name, 0o700, dir_fd=parent_fd)
         except FileExistsError:
             pass
         except OSError as error:
-            raise InboxRefused(f"{shown} could not be created ({error.strerror})") from None
+            raise refusal(f"{shown} could not be created", error, parent) from None
     try:
         fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
     except OSError as error:
@@ -75,7 +106,7 @@ def _open_dir(
                 f"{shown} is a symlink or not a directory; remove it so the service can"
                 " create a real folder"
             ) from None
-        raise InboxRefused(f"{shown} cannot be opened ({error.strerror})") from None
+        raise refusal(f"{shown} cannot be opened", error, shown) from None
     if create:
         share(fd, group, SHARED_DIR_MODE)
     return fd
@@ -101,14 +132,18 @@ class InboxWriter:
                     "the agent's workdir does not exist yet (the agent was never started"
                     " there), so nothing could read it"
                 ) from None
-            raise InboxRefused(f"the workdir cannot be opened ({error.strerror})") from None
+            raise refusal("the workdir cannot be opened", error, "the agent's workdir") from None
         fds: dict[str, int] = {}
         try:
             group = shared_group(root) if create else None
-            inbox = _open_dir(INBOX_DIR, root, INBOX_DIR, create=create, group=group)
+            inbox = _open_dir(
+                INBOX_DIR, root, INBOX_DIR, "the agent's workdir", create=create, group=group
+            )
             fds[""] = inbox
             for sub in INBOX_SUBDIRS:
-                fds[sub] = _open_dir(sub, inbox, f"{INBOX_DIR}/{sub}", create=create, group=group)
+                fds[sub] = _open_dir(
+                    sub, inbox, f"{INBOX_DIR}/{sub}", INBOX_DIR, create=create, group=group
+                )
             yield fds
         finally:
             for fd in fds.values():
@@ -133,7 +168,7 @@ class InboxWriter:
                     dir_fd=fds[TMP_DIR],
                 )
             except OSError as error:
-                raise InboxRefused(f"inbox/tmp/{name} ({error.strerror})") from None
+                raise refusal(f"inbox/tmp/{name} cannot be written", error, "inbox/tmp") from None
             inbox = os.fstat(fds[""])
             if stat.S_IMODE(inbox.st_mode) == SHARED_DIR_MODE:  # shared: see the docstring
                 share(fd, inbox.st_gid, SHARED_FILE_MODE)
@@ -143,7 +178,7 @@ class InboxWriter:
             except OSError as error:
                 os.close(fd)
                 os.unlink(name, dir_fd=fds[TMP_DIR])
-                raise InboxRefused(f"inbox/tmp/{name} ({error.strerror})") from None
+                raise refusal(f"inbox/tmp/{name} cannot be written", error, "inbox/tmp") from None
             os.close(fd)
             try:
                 os.rename(name, name, src_dir_fd=fds[TMP_DIR], dst_dir_fd=fds[QUEUED_DIR])
@@ -151,7 +186,9 @@ class InboxWriter:
                 # Left in `tmp/`, it would refuse the same message written again (O_EXCL).
                 with suppress(OSError):
                     os.unlink(name, dir_fd=fds[TMP_DIR])
-                raise InboxRefused(f"inbox/queued/{name} ({error.strerror})") from None
+                raise refusal(
+                    f"inbox/queued/{name} cannot be moved in", error, "inbox/queued"
+                ) from None
 
     def cancel(self, ident: str) -> bool:
         """Withdraw a queued message; False when the agent side claimed it first (or gone)."""
@@ -164,7 +201,9 @@ class InboxWriter:
             except FileNotFoundError:
                 return False
             except OSError as error:
-                raise InboxRefused(f"inbox/queued/{name} ({error.strerror})") from None
+                raise refusal(
+                    f"inbox/queued/{name} cannot be withdrawn", error, "inbox/queued"
+                ) from None
         return True
 
     def restore(self, ident: str) -> bool:
@@ -179,7 +218,9 @@ class InboxWriter:
             except FileNotFoundError:
                 return False
             except OSError as error:
-                raise InboxRefused(f"inbox/cancelled/{name} ({error.strerror})") from None
+                raise refusal(
+                    f"inbox/cancelled/{name} cannot be moved back", error, "inbox/queued"
+                ) from None
         return True
 
     def discard_cancelled(self, ident: str) -> None:
@@ -193,7 +234,9 @@ class InboxWriter:
             except FileNotFoundError:
                 pass
             except OSError as error:
-                raise InboxRefused(f"inbox/cancelled/{ident}.json ({error.strerror})") from None
+                raise refusal(
+                    f"inbox/cancelled/{ident}.json cannot be deleted", error, "inbox/cancelled"
+                ) from None
 
     def location(self, ident: str) -> Location:
         """Which folder holds the message now ("missing" also when the inbox is unusable)."""

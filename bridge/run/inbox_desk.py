@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 
 from taskcard.bridge.config import InboxConfig
 from taskcard.bridge.inbox.states import MessageState, message_state, state_line
-from taskcard.bridge.inbox.writer import InboxRefused, InboxWriter, encode_message
+from taskcard.bridge.inbox.writer import InboxRefused, InboxWriter, encode_message, why_refused
 from taskcard.bridge.schedule.scheduler import RouteKey, RouteScheduler
 from taskcard.bridge.store.sqlite import InboxRecord, StateStore
 from taskcard.bridge.track.monitor import ActivitySummary
@@ -400,7 +400,7 @@ class InboxDesk:
         try:
             self._writers[agent_id].queue(message)
         except (InboxRefused, OSError) as error:
-            reason = str(error) if isinstance(error, InboxRefused) else "the inbox is unusable"
+            reason = why_refused(error)
             log.warning("agent %s: message %s not queued: %s", agent_id, record.message_id, reason)
             self.problems[agent_id] = f"inbox: {reason}"
             self._close(record, "failed", reason)
@@ -631,7 +631,7 @@ class InboxDesk:
         try:
             writer.queue(self._wake_message(ident, child_id, body))
         except (InboxRefused, OSError) as error:
-            reason = str(error) if isinstance(error, InboxRefused) else "the inbox is unusable"
+            reason = why_refused(error)
             log.warning("agent %s: wake about %s not queued: %s", parent_id, child_id, reason)
             self.problems[parent_id] = f"inbox: {reason}"
             self._store.set_notice_state(route, notice_id, "failed")
