@@ -522,7 +522,11 @@ class SqliteStore(StateStore):
         self._wall = wall_clock
         self._backoff = Backoff(initial_s=min(0.5, max_retry_s), max_s=max_retry_s)
         self._backlog: dict[tuple[str, ...], WriteOp] = {}
-        self._changes = 0  # `change_cursor` calls, each a backlog key of its own
+        self._changes = 0  # `change_cursor` writes, each a backlog key of its own
+        # cursor -> the backlog key of its `change_cursor` write waiting, and its changes
+        self._waiting_changes: dict[
+            str, tuple[tuple[str, ...], list[Callable[[str | None], str]]]
+        ] = {}
         # Notice states written to the backlog, so reads do not re-send a delivered one.
         self._notice_overlay: dict[tuple[str, str], tuple[str, NoticeState, float]] = {}
         # Fingerprints of shown cards not committed yet, per route, in the order written
@@ -701,6 +705,7 @@ class SqliteStore(StateStore):
             counted(len(self._backlog), "waiting write", "waiting writes"),
         )
         self._backlog.clear()
+        self._waiting_changes.clear()
         self._notice_overlay.clear()
         self._health, self._retry_at = None, 0.0
         self._backoff.reset()
@@ -1203,26 +1208,44 @@ class SqliteStore(StateStore):
                 (key, value),
             )
 
+        self._waiting_changes.pop(key, None)  # a change after this one goes after it
         self._write(("cursor", key), op)
 
     def change_cursor(self, key: str, change: Callable[[str | None], str]) -> None:
         """Read, change and write in one `BEGIN IMMEDIATE` transaction: it holds the file's
         write lock from before the read, so another process on the same file waits (its busy
         timeout) rather than writing in between. A change that fails waits in the backlog
-        behind the writes before it, under a key of its own: a later change of the same
-        cursor changes another part of it and supersedes nothing (a `set_cursor` after it
-        does)."""
+        behind the writes before it; the later changes of the same cursor join that one
+        write, made in their order on the value as stored when it goes in (each changes
+        another part of it, so none supersedes another; a `set_cursor` or a delete of the
+        cursor after it does, and a change after those starts a write of its own). One write
+        per change, a busy origin book kept a backlog growing with every route it opened
+        while another process held the file."""
+        waiting = self._waiting_changes.get(key)
+        if waiting is not None and waiting[0] in self._backlog:
+            waiting[1].append(change)
+            self.retry_pending()
+            return
+        changes = [change]
 
         def op(db: sqlite3.Connection) -> None:
             row = db.execute("SELECT value FROM cursors WHERE key = ?", (key,)).fetchone()
+            value = None if row is None else str(row[0])
+            for each in changes:
+                value = each(value)
             db.execute(
                 "INSERT INTO cursors (key, value) VALUES (?, ?) "
                 "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                (key, change(None if row is None else str(row[0]))),
+                (key, value),
             )
 
         self._changes += 1
-        self._write(("cursor changed", key, str(self._changes)), op)
+        backlog_key = ("cursor changed", key, str(self._changes))
+        self._write(backlog_key, op)
+        if backlog_key in self._backlog:
+            self._waiting_changes[key] = (backlog_key, changes)
+        else:
+            self._waiting_changes.pop(key, None)
 
     def cursor_keys(self, prefix: str) -> list[str]:
         rows = self._db.execute(
@@ -1241,6 +1264,7 @@ class SqliteStore(StateStore):
 
         for key in wanted:  # a set_cursor of one of them still waiting is superseded
             self._backlog.pop(("cursor", key), None)
+            self._waiting_changes.pop(key, None)
         self._write(("cursors deleted", *wanted), op)
 
     def offset_agents(self) -> set[str]:

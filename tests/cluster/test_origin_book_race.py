@@ -143,6 +143,36 @@ def test_a_change_kept_while_the_file_was_locked_is_made_on_the_book_as_stored_t
     elsewhere.close()
 
 
+def test_changes_kept_while_the_file_is_locked_wait_as_one_write_and_none_is_lost(
+    tmp_path: Path,
+) -> None:
+    """Routes opened and closed while another process holds the file wait as one write of
+    the book, not one each (the backlog grew with every change); when the lock goes each
+    is in the book as stored then, beside the route another instance saved meanwhile."""
+    path = tmp_path / "state.sqlite3"
+    store, elsewhere = SqliteStore(path), SqliteStore(path)
+    keys = [RouteKey("telegram", ChatRef("-100"), f"a{i}") for i in range(20)]
+    theirs = RouteKey("telegram", ChatRef("-100"), "theirs")
+    book = OriginBook(store, shared=True)
+    holder = sqlite3.connect(path, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")  # another process holds the file (a 5 s wait)
+        for at, key in enumerate(keys):
+            assert book.open(key, 100.0 + at)
+        book.close(keys[0], 200.0)
+        assert not store.retry_pending(force=True)  # still locked: counts what waits
+        health = store.health()
+        assert health is not None and health.waiting_writes == 1, health
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert OriginBook(elsewhere, shared=True).open(theirs, 300.0)  # another instance's
+    assert store.retry_pending(force=True)
+    assert OriginBook(elsewhere).open_routes() == [theirs, *keys[1:]]
+    store.close()
+    elsewhere.close()
+
+
 @pytest.mark.parametrize("backend", ["redis", "sqlite"])
 def test_a_book_an_earlier_version_saved_keeps_its_routes_through_a_change(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest
