@@ -6,13 +6,24 @@ from __future__ import annotations
 
 import hashlib
 import json
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
 from taskcard.producers.task_card.contract import atomic_write, parse_iso, utc_now_iso
-from tests.e2e.harness import eventually, publish
-from tests.e2e.test_talk_and_signals import SIGNALS, chat_for, queued, report, wait_said, workdir
+from tests.e2e.harness import eventually, publish, run_cli
+from tests.e2e.test_cluster import instance
+from tests.e2e.test_talk_and_signals import (
+    GROUP,
+    SIGNALS,
+    chat_for,
+    queued,
+    report,
+    wait_said,
+    workdir,
+)
+from tests.fakes.telegram_api import FakeTelegram
 
 # Near the summary's 300 characters: twelve reports fill most of one wake's 4000.
 FILLER = "steady progress " * 18
@@ -109,3 +120,55 @@ async def test_a_wake_lost_to_a_broken_inbox_is_queued_once_the_inbox_works(
             )
             assert "leading" in "\n".join(chat.bot_texts())
             assert await chat.serve.aterminate() == 0
+
+
+async def test_clustered_a_wake_into_an_agent_served_elsewhere_leaves_its_record_to_its_server(
+    tmp_path: Path,
+    telegram: FakeTelegram,
+    redis_url: str,
+    prefix: str,
+    fleet: ExitStack,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """i0 serves lead; i1 serves worker and follows lead too, so worker's report is woken into
+    lead's inbox by i1, which does not serve lead. lead's inbox is a file: the wake fails on
+    i1, and i1 keeps that to itself. It wrote its view of lead into the shared record (and
+    projected lead's card), over the record of lead's server, which never saw a failure."""
+    i0 = fleet.enter_context(
+        instance(tmp_path, "i0", telegram, ["lead"], redis_url=redis_url, prefix=prefix)
+    )
+    await eventually(lambda: "agent lead: this instance serves it now" in i0.logs, what="lead")
+    i1 = fleet.enter_context(
+        instance(tmp_path, "i1", telegram, ["lead", "worker"], redis_url=redis_url, prefix=prefix)
+    )
+    await eventually(
+        lambda: "agent worker: this instance serves it now" in i1.logs, what="worker on i1"
+    )
+    lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
+    lineage = {"parent": "lead", "reason": "split", "depth": 1, "created_at": utc_now_iso()}
+    atomic_write(worker / "lineage.json", json.dumps(lineage).encode())
+    (lead / "inbox").write_text("not a folder\n")
+    publish(lead, "**leading**")
+    publish(worker, "**migrating**")
+
+    def said(words: str) -> list[str]:
+        return [m.text for m in telegram.bot_messages(GROUP) if words in m.text]
+
+    await eventually(lambda: said("migrating") and said("leading"), timeout_s=60, what="cards")
+    monkeypatch.setenv("TC_REDIS_URL", redis_url)  # for `taskcard status`
+
+    def lead_record() -> str:
+        status = run_cli("status", "--config", str(i0.config))
+        return status.stdout.split("agent lead", 1)[-1].split("agent worker", 1)[0]
+
+    report(worker, 1, ok=True, summary="part 1 done")
+    await eventually(
+        lambda: "agent lead: wake about worker not queued" in i1.logs,
+        timeout_s=60,
+        what="the wake failing on i1",
+    )
+    # i1 records a problem, when it does, in the same step as it logs the failure.
+    assert "inbox" not in lead_record(), lead_record()
+    assert not said("⚠ inbox:"), said("⚠ inbox:")
+    for serve in (i0, i1):
+        assert await serve.aterminate() == 0
