@@ -565,7 +565,8 @@ class InboxDesk:
         An inbox that cannot be written is one of the parent's problems, as for a person's
         text (`queue`): its card says what is wrong and how to fix it until a write there
         works again. Logged alone, nobody in the chat learned that the orchestrator or the
-        parent was no longer woken."""
+        parent was no longer woken. The wake is owed meanwhile (`retry_wakes`): lost, the
+        parent learned of the child's signal only at its next one, if it had any."""
         writer = self._writers.get(parent_id)
         if writer is None:
             return
@@ -596,11 +597,6 @@ class InboxDesk:
             if self.problems.get(parent_id) != before:
                 changed.append(parent_id)
         return changed
-
-    def owed_wakes(self, parent_id: str) -> int:
-        """How many wakes of `parent_id` wait to be written again."""
-        owed = self._wake_retries.get(parent_id)
-        return 0 if owed is None else len(owed.wakes)
 
     def _retry_wakes_of(self, parent_id: str, owed: _WakeRetry) -> None:
         """Write the wakes `parent_id` is owed, oldest first, until one fails (its backoff
