@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, tzinfo
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 from taskcard.bridge.cluster.wakes import RelayedWake, decode_wake
 from taskcard.bridge.compose.board import (
@@ -154,6 +154,8 @@ if TYPE_CHECKING:
     from taskcard.bridge.cluster.wakes import WakeRelay
 
 log = logging.getLogger(__name__)
+# What a write into an inbox returns, passed through `Service._showing_inbox`.
+_T = TypeVar("_T")
 
 # One agent's cards may take at most this share of the loop's time (`_project_paced`),
 # once composing them costs at least this much CPU (a usual card costs well under 1 ms).
@@ -2038,13 +2040,22 @@ class Service:
         """`InboxDesk.wake`, and the woken agent's card shown again when that changed its
         problems (its inbox cannot be written, or can again): the card is where the chat
         learns that the agent is no longer woken, and its own files may not change soon."""
-        before = self._desk.problems.get(woken)
-        self._desk.wake(woken, agent_id, episode, text, report=report)
+        self._showing_inbox(
+            woken, lambda: self._desk.wake(woken, agent_id, episode, text, report=report)
+        )
+
+    def _showing_inbox(self, agent_id: str, write: Callable[[], _T]) -> _T:
+        """`write` (a write into `agent_id`'s inbox: a wake, a person's message, a withdrawal),
+        and the agent's card shown again and its record saved when that changed the inbox's
+        problem (it cannot be written, or can again)."""
+        before = self._desk.problems.get(agent_id)
+        result = write()
         # Clustered, only the agent's server shows and records its problems: another
         # instance's view (its own failed or good write) would overwrite the server's record.
-        if self._desk.problems.get(woken) != before and self._serves(woken):
-            self._project_paced(woken)
-            self._save_health(woken)
+        if self._desk.problems.get(agent_id) != before and self._serves(agent_id):
+            self._project_paced(agent_id)
+            self._save_health(agent_id)
+        return result
 
     def _marked_elsewhere(self, scope: str, agent_id: str) -> bool:
         """Clustered: whether the chat may have an orchestrator another instance serves, its
@@ -2924,8 +2935,11 @@ class Service:
             agent_id = found[0]
         if not self._serves(agent_id) or not self._desk.accepts(agent_id):
             return None  # a standby of a cluster: the owner queues it, once
-        return self._desk.queue(
-            channel_name, command.chat, agent_id, command.user_id, text, command.answer_to
+        return self._showing_inbox(
+            agent_id,
+            lambda: self._desk.queue(
+                channel_name, command.chat, agent_id, command.user_id, text, command.answer_to
+            ),
         )
 
     def _not_for_an_agent(
@@ -3085,7 +3099,7 @@ class Service:
             return NOTHING_TO_CANCEL if command.reply else None
         if not self._serves(latest.agent_id) or not self._desk.accepts(latest.agent_id):
             return None  # its agent's owner withdraws it and answers
-        return self._desk.cancel(latest)
+        return self._showing_inbox(latest.agent_id, lambda: self._desk.cancel(latest))
 
     def _switch_view(self, routes: list[Route], view: RouteView) -> str:
         """`/taskcard board` or `/taskcard cards`: persist the chat's choice, then re-project

@@ -1,7 +1,7 @@
 """Every way an agent's inbox cannot be written says what is wrong and how to fix it, through
 `taskcard serve` against the fake Bot API and Feishu: a person's `/tell` fails with the
-reason in its status message (the same words a failed wake shows in the `⚠ inbox:` row of
-the woken agent's card).
+reason in its status message, and the agent's card shows the same words in its `⚠ inbox:`
+row at once (as for a failed wake), though the agent's own files do not change.
 
 The disks are real: a full or read-only one is a small tmpfs mounted on the workdir (root
 only), and a folder the service may not write is one the service's user cannot write (the
@@ -135,6 +135,9 @@ async def test_an_inbox_that_cannot_be_written_says_what_and_how_to_fix_it(
             await chat.say("/tell builder hello")
             status = await wait_status(chat, "failed:")
             assert what in status and fix in status, status
+            # The card says so too, though the agent's own files do not change.
+            card = await wait_said(chat, "⚠ inbox:", "builder's card naming its inbox")
+            assert fix in card, card
             if fault == "link-out":
                 assert list((tmp_path / "outside").iterdir()) == []
             assert await chat.serve.aterminate() == 0
