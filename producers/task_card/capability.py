@@ -80,7 +80,7 @@ from taskcard.producers.task_card.renderer import (
     run_renderer,
     stdout_limit_for,
 )
-from taskcard.producers.task_card.runtime import HostLock, HostPaths, default_runtime_dir
+from taskcard.producers.task_card.runtime import HostLock, chosen_host_paths
 from taskcard.producers.task_card.schedule import next_slot, slot_due
 from taskcard.producers.task_card.settings import (
     SettingsCache,
@@ -245,7 +245,11 @@ class TaskCard:
                 "directory (create it first)"
             )
         self.paths = CardPaths(self.workdir)
-        self.host_paths = HostPaths(runtime_dir or default_runtime_dir(env), self.workdir)
+        # Checked as the command line checks it: a folder inside the workdir, from the
+        # argument or the variable, was taken here while every command refused it.
+        self.host_paths = chosen_host_paths(
+            runtime_dir, env, self.workdir, option_name="runtime_dir"
+        )
         self._notifier: NotificationPort = notifier or FileNotificationPort(self.paths)
         self._runner = runner
         # Every render of this host carries the tag, so a host after us can end what our runs

@@ -157,8 +157,16 @@ def default_runtime_dir(environ: Mapping[str, str]) -> Path:
     return Path(f"/tmp/taskcard-{os.getuid()}")
 
 
-def chosen_host_paths(option: str | None, environ: Mapping[str, str], workdir: Path) -> HostPaths:
+def chosen_host_paths(
+    option: str | os.PathLike[str] | None,
+    environ: Mapping[str, str],
+    workdir: Path,
+    *,
+    option_name: str = "--runtime-dir",
+) -> HostPaths:
     """The host paths for `--runtime-dir` (None when not given), else the environment's folder.
+    `option_name` is how the caller's user gave the folder: the Python API's `runtime_dir`
+    argument is named as such, not as an option its caller never typed.
 
     A folder chosen by the option or by `TASKCARD_RUNTIME_DIR` that is the workdir or lies
     inside it is refused (`RuntimeDirInvalid`, naming which of the two chose it): the help
@@ -171,13 +179,13 @@ def chosen_host_paths(option: str | None, environ: Mapping[str, str], workdir: P
     own (`~/.cache`) inside the other.
     """
     if option is not None:
-        source: str | None = "--runtime-dir"
+        source: str | None = option_name
         try:
             runtime = Path(option).expanduser()
         except RuntimeError:  # `~name` of no known user: it was a traceback
             raise RuntimeDirInvalid(
-                f"--runtime-dir: {shown_path(option)} cannot be expanded; give the full path of"
-                " a private directory"
+                f"{option_name}: {shown_path(os.fspath(option))} cannot be expanded; give the"
+                " full path of a private directory"
             ) from None
     else:
         source = RUNTIME_DIR_ENV if environ.get(RUNTIME_DIR_ENV) else None
@@ -189,7 +197,7 @@ def chosen_host_paths(option: str | None, environ: Mapping[str, str], workdir: P
         if _holds_system_folders(home, environ):
             return paths
         if inside == home or home in inside.parents:
-            default = "leave it out" if source == "--runtime-dir" else "unset it"
+            default = "unset it" if source == RUNTIME_DIR_ENV else "leave it out"
             raise RuntimeDirInvalid(
                 f"{source}: {shown_path(paths.runtime_dir)} is inside the workdir"
                 f" {shown_path(home)}, among the agent's files; give {source} a private"

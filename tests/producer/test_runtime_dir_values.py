@@ -24,7 +24,12 @@ import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from taskcard.producers.task_card.runtime import MAX_SOCKET_PATH_BYTES, default_runtime_dir
+from taskcard.producers.task_card.capability import TaskCard
+from taskcard.producers.task_card.runtime import (
+    MAX_SOCKET_PATH_BYTES,
+    RuntimeDirInvalid,
+    default_runtime_dir,
+)
 from tests.conftest import mcp_server
 from tests.producer.conftest import STATIC_RENDERER, CliHost, write_renderer
 
@@ -286,3 +291,31 @@ def test_a_cache_folder_under_a_home_the_agent_works_in_is_taken() -> None:
     finally:
         host.shutdown()
         shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.mark.parametrize("how", ["argument", "variable"])
+def test_the_python_api_refuses_a_runtime_dir_inside_the_workdir_as_the_cli_does(
+    workdir: Path, how: str
+) -> None:
+    """`TaskCard(workdir, runtime_dir=...)`, as an agent's own Python opens it: a folder
+    inside the workdir was taken, the host's lock and socket among the agent's files, while
+    every command refused it with exit 2. The same words, naming the argument or the
+    variable, as the project's usual error type."""
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+    inside = workdir / "rt"
+    if how == "argument":
+        named, environ = "runtime_dir", {"PATH": os.defpath}
+        call: dict[str, Path] = {"runtime_dir": inside}
+        default = "leave it out"
+    else:
+        named = "TASKCARD_RUNTIME_DIR"
+        environ = {"PATH": os.defpath, named: str(inside)}
+        call = {}
+        default = "unset it"
+    with pytest.raises(RuntimeDirInvalid) as refused:
+        TaskCard(workdir, environ=environ, **call)
+    assert str(refused.value) == (
+        f"{named}: {inside} is inside the workdir {workdir}, among the agent's files; give"
+        f" {named} a private directory outside it, or {default} for the default"
+    )
+    assert sorted(os.listdir(workdir)) == ["r.py"]  # no lock, no socket, no host folder
