@@ -38,7 +38,12 @@ from taskcard.producers.task_card.contract import (
     terminal_json,
 )
 from taskcard.producers.task_card.number_args import whole_number
-from taskcard.producers.task_card.stdin_json import read_stdin_object
+from taskcard.producers.task_card.stdin_json import (
+    DRAIN_MAX_BYTES,
+    DRAIN_WITHIN_S,
+    drain_stdin,
+    read_stdin_object,
+)
 from taskcard.producers.task_card.workdir_arg import (
     existing_workdir_arg,
     shown_path,
@@ -53,6 +58,14 @@ def _print(data: Any) -> None:
 def _fail(command: str, message: str, code: int = 2) -> int:
     print(f"taskcard {command}: {message}", file=sys.stderr)
     return code
+
+
+class PayloadTooLarge(ReportError):
+    """A payload over the limit; `from_stdin` when its writer may still be writing."""
+
+    def __init__(self, message: str, *, from_stdin: bool) -> None:
+        super().__init__(message)
+        self.from_stdin = from_stdin
 
 
 def _read_payload(source: str) -> str:
@@ -70,9 +83,10 @@ def _read_payload(source: str) -> str:
         # Shown escaped: a name holding an escape sequence acted on the terminal.
         raise ReportError(f"--payload: cannot read {shown_path(source)} ({exc.strerror})") from None
     if len(raw) > MAX_PAYLOAD_BYTES:
-        raise ReportError(
+        raise PayloadTooLarge(
             f"--payload: over {MAX_PAYLOAD_BYTES} bytes; write the rest to a file in the "
-            "workdir and name it in the payload"
+            "workdir and name it in the payload",
+            from_stdin=source == "-",
         )
     try:
         return raw.decode("utf-8")
@@ -141,6 +155,16 @@ def run_report(args: argparse.Namespace) -> int:
             summary=args.summary,
             payload=payload,
         )
+    except PayloadTooLarge as exc:
+        code = _fail("report", str(exc))
+        if exc.from_stdin:
+            # Only the limit and a byte were read: a writer still sending the rest got a
+            # broken pipe (SIGPIPE, its pipeline failed) or blocked on a full pipe. The rest
+            # is read and dropped after the refusal is said, within the same bound as
+            # `taskcard tool`'s oversized envelope.
+            sys.stderr.flush()
+            drain_stdin(DRAIN_MAX_BYTES, DRAIN_WITHIN_S)
+        return code
     except ReportError as exc:
         return _fail("report", str(exc))
     except OSError as exc:

@@ -56,7 +56,12 @@ from taskcard.producers.task_card.settings import (
     DEFAULT_MAX_REFRESHES,
     DEFAULT_TIMEOUT_S,
 )
-from taskcard.producers.task_card.stdin_json import drain_stdin, read_stdin_object
+from taskcard.producers.task_card.stdin_json import (
+    DRAIN_MAX_BYTES,
+    DRAIN_WITHIN_S,
+    drain_stdin,
+    read_stdin_object,
+)
 from taskcard.producers.task_card.workdir_arg import (
     existing_workdir_arg,
     writable_workdir_arg,
@@ -65,11 +70,6 @@ from taskcard.producers.task_card.workdir_arg import (
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
 EXIT_USAGE: Final = 2
-# After a refusal for size has been answered, stdin is read on (and dropped) up to this much
-# and for this long at most, so a writer finishing its write sees it taken rather than a
-# broken pipe; one that keeps writing, or keeps the pipe open, is not waited for beyond it.
-_STDIN_DRAIN_BYTES: Final = 64 * 1024 * 1024
-_STDIN_DRAIN_S: Final = 1.0
 # A pipe on stdin that stays open this long without a byte (and without a settled envelope)
 # ends the read with a refusal; a whole envelope, or bytes no more input can mend, followed
 # by a moment's quiet is taken at once.
@@ -220,7 +220,7 @@ def run_tool(args: argparse.Namespace) -> int:
             # pipe open, held the refusal for as long as it wrote.
             code = _refuse(str(exc))
             sys.stdout.flush()
-            drain_stdin(_STDIN_DRAIN_BYTES, _STDIN_DRAIN_S)
+            drain_stdin(DRAIN_MAX_BYTES, DRAIN_WITHIN_S)
             return code
         if ended:
             return _refuse(str(exc))

@@ -22,6 +22,12 @@ from typing import Final
 QUIET_S: Final = 0.2
 # Dropping what comes after a refused input ends after this long without a byte.
 DRAIN_QUIET_S: Final = 1.0
+# After a refusal for size has been answered, stdin is read on (and dropped) up to this much
+# and for this long at most (`drain_stdin`), so a writer finishing its write sees it taken
+# rather than a broken pipe; one that keeps writing, or keeps the pipe open, is not waited
+# for beyond it. The same for every command that reads stdin.
+DRAIN_MAX_BYTES: Final = 64 * 1024 * 1024
+DRAIN_WITHIN_S: Final = 1.0
 _CHUNK: Final = 1 << 20
 
 # What ends a token of JSON text (a number, `true`, `null`...): space, punctuation, a quote.

@@ -126,3 +126,33 @@ def test_a_stdin_held_open_ends_the_read_with_a_refusal(workdir: Path) -> None:
         " and without its end; close it after the payload, or name a file\n"
     )
     assert not (workdir / "reports").exists()
+
+
+def test_a_payload_over_the_limit_on_stdin_is_taken_whole_before_the_refusal(
+    workdir: Path,
+) -> None:
+    """`producer | taskcard report --payload -` with more than the limit: only the limit and
+    a byte were read, so the producer got a broken pipe and the pipeline failed (141 under
+    `pipefail`) besides the refusal. The rest is read and dropped, then refused naming the
+    limit. Driven as a shell pipeline, as an agent's tool call runs it."""
+    script = (
+        "set -o pipefail\n"
+        f"head -c {16 * MAX_PAYLOAD_BYTES} /dev/zero | tr '\\0' a"
+        f' | "$1" report --workdir "$2" --ok --summary s --payload -\n'
+        'echo "${PIPESTATUS[*]}"\n'
+    )
+    done = subprocess.run(
+        ["bash", "-c", script, "bash", TASKCARD, str(workdir)],
+        cwd=workdir,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.stdout == "0 0 2\n", done.stderr  # the writers ended well, the report with 2
+    assert done.stderr == (
+        f"taskcard report: --payload: over {MAX_PAYLOAD_BYTES} bytes; write the rest to a file"
+        " in the workdir and name it in the payload\n"
+    )
+    assert not (workdir / "reports").exists()
