@@ -36,6 +36,7 @@ import tomlkit.items
 from taskcard.producers.task_card.contract import (
     NotRegularFile,
     atomic_write,
+    broken_link,
     json_error_place,
     read_bytes,
     read_regular,
@@ -359,7 +360,8 @@ def _plan(path: Path, text: bytes) -> Plan | None:
     repository was replaced by a copy, and the link lost); the file keeps its permissions (a
     0600 config.toml holding an MCP server's key came back 0644, readable by every user). A
     read-only file is refused: its owner said it must not change (and a rename replaced it
-    all the same)."""
+    all the same). A link that leads nowhere is refused (`_refuse_broken_link`)."""
+    _refuse_broken_link(path)
     target = Path(os.path.realpath(path))
     try:
         info = os.stat(target)
@@ -375,6 +377,27 @@ def _plan(path: Path, text: bytes) -> Plan | None:
             "then run init again (nothing was written)"
         )
     return target, mode
+
+
+def _refuse_broken_link(path: Path) -> None:
+    """`InitError` when `path`, or a folder above it, is a symbolic link that leads nowhere.
+
+    Followed, a dangling link had its target created wherever it pointed (a dotfiles
+    repository moved away, a folder on a disk not mounted), folders and all, while the host
+    went on reading no file at the name it knows; a loop of links was a traceback."""
+    broken = broken_link(path)
+    if broken is None:
+        return
+    link, points_to, loop = broken
+    which = "it" if link == Path(os.path.abspath(path)) else shown_path(link)
+    if loop:
+        why = f"{which} is a symbolic link that goes round a loop of links; fix the link"
+    else:
+        why = (
+            f"{which} is a symbolic link to {shown_path(points_to)}, which does not exist;"
+            " create what it points to, or remove the link"
+        )
+    raise InitError(f"{shown_path(path)}: {why}, then run init again (nothing was written)")
 
 
 def _write(plan: Plan | None, text: bytes) -> bool:

@@ -217,6 +217,32 @@ def file_kind(mode: int) -> str:
     return "not a regular file"
 
 
+def broken_link(path: Path) -> tuple[Path, str, bool] | None:
+    """The first symbolic link on `path` (the path itself or a folder above it) that leads
+    nowhere: (the link, where it points as written, whether it goes round a loop rather than
+    to a missing name), or None. A dangling link was either written through, its target
+    created somewhere the user never looks, or refused as "no such file" about a name that
+    is there."""
+    absolute = Path(os.path.abspath(path))
+    for candidate in (*reversed(absolute.parents), absolute):
+        try:
+            if not stat.S_ISLNK(os.lstat(candidate).st_mode):
+                continue
+        except OSError:
+            return None  # nothing further down exists: no link there to name
+        try:
+            os.stat(candidate)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+                return None
+            try:
+                points_to = os.readlink(candidate)
+            except OSError:
+                return None
+            return candidate, points_to, exc.errno == errno.ELOOP
+    return None
+
+
 def _open_read(path: Path, flags: int, inside: Path | None) -> int:
     """`os.open` of `path` for reading; with `inside`, only a file that lies inside that
     folder once symlinks are resolved (as `open_append` checks a file it appends to)."""
