@@ -50,6 +50,7 @@ from taskcard.bridge.observe.config import MetricsConfig
 from taskcard.channels.base import TIMEZONE_HELP, TimeZoneName, counted
 from taskcard.channels.feishu.config import FeishuConfig
 from taskcard.channels.telegram.config import TelegramConfig
+from taskcard.producers.task_card.contract import broken_link
 
 AGENT_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 # The pattern in words, for every message that refuses an id.
@@ -1173,6 +1174,18 @@ def load_config(path: Path, *, reload: bool = False) -> ServiceConfig:
                 [
                     f"{path}: no such file: the ~ was not expanded (only a shell does, and not"
                     f" in quotes or after --config=); write the full path{_home_hint(path)}"
+                ]
+            ) from None
+        broken = broken_link(path)
+        if broken is not None and not broken[2]:
+            # "No such file" about a name that is there, in `ls` as in the editor's list,
+            # sent the operator looking at the wrong end of the link.
+            link, points_to, _ = broken
+            which = "is" if link == Path(os.path.abspath(path)) else f"goes through {link},"
+            raise ConfigError(
+                [
+                    f"{path}: {which} a dangling symbolic link to {points_to}, which does not"
+                    " exist; restore what it points to, or fix the link"
                 ]
             ) from None
         raise ConfigError(

@@ -124,3 +124,41 @@ async def test_a_reload_naming_a_path_that_cannot_be_examined_is_refused_and_ser
         assert await serve.aterminate() == 0
     assert "Traceback" not in serve.logs, serve.logs
     assert LONG not in serve.logs
+
+
+@pytest.mark.parametrize("where", ["file", "folder"])
+def test_a_config_behind_a_dangling_link_says_the_link_and_where_it_points(
+    tmp_path: Path, where: str
+) -> None:
+    """`--config` naming a symbolic link whose file is gone (a config kept in a repository
+    that moved), or a path through a folder link that leads nowhere, was "no such file;
+    create it" about a name `ls` shows: the line says it is a dangling link and where it
+    points, for every command that reads the file and for TASKCARD_CONFIG alike."""
+    if where == "file":
+        gone = tmp_path / "repo" / "taskcard.toml"
+        named = tmp_path / "taskcard.toml"
+        named.symlink_to(gone)
+        says = f"{named}: is a dangling symbolic link to {gone}, which does not exist"
+    else:
+        gone = tmp_path / "repo"
+        (tmp_path / "conf").symlink_to(gone)
+        named = tmp_path / "conf" / "taskcard.toml"
+        says = (
+            f"{named}: goes through {tmp_path / 'conf'}, a dangling symbolic link to {gone},"
+            " which does not exist"
+        )
+    for args, env in (
+        (("config", "check", str(named)), {}),
+        (("serve", "--config", str(named), "--check"), {}),
+        (("serve", "--config", str(named)), {}),
+        (("status", "--config", str(named)), {}),
+        (("status",), {"TASKCARD_CONFIG": str(named)}),
+    ):
+        result = taskcard(*args, env=env)
+        assert result.returncode == 2, (args, result.stderr)
+        assert "Traceback" not in result.stderr and "no such file" not in result.stderr
+        assert f"{says}; restore what it points to, or fix the link" in result.stderr, (
+            args,
+            result.stderr,
+        )
+    assert not gone.exists()
