@@ -740,14 +740,27 @@ def config_from_environment() -> str | None:
     written with `echo`): no file name is meant to end in one, and the file was refused as
     "no such file" under a name with a line break in it. Spaces are kept: a path may hold
     them."""
-    return os.environ.get("TASKCARD_CONFIG", "").rstrip("\r\n") or None
+    value = os.environ.get("TASKCARD_CONFIG", "").rstrip("\r\n")
+    return ConfigFromEnvironment(value) if value else None
+
+
+class ConfigFromEnvironment(str):
+    """A configuration file's name taken from `TASKCARD_CONFIG` (the default argparse hands
+    to `config_path`), so a refusal of it names the variable rather than the argument."""
 
 
 def config_path(text: str) -> str:
     """An argparse `type=` for a configuration file's name: an empty one is a usage error
     naming the argument. It was read as `.`, the current folder, and refused as "is a
-    folder; give the path of the TOML file in it", about a folder nobody named."""
+    folder; give the path of the TOML file in it", about a folder nobody named. A
+    `TASKCARD_CONFIG` of white space only is named as the variable: "is empty" about an
+    argument the user never typed sent them looking at the command line."""
     if not text.strip():
+        if isinstance(text, ConfigFromEnvironment):
+            raise argparse.ArgumentTypeError(
+                "its default, TASKCARD_CONFIG, is blank; set TASKCARD_CONFIG to the path of"
+                " the TOML configuration file, or unset it"
+            )
         raise argparse.ArgumentTypeError("is empty; give the path of the TOML configuration file")
     return text
 

@@ -325,6 +325,40 @@ def test_a_secret_or_a_taskcard_variable_with_a_line_break_or_spaces_around_is_t
     assert result.stdout.startswith(f"{config}: valid;"), result.stdout
 
 
+@pytest.mark.parametrize(
+    ("command", "argument"),
+    [
+        (("serve",), "--config/-c"),
+        (("serve", "--check"), "--config/-c"),
+        (("status",), "--config/-c"),
+        (("chats",), "--config/-c"),
+        (("config", "check"), "FILE"),
+    ],
+    ids=["serve", "serve-check", "status", "chats", "config-check"],
+)
+@pytest.mark.parametrize("blank", [" ", "   ", "\t "], ids=["space", "spaces", "tab"])
+def test_a_taskcard_config_of_white_space_only_is_refused_naming_the_variable(
+    command: tuple[str, ...], argument: str, blank: str
+) -> None:
+    """A TASKCARD_CONFIG of spaces (an env file's `TASKCARD_CONFIG= `) was refused as
+    "argument --config/-c: is empty; give the path", about an argument the user never
+    typed. The line names the variable and the fix, exit 2; a --config given wins."""
+    result = taskcard(*command, env={"TASKCARD_CONFIG": blank})
+    prog = "taskcard " + " ".join(word for word in command if not word.startswith("-"))
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    assert result.stderr == (
+        f"{prog}: argument {argument}: its default, TASKCARD_CONFIG, is blank; set"
+        " TASKCARD_CONFIG to the path of the TOML configuration file, or unset it; see"
+        f" `{prog} --help`\n"
+    )
+
+
+def test_a_blank_taskcard_config_is_no_matter_beside_a_config_given(tmp_path: Path) -> None:
+    config = console_config(tmp_path, AGENT)
+    result = taskcard("serve", "--config", str(config), "--check", env={"TASKCARD_CONFIG": "  "})
+    assert result.returncode == 0, result.stderr
+
+
 def test_a_redis_url_in_quotes_is_refused_as_quoted_not_as_another_scheme(
     tmp_path: Path,
 ) -> None:
