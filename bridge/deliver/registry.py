@@ -11,6 +11,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
+from urllib.parse import urlsplit
 
 from taskcard.bridge.config import ServiceConfig
 from taskcard.channels.base import (
@@ -220,7 +221,34 @@ def _telegram_token(config: ServiceConfig, env: Mapping[str, str]) -> str:
             " / ? # % \\); copy it again from @BotFather (digits, a colon, then letters,"
             " digits, '-' and '_')"
         )
+    if ":" not in token and _public_bot_api(section.api_base_url):
+        feishu = _FEISHU_SECRET_NOTE if _FEISHU_SECRET_FORM.fullmatch(token) else ""
+        raise SecretMissing(
+            f"telegram.token_env: the environment variable {env_name_shown(section.token_env)}"
+            " does not hold a bot token: it has no colon, which every token from @BotFather"
+            f" has (the bot's id, a colon, then letters){feishu}; point telegram.token_env at"
+            " the variable that holds the bot token (one without a colon is taken only with"
+            " telegram.api_base_url naming a local Bot API server)"
+        )
     return token
+
+
+# Telegram's own Bot API: every token it takes is the bot's id, a colon and a secret. Another
+# root (a local Bot API server, a test double) may take tokens of its own, so only there is a
+# token without a colon taken: a Feishu app secret (32 letters and digits) in the bot
+# token's variable passed, and every request was refused as unauthorized.
+_PUBLIC_BOT_API_HOST: Final = "api.telegram.org"
+_FEISHU_SECRET_FORM: Final = re.compile(r"[A-Za-z0-9]{32}")
+_FEISHU_SECRET_NOTE: Final = ", and has a Feishu app secret's form (32 letters and digits)"
+
+
+def _public_bot_api(api_base_url: str) -> bool:
+    """Whether `telegram.api_base_url` is Telegram's own Bot API."""
+    try:
+        host = urlsplit(api_base_url.strip()).hostname
+    except ValueError:
+        return False
+    return host is not None and host.rstrip(".") == _PUBLIC_BOT_API_HOST
 
 
 def _feishu(

@@ -269,6 +269,23 @@ def _secret_check(tmp_path: Path, env: dict[str, str]) -> tuple[int, str, str]:
             "does not hold an app secret: it is an app id (cli_...); the variables of"
             " feishu.app_id_env and feishu.app_secret_env may be swapped",
         ),
+        (
+            "TC_G_TOKEN",
+            SECRETS["TC_G_SECRET"],
+            "telegram.token_env",
+            "does not hold a bot token: it has no colon, which every token from @BotFather has"
+            " (the bot's id, a colon, then letters), and has a Feishu app secret's form (32"
+            " letters and digits); point telegram.token_env at the variable that holds the bot"
+            " token (one without a colon is taken only with telegram.api_base_url naming a"
+            " local Bot API server)",
+        ),
+        (
+            "TC_G_TOKEN",
+            SECRETS["TC_G_TOKEN"].split(":")[1],
+            "telegram.token_env",
+            "does not hold a bot token: it has no colon, which every token from @BotFather has"
+            " (the bot's id, a colon, then letters); point telegram.token_env",
+        ),
     ],
     ids=[
         "token-in-quotes",
@@ -279,6 +296,8 @@ def _secret_check(tmp_path: Path, env: dict[str, str]) -> tuple[int, str, str]:
         "telegram-token-as-app-id",
         "app-id-as-telegram-token",
         "app-id-as-secret",
+        "app-secret-as-telegram-token",
+        "token-without-its-bot-id",
     ],
 )
 def test_a_secret_variable_written_carelessly_is_refused_naming_the_variable_not_the_value(
@@ -295,6 +314,28 @@ def test_a_secret_variable_written_carelessly_is_refused_naming_the_variable_not
     [line] = [line for line in stderr.splitlines() if line.startswith(f"  - {setting}: ")]
     assert line.startswith(f"  - {setting}: the environment variable {variable} {words}"), line
     assert value.strip("'\"").split()[-1] not in stdout + stderr
+
+
+@pytest.mark.parametrize(
+    "root", ["http://127.0.0.1:8081", "http://localhost:8081/", "https://bots.example.org"]
+)
+def test_a_token_without_a_colon_is_taken_for_another_bot_api_root(
+    tmp_path: Path, root: str
+) -> None:
+    """A local Bot API server or a test double may take tokens of its own form: a token
+    without a colon is refused only for Telegram's own Bot API, which takes none."""
+    config = console_config(
+        tmp_path,
+        AGENT,
+        extra=f'[telegram]\ntoken_env = "TC_G_TOKEN"\napi_base_url = "{root}"\n'
+        '[[telegram.routes]]\nchat_id = -100123\nagents = ["*"]\n',
+    )
+    (tmp_path / "agents" / "builder").mkdir(parents=True)
+    result = taskcard(
+        "serve", "--config", str(config), "--check", env={"TC_G_TOKEN": SECRETS["TC_G_SECRET"]}
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"{config}: valid", result.stdout
 
 
 def test_a_secret_or_a_taskcard_variable_with_a_line_break_or_spaces_around_is_taken(
