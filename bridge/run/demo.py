@@ -28,10 +28,12 @@ from typing import Any, Final
 from taskcard.bridge.config import parse_config
 from taskcard.bridge.run.logs import choose, setup_logging
 from taskcard.bridge.run.runner import EXIT_CONFIG, add_log_options, serve
+from taskcard.bridge.run.terminal import printable
 from taskcard.producers.task_card.contract import (
     CardPaths,
     append_jsonl_line,
     atomic_write,
+    broken_link,
     utc_now_iso,
 )
 from taskcard.producers.task_card.number_args import decimal_number
@@ -252,24 +254,61 @@ def run_demo(folder: str | None, duration_s: float | None) -> int:
     """The embedded defaults: a demo fleet in `folder` (or a temporary one) on the console."""
     setup_logging("WARNING")
     if folder:
-        root = Path(folder).resolve()
-        try:
-            (root / "agents").mkdir(parents=True, exist_ok=True)
-        except OSError as error:  # a file there, a folder this user cannot write
-            reason = (
-                f"{error.filename} is not a folder"
-                if isinstance(error, FileExistsError)
-                else f"{error.strerror} ({error.filename})"
-            )
+        reason = _unusable_dir(Path(folder))
+        if reason is None:
+            root = Path(folder).resolve()
+            try:
+                (root / "agents").mkdir(parents=True, exist_ok=True)
+            except OSError as error:  # a file there, a folder this user cannot write
+                reason = (
+                    f"{printable(str(error.filename))} is not a folder"
+                    if isinstance(error, FileExistsError)
+                    else f"{error.strerror} ({printable(str(error.filename))})"
+                )
+        if reason is not None:
             print(
-                f"taskcard demo: --dir {folder}: cannot keep the demo fleet there: {reason};"
-                " give a folder you can write, or leave --dir out for a temporary one",
+                f"taskcard demo: --dir {printable(folder)}: cannot keep the demo fleet there:"
+                f" {reason}; give a folder you can write, or leave --dir out for a temporary"
+                " one",
                 file=sys.stderr,
             )
             return EXIT_CONFIG
         return asyncio.run(_run(root, duration_s))
     with tempfile.TemporaryDirectory(prefix="taskcard-demo-") as tmp:
         return asyncio.run(_run(Path(tmp), duration_s))
+
+
+def _unusable_dir(folder: Path) -> str | None:
+    """Why `--dir` names no folder the demo can make or use, before anything is made: a
+    loop of symbolic links was a traceback (`resolve`), and a link that leads nowhere was
+    followed, the fleet created wherever it pointed."""
+    broken = broken_link(folder)
+    if broken is None:
+        if os.path.exists(folder) and not os.path.isdir(folder):
+            return "it is a file, not a folder"
+        return None
+    link, points_to, loop = broken
+    which = "" if link == Path(os.path.abspath(folder)) else f"{printable(str(link))} "
+    if loop:
+        return f"{which}goes round a loop of symbolic links"
+    return f"{which}is a dangling symbolic link to {printable(points_to)}"
+
+
+def demo_dir_arg(text: str) -> str:
+    """`--dir` as an argparse `type=`: an empty or blank name is a usage error (it meant a
+    temporary folder without a word, or a folder named by spaces), and `~` is expanded, as
+    `--dir=~/demo` reaches the command unexpanded; `~name` of no known user is refused."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "is empty; give the folder to keep the demo fleet in, or leave --dir out for a"
+            " temporary one"
+        )
+    try:
+        return os.fspath(Path(text).expanduser())
+    except RuntimeError:  # `~name` of no known user
+        raise argparse.ArgumentTypeError(
+            f"{printable(text)} cannot be expanded (no such user); give the full path"
+        ) from None
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -300,7 +339,11 @@ def register(subparsers: Any) -> None:
             "this terminal. No credentials needed. Ctrl-C (or closing the terminal) stops it."
         ),
     )
-    parser.add_argument("--dir", help="keep the demo fleet in this folder (default: temporary)")
+    parser.add_argument(
+        "--dir",
+        type=demo_dir_arg,
+        help="keep the demo fleet in this folder (default: temporary)",
+    )
     parser.add_argument(
         "--duration",
         type=_duration_s,

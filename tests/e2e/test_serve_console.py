@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -203,6 +204,62 @@ def test_a_demo_folder_that_cannot_hold_the_fleet_is_one_line_and_exit_2(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and f"--dir {folder}" in lines[0], result.stderr
     assert "Ctrl-C to stop" not in result.stdout
+
+
+THERE = "cannot keep the demo fleet there:"
+
+
+@pytest.mark.parametrize("kind", ["dangling link", "loop", "folder link to nowhere"])
+def test_a_demo_folder_behind_a_broken_link_is_refused_naming_the_link(
+    tmp_path: Path, kind: str
+) -> None:
+    """`taskcard demo --dir` naming a link in a loop ended in a traceback (`resolve`), and a
+    link that leads nowhere was followed: the fleet was made wherever it pointed. Each is one
+    line naming the link, exit 2, nothing made."""
+    gone = tmp_path / "gone"
+    folder = tmp_path / "fleet"
+    if kind == "dangling link":
+        folder.symlink_to(gone)
+        says = f"--dir {folder}: {THERE} is a dangling symbolic link to {gone};"
+    elif kind == "loop":
+        folder.symlink_to("other")
+        (tmp_path / "other").symlink_to("fleet")
+        says = f"--dir {folder}: {THERE} goes round a loop of symbolic links;"
+    else:
+        (tmp_path / "up").symlink_to(gone)
+        folder = tmp_path / "up" / "fleet"
+        says = f"--dir {folder}: {THERE} {tmp_path / 'up'} is a dangling symbolic link to {gone};"
+    result = run_cli("demo", "--dir", str(folder), "--duration", "5")
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    assert result.stderr.startswith(f"taskcard demo: {says}"), result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert not gone.exists()
+
+
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        (" ", "argument --dir: is empty; give the folder to keep the demo fleet in, or leave"),
+        ("~no-such-user-here/d", "argument --dir: ~no-such-user-here/d cannot be expanded"),
+    ],
+    ids=["blank", "unknown-user"],
+)
+def test_a_demo_folder_named_by_nothing_usable_is_a_usage_error(
+    tmp_path: Path, given: str, says: str
+) -> None:
+    """A blank `--dir` (a script's `--dir "$DIR"` with spaces) made a folder of spaces in the
+    current folder, and `~user` of no known user a folder named so. Usage errors now."""
+    result = subprocess.run(
+        [sys.executable, "-m", "taskcard.bridge.cli", "demo", "--dir", given, "--duration", "5"],
+        cwd=tmp_path,  # where a folder of spaces was made
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    assert result.stderr.startswith(f"taskcard demo: {says}"), result.stderr
+    assert os.listdir(tmp_path) == []
 
 
 async def test_console_has_a_header_renders_markdown_and_shows_notices(tmp_path: Path) -> None:
