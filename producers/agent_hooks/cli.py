@@ -21,7 +21,7 @@ from taskcard.producers.agent_hooks.install import (
 from taskcard.producers.agent_hooks.payload_json import read_json
 from taskcard.producers.task_card.contract import cannot_write
 from taskcard.producers.task_card.stdin_json import read_stdin_object
-from taskcard.producers.task_card.workdir_arg import existing_workdir_arg
+from taskcard.producers.task_card.workdir_arg import existing_workdir_arg, shown_path
 
 # A host writes the hook's JSON and closes its stdin. One that keeps the pipe open (a wrapper
 # holding its end, a host bug) held the hook until the host's timeout killed it, and the
@@ -125,7 +125,15 @@ def codex_config_arg(text: str) -> str:
             "is empty; give the path of Codex's config.toml, or leave the option out for"
             " $CODEX_HOME/config.toml or ~/.codex/config.toml"
         )
-    return text
+    # `--config=~/.codex/config.toml` (or the path in quotes) reaches us unexpanded: it was
+    # written into a folder named `~` in the current folder, where no Codex looks.
+    try:
+        return os.fspath(Path(text).expanduser())
+    except RuntimeError:  # `~name` of no known user
+        raise argparse.ArgumentTypeError(
+            f"{shown_path(text)} cannot be expanded (no such user); give the full path of"
+            " Codex's config.toml"
+        ) from None
 
 
 def register(subparsers: Any) -> None:

@@ -71,3 +71,40 @@ def test_a_blank_codex_home_is_refused_naming_it(workdir: Path, tmp_path: Path, 
     done = subprocess.run(command, cwd=here, env=env, capture_output=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert (home / ".codex" / "config.toml").is_file()
+
+
+def test_a_codex_config_with_an_unexpanded_tilde_is_written_in_the_home_folder(
+    workdir: Path, tmp_path: Path
+) -> None:
+    """`--config=~/.codex/config.toml` (or the path in quotes) reaches the command with its
+    `~`: the files were written into a folder named `~` in the current folder, where no
+    Codex looks. `~` is expanded; `~user` of no known user is a usage error."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home)}
+    done = subprocess.run(
+        [TASKCARD, "init", "codex", "--workdir", str(workdir), "--config=~/.codex/config.toml"],
+        cwd=tmp_path,
+        capture_output=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (home / ".codex" / "config.toml").is_file()
+    assert (home / ".codex" / "hooks.json").is_file()
+    assert not (tmp_path / "~").exists()
+    done = subprocess.run(
+        [TASKCARD, "init", "codex", "--workdir", str(workdir), "--config", "~no-such-user-x/c"],
+        cwd=tmp_path,
+        capture_output=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert (done.returncode, done.stdout) == (2, b""), done.stderr
+    assert done.stderr.decode().startswith(
+        "taskcard init codex: argument --config: ~no-such-user-x/c cannot be expanded (no such"
+        " user); give the full path of Codex's config.toml"
+    )
+    assert sorted(os.listdir(tmp_path)) == ["agent", "home"]
