@@ -32,6 +32,7 @@ from taskcard.producers.reports.store import (
 )
 from taskcard.producers.task_card.contract import (
     NotRegularFile,
+    broken_link,
     cannot_write,
     file_kind,
     read_regular,
@@ -78,9 +79,24 @@ def _read_payload(source: str) -> str:
         if not source.strip():
             # Read as `.`, it was "cannot read  (Is a directory)", about a folder nobody named.
             raise ReportError("--payload: is empty; give the file to read, or - for stdin")
-        raw = _read_payload_stdin() if source == "-" else _read_payload_file(source)
+        raw = _read_payload_stdin() if source == "-" else _read_payload_file(_expanded(source))
     except OSError as exc:
         # Shown escaped: a name holding an escape sequence acted on the terminal.
+        named = _expanded(source)
+        broken = broken_link(Path(named)) if isinstance(exc, FileNotFoundError) else None
+        if broken is not None and not broken[2]:
+            # "No such file" about a name `ls` shows: the link's far end is what is missing.
+            link, points_to, _ = broken
+            which = "" if link == Path(os.path.abspath(named)) else f" {shown_path(link)} on it"
+            raise ReportError(
+                f"--payload: cannot read {shown_path(source)}: the symbolic link{which} points"
+                f" to {shown_path(points_to)}, which does not exist; name the file itself"
+            ) from None
+        if exc.errno == errno.ELOOP:
+            raise ReportError(
+                f"--payload: cannot read {shown_path(source)}: it goes round a loop of symbolic"
+                " links; fix the links, or name the file itself"
+            ) from None
         raise ReportError(f"--payload: cannot read {shown_path(source)} ({exc.strerror})") from None
     if len(raw) > MAX_PAYLOAD_BYTES:
         raise PayloadTooLarge(
@@ -121,6 +137,17 @@ def _read_payload_stdin() -> bytes:
             " without its end; close it after the payload, or name a file"
         )
     return raw
+
+
+def _expanded(source: str) -> str:
+    """`source` with `~` expanded: `--payload=~/notes.md` (or the path in quotes) reaches the
+    command as typed, and was "No such file" about a file that is there."""
+    try:
+        return os.fspath(Path(source).expanduser())
+    except RuntimeError:  # `~name` of no known user
+        raise ReportError(
+            f"--payload: {shown_path(source)} cannot be expanded (no such user); give the full path"
+        ) from None
 
 
 def _read_payload_file(source: str) -> bytes:

@@ -7,6 +7,7 @@ in the refusal, acting on the terminal that showed it. Driven as a person at a s
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -44,3 +45,61 @@ def test_a_payload_name_with_controls_is_shown_escaped(workdir: Path) -> None:
         "taskcard report: --payload: cannot read 'notes\\x1b[2J.txt' (No such file or directory)\n"
     )
     assert not (workdir / "reports").exists()
+
+
+@pytest.mark.parametrize("kind", ["dangling", "folder link", "loop"])
+def test_a_payload_behind_a_broken_link_says_the_link(
+    workdir: Path, tmp_path: Path, kind: str
+) -> None:
+    """A payload named through a link that leads nowhere was "No such file or directory"
+    about a name `ls` shows, and one in a loop of links Python's "Too many levels of
+    symbolic links" with no fix. Each names the link (and where it points) and the fix."""
+    gone = tmp_path / "gone"
+    if kind == "dangling":
+        named = workdir / "notes.md"
+        named.symlink_to(gone)
+        says = f"cannot read {named}: the symbolic link points to {gone}, which does not exist"
+    elif kind == "folder link":
+        (workdir / "out").symlink_to(gone)
+        named = workdir / "out" / "notes.md"
+        says = (
+            f"cannot read {named}: the symbolic link {workdir / 'out'} on it points to {gone},"
+            " which does not exist"
+        )
+    else:
+        named = workdir / "a.md"
+        named.symlink_to("b.md")
+        (workdir / "b.md").symlink_to("a.md")
+        says = f"cannot read {named}: it goes round a loop of symbolic links; fix the links"
+    done = _report(workdir, "--summary", "s", "--payload", str(named))
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert done.stderr.startswith(f"taskcard report: --payload: {says}"), done.stderr
+    assert len(done.stderr.splitlines()) == 1
+    assert not (workdir / "reports").exists()
+
+
+def test_a_payload_name_with_an_unexpanded_tilde_is_read_from_home(
+    workdir: Path, tmp_path: Path
+) -> None:
+    """`--payload=~/notes.md` reaches the command as typed (no shell expands a `~` after
+    `=`): it was "No such file or directory" about a file that is there."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "notes.md").write_text("all green\n")
+    done = subprocess.run(
+        [TASKCARD, "report", "--workdir", str(workdir), "--ok", "--payload=~/notes.md"],
+        cwd=workdir,
+        env={**os.environ, "HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (workdir / "reports" / "payloads" / "1.txt").read_text() == "all green\n"
+    done = _report(workdir, "--summary", "s", "--payload", "~no-such-user-x/notes.md")
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert done.stderr == (
+        "taskcard report: --payload: ~no-such-user-x/notes.md cannot be expanded (no such"
+        " user); give the full path\n"
+    )
