@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Final
 
-from taskcard.producers.task_card.contract import quoted
+from taskcard.producers.task_card.contract import broken_link, quoted
 
 # The longest path Linux opens (`PATH_MAX`).
 PATH_MAX: Final = 4096
@@ -53,9 +53,17 @@ def expand_workdir(text: str, base: Path | None = None) -> Path:
         raise WorkdirError("is empty; give the agent's working directory (for this one: .)")
     try:
         path = Path(text).expanduser()
+    except RuntimeError:  # `~name` of no known user
+        raise WorkdirError(
+            f"{text!r} cannot be expanded (no such user); give the full path"
+        ) from None
+    try:
         return ((base if base is not None else Path.cwd()) / path).resolve()
-    except RuntimeError:  # `~name` of no known user, or a symbolic link loop
-        raise WorkdirError(f"{text!r} cannot be expanded or resolved; give the full path") from None
+    except RuntimeError:  # a loop of symbolic links: "cannot be expanded" named no loop
+        raise WorkdirError(
+            f"{text!r} goes round a loop of symbolic links; fix the links, or give the"
+            " folder itself"
+        ) from None
     except (ValueError, OSError):  # a NUL byte; a current folder that was deleted
         raise WorkdirError(f"{text!r} is not a usable path; give the full path") from None
 
@@ -102,6 +110,20 @@ def existing_workdir_arg(text: str) -> Path:
             f"{shown_path(text)} cannot be used ({exc.strerror}); {WORKDIR_FIX}"
         ) from None
     if not found:
+        broken = broken_link(Path(text).expanduser())  # the name as given: `path` followed it
+        if broken is not None:
+            # `resolve` followed the link: the folder it names is what is missing, and "is
+            # not a directory" about a name `ls` shows as one sent the user looking there.
+            link, points_to, _ = broken
+            which = (
+                "is a symbolic link"
+                if link == Path(os.path.abspath(Path(text).expanduser()))
+                else f"is not a directory: the symbolic link {shown_path(link)} on its path points"
+            )
+            raise argparse.ArgumentTypeError(
+                f"{shown_path(text)} {which} to {shown_path(points_to)}, which does not exist;"
+                f" {WORKDIR_FIX}"
+            )
         raise argparse.ArgumentTypeError(f"{shown_path(text)} is not a directory; {WORKDIR_FIX}")
     return path
 

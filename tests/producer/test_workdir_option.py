@@ -229,3 +229,39 @@ def test_an_empty_ledger_option_is_refused_not_read_as_the_workdir(home: Path) -
     assert done.returncode == 2, done.stderr
     assert "ledger: is empty" in done.stderr and "Traceback" not in done.stderr
     assert not (home / "agent" / "ledger").exists()
+
+
+@pytest.mark.parametrize("kind", ["dangling", "folder link", "loop", "unknown user"])
+@pytest.mark.parametrize("command", ["report", "activity", "card settings"])
+def test_a_workdir_behind_a_broken_link_or_unknown_home_is_said_as_such(
+    tmp_path: Path, kind: str, command: str
+) -> None:
+    """A `--workdir` that is a link leading nowhere was "is not a directory" about a name
+    `ls` shows; one in a loop of links, and `~user` of no known user, were both "cannot be
+    expanded or resolved; give the full path", which named neither. Each says which."""
+    gone = tmp_path / "gone"
+    if kind == "dangling":
+        (tmp_path / "agent").symlink_to(gone)
+        given = str(tmp_path / "agent")
+        says = f"{given} is a symbolic link to {gone}, which does not exist;"
+    elif kind == "folder link":
+        (tmp_path / "up").symlink_to(gone)
+        given = str(tmp_path / "up" / "agent")
+        says = (
+            f"{given} is not a directory: the symbolic link {tmp_path / 'up'} on its path points"
+            f" to {gone}, which does not exist;"
+        )
+    elif kind == "loop":
+        (tmp_path / "a").symlink_to("b")
+        (tmp_path / "b").symlink_to("a")
+        given = str(tmp_path / "a")
+        says = f"{given!r} goes round a loop of symbolic links; fix the links, or give"
+    else:
+        given = "~no-such-user-here/agent"
+        says = f"{given!r} cannot be expanded (no such user); give the full path"
+    (tmp_path / "elsewhere").mkdir()
+    done = _run(COMMANDS[command][0], given, tmp_path)
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert done.stderr.startswith(f"taskcard {command}: argument --workdir: {says}"), done.stderr
+    assert len(done.stderr.splitlines()) == 1
+    assert not gone.exists()
