@@ -84,7 +84,13 @@ from pathlib import Path
 from stat import S_ISREG
 from typing import ClassVar, Final, Literal, Protocol, get_args
 
-from taskcard.producers.task_card.contract import body_chars, file_kind, quoted, shows_text
+from taskcard.producers.task_card.contract import (
+    body_chars,
+    broken_link,
+    file_kind,
+    quoted,
+    shows_text,
+)
 
 STDERR_TAIL_BYTES: Final = 4096
 _READ_CHUNK: Final = 65536
@@ -147,6 +153,8 @@ def resolve_renderer(workdir: Path, renderer_path: str) -> Path:
     try:
         resolved = candidate.resolve(strict=True)
     except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            _refuse_broken_link(root, candidate, renderer_path)
         if exc.errno in (errno.ENOENT, errno.ENOTDIR):
             raise RendererPathError(
                 f"renderer_path: {quoted(renderer_path)} does not exist (relative paths start"
@@ -160,6 +168,7 @@ def resolve_renderer(workdir: Path, renderer_path: str) -> Path:
             "cannot be used",
         ) from None
     except RuntimeError:  # a loop of symbolic links
+        _refuse_broken_link(root, candidate, renderer_path)
         raise RendererPathError(
             f"renderer_path: {quoted(renderer_path)} does not exist (relative paths start at"
             " the workdir)",
@@ -187,6 +196,32 @@ def resolve_renderer(workdir: Path, renderer_path: str) -> Path:
             "is not a regular file",
         )
     return resolved
+
+
+def _refuse_broken_link(root: Path, candidate: Path, renderer_path: str) -> None:
+    """`RendererPathError` naming the symbolic link on `candidate` that leads nowhere or round
+    a loop, if there is one: "does not exist" about a name the agent sees in its folder sent
+    it looking for a file that is there. The link is named as inside the workdir when it is."""
+    broken = broken_link(candidate)
+    if broken is None:
+        return
+    link, points_to, loop = broken
+    shown = link.relative_to(root) if link.is_relative_to(root) else link
+    itself = link == Path(os.path.abspath(candidate))
+    where = (
+        "is a symbolic link" if itself else f"goes through the symbolic link {quoted(str(shown))}"
+    )
+    if loop:
+        raise RendererPathError(
+            f"renderer_path: {quoted(renderer_path)} {where} in a loop of links; fix the links,"
+            " or give the renderer's Python file itself",
+            "does not exist",
+        )
+    raise RendererPathError(
+        f"renderer_path: {quoted(renderer_path)} {where} to {quoted(points_to)}, which does not"
+        " exist; create what it points to, or give the renderer's Python file itself",
+        "does not exist",
+    )
 
 
 def renderer_environment(environ: Mapping[str, str]) -> dict[str, str]:

@@ -57,3 +57,40 @@ async def test_a_renderer_path_that_is_no_file_says_what_it_is(
     assert result.structured_content["message"] == said
     write_renderer(workdir, "r.py", STATIC_RENDERER)  # the good path answers as before
     assert cli.json("card", "start", "r.py")["status"] == "watching"
+
+
+LINKS = ["dangling", "folder link", "loop"]
+
+
+def _broken(workdir: Path, kind: str) -> tuple[str, str]:
+    """A renderer_path through a symbolic link that leads nowhere, and what the refusal says."""
+    if kind == "dangling":
+        (workdir / "r.py").symlink_to("gone.py")
+        return "r.py", "'r.py' is a symbolic link to 'gone.py', which does not exist; create"
+    if kind == "folder link":
+        (workdir / "cards").symlink_to("nowhere")
+        return "cards/r.py", (
+            "'cards/r.py' goes through the symbolic link 'cards' to 'nowhere', which does not"
+            " exist; create"
+        )
+    (workdir / "r.py").symlink_to("s.py")
+    (workdir / "s.py").symlink_to("r.py")
+    return "r.py", "'r.py' is a symbolic link in a loop of links; fix the links"
+
+
+@pytest.mark.parametrize("kind", LINKS)
+async def test_a_renderer_path_through_a_broken_link_names_the_link(
+    workdir: Path, cli: CliHost, kind: str
+) -> None:
+    """A renderer linked from elsewhere in the workdir whose file is gone (or a folder link
+    leading nowhere, or a loop of links) was "does not exist (relative paths start at the
+    workdir)" about a name the agent sees there: the refusal names the link and where it
+    points, on the command line and over MCP alike."""
+    name, said = _broken(workdir, kind)
+    started = cli.json("card", "start", name)
+    assert started["status"] == "failed", started
+    assert started["message"].startswith(f"renderer_path: {said}"), started
+    async with cli.mcp() as session:
+        result = await session.call_tool("task_card", envelope("start", renderer_path=name))
+    assert result.is_error and isinstance(result.structured_content, dict)
+    assert result.structured_content["message"] == started["message"]
