@@ -70,6 +70,7 @@ from taskcard.producers.task_card.workdir_arg import (
     WORKDIR_FIX,
     WorkdirError,
     expand_workdir,
+    not_a_directory,
     shown_path,
 )
 
@@ -183,7 +184,7 @@ def _directory(text: str, field: str) -> Path:
         ) from None
     if not found:
         fix = f"{WORKDIR_FIX}; " if field == _WORKDIR_FIELD else ""
-        raise HookInputError(f"{field} {shown} is not a directory; {fix}nothing written")
+        raise HookInputError(f"{field} {shown} {not_a_directory(text)}; {fix}nothing written")
     return path
 
 

@@ -110,22 +110,27 @@ def existing_workdir_arg(text: str) -> Path:
             f"{shown_path(text)} cannot be used ({exc.strerror}); {WORKDIR_FIX}"
         ) from None
     if not found:
-        broken = broken_link(Path(text).expanduser())  # the name as given: `path` followed it
-        if broken is not None:
-            # `resolve` followed the link: the folder it names is what is missing, and "is
-            # not a directory" about a name `ls` shows as one sent the user looking there.
-            link, points_to, _ = broken
-            which = (
-                "is a symbolic link"
-                if link == Path(os.path.abspath(Path(text).expanduser()))
-                else f"is not a directory: the symbolic link {shown_path(link)} on its path points"
-            )
-            raise argparse.ArgumentTypeError(
-                f"{shown_path(text)} {which} to {shown_path(points_to)}, which does not exist;"
-                f" {WORKDIR_FIX}"
-            )
-        raise argparse.ArgumentTypeError(f"{shown_path(text)} is not a directory; {WORKDIR_FIX}")
+        raise argparse.ArgumentTypeError(
+            f"{shown_path(text)} {not_a_directory(text)}; {WORKDIR_FIX}"
+        )
     return path
+
+
+def not_a_directory(text: str) -> str:
+    """Why the folder name `text` (one that names no directory) names none, after the name:
+    "is not a directory", or the symbolic link that leads nowhere on it and where it points.
+    Resolved, the name had followed the link, and "is not a directory" about a name `ls`
+    shows as one sent the user looking at the wrong end of the link."""
+    broken = broken_link(Path(text).expanduser())
+    if broken is None or broken[2]:
+        return "is not a directory"
+    link, points_to, _ = broken
+    if link == Path(os.path.abspath(Path(text).expanduser())):
+        return f"is a symbolic link to {shown_path(points_to)}, which does not exist"
+    return (
+        f"is not a directory: the symbolic link {shown_path(link)} on its path points to"
+        f" {shown_path(points_to)}, which does not exist"
+    )
 
 
 def writable_workdir_arg(text: str) -> Path:

@@ -265,3 +265,19 @@ def test_a_workdir_behind_a_broken_link_or_unknown_home_is_said_as_such(
     assert done.stderr.startswith(f"taskcard {command}: argument --workdir: {says}"), done.stderr
     assert len(done.stderr.splitlines()) == 1
     assert not gone.exists()
+
+
+def test_a_hook_workdir_behind_a_dangling_link_names_the_link(tmp_path: Path) -> None:
+    """The hooks read `--workdir` as the commands do, and exit 0 (a hook never fails its
+    agent): a link that leads nowhere was "is not a directory" there too."""
+    gone = tmp_path / "gone"
+    (tmp_path / "agent").symlink_to(gone)
+    (tmp_path / "elsewhere").mkdir()
+    done = _run(COMMANDS["hook claude-code"][0], str(tmp_path / "agent"), tmp_path)
+    assert (done.returncode, done.stdout) == (0, ""), done.stderr
+    assert done.stderr == (
+        f"taskcard hook claude-code: argument --workdir: {tmp_path / 'agent'} is a symbolic"
+        f" link to {gone}, which does not exist; pass the agent's working directory; nothing"
+        " written\n"
+    )
+    assert not gone.exists()
