@@ -34,6 +34,7 @@ from taskcard.producers.task_card.contract import (
     append_jsonl_line,
     atomic_write,
     broken_link,
+    expand_home,
     utc_now_iso,
 )
 from taskcard.producers.task_card.number_args import decimal_number
@@ -303,12 +304,12 @@ def demo_dir_arg(text: str) -> str:
             "is empty; give the folder to keep the demo fleet in, or leave --dir out for a"
             " temporary one"
         )
-    try:
-        return os.fspath(Path(text).expanduser())
-    except RuntimeError:  # `~name` of no known user
+    path = expand_home(text)
+    if path is None:
         raise argparse.ArgumentTypeError(
             f"{printable(text)} cannot be expanded (no such user); give the full path"
-        ) from None
+        )
+    return os.fspath(path)
 
 
 def _demo(args: argparse.Namespace) -> int:

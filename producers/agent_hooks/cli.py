@@ -19,7 +19,7 @@ from taskcard.producers.agent_hooks.install import (
     parse_version,
 )
 from taskcard.producers.agent_hooks.payload_json import read_json
-from taskcard.producers.task_card.contract import cannot_write
+from taskcard.producers.task_card.contract import cannot_write, expand_home
 from taskcard.producers.task_card.stdin_json import read_stdin_object
 from taskcard.producers.task_card.workdir_arg import existing_workdir_arg, shown_path
 
@@ -127,13 +127,13 @@ def codex_config_arg(text: str) -> str:
         )
     # `--config=~/.codex/config.toml` (or the path in quotes) reaches us unexpanded: it was
     # written into a folder named `~` in the current folder, where no Codex looks.
-    try:
-        return os.fspath(Path(text).expanduser())
-    except RuntimeError:  # `~name` of no known user
+    path = expand_home(text)
+    if path is None:
         raise argparse.ArgumentTypeError(
             f"{shown_path(text)} cannot be expanded (no such user); give the full path of"
             " Codex's config.toml"
-        ) from None
+        )
+    return os.fspath(path)
 
 
 def register(subparsers: Any) -> None:

@@ -34,6 +34,7 @@ from taskcard.producers.task_card.contract import (
     NotRegularFile,
     broken_link,
     cannot_write,
+    expand_home,
     file_kind,
     read_regular,
     terminal_json,
@@ -142,12 +143,12 @@ def _read_payload_stdin() -> bytes:
 def _expanded(source: str) -> str:
     """`source` with `~` expanded: `--payload=~/notes.md` (or the path in quotes) reaches the
     command as typed, and was "No such file" about a file that is there."""
-    try:
-        return os.fspath(Path(source).expanduser())
-    except RuntimeError:  # `~name` of no known user
+    path = expand_home(source)
+    if path is None:
         raise ReportError(
             f"--payload: {shown_path(source)} cannot be expanded (no such user); give the full path"
-        ) from None
+        )
+    return os.fspath(path)
 
 
 def _read_payload_file(source: str) -> bytes:

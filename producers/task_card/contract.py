@@ -217,6 +217,16 @@ def file_kind(mode: int) -> str:
     return "not a regular file"
 
 
+def expand_home(text: str) -> Path | None:
+    """`text` with a leading `~` or `~name` expanded, as a shell would have (an option given
+    as `--opt=~/x`, or a path in quotes, reaches a command unexpanded); None when `~name`
+    names no known user. The callers word that refusal for their own option."""
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:
+        return None
+
+
 def broken_link(path: Path) -> tuple[Path, str, bool] | None:
     """The first symbolic link on `path` (the path itself or a folder above it) that leads
     nowhere: (the link, where it points as written, whether it goes round a loop rather than

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Final
 
-from taskcard.producers.task_card.contract import broken_link, quoted
+from taskcard.producers.task_card.contract import broken_link, expand_home, quoted
 
 # The longest path Linux opens (`PATH_MAX`).
 PATH_MAX: Final = 4096
@@ -51,12 +51,9 @@ def expand_workdir(text: str, base: Path | None = None) -> Path:
     """
     if not text.strip():
         raise WorkdirError("is empty; give the agent's working directory (for this one: .)")
-    try:
-        path = Path(text).expanduser()
-    except RuntimeError:  # `~name` of no known user
-        raise WorkdirError(
-            f"{text!r} cannot be expanded (no such user); give the full path"
-        ) from None
+    path = expand_home(text)
+    if path is None:
+        raise WorkdirError(f"{text!r} cannot be expanded (no such user); give the full path")
     try:
         return ((base if base is not None else Path.cwd()) / path).resolve()
     except RuntimeError:  # a loop of symbolic links: "cannot be expanded" named no loop
