@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 import redis
 from redis.asyncio import Redis as AsyncRedis
 from redis.client import NEVER_DECODE
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from taskcard.bridge.cluster.boards import SharedBoards
 from taskcard.bridge.cluster.config import ClusterConfig
@@ -439,6 +439,7 @@ class Cluster:
         self._silent_since: float | None = None  # when Redis stopped answering (monotonic)
         self._bots: dict[str, str] = {}  # channel -> the bot this instance posts as
         self._routes_shared: str | None = None  # what `_share_routes` last wrote
+        self._share_refused: str | None = None  # the refusal `_share_routes` last logged
         # The routed records left out (`routed_chat`): key -> digest of the value logged.
         self._routed_refused: dict[str, str] = {}
         # What `_follow_marks` last read the others' marks at: the change counter, the owners.
@@ -539,24 +540,42 @@ class Cluster:
         instance then refused a `/tell` to this instance's agents as naming no agent.)"""
         now_ms, key = int(time.time() * 1000), self.key("routed", self.owner)
         text = json.dumps(routed, sort_keys=True)
-        with contextlib.suppress(RedisError):
-            if text != self._routes_shared or not await self.aio.pexpire(key, self._bot_ttl_ms):
-                await self.aio.set(key, text, px=self._bot_ttl_ms)
-                # Tells the others to read the records again (`_follow_marks`).
-                await self.aio.incr(self.key("routes-changed"))
-                self._routes_shared = text
-            members = self.key("instances")
-            # Listed as live before as a writer of cursor versions (`RedisStore.change_cursor`
-            # compares both lists' members), and unlisted in the other order at the stop: an
-            # instance in `P:instances` alone is taken for an older version, which is safe.
-            await self.aio.zadd(members, {self.owner: now_ms + self._bot_ttl_ms})
-            versioned = self.key("versioned")
-            await self.aio.zadd(versioned, {self.owner: now_ms + self._bot_ttl_ms})
-            await self.aio.zremrangebyscore(versioned, "-inf", now_ms)
-            if await self.aio.zremrangebyscore(members, "-inf", now_ms):
-                # An instance died: its board lines are ignored now (their agents' leases
-                # lapsed), so the boards that showed them are composed again.
-                await self.boards.every_board_changed()
+        try:
+            await self._write_routes(key, text, now_ms)
+            self._share_refused = None
+        except ResponseError as error:  # NOPERM, WRONGTYPE: said once, until it works again
+            if str(error) != self._share_refused:
+                self._share_refused = str(error)
+                log.error(
+                    "Redis refused keeping this instance listed in the cluster (%s): the"
+                    " other instances do not see its routes until it is fixed; grant the"
+                    " Redis user the commands docs/operators.md lists, or delete the key of"
+                    " another type",
+                    error,
+                )
+        except RedisError:
+            pass  # a Redis that does not answer is the leases' business
+
+    async def _write_routes(self, key: str, text: str, now_ms: int) -> None:
+        """`_share_routes`' writes: the routed record, the change count, both listings."""
+        if text != self._routes_shared or not await self.aio.pexpire(key, self._bot_ttl_ms):
+            await self.aio.set(key, text, px=self._bot_ttl_ms)
+            # Tells the others to read the records again (`_follow_marks`). INCR, as
+            # the ACL list has it: redis-py's `incr` sends INCRBY.
+            await self.aio.execute_command("INCR", self.key("routes-changed"))  # type: ignore[no-untyped-call]
+            self._routes_shared = text
+        members = self.key("instances")
+        # Listed as live before as a writer of cursor versions (`RedisStore.change_cursor`
+        # compares both lists' members), and unlisted in the other order at the stop: an
+        # instance in `P:instances` alone is taken for an older version, which is safe.
+        await self.aio.zadd(members, {self.owner: now_ms + self._bot_ttl_ms})
+        versioned = self.key("versioned")
+        await self.aio.zadd(versioned, {self.owner: now_ms + self._bot_ttl_ms})
+        await self.aio.zremrangebyscore(versioned, "-inf", now_ms)
+        if await self.aio.zremrangebyscore(members, "-inf", now_ms):
+            # An instance died: its board lines are ignored now (their agents' leases
+            # lapsed), so the boards that showed them are composed again.
+            await self.boards.every_board_changed()
 
     async def routed_names(self, channel: str, chat: ChatRef) -> list[str]:
         """The agents the live instances route to `chat` (each as its own routes would

@@ -22,6 +22,7 @@ from tests.e2e.test_cluster import (
     past_a_later_command,
     replies,
 )
+from tests.e2e.test_docs import operators_redis_user
 from tests.e2e.test_serve_telegram import GROUP
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram
@@ -192,3 +193,40 @@ async def test_a_tell_redis_refused_to_record_costs_its_author_one_message(
     for serve in serves:
         assert await serve.aterminate() == 0
     client.close()
+
+
+async def test_instances_of_a_redis_user_granted_the_operators_list_list_themselves_live(
+    tmp_path: Path, telegram: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """Two instances whose Redis user is granted exactly docs/operators.md's list of
+    commands. Each rewrite of an instance's routed record counts a change for the others;
+    that count was sent as INCRBY (redis-py's `incr`), which the list and the start's check
+    did not have: NOPERM, swallowed, and the instance never listed itself as live, so the
+    others answered `/tell` to its agents as naming none, and `/taskcard` left them out."""
+    with operators_redis_user(redis_url, prefix) as user_url:
+        by_name = await instances_with_cards(
+            tmp_path, telegram, fleet, redis_url=user_url, prefix=prefix
+        )
+        admin = redis.Redis.from_url(redis_url, decode_responses=True)
+        try:
+            await eventually(
+                lambda: (
+                    {one.split("#")[0] for one in admin.zrange(f"{prefix}:instances", 0, -1)}
+                    >= {"i0", "i1"}
+                    and int(admin.get(f"{prefix}:routes-changed") or 0) >= 2
+                ),
+                timeout_s=60,
+                what="both instances listed live, their routes' changes counted",
+            )
+        finally:
+            admin.close()
+        for agent in ("i0agent", "i1agent"):
+            telegram.inject_command(GROUP, f"/tell {agent} hello from the chat")
+            inbox = tmp_path / "agents" / agent / "inbox" / "queued"
+            await eventually(
+                lambda inbox=inbox: any(inbox.glob("*.json")),
+                timeout_s=60,
+                what=f"the /tell queued for {agent}",
+            )
+        for serve in by_name.values():
+            assert await serve.aterminate() == 0

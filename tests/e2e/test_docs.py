@@ -18,6 +18,7 @@ import subprocess
 import sys
 import textwrap
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -716,21 +717,8 @@ def test_a_redis_user_granted_the_operators_list_passes_the_start_and_serves(
     from taskcard.bridge.cluster.runtime import refused_permissions
     from taskcard.bridge.store.redis import RedisStore
 
-    text = " ".join((ROOT / "docs" / "operators.md").read_text().split())
-    listed = text.split("and these commands: ", 1)[1].split(". Each start", 1)[0]
-    commands = [name.lower() for name in re.findall(r"`([A-Z]+(?: [A-Z]+)?)`", listed)]
-    assert {"ping", "incr", "script load"} <= set(commands), commands
-    user, password = f"docs-{prefix}", "Pa55-docs"
-    admin = redis.Redis.from_url(redis_url)
-    try:
-        grants = [f"+{name.replace(' ', '|')}" for name in commands]
-        admin.execute_command(
-            "ACL", "SETUSER", user, "on", f">{password}", "resetkeys", f"~{prefix}:*",
-            "resetchannels", f"&{prefix}:*", "-@all", *grants,
-        )  # fmt: skip
-        client = redis.Redis.from_url(
-            redis_url.replace("redis://", f"redis://{user}:{password}@"), decode_responses=True
-        )
+    with operators_redis_user(redis_url, prefix) as user_url:
+        client = redis.Redis.from_url(user_url, decode_responses=True)
         try:
             store = RedisStore(client, prefix)
             assert refused_permissions(store, "docs") == []
@@ -743,6 +731,27 @@ def test_a_redis_user_granted_the_operators_list_passes_the_start_and_serves(
             assert store.offset_agents() == set()  # HKEYS
         finally:
             client.close()
+
+
+@contextlib.contextmanager
+def operators_redis_user(redis_url: str, prefix: str) -> Iterator[str]:
+    """The URL of a Redis user granted exactly the commands docs/operators.md lists for a
+    cluster, on the keys and channels of `prefix`; the user is deleted at the end."""
+    import redis
+
+    text = " ".join((ROOT / "docs" / "operators.md").read_text().split())
+    listed = text.split("and these commands: ", 1)[1].split(". Each start", 1)[0]
+    commands = [name.lower() for name in re.findall(r"`([A-Z]+(?: [A-Z]+)?)`", listed)]
+    assert {"ping", "incr", "script load"} <= set(commands), commands
+    user, password = f"docs-{prefix}", "Pa55-docs"
+    admin = redis.Redis.from_url(redis_url)
+    try:
+        grants = [f"+{name.replace(' ', '|')}" for name in commands]
+        admin.execute_command(
+            "ACL", "SETUSER", user, "on", f">{password}", "resetkeys", f"~{prefix}:*",
+            "resetchannels", f"&{prefix}:*", "-@all", *grants,
+        )  # fmt: skip
+        yield redis_url.replace("redis://", f"redis://{user}:{password}@")
     finally:
         admin.execute_command("ACL", "DELUSER", user)
         admin.close()
