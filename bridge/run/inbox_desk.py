@@ -574,12 +574,19 @@ class InboxDesk:
         notice_id = f"{child_id}:{episode}"
         if not self._store.add_notice(route, notice_id, text, "pending"):
             return
+        wake = _FailedWake(child_id, episode, text, report)
         owed = self._wake_retries.get(parent_id)
         if owed is not None:
             # The wakes owed go first, in their order: a report retried after a newer one
-            # of the same child would join it after its own text.
-            self._retry_wakes_of(parent_id, owed)
-        self._write_wake(writer, parent_id, _FailedWake(child_id, episode, text, report))
+            # of the same child would join it after its own text. Tried only when their
+            # backoff has passed: a busy child's signals would each spend a try, and the
+            # tries allowed ran out in seconds instead of the hour and a half they give.
+            if owed.due_s <= self._clock().timestamp():
+                self._retry_wakes_of(parent_id, owed)
+            if parent_id in self._wake_retries:  # still owed: this one waits behind them
+                self._keep_owed(self._wake_retries[parent_id], parent_id, notice_id, wake)
+                return
+        self._write_wake(writer, parent_id, wake)
 
     def retry_wakes(self) -> list[str]:
         """Write again the wakes that could not be queued and whose backoff has passed; the
@@ -668,16 +675,7 @@ class InboxDesk:
             owed = self._wake_retries[parent_id] = _WakeRetry(
                 Backoff(initial_s=WAKE_RETRY_FIRST_S, max_s=WAKE_RETRY_MAX_S)
             )
-        owed.wakes[notice_id] = wake
-        while len(owed.wakes) > MAX_OWED_WAKES:
-            dropped = next(iter(owed.wakes))
-            del owed.wakes[dropped]
-            log.warning(
-                "agent %s: wake %s dropped: more than %d wait for its inbox",
-                parent_id,
-                dropped,
-                MAX_OWED_WAKES,
-            )
+        self._keep_owed(owed, parent_id, notice_id, wake)
         if owed.backoff.attempts >= WAKE_RETRY_TRIES:
             log.error(
                 "agent %s: %d wakes dropped: its inbox could not be written in %d tries",
@@ -688,6 +686,21 @@ class InboxDesk:
             del self._wake_retries[parent_id]
             return
         owed.due_s = self._clock().timestamp() + owed.backoff.next_delay_s()
+
+    @staticmethod
+    def _keep_owed(owed: _WakeRetry, parent_id: str, notice_id: str, wake: _FailedWake) -> None:
+        """Add a wake to those `parent_id` is owed, at most `MAX_OWED_WAKES` (the oldest
+        dropped, logged); its backoff is left as it is."""
+        owed.wakes[notice_id] = wake
+        while len(owed.wakes) > MAX_OWED_WAKES:
+            dropped = next(iter(owed.wakes))
+            del owed.wakes[dropped]
+            log.warning(
+                "agent %s: wake %s dropped: more than %d wait for its inbox",
+                parent_id,
+                dropped,
+                MAX_OWED_WAKES,
+            )
 
     def _take_back_report_wake(
         self, writer: InboxWriter, parent_id: str, child_id: str, text: str

@@ -4,6 +4,7 @@ messages must not keep, or scan, every one of them)."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -238,3 +239,34 @@ def test_a_report_wake_joined_to_the_next_is_cut_to_fit_one_message(
     assert joined_report_wakes(queued, text) == joined
     if joined is not None:
         assert len(joined) + 1 + len(text) <= MAX_TEXT_CHARS
+
+
+async def test_a_busy_childs_signals_spend_no_tries_of_a_broken_inbox_and_all_arrive(
+    tmp_path: Path,
+    store: SqliteStore,  # noqa: F811
+) -> None:
+    """Wakes owed to an inbox that cannot be written are tried again when their backoff has
+    passed. Each new signal tried them too, and itself after them: two tries a signal, and a
+    child signalling 13 times used up the 24 tries meant to last an hour and a half, so
+    every owed wake was dropped. Signals meanwhile wait behind the owed ones untried, and
+    all of them are queued once the inbox works."""
+    for agent in ("lead", "child"):
+        (tmp_path / agent).mkdir()
+    channel = ScriptedChannel()
+    scheduler = await started(store, channel)
+    now = [datetime(2026, 12, 1, 9, 0, tzinfo=UTC)]
+    workdirs = {"lead": tmp_path / "lead", "child": tmp_path / "child"}
+    desk = clocked_desk(store, scheduler, channel, workdirs, now)
+    desk.channel_ready("fake")
+    (tmp_path / "lead" / "inbox").write_text("in the way\n")
+    for episode in range(40):
+        desk.wake("lead", "child", f"e{episode}", f"child signalled {episode}")
+        now[0] += timedelta(seconds=0.1)
+    assert desk.problems["lead"].startswith("inbox:"), desk.problems
+    (tmp_path / "lead" / "inbox").unlink()
+    now[0] += timedelta(seconds=30)
+    assert desk.retry_wakes() == ["lead"]
+    queued = (tmp_path / "lead" / "inbox" / "queued").glob("*.json")
+    said = sorted(json.loads(path.read_text())["text"] for path in queued)
+    assert said == sorted(f"child signalled {n}" for n in range(40)), said
+    assert "lead" not in desk.problems
