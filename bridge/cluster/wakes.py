@@ -30,10 +30,10 @@ What holds:
   kind dropped past that. So an agent reporting very fast drops only its own oldest reports,
   never another agent's wake nor its own exit or idle one. Each agent's wakes of a kind are
   also listed in a sorted set of their own (`P:wakes-of:<kind>:<agent>:<chat scope>`), so
-  keeping one costs a few calls whatever the chat holds; the chat's set is taken and emptied
-  as before, and a wake taken stays in its agent's list until pushed out by newer ones or
-  `KEEP_S` (dropping it again there removes nothing). `MAX_PER_CHAT` bounds the chat's set
-  whatever the agents (its memory in Redis); the caps per agent keep it far below that.
+  keeping one costs a few calls whatever the chat holds; a wake taken leaves both. A member
+  whose agent and kind cannot be read leaves the chat's set alone (the agent's list lets it
+  go with its cap or `KEEP_S`). `MAX_PER_CHAT` bounds the chat's set whatever the agents (its
+  memory in Redis); the caps per agent keep it far below that.
 """
 
 from __future__ import annotations
@@ -57,9 +57,10 @@ log = logging.getLogger(__name__)
 KEEP_S = 86_400.0
 MAX_REPORTS_PER_AGENT = 200
 MAX_SIGNALS_PER_AGENT = 50
-# A bound on the chat's set for memory's sake only: the caps per agent keep it below unless
-# about 80 agents of one chat each fill theirs while its orchestrator is not served.
-MAX_PER_CHAT = 20_000
+# A bound on the chat's set for memory's sake only (a wake is at most about 16 KiB): the
+# caps per agent keep it below unless about 20 agents of one chat each fill theirs while its
+# orchestrator is not served.
+MAX_PER_CHAT = 5_000
 # Taken per chat at one renewal: each is an inbox write and a few state calls on the loop, so
 # a burst (an agent reporting many times a second) is spread over renewals, not one long turn.
 TAKE_PER_RENEWAL = 100
@@ -182,7 +183,7 @@ class WakeRelay:
         from taskcard.bridge.store.redis import redis_trouble
 
         kind = "report" if wake.report else "signal"
-        of_agent = f"{self._prefix}:wakes-of:{kind}:{wake.agent_id}:{scope}"
+        of_agent = self._agent_key(kind, wake.agent_id, scope)
         try:
             self._keep(
                 keys=[self._key(scope), self._served_key(scope), of_agent],
@@ -242,11 +243,35 @@ class WakeRelay:
                 await pipe.execute()
         return taken
 
+    def _agent_key(self, kind: str, agent_id: str, scope: str) -> str:
+        return f"{self._prefix}:wakes-of:{kind}:{agent_id}:{scope}"
+
     async def done(self, taken: Mapping[str, Iterable[str]]) -> None:
-        """Forget the wakes `taken` (woken with, or not wakes at all)."""
+        """Forget the wakes `taken` (woken with, or not wakes at all), in the chat's set and
+        in their agents' lists: left there, each agent's list held its last 200 reports'
+        texts for a day though every one had been taken."""
         async with self._aio.pipeline(transaction=False) as pipe:
             for scope, members in taken.items():
                 listed = list(members)
-                if listed:
-                    pipe.zrem(self._key(scope), *listed)
+                if not listed:
+                    continue
+                pipe.zrem(self._key(scope), *listed)
+                for member in listed:
+                    if (of := _agent_and_kind(member)) is not None:
+                        pipe.zrem(self._agent_key(of[1], of[0], scope), member)
             await pipe.execute()
+
+
+def _agent_and_kind(member: str) -> tuple[str, str] | None:
+    """The agent and kind (`report`, `signal`) a kept wake's member names, None when it is
+    not one this version writes."""
+    try:
+        data = json.loads(member)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    agent, report = data.get("agent"), data.get("report")
+    if not isinstance(agent, str) or not isinstance(report, bool):
+        return None
+    return agent, "report" if report else "signal"

@@ -161,3 +161,31 @@ async def test_a_chatty_reporter_drops_only_its_own_oldest_reports(redis_url: st
     finally:
         client.close()
         await aio.aclose()
+
+
+async def test_wakes_taken_leave_their_agents_lists_too(redis_url: str) -> None:
+    """A wake taken was removed from the chat's set only: each agent's list of its wakes kept
+    the texts of its last 200 reports (up to 16 KiB each) for a day, though every one had been
+    taken and woken with. Taken and done with, nothing of them is left in Redis."""
+    import redis
+    from redis.asyncio import Redis as AsyncRedis
+
+    from taskcard.bridge.cluster.wakes import WakeRelay
+
+    prefix = f"t-{uuid.uuid4().hex}"
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    aio = AsyncRedis.from_url(redis_url, decode_responses=True)
+    relay = WakeRelay(client, aio, prefix)
+    exited = RelayedWake("other", "/srv/agents/other", "signal:exited:1", None, False, "exited")
+    try:
+        assert await relay.take(["chat"]) == {}  # served once: the chat keeps wakes
+        relay.keep("chat", exited)
+        for seq in range(1, 31):
+            relay.keep("chat", replace(WAKE, episode=f"report:{seq}", report_seq=seq))
+        assert len(client.keys(f"{prefix}:wakes-of:*")) == 2
+        while found := (await relay.take(["chat"])).get("chat"):
+            await relay.done({"chat": found})
+        assert client.keys(f"{prefix}:wakes*") == []
+    finally:
+        client.close()
+        await aio.aclose()
