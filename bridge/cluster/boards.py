@@ -237,12 +237,19 @@ class SharedBoards:
         return shown
 
     async def peek(self, scope: str) -> dict[str, dict[str, Any]] | None:
-        """Every agent's line in the chat as shared (agent -> its line), for an answer:
-        one read, nothing stamped or removed (see `lines` for the board's); None when
-        Redis does not answer (the answer goes without)."""
+        """The lines in the chat whose writer still observes their agent (agent -> its
+        line), for an answer: two reads, nothing stamped or removed (see `lines` for the
+        board's); None when Redis does not answer (the answer goes without). A line whose
+        writer lost the agent's lease (its instance died) is left out: the answer would give
+        a dead instance's last state as the agent's now."""
         hgetall: Any = self._aio.execute_command  # untyped in redis-py
         try:
             stored = _readable(await hgetall("HGETALL", self._key("board", scope), **_RAW))
+            usable = [
+                (agent, item) for agent, raw in stored.items() if (item := _decode(raw)) is not None
+            ]
+            leases = [self._key("lease", "agent", agent) for agent, _ in usable]
+            holders = cast(list[str | None], await self._aio.mget(leases) if leases else [])
         except RedisError as error:
             log.warning(
                 "chat %s: the other instances' board lines were not read for an answer (%s)",
@@ -251,7 +258,9 @@ class SharedBoards:
             )
             return None
         return {
-            agent: item[1] for agent, raw in stored.items() if (item := _decode(raw)) is not None
+            agent: line
+            for (agent, (writer, line, lost_at)), holder in zip(usable, holders, strict=True)
+            if lost_at is None and holder is not None and holder.startswith(writer + "|")
         }
 
     async def withdraw_all(self) -> None:

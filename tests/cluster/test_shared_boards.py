@@ -76,3 +76,26 @@ async def test_lines_another_writer_left_unreadable_leave_only_their_agents_out(
     finally:
         raw.close()
     assert await boards.lines(SCOPE) == {"builder": ({"headline": "compile"}, True)}
+
+
+async def test_an_answer_peeks_only_at_lines_whose_writer_still_observes_the_agent(
+    aio: Redis,
+) -> None:
+    """`/taskcard` lists another instance's agents with the state their shared lines give.
+    A line whose writer lost the agent's lease (its instance died) gave that dead instance's
+    last state as the agent's now, for up to a day; it is left out of the answer (the agent
+    is then named alone), and comes back once an instance observes the agent again."""
+    prefix = f"boards-{uuid.uuid4().hex[:8]}"
+    one, two = SharedBoards(aio, prefix, "one"), SharedBoards(aio, prefix, "two")
+    await aio.set(f"{prefix}:lease:agent:builder", "one|1")
+    await aio.set(f"{prefix}:lease:agent:tester", "two|1")
+    await one.share(SCOPE, {"builder": {"headline": "compile"}})
+    await two.share(SCOPE, {"tester": {"headline": "tests"}})
+    assert await one.peek(SCOPE) == {
+        "builder": {"headline": "compile"},
+        "tester": {"headline": "tests"},
+    }
+    await aio.delete(f"{prefix}:lease:agent:tester")  # instance two died
+    assert await one.peek(SCOPE) == {"builder": {"headline": "compile"}}
+    await aio.set(f"{prefix}:lease:agent:tester", "three|1")  # another took it, not written yet
+    assert await one.peek(SCOPE) == {"builder": {"headline": "compile"}}
