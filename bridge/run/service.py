@@ -2089,7 +2089,29 @@ class Service:
         for channel, chat, topic, agent in marks:
             scope = chat_scope(channel, ChatRef(chat, topic or None))
             found.setdefault(scope, []).append(agent)
-        self._route_marks_elsewhere = {scope: sorted(set(a)) for scope, a in found.items()}
+        learned = {scope: sorted(set(a)) for scope, a in found.items()}
+        if learned == self._route_marks_elsewhere:
+            return
+        # Read again only when a record changed: the chats whose mark moved show it on
+        # their boards (the 🎯 stayed on the agent marked before until the chat's next change).
+        before = {scope: self._orchestrator_of(scope) for scope in self._routes_by_scope}
+        self._route_marks_elsewhere = learned
+        for scope, marked in before.items():
+            if self._orchestrator_of(scope) != marked:
+                self._mark_board(scope)
+
+    def _route_marks_for(self, scope: str, routes: Iterable[Route]) -> list[str]:
+        """The other instances' route marks of the chat `scope` (`others_route_marks`); in a
+        forum topic, those of the whole chat when none is the topic's own, as the chat's
+        answers fall back from a topic to the whole chat."""
+        if not self._route_marks_elsewhere:
+            return []
+        found = self._route_marks_elsewhere.get(scope)
+        first = next(iter(routes), None)
+        if found is None and first is not None and first.key.chat.thread_id is not None:
+            whole = chat_scope(first.key.channel, ChatRef(first.key.chat.chat_id))
+            found = self._route_marks_elsewhere.get(whole)
+        return found or []
 
     def orchestrated_scopes(self) -> list[str]:
         """Clustered: the chats whose orchestrator this instance serves (holds its lease)."""
@@ -2155,7 +2177,7 @@ class Service:
             )
         routes = self._routes_by_scope.get(scope, ())
         configured = next((r.orchestrator for r in routes if r.orchestrator is not None), None)
-        elsewhere = self._route_marks_elsewhere.get(scope, ()) if configured is None else ()
+        elsewhere = self._route_marks_for(scope, routes) if configured is None else ()
         choice = self._orchestrators.choice(scope)
         if choice is None and configured is None and not elsewhere:
             return None  # the common case: no set of the chat's agents built
