@@ -34,6 +34,7 @@ TEXT_READERS = {
     "config_path",
     "runtime_dir_arg",
     "codex_config_arg",
+    "demo_dir_arg",
 }
 WHOLE = "is not a whole number; write ASCII digits 0-9 with an optional sign, e.g. 10"
 SEQ = "is not a seq (the last one you read); write ASCII digits 0-9 with an optional sign"
