@@ -71,7 +71,18 @@ def workdir(tmp_path: Path) -> Path:
 @pytest.fixture
 def runtime_dir() -> Iterator[Path]:
     """A runtime dir for task card hosts, short on purpose: unix socket paths are limited to
-    108 bytes."""
+    108 bytes (one under the test's own `tmp_path` is too long once pytest's numbered base
+    folder has four digits)."""
+    yield from _short_dir()
+
+
+@pytest.fixture
+def other_runtime_dir() -> Iterator[Path]:
+    """A second runtime dir, short as `runtime_dir` is: another caller's environment."""
+    yield from _short_dir()
+
+
+def _short_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="tcrt"))
     yield path
     shutil.rmtree(path, ignore_errors=True)

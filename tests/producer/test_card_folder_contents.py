@@ -456,7 +456,7 @@ def test_a_host_folder_swapped_for_a_link_out_while_a_watch_runs_is_not_written_
 
 @pytest.mark.parametrize("old_lock_there", [True, False])
 def test_the_old_lock_stands_in_when_the_host_folder_cannot_be_used(
-    workdir: Path, cli: CliHost, tmp_path: Path, old_lock_there: bool
+    workdir: Path, cli: CliHost, other_runtime_dir: Path, old_lock_there: bool
 ) -> None:
     """No `.taskcard-host/` (a file planted at its name; a read-only root is the same to the
     host): the old lock, found or created, carries the host's note and stays, so a caller with
@@ -468,8 +468,7 @@ def test_the_old_lock_stands_in_when_the_host_folder_cannot_be_used(
         old_lock.write_text("")
     cli.start_host()
     assert json.loads(old_lock.read_text())["pid"] == cli.host_pid()
-    other = tmp_path / "rt-other"
-    other.mkdir(mode=0o700)
+    other = other_runtime_dir
     command = [sys.executable, "-m", "taskcard.bridge.cli", "host"]
     command += ["--workdir", str(workdir), "--runtime-dir", str(other)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)

@@ -575,13 +575,12 @@ def test_an_empty_workdir_is_refused_naming_the_option(cli: CliHost) -> None:
 
 
 def test_a_caller_with_another_runtime_dir_starts_no_second_host(
-    workdir: Path, cli: CliHost, tmp_path: Path
+    workdir: Path, cli: CliHost, other_runtime_dir: Path
 ) -> None:
     """Two environments (say, with and without XDG_RUNTIME_DIR) must not run the watch twice."""
     write_renderer(workdir, "r.py", COUNTER_RENDERER)
     assert cli.json("card", "start", "r.py", "--interval-s", "3600")["status"] == "watching"
-    other = tmp_path / "rt-other"
-    other.mkdir(mode=0o700)
+    other = other_runtime_dir
     command = [sys.executable, "-m", "taskcard.bridge.cli", "card", "inspect", "tc_1"]
     command += ["--workdir", str(workdir), "--runtime-dir", str(other)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=180, check=False)
