@@ -192,35 +192,27 @@ class InboxWriter:
 
     def cancel(self, ident: str) -> bool:
         """Withdraw a queued message; False when the agent side claimed it first (or gone)."""
-        if not MESSAGE_ID.match(ident):
-            return False
-        name = f"{ident}.json"
-        with self._folders(create=False) as fds:
-            try:
-                os.rename(name, name, src_dir_fd=fds[QUEUED_DIR], dst_dir_fd=fds[CANCELLED_DIR])
-            except FileNotFoundError:
-                return False
-            except OSError as error:
-                raise refusal(
-                    f"inbox/queued/{name} cannot be withdrawn", error, "inbox/queued"
-                ) from None
-        return True
+        return self._move(ident, QUEUED_DIR, CANCELLED_DIR, "cannot be withdrawn")
 
     def restore(self, ident: str) -> bool:
         """Move a message this writer withdrew (`cancel`) back into `queued/`, as it was;
         False when it is not in `cancelled/`."""
+        return self._move(ident, CANCELLED_DIR, QUEUED_DIR, "cannot be moved back")
+
+    def _move(self, ident: str, source: str, target: str, failed: str) -> bool:
+        """Move message `ident` from folder `source` to `target` of the inbox; False when it
+        is not in `source` (or `ident` is no message id). A refusal names the message in
+        `source` and what `failed`, with the fix for `inbox/queued`."""
         if not MESSAGE_ID.match(ident):
             return False
         name = f"{ident}.json"
         with self._folders(create=False) as fds:
             try:
-                os.rename(name, name, src_dir_fd=fds[CANCELLED_DIR], dst_dir_fd=fds[QUEUED_DIR])
+                os.rename(name, name, src_dir_fd=fds[source], dst_dir_fd=fds[target])
             except FileNotFoundError:
                 return False
             except OSError as error:
-                raise refusal(
-                    f"inbox/cancelled/{name} cannot be moved back", error, "inbox/queued"
-                ) from None
+                raise refusal(f"inbox/{source}/{name} {failed}", error, "inbox/queued") from None
         return True
 
     def discard_cancelled(self, ident: str) -> None:
