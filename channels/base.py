@@ -389,6 +389,11 @@ class IncomingCommand:
     # message of the service is not answered with how to reach an agent.
     in_thread: bool = False
     sent_as: SentAs | None = None
+    # True when the platform did not say who wrote the message `reply_to` names (every post
+    # of a Telegram channel, the bot's too, is signed by the channel alone): a "reply" is
+    # then one to the service's message only as far as the service's own ids tell (an
+    # agent's card, a status message, a notice, the board), never taken for one by default.
+    replied_author_unknown: bool = False
     # True when the message holds a right-to-left control (`shows_reordered`): its words may
     # show in another order than typed ("/taskcard", an override and "ffo" shows as "off").
     # The arguments are read as typed; an answer that they name nothing says so.

@@ -3008,7 +3008,7 @@ class Service:
         chat_routes = self._routes_in(channel_name, command.chat)
         if any(self._shown_id(r.key) in command.reply_to for r in chat_routes):
             return False
-        if self._channels[channel_name].replies_name_author:
+        if self._channels[channel_name].replies_name_author and not command.replied_author_unknown:
             return True  # the channel passes on only replies to the bot's own messages
         try:
             return self._store.sent_any(channel_name, command.reply_to, self._clock().timestamp())

@@ -5,8 +5,10 @@ so a restart confirms what was handled and never replays it (Telegram keeps unco
 updates for 24 hours). Only new messages count: an edited message is never a command, and
 `allowed_updates=["message", "channel_post"]` keeps edits from even arriving. A channel's
 posts come as `channel_post` (only its administrators post there, signed by the channel):
-a routed channel is commanded like a group. Routing and permissions are the service's
-decisions, not ours.
+a routed channel is commanded like a group. Its posts name no author, the bot's cards
+included: a reply there to a post of the channel is passed on as a reply whose replied-to
+author is unknown, which the service matches against its own message ids. Routing and
+permissions are the service's decisions, not ours.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from telegram import Bot, Message, MessageEntity, Update
+from telegram import Bot, Chat, Message, MessageEntity, Update
 from telegram import error as tg
 from telegram.request import BaseRequest
 
@@ -192,14 +194,18 @@ def command_from_update(update: Update, bot_username: str) -> IncomingCommand | 
         name, args = "tell", parse_command(text, bot_username, TELL)
     if args is not None and for_another_bot(message, bot_username):
         return None
+    unknown_author = False
     if args is None:
         # A reply to one of this bot's messages (privacy mode still delivers those): text
         # for the agent whose message it answers, when the service knows that message.
         replied = message.reply_to_message
-        author = None if replied is None else replied.from_user
-        if replied is None or author is None or not author.is_bot:
+        if replied is None:
             return None
-        if (author.username or "").lower() != bot_username.lower():
+        author = replied.from_user
+        unknown_author = author is None and channels_own(message, replied)
+        if not unknown_author and (author is None or not author.is_bot):
+            return None
+        if author is not None and (author.username or "").lower() != bot_username.lower():
             return None
         head, _ = first_word(text)
         if other_bots_command(head, lambda name: name.lower() == bot_username.lower()):
@@ -216,14 +222,39 @@ def command_from_update(update: Update, bot_username: str) -> IncomingCommand | 
     return IncomingCommand(
         chat=ChatRef(str(message.chat.id), None if thread is None else str(thread)),
         args=args,
-        user_id=None if message.from_user is None else str(message.from_user.id),
+        user_id=author_of(message),
         message_id=str(message.message_id),
         chat_title=message.chat.effective_name,
         command=name,
         reply_to=reply_to,
         sent_as=on_behalf_of(message),
         reordered=name != "reply" and shows_reordered(text),
+        replied_author_unknown=unknown_author,
     )
+
+
+def channels_own(message: Message, replied: Message) -> bool:
+    """Whether `message` is a channel's post replying to another post of the same channel.
+
+    Telegram names no author of a channel's posts (no `from`): the bot's own card there is
+    the channel's post as much as an administrator's is, so a reply to one may answer the
+    bot; the service tells by the message's id (`IncomingCommand.replied_author_unknown`).
+    """
+    if message.chat.type != Chat.CHANNEL:
+        return False
+    sender = replied.sender_chat
+    return sender is None or sender.id == message.chat.id
+
+
+def author_of(message: Message) -> str | None:
+    """Who wrote `message`, as the service records its author: the person's id, or for a
+    channel's post (which names no person) its signature when the channel signs its posts,
+    else the channel's title: the agent reads who wrote a text, never "someone"."""
+    if message.from_user is not None:
+        return str(message.from_user.id)
+    if message.chat.type != Chat.CHANNEL:
+        return None
+    return message.author_signature or message.chat.effective_name
 
 
 def for_another_bot(message: Message, bot_username: str) -> bool:

@@ -14,6 +14,7 @@ import re
 import signal
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -583,6 +584,52 @@ async def test_a_routed_channel_is_commanded_by_its_posts(
             lambda: any("Task cards hidden here" in t for t in shown(fake, channel)),
             what="the answer in the channel",
         )
+        assert await serve.aterminate() == 0
+
+
+async def test_a_reply_in_a_routed_channel_to_its_card_reaches_the_agent(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    # Every post of a channel is the channel's: the bot's card there comes without `from`,
+    # and so does an administrator's reply to it. Such a reply was dropped, since it answered
+    # no message a bot wrote. It reaches the agent, named by the post's signature, else by
+    # the channel's title; a reply to another administrator's post gets no answer at all.
+    channel = -1009876543210
+    fake.make_channel(channel, "Release desk")
+    serve = setup(tmp_path, fake, ["builder"], [(channel, ["builder"])])
+    inbox = agent_dir(tmp_path, "builder") / "inbox" / "queued"
+
+    def queued() -> list[dict[str, Any]]:
+        files = sorted(inbox.glob("*.json")) if inbox.is_dir() else []
+        return [json.loads(path.read_text()) for path in files]
+
+    with serve:
+        publish(agent_dir(tmp_path, "builder"), "visible body")
+        await eventually(lambda: any("visible body" in t for t in shown(fake, channel)))
+        card = fake.bot_messages(channel)[0].message_id
+        fake.inject_channel_post(channel, "release at noon")
+        [post] = [m for m in fake.messages(channel) if m.text == "release at noon"]
+        fake.inject_channel_post(channel, "looks fine", reply_to=post.message_id)
+        fake.inject_channel_post(channel, "ship it", reply_to=card, signature="Ann")
+        await eventually(lambda: len(queued()) == 1, what="the signed reply queued")
+        fake.inject_channel_post(channel, "/tell builder then tag it")
+        await eventually(lambda: len(queued()) == 2, what="the unsigned /tell queued")
+        by_text = {str(m["text"]): m for m in queued()}
+        assert by_text["ship it"]["from"]["user"] == "Ann"
+        assert by_text["then tag it"]["from"]["user"] == "Release desk"
+        fake.inject_channel_post(channel, "/taskcard off")
+        await eventually(
+            lambda: any("Task cards hidden here" in t for t in shown(fake, channel)),
+            what="the answer to off in the channel",
+        )
+        fake.inject_channel_post(channel, "/taskcard on")
+        await eventually(
+            lambda: any("Task cards shown here" in t for t in shown(fake, channel)),
+            what="the answer to on in the channel",
+        )
+        texts = shown(fake, channel)
+        assert not any("AGENT is one of" in t for t in texts), texts
+        assert len(queued()) == 2
         assert await serve.aterminate() == 0
 
 

@@ -233,6 +233,7 @@ class StoredMessage:
     pinned: bool = False
     deleted: bool = False
     edit_count: int = 0
+    signature: str | None = None  # a channel post's `author_signature`
 
 
 @dataclass(frozen=True)
@@ -315,6 +316,8 @@ class FakeTelegram:
         # Public chats by lower-case username: (id, type, username as set, bot is a member).
         self._public: dict[str, tuple[int, str, str, bool]] = {}
         self._deleted_topics: set[tuple[int, int]] = set()
+        # Channels by id: their title. Every message there is the channel's post.
+        self._channels: dict[int, str] = {}
         self._windows: dict[str, _SlidingWindow] = {}
         self._updates: list[Json] = []
         self._next_update_id = 1
@@ -603,26 +606,38 @@ class FakeTelegram:
             message["edit_date"] = self._date()
         return self._push_update({kind: message})
 
-    def inject_channel_post(self, chat_id: int | str, text: str) -> int:
-        """An administrator posts `text` in channel `chat_id` (a `channel_post` update: it is
-        signed by the channel, without a user); returns the update id."""
+    def make_channel(self, chat_id: int | str, title: str | None = None) -> None:
+        """Make `chat_id` a channel titled `title`: from now on every message there, the
+        bot's too, is shaped as Telegram shapes a channel's post (`_message_json`)."""
         chat = int(chat_id)
+        self._channels[chat] = title if title is not None else f"Channel {chat}"
+
+    def inject_channel_post(
+        self,
+        chat_id: int | str,
+        text: str,
+        reply_to: int | None = None,
+        signature: str | None = None,
+    ) -> int:
+        """An administrator posts `text` in channel `chat_id` (a `channel_post` update: it is
+        signed by the channel, without a user, and carries `author_signature` when the
+        channel signs its posts), as a reply to post `reply_to` when given; the chat becomes
+        a channel (`make_channel`) if it was none. Returns the update id."""
+        chat = int(chat_id)
+        if chat not in self._channels:
+            self.make_channel(chat)
         message_id = self._allocate_id(chat)
         entities = self._people_entities(text)
         stored = StoredMessage(
             chat, message_id, text, entities, None, from_bot=False, date=self._date()
         )
+        stored.signature = signature
         self._chats.setdefault(chat, {})[message_id] = stored
-        channel = {"id": chat, "type": "channel", "title": f"Channel {chat}"}
-        post: Json = {
-            "message_id": message_id,
-            "date": stored.date,
-            "chat": channel,
-            "sender_chat": channel,
-            "text": text,
-        }
-        if entities:
-            post["entities"] = entities
+        post = self._message_json(stored)
+        if reply_to is not None:
+            post["reply_to_message"] = self._message_json(
+                self._existing(chat, reply_to, "Bad Request: message to be replied not found")
+            )
         return self._push_update({"channel_post": post})
 
     @staticmethod
@@ -962,7 +977,7 @@ class FakeTelegram:
         self._check_chat(chat_id)
         if public is None:
             public = next((p for p in self._public.values() if p[0] == chat_id), None)
-        chat = _chat_json(chat_id)
+        chat = self._chat_of(chat_id)
         if public is not None and public[1] == "private":  # a person's (or a bot's) username
             chat = {"id": chat_id, "type": "private", "first_name": public[2]}
             chat["username"] = public[2].removeprefix("@")
@@ -1136,7 +1151,30 @@ class FakeTelegram:
     def _date() -> int:
         return int(time.time())
 
+    def _chat_of(self, chat_id: int) -> Json:
+        """The `Chat` object of `chat_id`: a channel made so (`make_channel`), else by id."""
+        title = self._channels.get(chat_id)
+        if title is None:
+            return _chat_json(chat_id)
+        return {"id": chat_id, "type": "channel", "title": title}
+
     def _message_json(self, stored: StoredMessage, user_id: int | None = None) -> Json:
+        if stored.chat_id in self._channels:
+            # A channel's post, the bot's too, names no user: it has no `from`, and is sent
+            # by the channel itself (`sender_chat`), signed when the channel signs its posts.
+            channel = self._chat_of(stored.chat_id)
+            post: Json = {
+                "message_id": stored.message_id,
+                "date": stored.date,
+                "chat": channel,
+                "sender_chat": channel,
+                "text": stored.text,
+            }
+            if stored.signature is not None:
+                post["author_signature"] = stored.signature
+            if stored.entities:
+                post["entities"] = stored.entities
+            return post
         sender: Json = (
             {"id": self.bot_id, "is_bot": True, "first_name": "Taskcard Test"}
             if stored.from_bot
