@@ -258,6 +258,67 @@ async def test_words_no_person_typed_here_command_nothing_and_reach_no_agent(
             assert await chat.serve.aterminate() == 0
 
 
+async def test_forwards_and_edits_act_on_nothing(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    # A forward is someone else's words shown again, not a command of the forwarder: a
+    # forwarded "/taskcard off", or a forwarded message that replies to the card, does
+    # nothing. An edit is never read: a message edited into "/taskcard off" or into a reply
+    # to the card acts on nothing, so nothing acts twice. Feishu forwards many messages as
+    # one `merge_forward` whose content is a fixed line, and sends no edit as a message
+    # event; an event of another type (an edit's, should one come) is not read either.
+    async with running_card(platform, tmp_path) as chat:
+        card = chat.message_id_with("compile")
+        assert card is not None
+        if isinstance(chat, TelegramChat):
+            group = {"id": GROUP, "type": "supergroup", "title": "Fleet"}
+            person = {"id": PERSON, "is_bot": False, "first_name": "Ann"}
+            origin = {"type": "user", "date": 1, "sender_user": person}
+            ours = {"id": 123456, "is_bot": True, "first_name": "Taskcard Test"}
+            replied = {"message_id": int(card), "date": 1, "chat": group, "text": "compile"}
+            replied["from"] = ours | {"username": chat.fake.username}
+            command = [{"type": "bot_command", "offset": 0, "length": 9}]
+            for index, message in enumerate(
+                [
+                    {"forward_origin": origin, "text": "/taskcard off", "entities": command},
+                    {"forward_origin": origin, "text": "ship it", "reply_to_message": replied},
+                ]
+            ):
+                base = {"message_id": 900 + index, "date": 2, "chat": group, "from": person}
+                chat.fake.inject_update({"message": base | message})
+            for index, message in enumerate(
+                [
+                    {"text": "/taskcard off", "entities": command},
+                    {"text": "ship it", "reply_to_message": replied},
+                ]
+            ):
+                base = {"message_id": 910 + index, "date": 2, "chat": group, "from": person}
+                edited = base | message | {"edit_date": 3}
+                chat.fake.inject_update({"edited_message": edited})
+        elif isinstance(chat, FeishuChat):
+            merged = chat.fake.command_event(
+                FS_CHAT, "/taskcard off", open_id=FS_PERSON, verification_token=FS_VERIFY
+            )
+            merged["event"]["message"]["message_type"] = "merge_forward"
+            merged["event"]["message"]["content"] = json.dumps(
+                {"text": "Merged and Forwarded Message"}
+            )
+            edited = chat.fake.command_event(
+                FS_CHAT, "/taskcard off", open_id=FS_PERSON, verification_token=FS_VERIFY
+            )
+            edited["header"]["event_type"] = "im.message.updated_v1"
+            for document in (merged, edited):
+                assert (await chat.fake.deliver_event(chat.url, document)).status == 200
+        await chat.say("/taskcard 7")
+        await wait_said(chat, "7 activity rows", "the answer to the person's own command")
+        await chat.say("/taskcard")
+        await wait_said(chat, "shown, 7 activity rows", "the state: the cards still shown")
+        texts = chat.bot_texts()
+        assert queued(tmp_path) == [] and not any(STATUS in t for t in texts), texts
+        assert not any("hidden" in t.lower() for t in texts), texts
+
+
 async def test_a_misspelt_option_is_answered_with_the_one_it_likely_meant(
     platform: str,  # noqa: F811 (the imported fixture)
     tmp_path: Path,
