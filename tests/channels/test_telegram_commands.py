@@ -325,6 +325,43 @@ def test_tell_and_replies_to_the_bot_reach_the_service() -> None:
     assert command_from_update(_update("message", "just chatting"), "Bot") is None
 
 
+def test_commands_replying_to_another_bots_message_come_with_the_message() -> None:
+    # `/taskcard` replying to another bot's message is that bot's; a `/tell` comes with the
+    # message it replies to, for the service to take when it names one of the chat's agents.
+    assert command_from_update(_reply("/taskcard off", True, "CiBot"), "Bot") is None
+    tell = command_from_update(_reply("/tell builder look", True, "CiBot"), "Bot")
+    assert tell is not None
+    assert (tell.command, tell.args, tell.reply_to) == ("tell", "builder look", ("77",))
+    ours = command_from_update(_reply("/tell@Bot builder look", True, "CiBot"), "Bot")
+    assert ours is not None and ours.reply_to == ()
+
+
+def test_a_reply_in_a_channel_to_its_post_names_no_author_of_that_post() -> None:
+    channel = {"id": GROUP, "type": "channel", "title": "Release desk"}
+    card = {"message_id": 77, "date": 0, "chat": channel, "sender_chat": channel, "text": "c"}
+    post = {"message_id": 78, "date": 1, "chat": channel, "sender_chat": channel}
+    post |= {"text": "ship it", "reply_to_message": card}
+    signed = {**post, "author_signature": "Ann"}
+    for sent, author in ((post, "Release desk"), (signed, "Ann")):
+        reply = command_from_update(
+            Update.de_json({"update_id": 1, "channel_post": sent}, None), "Bot"
+        )
+        assert reply is not None and reply.replied_author_unknown
+        assert (reply.command, reply.reply_to, reply.user_id) == ("reply", ("77",), author)
+    # In a group, a reply to a message without an author is no reply to the bot.
+    group = {"id": GROUP, "type": "supergroup", "title": "g"}
+    lost = {
+        **post,
+        "chat": group,
+        "sender_chat": group,
+        "reply_to_message": {**card, "chat": group},
+    }
+    lost["from"] = {"id": 5, "is_bot": False, "first_name": "a"}
+    assert (
+        command_from_update(Update.de_json({"update_id": 2, "message": lost}, None), "Bot") is None
+    )
+
+
 async def test_an_upgraded_group_is_followed_and_its_commands_arrive_under_its_old_id(
     telegram_fake: FakeTelegram,
 ) -> None:
