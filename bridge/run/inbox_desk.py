@@ -26,6 +26,7 @@ import hashlib
 import heapq
 import json
 import logging
+import math
 import secrets
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -41,7 +42,7 @@ from taskcard.bridge.schedule.scheduler import RouteKey, RouteScheduler
 from taskcard.bridge.store.sqlite import InboxRecord, StateStore
 from taskcard.bridge.track.monitor import ActivitySummary
 from taskcard.channels.aio import Backoff
-from taskcard.channels.base import CardView, Channel, ChatRef, Outgoing, ReplyTo
+from taskcard.channels.base import CardView, Channel, ChatRef, Outgoing, ReplyTo, counted
 from taskcard.producers.inbox.contract import show_bidi
 from taskcard.producers.reports.contract import (
     MAX_INBOX_MESSAGE_BYTES,
@@ -144,6 +145,27 @@ MAX_OWED_WAKES = 100
 # Failed tries in a row after which an agent's owed wakes are dropped (about an hour and a
 # half); the `⚠ inbox` problem stays until a write there works.
 WAKE_RETRY_TRIES = 24
+# The store's cursors holding the owed wakes, so a restart tries them again (kept in memory
+# only, a restart forgot them and the agent was never woken for those signals): one per wake
+# (`OWED_WAKE_CURSOR` + [parent, notice id]) and one per agent with its failed tries and when
+# the next is due (`OWED_TRIES_CURSOR` + parent). The service's own state, not the agent's
+# workdir: that is what failed.
+OWED_WAKE_CURSOR = "owed-wake:"
+OWED_TRIES_CURSOR = "owed-wake-tries:"
+
+
+def _owed_wake_cursor(parent_id: str, notice_id: str) -> str:
+    return OWED_WAKE_CURSOR + json.dumps([parent_id, notice_id], ensure_ascii=False)
+
+
+def _owed_wakes_of(parent_id: str) -> str:
+    """The start of the keys of every wake owed to `parent_id` (`_owed_wake_cursor`)."""
+    return _owed_wake_cursor(parent_id, "")[: -len('""]')]
+
+
+def owed_tries_cursor(parent_id: str) -> str:
+    """Ends with `:<agent id>`, as `StateStore.forget_agent` finds an agent's cursors."""
+    return OWED_TRIES_CURSOR + parent_id
 
 
 class _FailedWake(NamedTuple):
@@ -153,6 +175,56 @@ class _FailedWake(NamedTuple):
     episode: str
     text: str
     report: bool
+    seq: int = 0  # the order it became owed in, kept in the store
+
+
+def _stored_wake(
+    key: str, value: str, fleet: Collection[str]
+) -> tuple[str, str, _FailedWake] | str:
+    """(parent, notice id, wake) of one stored owed wake, or why it is not one this desk
+    wrote (the state file is not the agent's, but another version or a hand may have
+    written there): such an entry is skipped, never trusted."""
+    try:
+        parent_id, notice_id = json.loads(key[len(OWED_WAKE_CURSOR) :])
+        data = json.loads(value)
+    except (ValueError, TypeError):
+        return "not JSON of the expected shape"
+    if not isinstance(parent_id, str) or parent_id not in fleet:
+        return "its agent is not served"
+    if not isinstance(data, dict):
+        return "not an object"
+    child_id, episode, text = data.get("child"), data.get("episode"), data.get("text")
+    report, seq = data.get("report"), data.get("seq")
+    if not (isinstance(child_id, str) and isinstance(episode, str) and child_id):
+        return "no child or episode"
+    if notice_id != f"{child_id}:{episode}":
+        return "its key does not name its child and episode"
+    if not isinstance(text, str) or not text or len(text) > MAX_INBOX_MESSAGE_BYTES:
+        return "no text, or one longer than a message"
+    if not isinstance(report, bool) or type(seq) is not int:
+        return "no report flag or order"
+    return parent_id, notice_id, _FailedWake(child_id, episode, text, report, seq)
+
+
+def _stored_tries(parent_id: str, value: str | None) -> tuple[int, float]:
+    """The failed tries and next due time (epoch seconds) of an agent's owed wakes as the
+    store keeps them; none and now for an entry this desk would not have written (logged)."""
+    if value is None:
+        return 0, 0.0
+    try:
+        data = json.loads(value)
+        tries, due_s = data["tries"], data["due_s"]
+    except (ValueError, TypeError, KeyError):
+        tries = due_s = None
+    if (
+        type(tries) is int
+        and 0 <= tries < WAKE_RETRY_TRIES
+        and isinstance(due_s, int | float)
+        and math.isfinite(due_s)
+    ):
+        return tries, float(due_s)
+    log.warning("agent %s: the stored tries of its owed wakes skipped: not as written", parent_id)
+    return 0, 0.0
 
 
 @dataclass
@@ -163,6 +235,7 @@ class _WakeRetry:
     backoff: Backoff
     wakes: dict[str, _FailedWake] = field(default_factory=dict)
     due_s: float = 0.0
+    next_seq: int = 0
 
 
 @dataclass(frozen=True)
@@ -255,6 +328,8 @@ class InboxDesk:
         # (parent, child) -> the id and text of the report wake last queued (see the doc)
         self._report_wakes: dict[tuple[str, str], tuple[str, str]] = {}
         self._wake_retries: dict[str, _WakeRetry] = {}  # agent -> the wakes it is owed
+        self._owed_read: dict[str, str] | None = None  # see `_stored_owed`
+        self._loaded = False  # `load` ran: an agent added later takes up its owed wakes
 
     # Lifecycle -------------------------------------------------------------------------
 
@@ -273,6 +348,8 @@ class InboxDesk:
             )
         for agent_id in {r.agent_id for r in self._records.values()} - set(self._writers):
             self.retire(agent_id, "the agent was removed")
+        self._take_owed(self._writers)
+        self._loaded = True
 
     def take_agent(self, agent_id: str) -> None:
         """Clustered: show `agent_id`'s messages from now on (its lease was gained here), as
@@ -285,6 +362,7 @@ class InboxDesk:
         Every agent taken in one lease renewal shares one read of the store."""
         if agent_id not in self._writers:
             return
+        self._take_owed((agent_id,))
         for record in self._shared_messages():
             if record.agent_id != agent_id or record.channel not in self._channels:
                 continue
@@ -301,6 +379,8 @@ class InboxDesk:
             record = self._records.pop(message_id)
             self._scheduler.remove_route(status_key(record))
         self._open.pop(agent_id, None)
+        # Its owed wakes stay in the store for the instance that takes its lease.
+        self._wake_retries.pop(agent_id, None)
 
     def _shared_messages(self) -> list[InboxRecord]:
         """The store's messages of the last day, read once for every call until the event
@@ -317,6 +397,70 @@ class InboxDesk:
 
     def _forget_shared_read(self) -> None:
         self._shared_read = None
+
+    def _stored_owed(self) -> dict[str, str]:
+        """Every owed wake the store keeps, by cursor key: read once for every call until the
+        event loop's next turn, as `_shared_messages`."""
+        if self._owed_read is not None:
+            return self._owed_read
+        stored = self._store.get_cursors(self._store.cursor_keys(OWED_WAKE_CURSOR))
+        try:
+            asyncio.get_running_loop().call_soon(self._forget_owed_read)
+        except RuntimeError:
+            return stored
+        self._owed_read = stored
+        return stored
+
+    def _forget_owed_read(self) -> None:
+        self._owed_read = None
+
+    def _take_owed(self, agents: Collection[str]) -> None:
+        """Take up the wakes owed to `agents`' inboxes as the store keeps them (at start, or
+        clustered when an agent's lease is gained here): tried when their stored backoff has
+        passed, with the tries they have left, the same caps as ever. An entry this desk
+        would not have written is skipped and forgotten, logged once: the start goes on."""
+        found: dict[str, list[tuple[str, _FailedWake]]] = {}
+        skipped: list[str] = []
+        for key, value in self._stored_owed().items():
+            parsed = _stored_wake(key, value, self._writers)
+            if isinstance(parsed, str):
+                if parsed != "its agent is not served":  # forgotten when it leaves for good
+                    log.warning("owed wake %r skipped: %s", key[:200], parsed)
+                    skipped.append(key)
+                continue
+            parent_id, notice_id, wake = parsed
+            if parent_id in agents:
+                found.setdefault(parent_id, []).append((notice_id, wake))
+        self._store.delete_cursors(skipped)
+        if not found:
+            return
+        tries = self._store.get_cursors(owed_tries_cursor(parent) for parent in found)
+        now_s = self._clock().timestamp()
+        for parent_id, wakes in found.items():
+            owed = self._wake_retries.get(parent_id)
+            if owed is None:
+                stored = tries.get(owed_tries_cursor(parent_id))
+                attempts, due_s = _stored_tries(parent_id, stored)
+                owed = self._wake_retries[parent_id] = _WakeRetry(
+                    Backoff(
+                        initial_s=WAKE_RETRY_FIRST_S, max_s=WAKE_RETRY_MAX_S, attempts=attempts
+                    ),
+                    due_s=min(due_s, now_s + WAKE_RETRY_MAX_S),  # a clock set back, say
+                )
+            for notice_id, wake in wakes:
+                owed.wakes.setdefault(notice_id, wake)
+            ordered = sorted(owed.wakes.items(), key=lambda item: item[1].seq)
+            owed.wakes = dict(ordered[-MAX_OWED_WAKES:])
+            self._store.delete_cursors(
+                _owed_wake_cursor(parent_id, notice_id)
+                for notice_id, _ in ordered[:-MAX_OWED_WAKES]
+            )
+            owed.next_seq = max(owed.next_seq, ordered[-1][1].seq + 1)
+            log.info(
+                "agent %s: %s owed to its inbox taken up from the state",
+                parent_id,
+                counted(len(owed.wakes), "wake", "wakes"),
+            )
 
     def channel_ready(self, channel: str) -> None:
         self._ready.add(channel)
@@ -478,11 +622,22 @@ class InboxDesk:
     def add_agent(self, agent_id: str, workdir: Path) -> None:
         """Serve an agent's inbox (an agent joined the fleet, or its workdir changed)."""
         self._writers[agent_id] = InboxWriter(workdir)
+        if self._loaded and not self._shared:  # clustered: when its lease is gained here
+            self._take_owed((agent_id,))
+
+    def forget_owed(self, agent_id: str) -> None:
+        """Forget the wakes owed to an agent that left for good, also those in the store
+        (`StateStore.forget_agent` does not find them: their keys end with a notice id)."""
+        self._wake_retries.pop(agent_id, None)
+        keys = self._store.cursor_keys(_owed_wakes_of(agent_id))
+        self._store.delete_cursors([*keys, owed_tries_cursor(agent_id)])
 
     def remove_agent(self, agent_id: str, reason: str = "the agent was removed") -> None:
         """The agent left the fleet: its queued messages are cancelled, then it is forgotten."""
         self.retire(agent_id, reason)
         self._writers.pop(agent_id, None)
+        # Its owed wakes stay in the store, for its return (`add_agent`) or until it is
+        # forgotten for good (`forget_owed`).
         self._wake_retries.pop(agent_id, None)
         for key in [key for key in self._report_wakes if agent_id in key]:
             self._forget_report_wake(key)
@@ -612,16 +767,25 @@ class InboxDesk:
         if writer is None:
             self._wake_retries.pop(parent_id, None)
             return
-        for wake in list(owed.wakes.values()):
+        for notice_id, wake in list(owed.wakes.items()):
+            if (
+                self._shared
+                and self._store.get_cursor(_owed_wake_cursor(parent_id, notice_id)) is None
+            ):
+                # Clustered, the stored entry is the claim: another instance that owed it too
+                # (it failed there, and this one took the agent's lease) queued or dropped it.
+                del owed.wakes[notice_id]
+                continue
             if not self._write_wake(writer, parent_id, wake):
                 return
+        self._wake_retries.pop(parent_id, None)
         log.info("agent %s: the wakes owed are queued", parent_id)
 
     def _write_wake(self, writer: InboxWriter, parent_id: str, wake: _FailedWake) -> bool:
         """Queue one wake (recorded in the notices already); whether it was queued. One that
         is not is owed: written again with a backoff (`retry_wakes`), or before the next
         wake of the same agent, until it is queued or the agent leaves."""
-        child_id, episode, text, report = wake
+        child_id, episode, text, report = wake.child_id, wake.episode, wake.text, wake.report
         route = WAKE_ROUTE_PREFIX + parent_id
         notice_id = f"{child_id}:{episode}"
         body, taken_back = text, None
@@ -643,13 +807,16 @@ class InboxDesk:
             self._owe_wake(parent_id, notice_id, wake)
             return False
         owed = self._wake_retries.get(parent_id)
+        if owed is not None and owed.wakes.pop(notice_id, None) is not None:
+            self._store.delete_cursors([_owed_wake_cursor(parent_id, notice_id)])
         if owed is not None:
-            owed.wakes.pop(notice_id, None)
             owed.backoff.reset()
             if owed.wakes:
                 owed.due_s = 0.0  # the inbox works again: the rest at the next tick
+                self._store_tries(parent_id, owed)
             else:
                 del self._wake_retries[parent_id]
+                self._store.delete_cursors([owed_tries_cursor(parent_id)])
         if parent_id not in self._wake_retries:
             self.problems.pop(parent_id, None)
         if taken_back is not None:
@@ -684,23 +851,60 @@ class InboxDesk:
                 WAKE_RETRY_TRIES,
             )
             del self._wake_retries[parent_id]
+            self._store.delete_cursors(
+                [
+                    *(_owed_wake_cursor(parent_id, dropped) for dropped in owed.wakes),
+                    owed_tries_cursor(parent_id),
+                ]
+            )
             return
         owed.due_s = self._clock().timestamp() + owed.backoff.next_delay_s()
+        self._store_tries(parent_id, owed)
 
-    @staticmethod
-    def _keep_owed(owed: _WakeRetry, parent_id: str, notice_id: str, wake: _FailedWake) -> None:
-        """Add a wake to those `parent_id` is owed, at most `MAX_OWED_WAKES` (the oldest
-        dropped, logged); its backoff is left as it is."""
+    def _keep_owed(
+        self, owed: _WakeRetry, parent_id: str, notice_id: str, wake: _FailedWake
+    ) -> None:
+        """Add a wake to those `parent_id` is owed, in memory and in the store, at most
+        `MAX_OWED_WAKES` (the oldest dropped, logged); its backoff is left as it is."""
+        known = owed.wakes.get(notice_id)
+        if known is None:
+            wake = wake._replace(seq=owed.next_seq)
+            owed.next_seq += 1
+        else:
+            wake = wake._replace(seq=known.seq)
+            if wake == known:
+                return  # tried again and failed again: as it was stored
         owed.wakes[notice_id] = wake
+        self._store.set_cursor(
+            _owed_wake_cursor(parent_id, notice_id),
+            json.dumps(
+                {
+                    "child": wake.child_id,
+                    "episode": wake.episode,
+                    "text": wake.text,
+                    "report": wake.report,
+                    "seq": wake.seq,
+                },
+                ensure_ascii=False,
+            ),
+        )
         while len(owed.wakes) > MAX_OWED_WAKES:
             dropped = next(iter(owed.wakes))
             del owed.wakes[dropped]
+            self._store.delete_cursors([_owed_wake_cursor(parent_id, dropped)])
             log.warning(
                 "agent %s: wake %s dropped: more than %d wait for its inbox",
                 parent_id,
                 dropped,
                 MAX_OWED_WAKES,
             )
+
+    def _store_tries(self, parent_id: str, owed: _WakeRetry) -> None:
+        """Keep `parent_id`'s failed tries and next due time, for `_take_owed`."""
+        self._store.set_cursor(
+            owed_tries_cursor(parent_id),
+            json.dumps({"tries": owed.backoff.attempts, "due_s": owed.due_s}),
+        )
 
     def _take_back_report_wake(
         self, writer: InboxWriter, parent_id: str, child_id: str, text: str

@@ -993,6 +993,7 @@ class Service:
             cursors=[DEPARTED_PREFIX + agent_id, agent_health_key(agent_id)],
             cursor_prefixes=[FOLDED_CURSOR_PREFIX, CARD_REFUSED_PREFIX],
         )
+        self._desk.forget_owed(agent_id)
         self._origins.forget_agent(agent_id)
         self._orchestrators.forget_agent(agent_id)
         for key in self._departed_routes.get(agent_id, []):

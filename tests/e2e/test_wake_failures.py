@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from contextlib import ExitStack
+import sqlite3
+from contextlib import ExitStack, closing
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,54 @@ async def test_a_wake_that_cannot_be_queued_puts_back_whole_the_wake_it_took_bac
             assert report_wakes(tmp_path) == [whole]
             assert chat.serve.proc is not None and chat.serve.proc.poll() is None
             assert await chat.serve.aterminate() == 0
+
+
+def owed_in_state(tmp_path: Path) -> list[str]:
+    """The keys of the owed wakes the service's state file keeps, read as an operator would."""
+    with closing(sqlite3.connect(tmp_path / ".taskcard" / "state.sqlite3")) as db:
+        query = "SELECT key FROM cursors WHERE substr(key, 1, 9) = 'owed-wake'"
+        return sorted(str(key) for (key,) in db.execute(query))
+
+
+async def test_a_wake_owed_when_the_service_stops_is_queued_after_its_restart(
+    tmp_path: Path,
+) -> None:
+    """lead's `inbox` is a file when worker reports: the wake is owed. The service is stopped
+    (SIGTERM) before the inbox works, the file is removed and the service started again: the
+    owed wake is queued, with no other signal to bring it, and leaves the state. Kept in
+    memory only, the restart forgot it and lead was never woken for that report. An owed
+    wake in the state that the service would not have written is skipped, logged."""
+    async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
+        lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
+        lineage = {"parent": "lead", "reason": "split", "depth": 1, "created_at": utc_now_iso()}
+        atomic_write(worker / "lineage.json", json.dumps(lineage).encode())
+        (lead / "inbox").write_text("not a folder\n")
+        publish(worker, "**migrating**")
+        publish(lead, "**leading**")
+        with chat.serve:
+            await wait_said(chat, "migrating", "worker card")
+            await wait_said(chat, "leading", "lead card")
+            report(worker, 1, ok=True, summary="part 1 done")
+            await wait_said(chat, "⚠ inbox:", "lead's card naming its inbox")
+            assert await chat.serve.aterminate() == 0
+        assert owed_in_state(tmp_path), "the owed wake is kept in the state"
+        (lead / "inbox").unlink()
+        forged = {
+            'owed-wake:["lead", "worker:forged"]': json.dumps({"child": "worker", "text": 7}),
+            "owed-wake:not json": "{",
+        }
+        with closing(sqlite3.connect(tmp_path / ".taskcard" / "state.sqlite3")) as db, db:
+            db.executemany("INSERT INTO cursors (key, value) VALUES (?, ?)", forged.items())
+        with chat.restart():
+            await eventually(
+                lambda: any("part 1 done" in text for text in report_wakes(tmp_path)),
+                timeout_s=60,
+                what="the owed wake queued after the restart",
+            )
+            assert await chat.serve.aterminate() == 0
+        assert len(report_wakes(tmp_path)) == 1
+        assert chat.serve.logs.count("skipped: ") == len(forged), chat.serve.logs
+        assert owed_in_state(tmp_path) == []
 
 
 @pytest.fixture(params=["telegram", "feishu"])
