@@ -47,6 +47,7 @@ from taskcard.producers.inbox.contract import show_bidi
 from taskcard.producers.reports.contract import (
     MAX_INBOX_MESSAGE_BYTES,
     MAX_TEXT_CHARS,
+    MESSAGE_ID,
     Ack,
     inbox_message,
 )
@@ -169,12 +170,15 @@ def owed_tries_cursor(parent_id: str) -> str:
 
 
 class _FailedWake(NamedTuple):
-    """A wake to write again: what `InboxDesk.wake` was given."""
+    """A wake to write again: what `InboxDesk.wake` was given. `withdrawn`: the report wake
+    it took back whose text it now carries (that wake could be neither moved back nor
+    written again), deleted from `cancelled/` once this one is queued."""
 
     child_id: str
     episode: str
     text: str
     report: bool
+    withdrawn: str | None = None
     seq: int = 0  # the order it became owed in, kept in the store
 
 
@@ -194,7 +198,7 @@ def _stored_wake(
     if not isinstance(data, dict):
         return "not an object"
     child_id, episode, text = data.get("child"), data.get("episode"), data.get("text")
-    report, seq = data.get("report"), data.get("seq")
+    report, withdrawn, seq = data.get("report"), data.get("withdrawn"), data.get("seq")
     if not (isinstance(child_id, str) and isinstance(episode, str) and child_id):
         return "no child or episode"
     if notice_id != f"{child_id}:{episode}":
@@ -203,7 +207,9 @@ def _stored_wake(
         return "no text, or one longer than a message"
     if not isinstance(report, bool) or type(seq) is not int:
         return "no report flag or order"
-    return parent_id, notice_id, _FailedWake(child_id, episode, text, report, seq)
+    if withdrawn is not None and not (isinstance(withdrawn, str) and MESSAGE_ID.match(withdrawn)):
+        return "a withdrawn wake that is no message id"
+    return parent_id, notice_id, _FailedWake(child_id, episode, text, report, withdrawn, seq)
 
 
 def _stored_tries(parent_id: str, value: str | None) -> tuple[int, float]:
@@ -802,8 +808,13 @@ class InboxDesk:
             log.warning("agent %s: wake about %s not queued: %s", parent_id, child_id, reason)
             self.problems[parent_id] = f"inbox: {reason}"
             self._store.set_notice_state(route, notice_id, "failed")
-            if taken_back is not None:  # the reports it carried are not lost with it
-                self._put_back_report_wake(writer, parent_id, child_id, taken_back)
+            # The reports the wake taken back carried are not lost with it: queued again,
+            # or else carried by this wake when it is owed (left in `cancelled/`, they
+            # reached the agent with none of the later wakes).
+            if taken_back is not None and not self._put_back_report_wake(
+                writer, parent_id, child_id, taken_back
+            ):
+                wake = wake._replace(text=body, withdrawn=taken_back.ident)
             self._owe_wake(parent_id, notice_id, wake)
             return False
         owed = self._wake_retries.get(parent_id)
@@ -819,12 +830,12 @@ class InboxDesk:
                 self._store.delete_cursors([owed_tries_cursor(parent_id)])
         if parent_id not in self._wake_retries:
             self.problems.pop(parent_id, None)
-        if taken_back is not None:
-            # Its text travels in this wake: kept in `cancelled/`, every report of a child
-            # left one more file in its parent's inbox, thousands for an agent that reports
-            # many times a second.
+        # The text of a wake taken back travels in this one: kept in `cancelled/`, every
+        # report of a child left one more file in its parent's inbox, thousands for an
+        # agent that reports many times a second.
+        for withdrawn in {taken_back.ident if taken_back else None, wake.withdrawn} - {None}:
             with contextlib.suppress(InboxRefused, OSError):
-                writer.discard_cancelled(taken_back.ident)
+                writer.discard_cancelled(str(withdrawn))
         if report:
             self._report_wakes[(parent_id, child_id)] = (ident, body)
             self._store.set_cursor(
@@ -883,6 +894,7 @@ class InboxDesk:
                     "episode": wake.episode,
                     "text": wake.text,
                     "report": wake.report,
+                    "withdrawn": wake.withdrawn,
                     "seq": wake.seq,
                 },
                 ensure_ascii=False,
@@ -925,11 +937,11 @@ class InboxDesk:
 
     def _put_back_report_wake(
         self, writer: InboxWriter, parent_id: str, child_id: str, taken_back: _TakenBack
-    ) -> None:
+    ) -> bool:
         """The wake taken back for one that could not be queued, queued again as it was
         (moved back from `cancelled/`, else written again whole) and noted as the child's
-        wake still queued, so the next report joins it. Written again with the text cut for
-        the failed wake, it lost the reports the cut left out."""
+        wake still queued, so the next report joins it; whether it was. Written again with
+        the text cut for the failed wake, it lost the reports the cut left out."""
         try:
             restored = writer.restore(taken_back.ident)
             if not restored:
@@ -941,12 +953,13 @@ class InboxDesk:
                 child_id,
                 error,
             )
-            return
+            return False
         self._report_wakes[(parent_id, child_id)] = (taken_back.ident, taken_back.whole)
         self._store.set_cursor(
             _report_wake_cursor(parent_id, child_id),
             json.dumps([taken_back.ident, taken_back.whole]),
         )
+        return True
 
     def _forget_report_wake(self, key: tuple[str, str]) -> tuple[str, str] | None:
         """The report wake last queued for (parent, child), from memory or else from the

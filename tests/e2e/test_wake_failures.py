@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 import sqlite3
 from contextlib import ExitStack, closing
 from pathlib import Path
@@ -13,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from taskcard.producers.task_card.contract import atomic_write, parse_iso, utc_now_iso
-from tests.e2e.harness import eventually, publish, run_cli
+from tests.e2e.harness import ServeProcess, eventually, publish, run_cli
 from tests.e2e.test_cluster import instance
+from tests.e2e.test_inbox_faults import NO_OVERRIDE
 from tests.e2e.test_talk_and_signals import (
     GROUP,
     SIGNALS,
@@ -80,6 +83,65 @@ async def test_a_wake_that_cannot_be_queued_puts_back_whole_the_wake_it_took_bac
             await wait_said(chat, "⚠ inbox:", "lead's card naming its inbox")
             assert report_wakes(tmp_path) == [whole]
             assert chat.serve.proc is not None and chat.serve.proc.poll() is None
+            assert await chat.serve.aterminate() == 0
+
+
+async def test_a_wake_taken_back_that_cannot_be_put_back_travels_in_the_owed_wake(
+    tmp_path: Path,
+) -> None:
+    """worker's first two reports wait in one wake in lead's inbox. The third takes it back
+    to carry it, and then nothing can be written: `inbox/tmp` is not writable by the service
+    (run as root without the capabilities that pass over permissions), and the wake taken
+    back cannot leave `inbox/cancelled`, sticky and another user's, as the file is. So the
+    new wake, the move back and writing the wake taken back again all fail. Once the inbox
+    works, the owed wake carries all three reports, and the copy in `cancelled/` goes. It
+    carried only the third: the first two stayed in `cancelled/`, which no agent reads."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run the service without permission overrides")
+    async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
+        lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
+        lineage = {"parent": "lead", "reason": "split", "depth": 1, "created_at": utc_now_iso()}
+        atomic_write(worker / "lineage.json", json.dumps(lineage).encode())
+        publish(worker, "**migrating**")
+        publish(lead, "**leading**")
+        chat.serve = ServeProcess(chat.serve.config, env=chat.serve.env, prefix=NO_OVERRIDE)
+        with chat.serve:
+            await wait_said(chat, "migrating", "worker card")
+            await wait_said(chat, "leading", "lead card")
+            for seq in (1, 2):
+                report(worker, seq, ok=True, summary=f"part {seq} done")
+            await eventually(
+                lambda: any("part 2 done" in text for text in report_wakes(tmp_path)),
+                what="one wake with the first two reports",
+            )
+            [first] = queued(tmp_path, "lead")
+            assert "part 1 done" in first.read_text()
+            inbox, other_user = lead / "inbox", 54321
+            os.chown(first, other_user, other_user)
+            os.chown(inbox / "cancelled", other_user, other_user)
+            (inbox / "cancelled").chmod(0o1777)
+            (inbox / "tmp").chmod(0o500)
+            report(worker, 3, ok=True, summary="part 3 done")
+            await wait_said(chat, "⚠ inbox:", "lead's card naming its inbox")
+            await eventually(
+                lambda: (
+                    "the wake about worker taken back could not be queued again" in chat.serve.logs
+                ),
+                what="the wake taken back failing to go back",
+            )
+            assert report_wakes(tmp_path) == []
+            assert [p.name for p in queued(tmp_path, "lead", "cancelled")] == [first.name]
+            os.chown(inbox / "cancelled", 0, 0)
+            (inbox / "cancelled").chmod(0o700)
+            (inbox / "tmp").chmod(0o700)
+            [wake] = await eventually(
+                lambda: report_wakes(tmp_path), timeout_s=60, what="the owed wake queued"
+            )
+            assert all(f"part {seq} done" in wake for seq in (1, 2, 3)), wake
+            await eventually(
+                lambda: queued(tmp_path, "lead", "cancelled") == [],
+                what="the wake it carries gone from cancelled/",
+            )
             assert await chat.serve.aterminate() == 0
 
 
