@@ -153,6 +153,9 @@ WAKE_RETRY_TRIES = 24
 # workdir: that is what failed.
 OWED_WAKE_CURSOR = "owed-wake:"
 OWED_TRIES_CURSOR = "owed-wake-tries:"
+# Clustered: how often an instance looks in the store for wakes owed to the agents whose
+# lease it holds that another instance left there (its write failed, and it stopped since).
+OWED_LOOK_S = 30.0
 
 
 def _owed_wake_cursor(parent_id: str, notice_id: str) -> str:
@@ -336,6 +339,8 @@ class InboxDesk:
         self._wake_retries: dict[str, _WakeRetry] = {}  # agent -> the wakes it is owed
         self._owed_read: dict[str, str] | None = None  # see `_stored_owed`
         self._loaded = False  # `load` ran: an agent added later takes up its owed wakes
+        self._taken: set[str] = set()  # clustered: the agents whose lease is held here
+        self._owed_looked_s = 0.0  # clustered: when `_look_for_owed` last looked
 
     # Lifecycle -------------------------------------------------------------------------
 
@@ -368,6 +373,7 @@ class InboxDesk:
         Every agent taken in one lease renewal shares one read of the store."""
         if agent_id not in self._writers:
             return
+        self._taken.add(agent_id)
         self._take_owed((agent_id,))
         for record in self._shared_messages():
             if record.agent_id != agent_id or record.channel not in self._channels:
@@ -387,6 +393,7 @@ class InboxDesk:
         self._open.pop(agent_id, None)
         # Its owed wakes stay in the store for the instance that takes its lease.
         self._wake_retries.pop(agent_id, None)
+        self._taken.discard(agent_id)
 
     def _shared_messages(self) -> list[InboxRecord]:
         """The store's messages of the last day, read once for every call until the event
@@ -752,7 +759,13 @@ class InboxDesk:
     def retry_wakes(self) -> list[str]:
         """Write again the wakes that could not be queued and whose backoff has passed; the
         agents whose problems this changed (their card and record are shown again). Looks
-        only at the agents that owe a wake: nothing at all while every write worked."""
+        only at the agents that owe a wake: nothing at all while every write worked
+        (clustered, one read of the store every `OWED_LOOK_S`: `_look_for_owed`)."""
+        if self._shared and self._taken:
+            now_s = self._clock().timestamp()
+            if not 0 <= now_s - self._owed_looked_s < OWED_LOOK_S:
+                self._owed_looked_s = now_s
+                self._look_for_owed()
         if not self._wake_retries:
             return []
         now_s = self._clock().timestamp()
@@ -765,6 +778,26 @@ class InboxDesk:
             if self.problems.get(parent_id) != before:
                 changed.append(parent_id)
         return changed
+
+    def _look_for_owed(self) -> None:
+        """Clustered: take up the wakes owed to agents whose lease is held here that another
+        instance kept in the store. The instance whose write failed tries them itself, but
+        stopped (or gone) it left them there until this one's next lease gain, maybe never.
+        One read for every agent held (their rows of tries); the wakes only when one has
+        some this instance does not know of."""
+        unknown = [agent for agent in self._taken if agent not in self._wake_retries]
+        try:
+            kept = self._store.get_cursors(owed_tries_cursor(agent) for agent in unknown)
+            agents = [key[len(OWED_TRIES_CURSOR) :] for key in kept]
+            if agents:
+                self._take_owed(agents)
+                # Tries left without wakes (theirs were skipped) are not read again and again.
+                self._store.delete_cursors(
+                    owed_tries_cursor(agent) for agent in agents if agent not in self._wake_retries
+                )
+        except Exception as error:
+            # Looked at again in `OWED_LOOK_S`; the store's failure is its own business.
+            log.warning("the wakes other instances owe were not read: %s", error)
 
     def _retry_wakes_of(self, parent_id: str, owed: _WakeRetry) -> None:
         """Write the wakes `parent_id` is owed, oldest first, until one fails (its backoff

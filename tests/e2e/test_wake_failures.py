@@ -283,3 +283,47 @@ async def test_clustered_a_wake_into_an_agent_served_elsewhere_leaves_its_record
     assert not said("⚠ inbox:"), said("⚠ inbox:")
     for serve in (i0, i1):
         assert await serve.aterminate() == 0
+
+
+async def test_clustered_a_wake_owed_by_a_stopped_instance_is_queued_by_the_agents_server(
+    tmp_path: Path,
+    telegram: FakeTelegram,
+    redis_url: str,
+    prefix: str,
+    fleet: ExitStack,
+) -> None:
+    """i0 serves lead; i1 serves worker and follows lead too, so worker's report is woken into
+    lead's inbox by i1. lead's inbox is a file: the wake fails on i1 and is owed there. i1 is
+    stopped before the inbox works again: i0, which holds lead's lease, finds the owed wake
+    i1 left in Redis and queues it once the inbox works. Kept by i1 alone, it went with i1."""
+    i0 = fleet.enter_context(
+        instance(tmp_path, "i0", telegram, ["lead"], redis_url=redis_url, prefix=prefix)
+    )
+    await eventually(lambda: "agent lead: this instance serves it now" in i0.logs, what="lead")
+    i1 = fleet.enter_context(
+        instance(tmp_path, "i1", telegram, ["lead", "worker"], redis_url=redis_url, prefix=prefix)
+    )
+    await eventually(
+        lambda: "agent worker: this instance serves it now" in i1.logs, what="worker on i1"
+    )
+    lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
+    lineage = {"parent": "lead", "reason": "split", "depth": 1, "created_at": utc_now_iso()}
+    atomic_write(worker / "lineage.json", json.dumps(lineage).encode())
+    (lead / "inbox").write_text("not a folder\n")
+    publish(worker, "**migrating**")
+    report(worker, 1, ok=True, summary="part 1 done")
+    await eventually(
+        lambda: "agent lead: wake about worker not queued" in i1.logs,
+        timeout_s=60,
+        what="the wake failing on i1",
+    )
+    assert await i1.aterminate() == 0
+    (lead / "inbox").unlink()
+    await eventually(
+        lambda: any("part 1 done" in text for text in report_wakes(tmp_path)),
+        timeout_s=120,
+        what="the wake i1 owed queued by i0",
+    )
+    assert "agent lead: 1 wake owed to its inbox taken up from the state" in i0.logs
+    assert len(report_wakes(tmp_path)) == 1
+    assert await i0.aterminate() == 0
