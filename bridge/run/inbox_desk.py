@@ -162,6 +162,11 @@ def _owed_wake_cursor(parent_id: str, notice_id: str) -> str:
     return OWED_WAKE_CURSOR + json.dumps([parent_id, notice_id], ensure_ascii=False)
 
 
+def _wake_ident(notice_id: str) -> str:
+    """The message id of the wake about a notice: the same at every try."""
+    return "wake_" + hashlib.sha256(notice_id.encode()).hexdigest()[:24]
+
+
 def _owed_wakes_of(parent_id: str) -> str:
     """The start of the keys of every wake owed to `parent_id` (`_owed_wake_cursor`)."""
     return _owed_wake_cursor(parent_id, "")[: -len('""]')]
@@ -815,10 +820,29 @@ class InboxDesk:
                 # (it failed there, and this one took the agent's lease) queued or dropped it.
                 del owed.wakes[notice_id]
                 continue
+            if writer.location(_wake_ident(notice_id)) != "missing":
+                # Queued already: the service stopped after the write, before the row went
+                # (a state disk that failed then holds the change back), or another instance
+                # of a cluster wrote it. Written again, a wake the agent took came twice. In
+                # `cancelled/`, a later wake took it back and carries it.
+                self._forget_owed(parent_id, owed, notice_id)
+                continue
             if not self._write_wake(writer, parent_id, wake):
                 return
-        self._wake_retries.pop(parent_id, None)
+        if self._wake_retries.pop(parent_id, None) is not None and not self._shared:
+            self._store.delete_cursors([owed_tries_cursor(parent_id)])
         log.info("agent %s: the wakes owed are queued", parent_id)
+
+    def _forget_owed(self, parent_id: str, owed: _WakeRetry, notice_id: str) -> None:
+        """An owed wake found in the agent's inbox already: done, in memory and the store."""
+        wake = owed.wakes.pop(notice_id)
+        self._store.delete_cursors([_owed_wake_cursor(parent_id, notice_id)])
+        self._store.set_notice_state(WAKE_ROUTE_PREFIX + parent_id, notice_id, "delivered")
+        log.info(
+            "agent %s: the wake about %s owed is in its inbox already, not written again",
+            parent_id,
+            wake.child_id,
+        )
 
     def _write_wake(self, writer: InboxWriter, parent_id: str, wake: _FailedWake) -> bool:
         """Queue one wake (recorded in the notices already); whether it was queued. One that
@@ -832,8 +856,7 @@ class InboxDesk:
             taken_back = self._take_back_report_wake(writer, parent_id, child_id, text)
             if taken_back is not None:
                 body = f"{taken_back.kept}\n{text}"
-        digest = hashlib.sha256(notice_id.encode()).hexdigest()[:24]
-        ident = "wake_" + digest
+        ident = _wake_ident(notice_id)
         try:
             writer.queue(self._wake_message(ident, child_id, body))
         except (InboxRefused, OSError) as error:

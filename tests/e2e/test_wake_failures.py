@@ -193,6 +193,50 @@ async def test_a_wake_owed_when_the_service_stops_is_queued_after_its_restart(
         assert owed_in_state(tmp_path) == []
 
 
+async def test_an_owed_wake_queued_before_a_stop_is_not_written_again_after_it(
+    tmp_path: Path,
+) -> None:
+    """lead's owed wake is queued once its inbox works, and lead takes it. The service stops
+    with the wake's rows still in its state, as a stop right after the write leaves them (or
+    a state disk that failed then and held the change back): the restart finds the wake in
+    lead's inbox and does not write it again. It was written again, and lead woken twice."""
+    async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
+        lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
+        lineage = {"parent": "lead", "reason": "split", "depth": 1, "created_at": utc_now_iso()}
+        atomic_write(worker / "lineage.json", json.dumps(lineage).encode())
+        (lead / "inbox").write_text("not a folder\n")
+        publish(worker, "**migrating**")
+        publish(lead, "**leading**")
+        state = tmp_path / ".taskcard" / "state.sqlite3"
+        with chat.serve:
+            await wait_said(chat, "migrating", "worker card")
+            await wait_said(chat, "leading", "lead card")
+            report(worker, 1, ok=True, summary="part 1 done")
+            await wait_said(chat, "⚠ inbox:", "lead's card naming its inbox")
+            with closing(sqlite3.connect(state)) as db:
+                query = "SELECT key, value FROM cursors WHERE substr(key, 1, 9) = 'owed-wake'"
+                rows = list(db.execute(query))
+            assert rows
+            (lead / "inbox").unlink()
+            [wake] = await eventually(
+                lambda: queued(tmp_path, "lead"), timeout_s=60, what="the owed wake queued"
+            )
+            (lead / "inbox" / "taken").mkdir(exist_ok=True)
+            wake.rename(lead / "inbox" / "taken" / wake.name)
+            assert await chat.serve.aterminate() == 0
+        with closing(sqlite3.connect(state)) as db, db:
+            db.executemany("INSERT OR REPLACE INTO cursors (key, value) VALUES (?, ?)", rows)
+        with chat.restart():
+            await eventually(
+                lambda: "the wake about worker owed is in its inbox already" in chat.serve.logs,
+                timeout_s=60,
+                what="the owed wake found in lead's inbox",
+            )
+            assert queued(tmp_path, "lead") == []
+            assert await chat.serve.aterminate() == 0
+        assert owed_in_state(tmp_path) == []
+
+
 @pytest.fixture(params=["telegram", "feishu"])
 def platform(request: pytest.FixtureRequest) -> str:
     return str(request.param)
