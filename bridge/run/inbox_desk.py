@@ -439,7 +439,8 @@ class InboxDesk:
         would not have written is skipped and forgotten, logged once: the start goes on."""
         found: dict[str, list[tuple[str, _FailedWake]]] = {}
         skipped: list[str] = []
-        for key, value in self._stored_owed().items():
+        stored = self._stored_owed()
+        for key, value in stored.items():
             parsed = _stored_wake(key, value, self._writers)
             if isinstance(parsed, str):
                 if parsed != "its agent is not served":  # forgotten when it leaves for good
@@ -450,6 +451,8 @@ class InboxDesk:
             if parent_id in agents:
                 found.setdefault(parent_id, []).append((notice_id, wake))
         self._store.delete_cursors(skipped)
+        for key in skipped:  # the next agent taken in this turn reads the same: not again
+            del stored[key]
         if not found:
             return
         tries = self._store.get_cursors(owed_tries_cursor(parent) for parent in found)
@@ -457,8 +460,8 @@ class InboxDesk:
         for parent_id, wakes in found.items():
             owed = self._wake_retries.get(parent_id)
             if owed is None:
-                stored = tries.get(owed_tries_cursor(parent_id))
-                attempts, due_s = _stored_tries(parent_id, stored)
+                kept = tries.get(owed_tries_cursor(parent_id))
+                attempts, due_s = _stored_tries(parent_id, kept)
                 owed = self._wake_retries[parent_id] = _WakeRetry(
                     Backoff(
                         initial_s=WAKE_RETRY_FIRST_S, max_s=WAKE_RETRY_MAX_S, attempts=attempts

@@ -13,6 +13,7 @@ from contextlib import ExitStack, closing
 from pathlib import Path
 
 import pytest
+import redis
 
 from taskcard.producers.task_card.contract import atomic_write, parse_iso, utc_now_iso
 from tests.e2e.harness import ServeProcess, eventually, publish, run_cli
@@ -339,7 +340,17 @@ async def test_clustered_a_wake_owed_by_a_stopped_instance_is_queued_by_the_agen
     """i0 serves lead; i1 serves worker and follows lead too, so worker's report is woken into
     lead's inbox by i1. lead's inbox is a file: the wake fails on i1 and is owed there. i1 is
     stopped before the inbox works again: i0, which holds lead's lease, finds the owed wake
-    i1 left in Redis and queues it once the inbox works. Kept by i1 alone, it went with i1."""
+    i1 left in Redis and queues it once the inbox works. Kept by i1 alone, it went with i1.
+    Owed wakes in Redis that no instance would have written are skipped with one line each."""
+    forged = {
+        'owed-wake:["lead", "worker:forged"]': json.dumps({"child": "worker", "text": 7}),
+        "owed-wake:not json": "{",
+    }
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        client.hset(f"{prefix}:cursors", mapping=forged)
+    finally:
+        client.close()
     i0 = fleet.enter_context(
         instance(tmp_path, "i0", telegram, ["lead"], redis_url=redis_url, prefix=prefix)
     )
@@ -369,5 +380,6 @@ async def test_clustered_a_wake_owed_by_a_stopped_instance_is_queued_by_the_agen
         what="the wake i1 owed queued by i0",
     )
     assert "agent lead: 1 wake owed to its inbox taken up from the state" in i0.logs
+    assert i0.logs.count("skipped: ") == len(forged), i0.logs
     assert len(report_wakes(tmp_path)) == 1
     assert await i0.aterminate() == 0
