@@ -112,6 +112,16 @@ def _open_dir(
     return fd
 
 
+def _create(name: str, folder_fd: int) -> int:
+    """A new file `name` in the folder, for writing; never through a link, never one there."""
+    return os.open(
+        name,
+        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+        0o600,
+        dir_fd=folder_fd,
+    )
+
+
 class InboxWriter:
     """One agent's inbox as the service sees it."""
 
@@ -161,12 +171,18 @@ class InboxWriter:
         name = f"{ident}.json"
         with self._folders(create=True) as fds:
             try:
-                fd = os.open(
-                    name,
-                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                    0o600,
-                    dir_fd=fds[TMP_DIR],
-                )
+                try:
+                    fd = _create(name, fds[TMP_DIR])
+                except FileExistsError as error:
+                    # Left by a write of this same message cut short (the service stopped
+                    # between the write and the rename): `tmp/` is the service's alone and
+                    # an id names one message, so it goes, where it refused the message at
+                    # every try after a restart. A folder there stays in the way.
+                    try:
+                        os.unlink(name, dir_fd=fds[TMP_DIR])
+                    except OSError:
+                        raise error from None
+                    fd = _create(name, fds[TMP_DIR])
             except OSError as error:
                 raise refusal(f"inbox/tmp/{name} cannot be written", error, "inbox/tmp") from None
             inbox = os.fstat(fds[""])

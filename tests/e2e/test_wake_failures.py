@@ -58,7 +58,7 @@ async def test_a_wake_that_cannot_be_queued_puts_back_whole_the_wake_it_took_bac
 ) -> None:
     """worker's twelve reports wait in one wake in lead's inbox; the thirteenth does not fit
     with them, so its wake takes that one back to carry its head and is cut, and cannot be
-    queued (a file is in its way). The wake taken back is queued again as it was: it was
+    queued (a folder is in its way). The wake taken back is queued again as it was: it was
     written again with the cut text, and the reports the cut left out were lost."""
     async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
         lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
@@ -79,7 +79,7 @@ async def test_a_wake_that_cannot_be_queued_puts_back_whole_the_wake_it_took_bac
             assert all(f"(#{seq})" in whole for seq in range(1, 13)), whole
             assert "left out" not in whole and len(whole) > 3600, len(whole)
             at = utc_now_iso()
-            (lead / "inbox" / "tmp" / report_wake_file("worker", 13, at)).write_text("in the way")
+            (lead / "inbox" / "tmp" / report_wake_file("worker", 13, at)).mkdir()  # in the way
             report(worker, 13, ok=True, summary=f"part 13 {FILLER}", at=at)
             await wait_said(chat, "⚠ inbox:", "lead's card naming its inbox")
             assert report_wakes(tmp_path) == [whole]
@@ -236,6 +236,43 @@ async def test_an_owed_wake_queued_before_a_stop_is_not_written_again_after_it(
             assert queued(tmp_path, "lead") == []
             assert await chat.serve.aterminate() == 0
         assert owed_in_state(tmp_path) == []
+
+
+async def test_a_wake_cut_short_between_its_write_and_its_rename_is_queued_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    """lead's wake is owed (its `inbox` is a file) when the service stops. The inbox is made
+    again holding what a write of that wake cut short between `inbox/tmp/` and the rename
+    into `queued/` leaves (a crash there): its half file in `tmp/`. The restart queues the
+    wake over it. The half file refused the wake at every try ('File exists; remove that
+    file, which is in the way'), until the tries ran out and the wake was dropped."""
+    async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
+        lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
+        lineage = {"parent": "lead", "reason": "split", "depth": 1, "created_at": utc_now_iso()}
+        atomic_write(worker / "lineage.json", json.dumps(lineage).encode())
+        (lead / "inbox").write_text("not a folder\n")
+        publish(worker, "**migrating**")
+        publish(lead, "**leading**")
+        with chat.serve:
+            await wait_said(chat, "migrating", "worker card")
+            await wait_said(chat, "leading", "lead card")
+            at = utc_now_iso()
+            report(worker, 1, ok=True, summary="part 1 done", at=at)
+            await wait_said(chat, "⚠ inbox:", "lead's card naming its inbox")
+            assert await chat.serve.aterminate() == 0
+        (lead / "inbox").unlink()
+        for folder in ("queued", "taken", "cancelled", "tmp"):
+            (lead / "inbox" / folder).mkdir(parents=True, mode=0o700)
+        half = lead / "inbox" / "tmp" / report_wake_file("worker", 1, at)
+        half.write_text('{"v":1,"id":"wa')
+        with chat.restart():
+            await eventually(
+                lambda: any("part 1 done" in text for text in report_wakes(tmp_path)),
+                timeout_s=60,
+                what="the owed wake queued over the half file",
+            )
+            assert list((lead / "inbox" / "tmp").iterdir()) == []
+            assert await chat.serve.aterminate() == 0
 
 
 @pytest.fixture(params=["telegram", "feishu"])
