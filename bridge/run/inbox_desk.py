@@ -153,6 +153,11 @@ WAKE_RETRY_TRIES = 24
 # workdir: that is what failed.
 OWED_WAKE_CURSOR = "owed-wake:"
 OWED_TRIES_CURSOR = "owed-wake-tries:"
+# A wake recorded (its notice pending) but neither queued nor failed when the service
+# stopped, as a stop during its write leaves it, is owed at the next start when it is younger
+# than this (about the time its tries would have taken): the notice is recorded first, so
+# the signal read again does not wake again. Older pending notices are left as they are.
+CUT_SHORT_KEEP_S = 2 * 3600.0
 # Clustered: how often an instance looks in the store for wakes owed to the agents whose
 # lease it holds that another instance left there (its write failed, and it stopped since).
 OWED_LOOK_S = 30.0
@@ -365,6 +370,7 @@ class InboxDesk:
         for agent_id in {r.agent_id for r in self._records.values()} - set(self._writers):
             self.retire(agent_id, "the agent was removed")
         self._take_owed(self._writers)
+        self._take_cut_short()
         self._loaded = True
 
     def take_agent(self, agent_id: str) -> None:
@@ -482,6 +488,34 @@ class InboxDesk:
                 parent_id,
                 counted(len(owed.wakes), "wake", "wakes"),
             )
+
+    def _take_cut_short(self) -> None:
+        """At start, alone on the state: owe the wakes whose write a stop cut short (see
+        `CUT_SHORT_KEEP_S`). One whose file was queued after all is found in the inbox when
+        it is tried (`_retry_wakes_of`), not written twice. It goes alone: whether it was a
+        report's, to join the child's wake still queued, is not kept in the notice."""
+        since = self._clock().timestamp() - CUT_SHORT_KEEP_S
+        pending = [
+            p
+            for p in self._store.pending_notices()
+            if p.route.startswith(WAKE_ROUTE_PREFIX) and p.created_at >= since
+        ]
+        for notice in sorted(pending, key=lambda p: p.created_at):
+            parent_id = notice.route[len(WAKE_ROUTE_PREFIX) :]
+            child_id, _, episode = notice.notice_id.partition(":")
+            if parent_id not in self._writers or not (child_id and episode and notice.text):
+                continue
+            owed = self._wake_retries.get(parent_id)
+            if owed is None:
+                owed = self._wake_retries[parent_id] = _WakeRetry(
+                    Backoff(initial_s=WAKE_RETRY_FIRST_S, max_s=WAKE_RETRY_MAX_S)
+                )
+            if notice.notice_id not in owed.wakes:  # waiting behind owed ones: kept already
+                wake = _FailedWake(child_id, episode, notice.text, report=False)
+                self._keep_owed(owed, parent_id, notice.notice_id, wake)
+                log.info(
+                    "agent %s: the wake about %s cut short by a stop is owed", parent_id, child_id
+                )
 
     def channel_ready(self, channel: str) -> None:
         self._ready.add(channel)
@@ -927,6 +961,8 @@ class InboxDesk:
                     owed_tries_cursor(parent_id),
                 ]
             )
+            for dropped in owed.wakes:  # not taken for cut short at the next start
+                self._store.set_notice_state(WAKE_ROUTE_PREFIX + parent_id, dropped, "failed")
             return
         owed.due_s = self._clock().timestamp() + owed.backoff.next_delay_s()
         self._store_tries(parent_id, owed)
@@ -963,6 +999,7 @@ class InboxDesk:
             dropped = next(iter(owed.wakes))
             del owed.wakes[dropped]
             self._store.delete_cursors([_owed_wake_cursor(parent_id, dropped)])
+            self._store.set_notice_state(WAKE_ROUTE_PREFIX + parent_id, dropped, "failed")
             log.warning(
                 "agent %s: wake %s dropped: more than %d wait for its inbox",
                 parent_id,

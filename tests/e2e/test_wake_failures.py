@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import sqlite3
+import time
 from contextlib import ExitStack, closing
 from pathlib import Path
 
@@ -273,6 +274,49 @@ async def test_a_wake_cut_short_between_its_write_and_its_rename_is_queued_after
             )
             assert list((lead / "inbox" / "tmp").iterdir()) == []
             assert await chat.serve.aterminate() == 0
+
+
+async def test_a_wake_whose_write_a_stop_cut_short_is_queued_at_the_next_start(
+    tmp_path: Path,
+) -> None:
+    """A stop during a wake's write leaves its notice recorded as pending (it is recorded
+    first, so that the signal read again does not wake twice) and no file in the inbox: the
+    state is set so by hand here, as such a stop leaves it. The next start queues that wake;
+    one pending for longer than its tries would have taken is left alone. It was never
+    written: the notice said the wake was known."""
+    async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
+        lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
+        lineage = {"parent": "lead", "reason": "split", "depth": 1, "created_at": utc_now_iso()}
+        atomic_write(worker / "lineage.json", json.dumps(lineage).encode())
+        publish(worker, "**migrating**")
+        publish(lead, "**leading**")
+        with chat.serve:
+            await wait_said(chat, "migrating", "worker card")
+            await wait_said(chat, "leading", "lead card")
+            assert await chat.serve.aterminate() == 0
+        now = time.time()
+        cut_short = [
+            ("worker:signal:report:1:1", "📋 worker reported (#1): ok.\npart 1 done", now - 5),
+            (
+                "worker:signal:report:0:1",
+                "📋 worker reported (#0): ok.\npart 0 done",
+                now - 3 * 3600,
+            ),
+        ]
+        with closing(sqlite3.connect(tmp_path / ".taskcard" / "state.sqlite3")) as db, db:
+            db.executemany(
+                "INSERT INTO notices (route, notice_id, text, state, created_at, updated_at)"
+                " VALUES ('wake:lead', ?, ?, 'pending', ?, ?)",
+                [(notice, text, at, at) for notice, text, at in cut_short],
+            )
+        with chat.restart():
+            [wake] = await eventually(
+                lambda: report_wakes(tmp_path), timeout_s=60, what="the wake cut short queued"
+            )
+            assert "part 1 done" in wake
+            assert await chat.serve.aterminate() == 0
+        assert report_wakes(tmp_path) == [wake]
+        assert owed_in_state(tmp_path) == []
 
 
 @pytest.fixture(params=["telegram", "feishu"])
