@@ -15,6 +15,8 @@ from taskcard.bridge.run.inbox_desk import (
     KEEP_CLOSED_S,
     REPORTS_CUT_LINE,
     InboxDesk,
+    _stored_tries,
+    _stored_wake,
     joined_report_wakes,
     status_key,
 )
@@ -270,3 +272,76 @@ async def test_a_busy_childs_signals_spend_no_tries_of_a_broken_inbox_and_all_ar
     said = sorted(json.loads(path.read_text())["text"] for path in queued)
     assert said == sorted(f"child signalled {n}" for n in range(40)), said
     assert "lead" not in desk.problems
+
+
+def _owed_row(**fields: object) -> str:
+    row: dict[str, object] = {
+        "child": "worker",
+        "episode": "signal:report:1:5",
+        "text": "worker reported",
+        "report": True,
+        "withdrawn": None,
+        "seq": 3,
+        **fields,
+    }
+    return json.dumps(row)
+
+
+OWED_KEY = 'owed-wake:["lead", "worker:signal:report:1:5"]'
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "why"),
+    [
+        ("owed-wake:not json", _owed_row(), "not JSON of the expected shape"),
+        ('owed-wake:["lead", "a", "b"]', _owed_row(), "not JSON of the expected shape"),
+        ('owed-wake:["gone", "worker:signal:report:1:5"]', _owed_row(), "its agent is not served"),
+        ('owed-wake:[7, "worker:signal:report:1:5"]', _owed_row(), "its agent is not served"),
+        (OWED_KEY, "[]", "not an object"),
+        (OWED_KEY, _owed_row(child=""), "no child or episode"),
+        (OWED_KEY, _owed_row(episode=5), "no child or episode"),
+        (OWED_KEY, _owed_row(child="other"), "its key does not name its child and episode"),
+        (OWED_KEY, _owed_row(text=""), "no text, or one longer than a message"),
+        (OWED_KEY, _owed_row(text="x" * 70_000), "no text, or one longer than a message"),
+        (OWED_KEY, _owed_row(report="yes"), "no report flag or order"),
+        (OWED_KEY, _owed_row(seq=True), "no report flag or order"),
+        (OWED_KEY, _owed_row(withdrawn="../x"), "a withdrawn wake that is no message id"),
+    ],
+)
+def test_an_owed_wake_in_the_store_not_as_written_is_skipped_saying_why(
+    key: str, value: str, why: str
+) -> None:
+    assert _stored_wake(key, value, {"lead"}) == why
+
+
+def test_an_owed_wake_in_the_store_as_written_is_taken_up() -> None:
+    parent, notice, wake = _stored_wake(OWED_KEY, _owed_row(withdrawn="wake_ab"), {"lead"})
+    assert (parent, notice) == ("lead", "worker:signal:report:1:5")
+    assert (wake.child_id, wake.text, wake.report, wake.withdrawn, wake.seq) == (
+        "worker",
+        "worker reported",
+        True,
+        "wake_ab",
+        3,
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, (0, 0.0)),
+        ('{"tries": 3, "due_s": 1700000000.5}', (3, 1700000000.5)),
+        ('{"tries": 24, "due_s": 1}', (0, 0.0)),  # as many as drop them: not written so
+        ('{"tries": -1, "due_s": 1}', (0, 0.0)),
+        ('{"tries": 1.5, "due_s": 1}', (0, 0.0)),
+        ('{"tries": 1, "due_s": "soon"}', (0, 0.0)),
+        ('{"tries": 1, "due_s": NaN}', (0, 0.0)),
+        ('{"tries": 1}', (0, 0.0)),
+        ("[1, 2]", (0, 0.0)),
+        ("{", (0, 0.0)),
+    ],
+)
+def test_the_stored_tries_of_owed_wakes_are_taken_only_as_written(
+    value: str | None, expected: tuple[int, float]
+) -> None:
+    assert _stored_tries("lead", value) == expected
