@@ -513,6 +513,7 @@ class InboxDesk:
             if notice.notice_id not in owed.wakes:  # waiting behind owed ones: kept already
                 wake = _FailedWake(child_id, episode, notice.text, report=False)
                 self._keep_owed(owed, parent_id, notice.notice_id, wake)
+                self._store_tries(parent_id, owed)  # every agent owed wakes has its row
                 log.info(
                     "agent %s: the wake about %s cut short by a stop is owed", parent_id, child_id
                 )
@@ -683,7 +684,9 @@ class InboxDesk:
     def forget_owed(self, agent_id: str) -> None:
         """Forget the wakes owed to an agent that left for good, also those in the store
         (`StateStore.forget_agent` does not find them: their keys end with a notice id)."""
-        self._wake_retries.pop(agent_id, None)
+        owed = self._wake_retries.pop(agent_id, None)
+        if owed is None and self._store.get_cursor(owed_tries_cursor(agent_id)) is None:
+            return  # owes none (the usual case): the store's cursors are not read through
         keys = self._store.cursor_keys(_owed_wakes_of(agent_id))
         self._store.delete_cursors([*keys, owed_tries_cursor(agent_id)])
 

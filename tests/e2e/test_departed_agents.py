@@ -85,6 +85,7 @@ def kept(tmp_path: Path, agent: str) -> dict[str, int]:
         "notices": ("SELECT COUNT(*) FROM notices WHERE route LIKE ?", suffix),
         "offsets": ("SELECT COUNT(*) FROM offsets WHERE agent_id = ?", agent),
         "cursors": ("SELECT COUNT(*) FROM cursors WHERE key LIKE ?", suffix),
+        "owed wakes": ("SELECT COUNT(*) FROM cursors WHERE key LIKE ?", f'owed-wake:["{agent}",%'),
     }
     with closing(sqlite3.connect(tmp_path / ".taskcard" / "state.sqlite3")) as db:
         counts = {
@@ -150,7 +151,18 @@ async def _churn(fake: FakeTelegram | FakeFeishu, tmp_path: Path) -> None:
         assert await serve.aterminate() == 0
 
     # Kept for 2 s. The scout leaves while the service is stopped: found at the next start.
+    # It was owed a wake its inbox could not take: that goes with the rest of it.
     shutil.rmtree(scout)
+    owed = {
+        'owed-wake:["scout", "stay:signal:exit:1"]': json.dumps(
+            {"child": "stay", "episode": "signal:exit:1", "text": "stay exited", "report": False}
+            | {"withdrawn": None, "seq": 0}
+        ),
+        "owed-wake-tries:scout": json.dumps({"tries": 2, "due_s": 0}),
+    }
+    with closing(sqlite3.connect(tmp_path / ".taskcard" / "state.sqlite3")) as db, db:
+        db.executemany("INSERT INTO cursors (key, value) VALUES (?, ?)", owed.items())
+    assert kept(tmp_path, "scout")["owed wakes"] == 1
     env = config(tmp_path, fake, keep_s=2.0)
     with ServeProcess(tmp_path / "taskcard.toml", env=env) as serve:
         await eventually(
