@@ -29,10 +29,14 @@ from taskcard.producers.ledger.model import (
 )
 from taskcard.producers.ledger.render import RENDERER_FILE, render_markdown, write_renderer
 from taskcard.producers.ledger.store import DEFAULT_LEDGER, Ledger, LedgerError, cannot_write
-from taskcard.producers.task_card.contract import is_inside, terminal_json
+from taskcard.producers.task_card.contract import expand_home, is_inside, terminal_json
 from taskcard.producers.task_card.number_args import decimal_number, whole_number
 from taskcard.producers.task_card.runtime import RUNTIME_DIR_HELP, runtime_dir_arg
-from taskcard.producers.task_card.workdir_arg import existing_workdir_arg
+from taskcard.producers.task_card.workdir_arg import (
+    existing_workdir_arg,
+    file_path_problem,
+    shown_path,
+)
 
 EXIT_OK: Final = 0
 EXIT_BAD_INPUT: Final = 2
@@ -46,8 +50,21 @@ _AT_MOST: Final = f", at most {MAX_NOTE_CHARS} characters"
 
 def _ledger(args: argparse.Namespace) -> Ledger:
     # Checked as given: an empty `--ledger` joined to the workdir would name the workdir.
-    path = Ledger(args.ledger).path
+    given: str = args.ledger
+    Ledger(given)
+    # `--ledger=~/x.json`, or a path in quotes: no shell expanded the ~, and a folder named
+    # "~" was made in the workdir.
+    path = expand_home(given)
+    if path is None:
+        raise LedgerError(
+            f"--ledger: {shown_path(given)} cannot be expanded (no such user); give the full path"
+        )
     full = path if path.is_absolute() else args.workdir / path
+    # A link that leads nowhere was read as an empty ledger ("has no task") and replaced
+    # with a file by `init`; a file on the way was a "cannot write" (exit 1).
+    problem = file_path_problem(full)
+    if problem is not None:
+        raise LedgerError(f"--ledger: {shown_path(given)} {problem}")
     # A ledger inside the workdir stays inside it (`Ledger`'s `inside`); one given elsewhere
     # on purpose (an absolute path, or `../` out of the workdir) is the caller's choice.
     workdir: Path = args.workdir
@@ -296,7 +313,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ledger",
         default=str(DEFAULT_LEDGER),
-        help=f"the ledger file, relative to the workdir (default: {DEFAULT_LEDGER})",
+        help=f"the ledger file, relative to the workdir; ~ is expanded (default: {DEFAULT_LEDGER})",
     )
 
 

@@ -15,7 +15,9 @@ holds it to the same rule (no empty name, no NUL, text or a path object only).
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import stat
 from pathlib import Path
 from typing import Final
 
@@ -118,16 +120,56 @@ def not_a_directory(text: str) -> str:
     "is not a directory", or the symbolic link that leads nowhere on it and where it points.
     Resolved, the name had followed the link, and "is not a directory" about a name `ls`
     shows as one sent the user looking at the wrong end of the link."""
-    broken = broken_link(Path(text).expanduser())
+    dangling = dangling_link(Path(text).expanduser(), "is not a directory: ")
+    return "is not a directory" if dangling is None else dangling
+
+
+def dangling_link(path: Path, lead: str = "") -> str | None:
+    """The words, after the name, for a `path` whose own name or a folder link on its way is
+    a symbolic link that leads nowhere (`broken_link`): "is a symbolic link to T, which does
+    not exist", or `lead` and "the symbolic link L on its path points to T, which does not
+    exist"; None when there is no such link (a loop of links is not one: see `link_loop`)."""
+    broken = broken_link(path)
     if broken is None or broken[2]:
-        return "is not a directory"
+        return None
     link, points_to, _ = broken
-    if link == Path(os.path.abspath(Path(text).expanduser())):
+    if link == Path(os.path.abspath(path)):
         return f"is a symbolic link to {shown_path(points_to)}, which does not exist"
     return (
-        f"is not a directory: the symbolic link {shown_path(link)} on its path points to"
+        f"{lead}the symbolic link {shown_path(link)} on its path points to"
         f" {shown_path(points_to)}, which does not exist"
     )
+
+
+def file_path_problem(path: Path) -> str | None:
+    """Why `path` cannot name a file to read or create, in words after the name, or None when
+    it can (it is a file, or nothing is there yet under a folder that is one). For options that
+    name a file (`ledger --ledger`): a dangling link was read as "no such file" and written
+    through, a link loop and a file on the way came out as the system's bare words, exit 1."""
+    dangling = dangling_link(path, "leads nowhere: ")
+    if dangling is not None:
+        return dangling + "; restore what it points to, or fix the link"
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "goes round a loop of symbolic links; fix the links, or give the file itself"
+        if exc.errno == errno.ENOTDIR:
+            on_way = next(
+                (p for p in reversed(Path(os.path.abspath(path)).parents) if _is_file(p)), None
+            )
+            where = "" if on_way is None else f" ({shown_path(on_way)} is a file)"
+            return f"goes through a file as if it were a folder{where}; give a path in a folder"
+        if exc.errno == errno.ENAMETOOLONG:
+            return f"cannot be used ({exc.strerror}); give a shorter path"
+    return None
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def writable_workdir_arg(text: str) -> Path:
