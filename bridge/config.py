@@ -648,9 +648,25 @@ def workdirs_not_yet(config: ServiceConfig) -> list[AgentConfig]:
 
 def workdir_not_yet(agent_id: str, workdir: Path | str) -> str:
     """The line that says an agent's workdir does not exist yet (`workdirs_not_yet`)."""
+    return f"agent {agent_id}: workdir {_not_yet(workdir)}; it is picked up when created"
+
+
+def _not_yet(path: Path | str) -> str:
+    """`path` and "does not exist yet", or, when a symbolic link on it leads nowhere (the
+    path's own name or a folder link on its way), that link and where it points: "does not
+    exist yet" about a name `ls` shows sent the operator to make a folder where the link is."""
+    broken = broken_link(Path(path))
+    if broken is None or broken[2]:  # a loop is a problem of its own (`_loop_problem`)
+        return f"{shown_path(path)} does not exist yet"
+    link, points_to, _ = broken
+    if link == Path(os.path.abspath(path)):
+        return (
+            f"{shown_path(path)} is a symbolic link that leads nowhere (to"
+            f" {shown_path(points_to)}, which does not exist yet)"
+        )
     return (
-        f"agent {agent_id}: workdir {shown_path(workdir)} does not exist yet; it is picked up"
-        " when created"
+        f"{shown_path(path)} does not exist yet: the symbolic link {shown_path(link)} on its"
+        f" path leads nowhere (to {shown_path(points_to)}, which does not exist yet)"
     )
 
 
@@ -678,8 +694,8 @@ def roots_not_yet(config: ServiceConfig) -> list[tuple[int, Path]]:
 def root_not_yet(index: int, root: Path | str) -> str:
     """The line that says a discovery root does not exist yet (`roots_not_yet`)."""
     return (
-        f"discover.roots[{index}]: {shown_path(root)} does not exist yet; its folders are taken"
-        " as agents once it is created"
+        f"discover.roots[{index}]: {_not_yet(root)}; its folders are taken as agents once it"
+        " is created"
     )
 
 

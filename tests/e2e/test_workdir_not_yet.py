@@ -96,3 +96,68 @@ async def test_serve_logs_a_workdir_not_made_yet_once_at_the_start_and_at_a_relo
         assert serve.logs.count(not_yet("ghost", tmp_path)) == 1
         assert "agent builder: workdir" not in serve.logs
         assert await serve.aterminate() == 0
+
+
+def _linked_config(tmp_path: Path, base_url: str) -> Path:
+    """Agent ghost's workdir and the one discovery root are symbolic links that lead nowhere
+    (to folders not made yet), beside agent builder's real workdir."""
+    lines = agents_lines(tmp_path, ["builder"])
+    (tmp_path / "agents" / "ghost").symlink_to(tmp_path / "moved-ghost")
+    (tmp_path / "fleet").symlink_to(tmp_path / "moved-fleet")
+    lines += ["[[agents]]", 'id = "ghost"', 'workdir = "agents/ghost"']
+    lines += ["[discover]", 'roots = ["fleet"]']
+    lines += [
+        "[telegram]",
+        f'token_env = "{TOKEN_ENV}"',
+        f'api_base_url = "{base_url}"',
+        "poll_timeout_s = 1",
+        "[[telegram.routes]]",
+        f"chat_id = {CHAT}",
+        'agents = ["*"]',
+    ]
+    config = tmp_path / "taskcard.toml"
+    config.write_text("\n".join(lines) + "\n")
+    return config
+
+
+def linked_lines(tmp_path: Path) -> list[str]:
+    """The notes of `_linked_config`: each names its link as one that leads nowhere."""
+    return [
+        f"agent ghost: workdir {tmp_path / 'agents' / 'ghost'} is a symbolic link that leads"
+        f" nowhere (to {tmp_path / 'moved-ghost'}, which does not exist yet); it is picked up"
+        " when created",
+        f"discover.roots[0]: {tmp_path / 'fleet'} is a symbolic link that leads nowhere (to"
+        f" {tmp_path / 'moved-fleet'}, which does not exist yet); its folders are taken as"
+        " agents once it is created",
+    ]
+
+
+def test_check_names_a_workdir_or_root_behind_a_link_that_leads_nowhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Noted "does not exist yet" about a name `ls` shows, the operator made a folder where
+    the link is; the note names the link and where it points."""
+    config = _linked_config(tmp_path, "http://127.0.0.1:9")
+    monkeypatch.setenv(TOKEN_ENV, "123456:placeholder")
+    validated = run_cli("config", "check", str(config))
+    assert validated.returncode == 0, validated.stderr
+    for line in linked_lines(tmp_path):
+        assert f"note: {line}" in validated.stdout.splitlines(), validated.stdout
+    checked = run_cli("serve", "--config", str(config), "--check")
+    assert checked.returncode == 0, checked.stderr
+    for line in linked_lines(tmp_path):
+        assert f"note: {line}" in checked.stderr.splitlines(), checked.stderr
+    # The folders made where the links point: nothing more to say.
+    (tmp_path / "moved-ghost").mkdir()
+    (tmp_path / "moved-fleet").mkdir()
+    assert "leads nowhere" not in run_cli("config", "check", str(config)).stdout
+
+
+async def test_serve_names_a_workdir_or_root_behind_a_link_that_leads_nowhere(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    config = _linked_config(tmp_path, telegram.base_url)
+    with ServeProcess(config, env={TOKEN_ENV: telegram.token}) as serve:
+        for line in linked_lines(tmp_path):
+            await eventually(lambda line=line: line in serve.logs, what=line)
+        assert await serve.aterminate() == 0
