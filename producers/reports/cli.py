@@ -11,6 +11,7 @@ import argparse
 import errno
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -47,6 +48,7 @@ from taskcard.producers.task_card.stdin_json import (
     read_stdin_object,
 )
 from taskcard.producers.task_card.workdir_arg import (
+    dangling_link,
     existing_workdir_arg,
     shown_path,
     workdir_arg,
@@ -212,6 +214,21 @@ def run_reports(args: argparse.Namespace) -> int:
     return 0
 
 
+def _spawn_folder_arg(fix: str) -> Callable[[str], Path]:
+    """`workdir_arg` for `spawn`'s folders, refusing a name through a symbolic link that leads
+    nowhere as the user typed it: resolved first, the refusal named the link's far end
+    ("'/elsewhere/gone' is not a directory"), a path the user never gave."""
+
+    def read(text: str) -> Path:
+        path = workdir_arg(text)
+        dangling = dangling_link(Path(text).expanduser(), "is not a directory: ")
+        if dangling is not None:
+            raise argparse.ArgumentTypeError(f"{shown_path(text)} {dangling}; {fix}")
+        return path
+
+    return read
+
+
 def run_spawn(args: argparse.Namespace) -> int:
     try:
         record = spawn(
@@ -291,7 +308,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Write the child's lineage record; refuses spawns deeper than the cap.",
     )
     spawn_parser.add_argument(
-        "--workdir", type=workdir_arg, required=True, help="the child's workdir"
+        "--workdir",
+        type=_spawn_folder_arg("create the child's working directory first"),
+        required=True,
+        help="the child's workdir",
     )
     spawn_parser.add_argument("--parent", required=True, help="the parent's agent id")
     spawn_parser.add_argument(
@@ -302,7 +322,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     spawn_parser.add_argument("--provider", default=None, help="e.g. claude-code, codex")
     spawn_parser.add_argument(
         "--parent-workdir",
-        type=workdir_arg,
+        type=_spawn_folder_arg("give the parent's working directory, or leave it out"),
         default=None,
         help="the parent's workdir, recorded: the child's depth is the parent's + 1, and a"
         " child that would close a loop or sit in the parent's contract folders is refused"
