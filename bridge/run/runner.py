@@ -917,5 +917,7 @@ def add_log_options(
         type=_one_of(LOG_FORMATS, "TASKCARD_LOG_FORMAT", str.lower),
         choices=LOG_FORMATS,
         default=os.environ.get("TASKCARD_LOG_FORMAT") or "text",
-        help="text for people, json for one object per line (env TASKCARD_LOG_FORMAT)",
+        # "(default: text)" whatever the variable holds: the value itself was printed raw.
+        help="text for people, json for one object per line; TASKCARD_LOG_FORMAT when set"
+        " (default: text)",
     )

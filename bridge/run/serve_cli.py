@@ -731,7 +731,9 @@ def _config_option(parser: argparse.ArgumentParser) -> None:
         "-c",
         type=config_path,
         default=config_from_environment(),
-        help="the TOML configuration (env TASKCARD_CONFIG)",
+        # Said, not shown: argparse's "(default: %(default)s)" printed the variable's value
+        # raw, spaces, line breaks and escape sequences and all, into every help page.
+        help="the TOML configuration (default: the file TASKCARD_CONFIG names, when set)",
     )
 
 
