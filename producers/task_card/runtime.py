@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Final
 
 import taskcard.producers.task_card.workdir_lock as workdir_lock
+from taskcard.producers.task_card.contract import broken_link
 from taskcard.producers.task_card.workdir_arg import shown_path
 
 
@@ -76,8 +77,22 @@ def ensure_private_dir(path: Path) -> None:
         # system) was a bare "[Errno 17] File exists: ..." and exit 4, "no host reachable".
         # The folder in the way, when not the runtime dir itself (said once, not twice).
         where = "" if exc.filename in (None, str(path)) else f": {shown_path(exc.filename)}"
+        why = f" ({exc.strerror}{where})"
+        broken = broken_link(path)
+        file_above = next((above for above in path.parents if os.path.isfile(above)), None)
+        if broken is not None:
+            # A link on the way that leads nowhere, or round a loop, was "File exists" about it.
+            link, points_to, loop = broken
+            leads = (
+                "goes round a loop of symbolic links"
+                if loop
+                else f"leads nowhere (to {shown_path(points_to)}, which does not exist)"
+            )
+            why = f": the symbolic link {shown_path(link)} on its path {leads}"
+        elif file_above is not None:  # "File exists" or "Not a directory" about a folder name
+            why = f": {shown_path(file_above)} on its path is a file, not a folder"
         raise RuntimeDirUnsafe(
-            f"runtime dir {shown_path(path)} cannot be created ({exc.strerror}{where}); set "
+            f"runtime dir {shown_path(path)} cannot be created{why}; set "
             "TASKCARD_RUNTIME_DIR (or --runtime-dir) to a private directory you can create"
         ) from None
     try:

@@ -183,21 +183,45 @@ def test_a_folder_too_long_for_a_socket_is_refused_before_any_host(
         host.shutdown()
 
 
-@pytest.mark.parametrize("kind", ["file", "dangling link", "file on its path"])
+KINDS = [
+    "file",
+    "dangling link",
+    "file on its path",
+    "file further up its path",
+    "dangling link on its path",
+    "loop on its path",
+]
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_runtime_dir_that_is_no_folder_is_refused_naming_the_fix(
     workdir: Path, tmp_path: Path, kind: str
 ) -> None:
+    """The folder in the way is named as what it is: a file on the path, or a link on it
+    that leads nowhere or round a loop, was "File exists" (or "Not a directory") about it."""
     named = tmp_path / "rt"
+    sub = named / ("sub/deeper" if kind == "file further up its path" else "sub")
+    cannot = f"runtime dir {sub} cannot be created:"
     if kind == "file":
         named.write_text("")
         problem = f"runtime dir {named} is not a directory; refusing to use it."
     elif kind == "dangling link":
         named.symlink_to(tmp_path / "nowhere")
         problem = f"runtime dir {named} is a symlink; refusing to use it."
-    else:
+    elif kind in ("file on its path", "file further up its path"):
         named.write_text("")
-        named = named / "sub"
-        problem = f"runtime dir {named} cannot be created (File exists: {named.parent}); set"
+        problem = f"{cannot} {named} on its path is a file, not a folder; set"
+    elif kind == "dangling link on its path":
+        named.symlink_to(tmp_path / "nowhere")
+        problem = (
+            f"{cannot} the symbolic link {named} on its path leads nowhere (to"
+            f" {tmp_path / 'nowhere'}, which does not exist); set"
+        )
+    else:
+        named.symlink_to("rt")
+        problem = f"{cannot} the symbolic link {named} on its path goes round a loop of"
+    if kind not in ("file", "dangling link"):
+        named = sub
     for env, options in (
         ({"TASKCARD_RUNTIME_DIR": str(named)}, ()),
         ({}, ("--runtime-dir", str(named))),
