@@ -24,6 +24,7 @@ import ipaddress
 import json
 import os
 import re
+import select
 import socket
 import stat
 import sys
@@ -961,9 +962,14 @@ def _read_config_bytes(path: Path) -> tuple[bytes, bool]:
     """The file's bytes, at most `MAX_CONFIG_BYTES`: a regular file, or a pipe such as
     `--config <(...)`; a device or socket is refused before anything is read from it, except
     /dev/null (an empty configuration: the embedded defaults). And whether it is a regular
-    file, the only kind with a folder that relative paths can start at."""
-    with path.open("rb") as stream:
-        info = os.fstat(stream.fileno())
+    file, the only kind with a folder that relative paths can start at.
+
+    Opened without blocking: a named pipe nothing writes to held `config check`, `serve` and
+    `status` in `open` for ever. A pipe is read once a writer has written or gone
+    (`CONFIG_PIPE_WAIT_S`)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with open(fd, "rb") as stream:
+        info = os.fstat(fd)
         mode = info.st_mode
         if stat.S_ISCHR(mode) and info.st_rdev == _devnull_rdev():
             return b"", False
@@ -971,6 +977,9 @@ def _read_config_bytes(path: Path) -> tuple[bytes, bool]:
             raise ConfigError(
                 [f"{path}: is a device, not a configuration file; give the path of a TOML file"]
             )
+        if stat.S_ISFIFO(mode):
+            _await_pipe_writer(fd, path)
+        os.set_blocking(fd, True)
         raw = stream.read(MAX_CONFIG_BYTES + 1)
         regular = stat.S_ISREG(mode)
     if len(raw) > MAX_CONFIG_BYTES:
@@ -981,6 +990,25 @@ def _read_config_bytes(path: Path) -> tuple[bytes, bool]:
             ]
         )
     return raw, regular
+
+
+# How long a configuration that is a pipe may stay silent before it is refused: longer than
+# a command feeding `--config <(...)` takes to start (a secret store's client, say).
+CONFIG_PIPE_WAIT_S: Final = 30.0
+
+
+def _await_pipe_writer(fd: int, path: Path) -> None:
+    """Return once the pipe `fd` has bytes or its writer has gone; `ConfigError` when neither
+    happens within `CONFIG_PIPE_WAIT_S` (a named pipe with no writer shows neither)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    if not poller.poll(int(CONFIG_PIPE_WAIT_S * 1000)):
+        raise ConfigError(
+            [
+                f"{path}: is a named pipe that nothing wrote to within {CONFIG_PIPE_WAIT_S:g} s;"
+                " give the path of a TOML file, or start what writes the pipe first"
+            ]
+        )
 
 
 def _devnull_rdev() -> int | None:

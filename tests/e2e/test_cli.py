@@ -1142,6 +1142,21 @@ def test_a_config_from_a_pipe_is_still_read(tmp_path: Path) -> None:
     assert "valid; 1 agent," in result.stdout
 
 
+def test_a_config_that_is_a_named_pipe_nothing_writes_is_refused_not_awaited(
+    tmp_path: Path,
+) -> None:
+    """`config check FIFO` (or `--config FIFO`) with no writer hung in `open` for ever; it is
+    refused, naming the pipe and the fix, once the pipe stayed silent for the wait."""
+    fifo = tmp_path / "taskcard.fifo"
+    os.mkfifo(fifo)
+    result = taskcard("config", "check", str(fifo))
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    assert f"{fifo}: is a named pipe that nothing wrote to within 30 s; give the path" in (
+        result.stderr
+    )
+    assert "Traceback" not in result.stderr
+
+
 def _written(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path
