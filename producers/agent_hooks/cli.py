@@ -19,9 +19,13 @@ from taskcard.producers.agent_hooks.install import (
     parse_version,
 )
 from taskcard.producers.agent_hooks.payload_json import read_json
-from taskcard.producers.task_card.contract import cannot_write, expand_home
+from taskcard.producers.task_card.contract import broken_link, cannot_write, expand_home
 from taskcard.producers.task_card.stdin_json import read_stdin_object
-from taskcard.producers.task_card.workdir_arg import existing_workdir_arg, shown_path
+from taskcard.producers.task_card.workdir_arg import (
+    existing_workdir_arg,
+    file_path_problem,
+    shown_path,
+)
 
 # A host writes the hook's JSON and closes its stdin. One that keeps the pipe open (a wrapper
 # holding its end, a host bug) held the hook until the host's timeout killed it, and the
@@ -133,6 +137,12 @@ def codex_config_arg(text: str) -> str:
             f"{shown_path(text)} cannot be expanded (no such user); give the full path of"
             " Codex's config.toml"
         )
+    # A file on the way (`notes.txt/config.toml`) or a name too long to open was "cannot
+    # write ...", exit 1, after the fact. A link on the way that leads nowhere or round a
+    # loop is init's own refusal, in its words (`install._refuse_broken_link`).
+    problem = file_path_problem(path)
+    if problem is not None and broken_link(path) is None:
+        raise argparse.ArgumentTypeError(f"{shown_path(text)} {problem}")
     return os.fspath(path)
 
 

@@ -108,3 +108,37 @@ def test_a_codex_config_with_an_unexpanded_tilde_is_written_in_the_home_folder(
         " user); give the full path of Codex's config.toml"
     )
     assert sorted(os.listdir(tmp_path)) == ["agent", "home"]
+
+
+@pytest.mark.parametrize("kind", ["file on its path", "file further up", "name too long"])
+def test_a_codex_config_no_file_can_be_at_is_a_usage_error(
+    workdir: Path, tmp_path: Path, kind: str
+) -> None:
+    """A `--config` under a regular file, or too long to open, was "cannot write ...", exit 1,
+    as if the disk had failed; it is a usage error naming the option, nothing written."""
+    (tmp_path / "notes.txt").write_text("mine\n")
+    given = {
+        "file on its path": "notes.txt/config.toml",
+        "file further up": "notes.txt/codex/config.toml",
+        "name too long": "c" * 5000,
+    }[kind]
+    done = subprocess.run(
+        [TASKCARD, "init", "codex", "--workdir", str(workdir), "--config", given],
+        cwd=tmp_path,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert (done.returncode, done.stdout) == (2, b""), done.stderr
+    said = done.stderr.decode()
+    assert said.startswith("taskcard init codex: argument --config: "), said
+    assert len(said.splitlines()) == 1, said
+    if kind == "name too long":
+        assert "cannot be used (File name too long); give a shorter path" in said
+    else:
+        assert (
+            f"{given} goes through a file as if it were a folder ({tmp_path}/notes.txt is a"
+            " file); give a path in a folder" in said
+        )
+    assert (tmp_path / "notes.txt").read_text() == "mine\n"
+    assert sorted(os.listdir(tmp_path)) == ["agent", "notes.txt"]
