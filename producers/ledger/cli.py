@@ -60,15 +60,17 @@ def _ledger(args: argparse.Namespace) -> Ledger:
             f"--ledger: {shown_path(given)} cannot be expanded (no such user); give the full path"
         )
     full = path if path.is_absolute() else args.workdir / path
-    # A link that leads nowhere was read as an empty ledger ("has no task") and replaced
-    # with a file by `init`; a file on the way was a "cannot write" (exit 1).
-    problem = file_path_problem(full)
-    if problem is not None:
-        raise LedgerError(f"--ledger: {shown_path(given)} {problem}")
     # A ledger inside the workdir stays inside it (`Ledger`'s `inside`); one given elsewhere
     # on purpose (an absolute path, or `../` out of the workdir) is the caller's choice.
     workdir: Path = args.workdir
     inside = is_inside(str(workdir), os.path.normpath(full))
+    # A link that leads nowhere was read as an empty ledger ("has no task") and replaced
+    # with a file by `init`; a file on the way was a "cannot write" (exit 1). One inside the
+    # workdir that leads out of it is the store's refusal, whether its far end exists or not.
+    problem = file_path_problem(full)
+    leads_out = inside and not is_inside(str(workdir), os.path.realpath(full))
+    if problem is not None and not leads_out:
+        raise LedgerError(f"--ledger: {shown_path(given)} {problem}")
     return Ledger(full, inside=workdir if inside else None)
 
 
