@@ -66,7 +66,12 @@ from taskcard.producers.task_card.contract import (
     shows_text,
 )
 from taskcard.producers.task_card.contract import cannot_write as contract_cannot_write
-from taskcard.producers.task_card.workdir_arg import WorkdirError, given_path, shown_path
+from taskcard.producers.task_card.workdir_arg import (
+    WorkdirError,
+    dangling_link,
+    given_path,
+    shown_path,
+)
 
 DEFAULT_LEDGER: Final = Path(LEDGER_DIR) / LEDGER_FILE
 MAX_LEDGER_BYTES: Final = 16_000_000
@@ -315,6 +320,13 @@ class Ledger:
             with open_regular(self.path, inside=self._inside) as handle:
                 data = handle.read(MAX_LEDGER_BYTES + 1)
         except FileNotFoundError:
+            # A link at the ledger's name (or a folder link) that leads nowhere: read as an
+            # empty ledger, its task was "not in" it, and `init` wrote a file over the link.
+            dangling = dangling_link(self.path)
+            if dangling is not None:
+                raise LedgerError(
+                    f"ledger {self.shown} {dangling}; restore what it points to, or fix the link"
+                ) from None
             return LedgerDocument()
         except OutsideWorkdir:
             raise self._outside() from None

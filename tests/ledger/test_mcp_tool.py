@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -258,6 +259,33 @@ async def test_a_ledger_folder_that_cannot_be_made_is_a_failed_result_not_a_lost
         assert in_the_way.read_text() == "notes of the agent\n"
         reported = await session.call_tool("report", {"ok": True})
         assert not reported.is_error, reported.structured_content
+
+
+async def test_a_ledger_behind_a_link_that_leads_nowhere_is_named_and_kept(
+    workdir: Path, runtime_dir: Path
+) -> None:
+    """A link at the ledger's name to a file not there (inside the workdir, so followed) was
+    read as an empty ledger ("has no task") and `init` wrote a file over it; every command
+    now names the link and where it points, and the link is left as it is."""
+    (workdir / "ledger").mkdir()
+    link = workdir / "ledger" / "long-task-ledger.json"
+    link.symlink_to("moved.json")
+    said = (
+        f"ledger {link} is a symbolic link to moved.json, which does not exist; restore what"
+        " it points to, or fix the link"
+    )
+    calls: list[dict[str, object]] = [
+        {"command": "show"},
+        {"command": "init", "task_id": "t", "purpose": "Sync"},
+        {"command": "heartbeat", "task_id": "t"},
+    ]
+    async with mcp_session(workdir, runtime_dir) as session:
+        for arguments in calls:
+            result = await session.call_tool("ledger", arguments)
+            content = result.structured_content
+            assert result.is_error and isinstance(content, dict), arguments
+            assert said in str(content["message"]), content
+    assert link.is_symlink() and os.readlink(link) == "moved.json"
 
 
 async def test_init_never_writes_its_renderer_through_a_link_at_its_name(
