@@ -19,6 +19,7 @@ import json
 import math
 import os
 import signal
+import stat
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -35,6 +36,7 @@ from taskcard.producers.task_card.contract import (
     atomic_write,
     broken_link,
     expand_home,
+    file_kind,
     utc_now_iso,
 )
 from taskcard.producers.task_card.number_args import decimal_number
@@ -285,8 +287,17 @@ def _unusable_dir(folder: Path) -> str | None:
     followed, the fleet created wherever it pointed."""
     broken = broken_link(folder)
     if broken is None:
-        if os.path.exists(folder) and not os.path.isdir(folder):
-            return "it is a file, not a folder"
+        try:
+            mode = os.stat(folder).st_mode
+        except OSError:
+            mode = None
+        if mode is not None and not stat.S_ISDIR(mode):
+            # A named pipe (or a device) was "a file"; each is said as what `ls -l` shows.
+            return f"it is {'a file' if stat.S_ISREG(mode) else file_kind(mode)}, not a folder"
+        # A file further up was "Not a directory (DIR/agents)", about a name below it.
+        above = next((up for up in Path(os.path.abspath(folder)).parents if up.is_file()), None)
+        if above is not None:
+            return f"{printable(str(above))} on its path is a file, not a folder"
         return None
     link, points_to, loop = broken
     which = "" if link == Path(os.path.abspath(folder)) else f"{printable(str(link))} "

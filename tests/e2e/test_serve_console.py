@@ -209,6 +209,27 @@ def test_a_demo_folder_that_cannot_hold_the_fleet_is_one_line_and_exit_2(
 THERE = "cannot keep the demo fleet there:"
 
 
+@pytest.mark.parametrize("kind", ["named pipe", "file on its path", "file further up"])
+def test_a_demo_folder_that_is_no_folder_is_said_as_what_it_is(tmp_path: Path, kind: str) -> None:
+    """`demo --dir FIFO` was "it is a file", and `--dir FILE/x` "Not a directory (FILE/x/
+    agents)", naming a folder below the file that nobody typed; each says what is in the
+    way. One line, exit 2, nothing made."""
+    (tmp_path / "notes.txt").write_text("mine\n")
+    os.mkfifo(tmp_path / "pipe")
+    folder, says = {
+        "named pipe": (tmp_path / "pipe", "it is a named pipe, not a folder;"),
+        "file on its path": (tmp_path / "notes.txt" / "fleet", "on its path is a file,"),
+        "file further up": (tmp_path / "notes.txt" / "a" / "fleet", "on its path is a file,"),
+    }[kind]
+    if kind != "named pipe":
+        says = f"{tmp_path / 'notes.txt'} {says} not a folder;"
+    result = run_cli("demo", "--dir", str(folder), "--duration", "5")
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    assert result.stderr.startswith(f"taskcard demo: --dir {folder}: {THERE} {says}"), result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt", "pipe"]
+
+
 @pytest.mark.parametrize("kind", ["dangling link", "loop", "folder link to nowhere"])
 def test_a_demo_folder_behind_a_broken_link_is_refused_naming_the_link(
     tmp_path: Path, kind: str
