@@ -144,6 +144,17 @@ class RendererPathError(ValueError):
         self.why = why
 
 
+def _file_above(path: Path) -> Path | None:
+    """The regular file among the folders `path` goes through, if one is (ENOTDIR's cause)."""
+    for up in reversed(path.parents):
+        try:
+            if S_ISREG(os.stat(up).st_mode):
+                return up
+        except OSError:
+            return None
+    return None
+
+
 def resolve_renderer(workdir: Path, renderer_path: str) -> Path:
     """The resolved renderer file; symlinks are followed before the inside-workdir check."""
     root = workdir.resolve()
@@ -155,6 +166,15 @@ def resolve_renderer(workdir: Path, renderer_path: str) -> Path:
     except OSError as exc:
         if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
             _refuse_broken_link(root, candidate, renderer_path)
+        above = _file_above(candidate) if exc.errno == errno.ENOTDIR else None
+        if above is not None:
+            # `notes.py/r.py` was said not to exist, as if `notes.py` were not there.
+            shown = above.relative_to(root) if above.is_relative_to(root) else above
+            raise RendererPathError(
+                f"renderer_path: {quoted(renderer_path)} goes through {quoted(str(shown))}, a"
+                " file, as if it were a folder; give the renderer's Python file",
+                "goes through a file",
+            ) from None
         if exc.errno in (errno.ENOENT, errno.ENOTDIR):
             raise RendererPathError(
                 f"renderer_path: {quoted(renderer_path)} does not exist (relative paths start"

@@ -2,7 +2,8 @@
 file: each refusal says what the name is and what to give instead.
 
 A folder, a named pipe or a socket was "is not a regular file", leaving both to guess; a
-name too long to look at was said not to exist. Driven through the real command line and
+name too long to look at, or one under a regular file (`notes.py/r.py`), was said not to
+exist. Driven through the real command line and
 the SDK's stdio client, one host for both, stopped at the end.
 """
 
@@ -18,12 +19,24 @@ from taskcard.producers.task_card.contract import quoted
 
 from .conftest import STATIC_RENDERER, CliHost, envelope, write_renderer
 
-KINDS = ["folder", "fifo", "socket", "long"]
+KINDS = ["folder", "fifo", "socket", "long", "under a file"]
 
 
 def _make(workdir: Path, kind: str) -> tuple[str, str]:
     """The renderer_path to give, and what the refusal says after it."""
-    name = {"folder": "r_dir", "fifo": "r_fifo", "socket": "r_sock", "long": "z" * 5000}[kind]
+    name = {
+        "folder": "r_dir",
+        "fifo": "r_fifo",
+        "socket": "r_sock",
+        "long": "z" * 5000,
+        "under a file": "notes.py/r.py",
+    }[kind]
+    if kind == "under a file":
+        (workdir / "notes.py").write_text("# mine\n")
+        return name, (
+            "renderer_path: 'notes.py/r.py' goes through 'notes.py', a file, as if it were a"
+            " folder; give the renderer's Python file"
+        )
     if kind == "folder":
         (workdir / name).mkdir()
     elif kind == "fifo":
