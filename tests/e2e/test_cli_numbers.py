@@ -35,6 +35,7 @@ TEXT_READERS = {
     "runtime_dir_arg",
     "codex_config_arg",
     "demo_dir_arg",
+    "_spawn_folder_arg.<locals>.read",
 }
 WHOLE = "is not a whole number; write ASCII digits 0-9 with an optional sign, e.g. 10"
 SEQ = "is not a seq (the last one you read); write ASCII digits 0-9 with an optional sign"
