@@ -356,9 +356,8 @@ class IncomingCommand:
     messages: `args` is its text and `reply_to` the ids it answers (the replied-to message
     and, on Feishu, the thread's root), for the service to match against its own messages.
     A "taskcard" or "tell" command with `reply_to` was addressed only by replying (a Feishu
-    group without a mention of the bot; on Telegram, a `/tell` replying to another bot's
-    message): it is the bot's only when it replies to one of the bot's messages, or, for a
-    "tell", when it names an agent the service routes to the chat.
+    group without a mention of the bot): it is the bot's only when it replies to one of the
+    bot's messages.
     "moved" is no one's text but the platform's word that `chat` now lives under another id
     (`args`, Telegram's group upgraded to a supergroup): the channel sends there from now on,
     and the service shows the chat's residents again.

@@ -2666,11 +2666,7 @@ class Service:
             return
         replying = command.command != "reply" and bool(command.reply_to)
         ours = not replying or self._ours(routes, command)
-        if (
-            not ours
-            and not await self._ours_in_cluster(channel_name, command)
-            and not await self._tells_agent_here(channel_name, command, routes)
-        ):
+        if not ours and not await self._ours_in_cluster(channel_name, command):
             return  # a command replying to someone else's message, without the bot's mention
         allowed = [r for r in routes if may_command(r, command)]
         if not allowed:
@@ -2844,26 +2840,6 @@ class Service:
                 if self._shown_id(RouteKey(channel_name, chat, name)) in command.reply_to:
                     return True
         return False
-
-    async def _tells_agent_here(
-        self, channel_name: str, command: IncomingCommand, routes: list[Route]
-    ) -> bool:
-        """Whether `command`, addressed only by the message it replies to (someone else's),
-        is a `/tell` naming an agent the service routes to the chat (any instance's,
-        clustered): a person means it for that agent whatever the message replies to (a CI
-        bot's alert). A `/tell` naming none of them, and every `/taskcard`, is left to whom
-        the message replied to belongs: two card services may share the chat, and a name
-        only one of them routes there is unambiguous."""
-        if command.command != "tell":
-            return False
-        name = [*command.args.split(maxsplit=1), ""][0]  # as `_text_for_agent` reads it
-        here = sorted({r.key.agent_id for r in routes})
-        if matching_agents(name, here):
-            return True
-        if self._cluster_names is None:
-            return False
-        names = await self._cluster_names(channel_name, command.chat)
-        return bool(names) and bool(matching_agents(name, sorted(names or ())))
 
     def _shown_id(self, key: RouteKey) -> str | None:
         """The message id of the route's resident. Clustered, a resident another instance

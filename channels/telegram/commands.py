@@ -193,13 +193,7 @@ def command_from_update(update: Update, bot_username: str) -> IncomingCommand | 
     if args is None:
         name, args = "tell", parse_command(text, bot_username, TELL)
     if args is not None and for_another_bot(message, bot_username):
-        if name != "tell":
-            return None
-        # A `/tell` replying to another bot's message (a CI bot's alert) is ours when it
-        # names an agent the service routes here, which only the service knows: it comes
-        # with the message it replies to, as a Feishu command addressed only by a reply.
-        replied = message.reply_to_message
-        reply_to = () if replied is None else (str(replied.message_id),)
+        return None
     unknown_author = False
     if args is None:
         # A reply to one of this bot's messages (privacy mode still delivers those): text
@@ -264,16 +258,14 @@ def author_of(message: Message) -> str | None:
 
 
 def for_another_bot(message: Message, bot_username: str) -> bool:
-    """Whether a command in `message` may be another bot's because it replies to that
-    bot's message without naming this bot (`/taskcard@ThisBot`, or a mention of it).
+    """Whether a command in `message` is another bot's because it replies to that bot's
+    message without naming this bot (`/taskcard@ThisBot`, or a mention of it).
 
     Telegram delivers a command written as a reply to a bot's message to that bot: in a chat
     with two card services, "/taskcard off" replying to the other's card hides that one's
     cards, not ours. Feishu takes a command replying to another app's message, without our
-    mention, as not ours alike. A `/tell` is ours all the same when it names an agent the
-    service routes to the chat (the service decides, by the name). A message a bot sent on
-    behalf of a chat (an anonymous administrator's GroupAnonymousBot) is a person's, and a
-    command replying to it is ours.
+    mention, as not ours alike. A message a bot sent on behalf of a chat (an anonymous
+    administrator's GroupAnonymousBot) is a person's, and a command replying to it is ours.
     """
     replied = chosen_reply(message)
     author = None if replied is None else replied.from_user
