@@ -369,6 +369,11 @@ class IncomingCommand:
     group posting anonymously, or a channel's own post; the platform lets only the chat's
     administrators do either), "chat" when it is another chat (a linked channel, a channel a
     member chose to post as), whose post names no person. None: `user_id` is the person.
+
+    `user_id` is always a platform's id of a person, or None. `author_name` is the name a
+    message shows instead when it names no person (only a Telegram channel's post: its
+    signature, else the channel's title): a name, not an id, so anyone may be named so, and
+    nothing keyed on a person (a rate limit, who queued a text) may read it as one.
     """
 
     chat: ChatRef
@@ -389,6 +394,7 @@ class IncomingCommand:
     # message of the service is not answered with how to reach an agent.
     in_thread: bool = False
     sent_as: SentAs | None = None
+    author_name: str | None = None
     # True when the platform did not say who wrote the message `reply_to` names (every post
     # of a Telegram channel, the bot's too, is signed by the channel alone): a "reply" is
     # then one to the service's message only as far as the service's own ids tell (an

@@ -537,9 +537,12 @@ class InboxDesk:
         author: str | None,
         text: str,
         reply_to: ReplyTo | None = None,
+        author_name: str | None = None,
     ) -> str | None:
         """Queue `text` for `agent_id`; a short refusal for the person, or None when queued
-        (the status message then says what happens, as a reply to `reply_to`)."""
+        (the status message then says what happens, as a reply to `reply_to`). `author` is
+        the person's id (None when the message names none: the rate and `/taskcard cancel`
+        key on it alone); `author_name` the name such a message shows, for the agent only."""
         now = self._clock()
         # Refusals of what was never queued (nothing to send, too long) come before the rate:
         # they write nothing, and must not cost the person one of their messages.
@@ -562,6 +565,7 @@ class InboxDesk:
             thread_id=chat.thread_id,
             user=author,
             queued_at=now,
+            name=author_name,
         )
         if len(encode_message(message)) > MAX_INBOX_MESSAGE_BYTES:
             # Refused before anything is recorded: sending the same text again would fail the

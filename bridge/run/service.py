@@ -2961,7 +2961,13 @@ class Service:
         return self._showing_inbox(
             agent_id,
             lambda: self._desk.queue(
-                channel_name, command.chat, agent_id, command.user_id, text, command.answer_to
+                channel_name,
+                command.chat,
+                agent_id,
+                command.user_id,
+                text,
+                command.answer_to,
+                author_name=command.author_name,
             ),
         )
 

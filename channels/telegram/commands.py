@@ -7,8 +7,9 @@ updates for 24 hours). Only new messages count: an edited message is never a com
 posts come as `channel_post` (only its administrators post there, signed by the channel):
 a routed channel is commanded like a group. Its posts name no author, the bot's cards
 included: a reply there to a post of the channel is passed on as a reply whose replied-to
-author is unknown, which the service matches against its own message ids. Routing and
-permissions are the service's decisions, not ours.
+author is unknown, which the service matches against its own message ids; the post's
+signature (else the channel's title) comes as its author's name, never as a user id.
+Routing and permissions are the service's decisions, not ours.
 """
 
 from __future__ import annotations
@@ -222,7 +223,7 @@ def command_from_update(update: Update, bot_username: str) -> IncomingCommand | 
     return IncomingCommand(
         chat=ChatRef(str(message.chat.id), None if thread is None else str(thread)),
         args=args,
-        user_id=author_of(message),
+        user_id=None if message.from_user is None else str(message.from_user.id),
         message_id=str(message.message_id),
         chat_title=message.chat.effective_name,
         command=name,
@@ -230,6 +231,7 @@ def command_from_update(update: Update, bot_username: str) -> IncomingCommand | 
         sent_as=on_behalf_of(message),
         reordered=name != "reply" and shows_reordered(text),
         replied_author_unknown=unknown_author,
+        author_name=post_author(message),
     )
 
 
@@ -246,13 +248,12 @@ def channels_own(message: Message, replied: Message) -> bool:
     return sender is None or sender.id == message.chat.id
 
 
-def author_of(message: Message) -> str | None:
-    """Who wrote `message`, as the service records its author: the person's id, or for a
-    channel's post (which names no person) its signature when the channel signs its posts,
-    else the channel's title: the agent reads who wrote a text, never "someone"."""
-    if message.from_user is not None:
-        return str(message.from_user.id)
-    if message.chat.type != Chat.CHANNEL:
+def post_author(message: Message) -> str | None:
+    """The name a channel's post (which names no person) shows as its author: its signature
+    when the channel signs its posts, else the channel's title, so the agent reads who wrote
+    a text, not "someone". None for every other message. A name anyone may choose, never a
+    user id (`IncomingCommand.author_name`)."""
+    if message.from_user is not None or message.chat.type != Chat.CHANNEL:
         return None
     return message.author_signature or message.chat.effective_name
 

@@ -10,7 +10,11 @@ Layout under the agent's workdir, all folders real directories (never links)::
     inbox/claims/<id>.json     who holds a claimed message not yet settled (agent side only)
 
 A message is one UTF-8 JSON object of at most 16 KiB: `{"v": 1, "id", "kind": "message" |
-"wake", "text", "from": {"channel", "chat_id", "thread_id", "user"}, "origin", "queued_at"}`.
+"wake", "text", "from": {"channel", "chat_id", "thread_id", "user", "name"}, "origin",
+"queued_at"}`. `from.user` is the platform's id of the person who wrote it, or null;
+`from.name` (optional, added within v1: a reader that does not know it ignores it) is the
+name a message that names no person shows instead (a Telegram channel's post: its
+signature, else the channel's title), never an id, written as `shown_name` makes it.
 Everything in it is untrusted text: `parse_message` checks every field and says which one is
 wrong; `frame` quotes the text so that it can never pose as the frame around it.
 """
@@ -89,6 +93,7 @@ ORIGIN: Final = re.compile(
     r"[a-z][a-z0-9_-]{0,31}:-?[A-Za-z0-9_.@-]{1,128}(:[A-Za-z0-9_.@-]{1,64})?"
 )
 _LABEL_CHARS: Final = 64
+NAME_CHARS: Final = 64  # `from.name` as the service writes it (`shown_name`)
 _BIDI: Final = re.compile(f"[{BIDI_CHARS}]")
 
 Kind = Literal["message", "wake"]
@@ -107,10 +112,13 @@ class Message:
     user: str | None
     origin: str | None
     queued_at: str
+    name: str | None = None  # `from.name`: a name the message shows, never an id
 
     def summary(self) -> dict[str, Any]:
         """The JSON shape `taskcard inbox --json` and the `inbox` MCP tool answer with (the
-        text without its tag characters, as `frame` quotes it)."""
+        text, the user and the name without their tag characters, direction characters
+        shown as code points, as `frame` quotes the text: another program may have queued
+        anything)."""
         return {
             "id": self.id,
             "kind": self.kind,
@@ -119,7 +127,8 @@ class Message:
                 "channel": self.channel,
                 "chat_id": self.chat_id,
                 "thread_id": self.thread_id,
-                "user": self.user,
+                "user": None if self.user is None else show_bidi(drop_hidden_tags(self.user)),
+                "name": None if self.name is None else shown_name(self.name),
             },
             "origin": self.origin,
             "queued_at": self.queued_at,
@@ -188,6 +197,7 @@ def parse_message(raw: bytes, expected_id: str) -> Message:
         user=_optional_str(sender, "user", "from."),
         origin=origin,
         queued_at=queued_at,
+        name=_optional_str(sender, "name", "from."),
     )
 
 
@@ -200,6 +210,24 @@ def show_bidi(text: str) -> str:
     The service writes a person's text so (a file another program queued, or an older
     service, is shown so by `frame`); the agent still sees that they were there."""
     return _BIDI.sub(lambda found: f"<U+{ord(found.group()):04X}>", text)
+
+
+def shown_name(name: str) -> str:
+    """`name`, a name a chat member chose (a channel post's signature), as `from.name`
+    holds it: cleaned as the text is (tag characters left out, direction characters shown
+    as code points, `show_bidi`) and cut to `NAME_CHARS` characters, a cut one ending in
+    "…", never inside a code point's `<U+202E>`."""
+    shown = [show_bidi(char) for char in drop_hidden_tags(name)]
+    if sum(map(len, shown)) <= NAME_CHARS:
+        return "".join(shown)
+    kept: list[str] = []
+    room = NAME_CHARS - 1
+    for part in shown:
+        if len(part) > room:
+            break
+        kept.append(part)
+        room -= len(part)
+    return "".join(kept) + "…"
 
 
 def label(value: str | None, fallback: str) -> str:
@@ -221,7 +249,14 @@ def frame(message: Message) -> str:
     if message.kind == "wake":
         when = label(message.queued_at, "?")
         return f"Notice from taskcard (the service, not a person), queued {when}:\n{quoted}"
-    who = label(message.user, "someone")
+    if message.user:
+        who = label(message.user, "someone")
+    elif message.name and (shown := label(shown_name(message.name), "")):
+        # A name is no id: said to be one, so that a post signed "5551234" does not read
+        # as the person with that id.
+        who = f'"{shown}" (a name the post shows, not a user id)'
+    else:
+        who = "someone"
     where = f"{label(message.channel, 'a')} chat {label(message.chat_id, '?')}"
     if message.thread_id:
         where += f" (thread {label(message.thread_id, '?')})"

@@ -35,6 +35,7 @@ from taskcard.producers.inbox.contract import (
     TMP_DIR,
     VERSION,
     VIAS,
+    shown_name,
 )
 from taskcard.producers.ledger.contract import LEDGER_DIR
 from taskcard.producers.task_card.contract import (
@@ -224,17 +225,28 @@ def inbox_message(
     thread_id: str | None,
     user: str | None,
     queued_at: datetime,
+    name: str | None = None,
 ) -> dict[str, Any]:
-    """The JSON object of one queued message (see the module docstring for the fields)."""
+    """The JSON object of one queued message (see the module docstring for the fields).
+    `name` is the author's shown name when the message names no person (`from.name`, only
+    then written), cleaned and cut by `shown_name`."""
     origin = None
     if kind == "message":
         origin = f"{channel}:{chat_id}" + (f":{thread_id}" if thread_id else "")
+    sender: dict[str, str | None] = {
+        "channel": channel,
+        "chat_id": chat_id,
+        "thread_id": thread_id,
+        "user": user,
+    }
+    if name is not None and (shown := shown_name(name)):
+        sender["name"] = shown
     return {
         "v": INBOX_VERSION,
         "id": ident,
         "kind": kind,
         "text": text,
-        "from": {"channel": channel, "chat_id": chat_id, "thread_id": thread_id, "user": user},
+        "from": sender,
         "origin": origin,
         "queued_at": iso_utc(queued_at),
     }

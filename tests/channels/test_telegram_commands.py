@@ -346,7 +346,8 @@ def test_a_reply_in_a_channel_to_its_post_names_no_author_of_that_post() -> None
             Update.de_json({"update_id": 1, "channel_post": sent}, None), "Bot"
         )
         assert reply is not None and reply.replied_author_unknown
-        assert (reply.command, reply.reply_to, reply.user_id) == ("reply", ("77",), author)
+        assert (reply.command, reply.reply_to) == ("reply", ("77",))
+        assert (reply.user_id, reply.author_name) == (None, author)
     # In a group, a reply to a message without an author is no reply to the bot.
     group = {"id": GROUP, "type": "supergroup", "title": "g"}
     lost = {

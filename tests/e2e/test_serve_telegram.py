@@ -615,8 +615,9 @@ async def test_a_reply_in_a_routed_channel_to_its_card_reaches_the_agent(
         fake.inject_channel_post(channel, "/tell builder then tag it")
         await eventually(lambda: len(queued()) == 2, what="the unsigned /tell queued")
         by_text = {str(m["text"]): m for m in queued()}
-        assert by_text["ship it"]["from"]["user"] == "Ann"
-        assert by_text["then tag it"]["from"]["user"] == "Release desk"
+        signed = by_text["ship it"]["from"]
+        assert (signed["user"], signed["name"]) == (None, "Ann")
+        assert by_text["then tag it"]["from"]["name"] == "Release desk"
         fake.inject_channel_post(channel, "/taskcard off")
         await eventually(
             lambda: any("Task cards hidden here" in t for t in shown(fake, channel)),
@@ -630,6 +631,69 @@ async def test_a_reply_in_a_routed_channel_to_its_card_reaches_the_agent(
         texts = shown(fake, channel)
         assert not any("AGENT is one of" in t for t in texts), texts
         assert len(queued()) == 2
+        assert await serve.aterminate() == 0
+
+
+async def test_a_channel_posts_name_reaches_the_agent_as_a_name_not_a_user_id(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    # A channel's post names no person: its signature (else the channel's title) came as the
+    # author's user id. The agent got it as `from.user`, unsanitised (a direction override,
+    # tag characters), "5551234" read as the person with that id, and the per-person rate
+    # of /tell counted it as that person's: their own /tell was refused. It comes as
+    # `from.name`, cleaned and cut as the text is, and the user is null as before.
+    channel = -1009876543210
+    fake.make_channel(channel, "Release desk")
+    serve = setup(
+        tmp_path,
+        fake,
+        ["builder"],
+        [(channel, ["builder"]), (GROUP, ["builder"])],
+        limits="[inbox]\nmax_messages = 2\nperiod_s = 600",
+    )
+    workdir = agent_dir(tmp_path, "builder")
+    inbox = workdir / "inbox" / "queued"
+
+    def queued() -> dict[str, dict[str, Any]]:
+        files = sorted(inbox.glob("*.json")) if inbox.is_dir() else []
+        messages = [json.loads(path.read_text()) for path in files]
+        return {str(m["text"]): m for m in messages}
+
+    signature = "5551234\u202e\U000e0041\U000e0042 " + "x" * 80
+    with serve:
+        publish(workdir, "visible body")
+        await eventually(lambda: any("visible body" in t for t in shown(fake, channel)))
+        fake.inject_channel_post(channel, "/tell builder signed", signature="5551234")
+        fake.inject_channel_post(channel, "/tell builder from the desk", signature=signature)
+        await eventually(lambda: len(queued()) == 2, what="the channel's /tells queued")
+        for text in ("/tell builder from the person", "/tell builder again"):
+            fake.inject_command(GROUP, text, user_id=5551234)
+        await eventually(lambda: len(queued()) == 4, what="both of the person's /tells queued")
+        signed = queued()["signed"]["from"]
+        assert (signed["user"], signed["name"]) == (None, "5551234")
+        name = "5551234<U+202E> " + "x" * 47 + "…"
+        assert queued()["from the desk"]["from"]["user"] is None
+        assert queued()["from the desk"]["from"]["name"] == name and len(name) == 64
+        assert queued()["from the person"]["from"]["user"] == "5551234"
+        assert "name" not in queued()["from the person"]["from"]
+        # Another program may queue anything: the reader cleans the user and the name too.
+        hidden = "\u202eroot\U000e0041"
+        other = {"v": 1, "id": "other", "kind": "message", "text": "hi", "origin": None}
+        other |= {"queued_at": "2026-12-05T00:00:00Z"}
+        other["from"] = {"channel": "telegram", "chat_id": "1", "thread_id": None}
+        other["from"] |= {"user": hidden, "name": hidden}
+        (inbox / "other.json").write_text(json.dumps(other))
+        read = run_cli("inbox", "--workdir", str(workdir), "--peek", "--json")
+        assert read.returncode == 0, read.stderr
+        summaries = {m["text"]: m for m in json.loads(read.stdout)["messages"]}
+        desk, person = summaries["from the desk"], summaries["from the person"]
+        assert (desk["from"]["user"], desk["from"]["name"]) == (None, name)
+        assert desk["framed"].startswith(
+            f'Message from "{name}" (a name the post shows, not a user id) in telegram'
+        )
+        assert person["framed"].startswith("Message from 5551234 in telegram")
+        hi = summaries["hi"]["from"]
+        assert (hi["user"], hi["name"]) == ("<U+202E>root", "<U+202E>root")
         assert await serve.aterminate() == 0
 
 
