@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -95,68 +96,80 @@ return 0
 """
 
 
+# An entry holds every field of `IncomingCommand` (`encode` writes them from the dataclass)
+# but these: `chat` is written as `chat_id` and `thread_id`, and `reply` is each instance's
+# own (whether it answers). `RELAYED` says how each is read back: whether a value is one
+# the field takes, and the field's value in an entry written before it was relayed; the
+# relay's test fails while a field of the dataclass is missing here.
+_NOT_RELAYED = ("chat", "reply")
+_REQUIRED = object()  # a field an entry without is not read
+
+
+def _text(value: object) -> bool:
+    return isinstance(value, str)
+
+
+def _text_or_none(value: object) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _flag(value: object) -> bool:
+    return isinstance(value, bool)
+
+
+def _texts(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+RELAYED: dict[str, tuple[Callable[[object], bool], object]] = {
+    "args": (_text, _REQUIRED),
+    "user_id": (_text_or_none, None),
+    "message_id": (_text_or_none, None),
+    "chat_title": (_text_or_none, None),
+    # Which command, and what it answers: without them a /tell or a reply to a card was
+    # read back as `/taskcard <its text>`; an entry from before is a /taskcard.
+    "command": (lambda v: v in get_args(CommandName), "taskcard"),
+    "reply_to": (_texts, []),
+    "message_thread": (_text_or_none, None),
+    # Without it a remark merely written in a Feishu thread opened on the board was answered
+    # with how to reach an agent by whichever instance read it from the stream.
+    "in_thread": (_flag, False),
+    # Without it an anonymous admin's command was read back as GroupAnonymousBot's.
+    "sent_as": (lambda v: v is None or v in get_args(SentAs), None),
+    # Without it the answer to "/taskcard" + an override + "ffo" said nothing of the order
+    # the option shows in.
+    "reordered": (_flag, False),
+}
+
+
 def encode(command: IncomingCommand) -> str:
-    return json.dumps(
-        {
-            "chat_id": command.chat.chat_id,
-            "thread_id": command.chat.thread_id,
-            "args": command.args,
-            "user_id": command.user_id,
-            "message_id": command.message_id,
-            "chat_title": command.chat_title,
-            # Which command, and what it answers: without them a /tell or a reply to a card
-            # was read back as `/taskcard <its text>`.
-            "command": command.command,
-            "reply_to": list(command.reply_to),
-            "message_thread": command.message_thread,
-            # Without it an anonymous admin's command was read back as GroupAnonymousBot's.
-            "sent_as": command.sent_as,
-            # Without it the answer to "/taskcard" + an override + "ffo" said nothing of
-            # the order the option shows in (an older version reads it as False).
-            "reordered": command.reordered,
-        }
-    )
-
-
-_OPTIONAL_TEXT = ("thread_id", "user_id", "message_id", "chat_title", "message_thread")
+    data: dict[str, object] = {
+        "chat_id": command.chat.chat_id,
+        "thread_id": command.chat.thread_id,
+    }
+    for field in dataclasses.fields(IncomingCommand):
+        if field.name not in _NOT_RELAYED:
+            value = getattr(command, field.name)
+            data[field.name] = list(value) if isinstance(value, tuple) else value
+    return json.dumps(data)
 
 
 def decode(raw: str) -> IncomingCommand | None:
     """The command in a stream entry; None for an entry this version cannot read."""
     try:
         data = json.loads(raw)
-        text = {k: data.get(k) for k in _OPTIONAL_TEXT}
-        if not isinstance(data["chat_id"], str) or not isinstance(data["args"], str):
+        chat_id, thread_id = data["chat_id"], data.get("thread_id")
+        if not _text(chat_id) or not _text_or_none(thread_id):
             return None
-        if not all(v is None or isinstance(v, str) for v in text.values()):
-            return None
-        # An entry written before these fields were relayed is a /taskcard.
-        name = data.get("command", "taskcard")
-        reply_to = data.get("reply_to", [])
-        if name not in get_args(CommandName) or not isinstance(reply_to, list):
-            return None
-        if not all(isinstance(item, str) for item in reply_to):
-            return None
-        sent_as = data.get("sent_as")
-        if sent_as is not None and sent_as not in get_args(SentAs):
-            return None
-        reordered = data.get("reordered", False)
-        if not isinstance(reordered, bool):
-            return None
-    except (ValueError, KeyError, TypeError, AttributeError):
+        found: dict[str, Any] = {}
+        for name, (takes, before) in RELAYED.items():
+            value = data[name] if before is _REQUIRED else data.get(name, before)
+            if not takes(value):
+                return None
+            found[name] = tuple(value) if isinstance(value, list) else value
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
-    return IncomingCommand(
-        chat=ChatRef(data["chat_id"], text["thread_id"]),
-        args=data["args"],
-        user_id=text["user_id"],
-        message_id=text["message_id"],
-        chat_title=text["chat_title"],
-        command=name,
-        reply_to=tuple(reply_to),
-        message_thread=text["message_thread"],
-        sent_as=sent_as,
-        reordered=reordered,
-    )
+    return IncomingCommand(chat=ChatRef(chat_id, thread_id), **found)
 
 
 # The key said to hold another type when Redis's answer does not name it.

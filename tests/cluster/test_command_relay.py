@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
-from taskcard.bridge.cluster.commands import decode, encode
+from taskcard.bridge.cluster.commands import RELAYED, decode, encode
 from taskcard.channels.base import ChatRef, IncomingCommand, SentAs
 
 
@@ -41,4 +42,26 @@ def test_that_a_command_shows_reordered_crosses_the_relay() -> None:
     del entry["reordered"]  # written by an older version
     assert decode(json.dumps(entry)) == IncomingCommand(ChatRef("-100"), "ffo", "7")
     entry["reordered"] = "yes"
+    assert decode(json.dumps(entry)) is None
+
+
+def test_every_field_but_the_instances_own_crosses_the_relay() -> None:
+    # `in_thread` was left out of the entry: a remark merely written in a Feishu thread on
+    # the board was answered with how to reach an agent by the instance that read it back.
+    # Every field of the dataclass is relayed (`reply` is each instance's own), so a field
+    # added to it cannot be dropped on the way.
+    relayed = {f.name for f in dataclasses.fields(IncomingCommand)} - {"chat", "reply"}
+    assert set(RELAYED) == relayed
+    command = IncomingCommand(
+        ChatRef("oc_1", "t1"), "words", "ou_7", "om_2", "Fleet", command="reply",
+        reply_to=("om_1", "om_0"), message_thread="omt_1", in_thread=True, sent_as="admin",
+        reordered=True,
+    )  # fmt: skip
+    changed = [f.name for f in dataclasses.fields(command) if getattr(command, f.name) == f.default]
+    assert changed == ["reply"]  # every other field differs from its default, and is checked
+    assert decode(encode(command)) == command
+    entry = json.loads(encode(command))
+    del entry["in_thread"]  # written by an older version
+    assert decode(json.dumps(entry)) == dataclasses.replace(command, in_thread=False)
+    entry["in_thread"] = "yes"
     assert decode(json.dumps(entry)) is None

@@ -470,6 +470,52 @@ async def test_feishu_tell_and_thread_commands_cross_instances_as_written(
         assert not any("Unknown option" in t for t in fake.texts(CHAT))
 
 
+async def test_feishu_a_remark_in_a_thread_on_the_board_is_left_alone_by_either_instance(
+    tmp_path: Path, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """Feishu makes every message of a thread a reply to its root: a remark in a thread
+    opened on the board addressed no one, and a lone instance leaves it alone. The relay
+    dropped that the message was merely in a thread, so whichever instance read it back
+    answered it with how to reach an agent. A reply to the board itself is still told."""
+    from tests.e2e.test_serve_feishu import CHAT, ENCRYPT, VERIFY, card_texts
+
+    async with FakeFeishu() as fake:
+        setups = []
+        for name in ("i0", "i1"):
+            setup = feishu_instance(tmp_path, name, fake, redis_url=redis_url, prefix=prefix)
+            routed = 'agents = ["*"]'
+            setup.config.write_text(
+                setup.config.read_text().replace(routed, f'{routed}\nview = "board"')
+            )
+            fleet.enter_context(setup.serve())
+            publish(tmp_path / name / "agents" / f"{name}agent", f"card of {name}")
+            setups.append(setup)
+        await eventually(
+            lambda: any("card of i0" in t and "card of i1" in t for t in card_texts(fake)),
+            timeout_s=60,
+            what="the board with both lines",
+        )
+        [board] = [m.message_id for m in fake.chat(CHAT) if m.msg_type == "interactive"]
+
+        async def say(at: Setup, **where: str) -> str:
+            event = fake.command_event(
+                CHAT, "looks good to me", verification_token=VERIFY, mention_bot=False,
+                parent_id=board, **where,
+            )  # fmt: skip
+            assert (await fake.deliver_event(at.url, event, encrypt_key=ENCRYPT)).status == 200
+            return str(event["event"]["message"]["message_id"])
+
+        remark = await say(setups[0], thread_id="omt_on_the_board")
+        # Read after the remark by every instance (the stream is read in order); the same
+        # person is told once in a while, so had the remark been answered, this was not.
+        replied = await say(setups[1])
+        [told] = await eventually(
+            lambda: fake.replies_to(replied), timeout_s=60, what="the reply to the board told"
+        )
+        assert "reaches no agent" in told.text, told.text
+        assert fake.replies_to(remark) == [], [m.text for m in fake.replies_to(remark)]
+
+
 async def test_feishu_a_command_replying_to_another_instances_card_is_answered(
     tmp_path: Path, redis_url: str, prefix: str, fleet: ExitStack
 ) -> None:
