@@ -42,7 +42,7 @@ from redis.asyncio import Redis as AsyncRedis
 from redis.client import NEVER_DECODE
 from redis.exceptions import RedisError
 
-from taskcard.bridge.store.redis import raise_if_cancel_swallowed, wrong_type
+from taskcard.bridge.store.redis import raise_if_cancel_swallowed, readable, wrong_type
 
 log = logging.getLogger(__name__)
 
@@ -77,18 +77,8 @@ def _encode(record: Mapping[str, Any], writer: str, lost_at: float | None = None
 
 
 # Read as bytes: one field or line not UTF-8 (a hand edit, a hostile writer) must leave that
-# agent's line out, not fail the whole board's reading.
+# agent's line out (`readable`), not fail the whole board's reading.
 _RAW = {NEVER_DECODE: True}
-
-
-def _readable(stored: Mapping[bytes, bytes]) -> dict[str, str]:
-    """The fields and values of a chat's lines that are UTF-8 (the others are left out, as a
-    value `_decode` cannot read is)."""
-    found: dict[str, str] = {}
-    for field, value in stored.items():
-        with contextlib.suppress(UnicodeDecodeError):
-            found[field.decode()] = value.decode()
-    return found
 
 
 def _decode(raw: str) -> tuple[str, dict[str, Any], float | None] | None:
@@ -193,7 +183,7 @@ class SharedBoards:
         try:
             hgetall: Any = self._aio.execute_command  # untyped in redis-py
             raw = await hgetall("HGETALL", key, **_RAW)
-            stored = _readable(raw)
+            stored = readable(key, raw)
             found = [(agent, raw, _decode(raw)) for agent, raw in sorted(stored.items())]
             usable = [(agent, raw, item) for agent, raw, item in found if item is not None]
             leases = [self._key("lease", "agent", agent) for agent, _, _ in usable]
@@ -244,7 +234,8 @@ class SharedBoards:
         a dead instance's last state as the agent's now."""
         hgetall: Any = self._aio.execute_command  # untyped in redis-py
         try:
-            stored = _readable(await hgetall("HGETALL", self._key("board", scope), **_RAW))
+            key = self._key("board", scope)
+            stored = readable(key, await hgetall("HGETALL", key, **_RAW))
             usable = [
                 (agent, item) for agent, raw in stored.items() if (item := _decode(raw)) is not None
             ]

@@ -43,12 +43,13 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict
 from typing import Any, TypeVar, cast
 
 import redis
 from redis.backoff import ExponentialBackoff
+from redis.client import NEVER_DECODE
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
@@ -81,14 +82,64 @@ _CORRUPT = (ValueError, TypeError, KeyError, AttributeError, RecursionError)
 _reported: set[str] = set()
 
 
-def _corrupt(key: str, field: str) -> None:
-    """Log (once per key and field) that a stored value does not parse and is skipped."""
+def _corrupt(key: str, field: str, why: str = "does not parse") -> None:
+    """Log (once per key and field) that a stored value does not parse (or is not `why`)
+    and is skipped."""
     where = f"{key} {field}".strip()
     if where not in _reported:
         _reported.add(where)
-        log.warning(
-            "Redis %s: the stored value does not parse; it is ignored", shown_key(where, 300)
-        )
+        log.warning("Redis %s: the stored value %s; it is ignored", shown_key(where, 300), why)
+
+
+# Read as bytes, then as UTF-8 one entry at a time: a value (or field, or member) that is not
+# (another instance's, a hand edit, a hostile writer with the Redis user's rights) must
+# leave that entry out, not fail the whole reading. The client decodes every answer else.
+RAW = {NEVER_DECODE: True}
+NOT_UTF8 = "is not UTF-8"
+
+
+def raw_answer(client: Any, *command: object) -> Any:
+    """Redis's answer to `command` sent through `client` (a client or a pipeline), as bytes."""
+    return client.execute_command(*command, **RAW)
+
+
+def utf8(key: str, field: str, raw: bytes | str | None) -> str | None:
+    """`raw` (read with `RAW`) as text; None when absent, or not UTF-8 (logged once, naming
+    `key` and `field`)."""
+    if raw is None or isinstance(raw, str):
+        return raw
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        _corrupt(key, field, NOT_UTF8)
+        return None
+
+
+def _field_name(raw: bytes | str) -> str:
+    """A field or member to name in a log line, whatever its bytes."""
+    return raw if isinstance(raw, str) else raw.decode(errors="backslashreplace")
+
+
+def readable(key: str, stored: Mapping[bytes, bytes]) -> dict[str, str]:
+    """The fields and values of the hash `key` (read with `RAW`) that are UTF-8; the others
+    are left out, each logged once."""
+    found: dict[str, str] = {}
+    for raw_field, raw_value in stored.items():
+        field = utf8(key, _field_name(raw_field), raw_field)
+        value = None if field is None else utf8(key, field, raw_value)
+        if field is not None and value is not None:
+            found[field] = value
+    return found
+
+
+def readable_members(key: str, members: Iterable[bytes]) -> list[str]:
+    """The members (or fields, or values) of `key` (read with `RAW`) that are UTF-8, in
+    order; the others are left out, each logged once."""
+    found = []
+    for raw in members:
+        if (member := utf8(key, _field_name(raw), raw)) is not None:
+            found.append(member)
+    return found
 
 
 def wrong_type(key: str, found: str, expected: str) -> str:
@@ -377,6 +428,44 @@ class RedisStore(StateStore):
     def close(self) -> None:
         self._r.close()
 
+    # Reads of what any instance (or anyone with the Redis user's rights) may have written:
+    # an entry that is not UTF-8 is left out, logged once (`utf8`), as one that does not
+    # parse is.
+
+    def _hget(self, key: str, field: str) -> str | None:
+        return utf8(key, field, raw_answer(self._r, "HGET", key, field))
+
+    def _hmget(self, key: str, fields: list[str]) -> list[str | None]:
+        found = raw_answer(self._r, "HMGET", key, *fields)
+        return [utf8(key, field, raw) for field, raw in zip(fields, found, strict=True)]
+
+    def _hgetall(self, key: str) -> dict[str, str]:
+        return readable(key, raw_answer(self._r, "HGETALL", key))
+
+    def _listed(self, key: str, *command: object) -> list[str]:
+        """The UTF-8 entries of the list `command` (naming `key`) answers."""
+        return readable_members(key, raw_answer(self._r, *command))
+
+    def _scanned(self, command: str, key: str, match: str | None) -> Iterator[Any]:
+        """What each call of the scan `command` (HSCAN, SSCAN) of `key` answers, as bytes."""
+        cursor = 0
+        while True:
+            where = ("MATCH", match) if match else ()
+            cursor, found = raw_answer(self._r, command, key, cursor, *where, "COUNT", 500)
+            yield found
+            if cursor == 0:
+                return
+
+    def _hscan(self, key: str, match: str | None = None) -> Iterator[tuple[str, str]]:
+        """As `hscan_iter`, the entries that are UTF-8."""
+        for found in self._scanned("HSCAN", key, match):
+            yield from readable(key, found).items()
+
+    def _sscan(self, key: str, match: str | None = None) -> Iterator[str]:
+        """As `sscan_iter`, the members that are UTF-8."""
+        for found in self._scanned("SSCAN", key, match):
+            yield from readable_members(key, found)
+
     # Residents -----------------------------------------------------------------------------
 
     def _res(self, route: str) -> str:
@@ -397,7 +486,7 @@ class RedisStore(StateStore):
         as absent, a second resident would be posted and its id could not be kept)."""
         key = self._res(route)
         try:
-            data = cast(dict[str, str], self._r.hgetall(key))
+            data = self._hgetall(key)
         except redis.ResponseError as error:
             if not str(error).startswith("WRONGTYPE"):
                 raise
@@ -407,7 +496,8 @@ class RedisStore(StateStore):
     def residents(self) -> list[ResidentRecord]:
         """Every resident, read in batches (`residents_of`): a start reads them all, and one
         round trip per resident made that minutes on a large fleet."""
-        routes = sorted(cast(set[str], self._r.smembers(self.key("residents"))))
+        key = self.key("residents")
+        routes = sorted(self._listed(key, "SMEMBERS", key))
         return list(self.residents_of(routes).values())
 
     def residents_of(self, routes: Iterable[str]) -> dict[str, ResidentRecord]:
@@ -416,7 +506,7 @@ class RedisStore(StateStore):
         for batch in in_batches(dict.fromkeys(routes)):
             pipe = self._r.pipeline(transaction=False)
             for route in batch:
-                pipe.hgetall(self._res(route))
+                raw_answer(pipe, "HGETALL", self._res(route))
             answers = pipe.execute(raise_on_error=False)
             for route, data in zip(batch, answers, strict=True):
                 if isinstance(data, redis.ResponseError):
@@ -425,8 +515,8 @@ class RedisStore(StateStore):
                     raise WrongKeyType.of(self._r, self._res(route), "hash")
                 if isinstance(data, Exception):
                     raise data
-                if data:
-                    found[route] = _record(self._res(route), route, cast(dict[str, str], data))
+                if stored := readable(self._res(route), data):
+                    found[route] = _record(self._res(route), route, stored)
         return found
 
     def set_message_id(self, route: str, message_id: str | None) -> None:
@@ -492,7 +582,7 @@ class RedisStore(StateStore):
     # Preferences ---------------------------------------------------------------------------
 
     def prefs(self, scope: str) -> ChatPrefs:
-        raw = cast(str | None, self._r.hget(self.key("prefs"), scope))
+        raw = self._hget(self.key("prefs"), scope)
         if raw is None:
             return ChatPrefs()
         data = _object(raw)
@@ -522,17 +612,22 @@ class RedisStore(StateStore):
         return bool(added)
 
     def pending_notices(self, route: str | None = None) -> list[PendingNotice]:
-        members = cast(list[str], self._r.zrange(self.key("n", "pending"), 0, -1))
+        pending = self.key("n", "pending")
+        members = self._listed(pending, "ZRANGE", pending, 0, -1)
         if not members:
             return []
-        texts = cast(list[str | None], self._r.hmget(self.key("n", "text"), members))
-        ats = cast(list[str | None], self._r.hmget(self.key("n", "at"), members))
+        text_key = self.key("n", "text")
+        texts = raw_answer(self._r, "HMGET", text_key, *members)
+        ats = self._hmget(self.key("n", "at"), members)
         found = []
-        for member, text, at in zip(members, texts, ats, strict=True):
+        for member, raw_text, at in zip(members, texts, ats, strict=True):
             parts = _parts(member, 2)
             if parts is None:
                 _corrupt(self.key("n", "pending"), member)
                 continue
+            text = utf8(text_key, member, raw_text)
+            if text is None and raw_text is not None:
+                continue  # not UTF-8 (logged): nothing to send
             notice_route, notice_id = parts
             if route is not None and notice_route != route:
                 continue
@@ -546,14 +641,15 @@ class RedisStore(StateStore):
 
     def notice_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
-        for state in cast(list[str], self._r.hvals(self.key("n", "state"))):
+        states = self.key("n", "state")
+        for state in self._listed(states, "HVALS", states):
             counts[state] = counts.get(state, 0) + 1
         return counts
 
     # Offsets and cursors -------------------------------------------------------------------
 
     def get_offset(self, agent_id: str, name: str) -> tuple[int, int] | None:
-        raw = cast(str | None, self._r.hget(self.key("offsets"), _member(agent_id, name)))
+        raw = self._hget(self.key("offsets"), _member(agent_id, name))
         if raw is None:
             return None
         inode, _, offset = raw.partition(":")
@@ -574,7 +670,7 @@ class RedisStore(StateStore):
         found: dict[tuple[str, str], tuple[int, int]] = {}
         for batch in in_batches(dict.fromkeys(keys)):
             members = [_member(agent_id, name) for agent_id, name in batch]
-            values = cast(list[str | None], self._r.hmget(self.key("offsets"), members))
+            values = self._hmget(self.key("offsets"), members)
             for key, member, raw in zip(batch, members, values, strict=True):
                 if raw is None:
                     continue
@@ -608,11 +704,12 @@ class RedisStore(StateStore):
     ) -> str | None:
         del now
         keys = [self.key("nm", _member(channel, chat_id, m)) for m in dict.fromkeys(message_ids)]
-        found = cast(list[str | None], self._r.mget(keys)) if keys else []
-        return next((agent for agent in found if agent), None)
+        found = raw_answer(self._r, "MGET", *keys) if keys else []
+        agents = (utf8(key, "", raw) for key, raw in zip(keys, found, strict=True))
+        return next((agent for agent in agents if agent), None)
 
     def get_cursor(self, key: str) -> str | None:
-        return cast(str | None, self._r.hget(self.key("cursors"), key))
+        return self._hget(self.key("cursors"), key)
 
     def set_cursor(self, key: str, value: str) -> None:
         # Written without a version (a change under way sees its version go): the next
@@ -649,8 +746,9 @@ class RedisStore(StateStore):
             with self._r.pipeline(transaction=True) as pipe:
                 try:
                     pipe.watch(version_key)  # type: ignore[no-untyped-call]
-                    version = pipe.get(version_key)
-                    current = cast(str | None, pipe.hget(cursors, key))
+                    version = raw_answer(pipe, "GET", version_key)
+                    stored = raw_answer(pipe, "HGET", cursors, key)
+                    current = utf8(cursors, key, stored)  # not UTF-8: changed as absent
                     older_live = version is None or self._older_writer_live(pipe)
                 except redis.WatchError as error:
                     # redis-py says a connection lost while watching as a WatchError, past
@@ -660,8 +758,8 @@ class RedisStore(StateStore):
                     pipe.unwatch()
                     seen = (
                         ""
-                        if current is None
-                        else hashlib.sha1(current.encode(), usedforsecurity=False).hexdigest()
+                        if stored is None
+                        else hashlib.sha1(stored, usedforsecurity=False).hexdigest()
                     )
                     if self._change_field(
                         keys=[cursors, version_key], args=[key, seen, change(current)]
@@ -687,8 +785,11 @@ class RedisStore(StateStore):
         versions (see `change_cursor`)."""
         now_ms = int(time.time() * 1000)
         try:
-            live = set(pipe.zrangebyscore(self.key("instances"), now_ms, "+inf"))
-            versioned = set(pipe.zrangebyscore(self.key("versioned"), now_ms, "+inf"))
+            # As bytes: compared, never read as text.
+            live = set(raw_answer(pipe, "ZRANGEBYSCORE", self.key("instances"), now_ms, "+inf"))
+            versioned = set(
+                raw_answer(pipe, "ZRANGEBYSCORE", self.key("versioned"), now_ms, "+inf")
+            )
         except redis.ResponseError:
             return True  # a listing Redis refuses (another type) cannot vouch for anyone
         # By members, not counts: a newer instance in `P:versioned` alone (its live listing
@@ -699,7 +800,7 @@ class RedisStore(StateStore):
         """As `get_cursor` of each, one HMGET per batch."""
         found: dict[str, str] = {}
         for batch in in_batches(dict.fromkeys(keys)):
-            values = cast(list[str | None], self._r.hmget(self.key("cursors"), batch))
+            values = self._hmget(self.key("cursors"), batch)
             found.update(
                 (key, value) for key, value in zip(batch, values, strict=True) if value is not None
             )
@@ -707,10 +808,7 @@ class RedisStore(StateStore):
 
     def cursor_keys(self, prefix: str) -> list[str]:
         pattern = _glob(prefix) + "*"
-        found = {
-            str(field)
-            for field, _ in self._r.hscan_iter(self.key("cursors"), match=pattern, count=500)
-        }
+        found = {field for field, _ in self._hscan(self.key("cursors"), match=pattern)}
         return sorted(key for key in found if key.startswith(prefix))
 
     def delete_cursors(self, keys: Iterable[str]) -> None:
@@ -725,7 +823,8 @@ class RedisStore(StateStore):
 
     def offset_agents(self) -> set[str]:
         agents = set()
-        for field in cast(list[str], self._r.hkeys(self.key("offsets"))):
+        offsets = self.key("offsets")
+        for field in self._listed(offsets, "HKEYS", offsets):
             parts = _parts(field, 2)
             if parts is not None:
                 agents.add(parts[0])
@@ -742,46 +841,40 @@ class RedisStore(StateStore):
         # Each scan filters on the server (MATCH), so only the agent's own entries travel.
         suffix = ":" + agent_id
         named = set(routes)
-        found = {
-            str(route)
-            for route in self._r.sscan_iter(
-                self.key("residents"), match="*" + _glob(suffix), count=500
-            )
-        }
+        found = set(self._sscan(self.key("residents"), match="*" + _glob(suffix)))
         gone = sorted(r for r in found if r.endswith(suffix)) + sorted(named)
         members: set[str] = set()
         # A notice's field is `_member(route, id)`: `["<route>", "<id>"]`.
         patterns = [_glob("[" + json.dumps(route, ensure_ascii=False)) + ", *" for route in named]
         patterns.append(_glob('["') + "*" + _glob(suffix + '", ') + "*")
         for pattern in patterns:
-            for member, _ in self._r.hscan_iter(self.key("n", "text"), match=pattern, count=500):
-                parts = _parts(str(member), 2)
+            for member, _ in self._hscan(self.key("n", "text"), match=pattern):
+                parts = _parts(member, 2)
                 if parts is not None and (parts[0].endswith(suffix) or parts[0] in named):
-                    members.add(str(member))
+                    members.add(member)
         offsets = [
-            str(field)
-            for field, _ in self._r.hscan_iter(
+            field
+            for field, _ in self._hscan(
                 self.key("offsets"),
                 match=_glob("[" + json.dumps(agent_id, ensure_ascii=False)) + ", *",
-                count=500,
             )
-            if (_parts(str(field), 2) or [""])[0] == agent_id
+            if (_parts(field, 2) or [""])[0] == agent_id
         ]
         # MATCH reads fields, not values: the inbox (keyed by message id) is read whole,
         # once per agent that left (`inbox_messages` reads it whole at every start).
         needle = f'"agent_id": {json.dumps(agent_id)}'
         inbox = [
-            str(message_id)
-            for message_id, raw in self._r.hscan_iter(self.key("inbox"), count=500)
-            if needle in str(raw) and (_object(str(raw)) or {}).get("agent_id") == agent_id
+            message_id
+            for message_id, raw in self._hscan(self.key("inbox"))
+            if needle in raw and (_object(raw) or {}).get("agent_id") == agent_id
         ]
         keys = set(cursors)
         for prefix in set(cursor_prefixes):
-            for field, _ in self._r.hscan_iter(
-                self.key("cursors"), match=_glob(prefix) + "*" + _glob(suffix), count=500
+            for field, _ in self._hscan(
+                self.key("cursors"), match=_glob(prefix) + "*" + _glob(suffix)
             ):
-                if str(field).startswith(prefix) and str(field).endswith(suffix):
-                    keys.add(str(field))
+                if field.startswith(prefix) and field.endswith(suffix):
+                    keys.add(field)
         pipe = self._r.pipeline(transaction=True)
         for route in gone:
             pipe.delete(self._res(route))
@@ -808,7 +901,7 @@ class RedisStore(StateStore):
         if self._r.set(name, value, nx=True, ex=max(1, int(keep_s))):
             return value
         try:
-            first = cast(str | None, self._r.get(name))
+            first = utf8(name, "", raw_answer(self._r, "GET", name))
         except redis.ResponseError as error:
             if not str(error).startswith("WRONGTYPE"):
                 raise
@@ -818,7 +911,7 @@ class RedisStore(StateStore):
     # Pauses --------------------------------------------------------------------------------
 
     def pauses(self) -> dict[str, float]:
-        raw = cast(dict[str, str], self._r.hgetall(self.key("pauses")))
+        raw = self._hgetall(self.key("pauses"))
         pauses = {}
         for scope, value in raw.items():
             until = stored_time(value)
@@ -837,7 +930,7 @@ class RedisStore(StateStore):
         field = _member(chat.channel, chat.chat_id, chat.thread_id or "")
         title = chat.title
         if title is None:
-            known = cast(str | None, self._r.hget(self.key("chats"), field))
+            known = self._hget(self.key("chats"), field)
             title = (_object(known) or {}).get("title")
             title = title if isinstance(title, str) else None
         self._r.hset(
@@ -845,7 +938,7 @@ class RedisStore(StateStore):
         )
 
     def seen_chats(self) -> list[SeenChat]:
-        raw = cast(dict[str, str], self._r.hgetall(self.key("chats")))
+        raw = self._hgetall(self.key("chats"))
         chats = []
         for field, value in raw.items():
             parts, data = _parts(field, 3), _object(value)
@@ -882,7 +975,7 @@ class RedisStore(StateStore):
     def set_inbox_outcome(
         self, message_id: str, outcome: InboxOutcome, reason: str | None, at: float
     ) -> None:
-        raw = cast(str | None, self._r.hget(self.key("inbox"), message_id))
+        raw = self._hget(self.key("inbox"), message_id)
         if raw is None:
             return
         data = _object(raw)
@@ -893,7 +986,7 @@ class RedisStore(StateStore):
         self._r.hset(self.key("inbox"), message_id, json.dumps(data))
 
     def inbox_messages(self, since: float) -> list[InboxRecord]:
-        raw = cast(dict[str, str], self._r.hgetall(self.key("inbox")))
+        raw = self._hgetall(self.key("inbox"))
         records = []
         for message_id, value in raw.items():
             try:

@@ -682,6 +682,38 @@ async def test_corrupt_values_left_in_redis_are_skipped_not_fatal(
     assert f"{prefix}:pauses telegram:bot: the stored value does not parse" in serve.logs
 
 
+async def test_values_not_utf8_in_the_shared_notices_and_cursors_are_skipped_not_fatal(
+    tmp_path: Path, fake: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """Another instance (or anyone with the Redis user's rights) left values that are not
+    UTF-8 in the shared notices and cursors: a pending notice's text, the chat's view and
+    orchestrator choices, an agent's health. Read strictly, the start failed on the first
+    (the pending notices are read before serving) and a chat command on the others. Each
+    is left out, named once in the log, and both instances serve and answer."""
+    scope = f"telegram:{GROUP}:"
+    bad = b"\xff\xfe not text"
+    client = redis.Redis.from_url(redis_url)
+    member = json.dumps([f"{scope}:i0agent", "n1"])
+    client.zadd(f"{prefix}:n:pending", {member: 1})
+    client.hset(f"{prefix}:n:text", member, bad)
+    client.hset(f"{prefix}:n:state", member, bad)
+    for field in (f"view:{scope}", f"orchestrator:{scope}", "agent-health:i1agent"):
+        client.hset(f"{prefix}:cursors", field, bad)
+    client.hset(f"{prefix}:cursors", b"orchestrator:\xff", b"x")
+    client.close()
+    serves = await instances_with_cards(tmp_path, fake, fleet, redis_url=redis_url, prefix=prefix)
+    fake.inject_command(GROUP, "/taskcard orchestrator")
+    await eventually(lambda: replies(fake, "has no orchestrator"), what="the answer")
+    fake.inject_command(GROUP, "/taskcard 3")
+    await eventually(lambda: replies(fake, "3 activity rows"), what="the reply")
+    for serve in serves.values():
+        assert await serve.aterminate() == 0
+        assert "Traceback" not in serve.logs, serve.logs
+    logs = "".join(serve.logs for serve in serves.values())
+    for where in (f"{prefix}:n:text {member}", f"{prefix}:cursors view:{scope}"):
+        assert f"Redis {where}: the stored value is not UTF-8; it is ignored" in logs, logs
+
+
 async def test_lease_keys_no_live_holder_wrote_do_not_stop_the_agents(
     tmp_path: Path, fake: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
 ) -> None:
