@@ -2094,12 +2094,19 @@ class Service:
         if learned == self._route_marks_elsewhere:
             return
         # Read again only when a record changed: the chats whose mark moved show it on
-        # their boards (the 🎯 stayed on the agent marked before until the chat's next change).
-        before = {scope: self._orchestrator_of(scope) for scope in self._routes_by_scope}
+        # their boards (the 🎯 stayed on the agent marked before until the chat's next change),
+        # also a mark of an agent another instance serves (`_project_shared_board`).
+        before = {scope: self._marks_here(scope) for scope in self._routes_by_scope}
         self._route_marks_elsewhere = learned
         for scope, marked in before.items():
-            if self._orchestrator_of(scope) != marked:
+            if self._marks_here(scope) != marked:
                 self._mark_board(scope)
+
+    def _marks_here(self, scope: str) -> tuple[str | None, list[str]]:
+        """What of the chat `scope`'s board the other instances' route marks decide: its
+        orchestrator by the routes here, and those marks (`_route_marks_for`)."""
+        routes = self._routes_by_scope.get(scope, ())
+        return self._orchestrator_of(scope), self._route_marks_for(scope, routes)
 
     def _route_marks_for(self, scope: str, routes: Iterable[Route]) -> list[str]:
         """The other instances' route marks of the chat `scope` (`others_route_marks`); in a
@@ -2527,14 +2534,17 @@ class Service:
         ]
         # The chat's choice of an agent another instance serves marks its line too: every
         # agent a live instance shares a line of is followed in the chat (it was marked nowhere);
-        # so does another instance's route setting, which its line says (`ROUTE_MARK`).
+        # so does another instance's route setting, which its line says (`ROUTE_MARK`), and,
+        # last, one its routed record says of an agent it does not serve (learned at the
+        # renewals, `others_route_marks`; the board showed no mark of such a setting).
         routes = self._routes_by_scope.get(scope, [])
         configured = next((r.orchestrator for r in routes if r.orchestrator is not None), None)
         live = {agent: record for agent, (record, observed) in records.items() if observed}
         marked = sorted(agent for agent, record in live.items() if record.get(ROUTE_MARK) is True)
+        elsewhere = self._route_marks_for(scope, routes)
         marks = ChatMarks(
             frozenset(self._followed(scope) | live.keys()),
-            configured or next(iter(marked), None),
+            configured or next(iter(marked), None) or next(iter(elsewhere), None),
         )
         board = compose_facts(
             lines,
