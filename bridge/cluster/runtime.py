@@ -91,9 +91,15 @@ _FIXED_KEYS = {
 MARKS_KEY = "@orchestrators"
 
 
+# Where a routed record says that its instance moves `P:routes-changed` whenever it rewrites
+# the record (`_follow_marks`): an older release's record does not say so.
+COUNTED_KEY = "@counted"
+
+
 def _with_marks(routed: Mapping[str, Any], marks: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The routed record shared: `routed`, with `marks` under `MARKS_KEY` when there are any."""
-    return {**routed, MARKS_KEY: marks} if marks else routed
+    """The routed record shared: `routed`, with `marks` under `MARKS_KEY` when there are any,
+    and `COUNTED_KEY`."""
+    return {**routed, **({MARKS_KEY: marks} if marks else {}), COUNTED_KEY: True}
 
 
 def _in_chat(chats: Mapping[str, Any], chat: ChatRef) -> object:
@@ -444,6 +450,8 @@ class Cluster:
         self._routed_refused: dict[str, str] = {}
         # What `_follow_marks` last read the others' marks at: the change counter, the owners.
         self._marks_seen: tuple[object, tuple[str, ...]] | None = None
+        # The other live instances whose routed record says they move the change counter.
+        self._counted: set[str] = set()
         self.boards = SharedBoards(self.aio, self.prefix, self.owner)
         self._board_leases: dict[str, Lease] = {}
         self._boards_held: set[str] = set()  # chats whose board `take_board` was told of
@@ -638,8 +646,11 @@ class Cluster:
         """Tell `wakes` the `orchestrator` settings of the other live instances' routes, when
         they may have changed: an instance rewrote its record (`P:routes-changed` moved) or
         the live instances are others. One GET and one listing per renewal; the records are
-        read only on such a change. The instance serving an agent another instance's route
-        marks (discovered only here, say) wakes it with the wakes kept for its chat."""
+        read only on such a change, or at every renewal while a live instance's record does
+        not say it moves the counter (`COUNTED_KEY`: an older release, during a rolling
+        update, whose rewritten routes would be followed only when the live ones change).
+        The instance serving an agent another instance's route marks (discovered only here,
+        say) wakes it with the wakes kept for its chat."""
         now_ms = int(time.time() * 1000)
         async with self.aio.pipeline(transaction=False) as pipe:
             pipe.get(self.key("routes-changed"))
@@ -647,10 +658,17 @@ class Cluster:
             changed, owners = await pipe.execute()
         others = sorted(owner for owner in cast(list[str], owners) if owner != self.owner)
         seen = (changed, tuple(others))
-        if seen == self._marks_seen:
+        if seen == self._marks_seen and self._counted.issuperset(others):
             return
         marked: set[tuple[str, str, str, str]] = set()
-        for key, record in await self._routed_records(others):
+        counted: set[str] = set()
+        records = dict(await self._routed_records(others))
+        for owner in others:
+            key = self.key("routed", owner)
+            if (record := records.get(key)) is None:
+                continue
+            if record.get(COUNTED_KEY) is True:
+                counted.add(owner)
             try:
                 for channel, chats in record.get(MARKS_KEY, {}).items():
                     for chat, threads in chats.items():
@@ -660,7 +678,7 @@ class Cluster:
             except (AttributeError, TypeError) as error:
                 self._refuse_routed(key, record, error)
         wakes.others_route_marks(sorted(marked))
-        self._marks_seen = seen
+        self._marks_seen, self._counted = seen, counted
 
     def _refuse_routed(self, key: str, raw: object, error: Exception) -> None:
         """Log, once per value, that the routed record at `key` was left out, and why."""

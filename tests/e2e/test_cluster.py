@@ -1184,7 +1184,7 @@ def routed_in_redis(redis_url: str, prefix: str) -> set[str]:
         agent
         for text in texts
         for channel, chats in json.loads(text or "{}").items()
-        if channel != "@orchestrators"  # the routes' orchestrator settings, beside the channels
+        if not channel.startswith("@")  # the routes' orchestrator settings and such, beside
         for threads in chats.values()
         for agents in threads.values()
         for agent in agents

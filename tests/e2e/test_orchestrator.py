@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -865,3 +866,46 @@ async def test_clustered_the_board_marks_an_orchestrator_another_instance_serves
     await say("/taskcard orchestrator i1agent")
     found = await eventually(marked, timeout_s=60, what="i1agent's line marked, as chosen")
     assert all("i1agent" in line for line in found), found
+
+
+async def test_clustered_routes_an_older_instance_rewrites_are_followed_on_the_board(
+    telegram: FakeTelegram, tmp_path: Path, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """During a rolling update an instance of an older release is live beside i0 (played
+    here by hand: listed live, its routed record written as that release writes it, without
+    moving `P:routes-changed` nor saying it would). i0 followed its record only when the live
+    instances changed: the 🎯 its first record put on i0agent's line stayed there after it
+    rewrote its routes marking nobody. Now, while such an instance is live, i0 reads the
+    records at every renewal, and the mark goes."""
+    from redis import Redis
+
+    fleet.enter_context(
+        instance(tmp_path, "i0", telegram, ["i0agent"], redis_url=redis_url, prefix=prefix,
+                 view="board")
+    )  # fmt: skip
+    publish(tmp_path / "agents" / "i0agent", "card of i0")
+
+    def marked() -> list[str]:
+        return [
+            line
+            for m in telegram.bot_messages(GROUP)
+            if "card of i0" in m.text
+            for line in m.text.splitlines()
+            if "🎯 orchestrator" in line
+        ]
+
+    await eventually(
+        lambda: [m for m in telegram.bot_messages(GROUP) if "card of i0" in m.text],
+        timeout_s=60,
+        what="i0's board",
+    )
+    older, chat = "old#0000", str(GROUP)
+    routes = {"telegram": {chat: {"": ["i0agent"]}}}
+    with Redis.from_url(redis_url, decode_responses=True) as client:
+        client.zadd(f"{prefix}:instances", {older: int(time.time() * 1000) + 3_600_000})
+        marking = {**routes, "@orchestrators": {"telegram": {chat: {"": "i0agent"}}}}
+        client.set(f"{prefix}:routed:{older}", json.dumps(marking))
+        found = await eventually(marked, timeout_s=60, what="i0agent's line marked")
+        assert all("i0agent" in line for line in found), found
+        client.set(f"{prefix}:routed:{older}", json.dumps(routes))  # a reload, not counted
+        await eventually(lambda: not marked(), timeout_s=60, what="the mark gone")
