@@ -42,7 +42,13 @@ from redis.asyncio import Redis as AsyncRedis
 from redis.client import NEVER_DECODE
 from redis.exceptions import RedisError
 
-from taskcard.bridge.store.redis import raise_if_cancel_swallowed, readable, wrong_type
+from taskcard.bridge.store.redis import (
+    raise_if_cancel_swallowed,
+    raw_answer,
+    readable,
+    utf8,
+    wrong_type,
+)
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +133,14 @@ class SharedBoards:
         self._failing: str | None = None
         self._wrong_type: set[str] = set()  # chats' keys of another type (each logged once)
 
+    async def _holders(self, leases: list[str]) -> list[str | None]:
+        """Who holds each of the agents' `leases` (None: nobody, or a value not UTF-8, not
+        written by an instance and logged once: read as bytes, it must not fail the board)."""
+        if not leases:
+            return []
+        found = await raw_answer(self._aio, "MGET", *leases)
+        return [utf8(lease, "", raw) for lease, raw in zip(leases, found, strict=True)]
+
     def _key(self, *parts: str) -> str:
         return ":".join((self._prefix, *parts))
 
@@ -187,7 +201,7 @@ class SharedBoards:
             found = [(agent, raw, _decode(raw)) for agent, raw in sorted(stored.items())]
             usable = [(agent, raw, item) for agent, raw, item in found if item is not None]
             leases = [self._key("lease", "agent", agent) for agent, _, _ in usable]
-            holders = cast(list[str | None], await self._aio.mget(leases) if leases else [])
+            holders = await self._holders(leases)
         except RedisError as error:
             await self._said(error, key)
             self._recompose.add(scope)  # composed again at the next lease renewal
@@ -240,7 +254,7 @@ class SharedBoards:
                 (agent, item) for agent, raw in stored.items() if (item := _decode(raw)) is not None
             ]
             leases = [self._key("lease", "agent", agent) for agent, _ in usable]
-            holders = cast(list[str | None], await self._aio.mget(leases) if leases else [])
+            holders = await self._holders(leases)
         except RedisError as error:
             log.warning(
                 "chat %s: the other instances' board lines were not read for an answer (%s)",
@@ -314,7 +328,7 @@ class SharedBoards:
         if not watched:
             return set()
         leases = [self._key("lease", "agent", agent) for _, agent, _, _ in watched]
-        holders = cast(list[str | None], await self._aio.mget(leases))
+        holders = await self._holders(leases)
         return {
             scope
             for (scope, _, writer, due), holder in zip(watched, holders, strict=True)

@@ -23,7 +23,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import redis
@@ -49,6 +49,9 @@ from taskcard.bridge.store.redis import (
     connect,
     permission_fix,
     raise_if_cancel_swallowed,
+    raw_answer,
+    readable,
+    readable_members,
     refused_permission,
     wrong_type,
 )
@@ -186,7 +189,10 @@ def live_routed_records(store: RedisStore) -> list[Mapping[str, Any]]:
     """The routed records of the live instances that can be read (`taskcard status`: the
     chat's orchestrator as the cluster decides it); one listing and one script call."""
     now_ms = int(time.time() * 1000)
-    owners = cast(list[str], store.client.zrangebyscore(store.key("instances"), now_ms, "+inf"))
+    listed = store.key("instances")
+    owners = readable_members(
+        listed, raw_answer(store.client, "ZRANGEBYSCORE", listed, now_ms, "+inf")
+    )
     keys = [store.key("routed", owner) for owner in owners]
     if not keys:
         return []
@@ -482,7 +488,7 @@ class Cluster:
         the update offset, the command stream, resident ids) belongs to one bot: a second bot
         there was never polled and got the first bot's commands and message ids."""
         key, now_ms = self.key("bots", channel), int(time.time() * 1000)
-        live = cast(dict[str, str], self.store.client.hgetall(key))
+        live = readable(key, raw_answer(self.store.client, "HGETALL", key))
         for other, until in live.items():
             if other != bot and until.isdigit() and int(until) > now_ms:
                 return False
@@ -603,8 +609,9 @@ class Cluster:
         `MAX_ROUTED_BYTES`, of another shape) is left out, and logged once by its key, and
         the answer is made from the others (that instance answers its own chats alone)."""
         now_ms = int(time.time() * 1000)
-        owners = cast(
-            list[str], await self.aio.zrangebyscore(self.key("instances"), now_ms, "+inf")
+        listed = self.key("instances")
+        owners = readable_members(
+            listed, await raw_answer(self.aio, "ZRANGEBYSCORE", listed, now_ms, "+inf")
         )
         names: set[str] = set()
         marks: set[str] = set()
@@ -652,11 +659,14 @@ class Cluster:
         The instance serving an agent another instance's route marks (discovered only here,
         say) wakes it with the wakes kept for its chat."""
         now_ms = int(time.time() * 1000)
+        listed = self.key("instances")
         async with self.aio.pipeline(transaction=False) as pipe:
-            pipe.get(self.key("routes-changed"))
-            pipe.zrangebyscore(self.key("instances"), now_ms, "+inf")
+            # As bytes: the count is compared, never read; an owner not UTF-8 is left out.
+            raw_answer(pipe, "GET", self.key("routes-changed"))
+            raw_answer(pipe, "ZRANGEBYSCORE", listed, now_ms, "+inf")
             changed, owners = await pipe.execute()
-        others = sorted(owner for owner in cast(list[str], owners) if owner != self.owner)
+        live = readable_members(listed, owners)
+        others = sorted(owner for owner in live if owner != self.owner)
         seen = (changed, tuple(others))
         if seen == self._marks_seen and self._counted.issuperset(others):
             return

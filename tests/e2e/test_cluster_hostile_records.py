@@ -8,6 +8,8 @@ key; the command is answered from the others.
 
 from __future__ import annotations
 
+import json
+import time
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -115,3 +117,52 @@ async def test_a_hostile_routed_record_is_left_out_and_the_command_answered(
         assert [len(lines) for lines in logged] in ([1, 0], [0, 1], [1, 1]), logged
         assert all(why in line for lines in logged for line in lines), logged
     assert not any("Traceback" in s.logs for s in serves)
+
+
+async def test_cluster_keys_not_utf8_are_left_out_and_both_instances_serve(
+    telegram: FakeTelegram, tmp_path: Path, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """A writer with the Redis user's rights left bytes that are not UTF-8 in the keys every
+    instance reads as the cluster's: a running instance's name, the count of routes
+    rewritten, a bot's record, and the lease of an agent with a board line. Read strictly,
+    each raised where it is read: at the start (the bot's record), at every lease renewal
+    (the instances, the count), at each `/tell` (the instances) and at each composition of
+    the board (the lease). Each such entry is left out, logged once by its key, and both
+    instances serve the board and the chat."""
+    from redis import Redis
+
+    scope = f"telegram:{GROUP}:"
+    bad = b"\xff\xfe"
+    line = json.dumps({"writer": "nobody#0", "line": {"agent_id": "ghost"}})
+    with Redis.from_url(redis_url) as client:
+        client.zadd(f"{prefix}:instances", {bad: int(time.time() * 1000) + 3_600_000})
+        client.set(f"{prefix}:routes-changed", bad)
+        client.hset(f"{prefix}:bots:telegram", bad, str(int(time.time() * 1000) + 3_600_000))
+        client.hset(f"{prefix}:board:{scope}", "ghost", line)
+        client.set(f"{prefix}:lease:agent:ghost", bad)
+    serves = [
+        fleet.enter_context(
+            instance(
+                tmp_path, name, telegram, [f"{name}agent"], redis_url=redis_url, prefix=prefix,
+                view="board",
+            )
+        )
+        for name in ("i0", "i1")
+    ]  # fmt: skip
+    for name in ("i0", "i1"):
+        publish(tmp_path / "agents" / f"{name}agent", f"card of {name}")
+    await eventually(
+        lambda: any(
+            "card of i0" in m.text and "card of i1" in m.text for m in telegram.bot_messages(GROUP)
+        ),
+        timeout_s=60,
+        what="the board with both lines",
+    )
+    telegram.inject_message(GROUP, "/tell i1agent look at the logs", user_id=7)
+    inbox = tmp_path / "agents" / "i1agent" / "inbox" / "queued"
+    await eventually(lambda: list(inbox.glob("*.json")), timeout_s=60, what="the text queued")
+    for serve in serves:
+        assert await serve.aterminate() == 0
+        assert "Traceback" not in serve.logs, serve.logs
+        assert "renewing the cluster leases failed" not in serve.logs, serve.logs
+        assert f"Redis {prefix}:instances \\xff\\xfe: the stored value is not UTF-8" in serve.logs
