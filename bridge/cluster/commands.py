@@ -31,6 +31,8 @@ from taskcard.bridge.store.redis import (
     WrongKeyType,
     permission_fix,
     raise_if_cancel_swallowed,
+    raw_answer,
+    readable,
     redis_trouble,
     refused_permission,
     wrong_type,
@@ -414,26 +416,28 @@ class ClusteredChannel(Channel):
             return None
         return str(answer[1]) if isinstance(answer, list) else None
 
+    def _xread(self, last_id: str) -> tuple[object, ...]:
+        """The XREAD of the next entries after `last_id` (blocking a while for them)."""
+        block = ("BLOCK", self._read_block_ms)
+        return ("XREAD", "COUNT", 100, *block, "STREAMS", self._stream, last_id)
+
     async def _read(self, on_command: CommandSink, last_id: str) -> None:
         while True:
+            # As bytes: an entry not UTF-8 (not written by an instance) is skipped, logged
+            # once; decoded by the client, it failed the reading of every entry after it.
             answer = cast(
-                list[tuple[str, list[tuple[str, dict[str, str]]]]],
+                list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]],
                 await self._until_redis_answers(
                     "reading the chats' commands",
-                    functools.partial(
-                        self._client.xread,
-                        {self._stream: last_id},
-                        count=100,
-                        block=self._read_block_ms,
-                    ),
+                    functools.partial(raw_answer, self._client, *self._xread(last_id)),
                     alone=False,
                 ),
             )
             raise_if_cancel_swallowed()  # else `stop` waits for this loop forever
             for _stream, entries in answer or ():
-                for entry_id, fields in entries:
-                    last_id = entry_id
-                    await self._handle(on_command, entry_id, fields)
+                for raw_id, fields in entries:
+                    last_id = raw_id.decode()  # Redis's own: digits and a dash
+                    await self._handle(on_command, last_id, readable(self._stream, fields))
 
     async def _handle(self, on_command: CommandSink, entry_id: str, fields: dict[str, str]) -> None:
         command = decode(fields.get("command", ""))

@@ -166,3 +166,34 @@ async def test_cluster_keys_not_utf8_are_left_out_and_both_instances_serve(
         assert "Traceback" not in serve.logs, serve.logs
         assert "renewing the cluster leases failed" not in serve.logs, serve.logs
         assert f"Redis {prefix}:instances \\xff\\xfe: the stored value is not UTF-8" in serve.logs
+
+
+async def test_a_relayed_command_not_utf8_is_skipped_and_the_next_handled(
+    telegram: FakeTelegram, tmp_path: Path, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """The chats' command stream is any writer's: an entry whose command is not UTF-8
+    failed the reading of the stream on every instance, so no command after it was handled
+    anywhere. It is skipped, logged once, and the next
+    command (a `/tell` for the other instance's agent) reaches its agent."""
+    from redis import Redis
+
+    serves = [
+        fleet.enter_context(
+            instance(tmp_path, name, telegram, [f"{name}agent"], redis_url=redis_url, prefix=prefix)
+        )
+        for name in ("i0", "i1")
+    ]
+    await eventually(
+        lambda: all("channel telegram ready" in s.logs for s in serves),
+        timeout_s=60,
+        what="every instance reading the chats' commands",
+    )
+    with Redis.from_url(redis_url) as client:
+        client.xadd(f"{prefix}:cmd:telegram", {"command": b"\xff\xfe"})
+    telegram.inject_message(GROUP, "/tell i1agent look at the logs", user_id=7)
+    inbox = tmp_path / "agents" / "i1agent" / "inbox" / "queued"
+    await eventually(lambda: list(inbox.glob("*.json")), timeout_s=60, what="the text queued")
+    for serve in serves:
+        assert await serve.aterminate() == 0
+        assert "Traceback" not in serve.logs, serve.logs
+        assert "skipping an unreadable command in the stream" in serve.logs, serve.logs
