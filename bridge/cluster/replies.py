@@ -30,11 +30,13 @@ import logging
 import time
 from collections import deque
 from collections.abc import Iterable
-from typing import Any, cast
+from typing import Any
 
 import redis
 from redis.asyncio import Redis as AsyncRedis
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
+
+from taskcard.bridge.store.redis import raw_answer, utf8
 
 log = logging.getLogger(__name__)
 
@@ -230,27 +232,29 @@ class ClusterReplies:
         now_ms = int(time.time() * 1000)
         self._forgotten = set()
         try:
-            found = cast(
-                list[str],
-                await self._take(
-                    keys=[self._key, self._instances],
-                    args=[
-                        *(self._owner, now_ms, self._grace_ms, json.dumps(names)),
-                        int(STALE_AFTER_S * 1000),
-                    ],
-                ),
-            )
+            keys = [self._key, self._instances]
+            args = [
+                *(self._owner, now_ms, self._grace_ms, json.dumps(names)),
+                int(STALE_AFTER_S * 1000),
+            ]
+            # As bytes: an entry not UTF-8 (not written by an instance) must not fail the
+            # renewal that takes it, and every one after (it is this instance's then).
+            try:
+                found = await raw_answer(self._aio, "EVALSHA", self._take.sha, 2, *keys, *args)
+            except NoScriptError:
+                found = await raw_answer(self._aio, "EVAL", _TAKE, 2, *keys, *args)
             forgotten = self._forgotten
         finally:
             self._forgotten = None
         taken: dict[str, Any] = {}
-        for key, raw in zip(found[::2], found[1::2], strict=True):
-            if key in self._mine or key in forgotten or key in self._undropped:
+        for raw_key, raw in zip(found[::2], found[1::2], strict=True):
+            key = utf8(self._key, raw_key.decode(errors="backslashreplace"), raw_key)
+            if key is None or key in self._mine or key in forgotten or key in self._undropped:
                 continue
             self._mine.add(key)
             try:
-                taken[key] = json.loads(raw)
-            except ValueError:
+                taken[key] = json.loads(raw.decode())
+            except ValueError:  # UnicodeDecodeError too
                 taken[key] = None  # the scheduler logs and drops it
         return taken
 

@@ -197,3 +197,35 @@ async def test_a_relayed_command_not_utf8_is_skipped_and_the_next_handled(
         assert await serve.aterminate() == 0
         assert "Traceback" not in serve.logs, serve.logs
         assert "skipping an unreadable command in the stream" in serve.logs, serve.logs
+
+
+async def test_an_unsent_reply_not_utf8_is_dropped_and_the_renewals_go_on(
+    telegram: FakeTelegram, tmp_path: Path, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """The replies a stopped instance left unsent (`P:replies`) are any writer's: one whose
+    entry is not UTF-8 was taken over by an instance and then failed its decoding, at that
+    lease renewal and at every one after (the reply was the instance's from then on), before
+    the renewal took the orchestrators' wakes. It is dropped as unreadable, and the
+    renewals go on."""
+    from redis import Redis
+
+    entry = b"* %d telegram \xff\xfe" % int(time.time() * 1000)
+    with Redis.from_url(redis_url) as client:
+        client.hset(f"{prefix}:replies", "hostile", entry)
+        serves = [
+            fleet.enter_context(
+                instance(
+                    tmp_path, name, telegram, [f"{name}agent"], redis_url=redis_url,
+                    prefix=prefix,
+                )
+            )
+            for name in ("i0", "i1")
+        ]  # fmt: skip
+        await eventually(
+            lambda: not client.hexists(f"{prefix}:replies", "hostile"),
+            timeout_s=60,
+            what="the unreadable reply dropped",
+        )
+    for serve in serves:
+        assert await serve.aterminate() == 0
+        assert "renewing the cluster leases failed" not in serve.logs, serve.logs
