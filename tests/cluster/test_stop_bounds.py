@@ -265,7 +265,8 @@ class _SwallowingStream:
     async def xrevrange(self, *args: object, **kwargs: object) -> list[object]:
         return []
 
-    async def xread(self, *args: object, **kwargs: object) -> list[object]:
+    async def execute_command(self, *args: object, **kwargs: object) -> list[object]:
+        assert args[0] == "XREAD", args  # the reader's blocking read, as bytes
         if not self.entered.is_set():
             self.entered.set()
             with contextlib.suppress(asyncio.CancelledError):
