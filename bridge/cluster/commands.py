@@ -141,6 +141,11 @@ RELAYED: dict[str, tuple[Callable[[object], bool], object]] = {
     # Without it the answer to "/taskcard" + an override + "ffo" said nothing of the order
     # the option shows in.
     "reordered": (_flag, False),
+    # Without it a reply in a Telegram channel to a post that is not the service's was
+    # taken for one to the service's message (every post there names no author).
+    "replied_author_unknown": (_flag, False),
+    # Without it a channel post's signature was lost, and the agent read "someone".
+    "author_name": (_text_or_none, None),
 }
 
 
