@@ -45,8 +45,12 @@ async def test_an_orchestrator_whose_inbox_is_not_a_folder_shows_it_on_its_card(
             assert chat.serve.proc is not None and chat.serve.proc.poll() is None
             (lead / "inbox").unlink()
             report(worker, 2, ok=True, summary="part 2 done")
+            # The wake about part 1 is owed and part 2's waits behind it, both written at
+            # the owed wake's next try: its backoff doubles from 5 s (5, 10, 20, 40 s), and
+            # on a loaded machine the card above may take a few tries' time to show.
             await eventually(
-                lambda: wake_texts(tmp_path, "lead", "worker", "part 2 done"),
+                lambda: settled_wakes(tmp_path, "part 2 done"),
+                timeout_s=180,
                 what="lead woken once its inbox is a folder",
             )
             await eventually(
@@ -57,11 +61,12 @@ async def test_an_orchestrator_whose_inbox_is_not_a_folder_shows_it_on_its_card(
             assert await chat.serve.aterminate() == 0
 
 
-def settled_wakes(tmp_path: Path) -> list[str]:
-    """`wake_texts` of lead about worker, [] while one of them was withdrawn as it was read
-    (the service takes back the wake still queued to queue one carrying it too)."""
+def settled_wakes(tmp_path: Path, words: str = "") -> list[str]:
+    """`wake_texts` of lead about worker (holding `words`), [] while one of them was
+    withdrawn as it was read (the service takes back the wake still queued to queue one
+    carrying it too)."""
     try:
-        return wake_texts(tmp_path, "lead", "worker")
+        return wake_texts(tmp_path, "lead", "worker", words)
     except FileNotFoundError:
         return []
 
