@@ -359,18 +359,12 @@ async def test_a_wake_lost_to_a_broken_inbox_is_queued_once_the_inbox_works(
             assert await chat.serve.aterminate() == 0
 
 
-async def test_clustered_a_wake_into_an_agent_served_elsewhere_leaves_its_record_to_its_server(
-    tmp_path: Path,
-    telegram: FakeTelegram,
-    redis_url: str,
-    prefix: str,
-    fleet: ExitStack,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """i0 serves lead; i1 serves worker and follows lead too, so worker's report is woken into
-    lead's inbox by i1, which does not serve lead. lead's inbox is a file: the wake fails on
-    i1, and i1 keeps that to itself. It wrote its view of lead into the shared record (and
-    projected lead's card), over the record of lead's server, which never saw a failure."""
+async def lead_on_i0_worker_on_i1(
+    tmp_path: Path, telegram: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> tuple[ServeProcess, ServeProcess]:
+    """Two instances: i0 serves lead; i1 serves worker, lead's child, and follows lead too, so
+    worker's report is woken into lead's inbox by i1, which does not serve lead. lead's
+    inbox is a file, so that wake fails on i1."""
     i0 = fleet.enter_context(
         instance(tmp_path, "i0", telegram, ["lead"], redis_url=redis_url, prefix=prefix)
     )
@@ -385,6 +379,23 @@ async def test_clustered_a_wake_into_an_agent_served_elsewhere_leaves_its_record
     lineage = {"parent": "lead", "reason": "split", "depth": 1, "created_at": utc_now_iso()}
     atomic_write(worker / "lineage.json", json.dumps(lineage).encode())
     (lead / "inbox").write_text("not a folder\n")
+    return i0, i1
+
+
+async def test_clustered_a_wake_into_an_agent_served_elsewhere_leaves_its_record_to_its_server(
+    tmp_path: Path,
+    telegram: FakeTelegram,
+    redis_url: str,
+    prefix: str,
+    fleet: ExitStack,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """i0 serves lead; i1 serves worker and follows lead too, so worker's report is woken into
+    lead's inbox by i1, which does not serve lead. lead's inbox is a file: the wake fails on
+    i1, and i1 keeps that to itself. It wrote its view of lead into the shared record (and
+    projected lead's card), over the record of lead's server, which never saw a failure."""
+    i0, i1 = await lead_on_i0_worker_on_i1(tmp_path, telegram, redis_url, prefix, fleet)
+    lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
     publish(lead, "**leading**")
     publish(worker, "**migrating**")
 
@@ -432,20 +443,8 @@ async def test_clustered_a_wake_owed_by_a_stopped_instance_is_queued_by_the_agen
         client.hset(f"{prefix}:cursors", mapping=forged)
     finally:
         client.close()
-    i0 = fleet.enter_context(
-        instance(tmp_path, "i0", telegram, ["lead"], redis_url=redis_url, prefix=prefix)
-    )
-    await eventually(lambda: "agent lead: this instance serves it now" in i0.logs, what="lead")
-    i1 = fleet.enter_context(
-        instance(tmp_path, "i1", telegram, ["lead", "worker"], redis_url=redis_url, prefix=prefix)
-    )
-    await eventually(
-        lambda: "agent worker: this instance serves it now" in i1.logs, what="worker on i1"
-    )
+    i0, i1 = await lead_on_i0_worker_on_i1(tmp_path, telegram, redis_url, prefix, fleet)
     lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
-    lineage = {"parent": "lead", "reason": "split", "depth": 1, "created_at": utc_now_iso()}
-    atomic_write(worker / "lineage.json", json.dumps(lineage).encode())
-    (lead / "inbox").write_text("not a folder\n")
     publish(worker, "**migrating**")
     report(worker, 1, ok=True, summary="part 1 done")
     await eventually(
