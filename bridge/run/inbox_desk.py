@@ -161,6 +161,10 @@ CUT_SHORT_KEEP_S = 2 * 3600.0
 # Clustered: how often an instance looks in the store for wakes owed to the agents whose
 # lease it holds that another instance left there (its write failed, and it stopped since).
 OWED_LOOK_S = 30.0
+# What reading a stored row this desk did not write may raise: a row nested past the JSON
+# parser's depth (a hand's, or a hostile writer's with the store's rights) raises
+# RecursionError, which would stop the start or every lease taken with it.
+_UNREADABLE = (ValueError, TypeError, RecursionError)
 
 
 def _owed_wake_cursor(parent_id: str, notice_id: str) -> str:
@@ -204,7 +208,7 @@ def _stored_wake(
     try:
         parent_id, notice_id = json.loads(key[len(OWED_WAKE_CURSOR) :])
         data = json.loads(value)
-    except (ValueError, TypeError):
+    except _UNREADABLE:
         return "not JSON of the expected shape"
     if not isinstance(parent_id, str) or parent_id not in fleet:
         return "its agent is not served"
@@ -233,7 +237,7 @@ def _stored_tries(parent_id: str, value: str | None) -> tuple[int, float]:
     try:
         data = json.loads(value)
         tries, due_s = data["tries"], data["due_s"]
-    except (ValueError, TypeError, KeyError):
+    except (*_UNREADABLE, KeyError):
         tries = due_s = None
     if (
         type(tries) is int
@@ -1077,7 +1081,7 @@ class InboxDesk:
             return last
         try:
             ident, body = json.loads(stored)
-        except (ValueError, TypeError):
+        except _UNREADABLE:
             return None  # not what this desk writes: no wake to take back
         return (ident, body) if isinstance(ident, str) and isinstance(body, str) else None
 
@@ -1092,7 +1096,7 @@ class InboxDesk:
         for key in self._store.cursor_keys(REPORT_WAKE_CURSOR):
             try:
                 parent, child = json.loads(key[len(REPORT_WAKE_CURSOR) :])
-            except (ValueError, TypeError):
+            except _UNREADABLE:
                 continue  # not a key this desk writes: left alone
             if parent not in fleet or child not in fleet or not self._store.get_cursor(key):
                 gone.append(key)

@@ -306,6 +306,9 @@ OWED_KEY = 'owed-wake:["lead", "worker:signal:report:1:5"]'
         (OWED_KEY, _owed_row(report="yes"), "no report flag or order"),
         (OWED_KEY, _owed_row(seq=True), "no report flag or order"),
         (OWED_KEY, _owed_row(withdrawn="../x"), "a withdrawn wake that is no message id"),
+        # Nested past the parser's depth (RecursionError): it stopped the start.
+        ("owed-wake:" + "[" * 100_000, _owed_row(), "not JSON of the expected shape"),
+        (OWED_KEY, "[" * 100_000, "not JSON of the expected shape"),
     ],
 )
 def test_an_owed_wake_in_the_store_not_as_written_is_skipped_saying_why(
@@ -339,6 +342,7 @@ def test_an_owed_wake_in_the_store_as_written_is_taken_up() -> None:
         ('{"tries": 1}', (0, 0.0)),
         ("[1, 2]", (0, 0.0)),
         ("{", (0, 0.0)),
+        ('{"tries": ' + "[" * 100_000, (0, 0.0)),
     ],
 )
 def test_the_stored_tries_of_owed_wakes_are_taken_only_as_written(

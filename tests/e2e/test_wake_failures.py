@@ -180,6 +180,9 @@ async def test_a_wake_owed_when_the_service_stops_is_queued_after_its_restart(
         forged = {
             'owed-wake:["lead", "worker:forged"]': json.dumps({"child": "worker", "text": 7}),
             "owed-wake:not json": "{",
+            # Nested past the JSON parser's depth: its RecursionError stopped the start.
+            'owed-wake:["lead", "worker:deep"]': "[" * 100_000,
+            "owed-wake:" + "[" * 100_000: "{}",
         }
         with closing(sqlite3.connect(tmp_path / ".taskcard" / "state.sqlite3")) as db, db:
             db.executemany("INSERT INTO cursors (key, value) VALUES (?, ?)", forged.items())
