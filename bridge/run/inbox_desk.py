@@ -351,7 +351,7 @@ class InboxDesk:
         # (parent, child) -> the id and text of the report wake last queued (see the doc)
         self._report_wakes: dict[tuple[str, str], tuple[str, str]] = {}
         self._wake_retries: dict[str, _WakeRetry] = {}  # agent -> the wakes it is owed
-        self._owed_read: dict[str, str] | None = None  # see `_stored_owed`
+        self._owed_read: dict[str, list[tuple[str, _FailedWake]]] | None = None  # `_stored_owed`
         self._loaded = False  # `load` ran: an agent added later takes up its owed wakes
         self._taken: set[str] = set()  # clustered: the agents whose lease is held here
         self._owed_looked_s = 0.0  # clustered: when `_look_for_owed` last looked
@@ -426,18 +426,33 @@ class InboxDesk:
     def _forget_shared_read(self) -> None:
         self._shared_read = None
 
-    def _stored_owed(self) -> dict[str, str]:
-        """Every owed wake the store keeps, by cursor key: read once for every call until the
-        event loop's next turn, as `_shared_messages`."""
+    def _stored_owed(self) -> dict[str, list[tuple[str, _FailedWake]]]:
+        """Every owed wake the store keeps, read and checked once for every call until the
+        event loop's next turn (as `_shared_messages`), by the agent it is owed to: a lease
+        renewal that gains many agents takes each one's wakes without reading, or parsing,
+        every stored row again. A row this desk would not have written is skipped and
+        forgotten, logged once; one of an agent not served here is left to its server."""
         if self._owed_read is not None:
             return self._owed_read
         stored = self._store.get_cursors(self._store.cursor_keys(OWED_WAKE_CURSOR))
+        by_agent: dict[str, list[tuple[str, _FailedWake]]] = {}
+        skipped: list[str] = []
+        for key, value in stored.items():
+            parsed = _stored_wake(key, value, self._writers)
+            if isinstance(parsed, str):
+                if parsed != "its agent is not served":  # forgotten when it leaves for good
+                    log.warning("owed wake %r skipped: %s", key[:200], parsed)
+                    skipped.append(key)
+                continue
+            parent_id, notice_id, wake = parsed
+            by_agent.setdefault(parent_id, []).append((notice_id, wake))
+        self._store.delete_cursors(skipped)
         try:
             asyncio.get_running_loop().call_soon(self._forget_owed_read)
         except RuntimeError:
-            return stored
-        self._owed_read = stored
-        return stored
+            return by_agent
+        self._owed_read = by_agent
+        return by_agent
 
     def _forget_owed_read(self) -> None:
         self._owed_read = None
@@ -447,22 +462,8 @@ class InboxDesk:
         clustered when an agent's lease is gained here): tried when their stored backoff has
         passed, with the tries they have left, the same caps as ever. An entry this desk
         would not have written is skipped and forgotten, logged once: the start goes on."""
-        found: dict[str, list[tuple[str, _FailedWake]]] = {}
-        skipped: list[str] = []
         stored = self._stored_owed()
-        for key, value in stored.items():
-            parsed = _stored_wake(key, value, self._writers)
-            if isinstance(parsed, str):
-                if parsed != "its agent is not served":  # forgotten when it leaves for good
-                    log.warning("owed wake %r skipped: %s", key[:200], parsed)
-                    skipped.append(key)
-                continue
-            parent_id, notice_id, wake = parsed
-            if parent_id in agents:
-                found.setdefault(parent_id, []).append((notice_id, wake))
-        self._store.delete_cursors(skipped)
-        for key in skipped:  # the next agent taken in this turn reads the same: not again
-            del stored[key]
+        found = {agent: stored[agent] for agent in agents if agent in stored}
         if not found:
             return
         tries = self._store.get_cursors(owed_tries_cursor(parent) for parent in found)
