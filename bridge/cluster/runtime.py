@@ -457,7 +457,7 @@ class Cluster:
         # What `_follow_marks` last read the others' marks at: the change counter, the owners.
         self._marks_seen: tuple[object, tuple[str, ...]] | None = None
         # The other live instances whose routed record says they move the change counter.
-        self._counted: set[str] = set()
+        self._uncounted: set[str] = set()
         self.boards = SharedBoards(self.aio, self.prefix, self.owner)
         self._board_leases: dict[str, Lease] = {}
         self._boards_held: set[str] = set()  # chats whose board `take_board` was told of
@@ -653,9 +653,12 @@ class Cluster:
         """Tell `wakes` the `orchestrator` settings of the other live instances' routes, when
         they may have changed: an instance rewrote its record (`P:routes-changed` moved) or
         the live instances are others. One GET and one listing per renewal; the records are
-        read only on such a change, or at every renewal while a live instance's record does
-        not say it moves the counter (`COUNTED_KEY`: an older release, during a rolling
-        update, whose rewritten routes would be followed only when the live ones change).
+        read only on such a change, or at every renewal while a live instance's readable
+        record does not say it moves the counter (`COUNTED_KEY`: an older release, during a
+        rolling update, whose rewritten routes would be followed only when the live ones
+        change), or has none yet. A record refused (too large, not UTF-8, not JSON: logged)
+        keeps no fallback going: reading it again gives the same refusal, and every
+        instance would read and parse every record at every renewal while it stays.
         The instance serving an agent another instance's route marks (discovered only here,
         say) wakes it with the wakes kept for its chat."""
         now_ms = int(time.time() * 1000)
@@ -668,17 +671,19 @@ class Cluster:
         live = readable_members(listed, owners)
         others = sorted(owner for owner in live if owner != self.owner)
         seen = (changed, tuple(others))
-        if seen == self._marks_seen and self._counted.issuperset(others):
+        if seen == self._marks_seen and not self._uncounted:
             return
         marked: set[tuple[str, str, str, str]] = set()
-        counted: set[str] = set()
+        uncounted: set[str] = set()
         records = dict(await self._routed_records(others))
         for owner in others:
             key = self.key("routed", owner)
             if (record := records.get(key)) is None:
+                if key not in self._routed_refused:
+                    uncounted.add(owner)  # listed before its first record: it may be older
                 continue
-            if record.get(COUNTED_KEY) is True:
-                counted.add(owner)
+            if record.get(COUNTED_KEY) is not True:
+                uncounted.add(owner)
             try:
                 for channel, chats in record.get(MARKS_KEY, {}).items():
                     for chat, threads in chats.items():
@@ -688,7 +693,7 @@ class Cluster:
             except (AttributeError, TypeError) as error:
                 self._refuse_routed(key, record, error)
         wakes.others_route_marks(sorted(marked))
-        self._marks_seen, self._counted = seen, counted
+        self._marks_seen, self._uncounted = seen, uncounted
 
     def _refuse_routed(self, key: str, raw: object, error: Exception) -> None:
         """Log, once per value, that the routed record at `key` was left out, and why."""
