@@ -1005,7 +1005,7 @@ def _await_pipe_writer(fd: int, path: Path) -> None:
     if not poller.poll(int(CONFIG_PIPE_WAIT_S * 1000)):
         raise ConfigError(
             [
-                f"{path}: is a named pipe that nothing wrote to within {CONFIG_PIPE_WAIT_S:g} s;"
+                f"{path}: is a pipe that nothing wrote to within {CONFIG_PIPE_WAIT_S:g} s;"
                 " give the path of a TOML file, or start what writes the pipe first"
             ]
         )

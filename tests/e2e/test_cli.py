@@ -1151,9 +1151,7 @@ def test_a_config_that_is_a_named_pipe_nothing_writes_is_refused_not_awaited(
     os.mkfifo(fifo)
     result = taskcard("config", "check", str(fifo))
     assert (result.returncode, result.stdout) == (2, ""), result.stderr
-    assert f"{fifo}: is a named pipe that nothing wrote to within 30 s; give the path" in (
-        result.stderr
-    )
+    assert f"{fifo}: is a pipe that nothing wrote to within 30 s; give the path" in (result.stderr)
     assert "Traceback" not in result.stderr
 
 
