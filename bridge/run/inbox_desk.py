@@ -932,7 +932,11 @@ class InboxDesk:
                 self._store_tries(parent_id, owed)
             else:
                 del self._wake_retries[parent_id]
-                self._store.delete_cursors([owed_tries_cursor(parent_id)])
+                # Clustered, the row of tries is shared: another instance may owe this agent
+                # wakes too, found through it (`_look_for_owed`), which removes it once none
+                # are left, as `_retry_wakes_of` leaves it.
+                if not self._shared:
+                    self._store.delete_cursors([owed_tries_cursor(parent_id)])
         if parent_id not in self._wake_retries:
             self.problems.pop(parent_id, None)
         # The text of a wake taken back travels in this one: kept in `cancelled/`, every
