@@ -195,27 +195,30 @@ KINDS = [
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_runtime_dir_that_is_no_folder_is_refused_naming_the_fix(
-    workdir: Path, tmp_path: Path, kind: str
+    workdir: Path, other_runtime_dir: Path, kind: str
 ) -> None:
     """The folder in the way is named as what it is: a file on the path, or a link on it
-    that leads nowhere or round a loop, was "File exists" (or "Not a directory") about it."""
-    named = tmp_path / "rt"
+    that leads nowhere or round a loop, was "File exists" (or "Not a directory") about it.
+    The folder is a short one of its own: under pytest's numbered base folder the deeper
+    path's socket could pass the length limit, and that refusal would come first."""
+    base = other_runtime_dir
+    named = base / "rt"
     sub = named / ("sub/deeper" if kind == "file further up its path" else "sub")
     cannot = f"runtime dir {sub} cannot be created:"
     if kind == "file":
         named.write_text("")
         problem = f"runtime dir {named} is not a directory; refusing to use it."
     elif kind == "dangling link":
-        named.symlink_to(tmp_path / "nowhere")
+        named.symlink_to(base / "nowhere")
         problem = f"runtime dir {named} is a symlink; refusing to use it."
     elif kind in ("file on its path", "file further up its path"):
         named.write_text("")
         problem = f"{cannot} {named} on its path is a file, not a folder; set"
     elif kind == "dangling link on its path":
-        named.symlink_to(tmp_path / "nowhere")
+        named.symlink_to(base / "nowhere")
         problem = (
             f"{cannot} the symbolic link {named} on its path leads nowhere (to"
-            f" {tmp_path / 'nowhere'}, which does not exist); set"
+            f" {base / 'nowhere'}, which does not exist); set"
         )
     else:
         named.symlink_to("rt")
