@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from taskcard.producers.task_card.contract import atomic_write, parse_iso, utc_now_iso
+from taskcard.producers.task_card.contract import parse_iso, utc_now_iso
 from tests.e2e.harness import ServeProcess, eventually, publish, run_cli
 from tests.e2e.test_cluster import instance
 from tests.e2e.test_inbox_faults import NO_OVERRIDE
+from tests.e2e.test_orchestrator import spawned_by
 from tests.e2e.test_talk_and_signals import (
     GROUP,
     SIGNALS,
@@ -63,8 +64,7 @@ async def test_a_wake_that_cannot_be_queued_puts_back_whole_the_wake_it_took_bac
     written again with the cut text, and the reports the cut left out were lost."""
     async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
         lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
-        lineage = {"parent": "lead", "reason": "split", "depth": 1, "created_at": utc_now_iso()}
-        atomic_write(worker / "lineage.json", json.dumps(lineage).encode())
+        spawned_by(worker, "lead")
         publish(worker, "**migrating**")
         publish(lead, "**leading**")
         with chat.serve:
@@ -102,8 +102,7 @@ async def test_a_wake_taken_back_that_cannot_be_put_back_travels_in_the_owed_wak
         pytest.skip("needs root and setpriv to run the service without permission overrides")
     async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
         lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
-        lineage = {"parent": "lead", "reason": "split", "depth": 1, "created_at": utc_now_iso()}
-        atomic_write(worker / "lineage.json", json.dumps(lineage).encode())
+        spawned_by(worker, "lead")
         publish(worker, "**migrating**")
         publish(lead, "**leading**")
         chat.serve = ServeProcess(chat.serve.config, env=chat.serve.env, prefix=NO_OVERRIDE)
@@ -164,8 +163,7 @@ async def test_a_wake_owed_when_the_service_stops_is_queued_after_its_restart(
     wake in the state that the service would not have written is skipped, logged."""
     async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
         lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
-        lineage = {"parent": "lead", "reason": "split", "depth": 1, "created_at": utc_now_iso()}
-        atomic_write(worker / "lineage.json", json.dumps(lineage).encode())
+        spawned_by(worker, "lead")
         (lead / "inbox").write_text("not a folder\n")
         publish(worker, "**migrating**")
         publish(lead, "**leading**")
@@ -207,8 +205,7 @@ async def test_an_owed_wake_queued_before_a_stop_is_not_written_again_after_it(
     lead's inbox and does not write it again. It was written again, and lead woken twice."""
     async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
         lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
-        lineage = {"parent": "lead", "reason": "split", "depth": 1, "created_at": utc_now_iso()}
-        atomic_write(worker / "lineage.json", json.dumps(lineage).encode())
+        spawned_by(worker, "lead")
         (lead / "inbox").write_text("not a folder\n")
         publish(worker, "**migrating**")
         publish(lead, "**leading**")
@@ -252,8 +249,7 @@ async def test_a_wake_cut_short_between_its_write_and_its_rename_is_queued_after
     file, which is in the way'), until the tries ran out and the wake was dropped."""
     async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
         lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
-        lineage = {"parent": "lead", "reason": "split", "depth": 1, "created_at": utc_now_iso()}
-        atomic_write(worker / "lineage.json", json.dumps(lineage).encode())
+        spawned_by(worker, "lead")
         (lead / "inbox").write_text("not a folder\n")
         publish(worker, "**migrating**")
         publish(lead, "**leading**")
@@ -289,8 +285,7 @@ async def test_a_wake_whose_write_a_stop_cut_short_is_queued_at_the_next_start(
     written: the notice said the wake was known."""
     async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
         lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
-        lineage = {"parent": "lead", "reason": "split", "depth": 1, "created_at": utc_now_iso()}
-        atomic_write(worker / "lineage.json", json.dumps(lineage).encode())
+        spawned_by(worker, "lead")
         publish(worker, "**migrating**")
         publish(lead, "**leading**")
         with chat.serve:
@@ -335,8 +330,7 @@ async def test_a_wake_lost_to_a_broken_inbox_is_queued_once_the_inbox_works(
     the line goes. It was lost before: only the next signal woke lead."""
     async with chat_for(platform, tmp_path, ["lead", "worker"], SIGNALS) as chat:
         lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
-        lineage = {"parent": "lead", "reason": "split", "depth": 1, "created_at": utc_now_iso()}
-        atomic_write(worker / "lineage.json", json.dumps(lineage).encode())
+        spawned_by(worker, "lead")
         (lead / "inbox").write_text("not a folder\n")
         publish(worker, "**migrating**")
         publish(lead, "**leading**")
@@ -379,8 +373,7 @@ async def lead_on_i0_worker_on_i1(
         lambda: "agent worker: this instance serves it now" in i1.logs, what="worker on i1"
     )
     lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
-    lineage = {"parent": "lead", "reason": "split", "depth": 1, "created_at": utc_now_iso()}
-    atomic_write(worker / "lineage.json", json.dumps(lineage).encode())
+    spawned_by(worker, "lead")
     (lead / "inbox").write_text("not a folder\n")
     return i0, i1
 
