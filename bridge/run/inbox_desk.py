@@ -33,7 +33,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, tzinfo
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar, cast
 
 from taskcard.bridge.config import InboxConfig
 from taskcard.bridge.inbox.states import MessageState, message_state, state_line
@@ -54,6 +54,7 @@ from taskcard.producers.reports.contract import (
 from taskcard.producers.task_card.contract import shows_text
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 STATUS_AGENT_PREFIX = "inbox:"
 # Closed messages younger than this get their status message back after a restart (its last
@@ -250,6 +251,33 @@ def _stored_tries(parent_id: str, value: str | None) -> tuple[int, float]:
     return 0, 0.0
 
 
+class OncePerTurn(Generic[T]):
+    """What `read` returns, read once for every call until the event loop's next turn, then
+    read again at the next call; read at every call when no loop runs (nothing to share
+    the read with)."""
+
+    __slots__ = ("_held", "_read", "_value")
+
+    def __init__(self, read: Callable[[], T]) -> None:
+        self._read = read
+        self._value: T | None = None
+        self._held = False
+
+    def __call__(self) -> T:
+        if self._held:
+            return cast(T, self._value)
+        value = self._read()
+        try:
+            asyncio.get_running_loop().call_soon(self._forget)
+        except RuntimeError:
+            return value
+        self._value, self._held = value, True
+        return value
+
+    def _forget(self) -> None:
+        self._value, self._held = None, False
+
+
 @dataclass
 class _WakeRetry:
     """The wakes one agent is owed, by notice id in the order they failed, and when the
@@ -346,12 +374,15 @@ class InboxDesk:
         self._open: dict[str, dict[str, None]] = {}
         self._closed: list[tuple[float, str]] = []
         self._ready: set[str] = set()
-        self._shared_read: list[InboxRecord] | None = None  # see `_shared_messages`
+        # The store's messages of the last day, and its owed wakes by agent, each read
+        # once for every call until the event loop's next turn: a lease renewal that gains
+        # many agents takes them one by one, without reading (or parsing) every row again.
+        self._shared_messages = OncePerTurn(self._read_shared_messages)
         self.problems: dict[str, str] = {}  # agent -> why its inbox cannot be written
         # (parent, child) -> the id and text of the report wake last queued (see the doc)
         self._report_wakes: dict[tuple[str, str], tuple[str, str]] = {}
         self._wake_retries: dict[str, _WakeRetry] = {}  # agent -> the wakes it is owed
-        self._owed_read: dict[str, list[tuple[str, _FailedWake]]] | None = None  # `_stored_owed`
+        self._stored_owed = OncePerTurn(self._read_owed)
         self._loaded = False  # `load` ran: an agent added later takes up its owed wakes
         self._taken: set[str] = set()  # clustered: the agents whose lease is held here
         self._owed_looked_s = 0.0  # clustered: when `_look_for_owed` last looked
@@ -410,30 +441,14 @@ class InboxDesk:
         self._wake_retries.pop(agent_id, None)
         self._taken.discard(agent_id)
 
-    def _shared_messages(self) -> list[InboxRecord]:
-        """The store's messages of the last day, read once for every call until the event
-        loop's next turn (a renewal that gains many leases takes them one by one)."""
-        if self._shared_read is not None:
-            return self._shared_read
-        records = self._store.inbox_messages(self._clock().timestamp() - KEEP_CLOSED_S)
-        try:
-            asyncio.get_running_loop().call_soon(self._forget_shared_read)
-        except RuntimeError:
-            return records  # no loop: nothing to share the read with
-        self._shared_read = records
-        return records
+    def _read_shared_messages(self) -> list[InboxRecord]:
+        """The store's messages of the last day (`_shared_messages`)."""
+        return self._store.inbox_messages(self._clock().timestamp() - KEEP_CLOSED_S)
 
-    def _forget_shared_read(self) -> None:
-        self._shared_read = None
-
-    def _stored_owed(self) -> dict[str, list[tuple[str, _FailedWake]]]:
-        """Every owed wake the store keeps, read and checked once for every call until the
-        event loop's next turn (as `_shared_messages`), by the agent it is owed to: a lease
-        renewal that gains many agents takes each one's wakes without reading, or parsing,
-        every stored row again. A row this desk would not have written is skipped and
-        forgotten, logged once; one of an agent not served here is left to its server."""
-        if self._owed_read is not None:
-            return self._owed_read
+    def _read_owed(self) -> dict[str, list[tuple[str, _FailedWake]]]:
+        """Every owed wake the store keeps, checked, by the agent it is owed to
+        (`_stored_owed`). A row this desk would not have written is skipped and forgotten,
+        logged once; one of an agent not served here is left to its server."""
         stored = self._store.get_cursors(self._store.cursor_keys(OWED_WAKE_CURSOR))
         by_agent: dict[str, list[tuple[str, _FailedWake]]] = {}
         skipped: list[str] = []
@@ -447,15 +462,7 @@ class InboxDesk:
             parent_id, notice_id, wake = parsed
             by_agent.setdefault(parent_id, []).append((notice_id, wake))
         self._store.delete_cursors(skipped)
-        try:
-            asyncio.get_running_loop().call_soon(self._forget_owed_read)
-        except RuntimeError:
-            return by_agent
-        self._owed_read = by_agent
         return by_agent
-
-    def _forget_owed_read(self) -> None:
-        self._owed_read = None
 
     def _take_owed(self, agents: Collection[str]) -> None:
         """Take up the wakes owed to `agents`' inboxes as the store keeps them (at start, or
@@ -473,12 +480,8 @@ class InboxDesk:
             if owed is None:
                 kept = tries.get(owed_tries_cursor(parent_id))
                 attempts, due_s = _stored_tries(parent_id, kept)
-                owed = self._wake_retries[parent_id] = _WakeRetry(
-                    Backoff(
-                        initial_s=WAKE_RETRY_FIRST_S, max_s=WAKE_RETRY_MAX_S, attempts=attempts
-                    ),
-                    due_s=min(due_s, now_s + WAKE_RETRY_MAX_S),  # a clock set back, say
-                )
+                # due no later than a whole backoff from now: a clock set back, say
+                owed = self._owed_to(parent_id, attempts, min(due_s, now_s + WAKE_RETRY_MAX_S))
             for notice_id, wake in wakes:
                 owed.wakes.setdefault(notice_id, wake)
             ordered = sorted(owed.wakes.items(), key=lambda item: item[1].seq)
@@ -510,11 +513,7 @@ class InboxDesk:
             child_id, _, episode = notice.notice_id.partition(":")
             if parent_id not in self._writers or not (child_id and episode and notice.text):
                 continue
-            owed = self._wake_retries.get(parent_id)
-            if owed is None:
-                owed = self._wake_retries[parent_id] = _WakeRetry(
-                    Backoff(initial_s=WAKE_RETRY_FIRST_S, max_s=WAKE_RETRY_MAX_S)
-                )
+            owed = self._owed_to(parent_id)
             if notice.notice_id not in owed.wakes:  # waiting behind owed ones: kept already
                 wake = _FailedWake(child_id, episode, notice.text, report=False)
                 self._keep_owed(owed, parent_id, notice.notice_id, wake)
@@ -957,11 +956,7 @@ class InboxDesk:
     def _owe_wake(self, parent_id: str, notice_id: str, wake: _FailedWake) -> None:
         """Keep a wake that could not be queued for `retry_wakes`, the next try after the
         agent's backoff; at most `MAX_OWED_WAKES` per agent (the oldest dropped, logged)."""
-        owed = self._wake_retries.get(parent_id)
-        if owed is None:
-            owed = self._wake_retries[parent_id] = _WakeRetry(
-                Backoff(initial_s=WAKE_RETRY_FIRST_S, max_s=WAKE_RETRY_MAX_S)
-            )
+        owed = self._owed_to(parent_id)
         self._keep_owed(owed, parent_id, notice_id, wake)
         if owed.backoff.attempts >= WAKE_RETRY_TRIES:
             log.error(
@@ -982,6 +977,17 @@ class InboxDesk:
             return
         owed.due_s = self._clock().timestamp() + owed.backoff.next_delay_s()
         self._store_tries(parent_id, owed)
+
+    def _owed_to(self, parent_id: str, attempts: int = 0, due_s: float = 0.0) -> _WakeRetry:
+        """The wakes `parent_id` is owed; when it is owed none yet, made with `attempts`
+        failed tries and the next try due at `due_s` (epoch seconds)."""
+        owed = self._wake_retries.get(parent_id)
+        if owed is None:
+            backoff = Backoff(
+                initial_s=WAKE_RETRY_FIRST_S, max_s=WAKE_RETRY_MAX_S, attempts=attempts
+            )
+            owed = self._wake_retries[parent_id] = _WakeRetry(backoff, due_s=due_s)
+        return owed
 
     def _keep_owed(
         self, owed: _WakeRetry, parent_id: str, notice_id: str, wake: _FailedWake
