@@ -3,10 +3,13 @@
 Every step goes through directory descriptors opened with `O_NOFOLLOW | O_DIRECTORY`, starting
 from the resolved workdir, so a symlink planted at `inbox` or at one of its folders is refused
 (`InboxRefused`, naming the path and the fix) instead of followed out of the workdir. A message
-is written to `inbox/tmp/<id>.json` and renamed into `inbox/queued/` (readers never see half a
-file); a cancel is a rename from `queued/` to `cancelled/` that races the agent side's claim
-(rename to `taken/`): whichever rename happens first wins, and the loser sees
-`FileNotFoundError`. Folders are created with mode 0700.
+is written to `inbox/tmp/` under a name of that write's own (`.<id>.<random>.tmp`) and renamed
+into `inbox/queued/<id>.json` (readers never see half a file; two writers of the same message,
+two instances of a cluster or a retry, never touch each other's file, and a file a write cut
+short left in `tmp/` is deleted by a later write once it is an hour old); a cancel is a rename
+from `queued/` to `cancelled/` that races the agent side's claim (rename to `taken/`):
+whichever rename happens first wins, and the loser sees `FileNotFoundError`. Folders are
+created with mode 0700.
 
 An agent may run as another user than the service. When the workdir grants its group full
 access (rwx: the owner shares it with a group the service and the agent are in), the inbox
@@ -19,9 +22,13 @@ and 0600), as before. See docs/operators.md, "An agent run by another user".
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
+import re
+import secrets
 import stat
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -45,6 +52,15 @@ from taskcard.producers.reports.contract import (
 )
 
 Location = Literal["queued", "taken", "cancelled", "missing"]
+# A file a write cut short left in `tmp/` is deleted by a later write into the same inbox
+# once it is this old (`_clear_leftovers`); a write takes milliseconds.
+LEFTOVER_AGE_S = 3600.0
+LEFTOVER_LOOK = 256
+# What the service writes in `tmp/`: `.<id>.<random>.tmp`, and `<id>.json` as versions
+# before per-write names wrote it.
+_LEFTOVER = re.compile(
+    r"\A(?:\.[A-Za-z0-9_-]{1,64}\.[0-9a-f]{16}\.tmp|[A-Za-z0-9_-]{1,64}\.json)\Z"
+)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -112,6 +128,24 @@ def _open_dir(
     return fd
 
 
+def _clear_leftovers(tmp_fd: int) -> None:
+    """Delete from `tmp/` (its descriptor) the files a write cut short left there (the
+    service stopped, or died, between a write and its rename) once they are older than
+    `LEFTOVER_AGE_S`: no write takes that long, so none is another writer's still on its
+    way. Only names the service writes (`_LEFTOVER`), only regular files, no link
+    followed; at most `LEFTOVER_LOOK` entries are looked at per write, so a `tmp/` someone
+    filled costs each write a bounded time. Best effort: what cannot be deleted stays."""
+    now = time.time()
+    with suppress(OSError), os.scandir(tmp_fd) as entries:
+        for entry in itertools.islice(entries, LEFTOVER_LOOK):
+            if not _LEFTOVER.match(entry.name):
+                continue
+            with suppress(OSError):
+                info = entry.stat(follow_symlinks=False)
+                if stat.S_ISREG(info.st_mode) and now - info.st_mtime > LEFTOVER_AGE_S:
+                    os.unlink(entry.name, dir_fd=tmp_fd)
+
+
 def _create(name: str, folder_fd: int) -> int:
     """A new file `name` in the folder, for writing; never through a link, never one there."""
     return os.open(
@@ -170,21 +204,15 @@ class InboxWriter:
             raise InboxRefused(f"the message is over {MAX_INBOX_MESSAGE_BYTES // 1024} KiB")
         name = f"{ident}.json"
         with self._folders(create=True) as fds:
+            _clear_leftovers(fds[TMP_DIR])
+            # A name of this write's own: another writer of the same message (a second
+            # instance, a retry) never replaces, nor renames away, this one's file, and a
+            # leftover of either is never in the way.
+            own = f".{ident}.{secrets.token_hex(8)}.tmp"
             try:
-                try:
-                    fd = _create(name, fds[TMP_DIR])
-                except FileExistsError as error:
-                    # Left by a write of this same message cut short (the service stopped
-                    # between the write and the rename): `tmp/` is the service's alone and
-                    # an id names one message, so it goes, where it refused the message at
-                    # every try after a restart. A folder there stays in the way.
-                    try:
-                        os.unlink(name, dir_fd=fds[TMP_DIR])
-                    except OSError:
-                        raise error from None
-                    fd = _create(name, fds[TMP_DIR])
+                fd = _create(own, fds[TMP_DIR])
             except OSError as error:
-                raise refusal(f"inbox/tmp/{name} cannot be written", error, "inbox/tmp") from None
+                raise refusal(f"inbox/tmp cannot take {name}", error, "inbox/tmp") from None
             inbox = os.fstat(fds[""])
             if stat.S_IMODE(inbox.st_mode) == SHARED_DIR_MODE:  # shared: see the docstring
                 share(fd, inbox.st_gid, SHARED_FILE_MODE)
@@ -193,15 +221,15 @@ class InboxWriter:
                 os.fsync(fd)
             except OSError as error:
                 os.close(fd)
-                os.unlink(name, dir_fd=fds[TMP_DIR])
-                raise refusal(f"inbox/tmp/{name} cannot be written", error, "inbox/tmp") from None
+                with suppress(OSError):
+                    os.unlink(own, dir_fd=fds[TMP_DIR])
+                raise refusal(f"inbox/tmp cannot take {name}", error, "inbox/tmp") from None
             os.close(fd)
             try:
-                os.rename(name, name, src_dir_fd=fds[TMP_DIR], dst_dir_fd=fds[QUEUED_DIR])
+                os.rename(own, name, src_dir_fd=fds[TMP_DIR], dst_dir_fd=fds[QUEUED_DIR])
             except OSError as error:
-                # Left in `tmp/`, it would refuse the same message written again (O_EXCL).
                 with suppress(OSError):
-                    os.unlink(name, dir_fd=fds[TMP_DIR])
+                    os.unlink(own, dir_fd=fds[TMP_DIR])
                 raise refusal(
                     f"inbox/queued/{name} cannot be moved in", error, "inbox/queued"
                 ) from None

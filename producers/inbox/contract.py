@@ -2,7 +2,7 @@
 
 Layout under the agent's workdir, all folders real directories (never links)::
 
-    inbox/tmp/<id>.json        the service writes a message here first
+    inbox/tmp/.<id>.<random>.tmp  the service writes a message here first (its own)
     inbox/queued/<id>.json     then renames it here (atomic): waiting for the agent
     inbox/taken/<id>.json      the agent side claimed it (its rename won)
     inbox/cancelled/<id>.json  the service withdrew it (its rename won)

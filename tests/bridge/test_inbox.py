@@ -5,8 +5,14 @@ from __future__ import annotations
 import json
 import os
 import stat
+import sys
+import threading
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import pytest
 
@@ -87,6 +93,93 @@ def test_cancel_and_claim_race_one_winner(tmp_path: Path) -> None:
     assert writer.cancel("m_b") is True
     assert (writer.location("m_a"), writer.location("m_b")) == ("taken", "cancelled")
     assert writer.location("m_c") == "missing"
+
+
+class Held:
+    """Holds the thread that runs `work` at its first call of the C function `at` (`os.rename`,
+    `os.write`: a step of a real write into real files) until `go` is set; `reached` is
+    set once it waits there. Nothing of the writer is replaced: only the thread is held."""
+
+    def __init__(self, at: Callable[..., Any], work: Callable[[], None]) -> None:
+        self.at, self.work = at, work
+        self.reached, self.go = threading.Event(), threading.Event()
+        self.errors: list[BaseException] = []
+        self._held = False
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+
+    def _profile(self, frame: FrameType, event: str, arg: object) -> None:
+        if event == "c_call" and arg is self.at and not self._held:
+            self._held = True
+            self.reached.set()
+            self.go.wait(60)
+
+    def _run(self) -> None:
+        sys.setprofile(self._profile)
+        try:
+            self.work()
+        except BaseException as error:
+            self.errors.append(error)
+        finally:
+            sys.setprofile(None)
+
+    def release(self) -> None:
+        self.go.set()
+        self.thread.join(60)
+        assert not self.thread.is_alive()
+
+
+def test_two_writers_of_the_same_message_never_touch_each_others_file(tmp_path: Path) -> None:
+    """Two writers of the same wake (two instances of a cluster, or a retry beside a write
+    still on its way), interleaved: the first has written its file in `tmp/` and is about to
+    rename it; the second has created its own and not yet written it. The first's rename
+    moves in its own whole file, then the second's replaces it whole; both succeed and
+    `tmp/` is left empty. Both wrote `tmp/<id>.json`: the second deleted the first's file as
+    a leftover, the first's rename moved the second's empty file into `queued/`, where a
+    reader found half a message, and the second failed ('cannot be moved in')."""
+    inbox = tmp_path / "inbox"
+    first = Held(os.rename, lambda: InboxWriter(tmp_path).queue(message("wake_1", "first")))
+    assert first.reached.wait(60)
+    second = Held(os.write, lambda: InboxWriter(tmp_path).queue(message("wake_1", "second")))
+    assert second.reached.wait(60)
+    try:
+        first.release()
+        queued = inbox / "queued" / "wake_1.json"
+        assert json.loads(queued.read_text())["text"] == "first"
+    finally:
+        first.release()
+        second.release()
+    assert first.errors == [] and second.errors == []
+    assert json.loads(queued.read_text())["text"] == "second"
+    assert list((inbox / "tmp").iterdir()) == []
+
+
+def test_a_file_a_write_cut_short_left_in_tmp_goes_at_a_later_write(tmp_path: Path) -> None:
+    """A stop (or a crash) between a write and its rename leaves the file in `tmp/`; its
+    message may never be written again (a person's text, failed for good). The next write
+    into the same inbox deletes such files once they are an hour old: the service's names
+    only, regular files only. A younger one may be another writer's on its way, and stays;
+    so do a name the service never writes and a link. They piled up, one per write cut
+    short, for as long as the inbox lived."""
+    writer = InboxWriter(tmp_path)
+    writer.queue(message("m_0"))
+    tmp, outside = tmp_path / "inbox" / "tmp", tmp_path / "outside"
+    outside.write_text("keep")
+    old = time.time() - 2 * 3600
+    for name in ("m_cut.json", ".wake_2.0123456789abcdef.tmp", "notes.txt"):
+        (tmp / name).write_text('{"v":1,"id":"m_c')
+        os.utime(tmp / name, (old, old))
+    (tmp / ".wake_3.fedcba9876543210.tmp").write_text("{")  # another writer's, on its way
+    (tmp / ".wake_4.0000000000000000.tmp").symlink_to(outside)
+    os.utime(tmp / ".wake_4.0000000000000000.tmp", (old, old), follow_symlinks=False)
+    writer.queue(message("m_1"))
+    assert sorted(p.name for p in tmp.iterdir()) == [
+        ".wake_3.fedcba9876543210.tmp",
+        ".wake_4.0000000000000000.tmp",
+        "notes.txt",
+    ]
+    assert outside.read_text() == "keep"
+    assert json.loads((tmp_path / "inbox" / "queued" / "m_1.json").read_text())["id"] == "m_1"
 
 
 def test_ack_lines_are_parsed_totally() -> None:

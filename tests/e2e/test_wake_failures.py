@@ -40,7 +40,11 @@ def report_wakes(tmp_path: Path) -> list[str]:
     """The texts of lead's queued wakes about worker's reports ([] while one is withdrawn to
     join the next: the service takes it back to queue one carrying it too)."""
     try:
-        texts = [str(json.loads(p.read_text())["text"]) for p in queued(tmp_path, "lead")]
+        texts = [
+            str(json.loads(p.read_text())["text"])
+            for p in queued(tmp_path, "lead")
+            if p.is_file()  # not a folder put in a wake's way
+        ]
     except FileNotFoundError:
         return []
     return [text for text in texts if "worker reported" in text]
@@ -80,7 +84,7 @@ async def test_a_wake_that_cannot_be_queued_puts_back_whole_the_wake_it_took_bac
             assert all(f"(#{seq})" in whole for seq in range(1, 13)), whole
             assert "left out" not in whole and len(whole) > 3600, len(whole)
             at = utc_now_iso()
-            (lead / "inbox" / "tmp" / report_wake_file("worker", 13, at)).mkdir()  # in the way
+            (lead / "inbox" / "queued" / report_wake_file("worker", 13, at)).mkdir()  # in the way
             report(worker, 13, ok=True, summary=f"part 13 {FILLER}", at=at)
             await wait_said(chat, "⚠ inbox:", "lead's card naming its inbox")
             assert report_wakes(tmp_path) == [whole]
@@ -243,10 +247,11 @@ async def test_a_wake_cut_short_between_its_write_and_its_rename_is_queued_after
     tmp_path: Path,
 ) -> None:
     """lead's wake is owed (its `inbox` is a file) when the service stops. The inbox is made
-    again holding what a write of that wake cut short between `inbox/tmp/` and the rename
-    into `queued/` leaves (a crash there): its half file in `tmp/`. The restart queues the
-    wake over it. The half file refused the wake at every try ('File exists; remove that
-    file, which is in the way'), until the tries ran out and the wake was dropped."""
+    again holding what writes cut short between `inbox/tmp/` and the rename into `queued/`
+    left (a crash there, two hours ago): a half file of that wake under the name versions
+    before per-write names gave it, and one under a per-write name. The restart queues the
+    wake, and the write deletes both. The half file once refused the wake at every try
+    ('File exists; remove that file, which is in the way'), until the tries ran out."""
     async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
         lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
         spawned_by(worker, "lead")
@@ -263,15 +268,18 @@ async def test_a_wake_cut_short_between_its_write_and_its_rename_is_queued_after
         (lead / "inbox").unlink()
         for folder in ("queued", "taken", "cancelled", "tmp"):
             (lead / "inbox" / folder).mkdir(parents=True, mode=0o700)
-        half = lead / "inbox" / "tmp" / report_wake_file("worker", 1, at)
-        half.write_text('{"v":1,"id":"wa')
+        tmp = lead / "inbox" / "tmp"
+        crashed = time.time() - 2 * 3600
+        for half in (tmp / report_wake_file("worker", 1, at), tmp / ".m_1.0123456789abcdef.tmp"):
+            half.write_text('{"v":1,"id":"wa')
+            os.utime(half, (crashed, crashed))
         with chat.restart():
             await eventually(
                 lambda: any("part 1 done" in text for text in report_wakes(tmp_path)),
                 timeout_s=60,
                 what="the owed wake queued over the half file",
             )
-            assert list((lead / "inbox" / "tmp").iterdir()) == []
+            assert list(tmp.iterdir()) == []
             assert await chat.serve.aterminate() == 0
 
 
