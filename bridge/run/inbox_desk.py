@@ -154,6 +154,12 @@ WAKE_RETRY_TRIES = 24
 # workdir: that is what failed.
 OWED_WAKE_CURSOR = "owed-wake:"
 OWED_TRIES_CURSOR = "owed-wake-tries:"
+# The store's set of the agents that owe wakes (`StateStore.add_to_set`), so that a cluster's
+# look for wakes another instance left (`_look_for_owed`) reads the agents that owe some,
+# not a row per agent served. An agent is added before its rows are written and removed
+# only once they are gone: a stop in between leaves a member without rows, which the look
+# removes, never rows that no member names.
+OWED_AGENTS = "owed-wakes"
 # A wake recorded (its notice pending) but neither queued nor failed when the service
 # stopped, as a stop during its write leaves it, is owed at the next start when it is younger
 # than this (about the time its tries would have taken): the notice is recorded first, so
@@ -386,6 +392,7 @@ class InboxDesk:
         self._loaded = False  # `load` ran: an agent added later takes up its owed wakes
         self._taken: set[str] = set()  # clustered: the agents whose lease is held here
         self._owed_looked_s = 0.0  # clustered: when `_look_for_owed` last looked
+        self._owed_indexed = False  # clustered: the look added the agents owing before this
 
     # Lifecycle -------------------------------------------------------------------------
 
@@ -697,6 +704,7 @@ class InboxDesk:
             return  # owes none (the usual case): the store's cursors are not read through
         keys = self._store.cursor_keys(_owed_wakes_of(agent_id))
         self._store.delete_cursors([*keys, owed_tries_cursor(agent_id)])
+        self._store.remove_from_set(OWED_AGENTS, [agent_id])
 
     def remove_agent(self, agent_id: str, reason: str = "the agent was removed") -> None:
         """The agent left the fleet: its queued messages are cancelled, then it is forgotten."""
@@ -836,18 +844,29 @@ class InboxDesk:
         """Clustered: take up the wakes owed to agents whose lease is held here that another
         instance kept in the store. The instance whose write failed tries them itself, but
         stopped (or gone) it left them there until this one's next lease gain, maybe never.
-        One read for every agent held (their rows of tries); the wakes only when one has
-        some this instance does not know of."""
-        unknown = [agent for agent in self._taken if agent not in self._wake_retries]
+        One read of the set of agents that owe wakes (`OWED_AGENTS`), whatever the number of
+        agents held here: it read a row per agent held, ten thousand every 30 s for an idle
+        fleet. Their wakes are read only when an agent held here owes some this instance
+        does not know of; a member whose rows are gone (the wakes queued or dropped) goes,
+        its row of tries first.
+
+        The first look of a start adds the agents of this fleet whose wakes the store keeps
+        (one read of every owed wake), so that those an earlier version kept without the
+        set are found too."""
         try:
-            kept = self._store.get_cursors(owed_tries_cursor(agent) for agent in unknown)
-            agents = [key[len(OWED_TRIES_CURSOR) :] for key in kept]
+            if not self._owed_indexed:
+                self._store.add_to_set(OWED_AGENTS, self._stored_owed())
+                self._owed_indexed = True
+            agents = [
+                agent
+                for agent in self._store.set_members(OWED_AGENTS)
+                if agent in self._taken and agent not in self._wake_retries
+            ]
             if agents:
                 self._take_owed(agents)
-                # Tries left without wakes (theirs were skipped) are not read again and again.
-                self._store.delete_cursors(
-                    owed_tries_cursor(agent) for agent in agents if agent not in self._wake_retries
-                )
+                done = [agent for agent in agents if agent not in self._wake_retries]
+                self._store.delete_cursors(owed_tries_cursor(agent) for agent in done)
+                self._store.remove_from_set(OWED_AGENTS, done)
         except Exception as error:
             # Looked at again in `OWED_LOOK_S`; the store's failure is its own business.
             log.warning("the wakes other instances owe were not read: %s", error)
@@ -877,8 +896,8 @@ class InboxDesk:
                 continue
             if not self._write_wake(writer, parent_id, wake):
                 return
-        if self._wake_retries.pop(parent_id, None) is not None and not self._shared:
-            self._store.delete_cursors([owed_tries_cursor(parent_id)])
+        if self._wake_retries.pop(parent_id, None) is not None:
+            self._owes_none(parent_id)
         log.info("agent %s: the wakes owed are queued", parent_id)
 
     def _forget_owed(self, parent_id: str, owed: _WakeRetry, notice_id: str) -> None:
@@ -931,11 +950,7 @@ class InboxDesk:
                 self._store_tries(parent_id, owed)
             else:
                 del self._wake_retries[parent_id]
-                # Clustered, the row of tries is shared: another instance may owe this agent
-                # wakes too, found through it (`_look_for_owed`), which removes it once none
-                # are left, as `_retry_wakes_of` leaves it.
-                if not self._shared:
-                    self._store.delete_cursors([owed_tries_cursor(parent_id)])
+                self._owes_none(parent_id)
         if parent_id not in self._wake_retries:
             self.problems.pop(parent_id, None)
         # The text of a wake taken back travels in this one: kept in `cancelled/`, every
@@ -974,6 +989,8 @@ class InboxDesk:
             )
             for dropped in owed.wakes:  # not taken for cut short at the next start
                 self._store.set_notice_state(WAKE_ROUTE_PREFIX + parent_id, dropped, "failed")
+            if not self._shared:  # clustered, another instance's may be left: see the look
+                self._store.remove_from_set(OWED_AGENTS, [parent_id])
             return
         owed.due_s = self._clock().timestamp() + owed.backoff.next_delay_s()
         self._store_tries(parent_id, owed)
@@ -989,6 +1006,15 @@ class InboxDesk:
             owed = self._wake_retries[parent_id] = _WakeRetry(backoff, due_s=due_s)
         return owed
 
+    def _owes_none(self, parent_id: str) -> None:
+        """`parent_id` owes no wake here any more: its row of tries goes, then its mark in
+        `OWED_AGENTS`. Clustered both stay: the row of tries is shared, and another instance
+        may owe the agent wakes too; the holder of its lease removes them once no instance's
+        wakes are left (`_look_for_owed`)."""
+        if not self._shared:
+            self._store.delete_cursors([owed_tries_cursor(parent_id)])
+            self._store.remove_from_set(OWED_AGENTS, [parent_id])
+
     def _keep_owed(
         self, owed: _WakeRetry, parent_id: str, notice_id: str, wake: _FailedWake
     ) -> None:
@@ -998,6 +1024,7 @@ class InboxDesk:
         if known is None:
             wake = wake._replace(seq=owed.next_seq)
             owed.next_seq += 1
+            self._store.add_to_set(OWED_AGENTS, [parent_id])  # first: see `OWED_AGENTS`
         else:
             wake = wake._replace(seq=known.seq)
             if wake == known:
@@ -1030,7 +1057,10 @@ class InboxDesk:
             )
 
     def _store_tries(self, parent_id: str, owed: _WakeRetry) -> None:
-        """Keep `parent_id`'s failed tries and next due time, for `_take_owed`."""
+        """Keep `parent_id`'s failed tries and next due time, for `_take_owed`; marked again
+        as owing wakes first (a look elsewhere may have found no row of it between its mark
+        and its first row, and removed the mark)."""
+        self._store.add_to_set(OWED_AGENTS, [parent_id])
         self._store.set_cursor(
             owed_tries_cursor(parent_id),
             json.dumps({"tries": owed.backoff.attempts, "due_s": owed.due_s}),

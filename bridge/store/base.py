@@ -271,6 +271,27 @@ class StateStore(ABC):
         """Forget these cursors (`get_cursor` gives None for them after); unknown keys are
         ignored."""
 
+    # Sets of names ---------------------------------------------------------------------------
+    # An index the service reads often, where reading every row it indexes would cost per
+    # agent served (the agents that owe wakes). Here one cursor per member under
+    # `SET_CURSOR`, which `set_members` finds by prefix (SQLite: one instance per file, which
+    # reads the index seldom); Redis keeps a real set, read in one call.
+
+    def add_to_set(self, name: str, members: Iterable[str]) -> None:
+        """Add `members` to the set `name`; one already there stays there, once."""
+        for member in dict.fromkeys(members):
+            self.set_cursor(_set_cursor(name, member), "")
+
+    def set_members(self, name: str) -> list[str]:
+        """The members of the set `name`, sorted; a member a backend cannot read (Redis: not
+        UTF-8, or longer than `MAX_MEMBER_BYTES`) is left out, logged once."""
+        start = _set_cursor(name, "")
+        return [key[len(start) :] for key in self.cursor_keys(start)]
+
+    def remove_from_set(self, name: str, members: Iterable[str]) -> None:
+        """Remove `members` from the set `name`; one not there is ignored."""
+        self.delete_cursors(_set_cursor(name, member) for member in members)
+
     # An agent that left for good -----------------------------------------------------------
     @abstractmethod
     def offset_agents(self) -> set[str]:
@@ -369,6 +390,16 @@ class StateStore(ABC):
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 _UNREAD: Final = object()  # `ReadAhead.take` of a key its batch did not name
+
+
+SET_CURSOR = "set:"
+# Longer members of a shared set are someone else's (a hand, a hostile writer): skipped.
+MAX_MEMBER_BYTES = 1024
+
+
+def _set_cursor(name: str, member: str) -> str:
+    """The cursor that holds `member` of the set `name` (`StateStore.add_to_set`)."""
+    return f"{SET_CURSOR}{name}:{member}"
 
 
 def shown_key(key: str, limit: int = 200) -> str:

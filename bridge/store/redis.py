@@ -24,11 +24,13 @@ Layout under the prefix `P`: `P:res:<route>` hashes of resident fields (and the 
 `P:residents`), hashes `P:prefs`, `P:offsets`, `P:cursors` (with `P:cursor-version:<field>`
 for a cursor `change_cursor` writes), `P:pauses`, `P:chats`, and for
 notices the hashes `P:n:text`, `P:n:state`, `P:n:at` keyed by route and id, with the sorted set
-`P:n:pending` (by creation time) as the index of pending ones; `P:sent:<channel>:<message id>`
-for each message posted on a platform whose replies do not say who wrote the message replied
-to, expiring after `SENT_KEEP_S`; `P:nm:["<channel>", "<chat>", "<message id>"]` (the agent a
-notice posted on any platform was about, so a reply to it reaches that agent), expiring alike
-(kept when the agent leaves, see `StateStore.remember_notice`).
+`P:n:pending` (by creation time) as the index of pending ones; sets `P:set:<name>` (an
+index the service reads often, `StateStore.add_to_set`: the agents that owe wakes);
+`P:sent:<channel>:<message id>` for each message posted on a platform whose replies do not
+say who wrote the message replied to, expiring after `SENT_KEEP_S`;
+`P:nm:["<channel>", "<chat>", "<message id>"]` (the agent a notice posted on any platform was
+about, so a reply to it reaches that agent), expiring alike (kept when the agent leaves, see
+`StateStore.remember_notice`).
 
 Every value is read defensively: a field that does not parse (written by hand, by an older
 version, or damaged) is logged once by its key and read as absent, so one bad entry never stops
@@ -55,6 +57,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from taskcard.bridge.store.base import (
+    MAX_MEMBER_BYTES,
     SENT_KEEP_S,
     ChatPrefs,
     InboxOutcome,
@@ -818,6 +821,35 @@ class RedisStore(StateStore):
             pipe.hdel(self.key("cursors"), *wanted)
             pipe.delete(*(self._version_key(key) for key in wanted))
             pipe.execute()
+
+    # Sets of names -------------------------------------------------------------------------
+
+    def _set_key(self, name: str) -> str:
+        return self.key("set", name)
+
+    def add_to_set(self, name: str, members: Iterable[str]) -> None:
+        wanted = sorted(set(members))
+        if wanted:
+            self._r.sadd(self._set_key(name), *wanted)
+
+    def set_members(self, name: str) -> list[str]:
+        """SMEMBERS; a member that is not UTF-8 or is over `MAX_MEMBER_BYTES` (no instance
+        writes one: a hand's, or a hostile writer's with the Redis user's rights) is left
+        out, named once in the log (by its start, for a long one)."""
+        key = self._set_key(name)
+        found: list[str] = []
+        for raw in raw_answer(self._r, "SMEMBERS", key):
+            if len(raw) > MAX_MEMBER_BYTES:
+                shown = _field_name(raw[:64]) + f"... ({len(raw)} bytes)"
+                _corrupt(key, shown, f"is longer than {MAX_MEMBER_BYTES} bytes")
+                continue
+            found.extend(readable_members(key, [raw]))
+        return sorted(found)
+
+    def remove_from_set(self, name: str, members: Iterable[str]) -> None:
+        wanted = sorted(set(members))
+        if wanted:
+            self._r.srem(self._set_key(name), *wanted)
 
     # An agent that left for good -----------------------------------------------------------
 

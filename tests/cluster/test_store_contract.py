@@ -472,6 +472,49 @@ def test_redis_batch_reads_skip_a_bad_value_and_name_a_key_of_another_type(
         store.close()
 
 
+def test_a_set_of_names_keeps_each_member_once_across_a_reopen(opener: Opener) -> None:
+    """`add_to_set`, `set_members`, `remove_from_set`: the agents that owe wakes, read in one
+    call whatever else the store keeps; one set's members are not another's."""
+    store = opener()
+    assert store.set_members("owed-wakes") == []
+    store.add_to_set("owed-wakes", ["lead", "a:b", "lead"])
+    store.add_to_set("owed-wakes", ["z"])
+    store.add_to_set("other", ["lead"])
+    store.add_to_set("owed-wakes", [])
+    store.set_cursor("owed-wake-tries:x", "{}")
+    assert opener().set_members("owed-wakes") == ["a:b", "lead", "z"]
+    store.remove_from_set("owed-wakes", ["lead", "never-added"])
+    store.remove_from_set("owed-wakes", [])
+    assert opener().set_members("owed-wakes") == ["a:b", "z"]
+    assert store.set_members("other") == ["lead"]
+
+
+def test_redis_set_members_skip_odd_ones_named_once(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A member no instance writes (not UTF-8, or huge: a hand's, or a hostile writer's with
+    the Redis user's rights) is left out, the others read; each is named once in the log,
+    a huge one by its start only."""
+    import redis as redis_py
+
+    prefix = f"test-{uuid.uuid4().hex}"
+    store = RedisStore(connect(redis_url), prefix)
+    client = redis_py.Redis.from_url(redis_url)
+    try:
+        store.add_to_set("owed-wakes", ["lead"])
+        client.sadd(f"{prefix}:set:owed-wakes", b"\xff\xfe", b"H" * 100_000)
+        for _ in range(3):
+            assert store.set_members("owed-wakes") == ["lead"]
+        lines = [r.getMessage() for r in caplog.records if prefix in r.getMessage()]
+        assert len(lines) == 2, lines
+        assert any("is not UTF-8" in line for line in lines), lines
+        [huge] = [line for line in lines if "longer than" in line]
+        assert "(100000 bytes)" in huge and len(huge) < 1000, huge
+    finally:
+        client.close()
+        store.close()
+
+
 def test_a_redis_refusal_is_told_with_what_to_do(redis_url: str) -> None:
     """What the command path logs when Redis fails: the trouble and the fix, from the
     answers a real Redis gives (never the error's own text, which can quote a key)."""

@@ -9,8 +9,10 @@ import json
 import os
 import shutil
 import sqlite3
+import subprocess
 import time
-from contextlib import ExitStack, closing
+from collections.abc import Iterator
+from contextlib import ExitStack, closing, contextmanager
 from pathlib import Path
 
 import pytest
@@ -447,6 +449,9 @@ async def test_clustered_a_wake_owed_by_a_stopped_instance_is_queued_by_the_agen
         client.hset(f"{prefix}:cursors", mapping=forged)
     finally:
         client.close()
+    owing = f"{prefix}:set:owed-wakes"  # the agents that owe wakes; these two no instance adds
+    with closing(redis.Redis.from_url(redis_url)) as raw:
+        raw.sadd(owing, b"\xffnot utf-8", b"H" * 200_000)
     i0, i1 = await lead_on_i0_worker_on_i1(tmp_path, telegram, redis_url, prefix, fleet)
     lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
     publish(worker, "**migrating**")
@@ -466,4 +471,80 @@ async def test_clustered_a_wake_owed_by_a_stopped_instance_is_queued_by_the_agen
     assert "agent lead: 1 wake owed to its inbox taken up from the state" in i0.logs
     assert i0.logs.count("skipped: ") == len(forged), i0.logs
     assert len(report_wakes(tmp_path)) == 1
+    await eventually(
+        lambda: lead_owes_none(redis_url, prefix), timeout_s=120, what="lead no longer owing"
+    )
+    odd = [line for line in i0.logs.splitlines() if owing in line]
+    # Each named once, though read at every look.
+    assert len(odd) == 2 and "not UTF-8" in odd[0] + odd[1], odd
+    assert all(len(line) < 1000 for line in odd), odd
     assert await i0.aterminate() == 0
+
+
+def lead_owes_none(redis_url: str, prefix: str) -> bool:
+    """Whether Redis keeps no wake owed to lead, nor lead as an agent that owes some."""
+    with closing(redis.Redis.from_url(redis_url, decode_responses=True)) as client:
+        rows = [key for key in client.hkeys(f"{prefix}:cursors") if key.startswith("owed-wake")]
+        return rows == [] and not client.sismember(f"{prefix}:set:owed-wakes", "lead")
+
+
+def redis_commands(log: Path, prefix: str) -> list[str]:
+    """The commands MONITOR wrote into `log` that name a key under `prefix`."""
+    with open(log, "rb") as lines:
+        return [
+            line.decode(errors="backslashreplace")
+            for line in lines
+            if f'"{prefix}:'.encode() in line
+        ]
+
+
+@contextmanager
+def monitored(redis_url: str, log: Path) -> Iterator[None]:
+    """Every command the Redis at `redis_url` runs meanwhile, written into `log` (MONITOR)."""
+    with open(log, "wb") as out:
+        monitor = subprocess.Popen(
+            ["redis-cli", "-u", redis_url, "monitor"], stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        yield
+    finally:
+        monitor.terminate()
+        monitor.wait(timeout=30)
+
+
+async def test_clustered_the_look_for_owed_wakes_reads_no_row_per_agent_held(
+    tmp_path: Path, telegram: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """An instance holding forty idle agents' leases looks every 30 s for wakes another
+    instance left them (`OWED_LOOK_S`). Watched on the real Redis with MONITOR from one look
+    to the next, a look reads the set of agents that owe wakes, one command whatever the
+    number held, and no agent's row: none owes any. It read the row of tries of each agent
+    held (an HMGET of forty fields here; ten thousand per instance every 30 s for a fleet of
+    ten thousand agents)."""
+    agents = [f"agent{n}" for n in range(40)]
+    watched = tmp_path / "monitor.log"
+    with monitored(redis_url, watched):
+        i0 = fleet.enter_context(
+            instance(tmp_path, "i0", telegram, agents, redis_url=redis_url, prefix=prefix)
+        )
+        await eventually(
+            lambda: all(f"agent {a}: this instance serves it now" in i0.logs for a in agents),
+            timeout_s=120,
+            what="every agent's lease held",
+        )
+
+        def looks() -> list[str]:
+            return [
+                line
+                for line in redis_commands(watched, prefix)
+                if f'"SMEMBERS" "{prefix}:set:owed-wakes"' in line
+                or ('"HMGET"' in line and '"owed-wake-tries:' in line)
+            ]
+
+        await eventually(lambda: len(looks()) >= 2, timeout_s=120, what="two looks")
+        read_rows = [
+            line for line in redis_commands(watched, prefix) if '"owed-wake-tries:' in line
+        ]
+        assert read_rows == [], read_rows[:2]
+        assert "the wakes other instances owe were not read" not in i0.logs
+        assert await i0.aterminate() == 0
