@@ -412,6 +412,7 @@ class InboxDesk:
         for agent_id in {r.agent_id for r in self._records.values()} - set(self._writers):
             self.retire(agent_id, "the agent was removed")
         self._take_owed(self._writers)
+        self._put_back_taken()
         self._take_cut_short()
         self._loaded = True
 
@@ -919,11 +920,11 @@ class InboxDesk:
         route = WAKE_ROUTE_PREFIX + parent_id
         notice_id = f"{child_id}:{episode}"
         body, taken_back = text, None
+        ident = _wake_ident(notice_id)
         if report:
-            taken_back = self._take_back_report_wake(writer, parent_id, child_id, text)
+            taken_back = self._take_back_report_wake(writer, parent_id, child_id, text, ident)
             if taken_back is not None:
                 body = f"{taken_back.kept}\n{text}"
-        ident = _wake_ident(notice_id)
         try:
             writer.queue(self._wake_message(ident, child_id, body))
         except (InboxRefused, OSError) as error:
@@ -938,6 +939,8 @@ class InboxDesk:
                 writer, parent_id, child_id, taken_back
             ):
                 wake = wake._replace(text=body, withdrawn=taken_back.ident)
+                # Carried by the owed wake now: not put back at the next start.
+                self._store.delete_cursors([_report_wake_cursor(parent_id, child_id)])
             self._owe_wake(parent_id, notice_id, wake)
             return False
         owed = self._wake_retries.get(parent_id)
@@ -1067,21 +1070,76 @@ class InboxDesk:
         )
 
     def _take_back_report_wake(
-        self, writer: InboxWriter, parent_id: str, child_id: str, text: str
+        self, writer: InboxWriter, parent_id: str, child_id: str, text: str, carrier: str
     ) -> _TakenBack | None:
         """The child's report wake still queued in the parent's inbox, withdrawn so that the
-        next wake carries it too (cut to fit: `joined_report_wakes`); None when there is
-        none (the parent took it first), or when `text` alone nearly fills a message."""
+        next wake (`carrier`, its message id) carries it too (cut to fit:
+        `joined_report_wakes`); None when there is none (the parent took it first), or when
+        `text` alone nearly fills a message.
+
+        The take back is noted in the store first, with its carrier, until the carrier is
+        queued (or the wake put back, or owed with it): a stop in between left the wake in
+        `cancelled/`, which no agent reads, and the next start puts it back
+        (`_put_back_taken`)."""
         last = self._forget_report_wake((parent_id, child_id))
         if last is None:
             return None
         kept = joined_report_wakes(last[1], text)
         if kept is None:
             return None
+        cursor = _report_wake_cursor(parent_id, child_id)
+        self._store.set_cursor(cursor, json.dumps([last[0], last[1], carrier]))
         try:
-            return _TakenBack(last[0], last[1], kept) if writer.cancel(last[0]) else None
+            taken = writer.cancel(last[0])
         except InboxRefused:
+            taken = False
+        if not taken:
+            self._store.delete_cursors([cursor])
             return None
+        return _TakenBack(last[0], last[1], kept)
+
+    def _put_back_taken(self) -> None:
+        """At start, alone on the state: a report wake taken back for a newer wake to carry
+        (noted first, with that carrier: `_take_back_report_wake`) whose carrier was not
+        written, the service having stopped in between, is moved back from `cancelled/` to
+        `queued/`, and noted as the child's wake still queued, so its next report joins
+        it; left there, no agent read its reports. The carrier, recorded but not written,
+        is owed alone (`_take_cut_short`). When the carrier is in the inbox, it carries
+        the wake taken back, which goes from `cancelled/` as it would have."""
+        keys = self._store.cursor_keys(REPORT_WAKE_CURSOR)
+        for key, value in self._store.get_cursors(keys).items():
+            try:
+                parent_id, child_id = json.loads(key[len(REPORT_WAKE_CURSOR) :])
+                ident, body, carrier = json.loads(value)
+            except _UNREADABLE:
+                continue  # no take back noted (or not what this desk writes)
+            writer = self._writers.get(parent_id)
+            if writer is None or not all(isinstance(v, str) for v in (child_id, ident, body)):
+                continue
+            try:
+                if writer.location(str(carrier)) != "missing":
+                    writer.discard_cancelled(ident)
+                    self._store.delete_cursors([key])
+                    continue
+                if not writer.restore(ident):
+                    self._store.delete_cursors([key])  # not in `cancelled/`: nothing to do
+                    continue
+            except InboxRefused as error:
+                log.warning(
+                    "agent %s: the wake about %s taken back is left in its inbox's cancelled/: %s",
+                    parent_id,
+                    child_id,
+                    error,
+                )
+                continue
+            self._report_wakes[(parent_id, child_id)] = (ident, body)
+            self._store.set_cursor(key, json.dumps([ident, body]))
+            log.info(
+                "agent %s: the wake about %s taken back by a wake a stop kept from being"
+                " written is queued again",
+                parent_id,
+                child_id,
+            )
 
     def _put_back_report_wake(
         self, writer: InboxWriter, parent_id: str, child_id: str, taken_back: _TakenBack

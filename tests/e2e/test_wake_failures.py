@@ -327,6 +327,62 @@ async def test_a_wake_whose_write_a_stop_cut_short_is_queued_at_the_next_start(
         assert owed_in_state(tmp_path) == []
 
 
+async def test_a_report_wake_taken_back_for_a_wake_a_stop_kept_unwritten_is_queued_again(
+    tmp_path: Path,
+) -> None:
+    """worker's first report wakes lead. Its second takes that wake back (to `cancelled/`)
+    for the wake carrying both, and the service stops before that wake is written: the
+    state is set by hand as such a stop leaves it (the first wake in `cancelled/`, the
+    take back noted with the wake to carry it, that wake's notice pending). The next start
+    moves the first wake back to `queued/`, and the second report's wake goes alone. The
+    first report stayed in `cancelled/`, which no agent reads."""
+    async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
+        lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
+        spawned_by(worker, "lead")
+        publish(worker, "**migrating**")
+        publish(lead, "**leading**")
+        with chat.serve:
+            await wait_said(chat, "migrating", "worker card")
+            await wait_said(chat, "leading", "lead card")
+            report(worker, 1, ok=True, summary="part 1 done")
+            [first] = await eventually(
+                lambda: report_wakes(tmp_path), timeout_s=60, what="the first report's wake"
+            )
+            assert await chat.serve.aterminate() == 0
+        inbox = lead / "inbox"
+        [queued_file] = queued(tmp_path, "lead")
+        os.rename(queued_file, inbox / "cancelled" / queued_file.name)  # taken back
+        at = utc_now_iso()
+        carrier = report_wake_file("worker", 2, at)
+        moment = parse_iso(at)
+        assert moment is not None
+        notice = f"worker:signal:report:2:{int(moment.timestamp() * 1000)}"
+        with closing(sqlite3.connect(tmp_path / ".taskcard" / "state.sqlite3")) as db, db:
+            db.execute(
+                "INSERT INTO notices (route, notice_id, text, state, created_at, updated_at)"
+                " VALUES ('wake:lead', ?, ?, 'pending', ?, ?)",
+                (notice, "📋 worker reported (#2): ok.\npart 2 done", time.time(), time.time()),
+            )
+            db.execute(
+                "UPDATE cursors SET value = ? WHERE key = ?",
+                (
+                    json.dumps([queued_file.stem, first, carrier.removesuffix(".json")]),
+                    "report-wake:" + json.dumps(["lead", "worker"]),
+                ),
+            )
+            assert db.total_changes == 2
+        with chat.restart():
+            await eventually(
+                lambda: len(report_wakes(tmp_path)) == 2, timeout_s=60, what="both wakes queued"
+            )
+            wakes = report_wakes(tmp_path)
+            assert first in wakes
+            assert any("part 2 done" in w and "part 1 done" not in w for w in wakes), wakes
+            assert not list((inbox / "cancelled").iterdir())
+            assert "is queued again" in chat.serve.logs
+            assert await chat.serve.aterminate() == 0
+
+
 @pytest.fixture(params=["telegram", "feishu"])
 def platform(request: pytest.FixtureRequest) -> str:
     return str(request.param)
