@@ -495,7 +495,10 @@ async def test_clustered_a_wake_owed_by_a_stopped_instance_is_queued_by_the_agen
     lead's inbox by i1. lead's inbox is a file: the wake fails on i1 and is owed there. i1 is
     stopped before the inbox works again: i0, which holds lead's lease, finds the owed wake
     i1 left in Redis and queues it once the inbox works. Kept by i1 alone, it went with i1.
-    Owed wakes in Redis that no instance would have written are skipped with one line each."""
+    Owed wakes in Redis that no instance would have written are skipped with one line each,
+    and so are members of the set of agents that owe wakes that no instance adds (not UTF-8,
+    200,000 bytes), though read at every look. Once the wake is queued, i0's look removes
+    lead's rows and lead from that set."""
     forged = {
         'owed-wake:["lead", "worker:forged"]': json.dumps({"child": "worker", "text": 7}),
         "owed-wake:not json": "{",
