@@ -304,27 +304,58 @@ def with_mentions_marked(text: str, entities: Sequence[MessageEntity]) -> str:
 
     For the options of `/taskcard`, none of which takes a mention: "/taskcard off Alice
     Smith" is answered as "/taskcard off @alice" is, naming no one, not as an unknown option.
-    A `/tell` or a reply keeps the name as typed. The offsets count UTF-16 units; an entity
-    that does not fit the text (or splits a character) leaves the text as it is.
+    A `/tell` or a reply keeps the name as typed. The offsets count UTF-16 units
+    (`mention_spans`); formatting entities, nested in a mention or around it, count for
+    nothing. A mention over the command word makes the message no command, as Telegram marks
+    none inside a mention.
     """
-    spans = sorted(
-        (e.offset, e.offset + e.length) for e in entities if e.type == MessageEntity.TEXT_MENTION
-    )
+    units = text.encode("utf-16-le", "surrogatepass")
+    spans = mention_spans(units, entities)
     if not spans:
         return text
-    units = text.encode("utf-16-le", "surrogatepass")
     pieces: list[bytes] = []
     at = 0
     for start, end in spans:
-        if not at <= start < end <= len(units) // 2:
-            return text
         pieces += [units[2 * at : 2 * start], f" {MARKED_MENTION} ".encode("utf-16-le")]
         at = end
     pieces.append(units[2 * at :])
-    try:
-        return b"".join(pieces).decode("utf-16-le")
-    except UnicodeDecodeError:
-        return text  # an entity's edge inside a character: no offsets to trust
+    return b"".join(pieces).decode("utf-16-le", "surrogatepass")
+
+
+def mention_spans(units: bytes, entities: Sequence[MessageEntity]) -> list[tuple[int, int]]:
+    """The (start, end) of each `text_mention` entity in the UTF-16 `units` of a text, in
+    order, mentions that overlap joined into one (a mention of what they cover together).
+
+    Telegram sends neither overlapping mentions nor offsets outside the text, but a client
+    chooses its entities: each one that is not a span of the text (empty or negative, past
+    its end, an edge between the halves of a surrogate pair, offsets that are no integers)
+    is left out on its own, and the others still count.
+    """
+    size = len(units) // 2
+
+    def unit(at: int) -> int:
+        return int.from_bytes(units[2 * at : 2 * at + 2], "little")
+
+    def inside_pair(at: int) -> bool:  # `at` falls between a high and a low surrogate
+        return 0 < at < size and 0xD800 <= unit(at - 1) < 0xDC00 <= unit(at) < 0xE000
+
+    spans: list[tuple[int, int]] = []
+    for entity in entities:
+        start, length = entity.offset, entity.length
+        if entity.type != MessageEntity.TEXT_MENTION:
+            continue
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in (start, length)):
+            continue
+        end = start + length
+        if 0 <= start < end <= size and not inside_pair(start) and not inside_pair(end):
+            spans.append((start, end))
+    joined: list[tuple[int, int]] = []
+    for start, end in sorted(spans):
+        if joined and start < joined[-1][1]:
+            joined[-1] = (joined[-1][0], max(end, joined[-1][1]))
+        else:
+            joined.append((start, end))
+    return joined
 
 
 def on_behalf_of(message: Message) -> SentAs | None:

@@ -508,6 +508,11 @@ async def test_an_offset_that_cannot_be_recorded_is_one_line_and_polling_goes_on
         ("/taskcard 😀Alice", [(11, 6)], "/taskcard 😀Alice"),
         ("/taskcard off", [(10, 9)], "/taskcard off"),
         ("/taskcard off", [], "/taskcard off"),
+        # Each entity on its own: a bad one is left out, the good ones still count, and
+        # overlapping ones are one mention of what they cover together.
+        ("/taskcard 😀Alice", [(11, 6), (12, 5), (12, 0), (-1, 3)], "/taskcard 😀 @_mention "),
+        ("/taskcard Ann and Bo", [(10, 5), (12, 8)], "/taskcard  @_mention "),
+        ("/taskcard Ann and Bo", [(10, 3), (10, 3), (11, 1)], "/taskcard  @_mention  and Bo"),
     ],
 )
 def test_a_mention_of_someone_without_a_username_is_marked_as_a_mention(

@@ -41,7 +41,7 @@ import re
 import signal
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -565,15 +565,18 @@ class FakeTelegram:
         photo: bool = False,
         sender: Json | None = None,
         text_mentions: Mapping[str, int] | None = None,
+        entities: Sequence[Json] = (),
     ) -> int:
         """A person writes `text` (or edits their message `edit_of`), as a reply to message
         `reply_to` when given; with `photo`, `text` is the caption of a picture they send;
         `sender` replaces the fields naming who sent it (see `inject_on_behalf`);
         `text_mentions` maps a part of `text` to the id of the person it mentions, as a
         client marks a mention of someone without a username (a `text_mention` entity, whose
-        text is the person's name). Returns the update id."""
+        text is the person's name); `entities` are more entities as a client marked them,
+        passed on unchecked (formatting nested in a mention, or a hostile client's overlaps
+        and offsets out of range). Returns the update id."""
         chat = int(chat_id)
-        entities = self._people_entities(text, text_mentions or {})
+        entities = [*self._people_entities(text, text_mentions or {}), *entities]
         if edit_of is None:
             message_id = self._allocate_id(chat)
             stored = StoredMessage(
