@@ -425,10 +425,18 @@ CommandSink = Callable[[IncomingCommand], Awaitable[None]]
 # emoji). In a command's arguments they count as not typed: `/taskcard off` followed by a
 # zero-width space is `off`, and so is `/taskcard o` + one + `ff`. Right after the command
 # word one ends the word, as Telegram ends a command there (`command_word`).
-_UNSHOWN = re.compile(
-    "[\u00ad\u034f\u061c\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e"
+_UNSHOWN_CHARS = (
+    "\u00ad\u034f\u061c\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e"
     "\u2060-\u2064\u2066-\u206f\ufeff\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
-    "\U000e0000-\U000e0fff]"
+    "\U000e0000-\U000e0fff"
+)
+_UNSHOWN = re.compile(f"[{_UNSHOWN_CHARS}]")
+# Every default-ignorable code point (Unicode's DerivedCoreProperties.txt; the standard
+# library's `unicodedata` does not give the property, hence the list): `_UNSHOWN`'s, the
+# Hangul fillers, the variation selectors (U+FE00..U+FE0F; those of the supplement are among
+# the tag block's), the unassigned U+2065 and U+FFF0..U+FFF8.
+_IGNORABLE = re.compile(
+    f"[{_UNSHOWN_CHARS}\u115f\u1160\u2065\u3164\ufe00-\ufe0f\uffa0\ufff0-\ufff8]"
 )
 # The control characters Telegram's servers turn into spaces in every text a person sends
 # (tdlib's `clean_input_string`): all below the space but the line break and the carriage
@@ -444,6 +452,15 @@ _CONTROL = re.compile(f"[{_CONTROLS}]")
 def shown(text: str) -> str:
     """`text` without the characters a chat shows as nothing (see `_UNSHOWN`)."""
     return _UNSHOWN.sub("", text)
+
+
+def without_ignorable(name: str) -> str:
+    """`name` without Unicode's default-ignorable code points (`_IGNORABLE`), which a name
+    copied from a chat often carries (an emoji's variation selector U+FE0F, a Hangul filler,
+    a zero-width joiner): a name a person typed, compared with an agent's id, which never
+    holds one (letters, digits, `_`, `.`, `-`), so two agents never become one by it. Not for
+    text an agent reads: there a variation selector or a joiner is part of an emoji."""
+    return _IGNORABLE.sub("", name)
 
 
 def first_word(text: str) -> tuple[str, str]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from taskcard.bridge.store.sqlite import ChatPrefs
+from taskcard.channels.base import without_ignorable
 
 MIN_ROWS: Final = 1
 MAX_ROWS: Final = 10
@@ -48,8 +49,8 @@ class TaskcardCommand:
 
 def _folded(word: str) -> str:
     """`word` as a person means it: in its compatibility form (full-width `ＯＦＦ` is `off`),
-    case folded."""
-    return unicodedata.normalize("NFKC", word).casefold()
+    case folded, without the invisible characters pasted with it (`without_ignorable`)."""
+    return unicodedata.normalize("NFKC", without_ignorable(word)).casefold()
 
 
 def parse_taskcard(args: str) -> TaskcardCommand:

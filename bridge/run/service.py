@@ -145,6 +145,7 @@ from taskcard.channels.base import (
     RouteView,
     counted,
     typed_form,
+    without_ignorable,
 )
 from taskcard.channels.errors import ChannelError, RateLimited, Transient
 from taskcard.producers.task_card.contract import Origin, one_line_cut, parse_origin, shows_text
@@ -3332,13 +3333,16 @@ def matching_agents(name: str, agents: list[str]) -> list[str]:
     """The agents a typed `name` may mean: itself when it is one, else (without a trailing
     `:` or `,`, as in "builder: hi") every one that equals it once both are folded
     (`_folded_name`): a person does not expect case to matter in a name, nor the width a
-    phone's keyboard typed it in (`ｂｕｉｌｄｅｒ`). A look-alike from another script (a
-    Cyrillic "е" for an "e") folds to itself and names no agent."""
+    phone's keyboard typed it in (`ｂｕｉｌｄｅｒ`), nor the invisible characters pasted with it
+    (an emoji's variation selector). A look-alike from another script (a Cyrillic "е" for
+    an "e") folds to itself and names no agent."""
     if name in agents:
         return [name]
     # "builder: hi" addresses builder; no id holds either mark. In its compatibility form
-    # first, so that a full-width "：" is a ":" and the exact name still wins over a fold.
-    name = unicodedata.normalize("NFKC", name).rstrip(":,")
+    # first, so that a full-width "：" is a ":" and the exact name still wins over a fold;
+    # without the invisible characters a pasted name carries (`without_ignorable`: a
+    # variation selector, a Hangul filler), which no id holds either.
+    name = unicodedata.normalize("NFKC", without_ignorable(name)).rstrip(":,")
     if name in agents:
         return [name]
     folded = _folded_name(name)

@@ -126,6 +126,48 @@ async def test_a_tell_finds_the_agent_in_the_full_width_letters_a_phone_typed(
         assert not any(name in text for text in chat.bot_texts() for name in typed)
 
 
+async def test_a_tell_finds_the_agent_through_the_invisible_characters_pasted_with_its_name(
+    platform: str, tmp_path: Path
+) -> None:
+    # A name copied from a card or a message often carries characters that show as nothing:
+    # an emoji variation selector (U+FE0F, U+FE0E), a Hangul filler, a zero-width joiner or
+    # non-joiner. `/tell builder` + U+FE0F was answered "AGENT is one of builder". Names are
+    # compared without Unicode's default-ignorable code points (no agent id holds one); the
+    # exact name still wins over a fold, and names that differ in case still ask which.
+    async with running_card(platform, tmp_path, ("builder", "Keeper", "keeper")) as chat:
+        await chat.say("/tell builder\ufe0f look at the logs")
+        await wait_status(chat, "queued")
+        typed = (
+            "/tell buil\ufe0ed\u200der: one",
+            "/tell \u200cbuilder\u3164\U000e0100 two",
+            "/tell BUILDER\ufe0f\uffa0 three",
+        )
+        for count, text in enumerate(typed, start=2):
+            await chat.say(text)
+            await eventually(
+                lambda count=count: len(texts_queued(tmp_path, "builder")) == count,
+                what=f"builder's text {count}",
+            )
+        await chat.say("/tell keeper\ufe0f roll back")
+        await eventually(lambda: texts_queued(tmp_path, "keeper"), what="keeper's text")
+        await chat.say("/tell KEEPER\ufe0f roll back")
+        answer = await wait_said(chat, "differ only in case", "the question")
+        assert "Keeper, keeper" in answer
+        await chat.say("/taskcard orchestrator builder\ufe0f")
+        await wait_said(chat, "builder is now this chat's orchestrator", "the orchestrator")
+        await chat.say("/taskcard orchestrator off\ufe0f")
+        await wait_said(chat, "This chat has no orchestrator now", "the mark taken off")
+        assert sorted(texts_queued(tmp_path, "builder")) == [
+            "look at the logs",
+            "one",
+            "three",
+            "two",
+        ]
+        assert texts_queued(tmp_path, "keeper") == ["roll back"]
+        assert texts_queued(tmp_path, "Keeper") == []
+        assert not any("AGENT is one of" in t for t in chat.bot_texts()), chat.bot_texts()
+
+
 async def test_only_the_mention_that_addresses_a_tell_is_taken_out_of_its_text(
     platform: str, tmp_path: Path
 ) -> None:
