@@ -3106,6 +3106,10 @@ class Service:
             return _same_but_case(matches)
         if command.reordered:
             return f"{_reordered('The name', name)} {_unknown_agent(here)}"
+        if name.startswith("@") and len(name) > 1:
+            # A mention where the agent's name goes ("/tell@OurBot@Other builder hi",
+            # "/tell @alice builder hi"): said so, never quoting whom it names.
+            return f"/tell takes no mention before the agent's name. {_unknown_agent(here)}"
         return _unknown_agent(here)
 
     def _cancel_in_cluster(self, channel_name: str, command: IncomingCommand) -> str | None:

@@ -251,7 +251,8 @@ def mentions_pattern(keys: tuple[str, ...]) -> re.Pattern[str] | None:
     if not keys:
         return None
     alternatives = "|".join(re.escape(key) for key in sorted(keys, key=len, reverse=True))
-    return re.compile(f"(?:{alternatives})(?!\\d)")
+    # Several glued together ("@_user_1@_user_2", both the bot's) are one run of them.
+    return re.compile(f"(?:(?:{alternatives})(?!\\d))+")
 
 
 def command_args(
@@ -292,14 +293,13 @@ def command_args(
             continue
         # "/taskcard@" with no name after the sign is no command (`command_word`), as
         # Telegram marks none there.
-        addressee = shown(glued[1:]) if glued.startswith("@") else ""
         if not glued.startswith("@"):
             rest = glued + rest
-        if addressee and "@" + addressee not in keys:
+        else:
             # "/taskcard@OtherBot" (or the command glued to another mention,
             # "/taskcard@_user_2") is addressed to someone else, as on Telegram; our own
             # mention was removed above.
-            after = _after_bot_name(addressee, rest, bot_name)
+            after = _addressed(glued, rest, keys, bot_name)
             if after is None:
                 continue
             rest = after
@@ -313,6 +313,33 @@ def command_args(
         # The text for the agent keeps its line breaks: only the command word goes.
         return command_arguments(rest, tell=tell)
     return None
+
+
+def _addressed(glued: str, rest: str, keys: tuple[str, ...], bot_name: str | None) -> str | None:
+    """What follows `/command@NAME...` (`glued`, the part of the first word from the `@`,
+    then `rest`) when NAME is this bot (one of its mention's `keys`, or its name, see
+    `_after_bot_name`); None when it names someone else. The bot named again right after
+    (`/tell@_user_1@_user_2`, both its mentions, or `/taskcard@Name@Name`) goes too; someone
+    else named after it stays in the arguments, answered there as a mention, as Telegram
+    marks `/taskcard@ThisBot@Other` a command to this bot."""
+    pieces = glued[1:].split("@")
+    named = 0
+    for index, piece in enumerate(pieces):
+        addressee, last = shown(piece), index == len(pieces) - 1
+        if "@" + addressee in keys:
+            named += 1
+            continue
+        # A name with spaces ("Task Card") goes on in the next words: only the last piece.
+        after = _after_bot_name(addressee, rest if last else "", bot_name)
+        if after is None or not (last or after == ""):
+            break
+        named += 1
+        if last:
+            rest = after
+    if named == 0:
+        return None
+    left = pieces[named:]
+    return ("@" + "@".join(left) if left else "") + rest
 
 
 def _after_bot_name(addressee: str, rest: str, bot_name: str | None) -> str | None:

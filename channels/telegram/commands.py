@@ -115,8 +115,14 @@ USERNAME_LENGTHS = (3, 32)
 
 
 def mention_of(bot_username: str) -> re.Pattern[str]:
-    """The bot's mention as a word of its own (`@ThisBot`, any case, as usernames compare)."""
-    return re.compile(f"(?<!\\S)@{re.escape(bot_username)}(?!\\w)", flags=re.I)
+    """The bot's mention as a word of its own (`@ThisBot`, any case, as usernames compare),
+    also typed more than once glued together (`@ThisBot@ThisBot`, one word naming the bot)."""
+    return re.compile(f"(?<!\\S)(?:@{re.escape(bot_username)})+(?!\\w)", flags=re.I)
+
+
+def glued_mention_of(bot_username: str) -> re.Pattern[str]:
+    """The bot's mention wherever it stands, glued to a word before it or not."""
+    return re.compile(f"@{re.escape(bot_username)}(?!\\w)", flags=re.I)
 
 
 def parse_command(text: str, bot_username: str, command: str = COMMAND) -> str | None:
@@ -131,15 +137,18 @@ def parse_command(text: str, bot_username: str, command: str = COMMAND) -> str |
     (`/tell😀 builder hi` is `/tell` with "😀 builder hi"), and what follows it is its
     arguments, glued or not. A command glued to `@` is one only with 3 to 32 name
     characters after the sign, as Telegram marks it: `/taskcard@ off` is none. A mention
-    of this bot as a word of its own addresses the command, as on Feishu: "@ThisBot
-    /taskcard off" and "/taskcard off @ThisBot" are `off`. In a `/tell` only the mention
-    that addresses it goes (leading the message, or right after the command word): "/tell
-    builder ask @ThisBot why" reaches the agent as written.
+    of this bot addresses the command, as on Feishu: "@ThisBot /taskcard off", "/taskcard
+    off @ThisBot" and "/taskcard off@ThisBot" are `off`, and so is the command addressed
+    twice, "/taskcard@ThisBot@ThisBot off" (an option never holds an `@`); one to someone
+    else after it, "/taskcard@ThisBot@Other off", is ours (Telegram marks the command up to
+    the first name), with a mention among its options. In a `/tell` only the mention that
+    addresses it goes (leading the message, or right after the command word, once or more):
+    "/tell builder ask @ThisBot why" reaches the agent as written.
     """
     tell = command == TELL
     ours = mention_of(bot_username)
     if bot_username and not tell:
-        text = ours.sub(" ", text)
+        text = glued_mention_of(bot_username).sub(" ", text)
     elif bot_username:
         text = drop_leading(text, ours)
     # The command ends at the first white space of any kind ("/tell\nbuilder ..."), or at

@@ -20,7 +20,9 @@ from tests.e2e.test_talk_and_signals import (
     FS_VERIFY,
     GROUP,
     PERSON,
+    Chat,
     FeishuChat,
+    TelegramChat,
     platform,  # noqa: F401 (the fixture, used by name)
     queued,
     running_card,
@@ -299,3 +301,71 @@ async def test_a_command_in_a_topic_another_bot_opened_is_ours(
         if not isinstance(chat, FeishuChat):
             [answer] = [m for m in chat.fake.bot_messages(GROUP) if "6 activity rows" in m.text]
             assert answer.thread_id == 55
+
+
+async def say_naming(chat: Chat, text: str) -> None:
+    """Write `text` with `{bot}` and `{again}` two mentions of the bot and `{other}` one of
+    someone else, as the platform carries them: on Telegram `@username` as typed (the bot's
+    in another case the second time); on Feishu each a placeholder key of its own listed with
+    the event (the bot mentioned twice gets two keys)."""
+    if isinstance(chat, TelegramChat):
+        name = "@" + chat.fake.username
+        await chat.say(text.format(bot=name, again=name.upper(), other="@OtherBot"))
+        return
+    assert isinstance(chat, FeishuChat)
+    document = chat.fake.command_event(
+        FS_CHAT,
+        "",
+        open_id=FS_PERSON,
+        mention_users=("ou_other_app",),
+        verification_token=FS_VERIFY,
+    )
+    message = document["event"]["message"]
+    other, bot = message["mentions"]
+    message["mentions"] = [other, bot, {**bot, "key": "@_user_3"}]
+    words = text.format(bot=bot["key"], again="@_user_3", other=other["key"])
+    message["content"] = json.dumps({"text": words})
+    assert (await chat.fake.deliver_event(chat.url, document)).status == 200
+
+
+async def test_a_command_addressed_to_the_bot_twice_is_the_bots(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    # "/taskcard@OurBot@OurBot off" was answered "/taskcard takes no mention: send /taskcard
+    # off without it", the mention being the bot's own; on Feishu "/tell" glued to two
+    # mentions of the bot, or led by them glued together, was ignored without an answer.
+    # The bot named again, glued, in any case, or glued to an option, addresses the
+    # command as once does; someone else named after the bot is a mention, said so; a
+    # command to someone else first is theirs.
+    async with running_card(platform, tmp_path) as chat:
+        rows = [
+            ("/taskcard{bot}{again} 3", 3),
+            ("/taskcard{bot}\n{again} 4", 4),
+            ("{bot}{again} /taskcard 5", 5),
+            ("/taskcard 6{bot}", 6),
+        ]
+        for text, count in rows:
+            await say_naming(chat, text)
+            await answered(chat, f"now show {count} activity rows", 1, f"the answer to {text!r}")
+        # The name typed after the `@`, twice, in another case the second time.
+        name = chat.fake.username if isinstance(chat, TelegramChat) else chat.fake.app_name
+        await chat.say(f"/taskcard@{name}@{name.upper()} 7")
+        await answered(chat, "now show 7 activity rows", 1, "the answer to the name twice")
+        await say_naming(chat, "/taskcard{bot}{other} 8")
+        await answered(chat, "send /taskcard 8 without it", 1, "the answer to the other's")
+        await say_naming(chat, "/tell{bot}{again} builder one")
+        await wait_status(chat, "queued")
+        await say_naming(chat, "{bot}{again} /tell builder two")
+        await eventually(lambda: len(queued(tmp_path)) == 2, what="the second text")
+        await say_naming(chat, "/tell{bot}{other} builder three")
+        answer = await wait_said(chat, "takes no mention before", "the answer to the /tell")
+        assert "AGENT is one of builder" in answer, answer
+        await say_naming(chat, "/taskcard{other}{bot} off")
+        await chat.say("/taskcard 9")
+        await answered(chat, "now show 9 activity rows", 1, "the command after")
+        texts = [json.loads(p.read_text())["text"] for p in queued(tmp_path)]
+        assert sorted(texts) == ["one", "two"], texts
+        said = chat.bot_texts()
+        assert not any("hidden" in t.lower() or "Unknown option" in t for t in said), said
+        assert not any("@_user" in t or "@OtherBot" in t or "ou_other" in t for t in said), said
