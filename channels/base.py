@@ -374,6 +374,8 @@ class IncomingCommand:
     message shows instead when it names no person (only a Telegram channel's post: its
     signature, else the channel's title): a name, not an id, so anyone may be named so, and
     nothing keyed on a person (a rate limit, who queued a text) may read it as one.
+    `author_signature` is that post's signature alone, when it has one: what tells one
+    signer of a channel from another (`writer`).
     """
 
     chat: ChatRef
@@ -395,6 +397,7 @@ class IncomingCommand:
     in_thread: bool = False
     sent_as: SentAs | None = None
     author_name: str | None = None
+    author_signature: str | None = None
     # True when the platform did not say who wrote the message `reply_to` names (every post
     # of a Telegram channel, the bot's too, is signed by the channel alone): a "reply" is
     # then one to the service's message only as far as the service's own ids tell (an
@@ -404,6 +407,22 @@ class IncomingCommand:
     # show in another order than typed ("/taskcard", an override and "ffo" shows as "off").
     # The arguments are read as typed; an answer that they name nothing says so.
     reordered: bool = False
+
+    @property
+    def writer(self) -> str | None:
+        """Who wrote the message, for what is counted per person (the `/tell` rate) or is
+        theirs alone (`/taskcard cancel`): the person's id; for a post that names no person
+        (a Telegram channel's), `name:`, the chat and its signature when it is signed, so
+        that each signer is one writer and a signature ("7") is never some person's id
+        (none starts so), else `chat:` and the chat, every unsigned post being the
+        channel's; None when the message names no one at all."""
+        if self.user_id is not None:
+            return self.user_id
+        if self.author_signature is not None:
+            return f"name:{self.chat.chat_id}:{self.author_signature}"
+        if self.author_name is not None:
+            return f"chat:{self.chat.chat_id}"
+        return None
 
     @property
     def answer_to(self) -> ReplyTo | None:

@@ -146,6 +146,8 @@ RELAYED: dict[str, tuple[Callable[[object], bool], object]] = {
     "replied_author_unknown": (_flag, False),
     # Without it a channel post's signature was lost, and the agent read "someone".
     "author_name": (_text_or_none, None),
+    # Without it every signer of a channel shared one /tell rate and one /taskcard cancel.
+    "author_signature": (_text_or_none, None),
 }
 
 

@@ -550,11 +550,15 @@ class InboxDesk:
         text: str,
         reply_to: ReplyTo | None = None,
         author_name: str | None = None,
+        writer: str | None = None,
     ) -> str | None:
         """Queue `text` for `agent_id`; a short refusal for the person, or None when queued
         (the status message then says what happens, as a reply to `reply_to`). `author` is
-        the person's id (None when the message names none: the rate and `/taskcard cancel`
-        key on it alone); `author_name` the name such a message shows, for the agent only."""
+        the person's id (None when the message names none), what the agent reads as the
+        user; `author_name` the name such a message shows, for the agent only; `writer` who
+        wrote it, for the rate and `/taskcard cancel` (`IncomingCommand.writer`; `author`
+        when not given)."""
+        writer = author if writer is None else writer
         now = self._clock()
         # Refusals of what was never queued (nothing to send, too long) come before the rate:
         # they write nothing, and must not cost the person one of their messages.
@@ -586,7 +590,7 @@ class InboxDesk:
                 f"Too long for {agent_id}: a message may take at most"
                 f" {MAX_INBOX_MESSAGE_BYTES // 1024} KiB. Split it into shorter messages."
             )
-        if not self._rate.allow(author or "", agent_id, now.timestamp()):
+        if not self._rate.allow(writer or "", agent_id, now.timestamp()):
             return (
                 f"Too many messages to {agent_id}: at most {self._config.max_messages} in"
                 f" {self._config.period_s:g} s per person. Wait a moment and send it again."
@@ -597,7 +601,7 @@ class InboxDesk:
             channel=channel,
             chat_id=chat.chat_id,
             thread_id=chat.thread_id,
-            author=author,
+            author=writer,
             queued_at=now.timestamp(),
             reply_to_id=None if reply_to is None else reply_to.message_id,
             reply_thread_id=None if reply_to is None else reply_to.thread_id,
@@ -607,7 +611,7 @@ class InboxDesk:
         except BaseException:
             # Nothing queued (a cluster's Redis refused it; the command is tried again once
             # Redis answers): the try must not cost the person one of their messages.
-            self._rate.give_back(author or "", agent_id, now.timestamp())
+            self._rate.give_back(writer or "", agent_id, now.timestamp())
             raise
         self._keep(record)
         self._scheduler.add_route(

@@ -2727,7 +2727,7 @@ class Service:
             return
         elif parsed.action == "cancel":
             reply = self._desk.cancel_latest(
-                channel_name, command.chat, command.user_id, command.message_thread
+                channel_name, command.chat, command.writer, command.message_thread
             )
         elif parsed.action in ("board", "cards"):
             reply = self._switch_view(allowed, "board" if parsed.action == "board" else "cards")
@@ -2979,6 +2979,7 @@ class Service:
                 text,
                 command.answer_to,
                 author_name=command.author_name,
+                writer=command.writer,
             ),
         )
 
@@ -3119,7 +3120,7 @@ class Service:
         withdrew its own agent's latest, and the claimer answered from what it alone knew."""
         records = self._store.inbox_messages(self._clock().timestamp())
         latest = latest_written(
-            records, channel_name, command.chat, command.user_id, command.message_thread
+            records, channel_name, command.chat, command.writer, command.message_thread
         )
         if command.message_id is not None:
             # Decided once, by the first instance to read the command: one that read it after

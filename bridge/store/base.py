@@ -71,6 +71,8 @@ class InboxRecord:
     channel: str
     chat_id: str
     thread_id: str | None
+    # Who wrote it (`IncomingCommand.writer`): a person's id, or a key of a channel's post
+    # (`name:`/`chat:`) that no id equals; `/taskcard cancel` withdraws only its writer's.
     author: str | None
     queued_at: float
     outcome: InboxOutcome = "open"

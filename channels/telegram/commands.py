@@ -241,6 +241,7 @@ def command_from_update(update: Update, bot_username: str) -> IncomingCommand | 
         reordered=name != "reply" and shows_reordered(text),
         replied_author_unknown=unknown_author,
         author_name=post_author(message),
+        author_signature=post_author(message, signed=True),
     )
 
 
@@ -257,13 +258,16 @@ def channels_own(message: Message, replied: Message) -> bool:
     return sender is None or sender.id == message.chat.id
 
 
-def post_author(message: Message) -> str | None:
+def post_author(message: Message, *, signed: bool = False) -> str | None:
     """The name a channel's post (which names no person) shows as its author: its signature
     when the channel signs its posts, else the channel's title, so the agent reads who wrote
     a text, not "someone". None for every other message. A name anyone may choose, never a
-    user id (`IncomingCommand.author_name`)."""
+    user id (`IncomingCommand.author_name`). `signed`: the signature alone, None for a post
+    without one (`IncomingCommand.author_signature`)."""
     if message.from_user is not None or message.chat.type != Chat.CHANNEL:
         return None
+    if signed:
+        return message.author_signature or None
     return message.author_signature or message.chat.effective_name
 
 

@@ -697,6 +697,56 @@ async def test_a_channel_posts_name_reaches_the_agent_as_a_name_not_a_user_id(
         assert await serve.aterminate() == 0
 
 
+async def test_a_channels_signers_each_have_their_own_tell_rate_and_cancel(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    # Every post of a channel names no person: all of them shared one /tell rate window (the
+    # user id, None), so one administrator's texts used up the others', and "/taskcard
+    # cancel" withdrew the latest text of any post. A signed post counts as its signature's
+    # (never as a person's id, "7" included), an unsigned one as the channel's own.
+    channel = -1009876543210
+    fake.make_channel(channel, "Release desk")
+    serve = setup(
+        tmp_path,
+        fake,
+        ["builder"],
+        [(channel, ["builder"]), (GROUP, ["builder"])],
+        limits="[inbox]\nmax_messages = 1\nperiod_s = 600",
+    )
+    workdir = agent_dir(tmp_path, "builder")
+
+    def texts(folder: str) -> list[str]:
+        path = workdir / "inbox" / folder
+        files = sorted(path.glob("*.json")) if path.is_dir() else []
+        return sorted(json.loads(file.read_text())["text"] for file in files)
+
+    def said(words: str) -> int:
+        return sum(words in text for text in shown(fake, channel))
+
+    with serve:
+        publish(workdir, "visible body")
+        await eventually(lambda: any("visible body" in t for t in shown(fake, channel)))
+        fake.inject_channel_post(channel, "/tell builder from Ann", signature="Ann")
+        fake.inject_channel_post(channel, "/tell builder from Bob", signature="Bob")
+        fake.inject_channel_post(channel, "/tell builder from 7", signature="7")
+        fake.inject_channel_post(channel, "/tell builder unsigned")
+        fake.inject_command(GROUP, "/tell builder from the person 7", user_id=7)
+        await eventually(lambda: len(texts("queued")) == 5, what="every writer's first text")
+        fake.inject_channel_post(channel, "/tell builder Ann again", signature="Ann")
+        await eventually(lambda: said("Too many messages to builder"), what="Ann's second refused")
+        fake.inject_channel_post(channel, "/taskcard cancel", signature="Bob")
+        await eventually(lambda: texts("cancelled") == ["from Bob"], what="Bob's text withdrawn")
+        fake.inject_channel_post(channel, "/taskcard cancel", signature="Bob")
+        await eventually(lambda: said("no queued message here to cancel"), what="Bob has none")
+        fake.inject_channel_post(channel, "/taskcard cancel")
+        await eventually(
+            lambda: texts("cancelled") == ["from Bob", "unsigned"], what="the channel's withdrawn"
+        )
+        assert texts("queued") == ["from 7", "from Ann", "from the person 7"]
+        assert said("Too many messages") == 1
+        assert await serve.aterminate() == 0
+
+
 async def test_answers_that_are_no_bot_api_answer(tmp_path: Path, fake: FakeTelegram) -> None:
     """A proxy's HTML 502/504/403 page is retried like any server error, with one short line
     and no traceback or page in the log; a 200 carrying `ok: false` is read as the error it names
