@@ -22,6 +22,10 @@ chat's scope after each write (one message per change, whatever the fleet's size
 every owner to compose each board it holds (an instance stopped or died, or the subscription
 was lost and messages may have been missed).
 
+A chat's lines are read within `BOARD_CAPS` and an agent's lease within `MAX_LEASE_BYTES`
+(`bridge.store.redis.CAPPED_HASH`, `CAPPED_GET`): a line or lease someone made huge is left
+out and named once in the log, not read at each composition.
+
 Every Redis call here is made with the asyncio client: a Redis that is slow to answer (a
 failover, a `DEBUG SLEEP`, a paused client) holds only the composition waiting for it, never
 the event loop and the rest of the service.
@@ -39,13 +43,14 @@ from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from redis.asyncio import Redis as AsyncRedis
-from redis.client import NEVER_DECODE
 from redis.exceptions import RedisError
 
 from taskcard.bridge.store.redis import (
+    capped_fields,
+    capped_get,
+    capped_hash,
+    over_cap,
     raise_if_cancel_swallowed,
-    raw_answer,
-    readable,
     utf8,
     wrong_type,
 )
@@ -82,9 +87,17 @@ def _encode(record: Mapping[str, Any], writer: str, lost_at: float | None = None
     return json.dumps(data, sort_keys=True)
 
 
-# Read as bytes: one field or line not UTF-8 (a hand edit, a hostile writer) must leave that
-# agent's line out (`readable`), not fail the whole board's reading.
-_RAW = {NEVER_DECODE: True}
+# The most read of a chat's lines at each composition (and each answer peeking at them): the
+# bytes of one agent's field and line, the agents, and the bytes in all. An honest line is
+# under 2 KB (a headline of 80 characters and a movement of 60, each escaped in JSON as 12
+# bytes at most, and a few fields more), so a chat of 10,000 agents holds at most 20 MB;
+# each cap leaves room. A line past them is left out, named once in the log.
+MAX_LINE_BYTES = 16 * 1024
+MAX_LINES = 20_000
+MAX_BOARD_BYTES = 64 * 1024 * 1024
+BOARD_CAPS = (MAX_LINE_BYTES, MAX_LINES, MAX_BOARD_BYTES)
+# An agent's lease holds `<owner>|<fence>`: under 100 bytes.
+MAX_LEASE_BYTES = 1_024
 
 
 def _decode(raw: str) -> tuple[str, dict[str, Any], float | None] | None:
@@ -134,12 +147,25 @@ class SharedBoards:
         self._wrong_type: set[str] = set()  # chats' keys of another type (each logged once)
 
     async def _holders(self, leases: list[str]) -> list[str | None]:
-        """Who holds each of the agents' `leases` (None: nobody, or a value not UTF-8, not
-        written by an instance and logged once: read as bytes, it must not fail the board)."""
+        """Who holds each of the agents' `leases` (None: nobody, or a value not UTF-8 or
+        over `MAX_LEASE_BYTES`, not written by an instance and logged once: read as bytes,
+        it must not fail the board, nor a huge one be read at each composition)."""
         if not leases:
             return []
-        found = await raw_answer(self._aio, "MGET", *leases)
-        return [utf8(lease, "", raw) for lease, raw in zip(leases, found, strict=True)]
+        found = await capped_get(self._aio, leases, MAX_LEASE_BYTES)
+        holders: list[str | None] = []
+        for lease, raw in zip(leases, found, strict=True):
+            if isinstance(raw, int):
+                over_cap(lease, f"{raw} bytes, no instance's lease", f"delete it (DEL {lease})")
+                raw = None
+            holders.append(utf8(lease, "", raw))
+        return holders
+
+    async def _stored(self, key: str) -> dict[str, str]:
+        """The chat's lines as stored (agent -> value), within `BOARD_CAPS`; a line over
+        them is left out, named once in the log."""
+        answer = await capped_hash(self._aio, key, *BOARD_CAPS)
+        return capped_fields(key, answer, *BOARD_CAPS)
 
     def _key(self, *parts: str) -> str:
         return ":".join((self._prefix, *parts))
@@ -195,9 +221,7 @@ class SharedBoards:
         now = time.time() if now is None else now
         key = self._key("board", scope)
         try:
-            hgetall: Any = self._aio.execute_command  # untyped in redis-py
-            raw = await hgetall("HGETALL", key, **_RAW)
-            stored = readable(key, raw)
+            stored = await self._stored(key)
             found = [(agent, raw, _decode(raw)) for agent, raw in sorted(stored.items())]
             usable = [(agent, raw, item) for agent, raw, item in found if item is not None]
             leases = [self._key("lease", "agent", agent) for agent, _, _ in usable]
@@ -246,10 +270,9 @@ class SharedBoards:
         board's); None when Redis does not answer (the answer goes without). A line whose
         writer lost the agent's lease (its instance died) is left out: the answer would give
         a dead instance's last state as the agent's now."""
-        hgetall: Any = self._aio.execute_command  # untyped in redis-py
         try:
             key = self._key("board", scope)
-            stored = readable(key, await hgetall("HGETALL", key, **_RAW))
+            stored = await self._stored(key)
             usable = [
                 (agent, item) for agent, raw in stored.items() if (item := _decode(raw)) is not None
             ]

@@ -13,7 +13,10 @@ so, for the channels it sends on, in one script: each is taken by exactly one in
 when two start together, and sent by it. A reply left so for `STALE_AFTER_S` (its channel is
 one no live instance sends on any more, say) is dropped by that script instead of staying in
 the hash for good, as a single instance drops at its start the kept replies of a channel it
-no longer has.
+no longer has. The take hands over at most `TAKE_PER_RENEWAL` replies or `MAX_TAKE_BYTES`
+(the rest at the next renewals), and none over `MAX_REPLY_BYTES` (no instance writes one so
+large: it is named once in the log and left where it is), so a hash someone filled is never
+carried whole to every instance at every renewal.
 
 `keep` and `forget` are called on the event loop: their writes go out in order from one
 background task, so a Redis that does not answer holds up nothing else (each write used to wait
@@ -36,7 +39,8 @@ import redis
 from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import NoScriptError, RedisError
 
-from taskcard.bridge.store.redis import raw_answer, utf8
+from taskcard.bridge.store.base import shown_key
+from taskcard.bridge.store.redis import over_cap, raw_answer, utf8
 
 log = logging.getLogger(__name__)
 
@@ -47,23 +51,43 @@ ORPHAN_AFTER = 3
 # A reply nobody took for this long after it was written is an answer nobody waits for.
 STALE_AFTER_S = 86_400.0
 
+# The most read of the replies at one take (each lease renewal): the bytes of one entry, the
+# entries and the bytes in all. An honest entry is the reply's text and its platform payload
+# (a message of at most 4,096 characters on Telegram, a card of at most 30 KB on Feishu,
+# escaped in JSON), well under 256 KiB; an entry past the cap is not taken, named once in the
+# log, and those past the count or the bytes in all are taken at the next renewals.
+MAX_REPLY_BYTES = 1024 * 1024
+TAKE_PER_RENEWAL = 1_000
+MAX_TAKE_BYTES = 64 * 1024 * 1024
+
 # KEYS: replies hash, instances zset; ARGV: taker, now (ms), grace (ms), channels (JSON list),
-# stale (ms). Takes every reply whose owner let it go or is gone, for the taker's channels, and
-# drops such replies (on any channel) written more than `stale` ago; returns
-# [field, value, ...] of the replies taken and of those the taker owns already (their values
-# as written, owner aside): a take whose answer was lost took some that the taker does not
-# know of.
+# stale (ms), the most bytes of an entry, the most entries and bytes handed over. Takes every
+# reply whose owner let it go or is gone, for the taker's channels, and drops such replies
+# (on any channel) written more than `stale` ago; returns {field, value, ...} of the replies
+# taken and of those the taker owns already (their values as written, owner aside: a take
+# whose answer was lost took some that the taker does not know of), and {field, size, ...}
+# of those over the size, left where they are. Past the count or the bytes, nothing more is
+# handed over (those let go first, then the taker's own): the next take goes on.
 _TAKE = """
 local channels = {}
 for _, name in ipairs(cjson.decode(ARGV[4])) do channels[name] = true end
 local now, grace, stale = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
-local taken = {}
+local most, count, budget = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local taken, over, spent = {}, {}, 0
+local function room(field, value)
+  if #field + #value > most then
+    over[#over + 1] = string.sub(field, 1, 200)
+    over[#over + 1] = #field + #value
+    return false
+  end
+  return #taken < 2 * count and spent + #field + #value <= budget
+end
 local all = redis.call('HGETALL', KEYS[1])
+local mine = {}
 for i = 1, #all, 2 do
   local owner, at, channel, rest = string.match(all[i + 1], '^(%S+) (%d+) (%S+) (.*)$')
   if owner == ARGV[1] then
-    taken[#taken + 1] = all[i]
-    taken[#taken + 1] = rest
+    mine[#mine + 1] = i
   elseif owner then
     local gone = owner == '*'
     if not gone then
@@ -76,14 +100,22 @@ for i = 1, #all, 2 do
     end
     if gone and tonumber(at) + stale <= now then
       redis.call('HDEL', KEYS[1], all[i])
-    elseif gone and channels[channel] then
+    elseif gone and channels[channel] and room(all[i], all[i + 1]) then
       redis.call('HSET', KEYS[1], all[i], ARGV[1] .. ' ' .. at .. ' ' .. channel .. ' ' .. rest)
       taken[#taken + 1] = all[i]
       taken[#taken + 1] = rest
+      spent = spent + #all[i] + #all[i + 1]
     end
   end
 end
-return taken
+for _, i in ipairs(mine) do
+  if room(all[i], all[i + 1]) then
+    taken[#taken + 1] = all[i]
+    taken[#taken + 1] = string.match(all[i + 1], '^%S+ %d+ %S+ (.*)$')
+    spent = spent + #all[i] + #all[i + 1]
+  end
+end
+return {taken, over}
 """
 
 # KEYS: replies hash; ARGV: owner. Lets go of the owner's replies.
@@ -235,17 +267,25 @@ class ClusterReplies:
             keys = [self._key, self._instances]
             args = [
                 *(self._owner, now_ms, self._grace_ms, json.dumps(names)),
-                int(STALE_AFTER_S * 1000),
+                *(int(STALE_AFTER_S * 1000), MAX_REPLY_BYTES, TAKE_PER_RENEWAL, MAX_TAKE_BYTES),
             ]
             # As bytes: an entry not UTF-8 (not written by an instance) must not fail the
             # renewal that takes it, and every one after (it is this instance's then).
             try:
-                found = await raw_answer(self._aio, "EVALSHA", self._take.sha, 2, *keys, *args)
+                answer = await raw_answer(self._aio, "EVALSHA", self._take.sha, 2, *keys, *args)
             except NoScriptError:
-                found = await raw_answer(self._aio, "EVAL", _TAKE, 2, *keys, *args)
+                answer = await raw_answer(self._aio, "EVAL", _TAKE, 2, *keys, *args)
             forgotten = self._forgotten
         finally:
             self._forgotten = None
+        found, over = answer
+        for raw_key, size in zip(over[::2], over[1::2], strict=True):
+            field = shown_key(raw_key.decode(errors="backslashreplace"))
+            over_cap(
+                self._key,
+                f"the reply {field} holds {size} bytes, over the {MAX_REPLY_BYTES} taken",
+                f"no instance writes one so large; delete it (HDEL {self._key} {field})",
+            )
         taken: dict[str, Any] = {}
         for raw_key, raw in zip(found[::2], found[1::2], strict=True):
             key = utf8(self._key, raw_key.decode(errors="backslashreplace"), raw_key)

@@ -28,7 +28,6 @@ from urllib.parse import urlsplit
 
 import redis
 from redis.asyncio import Redis as AsyncRedis
-from redis.client import NEVER_DECODE
 from redis.exceptions import RedisError, ResponseError
 
 from taskcard.bridge.cluster.boards import SharedBoards
@@ -44,14 +43,18 @@ from taskcard.bridge.cluster.limiter import RedisLimiter
 from taskcard.bridge.cluster.replies import ClusterReplies
 from taskcard.bridge.cluster.wakes import WakeRelay
 from taskcard.bridge.store.redis import (
+    MAX_LIVE,
     RedisStore,
     WrongKeyType,
+    capped_fields,
+    capped_get,
+    capped_hash,
+    capped_live,
     connect,
+    live_members,
+    over_cap,
     permission_fix,
     raise_if_cancel_swallowed,
-    raw_answer,
-    readable,
-    readable_members,
     refused_permission,
     wrong_type,
 )
@@ -113,24 +116,17 @@ def _in_chat(chats: Mapping[str, Any], chat: ChatRef) -> object:
     return threads.get(chat.thread_id or "") or threads.get("")
 
 
-# A routed record is a few hundred bytes per route; one past this is not read (a hand edit,
-# a hostile writer), so a command's answer never carries it whole.
-MAX_ROUTED_BYTES = 8 * 1024 * 1024
+# The most bytes read of a routed record: one past this is not read (a hand edit, a hostile
+# writer), so neither a renewal nor a command's answer carries it whole. The largest honest
+# one: each route of an agent is its id (at most 64 characters) quoted and a comma, 68 bytes,
+# so 10,000 agents each routed to 3 chats take about 2 MB, marks and chats' ids aside: the
+# cap leaves twice that.
+MAX_ROUTED_BYTES = 4 * 1024 * 1024
 
-# KEYS: the instances' routed records; ARGV: the most bytes read of one. Each record as it is
-# stored, or its length when over the cap, or false when it is missing or not a string.
-_READ_ROUTED = """
-local found = {}
-for i, key in ipairs(KEYS) do
-  if redis.call('TYPE', key).ok ~= 'string' then
-    found[i] = false
-  else
-    local size = redis.call('STRLEN', key)
-    if size > tonumber(ARGV[1]) then found[i] = size else found[i] = redis.call('GET', key) end
-  end
-end
-return found
-"""
+# The most bytes read of the count of routes rewritten (an INCR's: 20 digits at most), and of
+# a bot's record in `P:bots:<channel>` (a bot's id and a time).
+MAX_COUNT_BYTES = 64
+MAX_BOT_RECORD_BYTES = 1_024
 
 
 class _RefusedRecord(ValueError):
@@ -138,7 +134,7 @@ class _RefusedRecord(ValueError):
 
 
 def _routed_record(raw: object) -> Mapping[str, Any] | None:
-    """The routed record `raw` (as `_READ_ROUTED` gives it) holds; None when there is none;
+    """The routed record `raw` (as `CAPPED_GET` gives it) holds; None when there is none;
     raises (`_RefusedRecord`, `ValueError`, `RecursionError`) when it cannot be read."""
     if raw is None:
         return None
@@ -190,15 +186,11 @@ def live_routed_records(store: RedisStore) -> list[Mapping[str, Any]]:
     chat's orchestrator as the cluster decides it); one listing and one script call."""
     now_ms = int(time.time() * 1000)
     listed = store.key("instances")
-    owners = readable_members(
-        listed, raw_answer(store.client, "ZRANGEBYSCORE", listed, now_ms, "+inf")
-    )
+    owners, _ = live_members(listed, capped_live(store.client, listed, now_ms))
     keys = [store.key("routed", owner) for owner in owners]
     if not keys:
         return []
-    found: list[object] = store.client.execute_command(  # type: ignore[no-untyped-call]
-        "EVAL", _READ_ROUTED, len(keys), *keys, MAX_ROUTED_BYTES, **{NEVER_DECODE: True}
-    )
+    found: list[object] = capped_get(store.client, keys, MAX_ROUTED_BYTES)
     records: list[Mapping[str, Any]] = []
     for raw in found:
         with contextlib.suppress(ValueError, RecursionError):
@@ -488,7 +480,8 @@ class Cluster:
         the update offset, the command stream, resident ids) belongs to one bot: a second bot
         there was never polled and got the first bot's commands and message ids."""
         key, now_ms = self.key("bots", channel), int(time.time() * 1000)
-        live = readable(key, raw_answer(self.store.client, "HGETALL", key))
+        caps = (MAX_BOT_RECORD_BYTES, MAX_LIVE, MAX_LIVE * MAX_BOT_RECORD_BYTES)
+        live = capped_fields(key, capped_hash(self.store.client, key, *caps), *caps)
         for other, until in live.items():
             if other != bot and until.isdigit() and int(until) > now_ms:
                 return False
@@ -610,9 +603,7 @@ class Cluster:
         the answer is made from the others (that instance answers its own chats alone)."""
         now_ms = int(time.time() * 1000)
         listed = self.key("instances")
-        owners = readable_members(
-            listed, await raw_answer(self.aio, "ZRANGEBYSCORE", listed, now_ms, "+inf")
-        )
+        owners, _ = live_members(listed, await capped_live(self.aio, listed, now_ms))
         names: set[str] = set()
         marks: set[str] = set()
         for key, record in await self._routed_records(owners):
@@ -635,9 +626,7 @@ class Cluster:
             return []
         # Raw bytes, and a value over the cap as its length: a record not UTF-8 must not
         # fail the others' decoding, nor a huge one be carried here whole.
-        found: list[object] = await self.aio.execute_command(  # type: ignore[no-untyped-call]
-            "EVAL", _READ_ROUTED, len(keys), *keys, MAX_ROUTED_BYTES, **{NEVER_DECODE: True}
-        )
+        found: list[object] = await capped_get(self.aio, keys, MAX_ROUTED_BYTES)
         records: list[tuple[str, Mapping[str, Any]]] = []
         for key, raw in zip(keys, found, strict=True):
             try:
@@ -662,13 +651,15 @@ class Cluster:
         The instance serving an agent another instance's route marks (discovered only here,
         say) wakes it with the wakes kept for its chat."""
         now_ms = int(time.time() * 1000)
-        listed = self.key("instances")
+        listed, counter = self.key("instances"), self.key("routes-changed")
         async with self.aio.pipeline(transaction=False) as pipe:
             # As bytes: the count is compared, never read; an owner not UTF-8 is left out.
-            raw_answer(pipe, "GET", self.key("routes-changed"))
-            raw_answer(pipe, "ZRANGEBYSCORE", listed, now_ms, "+inf")
-            changed, owners = await pipe.execute()
-        live = readable_members(listed, owners)
+            capped_get(pipe, [counter], MAX_COUNT_BYTES)
+            capped_live(pipe, listed, now_ms)
+            [changed], owners = await pipe.execute()
+        if isinstance(changed, int):  # the count, compared by its size: no INCR wrote it
+            over_cap(counter, f"{changed} bytes", f"delete it (DEL {counter})")
+        live, _ = live_members(listed, owners)
         others = sorted(owner for owner in live if owner != self.owner)
         seen = (changed, tuple(others))
         if seen == self._marks_seen and not self._uncounted:

@@ -68,6 +68,24 @@ MAX_TEXT_CHARS = 16_384
 MAX_EPISODE_CHARS = 512
 # A member longer than its fields allow (each escaped, six characters for one) is not read.
 MAX_WAKE_CHARS = 6 * (MAX_TEXT_CHARS + MAX_EPISODE_CHARS + 8_192)
+# Nor carried here: one over this many bytes (four a character at most in UTF-8) is dropped
+# in Redis by the take (`_TAKE`), counted in the log.
+MAX_WAKE_BYTES = 4 * MAX_WAKE_CHARS
+
+# KEYS: the chat's wakes; ARGV: the most taken, the most bytes of one. The first wakes, those
+# over the size removed instead (no instance writes one), and how many were.
+_TAKE = """
+local found, dropped = {}, {}
+for _, member in ipairs(redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)) do
+  if #member > tonumber(ARGV[2]) then
+    dropped[#dropped + 1] = member
+  else
+    found[#found + 1] = member
+  end
+end
+for _, member in ipairs(dropped) do redis.call('ZREM', KEYS[1], member) end
+return {found, #dropped}
+"""
 
 
 # KEYS: the chat's wakes (sorted set), its served mark, the agent's wakes of this kind in the
@@ -219,12 +237,27 @@ class WakeRelay:
                 # As bytes: a member not UTF-8 (not written by any instance) is removed here,
                 # and must not fail the reading of the chats' other wakes.
                 pipe.execute_command(
-                    "ZRANGE", self._key(scope), 0, TAKE_PER_RENEWAL - 1, **{NEVER_DECODE: True}
+                    "EVAL",
+                    _TAKE,
+                    1,
+                    self._key(scope),
+                    TAKE_PER_RENEWAL,
+                    MAX_WAKE_BYTES,
+                    **{NEVER_DECODE: True},
                 )
-            found: list[list[bytes]] = (await pipe.execute())[1::2]
+            found: list[tuple[list[bytes], int]] = (await pipe.execute())[1::2]
         taken: dict[str, list[str]] = {}
         unreadable: dict[str, list[bytes]] = {}
-        for scope, members in zip(wanted, found, strict=True):
+        for scope, (members, dropped) in zip(wanted, found, strict=True):
+            if dropped:
+                log.warning(
+                    "chat %s: %d kept wakes over %d bytes (not written by an instance) were"
+                    " dropped unread from Redis key %s",
+                    scope,
+                    dropped,
+                    MAX_WAKE_BYTES,
+                    self._key(scope),
+                )
             for member in members:
                 try:
                     taken.setdefault(scope, []).append(member.decode())

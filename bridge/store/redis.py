@@ -145,6 +145,140 @@ def readable_members(key: str, members: Iterable[bytes]) -> list[str]:
     return found
 
 
+# Bounded reads of what every instance reads again and again (at each lease renewal, each
+# command): any writer with the Redis user's rights can make a value, a hash or a listing
+# huge, and every instance would read and parse it each time. Each is read by a script that
+# hands over only what fits its caps, and names what it left out (logged once by `over_cap`).
+
+# The most live instances read of a listing (`P:instances`, `P:versioned`), and the most bytes
+# of a member: a name is at most 73 (the instance's 64, `#` and 8 hex digits). A fleet has a
+# few dozen; a member past these is no instance's.
+MAX_LIVE = 1_000
+MAX_OWNER_BYTES = 1_024
+
+# KEYS: strings; ARGV[1]: the most bytes read of one. Each value as it is stored, or its
+# length when over the cap, or false when it is missing or not a string.
+CAPPED_GET = """
+local found = {}
+for i, key in ipairs(KEYS) do
+  if redis.call('TYPE', key).ok ~= 'string' then
+    found[i] = false
+  else
+    local size = redis.call('STRLEN', key)
+    if size > tonumber(ARGV[1]) then found[i] = size else found[i] = redis.call('GET', key) end
+  end
+end
+return found
+"""
+
+# KEYS[1]: a hash; ARGV: the most bytes of one field and its value, the most fields, the most
+# bytes in all. Returns {field, value, ...}, {the first 200 bytes of each field over the
+# first cap, its size, ...}, and 1 when fields were left for want of room (else 0). Read by
+# HSCAN pages, so a hash of millions of fields is not loaded whole.
+CAPPED_HASH = """
+local most, fields, budget = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local found, over, kept, spent, left = {}, {}, 0, 0, 0
+local cursor = '0'
+repeat
+  local page = redis.call('HSCAN', KEYS[1], cursor, 'COUNT', 500)
+  cursor = page[1]
+  local entries = page[2]
+  for i = 1, #entries, 2 do
+    local size = #entries[i] + #entries[i + 1]
+    if size > most then
+      over[#over + 1] = string.sub(entries[i], 1, 200)
+      over[#over + 1] = size
+    elseif kept < fields and spent + size <= budget then
+      found[#found + 1] = entries[i]
+      found[#found + 1] = entries[i + 1]
+      kept, spent = kept + 1, spent + size
+    else
+      left = 1
+    end
+  end
+until cursor == '0' or left == 1
+return {found, over, left}
+"""
+
+# KEYS[1]: a sorted set of instances; ARGV: the lowest score (now), the most members, the
+# most bytes of one. Returns the members scored from then on, at most that many, and how many
+# were over the size (left out), and 1 when members were left for want of room (else 0).
+CAPPED_LIVE = """
+local most, size = tonumber(ARGV[2]), tonumber(ARGV[3])
+local listed = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], '+inf', 'LIMIT', 0, most + 1)
+local found, over, left = {}, 0, 0
+for i, member in ipairs(listed) do
+  if i > most then left = 1
+  elseif #member > size then over = over + 1
+  else found[#found + 1] = member end
+end
+return {found, over, left}
+"""
+
+
+def capped_get(client: Any, keys: list[str], most: int) -> Any:
+    """`CAPPED_GET` of `keys` through `client` (a client or a pipeline, awaited if async)."""
+    return raw_answer(client, "EVAL", CAPPED_GET, len(keys), *keys, most)
+
+
+def capped_hash(client: Any, key: str, most: int, fields: int, budget: int) -> Any:
+    """`CAPPED_HASH` of `key` through `client` (awaited if async); `capped_fields` reads it."""
+    return raw_answer(client, "EVAL", CAPPED_HASH, 1, key, most, fields, budget)
+
+
+def capped_live(client: Any, key: str, now_ms: int) -> Any:
+    """`CAPPED_LIVE` of `key` through `client` (awaited if async); `live_members` reads it."""
+    return raw_answer(client, "EVAL", CAPPED_LIVE, 1, key, now_ms, MAX_LIVE, MAX_OWNER_BYTES)
+
+
+def over_cap(key: str, what: str, fix: str) -> None:
+    """Log once per key and `what` that a value over its cap was left out of a read."""
+    where = f"{key} {what} over the read"
+    if where not in _reported:
+        _reported.add(where)
+        log.warning("Redis key %s: %s; it is left out of what is read; %s", key, what, fix)
+
+
+def capped_fields(key: str, answer: Any, most: int, fields: int, budget: int) -> dict[str, str]:
+    """The UTF-8 fields and values of the hash `key` that `CAPPED_HASH` handed over; those
+    over a cap are named once (`over_cap`)."""
+    found, over, left = answer
+    for raw_field, size in zip(over[::2], over[1::2], strict=True):
+        field = shown_key(_field_name(raw_field))
+        over_cap(
+            key,
+            f"field {field} holds {size} bytes, over the {most} read of one",
+            f"delete it (HDEL {key} {field}) unless a newer release wrote it",
+        )
+    if left:
+        over_cap(
+            key,
+            f"more than {fields} fields or {budget} bytes",
+            f"the fields past that are not read; delete the key's foreign fields ({key})",
+        )
+    return readable(key, dict(zip(found[::2], found[1::2], strict=True)))
+
+
+def live_members(key: str, answer: Any) -> tuple[list[str], bool]:
+    """The UTF-8 members `CAPPED_LIVE` handed over of `key`, and whether every live one was
+    (none left for want of room: a caller that must see them all can tell; one over the size
+    is no instance's name)."""
+    found, over, left = answer
+    if over:
+        over_cap(
+            key,
+            f"{over} members over {MAX_OWNER_BYTES} bytes",
+            f"no instance writes such a name; remove them (ZREM {key} ...)",
+        )
+    if left:
+        over_cap(
+            key,
+            f"more than {MAX_LIVE} live members",
+            f"the members past that are not read; remove those no instance wrote (ZREM {key} ...)",
+        )
+    return readable_members(key, found), not left
+
+
 def wrong_type(key: str, found: str, expected: str) -> str:
     """What to do about a key of the fleet that holds another Redis type than taskcard's."""
     return (
@@ -788,13 +922,15 @@ class RedisStore(StateStore):
         versions (see `change_cursor`)."""
         now_ms = int(time.time() * 1000)
         try:
-            # As bytes: compared, never read as text.
-            live = set(raw_answer(pipe, "ZRANGEBYSCORE", self.key("instances"), now_ms, "+inf"))
-            versioned = set(
-                raw_answer(pipe, "ZRANGEBYSCORE", self.key("versioned"), now_ms, "+inf")
-            )
+            listings = [
+                live_members(key, capped_live(pipe, key, now_ms))
+                for key in (self.key("instances"), self.key("versioned"))
+            ]
         except redis.ResponseError:
             return True  # a listing Redis refuses (another type) cannot vouch for anyone
+        (live, whole), (versioned, _) = ((set(found), whole) for found, whole in listings)
+        if not whole:
+            return True  # an instance not read may be of an older version
         # By members, not counts: a newer instance in `P:versioned` alone (its live listing
         # refused, or a stale entry) must not stand in for an older one listed as live.
         return bool(live - versioned)

@@ -189,3 +189,32 @@ async def test_wakes_taken_leave_their_agents_lists_too(redis_url: str) -> None:
     finally:
         client.close()
         await aio.aclose()
+
+
+async def test_a_kept_wake_over_its_size_is_dropped_in_redis_unread(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A member of a chat's wakes far past what a wake holds (a writer with the Redis user's
+    rights): each of the first wakes was carried to the serving instance whole at each
+    renewal, to be refused there. Now the take drops it in Redis, unread, counted in the
+    log by the chat's key, and the chat's other wakes are taken."""
+    import redis
+    from redis.asyncio import Redis as AsyncRedis
+
+    from taskcard.bridge.cluster.wakes import MAX_WAKE_BYTES, WakeRelay
+
+    prefix = f"t-{uuid.uuid4().hex}"
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    aio = AsyncRedis.from_url(redis_url, decode_responses=True)
+    relay = WakeRelay(client, aio, prefix)
+    try:
+        assert await relay.take(["chat"]) == {}  # the chat's orchestrator is served
+        client.zadd(f"{prefix}:wakes:chat", {"x" * (MAX_WAKE_BYTES + 1): time.time() - 1})
+        relay.keep("chat", WAKE)
+        assert await relay.take(["chat"]) == {"chat": [encode_wake(WAKE)]}
+        assert client.zcard(f"{prefix}:wakes:chat") == 1
+        assert f"1 kept wakes over {MAX_WAKE_BYTES} bytes" in caplog.text
+        assert f"{prefix}:wakes:chat" in caplog.text
+    finally:
+        client.close()
+        await aio.aclose()

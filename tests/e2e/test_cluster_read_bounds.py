@@ -1,0 +1,114 @@
+"""What every instance of a cluster reads again and again is bounded in size, through two
+`taskcard serve` processes on a real Redis against the fake Bot API.
+
+At each lease renewal, each board composition and each command, an instance reads values any
+writer with the Redis user's rights can make huge: a chat's board lines and the leases of
+their agents, the replies stopped instances left unsent (`P:replies`), the count of routes
+rewritten, the listing of the running instances. Each was read whole, every few seconds, by
+every instance. Now a value past its cap is left out, and named once in the log with its key
+and what to do, and the instances serve on.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+from taskcard.bridge.cluster.boards import MAX_LEASE_BYTES, MAX_LINE_BYTES
+from taskcard.bridge.cluster.replies import MAX_REPLY_BYTES
+from taskcard.bridge.store.redis import MAX_OWNER_BYTES
+from tests.e2e.harness import eventually, publish
+from tests.e2e.test_cluster import instance
+from tests.e2e.test_talk_and_signals import GROUP
+from tests.fakes.telegram_api import FakeTelegram
+
+LEFT_OUT = "it is left out of what is read"
+
+
+async def test_oversize_shared_values_are_left_out_named_once_and_the_cluster_serves(
+    telegram: FakeTelegram, tmp_path: Path, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """Two instances show their agents on the chat's board; a third writer plants, past
+    each cap: a board line, a board line's agent lease, an unsent reply let go for the
+    instances' channel, the count of routes rewritten and a running instance's name. The
+    board still follows both agents, a `/tell` still reaches the other instance's agent,
+    and each planted value is named once in the log of each instance that met it, by its
+    key, with the fix."""
+    from redis import Redis
+
+    serves = [
+        fleet.enter_context(
+            instance(
+                tmp_path, name, telegram, [f"{name}agent"], redis_url=redis_url, prefix=prefix,
+                view="board",
+            )
+        )
+        for name in ("i0", "i1")
+    ]  # fmt: skip
+    for name in ("i0", "i1"):
+        publish(tmp_path / "agents" / f"{name}agent", f"card of {name}")
+
+    def board_shows(*words: str) -> bool:
+        return any(all(w in m.text for w in words) for m in telegram.bot_messages(GROUP))
+
+    await eventually(
+        lambda: board_shows("card of i0", "card of i1"), timeout_s=60, what="the board"
+    )
+    board = f"{prefix}:board:telegram:{GROUP}:"
+    replies = f"{prefix}:replies"
+    counter = f"{prefix}:routes-changed"
+    instances = f"{prefix}:instances"
+    lease = f"{prefix}:lease:agent:ghost2"
+    now_ms = int(time.time() * 1000)
+    line = {"agent_id": "ghost", "state": "working", "marks": [], "movement": None}
+    line |= {"movement_at": None, "started": True}
+    with Redis.from_url(redis_url) as client:
+        huge_line = {"writer": "nobody#0", "line": line | {"headline": "x" * MAX_LINE_BYTES}}
+        client.hset(board, "ghost", json.dumps(huge_line))
+        plain = {"writer": "nobody#0", "line": line | {"agent_id": "ghost2", "headline": "hi"}}
+        client.hset(board, "ghost2", json.dumps(plain))
+        client.set(lease, "nobody#0|" + "1" * MAX_LEASE_BYTES)
+        entry = {"channel": "telegram", "chat_id": str(GROUP), "text": "x" * MAX_REPLY_BYTES}
+        client.hset(replies, "reply:huge", f"* {now_ms} telegram {json.dumps(entry)}")
+        client.set(counter, "9" * 1_000)
+        client.zadd(instances, {"n" * (MAX_OWNER_BYTES + 1): now_ms + 3_600_000})
+    # A change of each agent's card: the board is composed again, reading its lines.
+    for name in ("i0", "i1"):
+        publish(tmp_path / "agents" / f"{name}agent", f"card again of {name}")
+    await eventually(
+        lambda: board_shows("card again of i0", "card again of i1"),
+        timeout_s=60,
+        what="the board composed again",
+    )
+    telegram.inject_message(GROUP, "/tell i1agent look at the logs", user_id=7)
+    inbox = tmp_path / "agents" / "i1agent" / "inbox" / "queued"
+    await eventually(lambda: list(inbox.glob("*.json")), timeout_s=60, what="the text queued")
+    everyone = (replies, counter, instances)  # read by every instance at each renewal
+    await eventually(
+        lambda: (
+            all(f"Redis key {key}:" in s.logs for s in serves for key in everyone)
+            and any(f"Redis key {board}: field ghost " in s.logs for s in serves)
+            and any(f"Redis key {lease}:" in s.logs for s in serves)
+        ),
+        timeout_s=60,
+        what="each planted value named",
+    )
+    for serve in serves:
+        assert await serve.aterminate() == 0
+        assert "Traceback" not in serve.logs, serve.logs
+        assert "renewing the cluster leases failed" not in serve.logs, serve.logs
+        named = [line for line in serve.logs.splitlines() if LEFT_OUT in line]
+        keys = [key for key in (board, lease, *everyone) if any(key in n for n in named)]
+        assert len(named) == len(keys), named  # once each, however many renewals read it
+        by_key = {key: next(n for n in named if f"Redis key {key}:" in n) for key in keys}
+        assert f"HDEL {replies} reply:huge" in by_key[replies]
+        assert f"DEL {counter}" in by_key[counter]
+        assert f"ZREM {instances}" in by_key[instances]
+        if board in by_key:
+            assert f"HDEL {board} ghost" in by_key[board]
+        if lease in by_key:
+            assert f"DEL {lease}" in by_key[lease]
+    with Redis.from_url(redis_url) as client:
+        assert client.hexists(replies, "reply:huge"), "left where it was, not taken"
