@@ -42,6 +42,7 @@ from taskcard.bridge.cluster.lease import (
 from taskcard.bridge.cluster.limiter import RedisLimiter
 from taskcard.bridge.cluster.replies import ClusterReplies
 from taskcard.bridge.cluster.wakes import WakeRelay
+from taskcard.bridge.store.base import shown_key
 from taskcard.bridge.store.redis import (
     MAX_LIVE,
     RedisStore,
@@ -127,6 +128,11 @@ MAX_ROUTED_BYTES = 4 * 1024 * 1024
 # a bot's record in `P:bots:<channel>` (a bot's id and a time).
 MAX_COUNT_BYTES = 64
 MAX_BOT_RECORD_BYTES = 1_024
+
+# How many lease periods a live instance with no routed record keeps the others reading every
+# record at each renewal (an older release lists itself before writing its record, within a
+# renewal): past that it is taken for a record that will not come (logged once).
+UNRECORDED_LEASES = 3
 
 
 class _RefusedRecord(ValueError):
@@ -450,6 +456,9 @@ class Cluster:
         self._marks_seen: tuple[object, tuple[str, ...]] | None = None
         # The other live instances whose routed record says they move the change counter.
         self._uncounted: set[str] = set()
+        # Live instances with no routed record: when this instance first found them so
+        # (monotonic), None once it stopped waiting for it (`_record_awaited`).
+        self._unrecorded: dict[str, float | None] = {}
         self.boards = SharedBoards(self.aio, self.prefix, self.owner)
         self._board_leases: dict[str, Lease] = {}
         self._boards_held: set[str] = set()  # chats whose board `take_board` was told of
@@ -645,9 +654,11 @@ class Cluster:
         read only on such a change, or at every renewal while a live instance's readable
         record does not say it moves the counter (`COUNTED_KEY`: an older release, during a
         rolling update, whose rewritten routes would be followed only when the live ones
-        change), or has none yet. A record refused (too large, not UTF-8, not JSON: logged)
-        keeps no fallback going: reading it again gives the same refusal, and every
-        instance would read and parse every record at every renewal while it stays.
+        change), or has none yet (for `UNRECORDED_LEASES` lease periods: a member of the
+        listing anyone can add kept it going for good). A record refused (too large, not
+        UTF-8, not JSON: logged) keeps no fallback going: reading it again gives the same
+        refusal, and every instance would read and parse every record at every renewal
+        while it stays.
         The instance serving an agent another instance's route marks (discovered only here,
         say) wakes it with the wakes kept for its chat."""
         now_ms = int(time.time() * 1000)
@@ -670,9 +681,10 @@ class Cluster:
         for owner in others:
             key = self.key("routed", owner)
             if (record := records.get(key)) is None:
-                if key not in self._routed_refused:
+                if key not in self._routed_refused and self._record_awaited(owner, listed, key):
                     uncounted.add(owner)  # listed before its first record: it may be older
                 continue
+            self._unrecorded.pop(owner, None)
             if record.get(COUNTED_KEY) is not True:
                 uncounted.add(owner)
             try:
@@ -685,6 +697,35 @@ class Cluster:
                 self._refuse_routed(key, record, error)
         wakes.others_route_marks(sorted(marked))
         self._marks_seen, self._uncounted = seen, uncounted
+        for owner in [owner for owner in self._unrecorded if owner not in live]:
+            del self._unrecorded[owner]
+
+    def _record_awaited(self, owner: str, listed: str, key: str) -> bool:
+        """Whether the live instance `owner`, listed with no routed record, may still write
+        one (an older release lists itself first): for `UNRECORDED_LEASES` lease periods from
+        when this instance first found it so. Past that it is said once, and the others'
+        records are no longer read at every renewal for it (a member any writer can add)."""
+        now = time.monotonic()
+        since = self._unrecorded.setdefault(owner, now)
+        if since is None:
+            return False
+        waited_s = now - since
+        if waited_s <= UNRECORDED_LEASES * self.config.lease_ttl_s:
+            return True
+        self._unrecorded[owner] = None
+        log.warning(
+            "Redis key %s lists %s as a running instance, which wrote no routed record (%s) in"
+            " %.0f s: the other instances' records are read at each renewal no longer for"
+            " it; nothing to do if it is an instance still starting, else remove it (ZREM %s"
+            " %s)",
+            listed,
+            shown_key(owner),
+            key,
+            waited_s,
+            listed,
+            shown_key(owner),
+        )
+        return False
 
     def _refuse_routed(self, key: str, raw: object, error: Exception) -> None:
         """Log, once per value, that the routed record at `key` was left out, and why."""

@@ -7,6 +7,10 @@ their agents, the replies stopped instances left unsent (`P:replies`), the count
 rewritten, the listing of the running instances. Each was read whole, every few seconds, by
 every instance. Now a value past its cap is left out, and named once in the log with its key
 and what to do, and the instances serve on.
+
+A running instance listed in `P:instances` with no routed record kept every instance reading
+every record at each renewal for as long as it stayed listed (anyone can add such a member):
+now it stops counting after a few lease periods, said once.
 """
 
 from __future__ import annotations
@@ -112,3 +116,39 @@ async def test_oversize_shared_values_are_left_out_named_once_and_the_cluster_se
             assert f"DEL {lease}" in by_key[lease]
     with Redis.from_url(redis_url) as client:
         assert client.hexists(replies, "reply:huge"), "left where it was, not taken"
+
+
+async def test_a_listed_instance_that_writes_no_record_stops_counting_said_once(
+    telegram: FakeTelegram, tmp_path: Path, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """A member of `P:instances` listed as running for an hour, with no routed record: as
+    an older release that lists itself first, every instance read every record at each
+    renewal while it stayed. Now, after three lease periods without a record, each instance
+    says once that it no longer waits for it (and how to remove it), and goes on serving."""
+    from redis import Redis
+
+    instances = f"{prefix}:instances"
+    with Redis.from_url(redis_url) as client:
+        client.zadd(instances, {"ghost#00000000": int(time.time() * 1000) + 3_600_000})
+    serves = [
+        fleet.enter_context(
+            instance(tmp_path, name, telegram, [f"{name}agent"], redis_url=redis_url, prefix=prefix)
+        )
+        for name in ("i0", "i1")
+    ]
+    for name in ("i0", "i1"):
+        publish(tmp_path / "agents" / f"{name}agent", f"card of {name}")
+    said = f"Redis key {instances} lists ghost#00000000 as a running instance"
+    await eventually(
+        lambda: all(said in s.logs for s in serves), timeout_s=60, what="the member named"
+    )
+    # Renewals go on (a lease period is 2 s): it is said once all the same.
+    telegram.inject_message(GROUP, "/tell i1agent look at the logs", user_id=7)
+    inbox = tmp_path / "agents" / "i1agent" / "inbox" / "queued"
+    await eventually(lambda: list(inbox.glob("*.json")), timeout_s=60, what="the text queued")
+    for serve in serves:
+        assert await serve.aterminate() == 0
+        assert "Traceback" not in serve.logs, serve.logs
+        [line] = [line for line in serve.logs.splitlines() if said in line]
+        assert f"ZREM {instances} ghost#00000000" in line, line
+        assert f"({prefix}:routed:ghost#00000000)" in line, line
