@@ -56,6 +56,7 @@ from taskcard.bridge.store.redis import (
     over_cap,
     permission_fix,
     raise_if_cancel_swallowed,
+    raw_answer,
     refused_permission,
     wrong_type,
 )
@@ -133,6 +134,29 @@ MAX_BOT_RECORD_BYTES = 1_024
 # record at each renewal (an older release lists itself before writing its record, within a
 # renewal): past that it is taken for a record that will not come (logged once).
 UNRECORDED_LEASES = 3
+
+
+# KEYS: routed records; ARGV[1]: the most bytes read of one, ARGV[1 + i]: the SHA-1 of the
+# i-th as last read ('' when none). Each: false when missing or not a string, its length when
+# over the cap, {its SHA-1} when unchanged, else {its SHA-1, its value}.
+_READ_CHANGED = """
+local found = {}
+for i, key in ipairs(KEYS) do
+  if redis.call('TYPE', key).ok ~= 'string' then
+    found[i] = false
+  else
+    local size = redis.call('STRLEN', key)
+    if size > tonumber(ARGV[1]) then
+      found[i] = size
+    else
+      local value = redis.call('GET', key)
+      local digest = redis.sha1hex(value)
+      if digest == ARGV[i + 1] then found[i] = {digest} else found[i] = {digest, value} end
+    end
+  end
+end
+return found
+"""
 
 
 class _RefusedRecord(ValueError):
@@ -452,6 +476,9 @@ class Cluster:
         self._share_refused: str | None = None  # the refusal `_share_routes` last logged
         # The routed records left out (`routed_chat`): key -> digest of the value logged.
         self._routed_refused: dict[str, str] = {}
+        # The routed records as last read: key -> their SHA-1 and what they hold (None: left
+        # out), so an unchanged one is neither carried nor parsed again (`_routed_records`).
+        self._routed_read: dict[str, tuple[str, Mapping[str, Any] | None]] = {}
         # What `_follow_marks` last read the others' marks at: the change counter, the owners.
         self._marks_seen: tuple[object, tuple[str, ...]] | None = None
         # The other live instances whose routed record says they move the change counter.
@@ -629,20 +656,45 @@ class Cluster:
 
     async def _routed_records(self, owners: list[str]) -> list[tuple[str, Mapping[str, Any]]]:
         """The routed records of `owners` that can be read, each with its key; those that
-        cannot are left out (logged once by `_refuse_routed`). One script call."""
+        cannot are left out (logged once by `_refuse_routed`). One script call, which hands
+        over only the records changed since this instance last read them (by their SHA-1):
+        an unchanged one, read at every renewal while the fallback of `_follow_marks` lasts,
+        costs its digest, not its bytes and their parsing."""
         keys = [self.key("routed", owner) for owner in owners]
+        kept = self._routed_read
+        own = self.key("routed", self.owner)  # `routed_chat` reads it, `_follow_marks` not
+        for key in [key for key in kept if key not in keys and key != own]:
+            del kept[key]
         if not keys:
             return []
+        known = {key: kept[key] for key in keys if key in kept}  # as the script is told
         # Raw bytes, and a value over the cap as its length: a record not UTF-8 must not
         # fail the others' decoding, nor a huge one be carried here whole.
-        found: list[object] = await capped_get(self.aio, keys, MAX_ROUTED_BYTES)
+        found: list[object] = await raw_answer(
+            self.aio,
+            "EVAL",
+            _READ_CHANGED,
+            len(keys),
+            *keys,
+            MAX_ROUTED_BYTES,
+            *(known[key][0] if key in known else "" for key in keys),
+        )
         records: list[tuple[str, Mapping[str, Any]]] = []
         for key, raw in zip(keys, found, strict=True):
-            try:
-                record = _routed_record(raw)
-            except (ValueError, RecursionError) as error:
-                self._refuse_routed(key, raw, error)
-                continue
+            record: Mapping[str, Any] | None
+            if isinstance(raw, list) and len(raw) == 1:  # as last read
+                record = known[key][1]
+            else:
+                digest, raw = (raw[0].decode(), raw[1]) if isinstance(raw, list) else ("", raw)
+                try:
+                    record = _routed_record(raw)
+                except (ValueError, RecursionError) as error:
+                    self._refuse_routed(key, raw, error)
+                    record = None
+                if digest:
+                    kept[key] = (digest, record)
+                else:
+                    kept.pop(key, None)
             if record is not None:
                 records.append((key, record))
         return records
@@ -658,7 +710,8 @@ class Cluster:
         listing anyone can add kept it going for good). A record refused (too large, not
         UTF-8, not JSON: logged) keeps no fallback going: reading it again gives the same
         refusal, and every instance would read and parse every record at every renewal
-        while it stays.
+        while it stays. Each reading carries only the records changed since the last
+        (`_routed_records`).
         The instance serving an agent another instance's route marks (discovered only here,
         say) wakes it with the wakes kept for its chat."""
         now_ms = int(time.time() * 1000)

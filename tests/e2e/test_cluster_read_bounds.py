@@ -8,6 +8,11 @@ rewritten, the listing of the running instances. Each was read whole, every few 
 every instance. Now a value past its cap is left out, and named once in the log with its key
 and what to do, and the instances serve on.
 
+While a running instance's routed record does not say that it moves the count of routes
+rewritten (an older release's, during a rolling update: for hours), every instance reads
+every record at each renewal; each record was carried and parsed whole each time. Now an
+unchanged one costs its digest.
+
 A running instance listed in `P:instances` with no routed record kept every instance reading
 every record at each renewal for as long as it stayed listed (anyone can add such a member):
 now it stops counting after a few lease periods, said once.
@@ -27,6 +32,7 @@ from tests.e2e.harness import eventually, publish
 from tests.e2e.test_cluster import instance
 from tests.e2e.test_talk_and_signals import GROUP
 from tests.fakes.telegram_api import FakeTelegram
+from tests.redis_server import private_redis
 
 LEFT_OUT = "it is left out of what is read"
 
@@ -152,3 +158,64 @@ async def test_a_listed_instance_that_writes_no_record_stops_counting_said_once(
         [line] = [line for line in serve.logs.splitlines() if said in line]
         assert f"ZREM {instances} ghost#00000000" in line, line
         assert f"({prefix}:routed:ghost#00000000)" in line, line
+
+
+async def test_an_unchanged_routed_record_is_not_read_again_at_each_renewal(
+    telegram: FakeTelegram, tmp_path: Path, prefix: str, fleet: ExitStack
+) -> None:
+    """An older release's record (no `@counted`) of 3 MiB, its instance listed as running:
+    every renewal of each instance carried it whole (about 2 MB a second per instance at
+    the tests' leases). Now, over four renewals of each instance after the start, Redis
+    sends them less than that record's size in all. On a Redis of the test's own, so that
+    what it sends is theirs alone."""
+    from redis import Redis
+
+    server = private_redis(tmp_path / "redis", fleet)
+    agents = [f"older{n:07d}" for n in range(3 * 1024 * 1024 // 16)]
+    record = json.dumps({"telegram": {str(GROUP): {"": agents}}})
+    assert 3 * 1024 * 1024 <= len(record) < 4 * 1024 * 1024
+    instances = f"{prefix}:instances"
+    client = fleet.enter_context(Redis.from_url(server.url, decode_responses=True))
+    client.set(f"{prefix}:routed:older#00000000", record)
+    client.zadd(instances, {"older#00000000": int(time.time() * 1000) + 3_600_000})
+    serves = [
+        fleet.enter_context(
+            instance(
+                tmp_path, name, telegram, [f"{name}agent"], redis_url=server.url, prefix=prefix
+            )
+        )
+        for name in ("i0", "i1")
+    ]
+    for name in ("i0", "i1"):
+        publish(tmp_path / "agents" / f"{name}agent", f"card of {name}")
+    await eventually(
+        lambda: all(any(f"card of {n}" in m.text for m in telegram.bot_messages(GROUP))
+                    for n in ("i0", "i1")),
+        timeout_s=60,
+        what="both cards",
+    )  # fmt: skip
+
+    def renewals() -> dict[str, float]:
+        """Each instance's listing, moved on at each of its renewals."""
+        return {
+            owner.split("#")[0]: score
+            for owner, score in client.zrange(instances, 0, -1, withscores=True)
+            if owner.split("#")[0] in ("i0", "i1")
+        }
+
+    sent_before = int(client.info("stats")["total_net_output_bytes"])
+    seen = renewals()
+    moved = dict.fromkeys(seen, 0)
+
+    def four_each() -> bool:
+        for name, score in renewals().items():
+            if score != seen.get(name):
+                seen[name] = score
+                moved[name] = moved.get(name, 0) + 1
+        return len(moved) == 2 and min(moved.values()) >= 4
+
+    await eventually(four_each, timeout_s=120, what="four renewals of each instance")
+    sent = int(client.info("stats")["total_net_output_bytes"]) - sent_before
+    assert sent < len(record), f"{sent} bytes sent over {moved} renewals"
+    for serve in serves:
+        assert "Traceback" not in serve.logs, serve.logs
