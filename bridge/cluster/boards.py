@@ -156,7 +156,9 @@ class SharedBoards:
         holders: list[str | None] = []
         for lease, raw in zip(leases, found, strict=True):
             if isinstance(raw, int):
-                over_cap(lease, f"{raw} bytes, no instance's lease", f"delete it (DEL {lease})")
+                over_cap(
+                    lease, f"{raw} bytes, no instance's lease", f"delete it (DEL {lease})", once="-"
+                )
                 raw = None
             holders.append(utf8(lease, "", raw))
         return holders

@@ -40,7 +40,7 @@ from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import NoScriptError, RedisError
 
 from taskcard.bridge.store.base import shown_key
-from taskcard.bridge.store.redis import over_cap, raw_answer, utf8
+from taskcard.bridge.store.redis import MAX_OVER, over_cap, raw_answer, utf8
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +61,14 @@ TAKE_PER_RENEWAL = 1_000
 MAX_TAKE_BYTES = 64 * 1024 * 1024
 
 # KEYS: replies hash, instances zset; ARGV: taker, now (ms), grace (ms), channels (JSON list),
-# stale (ms), the most bytes of an entry, the most entries and bytes handed over. Takes every
-# reply whose owner let it go or is gone, for the taker's channels, and drops such replies
-# (on any channel) written more than `stale` ago; returns {field, value, ...} of the replies
-# taken and of those the taker owns already (their values as written, owner aside: a take
-# whose answer was lost took some that the taker does not know of), and {field, size, ...}
-# of those over the size, left where they are. Past the count or the bytes, nothing more is
-# handed over (those let go first, then the taker's own): the next take goes on.
+# stale (ms), the most bytes of an entry, the most entries and bytes handed over, the most
+# entries over the size named. Takes every reply whose owner let it go or is gone, for the
+# taker's channels, and drops such replies (on any channel) written more than `stale` ago;
+# returns {field, value, ...} of the replies taken and of those the taker owns already
+# (their values as written, owner aside: a take whose answer was lost took some that the
+# taker does not know of), and {field, size, ...} of those over the size, left where they
+# are. Past the count or the bytes, nothing more is handed over (those let go first, then
+# the taker's own): the next take goes on.
 _TAKE = """
 local channels = {}
 for _, name in ipairs(cjson.decode(ARGV[4])) do channels[name] = true end
@@ -76,8 +77,10 @@ local most, count, budget = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[
 local taken, over, spent = {}, {}, 0
 local function room(field, value)
   if #field + #value > most then
-    over[#over + 1] = string.sub(field, 1, 200)
-    over[#over + 1] = #field + #value
+    if #over < 2 * tonumber(ARGV[9]) then
+      over[#over + 1] = string.sub(field, 1, 200)
+      over[#over + 1] = #field + #value
+    end
     return false
   end
   return #taken < 2 * count and spent + #field + #value <= budget
@@ -268,6 +271,7 @@ class ClusterReplies:
             args = [
                 *(self._owner, now_ms, self._grace_ms, json.dumps(names)),
                 *(int(STALE_AFTER_S * 1000), MAX_REPLY_BYTES, TAKE_PER_RENEWAL, MAX_TAKE_BYTES),
+                MAX_OVER,
             ]
             # As bytes: an entry not UTF-8 (not written by an instance) must not fail the
             # renewal that takes it, and every one after (it is this instance's then).
@@ -285,6 +289,7 @@ class ClusterReplies:
                 self._key,
                 f"the reply {field} holds {size} bytes, over the {MAX_REPLY_BYTES} taken",
                 f"no instance writes one so large; delete it (HDEL {self._key} {field})",
+                once=field,
             )
         taken: dict[str, Any] = {}
         for raw_key, raw in zip(found[::2], found[1::2], strict=True):

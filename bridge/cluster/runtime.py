@@ -722,7 +722,7 @@ class Cluster:
             capped_live(pipe, listed, now_ms)
             [changed], owners = await pipe.execute()
         if isinstance(changed, int):  # the count, compared by its size: no INCR wrote it
-            over_cap(counter, f"{changed} bytes", f"delete it (DEL {counter})")
+            over_cap(counter, f"{changed} bytes", f"delete it (DEL {counter})", once="-")
         live, _ = live_members(listed, owners)
         others = sorted(owner for owner in live if owner != self.owner)
         seen = (changed, tuple(others))

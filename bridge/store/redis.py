@@ -155,6 +155,8 @@ def readable_members(key: str, members: Iterable[bytes]) -> list[str]:
 # few dozen; a member past these is no instance's.
 MAX_LIVE = 1_000
 MAX_OWNER_BYTES = 1_024
+# The most values over their cap named by one read (the others are left out all the same).
+MAX_OVER = 10
 
 # KEYS: strings; ARGV[1]: the most bytes read of one. Each value as it is stored, or its
 # length when over the cap, or false when it is missing or not a string.
@@ -172,12 +174,14 @@ return found
 """
 
 # KEYS[1]: a hash; ARGV: the most bytes of one field and its value, the most fields, the most
-# bytes in all. Returns {field, value, ...}, {the first 200 bytes of each field over the
-# first cap, its size, ...}, and 1 when fields were left for want of room (else 0). Read by
+# bytes in all, the most fields over the first cap named. Returns {field, value, ...}, {the
+# first 200 bytes of each field over the first cap, its size, ...} (those past the names are
+# left out unnamed), and 1 when fields were left for want of room (else 0). Read by
 # HSCAN pages, so a hash of millions of fields is not loaded whole.
 CAPPED_HASH = """
 local most, fields, budget = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local found, over, kept, spent, left = {}, {}, 0, 0, 0
+local named = tonumber(ARGV[4])
 local cursor = '0'
 repeat
   local page = redis.call('HSCAN', KEYS[1], cursor, 'COUNT', 500)
@@ -186,8 +190,10 @@ repeat
   for i = 1, #entries, 2 do
     local size = #entries[i] + #entries[i + 1]
     if size > most then
-      over[#over + 1] = string.sub(entries[i], 1, 200)
-      over[#over + 1] = size
+      if #over < 2 * named then
+        over[#over + 1] = string.sub(entries[i], 1, 200)
+        over[#over + 1] = size
+      end
     elseif kept < fields and spent + size <= budget then
       found[#found + 1] = entries[i]
       found[#found + 1] = entries[i + 1]
@@ -223,7 +229,7 @@ def capped_get(client: Any, keys: list[str], most: int) -> Any:
 
 def capped_hash(client: Any, key: str, most: int, fields: int, budget: int) -> Any:
     """`CAPPED_HASH` of `key` through `client` (awaited if async); `capped_fields` reads it."""
-    return raw_answer(client, "EVAL", CAPPED_HASH, 1, key, most, fields, budget)
+    return raw_answer(client, "EVAL", CAPPED_HASH, 1, key, most, fields, budget, MAX_OVER)
 
 
 def capped_live(client: Any, key: str, now_ms: int) -> Any:
@@ -231,9 +237,10 @@ def capped_live(client: Any, key: str, now_ms: int) -> Any:
     return raw_answer(client, "EVAL", CAPPED_LIVE, 1, key, now_ms, MAX_LIVE, MAX_OWNER_BYTES)
 
 
-def over_cap(key: str, what: str, fix: str) -> None:
-    """Log once per key and `what` that a value over its cap was left out of a read."""
-    where = f"{key} {what} over the read"
+def over_cap(key: str, what: str, fix: str, *, once: str = "") -> None:
+    """Log once per key and `once` (else `what`, which may carry a size that changes) that
+    a value over its cap was left out of a read."""
+    where = f"{key} {once or what} over the read"
     if where not in _reported:
         _reported.add(where)
         log.warning("Redis key %s: %s; it is left out of what is read; %s", key, what, fix)
@@ -248,13 +255,14 @@ def capped_fields(key: str, answer: Any, most: int, fields: int, budget: int) ->
         over_cap(
             key,
             f"field {field} holds {size} bytes, over the {most} read of one",
-            f"delete it (HDEL {key} {field}) unless a newer release wrote it",
+            f"no instance writes one so large; delete it (HDEL {key} {field})",
+            once=f"field {field}",
         )
     if left:
         over_cap(
             key,
             f"more than {fields} fields or {budget} bytes",
-            f"the fields past that are not read; delete the key's foreign fields ({key})",
+            f"the fields past that are not read; delete the fields no instance wrote ({key})",
         )
     return readable(key, dict(zip(found[::2], found[1::2], strict=True)))
 
@@ -269,6 +277,7 @@ def live_members(key: str, answer: Any) -> tuple[list[str], bool]:
             key,
             f"{over} members over {MAX_OWNER_BYTES} bytes",
             f"no instance writes such a name; remove them (ZREM {key} ...)",
+            once="members over",
         )
     if left:
         over_cap(

@@ -131,3 +131,30 @@ async def test_a_stop_does_not_wait_on_a_redis_that_does_not_answer(
         replies.keep(f"reply:{n}", entry)
     await asyncio.wait_for(replies.release(), timeout=60)
     await hung.aclose()
+
+
+async def test_a_take_hands_over_a_share_of_many_replies_and_the_rest_next(
+    aio: Redis, redis_url: str
+) -> None:
+    """Every reply let go was handed over at each take, however many (a hash someone
+    filled): now at most `TAKE_PER_RENEWAL` a take, those let go first, the rest at the
+    next takes, none lost; and none over `MAX_REPLY_BYTES`, which stays where it is."""
+    from taskcard.bridge.cluster.replies import MAX_REPLY_BYTES, TAKE_PER_RENEWAL
+
+    prefix = f"t-{uuid.uuid4().hex}"
+    sync = redis.Redis.from_url(redis_url, decode_responses=True)
+    replies = ClusterReplies(sync, aio, prefix, "i0#1", lease_ttl_s=1.0)
+    entry = {"channel": "telegram", "chat_id": "5", "thread_id": None, "text": "done"}
+    now_ms = int(time.time() * 1000)
+    key = f"{prefix}:replies"
+    value = f"* {now_ms} telegram {json.dumps(entry)}"
+    await aio.hset(key, mapping={f"reply:{n}": value for n in range(TAKE_PER_RENEWAL + 5)})
+    huge = json.dumps(entry | {"text": "x" * MAX_REPLY_BYTES})
+    await aio.hset(key, "reply:huge", f"* {now_ms} telegram {huge}")
+    first = await replies.take(["telegram"])
+    assert len(first) == TAKE_PER_RENEWAL
+    second = await replies.take(["telegram"])
+    assert len(second) == 5 and not first.keys() & second.keys()
+    assert await replies.take(["telegram"]) == {}
+    assert (await aio.hget(key, "reply:huge") or "").startswith("* "), "left, not taken"
+    sync.close()
