@@ -155,6 +155,10 @@ def readable_members(key: str, members: Iterable[bytes]) -> list[str]:
 # few dozen; a member past these is no instance's.
 MAX_LIVE = 1_000
 MAX_OWNER_BYTES = 1_024
+# The most bytes read of one field and value of the shared state's hashes read whole (the
+# inbox's records, the pauses, the chats seen, a resident): each is a few hundred bytes.
+MAX_STATE_VALUE_BYTES = 1024 * 1024
+
 # The most values over their cap named by one read (the others are left out all the same).
 MAX_OVER = 10
 
@@ -586,7 +590,11 @@ class RedisStore(StateStore):
         return [utf8(key, field, raw) for field, raw in zip(fields, found, strict=True)]
 
     def _hgetall(self, key: str) -> dict[str, str]:
-        return readable(key, raw_answer(self._r, "HGETALL", key))
+        """The hash `key` whole but for a value over `MAX_STATE_VALUE_BYTES` (named once):
+        the inbox is read at each takeover and each clustered `/taskcard cancel`, the
+        pauses at each metrics scrape."""
+        caps = (MAX_STATE_VALUE_BYTES, 2**31, 2**53)  # no count: each message counts
+        return capped_fields(key, capped_hash(self._r, key, *caps), *caps)
 
     def _listed(self, key: str, *command: object) -> list[str]:
         """The UTF-8 entries of the list `command` (naming `key`) answers."""

@@ -219,3 +219,47 @@ async def test_an_unchanged_routed_record_is_not_read_again_at_each_renewal(
     assert sent < len(record), f"{sent} bytes sent over {moved} renewals"
     for serve in serves:
         assert "Traceback" not in serve.logs, serve.logs
+
+
+async def test_an_oversize_inbox_record_is_left_out_and_cancel_answered(
+    telegram: FakeTelegram, tmp_path: Path, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """The shared inbox `P:inbox` is read whole at each clustered `/taskcard cancel` (and
+    each takeover): a record someone made huge was carried and parsed each time. Now it is
+    left out, named once by the instance reading it, and the author's latest text is
+    cancelled as before."""
+    from redis import Redis
+
+    from taskcard.bridge.store.redis import MAX_STATE_VALUE_BYTES
+    from tests.e2e.test_cluster import instances_with_cards, replies
+
+    serves = list(
+        (
+            await instances_with_cards(
+                tmp_path, telegram, fleet, redis_url=redis_url, prefix=prefix
+            )
+        ).values()
+    )
+    inbox = f"{prefix}:inbox"
+    with Redis.from_url(redis_url) as client:
+        client.hset(inbox, "huge", json.dumps({"agent_id": "x" * MAX_STATE_VALUE_BYTES}))
+    queued = tmp_path / "agents" / "i1agent" / "inbox" / "queued"
+    telegram.inject_command(GROUP, "/tell i1agent look at the logs")
+    await eventually(lambda: list(queued.glob("*.json")), timeout_s=60, what="the text queued")
+    telegram.inject_command(GROUP, "/taskcard cancel")
+    await eventually(
+        lambda: replies(telegram, "Your latest message to i1agent was cancelled") == 1,
+        timeout_s=60,
+        what="the text cancelled",
+    )
+    await eventually(
+        lambda: any(f"Redis key {inbox}: field huge " in s.logs for s in serves),
+        timeout_s=60,
+        what="the record named",
+    )
+    for serve in serves:
+        assert await serve.aterminate() == 0
+        assert "Traceback" not in serve.logs, serve.logs
+        named = [line for line in serve.logs.splitlines() if f"Redis key {inbox}:" in line]
+        assert len(named) <= 1, named
+        assert all(f"HDEL {inbox} huge" in line for line in named), named
