@@ -702,7 +702,7 @@ def test_status_and_chats_with_a_redis_user_lacking_a_read_are_one_line(
         '[[agents]]\nid = "a"\nworkdir = "a"\n[console]\nenabled = true\n'
         f'[cluster]\nredis_url_env = "TC_REDIS_URL"\nkey_prefix = "{prefix}"\n'
     )
-    rules = ["+@all", "-hgetall", "-smembers", "-zrange", "-hmget", "~*", "&*"]
+    rules = ["+@all", "-hgetall", "-hscan", "-smembers", "-zrange", "-hmget", "~*", "&*"]
     monkeypatch.setenv("TC_REDIS_URL", acl_user(server, rules))
     result = run_cli(command, "--config", str(config), timeout_s=60)
     assert result.returncode == 2, result.stdout + result.stderr
