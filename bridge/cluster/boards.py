@@ -46,6 +46,7 @@ from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import RedisError
 
 from taskcard.bridge.store.redis import (
+    answered,
     capped_fields,
     capped_get,
     capped_hash,
@@ -381,7 +382,7 @@ class SharedBoards:
                 self._failing = None
                 log.info("sharing the chats' board lines works again")
             return
-        if key is not None and str(error).startswith("WRONGTYPE"):
+        if key is not None and answered(error, "WRONGTYPE"):
             if key not in self._wrong_type:
                 self._wrong_type.add(key)
                 found = "other type"

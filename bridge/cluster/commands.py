@@ -29,6 +29,7 @@ from redis.exceptions import RedisError
 from taskcard.bridge.cluster.limiter import WRONG_TYPE_WAIT_S
 from taskcard.bridge.store.redis import (
     WrongKeyType,
+    answered,
     permission_fix,
     raise_if_cancel_swallowed,
     raw_answer,
@@ -196,7 +197,7 @@ def _wrong_key(error: RedisError) -> tuple[str, str] | None:
     someone fixes the key or the ACL."""
     if isinstance(error, WrongKeyType):
         return error.key or str(error), str(error)
-    if str(error).startswith("WRONGTYPE"):
+    if answered(error, "WRONGTYPE"):
         return _SOME_KEY, redis_trouble(error)
     if (refused := refused_permission(error)) is not None:
         return _PERMISSION + refused[0], permission_fix([refused])

@@ -39,8 +39,14 @@ import redis
 from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import NoScriptError, RedisError
 
-from taskcard.bridge.store.base import shown_key
-from taskcard.bridge.store.redis import MAX_OVER, over_cap, raw_answer, utf8
+from taskcard.bridge.store.redis import (
+    MAX_OVER,
+    NAMED_BYTES,
+    delete_field_fix,
+    over_cap,
+    raw_answer,
+    utf8,
+)
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +84,7 @@ local taken, over, spent = {}, {}, 0
 local function room(field, value)
   if #field + #value > most then
     if #over < 2 * tonumber(ARGV[9]) then
-      over[#over + 1] = string.sub(field, 1, 200)
+      over[#over + 1] = string.sub(field, 1, tonumber(ARGV[10]))
       over[#over + 1] = #field + #value
     end
     return false
@@ -271,7 +277,7 @@ class ClusterReplies:
             args = [
                 *(self._owner, now_ms, self._grace_ms, json.dumps(names)),
                 *(int(STALE_AFTER_S * 1000), MAX_REPLY_BYTES, TAKE_PER_RENEWAL, MAX_TAKE_BYTES),
-                MAX_OVER,
+                *(MAX_OVER, NAMED_BYTES),
             ]
             # As bytes: an entry not UTF-8 (not written by an instance) must not fail the
             # renewal that takes it, and every one after (it is this instance's then).
@@ -284,11 +290,11 @@ class ClusterReplies:
             self._forgotten = None
         found, over = answer
         for raw_key, size in zip(over[::2], over[1::2], strict=True):
-            field = shown_key(raw_key.decode(errors="backslashreplace"))
+            field, fix = delete_field_fix(self._key, raw_key)
             over_cap(
                 self._key,
                 f"the reply {field} holds {size} bytes, over the {MAX_REPLY_BYTES} taken",
-                f"no instance writes one so large; delete it (HDEL {self._key} {field})",
+                f"no instance writes one so large; {fix}",
                 once=field,
             )
         taken: dict[str, Any] = {}

@@ -123,6 +123,28 @@ def _field_name(raw: bytes | str) -> str:
     return raw if isinstance(raw, str) else raw.decode(errors="backslashreplace")
 
 
+# The scripts that name what they leave out hand over at most this many bytes of a name.
+NAMED_BYTES = 200
+
+
+def delete_field_fix(key: str, raw: bytes | str) -> tuple[str, str]:
+    """A field of the hash `key` as a log line shows it, and how to delete it: `HDEL` with
+    its name when the line shows the name whole (a script hands over `NAMED_BYTES` of it at
+    most), else how to find it by its start first."""
+    name = _field_name(raw)
+    shown = shown_key(name)
+    cut = len(raw.encode() if isinstance(raw, str) else raw) >= NAMED_BYTES
+    if not cut and shown == name and " " not in name and '"' not in name:
+        return shown, f"delete it (HDEL {key} {name})"
+    start = re.match(r"[^\s\\\"']*", name[:40])
+    printable = "".join(c for c in (start.group() if start else "") if c.isprintable())
+    pattern = re.sub(r"([*?\[\]])", r"\\\1", printable)
+    return (
+        f"{shown}... (its start)" if cut else shown,
+        f"find it with HSCAN {key} 0 MATCH {pattern}* and delete it with HDEL",
+    )
+
+
 def readable(key: str, stored: Mapping[bytes, bytes]) -> dict[str, str]:
     """The fields and values of the hash `key` (read with `RAW`) that are UTF-8; the others
     are left out, each logged once."""
@@ -195,7 +217,7 @@ repeat
     local size = #entries[i] + #entries[i + 1]
     if size > most then
       if #over < 2 * named then
-        over[#over + 1] = string.sub(entries[i], 1, 200)
+        over[#over + 1] = string.sub(entries[i], 1, tonumber(ARGV[5]))
         over[#over + 1] = size
       end
     elseif kept < fields and spent + size <= budget then
@@ -233,7 +255,9 @@ def capped_get(client: Any, keys: list[str], most: int) -> Any:
 
 def capped_hash(client: Any, key: str, most: int, fields: int, budget: int) -> Any:
     """`CAPPED_HASH` of `key` through `client` (awaited if async); `capped_fields` reads it."""
-    return raw_answer(client, "EVAL", CAPPED_HASH, 1, key, most, fields, budget, MAX_OVER)
+    return raw_answer(
+        client, "EVAL", CAPPED_HASH, 1, key, most, fields, budget, MAX_OVER, NAMED_BYTES
+    )
 
 
 def capped_live(client: Any, key: str, now_ms: int) -> Any:
@@ -255,11 +279,11 @@ def capped_fields(key: str, answer: Any, most: int, fields: int, budget: int) ->
     over a cap are named once (`over_cap`)."""
     found, over, left = answer
     for raw_field, size in zip(over[::2], over[1::2], strict=True):
-        field = shown_key(_field_name(raw_field))
+        field, fix = delete_field_fix(key, raw_field)
         over_cap(
             key,
             f"field {field} holds {size} bytes, over the {most} read of one",
-            f"no instance writes one so large; delete it (HDEL {key} {field})",
+            f"no instance writes one so large; {fix}",
             once=f"field {field}",
         )
     if left:
@@ -352,11 +376,24 @@ def redis_trouble(error: redis.RedisError) -> str:
         return "Redis is out of memory (OOM): raise its maxmemory or free memory there"
     if (refused := refused_permission(error)) is not None:
         return permission_fix([refused])
-    text = str(error)
     for prefix, meaning in _REFUSALS:
-        if text.startswith(prefix):
+        if answered(error, prefix):
             return meaning
     return f"Redis refused the call ({code}); see the Redis server's log"
+
+
+_SCRIPT_ERROR = re.compile(
+    r"(?:ERR )?Error running script \(call to [^)]*\): (?:@user_script:\d+: )?"
+)
+
+
+def answered(error: BaseException, code: str) -> bool:
+    """Whether Redis answered `error` with the error `code` (WRONGTYPE, NOREPLICAS...): as
+    the command's answer, or as a command's inside one of our scripts, which Redis before 7.0
+    wraps in "ERR Error running script (call to f_...): @user_script:N: WRONGTYPE ..." (7.0
+    and later pass it on as it is; redis-py drops the leading "ERR ")."""
+    text = _SCRIPT_ERROR.sub("", str(error), count=1)
+    return text.startswith(code + " ") or text == code
 
 
 _REFUSALS = (
@@ -642,7 +679,7 @@ class RedisStore(StateStore):
         try:
             data = self._hgetall(key)
         except redis.ResponseError as error:
-            if not str(error).startswith("WRONGTYPE"):
+            if not answered(error, "WRONGTYPE"):
                 raise
             raise WrongKeyType.of(self._r, key, "hash") from None
         return _record(key, route, data) if data else None
@@ -664,7 +701,7 @@ class RedisStore(StateStore):
             answers = pipe.execute(raise_on_error=False)
             for route, data in zip(batch, answers, strict=True):
                 if isinstance(data, redis.ResponseError):
-                    if not str(data).startswith("WRONGTYPE"):
+                    if not answered(data, "WRONGTYPE"):
                         raise data
                     raise WrongKeyType.of(self._r, self._res(route), "hash")
                 if isinstance(data, Exception):
@@ -1088,7 +1125,7 @@ class RedisStore(StateStore):
         try:
             first = utf8(name, "", raw_answer(self._r, "GET", name))
         except redis.ResponseError as error:
-            if not str(error).startswith("WRONGTYPE"):
+            if not answered(error, "WRONGTYPE"):
                 raise
             raise WrongKeyType.of(self._r, name, "string") from None
         return value if first is None else first  # expired in between: ours is as good

@@ -5,6 +5,7 @@ clears the fingerprint, prefs and cursors across a reopen) must be the same on b
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -546,3 +547,75 @@ def test_a_redis_refusal_is_told_with_what_to_do(redis_url: str) -> None:
     assert "primary" in redis_trouble(redis_py.ReadOnlyError("replica"))
     assert "(ConnectionError)" in redis_trouble(redis_py.ConnectionError("x:6379"))
     assert "(NOREPLICAS)" in redis_trouble(redis_py.ResponseError("NOREPLICAS Not enough"))
+
+
+def test_a_wrong_type_met_inside_a_script_is_known_as_one_on_every_redis(redis_url: str) -> None:
+    """The reads that every instance repeats go through scripts (`capped_hash`). Redis 7
+    passes a command's WRONGTYPE out of a script as it is; Redis 6.2, which the operators
+    guide supports, wraps it ("ERR Error running script ..."), and the checks for WRONGTYPE
+    that looked at the start of the answer took a key of another type for a failure of
+    Redis: a command waited in line behind it instead of on its own."""
+    import redis as redis_py
+
+    from taskcard.bridge.store.redis import answered, capped_hash, redis_trouble
+
+    client = redis_py.Redis.from_url(redis_url)
+    key = f"trouble-{uuid.uuid4().hex[:8]}"
+    client.set(key, "a string")
+    try:
+        with pytest.raises(redis_py.ResponseError) as real:
+            capped_hash(client, key, 1024, 100, 1 << 20)
+    finally:
+        client.delete(key)
+        client.close()
+    # Redis 6.2's answer as redis-py raises it (the leading "ERR " taken off), and as sent.
+    older = (
+        "Error running script (call to f_6c0cf1f3a6b95ee4a6ef0bbd6ed8da9b0ee4d5bf):"
+        " @user_script:7: WRONGTYPE Operation against a key holding the wrong kind of value"
+    )
+    for error in (
+        real.value,
+        redis_py.ResponseError(older),
+        redis_py.ResponseError("ERR " + older),
+        redis_py.ResponseError("WRONGTYPE Operation against a key"),
+    ):
+        assert answered(error, "WRONGTYPE"), error
+        assert "(WRONGTYPE)" in redis_trouble(error), error
+    for other in (
+        redis_py.ResponseError("Error running script (call to f_1): @user_script:3: NOPERM x"),
+        redis_py.ResponseError("ERR unknown command 'WRONGTYPE'"),
+        redis_py.ResponseError("NOPERM this user has no permissions to access the 'WRONGTYPE' key"),
+    ):
+        assert not answered(other, "WRONGTYPE"), other
+
+
+def test_a_field_over_the_cap_is_named_with_a_fix_that_finds_it(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A script hands over the first 200 bytes of the name of a field it leaves out: the
+    log's fix said `HDEL KEY <those 200 bytes>`, which deletes nothing. A name shown whole
+    still gets its `HDEL`; one cut short, or with a space, how to find it by its start."""
+    import redis as redis_py
+
+    from taskcard.bridge.store.redis import capped_fields, capped_hash
+
+    client = redis_py.Redis.from_url(redis_url)
+    key = f"over-{uuid.uuid4().hex[:8]}"
+    long_name, spaced = "n" * 300, "two words"
+    client.hset(key, mapping={long_name: "x" * 2000, spaced: "x" * 2000, "short": "x" * 2000})
+    client.hset(key, "fine", "ok")
+    try:
+        with caplog.at_level(logging.WARNING):
+            found = capped_fields(key, capped_hash(client, key, 1000, 100, 1 << 20), 1000, 100, 1)
+    finally:
+        client.delete(key)
+        client.close()
+    assert found == {"fine": "ok"}
+    lines = [r.getMessage() for r in caplog.records if key in r.getMessage()]
+    [cut] = [line for line in lines if "nnnn" in line]
+    assert "(its start)" in cut and f"HSCAN {key} 0 MATCH {'n' * 40}*" in cut, cut
+    assert f"HDEL {key} n" not in cut, cut
+    [with_space] = [line for line in lines if spaced in line]
+    assert f"HSCAN {key} 0 MATCH two*" in with_space, with_space
+    [short] = [line for line in lines if "field short " in line]
+    assert f"(HDEL {key} short)" in short, short
