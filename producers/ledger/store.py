@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 from pydantic import ValidationError
 
@@ -317,20 +317,12 @@ class Ledger:
     def read(self) -> LedgerDocument:
         """The current document (empty when the file does not exist yet)."""
         try:
-            with open_regular(self.path, inside=self._inside) as handle:
+            handle = self._open()
+            if handle is None:
+                return LedgerDocument()
+            with handle:
                 data = handle.read(MAX_LEDGER_BYTES + 1)
-        except FileNotFoundError:
-            # A link at the ledger's name (or a folder link) that leads nowhere: read as an
-            # empty ledger, its task was "not in" it, and `init` wrote a file over the link.
-            dangling = dangling_link(self.path)
-            if dangling is not None:
-                raise LedgerError(
-                    f"ledger {self.shown} {dangling}; restore what it points to, or fix the link"
-                ) from None
-            return LedgerDocument()
-        except OutsideWorkdir:
-            raise self._outside() from None
-        except OSError as exc:
+        except OSError as exc:  # a file on the way (`_open`), or the read itself
             raise LedgerError(f"ledger {self.shown}: cannot read it ({exc.strerror})") from None
         if len(data) > MAX_LEDGER_BYTES:
             raise LedgerError(
@@ -339,6 +331,29 @@ class Ledger:
                 " long tasks in ledgers of their own (--ledger PATH)"
             )
         return load_document(data, self.shown)
+
+    def _open(self) -> BinaryIO | None:
+        """The ledger file opened for reading, None when it does not exist yet; `LedgerError`
+        when its name cannot be a ledger (a folder, a named pipe, a link that leads nowhere
+        or out of the workdir). A file on its way, where a folder belongs, raises
+        `NotADirectoryError` for the caller to word."""
+        try:
+            return open_regular(self.path, inside=self._inside)
+        except NotADirectoryError:
+            raise
+        except FileNotFoundError:
+            # A link at the ledger's name (or a folder link) that leads nowhere: read as an
+            # empty ledger, its task was "not in" it, and `init` wrote a file over the link.
+            dangling = dangling_link(self.path)
+            if dangling is not None:
+                raise LedgerError(
+                    f"ledger {self.shown} {dangling}; restore what it points to, or fix the link"
+                ) from None
+            return None
+        except OutsideWorkdir:
+            raise self._outside() from None
+        except OSError as exc:
+            raise LedgerError(f"ledger {self.shown}: cannot read it ({exc.strerror})") from None
 
     def task(self, task_id: str) -> TaskRecord:
         return self.require(self.read(), task_id)
@@ -360,6 +375,13 @@ class Ledger:
     @contextlib.contextmanager
     def locked(self) -> Iterator[LedgerDocument]:
         """The document under the exclusive lock; written back atomically if it changed."""
+        # A name that can be no ledger (a folder, say) is refused before the lock beside it
+        # and the folders above it are made: the refusal left a `.lock` file next to it. A
+        # file where a folder on its way belongs is said by `_make_folder`, as before.
+        with contextlib.suppress(NotADirectoryError):
+            handle = self._open()
+            if handle is not None:
+                handle.close()
         try:
             self._make_folder()
         except OutsideWorkdir:

@@ -121,3 +121,25 @@ def test_a_ledger_under_an_unknown_user_is_a_usage_error(workdir: Path, command:
         "~no-such-user-of-taskcard/l.json cannot be expanded (no such user); give the full path",
     )
     assert os.listdir(workdir) == []
+
+
+@pytest.mark.parametrize("kind", ["folder", "named pipe"])
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_ledger_that_is_no_file_is_refused_and_nothing_is_made(
+    workdir: Path, command: str, kind: str
+) -> None:
+    # The refusal was right, but every command that writes left `led.lock` beside the name.
+    if kind == "folder":
+        (workdir / "led").mkdir()
+    else:
+        os.mkfifo(workdir / "led")
+    # `block` refuses a missing --kind before it looks at the ledger.
+    kind_given = ["--kind", "OTHER"] if command == "block" else []
+    done = _ledger(workdir, [*COMMANDS[command], *kind_given], "led")
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    what = "a folder" if kind == "folder" else "a named pipe"
+    assert done.stderr == (
+        f"taskcard ledger: ledger {workdir / 'led'}: cannot read it ({what}, not a regular"
+        " file; replace it with a file)\n"
+    )
+    assert os.listdir(workdir) == ["led"]
