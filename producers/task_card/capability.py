@@ -381,7 +381,7 @@ class TaskCard:
         try:
             renderer = resolve_renderer(self.workdir, request.renderer_path)
         except RendererPathError as exc:
-            return _failed(str(exc))
+            return _failed(str(exc), code="bad_renderer_path")
         with self._lock:
             if self._closed:
                 return _failed("this task card host is shutting down; call again")

@@ -4,11 +4,12 @@
 the same commands on their own (the detached host is started that way, so it never imports the
 projection service). Exit codes: 0 done, 1 the call was refused or failed (`call_failed`, a
 `retry` whose render failed too), 2 a usage error or input that cannot be used at all (a
-missing workdir, no action given, an envelope that is not a UTF-8 JSON object within the
-limits, a runtime folder that is not private to us), 3 a host already runs for the workdir, 4
-no host could be reached. `card` prints a short summary for people; `--json` prints the
-result object. `manual` and `settings` only read files, so `card` and `tool` answer them
-without starting or asking a host (`client.call_via_host`).
+missing workdir, no action given, a runtime folder that is not private to us, and a result
+whose code is one of `client.USAGE_CODES`: an envelope that is not a UTF-8 JSON object within
+the limits, a renderer path that names no renderer file inside the workdir), 3 a host already
+runs for the workdir, 4 no host could be reached. `card` prints a short summary for people;
+`--json` prints the result object. `manual` and `settings` only read files, so `card` and
+`tool` answer them without starting or asking a host (`client.call_via_host`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any, Final
 from taskcard.producers.task_card.client import (
     EXIT_ALREADY_RUNNING,
     SPAWN_TIMEOUT_S,
+    USAGE_CODES,
     HostElsewhere,
     HostUnavailable,
     call_failed,
@@ -95,6 +97,8 @@ def _emit(result: dict[str, Any], as_json: bool = True) -> int:
         print(text)
     else:
         print(summarize(result))
+    if result.get("code") in USAGE_CODES:
+        return EXIT_USAGE
     return EXIT_FAILED if call_failed(result) else EXIT_OK
 
 

@@ -32,6 +32,11 @@ CALL_TIMEOUT_S: Final = 600.0
 _CANCEL_CHECK_S: Final = 0.2
 # The statuses of a call that was refused or failed; a watch's own states are not among them.
 FAILED_STATES: Final = frozenset({"failed", "stop_failed", "remove_blocked", "remove_failed"})
+# The `code` of a call refused for what it was given: an envelope that breaks the transport
+# rules, a `renderer_path` that names no renderer file inside the workdir. A usage error (exit
+# 2 of `taskcard tool` and `taskcard card`), as a `--workdir` that names no folder is; a bad
+# renderer path exited 1, as if the call had failed at its work.
+USAGE_CODES: Final = frozenset({"bad_envelope", "bad_renderer_path"})
 
 
 def call_failed(result: Mapping[str, Any]) -> bool:

@@ -724,7 +724,7 @@ def test_the_human_output_keeps_a_workdir_name_with_controls_on_one_line(
     cli = CliHost(workdir, runtime_dir)
     refused = cli.run("card", "start", "/etc/passwd")
     cli.shutdown()
-    assert refused.returncode == 1
+    assert refused.returncode == 2  # a usage error, as a --workdir naming no folder is
     assert refused.stdout.count("\n") == 2, refused.stdout
     assert "resolves outside the workdir" in refused.stdout and "\x1b" not in refused.stdout
 

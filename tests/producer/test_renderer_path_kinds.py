@@ -5,19 +5,35 @@ A folder, a named pipe or a socket was "is not a regular file", leaving both to 
 name too long to look at, or one under a regular file (`notes.py/r.py`), was said not to
 exist. Driven through the real command line and
 the SDK's stdio client, one host for both, stopped at the end.
+
+Every refusal of the renderer path is a usage error on the command line (exit 2, as a
+`--workdir` that names no folder is), with `code: bad_renderer_path` in the result; it exited
+1, as if the call had failed at its work.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from taskcard.producers.task_card.contract import quoted
 
 from .conftest import STATIC_RENDERER, CliHost, envelope, write_renderer
+
+
+def _refused_start(cli: CliHost, name: str) -> dict[str, Any]:
+    """`card start NAME --json` refused for its renderer path: exit 2, the result parsed."""
+    done = cli.run("card", "start", name, "--json")
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    result: dict[str, Any] = json.loads(done.stdout)
+    assert (result["status"], result["code"]) == ("failed", "bad_renderer_path"), result
+    return result
+
 
 KINDS = ["folder", "fifo", "socket", "long", "under a file"]
 
@@ -62,8 +78,8 @@ async def test_a_renderer_path_that_is_no_file_says_what_it_is(
 ) -> None:
     monkeypatch.chdir(workdir)
     name, said = _make(workdir, kind)
-    started = cli.json("card", "start", name)
-    assert (started["status"], started["message"]) == ("failed", said)
+    started = _refused_start(cli, name)
+    assert started["message"] == said
     async with cli.mcp() as session:
         result = await session.call_tool("task_card", envelope("start", renderer_path=name))
     assert result.is_error and isinstance(result.structured_content, dict)
@@ -100,10 +116,45 @@ async def test_a_renderer_path_through_a_broken_link_names_the_link(
     workdir)" about a name the agent sees there: the refusal names the link and where it
     points, on the command line and over MCP alike."""
     name, said = _broken(workdir, kind)
-    started = cli.json("card", "start", name)
-    assert started["status"] == "failed", started
+    started = _refused_start(cli, name)
     assert started["message"].startswith(f"renderer_path: {said}"), started
     async with cli.mcp() as session:
         result = await session.call_tool("task_card", envelope("start", renderer_path=name))
     assert result.is_error and isinstance(result.structured_content, dict)
     assert result.structured_content["message"] == started["message"]
+
+
+OUTSIDE = ["parent", "absolute", "link out", "missing"]
+
+
+def _elsewhere(workdir: Path, tmp_path: Path, kind: str) -> tuple[str, str]:
+    """A renderer_path that names a file outside the workdir, or none, and the refusal."""
+    outside = tmp_path / "elsewhere.py"
+    outside.write_text(STATIC_RENDERER)
+    if kind == "missing":
+        return "gone.py", (
+            "renderer_path: 'gone.py' does not exist (relative paths start at the workdir)"
+        )
+    name = {"parent": "../elsewhere.py", "absolute": str(outside), "link out": "r.py"}[kind]
+    if kind == "link out":
+        (workdir / "r.py").symlink_to(outside)
+    return name, (
+        f"renderer_path: {quoted(name)} resolves outside the workdir; keep it inside {workdir}"
+    )
+
+
+@pytest.mark.parametrize("kind", OUTSIDE)
+async def test_a_renderer_path_outside_the_workdir_or_missing_is_a_usage_error(
+    workdir: Path, tmp_path: Path, cli: CliHost, kind: str
+) -> None:
+    name, said = _elsewhere(workdir, tmp_path, kind)
+    started = _refused_start(cli, name)
+    assert started["message"] == said
+    told = cli.run("tool", json.dumps(envelope("start", renderer_path=name)))
+    assert told.returncode == 2, (told.stdout, told.stderr)
+    assert json.loads(told.stdout)["message"] == said
+    async with cli.mcp() as session:
+        result = await session.call_tool("task_card", envelope("start", renderer_path=name))
+    assert result.is_error and isinstance(result.structured_content, dict)
+    assert result.structured_content["message"] == said
+    assert not (workdir / "taskcard" / "status").exists()  # no card was started
