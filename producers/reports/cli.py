@@ -50,6 +50,7 @@ from taskcard.producers.task_card.stdin_json import (
 from taskcard.producers.task_card.workdir_arg import (
     dangling_link,
     existing_workdir_arg,
+    file_path_problem,
     shown_path,
     workdir_arg,
 )
@@ -100,6 +101,9 @@ def _read_payload(source: str) -> str:
                 f"--payload: cannot read {shown_path(source)}: it goes round a loop of symbolic"
                 " links; fix the links, or name the file itself"
             ) from None
+        if exc.errno == errno.ENOTDIR and (problem := file_path_problem(Path(named))):
+            # A file on the way (`notes.txt/x`) was "Not a directory", naming no file.
+            raise ReportError(f"--payload: {shown_path(source)} {problem}") from None
         raise ReportError(f"--payload: cannot read {shown_path(source)} ({exc.strerror})") from None
     if len(raw) > MAX_PAYLOAD_BYTES:
         raise PayloadTooLarge(

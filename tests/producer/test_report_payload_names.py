@@ -103,3 +103,18 @@ def test_a_payload_name_with_an_unexpanded_tilde_is_read_from_home(
         "taskcard report: --payload: ~no-such-user-x/notes.md cannot be expanded (no such"
         " user); give the full path\n"
     )
+
+
+@pytest.mark.parametrize("under", ["notes.txt/x", "notes.txt/x/y.md"])
+def test_a_payload_under_a_file_names_the_file(workdir: Path, under: str) -> None:
+    """A payload named under a regular file was "cannot read notes.txt/x (Not a directory)",
+    naming no file; it is said as the other path options say it (`file_path_problem`)."""
+    (workdir / "notes.txt").write_text("mine\n")
+    done = _report(workdir, "--summary", "s", "--payload", under)
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert done.stderr == (
+        f"taskcard report: --payload: {under} goes through a file as if it were a folder"
+        f" ({workdir / 'notes.txt'} is a file); give a path in a folder\n"
+    )
+    assert (workdir / "notes.txt").read_text() == "mine\n"
+    assert not (workdir / "reports").exists()
