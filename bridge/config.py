@@ -51,7 +51,7 @@ from taskcard.bridge.observe.config import MetricsConfig
 from taskcard.channels.base import TIMEZONE_HELP, TimeZoneName, counted
 from taskcard.channels.feishu.config import FeishuConfig
 from taskcard.channels.telegram.config import TelegramConfig
-from taskcard.producers.task_card.contract import broken_link
+from taskcard.producers.task_card.contract import dangling_link, shown_path
 
 AGENT_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 # The pattern in words, for every message that refuses an id.
@@ -656,28 +656,9 @@ def _not_yet(path: Path | str) -> str:
     """`path` and "does not exist yet", or, when a symbolic link on it leads nowhere (the
     path's own name or a folder link on its way), that link and where it points: "does not
     exist yet" about a name `ls` shows sent the operator to make a folder where the link is."""
-    broken = broken_link(Path(path))
-    if broken is None or broken[2]:  # a loop is a problem of its own (`_loop_problem`)
-        return f"{shown_path(path)} does not exist yet"
-    link, points_to, _ = broken
-    if link == Path(os.path.abspath(path)):
-        return (
-            f"{shown_path(path)} is a symbolic link that leads nowhere (to"
-            f" {shown_path(points_to)}, which does not exist yet)"
-        )
-    return (
-        f"{shown_path(path)} does not exist yet: the symbolic link {shown_path(link)} on its"
-        f" path leads nowhere (to {shown_path(points_to)}, which does not exist yet)"
-    )
-
-
-def shown_path(path: Path | str) -> str:
-    """`path` as a note shows it: as written when every character of it prints, else quoted
-    with the others escaped. A workdir ending in an invisible character (a zero-width space,
-    a no-break space pasted from a chat or a document) read exactly as the folder that
-    exists in the note that it does not exist, and a right-to-left override reordered it."""
-    text = str(path)
-    return text if text.isprintable() else repr(text)
+    # A loop is a problem of its own (`_loop_problem`): `dangling_link` names none.
+    dangling = dangling_link(Path(path), "does not exist yet: ", yet=True)
+    return f"{shown_path(path)} {dangling or 'does not exist yet'}"
 
 
 def roots_not_yet(config: ServiceConfig) -> list[tuple[int, Path]]:
@@ -1220,17 +1201,12 @@ def load_config(path: Path, *, reload: bool = False) -> ServiceConfig:
                     f" in quotes or after --config=); write the full path{_home_hint(path)}"
                 ]
             ) from None
-        broken = broken_link(path)
-        if broken is not None and not broken[2]:
+        dangling = dangling_link(path)
+        if dangling is not None:
             # "No such file" about a name that is there, in `ls` as in the editor's list,
             # sent the operator looking at the wrong end of the link.
-            link, points_to, _ = broken
-            which = "is" if link == Path(os.path.abspath(path)) else f"goes through {link},"
             raise ConfigError(
-                [
-                    f"{path}: {which} a dangling symbolic link to {points_to}, which does not"
-                    " exist; restore what it points to, or fix the link"
-                ]
+                [f"{path}: {dangling}; restore what it points to, or fix the link"]
             ) from None
         raise ConfigError(
             [f"{path}: no such file; create it (see config/taskcard.example.toml) or fix the path"]

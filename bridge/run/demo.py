@@ -35,6 +35,7 @@ from taskcard.producers.task_card.contract import (
     append_jsonl_line,
     atomic_write,
     broken_link,
+    dangling_link,
     expand_home,
     file_kind,
     utc_now_iso,
@@ -299,11 +300,11 @@ def _unusable_dir(folder: Path) -> str | None:
         if above is not None:
             return f"{printable(str(above))} on its path is a file, not a folder"
         return None
-    link, points_to, loop = broken
-    which = "" if link == Path(os.path.abspath(folder)) else f"{printable(str(link))} "
+    link, _, loop = broken
     if loop:
+        which = "" if link == Path(os.path.abspath(folder)) else f"{printable(str(link))} "
         return f"{which}goes round a loop of symbolic links"
-    return f"{which}is a dangling symbolic link to {printable(points_to)}"
+    return dangling_link(folder)
 
 
 def demo_dir_arg(text: str) -> str:

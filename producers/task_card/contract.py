@@ -253,6 +253,41 @@ def broken_link(path: Path) -> tuple[Path, str, bool] | None:
     return None
 
 
+# The longest path Linux opens (`PATH_MAX`).
+PATH_MAX: Final = 4096
+
+
+def shown_path(path: object) -> str:
+    """A path as a one-line error shows it: as given when every character of it prints, else
+    quoted with its controls escaped. A name holding a line break or an escape sequence was
+    printed raw, breaking the one-line error in two and acting on the terminal that showed
+    it; one ending in an invisible character read as the name that exists. Whole up to the
+    longest path the system opens (cut as `quoted` cuts past that), since the end of a path is
+    often its mistake."""
+    text = str(path)
+    if len(text) > PATH_MAX:  # printable or not: a 100 KB name came back whole
+        return quoted(text)
+    return text if text.isprintable() else repr(text)
+
+
+def dangling_link(path: Path, lead: str = "", *, yet: bool = False) -> str | None:
+    """The words, after the name, for a `path` whose own name or a folder link on its way is
+    a symbolic link that leads nowhere (`broken_link`), one wording for every command and
+    the service's notes: "is a symbolic link that leads nowhere (to T, which does not
+    exist)", or `lead` and "the symbolic link L on its path leads nowhere (to T, which does
+    not exist)"; None when there is no such link (a loop of links is not one). `yet` says
+    "does not exist yet", of a folder that is picked up once made. "Does not exist" or "is a
+    symlink" about a name `ls` shows sent people looking at the wrong end of the link."""
+    broken = broken_link(path)
+    if broken is None or broken[2]:
+        return None
+    link, points_to, _ = broken
+    nowhere = f"leads nowhere (to {shown_path(points_to)}, which does not exist{' yet' * yet})"
+    if link == Path(os.path.abspath(path)):
+        return f"is a symbolic link that {nowhere}"
+    return f"{lead}the symbolic link {shown_path(link)} on its path {nowhere}"
+
+
 def _open_read(path: Path, flags: int, inside: Path | None) -> int:
     """`os.open` of `path` for reading; with `inside`, only a file that lies inside that
     folder once symlinks are resolved (as `open_append` checks a file it appends to)."""
@@ -1107,18 +1142,14 @@ def parse_origin(value: object) -> Origin | str:
     return Origin(channel, parts[0])
 
 
-# The longest path Linux opens (`PATH_MAX`), as `workdir_arg.PATH_MAX`.
-_PATH_MAX: Final = 4096
-
-
 def cannot_write(where: object, exc: OSError) -> str:
     """One line for a write the system refused, for an agent's command or tool call: the
     path, why, and the fix (what usually stands in the way is a file or folder of the wrong
-    kind, or missing write access). The path is shown as `workdir_arg.shown_path` shows
+    kind, or missing write access). The path is shown nearly as `shown_path` shows
     one: escaped when it holds a control (a line break split the line, an escape sequence acted
     on the terminal), cut when longer than any path the system opens (it came back whole)."""
     name = str(where)
-    shown = name if name.isprintable() and len(name) <= _PATH_MAX else quoted(name)
+    shown = name if name.isprintable() and len(name) <= PATH_MAX else quoted(name)
     return (
         f"cannot write {shown} ({exc.strerror or exc}); move what is in the way aside or make"
         " it writable"

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Final
 
 import taskcard.producers.task_card.workdir_lock as workdir_lock
-from taskcard.producers.task_card.contract import broken_link
+from taskcard.producers.task_card.contract import broken_link, dangling_link
 from taskcard.producers.task_card.workdir_arg import shown_path
 
 
@@ -82,13 +82,11 @@ def ensure_private_dir(path: Path) -> None:
         file_above = next((above for above in path.parents if os.path.isfile(above)), None)
         if broken is not None:
             # A link on the way that leads nowhere, or round a loop, was "File exists" about it.
-            link, points_to, loop = broken
-            leads = (
-                "goes round a loop of symbolic links"
-                if loop
-                else f"leads nowhere (to {shown_path(points_to)}, which does not exist)"
+            leads = dangling_link(path) or (
+                f"the symbolic link {shown_path(broken[0])} on its path goes round a loop of"
+                " symbolic links"
             )
-            why = f": the symbolic link {shown_path(link)} on its path {leads}"
+            why = f": {leads}"
         elif file_above is not None:  # "File exists" or "Not a directory" about a folder name
             why = f": {shown_path(file_above)} on its path is a file, not a folder"
         raise RuntimeDirUnsafe(

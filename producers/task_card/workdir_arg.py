@@ -21,28 +21,19 @@ import stat
 from pathlib import Path
 from typing import Final
 
-from taskcard.producers.task_card.contract import broken_link, expand_home, quoted
+# `PATH_MAX`, `shown_path` and `dangling_link` live in the contract, where the service's
+# notes use them too; the commands read them from here as before.
+from taskcard.producers.task_card.contract import PATH_MAX as PATH_MAX
+from taskcard.producers.task_card.contract import dangling_link as dangling_link
+from taskcard.producers.task_card.contract import expand_home, quoted
+from taskcard.producers.task_card.contract import shown_path as shown_path
 
-# The longest path Linux opens (`PATH_MAX`).
-PATH_MAX: Final = 4096
 # The fix named by every refusal of a `--workdir` that is no (usable) directory.
 WORKDIR_FIX: Final = "pass the agent's working directory"
 
 
 class WorkdirError(ValueError):
     """A folder name that cannot be used; the text says why, the caller names the field."""
-
-
-def shown_path(path: object) -> str:
-    """A folder name as a one-line error shows it: as given when every character of it
-    prints, else quoted with its controls escaped. A `--workdir` holding a line break or an
-    escape sequence was printed raw, breaking the one-line error in two and acting on the
-    terminal that showed it. Whole up to the longest path the system opens (cut as `quoted`
-    cuts past that), since the end of a path is often its mistake."""
-    text = str(path)
-    if len(text) > PATH_MAX:  # printable or not: a 100 KB name came back whole
-        return quoted(text)
-    return text if text.isprintable() else repr(text)
 
 
 def expand_workdir(text: str, base: Path | None = None) -> Path:
@@ -124,29 +115,12 @@ def not_a_directory(text: str) -> str:
     return "is not a directory" if dangling is None else dangling
 
 
-def dangling_link(path: Path, lead: str = "") -> str | None:
-    """The words, after the name, for a `path` whose own name or a folder link on its way is
-    a symbolic link that leads nowhere (`broken_link`): "is a symbolic link to T, which does
-    not exist", or `lead` and "the symbolic link L on its path points to T, which does not
-    exist"; None when there is no such link (a loop of links is not one: see `link_loop`)."""
-    broken = broken_link(path)
-    if broken is None or broken[2]:
-        return None
-    link, points_to, _ = broken
-    if link == Path(os.path.abspath(path)):
-        return f"is a symbolic link to {shown_path(points_to)}, which does not exist"
-    return (
-        f"{lead}the symbolic link {shown_path(link)} on its path points to"
-        f" {shown_path(points_to)}, which does not exist"
-    )
-
-
 def file_path_problem(path: Path) -> str | None:
     """Why `path` cannot name a file to read or create, in words after the name, or None when
     it can (it is a file, or nothing is there yet under a folder that is one). For options that
     name a file (`ledger --ledger`): a dangling link was read as "no such file" and written
     through, a link loop and a file on the way came out as the system's bare words, exit 1."""
-    dangling = dangling_link(path, "leads nowhere: ")
+    dangling = dangling_link(path, "cannot be reached: ")
     if dangling is not None:
         return dangling + "; restore what it points to, or fix the link"
     try:

@@ -138,14 +138,14 @@ def test_a_config_behind_a_dangling_link_says_the_link_and_where_it_points(
         gone = tmp_path / "repo" / "taskcard.toml"
         named = tmp_path / "taskcard.toml"
         named.symlink_to(gone)
-        says = f"{named}: is a dangling symbolic link to {gone}, which does not exist"
+        says = f"{named}: is a symbolic link that leads nowhere (to {gone}, which does not exist)"
     else:
         gone = tmp_path / "repo"
         (tmp_path / "conf").symlink_to(gone)
         named = tmp_path / "conf" / "taskcard.toml"
         says = (
-            f"{named}: goes through {tmp_path / 'conf'}, a dangling symbolic link to {gone},"
-            " which does not exist"
+            f"{named}: the symbolic link {tmp_path / 'conf'} on its path leads nowhere (to"
+            f" {gone}, which does not exist)"
         )
     for args, env in (
         (("config", "check", str(named)), {}),

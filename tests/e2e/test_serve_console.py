@@ -241,7 +241,10 @@ def test_a_demo_folder_behind_a_broken_link_is_refused_naming_the_link(
     folder = tmp_path / "fleet"
     if kind == "dangling link":
         folder.symlink_to(gone)
-        says = f"--dir {folder}: {THERE} is a dangling symbolic link to {gone};"
+        says = (
+            f"--dir {folder}: {THERE} is a symbolic link that leads nowhere (to {gone}, which"
+            " does not exist);"
+        )
     elif kind == "loop":
         folder.symlink_to("other")
         (tmp_path / "other").symlink_to("fleet")
@@ -249,7 +252,10 @@ def test_a_demo_folder_behind_a_broken_link_is_refused_naming_the_link(
     else:
         (tmp_path / "up").symlink_to(gone)
         folder = tmp_path / "up" / "fleet"
-        says = f"--dir {folder}: {THERE} {tmp_path / 'up'} is a dangling symbolic link to {gone};"
+        says = (
+            f"--dir {folder}: {THERE} the symbolic link {tmp_path / 'up'} on its path leads"
+            f" nowhere (to {gone}, which does not exist);"
+        )
     result = run_cli("demo", "--dir", str(folder), "--duration", "5")
     assert (result.returncode, result.stdout) == (2, ""), result.stderr
     assert result.stderr.startswith(f"taskcard demo: {says}"), result.stderr

@@ -60,8 +60,8 @@ def test_a_ledger_behind_a_dangling_link_is_named_as_one(workdir: Path, command:
     done = _ledger(workdir, COMMANDS[command], "mine.json")
     _refused(
         done,
-        "mine.json is a symbolic link to gone/ledger.json, which does not exist; restore what"
-        " it points to, or fix the link",
+        "mine.json is a symbolic link that leads nowhere (to gone/ledger.json, which does not"
+        " exist); restore what it points to, or fix the link",
     )
     assert os.readlink(workdir / "mine.json") == "gone/ledger.json"  # the link is left alone
     assert sorted(os.listdir(workdir)) == ["mine.json"]
@@ -72,9 +72,9 @@ def test_a_dangling_folder_link_on_the_way_is_named(workdir: Path) -> None:
     done = _ledger(workdir, COMMANDS["init"], "ledgers/l.json")
     _refused(
         done,
-        f"ledgers/l.json leads nowhere: the symbolic link {workdir / 'ledgers'} on its path"
-        f" points to {workdir / 'moved'}, which does not exist; restore what it points to, or"
-        " fix the link",
+        f"ledgers/l.json cannot be reached: the symbolic link {workdir / 'ledgers'} on its path"
+        f" leads nowhere (to {workdir / 'moved'}, which does not exist); restore what it points"
+        " to, or fix the link",
     )
     assert sorted(os.listdir(workdir)) == ["ledgers"]
 

@@ -271,8 +271,8 @@ async def test_a_ledger_behind_a_link_that_leads_nowhere_is_named_and_kept(
     link = workdir / "ledger" / "long-task-ledger.json"
     link.symlink_to("moved.json")
     said = (
-        f"ledger {link} is a symbolic link to moved.json, which does not exist; restore what"
-        " it points to, or fix the link"
+        f"ledger {link} is a symbolic link that leads nowhere (to moved.json, which does not"
+        " exist); restore what it points to, or fix the link"
     )
     calls: list[dict[str, object]] = [
         {"command": "show"},

@@ -41,8 +41,8 @@ def test_a_folder_that_is_a_dangling_link_is_named_as_typed(tmp_path: Path, opti
     done = _spawn(tmp_path, *(part for pair in folders.items() for part in pair))
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == (
-        f"taskcard spawn: argument {option}: gone-link is a symbolic link to"
-        f" {tmp_path / 'moved'}, which does not exist; {FIXES[option]}; see `taskcard spawn"
+        f"taskcard spawn: argument {option}: gone-link is a symbolic link that leads nowhere"
+        f" (to {tmp_path / 'moved'}, which does not exist); {FIXES[option]}; see `taskcard spawn"
         " --help`\n"
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gone-link", "real"]
@@ -57,6 +57,6 @@ def test_a_dangling_folder_link_on_the_way_is_named(tmp_path: Path, option: str)
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == (
         f"taskcard spawn: argument {option}: team/child is not a directory: the symbolic link"
-        f" {tmp_path / 'team'} on its path points to {tmp_path / 'moved'}, which does not"
-        f" exist; {FIXES[option]}; see `taskcard spawn --help`\n"
+        f" {tmp_path / 'team'} on its path leads nowhere (to {tmp_path / 'moved'}, which does"
+        f" not exist); {FIXES[option]}; see `taskcard spawn --help`\n"
     )

@@ -243,13 +243,13 @@ def test_a_workdir_behind_a_broken_link_or_unknown_home_is_said_as_such(
     if kind == "dangling":
         (tmp_path / "agent").symlink_to(gone)
         given = str(tmp_path / "agent")
-        says = f"{given} is a symbolic link to {gone}, which does not exist;"
+        says = f"{given} is a symbolic link that leads nowhere (to {gone}, which does not exist);"
     elif kind == "folder link":
         (tmp_path / "up").symlink_to(gone)
         given = str(tmp_path / "up" / "agent")
         says = (
-            f"{given} is not a directory: the symbolic link {tmp_path / 'up'} on its path points"
-            f" to {gone}, which does not exist;"
+            f"{given} is not a directory: the symbolic link {tmp_path / 'up'} on its path leads"
+            f" nowhere (to {gone}, which does not exist);"
         )
     elif kind == "loop":
         (tmp_path / "a").symlink_to("b")
@@ -277,7 +277,7 @@ def test_a_hook_workdir_behind_a_dangling_link_names_the_link(tmp_path: Path) ->
     assert (done.returncode, done.stdout) == (0, ""), done.stderr
     assert done.stderr == (
         f"taskcard hook claude-code: argument --workdir: {tmp_path / 'agent'} is a symbolic"
-        f" link to {gone}, which does not exist; pass the agent's working directory; nothing"
-        " written\n"
+        f" link that leads nowhere (to {gone}, which does not exist); pass the agent's working"
+        " directory; nothing written\n"
     )
     assert not gone.exists()
