@@ -99,7 +99,10 @@ def ensure_private_dir(path: Path) -> None:
         raise RuntimeDirUnsafe(
             f"runtime dir {shown_path(path)} cannot be checked ({exc.strerror})"
         ) from None
-    problem = runtime_dir_problem(info.st_mode, info.st_uid, os.getuid())
+    # A link that leads nowhere is said as one, with where it points: "is a symlink" alone
+    # sent the user looking for a folder.
+    problem = dangling_link(path) if stat.S_ISLNK(info.st_mode) else None
+    problem = problem or runtime_dir_problem(info.st_mode, info.st_uid, os.getuid())
     if problem is not None:
         raise RuntimeDirUnsafe(
             f"runtime dir {shown_path(path)} {problem}; refusing to use it. Remove it if it is not "

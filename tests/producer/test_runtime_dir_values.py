@@ -210,7 +210,10 @@ def test_a_runtime_dir_that_is_no_folder_is_refused_naming_the_fix(
         problem = f"runtime dir {named} is not a directory; refusing to use it."
     elif kind == "dangling link":
         named.symlink_to(base / "nowhere")
-        problem = f"runtime dir {named} is a symlink; refusing to use it."
+        problem = (
+            f"runtime dir {named} is a symbolic link that leads nowhere (to"
+            f" {base / 'nowhere'}, which does not exist); refusing to use it."
+        )
     elif kind in ("file on its path", "file further up its path"):
         named.write_text("")
         problem = f"{cannot} {named} on its path is a file, not a folder; set"
