@@ -336,7 +336,7 @@ async def test_first_all_agents_then_changed_ones(tmp_path: Path) -> None:
 
 
 async def test_the_producer_hosts_own_folder_and_its_tally_are_never_reported(
-    tmp_path: Path,
+    tmp_path: Path, runtime_dir: Path
 ) -> None:
     """A real task card host on agent a: its private folder appearing, its lock, its id
     counter and the refresh tally it appends to on every refresh cost the watcher nothing;
@@ -349,7 +349,7 @@ async def test_the_producer_hosts_own_folder_and_its_tally_are_never_reported(
     watcher = FleetWatcher({"a": a.workdir, "b": b.workdir}, rescan_interval_s=3600)
     async with collecting(watcher, {"a", "b"}) as changes:
         card = await asyncio.to_thread(
-            TaskCard, a.workdir, runtime_dir=tmp_path / "rt", environ={"PATH": os.defpath}
+            TaskCard, a.workdir, runtime_dir=runtime_dir, environ={"PATH": os.defpath}
         )
         try:
             assert (a.workdir / ".taskcard-host" / "lock").is_file()

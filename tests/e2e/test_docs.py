@@ -60,14 +60,13 @@ def test_every_python_call_the_docs_name_imports_outside_the_checkout(tmp_path: 
     assert bare == [], "write the installed name, taskcard.producers..."
 
 
-def test_the_operators_first_card_runs_as_written(tmp_path: Path) -> None:
+def test_the_operators_first_card_runs_as_written(tmp_path: Path, runtime_dir: Path) -> None:
     """docs/operators.md, "Prepare one agent to watch": it started a renderer.py that no
     step had written."""
     text = (ROOT / "docs" / "operators.md").read_text()
     block = text.split("Prepare one agent to watch", 1)[1].split("```sh\n", 1)[1]
     block = block.split("```", 1)[0].replace(".venv/bin/taskcard", "taskcard")
-    runtime = tmp_path / "runtime"
-    runtime.mkdir(mode=0o700)
+    runtime = runtime_dir
     bin_dir = Path(sys.executable).parent
     env = {
         **os.environ,

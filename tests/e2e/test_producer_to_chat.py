@@ -50,11 +50,11 @@ def texts(fake: FakeTelegram) -> list[str]:
 
 
 async def test_watch_from_the_shell_reaches_the_chat_with_notices(
-    tmp_path: Path, fake: FakeTelegram
+    tmp_path: Path, runtime_dir: Path, fake: FakeTelegram
 ) -> None:
     workdir = tmp_path / "agents" / "deployer"
     workdir.mkdir(parents=True)
-    runtime = tmp_path / "run"
+    runtime = runtime_dir
     (workdir / "render.py").write_text(RENDERER)
     (workdir / "state.txt").write_text("building")
     config = tmp_path / "taskcard.toml"

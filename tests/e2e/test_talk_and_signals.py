@@ -387,7 +387,7 @@ async def test_reply_to_the_resident_is_parked_then_cancelled(
 
 
 async def test_a_cancel_while_a_reader_holds_the_message_says_it_may_come_back(
-    platform: str, tmp_path: Path
+    platform: str, tmp_path: Path, runtime_dir: Path
 ) -> None:
     """An MCP server holds the message, its answer unread: the cancel is too late, and says
     the message is queued again if the reader does not get it. The server is stopped
@@ -396,7 +396,7 @@ async def test_a_cancel_while_a_reader_holds_the_message_says_it_may_come_back(
         await chat.say("/tell builder run the checks")
         await wait_status(chat, "queued")
         [message] = queued(tmp_path)
-        with mcp_server_holding(workdir(tmp_path), tmp_path / "rt") as server:
+        with mcp_server_holding(workdir(tmp_path), runtime_dir) as server:
             assert queued(tmp_path, folder="taken") != []
             await chat.say("/taskcard cancel")
             late = await wait_said(chat, "Too late to cancel", "the answer")

@@ -112,13 +112,13 @@ def test_the_next_cli_read_gets_what_a_killed_cli_reader_held_once_each_in_order
 
 
 async def test_the_next_mcp_client_gets_what_a_killed_mcp_server_held(
-    workdir: Path, tmp_path: Path
+    workdir: Path, runtime_dir: Path
 ) -> None:
     queue_three(workdir)
-    with mcp_server_holding(workdir, tmp_path / "rt") as server:
+    with mcp_server_holding(workdir, runtime_dir) as server:
         killed(server)
     stranded(workdir)
-    async with mcp_session(workdir, tmp_path / "rt", (TASKCARD,)) as session:
+    async with mcp_session(workdir, runtime_dir, (TASKCARD,)) as session:
         result = await session.call_tool("inbox", {})
         assert isinstance(result.structured_content, dict)
         assert [m["id"] for m in result.structured_content["messages"]] == ["m0", "m1", "m2"]
@@ -136,12 +136,12 @@ async def test_the_next_mcp_client_gets_what_a_killed_mcp_server_held(
 
 
 def test_a_live_reader_keeps_its_claim_and_a_killed_one_gives_it_up_once(
-    workdir: Path, tmp_path: Path
+    workdir: Path, runtime_dir: Path
 ) -> None:
     """While the MCP server holds m0..m2 another reader gets only what came after; once the
     server is killed, the next reader gets m0..m2, and nothing is read twice."""
     queue_three(workdir)
-    with mcp_server_holding(workdir, tmp_path / "rt") as server:
+    with mcp_server_holding(workdir, runtime_dir) as server:
         queue(workdir, "m3", "text 3", queued_at="2026-01-01T00:00:03Z")
         during = run_taskcard("inbox", "--workdir", str(workdir))
         assert during.returncode == 0, during.stderr

@@ -506,13 +506,12 @@ def test_a_second_in_process_host_for_the_workdir_is_refused(make_card: MakeCard
 
 
 def test_a_host_with_another_runtime_dir_is_refused_too_and_told_where_the_host_is(
-    workdir: Path, runtime_dir: Path, make_card: MakeCard, tmp_path: Path
+    workdir: Path, runtime_dir: Path, make_card: MakeCard, other_runtime_dir: Path
 ) -> None:
     """Runtime folders come from each caller's environment; the workdir is the one truth."""
     make_card()
-    other = tmp_path / "rt-other"
     with pytest.raises(HostAlreadyRunning) as refused:
-        TaskCard(workdir, runtime_dir=other, environ={"PATH": os.defpath})
+        TaskCard(workdir, runtime_dir=other_runtime_dir, environ={"PATH": os.defpath})
     assert f"pid {os.getpid()}" in str(refused.value)
     assert f"runtime dir {runtime_dir}" in str(refused.value)
 

@@ -249,11 +249,13 @@ def test_undecodable_command_line_text_exits_2_naming_the_field(
     assert next_report(workdir) is None
 
 
-async def test_the_spawn_tool_says_when_the_folder_name_is_no_parent_id(tmp_path: Path) -> None:
+async def test_the_spawn_tool_says_when_the_folder_name_is_no_parent_id(
+    tmp_path: Path, runtime_dir: Path
+) -> None:
     """The default parent is the folder's name; one that is no agent id is named as such."""
     workdir = tmp_path / "my agent"
     (workdir / "child").mkdir(parents=True)
-    async with mcp_session(workdir, tmp_path / "rt", (TASKCARD,)) as session:
+    async with mcp_session(workdir, runtime_dir, (TASKCARD,)) as session:
         result = await session.call_tool("spawn", {"child_workdir": "child", "reason": "lint"})
         assert result.is_error and isinstance(result.structured_content, dict)
         message = result.structured_content["message"]
@@ -395,7 +397,7 @@ def test_an_unknown_channel_is_the_report_error_naming_it(workdir: Path) -> None
 
 
 async def test_spawn_refuses_a_child_folder_that_holds_the_parent_in_every_entry_point(
-    tmp_path: Path,
+    tmp_path: Path, runtime_dir: Path
 ) -> None:
     """A child's workdir above the parent's (named directly, through `..`, or through a
     symbolic link) was recorded: `lineage.json` landed in a folder that holds the parent's
@@ -408,7 +410,7 @@ async def test_spawn_refuses_a_child_folder_that_holds_the_parent_in_every_entry
     (parent / "up").symlink_to(top)
     (tmp_path / "me").symlink_to(parent)
     above = ["..", "../..", "up", str(top), "inner/../.."]
-    async with mcp_session(parent, tmp_path / "rt", (TASKCARD,)) as session:
+    async with mcp_session(parent, runtime_dir, (TASKCARD,)) as session:
         for child in above:
             result = await session.call_tool("spawn", {"child_workdir": child, "reason": "lint"})
             content = result.structured_content

@@ -298,10 +298,10 @@ async def test_an_mcp_client_sees_the_server_refuse_a_blank_variable(
     assert sorted(os.listdir(workdir)) == []
 
 
-def test_a_runtime_dir_under_a_workdir_of_slash_is_taken(tmp_path: Path) -> None:
+def test_a_runtime_dir_under_a_workdir_of_slash_is_taken(runtime_dir: Path) -> None:
     """Every folder is inside `/`: an agent working in `/` (a container's) had every
     `--runtime-dir` refused as inside its workdir, with no choice left but the default."""
-    done = _taskcard(Path("/"), ["card", "settings"], {}, "--runtime-dir", str(tmp_path / "rt"))
+    done = _taskcard(Path("/"), ["card", "settings"], {}, "--runtime-dir", str(runtime_dir))
     assert done.returncode == 0, done.stderr
     assert "inside the workdir" not in done.stderr
 

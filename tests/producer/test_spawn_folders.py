@@ -76,7 +76,7 @@ def refused_by_tool(result: dict[str, Any], *words: str) -> None:
 
 
 async def test_a_spawn_that_would_close_a_loop_is_refused_at_any_depth(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """b spawned by a, then a "spawned" by b was recorded when a had no lineage.json (a root):
     each folder named the other as its parent. The record now keeps the parent's folder, and
@@ -90,7 +90,7 @@ async def test_a_spawn_that_would_close_a_loop_is_refused_at_any_depth(
         folder.mkdir(parents=True)
     (tmp_path / "alias").symlink_to(a)  # a through a link
     (b / "up").symlink_to(team)  # the team folder through a link in b
-    rt = tmp_path / "rt"
+    rt = runtime_dir  # short: a socket's path under tmp_path can pass 107 bytes
 
     async with spawn_tool(a, rt) as from_a:
         first = await from_a("../b")
@@ -129,7 +129,9 @@ async def test_a_spawn_that_would_close_a_loop_is_refused_at_any_depth(
     assert [read_lineage(x)["parent"] for x in (b, c)] == ["a", "b"]  # type: ignore[index]
 
 
-async def test_a_child_inside_the_parents_contract_folders_is_refused(tmp_path: Path) -> None:
+async def test_a_child_inside_the_parents_contract_folders_is_refused(
+    tmp_path: Path, runtime_dir: Path
+) -> None:
     """A child's workdir inside the parent's inbox/, reports/, ledger/, taskcard/, logs/ or
     .notification/ was recorded: the child's files mixed with the parent's, where the
     service writes the parent's inbox. Refused, naming the folder and the fix, however the
@@ -142,7 +144,7 @@ async def test_a_child_inside_the_parents_contract_folders_is_refused(tmp_path: 
     (parent / "sneak").symlink_to(parent / "reports")
     (tmp_path / "me").symlink_to(parent)
     (tmp_path / "q").symlink_to(parent / "inbox")
-    rt = tmp_path / "rt"
+    rt = runtime_dir  # short: a socket's path under tmp_path can pass 107 bytes
 
     async with spawn_tool(parent, rt) as tool:
         for name in CONTRACT_DIRS:
