@@ -33,7 +33,6 @@ from taskcard.producers.reports.store import (
 )
 from taskcard.producers.task_card.contract import (
     NotRegularFile,
-    broken_link,
     cannot_write,
     expand_home,
     file_kind,
@@ -87,14 +86,15 @@ def _read_payload(source: str) -> str:
     except OSError as exc:
         # Shown escaped: a name holding an escape sequence acted on the terminal.
         named = _expanded(source)
-        broken = broken_link(Path(named)) if isinstance(exc, FileNotFoundError) else None
-        if broken is not None and not broken[2]:
+        dangling = (
+            dangling_link(Path(named), "cannot be read: ")
+            if isinstance(exc, FileNotFoundError)
+            else None
+        )
+        if dangling is not None:
             # "No such file" about a name `ls` shows: the link's far end is what is missing.
-            link, points_to, _ = broken
-            which = "" if link == Path(os.path.abspath(named)) else f" {shown_path(link)} on it"
             raise ReportError(
-                f"--payload: cannot read {shown_path(source)}: the symbolic link{which} points"
-                f" to {shown_path(points_to)}, which does not exist; name the file itself"
+                f"--payload: {shown_path(source)} {dangling}; name the file itself"
             ) from None
         if exc.errno == errno.ELOOP:
             raise ReportError(

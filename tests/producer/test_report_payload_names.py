@@ -58,13 +58,13 @@ def test_a_payload_behind_a_broken_link_says_the_link(
     if kind == "dangling":
         named = workdir / "notes.md"
         named.symlink_to(gone)
-        says = f"cannot read {named}: the symbolic link points to {gone}, which does not exist"
+        says = f"{named} is a symbolic link that leads nowhere (to {gone}, which does not exist)"
     elif kind == "folder link":
         (workdir / "out").symlink_to(gone)
         named = workdir / "out" / "notes.md"
         says = (
-            f"cannot read {named}: the symbolic link {workdir / 'out'} on it points to {gone},"
-            " which does not exist"
+            f"{named} cannot be read: the symbolic link {workdir / 'out'} on its path leads"
+            f" nowhere (to {gone}, which does not exist)"
         )
     else:
         named = workdir / "a.md"
