@@ -39,6 +39,7 @@ from taskcard.bridge.config import InboxConfig
 from taskcard.bridge.inbox.states import MessageState, message_state, state_line
 from taskcard.bridge.inbox.writer import InboxRefused, InboxWriter, encode_message, why_refused
 from taskcard.bridge.schedule.scheduler import RouteKey, RouteScheduler
+from taskcard.bridge.store.base import StateFileError
 from taskcard.bridge.store.sqlite import InboxRecord, StateStore
 from taskcard.bridge.track.monitor import ActivitySummary
 from taskcard.channels.aio import Backoff
@@ -393,6 +394,7 @@ class InboxDesk:
         self._taken: set[str] = set()  # clustered: the agents whose lease is held here
         self._owed_looked_s = 0.0  # clustered: when `_look_for_owed` last looked
         self._owed_indexed = False  # clustered: the look added the agents owing before this
+        self._set_refused: str | None = None  # why the store refused `OWED_AGENTS`, said once
 
     # Lifecycle -------------------------------------------------------------------------
 
@@ -709,7 +711,7 @@ class InboxDesk:
             return  # owes none (the usual case): the store's cursors are not read through
         keys = self._store.cursor_keys(_owed_wakes_of(agent_id))
         self._store.delete_cursors([*keys, owed_tries_cursor(agent_id)])
-        self._store.remove_from_set(OWED_AGENTS, [agent_id])
+        self._mark_owing([agent_id], owing=False)
 
     def remove_agent(self, agent_id: str, reason: str = "the agent was removed") -> None:
         """The agent left the fleet: its queued messages are cancelled, then it is forgotten."""
@@ -860,8 +862,10 @@ class InboxDesk:
         set are found too."""
         try:
             if not self._owed_indexed:
-                self._store.add_to_set(OWED_AGENTS, self._stored_owed())
+                # Once, whatever comes of it: a store that refuses it read every owed row
+                # again at every look.
                 self._owed_indexed = True
+                self._store.add_to_set(OWED_AGENTS, self._stored_owed())
             agents = [
                 agent
                 for agent in self._store.set_members(OWED_AGENTS)
@@ -872,9 +876,33 @@ class InboxDesk:
                 done = [agent for agent in agents if agent not in self._wake_retries]
                 self._store.delete_cursors(owed_tries_cursor(agent) for agent in done)
                 self._store.remove_from_set(OWED_AGENTS, done)
+            self._set_refused = None
+        except StateFileError as error:  # the set's key holds another type, say
+            self._say_set_refused(error)
         except Exception as error:
             # Looked at again in `OWED_LOOK_S`; the store's failure is its own business.
             log.warning("the wakes other instances owe were not read: %s", error)
+
+    def _mark_owing(self, agents: Collection[str], *, owing: bool = True) -> None:
+        """Add `agents` to `OWED_AGENTS` (or remove them: `owing` False). A store that
+        refuses it (its key holds another type) is named in the log once: the owed wakes'
+        rows are written all the same, and the wakes tried here as ever; the set serves
+        only the look of a cluster (`_look_for_owed`)."""
+        try:
+            if owing:
+                self._store.add_to_set(OWED_AGENTS, agents)
+            else:
+                self._store.remove_from_set(OWED_AGENTS, agents)
+        except StateFileError as error:
+            self._say_set_refused(error)
+        else:
+            self._set_refused = None
+
+    def _say_set_refused(self, error: StateFileError) -> None:
+        """Log why the store refused `OWED_AGENTS`, once until it is used again."""
+        if str(error) != self._set_refused:
+            self._set_refused = str(error)
+            log.warning("the agents that owe wakes cannot be marked or read: %s", error)
 
     def _retry_wakes_of(self, parent_id: str, owed: _WakeRetry) -> None:
         """Write the wakes `parent_id` is owed, oldest first, until one fails (its backoff
@@ -997,7 +1025,7 @@ class InboxDesk:
             for dropped in owed.wakes:  # not taken for cut short at the next start
                 self._store.set_notice_state(WAKE_ROUTE_PREFIX + parent_id, dropped, "failed")
             if not self._shared:  # clustered, another instance's may be left: see the look
-                self._store.remove_from_set(OWED_AGENTS, [parent_id])
+                self._mark_owing([parent_id], owing=False)
             return
         owed.due_s = self._clock().timestamp() + owed.backoff.next_delay_s()
         self._store_tries(parent_id, owed)
@@ -1020,7 +1048,7 @@ class InboxDesk:
         wakes are left (`_look_for_owed`)."""
         if not self._shared:
             self._store.delete_cursors([owed_tries_cursor(parent_id)])
-            self._store.remove_from_set(OWED_AGENTS, [parent_id])
+            self._mark_owing([parent_id], owing=False)
 
     def _keep_owed(
         self, owed: _WakeRetry, parent_id: str, notice_id: str, wake: _FailedWake
@@ -1031,7 +1059,7 @@ class InboxDesk:
         if known is None:
             wake = wake._replace(seq=owed.next_seq)
             owed.next_seq += 1
-            self._store.add_to_set(OWED_AGENTS, [parent_id])  # first: see `OWED_AGENTS`
+            self._mark_owing([parent_id])  # first: see `OWED_AGENTS`
         else:
             wake = wake._replace(seq=known.seq)
             if wake == known:
@@ -1067,7 +1095,7 @@ class InboxDesk:
         """Keep `parent_id`'s failed tries and next due time, for `_take_owed`; marked again
         as owing wakes first (a look elsewhere may have found no row of it between its mark
         and its first row, and removed the mark)."""
-        self._store.add_to_set(OWED_AGENTS, [parent_id])
+        self._mark_owing([parent_id])
         self._store.set_cursor(
             owed_tries_cursor(parent_id),
             json.dumps({"tries": owed.backoff.attempts, "due_s": owed.due_s}),

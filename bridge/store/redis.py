@@ -46,6 +46,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any, TypeVar, cast
 
@@ -1017,18 +1018,32 @@ class RedisStore(StateStore):
     def _set_key(self, name: str) -> str:
         return self.key("set", name)
 
+    @contextmanager
+    def _of_set(self, key: str) -> Iterator[None]:
+        """`WrongKeyType`, naming `key` and the fix, for Redis's bare WRONGTYPE answer."""
+        try:
+            yield
+        except redis.ResponseError as error:
+            if not str(error).startswith("WRONGTYPE"):
+                raise
+            raise WrongKeyType.of(self._r, key, "set") from None
+
     def add_to_set(self, name: str, members: Iterable[str]) -> None:
         wanted = sorted(set(members))
         if wanted:
-            self._r.sadd(self._set_key(name), *wanted)
+            with self._of_set(self._set_key(name)):
+                self._r.sadd(self._set_key(name), *wanted)
 
     def set_members(self, name: str) -> list[str]:
         """SMEMBERS; a member that is not UTF-8 or is over `MAX_MEMBER_BYTES` (no instance
         writes one: a hand's, or a hostile writer's with the Redis user's rights) is left
-        out, named once in the log (by its start, for a long one)."""
+        out, named once in the log (by its start, for a long one). `WrongKeyType` when the
+        key holds another type."""
         key = self._set_key(name)
         found: list[str] = []
-        for raw in raw_answer(self._r, "SMEMBERS", key):
+        with self._of_set(key):
+            members = raw_answer(self._r, "SMEMBERS", key)
+        for raw in members:
             if len(raw) > MAX_MEMBER_BYTES:
                 shown = _field_name(raw[:64]) + f"... ({len(raw)} bytes)"
                 _corrupt(key, shown, f"is longer than {MAX_MEMBER_BYTES} bytes")
@@ -1039,7 +1054,8 @@ class RedisStore(StateStore):
     def remove_from_set(self, name: str, members: Iterable[str]) -> None:
         wanted = sorted(set(members))
         if wanted:
-            self._r.srem(self._set_key(name), *wanted)
+            with self._of_set(self._set_key(name)):
+                self._r.srem(self._set_key(name), *wanted)
 
     # An agent that left for good -----------------------------------------------------------
 

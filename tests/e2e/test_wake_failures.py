@@ -607,3 +607,57 @@ async def test_clustered_the_look_for_owed_wakes_reads_no_row_per_agent_held(
         assert read_rows == [], read_rows[:2]
         assert "the wakes other instances owe were not read" not in i0.logs
         assert await i0.aterminate() == 0
+
+
+async def test_clustered_a_wrong_typed_set_of_agents_owing_wakes_loses_no_wake(
+    tmp_path: Path, telegram: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """The key of the set of agents that owe wakes holds a string (another program on the
+    prefix). lead's inbox is a file when worker reports: the wake fails, and its row is kept
+    in Redis all the same; once the inbox works it is queued. The log names the key and the
+    fix once, though every look reads the set. The refused mark stopped the row being
+    written: the wake was lost, and the look logged Redis's bare WRONGTYPE every 30 s."""
+    watched = tmp_path / "monitor.log"
+    fleet.enter_context(monitored(redis_url, watched))
+    i0 = fleet.enter_context(
+        instance(tmp_path, "i0", telegram, ["lead", "worker"], redis_url=redis_url, prefix=prefix)
+    )
+    await eventually(
+        lambda: (
+            "agent worker: this instance serves it now" in i0.logs
+            and "agent lead: this instance serves it now" in i0.logs
+        ),
+        what="both agents served",
+    )
+    owing = f"{prefix}:set:owed-wakes"
+    with closing(redis.Redis.from_url(redis_url, decode_responses=True)) as client:
+        client.set(owing, "not a set")
+    lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
+    spawned_by(worker, "lead")
+    (lead / "inbox").write_text("not a folder\n")
+    report(worker, 1, ok=True, summary="part 1 done")
+    await eventually(
+        lambda: "agent lead: wake about worker not queued" in i0.logs,
+        timeout_s=60,
+        what="the wake failing",
+    )
+    with closing(redis.Redis.from_url(redis_url, decode_responses=True)) as client:
+        rows = [k for k in client.hkeys(f"{prefix}:cursors") if k.startswith('owed-wake:["lead"')]
+    assert len(rows) == 1, (rows, i0.logs)
+    (lead / "inbox").unlink()
+    await eventually(
+        lambda: any("part 1 done" in text for text in report_wakes(tmp_path)),
+        timeout_s=120,
+        what="the owed wake queued once the inbox works",
+    )
+
+    def looks_since() -> int:
+        commands = redis_commands(watched, prefix)
+        made = max(i for i, line in enumerate(commands) if f'"SET" "{owing}"' in line)
+        return sum(f'"SMEMBERS" "{owing}"' in line for line in commands[made:])
+
+    await eventually(lambda: looks_since() >= 2, timeout_s=150, what="two looks")
+    refused = [line for line in i0.logs.splitlines() if "WRONGTYPE" in line or owing in line]
+    assert len(refused) == 1 and "key_prefix" in refused[0], refused
+    assert len(report_wakes(tmp_path)) == 1
+    assert await i0.aterminate() == 0
