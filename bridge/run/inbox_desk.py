@@ -27,6 +27,7 @@ import heapq
 import json
 import logging
 import math
+import re
 import secrets
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -182,6 +183,11 @@ def _owed_wake_cursor(parent_id: str, notice_id: str) -> str:
 def _wake_ident(notice_id: str) -> str:
     """The message id of the wake about a notice: the same at every try."""
     return "wake_" + hashlib.sha256(notice_id.encode()).hexdigest()[:24]
+
+
+def _is_wake_ident(value: object) -> bool:
+    """Whether `value` is a wake's message id as `_wake_ident` makes it (never a person's)."""
+    return isinstance(value, str) and re.fullmatch(r"wake_[0-9a-f]{24}", value) is not None
 
 
 def _owed_wakes_of(parent_id: str) -> str:
@@ -1145,11 +1151,26 @@ class InboxDesk:
                 ident, body, carrier = json.loads(value)
             except _UNREADABLE:
                 continue  # no take back noted (or not what this desk writes)
+            if not (
+                isinstance(parent_id, str)
+                and isinstance(child_id, str)
+                and isinstance(body, str)
+                and _is_wake_ident(ident)
+                and _is_wake_ident(carrier)
+            ):
+                # Not what this desk writes: a person's message in `cancelled/`, named by a
+                # hand's row, must stay there.
+                log.warning(
+                    "report wake row %r skipped: not a wake taken back as the service notes"
+                    " one (parent and child names, wake ids); delete it",
+                    key[:200],
+                )
+                continue
             writer = self._writers.get(parent_id)
-            if writer is None or not all(isinstance(v, str) for v in (child_id, ident, body)):
+            if writer is None:
                 continue
             try:
-                if writer.location(str(carrier)) != "missing":
+                if writer.location(carrier) != "missing":
                     writer.discard_cancelled(ident)
                     self._store.delete_cursors([key])
                     continue
@@ -1229,6 +1250,8 @@ class InboxDesk:
                 parent, child = json.loads(key[len(REPORT_WAKE_CURSOR) :])
             except _UNREADABLE:
                 continue  # not a key this desk writes: left alone
+            if not (isinstance(parent, str) and isinstance(child, str)):
+                continue  # not a key this desk writes either (`_put_back_taken` names it)
             if parent not in fleet or child not in fleet or not self._store.get_cursor(key):
                 gone.append(key)
                 self._report_wakes.pop((parent, child), None)

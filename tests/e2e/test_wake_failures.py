@@ -383,6 +383,52 @@ async def test_a_report_wake_taken_back_for_a_wake_a_stop_kept_unwritten_is_queu
             assert await chat.serve.aterminate() == 0
 
 
+async def test_hand_written_report_wake_rows_neither_stop_the_start_nor_move_a_message(
+    tmp_path: Path,
+) -> None:
+    """The state keeps two report-wake rows the service would not write: one whose parent
+    is a list, one whose wake taken back names a person's message that lead's inbox keeps
+    in `cancelled/`. The service starts all the same, names each row once, wakes lead for
+    worker's report, and leaves the person's message where it is. The first row stopped
+    the start (a TypeError); the second moved the cancelled message back into `queued/`."""
+    async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
+        lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
+        spawned_by(worker, "lead")
+        publish(worker, "**migrating**")
+        publish(lead, "**leading**")
+        with chat.serve:
+            await wait_said(chat, "migrating", "worker card")
+            await wait_said(chat, "leading", "lead card")
+            assert await chat.serve.aterminate() == 0
+        cancelled = lead / "inbox" / "cancelled"
+        for folder in ("tmp", "queued", "taken", "cancelled"):
+            (lead / "inbox" / folder).mkdir(parents=True, exist_ok=True)
+        person = cancelled / "m_person1.json"
+        person.write_text(json.dumps({"id": "m_person1", "text": "never mind"}))
+        carrier = report_wake_file("worker", 9, utc_now_iso()).removesuffix(".json")
+        forged = {
+            "report-wake:" + json.dumps([["lead"], "worker"]): json.dumps(
+                [carrier, "text", carrier]
+            ),
+            "report-wake:" + json.dumps(["lead", "worker"]): json.dumps(
+                ["m_person1", "never mind", carrier]
+            ),
+        }
+        with closing(sqlite3.connect(tmp_path / ".taskcard" / "state.sqlite3")) as db, db:
+            db.executemany("INSERT INTO cursors (key, value) VALUES (?, ?)", forged.items())
+        with chat.restart():
+            report(worker, 1, ok=True, summary="part 1 done")
+            await eventually(
+                lambda: any("part 1 done" in text for text in report_wakes(tmp_path)),
+                timeout_s=60,
+                what="the report's wake queued after the start",
+            )
+            assert await chat.serve.aterminate() == 0
+        assert person.is_file()
+        assert not (lead / "inbox" / "queued" / person.name).exists()
+        assert chat.serve.logs.count("report wake row") == len(forged), chat.serve.logs
+
+
 @pytest.fixture(params=["telegram", "feishu"])
 def platform(request: pytest.FixtureRequest) -> str:
     return str(request.param)
