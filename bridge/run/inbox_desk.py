@@ -158,9 +158,11 @@ OWED_WAKE_CURSOR = "owed-wake:"
 OWED_TRIES_CURSOR = "owed-wake-tries:"
 # The store's set of the agents that owe wakes (`StateStore.add_to_set`), so that a cluster's
 # look for wakes another instance left (`_look_for_owed`) reads the agents that owe some,
-# not a row per agent served. An agent is added before its rows are written and removed
-# only once they are gone: a stop in between leaves a member without rows, which the look
-# removes, never rows that no member names.
+# not a row per agent served. An agent is added before its rows are written and again
+# after: a stop in between leaves a member without rows, which the look removes. The look
+# removes a member first and then reads its rows again, marking it again if another
+# instance wrote some meanwhile (`_owe_none_shared`), so rows written while it removes are
+# still named by a member.
 OWED_AGENTS = "owed-wakes"
 # A wake recorded (its notice pending) but neither queued nor failed when the service
 # stopped, as a stop during its write leaves it, is owed at the next start when it is younger
@@ -879,15 +881,26 @@ class InboxDesk:
             ]
             if agents:
                 self._take_owed(agents)
-                done = [agent for agent in agents if agent not in self._wake_retries]
-                self._store.delete_cursors(owed_tries_cursor(agent) for agent in done)
-                self._store.remove_from_set(OWED_AGENTS, done)
+                self._owe_none_shared([a for a in agents if a not in self._wake_retries])
             self._set_refused = None
         except StateFileError as error:  # the set's key holds another type, say
             self._say_set_refused(error)
         except Exception as error:
             # Looked at again in `OWED_LOOK_S`; the store's failure is its own business.
             log.warning("the wakes other instances owe were not read: %s", error)
+
+    def _owe_none_shared(self, done: Collection[str]) -> None:
+        """Clustered, the look: `done` owed no wake in the store when it read it; each leaves
+        `OWED_AGENTS`, then its rows are read again, and one whose wakes another instance
+        wrote meanwhile is marked again, its row of tries kept. Removed after that instance
+        marked it (it marks before and after its rows), the agent's wake was left in the
+        store with no member naming it, and no look queued it."""
+        if not done:
+            return
+        self._store.remove_from_set(OWED_AGENTS, done)
+        left = [agent for agent in done if self._store.cursor_keys(_owed_wakes_of(agent))]
+        self._store.add_to_set(OWED_AGENTS, left)
+        self._store.delete_cursors(owed_tries_cursor(agent) for agent in done if agent not in left)
 
     def _mark_owing(self, agents: Collection[str], *, owing: bool = True) -> None:
         """Add `agents` to `OWED_AGENTS` (or remove them: `owing` False). A store that
@@ -1071,6 +1084,23 @@ class InboxDesk:
             if wake == known:
                 return  # tried again and failed again: as it was stored
         owed.wakes[notice_id] = wake
+        self._write_owed_row(parent_id, notice_id, wake)
+        if known is None:
+            self._mark_owing([parent_id])  # and after: see `_owe_none_shared`
+        while len(owed.wakes) > MAX_OWED_WAKES:
+            dropped = next(iter(owed.wakes))
+            del owed.wakes[dropped]
+            self._store.delete_cursors([_owed_wake_cursor(parent_id, dropped)])
+            self._store.set_notice_state(WAKE_ROUTE_PREFIX + parent_id, dropped, "failed")
+            log.warning(
+                "agent %s: wake %s dropped: more than %d wait for its inbox",
+                parent_id,
+                dropped,
+                MAX_OWED_WAKES,
+            )
+
+    def _write_owed_row(self, parent_id: str, notice_id: str, wake: _FailedWake) -> None:
+        """The store's row of one owed wake (`_stored_wake` reads it)."""
         self._store.set_cursor(
             _owed_wake_cursor(parent_id, notice_id),
             json.dumps(
@@ -1085,27 +1115,16 @@ class InboxDesk:
                 ensure_ascii=False,
             ),
         )
-        while len(owed.wakes) > MAX_OWED_WAKES:
-            dropped = next(iter(owed.wakes))
-            del owed.wakes[dropped]
-            self._store.delete_cursors([_owed_wake_cursor(parent_id, dropped)])
-            self._store.set_notice_state(WAKE_ROUTE_PREFIX + parent_id, dropped, "failed")
-            log.warning(
-                "agent %s: wake %s dropped: more than %d wait for its inbox",
-                parent_id,
-                dropped,
-                MAX_OWED_WAKES,
-            )
 
     def _store_tries(self, parent_id: str, owed: _WakeRetry) -> None:
         """Keep `parent_id`'s failed tries and next due time, for `_take_owed`; marked again
-        as owing wakes first (a look elsewhere may have found no row of it between its mark
-        and its first row, and removed the mark)."""
-        self._mark_owing([parent_id])
+        as owing wakes after (a look elsewhere may have removed the mark meanwhile:
+        `_owe_none_shared`)."""
         self._store.set_cursor(
             owed_tries_cursor(parent_id),
             json.dumps({"tries": owed.backoff.attempts, "due_s": owed.due_s}),
         )
+        self._mark_owing([parent_id])
 
     def _take_back_report_wake(
         self, writer: InboxWriter, parent_id: str, child_id: str, text: str, carrier: str

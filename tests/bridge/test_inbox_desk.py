@@ -4,6 +4,7 @@ messages must not keep, or scan, every one of them)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -13,11 +14,15 @@ import pytest
 from taskcard.bridge.config import InboxConfig
 from taskcard.bridge.run.inbox_desk import (
     KEEP_CLOSED_S,
+    OWED_AGENTS,
+    OWED_LOOK_S,
+    OWED_WAKE_CURSOR,
     REPORTS_CUT_LINE,
     InboxDesk,
     _stored_tries,
     _stored_wake,
     joined_report_wakes,
+    owed_tries_cursor,
     status_key,
 )
 from taskcard.bridge.schedule.scheduler import RouteScheduler
@@ -349,3 +354,68 @@ def test_the_stored_tries_of_owed_wakes_are_taken_only_as_written(
     value: str | None, expected: tuple[int, float]
 ) -> None:
     assert _stored_tries("lead", value) == expected
+
+
+async def test_a_look_removing_an_agent_as_another_instance_owes_it_a_wake_keeps_it(
+    tmp_path: Path,
+    store: SqliteStore,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two instances of a cluster on one store. `holder` holds lead's lease; lead is in the
+    set of agents that owe wakes with its row of tries, left by an earlier recovery. The
+    holder's look reads the set (lead in it) and the owed rows (none of lead's); then the
+    other instance's wake to lead fails and is kept in the store; then the look goes on. It
+    keeps lead in the set, and its next look queues the wake once lead's inbox works. It
+    removed lead and its row of tries: the wake was left in the store, and no look found it.
+    The interleaving is made by running the other instance's wake inside the holder's read
+    of the owed rows, the store itself as it is."""
+    lead, worker = tmp_path / "lead", tmp_path / "worker"
+    for workdir in (lead, worker):
+        workdir.mkdir()
+    channel = ScriptedChannel()
+    scheduler = await started(store, channel)
+    now = [datetime(2026, 12, 1, 9, 0, tzinfo=UTC)]
+
+    def desk() -> InboxDesk:
+        return InboxDesk(
+            InboxConfig(max_messages=100),
+            store,
+            scheduler,
+            {"fake": channel},
+            {"lead": lead, "worker": worker},
+            clock=lambda: now[0],
+            activity=lambda _agent: ActivitySummary(state="running"),
+            zone=lambda _channel, _chat: UTC,
+            render=lambda ch, view: ch.render_card(view),
+            shared=True,
+        )
+
+    holder, other = desk(), desk()
+    holder.take_agent("lead")
+    holder.retry_wakes()  # the first look: nothing owed
+    await asyncio.sleep(0)
+    store.add_to_set(OWED_AGENTS, ["lead"])  # an earlier recovery's, its wake queued since
+    store.set_cursor(owed_tries_cursor("lead"), json.dumps({"tries": 1, "due_s": 0}))
+    (lead / "inbox").write_text("not a folder\n")
+    cursor_keys = store.cursor_keys
+
+    def read_then_the_other_writes(prefix: str) -> list[str]:
+        found = cursor_keys(prefix)
+        if prefix == OWED_WAKE_CURSOR:
+            monkeypatch.setattr(store, "cursor_keys", cursor_keys)
+            other.wake("lead", "worker", "signal:done:1", "worker is done")
+        return found
+
+    monkeypatch.setattr(store, "cursor_keys", read_then_the_other_writes)
+    now[0] += timedelta(seconds=OWED_LOOK_S + 1)
+    holder.retry_wakes()
+    assert store.cursor_keys(OWED_WAKE_CURSOR), "the other instance's wake is owed"
+    assert store.set_members(OWED_AGENTS) == ["lead"]
+    (lead / "inbox").unlink()
+    for _ in range(3):
+        await asyncio.sleep(0)
+        now[0] += timedelta(seconds=OWED_LOOK_S + 1)
+        holder.retry_wakes()
+    assert [p.name for p in (lead / "inbox" / "queued").iterdir()] != []
+    assert store.cursor_keys(OWED_WAKE_CURSOR) == []
+    await scheduler.stop()
