@@ -982,17 +982,23 @@ class InboxDesk:
             reason = why_refused(error)
             log.warning("agent %s: wake about %s not queued: %s", parent_id, child_id, reason)
             self.problems[parent_id] = f"inbox: {reason}"
-            self._store.set_notice_state(route, notice_id, "failed")
             # The reports the wake taken back carried are not lost with it: queued again,
             # or else carried by this wake when it is owed (left in `cancelled/`, they
             # reached the agent with none of the later wakes).
+            carried = False
             if taken_back is not None and not self._put_back_report_wake(
                 writer, parent_id, child_id, taken_back
             ):
+                carried = True
                 wake = wake._replace(text=body, withdrawn=taken_back.ident)
-                # Carried by the owed wake now: not put back at the next start.
-                self._store.delete_cursors([_report_wake_cursor(parent_id, child_id)])
+            # Each step only once the one before is in the store, so a stop between two
+            # loses nothing: the owed row (carrying the wake taken back), then the note of
+            # the take back goes (it is carried now: not put back at the next start), then
+            # the notice is failed (pending, the next start owes it: `_take_cut_short`).
             self._owe_wake(parent_id, notice_id, wake)
+            if carried:
+                self._store.delete_cursors([_report_wake_cursor(parent_id, child_id)])
+            self._store.set_notice_state(route, notice_id, "failed")
             return False
         owed = self._wake_retries.get(parent_id)
         if owed is not None and owed.wakes.pop(notice_id, None) is not None:
@@ -1187,6 +1193,12 @@ class InboxDesk:
                 continue
             writer = self._writers.get(parent_id)
             if writer is None:
+                continue
+            owed = self._wake_retries.get(parent_id)
+            if owed is not None and any(w.withdrawn == ident for w in owed.wakes.values()):
+                # Owed with its carrier, which carries it (a stop came before the note
+                # went): put back too, it reached the agent twice.
+                self._store.delete_cursors([key])
                 continue
             try:
                 if writer.location(carrier) != "missing":

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from taskcard.bridge.config import InboxConfig
+from taskcard.bridge.inbox.writer import InboxRefused, InboxWriter
 from taskcard.bridge.run.inbox_desk import (
     KEEP_CLOSED_S,
     OWED_AGENTS,
@@ -418,4 +420,82 @@ async def test_a_look_removing_an_agent_as_another_instance_owes_it_a_wake_keeps
         holder.retry_wakes()
     assert [p.name for p in (lead / "inbox" / "queued").iterdir()] != []
     assert store.cursor_keys(OWED_WAKE_CURSOR) == []
+    await scheduler.stop()
+
+
+class _Stopped(BaseException):
+    """The service stopped here (raised where a stop would cut the desk short)."""
+
+
+@pytest.mark.parametrize(
+    ("stop_at", "expected"),
+    [
+        ("owed row", ["child reported 1", "child reported 2"]),
+        ("note deleted", ["child reported 1\nchild reported 2"]),
+    ],
+)
+async def test_a_stop_as_a_wake_carrying_one_taken_back_is_owed_loses_no_report(
+    stop_at: str,
+    expected: list[str],
+    tmp_path: Path,
+    store: SqliteStore,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """child's first report wakes lead. Its second takes that wake back to carry it; the
+    new wake cannot be written, nor the one taken back put back (the inbox refuses), and the
+    service stops. Stopped as the owed wake's row is written, the next start puts the first
+    wake back into `queued/` and owes the second, queued alone; stopped as the note of the
+    take back is deleted, the owed wake carries both, and the first is not put back too.
+    Each report reaches lead once. The note was deleted, and the second wake's notice
+    failed, before the owed row was written: the first report stayed in `cancelled/`, the
+    second was never owed; and a note left beside the owed row put the first back though
+    the owed wake carried it. The inbox's refusals and the stop are made by raising where
+    they would happen."""
+    for agent in ("lead", "child"):
+        (tmp_path / agent).mkdir()
+    workdirs = {"lead": tmp_path / "lead", "child": tmp_path / "child"}
+    channel = ScriptedChannel()
+    scheduler = await started(store, channel)
+    now = [datetime(2026, 12, 1, 9, 0, tzinfo=UTC)]
+    first = clocked_desk(store, scheduler, channel, workdirs, now)
+    first.load()
+    first.wake("lead", "child", "report:1", "child reported 1", report=True)
+    inbox = tmp_path / "lead" / "inbox"
+    assert len(list((inbox / "queued").iterdir())) == 1
+
+    def refused(*_args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    def moved_back_refused(*_args: object) -> bool:
+        raise InboxRefused("inbox/cancelled cannot be moved back")
+
+    set_cursor, delete_cursors = store.set_cursor, store.delete_cursors
+
+    def stop_at_owed_row(key: str, value: str) -> None:
+        if stop_at == "owed row" and key.startswith(OWED_WAKE_CURSOR):
+            raise _Stopped
+        set_cursor(key, value)
+
+    def stop_at_note(keys: Iterable[str]) -> None:
+        keys = list(keys)
+        notes = [store.get_cursor(k) for k in keys if k.startswith("report-wake:")]
+        if stop_at == "note deleted" and any(len(json.loads(n or "[]")) == 3 for n in notes):
+            raise _Stopped  # the note of a take back: the wake taken back and its carrier
+        delete_cursors(keys)
+
+    with monkeypatch.context() as faults:
+        faults.setattr(InboxWriter, "queue", refused)
+        faults.setattr(InboxWriter, "restore", moved_back_refused)
+        faults.setattr(store, "set_cursor", stop_at_owed_row)
+        faults.setattr(store, "delete_cursors", stop_at_note)
+        with pytest.raises(_Stopped):
+            first.wake("lead", "child", "report:2", "child reported 2", report=True)
+    assert list((inbox / "queued").iterdir()) == []  # taken back, in `cancelled/`
+    second = clocked_desk(store, scheduler, channel, workdirs, now)
+    second.load()
+    now[0] += timedelta(hours=1)
+    second.retry_wakes()
+    texts = sorted(json.loads(p.read_text())["text"] for p in (inbox / "queued").iterdir())
+    assert texts == expected, texts
+    assert list((inbox / "cancelled").iterdir()) == []
     await scheduler.stop()
