@@ -6,7 +6,8 @@ from the resolved workdir, so a symlink planted at `inbox` or at one of its fold
 is written to `inbox/tmp/` under a name of that write's own (`.<id>.<random>.tmp`) and renamed
 into `inbox/queued/<id>.json` (readers never see half a file; two writers of the same message,
 two instances of a cluster or a retry, never touch each other's file, and a file a write cut
-short left in `tmp/` is deleted by a later write once it is an hour old); a cancel is a rename
+short left in `tmp/` is deleted by a later write once it is an hour old: the first write of
+each writer looks, then one an hour); a cancel is a rename
 from `queued/` to `cancelled/` that races the agent side's claim (rename to `taken/`):
 whichever rename happens first wins, and the loser sees `FileNotFoundError`. Folders are
 created with mode 0700.
@@ -22,8 +23,9 @@ and 0600), as before. See docs/operators.md, "An agent run by another user".
 from __future__ import annotations
 
 import errno
-import itertools
 import json
+import logging
+import math
 import os
 import re
 import secrets
@@ -51,10 +53,15 @@ from taskcard.producers.reports.contract import (
     MESSAGE_ID,
 )
 
+log = logging.getLogger(__name__)
+
 Location = Literal["queued", "taken", "cancelled", "missing"]
 # A file a write cut short left in `tmp/` is deleted by a later write into the same inbox
-# once it is this old (`_clear_leftovers`); a write takes milliseconds.
+# once it is this old (`_clear_leftovers`); a write takes milliseconds. A writer looks at
+# `tmp/` at its first write and then at most once this often.
 LEFTOVER_AGE_S = 3600.0
+# More entries than this in `tmp/` (the service leaves none there but a write's own, for
+# milliseconds) are named in the log: something else fills it.
 LEFTOVER_LOOK = 256
 # What the service writes in `tmp/`: `.<id>.<random>.tmp`, and `<id>.json` as versions
 # before per-write names wrote it.
@@ -128,22 +135,26 @@ def _open_dir(
     return fd
 
 
-def _clear_leftovers(tmp_fd: int) -> None:
+def _clear_leftovers(tmp_fd: int) -> int:
     """Delete from `tmp/` (its descriptor) the files a write cut short left there (the
     service stopped, or died, between a write and its rename) once they are older than
     `LEFTOVER_AGE_S`: no write takes that long, so none is another writer's still on its
     way. Only names the service writes (`_LEFTOVER`), only regular files, no link
-    followed; at most `LEFTOVER_LOOK` entries are looked at per write, so a `tmp/` someone
-    filled costs each write a bounded time. Best effort: what cannot be deleted stays."""
-    now = time.time()
+    followed. Every entry is looked at (the caller does so once an hour: `InboxWriter.
+    queue`); looking at the first 256 of each write, a `tmp/` someone filled kept the
+    leftovers past them for good. Best effort: what cannot be deleted stays. Returns how
+    many entries `tmp/` held."""
+    now, seen = time.time(), 0
     with suppress(OSError), os.scandir(tmp_fd) as entries:
-        for entry in itertools.islice(entries, LEFTOVER_LOOK):
+        for entry in entries:
+            seen += 1
             if not _LEFTOVER.match(entry.name):
                 continue
             with suppress(OSError):
                 info = entry.stat(follow_symlinks=False)
                 if stat.S_ISREG(info.st_mode) and now - info.st_mtime > LEFTOVER_AGE_S:
                     os.unlink(entry.name, dir_fd=tmp_fd)
+    return seen
 
 
 def _create(name: str, folder_fd: int) -> int:
@@ -160,10 +171,11 @@ class InboxWriter:
     """One agent's inbox as the service sees it."""
 
     # One per agent, made when the agent joins the fleet: no per-instance dict (~100 bytes).
-    __slots__ = ("workdir",)
+    __slots__ = ("_cleaned_s", "workdir")
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
+        self._cleaned_s = -math.inf  # when `tmp/` was last cleared (monotonic seconds)
 
     @contextmanager
     def _folders(self, *, create: bool) -> Iterator[dict[str, int]]:
@@ -204,7 +216,16 @@ class InboxWriter:
             raise InboxRefused(f"the message is over {MAX_INBOX_MESSAGE_BYTES // 1024} KiB")
         name = f"{ident}.json"
         with self._folders(create=True) as fds:
-            _clear_leftovers(fds[TMP_DIR])
+            if not 0 <= time.monotonic() - self._cleaned_s < LEFTOVER_AGE_S:
+                self._cleaned_s = time.monotonic()
+                if (seen := _clear_leftovers(fds[TMP_DIR])) > LEFTOVER_LOOK:
+                    log.warning(
+                        "%s/%s holds %d entries (the service leaves none there): remove"
+                        " what is not the service's",
+                        self.workdir / INBOX_DIR,
+                        TMP_DIR,
+                        seen,
+                    )
             # A name of this write's own: another writer of the same message (a second
             # instance, a retry) never replaces, nor renames away, this one's file, and a
             # leftover of either is never in the way.

@@ -172,7 +172,7 @@ def test_a_file_a_write_cut_short_left_in_tmp_goes_at_a_later_write(tmp_path: Pa
     (tmp / ".wake_3.fedcba9876543210.tmp").write_text("{")  # another writer's, on its way
     (tmp / ".wake_4.0000000000000000.tmp").symlink_to(outside)
     os.utime(tmp / ".wake_4.0000000000000000.tmp", (old, old), follow_symlinks=False)
-    writer.queue(message("m_1"))
+    InboxWriter(tmp_path).queue(message("m_1"))  # the next start's writer
     assert sorted(p.name for p in tmp.iterdir()) == [
         ".wake_3.fedcba9876543210.tmp",
         ".wake_4.0000000000000000.tmp",
@@ -180,6 +180,35 @@ def test_a_file_a_write_cut_short_left_in_tmp_goes_at_a_later_write(tmp_path: Pa
     ]
     assert outside.read_text() == "keep"
     assert json.loads((tmp_path / "inbox" / "queued" / "m_1.json").read_text())["id"] == "m_1"
+
+
+def test_leftovers_in_tmp_go_past_many_entries_and_are_looked_for_once_an_hour(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`tmp/` holds twenty leftovers two hours old and five thousand files not the
+    service's. A writer's first write deletes every leftover and names the crowded folder
+    in the log once; its next writes within the hour do not look again. Looking at the
+    first 256 entries of each write, nineteen of the twenty stayed after fifty writes, and
+    every write paid the look."""
+    tmp = tmp_path / "inbox" / "tmp"
+    tmp.mkdir(parents=True)
+    old = time.time() - 2 * 3600
+    leftovers = [tmp / f".wake_{n}.0123456789abcdef.tmp" for n in range(20)]
+    for path in leftovers:  # made first: on tmpfs a listing starts with the newest
+        path.write_text("{")
+        os.utime(path, (old, old))
+    for n in range(5000):
+        (tmp / f"junk{n}").touch()
+    writer = InboxWriter(tmp_path)
+    writer.queue(message("m_1"))
+    assert not any(path.exists() for path in leftovers)
+    late = tmp / ".wake_late.0123456789abcdef.tmp"
+    late.write_text("{")
+    os.utime(late, (old, old))
+    writer.queue(message("m_2"))
+    assert late.exists(), "looked at again within the hour"
+    crowded = [r for r in caplog.records if "inbox/tmp holds 5020 entries" in r.getMessage()]
+    assert len(crowded) == 1, caplog.text
 
 
 def test_ack_lines_are_parsed_totally() -> None:
