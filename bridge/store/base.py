@@ -286,7 +286,7 @@ class StateStore(ABC):
 
     def set_members(self, name: str) -> list[str]:
         """The members of the set `name`, sorted; a member a backend cannot read (Redis: not
-        UTF-8, or longer than `MAX_MEMBER_BYTES`) is left out, logged once."""
+        UTF-8, or longer than `MAX_MEMBER_BYTES`) is left out, logged once, and removed."""
         start = _set_cursor(name, "")
         return [key[len(start) :] for key in self.cursor_keys(start)]
 

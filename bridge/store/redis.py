@@ -1037,18 +1037,27 @@ class RedisStore(StateStore):
     def set_members(self, name: str) -> list[str]:
         """SMEMBERS; a member that is not UTF-8 or is over `MAX_MEMBER_BYTES` (no instance
         writes one: a hand's, or a hostile writer's with the Redis user's rights) is left
-        out, named once in the log (by its start, for a long one). `WrongKeyType` when the
-        key holds another type."""
+        out, named once in the log (by its start, for a long one), and removed.
+        `WrongKeyType` when the key holds another type."""
         key = self._set_key(name)
         found: list[str] = []
         with self._of_set(key):
             members = raw_answer(self._r, "SMEMBERS", key)
+        odd: list[bytes] = []
         for raw in members:
             if len(raw) > MAX_MEMBER_BYTES:
                 shown = _field_name(raw[:64]) + f"... ({len(raw)} bytes)"
                 _corrupt(key, shown, f"is longer than {MAX_MEMBER_BYTES} bytes")
-                continue
-            found.extend(readable_members(key, [raw]))
+                odd.append(raw)
+            elif readable := readable_members(key, [raw]):
+                found.extend(readable)
+            else:
+                odd.append(raw)
+        if odd:
+            # Only the service writes these sets: an odd member is nobody's, and left there
+            # it was read (and the log's memory of it kept) at every look, for good.
+            with self._of_set(key):
+                self._r.srem(key, *odd)
         return sorted(found)
 
     def remove_from_set(self, name: str, members: Iterable[str]) -> None:

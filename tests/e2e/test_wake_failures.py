@@ -543,8 +543,8 @@ async def test_clustered_a_wake_owed_by_a_stopped_instance_is_queued_by_the_agen
     i1 left in Redis and queues it once the inbox works. Kept by i1 alone, it went with i1.
     Owed wakes in Redis that no instance would have written are skipped with one line each,
     and so are members of the set of agents that owe wakes that no instance adds (not UTF-8,
-    200,000 bytes), though read at every look. Once the wake is queued, i0's look removes
-    lead's rows and lead from that set."""
+    200,000 bytes), and removed from it. Once the wake is queued, i0's look removes lead's
+    rows and lead from that set. The odd members stayed, read at every look for good."""
     forged = {
         'owed-wake:["lead", "worker:forged"]': json.dumps({"child": "worker", "text": 7}),
         "owed-wake:not json": "{",
@@ -583,6 +583,8 @@ async def test_clustered_a_wake_owed_by_a_stopped_instance_is_queued_by_the_agen
     # Each named once, though read at every look.
     assert len(odd) == 2 and "not UTF-8" in odd[0] + odd[1], odd
     assert all(len(line) < 1000 for line in odd), odd
+    with closing(redis.Redis.from_url(redis_url)) as raw:
+        assert raw.smembers(owing) == set(), "the odd members removed once named"
     assert await i0.aterminate() == 0
 
 
