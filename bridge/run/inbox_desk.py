@@ -156,9 +156,9 @@ WAKE_RETRY_TRIES = 24
 # workdir: that is what failed.
 OWED_WAKE_CURSOR = "owed-wake:"
 OWED_TRIES_CURSOR = "owed-wake-tries:"
-# The store's set of the agents that owe wakes (`StateStore.add_to_set`), so that a cluster's
-# look for wakes another instance left (`_look_for_owed`) reads the agents that owe some,
-# not a row per agent served. An agent is added before its rows are written and again
+# Clustered, the store's set of the agents that owe wakes (`StateStore.add_to_set`), so that
+# the look for wakes another instance left (`_look_for_owed`) reads the agents that owe
+# some, not a row per agent served. An agent is added before its rows are written and again
 # after: a stop in between leaves a member without rows, which the look removes. The look
 # removes a member first and then reads its rows again, marking it again if another
 # instance wrote some meanwhile (`_owe_none_shared`), so rows written while it removes are
@@ -903,10 +903,13 @@ class InboxDesk:
         self._store.delete_cursors(owed_tries_cursor(agent) for agent in done if agent not in left)
 
     def _mark_owing(self, agents: Collection[str], *, owing: bool = True) -> None:
-        """Add `agents` to `OWED_AGENTS` (or remove them: `owing` False). A store that
-        refuses it (its key holds another type) is named in the log once: the owed wakes'
-        rows are written all the same, and the wakes tried here as ever; the set serves
-        only the look of a cluster (`_look_for_owed`)."""
+        """Add `agents` to `OWED_AGENTS` (or remove them: `owing` False); clustered only:
+        the set serves only the look of a cluster (`_look_for_owed`), and alone on its
+        state an instance never reads it (each mark was a write of the state for nothing).
+        A store that refuses it (its key holds another type) is named in the log once: the
+        owed wakes' rows are written all the same, and the wakes tried here as ever."""
+        if not self._shared:
+            return
         try:
             if owing:
                 self._store.add_to_set(OWED_AGENTS, agents)

@@ -180,6 +180,9 @@ async def test_a_wake_owed_when_the_service_stops_is_queued_after_its_restart(
             await wait_said(chat, "⚠ inbox:", "lead's card naming its inbox")
             assert await chat.serve.aterminate() == 0
         assert owed_in_state(tmp_path), "the owed wake is kept in the state"
+        with closing(sqlite3.connect(tmp_path / ".taskcard" / "state.sqlite3")) as db:
+            # The set of agents that owe wakes serves a cluster's look alone: not kept here.
+            assert db.execute("SELECT key FROM cursors WHERE key LIKE 'set:%'").fetchall() == []
         (lead / "inbox").unlink()
         forged = {
             'owed-wake:["lead", "worker:forged"]': json.dumps({"child": "worker", "text": 7}),
