@@ -1024,7 +1024,7 @@ class RedisStore(StateStore):
         try:
             yield
         except redis.ResponseError as error:
-            if not str(error).startswith("WRONGTYPE"):
+            if not answered(error, "WRONGTYPE"):
                 raise
             raise WrongKeyType.of(self._r, key, "set") from None
 
