@@ -449,7 +449,8 @@ def register(subparsers: Any) -> None:
         # Wrapped by hand: the `taskcard` parsers keep descriptions as written.
         description="friendly forms of the task_card actions; each exits 1 when its call was\n"
         "refused or failed, as `taskcard tool` does, a retry whose render failed included\n"
-        "(its status is then error, or stays stopped, and the card keeps its last body)",
+        "(its status is then error, or stays stopped, and the card keeps its last body),\n"
+        "and 2 when what it was given cannot be used (a renderer path naming no renderer)",
     )
     card.set_defaults(handler=_usage_help(card))
     actions = card.add_subparsers(dest="card_action", metavar="ACTION")

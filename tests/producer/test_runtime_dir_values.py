@@ -300,8 +300,10 @@ async def test_an_mcp_client_sees_the_server_refuse_a_blank_variable(
 
 def test_a_runtime_dir_under_a_workdir_of_slash_is_taken(runtime_dir: Path) -> None:
     """Every folder is inside `/`: an agent working in `/` (a container's) had every
-    `--runtime-dir` refused as inside its workdir, with no choice left but the default."""
-    done = _taskcard(Path("/"), ["card", "settings"], {}, "--runtime-dir", str(runtime_dir))
+    `--runtime-dir` refused as inside its workdir, with no choice left but the default.
+    The folder is one taskcard makes itself."""
+    wanted = runtime_dir / "rt"
+    done = _taskcard(Path("/"), ["card", "settings"], {}, "--runtime-dir", str(wanted))
     assert done.returncode == 0, done.stderr
     assert "inside the workdir" not in done.stderr
 
