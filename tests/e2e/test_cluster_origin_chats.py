@@ -159,7 +159,9 @@ async def test_an_instance_leaves_open_the_origin_routes_of_chats_only_another_a
     configs = {name: write_member(tmp_path, name, chats, prefix) for name in AGENT}
     bob = ServeProcess(configs["m1"], env=env)
     with ServeProcess(configs["m0"], env=env) as ada, bob:
-        await eventually(lambda: serves(ada, "m0") and serves(bob, "m1"), what="both serving")
+        await eventually(
+            lambda: serves(ada, "m0") and serves(bob, "m1"), timeout_s=WAIT_S, what="both serving"
+        )
         # bob's route opens after m0 read the shared routes at its start; then m0 opens one.
         turn(tmp_path, "m1", chats, "step 1")
         await shows(chats, "m1", "step 1")
@@ -173,10 +175,14 @@ async def test_an_instance_leaves_open_the_origin_routes_of_chats_only_another_a
         # m0 reloads, then restarts: neither closes bob's route.
         assert ada.proc is not None
         ada.proc.send_signal(signal.SIGHUP)
-        await eventually(lambda: "config reloaded" in ada.logs, what="m0's reload")
+        await eventually(
+            lambda: "config reloaded" in ada.logs, timeout_s=WAIT_S, what="m0's reload"
+        )
         assert await ada.aterminate() == 0
         with ServeProcess(configs["m0"], env=env) as ada_again:
-            await eventually(lambda: serves(ada_again, "m0"), what="m0 serving again")
+            await eventually(
+                lambda: serves(ada_again, "m0"), timeout_s=WAIT_S, what="m0 serving again"
+            )
             turn(tmp_path, "m0", chats, "step 2")
             await shows(chats, "m0", "step 2")
             assert "closed: its chat is no longer in" not in ada_again.logs
@@ -185,7 +191,9 @@ async def test_an_instance_leaves_open_the_origin_routes_of_chats_only_another_a
             # bob's instance restarts: its route is still open, on the same card.
             assert await bob.aterminate() == 0
             with ServeProcess(configs["m1"], env=env) as bob_again:
-                await eventually(lambda: serves(bob_again, "m1"), what="m1 serving again")
+                await eventually(
+                    lambda: serves(bob_again, "m1"), timeout_s=WAIT_S, what="m1 serving again"
+                )
                 publish(tmp_path / "agents" / AGENT["m1"], "bob step 2")
                 await shows(chats, "m1", "step 2")
                 assert chats.card("m1")[0] == opened
@@ -199,7 +207,9 @@ async def test_an_instance_leaves_open_the_origin_routes_of_chats_only_another_a
                 write_member(tmp_path, "m1", chats, prefix)
                 bob_again.proc.send_signal(signal.SIGHUP)
                 await eventually(
-                    lambda: bob_again.logs.count("config reloaded") == 2, what="m1's reload"
+                    lambda: bob_again.logs.count("config reloaded") == 2,
+                    timeout_s=WAIT_S,
+                    what="m1's reload",
                 )
                 turn(tmp_path, "m1", chats, "step 3")
                 await shows(chats, "m1", "step 3")
@@ -246,6 +256,7 @@ async def test_a_standby_taking_an_agent_over_serves_the_origin_routes_opened_si
                 all("serving 1 agent" in s.logs for s in serve.values())
                 and any(serves(s, "m1") for s in serve.values())
             ),
+            timeout_s=WAIT_S,
             what="both running, bob served by one",
         )
         [owner] = [n for n, s in serve.items() if serves(s, "m1")]
@@ -261,7 +272,9 @@ async def test_a_standby_taking_an_agent_over_serves_the_origin_routes_opened_si
         publish(workdir, "bob step 1b")
         await shows(chats, "m1", "step 1b")
         assert await serve[owner].aterminate() == 0
-        await eventually(lambda: serves(serve[standby], "m1"), what="the take-over")
+        await eventually(
+            lambda: serves(serve[standby], "m1"), timeout_s=WAIT_S, what="the take-over"
+        )
         publish(tmp_path / "agents" / AGENT["m1"], "bob step 2")
         await shows(chats, "m1", "step 2")
         assert chats.card("m1")[0] == opened
