@@ -277,12 +277,19 @@ def dangling_link(path: Path, lead: str = "", *, yet: bool = False) -> str | Non
     exist)", or `lead` and "the symbolic link L on its path leads nowhere (to T, which does
     not exist)"; None when there is no such link (a loop of links is not one). `yet` says
     "does not exist yet", of a folder that is picked up once made. "Does not exist" or "is a
-    symlink" about a name `ls` shows sent people looking at the wrong end of the link."""
+    symlink" about a name `ls` shows sent people looking at the wrong end of the link. A
+    link to another link that leads nowhere says so, not that the second does not exist."""
     broken = broken_link(path)
     if broken is None or broken[2]:
         return None
     link, points_to, _ = broken
-    nowhere = f"leads nowhere (to {shown_path(points_to)}, which does not exist{' yet' * yet})"
+    # A link to a link: its target is there (`ls` shows it), and leads nowhere in its turn.
+    missing = (
+        "itself a symbolic link that leads nowhere"
+        if os.path.islink(link.parent / points_to)
+        else f"which does not exist{' yet' * yet}"
+    )
+    nowhere = f"leads nowhere (to {shown_path(points_to)}, {missing})"
     if link == Path(os.path.abspath(path)):
         return f"is a symbolic link that {nowhere}"
     return f"{lead}the symbolic link {shown_path(link)} on its path {nowhere}"

@@ -186,6 +186,7 @@ def test_a_folder_too_long_for_a_socket_is_refused_before_any_host(
 KINDS = [
     "file",
     "dangling link",
+    "link to a dangling link",
     "file on its path",
     "file further up its path",
     "dangling link on its path",
@@ -214,6 +215,14 @@ def test_a_runtime_dir_that_is_no_folder_is_refused_naming_the_fix(
             f"runtime dir {named} is a symbolic link that leads nowhere (to"
             f" {base / 'nowhere'}, which does not exist); refusing to use it."
         )
+    elif kind == "link to a dangling link":
+        # `ls` shows `hop`: it was said not to exist.
+        (base / "hop").symlink_to(base / "nowhere")
+        named.symlink_to(base / "hop")
+        problem = (
+            f"runtime dir {named} is a symbolic link that leads nowhere (to"
+            f" {base / 'hop'}, itself a symbolic link that leads nowhere); refusing to use it."
+        )
     elif kind in ("file on its path", "file further up its path"):
         named.write_text("")
         problem = f"{cannot} {named} on its path is a file, not a folder; set"
@@ -226,7 +235,7 @@ def test_a_runtime_dir_that_is_no_folder_is_refused_naming_the_fix(
     else:
         named.symlink_to("rt")
         problem = f"{cannot} the symbolic link {named} on its path goes round a loop of"
-    if kind not in ("file", "dangling link"):
+    if kind not in ("file", "dangling link", "link to a dangling link"):
         named = sub
     for env, options in (
         ({"TASKCARD_RUNTIME_DIR": str(named)}, ()),
