@@ -42,7 +42,7 @@ from taskcard.bridge.cluster.lease import (
 from taskcard.bridge.cluster.limiter import RedisLimiter
 from taskcard.bridge.cluster.replies import ClusterReplies
 from taskcard.bridge.cluster.wakes import WakeRelay
-from taskcard.bridge.store.base import shown_key
+from taskcard.bridge.store.base import OWED_AGENTS, shown_key
 from taskcard.bridge.store.redis import (
     MAX_LIVE,
     RedisStore,
@@ -86,6 +86,7 @@ _FIXED_KEYS = {
     "bots:telegram": "hash",
     "bots:feishu": "hash",
     "residents": "set",
+    f"set:{OWED_AGENTS}": "set",
     "n:pending": "zset",
     "instances": "zset",
     "inbox:queued": "zset",

@@ -40,7 +40,7 @@ from taskcard.bridge.config import InboxConfig
 from taskcard.bridge.inbox.states import MessageState, message_state, state_line
 from taskcard.bridge.inbox.writer import InboxRefused, InboxWriter, encode_message, why_refused
 from taskcard.bridge.schedule.scheduler import RouteKey, RouteScheduler
-from taskcard.bridge.store.base import StateFileError
+from taskcard.bridge.store.base import OWED_AGENTS, StateFileError
 from taskcard.bridge.store.sqlite import InboxRecord, StateStore
 from taskcard.bridge.track.monitor import ActivitySummary
 from taskcard.channels.aio import Backoff
@@ -162,8 +162,7 @@ OWED_TRIES_CURSOR = "owed-wake-tries:"
 # after: a stop in between leaves a member without rows, which the look removes. The look
 # removes a member first and then reads its rows again, marking it again if another
 # instance wrote some meanwhile (`_owe_none_shared`), so rows written while it removes are
-# still named by a member.
-OWED_AGENTS = "owed-wakes"
+# still named by a member. (`OWED_AGENTS`, in the store's module.)
 # A wake recorded (its notice pending) but neither queued nor failed when the service
 # stopped, as a stop during its write leaves it, is owed at the next start when it is younger
 # than this (about the time its tries would have taken): the notice is recorded first, so

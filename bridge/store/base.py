@@ -404,6 +404,11 @@ def _set_cursor(name: str, member: str) -> str:
     return f"{SET_CURSOR}{name}:{member}"
 
 
+# The set of the agents that owe wakes (`bridge.run.inbox_desk`), named here so that a
+# cluster's start can check the type of its key with the other fixed names.
+OWED_AGENTS = "owed-wakes"
+
+
 def shown_key(key: str, limit: int = 200) -> str:
     """A stored row's key or a Redis member as a log line may show it: cut to `limit`
     characters, and written as its `repr` when it holds a line break or another character a

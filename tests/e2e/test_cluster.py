@@ -911,13 +911,16 @@ def test_status_and_check_ignore_a_state_file_left_from_before_the_cluster(
     assert check.returncode == 0, check.stderr
 
 
+@pytest.mark.parametrize("key", ["residents", "set:owed-wakes"])
 def test_a_key_of_another_type_on_the_prefix_is_one_line_and_exit_2(
-    tmp_path: Path, redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch, key: str
 ) -> None:
     """A fixed key of the fleet holding another type (something else on the prefix): every
-    call on it failed, and the service ran posting nothing, saying little about why."""
+    call on it failed, and the service ran posting nothing, saying little about why. The
+    set of agents owing wakes was left out of the check: the wakes other instances left
+    were then found by no instance's look until someone mended the key."""
     client = redis.Redis.from_url(redis_url, decode_responses=True)
-    client.set(f"{prefix}:residents", "not a set")
+    client.set(f"{prefix}:{key}", "not a set")
     client.close()
     (tmp_path / "a").mkdir()
     config = tmp_path / "taskcard.toml"
@@ -932,7 +935,7 @@ def test_a_key_of_another_type_on_the_prefix_is_one_line_and_exit_2(
         assert result.returncode == 2, (command, result.stderr)
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1, (command, lines)
-        assert f"the Redis key {prefix}:residents is a string, not the set" in lines[0]
+        assert f"the Redis key {prefix}:{key} is a string, not the set" in lines[0]
         assert "cluster.key_prefix" in lines[0]
 
 
