@@ -26,6 +26,7 @@ from tests.e2e.test_orchestrator import spawned_by
 from tests.e2e.test_talk_and_signals import (
     GROUP,
     SIGNALS,
+    Chat,
     chat_for,
     queued,
     report,
@@ -36,6 +37,21 @@ from tests.fakes.telegram_api import FakeTelegram
 
 # Near the summary's 300 characters: twelve reports fill most of one wake's 4000.
 FILLER = "steady progress " * 18
+
+
+def lead_and_worker(tmp_path: Path) -> tuple[Path, Path]:
+    """lead's and worker's workdirs, worker spawned by lead, each with a card to show."""
+    lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
+    spawned_by(worker, "lead")
+    publish(worker, "**migrating**")
+    publish(lead, "**leading**")
+    return lead, worker
+
+
+async def both_cards(chat: Chat) -> None:
+    """Until the chat shows worker's card and lead's (the service serves both)."""
+    await wait_said(chat, "migrating", "worker card")
+    await wait_said(chat, "leading", "lead card")
 
 
 def report_wakes(tmp_path: Path) -> list[str]:
@@ -69,13 +85,9 @@ async def test_a_wake_that_cannot_be_queued_puts_back_whole_the_wake_it_took_bac
     queued (a folder is in its way). The wake taken back is queued again as it was: it was
     written again with the cut text, and the reports the cut left out were lost."""
     async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
-        lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
-        spawned_by(worker, "lead")
-        publish(worker, "**migrating**")
-        publish(lead, "**leading**")
+        lead, worker = lead_and_worker(tmp_path)
         with chat.serve:
-            await wait_said(chat, "migrating", "worker card")
-            await wait_said(chat, "leading", "lead card")
+            await both_cards(chat)
             for seq in range(1, 13):
                 report(worker, seq, ok=True, summary=f"part {seq} {FILLER}")
             await eventually(
@@ -107,14 +119,10 @@ async def test_a_wake_taken_back_that_cannot_be_put_back_travels_in_the_owed_wak
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         pytest.skip("needs root and setpriv to run the service without permission overrides")
     async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
-        lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
-        spawned_by(worker, "lead")
-        publish(worker, "**migrating**")
-        publish(lead, "**leading**")
+        lead, worker = lead_and_worker(tmp_path)
         chat.serve = ServeProcess(chat.serve.config, env=chat.serve.env, prefix=NO_OVERRIDE)
         with chat.serve:
-            await wait_said(chat, "migrating", "worker card")
-            await wait_said(chat, "leading", "lead card")
+            await both_cards(chat)
             for seq in (1, 2):
                 report(worker, seq, ok=True, summary=f"part {seq} done")
             await eventually(
@@ -168,14 +176,10 @@ async def test_a_wake_owed_when_the_service_stops_is_queued_after_its_restart(
     memory only, the restart forgot it and lead was never woken for that report. An owed
     wake in the state that the service would not have written is skipped, logged."""
     async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
-        lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
-        spawned_by(worker, "lead")
+        lead, worker = lead_and_worker(tmp_path)
         (lead / "inbox").write_text("not a folder\n")
-        publish(worker, "**migrating**")
-        publish(lead, "**leading**")
         with chat.serve:
-            await wait_said(chat, "migrating", "worker card")
-            await wait_said(chat, "leading", "lead card")
+            await both_cards(chat)
             report(worker, 1, ok=True, summary="part 1 done")
             await wait_said(chat, "⚠ inbox:", "lead's card naming its inbox")
             assert await chat.serve.aterminate() == 0
@@ -213,15 +217,11 @@ async def test_an_owed_wake_queued_before_a_stop_is_not_written_again_after_it(
     a state disk that failed then and held the change back): the restart finds the wake in
     lead's inbox and does not write it again. It was written again, and lead woken twice."""
     async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
-        lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
-        spawned_by(worker, "lead")
+        lead, worker = lead_and_worker(tmp_path)
         (lead / "inbox").write_text("not a folder\n")
-        publish(worker, "**migrating**")
-        publish(lead, "**leading**")
         state = tmp_path / ".taskcard" / "state.sqlite3"
         with chat.serve:
-            await wait_said(chat, "migrating", "worker card")
-            await wait_said(chat, "leading", "lead card")
+            await both_cards(chat)
             report(worker, 1, ok=True, summary="part 1 done")
             await wait_said(chat, "⚠ inbox:", "lead's card naming its inbox")
             with closing(sqlite3.connect(state)) as db:
@@ -258,14 +258,10 @@ async def test_a_wake_cut_short_between_its_write_and_its_rename_is_queued_after
     wake, and the write deletes both. The half file once refused the wake at every try
     ('File exists; remove that file, which is in the way'), until the tries ran out."""
     async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
-        lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
-        spawned_by(worker, "lead")
+        lead, worker = lead_and_worker(tmp_path)
         (lead / "inbox").write_text("not a folder\n")
-        publish(worker, "**migrating**")
-        publish(lead, "**leading**")
         with chat.serve:
-            await wait_said(chat, "migrating", "worker card")
-            await wait_said(chat, "leading", "lead card")
+            await both_cards(chat)
             at = utc_now_iso()
             report(worker, 1, ok=True, summary="part 1 done", at=at)
             await wait_said(chat, "⚠ inbox:", "lead's card naming its inbox")
@@ -297,13 +293,9 @@ async def test_a_wake_whose_write_a_stop_cut_short_is_queued_at_the_next_start(
     one pending for longer than its tries would have taken is left alone. It was never
     written: the notice said the wake was known."""
     async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
-        lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
-        spawned_by(worker, "lead")
-        publish(worker, "**migrating**")
-        publish(lead, "**leading**")
+        lead_and_worker(tmp_path)
         with chat.serve:
-            await wait_said(chat, "migrating", "worker card")
-            await wait_said(chat, "leading", "lead card")
+            await both_cards(chat)
             assert await chat.serve.aterminate() == 0
         now = time.time()
         cut_short = [
@@ -340,13 +332,9 @@ async def test_a_report_wake_taken_back_for_a_wake_a_stop_kept_unwritten_is_queu
     moves the first wake back to `queued/`, and the second report's wake goes alone. The
     first report stayed in `cancelled/`, which no agent reads."""
     async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
-        lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
-        spawned_by(worker, "lead")
-        publish(worker, "**migrating**")
-        publish(lead, "**leading**")
+        lead, worker = lead_and_worker(tmp_path)
         with chat.serve:
-            await wait_said(chat, "migrating", "worker card")
-            await wait_said(chat, "leading", "lead card")
+            await both_cards(chat)
             report(worker, 1, ok=True, summary="part 1 done")
             [first] = await eventually(
                 lambda: report_wakes(tmp_path), timeout_s=60, what="the first report's wake"
@@ -395,13 +383,9 @@ async def test_hand_written_report_wake_rows_neither_stop_the_start_nor_move_a_m
     worker's report, and leaves the person's message where it is. The first row stopped
     the start (a TypeError); the second moved the cancelled message back into `queued/`."""
     async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
-        lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
-        spawned_by(worker, "lead")
-        publish(worker, "**migrating**")
-        publish(lead, "**leading**")
+        lead, worker = lead_and_worker(tmp_path)
         with chat.serve:
-            await wait_said(chat, "migrating", "worker card")
-            await wait_said(chat, "leading", "lead card")
+            await both_cards(chat)
             assert await chat.serve.aterminate() == 0
         cancelled = lead / "inbox" / "cancelled"
         for folder in ("tmp", "queued", "taken", "cancelled"):
@@ -444,14 +428,10 @@ async def test_a_wake_lost_to_a_broken_inbox_is_queued_once_the_inbox_works(
     says so. Once the file is gone the wake is queued, with no other signal to bring it, and
     the line goes. It was lost before: only the next signal woke lead."""
     async with chat_for(platform, tmp_path, ["lead", "worker"], SIGNALS) as chat:
-        lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
-        spawned_by(worker, "lead")
+        lead, worker = lead_and_worker(tmp_path)
         (lead / "inbox").write_text("not a folder\n")
-        publish(worker, "**migrating**")
-        publish(lead, "**leading**")
         with chat.serve:
-            await wait_said(chat, "migrating", "worker card")
-            await wait_said(chat, "leading", "lead card")
+            await both_cards(chat)
             report(worker, 1, ok=True, summary="part 1 done")
             # Announced in the same step as the wake is tried (another signal of worker's
             # may have failed to wake lead before).
