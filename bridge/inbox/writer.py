@@ -63,6 +63,11 @@ LEFTOVER_AGE_S = 3600.0
 # More entries than this in `tmp/` (the service leaves none there but a write's own, for
 # milliseconds) are named in the log: something else fills it.
 LEFTOVER_LOOK = 256
+# A look at `tmp/` stops after this many entries (a few milliseconds): the folder is the
+# agent's to fill, and a look through millions of entries held the service's loop, every
+# agent's cards with it, for seconds. The log names such a folder; leftovers past this many
+# entries stay until someone empties it.
+LEFTOVER_SCAN = 20_000
 # What the service writes in `tmp/`: `.<id>.<random>.tmp`, and `<id>.json` as versions
 # before per-write names wrote it.
 _LEFTOVER = re.compile(
@@ -140,14 +145,16 @@ def _clear_leftovers(tmp_fd: int) -> int:
     service stopped, or died, between a write and its rename) once they are older than
     `LEFTOVER_AGE_S`: no write takes that long, so none is another writer's still on its
     way. Only names the service writes (`_LEFTOVER`), only regular files, no link
-    followed. Every entry is looked at (the caller does so once an hour: `InboxWriter.
-    queue`); looking at the first 256 of each write, a `tmp/` someone filled kept the
-    leftovers past them for good. Best effort: what cannot be deleted stays. Returns how
-    many entries `tmp/` held."""
+    followed. Up to `LEFTOVER_SCAN` entries are looked at (the caller does so once an hour:
+    `InboxWriter.queue`); looking at the first 256 of each write, a `tmp/` someone filled
+    kept the leftovers past them for good. Best effort: what cannot be deleted stays.
+    Returns how many entries were seen (`LEFTOVER_SCAN` + 1: more than were looked at)."""
     now, seen = time.time(), 0
     with suppress(OSError), os.scandir(tmp_fd) as entries:
         for entry in entries:
             seen += 1
+            if seen > LEFTOVER_SCAN:
+                break
             if not _LEFTOVER.match(entry.name):
                 continue
             with suppress(OSError):
@@ -220,11 +227,11 @@ class InboxWriter:
                 self._cleaned_s = time.monotonic()
                 if (seen := _clear_leftovers(fds[TMP_DIR])) > LEFTOVER_LOOK:
                     log.warning(
-                        "%s/%s holds %d entries (the service leaves none there): remove"
+                        "%s/%s holds %s entries (the service leaves none there): remove"
                         " what is not the service's",
                         self.workdir / INBOX_DIR,
                         TMP_DIR,
-                        seen,
+                        f"more than {LEFTOVER_SCAN}" if seen > LEFTOVER_SCAN else seen,
                     )
             # A name of this write's own: another writer of the same message (a second
             # instance, a retry) never replaces, nor renames away, this one's file, and a

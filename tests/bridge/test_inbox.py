@@ -278,3 +278,25 @@ def test_author_rate_is_a_sliding_window_per_author_and_agent() -> None:
     assert not rate.allow("ann", "builder", 5.0)
     assert rate.allow("bob", "builder", 5.0) and rate.allow("ann", "tester", 5.0)
     assert rate.allow("ann", "builder", 10.5)
+
+
+def test_a_look_at_a_tmp_folder_filled_by_the_agent_stops_and_names_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent owns its `tmp/` and may fill it with millions of entries: the hourly look
+    went through every one on the service's loop. It stops after `LEFTOVER_SCAN` entries
+    (made small here, for the test's own speed) and says the folder holds more; the write
+    itself goes through."""
+    from taskcard.bridge.inbox import writer as writer_module
+
+    monkeypatch.setattr(writer_module, "LEFTOVER_SCAN", 300)
+    tmp = tmp_path / "inbox" / "tmp"
+    tmp.mkdir(parents=True)
+    for n in range(1000):
+        (tmp / f"junk{n}").touch()
+    InboxWriter(tmp_path).queue(message("m_1"))
+    assert (tmp_path / "inbox" / "queued" / "m_1.json").exists()
+    crowded = [
+        r for r in caplog.records if "inbox/tmp holds more than 300 entries" in r.getMessage()
+    ]
+    assert len(crowded) == 1, caplog.text
