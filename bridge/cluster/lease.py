@@ -20,6 +20,7 @@ import redis
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from taskcard.bridge.store.redis import RELEASE_IF_HELD
 from taskcard.channels.base import CursorStore
 
 log = logging.getLogger(__name__)
@@ -61,11 +62,6 @@ return tokens
 # each call short enough (a few milliseconds in Redis) not to hold up other clients.
 HOLD_BATCH = 1000
 
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
 # KEYS: leases; ARGV: the token held for each. Deletes those still held with that token.
 _RELEASE_ALL = """
 local released = 0
@@ -105,7 +101,7 @@ class Lease:
         self._ttl_s = ttl_s
         self._clock = clock
         self._hold = client.register_script(_HOLD)
-        self._release = client.register_script(_RELEASE)
+        self._release = client.register_script(RELEASE_IF_HELD)
         self.token: str | None = None
         self._held_at = 0.0
         self.changed = asyncio.Event()  # set whenever the lease is gained or lost

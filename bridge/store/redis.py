@@ -16,20 +16,21 @@ whatever the failure looks like.
 Read-modify-write steps (a notice recorded once cluster-wide, a resident's replacement) are
 Lua scripts, so two instances never interleave inside one; a cursor changed from what was read
 (`change_cursor`, the shared origin route book) is written by a compare-and-set on a version
-kept beside it (`P:cursor-version:<field>`, see `change_cursor`).
+kept beside it (`P:cursor-version:<field>`, see `change_cursor`), and a writer that keeps
+losing to others takes the field's turn (`P:cursor-turn:<field>`) so that it is not starved.
 Durability is Redis's: run it with `appendonly yes` so that an acknowledged write survives a
 restart of Redis itself.
 
 Layout under the prefix `P`: `P:res:<route>` hashes of resident fields (and the set
 `P:residents`), hashes `P:prefs`, `P:offsets`, `P:cursors` (with `P:cursor-version:<field>`
-for a cursor `change_cursor` writes), `P:pauses`, `P:chats`, and for
-notices the hashes `P:n:text`, `P:n:state`, `P:n:at` keyed by route and id, with the sorted set
-`P:n:pending` (by creation time) as the index of pending ones; sets `P:set:<name>` (an
-index the service reads often, `StateStore.add_to_set`: the agents that owe wakes);
-`P:sent:<channel>:<message id>` for each message posted on a platform whose replies do not
-say who wrote the message replied to, expiring after `SENT_KEEP_S`;
-`P:nm:["<channel>", "<chat>", "<message id>"]` (the agent a notice posted on any platform was
-about, so a reply to it reaches that agent), expiring alike (kept when the agent leaves, see
+and, while contended, `P:cursor-turn:<field>` for a cursor `change_cursor` writes), `P:pauses`,
+`P:chats`, and for notices the hashes `P:n:text`, `P:n:state`, `P:n:at` keyed by route and id,
+with the sorted set `P:n:pending` (by creation time) as the index of pending ones; sets
+`P:set:<name>` (an index the service reads often, `StateStore.add_to_set`: the agents that owe
+wakes); `P:sent:<channel>:<message id>` for each message posted on a platform whose replies do
+not say who wrote the message replied to, expiring after `SENT_KEEP_S`; `P:nm:["<channel>",
+"<chat>", "<message id>"]` (the agent a notice posted on any platform was about, so a reply to
+it reaches that agent), expiring alike (kept when the agent leaves, see
 `StateStore.remember_notice`).
 
 Every value is read defensively: a field that does not parse (written by hand, by an older
@@ -40,11 +41,13 @@ an instance at start nor hides the good entries beside it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
 import re
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -470,22 +473,43 @@ return 1
 
 # change_cursor, when the value alone can tell (see `RedisStore.change_cursor`): write the
 # field only while it holds the value the change was made from, named by its SHA-1 ('' for a
-# field not set), and move the field's version on. ARGV: field, SHA-1 of the value read, new
-# value. KEYS: the cursors, the field's version.
+# field not set), and no other writer holds the field's turn; move the field's version on and
+# give the turn back. Answers 1 when written, 0 when the value changed, -1 when another
+# writer holds the turn. ARGV: field, SHA-1 of the value read, new value, the writer's token.
+# KEYS: the cursors, the field's version, the field's turn.
 _CHANGE_FIELD = """
+local turn = redis.call('GET', KEYS[3])
+if turn and turn ~= ARGV[4] then return -1 end
 local current = redis.call('HGET', KEYS[1], ARGV[1])
 if (current and redis.sha1hex(current) or '') ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
 redis.call('INCR', KEYS[2])
+if turn then redis.call('DEL', KEYS[3]) end
 return 1
 """
-# Tries of one change_cursor: each that fails means another writer's change went in, so the
-# cluster makes progress; this many in a row is a cursor rewritten without pause.
-CHANGE_TRIES = 100
+# KEYS: a key held under a token (a lease, a cursor's turn); ARGV: the token. Deletes it only
+# while it is still held under that token (not once it lapsed and another took it).
+RELEASE_IF_HELD = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+# A change_cursor that lost this many tries in a row to other writers takes the field's turn:
+# the others wait for it (see `RedisStore.change_cursor`).
+CLAIM_AFTER = 3
+# How long a turn is held at most: a writer that took it and stopped (killed, its host gone)
+# holds up the field's other writers this long, and a turn is given back as soon as its
+# change is written. Long enough for one read, change and write on a loaded host.
+TURN_MS = 2_000
+# How long one change_cursor keeps at it (losing to writers, waiting out others' turns) before
+# it gives up: the event loop is held meanwhile (see the module's docstring).
+CHANGE_BUDGET_S = 10.0
+# The first and longest pause while another writer holds the field's turn.
+TURN_POLL_S, TURN_POLL_MAX_S = 0.001, 0.02
 
 
 class CursorContended(redis.RedisError):
-    """`change_cursor` found the cursor changed by another writer at each of its tries."""
+    """`change_cursor` found the cursor changed by other writers, or their turn held, for
+    the whole of `CHANGE_BUDGET_S`."""
 
 
 class BudgetRetry(Retry):
@@ -605,6 +629,7 @@ class RedisStore(StateStore):
         self._notice_state = client.register_script(_NOTICE_STATE)
         self._replace = client.register_script(_REPLACE)
         self._change_field = client.register_script(_CHANGE_FIELD)
+        self._release_if_held = client.register_script(RELEASE_IF_HELD)
 
     @property
     def client(self) -> redis.Redis:
@@ -926,51 +951,101 @@ class RedisStore(StateStore):
         Not WATCH on the hash of cursors: every instance's other cursors change it all the
         time.
 
+        A compare-and-set alone lets a writer starve: one that writes without pause wins every
+        race against one whose read, change and write take longer (a larger change, a busier
+        host), since each of its writes lands inside the other's try. A writer that lost
+        `CLAIM_AFTER` tries in a row takes the field's turn (`P:cursor-turn:<field>`, its
+        token, lapsing after `TURN_MS`); the turn key is watched and checked by every writer,
+        so taking it fails the others' writes under way, and they wait until it is given back,
+        which the turn's writer does in the same MULTI as its write. The turn is taken only
+        when tries are lost: an uncontended change costs nothing more than the key's read.
+
         The value itself is compared instead (that script) when the version cannot tell:
         the field has no version (stored by an older version, or by `set_cursor`, which
         drops it) or a live instance is listed in `P:instances` but not in `P:versioned`,
         which every instance of this version lists itself in first: an older version, which
         writes the value without moving the version. What is not seen: a write of an older
         version not listed as live (one whose listing lapsed while it stalled, or one too old
-        to list itself) made between this change's read and its write."""
-        cursors, version_key = self.key("cursors"), self._version_key(key)
-        for _ in range(CHANGE_TRIES):
-            with self._r.pipeline(transaction=True) as pipe:
-                try:
-                    pipe.watch(version_key)  # type: ignore[no-untyped-call]
-                    version = raw_answer(pipe, "GET", version_key)
-                    stored = raw_answer(pipe, "HGET", cursors, key)
-                    current = utf8(cursors, key, stored)  # not UTF-8: changed as absent
-                    older_live = version is None or self._older_writer_live(pipe)
-                except redis.WatchError as error:
-                    # redis-py says a connection lost while watching as a WatchError, past
-                    # the client's retries: an outage, not another writer.
-                    raise redis.ConnectionError(str(error)) from error
-                if older_live:
-                    pipe.unwatch()
-                    seen = (
-                        ""
-                        if stored is None
-                        else hashlib.sha1(stored, usedforsecurity=False).hexdigest()
-                    )
-                    if self._change_field(
-                        keys=[cursors, version_key], args=[key, seen, change(current)]
-                    ):
-                        return
-                    continue
-                value = change(current)
-                pipe.multi()
-                pipe.hset(cursors, key, value)
-                pipe.execute_command("INCR", version_key)  # type: ignore[no-untyped-call]
-                try:
-                    pipe.execute()
-                except redis.WatchError:
-                    continue
+        to list itself) made between this change's read and its write. Older versions do not
+        wait for a turn either."""
+        turn_key = self.key("cursor-turn", key)
+        token = uuid.uuid4().hex
+        deadline = time.monotonic() + CHANGE_BUDGET_S
+        lost, pause, claimed = 0, TURN_POLL_S, False
+        while True:
+            try:
+                written = self._try_change(key, change, turn_key, token)
+            except BaseException:
+                if claimed:
+                    self._give_turn_back(turn_key, token)
+                raise
+            if written:
                 return
-        raise CursorContended(
-            f"the cursor {shown_key(key)} was changed by another instance at each of"
-            f" {CHANGE_TRIES} tries to change it; it is left as they wrote it"
-        )
+            if time.monotonic() >= deadline:
+                if claimed:
+                    self._give_turn_back(turn_key, token)
+                raise CursorContended(
+                    f"the cursor {shown_key(key)} was changed by other instances, or held by"
+                    f" their turn, for {CHANGE_BUDGET_S:g} s of tries to change it; it is"
+                    " left as they wrote it"
+                )
+            if written is None:  # another writer's turn: wait until it is given back
+                time.sleep(pause)
+                pause = min(pause * 2, TURN_POLL_MAX_S)
+                continue
+            lost += 1
+            if lost >= CLAIM_AFTER:
+                claimed = bool(self._r.set(turn_key, token, nx=True, px=TURN_MS)) or claimed
+
+    def _try_change(
+        self, key: str, change: Callable[[str | None], str], turn_key: str, token: str
+    ) -> bool | None:
+        """One try of `change_cursor`: whether the change was written; None when another
+        writer holds the field's turn (nothing was tried)."""
+        cursors, version_key = self.key("cursors"), self._version_key(key)
+        with self._r.pipeline(transaction=True) as pipe:
+            try:
+                pipe.watch(version_key, turn_key)  # type: ignore[no-untyped-call]
+                turn = raw_answer(pipe, "GET", turn_key)
+                if turn is not None and turn != token.encode():
+                    pipe.unwatch()
+                    return None
+                version = raw_answer(pipe, "GET", version_key)
+                stored = raw_answer(pipe, "HGET", cursors, key)
+                current = utf8(cursors, key, stored)  # not UTF-8: changed as absent
+                older_live = version is None or self._older_writer_live(pipe)
+            except redis.WatchError as error:
+                # redis-py says a connection lost while watching as a WatchError, past
+                # the client's retries: an outage, not another writer.
+                raise redis.ConnectionError(str(error)) from error
+            if older_live:
+                pipe.unwatch()
+                seen = (
+                    ""
+                    if stored is None
+                    else hashlib.sha1(stored, usedforsecurity=False).hexdigest()
+                )
+                answer = self._change_field(
+                    keys=[cursors, version_key, turn_key], args=[key, seen, change(current), token]
+                )
+                return None if answer == -1 else bool(answer)
+            value = change(current)
+            pipe.multi()
+            pipe.hset(cursors, key, value)
+            pipe.execute_command("INCR", version_key)  # type: ignore[no-untyped-call]
+            if turn is not None:
+                pipe.delete(turn_key)  # ours, and watched: given back with the write
+            try:
+                pipe.execute()
+            except redis.WatchError:
+                return False
+            return True
+
+    def _give_turn_back(self, turn_key: str, token: str) -> None:
+        """Give back a field's turn this writer took and did not write under, so the field's
+        other writers need not wait for it to lapse; a Redis that fails here leaves it to lapse."""
+        with contextlib.suppress(redis.RedisError):
+            self._release_if_held(keys=[turn_key], args=[token])
 
     def _older_writer_live(self, pipe: Any) -> bool:
         """Whether a live instance may be of a version that writes cursors without their

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -288,6 +290,80 @@ def test_a_versioned_listing_of_another_type_counts_as_an_older_instance_live(
         store.change_cursor("doc", add_y)
         assert seen == ["x", "xo"]
         assert store.get_cursor("doc") == "xoy"
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("older_live", [False, True], ids=["by-version", "by-value"])
+def test_a_writer_that_keeps_losing_to_one_writing_without_pause_takes_its_turn(
+    redis_url: str, older_live: bool
+) -> None:
+    """One instance changes the cursor without pause while another's change takes longer
+    than the first's whole try: every write of the first landed inside the second's try,
+    which lost each race and gave up (`CursorContended`), its change never made. The second
+    now takes the cursor's turn after a few lost tries, the first waits for it, and both keep
+    every change. By the version, and by the value (an older instance listed as live)."""
+    prefix = f"test-{uuid.uuid4().hex}"
+    store, hog = RedisStore(connect(redis_url), prefix), RedisStore(connect(redis_url), prefix)
+    if older_live:
+        store.client.zadd(store.key("instances"), {"old#2": 10**13})
+    stop, hog_writes, failures = threading.Event(), [0], []
+
+    def write_without_pause() -> None:
+        try:
+            while not stop.is_set():
+                hog.change_cursor("doc", lambda value: f"{value or ''}h")
+                hog_writes[0] += 1
+        except Exception as error:  # a failure in the thread fails the test
+            failures.append(error)
+
+    def slow_add_v(value: str | None) -> str:
+        time.sleep(0.02)  # several of the other writer's whole tries
+        return f"{value or ''}v"
+
+    thread = threading.Thread(target=write_without_pause)
+    thread.start()
+    try:
+        while hog_writes[0] < 5 and thread.is_alive():
+            time.sleep(0.001)
+        store.change_cursor("doc", slow_add_v)
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+    try:
+        assert not failures
+        assert not thread.is_alive()
+        stored = store.get_cursor("doc") or ""
+        assert stored.count("v") == 1
+        assert stored.count("h") == hog_writes[0]  # the other writer lost nothing either
+        assert hog_writes[0] > 5  # it wrote on after the turn was given back
+        assert store.client.exists(store.key("cursor-turn", "doc")) == 0
+    finally:
+        store.close()
+        hog.close()
+
+
+def test_a_turn_left_by_a_writer_that_stopped_holds_the_others_only_until_it_lapses(
+    redis_url: str,
+) -> None:
+    """A writer that took the cursor's turn and stopped before writing (killed, its host
+    gone) leaves the turn behind: the others wait until it lapses, then change the cursor;
+    nothing is written while it is held."""
+    store = RedisStore(connect(redis_url), f"test-{uuid.uuid4().hex}")
+    turn = store.key("cursor-turn", "doc")
+    store.change_cursor("doc", lambda value: "x")
+    store.client.set(turn, "a writer that stopped", px=300)
+    seen: list[str | None] = []
+
+    def add_y(value: str | None) -> str:
+        seen.append(value)
+        assert store.client.exists(turn) == 0, "changed while another writer held the turn"
+        return f"{value}y"
+
+    try:
+        store.change_cursor("doc", add_y)
+        assert store.get_cursor("doc") == "xy"
+        assert seen == ["x"]
     finally:
         store.close()
 
