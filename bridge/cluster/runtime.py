@@ -384,7 +384,9 @@ def refused_permissions(store: RedisStore, owner: str) -> list[tuple[str, str]]:
     pipe.pttl(text)
     # redis-py's `incr` sends INCRBY; the leases' script calls INCR, which the ACL may allow alone.
     pipe.execute_command("INCR", count)  # type: ignore[no-untyped-call]
-    pipe.execute_command("UNWATCH")  # type: ignore[no-untyped-call]  # change_cursor's
+    # The release before this one changed cursors under WATCH and UNWATCH: kept while a
+    # rolling update mixes the two on one ACL user.
+    pipe.execute_command("UNWATCH")  # type: ignore[no-untyped-call]
     pipe.hset(table, "f", "v")
     pipe.hsetnx(table, "f", "v")
     pipe.hget(table, "f")
@@ -423,7 +425,7 @@ def refused_permissions(store: RedisStore, owner: str) -> list[tuple[str, str]]:
         for answer in answers
         if isinstance(answer, RedisError) and (found := refused_permission(answer)) is not None
     ]
-    # WATCH, MULTI and EXEC (`RedisStore.change_cursor`)
+    # WATCH, MULTI and EXEC (transactions; WATCH as for UNWATCH above)
     transaction: Any = store.client.pipeline(transaction=True)
     try:
         transaction.watch(text)

@@ -471,18 +471,27 @@ redis.call('SADD', KEYS[2], ARGV[3])
 return 1
 """
 
-# change_cursor, when the value alone can tell (see `RedisStore.change_cursor`): write the
-# field only while it holds the value the change was made from, named by its SHA-1 ('' for a
-# field not set), and no other writer holds the field's turn; move the field's version on and
-# give the turn back. Answers 1 when written, 0 when the value changed, -1 when another
-# writer holds the turn. ARGV: field, SHA-1 of the value read, new value, the writer's token.
+# change_cursor's write (see `RedisStore.change_cursor`): a compare-and-set on the field's
+# version, and on its value too while a writer of an older version may be live (named by its
+# SHA-1, '' for a field not set), refused while another writer holds the field's turn; moves the
+# version on and gives back a turn the writer held. A turn without a lapse, or with a longer one
+# than any writer gives it, was not set by a writer: it is ignored and cleared.
 # KEYS: the cursors, the field's version, the field's turn.
+# ARGV: field, the version read ('' for none), the value's SHA-1 ('-' when the version alone
+# decides), the new value, the writer's token, TURN_MS.
+# Answers 1 when written, 0 when another writer wrote meanwhile, -1 when another holds the turn.
 _CHANGE_FIELD = """
 local turn = redis.call('GET', KEYS[3])
-if turn and turn ~= ARGV[4] then return -1 end
-local current = redis.call('HGET', KEYS[1], ARGV[1])
-if (current and redis.sha1hex(current) or '') ~= ARGV[2] then return 0 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+if turn and turn ~= ARGV[5] then
+  local left = redis.call('PTTL', KEYS[3])
+  if left >= 0 and left <= tonumber(ARGV[6]) then return -1 end
+end
+if (redis.call('GET', KEYS[2]) or '') ~= ARGV[2] then return 0 end
+if ARGV[3] ~= '-' then
+  local current = redis.call('HGET', KEYS[1], ARGV[1])
+  if (current and redis.sha1hex(current) or '') ~= ARGV[3] then return 0 end
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[4])
 redis.call('INCR', KEYS[2])
 if turn then redis.call('DEL', KEYS[3]) end
 return 1
@@ -496,13 +505,14 @@ return 0
 # A change_cursor that lost this many tries in a row to other writers takes the field's turn:
 # the others wait for it (see `RedisStore.change_cursor`).
 CLAIM_AFTER = 3
-# How long a turn is held at most: a writer that took it and stopped (killed, its host gone)
-# holds up the field's other writers this long, and a turn is given back as soon as its
-# change is written. Long enough for one read, change and write on a loaded host.
-TURN_MS = 2_000
+# How long a turn is held at most. A merge takes milliseconds; a writer that took the turn and
+# stopped (killed, its host gone) holds up the field's other writers this long. A turn that
+# lapses under a slow writer costs it nothing unless another writer takes the turn meanwhile.
+TURN_MS = 500
 # How long one change_cursor keeps at it (losing to writers, waiting out others' turns) before
-# it gives up: the event loop is held meanwhile (see the module's docstring).
-CHANGE_BUDGET_S = 10.0
+# it gives up: the event loop is held meanwhile, so no longer than a call's retries may hold it
+# (`RETRY_BUDGET_S`, see the module's docstring).
+CHANGE_BUDGET_S = RETRY_BUDGET_S
 # The first and longest pause while another writer holds the field's turn.
 TURN_POLL_S, TURN_POLL_MAX_S = 0.001, 0.02
 
@@ -944,37 +954,43 @@ class RedisStore(StateStore):
         in between is seen and the change made again on what it wrote, never written over it.
 
         Each change moves on a version kept beside the value, a key of its own
-        (`P:cursor-version:<field>`): WATCH on it, read the value, and write the value and the
-        version in one MULTI, which Redis refuses when the version moved meanwhile. What it
-        costs Redis is the write's, whatever the value's size (comparing the value in a
-        script, by its SHA-1, held Redis about 5 ms per change of a 5,000-entry origin book).
-        Not WATCH on the hash of cursors: every instance's other cursors change it all the
-        time.
+        (`P:cursor-version:<field>`): read the version and the value, make the change, and
+        write it with a script that refuses when the version moved meanwhile. What it costs
+        Redis is the write's, whatever the value's size (comparing the value by its SHA-1
+        held Redis about 5 ms per change of a 5,000-entry origin book). Not a version of the
+        hash of cursors: every instance's other cursors change it all the time.
 
         A compare-and-set alone lets a writer starve: one that writes without pause wins every
         race against one whose read, change and write take longer (a larger change, a busier
         host), since each of its writes lands inside the other's try. A writer that lost
         `CLAIM_AFTER` tries in a row takes the field's turn (`P:cursor-turn:<field>`, its
-        token, lapsing after `TURN_MS`); the turn key is watched and checked by every writer,
-        so taking it fails the others' writes under way, and they wait until it is given back,
-        which the turn's writer does in the same MULTI as its write. The turn is taken only
-        when tries are lost: an uncontended change costs nothing more than the key's read.
+        token, lapsing after `TURN_MS`): the others' writes are refused while it is held, and
+        they wait until the turn's writer gives it back with its write. Only a writer that
+        ignores turns (an older version) can beat the turn's writer; one that loses while
+        holding the turn gives it back and does not take it again, so as not to hold up the
+        writers that do wait. An uncontended change reads the turn in the same round trip as
+        the version and the value, and costs nothing more.
 
-        The value itself is compared instead (that script) when the version cannot tell:
-        the field has no version (stored by an older version, or by `set_cursor`, which
-        drops it) or a live instance is listed in `P:instances` but not in `P:versioned`,
-        which every instance of this version lists itself in first: an older version, which
-        writes the value without moving the version. What is not seen: a write of an older
-        version not listed as live (one whose listing lapsed while it stalled, or one too old
-        to list itself) made between this change's read and its write. Older versions do not
-        wait for a turn either."""
+        The value itself is compared as well when the version cannot tell: the field has no
+        version (stored by an older version, or by `set_cursor`, which drops it) or a live
+        instance is listed in `P:instances` but not in `P:versioned`, which every instance of
+        this version lists itself in first: an older version, which writes the value without
+        moving the version. What is not seen: a write of an older version not listed as live
+        (one whose listing lapsed while it stalled, or one too old to list itself) made
+        between this change's read and its write.
+
+        Gives up with `CursorContended` after `CHANGE_BUDGET_S`: the loop is held meanwhile.
+        A change Redis applied but whose answer was lost is made again on what it wrote, so a
+        change must be one that can be made twice (the origin book's merge is)."""
         turn_key = self.key("cursor-turn", key)
         token = uuid.uuid4().hex
         deadline = time.monotonic() + CHANGE_BUDGET_S
-        lost, pause, claimed = 0, TURN_POLL_S, False
+        lost, pause, may_claim, claimed = 0, TURN_POLL_S, True, False
         while True:
             try:
-                written = self._try_change(key, change, turn_key, token)
+                written, held = self._try_change(key, change, turn_key, token)
+            except (redis.ConnectionError, redis.TimeoutError):
+                raise  # a turn taken lapses by itself: no retries against a Redis gone
             except BaseException:
                 if claimed:
                     self._give_turn_back(turn_key, token)
@@ -994,52 +1010,36 @@ class RedisStore(StateStore):
                 pause = min(pause * 2, TURN_POLL_MAX_S)
                 continue
             lost += 1
-            if lost >= CLAIM_AFTER:
+            if held:  # beaten under our own turn: by a writer that ignores turns
+                self._give_turn_back(turn_key, token)
+                may_claim = claimed = False
+            elif may_claim and lost >= CLAIM_AFTER:
                 claimed = bool(self._r.set(turn_key, token, nx=True, px=TURN_MS)) or claimed
 
     def _try_change(
         self, key: str, change: Callable[[str | None], str], turn_key: str, token: str
-    ) -> bool | None:
-        """One try of `change_cursor`: whether the change was written; None when another
-        writer holds the field's turn (nothing was tried)."""
+    ) -> tuple[bool | None, bool]:
+        """One try of `change_cursor`: whether the change was written (None when another
+        writer holds the field's turn, nothing tried), and whether this writer held the
+        turn."""
         cursors, version_key = self.key("cursors"), self._version_key(key)
-        with self._r.pipeline(transaction=True) as pipe:
-            try:
-                pipe.watch(version_key, turn_key)  # type: ignore[no-untyped-call]
-                turn = raw_answer(pipe, "GET", turn_key)
-                if turn is not None and turn != token.encode():
-                    pipe.unwatch()
-                    return None
-                version = raw_answer(pipe, "GET", version_key)
-                stored = raw_answer(pipe, "HGET", cursors, key)
-                current = utf8(cursors, key, stored)  # not UTF-8: changed as absent
-                older_live = version is None or self._older_writer_live(pipe)
-            except redis.WatchError as error:
-                # redis-py says a connection lost while watching as a WatchError, past
-                # the client's retries: an outage, not another writer.
-                raise redis.ConnectionError(str(error)) from error
-            if older_live:
-                pipe.unwatch()
-                seen = (
-                    ""
-                    if stored is None
-                    else hashlib.sha1(stored, usedforsecurity=False).hexdigest()
-                )
-                answer = self._change_field(
-                    keys=[cursors, version_key, turn_key], args=[key, seen, change(current), token]
-                )
-                return None if answer == -1 else bool(answer)
-            value = change(current)
-            pipe.multi()
-            pipe.hset(cursors, key, value)
-            pipe.execute_command("INCR", version_key)  # type: ignore[no-untyped-call]
-            if turn is not None:
-                pipe.delete(turn_key)  # ours, and watched: given back with the write
-            try:
-                pipe.execute()
-            except redis.WatchError:
-                return False
-            return True
+        pipe = self._r.pipeline(transaction=False)
+        for command in (("GET", turn_key), ("PTTL", turn_key), ("GET", version_key)):
+            raw_answer(pipe, *command)
+        raw_answer(pipe, "HGET", cursors, key)
+        turn, left, version, stored = pipe.execute()
+        held = turn == token.encode()
+        if turn is not None and not held and 0 <= left <= TURN_MS:
+            return None, False
+        current = utf8(cursors, key, stored)  # not UTF-8: changed as absent
+        seen = "-"
+        if version is None or self._older_writer_live(self._r):
+            seen = "" if stored is None else hashlib.sha1(stored, usedforsecurity=False).hexdigest()
+        answer = self._change_field(
+            keys=[cursors, version_key, turn_key],
+            args=[key, version or b"", seen, change(current), token, TURN_MS],
+        )
+        return (None if answer == -1 else bool(answer)), held
 
     def _give_turn_back(self, turn_key: str, token: str) -> None:
         """Give back a field's turn this writer took and did not write under, so the field's

@@ -21,7 +21,7 @@ from taskcard.bridge.store.base import (
     SeenChat,
     StateStore,
 )
-from taskcard.bridge.store.redis import RedisStore, connect
+from taskcard.bridge.store.redis import CLAIM_AFTER, TURN_MS, RedisStore, connect
 from taskcard.bridge.store.sqlite import SqliteStore
 
 Opener = Callable[[], StateStore]
@@ -364,6 +364,76 @@ def test_a_turn_left_by_a_writer_that_stopped_holds_the_others_only_until_it_lap
         store.change_cursor("doc", add_y)
         assert store.get_cursor("doc") == "xy"
         assert seen == ["x"]
+    finally:
+        store.close()
+
+
+def test_a_writer_whose_turn_lapses_during_a_slow_change_still_writes_it(redis_url: str) -> None:
+    """A writer that took the cursor's turn and then took longer than the turn lasts (a
+    loaded host): nobody else wrote meanwhile, so its change is written. It watched its own
+    turn, whose lapse refused its write at every try until it gave up, the change unmade."""
+    prefix = f"test-{uuid.uuid4().hex}"
+    store, other = RedisStore(connect(redis_url), prefix), RedisStore(connect(redis_url), prefix)
+    store.change_cursor("doc", lambda value: "x")
+    calls: list[str | None] = []
+
+    def add_s(value: str | None) -> str:
+        calls.append(value)
+        if len(calls) <= CLAIM_AFTER:  # another writer wins each of the first tries
+            other.change_cursor("doc", lambda value: f"{value}o")
+        else:  # under its turn now: slower than the turn lasts
+            time.sleep(TURN_MS / 1000 + 0.3)
+        return f"{value}s"
+
+    try:
+        store.change_cursor("doc", add_s)
+        assert store.get_cursor("doc") == "x" + "o" * CLAIM_AFTER + "s"
+        assert len(calls) == CLAIM_AFTER + 1
+    finally:
+        store.close()
+        other.close()
+
+
+@pytest.mark.parametrize("lapse_ms", [None, 3_600_000], ids=["no-lapse", "an-hour"])
+def test_a_turn_no_writer_could_have_set_is_ignored_and_cleared(
+    redis_url: str, lapse_ms: int | None
+) -> None:
+    """A turn key with no lapse, or a longer one than any writer sets (written by hand, or
+    restored), held every change of the cursor for good."""
+    store = RedisStore(connect(redis_url), f"test-{uuid.uuid4().hex}")
+    turn = store.key("cursor-turn", "doc")
+    store.client.set(turn, "not a writer's", px=lapse_ms)
+    try:
+        store.change_cursor("doc", lambda value: "x")
+        store.change_cursor("doc", lambda value: f"{value}y")
+        assert store.get_cursor("doc") == "xy"
+        assert store.client.exists(turn) == 0
+    finally:
+        store.close()
+
+
+def test_a_writer_beaten_under_its_turn_by_an_older_release_gives_the_turn_back(
+    redis_url: str,
+) -> None:
+    """During a rolling update an instance of an older release, which knows no turns, can
+    still write while a writer holds the turn. That writer gives the turn back then, and does
+    not take it again: the writers of this release waiting for it were held up at each try."""
+    store = RedisStore(connect(redis_url), f"test-{uuid.uuid4().hex}")
+    store.client.zadd(store.key("instances"), {"old#2": 10**13})  # an older release is live
+    turn = store.key("cursor-turn", "doc")
+    _older_write(store, "x")
+    held: list[int] = []
+
+    def add_y(value: str | None) -> str:
+        held.append(store.client.exists(turn))
+        if len(held) <= CLAIM_AFTER + 2:
+            _older_write(store, f"{value}o")
+        return f"{value}y"
+
+    try:
+        store.change_cursor("doc", add_y)
+        assert store.get_cursor("doc") == "x" + "o" * (CLAIM_AFTER + 2) + "y"
+        assert held == [0] * CLAIM_AFTER + [1] + [0, 0]
     finally:
         store.close()
 

@@ -723,7 +723,7 @@ def test_a_redis_user_granted_the_operators_list_passes_the_start_and_serves(
             assert refused_permissions(store, "docs") == []
             assert store.notice_counts() == {}
             assert store.sent_any("feishu", ["om_1"], 0.0) is False
-            for _ in range(2):  # a cursor with no version yet (UNWATCH), then with one
+            for _ in range(2):  # a cursor with no version yet, then with one
                 store.change_cursor("docs-book", lambda value: (value or "") + "x")
             assert store.get_cursor("docs-book") == "xx"
             assert store.cursor_keys("docs-") == ["docs-book"]  # HSCAN
