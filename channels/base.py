@@ -29,6 +29,14 @@ from taskcard.channels.aio import wait_first
 from taskcard.channels.errors import RateLimited as RateLimited  # for the wrappers
 
 AgentState = Literal["running", "idle", "at prompt", "waiting", "exited", "no output", "unknown"]
+
+
+def state_id(state: AgentState) -> str:
+    """`state` as the reports-and-signals table names it, for scripts (`at-prompt`,
+    `no-output`); people read it with a space, on cards and in the commands' text."""
+    return state.replace(" ", "-")
+
+
 Operation = Literal["send", "edit", "delete", "pin"]
 
 BODY_CUT_MARKER = "\n\n… (card cut to fit this chat; the full card is in taskcard/taskcard.md)"

@@ -58,7 +58,7 @@ from taskcard.bridge.store.sqlite import (
     read_health,
     unfit_state,
 )
-from taskcard.channels.base import counted
+from taskcard.channels.base import counted, state_id
 
 if TYPE_CHECKING:
     from taskcard.bridge.schedule.scheduler import RouteKey
@@ -370,7 +370,7 @@ def _agent_now(config: ServiceConfig, agent_id: str, workdir: Path, exists: bool
     side.refresh()
     report = side.latest_report
     return {
-        "state": monitor.activity.state,
+        "state": state_id(monitor.activity.state),  # an identifier, as the spec's table
         "latest_report": None
         if report is None
         else {
@@ -678,7 +678,8 @@ def _status(args: argparse.Namespace) -> int:
         )
     for agent in report["agents"]:
         if agent["state"] is not None:
-            print(printable(f"agent {agent['agent']}: {agent['state']}{_report_said(agent)}"))
+            state = agent["state"].replace("-", " ")  # as people read it, as on cards
+            print(printable(f"agent {agent['agent']}: {state}{_report_said(agent)}"))
         if agent["found_by"] == "discovered":
             print(printable(f"agent {agent['agent']}: discovered at {agent['workdir']}"))
         if not agent["workdir_exists"]:

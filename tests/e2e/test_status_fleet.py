@@ -9,6 +9,7 @@ routes are kept in the state).
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -118,3 +119,25 @@ def test_status_tells_each_agents_state_and_latest_report(tmp_path: Path) -> Non
     assert "agent gone: exited; latest report #1 (" in text and "): failed." in text, text
     assert "agent silent: unknown; no report" in text, text
     assert "agent later:" in text and "agent later: None" not in text, text
+
+
+def test_status_json_names_the_states_as_the_spec_does(tmp_path: Path) -> None:
+    """The reports-and-signals table names the states `at-prompt` and `no-output`; `--json`,
+    which scripts read, gave them with a space ("at prompt", "no output"), as people read
+    them. The text keeps the words people read."""
+    config = tmp_path / "taskcard.toml"
+    config.write_text("\n".join(agents_lines(tmp_path, ["shell", "mute"])) + "\n")
+    agents = tmp_path / "agents"
+    for kind in ("agent.start", "text"):  # spoke, never had a turn: a shell at its prompt
+        done = run_cli("activity", "--workdir", str(agents / "shell"), kind, "text=$ ")
+        assert done.returncode == 0, done.stderr
+    logs = agents / "mute" / "logs"
+    logs.mkdir(parents=True)
+    started = (datetime.now(UTC) - timedelta(minutes=10)).isoformat().replace("+00:00", "Z")
+    (logs / "events.jsonl").write_text(json.dumps({"ts": started, "kind": "agent.start"}) + "\n")
+    report: dict[str, Any] = json.loads(status(config, "--json"))
+    found = {agent["agent"]: agent["state"] for agent in report["agents"]}
+    assert found == {"shell": "at-prompt", "mute": "no-output"}
+    text = status(config)
+    assert "agent shell: at prompt; no report" in text, text
+    assert "agent mute: no output; no report" in text, text
