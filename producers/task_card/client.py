@@ -218,6 +218,8 @@ def call_via_host(
         # Imported here: a call that goes to the host never loads the capability.
         from taskcard.producers.task_card.capability import read_only_answer
 
+        if paths.chosen:  # a folder the user chose is refused as for any call, not made
+            paths.check_dir()
         if parsed.action == "settings":
             # The settings are read in `taskcard/`: one leading out of the workdir is refused
             # as for the calls a host answers, not read as this workdir's.

@@ -24,7 +24,7 @@ import hashlib
 import os
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
@@ -66,33 +66,23 @@ def runtime_dir_problem(mode: int, owner_uid: int, my_uid: int) -> str | None:
     return None
 
 
-def ensure_private_dir(path: Path) -> None:
-    """Create `path` 0700 if missing; raise `RuntimeDirUnsafe` unless it is ours alone."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path, 0o700)
-    except OSError as exc:
-        # A folder that cannot be made (a file on its path, a read-only or pseudo file
-        # system) was a bare "[Errno 17] File exists: ..." and exit 4, "no host reachable".
-        # The folder in the way, when not the runtime dir itself (said once, not twice).
-        where = "" if exc.filename in (None, str(path)) else f": {shown_path(exc.filename)}"
-        why = f" ({exc.strerror}{where})"
-        broken = broken_link(path)
-        file_above = next((above for above in path.parents if os.path.isfile(above)), None)
-        if broken is not None:
-            # A link on the way that leads nowhere, or round a loop, was "File exists" about it.
-            leads = dangling_link(path) or (
-                f"the symbolic link {shown_path(broken[0])} on its path goes round a loop of"
-                " symbolic links"
-            )
-            why = f": {leads}"
-        elif file_above is not None:  # "File exists" or "Not a directory" about a folder name
-            why = f": {shown_path(file_above)} on its path is a file, not a folder"
-        raise RuntimeDirUnsafe(
-            f"runtime dir {shown_path(path)} cannot be created{why}; set "
-            "TASKCARD_RUNTIME_DIR (or --runtime-dir) to a private directory you can create"
-        ) from None
+def ensure_private_dir(path: Path, *, make: bool = True) -> None:
+    """Create `path` 0700 if missing; raise `RuntimeDirUnsafe` unless it is ours alone.
+    `make=False`: nothing is made; a missing folder passes when it could be made."""
+    if make:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path, 0o700)
+        except OSError as exc:
+            # A folder that cannot be made (a file on its path, a read-only or pseudo file
+            # system) was a bare "[Errno 17] File exists: ..." and exit 4, "no host
+            # reachable". The folder in the way, when not the runtime dir itself (said once).
+            where = "" if exc.filename in (None, str(path)) else f": {shown_path(exc.filename)}"
+            _cannot_be_made(path, f" ({exc.strerror}{where})")
+    elif not os.path.lexists(path):
+        _cannot_be_made(path, None)
+        return
     try:
         info = os.lstat(path)
     except OSError as exc:
@@ -115,6 +105,29 @@ def ensure_private_dir(path: Path) -> None:
             f" {stat.S_IMODE(info.st_mode):04o}); chmod 700 it, or set TASKCARD_RUNTIME_DIR"
             " (or --runtime-dir) to a private directory you can write"
         )
+
+
+def _cannot_be_made(path: Path, why: str | None) -> None:
+    """Raise `RuntimeDirUnsafe` for the runtime folder `path` that cannot be made: a link
+    that leads nowhere or a file on its path, else `why` (the error met making it); with no
+    error met (`why` None, nothing tried), return when nothing on the path stands in the way."""
+    broken = broken_link(path)
+    file_above = next((above for above in path.parents if os.path.isfile(above)), None)
+    if broken is not None:
+        # A link on the way that leads nowhere, or round a loop, was "File exists" about it.
+        leads = dangling_link(path) or (
+            f"the symbolic link {shown_path(broken[0])} on its path goes round a loop of"
+            " symbolic links"
+        )
+        why = f": {leads}"
+    elif file_above is not None:  # "File exists" or "Not a directory" about a folder name
+        why = f": {shown_path(file_above)} on its path is a file, not a folder"
+    if why is None:
+        return
+    raise RuntimeDirUnsafe(
+        f"runtime dir {shown_path(path)} cannot be created{why}; set "
+        "TASKCARD_RUNTIME_DIR (or --runtime-dir) to a private directory you can create"
+    ) from None
 
 
 # The `--runtime-dir` option's help, the same for every command that reaches a host.
@@ -206,7 +219,7 @@ def chosen_host_paths(
     else:
         source = RUNTIME_DIR_ENV if environ.get(RUNTIME_DIR_ENV) else None
         runtime = default_runtime_dir(environ)
-    paths = HostPaths(runtime, workdir)
+    paths = HostPaths(runtime, workdir, chosen=source is not None)
     if source is not None:
         inside = Path(os.path.realpath(paths.runtime_dir))
         home = workdir.resolve()
@@ -243,6 +256,8 @@ class HostPaths:
 
     runtime_dir: Path
     workdir: Path
+    # Chosen by `--runtime-dir` or the variable, not the default (`chosen_host_paths`).
+    chosen: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "runtime_dir", Path(os.path.abspath(self.runtime_dir)))
@@ -274,6 +289,16 @@ class HostPaths:
         (`for_socket=False`: the Python API's in-process watches, which bind no socket, as
         the demo's under a long `TMPDIR`).
         """
+        self._check_length(for_socket)
+        ensure_private_dir(self.runtime_dir)
+
+    def check_dir(self) -> None:
+        """Check the runtime folder as `ensure_dir` does, making nothing: for the calls that
+        need no host (`manual`, `settings`), which still refuse a bad folder a user chose."""
+        self._check_length(True)
+        ensure_private_dir(self.runtime_dir, make=False)
+
+    def _check_length(self, for_socket: bool) -> None:
         length = len(os.fsencode(self.socket))
         if for_socket and length > MAX_SOCKET_PATH_BYTES:
             raise RuntimeDirInvalid(
@@ -282,7 +307,6 @@ class HostPaths:
                 f" {MAX_SOCKET_PATH_BYTES}); set {RUNTIME_DIR_ENV} (or --runtime-dir) to a"
                 " shorter private directory"
             )
-        ensure_private_dir(self.runtime_dir)
 
 
 class HostLock:

@@ -241,11 +241,50 @@ def test_a_runtime_dir_that_is_no_folder_is_refused_naming_the_fix(
         ({"TASKCARD_RUNTIME_DIR": str(named)}, ()),
         ({}, ("--runtime-dir", str(named))),
     ):
-        done = _taskcard(workdir, ["card", "inspect", "tc_1"], env, *options)
-        assert (done.returncode, done.stdout) == (2, ""), done.stderr
-        assert done.stderr.startswith(f"taskcard card inspect: {problem}")
-        assert "TASKCARD_RUNTIME_DIR (or --runtime-dir)" in done.stderr
-        assert len(done.stderr.splitlines()) == 1
+        for command in (["card", "inspect", "tc_1"], *READ_ONLY_CALLS):
+            done = _taskcard(workdir, command, env, *options)
+            assert (done.returncode, done.stdout) == (2, ""), (command, done.stderr)
+            assert done.stderr.startswith(f"{_prog(command)}: {problem}"), done.stderr
+            assert "TASKCARD_RUNTIME_DIR (or --runtime-dir)" in done.stderr
+            assert len(done.stderr.splitlines()) == 1
+
+
+# The calls no host answers: they only read files, yet a bad runtime folder a user chose is
+# refused for them as for any call (they were answered through it).
+READ_ONLY_CALLS = [
+    ["card", "settings"],
+    ["card", "manual"],
+    ["tool", '{"action": "manual", "input": {}, "reasoning": "r"}'],
+    ["tool", '{"action": "settings", "input": {}, "reasoning": "r"}'],
+]
+
+
+@pytest.mark.parametrize("command", READ_ONLY_CALLS, ids=" ".join)
+def test_a_runtime_dir_others_may_enter_is_refused_for_the_calls_no_host_answers(
+    workdir: Path, other_runtime_dir: Path, command: list[str]
+) -> None:
+    """A folder of mode 0755 is refused for `inspect`; `settings` and `manual` answered
+    through it, though the guide says a folder given to them is checked as for any call.
+    One that does not exist yet is not made for them, and passes."""
+    loose = other_runtime_dir / "rt"
+    loose.mkdir(mode=0o755)
+    loose.chmod(0o755)
+    for env, options in (
+        ({"TASKCARD_RUNTIME_DIR": str(loose)}, ()),
+        ({}, ("--runtime-dir", str(loose))),
+    ):
+        done = _taskcard(workdir, command, env, *options)
+        _refused(
+            done,
+            command,
+            f"runtime dir {loose} has mode 0755, looser than 0700; refusing to use it. Remove"
+            " it if it is not yours, or set TASKCARD_RUNTIME_DIR (or --runtime-dir) to a"
+            " private directory",
+        )
+    missing = other_runtime_dir / "later"
+    done = _taskcard(workdir, command, {}, "--runtime-dir", str(missing))
+    assert done.returncode == 0, done.stderr
+    assert not missing.exists()
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a folder of mode 0500")
