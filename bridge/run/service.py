@@ -3211,6 +3211,8 @@ class Service:
         # Read as a `/tell` reads the name: case and width do not matter (`ｂｕｉｌｄｅｒ`).
         matches = matching_agents(named, here)
         agent_id = matches[0] if len(matches) == 1 else None
+        if matches and agent_id is None:
+            return _same_but_case(matches, "/taskcard orchestrator AGENT")
         if agent_id is None:
             head = f"{_reordered('The name', named)} " if reordered else ""
             listed = f"{head}/taskcard orchestrator AGENT: AGENT is one of {', '.join(here)}."
@@ -3361,11 +3363,12 @@ def _folded_name(name: str) -> str:
     return unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", name).casefold())
 
 
-def _same_but_case(names: list[str]) -> str:
-    """The refusal of a `/tell` whose name several agents of the chat share but for case."""
+def _same_but_case(names: list[str], usage: str = "/tell AGENT TEXT") -> str:
+    """The refusal of a name (of a `/tell`, or `usage`'s) that several agents of the chat
+    share but for case."""
     return (
-        f"/tell AGENT TEXT: the agents {', '.join(names)} differ only in case; write the"
-        " exact name of the one you mean."
+        f"{usage}: the agents {', '.join(names)} differ only in case; write the exact name"
+        " of the one you mean."
     )
 
 

@@ -85,6 +85,12 @@ async def test_a_tell_finds_the_agent_whatever_the_case_and_asks_when_two_differ
         assert "Keeper, keeper" in answer and "KEEPER" not in answer
         await chat.say("/tell keeper roll back")
         await eventually(lambda: texts_queued(tmp_path, "keeper"), what="keeper's text")
+        # `/taskcard orchestrator` reads the name as `/tell` does, and asks alike: it
+        # answered only "AGENT is one of Keeper, builder, keeper", as if no agent had it.
+        await chat.say("/taskcard orchestrator KEEPER")
+        answer = await wait_said(chat, "orchestrator AGENT: the agents", "the question")
+        assert "Keeper, keeper differ only in case" in answer and "KEEPER" not in answer
+        assert not any("orchestrator" in text for text in chat.bot_texts() if "is now" in text)
         # A look-alike from another script is no name: a Cyrillic "е" is not an "e".
         await chat.say("/tell k\u0435eper nothing")
         await wait_said(chat, "AGENT is one of Keeper, builder, keeper.", "the refusal")
