@@ -166,12 +166,21 @@ class WorkdirFiles:
         """The regular file opened for binary reading (the caller closes it), or None."""
         return self._judged(path, self._open)
 
-    def read(self, path: StrPath, limit: int, *, whole: bool = False) -> bytes | None:
+    def read(
+        self,
+        path: StrPath,
+        limit: int,
+        *,
+        whole: bool = False,
+        judge: Callable[[bytes], str | None] | None = None,
+    ) -> bytes | None:
         """At most `limit` bytes of the regular file, or None when it is missing or refused.
 
         `whole`: a file larger than `limit` is refused (a problem naming its size) instead of
-        read in part, for a file whose first `limit` bytes alone mean nothing (a card body)."""
-        found = self._read(path, limit, whole)
+        read in part, for a file whose first `limit` bytes alone mean nothing (a card body).
+        `judge`: why the bytes read are not what the file should hold (a problem, kept until
+        a reading it passes, and the bytes still returned), or None when they are."""
+        found = self._read(path, limit, whole, judge)
         return None if found is None else found[0]
 
     def read_signed(
@@ -182,7 +191,11 @@ class WorkdirFiles:
         return self._read(path, limit, whole)
 
     def _read(
-        self, path: StrPath, limit: int, whole: bool = False
+        self,
+        path: StrPath,
+        limit: int,
+        whole: bool = False,
+        judge: Callable[[bytes], str | None] | None = None,
     ) -> tuple[bytes, os.stat_result] | None:
         direct = self._open_direct(os.fspath(path))
         if direct is False:
@@ -202,7 +215,7 @@ class WorkdirFiles:
                 return None
             finally:
                 os.close(fd)
-            self._fine(path)
+            self._judge(path, data, judge)
             return data, status
         handle = self._judged(path, self._check_and_open)  # the shortcuts were just tried
         if handle is None:
@@ -215,10 +228,22 @@ class WorkdirFiles:
                 if whole and status.st_size > limit:
                     self._refused(path, _too_large(limit))
                     return None
-                return _read_up_to(handle, limit), status
+                data = _read_up_to(handle, limit)
         except OSError as error:
             self._refused(path, f"cannot be read ({error.strerror or 'I/O error'})")
             return None
+        self._judge(path, data, judge)
+        return data, status
+
+    def _judge(
+        self, path: StrPath, data: bytes, judge: Callable[[bytes], str | None] | None
+    ) -> None:
+        """Note the file read as fine, or as refused for what it holds (`read`'s `judge`)."""
+        reason = judge(data) if judge is not None else None
+        if reason is None:
+            self._fine(path)
+        else:
+            self._refused(path, reason, after="its last good reading stays")
 
     # -- the checks -------------------------------------------------------------------------
 
@@ -448,10 +473,10 @@ class WorkdirFiles:
         except ValueError:
             return os.path.basename(path)
 
-    def _refused(self, path: StrPath, reason: str) -> None:
+    def _refused(self, path: StrPath, reason: str, *, after: str = "not read") -> None:
         name = self._name(path)
         if self.problems.get(name) != reason:
-            logger.warning("agent %s: %s %s; not read", self.agent_id, name, reason)
+            logger.warning("agent %s: %s %s; %s", self.agent_id, name, reason, after)
         self.problems[name] = reason
 
     def _fine(self, path: StrPath) -> None:

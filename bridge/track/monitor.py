@@ -138,6 +138,24 @@ _PLAIN_REFRESHES: Final = {
 }
 
 
+def status_problem(raw: bytes) -> str | None:
+    """Why a status file's bytes are neither of the two the contract has (exactly `active` or
+    `inactive`, nothing around them), or None. The card keeps its last state meanwhile; an
+    `echo active > status` writes a line break after the word, which no card ever showed."""
+    if not raw or parse_status(raw) != "unknown":
+        return None  # empty: a write under way, read again when it lands
+    word = raw.strip().decode("ascii", "replace").lower()
+    if word in ("active", "inactive") and raw.strip() == word.encode():
+        return (
+            f'holds "{word}" with a line break or spaces around it; write exactly {word}, with'
+            f" nothing after it (printf {word}, not echo)"
+        )
+    return (
+        "holds neither active nor inactive; write exactly one of the two words, in lower case,"
+        " with nothing after it"
+    )
+
+
 def _mtime(signature: FileSignature | None) -> datetime | None:
     """A file's modification time, or None when it is absurd (an agent may set any mtime)."""
     if signature is None:
@@ -401,7 +419,7 @@ class AgentMonitor:
         kept = self._status_read
         if kept is not None and status_sig is not None and kept[0] == status_sig:
             return kept[1]
-        raw = self.files.read(self.paths.status, limit=64)
+        raw = self.files.read(self.paths.status, limit=64, judge=status_problem)
         status = parse_status(raw)
         self._status_read = (status_sig, status) if raw is not None and status_sig else None
         return status

@@ -210,6 +210,42 @@ async def test_a_card_body_too_large_to_read_is_named_on_the_card_that_stays(
         assert await serve.aterminate() == 0
 
 
+async def test_a_status_file_not_exactly_active_or_inactive_is_named_with_the_fix(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """`echo active > taskcard/status` writes a line break after the word: the card never
+    showed, and neither `taskcard status` nor the log said why. The status file is named
+    with what to write; the card shows once it holds exactly the word, and a card shown
+    keeps its state, with the row, while its status holds something else."""
+    serve = setup(tmp_path, fake, ["echoed", "shouted"])
+    echoed, shouted = workdir(tmp_path, "echoed"), workdir(tmp_path, "shouted")
+    publish(shouted, "shouted v1")
+    with serve:
+        publish(echoed, "echoed v1")
+        atomic_write(CardPaths(echoed).status, b"active\n")
+        await eventually(lambda: shows(fake, GROUP, "shouted v1"), what="the other card")
+        problems = await eventually(
+            lambda: status_json(serve.config)["echoed"], what="the status named"
+        )
+        assert problems == [
+            'taskcard/status: holds "active" with a line break or spaces around it; write'
+            " exactly active, with nothing after it (printf active, not echo)"
+        ]
+        assert not shows(fake, GROUP, "echoed v1")
+        assert "agent echoed: taskcard/status holds" in serve.logs
+        atomic_write(CardPaths(shouted).status, b"INACTIVE")  # a card shown: it stays
+        row = "⚠ taskcard/status: holds neither active nor inactive"
+        await eventually(lambda: shows(fake, GROUP, row), what="the row on the card")
+        assert "shouted v1" in next(t for t in texts(fake, GROUP) if row in t)
+        atomic_write(CardPaths(echoed).status, b"active")
+        await eventually(lambda: shows(fake, GROUP, "echoed v1"), what="the card once fixed")
+        atomic_write(CardPaths(shouted).status, b"inactive")
+        await eventually(
+            lambda: not any(status_json(serve.config).values()), what="the problems cleared"
+        )
+        assert await serve.aterminate() == 0
+
+
 async def test_symlinks_out_of_the_workdir_are_refused_never_posted(
     tmp_path: Path, fake: FakeTelegram
 ) -> None:
