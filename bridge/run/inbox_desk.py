@@ -162,7 +162,9 @@ OWED_TRIES_CURSOR = "owed-wake-tries:"
 # after: a stop in between leaves a member without rows, which the look removes. The look
 # removes a member first and then reads its rows again, marking it again if another
 # instance wrote some meanwhile (`_owe_none_shared`), so rows written while it removes are
-# still named by a member. (`OWED_AGENTS`, in the store's module.)
+# still named by a member. (`OWED_AGENTS`, in the store's module.) A member whose agent is
+# held by no lease here is removed the same way once its agent owes nothing: an agent that
+# left every fleet, or a member a hand wrote, stayed for good, read by every look.
 # A wake recorded (its notice pending) but neither queued nor failed when the service
 # stopped, as a stop during its write leaves it, is owed at the next start when it is younger
 # than this (about the time its tries would have taken): the notice is recorded first, so
@@ -171,6 +173,15 @@ CUT_SHORT_KEEP_S = 2 * 3600.0
 # Clustered: how often an instance looks in the store for wakes owed to the agents whose
 # lease it holds that another instance left there (its write failed, and it stopped since).
 OWED_LOOK_S = 30.0
+# Clustered: a member of `OWED_AGENTS` whose agent is not held here and had owed rows when a
+# look read them (an agent another instance serves, or one no instance serves now, whose
+# wakes a cluster keeps for its return) is looked at again only after this: the holder of
+# its lease removes it once it owes nothing, and rows stay while nobody serves the agent.
+OWED_ELSEWHERE_RECHECK_S = 3600.0
+# Clustered: more members of `OWED_AGENTS` than a whole fleet of agents each owing wakes
+# would make (the fleet of 10,000 agents the caps are worked out for) is named in the log
+# once: every look of every instance reads the set whole.
+OWED_AGENTS_PLAUSIBLE = 10_000
 # What reading a stored row this desk did not write may raise: a row nested past the JSON
 # parser's depth (a hand's, or a hostile writer's with the store's rights) raises
 # RecursionError, which would stop the start or every lease taken with it.
@@ -402,6 +413,10 @@ class InboxDesk:
         self._owed_looked_s = 0.0  # clustered: when `_look_for_owed` last looked
         self._owed_indexed = False  # clustered: the look added the agents owing before this
         self._set_refused: str | None = None  # why the store refused `OWED_AGENTS`, said once
+        # Clustered: members of `OWED_AGENTS` not held here that had owed rows, and when
+        # (`OWED_ELSEWHERE_RECHECK_S`); whether the set's size was named (`_say_owing_many`).
+        self._owed_elsewhere: dict[str, float] = {}
+        self._said_owing_many = False
 
     # Lifecycle -------------------------------------------------------------------------
 
@@ -862,7 +877,9 @@ class InboxDesk:
         agents held here: it read a row per agent held, ten thousand every 30 s for an idle
         fleet. Their wakes are read only when an agent held here owes some this instance
         does not know of; a member whose rows are gone (the wakes queued or dropped) goes,
-        its row of tries first.
+        its row of tries first. So does a member whose agent is held by no lease here once
+        its agent owes nothing (`_unheld_owing_none`): a member of an agent no instance
+        serves stayed for good, the set growing with each, read whole at every look.
 
         The first look of a start adds the agents of this fleet whose wakes the store keeps
         (one read of every owed wake), so that those an earlier version kept without the
@@ -873,14 +890,13 @@ class InboxDesk:
                 # again at every look.
                 self._owed_indexed = True
                 self._store.add_to_set(OWED_AGENTS, self._stored_owed())
-            agents = [
-                agent
-                for agent in self._store.set_members(OWED_AGENTS)
-                if agent in self._taken and agent not in self._wake_retries
-            ]
+            members = self._store.set_members(OWED_AGENTS)
+            self._say_owing_many(len(members))
+            agents = [a for a in members if a in self._taken and a not in self._wake_retries]
             if agents:
                 self._take_owed(agents)
-                self._owe_none_shared([a for a in agents if a not in self._wake_retries])
+            done = [a for a in agents if a not in self._wake_retries]
+            self._owe_none_shared([*done, *self._unheld_owing_none(members)])
             self._set_refused = None
         except StateFileError as error:  # the set's key holds another type, say
             self._say_set_refused(error)
@@ -888,18 +904,86 @@ class InboxDesk:
             # Looked at again in `OWED_LOOK_S`; the store's failure is its own business.
             log.warning("the wakes other instances owe were not read: %s", error)
 
+    def _unheld_owing_none(self, members: Collection[str]) -> list[str]:
+        """Clustered, the look: the `members` of `OWED_AGENTS` whose agent is held by no lease
+        here and owes no wake in the store, by one read of the owed rows' keys, made only
+        when a member not held here has not been looked at within
+        `OWED_ELSEWHERE_RECHECK_S`: a member whose agent owes wakes that no instance serves
+        (kept for its return) costs no read at each look."""
+        now_s = self._clock().timestamp()
+        if self._owed_elsewhere:
+            present = set(members)
+            self._owed_elsewhere = {
+                agent: at for agent, at in self._owed_elsewhere.items() if agent in present
+            }
+        seen = self._owed_elsewhere
+        unheld = [
+            agent
+            for agent in members
+            if agent not in self._taken
+            and not 0 <= now_s - seen.get(agent, -math.inf) < OWED_ELSEWHERE_RECHECK_S
+        ]
+        if not unheld:
+            return []
+        owing = self._agents_owing()
+        self._owed_elsewhere.update((agent, now_s) for agent in unheld if agent in owing)
+        return [agent for agent in unheld if agent not in owing]
+
+    def _agents_owing(self) -> set[str]:
+        """The agents the store keeps owed wakes for, by one read of the rows' keys whatever
+        the number of agents asked about (a read of the keys of one agent's rows scans as
+        many as a read of all of them)."""
+        agents: set[str] = set()
+        for key in self._store.cursor_keys(OWED_WAKE_CURSOR):
+            try:
+                parent_id, _ = json.loads(key[len(OWED_WAKE_CURSOR) :])
+            except _UNREADABLE:
+                continue  # not a row this desk writes: `_read_owed` names and forgets it
+            if isinstance(parent_id, str):
+                agents.add(parent_id)
+        return agents
+
     def _owe_none_shared(self, done: Collection[str]) -> None:
         """Clustered, the look: `done` owed no wake in the store when it read it; each leaves
-        `OWED_AGENTS`, then its rows are read again, and one whose wakes another instance
+        `OWED_AGENTS`, then the rows are read again, and one whose wakes another instance
         wrote meanwhile is marked again, its row of tries kept. Removed after that instance
         marked it (it marks before and after its rows), the agent's wake was left in the
         store with no member naming it, and no look queued it."""
         if not done:
             return
         self._store.remove_from_set(OWED_AGENTS, done)
-        left = [agent for agent in done if self._store.cursor_keys(_owed_wakes_of(agent))]
-        self._store.add_to_set(OWED_AGENTS, left)
-        self._store.delete_cursors(owed_tries_cursor(agent) for agent in done if agent not in left)
+        owing = self._agents_owing()
+        self._store.add_to_set(OWED_AGENTS, [agent for agent in done if agent in owing])
+        self._store.delete_cursors(owed_tries_cursor(a) for a in done if a not in owing)
+        unheld = sum(agent not in owing and agent not in self._taken for agent in done)
+        if unheld:
+            log.info(
+                "%s removed from %s: no instance here serves them, and they owe no wake",
+                counted(unheld, "agent", "agents"),
+                self._store.set_shown(OWED_AGENTS),
+            )
+
+    def _say_owing_many(self, count: int) -> None:
+        """Name `OWED_AGENTS` in the log once while it holds more than a fleet would make
+        (`OWED_AGENTS_PLAUSIBLE`): every look of every instance reads it whole."""
+        if count <= OWED_AGENTS_PLAUSIBLE:
+            self._said_owing_many = False
+            return
+        if self._said_owing_many:
+            return
+        self._said_owing_many = True
+        log.warning(
+            "%s: %s agents are marked as owing wakes, more than %s (a whole fleet of"
+            " agents each owing some), and every look of every instance reads them all. The"
+            " looks remove those whose agents owe no wake; the others are agents whose"
+            " wakes are kept in Redis while no instance serves them (a cluster keeps an"
+            " agent's state for good). Give a program that adds members another key_prefix;"
+            " for agents gone for good, stop the instances and delete their members and"
+            " their owed-wake rows in the cursors",
+            self._store.set_shown(OWED_AGENTS),
+            f"{count:,}",
+            f"{OWED_AGENTS_PLAUSIBLE:,}",
+        )
 
     def _mark_owing(self, agents: Collection[str], *, owing: bool = True) -> None:
         """Add `agents` to `OWED_AGENTS` (or remove them: `owing` False); clustered only:

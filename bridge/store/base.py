@@ -294,6 +294,10 @@ class StateStore(ABC):
         """Remove `members` from the set `name`; one not there is ignored."""
         self.delete_cursors(_set_cursor(name, member) for member in members)
 
+    def set_shown(self, name: str) -> str:
+        """Where the set `name` is kept, as a log line names it for an operator to look."""
+        return f"the state's rows {_set_cursor(name, '*')}"
+
     # An agent that left for good -----------------------------------------------------------
     @abstractmethod
     def offset_agents(self) -> set[str]:

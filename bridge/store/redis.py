@@ -1141,6 +1141,9 @@ class RedisStore(StateStore):
             with self._of_set(self._set_key(name)):
                 self._r.srem(self._set_key(name), *wanted)
 
+    def set_shown(self, name: str) -> str:
+        return f"Redis key {self._set_key(name)}"
+
     # An agent that left for good -----------------------------------------------------------
 
     def offset_agents(self) -> set[str]:

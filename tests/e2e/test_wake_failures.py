@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from taskcard.bridge.run.inbox_desk import OWED_AGENTS_PLAUSIBLE
 from taskcard.producers.task_card.contract import parse_iso, utc_now_iso
 from tests.e2e.harness import ServeProcess, eventually, publish, run_cli
 from tests.e2e.test_cluster import instance
@@ -692,3 +693,87 @@ async def test_clustered_a_wrong_typed_set_of_agents_owing_wakes_loses_no_wake(
     assert len(refused) == 1 and "key_prefix" in refused[0], refused
     assert len(report_wakes(tmp_path)) == 1
     assert await i0.aterminate() == 0
+
+
+def owed_row(agent: str) -> tuple[str, str]:
+    """A stored owed wake for `agent` as an instance writes one (field, value)."""
+    field = "owed-wake:" + json.dumps([agent, "worker:signal:exit:1"])
+    value = {
+        "child": "worker",
+        "episode": "signal:exit:1",
+        "text": "worker exited",
+        "report": False,
+        "withdrawn": None,
+        "seq": 0,
+    }
+    return field, json.dumps(value)
+
+
+async def test_clustered_members_of_agents_nobody_serves_go_once_they_owe_nothing(
+    tmp_path: Path, telegram: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """The set of agents that owe wakes names `ghost`, written by hand with a row of tries
+    and no wake, and 10,001 agents no instance serves whose wakes Redis keeps (a cluster
+    keeps a departed agent's state for its return). Two instances serving other agents look
+    every 30 s: `ghost` is removed with its row of tries, the others stay with their rows,
+    the set's key and size are named in each instance's log once, and after the first
+    looks no look reads the owed rows again. `ghost` stayed for good, read at every look."""
+    owing = f"{prefix}:set:owed-wakes"
+    gone = [f"gone{n}" for n in range(OWED_AGENTS_PLAUSIBLE + 1)]
+    with closing(redis.Redis.from_url(redis_url, decode_responses=True)) as client:
+        pipe = client.pipeline(transaction=False)
+        pipe.sadd(owing, "ghost", *gone)
+        pipe.hset(f"{prefix}:cursors", "owed-wake-tries:ghost", '{"tries": 1, "due_s": 0}')
+        pipe.hset(f"{prefix}:cursors", mapping=dict(owed_row(agent) for agent in gone))
+        pipe.execute()
+    watched = tmp_path / "monitor.log"
+    fleet.enter_context(monitored(redis_url, watched))
+    serves = [
+        fleet.enter_context(
+            instance(tmp_path, name, telegram, [agent], redis_url=redis_url, prefix=prefix)
+        )
+        for name, agent in (("i0", "lead"), ("i1", "worker"))
+    ]
+
+    def said_many(serve: ServeProcess) -> list[str]:
+        return [line for line in serve.logs.splitlines() if "agents are marked as owing" in line]
+
+    def ghost_gone() -> bool:
+        with closing(redis.Redis.from_url(redis_url, decode_responses=True)) as client:
+            return not client.sismember(owing, "ghost") and not client.hexists(
+                f"{prefix}:cursors", "owed-wake-tries:ghost"
+            )
+
+    await eventually(ghost_gone, timeout_s=60, what="ghost removed with its row of tries")
+    await eventually(
+        lambda: any("1 agent removed from Redis key" in serve.logs for serve in serves),
+        what="the removal logged",
+    )
+    await eventually(
+        lambda: all(said_many(serve) for serve in serves), timeout_s=120, what="both looked"
+    )
+
+    def smembers() -> list[int]:
+        commands = redis_commands(watched, prefix)
+        return [i for i, line in enumerate(commands) if f'"SMEMBERS" "{owing}"' in line]
+
+    # Two more looks: each instance's first one is over (one look every 30 s each).
+    after = len(smembers())
+    await eventually(lambda: len(smembers()) >= after + 2, timeout_s=150, what="two looks")
+    since = smembers()[after + 1]
+    await eventually(lambda: len(smembers()) >= after + 5, timeout_s=150, what="three looks more")
+    rows_read = [
+        line
+        for line in redis_commands(watched, prefix)[since:]
+        if '"HSCAN"' in line and "owed-wake" in line
+    ]
+    assert rows_read == [], rows_read[:2]
+    for serve in serves:
+        [line] = said_many(serve)  # once, though every look reads the set
+        assert owing in line and "10,00" in line and "key_prefix" in line, line
+    with closing(redis.Redis.from_url(redis_url, decode_responses=True)) as client:
+        assert client.smembers(owing) == set(gone)
+        rows = [key for key in client.hkeys(f"{prefix}:cursors") if key.startswith("owed-wake:")]
+        assert len(rows) == len(gone)
+    for serve in serves:
+        assert await serve.aterminate() == 0
