@@ -1270,12 +1270,16 @@ class InboxDesk:
                 and _is_wake_ident(carrier)
             ):
                 # Not what this desk writes: a person's message in `cancelled/`, named by a
-                # hand's row, must stay there.
+                # hand's row, must stay there. The row is deleted, named once with what it
+                # held: kept, it was named at every start. No version wrote one (every take
+                # back it notes names two wake ids), and it only ever pointed at a file.
                 log.warning(
-                    "report wake row %r skipped: not a wake taken back as the service notes"
-                    " one (parent and child names, wake ids); delete it",
+                    "report wake row %r skipped and deleted: not a wake taken back as the"
+                    " service notes one (parent and child names, wake ids); it held %r",
                     key[:200],
+                    value[:200],
                 )
+                self._store.delete_cursors([key])
                 continue
             writer = self._writers.get(parent_id)
             if writer is None:

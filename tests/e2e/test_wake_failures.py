@@ -382,7 +382,10 @@ async def test_hand_written_report_wake_rows_neither_stop_the_start_nor_move_a_m
     is a list, one whose wake taken back names a person's message that lead's inbox keeps
     in `cancelled/`. The service starts all the same, names each row once, wakes lead for
     worker's report, and leaves the person's message where it is. The first row stopped
-    the start (a TypeError); the second moved the cancelled message back into `queued/`."""
+    the start (a TypeError); the second moved the cancelled message back into `queued/`.
+    Each is deleted once named, so the next start names neither (both were named at every
+    start), and a good row beside them (lead's report wake noted as still queued for
+    worker) stays."""
     async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
         lead, worker = lead_and_worker(tmp_path)
         with chat.serve:
@@ -402,8 +405,12 @@ async def test_hand_written_report_wake_rows_neither_stop_the_start_nor_move_a_m
                 ["m_person1", "never mind", carrier]
             ),
         }
-        with closing(sqlite3.connect(tmp_path / ".taskcard" / "state.sqlite3")) as db, db:
-            db.executemany("INSERT INTO cursors (key, value) VALUES (?, ?)", forged.items())
+        good = {"report-wake:" + json.dumps(["worker", "lead"]): json.dumps([carrier, "text"])}
+        state = tmp_path / ".taskcard" / "state.sqlite3"
+        with closing(sqlite3.connect(state)) as db, db:
+            db.executemany(
+                "INSERT INTO cursors (key, value) VALUES (?, ?)", [*forged.items(), *good.items()]
+            )
         with chat.restart():
             report(worker, 1, ok=True, summary="part 1 done")
             await eventually(
@@ -415,6 +422,16 @@ async def test_hand_written_report_wake_rows_neither_stop_the_start_nor_move_a_m
         assert person.is_file()
         assert not (lead / "inbox" / "queued" / person.name).exists()
         assert chat.serve.logs.count("report wake row") == len(forged), chat.serve.logs
+        assert chat.serve.logs.count("skipped and deleted") == len(forged), chat.serve.logs
+        with chat.restart():
+            await eventually(lambda: "serving 2 agents" in chat.serve.logs, what="the start")
+            assert await chat.serve.aterminate() == 0
+        assert "report wake row" not in chat.serve.logs, chat.serve.logs
+        with closing(sqlite3.connect(state)) as db:
+            rows = dict(db.execute("SELECT key, value FROM cursors WHERE key LIKE 'report-wake:%'"))
+        assert not forged.items() & rows.items(), rows
+        assert rows.items() >= good.items(), rows
+        assert person.is_file()
 
 
 @pytest.fixture(params=["telegram", "feishu"])
