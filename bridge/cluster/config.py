@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from taskcard.channels.base import EnvName, env_name_shown, secret_value_problem
 
-_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _SCHEMES = ("redis", "rediss", "unix")
 
 
@@ -103,7 +103,7 @@ class ClusterConfig(BaseModel):
                 "is empty; write a name of 1-64 of the characters A-Z a-z 0-9 _ . -, one per"
                 ' fleet (or leave the key out for the default "taskcard")'
             )
-        if value and not _NAME.match(value):
+        if value and not _NAME.fullmatch(value):
             raise ValueError("use 1-64 of the characters A-Z a-z 0-9 _ . -")
         return value
 

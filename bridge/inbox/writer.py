@@ -39,6 +39,7 @@ from typing import Any, Literal
 from taskcard.producers.inbox.contract import (
     CANCELLED_DIR,
     INBOX_DIR,
+    MESSAGE_ID,
     QUEUED_DIR,
     SHARED_DIR_MODE,
     SHARED_FILE_MODE,
@@ -50,7 +51,6 @@ from taskcard.producers.inbox.contract import (
 from taskcard.producers.reports.contract import (
     INBOX_SUBDIRS,
     MAX_INBOX_MESSAGE_BYTES,
-    MESSAGE_ID,
 )
 
 log = logging.getLogger(__name__)
@@ -216,7 +216,7 @@ class InboxWriter:
     def queue(self, message: dict[str, Any]) -> None:
         """Write `message` (its `id` a valid message id) into `queued/`, atomically."""
         ident = str(message.get("id"))
-        if not MESSAGE_ID.match(ident):
+        if not MESSAGE_ID.fullmatch(ident):
             raise InboxRefused("the message id is not valid")
         data = encode_message(message)
         if len(data) > MAX_INBOX_MESSAGE_BYTES:
@@ -275,7 +275,7 @@ class InboxWriter:
         """Move message `ident` from folder `source` to `target` of the inbox; False when it
         is not in `source` (or `ident` is no message id). A refusal names the message in
         `source` and what `failed`, with the fix for `inbox/queued`."""
-        if not MESSAGE_ID.match(ident):
+        if not MESSAGE_ID.fullmatch(ident):
             return False
         name = f"{ident}.json"
         with self._folders(create=False) as fds:
@@ -290,7 +290,7 @@ class InboxWriter:
     def discard_cancelled(self, ident: str) -> None:
         """Delete a message this writer withdrew (`cancel`) and nobody will ask about: a
         wake whose text a newer wake carries. Nothing when it is not there."""
-        if not MESSAGE_ID.match(ident):
+        if not MESSAGE_ID.fullmatch(ident):
             return
         with self._folders(create=False) as fds:
             try:
@@ -304,7 +304,7 @@ class InboxWriter:
 
     def location(self, ident: str) -> Location:
         """Which folder holds the message now ("missing" also when the inbox is unusable)."""
-        if not MESSAGE_ID.match(ident):
+        if not MESSAGE_ID.fullmatch(ident):
             return "missing"
         name = f"{ident}.json"
         try:

@@ -18,7 +18,7 @@ from taskcard.channels.base import without_ignorable
 
 MIN_ROWS: Final = 1
 MAX_ROWS: Final = 10
-_ROWS_ARG: Final = re.compile(r"^[0-9]{1,2}$")  # ASCII digits only, not "٣"
+_ROWS_ARG: Final = re.compile(r"[0-9]{1,2}")  # ASCII digits only, not "٣"
 
 TaskcardAction = Literal[
     "state",
@@ -82,12 +82,12 @@ def parse_taskcard(args: str) -> TaskcardCommand:
         return TaskcardCommand("board" if word == "board" else "cards")
     if word in ("help", "?"):
         return TaskcardCommand("help")
-    if _ROWS_ARG.match(word) and MIN_ROWS <= int(word) <= MAX_ROWS:
+    if _ROWS_ARG.fullmatch(word) and MIN_ROWS <= int(word) <= MAX_ROWS:
         return TaskcardCommand("rows", int(word))
     return TaskcardCommand("unknown")
 
 
-_SIGNED_NUMBER: Final = re.compile(r"^[+-]?[0-9]+$")
+_SIGNED_NUMBER: Final = re.compile(r"[+-]?[0-9]+")
 
 
 # The option words a misspelt one is compared with (the numbers are said by the help).
@@ -116,7 +116,7 @@ def suggestion(args: str) -> str | None:
         return None
     if len(known) == 1:
         return f"/taskcard {known[0]}"
-    if len(words) == 1 and _SIGNED_NUMBER.match(words[0]):
+    if len(words) == 1 and _SIGNED_NUMBER.fullmatch(words[0]):
         rows = int(words[0])  # `+5`, `005`: the count written another way
         return f"/taskcard {rows}" if MIN_ROWS <= rows <= MAX_ROWS else None
     close = difflib.get_close_matches(words[0], _OPTION_WORDS, n=1, cutoff=0.6)
@@ -138,7 +138,7 @@ def rows_out_of_range(args: str) -> bool:
     `-3`, a full-width `１２`): a count of activity rows the chat cannot have, answered with
     the range rather than as an unknown option."""
     word = unicodedata.normalize("NFKC", args).strip()
-    return bool(_SIGNED_NUMBER.match(word)) and not MIN_ROWS <= int(word) <= MAX_ROWS
+    return bool(_SIGNED_NUMBER.fullmatch(word)) and not MIN_ROWS <= int(word) <= MAX_ROWS
 
 
 def apply_to_prefs(command: TaskcardCommand, prefs: ChatPrefs) -> ChatPrefs:

@@ -45,11 +45,10 @@ from taskcard.bridge.store.sqlite import InboxRecord, StateStore
 from taskcard.bridge.track.monitor import ActivitySummary
 from taskcard.channels.aio import Backoff
 from taskcard.channels.base import CardView, Channel, ChatRef, Outgoing, ReplyTo, counted
-from taskcard.producers.inbox.contract import show_bidi
+from taskcard.producers.inbox.contract import MESSAGE_ID, show_bidi
 from taskcard.producers.reports.contract import (
     MAX_INBOX_MESSAGE_BYTES,
     MAX_TEXT_CHARS,
-    MESSAGE_ID,
     Ack,
     inbox_message,
 )
@@ -250,7 +249,9 @@ def _stored_wake(
         return "no text, or one longer than a message"
     if not isinstance(report, bool) or type(seq) is not int:
         return "no report flag or order"
-    if withdrawn is not None and not (isinstance(withdrawn, str) and MESSAGE_ID.match(withdrawn)):
+    if withdrawn is not None and not (
+        isinstance(withdrawn, str) and MESSAGE_ID.fullmatch(withdrawn)
+    ):
         return "a withdrawn wake that is no message id"
     return parent_id, notice_id, _FailedWake(child_id, episode, text, report, withdrawn, seq)
 

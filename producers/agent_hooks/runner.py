@@ -93,7 +93,7 @@ _USAGE_KEPT_FOR: Final = (
 MAX_SESSIONS: Final = 64
 CLAUDE_CONSUMER: Final = "claude-code"
 ORIGIN_ENV: Final = "TASKCARD_ORIGIN"
-_SESSION = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+_SESSION = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
 Clock = Callable[[], str]
 
@@ -358,7 +358,7 @@ def _count_turn(paths: CardPaths) -> None:
 
 def _session_key(payload: Mapping[str, Any]) -> str:
     session = payload.get("session_id")
-    return session if isinstance(session, str) and _SESSION.match(session) else "-"
+    return session if isinstance(session, str) and _SESSION.fullmatch(session) else "-"
 
 
 def _record(

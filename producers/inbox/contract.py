@@ -87,6 +87,8 @@ VIAS: Final = frozenset(
         "mcp",
     }
 )
+# A message's id, checked whole with `fullmatch` wherever one comes from a file or the store
+# (an anchored pattern checked with `match` took an id ending in a line break).
 MESSAGE_ID: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # `<channel>:<chat_id>[:<thread_id>]`; the service checks the channel's own id rules.
 ORIGIN: Final = re.compile(

@@ -19,7 +19,6 @@ Constants and parsers only: writing these files is each side's own business.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -30,6 +29,7 @@ from taskcard.producers.inbox.contract import (
     CANCELLED_DIR,
     INBOX_DIR,
     MAX_MESSAGE_BYTES,
+    MESSAGE_ID,
     QUEUED_DIR,
     TAKEN_DIR,
     TMP_DIR,
@@ -67,7 +67,6 @@ LINEAGE_FILE: Final = "lineage.json"
 INBOX_SUBDIRS: Final = (QUEUED_DIR, TAKEN_DIR, CANCELLED_DIR, TMP_DIR)
 INBOX_VERSION: Final = VERSION
 MAX_INBOX_MESSAGE_BYTES: Final = MAX_MESSAGE_BYTES
-MESSAGE_ID: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_TEXT_CHARS: Final = 4000  # a field longer than this is cut when read for people
 MAX_SEQ: Final = MAX_COUNT  # the largest seq a report may carry
 Verdict = Literal["approved", "rejected"]
@@ -207,7 +206,7 @@ def parse_ack(line: bytes) -> Ack | None:
     if not isinstance(data, dict) or data.get("state") != "delivered":
         return None
     ident = data.get("id")
-    if not isinstance(ident, str) or not MESSAGE_ID.match(ident):
+    if not isinstance(ident, str) or not MESSAGE_ID.fullmatch(ident):
         return None
     via = data.get("via")
     # Only text is tested against the set: a list or an object there would raise.

@@ -44,7 +44,7 @@ from taskcard.producers.task_card.tally import clear_tally, host_folder, remove_
 log = logging.getLogger(__name__)
 
 MAX_DESCRIPTOR_BYTES: Final = 64 * 1024  # a descriptor is a few hundred bytes
-_ID_RE: Final = re.compile(r"^tc_([1-9][0-9]*)$")
+_ID_RE: Final = re.compile(r"tc_([1-9][0-9]*)")
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ def _descriptor_from(data: dict[str, Any]) -> WatchDescriptor:
     watch_id = data.get("watch_id")
     renderer = data.get("renderer_path")
     started = data.get("started_at")
-    if not isinstance(watch_id, str) or not _ID_RE.match(watch_id):
+    if not isinstance(watch_id, str) or not _ID_RE.fullmatch(watch_id):
         raise DescriptorCorrupt("watch_id is missing or malformed")
     if not isinstance(renderer, str) or not renderer:
         raise DescriptorCorrupt("renderer_path is missing")
@@ -215,7 +215,7 @@ def clear_ended(paths: CardPaths) -> None:
 
 
 def watch_number(watch_id: str) -> int:
-    match = _ID_RE.match(watch_id)
+    match = _ID_RE.fullmatch(watch_id)
     return int(match.group(1)) if match else 0
 
 

@@ -45,8 +45,8 @@ from taskcard.producers.task_card.contract import (
 CURSOR_DIR: Final = "cursors"
 MAX_READ_BYTES: Final = 2_000_000
 MAX_WAKES: Final = 10
-_CONSUMER = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
-_TOKEN = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+_CONSUMER = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+_TOKEN = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class Cursor:
 
 def _token(value: object, fallback: str) -> str:
     """A short identifier from an untrusted field, or the fallback."""
-    return value if isinstance(value, str) and _TOKEN.match(value) else fallback
+    return value if isinstance(value, str) and _TOKEN.fullmatch(value) else fallback
 
 
 def _count(value: object) -> int | None:
@@ -118,7 +118,7 @@ class WakeReader:
     """Reads the wakes a named consumer has not been given yet, and advances its cursor."""
 
     def __init__(self, paths: CardPaths, consumer: str) -> None:
-        if not _CONSUMER.match(consumer):
+        if not _CONSUMER.fullmatch(consumer):
             raise ValueError(f"consumer name {consumer!r}: use lowercase letters and digits")
         self._paths = paths
         self._cursor_path = paths.notification_dir / CURSOR_DIR / f"{consumer}.json"

@@ -77,7 +77,7 @@ from taskcard.producers.task_card.workdir_arg import shown_path
 log = logging.getLogger(__name__)
 
 _MAX_LOCK_BYTES: Final = 4096
-_TAG_RE: Final = re.compile(r"^[0-9a-f]{32}$")
+_TAG_RE: Final = re.compile(r"[0-9a-f]{32}")
 _BOOT_ID_PATH: Final = "/proc/sys/kernel/random/boot_id"
 
 
@@ -174,7 +174,7 @@ def parse_holder(raw: bytes) -> Holder:
     return Holder(
         pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None,
         runtime_dir if isinstance(runtime_dir, str) and runtime_dir else None,
-        renders if isinstance(renders, str) and _TAG_RE.match(renders) else None,
+        renders if isinstance(renders, str) and _TAG_RE.fullmatch(renders) else None,
         boot if isinstance(boot, str) and 0 < len(boot) <= 64 else None,
         workdir if isinstance(workdir, str) and workdir else None,
     )

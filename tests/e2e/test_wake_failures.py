@@ -175,7 +175,9 @@ async def test_a_wake_owed_when_the_service_stops_is_queued_after_its_restart(
     (SIGTERM) before the inbox works, the file is removed and the service started again: the
     owed wake is queued, with no other signal to bring it, and leaves the state. Kept in
     memory only, the restart forgot it and lead was never woken for that report. An owed
-    wake in the state that the service would not have written is skipped, logged."""
+    wake in the state that the service would not have written is skipped, logged: one that
+    names the wake it took back by an id with a line break after it among them (taken, as
+    the id's pattern ended in `$`)."""
     async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
         lead, worker = lead_and_worker(tmp_path)
         (lead / "inbox").write_text("not a folder\n")
@@ -195,6 +197,17 @@ async def test_a_wake_owed_when_the_service_stops_is_queued_after_its_restart(
             # Nested past the JSON parser's depth: its RecursionError stopped the start.
             'owed-wake:["lead", "worker:deep"]': "[" * 100_000,
             "owed-wake:" + "[" * 100_000: "{}",
+            # The wake it took back is named by an id with a line break after it.
+            'owed-wake:["lead", "worker:signal:exit:9"]': json.dumps(
+                {
+                    "child": "worker",
+                    "episode": "signal:exit:9",
+                    "text": "worker exited",
+                    "report": False,
+                    "withdrawn": "wake_" + "0" * 24 + "\n",
+                    "seq": 5,
+                }
+            ),
         }
         with closing(sqlite3.connect(tmp_path / ".taskcard" / "state.sqlite3")) as db, db:
             db.executemany("INSERT INTO cursors (key, value) VALUES (?, ?)", forged.items())
@@ -207,6 +220,7 @@ async def test_a_wake_owed_when_the_service_stops_is_queued_after_its_restart(
             assert await chat.serve.aterminate() == 0
         assert len(report_wakes(tmp_path)) == 1
         assert chat.serve.logs.count("skipped: ") == len(forged), chat.serve.logs
+        assert "skipped: a withdrawn wake that is no message id" in chat.serve.logs
         assert owed_in_state(tmp_path) == []
 
 

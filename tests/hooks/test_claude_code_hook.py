@@ -415,6 +415,35 @@ def test_an_absurd_token_count_in_the_transcript_still_ends_the_turn(workdir: Pa
     assert events(workdir)[0]["input_tokens"] == 10**15
 
 
+def test_a_notice_whose_ids_end_in_a_line_break_wakes_without_them(workdir: Path) -> None:
+    """A notice line in `.notification/system.jsonl` (the agent's folder: any program there
+    may write it) whose watch id and error code end in a line break: the wake names neither,
+    and says "your watch" and "an error" as for any id it does not take. Both passed, as the
+    pattern ended in `$`, and the wake the agent reads broke its sentence across lines."""
+    notices = workdir / ".notification"
+    notices.mkdir()
+    (notices / "system.jsonl").write_text("")
+    assert hook(payload("01_session_start.json", workdir)).returncode == 0
+    line = {
+        "id": "task_card.error:tc_9:1:renderer_failed",
+        "channel": "system",
+        "ref_id": "tc_9",
+        "source": "task_card.error",
+        "priority": "high",
+        "header": "h",
+        "body": "b",
+        "extra": {"state": "error", "watch_id": "tc_9\n", "code": "renderer_failed\n"},
+        "at": "2026-01-01T00:00:00Z",
+    }
+    with open(notices / "system.jsonl", "a") as out:
+        out.write(json.dumps(line) + "\n")
+    woken = hook(payload("04_post_tool_use.json", workdir))
+    assert woken.returncode == 0, woken.stderr
+    context = json.loads(woken.stdout)["hookSpecificOutput"]["additionalContext"]
+    assert "watch your watch failed to refresh (an error)" in context, context
+    assert "tc_9" not in context and "renderer_failed" not in context, context
+
+
 def test_notices_linked_from_outside_the_workdir_never_wake_the_agent(
     workdir: Path, tmp_path: Path
 ) -> None:
