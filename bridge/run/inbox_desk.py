@@ -409,6 +409,8 @@ class InboxDesk:
         self._report_wakes: dict[tuple[str, str], tuple[str, str]] = {}
         self._wake_retries: dict[str, _WakeRetry] = {}  # agent -> the wakes it is owed
         self._stored_owed = OncePerTurn(self._read_owed)
+        # The report-wake rows, read once for every lease gained in one turn (`take_agent`).
+        self._report_rows = OncePerTurn(self._read_report_rows)
         self._loaded = False  # `load` ran: an agent added later takes up its owed wakes
         self._taken: set[str] = set()  # clustered: the agents whose lease is held here
         self._owed_looked_s = 0.0  # clustered: when `_look_for_owed` last looked
@@ -454,6 +456,7 @@ class InboxDesk:
             return
         self._taken.add(agent_id)
         self._take_owed((agent_id,))
+        self._put_back_taken(agent_id)
         for record in self._shared_messages():
             if record.agent_id != agent_id or record.channel not in self._channels:
                 continue
@@ -1248,18 +1251,31 @@ class InboxDesk:
             return None
         return _TakenBack(last[0], last[1], kept)
 
-    def _put_back_taken(self) -> None:
+    def _read_report_rows(self) -> dict[str, str]:
+        """Every report-wake row the store keeps (`_report_rows`)."""
+        return self._store.get_cursors(self._store.cursor_keys(REPORT_WAKE_CURSOR))
+
+    def _put_back_taken(self, parent: str | None = None) -> None:
         """At start, alone on the state: a report wake taken back for a newer wake to carry
         (noted first, with that carrier: `_take_back_report_wake`) whose carrier was not
         written, the service having stopped in between, is moved back from `cancelled/` to
         `queued/`, and noted as the child's wake still queued, so its next report joins
         it; left there, no agent read its reports. The carrier, recorded but not written,
         is owed alone (`_take_cut_short`). When the carrier is in the inbox, it carries
-        the wake taken back, which goes from `cancelled/` as it would have."""
-        keys = self._store.cursor_keys(REPORT_WAKE_CURSOR)
-        for key, value in self._store.get_cursors(keys).items():
+        the wake taken back, which goes from `cancelled/` as it would have.
+
+        Clustered, the same for the wakes taken back from `parent`'s inbox when its lease is
+        gained here (`take_agent`; the rows of every lease gained in one turn read once):
+        the instance that stopped mid-write left them as alone on its state, and the next
+        report of the child read such a note as no wake to take back and dropped it, the
+        reports left in `cancelled/` for good. An instance still writing the carrier (it
+        serves the child, and lost no lease) then queues it beside the wake moved back:
+        the agent reads those reports twice, rather than never."""
+        for key, value in self._report_rows().items():
             try:
                 parent_id, child_id = json.loads(key[len(REPORT_WAKE_CURSOR) :])
+                if parent is not None and parent_id != parent:
+                    continue
                 ident, body, carrier = json.loads(value)
             except _UNREADABLE:
                 continue  # no take back noted (or not what this desk writes)

@@ -808,3 +808,59 @@ async def test_clustered_members_of_agents_nobody_serves_go_once_they_owe_nothin
         assert len(rows) == len(gone)
     for serve in serves:
         assert await serve.aterminate() == 0
+
+
+async def test_clustered_a_report_wake_taken_back_for_a_wake_a_stop_kept_unwritten_is_queued_again(
+    tmp_path: Path, telegram: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """Clustered: i0 serves lead and worker, lead's child. worker's first report wakes lead;
+    i0 stops, and Redis and lead's inbox are set as a stop between the second report's take
+    back and its wake's write leaves them (the first wake in `cancelled/`, the take back
+    noted with the wake to carry it). When an instance gains lead's lease (i2, beside i1
+    serving another agent), it moves the first wake back to `queued/`; the next report of
+    worker joins it. Clustered, no start read the note: the wake stayed in `cancelled/`,
+    which no agent reads, and the next report dropped the note."""
+    i0 = fleet.enter_context(
+        instance(tmp_path, "i0", telegram, ["lead", "worker"], redis_url=redis_url, prefix=prefix)
+    )
+    lead, worker = workdir(tmp_path, "lead"), workdir(tmp_path, "worker")
+    spawned_by(worker, "lead")
+    await eventually(
+        lambda: (
+            "agent worker: this instance serves it now" in i0.logs
+            and "agent lead: this instance serves it now" in i0.logs
+        ),
+        what="both agents served",
+    )
+    report(worker, 1, ok=True, summary="part 1 done")
+    [first] = await eventually(
+        lambda: report_wakes(tmp_path), timeout_s=60, what="the first report's wake"
+    )
+    assert await i0.aterminate() == 0
+    [queued_file] = queued(tmp_path, "lead")
+    os.rename(queued_file, lead / "inbox" / "cancelled" / queued_file.name)  # taken back
+    carrier = report_wake_file("worker", 2, utc_now_iso()).removesuffix(".json")
+    with closing(redis.Redis.from_url(redis_url, decode_responses=True)) as client:
+        client.hset(
+            f"{prefix}:cursors",
+            "report-wake:" + json.dumps(["lead", "worker"]),
+            json.dumps([queued_file.stem, first, carrier]),
+        )
+    fleet.enter_context(
+        instance(tmp_path, "i1", telegram, ["other"], redis_url=redis_url, prefix=prefix)
+    )
+    i2 = fleet.enter_context(
+        instance(tmp_path, "i2", telegram, ["lead", "worker"], redis_url=redis_url, prefix=prefix)
+    )
+    await eventually(
+        lambda: report_wakes(tmp_path) == [first], timeout_s=120, what="the first wake put back"
+    )
+    assert not list((lead / "inbox" / "cancelled").iterdir())
+    assert "is queued again" in i2.logs
+    report(worker, 2, ok=True, summary="part 2 done")
+    await eventually(
+        lambda: any("part 1 done" in w and "part 2 done" in w for w in report_wakes(tmp_path)),
+        timeout_s=60,
+        what="the next report joining the wake put back",
+    )
+    assert len(report_wakes(tmp_path)) == 1
