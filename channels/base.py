@@ -646,14 +646,23 @@ def typed_form(words: str) -> str | None:
     return words
 
 
-def command_arguments(rest: str, tell: bool) -> str:
+def command_arguments(rest: str, tell: bool, bot: re.Pattern[str] | None = None) -> str:
     """The arguments of a command read from `rest` (what followed the command word): for
     `/tell`, the agent's name as it shows, a space and the text for the agent (its line
     breaks and inner characters kept, only its ends trimmed); otherwise the words as they
-    show, joined by single spaces."""
+    show, joined by single spaces.
+
+    `bot` matches the bot's mention (once or more, glued): glued to the end of the agent's
+    name it goes, as the name is the bot's agent (`builder@ThisBot`, which a Telegram
+    client completes a name to; on Feishu, the bot picked right after the name). No agent's
+    id holds an `@`, so the name is read up to it; one naming someone else stays, and the
+    service answers that no agent has that name."""
     if not tell:
         return " ".join(shown(_CONTROL.sub(" ", rest)).split())
     name, text = first_word(rest)
+    at = name.find("@")
+    if bot is not None and at > 0 and bot.fullmatch(name, at) is not None:
+        name = name[:at]
     body = trim_unshown(text)
     if not name or not body:
         return name

@@ -310,8 +310,9 @@ def command_args(
             # ("off@_user_2"): an option with a mention is answered as such, never as an
             # unknown option. The text for an agent keeps it as typed.
             rest = _PLACEHOLDER.sub(lambda found: f" {found.group(0)} ", rest)
-        # The text for the agent keeps its line breaks: only the command word goes.
-        return command_arguments(rest, tell=tell)
+        # The text for the agent keeps its line breaks: only the command word goes, and
+        # the bot's mention glued to the agent's name ("builder@_user_1").
+        return command_arguments(rest, tell=tell, bot=mention)
     return None
 
 

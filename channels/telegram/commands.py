@@ -168,8 +168,10 @@ def parse_command(text: str, bot_username: str, command: str = COMMAND) -> str |
         rest = glued + rest
         if bot_username and tell:
             rest = drop_leading(rest, ours)
-        # Text for an agent keeps its line breaks.
-        return command_arguments(rest, tell=tell)
+        # Text for an agent keeps its line breaks; the bot's name glued to the agent's
+        # ("builder@ThisBot") goes.
+        glued_bot = re.compile(f"(?:@{re.escape(bot_username)})+", flags=re.I)
+        return command_arguments(rest, tell=tell, bot=glued_bot if bot_username else None)
     return None
 
 

@@ -76,6 +76,20 @@ def test_a_command_addressed_to_another_bot_is_not_ours(text: str, expected: str
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
+        ("/tell builder@_user_1 hi", "builder hi"),
+        ("/tell builder@_user_1@_user_1\nhi", "builder\nhi"),
+        ("/tell builder@_user_2 hi", "builder@_user_2 hi"),  # someone else: no agent
+        ("/tell builder@_user_12 hi", "builder@_user_12 hi"),
+        ("/tell builder hi@_user_1", "builder hi@_user_1"),  # the text's, named later
+    ],
+)
+def test_the_bots_mention_glued_to_the_agents_name_goes(text: str, expected: str) -> None:
+    assert command_args(text, "@_user_1", "/tell") == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
         ("@_user_1 /taskcard@Task Card off", "off"),
         ("/taskcard@task\u00a0CARD\u200b 3", "3"),
         ("@_user_1 /tell@Task Card builder hi\nthere", "builder hi\nthere"),

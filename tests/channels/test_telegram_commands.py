@@ -94,6 +94,21 @@ def test_a_tell_glued_to_what_ends_its_command_word() -> None:
     assert parse_command("/tell\x07builder hi", "TaskcardTestBot", "tell") == "builder hi"
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("/tell builder@TaskcardTestBot hi", "builder hi"),
+        ("/tell builder@taskcardtestbot@TASKCARDTESTBOT\nhi", "builder\nhi"),
+        ("/tell builder@TaskcardTestBot", "builder"),
+        ("/tell builder@OtherBot hi", "builder@OtherBot hi"),  # another bot's: no agent
+        ("/tell builder@TaskcardTestBots hi", "builder@TaskcardTestBots hi"),
+        ("/tell builder hi@TaskcardTestBot", "builder hi@TaskcardTestBot"),  # the text's
+    ],
+)
+def test_the_bots_name_glued_to_the_agents_goes(text: str, expected: str) -> None:
+    assert parse_command(text, "TaskcardTestBot", "tell") == expected
+
+
 def test_a_long_run_of_invisible_words_before_a_command() -> None:
     """Each invisible "word" is passed over in place (slicing the rest at each one cost the
     square of the text's length); the command and the text after it read as typed."""

@@ -195,6 +195,28 @@ async def test_only_the_mention_that_addresses_a_tell_is_taken_out_of_its_text(
         ]
 
 
+async def test_the_bots_name_glued_to_the_agents_is_the_bots_agent(
+    platform: str, tmp_path: Path
+) -> None:
+    # A Telegram client completes a name to "builder@ThisBot" (on Feishu, the bot picked right
+    # after the name): `/tell builder@ThisBot hi` was answered that no agent has that name.
+    # The bot's name there, in any case and once or more, names the bot's agent; another
+    # bot's name glued on still names no agent here.
+    async with running_card(platform, tmp_path) as chat:
+        await say_mentioning_the_bot(chat, "/tell builder{bot} one")
+        await wait_status(chat, "queued")
+        if isinstance(chat, TelegramChat):
+            upper = "@" + chat.fake.username.upper()
+            await chat.say(f"/tell builder{upper}{upper}\ntwo")
+        else:
+            await say_mentioning_the_bot(chat, "/tell builder{bot}{bot}\ntwo")
+        await eventually(lambda: len(texts_queued(tmp_path, "builder")) == 2, what="two texts")
+        await chat.say("/tell builder@OtherBot three")
+        answer = await wait_said(chat, "AGENT is one of builder", "the answer to another bot")
+        assert "OtherBot" not in answer
+        assert sorted(texts_queued(tmp_path, "builder")) == ["one", "two"]
+
+
 async def test_a_command_replying_to_a_report_notice_is_the_bots_on_both_platforms(
     platform: str, tmp_path: Path
 ) -> None:
