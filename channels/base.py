@@ -531,16 +531,28 @@ def trim_unshown(text: str) -> str:
     return text[start:end]
 
 
+# How many leading matches `drop_leading` takes out at most: the bot named a few times
+# over ("@ThisBot @ThisBot /tell ..."); each is read from a copy of the text after it.
+LEADING_DROPS = 16
+
+
 def drop_leading(text: str, word: re.Pattern[str]) -> str:
-    """`text` without a leading match of `word` (after any white space and invisible
-    characters), replaced by a space; `text` as it was when it does not start with one.
-    For the mention of the bot that addresses a command: the one leading the message or
-    right after the command word, never one inside the text a person wrote for an agent."""
+    """`text` without the leading matches of `word` (each after any white space and
+    invisible characters, at most `LEADING_DROPS`), replaced by a space; `text` as it was
+    when it does not start with one. For the mention of the bot that addresses a command:
+    the one leading the message or right after the command word, also typed more than once
+    ("@ThisBot @ThisBot /tell builder hi"), never one inside the text a person wrote for an
+    agent."""
     start = 0
-    while start < len(text) and (text[start].isspace() or _UNSHOWN.match(text[start])):
-        start += 1
-    found = word.match(text[start:])  # sliced: a look-behind in `word` sees the start
-    return text if found is None else " " + text[start + found.end() :]
+    for _ in range(LEADING_DROPS):
+        at = start
+        while at < len(text) and (text[at].isspace() or _UNSHOWN.match(text[at])):
+            at += 1
+        found = word.match(text[at:])  # sliced: a look-behind in `word` sees the start
+        if found is None or not found.end():
+            break
+        start = at + found.end()
+    return text if not start else " " + text[start:]
 
 
 _COMMAND_WORD = re.compile(r"/[A-Za-z0-9_]{1,64}")

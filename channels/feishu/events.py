@@ -319,28 +319,41 @@ def command_args(
 def _addressed(glued: str, rest: str, keys: tuple[str, ...], bot_name: str | None) -> str | None:
     """What follows `/command@NAME...` (`glued`, the part of the first word from the `@`,
     then `rest`) when NAME is this bot (one of its mention's `keys`, or its name, see
-    `_after_bot_name`); None when it names someone else. The bot named again right after
-    (`/tell@_user_1@_user_2`, both its mentions, or `/taskcard@Name@Name`) goes too; someone
-    else named after it stays in the arguments, answered there as a mention, as Telegram
-    marks `/taskcard@ThisBot@Other` a command to this bot."""
-    pieces = glued[1:].split("@")
-    named = 0
-    for index, piece in enumerate(pieces):
-        addressee, last = shown(piece), index == len(pieces) - 1
-        if "@" + addressee in keys:
-            named += 1
-            continue
-        # A name with spaces ("Task Card") goes on in the next words: only the last piece.
-        after = _after_bot_name(addressee, rest if last else "", bot_name)
-        if after is None or not (last or after == ""):
-            break
-        named += 1
-        if last:
-            rest = after
-    if named == 0:
-        return None
-    left = pieces[named:]
-    return ("@" + "@".join(left) if left else "") + rest
+    `_after_bot_name`); None when it names someone else. The bot named again right after,
+    glued or after white space (`/tell@_user_1@_user_2`, both its mentions, `/taskcard@Name
+    @Name`, or a name with spaces typed twice, `/taskcard@Task Card@Task Card`), goes too, as
+    Telegram reads `/taskcard@ThisBot @ThisBot off`; someone else named after it stays in the
+    arguments, answered there as a mention, as Telegram marks `/taskcard@ThisBot@Other` a
+    command to this bot."""
+    named = False
+    while True:
+        pieces = glued[1:].split("@")
+        count = 0
+        after_name = rest
+        for index, piece in enumerate(pieces):
+            addressee, last = shown(piece), index == len(pieces) - 1
+            if "@" + addressee in keys:
+                count += 1
+                continue
+            # A name with spaces ("Task Card") goes on in the next words: only the last piece.
+            after = _after_bot_name(addressee, rest if last else "", bot_name)
+            if after is None or not (last or after == ""):
+                break
+            count += 1
+            if last:
+                after_name = after
+        if count == 0:
+            return (glued + rest) if named else None
+        named = True
+        left = pieces[count:]
+        if left:
+            return "@" + "@".join(left) + after_name
+        # The name's last word glued to another `@` ("Card@Task Card"), or the bot named
+        # again as the next word: read that as an address too, else the text as it is.
+        word, then = first_word(after_name)
+        if not word.startswith("@"):
+            return after_name
+        glued, rest = word, then
 
 
 def _after_bot_name(addressee: str, rest: str, bot_name: str | None) -> str | None:
@@ -348,17 +361,22 @@ def _after_bot_name(addressee: str, rest: str, bot_name: str | None) -> str | No
 
     An app's name may hold spaces ("Task Card"), which a person types as they show: then its
     later words are the next words of the text ("/taskcard@Task Card off"). Compared as the
-    words show, case-insensitively.
+    words show, case-insensitively. The name's last word may be glued to another `@` ("Card@
+    Task Card" of the app named twice): what follows starts there.
     """
     if bot_name is None:
         return None
     wanted = shown(bot_name).casefold().split()
     if not wanted or addressee.casefold() != wanted[0]:
         return None
-    for word in wanted[1:]:
+    for index, word in enumerate(wanted[1:], start=2):
         typed, rest = first_word(rest)
-        if typed.casefold() != word:
-            return None
+        if typed.casefold() == word:
+            continue
+        head, at, tail = typed.partition("@")
+        if index == len(wanted) and at and head.casefold() == word:
+            return at + tail + rest
+        return None
     return rest
 
 
@@ -422,7 +440,9 @@ def bot_mention_keys(mentions: object, bot_open_id: str | None) -> tuple[str, ..
     when not mentioned.
 
     With the bot's open_id unknown (it could not be learned at start), the first user
-    mention is taken as the bot's: a group still needs some mention, never none.
+    mention is taken as the bot's, and so is every other mention of the same open_id (the
+    bot mentioned twice, "@Task Card @Task Card /taskcard off"): a group still needs some
+    mention, never none. A first mention without an open_id stands alone.
     """
     keys: list[str] = []
     if not isinstance(mentions, list):
@@ -436,7 +456,9 @@ def bot_mention_keys(mentions: object, bot_open_id: str | None) -> tuple[str, ..
         ids = mention.get("id")
         open_id = ids.get("open_id") if isinstance(ids, dict) else None
         if bot_open_id is None:
-            return (key,)
+            if not isinstance(open_id, str) or not open_id:
+                return (key,)
+            bot_open_id = open_id
         if open_id == bot_open_id:
             keys.append(key)
     return tuple(keys)

@@ -94,6 +94,14 @@ def test_the_bots_mention_glued_to_the_agents_name_goes(text: str, expected: str
         ("/taskcard@task\u00a0CARD\u200b 3", "3"),
         ("@_user_1 /tell@Task Card builder hi\nthere", "builder hi\nthere"),
         ("@_user_1 /taskcard@Task Cards off", None),  # another app's name
+        ("@_user_1 /taskcard@Task Card@Task Card off", "off"),  # the name typed twice
+        ("@_user_1 /taskcard@Task Card @task card off", "off"),
+        ("@_user_1 /tell@Task Card@Task Card builder hi", "builder hi"),
+        ("@_user_1 /taskcard@Task Card@Other off", "@Other off"),  # someone else after it
+        ("@_user_1 /taskcard@Task Card @Other off", "@Other off"),
+        ("@_user_1 /taskcard@Task Card@Task Cards off", "@Task Cards off"),
+        ("@_user_1 @_user_1 /tell builder hi", "builder hi"),  # two leading mentions
+        ("/tell @_user_1 @_user_1 builder hi", "builder hi"),
         ("@_user_1 /taskcard@Task off", None),
         ("@_user_1 /taskcard@Task", None),
     ],
@@ -142,7 +150,10 @@ def test_bot_mention_key(mentions: object, bot_open_id: str | None, expected: st
 def test_bot_mention_keys_are_every_mention_of_the_bot() -> None:
     mentions = [mention("@_user_1", BOT), mention("@_user_2", "ou_alice"), mention("@_user_3", BOT)]
     assert bot_mention_keys(mentions, BOT) == ("@_user_1", "@_user_3")
-    assert bot_mention_keys(mentions, None) == ("@_user_1",)  # bot unknown: the first
+    # The bot unknown: the first mention's, and every other mention of the same open_id.
+    assert bot_mention_keys(mentions, None) == ("@_user_1", "@_user_3")
+    unnamed = [{"key": "@_user_1", "id": {}}, mention("@_user_2", BOT)]
+    assert bot_mention_keys(unnamed, None) == ("@_user_1",)
     assert bot_mention_keys([mention("@_user_1", "ou_alice")], BOT) == ()
 
 

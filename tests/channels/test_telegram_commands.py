@@ -109,6 +109,11 @@ def test_the_bots_name_glued_to_the_agents_goes(text: str, expected: str) -> Non
     assert parse_command(text, "TaskcardTestBot", "tell") == expected
 
 
+def test_the_bot_named_twice_before_a_tell() -> None:
+    text = "@TaskcardTestBot @taskcardtestbot /tell @TaskcardTestBot builder hi"
+    assert parse_command(text, "TaskcardTestBot", "tell") == "builder hi"
+
+
 def test_a_long_run_of_invisible_words_before_a_command() -> None:
     """Each invisible "word" is passed over in place (slicing the rest at each one cost the
     square of the text's length); the command and the text after it read as typed."""

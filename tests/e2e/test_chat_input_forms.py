@@ -148,6 +148,70 @@ async def test_a_feishu_app_whose_name_has_a_space_is_addressed_by_name(tmp_path
             assert await chat.serve.aterminate() == 0
 
 
+async def say_after_two_mentions(chat: FeishuChat | TelegramChat, text: str) -> None:
+    """`text` led by two mentions of the bot, as a person picks them: on Telegram the
+    username typed twice, on Feishu two mentions listed with the event, one key each."""
+    if isinstance(chat, TelegramChat):
+        await chat.say(f"@{chat.fake.username} @{chat.fake.username} {text}")
+        return
+    document = chat.fake.command_event(
+        FS_CHAT, "unused", open_id=FS_PERSON, verification_token=FS_VERIFY
+    )
+    message = document["event"]["message"]
+    [mention] = message["mentions"]
+    message["mentions"].append({**mention, "key": "@_user_2"})
+    message["content"] = json.dumps({"text": f"@_user_1 @_user_2 {text}"})
+    assert (await chat.fake.deliver_event(chat.url, document)).status == 200
+
+
+async def test_the_bot_named_twice_addresses_a_command_as_once_does(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    # A Feishu app named "Task Card": `/taskcard@Task Card@Task Card 3` was taken for a
+    # command to someone else and `/taskcard@Task Card @Task Card 4` answered that /taskcard
+    # takes no mention, while Telegram reads `/taskcard@ThisBot @ThisBot 4` as `4`. Two
+    # mentions of the bot leading a `/tell` made it no command on both platforms.
+    async with chat_for(platform, tmp_path, ["builder"]) as chat:
+        assert isinstance(chat, TelegramChat | FeishuChat)
+        name = "Task Card"
+        if isinstance(chat, FeishuChat):
+            chat.fake.app_name = name
+        else:
+            name = chat.fake.username
+        running_agent(tmp_path)
+        with chat.serve:
+            await running_card_shown(chat)
+            await say_after_two_mentions(chat, "/tell builder one")
+            await wait_status(chat, "queued")
+            await chat.say(f"/taskcard@{name}@{name} 3")
+            await wait_said(chat, "3 activity rows", "the answer to the name glued twice")
+            await chat.say(f"/taskcard@{name} @{name.lower()} 4")
+            await wait_said(chat, "4 activity rows", "the answer to the name twice")
+            [message] = queued(tmp_path)
+            assert json.loads(message.read_text())["text"] == "one"
+            assert not any("mention" in text for text in chat.bot_texts())
+            assert await chat.serve.aterminate() == 0
+
+
+async def test_a_feishu_bot_mentioned_twice_is_ours_when_its_id_is_unknown(
+    tmp_path: Path,
+) -> None:
+    # Without the bot's info (Feishu would not give it at the start) the first mention is
+    # taken as the bot's; its second mention, the same open_id, was someone else's, and
+    # `@Task Card @Task Card /taskcard off` was no command.
+    async with chat_for("feishu", tmp_path, ["builder"]) as chat:
+        assert isinstance(chat, FeishuChat)
+        chat.fake.app_name = "Task Card"
+        chat.fake.bot_info_available = False
+        running_agent(tmp_path)
+        with chat.serve:
+            await running_card_shown(chat)
+            await say_after_two_mentions(chat, "/taskcard off")
+            await wait_said(chat, "Task cards hidden here", "the answer to off")
+            assert await chat.serve.aterminate() == 0
+
+
 async def test_a_picture_sent_with_a_tell_as_its_caption_reaches_the_agent(
     platform: str,  # noqa: F811 (the imported fixture)
     tmp_path: Path,
