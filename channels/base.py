@@ -379,11 +379,12 @@ class IncomingCommand:
     member chose to post as), whose post names no person. None: `user_id` is the person.
 
     `user_id` is always a platform's id of a person, or None. `author_name` is the name a
-    message shows instead when it names no person (only a Telegram channel's post: its
-    signature, else the channel's title): a name, not an id, so anyone may be named so, and
-    nothing keyed on a person (a rate limit, who queued a text) may read it as one.
-    `author_signature` is that post's signature alone, when it has one: what tells one
-    signer of a channel from another (`writer`).
+    message shows instead when it names no person (only on Telegram: a channel's post, its
+    signature, else the channel's title; an anonymous administrator's message in a group,
+    their custom title, else the group's title): a name, not an id, so anyone may be named
+    so, and nothing keyed on a person (a rate limit, who queued a text) may read it as one.
+    `author_signature` is that signature or title alone, when there is one: what tells one
+    signer of a channel, or one anonymous administrator, from another (`writer`).
     """
 
     chat: ChatRef
@@ -419,11 +420,11 @@ class IncomingCommand:
     @property
     def writer(self) -> str | None:
         """Who wrote the message, for what is counted per person (the `/tell` rate) or is
-        theirs alone (`/taskcard cancel`): the person's id; for a post that names no person
-        (a Telegram channel's), `name:`, the chat and its signature when it is signed, so
-        that each signer is one writer and a signature ("7") is never some person's id
-        (none starts so), else `chat:` and the chat, every unsigned post being the
-        channel's; None when the message names no one at all."""
+        theirs alone (`/taskcard cancel`): the person's id; for a message that names no
+        person (a Telegram channel's post, an anonymous administrator's message), `name:`,
+        the chat and its signature when it is signed, so that each signer is one writer and
+        a signature ("7") is never some person's id (none starts so), else `chat:` and the
+        chat, every unsigned one being the chat's; None when the message names no one."""
         if self.user_id is not None:
             return self.user_id
         if self.author_signature is not None:

@@ -234,7 +234,7 @@ def command_from_update(update: Update, bot_username: str) -> IncomingCommand | 
     return IncomingCommand(
         chat=ChatRef(str(message.chat.id), None if thread is None else str(thread)),
         args=args,
-        user_id=None if message.from_user is None else str(message.from_user.id),
+        user_id=person_id(message),
         message_id=str(message.message_id),
         chat_title=message.chat.effective_name,
         command=name,
@@ -260,13 +260,26 @@ def channels_own(message: Message, replied: Message) -> bool:
     return sender is None or sender.id == message.chat.id
 
 
+def person_id(message: Message) -> str | None:
+    """The id of the person who wrote `message` (`IncomingCommand.user_id`), None when it
+    names none: a channel's post (no `from`), and a message an administrator of the group
+    posted anonymously, whose `from` is the GroupAnonymousBot placeholder, one id for every
+    such administrator of every group."""
+    if message.from_user is None or on_behalf_of(message) == "admin":
+        return None
+    return str(message.from_user.id)
+
+
 def post_author(message: Message, *, signed: bool = False) -> str | None:
-    """The name a channel's post (which names no person) shows as its author: its signature
-    when the channel signs its posts, else the channel's title, so the agent reads who wrote
-    a text, not "someone". None for every other message. A name anyone may choose, never a
-    user id (`IncomingCommand.author_name`). `signed`: the signature alone, None for a post
-    without one (`IncomingCommand.author_signature`)."""
-    if message.from_user is not None or message.chat.type != Chat.CHANNEL:
+    """The name a message that names no person shows as its author (a channel's post, or an
+    anonymous administrator's message in a group): its signature when it has one (the
+    channel signs its posts; the administrator's custom title), else the chat's title, so
+    the agent reads who wrote a text, not "someone". None for every other message. A name
+    anyone may choose, never a user id (`IncomingCommand.author_name`). `signed`: the
+    signature alone, None for a message without one (`IncomingCommand.author_signature`):
+    what tells one signer from another for the `/tell` rate and `/taskcard cancel`."""
+    channel_post = message.from_user is None and message.chat.type == Chat.CHANNEL
+    if not channel_post and on_behalf_of(message) != "admin":
         return None
     if signed:
         return message.author_signature or None

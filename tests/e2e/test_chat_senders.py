@@ -23,7 +23,6 @@ from tests.e2e.test_talk_and_signals import (
     running_card_shown,
     wait_said,
 )
-from tests.fakes.telegram_api import GROUP_ANONYMOUS_BOT_ID
 
 CHANNEL = -1009999
 REFUSAL = "Send it again as yourself"
@@ -52,7 +51,8 @@ async def test_an_anonymous_admin_commands_and_a_channel_is_told_to_post_as_a_pe
             [message] = await eventually(lambda: queued(tmp_path), what="the admin's text")
             data = json.loads(message.read_text())
             assert data["text"] == "from an admin"
-            assert data["from"]["user"] == str(GROUP_ANONYMOUS_BOT_ID)
+            # The placeholder's id is no person's: the agent reads the name the message shows.
+            assert (data["from"]["user"], data["from"]["name"]) == (None, f"Group {GROUP}")
             chat.fake.inject_on_behalf(GROUP, "/taskcard off")
             await wait_said(chat, "Task cards hidden here", "the answer to the admin's command")
             assert len(queued(tmp_path)) == 1
@@ -82,4 +82,44 @@ async def test_a_person_not_listed_is_told_how_to_be_added(
             await wait_said(chat, "Task cards here: shown", "the listed person's answer")
             assert queued(tmp_path) == []
             assert len([t for t in chat.bot_texts() if "your user id" in t]) == 1
+            assert await chat.serve.aterminate() == 0
+
+
+async def test_anonymous_admins_each_have_their_own_tell_rate_and_cancel(tmp_path: Path) -> None:
+    # Every administrator of a group posting anonymously sends as GroupAnonymousBot, one id
+    # for all of them: they shared one /tell rate window, so one used up the others', and
+    # "/taskcard cancel" withdrew the latest text of any of them. As a channel's signers do,
+    # each custom title counts as its own writer, and the untitled ones as the group's;
+    # never as the person whose id a title spells ("7").
+    limits = "[inbox]\nmax_messages = 1\nperiod_s = 600"
+    async with chat_for("telegram", tmp_path, ["builder"], limits) as chat:
+        assert isinstance(chat, TelegramChat)
+        running_agent(tmp_path)
+
+        def texts(folder: str) -> list[str]:
+            return sorted(
+                json.loads(p.read_text())["text"] for p in queued(tmp_path, folder=folder)
+            )
+
+        def said(words: str) -> int:
+            return sum(words in text for text in chat.bot_texts())
+
+        with chat.serve:
+            await running_card_shown(chat)
+            chat.fake.inject_on_behalf(GROUP, "/tell builder from Ann", signature="Ann")
+            chat.fake.inject_on_behalf(GROUP, "/tell builder from Bob", signature="Bob")
+            chat.fake.inject_on_behalf(GROUP, "/tell builder from 7", signature="7")
+            chat.fake.inject_on_behalf(GROUP, "/tell builder untitled")
+            await chat.say("/tell builder from the person 7")
+            await eventually(lambda: len(texts("queued")) == 5, what="every writer's first text")
+            chat.fake.inject_on_behalf(GROUP, "/tell builder Ann again", signature="Ann")
+            await eventually(lambda: said("Too many messages to builder"), what="Ann refused")
+            chat.fake.inject_on_behalf(GROUP, "/taskcard cancel", signature="Bob")
+            await eventually(lambda: texts("cancelled") == ["from Bob"], what="Bob's withdrawn")
+            chat.fake.inject_on_behalf(GROUP, "/taskcard cancel")
+            await eventually(
+                lambda: texts("cancelled") == ["from Bob", "untitled"], what="the group's"
+            )
+            assert texts("queued") == ["from 7", "from Ann", "from the person 7"]
+            assert said("Too many messages") == 1
             assert await chat.serve.aterminate() == 0

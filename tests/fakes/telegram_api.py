@@ -667,13 +667,20 @@ class FakeTelegram:
         return entities
 
     def inject_on_behalf(
-        self, chat_id: int | str, text: str, channel_id: int | None = None, **options: Any
+        self,
+        chat_id: int | str,
+        text: str,
+        channel_id: int | None = None,
+        signature: str | None = None,
+        **options: Any,
     ) -> int:
         """A message posted in group `chat_id` on behalf of a chat, as Telegram shapes it: by
         an administrator who remains anonymous (`sender_chat` is the group itself, `from` the
         GroupAnonymousBot placeholder) or, with `channel_id`, as that channel (a linked channel,
         or one a member picked under "Send as": `from` is the Channel_Bot placeholder).
-        `options` as for `inject_message`. Returns the update id."""
+        `signature`: the anonymous administrator's custom title, which Telegram sends as the
+        message's `author_signature`. `options` as for `inject_message`. Returns the update
+        id."""
         chat = int(chat_id)
         if channel_id is None:
             sender_chat = _chat_json(chat)
@@ -683,7 +690,9 @@ class FakeTelegram:
             sender_chat = {"id": channel_id, "type": "channel", "title": f"Channel {channel_id}"}
             author = {"id": CHANNEL_BOT_ID, "is_bot": True, "first_name": "Channel",
                       "username": "Channel_Bot"}  # fmt: skip
-        sender = {"from": author, "sender_chat": sender_chat}
+        sender: Json = {"from": author, "sender_chat": sender_chat}
+        if signature is not None:
+            sender["author_signature"] = signature
         return self.inject_message(chat, text, sender=sender, **options)
 
     def inject_command(
