@@ -308,9 +308,12 @@ def may_command(route: Route, command: IncomingCommand) -> bool:
 
 
 def _sender(command: IncomingCommand) -> str | None:
-    """Who gave `command`: the person, or the chat it was sent on behalf of (every anonymous
-    administrator of a group is one sender)."""
-    return command.sent_as or command.user_id
+    """Who gave `command`, for what is told per sender (an answer replacing only the same
+    sender's unsent one, a refusal said once in a while): its writer (`IncomingCommand
+    .writer`: the person, or each signer of a Telegram channel's posts and each anonymous
+    administrator's title, who all share one sender id), else the chat it was sent on
+    behalf of."""
+    return command.writer or command.sent_as
 
 
 def _answer_key(command: IncomingCommand) -> str:

@@ -747,6 +747,45 @@ async def test_a_channels_signers_each_have_their_own_tell_rate_and_cancel(
         assert await serve.aterminate() == 0
 
 
+async def test_answers_to_signers_arriving_together_are_each_sent(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    # An unsent answer is replaced by a later one to the same sender's same command. Every
+    # post of a channel and every anonymous administrator of a group was one sender, so
+    # Ann's answer waiting its turn was replaced by Bob's, and Ann never learnt hers. Each
+    # signer (a channel's signature, an administrator's custom title) is a sender of its own.
+    channel = -1009876543210
+    fake.make_channel(channel, "Release desk")
+    serve = setup(tmp_path, fake, ["builder"], [(channel, ["builder"]), (GROUP, ["builder"])])
+    workdir = agent_dir(tmp_path, "builder")
+    with serve:
+        publish(workdir, "visible body")
+        for chat in (channel, GROUP):
+            await eventually(lambda chat=chat: any("visible body" in t for t in shown(fake, chat)))
+        # Each chat's lane busy with an answer the fake holds: the next answers wait.
+        fake.hold_answers("sendMessage")
+        fake.inject_channel_post(channel, "/taskcard 3", signature="Cy")
+        fake.inject_on_behalf(GROUP, "/taskcard 3", signature="Cy")
+        await eventually(
+            lambda: all(fake.count("sendMessage", chat) == 2 for chat in (channel, GROUP)),
+            what="both first answers on their way",
+        )
+        for rows, name in (("4", "Ann"), ("5", "Bob")):
+            fake.inject_channel_post(channel, f"/taskcard {rows}", signature=name)
+            fake.inject_on_behalf(GROUP, f"/taskcard {rows}", signature=name)
+        await eventually(lambda: not fake.pending_updates, what="every command handled")
+        fake.release_answers("sendMessage")
+        for chat in (channel, GROUP):
+            for rows in ("3", "4", "5"):
+                await eventually(
+                    lambda chat=chat, rows=rows: any(
+                        f"show {rows} activity rows" in t for t in shown(fake, chat)
+                    ),
+                    what=f"the answer to /taskcard {rows} in {chat}",
+                )
+        assert await serve.aterminate() == 0
+
+
 async def test_answers_that_are_no_bot_api_answer(tmp_path: Path, fake: FakeTelegram) -> None:
     """A proxy's HTML 502/504/403 page is retried like any server error, with one short line
     and no traceback or page in the log; a 200 carrying `ok: false` is read as the error it names
