@@ -19,7 +19,7 @@ import dataclasses
 import functools
 import json
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import replace
 from typing import Any, TypeVar, cast, get_args
 
@@ -177,9 +177,24 @@ def decode(raw: str) -> IncomingCommand | None:
             if not takes(value):
                 return None
             found[name] = tuple(value) if isinstance(value, list) else value
+        if "author_signature" not in data:
+            found["author_signature"] = _signature_before(found)
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
     return IncomingCommand(chat=ChatRef(chat_id, thread_id), **found)
+
+
+def _signature_before(found: Mapping[str, Any]) -> str | None:
+    """The signature of a channel's post in an entry an older version wrote, which relayed
+    `author_name` but not `author_signature` (a rolling upgrade): that name is the post's
+    signature, else the chat's title (`channels.telegram.commands.post_author`), so a name
+    that is not the title is the signature, and each signer keeps their own `/tell` rate
+    and `/taskcard cancel` (`IncomingCommand.writer`). A signature spelling the title
+    itself cannot be told from none: it counts as the channel's, as an unsigned post."""
+    name, title = found.get("author_name"), found.get("chat_title")
+    if found.get("user_id") is None and name is not None and title is not None and name != title:
+        return str(name)
+    return None
 
 
 # The key said to hold another type when Redis's answer does not name it.

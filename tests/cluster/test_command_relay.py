@@ -65,3 +65,26 @@ def test_every_field_but_the_instances_own_crosses_the_relay() -> None:
     assert decode(json.dumps(entry)) == dataclasses.replace(command, in_thread=False)
     entry["in_thread"] = "yes"
     assert decode(json.dumps(entry)) is None
+
+
+def test_a_signature_an_older_version_relayed_as_the_name_alone_is_read_back() -> None:
+    # A version before `author_signature` was relayed wrote a channel post's signature only
+    # as its `author_name` (else the channel's title): read back without it, every signer
+    # shared one /tell rate and one /taskcard cancel during a rolling upgrade.
+    signed = IncomingCommand(
+        ChatRef("-100"), "builder hi", None, "12", "Release desk", command="tell",
+        sent_as="admin", author_name="Ann", author_signature="Ann",
+    )  # fmt: skip
+    unsigned = dataclasses.replace(signed, author_name="Release desk", author_signature=None)
+    for command in (signed, unsigned):
+        entry = json.loads(encode(command))
+        del entry["author_signature"]  # written by an older version
+        assert decode(json.dumps(entry)) == command
+    # Said to be unsigned by a version that relays it: the name stays a name.
+    entry = json.loads(encode(dataclasses.replace(signed, author_signature=None)))
+    assert decode(json.dumps(entry)).author_signature is None  # type: ignore[union-attr]
+    # A person's message never has its name read as a signature.
+    person = dataclasses.replace(signed, user_id="7", author_name="Ann", author_signature=None)
+    entry = json.loads(encode(person))
+    del entry["author_signature"]
+    assert decode(json.dumps(entry)) == person

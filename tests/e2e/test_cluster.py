@@ -1694,3 +1694,39 @@ async def test_a_delete_put_off_by_a_429_is_made_after_a_restart_from_the_shared
     assert "card v2" in card
     assert fake.count("deleteMessage") == 2
     assert fake.count("sendMessage") == 2
+
+
+async def test_signed_posts_an_older_instance_relayed_keep_their_signers(
+    tmp_path: Path, telegram: FakeTelegram, redis_url: str, prefix: str
+) -> None:
+    """During a rolling upgrade an instance of a version that relayed a channel post's
+    signature only as its author's name (no `author_signature`) reads the posts: read back
+    so, every signer shared one /tell rate, and Bob's first text was refused as Ann's
+    second. The name that is not the channel's title is the signature."""
+    channel = -1009876543210
+    telegram.make_channel(channel, "Release desk")
+    limits = "[inbox]\nmax_messages = 1\nperiod_s = 600"
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    with instance(
+        tmp_path, "i0", telegram, ["i0agent"], redis_url=redis_url, prefix=prefix,
+        limits=limits, chat_id=channel,
+    ) as serve:  # fmt: skip
+        publish(tmp_path / "agents" / "i0agent", "card of i0")
+        await eventually(lambda: telegram.bot_messages(channel), timeout_s=60, what="the card")
+        for number, name in enumerate(("Ann", "Bob", "Ann"), start=9001):
+            entry = {  # as the older version writes it
+                "chat_id": str(channel), "thread_id": None, "args": f"i0agent from {name}",
+                "user_id": None, "message_id": str(number), "chat_title": "Release desk",
+                "command": "tell", "reply_to": [], "message_thread": None,
+                "in_thread": False, "sent_as": "admin", "reordered": False,
+                "replied_author_unknown": False, "author_name": name,
+            }  # fmt: skip
+            client.xadd(f"{prefix}:cmd:telegram", {"command": json.dumps(entry)})
+        said = lambda words: sum(words in t for t in shown(telegram, channel))  # noqa: E731
+        await eventually(lambda: said("Too many messages"), what="Ann's second text refused")
+        inbox = tmp_path / "agents" / "i0agent" / "inbox" / "queued"
+        texts = sorted(json.loads(p.read_text())["text"] for p in inbox.glob("*.json"))
+        assert texts == ["from Ann", "from Bob"]
+        assert said("Too many messages") == 1
+        assert await serve.aterminate() == 0
+    client.close()
