@@ -256,7 +256,7 @@ def frame(message: Message) -> str:
     elif message.name and (shown := label(shown_name(message.name), "")):
         # A name is no id: said to be one, so that a post signed "5551234" does not read
         # as the person with that id.
-        who = f'"{shown}" (a name the post shows, not a user id)'
+        who = f'"{shown}" (a name the message shows, not a user id)'
     else:
         who = "someone"
     where = f"{label(message.channel, 'a')} chat {label(message.chat_id, '?')}"

@@ -689,7 +689,7 @@ async def test_a_channel_posts_name_reaches_the_agent_as_a_name_not_a_user_id(
         desk, person = summaries["from the desk"], summaries["from the person"]
         assert (desk["from"]["user"], desk["from"]["name"]) == (None, name)
         assert desk["framed"].startswith(
-            f'Message from "{name}" (a name the post shows, not a user id) in telegram'
+            f'Message from "{name}" (a name the message shows, not a user id) in telegram'
         )
         assert person["framed"].startswith("Message from 5551234 in telegram")
         hi = summaries["hi"]["from"]
