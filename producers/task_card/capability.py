@@ -135,6 +135,7 @@ class _Watch:
     persisted_open: bool = False  # whether that descriptor recorded an open error episode
     ticks_skipped: int = 0  # grid points passed while a render overran (schedule.py)
     removed: bool = False  # `remove` deleted its card: it never publishes again
+    final_retry_used: bool = False  # exhausted, it had its one final retry (`retry`)
 
     @classmethod
     def of(
@@ -516,11 +517,12 @@ class TaskCard:
             watch = self._watches.get(watch_id)
             if watch is None:
                 return self._unknown(watch_id, "retry")
-            if watch.state == "exhausted":
+            if watch.state == "exhausted" and watch.final_retry_used:
                 return {
                     **self._view(watch),
                     "status": "failed",
-                    "message": f"watch {watch_id} used its whole refresh budget; start a new watch",
+                    "message": f"watch {watch_id} used its whole refresh budget and its one "
+                    "final retry; start a new watch to publish the card again",
                 }
             if watch.state in ("stopping", "stop_failed"):
                 return _failed(f"watch {watch_id} is stopping; stop it again or remove it")
@@ -538,11 +540,18 @@ class TaskCard:
                     "status": "failed",
                     "message": f"watch {watch_id} cannot render any more: {why}",
                 }
-        # Every retry counts against the budget, a stopped watch's included (manual, budget).
-        outcome = self._refresh(watch, counted=True, from_tick=False)
+            # The manual: a watch that expired may `retry` "once more to publish a final
+            # state". That render has no budget left to spend: it spends the final retry,
+            # whether it succeeds or not, as a refresh spends the budget.
+            final = watch.state == "exhausted"
+            if final:
+                watch.final_retry_used = True
+        # Every other retry counts against the budget, a stopped watch's included (manual).
+        outcome = self._refresh(watch, counted=not final, from_tick=False)
         with self._lock:
-            if watch.state == "stopped" and not watch.removed and watch is self._current:
-                self._record_ended(watch)  # the refresh it spent, for a later host
+            ended = watch.state in ("stopped", "exhausted")
+            if ended and not watch.removed and watch is self._current:
+                self._record_ended(watch)  # what it spent, for a later host
             thread = watch.thread
             dead = thread is not None and not thread.is_alive() and not watch.stop_event.is_set()
             if dead and watch.state in ("watching", "error") and not self._closed:
@@ -735,8 +744,15 @@ class TaskCard:
         if not self._written.holds(self.paths.status, value):
             self._written.write(self.paths.status, value)
 
-    def _publish(self, body: str, *, activate: bool, durable: bool = True) -> bool:
+    def _publish(
+        self, body: str, *, activate: bool, durable: bool = True, rewrite: bool = False
+    ) -> bool:
         """Body first, then `active`; identical bytes are left alone. True when the body changed.
+
+        `rewrite`: written even when unchanged. A retry of a stopped or exhausted watch passes
+        it: the body written after `inactive` is what tells the service the agent published
+        the card's final state (`bridge/track/monitor.py`), and a final state the same as the
+        last tick's body would otherwise never show in the chats.
 
         Ticks pass `durable=False`: the body is still replaced atomically (a reader sees the
         old or the new one, and a killed process loses nothing), only a power cut may show an
@@ -745,7 +761,7 @@ class TaskCard:
         """
         data = body.encode("utf-8")
         changed = not self._written.holds(self.paths.body, data)
-        if changed:
+        if changed or rewrite:
             self._written.write(self.paths.body, data, durable=durable)
         if activate:
             self._write_status(STATUS_ACTIVE)
@@ -833,7 +849,12 @@ class TaskCard:
                     failure = RenderFailure("write_failed", outside)
                 elif isinstance(verdict, Rendered):
                     try:
-                        self._publish(verdict.body, activate=still_live, durable=not from_tick)
+                        self._publish(
+                            verdict.body,
+                            activate=still_live,
+                            durable=not from_tick,
+                            rewrite=not live,
+                        )
                     except OSError as exc:
                         failure = RenderFailure("write_failed", self._cannot_write(exc))
                     else:
@@ -1125,6 +1146,7 @@ class TaskCard:
             state="exhausted" if spent else ended.state,
             stop_reason="max_refreshes" if spent or ended.state == "exhausted" else "stopped",
             last_body_at=ended.last_body_at,
+            final_retry_used=ended.final_retry_used,
         )
         if descriptor.error_code is not None:
             # The episode is still open: a retry that publishes sends its recovery, one that
@@ -1142,7 +1164,9 @@ class TaskCard:
         record that cannot be written is logged and costs only that."""
         if watch.state not in ("stopped", "exhausted") or self._card_folder_outside():
             return
-        ended = EndedWatch(watch.descriptor(), watch.state, watch.last_body_at)
+        ended = EndedWatch(
+            watch.descriptor(), watch.state, watch.last_body_at, watch.final_retry_used
+        )
         self._side_effect(watch, "record the ended watch", lambda: write_ended(self.paths, ended))
 
     def _forget_ended(self) -> None:

@@ -13,7 +13,9 @@ file is removed once the new one is written (`adopt_legacy_files`, at every host
 
 A watch that `stop` paused (or that used its budget) has no `watch.json`, but is recorded in
 `.taskcard-host/ended.json` with the same fields, so a host started later can still answer
-`inspect` and `retry` for it (`write_ended`, `read_ended`).
+`inspect` and `retry` for it (`write_ended`, `read_ended`); `final_retry_used` there says
+whether the one retry an exhausted watch is allowed was spent (a record without it, from an
+earlier version, has not spent it).
 """
 
 from __future__ import annotations
@@ -159,11 +161,13 @@ EndedState = Literal["stopped", "exhausted"]
 class EndedWatch:
     """A watch that `stop` paused or its budget ended, as a later host needs it to answer
     `inspect` and `retry` for it: its descriptor (with the budget spent so far), how it
-    ended and when its last body was published."""
+    ended, when its last body was published, and whether the one final retry an exhausted
+    watch is allowed was spent."""
 
     descriptor: WatchDescriptor
     state: EndedState
     last_body_at: str | None
+    final_retry_used: bool = False
 
 
 def write_ended(paths: CardPaths, ended: EndedWatch) -> None:
@@ -178,6 +182,7 @@ def write_ended(paths: CardPaths, ended: EndedWatch) -> None:
         **asdict(ended.descriptor),
         "state": ended.state,
         "last_body_at": ended.last_body_at,
+        "final_retry_used": ended.final_retry_used,
     }
     host_folder(paths)
     atomic_write(paths.ended, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
@@ -201,7 +206,14 @@ def read_ended(paths: CardPaths) -> EndedWatch | None:
     if state not in ("stopped", "exhausted") or not isinstance(last_body_at, str | None):
         log.warning("task card: the record of an ended watch is ignored: no state it can have")
         return None
-    return EndedWatch(descriptor, cast("EndedState", state), last_body_at)
+    # Absent in the records of earlier versions, which allowed no final retry at all.
+    final_retry_used = data.get("final_retry_used", False)
+    if not isinstance(final_retry_used, bool):
+        # Spent, when in doubt: the record is the host's own, and a planted value must not
+        # give an exhausted watch a render it already had.
+        log.warning("task card: the ended watch's final_retry_used is not true or false")
+        final_retry_used = True
+    return EndedWatch(descriptor, cast("EndedState", state), last_body_at, final_retry_used)
 
 
 def clear_ended(paths: CardPaths) -> None:

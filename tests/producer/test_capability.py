@@ -222,6 +222,10 @@ def test_budget_exhaustion_retires_the_watch_with_one_limit_notification(
     assert last["status_value"] == "inactive"
     assert (workdir / "taskcard" / "taskcard.md").read_text() == "# Work\nrender 3\n"
     assert not (workdir / "taskcard" / "watch.json").exists()
+    final = card.call(envelope("retry", watch_id="tc_1"))  # the one final retry
+    assert (final["status"], final["refreshes_used"]) == ("exhausted", 2)
+    assert (workdir / "taskcard" / "taskcard.md").read_text() == "# Work\nrender 4\n"
+    assert (workdir / "taskcard" / "status").read_bytes() == b"inactive"
     again = card.call(envelope("retry", watch_id="tc_1"))
     assert again["status"] == "failed" and "start a new watch" in str(again["message"])
     limits = [n for n in notifications(workdir) if n["source"] == "task_card.limit"]

@@ -364,6 +364,7 @@ def test_a_stopped_watch_can_be_retried_and_inspected_after_its_host_exited(
     cli.shutdown()
     exhausted = cli.json("card", "inspect", "tc_1")
     assert (exhausted["status"], exhausted["stop_reason"]) == ("exhausted", "max_refreshes")
+    assert cli.json("card", "retry", "tc_1")["status"] == "exhausted"  # its final retry
     refused = cli.json("card", "retry", "tc_1")
     assert "start a new watch" in refused["message"]
     # A removed card stays removed for later hosts too.

@@ -1,0 +1,124 @@
+"""The one final `retry` of a watch whose refresh budget ran out (the manual: "Optionally
+`retry` once more to publish a final state before winding down"): it renders and publishes
+the body, the card stays `inactive`, and a second one is refused naming the fix. Through
+`card` and `tool` as processes, through MCP over stdio, and across a host restart."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .conftest import COUNTER_RENDERER, CliHost, envelope, wait_for, write_renderer
+
+
+def body(workdir: Path) -> str:
+    return (workdir / "taskcard" / "taskcard.md").read_text()
+
+
+def status(workdir: Path) -> bytes:
+    return (workdir / "taskcard" / "status").read_bytes()
+
+
+def start_and_exhaust(cli: CliHost) -> None:
+    """A watch of one refresh, left to spend it on its own tick."""
+    started = cli.run("card", "start", "r.py", "--interval-s", "1", "--max-refreshes", "1")
+    assert started.returncode == 0, started.stdout + started.stderr
+    wait_for(lambda: cli.json("card", "inspect", "tc_1")["status"] == "exhausted")
+
+
+def test_an_exhausted_watch_gets_one_final_retry(workdir: Path, cli: CliHost) -> None:
+    write_renderer(workdir, "r.py", COUNTER_RENDERER)
+    start_and_exhaust(cli)
+    assert body(workdir) == "# Work\nrender 2\n"
+    final = cli.run("card", "retry", "tc_1")
+    assert final.returncode == 0, final.stdout
+    assert final.stdout.startswith("retry: exhausted (watch tc_1)\n")
+    assert body(workdir) == "# Work\nrender 3\n"
+    assert status(workdir) == b"inactive"  # the watch stays retired
+    inspected = cli.json("card", "inspect", "tc_1")
+    assert (inspected["status"], inspected["last_body"]) == ("exhausted", "# Work\nrender 3\n")
+    again = cli.run("card", "retry", "tc_1")
+    assert again.returncode == 1, again.stdout
+    assert "its one final retry; start a new watch" in again.stdout
+    as_tool = cli.run("tool", json.dumps(envelope("retry", watch_id="tc_1")))
+    assert as_tool.returncode == 1
+    refused = json.loads(as_tool.stdout)
+    assert refused["status"] == "failed" and "start a new watch" in refused["message"]
+    assert body(workdir) == "# Work\nrender 3\n"  # nothing rendered for the refusals
+    assert cli.json("card", "start", "r.py", "--interval-s", "3600")["status"] == "watching"
+
+
+async def test_the_final_retry_through_mcp(workdir: Path, cli: CliHost) -> None:
+    write_renderer(workdir, "r.py", COUNTER_RENDERER)
+    start_and_exhaust(cli)
+    async with cli.mcp() as session:
+        retry = envelope("retry", watch_id="tc_1")
+        final = await session.call_tool("task_card", retry)
+        assert not final.is_error
+        assert isinstance(final.structured_content, dict)
+        assert final.structured_content["status"] == "exhausted"
+        assert body(workdir) == "# Work\nrender 3\n"
+        assert status(workdir) == b"inactive"
+        again = await session.call_tool("task_card", retry)
+        assert again.is_error
+        assert isinstance(again.structured_content, dict)
+        assert again.structured_content["status"] == "failed"
+        assert "start a new watch" in again.structured_content["message"]
+    assert body(workdir) == "# Work\nrender 3\n"
+
+
+def test_the_final_retry_is_known_to_a_later_host(workdir: Path, cli: CliHost) -> None:
+    write_renderer(workdir, "r.py", COUNTER_RENDERER)
+    start_and_exhaust(cli)
+    cli.shutdown()  # as the idle grace ends it: the next host knows the watch from its record
+    assert cli.run("card", "retry", "tc_1").returncode == 0
+    assert body(workdir) == "# Work\nrender 3\n"
+    assert status(workdir) == b"inactive"
+    cli.shutdown()
+    again = cli.run("card", "retry", "tc_1")
+    assert again.returncode == 1, again.stdout
+    assert "its one final retry; start a new watch" in again.stdout
+    assert body(workdir) == "# Work\nrender 3\n"
+
+
+def test_a_record_of_an_earlier_version_still_allows_the_final_retry(
+    workdir: Path, cli: CliHost
+) -> None:
+    write_renderer(workdir, "r.py", COUNTER_RENDERER)
+    start_and_exhaust(cli)
+    cli.shutdown()
+    record = workdir / ".taskcard-host" / "ended.json"
+    data = json.loads(record.read_text())
+    assert data.pop("final_retry_used") is False
+    record.write_text(json.dumps(data))  # as an earlier version wrote it
+    assert cli.json("card", "inspect", "tc_1")["status"] == "exhausted"
+    assert cli.run("card", "retry", "tc_1").returncode == 0
+    assert body(workdir) == "# Work\nrender 3\n"
+    assert cli.run("card", "retry", "tc_1").returncode == 1
+
+
+def test_no_final_retry_once_the_card_was_removed(workdir: Path, cli: CliHost) -> None:
+    write_renderer(workdir, "r.py", COUNTER_RENDERER)
+    start_and_exhaust(cli)
+    assert cli.json("card", "remove")["status"] == "removed"
+    refused = cli.run("card", "retry", "tc_1")
+    assert refused.returncode == 1, refused.stdout
+    assert "its card was removed; start a new watch" in refused.stdout
+    assert not (workdir / "taskcard" / "taskcard.md").exists()
+
+
+def test_the_final_state_is_written_after_inactive_even_when_unchanged(
+    workdir: Path, cli: CliHost
+) -> None:
+    """The service shows an inactive card's body only when it was written after the status
+    (bridge/track/monitor.py): a final state that prints the bytes of the last tick is still
+    rewritten, or the chats would never show it."""
+    write_renderer(workdir, "r.py", 'print("# Work\\nsteady body")\n')
+    start_and_exhaust(cli)
+    status_file = workdir / "taskcard" / "status"
+    body_file = workdir / "taskcard" / "taskcard.md"
+    assert body_file.stat().st_mtime_ns <= status_file.stat().st_mtime_ns
+    assert cli.run("card", "retry", "tc_1").returncode == 0
+    assert body_file.read_text() == "# Work\nsteady body\n"
+    assert body_file.stat().st_mtime_ns > status_file.stat().st_mtime_ns
+    assert status_file.read_bytes() == b"inactive"
