@@ -744,15 +744,8 @@ class TaskCard:
         if not self._written.holds(self.paths.status, value):
             self._written.write(self.paths.status, value)
 
-    def _publish(
-        self, body: str, *, activate: bool, durable: bool = True, rewrite: bool = False
-    ) -> bool:
+    def _publish(self, body: str, *, activate: bool, durable: bool = True) -> bool:
         """Body first, then `active`; identical bytes are left alone. True when the body changed.
-
-        `rewrite`: written even when unchanged. A retry of a stopped or exhausted watch passes
-        it: the body written after `inactive` is what tells the service the agent published
-        the card's final state (`bridge/track/monitor.py`), and a final state the same as the
-        last tick's body would otherwise never show in the chats.
 
         Ticks pass `durable=False`: the body is still replaced atomically (a reader sees the
         old or the new one, and a killed process loses nothing), only a power cut may show an
@@ -761,7 +754,7 @@ class TaskCard:
         """
         data = body.encode("utf-8")
         changed = not self._written.holds(self.paths.body, data)
-        if changed or rewrite:
+        if changed:
             self._written.write(self.paths.body, data, durable=durable)
         if activate:
             self._write_status(STATUS_ACTIVE)
@@ -849,12 +842,7 @@ class TaskCard:
                     failure = RenderFailure("write_failed", outside)
                 elif isinstance(verdict, Rendered):
                     try:
-                        self._publish(
-                            verdict.body,
-                            activate=still_live,
-                            durable=not from_tick,
-                            rewrite=not live,
-                        )
+                        self._publish(verdict.body, activate=still_live, durable=not from_tick)
                     except OSError as exc:
                         failure = RenderFailure("write_failed", self._cannot_write(exc))
                     else:

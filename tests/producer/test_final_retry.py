@@ -105,20 +105,3 @@ def test_no_final_retry_once_the_card_was_removed(workdir: Path, cli: CliHost) -
     assert refused.returncode == 1, refused.stdout
     assert "its card was removed; start a new watch" in refused.stdout
     assert not (workdir / "taskcard" / "taskcard.md").exists()
-
-
-def test_the_final_state_is_written_after_inactive_even_when_unchanged(
-    workdir: Path, cli: CliHost
-) -> None:
-    """The service shows an inactive card's body only when it was written after the status
-    (bridge/track/monitor.py): a final state that prints the bytes of the last tick is still
-    rewritten, or the chats would never show it."""
-    write_renderer(workdir, "r.py", 'print("# Work\\nsteady body")\n')
-    start_and_exhaust(cli)
-    status_file = workdir / "taskcard" / "status"
-    body_file = workdir / "taskcard" / "taskcard.md"
-    assert body_file.stat().st_mtime_ns <= status_file.stat().st_mtime_ns
-    assert cli.run("card", "retry", "tc_1").returncode == 0
-    assert body_file.read_text() == "# Work\nsteady body\n"
-    assert body_file.stat().st_mtime_ns > status_file.stat().st_mtime_ns
-    assert status_file.read_bytes() == b"inactive"
