@@ -215,6 +215,16 @@ def read_only_answer(parsed: Envelope, paths: CardPaths) -> Result:
     return result
 
 
+def refused_answer(parsed: Envelope, message: str, code: str) -> Result:
+    """The whole answer a host gives to a call refused before it did anything (`TaskCard.call`
+    wraps `_failed` the same way): given by `client.call_via_host` for a refusal it can decide
+    without a host, so none is started only to refuse."""
+    result: Result = {"action": parsed.action, **_failed(message, code=code)}
+    if parsed.summarize:
+        result["summary"] = _summary(result)
+    return result
+
+
 class TaskCard:
     """The task card capability of one workdir. Use as a context manager or call `close()`."""
 

@@ -19,7 +19,9 @@ import taskcard.producers.task_card.workdir_lock as workdir_lock
 from taskcard.producers.task_card.contract import CardPaths
 from taskcard.producers.task_card.envelope import (
     READ_ONLY_ACTIONS,
+    Envelope,
     EnvelopeError,
+    StartInput,
     check_values,
     parse_envelope,
 )
@@ -200,6 +202,7 @@ def call_via_host(
     with the same result shape the host would give, before any host is started or contacted.
     So is one the schema refuses (an unknown action, a missing field): the host would answer
     it with the same sentence, but starting one for it left a process idling for its grace.
+    So is a `start` whose `renderer_path` names no renderer file (`_renderer_refusal`).
 
     `manual` and `settings` only read files, and are answered here, as a host would answer
     them (`capability.read_only_answer`): no host is started or contacted, so they create
@@ -225,6 +228,10 @@ def call_via_host(
             # as for the calls a host answers, not read as this workdir's.
             _check_card_folder(paths.workdir)
         return read_only_answer(parsed, CardPaths(paths.workdir.resolve()))
+    if parsed.action == "start":
+        refused = _renderer_refusal(parsed, paths.workdir)
+        if refused is not None:
+            return refused
     ensure_host(paths, idle_grace_s)
     if cancel is not None and cancel.is_set():
         return {"status": "failed", "code": "cancelled", "message": "cancelled; nothing was done"}
@@ -235,6 +242,24 @@ def call_via_host(
     result = reply["result"]
     assert isinstance(result, dict)
     return result
+
+
+def _renderer_refusal(parsed: Envelope, workdir: Path) -> dict[str, Any] | None:
+    """The host's answer to a `start` whose `renderer_path` names no renderer file inside the
+    workdir (`renderer.resolve_renderer`, which the host runs first too), given here without
+    starting or asking a host: one started for it answered only this refusal and then idled
+    for its grace (120 s by default), a process left behind by a command that was refused."""
+    # Imported here: the renderer's module is read only for a start.
+    from taskcard.producers.task_card.renderer import RendererPathError, resolve_renderer
+
+    assert isinstance(parsed.input, StartInput)
+    try:
+        resolve_renderer(workdir, parsed.input.renderer_path)
+    except RendererPathError as exc:
+        from taskcard.producers.task_card.capability import refused_answer
+
+        return refused_answer(parsed, str(exc), "bad_renderer_path")
+    return None
 
 
 def host_log_file(paths: HostPaths) -> int:

@@ -158,3 +158,26 @@ async def test_a_renderer_path_outside_the_workdir_or_missing_is_a_usage_error(
     assert result.is_error and isinstance(result.structured_content, dict)
     assert result.structured_content["message"] == said
     assert not (workdir / "taskcard" / "status").exists()  # no card was started
+
+
+@pytest.mark.parametrize("kind", ["missing", "folder"])
+async def test_a_start_refused_for_its_renderer_path_starts_no_host(
+    workdir: Path, cli: CliHost, kind: str
+) -> None:
+    """The refusal is given before any host is started: one used to start, answer only this
+    refusal and idle for its grace (120 s by default), a process left behind by a command
+    that was refused. On the command line, `tool` and over MCP alike."""
+    if kind == "folder":
+        (workdir / "r_dir").mkdir()
+    name = {"missing": "gone.py", "folder": "r_dir"}[kind]
+    started = _refused_start(cli, name)
+    summarized = {**envelope("start", renderer_path=name), "summarize": True}
+    told = cli.run("tool", json.dumps(summarized))
+    assert told.returncode == 2, (told.stdout, told.stderr)
+    assert json.loads(told.stdout)["summary"] == f"start failed: {started['message']}"
+    async with cli.mcp() as session:
+        result = await session.call_tool("task_card", envelope("start", renderer_path=name))
+    assert result.is_error and isinstance(result.structured_content, dict)
+    assert result.structured_content["message"] == started["message"]
+    assert cli.host_pid() is None
+    assert not cli.paths.socket.exists() and not cli.paths.log.exists()
