@@ -71,6 +71,7 @@ from taskcard.producers.task_card.renderer import (
     Rendered,
     RendererPathError,
     RendererRunner,
+    RendererUnreadable,
     RenderFailure,
     RunRequest,
     classify,
@@ -393,6 +394,8 @@ class TaskCard:
             renderer = resolve_renderer(self.workdir, request.renderer_path)
         except RendererPathError as exc:
             return _failed(str(exc), code="bad_renderer_path")
+        except RendererUnreadable as exc:  # a failure, not the caller's mistake: exit 1
+            return _failed(str(exc), code="renderer_failed")
         with self._lock:
             if self._closed:
                 return _failed("this task card host is shutting down; call again")
@@ -734,7 +737,7 @@ class TaskCard:
             # Checked again at every run, not only at start: the file may have been swapped
             # for a symlink out of the workdir since (docs/producer.md, "Decisions").
             renderer = resolve_renderer(self.workdir, watch.renderer_rel)
-        except RendererPathError as exc:
+        except (RendererPathError, RendererUnreadable) as exc:
             return RenderFailure("renderer_failed", f"{exc}; the renderer was not run"), ""
         request = RunRequest(
             renderer=renderer,
@@ -1080,6 +1083,8 @@ class TaskCard:
                 f"its renderer {quoted(descriptor.renderer_path)} {exc.why}",
             )
             return
+        except RendererUnreadable:
+            pass  # no verdict on the path: the watch resumes, and its renders say what fails
         used = descriptor.refreshes_used
         tallied = read_tally(self.paths, descriptor.watch_id, descriptor.max_refreshes)
         if tallied is not None:

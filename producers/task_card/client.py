@@ -246,19 +246,26 @@ def call_via_host(
 
 def _renderer_refusal(parsed: Envelope, workdir: Path) -> dict[str, Any] | None:
     """The host's answer to a `start` whose `renderer_path` names no renderer file inside the
-    workdir (`renderer.resolve_renderer`, which the host runs first too), given here without
+    workdir, or could not be looked at (`renderer.resolve_renderer`, which the host runs
+    first too), given here without
     starting or asking a host: one started for it answered only this refusal and then idled
     for its grace (120 s by default), a process left behind by a command that was refused."""
     # Imported here: the renderer's module is read only for a start.
-    from taskcard.producers.task_card.renderer import RendererPathError, resolve_renderer
+    from taskcard.producers.task_card.renderer import (
+        RendererPathError,
+        RendererUnreadable,
+        resolve_renderer,
+    )
 
     assert isinstance(parsed.input, StartInput)
     try:
         resolve_renderer(workdir, parsed.input.renderer_path)
-    except RendererPathError as exc:
+    except (RendererPathError, RendererUnreadable) as exc:
         from taskcard.producers.task_card.capability import refused_answer
 
-        return refused_answer(parsed, str(exc), "bad_renderer_path")
+        # The host's codes (`TaskCard.start`): only the first is the caller's to mend.
+        code = "bad_renderer_path" if isinstance(exc, RendererPathError) else "renderer_failed"
+        return refused_answer(parsed, str(exc), code)
     return None
 
 

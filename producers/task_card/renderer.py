@@ -144,6 +144,36 @@ class RendererPathError(ValueError):
         self.why = why
 
 
+class RendererUnreadable(OSError):
+    """The renderer path could not be looked at for a reason that says nothing of the path (an
+    I/O error, no memory, a stale file handle): a failure to report with the system's words
+    and the place, not a mistake the caller can mend in their arguments (`RendererPathError`)."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)  # the whole sentence, without the "[Errno 5]" prefix
+
+
+# What an OS error while resolving `renderer_path` may say about the path itself, which its
+# caller can mend: a name missing or under a file, a loop of links, a name too long, or a
+# folder on the way the caller may not enter (EACCES, EPERM: the path is theirs to choose and
+# its folders are usually theirs to open; no retry of the same path helps). Any other errno
+# is `RendererUnreadable`.
+PATH_ERRNOS: Final = frozenset(
+    {errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.ENAMETOOLONG, errno.EACCES, errno.EPERM}
+)
+
+
+def _unreadable(renderer_path: str, exc: OSError) -> RendererUnreadable:
+    name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+    where = f" at {quoted(str(exc.filename))}" if exc.filename else ""
+    return RendererUnreadable(
+        exc.errno,
+        f"renderer_path: {quoted(renderer_path)} could not be looked at ({exc.strerror}, {name}"
+        f"{where}); nothing is wrong with the name: call again, and if it keeps failing, check"
+        " the file system that holds it",
+    )
+
+
 def _file_above(path: Path) -> Path | None:
     """The regular file among the folders `path` goes through, if one is (ENOTDIR's cause)."""
     for up in reversed(path.parents):
@@ -156,7 +186,10 @@ def _file_above(path: Path) -> Path | None:
 
 
 def resolve_renderer(workdir: Path, renderer_path: str) -> Path:
-    """The resolved renderer file; symlinks are followed before the inside-workdir check."""
+    """The resolved renderer file; symlinks are followed before the inside-workdir check.
+
+    `RendererPathError` when the path names no renderer file inside the workdir (the caller's
+    to mend), `RendererUnreadable` when it could not be looked at (`PATH_ERRNOS`)."""
     root = workdir.resolve()
     candidate = Path(renderer_path)
     if not candidate.is_absolute():
@@ -164,6 +197,8 @@ def resolve_renderer(workdir: Path, renderer_path: str) -> Path:
     try:
         resolved = candidate.resolve(strict=True)
     except OSError as exc:
+        if exc.errno not in PATH_ERRNOS:
+            raise _unreadable(renderer_path, exc) from None
         if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
             _refuse_broken_link(root, candidate, renderer_path)
         above = _file_above(candidate) if exc.errno == errno.ENOTDIR else None
@@ -181,7 +216,8 @@ def resolve_renderer(workdir: Path, renderer_path: str) -> Path:
                 " at the workdir)",
                 "does not exist",
             ) from None
-        # A name too long to look at was said not to exist.
+        # A name too long to look at, or a folder on the way we may not enter, was said not
+        # to exist.
         raise RendererPathError(
             f"renderer_path: {quoted(renderer_path)} cannot be used ({exc.strerror}); give the"
             " renderer's Python file, inside the workdir",
@@ -202,7 +238,9 @@ def resolve_renderer(workdir: Path, renderer_path: str) -> Path:
         )
     try:
         mode = resolved.stat().st_mode
-    except OSError:  # removed since it was resolved
+    except OSError as exc:  # removed since it was resolved
+        if exc.errno not in PATH_ERRNOS:
+            raise _unreadable(renderer_path, exc) from None
         raise RendererPathError(
             f"renderer_path: {quoted(renderer_path)} does not exist (relative paths start at"
             " the workdir)",

@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -181,3 +183,61 @@ async def test_a_start_refused_for_its_renderer_path_starts_no_host(
     assert result.structured_content["message"] == started["message"]
     assert cli.host_pid() is None
     assert not cli.paths.socket.exists() and not cli.paths.log.exists()
+
+
+# `taskcard` with a fault in the file system under the renderer's name: `os.lstat` of a path
+# ending in FAULTY raises the errno given as the first argument (no file system at hand
+# fails on demand, FUSE aside). The rest of argv is the command line.
+FAULTY = "faulty.py"
+FAULT_INJECTED = f"""
+import errno, os, sys
+fault = getattr(errno, sys.argv.pop(1))
+real_lstat = os.lstat
+def lstat(path, *args, **kwargs):
+    if os.fspath(path).endswith({FAULTY!r}):
+        raise OSError(fault, os.strerror(fault), os.fspath(path))
+    return real_lstat(path, *args, **kwargs)
+os.lstat = lstat
+from taskcard.bridge.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _faulty_start(cli: CliHost, fault: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-c", FAULT_INJECTED, fault, *cli.command("card", "start")[3:]]
+    command[command.index("start") + 1 : command.index("start") + 1] = [FAULTY, "--json"]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_a_renderer_path_the_file_system_fails_on_is_a_failure_not_a_usage_error(
+    workdir: Path, cli: CliHost
+) -> None:
+    """An I/O error looking at the renderer (EIO here; ENOMEM, ESTALE alike) says nothing of
+    the name the caller gave: it was a usage error (exit 2, `bad_renderer_path`, "cannot be
+    used"), telling them to mend an argument that was fine. Now it fails (exit 1,
+    `renderer_failed`) with the system's words, the errno and the place."""
+    write_renderer(workdir, FAULTY, STATIC_RENDERER)
+    done = _faulty_start(cli, "EIO")
+    assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
+    result = json.loads(done.stdout)
+    assert (result["status"], result["code"]) == ("failed", "renderer_failed"), result
+    assert result["message"] == (
+        f"renderer_path: {quoted(FAULTY)} could not be looked at (Input/output error, EIO at"
+        f" {quoted(str(workdir.resolve() / FAULTY))}); nothing is wrong with the name: call"
+        " again, and if it keeps failing, check the file system that holds it"
+    )
+    assert cli.host_pid() is None  # and no host was started for it
+
+
+def test_a_renderer_path_we_may_not_enter_stays_a_usage_error(workdir: Path, cli: CliHost) -> None:
+    """EACCES on the way to the renderer is the caller's to mend (the path is theirs to choose,
+    its folders theirs to open): still exit 2, `bad_renderer_path`, with the system's words."""
+    write_renderer(workdir, FAULTY, STATIC_RENDERER)
+    done = _faulty_start(cli, "EACCES")
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    result = json.loads(done.stdout)
+    assert (result["status"], result["code"]) == ("failed", "bad_renderer_path"), result
+    assert result["message"] == (
+        f"renderer_path: {quoted(FAULTY)} cannot be used (Permission denied); give the"
+        " renderer's Python file, inside the workdir"
+    )
