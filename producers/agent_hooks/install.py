@@ -37,6 +37,7 @@ from taskcard.producers.task_card.contract import (
     NotRegularFile,
     atomic_write,
     broken_link,
+    dangling_link,
     json_error_place,
     read_bytes,
     read_regular,
@@ -388,15 +389,16 @@ def _refuse_broken_link(path: Path) -> None:
     broken = broken_link(path)
     if broken is None:
         return
-    link, points_to, loop = broken
-    which = "it" if link == Path(os.path.abspath(path)) else shown_path(link)
+    link, _, loop = broken
     if loop:
+        which = "it" if link == Path(os.path.abspath(path)) else shown_path(link)
         why = f"{which} is a symbolic link that goes round a loop of links; fix the link"
     else:
-        why = (
-            f"{which} is a symbolic link to {shown_path(points_to)}, which does not exist;"
-            " create what it points to, or remove the link"
-        )
+        # The words of every path option (`contract.dangling_link`).
+        nowhere = dangling_link(path)
+        if nowhere is None:  # mended since `broken_link` looked
+            return
+        why = f"{nowhere}; create what it points to, or remove the link"
     raise InitError(f"{shown_path(path)}: {why}, then run init again (nothing was written)")
 
 

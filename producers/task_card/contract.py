@@ -270,7 +270,9 @@ def shown_path(path: object) -> str:
     return text if text.isprintable() else repr(text)
 
 
-def dangling_link(path: Path, lead: str = "", *, yet: bool = False) -> str | None:
+def dangling_link(
+    path: Path, lead: str = "", *, yet: bool = False, inside: Path | None = None
+) -> str | None:
     """The words, after the name, for a `path` whose own name or a folder link on its way is
     a symbolic link that leads nowhere (`broken_link`), one wording for every command and
     the service's notes: "is a symbolic link that leads nowhere (to T, which does not
@@ -278,7 +280,9 @@ def dangling_link(path: Path, lead: str = "", *, yet: bool = False) -> str | Non
     not exist)"; None when there is no such link (a loop of links is not one). `yet` says
     "does not exist yet", of a folder that is picked up once made. "Does not exist" or "is a
     symlink" about a name `ls` shows sent people looking at the wrong end of the link. A
-    link to another link that leads nowhere says so, not that the second does not exist."""
+    link to another link that leads nowhere says so, not that the second does not exist.
+    `inside`: a folder link under it is named from there (a renderer path is read from the
+    workdir, so its links are named as the agent sees them)."""
     broken = broken_link(path)
     if broken is None or broken[2]:
         return None
@@ -292,7 +296,8 @@ def dangling_link(path: Path, lead: str = "", *, yet: bool = False) -> str | Non
     nowhere = f"leads nowhere (to {shown_path(points_to)}, {missing})"
     if link == Path(os.path.abspath(path)):
         return f"is a symbolic link that {nowhere}"
-    return f"{lead}the symbolic link {shown_path(link)} on its path {nowhere}"
+    shown = link.relative_to(inside) if inside is not None and link.is_relative_to(inside) else link
+    return f"{lead}the symbolic link {shown_path(shown)} on its path {nowhere}"
 
 
 def _open_read(path: Path, flags: int, inside: Path | None) -> int:

@@ -87,6 +87,7 @@ from typing import ClassVar, Final, Literal, Protocol, get_args
 from taskcard.producers.task_card.contract import (
     body_chars,
     broken_link,
+    dangling_link,
     file_kind,
     quoted,
     shows_text,
@@ -257,27 +258,33 @@ def resolve_renderer(workdir: Path, renderer_path: str) -> Path:
 
 
 def _refuse_broken_link(root: Path, candidate: Path, renderer_path: str) -> None:
-    """`RendererPathError` naming the symbolic link on `candidate` that leads nowhere or round
-    a loop, if there is one: "does not exist" about a name the agent sees in its folder sent
-    it looking for a file that is there. The link is named as inside the workdir when it is."""
+    """`RendererPathError` naming the symbolic link on `candidate` that leads nowhere
+    (`contract.dangling_link`, the words of every path option) or round a loop, if there is
+    one: "does not exist" about a name the agent sees in its folder sent it looking for a file
+    that is there. The link is named as inside the workdir when it is."""
     broken = broken_link(candidate)
     if broken is None:
         return
-    link, points_to, loop = broken
-    shown = link.relative_to(root) if link.is_relative_to(root) else link
-    itself = link == Path(os.path.abspath(candidate))
-    where = (
-        "is a symbolic link" if itself else f"goes through the symbolic link {quoted(str(shown))}"
-    )
+    link, _, loop = broken
     if loop:
+        shown = link.relative_to(root) if link.is_relative_to(root) else link
+        itself = link == Path(os.path.abspath(candidate))
+        where = (
+            "is a symbolic link"
+            if itself
+            else f"goes through the symbolic link {quoted(str(shown))}"
+        )
         raise RendererPathError(
             f"renderer_path: {quoted(renderer_path)} {where} in a loop of links; fix the links,"
             " or give the renderer's Python file itself",
             "does not exist",
         )
+    nowhere = dangling_link(candidate, "cannot be reached: ", inside=root)
+    if nowhere is None:  # gone or mended since `broken_link` looked: said as missing
+        return
     raise RendererPathError(
-        f"renderer_path: {quoted(renderer_path)} {where} to {quoted(points_to)}, which does not"
-        " exist; create what it points to, or give the renderer's Python file itself",
+        f"renderer_path: {quoted(renderer_path)} {nowhere}; create what it points to, or give"
+        " the renderer's Python file itself",
         "does not exist",
     )
 

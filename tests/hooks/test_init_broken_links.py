@@ -4,7 +4,9 @@ A dangling `config.toml` (linked from a dotfiles repository that moved) was foll
 target was created where it pointed, folders and all, while Codex went on finding no file
 at the name it reads; a `.claude` folder linked nowhere did the same to Claude Code's
 settings. Each is now one line naming the file, the link and where it points, exit 2,
-nothing written. Driven as a person at a shell: `taskcard` as a process.
+nothing written. Driven as a person at a shell: `taskcard` as a process. The words are those
+of every path option (`contract.dangling_link`); init said "it is a symbolic link to T, which
+does not exist" of its own.
 """
 
 from __future__ import annotations
@@ -30,9 +32,9 @@ def test_a_dangling_codex_config_is_refused_naming_where_it_points(
     )
     assert (done.returncode, done.stdout) == (2, b""), done.stderr
     assert done.stderr.decode() == (
-        f"taskcard init: {home / 'config.toml'}: it is a symbolic link to {gone}, which does"
-        " not exist; create what it points to, or remove the link, then run init again"
-        " (nothing was written)\n"
+        f"taskcard init: {home / 'config.toml'}: is a symbolic link that leads nowhere (to"
+        f" {gone}, which does not exist); create what it points to, or remove the link, then"
+        " run init again (nothing was written)\n"
     )
     assert not (tmp_path / "dotfiles").exists()
     assert _tree(home) == ["config.toml"]  # nor a hooks.json beside it
@@ -63,9 +65,10 @@ def test_a_claude_folder_linked_nowhere_is_refused_naming_the_link(
     )
     assert (done.returncode, done.stdout) == (2, b""), done.stderr
     assert done.stderr.decode() == (
-        f"taskcard init: {workdir / '.claude' / 'settings.json'}: {workdir / '.claude'} is a"
-        f" symbolic link to {gone}, which does not exist; create what it points to, or remove"
-        " the link, then run init again (nothing was written)\n"
+        f"taskcard init: {workdir / '.claude' / 'settings.json'}: the symbolic link"
+        f" {workdir / '.claude'} on its path leads nowhere (to {gone}, which does not exist);"
+        " create what it points to, or remove the link, then run init again (nothing was"
+        " written)\n"
     )
     assert not (tmp_path / "elsewhere").exists()
     assert not (workdir / ".mcp.json").exists()

@@ -97,12 +97,16 @@ def _broken(workdir: Path, kind: str) -> tuple[str, str]:
     """A renderer_path through a symbolic link that leads nowhere, and what the refusal says."""
     if kind == "dangling":
         (workdir / "r.py").symlink_to("gone.py")
-        return "r.py", "'r.py' is a symbolic link to 'gone.py', which does not exist; create"
+        return "r.py", (
+            "'r.py' is a symbolic link that leads nowhere (to gone.py, which does not exist);"
+            " create what it points to, or give the renderer's Python file itself"
+        )
     if kind == "folder link":
         (workdir / "cards").symlink_to("nowhere")
         return "cards/r.py", (
-            "'cards/r.py' goes through the symbolic link 'cards' to 'nowhere', which does not"
-            " exist; create"
+            "'cards/r.py' cannot be reached: the symbolic link cards on its path leads nowhere"
+            " (to nowhere, which does not exist); create what it points to, or give the"
+            " renderer's Python file itself"
         )
     (workdir / "r.py").symlink_to("s.py")
     (workdir / "s.py").symlink_to("r.py")
@@ -116,7 +120,9 @@ async def test_a_renderer_path_through_a_broken_link_names_the_link(
     """A renderer linked from elsewhere in the workdir whose file is gone (or a folder link
     leading nowhere, or a loop of links) was "does not exist (relative paths start at the
     workdir)" about a name the agent sees there: the refusal names the link and where it
-    points, on the command line and over MCP alike."""
+    points, on the command line and over MCP alike, in the words of every path option
+    (`contract.dangling_link`; the renderer said "is a symbolic link to 'T', which does not
+    exist" of its own)."""
     name, said = _broken(workdir, kind)
     started = _refused_start(cli, name)
     assert started["message"].startswith(f"renderer_path: {said}"), started
