@@ -51,7 +51,7 @@ from taskcard.bridge.observe.config import MetricsConfig
 from taskcard.channels.base import TIMEZONE_HELP, TimeZoneName, counted
 from taskcard.channels.feishu.config import FeishuConfig
 from taskcard.channels.telegram.config import TelegramConfig
-from taskcard.producers.task_card.contract import dangling_link, shown_path
+from taskcard.producers.task_card.contract import dangling_link, file_on_path, shown_path
 
 AGENT_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 # The pattern in words, for every message that refuses an id.
@@ -744,7 +744,7 @@ def _root_problem(root: Path) -> str | None:
             f"{root} exists and is not a directory; point it at the folder that holds the"
             " agents' folders"
         )
-    if (blocker := _file_above(root)) is not None:
+    if (blocker := file_on_path(root)) is not None:
         return f"{blocker} is not a directory, so {root} can never exist; fix the path"
     return None
 
@@ -754,20 +754,9 @@ def _workdir_problem(workdir: Path) -> str | None:
         return loop
     if workdir.exists() and not workdir.is_dir():
         return f"{workdir} exists and is not a directory; point it at the agent's working directory"
-    if (blocker := _file_above(workdir)) is not None:
+    if (blocker := file_on_path(workdir)) is not None:
         return f"{blocker} is not a directory, so {workdir} can never exist; fix the path"
     return None
-
-
-def _file_above(path: Path) -> Path | None:
-    """The nearest existing ancestor of a `path` that does not exist yet, when that ancestor
-    is not a directory (a file where a folder of the path should be); else None."""
-    if path.exists() or path.is_symlink():
-        return None
-    probe = path.parent
-    while not probe.exists() and probe.parent != probe:
-        probe = probe.parent
-    return probe if probe.exists() and not probe.is_dir() else None
 
 
 # Kernel file systems: they take a `mkdir` from root, or look writable to `os.access`, yet

@@ -38,6 +38,7 @@ from taskcard.producers.task_card.contract import (
     dangling_link,
     expand_home,
     file_kind,
+    file_on_path,
     utc_now_iso,
 )
 from taskcard.producers.task_card.number_args import decimal_number
@@ -296,7 +297,7 @@ def _unusable_dir(folder: Path) -> str | None:
             # A named pipe (or a device) was "a file"; each is said as what `ls -l` shows.
             return f"it is {'a file' if stat.S_ISREG(mode) else file_kind(mode)}, not a folder"
         # A file further up was "Not a directory (DIR/agents)", about a name below it.
-        above = next((up for up in Path(os.path.abspath(folder)).parents if up.is_file()), None)
+        above = file_on_path(folder)
         if above is not None:
             return f"{printable(str(above))} on its path is a file, not a folder"
         return None

@@ -253,6 +253,22 @@ def broken_link(path: Path) -> tuple[Path, str, bool] | None:
     return None
 
 
+def file_on_path(path: Path) -> Path | None:
+    """The file among the folders `path` goes through (`notes.txt` of `notes.txt/r.py`), as
+    an absolute path, or None: the first name on the way, from the root down, that is there
+    and is not a folder (links followed). What ENOTDIR means, and where "no such file" or
+    "cannot be created" about a name below it sent people looking at the wrong name. The one
+    walk for every path option, the renderer's path and the service's configuration."""
+    for folder in reversed(Path(os.path.abspath(path)).parents):
+        try:
+            mode = os.stat(folder).st_mode
+        except OSError:
+            return None  # nothing further down is there
+        if not stat.S_ISDIR(mode):
+            return folder
+    return None
+
+
 # The longest path Linux opens (`PATH_MAX`).
 PATH_MAX: Final = 4096
 

@@ -89,6 +89,7 @@ from taskcard.producers.task_card.contract import (
     broken_link,
     dangling_link,
     file_kind,
+    file_on_path,
     quoted,
     shows_text,
 )
@@ -175,17 +176,6 @@ def _unreadable(renderer_path: str, exc: OSError) -> RendererUnreadable:
     )
 
 
-def _file_above(path: Path) -> Path | None:
-    """The regular file among the folders `path` goes through, if one is (ENOTDIR's cause)."""
-    for up in reversed(path.parents):
-        try:
-            if S_ISREG(os.stat(up).st_mode):
-                return up
-        except OSError:
-            return None
-    return None
-
-
 def resolve_renderer(workdir: Path, renderer_path: str) -> Path:
     """The resolved renderer file; symlinks are followed before the inside-workdir check.
 
@@ -202,7 +192,7 @@ def resolve_renderer(workdir: Path, renderer_path: str) -> Path:
             raise _unreadable(renderer_path, exc) from None
         if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
             _refuse_broken_link(root, candidate, renderer_path)
-        above = _file_above(candidate) if exc.errno == errno.ENOTDIR else None
+        above = file_on_path(candidate) if exc.errno == errno.ENOTDIR else None
         if above is not None:
             # `notes.py/r.py` was said not to exist, as if `notes.py` were not there.
             shown = above.relative_to(root) if above.is_relative_to(root) else above

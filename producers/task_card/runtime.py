@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Final
 
 import taskcard.producers.task_card.workdir_lock as workdir_lock
-from taskcard.producers.task_card.contract import broken_link, dangling_link
+from taskcard.producers.task_card.contract import broken_link, dangling_link, file_on_path
 from taskcard.producers.task_card.workdir_arg import shown_path
 
 
@@ -112,7 +112,7 @@ def _cannot_be_made(path: Path, why: str | None) -> None:
     that leads nowhere or a file on its path, else `why` (the error met making it); with no
     error met (`why` None, nothing tried), return when nothing on the path stands in the way."""
     broken = broken_link(path)
-    file_above = next((above for above in path.parents if os.path.isfile(above)), None)
+    file_above = file_on_path(path)
     if broken is not None:
         # A link on the way that leads nowhere, or round a loop, was "File exists" about it.
         leads = dangling_link(path) or (

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import errno
 import os
-import stat
 from pathlib import Path
 from typing import Final
 
@@ -25,7 +24,7 @@ from typing import Final
 # notes use them too; the commands read them from here as before.
 from taskcard.producers.task_card.contract import PATH_MAX as PATH_MAX
 from taskcard.producers.task_card.contract import dangling_link as dangling_link
-from taskcard.producers.task_card.contract import expand_home, quoted
+from taskcard.producers.task_card.contract import expand_home, file_on_path, quoted
 from taskcard.producers.task_card.contract import shown_path as shown_path
 
 # The fix named by every refusal of a `--workdir` that is no (usable) directory.
@@ -129,21 +128,12 @@ def file_path_problem(path: Path) -> str | None:
         if exc.errno == errno.ELOOP:
             return "goes round a loop of symbolic links; fix the links, or give the file itself"
         if exc.errno == errno.ENOTDIR:
-            on_way = next(
-                (p for p in reversed(Path(os.path.abspath(path)).parents) if _is_file(p)), None
-            )
+            on_way = file_on_path(path)
             where = "" if on_way is None else f" ({shown_path(on_way)} is a file)"
             return f"goes through a file as if it were a folder{where}; give a path in a folder"
         if exc.errno == errno.ENAMETOOLONG:
             return f"cannot be used ({exc.strerror}); give a shorter path"
     return None
-
-
-def _is_file(path: Path) -> bool:
-    try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except OSError:
-        return False
 
 
 def writable_workdir_arg(text: str) -> Path:

@@ -161,3 +161,30 @@ async def test_serve_names_a_workdir_or_root_behind_a_link_that_leads_nowhere(
         for line in linked_lines(tmp_path):
             await eventually(lambda line=line: line in serve.logs, what=line)
         assert await serve.aterminate() == 0
+
+
+def test_check_refuses_a_workdir_or_root_under_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A workdir or discovery root under a file (`notes.txt/fleet`) can never exist: it is
+    refused naming the file (`contract.file_on_path`, the walk every path option uses), not
+    noted as a folder not made yet."""
+    lines = agents_lines(tmp_path, ["builder"])
+    (tmp_path / "notes.txt").write_text("mine\n")
+    lines += ["[[agents]]", 'id = "ghost"', 'workdir = "notes.txt/a/ghost"']
+    lines += ["[discover]", 'roots = ["notes.txt/fleet"]']
+    lines += ["[telegram]", f'token_env = "{TOKEN_ENV}"', "[[telegram.routes]]"]
+    lines += [f"chat_id = {CHAT}", 'agents = ["*"]']
+    config = tmp_path / "taskcard.toml"
+    config.write_text("\n".join(lines) + "\n")
+    monkeypatch.setenv(TOKEN_ENV, "123456:placeholder")
+    validated = run_cli("config", "check", str(config))
+    assert validated.returncode != 0, validated.stdout
+    notes = tmp_path / "notes.txt"
+    for line in (
+        f"discover.roots[0]: {notes} is not a directory, so {notes / 'fleet'} can never exist;"
+        " fix the path",
+        f"agents[1].workdir: {notes} is not a directory, so {notes / 'a' / 'ghost'} can never"
+        " exist; fix the path",
+    ):
+        assert line in validated.stdout + validated.stderr, (validated.stdout, validated.stderr)
