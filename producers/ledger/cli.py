@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import shlex
+import stat
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,7 +30,12 @@ from taskcard.producers.ledger.model import (
 )
 from taskcard.producers.ledger.render import RENDERER_FILE, render_markdown, write_renderer
 from taskcard.producers.ledger.store import DEFAULT_LEDGER, Ledger, LedgerError, cannot_write
-from taskcard.producers.task_card.contract import expand_home, is_inside, terminal_json
+from taskcard.producers.task_card.contract import (
+    expand_home,
+    file_kind,
+    is_inside,
+    terminal_json,
+)
 from taskcard.producers.task_card.number_args import decimal_number, whole_number
 from taskcard.producers.task_card.runtime import RUNTIME_DIR_HELP, runtime_dir_arg
 from taskcard.producers.task_card.workdir_arg import (
@@ -67,11 +73,27 @@ def _ledger(args: argparse.Namespace) -> Ledger:
     # A link that leads nowhere was read as an empty ledger ("has no task") and replaced
     # with a file by `init`; a file on the way was a "cannot write" (exit 1). One inside the
     # workdir that leads out of it is the store's refusal, whether its far end exists or not.
-    problem = file_path_problem(full)
+    # A folder (or a named pipe) was the store's "ledger PATH: cannot read it (a folder, ...;
+    # replace it with a file)": neither the option nor that a file in it was meant.
+    problem = file_path_problem(full) or _not_a_file(full)
     leads_out = inside and not is_inside(str(workdir), os.path.realpath(full))
     if problem is not None and not leads_out:
         raise LedgerError(f"--ledger: {shown_path(given)} {problem}")
     return Ledger(full, inside=workdir if inside else None)
+
+
+def _not_a_file(path: Path) -> str | None:
+    """What `path` is, after the name, when it is there and no regular file (links followed)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None  # nothing there yet (a ledger to create), or the store says why
+    if stat.S_ISREG(mode):
+        return None
+    return (
+        f"is {file_kind(mode)}, not a regular file; give the ledger's file (relative paths"
+        f" start at the workdir), or leave --ledger out for {DEFAULT_LEDGER}"
+    )
 
 
 def _summary(record: TaskRecord) -> dict[str, Any]:

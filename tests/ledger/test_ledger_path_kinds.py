@@ -128,7 +128,10 @@ def test_a_ledger_under_an_unknown_user_is_a_usage_error(workdir: Path, command:
 def test_a_ledger_that_is_no_file_is_refused_and_nothing_is_made(
     workdir: Path, command: str, kind: str
 ) -> None:
-    # The refusal was right, but every command that writes left `led.lock` beside the name.
+    """Named as the option and what the name is, as every other --ledger refusal: it was the
+    store's "ledger PATH: cannot read it (a folder, not a regular file; replace it with a
+    file)", without the option, and with a fix that undid the user's folder. The refusal was
+    right, but every command that writes left `led.lock` beside the name."""
     if kind == "folder":
         (workdir / "led").mkdir()
     else:
@@ -136,10 +139,10 @@ def test_a_ledger_that_is_no_file_is_refused_and_nothing_is_made(
     # `block` refuses a missing --kind before it looks at the ledger.
     kind_given = ["--kind", "OTHER"] if command == "block" else []
     done = _ledger(workdir, [*COMMANDS[command], *kind_given], "led")
-    assert (done.returncode, done.stdout) == (2, ""), done.stderr
     what = "a folder" if kind == "folder" else "a named pipe"
-    assert done.stderr == (
-        f"taskcard ledger: ledger {workdir / 'led'}: cannot read it ({what}, not a regular"
-        " file; replace it with a file)\n"
+    _refused(
+        done,
+        f"led is {what}, not a regular file; give the ledger's file (relative paths start at"
+        " the workdir), or leave --ledger out for ledger/long-task-ledger.json",
     )
     assert os.listdir(workdir) == ["led"]
