@@ -309,8 +309,8 @@ class TaskCard:
         `start` still in its first render stops there and creates no watch (see `start`)."""
         try:
             parsed = parse_envelope(envelope)
-        except EnvelopeError as exc:
-            return _failed(str(exc))
+        except EnvelopeError as exc:  # transport or schema: the caller's envelope
+            return _failed(str(exc), code="bad_envelope")
         if parsed.action in READ_ONLY_ACTIONS:
             return read_only_answer(parsed, self.paths)
         result: Result

@@ -35,9 +35,10 @@ _CANCEL_CHECK_S: Final = 0.2
 # The statuses of a call that was refused or failed; a watch's own states are not among them.
 FAILED_STATES: Final = frozenset({"failed", "stop_failed", "remove_blocked", "remove_failed"})
 # The `code` of a call refused for what it was given: an envelope that breaks the transport
-# rules, a `renderer_path` that names no renderer file inside the workdir. A usage error (exit
-# 2 of `taskcard tool` and `taskcard card`), as a `--workdir` that names no folder is; a bad
-# renderer path exited 1, as if the call had failed at its work.
+# rules or the schema (an unknown action, a missing or mistyped field), a `renderer_path` that
+# names no renderer file inside the workdir. A usage error (exit 2 of `taskcard tool` and
+# `taskcard card`), as a `--workdir` that names no folder is; a bad renderer path, and an
+# envelope the schema refused, exited 1, as if the call had failed at its work.
 USAGE_CODES: Final = frozenset({"bad_envelope", "bad_renderer_path"})
 
 
@@ -215,8 +216,8 @@ def call_via_host(
         return {"status": "failed", "code": "bad_envelope", "message": f"envelope: {problem}"}
     try:
         parsed = parse_envelope(envelope)
-    except EnvelopeError as exc:
-        return {"status": "failed", "message": str(exc)}
+    except EnvelopeError as exc:  # the schema's refusal: the caller's envelope, as above
+        return {"status": "failed", "code": "bad_envelope", "message": str(exc)}
     if parsed.action in READ_ONLY_ACTIONS:
         # Imported here: a call that goes to the host never loads the capability.
         from taskcard.producers.task_card.capability import read_only_answer

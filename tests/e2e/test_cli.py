@@ -628,7 +628,7 @@ def test_a_refused_card_command_is_summarised_under_its_own_name(
     assert "argument --interval-s: 'nan' is not a finite number" in unusable.stderr
     assert unusable.stdout == ""
     refused = taskcard("card", "start", "card.py", "--interval-s", "0.5", *common)
-    assert refused.returncode == 1, refused.stderr
+    assert refused.returncode == 2, refused.stderr  # the envelope's refusal: a usage error
     assert refused.stdout.startswith("start: failed\n  input.interval_s:")
     as_json = json.loads(
         taskcard("card", "start", "card.py", "--interval-s", "0.5", "--json", *common).stdout

@@ -55,7 +55,7 @@ def test_tool_takes_the_envelope_as_argument_or_stdin(workdir: Path, cli: CliHos
     dash = cli.json("tool", "-", stdin='{"action": "settings", "input": {}, "reasoning": "r"}')
     assert dash["status"] == "ok"
     bad = cli.run("tool", '{"action": "start", "input": {"renderer_path": 3}, "reasoning": "x"}')
-    assert bad.returncode == 1
+    assert bad.returncode == 2  # the schema's refusal: the caller's envelope
     assert "input.renderer_path" in json.loads(bad.stdout)["message"]
     assert "## Lifecycle" in cli.run("card", "manual").stdout
 
@@ -165,11 +165,13 @@ def test_an_oversized_envelope_is_answered_while_its_writer_goes_on_writing(
 )
 def test_an_envelope_the_schema_refuses_starts_no_host(cli: CliHost, command: tuple[str]) -> None:
     """Refused as the host would refuse it, before a host is started: one used to start and
-    idle for its grace (120 s by default) after answering only this refusal."""
+    idle for its grace (120 s by default) after answering only this refusal. A usage error,
+    the caller's envelope (exit 2, `bad_envelope`, as an envelope that breaks the transport
+    rules): it exited 1 without a code, as if the call had failed at its work."""
     done = cli.run(*command, *(("--json",) if command[0] == "card" else ()))
-    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert done.returncode == 2, (done.stdout, done.stderr)
     result = json.loads(done.stdout)
-    assert result["status"] == "failed" and "code" not in result
+    assert (result["status"], result["code"]) == ("failed", "bad_envelope"), result
     assert result["message"].split(":")[0] in {"action", "input.renderer_path", "input.extra",
                                                  "input.watch_id"}  # fmt: skip
     assert cli.host_pid() is None

@@ -134,7 +134,7 @@ def test_tool_refuses_a_reasoning_of_invisible_characters(cli: CliHost) -> None:
     """The root `reasoning` is required: one of zero-width characters only gave none."""
     raw = '{"action": "manual", "input": {}, "reasoning": "\u200b\u2060\ufeff \u3164"}'
     code, out, err = _run_tool(cli, arg=raw.encode(), stdin=None)
-    assert code == 1, (out, err)
+    assert code == 2, (out, err)  # the schema's refusal: a usage error
     result = json.loads(out)
     assert result["status"] == "failed" and result["message"].startswith("reasoning: required")
     assert "invisible characters" in result["message"]
@@ -746,7 +746,7 @@ def test_a_refused_envelope_is_explained_in_json_words(
     cli: CliHost, raw: bytes, words: str
 ) -> None:
     code, out, err = _run_tool(cli, arg=None, stdin=raw)
-    assert code == 1, (out, err)
+    assert code == 2, (out, err)  # the schema's refusal: a usage error
     message = json.loads(out)["message"]
     assert words in message
     for python in ("None", "NoneType", "list", "str"):

@@ -425,6 +425,7 @@ async def test_a_task_card_call_the_schema_refuses_starts_no_host(
         content = result.structured_content
         assert result.is_error and isinstance(content, dict)
         assert content["message"] == "input.watch_id: required for inspect"
+        assert content["code"] == "bad_envelope"  # the caller's envelope, as on the CLI
     assert cli.host_pid() is None and not cli.paths.socket.exists()
 
 

@@ -46,7 +46,7 @@ async def test_every_tool_says_an_unknown_name_escaped_and_cut(workdir: Path, cl
 def test_taskcard_tool_says_an_unknown_root_name_escaped(cli: CliHost) -> None:
     envelope = {"action": "settings", "input": {}, "reasoning": "r", "a\x1b[2Jb": 1}
     done = cli.run("tool", json.dumps(envelope))
-    assert done.returncode == 1, done  # the call failed: its envelope broke the schema
+    assert done.returncode == 2, done  # a usage error: its envelope broke the schema
     message = json.loads(done.stdout)["message"]
     assert message.startswith("'a\\x1b[2Jb': unknown root field"), message
     assert "\x1b" not in done.stdout

@@ -105,8 +105,12 @@ def test_taskcard_tool_takes_whole_floats_and_refuses_the_rest_naming_the_field(
         removed(lambda envelope: tool(json.dumps(envelope), True)[1])
     for index, (value, words) in enumerate(REFUSED):
         code, result = tool(envelope_text(action, field, value), index % 2 == 0)
-        assert code == 1, (value, result)
-        assert result == {"status": "failed", "message": refusal(field, words, False)}
+        assert code == 2, (value, result)  # the schema's refusal: a usage error
+        assert result == {
+            "status": "failed",
+            "code": "bad_envelope",
+            "message": refusal(field, words, False),
+        }
     for index, (value, words) in enumerate(NOT_FINITE):
         code, result = tool(envelope_text(action, field, value), index % 2 == 1)
         assert code == 2, (value, result)
@@ -143,7 +147,7 @@ def test_the_card_start_flag_takes_whole_floats_and_refuses_the_rest_naming_the_
     for value, words in REFUSED:
         if words.startswith("Input should be"):
             done = cli.run("card", "start", "r.py", f"--max-refreshes={value}", "--json")
-            assert done.returncode == 1, (value, done)
+            assert done.returncode == 2, (value, done)
             assert json.loads(done.stdout)["message"] == refusal("max_refreshes", words, False)
     assert not (workdir / "taskcard" / "watch.json").exists()
 
@@ -161,11 +165,19 @@ def test_the_python_api_takes_whole_floats_and_refuses_the_rest_naming_the_field
         removed(card.call)
     for value, words in REFUSED:
         result = card.call(json.loads(envelope_text(action, field, value)))
-        assert result == {"status": "failed", "message": refusal(field, words, False)}
+        assert result == {
+            "status": "failed",
+            "code": "bad_envelope",
+            "message": refusal(field, words, False),
+        }
     for value, words in NOT_FINITE:
         # Python's json reads NaN and Infinity as the floats a Python caller may pass.
         result = card.call(json.loads(envelope_text(action, field, value)))
-        assert result == {"status": "failed", "message": refusal(field, words, True)}
+        assert result == {
+            "status": "failed",
+            "code": "bad_envelope",
+            "message": refusal(field, words, True),
+        }
     assert not (workdir / "taskcard" / "watch.json").exists()
 
 
@@ -190,7 +202,11 @@ async def test_mcp_gives_the_same_answers(
             ] == "removed"
         for value, words in REFUSED:
             result = await task_card(json.loads(envelope_text(action, field, value)))
-            assert result == {"status": "failed", "message": refusal(field, words, False)}
+            assert result == {
+                "status": "failed",
+                "code": "bad_envelope",
+                "message": refusal(field, words, False),
+            }
 
     lines = [json.dumps(INITIALIZE), '{"jsonrpc":"2.0","method":"notifications/initialized"}']
     for ident, (value, _) in enumerate(NOT_FINITE, start=2):
