@@ -31,10 +31,10 @@ def test_a_ledger_path_with_controls_is_shown_escaped(workdir: Path, name: str) 
     (workdir / name).mkdir()  # a folder where the ledger file belongs
     done = _ledger(workdir, "heartbeat", "t1", "--ledger", name)
     assert (done.returncode, done.stdout) == (2, "")
-    shown = repr(str(workdir / name))
     assert done.stderr == (
-        f"taskcard ledger: ledger {shown}: cannot read it (a folder, not a regular file;"
-        " replace it with a file)\n"
+        f"taskcard ledger: --ledger: {name!r} is a folder, not a regular file; give the"
+        " ledger's file (relative paths start at the workdir), or leave --ledger out for"
+        " ledger/long-task-ledger.json\n"
     )
 
 
