@@ -479,17 +479,20 @@ return 1
 # KEYS: the cursors, the field's version, the field's turn.
 # ARGV: field, the version read ('' for none), the value's SHA-1 ('-' when the version alone
 # decides), the new value, the writer's token, TURN_MS.
-# Answers 1 when written, 0 when another writer wrote meanwhile, -1 when another holds the turn.
+# Answers 1 when written, 0 when another writer wrote meanwhile, -1 when another holds the turn,
+# -2 when another writer wrote meanwhile though this one held the turn throughout (one that
+# ignores turns: an older release).
 _CHANGE_FIELD = """
 local turn = redis.call('GET', KEYS[3])
 if turn and turn ~= ARGV[5] then
   local left = redis.call('PTTL', KEYS[3])
   if left >= 0 and left <= tonumber(ARGV[6]) then return -1 end
 end
-if (redis.call('GET', KEYS[2]) or '') ~= ARGV[2] then return 0 end
+local beaten = (turn == ARGV[5]) and -2 or 0
+if (redis.call('GET', KEYS[2]) or '') ~= ARGV[2] then return beaten end
 if ARGV[3] ~= '-' then
   local current = redis.call('HGET', KEYS[1], ARGV[1])
-  if (current and redis.sha1hex(current) or '') ~= ARGV[3] then return 0 end
+  if (current and redis.sha1hex(current) or '') ~= ARGV[3] then return beaten end
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[4])
 redis.call('INCR', KEYS[2])
@@ -988,7 +991,7 @@ class RedisStore(StateStore):
         lost, pause, may_claim, claimed = 0, TURN_POLL_S, True, False
         while True:
             try:
-                written, held = self._try_change(key, change, turn_key, token)
+                written, beaten = self._try_change(key, change, turn_key, token)
             except (redis.ConnectionError, redis.TimeoutError):
                 raise  # a turn taken lapses by itself: no retries against a Redis gone
             except BaseException:
@@ -1010,7 +1013,7 @@ class RedisStore(StateStore):
                 pause = min(pause * 2, TURN_POLL_MAX_S)
                 continue
             lost += 1
-            if held:  # beaten under our own turn: by a writer that ignores turns
+            if beaten:  # under our own turn: by a writer that ignores turns
                 self._give_turn_back(turn_key, token)
                 may_claim = claimed = False
             elif may_claim and lost >= CLAIM_AFTER:
@@ -1020,16 +1023,16 @@ class RedisStore(StateStore):
         self, key: str, change: Callable[[str | None], str], turn_key: str, token: str
     ) -> tuple[bool | None, bool]:
         """One try of `change_cursor`: whether the change was written (None when another
-        writer holds the field's turn, nothing tried), and whether this writer held the
-        turn."""
+        writer holds the field's turn, nothing tried), and whether it lost to a writer that
+        ignores turns (another wrote though this one held the turn throughout; not one whose
+        turn lapsed during a slow change, which may take it again)."""
         cursors, version_key = self.key("cursors"), self._version_key(key)
         pipe = self._r.pipeline(transaction=False)
         for command in (("GET", turn_key), ("PTTL", turn_key), ("GET", version_key)):
             raw_answer(pipe, *command)
         raw_answer(pipe, "HGET", cursors, key)
         turn, left, version, stored = pipe.execute()
-        held = turn == token.encode()
-        if turn is not None and not held and 0 <= left <= TURN_MS:
+        if turn is not None and turn != token.encode() and 0 <= left <= TURN_MS:
             return None, False
         current = utf8(cursors, key, stored)  # not UTF-8: changed as absent
         seen = "-"
@@ -1039,7 +1042,7 @@ class RedisStore(StateStore):
             keys=[cursors, version_key, turn_key],
             args=[key, version or b"", seen, change(current), token, TURN_MS],
         )
-        return (None if answer == -1 else bool(answer)), held
+        return (None if answer == -1 else answer == 1), answer == -2
 
     def _give_turn_back(self, turn_key: str, token: str) -> None:
         """Give back a field's turn this writer took and did not write under, so the field's

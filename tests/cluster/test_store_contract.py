@@ -394,6 +394,52 @@ def test_a_writer_whose_turn_lapses_during_a_slow_change_still_writes_it(redis_u
         other.close()
 
 
+def test_a_writer_whose_turn_lapsed_and_lost_to_one_that_waited_takes_the_turn_again(
+    redis_url: str,
+) -> None:
+    """The turn's writer took longer than the turn lasts, and the writer that waited for it
+    wrote once it lapsed. That loss was taken for one to an older release, which knows no
+    turns: the slow writer gave up taking turns, lost every race to the other from then on,
+    and gave up with its change unmade. It takes the turn again, and writes."""
+    prefix = f"test-{uuid.uuid4().hex}"
+    store, hog = RedisStore(connect(redis_url), prefix), RedisStore(connect(redis_url), prefix)
+    store.change_cursor("doc", lambda value: "x")
+    stop, hog_writes, failures, calls = threading.Event(), [0], [], [0]
+
+    def write_without_pause() -> None:
+        try:
+            while not stop.is_set():
+                hog.change_cursor("doc", lambda value: f"{value}h")
+                hog_writes[0] += 1
+        except Exception as error:  # a failure in the thread fails the test
+            failures.append(error)
+
+    def add_v(value: str | None) -> str:
+        calls[0] += 1
+        # Under its first turn, slower than the turn lasts; else slower than the other
+        # writer's whole try, so that it wins only under a turn.
+        time.sleep(TURN_MS / 1000 + 0.2 if calls[0] == CLAIM_AFTER + 1 else 0.02)
+        return f"{value}v"
+
+    thread = threading.Thread(target=write_without_pause)
+    thread.start()
+    try:
+        while hog_writes[0] < 5 and thread.is_alive():
+            time.sleep(0.001)
+        store.change_cursor("doc", add_v)
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+    try:
+        assert not failures
+        stored = store.get_cursor("doc") or ""
+        assert stored.count("v") == 1
+        assert stored.count("h") == hog_writes[0]
+    finally:
+        store.close()
+        hog.close()
+
+
 @pytest.mark.parametrize("lapse_ms", [None, 3_600_000], ids=["no-lapse", "an-hour"])
 def test_a_turn_no_writer_could_have_set_is_ignored_and_cleared(
     redis_url: str, lapse_ms: int | None
