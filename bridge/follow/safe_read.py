@@ -217,7 +217,8 @@ class WorkdirFiles:
                 os.close(fd)
             self._judge(path, data, judge)
             return data, status
-        handle = self._judged(path, self._check_and_open)  # the shortcuts were just tried
+        # The shortcuts were just tried; a file judged by its bytes is cleared by `_judge`.
+        handle = self._judged(path, self._check_and_open, clear=judge is None)
         if handle is None:
             return None
         try:
@@ -283,16 +284,18 @@ class WorkdirFiles:
         return root, real, st
 
     def _judged(
-        self, path: StrPath, opener: Callable[[StrPath], BinaryIO | None]
+        self, path: StrPath, opener: Callable[[StrPath], BinaryIO | None], *, clear: bool = True
     ) -> BinaryIO | None:
         """`opener(path)`, with a refusal recorded as the file's problem (None) and a clean
-        answer clearing it."""
+        answer clearing it (`clear=False`: a file opened is judged by what it holds, so the
+        problem its bytes made is not cleared and named again at each read)."""
         try:
             handle = opener(path)
         except Refused as refusal:
             self._refused(path, str(refusal))
             return None
-        self._fine(path)
+        if clear or handle is None:
+            self._fine(path)
         return handle
 
     def _open(self, path: StrPath) -> BinaryIO | None:

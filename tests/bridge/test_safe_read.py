@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import stat
@@ -531,3 +532,36 @@ def test_a_signed_read_gives_the_status_of_the_very_file_it_read(
     (workdir / "out").symlink_to(tmp_path / "secret")
     assert files.read_signed(workdir / "out", limit=64) is None
     assert "outside" in files.problems["out"]
+
+
+def test_a_file_refused_for_what_it_holds_is_named_once_on_either_path(
+    tmp_path: Path, workdir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A file judged by its bytes (`read`'s `judge`: a status file holding "active\\n") is
+    named once while it stays wrong, and cleared once right. Read through a symbolic link (the
+    long way), the open cleared the problem before the bytes were judged: "readable again"
+    and the refusal were logged at every read of it."""
+    inside = workdir / "drafts"
+    inside.mkdir()
+    (workdir / "taskcard").mkdir(exist_ok=True)
+    link = workdir / "taskcard" / "status"
+    link.symlink_to(inside / "status")
+    plain = workdir / "taskcard" / "plain"
+
+    def judge(raw: bytes) -> str | None:
+        return None if raw == b"active" else "holds something else"
+
+    files = WorkdirFiles("a", workdir)
+    with caplog.at_level(logging.INFO, logger="taskcard.bridge.follow.safe_read"):
+        for path, target in ((link, inside / "status"), (plain, plain)):
+            for text in (b"active\n", b" active", b"active\n"):
+                target.write_bytes(text)
+                assert files.read(path, limit=64, judge=judge) == text
+            assert files.problems == {f"taskcard/{path.name}": "holds something else"}
+            target.write_bytes(b"active")
+            assert files.read(path, limit=64, judge=judge) == b"active"
+            assert files.problems == {}
+    said = [record.getMessage() for record in caplog.records]
+    for name in ("status", "plain"):
+        assert sum(f"taskcard/{name} holds" in line for line in said) == 1, said
+        assert sum(f"taskcard/{name} is readable again" in line for line in said) == 1, said
