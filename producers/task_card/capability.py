@@ -559,6 +559,10 @@ class TaskCard:
             final = watch.state == "exhausted"
             if final:
                 watch.final_retry_used = True
+                if watch is self._current:
+                    # Recorded before the render: a host killed during it must not give the
+                    # final retry a second time.
+                    self._record_ended(watch)
         # Every other retry counts against the budget, a stopped watch's included (manual).
         outcome = self._refresh(watch, counted=not final, from_tick=False)
         with self._lock:

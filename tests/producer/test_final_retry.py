@@ -6,6 +6,9 @@ the body, the card stays `inactive`, and a second one is refused naming the fix.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 from pathlib import Path
 
 from .conftest import COUNTER_RENDERER, CliHost, envelope, wait_for, write_renderer
@@ -105,3 +108,45 @@ def test_no_final_retry_once_the_card_was_removed(workdir: Path, cli: CliHost) -
     assert refused.returncode == 1, refused.stdout
     assert "its card was removed; start a new watch" in refused.stdout
     assert not (workdir / "taskcard" / "taskcard.md").exists()
+
+
+# COUNTER_RENDERER, but its third render (the final retry's) waits until `go.flag` exists.
+WAITING_RENDERER = """
+import os, time
+from pathlib import Path
+p = Path("count.txt")
+n = int(p.read_text()) + 1 if p.exists() else 1
+Path("count.txt.tmp").write_text(str(n))
+os.replace("count.txt.tmp", p)
+while n == 3 and not Path("go.flag").exists():
+    time.sleep(0.05)
+print(f"# Work\\nrender {n}")
+"""
+
+
+def test_a_host_killed_during_the_final_retry_gives_no_second_one(
+    workdir: Path, cli: CliHost
+) -> None:
+    """The final retry was recorded as spent only after its render: a host killed while
+    the renderer ran left the record saying it was not, and the next host gave it again."""
+    write_renderer(workdir, "r.py", WAITING_RENDERER)
+    start_and_exhaust(cli)
+    pid = cli.host_pid()
+    assert pid is not None
+    retry = subprocess.Popen(
+        cli.command("card", "retry", "tc_1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        wait_for(lambda: (workdir / "count.txt").read_text() == "3")  # the final render runs
+        record = json.loads((workdir / ".taskcard-host" / "ended.json").read_text())
+        assert record["final_retry_used"] is True
+        os.kill(pid, signal.SIGKILL)
+        retry.communicate(timeout=120)
+    finally:
+        if retry.poll() is None:
+            retry.kill()
+            retry.communicate()
+    (workdir / "go.flag").write_text("")
+    again = cli.run("card", "retry", "tc_1")  # a new host, from the record
+    assert again.returncode == 1, again.stdout
+    assert "its one final retry; start a new watch" in again.stdout
