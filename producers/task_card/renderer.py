@@ -162,6 +162,8 @@ class RendererUnreadable(OSError):
 # is `RendererUnreadable`.
 PATH_ERRNOS: Final = frozenset(
     {errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.ENAMETOOLONG, errno.EACCES, errno.EPERM}
+    # A name the file system cannot hold (vfat, CIFS, 9p): the name is what to mend.
+    | {errno.EINVAL, errno.EILSEQ}
 )
 
 

@@ -235,15 +235,28 @@ def test_a_renderer_path_the_file_system_fails_on_is_a_failure_not_a_usage_error
     assert cli.host_pid() is None  # and no host was started for it
 
 
-def test_a_renderer_path_we_may_not_enter_stays_a_usage_error(workdir: Path, cli: CliHost) -> None:
+@pytest.mark.parametrize(
+    ("fault", "words"),
+    [
+        ("EACCES", "Permission denied"),
+        # A name the file system cannot hold (vfat, CIFS, 9p): it was an I/O failure, exit 1,
+        # "nothing is wrong with the name: call again", which never helps.
+        ("EINVAL", "Invalid argument"),
+        ("EILSEQ", "Invalid or incomplete multibyte or wide character"),
+    ],
+)
+def test_a_renderer_path_we_may_not_enter_or_name_stays_a_usage_error(
+    workdir: Path, cli: CliHost, fault: str, words: str
+) -> None:
     """EACCES on the way to the renderer is the caller's to mend (the path is theirs to choose,
-    its folders theirs to open): still exit 2, `bad_renderer_path`, with the system's words."""
+    its folders theirs to open), and so is a name the file system refuses: still exit 2,
+    `bad_renderer_path`, with the system's words."""
     write_renderer(workdir, FAULTY, STATIC_RENDERER)
-    done = _faulty_start(cli, "EACCES")
+    done = _faulty_start(cli, fault)
     assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
     result = json.loads(done.stdout)
     assert (result["status"], result["code"]) == ("failed", "bad_renderer_path"), result
     assert result["message"] == (
-        f"renderer_path: {quoted(FAULTY)} cannot be used (Permission denied); give the"
+        f"renderer_path: {quoted(FAULTY)} cannot be used ({words}); give the"
         " renderer's Python file, inside the workdir"
     )
