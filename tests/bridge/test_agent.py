@@ -691,9 +691,9 @@ def test_a_named_body_that_cannot_be_read_is_tried_once(
     reads: list[str] = []
     real_read = WorkdirFiles._read
 
-    def counting_read(self: WorkdirFiles, path: Any, limit: int, whole: bool = False) -> Any:
+    def counting_read(self: WorkdirFiles, path: Any, *args: Any, **kwargs: Any) -> Any:
         reads.append(os.fspath(path))
-        return real_read(self, path, limit, whole)
+        return real_read(self, path, *args, **kwargs)
 
     monkeypatch.setattr(WorkdirFiles, "_read", counting_read)
     body = os.fspath(paths.body)
